@@ -1,0 +1,1 @@
+//! Runnable examples of reusing tiderec operators; see the `examples/` directory.

@@ -1,0 +1,158 @@
+//! Columnar micro-batches of samples.
+//!
+//! A [`Batch`] holds `len()` samples: one label each, a row-major `[B × D]`
+//! block of dense features and one CSR bag per sparse field. Bag `i` of a
+//! field is `ids[offsets[i]..offsets[i + 1]]`; `offsets` always has `B + 1`
+//! entries and starts at 0. An absent categorical value is an empty bag.
+
+use serde::{Deserialize, Serialize};
+
+/// One sparse field of a batch as a CSR bag list.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SparseField {
+    /// `B + 1` offsets into `ids`, starting at 0.
+    pub offsets: Vec<u32>,
+    /// Row ids (already bucketed into the field's table).
+    pub ids: Vec<u64>,
+}
+
+impl SparseField {
+    /// An empty field with zero bags.
+    pub fn new() -> Self {
+        SparseField { offsets: vec![0], ids: Vec::new() }
+    }
+
+    /// Ids of bag `i`.
+    #[inline]
+    pub fn bag(&self, i: usize) -> &[u64] {
+        &self.ids[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+
+    /// Number of bags.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// True when the field holds no bags.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Closes the current bag (the ids pushed since the last close).
+    #[inline]
+    pub fn close_bag(&mut self) {
+        self.offsets.push(self.ids.len() as u32);
+    }
+}
+
+/// A columnar micro-batch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    /// One label (0 or 1) per sample.
+    pub labels: Vec<f32>,
+    /// Number of dense features per sample.
+    pub num_dense: usize,
+    /// Row-major `[B × num_dense]` dense features.
+    pub dense: Vec<f32>,
+    /// One CSR bag list per sparse field.
+    pub sparse: Vec<SparseField>,
+}
+
+impl Batch {
+    /// An empty batch with the given shape.
+    pub fn new(num_dense: usize, num_sparse: usize) -> Self {
+        Batch {
+            labels: Vec::new(),
+            num_dense,
+            dense: Vec::new(),
+            sparse: (0..num_sparse).map(|_| SparseField::new()).collect(),
+        }
+    }
+
+    /// Number of samples.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// True when the batch holds no samples.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Removes all samples, keeping the shape and the allocations.
+    pub fn clear(&mut self) {
+        self.labels.clear();
+        self.dense.clear();
+        for f in &mut self.sparse {
+            f.offsets.clear();
+            f.offsets.push(0);
+            f.ids.clear();
+        }
+    }
+
+    /// Appends sample `i` of `other` (same shape) to `self`.
+    pub fn push_from(&mut self, other: &Batch, i: usize) {
+        debug_assert_eq!(self.num_dense, other.num_dense);
+        self.labels.push(other.labels[i]);
+        let d = self.num_dense;
+        self.dense.extend_from_slice(&other.dense[i * d..(i + 1) * d]);
+        for (dst, src) in self.sparse.iter_mut().zip(&other.sparse) {
+            dst.ids.extend_from_slice(src.bag(i));
+            dst.close_bag();
+        }
+    }
+
+    /// Appends all samples of `other` (same shape).
+    pub fn extend_from(&mut self, other: &Batch) {
+        for i in 0..other.len() {
+            self.push_from(other, i);
+        }
+    }
+
+    /// Checks the internal invariants; used by tests and by readers in debug builds.
+    pub fn check(&self) -> Result<(), String> {
+        let b = self.len();
+        if self.dense.len() != b * self.num_dense {
+            return Err(format!("dense has {} values, expected {}", self.dense.len(), b * self.num_dense));
+        }
+        for (f, s) in self.sparse.iter().enumerate() {
+            if s.offsets.len() != b + 1 || s.offsets[0] != 0 {
+                return Err(format!("field {f}: {} offsets for {b} samples", s.offsets.len()));
+            }
+            if s.offsets.windows(2).any(|w| w[0] > w[1]) || *s.offsets.last().unwrap() as usize != s.ids.len() {
+                return Err(format!("field {f}: offsets not monotone or not ending at ids.len()"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_and_extend_keep_invariants() {
+        let mut a = Batch::new(2, 2);
+        a.labels.push(1.0);
+        a.dense.extend([1.0, 2.0]);
+        a.sparse[0].ids.push(7);
+        a.sparse[0].close_bag();
+        a.sparse[1].close_bag();
+        a.check().unwrap();
+        let mut b = Batch::new(2, 2);
+        b.extend_from(&a);
+        b.extend_from(&a);
+        b.check().unwrap();
+        assert_eq!(b.len(), 2);
+        assert_eq!(b.sparse[0].bag(1), &[7]);
+        assert!(b.sparse[1].bag(1).is_empty());
+        b.clear();
+        assert!(b.is_empty());
+        b.check().unwrap();
+    }
+}

@@ -1,0 +1,24 @@
+//! The one error type of this crate.
+
+use thiserror::Error;
+
+/// Errors raised by operators, models and configuration checks in this crate.
+#[derive(Debug, Error)]
+pub enum OperatorError {
+    /// A configuration value is out of range or inconsistent; `key` names it.
+    #[error("invalid configuration `{key}`: {reason}")]
+    Config { key: String, reason: String },
+    /// A batch does not match the shape the model was built for.
+    #[error("batch shape mismatch: {0}")]
+    Shape(String),
+    /// The dataflow stopped on a worker; the message says why.
+    #[error("dataflow error: {0}")]
+    Dataflow(String),
+}
+
+impl OperatorError {
+    /// Shorthand for a configuration error naming `key`.
+    pub fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        OperatorError::Config { key: key.into(), reason: reason.into() }
+    }
+}

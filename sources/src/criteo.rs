@@ -1,0 +1,1 @@
+//! Criteo TSV reader (being written).

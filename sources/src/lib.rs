@@ -1,0 +1,15 @@
+//! # tiderec-sources
+//!
+//! Readers that turn raw datasets into [`tiderec_operators::Batch`]es, and
+//! synthetic generators with a known achievable AUC.
+//!
+//! * [`criteo`]: Criteo Kaggle / 1TB TSV files, split across workers by
+//!   line-aligned byte ranges.
+//! * [`synthetic`]: a seeded Criteo-shaped stream whose labels come from a
+//!   hidden teacher model.
+
+pub mod criteo;
+pub mod error;
+pub mod synthetic;
+
+pub use error::SourceError;
