@@ -1,0 +1,22 @@
+//! Neural-network layers and models.
+//!
+//! Every layer is generic over [`Scalar`] (`f32` for training, `f64` for the
+//! finite-difference gradient checks) and reads its weights from, and writes
+//! its gradients to, ranges of one flat parameter buffer owned by the model.
+//! `backward` overwrites the gradient ranges it owns; it never accumulates
+//! across calls.
+
+pub mod dlrm;
+pub mod embedding_bag;
+pub mod gemm;
+pub mod interaction;
+pub mod linear;
+pub mod loss;
+pub mod mlp;
+pub mod scalar;
+
+#[cfg(test)]
+pub(crate) mod gradcheck;
+
+pub use dlrm::{Dlrm, DlrmConfig};
+pub use scalar::Scalar;

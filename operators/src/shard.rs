@@ -1,0 +1,169 @@
+//! Row ownership and the per-worker embedding shard.
+//!
+//! [`shard_of`] is the one routing function: lookups, gradients, checkpoint
+//! writes and restores all use it. Row `id` of table `t` lives on worker
+//! `(id + t) mod W` at local index `id / W`; within one owner those local
+//! indices are distinct, so a shard stores its rows densely with no hashing.
+//! Rows are initialised from `(seed, table, id)` alone, so the initial model
+//! is the same for every worker count.
+
+use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
+use crate::rng::row_uniform;
+
+/// The worker that owns row `id` of `table` among `workers`.
+#[inline]
+pub fn shard_of(table: usize, id: u64, workers: usize) -> usize {
+    ((id % workers as u64 + table as u64 % workers as u64) % workers as u64) as usize
+}
+
+/// The rows of every table that one worker owns, with their optimizer state.
+#[derive(Clone, Debug)]
+pub struct EmbeddingShard {
+    /// This worker.
+    pub worker: usize,
+    /// Number of workers.
+    pub workers: usize,
+    /// Row width.
+    pub dim: usize,
+    /// Logical rows per table.
+    pub table_sizes: Vec<u64>,
+    rows: Vec<Vec<f32>>,
+    accumulators: Vec<Vec<f32>>,
+    optimizer: SparseOptimizerKind,
+    hp: OptimizerParams,
+}
+
+impl EmbeddingShard {
+    /// Allocates and initialises this worker's rows: `U(−1/√n, 1/√n)` for a table of `n` rows
+    /// (the DLRM reference initialisation).
+    pub fn new(
+        worker: usize, workers: usize, dim: usize, table_sizes: &[u64], seed: u64, optimizer: SparseOptimizerKind,
+        hp: OptimizerParams,
+    ) -> Self {
+        let mut rows = Vec::with_capacity(table_sizes.len());
+        let mut accumulators = Vec::with_capacity(table_sizes.len());
+        for (t, &n) in table_sizes.iter().enumerate() {
+            let local = Self::local_rows(n, workers);
+            let bound = 1.0 / (n as f32).sqrt();
+            let mut table = vec![0.0f32; local * dim];
+            for (l, row) in table.chunks_exact_mut(dim).enumerate() {
+                let id = Self::id_of(t, l, worker, workers);
+                if id < n {
+                    for (c, v) in row.iter_mut().enumerate() {
+                        *v = row_uniform(seed, t, id, c, bound);
+                    }
+                }
+            }
+            rows.push(table);
+            let acc = match optimizer {
+                SparseOptimizerKind::Sgd => Vec::new(),
+                SparseOptimizerKind::RowwiseAdagrad => vec![hp.initial_accumulator; local],
+            };
+            accumulators.push(acc);
+        }
+        EmbeddingShard { worker, workers, dim, table_sizes: table_sizes.to_vec(), rows, accumulators, optimizer, hp }
+    }
+
+    fn local_rows(n: u64, workers: usize) -> usize {
+        if n == 0 { 0 } else { ((n - 1) / workers as u64 + 1) as usize }
+    }
+
+    /// The global id stored at local index `local` of `table` on `worker`.
+    fn id_of(table: usize, local: usize, worker: usize, workers: usize) -> u64 {
+        let w = workers as u64;
+        let residue = (worker as u64 + w - table as u64 % w) % w;
+        local as u64 * w + residue
+    }
+
+    #[inline]
+    fn local(&self, table: usize, id: u64) -> usize {
+        debug_assert_eq!(shard_of(table, id, self.workers), self.worker, "row routed to the wrong owner");
+        (id / self.workers as u64) as usize
+    }
+
+    /// The row of `id` in `table`; `id` must be owned here and below the table size.
+    #[inline]
+    pub fn row(&self, table: usize, id: u64) -> &[f32] {
+        let l = self.local(table, id);
+        &self.rows[table][l * self.dim..(l + 1) * self.dim]
+    }
+
+    /// Appends the rows of `ids` to `out`.
+    pub fn gather(&self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
+        let d = self.dim;
+        let rows = &self.rows[table];
+        let w = self.workers as u64;
+        out.reserve(ids.len() * d);
+        for &id in ids {
+            let l = (id / w) as usize;
+            out.extend_from_slice(&rows[l * d..(l + 1) * d]);
+        }
+    }
+
+    /// Applies the averaged gradient `grad` to row `id` of `table`.
+    #[inline]
+    pub fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
+        let l = self.local(table, id);
+        let d = self.dim;
+        let row = &mut self.rows[table][l * d..(l + 1) * d];
+        let mut scratch = 0.0;
+        let acc = match self.optimizer {
+            SparseOptimizerKind::Sgd => &mut scratch,
+            SparseOptimizerKind::RowwiseAdagrad => &mut self.accumulators[table][l],
+        };
+        apply_row(self.optimizer, &self.hp, row, grad, acc);
+    }
+
+    /// Σ of squares of every row this worker owns, in f64.
+    pub fn sum_of_squares(&self) -> f64 {
+        let mut s = 0.0f64;
+        for (t, table) in self.rows.iter().enumerate() {
+            for (l, row) in table.chunks_exact(self.dim).enumerate() {
+                if Self::id_of(t, l, self.worker, self.workers) < self.table_sizes[t] {
+                    s += row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>();
+                }
+            }
+        }
+        s
+    }
+
+    /// Number of rows (over all tables) held here.
+    pub fn num_rows(&self) -> usize {
+        self.rows.iter().map(|r| r.len() / self.dim.max(1)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn rows_do_not_depend_on_worker_count() {
+        let sizes = [7u64, 1, 12];
+        let hp = OptimizerParams::with_lr(0.1);
+        let one = EmbeddingShard::new(0, 1, 3, &sizes, 5, SparseOptimizerKind::Sgd, hp);
+        for w in 2..5 {
+            let shards: Vec<_> =
+                (0..w).map(|k| EmbeddingShard::new(k, w, 3, &sizes, 5, SparseOptimizerKind::Sgd, hp)).collect();
+            for (t, &n) in sizes.iter().enumerate() {
+                for id in 0..n {
+                    assert_eq!(shards[shard_of(t, id, w)].row(t, id), one.row(t, id));
+                }
+            }
+            let total: f64 = shards.iter().map(|s| s.sum_of_squares()).sum();
+            assert!((total - one.sum_of_squares()).abs() < 1e-9);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn local_indices_are_distinct_per_owner(w in 1usize..7, t in 0usize..30, a in 0u64..1000, b in 0u64..1000) {
+            if a != b && shard_of(t, a, w) == shard_of(t, b, w) {
+                prop_assert_ne!(a / w as u64, b / w as u64);
+            }
+            let owner = shard_of(t, a, w);
+            prop_assert_eq!(EmbeddingShard::id_of(t, (a / w as u64) as usize, owner, w), a);
+        }
+    }
+}

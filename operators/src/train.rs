@@ -1,0 +1,1 @@
+//! Synchronous training on timely (being written).
