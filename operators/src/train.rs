@@ -1,1 +1,724 @@
-//! Synchronous training on timely (being written).
+//! Synchronous hybrid-parallel training on timely dataflow.
+//!
+//! Every worker holds a full copy of the dense model (data parallel) and owns
+//! the embedding rows that [`shard_of`] assigns to it (model parallel). One
+//! training step is one timely timestamp `t` and five exchanges:
+//!
+//! ```text
+//! command@t ─► plan: de-duplicate ids per table, one request per owner
+//!           ─► serve (at the owner): gather rows                    [rows]
+//!           ─► compute (at home, after all W replies): forward/backward
+//!           ─► update (at slice owner k, after all W gradient messages):
+//!                 sparse rows owned by k ← Σ gradients / global batch
+//!                 dense slice k ← optimizer(Σ slice-k gradients / global batch)
+//!           ─► gather (everywhere, after all W slices): copy slices into the model
+//! ```
+//!
+//! Invariants:
+//! * Every worker sends exactly one message to every worker at every stage,
+//!   so each stage knows a step is complete when it holds `W` messages for
+//!   that timestamp; it never waits for a frontier.
+//! * Owner `k` answers lookups of step `t + 1` only after applying the
+//!   gradients of step `t`: a request of step `t + 1` is sent only after its
+//!   sender gathered every slice of step `t`, and owner `k` sends its slice
+//!   only after applying its sparse gradients.
+//! * Messages are combined in worker order, so a run is deterministic for a
+//!   seed and worker count, and the parameters after step `t` are those of a
+//!   single worker that trained on the union of the micro-batches, up to the
+//!   reassociation of float sums.
+//! * Gradients travel unnormalised; owners divide by the global batch size,
+//!   which they learn from the same messages.
+
+use crate::batch::Batch;
+use crate::metrics::EvalSet;
+use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
+use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
+use crate::nn::{Dlrm, DlrmConfig};
+use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
+use crate::shard::{shard_of, EmbeddingShard};
+use crate::OperatorError;
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::operators::generic::operator::Operator;
+use timely::dataflow::InputHandle;
+use timely::worker::Worker;
+
+/// Everything a worker needs to build its part of the training dataflow.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrainerConfig {
+    /// Model shape.
+    pub model: DlrmConfig,
+    /// Rows per embedding table (one per sparse field).
+    pub table_sizes: Vec<u64>,
+    /// Seed of every random initialisation.
+    pub seed: u64,
+    /// Optimizer of the dense parameters.
+    pub dense_optimizer: DenseOptimizerKind,
+    /// Its hyper-parameters.
+    pub dense_hp: OptimizerParams,
+    /// Optimizer of the embedding rows.
+    pub sparse_optimizer: SparseOptimizerKind,
+    /// Its hyper-parameters.
+    pub sparse_hp: OptimizerParams,
+}
+
+impl TrainerConfig {
+    /// Checks the configuration; errors name the key.
+    pub fn validate(&self) -> Result<(), OperatorError> {
+        self.model.validate()?;
+        if self.table_sizes.len() != self.model.num_sparse {
+            return Err(OperatorError::config(
+                "table_sizes",
+                format!("{} table sizes for {} sparse fields", self.table_sizes.len(), self.model.num_sparse),
+            ));
+        }
+        if let Some(t) = self.table_sizes.iter().position(|&n| n == 0) {
+            return Err(OperatorError::config("table_sizes", format!("table {t} has zero rows")));
+        }
+        for (key, hp) in [("lr", &self.dense_hp), ("sparse_lr", &self.sparse_hp)] {
+            if !(hp.lr.is_finite() && hp.lr > 0.0) {
+                return Err(OperatorError::config(key, format!("learning rate must be positive, got {}", hp.lr)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a step does with its micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepKind {
+    /// Forward, backward and update.
+    Train,
+    /// Forward only; predictions are gathered on worker 0.
+    Eval,
+    /// No data; reports the parameters' sum of squares.
+    Report,
+}
+
+/// Statistics of one step, summed over all workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepStats {
+    /// Samples in the global batch.
+    pub samples: u64,
+    /// Σ BCE loss over the global batch.
+    pub loss_sum: f64,
+    /// Bytes every worker has sent to other workers so far (cumulative).
+    pub bytes_sent: u64,
+    /// Σ of squares of all parameters (only in `Report` steps).
+    pub sum_squares: f64,
+}
+
+impl StepStats {
+    fn add(&mut self, o: &StepStats) {
+        self.samples += o.samples;
+        self.loss_sum += o.loss_sum;
+        self.bytes_sent += o.bytes_sent;
+        self.sum_squares += o.sum_squares;
+    }
+}
+
+/// The command a worker feeds into the dataflow for one step.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Command {
+    /// What to do.
+    pub kind: StepKind,
+    /// This worker's micro-batch.
+    pub batch: Batch,
+}
+
+/// Ids one worker needs from one owner, packed over all tables.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LookupRequest {
+    /// Requesting worker.
+    pub from: u32,
+    /// Owner.
+    pub to: u32,
+    /// Number of ids per table, in table order.
+    pub table_lens: Vec<u32>,
+    /// The ids, table after table, distinct within a table.
+    pub ids: Vec<u64>,
+}
+
+/// Rows answering a [`LookupRequest`], in the request's order.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LookupReply {
+    /// Owner.
+    pub from: u32,
+    /// Requesting worker.
+    pub to: u32,
+    /// `ids.len() × dim` values.
+    pub rows: Vec<f32>,
+}
+
+/// One worker's contribution to another worker's updates in a step.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GradientMessage {
+    /// Sender (home of the micro-batch).
+    pub from: u32,
+    /// Receiver (row owner and dense-slice owner).
+    pub to: u32,
+    /// The sender's statistics for this step.
+    pub stats: StepStats,
+    /// Gradients of the rows the sender requested from the receiver, in request order (unnormalised).
+    pub sparse: Vec<f32>,
+    /// The receiver's slice of the sender's dense gradient (unnormalised).
+    pub dense: Vec<f32>,
+    /// Predictions of an `Eval` step (sent to worker 0 only).
+    pub eval: EvalSet,
+}
+
+/// A dense slice after its owner's update, broadcast to every worker.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ParamUpdate {
+    /// Slice owner.
+    pub from: u32,
+    /// Receiver.
+    pub to: u32,
+    /// Global statistics of the step.
+    pub stats: StepStats,
+    /// Offset of the slice in the flat dense buffer.
+    pub offset: u64,
+    /// The updated values (empty when nothing changed or `to == from`).
+    pub values: Vec<f32>,
+}
+
+/// The range of the flat dense buffer whose optimizer state worker `k` owns.
+pub fn dense_slice(len: usize, k: usize, workers: usize) -> std::ops::Range<usize> {
+    len * k / workers..len * (k + 1) / workers
+}
+
+/// Per-table lookup plan of the current micro-batch.
+#[derive(Default)]
+struct TablePlan {
+    /// Distinct ids, first-seen order.
+    unique: Vec<u64>,
+    /// For each occurrence in the batch, its index in `unique`.
+    index: Vec<u32>,
+    /// For each unique id, (owner, row position in that owner's reply).
+    place: Vec<(u32, u32)>,
+}
+
+/// The home side of a worker: its model replica and the current micro-batch.
+struct Home {
+    me: usize,
+    workers: usize,
+    dim: usize,
+    model: Dlrm<f32>,
+    command: Option<Command>,
+    plans: Vec<TablePlan>,
+    replies: Vec<Vec<f32>>,
+    unique_rows: Vec<f32>,
+    dunique: Vec<f32>,
+    pooled: Vec<f32>,
+    dpooled: Vec<f32>,
+    dlogits: Vec<f32>,
+    seen: FxHashMap<u64, u32>,
+}
+
+/// The owner side of a worker: its embedding rows and its dense optimizer slice.
+struct Owner {
+    shard: EmbeddingShard,
+    dense_optimizer: DenseOptimizer,
+    /// The last request of each worker, kept to apply the gradients that answer it.
+    pending: Vec<LookupRequest>,
+    accumulate: FxHashMap<(u32, u64), u32>,
+    scratch: Vec<f32>,
+}
+
+/// The outcome of the last completed step on this worker.
+#[derive(Default)]
+struct Outcome {
+    completed: u64,
+    stats: StepStats,
+}
+
+/// Drives one worker's share of synchronous training.
+///
+/// ```
+/// use tiderec_operators::nn::DlrmConfig;
+/// use tiderec_operators::optim::*;
+/// use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+/// use tiderec_operators::Batch;
+///
+/// let config = TrainerConfig {
+///     model: DlrmConfig { num_dense: 2, num_sparse: 1, dim: 4, bottom: vec![4], top: vec![1], self_interaction: false },
+///     table_sizes: vec![10],
+///     seed: 1,
+///     dense_optimizer: DenseOptimizerKind::Sgd,
+///     dense_hp: OptimizerParams::with_lr(0.1),
+///     sparse_optimizer: SparseOptimizerKind::Sgd,
+///     sparse_hp: OptimizerParams::with_lr(0.1),
+/// };
+/// timely::execute(timely::Config::process(2), move |worker| {
+///     let mut trainer = Trainer::new(worker, &config).unwrap();
+///     let mut batch = Batch::new(2, 1);
+///     batch.labels.push(1.0);
+///     batch.dense.extend([0.5, 1.0]);
+///     batch.sparse[0].ids.push(worker.index() as u64);
+///     batch.sparse[0].close_bag();
+///     let stats = trainer.step(worker, StepKind::Train, batch).unwrap();
+///     assert_eq!(stats.samples, 2); // one sample from each of the two workers
+/// }).unwrap();
+/// ```
+pub struct Trainer {
+    input: InputHandle<u64, CapacityContainerBuilder<Vec<Command>>>,
+    outcome: Rc<RefCell<Outcome>>,
+    home: Rc<RefCell<Home>>,
+    owner: Rc<RefCell<Owner>>,
+    eval: Rc<RefCell<EvalSet>>,
+    bytes_sent: Rc<Cell<u64>>,
+    config: TrainerConfig,
+    step: u64,
+}
+
+impl Trainer {
+    /// Builds this worker's part of the training dataflow.
+    pub fn new(worker: &mut Worker, config: &TrainerConfig) -> Result<Self, OperatorError> {
+        config.validate()?;
+        let me = worker.index();
+        let workers = worker.peers();
+        let dim = config.model.dim;
+        let model = Dlrm::<f32>::new(config.model.clone(), config.seed)?;
+        let slice = dense_slice(model.num_params(), me, workers);
+        let owner = Rc::new(RefCell::new(Owner {
+            shard: EmbeddingShard::new(
+                me,
+                workers,
+                dim,
+                &config.table_sizes,
+                config.seed,
+                config.sparse_optimizer,
+                config.sparse_hp,
+            ),
+            dense_optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, slice.len()),
+            pending: (0..workers)
+                .map(|w| LookupRequest { from: w as u32, to: me as u32, table_lens: Vec::new(), ids: Vec::new() })
+                .collect(),
+            accumulate: FxHashMap::default(),
+            scratch: Vec::new(),
+        }));
+        let home = Rc::new(RefCell::new(Home {
+            me,
+            workers,
+            dim,
+            model,
+            command: None,
+            plans: (0..config.model.num_sparse).map(|_| TablePlan::default()).collect(),
+            replies: vec![Vec::new(); workers],
+            unique_rows: Vec::new(),
+            dunique: Vec::new(),
+            pooled: Vec::new(),
+            dpooled: Vec::new(),
+            dlogits: Vec::new(),
+            seen: FxHashMap::default(),
+        }));
+        let outcome = Rc::new(RefCell::new(Outcome::default()));
+        let eval = Rc::new(RefCell::new(EvalSet::default()));
+        let bytes_sent = Rc::new(Cell::new(0u64));
+        let mut input = InputHandle::new();
+
+        worker.dataflow::<u64, _, _>(|scope| {
+            let (home_a, bytes_a) = (home.clone(), bytes_sent.clone());
+            let requests = input.to_stream(scope).unary::<CapacityContainerBuilder<Vec<LookupRequest>>, _, _, _>(
+                Pipeline,
+                "PlanLookups",
+                move |_, _| {
+                    move |input, output| {
+                        input.for_each(|cap, data: &mut Vec<Command>| {
+                            let mut session = output.session(&cap);
+                            for command in data.drain(..) {
+                                let mut home = home_a.borrow_mut();
+                                for request in home.plan(command) {
+                                    if request.to as usize != home.me {
+                                        bytes_a.set(bytes_a.get() + 8 * request.ids.len() as u64 + 4 * request.table_lens.len() as u64);
+                                    }
+                                    session.give(request);
+                                }
+                            }
+                        });
+                    }
+                },
+            );
+
+            let (owner_b, bytes_b) = (owner.clone(), bytes_sent.clone());
+            let replies = requests.unary::<CapacityContainerBuilder<Vec<LookupReply>>, _, _, _>(
+                Exchange::new(|r: &LookupRequest| r.to as u64),
+                "ServeLookups",
+                move |_, _| {
+                    move |input, output| {
+                        input.for_each(|cap, data| {
+                            let mut session = output.session(&cap);
+                            for request in data.drain(..) {
+                                let mut owner = owner_b.borrow_mut();
+                                let mut rows = Vec::with_capacity(request.ids.len() * owner.shard.dim);
+                                let mut start = 0;
+                                for (t, &n) in request.table_lens.iter().enumerate() {
+                                    owner.shard.gather(t, &request.ids[start..start + n as usize], &mut rows);
+                                    start += n as usize;
+                                }
+                                if request.from != request.to {
+                                    bytes_b.set(bytes_b.get() + 4 * rows.len() as u64);
+                                }
+                                let reply = LookupReply { from: request.to, to: request.from, rows };
+                                let from = request.from as usize;
+                                owner.pending[from] = request;
+                                session.give(reply);
+                            }
+                        });
+                    }
+                },
+            );
+
+            let (home_c, owner_c, bytes_c) = (home.clone(), owner.clone(), bytes_sent.clone());
+            let mut stash_c: HashMap<u64, Vec<LookupReply>> = HashMap::new();
+            let gradients = replies.unary::<CapacityContainerBuilder<Vec<GradientMessage>>, _, _, _>(
+                Exchange::new(|r: &LookupReply| r.to as u64),
+                "ForwardBackward",
+                move |_, _| {
+                    move |input, output| {
+                        input.for_each(|cap, data| {
+                            let t = *cap.least().expect("a message has a time");
+                            let entry = stash_c.entry(t).or_default();
+                            entry.extend(data.drain(..));
+                            if entry.len() == workers {
+                                let mut replies = stash_c.remove(&t).unwrap();
+                                replies.sort_by_key(|r| r.from);
+                                let mut home = home_c.borrow_mut();
+                                let messages = home.compute(replies, &owner_c.borrow().shard, bytes_c.get());
+                                let mut session = output.session(&cap);
+                                for m in messages {
+                                    if m.to != m.from {
+                                        let n = m.sparse.len() + m.dense.len() + 2 * m.eval.probs.len();
+                                        bytes_c.set(bytes_c.get() + 4 * n as u64 + 32);
+                                    }
+                                    session.give(m);
+                                }
+                            }
+                        });
+                    }
+                },
+            );
+
+            let (home_d, owner_d, eval_d, bytes_d) = (home.clone(), owner.clone(), eval.clone(), bytes_sent.clone());
+            let mut stash_d: HashMap<u64, Vec<GradientMessage>> = HashMap::new();
+            let updates = gradients.unary::<CapacityContainerBuilder<Vec<ParamUpdate>>, _, _, _>(
+                Exchange::new(|m: &GradientMessage| m.to as u64),
+                "ApplyGradients",
+                move |_, _| {
+                    move |input, output| {
+                        input.for_each(|cap, data| {
+                            let t = *cap.least().expect("a message has a time");
+                            let entry = stash_d.entry(t).or_default();
+                            entry.extend(data.drain(..));
+                            if entry.len() == workers {
+                                let mut messages = stash_d.remove(&t).unwrap();
+                                messages.sort_by_key(|m| m.from);
+                                let mut home = home_d.borrow_mut();
+                                let mut owner = owner_d.borrow_mut();
+                                let updates = owner.apply(&mut home, &messages, &mut eval_d.borrow_mut());
+                                let mut session = output.session(&cap);
+                                for u in updates {
+                                    bytes_d.set(bytes_d.get() + 4 * u.values.len() as u64);
+                                    session.give(u);
+                                }
+                            }
+                        });
+                    }
+                },
+            );
+
+            let (home_e, outcome_e) = (home.clone(), outcome.clone());
+            let mut stash_e: HashMap<u64, Vec<ParamUpdate>> = HashMap::new();
+            updates.sink(Exchange::new(|u: &ParamUpdate| u.to as u64), "GatherParams", move |(input, _frontier)| {
+                input.for_each(|cap, data| {
+                    let t = *cap.least().expect("a message has a time");
+                    let entry = stash_e.entry(t).or_default();
+                    entry.extend(data.drain(..));
+                    if entry.len() == workers {
+                        let updates = stash_e.remove(&t).unwrap();
+                        let mut home = home_e.borrow_mut();
+                        let mut stats = StepStats::default();
+                        for u in &updates {
+                            if !u.values.is_empty() {
+                                let o = u.offset as usize;
+                                home.model.params[o..o + u.values.len()].copy_from_slice(&u.values);
+                            }
+                            if u.from == 0 {
+                                stats = u.stats;
+                            }
+                        }
+                        let mut outcome = outcome_e.borrow_mut();
+                        outcome.completed = t + 1;
+                        outcome.stats = stats;
+                    }
+                });
+            });
+        });
+
+        Ok(Trainer { input, outcome, home, owner, eval, bytes_sent, config: config.clone(), step: 0 })
+    }
+
+    /// Runs one synchronous step with this worker's micro-batch (possibly
+    /// empty) and returns the statistics summed over all workers. Every worker
+    /// must call `step` the same number of times with the same `kind`.
+    pub fn step(&mut self, worker: &mut Worker, kind: StepKind, batch: Batch) -> Result<StepStats, OperatorError> {
+        self.check_batch(&batch)?;
+        let t = self.step;
+        self.input.send(Command { kind, batch });
+        self.step += 1;
+        self.input.advance_to(self.step);
+        while self.outcome.borrow().completed < self.step {
+            worker.step();
+        }
+        let _ = t;
+        Ok(self.outcome.borrow().stats)
+    }
+
+    fn check_batch(&self, batch: &Batch) -> Result<(), OperatorError> {
+        let m = &self.config.model;
+        if batch.num_dense != m.num_dense || batch.sparse.len() != m.num_sparse {
+            return Err(OperatorError::Shape(format!(
+                "batch has {} dense / {} sparse features, the model expects {} / {}",
+                batch.num_dense,
+                batch.sparse.len(),
+                m.num_dense,
+                m.num_sparse
+            )));
+        }
+        batch.check().map_err(OperatorError::Shape)?;
+        for (t, field) in batch.sparse.iter().enumerate() {
+            if let Some(&id) = field.ids.iter().find(|&&id| id >= self.config.table_sizes[t]) {
+                return Err(OperatorError::Shape(format!(
+                    "id {id} of field {t} is outside its table of {} rows",
+                    self.config.table_sizes[t]
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the predictions gathered by `Eval` steps so far (non-empty on worker 0 only).
+    pub fn take_eval(&mut self) -> EvalSet {
+        std::mem::take(&mut *self.eval.borrow_mut())
+    }
+
+    /// L2 norm over all parameters, dense and embedding, as f64 (a `Report` step; collective).
+    pub fn params_l2(&mut self, worker: &mut Worker) -> Result<f64, OperatorError> {
+        let m = &self.config.model;
+        let stats = self.step(worker, StepKind::Report, Batch::new(m.num_dense, m.num_sparse))?;
+        Ok(stats.sum_squares.sqrt())
+    }
+
+    /// This worker's copy of the dense parameters.
+    pub fn dense_params(&self) -> Vec<f32> {
+        self.home.borrow().model.params.clone()
+    }
+
+    /// Bytes this worker has sent to other workers.
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent.get()
+    }
+
+    /// Number of embedding rows this worker owns.
+    pub fn owned_rows(&self) -> usize {
+        self.owner.borrow().shard.num_rows()
+    }
+
+    /// Number of steps run so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+}
+
+impl Home {
+    /// De-duplicates the command's ids per table and builds one request per owner.
+    fn plan(&mut self, command: Command) -> Vec<LookupRequest> {
+        let w = self.workers;
+        let num_tables = self.plans.len();
+        let mut requests: Vec<LookupRequest> = (0..w)
+            .map(|o| LookupRequest { from: self.me as u32, to: o as u32, table_lens: vec![0; num_tables], ids: Vec::new() })
+            .collect();
+        if command.kind != StepKind::Report {
+            let mut counts = vec![0u32; w];
+            for (t, field) in command.batch.sparse.iter().enumerate() {
+                let plan = &mut self.plans[t];
+                plan.unique.clear();
+                plan.index.clear();
+                plan.place.clear();
+                self.seen.clear();
+                for &id in &field.ids {
+                    let next = plan.unique.len() as u32;
+                    let u = *self.seen.entry(id).or_insert_with(|| {
+                        plan.unique.push(id);
+                        next
+                    });
+                    plan.index.push(u);
+                }
+                for &id in &plan.unique {
+                    let o = shard_of(t, id, w);
+                    plan.place.push((o as u32, counts[o]));
+                    counts[o] += 1;
+                    requests[o].ids.push(id);
+                    requests[o].table_lens[t] += 1;
+                }
+            }
+        }
+        self.command = Some(command);
+        requests
+    }
+
+    /// Runs the step's model work once every reply is in; returns one message per worker.
+    fn compute(&mut self, replies: Vec<LookupReply>, shard: &EmbeddingShard, bytes_sent: u64) -> Vec<GradientMessage> {
+        let command = self.command.take().expect("a command precedes its replies");
+        let (w, me, d) = (self.workers, self.me as u32, self.dim);
+        let n_params = self.model.num_params();
+        let mut messages: Vec<GradientMessage> = (0..w)
+            .map(|o| GradientMessage {
+                from: me,
+                to: o as u32,
+                stats: StepStats::default(),
+                sparse: Vec::new(),
+                dense: Vec::new(),
+                eval: EvalSet::default(),
+            })
+            .collect();
+        let batch = &command.batch;
+        let b = batch.len();
+        let mut stats = StepStats { samples: b as u64, bytes_sent, ..Default::default() };
+        match command.kind {
+            StepKind::Report => {
+                stats.samples = 0;
+                stats.sum_squares = shard.sum_of_squares();
+                if self.me == 0 {
+                    stats.sum_squares += self.model.params.iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+                }
+            }
+            StepKind::Train | StepKind::Eval => {
+                for (o, r) in replies.into_iter().enumerate() {
+                    self.replies[o] = r.rows;
+                }
+                let f = self.plans.len();
+                self.pooled.clear();
+                self.pooled.resize(b * f * d, 0.0);
+                for (t, plan) in self.plans.iter().enumerate() {
+                    self.unique_rows.clear();
+                    for &(o, pos) in &plan.place {
+                        let p = pos as usize * d;
+                        self.unique_rows.extend_from_slice(&self.replies[o as usize][p..p + d]);
+                    }
+                    pool_sum(&self.unique_rows, d, &batch.sparse[t].offsets, &plan.index, t, f, &mut self.pooled);
+                }
+                let logits = self.model.forward(&batch.dense, &self.pooled, b).to_vec();
+                stats.loss_sum = bce_with_logits_sum(&logits, &batch.labels);
+                if command.kind == StepKind::Eval {
+                    messages[0].eval = EvalSet { probs: logits.iter().map(|&x| sigmoid(x)).collect(), labels: batch.labels.clone() };
+                } else {
+                    self.dlogits.resize(b, 0.0);
+                    bce_with_logits_grad(&logits, &batch.labels, 1.0, &mut self.dlogits);
+                    self.dpooled.resize(b * f * d, 0.0);
+                    self.model.backward(&batch.dense, &self.pooled, &self.dlogits, &mut self.dpooled);
+                    for m in messages.iter_mut() {
+                        let len = self.replies[m.to as usize].len();
+                        m.sparse.resize(len, 0.0);
+                    }
+                    for (t, plan) in self.plans.iter().enumerate() {
+                        self.dunique.clear();
+                        self.dunique.resize(plan.unique.len() * d, 0.0);
+                        pool_sum_backward(&self.dpooled, d, &batch.sparse[t].offsets, &plan.index, t, f, &mut self.dunique);
+                        for (u, &(o, pos)) in plan.place.iter().enumerate() {
+                            let p = pos as usize * d;
+                            messages[o as usize].sparse[p..p + d].copy_from_slice(&self.dunique[u * d..(u + 1) * d]);
+                        }
+                    }
+                    for m in messages.iter_mut() {
+                        m.dense = self.model.grads[dense_slice(n_params, m.to as usize, w)].to_vec();
+                    }
+                }
+            }
+        }
+        for m in messages.iter_mut() {
+            m.stats = stats;
+        }
+        messages
+    }
+}
+
+impl Owner {
+    /// Applies the step's gradients this worker owns and returns its dense slice for every worker.
+    fn apply(&mut self, home: &mut Home, messages: &[GradientMessage], eval: &mut EvalSet) -> Vec<ParamUpdate> {
+        let (me, w, d) = (home.me, home.workers, home.dim);
+        let mut stats = StepStats::default();
+        for m in messages {
+            stats.add(&m.stats);
+        }
+        let slice = dense_slice(home.model.num_params(), me, w);
+        let mut changed = false;
+        let is_train = messages.iter().any(|m| !m.dense.is_empty());
+        if is_train && stats.samples > 0 {
+            let scale = 1.0 / stats.samples as f32;
+            // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
+            self.accumulate.clear();
+            self.scratch.clear();
+            let mut order: Vec<(u32, u64)> = Vec::new();
+            for m in messages {
+                let request = &self.pending[m.from as usize];
+                let mut start = 0usize;
+                for (t, &n) in request.table_lens.iter().enumerate() {
+                    for (k, &id) in request.ids[start..start + n as usize].iter().enumerate() {
+                        let g = &m.sparse[(start + k) * d..(start + k + 1) * d];
+                        let next = order.len() as u32;
+                        let slot = *self.accumulate.entry((t as u32, id)).or_insert_with(|| {
+                            order.push((t as u32, id));
+                            next
+                        }) as usize;
+                        if slot == self.scratch.len() / d {
+                            self.scratch.extend_from_slice(g);
+                        } else {
+                            for (a, &v) in self.scratch[slot * d..(slot + 1) * d].iter_mut().zip(g) {
+                                *a += v;
+                            }
+                        }
+                    }
+                    start += n as usize;
+                }
+            }
+            for (slot, &(t, id)) in order.iter().enumerate() {
+                let g = &mut self.scratch[slot * d..(slot + 1) * d];
+                for v in g.iter_mut() {
+                    *v *= scale;
+                }
+                self.shard.apply(t as usize, id, g);
+            }
+            // Dense slice: reduce in worker order, average, update.
+            let mut grad = vec![0.0f32; slice.len()];
+            for m in messages {
+                for (a, &v) in grad.iter_mut().zip(&m.dense) {
+                    *a += v;
+                }
+            }
+            for v in grad.iter_mut() {
+                *v *= scale;
+            }
+            self.dense_optimizer.apply(&mut home.model.params[slice.clone()], &grad);
+            changed = true;
+        }
+        for m in messages {
+            eval.probs.extend_from_slice(&m.eval.probs);
+            eval.labels.extend_from_slice(&m.eval.labels);
+        }
+        (0..w)
+            .map(|to| ParamUpdate {
+                from: me as u32,
+                to: to as u32,
+                stats,
+                offset: slice.start as u64,
+                values: if changed && to != me { home.model.params[slice.clone()].to_vec() } else { Vec::new() },
+            })
+            .collect()
+    }
+}
