@@ -25,6 +25,15 @@ pub enum BadReason {
 }
 
 impl BadReason {
+    /// Every reason, in the order of [`BadReason::index`].
+    pub const ALL: [BadReason; 5] =
+        [BadReason::FieldCount, BadReason::BadLabel, BadReason::BadInteger, BadReason::BadHex, BadReason::TooLong];
+
+    /// Position of this reason in [`BadReason::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// A stable snake_case name, used in metrics and dead-letter files.
     pub fn name(self) -> &'static str {
         match self {
@@ -125,5 +134,25 @@ impl BadRecordCounts {
     /// Total over all reasons.
     pub fn total(&self) -> u64 {
         self.by_reason.values().sum()
+    }
+
+    /// Counts as a fixed array indexed by [`BadReason::index`] (for exchange between workers).
+    pub fn to_array(&self) -> [u64; 5] {
+        let mut a = [0; 5];
+        for r in BadReason::ALL {
+            a[r.index()] = self.by_reason.get(r.name()).copied().unwrap_or(0);
+        }
+        a
+    }
+
+    /// The inverse of [`BadRecordCounts::to_array`]; zero counts are left out.
+    pub fn from_array(a: [u64; 5]) -> Self {
+        let mut c = BadRecordCounts::default();
+        for r in BadReason::ALL {
+            if a[r.index()] > 0 {
+                c.by_reason.insert(r.name().to_string(), a[r.index()]);
+            }
+        }
+        c
     }
 }

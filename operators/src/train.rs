@@ -111,6 +111,10 @@ pub struct StepStats {
     pub bytes_sent: u64,
     /// Σ of squares of all parameters (only in `Report` steps).
     pub sum_squares: f64,
+    /// Workers that reported a fatal error in this step; every worker stops when it is non-zero.
+    pub failed_workers: u64,
+    /// Malformed records skipped so far, by [`BadReason::index`](crate::bad_record::BadReason::index) (cumulative).
+    pub bad_records: [u64; 5],
 }
 
 impl StepStats {
@@ -119,6 +123,10 @@ impl StepStats {
         self.loss_sum += o.loss_sum;
         self.bytes_sent += o.bytes_sent;
         self.sum_squares += o.sum_squares;
+        self.failed_workers += o.failed_workers;
+        for (a, b) in self.bad_records.iter_mut().zip(o.bad_records) {
+            *a += b;
+        }
     }
 }
 
@@ -129,6 +137,10 @@ pub struct Command {
     pub kind: StepKind,
     /// This worker's micro-batch.
     pub batch: Batch,
+    /// This worker hit a fatal error and asks every worker to stop after this step.
+    pub failed: bool,
+    /// Malformed records this worker has skipped so far, by reason index.
+    pub bad_records: [u64; 5],
 }
 
 /// Ids one worker needs from one owner, packed over all tables.
@@ -274,6 +286,7 @@ pub struct Trainer {
     bytes_sent: Rc<Cell<u64>>,
     config: TrainerConfig,
     step: u64,
+    bad_records: [u64; 5],
 }
 
 impl Trainer {
@@ -460,7 +473,7 @@ impl Trainer {
             });
         });
 
-        Ok(Trainer { input, outcome, home, owner, eval, bytes_sent, config: config.clone(), step: 0 })
+        Ok(Trainer { input, outcome, home, owner, eval, bytes_sent, config: config.clone(), step: 0, bad_records: [0; 5] })
     }
 
     /// Runs one synchronous step with this worker's micro-batch (possibly
@@ -468,15 +481,26 @@ impl Trainer {
     /// must call `step` the same number of times with the same `kind`.
     pub fn step(&mut self, worker: &mut Worker, kind: StepKind, batch: Batch) -> Result<StepStats, OperatorError> {
         self.check_batch(&batch)?;
-        let t = self.step;
-        self.input.send(Command { kind, batch });
+        Ok(self.run(worker, Command { kind, batch, failed: false, bad_records: self.bad_records }))
+    }
+
+    /// Takes part in one step with no data while telling every worker that
+    /// this one has failed; all workers see `failed_workers > 0` in the result
+    /// and can stop together instead of waiting for each other forever.
+    pub fn step_failed(&mut self, worker: &mut Worker) -> StepStats {
+        let m = &self.config.model;
+        let batch = Batch::new(m.num_dense, m.num_sparse);
+        self.run(worker, Command { kind: StepKind::Train, batch, failed: true, bad_records: self.bad_records })
+    }
+
+    fn run(&mut self, worker: &mut Worker, command: Command) -> StepStats {
+        self.input.send(command);
         self.step += 1;
         self.input.advance_to(self.step);
         while self.outcome.borrow().completed < self.step {
             worker.step();
         }
-        let _ = t;
-        Ok(self.outcome.borrow().stats)
+        self.outcome.borrow().stats
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<(), OperatorError> {
@@ -500,6 +524,11 @@ impl Trainer {
             }
         }
         Ok(())
+    }
+
+    /// Sets this worker's cumulative bad-record counts, reported with every following step.
+    pub fn set_bad_records(&mut self, counts: [u64; 5]) {
+        self.bad_records = counts;
     }
 
     /// Takes the predictions gathered by `Eval` steps so far (non-empty on worker 0 only).
@@ -589,7 +618,13 @@ impl Home {
             .collect();
         let batch = &command.batch;
         let b = batch.len();
-        let mut stats = StepStats { samples: b as u64, bytes_sent, ..Default::default() };
+        let mut stats = StepStats {
+            samples: b as u64,
+            bytes_sent,
+            failed_workers: command.failed as u64,
+            bad_records: command.bad_records,
+            ..Default::default()
+        };
         match command.kind {
             StepKind::Report => {
                 stats.samples = 0;

@@ -1,1 +1,15 @@
-//! placeholder
+//! # tiderec
+//!
+//! Configuration, dataflow assembly and the command-line interface of
+//! tiderec. The binary `tiderec` is a thin layer over [`run::train`] and
+//! [`bench`]; tests and other programs call them directly.
+
+pub mod bench;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod progress;
+pub mod run;
+
+pub use config::TrainSettings;
+pub use error::PipelineError;

@@ -1,1 +1,243 @@
-fn main() {}
+//! The `tiderec` command line.
+
+use anyhow::Context;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use tiderec::bench::{run_dlrm, DlrmBench};
+use tiderec::TrainSettings;
+
+#[derive(Parser)]
+#[command(name = "tiderec", version, about = "Streaming CTR training on timely dataflow")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model (DLRM) on synthetic data or Criteo files.
+    Train(TrainArgs),
+    /// Measure throughput.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Kaggle-shaped DLRM training samples/s (26 × 100k tables, dim 16).
+    Dlrm(DlrmArgs),
+}
+
+#[derive(Args)]
+struct DlrmArgs {
+    /// Global batch size.
+    #[arg(long, default_value_t = 128)]
+    batch_size: usize,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Timed steps (default: enough for about 200k samples, at least 50).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Untimed warm-up steps.
+    #[arg(long, default_value_t = 20)]
+    warmup: u64,
+    /// Rows per table.
+    #[arg(long, default_value_t = 100_000)]
+    rows: u64,
+    /// Dense optimizer (sgd, adagrad, adam).
+    #[arg(long, default_value = "adagrad")]
+    optimizer: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Flags of `tiderec train`; each overrides the same key of `--config`.
+#[derive(Args, Default)]
+struct TrainArgs {
+    /// TOML file with any of the settings below (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// `synthetic` (default) or `criteo:PATH[,PATH…]` (files or directories).
+    #[arg(long)]
+    data: Option<String>,
+    /// Held-out data, `criteo:PATH[,PATH…]`.
+    #[arg(long)]
+    eval: Option<String>,
+    /// Fraction held out for evaluation when --eval is not given (synthetic: fraction of --samples).
+    #[arg(long)]
+    eval_fraction: Option<f64>,
+    /// Synthetic training samples per epoch.
+    #[arg(long)]
+    samples: Option<u64>,
+    /// Passes over the training data.
+    #[arg(long)]
+    epochs: Option<u64>,
+    /// Stop after this many training steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Global batch size (union of all workers' micro-batches).
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Evaluation batch size.
+    #[arg(long)]
+    eval_batch_size: Option<usize>,
+    /// Seed of data, initialisation and hashing.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Dense learning rate.
+    #[arg(long)]
+    lr: Option<f32>,
+    /// Embedding learning rate (default: --lr).
+    #[arg(long)]
+    sparse_lr: Option<f32>,
+    /// Dense optimizer: sgd, adagrad, adam.
+    #[arg(long)]
+    optimizer: Option<String>,
+    /// Embedding optimizer: sgd, rowwise-adagrad.
+    #[arg(long)]
+    sparse_optimizer: Option<String>,
+    /// Worker threads per process.
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Processes in a cluster run.
+    #[arg(long)]
+    processes: Option<usize>,
+    /// This process's index (0-based).
+    #[arg(long)]
+    process: Option<usize>,
+    /// File listing one host:port per process.
+    #[arg(long)]
+    hosts: Option<PathBuf>,
+    /// Rows per embedding table.
+    #[arg(long)]
+    buckets: Option<u64>,
+    /// Embedding dimension.
+    #[arg(long)]
+    dim: Option<usize>,
+    /// Bottom MLP widths, e.g. 512,256,64,16.
+    #[arg(long, value_delimiter = ',')]
+    bottom: Option<Vec<usize>>,
+    /// Top MLP widths, e.g. 512,256,1.
+    #[arg(long, value_delimiter = ',')]
+    top: Option<Vec<usize>>,
+    /// Include self-interaction terms in the dot interaction.
+    #[arg(long)]
+    self_interaction: bool,
+    /// On a malformed record: skip (count + dead-letter file) or fail.
+    #[arg(long)]
+    on_bad_record: Option<String>,
+    /// Dead-letter file for malformed records.
+    #[arg(long)]
+    dead_letters: Option<PathBuf>,
+    /// Longest accepted input line in bytes.
+    #[arg(long)]
+    max_line_bytes: Option<usize>,
+    /// Write the final summary as one JSON object here.
+    #[arg(long)]
+    metrics_json: Option<PathBuf>,
+    /// auto, bar, lines or none.
+    #[arg(long)]
+    progress: Option<String>,
+}
+
+macro_rules! override_fields {
+    ($settings:ident, $args:ident, $($field:ident),*) => {
+        $( if let Some(v) = $args.$field { $settings.$field = v; } )*
+    };
+}
+
+impl TrainArgs {
+    fn into_settings(self) -> anyhow::Result<TrainSettings> {
+        let mut s = match &self.config {
+            Some(path) => TrainSettings::from_toml_file(path)?,
+            None => TrainSettings::default(),
+        };
+        let args = self;
+        override_fields!(
+            s, args, data, eval_fraction, samples, epochs, batch_size, eval_batch_size, seed, lr, optimizer,
+            sparse_optimizer, workers, processes, process, buckets, dim, bottom, top, on_bad_record, dead_letters,
+            max_line_bytes, progress
+        );
+        if args.eval.is_some() {
+            s.eval = args.eval;
+        }
+        if args.steps.is_some() {
+            s.steps = args.steps;
+        }
+        if args.sparse_lr.is_some() {
+            s.sparse_lr = args.sparse_lr;
+        }
+        if args.hosts.is_some() {
+            s.hosts = args.hosts;
+        }
+        if args.metrics_json.is_some() {
+            s.metrics_json = args.metrics_json;
+        }
+        if args.self_interaction {
+            s.self_interaction = true;
+        }
+        Ok(s)
+    }
+}
+
+fn fmt_opt(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |x| format!("{x:.4}"))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Train(args) => {
+            let settings = args.into_settings()?;
+            let data = settings.data.clone();
+            let workers = settings.workers * settings.processes;
+            eprintln!(
+                "tiderec train: DLRM on {data}, {workers} worker(s), batch {}, {} optimizer, seed {}",
+                settings.batch_size, settings.optimizer, settings.seed
+            );
+            let summary = tiderec::run::train(&settings).context("training failed")?;
+            let Some(s) = summary else {
+                eprintln!("process {} finished; process 0 reports the metrics", settings.process);
+                return Ok(());
+            };
+            println!("trained {} samples in {} steps ({} epochs) on {} worker(s)", s.samples, s.steps, s.epochs, s.workers);
+            println!("  train loss      {:.4} (last steps), {:.4} (run mean)", s.train_loss, s.train_loss_mean);
+            println!("  eval AUC        {}   (teacher AUC {})", fmt_opt(s.auc), fmt_opt(s.teacher_auc));
+            println!("  eval logloss    {}", fmt_opt(s.logloss));
+            println!("  eval accuracy   {}   on {} samples", fmt_opt(s.accuracy), s.eval_samples);
+            println!("  throughput      {:.0} samples/s   ({:.1} s training)", s.samples_per_sec, s.train_seconds);
+            println!("  exchanged       {:.1} bytes/sample", s.bytes_per_sample);
+            println!("  params L2       {:.6}", s.params_l2);
+            println!("  bad records     {} {:?}", s.bad_records, s.bad_records_by_reason);
+            if let Some(p) = &settings.metrics_json {
+                println!("  metrics written to {}", p.display());
+            }
+        }
+        Command::Bench(BenchCommand::Dlrm(a)) => {
+            let steps = a.steps.unwrap_or_else(|| (200_000 / a.batch_size as u64).max(50));
+            let bench = DlrmBench {
+                batch_size: a.batch_size,
+                workers: a.workers,
+                warmup_steps: a.warmup,
+                steps,
+                rows: a.rows,
+                optimizer: a.optimizer.parse()?,
+            };
+            let r = run_dlrm(&bench)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "dlrm batch {} workers {}: {:.0} samples/s ({:.2} ms/step, {} steps, {:.0} bytes/sample exchanged)",
+                    r.batch_size, r.workers, r.samples_per_sec, r.ms_per_step, r.steps, r.bytes_per_sample
+                );
+            }
+        }
+    }
+    Ok(())
+}

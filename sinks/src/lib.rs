@@ -1,1 +1,13 @@
-//! placeholder
+//! # tiderec-sinks
+//!
+//! Outputs of tiderec other than the model itself.
+//!
+//! * [`dead_letters`]: files of malformed input records, one per line.
+//! * [`metrics`]: the run summary written by `--metrics-json`.
+//! * [`error`]: the crate's error type, [`SinkError`].
+
+pub mod dead_letters;
+pub mod error;
+pub mod metrics;
+
+pub use error::SinkError;

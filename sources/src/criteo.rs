@@ -1,1 +1,661 @@
-//! Criteo TSV reader (being written).
+//! Criteo TSV reader: Kaggle DAC `train.txt` and the 1TB click-log day files.
+//!
+//! Each line is `label, I1..I13, C1..C26`, TAB separated (40 fields). The
+//! reader memory-maps every file and parses lines in place: no copy per line,
+//! no allocation per field, no UTF-8 validation.
+//!
+//! # Invariants
+//!
+//! * **Disjoint, line-aligned ranges.** Worker `w` of `W` owns, in every file
+//!   of length `len`, the byte range `[len·w/W, len·(w+1)/W)`. A line belongs
+//!   to the range in which its *first byte* lies (it may end beyond the range).
+//!   The ranges of the `W` workers therefore partition the lines of each file:
+//!   concatenating the records of workers `0, 1, …, W-1` (each reading its
+//!   files in the given order) gives, per file, exactly the records of a single
+//!   reader.
+//! * **Records are never lost.** Every non-empty line of a range is either
+//!   appended to the output batch (a *good* record) or rejected as a *bad*
+//!   record; empty lines (after stripping a `\r`) are skipped silently and are
+//!   neither.
+//! * **Bad records are counted and reported.** Each rejected line is counted in
+//!   [`BadRecordCounts`] by [`BadReason`] and, under
+//!   [`BadRecordPolicy::Skip`], written to the [`DeadLetterSink`] (if any) with
+//!   its file path, 1-based line number *within the file*, byte offset and raw
+//!   bytes; under [`BadRecordPolicy::Fail`] the reader returns
+//!   [`SourceError::BadRecord`] carrying the same record. A bad line never
+//!   leaves a partial sample in the output batch.
+//!
+//! # Format rules
+//!
+//! * The label must be exactly `0` or `1`.
+//! * `I1..I13`: empty → `0.0` (missing); otherwise a decimal integer (negative
+//!   allowed, no decimal point) transformed with [`log1p_clamped`].
+//! * `C1..C26`: empty → empty bag; otherwise up to 16 hex digits, bucketed with
+//!   [`hash_bucket`] under the field's seed ([`field_seed`]) into
+//!   `table_sizes[f]` rows — a single-id bag.
+//! * Lines with 37 to 40 fields are accepted: some copies (PaddleRec) strip
+//!   trailing empty fields, so absent trailing fields are empty categories.
+//! * LF and CRLF line endings and a missing final newline are all accepted.
+
+use crate::error::SourceError;
+use memmap2::Mmap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use tiderec_operators::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_operators::features::{field_seed, hash_bucket, log1p_clamped, parse_hex, parse_i64};
+use tiderec_operators::Batch;
+
+/// Number of dense (integer) features, `I1..I13`.
+pub const NUM_DENSE: usize = 13;
+/// Number of sparse (categorical) features, `C1..C26`.
+pub const NUM_SPARSE: usize = 26;
+/// Number of fields of a complete line: label, dense, sparse.
+pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
+/// Fewest fields a line may have (trailing empty categories stripped).
+pub const MIN_FIELDS: usize = 37;
+/// Default for [`CriteoConfig::max_line_bytes`]: 64 KiB.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 64 * 1024;
+/// At most this many bytes of an over-long line are kept in its [`BadRecord::raw`].
+pub const MAX_RAW_BYTES: usize = 4096;
+
+/// Feature configuration: per-field embedding table sizes and the hashing seed.
+#[derive(Clone, Debug)]
+pub struct CriteoFeatures {
+    /// Number of rows of the table of each categorical field (26 entries, all > 0).
+    pub table_sizes: Vec<u64>,
+    /// Run seed from which the per-field hashing seeds are derived.
+    pub seed: u64,
+}
+
+impl CriteoFeatures {
+    /// The same table size for all 26 fields.
+    pub fn uniform(table_size: u64, seed: u64) -> Self {
+        CriteoFeatures { table_sizes: vec![table_size; NUM_SPARSE], seed }
+    }
+
+    /// The hashing seed of each categorical field, as [`parse_line`] wants them.
+    pub fn field_seeds(&self) -> [u64; NUM_SPARSE] {
+        std::array::from_fn(|f| field_seed(self.seed, f))
+    }
+
+    /// Checks that there are 26 table sizes, none of them zero.
+    pub fn validate(&self) -> Result<(), SourceError> {
+        if self.table_sizes.len() != NUM_SPARSE {
+            return Err(SourceError::Config {
+                key: "table_sizes".into(),
+                reason: format!("{} entries, expected {NUM_SPARSE}", self.table_sizes.len()),
+            });
+        }
+        if let Some(f) = self.table_sizes.iter().position(|&s| s == 0) {
+            return Err(SourceError::Config {
+                key: "table_sizes".into(),
+                reason: format!("table of field C{} has size 0", f + 1),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Reader configuration.
+#[derive(Clone, Debug)]
+pub struct CriteoConfig {
+    /// Feature hashing setup.
+    pub features: CriteoFeatures,
+    /// Longest accepted line in bytes, without its terminator; longer lines are
+    /// [`BadReason::TooLong`]. Default [`DEFAULT_MAX_LINE_BYTES`].
+    pub max_line_bytes: usize,
+    /// What to do with malformed lines.
+    pub policy: BadRecordPolicy,
+}
+
+impl CriteoConfig {
+    /// A configuration with the default line limit and [`BadRecordPolicy::Skip`].
+    pub fn new(features: CriteoFeatures) -> Self {
+        CriteoConfig { features, max_line_bytes: DEFAULT_MAX_LINE_BYTES, policy: BadRecordPolicy::Skip }
+    }
+}
+
+/// One file and this reader's byte range in it.
+struct FileRange {
+    /// Name used in bad records.
+    source: String,
+    /// `None` for an empty file.
+    map: Option<Mmap>,
+    /// First byte of the first line of the range.
+    start: usize,
+    /// One past the last byte at which a line of this range may start.
+    end: usize,
+    /// Number of `\n` before `start` (computed on first need).
+    newlines_before: Option<u64>,
+}
+
+/// The first line start at or after `pos`: `pos` itself if it is 0, the end of
+/// `data`, or just after a `\n`; otherwise the byte after the next `\n`.
+fn align_to_line(data: &[u8], pos: usize) -> usize {
+    if pos == 0 || pos >= data.len() {
+        return pos.min(data.len());
+    }
+    match memchr::memchr(b'\n', &data[pos - 1..]) {
+        Some(i) => pos + i,
+        None => data.len(),
+    }
+}
+
+/// Reads Criteo TSV files, one worker's share of each; see the [module docs](self).
+pub struct CriteoReader {
+    files: Vec<FileRange>,
+    config: CriteoConfig,
+    seeds: [u64; NUM_SPARSE],
+    dead_letters: Option<Box<dyn DeadLetterSink>>,
+    counts: BadRecordCounts,
+    lines_read: u64,
+    /// Index of the file being read.
+    cur: usize,
+    /// Byte position of the next line in the current file.
+    pos: usize,
+    /// Lines (including empty ones) passed since the current range's start.
+    lines_in_range: u64,
+}
+
+impl CriteoReader {
+    /// Opens `paths`; this reader covers worker `worker` of `workers`: for
+    /// each file, the byte range `[len·worker/workers, len·(worker+1)/workers)`,
+    /// line-aligned (a line belongs to the range in which its first byte lies).
+    ///
+    /// Errors: [`SourceError::Io`] naming the path if a file cannot be opened
+    /// or mapped; [`SourceError::Config`] for `workers == 0`,
+    /// `worker >= workers` or invalid features. An empty file yields no records.
+    pub fn open(
+        paths: &[PathBuf],
+        worker: usize,
+        workers: usize,
+        config: CriteoConfig,
+        dead_letters: Option<Box<dyn DeadLetterSink>>,
+    ) -> Result<Self, SourceError> {
+        if workers == 0 || worker >= workers {
+            return Err(SourceError::Config { key: "workers".into(), reason: format!("worker {worker} of {workers}") });
+        }
+        config.features.validate()?;
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            files.push(Self::open_range(path, worker, workers)?);
+        }
+        let seeds = config.features.field_seeds();
+        Ok(CriteoReader {
+            files,
+            config,
+            seeds,
+            dead_letters,
+            counts: BadRecordCounts::default(),
+            lines_read: 0,
+            cur: 0,
+            pos: 0,
+            lines_in_range: 0,
+        }
+        .rewound())
+    }
+
+    fn open_range(path: &Path, worker: usize, workers: usize) -> Result<FileRange, SourceError> {
+        let io_err = |source| SourceError::Io { path: path.display().to_string(), source };
+        let file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len() as usize;
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: the map is read-only; input files must not be modified
+            // while they are being read (the usual contract of mmap readers).
+            let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+            #[cfg(unix)]
+            let _ = map.advise(memmap2::Advice::Sequential);
+            Some(map)
+        };
+        let data: &[u8] = map.as_deref().unwrap_or(&[]);
+        let split = |w: usize| (data.len() as u128 * w as u128 / workers as u128) as usize;
+        let start = align_to_line(data, split(worker));
+        let end = align_to_line(data, split(worker + 1));
+        Ok(FileRange { source: path.display().to_string(), map, start, end, newlines_before: None })
+    }
+
+    fn rewound(mut self) -> Self {
+        self.rewind();
+        self
+    }
+
+    /// Starts over from the beginning of this reader's ranges (next epoch).
+    /// Bad-record counts and [`lines_read`](Self::lines_read) keep accumulating.
+    pub fn rewind(&mut self) {
+        self.cur = 0;
+        self.pos = self.files.first().map_or(0, |f| f.start);
+        self.lines_in_range = 0;
+    }
+
+    /// Bad records seen so far, by reason (accumulated over epochs).
+    pub fn bad_counts(&self) -> &BadRecordCounts {
+        &self.counts
+    }
+
+    /// Lines read so far, good plus bad (empty lines excluded), accumulated over epochs.
+    pub fn lines_read(&self) -> u64 {
+        self.lines_read
+    }
+
+    /// The dead-letter sink, if any (e.g. to flush it).
+    pub fn dead_letters(&mut self) -> Option<&mut (dyn DeadLetterSink + 'static)> {
+        self.dead_letters.as_deref_mut()
+    }
+
+    /// Appends up to `max` good records to `out` (which must have shape
+    /// 13 dense / 26 sparse) and returns how many were appended; 0 (with
+    /// `max > 0`) means this reader's ranges are exhausted until [`rewind`](Self::rewind).
+    ///
+    /// Under [`BadRecordPolicy::Fail`] the first bad line returns
+    /// [`SourceError::BadRecord`]; the records appended before it stay in `out`.
+    /// When the last range is exhausted the dead-letter sink is flushed; a
+    /// sink failure is [`SourceError::DeadLetter`].
+    pub fn next_batch(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
+        if out.num_dense != NUM_DENSE || out.sparse.len() != NUM_SPARSE {
+            return Err(SourceError::Config {
+                key: "batch".into(),
+                reason: format!(
+                    "batch has {} dense / {} sparse fields, expected {NUM_DENSE} / {NUM_SPARSE}",
+                    out.num_dense,
+                    out.sparse.len()
+                ),
+            });
+        }
+        let mut appended = 0;
+        while appended < max && self.cur < self.files.len() {
+            appended += self.read_file(out, max - appended)?;
+            if appended < max {
+                // The current range is exhausted: go to the next file.
+                self.cur += 1;
+                self.pos = self.files.get(self.cur).map_or(0, |f| f.start);
+                self.lines_in_range = 0;
+                if self.cur == self.files.len() {
+                    // End of the epoch: make the dead letters durable.
+                    if let Some(sink) = self.dead_letters.as_deref_mut() {
+                        sink.flush().map_err(|source| SourceError::DeadLetter { source })?;
+                    }
+                }
+            }
+        }
+        debug_assert!(out.check().is_ok());
+        Ok(appended)
+    }
+
+    /// Reads up to `max` good records from the current file; returns fewer
+    /// only when its range is exhausted.
+    fn read_file(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
+        let CriteoReader { files, config, seeds, dead_letters, counts, lines_read, cur, pos, lines_in_range } = self;
+        let file = &mut files[*cur];
+        let data: &[u8] = file.map.as_deref().unwrap_or(&[]);
+        let end = file.end;
+        let max_line = config.max_line_bytes;
+        let mut appended = 0;
+        let mut p = *pos;
+        let mut lines = *lines_in_range;
+        let mut good = 0u64;
+        while appended < max && p < end {
+            let line_start = p;
+            // Look for the terminator no further than the line limit allows
+            // (+1 for a '\r', +1 for the '\n' itself).
+            let window_end = data.len().min(p.saturating_add(max_line).saturating_add(2));
+            let (line, next, too_long) = match memchr::memchr(b'\n', &data[p..window_end]) {
+                Some(i) => {
+                    let mut line = &data[p..p + i];
+                    if let [rest @ .., b'\r'] = line {
+                        line = rest;
+                    }
+                    (line, p + i + 1, line.len() > max_line)
+                }
+                None if window_end == data.len() => {
+                    let mut line = &data[p..];
+                    if let [rest @ .., b'\r'] = line {
+                        line = rest;
+                    }
+                    (line, data.len(), line.len() > max_line)
+                }
+                None => {
+                    // Over-long line: skip to its end; only its head is kept.
+                    let (line_end, next) = match memchr::memchr(b'\n', &data[window_end..]) {
+                        Some(i) => (window_end + i, window_end + i + 1),
+                        None => (data.len(), data.len()),
+                    };
+                    let mut line = &data[p..line_end];
+                    if let [rest @ .., b'\r'] = line {
+                        line = rest;
+                    }
+                    (line, next, true)
+                }
+            };
+            p = next;
+            lines += 1;
+            if line.is_empty() {
+                continue;
+            }
+            let result =
+                if too_long { Err((BadReason::TooLong, None)) } else { parse_line(line, &config.features, seeds, out) };
+            match result {
+                Ok(()) => {
+                    appended += 1;
+                    good += 1;
+                }
+                Err((reason, field)) => {
+                    *lines_read += good + 1;
+                    good = 0;
+                    counts.add(reason);
+                    let base = *file.newlines_before.get_or_insert_with(|| count_newlines(&data[..file.start]));
+                    let raw_len = if too_long { line.len().min(MAX_RAW_BYTES) } else { line.len() };
+                    let record = BadRecord {
+                        source: file.source.clone(),
+                        line: base + lines,
+                        byte_offset: line_start as u64,
+                        reason,
+                        field,
+                        raw: line[..raw_len].to_vec(),
+                    };
+                    match config.policy {
+                        BadRecordPolicy::Skip => {
+                            if let Some(sink) = dead_letters.as_deref_mut() {
+                                if let Err(source) = sink.write(&record) {
+                                    *pos = p;
+                                    *lines_in_range = lines;
+                                    return Err(SourceError::DeadLetter { source });
+                                }
+                            }
+                        }
+                        BadRecordPolicy::Fail => {
+                            *pos = p;
+                            *lines_in_range = lines;
+                            return Err(SourceError::BadRecord(record));
+                        }
+                    }
+                }
+            }
+        }
+        *lines_read += good;
+        *pos = p;
+        *lines_in_range = lines;
+        Ok(appended)
+    }
+}
+
+/// Number of `\n` bytes in `data`.
+fn count_newlines(data: &[u8]) -> u64 {
+    // Chunked so that the inner count vectorises and cannot overflow.
+    data.chunks(1 << 16).map(|c| c.iter().filter(|&&b| b == b'\n').count() as u64).sum()
+}
+
+/// `log1p_clamped(v as f32)` for `v` in `0..LOG1P_TABLE_LEN`: most Criteo
+/// counts are small, and a table lookup is much cheaper than `log1pf`.
+const LOG1P_TABLE_LEN: usize = 4096;
+
+fn log1p_table() -> &'static [f32; LOG1P_TABLE_LEN] {
+    static TABLE: std::sync::OnceLock<Box<[f32; LOG1P_TABLE_LEN]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| Box::new(std::array::from_fn(|v| log1p_clamped(v as f32))))
+}
+
+/// Hex digit value of each byte; 0xFF for a non-hex byte.
+static HEX_DIGIT: [u8; 256] = {
+    let mut t = [0xFFu8; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = match b as u8 {
+            c @ b'0'..=b'9' => c - b'0',
+            c @ b'a'..=b'f' => c - b'a' + 10,
+            c @ b'A'..=b'F' => c - b'A' + 10,
+            _ => 0xFF,
+        };
+        b += 1;
+    }
+    t
+};
+
+/// [`parse_hex`] for the common 8-digit case, branch-free over the digits.
+#[inline]
+fn parse_hex8(s: &[u8; 8]) -> Option<u64> {
+    let mut v = 0u64;
+    let mut bad = 0u8;
+    for &b in s {
+        let d = HEX_DIGIT[b as usize];
+        bad |= d;
+        v = (v << 4) | (d & 0x0F) as u64;
+    }
+    (bad & 0x80 == 0).then_some(v)
+}
+
+/// `0x80` in each byte of `w` that equals `\t`, 0 elsewhere (exact, no false positives).
+#[inline(always)]
+fn tab_bytes(w: u64) -> u64 {
+    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    let x = w ^ 0x0909_0909_0909_0909;
+    !(((x & LOW7) + LOW7) | x | LOW7)
+}
+
+/// Bit `i` set iff `block[i]` is a TAB.
+#[inline(always)]
+fn tab_bits(block: &[u8; 64]) -> u64 {
+    let mut bits = 0u64;
+    for (j, w) in block.chunks_exact(8).enumerate() {
+        let m = tab_bytes(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        // Gathers the 0x80 flags of the 8 bytes into 8 consecutive bits.
+        bits |= ((m >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) << (8 * j);
+    }
+    bits
+}
+
+/// Stores the positions of the TABs of `line` in `ends` and returns their
+/// number; `None` if there are more than `NUM_FIELDS - 1`.
+#[inline]
+fn find_tabs(line: &[u8], ends: &mut [usize; NUM_FIELDS]) -> Option<usize> {
+    let mut tabs = 0usize;
+    let mut push_all = |mut bits: u64, base: usize| -> Option<()> {
+        while bits != 0 {
+            if tabs == NUM_FIELDS - 1 {
+                return None;
+            }
+            ends[tabs] = base + bits.trailing_zeros() as usize;
+            tabs += 1;
+            bits &= bits - 1;
+        }
+        Some(())
+    };
+    let mut blocks = line.chunks_exact(64);
+    let mut base = 0;
+    for block in &mut blocks {
+        push_all(tab_bits(block.try_into().expect("64 bytes")), base)?;
+        base += 64;
+    }
+    let rest = blocks.remainder();
+    if !rest.is_empty() {
+        let mut block = [0u8; 64];
+        block[..rest.len()].copy_from_slice(rest);
+        push_all(tab_bits(&block), base)?;
+    }
+    Some(tabs)
+}
+
+/// Parses one line (no line terminator; a trailing `\r` is tolerated) and
+/// appends it as one sample to `out` (shape 13 dense / 26 sparse).
+///
+/// `seeds` are the per-field hashing seeds, [`CriteoFeatures::field_seeds`].
+/// On error nothing is appended and the reason is returned with the 0-based
+/// index of the offending field within the line (0 = label, 1..=13 =
+/// `I1..I13`, 14..=39 = `C1..C26`), where one field is to blame.
+/// Allocation-free apart from growing `out`.
+pub fn parse_line(
+    line: &[u8],
+    features: &CriteoFeatures,
+    seeds: &[u64; NUM_SPARSE],
+    out: &mut Batch,
+) -> Result<(), (BadReason, Option<usize>)> {
+    let line = match line {
+        [rest @ .., b'\r'] => rest,
+        _ => line,
+    };
+    // ends[k] = one past the last byte of field k.
+    let mut ends = [0usize; NUM_FIELDS];
+    let tabs = match find_tabs(line, &mut ends) {
+        Some(t) => t,
+        None => return Err((BadReason::FieldCount, None)),
+    };
+    ends[tabs] = line.len();
+    let nfields = tabs + 1;
+    if nfields < MIN_FIELDS {
+        return Err((BadReason::FieldCount, None));
+    }
+    let field = |k: usize| -> &[u8] {
+        let start = if k == 0 { 0 } else { ends[k - 1] + 1 };
+        &line[start..ends[k]]
+    };
+
+    let label = match field(0) {
+        b"0" => 0.0f32,
+        b"1" => 1.0f32,
+        _ => return Err((BadReason::BadLabel, Some(0))),
+    };
+    let log_table = log1p_table();
+    let mut dense = [0.0f32; NUM_DENSE];
+    for (j, d) in dense.iter_mut().enumerate() {
+        let s = field(1 + j);
+        if !s.is_empty() {
+            match parse_i64(s) {
+                Some(v) => {
+                    *d = match log_table.get(v as u64 as usize) {
+                        Some(&x) => x,
+                        None => log1p_clamped(v as f32),
+                    }
+                }
+                None => return Err((BadReason::BadInteger, Some(1 + j))),
+            }
+        }
+    }
+    // u64::MAX marks an empty bag (bucket ids are < table size <= u64::MAX).
+    let mut ids = [u64::MAX; NUM_SPARSE];
+    let present = nfields - 1 - NUM_DENSE;
+    for (f, id) in ids.iter_mut().enumerate().take(present) {
+        let k = 1 + NUM_DENSE + f;
+        let s = field(k);
+        if !s.is_empty() {
+            let parsed = match <&[u8; 8]>::try_from(s) {
+                Ok(s8) => parse_hex8(s8),
+                Err(_) => parse_hex(s),
+            };
+            match parsed {
+                Some(v) => *id = hash_bucket(seeds[f], v, features.table_sizes[f]),
+                None => return Err((BadReason::BadHex, Some(k))),
+            }
+        }
+    }
+
+    out.labels.push(label);
+    out.dense.extend_from_slice(&dense);
+    for (sf, &id) in out.sparse.iter_mut().zip(&ids) {
+        if id != u64::MAX {
+            sf.ids.push(id);
+        }
+        sf.close_bag();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn features() -> CriteoFeatures {
+        CriteoFeatures::uniform(1000, 7)
+    }
+
+    fn line40() -> String {
+        let mut f = vec!["1".to_string()];
+        f.extend((0..13).map(|i| if i == 2 { String::new() } else { (i as i64 - 1).to_string() }));
+        f.extend((0..26).map(|i| if i % 5 == 0 { String::new() } else { format!("{:08x}", i * 7919) }));
+        f.join("\t")
+    }
+
+    #[test]
+    fn parses_a_full_line() {
+        let feats = features();
+        let seeds = feats.field_seeds();
+        let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
+        parse_line(line40().as_bytes(), &feats, &seeds, &mut b).unwrap();
+        b.check().unwrap();
+        assert_eq!(b.labels, vec![1.0]);
+        assert_eq!(b.dense[0], 0.0); // -1 clamps to 0
+        assert_eq!(b.dense[1], 0.0);
+        assert_eq!(b.dense[2], 0.0); // missing
+        assert!((b.dense[3] - 2f32.ln_1p()).abs() < 1e-6); // value 2
+        assert!(b.sparse[0].bag(0).is_empty());
+        assert_eq!(b.sparse[1].bag(0), &[hash_bucket(seeds[1], 7919, 1000)]);
+    }
+
+    #[test]
+    fn rejects_without_partial_append() {
+        let feats = features();
+        let seeds = feats.field_seeds();
+        let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
+        let good = line40();
+        let bad_hex = good.replacen("00001eef", "0000zeef", 1);
+        assert_ne!(good, bad_hex);
+        assert_eq!(parse_line(bad_hex.as_bytes(), &feats, &seeds, &mut b), Err((BadReason::BadHex, Some(15))));
+        let bad_int = good.replacen("\t3\t", "\t3.0\t", 1);
+        assert_eq!(parse_line(bad_int.as_bytes(), &feats, &seeds, &mut b), Err((BadReason::BadInteger, Some(5))));
+        let bad_label = format!("2{}", &good[1..]);
+        assert_eq!(parse_line(bad_label.as_bytes(), &feats, &seeds, &mut b), Err((BadReason::BadLabel, Some(0))));
+        let long = format!("{good}\t");
+        assert_eq!(parse_line(long.as_bytes(), &feats, &seeds, &mut b), Err((BadReason::FieldCount, None)));
+        assert_eq!(parse_line(b"1\t2\t3", &feats, &seeds, &mut b), Err((BadReason::FieldCount, None)));
+        assert!(b.is_empty());
+        b.check().unwrap();
+        // Stripped trailing fields and CRLF.
+        let stripped: Vec<&str> = good.split('\t').take(37).collect();
+        let stripped = format!("{}\r", stripped.join("\t"));
+        parse_line(stripped.as_bytes(), &feats, &seeds, &mut b).unwrap();
+        assert!(b.sparse[25].bag(0).is_empty() && b.sparse[24].bag(0).is_empty());
+        b.check().unwrap();
+    }
+
+    #[test]
+    fn fast_paths_match_helpers() {
+        let mut ends = [0usize; NUM_FIELDS];
+        for len in 0..200 {
+            let line: Vec<u8> =
+                (0..len).map(|i| if (i * 7 + len) % 5 == 0 { b'\t' } else { b'a' + (i % 26) as u8 }).collect();
+            let want: Vec<usize> = line.iter().enumerate().filter(|(_, &b)| b == b'\t').map(|(i, _)| i).collect();
+            match find_tabs(&line, &mut ends) {
+                Some(n) => assert_eq!(&ends[..n], &want[..]),
+                None => assert!(want.len() >= NUM_FIELDS),
+            }
+        }
+        // Bytes that differ from TAB in one bit, or are 0x89, are not TABs.
+        let tricky: Vec<u8> = [0x08, 0x0b, 0x0d, 0x19, 0x29, 0x49, 0x89, 0x00, 0xff, b'\t'].repeat(8);
+        let n = find_tabs(&tricky, &mut ends).unwrap();
+        assert_eq!(n, 8);
+        assert_eq!(&ends[..n], &[9, 19, 29, 39, 49, 59, 69, 79]);
+        for v in 0..LOG1P_TABLE_LEN {
+            assert_eq!(log1p_table()[v].to_bits(), log1p_clamped(v as f32).to_bits());
+        }
+        for b in 0..=255u8 {
+            for pos in 0..8 {
+                let mut s = *b"0aF9c3E7";
+                s[pos] = b;
+                assert_eq!(parse_hex8(&s), parse_hex(&s), "{s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn alignment() {
+        let data = b"ab\ncd\n\nef";
+        assert_eq!(align_to_line(data, 0), 0);
+        assert_eq!(align_to_line(data, 1), 3);
+        assert_eq!(align_to_line(data, 3), 3);
+        assert_eq!(align_to_line(data, 4), 6);
+        assert_eq!(align_to_line(data, 6), 6);
+        assert_eq!(align_to_line(data, 7), 7);
+        assert_eq!(align_to_line(data, 8), 9);
+        assert_eq!(align_to_line(data, 9), 9);
+        assert_eq!(count_newlines(data), 3);
+    }
+}

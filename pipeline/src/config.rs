@@ -1,0 +1,338 @@
+//! Run settings: defaults, the TOML file (`--config`) and validation.
+//!
+//! Every setting has a default, so `tiderec train` with no arguments trains
+//! on the built-in synthetic stream. A TOML file may set any field (unknown
+//! keys are rejected, naming the key); command-line flags override the file.
+//! [`TrainSettings::validate`] runs before any work starts.
+
+use crate::PipelineError;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tiderec_operators::bad_record::BadRecordPolicy;
+use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
+
+/// Where samples come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataSpec {
+    /// The built-in synthetic Criteo-shaped stream with a hidden teacher.
+    Synthetic,
+    /// Criteo TSV files (Kaggle `train.txt` layout or 1TB day files).
+    Criteo(Vec<PathBuf>),
+}
+
+impl DataSpec {
+    /// Parses `synthetic` or `criteo:PATH[,PATH…]`; a directory stands for its files, sorted.
+    pub fn parse(key: &str, s: &str) -> Result<Self, PipelineError> {
+        if s == "synthetic" {
+            return Ok(DataSpec::Synthetic);
+        }
+        let Some((format, rest)) = s.split_once(':') else {
+            return Err(PipelineError::config(key, format!("`{s}` is not `synthetic` or `FORMAT:PATH[,PATH…]`")));
+        };
+        match format {
+            "criteo" => {
+                let mut paths = Vec::new();
+                for p in rest.split(',').filter(|p| !p.is_empty()) {
+                    let path = PathBuf::from(p);
+                    if path.is_dir() {
+                        let mut files: Vec<PathBuf> = std::fs::read_dir(&path)
+                            .map_err(|e| PipelineError::config(key, format!("cannot list {p}: {e}")))?
+                            .filter_map(|e| e.ok().map(|e| e.path()))
+                            .filter(|p| p.is_file())
+                            .collect();
+                        files.sort();
+                        paths.extend(files);
+                    } else if path.is_file() {
+                        paths.push(path);
+                    } else {
+                        return Err(PipelineError::config(key, format!("no such file or directory: {p}")));
+                    }
+                }
+                if paths.is_empty() {
+                    return Err(PipelineError::config(key, format!("`{s}` names no files")));
+                }
+                Ok(DataSpec::Criteo(paths))
+            }
+            other => Err(PipelineError::config(key, format!("unknown data format `{other}` (synthetic, criteo)"))),
+        }
+    }
+}
+
+/// All settings of a `tiderec train` run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSettings {
+    /// `synthetic` or `criteo:PATH[,PATH…]`.
+    pub data: String,
+    /// Held-out data (`criteo:PATH`); without it `eval_fraction` of the data is held out.
+    pub eval: Option<String>,
+    /// Fraction held out for evaluation when `eval` is not given.
+    pub eval_fraction: f64,
+    /// Training samples per epoch of the synthetic stream.
+    pub samples: u64,
+    /// Passes over the training data.
+    pub epochs: u64,
+    /// Stop after this many training steps.
+    pub steps: Option<u64>,
+    /// Global batch size (the union of all workers' micro-batches).
+    pub batch_size: usize,
+    /// Batch size of evaluation steps.
+    pub eval_batch_size: usize,
+    /// Seed of data generation, initialisation and hashing.
+    pub seed: u64,
+    /// Dense learning rate.
+    pub lr: f32,
+    /// Embedding learning rate (defaults to `lr`).
+    pub sparse_lr: Option<f32>,
+    /// Dense optimizer: sgd, adagrad, adam.
+    pub optimizer: String,
+    /// Embedding optimizer: sgd, rowwise-adagrad.
+    pub sparse_optimizer: String,
+    /// Worker threads per process.
+    pub workers: usize,
+    /// Processes in a cluster run.
+    pub processes: usize,
+    /// This process's index in a cluster run.
+    pub process: usize,
+    /// File with one `host:port` per process.
+    pub hosts: Option<PathBuf>,
+    /// Rows per table (every table), unless `table_sizes` is given.
+    pub buckets: u64,
+    /// Rows of each of the 26 tables.
+    pub table_sizes: Option<Vec<u64>>,
+    /// Embedding dimension.
+    pub dim: usize,
+    /// Bottom MLP widths after the 13 inputs (last = `dim`).
+    pub bottom: Vec<usize>,
+    /// Top MLP widths after the interaction (last = 1).
+    pub top: Vec<usize>,
+    /// Include self-interaction terms.
+    pub self_interaction: bool,
+    /// `skip` or `fail` on a malformed record.
+    pub on_bad_record: String,
+    /// Dead-letter file for malformed records.
+    pub dead_letters: PathBuf,
+    /// Longest accepted input line in bytes.
+    pub max_line_bytes: usize,
+    /// Write the final summary here as JSON.
+    pub metrics_json: Option<PathBuf>,
+    /// `auto` (bar on a terminal, lines otherwise), `bar`, `lines` or `none`.
+    pub progress: String,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        TrainSettings {
+            data: "synthetic".into(),
+            eval: None,
+            eval_fraction: 0.1,
+            samples: 400_000,
+            epochs: 1,
+            steps: None,
+            batch_size: 128,
+            eval_batch_size: 4096,
+            seed: 42,
+            lr: 0.05,
+            sparse_lr: None,
+            optimizer: "adagrad".into(),
+            sparse_optimizer: "rowwise-adagrad".into(),
+            workers: 1,
+            processes: 1,
+            process: 0,
+            hosts: None,
+            buckets: 100_000,
+            table_sizes: None,
+            dim: 16,
+            bottom: vec![512, 256, 64, 16],
+            top: vec![512, 256, 1],
+            self_interaction: false,
+            on_bad_record: "skip".into(),
+            dead_letters: PathBuf::from("tiderec-dead-letters.tsv"),
+            max_line_bytes: 64 * 1024,
+            metrics_json: None,
+            progress: "auto".into(),
+        }
+    }
+}
+
+/// Settings checked and turned into typed values.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// Training data.
+    pub data: DataSpec,
+    /// Evaluation data, if separate.
+    pub eval: Option<DataSpec>,
+    /// Dense optimizer.
+    pub optimizer: DenseOptimizerKind,
+    /// Embedding optimizer.
+    pub sparse_optimizer: SparseOptimizerKind,
+    /// Bad-record policy.
+    pub policy: BadRecordPolicy,
+    /// Table sizes.
+    pub table_sizes: Vec<u64>,
+    /// Host addresses of a cluster run.
+    pub hosts: Vec<String>,
+}
+
+impl TrainSettings {
+    /// Loads a TOML file; unknown keys and bad types are errors naming the key.
+    pub fn from_toml_file(path: &Path) -> Result<Self, PipelineError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PipelineError::ConfigFile { path: path.display().to_string(), reason: e.to_string() })?;
+        toml::from_str(&text)
+            .map_err(|e| PipelineError::ConfigFile { path: path.display().to_string(), reason: e.to_string() })
+    }
+
+    /// Checks every setting before any work starts.
+    pub fn validate(&self) -> Result<Resolved, PipelineError> {
+        let data = DataSpec::parse("data", &self.data)?;
+        let eval = self.eval.as_deref().map(|e| DataSpec::parse("eval", e)).transpose()?;
+        if matches!(eval, Some(DataSpec::Synthetic)) {
+            return Err(PipelineError::config("eval", "`synthetic` eval data comes from --eval-fraction"));
+        }
+        if !(0.0..1.0).contains(&self.eval_fraction) {
+            return Err(PipelineError::config("eval_fraction", format!("must be in [0, 1), got {}", self.eval_fraction)));
+        }
+        if self.batch_size == 0 {
+            return Err(PipelineError::config("batch_size", "must be positive"));
+        }
+        if self.eval_batch_size == 0 {
+            return Err(PipelineError::config("eval_batch_size", "must be positive"));
+        }
+        if self.epochs == 0 {
+            return Err(PipelineError::config("epochs", "must be positive"));
+        }
+        if self.samples == 0 && data == DataSpec::Synthetic {
+            return Err(PipelineError::config("samples", "must be positive"));
+        }
+        if self.workers == 0 {
+            return Err(PipelineError::config("workers", "must be positive"));
+        }
+        if self.processes == 0 || self.process >= self.processes {
+            return Err(PipelineError::config(
+                "process",
+                format!("process {} is not below processes {}", self.process, self.processes),
+            ));
+        }
+        if self.batch_size < self.workers * self.processes {
+            return Err(PipelineError::config(
+                "batch_size",
+                format!("{} is smaller than the {} workers", self.batch_size, self.workers * self.processes),
+            ));
+        }
+        let optimizer: DenseOptimizerKind = self.optimizer.parse()?;
+        let sparse_optimizer: SparseOptimizerKind = self.sparse_optimizer.parse()?;
+        let policy = match self.on_bad_record.as_str() {
+            "skip" => BadRecordPolicy::Skip,
+            "fail" => BadRecordPolicy::Fail,
+            other => return Err(PipelineError::config("on_bad_record", format!("`{other}` is not skip or fail"))),
+        };
+        if !matches!(self.progress.as_str(), "auto" | "bar" | "lines" | "none") {
+            return Err(PipelineError::config("progress", format!("`{}` is not auto, bar, lines or none", self.progress)));
+        }
+        if self.buckets == 0 {
+            return Err(PipelineError::config("buckets", "must be positive"));
+        }
+        let table_sizes = match &self.table_sizes {
+            Some(s) if s.len() != 26 => {
+                return Err(PipelineError::config("table_sizes", format!("need 26 sizes, got {}", s.len())))
+            }
+            Some(s) if s.contains(&0) => return Err(PipelineError::config("table_sizes", "sizes must be positive")),
+            Some(s) => s.clone(),
+            None if data == DataSpec::Synthetic => {
+                tiderec_sources::synthetic::SyntheticConfig::kaggle_like(self.seed, self.buckets).table_sizes
+            }
+            None => vec![self.buckets; 26],
+        };
+        if self.max_line_bytes < 64 {
+            return Err(PipelineError::config("max_line_bytes", "must be at least 64"));
+        }
+        for (key, lr) in [("lr", Some(self.lr)), ("sparse_lr", self.sparse_lr)] {
+            if let Some(lr) = lr {
+                if !(lr.is_finite() && lr > 0.0) {
+                    return Err(PipelineError::config(key, format!("must be a positive number, got {lr}")));
+                }
+            }
+        }
+        let hosts = if self.processes > 1 {
+            let path = self
+                .hosts
+                .as_ref()
+                .ok_or_else(|| PipelineError::config("hosts", "a cluster run (processes > 1) needs --hosts FILE"))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| PipelineError::config("hosts", format!("cannot read {}: {e}", path.display())))?;
+            let hosts: Vec<String> =
+                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
+            if hosts.len() != self.processes {
+                return Err(PipelineError::config(
+                    "hosts",
+                    format!("{} lists {} hosts for {} processes", path.display(), hosts.len(), self.processes),
+                ));
+            }
+            hosts
+        } else {
+            Vec::new()
+        };
+        let model = self.model_config();
+        model.validate()?;
+        Ok(Resolved { data, eval, optimizer, sparse_optimizer, policy, table_sizes, hosts })
+    }
+
+    /// The DLRM shape these settings describe.
+    pub fn model_config(&self) -> tiderec_operators::nn::DlrmConfig {
+        tiderec_operators::nn::DlrmConfig {
+            num_dense: 13,
+            num_sparse: 26,
+            dim: self.dim,
+            bottom: self.bottom.clone(),
+            top: self.top.clone(),
+            self_interaction: self.self_interaction,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        let r = TrainSettings::default().validate().unwrap();
+        assert_eq!(r.data, DataSpec::Synthetic);
+        assert_eq!(r.table_sizes.len(), 26);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases: Vec<(&str, Box<dyn Fn(&mut TrainSettings)>)> = vec![
+            ("batch_size", Box::new(|s| s.batch_size = 0)),
+            ("optimizer", Box::new(|s| s.optimizer = "lbfgs".into())),
+            ("on_bad_record", Box::new(|s| s.on_bad_record = "ignore".into())),
+            ("data", Box::new(|s| s.data = "criteo:/no/such/file".into())),
+            ("data", Box::new(|s| s.data = "parquet".into())),
+            ("eval_fraction", Box::new(|s| s.eval_fraction = 1.5)),
+            ("model.bottom", Box::new(|s| s.bottom = vec![64, 8])),
+            ("hosts", Box::new(|s| s.processes = 2)),
+            ("lr", Box::new(|s| s.lr = -1.0)),
+            ("table_sizes", Box::new(|s| s.table_sizes = Some(vec![5; 3]))),
+        ];
+        for (key, mutate) in cases {
+            let mut s = TrainSettings::default();
+            mutate(&mut s);
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(key), "expected `{key}` in: {e}");
+        }
+    }
+
+    #[test]
+    fn toml_rejects_unknown_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "batch_size = 256\nlr = 0.1\n").unwrap();
+        let s = TrainSettings::from_toml_file(&p).unwrap();
+        assert_eq!(s.batch_size, 256);
+        std::fs::write(&p, "batch_sise = 256\n").unwrap();
+        let e = TrainSettings::from_toml_file(&p).unwrap_err().to_string();
+        assert!(e.contains("batch_sise"), "{e}");
+    }
+}

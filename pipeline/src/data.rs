@@ -1,0 +1,160 @@
+//! Each worker's share of the training and evaluation data.
+//!
+//! The global batch of a step is the union of the workers' micro-batches in
+//! worker order. For the synthetic stream, step `s` covers samples
+//! `[s·B, (s+1)·B)` and worker `w` of `W` takes the `w`-th of `W` equal
+//! parts, so every worker count sees the same global batches. For files,
+//! each worker reads its own line-aligned byte range of every file and
+//! contributes up to `B·(w+1)/W − B·w/W` samples per step.
+
+use crate::config::DataSpec;
+use crate::PipelineError;
+use std::path::PathBuf;
+use tiderec_operators::bad_record::{BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_operators::Batch;
+use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader};
+use tiderec_sources::synthetic::SyntheticCriteo;
+
+/// First index of the synthetic evaluation split (disjoint from any training range).
+pub const SYNTHETIC_EVAL_BASE: u64 = 1 << 40;
+
+/// One worker's reader over a training or evaluation split.
+pub enum WorkerData {
+    /// A range of the synthetic stream.
+    Synthetic {
+        /// The generator.
+        generator: Box<SyntheticCriteo>,
+        /// Global sample range of the split.
+        range: std::ops::Range<u64>,
+        /// Next global sample of the split.
+        cursor: u64,
+        /// Global batch size.
+        batch: u64,
+        /// This worker.
+        worker: u64,
+        /// All workers.
+        workers: u64,
+    },
+    /// This worker's byte ranges of Criteo files.
+    Criteo {
+        /// The reader.
+        reader: Box<CriteoReader>,
+        /// Samples per step from this worker.
+        micro: usize,
+    },
+}
+
+/// How Criteo files are read.
+#[derive(Clone, Debug)]
+pub struct CriteoOptions {
+    /// Hashing into tables.
+    pub features: CriteoFeatures,
+    /// Longest accepted line.
+    pub max_line_bytes: usize,
+    /// Skip or fail on bad records.
+    pub policy: BadRecordPolicy,
+}
+
+impl WorkerData {
+    /// This worker's share of the synthetic samples `range`, in global batches of `batch`.
+    pub fn synthetic(
+        generator: SyntheticCriteo, range: std::ops::Range<u64>, batch: usize, worker: usize, workers: usize,
+    ) -> Self {
+        WorkerData::Synthetic {
+            generator: Box::new(generator),
+            cursor: range.start,
+            range,
+            batch: batch as u64,
+            worker: worker as u64,
+            workers: workers as u64,
+        }
+    }
+
+    /// This worker's share of `span` (fractions of each file's bytes) of Criteo `paths`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn criteo(
+        paths: &[PathBuf], span: (f64, f64), options: &CriteoOptions, batch: usize, worker: usize, workers: usize,
+        dead_letters: Option<Box<dyn DeadLetterSink>>,
+    ) -> Result<Self, PipelineError> {
+        let config = CriteoConfig {
+            features: options.features.clone(),
+            max_line_bytes: options.max_line_bytes,
+            policy: options.policy,
+        };
+        if span != (0.0, 1.0) {
+            return Err(PipelineError::config("eval_fraction", "TODO span"));
+        }
+        let reader = CriteoReader::open(paths, worker, workers, config, dead_letters)?;
+        let micro = batch * (worker + 1) / workers - batch * worker / workers;
+        Ok(WorkerData::Criteo { reader: Box::new(reader), micro })
+    }
+
+    /// Builds the reader for `spec`; `eval` picks the held-out part.
+    pub fn for_spec(
+        spec: &DataSpec, synthetic: Option<(&SyntheticCriteo, std::ops::Range<u64>)>, span: (f64, f64),
+        options: &CriteoOptions, batch: usize, worker: usize, workers: usize,
+        dead_letters: Option<Box<dyn DeadLetterSink>>,
+    ) -> Result<Self, PipelineError> {
+        match spec {
+            DataSpec::Synthetic => {
+                let (g, range) = synthetic.expect("synthetic data comes with its generator");
+                Ok(Self::synthetic(g.clone(), range, batch, worker, workers))
+            }
+            DataSpec::Criteo(paths) => Self::criteo(paths, span, options, batch, worker, workers, dead_letters),
+        }
+    }
+
+    /// Appends this worker's next micro-batch to `out` (cleared first); 0 samples means the split is exhausted.
+    pub fn next_micro_batch(&mut self, out: &mut Batch) -> Result<usize, PipelineError> {
+        out.clear();
+        match self {
+            WorkerData::Synthetic { generator, range, cursor, batch, worker, workers } => {
+                if *cursor >= range.end {
+                    return Ok(0);
+                }
+                let lo = *cursor;
+                let hi = (lo + *batch).min(range.end);
+                *cursor = hi;
+                let len = hi - lo;
+                let mine = lo + len * *worker / *workers..lo + len * (*worker + 1) / *workers;
+                generator.fill(mine, out);
+                Ok(out.len())
+            }
+            WorkerData::Criteo { reader, micro } => Ok(reader.next_batch(out, *micro)?),
+        }
+    }
+
+    /// True when a step may produce no samples on this worker although others still have data.
+    pub fn is_exhausted(&self) -> bool {
+        match self {
+            WorkerData::Synthetic { range, cursor, .. } => *cursor >= range.end,
+            WorkerData::Criteo { .. } => false,
+        }
+    }
+
+    /// Starts the split over (next epoch).
+    pub fn rewind(&mut self) {
+        match self {
+            WorkerData::Synthetic { range, cursor, .. } => *cursor = range.start,
+            WorkerData::Criteo { reader, .. } => reader.rewind(),
+        }
+    }
+
+    /// Bad records skipped so far.
+    pub fn bad_counts(&self) -> BadRecordCounts {
+        match self {
+            WorkerData::Synthetic { .. } => BadRecordCounts::default(),
+            WorkerData::Criteo { reader, .. } => reader.bad_counts().clone(),
+        }
+    }
+
+    /// Flushes the dead-letter sink, if any.
+    pub fn flush(&mut self) -> Result<(), PipelineError> {
+        if let WorkerData::Criteo { reader, .. } = self {
+            if let Some(dl) = reader.dead_letters() {
+                dl.flush().map_err(|e| PipelineError::Dataflow(format!("cannot flush dead letters: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+}

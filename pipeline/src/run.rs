@@ -1,0 +1,305 @@
+//! `tiderec train`: assembles the synchronous training dataflow on timely
+//! workers (threads and processes), runs the epochs, evaluates, and returns
+//! the run summary (on process 0).
+//!
+//! All workers execute the same sequence of collective steps: training steps
+//! until a step in which no worker has data (end of epoch) or `steps` is
+//! reached, then evaluation steps until a step with no eval data, then one
+//! report step. A worker that fails (a bad record under `fail`, an unreadable
+//! file) takes part in one more step flagged as failed, so every worker
+//! stops after the same step instead of waiting forever.
+
+use crate::config::{DataSpec, Resolved};
+use crate::data::{CriteoOptions, WorkerData, SYNTHETIC_EVAL_BASE};
+use crate::progress::Progress;
+use crate::{PipelineError, TrainSettings};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
+use tiderec_operators::metrics::{auc, EvalSet};
+use tiderec_operators::optim::OptimizerParams;
+use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
+use tiderec_operators::Batch;
+use tiderec_sinks::dead_letters::SharedDeadLetters;
+use tiderec_sinks::metrics::RunSummary;
+use tiderec_sources::criteo::CriteoFeatures;
+use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo};
+
+/// Steps over which the running training loss is averaged.
+const LOSS_WINDOW: usize = 100;
+
+struct Context {
+    settings: TrainSettings,
+    resolved: Resolved,
+    trainer: TrainerConfig,
+    generator: Option<SyntheticCriteo>,
+    train_range: std::ops::Range<u64>,
+    eval_range: std::ops::Range<u64>,
+    train_span: (f64, f64),
+    eval_span: (f64, f64),
+    criteo: CriteoOptions,
+    dead_letters: SharedDeadLetters,
+    total_steps: Option<u64>,
+}
+
+/// The timely configuration for these settings.
+pub fn timely_config(settings: &TrainSettings, resolved: &Resolved) -> timely::Config {
+    let communication = if settings.processes > 1 {
+        timely::CommunicationConfig::Cluster {
+            threads: settings.workers,
+            process: settings.process,
+            addresses: resolved.hosts.clone(),
+            report: false,
+            zerocopy: false,
+        }
+    } else if settings.workers > 1 {
+        timely::CommunicationConfig::Process(settings.workers)
+    } else {
+        timely::CommunicationConfig::Thread
+    };
+    timely::Config { communication, worker: timely::WorkerConfig::default() }
+}
+
+/// The trainer configuration for these settings.
+pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerConfig {
+    TrainerConfig {
+        model: settings.model_config(),
+        table_sizes: resolved.table_sizes.clone(),
+        seed: settings.seed,
+        dense_optimizer: resolved.optimizer,
+        dense_hp: OptimizerParams::with_lr(settings.lr),
+        sparse_optimizer: resolved.sparse_optimizer,
+        sparse_hp: OptimizerParams::with_lr(settings.sparse_lr.unwrap_or(settings.lr)),
+    }
+}
+
+/// Runs a whole training job and returns its summary; `None` on processes other than 0.
+pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineError> {
+    let resolved = settings.validate()?;
+    let workers_total = settings.workers * settings.processes;
+    let generator = match resolved.data {
+        DataSpec::Synthetic => Some(SyntheticCriteo::new(SyntheticConfig {
+            seed: settings.seed,
+            table_sizes: resolved.table_sizes.clone(),
+            zipf_exponent: 1.1,
+        })?),
+        DataSpec::Criteo(_) => None,
+    };
+    let eval_samples = (settings.samples as f64 * settings.eval_fraction).round() as u64;
+    let holdout = resolved.eval.is_none() && settings.eval_fraction > 0.0;
+    let split = 1.0 - settings.eval_fraction;
+    let total_steps = match resolved.data {
+        DataSpec::Synthetic => {
+            let per_epoch = settings.samples.div_ceil(settings.batch_size as u64);
+            Some(settings.steps.map_or(per_epoch * settings.epochs, |s| s.min(per_epoch * settings.epochs)))
+        }
+        DataSpec::Criteo(_) => settings.steps,
+    };
+    let dead_letters_path = if settings.processes > 1 {
+        let mut p = settings.dead_letters.clone().into_os_string();
+        p.push(format!(".p{}", settings.process));
+        p.into()
+    } else {
+        settings.dead_letters.clone()
+    };
+    let context = Arc::new(Context {
+        trainer: trainer_config(settings, &resolved),
+        generator,
+        train_range: 0..settings.samples,
+        eval_range: SYNTHETIC_EVAL_BASE..SYNTHETIC_EVAL_BASE + eval_samples,
+        train_span: if holdout { (0.0, split) } else { (0.0, 1.0) },
+        eval_span: if holdout { (split, 1.0) } else { (0.0, 1.0) },
+        criteo: CriteoOptions {
+            features: CriteoFeatures { table_sizes: resolved.table_sizes.clone(), seed: settings.seed },
+            max_line_bytes: settings.max_line_bytes,
+            policy: resolved.policy,
+        },
+        dead_letters: SharedDeadLetters::file(dead_letters_path.clone()),
+        total_steps,
+        settings: settings.clone(),
+        resolved: resolved.clone(),
+    });
+    let config = timely_config(settings, &resolved);
+    let ctx = context.clone();
+    let guards = timely::execute(config, move |worker| worker_main(worker, &ctx))
+        .map_err(|e| PipelineError::Dataflow(format!("cannot start timely workers: {e}")))?;
+    let mut summary = None;
+    let mut errors: Vec<PipelineError> = Vec::new();
+    for result in guards.join() {
+        match result {
+            Ok(Ok(Some(s))) => summary = Some(s),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(panic) => errors.push(PipelineError::Dataflow(format!("a worker panicked: {panic}"))),
+        }
+    }
+    // Report the failing worker's own error rather than its peers' "another worker failed".
+    let is_peer = |e: &PipelineError| matches!(e, PipelineError::Dataflow(m) if m.starts_with("another worker"));
+    let first_error = match errors.iter().position(|e| !is_peer(e)) {
+        Some(i) => Some(errors.swap_remove(i)),
+        None => errors.into_iter().next(),
+    };
+    context.dead_letters.lock().finish()?;
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let Some(mut summary) = summary else { return Ok(None) };
+    summary.workers = workers_total;
+    if let Some(g) = &context.generator {
+        if eval_samples > 0 {
+            let mut b = Batch::new(13, 26);
+            let probs: Vec<f32> = g.fill(context.eval_range.clone(), &mut b).into_iter().map(|p| p as f32).collect();
+            summary.teacher_auc = auc(&probs, &b.labels);
+        }
+    }
+    if let Some(path) = &settings.metrics_json {
+        summary.write_json(path)?;
+    }
+    if summary.bad_records > 0 && settings.process == 0 {
+        eprintln!("{} malformed records skipped; see {}", summary.bad_records, dead_letters_path.display());
+    }
+    Ok(Some(summary))
+}
+
+fn dead_letters(ctx: &Context) -> Option<Box<dyn DeadLetterSink>> {
+    Some(Box::new(ctx.dead_letters.clone()))
+}
+
+/// Runs one collective step; a data error turns into a failed step that stops every worker.
+fn step_with(
+    trainer: &mut Trainer, worker: &mut timely::worker::Worker, kind: StepKind, data: &mut WorkerData,
+    batch: &mut Batch, bad: &BadRecordCounts,
+) -> Result<StepStats, PipelineError> {
+    let read = data.next_micro_batch(batch);
+    let mut counts = bad.clone();
+    counts.merge(&data.bad_counts());
+    trainer.set_bad_records(counts.to_array());
+    let stats = match read {
+        Ok(_) => trainer.step(worker, kind, std::mem::replace(batch, Batch::new(13, 26)))?,
+        Err(e) => {
+            trainer.step_failed(worker);
+            return Err(e);
+        }
+    };
+    if stats.failed_workers > 0 {
+        return Err(PipelineError::Dataflow(format!("another worker failed ({} failed)", stats.failed_workers)));
+    }
+    Ok(stats)
+}
+
+fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Option<RunSummary>, PipelineError> {
+    let (me, peers) = (worker.index(), worker.peers());
+    let s = &ctx.settings;
+    let mut trainer = Trainer::new(worker, &ctx.trainer)?;
+    let open = |spec: &DataSpec, range: &std::ops::Range<u64>, span, batch| {
+        WorkerData::for_spec(
+            spec,
+            ctx.generator.as_ref().map(|g| (g, range.clone())),
+            span,
+            &ctx.criteo,
+            batch,
+            me,
+            peers,
+            dead_letters(ctx),
+        )
+    };
+    let mut train_data = match open(&ctx.resolved.data, &ctx.train_range, ctx.train_span, s.batch_size) {
+        Ok(d) => d,
+        Err(e) => {
+            trainer.step_failed(worker);
+            return Err(e);
+        }
+    };
+    let mut progress = if me == 0 { Progress::new(&s.progress, ctx.total_steps) } else { Progress::None };
+    let mut batch = Batch::new(13, 26);
+    let none = BadRecordCounts::default();
+    let (mut steps, mut samples, mut epochs, mut loss_total) = (0u64, 0u64, 0u64, 0.0f64);
+    let mut window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
+    let mut bytes_at_end = 0u64;
+    let start = Instant::now();
+    'epochs: for _ in 0..s.epochs {
+        loop {
+            if s.steps.is_some_and(|max| steps >= max) {
+                break 'epochs;
+            }
+            let stats = step_with(&mut trainer, worker, StepKind::Train, &mut train_data, &mut batch, &none)?;
+            if stats.samples == 0 {
+                break;
+            }
+            steps += 1;
+            samples += stats.samples;
+            loss_total += stats.loss_sum;
+            bytes_at_end = stats.bytes_sent;
+            if window.len() == LOSS_WINDOW {
+                window.pop_front();
+            }
+            window.push_back((stats.loss_sum, stats.samples));
+            if me == 0 {
+                let (l, n) = window.iter().fold((0.0, 0u64), |a, b| (a.0 + b.0, a.1 + b.1));
+                progress.update(steps, samples, l / n.max(1) as f64, samples as f64 / start.elapsed().as_secs_f64());
+            }
+        }
+        epochs += 1;
+        train_data.rewind();
+    }
+    let train_seconds = start.elapsed().as_secs_f64();
+    progress.finish();
+    let train_bad = train_data.bad_counts();
+    train_data.flush()?;
+
+    // Evaluation on the held-out split.
+    let eval_spec = ctx.resolved.eval.as_ref().unwrap_or(&ctx.resolved.data);
+    let has_eval = ctx.resolved.eval.is_some() || s.eval_fraction > 0.0;
+    let mut eval_bad = BadRecordCounts::default();
+    if has_eval {
+        let mut eval_data = match open(eval_spec, &ctx.eval_range, ctx.eval_span, s.eval_batch_size) {
+            Ok(d) => d,
+            Err(e) => {
+                trainer.step_failed(worker);
+                return Err(e);
+            }
+        };
+        loop {
+            let stats = step_with(&mut trainer, worker, StepKind::Eval, &mut eval_data, &mut batch, &train_bad)?;
+            if stats.samples == 0 {
+                break;
+            }
+        }
+        eval_bad = eval_data.bad_counts();
+        eval_data.flush()?;
+    }
+    let mut all_bad = train_bad;
+    all_bad.merge(&eval_bad);
+    trainer.set_bad_records(all_bad.to_array());
+    let report = trainer.step(worker, StepKind::Report, Batch::new(13, 26))?;
+    if me != 0 {
+        return Ok(None);
+    }
+    let eval: EvalSet = trainer.take_eval();
+    let summary_eval = eval.summary();
+    let (l, n) = window.iter().fold((0.0, 0u64), |a, b| (a.0 + b.0, a.1 + b.1));
+    let bad = BadRecordCounts::from_array(report.bad_records);
+    let has_eval_samples = !eval.probs.is_empty();
+    Ok(Some(RunSummary {
+        auc: has_eval_samples.then_some(summary_eval.auc),
+        logloss: has_eval_samples.then_some(summary_eval.logloss),
+        accuracy: has_eval_samples.then_some(summary_eval.accuracy),
+        train_loss: l / n.max(1) as f64,
+        train_loss_mean: loss_total / samples.max(1) as f64,
+        samples,
+        steps,
+        samples_per_sec: samples as f64 / train_seconds.max(1e-9),
+        workers: peers,
+        bad_records: bad.total(),
+        bad_records_by_reason: bad.by_reason,
+        params_l2: report.sum_squares.sqrt(),
+        teacher_auc: None,
+        bytes_per_sample: bytes_at_end as f64 / samples.max(1) as f64,
+        eval_samples: eval.probs.len() as u64,
+        epochs,
+        train_seconds,
+        dense_params: trainer.dense_params().len() as u64,
+        embedding_rows: ctx.resolved.table_sizes.iter().sum(),
+    }))
+}

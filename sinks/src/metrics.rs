@@ -1,0 +1,104 @@
+//! The run summary: one JSON object written at the end of a run.
+//!
+//! The file is written to a temporary name beside the target and renamed,
+//! so a reader never sees a half-written summary.
+
+use crate::SinkError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+/// Final metrics of a training run (the `--metrics-json` object).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// Exact AUC on the evaluation split (NaN → null when one class only or no eval data).
+    pub auc: Option<f64>,
+    /// Mean log loss on the evaluation split.
+    pub logloss: Option<f64>,
+    /// Accuracy at 0.5 on the evaluation split.
+    pub accuracy: Option<f64>,
+    /// Mean training loss over the last steps (the running loss shown during training).
+    pub train_loss: f64,
+    /// Mean training loss over the whole run.
+    pub train_loss_mean: f64,
+    /// Training samples processed (all epochs, all workers).
+    pub samples: u64,
+    /// Training steps with at least one sample.
+    pub steps: u64,
+    /// Training samples per second of wall time spent training.
+    pub samples_per_sec: f64,
+    /// Number of timely workers over all processes.
+    pub workers: usize,
+    /// Malformed records skipped (all reasons).
+    pub bad_records: u64,
+    /// Malformed records by reason.
+    pub bad_records_by_reason: BTreeMap<String, u64>,
+    /// L2 norm of all parameters, dense and embedding, in f64.
+    pub params_l2: f64,
+    /// AUC of the hidden teacher on the evaluation split (synthetic data only).
+    pub teacher_auc: Option<f64>,
+    /// Bytes exchanged between workers per training sample.
+    pub bytes_per_sample: f64,
+    /// Evaluation samples.
+    pub eval_samples: u64,
+    /// Epochs completed.
+    pub epochs: u64,
+    /// Seconds spent training (excluding set-up and evaluation).
+    pub train_seconds: f64,
+    /// Dense parameter count.
+    pub dense_params: u64,
+    /// Embedding rows over all tables.
+    pub embedding_rows: u64,
+}
+
+fn finite(v: Option<f64>) -> Option<f64> {
+    v.filter(|x| x.is_finite())
+}
+
+impl RunSummary {
+    /// Replaces non-finite optional metrics by `None` (JSON has no NaN).
+    pub fn normalized(mut self) -> Self {
+        self.auc = finite(self.auc);
+        self.logloss = finite(self.logloss);
+        self.accuracy = finite(self.accuracy);
+        self.teacher_auc = finite(self.teacher_auc);
+        self
+    }
+
+    /// Writes the summary as one pretty-printed JSON object to `path`, atomically.
+    pub fn write_json(&self, path: &Path) -> Result<(), SinkError> {
+        let io = |source| SinkError::Io { path: path.display().to_string(), source };
+        let json = serde_json::to_string_pretty(&self.clone().normalized()).expect("summary serialises");
+        let tmp = path.with_extension("json.tmp");
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        f.write_all(json.as_bytes()).map_err(io)?;
+        f.write_all(b"\n").map_err(io)?;
+        f.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_valid_json_without_nan() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.json");
+        let s = RunSummary { auc: Some(f64::NAN), params_l2: 3.5, workers: 2, ..Default::default() };
+        s.write_json(&path).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(v["auc"].is_null());
+        assert_eq!(v["params_l2"], 3.5);
+        assert_eq!(v["workers"], 2);
+    }
+
+    #[test]
+    fn unwritable_path_names_it() {
+        let e = RunSummary::default().write_json(Path::new("/nonexistent-dir/x.json")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent-dir"), "{e}");
+    }
+}
