@@ -20,6 +20,7 @@ pub mod bad_record;
 pub mod batch;
 pub mod error;
 pub mod features;
+pub mod huge;
 pub mod metrics;
 pub mod nn;
 pub mod optim;

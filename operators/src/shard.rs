@@ -7,6 +7,7 @@
 //! Rows are initialised from `(seed, table, id)` alone, so the initial model
 //! is the same for every worker count.
 
+use crate::huge::{prefetch, HugeBuffer};
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
 use crate::rng::row_uniform;
 
@@ -27,7 +28,7 @@ pub struct EmbeddingShard {
     pub dim: usize,
     /// Logical rows per table.
     pub table_sizes: Vec<u64>,
-    rows: Vec<Vec<f32>>,
+    rows: Vec<HugeBuffer>,
     accumulators: Vec<Vec<f32>>,
     optimizer: SparseOptimizerKind,
     hp: OptimizerParams,
@@ -45,7 +46,7 @@ impl EmbeddingShard {
         for (t, &n) in table_sizes.iter().enumerate() {
             let local = Self::local_rows(n, workers);
             let bound = 1.0 / (n as f32).sqrt();
-            let mut table = vec![0.0f32; local * dim];
+            let mut table = HugeBuffer::zeroed(local * dim);
             for (l, row) in table.chunks_exact_mut(dim).enumerate() {
                 let id = Self::id_of(t, l, worker, workers);
                 if id < n {
@@ -88,16 +89,45 @@ impl EmbeddingShard {
         &self.rows[table][l * self.dim..(l + 1) * self.dim]
     }
 
-    /// Appends the rows of `ids` to `out`.
+    /// Rows prefetched ahead of the one being copied or updated.
+    const PREFETCH_AHEAD: usize = 8;
+
+    /// Appends the rows of `ids` to `out`, prefetching a few rows ahead.
     pub fn gather(&self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
         let d = self.dim;
         let rows = &self.rows[table];
         let w = self.workers as u64;
         out.reserve(ids.len() * d);
-        for &id in ids {
+        for (k, &id) in ids.iter().enumerate() {
+            if let Some(&ahead) = ids.get(k + Self::PREFETCH_AHEAD) {
+                let l = (ahead / w) as usize * d;
+                if l < rows.len() {
+                    prefetch(rows[l..].as_ptr());
+                }
+            }
             let l = (id / w) as usize;
             out.extend_from_slice(&rows[l * d..(l + 1) * d]);
         }
+    }
+
+    /// Hints that row `id` of `table` will be updated soon.
+    #[inline]
+    pub fn prefetch_row(&self, table: usize, id: u64) {
+        let l = (id / self.workers as u64) as usize * self.dim;
+        if let Some(r) = self.rows[table].get(l..) {
+            prefetch(r.as_ptr());
+        }
+    }
+
+    /// Local row index of `id` (dense per table), for per-row scratch arrays.
+    #[inline]
+    pub fn local_index(&self, table: usize, id: u64) -> usize {
+        self.local(table, id)
+    }
+
+    /// Local rows of `table` held here (the length of a per-row scratch array).
+    pub fn local_len(&self, table: usize) -> usize {
+        self.rows[table].len() / self.dim.max(1)
     }
 
     /// Applies the averaged gradient `grad` to row `id` of `table`.

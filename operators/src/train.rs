@@ -238,7 +238,8 @@ struct Owner {
     dense_optimizer: DenseOptimizer,
     /// The last request of each worker, kept to apply the gradients that answer it.
     pending: Vec<LookupRequest>,
-    accumulate: FxHashMap<(u32, u64), u32>,
+    /// Per table and local row: the row's slot in `scratch` during an update, `u32::MAX` otherwise.
+    slots: Vec<Vec<u32>>,
     scratch: Vec<f32>,
 }
 
@@ -312,9 +313,13 @@ impl Trainer {
             pending: (0..workers)
                 .map(|w| LookupRequest { from: w as u32, to: me as u32, table_lens: Vec::new(), ids: Vec::new() })
                 .collect(),
-            accumulate: FxHashMap::default(),
+            slots: Vec::new(),
             scratch: Vec::new(),
         }));
+        {
+            let mut o = owner.borrow_mut();
+            o.slots = (0..config.table_sizes.len()).map(|t| vec![u32::MAX; o.shard.local_len(t)]).collect();
+        }
         let home = Rc::new(RefCell::new(Home {
             me,
             workers,
@@ -566,6 +571,7 @@ impl Trainer {
 
 impl Home {
     /// De-duplicates the command's ids per table and builds one request per owner.
+    #[inline(never)]
     fn plan(&mut self, command: Command) -> Vec<LookupRequest> {
         let w = self.workers;
         let num_tables = self.plans.len();
@@ -602,6 +608,7 @@ impl Home {
     }
 
     /// Runs the step's model work once every reply is in; returns one message per worker.
+    #[inline(never)]
     fn compute(&mut self, replies: Vec<LookupReply>, shard: &EmbeddingShard, bytes_sent: u64) -> Vec<GradientMessage> {
         let command = self.command.take().expect("a command precedes its replies");
         let (w, me, d) = (self.workers, self.me as u32, self.dim);
@@ -685,6 +692,7 @@ impl Home {
 
 impl Owner {
     /// Applies the step's gradients this worker owns and returns its dense slice for every worker.
+    #[inline(never)]
     fn apply(&mut self, home: &mut Home, messages: &[GradientMessage], eval: &mut EvalSet) -> Vec<ParamUpdate> {
         let (me, w, d) = (home.me, home.workers, home.dim);
         let mut stats = StepStats::default();
@@ -697,7 +705,6 @@ impl Owner {
         if is_train && stats.samples > 0 {
             let scale = 1.0 / stats.samples as f32;
             // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
-            self.accumulate.clear();
             self.scratch.clear();
             let mut order: Vec<(u32, u64)> = Vec::new();
             for m in messages {
@@ -706,15 +713,14 @@ impl Owner {
                 for (t, &n) in request.table_lens.iter().enumerate() {
                     for (k, &id) in request.ids[start..start + n as usize].iter().enumerate() {
                         let g = &m.sparse[(start + k) * d..(start + k + 1) * d];
-                        let next = order.len() as u32;
-                        let slot = *self.accumulate.entry((t as u32, id)).or_insert_with(|| {
+                        let slot = &mut self.slots[t][self.shard.local_index(t, id)];
+                        if *slot == u32::MAX {
+                            *slot = order.len() as u32;
                             order.push((t as u32, id));
-                            next
-                        }) as usize;
-                        if slot == self.scratch.len() / d {
                             self.scratch.extend_from_slice(g);
                         } else {
-                            for (a, &v) in self.scratch[slot * d..(slot + 1) * d].iter_mut().zip(g) {
+                            let s = *slot as usize;
+                            for (a, &v) in self.scratch[s * d..(s + 1) * d].iter_mut().zip(g) {
                                 *a += v;
                             }
                         }
@@ -723,11 +729,16 @@ impl Owner {
                 }
             }
             for (slot, &(t, id)) in order.iter().enumerate() {
+                if let Some(&(ta, ida)) = order.get(slot + 8) {
+                    self.shard.prefetch_row(ta as usize, ida);
+                }
                 let g = &mut self.scratch[slot * d..(slot + 1) * d];
                 for v in g.iter_mut() {
                     *v *= scale;
                 }
                 self.shard.apply(t as usize, id, g);
+                let local = self.shard.local_index(t as usize, id);
+                self.slots[t as usize][local] = u32::MAX;
             }
             // Dense slice: reduce in worker order, average, update.
             let mut grad = vec![0.0f32; slice.len()];

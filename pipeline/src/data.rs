@@ -81,10 +81,7 @@ impl WorkerData {
             max_line_bytes: options.max_line_bytes,
             policy: options.policy,
         };
-        if span != (0.0, 1.0) {
-            return Err(PipelineError::config("eval_fraction", "TODO span"));
-        }
-        let reader = CriteoReader::open(paths, worker, workers, config, dead_letters)?;
+        let reader = CriteoReader::open_span(paths, span, worker, workers, config, dead_letters)?;
         let micro = batch * (worker + 1) / workers - batch * worker / workers;
         Ok(WorkerData::Criteo { reader: Box::new(reader), micro })
     }

@@ -172,13 +172,31 @@ impl CriteoReader {
         config: CriteoConfig,
         dead_letters: Option<Box<dyn DeadLetterSink>>,
     ) -> Result<Self, SourceError> {
+        Self::open_span(paths, (0.0, 1.0), worker, workers, config, dead_letters)
+    }
+
+    /// Like [`open`](Self::open), restricted to the part `span = (from, to)`
+    /// of each file (fractions of its bytes, line-aligned), which is then
+    /// split among the workers. Spans `(0, f)` and `(f, 1)` partition every
+    /// file's lines, which is how `--eval-fraction` holds out data.
+    pub fn open_span(
+        paths: &[PathBuf],
+        span: (f64, f64),
+        worker: usize,
+        workers: usize,
+        config: CriteoConfig,
+        dead_letters: Option<Box<dyn DeadLetterSink>>,
+    ) -> Result<Self, SourceError> {
+        if !(0.0 <= span.0 && span.0 <= span.1 && span.1 <= 1.0) {
+            return Err(SourceError::Config { key: "span".into(), reason: format!("{span:?} is not within [0, 1]") });
+        }
         if workers == 0 || worker >= workers {
             return Err(SourceError::Config { key: "workers".into(), reason: format!("worker {worker} of {workers}") });
         }
         config.features.validate()?;
         let mut files = Vec::with_capacity(paths.len());
         for path in paths {
-            files.push(Self::open_range(path, worker, workers)?);
+            files.push(Self::open_range(path, span, worker, workers)?);
         }
         let seeds = config.features.field_seeds();
         Ok(CriteoReader {
@@ -195,7 +213,7 @@ impl CriteoReader {
         .rewound())
     }
 
-    fn open_range(path: &Path, worker: usize, workers: usize) -> Result<FileRange, SourceError> {
+    fn open_range(path: &Path, span: (f64, f64), worker: usize, workers: usize) -> Result<FileRange, SourceError> {
         let io_err = |source| SourceError::Io { path: path.display().to_string(), source };
         let file = File::open(path).map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len() as usize;
@@ -210,7 +228,9 @@ impl CriteoReader {
             Some(map)
         };
         let data: &[u8] = map.as_deref().unwrap_or(&[]);
-        let split = |w: usize| (data.len() as u128 * w as u128 / workers as u128) as usize;
+        let lo = (data.len() as f64 * span.0).round() as usize;
+        let hi = if span.1 >= 1.0 { data.len() } else { (data.len() as f64 * span.1).round() as usize };
+        let split = |w: usize| lo + ((hi - lo) as u128 * w as u128 / workers as u128) as usize;
         let start = align_to_line(data, split(worker));
         let end = align_to_line(data, split(worker + 1));
         Ok(FileRange { source: path.display().to_string(), map, start, end, newlines_before: None })

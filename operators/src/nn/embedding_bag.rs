@@ -9,6 +9,7 @@ use super::Scalar;
 
 /// Pools one field: `offsets` (`B + 1`) delimit each sample's entries in `index`.
 #[allow(clippy::too_many_arguments)]
+#[inline(never)]
 pub fn pool_sum<T: Scalar>(
     unique: &[T], dim: usize, offsets: &[u32], index: &[u32], field: usize, num_fields: usize, pooled: &mut [T],
 ) {
@@ -27,6 +28,7 @@ pub fn pool_sum<T: Scalar>(
 
 /// The adjoint of [`pool_sum`]: adds each bag's gradient to its rows in `dunique`.
 #[allow(clippy::too_many_arguments)]
+#[inline(never)]
 pub fn pool_sum_backward<T: Scalar>(
     dpooled: &[T], dim: usize, offsets: &[u32], index: &[u32], field: usize, num_fields: usize, dunique: &mut [T],
 ) {

@@ -32,92 +32,123 @@ impl DotInteraction {
         self.dim + self.num_pairs()
     }
 
-    #[inline]
-    fn vector<'a, T>(&self, dense: &'a [T], pooled: &'a [T], b: usize, i: usize) -> &'a [T] {
-        let d = self.dim;
-        if i == 0 {
-            &dense[b * d..(b + 1) * d]
-        } else {
-            let base = (b * self.num_sparse + i - 1) * d;
-            &pooled[base..base + d]
-        }
+    /// Number of vectors per sample (`num_sparse + 1`).
+    fn num_vectors(&self) -> usize {
+        self.num_sparse + 1
     }
 
     /// `dense: [B × dim]`, `pooled: [B × num_sparse × dim]`, `out: [B × output_dim]`.
     pub fn forward<T: Scalar>(&self, dense: &[T], pooled: &[T], batch: usize, out: &mut [T]) {
-        let (d, od, n) = (self.dim, self.output_dim(), self.num_sparse + 1);
+        let (d, od, n) = (self.dim, self.output_dim(), self.num_vectors());
+        let fd = self.num_sparse * d;
+        let mut z = vec![T::ZERO; n * d];
         for b in 0..batch {
+            z[..d].copy_from_slice(&dense[b * d..(b + 1) * d]);
+            z[d..].copy_from_slice(&pooled[b * fd..(b + 1) * fd]);
             let row = &mut out[b * od..(b + 1) * od];
-            row[..d].copy_from_slice(&dense[b * d..(b + 1) * d]);
+            row[..d].copy_from_slice(&z[..d]);
             let mut k = d;
             for i in 1..n {
-                let vi = self.vector(dense, pooled, b, i);
+                let zi = &z[i * d..(i + 1) * d];
                 let upto = if self.self_interaction { i + 1 } else { i };
                 for j in 0..upto {
-                    let vj = self.vector(dense, pooled, b, j);
-                    let mut s = T::ZERO;
-                    for (x, y) in vi.iter().zip(vj) {
-                        s += *x * *y;
-                    }
-                    row[k] = s;
+                    row[k] = dot(zi, &z[j * d..(j + 1) * d]);
                     k += 1;
                 }
             }
             if self.self_interaction {
-                let v0 = self.vector(dense, pooled, b, 0);
-                let mut s = T::ZERO;
-                for x in v0 {
-                    s += *x * *x;
-                }
-                row[k] = s;
+                row[k] = dot(&z[..d], &z[..d]);
             }
         }
     }
 
     /// Writes `ddense` and `dpooled` (both overwritten) from `dout`.
+    ///
+    /// Per sample the pair gradients form a symmetric matrix `S` (`S[i][j] =
+    /// S[j][i] = ∂L/∂⟨zᵢ,zⱼ⟩`, `S[i][i] = 2·∂L/∂⟨zᵢ,zᵢ⟩`), and `dZ = S·Z`,
+    /// computed row by row with the accumulators in registers.
     pub fn backward<T: Scalar>(
         &self, dense: &[T], pooled: &[T], dout: &[T], batch: usize, ddense: &mut [T], dpooled: &mut [T],
     ) {
-        let (d, od, n, f) = (self.dim, self.output_dim(), self.num_sparse + 1, self.num_sparse);
+        let (d, od, n) = (self.dim, self.output_dim(), self.num_vectors());
+        let fd = self.num_sparse * d;
+        let mut z = vec![T::ZERO; n * d];
+        let mut dz = vec![T::ZERO; n * d];
+        let mut sym = vec![T::ZERO; n * n];
         for b in 0..batch {
+            z[..d].copy_from_slice(&dense[b * d..(b + 1) * d]);
+            z[d..].copy_from_slice(&pooled[b * fd..(b + 1) * fd]);
             let g = &dout[b * od..(b + 1) * od];
-            let dd = &mut ddense[b * d..(b + 1) * d];
-            dd.copy_from_slice(&g[..d]);
-            let dp = &mut dpooled[b * f * d..(b + 1) * f * d];
-            dp.fill(T::ZERO);
+            sym.fill(T::ZERO);
             let mut k = d;
             for i in 1..n {
-                let vi = self.vector(dense, pooled, b, i);
-                let upto = if self.self_interaction { i + 1 } else { i };
-                for j in 0..upto {
-                    let gk = g[k];
+                for j in 0..i {
+                    sym[i * n + j] = g[k];
+                    sym[j * n + i] = g[k];
                     k += 1;
-                    let vj = self.vector(dense, pooled, b, j);
-                    // d⟨vi,vj⟩/dvi = vj, /dvj = vi (twice vi when i == j).
-                    for c in 0..d {
-                        dp[(i - 1) * d + c] += gk * vj[c];
-                    }
-                    if j == 0 {
-                        for c in 0..d {
-                            dd[c] += gk * vi[c];
-                        }
-                    } else {
-                        for c in 0..d {
-                            dp[(j - 1) * d + c] += gk * vi[c];
-                        }
-                    }
+                }
+                if self.self_interaction {
+                    sym[i * n + i] = g[k] + g[k];
+                    k += 1;
                 }
             }
             if self.self_interaction {
-                let gk = g[k];
-                let v0 = self.vector(dense, pooled, b, 0);
-                for c in 0..d {
-                    dd[c] += (gk + gk) * v0[c];
-                }
+                sym[0] = g[k] + g[k];
             }
+            sym_times(&sym, &z, n, d, &mut dz);
+            for (a, &v) in dz[..d].iter_mut().zip(&g[..d]) {
+                *a += v;
+            }
+            ddense[b * d..(b + 1) * d].copy_from_slice(&dz[..d]);
+            dpooled[b * fd..(b + 1) * fd].copy_from_slice(&dz[d..]);
         }
     }
 }
+
+/// `out[n×d] = s[n×n] · z[n×d]`, eight columns at a time in registers.
+#[inline]
+fn sym_times<T: Scalar>(s: &[T], z: &[T], n: usize, d: usize, out: &mut [T]) {
+    let blocks = d / 8;
+    for i in 0..n {
+        let srow = &s[i * n..(i + 1) * n];
+        for cb in 0..blocks {
+            let mut acc = [T::ZERO; 8];
+            for (j, &sij) in srow.iter().enumerate() {
+                let zj: &[T; 8] = z[j * d + cb * 8..j * d + cb * 8 + 8].try_into().unwrap();
+                for l in 0..8 {
+                    acc[l] += sij * zj[l];
+                }
+            }
+            out[i * d + cb * 8..i * d + cb * 8 + 8].copy_from_slice(&acc);
+        }
+        for c in blocks * 8..d {
+            let mut acc = T::ZERO;
+            for (j, &sij) in srow.iter().enumerate() {
+                acc += sij * z[j * d + c];
+            }
+            out[i * d + c] = acc;
+        }
+    }
+}
+
+/// `Σ xᵢ·yᵢ` with eight independent accumulators (vectorises to FMA lanes).
+#[inline]
+pub fn dot<T: Scalar>(x: &[T], y: &[T]) -> T {
+    let mut acc = [T::ZERO; 8];
+    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+    let (xr, yr) = (xc.remainder(), yc.remainder());
+    for (a, b) in xc.zip(yc) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (a, b) in xr.iter().zip(yr) {
+        s += *a * *b;
+    }
+    s
+}
+
 
 #[cfg(test)]
 mod tests {

@@ -44,6 +44,7 @@ impl Linear {
     }
 
     /// `y[batch × output] = x[batch × input] · Wᵀ + b`.
+    #[inline(never)]
     pub fn forward<T: Scalar>(&self, params: &[T], x: &[T], batch: usize, y: &mut [T]) {
         let w = &params[self.offset..self.offset + self.output * self.input];
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
@@ -55,6 +56,7 @@ impl Linear {
     }
 
     /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked.
+    #[inline(never)]
     pub fn backward<T: Scalar>(
         &self, params: &[T], x: &[T], dy: &[T], batch: usize, grads: &mut [T], dx: Option<&mut [T]>,
     ) {
