@@ -82,7 +82,7 @@ pub struct TrainSettings {
     pub seed: u64,
     /// Dense learning rate.
     pub lr: f32,
-    /// Embedding learning rate (defaults to `lr`).
+    /// Embedding learning rate (`None`: same as `lr`).
     pub sparse_lr: Option<f32>,
     /// Dense optimizer: sgd, adagrad, adam.
     pub optimizer: String,
@@ -126,17 +126,17 @@ impl Default for TrainSettings {
             data: "synthetic".into(),
             eval: None,
             eval_fraction: 0.1,
-            samples: 400_000,
+            samples: 300_000,
             epochs: 1,
             steps: None,
             batch_size: 128,
             eval_batch_size: 4096,
             seed: 42,
-            lr: 0.05,
-            sparse_lr: None,
-            optimizer: "adagrad".into(),
+            lr: 0.001,
+            sparse_lr: Some(0.05),
+            optimizer: "adam".into(),
             sparse_optimizer: "rowwise-adagrad".into(),
-            workers: 1,
+            workers: default_workers(),
             processes: 1,
             process: 0,
             hosts: None,
@@ -153,6 +153,11 @@ impl Default for TrainSettings {
             progress: "auto".into(),
         }
     }
+}
+
+/// One worker per available core, at most 4.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
 }
 
 /// Settings checked and turned into typed values.

@@ -92,7 +92,7 @@ struct TrainArgs {
     /// Dense learning rate.
     #[arg(long)]
     lr: Option<f32>,
-    /// Embedding learning rate (default: --lr).
+    /// Embedding learning rate (default 0.05).
     #[arg(long)]
     sparse_lr: Option<f32>,
     /// Dense optimizer: sgd, adagrad, adam.

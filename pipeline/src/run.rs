@@ -68,7 +68,9 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
         table_sizes: resolved.table_sizes.clone(),
         seed: settings.seed,
         dense_optimizer: resolved.optimizer,
-        dense_hp: OptimizerParams::with_lr(settings.lr),
+        // Keras' Adagrad default: a starting accumulator keeps near-zero gradients
+        // from taking full-size steps.
+        dense_hp: OptimizerParams { initial_accumulator: 0.1, ..OptimizerParams::with_lr(settings.lr) },
         sparse_optimizer: resolved.sparse_optimizer,
         sparse_hp: OptimizerParams::with_lr(settings.sparse_lr.unwrap_or(settings.lr)),
     }

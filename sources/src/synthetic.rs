@@ -41,7 +41,7 @@ const MISSING: [f64; 26] = [
 ];
 
 /// Number of leading ranks per field that carry a teacher effect.
-const EFFECT_RANKS: u64 = 400;
+const EFFECT_RANKS: u64 = 100;
 /// Field pairs with a teacher interaction.
 const PAIRS: [(usize, usize); 4] = [(0, 1), (2, 5), (6, 13), (3, 9)];
 /// Width of the teacher's interaction vectors.

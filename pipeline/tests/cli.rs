@@ -1,0 +1,172 @@
+//! The `tiderec` binary as a user runs it: real processes on 127.0.0.1.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn tiderec() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tiderec"))
+}
+
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("tiderec starts");
+    assert!(
+        out.status.success(),
+        "tiderec failed:\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn metrics(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("metrics file written")).expect("valid JSON")
+}
+
+fn rel_diff(a: f64, b: f64) -> f64 {
+    (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
+}
+
+/// Two free TCP ports on 127.0.0.1 (released before use; the OS rarely hands them out again at once).
+fn free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = TcpListener::bind("127.0.0.1:0").unwrap();
+    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
+}
+
+const COMMON: &[&str] =
+    &["train", "--steps", "50", "--samples", "12800", "--batch-size", "256", "--eval-fraction", "0", "--buckets", "20000", "--seed", "11", "--progress", "none"];
+
+#[test]
+fn two_processes_train_the_same_model_as_one_and_two_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p0, p1) = free_ports();
+    let hosts = dir.path().join("hosts.txt");
+    std::fs::write(&hosts, format!("127.0.0.1:{p0}\n127.0.0.1:{p1}\n")).unwrap();
+    let m_proc = dir.path().join("procs.json");
+    let children: Vec<_> = (0..2)
+        .map(|i| {
+            let mut c = tiderec();
+            c.args(COMMON).args(["--workers", "1", "--processes", "2", "--process", &i.to_string(), "--hosts"]).arg(&hosts);
+            if i == 0 {
+                c.arg("--metrics-json").arg(&m_proc);
+            }
+            c.spawn().expect("process starts")
+        })
+        .collect();
+    for mut c in children {
+        let status = c.wait().unwrap();
+        assert!(status.success(), "a cluster process failed: {status}");
+    }
+    let m1 = dir.path().join("one.json");
+    run_ok(tiderec().args(COMMON).args(["--workers", "1", "--metrics-json"]).arg(&m1));
+    let m2 = dir.path().join("two.json");
+    run_ok(tiderec().args(COMMON).args(["--workers", "2", "--metrics-json"]).arg(&m2));
+    let (procs, one, two) = (metrics(&m_proc), metrics(&m1), metrics(&m2));
+    assert_eq!(procs["workers"], 2);
+    assert_eq!(procs["steps"], 50);
+    for key in ["params_l2", "train_loss"] {
+        let (a, b, c) = (one[key].as_f64().unwrap(), two[key].as_f64().unwrap(), procs[key].as_f64().unwrap());
+        assert!(rel_diff(a, b) <= 1e-4, "{key}: 1 worker {a} vs 2 threads {b}");
+        assert!(rel_diff(a, c) <= 1e-4, "{key}: 1 worker {a} vs 2 processes {c}");
+    }
+    // Two threads and two processes run the same arithmetic in the same order.
+    assert_eq!(two["params_l2"], procs["params_l2"]);
+}
+
+#[test]
+fn metrics_json_has_the_documented_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.json");
+    run_ok(tiderec().args(["train", "--samples", "4096", "--batch-size", "256", "--progress", "lines", "--metrics-json"]).arg(&m));
+    let v = metrics(&m);
+    for key in [
+        "auc", "logloss", "accuracy", "train_loss", "samples", "steps", "samples_per_sec", "workers", "bad_records",
+        "params_l2", "teacher_auc", "bytes_per_sample",
+    ] {
+        assert!(!v[key].is_null(), "missing `{key}` in {v}");
+    }
+    assert_eq!(v["samples"], 4096);
+    assert_eq!(v["steps"], 16);
+}
+
+#[test]
+fn bad_settings_fail_before_work_naming_the_key() {
+    for (args, key) in [
+        (vec!["train", "--batch-size", "0"], "batch_size"),
+        (vec!["train", "--optimizer", "lbfgs"], "optimizer"),
+        (vec!["train", "--data", "criteo:/definitely/missing.txt"], "/definitely/missing.txt"),
+        (vec!["train", "--bottom", "64,8"], "model.bottom"),
+        (vec!["train", "--processes", "2"], "hosts"),
+    ] {
+        let out = tiderec().args(&args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key), "{args:?}: expected `{key}` in: {err}");
+    }
+}
+
+#[test]
+fn config_file_is_read_and_flags_override_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, "samples = 2048\nbatch_size = 512\nprogress = \"none\"\n").unwrap();
+    let m = dir.path().join("m.json");
+    run_ok(tiderec().args(["train", "--config"]).arg(&cfg).args(["--batch-size", "256", "--metrics-json"]).arg(&m));
+    let v = metrics(&m);
+    assert_eq!(v["samples"], 2048);
+    assert_eq!(v["steps"], 8, "--batch-size 256 overrides the file's 512");
+    std::fs::write(&cfg, "sampels = 5\n").unwrap();
+    let out = tiderec().args(["train", "--config"]).arg(&cfg).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sampels"));
+}
+
+#[test]
+fn bad_records_are_skipped_and_written_or_fail_with_their_line() {
+    let Some(src) = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(|d| Path::new(&d).join("../../shared/data/criteo/sample_train.txt"))
+        .filter(|p| p.exists())
+    else {
+        eprintln!("skipping: shared data not found");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(src).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let mut fields: Vec<String> = lines[9].split('\t').map(String::from).collect();
+    fields[1] = "abc".into(); // line 10: I1 is not an integer
+    lines[9] = fields.join("\t");
+    lines[19] = format!("{}\tzz", lines[19]); // line 20: 41 fields
+    let data = dir.path().join("corrupt.txt");
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let dead = dir.path().join("dead.tsv");
+    let m = dir.path().join("m.json");
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--eval-fraction", "0", "--data"])
+            .arg(format!("criteo:{}", data.display()))
+            .arg("--dead-letters")
+            .arg(&dead)
+            .arg("--metrics-json")
+            .arg(&m),
+    );
+    let v = metrics(&m);
+    assert_eq!(v["bad_records"], 2);
+    assert_eq!(v["samples"], 98);
+    let dl = std::fs::read_to_string(&dead).unwrap();
+    assert_eq!(dl.lines().count(), 2, "{dl}");
+    assert!(dl.lines().any(|l| l.split('\t').nth(1) == Some("10")), "{dl}");
+    assert!(dl.lines().any(|l| l.split('\t').nth(1) == Some("20")), "{dl}");
+
+    let out = tiderec()
+        .args(["train", "--progress", "none", "--on-bad-record", "fail", "--workers", "2", "--data"])
+        .arg(format!("criteo:{}", data.display()))
+        .arg("--dead-letters")
+        .arg(dir.path().join("dead2.tsv"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("corrupt.txt:10"), "the error names file and line: {err}");
+}
