@@ -14,7 +14,9 @@ use thiserror::Error;
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum GpuError {
     /// This build of tiderec has no CUDA support.
-    #[error("tiderec was built without CUDA support; rebuild with `--features cuda` on a machine with the CUDA toolkit")]
+    #[error(
+        "tiderec was built without CUDA support; rebuild with `--features cuda` on a machine with the CUDA toolkit"
+    )]
     NotCompiledWithCuda,
     /// The `cuda` feature is on but the backend has no kernels yet.
     #[error("the CUDA backend is not implemented yet in this release; train on CPU workers")]

@@ -46,7 +46,11 @@ pub fn logloss(probs: &[f32], labels: &[f32]) -> f64 {
         .zip(labels)
         .map(|(&p, &y)| {
             let p = (p as f64).clamp(eps, 1.0 - eps);
-            if y > 0.5 { -p.ln() } else { -(1.0 - p).ln() }
+            if y > 0.5 {
+                -p.ln()
+            } else {
+                -(1.0 - p).ln()
+            }
         })
         .sum::<f64>()
         / probs.len() as f64
@@ -106,11 +110,21 @@ mod tests {
             for j in 0..s.len() {
                 if y[i] > 0.5 && y[j] < 0.5 {
                     den += 1.0;
-                    num += if s[i] > s[j] { 1.0 } else if s[i] == s[j] { 0.5 } else { 0.0 };
+                    num += if s[i] > s[j] {
+                        1.0
+                    } else if s[i] == s[j] {
+                        0.5
+                    } else {
+                        0.0
+                    };
                 }
             }
         }
-        if den == 0.0 { None } else { Some(num / den) }
+        if den == 0.0 {
+            None
+        } else {
+            Some(num / den)
+        }
     }
 
     proptest! {

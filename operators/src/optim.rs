@@ -136,7 +136,13 @@ impl DenseOptimizer {
 /// Applies one sparse update to `row` from its averaged gradient `grad`;
 /// `accumulator` is the row's Adagrad state (unused by SGD).
 #[inline]
-pub fn apply_row(kind: SparseOptimizerKind, hp: &OptimizerParams, row: &mut [f32], grad: &[f32], accumulator: &mut f32) {
+pub fn apply_row(
+    kind: SparseOptimizerKind,
+    hp: &OptimizerParams,
+    row: &mut [f32],
+    grad: &[f32],
+    accumulator: &mut f32,
+) {
     match kind {
         SparseOptimizerKind::Sgd => {
             for (r, g) in row.iter_mut().zip(grad) {

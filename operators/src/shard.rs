@@ -38,7 +38,12 @@ impl EmbeddingShard {
     /// Allocates and initialises this worker's rows: `U(−1/√n, 1/√n)` for a table of `n` rows
     /// (the DLRM reference initialisation).
     pub fn new(
-        worker: usize, workers: usize, dim: usize, table_sizes: &[u64], seed: u64, optimizer: SparseOptimizerKind,
+        worker: usize,
+        workers: usize,
+        dim: usize,
+        table_sizes: &[u64],
+        seed: u64,
+        optimizer: SparseOptimizerKind,
         hp: OptimizerParams,
     ) -> Self {
         let mut rows = Vec::with_capacity(table_sizes.len());
@@ -66,7 +71,11 @@ impl EmbeddingShard {
     }
 
     fn local_rows(n: u64, workers: usize) -> usize {
-        if n == 0 { 0 } else { ((n - 1) / workers as u64 + 1) as usize }
+        if n == 0 {
+            0
+        } else {
+            ((n - 1) / workers as u64 + 1) as usize
+        }
     }
 
     /// The global id stored at local index `local` of `table` on `worker`.

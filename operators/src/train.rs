@@ -243,6 +243,29 @@ struct Owner {
     scratch: Vec<f32>,
 }
 
+/// Collects the `W` messages each worker sends a stage for one timestamp.
+struct Rendezvous<M> {
+    workers: usize,
+    stash: HashMap<u64, Vec<M>>,
+}
+
+impl<M> Rendezvous<M> {
+    fn new(workers: usize) -> Self {
+        Rendezvous { workers, stash: HashMap::new() }
+    }
+
+    /// Adds the messages of timestamp `t`; returns all `W` of them once complete.
+    fn offer(&mut self, t: u64, data: &mut Vec<M>) -> Option<Vec<M>> {
+        let entry = self.stash.entry(t).or_default();
+        entry.append(data);
+        if entry.len() == self.workers {
+            self.stash.remove(&t)
+        } else {
+            None
+        }
+    }
+}
+
 /// The outcome of the last completed step on this worker.
 #[derive(Default)]
 struct Outcome {
@@ -353,7 +376,11 @@ impl Trainer {
                                 let mut home = home_a.borrow_mut();
                                 for request in home.plan(command) {
                                     if request.to as usize != home.me {
-                                        bytes_a.set(bytes_a.get() + 8 * request.ids.len() as u64 + 4 * request.table_lens.len() as u64);
+                                        bytes_a.set(
+                                            bytes_a.get()
+                                                + 8 * request.ids.len() as u64
+                                                + 4 * request.table_lens.len() as u64,
+                                        );
                                     }
                                     session.give(request);
                                 }
@@ -393,7 +420,7 @@ impl Trainer {
             );
 
             let (home_c, owner_c, bytes_c) = (home.clone(), owner.clone(), bytes_sent.clone());
-            let mut stash_c: HashMap<u64, Vec<LookupReply>> = HashMap::new();
+            let mut stash_c = Rendezvous::<LookupReply>::new(workers);
             let gradients = replies.unary::<CapacityContainerBuilder<Vec<GradientMessage>>, _, _, _>(
                 Exchange::new(|r: &LookupReply| r.to as u64),
                 "ForwardBackward",
@@ -401,10 +428,7 @@ impl Trainer {
                     move |input, output| {
                         input.for_each(|cap, data| {
                             let t = *cap.least().expect("a message has a time");
-                            let entry = stash_c.entry(t).or_default();
-                            entry.extend(data.drain(..));
-                            if entry.len() == workers {
-                                let mut replies = stash_c.remove(&t).unwrap();
+                            if let Some(mut replies) = stash_c.offer(t, data) {
                                 replies.sort_by_key(|r| r.from);
                                 let mut home = home_c.borrow_mut();
                                 let messages = home.compute(replies, &owner_c.borrow().shard, bytes_c.get());
@@ -423,7 +447,7 @@ impl Trainer {
             );
 
             let (home_d, owner_d, eval_d, bytes_d) = (home.clone(), owner.clone(), eval.clone(), bytes_sent.clone());
-            let mut stash_d: HashMap<u64, Vec<GradientMessage>> = HashMap::new();
+            let mut stash_d = Rendezvous::<GradientMessage>::new(workers);
             let updates = gradients.unary::<CapacityContainerBuilder<Vec<ParamUpdate>>, _, _, _>(
                 Exchange::new(|m: &GradientMessage| m.to as u64),
                 "ApplyGradients",
@@ -431,10 +455,7 @@ impl Trainer {
                     move |input, output| {
                         input.for_each(|cap, data| {
                             let t = *cap.least().expect("a message has a time");
-                            let entry = stash_d.entry(t).or_default();
-                            entry.extend(data.drain(..));
-                            if entry.len() == workers {
-                                let mut messages = stash_d.remove(&t).unwrap();
+                            if let Some(mut messages) = stash_d.offer(t, data) {
                                 messages.sort_by_key(|m| m.from);
                                 let mut home = home_d.borrow_mut();
                                 let mut owner = owner_d.borrow_mut();
@@ -451,14 +472,11 @@ impl Trainer {
             );
 
             let (home_e, outcome_e) = (home.clone(), outcome.clone());
-            let mut stash_e: HashMap<u64, Vec<ParamUpdate>> = HashMap::new();
+            let mut stash_e = Rendezvous::<ParamUpdate>::new(workers);
             updates.sink(Exchange::new(|u: &ParamUpdate| u.to as u64), "GatherParams", move |(input, _frontier)| {
                 input.for_each(|cap, data| {
                     let t = *cap.least().expect("a message has a time");
-                    let entry = stash_e.entry(t).or_default();
-                    entry.extend(data.drain(..));
-                    if entry.len() == workers {
-                        let updates = stash_e.remove(&t).unwrap();
+                    if let Some(updates) = stash_e.offer(t, data) {
                         let mut home = home_e.borrow_mut();
                         let mut stats = StepStats::default();
                         for u in &updates {
@@ -478,7 +496,17 @@ impl Trainer {
             });
         });
 
-        Ok(Trainer { input, outcome, home, owner, eval, bytes_sent, config: config.clone(), step: 0, bad_records: [0; 5] })
+        Ok(Trainer {
+            input,
+            outcome,
+            home,
+            owner,
+            eval,
+            bytes_sent,
+            config: config.clone(),
+            step: 0,
+            bad_records: [0; 5],
+        })
     }
 
     /// Runs one synchronous step with this worker's micro-batch (possibly
@@ -576,7 +604,12 @@ impl Home {
         let w = self.workers;
         let num_tables = self.plans.len();
         let mut requests: Vec<LookupRequest> = (0..w)
-            .map(|o| LookupRequest { from: self.me as u32, to: o as u32, table_lens: vec![0; num_tables], ids: Vec::new() })
+            .map(|o| LookupRequest {
+                from: self.me as u32,
+                to: o as u32,
+                table_lens: vec![0; num_tables],
+                ids: Vec::new(),
+            })
             .collect();
         if command.kind != StepKind::Report {
             let mut counts = vec![0u32; w];
@@ -658,7 +691,8 @@ impl Home {
                 let logits = self.model.forward(&batch.dense, &self.pooled, b).to_vec();
                 stats.loss_sum = bce_with_logits_sum(&logits, &batch.labels);
                 if command.kind == StepKind::Eval {
-                    messages[0].eval = EvalSet { probs: logits.iter().map(|&x| sigmoid(x)).collect(), labels: batch.labels.clone() };
+                    messages[0].eval =
+                        EvalSet { probs: logits.iter().map(|&x| sigmoid(x)).collect(), labels: batch.labels.clone() };
                 } else {
                     self.dlogits.resize(b, 0.0);
                     bce_with_logits_grad(&logits, &batch.labels, 1.0, &mut self.dlogits);
@@ -671,7 +705,15 @@ impl Home {
                     for (t, plan) in self.plans.iter().enumerate() {
                         self.dunique.clear();
                         self.dunique.resize(plan.unique.len() * d, 0.0);
-                        pool_sum_backward(&self.dpooled, d, &batch.sparse[t].offsets, &plan.index, t, f, &mut self.dunique);
+                        pool_sum_backward(
+                            &self.dpooled,
+                            d,
+                            &batch.sparse[t].offsets,
+                            &plan.index,
+                            t,
+                            f,
+                            &mut self.dunique,
+                        );
                         for (u, &(o, pos)) in plan.place.iter().enumerate() {
                             let p = pos as usize * d;
                             messages[o as usize].sparse[p..p + d].copy_from_slice(&self.dunique[u * d..(u + 1) * d]);

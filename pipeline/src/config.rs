@@ -196,7 +196,10 @@ impl TrainSettings {
             return Err(PipelineError::config("eval", "`synthetic` eval data comes from --eval-fraction"));
         }
         if !(0.0..1.0).contains(&self.eval_fraction) {
-            return Err(PipelineError::config("eval_fraction", format!("must be in [0, 1), got {}", self.eval_fraction)));
+            return Err(PipelineError::config(
+                "eval_fraction",
+                format!("must be in [0, 1), got {}", self.eval_fraction),
+            ));
         }
         if self.batch_size == 0 {
             return Err(PipelineError::config("batch_size", "must be positive"));
@@ -233,7 +236,10 @@ impl TrainSettings {
             other => return Err(PipelineError::config("on_bad_record", format!("`{other}` is not skip or fail"))),
         };
         if !matches!(self.progress.as_str(), "auto" | "bar" | "lines" | "none") {
-            return Err(PipelineError::config("progress", format!("`{}` is not auto, bar, lines or none", self.progress)));
+            return Err(PipelineError::config(
+                "progress",
+                format!("`{}` is not auto, bar, lines or none", self.progress),
+            ));
         }
         if self.buckets == 0 {
             return Err(PipelineError::config("buckets", "must be positive"));
@@ -266,8 +272,12 @@ impl TrainSettings {
                 .ok_or_else(|| PipelineError::config("hosts", "a cluster run (processes > 1) needs --hosts FILE"))?;
             let text = std::fs::read_to_string(path)
                 .map_err(|e| PipelineError::config("hosts", format!("cannot read {}: {e}", path.display())))?;
-            let hosts: Vec<String> =
-                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
+            let hosts: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(String::from)
+                .collect();
             if hosts.len() != self.processes {
                 return Err(PipelineError::config(
                     "hosts",
@@ -309,7 +319,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut TrainSettings)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut TrainSettings)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             ("batch_size", Box::new(|s| s.batch_size = 0)),
             ("optimizer", Box::new(|s| s.optimizer = "lbfgs".into())),
             ("on_bad_record", Box::new(|s| s.on_bad_record = "ignore".into())),

@@ -58,7 +58,11 @@ pub struct CriteoOptions {
 impl WorkerData {
     /// This worker's share of the synthetic samples `range`, in global batches of `batch`.
     pub fn synthetic(
-        generator: SyntheticCriteo, range: std::ops::Range<u64>, batch: usize, worker: usize, workers: usize,
+        generator: SyntheticCriteo,
+        range: std::ops::Range<u64>,
+        batch: usize,
+        worker: usize,
+        workers: usize,
     ) -> Self {
         WorkerData::Synthetic {
             generator: Box::new(generator),
@@ -73,7 +77,12 @@ impl WorkerData {
     /// This worker's share of `span` (fractions of each file's bytes) of Criteo `paths`.
     #[allow(clippy::too_many_arguments)]
     pub fn criteo(
-        paths: &[PathBuf], span: (f64, f64), options: &CriteoOptions, batch: usize, worker: usize, workers: usize,
+        paths: &[PathBuf],
+        span: (f64, f64),
+        options: &CriteoOptions,
+        batch: usize,
+        worker: usize,
+        workers: usize,
         dead_letters: Option<Box<dyn DeadLetterSink>>,
     ) -> Result<Self, PipelineError> {
         let config = CriteoConfig {
@@ -87,9 +96,15 @@ impl WorkerData {
     }
 
     /// Builds the reader for `spec`; `eval` picks the held-out part.
+    #[allow(clippy::too_many_arguments)]
     pub fn for_spec(
-        spec: &DataSpec, synthetic: Option<(&SyntheticCriteo, std::ops::Range<u64>)>, span: (f64, f64),
-        options: &CriteoOptions, batch: usize, worker: usize, workers: usize,
+        spec: &DataSpec,
+        synthetic: Option<(&SyntheticCriteo, std::ops::Range<u64>)>,
+        span: (f64, f64),
+        options: &CriteoOptions,
+        batch: usize,
+        worker: usize,
+        workers: usize,
         dead_letters: Option<Box<dyn DeadLetterSink>>,
     ) -> Result<Self, PipelineError> {
         match spec {

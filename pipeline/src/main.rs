@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a model (DLRM) on synthetic data or Criteo files.
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Measure throughput.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -159,9 +159,29 @@ impl TrainArgs {
         };
         let args = self;
         override_fields!(
-            s, args, data, eval_fraction, samples, epochs, batch_size, eval_batch_size, seed, lr, optimizer,
-            sparse_optimizer, workers, processes, process, buckets, dim, bottom, top, on_bad_record, dead_letters,
-            max_line_bytes, progress
+            s,
+            args,
+            data,
+            eval_fraction,
+            samples,
+            epochs,
+            batch_size,
+            eval_batch_size,
+            seed,
+            lr,
+            optimizer,
+            sparse_optimizer,
+            workers,
+            processes,
+            process,
+            buckets,
+            dim,
+            bottom,
+            top,
+            on_bad_record,
+            dead_letters,
+            max_line_bytes,
+            progress
         );
         if args.eval.is_some() {
             s.eval = args.eval;
@@ -193,7 +213,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Train(args) => {
-            let settings = args.into_settings()?;
+            let settings = (*args).into_settings()?;
             let data = settings.data.clone();
             let workers = settings.workers * settings.processes;
             eprintln!(
@@ -205,7 +225,10 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("process {} finished; process 0 reports the metrics", settings.process);
                 return Ok(());
             };
-            println!("trained {} samples in {} steps ({} epochs) on {} worker(s)", s.samples, s.steps, s.epochs, s.workers);
+            println!(
+                "trained {} samples in {} steps ({} epochs) on {} worker(s)",
+                s.samples, s.steps, s.epochs, s.workers
+            );
             println!("  train loss      {:.4} (last steps), {:.4} (run mean)", s.train_loss, s.train_loss_mean);
             println!("  eval AUC        {}   (teacher AUC {})", fmt_opt(s.auc), fmt_opt(s.teacher_auc));
             println!("  eval logloss    {}", fmt_opt(s.logloss));

@@ -170,8 +170,12 @@ fn dead_letters(ctx: &Context) -> Option<Box<dyn DeadLetterSink>> {
 
 /// Runs one collective step; a data error turns into a failed step that stops every worker.
 fn step_with(
-    trainer: &mut Trainer, worker: &mut timely::worker::Worker, kind: StepKind, data: &mut WorkerData,
-    batch: &mut Batch, bad: &BadRecordCounts,
+    trainer: &mut Trainer,
+    worker: &mut timely::worker::Worker,
+    kind: StepKind,
+    data: &mut WorkerData,
+    batch: &mut Batch,
+    bad: &BadRecordCounts,
 ) -> Result<StepStats, PipelineError> {
     let read = data.next_micro_batch(batch);
     let mut counts = bad.clone();

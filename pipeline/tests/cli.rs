@@ -34,8 +34,23 @@ fn free_ports() -> (u16, u16) {
     (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
 }
 
-const COMMON: &[&str] =
-    &["train", "--steps", "50", "--samples", "12800", "--batch-size", "256", "--eval-fraction", "0", "--buckets", "20000", "--seed", "11", "--progress", "none"];
+const COMMON: &[&str] = &[
+    "train",
+    "--steps",
+    "50",
+    "--samples",
+    "12800",
+    "--batch-size",
+    "256",
+    "--eval-fraction",
+    "0",
+    "--buckets",
+    "20000",
+    "--seed",
+    "11",
+    "--progress",
+    "none",
+];
 
 #[test]
 fn two_processes_train_the_same_model_as_one_and_two_threads() {
@@ -47,7 +62,9 @@ fn two_processes_train_the_same_model_as_one_and_two_threads() {
     let children: Vec<_> = (0..2)
         .map(|i| {
             let mut c = tiderec();
-            c.args(COMMON).args(["--workers", "1", "--processes", "2", "--process", &i.to_string(), "--hosts"]).arg(&hosts);
+            c.args(COMMON)
+                .args(["--workers", "1", "--processes", "2", "--process", &i.to_string(), "--hosts"])
+                .arg(&hosts);
             if i == 0 {
                 c.arg("--metrics-json").arg(&m_proc);
             }
@@ -78,11 +95,25 @@ fn two_processes_train_the_same_model_as_one_and_two_threads() {
 fn metrics_json_has_the_documented_fields() {
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m.json");
-    run_ok(tiderec().args(["train", "--samples", "4096", "--batch-size", "256", "--progress", "lines", "--metrics-json"]).arg(&m));
+    run_ok(
+        tiderec()
+            .args(["train", "--samples", "4096", "--batch-size", "256", "--progress", "lines", "--metrics-json"])
+            .arg(&m),
+    );
     let v = metrics(&m);
     for key in [
-        "auc", "logloss", "accuracy", "train_loss", "samples", "steps", "samples_per_sec", "workers", "bad_records",
-        "params_l2", "teacher_auc", "bytes_per_sample",
+        "auc",
+        "logloss",
+        "accuracy",
+        "train_loss",
+        "samples",
+        "steps",
+        "samples_per_sec",
+        "workers",
+        "bad_records",
+        "params_l2",
+        "teacher_auc",
+        "bytes_per_sample",
     ] {
         assert!(!v[key].is_null(), "missing `{key}` in {v}");
     }

@@ -119,8 +119,8 @@ impl SyntheticCriteo {
         if rank > EFFECT_RANKS {
             return 0.0;
         }
-        let scale = if field % 3 == 0 { 0.8 } else { 0.35 };
-        normal_f64(self.config.seed ^ 0xeffe_c7, field as u64, rank, 0) * scale
+        let scale = if field.is_multiple_of(3) { 0.8 } else { 0.35 };
+        normal_f64(self.config.seed ^ 0x00ef_fec7, field as u64, rank, 0) * scale
     }
 
     fn teacher_vector(&self, field: usize, rank: u64, k: usize) -> f64 {
@@ -153,7 +153,8 @@ impl SyntheticCriteo {
             if !absent {
                 ranks[f] = rank;
                 let size = self.config.table_sizes[f];
-                let id = if KAGGLE_CARDINALITIES[f] <= size { rank - 1 } else { hash_bucket(self.seeds[f], rank, size) };
+                let id =
+                    if KAGGLE_CARDINALITIES[f] <= size { rank - 1 } else { hash_bucket(self.seeds[f], rank, size) };
                 field.ids.push(id);
                 logit += self.effect(f, rank);
             }

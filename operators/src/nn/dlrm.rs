@@ -104,8 +104,11 @@ impl<T: Scalar> Dlrm<T> {
         let mut widths = vec![config.num_dense];
         widths.extend(&config.bottom);
         let bottom = Mlp::new(&widths, 0, true);
-        let interaction =
-            DotInteraction { num_sparse: config.num_sparse, dim: config.dim, self_interaction: config.self_interaction };
+        let interaction = DotInteraction {
+            num_sparse: config.num_sparse,
+            dim: config.dim,
+            self_interaction: config.self_interaction,
+        };
         let mut widths = vec![interaction.output_dim()];
         widths.extend(&config.top);
         let top = Mlp::new(&widths, bottom.num_params(), false);
@@ -113,7 +116,16 @@ impl<T: Scalar> Dlrm<T> {
         let mut params = vec![T::ZERO; n];
         bottom.init(&mut params, seed, 1);
         top.init(&mut params, seed, 2);
-        Ok(Dlrm { config, bottom, interaction, top, grads: vec![T::ZERO; n], params, ws: Workspace::default(), batch: 0 })
+        Ok(Dlrm {
+            config,
+            bottom,
+            interaction,
+            top,
+            grads: vec![T::ZERO; n],
+            params,
+            ws: Workspace::default(),
+            batch: 0,
+        })
     }
 
     /// Number of dense parameters.
@@ -142,7 +154,15 @@ impl<T: Scalar> Dlrm<T> {
         let batch = self.batch;
         let ws = &mut self.ws;
         ws.d_inter.resize(batch * self.interaction.output_dim(), T::ZERO);
-        self.top.backward(&self.params, &ws.inter_out, batch, &mut ws.top, dlogits, &mut self.grads, Some(&mut ws.d_inter));
+        self.top.backward(
+            &self.params,
+            &ws.inter_out,
+            batch,
+            &mut ws.top,
+            dlogits,
+            &mut self.grads,
+            Some(&mut ws.d_inter),
+        );
         ws.d_bottom.resize(batch * self.config.dim, T::ZERO);
         self.interaction.backward(&ws.bottom_out, pooled, &ws.d_inter, batch, &mut ws.d_bottom, dpooled);
         self.bottom.backward(&self.params, dense, batch, &mut ws.bottom, &ws.d_bottom, &mut self.grads, None);

@@ -11,7 +11,13 @@ use super::Scalar;
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 pub fn pool_sum<T: Scalar>(
-    unique: &[T], dim: usize, offsets: &[u32], index: &[u32], field: usize, num_fields: usize, pooled: &mut [T],
+    unique: &[T],
+    dim: usize,
+    offsets: &[u32],
+    index: &[u32],
+    field: usize,
+    num_fields: usize,
+    pooled: &mut [T],
 ) {
     let batch = offsets.len() - 1;
     for b in 0..batch {
@@ -30,7 +36,13 @@ pub fn pool_sum<T: Scalar>(
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 pub fn pool_sum_backward<T: Scalar>(
-    dpooled: &[T], dim: usize, offsets: &[u32], index: &[u32], field: usize, num_fields: usize, dunique: &mut [T],
+    dpooled: &[T],
+    dim: usize,
+    offsets: &[u32],
+    index: &[u32],
+    field: usize,
+    num_fields: usize,
+    dunique: &mut [T],
 ) {
     let batch = offsets.len() - 1;
     for b in 0..batch {

@@ -22,8 +22,16 @@ pub enum Op {
 /// When a slice is shorter than its shape requires (a programming error, not a data error).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm<T: Scalar>(
-    op_a: Op, op_b: Op, m: usize, n: usize, k: usize,
-    alpha: T, a: &[T], b: &[T], beta: T, c: &mut [T],
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: T,
+    a: &[T],
+    b: &[T],
+    beta: T,
+    c: &mut [T],
 ) {
     assert!(a.len() >= m * k, "gemm: a has {} values, needs {}", a.len(), m * k);
     assert!(b.len() >= k * n, "gemm: b has {} values, needs {}", b.len(), k * n);
@@ -31,8 +39,14 @@ pub fn gemm<T: Scalar>(
     if m == 0 || n == 0 {
         return;
     }
-    let (rsa, csa) = match op_a { Op::N => (k as isize, 1), Op::T => (1, m as isize) };
-    let (rsb, csb) = match op_b { Op::N => (n as isize, 1), Op::T => (1, k as isize) };
+    let (rsa, csa) = match op_a {
+        Op::N => (k as isize, 1),
+        Op::T => (1, m as isize),
+    };
+    let (rsb, csb) = match op_b {
+        Op::N => (n as isize, 1),
+        Op::T => (1, k as isize),
+    };
     // SAFETY: the asserts above bound every index the strides can reach.
     unsafe {
         T::gemm_raw(m, k, n, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), n as isize, 1);
@@ -42,15 +56,29 @@ pub fn gemm<T: Scalar>(
 /// Scalar reference GEMM: the oracle for [`gemm`].
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_reference<T: Scalar>(
-    op_a: Op, op_b: Op, m: usize, n: usize, k: usize,
-    alpha: T, a: &[T], b: &[T], beta: T, c: &mut [T],
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: T,
+    a: &[T],
+    b: &[T],
+    beta: T,
+    c: &mut [T],
 ) {
     for i in 0..m {
         for j in 0..n {
             let mut s = T::ZERO;
             for p in 0..k {
-                let av = match op_a { Op::N => a[i * k + p], Op::T => a[p * m + i] };
-                let bv = match op_b { Op::N => b[p * n + j], Op::T => b[j * k + p] };
+                let av = match op_a {
+                    Op::N => a[i * k + p],
+                    Op::T => a[p * m + i],
+                };
+                let bv = match op_b {
+                    Op::N => b[p * n + j],
+                    Op::T => b[j * k + p],
+                };
                 s += av * bv;
             }
             c[i * n + j] = alpha * s + beta * c[i * n + j];

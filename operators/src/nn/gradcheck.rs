@@ -16,11 +16,6 @@ pub fn check_gradients(x: &[f64], analytic: &[f64], mut loss: impl FnMut(&[f64])
         let numeric = (up - down) / (2.0 * eps);
         let err = (numeric - analytic[i]).abs();
         let scale = numeric.abs().max(analytic[i].abs()).max(1.0);
-        assert!(
-            err / scale < 1e-6,
-            "gradient {i}: analytic {} vs numeric {} (err {err:e})",
-            analytic[i],
-            numeric
-        );
+        assert!(err / scale < 1e-6, "gradient {i}: analytic {} vs numeric {} (err {err:e})", analytic[i], numeric);
     }
 }

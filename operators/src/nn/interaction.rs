@@ -24,7 +24,11 @@ impl DotInteraction {
     /// Number of dot products per sample.
     pub fn num_pairs(&self) -> usize {
         let n = self.num_sparse + 1;
-        if self.self_interaction { n * (n + 1) / 2 } else { n * (n - 1) / 2 }
+        if self.self_interaction {
+            n * (n + 1) / 2
+        } else {
+            n * (n - 1) / 2
+        }
     }
 
     /// Output width per sample: `dim + num_pairs`.
@@ -68,7 +72,13 @@ impl DotInteraction {
     /// S[j][i] = ∂L/∂⟨zᵢ,zⱼ⟩`, `S[i][i] = 2·∂L/∂⟨zᵢ,zᵢ⟩`), and `dZ = S·Z`,
     /// computed row by row with the accumulators in registers.
     pub fn backward<T: Scalar>(
-        &self, dense: &[T], pooled: &[T], dout: &[T], batch: usize, ddense: &mut [T], dpooled: &mut [T],
+        &self,
+        dense: &[T],
+        pooled: &[T],
+        dout: &[T],
+        batch: usize,
+        ddense: &mut [T],
+        dpooled: &mut [T],
     ) {
         let (d, od, n) = (self.dim, self.output_dim(), self.num_vectors());
         let fd = self.num_sparse * d;
@@ -148,7 +158,6 @@ pub fn dot<T: Scalar>(x: &[T], y: &[T]) -> T {
     }
     s
 }
-
 
 #[cfg(test)]
 mod tests {

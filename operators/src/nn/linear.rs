@@ -58,7 +58,13 @@ impl Linear {
     /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked.
     #[inline(never)]
     pub fn backward<T: Scalar>(
-        &self, params: &[T], x: &[T], dy: &[T], batch: usize, grads: &mut [T], dx: Option<&mut [T]>,
+        &self,
+        params: &[T],
+        x: &[T],
+        dy: &[T],
+        batch: usize,
+        grads: &mut [T],
+        dx: Option<&mut [T]>,
     ) {
         let nw = self.output * self.input;
         let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);

@@ -80,10 +80,17 @@ impl Mlp {
         &cache.outs[self.layers.len() - 1][..batch * self.output()]
     }
 
+    #[allow(clippy::too_many_arguments)]
     /// Back-propagates `dout` (gradient w.r.t. the output of the last forward);
     /// writes layer gradients into `grads` and the input gradient into `dx` when asked.
     pub fn backward<T: Scalar>(
-        &self, params: &[T], x: &[T], batch: usize, cache: &mut MlpCache<T>, dout: &[T], grads: &mut [T],
+        &self,
+        params: &[T],
+        x: &[T],
+        batch: usize,
+        cache: &mut MlpCache<T>,
+        dout: &[T],
+        grads: &mut [T],
         dx: Option<&mut [T]>,
     ) {
         let n = self.layers.len();

@@ -43,10 +43,20 @@ pub trait Scalar:
     /// The strides must address memory inside the three buffers.
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemm_raw(
-        m: usize, k: usize, n: usize, alpha: Self,
-        a: *const Self, rsa: isize, csa: isize,
-        b: *const Self, rsb: isize, csb: isize,
-        beta: Self, c: *mut Self, rsc: isize, csc: isize,
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        beta: Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
     );
 }
 
@@ -56,23 +66,45 @@ macro_rules! impl_scalar {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
             #[inline]
-            fn from_f64(v: f64) -> Self { v as $t }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
             #[inline]
-            fn to_f64(self) -> f64 { self as f64 }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
             #[inline]
-            fn exp(self) -> Self { <$t>::exp(self) }
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
             #[inline]
-            fn ln_1p(self) -> Self { <$t>::ln_1p(self) }
+            fn ln_1p(self) -> Self {
+                <$t>::ln_1p(self)
+            }
             #[inline]
-            fn abs(self) -> Self { <$t>::abs(self) }
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
             #[inline]
-            fn max(self, other: Self) -> Self { <$t>::max(self, other) }
+            fn max(self, other: Self) -> Self {
+                <$t>::max(self, other)
+            }
             #[inline]
             unsafe fn gemm_raw(
-                m: usize, k: usize, n: usize, alpha: Self,
-                a: *const Self, rsa: isize, csa: isize,
-                b: *const Self, rsb: isize, csb: isize,
-                beta: Self, c: *mut Self, rsc: isize, csc: isize,
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: Self,
+                a: *const Self,
+                rsa: isize,
+                csa: isize,
+                b: *const Self,
+                rsb: isize,
+                csb: isize,
+                beta: Self,
+                c: *mut Self,
+                rsc: isize,
+                csc: isize,
             ) {
                 $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
             }
