@@ -103,17 +103,24 @@ impl DenseOptimizer {
 
     /// Updates `params` in place from the averaged gradient `grads`.
     pub fn apply(&mut self, params: &mut [f32], grads: &[f32]) {
+        self.apply_scaled(params, grads, 1.0);
+    }
+
+    /// Updates `params` in place from the gradient `scale · grads` (the
+    /// averaging is fused into the update; no scaled copy is made).
+    pub fn apply_scaled(&mut self, params: &mut [f32], grads: &[f32], scale: f32) {
         assert_eq!(params.len(), grads.len());
         self.t += 1;
         let OptimizerParams { lr, beta1, beta2, eps, .. } = self.hp;
         match self.kind {
             DenseOptimizerKind::Sgd => {
                 for (p, g) in params.iter_mut().zip(grads) {
-                    *p -= lr * g;
+                    *p -= lr * (g * scale);
                 }
             }
             DenseOptimizerKind::Adagrad => {
                 for ((p, g), v) in params.iter_mut().zip(grads).zip(&mut self.v) {
+                    let g = g * scale;
                     *v += g * g;
                     *p -= lr * g / (v.sqrt() + eps);
                 }
@@ -124,6 +131,7 @@ impl DenseOptimizer {
                 let step = lr / bc1;
                 let bc2_sqrt = bc2.sqrt();
                 for (((p, g), m), v) in params.iter_mut().zip(grads).zip(&mut self.m).zip(&mut self.v) {
+                    let g = g * scale;
                     *m = beta1 * *m + (1.0 - beta1) * g;
                     *v = beta2 * *v + (1.0 - beta2) * g * g;
                     *p -= step * *m / (v.sqrt() / bc2_sqrt + eps);

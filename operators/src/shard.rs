@@ -119,12 +119,15 @@ impl EmbeddingShard {
         }
     }
 
-    /// Hints that row `id` of `table` will be updated soon.
+    /// Hints that row `id` of `table` (and its optimizer state) will be updated soon.
     #[inline]
     pub fn prefetch_row(&self, table: usize, id: u64) {
-        let l = (id / self.workers as u64) as usize * self.dim;
-        if let Some(r) = self.rows[table].get(l..) {
+        let local = (id / self.workers as u64) as usize;
+        if let Some(r) = self.rows[table].get(local * self.dim..) {
             prefetch(r.as_ptr());
+        }
+        if let Some(a) = self.accumulators[table].get(local..) {
+            prefetch(a.as_ptr());
         }
     }
 

@@ -174,6 +174,8 @@ pub struct GradientMessage {
     pub from: u32,
     /// Receiver (row owner and dense-slice owner).
     pub to: u32,
+    /// What the step does.
+    pub kind: StepKind,
     /// The sender's statistics for this step.
     pub stats: StepStats,
     /// Gradients of the rows the sender requested from the receiver, in request order (unnormalised).
@@ -241,6 +243,7 @@ struct Owner {
     /// Per table and local row: the row's slot in `scratch` during an update, `u32::MAX` otherwise.
     slots: Vec<Vec<u32>>,
     scratch: Vec<f32>,
+    dense_grad: Vec<f32>,
 }
 
 /// Collects the `W` messages each worker sends a stage for one timestamp.
@@ -338,6 +341,7 @@ impl Trainer {
                 .collect(),
             slots: Vec::new(),
             scratch: Vec::new(),
+            dense_grad: Vec::new(),
         }));
         {
             let mut o = owner.borrow_mut();
@@ -650,6 +654,7 @@ impl Home {
             .map(|o| GradientMessage {
                 from: me,
                 to: o as u32,
+                kind: command.kind,
                 stats: StepStats::default(),
                 sparse: Vec::new(),
                 dense: Vec::new(),
@@ -719,7 +724,9 @@ impl Home {
                             messages[o as usize].sparse[p..p + d].copy_from_slice(&self.dunique[u * d..(u + 1) * d]);
                         }
                     }
-                    for m in messages.iter_mut() {
+                    // The receiver's slice of the dense gradient; the sender's own slice stays in
+                    // `model.grads`, where its owner (this worker) reads it without a copy.
+                    for m in messages.iter_mut().filter(|m| m.to != me) {
                         m.dense = self.model.grads[dense_slice(n_params, m.to as usize, w)].to_vec();
                     }
                 }
@@ -743,7 +750,7 @@ impl Owner {
         }
         let slice = dense_slice(home.model.num_params(), me, w);
         let mut changed = false;
-        let is_train = messages.iter().any(|m| !m.dense.is_empty());
+        let is_train = messages.first().is_some_and(|m| m.kind == StepKind::Train);
         if is_train && stats.samples > 0 {
             let scale = 1.0 / stats.samples as f32;
             // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
@@ -753,7 +760,13 @@ impl Owner {
                 let request = &self.pending[m.from as usize];
                 let mut start = 0usize;
                 for (t, &n) in request.table_lens.iter().enumerate() {
-                    for (k, &id) in request.ids[start..start + n as usize].iter().enumerate() {
+                    let ids = &request.ids[start..start + n as usize];
+                    for (k, &id) in ids.iter().enumerate() {
+                        if let Some(&ahead) = ids.get(k + 8) {
+                            if let Some(sl) = self.slots[t].get(self.shard.local_index(t, ahead)..) {
+                                crate::huge::prefetch(sl.as_ptr());
+                            }
+                        }
                         let g = &m.sparse[(start + k) * d..(start + k + 1) * d];
                         let slot = &mut self.slots[t][self.shard.local_index(t, id)];
                         if *slot == u32::MAX {
@@ -782,17 +795,20 @@ impl Owner {
                 let local = self.shard.local_index(t as usize, id);
                 self.slots[t as usize][local] = u32::MAX;
             }
-            // Dense slice: reduce in worker order, average, update.
-            let mut grad = vec![0.0f32; slice.len()];
-            for m in messages {
-                for (a, &v) in grad.iter_mut().zip(&m.dense) {
-                    *a += v;
+            // Dense slice: reduce in worker order, then average inside the optimizer.
+            let grad = &mut self.dense_grad;
+            for (k, m) in messages.iter().enumerate() {
+                let part: &[f32] = if m.from as usize == me { &home.model.grads[slice.clone()] } else { &m.dense };
+                if k == 0 {
+                    grad.clear();
+                    grad.extend_from_slice(part);
+                } else {
+                    for (a, &v) in grad.iter_mut().zip(part) {
+                        *a += v;
+                    }
                 }
             }
-            for v in grad.iter_mut() {
-                *v *= scale;
-            }
-            self.dense_optimizer.apply(&mut home.model.params[slice.clone()], &grad);
+            self.dense_optimizer.apply_scaled(&mut home.model.params[slice.clone()], grad, scale);
             changed = true;
         }
         for m in messages {

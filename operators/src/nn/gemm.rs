@@ -39,6 +39,11 @@ pub fn gemm<T: Scalar>(
     if m == 0 || n == 0 {
         return;
     }
+    if n == 1 || m == 1 {
+        // Matrix–vector shapes (a layer of width 1): packing for a GEMM kernel costs more than the work.
+        gemv_shapes(op_a, op_b, m, n, k, alpha, a, b, beta, c);
+        return;
+    }
     let (rsa, csa) = match op_a {
         Op::N => (k as isize, 1),
         Op::T => (1, m as isize),
@@ -50,6 +55,61 @@ pub fn gemm<T: Scalar>(
     // SAFETY: the asserts above bound every index the strides can reach.
     unsafe {
         T::gemm_raw(m, k, n, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), n as isize, 1);
+    }
+}
+
+/// `n == 1` or `m == 1`: dot products and row updates over contiguous data where possible.
+#[allow(clippy::too_many_arguments)]
+fn gemv_shapes<T: Scalar>(
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: T,
+    a: &[T],
+    b: &[T],
+    beta: T,
+    c: &mut [T],
+) {
+    let scale = |c: &mut [T]| {
+        if beta == T::ZERO {
+            c.fill(T::ZERO);
+        } else if beta != T::ONE {
+            c.iter_mut().for_each(|v| *v *= beta);
+        }
+    };
+    let c = &mut c[..m * n];
+    if n == 1 && op_a == Op::N {
+        // c[i] = alpha·⟨a_i, b⟩ (b is a k-vector whatever op_b says).
+        for (i, ci) in c.iter_mut().enumerate() {
+            let d = super::interaction::dot(&a[i * k..(i + 1) * k], &b[..k]);
+            *ci = alpha * d + if beta == T::ZERO { T::ZERO } else { beta * *ci };
+        }
+    } else if m == 1 && op_b == Op::N {
+        // c = alpha·Σ_p a[p]·b_p (a is a k-vector whatever op_a says).
+        scale(c);
+        for p in 0..k {
+            let ap = alpha * a[p];
+            for (cj, &bv) in c.iter_mut().zip(&b[p * n..(p + 1) * n]) {
+                *cj += ap * bv;
+            }
+        }
+    } else if m == 1 {
+        // op_b == T: c[j] = alpha·⟨a, b_j⟩ with b stored n×k.
+        for (j, cj) in c.iter_mut().enumerate() {
+            let d = super::interaction::dot(&a[..k], &b[j * k..(j + 1) * k]);
+            *cj = alpha * d + if beta == T::ZERO { T::ZERO } else { beta * *cj };
+        }
+    } else {
+        // n == 1, op_a == T: a stored k×m, c = alpha·Σ_p b[p]·a_p.
+        scale(c);
+        for p in 0..k {
+            let bp = alpha * b[p];
+            for (ci, &av) in c.iter_mut().zip(&a[p * m..(p + 1) * m]) {
+                *ci += bp * av;
+            }
+        }
     }
 }
 
