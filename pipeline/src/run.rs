@@ -26,6 +26,9 @@ use tiderec_sinks::metrics::RunSummary;
 use tiderec_sources::criteo::CriteoFeatures;
 use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo};
 
+/// Starting value of the row-wise Adagrad accumulators.
+pub const SPARSE_INITIAL_ACCUMULATOR: f32 = 1e-6;
+
 /// Steps over which the running training loss is averaged.
 const LOSS_WINDOW: usize = 100;
 
@@ -72,7 +75,12 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
         // from taking full-size steps.
         dense_hp: OptimizerParams { initial_accumulator: 0.1, ..OptimizerParams::with_lr(settings.lr) },
         sparse_optimizer: resolved.sparse_optimizer,
-        sparse_hp: OptimizerParams::with_lr(settings.sparse_lr.unwrap_or(settings.lr)),
+        // A small starting accumulator keeps rows whose gradient is at the level of
+        // float noise from taking full-size first steps.
+        sparse_hp: OptimizerParams {
+            initial_accumulator: SPARSE_INITIAL_ACCUMULATOR,
+            ..OptimizerParams::with_lr(settings.sparse_lr.unwrap_or(settings.lr))
+        },
     }
 }
 
