@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 use tiderec_operators::metrics::auc;
-use tiderec_operators::nn::DlrmConfig;
+use tiderec_operators::nn::{DlrmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
@@ -23,7 +23,7 @@ fn main() {
     });
     let rows = 20_000u64;
     let config = TrainerConfig {
-        model: DlrmConfig { bottom: vec![64, 16], top: vec![64, 1], ..DlrmConfig::kaggle() },
+        model: ModelConfig::Dlrm(DlrmConfig { bottom: vec![64, 16], top: vec![64, 1], ..DlrmConfig::kaggle() }),
         table_sizes: vec![rows; 26],
         seed: 3,
         dense_optimizer: DenseOptimizerKind::Adam,

@@ -33,7 +33,7 @@ use crate::batch::Batch;
 use crate::metrics::EvalSet;
 use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
 use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
-use crate::nn::{Dlrm, DlrmConfig};
+use crate::nn::{Model, ModelConfig};
 use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use crate::shard::{shard_of, EmbeddingShard};
 use crate::OperatorError;
@@ -51,8 +51,8 @@ use timely::worker::Worker;
 /// Everything a worker needs to build its part of the training dataflow.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TrainerConfig {
-    /// Model shape.
-    pub model: DlrmConfig,
+    /// Model kind and shape.
+    pub model: ModelConfig,
     /// Rows per embedding table (one per sparse field).
     pub table_sizes: Vec<u64>,
     /// Seed of every random initialisation.
@@ -71,10 +71,10 @@ impl TrainerConfig {
     /// Checks the configuration; errors name the key.
     pub fn validate(&self) -> Result<(), OperatorError> {
         self.model.validate()?;
-        if self.table_sizes.len() != self.model.num_sparse {
+        if self.table_sizes.len() != self.model.num_sparse() {
             return Err(OperatorError::config(
                 "table_sizes",
-                format!("{} table sizes for {} sparse fields", self.table_sizes.len(), self.model.num_sparse),
+                format!("{} table sizes for {} sparse fields", self.table_sizes.len(), self.model.num_sparse()),
             ));
         }
         if let Some(t) = self.table_sizes.iter().position(|&n| n == 0) {
@@ -222,7 +222,7 @@ struct Home {
     me: usize,
     workers: usize,
     dim: usize,
-    model: Dlrm<f32>,
+    model: Box<dyn Model<f32>>,
     command: Option<Command>,
     plans: Vec<TablePlan>,
     replies: Vec<Vec<f32>>,
@@ -279,13 +279,15 @@ struct Outcome {
 /// Drives one worker's share of synchronous training.
 ///
 /// ```
-/// use tiderec_operators::nn::DlrmConfig;
+/// use tiderec_operators::nn::{DlrmConfig, ModelConfig};
 /// use tiderec_operators::optim::*;
 /// use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 /// use tiderec_operators::Batch;
 ///
 /// let config = TrainerConfig {
-///     model: DlrmConfig { num_dense: 2, num_sparse: 1, dim: 4, bottom: vec![4], top: vec![1], self_interaction: false },
+///     model: ModelConfig::Dlrm(DlrmConfig {
+///         num_dense: 2, num_sparse: 1, dim: 4, bottom: vec![4], top: vec![1], self_interaction: false,
+///     }),
 ///     table_sizes: vec![10],
 ///     seed: 1,
 ///     dense_optimizer: DenseOptimizerKind::Sgd,
@@ -322,9 +324,9 @@ impl Trainer {
         config.validate()?;
         let me = worker.index();
         let workers = worker.peers();
-        let dim = config.model.dim;
-        let model = Dlrm::<f32>::new(config.model.clone(), config.seed)?;
-        let slice = dense_slice(model.num_params(), me, workers);
+        let dim = config.model.embedding_dim();
+        let model = config.model.build::<f32>(config.seed)?;
+        let slice = dense_slice(model.params().len(), me, workers);
         let owner = Rc::new(RefCell::new(Owner {
             shard: EmbeddingShard::new(
                 me,
@@ -353,7 +355,7 @@ impl Trainer {
             dim,
             model,
             command: None,
-            plans: (0..config.model.num_sparse).map(|_| TablePlan::default()).collect(),
+            plans: (0..config.model.num_sparse()).map(|_| TablePlan::default()).collect(),
             replies: vec![Vec::new(); workers],
             unique_rows: Vec::new(),
             dunique: Vec::new(),
@@ -486,7 +488,7 @@ impl Trainer {
                         for u in &updates {
                             if !u.values.is_empty() {
                                 let o = u.offset as usize;
-                                home.model.params[o..o + u.values.len()].copy_from_slice(&u.values);
+                                home.model.params_mut()[o..o + u.values.len()].copy_from_slice(&u.values);
                             }
                             if u.from == 0 {
                                 stats = u.stats;
@@ -526,7 +528,7 @@ impl Trainer {
     /// and can stop together instead of waiting for each other forever.
     pub fn step_failed(&mut self, worker: &mut Worker) -> StepStats {
         let m = &self.config.model;
-        let batch = Batch::new(m.num_dense, m.num_sparse);
+        let batch = Batch::new(m.num_dense(), m.num_sparse());
         self.run(worker, Command { kind: StepKind::Train, batch, failed: true, bad_records: self.bad_records })
     }
 
@@ -542,13 +544,13 @@ impl Trainer {
 
     fn check_batch(&self, batch: &Batch) -> Result<(), OperatorError> {
         let m = &self.config.model;
-        if batch.num_dense != m.num_dense || batch.sparse.len() != m.num_sparse {
+        if batch.num_dense != m.num_dense() || batch.sparse.len() != m.num_sparse() {
             return Err(OperatorError::Shape(format!(
                 "batch has {} dense / {} sparse features, the model expects {} / {}",
                 batch.num_dense,
                 batch.sparse.len(),
-                m.num_dense,
-                m.num_sparse
+                m.num_dense(),
+                m.num_sparse()
             )));
         }
         batch.check().map_err(OperatorError::Shape)?;
@@ -576,13 +578,13 @@ impl Trainer {
     /// L2 norm over all parameters, dense and embedding, as f64 (a `Report` step; collective).
     pub fn params_l2(&mut self, worker: &mut Worker) -> Result<f64, OperatorError> {
         let m = &self.config.model;
-        let stats = self.step(worker, StepKind::Report, Batch::new(m.num_dense, m.num_sparse))?;
+        let stats = self.step(worker, StepKind::Report, Batch::new(m.num_dense(), m.num_sparse()))?;
         Ok(stats.sum_squares.sqrt())
     }
 
     /// This worker's copy of the dense parameters.
     pub fn dense_params(&self) -> Vec<f32> {
-        self.home.borrow().model.params.clone()
+        self.home.borrow().model.params().to_vec()
     }
 
     /// Bytes this worker has sent to other workers.
@@ -649,7 +651,7 @@ impl Home {
     fn compute(&mut self, replies: Vec<LookupReply>, shard: &EmbeddingShard, bytes_sent: u64) -> Vec<GradientMessage> {
         let command = self.command.take().expect("a command precedes its replies");
         let (w, me, d) = (self.workers, self.me as u32, self.dim);
-        let n_params = self.model.num_params();
+        let n_params = self.model.params().len();
         let mut messages: Vec<GradientMessage> = (0..w)
             .map(|o| GradientMessage {
                 from: me,
@@ -675,7 +677,7 @@ impl Home {
                 stats.samples = 0;
                 stats.sum_squares = shard.sum_of_squares();
                 if self.me == 0 {
-                    stats.sum_squares += self.model.params.iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+                    stats.sum_squares += self.model.params().iter().map(|&v| v as f64 * v as f64).sum::<f64>();
                 }
             }
             StepKind::Train | StepKind::Eval => {
@@ -727,7 +729,7 @@ impl Home {
                     // The receiver's slice of the dense gradient; the sender's own slice stays in
                     // `model.grads`, where its owner (this worker) reads it without a copy.
                     for m in messages.iter_mut().filter(|m| m.to != me) {
-                        m.dense = self.model.grads[dense_slice(n_params, m.to as usize, w)].to_vec();
+                        m.dense = self.model.grads()[dense_slice(n_params, m.to as usize, w)].to_vec();
                     }
                 }
             }
@@ -748,7 +750,7 @@ impl Owner {
         for m in messages {
             stats.add(&m.stats);
         }
-        let slice = dense_slice(home.model.num_params(), me, w);
+        let slice = dense_slice(home.model.params().len(), me, w);
         let mut changed = false;
         let is_train = messages.first().is_some_and(|m| m.kind == StepKind::Train);
         if is_train && stats.samples > 0 {
@@ -798,7 +800,7 @@ impl Owner {
             // Dense slice: reduce in worker order, then average inside the optimizer.
             let grad = &mut self.dense_grad;
             for (k, m) in messages.iter().enumerate() {
-                let part: &[f32] = if m.from as usize == me { &home.model.grads[slice.clone()] } else { &m.dense };
+                let part: &[f32] = if m.from as usize == me { &home.model.grads()[slice.clone()] } else { &m.dense };
                 if k == 0 {
                     grad.clear();
                     grad.extend_from_slice(part);
@@ -808,7 +810,7 @@ impl Owner {
                     }
                 }
             }
-            self.dense_optimizer.apply_scaled(&mut home.model.params[slice.clone()], grad, scale);
+            self.dense_optimizer.apply_scaled(&mut home.model.params_mut()[slice.clone()], grad, scale);
             changed = true;
         }
         for m in messages {
@@ -821,7 +823,7 @@ impl Owner {
                 to: to as u32,
                 stats,
                 offset: slice.start as u64,
-                values: if changed && to != me { home.model.params[slice.clone()].to_vec() } else { Vec::new() },
+                values: if changed && to != me { home.model.params()[slice.clone()].to_vec() } else { Vec::new() },
             })
             .collect()
     }

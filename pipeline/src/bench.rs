@@ -12,7 +12,7 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
 use tiderec_operators::features::mix64;
-use tiderec_operators::nn::DlrmConfig;
+use tiderec_operators::nn::{DlrmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::rng::unit_f64;
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
@@ -76,7 +76,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     let settings = TrainSettings { workers: bench.workers, batch_size: bench.batch_size, ..TrainSettings::default() };
     let resolved = settings.validate()?;
     let config = TrainerConfig {
-        model: DlrmConfig::kaggle(),
+        model: ModelConfig::Dlrm(DlrmConfig::kaggle()),
         table_sizes: vec![bench.rows; 26],
         seed: 7,
         dense_optimizer: bench.optimizer,

@@ -9,6 +9,7 @@ use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tiderec_operators::bad_record::BadRecordPolicy;
+use tiderec_operators::nn::{DlrmConfig, FmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 
 /// Where samples come from.
@@ -100,14 +101,18 @@ pub struct TrainSettings {
     pub buckets: u64,
     /// Rows of each of the 26 tables.
     pub table_sizes: Option<Vec<u64>>,
-    /// Embedding dimension.
+    /// Model: dlrm, lr, fm or deepfm.
+    pub model: String,
+    /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
     pub dim: usize,
     /// Bottom MLP widths after the 13 inputs (last = `dim`).
     pub bottom: Vec<usize>,
     /// Top MLP widths after the interaction (last = 1).
     pub top: Vec<usize>,
-    /// Include self-interaction terms.
+    /// Include self-interaction terms (DLRM).
     pub self_interaction: bool,
+    /// Hidden widths of DeepFM's deep part.
+    pub deep: Vec<usize>,
     /// `skip` or `fail` on a malformed record.
     pub on_bad_record: String,
     /// Dead-letter file for malformed records.
@@ -142,10 +147,12 @@ impl Default for TrainSettings {
             hosts: None,
             buckets: 100_000,
             table_sizes: None,
+            model: "dlrm".into(),
             dim: 16,
             bottom: vec![512, 256, 64, 16],
             top: vec![512, 256, 1],
             self_interaction: false,
+            deep: vec![400, 400, 400],
             on_bad_record: "skip".into(),
             dead_letters: PathBuf::from("tiderec-dead-letters.tsv"),
             max_line_bytes: 64 * 1024,
@@ -177,6 +184,8 @@ pub struct Resolved {
     pub table_sizes: Vec<u64>,
     /// Host addresses of a cluster run.
     pub hosts: Vec<String>,
+    /// The model.
+    pub model: ModelConfig,
 }
 
 impl TrainSettings {
@@ -288,21 +297,30 @@ impl TrainSettings {
         } else {
             Vec::new()
         };
-        let model = self.model_config();
+        let model = self.model_config()?;
         model.validate()?;
-        Ok(Resolved { data, eval, optimizer, sparse_optimizer, policy, table_sizes, hosts })
+        Ok(Resolved { data, eval, optimizer, sparse_optimizer, policy, table_sizes, hosts, model })
     }
 
-    /// The DLRM shape these settings describe.
-    pub fn model_config(&self) -> tiderec_operators::nn::DlrmConfig {
-        tiderec_operators::nn::DlrmConfig {
-            num_dense: 13,
-            num_sparse: 26,
-            dim: self.dim,
-            bottom: self.bottom.clone(),
-            top: self.top.clone(),
-            self_interaction: self.self_interaction,
-        }
+    /// The model these settings describe.
+    pub fn model_config(&self) -> Result<ModelConfig, PipelineError> {
+        let fm = |dim, deep: Vec<usize>| ModelConfig::Fm(FmConfig { num_dense: 13, num_sparse: 26, dim, deep });
+        Ok(match self.model.as_str() {
+            "dlrm" => ModelConfig::Dlrm(DlrmConfig {
+                num_dense: 13,
+                num_sparse: 26,
+                dim: self.dim,
+                bottom: self.bottom.clone(),
+                top: self.top.clone(),
+                self_interaction: self.self_interaction,
+            }),
+            "lr" => fm(0, Vec::new()),
+            "fm" => fm(self.dim, Vec::new()),
+            "deepfm" => fm(self.dim, self.deep.clone()),
+            other => {
+                return Err(PipelineError::config("model", format!("unknown model `{other}` (dlrm, lr, fm, deepfm)")))
+            }
+        })
     }
 }
 
@@ -331,6 +349,14 @@ mod tests {
             ("hosts", Box::new(|s| s.processes = 2)),
             ("lr", Box::new(|s| s.lr = -1.0)),
             ("table_sizes", Box::new(|s| s.table_sizes = Some(vec![5; 3]))),
+            ("model", Box::new(|s| s.model = "xgboost".into())),
+            (
+                "model.deep",
+                Box::new(|s| {
+                    s.model = "deepfm".into();
+                    s.deep = vec![0];
+                }),
+            ),
         ];
         for (key, mutate) in cases {
             let mut s = TrainSettings::default();

@@ -18,7 +18,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a model (DLRM) on synthetic data or Criteo files.
+    /// Train a model (DLRM, LR, FM, DeepFM) on synthetic data or Criteo files.
     Train(Box<TrainArgs>),
     /// Measure throughput.
     #[command(subcommand)]
@@ -116,9 +116,15 @@ struct TrainArgs {
     /// Rows per embedding table.
     #[arg(long)]
     buckets: Option<u64>,
-    /// Embedding dimension.
+    /// Model: dlrm (default), lr, fm, deepfm.
+    #[arg(long)]
+    model: Option<String>,
+    /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
     #[arg(long)]
     dim: Option<usize>,
+    /// DeepFM hidden widths, e.g. 400,400,400.
+    #[arg(long, value_delimiter = ',')]
+    deep: Option<Vec<usize>>,
     /// Bottom MLP widths, e.g. 512,256,64,16.
     #[arg(long, value_delimiter = ',')]
     bottom: Option<Vec<usize>>,
@@ -175,7 +181,9 @@ impl TrainArgs {
             processes,
             process,
             buckets,
+            model,
             dim,
+            deep,
             bottom,
             top,
             on_bad_record,
@@ -217,8 +225,8 @@ fn main() -> anyhow::Result<()> {
             let data = settings.data.clone();
             let workers = settings.workers * settings.processes;
             eprintln!(
-                "tiderec train: DLRM on {data}, {workers} worker(s), batch {}, {} optimizer, seed {}",
-                settings.batch_size, settings.optimizer, settings.seed
+                "tiderec train: {} on {data}, {workers} worker(s), batch {}, {} optimizer, seed {}",
+                settings.model, settings.batch_size, settings.optimizer, settings.seed
             );
             let summary = tiderec::run::train(&settings).context("training failed")?;
             let Some(s) = summary else {

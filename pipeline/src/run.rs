@@ -67,7 +67,7 @@ pub fn timely_config(settings: &TrainSettings, resolved: &Resolved) -> timely::C
 /// The trainer configuration for these settings.
 pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerConfig {
     TrainerConfig {
-        model: settings.model_config(),
+        model: resolved.model.clone(),
         table_sizes: resolved.table_sizes.clone(),
         seed: settings.seed,
         dense_optimizer: resolved.optimizer,

@@ -6,8 +6,9 @@ mod common;
 use common::rel_diff;
 use tiderec::TrainSettings;
 
-fn fifty_steps(workers: usize, optimizer: &str, lr: f32) -> tiderec_sinks::metrics::RunSummary {
+fn fifty_steps_of(model: &str, workers: usize, optimizer: &str, lr: f32) -> tiderec_sinks::metrics::RunSummary {
     let settings = TrainSettings {
+        model: model.into(),
         workers,
         steps: Some(50),
         samples: 50 * 256,
@@ -21,6 +22,23 @@ fn fifty_steps(workers: usize, optimizer: &str, lr: f32) -> tiderec_sinks::metri
         ..TrainSettings::default()
     };
     tiderec::run::train(&settings).unwrap().expect("single-process runs return a summary")
+}
+
+fn fifty_steps(workers: usize, optimizer: &str, lr: f32) -> tiderec_sinks::metrics::RunSummary {
+    fifty_steps_of("dlrm", workers, optimizer, lr)
+}
+
+#[test]
+fn every_model_trains_the_same_on_one_and_two_workers() {
+    for model in ["lr", "fm", "deepfm"] {
+        let one = fifty_steps_of(model, 1, "adam", 0.001);
+        let two = fifty_steps_of(model, 2, "adam", 0.001);
+        let dl2 = rel_diff(one.params_l2, two.params_l2);
+        let dloss = rel_diff(one.train_loss_mean, two.train_loss_mean);
+        eprintln!("{model}: params_l2 {} vs {} (rel {dl2:e}), loss rel {dloss:e}", one.params_l2, two.params_l2);
+        assert!(dl2 <= 1e-4 && dloss <= 1e-4, "{model}: {dl2:e} {dloss:e}");
+        assert_eq!(one.samples, two.samples);
+    }
 }
 
 #[test]

@@ -4,6 +4,7 @@
 mod common;
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use tiderec::TrainSettings;
 
 #[test]
@@ -17,32 +18,58 @@ fn synthetic_auc_is_within_003_of_the_teacher() {
     assert_eq!(s.eval_samples, 30_000);
 }
 
-#[test]
-fn criteo_sample_train_reaches_auc_070() {
-    let Some(path) = common::shared_data("criteo/sample.train") else { return };
+/// Writes the first 8,000 rows of `sample.train` and the last 2,000 to two files in `dir`.
+fn split_sample_train(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let path = common::shared_data("criteo/sample.train")?;
     let text = std::fs::read_to_string(path).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 10_000);
-    let dir = tempfile::tempdir().unwrap();
-    let (train, eval) = (dir.path().join("train.txt"), dir.path().join("eval.txt"));
-    let mut f = std::fs::File::create(&train).unwrap();
-    for l in &lines[..8000] {
-        writeln!(f, "{l}").unwrap();
+    let (train, eval) = (dir.join("train.txt"), dir.join("eval.txt"));
+    for (file, rows) in [(&train, &lines[..8000]), (&eval, &lines[8000..])] {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(file).unwrap());
+        for l in rows {
+            writeln!(f, "{l}").unwrap();
+        }
     }
-    let mut f = std::fs::File::create(&eval).unwrap();
-    for l in &lines[8000..] {
-        writeln!(f, "{l}").unwrap();
-    }
-    let settings = TrainSettings {
+    Some((train, eval))
+}
+
+fn criteo_settings(dir: &Path, train: &Path, eval: &Path) -> TrainSettings {
+    TrainSettings {
         data: format!("criteo:{}", train.display()),
         eval: Some(format!("criteo:{}", eval.display())),
         progress: "none".into(),
-        dead_letters: dir.path().join("dead.tsv"),
+        dead_letters: dir.join("dead.tsv"),
         ..TrainSettings::default()
-    };
-    let s = tiderec::run::train(&settings).unwrap().unwrap();
+    }
+}
+
+#[test]
+fn criteo_sample_train_reaches_auc_070() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((train, eval)) = split_sample_train(dir.path()) else { return };
+    let s = tiderec::run::train(&criteo_settings(dir.path(), &train, &eval)).unwrap().unwrap();
     eprintln!("criteo sample: AUC {:?}, logloss {:?}, {} samples", s.auc, s.logloss, s.samples);
     assert_eq!(s.eval_samples, 2000);
     assert_eq!(s.bad_records, 0);
     assert!(s.auc.unwrap() >= 0.70, "AUC {:?}", s.auc);
+}
+
+#[test]
+fn deepfm_matches_or_beats_dlrm_on_the_criteo_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((train, eval)) = split_sample_train(dir.path()) else { return };
+    let auc_of = |model: &str, sparse_lr: f32| {
+        let settings = TrainSettings {
+            model: model.into(),
+            sparse_lr: Some(sparse_lr),
+            ..criteo_settings(dir.path(), &train, &eval)
+        };
+        tiderec::run::train(&settings).unwrap().unwrap().auc.unwrap()
+    };
+    // DeepFM and DLRM with the same embedding learning rate; LR with its own.
+    let (deepfm, dlrm, lr) = (auc_of("deepfm", 0.01), auc_of("dlrm", 0.01), auc_of("lr", 0.05));
+    eprintln!("criteo sample AUC: deepfm {deepfm:.4}, dlrm {dlrm:.4}, lr {lr:.4}");
+    assert!(deepfm >= dlrm, "DeepFM {deepfm} below DLRM {dlrm}");
+    assert!(lr >= 0.70, "LR {lr}");
 }

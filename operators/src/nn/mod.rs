@@ -6,17 +6,22 @@
 //! `backward` overwrites the gradient ranges it owns; it never accumulates
 //! across calls.
 
+pub mod deepfm;
 pub mod dlrm;
 pub mod embedding_bag;
+pub mod fm;
 pub mod gemm;
 pub mod interaction;
 pub mod linear;
 pub mod loss;
 pub mod mlp;
+pub mod model;
 pub mod scalar;
 
 #[cfg(test)]
 pub(crate) mod gradcheck;
 
+pub use deepfm::{Fm, FmConfig};
 pub use dlrm::{Dlrm, DlrmConfig};
+pub use model::{Model, ModelConfig};
 pub use scalar::Scalar;

@@ -1,0 +1,283 @@
+//! Logistic regression, factorization machine and DeepFM in one model.
+//!
+//! Every embedding row is `[w, v₁ … v_k]`: a first-order weight followed by
+//! a factor vector (so one table per field serves both terms, and DeepFM's
+//! deep part shares the factors with the FM part, as in the paper). Per sample:
+//!
+//! ```text
+//! logit = b + Σⱼ aⱼ·xⱼ + Σ_f w_f                     (LR: k = 0)
+//!       + ½ Σ_c [(Σ_f v_fc)² − Σ_f v_fc²]             (FM: k > 0)
+//!       + MLP([x, v_1, …, v_F])                       (DeepFM: `deep` non-empty)
+//! ```
+//!
+//! Dense features enter the linear term (and the deep part's input).
+
+use super::fm::FmInteraction;
+use super::gemm::{gemm, Op};
+use super::mlp::{Mlp, MlpCache};
+use super::Scalar;
+use crate::rng::normal_f64;
+use crate::OperatorError;
+use serde::{Deserialize, Serialize};
+
+/// Shape of an LR / FM / DeepFM model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FmConfig {
+    /// Dense features per sample.
+    pub num_dense: usize,
+    /// Sparse fields per sample.
+    pub num_sparse: usize,
+    /// Factor width `k` (0: logistic regression).
+    pub dim: usize,
+    /// Hidden widths of the deep part (empty: no deep part). The output layer (1) is added.
+    pub deep: Vec<usize>,
+}
+
+impl FmConfig {
+    /// `lr`, `fm` or `deepfm`.
+    pub fn name(&self) -> &'static str {
+        match (self.dim, self.deep.is_empty()) {
+            (0, _) => "lr",
+            (_, true) => "fm",
+            _ => "deepfm",
+        }
+    }
+
+    /// Row width: the first-order weight plus the factor.
+    pub fn embedding_dim(&self) -> usize {
+        1 + self.dim
+    }
+
+    /// Checks the shape; errors name the offending key.
+    pub fn validate(&self) -> Result<(), OperatorError> {
+        if !self.deep.is_empty() && self.dim == 0 {
+            return Err(OperatorError::config("model.deep", "DeepFM needs a factor width (dim > 0)"));
+        }
+        if self.deep.contains(&0) {
+            return Err(OperatorError::config("model.deep", "layer widths must be positive"));
+        }
+        if self.num_dense + self.num_sparse == 0 {
+            return Err(OperatorError::config("model", "a model needs at least one feature"));
+        }
+        Ok(())
+    }
+}
+
+/// The LR / FM / DeepFM model.
+#[derive(Clone, Debug)]
+pub struct Fm<T> {
+    config: FmConfig,
+    fm: Option<FmInteraction>,
+    deep: Option<Mlp>,
+    params: Vec<T>,
+    grads: Vec<T>,
+    cache: MlpCache<T>,
+    deep_in: Vec<T>,
+    d_deep_in: Vec<T>,
+    fm_out: Vec<T>,
+    logits: Vec<T>,
+    batch: usize,
+}
+
+impl<T: Scalar> Fm<T> {
+    /// Builds and initialises the model: linear weights `N(0, 0.01²)`, bias 0, deep part as DLRM's MLPs.
+    pub fn new(config: FmConfig, seed: u64) -> Result<Self, OperatorError> {
+        config.validate()?;
+        let linear = 1 + config.num_dense;
+        let deep = (!config.deep.is_empty()).then(|| {
+            let mut widths = vec![config.num_dense + config.num_sparse * config.dim];
+            widths.extend(&config.deep);
+            widths.push(1);
+            Mlp::new(&widths, linear, false)
+        });
+        let n = linear + deep.as_ref().map_or(0, Mlp::num_params);
+        let mut params = vec![T::ZERO; n];
+        for (j, p) in params[1..linear].iter_mut().enumerate() {
+            *p = T::from_f64(normal_f64(seed, 3, 0, j as u64) * 0.01);
+        }
+        if let Some(mlp) = &deep {
+            mlp.init(&mut params, seed, 4);
+        }
+        let fm = (config.dim > 0).then(|| FmInteraction {
+            num_fields: config.num_sparse,
+            dim: config.dim,
+            stride: config.embedding_dim(),
+            offset: 1,
+        });
+        Ok(Fm {
+            config,
+            fm,
+            deep,
+            grads: vec![T::ZERO; n],
+            params,
+            cache: MlpCache::default(),
+            deep_in: Vec::new(),
+            d_deep_in: Vec::new(),
+            fm_out: Vec::new(),
+            logits: Vec::new(),
+            batch: 0,
+        })
+    }
+
+    /// The shape.
+    pub fn config(&self) -> &FmConfig {
+        &self.config
+    }
+
+    fn build_deep_input(&mut self, dense: &[T], pooled: &[T], batch: usize) {
+        let (nd, f, k, e) =
+            (self.config.num_dense, self.config.num_sparse, self.config.dim, self.config.embedding_dim());
+        let width = nd + f * k;
+        self.deep_in.resize(batch * width, T::ZERO);
+        for b in 0..batch {
+            let row = &mut self.deep_in[b * width..(b + 1) * width];
+            row[..nd].copy_from_slice(&dense[b * nd..(b + 1) * nd]);
+            for fi in 0..f {
+                let src = (b * f + fi) * e + 1;
+                row[nd + fi * k..nd + (fi + 1) * k].copy_from_slice(&pooled[src..src + k]);
+            }
+        }
+    }
+}
+
+impl<T: Scalar> super::model::Model<T> for Fm<T> {
+    fn params(&self) -> &[T] {
+        &self.params
+    }
+    fn params_mut(&mut self) -> &mut [T] {
+        &mut self.params
+    }
+    fn grads(&self) -> &[T] {
+        &self.grads
+    }
+    fn embedding_dim(&self) -> usize {
+        self.config.embedding_dim()
+    }
+
+    fn forward(&mut self, dense: &[T], pooled: &[T], batch: usize) -> &[T] {
+        self.batch = batch;
+        let (nd, f, e) = (self.config.num_dense, self.config.num_sparse, self.config.embedding_dim());
+        self.logits.clear();
+        self.logits.resize(batch, self.params[0]);
+        // Σⱼ aⱼ·xⱼ as one GEMV.
+        gemm(Op::N, Op::N, batch, 1, nd, T::ONE, dense, &self.params[1..1 + nd], T::ONE, &mut self.logits);
+        for (b, l) in self.logits.iter_mut().enumerate() {
+            for fi in 0..f {
+                *l += pooled[(b * f + fi) * e];
+            }
+        }
+        if let Some(fm) = &self.fm {
+            self.fm_out.resize(batch, T::ZERO);
+            fm.forward(pooled, batch, &mut self.fm_out);
+            for (l, &v) in self.logits.iter_mut().zip(&self.fm_out) {
+                *l += v;
+            }
+        }
+        if self.deep.is_some() {
+            self.build_deep_input(dense, pooled, batch);
+            let mlp = self.deep.as_ref().unwrap();
+            let out = mlp.forward(&self.params, &self.deep_in, batch, &mut self.cache);
+            for (l, &v) in self.logits.iter_mut().zip(out) {
+                *l += v;
+            }
+        }
+        &self.logits
+    }
+
+    fn backward(&mut self, dense: &[T], pooled: &[T], dlogits: &[T], dpooled: &mut [T]) {
+        let batch = self.batch;
+        let (nd, f, k, e) =
+            (self.config.num_dense, self.config.num_sparse, self.config.dim, self.config.embedding_dim());
+        let dl = &dlogits[..batch];
+        let mut db = T::ZERO;
+        for &g in dl {
+            db += g;
+        }
+        self.grads[0] = db;
+        // dA = xᵀ·dlogits
+        gemm(Op::T, Op::N, nd, 1, batch, T::ONE, dense, dl, T::ZERO, &mut self.grads[1..1 + nd]);
+        let dpooled = &mut dpooled[..batch * f * e];
+        dpooled.fill(T::ZERO);
+        for (b, &g) in dl.iter().enumerate() {
+            for fi in 0..f {
+                dpooled[(b * f + fi) * e] = g;
+            }
+        }
+        if let Some(fm) = &self.fm {
+            fm.backward(pooled, dl, batch, dpooled);
+        }
+        if let Some(mlp) = &self.deep {
+            let width = nd + f * k;
+            self.d_deep_in.resize(batch * width, T::ZERO);
+            mlp.backward(
+                &self.params,
+                &self.deep_in,
+                batch,
+                &mut self.cache,
+                dl,
+                &mut self.grads,
+                Some(&mut self.d_deep_in),
+            );
+            for b in 0..batch {
+                for fi in 0..f {
+                    let dst = (b * f + fi) * e + 1;
+                    let src = b * width + nd + fi * k;
+                    for c in 0..k {
+                        dpooled[dst + c] += self.d_deep_in[src + c];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::gradcheck::check_gradients;
+    use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum};
+    use crate::nn::model::ModelConfig;
+
+    fn check_model(config: ModelConfig) {
+        let mut model = config.build::<f64>(5).unwrap();
+        let (nd, f, e) = (config.num_dense(), config.num_sparse(), config.embedding_dim());
+        let batch = 3;
+        let dense: Vec<f64> = (0..batch * nd).map(|i| normal_f64(6, 0, i as u64, 0).abs()).collect();
+        let pooled: Vec<f64> = (0..batch * f * e).map(|i| normal_f64(7, 0, i as u64, 0) * 0.5).collect();
+        let labels = [1.0f32, 0.0, 1.0];
+        let logits = model.forward(&dense, &pooled, batch).to_vec();
+        let mut dl = vec![0.0; batch];
+        bce_with_logits_grad(&logits, &labels, 1.0, &mut dl);
+        let mut dp = vec![0.0; pooled.len()];
+        model.backward(&dense, &pooled, &dl, &mut dp);
+        let grads = model.grads().to_vec();
+        let params = model.params().to_vec();
+        check_gradients(&params, &grads, |p| {
+            model.params_mut().copy_from_slice(p);
+            let l = model.forward(&dense, &pooled, batch).to_vec();
+            bce_with_logits_sum(&l, &labels)
+        });
+        model.params_mut().copy_from_slice(&params);
+        check_gradients(&pooled, &dp, |x| {
+            let l = model.forward(&dense, x, batch).to_vec();
+            bce_with_logits_sum(&l, &labels)
+        });
+    }
+
+    #[test]
+    fn lr_fm_deepfm_gradients_match_finite_differences() {
+        for (dim, deep) in [(0, vec![]), (3, vec![]), (3, vec![5, 4])] {
+            let cfg = FmConfig { num_dense: 2, num_sparse: 3, dim, deep };
+            check_model(ModelConfig::Fm(cfg));
+        }
+    }
+
+    #[test]
+    fn names_and_validation() {
+        let c = FmConfig { num_dense: 13, num_sparse: 26, dim: 0, deep: vec![] };
+        assert_eq!(c.name(), "lr");
+        assert_eq!(FmConfig { dim: 8, ..c.clone() }.name(), "fm");
+        assert_eq!(FmConfig { dim: 8, deep: vec![64], ..c.clone() }.name(), "deepfm");
+        assert!(FmConfig { deep: vec![64], ..c }.validate().unwrap_err().to_string().contains("model.deep"));
+    }
+}
