@@ -1,10 +1,11 @@
-//! `tiderec bench dlrm`: training throughput of the Kaggle-shaped DLRM on
+//! `tiderec bench dlrm` and `tiderec bench model`: training throughput on
 //! the real multi-worker path (timely exchanges included).
 //!
-//! 26 tables × 100,000 rows, dim 16, bottom 13-512-256-64-16, top
-//! 512-256-1; every sample has one uniformly random id per table and random
-//! dense values. Batches are generated before timing starts and reused, so
-//! the figure measures training, not data generation.
+//! 26 tables × 100,000 rows; every sample has one uniformly random id per
+//! table and random dense values. `dlrm` is the Kaggle shape (dim 16, bottom
+//! 13-512-256-64-16, top 512-256-1); `model` takes any `--model` with the
+//! CLI's default shapes. Batches are generated before timing starts and
+//! reused, so the figure measures training, not data generation.
 
 use crate::run::timely_config;
 use crate::{PipelineError, TrainSettings};
@@ -13,6 +14,11 @@ use std::sync::Arc;
 use std::time::Instant;
 use tiderec_operators::features::mix64;
 use tiderec_operators::nn::{DlrmConfig, ModelConfig};
+
+/// The Kaggle DLRM shape of `tiderec bench dlrm`.
+pub fn kaggle_dlrm() -> ModelConfig {
+    ModelConfig::Dlrm(DlrmConfig::kaggle())
+}
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::rng::unit_f64;
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
@@ -33,11 +39,15 @@ pub struct DlrmBench {
     pub rows: u64,
     /// Dense optimizer.
     pub optimizer: DenseOptimizerKind,
+    /// The model (DLRM Kaggle shape for `bench dlrm`).
+    pub model: ModelConfig,
 }
 
-/// Result of a DLRM benchmark.
+/// Result of a training benchmark.
 #[derive(Clone, Debug, Serialize)]
 pub struct DlrmBenchResult {
+    /// The model (`dlrm`, `lr`, `fm`, `deepfm`).
+    pub model: String,
     /// Training samples per second over the timed steps.
     pub samples_per_sec: f64,
     /// Mean milliseconds per step.
@@ -76,7 +86,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     let settings = TrainSettings { workers: bench.workers, batch_size: bench.batch_size, ..TrainSettings::default() };
     let resolved = settings.validate()?;
     let config = TrainerConfig {
-        model: ModelConfig::Dlrm(DlrmConfig::kaggle()),
+        model: bench.model.clone(),
         table_sizes: vec![bench.rows; 26],
         seed: 7,
         dense_optimizer: bench.optimizer,
@@ -116,6 +126,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     }
     let samples = bench.steps * bench.batch_size as u64;
     Ok(DlrmBenchResult {
+        model: bench.model.name().to_string(),
         samples_per_sec: samples as f64 / secs,
         ms_per_step: secs * 1e3 / bench.steps as f64,
         batch_size: bench.batch_size,

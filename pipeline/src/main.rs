@@ -29,6 +29,17 @@ enum Command {
 enum BenchCommand {
     /// Kaggle-shaped DLRM training samples/s (26 × 100k tables, dim 16).
     Dlrm(DlrmArgs),
+    /// Training samples/s of any model (26 × 100k tables, default shapes).
+    Model(ModelArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// dlrm, lr, fm or deepfm.
+    #[arg(long, default_value = "dlrm")]
+    model: String,
+    #[command(flatten)]
+    common: DlrmArgs,
 }
 
 #[derive(Args)]
@@ -249,7 +260,14 @@ fn main() -> anyhow::Result<()> {
                 println!("  metrics written to {}", p.display());
             }
         }
-        Command::Bench(BenchCommand::Dlrm(a)) => {
+        Command::Bench(command) => {
+            let (model, a) = match command {
+                BenchCommand::Dlrm(a) => (tiderec::bench::kaggle_dlrm(), a),
+                BenchCommand::Model(m) => {
+                    let settings = TrainSettings { model: m.model.clone(), ..TrainSettings::default() };
+                    (settings.model_config()?, m.common)
+                }
+            };
             let steps = a.steps.unwrap_or_else(|| (200_000 / a.batch_size as u64).max(50));
             let bench = DlrmBench {
                 batch_size: a.batch_size,
@@ -258,14 +276,15 @@ fn main() -> anyhow::Result<()> {
                 steps,
                 rows: a.rows,
                 optimizer: a.optimizer.parse()?,
+                model,
             };
             let r = run_dlrm(&bench)?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!(
-                    "dlrm batch {} workers {}: {:.0} samples/s ({:.2} ms/step, {} steps, {:.0} bytes/sample exchanged)",
-                    r.batch_size, r.workers, r.samples_per_sec, r.ms_per_step, r.steps, r.bytes_per_sample
+                    "{} batch {} workers {}: {:.0} samples/s ({:.2} ms/step, {} steps, {:.0} bytes/sample exchanged)",
+                    r.model, r.batch_size, r.workers, r.samples_per_sec, r.ms_per_step, r.steps, r.bytes_per_sample
                 );
             }
         }
