@@ -135,3 +135,67 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         bytes_per_sample: bytes as f64 / samples as f64,
     })
 }
+
+/// Result of `tiderec bench gru`: forward + backward of the split and the unsplit cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct GruBenchResult {
+    /// Sequences per batch.
+    pub batch_size: usize,
+    /// Time steps per sequence.
+    pub steps: usize,
+    /// Input width.
+    pub input: usize,
+    /// Hidden width.
+    pub hidden: usize,
+    /// Sequences per second, split cell (input projections hoisted into one GEMM).
+    pub split_sequences_per_sec: f64,
+    /// Sequences per second, unsplit cell (one GEMM over `[x_t, h]` per step).
+    pub unsplit_sequences_per_sec: f64,
+    /// `split / unsplit`.
+    pub speedup: f64,
+}
+
+/// Times GRU forward + backward with the split and the unsplit cell on the same random inputs.
+pub fn run_gru(batch: usize, steps: usize, input: usize, hidden: usize, seconds: f64) -> GruBenchResult {
+    use tiderec_operators::nn::gru::{Gru, GruCache};
+    let gru = Gru { input, hidden, offset: 0 };
+    let mut params = vec![0.0f32; gru.num_params()];
+    gru.init(&mut params, 1, 0);
+    let x: Vec<f32> = (0..batch * steps * input).map(|i| unit_f64(2, i as u64, 0, 0) as f32 - 0.5).collect();
+    // Lengths spread over 1..=steps, as in behaviour histories.
+    let lengths: Vec<usize> = (0..batch).map(|b| 1 + (mix64(b as u64) % steps as u64) as usize).collect();
+    let dstates: Vec<f32> = (0..steps * batch * hidden).map(|i| unit_f64(3, i as u64, 0, 0) as f32 - 0.5).collect();
+    let mut grads = vec![0.0f32; params.len()];
+    let mut dx = vec![0.0f32; x.len()];
+    let mut cache = GruCache::default();
+    let mut time = |split: bool| {
+        let mut iterations = 0u64;
+        let start = Instant::now();
+        while iterations < 3 || start.elapsed().as_secs_f64() < seconds {
+            if split {
+                gru.forward(&params, &x, &lengths, batch, steps, &mut cache);
+                gru.backward(&params, &x, &lengths, &cache, &dstates, &mut grads, &mut dx);
+            } else {
+                gru.forward_unsplit(&params, &x, &lengths, batch, steps, &mut cache);
+                gru.backward_unsplit(&params, &x, &lengths, &cache, &dstates, &mut grads, &mut dx);
+            }
+            iterations += 1;
+        }
+        (iterations * batch as u64) as f64 / start.elapsed().as_secs_f64()
+    };
+    // Alternate to share any drift of the machine between the two.
+    let (mut split, mut unsplit) = (0.0, 0.0);
+    for _ in 0..2 {
+        unsplit += time(false) / 2.0;
+        split += time(true) / 2.0;
+    }
+    GruBenchResult {
+        batch_size: batch,
+        steps,
+        input,
+        hidden,
+        split_sequences_per_sec: split,
+        unsplit_sequences_per_sec: unsplit,
+        speedup: split / unsplit,
+    }
+}

@@ -31,6 +31,30 @@ enum BenchCommand {
     Dlrm(DlrmArgs),
     /// Training samples/s of any model (26 × 100k tables, default shapes).
     Model(ModelArgs),
+    /// GRU forward + backward: split cell (AtRec) vs unsplit cell, same run.
+    Gru(GruArgs),
+}
+
+#[derive(Args)]
+struct GruArgs {
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 256)]
+    batch_size: usize,
+    /// Time steps per sequence (history length).
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+    /// Input width (item + category embedding).
+    #[arg(long, default_value_t = 36)]
+    input: usize,
+    /// Hidden width.
+    #[arg(long, default_value_t = 36)]
+    hidden: usize,
+    /// Seconds per measurement (each cell is measured twice, alternating).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -260,6 +284,23 @@ fn main() -> anyhow::Result<()> {
                 println!("  metrics written to {}", p.display());
             }
         }
+        Command::Bench(BenchCommand::Gru(g)) => {
+            let r = tiderec::bench::run_gru(g.batch_size, g.steps, g.input, g.hidden, g.seconds);
+            if g.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "gru batch {} steps {} input {} hidden {}: split {:.0} seq/s, unsplit {:.0} seq/s, speedup {:.2}x",
+                    r.batch_size,
+                    r.steps,
+                    r.input,
+                    r.hidden,
+                    r.split_sequences_per_sec,
+                    r.unsplit_sequences_per_sec,
+                    r.speedup
+                );
+            }
+        }
         Command::Bench(command) => {
             let (model, a) = match command {
                 BenchCommand::Dlrm(a) => (tiderec::bench::kaggle_dlrm(), a),
@@ -267,6 +308,7 @@ fn main() -> anyhow::Result<()> {
                     let settings = TrainSettings { model: m.model.clone(), ..TrainSettings::default() };
                     (settings.model_config()?, m.common)
                 }
+                BenchCommand::Gru(_) => unreachable!("handled above"),
             };
             let steps = a.steps.unwrap_or_else(|| (200_000 / a.batch_size as u64).max(50));
             let bench = DlrmBench {

@@ -25,6 +25,12 @@ pub fn sigmoid<T: Scalar>(x: T) -> T {
     }
 }
 
+/// `1 / (1 + e^{−x})` without branches (vectorises); saturates cleanly at both ends.
+#[inline(always)]
+pub fn sigmoid_fast<T: Scalar>(x: T) -> T {
+    T::ONE / (T::ONE + (-x).exp_fast())
+}
+
 /// `d/dlogit Σ BCE = σ(logit) − label`, scaled by `scale`, written into `grad`.
 pub fn bce_with_logits_grad<T: Scalar>(logits: &[T], labels: &[f32], scale: T, grad: &mut [T]) {
     for ((g, &x), &y) in grad.iter_mut().zip(logits).zip(labels) {

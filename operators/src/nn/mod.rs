@@ -11,6 +11,7 @@ pub mod dlrm;
 pub mod embedding_bag;
 pub mod fm;
 pub mod gemm;
+pub mod gru;
 pub mod interaction;
 pub mod linear;
 pub mod loss;

@@ -37,6 +37,10 @@ pub trait Scalar:
     fn abs(self) -> Self;
     /// The larger of two values.
     fn max(self, other: Self) -> Self;
+    /// `e^self` computed with arithmetic only, so loops over it vectorise:
+    /// a Cephes-style polynomial for `f32` (relative error about 2e-7, input
+    /// clamped to ±88), the exact `exp` for `f64`.
+    fn exp_fast(self) -> Self;
     /// Raw strided GEMM: `C = alpha·A·B + beta·C` with `A: m×k`, `B: k×n`.
     ///
     /// # Safety
@@ -61,7 +65,7 @@ pub trait Scalar:
 }
 
 macro_rules! impl_scalar {
-    ($t:ty, $gemm:path) => {
+    ($t:ty, $gemm:path, $exp_fast:expr) => {
         impl Scalar for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -89,6 +93,10 @@ macro_rules! impl_scalar {
             fn max(self, other: Self) -> Self {
                 <$t>::max(self, other)
             }
+            #[inline(always)]
+            fn exp_fast(self) -> Self {
+                $exp_fast(self)
+            }
             #[inline]
             unsafe fn gemm_raw(
                 m: usize,
@@ -112,5 +120,38 @@ macro_rules! impl_scalar {
     };
 }
 
-impl_scalar!(f32, matrixmultiply::sgemm);
-impl_scalar!(f64, matrixmultiply::dgemm);
+impl_scalar!(f32, matrixmultiply::sgemm, exp_f32_poly);
+impl_scalar!(f64, matrixmultiply::dgemm, f64::exp);
+
+/// `e^x` for `f32` from `2^k · p(r)`, `x = k·ln2 + r`, `|r| ≤ ln2/2`.
+#[inline(always)]
+fn exp_f32_poly(x: f32) -> f32 {
+    let x = x.clamp(-87.3, 88.3);
+    let k = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = x - k * 0.693_359_4 + k * 2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    y * f32::from_bits(((k as i32 + 127) as u32) << 23)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_matches_std() {
+        let mut worst = 0.0f64;
+        for i in -8700..=8800 {
+            let x = i as f32 * 0.01;
+            let (a, b) = (x.exp_fast() as f64, (x as f64).exp());
+            worst = worst.max((a - b).abs() / b);
+        }
+        assert!(worst < 1e-6, "relative error {worst}");
+        assert!((-1000.0f32).exp_fast() >= 0.0 && (1000.0f32).exp_fast().is_finite());
+    }
+}

@@ -1,0 +1,547 @@
+//! A GRU over padded, variable-length sequences, with AtRec's cell splitting.
+//!
+//! Gate order and equations follow `torch.nn.GRU` (rows of the weight
+//! matrices are stacked `r, z, n`):
+//!
+//! ```text
+//! r = σ(W_ir x + b_ir + W_hr h + b_hr)
+//! z = σ(W_iz x + b_iz + W_hz h + b_hz)
+//! n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn))
+//! h' = (1 − z) ⊙ n + z ⊙ h
+//! ```
+//!
+//! **Split cell**: the input projections `W_ih x + b_ih` of every time step
+//! of every sequence are one GEMM (`[B·T × I] · [I × 3H]`) before the
+//! recurrence; inside the loop only `W_hh h` is computed. Backward mirrors
+//! it: the recurrent gradients per step, then `dW_ih` and `dX` as one GEMM
+//! each. [`Gru::forward_unsplit`] is the textbook cell (one GEMM per step over
+//! `[x_t, h]` with a combined weight), kept as the baseline and oracle.
+//!
+//! Sequences shorter than `T` are masked: past its length a row keeps its
+//! state (`h_t = h_{t−1}`) and receives no gate gradients.
+//!
+//! Parameters at `offset` in the flat buffer: `W_ih [3H × I]`, `W_hh [3H × H]`,
+//! `b_ih [3H]`, `b_hh [3H]`.
+
+use super::gemm::{gemm, Op};
+use super::loss::sigmoid_fast;
+use super::Scalar;
+use crate::rng::unit_f64;
+
+/// GRU layer shape and parameter offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gru {
+    /// Input width `I`.
+    pub input: usize,
+    /// Hidden width `H`.
+    pub hidden: usize,
+    /// Where `W_ih` starts in the flat parameter buffer.
+    pub offset: usize,
+}
+
+/// Activations kept for backward.
+#[derive(Clone, Debug, Default)]
+pub struct GruCache<T> {
+    /// `h_0 … h_T`, each `[B × H]` (`h_0` = 0).
+    pub states: Vec<T>,
+    xt: Vec<T>,
+    gx: Vec<T>,
+    r: Vec<T>,
+    z: Vec<T>,
+    n: Vec<T>,
+    hn: Vec<T>,
+    gh: Vec<T>,
+    batch: usize,
+    steps: usize,
+}
+
+impl<T: Scalar> GruCache<T> {
+    /// Hidden state after step `t` (1-based; 0 is the zero start state) as `[B × H]`.
+    pub fn state(&self, t: usize, hidden: usize) -> &[T] {
+        let bh = self.batch * hidden;
+        &self.states[t * bh..(t + 1) * bh]
+    }
+}
+
+impl Gru {
+    fn w_ih(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + 3 * self.hidden * self.input
+    }
+    fn w_hh(&self) -> std::ops::Range<usize> {
+        let s = self.w_ih().end;
+        s..s + 3 * self.hidden * self.hidden
+    }
+    fn b_ih(&self) -> std::ops::Range<usize> {
+        let s = self.w_hh().end;
+        s..s + 3 * self.hidden
+    }
+    fn b_hh(&self) -> std::ops::Range<usize> {
+        let s = self.b_ih().end;
+        s..s + 3 * self.hidden
+    }
+
+    /// Number of parameters.
+    pub fn num_params(&self) -> usize {
+        3 * self.hidden * (self.input + self.hidden + 2)
+    }
+
+    /// PyTorch's initialisation: every parameter `U(−1/√H, 1/√H)`.
+    pub fn init<T: Scalar>(&self, params: &mut [T], seed: u64, tag: u64) {
+        let k = 1.0 / (self.hidden as f64).sqrt();
+        for (i, p) in params[self.offset..self.offset + self.num_params()].iter_mut().enumerate() {
+            *p = T::from_f64((unit_f64(seed, tag, 5, i as u64) * 2.0 - 1.0) * k);
+        }
+    }
+
+    /// Runs the split cell over `x: [B × T × I]` with `lengths[b] ≤ T`; the
+    /// states `h_1 … h_T` are in the cache (`[B × H]` each).
+    pub fn forward<T: Scalar>(
+        &self,
+        params: &[T],
+        x: &[T],
+        lengths: &[usize],
+        batch: usize,
+        steps: usize,
+        cache: &mut GruCache<T>,
+    ) {
+        let (h, i3) = (self.hidden, 3 * self.hidden);
+        let bh = batch * h;
+        cache.batch = batch;
+        cache.steps = steps;
+        // All input projections at once, time-major: gx[(t·B + b) × 3H] = x_{b,t} · W_ihᵀ + b_ih.
+        to_time_major(x, batch, steps, self.input, &mut cache.xt);
+        cache.gx.resize(batch * steps * i3, T::ZERO);
+        for row in cache.gx.chunks_exact_mut(i3) {
+            row.copy_from_slice(&params[self.b_ih()]);
+        }
+        gemm(
+            Op::N,
+            Op::T,
+            batch * steps,
+            i3,
+            self.input,
+            T::ONE,
+            &cache.xt,
+            &params[self.w_ih()],
+            T::ONE,
+            &mut cache.gx,
+        );
+        self.prepare(cache, batch, steps);
+        for t in 0..steps {
+            let (prev, rest) = cache.states.split_at_mut((t + 1) * bh);
+            let hp = &prev[t * bh..];
+            let gh = &mut cache.gh[t * batch * i3..(t + 1) * batch * i3];
+            for row in gh.chunks_exact_mut(i3) {
+                row.copy_from_slice(&params[self.b_hh()]);
+            }
+            gemm(Op::N, Op::T, batch, i3, h, T::ONE, hp, &params[self.w_hh()], T::ONE, gh);
+            let hn = &mut rest[..bh];
+            for b in 0..batch {
+                let gx = &cache.gx[(t * batch + b) * i3..(t * batch + b + 1) * i3];
+                let ghb = &gh[b * i3..(b + 1) * i3];
+                self.cell(
+                    b,
+                    t,
+                    batch,
+                    gx,
+                    ghb,
+                    hp,
+                    hn,
+                    lengths,
+                    &mut cache.r,
+                    &mut cache.z,
+                    &mut cache.n,
+                    &mut cache.hn,
+                );
+            }
+        }
+    }
+
+    fn prepare<T: Scalar>(&self, cache: &mut GruCache<T>, batch: usize, steps: usize) {
+        let bh = batch * self.hidden;
+        cache.states.clear();
+        cache.states.resize((steps + 1) * bh, T::ZERO);
+        for v in [&mut cache.r, &mut cache.z, &mut cache.n, &mut cache.hn] {
+            v.clear();
+            v.resize(steps * bh, T::ZERO);
+        }
+        cache.gh.resize(steps * batch * 3 * self.hidden, T::ZERO);
+    }
+
+    /// The elementwise part of one step for row `b`, given its input and recurrent pre-activations.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn cell<T: Scalar>(
+        &self,
+        b: usize,
+        t: usize,
+        batch: usize,
+        gx: &[T],
+        gh: &[T],
+        hp: &[T],
+        hn_out: &mut [T],
+        lengths: &[usize],
+        r: &mut [T],
+        z: &mut [T],
+        n: &mut [T],
+        hn: &mut [T],
+    ) {
+        let h = self.hidden;
+        let base = (t * batch + b) * h;
+        let prev = &hp[b * h..(b + 1) * h];
+        let out = &mut hn_out[b * h..(b + 1) * h];
+        if t >= lengths[b] {
+            out.copy_from_slice(prev);
+            return;
+        }
+        let (gxr, gxz, gxn) = (&gx[..h], &gx[h..2 * h], &gx[2 * h..3 * h]);
+        let (ghr, ghz, ghn) = (&gh[..h], &gh[h..2 * h], &gh[2 * h..3 * h]);
+        let (r, z, n, hn) =
+            (&mut r[base..base + h], &mut z[base..base + h], &mut n[base..base + h], &mut hn[base..base + h]);
+        for j in 0..h {
+            let rj = sigmoid_fast(gxr[j] + ghr[j]);
+            let zj = sigmoid_fast(gxz[j] + ghz[j]);
+            let nj = tanh(gxn[j] + rj * ghn[j]);
+            r[j] = rj;
+            z[j] = zj;
+            n[j] = nj;
+            hn[j] = ghn[j];
+            out[j] = (T::ONE - zj) * nj + zj * prev[j];
+        }
+    }
+
+    /// Back-propagates `dstates: [T × B × H]` (gradient w.r.t. `h_1 … h_T`) through
+    /// the last `forward`; writes the parameter gradients into `grads` and `dx`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<T: Scalar>(
+        &self,
+        params: &[T],
+        x: &[T],
+        lengths: &[usize],
+        cache: &GruCache<T>,
+        dstates: &[T],
+        grads: &mut [T],
+        dx: &mut [T],
+    ) {
+        let (h, i3, batch, steps) = (self.hidden, 3 * self.hidden, cache.batch, cache.steps);
+        let bh = batch * h;
+        let mut dgx = vec![T::ZERO; batch * steps * i3];
+        let mut dgh = vec![T::ZERO; batch * i3];
+        let mut dh = vec![T::ZERO; bh];
+        let mut dh_prev = vec![T::ZERO; bh];
+        for g in &mut grads[self.w_hh()] {
+            *g = T::ZERO;
+        }
+        for g in &mut grads[self.b_hh()] {
+            *g = T::ZERO;
+        }
+        for t in (0..steps).rev() {
+            for (d, &e) in dh.iter_mut().zip(&dstates[t * bh..(t + 1) * bh]) {
+                *d += e;
+            }
+            let hp = cache.state(t, h);
+            for b in 0..batch {
+                let dhb = &dh[b * h..(b + 1) * h];
+                let dgxb = &mut dgx[(t * batch + b) * i3..(t * batch + b + 1) * i3];
+                let dghb = &mut dgh[b * i3..(b + 1) * i3];
+                let dpb = &mut dh_prev[b * h..(b + 1) * h];
+                if t >= lengths[b] {
+                    dghb.fill(T::ZERO);
+                    dpb.copy_from_slice(dhb);
+                    continue;
+                }
+                let base = (t * batch + b) * h;
+                for j in 0..h {
+                    let (r, z, n, hn) = (cache.r[base + j], cache.z[base + j], cache.n[base + j], cache.hn[base + j]);
+                    let d = dhb[j];
+                    let dn_pre = d * (T::ONE - z) * (T::ONE - n * n);
+                    let dz_pre = d * (hp[b * h + j] - n) * z * (T::ONE - z);
+                    let dr_pre = dn_pre * hn * r * (T::ONE - r);
+                    dgxb[j] = dr_pre;
+                    dgxb[h + j] = dz_pre;
+                    dgxb[2 * h + j] = dn_pre;
+                    dghb[j] = dr_pre;
+                    dghb[h + j] = dz_pre;
+                    dghb[2 * h + j] = dn_pre * r;
+                    dpb[j] = d * z;
+                }
+            }
+            // dW_hh += dGhᵀ·h_{t−1}, db_hh += Σ dGh, dh_{t−1} += dGh·W_hh.
+            gemm(Op::T, Op::N, i3, h, batch, T::ONE, &dgh, hp, T::ONE, &mut grads[self.w_hh()]);
+            for row in dgh.chunks_exact(i3) {
+                for (g, &v) in grads[self.b_hh()].iter_mut().zip(row) {
+                    *g += v;
+                }
+            }
+            gemm(Op::N, Op::N, batch, h, i3, T::ONE, &dgh, &params[self.w_hh()], T::ONE, &mut dh_prev);
+            std::mem::swap(&mut dh, &mut dh_prev);
+            dh_prev.fill(T::ZERO);
+        }
+        // Input side, one GEMM each over all time steps (time-major).
+        let _ = x;
+        gemm(Op::T, Op::N, i3, self.input, batch * steps, T::ONE, &dgx, &cache.xt, T::ZERO, &mut grads[self.w_ih()]);
+        let bi = self.b_ih();
+        grads[bi.clone()].fill(T::ZERO);
+        for row in dgx.chunks_exact(i3) {
+            for (g, &v) in grads[bi.clone()].iter_mut().zip(row) {
+                *g += v;
+            }
+        }
+        let mut dxt = vec![T::ZERO; batch * steps * self.input];
+        gemm(Op::N, Op::N, batch * steps, self.input, i3, T::ONE, &dgx, &params[self.w_ih()], T::ZERO, &mut dxt);
+        from_time_major(&dxt, batch, steps, self.input, dx);
+    }
+
+    /// The unsplit baseline: per step one GEMM of `[x_t, h]` with the combined
+    /// weight `[[W_ir W_hr]; [W_iz W_hz]; [W_in 0]; [0 W_hn]]` (`4H` outputs).
+    /// Produces the same states as [`forward`](Self::forward).
+    pub fn forward_unsplit<T: Scalar>(
+        &self,
+        params: &[T],
+        x: &[T],
+        lengths: &[usize],
+        batch: usize,
+        steps: usize,
+        cache: &mut GruCache<T>,
+    ) {
+        let (h, i, i3) = (self.hidden, self.input, 3 * self.hidden);
+        let bh = batch * h;
+        let width = i + h;
+        let combined = self.combined_weight(params);
+        let mut bias = vec![T::ZERO; 4 * h];
+        for j in 0..2 * h {
+            bias[j] = params[self.b_ih()][j] + params[self.b_hh()][j];
+        }
+        bias[2 * h..3 * h].copy_from_slice(&params[self.b_ih()][2 * h..]);
+        bias[3 * h..].copy_from_slice(&params[self.b_hh()][2 * h..]);
+        cache.batch = batch;
+        cache.steps = steps;
+        self.prepare(cache, batch, steps);
+        let mut xh = vec![T::ZERO; batch * width];
+        let mut g = vec![T::ZERO; batch * 4 * h];
+        let mut gx = vec![T::ZERO; i3];
+        let mut gh = vec![T::ZERO; i3];
+        for t in 0..steps {
+            let (prev, rest) = cache.states.split_at_mut((t + 1) * bh);
+            let hp = &prev[t * bh..];
+            for b in 0..batch {
+                xh[b * width..b * width + i].copy_from_slice(&x[(b * steps + t) * i..(b * steps + t + 1) * i]);
+                xh[b * width + i..(b + 1) * width].copy_from_slice(&hp[b * h..(b + 1) * h]);
+            }
+            for row in g.chunks_exact_mut(4 * h) {
+                row.copy_from_slice(&bias);
+            }
+            gemm(Op::N, Op::T, batch, 4 * h, width, T::ONE, &xh, &combined, T::ONE, &mut g);
+            let hn = &mut rest[..bh];
+            for b in 0..batch {
+                let gb = &g[b * 4 * h..(b + 1) * 4 * h];
+                // Present the same pre-activations to the shared cell: r, z sums go in gx with gh = 0.
+                gx[..2 * h].copy_from_slice(&gb[..2 * h]);
+                gx[2 * h..].copy_from_slice(&gb[2 * h..3 * h]);
+                gh[..2 * h].fill(T::ZERO);
+                gh[2 * h..].copy_from_slice(&gb[3 * h..]);
+                self.cell(
+                    b,
+                    t,
+                    batch,
+                    &gx,
+                    &gh,
+                    hp,
+                    hn,
+                    lengths,
+                    &mut cache.r,
+                    &mut cache.z,
+                    &mut cache.n,
+                    &mut cache.hn,
+                );
+            }
+        }
+    }
+
+    fn combined_weight<T: Scalar>(&self, params: &[T]) -> Vec<T> {
+        let (h, i) = (self.hidden, self.input);
+        let width = i + h;
+        let (wih, whh) = (&params[self.w_ih()], &params[self.w_hh()]);
+        let mut w = vec![T::ZERO; 4 * h * width];
+        for row in 0..3 * h {
+            w[row * width..row * width + i].copy_from_slice(&wih[row * i..(row + 1) * i]);
+            if row < 2 * h {
+                w[row * width + i..(row + 1) * width].copy_from_slice(&whh[row * h..(row + 1) * h]);
+            } else {
+                let hrow = 3 * h + (row - 2 * h);
+                w[hrow * width + i..(hrow + 1) * width].copy_from_slice(&whh[row * h..(row + 1) * h]);
+            }
+        }
+        w
+    }
+
+    /// Back-propagation of the unsplit cell: the same gradients as
+    /// [`backward`](Self::backward), computed per step with the combined weight.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_unsplit<T: Scalar>(
+        &self,
+        params: &[T],
+        x: &[T],
+        lengths: &[usize],
+        cache: &GruCache<T>,
+        dstates: &[T],
+        grads: &mut [T],
+        dx: &mut [T],
+    ) {
+        let (h, i, batch, steps) = (self.hidden, self.input, cache.batch, cache.steps);
+        let (bh, width) = (batch * h, i + h);
+        let combined = self.combined_weight(params);
+        let mut dcombined = vec![T::ZERO; 4 * h * width];
+        let mut dbias = vec![T::ZERO; 4 * h];
+        let mut dg = vec![T::ZERO; batch * 4 * h];
+        let mut dxh = vec![T::ZERO; batch * width];
+        let mut xh = vec![T::ZERO; batch * width];
+        let mut dh = vec![T::ZERO; bh];
+        for t in (0..steps).rev() {
+            for (d, &e) in dh.iter_mut().zip(&dstates[t * bh..(t + 1) * bh]) {
+                *d += e;
+            }
+            let hp = cache.state(t, h);
+            let mut carry = vec![T::ZERO; bh];
+            for b in 0..batch {
+                xh[b * width..b * width + i].copy_from_slice(&x[(b * steps + t) * i..(b * steps + t + 1) * i]);
+                xh[b * width + i..(b + 1) * width].copy_from_slice(&hp[b * h..(b + 1) * h]);
+                let dgb = &mut dg[b * 4 * h..(b + 1) * 4 * h];
+                if t >= lengths[b] {
+                    dgb.fill(T::ZERO);
+                    carry[b * h..(b + 1) * h].copy_from_slice(&dh[b * h..(b + 1) * h]);
+                    continue;
+                }
+                let base = (t * batch + b) * h;
+                for j in 0..h {
+                    let (r, z, n, hn) = (cache.r[base + j], cache.z[base + j], cache.n[base + j], cache.hn[base + j]);
+                    let d = dh[b * h + j];
+                    let dn_pre = d * (T::ONE - z) * (T::ONE - n * n);
+                    dgb[j] = dn_pre * hn * r * (T::ONE - r);
+                    dgb[h + j] = d * (hp[b * h + j] - n) * z * (T::ONE - z);
+                    dgb[2 * h + j] = dn_pre;
+                    dgb[3 * h + j] = dn_pre * r;
+                    carry[b * h + j] = d * z;
+                }
+            }
+            gemm(Op::T, Op::N, 4 * h, width, batch, T::ONE, &dg, &xh, T::ONE, &mut dcombined);
+            for row in dg.chunks_exact(4 * h) {
+                for (g, &v) in dbias.iter_mut().zip(row) {
+                    *g += v;
+                }
+            }
+            gemm(Op::N, Op::N, batch, width, 4 * h, T::ONE, &dg, &combined, T::ZERO, &mut dxh);
+            for b in 0..batch {
+                dx[(b * steps + t) * i..(b * steps + t + 1) * i].copy_from_slice(&dxh[b * width..b * width + i]);
+                for j in 0..h {
+                    carry[b * h + j] += dxh[b * width + i + j];
+                }
+            }
+            dh = carry;
+        }
+        // Scatter the combined gradients back to the split layout.
+        let (wi, wh, bi, bhh) = (self.w_ih(), self.w_hh(), self.b_ih(), self.b_hh());
+        for row in 0..3 * h {
+            grads[wi.start + row * i..wi.start + (row + 1) * i]
+                .copy_from_slice(&dcombined[row * width..row * width + i]);
+            let hrow = if row < 2 * h { row } else { 3 * h + row - 2 * h };
+            grads[wh.start + row * h..wh.start + (row + 1) * h]
+                .copy_from_slice(&dcombined[hrow * width + i..(hrow + 1) * width]);
+        }
+        grads[bi.start..bi.start + 2 * h].copy_from_slice(&dbias[..2 * h]);
+        grads[bhh.start..bhh.start + 2 * h].copy_from_slice(&dbias[..2 * h]);
+        grads[bi.start + 2 * h..bi.end].copy_from_slice(&dbias[2 * h..3 * h]);
+        grads[bhh.start + 2 * h..bhh.end].copy_from_slice(&dbias[3 * h..]);
+    }
+}
+
+#[inline(always)]
+fn tanh<T: Scalar>(x: T) -> T {
+    // tanh(x) = 2σ(2x) − 1, stable for large |x|.
+    sigmoid_fast(x + x) * T::from_f64(2.0) - T::ONE
+}
+
+/// `[B × T × w]` → `[T × B × w]`.
+fn to_time_major<T: Scalar>(x: &[T], batch: usize, steps: usize, w: usize, out: &mut Vec<T>) {
+    out.resize(batch * steps * w, T::ZERO);
+    for b in 0..batch {
+        for t in 0..steps {
+            out[(t * batch + b) * w..(t * batch + b + 1) * w]
+                .copy_from_slice(&x[(b * steps + t) * w..(b * steps + t + 1) * w]);
+        }
+    }
+}
+
+/// `[T × B × w]` → `[B × T × w]`.
+fn from_time_major<T: Scalar>(x: &[T], batch: usize, steps: usize, w: usize, out: &mut [T]) {
+    for b in 0..batch {
+        for t in 0..steps {
+            out[(b * steps + t) * w..(b * steps + t + 1) * w]
+                .copy_from_slice(&x[(t * batch + b) * w..(t * batch + b + 1) * w]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::gradcheck::check_gradients;
+    use crate::rng::normal_f64;
+
+    /// (layer, params, x, lengths, batch, steps, dstates)
+    type Setup = (Gru, Vec<f64>, Vec<f64>, Vec<usize>, usize, usize, Vec<f64>);
+
+    fn setup() -> Setup {
+        let gru = Gru { input: 3, hidden: 4, offset: 1 };
+        let (batch, steps) = (3, 4);
+        let mut params = vec![0.0; 1 + gru.num_params()];
+        gru.init(&mut params, 2, 0);
+        let x: Vec<f64> = (0..batch * steps * 3).map(|i| normal_f64(3, 0, i as u64, 0)).collect();
+        let lengths = vec![4, 2, 0];
+        let r: Vec<f64> = (0..steps * batch * 4).map(|i| normal_f64(4, 0, i as u64, 0)).collect();
+        (gru, params, x, lengths, batch, steps, r)
+    }
+
+    fn loss_of(gru: &Gru, p: &[f64], x: &[f64], lengths: &[usize], batch: usize, steps: usize, r: &[f64]) -> f64 {
+        let mut c = GruCache::default();
+        gru.forward(p, x, lengths, batch, steps, &mut c);
+        c.states[batch * 4..].iter().zip(r).map(|(a, b)| a * b).sum()
+    }
+
+    #[test]
+    fn gru_gradients_match_finite_differences() {
+        let (gru, params, x, lengths, batch, steps, r) = setup();
+        let mut cache = GruCache::default();
+        gru.forward(&params, &x, &lengths, batch, steps, &mut cache);
+        let mut grads = vec![0.0; params.len()];
+        let mut dx = vec![0.0; x.len()];
+        gru.backward(&params, &x, &lengths, &cache, &r, &mut grads, &mut dx);
+        check_gradients(&params[1..], &grads[1..], |p| {
+            let mut full = params.clone();
+            full[1..].copy_from_slice(p);
+            loss_of(&gru, &full, &x, &lengths, batch, steps, &r)
+        });
+        check_gradients(&x, &dx, |xx| loss_of(&gru, &params, xx, &lengths, batch, steps, &r));
+        // A sequence of length 0 keeps the zero state and gets no input gradient.
+        assert!(cache.state(steps, 4)[2 * 4..3 * 4].iter().all(|&v| v == 0.0));
+        assert!(dx[2 * steps * 3..].iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn split_and_unsplit_cells_agree() {
+        let (gru, params, x, lengths, batch, steps, r) = setup();
+        let (mut a, mut b) = (GruCache::default(), GruCache::default());
+        gru.forward(&params, &x, &lengths, batch, steps, &mut a);
+        gru.forward_unsplit(&params, &x, &lengths, batch, steps, &mut b);
+        for (u, v) in a.states.iter().zip(&b.states) {
+            assert!((u - v).abs() < 1e-12, "{u} vs {v}");
+        }
+        let (mut ga, mut gb) = (vec![0.0; params.len()], vec![0.0; params.len()]);
+        let (mut dxa, mut dxb) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+        gru.backward(&params, &x, &lengths, &a, &r, &mut ga, &mut dxa);
+        gru.backward_unsplit(&params, &x, &lengths, &b, &r, &mut gb, &mut dxb);
+        for (u, v) in ga[1..].iter().zip(&gb[1..]).chain(dxa.iter().zip(&dxb)) {
+            assert!((u - v).abs() < 1e-10, "{u} vs {v}");
+        }
+    }
+}
