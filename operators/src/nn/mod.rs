@@ -6,6 +6,7 @@
 //! `backward` overwrites the gradient ranges it owns; it never accumulates
 //! across calls.
 
+pub mod attention;
 pub mod deepfm;
 pub mod dlrm;
 pub mod embedding_bag;
