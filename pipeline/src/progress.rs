@@ -41,9 +41,23 @@ impl Progress {
         }
     }
 
-    /// Reports that `steps` steps are done, with the running loss and throughput.
-    pub fn update(&mut self, steps: u64, samples: u64, loss: f64, samples_per_sec: f64) {
-        let msg = format!("loss {loss:.4}  {samples} samples  {samples_per_sec:.0} samples/s");
+    /// Reports that `steps` steps are done, with the running loss, throughput,
+    /// bytes exchanged per sample and bad records so far.
+    pub fn update(
+        &mut self,
+        steps: u64,
+        samples: u64,
+        loss: f64,
+        samples_per_sec: f64,
+        bytes_per_sample: f64,
+        bad: u64,
+    ) {
+        let mut msg = format!(
+            "loss {loss:.4}  {samples} samples  {samples_per_sec:.0} samples/s  {bytes_per_sample:.0} B/sample"
+        );
+        if bad > 0 {
+            msg.push_str(&format!("  {bad} bad records"));
+        }
         match self {
             Progress::Bar(pb) => {
                 pb.set_position(steps);

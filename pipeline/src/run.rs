@@ -251,7 +251,14 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             window.push_back((stats.loss_sum, stats.samples));
             if me == 0 {
                 let (l, n) = window.iter().fold((0.0, 0u64), |a, b| (a.0 + b.0, a.1 + b.1));
-                progress.update(steps, samples, l / n.max(1) as f64, samples as f64 / start.elapsed().as_secs_f64());
+                progress.update(
+                    steps,
+                    samples,
+                    l / n.max(1) as f64,
+                    samples as f64 / start.elapsed().as_secs_f64(),
+                    stats.bytes_sent as f64 / samples as f64,
+                    stats.bad_records.iter().sum(),
+                );
             }
         }
         epochs += 1;
