@@ -33,6 +33,21 @@ enum BenchCommand {
     Model(ModelArgs),
     /// GRU forward + backward: split cell (AtRec) vs unsplit cell, same run.
     Gru(GruArgs),
+    /// Sequence-feature kernels (split, fused split-hash-bucket / split-parse-mean) vs unfused pipelines.
+    Features(FeaturesArgs),
+}
+
+#[derive(Args)]
+struct FeaturesArgs {
+    /// Seconds per measurement (each kernel is measured twice, alternating).
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Criteo TSV file to measure as well (skipped when absent).
+    #[arg(long, default_value = "../shared/data/criteo/sample.train")]
+    criteo: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -252,6 +267,55 @@ fn fmt_opt(v: Option<f64>) -> String {
     v.map_or("n/a".into(), |x| format!("{x:.4}"))
 }
 
+fn print_features(r: &tiderec::bench::FeaturesBenchResult) {
+    println!(
+        "feature kernels: avx2 {}, {} s per measurement x 2, criteo {}",
+        r.avx2,
+        r.seconds,
+        r.criteo_file.as_deref().unwrap_or("not found")
+    );
+    println!("pipelines (MB/s, records/s):");
+    println!(
+        "  {:<11} {:>7} {:>8} | {:>17} | {:>17} | {:>17} | {:>17} | {:>8} {:>8}",
+        "dataset", "records", "B/rec", "fused", "unfused", "str::split", "for_each_token", "fus/unf", "tok/str"
+    );
+    for p in &r.pipelines {
+        let t = |t: &tiderec::bench::Throughput| format!("{:7.0} {:9.0}", t.mb_per_sec, t.records_per_sec);
+        println!(
+            "  {:<11} {:>7} {:>8.0} | {} | {} | {} | {} | {:>7.2}x {:>7.2}x",
+            p.dataset,
+            p.records,
+            p.mean_record_bytes,
+            t(&p.fused),
+            t(&p.unfused),
+            t(&p.str_split),
+            t(&p.token_split),
+            p.fused_vs_unfused,
+            p.token_split_vs_str_split
+        );
+    }
+    println!("delimiter positions per field (MB/s, fields/s):");
+    println!(
+        "  {:<19} {:>7} {:>7} {:>6} | {:>18} | {:>18} | {:>18} | {:>8} {:>8}",
+        "fields", "count", "B/field", "delims", "split_positions", "byte loop", "memchr_iter", "vs byte", "vs memchr"
+    );
+    for f in &r.field_splits {
+        let t = |t: &tiderec::bench::Throughput| format!("{:7.0} {:10.0}", t.mb_per_sec, t.records_per_sec);
+        println!(
+            "  {:<19} {:>7} {:>7.1} {:>6.1} | {} | {} | {} | {:>7.2}x {:>8.2}x",
+            f.fields,
+            f.count,
+            f.mean_field_bytes,
+            f.mean_delimiters,
+            t(&f.simd),
+            t(&f.bytes),
+            t(&f.memchr),
+            f.simd_vs_bytes,
+            f.simd_vs_memchr
+        );
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -301,6 +365,14 @@ fn main() -> anyhow::Result<()> {
                 );
             }
         }
+        Command::Bench(BenchCommand::Features(f)) => {
+            let r = tiderec::bench::run_features(f.seconds, &f.criteo);
+            if f.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print_features(&r);
+            }
+        }
         Command::Bench(command) => {
             let (model, a) = match command {
                 BenchCommand::Dlrm(a) => (tiderec::bench::kaggle_dlrm(), a),
@@ -308,7 +380,7 @@ fn main() -> anyhow::Result<()> {
                     let settings = TrainSettings { model: m.model.clone(), ..TrainSettings::default() };
                     (settings.model_config()?, m.common)
                 }
-                BenchCommand::Gru(_) => unreachable!("handled above"),
+                BenchCommand::Gru(_) | BenchCommand::Features(_) => unreachable!("handled above"),
             };
             let steps = a.steps.unwrap_or_else(|| (200_000 / a.batch_size as u64).max(50));
             let bench = DlrmBench {

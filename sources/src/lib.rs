@@ -9,6 +9,7 @@
 //!   hidden teacher model.
 
 pub mod criteo;
+pub mod elm;
 pub mod error;
 pub mod synthetic;
 

@@ -4,6 +4,16 @@
 //! [`log1p_clamped`] for counts and [`hash_bucket`] for the 32-bit hex
 //! categories: the bucket of a value depends only on the value, the field's
 //! seed and the table size, so every worker and every run agrees on it.
+//!
+//! Byte-line kernels for list-valued (sequence) columns live in submodules:
+//! * [`split`]: delimiter positions and token ranges of a line (AVX2 with a
+//!   portable fallback), `slice::split` semantics, early stop;
+//! * [`fused`]: split → hash → bucket, split → parse → mean/sum, one-hot →
+//!   sum, concat → sum, bucketize and clamped log1p, each in one pass with no
+//!   intermediate strings, each equal to its unfused `*_scalar` oracle.
+
+pub mod fused;
+pub mod split;
 
 /// `ln(1 + max(x, 0))`: the dense transform of the DLRM Criteo setup.
 #[inline]
