@@ -38,10 +38,9 @@
 //! * LF and CRLF line endings and a missing final newline are all accepted.
 
 use crate::error::SourceError;
-use memmap2::Mmap;
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use tiderec_operators::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use crate::lines::{LineFormat, LineReader, ReaderOptions};
+use std::path::PathBuf;
+use tiderec_operators::bad_record::{BadReason, BadRecordPolicy, DeadLetterSink};
 use tiderec_operators::features::{field_seed, hash_bucket, log1p_clamped, parse_hex, parse_i64};
 use tiderec_operators::Batch;
 
@@ -53,10 +52,7 @@ pub const NUM_SPARSE: usize = 26;
 pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
 /// Fewest fields a line may have (trailing empty categories stripped).
 pub const MIN_FIELDS: usize = 37;
-/// Default for [`CriteoConfig::max_line_bytes`]: 64 KiB.
-pub const DEFAULT_MAX_LINE_BYTES: usize = 64 * 1024;
-/// At most this many bytes of an over-long line are kept in its [`BadRecord::raw`].
-pub const MAX_RAW_BYTES: usize = 4096;
+pub use crate::lines::{DEFAULT_MAX_LINE_BYTES, MAX_RAW_BYTES};
 
 /// Feature configuration: per-field embedding table sizes and the hashing seed.
 #[derive(Clone, Debug)]
@@ -115,52 +111,36 @@ impl CriteoConfig {
     }
 }
 
-/// One file and this reader's byte range in it.
-struct FileRange {
-    /// Name used in bad records.
-    source: String,
-    /// `None` for an empty file.
-    map: Option<Mmap>,
-    /// First byte of the first line of the range.
-    start: usize,
-    /// One past the last byte at which a line of this range may start.
-    end: usize,
-    /// Number of `\n` before `start` (computed on first need).
-    newlines_before: Option<u64>,
+/// The Criteo line format (see the [module docs](self)).
+#[derive(Clone, Debug)]
+pub struct CriteoFormat {
+    features: CriteoFeatures,
+    seeds: [u64; NUM_SPARSE],
 }
 
-/// The first line start at or after `pos`: `pos` itself if it is 0, the end of
-/// `data`, or just after a `\n`; otherwise the byte after the next `\n`.
-fn align_to_line(data: &[u8], pos: usize) -> usize {
-    if pos == 0 || pos >= data.len() {
-        return pos.min(data.len());
+impl CriteoFormat {
+    /// The format for these features; errors name a bad table size.
+    pub fn new(features: CriteoFeatures) -> Result<Self, SourceError> {
+        features.validate()?;
+        let seeds = features.field_seeds();
+        Ok(CriteoFormat { features, seeds })
     }
-    match memchr::memchr(b'\n', &data[pos - 1..]) {
-        Some(i) => pos + i,
-        None => data.len(),
+}
+
+impl LineFormat for CriteoFormat {
+    fn shape(&self) -> (usize, usize) {
+        (NUM_DENSE, NUM_SPARSE)
+    }
+    fn parse(&self, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)> {
+        parse_line(line, &self.features, &self.seeds, out)
     }
 }
 
 /// Reads Criteo TSV files, one worker's share of each; see the [module docs](self).
-pub struct CriteoReader {
-    files: Vec<FileRange>,
-    config: CriteoConfig,
-    seeds: [u64; NUM_SPARSE],
-    dead_letters: Option<Box<dyn DeadLetterSink>>,
-    counts: BadRecordCounts,
-    lines_read: u64,
-    /// Index of the file being read.
-    cur: usize,
-    /// Byte position of the next line in the current file.
-    pos: usize,
-    /// Lines (including empty ones) passed since the current range's start.
-    lines_in_range: u64,
-}
+pub type CriteoReader = LineReader<CriteoFormat>;
 
-impl CriteoReader {
-    /// Opens `paths`; this reader covers worker `worker` of `workers`: for
-    /// each file, the byte range `[len·worker/workers, len·(worker+1)/workers)`,
-    /// line-aligned (a line belongs to the range in which its first byte lies).
+impl LineReader<CriteoFormat> {
+    /// Opens `paths` for worker `worker` of `workers` (see [`LineReader::open_span`]).
     ///
     /// Errors: [`SourceError::Io`] naming the path if a file cannot be opened
     /// or mapped; [`SourceError::Config`] for `workers == 0`,
@@ -187,223 +167,10 @@ impl CriteoReader {
         config: CriteoConfig,
         dead_letters: Option<Box<dyn DeadLetterSink>>,
     ) -> Result<Self, SourceError> {
-        if !(0.0 <= span.0 && span.0 <= span.1 && span.1 <= 1.0) {
-            return Err(SourceError::Config { key: "span".into(), reason: format!("{span:?} is not within [0, 1]") });
-        }
-        if workers == 0 || worker >= workers {
-            return Err(SourceError::Config { key: "workers".into(), reason: format!("worker {worker} of {workers}") });
-        }
-        config.features.validate()?;
-        let mut files = Vec::with_capacity(paths.len());
-        for path in paths {
-            files.push(Self::open_range(path, span, worker, workers)?);
-        }
-        let seeds = config.features.field_seeds();
-        Ok(CriteoReader {
-            files,
-            config,
-            seeds,
-            dead_letters,
-            counts: BadRecordCounts::default(),
-            lines_read: 0,
-            cur: 0,
-            pos: 0,
-            lines_in_range: 0,
-        }
-        .rewound())
+        let options = ReaderOptions { max_line_bytes: config.max_line_bytes, policy: config.policy };
+        let format = CriteoFormat::new(config.features)?;
+        LineReader::open_format(paths, span, worker, workers, format, options, dead_letters)
     }
-
-    fn open_range(path: &Path, span: (f64, f64), worker: usize, workers: usize) -> Result<FileRange, SourceError> {
-        let io_err = |source| SourceError::Io { path: path.display().to_string(), source };
-        let file = File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len() as usize;
-        let map = if len == 0 {
-            None
-        } else {
-            // SAFETY: the map is read-only; input files must not be modified
-            // while they are being read (the usual contract of mmap readers).
-            let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
-            #[cfg(unix)]
-            let _ = map.advise(memmap2::Advice::Sequential);
-            Some(map)
-        };
-        let data: &[u8] = map.as_deref().unwrap_or(&[]);
-        let lo = (data.len() as f64 * span.0).round() as usize;
-        let hi = if span.1 >= 1.0 { data.len() } else { (data.len() as f64 * span.1).round() as usize };
-        let split = |w: usize| lo + ((hi - lo) as u128 * w as u128 / workers as u128) as usize;
-        let start = align_to_line(data, split(worker));
-        let end = align_to_line(data, split(worker + 1));
-        Ok(FileRange { source: path.display().to_string(), map, start, end, newlines_before: None })
-    }
-
-    fn rewound(mut self) -> Self {
-        self.rewind();
-        self
-    }
-
-    /// Starts over from the beginning of this reader's ranges (next epoch).
-    /// Bad-record counts and [`lines_read`](Self::lines_read) keep accumulating.
-    pub fn rewind(&mut self) {
-        self.cur = 0;
-        self.pos = self.files.first().map_or(0, |f| f.start);
-        self.lines_in_range = 0;
-    }
-
-    /// Bad records seen so far, by reason (accumulated over epochs).
-    pub fn bad_counts(&self) -> &BadRecordCounts {
-        &self.counts
-    }
-
-    /// Lines read so far, good plus bad (empty lines excluded), accumulated over epochs.
-    pub fn lines_read(&self) -> u64 {
-        self.lines_read
-    }
-
-    /// The dead-letter sink, if any (e.g. to flush it).
-    pub fn dead_letters(&mut self) -> Option<&mut (dyn DeadLetterSink + 'static)> {
-        self.dead_letters.as_deref_mut()
-    }
-
-    /// Appends up to `max` good records to `out` (which must have shape
-    /// 13 dense / 26 sparse) and returns how many were appended; 0 (with
-    /// `max > 0`) means this reader's ranges are exhausted until [`rewind`](Self::rewind).
-    ///
-    /// Under [`BadRecordPolicy::Fail`] the first bad line returns
-    /// [`SourceError::BadRecord`]; the records appended before it stay in `out`.
-    /// When the last range is exhausted the dead-letter sink is flushed; a
-    /// sink failure is [`SourceError::DeadLetter`].
-    pub fn next_batch(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
-        if out.num_dense != NUM_DENSE || out.sparse.len() != NUM_SPARSE {
-            return Err(SourceError::Config {
-                key: "batch".into(),
-                reason: format!(
-                    "batch has {} dense / {} sparse fields, expected {NUM_DENSE} / {NUM_SPARSE}",
-                    out.num_dense,
-                    out.sparse.len()
-                ),
-            });
-        }
-        let mut appended = 0;
-        while appended < max && self.cur < self.files.len() {
-            appended += self.read_file(out, max - appended)?;
-            if appended < max {
-                // The current range is exhausted: go to the next file.
-                self.cur += 1;
-                self.pos = self.files.get(self.cur).map_or(0, |f| f.start);
-                self.lines_in_range = 0;
-                if self.cur == self.files.len() {
-                    // End of the epoch: make the dead letters durable.
-                    if let Some(sink) = self.dead_letters.as_deref_mut() {
-                        sink.flush().map_err(|source| SourceError::DeadLetter { source })?;
-                    }
-                }
-            }
-        }
-        debug_assert!(out.check().is_ok());
-        Ok(appended)
-    }
-
-    /// Reads up to `max` good records from the current file; returns fewer
-    /// only when its range is exhausted.
-    fn read_file(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
-        let CriteoReader { files, config, seeds, dead_letters, counts, lines_read, cur, pos, lines_in_range } = self;
-        let file = &mut files[*cur];
-        let data: &[u8] = file.map.as_deref().unwrap_or(&[]);
-        let end = file.end;
-        let max_line = config.max_line_bytes;
-        let mut appended = 0;
-        let mut p = *pos;
-        let mut lines = *lines_in_range;
-        let mut good = 0u64;
-        while appended < max && p < end {
-            let line_start = p;
-            // Look for the terminator no further than the line limit allows
-            // (+1 for a '\r', +1 for the '\n' itself).
-            let window_end = data.len().min(p.saturating_add(max_line).saturating_add(2));
-            let (line, next, too_long) = match memchr::memchr(b'\n', &data[p..window_end]) {
-                Some(i) => {
-                    let mut line = &data[p..p + i];
-                    if let [rest @ .., b'\r'] = line {
-                        line = rest;
-                    }
-                    (line, p + i + 1, line.len() > max_line)
-                }
-                None if window_end == data.len() => {
-                    let mut line = &data[p..];
-                    if let [rest @ .., b'\r'] = line {
-                        line = rest;
-                    }
-                    (line, data.len(), line.len() > max_line)
-                }
-                None => {
-                    // Over-long line: skip to its end; only its head is kept.
-                    let (line_end, next) = match memchr::memchr(b'\n', &data[window_end..]) {
-                        Some(i) => (window_end + i, window_end + i + 1),
-                        None => (data.len(), data.len()),
-                    };
-                    let mut line = &data[p..line_end];
-                    if let [rest @ .., b'\r'] = line {
-                        line = rest;
-                    }
-                    (line, next, true)
-                }
-            };
-            p = next;
-            lines += 1;
-            if line.is_empty() {
-                continue;
-            }
-            let result =
-                if too_long { Err((BadReason::TooLong, None)) } else { parse_line(line, &config.features, seeds, out) };
-            match result {
-                Ok(()) => {
-                    appended += 1;
-                    good += 1;
-                }
-                Err((reason, field)) => {
-                    *lines_read += good + 1;
-                    good = 0;
-                    counts.add(reason);
-                    let base = *file.newlines_before.get_or_insert_with(|| count_newlines(&data[..file.start]));
-                    let raw_len = if too_long { line.len().min(MAX_RAW_BYTES) } else { line.len() };
-                    let record = BadRecord {
-                        source: file.source.clone(),
-                        line: base + lines,
-                        byte_offset: line_start as u64,
-                        reason,
-                        field,
-                        raw: line[..raw_len].to_vec(),
-                    };
-                    match config.policy {
-                        BadRecordPolicy::Skip => {
-                            if let Some(sink) = dead_letters.as_deref_mut() {
-                                if let Err(source) = sink.write(&record) {
-                                    *pos = p;
-                                    *lines_in_range = lines;
-                                    return Err(SourceError::DeadLetter { source });
-                                }
-                            }
-                        }
-                        BadRecordPolicy::Fail => {
-                            *pos = p;
-                            *lines_in_range = lines;
-                            return Err(SourceError::BadRecord(record));
-                        }
-                    }
-                }
-            }
-        }
-        *lines_read += good;
-        *pos = p;
-        *lines_in_range = lines;
-        Ok(appended)
-    }
-}
-
-/// Number of `\n` bytes in `data`.
-fn count_newlines(data: &[u8]) -> u64 {
-    // Chunked so that the inner count vectorises and cannot overflow.
-    data.chunks(1 << 16).map(|c| c.iter().filter(|&&b| b == b'\n').count() as u64).sum()
 }
 
 /// `log1p_clamped(v as f32)` for `v` in `0..LOG1P_TABLE_LEN`: most Criteo
@@ -582,6 +349,7 @@ pub fn parse_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lines::{align_to_line, count_newlines};
 
     fn features() -> CriteoFeatures {
         CriteoFeatures::uniform(1000, 7)

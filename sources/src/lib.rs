@@ -11,6 +11,7 @@
 pub mod criteo;
 pub mod elm;
 pub mod error;
+pub mod lines;
 pub mod synthetic;
 
 pub use error::SourceError;
