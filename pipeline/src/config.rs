@@ -19,10 +19,20 @@ pub enum DataSpec {
     Synthetic,
     /// Criteo TSV files (Kaggle `train.txt` layout or 1TB day files).
     Criteo(Vec<PathBuf>),
+    /// Avazu CSV files (Kaggle `train` layout, with header).
+    Avazu(Vec<PathBuf>),
 }
 
 impl DataSpec {
-    /// Parses `synthetic` or `criteo:PATH[,PATH…]`; a directory stands for its files, sorted.
+    /// `(dense features, sparse fields)` of the samples this data produces.
+    pub fn shape(&self) -> (usize, usize) {
+        match self {
+            DataSpec::Synthetic | DataSpec::Criteo(_) => (13, 26),
+            DataSpec::Avazu(_) => (tiderec_sources::avazu::NUM_DENSE, tiderec_sources::avazu::NUM_SPARSE),
+        }
+    }
+
+    /// Parses `synthetic` or `FORMAT:PATH[,PATH…]` (`criteo`, `avazu`); a directory stands for its files, sorted.
     pub fn parse(key: &str, s: &str) -> Result<Self, PipelineError> {
         if s == "synthetic" {
             return Ok(DataSpec::Synthetic);
@@ -31,7 +41,7 @@ impl DataSpec {
             return Err(PipelineError::config(key, format!("`{s}` is not `synthetic` or `FORMAT:PATH[,PATH…]`")));
         };
         match format {
-            "criteo" => {
+            "criteo" | "avazu" => {
                 let mut paths = Vec::new();
                 for p in rest.split(',').filter(|p| !p.is_empty()) {
                     let path = PathBuf::from(p);
@@ -52,9 +62,11 @@ impl DataSpec {
                 if paths.is_empty() {
                     return Err(PipelineError::config(key, format!("`{s}` names no files")));
                 }
-                Ok(DataSpec::Criteo(paths))
+                Ok(if format == "criteo" { DataSpec::Criteo(paths) } else { DataSpec::Avazu(paths) })
             }
-            other => Err(PipelineError::config(key, format!("unknown data format `{other}` (synthetic, criteo)"))),
+            other => {
+                Err(PipelineError::config(key, format!("unknown data format `{other}` (synthetic, criteo, avazu)")))
+            }
         }
     }
 }
@@ -186,6 +198,8 @@ pub struct Resolved {
     pub hosts: Vec<String>,
     /// The model.
     pub model: ModelConfig,
+    /// `(dense features, sparse fields)` of the data.
+    pub shape: (usize, usize),
 }
 
 impl TrainSettings {
@@ -204,6 +218,12 @@ impl TrainSettings {
         if matches!(eval, Some(DataSpec::Synthetic)) {
             return Err(PipelineError::config("eval", "`synthetic` eval data comes from --eval-fraction"));
         }
+        if let Some(e) = &eval {
+            if e.shape() != data.shape() {
+                return Err(PipelineError::config("eval", "eval data must have the training data's format"));
+            }
+        }
+        let (_, num_sparse) = data.shape();
         if !(0.0..1.0).contains(&self.eval_fraction) {
             return Err(PipelineError::config(
                 "eval_fraction",
@@ -254,15 +274,18 @@ impl TrainSettings {
             return Err(PipelineError::config("buckets", "must be positive"));
         }
         let table_sizes = match &self.table_sizes {
-            Some(s) if s.len() != 26 => {
-                return Err(PipelineError::config("table_sizes", format!("need 26 sizes, got {}", s.len())))
+            Some(s) if s.len() != num_sparse => {
+                return Err(PipelineError::config(
+                    "table_sizes",
+                    format!("need {num_sparse} sizes for this data, got {}", s.len()),
+                ))
             }
             Some(s) if s.contains(&0) => return Err(PipelineError::config("table_sizes", "sizes must be positive")),
             Some(s) => s.clone(),
             None if data == DataSpec::Synthetic => {
                 tiderec_sources::synthetic::SyntheticConfig::kaggle_like(self.seed, self.buckets).table_sizes
             }
-            None => vec![self.buckets; 26],
+            None => vec![self.buckets; num_sparse],
         };
         if self.max_line_bytes < 64 {
             return Err(PipelineError::config("max_line_bytes", "must be at least 64"));
@@ -297,18 +320,25 @@ impl TrainSettings {
         } else {
             Vec::new()
         };
-        let model = self.model_config()?;
+        let model = self.model_config_for(data.shape())?;
         model.validate()?;
-        Ok(Resolved { data, eval, optimizer, sparse_optimizer, policy, table_sizes, hosts, model })
+        let shape = data.shape();
+        Ok(Resolved { data, eval, optimizer, sparse_optimizer, policy, table_sizes, hosts, model, shape })
     }
 
-    /// The model these settings describe.
+    /// The model these settings describe, for Criteo-shaped data (13 dense, 26 sparse).
     pub fn model_config(&self) -> Result<ModelConfig, PipelineError> {
-        let fm = |dim, deep: Vec<usize>| ModelConfig::Fm(FmConfig { num_dense: 13, num_sparse: 26, dim, deep });
+        self.model_config_for((13, 26))
+    }
+
+    /// The model these settings describe for samples of `(dense, sparse)` shape.
+    pub fn model_config_for(&self, shape: (usize, usize)) -> Result<ModelConfig, PipelineError> {
+        let (num_dense, num_sparse) = shape;
+        let fm = |dim, deep: Vec<usize>| ModelConfig::Fm(FmConfig { num_dense, num_sparse, dim, deep });
         Ok(match self.model.as_str() {
             "dlrm" => ModelConfig::Dlrm(DlrmConfig {
-                num_dense: 13,
-                num_sparse: 26,
+                num_dense,
+                num_sparse,
                 dim: self.dim,
                 bottom: self.bottom.clone(),
                 top: self.top.clone(),

@@ -12,7 +12,9 @@ use crate::PipelineError;
 use std::path::PathBuf;
 use tiderec_operators::bad_record::{BadRecordCounts, BadRecordPolicy, DeadLetterSink};
 use tiderec_operators::Batch;
+use tiderec_sources::avazu::{open_avazu, AvazuFormat, AvazuReader};
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader};
+use tiderec_sources::lines::ReaderOptions;
 use tiderec_sources::synthetic::SyntheticCriteo;
 
 /// First index of the synthetic evaluation split (disjoint from any training range).
@@ -42,11 +44,20 @@ pub enum WorkerData {
         /// Samples per step from this worker.
         micro: usize,
     },
+    /// This worker's byte ranges of Avazu files.
+    Avazu {
+        /// The reader.
+        reader: Box<AvazuReader>,
+        /// Samples per step from this worker.
+        micro: usize,
+    },
 }
 
-/// How Criteo files are read.
+/// How record files (Criteo, Avazu) are read.
 #[derive(Clone, Debug)]
 pub struct CriteoOptions {
+    /// Hashing seed.
+    pub seed: u64,
     /// Hashing into tables.
     pub features: CriteoFeatures,
     /// Longest accepted line.
@@ -113,6 +124,13 @@ impl WorkerData {
                 Ok(Self::synthetic(g.clone(), range, batch, worker, workers))
             }
             DataSpec::Criteo(paths) => Self::criteo(paths, span, options, batch, worker, workers, dead_letters),
+            DataSpec::Avazu(paths) => {
+                let format = AvazuFormat::new(options.features.table_sizes.clone(), options.seed)?;
+                let reader_options = ReaderOptions { max_line_bytes: options.max_line_bytes, policy: options.policy };
+                let reader = open_avazu(paths, span, worker, workers, format, reader_options, dead_letters)?;
+                let micro = batch * (worker + 1) / workers - batch * worker / workers;
+                Ok(WorkerData::Avazu { reader: Box::new(reader), micro })
+            }
         }
     }
 
@@ -133,6 +151,7 @@ impl WorkerData {
                 Ok(out.len())
             }
             WorkerData::Criteo { reader, micro } => Ok(reader.next_batch(out, *micro)?),
+            WorkerData::Avazu { reader, micro } => Ok(reader.next_batch(out, *micro)?),
         }
     }
 
@@ -140,7 +159,7 @@ impl WorkerData {
     pub fn is_exhausted(&self) -> bool {
         match self {
             WorkerData::Synthetic { range, cursor, .. } => *cursor >= range.end,
-            WorkerData::Criteo { .. } => false,
+            WorkerData::Criteo { .. } | WorkerData::Avazu { .. } => false,
         }
     }
 
@@ -149,6 +168,7 @@ impl WorkerData {
         match self {
             WorkerData::Synthetic { range, cursor, .. } => *cursor = range.start,
             WorkerData::Criteo { reader, .. } => reader.rewind(),
+            WorkerData::Avazu { reader, .. } => reader.rewind(),
         }
     }
 
@@ -157,15 +177,19 @@ impl WorkerData {
         match self {
             WorkerData::Synthetic { .. } => BadRecordCounts::default(),
             WorkerData::Criteo { reader, .. } => reader.bad_counts().clone(),
+            WorkerData::Avazu { reader, .. } => reader.bad_counts().clone(),
         }
     }
 
     /// Flushes the dead-letter sink, if any.
     pub fn flush(&mut self) -> Result<(), PipelineError> {
-        if let WorkerData::Criteo { reader, .. } = self {
-            if let Some(dl) = reader.dead_letters() {
-                dl.flush().map_err(|e| PipelineError::Dataflow(format!("cannot flush dead letters: {e}")))?;
-            }
+        let sink = match self {
+            WorkerData::Criteo { reader, .. } => reader.dead_letters(),
+            WorkerData::Avazu { reader, .. } => reader.dead_letters(),
+            WorkerData::Synthetic { .. } => None,
+        };
+        if let Some(dl) = sink {
+            dl.flush().map_err(|e| PipelineError::Dataflow(format!("cannot flush dead letters: {e}")))?;
         }
         Ok(())
     }

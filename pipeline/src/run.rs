@@ -94,7 +94,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             table_sizes: resolved.table_sizes.clone(),
             zipf_exponent: 1.1,
         })?),
-        DataSpec::Criteo(_) => None,
+        DataSpec::Criteo(_) | DataSpec::Avazu(_) => None,
     };
     let eval_samples = (settings.samples as f64 * settings.eval_fraction).round() as u64;
     let holdout = resolved.eval.is_none() && settings.eval_fraction > 0.0;
@@ -104,7 +104,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             let per_epoch = settings.samples.div_ceil(settings.batch_size as u64);
             Some(settings.steps.map_or(per_epoch * settings.epochs, |s| s.min(per_epoch * settings.epochs)))
         }
-        DataSpec::Criteo(_) => settings.steps,
+        DataSpec::Criteo(_) | DataSpec::Avazu(_) => settings.steps,
     };
     let dead_letters_path = if settings.processes > 1 {
         let mut p = settings.dead_letters.clone().into_os_string();
@@ -124,6 +124,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             features: CriteoFeatures { table_sizes: resolved.table_sizes.clone(), seed: settings.seed },
             max_line_bytes: settings.max_line_bytes,
             policy: resolved.policy,
+            seed: settings.seed,
         },
         dead_letters: SharedDeadLetters::file(dead_letters_path.clone()),
         total_steps,
@@ -158,7 +159,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     summary.workers = workers_total;
     if let Some(g) = &context.generator {
         if eval_samples > 0 {
-            let mut b = Batch::new(13, 26);
+            let mut b = Batch::new(context.resolved.shape.0, context.resolved.shape.1);
             let probs: Vec<f32> = g.fill(context.eval_range.clone(), &mut b).into_iter().map(|p| p as f32).collect();
             summary.teacher_auc = auc(&probs, &b.labels);
         }
@@ -190,7 +191,10 @@ fn step_with(
     counts.merge(&data.bad_counts());
     trainer.set_bad_records(counts.to_array());
     let stats = match read {
-        Ok(_) => trainer.step(worker, kind, std::mem::replace(batch, Batch::new(13, 26)))?,
+        Ok(_) => {
+            let empty = Batch::new(batch.num_dense, batch.sparse.len());
+            trainer.step(worker, kind, std::mem::replace(batch, empty))?
+        }
         Err(e) => {
             trainer.step_failed(worker);
             return Err(e);
@@ -226,7 +230,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         }
     };
     let mut progress = if me == 0 { Progress::new(&s.progress, ctx.total_steps) } else { Progress::None };
-    let mut batch = Batch::new(13, 26);
+    let (num_dense, num_sparse) = ctx.resolved.shape;
+    let mut batch = Batch::new(num_dense, num_sparse);
     let none = BadRecordCounts::default();
     let (mut steps, mut samples, mut epochs, mut loss_total) = (0u64, 0u64, 0u64, 0.0f64);
     let mut window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
@@ -293,7 +298,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     let mut all_bad = train_bad;
     all_bad.merge(&eval_bad);
     trainer.set_bad_records(all_bad.to_array());
-    let report = trainer.step(worker, StepKind::Report, Batch::new(13, 26))?;
+    let report = trainer.step(worker, StepKind::Report, Batch::new(num_dense, num_sparse))?;
     if me != 0 {
         return Ok(None);
     }

@@ -8,6 +8,7 @@
 //! * [`synthetic`]: a seeded Criteo-shaped stream whose labels come from a
 //!   hidden teacher model.
 
+pub mod avazu;
 pub mod criteo;
 pub mod elm;
 pub mod error;

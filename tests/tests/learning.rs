@@ -73,3 +73,24 @@ fn deepfm_matches_or_beats_dlrm_on_the_criteo_sample() {
     assert!(deepfm >= dlrm, "DeepFM {deepfm} below DLRM {dlrm}");
     assert!(lr >= 0.70, "LR {lr}");
 }
+
+#[test]
+fn avazu_sample_trains_to_auc_068() {
+    let Some(path) = common::shared_data("avazu/train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for model in ["dlrm", "deepfm"] {
+        let settings = TrainSettings {
+            model: model.into(),
+            data: format!("avazu:{}", path.display()),
+            eval_fraction: 0.2,
+            progress: "none".into(),
+            dead_letters: dir.path().join("dead.tsv"),
+            ..TrainSettings::default()
+        };
+        let s = tiderec::run::train(&settings).unwrap().unwrap();
+        eprintln!("avazu {model}: AUC {:?} on {} eval samples", s.auc, s.eval_samples);
+        assert_eq!(s.samples + s.eval_samples, 8999, "every row trains or evaluates once");
+        assert_eq!(s.bad_records, 0);
+        assert!(s.auc.unwrap() >= 0.68, "{model}: AUC {:?}", s.auc);
+    }
+}
