@@ -34,7 +34,8 @@ impl FromStr for DenseOptimizerKind {
     }
 }
 
-/// Sparse (embedding row) optimizer kinds.
+/// Sparse (embedding row) optimizer kinds. Every kind updates only the rows a
+/// step touched ("lazy"); its per-row state has [`SparseOptimizerKind::state_width`] values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SparseOptimizerKind {
@@ -42,6 +43,36 @@ pub enum SparseOptimizerKind {
     Sgd,
     /// Row-wise Adagrad: one accumulator of the mean squared gradient per row.
     RowwiseAdagrad,
+    /// Lazy Adam: Adam moments per element, bias correction by the row's own step count.
+    LazyAdam,
+    /// FTRL-Proximal (McMahan et al.) per element, with `l1`, `l2` and `ftrl_beta`.
+    Ftrl,
+    /// Wide & Deep rows `[w, v…]`: FTRL on the first column (the wide weight),
+    /// row-wise Adagrad on the others (the deep factors).
+    FtrlAdagrad,
+}
+
+impl SparseOptimizerKind {
+    /// Optimizer state values per row of width `dim`.
+    pub fn state_width(self, dim: usize) -> usize {
+        match self {
+            SparseOptimizerKind::Sgd => 0,
+            SparseOptimizerKind::RowwiseAdagrad => 1,
+            SparseOptimizerKind::LazyAdam => 2 * dim + 1,
+            SparseOptimizerKind::Ftrl => 2 * dim,
+            SparseOptimizerKind::FtrlAdagrad => 3,
+        }
+    }
+
+    /// The initial state of one row.
+    pub fn init_state(self, hp: &OptimizerParams, state: &mut [f32]) {
+        state.fill(0.0);
+        match self {
+            SparseOptimizerKind::RowwiseAdagrad => state[0] = hp.initial_accumulator,
+            SparseOptimizerKind::FtrlAdagrad => state[2] = hp.initial_accumulator,
+            _ => {}
+        }
+    }
 }
 
 impl FromStr for SparseOptimizerKind {
@@ -50,9 +81,12 @@ impl FromStr for SparseOptimizerKind {
         match s {
             "sgd" => Ok(Self::Sgd),
             "rowwise-adagrad" | "row-wise-adagrad" | "adagrad" => Ok(Self::RowwiseAdagrad),
+            "lazy-adam" | "adam" => Ok(Self::LazyAdam),
+            "ftrl" => Ok(Self::Ftrl),
+            "ftrl-adagrad" => Ok(Self::FtrlAdagrad),
             _ => Err(OperatorError::config(
                 "sparse_optimizer",
-                format!("unknown sparse optimizer `{s}` (sgd, rowwise-adagrad)"),
+                format!("unknown sparse optimizer `{s}` (sgd, rowwise-adagrad, lazy-adam, ftrl, ftrl-adagrad)"),
             )),
         }
     }
@@ -71,12 +105,27 @@ pub struct OptimizerParams {
     pub eps: f32,
     /// Initial Adagrad accumulator.
     pub initial_accumulator: f32,
+    /// FTRL L1 strength.
+    pub l1: f32,
+    /// FTRL L2 strength.
+    pub l2: f32,
+    /// FTRL β (the learning-rate schedule's offset).
+    pub ftrl_beta: f32,
 }
 
 impl OptimizerParams {
     /// Defaults with the given learning rate.
     pub fn with_lr(lr: f32) -> Self {
-        OptimizerParams { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, initial_accumulator: 0.0 }
+        OptimizerParams {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+            l1: 0.0,
+            l2: 0.0,
+            ftrl_beta: 1.0,
+        }
     }
 }
 
@@ -142,30 +191,65 @@ impl DenseOptimizer {
 }
 
 /// Applies one sparse update to `row` from its averaged gradient `grad`;
-/// `accumulator` is the row's Adagrad state (unused by SGD).
+/// `state` is the row's optimizer state (`kind.state_width(row.len())` values).
 #[inline]
-pub fn apply_row(
-    kind: SparseOptimizerKind,
-    hp: &OptimizerParams,
-    row: &mut [f32],
-    grad: &[f32],
-    accumulator: &mut f32,
-) {
+pub fn apply_row(kind: SparseOptimizerKind, hp: &OptimizerParams, row: &mut [f32], grad: &[f32], state: &mut [f32]) {
     match kind {
         SparseOptimizerKind::Sgd => {
             for (r, g) in row.iter_mut().zip(grad) {
                 *r -= hp.lr * g;
             }
         }
-        SparseOptimizerKind::RowwiseAdagrad => {
-            let mean_sq = grad.iter().map(|g| g * g).sum::<f32>() / grad.len() as f32;
-            *accumulator += mean_sq;
-            let scale = hp.lr / (accumulator.sqrt() + hp.eps);
-            for (r, g) in row.iter_mut().zip(grad) {
-                *r -= scale * g;
+        SparseOptimizerKind::RowwiseAdagrad => rowwise_adagrad(hp, row, grad, &mut state[0]),
+        SparseOptimizerKind::LazyAdam => {
+            let d = row.len();
+            let (m, rest) = state.split_at_mut(d);
+            let (v, t) = rest.split_at_mut(d);
+            t[0] += 1.0;
+            let bc1 = 1.0 - hp.beta1.powf(t[0]);
+            let bc2 = 1.0 - hp.beta2.powf(t[0]);
+            for (((r, &g), m), v) in row.iter_mut().zip(grad).zip(m).zip(v) {
+                *m = hp.beta1 * *m + (1.0 - hp.beta1) * g;
+                *v = hp.beta2 * *v + (1.0 - hp.beta2) * g * g;
+                *r -= hp.lr * (*m / bc1) / ((*v / bc2).sqrt() + hp.eps);
+            }
+        }
+        SparseOptimizerKind::Ftrl => {
+            let d = row.len();
+            let (z, n) = state.split_at_mut(d);
+            for (((r, &g), z), n) in row.iter_mut().zip(grad).zip(z).zip(n) {
+                ftrl(hp, r, g, z, n);
+            }
+        }
+        SparseOptimizerKind::FtrlAdagrad => {
+            let (z, rest) = state.split_at_mut(1);
+            let (n, acc) = rest.split_at_mut(1);
+            ftrl(hp, &mut row[0], grad[0], &mut z[0], &mut n[0]);
+            if row.len() > 1 {
+                rowwise_adagrad(hp, &mut row[1..], &grad[1..], &mut acc[0]);
             }
         }
     }
+}
+
+#[inline]
+fn rowwise_adagrad(hp: &OptimizerParams, row: &mut [f32], grad: &[f32], accumulator: &mut f32) {
+    let mean_sq = grad.iter().map(|g| g * g).sum::<f32>() / grad.len() as f32;
+    *accumulator += mean_sq;
+    let scale = hp.lr / (accumulator.sqrt() + hp.eps);
+    for (r, g) in row.iter_mut().zip(grad) {
+        *r -= scale * g;
+    }
+}
+
+/// One FTRL-Proximal coordinate update; the weight is recomputed from `z` and `n`.
+#[inline]
+fn ftrl(hp: &OptimizerParams, w: &mut f32, g: f32, z: &mut f32, n: &mut f32) {
+    let n_new = *n + g * g;
+    let sigma = (n_new.sqrt() - n.sqrt()) / hp.lr;
+    *z += g - sigma * *w;
+    *n = n_new;
+    *w = if z.abs() <= hp.l1 { 0.0 } else { -(*z - z.signum() * hp.l1) / ((hp.ftrl_beta + n.sqrt()) / hp.lr + hp.l2) };
 }
 
 #[cfg(test)]
@@ -204,11 +288,45 @@ mod tests {
     fn rowwise_adagrad_matches_formula() {
         let hp = OptimizerParams::with_lr(0.1);
         let mut row = vec![1.0f32, 2.0];
-        let mut acc = 0.0;
+        let mut acc = [0.0];
         apply_row(SparseOptimizerKind::RowwiseAdagrad, &hp, &mut row, &[3.0, 4.0], &mut acc);
+        let acc = acc[0];
         assert!((acc - 12.5).abs() < 1e-6);
         let s = 0.1 / (12.5f32.sqrt() + 1e-8);
         assert!((row[0] - (1.0 - s * 3.0)).abs() < 1e-6 && (row[1] - (2.0 - s * 4.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn lazy_adam_first_step_is_lr_times_sign_and_counts_row_steps() {
+        let hp = OptimizerParams::with_lr(0.01);
+        let kind = SparseOptimizerKind::LazyAdam;
+        let mut state = vec![0.0; kind.state_width(2)];
+        let mut row = vec![1.0f32, 1.0];
+        apply_row(kind, &hp, &mut row, &[0.5, -2.0], &mut state);
+        assert!((row[0] - 0.99).abs() < 1e-6 && (row[1] - 1.01).abs() < 1e-6, "{row:?}");
+        assert_eq!(state[4], 1.0, "the row's own step count");
+    }
+
+    #[test]
+    fn ftrl_matches_the_closed_form_and_l1_zeroes_weights() {
+        let mut hp = OptimizerParams::with_lr(0.1);
+        let (mut w, mut z, mut n) = (0.0f32, 0.0f32, 0.0f32);
+        ftrl(&hp, &mut w, 2.0, &mut z, &mut n);
+        // n = 4, σ = 2/0.1 = 20, z = 2 − 20·0 = 2, w = −2 / ((1 + 2)/0.1) = −1/15
+        assert!((n - 4.0).abs() < 1e-6 && (z - 2.0).abs() < 1e-6 && (w + 1.0 / 15.0).abs() < 1e-6, "{w} {z} {n}");
+        hp.l1 = 5.0;
+        let (mut w, mut z, mut n) = (0.3f32, 0.0f32, 0.0f32);
+        ftrl(&hp, &mut w, 0.5, &mut z, &mut n);
+        assert_eq!(w, 0.0, "|z| <= l1 gives an exact zero");
+        // The split kind: FTRL on column 0, Adagrad on the rest.
+        let kind = SparseOptimizerKind::FtrlAdagrad;
+        let hp = OptimizerParams::with_lr(0.1);
+        let mut state = vec![0.0; kind.state_width(3)];
+        let mut row = vec![0.0f32, 1.0, 1.0];
+        apply_row(kind, &hp, &mut row, &[2.0, 3.0, 4.0], &mut state);
+        assert!((row[0] + 1.0 / 15.0).abs() < 1e-6);
+        let s = 0.1 / (12.5f32.sqrt() + 1e-8);
+        assert!((row[1] - (1.0 - 3.0 * s)).abs() < 1e-6 && (row[2] - (1.0 - 4.0 * s)).abs() < 1e-6);
     }
 
     #[test]

@@ -29,7 +29,9 @@ pub struct EmbeddingShard {
     /// Logical rows per table.
     pub table_sizes: Vec<u64>,
     rows: Vec<HugeBuffer>,
-    accumulators: Vec<Vec<f32>>,
+    /// Per table, `state_width` optimizer values per local row.
+    state: Vec<Vec<f32>>,
+    state_width: usize,
     optimizer: SparseOptimizerKind,
     hp: OptimizerParams,
 }
@@ -47,7 +49,8 @@ impl EmbeddingShard {
         hp: OptimizerParams,
     ) -> Self {
         let mut rows = Vec::with_capacity(table_sizes.len());
-        let mut accumulators = Vec::with_capacity(table_sizes.len());
+        let mut state = Vec::with_capacity(table_sizes.len());
+        let state_width = optimizer.state_width(dim);
         for (t, &n) in table_sizes.iter().enumerate() {
             let local = Self::local_rows(n, workers);
             let bound = 1.0 / (n as f32).sqrt();
@@ -61,13 +64,23 @@ impl EmbeddingShard {
                 }
             }
             rows.push(table);
-            let acc = match optimizer {
-                SparseOptimizerKind::Sgd => Vec::new(),
-                SparseOptimizerKind::RowwiseAdagrad => vec![hp.initial_accumulator; local],
-            };
-            accumulators.push(acc);
+            let mut table_state = vec![0.0f32; local * state_width];
+            for row_state in table_state.chunks_exact_mut(state_width.max(1)) {
+                optimizer.init_state(&hp, row_state);
+            }
+            state.push(table_state);
         }
-        EmbeddingShard { worker, workers, dim, table_sizes: table_sizes.to_vec(), rows, accumulators, optimizer, hp }
+        EmbeddingShard {
+            worker,
+            workers,
+            dim,
+            table_sizes: table_sizes.to_vec(),
+            rows,
+            state,
+            state_width,
+            optimizer,
+            hp,
+        }
     }
 
     fn local_rows(n: u64, workers: usize) -> usize {
@@ -126,7 +139,7 @@ impl EmbeddingShard {
         if let Some(r) = self.rows[table].get(local * self.dim..) {
             prefetch(r.as_ptr());
         }
-        if let Some(a) = self.accumulators[table].get(local..) {
+        if let Some(a) = self.state[table].get(local * self.state_width..) {
             prefetch(a.as_ptr());
         }
     }
@@ -148,12 +161,9 @@ impl EmbeddingShard {
         let l = self.local(table, id);
         let d = self.dim;
         let row = &mut self.rows[table][l * d..(l + 1) * d];
-        let mut scratch = 0.0;
-        let acc = match self.optimizer {
-            SparseOptimizerKind::Sgd => &mut scratch,
-            SparseOptimizerKind::RowwiseAdagrad => &mut self.accumulators[table][l],
-        };
-        apply_row(self.optimizer, &self.hp, row, grad, acc);
+        let w = self.state_width;
+        let state = &mut self.state[table][l * w..(l + 1) * w];
+        apply_row(self.optimizer, &self.hp, row, grad, state);
     }
 
     /// Σ of squares of every row this worker owns, in f64.

@@ -99,7 +99,7 @@ pub struct TrainSettings {
     pub sparse_lr: Option<f32>,
     /// Dense optimizer: sgd, adagrad, adam.
     pub optimizer: String,
-    /// Embedding optimizer: sgd, rowwise-adagrad.
+    /// Embedding optimizer: sgd, rowwise-adagrad, lazy-adam, ftrl, ftrl-adagrad.
     pub sparse_optimizer: String,
     /// Worker threads per process.
     pub workers: usize,
@@ -113,7 +113,7 @@ pub struct TrainSettings {
     pub buckets: u64,
     /// Rows of each of the 26 tables.
     pub table_sizes: Option<Vec<u64>>,
-    /// Model: dlrm, lr, fm or deepfm.
+    /// Model: dlrm, lr, fm, deepfm or wdl.
     pub model: String,
     /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
     pub dim: usize,
@@ -334,7 +334,7 @@ impl TrainSettings {
     /// The model these settings describe for samples of `(dense, sparse)` shape.
     pub fn model_config_for(&self, shape: (usize, usize)) -> Result<ModelConfig, PipelineError> {
         let (num_dense, num_sparse) = shape;
-        let fm = |dim, deep: Vec<usize>| ModelConfig::Fm(FmConfig { num_dense, num_sparse, dim, deep });
+        let fm = |dim, deep: Vec<usize>, fm| ModelConfig::Fm(FmConfig { num_dense, num_sparse, dim, deep, fm });
         Ok(match self.model.as_str() {
             "dlrm" => ModelConfig::Dlrm(DlrmConfig {
                 num_dense,
@@ -344,11 +344,15 @@ impl TrainSettings {
                 top: self.top.clone(),
                 self_interaction: self.self_interaction,
             }),
-            "lr" => fm(0, Vec::new()),
-            "fm" => fm(self.dim, Vec::new()),
-            "deepfm" => fm(self.dim, self.deep.clone()),
+            "lr" => fm(0, Vec::new(), true),
+            "fm" => fm(self.dim, Vec::new(), true),
+            "deepfm" => fm(self.dim, self.deep.clone(), true),
+            "wdl" => fm(self.dim, self.deep.clone(), false),
             other => {
-                return Err(PipelineError::config("model", format!("unknown model `{other}` (dlrm, lr, fm, deepfm)")))
+                return Err(PipelineError::config(
+                    "model",
+                    format!("unknown model `{other}` (dlrm, lr, fm, deepfm, wdl)"),
+                ))
             }
         })
     }

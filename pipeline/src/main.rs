@@ -74,7 +74,7 @@ struct GruArgs {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// dlrm, lr, fm or deepfm.
+    /// dlrm, lr, fm, deepfm or wdl.
     #[arg(long, default_value = "dlrm")]
     model: String,
     #[command(flatten)]
@@ -148,7 +148,7 @@ struct TrainArgs {
     /// Dense optimizer: sgd, adagrad, adam.
     #[arg(long)]
     optimizer: Option<String>,
-    /// Embedding optimizer: sgd, rowwise-adagrad.
+    /// Embedding optimizer: sgd, rowwise-adagrad, lazy-adam, ftrl, ftrl-adagrad.
     #[arg(long)]
     sparse_optimizer: Option<String>,
     /// Worker threads per process.
@@ -166,7 +166,7 @@ struct TrainArgs {
     /// Rows per embedding table.
     #[arg(long)]
     buckets: Option<u64>,
-    /// Model: dlrm (default), lr, fm, deepfm.
+    /// Model: dlrm (default), lr, fm, deepfm, wdl (Wide & Deep; pair with --sparse-optimizer ftrl-adagrad).
     #[arg(long)]
     model: Option<String>,
     /// Embedding dimension (DLRM) or factor width (FM, DeepFM).

@@ -7,6 +7,17 @@ use common::rel_diff;
 use tiderec::TrainSettings;
 
 fn fifty_steps_of(model: &str, workers: usize, optimizer: &str, lr: f32) -> tiderec_sinks::metrics::RunSummary {
+    fifty_steps_with(model, workers, optimizer, lr, "rowwise-adagrad", 0.05)
+}
+
+fn fifty_steps_with(
+    model: &str,
+    workers: usize,
+    optimizer: &str,
+    lr: f32,
+    sparse_optimizer: &str,
+    sparse_lr: f32,
+) -> tiderec_sinks::metrics::RunSummary {
     let settings = TrainSettings {
         model: model.into(),
         workers,
@@ -16,6 +27,8 @@ fn fifty_steps_of(model: &str, workers: usize, optimizer: &str, lr: f32) -> tide
         eval_fraction: 0.0,
         buckets: 20_000,
         optimizer: optimizer.into(),
+        sparse_optimizer: sparse_optimizer.into(),
+        sparse_lr: Some(sparse_lr),
         lr,
         progress: "none".into(),
         seed: 11,
@@ -38,6 +51,23 @@ fn every_model_trains_the_same_on_one_and_two_workers() {
         eprintln!("{model}: params_l2 {} vs {} (rel {dl2:e}), loss rel {dloss:e}", one.params_l2, two.params_l2);
         assert!(dl2 <= 1e-4 && dloss <= 1e-4, "{model}: {dl2:e} {dloss:e}");
         assert_eq!(one.samples, two.samples);
+    }
+}
+
+#[test]
+fn every_row_optimizer_trains_the_same_on_one_and_two_workers() {
+    let cases =
+        [("wdl", "ftrl-adagrad", 0.05), ("deepfm", "lazy-adam", 0.001), ("lr", "ftrl", 0.5), ("dlrm", "sgd", 0.05)];
+    for (model, sparse, sparse_lr) in cases {
+        let one = fifty_steps_with(model, 1, "adam", 0.001, sparse, sparse_lr);
+        let two = fifty_steps_with(model, 2, "adam", 0.001, sparse, sparse_lr);
+        let dl2 = rel_diff(one.params_l2, two.params_l2);
+        let dloss = rel_diff(one.train_loss_mean, two.train_loss_mean);
+        eprintln!(
+            "{model}/{sparse}: params_l2 {} vs {} (rel {dl2:e}), loss rel {dloss:e}",
+            one.params_l2, two.params_l2
+        );
+        assert!(dl2 <= 1e-4 && dloss <= 1e-4, "{model}/{sparse}: {dl2:e} {dloss:e}");
     }
 }
 

@@ -56,7 +56,7 @@ fn criteo_sample_train_reaches_auc_070() {
 }
 
 #[test]
-fn deepfm_matches_or_beats_dlrm_on_the_criteo_sample() {
+fn deepfm_and_wide_deep_match_or_beat_dlrm_on_the_criteo_sample() {
     let dir = tempfile::tempdir().unwrap();
     let Some((train, eval)) = split_sample_train(dir.path()) else { return };
     let auc_of = |model: &str, sparse_lr: f32| {

@@ -1,4 +1,4 @@
-//! Logistic regression, factorization machine and DeepFM in one model.
+//! Logistic regression, factorization machine, DeepFM and Wide & Deep in one model.
 //!
 //! Every embedding row is `[w, v₁ … v_k]`: a first-order weight followed by
 //! a factor vector (so one table per field serves both terms, and DeepFM's
@@ -9,6 +9,11 @@
 //!       + ½ Σ_c [(Σ_f v_fc)² − Σ_f v_fc²]             (FM: k > 0)
 //!       + MLP([x, v_1, …, v_F])                       (DeepFM: `deep` non-empty)
 //! ```
+//!
+//! Wide & Deep is the same model without the FM term (`fm = false`): the
+//! wide part is the linear term over the ids' first-order weights (trained
+//! with FTRL via the `ftrl-adagrad` row optimizer), the deep part the MLP
+//! over the factors. Feature crosses for the wide part are not built yet.
 //!
 //! Dense features enter the linear term (and the deep part's input).
 
@@ -31,15 +36,24 @@ pub struct FmConfig {
     pub dim: usize,
     /// Hidden widths of the deep part (empty: no deep part). The output layer (1) is added.
     pub deep: Vec<usize>,
+    /// Include the FM second-order term (false for Wide & Deep).
+    #[serde(default = "default_true")]
+    pub fm: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl FmConfig {
-    /// `lr`, `fm` or `deepfm`.
+    /// `lr`, `fm`, `deepfm` or `wdl`.
     pub fn name(&self) -> &'static str {
-        match (self.dim, self.deep.is_empty()) {
-            (0, _) => "lr",
-            (_, true) => "fm",
-            _ => "deepfm",
+        match (self.dim, self.deep.is_empty(), self.fm) {
+            (0, _, _) => "lr",
+            (_, true, true) => "fm",
+            (_, true, false) => "lr",
+            (_, false, true) => "deepfm",
+            (_, false, false) => "wdl",
         }
     }
 
@@ -98,7 +112,7 @@ impl<T: Scalar> Fm<T> {
         if let Some(mlp) = &deep {
             mlp.init(&mut params, seed, 4);
         }
-        let fm = (config.dim > 0).then(|| FmInteraction {
+        let fm = (config.dim > 0 && config.fm).then(|| FmInteraction {
             num_fields: config.num_sparse,
             dim: config.dim,
             stride: config.embedding_dim(),
@@ -266,18 +280,19 @@ mod tests {
 
     #[test]
     fn lr_fm_deepfm_gradients_match_finite_differences() {
-        for (dim, deep) in [(0, vec![]), (3, vec![]), (3, vec![5, 4])] {
-            let cfg = FmConfig { num_dense: 2, num_sparse: 3, dim, deep };
+        for (dim, deep, fm) in [(0, vec![], true), (3, vec![], true), (3, vec![5, 4], true), (3, vec![5, 4], false)] {
+            let cfg = FmConfig { num_dense: 2, num_sparse: 3, dim, deep, fm };
             check_model(ModelConfig::Fm(cfg));
         }
     }
 
     #[test]
     fn names_and_validation() {
-        let c = FmConfig { num_dense: 13, num_sparse: 26, dim: 0, deep: vec![] };
+        let c = FmConfig { num_dense: 13, num_sparse: 26, dim: 0, deep: vec![], fm: true };
         assert_eq!(c.name(), "lr");
         assert_eq!(FmConfig { dim: 8, ..c.clone() }.name(), "fm");
         assert_eq!(FmConfig { dim: 8, deep: vec![64], ..c.clone() }.name(), "deepfm");
+        assert_eq!(FmConfig { dim: 8, deep: vec![64], fm: false, ..c.clone() }.name(), "wdl");
         assert!(FmConfig { deep: vec![64], ..c }.validate().unwrap_err().to_string().contains("model.deep"));
     }
 }
