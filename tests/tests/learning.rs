@@ -59,18 +59,23 @@ fn criteo_sample_train_reaches_auc_070() {
 fn deepfm_and_wide_deep_match_or_beat_dlrm_on_the_criteo_sample() {
     let dir = tempfile::tempdir().unwrap();
     let Some((train, eval)) = split_sample_train(dir.path()) else { return };
-    let auc_of = |model: &str, sparse_lr: f32| {
+    let auc_of = |model: &str, sparse_optimizer: &str, sparse_lr: f32| {
         let settings = TrainSettings {
             model: model.into(),
+            sparse_optimizer: sparse_optimizer.into(),
             sparse_lr: Some(sparse_lr),
             ..criteo_settings(dir.path(), &train, &eval)
         };
         tiderec::run::train(&settings).unwrap().unwrap().auc.unwrap()
     };
-    // DeepFM and DLRM with the same embedding learning rate; LR with its own.
-    let (deepfm, dlrm, lr) = (auc_of("deepfm", 0.01), auc_of("dlrm", 0.01), auc_of("lr", 0.05));
-    eprintln!("criteo sample AUC: deepfm {deepfm:.4}, dlrm {dlrm:.4}, lr {lr:.4}");
+    let dlrm = auc_of("dlrm", "rowwise-adagrad", 0.01);
+    let deepfm = auc_of("deepfm", "rowwise-adagrad", 0.01);
+    // Wide & Deep: FTRL on the wide weights, row-wise Adagrad on the deep factors.
+    let wdl = auc_of("wdl", "ftrl-adagrad", 0.05);
+    let lr = auc_of("lr", "rowwise-adagrad", 0.05);
+    eprintln!("criteo sample AUC: deepfm {deepfm:.4}, wdl {wdl:.4}, dlrm {dlrm:.4}, lr {lr:.4}");
     assert!(deepfm >= dlrm, "DeepFM {deepfm} below DLRM {dlrm}");
+    assert!(wdl >= dlrm, "Wide&Deep {wdl} below DLRM {dlrm}");
     assert!(lr >= 0.70, "LR {lr}");
 }
 
