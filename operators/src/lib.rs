@@ -20,12 +20,14 @@ pub mod bad_record;
 pub mod batch;
 pub mod error;
 pub mod features;
+pub mod format;
 pub mod huge;
 pub mod metrics;
 pub mod nn;
 pub mod optim;
 pub mod rng;
 pub mod shard;
+pub mod stream;
 pub mod train;
 
 pub use batch::{Batch, SparseField};

@@ -35,20 +35,7 @@ pub const DEFAULT_MAX_LINE_BYTES: usize = 64 * 1024;
 /// At most this many bytes of an over-long line are kept in its [`BadRecord::raw`].
 pub const MAX_RAW_BYTES: usize = 4096;
 
-/// A record format: how one line becomes one sample.
-pub trait LineFormat {
-    /// `(dense features, sparse fields)` of the samples it produces.
-    fn shape(&self) -> (usize, usize);
-    /// Appends the sample of `line` (no terminator; a trailing `\r` may remain)
-    /// to `out`, or says why it cannot, naming the field where one is to blame.
-    /// On error nothing may have been appended.
-    fn parse(&self, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)>;
-    /// Whether `line`, the first line of a file, is a header to skip.
-    fn is_header(&self, line: &[u8]) -> bool {
-        let _ = line;
-        false
-    }
-}
+pub use tiderec_operators::format::LineFormat;
 
 /// Format-independent reader settings.
 #[derive(Clone, Copy, Debug)]

@@ -1,0 +1,25 @@
+//! Record formats: how one line of text becomes one sample of a [`Batch`].
+//!
+//! A format parses in place, without allocating per field, and either
+//! appends exactly one sample or appends nothing and says why
+//! ([`BadReason`], and the field to blame where there is one). File readers
+//! (`tiderec-sources`), the [`ParseRecords`](crate::stream::ParseRecords)
+//! timely operator and future Kafka consumers all share this contract.
+
+use crate::bad_record::BadReason;
+use crate::batch::Batch;
+
+/// A record format: how one line becomes one sample.
+pub trait LineFormat {
+    /// `(dense features, sparse fields)` of the samples it produces.
+    fn shape(&self) -> (usize, usize);
+    /// Appends the sample of `line` (no terminator; a trailing `\r` may remain)
+    /// to `out`, or says why it cannot, naming the field where one is to blame.
+    /// On error nothing may have been appended.
+    fn parse(&self, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)>;
+    /// Whether `line`, the first line of a file, is a header to skip.
+    fn is_header(&self, line: &[u8]) -> bool {
+        let _ = line;
+        false
+    }
+}
