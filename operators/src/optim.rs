@@ -155,11 +155,46 @@ impl DenseOptimizer {
         self.apply_scaled(params, grads, 1.0);
     }
 
+    /// Updates `params` from `scale · Σ parts` (the parts summed in order),
+    /// reducing and updating block by block so the summed gradient never
+    /// leaves the L1 cache. The result equals summing into a buffer first.
+    pub fn apply_sum_scaled(&mut self, params: &mut [f32], parts: &[&[f32]], scale: f32) {
+        const BLOCK: usize = 512;
+        assert!(parts.iter().all(|p| p.len() == params.len()), "gradient parts must match the slice");
+        let Some((first, rest)) = parts.split_first() else { return };
+        if rest.is_empty() {
+            return self.apply_scaled(params, first, scale);
+        }
+        self.t += 1;
+        let t = self.t;
+        let mut block = [0.0f32; BLOCK];
+        let mut start = 0;
+        while start < params.len() {
+            let end = (start + BLOCK).min(params.len());
+            let g = &mut block[..end - start];
+            g.copy_from_slice(&first[start..end]);
+            for part in rest {
+                for (a, &v) in g.iter_mut().zip(&part[start..end]) {
+                    *a += v;
+                }
+            }
+            self.update_range(params, start, g, scale, t);
+            start = end;
+        }
+    }
+
     /// Updates `params` in place from the gradient `scale · grads` (the
     /// averaging is fused into the update; no scaled copy is made).
     pub fn apply_scaled(&mut self, params: &mut [f32], grads: &[f32], scale: f32) {
         assert_eq!(params.len(), grads.len());
         self.t += 1;
+        let t = self.t;
+        self.update_range(params, 0, grads, scale, t);
+    }
+
+    /// The update rule on `params[start..start + grads.len()]` at step `t`.
+    fn update_range(&mut self, params: &mut [f32], start: usize, grads: &[f32], scale: f32, t: u64) {
+        let params = &mut params[start..start + grads.len()];
         let OptimizerParams { lr, beta1, beta2, eps, .. } = self.hp;
         match self.kind {
             DenseOptimizerKind::Sgd => {
@@ -168,18 +203,21 @@ impl DenseOptimizer {
                 }
             }
             DenseOptimizerKind::Adagrad => {
-                for ((p, g), v) in params.iter_mut().zip(grads).zip(&mut self.v) {
+                let v = &mut self.v[start..start + grads.len()];
+                for ((p, g), v) in params.iter_mut().zip(grads).zip(v) {
                     let g = g * scale;
                     *v += g * g;
                     *p -= lr * g / (v.sqrt() + eps);
                 }
             }
             DenseOptimizerKind::Adam => {
-                let bc1 = 1.0 - beta1.powi(self.t.min(i32::MAX as u64) as i32);
-                let bc2 = 1.0 - beta2.powi(self.t.min(i32::MAX as u64) as i32);
+                let bc1 = 1.0 - beta1.powi(t.min(i32::MAX as u64) as i32);
+                let bc2 = 1.0 - beta2.powi(t.min(i32::MAX as u64) as i32);
                 let step = lr / bc1;
                 let bc2_sqrt = bc2.sqrt();
-                for (((p, g), m), v) in params.iter_mut().zip(grads).zip(&mut self.m).zip(&mut self.v) {
+                let m = &mut self.m[start..start + grads.len()];
+                let v = &mut self.v[start..start + grads.len()];
+                for (((p, g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
                     let g = g * scale;
                     *m = beta1 * *m + (1.0 - beta1) * g;
                     *v = beta2 * *v + (1.0 - beta2) * g * g;

@@ -243,7 +243,6 @@ struct Owner {
     /// Per table and local row: the row's slot in `scratch` during an update, `u32::MAX` otherwise.
     slots: Vec<Vec<u32>>,
     scratch: Vec<f32>,
-    dense_grad: Vec<f32>,
 }
 
 /// Collects the `W` messages each worker sends a stage for one timestamp.
@@ -343,7 +342,6 @@ impl Trainer {
                 .collect(),
             slots: Vec::new(),
             scratch: Vec::new(),
-            dense_grad: Vec::new(),
         }));
         {
             let mut o = owner.borrow_mut();
@@ -797,20 +795,13 @@ impl Owner {
                 let local = self.shard.local_index(t as usize, id);
                 self.slots[t as usize][local] = u32::MAX;
             }
-            // Dense slice: reduce in worker order, then average inside the optimizer.
-            let grad = &mut self.dense_grad;
-            for (k, m) in messages.iter().enumerate() {
-                let part: &[f32] = if m.from as usize == me { &home.model.grads()[slice.clone()] } else { &m.dense };
-                if k == 0 {
-                    grad.clear();
-                    grad.extend_from_slice(part);
-                } else {
-                    for (a, &v) in grad.iter_mut().zip(part) {
-                        *a += v;
-                    }
-                }
-            }
-            self.dense_optimizer.apply_scaled(&mut home.model.params_mut()[slice.clone()], grad, scale);
+            // Dense slice: reduce in worker order block by block, averaging inside the optimizer.
+            // This worker's own part is read in place from its model's gradients.
+            let (params, grads) = home.model.params_and_grads();
+            let own = &grads[slice.clone()];
+            let parts: Vec<&[f32]> =
+                messages.iter().map(|m| if m.from as usize == me { own } else { &m.dense[..] }).collect();
+            self.dense_optimizer.apply_sum_scaled(&mut params[slice.clone()], &parts, scale);
             changed = true;
         }
         for m in messages {

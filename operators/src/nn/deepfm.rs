@@ -164,6 +164,9 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
     fn grads(&self) -> &[T] {
         &self.grads
     }
+    fn params_and_grads(&mut self) -> (&mut [T], &[T]) {
+        (&mut self.params, &self.grads)
+    }
     fn embedding_dim(&self) -> usize {
         self.config.embedding_dim()
     }

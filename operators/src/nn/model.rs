@@ -21,6 +21,8 @@ pub trait Model<T: Scalar>: Send {
     fn params_mut(&mut self) -> &mut [T];
     /// Gradients of the last `backward`, same layout as `params`.
     fn grads(&self) -> &[T];
+    /// Parameters (mutable) and gradients at once, for fused updates.
+    fn params_and_grads(&mut self) -> (&mut [T], &[T]);
     /// Width of each pooled embedding vector the model expects.
     fn embedding_dim(&self) -> usize;
     /// Logits for `dense: [B × num_dense]` and `pooled: [B × num_sparse × embedding_dim]`.
@@ -99,6 +101,9 @@ impl<T: Scalar> Model<T> for Dlrm<T> {
     }
     fn grads(&self) -> &[T] {
         &self.grads
+    }
+    fn params_and_grads(&mut self) -> (&mut [T], &[T]) {
+        (&mut self.params, &self.grads)
     }
     fn embedding_dim(&self) -> usize {
         self.config.dim
