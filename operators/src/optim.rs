@@ -315,6 +315,30 @@ mod tests {
     }
 
     #[test]
+    fn blocked_sum_update_equals_summing_first() {
+        for kind in [DenseOptimizerKind::Sgd, DenseOptimizerKind::Adagrad, DenseOptimizerKind::Adam] {
+            let n = 1300; // spans several blocks and a partial one
+            let parts: Vec<Vec<f32>> =
+                (0..3).map(|k| (0..n).map(|i| crate::rng::unit_f64(k, i as u64, 0, 0) as f32 - 0.5).collect()).collect();
+            let mut sum = parts[0].clone();
+            for p in &parts[1..] {
+                for (a, &b) in sum.iter_mut().zip(p) {
+                    *a += b;
+                }
+            }
+            let hp = OptimizerParams::with_lr(0.01);
+            let (mut a, mut b) = (DenseOptimizer::new(kind, hp, n), DenseOptimizer::new(kind, hp, n));
+            let (mut pa, mut pb) = (vec![0.3f32; n], vec![0.3f32; n]);
+            for _ in 0..3 {
+                a.apply_scaled(&mut pa, &sum, 0.25);
+                let refs: Vec<&[f32]> = parts.iter().map(|p| &p[..]).collect();
+                b.apply_sum_scaled(&mut pb, &refs, 0.25);
+            }
+            assert_eq!(pa, pb, "{kind:?}");
+        }
+    }
+
+    #[test]
     fn adam_first_step_is_lr_times_sign() {
         let mut opt = DenseOptimizer::new(DenseOptimizerKind::Adam, OptimizerParams::with_lr(0.01), 2);
         let mut p = vec![1.0f32, 1.0];
