@@ -318,8 +318,9 @@ mod tests {
     fn blocked_sum_update_equals_summing_first() {
         for kind in [DenseOptimizerKind::Sgd, DenseOptimizerKind::Adagrad, DenseOptimizerKind::Adam] {
             let n = 1300; // spans several blocks and a partial one
-            let parts: Vec<Vec<f32>> =
-                (0..3).map(|k| (0..n).map(|i| crate::rng::unit_f64(k, i as u64, 0, 0) as f32 - 0.5).collect()).collect();
+            let parts: Vec<Vec<f32>> = (0..3)
+                .map(|k| (0..n).map(|i| crate::rng::unit_f64(k, i as u64, 0, 0) as f32 - 0.5).collect())
+                .collect();
             let mut sum = parts[0].clone();
             for p in &parts[1..] {
                 for (a, &b) in sum.iter_mut().zip(p) {

@@ -103,7 +103,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     let guards = timely::execute(timely_config(&settings, &resolved), move |worker| {
         let bench = &b2;
         let (me, w) = (worker.index(), worker.peers());
-        let micro = bench.batch_size * (me + 1) / w - bench.batch_size * me / w;
+        let micro = crate::data::micro_batch(bench.batch_size, me, w);
         let pool: Vec<Batch> = (0..8).map(|k| random_batch(micro, bench.rows, (me * 1000 + k) as u64)).collect();
         let mut trainer = Trainer::new(worker, &config)?;
         let run = |steps: u64, trainer: &mut Trainer, worker: &mut timely::worker::Worker| {

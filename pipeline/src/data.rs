@@ -17,6 +17,11 @@ use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader};
 use tiderec_sources::lines::ReaderOptions;
 use tiderec_sources::synthetic::SyntheticCriteo;
 
+/// Worker `worker`'s share of a global batch of `batch` samples (the shares add up to `batch`).
+pub fn micro_batch(batch: usize, worker: usize, workers: usize) -> usize {
+    batch * (worker + 1) / workers - batch * worker / workers
+}
+
 /// First index of the synthetic evaluation split (disjoint from any training range).
 pub const SYNTHETIC_EVAL_BASE: u64 = 1 << 40;
 
@@ -102,8 +107,7 @@ impl WorkerData {
             policy: options.policy,
         };
         let reader = CriteoReader::open_span(paths, span, worker, workers, config, dead_letters)?;
-        let micro = batch * (worker + 1) / workers - batch * worker / workers;
-        Ok(WorkerData::Criteo { reader: Box::new(reader), micro })
+        Ok(WorkerData::Criteo { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
     }
 
     /// Builds the reader for `spec`; `eval` picks the held-out part.
@@ -128,8 +132,7 @@ impl WorkerData {
                 let format = AvazuFormat::new(options.features.table_sizes.clone(), options.seed)?;
                 let reader_options = ReaderOptions { max_line_bytes: options.max_line_bytes, policy: options.policy };
                 let reader = open_avazu(paths, span, worker, workers, format, reader_options, dead_letters)?;
-                let micro = batch * (worker + 1) / workers - batch * worker / workers;
-                Ok(WorkerData::Avazu { reader: Box::new(reader), micro })
+                Ok(WorkerData::Avazu { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
             }
         }
     }

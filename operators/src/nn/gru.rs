@@ -252,18 +252,16 @@ impl Gru {
                 }
                 let base = (t * batch + b) * h;
                 for j in 0..h {
-                    let (r, z, n, hn) = (cache.r[base + j], cache.z[base + j], cache.n[base + j], cache.hn[base + j]);
-                    let d = dhb[j];
-                    let dn_pre = d * (T::ONE - z) * (T::ONE - n * n);
-                    let dz_pre = d * (hp[b * h + j] - n) * z * (T::ONE - z);
-                    let dr_pre = dn_pre * hn * r * (T::ONE - r);
+                    let g = GateGrads::of(cache, base + j, dhb[j], hp[b * h + j]);
+                    let (dr_pre, dz_pre, dn_pre) = (g.r, g.z, g.n);
+                    let r = cache.r[base + j];
                     dgxb[j] = dr_pre;
                     dgxb[h + j] = dz_pre;
                     dgxb[2 * h + j] = dn_pre;
                     dghb[j] = dr_pre;
                     dghb[h + j] = dz_pre;
                     dghb[2 * h + j] = dn_pre * r;
-                    dpb[j] = d * z;
+                    dpb[j] = g.prev;
                 }
             }
             // dW_hh += dGhᵀ·h_{t−1}, db_hh += Σ dGh, dh_{t−1} += dGh·W_hh.
@@ -414,14 +412,12 @@ impl Gru {
                 }
                 let base = (t * batch + b) * h;
                 for j in 0..h {
-                    let (r, z, n, hn) = (cache.r[base + j], cache.z[base + j], cache.n[base + j], cache.hn[base + j]);
-                    let d = dh[b * h + j];
-                    let dn_pre = d * (T::ONE - z) * (T::ONE - n * n);
-                    dgb[j] = dn_pre * hn * r * (T::ONE - r);
-                    dgb[h + j] = d * (hp[b * h + j] - n) * z * (T::ONE - z);
-                    dgb[2 * h + j] = dn_pre;
-                    dgb[3 * h + j] = dn_pre * r;
-                    carry[b * h + j] = d * z;
+                    let g = GateGrads::of(cache, base + j, dh[b * h + j], hp[b * h + j]);
+                    dgb[j] = g.r;
+                    dgb[h + j] = g.z;
+                    dgb[2 * h + j] = g.n;
+                    dgb[3 * h + j] = g.n * cache.r[base + j];
+                    carry[b * h + j] = g.prev;
                 }
             }
             gemm(Op::T, Op::N, 4 * h, width, batch, T::ONE, &dg, &xh, T::ONE, &mut dcombined);
@@ -452,6 +448,26 @@ impl Gru {
         grads[bhh.start..bhh.start + 2 * h].copy_from_slice(&dbias[..2 * h]);
         grads[bi.start + 2 * h..bi.end].copy_from_slice(&dbias[2 * h..3 * h]);
         grads[bhh.start + 2 * h..bhh.end].copy_from_slice(&dbias[3 * h..]);
+    }
+}
+
+/// Gradients of one hidden unit at one step with respect to the gate
+/// pre-activations (`r`, `z`, `n`; `n` before the `r ⊙` product) and to the
+/// previous state (the direct `z ⊙ h` path only).
+struct GateGrads<T> {
+    r: T,
+    z: T,
+    n: T,
+    prev: T,
+}
+
+impl<T: Scalar> GateGrads<T> {
+    /// `k` indexes the cached activations, `d = ∂L/∂h_t`, `h_prev = h_{t−1}`.
+    #[inline(always)]
+    fn of(cache: &GruCache<T>, k: usize, d: T, h_prev: T) -> Self {
+        let (r, z, n, hn) = (cache.r[k], cache.z[k], cache.n[k], cache.hn[k]);
+        let dn = d * (T::ONE - z) * (T::ONE - n * n);
+        GateGrads { r: dn * hn * r * (T::ONE - r), z: d * (h_prev - n) * z * (T::ONE - z), n: dn, prev: d * z }
     }
 }
 
