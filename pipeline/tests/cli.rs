@@ -201,3 +201,29 @@ fn bad_records_are_skipped_and_written_or_fail_with_their_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("corrupt.txt:10"), "the error names file and line: {err}");
 }
+
+#[test]
+fn epochs_replay_files_and_odd_worker_counts_cover_every_row() {
+    let Some(src) = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(|d| Path::new(&d).join("../../shared/data/criteo/sample_train.txt"))
+        .filter(|p| p.exists())
+    else {
+        eprintln!("skipping: shared data not found");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.json");
+    // 100 rows, 3 workers sharing a global batch of 32 (micro-batches 10, 11, 11), two epochs.
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--eval-fraction", "0", "--epochs", "2", "--workers", "3"])
+            .args(["--batch-size", "32", "--data"])
+            .arg(format!("criteo:{}", src.display()))
+            .arg("--metrics-json")
+            .arg(&m),
+    );
+    let v = metrics(&m);
+    assert_eq!(v["samples"], 200, "every row once per epoch");
+    assert_eq!(v["epochs"], 2);
+    assert_eq!(v["workers"], 3);
+}
