@@ -27,6 +27,7 @@ pub mod nn;
 pub mod optim;
 pub mod rng;
 pub mod shard;
+pub mod spec;
 pub mod stream;
 pub mod train;
 

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::nn::{DlrmConfig, FmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
+use tiderec_operators::spec::FeatureSpec;
 
 /// Where samples come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,14 +22,18 @@ pub enum DataSpec {
     Criteo(Vec<PathBuf>),
     /// Avazu CSV files (Kaggle `train` layout, with header).
     Avazu(Vec<PathBuf>),
+    /// Delimited files described by a feature spec (`--spec`).
+    Csv(Vec<PathBuf>),
 }
 
 impl DataSpec {
-    /// `(dense features, sparse fields)` of the samples this data produces.
-    pub fn shape(&self) -> (usize, usize) {
+    /// `(dense features, sparse fields)` of the samples this data produces
+    /// (`spec` gives the shape of `csv` data).
+    pub fn shape(&self, spec: Option<&FeatureSpec>) -> (usize, usize) {
         match self {
             DataSpec::Synthetic | DataSpec::Criteo(_) => (13, 26),
             DataSpec::Avazu(_) => (tiderec_sources::avazu::NUM_DENSE, tiderec_sources::avazu::NUM_SPARSE),
+            DataSpec::Csv(_) => spec.map_or((0, 0), FeatureSpec::shape),
         }
     }
 
@@ -41,7 +46,7 @@ impl DataSpec {
             return Err(PipelineError::config(key, format!("`{s}` is not `synthetic` or `FORMAT:PATH[,PATH…]`")));
         };
         match format {
-            "criteo" | "avazu" => {
+            "criteo" | "avazu" | "csv" => {
                 let mut paths = Vec::new();
                 for p in rest.split(',').filter(|p| !p.is_empty()) {
                     let path = PathBuf::from(p);
@@ -62,11 +67,16 @@ impl DataSpec {
                 if paths.is_empty() {
                     return Err(PipelineError::config(key, format!("`{s}` names no files")));
                 }
-                Ok(if format == "criteo" { DataSpec::Criteo(paths) } else { DataSpec::Avazu(paths) })
+                Ok(match format {
+                    "criteo" => DataSpec::Criteo(paths),
+                    "avazu" => DataSpec::Avazu(paths),
+                    _ => DataSpec::Csv(paths),
+                })
             }
-            other => {
-                Err(PipelineError::config(key, format!("unknown data format `{other}` (synthetic, criteo, avazu)")))
-            }
+            other => Err(PipelineError::config(
+                key,
+                format!("unknown data format `{other}` (synthetic, criteo, avazu, csv)"),
+            )),
         }
     }
 }
@@ -77,6 +87,8 @@ impl DataSpec {
 pub struct TrainSettings {
     /// `synthetic` or `criteo:PATH[,PATH…]`.
     pub data: String,
+    /// Feature spec of `csv:` data: `elm` (the Ele.me preset) or a TOML file.
+    pub spec: Option<String>,
     /// Held-out data (`criteo:PATH`); without it `eval_fraction` of the data is held out.
     pub eval: Option<String>,
     /// Fraction held out for evaluation when `eval` is not given.
@@ -141,6 +153,7 @@ impl Default for TrainSettings {
     fn default() -> Self {
         TrainSettings {
             data: "synthetic".into(),
+            spec: None,
             eval: None,
             eval_fraction: 0.1,
             samples: 300_000,
@@ -200,6 +213,8 @@ pub struct Resolved {
     pub model: ModelConfig,
     /// `(dense features, sparse fields)` of the data.
     pub shape: (usize, usize),
+    /// The feature spec of `csv:` data.
+    pub spec: Option<FeatureSpec>,
 }
 
 impl TrainSettings {
@@ -218,12 +233,30 @@ impl TrainSettings {
         if matches!(eval, Some(DataSpec::Synthetic)) {
             return Err(PipelineError::config("eval", "`synthetic` eval data comes from --eval-fraction"));
         }
+        let spec = match (&data, self.spec.as_deref()) {
+            (DataSpec::Csv(_), None) => {
+                return Err(PipelineError::config("spec", "`csv:` data needs --spec elm or --spec FILE.toml"))
+            }
+            (_, None) => None,
+            (_, Some("elm")) => Some(FeatureSpec::elm(self.buckets, 50)),
+            (_, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| PipelineError::config("spec", format!("cannot read {path}: {e}")))?;
+                let spec: FeatureSpec =
+                    toml::from_str(&text).map_err(|e| PipelineError::config("spec", format!("{path}: {e}")))?;
+                Some(spec)
+            }
+        };
+        if let Some(spec) = &spec {
+            spec.validate()?;
+        }
+        let shape = data.shape(spec.as_ref());
         if let Some(e) = &eval {
-            if e.shape() != data.shape() {
+            if e.shape(spec.as_ref()) != shape || std::mem::discriminant(e) != std::mem::discriminant(&data) {
                 return Err(PipelineError::config("eval", "eval data must have the training data's format"));
             }
         }
-        let (_, num_sparse) = data.shape();
+        let (_, num_sparse) = shape;
         if !(0.0..1.0).contains(&self.eval_fraction) {
             return Err(PipelineError::config(
                 "eval_fraction",
@@ -285,7 +318,10 @@ impl TrainSettings {
             None if data == DataSpec::Synthetic => {
                 tiderec_sources::synthetic::SyntheticConfig::kaggle_like(self.seed, self.buckets).table_sizes
             }
-            None => vec![self.buckets; num_sparse],
+            None => match &spec {
+                Some(spec) if matches!(data, DataSpec::Csv(_)) => spec.table_sizes(),
+                _ => vec![self.buckets; num_sparse],
+            },
         };
         if self.max_line_bytes < 64 {
             return Err(PipelineError::config("max_line_bytes", "must be at least 64"));
@@ -320,10 +356,9 @@ impl TrainSettings {
         } else {
             Vec::new()
         };
-        let model = self.model_config_for(data.shape())?;
+        let model = self.model_config_for(shape)?;
         model.validate()?;
-        let shape = data.shape();
-        Ok(Resolved { data, eval, optimizer, sparse_optimizer, policy, table_sizes, hosts, model, shape })
+        Ok(Resolved { data, eval, optimizer, sparse_optimizer, policy, table_sizes, hosts, model, shape, spec })
     }
 
     /// The model these settings describe, for Criteo-shaped data (13 dense, 26 sparse).

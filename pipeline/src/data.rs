@@ -11,10 +11,11 @@ use crate::config::DataSpec;
 use crate::PipelineError;
 use std::path::PathBuf;
 use tiderec_operators::bad_record::{BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_operators::spec::SpecFormat;
 use tiderec_operators::Batch;
 use tiderec_sources::avazu::{open_avazu, AvazuFormat, AvazuReader};
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader};
-use tiderec_sources::lines::ReaderOptions;
+use tiderec_sources::lines::{LineReader, ReaderOptions};
 use tiderec_sources::synthetic::SyntheticCriteo;
 
 /// Worker `worker`'s share of a global batch of `batch` samples (the shares add up to `batch`).
@@ -49,6 +50,13 @@ pub enum WorkerData {
         /// Samples per step from this worker.
         micro: usize,
     },
+    /// This worker's byte ranges of files described by a feature spec.
+    Spec {
+        /// The reader.
+        reader: Box<LineReader<SpecFormat>>,
+        /// Samples per step from this worker.
+        micro: usize,
+    },
     /// This worker's byte ranges of Avazu files.
     Avazu {
         /// The reader.
@@ -63,6 +71,8 @@ pub enum WorkerData {
 pub struct CriteoOptions {
     /// Hashing seed.
     pub seed: u64,
+    /// The feature spec of `csv:` data.
+    pub spec: Option<tiderec_operators::spec::FeatureSpec>,
     /// Hashing into tables.
     pub features: CriteoFeatures,
     /// Longest accepted line.
@@ -128,6 +138,14 @@ impl WorkerData {
                 Ok(Self::synthetic(g.clone(), range, batch, worker, workers))
             }
             DataSpec::Criteo(paths) => Self::criteo(paths, span, options, batch, worker, workers, dead_letters),
+            DataSpec::Csv(paths) => {
+                let spec = options.spec.clone().expect("validated: csv data has a spec");
+                let format = SpecFormat::new(spec, options.seed)?;
+                let reader_options = ReaderOptions { max_line_bytes: options.max_line_bytes, policy: options.policy };
+                let reader =
+                    LineReader::open_format(paths, span, worker, workers, format, reader_options, dead_letters)?;
+                Ok(WorkerData::Spec { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
+            }
             DataSpec::Avazu(paths) => {
                 let format = AvazuFormat::new(options.features.table_sizes.clone(), options.seed)?;
                 let reader_options = ReaderOptions { max_line_bytes: options.max_line_bytes, policy: options.policy };
@@ -155,6 +173,7 @@ impl WorkerData {
             }
             WorkerData::Criteo { reader, micro } => Ok(reader.next_batch(out, *micro)?),
             WorkerData::Avazu { reader, micro } => Ok(reader.next_batch(out, *micro)?),
+            WorkerData::Spec { reader, micro } => Ok(reader.next_batch(out, *micro)?),
         }
     }
 
@@ -162,7 +181,7 @@ impl WorkerData {
     pub fn is_exhausted(&self) -> bool {
         match self {
             WorkerData::Synthetic { range, cursor, .. } => *cursor >= range.end,
-            WorkerData::Criteo { .. } | WorkerData::Avazu { .. } => false,
+            WorkerData::Criteo { .. } | WorkerData::Avazu { .. } | WorkerData::Spec { .. } => false,
         }
     }
 
@@ -172,6 +191,7 @@ impl WorkerData {
             WorkerData::Synthetic { range, cursor, .. } => *cursor = range.start,
             WorkerData::Criteo { reader, .. } => reader.rewind(),
             WorkerData::Avazu { reader, .. } => reader.rewind(),
+            WorkerData::Spec { reader, .. } => reader.rewind(),
         }
     }
 
@@ -181,6 +201,7 @@ impl WorkerData {
             WorkerData::Synthetic { .. } => BadRecordCounts::default(),
             WorkerData::Criteo { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Avazu { reader, .. } => reader.bad_counts().clone(),
+            WorkerData::Spec { reader, .. } => reader.bad_counts().clone(),
         }
     }
 
@@ -189,6 +210,7 @@ impl WorkerData {
         let sink = match self {
             WorkerData::Criteo { reader, .. } => reader.dead_letters(),
             WorkerData::Avazu { reader, .. } => reader.dead_letters(),
+            WorkerData::Spec { reader, .. } => reader.dead_letters(),
             WorkerData::Synthetic { .. } => None,
         };
         if let Some(dl) = sink {

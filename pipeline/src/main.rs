@@ -23,6 +23,31 @@ enum Command {
     /// Measure throughput.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Write generated datasets (no real Ele.me rows exist; this writes elm-shaped ones).
+    #[command(subcommand)]
+    Generate(GenerateCommand),
+}
+
+#[derive(Subcommand)]
+enum GenerateCommand {
+    /// Ele.me-shaped CSV lines (39 columns, `;` lists; labels carry no signal). Train with `--data csv:FILE --spec elm`.
+    Elm(ElmArgs),
+}
+
+#[derive(Args)]
+struct ElmArgs {
+    /// Output file.
+    #[arg(long)]
+    out: PathBuf,
+    /// Number of lines.
+    #[arg(long, default_value_t = 100_000)]
+    rows: u64,
+    /// List length scale: 1 = elm, 8 = elm_y_long.
+    #[arg(long, default_value_t = 1)]
+    list_scale: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
 }
 
 #[derive(Subcommand)]
@@ -112,12 +137,15 @@ struct TrainArgs {
     /// TOML file with any of the settings below (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// `synthetic` (default) or `criteo:PATH[,PATH…]` (files or directories).
+    /// `synthetic` (default), `criteo:PATH[,PATH…]`, `avazu:PATH[,PATH…]` or `csv:PATH[,PATH…]` with --spec (files or directories).
     #[arg(long)]
     data: Option<String>,
-    /// Held-out data, `criteo:PATH[,PATH…]`.
+    /// Held-out data, same format as --data.
     #[arg(long)]
     eval: Option<String>,
+    /// Feature spec of `csv:` data: `elm` (Ele.me preset) or a TOML file.
+    #[arg(long)]
+    spec: Option<String>,
     /// Fraction held out for evaluation when --eval is not given (synthetic: fraction of --samples).
     #[arg(long)]
     eval_fraction: Option<f64>,
@@ -244,6 +272,9 @@ impl TrainArgs {
         if args.eval.is_some() {
             s.eval = args.eval;
         }
+        if args.spec.is_some() {
+            s.spec = args.spec;
+        }
         if args.steps.is_some() {
             s.steps = args.steps;
         }
@@ -347,6 +378,20 @@ fn main() -> anyhow::Result<()> {
             if let Some(p) = &settings.metrics_json {
                 println!("  metrics written to {}", p.display());
             }
+        }
+        Command::Generate(GenerateCommand::Elm(a)) => {
+            use std::io::Write;
+            let file = std::fs::File::create(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+            let mut w = std::io::BufWriter::new(file);
+            let mut line = Vec::new();
+            for i in 0..a.rows {
+                line.clear();
+                tiderec_sources::elm::elm_line(a.seed, i, a.list_scale, &mut line);
+                line.push(b'\n');
+                w.write_all(&line).with_context(|| format!("cannot write {}", a.out.display()))?;
+            }
+            w.flush().with_context(|| format!("cannot write {}", a.out.display()))?;
+            eprintln!("wrote {} elm-shaped lines (list scale {}) to {}", a.rows, a.list_scale, a.out.display());
         }
         Command::Bench(BenchCommand::Gru(g)) => {
             let r = tiderec::bench::run_gru(g.batch_size, g.steps, g.input, g.hidden, g.seconds);

@@ -94,7 +94,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             table_sizes: resolved.table_sizes.clone(),
             zipf_exponent: 1.1,
         })?),
-        DataSpec::Criteo(_) | DataSpec::Avazu(_) => None,
+        DataSpec::Criteo(_) | DataSpec::Avazu(_) | DataSpec::Csv(_) => None,
     };
     let eval_samples = (settings.samples as f64 * settings.eval_fraction).round() as u64;
     let holdout = resolved.eval.is_none() && settings.eval_fraction > 0.0;
@@ -104,7 +104,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             let per_epoch = settings.samples.div_ceil(settings.batch_size as u64);
             Some(settings.steps.map_or(per_epoch * settings.epochs, |s| s.min(per_epoch * settings.epochs)))
         }
-        DataSpec::Criteo(_) | DataSpec::Avazu(_) => settings.steps,
+        DataSpec::Criteo(_) | DataSpec::Avazu(_) | DataSpec::Csv(_) => settings.steps,
     };
     let dead_letters_path = if settings.processes > 1 {
         let mut p = settings.dead_letters.clone().into_os_string();
@@ -125,6 +125,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             max_line_bytes: settings.max_line_bytes,
             policy: resolved.policy,
             seed: settings.seed,
+            spec: resolved.spec.clone(),
         },
         dead_letters: SharedDeadLetters::file(dead_letters_path.clone()),
         total_steps,

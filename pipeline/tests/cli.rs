@@ -227,3 +227,82 @@ fn epochs_replay_files_and_odd_worker_counts_cover_every_row() {
     assert_eq!(v["epochs"], 2);
     assert_eq!(v["workers"], 3);
 }
+
+#[test]
+fn csv_data_with_a_toml_feature_spec_trains_on_real_avazu_rows() {
+    let Some(src) = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(|d| Path::new(&d).join("../../shared/data/avazu/train"))
+        .filter(|p| p.exists())
+    else {
+        eprintln!("skipping: shared data not found");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("avazu.toml");
+    std::fs::write(
+        &spec,
+        r#"
+delimiter = ","
+header = true
+columns = ["id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
+           "app_domain", "app_category", "device_id", "device_ip", "device_model", "device_type",
+           "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21"]
+label = { column = "click" }
+dense = [{ column = "C15", log1p = true }, { column = "C16", log1p = true }]
+categorical = [
+  { column = "site_id", buckets = 5000 }, { column = "app_id", buckets = 5000 },
+  { column = "device_model", buckets = 5000 }, { column = "C14", buckets = 5000 },
+  { column = "banner_pos", buckets = 8, encoding = "identity" },
+]
+"#,
+    )
+    .unwrap();
+    let m = dir.path().join("m.json");
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--model", "deepfm", "--eval-fraction", "0.2", "--spec"])
+            .arg(&spec)
+            .arg("--data")
+            .arg(format!("csv:{}", src.display()))
+            .arg("--metrics-json")
+            .arg(&m),
+    );
+    let v = metrics(&m);
+    assert_eq!(v["samples"].as_u64().unwrap() + v["eval_samples"].as_u64().unwrap(), 8999);
+    assert_eq!(v["bad_records"], 0);
+    assert!(v["auc"].as_f64().unwrap() > 0.62, "{v}");
+    // A spec naming a missing column fails before any work, naming the key.
+    std::fs::write(&spec, std::fs::read_to_string(&spec).unwrap().replace("column = \"C15\"", "column = \"C99\""))
+        .unwrap();
+    let out = tiderec()
+        .args(["train", "--spec"])
+        .arg(&spec)
+        .arg("--data")
+        .arg(format!("csv:{}", src.display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("dense[0].column"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn generated_elm_lines_train_with_the_elm_preset() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("elm.csv");
+    run_ok(tiderec().args(["generate", "elm", "--rows", "3000", "--list-scale", "2", "--out"]).arg(&data));
+    let m = dir.path().join("m.json");
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--spec", "elm", "--eval-fraction", "0.1", "--data"])
+            .arg(format!("csv:{}", data.display()))
+            .arg("--metrics-json")
+            .arg(&m),
+    );
+    let v = metrics(&m);
+    assert_eq!(v["samples"].as_u64().unwrap() + v["eval_samples"].as_u64().unwrap(), 3000);
+    assert_eq!(v["bad_records"], 0);
+}

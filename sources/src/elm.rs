@@ -20,48 +20,8 @@
 
 use tiderec_operators::features::mix64;
 
-/// The 39 column names, in order.
-pub const ELM_COLUMNS: [&str; 39] = [
-    "clicked",
-    "user_id",
-    "gender",
-    "visit_city",
-    "avg_price",
-    "is_supervip",
-    "ctr_30",
-    "ord_30",
-    "total_amt_30",
-    "shop_id",
-    "item_id",
-    "city_id",
-    "district_id",
-    "shop_aoi_id",
-    "shop_geohash_6",
-    "shop_geohash_12",
-    "brand_id",
-    "category_1_id",
-    "merge_standard_food_id",
-    "rank_7",
-    "rank_30",
-    "rank_90",
-    "shop_id_list",
-    "item_id_list",
-    "category_1_id_list",
-    "merge_standard_food_id_list",
-    "brand_id_list",
-    "price_list",
-    "shop_aoi_id_list",
-    "shop_geohash6_list",
-    "timediff_list",
-    "hours_list",
-    "time_type_list",
-    "weekdays_list",
-    "times",
-    "hours",
-    "time_type",
-    "weekdays",
-    "geohash12",
-];
+/// The 39 column names, in order (shared with the `elm` feature-spec preset).
+pub use tiderec_operators::spec::ELM_COLUMNS;
 
 /// Indices into [`ELM_COLUMNS`] of the twelve `;`-separated list columns.
 pub const ELM_LIST_COLUMNS: [usize; 12] = [22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33];
