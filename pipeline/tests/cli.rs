@@ -23,6 +23,17 @@ fn metrics(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("metrics file written")).expect("valid JSON")
 }
 
+/// `../shared/data/<rel>` beside the repository, or `None` (with a note) when absent.
+fn shared_data(rel: &str) -> Option<std::path::PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(rel);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipping: {} not found", p.display());
+        None
+    }
+}
+
 fn rel_diff(a: f64, b: f64) -> f64 {
     (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
 }
@@ -155,13 +166,7 @@ fn config_file_is_read_and_flags_override_it() {
 
 #[test]
 fn bad_records_are_skipped_and_written_or_fail_with_their_line() {
-    let Some(src) = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(|d| Path::new(&d).join("../../shared/data/criteo/sample_train.txt"))
-        .filter(|p| p.exists())
-    else {
-        eprintln!("skipping: shared data not found");
-        return;
-    };
+    let Some(src) = shared_data("criteo/sample_train.txt") else { return };
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(src).unwrap();
     let mut lines: Vec<String> = text.lines().map(String::from).collect();
@@ -204,13 +209,7 @@ fn bad_records_are_skipped_and_written_or_fail_with_their_line() {
 
 #[test]
 fn epochs_replay_files_and_odd_worker_counts_cover_every_row() {
-    let Some(src) = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(|d| Path::new(&d).join("../../shared/data/criteo/sample_train.txt"))
-        .filter(|p| p.exists())
-    else {
-        eprintln!("skipping: shared data not found");
-        return;
-    };
+    let Some(src) = shared_data("criteo/sample_train.txt") else { return };
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m.json");
     // 100 rows, 3 workers sharing a global batch of 32 (micro-batches 10, 11, 11), two epochs.
@@ -230,13 +229,7 @@ fn epochs_replay_files_and_odd_worker_counts_cover_every_row() {
 
 #[test]
 fn csv_data_with_a_toml_feature_spec_trains_on_real_avazu_rows() {
-    let Some(src) = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(|d| Path::new(&d).join("../../shared/data/avazu/train"))
-        .filter(|p| p.exists())
-    else {
-        eprintln!("skipping: shared data not found");
-        return;
-    };
+    let Some(src) = shared_data("avazu/train") else { return };
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("avazu.toml");
     std::fs::write(
