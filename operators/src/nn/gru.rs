@@ -108,12 +108,10 @@ impl Gru {
         let bh = batch * h;
         cache.batch = batch;
         cache.steps = steps;
-        // All input projections at once, time-major: gx[(t·B + b) × 3H] = x_{b,t} · W_ihᵀ + b_ih.
+        // All input projections at once, time-major: gx[(t·B + b) × 3H] = x_{b,t} · W_ihᵀ
+        // (the biases are added inside the cell, saving a pass over gx).
         to_time_major(x, batch, steps, self.input, &mut cache.xt);
         cache.gx.resize(batch * steps * i3, T::ZERO);
-        for row in cache.gx.chunks_exact_mut(i3) {
-            row.copy_from_slice(&params[self.b_ih()]);
-        }
         gemm(
             Op::N,
             Op::T,
@@ -123,18 +121,16 @@ impl Gru {
             T::ONE,
             &cache.xt,
             &params[self.w_ih()],
-            T::ONE,
+            T::ZERO,
             &mut cache.gx,
         );
+        let (b_ih, b_hh) = (&params[self.b_ih()], &params[self.b_hh()]);
         self.prepare(cache, batch, steps);
         for t in 0..steps {
             let (prev, rest) = cache.states.split_at_mut((t + 1) * bh);
             let hp = &prev[t * bh..];
             let gh = &mut cache.gh[t * batch * i3..(t + 1) * batch * i3];
-            for row in gh.chunks_exact_mut(i3) {
-                row.copy_from_slice(&params[self.b_hh()]);
-            }
-            gemm(Op::N, Op::T, batch, i3, h, T::ONE, hp, &params[self.w_hh()], T::ONE, gh);
+            gemm(Op::N, Op::T, batch, i3, h, T::ONE, hp, &params[self.w_hh()], T::ZERO, gh);
             let hn = &mut rest[..bh];
             for b in 0..batch {
                 let gx = &cache.gx[(t * batch + b) * i3..(t * batch + b + 1) * i3];
@@ -143,8 +139,8 @@ impl Gru {
                     b,
                     t,
                     batch,
-                    gx,
-                    ghb,
+                    (gx, b_ih),
+                    (ghb, b_hh),
                     hp,
                     hn,
                     lengths,
@@ -158,17 +154,18 @@ impl Gru {
     }
 
     fn prepare<T: Scalar>(&self, cache: &mut GruCache<T>, batch: usize, steps: usize) {
+        // Every entry is written before it is read except h_0, so only h_0 is zeroed.
         let bh = batch * self.hidden;
-        cache.states.clear();
         cache.states.resize((steps + 1) * bh, T::ZERO);
+        cache.states[..bh].fill(T::ZERO);
         for v in [&mut cache.r, &mut cache.z, &mut cache.n, &mut cache.hn] {
-            v.clear();
             v.resize(steps * bh, T::ZERO);
         }
         cache.gh.resize(steps * batch * 3 * self.hidden, T::ZERO);
     }
 
-    /// The elementwise part of one step for row `b`, given its input and recurrent pre-activations.
+    /// The elementwise part of one step for row `b`, given its input and recurrent
+    /// pre-activations, each with the bias still to add.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn cell<T: Scalar>(
@@ -176,8 +173,8 @@ impl Gru {
         b: usize,
         t: usize,
         batch: usize,
-        gx: &[T],
-        gh: &[T],
+        (gx, bx): (&[T], &[T]),
+        (gh, bh): (&[T], &[T]),
         hp: &[T],
         hn_out: &mut [T],
         lengths: &[usize],
@@ -196,16 +193,19 @@ impl Gru {
         }
         let (gxr, gxz, gxn) = (&gx[..h], &gx[h..2 * h], &gx[2 * h..3 * h]);
         let (ghr, ghz, ghn) = (&gh[..h], &gh[h..2 * h], &gh[2 * h..3 * h]);
+        let (bxr, bxz, bxn) = (&bx[..h], &bx[h..2 * h], &bx[2 * h..3 * h]);
+        let (bhr, bhz, bhn) = (&bh[..h], &bh[h..2 * h], &bh[2 * h..3 * h]);
         let (r, z, n, hn) =
             (&mut r[base..base + h], &mut z[base..base + h], &mut n[base..base + h], &mut hn[base..base + h]);
         for j in 0..h {
-            let rj = sigmoid_fast(gxr[j] + ghr[j]);
-            let zj = sigmoid_fast(gxz[j] + ghz[j]);
-            let nj = tanh(gxn[j] + rj * ghn[j]);
+            let rj = sigmoid_fast(gxr[j] + bxr[j] + ghr[j] + bhr[j]);
+            let zj = sigmoid_fast(gxz[j] + bxz[j] + ghz[j] + bhz[j]);
+            let hnj = ghn[j] + bhn[j];
+            let nj = tanh(gxn[j] + bxn[j] + rj * hnj);
             r[j] = rj;
             z[j] = zj;
             n[j] = nj;
-            hn[j] = ghn[j];
+            hn[j] = hnj;
             out[j] = (T::ONE - zj) * nj + zj * prev[j];
         }
     }
@@ -319,6 +319,8 @@ impl Gru {
         let mut g = vec![T::ZERO; batch * 4 * h];
         let mut gx = vec![T::ZERO; i3];
         let mut gh = vec![T::ZERO; i3];
+        // The combined pre-activations already hold the biases.
+        let zero_bias = vec![T::ZERO; i3];
         for t in 0..steps {
             let (prev, rest) = cache.states.split_at_mut((t + 1) * bh);
             let hp = &prev[t * bh..];
@@ -342,8 +344,8 @@ impl Gru {
                     b,
                     t,
                     batch,
-                    &gx,
-                    &gh,
+                    (&gx, &zero_bias),
+                    (&gh, &zero_bias),
                     hp,
                     hn,
                     lengths,
