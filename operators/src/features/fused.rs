@@ -16,7 +16,7 @@
 //! * `out` vectors and `counts` are appended / added to, never cleared, so one
 //!   call can extend the CSR bag of a batch.
 
-use super::split::{for_each_token, scan_delims};
+use super::split::{for_each_token, scan_tokens};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// The 64-bit hash of a token's bytes: `xxh3_64_with_seed(token, seed)`.
@@ -63,24 +63,14 @@ pub fn split_hash_bucket(
     if max_tokens == 0 {
         return;
     }
-    let mut start = 0usize;
     let mut n = 0usize;
-    let mut emit = |token: &[u8]| {
+    scan_tokens(line, delim, |token| {
         if !(skip_empty && token.is_empty()) {
             out.push(token_bucket(seed, token, buckets));
             n += 1;
         }
         n < max_tokens
-    };
-    let mut open = true;
-    scan_delims(line, delim, |p| {
-        open = emit(&line[start..p]);
-        start = p + 1;
-        open
     });
-    if open {
-        emit(&line[start..]);
-    }
 }
 
 /// The reference for [`split_hash_bucket`], unfused: split into owned byte
@@ -130,8 +120,7 @@ pub fn split_parse_reduce(line: &[u8], delim: u8, reduce: Reduce, max_tokens: us
     let mut index = 0usize;
     let mut bad = None;
     if max_tokens > 0 {
-        let mut start = 0usize;
-        let mut step = |token: &[u8]| -> bool {
+        scan_tokens(line, delim, |token| {
             if !token.is_empty() {
                 match fast_float2::parse::<f32, _>(token) {
                     Ok(v) => {
@@ -146,16 +135,7 @@ pub fn split_parse_reduce(line: &[u8], delim: u8, reduce: Reduce, max_tokens: us
             }
             index += 1;
             count < max_tokens
-        };
-        let mut open = true;
-        scan_delims(line, delim, |p| {
-            open = step(&line[start..p]);
-            start = p + 1;
-            open
         });
-        if open {
-            step(&line[start..]);
-        }
     }
     if let Some(i) = bad {
         return Err(i);

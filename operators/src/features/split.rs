@@ -65,15 +65,25 @@ pub fn for_each_token<'a>(line: &'a [u8], delim: u8, max_tokens: usize, mut f: i
     if max_tokens == 0 {
         return;
     }
-    let mut start = 0usize;
     let mut n = 0usize;
-    scan_delims(line, delim, |p| {
-        f(&line[start..p]);
-        start = p + 1;
+    scan_tokens(line, delim, |token| {
+        f(token);
         n += 1;
         n < max_tokens
     });
-    if n < max_tokens {
+}
+
+/// Calls `f` on the tokens of `line` in order (as `line.split(|b| *b == delim)`
+/// yields them) until `f` returns `false`; the rest of the line is not scanned.
+pub fn scan_tokens<'a>(line: &'a [u8], delim: u8, mut f: impl FnMut(&'a [u8]) -> bool) {
+    let mut start = 0usize;
+    let mut open = true;
+    scan_delims(line, delim, |p| {
+        open = f(&line[start..p]);
+        start = p + 1;
+        open
+    });
+    if open {
         f(&line[start..]);
     }
 }
