@@ -30,6 +30,7 @@ fn main() {
         dense_hp: OptimizerParams::with_lr(0.001),
         sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
         sparse_hp: OptimizerParams::with_lr(0.05),
+        sequence_tables: Vec::new(),
     };
     timely::execute(timely::Config::process(2), move |worker| {
         let (me, peers) = (worker.index(), worker.peers());

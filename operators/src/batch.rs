@@ -4,6 +4,12 @@
 //! block of dense features and one CSR bag per sparse field. Bag `i` of a
 //! field is `ids[offsets[i]..offsets[i + 1]]`; `offsets` always has `B + 1`
 //! entries and starts at 0. An absent categorical value is an empty bag.
+//!
+//! Behaviour sequences (a user's recent items, categories, …) are kept in
+//! `sequences`, one CSR list per sequence field, with the same layout as a
+//! sparse field but where order matters: ids run oldest first. All sequence
+//! fields of one sample have the same length (item `t` of every field
+//! describes the same event), which [`Batch::check`] enforces.
 
 use serde::{Deserialize, Serialize};
 
@@ -58,6 +64,9 @@ pub struct Batch {
     pub dense: Vec<f32>,
     /// One CSR bag list per sparse field.
     pub sparse: Vec<SparseField>,
+    /// One CSR list per sequence field (oldest first; equal lengths per sample across fields).
+    #[serde(default)]
+    pub sequences: Vec<SparseField>,
 }
 
 impl Batch {
@@ -68,7 +77,15 @@ impl Batch {
             num_dense,
             dense: Vec::new(),
             sparse: (0..num_sparse).map(|_| SparseField::new()).collect(),
+            sequences: Vec::new(),
         }
+    }
+
+    /// An empty batch that also carries `num_sequences` sequence fields.
+    pub fn with_sequences(num_dense: usize, num_sparse: usize, num_sequences: usize) -> Self {
+        let mut b = Batch::new(num_dense, num_sparse);
+        b.sequences = (0..num_sequences).map(|_| SparseField::new()).collect();
+        b
     }
 
     /// Number of samples.
@@ -87,7 +104,7 @@ impl Batch {
     pub fn clear(&mut self) {
         self.labels.clear();
         self.dense.clear();
-        for f in &mut self.sparse {
+        for f in self.sparse.iter_mut().chain(&mut self.sequences) {
             f.offsets.clear();
             f.offsets.push(0);
             f.ids.clear();
@@ -101,6 +118,10 @@ impl Batch {
         let d = self.num_dense;
         self.dense.extend_from_slice(&other.dense[i * d..(i + 1) * d]);
         for (dst, src) in self.sparse.iter_mut().zip(&other.sparse) {
+            dst.ids.extend_from_slice(src.bag(i));
+            dst.close_bag();
+        }
+        for (dst, src) in self.sequences.iter_mut().zip(&other.sequences) {
             dst.ids.extend_from_slice(src.bag(i));
             dst.close_bag();
         }
@@ -119,12 +140,25 @@ impl Batch {
         if self.dense.len() != b * self.num_dense {
             return Err(format!("dense has {} values, expected {}", self.dense.len(), b * self.num_dense));
         }
-        for (f, s) in self.sparse.iter().enumerate() {
+        let named = self.sparse.iter().enumerate().map(|(f, s)| (format!("field {f}"), s));
+        let sequences = self.sequences.iter().enumerate().map(|(f, s)| (format!("sequence {f}"), s));
+        for (name, s) in named.chain(sequences) {
             if s.offsets.len() != b + 1 || s.offsets[0] != 0 {
-                return Err(format!("field {f}: {} offsets for {b} samples", s.offsets.len()));
+                return Err(format!("{name}: {} offsets for {b} samples", s.offsets.len()));
             }
             if s.offsets.windows(2).any(|w| w[0] > w[1]) || *s.offsets.last().unwrap() as usize != s.ids.len() {
-                return Err(format!("field {f}: offsets not monotone or not ending at ids.len()"));
+                return Err(format!("{name}: offsets not monotone or not ending at ids.len()"));
+            }
+        }
+        if let Some(first) = self.sequences.first() {
+            for (f, s) in self.sequences.iter().enumerate().skip(1) {
+                if let Some(i) = (0..b).find(|&i| s.bag(i).len() != first.bag(i).len()) {
+                    return Err(format!(
+                        "sample {i}: sequence {f} has {} items but sequence 0 has {}",
+                        s.bag(i).len(),
+                        first.bag(i).len()
+                    ));
+                }
             }
         }
         Ok(())

@@ -13,6 +13,10 @@ use crate::batch::Batch;
 pub trait LineFormat {
     /// `(dense features, sparse fields)` of the samples it produces.
     fn shape(&self) -> (usize, usize);
+    /// Sequence fields of the samples it produces (0 unless the format carries behaviour histories).
+    fn num_sequences(&self) -> usize {
+        0
+    }
     /// Appends the sample of `line` (no terminator; a trailing `\r` may remain)
     /// to `out`, or says why it cannot, naming the field where one is to blame.
     /// On error nothing may have been appended.

@@ -18,6 +18,7 @@
 
 pub mod bad_record;
 pub mod batch;
+pub mod behavior;
 pub mod error;
 pub mod features;
 pub mod format;

@@ -261,6 +261,69 @@ impl FeatureSpec {
     }
 }
 
+impl FeatureSpec {
+    /// The Taobao display-ad joined CSV (FuxiCTR's `train_sample.csv` layout,
+    /// with its header): `clk` is the label, `price` the one dense feature,
+    /// the ad and user-profile ids categorical (an empty profile field is an
+    /// absent value), and `click_sequence` a `^`-separated list of at most
+    /// `max_len` ids. `time_stamp` is not a feature.
+    pub fn taobao_ad(buckets: u64, max_len: usize) -> Self {
+        let categorical_cols = [
+            "userid",
+            "adgroup_id",
+            "pid",
+            "cate_id",
+            "campaign_id",
+            "customer",
+            "brand",
+            "cms_segid",
+            "cms_group_id",
+            "final_gender_code",
+            "age_level",
+            "pvalue_level",
+            "shopping_level",
+            "occupation",
+            "new_user_class_level",
+        ];
+        FeatureSpec {
+            delimiter: ",".into(),
+            header: true,
+            columns: TAOBAO_AD_COLUMNS.iter().map(|s| s.to_string()).collect(),
+            label: LabelSpec { column: "clk".into() },
+            dense: vec![DenseSpec { column: "price".into(), log1p: true, clamp: None }],
+            numeric_list: Vec::new(),
+            categorical: categorical_cols
+                .iter()
+                .map(|c| CategoricalSpec { column: c.to_string(), buckets, encoding: Encoding::Hash })
+                .collect(),
+            list: vec![ListSpec { column: "click_sequence".into(), delimiter: "^".into(), max_len, buckets }],
+        }
+    }
+}
+
+/// The 19 columns of the joined Taobao display-ad CSV, in order.
+pub const TAOBAO_AD_COLUMNS: [&str; 19] = [
+    "clk",
+    "time_stamp",
+    "userid",
+    "adgroup_id",
+    "pid",
+    "cate_id",
+    "campaign_id",
+    "customer",
+    "brand",
+    "price",
+    "cms_segid",
+    "cms_group_id",
+    "final_gender_code",
+    "age_level",
+    "pvalue_level",
+    "shopping_level",
+    "occupation",
+    "new_user_class_level",
+    "click_sequence",
+];
+
 /// The 39 columns of the Ele.me dataset, in order.
 pub const ELM_COLUMNS: [&str; 39] = [
     "clicked",
@@ -512,5 +575,26 @@ mod tests {
         }
         FeatureSpec::elm(1000, 50).validate().unwrap();
         assert_eq!(FeatureSpec::elm(1000, 50).shape(), (10, 28));
+    }
+
+    #[test]
+    fn taobao_ad_preset_parses_the_documented_row() {
+        let spec = FeatureSpec::taobao_ad(1000, 20);
+        spec.validate().unwrap();
+        let f = SpecFormat::new(spec, 4).unwrap();
+        assert_eq!(f.shape(), (1, 16));
+        let mut b = Batch::new(1, 16);
+        assert!(f.is_header(b"clk,time_stamp,userid,adgroup_id,pid,cate_id,campaign_id,customer,brand,price,cms_segid,cms_group_id,final_gender_code,age_level,pvalue_level,shopping_level,occupation,new_user_class_level,click_sequence"));
+        f.parse(
+            b"0,2017-05-06 00:00:00,874257,172298,430548_1007,5443,160194,864,339907,3.9,0,3,2,3,,3,0,,170301^573514",
+            &mut b,
+        )
+        .unwrap();
+        b.check().unwrap();
+        assert_eq!(b.labels, [0.0]);
+        assert!((b.dense[0] - 4.9f32.ln()).abs() < 1e-6);
+        assert!(b.sparse[11].bag(0).is_empty(), "empty pvalue_level is absent");
+        assert!(b.sparse[14].bag(0).is_empty(), "empty new_user_class_level is absent");
+        assert_eq!(b.sparse[15].bag(0).len(), 2, "two clicked ids");
     }
 }

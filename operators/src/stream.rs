@@ -73,13 +73,14 @@ impl<'scope, T: Timestamp> ParseRecords<'scope, T> for Stream<'scope, T, Vec<Vec
         let mut bad: OutputBuilder<T, CapacityContainerBuilder<Vec<BadRecord>>> = OutputBuilder::from(bad);
         let source = source.to_string();
         let (num_dense, num_sparse) = format.shape();
+        let num_sequences = format.num_sequences();
         let mut seen = 0u64;
         builder.build(move |_| {
             move |_frontiers| {
                 let mut batches = batches.activate();
                 let mut bad = bad.activate();
                 input.for_each(|cap, data| {
-                    let mut batch = Batch::new(num_dense, num_sparse);
+                    let mut batch = Batch::with_sequences(num_dense, num_sparse, num_sequences);
                     let mut bad_session = bad.session(&cap);
                     for line in data.drain(..) {
                         seen += 1;

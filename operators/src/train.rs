@@ -33,7 +33,7 @@ use crate::batch::Batch;
 use crate::metrics::EvalSet;
 use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
 use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
-use crate::nn::{Model, ModelConfig};
+use crate::nn::{Model, ModelConfig, SequenceInput};
 use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use crate::shard::{shard_of, EmbeddingShard};
 use crate::OperatorError;
@@ -65,6 +65,10 @@ pub struct TrainerConfig {
     pub sparse_optimizer: SparseOptimizerKind,
     /// Its hyper-parameters.
     pub sparse_hp: OptimizerParams,
+    /// For each sequence field of the model, the table its ids index (a sequence
+    /// of items shares the target item's table). Empty for models without sequences.
+    #[serde(default)]
+    pub sequence_tables: Vec<usize>,
 }
 
 impl TrainerConfig {
@@ -75,6 +79,22 @@ impl TrainerConfig {
             return Err(OperatorError::config(
                 "table_sizes",
                 format!("{} table sizes for {} sparse fields", self.table_sizes.len(), self.model.num_sparse()),
+            ));
+        }
+        if self.sequence_tables.len() != self.model.num_sequences() {
+            return Err(OperatorError::config(
+                "sequence_tables",
+                format!(
+                    "{} sequence tables for {} sequence fields",
+                    self.sequence_tables.len(),
+                    self.model.num_sequences()
+                ),
+            ));
+        }
+        if let Some(&t) = self.sequence_tables.iter().find(|&&t| t >= self.table_sizes.len()) {
+            return Err(OperatorError::config(
+                "sequence_tables",
+                format!("table {t} does not exist ({} tables)", self.table_sizes.len()),
             ));
         }
         if let Some(t) = self.table_sizes.iter().position(|&n| n == 0) {
@@ -150,9 +170,9 @@ pub struct LookupRequest {
     pub from: u32,
     /// Owner.
     pub to: u32,
-    /// Number of ids per table, in table order.
+    /// Number of ids per lookup slot (the sparse fields, then the sequence fields).
     pub table_lens: Vec<u32>,
-    /// The ids, table after table, distinct within a table.
+    /// The ids, slot after slot, distinct within a slot.
     pub ids: Vec<u64>,
 }
 
@@ -206,7 +226,7 @@ pub fn dense_slice(len: usize, k: usize, workers: usize) -> std::ops::Range<usiz
     len * k / workers..len * (k + 1) / workers
 }
 
-/// Per-table lookup plan of the current micro-batch.
+/// Lookup plan of one slot (a sparse or a sequence field) of the current micro-batch.
 #[derive(Default)]
 struct TablePlan {
     /// Distinct ids, first-seen order.
@@ -222,6 +242,8 @@ struct Home {
     me: usize,
     workers: usize,
     dim: usize,
+    /// The table of each lookup slot: sparse field `f` reads table `f`; sequence field `s` reads `sequence_tables[s]`.
+    slot_tables: Vec<usize>,
     model: Box<dyn Model<f32>>,
     command: Option<Command>,
     plans: Vec<TablePlan>,
@@ -230,6 +252,9 @@ struct Home {
     dunique: Vec<f32>,
     pooled: Vec<f32>,
     dpooled: Vec<f32>,
+    seq_rows: Vec<f32>,
+    dseq: Vec<f32>,
+    seq_lengths: Vec<usize>,
     dlogits: Vec<f32>,
     seen: FxHashMap<u64, u32>,
 }
@@ -237,6 +262,8 @@ struct Home {
 /// The owner side of a worker: its embedding rows and its dense optimizer slice.
 struct Owner {
     shard: EmbeddingShard,
+    /// The table of each lookup slot (as in [`Home`]).
+    slot_tables: Vec<usize>,
     dense_optimizer: DenseOptimizer,
     /// The last request of each worker, kept to apply the gradients that answer it.
     pending: Vec<LookupRequest>,
@@ -293,6 +320,7 @@ struct Outcome {
 ///     dense_hp: OptimizerParams::with_lr(0.1),
 ///     sparse_optimizer: SparseOptimizerKind::Sgd,
 ///     sparse_hp: OptimizerParams::with_lr(0.1),
+///     sequence_tables: vec![],
 /// };
 /// timely::execute(timely::Config::process(2), move |worker| {
 ///     let mut trainer = Trainer::new(worker, &config).unwrap();
@@ -326,6 +354,8 @@ impl Trainer {
         let dim = config.model.embedding_dim();
         let model = config.model.build::<f32>(config.seed)?;
         let slice = dense_slice(model.params().len(), me, workers);
+        let slot_tables: Vec<usize> =
+            (0..config.model.num_sparse()).chain(config.sequence_tables.iter().copied()).collect();
         let owner = Rc::new(RefCell::new(Owner {
             shard: EmbeddingShard::new(
                 me,
@@ -336,6 +366,7 @@ impl Trainer {
                 config.sparse_optimizer,
                 config.sparse_hp,
             ),
+            slot_tables: slot_tables.clone(),
             dense_optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, slice.len()),
             pending: (0..workers)
                 .map(|w| LookupRequest { from: w as u32, to: me as u32, table_lens: Vec::new(), ids: Vec::new() })
@@ -351,14 +382,18 @@ impl Trainer {
             me,
             workers,
             dim,
+            plans: slot_tables.iter().map(|_| TablePlan::default()).collect(),
+            slot_tables,
             model,
             command: None,
-            plans: (0..config.model.num_sparse()).map(|_| TablePlan::default()).collect(),
             replies: vec![Vec::new(); workers],
             unique_rows: Vec::new(),
             dunique: Vec::new(),
             pooled: Vec::new(),
             dpooled: Vec::new(),
+            seq_rows: Vec::new(),
+            dseq: Vec::new(),
+            seq_lengths: Vec::new(),
             dlogits: Vec::new(),
             seen: FxHashMap::default(),
         }));
@@ -406,7 +441,8 @@ impl Trainer {
                                 let mut owner = owner_b.borrow_mut();
                                 let mut rows = Vec::with_capacity(request.ids.len() * owner.shard.dim);
                                 let mut start = 0;
-                                for (t, &n) in request.table_lens.iter().enumerate() {
+                                for (k, &n) in request.table_lens.iter().enumerate() {
+                                    let t = owner.slot_tables[k];
                                     owner.shard.gather(t, &request.ids[start..start + n as usize], &mut rows);
                                     start += n as usize;
                                 }
@@ -525,8 +561,7 @@ impl Trainer {
     /// this one has failed; all workers see `failed_workers > 0` in the result
     /// and can stop together instead of waiting for each other forever.
     pub fn step_failed(&mut self, worker: &mut Worker) -> StepStats {
-        let m = &self.config.model;
-        let batch = Batch::new(m.num_dense(), m.num_sparse());
+        let batch = self.empty_batch();
         self.run(worker, Command { kind: StepKind::Train, batch, failed: true, bad_records: self.bad_records })
     }
 
@@ -540,23 +575,45 @@ impl Trainer {
         self.outcome.borrow().stats
     }
 
+    /// A batch with no samples and the model's shape.
+    fn empty_batch(&self) -> Batch {
+        let m = &self.config.model;
+        Batch::with_sequences(m.num_dense(), m.num_sparse(), m.num_sequences())
+    }
+
     fn check_batch(&self, batch: &Batch) -> Result<(), OperatorError> {
         let m = &self.config.model;
-        if batch.num_dense != m.num_dense() || batch.sparse.len() != m.num_sparse() {
+        if batch.num_dense != m.num_dense()
+            || batch.sparse.len() != m.num_sparse()
+            || batch.sequences.len() != m.num_sequences()
+        {
             return Err(OperatorError::Shape(format!(
-                "batch has {} dense / {} sparse features, the model expects {} / {}",
+                "batch has {} dense / {} sparse / {} sequence features, the model expects {} / {} / {}",
                 batch.num_dense,
                 batch.sparse.len(),
+                batch.sequences.len(),
                 m.num_dense(),
-                m.num_sparse()
+                m.num_sparse(),
+                m.num_sequences()
             )));
         }
         batch.check().map_err(OperatorError::Shape)?;
-        for (t, field) in batch.sparse.iter().enumerate() {
+        let tables = (0..m.num_sparse()).chain(self.config.sequence_tables.iter().copied());
+        for ((k, field), t) in batch.sparse.iter().chain(&batch.sequences).enumerate().zip(tables) {
             if let Some(&id) = field.ids.iter().find(|&&id| id >= self.config.table_sizes[t]) {
                 return Err(OperatorError::Shape(format!(
-                    "id {id} of field {t} is outside its table of {} rows",
+                    "id {id} of {} is outside its table {t} of {} rows",
+                    slot_name(k, m.num_sparse()),
                     self.config.table_sizes[t]
+                )));
+            }
+        }
+        if let Some(first) = batch.sequences.first() {
+            let max = m.max_sequence_len();
+            if let Some(i) = (0..batch.len()).find(|&i| first.bag(i).len() > max) {
+                return Err(OperatorError::Shape(format!(
+                    "sample {i} has a sequence of {} items, longer than the model's max_len {max}",
+                    first.bag(i).len()
                 )));
             }
         }
@@ -575,8 +632,7 @@ impl Trainer {
 
     /// L2 norm over all parameters, dense and embedding, as f64 (a `Report` step; collective).
     pub fn params_l2(&mut self, worker: &mut Worker) -> Result<f64, OperatorError> {
-        let m = &self.config.model;
-        let stats = self.step(worker, StepKind::Report, Batch::new(m.num_dense(), m.num_sparse()))?;
+        let stats = self.step(worker, StepKind::Report, self.empty_batch())?;
         Ok(stats.sum_squares.sqrt())
     }
 
@@ -595,9 +651,23 @@ impl Trainer {
         self.owner.borrow().shard.num_rows()
     }
 
+    /// The configuration this trainer was built with.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+
     /// Number of steps run so far.
     pub fn steps(&self) -> u64 {
         self.step
+    }
+}
+
+/// `field f` for a sparse slot, `sequence s` for a sequence slot.
+fn slot_name(k: usize, num_sparse: usize) -> String {
+    if k < num_sparse {
+        format!("field {k}")
+    } else {
+        format!("sequence {}", k - num_sparse)
     }
 }
 
@@ -617,8 +687,9 @@ impl Home {
             .collect();
         if command.kind != StepKind::Report {
             let mut counts = vec![0u32; w];
-            for (t, field) in command.batch.sparse.iter().enumerate() {
-                let plan = &mut self.plans[t];
+            for (k, field) in command.batch.sparse.iter().chain(&command.batch.sequences).enumerate() {
+                let t = self.slot_tables[k];
+                let plan = &mut self.plans[k];
                 plan.unique.clear();
                 plan.index.clear();
                 plan.place.clear();
@@ -636,12 +707,68 @@ impl Home {
                     plan.place.push((o as u32, counts[o]));
                     counts[o] += 1;
                     requests[o].ids.push(id);
-                    requests[o].table_lens[t] += 1;
+                    requests[o].table_lens[k] += 1;
                 }
             }
         }
         self.command = Some(command);
         requests
+    }
+
+    /// Lays the rows of the batch's sequence fields out as `[B × T × S·d]` in
+    /// `seq_rows` (padded to the longest sequence `T` of this batch, which it
+    /// returns) and their lengths in `seq_lengths`.
+    fn gather_sequences(&mut self, batch: &Batch) -> usize {
+        let (b, d, f) = (batch.len(), self.dim, batch.sparse.len());
+        let s = batch.sequences.len();
+        self.seq_lengths.clear();
+        let Some(first) = batch.sequences.first() else {
+            self.seq_rows.clear();
+            return 0;
+        };
+        self.seq_lengths.extend((0..b).map(|i| first.bag(i).len()));
+        let steps = self.seq_lengths.iter().copied().max().unwrap_or(0);
+        let width = s * d;
+        self.seq_rows.clear();
+        self.seq_rows.resize(b * steps * width, 0.0);
+        for (j, field) in batch.sequences.iter().enumerate() {
+            let plan = &self.plans[f + j];
+            for i in 0..b {
+                let start = field.offsets[i] as usize;
+                for t in 0..self.seq_lengths[i] {
+                    let (o, pos) = plan.place[plan.index[start + t] as usize];
+                    let p = pos as usize * d;
+                    let dst = (i * steps + t) * width + j * d;
+                    self.seq_rows[dst..dst + d].copy_from_slice(&self.replies[o as usize][p..p + d]);
+                }
+            }
+        }
+        steps
+    }
+
+    /// Sums `dseq` per distinct id of each sequence slot into the gradient messages.
+    fn scatter_sequence_grads(&mut self, batch: &Batch, steps: usize, messages: &mut [GradientMessage]) {
+        let (b, d, f) = (batch.len(), self.dim, batch.sparse.len());
+        let width = batch.sequences.len() * d;
+        for (j, field) in batch.sequences.iter().enumerate() {
+            let plan = &self.plans[f + j];
+            self.dunique.clear();
+            self.dunique.resize(plan.unique.len() * d, 0.0);
+            for i in 0..b {
+                let start = field.offsets[i] as usize;
+                for t in 0..self.seq_lengths[i] {
+                    let u = plan.index[start + t] as usize;
+                    let src = (i * steps + t) * width + j * d;
+                    for (a, &g) in self.dunique[u * d..(u + 1) * d].iter_mut().zip(&self.dseq[src..src + d]) {
+                        *a += g;
+                    }
+                }
+            }
+            for (u, &(o, pos)) in plan.place.iter().enumerate() {
+                let p = pos as usize * d;
+                messages[o as usize].sparse[p..p + d].copy_from_slice(&self.dunique[u * d..(u + 1) * d]);
+            }
+        }
     }
 
     /// Runs the step's model work once every reply is in; returns one message per worker.
@@ -682,10 +809,10 @@ impl Home {
                 for (o, r) in replies.into_iter().enumerate() {
                     self.replies[o] = r.rows;
                 }
-                let f = self.plans.len();
+                let f = batch.sparse.len();
                 self.pooled.clear();
                 self.pooled.resize(b * f * d, 0.0);
-                for (t, plan) in self.plans.iter().enumerate() {
+                for (t, plan) in self.plans[..f].iter().enumerate() {
                     self.unique_rows.clear();
                     for &(o, pos) in &plan.place {
                         let p = pos as usize * d;
@@ -693,7 +820,9 @@ impl Home {
                     }
                     pool_sum(&self.unique_rows, d, &batch.sparse[t].offsets, &plan.index, t, f, &mut self.pooled);
                 }
-                let logits = self.model.forward(&batch.dense, &self.pooled, b).to_vec();
+                let steps = self.gather_sequences(batch);
+                let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
+                let logits = self.model.forward_sequences(&batch.dense, &self.pooled, &seq, b).to_vec();
                 stats.loss_sum = bce_with_logits_sum(&logits, &batch.labels);
                 if command.kind == StepKind::Eval {
                     messages[0].eval =
@@ -702,12 +831,22 @@ impl Home {
                     self.dlogits.resize(b, 0.0);
                     bce_with_logits_grad(&logits, &batch.labels, 1.0, &mut self.dlogits);
                     self.dpooled.resize(b * f * d, 0.0);
-                    self.model.backward(&batch.dense, &self.pooled, &self.dlogits, &mut self.dpooled);
+                    self.dseq.resize(self.seq_rows.len(), 0.0);
+                    let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
+                    self.model.backward_sequences(
+                        &batch.dense,
+                        &self.pooled,
+                        &seq,
+                        &self.dlogits,
+                        &mut self.dpooled,
+                        &mut self.dseq,
+                    );
                     for m in messages.iter_mut() {
                         let len = self.replies[m.to as usize].len();
                         m.sparse.resize(len, 0.0);
                     }
-                    for (t, plan) in self.plans.iter().enumerate() {
+                    self.scatter_sequence_grads(batch, steps, &mut messages);
+                    for (t, plan) in self.plans[..f].iter().enumerate() {
                         self.dunique.clear();
                         self.dunique.resize(plan.unique.len() * d, 0.0);
                         pool_sum_backward(
@@ -759,7 +898,8 @@ impl Owner {
             for m in messages {
                 let request = &self.pending[m.from as usize];
                 let mut start = 0usize;
-                for (t, &n) in request.table_lens.iter().enumerate() {
+                for (k, &n) in request.table_lens.iter().enumerate() {
+                    let t = self.slot_tables[k];
                     let ids = &request.ids[start..start + n as usize];
                     for (k, &id) in ids.iter().enumerate() {
                         if let Some(&ahead) = ids.get(k + 8) {

@@ -97,6 +97,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         dense_hp: OptimizerParams::with_lr(0.01),
         sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
         sparse_hp: OptimizerParams::with_lr(0.01),
+        sequence_tables: Vec::new(),
     };
     let bench = Arc::new(bench.clone());
     let b2 = bench.clone();

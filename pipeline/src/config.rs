@@ -9,7 +9,7 @@ use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tiderec_operators::bad_record::BadRecordPolicy;
-use tiderec_operators::nn::{DlrmConfig, FmConfig, ModelConfig};
+use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::spec::FeatureSpec;
 
@@ -24,6 +24,23 @@ pub enum DataSpec {
     Avazu(Vec<PathBuf>),
     /// Delimited files described by a feature spec (`--spec`).
     Csv(Vec<PathBuf>),
+    /// The built-in synthetic behaviour stream (DIEN-shaped, with a hidden teacher).
+    SyntheticBehavior,
+    /// Amazon files in the DIEN `local_train_splitByUser` format.
+    AmazonDien(Vec<PathBuf>),
+    /// Taobao UserBehavior logs, turned into DIEN samples by a differential-dataflow operator.
+    TaobaoBehavior(Vec<PathBuf>),
+    /// Taobao display-ad joined CSV (the `taobao-ad` feature-spec preset).
+    TaobaoAd(Vec<PathBuf>),
+}
+
+/// How the behaviour sequences of a data format map onto its tables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SequenceShape {
+    /// The table each sequence field reads.
+    pub tables: Vec<usize>,
+    /// The sparse field holding each sequence's target.
+    pub targets: Vec<usize>,
 }
 
 impl DataSpec {
@@ -33,8 +50,29 @@ impl DataSpec {
         match self {
             DataSpec::Synthetic | DataSpec::Criteo(_) => (13, 26),
             DataSpec::Avazu(_) => (tiderec_sources::avazu::NUM_DENSE, tiderec_sources::avazu::NUM_SPARSE),
-            DataSpec::Csv(_) => spec.map_or((0, 0), FeatureSpec::shape),
+            DataSpec::Csv(_) | DataSpec::TaobaoAd(_) => spec.map_or((0, 0), FeatureSpec::shape),
+            DataSpec::SyntheticBehavior | DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) => {
+                (0, tiderec_sources::synthetic_behavior::NUM_SPARSE)
+            }
         }
+    }
+
+    /// The behaviour sequences of this data, if it has any: every sequence
+    /// format has `[user, target item, target category]` sparse fields and
+    /// `[history items, history categories]` sequences.
+    pub fn sequences(&self) -> Option<SequenceShape> {
+        use tiderec_sources::synthetic_behavior::{SEQUENCE_TABLES, TARGET_FIELDS};
+        match self {
+            DataSpec::SyntheticBehavior | DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) => {
+                Some(SequenceShape { tables: SEQUENCE_TABLES.to_vec(), targets: TARGET_FIELDS.to_vec() })
+            }
+            _ => None,
+        }
+    }
+
+    /// True for the built-in generators.
+    pub fn is_synthetic(&self) -> bool {
+        matches!(self, DataSpec::Synthetic | DataSpec::SyntheticBehavior)
     }
 
     /// Parses `synthetic` or `FORMAT:PATH[,PATH…]` (`criteo`, `avazu`); a directory stands for its files, sorted.
@@ -42,11 +80,14 @@ impl DataSpec {
         if s == "synthetic" {
             return Ok(DataSpec::Synthetic);
         }
+        if s == "synthetic-behavior" {
+            return Ok(DataSpec::SyntheticBehavior);
+        }
         let Some((format, rest)) = s.split_once(':') else {
             return Err(PipelineError::config(key, format!("`{s}` is not `synthetic` or `FORMAT:PATH[,PATH…]`")));
         };
         match format {
-            "criteo" | "avazu" | "csv" => {
+            "criteo" | "avazu" | "csv" | "amazon-dien" | "taobao-behavior" | "taobao-ad" => {
                 let mut paths = Vec::new();
                 for p in rest.split(',').filter(|p| !p.is_empty()) {
                     let path = PathBuf::from(p);
@@ -70,12 +111,18 @@ impl DataSpec {
                 Ok(match format {
                     "criteo" => DataSpec::Criteo(paths),
                     "avazu" => DataSpec::Avazu(paths),
+                    "amazon-dien" => DataSpec::AmazonDien(paths),
+                    "taobao-behavior" => DataSpec::TaobaoBehavior(paths),
+                    "taobao-ad" => DataSpec::TaobaoAd(paths),
                     _ => DataSpec::Csv(paths),
                 })
             }
             other => Err(PipelineError::config(
                 key,
-                format!("unknown data format `{other}` (synthetic, criteo, avazu, csv)"),
+                format!(
+                    "unknown data format `{other}` (synthetic, synthetic-behavior, criteo, avazu, csv, \
+                     amazon-dien, taobao-behavior, taobao-ad)"
+                ),
             )),
         }
     }
@@ -85,7 +132,7 @@ impl DataSpec {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainSettings {
-    /// `synthetic` or `criteo:PATH[,PATH…]`.
+    /// `synthetic`, `synthetic-behavior` or `FORMAT:PATH[,PATH…]`.
     pub data: String,
     /// Feature spec of `csv:` data: `elm` (the Ele.me preset) or a TOML file.
     pub spec: Option<String>,
@@ -125,8 +172,10 @@ pub struct TrainSettings {
     pub buckets: u64,
     /// Rows of each of the 26 tables.
     pub table_sizes: Option<Vec<u64>>,
-    /// Model: dlrm, lr, fm, deepfm or wdl.
+    /// Model: dlrm, lr, fm, deepfm, wdl, dien or dien-sum.
     pub model: String,
+    /// Longest behaviour history kept per sample (sequence data; the most recent events).
+    pub max_len: usize,
     /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
     pub dim: usize,
     /// Bottom MLP widths after the 13 inputs (last = `dim`).
@@ -135,7 +184,7 @@ pub struct TrainSettings {
     pub top: Vec<usize>,
     /// Include self-interaction terms (DLRM).
     pub self_interaction: bool,
-    /// Hidden widths of DeepFM's deep part.
+    /// Hidden widths of the deep part (DeepFM, Wide & Deep) and of DIEN's MLP.
     pub deep: Vec<usize>,
     /// `skip` or `fail` on a malformed record.
     pub on_bad_record: String,
@@ -173,6 +222,7 @@ impl Default for TrainSettings {
             buckets: 100_000,
             table_sizes: None,
             model: "dlrm".into(),
+            max_len: 20,
             dim: 16,
             bottom: vec![512, 256, 64, 16],
             top: vec![512, 256, 1],
@@ -215,6 +265,8 @@ pub struct Resolved {
     pub shape: (usize, usize),
     /// The feature spec of `csv:` data.
     pub spec: Option<FeatureSpec>,
+    /// The table of each sequence field the model reads (empty unless the model is DIEN).
+    pub sequence_tables: Vec<usize>,
 }
 
 impl TrainSettings {
@@ -237,8 +289,10 @@ impl TrainSettings {
             (DataSpec::Csv(_), None) => {
                 return Err(PipelineError::config("spec", "`csv:` data needs --spec elm or --spec FILE.toml"))
             }
+            (DataSpec::TaobaoAd(_), None) => Some(FeatureSpec::taobao_ad(self.buckets, self.max_len)),
             (_, None) => None,
             (_, Some("elm")) => Some(FeatureSpec::elm(self.buckets, 50)),
+            (_, Some("taobao-ad")) => Some(FeatureSpec::taobao_ad(self.buckets, self.max_len)),
             (_, Some(path)) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| PipelineError::config("spec", format!("cannot read {path}: {e}")))?;
@@ -272,7 +326,10 @@ impl TrainSettings {
         if self.epochs == 0 {
             return Err(PipelineError::config("epochs", "must be positive"));
         }
-        if self.samples == 0 && data == DataSpec::Synthetic {
+        if self.max_len == 0 {
+            return Err(PipelineError::config("max_len", "must be positive"));
+        }
+        if self.samples == 0 && data.is_synthetic() {
             return Err(PipelineError::config("samples", "must be positive"));
         }
         if self.workers == 0 {
@@ -318,8 +375,11 @@ impl TrainSettings {
             None if data == DataSpec::Synthetic => {
                 tiderec_sources::synthetic::SyntheticConfig::kaggle_like(self.seed, self.buckets).table_sizes
             }
+            None if data == DataSpec::SyntheticBehavior => {
+                tiderec_sources::synthetic_behavior::BehaviorConfig::standard(self.seed, self.max_len).table_sizes()
+            }
             None => match &spec {
-                Some(spec) if matches!(data, DataSpec::Csv(_)) => spec.table_sizes(),
+                Some(spec) if matches!(data, DataSpec::Csv(_) | DataSpec::TaobaoAd(_)) => spec.table_sizes(),
                 _ => vec![self.buckets; num_sparse],
             },
         };
@@ -356,9 +416,26 @@ impl TrainSettings {
         } else {
             Vec::new()
         };
-        let model = self.model_config_for(shape)?;
+        let sequences = data.sequences();
+        let model = self.model_config_with(shape, sequences.as_ref())?;
         model.validate()?;
-        Ok(Resolved { data, eval, optimizer, sparse_optimizer, policy, table_sizes, hosts, model, shape, spec })
+        let sequence_tables = match (&sequences, model.num_sequences()) {
+            (Some(q), n) if n > 0 => q.tables.clone(),
+            _ => Vec::new(),
+        };
+        Ok(Resolved {
+            data,
+            eval,
+            optimizer,
+            sparse_optimizer,
+            policy,
+            table_sizes,
+            hosts,
+            model,
+            shape,
+            spec,
+            sequence_tables,
+        })
     }
 
     /// The model these settings describe, for Criteo-shaped data (13 dense, 26 sparse).
@@ -368,7 +445,37 @@ impl TrainSettings {
 
     /// The model these settings describe for samples of `(dense, sparse)` shape.
     pub fn model_config_for(&self, shape: (usize, usize)) -> Result<ModelConfig, PipelineError> {
+        self.model_config_with(shape, None)
+    }
+
+    /// The model these settings describe for samples of `(dense, sparse)` shape
+    /// with the given behaviour sequences (needed by `dien` and `dien-sum`).
+    pub fn model_config_with(
+        &self,
+        shape: (usize, usize),
+        sequences: Option<&SequenceShape>,
+    ) -> Result<ModelConfig, PipelineError> {
         let (num_dense, num_sparse) = shape;
+        let dien = |interest| match sequences {
+            Some(q) => Ok(ModelConfig::Dien(DienConfig {
+                num_dense,
+                num_sparse,
+                dim: self.dim,
+                num_sequences: q.tables.len(),
+                target_fields: q.targets.clone(),
+                max_len: self.max_len,
+                interest,
+                mlp: self.deep.clone(),
+            })),
+            None => Err(PipelineError::config(
+                "model",
+                format!(
+                    "`{}` needs behaviour sequences: use --data synthetic-behavior, amazon-dien:PATH or \
+                     taobao-behavior:PATH",
+                    self.model
+                ),
+            )),
+        };
         let fm = |dim, deep: Vec<usize>, fm| ModelConfig::Fm(FmConfig { num_dense, num_sparse, dim, deep, fm });
         Ok(match self.model.as_str() {
             "dlrm" => ModelConfig::Dlrm(DlrmConfig {
@@ -383,10 +490,12 @@ impl TrainSettings {
             "fm" => fm(self.dim, Vec::new(), true),
             "deepfm" => fm(self.dim, self.deep.clone(), true),
             "wdl" => fm(self.dim, self.deep.clone(), false),
+            "dien" => dien(Interest::GruAttention)?,
+            "dien-sum" => dien(Interest::SumPooling)?,
             other => {
                 return Err(PipelineError::config(
                     "model",
-                    format!("unknown model `{other}` (dlrm, lr, fm, deepfm, wdl)"),
+                    format!("unknown model `{other}` (dlrm, lr, fm, deepfm, wdl, dien, dien-sum)"),
                 ))
             }
         })

@@ -3,20 +3,57 @@
 //! The global batch of a step is the union of the workers' micro-batches in
 //! worker order. For the synthetic stream, step `s` covers samples
 //! `[s·B, (s+1)·B)` and worker `w` of `W` takes the `w`-th of `W` equal
-//! parts, so every worker count sees the same global batches. For files,
-//! each worker reads its own line-aligned byte range of every file and
+//! parts, so every worker count sees the same global batches. Samples
+//! derived up front (Taobao behaviour logs, [`IndexedSamples::Table`]) are
+//! split the same way. For files, each worker reads its own line-aligned byte range of every file and
 //! contributes up to `B·(w+1)/W − B·w/W` samples per step.
 
 use crate::config::DataSpec;
 use crate::PipelineError;
 use std::path::PathBuf;
+use std::sync::Arc;
 use tiderec_operators::bad_record::{BadRecordCounts, BadRecordPolicy, DeadLetterSink};
 use tiderec_operators::spec::SpecFormat;
 use tiderec_operators::Batch;
+use tiderec_sources::amazon::{AmazonDienFormat, AmazonDienReader};
 use tiderec_sources::avazu::{open_avazu, AvazuFormat, AvazuReader};
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader};
 use tiderec_sources::lines::{LineReader, ReaderOptions};
 use tiderec_sources::synthetic::SyntheticCriteo;
+use tiderec_sources::synthetic_behavior::SyntheticBehavior;
+
+/// Samples addressable by a global index: any worker can produce any range.
+#[derive(Clone, Debug)]
+pub enum IndexedSamples {
+    /// The synthetic Criteo-shaped stream.
+    Criteo(SyntheticCriteo),
+    /// The synthetic behaviour stream (DIEN-shaped).
+    Behavior(SyntheticBehavior),
+    /// Samples derived before training (e.g. from a Taobao behaviour log), in order.
+    Table(Arc<Batch>),
+}
+
+impl IndexedSamples {
+    /// Appends samples `range` to `out`; returns the teacher's probabilities (empty for a table).
+    pub fn fill(&self, range: std::ops::Range<u64>, out: &mut Batch) -> Vec<f64> {
+        match self {
+            IndexedSamples::Criteo(g) => g.fill(range, out),
+            IndexedSamples::Behavior(g) => g.fill(range, out),
+            IndexedSamples::Table(t) => {
+                let end = range.end.min(t.len() as u64);
+                for i in range.start.min(end)..end {
+                    out.push_from(t, i as usize);
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    /// True when samples come with a teacher probability.
+    pub fn has_teacher(&self) -> bool {
+        !matches!(self, IndexedSamples::Table(_))
+    }
+}
 
 /// Worker `worker`'s share of a global batch of `batch` samples (the shares add up to `batch`).
 pub fn micro_batch(batch: usize, worker: usize, workers: usize) -> usize {
@@ -28,10 +65,10 @@ pub const SYNTHETIC_EVAL_BASE: u64 = 1 << 40;
 
 /// One worker's reader over a training or evaluation split.
 pub enum WorkerData {
-    /// A range of the synthetic stream.
+    /// A range of a synthetic stream or of samples derived up front.
     Synthetic {
         /// The generator.
-        generator: Box<SyntheticCriteo>,
+        generator: Box<IndexedSamples>,
         /// Global sample range of the split.
         range: std::ops::Range<u64>,
         /// Next global sample of the split.
@@ -64,6 +101,13 @@ pub enum WorkerData {
         /// Samples per step from this worker.
         micro: usize,
     },
+    /// This worker's byte ranges of DIEN-format files.
+    AmazonDien {
+        /// The reader.
+        reader: Box<AmazonDienReader>,
+        /// Samples per step from this worker.
+        micro: usize,
+    },
 }
 
 /// How record files (Criteo, Avazu) are read.
@@ -75,6 +119,8 @@ pub struct CriteoOptions {
     pub spec: Option<tiderec_operators::spec::FeatureSpec>,
     /// Hashing into tables.
     pub features: CriteoFeatures,
+    /// Longest behaviour history kept (sequence formats).
+    pub max_len: usize,
     /// Longest accepted line.
     pub max_line_bytes: usize,
     /// Skip or fail on bad records.
@@ -84,7 +130,7 @@ pub struct CriteoOptions {
 impl WorkerData {
     /// This worker's share of the synthetic samples `range`, in global batches of `batch`.
     pub fn synthetic(
-        generator: SyntheticCriteo,
+        generator: IndexedSamples,
         range: std::ops::Range<u64>,
         batch: usize,
         worker: usize,
@@ -124,7 +170,7 @@ impl WorkerData {
     #[allow(clippy::too_many_arguments)]
     pub fn for_spec(
         spec: &DataSpec,
-        synthetic: Option<(&SyntheticCriteo, std::ops::Range<u64>)>,
+        synthetic: Option<(&IndexedSamples, std::ops::Range<u64>)>,
         span: (f64, f64),
         options: &CriteoOptions,
         batch: usize,
@@ -133,12 +179,19 @@ impl WorkerData {
         dead_letters: Option<Box<dyn DeadLetterSink>>,
     ) -> Result<Self, PipelineError> {
         match spec {
-            DataSpec::Synthetic => {
-                let (g, range) = synthetic.expect("synthetic data comes with its generator");
+            DataSpec::Synthetic | DataSpec::SyntheticBehavior | DataSpec::TaobaoBehavior(_) => {
+                let (g, range) = synthetic.expect("indexed data comes with its generator");
                 Ok(Self::synthetic(g.clone(), range, batch, worker, workers))
             }
+            DataSpec::AmazonDien(paths) => {
+                let format = AmazonDienFormat::new(&options.features.table_sizes, options.seed, options.max_len)?;
+                let reader_options = ReaderOptions { max_line_bytes: options.max_line_bytes, policy: options.policy };
+                let reader =
+                    LineReader::open_format(paths, span, worker, workers, format, reader_options, dead_letters)?;
+                Ok(WorkerData::AmazonDien { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
+            }
             DataSpec::Criteo(paths) => Self::criteo(paths, span, options, batch, worker, workers, dead_letters),
-            DataSpec::Csv(paths) => {
+            DataSpec::Csv(paths) | DataSpec::TaobaoAd(paths) => {
                 let spec = options.spec.clone().expect("validated: csv data has a spec");
                 let format = SpecFormat::new(spec, options.seed)?;
                 let reader_options = ReaderOptions { max_line_bytes: options.max_line_bytes, policy: options.policy };
@@ -174,6 +227,7 @@ impl WorkerData {
             WorkerData::Criteo { reader, micro } => Ok(reader.next_batch(out, *micro)?),
             WorkerData::Avazu { reader, micro } => Ok(reader.next_batch(out, *micro)?),
             WorkerData::Spec { reader, micro } => Ok(reader.next_batch(out, *micro)?),
+            WorkerData::AmazonDien { reader, micro } => Ok(reader.next_batch(out, *micro)?),
         }
     }
 
@@ -181,7 +235,10 @@ impl WorkerData {
     pub fn is_exhausted(&self) -> bool {
         match self {
             WorkerData::Synthetic { range, cursor, .. } => *cursor >= range.end,
-            WorkerData::Criteo { .. } | WorkerData::Avazu { .. } | WorkerData::Spec { .. } => false,
+            WorkerData::Criteo { .. }
+            | WorkerData::Avazu { .. }
+            | WorkerData::Spec { .. }
+            | WorkerData::AmazonDien { .. } => false,
         }
     }
 
@@ -192,6 +249,7 @@ impl WorkerData {
             WorkerData::Criteo { reader, .. } => reader.rewind(),
             WorkerData::Avazu { reader, .. } => reader.rewind(),
             WorkerData::Spec { reader, .. } => reader.rewind(),
+            WorkerData::AmazonDien { reader, .. } => reader.rewind(),
         }
     }
 
@@ -202,6 +260,7 @@ impl WorkerData {
             WorkerData::Criteo { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Avazu { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Spec { reader, .. } => reader.bad_counts().clone(),
+            WorkerData::AmazonDien { reader, .. } => reader.bad_counts().clone(),
         }
     }
 
@@ -211,6 +270,7 @@ impl WorkerData {
             WorkerData::Criteo { reader, .. } => reader.dead_letters(),
             WorkerData::Avazu { reader, .. } => reader.dead_letters(),
             WorkerData::Spec { reader, .. } => reader.dead_letters(),
+            WorkerData::AmazonDien { reader, .. } => reader.dead_letters(),
             WorkerData::Synthetic { .. } => None,
         };
         if let Some(dl) = sink {

@@ -18,7 +18,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a model (DLRM, LR, FM, DeepFM) on synthetic data or Criteo files.
+    /// Train a model (DLRM, LR, FM, DeepFM, Wide & Deep, DIEN) on synthetic data or dataset files.
     Train(Box<TrainArgs>),
     /// Measure throughput.
     #[command(subcommand)]
@@ -137,13 +137,14 @@ struct TrainArgs {
     /// TOML file with any of the settings below (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// `synthetic` (default), `criteo:PATH[,PATH…]`, `avazu:PATH[,PATH…]` or `csv:PATH[,PATH…]` with --spec (files or directories).
+    /// `synthetic` (default), `synthetic-behavior`, or FORMAT:PATH[,PATH…] (files or directories) with FORMAT
+    /// criteo, avazu, csv (with --spec), taobao-ad, taobao-behavior or amazon-dien.
     #[arg(long)]
     data: Option<String>,
     /// Held-out data, same format as --data.
     #[arg(long)]
     eval: Option<String>,
-    /// Feature spec of `csv:` data: `elm` (Ele.me preset) or a TOML file.
+    /// Feature spec of `csv:` data: `elm` or `taobao-ad` (presets) or a TOML file.
     #[arg(long)]
     spec: Option<String>,
     /// Fraction held out for evaluation when --eval is not given (synthetic: fraction of --samples).
@@ -194,13 +195,17 @@ struct TrainArgs {
     /// Rows per embedding table.
     #[arg(long)]
     buckets: Option<u64>,
-    /// Model: dlrm (default), lr, fm, deepfm, wdl (Wide & Deep; pair with --sparse-optimizer ftrl-adagrad).
+    /// Model: dlrm (default), lr, fm, deepfm, wdl (Wide & Deep; pair with --sparse-optimizer ftrl-adagrad),
+    /// dien (GRU + attention over behaviour histories) or dien-sum (its sum-pooling baseline).
     #[arg(long)]
     model: Option<String>,
+    /// Longest behaviour history kept per sample (sequence data).
+    #[arg(long)]
+    max_len: Option<usize>,
     /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
     #[arg(long)]
     dim: Option<usize>,
-    /// DeepFM hidden widths, e.g. 400,400,400.
+    /// Hidden widths of the DeepFM / Wide & Deep deep part and of DIEN's MLP, e.g. 400,400,400.
     #[arg(long, value_delimiter = ',')]
     deep: Option<Vec<usize>>,
     /// Bottom MLP widths, e.g. 512,256,64,16.
@@ -260,6 +265,7 @@ impl TrainArgs {
             process,
             buckets,
             model,
+            max_len,
             dim,
             deep,
             bottom,

@@ -10,13 +10,14 @@
 //! stops after the same step instead of waiting forever.
 
 use crate::config::{DataSpec, Resolved};
-use crate::data::{CriteoOptions, WorkerData, SYNTHETIC_EVAL_BASE};
+use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
 use crate::progress::Progress;
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
+use tiderec_operators::behavior::SampleConfig;
 use tiderec_operators::metrics::{auc, EvalSet};
 use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
@@ -25,6 +26,8 @@ use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sinks::metrics::RunSummary;
 use tiderec_sources::criteo::CriteoFeatures;
 use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo};
+use tiderec_sources::synthetic_behavior::{BehaviorConfig, SyntheticBehavior};
+use tiderec_sources::taobao;
 
 /// Starting value of the row-wise Adagrad accumulators.
 pub const SPARSE_INITIAL_ACCUMULATOR: f32 = 1e-6;
@@ -36,7 +39,9 @@ struct Context {
     settings: TrainSettings,
     resolved: Resolved,
     trainer: TrainerConfig,
-    generator: Option<SyntheticCriteo>,
+    generator: Option<IndexedSamples>,
+    /// Sequence fields of the data (the model may read none of them).
+    data_sequences: usize,
     train_range: std::ops::Range<u64>,
     eval_range: std::ops::Range<u64>,
     train_span: (f64, f64),
@@ -44,6 +49,8 @@ struct Context {
     criteo: CriteoOptions,
     dead_letters: SharedDeadLetters,
     total_steps: Option<u64>,
+    /// Malformed records met while deriving the samples up front (counted once, on worker 0).
+    derived_bad: BadRecordCounts,
 }
 
 /// The timely configuration for these settings.
@@ -81,6 +88,7 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
             initial_accumulator: SPARSE_INITIAL_ACCUMULATOR,
             ..OptimizerParams::with_lr(settings.sparse_lr.unwrap_or(settings.lr))
         },
+        sequence_tables: resolved.sequence_tables.clone(),
     }
 }
 
@@ -88,24 +96,6 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
 pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineError> {
     let resolved = settings.validate()?;
     let workers_total = settings.workers * settings.processes;
-    let generator = match resolved.data {
-        DataSpec::Synthetic => Some(SyntheticCriteo::new(SyntheticConfig {
-            seed: settings.seed,
-            table_sizes: resolved.table_sizes.clone(),
-            zipf_exponent: 1.1,
-        })?),
-        DataSpec::Criteo(_) | DataSpec::Avazu(_) | DataSpec::Csv(_) => None,
-    };
-    let eval_samples = (settings.samples as f64 * settings.eval_fraction).round() as u64;
-    let holdout = resolved.eval.is_none() && settings.eval_fraction > 0.0;
-    let split = 1.0 - settings.eval_fraction;
-    let total_steps = match resolved.data {
-        DataSpec::Synthetic => {
-            let per_epoch = settings.samples.div_ceil(settings.batch_size as u64);
-            Some(settings.steps.map_or(per_epoch * settings.epochs, |s| s.min(per_epoch * settings.epochs)))
-        }
-        DataSpec::Criteo(_) | DataSpec::Avazu(_) | DataSpec::Csv(_) => settings.steps,
-    };
     let dead_letters_path = if settings.processes > 1 {
         let mut p = settings.dead_letters.clone().into_os_string();
         p.push(format!(".p{}", settings.process));
@@ -113,21 +103,64 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     } else {
         settings.dead_letters.clone()
     };
+    let dead_letter_sink = SharedDeadLetters::file(dead_letters_path.clone());
+    let mut derived_bad = BadRecordCounts::default();
+    let generator = match &resolved.data {
+        DataSpec::Synthetic => Some(IndexedSamples::Criteo(SyntheticCriteo::new(SyntheticConfig {
+            seed: settings.seed,
+            table_sizes: resolved.table_sizes.clone(),
+            zipf_exponent: 1.1,
+        })?)),
+        DataSpec::SyntheticBehavior => Some(IndexedSamples::Behavior(SyntheticBehavior::new(
+            BehaviorConfig::standard(settings.seed, settings.max_len),
+        )?)),
+        DataSpec::TaobaoBehavior(paths) => {
+            let (table, bad) = behavior_table(paths, settings, &resolved, &dead_letter_sink)?;
+            derived_bad = bad;
+            Some(IndexedSamples::Table(Arc::new(table)))
+        }
+        _ => None,
+    };
+    // Index ranges of the indexed splits: a generator's train and eval streams are disjoint;
+    // a derived table is split in time order (train on the past, evaluate on the future).
+    let (train_range, eval_range) = match &generator {
+        Some(IndexedSamples::Table(t)) => {
+            let n = t.len() as u64;
+            let n_train = (n as f64 * (1.0 - settings.eval_fraction)).round() as u64;
+            (0..n_train, n_train..n)
+        }
+        _ => {
+            let eval_samples = (settings.samples as f64 * settings.eval_fraction).round() as u64;
+            (0..settings.samples, SYNTHETIC_EVAL_BASE..SYNTHETIC_EVAL_BASE + eval_samples)
+        }
+    };
+    let holdout = resolved.eval.is_none() && settings.eval_fraction > 0.0;
+    let split = 1.0 - settings.eval_fraction;
+    let total_steps = match &generator {
+        Some(_) => {
+            let per_epoch = (train_range.end - train_range.start).div_ceil(settings.batch_size as u64);
+            Some(settings.steps.map_or(per_epoch * settings.epochs, |s| s.min(per_epoch * settings.epochs)))
+        }
+        None => settings.steps,
+    };
     let context = Arc::new(Context {
         trainer: trainer_config(settings, &resolved),
+        data_sequences: resolved.data.sequences().map_or(0, |q| q.tables.len()),
         generator,
-        train_range: 0..settings.samples,
-        eval_range: SYNTHETIC_EVAL_BASE..SYNTHETIC_EVAL_BASE + eval_samples,
+        train_range,
+        eval_range,
+        derived_bad,
         train_span: if holdout { (0.0, split) } else { (0.0, 1.0) },
         eval_span: if holdout { (split, 1.0) } else { (0.0, 1.0) },
         criteo: CriteoOptions {
             features: CriteoFeatures { table_sizes: resolved.table_sizes.clone(), seed: settings.seed },
+            max_len: settings.max_len,
             max_line_bytes: settings.max_line_bytes,
             policy: resolved.policy,
             seed: settings.seed,
             spec: resolved.spec.clone(),
         },
-        dead_letters: SharedDeadLetters::file(dead_letters_path.clone()),
+        dead_letters: dead_letter_sink,
         total_steps,
         settings: settings.clone(),
         resolved: resolved.clone(),
@@ -158,9 +191,9 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     }
     let Some(mut summary) = summary else { return Ok(None) };
     summary.workers = workers_total;
-    if let Some(g) = &context.generator {
-        if eval_samples > 0 {
-            let mut b = Batch::new(context.resolved.shape.0, context.resolved.shape.1);
+    if let Some(g) = context.generator.as_ref().filter(|g| g.has_teacher()) {
+        if !context.eval_range.is_empty() {
+            let mut b = context.new_batch();
             let probs: Vec<f32> = g.fill(context.eval_range.clone(), &mut b).into_iter().map(|p| p as f32).collect();
             summary.teacher_auc = auc(&probs, &b.labels);
         }
@@ -172,6 +205,31 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         eprintln!("{} malformed records skipped; see {}", summary.bad_records, dead_letters_path.display());
     }
     Ok(Some(summary))
+}
+
+/// Reads a Taobao behaviour log and derives its DIEN samples (the differential operator) as one table.
+fn behavior_table(
+    paths: &[std::path::PathBuf],
+    settings: &TrainSettings,
+    resolved: &Resolved,
+    sink: &SharedDeadLetters,
+) -> Result<(Batch, BadRecordCounts), PipelineError> {
+    let mut sink = sink.clone();
+    let (events, bad) = taobao::read_user_behavior(paths, resolved.policy, Some(&mut sink))?;
+    if settings.progress != "none" && settings.process == 0 {
+        eprintln!("deriving DIEN samples from {} behaviour events (differential dataflow)", events.len());
+    }
+    let config = SampleConfig { max_len: settings.max_len, groups: 64, seed: settings.seed };
+    let samples = taobao::derive_samples(&events, config);
+    Ok((taobao::samples_to_batch(&samples, &resolved.table_sizes, settings.seed), bad))
+}
+
+impl Context {
+    /// An empty batch with the data's shape.
+    fn new_batch(&self) -> Batch {
+        let (dense, sparse) = self.resolved.shape;
+        Batch::with_sequences(dense, sparse, self.data_sequences)
+    }
 }
 
 fn dead_letters(ctx: &Context) -> Option<Box<dyn DeadLetterSink>> {
@@ -193,8 +251,11 @@ fn step_with(
     trainer.set_bad_records(counts.to_array());
     let stats = match read {
         Ok(_) => {
-            let empty = Batch::new(batch.num_dense, batch.sparse.len());
-            trainer.step(worker, kind, std::mem::replace(batch, empty))?
+            let empty = Batch::with_sequences(batch.num_dense, batch.sparse.len(), batch.sequences.len());
+            let mut taken = std::mem::replace(batch, empty);
+            // Models without sequences train on the other fields of sequence data.
+            taken.sequences.truncate(trainer.config().model.num_sequences());
+            trainer.step(worker, kind, taken)?
         }
         Err(e) => {
             trainer.step_failed(worker);
@@ -231,9 +292,9 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         }
     };
     let mut progress = if me == 0 { Progress::new(&s.progress, ctx.total_steps) } else { Progress::None };
-    let (num_dense, num_sparse) = ctx.resolved.shape;
-    let mut batch = Batch::new(num_dense, num_sparse);
-    let none = BadRecordCounts::default();
+    let mut batch = ctx.new_batch();
+    // Records dropped while deriving samples up front are reported once, by worker 0.
+    let derived_bad = if me == 0 { ctx.derived_bad.clone() } else { BadRecordCounts::default() };
     let (mut steps, mut samples, mut epochs, mut loss_total) = (0u64, 0u64, 0u64, 0.0f64);
     let mut window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
     let mut bytes_at_end = 0u64;
@@ -243,7 +304,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             if s.steps.is_some_and(|max| steps >= max) {
                 break 'epochs;
             }
-            let stats = step_with(&mut trainer, worker, StepKind::Train, &mut train_data, &mut batch, &none)?;
+            let stats = step_with(&mut trainer, worker, StepKind::Train, &mut train_data, &mut batch, &derived_bad)?;
             if stats.samples == 0 {
                 break;
             }
@@ -272,7 +333,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     }
     let train_seconds = start.elapsed().as_secs_f64();
     progress.finish();
-    let train_bad = train_data.bad_counts();
+    let mut train_bad = train_data.bad_counts();
+    train_bad.merge(&derived_bad);
     train_data.flush()?;
 
     // Evaluation on the held-out split.
@@ -299,7 +361,12 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     let mut all_bad = train_bad;
     all_bad.merge(&eval_bad);
     trainer.set_bad_records(all_bad.to_array());
-    let report = trainer.step(worker, StepKind::Report, Batch::new(num_dense, num_sparse))?;
+    let m = &ctx.trainer.model;
+    let report = trainer.step(
+        worker,
+        StepKind::Report,
+        Batch::with_sequences(m.num_dense(), m.num_sparse(), m.num_sequences()),
+    )?;
     if me != 0 {
         return Ok(None);
     }

@@ -5,14 +5,22 @@
 //!
 //! * [`criteo`]: Criteo Kaggle / 1TB TSV files, split across workers by
 //!   line-aligned byte ranges.
+//! * [`avazu`]: Avazu CSV; [`elm`]: an Ele.me-shaped line generator.
+//! * [`amazon`]: Amazon reviews in the DIEN sample format (behaviour histories).
+//! * [`taobao`]: Taobao UserBehavior logs turned into DIEN samples by a
+//!   differential-dataflow operator.
 //! * [`synthetic`]: a seeded Criteo-shaped stream whose labels come from a
-//!   hidden teacher model.
+//!   hidden teacher model; [`synthetic_behavior`]: a seeded DIEN-shaped stream
+//!   whose teacher depends on the order of the history.
 
+pub mod amazon;
 pub mod avazu;
 pub mod criteo;
 pub mod elm;
 pub mod error;
 pub mod lines;
 pub mod synthetic;
+pub mod synthetic_behavior;
+pub mod taobao;
 
 pub use error::SourceError;

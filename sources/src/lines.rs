@@ -205,13 +205,16 @@ impl<F: LineFormat> LineReader<F> {
     /// sink failure is [`SourceError::DeadLetter`].
     pub fn next_batch(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
         let (num_dense, num_sparse) = self.format.shape();
-        if out.num_dense != num_dense || out.sparse.len() != num_sparse {
+        let num_sequences = self.format.num_sequences();
+        if out.num_dense != num_dense || out.sparse.len() != num_sparse || out.sequences.len() != num_sequences {
             return Err(SourceError::Config {
                 key: "batch".into(),
                 reason: format!(
-                    "batch has {} dense / {} sparse fields, expected {num_dense} / {num_sparse}",
+                    "batch has {} dense / {} sparse / {} sequence fields, expected {num_dense} / {num_sparse} / \
+                     {num_sequences}",
                     out.num_dense,
-                    out.sparse.len()
+                    out.sparse.len(),
+                    out.sequences.len()
                 ),
             });
         }

@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod deepfm;
+pub mod dien;
 pub mod dlrm;
 pub mod embedding_bag;
 pub mod fm;
@@ -24,6 +25,7 @@ pub mod scalar;
 pub(crate) mod gradcheck;
 
 pub use deepfm::{Fm, FmConfig};
+pub use dien::{Dien, DienConfig, Interest};
 pub use dlrm::{Dlrm, DlrmConfig};
-pub use model::{Model, ModelConfig};
+pub use model::{Model, ModelConfig, SequenceInput};
 pub use scalar::Scalar;

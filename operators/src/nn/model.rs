@@ -6,8 +6,12 @@
 //! the trainer can reduce-scatter, all-gather and checkpoint them without
 //! knowing the model. Embedding rows are not part of the model: the trainer
 //! owns them sharded across workers and hands the model pooled vectors.
+//! Models that read behaviour sequences (DIEN) also get the sequences' rows
+//! unpooled, padded to a common length, through the `*_sequences` methods;
+//! the other models keep the defaults, which ignore sequences.
 
 use super::deepfm::{Fm, FmConfig};
+use super::dien::{Dien, DienConfig};
 use super::dlrm::{Dlrm, DlrmConfig};
 use super::Scalar;
 use crate::OperatorError;
@@ -30,6 +34,40 @@ pub trait Model<T: Scalar>: Send {
     /// Back-propagates `dlogits` through the last `forward` (same inputs);
     /// fills `grads` and overwrites `dpooled`.
     fn backward(&mut self, dense: &[T], pooled: &[T], dlogits: &[T], dpooled: &mut [T]);
+    /// Logits when the samples also carry behaviour sequences (ignored by default).
+    fn forward_sequences(&mut self, dense: &[T], pooled: &[T], seq: &SequenceInput<T>, batch: usize) -> &[T] {
+        let _ = seq;
+        self.forward(dense, pooled, batch)
+    }
+    /// Backward of [`Model::forward_sequences`]; overwrites `dseq` (`[B × T × width]`).
+    fn backward_sequences(
+        &mut self,
+        dense: &[T],
+        pooled: &[T],
+        seq: &SequenceInput<T>,
+        dlogits: &[T],
+        dpooled: &mut [T],
+        dseq: &mut [T],
+    ) {
+        let _ = seq;
+        dseq.fill(T::ZERO);
+        self.backward(dense, pooled, dlogits, dpooled)
+    }
+}
+
+/// The rows of a batch's sequence fields as a model reads them.
+///
+/// `rows` is `[B × steps × width]`: at step `t` of sample `b`, the rows of
+/// every sequence field side by side (`width = num_sequences · dim`).
+/// Positions at or past `lengths[b]` are padding (zeros).
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceInput<'a, T> {
+    /// Padded rows.
+    pub rows: &'a [T],
+    /// Valid steps per sample.
+    pub lengths: &'a [usize],
+    /// Padded length `T`.
+    pub steps: usize,
 }
 
 /// Which model to train, with its shape.
@@ -40,6 +78,8 @@ pub enum ModelConfig {
     Dlrm(DlrmConfig),
     /// Logistic regression, factorization machine or DeepFM (see [`FmConfig`]).
     Fm(FmConfig),
+    /// GRU interest extraction and attention over behaviour sequences (see [`DienConfig`]).
+    Dien(DienConfig),
 }
 
 impl ModelConfig {
@@ -48,6 +88,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Dlrm(c) => c.num_dense,
             ModelConfig::Fm(c) => c.num_dense,
+            ModelConfig::Dien(c) => c.num_dense,
         }
     }
 
@@ -56,6 +97,23 @@ impl ModelConfig {
         match self {
             ModelConfig::Dlrm(c) => c.num_sparse,
             ModelConfig::Fm(c) => c.num_sparse,
+            ModelConfig::Dien(c) => c.num_sparse,
+        }
+    }
+
+    /// Sequence fields per sample (0 for models without behaviour sequences).
+    pub fn num_sequences(&self) -> usize {
+        match self {
+            ModelConfig::Dien(c) => c.num_sequences,
+            _ => 0,
+        }
+    }
+
+    /// Longest sequence a sample may carry (0 without sequences).
+    pub fn max_sequence_len(&self) -> usize {
+        match self {
+            ModelConfig::Dien(c) => c.max_len,
+            _ => 0,
         }
     }
 
@@ -64,6 +122,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Dlrm(c) => c.dim,
             ModelConfig::Fm(c) => c.embedding_dim(),
+            ModelConfig::Dien(c) => c.dim,
         }
     }
 
@@ -72,6 +131,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Dlrm(_) => "dlrm",
             ModelConfig::Fm(c) => c.name(),
+            ModelConfig::Dien(c) => c.name(),
         }
     }
 
@@ -80,6 +140,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Dlrm(c) => c.validate(),
             ModelConfig::Fm(c) => c.validate(),
+            ModelConfig::Dien(c) => c.validate(),
         }
     }
 
@@ -88,6 +149,7 @@ impl ModelConfig {
         Ok(match self {
             ModelConfig::Dlrm(c) => Box::new(Dlrm::<T>::new(c.clone(), seed)?),
             ModelConfig::Fm(c) => Box::new(Fm::<T>::new(c.clone(), seed)?),
+            ModelConfig::Dien(c) => Box::new(Dien::<T>::new(c.clone(), seed)?),
         })
     }
 }
@@ -113,5 +175,46 @@ impl<T: Scalar> Model<T> for Dlrm<T> {
     }
     fn backward(&mut self, dense: &[T], pooled: &[T], dlogits: &[T], dpooled: &mut [T]) {
         Dlrm::backward(self, dense, pooled, dlogits, dpooled)
+    }
+}
+
+impl<T: Scalar> Model<T> for Dien<T> {
+    fn params(&self) -> &[T] {
+        &self.params
+    }
+    fn params_mut(&mut self) -> &mut [T] {
+        &mut self.params
+    }
+    fn grads(&self) -> &[T] {
+        &self.grads
+    }
+    fn params_and_grads(&mut self) -> (&mut [T], &[T]) {
+        (&mut self.params, &self.grads)
+    }
+    fn embedding_dim(&self) -> usize {
+        self.config.dim
+    }
+    /// Without sequences every sample has an empty history.
+    fn forward(&mut self, dense: &[T], pooled: &[T], batch: usize) -> &[T] {
+        let lengths = vec![0; batch];
+        Dien::forward(self, dense, pooled, &SequenceInput { rows: &[], lengths: &lengths, steps: 0 }, batch)
+    }
+    fn backward(&mut self, _dense: &[T], _pooled: &[T], dlogits: &[T], dpooled: &mut [T]) {
+        let lengths = vec![0; dlogits.len()];
+        Dien::backward(self, &SequenceInput { rows: &[], lengths: &lengths, steps: 0 }, dlogits, dpooled, &mut [])
+    }
+    fn forward_sequences(&mut self, dense: &[T], pooled: &[T], seq: &SequenceInput<T>, batch: usize) -> &[T] {
+        Dien::forward(self, dense, pooled, seq, batch)
+    }
+    fn backward_sequences(
+        &mut self,
+        _dense: &[T],
+        _pooled: &[T],
+        seq: &SequenceInput<T>,
+        dlogits: &[T],
+        dpooled: &mut [T],
+        dseq: &mut [T],
+    ) {
+        Dien::backward(self, seq, dlogits, dpooled, dseq)
     }
 }
