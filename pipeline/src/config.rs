@@ -184,8 +184,10 @@ pub struct TrainSettings {
     pub top: Vec<usize>,
     /// Include self-interaction terms (DLRM).
     pub self_interaction: bool,
-    /// Hidden widths of the deep part (DeepFM, Wide & Deep) and of DIEN's MLP.
+    /// Hidden widths of the deep part (DeepFM, Wide & Deep).
     pub deep: Vec<usize>,
+    /// Hidden widths of DIEN's MLP (the paper's 200-80 by default).
+    pub mlp: Vec<usize>,
     /// `skip` or `fail` on a malformed record.
     pub on_bad_record: String,
     /// Dead-letter file for malformed records.
@@ -228,6 +230,7 @@ impl Default for TrainSettings {
             top: vec![512, 256, 1],
             self_interaction: false,
             deep: vec![400, 400, 400],
+            mlp: vec![200, 80],
             on_bad_record: "skip".into(),
             dead_letters: PathBuf::from("tiderec-dead-letters.tsv"),
             max_line_bytes: 64 * 1024,
@@ -465,7 +468,7 @@ impl TrainSettings {
                 target_fields: q.targets.clone(),
                 max_len: self.max_len,
                 interest,
-                mlp: self.deep.clone(),
+                mlp: self.mlp.clone(),
             })),
             None => Err(PipelineError::config(
                 "model",

@@ -205,9 +205,12 @@ struct TrainArgs {
     /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
     #[arg(long)]
     dim: Option<usize>,
-    /// Hidden widths of the DeepFM / Wide & Deep deep part and of DIEN's MLP, e.g. 400,400,400.
+    /// Hidden widths of the DeepFM / Wide & Deep deep part, e.g. 400,400,400.
     #[arg(long, value_delimiter = ',')]
     deep: Option<Vec<usize>>,
+    /// Hidden widths of DIEN's MLP, e.g. 200,80.
+    #[arg(long, value_delimiter = ',')]
+    mlp: Option<Vec<usize>>,
     /// Bottom MLP widths, e.g. 512,256,64,16.
     #[arg(long, value_delimiter = ',')]
     bottom: Option<Vec<usize>>,
@@ -268,6 +271,7 @@ impl TrainArgs {
             max_len,
             dim,
             deep,
+            mlp,
             bottom,
             top,
             on_bad_record,

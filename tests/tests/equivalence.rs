@@ -91,6 +91,34 @@ fn one_and_two_worker_threads_train_the_same_model() {
 }
 
 #[test]
+fn dien_trains_the_same_on_one_and_two_workers() {
+    for model in ["dien", "dien-sum"] {
+        let run = |workers| {
+            let settings = TrainSettings {
+                data: "synthetic-behavior".into(),
+                model: model.into(),
+                workers,
+                steps: Some(50),
+                samples: 50 * 256,
+                batch_size: 256,
+                eval_fraction: 0.0,
+                progress: "none".into(),
+                seed: 5,
+                ..TrainSettings::default()
+            };
+            tiderec::run::train(&settings).unwrap().expect("single-process runs return a summary")
+        };
+        let (one, two) = (run(1), run(2));
+        let dl2 = rel_diff(one.params_l2, two.params_l2);
+        let dloss = rel_diff(one.train_loss_mean, two.train_loss_mean);
+        eprintln!("{model}: params_l2 {} vs {} (rel {dl2:e}), loss rel {dloss:e}", one.params_l2, two.params_l2);
+        assert!(dl2 <= 1e-4 && dloss <= 1e-4, "{model}: {dl2:e} {dloss:e}");
+        assert_eq!(one.samples, 50 * 256);
+        assert!(two.bytes_per_sample > 0.0);
+    }
+}
+
+#[test]
 fn training_is_deterministic_for_a_seed_and_worker_count() {
     let a = fifty_steps(2, "adagrad", 0.001);
     let b = fifty_steps(2, "adagrad", 0.001);

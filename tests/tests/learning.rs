@@ -99,3 +99,46 @@ fn avazu_sample_trains_to_auc_068() {
         assert!(s.auc.unwrap() >= 0.68, "{model}: AUC {:?}", s.auc);
     }
 }
+
+fn behavior_run(data: &str, model: &str, extra: impl FnOnce(&mut TrainSettings)) -> tiderec_sinks::metrics::RunSummary {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = TrainSettings {
+        data: data.into(),
+        model: model.into(),
+        workers: 2,
+        progress: "none".into(),
+        dead_letters: dir.path().join("dead.tsv"),
+        ..TrainSettings::default()
+    };
+    extra(&mut settings);
+    tiderec::run::train(&settings).unwrap().unwrap()
+}
+
+#[test]
+fn dien_gets_within_003_of_the_teacher_and_beats_sum_pooling_on_synthetic_behaviour() {
+    let samples = |s: &mut TrainSettings| s.samples = 200_000;
+    let dien = behavior_run("synthetic-behavior", "dien", samples);
+    let sum = behavior_run("synthetic-behavior", "dien-sum", samples);
+    let (a, b, teacher) = (dien.auc.unwrap(), sum.auc.unwrap(), dien.teacher_auc.unwrap());
+    eprintln!("synthetic behaviour: dien AUC {a:.4}, dien-sum AUC {b:.4}, teacher {teacher:.4}");
+    assert_eq!(teacher, sum.teacher_auc.unwrap(), "same eval split");
+    assert!(a >= teacher - 0.03, "dien AUC {a} is not within 0.03 of the teacher's {teacher}");
+    assert!(a > b + 0.01, "GRU + attention ({a}) should beat sum pooling ({b}) on order-dependent labels");
+}
+
+#[test]
+fn dien_beats_sum_pooling_on_taobao_user_behavior_samples() {
+    let Some(path) = common::shared_data("taobao_user_behavior/UserBehavior.csv") else { return };
+    let data = format!("taobao-behavior:{}", path.display());
+    let dien = behavior_run(&data, "dien", |_| {});
+    let sum = behavior_run(&data, "dien-sum", |_| {});
+    let (a, b) = (dien.auc.unwrap(), sum.auc.unwrap());
+    eprintln!("taobao UserBehavior: dien AUC {a:.4}, dien-sum AUC {b:.4}, {} eval samples", dien.eval_samples);
+    // The truncated last line of the sample is the one malformed record.
+    assert_eq!(dien.bad_records, 1);
+    assert_eq!(dien.bad_records_by_reason.get("field_count"), Some(&1));
+    assert_eq!(dien.eval_samples, sum.eval_samples);
+    assert!(dien.eval_samples > 10_000);
+    assert!(a > b, "dien ({a}) should beat sum pooling ({b})");
+    assert!(a > 0.8, "dien AUC {a}");
+}
