@@ -5,7 +5,11 @@
 //! table and random dense values. `dlrm` is the Kaggle shape (dim 16, bottom
 //! 13-512-256-64-16, top 512-256-1); `model` takes any `--model` with the
 //! CLI's default shapes. Batches are generated before timing starts and
-//! reused, so the figure measures training, not data generation.
+//! reused, so the figure measures training, not data generation. Models
+//! over behaviour sequences (`dien`, `dien-sum`) train on the synthetic
+//! behaviour stream instead (user, item and category tables, histories of up
+//! to `max_len` events), and `dien` also times its GRU's split cell against
+//! the unsplit one on the same shapes in the same run.
 //!
 //! `tiderec bench gru` times the GRU cell; `tiderec bench features` the
 //! sequence-feature kernels of `tiderec_operators::features` against the
@@ -17,7 +21,8 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
 use tiderec_operators::features::mix64;
-use tiderec_operators::nn::{DlrmConfig, ModelConfig};
+use tiderec_operators::nn::{DlrmConfig, Interest, ModelConfig};
+use tiderec_sources::synthetic_behavior::{BehaviorConfig, SyntheticBehavior, SEQUENCE_TABLES};
 
 /// The Kaggle DLRM shape of `tiderec bench dlrm`.
 pub fn kaggle_dlrm() -> ModelConfig {
@@ -64,6 +69,9 @@ pub struct DlrmBenchResult {
     pub steps: u64,
     /// Bytes exchanged between workers per sample.
     pub bytes_per_sample: f64,
+    /// DIEN only: the GRU cell of this model's shape, split vs unsplit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gru: Option<GruBenchResult>,
 }
 
 /// A micro-batch of `n` samples with one random id per table, seeded by `seed`.
@@ -89,15 +97,19 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     }
     let settings = TrainSettings { workers: bench.workers, batch_size: bench.batch_size, ..TrainSettings::default() };
     let resolved = settings.validate()?;
+    let behavior = match &bench.model {
+        ModelConfig::Dien(c) => Some(SyntheticBehavior::new(BehaviorConfig::standard(7, c.max_len))?),
+        _ => None,
+    };
     let config = TrainerConfig {
         model: bench.model.clone(),
-        table_sizes: vec![bench.rows; 26],
+        table_sizes: behavior.as_ref().map_or_else(|| vec![bench.rows; 26], |g| g.config().table_sizes()),
         seed: 7,
         dense_optimizer: bench.optimizer,
         dense_hp: OptimizerParams::with_lr(0.01),
         sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
         sparse_hp: OptimizerParams::with_lr(0.01),
-        sequence_tables: Vec::new(),
+        sequence_tables: if behavior.is_some() { SEQUENCE_TABLES.to_vec() } else { Vec::new() },
     };
     let bench = Arc::new(bench.clone());
     let b2 = bench.clone();
@@ -105,7 +117,17 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         let bench = &b2;
         let (me, w) = (worker.index(), worker.peers());
         let micro = crate::data::micro_batch(bench.batch_size, me, w);
-        let pool: Vec<Batch> = (0..8).map(|k| random_batch(micro, bench.rows, (me * 1000 + k) as u64)).collect();
+        let pool: Vec<Batch> = (0..8u64)
+            .map(|k| match &behavior {
+                Some(g) => {
+                    let mut b = Batch::with_sequences(0, 3, 2);
+                    let start = (me as u64 * 8 + k) * micro as u64;
+                    g.fill(start..start + micro as u64, &mut b);
+                    b
+                }
+                None => random_batch(micro, bench.rows, me as u64 * 1000 + k),
+            })
+            .collect();
         let mut trainer = Trainer::new(worker, &config)?;
         let run = |steps: u64, trainer: &mut Trainer, worker: &mut timely::worker::Worker| {
             let mut last = Default::default();
@@ -138,6 +160,14 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         workers: bench.workers,
         steps: bench.steps,
         bytes_per_sample: bytes as f64 / samples as f64,
+        gru: match &bench.model {
+            ModelConfig::Dien(c) if c.interest == Interest::GruAttention => {
+                let e = c.interest_dim();
+                let micro = crate::data::micro_batch(bench.batch_size, 0, bench.workers);
+                Some(run_gru(micro, c.max_len, e, e, 1.0))
+            }
+            _ => None,
+        },
     })
 }
 

@@ -99,7 +99,7 @@ struct GruArgs {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// dlrm, lr, fm, deepfm or wdl.
+    /// dlrm, lr, fm, deepfm, wdl, dien or dien-sum (the last two on synthetic behaviour histories).
     #[arg(long, default_value = "dlrm")]
     model: String,
     #[command(flatten)]
@@ -433,7 +433,13 @@ fn main() -> anyhow::Result<()> {
                 BenchCommand::Dlrm(a) => (tiderec::bench::kaggle_dlrm(), a),
                 BenchCommand::Model(m) => {
                     let settings = TrainSettings { model: m.model.clone(), ..TrainSettings::default() };
-                    (settings.model_config()?, m.common)
+                    let model = if m.model.starts_with("dien") {
+                        let data = tiderec::config::DataSpec::SyntheticBehavior;
+                        settings.model_config_with(data.shape(None), data.sequences().as_ref())?
+                    } else {
+                        settings.model_config()?
+                    };
+                    (model, m.common)
                 }
                 BenchCommand::Gru(_) | BenchCommand::Features(_) => unreachable!("handled above"),
             };
@@ -455,6 +461,18 @@ fn main() -> anyhow::Result<()> {
                     "{} batch {} workers {}: {:.0} samples/s ({:.2} ms/step, {} steps, {:.0} bytes/sample exchanged)",
                     r.model, r.batch_size, r.workers, r.samples_per_sec, r.ms_per_step, r.steps, r.bytes_per_sample
                 );
+                if let Some(g) = &r.gru {
+                    println!(
+                        "  its GRU (batch {}, {} steps, {}→{}): split cell {:.0} seq/s, unsplit {:.0} seq/s, {:.2}×",
+                        g.batch_size,
+                        g.steps,
+                        g.input,
+                        g.hidden,
+                        g.split_sequences_per_sec,
+                        g.unsplit_sequences_per_sec,
+                        g.speedup
+                    );
+                }
             }
         }
     }

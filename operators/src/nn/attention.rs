@@ -133,7 +133,7 @@ impl AttentionPooling {
         dquery[..batch * d].fill(T::ZERO);
         dkeys[..batch * steps * d].fill(T::ZERO);
         let mut ds = vec![T::ZERO; steps];
-        let mut wtk = vec![T::ZERO; d];
+        let mut kbar = vec![T::ZERO; d];
         for b in 0..batch {
             let len = lengths[b].min(steps);
             let g = &dout[b * d..(b + 1) * d];
@@ -151,28 +151,29 @@ impl AttentionPooling {
                 ds[t] = da;
                 mean += alpha[t] * da;
             }
+            // dk_t = α_t g + ds_t W q, and k̄ = Σ_t ds_t k_t, so that
+            // dq = Wᵀ k̄ and dW += k̄ qᵀ cost O(D²) per sample, not per step.
+            kbar.fill(T::ZERO);
             for t in 0..len {
                 ds[t] = alpha[t] * (ds[t] - mean);
                 let k = &keys[(b * steps + t) * d..(b * steps + t + 1) * d];
                 let dk = &mut dkeys[(b * steps + t) * d..(b * steps + t + 1) * d];
                 for c in 0..d {
                     dk[c] = alpha[t] * g[c] + ds[t] * wq[c];
+                    kbar[c] += ds[t] * k[c];
                 }
-                // dq += ds_t · Wᵀ k_t ; dW += ds_t · k_t qᵀ
-                for j in 0..d {
-                    let mut s = T::ZERO;
-                    for i in 0..d {
-                        s += w[i * d + j] * k[i];
-                    }
-                    wtk[j] = s;
+            }
+            if len == 0 {
+                continue;
+            }
+            let dq = &mut dquery[b * d..(b + 1) * d];
+            for i in 0..d {
+                let (row, ki) = (&w[i * d..(i + 1) * d], kbar[i]);
+                for (o, &wij) in dq.iter_mut().zip(row) {
+                    *o += ki * wij;
                 }
-                for j in 0..d {
-                    dquery[b * d + j] += ds[t] * wtk[j];
-                }
-                for i in 0..d {
-                    for j in 0..d {
-                        gw[i * d + j] += ds[t] * k[i] * q[j];
-                    }
+                for (o, &qj) in gw[i * d..(i + 1) * d].iter_mut().zip(q) {
+                    *o += ki * qj;
                 }
             }
         }

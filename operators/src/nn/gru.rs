@@ -226,16 +226,13 @@ impl Gru {
         let (h, i3, batch, steps) = (self.hidden, 3 * self.hidden, cache.batch, cache.steps);
         let bh = batch * h;
         let mut dgx = vec![T::ZERO; batch * steps * i3];
-        let mut dgh = vec![T::ZERO; batch * i3];
+        // The recurrent pre-activation gradients of every step (time-major), so that
+        // dW_hh and db_hh are one GEMM / one pass after the loop instead of one per step.
+        let mut dgh_all = vec![T::ZERO; batch * steps * i3];
         let mut dh = vec![T::ZERO; bh];
         let mut dh_prev = vec![T::ZERO; bh];
-        for g in &mut grads[self.w_hh()] {
-            *g = T::ZERO;
-        }
-        for g in &mut grads[self.b_hh()] {
-            *g = T::ZERO;
-        }
         for t in (0..steps).rev() {
+            let dgh = &mut dgh_all[t * batch * i3..(t + 1) * batch * i3];
             for (d, &e) in dh.iter_mut().zip(&dstates[t * bh..(t + 1) * bh]) {
                 *d += e;
             }
@@ -264,16 +261,21 @@ impl Gru {
                     dpb[j] = g.prev;
                 }
             }
-            // dW_hh += dGhᵀ·h_{t−1}, db_hh += Σ dGh, dh_{t−1} += dGh·W_hh.
-            gemm(Op::T, Op::N, i3, h, batch, T::ONE, &dgh, hp, T::ONE, &mut grads[self.w_hh()]);
-            for row in dgh.chunks_exact(i3) {
-                for (g, &v) in grads[self.b_hh()].iter_mut().zip(row) {
-                    *g += v;
-                }
-            }
-            gemm(Op::N, Op::N, batch, h, i3, T::ONE, &dgh, &params[self.w_hh()], T::ONE, &mut dh_prev);
+            // dh_{t−1} += dGh·W_hh (the only product the recurrence needs).
+            gemm(Op::N, Op::N, batch, h, i3, T::ONE, dgh, &params[self.w_hh()], T::ONE, &mut dh_prev);
             std::mem::swap(&mut dh, &mut dh_prev);
             dh_prev.fill(T::ZERO);
+        }
+        // Recurrent weights over all steps at once: dW_hh = Σ_t dGh_tᵀ·h_{t−1}, db_hh = Σ dGh
+        // (h_0 … h_{T−1} lie contiguous, time-major, at the start of the states).
+        let h_prev = &cache.states[..steps * bh];
+        gemm(Op::T, Op::N, i3, h, batch * steps, T::ONE, &dgh_all, h_prev, T::ZERO, &mut grads[self.w_hh()]);
+        let bhh = self.b_hh();
+        grads[bhh.clone()].fill(T::ZERO);
+        for row in dgh_all.chunks_exact(i3) {
+            for (g, &v) in grads[bhh.clone()].iter_mut().zip(row) {
+                *g += v;
+            }
         }
         // Input side, one GEMM each over all time steps (time-major).
         let _ = x;
