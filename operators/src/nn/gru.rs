@@ -23,7 +23,7 @@
 //! Parameters at `offset` in the flat buffer: `W_ih [3H × I]`, `W_hh [3H × H]`,
 //! `b_ih [3H]`, `b_hh [3H]`.
 
-use super::gemm::{gemm, Op};
+use super::gemm::{gemm, gemm_small, Op};
 use super::loss::sigmoid_fast;
 use super::Scalar;
 use crate::rng::unit_f64;
@@ -51,8 +51,21 @@ pub struct GruCache<T> {
     n: Vec<T>,
     hn: Vec<T>,
     gh: Vec<T>,
+    w_hh_t: Vec<T>,
+    /// Buffers of the split backward, kept between calls (no allocation per step of training).
+    scratch: std::cell::RefCell<BackwardScratch<T>>,
     batch: usize,
     steps: usize,
+}
+
+/// Working buffers of [`Gru::backward`].
+#[derive(Clone, Debug, Default)]
+struct BackwardScratch<T> {
+    dgx: Vec<T>,
+    dgh: Vec<T>,
+    dh: Vec<T>,
+    dh_prev: Vec<T>,
+    dxt: Vec<T>,
 }
 
 impl<T: Scalar> GruCache<T> {
@@ -126,11 +139,19 @@ impl Gru {
         );
         let (b_ih, b_hh) = (&params[self.b_ih()], &params[self.b_hh()]);
         self.prepare(cache, batch, steps);
+        // W_hhᵀ [H × 3H], laid out once so that every step's h·W_hhᵀ reads it in place.
+        let w_hh = &params[self.w_hh()];
+        cache.w_hh_t.resize(h * i3, T::ZERO);
+        for g in 0..i3 {
+            for k in 0..h {
+                cache.w_hh_t[k * i3 + g] = w_hh[g * h + k];
+            }
+        }
         for t in 0..steps {
             let (prev, rest) = cache.states.split_at_mut((t + 1) * bh);
             let hp = &prev[t * bh..];
             let gh = &mut cache.gh[t * batch * i3..(t + 1) * batch * i3];
-            gemm(Op::N, Op::T, batch, i3, h, T::ONE, hp, &params[self.w_hh()], T::ZERO, gh);
+            gemm_small(batch, i3, h, hp, &cache.w_hh_t, false, gh);
             let hn = &mut rest[..bh];
             for b in 0..batch {
                 let gx = &cache.gx[(t * batch + b) * i3..(t * batch + b + 1) * i3];
@@ -225,12 +246,17 @@ impl Gru {
     ) {
         let (h, i3, batch, steps) = (self.hidden, 3 * self.hidden, cache.batch, cache.steps);
         let bh = batch * h;
-        let mut dgx = vec![T::ZERO; batch * steps * i3];
+        let mut scratch = cache.scratch.borrow_mut();
+        let BackwardScratch { dgx, dgh: dgh_all, dh, dh_prev, dxt } = &mut *scratch;
+        // Every entry of dgx and dgh_all is written before it is read.
+        dgx.resize(batch * steps * i3, T::ZERO);
         // The recurrent pre-activation gradients of every step (time-major), so that
         // dW_hh and db_hh are one GEMM / one pass after the loop instead of one per step.
-        let mut dgh_all = vec![T::ZERO; batch * steps * i3];
-        let mut dh = vec![T::ZERO; bh];
-        let mut dh_prev = vec![T::ZERO; bh];
+        dgh_all.resize(batch * steps * i3, T::ZERO);
+        for v in [&mut *dh, &mut *dh_prev] {
+            v.clear();
+            v.resize(bh, T::ZERO);
+        }
         for t in (0..steps).rev() {
             let dgh = &mut dgh_all[t * batch * i3..(t + 1) * batch * i3];
             for (d, &e) in dh.iter_mut().zip(&dstates[t * bh..(t + 1) * bh]) {
@@ -262,8 +288,8 @@ impl Gru {
                 }
             }
             // dh_{t−1} += dGh·W_hh (the only product the recurrence needs).
-            gemm(Op::N, Op::N, batch, h, i3, T::ONE, dgh, &params[self.w_hh()], T::ONE, &mut dh_prev);
-            std::mem::swap(&mut dh, &mut dh_prev);
+            gemm_small(batch, h, i3, dgh, &params[self.w_hh()], true, dh_prev);
+            std::mem::swap(dh, dh_prev);
             dh_prev.fill(T::ZERO);
         }
         // Recurrent weights over all steps at once: dW_hh = Σ_t dGh_tᵀ·h_{t−1}, db_hh = Σ dGh
@@ -287,9 +313,9 @@ impl Gru {
                 *g += v;
             }
         }
-        let mut dxt = vec![T::ZERO; batch * steps * self.input];
-        gemm(Op::N, Op::N, batch * steps, self.input, i3, T::ONE, &dgx, &params[self.w_ih()], T::ZERO, &mut dxt);
-        from_time_major(&dxt, batch, steps, self.input, dx);
+        dxt.resize(batch * steps * self.input, T::ZERO);
+        gemm(Op::N, Op::N, batch * steps, self.input, i3, T::ONE, dgx, &params[self.w_ih()], T::ZERO, dxt);
+        from_time_major(dxt, batch, steps, self.input, dx);
     }
 
     /// The unsplit baseline: per step one GEMM of `[x_t, h]` with the combined
