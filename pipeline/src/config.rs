@@ -8,10 +8,12 @@
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::nn::{DlrmConfig, FmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::spec::FeatureSpec;
+use tiderec_sources::parquet::ParquetDataset;
 
 /// Where samples come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,7 +26,21 @@ pub enum DataSpec {
     Avazu(Vec<PathBuf>),
     /// Delimited files described by a feature spec (`--spec`).
     Csv(Vec<PathBuf>),
+    /// Featurized Parquet files (`tiderec convert`), footers read and columns checked.
+    Parquet(ParquetData),
 }
+
+/// An opened [`ParquetDataset`], shared by the workers; equal when the files are.
+#[derive(Clone, Debug)]
+pub struct ParquetData(pub Arc<ParquetDataset>);
+
+impl PartialEq for ParquetData {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.paths().eq(other.0.paths())
+    }
+}
+
+impl Eq for ParquetData {}
 
 impl DataSpec {
     /// `(dense features, sparse fields)` of the samples this data produces
@@ -34,10 +50,23 @@ impl DataSpec {
             DataSpec::Synthetic | DataSpec::Criteo(_) => (13, 26),
             DataSpec::Avazu(_) => (tiderec_sources::avazu::NUM_DENSE, tiderec_sources::avazu::NUM_SPARSE),
             DataSpec::Csv(_) => spec.map_or((0, 0), FeatureSpec::shape),
+            DataSpec::Parquet(p) => p.0.description().shape(),
         }
     }
 
-    /// Parses `synthetic` or `FORMAT:PATH[,PATH…]` (`criteo`, `avazu`); a directory stands for its files, sorted.
+    /// The format name as written in `FORMAT:PATH`.
+    pub fn format(&self) -> &'static str {
+        match self {
+            DataSpec::Synthetic => "synthetic",
+            DataSpec::Criteo(_) => "criteo",
+            DataSpec::Avazu(_) => "avazu",
+            DataSpec::Csv(_) => "csv",
+            DataSpec::Parquet(_) => "parquet",
+        }
+    }
+
+    /// Parses `synthetic` or `FORMAT:PATH[,PATH…]` (`criteo`, `avazu`, `csv`, `parquet`); a directory stands
+    /// for its files, sorted (for `parquet`, its `*.parquet` files, whose footers are read here).
     pub fn parse(key: &str, s: &str) -> Result<Self, PipelineError> {
         if s == "synthetic" {
             return Ok(DataSpec::Synthetic);
@@ -46,6 +75,26 @@ impl DataSpec {
             return Err(PipelineError::config(key, format!("`{s}` is not `synthetic` or `FORMAT:PATH[,PATH…]`")));
         };
         match format {
+            "parquet" => {
+                let mut paths = Vec::new();
+                for p in rest.split(',').filter(|p| !p.is_empty()) {
+                    let path = PathBuf::from(p);
+                    if path.is_file() {
+                        paths.push(path);
+                    } else if path.exists() {
+                        let files = tiderec_sources::parquet::list_parquet_files(&path)
+                            .map_err(|e| PipelineError::config(key, e.to_string()))?;
+                        paths.extend(files);
+                    } else {
+                        return Err(PipelineError::config(key, format!("no such file or directory: {p}")));
+                    }
+                }
+                if paths.is_empty() {
+                    return Err(PipelineError::config(key, format!("`{s}` names no files")));
+                }
+                let dataset = ParquetDataset::open(&paths).map_err(|e| PipelineError::config(key, e.to_string()))?;
+                Ok(DataSpec::Parquet(ParquetData(Arc::new(dataset))))
+            }
             "criteo" | "avazu" | "csv" => {
                 let mut paths = Vec::new();
                 for p in rest.split(',').filter(|p| !p.is_empty()) {
@@ -75,7 +124,7 @@ impl DataSpec {
             }
             other => Err(PipelineError::config(
                 key,
-                format!("unknown data format `{other}` (synthetic, criteo, avazu, csv)"),
+                format!("unknown data format `{other}` (synthetic, criteo, avazu, csv, parquet)"),
             )),
         }
     }
@@ -85,7 +134,7 @@ impl DataSpec {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainSettings {
-    /// `synthetic` or `criteo:PATH[,PATH…]`.
+    /// `synthetic` or `FORMAT:PATH[,PATH…]` (criteo, avazu, csv, parquet).
     pub data: String,
     /// Feature spec of `csv:` data: `elm` (the Ele.me preset) or a TOML file.
     pub spec: Option<String>,
@@ -255,6 +304,14 @@ impl TrainSettings {
             if e.shape(spec.as_ref()) != shape || std::mem::discriminant(e) != std::mem::discriminant(&data) {
                 return Err(PipelineError::config("eval", "eval data must have the training data's format"));
             }
+            if let (DataSpec::Parquet(t), DataSpec::Parquet(e)) = (&data, e) {
+                if !t.0.description().same_layout(e.0.description()) {
+                    return Err(PipelineError::config(
+                        "eval",
+                        "eval Parquet files must have the training files' sparse kinds and table sizes",
+                    ));
+                }
+            }
         }
         let (_, num_sparse) = shape;
         if !(0.0..1.0).contains(&self.eval_fraction) {
@@ -318,11 +375,22 @@ impl TrainSettings {
             None if data == DataSpec::Synthetic => {
                 tiderec_sources::synthetic::SyntheticConfig::kaggle_like(self.seed, self.buckets).table_sizes
             }
-            None => match &spec {
-                Some(spec) if matches!(data, DataSpec::Csv(_)) => spec.table_sizes(),
+            None => match (&spec, &data) {
+                (Some(spec), DataSpec::Csv(_)) => spec.table_sizes(),
+                // Ids were bucketed at conversion: the files say into how many rows.
+                (_, DataSpec::Parquet(p)) => p.0.description().table_sizes(),
                 _ => vec![self.buckets; num_sparse],
             },
         };
+        if let DataSpec::Parquet(p) = &data {
+            let stored = p.0.description().table_sizes();
+            if let Some((f, (have, need))) = table_sizes.iter().zip(&stored).enumerate().find(|(_, (h, n))| h < n) {
+                return Err(PipelineError::config(
+                    "table_sizes",
+                    format!("sparse field {f} gets {have} rows, but the Parquet files bucket it into {need}"),
+                ));
+            }
+        }
         if self.max_line_bytes < 64 {
             return Err(PipelineError::config("max_line_bytes", "must be at least 64"));
         }

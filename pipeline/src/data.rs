@@ -5,7 +5,9 @@
 //! `[s·B, (s+1)·B)` and worker `w` of `W` takes the `w`-th of `W` equal
 //! parts, so every worker count sees the same global batches. For files,
 //! each worker reads its own line-aligned byte range of every file and
-//! contributes up to `B·(w+1)/W − B·w/W` samples per step.
+//! contributes up to `B·(w+1)/W − B·w/W` samples per step. For Parquet,
+//! each worker reads its round-robin share of the (file, row group) pairs
+//! (`tiderec_sources::parquet`), re-shuffled every epoch.
 
 use crate::config::DataSpec;
 use crate::PipelineError;
@@ -16,6 +18,7 @@ use tiderec_operators::Batch;
 use tiderec_sources::avazu::{open_avazu, AvazuFormat, AvazuReader};
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader};
 use tiderec_sources::lines::{LineReader, ReaderOptions};
+use tiderec_sources::parquet::ParquetReader;
 use tiderec_sources::synthetic::SyntheticCriteo;
 
 /// Worker `worker`'s share of a global batch of `batch` samples (the shares add up to `batch`).
@@ -61,6 +64,13 @@ pub enum WorkerData {
     Avazu {
         /// The reader.
         reader: Box<AvazuReader>,
+        /// Samples per step from this worker.
+        micro: usize,
+    },
+    /// This worker's row groups of featurized Parquet files.
+    Parquet {
+        /// The reader.
+        reader: Box<ParquetReader>,
         /// Samples per step from this worker.
         micro: usize,
     },
@@ -152,6 +162,11 @@ impl WorkerData {
                 let reader = open_avazu(paths, span, worker, workers, format, reader_options, dead_letters)?;
                 Ok(WorkerData::Avazu { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
             }
+            DataSpec::Parquet(data) => {
+                let sizes = options.features.table_sizes.clone();
+                let reader = ParquetReader::new(data.0.clone(), span, worker, workers, options.seed, sizes)?;
+                Ok(WorkerData::Parquet { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
+            }
         }
     }
 
@@ -174,6 +189,7 @@ impl WorkerData {
             WorkerData::Criteo { reader, micro } => Ok(reader.next_batch(out, *micro)?),
             WorkerData::Avazu { reader, micro } => Ok(reader.next_batch(out, *micro)?),
             WorkerData::Spec { reader, micro } => Ok(reader.next_batch(out, *micro)?),
+            WorkerData::Parquet { reader, micro } => Ok(reader.next_batch(out, *micro)?),
         }
     }
 
@@ -181,7 +197,10 @@ impl WorkerData {
     pub fn is_exhausted(&self) -> bool {
         match self {
             WorkerData::Synthetic { range, cursor, .. } => *cursor >= range.end,
-            WorkerData::Criteo { .. } | WorkerData::Avazu { .. } | WorkerData::Spec { .. } => false,
+            WorkerData::Criteo { .. }
+            | WorkerData::Avazu { .. }
+            | WorkerData::Spec { .. }
+            | WorkerData::Parquet { .. } => false,
         }
     }
 
@@ -192,16 +211,27 @@ impl WorkerData {
             WorkerData::Criteo { reader, .. } => reader.rewind(),
             WorkerData::Avazu { reader, .. } => reader.rewind(),
             WorkerData::Spec { reader, .. } => reader.rewind(),
+            WorkerData::Parquet { reader, .. } => reader.rewind(),
         }
     }
 
     /// Bad records skipped so far.
     pub fn bad_counts(&self) -> BadRecordCounts {
         match self {
-            WorkerData::Synthetic { .. } => BadRecordCounts::default(),
+            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => BadRecordCounts::default(),
             WorkerData::Criteo { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Avazu { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Spec { reader, .. } => reader.bad_counts().clone(),
+        }
+    }
+
+    /// `(bytes passed, bytes in all)` of a line reader's ranges in this epoch (progress of `convert`).
+    pub fn bytes_progress(&self) -> Option<(u64, u64)> {
+        match self {
+            WorkerData::Criteo { reader, .. } => Some((reader.bytes_read(), reader.bytes_total())),
+            WorkerData::Avazu { reader, .. } => Some((reader.bytes_read(), reader.bytes_total())),
+            WorkerData::Spec { reader, .. } => Some((reader.bytes_read(), reader.bytes_total())),
+            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => None,
         }
     }
 
@@ -211,7 +241,7 @@ impl WorkerData {
             WorkerData::Criteo { reader, .. } => reader.dead_letters(),
             WorkerData::Avazu { reader, .. } => reader.dead_letters(),
             WorkerData::Spec { reader, .. } => reader.dead_letters(),
-            WorkerData::Synthetic { .. } => None,
+            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => None,
         };
         if let Some(dl) = sink {
             dl.flush().map_err(|e| PipelineError::Dataflow(format!("cannot flush dead letters: {e}")))?;

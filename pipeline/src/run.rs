@@ -11,7 +11,7 @@
 
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, WorkerData, SYNTHETIC_EVAL_BASE};
-use crate::progress::Progress;
+use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -44,6 +44,7 @@ struct Context {
     criteo: CriteoOptions,
     dead_letters: SharedDeadLetters,
     total_steps: Option<u64>,
+    total_samples: Option<u64>,
 }
 
 /// The timely configuration for these settings.
@@ -94,7 +95,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             table_sizes: resolved.table_sizes.clone(),
             zipf_exponent: 1.1,
         })?),
-        DataSpec::Criteo(_) | DataSpec::Avazu(_) | DataSpec::Csv(_) => None,
+        _ => None,
     };
     let eval_samples = (settings.samples as f64 * settings.eval_fraction).round() as u64;
     let holdout = resolved.eval.is_none() && settings.eval_fraction > 0.0;
@@ -104,7 +105,15 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             let per_epoch = settings.samples.div_ceil(settings.batch_size as u64);
             Some(settings.steps.map_or(per_epoch * settings.epochs, |s| s.min(per_epoch * settings.epochs)))
         }
-        DataSpec::Criteo(_) | DataSpec::Avazu(_) | DataSpec::Csv(_) => settings.steps,
+        _ => settings.steps,
+    };
+    // Parquet files know their rows: the bar counts samples and shows an ETA.
+    let total_samples = match &resolved.data {
+        DataSpec::Parquet(p) => {
+            let all = p.0.rows_in_span(if holdout { (0.0, split) } else { (0.0, 1.0) }) * settings.epochs;
+            Some(settings.steps.map_or(all, |s| all.min(s * settings.batch_size as u64)))
+        }
+        _ => None,
     };
     let dead_letters_path = if settings.processes > 1 {
         let mut p = settings.dead_letters.clone().into_os_string();
@@ -129,6 +138,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         },
         dead_letters: SharedDeadLetters::file(dead_letters_path.clone()),
         total_steps,
+        total_samples,
         settings: settings.clone(),
         resolved: resolved.clone(),
     });
@@ -230,7 +240,11 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             return Err(e);
         }
     };
-    let mut progress = if me == 0 { Progress::new(&s.progress, ctx.total_steps) } else { Progress::None };
+    let mut progress = match (me, ctx.total_samples) {
+        (0, Some(total)) => Progress::with_unit(&s.progress, Some(total), Unit::Samples),
+        (0, None) => Progress::new(&s.progress, ctx.total_steps),
+        _ => Progress::None,
+    };
     let (num_dense, num_sparse) = ctx.resolved.shape;
     let mut batch = Batch::new(num_dense, num_sparse);
     let none = BadRecordCounts::default();

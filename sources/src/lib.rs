@@ -7,12 +7,15 @@
 //!   line-aligned byte ranges.
 //! * [`synthetic`]: a seeded Criteo-shaped stream whose labels come from a
 //!   hidden teacher model.
+//! * [`parquet`]: featurized samples in Parquet files: the writer behind
+//!   `tiderec convert` and the row-group reader behind `--data parquet:DIR`.
 
 pub mod avazu;
 pub mod criteo;
 pub mod elm;
 pub mod error;
 pub mod lines;
+pub mod parquet;
 pub mod synthetic;
 
 pub use error::SourceError;
