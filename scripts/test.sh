@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole tiderec test suite on a fresh machine.
 #
-# Installs what the tests need (today: nothing beyond the Rust toolchain and a
-# C compiler; the Kafka broker joins with the online-trainer issue), builds in
-# release mode (the tests spawn the release binary and train real models), and
-# runs every test of every crate, doc tests included.
+# Installs what the tests need (the Rust toolchain, a C compiler, pyarrow for the
+# Parquet interoperability test; the Kafka broker joins with the online-trainer
+# issue), builds in release mode (the tests spawn the release binary and train
+# real models), and runs every test of every crate, doc tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +16,12 @@ if ! command -v cc >/dev/null 2>&1; then
         echo "no C compiler and no apt-get: install gcc or clang first" >&2
         exit 1
     fi
+fi
+
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import pyarrow' >/dev/null 2>&1; then
+    echo "== installing pyarrow (Parquet written by another writer)"
+    python3 -m pip install -q pyarrow ||
+        echo "note: pyarrow could not be installed; the pyarrow Parquet test will be skipped" >&2
 fi
 
 if [ ! -d ../shared/data ]; then

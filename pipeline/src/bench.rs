@@ -13,7 +13,10 @@
 //!
 //! `tiderec bench gru` times the GRU cell; `tiderec bench features` the
 //! sequence-feature kernels of `tiderec_operators::features` against the
-//! unfused pipelines they replace ([`run_features`]).
+//! unfused pipelines they replace ([`run_features`]); `tiderec bench replay`
+//! Parquet batch replay against the raw Criteo TSV ([`replay`]).
+
+pub mod replay;
 
 use crate::run::timely_config;
 use crate::{PipelineError, TrainSettings};

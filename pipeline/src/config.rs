@@ -8,10 +8,12 @@
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::spec::FeatureSpec;
+use tiderec_sources::parquet::ParquetDataset;
 
 /// Where samples come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub enum DataSpec {
     TaobaoBehavior(Vec<PathBuf>),
     /// Taobao display-ad joined CSV (the `taobao-ad` feature-spec preset).
     TaobaoAd(Vec<PathBuf>),
+    /// Featurized Parquet files (`tiderec convert`), footers read and columns checked.
+    Parquet(ParquetData),
 }
 
 /// How the behaviour sequences of a data format map onto its tables.
@@ -42,6 +46,18 @@ pub struct SequenceShape {
     /// The sparse field holding each sequence's target.
     pub targets: Vec<usize>,
 }
+
+/// An opened [`ParquetDataset`], shared by the workers; equal when the files are.
+#[derive(Clone, Debug)]
+pub struct ParquetData(pub Arc<ParquetDataset>);
+
+impl PartialEq for ParquetData {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.paths().eq(other.0.paths())
+    }
+}
+
+impl Eq for ParquetData {}
 
 impl DataSpec {
     /// `(dense features, sparse fields)` of the samples this data produces
@@ -54,6 +70,7 @@ impl DataSpec {
             DataSpec::SyntheticBehavior | DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) => {
                 (0, tiderec_sources::synthetic_behavior::NUM_SPARSE)
             }
+            DataSpec::Parquet(p) => p.0.description().shape(),
         }
     }
 
@@ -75,7 +92,23 @@ impl DataSpec {
         matches!(self, DataSpec::Synthetic | DataSpec::SyntheticBehavior)
     }
 
-    /// Parses `synthetic` or `FORMAT:PATH[,PATH…]` (`criteo`, `avazu`); a directory stands for its files, sorted.
+    /// The format name as written in `FORMAT:PATH`.
+    pub fn format(&self) -> &'static str {
+        match self {
+            DataSpec::Synthetic => "synthetic",
+            DataSpec::SyntheticBehavior => "synthetic-behavior",
+            DataSpec::Criteo(_) => "criteo",
+            DataSpec::Avazu(_) => "avazu",
+            DataSpec::Csv(_) => "csv",
+            DataSpec::AmazonDien(_) => "amazon-dien",
+            DataSpec::TaobaoBehavior(_) => "taobao-behavior",
+            DataSpec::TaobaoAd(_) => "taobao-ad",
+            DataSpec::Parquet(_) => "parquet",
+        }
+    }
+
+    /// Parses `synthetic`, `synthetic-behavior` or `FORMAT:PATH[,PATH…]`; a directory stands
+    /// for its files, sorted (for `parquet`, its `*.parquet` files, whose footers are read here).
     pub fn parse(key: &str, s: &str) -> Result<Self, PipelineError> {
         if s == "synthetic" {
             return Ok(DataSpec::Synthetic);
@@ -87,6 +120,26 @@ impl DataSpec {
             return Err(PipelineError::config(key, format!("`{s}` is not `synthetic` or `FORMAT:PATH[,PATH…]`")));
         };
         match format {
+            "parquet" => {
+                let mut paths = Vec::new();
+                for p in rest.split(',').filter(|p| !p.is_empty()) {
+                    let path = PathBuf::from(p);
+                    if path.is_file() {
+                        paths.push(path);
+                    } else if path.exists() {
+                        let files = tiderec_sources::parquet::list_parquet_files(&path)
+                            .map_err(|e| PipelineError::config(key, e.to_string()))?;
+                        paths.extend(files);
+                    } else {
+                        return Err(PipelineError::config(key, format!("no such file or directory: {p}")));
+                    }
+                }
+                if paths.is_empty() {
+                    return Err(PipelineError::config(key, format!("`{s}` names no files")));
+                }
+                let dataset = ParquetDataset::open(&paths).map_err(|e| PipelineError::config(key, e.to_string()))?;
+                Ok(DataSpec::Parquet(ParquetData(Arc::new(dataset))))
+            }
             "criteo" | "avazu" | "csv" | "amazon-dien" | "taobao-behavior" | "taobao-ad" => {
                 let mut paths = Vec::new();
                 for p in rest.split(',').filter(|p| !p.is_empty()) {
@@ -121,7 +174,7 @@ impl DataSpec {
                 key,
                 format!(
                     "unknown data format `{other}` (synthetic, synthetic-behavior, criteo, avazu, csv, \
-                     amazon-dien, taobao-behavior, taobao-ad)"
+                     amazon-dien, taobao-behavior, taobao-ad, parquet)"
                 ),
             )),
         }
@@ -132,7 +185,8 @@ impl DataSpec {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainSettings {
-    /// `synthetic`, `synthetic-behavior` or `FORMAT:PATH[,PATH…]`.
+    /// `synthetic`, `synthetic-behavior` or `FORMAT:PATH[,PATH…]` (criteo, avazu, csv, taobao-ad,
+    /// taobao-behavior, amazon-dien, parquet).
     pub data: String,
     /// Feature spec of `csv:` data: `elm` (the Ele.me preset) or a TOML file.
     pub spec: Option<String>,
@@ -312,6 +366,14 @@ impl TrainSettings {
             if e.shape(spec.as_ref()) != shape || std::mem::discriminant(e) != std::mem::discriminant(&data) {
                 return Err(PipelineError::config("eval", "eval data must have the training data's format"));
             }
+            if let (DataSpec::Parquet(t), DataSpec::Parquet(e)) = (&data, e) {
+                if !t.0.description().same_layout(e.0.description()) {
+                    return Err(PipelineError::config(
+                        "eval",
+                        "eval Parquet files must have the training files' sparse kinds and table sizes",
+                    ));
+                }
+            }
         }
         let (_, num_sparse) = shape;
         if !(0.0..1.0).contains(&self.eval_fraction) {
@@ -381,11 +443,22 @@ impl TrainSettings {
             None if data == DataSpec::SyntheticBehavior => {
                 tiderec_sources::synthetic_behavior::BehaviorConfig::standard(self.seed, self.max_len).table_sizes()
             }
-            None => match &spec {
-                Some(spec) if matches!(data, DataSpec::Csv(_) | DataSpec::TaobaoAd(_)) => spec.table_sizes(),
+            None => match (&spec, &data) {
+                (Some(spec), DataSpec::Csv(_) | DataSpec::TaobaoAd(_)) => spec.table_sizes(),
+                // Ids were bucketed at conversion: the files say into how many rows.
+                (_, DataSpec::Parquet(p)) => p.0.description().table_sizes(),
                 _ => vec![self.buckets; num_sparse],
             },
         };
+        if let DataSpec::Parquet(p) = &data {
+            let stored = p.0.description().table_sizes();
+            if let Some((f, (have, need))) = table_sizes.iter().zip(&stored).enumerate().find(|(_, (h, n))| h < n) {
+                return Err(PipelineError::config(
+                    "table_sizes",
+                    format!("sparse field {f} gets {have} rows, but the Parquet files bucket it into {need}"),
+                ));
+            }
+        }
         if self.max_line_bytes < 64 {
             return Err(PipelineError::config("max_line_bytes", "must be at least 64"));
         }

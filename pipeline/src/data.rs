@@ -6,7 +6,9 @@
 //! parts, so every worker count sees the same global batches. Samples
 //! derived up front (Taobao behaviour logs, [`IndexedSamples::Table`]) are
 //! split the same way. For files, each worker reads its own line-aligned byte range of every file and
-//! contributes up to `B·(w+1)/W − B·w/W` samples per step.
+//! contributes up to `B·(w+1)/W − B·w/W` samples per step. For Parquet,
+//! each worker reads its round-robin share of the (file, row group) pairs
+//! (`tiderec_sources::parquet`), re-shuffled every epoch.
 
 use crate::config::DataSpec;
 use crate::PipelineError;
@@ -19,6 +21,7 @@ use tiderec_sources::amazon::{AmazonDienFormat, AmazonDienReader};
 use tiderec_sources::avazu::{open_avazu, AvazuFormat, AvazuReader};
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader};
 use tiderec_sources::lines::{LineReader, ReaderOptions};
+use tiderec_sources::parquet::ParquetReader;
 use tiderec_sources::synthetic::SyntheticCriteo;
 use tiderec_sources::synthetic_behavior::SyntheticBehavior;
 
@@ -105,6 +108,13 @@ pub enum WorkerData {
     AmazonDien {
         /// The reader.
         reader: Box<AmazonDienReader>,
+        /// Samples per step from this worker.
+        micro: usize,
+    },
+    /// This worker's row groups of featurized Parquet files.
+    Parquet {
+        /// The reader.
+        reader: Box<ParquetReader>,
         /// Samples per step from this worker.
         micro: usize,
     },
@@ -205,6 +215,11 @@ impl WorkerData {
                 let reader = open_avazu(paths, span, worker, workers, format, reader_options, dead_letters)?;
                 Ok(WorkerData::Avazu { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
             }
+            DataSpec::Parquet(data) => {
+                let sizes = options.features.table_sizes.clone();
+                let reader = ParquetReader::new(data.0.clone(), span, worker, workers, options.seed, sizes)?;
+                Ok(WorkerData::Parquet { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
+            }
         }
     }
 
@@ -228,6 +243,7 @@ impl WorkerData {
             WorkerData::Avazu { reader, micro } => Ok(reader.next_batch(out, *micro)?),
             WorkerData::Spec { reader, micro } => Ok(reader.next_batch(out, *micro)?),
             WorkerData::AmazonDien { reader, micro } => Ok(reader.next_batch(out, *micro)?),
+            WorkerData::Parquet { reader, micro } => Ok(reader.next_batch(out, *micro)?),
         }
     }
 
@@ -239,6 +255,7 @@ impl WorkerData {
             | WorkerData::Avazu { .. }
             | WorkerData::Spec { .. }
             | WorkerData::AmazonDien { .. } => false,
+            WorkerData::Parquet { .. } => false,
         }
     }
 
@@ -250,17 +267,29 @@ impl WorkerData {
             WorkerData::Avazu { reader, .. } => reader.rewind(),
             WorkerData::Spec { reader, .. } => reader.rewind(),
             WorkerData::AmazonDien { reader, .. } => reader.rewind(),
+            WorkerData::Parquet { reader, .. } => reader.rewind(),
         }
     }
 
     /// Bad records skipped so far.
     pub fn bad_counts(&self) -> BadRecordCounts {
         match self {
-            WorkerData::Synthetic { .. } => BadRecordCounts::default(),
+            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => BadRecordCounts::default(),
             WorkerData::Criteo { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Avazu { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Spec { reader, .. } => reader.bad_counts().clone(),
             WorkerData::AmazonDien { reader, .. } => reader.bad_counts().clone(),
+        }
+    }
+
+    /// `(bytes passed, bytes in all)` of a line reader's ranges in this epoch (progress of `convert`).
+    pub fn bytes_progress(&self) -> Option<(u64, u64)> {
+        match self {
+            WorkerData::Criteo { reader, .. } => Some((reader.bytes_read(), reader.bytes_total())),
+            WorkerData::Avazu { reader, .. } => Some((reader.bytes_read(), reader.bytes_total())),
+            WorkerData::Spec { reader, .. } => Some((reader.bytes_read(), reader.bytes_total())),
+            WorkerData::AmazonDien { reader, .. } => Some((reader.bytes_read(), reader.bytes_total())),
+            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => None,
         }
     }
 
@@ -271,7 +300,7 @@ impl WorkerData {
             WorkerData::Avazu { reader, .. } => reader.dead_letters(),
             WorkerData::Spec { reader, .. } => reader.dead_letters(),
             WorkerData::AmazonDien { reader, .. } => reader.dead_letters(),
-            WorkerData::Synthetic { .. } => None,
+            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => None,
         };
         if let Some(dl) = sink {
             dl.flush().map_err(|e| PipelineError::Dataflow(format!("cannot flush dead letters: {e}")))?;

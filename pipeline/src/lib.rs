@@ -1,11 +1,12 @@
 //! # tiderec
 //!
 //! Configuration, dataflow assembly and the command-line interface of
-//! tiderec. The binary `tiderec` is a thin layer over [`run::train`] and
-//! [`bench`]; tests and other programs call them directly.
+//! tiderec. The binary `tiderec` is a thin layer over [`run::train`],
+//! [`convert::convert`] and [`bench`]; tests and other programs call them directly.
 
 pub mod bench;
 pub mod config;
+pub mod convert;
 pub mod data;
 pub mod error;
 pub mod progress;

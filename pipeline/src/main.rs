@@ -9,6 +9,13 @@ use std::path::PathBuf;
 use tiderec::bench::{run_dlrm, DlrmBench};
 use tiderec::TrainSettings;
 
+/// Copies each `Some` flag over the same key of the settings.
+macro_rules! override_fields {
+    ($settings:ident, $args:ident, $($field:ident),*) => {
+        $( if let Some(v) = $args.$field { $settings.$field = v; } )*
+    };
+}
+
 #[derive(Parser)]
 #[command(name = "tiderec", version, about = "Streaming CTR training on timely dataflow")]
 struct Cli {
@@ -18,8 +25,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a model (DLRM, LR, FM, DeepFM, Wide & Deep, DIEN) on synthetic data or dataset files.
+    /// Train a model (DLRM, LR, FM, DeepFM, Wide & Deep, DIEN) on synthetic data, raw record files or converted
+    /// Parquet.
     Train(Box<TrainArgs>),
+    /// Convert raw record files (criteo, avazu, csv + spec) to featurized Parquet for batch replay.
+    Convert(Box<ConvertArgs>),
     /// Measure throughput.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -60,6 +70,105 @@ enum BenchCommand {
     Gru(GruArgs),
     /// Sequence-feature kernels (split, fused split-hash-bucket / split-parse-mean) vs unfused pipelines.
     Features(FeaturesArgs),
+    /// Batch replay: convert a Criteo file to Parquet, then Parquet vs TSV reading and training speed.
+    Replay(ReplayArgs),
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// Criteo TSV file to convert and replay.
+    #[arg(long, default_value = "../shared/data/criteo/sample.train")]
+    criteo: PathBuf,
+    /// Rows per row group of the converted file.
+    #[arg(long, default_value_t = 65_536)]
+    row_group_rows: usize,
+    /// Rows per embedding table.
+    #[arg(long, default_value_t = 100_000)]
+    buckets: u64,
+    /// Seconds per decode measurement (each reader is measured twice, alternating).
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Model of the training comparison: dlrm, lr, fm, deepfm or wdl.
+    #[arg(long, default_value = "dlrm")]
+    model: String,
+    /// Global batch size of the training comparison.
+    #[arg(long, default_value_t = 128)]
+    batch_size: usize,
+    /// Worker threads of the training comparison.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Training steps per run (each source is trained twice, alternating).
+    #[arg(long, default_value_t = 150)]
+    steps: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Flags of `tiderec convert`; the feature flags mean what they mean for `tiderec train`.
+#[derive(Args)]
+struct ConvertArgs {
+    /// Input: `criteo:PATH[,PATH…]`, `avazu:PATH[,PATH…]` or `csv:PATH[,PATH…]` with --spec (files or directories).
+    #[arg(long)]
+    from: String,
+    /// Output: `parquet:DIR` (created; must not hold *.parquet files yet).
+    #[arg(long)]
+    to: String,
+    /// Rows per row group (the unit split across training workers).
+    #[arg(long, default_value_t = tiderec_sources::parquet::DEFAULT_ROW_GROUP_ROWS)]
+    row_group_rows: usize,
+    /// Start a new file after this many rows (default: one file).
+    #[arg(long)]
+    rows_per_file: Option<u64>,
+    /// zstd compression level (1-22).
+    #[arg(long, default_value_t = 3)]
+    zstd_level: i32,
+    /// TOML settings file (as for train): spec, seed, buckets, table_sizes, max_line_bytes, … are used.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Feature spec of `csv:` input: `elm` or a TOML file.
+    #[arg(long)]
+    spec: Option<String>,
+    /// Seed of the per-field hashing (train with the same ids whatever its own --seed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Rows per embedding table (criteo, avazu).
+    #[arg(long)]
+    buckets: Option<u64>,
+    /// On a malformed record: skip (count + dead-letter file) or fail.
+    #[arg(long)]
+    on_bad_record: Option<String>,
+    /// Dead-letter file for malformed records.
+    #[arg(long)]
+    dead_letters: Option<PathBuf>,
+    /// Longest accepted input line in bytes.
+    #[arg(long)]
+    max_line_bytes: Option<usize>,
+    /// auto, bar, lines or none.
+    #[arg(long)]
+    progress: Option<String>,
+}
+
+impl ConvertArgs {
+    fn into_settings(self) -> anyhow::Result<tiderec::convert::ConvertSettings> {
+        let mut s = match &self.config {
+            Some(path) => TrainSettings::from_toml_file(path)?,
+            None => TrainSettings::default(),
+        };
+        let args = self;
+        s.data = args.from;
+        override_fields!(s, args, seed, buckets, on_bad_record, dead_letters, max_line_bytes, progress);
+        if args.spec.is_some() {
+            s.spec = args.spec;
+        }
+        let out = tiderec::convert::parse_target("to", &args.to)?;
+        let writer = tiderec_sources::parquet::WriterOptions {
+            row_group_rows: args.row_group_rows,
+            rows_per_file: args.rows_per_file,
+            zstd_level: args.zstd_level,
+        };
+        Ok(tiderec::convert::ConvertSettings { input: s, out, writer })
+    }
 }
 
 #[derive(Args)]
@@ -138,7 +247,7 @@ struct TrainArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// `synthetic` (default), `synthetic-behavior`, or FORMAT:PATH[,PATH…] (files or directories) with FORMAT
-    /// criteo, avazu, csv (with --spec), taobao-ad, taobao-behavior or amazon-dien.
+    /// criteo, avazu, csv (with --spec), taobao-ad, taobao-behavior, amazon-dien or parquet (`tiderec convert` output).
     #[arg(long)]
     data: Option<String>,
     /// Held-out data, same format as --data.
@@ -235,12 +344,6 @@ struct TrainArgs {
     /// auto, bar, lines or none.
     #[arg(long)]
     progress: Option<String>,
-}
-
-macro_rules! override_fields {
-    ($settings:ident, $args:ident, $($field:ident),*) => {
-        $( if let Some(v) = $args.$field { $settings.$field = v; } )*
-    };
 }
 
 impl TrainArgs {
@@ -420,6 +523,71 @@ fn main() -> anyhow::Result<()> {
                 );
             }
         }
+        Command::Convert(args) => {
+            let settings = (*args).into_settings()?;
+            eprintln!("tiderec convert: {} -> parquet:{}", settings.input.data, settings.out.display());
+            let s = tiderec::convert::convert(&settings).context("conversion failed")?;
+            println!(
+                "converted {} rows into {} file(s), {} row group(s) in {} ({:.1} s, {:.0} rows/s)",
+                s.rows,
+                s.files,
+                s.row_groups,
+                s.out,
+                s.seconds,
+                s.rows as f64 / s.seconds.max(1e-9)
+            );
+            println!(
+                "  {} -> {} bytes ({:.2}x)",
+                s.bytes_in,
+                s.bytes_out,
+                s.bytes_in as f64 / s.bytes_out.max(1) as f64
+            );
+            println!("  bad records     {} {:?}", s.bad_records, s.bad_records_by_reason);
+            if s.bad_records > 0 {
+                eprintln!("{} malformed records skipped; see {}", s.bad_records, settings.input.dead_letters.display());
+            }
+        }
+        Command::Bench(BenchCommand::Replay(a)) => {
+            let bench = tiderec::bench::replay::ReplayBench {
+                criteo: a.criteo,
+                row_group_rows: a.row_group_rows,
+                buckets: a.buckets,
+                seconds: a.seconds,
+                model: a.model,
+                batch_size: a.batch_size,
+                workers: a.workers,
+                steps: a.steps,
+            };
+            let r = tiderec::bench::replay::run_replay(&bench)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "replay of {}: {} rows, {} row group(s); TSV {} bytes, Parquet {} bytes ({:.2}x smaller)",
+                    r.file,
+                    r.rows,
+                    r.row_groups,
+                    r.tsv_bytes,
+                    r.parquet_bytes,
+                    r.tsv_bytes as f64 / r.parquet_bytes.max(1) as f64
+                );
+                println!("  convert           {:>12.0} rows/s", r.convert_rows_per_sec);
+                println!(
+                    "  decode only       {:>12.0} rows/s Parquet  vs {:>10.0} lines/s TSV   ratio {:.2}x",
+                    r.parquet_read_rows_per_sec, r.tsv_read_lines_per_sec, r.read_ratio
+                );
+                println!(
+                    "  train {} b{} w{} {:>8.0} samples/s Parquet vs {:>10.0} samples/s TSV ratio {:.2}x ({} steps)",
+                    r.model,
+                    r.batch_size,
+                    r.workers,
+                    r.train_parquet_samples_per_sec,
+                    r.train_tsv_samples_per_sec,
+                    r.train_ratio,
+                    r.steps
+                );
+            }
+        }
         Command::Bench(BenchCommand::Features(f)) => {
             let r = tiderec::bench::run_features(f.seconds, &f.criteo);
             if f.json {
@@ -441,7 +609,9 @@ fn main() -> anyhow::Result<()> {
                     };
                     (model, m.common)
                 }
-                BenchCommand::Gru(_) | BenchCommand::Features(_) => unreachable!("handled above"),
+                BenchCommand::Gru(_) | BenchCommand::Features(_) | BenchCommand::Replay(_) => {
+                    unreachable!("handled above")
+                }
             };
             let steps = a.steps.unwrap_or_else(|| (200_000 / a.batch_size as u64).max(50));
             let bench = DlrmBench {

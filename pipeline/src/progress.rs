@@ -1,15 +1,41 @@
 //! Progress of a long run: a bar on a terminal, plain periodic lines otherwise.
+//!
+//! The bar counts one [`Unit`]: training steps (synthetic data, where the
+//! number of steps is known), samples (Parquet replay, where the rows are
+//! known from the files' metadata) or input bytes (`tiderec convert`). With a
+//! known total it shows an ETA.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-/// Reports training progress on stderr.
+/// What the position and total of a [`Progress`] count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// Training steps.
+    Steps,
+    /// Training samples.
+    Samples,
+    /// Input bytes.
+    Bytes,
+}
+
+impl Unit {
+    fn name(self) -> &'static str {
+        match self {
+            Unit::Steps => "steps",
+            Unit::Samples => "samples",
+            Unit::Bytes => "bytes",
+        }
+    }
+}
+
+/// Reports progress on stderr.
 pub enum Progress {
     /// An indicatif bar (terminal).
-    Bar(ProgressBar),
+    Bar(ProgressBar, Unit),
     /// One line every few seconds (logs, CI).
-    Lines { last: Instant, every: Duration, total: Option<u64> },
+    Lines { last: Instant, every: Duration, total: Option<u64>, unit: Unit },
     /// Silent.
     None,
 }
@@ -17,6 +43,11 @@ pub enum Progress {
 impl Progress {
     /// `mode` is `auto`, `bar`, `lines` or `none`; `total` is the number of steps when known.
     pub fn new(mode: &str, total: Option<u64>) -> Self {
+        Self::with_unit(mode, total, Unit::Steps)
+    }
+
+    /// Like [`new`](Self::new), counting `unit`.
+    pub fn with_unit(mode: &str, total: Option<u64>, unit: Unit) -> Self {
         let bar = match mode {
             "bar" => true,
             "auto" => std::io::stderr().is_terminal(),
@@ -29,15 +60,20 @@ impl Progress {
                 None => ProgressBar::new_spinner(),
             };
             pb.set_draw_target(ProgressDrawTarget::stderr_with_hz(5));
-            let template = if total.is_some() {
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps  {msg}  eta {eta}"
-            } else {
-                "{spinner} [{elapsed_precise}] {pos} steps  {msg}"
+            let template = match (total.is_some(), unit) {
+                (true, Unit::Bytes) => {
+                    "{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes} ({bytes_per_sec})  {msg}  eta {eta}"
+                }
+                (true, Unit::Steps) => "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps  {msg}  eta {eta}",
+                (true, Unit::Samples) => "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} samples  {msg}  eta {eta}",
+                (false, Unit::Bytes) => "{spinner} [{elapsed_precise}] {bytes}  {msg}",
+                (false, Unit::Steps) => "{spinner} [{elapsed_precise}] {pos} steps  {msg}",
+                (false, Unit::Samples) => "{spinner} [{elapsed_precise}] {pos} samples  {msg}",
             };
             pb.set_style(ProgressStyle::with_template(template).expect("valid template"));
-            Progress::Bar(pb)
+            Progress::Bar(pb, unit)
         } else {
-            Progress::Lines { last: Instant::now(), every: Duration::from_secs(2), total }
+            Progress::Lines { last: Instant::now(), every: Duration::from_secs(2), total, unit }
         }
     }
 
@@ -52,23 +88,32 @@ impl Progress {
         bytes_per_sample: f64,
         bad: u64,
     ) {
-        let mut msg = format!(
-            "loss {loss:.4}  {samples} samples  {samples_per_sec:.0} samples/s  {bytes_per_sample:.0} B/sample"
-        );
+        let mut msg = format!("loss {loss:.4}  {samples_per_sec:.0} samples/s  {bytes_per_sample:.0} B/sample");
         if bad > 0 {
             msg.push_str(&format!("  {bad} bad records"));
         }
+        let (position, msg) = match self.unit() {
+            Unit::Samples => (samples, format!("step {steps}  {msg}")),
+            _ => (steps, format!("{samples} samples  {msg}")),
+        };
+        self.advance(position, &msg);
+    }
+
+    /// Sets the position (in the bar's unit) and the message.
+    pub fn advance(&mut self, position: u64, msg: &str) {
         match self {
-            Progress::Bar(pb) => {
-                pb.set_position(steps);
-                pb.set_message(msg);
+            Progress::Bar(pb, _) => {
+                pb.set_position(position);
+                pb.set_message(msg.to_string());
             }
-            Progress::Lines { last, every, total } => {
+            Progress::Lines { last, every, total, unit } => {
                 if last.elapsed() >= *every {
                     *last = Instant::now();
-                    match total {
-                        Some(t) => eprintln!("step {steps}/{t}  {msg}"),
-                        None => eprintln!("step {steps}  {msg}"),
+                    match (total, *unit) {
+                        (Some(t), Unit::Steps) => eprintln!("step {position}/{t}  {msg}"),
+                        (None, Unit::Steps) => eprintln!("step {position}  {msg}"),
+                        (Some(t), unit) => eprintln!("{position}/{t} {}  {msg}", unit.name()),
+                        (None, unit) => eprintln!("{position} {}  {msg}", unit.name()),
                     }
                 }
             }
@@ -76,10 +121,17 @@ impl Progress {
         }
     }
 
+    fn unit(&self) -> Unit {
+        match self {
+            Progress::Bar(_, unit) | Progress::Lines { unit, .. } => *unit,
+            Progress::None => Unit::Steps,
+        }
+    }
+
     /// Prints a message without breaking the bar.
     pub fn println(&self, line: &str) {
         match self {
-            Progress::Bar(pb) => pb.println(line),
+            Progress::Bar(pb, _) => pb.println(line),
             Progress::Lines { .. } => eprintln!("{line}"),
             Progress::None => {}
         }
@@ -87,7 +139,7 @@ impl Progress {
 
     /// Removes the bar.
     pub fn finish(&self) {
-        if let Progress::Bar(pb) = self {
+        if let Progress::Bar(pb, _) = self {
             pb.finish_and_clear();
         }
     }

@@ -11,7 +11,7 @@
 
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
-use crate::progress::Progress;
+use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -51,6 +51,7 @@ struct Context {
     total_steps: Option<u64>,
     /// Malformed records met while deriving the samples up front (counted once, on worker 0).
     derived_bad: BadRecordCounts,
+    total_samples: Option<u64>,
 }
 
 /// The timely configuration for these settings.
@@ -143,6 +144,14 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         }
         None => settings.steps,
     };
+    // Parquet files know their rows: the bar counts samples and shows an ETA.
+    let total_samples = match &resolved.data {
+        DataSpec::Parquet(p) => {
+            let all = p.0.rows_in_span(if holdout { (0.0, split) } else { (0.0, 1.0) }) * settings.epochs;
+            Some(settings.steps.map_or(all, |s| all.min(s * settings.batch_size as u64)))
+        }
+        _ => None,
+    };
     let context = Arc::new(Context {
         trainer: trainer_config(settings, &resolved),
         data_sequences: resolved.data.sequences().map_or(0, |q| q.tables.len()),
@@ -162,6 +171,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         },
         dead_letters: dead_letter_sink,
         total_steps,
+        total_samples,
         settings: settings.clone(),
         resolved: resolved.clone(),
     });
@@ -291,7 +301,11 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             return Err(e);
         }
     };
-    let mut progress = if me == 0 { Progress::new(&s.progress, ctx.total_steps) } else { Progress::None };
+    let mut progress = match (me, ctx.total_samples) {
+        (0, Some(total)) => Progress::with_unit(&s.progress, Some(total), Unit::Samples),
+        (0, None) => Progress::new(&s.progress, ctx.total_steps),
+        _ => Progress::None,
+    };
     let mut batch = ctx.new_batch();
     // Records dropped while deriving samples up front are reported once, by worker 0.
     let derived_bad = if me == 0 { ctx.derived_bad.clone() } else { BadRecordCounts::default() };

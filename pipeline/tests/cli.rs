@@ -1,42 +1,9 @@
 //! The `tiderec` binary as a user runs it: real processes on 127.0.0.1.
 
+mod common;
+
+use common::{metrics, rel_diff, run_ok, shared_data, tiderec};
 use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Command, Output};
-
-fn tiderec() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tiderec"))
-}
-
-fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("tiderec starts");
-    assert!(
-        out.status.success(),
-        "tiderec failed:\nstdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn metrics(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).expect("metrics file written")).expect("valid JSON")
-}
-
-/// `../shared/data/<rel>` beside the repository, or `None` (with a note) when absent.
-fn shared_data(rel: &str) -> Option<std::path::PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} not found", p.display());
-        None
-    }
-}
-
-fn rel_diff(a: f64, b: f64) -> f64 {
-    (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
-}
 
 /// Two free TCP ports on 127.0.0.1 (released before use; the OS rarely hands them out again at once).
 fn free_ports() -> (u16, u16) {

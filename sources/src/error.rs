@@ -24,4 +24,29 @@ pub enum SourceError {
     /// A configuration value is invalid; `key` names it.
     #[error("invalid configuration `{key}`: {reason}")]
     Config { key: String, reason: String },
+    /// A Parquet file could not be read or written (not Parquet, corrupt, I/O).
+    #[error("Parquet file {path}: {source}")]
+    Parquet {
+        path: String,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    /// Arrow rejected a column while a file was written or read.
+    #[error("Parquet file {path}: {source}")]
+    Arrow {
+        path: String,
+        #[source]
+        source: arrow_schema::ArrowError,
+    },
+    /// A Parquet file or directory does not hold what tiderec needs (missing
+    /// column, wrong type, no schema metadata, an id beyond its table, …).
+    #[error("{path}: {reason}")]
+    Schema { path: String, reason: String },
+}
+
+impl SourceError {
+    /// Shorthand for a [`SourceError::Schema`] naming `path`.
+    pub fn schema(path: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+        SourceError::Schema { path: path.to_string(), reason: reason.into() }
+    }
 }

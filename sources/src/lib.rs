@@ -12,6 +12,8 @@
 //! * [`synthetic`]: a seeded Criteo-shaped stream whose labels come from a
 //!   hidden teacher model; [`synthetic_behavior`]: a seeded DIEN-shaped stream
 //!   whose teacher depends on the order of the history.
+//! * [`parquet`]: featurized samples in Parquet files: the writer behind
+//!   `tiderec convert` and the row-group reader behind `--data parquet:DIR`.
 
 pub mod amazon;
 pub mod avazu;
@@ -19,6 +21,7 @@ pub mod criteo;
 pub mod elm;
 pub mod error;
 pub mod lines;
+pub mod parquet;
 pub mod synthetic;
 pub mod synthetic_behavior;
 pub mod taobao;

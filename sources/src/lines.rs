@@ -185,6 +185,18 @@ impl<F: LineFormat> LineReader<F> {
         self.lines_read
     }
 
+    /// Bytes of this reader's ranges passed in the current epoch (for progress).
+    pub fn bytes_read(&self) -> u64 {
+        let done: usize = self.files[..self.cur.min(self.files.len())].iter().map(|f| f.end - f.start).sum();
+        let current = self.files.get(self.cur).map_or(0, |f| self.pos.min(f.end).saturating_sub(f.start));
+        (done + current) as u64
+    }
+
+    /// Bytes of this reader's ranges (line starts), over all files.
+    pub fn bytes_total(&self) -> u64 {
+        self.files.iter().map(|f| (f.end - f.start) as u64).sum()
+    }
+
     /// The dead-letter sink, if any (e.g. to flush it).
     pub fn dead_letters(&mut self) -> Option<&mut (dyn DeadLetterSink + 'static)> {
         self.dead_letters.as_deref_mut()

@@ -1,0 +1,52 @@
+//! Helpers shared by the CLI tests: spawn the release binary, read its metrics, find the shared data.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The release `tiderec` binary of this build.
+pub fn tiderec() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tiderec"))
+}
+
+/// Runs `cmd`, which must succeed (its output is shown otherwise).
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("tiderec starts");
+    assert!(
+        out.status.success(),
+        "tiderec failed:\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The metrics JSON written by `--metrics-json`.
+pub fn metrics(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("metrics file written")).expect("valid JSON")
+}
+
+/// `../shared/data/<rel>` beside the repository, or `None` (with a note) when absent.
+pub fn shared_data(rel: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(rel);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipping: {} not found", p.display());
+        None
+    }
+}
+
+/// Relative difference of two values.
+pub fn rel_diff(a: f64, b: f64) -> f64 {
+    (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
+}
+
+/// Runs `cmd`, which must fail; returns its stderr (checked not to be a panic).
+pub fn run_err(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("tiderec starts");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "tiderec should have failed; stderr: {err}");
+    assert!(!err.contains("panicked"), "a clear error, not a panic: {err}");
+    err
+}

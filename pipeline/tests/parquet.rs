@@ -1,0 +1,199 @@
+//! `tiderec convert` and `tiderec train --data parquet:DIR` as a user runs them.
+
+mod common;
+
+use common::{metrics, rel_diff, run_err, run_ok, shared_data, tiderec};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `tiderec convert --from FROM --to parquet:OUT` plus `extra` flags, quietly.
+fn convert(from: &str, out: &Path, extra: &[&str]) -> Command {
+    let mut c = tiderec();
+    c.args(["convert", "--progress", "none", "--from", from, "--to"]).arg(format!("parquet:{}", out.display()));
+    c.args(extra);
+    c
+}
+
+/// `tiderec train --data DATA` with `extra` flags; returns the metrics.
+fn train(data: &str, dir: &Path, name: &str, extra: &[&str]) -> serde_json::Value {
+    let m = dir.join(format!("{name}.json"));
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--data", data])
+            .args(extra)
+            .arg("--dead-letters")
+            .arg(dir.join(format!("{name}-dead.tsv")))
+            .arg("--metrics-json")
+            .arg(&m),
+    );
+    metrics(&m)
+}
+
+fn parquet_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn training_from_converted_parquet_matches_training_from_the_tsv() {
+    let Some(src) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pq");
+    let criteo = format!("criteo:{}", src.display());
+    // Several files and row groups: batches cross both boundaries.
+    let stdout = run_ok(&mut convert(
+        &criteo,
+        &out,
+        &["--seed", "7", "--buckets", "20000", "--row-group-rows", "1500", "--rows-per-file", "4000"],
+    ))
+    .stdout;
+    let stdout = String::from_utf8_lossy(&stdout);
+    assert!(stdout.contains("converted 10000 rows into 3 file(s), 8 row group(s)"), "{stdout}");
+    assert_eq!(parquet_files(&out).len(), 3);
+    let common = ["--workers", "1", "--seed", "7", "--buckets", "20000", "--batch-size", "256", "--steps", "30"];
+    let common: Vec<&str> = common.iter().copied().chain(["--eval-fraction", "0"]).collect();
+    let tsv = train(&criteo, dir.path(), "tsv", &common);
+    let pq = train(&format!("parquet:{}", out.display()), dir.path(), "pq", &common);
+    assert_eq!(tsv["samples"], 7680);
+    assert_eq!(pq["samples"], tsv["samples"]);
+    for key in ["params_l2", "train_loss"] {
+        let (a, b) = (tsv[key].as_f64().unwrap(), pq[key].as_f64().unwrap());
+        assert!(rel_diff(a, b) <= 1e-6, "{key}: TSV {a} vs Parquet {b}");
+    }
+    // A held-out eval split and a separate eval set both work.
+    let held =
+        train(&format!("parquet:{}", out.display()), dir.path(), "held", &["--eval-fraction", "0.2", "--model", "lr"]);
+    assert_eq!(held["samples"].as_u64().unwrap() + held["eval_samples"].as_u64().unwrap(), 10_000);
+    let eval = format!("parquet:{}", out.join("part-00002.parquet").display());
+    let sep = train(&format!("parquet:{}", out.display()), dir.path(), "sep", &["--eval", &eval, "--model", "lr"]);
+    assert_eq!((sep["samples"].as_u64(), sep["eval_samples"].as_u64()), (Some(10_000), Some(2_000)));
+}
+
+#[test]
+fn one_file_with_several_row_groups_feeds_three_workers() {
+    let Some(src) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pq");
+    run_ok(&mut convert(&format!("criteo:{}", src.display()), &out, &["--row-group-rows", "1000"]));
+    assert_eq!(parquet_files(&out).len(), 1, "one file, ten row groups");
+    let data = format!("parquet:{}", out.display());
+    let args = ["--workers", "3", "--batch-size", "300", "--eval-fraction", "0", "--model", "lr", "--epochs", "2"];
+    let v = train(&data, dir.path(), "w3", &args);
+    assert_eq!(v["workers"], 3);
+    assert_eq!(v["samples"], 20_000, "every row once per epoch");
+    assert_eq!(v["epochs"], 2);
+    // Ten row groups round robin over three workers: 4, 3 and 3 groups of 1,000 rows at 100
+    // samples per step. Were any worker idle, the busiest one would need more than 40 steps.
+    assert_eq!(v["steps"], 80, "40 steps per epoch: all three workers read");
+}
+
+#[test]
+fn malformed_rows_go_to_the_dead_letters_and_the_good_ones_are_converted() {
+    let Some(src) = shared_data("criteo/sample_train.txt") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(src).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let mut fields: Vec<String> = lines[9].split('\t').map(String::from).collect();
+    fields[1] = "abc".into(); // line 10: I1 is not an integer
+    lines[9] = fields.join("\t");
+    lines[19] = format!("{}\tzz", lines[19]); // line 20: 41 fields
+    let data = dir.path().join("corrupt.txt");
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let from = format!("criteo:{}", data.display());
+    let out = dir.path().join("pq");
+    let dead = dir.path().join("dead.tsv");
+    let stdout = run_ok(convert(&from, &out, &["--row-group-rows", "16"]).arg("--dead-letters").arg(&dead)).stdout;
+    assert!(String::from_utf8_lossy(&stdout).contains("converted 98 rows"), "{}", String::from_utf8_lossy(&stdout));
+    let dl = std::fs::read_to_string(&dead).unwrap();
+    assert_eq!(dl.lines().count(), 2, "{dl}");
+    let cols = |n: &str| dl.lines().map(|l| l.split('\t').collect::<Vec<_>>()).find(|c| c[1] == n).unwrap();
+    assert_eq!(cols("10")[3], "bad_integer");
+    assert_eq!(cols("20")[3], "field_count");
+    assert!(cols("10")[0].ends_with("corrupt.txt"));
+    let v = train(&format!("parquet:{}", out.display()), dir.path(), "t", &["--eval-fraction", "0", "--model", "lr"]);
+    assert_eq!(v["samples"], 98, "every good row was written");
+    assert_eq!(v["bad_records"], 0);
+
+    // Under `fail` the conversion stops at the first bad line, naming it, and leaves no Parquet file.
+    let out2 = dir.path().join("pq2");
+    let err =
+        run_err(convert(&from, &out2, &["--on-bad-record", "fail"]).arg("--dead-letters").arg(dir.path().join("d2")));
+    assert!(err.contains("corrupt.txt:10"), "the error names file and line: {err}");
+    assert!(parquet_files(&out2).is_empty());
+}
+
+#[test]
+fn avazu_and_spec_data_convert_and_train() {
+    let dir = tempfile::tempdir().unwrap();
+    if let Some(src) = shared_data("avazu/train") {
+        let out = dir.path().join("avazu");
+        run_ok(&mut convert(
+            &format!("avazu:{}", src.display()),
+            &out,
+            &["--row-group-rows", "2000", "--buckets", "5000"],
+        ));
+        let v = train(
+            &format!("parquet:{}", out.display()),
+            dir.path(),
+            "avazu",
+            &["--eval-fraction", "0.2", "--model", "lr"],
+        );
+        assert_eq!(v["samples"].as_u64().unwrap() + v["eval_samples"].as_u64().unwrap(), 8999);
+    }
+    let elm = dir.path().join("elm.csv");
+    run_ok(tiderec().args(["generate", "elm", "--rows", "1500", "--out"]).arg(&elm));
+    let out = dir.path().join("elm");
+    run_ok(&mut convert(
+        &format!("csv:{}", elm.display()),
+        &out,
+        &["--spec", "elm", "--row-group-rows", "400", "--buckets", "5000"],
+    ));
+    // No --spec at training: the schema comes from the files.
+    let v = train(
+        &format!("parquet:{}", out.display()),
+        dir.path(),
+        "elm",
+        &["--eval-fraction", "0", "--model", "fm", "--workers", "2"],
+    );
+    assert_eq!(v["samples"], 1500);
+    // Converting Parquet, or to something else than parquet:DIR, is refused naming the key.
+    let err = run_err(&mut convert(&format!("parquet:{}", out.display()), &dir.path().join("x"), &[]));
+    assert!(err.contains("from"), "{err}");
+    let err = run_err(tiderec().args([
+        "convert",
+        "--from",
+        &format!("csv:{}", elm.display()),
+        "--spec",
+        "elm",
+        "--to",
+        "csv:x",
+    ]));
+    assert!(err.contains("`to`"), "{err}");
+}
+
+#[test]
+fn unusable_parquet_input_fails_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::write(empty.join("README.txt"), "no parquet here").unwrap();
+    let fake = dir.path().join("fake");
+    std::fs::create_dir(&fake).unwrap();
+    std::fs::write(fake.join("x.parquet"), "label,I1\n0,1\n").unwrap();
+    for (path, expect) in
+        [(&missing, "no such file or directory"), (&empty, "holds no *.parquet files"), (&fake, "x.parquet")]
+    {
+        let err = run_err(
+            tiderec().args(["train", "--progress", "none", "--data"]).arg(format!("parquet:{}", path.display())),
+        );
+        assert!(err.contains(expect) && err.contains("`data`"), "{}: expected `{expect}` in: {err}", path.display());
+    }
+}

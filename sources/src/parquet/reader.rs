@@ -1,0 +1,315 @@
+//! One worker's share of a [`ParquetDataset`], decoded into [`Batch`]es.
+//!
+//! The reader walks the row groups that [`assign_row_groups`] gives its
+//! worker in the current epoch, decodes only the projected columns (label,
+//! dense, sparse: those the schema names, matched by name) in chunks of at
+//! most [`DECODE_ROWS`] rows, and appends them to the caller's batch. A
+//! micro-batch may span row groups and files.
+//!
+//! # Invariants
+//!
+//! * With one worker and a full span, epoch 0 yields the rows of the files in
+//!   file order, row groups in order: the same samples in the same order as the
+//!   raw files they were converted from.
+//! * Memory is bounded by one decoded chunk per reader (plus the pages of the
+//!   row group being read), whatever the file sizes.
+//! * Data the schema forbids is an error naming the file, row group and
+//!   column, never a panic: a null or non-finite label or one outside
+//!   `[0, 1]`, an id not below its table size. Null dense values read as 0,
+//!   null sparse values (and null list items) as absent.
+
+use super::dataset::{assign_row_groups, span_rows, ParquetDataset};
+use super::schema::SparseKind;
+use crate::error::SourceError;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, UInt64Type};
+use arrow_array::{Array, RecordBatch};
+use parquet::arrow::arrow_reader::{
+    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+};
+use std::fs::File;
+use std::sync::Arc;
+use tiderec_operators::Batch;
+
+/// Rows decoded at a time.
+pub const DECODE_ROWS: usize = 8192;
+
+struct Current {
+    /// Index into the global row-group list.
+    group: usize,
+    reader: ParquetRecordBatchReader,
+    chunk: Option<RecordBatch>,
+    /// Next row of `chunk`.
+    row: usize,
+}
+
+/// Reads one worker's row groups of a dataset; see the [module docs](self).
+pub struct ParquetReader {
+    dataset: Arc<ParquetDataset>,
+    span: (f64, f64),
+    worker: usize,
+    workers: usize,
+    seed: u64,
+    table_sizes: Vec<u64>,
+    epoch: u64,
+    /// This epoch's row groups of this worker (indices into the global list).
+    mine: Vec<usize>,
+    next_group: usize,
+    current: Option<Current>,
+    rows_read: u64,
+}
+
+impl ParquetReader {
+    /// Worker `worker` of `workers` over rows `span` of every row group (see
+    /// [`span_rows`]); `seed` drives the per-epoch shuffle, and every id
+    /// read must be below its field's entry of `table_sizes`.
+    pub fn new(
+        dataset: Arc<ParquetDataset>,
+        span: (f64, f64),
+        worker: usize,
+        workers: usize,
+        seed: u64,
+        table_sizes: Vec<u64>,
+    ) -> Result<Self, SourceError> {
+        if !(0.0 <= span.0 && span.0 <= span.1 && span.1 <= 1.0) {
+            return Err(SourceError::Config { key: "span".into(), reason: format!("{span:?} is not within [0, 1]") });
+        }
+        if workers == 0 || worker >= workers {
+            return Err(SourceError::Config { key: "workers".into(), reason: format!("worker {worker} of {workers}") });
+        }
+        let d = dataset.description();
+        if table_sizes.len() != d.sparse.len() {
+            return Err(SourceError::Config {
+                key: "table_sizes".into(),
+                reason: format!("{} table sizes for {} sparse columns", table_sizes.len(), d.sparse.len()),
+            });
+        }
+        let mine = assign_row_groups(dataset.row_groups().len(), 0, seed, worker, workers);
+        Ok(ParquetReader {
+            dataset,
+            span,
+            worker,
+            workers,
+            seed,
+            table_sizes,
+            epoch: 0,
+            mine,
+            next_group: 0,
+            current: None,
+            rows_read: 0,
+        })
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Arc<ParquetDataset> {
+        &self.dataset
+    }
+
+    /// The current epoch (0-based).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Rows this worker reads in the current epoch.
+    pub fn rows_this_epoch(&self) -> u64 {
+        let groups = self.dataset.row_groups();
+        self.mine.iter().map(|&g| span_rows(groups[g].rows, self.span).count() as u64).sum()
+    }
+
+    /// Rows read so far, accumulated over epochs.
+    pub fn rows_read(&self) -> u64 {
+        self.rows_read
+    }
+
+    /// Starts the next epoch: the row groups are re-assigned in that epoch's order.
+    pub fn rewind(&mut self) {
+        self.epoch += 1;
+        self.mine =
+            assign_row_groups(self.dataset.row_groups().len(), self.epoch, self.seed, self.worker, self.workers);
+        self.next_group = 0;
+        self.current = None;
+    }
+
+    /// Appends up to `max` samples to `out` (of the schema's shape) and
+    /// returns how many; 0 (with `max > 0`) means this worker's row groups
+    /// are exhausted until [`rewind`](Self::rewind). After an error the
+    /// contents of `out` are unspecified.
+    pub fn next_batch(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
+        let (num_dense, num_sparse) = self.dataset.description().shape();
+        if out.num_dense != num_dense || out.sparse.len() != num_sparse {
+            return Err(SourceError::Config {
+                key: "batch".into(),
+                reason: format!(
+                    "batch has {} dense / {} sparse fields, expected {num_dense} / {num_sparse}",
+                    out.num_dense,
+                    out.sparse.len()
+                ),
+            });
+        }
+        let mut appended = 0;
+        while appended < max {
+            let Some(cur) = self.current.as_mut() else {
+                if !self.open_next_group()? {
+                    break;
+                }
+                continue;
+            };
+            match &cur.chunk {
+                Some(chunk) if cur.row < chunk.num_rows() => {
+                    let k = (chunk.num_rows() - cur.row).min(max - appended);
+                    let ctx = Ctx { dataset: &self.dataset, group: cur.group, table_sizes: &self.table_sizes };
+                    append_rows(&ctx, chunk, cur.row, k, out)?;
+                    cur.row += k;
+                    appended += k;
+                }
+                _ => match cur.reader.next() {
+                    Some(Ok(chunk)) => {
+                        cur.chunk = Some(chunk);
+                        cur.row = 0;
+                    }
+                    Some(Err(source)) => {
+                        return Err(SourceError::Arrow { path: self.dataset.group_name(cur.group), source });
+                    }
+                    None => self.current = None,
+                },
+            }
+        }
+        self.rows_read += appended as u64;
+        debug_assert!(out.check().is_ok());
+        Ok(appended)
+    }
+
+    /// Opens this worker's next non-empty row group; false when there is none.
+    fn open_next_group(&mut self) -> Result<bool, SourceError> {
+        while self.next_group < self.mine.len() {
+            let index = self.mine[self.next_group];
+            self.next_group += 1;
+            let g = self.dataset.row_groups()[index];
+            let rows = span_rows(g.rows, self.span);
+            if rows.is_empty() {
+                continue;
+            }
+            let file = &self.dataset.files[g.file];
+            let handle = File::open(&file.path)
+                .map_err(|source| SourceError::Io { path: file.path.display().to_string(), source })?;
+            let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.meta.clone())
+                .with_projection(file.projection.clone())
+                .with_row_groups(vec![g.group])
+                .with_batch_size(DECODE_ROWS);
+            if rows.start > 0 || rows.end < g.rows {
+                let selectors = vec![
+                    RowSelector::skip(rows.start as usize),
+                    RowSelector::select((rows.end - rows.start) as usize),
+                    RowSelector::skip((g.rows - rows.end) as usize),
+                ];
+                builder = builder.with_row_selection(RowSelection::from(selectors));
+            }
+            let reader = builder
+                .build()
+                .map_err(|source| SourceError::Parquet { path: self.dataset.group_name(index), source })?;
+            self.current = Some(Current { group: index, reader, chunk: None, row: 0 });
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
+impl ParquetDataset {
+    /// `path (row group g)` of an entry of the global list, for messages.
+    fn group_name(&self, index: usize) -> String {
+        let g = self.row_groups()[index];
+        format!("{} (row group {})", self.files[g.file].path.display(), g.group)
+    }
+}
+
+struct Ctx<'a> {
+    dataset: &'a ParquetDataset,
+    group: usize,
+    table_sizes: &'a [u64],
+}
+
+impl Ctx<'_> {
+    fn err(&self, column: &str, reason: impl std::fmt::Display) -> SourceError {
+        SourceError::schema(self.dataset.group_name(self.group), format!("column `{column}`: {reason}"))
+    }
+
+    fn column<'b>(&self, chunk: &'b RecordBatch, name: &str) -> Result<&'b Arc<dyn Array>, SourceError> {
+        chunk.column_by_name(name).ok_or_else(|| self.err(name, "missing"))
+    }
+
+    fn check_id(&self, column: &str, field: usize, id: u64) -> Result<u64, SourceError> {
+        if id < self.table_sizes[field] {
+            Ok(id)
+        } else {
+            Err(self.err(column, format!("id {id} is not below the table size {}", self.table_sizes[field])))
+        }
+    }
+}
+
+/// Appends rows `row..row + k` of `chunk` to `out`.
+fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut Batch) -> Result<(), SourceError> {
+    let d = ctx.dataset.description();
+    let rows = row..row + k;
+    // Label.
+    let labels = ctx
+        .column(chunk, &d.label)?
+        .as_primitive_opt::<Float32Type>()
+        .ok_or_else(|| ctx.err(&d.label, "not Float32"))?;
+    if labels.null_count() > 0 && rows.clone().any(|r| labels.is_null(r)) {
+        return Err(ctx.err(&d.label, "null label"));
+    }
+    let values = &labels.values()[rows.clone()];
+    if let Some(bad) = values.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+        return Err(ctx.err(&d.label, format!("label {bad} is not in [0, 1]")));
+    }
+    out.labels.extend_from_slice(values);
+    // Dense, row-major.
+    let nd = d.num_dense;
+    let base = out.dense.len();
+    out.dense.resize(base + k * nd, 0.0);
+    for (j, name) in d.dense.iter().enumerate() {
+        let col =
+            ctx.column(chunk, name)?.as_primitive_opt::<Float32Type>().ok_or_else(|| ctx.err(name, "not Float32"))?;
+        let vals = col.values();
+        let has_nulls = col.null_count() > 0;
+        for (i, r) in rows.clone().enumerate() {
+            out.dense[base + i * nd + j] = if has_nulls && col.is_null(r) { 0.0 } else { vals[r] };
+        }
+    }
+    // Sparse.
+    for (f, (spec, field)) in d.sparse.iter().zip(out.sparse.iter_mut()).enumerate() {
+        let name = &spec.name;
+        let col = ctx.column(chunk, name)?;
+        match spec.kind {
+            SparseKind::Single => {
+                let ids = col.as_primitive_opt::<UInt64Type>().ok_or_else(|| ctx.err(name, "not UInt64"))?;
+                let vals = ids.values();
+                let has_nulls = ids.null_count() > 0;
+                for r in rows.clone() {
+                    if !(has_nulls && ids.is_null(r)) {
+                        field.ids.push(ctx.check_id(name, f, vals[r])?);
+                    }
+                    field.close_bag();
+                }
+            }
+            SparseKind::List => {
+                let list = col.as_list_opt::<i32>().ok_or_else(|| ctx.err(name, "not List<UInt64>"))?;
+                let items =
+                    list.values().as_primitive_opt::<UInt64Type>().ok_or_else(|| ctx.err(name, "not List<UInt64>"))?;
+                let offsets = list.value_offsets();
+                let item_nulls = items.null_count() > 0;
+                for r in rows.clone() {
+                    if !list.is_null(r) {
+                        for i in offsets[r] as usize..offsets[r + 1] as usize {
+                            if !(item_nulls && items.is_null(i)) {
+                                field.ids.push(ctx.check_id(name, f, items.value(i))?);
+                            }
+                        }
+                    }
+                    field.close_bag();
+                }
+            }
+        }
+    }
+    Ok(())
+}

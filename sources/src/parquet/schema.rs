@@ -1,0 +1,295 @@
+//! The schema of a featurized Parquet dataset and its JSON description.
+//!
+//! A converted file holds the featurized [`Batch`](tiderec_operators::Batch),
+//! one sample per row:
+//!
+//! | column | Arrow type | meaning |
+//! |---|---|---|
+//! | `label` | `Float32`, not null | the label (0 or 1) |
+//! | one per dense feature | `Float32` | the featurized value (after `log1p`, clamping, …); null reads as 0 |
+//! | one per single-valued sparse field | `UInt64`, nullable | the row id, already bucketed; null = absent (empty bag) |
+//! | one per multi-valued sparse field | `List<UInt64>` | the bag's row ids; null or empty = empty bag |
+//!
+//! The file's key-value metadata holds a [`SchemaDescription`] as JSON under
+//! [`METADATA_KEY`]: the source format, the column names in `Batch` order,
+//! the kind of each sparse field and its table size, and the hashing seed.
+//! Training reads only this, so it needs neither the original spec nor the
+//! raw files.
+//!
+//! # Invariants
+//!
+//! * A valid description ([`SchemaDescription::validate`]) has
+//!   `num_dense == dense.len()`, unique column names (the label included) and
+//!   positive table sizes.
+//! * Every id stored in a sparse column is below that field's `table_size`.
+//! * Column order in a file does not matter: columns are matched by name, and
+//!   other columns are ignored.
+
+use arrow_schema::{DataType, Field, Schema};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use tiderec_operators::spec::FeatureSpec;
+
+/// Key of the JSON [`SchemaDescription`] in a file's key-value metadata.
+pub const METADATA_KEY: &str = "tiderec.schema";
+
+/// Version of the description format written by this crate.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Name of the label column.
+pub const LABEL_COLUMN: &str = "label";
+
+/// How a sparse field is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SparseKind {
+    /// At most one id per sample: nullable `UInt64`.
+    Single,
+    /// Any number of ids per sample: `List<UInt64>`.
+    List,
+}
+
+/// One sparse field of the description.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SparseColumn {
+    /// Column name.
+    pub name: String,
+    /// Single- or multi-valued.
+    pub kind: SparseKind,
+    /// Rows of the field's embedding table; every stored id is below it.
+    pub table_size: u64,
+}
+
+/// What a featurized Parquet dataset holds; stored as JSON under [`METADATA_KEY`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaDescription {
+    /// [`SCHEMA_VERSION`].
+    pub version: u32,
+    /// The raw format the rows were converted from (`criteo`, `avazu`, `csv`, or another writer's name).
+    pub format: String,
+    /// Seed of the per-field hashing at conversion time, when known.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Label column name.
+    pub label: String,
+    /// Number of dense features (`dense.len()`).
+    pub num_dense: usize,
+    /// Dense column names, in `Batch` order.
+    pub dense: Vec<String>,
+    /// Sparse fields, in `Batch` order.
+    pub sparse: Vec<SparseColumn>,
+}
+
+/// The Avazu sparse field names: the 21 categorical columns of the Kaggle
+/// header after `hour`, then the hour of day as a categorical field.
+pub const AVAZU_SPARSE: [&str; crate::avazu::NUM_SPARSE] = [
+    "C1",
+    "banner_pos",
+    "site_id",
+    "site_domain",
+    "site_category",
+    "app_id",
+    "app_domain",
+    "app_category",
+    "device_id",
+    "device_ip",
+    "device_model",
+    "device_type",
+    "device_conn_type",
+    "C14",
+    "C15",
+    "C16",
+    "C17",
+    "C18",
+    "C19",
+    "C20",
+    "C21",
+    "hour_of_day",
+];
+
+impl SchemaDescription {
+    fn new(format: &str, seed: u64, dense: Vec<String>, sparse: Vec<SparseColumn>) -> Self {
+        SchemaDescription {
+            version: SCHEMA_VERSION,
+            format: format.into(),
+            seed: Some(seed),
+            label: LABEL_COLUMN.into(),
+            num_dense: dense.len(),
+            dense,
+            sparse,
+        }
+    }
+
+    fn singles(names: impl IntoIterator<Item = String>, table_sizes: &[u64]) -> Vec<SparseColumn> {
+        names
+            .into_iter()
+            .zip(table_sizes)
+            .map(|(name, &table_size)| SparseColumn { name, kind: SparseKind::Single, table_size })
+            .collect()
+    }
+
+    /// Criteo: dense `I1..I13`, single-valued `C1..C26` with these table sizes.
+    pub fn criteo(table_sizes: &[u64], seed: u64) -> Self {
+        let dense = (1..=crate::criteo::NUM_DENSE).map(|i| format!("I{i}")).collect();
+        let sparse = Self::singles((1..=crate::criteo::NUM_SPARSE).map(|i| format!("C{i}")), table_sizes);
+        Self::new("criteo", seed, dense, sparse)
+    }
+
+    /// Avazu: dense `hour` (hour of day / 23), the single-valued fields of [`AVAZU_SPARSE`].
+    pub fn avazu(table_sizes: &[u64], seed: u64) -> Self {
+        let sparse = Self::singles(AVAZU_SPARSE.iter().map(|s| s.to_string()), table_sizes);
+        Self::new("avazu", seed, vec!["hour".into()], sparse)
+    }
+
+    /// A feature spec: its `dense` then `numeric_list` columns; its `categorical`
+    /// (single) then `list` (list) columns, with the spec's bucket counts.
+    pub fn from_spec(spec: &FeatureSpec, seed: u64) -> Self {
+        let dense =
+            spec.dense.iter().map(|d| d.column.clone()).chain(spec.numeric_list.iter().map(|n| n.column.clone()));
+        let single = spec.categorical.iter().map(|c| SparseColumn {
+            name: c.column.clone(),
+            kind: SparseKind::Single,
+            table_size: c.buckets,
+        });
+        let list = spec.list.iter().map(|l| SparseColumn {
+            name: l.column.clone(),
+            kind: SparseKind::List,
+            table_size: l.buckets,
+        });
+        Self::new("csv", seed, dense.collect(), single.chain(list).collect())
+    }
+
+    /// `(dense features, sparse fields)` of the samples.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.num_dense, self.sparse.len())
+    }
+
+    /// Table size of each sparse field, in field order.
+    pub fn table_sizes(&self) -> Vec<u64> {
+        self.sparse.iter().map(|s| s.table_size).collect()
+    }
+
+    /// Whether samples of `other` fit the same model: same shape, sparse kinds and table sizes (names may differ).
+    pub fn same_layout(&self, other: &SchemaDescription) -> bool {
+        self.shape() == other.shape()
+            && self.sparse.iter().zip(&other.sparse).all(|(a, b)| a.kind == b.kind && a.table_size == b.table_size)
+    }
+
+    /// Checks the [invariants](self); the error says what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.version != SCHEMA_VERSION {
+            return Err(format!(
+                "schema version {} is not supported (this build reads {SCHEMA_VERSION})",
+                self.version
+            ));
+        }
+        if self.num_dense != self.dense.len() {
+            return Err(format!("num_dense is {} but {} dense columns are named", self.num_dense, self.dense.len()));
+        }
+        if self.dense.is_empty() && self.sparse.is_empty() {
+            return Err("the schema has no feature column".into());
+        }
+        let mut seen = HashSet::new();
+        let names = std::iter::once(&self.label).chain(&self.dense).chain(self.sparse.iter().map(|s| &s.name));
+        for name in names {
+            if !seen.insert(name.as_str()) {
+                return Err(format!("column `{name}` appears twice"));
+            }
+        }
+        if let Some(s) = self.sparse.iter().find(|s| s.table_size == 0) {
+            return Err(format!("sparse column `{}` has table_size 0", s.name));
+        }
+        Ok(())
+    }
+
+    /// The JSON text stored under [`METADATA_KEY`].
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a description always serializes")
+    }
+
+    /// Parses and [validates](Self::validate) a description.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let d: SchemaDescription = serde_json::from_str(text).map_err(|e| format!("bad `{METADATA_KEY}` JSON: {e}"))?;
+        d.validate()?;
+        Ok(d)
+    }
+
+    /// The Arrow type a column of this description must have.
+    pub fn column_types(&self) -> Vec<(&str, DataType)> {
+        let mut cols = vec![(self.label.as_str(), DataType::Float32)];
+        cols.extend(self.dense.iter().map(|d| (d.as_str(), DataType::Float32)));
+        cols.extend(self.sparse.iter().map(|s| (s.name.as_str(), s.kind.data_type())));
+        cols
+    }
+
+    /// The Arrow schema written by [`ParquetWriter`](super::ParquetWriter), with the description in its metadata.
+    pub fn arrow_schema(&self) -> Schema {
+        let fields: Vec<Field> = self
+            .column_types()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, ty))| {
+                // Label and dense values are never null; sparse values may be.
+                Field::new(name, ty, i > self.num_dense)
+            })
+            .collect();
+        Schema::new_with_metadata(fields, HashMap::from([(METADATA_KEY.to_string(), self.to_json())]))
+    }
+}
+
+impl SparseKind {
+    /// `UInt64` or `List<UInt64>`.
+    pub fn data_type(self) -> DataType {
+        match self {
+            SparseKind::Single => DataType::UInt64,
+            SparseKind::List => DataType::List(std::sync::Arc::new(Field::new_list_field(DataType::UInt64, true))),
+        }
+    }
+
+    /// Whether a column of type `ty` can be read as this kind (a list's item field name does not matter).
+    pub fn accepts(self, ty: &DataType) -> bool {
+        match (self, ty) {
+            (SparseKind::Single, DataType::UInt64) => true,
+            (SparseKind::List, DataType::List(item)) => item.data_type() == &DataType::UInt64,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_validate_and_round_trip_through_json() {
+        let c = SchemaDescription::criteo(&[7; 26], 3);
+        c.validate().unwrap();
+        assert_eq!(c.shape(), (13, 26));
+        assert_eq!(c.dense[12], "I13");
+        assert_eq!(c.sparse[25].name, "C26");
+        assert_eq!(SchemaDescription::from_json(&c.to_json()).unwrap(), c);
+        let a = SchemaDescription::avazu(&[5; 22], 1);
+        a.validate().unwrap();
+        assert_eq!(a.shape(), (1, 22));
+        let e = SchemaDescription::from_spec(&FeatureSpec::elm(100, 5), 1);
+        e.validate().unwrap();
+        assert_eq!(e.shape(), (10, 28));
+        assert_eq!(e.sparse.iter().filter(|s| s.kind == SparseKind::List).count(), 10);
+        assert!(!e.same_layout(&c));
+        assert_eq!(c.arrow_schema().fields().len(), 40);
+    }
+
+    #[test]
+    fn invalid_descriptions_say_why() {
+        let mut c = SchemaDescription::criteo(&[7; 26], 3);
+        c.dense[1] = "C3".into();
+        assert!(c.validate().unwrap_err().contains("`C3` appears twice"));
+        let mut c = SchemaDescription::criteo(&[7; 26], 3);
+        c.num_dense = 12;
+        assert!(c.validate().unwrap_err().contains("num_dense"));
+        let mut c = SchemaDescription::criteo(&[7; 26], 3);
+        c.sparse[4].table_size = 0;
+        assert!(c.validate().unwrap_err().contains("C5"));
+        assert!(SchemaDescription::from_json("{").unwrap_err().contains(METADATA_KEY));
+    }
+}

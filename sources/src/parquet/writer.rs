@@ -1,0 +1,257 @@
+//! Writes featurized [`Batch`]es to a directory of zstd-compressed Parquet files.
+//!
+//! # Invariants
+//!
+//! * **Bounded memory.** Rows are handed to the Arrow writer as they come;
+//!   it keeps at most one row group (`row_group_rows` rows, encoded and
+//!   compressed) in memory before writing it out.
+//! * **Order is kept.** Rows land in `part-00000.parquet`, `part-00001.parquet`,
+//!   … in the order they were written; a new file starts after
+//!   `rows_per_file` rows (when set). Sorting the file names gives the rows
+//!   back in order.
+//! * **No half files.** A file is written under a hidden temporary name
+//!   (`.part-00000.parquet.tmp`) and renamed when it is complete, so readers
+//!   listing `*.parquet` never see a partial file. [`ParquetWriter::abort`]
+//!   removes the temporary file.
+//! * Every file carries the [`SchemaDescription`] under
+//!   [`METADATA_KEY`](super::METADATA_KEY).
+
+use super::schema::{SchemaDescription, SparseKind};
+use crate::error::SourceError;
+use arrow_array::{ArrayRef, Float32Array, ListArray, RecordBatch, UInt64Array};
+use arrow_buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
+use arrow_schema::{Field, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tiderec_operators::Batch;
+
+/// Default rows per row group.
+pub const DEFAULT_ROW_GROUP_ROWS: usize = 65_536;
+
+/// How files are cut and compressed.
+#[derive(Clone, Copy, Debug)]
+pub struct WriterOptions {
+    /// Rows per row group (the unit of work split across training workers).
+    pub row_group_rows: usize,
+    /// Start a new file after this many rows (`None`: one file).
+    pub rows_per_file: Option<u64>,
+    /// zstd level (1–22).
+    pub zstd_level: i32,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions { row_group_rows: DEFAULT_ROW_GROUP_ROWS, rows_per_file: None, zstd_level: 3 }
+    }
+}
+
+/// What a writer produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteSummary {
+    /// The files written, in order.
+    pub files: Vec<PathBuf>,
+    /// Rows over all files.
+    pub rows: u64,
+    /// Row groups over all files.
+    pub row_groups: usize,
+}
+
+struct OpenFile {
+    writer: ArrowWriter<File>,
+    tmp: PathBuf,
+    path: PathBuf,
+    rows: u64,
+}
+
+/// Streams batches into `part-NNNNN.parquet` files; see the [module docs](self).
+pub struct ParquetWriter {
+    dir: PathBuf,
+    description: SchemaDescription,
+    schema: SchemaRef,
+    props: WriterProperties,
+    options: WriterOptions,
+    current: Option<OpenFile>,
+    summary: WriteSummary,
+}
+
+impl ParquetWriter {
+    /// A writer into `dir` (created if missing). Errors: an invalid
+    /// description or options, a `dir` that already holds `*.parquet` files
+    /// (conversions never mix datasets), I/O.
+    pub fn create(dir: &Path, description: SchemaDescription, options: WriterOptions) -> Result<Self, SourceError> {
+        description.validate().map_err(|reason| SourceError::schema(dir.display(), reason))?;
+        if options.row_group_rows == 0 || options.rows_per_file == Some(0) {
+            return Err(SourceError::Config {
+                key: "row_group_rows".into(),
+                reason: "row_group_rows and rows_per_file must be positive".into(),
+            });
+        }
+        let zstd = ZstdLevel::try_new(options.zstd_level)
+            .map_err(|e| SourceError::Config { key: "zstd_level".into(), reason: e.to_string() })?;
+        let io_err = |source| SourceError::Io { path: dir.display().to_string(), source };
+        std::fs::create_dir_all(dir).map_err(io_err)?;
+        if let Some(existing) = super::list_parquet_files(dir).ok().and_then(|f| f.into_iter().next()) {
+            return Err(SourceError::schema(
+                dir.display(),
+                format!("already holds Parquet files ({}); convert into an empty directory", existing.display()),
+            ));
+        }
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(zstd))
+            .set_max_row_group_row_count(Some(options.row_group_rows))
+            .set_key_value_metadata(Some(vec![KeyValue::new(super::METADATA_KEY.into(), description.to_json())]))
+            .build();
+        Ok(ParquetWriter {
+            dir: dir.to_path_buf(),
+            schema: Arc::new(description.arrow_schema()),
+            description,
+            props,
+            options,
+            current: None,
+            summary: WriteSummary::default(),
+        })
+    }
+
+    /// The description written into every file.
+    pub fn description(&self) -> &SchemaDescription {
+        &self.description
+    }
+
+    /// Rows written so far (including those of the open file).
+    pub fn rows(&self) -> u64 {
+        self.summary.rows
+    }
+
+    /// Appends every sample of `batch` (of the description's shape). A
+    /// single-valued field with more than one id in a bag is an error.
+    pub fn write(&mut self, batch: &Batch) -> Result<(), SourceError> {
+        let (num_dense, num_sparse) = self.description.shape();
+        if batch.num_dense != num_dense || batch.sparse.len() != num_sparse {
+            return Err(SourceError::Config {
+                key: "batch".into(),
+                reason: format!(
+                    "batch has {} dense / {} sparse fields, the schema {num_dense} / {num_sparse}",
+                    batch.num_dense,
+                    batch.sparse.len()
+                ),
+            });
+        }
+        let mut start = 0;
+        while start < batch.len() {
+            let room = match self.options.rows_per_file {
+                Some(limit) => limit - self.current.as_ref().map_or(0, |f| f.rows),
+                None => u64::MAX,
+            };
+            let end = batch.len().min(start.saturating_add(usize::try_from(room).unwrap_or(usize::MAX)));
+            let record = self.record_batch(batch, start..end)?;
+            let file = self.open_file()?;
+            file.writer
+                .write(&record)
+                .map_err(|source| SourceError::Parquet { path: file.tmp.display().to_string(), source })?;
+            file.rows += (end - start) as u64;
+            let file_rows = file.rows;
+            self.summary.rows += (end - start) as u64;
+            if self.options.rows_per_file.is_some_and(|limit| file_rows >= limit) {
+                self.close_file()?;
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Closes the last file and returns what was written.
+    pub fn finish(mut self) -> Result<WriteSummary, SourceError> {
+        self.close_file()?;
+        Ok(std::mem::take(&mut self.summary))
+    }
+
+    /// Drops the open file's temporary copy; completed files stay.
+    pub fn abort(mut self) {
+        if let Some(f) = self.current.take() {
+            drop(f.writer);
+            let _ = std::fs::remove_file(&f.tmp);
+        }
+    }
+
+    fn open_file(&mut self) -> Result<&mut OpenFile, SourceError> {
+        if self.current.is_none() {
+            let name = format!("part-{:05}.parquet", self.summary.files.len());
+            let path = self.dir.join(&name);
+            let tmp = self.dir.join(format!(".{name}.tmp"));
+            let file =
+                File::create(&tmp).map_err(|source| SourceError::Io { path: tmp.display().to_string(), source })?;
+            let writer = ArrowWriter::try_new(file, self.schema.clone(), Some(self.props.clone()))
+                .map_err(|source| SourceError::Parquet { path: tmp.display().to_string(), source })?;
+            self.current = Some(OpenFile { writer, tmp, path, rows: 0 });
+        }
+        Ok(self.current.as_mut().expect("opened above"))
+    }
+
+    fn close_file(&mut self) -> Result<(), SourceError> {
+        let Some(f) = self.current.take() else { return Ok(()) };
+        let tmp_name = f.tmp.display().to_string();
+        let meta = f.writer.close().map_err(|source| SourceError::Parquet { path: tmp_name.clone(), source })?;
+        std::fs::rename(&f.tmp, &f.path).map_err(|source| SourceError::Io { path: tmp_name, source })?;
+        self.summary.row_groups += meta.num_row_groups();
+        self.summary.files.push(f.path);
+        Ok(())
+    }
+
+    /// Rows `range` of `batch` as an Arrow record batch of the schema.
+    fn record_batch(&self, batch: &Batch, range: std::ops::Range<usize>) -> Result<RecordBatch, SourceError> {
+        let d = batch.num_dense;
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(1 + d + batch.sparse.len());
+        columns.push(Arc::new(Float32Array::from(batch.labels[range.clone()].to_vec())));
+        for k in 0..d {
+            let values: Vec<f32> = range.clone().map(|r| batch.dense[r * d + k]).collect();
+            columns.push(Arc::new(Float32Array::from(values)));
+        }
+        for (field, column) in batch.sparse.iter().zip(&self.description.sparse) {
+            let offsets = &field.offsets[range.start..=range.end];
+            let ids = &field.ids[offsets[0] as usize..offsets[offsets.len() - 1] as usize];
+            match column.kind {
+                SparseKind::Single => {
+                    let mut values = Vec::with_capacity(range.len());
+                    let mut valid = Vec::with_capacity(range.len());
+                    for w in offsets.windows(2) {
+                        match w[1] - w[0] {
+                            0 => {
+                                values.push(0);
+                                valid.push(false);
+                            }
+                            1 => {
+                                values.push(field.ids[w[0] as usize]);
+                                valid.push(true);
+                            }
+                            n => {
+                                return Err(SourceError::schema(
+                                    self.dir.display(),
+                                    format!("single-valued column `{}` got a bag of {n} ids", column.name),
+                                ))
+                            }
+                        }
+                    }
+                    let nulls = valid.iter().any(|v| !v).then(|| NullBuffer::from(valid));
+                    columns.push(Arc::new(UInt64Array::new(ScalarBuffer::from(values), nulls)));
+                }
+                SparseKind::List => {
+                    let base = offsets[0];
+                    let rel = offsets.iter().map(|&o| (o - base) as i32);
+                    let offsets = OffsetBuffer::new(ScalarBuffer::from(rel.collect::<Vec<i32>>()));
+                    let item = Arc::new(Field::new_list_field(arrow_schema::DataType::UInt64, true));
+                    let values = Arc::new(UInt64Array::from(ids.to_vec()));
+                    let list = ListArray::try_new(item, offsets, values, None)
+                        .map_err(|source| SourceError::Arrow { path: self.dir.display().to_string(), source })?;
+                    columns.push(Arc::new(list));
+                }
+            }
+        }
+        RecordBatch::try_new(self.schema.clone(), columns)
+            .map_err(|source| SourceError::Arrow { path: self.dir.display().to_string(), source })
+    }
+}

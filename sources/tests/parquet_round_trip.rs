@@ -1,0 +1,205 @@
+//! Parquet written by `ParquetWriter` and read back by `ParquetReader`: the same
+//! batches as the raw readers, every row group read once per epoch across
+//! workers, and clear errors for files that do not fit.
+
+mod parquet_common;
+
+use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch};
+use parquet::arrow::ArrowWriter;
+use parquet_common::*;
+use std::sync::Arc;
+use tiderec_operators::spec::FeatureSpec;
+use tiderec_sources::criteo::{NUM_DENSE, NUM_SPARSE};
+use tiderec_sources::parquet::{
+    assign_row_groups, ParquetDataset, ParquetReader, SchemaDescription, SparseKind, WriterOptions, METADATA_KEY,
+};
+use tiderec_sources::SourceError;
+
+fn options(row_group_rows: usize, rows_per_file: Option<u64>) -> WriterOptions {
+    WriterOptions { row_group_rows, rows_per_file, ..WriterOptions::default() }
+}
+
+#[test]
+fn criteo_round_trip_gives_the_tsv_readers_batches_in_order() {
+    let Some(src) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let tsv = criteo_batches(&src, 1000);
+    assert_eq!(tsv.len(), 10);
+    let description = SchemaDescription::criteo(&criteo_features().table_sizes, SEED);
+    // 7,000 rows per file: part-00000 has row groups of 3,000, 3,000, 1,000; part-00001 3,000.
+    let files = write(dir.path(), description.clone(), &tsv, options(3000, Some(7000)));
+    assert_eq!(files.len(), 2);
+    assert!(files[0].ends_with("part-00000.parquet") && files[1].ends_with("part-00001.parquet"));
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    assert_eq!(dataset.description(), &description);
+    assert_eq!(dataset.total_rows(), 10_000);
+    let rows: Vec<u64> = dataset.row_groups().iter().map(|g| g.rows).collect();
+    assert_eq!(rows, [3000, 3000, 1000, 3000]);
+    // Same batches, same order, batches spanning row groups and files included.
+    assert_eq!(parquet_batches(&dataset, 0, 1, 1000, 0), tsv);
+    let all = concat(&tsv, NUM_DENSE, NUM_SPARSE);
+    assert_eq!(concat(&parquet_batches(&dataset, 0, 1, 777, 0), NUM_DENSE, NUM_SPARSE), all);
+    // A later epoch reads the same rows in another row-group order.
+    let shuffled = concat(&parquet_batches(&dataset, 0, 1, 1000, 1), NUM_DENSE, NUM_SPARSE);
+    assert_eq!(shuffled.len(), all.len());
+    assert_ne!(shuffled, all);
+    let labels = |b: &tiderec_operators::Batch| b.labels.iter().filter(|&&l| l == 1.0).count();
+    assert_eq!(labels(&shuffled), labels(&all));
+}
+
+#[test]
+fn workers_read_their_round_robin_row_groups() {
+    let Some(src) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let tsv = criteo_batches(&src, 4096);
+    let all = concat(&tsv, NUM_DENSE, NUM_SPARSE);
+    // One file, ten row groups of 1,000 rows: fewer files than workers.
+    write(dir.path(), SchemaDescription::criteo(&criteo_features().table_sizes, SEED), &tsv, options(1000, None));
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    assert_eq!(dataset.row_groups().len(), 10);
+    for workers in [2, 3, 4] {
+        for epoch in [0, 1, 2] {
+            let mut total = 0;
+            for w in 0..workers {
+                let got = concat(&parquet_batches(&dataset, w, workers, 300, epoch), NUM_DENSE, NUM_SPARSE);
+                let groups = assign_row_groups(10, epoch, SEED, w, workers);
+                assert!(!groups.is_empty(), "worker {w} of {workers} gets row groups");
+                let mut want = tiderec_operators::Batch::new(NUM_DENSE, NUM_SPARSE);
+                for g in groups {
+                    want.extend_from(&slice(&all, g * 1000..(g + 1) * 1000));
+                }
+                assert_eq!(got, want, "worker {w} of {workers}, epoch {epoch}");
+                total += got.len();
+            }
+            assert_eq!(total, 10_000);
+        }
+    }
+}
+
+#[test]
+fn spans_hold_out_the_tail_of_every_row_group() {
+    let Some(src) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let tsv = criteo_batches(&src, 4096);
+    let all = concat(&tsv, NUM_DENSE, NUM_SPARSE);
+    write(dir.path(), SchemaDescription::criteo(&criteo_features().table_sizes, SEED), &tsv, options(2500, None));
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    let read = |span| {
+        let mut r = ParquetReader::new(dataset.clone(), span, 0, 1, SEED, dataset.description().table_sizes()).unwrap();
+        concat(&drain(|b| r.next_batch(b, 999).unwrap(), NUM_DENSE, NUM_SPARSE), NUM_DENSE, NUM_SPARSE)
+    };
+    let (train, eval) = (read((0.0, 0.8)), read((0.8, 1.0)));
+    assert_eq!((train.len(), eval.len()), (8000, 2000));
+    assert_eq!(dataset.rows_in_span((0.0, 0.8)), 8000);
+    for g in 0..4 {
+        assert_eq!(slice(&train, g * 2000..(g + 1) * 2000), slice(&all, g * 2500..g * 2500 + 2000));
+        assert_eq!(slice(&eval, g * 500..(g + 1) * 500), slice(&all, g * 2500 + 2000..(g + 1) * 2500));
+    }
+}
+
+#[test]
+fn spec_lists_round_trip_as_list_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = elm_file(dir.path(), 700);
+    let spec = FeatureSpec::elm(5000, 20);
+    let lines = spec_batches(&src, &spec, 128);
+    let description = SchemaDescription::from_spec(&spec, SEED);
+    assert_eq!(description.sparse.iter().filter(|s| s.kind == SparseKind::List).count(), 10);
+    let out = dir.path().join("pq");
+    write(&out, description, &lines, options(300, Some(500)));
+    let dataset = Arc::new(ParquetDataset::open_dir(&out).unwrap());
+    assert_eq!(parquet_batches(&dataset, 0, 1, 128, 0), lines);
+    let (d, s) = spec.shape();
+    let all = concat(&lines, d, s);
+    assert!(all.sparse[18..].iter().any(|f| (0..f.len()).any(|i| f.bag(i).len() > 1)), "multi-id bags exist");
+    assert!(all.sparse[18..].iter().any(|f| (0..f.len()).any(|i| f.bag(i).is_empty())), "empty bags exist");
+}
+
+fn err_text(e: SourceError) -> String {
+    e.to_string()
+}
+
+#[test]
+fn unusable_inputs_are_errors_naming_file_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    // Missing directory, directory without Parquet files, a non-Parquet file named .parquet.
+    let missing = dir.path().join("nope");
+    let e = err_text(ParquetDataset::open_dir(&missing).unwrap_err());
+    assert!(e.contains("nope"), "{e}");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::write(empty.join("notes.txt"), "x").unwrap();
+    let e = err_text(ParquetDataset::open_dir(&empty).unwrap_err());
+    assert!(e.contains("holds no *.parquet files"), "{e}");
+    let fake = dir.path().join("fake");
+    std::fs::create_dir(&fake).unwrap();
+    std::fs::write(fake.join("x.parquet"), "label,I1\n1,2\n").unwrap();
+    let e = err_text(ParquetDataset::open_dir(&fake).unwrap_err());
+    assert!(e.contains("x.parquet"), "{e}");
+
+    // A file whose metadata describes Criteo but lacks C7, and one where C7 has the wrong type.
+    let description = SchemaDescription::criteo(&[100; 26], SEED);
+    let write_with = |name: &str, c7: Option<ArrayRef>| {
+        let mut cols: Vec<(String, ArrayRef)> = Vec::new();
+        for (name, ty) in description.column_types() {
+            let array: ArrayRef = match (name, &c7) {
+                ("C7", Some(a)) => a.clone(),
+                ("C7", None) => continue,
+                _ => arrow_array::new_null_array(&ty, 2),
+            };
+            let array = if name == "label" || ty == arrow_schema::DataType::Float32 {
+                Arc::new(Float32Array::from(vec![0.0, 1.0])) as ArrayRef
+            } else {
+                array
+            };
+            cols.push((name.to_string(), array));
+        }
+        let batch = RecordBatch::try_from_iter(cols).unwrap();
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_key_value_metadata(Some(vec![parquet::file::metadata::KeyValue::new(
+                METADATA_KEY.to_string(),
+                description.to_json(),
+            )]))
+            .build();
+        let path = dir.path().join(name);
+        let mut w = ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        path
+    };
+    let no_c7 = write_with("no_c7.parquet", None);
+    let e = err_text(ParquetDataset::open(&[no_c7]).unwrap_err());
+    assert!(e.contains("no_c7.parquet") && e.contains("no column `C7`"), "{e}");
+    let int_c7 = write_with("int_c7.parquet", Some(Arc::new(Int64Array::from(vec![1, 2]))));
+    let e = err_text(ParquetDataset::open(&[int_c7]).unwrap_err());
+    assert!(e.contains("int_c7.parquet") && e.contains("`C7` is Int64, expected UInt64"), "{e}");
+    // Ids beyond the table size are caught when read, naming file, row group and column.
+    let big = write_with("big.parquet", Some(Arc::new(arrow_array::UInt64Array::from(vec![5, 500]))));
+    let dataset = Arc::new(ParquetDataset::open(&[big]).unwrap());
+    let mut r = ParquetReader::new(dataset, (0.0, 1.0), 0, 1, SEED, vec![100; 26]).unwrap();
+    let mut b = tiderec_operators::Batch::new(NUM_DENSE, NUM_SPARSE);
+    let e = err_text(r.next_batch(&mut b, 10).unwrap_err());
+    assert!(e.contains("big.parquet (row group 0)") && e.contains("`C7`: id 500"), "{e}");
+
+    // A file without tiderec metadata.
+    let plain = dir.path().join("plain.parquet");
+    let batch = RecordBatch::try_from_iter([("label", Arc::new(Float32Array::from(vec![1.0])) as ArrayRef)]).unwrap();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&plain).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let e = err_text(ParquetDataset::open(&[plain]).unwrap_err());
+    assert!(e.contains("plain.parquet") && e.contains(METADATA_KEY), "{e}");
+}
+
+#[test]
+fn writer_refuses_a_directory_that_already_holds_parquet() {
+    let dir = tempfile::tempdir().unwrap();
+    let description = SchemaDescription::criteo(&[100; 26], SEED);
+    let mut b = tiderec_operators::Batch::new(NUM_DENSE, NUM_SPARSE);
+    b.labels.push(1.0);
+    b.dense.resize(NUM_DENSE, 0.5);
+    b.sparse.iter_mut().for_each(|f| f.close_bag());
+    write(dir.path(), description.clone(), std::slice::from_ref(&b), options(10, None));
+    let e = tiderec_sources::parquet::ParquetWriter::create(dir.path(), description, options(10, None));
+    assert!(e.err().unwrap().to_string().contains("already holds Parquet files"));
+}
