@@ -1,7 +1,7 @@
 //! Featurizing a stream of raw lines inside your own timely dataflow.
 //!
 //! Lines (here generated Ele.me-shaped records; in production, say, Kafka
-//! messages) flow through tiderec's `ParseRecords` operator with the `elm`
+//! messages) flow through tiderec's `featurize` operator with the `elm`
 //! feature spec: each timestamp's lines become one columnar `Batch`, and every
 //! malformed line becomes a dead letter on a second stream. Nothing else of
 //! tiderec (trainer, CLI, files) is involved.
@@ -11,8 +11,8 @@
 //! ```
 
 use std::sync::{Arc, Mutex};
-use tiderec_operators::spec::{FeatureSpec, SpecFormat};
-use tiderec_operators::stream::ParseRecords;
+use tiderec_operators::spec::FeatureSpec;
+use tiderec_operators::stream::Featurize;
 use tiderec_operators::Batch;
 use tiderec_sources::elm::elm_line;
 use timely::dataflow::operators::{Exchange, Inspect, ToStream};
@@ -35,9 +35,12 @@ fn main() {
                     line
                 })
                 .collect();
-            let format = SpecFormat::new(FeatureSpec::elm(100_000, 50), 7).expect("valid preset");
-            let (batches, dead) =
-                lines.to_stream(scope).exchange(|line: &Vec<u8>| line.len() as u64).parse_records(format, "elm");
+            let spec = FeatureSpec::elm(100_000, 50);
+            let (batches, dead) = lines
+                .to_stream(scope)
+                .exchange(|line: &Vec<u8>| line.len() as u64)
+                .featurize(&spec, 7, "elm")
+                .expect("a valid preset");
             let (t1, t2) = (t.clone(), t.clone());
             batches.inspect(move |b: &Batch| {
                 let mut t = t1.lock().unwrap();

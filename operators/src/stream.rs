@@ -3,6 +3,8 @@
 use crate::bad_record::{BadReason, BadRecord};
 use crate::batch::Batch;
 use crate::format::LineFormat;
+use crate::spec::{FeatureSpec, SpecFormat};
+use crate::OperatorError;
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
@@ -16,7 +18,9 @@ pub trait ParseRecords<'scope, T: Timestamp> {
     /// timestamp that arrive together) becomes one [`Batch`] on the first
     /// output; every malformed line becomes a [`BadRecord`] on the second,
     /// named `source` and numbered by its position in this worker's input
-    /// (1-based). No line is dropped silently.
+    /// (1-based). No line is dropped silently, except a header: when the
+    /// first line this worker sees is one the format calls a header, it is
+    /// skipped.
     ///
     /// ```
     /// use std::sync::{Arc, Mutex};
@@ -84,6 +88,9 @@ impl<'scope, T: Timestamp> ParseRecords<'scope, T> for Stream<'scope, T, Vec<Vec
                     let mut bad_session = bad.session(&cap);
                     for line in data.drain(..) {
                         seen += 1;
+                        if seen == 1 && format.is_header(line.strip_suffix(b"\n").unwrap_or(&line)) {
+                            continue;
+                        }
                         if let Err((reason, field)) = parse_one(&format, &line, &mut batch) {
                             bad_session.give(BadRecord {
                                 source: source.clone(),
@@ -108,4 +115,52 @@ impl<'scope, T: Timestamp> ParseRecords<'scope, T> for Stream<'scope, T, Vec<Vec
 fn parse_one<F: LineFormat>(format: &F, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     format.parse(line, out)
+}
+
+/// Turns a stream of raw lines into feature batches as a [`FeatureSpec`] describes them.
+pub trait Featurize<'scope, T: Timestamp> {
+    /// Validates `spec` (errors name the offending key, before any data flows),
+    /// then parses every line with it: hashing with `seed`, fused list kernels,
+    /// absent values as empty bags. Malformed lines become dead letters on the
+    /// second stream, as in [`ParseRecords::parse_records`].
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use timely::dataflow::operators::{Inspect, ToStream};
+    /// use tiderec_operators::spec::FeatureSpec;
+    /// use tiderec_operators::stream::Featurize;
+    /// use tiderec_operators::Batch;
+    ///
+    /// let spec = FeatureSpec::taobao_ad(1000, 20);
+    /// let header = b"clk,time_stamp,userid,adgroup_id,pid,cate_id,campaign_id,customer,brand,price,cms_segid,cms_group_id,final_gender_code,age_level,pvalue_level,shopping_level,occupation,new_user_class_level,click_sequence";
+    /// let row = b"0,2017-05-06 00:00:00,874257,172298,430548_1007,5443,160194,864,339907,3.9,0,3,2,3,,3,0,,170301^573514";
+    /// let (samples, dead) = (Arc::new(Mutex::new(0)), Arc::new(Mutex::new(0)));
+    /// let (s, d) = (samples.clone(), dead.clone());
+    /// timely::example(move |scope| {
+    ///     let lines = vec![header.to_vec(), row.to_vec(), b"1,bad".to_vec()].to_stream(scope);
+    ///     let (batches, bad) = lines.featurize(&spec, 7, "ads").expect("a valid spec");
+    ///     batches.inspect(move |b: &Batch| *s.lock().unwrap() += b.len());
+    ///     bad.inspect(move |_| *d.lock().unwrap() += 1);
+    /// });
+    /// assert_eq!((*samples.lock().unwrap(), *dead.lock().unwrap()), (1, 1));
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn featurize(
+        self,
+        spec: &FeatureSpec,
+        seed: u64,
+        source: &str,
+    ) -> Result<(StreamVec<'scope, T, Batch>, StreamVec<'scope, T, BadRecord>), OperatorError>;
+}
+
+impl<'scope, T: Timestamp> Featurize<'scope, T> for Stream<'scope, T, Vec<Vec<u8>>> {
+    fn featurize(
+        self,
+        spec: &FeatureSpec,
+        seed: u64,
+        source: &str,
+    ) -> Result<(StreamVec<'scope, T, Batch>, StreamVec<'scope, T, BadRecord>), OperatorError> {
+        let format = SpecFormat::new(spec.clone(), seed)?;
+        Ok(self.parse_records(format, source))
+    }
 }

@@ -197,6 +197,7 @@ fn run_fm_model(name: &str, perturb: Option<(usize, f64)>) -> (Fixture, Vec<(Str
         dim: fx.usize("dim"),
         deep: fx.usizes("deep"),
         fm: fx.doc["config"]["fm"].as_bool().unwrap(),
+        wide_only: 0,
     };
     let config = ModelConfig::Fm(cfg);
     assert_eq!(config.name(), name, "fixture `{}`: its config builds another model", fx.name);

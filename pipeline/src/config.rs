@@ -242,6 +242,8 @@ pub struct TrainSettings {
     pub deep: Vec<usize>,
     /// Hidden widths of DIEN's MLP (the paper's 200-80 by default).
     pub mlp: Vec<usize>,
+    /// Feature crosses for the wide part of `wdl` / `lr`: `A:B` pairs of sparse-field indices.
+    pub crosses: Vec<String>,
     /// `skip` or `fail` on a malformed record.
     pub on_bad_record: String,
     /// Dead-letter file for malformed records.
@@ -285,6 +287,7 @@ impl Default for TrainSettings {
             self_interaction: false,
             deep: vec![400, 400, 400],
             mlp: vec![200, 80],
+            crosses: Vec::new(),
             on_bad_record: "skip".into(),
             dead_letters: PathBuf::from("tiderec-dead-letters.tsv"),
             max_line_bytes: 64 * 1024,
@@ -324,6 +327,20 @@ pub struct Resolved {
     pub spec: Option<FeatureSpec>,
     /// The table of each sequence field the model reads (empty unless the model is DIEN).
     pub sequence_tables: Vec<usize>,
+    /// Feature crosses appended after the data's sparse fields (wide part only).
+    pub crosses: Vec<(usize, usize)>,
+}
+
+impl Resolved {
+    /// The table sizes of the data's own sparse fields (without the crosses' tables).
+    pub fn data_table_sizes(&self) -> &[u64] {
+        &self.table_sizes[..self.shape.1]
+    }
+
+    /// Rows of each cross's table.
+    pub fn cross_buckets(&self) -> u64 {
+        self.table_sizes.get(self.shape.1).copied().unwrap_or(1)
+    }
 }
 
 impl TrainSettings {
@@ -428,6 +445,7 @@ impl TrainSettings {
         if self.buckets == 0 {
             return Err(PipelineError::config("buckets", "must be positive"));
         }
+        let crosses = self.parse_crosses(num_sparse)?;
         let table_sizes = match &self.table_sizes {
             Some(s) if s.len() != num_sparse => {
                 return Err(PipelineError::config(
@@ -492,6 +510,7 @@ impl TrainSettings {
         } else {
             Vec::new()
         };
+        let table_sizes = [table_sizes, vec![self.buckets; crosses.len()]].concat();
         let sequences = data.sequences();
         let model = self.model_config_with(shape, sequences.as_ref())?;
         model.validate()?;
@@ -511,7 +530,31 @@ impl TrainSettings {
             shape,
             spec,
             sequence_tables,
+            crosses,
         })
+    }
+
+    /// Parses `crosses` (`A:B` field-index pairs) against `num_sparse` fields of the data.
+    fn parse_crosses(&self, num_sparse: usize) -> Result<Vec<(usize, usize)>, PipelineError> {
+        if !self.crosses.is_empty() && !matches!(self.model.as_str(), "wdl" | "lr") {
+            return Err(PipelineError::config(
+                "crosses",
+                format!("feature crosses feed the wide part of wdl or lr, not `{}`", self.model),
+            ));
+        }
+        self.crosses
+            .iter()
+            .map(|c| {
+                let pair = c.split_once(':').and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+                match pair {
+                    Some((a, b)) if a < num_sparse && b < num_sparse && a != b => Ok((a, b)),
+                    _ => Err(PipelineError::config(
+                        "crosses",
+                        format!("`{c}` is not `A:B` with two different field indices below {num_sparse}"),
+                    )),
+                }
+            })
+            .collect()
     }
 
     /// The model these settings describe, for Criteo-shaped data (13 dense, 26 sparse).
@@ -552,7 +595,11 @@ impl TrainSettings {
                 ),
             )),
         };
-        let fm = |dim, deep: Vec<usize>, fm| ModelConfig::Fm(FmConfig { num_dense, num_sparse, dim, deep, fm });
+        // Crosses are extra sparse fields after the data's own, read only by the linear part.
+        let wide_only = self.crosses.len();
+        let fm = |dim, deep: Vec<usize>, fm| {
+            ModelConfig::Fm(FmConfig { num_dense, num_sparse: num_sparse + wide_only, dim, deep, fm, wide_only })
+        };
         Ok(match self.model.as_str() {
             "dlrm" => ModelConfig::Dlrm(DlrmConfig {
                 num_dense,
@@ -604,6 +651,14 @@ mod tests {
             ("lr", Box::new(|s| s.lr = -1.0)),
             ("table_sizes", Box::new(|s| s.table_sizes = Some(vec![5; 3]))),
             ("model", Box::new(|s| s.model = "xgboost".into())),
+            ("crosses", Box::new(|s| s.crosses = vec!["0:1".into()])),
+            (
+                "crosses",
+                Box::new(|s| {
+                    s.model = "wdl".into();
+                    s.crosses = vec!["0:26".into()];
+                }),
+            ),
             (
                 "model.deep",
                 Box::new(|s| {

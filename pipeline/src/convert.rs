@@ -91,8 +91,8 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         e => e,
     })?;
     let description = match (&resolved.data, &resolved.spec) {
-        (DataSpec::Criteo(_), _) => SchemaDescription::criteo(&resolved.table_sizes, input.seed),
-        (DataSpec::Avazu(_), _) => SchemaDescription::avazu(&resolved.table_sizes, input.seed),
+        (DataSpec::Criteo(_), _) => SchemaDescription::criteo(resolved.data_table_sizes(), input.seed),
+        (DataSpec::Avazu(_), _) => SchemaDescription::avazu(resolved.data_table_sizes(), input.seed),
         (DataSpec::Csv(_) | DataSpec::TaobaoAd(_), Some(spec)) => SchemaDescription::from_spec(spec, input.seed),
         (other, _) => {
             return Err(PipelineError::config(
@@ -106,7 +106,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         }
     };
     let options = CriteoOptions {
-        features: CriteoFeatures { table_sizes: resolved.table_sizes.clone(), seed: input.seed },
+        features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed: input.seed },
         max_line_bytes: input.max_line_bytes,
         max_len: input.max_len,
         policy: resolved.policy,

@@ -317,6 +317,9 @@ struct TrainArgs {
     /// Hidden widths of the DeepFM / Wide & Deep deep part, e.g. 400,400,400.
     #[arg(long, value_delimiter = ',')]
     deep: Option<Vec<usize>>,
+    /// Feature crosses for the wide part of wdl / lr: sparse-field index pairs, e.g. 0:1,2:5.
+    #[arg(long, value_delimiter = ',')]
+    crosses: Option<Vec<String>>,
     /// Hidden widths of DIEN's MLP, e.g. 200,80.
     #[arg(long, value_delimiter = ',')]
     mlp: Option<Vec<usize>>,
@@ -374,6 +377,7 @@ impl TrainArgs {
             max_len,
             dim,
             deep,
+            crosses,
             mlp,
             bottom,
             top,

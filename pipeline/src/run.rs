@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
 use tiderec_operators::behavior::SampleConfig;
+use tiderec_operators::features::cross::append_crosses;
 use tiderec_operators::metrics::{auc, EvalSet};
 use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
@@ -109,7 +110,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     let generator = match &resolved.data {
         DataSpec::Synthetic => Some(IndexedSamples::Criteo(SyntheticCriteo::new(SyntheticConfig {
             seed: settings.seed,
-            table_sizes: resolved.table_sizes.clone(),
+            table_sizes: resolved.data_table_sizes().to_vec(),
             zipf_exponent: 1.1,
         })?)),
         DataSpec::SyntheticBehavior => Some(IndexedSamples::Behavior(SyntheticBehavior::new(
@@ -162,7 +163,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         train_span: if holdout { (0.0, split) } else { (0.0, 1.0) },
         eval_span: if holdout { (split, 1.0) } else { (0.0, 1.0) },
         criteo: CriteoOptions {
-            features: CriteoFeatures { table_sizes: resolved.table_sizes.clone(), seed: settings.seed },
+            features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed: settings.seed },
             max_len: settings.max_len,
             max_line_bytes: settings.max_line_bytes,
             policy: resolved.policy,
@@ -231,7 +232,7 @@ fn behavior_table(
     }
     let config = SampleConfig { max_len: settings.max_len, groups: 64, seed: settings.seed };
     let samples = taobao::derive_samples(&events, config);
-    Ok((taobao::samples_to_batch(&samples, &resolved.table_sizes, settings.seed), bad))
+    Ok((taobao::samples_to_batch(&samples, resolved.data_table_sizes(), settings.seed), bad))
 }
 
 impl Context {
@@ -254,6 +255,8 @@ fn step_with(
     data: &mut WorkerData,
     batch: &mut Batch,
     bad: &BadRecordCounts,
+    resolved: &Resolved,
+    seed: u64,
 ) -> Result<StepStats, PipelineError> {
     let read = data.next_micro_batch(batch);
     let mut counts = bad.clone();
@@ -265,6 +268,9 @@ fn step_with(
             let mut taken = std::mem::replace(batch, empty);
             // Models without sequences train on the other fields of sequence data.
             taken.sequences.truncate(trainer.config().model.num_sequences());
+            if !resolved.crosses.is_empty() {
+                append_crosses(&mut taken, &resolved.crosses, seed, resolved.cross_buckets());
+            }
             trainer.step(worker, kind, taken)?
         }
         Err(e) => {
@@ -318,7 +324,16 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             if s.steps.is_some_and(|max| steps >= max) {
                 break 'epochs;
             }
-            let stats = step_with(&mut trainer, worker, StepKind::Train, &mut train_data, &mut batch, &derived_bad)?;
+            let stats = step_with(
+                &mut trainer,
+                worker,
+                StepKind::Train,
+                &mut train_data,
+                &mut batch,
+                &derived_bad,
+                &ctx.resolved,
+                s.seed,
+            )?;
             if stats.samples == 0 {
                 break;
             }
@@ -364,7 +379,16 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             }
         };
         loop {
-            let stats = step_with(&mut trainer, worker, StepKind::Eval, &mut eval_data, &mut batch, &train_bad)?;
+            let stats = step_with(
+                &mut trainer,
+                worker,
+                StepKind::Eval,
+                &mut eval_data,
+                &mut batch,
+                &train_bad,
+                &ctx.resolved,
+                s.seed,
+            )?;
             if stats.samples == 0 {
                 break;
             }

@@ -119,6 +119,37 @@ fn dien_trains_the_same_on_one_and_two_workers() {
 }
 
 #[test]
+fn wide_and_deep_with_crosses_trains_the_same_on_one_and_two_workers() {
+    let run = |workers, crosses: &[&str]| {
+        let settings = TrainSettings {
+            model: "wdl".into(),
+            sparse_optimizer: "ftrl-adagrad".into(),
+            crosses: crosses.iter().map(|c| c.to_string()).collect(),
+            workers,
+            steps: Some(50),
+            samples: 50 * 256,
+            batch_size: 256,
+            eval_fraction: 0.0,
+            buckets: 20_000,
+            progress: "none".into(),
+            seed: 13,
+            ..TrainSettings::default()
+        };
+        tiderec::run::train(&settings).unwrap().expect("single-process runs return a summary")
+    };
+    let crosses = ["0:1", "2:5", "6:13"];
+    let (one, two) = (run(1, &crosses), run(2, &crosses));
+    let dl2 = rel_diff(one.params_l2, two.params_l2);
+    let dloss = rel_diff(one.train_loss_mean, two.train_loss_mean);
+    eprintln!("wdl + crosses: params_l2 {} vs {} (rel {dl2:e}), loss rel {dloss:e}", one.params_l2, two.params_l2);
+    assert!(dl2 <= 1e-4 && dloss <= 1e-4, "{dl2:e} {dloss:e}");
+    // The crosses are real extra tables: three more tables' rows, and training touched them.
+    let plain = run(1, &[]);
+    assert_eq!(one.embedding_rows, plain.embedding_rows + 3 * 20_000);
+    assert_ne!(one.params_l2, plain.params_l2);
+}
+
+#[test]
 fn training_is_deterministic_for_a_seed_and_worker_count() {
     let a = fifty_steps(2, "adagrad", 0.001);
     let b = fifty_steps(2, "adagrad", 0.001);

@@ -12,6 +12,7 @@
 //!   sum, concat → sum, bucketize and clamped log1p, each in one pass with no
 //!   intermediate strings, each equal to its unfused `*_scalar` oracle.
 
+pub mod cross;
 pub mod fused;
 pub mod split;
 

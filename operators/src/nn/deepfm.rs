@@ -13,7 +13,9 @@
 //! Wide & Deep is the same model without the FM term (`fm = false`): the
 //! wide part is the linear term over the ids' first-order weights (trained
 //! with FTRL via the `ftrl-adagrad` row optimizer), the deep part the MLP
-//! over the factors. Feature crosses for the wide part are not built yet.
+//! over the factors. Feature crosses ([`crate::features::cross`]) enter as
+//! the last `wide_only` sparse fields: only their first-order weight counts
+//! (the wide part); the deep part and the FM term skip them.
 //!
 //! Dense features enter the linear term (and the deep part's input).
 
@@ -39,6 +41,9 @@ pub struct FmConfig {
     /// Include the FM second-order term (false for Wide & Deep).
     #[serde(default = "default_true")]
     pub fm: bool,
+    /// The last `wide_only` sparse fields (feature crosses) feed only the linear part.
+    #[serde(default)]
+    pub wide_only: usize,
 }
 
 fn default_true() -> bool {
@@ -70,6 +75,18 @@ impl FmConfig {
         if self.deep.contains(&0) {
             return Err(OperatorError::config("model.deep", "layer widths must be positive"));
         }
+        if self.wide_only > self.num_sparse {
+            return Err(OperatorError::config(
+                "model.wide_only",
+                format!("{} wide-only fields but {} sparse fields", self.wide_only, self.num_sparse),
+            ));
+        }
+        if self.wide_only > 0 && self.fm && self.dim > 0 {
+            return Err(OperatorError::config(
+                "crosses",
+                "feature crosses feed the wide (linear) part of wdl or lr, not an FM term",
+            ));
+        }
         if self.num_dense + self.num_sparse == 0 {
             return Err(OperatorError::config("model", "a model needs at least one feature"));
         }
@@ -99,7 +116,7 @@ impl<T: Scalar> Fm<T> {
         config.validate()?;
         let linear = 1 + config.num_dense;
         let deep = (!config.deep.is_empty()).then(|| {
-            let mut widths = vec![config.num_dense + config.num_sparse * config.dim];
+            let mut widths = vec![config.num_dense + (config.num_sparse - config.wide_only) * config.dim];
             widths.extend(&config.deep);
             widths.push(1);
             Mlp::new(&widths, linear, false)
@@ -138,15 +155,21 @@ impl<T: Scalar> Fm<T> {
         &self.config
     }
 
+    /// Fields whose factors feed the FM term and the deep part (all but the wide-only crosses).
+    fn deep_fields(&self) -> usize {
+        self.config.num_sparse - self.config.wide_only
+    }
+
     fn build_deep_input(&mut self, dense: &[T], pooled: &[T], batch: usize) {
         let (nd, f, k, e) =
             (self.config.num_dense, self.config.num_sparse, self.config.dim, self.config.embedding_dim());
-        let width = nd + f * k;
+        let fd = self.deep_fields();
+        let width = nd + fd * k;
         self.deep_in.resize(batch * width, T::ZERO);
         for b in 0..batch {
             let row = &mut self.deep_in[b * width..(b + 1) * width];
             row[..nd].copy_from_slice(&dense[b * nd..(b + 1) * nd]);
-            for fi in 0..f {
+            for fi in 0..fd {
                 let src = (b * f + fi) * e + 1;
                 row[nd + fi * k..nd + (fi + 1) * k].copy_from_slice(&pooled[src..src + k]);
             }
@@ -224,7 +247,8 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
             fm.backward(pooled, dl, batch, dpooled);
         }
         if let Some(mlp) = &self.deep {
-            let width = nd + f * k;
+            let fd = self.config.num_sparse - self.config.wide_only;
+            let width = nd + fd * k;
             self.d_deep_in.resize(batch * width, T::ZERO);
             mlp.backward(
                 &self.params,
@@ -236,7 +260,7 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
                 Some(&mut self.d_deep_in),
             );
             for b in 0..batch {
-                for fi in 0..f {
+                for fi in 0..fd {
                     let dst = (b * f + fi) * e + 1;
                     let src = b * width + nd + fi * k;
                     for c in 0..k {
@@ -283,19 +307,30 @@ mod tests {
 
     #[test]
     fn lr_fm_deepfm_gradients_match_finite_differences() {
-        for (dim, deep, fm) in [(0, vec![], true), (3, vec![], true), (3, vec![5, 4], true), (3, vec![5, 4], false)] {
-            let cfg = FmConfig { num_dense: 2, num_sparse: 3, dim, deep, fm };
+        let cases = [
+            (0, vec![], true, 0),
+            (3, vec![], true, 0),
+            (3, vec![5, 4], true, 0),
+            (3, vec![5, 4], false, 0),
+            (3, vec![5, 4], false, 2),
+            (0, vec![], true, 1),
+        ];
+        for (dim, deep, fm, wide_only) in cases {
+            let cfg = FmConfig { num_dense: 2, num_sparse: 4, dim, deep, fm, wide_only };
             check_model(ModelConfig::Fm(cfg));
         }
     }
 
     #[test]
     fn names_and_validation() {
-        let c = FmConfig { num_dense: 13, num_sparse: 26, dim: 0, deep: vec![], fm: true };
+        let c = FmConfig { num_dense: 13, num_sparse: 26, dim: 0, deep: vec![], fm: true, wide_only: 0 };
         assert_eq!(c.name(), "lr");
         assert_eq!(FmConfig { dim: 8, ..c.clone() }.name(), "fm");
         assert_eq!(FmConfig { dim: 8, deep: vec![64], ..c.clone() }.name(), "deepfm");
         assert_eq!(FmConfig { dim: 8, deep: vec![64], fm: false, ..c.clone() }.name(), "wdl");
-        assert!(FmConfig { deep: vec![64], ..c }.validate().unwrap_err().to_string().contains("model.deep"));
+        assert!(FmConfig { deep: vec![64], ..c.clone() }.validate().unwrap_err().to_string().contains("model.deep"));
+        let crossed_fm = FmConfig { dim: 8, wide_only: 2, ..c.clone() };
+        assert!(crossed_fm.validate().unwrap_err().to_string().contains("crosses"));
+        assert!(FmConfig { wide_only: 27, ..c }.validate().unwrap_err().to_string().contains("model.wide_only"));
     }
 }
