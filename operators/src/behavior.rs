@@ -72,6 +72,13 @@ pub struct BehaviorSample {
     pub history: Vec<(u64, u64)>,
 }
 
+impl BehaviorSample {
+    /// The sample of event `e` with target `(item, category)`, `label` and `history`.
+    fn of(e: &BehaviorEvent, label: u8, (item, category): (u64, u64), history: Vec<(u64, u64)>) -> Self {
+        BehaviorSample { time: e.time, seq: e.seq, label, user: e.user, item, category, history }
+    }
+}
+
 /// How samples are derived.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SampleConfig {
@@ -111,25 +118,9 @@ fn group_samples(config: &SampleConfig, events: &[BehaviorEvent], out: &mut Vec<
         let history = histories.entry(e.user).or_default();
         let past: Vec<(u64, u64)> = history.iter().copied().collect();
         if let Some(n) = negative_at(config, events, at) {
-            out.push(BehaviorSample {
-                time: e.time,
-                seq: e.seq,
-                label: 0,
-                user: e.user,
-                item: n.item,
-                category: n.category,
-                history: past.clone(),
-            });
+            out.push(BehaviorSample::of(e, 0, (n.item, n.category), past.clone()));
         }
-        out.push(BehaviorSample {
-            time: e.time,
-            seq: e.seq,
-            label: 1,
-            user: e.user,
-            item: e.item,
-            category: e.category,
-            history: past,
-        });
+        out.push(BehaviorSample::of(e, 1, (e.item, e.category), past));
         if config.max_len > 0 {
             if history.len() == config.max_len {
                 history.pop_front();
@@ -205,26 +196,10 @@ pub fn samples_from_scratch(config: &SampleConfig, events: &[BehaviorEvent]) -> 
                 negative = pool[k + 1..].iter().copied().find(|o| o.user != e.user);
             }
             if let Some(n) = negative {
-                out.push(BehaviorSample {
-                    time: e.time,
-                    seq: e.seq,
-                    label: 0,
-                    user: e.user,
-                    item: n.item,
-                    category: n.category,
-                    history: history.clone(),
-                });
+                out.push(BehaviorSample::of(e, 0, (n.item, n.category), history.clone()));
             }
         }
-        out.push(BehaviorSample {
-            time: e.time,
-            seq: e.seq,
-            label: 1,
-            user: e.user,
-            item: e.item,
-            category: e.category,
-            history,
-        });
+        out.push(BehaviorSample::of(e, 1, (e.item, e.category), history));
     }
     out.sort();
     out

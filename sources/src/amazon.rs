@@ -22,7 +22,7 @@ use crate::lines::{LineFormat, LineReader};
 use tiderec_operators::bad_record::BadReason;
 use tiderec_operators::features::field_seed;
 use tiderec_operators::features::fused::token_bucket;
-use tiderec_operators::features::split::for_each_token;
+use tiderec_operators::features::split::{for_each_token, split_exact};
 use tiderec_operators::Batch;
 
 pub use crate::synthetic_behavior::{NUM_SEQUENCES, NUM_SPARSE, SEQUENCE_TABLES, TARGET_FIELDS};
@@ -87,17 +87,7 @@ impl LineFormat for AmazonDienFormat {
 
     fn parse(&self, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let mut fields: [&[u8]; NUM_COLUMNS] = [&[]; NUM_COLUMNS];
-        let mut n = 0;
-        for_each_token(line, b'\t', NUM_COLUMNS + 1, |t| {
-            if n < NUM_COLUMNS {
-                fields[n] = t;
-            }
-            n += 1;
-        });
-        if n != NUM_COLUMNS {
-            return Err((BadReason::FieldCount, None));
-        }
+        let fields = split_exact::<NUM_COLUMNS>(line, b'\t').ok_or((BadReason::FieldCount, None))?;
         let label = match fields[0] {
             b"0" => 0.0,
             b"1" => 1.0,

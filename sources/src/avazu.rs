@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use tiderec_operators::bad_record::{BadReason, DeadLetterSink};
 use tiderec_operators::features::field_seed;
 use tiderec_operators::features::fused::token_bucket;
-use tiderec_operators::features::split::for_each_token;
+use tiderec_operators::features::split::split_exact;
 use tiderec_operators::Batch;
 
 /// Columns of a labeled line.
@@ -61,17 +61,7 @@ impl LineFormat for AvazuFormat {
 
     fn parse(&self, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let mut fields: [&[u8]; NUM_COLUMNS] = [&[]; NUM_COLUMNS];
-        let mut n = 0;
-        for_each_token(line, b',', NUM_COLUMNS + 1, |t| {
-            if n < NUM_COLUMNS {
-                fields[n] = t;
-            }
-            n += 1;
-        });
-        if n != NUM_COLUMNS {
-            return Err((BadReason::FieldCount, None));
-        }
+        let fields = split_exact::<NUM_COLUMNS>(line, b',').ok_or((BadReason::FieldCount, None))?;
         let label = match fields[1] {
             b"0" => 0.0,
             b"1" => 1.0,

@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tiderec_operators::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
 use tiderec_operators::behavior::{BehaviorEvent, BehaviorSample, BehaviorSamples, SampleConfig};
+use tiderec_operators::features::split::split_exact;
 use tiderec_operators::features::{field_seed, hash_bucket, parse_i64};
 use tiderec_operators::Batch;
 
@@ -32,17 +33,7 @@ const CHUNK: usize = 8192;
 /// Parses one row; `seq` is its position among good rows.
 pub fn parse_behavior_row(line: &[u8], seq: u64) -> Result<BehaviorEvent, (BadReason, Option<usize>)> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let mut fields: [&[u8]; 5] = [&[]; 5];
-    let mut n = 0;
-    for t in line.split(|&b| b == b',') {
-        if n < 5 {
-            fields[n] = t;
-        }
-        n += 1;
-    }
-    if n != 5 {
-        return Err((BadReason::FieldCount, None));
-    }
+    let fields = split_exact::<5>(line, b',').ok_or((BadReason::FieldCount, None))?;
     let number = |i: usize| match parse_i64(fields[i]) {
         Some(v) if v >= 0 => Ok(v as u64),
         _ => Err((BadReason::BadInteger, Some(i))),

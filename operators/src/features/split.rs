@@ -73,6 +73,20 @@ pub fn for_each_token<'a>(line: &'a [u8], delim: u8, max_tokens: usize, mut f: i
     });
 }
 
+/// The fields of `line` split on `delim` when there are exactly `N` of them
+/// (stops scanning after the `N + 1`-th); `None` otherwise.
+pub fn split_exact<const N: usize>(line: &[u8], delim: u8) -> Option<[&[u8]; N]> {
+    let mut fields: [&[u8]; N] = [&[]; N];
+    let mut n = 0;
+    for_each_token(line, delim, N + 1, |t| {
+        if n < N {
+            fields[n] = t;
+        }
+        n += 1;
+    });
+    (n == N).then_some(fields)
+}
+
 /// Calls `f` on the tokens of `line` in order (as `line.split(|b| *b == delim)`
 /// yields them) until `f` returns `false`; the rest of the line is not scanned.
 pub fn scan_tokens<'a>(line: &'a [u8], delim: u8, mut f: impl FnMut(&'a [u8]) -> bool) {

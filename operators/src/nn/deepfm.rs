@@ -178,18 +178,7 @@ impl<T: Scalar> Fm<T> {
 }
 
 impl<T: Scalar> super::model::Model<T> for Fm<T> {
-    fn params(&self) -> &[T] {
-        &self.params
-    }
-    fn params_mut(&mut self) -> &mut [T] {
-        &mut self.params
-    }
-    fn grads(&self) -> &[T] {
-        &self.grads
-    }
-    fn params_and_grads(&mut self) -> (&mut [T], &[T]) {
-        (&mut self.params, &self.grads)
-    }
+    flat_buffer_accessors!();
     fn embedding_dim(&self) -> usize {
         self.config.embedding_dim()
     }

@@ -6,6 +6,24 @@
 //! `backward` overwrites the gradient ranges it owns; it never accumulates
 //! across calls.
 
+/// The buffer accessors of [`Model`] for a model whose flat buffers are its `params` and `grads` fields.
+macro_rules! flat_buffer_accessors {
+    () => {
+        fn params(&self) -> &[T] {
+            &self.params
+        }
+        fn params_mut(&mut self) -> &mut [T] {
+            &mut self.params
+        }
+        fn grads(&self) -> &[T] {
+            &self.grads
+        }
+        fn params_and_grads(&mut self) -> (&mut [T], &[T]) {
+            (&mut self.params, &self.grads)
+        }
+    };
+}
+
 pub mod attention;
 pub mod deepfm;
 pub mod dien;

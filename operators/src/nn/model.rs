@@ -155,18 +155,7 @@ impl ModelConfig {
 }
 
 impl<T: Scalar> Model<T> for Dlrm<T> {
-    fn params(&self) -> &[T] {
-        &self.params
-    }
-    fn params_mut(&mut self) -> &mut [T] {
-        &mut self.params
-    }
-    fn grads(&self) -> &[T] {
-        &self.grads
-    }
-    fn params_and_grads(&mut self) -> (&mut [T], &[T]) {
-        (&mut self.params, &self.grads)
-    }
+    flat_buffer_accessors!();
     fn embedding_dim(&self) -> usize {
         self.config.dim
     }
@@ -179,18 +168,7 @@ impl<T: Scalar> Model<T> for Dlrm<T> {
 }
 
 impl<T: Scalar> Model<T> for Dien<T> {
-    fn params(&self) -> &[T] {
-        &self.params
-    }
-    fn params_mut(&mut self) -> &mut [T] {
-        &mut self.params
-    }
-    fn grads(&self) -> &[T] {
-        &self.grads
-    }
-    fn params_and_grads(&mut self) -> (&mut [T], &[T]) {
-        (&mut self.params, &self.grads)
-    }
+    flat_buffer_accessors!();
     fn embedding_dim(&self) -> usize {
         self.config.dim
     }
