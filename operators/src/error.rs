@@ -11,6 +11,9 @@ pub enum OperatorError {
     /// A batch does not match the shape the model was built for.
     #[error("batch shape mismatch: {0}")]
     Shape(String),
+    /// A checkpoint's state cannot be restored into this trainer; the message says why.
+    #[error("cannot restore checkpoint: {0}")]
+    Restore(String),
     /// The dataflow stopped on a worker; the message says why.
     #[error("dataflow error: {0}")]
     Dataflow(String),

@@ -19,6 +19,7 @@
 pub mod bad_record;
 pub mod batch;
 pub mod behavior;
+pub mod collective;
 pub mod error;
 pub mod features;
 pub mod format;
@@ -28,6 +29,7 @@ pub mod nn;
 pub mod optim;
 pub mod rng;
 pub mod shard;
+pub mod snapshot;
 pub mod spec;
 pub mod stream;
 pub mod train;

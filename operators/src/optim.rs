@@ -134,9 +134,104 @@ impl OptimizerParams {
 pub struct DenseOptimizer {
     kind: DenseOptimizerKind,
     hp: OptimizerParams,
+    len: usize,
     m: Vec<f32>,
     v: Vec<f32>,
     t: u64,
+}
+
+/// The state of a dense optimizer over the slice `[offset, offset + len)` of
+/// the flat dense buffer, as written to and read from checkpoints.
+///
+/// Invariants (checked by [`DenseOptimizerState::check`]): `m` has `len`
+/// values for Adam and none otherwise; `v` has `len` values for Adam and
+/// Adagrad and none for SGD. `t` is the number of updates applied, the same
+/// for every slice of one model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DenseOptimizerState {
+    /// The optimizer.
+    pub kind: DenseOptimizerKind,
+    /// Updates applied so far (Adam's bias correction).
+    pub t: u64,
+    /// First parameter of the slice in the flat buffer.
+    pub offset: usize,
+    /// Parameters in the slice.
+    pub len: usize,
+    /// First moments (Adam).
+    pub m: Vec<f32>,
+    /// Second moments (Adam) or accumulators (Adagrad).
+    pub v: Vec<f32>,
+}
+
+impl DenseOptimizerState {
+    /// Checks the widths of `m` and `v` against `kind` and `len`.
+    pub fn check(&self) -> Result<(), OperatorError> {
+        let (m, v) = match self.kind {
+            DenseOptimizerKind::Sgd => (0, 0),
+            DenseOptimizerKind::Adagrad => (0, self.len),
+            DenseOptimizerKind::Adam => (self.len, self.len),
+        };
+        if self.m.len() != m || self.v.len() != v {
+            return Err(OperatorError::Restore(format!(
+                "{:?} state of {} parameters at offset {} has {} first and {} second moments (expected {m} and {v})",
+                self.kind,
+                self.len,
+                self.offset,
+                self.m.len(),
+                self.v.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Joins slices that tile `[0, n)` (in any order, empty slices allowed) into one state over `[0, n)`.
+    pub fn concat(parts: &[&DenseOptimizerState], n: usize) -> Result<DenseOptimizerState, OperatorError> {
+        let mut sorted: Vec<&DenseOptimizerState> = parts.to_vec();
+        sorted.sort_by_key(|p| (p.offset, p.len));
+        let Some(first) = sorted.first() else {
+            return Err(OperatorError::Restore("no dense optimizer state".into()));
+        };
+        let mut out =
+            DenseOptimizerState { kind: first.kind, t: first.t, offset: 0, len: 0, m: Vec::new(), v: Vec::new() };
+        for p in sorted {
+            p.check()?;
+            if p.kind != out.kind || p.t != out.t {
+                return Err(OperatorError::Restore(format!(
+                    "dense optimizer slices disagree: {:?} at update {} vs {:?} at update {}",
+                    out.kind, out.t, p.kind, p.t
+                )));
+            }
+            if p.offset != out.len {
+                return Err(OperatorError::Restore(format!(
+                    "dense optimizer slices do not tile the parameters: a slice starts at {}, expected {}",
+                    p.offset, out.len
+                )));
+            }
+            out.len += p.len;
+            out.m.extend_from_slice(&p.m);
+            out.v.extend_from_slice(&p.v);
+        }
+        if out.len != n {
+            return Err(OperatorError::Restore(format!(
+                "dense optimizer state covers {} parameters, the model has {n}",
+                out.len
+            )));
+        }
+        Ok(out)
+    }
+
+    /// The state of the sub-slice `range` (offsets relative to this state's buffer).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> DenseOptimizerState {
+        let part = |x: &[f32]| if x.is_empty() { Vec::new() } else { x[range.clone()].to_vec() };
+        DenseOptimizerState {
+            kind: self.kind,
+            t: self.t,
+            offset: self.offset + range.start,
+            len: range.len(),
+            m: part(&self.m),
+            v: part(&self.v),
+        }
+    }
 }
 
 impl DenseOptimizer {
@@ -147,7 +242,28 @@ impl DenseOptimizer {
             DenseOptimizerKind::Adagrad => (Vec::new(), vec![hp.initial_accumulator; len]),
             DenseOptimizerKind::Adam => (vec![0.0; len], vec![0.0; len]),
         };
-        DenseOptimizer { kind, hp, m, v, t: 0 }
+        DenseOptimizer { kind, hp, len, m, v, t: 0 }
+    }
+
+    /// An optimizer that continues from `state` (a checkpoint) with hyper-parameters `hp`.
+    pub fn from_state(hp: OptimizerParams, state: &DenseOptimizerState) -> Result<Self, OperatorError> {
+        state.check()?;
+        Ok(DenseOptimizer { kind: state.kind, hp, len: state.len, m: state.m.clone(), v: state.v.clone(), t: state.t })
+    }
+
+    /// This optimizer's state, for a slice starting at `offset` of the flat buffer.
+    pub fn state(&self, offset: usize) -> DenseOptimizerState {
+        DenseOptimizerState { kind: self.kind, t: self.t, offset, len: self.len, m: self.m.clone(), v: self.v.clone() }
+    }
+
+    /// Parameters in the slice this optimizer updates.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty slice.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// Updates `params` in place from the averaged gradient `grads`.
@@ -390,6 +506,48 @@ mod tests {
         assert!((row[0] + 1.0 / 15.0).abs() < 1e-6);
         let s = 0.1 / (12.5f32.sqrt() + 1e-8);
         assert!((row[1] - (1.0 - 3.0 * s)).abs() < 1e-6 && (row[2] - (1.0 - 4.0 * s)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn dense_state_round_trips_and_reslices() {
+        for kind in [DenseOptimizerKind::Sgd, DenseOptimizerKind::Adagrad, DenseOptimizerKind::Adam] {
+            let hp = OptimizerParams::with_lr(0.01);
+            let n = 10;
+            let grads: Vec<f32> = (0..n).map(|i| i as f32 * 0.1 - 0.3).collect();
+            // Two slices [0, 4) and [4, 10), stepped twice.
+            let (mut a, mut b) = (DenseOptimizer::new(kind, hp, 4), DenseOptimizer::new(kind, hp, 6));
+            let mut p = vec![0.5f32; n];
+            for _ in 0..2 {
+                a.apply(&mut p[..4], &grads[..4]);
+                b.apply(&mut p[4..], &grads[4..]);
+            }
+            let (sa, sb) = (a.state(0), b.state(4));
+            let whole = DenseOptimizerState::concat(&[&sb, &sa], n).unwrap();
+            assert_eq!((whole.t, whole.len), (2, n));
+            // Round trip: an optimizer restored from its state continues identically.
+            let mut restored = DenseOptimizer::from_state(hp, &sb).unwrap();
+            let (mut p1, mut p2) = (p.clone(), p.clone());
+            b.apply(&mut p1[4..], &grads[4..]);
+            restored.apply(&mut p2[4..], &grads[4..]);
+            assert_eq!(p1, p2, "{kind:?}");
+            // Re-slicing into three parts and joining again gives the same state.
+            let thirds: Vec<DenseOptimizerState> = [0..3, 3..6, 6..10].into_iter().map(|r| whole.slice(r)).collect();
+            assert_eq!(thirds[1].offset, 3);
+            let again = DenseOptimizerState::concat(&thirds.iter().collect::<Vec<_>>(), n).unwrap();
+            assert_eq!(again, whole);
+            // Gaps, overlaps and wrong lengths are errors, not panics.
+            assert!(DenseOptimizerState::concat(&[&thirds[0], &thirds[2]], n).is_err());
+            assert!(DenseOptimizerState::concat(&[&whole], n + 1).is_err());
+        }
+        let bad = DenseOptimizerState {
+            kind: DenseOptimizerKind::Adam,
+            t: 1,
+            offset: 0,
+            len: 3,
+            m: vec![0.0; 3],
+            v: vec![0.0; 2],
+        };
+        assert!(DenseOptimizer::from_state(OptimizerParams::with_lr(0.1), &bad).is_err());
     }
 
     #[test]

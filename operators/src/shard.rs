@@ -10,6 +10,8 @@
 use crate::huge::{prefetch, HugeBuffer};
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
 use crate::rng::row_uniform;
+use crate::snapshot::TableRows;
+use crate::OperatorError;
 
 /// The worker that owns row `id` of `table` among `workers`.
 #[inline]
@@ -183,6 +185,61 @@ impl EmbeddingShard {
     pub fn num_rows(&self) -> usize {
         self.rows.iter().map(|r| r.len() / self.dim.max(1)).sum()
     }
+
+    /// Optimizer state values per row.
+    pub fn state_width(&self) -> usize {
+        self.state_width
+    }
+
+    /// The optimizer of the rows.
+    pub fn optimizer(&self) -> SparseOptimizerKind {
+        self.optimizer
+    }
+
+    /// Every row of `table` this worker owns (ids below the table size, in
+    /// increasing order), with its optimizer state: a checkpoint's share of the table.
+    pub fn export_table(&self, table: usize) -> TableRows {
+        let (d, w, n) = (self.dim, self.state_width, self.table_sizes[table]);
+        let local = self.local_len(table);
+        let mut out = TableRows::default();
+        for l in 0..local {
+            let id = Self::id_of(table, l, self.worker, self.workers);
+            if id >= n {
+                break; // ids grow with the local index
+            }
+            out.ids.push(id);
+            out.rows.extend_from_slice(&self.rows[table][l * d..(l + 1) * d]);
+            out.state.extend_from_slice(&self.state[table][l * w..(l + 1) * w]);
+        }
+        out
+    }
+
+    /// Overwrites row `id` of `table` and its optimizer state (restoring a
+    /// checkpoint). The row must be owned here and the widths must match.
+    pub fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
+        let (d, w) = (self.dim, self.state_width);
+        let n = *self
+            .table_sizes
+            .get(table)
+            .ok_or_else(|| OperatorError::Restore(format!("table {table} does not exist")))?;
+        if id >= n || shard_of(table, id, self.workers) != self.worker {
+            return Err(OperatorError::Restore(format!(
+                "row {id} of table {table} is not owned by worker {} of {} (table of {n} rows)",
+                self.worker, self.workers
+            )));
+        }
+        if row.len() != d || state.len() != w {
+            return Err(OperatorError::Restore(format!(
+                "row {id} of table {table} has {} values and {} optimizer slots, expected {d} and {w}",
+                row.len(),
+                state.len()
+            )));
+        }
+        let l = (id / self.workers as u64) as usize;
+        self.rows[table][l * d..(l + 1) * d].copy_from_slice(row);
+        self.state[table][l * w..(l + 1) * w].copy_from_slice(state);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +263,57 @@ mod tests {
             let total: f64 = shards.iter().map(|s| s.sum_of_squares()).sum();
             assert!((total - one.sum_of_squares()).abs() < 1e-9);
         }
+    }
+
+    #[test]
+    fn export_and_set_row_round_trip_across_worker_counts() {
+        let sizes = [7u64, 1, 12];
+        let hp = OptimizerParams::with_lr(0.1);
+        let kind = SparseOptimizerKind::LazyAdam;
+        let mut two: Vec<_> = (0..2).map(|k| EmbeddingShard::new(k, 2, 3, &sizes, 5, kind, hp)).collect();
+        // Make every row and slot distinct: one update per row.
+        for (t, &n) in sizes.iter().enumerate() {
+            for id in 0..n {
+                let g = [id as f32 * 0.1 + 0.01, -(t as f32) - 0.5, 0.25];
+                two[shard_of(t, id, 2)].apply(t, id, &g);
+            }
+        }
+        for w in [1usize, 2, 3] {
+            let mut target: Vec<_> = (0..w).map(|k| EmbeddingShard::new(k, w, 3, &sizes, 99, kind, hp)).collect();
+            for src in &two {
+                for t in 0..sizes.len() {
+                    let part = src.export_table(t);
+                    let sw = src.state_width();
+                    for (i, &id) in part.ids.iter().enumerate() {
+                        let dst = &mut target[shard_of(t, id, w)];
+                        dst.set_row(t, id, &part.rows[i * 3..(i + 1) * 3], &part.state[i * sw..(i + 1) * sw]).unwrap();
+                    }
+                }
+            }
+            for (t, &n) in sizes.iter().enumerate() {
+                let mut seen = 0;
+                for shard in &target {
+                    let part = shard.export_table(t);
+                    assert!(part.ids.windows(2).all(|p| p[0] < p[1]));
+                    for (i, &id) in part.ids.iter().enumerate() {
+                        let src = two[shard_of(t, id, 2)].export_table(t);
+                        let j = src.ids.iter().position(|&x| x == id).unwrap();
+                        assert_eq!(&part.rows[i * 3..(i + 1) * 3], &src.rows[j * 3..(j + 1) * 3]);
+                        let sw = kind.state_width(3);
+                        assert_eq!(&part.state[i * sw..(i + 1) * sw], &src.state[j * sw..(j + 1) * sw]);
+                        seen += 1;
+                    }
+                }
+                assert_eq!(seen, n, "every row of table {t} exported once at W = {w}");
+            }
+        }
+        // A row routed to the wrong owner or of the wrong width is an error, not a panic.
+        let s = &mut two[0];
+        let sw = s.state_width();
+        assert!(s.set_row(0, 1, &[0.0; 3], &vec![0.0; sw]).is_err());
+        assert!(s.set_row(0, 0, &[0.0; 2], &vec![0.0; sw]).is_err());
+        assert!(s.set_row(0, 100, &[0.0; 3], &vec![0.0; sw]).is_err());
+        assert!(s.set_row(9, 0, &[0.0; 3], &vec![0.0; sw]).is_err());
     }
 
     proptest! {

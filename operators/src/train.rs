@@ -36,6 +36,7 @@ use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
 use crate::nn::{Model, ModelConfig, SequenceInput};
 use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use crate::shard::{shard_of, EmbeddingShard};
+use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -342,6 +343,8 @@ pub struct Trainer {
     bytes_sent: Rc<Cell<u64>>,
     config: TrainerConfig,
     step: u64,
+    /// Training steps that updated the parameters (restored from checkpoints).
+    train_steps: u64,
     bad_records: [u64; 5],
 }
 
@@ -545,6 +548,7 @@ impl Trainer {
             bytes_sent,
             config: config.clone(),
             step: 0,
+            train_steps: 0,
             bad_records: [0; 5],
         })
     }
@@ -554,7 +558,11 @@ impl Trainer {
     /// must call `step` the same number of times with the same `kind`.
     pub fn step(&mut self, worker: &mut Worker, kind: StepKind, batch: Batch) -> Result<StepStats, OperatorError> {
         self.check_batch(&batch)?;
-        Ok(self.run(worker, Command { kind, batch, failed: false, bad_records: self.bad_records }))
+        let stats = self.run(worker, Command { kind, batch, failed: false, bad_records: self.bad_records });
+        if kind == StepKind::Train && stats.samples > 0 {
+            self.train_steps += 1;
+        }
+        Ok(stats)
     }
 
     /// Takes part in one step with no data while telling every worker that
@@ -659,6 +667,75 @@ impl Trainer {
     /// Number of steps run so far.
     pub fn steps(&self) -> u64 {
         self.step
+    }
+
+    /// Training steps that updated the parameters, counting those of a restored checkpoint.
+    pub fn train_steps(&self) -> u64 {
+        self.train_steps
+    }
+
+    /// This worker's share of a checkpoint: its dense parameters (the same on
+    /// every worker), the dense-optimizer state of its slice, every embedding
+    /// row it owns with its optimizer slots, and the training step count.
+    /// Between two steps this is a consistent cut: no update of the next step
+    /// can reach this worker's rows before this worker sends its gradients.
+    pub fn snapshot(&self) -> WorkerSnapshot {
+        let home = self.home.borrow();
+        let owner = self.owner.borrow();
+        let params = home.model.params();
+        let slice = dense_slice(params.len(), home.me, home.workers);
+        WorkerSnapshot {
+            worker: home.me,
+            workers: home.workers,
+            step: self.train_steps,
+            dim: owner.shard.dim,
+            state_width: owner.shard.state_width(),
+            dense_params: params.to_vec(),
+            dense_optimizer: owner.dense_optimizer.state(slice.start),
+            tables: (0..self.config.table_sizes.len()).map(|t| owner.shard.export_table(t)).collect(),
+        }
+    }
+
+    /// Rebuilds this worker's state from the parts of a checkpoint written by
+    /// any number of workers (see [`crate::snapshot`]): the dense parameters,
+    /// the dense-optimizer state of this worker's slice `dense_slice(len, me, W)`,
+    /// the rows `shard_of` assigns to this worker, and the step count. The
+    /// parts are checked completely first; on error nothing is changed.
+    /// Not collective: every worker restores from the same parts on its own.
+    pub fn restore(&mut self, parts: &[WorkerSnapshot]) -> Result<(), OperatorError> {
+        let mut home = self.home.borrow_mut();
+        let mut owner = self.owner.borrow_mut();
+        let (me, w) = (home.me, home.workers);
+        let dense_len = home.model.params().len();
+        let expected = Expected {
+            table_sizes: &self.config.table_sizes,
+            dim: owner.shard.dim,
+            state_width: owner.shard.state_width(),
+            dense_len,
+            dense_kind: self.config.dense_optimizer,
+        };
+        let checked = check_parts(parts, expected)?;
+        let mine = checked.dense_optimizer.slice(dense_slice(dense_len, me, w));
+        let dense_optimizer = DenseOptimizer::from_state(self.config.dense_hp, &mine)?;
+        home.model.params_mut().copy_from_slice(checked.dense_params);
+        owner.dense_optimizer = dense_optimizer;
+        let (d, sw) = (expected.dim, expected.state_width);
+        for part in parts {
+            for (t, rows) in part.tables.iter().enumerate() {
+                for (i, &id) in rows.ids.iter().enumerate() {
+                    if shard_of(t, id, w) == me {
+                        owner.shard.set_row(
+                            t,
+                            id,
+                            &rows.rows[i * d..(i + 1) * d],
+                            &rows.state[i * sw..(i + 1) * sw],
+                        )?;
+                    }
+                }
+            }
+        }
+        self.train_steps = checked.step;
+        Ok(())
     }
 }
 

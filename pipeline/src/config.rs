@@ -254,6 +254,14 @@ pub struct TrainSettings {
     pub metrics_json: Option<PathBuf>,
     /// `auto` (bar on a terminal, lines otherwise), `bar`, `lines` or `none`.
     pub progress: String,
+    /// Directory of the checkpoints (`ckpt-<step>` directories); none: no checkpoints.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Write a checkpoint every this many global steps (besides every epoch end and the run's end).
+    pub checkpoint_every: Option<u64>,
+    /// Checkpoints kept in `checkpoint_dir` (older ones are removed).
+    pub keep_checkpoints: usize,
+    /// Continue from the newest valid checkpoint in `checkpoint_dir` (fresh, with a warning, if none).
+    pub resume: bool,
 }
 
 impl Default for TrainSettings {
@@ -293,6 +301,10 @@ impl Default for TrainSettings {
             max_line_bytes: 64 * 1024,
             metrics_json: None,
             progress: "auto".into(),
+            checkpoint_dir: None,
+            checkpoint_every: None,
+            keep_checkpoints: 3,
+            resume: false,
         }
     }
 }
@@ -477,6 +489,19 @@ impl TrainSettings {
                 ));
             }
         }
+        if self.checkpoint_dir.is_none() {
+            for (key, set) in [("checkpoint_every", self.checkpoint_every.is_some()), ("resume", self.resume)] {
+                if set {
+                    return Err(PipelineError::config(key, "needs --checkpoint-dir DIR"));
+                }
+            }
+        }
+        if self.checkpoint_every == Some(0) {
+            return Err(PipelineError::config("checkpoint_every", "must be positive"));
+        }
+        if self.keep_checkpoints == 0 {
+            return Err(PipelineError::config("keep_checkpoints", "must be positive"));
+        }
         if self.max_line_bytes < 64 {
             return Err(PipelineError::config("max_line_bytes", "must be at least 64"));
         }
@@ -657,6 +682,15 @@ mod tests {
                 Box::new(|s| {
                     s.model = "wdl".into();
                     s.crosses = vec!["0:26".into()];
+                }),
+            ),
+            ("resume", Box::new(|s| s.resume = true)),
+            ("checkpoint_every", Box::new(|s| s.checkpoint_every = Some(5))),
+            (
+                "keep_checkpoints",
+                Box::new(|s| {
+                    s.checkpoint_dir = Some("ck".into());
+                    s.keep_checkpoints = 0;
                 }),
             ),
             (

@@ -247,6 +247,24 @@ impl WorkerData {
         }
     }
 
+    /// Passes over this worker's share of the next `steps` global steps, as if
+    /// they had been read (resuming at a checkpoint's data position). The
+    /// indexed splits jump there; readers of files read and discard that many
+    /// micro-batches (`scratch` is their buffer), so the position, the
+    /// skipped bad records and the dead letters are exactly those of a run
+    /// that read them.
+    pub fn skip_steps(&mut self, steps: u64, scratch: &mut Batch) -> Result<(), PipelineError> {
+        if let WorkerData::Synthetic { range, cursor, batch, .. } = self {
+            *cursor = cursor.saturating_add(steps.saturating_mul(*batch)).min(range.end.max(*cursor));
+            return Ok(());
+        }
+        for _ in 0..steps {
+            self.next_micro_batch(scratch)?;
+        }
+        scratch.clear();
+        Ok(())
+    }
+
     /// True when a step may produce no samples on this worker although others still have data.
     pub fn is_exhausted(&self) -> bool {
         match self {

@@ -20,6 +20,9 @@ pub enum PipelineError {
     /// The model or trainer rejected its input or configuration.
     #[error(transparent)]
     Operator(#[from] tiderec_operators::OperatorError),
+    /// A checkpoint could not be written or restored; the message names the path.
+    #[error("{0}")]
+    Checkpoint(String),
     /// Timely could not start or a worker failed.
     #[error("dataflow: {0}")]
     Dataflow(String),

@@ -5,6 +5,7 @@
 //! [`convert::convert`] and [`bench`]; tests and other programs call them directly.
 
 pub mod bench;
+pub mod checkpointing;
 pub mod config;
 pub mod convert;
 pub mod data;

@@ -347,6 +347,19 @@ struct TrainArgs {
     /// auto, bar, lines or none.
     #[arg(long)]
     progress: Option<String>,
+    /// Write checkpoints (ckpt-<step> directories) here: at the end of every epoch and of the run, and every
+    /// --checkpoint-every steps.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Also write a checkpoint every N global training steps.
+    #[arg(long, value_name = "N")]
+    checkpoint_every: Option<u64>,
+    /// Checkpoints to keep in --checkpoint-dir (default 3).
+    #[arg(long, value_name = "K")]
+    keep_checkpoints: Option<usize>,
+    /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
+    #[arg(long)]
+    resume: bool,
 }
 
 impl TrainArgs {
@@ -384,8 +397,18 @@ impl TrainArgs {
             on_bad_record,
             dead_letters,
             max_line_bytes,
-            progress
+            progress,
+            keep_checkpoints
         );
+        if args.checkpoint_dir.is_some() {
+            s.checkpoint_dir = args.checkpoint_dir;
+        }
+        if args.checkpoint_every.is_some() {
+            s.checkpoint_every = args.checkpoint_every;
+        }
+        if args.resume {
+            s.resume = true;
+        }
         if args.eval.is_some() {
             s.eval = args.eval;
         }
@@ -492,6 +515,12 @@ fn main() -> anyhow::Result<()> {
             println!("  exchanged       {:.1} bytes/sample", s.bytes_per_sample);
             println!("  params L2       {:.6}", s.params_l2);
             println!("  bad records     {} {:?}", s.bad_records, s.bad_records_by_reason);
+            if let Some(step) = s.resumed_from_step {
+                println!("  resumed from    step {step}");
+            }
+            if s.checkpoints_written > 0 {
+                println!("  checkpoints     {} written ({:.2} s)", s.checkpoints_written, s.checkpoint_seconds);
+            }
             if let Some(p) = &settings.metrics_json {
                 println!("  metrics written to {}", p.display());
             }

@@ -8,13 +8,23 @@
 //! report step. A worker that fails (a bad record under `fail`, an unreadable
 //! file) takes part in one more step flagged as failed, so every worker
 //! stops after the same step instead of waiting forever.
+//!
+//! With `--checkpoint-dir`, all workers write a checkpoint together after
+//! every `--checkpoint-every` steps, at the end of every epoch and at the end
+//! of the run ([`crate::checkpointing`]). With `--resume`, every worker first
+//! restores the newest valid checkpoint, the readers skip to its data
+//! position (the epoch, then the global steps already taken in it), and the
+//! step counter, the sample count and the running loss continue from it, so
+//! the run ends where an uninterrupted one would.
 
+use crate::checkpointing::{self, CheckpointOptions, Checkpointer, Position};
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
 use tiderec_operators::behavior::SampleConfig;
@@ -23,6 +33,7 @@ use tiderec_operators::metrics::{auc, EvalSet};
 use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
+use tiderec_sinks::checkpoint::{Checkpoint, TrainingProgress};
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sinks::metrics::RunSummary;
 use tiderec_sources::criteo::CriteoFeatures;
@@ -53,6 +64,12 @@ struct Context {
     /// Malformed records met while deriving the samples up front (counted once, on worker 0).
     derived_bad: BadRecordCounts,
     total_samples: Option<u64>,
+    /// Where to write checkpoints.
+    checkpoint: Option<CheckpointOptions>,
+    /// The checkpoint to resume from, read once per process and dropped once every local worker restored it.
+    resume: Mutex<Option<Arc<Checkpoint>>>,
+    /// Local workers that have not restored `resume` yet.
+    resume_pending: AtomicUsize,
 }
 
 /// The timely configuration for these settings.
@@ -153,8 +170,28 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         }
         _ => None,
     };
+    let trainer = trainer_config(settings, &resolved);
+    let checkpoint = settings.checkpoint_dir.as_ref().map(|dir| CheckpointOptions {
+        dir: dir.clone(),
+        every: settings.checkpoint_every,
+        keep: settings.keep_checkpoints,
+    });
+    let resume = match &checkpoint {
+        Some(options) => {
+            checkpointing::prepare_dir(&options.dir, settings.resume)?;
+            if settings.resume {
+                checkpointing::load_for_resume(&options.dir, &trainer, settings.batch_size as u64)?
+            } else {
+                None
+            }
+        }
+        None => None,
+    };
     let context = Arc::new(Context {
-        trainer: trainer_config(settings, &resolved),
+        trainer,
+        checkpoint,
+        resume: Mutex::new(resume.map(Arc::new)),
+        resume_pending: AtomicUsize::new(settings.workers),
         data_sequences: resolved.data.sequences().map_or(0, |q| q.tables.len()),
         generator,
         train_range,
@@ -284,10 +321,41 @@ fn step_with(
     Ok(stats)
 }
 
+/// Restores this process's resume checkpoint (if any) on this worker, and releases the
+/// checkpoint's memory once every local worker has. Collective.
+fn restore(
+    worker: &mut timely::worker::Worker,
+    trainer: &mut Trainer,
+    checkpointer: &mut Checkpointer,
+    ctx: &Context,
+) -> Result<Option<Arc<Checkpoint>>, PipelineError> {
+    let checkpoint = ctx.resume.lock().map_err(|_| PipelineError::Dataflow("a worker panicked".into()))?.clone();
+    let outcome = checkpointer.restore(worker, trainer, checkpoint.as_deref());
+    if ctx.resume_pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if let Ok(mut slot) = ctx.resume.lock() {
+            *slot = None;
+        }
+    }
+    outcome?;
+    Ok(checkpoint)
+}
+
+/// The running statistics a checkpoint records.
+fn training_progress(loss_total: f64, window: &VecDeque<(f64, u64)>, bad: &[u64; 5]) -> TrainingProgress {
+    TrainingProgress {
+        loss_total,
+        loss_window: window.iter().copied().collect(),
+        bad_records_before_epoch: bad.to_vec(),
+    }
+}
+
 fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Option<RunSummary>, PipelineError> {
     let (me, peers) = (worker.index(), worker.peers());
     let s = &ctx.settings;
     let mut trainer = Trainer::new(worker, &ctx.trainer)?;
+    let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.batch_size as u64);
+    // Before anything else collective: every worker restores, then all agree on the step.
+    let resumed = restore(worker, &mut trainer, &mut checkpointer, ctx)?.map(|c| c.manifest.clone());
     let open = |spec: &DataSpec, range: &std::ops::Range<u64>, span, batch| {
         WorkerData::for_spec(
             spec,
@@ -313,13 +381,45 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         _ => Progress::None,
     };
     let mut batch = ctx.new_batch();
-    // Records dropped while deriving samples up front are reported once, by worker 0.
-    let derived_bad = if me == 0 { ctx.derived_bad.clone() } else { BadRecordCounts::default() };
+    // Records dropped while deriving samples up front are reported once, by worker 0; a resumed
+    // run starts from the counts before its epoch instead (they include the derived ones).
+    let derived_bad = match (me, &resumed) {
+        (0, Some(m)) => {
+            let mut a = [0u64; 5];
+            a.iter_mut().zip(&m.progress.bad_records_before_epoch).for_each(|(a, &b)| *a = b);
+            BadRecordCounts::from_array(a)
+        }
+        (0, None) => ctx.derived_bad.clone(),
+        _ => BadRecordCounts::default(),
+    };
     let (mut steps, mut samples, mut epochs, mut loss_total) = (0u64, 0u64, 0u64, 0.0f64);
     let mut window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
+    let mut steps_in_epoch = 0u64;
+    let mut bad_before_epoch = derived_bad.to_array();
+    if let Some(m) = &resumed {
+        (steps, samples, epochs, loss_total) = (m.step, m.samples, m.data_position.epoch, m.progress.loss_total);
+        let keep_from = m.progress.loss_window.len().saturating_sub(LOSS_WINDOW);
+        window.extend(&m.progress.loss_window[keep_from..]);
+        steps_in_epoch = m.data_position.global_steps_in_epoch;
+        for _ in 0..m.data_position.epoch {
+            train_data.rewind();
+        }
+        if let Err(e) = train_data.skip_steps(steps_in_epoch, &mut batch) {
+            trainer.step_failed(worker);
+            return Err(e);
+        }
+    }
+    let samples_at_start = samples;
+    let position = |steps, epoch, steps_in_epoch, samples, loss_total, window: &VecDeque<_>, bad: &[u64; 5]| Position {
+        step: steps,
+        epoch,
+        steps_in_epoch,
+        samples,
+        progress: training_progress(loss_total, window, bad),
+    };
     let mut bytes_at_end = 0u64;
     let start = Instant::now();
-    'epochs: for _ in 0..s.epochs {
+    'epochs: while epochs < s.epochs {
         loop {
             if s.steps.is_some_and(|max| steps >= max) {
                 break 'epochs;
@@ -335,9 +435,12 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 s.seed,
             )?;
             if stats.samples == 0 {
+                // Every worker's counts after the whole epoch (the empty step read to its end).
+                bad_before_epoch = stats.bad_records;
                 break;
             }
             steps += 1;
+            steps_in_epoch += 1;
             samples += stats.samples;
             loss_total += stats.loss_sum;
             bytes_at_end = stats.bytes_sent;
@@ -351,14 +454,28 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                     steps,
                     samples,
                     l / n.max(1) as f64,
-                    samples as f64 / start.elapsed().as_secs_f64(),
-                    stats.bytes_sent as f64 / samples as f64,
+                    (samples - samples_at_start) as f64 / start.elapsed().as_secs_f64(),
+                    stats.bytes_sent as f64 / (samples - samples_at_start).max(1) as f64,
                     stats.bad_records.iter().sum(),
                 );
             }
+            if checkpointer.due_every(steps) {
+                let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
+                checkpointer.write(worker, &trainer, &at)?;
+            }
         }
         epochs += 1;
+        steps_in_epoch = 0;
         train_data.rewind();
+        if checkpointer.due_at_boundary(steps) {
+            let at = position(steps, epochs, 0, samples, loss_total, &window, &bad_before_epoch);
+            checkpointer.write(worker, &trainer, &at)?;
+        }
+    }
+    // The end of the run (`--steps`) is a checkpoint too, unless one of this step exists.
+    if checkpointer.due_at_boundary(steps) {
+        let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
+        checkpointer.write(worker, &trainer, &at)?;
     }
     let train_seconds = start.elapsed().as_secs_f64();
     progress.finish();
@@ -421,17 +538,20 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         train_loss_mean: loss_total / samples.max(1) as f64,
         samples,
         steps,
-        samples_per_sec: samples as f64 / train_seconds.max(1e-9),
+        samples_per_sec: (samples - samples_at_start) as f64 / train_seconds.max(1e-9),
         workers: peers,
         bad_records: bad.total(),
         bad_records_by_reason: bad.by_reason,
         params_l2: report.sum_squares.sqrt(),
         teacher_auc: None,
-        bytes_per_sample: bytes_at_end as f64 / samples.max(1) as f64,
+        bytes_per_sample: bytes_at_end as f64 / (samples - samples_at_start).max(1) as f64,
         eval_samples: eval.probs.len() as u64,
         epochs,
         train_seconds,
         dense_params: trainer.dense_params().len() as u64,
         embedding_rows: ctx.resolved.table_sizes.iter().sum(),
+        checkpoints_written: checkpointer.written,
+        checkpoint_seconds: checkpointer.seconds,
+        resumed_from_step: resumed.map(|m| m.step),
     }))
 }

@@ -2,10 +2,12 @@
 //!
 //! Outputs of tiderec other than the model itself.
 //!
+//! * [`checkpoint`]: checkpoint directories (safetensors + manifest), written durably, verified on load.
 //! * [`dead_letters`]: files of malformed input records, one per line.
 //! * [`metrics`]: the run summary written by `--metrics-json`.
 //! * [`error`]: the crate's error type, [`SinkError`].
 
+pub mod checkpoint;
 pub mod dead_letters;
 pub mod error;
 pub mod metrics;

@@ -50,6 +50,15 @@ pub struct RunSummary {
     pub dense_params: u64,
     /// Embedding rows over all tables.
     pub embedding_rows: u64,
+    /// Checkpoints written by this run.
+    #[serde(default)]
+    pub checkpoints_written: u64,
+    /// Seconds spent writing them (included in `train_seconds`).
+    #[serde(default)]
+    pub checkpoint_seconds: f64,
+    /// The step of the checkpoint this run resumed from (`null`: it started fresh).
+    #[serde(default)]
+    pub resumed_from_step: Option<u64>,
 }
 
 fn finite(v: Option<f64>) -> Option<f64> {

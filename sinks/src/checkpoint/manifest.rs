@@ -1,0 +1,197 @@
+//! `manifest.json`: what a checkpoint holds, where training stood, and the
+//! checksum of every other file.
+//!
+//! Invariants:
+//! * `files` names every other file of the directory (`dense.safetensors`
+//!   and `shard-0.safetensors … shard-{workers-1}.safetensors`) with its size
+//!   and xxh3-128 checksum; a checkpoint whose files do not match is corrupt.
+//! * `config_hash` is [`config_hash`] of `config`: the model, table sizes and
+//!   optimizers (kinds and hyper-parameters), not the seed or the data.
+//! * `data_position` is where the data readers resume: for file and generated
+//!   data the epoch and the number of global steps taken in it; a Kafka
+//!   source would record its per-partition offsets in `kafka_offsets`.
+
+use crate::SinkError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Version of the checkpoint layout written by this build.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The manifest of one checkpoint (see the module docs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT_VERSION`] of the writer.
+    pub format_version: u32,
+    /// Global training steps taken (parameter updates).
+    pub step: u64,
+    /// Epochs completed before the current one.
+    pub epoch: u64,
+    /// Global steps taken in the current epoch.
+    pub steps_in_epoch: u64,
+    /// Training samples seen so far (all workers, all epochs).
+    pub samples: u64,
+    /// Seed of the run (data generation, hashing, shuffles).
+    pub seed: u64,
+    /// Global batch size: the data position counts steps of this many samples.
+    pub batch_size: u64,
+    /// Workers of the run that wrote the checkpoint (one shard file each).
+    pub workers: usize,
+    /// [`config_hash`] of `config`.
+    pub config_hash: String,
+    /// The model, table sizes and optimizers, as JSON.
+    pub config: Value,
+    /// Where the data readers resume.
+    pub data_position: DataPosition,
+    /// Running training statistics, so a resumed run reports what an uninterrupted one would.
+    pub progress: TrainingProgress,
+    /// Every other file of the checkpoint, by name.
+    pub files: BTreeMap<String, FileEntry>,
+}
+
+/// Where the data readers resume.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DataPosition {
+    /// Epoch of the readers (Parquet shuffles depend on it).
+    pub epoch: u64,
+    /// Global steps already read in that epoch.
+    pub global_steps_in_epoch: u64,
+    /// `topic/partition` → next offset, for a Kafka source (empty for files).
+    #[serde(default)]
+    pub kafka_offsets: BTreeMap<String, i64>,
+}
+
+/// Running statistics of the training loop at the checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainingProgress {
+    /// Σ training loss over all steps so far.
+    pub loss_total: f64,
+    /// `(Σ loss, samples)` of the last steps (the running loss window), oldest first.
+    pub loss_window: Vec<(f64, u64)>,
+    /// Malformed records skipped before the current epoch, by reason index.
+    pub bad_records_before_epoch: Vec<u64>,
+}
+
+/// Size and checksum of one file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Length in bytes.
+    pub bytes: u64,
+    /// xxh3-128 of the whole file, 32 lowercase hex digits.
+    pub xxh3_128: String,
+}
+
+/// The hash of a configuration: xxh3-64 of its compact JSON, 16 hex digits.
+pub fn config_hash(config: &Value) -> String {
+    let text = serde_json::to_string(config).unwrap_or_default();
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
+}
+
+/// Values longer than this are shortened in difference reports.
+const SHOWN: usize = 120;
+
+fn shown(v: Option<&Value>) -> String {
+    let s = v.map_or_else(|| "absent".to_string(), Value::to_string);
+    if s.chars().count() > SHOWN {
+        format!("{}…", s.chars().take(SHOWN).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// Every place where `now` differs from `checkpoint`, as `path: X in the checkpoint, Y now`.
+pub fn config_differences(checkpoint: &Value, now: &Value) -> Vec<String> {
+    fn walk(path: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<String>) {
+        if let (Some(Value::Object(x)), Some(Value::Object(y))) = (a, b) {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let sub = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                walk(&sub, x.get(k), y.get(k), out);
+            }
+        } else if a != b {
+            let name = if path.is_empty() { "config" } else { path };
+            out.push(format!("{name}: {} in the checkpoint, {} now", shown(a), shown(b)));
+        }
+    }
+    let mut out = Vec::new();
+    walk("", Some(checkpoint), Some(now), &mut out);
+    out
+}
+
+impl Manifest {
+    /// Checks that this checkpoint can continue a run with `config`, `seed`
+    /// and `batch_size`; the error names every difference.
+    pub fn check_compatible(&self, path: &Path, config: &Value, seed: u64, batch_size: u64) -> Result<(), SinkError> {
+        let mut differences = config_differences(&self.config, config);
+        if differences.is_empty() && self.config_hash != config_hash(config) {
+            differences.push(format!(
+                "config_hash: {} in the checkpoint, {} now",
+                self.config_hash,
+                config_hash(config)
+            ));
+        }
+        if self.seed != seed {
+            differences.push(format!("seed: {} in the checkpoint, {seed} now", self.seed));
+        }
+        if self.batch_size != batch_size {
+            differences.push(format!("batch_size: {} in the checkpoint, {batch_size} now", self.batch_size));
+        }
+        if differences.is_empty() {
+            Ok(())
+        } else {
+            Err(SinkError::Incompatible { path: path.display().to_string(), differences: differences.join("; ") })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn differences_name_the_key() {
+        let a = json!({"model": {"Dlrm": {"top": [512, 256, 1], "dim": 16}}, "table_sizes": [10, 20], "lr": 0.001});
+        let b = json!({"model": {"Dlrm": {"top": [256, 1], "dim": 16}}, "table_sizes": [10, 20], "lr": 0.001});
+        assert_eq!(config_differences(&a, &a), Vec::<String>::new());
+        assert_eq!(config_differences(&a, &b), vec!["model.Dlrm.top: [512,256,1] in the checkpoint, [256,1] now"]);
+        let c = json!({"model": {"Fm": {}}, "table_sizes": [10, 20]});
+        let d = config_differences(&a, &c);
+        assert!(d.iter().any(|x| x.starts_with("model.Dlrm: ")), "{d:?}");
+        assert!(d.iter().any(|x| x.starts_with("lr: 0.001 in the checkpoint, absent now")), "{d:?}");
+        assert_ne!(config_hash(&a), config_hash(&b));
+        assert_eq!(config_hash(&a), config_hash(&a.clone()));
+    }
+
+    #[test]
+    fn compatibility_checks_config_seed_and_batch() {
+        let config = json!({"table_sizes": [10]});
+        let m = Manifest {
+            format_version: FORMAT_VERSION,
+            step: 3,
+            epoch: 0,
+            steps_in_epoch: 3,
+            samples: 30,
+            seed: 1,
+            batch_size: 10,
+            workers: 1,
+            config_hash: config_hash(&config),
+            config: config.clone(),
+            data_position: DataPosition::default(),
+            progress: TrainingProgress::default(),
+            files: BTreeMap::new(),
+        };
+        let p = Path::new("ck/ckpt-3");
+        m.check_compatible(p, &config, 1, 10).unwrap();
+        let e = m.check_compatible(p, &json!({"table_sizes": [11]}), 2, 20).unwrap_err().to_string();
+        for needle in ["ck/ckpt-3", "table_sizes: [10] in the checkpoint, [11] now", "seed: 1", "batch_size: 10"] {
+            assert!(e.contains(needle), "`{needle}` in {e}");
+        }
+        // A manifest round-trips through JSON, with an empty Kafka offset map by default.
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(text.contains("\"kafka_offsets\":{}"), "{text}");
+        assert_eq!(serde_json::from_str::<Manifest>(&text).unwrap(), m);
+    }
+}

@@ -1,0 +1,217 @@
+//! Safetensors files written in one streaming pass, and typed reads.
+//!
+//! The header is built with the `safetensors` crate's own [`Metadata`] (so
+//! offsets, alignment and JSON are the crate's), then the tensors are
+//! streamed through a small conversion buffer, never materialised as one
+//! byte array: peak memory is the buffer, whatever the table sizes. The
+//! writer hashes what it writes (xxh3-128) and fsyncs the file before it
+//! returns, so the returned [`FileEntry`] describes bytes that are on disk.
+//! Values are little-endian, as safetensors requires.
+
+use super::manifest::FileEntry;
+use crate::SinkError;
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use xxhash_rust::xxh3::Xxh3Default;
+
+/// The values of one tensor, borrowed from the snapshot.
+pub(crate) enum Values<'a> {
+    F32(&'a [f32]),
+    U64(&'a [u64]),
+}
+
+impl Values<'_> {
+    fn dtype(&self) -> Dtype {
+        match self {
+            Values::F32(_) => Dtype::F32,
+            Values::U64(_) => Dtype::U64,
+        }
+    }
+
+    fn byte_len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len() * 4,
+            Values::U64(v) => v.len() * 8,
+        }
+    }
+}
+
+/// One named tensor to write.
+pub(crate) struct Tensor<'a> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Values<'a>,
+}
+
+/// A writer that hashes and counts what passes through it.
+struct Hashing<W> {
+    inner: W,
+    hasher: Xxh3Default,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Elements converted to bytes per write.
+const CHUNK: usize = 1 << 14;
+
+/// Writes `tensors` (in this order) with string `metadata` to a new file at
+/// `path`, fsyncs it and returns its size and checksum.
+pub(crate) fn write(
+    path: &Path,
+    tensors: &[Tensor<'_>],
+    metadata: HashMap<String, String>,
+) -> Result<FileEntry, SinkError> {
+    let io = |source| SinkError::Io { path: path.display().to_string(), source };
+    let format = |reason: String| SinkError::Checkpoint { path: path.display().to_string(), reason };
+    let mut infos = Vec::with_capacity(tensors.len());
+    let mut offset = 0usize;
+    for t in tensors {
+        let n = t.values.byte_len();
+        infos.push((
+            t.name.clone(),
+            TensorInfo { dtype: t.values.dtype(), shape: t.shape.clone(), data_offsets: (offset, offset + n) },
+        ));
+        offset += n;
+    }
+    let header = Metadata::new(Some(metadata), infos).map_err(|e| format(format!("bad tensor layout: {e}")))?;
+    let mut header = serde_json::to_vec(&header).map_err(|e| format(format!("cannot encode the header: {e}")))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let file = File::options().write(true).create_new(true).open(path).map_err(io)?;
+    let mut out = Hashing { inner: BufWriter::with_capacity(1 << 20, file), hasher: Xxh3Default::new(), bytes: 0 };
+    out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    out.write_all(&header).map_err(io)?;
+    let mut buf = Vec::with_capacity(CHUNK * 8);
+    for t in tensors {
+        match t.values {
+            Values::F32(v) => {
+                for chunk in v.chunks(CHUNK) {
+                    buf.clear();
+                    buf.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+                    out.write_all(&buf).map_err(io)?;
+                }
+            }
+            Values::U64(v) => {
+                for chunk in v.chunks(CHUNK) {
+                    buf.clear();
+                    buf.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+                    out.write_all(&buf).map_err(io)?;
+                }
+            }
+        }
+    }
+    let Hashing { inner, hasher, bytes } = out;
+    let file = inner.into_inner().map_err(|e| io(e.into_error()))?;
+    file.sync_all().map_err(io)?;
+    Ok(FileEntry { bytes, xxh3_128: format!("{:032x}", hasher.digest128()) })
+}
+
+/// xxh3-128 of `bytes`, as written in manifests.
+pub(crate) fn checksum(bytes: &[u8]) -> String {
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
+}
+
+/// A parsed safetensors file with typed, checked accessors; errors name the tensor.
+pub(crate) struct Reader<'a> {
+    tensors: SafeTensors<'a>,
+    metadata: HashMap<String, String>,
+}
+
+impl<'a> Reader<'a> {
+    /// Parses `bytes` (the header and the offsets are validated by the crate).
+    pub fn new(bytes: &'a [u8]) -> Result<Self, String> {
+        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+        let metadata = meta.metadata().clone().unwrap_or_default();
+        let tensors = SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+        Ok(Reader { tensors, metadata })
+    }
+
+    /// A metadata value parsed as a number.
+    pub fn number(&self, key: &str) -> Result<u64, String> {
+        let v = self.metadata.get(key).ok_or_else(|| format!("metadata `{key}` is missing"))?;
+        v.parse().map_err(|_| format!("metadata `{key}` is `{v}`, not a number"))
+    }
+
+    /// A metadata value.
+    pub fn text(&self, key: &str) -> Result<&str, String> {
+        self.metadata.get(key).map(String::as_str).ok_or_else(|| format!("metadata `{key}` is missing"))
+    }
+
+    fn raw(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<&'a [u8], String> {
+        let t = self.tensors.tensor(name).map_err(|_| format!("tensor `{name}` is missing"))?;
+        if t.dtype() != dtype || t.shape() != shape {
+            return Err(format!("tensor `{name}` is {:?} {:?}, expected {dtype:?} {shape:?}", t.dtype(), t.shape()));
+        }
+        Ok(t.data())
+    }
+
+    /// Tensor `name`, which must be F32 of `shape`.
+    pub fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, String> {
+        let raw = self.raw(name, Dtype::F32, shape)?;
+        Ok(raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+
+    /// Tensor `name`, which must be U64 of `shape`.
+    pub fn u64s(&self, name: &str, shape: &[usize]) -> Result<Vec<u64>, String> {
+        let raw = self.raw(name, Dtype::U64, shape)?;
+        Ok(raw.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect())
+    }
+
+    /// The shape of tensor `name`.
+    pub fn shape(&self, name: &str) -> Result<Vec<usize>, String> {
+        Ok(self.tensors.tensor(name).map_err(|_| format!("tensor `{name}` is missing"))?.shape().to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_file_is_read_by_the_crate_and_checksummed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        let big: Vec<f32> = (0..40_000).map(|i| i as f32 * 0.5 - 3.0).collect(); // several chunks
+        let ids: Vec<u64> = vec![1, u64::MAX, 7];
+        let empty: Vec<f32> = Vec::new();
+        let tensors = [
+            Tensor { name: "big".into(), shape: vec![10_000, 4], values: Values::F32(&big) },
+            Tensor { name: "ids".into(), shape: vec![3], values: Values::U64(&ids) },
+            Tensor { name: "none".into(), shape: vec![0, 4], values: Values::F32(&empty) },
+        ];
+        let meta = HashMap::from([("step".to_string(), "12".to_string())]);
+        let entry = write(&path, &tensors, meta).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(entry.bytes, bytes.len() as u64);
+        assert_eq!(entry.xxh3_128, checksum(&bytes));
+        let r = Reader::new(&bytes).unwrap();
+        assert_eq!(r.number("step").unwrap(), 12);
+        assert_eq!(r.f32s("big", &[10_000, 4]).unwrap(), big);
+        assert_eq!(r.u64s("ids", &[3]).unwrap(), ids);
+        assert_eq!(r.f32s("none", &[0, 4]).unwrap(), empty);
+        assert!(r.f32s("ids", &[3]).unwrap_err().contains("expected F32"));
+        assert!(r.f32s("big", &[4, 10_000]).unwrap_err().contains("[10000, 4]"));
+        assert!(r.u64s("gone", &[1]).unwrap_err().contains("`gone` is missing"));
+        assert!(r.number("nope").is_err());
+        // The crate reads it too, and refuses a truncated copy.
+        assert_eq!(SafeTensors::deserialize(&bytes).unwrap().len(), 3);
+        assert!(Reader::new(&bytes[..bytes.len() - 1]).is_err());
+        // Files are never overwritten.
+        assert!(write(&path, &tensors, HashMap::new()).unwrap_err().to_string().contains("t.safetensors"));
+    }
+}

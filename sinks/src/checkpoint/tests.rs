@@ -1,0 +1,191 @@
+//! Whole-directory tests: write → find → identical parts; corruption and
+//! missing files fall back to the previous checkpoint; pruning.
+
+use super::layout::{list_checkpoints, shard_file, DENSE_FILE, MANIFEST_FILE};
+use super::write::{create_temp, prune, write_checkpoint};
+use super::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use tiderec_operators::optim::{DenseOptimizerKind, DenseOptimizerState};
+use tiderec_operators::shard::shard_of;
+use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
+use tiderec_operators::train::dense_slice;
+
+const SIZES: [u64; 3] = [9, 1, 30];
+const DENSE: usize = 11;
+
+/// The parts of a 2-worker checkpoint at `step` whose values depend on `step`.
+fn parts(step: u64) -> Vec<WorkerSnapshot> {
+    let workers = 2;
+    (0..workers)
+        .map(|k| {
+            let tables = SIZES
+                .iter()
+                .enumerate()
+                .map(|(t, &n)| {
+                    let ids: Vec<u64> = (0..n).filter(|&id| shard_of(t, id, workers) == k).collect();
+                    TableRows {
+                        rows: ids.iter().flat_map(|&id| [id as f32 + step as f32, -(t as f32), 0.5]).collect(),
+                        state: ids.iter().map(|&id| id as f32 * 0.25).collect(),
+                        ids,
+                    }
+                })
+                .collect();
+            let slice = dense_slice(DENSE, k, workers);
+            WorkerSnapshot {
+                worker: k,
+                workers,
+                step,
+                dim: 3,
+                state_width: 1,
+                dense_params: if k == 0 { (0..DENSE).map(|i| i as f32 * step as f32).collect() } else { Vec::new() },
+                dense_optimizer: DenseOptimizerState {
+                    kind: DenseOptimizerKind::Adam,
+                    t: step,
+                    offset: slice.start,
+                    len: slice.len(),
+                    m: slice.clone().map(|i| i as f32 * 0.1).collect(),
+                    v: slice.map(|i| i as f32 * 0.01 + 1e-7).collect(),
+                },
+                tables,
+            }
+        })
+        .collect()
+}
+
+fn manifest(step: u64) -> Manifest {
+    let config = serde_json::json!({"table_sizes": SIZES});
+    Manifest {
+        format_version: FORMAT_VERSION,
+        step,
+        epoch: 1,
+        steps_in_epoch: step % 7,
+        samples: step * 64,
+        seed: 3,
+        batch_size: 64,
+        workers: 2,
+        config_hash: config_hash(&config),
+        config,
+        data_position: DataPosition { epoch: 1, global_steps_in_epoch: step % 7, kafka_offsets: BTreeMap::new() },
+        progress: TrainingProgress {
+            loss_total: 1.5,
+            loss_window: vec![(0.5, 64)],
+            bad_records_before_epoch: vec![0; 5],
+        },
+        files: BTreeMap::new(),
+    }
+}
+
+fn write(dir: &Path, step: u64, keep: usize) {
+    let (path, warnings) = write_checkpoint(dir, &parts(step), manifest(step), keep).unwrap();
+    assert!(path.ends_with(format!("ckpt-{step}")));
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+fn flip_byte(path: &Path, at: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let i = at.min(bytes.len() - 1);
+    bytes[i] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn written_checkpoint_reads_back_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), 10, 3);
+    let search = find_latest(dir.path()).unwrap();
+    assert!(search.skipped.is_empty());
+    let c = search.found.unwrap();
+    assert_eq!(c.parts, parts(10), "every id, row, slot and dense value round-trips");
+    let mut expected = manifest(10);
+    expected.files = c.manifest.files.clone();
+    assert_eq!(c.manifest, expected);
+    let names: Vec<&String> = c.manifest.files.keys().collect();
+    assert_eq!(names, vec![DENSE_FILE, "shard-0.safetensors", "shard-1.safetensors"]);
+    // Nothing but the checkpoint is left in the directory.
+    let entries: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(entries, vec!["ckpt-10"]);
+}
+
+#[test]
+fn damaged_checkpoints_are_skipped_with_the_reason() {
+    type Damage = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Damage)> = vec![
+        ("checksum mismatch in shard-1.safetensors", Box::new(|p| flip_byte(&p.join(shard_file(1)), 5000))),
+        ("checksum mismatch in dense.safetensors", Box::new(|p| flip_byte(&p.join(DENSE_FILE), 100))),
+        ("manifest.json is missing", Box::new(|p| std::fs::remove_file(p.join(MANIFEST_FILE)).unwrap())),
+        ("manifest.json does not parse", Box::new(|p| flip_byte(&p.join(MANIFEST_FILE), 0))),
+        ("cannot read shard-0.safetensors", Box::new(|p| std::fs::remove_file(p.join(shard_file(0))).unwrap())),
+        (
+            "bytes, the manifest says",
+            Box::new(|p| {
+                let f = p.join(shard_file(0));
+                let mut b = std::fs::read(&f).unwrap();
+                b.truncate(b.len() / 2);
+                std::fs::write(f, b).unwrap();
+            }),
+        ),
+        (
+            "the manifest lists",
+            Box::new(|p| {
+                let path = p.join(MANIFEST_FILE);
+                let mut m: Manifest = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                m.workers = 3;
+                std::fs::write(path, serde_json::to_string(&m).unwrap()).unwrap();
+            }),
+        ),
+    ];
+    for (reason, damage) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), 10, 3);
+        write(dir.path(), 20, 3);
+        damage(&dir.path().join("ckpt-20"));
+        let search = find_latest(dir.path()).unwrap();
+        assert_eq!(search.skipped.len(), 1, "{reason}");
+        assert!(search.skipped[0].path.ends_with("ckpt-20"));
+        assert!(search.skipped[0].reason.contains(reason), "expected `{reason}` in `{}`", search.skipped[0].reason);
+        let c = search.found.expect("falls back to the previous checkpoint");
+        assert_eq!(c.manifest.step, 10);
+        assert_eq!(c.parts, parts(10));
+    }
+    // Nothing valid at all: no checkpoint, every one skipped; an absent directory has none.
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), 10, 3);
+    std::fs::remove_file(dir.path().join("ckpt-10").join(DENSE_FILE)).unwrap();
+    let search = find_latest(dir.path()).unwrap();
+    assert!(search.found.is_none() && search.skipped.len() == 1);
+    assert!(find_latest(&dir.path().join("absent")).unwrap().found.is_none());
+}
+
+#[test]
+fn pruning_keeps_the_newest_and_removes_later_steps_and_stale_temporaries() {
+    let dir = tempfile::tempdir().unwrap();
+    for step in [5, 10, 15, 20] {
+        write(dir.path(), step, 2);
+    }
+    let steps = |d: &Path| list_checkpoints(d).unwrap().into_iter().map(|(s, _)| s).collect::<Vec<_>>();
+    assert_eq!(steps(dir.path()), vec![15, 20]);
+    // A killed writer's temporary directory (another pid) and a checkpoint from a later step
+    // of an interrupted run: both go when the next checkpoint (of step 18) is durable.
+    std::fs::create_dir(dir.path().join(".tmp-ckpt-25-999999999")).unwrap();
+    write(dir.path(), 18, 2);
+    assert_eq!(steps(dir.path()), vec![15, 18]);
+    assert!(!dir.path().join(".tmp-ckpt-25-999999999").exists());
+    // This process's own temporary directory is not touched by prune.
+    let mine = create_temp(dir.path(), 30).unwrap();
+    assert!(prune(dir.path(), 18, 2).is_empty());
+    assert!(mine.exists());
+    // Writing a step that already exists replaces it.
+    write(dir.path(), 18, 2);
+    assert_eq!(find_latest(dir.path()).unwrap().found.unwrap().manifest.step, 18);
+}
+
+#[test]
+fn unwritable_directory_is_an_error_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let e = write_checkpoint(&file, &parts(1), manifest(1), 3).unwrap_err().to_string();
+    assert!(e.contains("plain-file"), "{e}");
+}

@@ -1,0 +1,198 @@
+//! Writing one checkpoint directory, durably, and pruning old ones.
+//!
+//! The steps, in the order a run takes them (the pipeline spreads them over
+//! its workers, see `tiderec::checkpointing`):
+//! 1. [`create_temp`]: `DIR/.tmp-ckpt-<step>-<pid>`, fresh;
+//! 2. [`write_shard`] per worker and [`write_dense`] once: each file is
+//!    written in one pass, hashed as it is written, and fsynced;
+//! 3. [`commit`]: `manifest.json` (with every file's size and checksum) is
+//!    written and fsynced, then the directory is fsynced, renamed to
+//!    `ckpt-<step>`, and `DIR` is fsynced, so the new name is durable;
+//! 4. [`prune`]: only then are older checkpoints removed.
+//!
+//! A crash at any point leaves either a complete `ckpt-<step>` or none (a
+//! temporary directory, which loading ignores and the next prune removes).
+
+use super::layout::{
+    checkpoint_name, shard_file, step_of, temp_pid, DENSE_FILE, MANIFEST_FILE, OLD_PREFIX, TEMP_PREFIX,
+};
+use super::manifest::{FileEntry, Manifest};
+use super::tensors::{self, Tensor, Values};
+use crate::SinkError;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tiderec_operators::optim::DenseOptimizerState;
+use tiderec_operators::snapshot::WorkerSnapshot;
+
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> SinkError + '_ {
+    move |source| SinkError::Io { path: path.display().to_string(), source }
+}
+
+/// Fsyncs a directory, so the names created, renamed or removed in it are durable.
+pub fn sync_dir(dir: &Path) -> Result<(), SinkError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+}
+
+/// Creates the empty temporary directory of the checkpoint of `step` in `dir`
+/// (`.tmp-ckpt-<step>-<pid>`, replacing a leftover of the same name).
+pub fn create_temp(dir: &Path, step: u64) -> Result<PathBuf, SinkError> {
+    let tmp = dir.join(format!("{TEMP_PREFIX}{step}-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io_error(&tmp))?;
+    }
+    std::fs::create_dir(&tmp).map_err(io_error(&tmp))?;
+    Ok(tmp)
+}
+
+fn meta(pairs: &[(&str, String)]) -> HashMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+/// Writes `shard-<k>.safetensors` of `part` into `tmp`: per table `t`,
+/// `table.<t>.ids` (U64 `[n]`), `table.<t>.rows` (F32 `[n, dim]`) and
+/// `table.<t>.state` (F32 `[n, state_width]`).
+pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEntry), SinkError> {
+    let name = shard_file(part.worker);
+    let mut list = Vec::with_capacity(3 * part.tables.len());
+    for (t, table) in part.tables.iter().enumerate() {
+        let n = table.ids.len();
+        list.push(Tensor { name: format!("table.{t}.ids"), shape: vec![n], values: Values::U64(&table.ids) });
+        list.push(Tensor {
+            name: format!("table.{t}.rows"),
+            shape: vec![n, part.dim],
+            values: Values::F32(&table.rows),
+        });
+        list.push(Tensor {
+            name: format!("table.{t}.state"),
+            shape: vec![n, part.state_width],
+            values: Values::F32(&table.state),
+        });
+    }
+    let metadata = meta(&[
+        ("format", "tiderec-shard".into()),
+        ("worker", part.worker.to_string()),
+        ("workers", part.workers.to_string()),
+        ("step", part.step.to_string()),
+        ("dim", part.dim.to_string()),
+        ("state_width", part.state_width.to_string()),
+        ("tables", part.tables.len().to_string()),
+    ]);
+    let entry = tensors::write(&tmp.join(&name), &list, metadata)?;
+    Ok((name, entry))
+}
+
+/// Writes `dense.safetensors` into `tmp`: `params` (F32 `[n]`), the dense
+/// optimizer's `optimizer.m` and `optimizer.v` (F32, empty where the
+/// optimizer keeps none) and `optimizer.t` (U64 `[1]`, updates applied).
+pub fn write_dense(
+    tmp: &Path,
+    step: u64,
+    params: &[f32],
+    state: &DenseOptimizerState,
+) -> Result<(String, FileEntry), SinkError> {
+    let t = [state.t];
+    let list = [
+        Tensor { name: "params".into(), shape: vec![params.len()], values: Values::F32(params) },
+        Tensor { name: "optimizer.m".into(), shape: vec![state.m.len()], values: Values::F32(&state.m) },
+        Tensor { name: "optimizer.v".into(), shape: vec![state.v.len()], values: Values::F32(&state.v) },
+        Tensor { name: "optimizer.t".into(), shape: vec![1], values: Values::U64(&t) },
+    ];
+    let kind = serde_json::to_value(state.kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+    let metadata = meta(&[("format", "tiderec-dense".into()), ("step", step.to_string()), ("optimizer", kind)]);
+    let entry = tensors::write(&tmp.join(DENSE_FILE), &list, metadata)?;
+    Ok((DENSE_FILE.to_string(), entry))
+}
+
+/// Writes `manifest.json` into `tmp`, makes the directory durable and
+/// renames it to `dir/ckpt-<step>` (replacing an existing checkpoint of that
+/// step); returns the final path.
+pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<PathBuf, SinkError> {
+    let path = tmp.join(MANIFEST_FILE);
+    let text = serde_json::to_string_pretty(manifest)
+        .map_err(|e| SinkError::Checkpoint { path: path.display().to_string(), reason: e.to_string() })?;
+    let mut f = File::options().write(true).create_new(true).open(&path).map_err(io_error(&path))?;
+    f.write_all(text.as_bytes()).and_then(|_| f.write_all(b"\n")).map_err(io_error(&path))?;
+    f.sync_all().map_err(io_error(&path))?;
+    sync_dir(tmp)?;
+    let target = dir.join(checkpoint_name(manifest.step));
+    let old = dir.join(format!("{OLD_PREFIX}{}-{}", manifest.step, std::process::id()));
+    let replaced = target.exists();
+    if replaced {
+        std::fs::rename(&target, &old).map_err(io_error(&target))?;
+    }
+    std::fs::rename(tmp, &target).map_err(io_error(&target))?;
+    sync_dir(dir)?;
+    if replaced {
+        std::fs::remove_dir_all(&old).map_err(io_error(&old))?;
+    }
+    Ok(target)
+}
+
+/// After the checkpoint of `step` is durable: removes the checkpoints older
+/// than the newest `keep` up to `step`, every checkpoint with a later step
+/// (left by an interrupted run that this one replaces: had one of them been
+/// valid, the run would have resumed from it), and temporary directories of
+/// other processes (killed runs). Returns a warning per entry that could not
+/// be removed; a leftover costs disk space, never correctness.
+pub fn prune(dir: &Path, step: u64, keep: usize) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => return vec![format!("cannot list {} to prune it: {e}", dir.display())],
+    };
+    let mut kept: Vec<(u64, PathBuf)> = Vec::new();
+    let mut remove: Vec<PathBuf> = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(s) = step_of(&name) {
+            if s > step {
+                remove.push(entry.path());
+            } else {
+                kept.push((s, entry.path()));
+            }
+        } else if temp_pid(&name).is_some_and(|pid| pid != std::process::id()) {
+            remove.push(entry.path());
+        }
+    }
+    kept.sort();
+    let excess = kept.len().saturating_sub(keep.max(1));
+    remove.extend(kept.into_iter().take(excess).map(|(_, p)| p));
+    for path in remove {
+        if let Err(e) = std::fs::remove_dir_all(&path) {
+            warnings.push(format!("cannot remove old checkpoint {}: {e}", path.display()));
+        }
+    }
+    if let Err(e) = sync_dir(dir) {
+        warnings.push(e.to_string());
+    }
+    warnings
+}
+
+/// All steps at once, for a program that holds every part (tests, single-threaded tools):
+/// writes the parts and the dense file of `parts` (worker 0's dense parameters, the
+/// dense-optimizer slices joined), fills in `manifest.files`, commits and prunes to `keep`.
+/// Returns the checkpoint's path and the prune warnings.
+pub fn write_checkpoint(
+    dir: &Path,
+    parts: &[WorkerSnapshot],
+    mut manifest: Manifest,
+    keep: usize,
+) -> Result<(PathBuf, Vec<String>), SinkError> {
+    let bad = |reason: String| SinkError::Checkpoint { path: dir.display().to_string(), reason };
+    let first = parts.first().ok_or_else(|| bad("no parts to write".into()))?;
+    let states: Vec<&DenseOptimizerState> = parts.iter().map(|p| &p.dense_optimizer).collect();
+    let state = DenseOptimizerState::concat(&states, first.dense_params.len()).map_err(|e| bad(e.to_string()))?;
+    let tmp = create_temp(dir, manifest.step)?;
+    manifest.files.clear();
+    for part in parts {
+        let (name, entry) = write_shard(&tmp, part)?;
+        manifest.files.insert(name, entry);
+    }
+    let (name, entry) = write_dense(&tmp, manifest.step, &first.dense_params, &state)?;
+    manifest.files.insert(name, entry);
+    manifest.workers = parts.len();
+    let path = commit(dir, &tmp, &manifest)?;
+    Ok((path, prune(dir, manifest.step, keep)))
+}
