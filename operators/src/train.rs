@@ -162,6 +162,10 @@ pub struct Command {
     pub failed: bool,
     /// Malformed records this worker has skipped so far, by reason index.
     pub bad_records: [u64; 5],
+    /// Also gather a training step's predictions, made before its update, on worker 0
+    /// (prequential evaluation: every batch is scored before it is trained on).
+    #[serde(default)]
+    pub score: bool,
 }
 
 /// Ids one worker needs from one owner, packed over all tables.
@@ -346,6 +350,7 @@ pub struct Trainer {
     /// Training steps that updated the parameters (restored from checkpoints).
     train_steps: u64,
     bad_records: [u64; 5],
+    score_train: bool,
 }
 
 impl Trainer {
@@ -550,6 +555,7 @@ impl Trainer {
             step: 0,
             train_steps: 0,
             bad_records: [0; 5],
+            score_train: false,
         })
     }
 
@@ -558,7 +564,10 @@ impl Trainer {
     /// must call `step` the same number of times with the same `kind`.
     pub fn step(&mut self, worker: &mut Worker, kind: StepKind, batch: Batch) -> Result<StepStats, OperatorError> {
         self.check_batch(&batch)?;
-        let stats = self.run(worker, Command { kind, batch, failed: false, bad_records: self.bad_records });
+        let stats = self.run(
+            worker,
+            Command { kind, batch, failed: false, bad_records: self.bad_records, score: self.score_train },
+        );
         if kind == StepKind::Train && stats.samples > 0 {
             self.train_steps += 1;
         }
@@ -570,7 +579,10 @@ impl Trainer {
     /// and can stop together instead of waiting for each other forever.
     pub fn step_failed(&mut self, worker: &mut Worker) -> StepStats {
         let batch = self.empty_batch();
-        self.run(worker, Command { kind: StepKind::Train, batch, failed: true, bad_records: self.bad_records })
+        self.run(
+            worker,
+            Command { kind: StepKind::Train, batch, failed: true, bad_records: self.bad_records, score: false },
+        )
     }
 
     fn run(&mut self, worker: &mut Worker, command: Command) -> StepStats {
@@ -628,7 +640,13 @@ impl Trainer {
         Ok(())
     }
 
-    /// Sets this worker's cumulative bad-record counts, reported with every following step.
+    /// Whether training steps also gather their predictions (made before the step's update)
+    /// on worker 0, for [`Trainer::take_eval`]: prequential evaluation of a stream.
+    pub fn set_score_training(&mut self, score: bool) {
+        self.score_train = score;
+    }
+
+    /// Sets the cumulative malformed-record counts this worker reports with its next steps.
     pub fn set_bad_records(&mut self, counts: [u64; 5]) {
         self.bad_records = counts;
     }
@@ -901,10 +919,11 @@ impl Home {
                 let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
                 let logits = self.model.forward_sequences(&batch.dense, &self.pooled, &seq, b).to_vec();
                 stats.loss_sum = bce_with_logits_sum(&logits, &batch.labels);
-                if command.kind == StepKind::Eval {
+                if command.kind == StepKind::Eval || command.score {
                     messages[0].eval =
                         EvalSet { probs: logits.iter().map(|&x| sigmoid(x)).collect(), labels: batch.labels.clone() };
-                } else {
+                }
+                if command.kind == StepKind::Train {
                     self.dlogits.resize(b, 0.0);
                     bce_with_logits_grad(&logits, &batch.labels, 1.0, &mut self.dlogits);
                     self.dpooled.resize(b * f * d, 0.0);

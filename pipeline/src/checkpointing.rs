@@ -65,6 +65,8 @@ pub struct Position {
     pub samples: u64,
     /// Running statistics.
     pub progress: TrainingProgress,
+    /// `topic/partition` → next offset of a Kafka source (empty for files).
+    pub kafka_offsets: std::collections::BTreeMap<String, i64>,
 }
 
 /// What a worker reports after writing its shard file.
@@ -344,7 +346,7 @@ impl Checkpointer {
             data_position: DataPosition {
                 epoch: position.epoch,
                 global_steps_in_epoch: position.steps_in_epoch,
-                kafka_offsets: Default::default(),
+                kafka_offsets: position.kafka_offsets.clone(),
             },
             progress: position.progress.clone(),
             files,

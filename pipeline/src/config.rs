@@ -367,6 +367,12 @@ impl TrainSettings {
     /// Checks every setting before any work starts.
     pub fn validate(&self) -> Result<Resolved, PipelineError> {
         let data = DataSpec::parse("data", &self.data)?;
+        self.resolve(data)
+    }
+
+    /// [`Self::validate`] for `data` given directly (the online trainer's Kafka records
+    /// are Criteo-shaped: `DataSpec::Criteo` with no files).
+    pub fn resolve(&self, data: DataSpec) -> Result<Resolved, PipelineError> {
         let eval = self.eval.as_deref().map(|e| DataSpec::parse("eval", e)).transpose()?;
         if matches!(eval, Some(DataSpec::Synthetic)) {
             return Err(PipelineError::config("eval", "`synthetic` eval data comes from --eval-fraction"));

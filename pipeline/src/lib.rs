@@ -10,6 +10,8 @@ pub mod config;
 pub mod convert;
 pub mod data;
 pub mod error;
+pub mod online;
+pub mod plot;
 pub mod progress;
 pub mod run;
 

@@ -30,6 +30,12 @@ enum Command {
     Train(Box<TrainArgs>),
     /// Convert raw record files (criteo, avazu, csv + spec) to featurized Parquet for batch replay.
     Convert(Box<ConvertArgs>),
+    /// Train continuously from a Kafka topic (prequential evaluation, exactly-once checkpoints).
+    Online(Box<OnlineArgs>),
+    /// Replay Criteo files into a Kafka topic (creates the topic if needed).
+    Produce(ProduceArgs),
+    /// Draw loss and AUC curves from an `online --metrics-log` file to a PNG.
+    Plot(PlotArgs),
     /// Measure throughput.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -238,6 +244,117 @@ struct DlrmArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// Flags of `tiderec online`: the stream's, plus every flag of `train` (model, optimizers, workers,
+/// checkpoints).
+#[derive(Args)]
+struct OnlineArgs {
+    /// Kafka brokers, host:port[,host:port…].
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    brokers: String,
+    /// Topic to train on.
+    #[arg(long)]
+    topic: String,
+    /// Consumer group offsets are committed to after each durable checkpoint (monitoring only).
+    #[arg(long, default_value = "tiderec")]
+    group: String,
+    /// Record format: criteo (TSV lines) or json (objects with label, I1..I13, C1..C26).
+    #[arg(long, default_value = "criteo")]
+    format: String,
+    /// Where partitions without a checkpointed offset start: earliest or latest.
+    #[arg(long, default_value = "earliest")]
+    start: String,
+    /// Stop when every partition reaches the end it had at start (batch catch-up, tests).
+    #[arg(long)]
+    until_end: bool,
+    /// Also checkpoint when this many seconds passed since the last checkpoint.
+    #[arg(long, value_name = "SECONDS")]
+    checkpoint_seconds: Option<f64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (process 0).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
+    /// Append one JSON line of metrics per report to this file (input of `tiderec plot`).
+    #[arg(long, value_name = "FILE")]
+    metrics_log: Option<PathBuf>,
+    /// Predictions in the prequential AUC / logloss window.
+    #[arg(long, default_value_t = 10_000)]
+    window: usize,
+    /// Seconds between progress reports, metrics-log lines and lag queries.
+    #[arg(long, default_value_t = 2.0)]
+    report_seconds: f64,
+    /// Give up after the broker has been unreachable this many seconds.
+    #[arg(long, default_value_t = 120.0)]
+    broker_timeout: f64,
+    /// Records buffered per partition before the partition is paused (backpressure).
+    #[arg(long, default_value_t = 65_536)]
+    max_buffered: usize,
+    /// Write the final summary as one JSON object here.
+    #[arg(long, value_name = "FILE")]
+    summary_json: Option<PathBuf>,
+    /// A librdkafka consumer property, KEY=VALUE (repeatable), set after tiderec's own.
+    #[arg(long, value_name = "KEY=VALUE")]
+    kafka_option: Vec<String>,
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+#[derive(Args)]
+struct ProduceArgs {
+    /// Kafka brokers, host:port[,host:port…].
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    brokers: String,
+    /// Topic to write.
+    #[arg(long)]
+    topic: String,
+    /// Records to replay: criteo:PATH[,PATH…].
+    #[arg(long)]
+    from: String,
+    /// Record format written: criteo (the TSV line) or json.
+    #[arg(long, default_value = "criteo")]
+    format: String,
+    /// Partitions of the topic if it has to be created.
+    #[arg(long, default_value_t = 4)]
+    partitions: usize,
+    /// Records per second (default: as fast as the broker takes them).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Stop after this many records.
+    #[arg(long)]
+    limit: Option<u64>,
+    /// Replay the files this many times.
+    #[arg(long, default_value_t = 1)]
+    repeat: u64,
+    /// Give up after the broker has been unreachable this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    broker_timeout: f64,
+    /// auto, bar, lines or none.
+    #[arg(long, default_value = "auto")]
+    progress: String,
+    /// A librdkafka property for the producer, KEY=VALUE (repeatable).
+    #[arg(long, value_name = "KEY=VALUE")]
+    kafka_option: Vec<String>,
+}
+
+/// `KEY=VALUE` librdkafka properties.
+fn parse_kafka_options(options: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    options
+        .iter()
+        .map(|o| match o.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => anyhow::bail!("invalid configuration `kafka_option`: `{o}` is not KEY=VALUE"),
+        })
+        .collect()
+}
+
+#[derive(Args)]
+struct PlotArgs {
+    /// JSON-lines metrics file written by `online --metrics-log`.
+    #[arg(long)]
+    metrics: PathBuf,
+    /// PNG to write.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 /// Flags of `tiderec train`; each overrides the same key of `--config`.
@@ -487,6 +604,93 @@ fn print_features(r: &tiderec::bench::FeaturesBenchResult) {
     }
 }
 
+fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
+    let settings = tiderec::online::OnlineSettings {
+        train: args.train.into_settings()?,
+        format: args.format.parse()?,
+        brokers: args.brokers,
+        topic: args.topic,
+        group: args.group,
+        start: args.start,
+        until_end: args.until_end,
+        checkpoint_seconds: args.checkpoint_seconds,
+        metrics_addr: args.metrics_addr,
+        metrics_log: args.metrics_log,
+        window: args.window,
+        report_seconds: args.report_seconds,
+        broker_timeout: args.broker_timeout,
+        max_buffered: args.max_buffered,
+        kafka_options: parse_kafka_options(&args.kafka_option)?,
+    };
+    let t = &settings.train;
+    eprintln!(
+        "tiderec online: {} from {}/{}, {} worker(s), batch {}, seed {}",
+        t.model,
+        settings.brokers,
+        settings.topic,
+        t.workers * t.processes,
+        t.batch_size,
+        t.seed
+    );
+    let Some(s) = tiderec::online::online(&settings).context("online training failed")? else {
+        eprintln!("process {} finished; process 0 reports the metrics", t.process);
+        return Ok(());
+    };
+    println!("trained {} samples in {} steps on {} worker(s)", s.samples, s.steps, s.workers);
+    println!(
+        "  this run        {} samples, {:.0} samples/s ({:.1} s)",
+        s.samples_this_run, s.samples_per_sec, s.train_seconds
+    );
+    println!("  window AUC      {}   logloss {}", fmt_opt(s.window_auc), fmt_opt(s.window_logloss));
+    println!("  params L2       {:.6}", s.params_l2);
+    println!("  bad records     {}", s.bad_records);
+    if let Some(step) = s.resumed_from_step {
+        println!("  resumed from    step {step}");
+    }
+    println!(
+        "  checkpoints     {} written{}",
+        s.checkpoints_written,
+        if s.stopped_by_signal { " (stopped by signal)" } else { "" }
+    );
+    println!("  offsets         {:?}", s.offsets);
+    if let Some(path) = &args.summary_json {
+        std::fs::write(path, serde_json::to_string_pretty(&s)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "kafka")]
+fn run_produce(a: ProduceArgs) -> anyhow::Result<()> {
+    use tiderec::online::produce::{parse_from, produce, ProduceSettings};
+    let settings = ProduceSettings {
+        endpoint: tiderec_sources::kafka::KafkaEndpoint {
+            brokers: a.brokers,
+            topic: a.topic,
+            broker_timeout: std::time::Duration::from_secs_f64(a.broker_timeout.max(0.001)),
+            options: parse_kafka_options(&a.kafka_option)?,
+        },
+        files: parse_from(&a.from)?,
+        format: a.format.parse()?,
+        partitions: a.partitions,
+        rate: a.rate,
+        limit: a.limit,
+        repeat: a.repeat,
+        progress: a.progress,
+    };
+    let s = produce(&settings).context("produce failed")?;
+    println!(
+        "produced {} records into {} partitions of {} ({:.1} s, {:.0} records/s)",
+        s.records, s.partitions, settings.endpoint.topic, s.seconds, s.records_per_sec
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "kafka"))]
+fn run_produce(_a: ProduceArgs) -> anyhow::Result<()> {
+    anyhow::bail!("this tiderec was built without Kafka support (cargo feature `kafka`)")
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -524,6 +728,12 @@ fn main() -> anyhow::Result<()> {
             if let Some(p) = &settings.metrics_json {
                 println!("  metrics written to {}", p.display());
             }
+        }
+        Command::Online(args) => run_online(*args)?,
+        Command::Produce(a) => run_produce(a)?,
+        Command::Plot(a) => {
+            let n = tiderec::plot::plot_metrics(&a.metrics, &a.out).context("plot failed")?;
+            println!("plotted {n} reports from {} to {}", a.metrics.display(), a.out.display());
         }
         Command::Generate(GenerateCommand::Elm(a)) => {
             use std::io::Write;

@@ -329,10 +329,22 @@ fn restore(
     checkpointer: &mut Checkpointer,
     ctx: &Context,
 ) -> Result<Option<Arc<Checkpoint>>, PipelineError> {
-    let checkpoint = ctx.resume.lock().map_err(|_| PipelineError::Dataflow("a worker panicked".into()))?.clone();
+    restore_shared(worker, trainer, checkpointer, &ctx.resume, &ctx.resume_pending)
+}
+
+/// Restores `slot`'s checkpoint (if any) on this worker; the last of the `pending` local
+/// workers to do so empties the slot, releasing the checkpoint's memory. Collective.
+pub(crate) fn restore_shared(
+    worker: &mut timely::worker::Worker,
+    trainer: &mut Trainer,
+    checkpointer: &mut Checkpointer,
+    slot: &Mutex<Option<Arc<Checkpoint>>>,
+    pending: &AtomicUsize,
+) -> Result<Option<Arc<Checkpoint>>, PipelineError> {
+    let checkpoint = slot.lock().map_err(|_| PipelineError::Dataflow("a worker panicked".into()))?.clone();
     let outcome = checkpointer.restore(worker, trainer, checkpoint.as_deref());
-    if ctx.resume_pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-        if let Ok(mut slot) = ctx.resume.lock() {
+    if pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if let Ok(mut slot) = slot.lock() {
             *slot = None;
         }
     }
@@ -416,6 +428,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         steps_in_epoch,
         samples,
         progress: training_progress(loss_total, window, bad),
+        kafka_offsets: Default::default(),
     };
     let mut bytes_at_end = 0u64;
     let start = Instant::now();

@@ -182,6 +182,31 @@ fn log1p_table() -> &'static [f32; LOG1P_TABLE_LEN] {
     TABLE.get_or_init(|| Box::new(std::array::from_fn(|v| log1p_clamped(v as f32))))
 }
 
+/// The dense feature of integer `v`: `ln(1 + max(v, 0))`.
+#[inline]
+pub fn dense_feature(v: i64) -> f32 {
+    dense_feature_with(log1p_table(), v)
+}
+
+#[inline]
+fn dense_feature_with(table: &[f32; LOG1P_TABLE_LEN], v: i64) -> f32 {
+    match table.get(v as u64 as usize) {
+        Some(&x) => x,
+        None => log1p_clamped(v as f32),
+    }
+}
+
+/// The bucket of categorical hex value `hex` in a table of `table_size` rows hashed with
+/// `field_seed`; `None` when `hex` is not hexadecimal.
+#[inline]
+pub fn sparse_feature(hex: &[u8], field_seed: u64, table_size: u64) -> Option<u64> {
+    let parsed = match <&[u8; 8]>::try_from(hex) {
+        Ok(s8) => parse_hex8(s8),
+        Err(_) => parse_hex(hex),
+    };
+    parsed.map(|v| hash_bucket(field_seed, v, table_size))
+}
+
 /// Hex digit value of each byte; 0xFF for a non-hex byte.
 static HEX_DIGIT: [u8; 256] = {
     let mut t = [0xFFu8; 256];
@@ -307,12 +332,7 @@ pub fn parse_line(
         let s = field(1 + j);
         if !s.is_empty() {
             match parse_i64(s) {
-                Some(v) => {
-                    *d = match log_table.get(v as u64 as usize) {
-                        Some(&x) => x,
-                        None => log1p_clamped(v as f32),
-                    }
-                }
+                Some(v) => *d = dense_feature_with(log_table, v),
                 None => return Err((BadReason::BadInteger, Some(1 + j))),
             }
         }
@@ -324,12 +344,8 @@ pub fn parse_line(
         let k = 1 + NUM_DENSE + f;
         let s = field(k);
         if !s.is_empty() {
-            let parsed = match <&[u8; 8]>::try_from(s) {
-                Ok(s8) => parse_hex8(s8),
-                Err(_) => parse_hex(s),
-            };
-            match parsed {
-                Some(v) => *id = hash_bucket(seeds[f], v, features.table_sizes[f]),
+            match sparse_feature(s, seeds[f], features.table_sizes[f]) {
+                Some(v) => *id = v,
                 None => return Err((BadReason::BadHex, Some(k))),
             }
         }

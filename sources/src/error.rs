@@ -42,6 +42,9 @@ pub enum SourceError {
     /// column, wrong type, no schema metadata, an id beyond its table, …).
     #[error("{path}: {reason}")]
     Schema { path: String, reason: String },
+    /// A Kafka broker could not be reached or refused an operation; names the brokers and topic.
+    #[error("Kafka {brokers} topic `{topic}`: {reason}")]
+    Kafka { brokers: String, topic: String, reason: String },
 }
 
 impl SourceError {

@@ -20,6 +20,9 @@ pub mod avazu;
 pub mod criteo;
 pub mod elm;
 pub mod error;
+pub mod json;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod lines;
 pub mod parquet;
 pub mod synthetic;

@@ -1,0 +1,210 @@
+//! `tiderec online`: continuous training from a Kafka topic, and `tiderec
+//! produce`, which replays a file into a topic.
+//!
+//! The online trainer runs the same synchronous trainer as `tiderec train`
+//! (threads and processes, every model with Criteo-shaped input). What is
+//! particular to a stream:
+//!
+//! * **Deterministic steps.** Step `t` trains on a fixed quota of records
+//!   from every partition ([`tiderec_sources::kafka::step_quotas`] of the
+//!   global batch size), so its records are the same whatever the timing,
+//!   worker count or restarts. A partition that has not received its quota
+//!   yet makes the step wait.
+//! * **Prequential evaluation.** Every batch is scored by the model before
+//!   it is trained on; AUC and log loss over the last `--window` predictions
+//!   are reported live ([`prequential`]).
+//! * **Exactly-once.** A checkpoint records, with the weights and optimizer
+//!   state of step `t`, the next offset of every partition after step `t`.
+//!   On start the trainer restores the newest valid checkpoint and every
+//!   worker seeks its partitions to those offsets; records fetched but not
+//!   yet trained on when a process dies are simply read again. Offsets are
+//!   committed to the consumer group only after the checkpoint is durable,
+//!   for monitoring tools; the trainer never reads them back.
+//! * **Stopping.** SIGINT or SIGTERM: the workers agree to stop before the
+//!   next step, write a checkpoint and exit 0. `--until-end` stops when every
+//!   partition reaches the end it had when the run started.
+
+pub mod metrics;
+pub mod prequential;
+#[cfg(feature = "kafka")]
+pub mod produce;
+#[cfg(feature = "kafka")]
+mod worker;
+
+use crate::{PipelineError, TrainSettings};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How records of the topic are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordFormat {
+    /// One Criteo TSV line per record.
+    Criteo,
+    /// One JSON object per record ([`tiderec_sources::json`]).
+    Json,
+}
+
+impl std::str::FromStr for RecordFormat {
+    type Err = PipelineError;
+    fn from_str(s: &str) -> Result<Self, PipelineError> {
+        match s {
+            "criteo" => Ok(RecordFormat::Criteo),
+            "json" => Ok(RecordFormat::Json),
+            other => Err(PipelineError::config("format", format!("`{other}` is not criteo or json"))),
+        }
+    }
+}
+
+/// Settings of `tiderec online` (the model, optimizers, workers and checkpoints come
+/// from `train`, the same keys and flags).
+#[derive(Clone, Debug)]
+pub struct OnlineSettings {
+    /// Model, optimizers, workers, checkpoints, bad-record policy.
+    pub train: TrainSettings,
+    /// `host:port[,host:port…]`.
+    pub brokers: String,
+    /// The topic to train on.
+    pub topic: String,
+    /// Consumer group offsets are committed to (monitoring only).
+    pub group: String,
+    /// Record format.
+    pub format: RecordFormat,
+    /// Where partitions without a checkpointed offset start: `earliest` or `latest`.
+    pub start: String,
+    /// Stop when every partition reaches the end it had at start.
+    pub until_end: bool,
+    /// Also write a checkpoint when this many seconds passed since the last one.
+    pub checkpoint_seconds: Option<f64>,
+    /// Serve Prometheus metrics here (`host:port`).
+    pub metrics_addr: Option<String>,
+    /// Append one JSON line of metrics per report here.
+    pub metrics_log: Option<PathBuf>,
+    /// Predictions in the prequential window.
+    pub window: usize,
+    /// Seconds between reports (progress line, metrics log, lag queries).
+    pub report_seconds: f64,
+    /// Give up after the broker has been unreachable this long (seconds).
+    pub broker_timeout: f64,
+    /// Records buffered per partition before it is paused (backpressure).
+    pub max_buffered: usize,
+    /// librdkafka consumer properties set after tiderec's own.
+    pub kafka_options: Vec<(String, String)>,
+}
+
+impl Default for OnlineSettings {
+    fn default() -> Self {
+        OnlineSettings {
+            train: TrainSettings::default(),
+            brokers: "127.0.0.1:9092".into(),
+            topic: String::new(),
+            group: "tiderec".into(),
+            format: RecordFormat::Criteo,
+            start: "earliest".into(),
+            until_end: false,
+            checkpoint_seconds: None,
+            metrics_addr: None,
+            metrics_log: None,
+            window: 10_000,
+            report_seconds: 2.0,
+            broker_timeout: 120.0,
+            max_buffered: 65_536,
+            kafka_options: Vec::new(),
+        }
+    }
+}
+
+impl OnlineSettings {
+    /// Checks the stream settings; errors name the key.
+    pub fn validate_stream(&self) -> Result<(), PipelineError> {
+        if self.brokers.trim().is_empty() {
+            return Err(PipelineError::config("brokers", "must name at least one host:port"));
+        }
+        if self.topic.trim().is_empty() {
+            return Err(PipelineError::config("topic", "must be given (--topic T)"));
+        }
+        if self.group.trim().is_empty() {
+            return Err(PipelineError::config("group", "must not be empty"));
+        }
+        if !matches!(self.start.as_str(), "earliest" | "latest") {
+            return Err(PipelineError::config("start", format!("`{}` is not earliest or latest", self.start)));
+        }
+        if self.window == 0 {
+            return Err(PipelineError::config("window", "must be positive"));
+        }
+        if let Some(s) = self.checkpoint_seconds {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(PipelineError::config("checkpoint_seconds", format!("must be positive, got {s}")));
+            }
+            if self.train.checkpoint_dir.is_none() {
+                return Err(PipelineError::config("checkpoint_seconds", "needs --checkpoint-dir DIR"));
+            }
+        }
+        for (key, v) in [("report_seconds", self.report_seconds), ("broker_timeout", self.broker_timeout)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(PipelineError::config(key, format!("must be positive, got {v}")));
+            }
+        }
+        if self.max_buffered == 0 {
+            return Err(PipelineError::config("max_buffered", "must be positive"));
+        }
+        if self.train.model.starts_with("dien") {
+            return Err(PipelineError::config(
+                "model",
+                "Kafka records are Criteo-shaped; dien needs behaviour sequences",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The broker timeout as a duration.
+    pub fn broker_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.broker_timeout)
+    }
+}
+
+/// What an online run did (process 0).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct OnlineSummary {
+    /// Global training steps, including those before a resume.
+    pub steps: u64,
+    /// Training samples, including those before a resume.
+    pub samples: u64,
+    /// Samples trained by this run (after the resume).
+    pub samples_this_run: u64,
+    /// The step restored from a checkpoint, if any.
+    pub resumed_from_step: Option<u64>,
+    /// Stopped by SIGINT/SIGTERM (rather than by `--until-end` or `--steps`).
+    pub stopped_by_signal: bool,
+    /// Prequential AUC over the final window.
+    pub window_auc: Option<f64>,
+    /// Prequential log loss over the final window.
+    pub window_logloss: Option<f64>,
+    /// Training throughput of this run.
+    pub samples_per_sec: f64,
+    /// Malformed records skipped (dead-lettered), this run.
+    pub bad_records: u64,
+    /// Checkpoints written by this run.
+    pub checkpoints_written: u64,
+    /// `topic/partition` → next offset at the end.
+    pub offsets: BTreeMap<String, i64>,
+    /// √(Σ parameter²) at the end.
+    pub params_l2: f64,
+    /// Workers.
+    pub workers: usize,
+    /// Seconds of training.
+    pub train_seconds: f64,
+}
+
+/// Runs the online trainer; returns the summary on process 0.
+#[cfg(feature = "kafka")]
+pub fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>, PipelineError> {
+    worker::online(settings)
+}
+
+/// Without the `kafka` feature there is no online trainer.
+#[cfg(not(feature = "kafka"))]
+pub fn online(_settings: &OnlineSettings) -> Result<Option<OnlineSummary>, PipelineError> {
+    Err(PipelineError::config("online", "this tiderec was built without Kafka support (cargo feature `kafka`)"))
+}

