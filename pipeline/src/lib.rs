@@ -14,6 +14,7 @@ pub mod online;
 pub mod plot;
 pub mod progress;
 pub mod run;
+pub mod serving;
 
 pub use config::TrainSettings;
 pub use error::PipelineError;

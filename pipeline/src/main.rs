@@ -36,6 +36,10 @@ enum Command {
     Produce(ProduceArgs),
     /// Draw loss and AUC curves from an `online --metrics-log` file to a PNG.
     Plot(PlotArgs),
+    /// Write a checkpoint's model as a serving snapshot (safetensors + model config JSON).
+    Export(ExportArgs),
+    /// Score Criteo records with a checkpoint's model (AUC, logloss).
+    Eval(EvalArgs),
     /// Measure throughput.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -345,6 +349,32 @@ fn parse_kafka_options(options: &[String]) -> anyhow::Result<Vec<(String, String
             _ => anyhow::bail!("invalid configuration `kafka_option`: `{o}` is not KEY=VALUE"),
         })
         .collect()
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    /// A ckpt-<step> directory, or a checkpoint directory (its newest valid checkpoint).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Directory to write model.safetensors and model.json into.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// A ckpt-<step> directory, or a checkpoint directory (its newest valid checkpoint).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Records to score: criteo:PATH[,PATH…].
+    #[arg(long)]
+    data: String,
+    /// Records scored per forward pass.
+    #[arg(long, default_value_t = 4096)]
+    batch_size: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -734,6 +764,31 @@ fn main() -> anyhow::Result<()> {
         Command::Plot(a) => {
             let n = tiderec::plot::plot_metrics(&a.metrics, &a.out).context("plot failed")?;
             println!("plotted {n} reports from {} to {}", a.metrics.display(), a.out.display());
+        }
+        Command::Export(a) => {
+            let s = tiderec::serving::export(&a.checkpoint, &a.out).context("export failed")?;
+            println!(
+                "exported step {}: {} dense parameters, {} embedding rows to {}",
+                s.step,
+                s.dense_params,
+                s.embedding_rows,
+                a.out.display()
+            );
+        }
+        Command::Eval(a) => {
+            let r = tiderec::serving::eval(&a.checkpoint, &a.data, a.batch_size).context("eval failed")?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "step {}: {} samples, AUC {}, logloss {:.4}, {} bad records",
+                    r.step,
+                    r.samples,
+                    fmt_opt(r.auc),
+                    r.logloss,
+                    r.bad_records
+                );
+            }
         }
         Command::Generate(GenerateCommand::Elm(a)) => {
             use std::io::Write;

@@ -20,6 +20,7 @@
 //!
 //! Errors are [`SinkError`]s naming the path; nothing here panics on bad files.
 
+pub mod export;
 pub mod layout;
 pub mod load;
 pub mod manifest;

@@ -1,0 +1,76 @@
+//! `tiderec export` and `tiderec eval` on a checkpoint written by `train`.
+
+mod common;
+
+use common::{metrics, run_err, run_ok, shared_data, tiderec};
+
+#[test]
+fn eval_reproduces_the_training_runs_evaluation_and_export_writes_the_model() {
+    let Some(train) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // Hold out the last 2,000 lines as a separate file.
+    let text = std::fs::read_to_string(&train).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let (head, tail) = lines.split_at(lines.len() - 2000);
+    let (train_file, eval_file) = (dir.path().join("train.tsv"), dir.path().join("eval.tsv"));
+    std::fs::write(&train_file, head.join("\n")).unwrap();
+    std::fs::write(&eval_file, tail.join("\n")).unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let m = dir.path().join("m.json");
+    run_ok(
+        tiderec()
+            .args([
+                "train",
+                "--buckets",
+                "5000",
+                "--bottom",
+                "64,16",
+                "--top",
+                "64,1",
+                "--progress",
+                "none",
+                "--workers",
+                "2",
+            ])
+            .arg("--data")
+            .arg(format!("criteo:{}", train_file.display()))
+            .arg("--eval")
+            .arg(format!("criteo:{}", eval_file.display()))
+            .arg("--checkpoint-dir")
+            .arg(&ckpt)
+            .arg("--metrics-json")
+            .arg(&m),
+    );
+    let trained = metrics(&m);
+    let out = run_ok(
+        tiderec()
+            .args(["eval", "--json", "--checkpoint"])
+            .arg(&ckpt)
+            .arg("--data")
+            .arg(format!("criteo:{}", eval_file.display())),
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["samples"], 2000);
+    assert_eq!(trained["eval_samples"], 2000);
+    let (a, b) = (r["auc"].as_f64().unwrap(), trained["auc"].as_f64().unwrap());
+    assert!((a - b).abs() < 1e-6, "eval AUC {a} vs training's {b}");
+    let (a, b) = (r["logloss"].as_f64().unwrap(), trained["logloss"].as_f64().unwrap());
+    assert!((a - b).abs() < 1e-5, "eval logloss {a} vs training's {b}");
+
+    let serve = dir.path().join("serve");
+    run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(serve.join("model.json")).unwrap()).unwrap();
+    assert_eq!(config["model"]["kind"], "dlrm");
+    assert_eq!(config["table_sizes"].as_array().unwrap().len(), 26);
+    let bytes = std::fs::read(serve.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    assert_eq!(header["table.25"]["shape"], serde_json::json!([5000, 16]));
+    let dense = header["dense"]["shape"][0].as_u64().unwrap();
+    assert_eq!(bytes.len() as u64, 8 + n as u64 + 4 * (dense + 26 * 5000 * 16));
+
+    let err =
+        run_err(tiderec().args(["eval", "--checkpoint"]).arg(dir.path().join("nothing")).args(["--data", "criteo:x"]));
+    assert!(err.contains("nothing"), "{err}");
+}
