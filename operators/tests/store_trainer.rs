@@ -44,7 +44,7 @@ fn micro_batch(step: u64, w: usize, workers: usize) -> Batch {
         b.labels.push(x.is_multiple_of(3) as u32 as f32);
         b.dense.extend([(x % 5) as f32 * 0.2, (x % 11) as f32 * 0.1]);
         for (t, n) in SIZES.into_iter().enumerate() {
-            let hot = x % 3 != 0;
+            let hot = !x.is_multiple_of(3);
             b.sparse[t].ids.push(if hot { x % 5 } else { (x * (t as u64 + 3) * 7919) % n });
             if x.is_multiple_of(4) {
                 b.sparse[t].ids.push((x + 1) % n);

@@ -59,7 +59,8 @@ fn dynamic_and_tiered_stores_train_the_fixed_model_on_one_and_two_workers() {
 
 #[test]
 fn bad_store_settings_fail_naming_the_key() {
-    let cases: [(fn(&mut TrainSettings), &str); 5] = [
+    type Case = (fn(&mut TrainSettings), &'static str);
+    let cases: [Case; 5] = [
         (|s| s.store = "lru".into(), "store"),
         (|s| s.max_rows = Some(5), "store"),
         (

@@ -324,7 +324,7 @@ impl EmbeddingStore for DynamicStore {
     }
     fn end_step(&mut self, completed: u64) {
         self.step = completed;
-        if completed % self.flush_every == 0 {
+        if completed.is_multiple_of(self.flush_every) {
             self.evict(self.max_rows);
         }
     }

@@ -294,6 +294,9 @@ pub struct StoreParams<'a> {
 }
 
 /// One of the stores, dispatched by `match` so the fixed arm stays a direct call.
+// One per worker, built once and never moved on a hot path: boxing the larger
+// variants would only add an indirection to every lookup.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Store {
     /// Dense table.

@@ -141,7 +141,7 @@ impl TieredStore {
 
     /// True at the steps that re-plan: `warmup`, then every `flush_every` steps.
     fn plans_at(&self, completed: u64) -> bool {
-        completed >= self.warmup && (completed - self.warmup) % self.flush_every == 0
+        completed >= self.warmup && (completed - self.warmup).is_multiple_of(self.flush_every)
     }
 }
 
@@ -195,7 +195,7 @@ impl EmbeddingStore for TieredStore {
         if self.plans_at(completed) {
             self.replan();
         }
-        if completed % self.cold.flush_every() == 0 {
+        if completed.is_multiple_of(self.cold.flush_every()) {
             let budget = self.cold.max_rows().map(|b| b.saturating_sub(self.hot_len() as u64));
             self.cold.evict(budget);
         }
