@@ -31,6 +31,7 @@ pub mod rng;
 pub mod shard;
 pub mod snapshot;
 pub mod spec;
+pub mod store;
 pub mod stream;
 pub mod train;
 

@@ -35,8 +35,9 @@ use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
 use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
 use crate::nn::{Model, ModelConfig, SequenceInput};
 use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
-use crate::shard::{shard_of, EmbeddingShard};
+use crate::shard::shard_of;
 use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
+use crate::store::{EmbeddingStore, Store, StoreConfig, StoreParams, StoreStats};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -70,6 +71,9 @@ pub struct TrainerConfig {
     /// of items shares the target item's table). Empty for models without sequences.
     #[serde(default)]
     pub sequence_tables: Vec<usize>,
+    /// Where each worker keeps its embedding rows (default: the fixed dense table).
+    #[serde(default)]
+    pub store: StoreConfig,
 }
 
 impl TrainerConfig {
@@ -101,6 +105,7 @@ impl TrainerConfig {
         if let Some(t) = self.table_sizes.iter().position(|&n| n == 0) {
             return Err(OperatorError::config("table_sizes", format!("table {t} has zero rows")));
         }
+        self.store.validate()?;
         for (key, hp) in [("lr", &self.dense_hp), ("sparse_lr", &self.sparse_hp)] {
             if !(hp.lr.is_finite() && hp.lr > 0.0) {
                 return Err(OperatorError::config(key, format!("learning rate must be positive, got {}", hp.lr)));
@@ -264,17 +269,30 @@ struct Home {
     seen: FxHashMap<u64, u32>,
 }
 
+/// Per table, where a row's summed gradient sits in `Owner::scratch` during an update.
+enum Slots {
+    /// Indexed by the fixed table's local row `id / W`; `u32::MAX` when unused.
+    Dense { workers: u64, slots: Vec<Vec<u32>> },
+    /// Keyed by id (dynamic and tiered stores, whose ids are not dense); emptied after each update.
+    Hashed(Vec<FxHashMap<u64, u32>>),
+}
+
 /// The owner side of a worker: its embedding rows and its dense optimizer slice.
 struct Owner {
-    shard: EmbeddingShard,
+    store: Store,
+    /// Training steps applied (the store's maintenance clock).
+    train_steps: u64,
     /// The table of each lookup slot (as in [`Home`]).
     slot_tables: Vec<usize>,
     dense_optimizer: DenseOptimizer,
     /// The last request of each worker, kept to apply the gradients that answer it.
     pending: Vec<LookupRequest>,
-    /// Per table and local row: the row's slot in `scratch` during an update, `u32::MAX` otherwise.
-    slots: Vec<Vec<u32>>,
+    /// Each row's slot in `scratch` during an update.
+    slots: Slots,
+    /// Summed gradients of the step's distinct rows, in first-seen order.
     scratch: Vec<f32>,
+    /// The `(table, id)` of each row in `scratch`.
+    order: Vec<(u32, u64)>,
 }
 
 /// Collects the `W` messages each worker sends a stage for one timestamp.
@@ -326,6 +344,7 @@ struct Outcome {
 ///     sparse_optimizer: SparseOptimizerKind::Sgd,
 ///     sparse_hp: OptimizerParams::with_lr(0.1),
 ///     sequence_tables: vec![],
+///     store: Default::default(),
 /// };
 /// timely::execute(timely::Config::process(2), move |worker| {
 ///     let mut trainer = Trainer::new(worker, &config).unwrap();
@@ -364,28 +383,37 @@ impl Trainer {
         let slice = dense_slice(model.params().len(), me, workers);
         let slot_tables: Vec<usize> =
             (0..config.model.num_sparse()).chain(config.sequence_tables.iter().copied()).collect();
-        let owner = Rc::new(RefCell::new(Owner {
-            shard: EmbeddingShard::new(
-                me,
+        let store = Store::new(
+            &config.store,
+            &StoreParams {
+                worker: me,
                 workers,
                 dim,
-                &config.table_sizes,
-                config.seed,
-                config.sparse_optimizer,
-                config.sparse_hp,
-            ),
+                table_sizes: &config.table_sizes,
+                seed: config.seed,
+                optimizer: config.sparse_optimizer,
+                hp: config.sparse_hp,
+            },
+        )?;
+        let slots = match &store {
+            Store::Fixed(f) => Slots::Dense {
+                workers: workers as u64,
+                slots: (0..config.table_sizes.len()).map(|t| vec![u32::MAX; f.shard.local_len(t)]).collect(),
+            },
+            _ => Slots::Hashed(config.table_sizes.iter().map(|_| FxHashMap::default()).collect()),
+        };
+        let owner = Rc::new(RefCell::new(Owner {
+            store,
+            train_steps: 0,
             slot_tables: slot_tables.clone(),
             dense_optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, slice.len()),
             pending: (0..workers)
                 .map(|w| LookupRequest { from: w as u32, to: me as u32, table_lens: Vec::new(), ids: Vec::new() })
                 .collect(),
-            slots: Vec::new(),
+            slots,
             scratch: Vec::new(),
+            order: Vec::new(),
         }));
-        {
-            let mut o = owner.borrow_mut();
-            o.slots = (0..config.table_sizes.len()).map(|t| vec![u32::MAX; o.shard.local_len(t)]).collect();
-        }
         let home = Rc::new(RefCell::new(Home {
             me,
             workers,
@@ -446,12 +474,13 @@ impl Trainer {
                         input.for_each(|cap, data| {
                             let mut session = output.session(&cap);
                             for request in data.drain(..) {
-                                let mut owner = owner_b.borrow_mut();
-                                let mut rows = Vec::with_capacity(request.ids.len() * owner.shard.dim);
+                                let mut guard = owner_b.borrow_mut();
+                                let owner = &mut *guard;
+                                let mut rows = Vec::with_capacity(request.ids.len() * owner.store.dim());
                                 let mut start = 0;
                                 for (k, &n) in request.table_lens.iter().enumerate() {
                                     let t = owner.slot_tables[k];
-                                    owner.shard.gather(t, &request.ids[start..start + n as usize], &mut rows);
+                                    owner.store.gather(t, &request.ids[start..start + n as usize], &mut rows);
                                     start += n as usize;
                                 }
                                 if request.from != request.to {
@@ -479,7 +508,7 @@ impl Trainer {
                             if let Some(mut replies) = stash_c.offer(t, data) {
                                 replies.sort_by_key(|r| r.from);
                                 let mut home = home_c.borrow_mut();
-                                let messages = home.compute(replies, &owner_c.borrow().shard, bytes_c.get());
+                                let messages = home.compute(replies, &owner_c.borrow().store, bytes_c.get());
                                 let mut session = output.session(&cap);
                                 for m in messages {
                                     if m.to != m.from {
@@ -674,7 +703,12 @@ impl Trainer {
 
     /// Number of embedding rows this worker owns.
     pub fn owned_rows(&self) -> usize {
-        self.owner.borrow().shard.num_rows()
+        self.owner.borrow().store.num_rows()
+    }
+
+    /// This worker's embedding-store counters (lookups per tier, rows per tier, admissions, evictions).
+    pub fn store_stats(&self) -> StoreStats {
+        self.owner.borrow().store.stats()
     }
 
     /// The configuration this trainer was built with.
@@ -706,11 +740,11 @@ impl Trainer {
             worker: home.me,
             workers: home.workers,
             step: self.train_steps,
-            dim: owner.shard.dim,
-            state_width: owner.shard.state_width(),
+            dim: owner.store.dim(),
+            state_width: owner.store.state_width(),
             dense_params: params.to_vec(),
             dense_optimizer: owner.dense_optimizer.state(slice.start),
-            tables: (0..self.config.table_sizes.len()).map(|t| owner.shard.export_table(t)).collect(),
+            tables: (0..self.config.table_sizes.len()).map(|t| owner.store.export_table(t)).collect(),
         }
     }
 
@@ -727,22 +761,25 @@ impl Trainer {
         let dense_len = home.model.params().len();
         let expected = Expected {
             table_sizes: &self.config.table_sizes,
-            dim: owner.shard.dim,
-            state_width: owner.shard.state_width(),
+            dim: owner.store.dim(),
+            state_width: owner.store.state_width(),
             dense_len,
             dense_kind: self.config.dense_optimizer,
+            every_row: owner.store.holds_every_row(),
         };
         let checked = check_parts(parts, expected)?;
         let mine = checked.dense_optimizer.slice(dense_slice(dense_len, me, w));
         let dense_optimizer = DenseOptimizer::from_state(self.config.dense_hp, &mine)?;
         home.model.params_mut().copy_from_slice(checked.dense_params);
         owner.dense_optimizer = dense_optimizer;
+        owner.store.reset(checked.step);
+        owner.train_steps = checked.step;
         let (d, sw) = (expected.dim, expected.state_width);
         for part in parts {
             for (t, rows) in part.tables.iter().enumerate() {
                 for (i, &id) in rows.ids.iter().enumerate() {
                     if shard_of(t, id, w) == me {
-                        owner.shard.set_row(
+                        owner.store.set_row(
                             t,
                             id,
                             &rows.rows[i * d..(i + 1) * d],
@@ -868,7 +905,7 @@ impl Home {
 
     /// Runs the step's model work once every reply is in; returns one message per worker.
     #[inline(never)]
-    fn compute(&mut self, replies: Vec<LookupReply>, shard: &EmbeddingShard, bytes_sent: u64) -> Vec<GradientMessage> {
+    fn compute(&mut self, replies: Vec<LookupReply>, store: &Store, bytes_sent: u64) -> Vec<GradientMessage> {
         let command = self.command.take().expect("a command precedes its replies");
         let (w, me, d) = (self.workers, self.me as u32, self.dim);
         let n_params = self.model.params().len();
@@ -895,7 +932,7 @@ impl Home {
         match command.kind {
             StepKind::Report => {
                 stats.samples = 0;
-                stats.sum_squares = shard.sum_of_squares();
+                stats.sum_squares = store.sum_of_squares();
                 if self.me == 0 {
                     stats.sum_squares += self.model.params().iter().map(|&v| v as f64 * v as f64).sum::<f64>();
                 }
@@ -990,47 +1027,59 @@ impl Owner {
             let scale = 1.0 / stats.samples as f32;
             // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
             self.scratch.clear();
-            let mut order: Vec<(u32, u64)> = Vec::new();
+            self.order.clear();
             for m in messages {
                 let request = &self.pending[m.from as usize];
                 let mut start = 0usize;
                 for (k, &n) in request.table_lens.iter().enumerate() {
                     let t = self.slot_tables[k];
                     let ids = &request.ids[start..start + n as usize];
-                    for (k, &id) in ids.iter().enumerate() {
-                        if let Some(&ahead) = ids.get(k + 8) {
-                            if let Some(sl) = self.slots[t].get(self.shard.local_index(t, ahead)..) {
-                                crate::huge::prefetch(sl.as_ptr());
+                    let grads = &m.sparse[start * d..(start + n as usize) * d];
+                    match &mut self.slots {
+                        Slots::Dense { workers, slots } => {
+                            let (w, slots) = (*workers, &mut slots[t]);
+                            for (k, &id) in ids.iter().enumerate() {
+                                if let Some(&ahead) = ids.get(k + 8) {
+                                    if let Some(sl) = slots.get((ahead / w) as usize..) {
+                                        crate::huge::prefetch(sl.as_ptr());
+                                    }
+                                }
+                                add_row(
+                                    t,
+                                    id,
+                                    &grads[k * d..(k + 1) * d],
+                                    &mut slots[(id / w) as usize],
+                                    &mut self.order,
+                                    &mut self.scratch,
+                                );
                             }
                         }
-                        let g = &m.sparse[(start + k) * d..(start + k + 1) * d];
-                        let slot = &mut self.slots[t][self.shard.local_index(t, id)];
-                        if *slot == u32::MAX {
-                            *slot = order.len() as u32;
-                            order.push((t as u32, id));
-                            self.scratch.extend_from_slice(g);
-                        } else {
-                            let s = *slot as usize;
-                            for (a, &v) in self.scratch[s * d..(s + 1) * d].iter_mut().zip(g) {
-                                *a += v;
+                        Slots::Hashed(maps) => {
+                            let map = &mut maps[t];
+                            for (k, &id) in ids.iter().enumerate() {
+                                let cell = map.entry(id).or_insert(u32::MAX);
+                                add_row(t, id, &grads[k * d..(k + 1) * d], cell, &mut self.order, &mut self.scratch);
                             }
                         }
                     }
                     start += n as usize;
                 }
             }
-            for (slot, &(t, id)) in order.iter().enumerate() {
-                if let Some(&(ta, ida)) = order.get(slot + 8) {
-                    self.shard.prefetch_row(ta as usize, ida);
-                }
-                let g = &mut self.scratch[slot * d..(slot + 1) * d];
-                for v in g.iter_mut() {
-                    *v *= scale;
-                }
-                self.shard.apply(t as usize, id, g);
-                let local = self.shard.local_index(t as usize, id);
-                self.slots[t as usize][local] = u32::MAX;
+            match &mut self.store {
+                Store::Fixed(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
+                Store::Dynamic(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
+                Store::Tiered(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
             }
+            match &mut self.slots {
+                Slots::Dense { workers, slots } => {
+                    for &(t, id) in &self.order {
+                        slots[t as usize][(id / *workers) as usize] = u32::MAX;
+                    }
+                }
+                Slots::Hashed(maps) => maps.iter_mut().for_each(|m| m.clear()),
+            }
+            self.train_steps += 1;
+            self.store.end_step(self.train_steps);
             // Dense slice: reduce in worker order block by block, averaging inside the optimizer.
             // This worker's own part is read in place from its model's gradients.
             let (params, grads) = home.model.params_and_grads();
@@ -1053,5 +1102,37 @@ impl Owner {
                 values: if changed && to != me { home.model.params()[slice.clone()].to_vec() } else { Vec::new() },
             })
             .collect()
+    }
+}
+
+/// Adds the gradient `g` of row `id` of table `t` into `scratch`: a new slot
+/// (recorded in `cell` and `order`) the first time the row appears in this
+/// step, else onto its slot. `cell` is `u32::MAX` while the row has no slot.
+#[inline(always)]
+fn add_row(t: usize, id: u64, g: &[f32], cell: &mut u32, order: &mut Vec<(u32, u64)>, scratch: &mut Vec<f32>) {
+    if *cell == u32::MAX {
+        *cell = order.len() as u32;
+        order.push((t as u32, id));
+        scratch.extend_from_slice(g);
+    } else {
+        let s = *cell as usize * g.len();
+        for (a, &v) in scratch[s..s + g.len()].iter_mut().zip(g) {
+            *a += v;
+        }
+    }
+}
+
+/// Scales each summed row gradient by `scale` and applies it, prefetching a few rows ahead.
+#[inline]
+fn apply_rows<S: EmbeddingStore>(store: &mut S, order: &[(u32, u64)], scratch: &mut [f32], scale: f32, d: usize) {
+    for (slot, &(t, id)) in order.iter().enumerate() {
+        if let Some(&(ta, ida)) = order.get(slot + 8) {
+            store.prefetch_row(ta as usize, ida);
+        }
+        let g = &mut scratch[slot * d..(slot + 1) * d];
+        for v in g.iter_mut() {
+            *v *= scale;
+        }
+        store.apply(t as usize, id, g);
     }
 }

@@ -16,6 +16,7 @@
 //! unfused pipelines they replace ([`run_features`]); `tiderec bench replay`
 //! Parquet batch replay against the raw Criteo TSV ([`replay`]).
 
+pub mod cache;
 pub mod replay;
 
 use crate::run::timely_config;
@@ -113,6 +114,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
         sparse_hp: OptimizerParams::with_lr(0.01),
         sequence_tables: if behavior.is_some() { SEQUENCE_TABLES.to_vec() } else { Vec::new() },
+        store: Default::default(),
     };
     let bench = Arc::new(bench.clone());
     let b2 = bench.clone();

@@ -94,13 +94,19 @@ pub enum Note {
 }
 
 /// The configuration recorded in (and compared with) manifests: the trainer
-/// configuration without the seed (which the manifest holds separately).
+/// configuration without the seed (which the manifest holds separately) and
+/// without the store settings when they are the default.
 pub fn manifest_config(config: &TrainerConfig) -> serde_json::Value {
     // Through text, so f32 hyper-parameters read `0.001`, not their f64 widening.
     let text = serde_json::to_string(config).unwrap_or_default();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     if let Some(map) = v.as_object_mut() {
         map.remove("seed");
+        // The default (fixed) store is left out, so checkpoints written before
+        // stores existed still match.
+        if config.store == tiderec_operators::store::StoreConfig::default() {
+            map.remove("store");
+        }
     }
     v
 }

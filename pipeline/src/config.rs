@@ -13,6 +13,7 @@ use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::spec::FeatureSpec;
+use tiderec_operators::store::{StoreConfig, StoreKind};
 use tiderec_sources::parquet::ParquetDataset;
 
 /// Where samples come from.
@@ -262,6 +263,23 @@ pub struct TrainSettings {
     pub keep_checkpoints: usize,
     /// Continue from the newest valid checkpoint in `checkpoint_dir` (fresh, with a warning, if none).
     pub resume: bool,
+    /// Embedding store: `fixed` (dense tables), `dynamic` (hash table with admission and
+    /// eviction) or `tiered` (frequency-aware hot tier over a dynamic cold tier).
+    pub store: String,
+    /// Row budget per worker of a dynamic / tiered store (LFU eviction beyond it).
+    pub max_rows: Option<u64>,
+    /// Admit an id once seen in this many training steps (dynamic / tiered; ≤ 1: at once).
+    pub admit_count: u32,
+    /// Admit an unseen id with this probability per sighting (dynamic / tiered).
+    pub admit_prob: Option<f64>,
+    /// Evict rows not updated for this many training steps (dynamic / tiered).
+    pub ttl_steps: Option<u64>,
+    /// Hot-tier rows per worker (tiered).
+    pub hot_rows: usize,
+    /// Training steps of frequency counting before the first hot-tier plan (tiered).
+    pub warmup: u64,
+    /// Store maintenance interval in training steps: eviction, hot-tier re-planning.
+    pub flush_every: u64,
 }
 
 impl Default for TrainSettings {
@@ -305,6 +323,14 @@ impl Default for TrainSettings {
             checkpoint_every: None,
             keep_checkpoints: 3,
             resume: false,
+            store: "fixed".into(),
+            max_rows: None,
+            admit_count: 0,
+            admit_prob: None,
+            ttl_steps: None,
+            hot_rows: StoreConfig::default().hot_rows,
+            warmup: StoreConfig::default().warmup,
+            flush_every: StoreConfig::default().flush_every,
         }
     }
 }
@@ -341,6 +367,8 @@ pub struct Resolved {
     pub sequence_tables: Vec<usize>,
     /// Feature crosses appended after the data's sparse fields (wide part only).
     pub crosses: Vec<(usize, usize)>,
+    /// The embedding store.
+    pub store: StoreConfig,
 }
 
 impl Resolved {
@@ -448,6 +476,7 @@ impl TrainSettings {
             ));
         }
         let optimizer: DenseOptimizerKind = self.optimizer.parse()?;
+        let store = self.store_config()?;
         let sparse_optimizer: SparseOptimizerKind = self.sparse_optimizer.parse()?;
         let policy = match self.on_bad_record.as_str() {
             "skip" => BadRecordPolicy::Skip,
@@ -562,7 +591,25 @@ impl TrainSettings {
             spec,
             sequence_tables,
             crosses,
+            store,
         })
+    }
+
+    /// The embedding-store settings, checked (errors name the key).
+    pub fn store_config(&self) -> Result<StoreConfig, PipelineError> {
+        let store = StoreConfig {
+            kind: self.store.parse::<StoreKind>()?,
+            max_rows: self.max_rows,
+            admit_count: self.admit_count,
+            admit_prob: self.admit_prob,
+            ttl_steps: self.ttl_steps,
+            hot_rows: self.hot_rows,
+            warmup: self.warmup,
+            flush_every: self.flush_every,
+            ..StoreConfig::default()
+        };
+        store.validate()?;
+        Ok(store)
     }
 
     /// Parses `crosses` (`A:B` field-index pairs) against `num_sparse` fields of the data.

@@ -82,6 +82,37 @@ enum BenchCommand {
     Features(FeaturesArgs),
     /// Batch replay: convert a Criteo file to Parquet, then Parquet vs TSV reading and training speed.
     Replay(ReplayArgs),
+    /// Embedding stores: tiered (hot tier) vs plain hash store hit ratio and speed on Zipf ids;
+    /// with --growing N, N records of a growing id space through a row budget (rows and RSS over time).
+    Cache(CacheArgs),
+}
+
+#[derive(Args)]
+struct CacheArgs {
+    /// Hot-tier sizes to compare, rows.
+    #[arg(long, value_delimiter = ',', default_value = "1024,16384,65536,262144,1048576")]
+    hot_rows: Vec<usize>,
+    /// Samples per step (one owner's de-duplicated lookups and updates).
+    #[arg(long, default_value_t = 4096)]
+    batch_size: usize,
+    /// Steps replayed per store (the first --warmup untimed).
+    #[arg(long, default_value_t = 120)]
+    steps: usize,
+    /// Untimed counting steps before the tiered store's plan.
+    #[arg(long, default_value_t = 40)]
+    warmup: usize,
+    /// Embedding dimension.
+    #[arg(long, default_value_t = 16)]
+    dim: usize,
+    /// Instead: stream N records with a growing id space through a dynamic store.
+    #[arg(long, value_name = "N")]
+    growing: Option<u64>,
+    /// Row budget of the --growing run (0: unbounded).
+    #[arg(long, default_value_t = 2_000_000)]
+    max_rows: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -507,6 +538,32 @@ struct TrainArgs {
     /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
     #[arg(long)]
     resume: bool,
+    /// Embedding store: fixed (dense tables, default), dynamic (hash table with admission and eviction)
+    /// or tiered (frequency-aware hot tier over a hash-table cold tier).
+    #[arg(long)]
+    store: Option<String>,
+    /// Row budget per worker of a dynamic / tiered store: least frequently used rows beyond it are
+    /// evicted every --flush-every steps.
+    #[arg(long, value_name = "N")]
+    max_rows: Option<u64>,
+    /// Admit an id into a dynamic / tiered store once seen in N training steps.
+    #[arg(long, value_name = "N")]
+    admit_count: Option<u32>,
+    /// Admit an unseen id with probability P per sighting (seeded, deterministic).
+    #[arg(long, value_name = "P")]
+    admit_prob: Option<f64>,
+    /// Evict rows not updated for N training steps.
+    #[arg(long, value_name = "N")]
+    ttl_steps: Option<u64>,
+    /// Hot-tier rows per worker of the tiered store.
+    #[arg(long, value_name = "K")]
+    hot_rows: Option<usize>,
+    /// Training steps of frequency counting before the first hot-tier plan.
+    #[arg(long, value_name = "N")]
+    warmup: Option<u64>,
+    /// Store maintenance interval in training steps (eviction, hot-tier re-planning).
+    #[arg(long, value_name = "N")]
+    flush_every: Option<u64>,
 }
 
 impl TrainArgs {
@@ -545,8 +602,22 @@ impl TrainArgs {
             dead_letters,
             max_line_bytes,
             progress,
-            keep_checkpoints
+            keep_checkpoints,
+            store,
+            admit_count,
+            hot_rows,
+            warmup,
+            flush_every
         );
+        if args.max_rows.is_some() {
+            s.max_rows = args.max_rows;
+        }
+        if args.admit_prob.is_some() {
+            s.admit_prob = args.admit_prob;
+        }
+        if args.ttl_steps.is_some() {
+            s.ttl_steps = args.ttl_steps;
+        }
         if args.checkpoint_dir.is_some() {
             s.checkpoint_dir = args.checkpoint_dir;
         }
@@ -749,6 +820,23 @@ fn main() -> anyhow::Result<()> {
             println!("  exchanged       {:.1} bytes/sample", s.bytes_per_sample);
             println!("  params L2       {:.6}", s.params_l2);
             println!("  bad records     {} {:?}", s.bad_records, s.bad_records_by_reason);
+            let st = &s.store;
+            println!(
+                "  store ({})  {} lookups: {:.1}% hot, {:.1}% cold, {:.1}% miss; rows {} hot + {} cold",
+                settings.store,
+                st.lookups,
+                100.0 * st.hot_hits as f64 / st.lookups.max(1) as f64,
+                100.0 * st.cold_hits as f64 / st.lookups.max(1) as f64,
+                100.0 * st.misses as f64 / st.lookups.max(1) as f64,
+                st.hot_rows,
+                st.cold_rows
+            );
+            if settings.store != "fixed" {
+                println!(
+                    "                  {} admitted, {} updates rejected, {} evicted, {} re-plans moving {} rows",
+                    st.admissions, st.rejections, st.evictions, st.replans, st.moves
+                );
+            }
             if let Some(step) = s.resumed_from_step {
                 println!("  resumed from    step {step}");
             }
@@ -845,6 +933,79 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("{} malformed records skipped; see {}", s.bad_records, settings.input.dead_letters.display());
             }
         }
+        Command::Bench(BenchCommand::Cache(a)) => {
+            if let Some(records) = a.growing {
+                let budget = (a.max_rows > 0).then_some(a.max_rows);
+                let r = tiderec::bench::cache::run_growing(records, budget, a.dim, a.batch_size, 20)?;
+                if a.json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    println!(
+                        "growing id space: {} records, dim {}, row budget {}, {:.0} records/s (RSS {:.0} MiB before)",
+                        r.records,
+                        r.dim,
+                        r.max_rows.map_or("none".to_string(), |m| m.to_string()),
+                        r.records_per_sec,
+                        r.rss_start_mib
+                    );
+                    println!(
+                        "  {:>11} {:>12} {:>10} {:>12} {:>9}",
+                        "records", "admitted", "rows", "evicted", "RSS MiB"
+                    );
+                    for p in &r.points {
+                        println!(
+                            "  {:>11} {:>12} {:>10} {:>12} {:>9.0}",
+                            p.records, p.admitted, p.rows, p.evicted, p.rss_mib
+                        );
+                    }
+                }
+                return Ok(());
+            }
+            let bench = tiderec::bench::cache::CacheBench {
+                hot_sizes: a.hot_rows,
+                batch_size: a.batch_size,
+                steps: a.steps,
+                warmup: a.warmup,
+                dim: a.dim,
+                seed: 7,
+            };
+            let r = tiderec::bench::cache::run_cache(&bench)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "cache: synthetic Criteo (Zipf 1.1, Kaggle cardinalities), batch {}, {} timed steps, dim {}, {} rows held",
+                    bench.batch_size,
+                    bench.steps - bench.warmup,
+                    bench.dim,
+                    r.rows
+                );
+                println!(
+                    "  {:>9} {:>9} {:>8} | {:>14} {:>14} | {:>12} {:>12} | {:>7}",
+                    "hot rows",
+                    "hot MiB",
+                    "hot hit",
+                    "tiered smp/s",
+                    "hash smp/s",
+                    "tiered op/s",
+                    "hash op/s",
+                    "speedup"
+                );
+                for s in &r.sizes {
+                    println!(
+                        "  {:>9} {:>9.1} {:>7.1}% | {:>14.0} {:>14.0} | {:>12.3e} {:>12.3e} | {:>6.2}x",
+                        s.hot_rows,
+                        s.hot_bytes as f64 / (1 << 20) as f64,
+                        100.0 * s.hot_hit_ratio,
+                        s.tiered_samples_per_sec,
+                        s.hash_samples_per_sec,
+                        s.tiered_ops_per_sec,
+                        s.hash_ops_per_sec,
+                        s.speedup
+                    );
+                }
+            }
+        }
         Command::Bench(BenchCommand::Replay(a)) => {
             let bench = tiderec::bench::replay::ReplayBench {
                 criteo: a.criteo,
@@ -907,7 +1068,7 @@ fn main() -> anyhow::Result<()> {
                     };
                     (model, m.common)
                 }
-                BenchCommand::Gru(_) | BenchCommand::Features(_) | BenchCommand::Replay(_) => {
+                BenchCommand::Gru(_) | BenchCommand::Features(_) | BenchCommand::Replay(_) | BenchCommand::Cache(_) => {
                     unreachable!("handled above")
                 }
             };

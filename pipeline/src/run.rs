@@ -31,6 +31,7 @@ use tiderec_operators::behavior::SampleConfig;
 use tiderec_operators::features::cross::append_crosses;
 use tiderec_operators::metrics::{auc, EvalSet};
 use tiderec_operators::optim::OptimizerParams;
+use tiderec_operators::store::{StoreKind, StoreStats};
 use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 use tiderec_sinks::checkpoint::{Checkpoint, TrainingProgress};
@@ -70,6 +71,8 @@ struct Context {
     resume: Mutex<Option<Arc<Checkpoint>>>,
     /// Local workers that have not restored `resume` yet.
     resume_pending: AtomicUsize,
+    /// Embedding-store counters, added by every local worker when it finishes.
+    store_stats: Mutex<StoreStats>,
 }
 
 /// The timely configuration for these settings.
@@ -108,6 +111,7 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
             ..OptimizerParams::with_lr(settings.sparse_lr.unwrap_or(settings.lr))
         },
         sequence_tables: resolved.sequence_tables.clone(),
+        store: resolved.store.clone(),
     }
 }
 
@@ -192,6 +196,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         checkpoint,
         resume: Mutex::new(resume.map(Arc::new)),
         resume_pending: AtomicUsize::new(settings.workers),
+        store_stats: Mutex::new(StoreStats::default()),
         data_sequences: resolved.data.sequences().map_or(0, |q| q.tables.len()),
         generator,
         train_range,
@@ -239,6 +244,10 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     }
     let Some(mut summary) = summary else { return Ok(None) };
     summary.workers = workers_total;
+    summary.store = *context.store_stats.lock().unwrap_or_else(|e| e.into_inner());
+    if settings.processes == 1 && context.trainer.store.kind != StoreKind::Fixed {
+        summary.embedding_rows = summary.store.hot_rows + summary.store.cold_rows;
+    }
     if let Some(g) = context.generator.as_ref().filter(|g| g.has_teacher()) {
         if !context.eval_range.is_empty() {
             let mut b = context.new_batch();
@@ -535,6 +544,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         StepKind::Report,
         Batch::with_sequences(m.num_dense(), m.num_sparse(), m.num_sequences()),
     )?;
+    ctx.store_stats.lock().unwrap_or_else(|e| e.into_inner()).add(&trainer.store_stats());
     if me != 0 {
         return Ok(None);
     }
@@ -566,5 +576,6 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         checkpoints_written: checkpointer.written,
         checkpoint_seconds: checkpointer.seconds,
         resumed_from_step: resumed.map(|m| m.step),
+        store: StoreStats::default(),
     }))
 }

@@ -59,6 +59,10 @@ pub struct RunSummary {
     /// The step of the checkpoint this run resumed from (`null`: it started fresh).
     #[serde(default)]
     pub resumed_from_step: Option<u64>,
+    /// Embedding store counters summed over this process's workers (lookups and
+    /// hits per tier, rows per tier, admissions, evictions).
+    #[serde(default)]
+    pub store: tiderec_operators::store::StoreStats,
 }
 
 fn finite(v: Option<f64>) -> Option<f64> {

@@ -1,0 +1,417 @@
+//! Embedding stores: where a worker keeps the rows it owns.
+//!
+//! [`EmbeddingStore`] is the contract between the trainer's owner side and
+//! the memory that holds embedding rows and their optimizer state. Three
+//! implementations:
+//!
+//! * [`FixedStore`]: the dense per-worker table of [`EmbeddingShard`] (local
+//!   index `id / W`, no hashing). Every id below the table size exists from
+//!   the start. The default and the fastest when the id space is known and fits.
+//! * [`DynamicStore`]: a hash table `id → slot` over a slab of rows. A row is
+//!   created on first sight with the same seeded initialisation as the fixed
+//!   table (`rng::row_uniform(seed, table, id, …)`), optionally only once the id
+//!   passes **admission** (seen in `admit_count` training steps, counted in a
+//!   count-min sketch, or with probability `admit_prob` per sighting); rows
+//!   leave by **eviction** (not seen for `ttl_steps` steps, then least frequently
+//!   used beyond `max_rows`). Memory is bounded under a growing id space.
+//! * [`TieredStore`]: PICASSO's HybridHash on the CPU. A [`DynamicStore`] is the
+//!   cold tier; after `warmup` training steps the `hot_rows` most frequent ids
+//!   move into a dense, contiguous hot tier (hottest first) found through one
+//!   small id → hot-slot map, and the split is re-planned every `flush_every`
+//!   steps.
+//!
+//! Invariants every store keeps (the tests check each):
+//! * **Values never depend on placement.** Moving a row between tiers moves its
+//!   values and optimizer state bit for bit; a re-plan changes speed, never the
+//!   model. With admission and eviction off, a dynamic or tiered store trains
+//!   exactly the model of the fixed table (same seeded rows, same updates in the
+//!   same order).
+//! * **Determinism across worker counts.** Frequencies, admission and the
+//!   step clock advance once per training step per distinct row, from the
+//!   owner's de-duplicated, worker-ordered update list; a probabilistic
+//!   admission hashes `(seed, table, id, step)`. So W workers make the same
+//!   admission decisions as one.
+//! * **Structural changes happen only at step boundaries.** Admission inserts a
+//!   row during the update of the step that admits it; eviction and re-planning
+//!   run only in [`EmbeddingStore::end_step`], after every update of a step and
+//!   before any lookup of the next, so a checkpoint (taken between steps) is
+//!   always a consistent cut of rows, optimizer state and membership.
+//! * A non-admitted id reads as a zero row and its gradient is dropped; an
+//!   evicted id that comes back starts again from its seeded initial row.
+
+mod dynamic;
+mod fixed;
+mod sketch;
+pub mod tiered;
+
+pub use dynamic::DynamicStore;
+pub use fixed::FixedStore;
+pub use sketch::CountMinSketch;
+pub use tiered::TieredStore;
+
+use crate::optim::{OptimizerParams, SparseOptimizerKind};
+use crate::shard::EmbeddingShard;
+use crate::snapshot::TableRows;
+use crate::OperatorError;
+use serde::{Deserialize, Serialize};
+
+/// Which store holds the rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StoreKind {
+    /// Dense per-worker table of every id below the table size.
+    #[default]
+    Fixed,
+    /// Hash table with admission and eviction.
+    Dynamic,
+    /// Frequency-aware hot tier over a dynamic cold tier.
+    Tiered,
+}
+
+impl std::str::FromStr for StoreKind {
+    type Err = OperatorError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fixed" => Ok(StoreKind::Fixed),
+            "dynamic" => Ok(StoreKind::Dynamic),
+            "tiered" => Ok(StoreKind::Tiered),
+            _ => Err(OperatorError::config("store", format!("unknown store `{s}` (fixed, dynamic, tiered)"))),
+        }
+    }
+}
+
+/// Settings of the embedding store; the default is the fixed table, so
+/// configurations and checkpoints written before stores existed still load.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// The store.
+    pub kind: StoreKind,
+    /// Row budget per worker (dynamic / tiered): least frequently used rows
+    /// beyond it are evicted at each maintenance boundary. `None`: unbounded.
+    pub max_rows: Option<u64>,
+    /// Admit an id once it was seen in this many training steps (≤ 1: at once).
+    pub admit_count: u32,
+    /// Admit an unseen id with this probability per sighting (`None`: always).
+    pub admit_prob: Option<f64>,
+    /// Evict rows not updated for this many training steps (`None`: never).
+    pub ttl_steps: Option<u64>,
+    /// Rows per worker in the hot tier (tiered).
+    pub hot_rows: usize,
+    /// Training steps of frequency counting before the first hot-tier plan (tiered).
+    pub warmup: u64,
+    /// Maintenance interval in training steps: eviction (dynamic, tiered) and re-planning (tiered).
+    pub flush_every: u64,
+    /// Rank hot candidates by a count-min sketch instead of the rows' exact counts (tiered).
+    pub freq_sketch: bool,
+    /// Counters per row of the count-min sketches (admission, `freq_sketch`).
+    pub sketch_width: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            kind: StoreKind::Fixed,
+            max_rows: None,
+            admit_count: 0,
+            admit_prob: None,
+            ttl_steps: None,
+            hot_rows: 65_536,
+            warmup: 100,
+            flush_every: 1000,
+            freq_sketch: false,
+            sketch_width: 1 << 20,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// Checks the settings; errors name the key.
+    pub fn validate(&self) -> Result<(), OperatorError> {
+        if self.max_rows == Some(0) {
+            return Err(OperatorError::config("max_rows", "a row budget must be at least 1"));
+        }
+        if let Some(p) = self.admit_prob {
+            if !(p.is_finite() && p > 0.0 && p <= 1.0) {
+                return Err(OperatorError::config("admit_prob", format!("must be in (0, 1], got {p}")));
+            }
+            if self.admit_count > 1 {
+                return Err(OperatorError::config("admit_prob", "give admit_count or admit_prob, not both"));
+            }
+        }
+        if self.ttl_steps == Some(0) {
+            return Err(OperatorError::config("ttl_steps", "must be at least 1"));
+        }
+        if self.flush_every == 0 {
+            return Err(OperatorError::config("flush_every", "must be at least 1"));
+        }
+        if self.kind == StoreKind::Tiered && self.hot_rows == 0 {
+            return Err(OperatorError::config("hot_rows", "the tiered store needs at least one hot row"));
+        }
+        if self.hot_rows > u32::MAX as usize / 2 {
+            return Err(OperatorError::config("hot_rows", format!("{} is too large", self.hot_rows)));
+        }
+        if !(16..=1 << 30).contains(&self.sketch_width) {
+            return Err(OperatorError::config("sketch_width", "must be between 16 and 2^30"));
+        }
+        if self.kind == StoreKind::Fixed
+            && (self.max_rows.is_some()
+                || self.admit_count > 1
+                || self.admit_prob.is_some()
+                || self.ttl_steps.is_some())
+        {
+            return Err(OperatorError::config(
+                "store",
+                "max_rows, admit_count, admit_prob and ttl_steps need store = dynamic or tiered",
+            ));
+        }
+        Ok(())
+    }
+
+    /// True when every id is admitted at once and nothing is ever evicted, so
+    /// the store trains exactly the model of the fixed table.
+    pub fn is_exact(&self) -> bool {
+        self.kind == StoreKind::Fixed
+            || (self.max_rows.is_none()
+                && self.admit_count <= 1
+                && self.admit_prob.is_none()
+                && self.ttl_steps.is_none())
+    }
+}
+
+/// Counters of one store (or, summed with [`StoreStats::add`], of all workers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreStats {
+    /// Rows looked up.
+    pub lookups: u64,
+    /// Lookups served by the hot tier (the dense table counts here).
+    pub hot_hits: u64,
+    /// Lookups served by the cold (hash) tier.
+    pub cold_hits: u64,
+    /// Lookups of ids without a row (served their initial row, or zeros before admission).
+    pub misses: u64,
+    /// Rows in the hot tier (the dense table's rows).
+    pub hot_rows: u64,
+    /// Rows in the cold tier.
+    pub cold_rows: u64,
+    /// Rows created (ids admitted).
+    pub admissions: u64,
+    /// Updates dropped because their id was not admitted.
+    pub rejections: u64,
+    /// Rows evicted.
+    pub evictions: u64,
+    /// Hot-tier plans made.
+    pub replans: u64,
+    /// Rows moved between tiers by re-planning.
+    pub moves: u64,
+}
+
+impl StoreStats {
+    /// Adds another worker's counters.
+    pub fn add(&mut self, o: &StoreStats) {
+        self.lookups += o.lookups;
+        self.hot_hits += o.hot_hits;
+        self.cold_hits += o.cold_hits;
+        self.misses += o.misses;
+        self.hot_rows += o.hot_rows;
+        self.cold_rows += o.cold_rows;
+        self.admissions += o.admissions;
+        self.rejections += o.rejections;
+        self.evictions += o.evictions;
+        self.replans += o.replans;
+        self.moves += o.moves;
+    }
+
+    /// Fraction of lookups served by the hot tier.
+    pub fn hot_hit_ratio(&self) -> f64 {
+        self.hot_hits as f64 / self.lookups.max(1) as f64
+    }
+}
+
+/// The rows one worker owns, with their optimizer state.
+///
+/// Contracts (every method, every implementation):
+/// * Only rows routed here by [`shard_of`](crate::shard::shard_of) are asked
+///   for; `table` is below the number of tables and `id` below its size.
+/// * [`gather`](Self::gather) appends exactly `ids.len() × dim` values, row
+///   by row in `ids` order. It may count statistics but never changes a value
+///   or which rows exist.
+/// * [`apply`](Self::apply) is called once per distinct row per training step,
+///   with the row's gradient already summed over workers and averaged; it runs
+///   the sparse optimizer on the row, or (dynamic stores) admits or rejects it.
+/// * [`end_step`](Self::end_step) is the maintenance hook, called after every
+///   update of a training step with the number of training steps completed.
+///   Eviction and tier moves happen only there.
+/// * [`export_table`](Self::export_table) lists every row held, ids ascending,
+///   with its optimizer state; [`reset`](Self::reset) followed by
+///   [`set_row`](Self::set_row) for each exported row rebuilds the same state.
+pub trait EmbeddingStore {
+    /// Row width.
+    fn dim(&self) -> usize;
+    /// Optimizer values per row.
+    fn state_width(&self) -> usize;
+    /// Appends the rows of `ids` of `table` to `out`.
+    fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>);
+    /// Applies the averaged gradient `grad` to row `id` of `table`.
+    fn apply(&mut self, table: usize, id: u64, grad: &[f32]);
+    /// Hints that row `id` of `table` will be updated soon.
+    fn prefetch_row(&self, _table: usize, _id: u64) {}
+    /// Maintenance after a training step; `completed` counts the training steps done.
+    fn end_step(&mut self, completed: u64);
+    /// Every row of `table` held here, ids ascending, with its optimizer state.
+    fn export_table(&self, table: usize) -> TableRows;
+    /// Drops every row a dynamic store holds and sets the step clock (before a restore).
+    fn reset(&mut self, completed: u64);
+    /// Overwrites (or inserts) row `id` of `table` and its optimizer state.
+    fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError>;
+    /// Counters and sizes.
+    fn stats(&self) -> StoreStats;
+    /// Rows held.
+    fn num_rows(&self) -> usize;
+    /// Σ of squares of the rows held, in f64.
+    fn sum_of_squares(&self) -> f64;
+    /// True when the store holds every id below the table sizes (a checkpoint must then hold all of them).
+    fn holds_every_row(&self) -> bool;
+}
+
+/// Everything a store is built from.
+#[derive(Clone, Debug)]
+pub struct StoreParams<'a> {
+    /// This worker.
+    pub worker: usize,
+    /// Number of workers.
+    pub workers: usize,
+    /// Row width.
+    pub dim: usize,
+    /// Logical rows per table (ids are below them; the initialisation bound is `1/√n`).
+    pub table_sizes: &'a [u64],
+    /// Seed of the row initialisation.
+    pub seed: u64,
+    /// Row optimizer.
+    pub optimizer: SparseOptimizerKind,
+    /// Its hyper-parameters.
+    pub hp: OptimizerParams,
+}
+
+/// One of the stores, dispatched by `match` so the fixed arm stays a direct call.
+// One per worker, built once and never moved on a hot path: boxing the larger
+// variants would only add an indirection to every lookup.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Store {
+    /// Dense table.
+    Fixed(FixedStore),
+    /// Hash table.
+    Dynamic(DynamicStore),
+    /// Hot tier over a hash table.
+    Tiered(TieredStore),
+}
+
+impl Store {
+    /// Builds the store `config` names.
+    pub fn new(config: &StoreConfig, p: &StoreParams<'_>) -> Result<Self, OperatorError> {
+        config.validate()?;
+        Ok(match config.kind {
+            StoreKind::Fixed => Store::Fixed(FixedStore::new(EmbeddingShard::new(
+                p.worker,
+                p.workers,
+                p.dim,
+                p.table_sizes,
+                p.seed,
+                p.optimizer,
+                p.hp,
+            ))),
+            StoreKind::Dynamic => Store::Dynamic(DynamicStore::new(config, p)),
+            StoreKind::Tiered => Store::Tiered(TieredStore::new(config, p)),
+        })
+    }
+}
+
+macro_rules! dispatch {
+    ($self:expr, $s:ident => $e:expr) => {
+        match $self {
+            Store::Fixed($s) => $e,
+            Store::Dynamic($s) => $e,
+            Store::Tiered($s) => $e,
+        }
+    };
+}
+
+impl EmbeddingStore for Store {
+    fn dim(&self) -> usize {
+        dispatch!(self, s => s.dim())
+    }
+    fn state_width(&self) -> usize {
+        dispatch!(self, s => s.state_width())
+    }
+    fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
+        dispatch!(self, s => s.gather(table, ids, out))
+    }
+    fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
+        dispatch!(self, s => s.apply(table, id, grad))
+    }
+    fn prefetch_row(&self, table: usize, id: u64) {
+        dispatch!(self, s => s.prefetch_row(table, id))
+    }
+    fn end_step(&mut self, completed: u64) {
+        dispatch!(self, s => s.end_step(completed))
+    }
+    fn export_table(&self, table: usize) -> TableRows {
+        dispatch!(self, s => s.export_table(table))
+    }
+    fn reset(&mut self, completed: u64) {
+        dispatch!(self, s => s.reset(completed))
+    }
+    fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
+        dispatch!(self, s => s.set_row(table, id, row, state))
+    }
+    fn stats(&self) -> StoreStats {
+        dispatch!(self, s => s.stats())
+    }
+    fn num_rows(&self) -> usize {
+        dispatch!(self, s => s.num_rows())
+    }
+    fn sum_of_squares(&self) -> f64 {
+        dispatch!(self, s => s.sum_of_squares())
+    }
+    fn holds_every_row(&self) -> bool {
+        dispatch!(self, s => s.holds_every_row())
+    }
+}
+
+/// The seeded initial row of `id` in a table of `n` rows (the fixed table's initialisation).
+#[inline]
+pub(crate) fn init_row(seed: u64, table: usize, id: u64, bound: f32, row: &mut [f32]) {
+    for (c, v) in row.iter_mut().enumerate() {
+        *v = crate::rng::row_uniform(seed, table, id, c, bound);
+    }
+}
+
+/// Checks a restored row's owner, id range and widths.
+pub(crate) fn check_row(
+    p: (usize, usize, usize, usize),
+    table_sizes: &[u64],
+    table: usize,
+    id: u64,
+    row: &[f32],
+    state: &[f32],
+) -> Result<(), OperatorError> {
+    let (worker, workers, d, w) = p;
+    let n = *table_sizes.get(table).ok_or_else(|| OperatorError::Restore(format!("table {table} does not exist")))?;
+    if id >= n || crate::shard::shard_of(table, id, workers) != worker {
+        return Err(OperatorError::Restore(format!(
+            "row {id} of table {table} is not owned by worker {worker} of {workers} (table of {n} rows)"
+        )));
+    }
+    if row.len() != d || state.len() != w {
+        return Err(OperatorError::Restore(format!(
+            "row {id} of table {table} has {} values and {} optimizer slots, expected {d} and {w}",
+            row.len(),
+            state.len()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,80 @@
+//! A count-min sketch: approximate occurrence counts in fixed memory.
+
+use crate::features::mix64;
+
+/// `depth` rows of `width` saturating `u32` counters. An estimate is never
+/// below the true count and exceeds it by at most `e·N/width` with
+/// probability `1 − e^−depth` (`N` = total count). Updates are conservative
+/// (only the minimal counters grow), which tightens the estimates of rare ids
+/// under skew.
+#[derive(Clone, Debug)]
+pub struct CountMinSketch {
+    width: usize,
+    depth: usize,
+    seed: u64,
+    counters: Vec<u32>,
+}
+
+impl CountMinSketch {
+    /// An empty sketch (`width` is rounded up to a power of two).
+    pub fn new(width: usize, depth: usize, seed: u64) -> Self {
+        let width = width.max(1).next_power_of_two();
+        let depth = depth.max(1);
+        CountMinSketch { width, depth, seed, counters: vec![0; width * depth] }
+    }
+
+    /// Counters per row.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    #[inline]
+    fn hashes(&self, key: u64) -> (u64, u64) {
+        let h = mix64(key ^ self.seed);
+        (h, mix64(h) | 1)
+    }
+
+    #[inline]
+    fn cell(&self, (h1, h2): (u64, u64), r: usize) -> usize {
+        r * self.width + (h1.wrapping_add(h2.wrapping_mul(r as u64)) as usize & (self.width - 1))
+    }
+
+    /// The key of row `id` of `table`.
+    #[inline]
+    pub fn key(table: usize, id: u64) -> u64 {
+        mix64(id ^ (table as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// Adds one occurrence of `key` and returns its new estimate.
+    #[inline]
+    pub fn add(&mut self, key: u64) -> u32 {
+        let h = self.hashes(key);
+        let next = self.estimate(key).saturating_add(1);
+        for r in 0..self.depth {
+            let c = self.cell(h, r);
+            if self.counters[c] < next {
+                self.counters[c] = next;
+            }
+        }
+        next
+    }
+
+    /// The estimated count of `key` (≥ the true count).
+    #[inline]
+    pub fn estimate(&self, key: u64) -> u32 {
+        let h = self.hashes(key);
+        (0..self.depth).map(|r| self.counters[self.cell(h, r)]).min().unwrap_or(0)
+    }
+
+    /// Halves every counter (ages old counts).
+    pub fn halve(&mut self) {
+        for c in &mut self.counters {
+            *c >>= 1;
+        }
+    }
+
+    /// Bytes of counters.
+    pub fn bytes(&self) -> usize {
+        self.counters.len() * 4
+    }
+}

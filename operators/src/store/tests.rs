@@ -1,0 +1,451 @@
+use super::*;
+use crate::rng::unit_f64;
+use crate::shard::shard_of;
+
+const DIM: usize = 4;
+
+fn params(worker: usize, workers: usize, sizes: &[u64], optimizer: SparseOptimizerKind) -> StoreParams<'_> {
+    let mut hp = OptimizerParams::with_lr(0.1);
+    hp.initial_accumulator = 0.01;
+    StoreParams { worker, workers, dim: DIM, table_sizes: sizes, seed: 9, optimizer, hp }
+}
+
+fn config(kind: StoreKind) -> StoreConfig {
+    StoreConfig { kind, hot_rows: 16, warmup: 3, flush_every: 4, ..StoreConfig::default() }
+}
+
+/// A Zipf-like id (rank `⌊n^u⌋` skews towards small ids) from a counter-based uniform.
+fn skewed_id(n: u64, step: u64, k: u64) -> u64 {
+    let u = unit_f64(3, step, k, 0);
+    ((n as f64).powf(u) as u64).saturating_sub(1).min(n - 1)
+}
+
+/// `steps` steps of distinct ids per table and their gradients, the same for every store.
+fn workload(sizes: &[u64], steps: u64, per_step: u64) -> Vec<Vec<(usize, Vec<u64>)>> {
+    (0..steps)
+        .map(|s| {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(t, &n)| {
+                    let mut ids: Vec<u64> = (0..per_step).map(|k| skewed_id(n, s * 31 + t as u64, k)).collect();
+                    ids.sort_unstable();
+                    ids.dedup();
+                    (t, ids)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn grad(step: u64, t: usize, id: u64) -> Vec<f32> {
+    (0..DIM).map(|c| (unit_f64(5, step, t as u64 * 1_000_003 + id, c as u64) as f32 - 0.5) * 0.3).collect()
+}
+
+/// Runs the workload on one worker's store: gathers (returned) and updates, with maintenance.
+fn run(store: &mut dyn EmbeddingStore, work: &[Vec<(usize, Vec<u64>)>]) -> Vec<f32> {
+    let mut seen = Vec::new();
+    for (s, step) in work.iter().enumerate() {
+        for (t, ids) in step {
+            store.gather(*t, ids, &mut seen);
+        }
+        for (t, ids) in step {
+            for &id in ids {
+                store.apply(*t, id, &grad(s as u64, *t, id));
+            }
+        }
+        store.end_step(s as u64 + 1);
+    }
+    seen
+}
+
+fn export_all(store: &dyn EmbeddingStore, tables: usize) -> Vec<TableRows> {
+    (0..tables).map(|t| store.export_table(t)).collect()
+}
+
+/// Every row `sparse` holds equals the same row of `dense`, values and optimizer state.
+fn assert_rows_match(sparse: &[TableRows], dense: &[TableRows], sw: usize) {
+    for (t, (s, f)) in sparse.iter().zip(dense).enumerate() {
+        for (i, id) in s.ids.iter().enumerate() {
+            let j = f.ids.binary_search(id).expect("fixed table holds every id");
+            assert_eq!(&s.rows[i * DIM..(i + 1) * DIM], &f.rows[j * DIM..(j + 1) * DIM], "table {t} row {id}");
+            assert_eq!(&s.state[i * sw..(i + 1) * sw], &f.state[j * sw..(j + 1) * sw], "table {t} state {id}");
+        }
+    }
+}
+
+#[test]
+fn dynamic_and_tiered_without_admission_or_eviction_equal_the_fixed_table() {
+    let sizes = [500u64, 37, 2000];
+    let work = workload(&sizes, 30, 40);
+    for optimizer in [SparseOptimizerKind::RowwiseAdagrad, SparseOptimizerKind::LazyAdam, SparseOptimizerKind::Sgd] {
+        let p = params(0, 1, &sizes, optimizer);
+        let mut fixed = Store::new(&config(StoreKind::Fixed), &p).unwrap();
+        let fixed_seen = run(&mut fixed, &work);
+        let fixed_rows = export_all(&fixed, sizes.len());
+        for kind in [StoreKind::Dynamic, StoreKind::Tiered] {
+            let mut store = Store::new(&config(kind), &p).unwrap();
+            let seen = run(&mut store, &work);
+            assert_eq!(seen, fixed_seen, "{kind:?}/{optimizer:?}: every lookup bit-identical");
+            let rows = export_all(&store, sizes.len());
+            assert_rows_match(&rows, &fixed_rows, fixed.state_width());
+            // Exactly the touched rows are held.
+            let touched: usize = (0..sizes.len())
+                .map(|t| {
+                    let mut ids: Vec<u64> = work.iter().flat_map(|s| s[t].1.iter().copied()).collect();
+                    ids.sort_unstable();
+                    ids.dedup();
+                    ids.len()
+                })
+                .sum();
+            assert_eq!(store.num_rows(), touched);
+            if kind == StoreKind::Tiered {
+                let st = store.stats();
+                assert!(st.hot_rows > 0 && st.hot_rows <= 16, "{st:?}");
+                assert!(st.replans >= 7 && st.hot_hits > 0, "{st:?}");
+                assert_eq!(st.lookups, st.hot_hits + st.cold_hits + st.misses);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_store_on_two_workers_holds_the_rows_of_one() {
+    let sizes = [300u64, 41];
+    let work = workload(&sizes, 20, 30);
+    for kind in [StoreKind::Dynamic, StoreKind::Tiered] {
+        let mut one = Store::new(&config(kind), &params(0, 1, &sizes, SparseOptimizerKind::LazyAdam)).unwrap();
+        run(&mut one, &work);
+        let mut merged = vec![TableRows::default(); sizes.len()];
+        for k in 0..2 {
+            let mine: Vec<Vec<(usize, Vec<u64>)>> = work
+                .iter()
+                .map(|s| {
+                    s.iter()
+                        .map(|(t, ids)| (*t, ids.iter().copied().filter(|&id| shard_of(*t, id, 2) == k).collect()))
+                        .collect()
+                })
+                .collect();
+            let mut store = Store::new(&config(kind), &params(k, 2, &sizes, SparseOptimizerKind::LazyAdam)).unwrap();
+            run(&mut store, &mine);
+            for (t, part) in export_all(&store, sizes.len()).into_iter().enumerate() {
+                merged[t].ids.extend(part.ids);
+                merged[t].rows.extend(part.rows);
+                merged[t].state.extend(part.state);
+            }
+        }
+        let single = export_all(&one, sizes.len());
+        let sw = one.state_width();
+        for t in 0..sizes.len() {
+            assert_eq!(merged[t].ids.len(), single[t].ids.len());
+            let mut order: Vec<usize> = (0..merged[t].ids.len()).collect();
+            order.sort_by_key(|&i| merged[t].ids[i]);
+            for (j, &i) in order.iter().enumerate() {
+                assert_eq!(merged[t].ids[i], single[t].ids[j]);
+                assert_eq!(&merged[t].rows[i * DIM..(i + 1) * DIM], &single[t].rows[j * DIM..(j + 1) * DIM]);
+                assert_eq!(&merged[t].state[i * sw..(i + 1) * sw], &single[t].state[j * sw..(j + 1) * sw]);
+            }
+        }
+    }
+}
+
+/// Differential test of re-planning: a tiered store re-planned at every step
+/// (hot set changing as frequencies shift) against a plain dynamic store fed
+/// the same operations; after every step every row, every optimizer slot and
+/// every lookup agree bit for bit, and each plan is the exact top-k.
+#[test]
+fn re_planning_moves_rows_and_state_without_changing_any_value() {
+    let sizes = [400u64, 90];
+    let cfg =
+        StoreConfig { kind: StoreKind::Tiered, hot_rows: 12, warmup: 1, flush_every: 1, ..StoreConfig::default() };
+    let p = params(0, 1, &sizes, SparseOptimizerKind::LazyAdam);
+    let mut tiered = TieredStore::new(&cfg, &p);
+    let mut plain = DynamicStore::new(&cfg, &p);
+    let mut moves = 0;
+    for s in 0..40u64 {
+        // The popular ids drift: step s favours ids near 10·(s / 10).
+        let step: Vec<(usize, Vec<u64>)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(t, &n)| {
+                let mut ids: Vec<u64> =
+                    (0..25).map(|k| (skewed_id(n, s * 7 + t as u64, k) + 10 * (s / 10)) % n).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                (t, ids)
+            })
+            .collect();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for (t, ids) in &step {
+            tiered.gather(*t, ids, &mut a);
+            plain.gather(*t, ids, &mut b);
+        }
+        assert_eq!(a, b, "step {s}: lookups");
+        for (t, ids) in &step {
+            for &id in ids {
+                let g = grad(s, *t, id);
+                tiered.apply(*t, id, &g);
+                plain.apply(*t, id, &g);
+            }
+        }
+        let before = export_all(&tiered, sizes.len());
+        tiered.end_step(s + 1);
+        plain.end_step(s + 1);
+        let after = export_all(&tiered, sizes.len());
+        assert_eq!(before, after, "step {s}: a re-plan changed a value");
+        assert_eq!(after, export_all(&plain, sizes.len()), "step {s}: tiered differs from plain");
+        // The hot set is the exact top-k by update count (ties by table, id).
+        let mut all: Vec<(std::cmp::Reverse<u32>, u32, u64)> =
+            plain.live_meta().map(|m| (std::cmp::Reverse(m.count), m.table, m.id)).collect();
+        all.sort_unstable();
+        let want: Vec<(usize, u64)> = all
+            .iter()
+            .filter(|p| p.0 .0 >= tiered::HOT_MIN_COUNT)
+            .take(12)
+            .map(|&(_, t, id)| (t as usize, id))
+            .collect();
+        assert_eq!(tiered.hot_ids(), want, "step {s}: hot set");
+        moves = tiered.stats().moves;
+    }
+    assert!(moves > 12, "the hot set changed over time ({moves} moves)");
+}
+
+#[test]
+fn lfu_eviction_keeps_rows_within_the_budget() {
+    let sizes = [1_000_000u64, 1_000_000];
+    let cfg = StoreConfig { kind: StoreKind::Dynamic, max_rows: Some(300), flush_every: 5, ..StoreConfig::default() };
+    let mut store = DynamicStore::new(&cfg, &params(0, 1, &sizes, SparseOptimizerKind::RowwiseAdagrad));
+    let g = [0.1f32; DIM];
+    // A growing id space: every step brings 50 new ids per table and repeats id 0..10.
+    for s in 0..200u64 {
+        for t in 0..2 {
+            for id in (0..10).chain(s * 50..s * 50 + 50) {
+                store.apply(t, id, &g);
+            }
+        }
+        store.end_step(s + 1);
+        if (s + 1) % 5 == 0 {
+            assert!(store.num_rows() <= 300, "step {s}: {} rows", store.num_rows());
+        }
+        assert!(store.num_rows() <= 300 + 5 * 2 * 60);
+    }
+    // The frequent ids survived; the slab never grew beyond the peak.
+    for t in 0..2 {
+        for id in 0..10 {
+            assert!(store.slot(t, id).is_some(), "hot id {id} of table {t} evicted");
+        }
+    }
+    let st = store.stats();
+    assert!(st.evictions > 10_000, "{st:?}");
+    assert!(store.meta.len() <= 300 + 5 * 2 * 60);
+}
+
+#[test]
+fn ttl_evicts_rows_not_seen_for_ttl_steps() {
+    let sizes = [1000u64];
+    let cfg = StoreConfig { kind: StoreKind::Dynamic, ttl_steps: Some(3), flush_every: 1, ..StoreConfig::default() };
+    let mut store = DynamicStore::new(&cfg, &params(0, 1, &sizes, SparseOptimizerKind::Sgd));
+    let g = [0.1f32; DIM];
+    store.apply(0, 1, &g); // step 0
+    store.apply(0, 2, &g);
+    store.end_step(1);
+    for s in 1..4 {
+        store.apply(0, 2, &g);
+        store.end_step(s + 1);
+        assert!(store.slot(0, 1).is_some(), "row 1 is evicted only after 3 idle steps (step {s})");
+    }
+    store.apply(0, 2, &g);
+    store.end_step(5);
+    assert!(store.slot(0, 1).is_none() && store.slot(0, 2).is_some());
+    // An evicted id comes back with its seeded initial row.
+    let mut row = Vec::new();
+    store.gather(0, &[1], &mut row);
+    let mut init = vec![0.0; DIM];
+    init_row(9, 0, 1, 1.0 / (1000f32).sqrt(), &mut init);
+    assert_eq!(row, init);
+}
+
+#[test]
+fn admission_by_count_admits_exactly_the_ids_seen_n_times() {
+    let sizes = [10_000u64, 10_000];
+    let cfg = StoreConfig { kind: StoreKind::Dynamic, admit_count: 3, ..StoreConfig::default() };
+    let mut store = DynamicStore::new(&cfg, &params(0, 1, &sizes, SparseOptimizerKind::Sgd));
+    let g = [1.0f32; DIM];
+    // Id i of table t is seen in (i + t) % 5 steps.
+    let seen = |t: usize, id: u64| (id as usize + t) % 5;
+    for s in 0..5 {
+        let mut zeros = Vec::new();
+        for t in 0..2 {
+            for id in 0..200u64 {
+                if seen(t, id) > s {
+                    if store.slot(t, id).is_none() {
+                        store.gather(t, &[id], &mut zeros);
+                    }
+                    store.apply(t, id, &g);
+                }
+            }
+        }
+        assert!(zeros.iter().all(|&v| v == 0.0), "a non-admitted id reads as zeros");
+        store.end_step(s as u64 + 1);
+    }
+    for t in 0..2 {
+        for id in 0..200u64 {
+            let n = seen(t, id);
+            assert_eq!(store.slot(t, id).is_some(), n >= 3, "table {t} id {id} seen {n} times");
+            if n >= 3 {
+                // Admitted at its third sighting (initial row, no update), updated after.
+                let mut init = vec![0.0; DIM];
+                init_row(9, t, id, 0.01, &mut init);
+                let s = store.slot(t, id).unwrap() as usize;
+                let expect: Vec<f32> = init.iter().map(|v| v - 0.1 * (n - 3) as f32).collect();
+                for (a, b) in store.row_at(s).iter().zip(&expect) {
+                    assert!((a - b).abs() < 1e-6);
+                }
+            }
+        }
+    }
+    let st = store.stats();
+    assert_eq!(st.admissions as usize, store.num_rows());
+    assert_eq!(st.rejections, (0..2).map(|t| (0..200).map(|id| seen(t, id).min(2) as u64).sum::<u64>()).sum::<u64>());
+}
+
+#[test]
+fn admission_by_probability_is_seeded_and_near_p() {
+    let sizes = [1_000_000u64];
+    let cfg = StoreConfig { kind: StoreKind::Dynamic, admit_prob: Some(0.25), ..StoreConfig::default() };
+    let p = params(0, 1, &sizes, SparseOptimizerKind::Sgd);
+    let (mut a, mut b) = (DynamicStore::new(&cfg, &p), DynamicStore::new(&cfg, &p));
+    for id in 0..20_000u64 {
+        a.apply(0, id, &[0.0; DIM]);
+        b.apply(0, id, &[0.0; DIM]);
+    }
+    assert_eq!(export_all(&a, 1), export_all(&b, 1));
+    let frac = a.num_rows() as f64 / 20_000.0;
+    assert!((frac - 0.25).abs() < 0.02, "{frac}");
+}
+
+#[test]
+fn count_min_sketch_top_k_agrees_with_exact_counts_on_skewed_ids() {
+    let mut sketch = CountMinSketch::new(1 << 14, 4, 1);
+    let mut exact = rustc_hash::FxHashMap::<u64, u32>::default();
+    for k in 0..200_000u64 {
+        let id = skewed_id(1_000_000, 1, k);
+        sketch.add(CountMinSketch::key(0, id));
+        *exact.entry(id).or_default() += 1;
+    }
+    for (&id, &c) in &exact {
+        assert!(sketch.estimate(CountMinSketch::key(0, id)) >= c);
+    }
+    let mut by_exact: Vec<(u32, u64)> = exact.iter().map(|(&id, &c)| (c, id)).collect();
+    by_exact.sort_unstable_by(|a, b| b.cmp(a));
+    let k = 100;
+    // Compare the sets where the exact counts separate rank k from rank k + 1.
+    let top: std::collections::BTreeSet<u64> = by_exact[..k].iter().map(|p| p.1).collect();
+    let mut by_sketch: Vec<(u32, u64)> =
+        exact.keys().map(|&id| (sketch.estimate(CountMinSketch::key(0, id)), id)).collect();
+    by_sketch.sort_unstable_by(|a, b| b.cmp(a));
+    let sketched: std::collections::BTreeSet<u64> = by_sketch[..k].iter().map(|p| p.1).collect();
+    let common = top.intersection(&sketched).count();
+    assert!(common >= k * 98 / 100, "{common} of the top {k} agree");
+    for &(c, id) in &by_exact[..k] {
+        let e = sketch.estimate(CountMinSketch::key(0, id));
+        assert!((e - c) as f64 <= 0.01 * c as f64 + 2.0, "id {id}: {e} vs {c}");
+    }
+}
+
+#[test]
+fn tiered_with_a_sketch_picks_the_exact_hot_set_on_skewed_ids() {
+    let sizes = [100_000u64];
+    let work = workload(&sizes, 40, 400);
+    let p = params(0, 1, &sizes, SparseOptimizerKind::Sgd);
+    let exact_cfg =
+        StoreConfig { kind: StoreKind::Tiered, hot_rows: 50, warmup: 40, flush_every: 100, ..StoreConfig::default() };
+    let sketch_cfg = StoreConfig { freq_sketch: true, sketch_width: 1 << 16, ..exact_cfg.clone() };
+    let (mut exact, mut sketched) = (TieredStore::new(&exact_cfg, &p), TieredStore::new(&sketch_cfg, &p));
+    run(&mut exact, &work);
+    run(&mut sketched, &work);
+    let a: std::collections::BTreeSet<_> = exact.hot_ids().into_iter().collect();
+    let b: std::collections::BTreeSet<_> = sketched.hot_ids().into_iter().collect();
+    assert_eq!(a.len(), 50);
+    assert!(a.intersection(&b).count() >= 48, "{} of 50", a.intersection(&b).count());
+}
+
+#[test]
+fn dynamic_and_tiered_checkpoints_round_trip_across_worker_counts() {
+    let sizes = [700u64, 50];
+    let work = workload(&sizes, 15, 40);
+    for kind in [StoreKind::Dynamic, StoreKind::Tiered] {
+        let cfg = config(kind);
+        let mut two: Vec<Store> =
+            (0..2).map(|k| Store::new(&cfg, &params(k, 2, &sizes, SparseOptimizerKind::LazyAdam)).unwrap()).collect();
+        for (k, store) in two.iter_mut().enumerate() {
+            let mine: Vec<Vec<(usize, Vec<u64>)>> = work
+                .iter()
+                .map(|s| {
+                    s.iter()
+                        .map(|(t, ids)| (*t, ids.iter().copied().filter(|&id| shard_of(*t, id, 2) == k).collect()))
+                        .collect()
+                })
+                .collect();
+            run(store, &mine);
+        }
+        for w in [1usize, 2, 3] {
+            let mut target: Vec<Store> = (0..w)
+                .map(|k| Store::new(&cfg, &params(k, w, &sizes, SparseOptimizerKind::LazyAdam)).unwrap())
+                .collect();
+            for s in target.iter_mut() {
+                s.reset(15);
+            }
+            let sw = two[0].state_width();
+            for src in &two {
+                for t in 0..sizes.len() {
+                    let part = src.export_table(t);
+                    for (i, &id) in part.ids.iter().enumerate() {
+                        target[shard_of(t, id, w)]
+                            .set_row(t, id, &part.rows[i * DIM..(i + 1) * DIM], &part.state[i * sw..(i + 1) * sw])
+                            .unwrap();
+                    }
+                }
+            }
+            let total: usize = target.iter().map(|s| s.num_rows()).sum();
+            assert_eq!(total, two.iter().map(|s| s.num_rows()).sum::<usize>());
+            for t in 0..sizes.len() {
+                for store in &target {
+                    let part = store.export_table(t);
+                    assert!(part.ids.windows(2).all(|p| p[0] < p[1]));
+                    for (i, &id) in part.ids.iter().enumerate() {
+                        let src = two[shard_of(t, id, 2)].export_table(t);
+                        let j = src.ids.binary_search(&id).unwrap();
+                        assert_eq!(&part.rows[i * DIM..(i + 1) * DIM], &src.rows[j * DIM..(j + 1) * DIM]);
+                        assert_eq!(&part.state[i * sw..(i + 1) * sw], &src.state[j * sw..(j + 1) * sw]);
+                    }
+                }
+            }
+        }
+        // Wrong owner or width is an error.
+        let s = &mut two[0];
+        assert!(s.set_row(0, 1, &[0.0; DIM], &[0.0; 9]).is_err());
+        assert!(s.set_row(0, 0, &[0.0; 3], &[0.0; 9]).is_err());
+        assert!(s.set_row(5, 0, &[0.0; DIM], &[0.0; 9]).is_err());
+    }
+}
+
+#[test]
+fn bad_store_settings_name_the_key() {
+    let bad = [
+        (StoreConfig { kind: StoreKind::Dynamic, max_rows: Some(0), ..StoreConfig::default() }, "max_rows"),
+        (StoreConfig { kind: StoreKind::Dynamic, admit_prob: Some(1.5), ..StoreConfig::default() }, "admit_prob"),
+        (StoreConfig { kind: StoreKind::Dynamic, ttl_steps: Some(0), ..StoreConfig::default() }, "ttl_steps"),
+        (StoreConfig { kind: StoreKind::Tiered, flush_every: 0, ..StoreConfig::default() }, "flush_every"),
+        (StoreConfig { kind: StoreKind::Tiered, hot_rows: 0, ..StoreConfig::default() }, "hot_rows"),
+        (StoreConfig { max_rows: Some(10), ..StoreConfig::default() }, "store"),
+    ];
+    for (cfg, key) in bad {
+        match cfg.validate() {
+            Err(OperatorError::Config { key: k, .. }) => assert_eq!(k, key),
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    assert_eq!("tiered".parse::<StoreKind>().unwrap(), StoreKind::Tiered);
+    assert!("lru".parse::<StoreKind>().is_err());
+}

@@ -1,0 +1,272 @@
+//! The tiered store: PICASSO's HybridHash on the CPU.
+//!
+//! The cold tier is a [`DynamicStore`]. For the first `warmup` training steps
+//! every row lives there while the store counts how often each row is
+//! updated (exactly, in the row's bookkeeping, or in a [`CountMinSketch`] with
+//! `freq_sketch`). Then, and every `flush_every` steps after, [`TieredStore`]
+//! re-plans: the `hot_rows` most frequent rows (ties: table, then id; rows
+//! updated in fewer than [`HOT_MIN_COUNT`] steps never qualify) move
+//! into the hot tier — three contiguous arrays (values, optimizer state,
+//! bookkeeping) in hotness order, so the hottest rows share pages and cache
+//! lines — and the rows that dropped out move back to the cold tier. A lookup
+//! first asks the hot tier's id → hot-slot map, which holds only `hot_rows`
+//! entries and stays in cache; a hit then reads the dense hot array with no
+//! further hashing. A move copies values, state and counts bit for bit, so a
+//! re-plan never changes the model.
+
+use super::{CountMinSketch, DynamicStore, EmbeddingStore, StoreConfig, StoreParams, StoreStats};
+use crate::optim::apply_row;
+use crate::snapshot::TableRows;
+use crate::OperatorError;
+use rustc_hash::FxHashMap;
+use std::cmp::Reverse;
+
+use super::dynamic::Meta;
+
+/// A row updated in fewer training steps than this is never hot: a hot tier
+/// larger than the set of repeated rows would only add a second lookup to
+/// the misses of rows seen once.
+pub const HOT_MIN_COUNT: u32 = 2;
+
+/// A hot tier over a hash-table cold tier; see the module docs.
+#[derive(Debug)]
+pub struct TieredStore {
+    cold: DynamicStore,
+    dim: usize,
+    state_width: usize,
+    capacity: usize,
+    warmup: u64,
+    flush_every: u64,
+    /// Per table: id → hot slot.
+    hot_index: Vec<FxHashMap<u64, u32>>,
+    hot_rows: Vec<f32>,
+    hot_state: Vec<f32>,
+    hot_meta: Vec<Meta>,
+    freq: Option<CountMinSketch>,
+    lookups: u64,
+    hot_hits: u64,
+    replans: u64,
+    moves: u64,
+}
+
+impl TieredStore {
+    /// An empty store (every row starts cold).
+    pub fn new(config: &StoreConfig, p: &StoreParams<'_>) -> Self {
+        TieredStore {
+            cold: DynamicStore::new(config, p),
+            dim: p.dim,
+            state_width: p.optimizer.state_width(p.dim),
+            capacity: config.hot_rows,
+            warmup: config.warmup,
+            flush_every: config.flush_every.max(1),
+            hot_index: p.table_sizes.iter().map(|_| FxHashMap::default()).collect(),
+            hot_rows: Vec::new(),
+            hot_state: Vec::new(),
+            hot_meta: Vec::new(),
+            freq: config.freq_sketch.then(|| CountMinSketch::new(config.sketch_width, 4, p.seed ^ 0xf4e9)),
+            lookups: 0,
+            hot_hits: 0,
+            replans: 0,
+            moves: 0,
+        }
+    }
+
+    /// Rows in the hot tier.
+    pub fn hot_len(&self) -> usize {
+        self.hot_meta.len()
+    }
+
+    /// The `(table, id)` of the hot rows, hottest first.
+    pub fn hot_ids(&self) -> Vec<(usize, u64)> {
+        self.hot_meta.iter().map(|m| (m.table as usize, m.id)).collect()
+    }
+
+    /// The frequency a plan ranks row `(table, id)` by.
+    fn score(&self, m: &Meta) -> u32 {
+        match &self.freq {
+            Some(sketch) => sketch.estimate(CountMinSketch::key(m.table as usize, m.id)),
+            None => m.count,
+        }
+    }
+
+    /// Chooses the hot set from the current counts and moves rows between the
+    /// tiers; every value, optimizer slot and count moves unchanged.
+    pub fn replan(&mut self) {
+        let (d, w) = (self.dim, self.state_width);
+        let mut ranked: Vec<(Reverse<u32>, u32, u64)> = self
+            .hot_meta
+            .iter()
+            .chain(self.cold.live_meta())
+            .map(|m| (Reverse(self.score(m)), m.table, m.id))
+            .filter(|&(Reverse(score), ..)| score >= HOT_MIN_COUNT)
+            .collect();
+        let k = self.capacity.min(ranked.len());
+        if k < ranked.len() && k > 0 {
+            ranked.select_nth_unstable(k - 1);
+        }
+        ranked.truncate(k);
+        ranked.sort_unstable();
+        let mut rows = Vec::with_capacity(k * d);
+        let mut state = Vec::with_capacity(k * w);
+        let mut meta = Vec::with_capacity(k);
+        let mut index: Vec<FxHashMap<u64, u32>> = self.hot_index.iter().map(|_| FxHashMap::default()).collect();
+        for &(_, t, id) in &ranked {
+            let t = t as usize;
+            let slot = meta.len() as u32;
+            if let Some(&h) = self.hot_index[t].get(&id) {
+                let h = h as usize;
+                rows.extend_from_slice(&self.hot_rows[h * d..(h + 1) * d]);
+                state.extend_from_slice(&self.hot_state[h * w..(h + 1) * w]);
+                meta.push(self.hot_meta[h]);
+            } else {
+                let m = self.cold.take(t, id, &mut rows, &mut state).expect("a ranked row is held cold");
+                meta.push(m);
+                self.moves += 1;
+            }
+            index[t].insert(id, slot);
+        }
+        // Rows that left the hot tier go back to the cold tier as they are.
+        for (h, m) in self.hot_meta.iter().enumerate() {
+            if !index[m.table as usize].contains_key(&m.id) {
+                self.cold.insert_raw(*m, &self.hot_rows[h * d..(h + 1) * d], &self.hot_state[h * w..(h + 1) * w]);
+                self.moves += 1;
+            }
+        }
+        self.hot_rows = rows;
+        self.hot_state = state;
+        self.hot_meta = meta;
+        self.hot_index = index;
+        self.replans += 1;
+    }
+
+    /// True at the steps that re-plan: `warmup`, then every `flush_every` steps.
+    fn plans_at(&self, completed: u64) -> bool {
+        completed >= self.warmup && (completed - self.warmup).is_multiple_of(self.flush_every)
+    }
+}
+
+impl EmbeddingStore for TieredStore {
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn state_width(&self) -> usize {
+        self.state_width
+    }
+    fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
+        let d = self.dim;
+        out.reserve(ids.len() * d);
+        self.lookups += ids.len() as u64;
+        let hot = &self.hot_index[table];
+        for &id in ids {
+            match hot.get(&id) {
+                Some(&h) => {
+                    self.hot_hits += 1;
+                    let h = h as usize;
+                    out.extend_from_slice(&self.hot_rows[h * d..(h + 1) * d]);
+                }
+                None => self.cold.gather_one(table, id, out),
+            }
+        }
+    }
+    fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
+        if let Some(sketch) = &mut self.freq {
+            sketch.add(CountMinSketch::key(table, id));
+        }
+        match self.hot_index[table].get(&id) {
+            Some(&h) => {
+                let (d, w, h) = (self.dim, self.state_width, h as usize);
+                let m = &mut self.hot_meta[h];
+                m.count = m.count.saturating_add(1);
+                m.last_seen = self.cold.step();
+                let (kind, hp) = self.cold.optimizer();
+                apply_row(
+                    kind,
+                    &hp,
+                    &mut self.hot_rows[h * d..(h + 1) * d],
+                    grad,
+                    &mut self.hot_state[h * w..(h + 1) * w],
+                );
+            }
+            None => self.cold.apply(table, id, grad),
+        }
+    }
+    fn end_step(&mut self, completed: u64) {
+        self.cold.set_step(completed);
+        if self.plans_at(completed) {
+            self.replan();
+        }
+        if completed.is_multiple_of(self.cold.flush_every()) {
+            let budget = self.cold.max_rows().map(|b| b.saturating_sub(self.hot_len() as u64));
+            self.cold.evict(budget);
+        }
+    }
+    fn export_table(&self, table: usize) -> TableRows {
+        let (d, w) = (self.dim, self.state_width);
+        let cold = self.cold.export_table(table);
+        let mut hot: Vec<(u64, u32)> = self.hot_index[table].iter().map(|(&id, &h)| (id, h)).collect();
+        if hot.is_empty() {
+            return cold;
+        }
+        hot.sort_unstable();
+        let n = cold.ids.len() + hot.len();
+        let mut out =
+            TableRows { ids: Vec::with_capacity(n), rows: Vec::with_capacity(n * d), state: Vec::with_capacity(n * w) };
+        let (mut i, mut j) = (0, 0);
+        while i < cold.ids.len() || j < hot.len() {
+            if j == hot.len() || (i < cold.ids.len() && cold.ids[i] < hot[j].0) {
+                out.ids.push(cold.ids[i]);
+                out.rows.extend_from_slice(&cold.rows[i * d..(i + 1) * d]);
+                out.state.extend_from_slice(&cold.state[i * w..(i + 1) * w]);
+                i += 1;
+            } else {
+                let h = hot[j].1 as usize;
+                out.ids.push(hot[j].0);
+                out.rows.extend_from_slice(&self.hot_rows[h * d..(h + 1) * d]);
+                out.state.extend_from_slice(&self.hot_state[h * w..(h + 1) * w]);
+                j += 1;
+            }
+        }
+        out
+    }
+    fn reset(&mut self, completed: u64) {
+        for m in &mut self.hot_index {
+            m.clear();
+        }
+        self.hot_rows.clear();
+        self.hot_state.clear();
+        self.hot_meta.clear();
+        self.cold.reset(completed);
+    }
+    fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
+        match self.hot_index.get(table).and_then(|m| m.get(&id)) {
+            Some(&h) if row.len() == self.dim && state.len() == self.state_width => {
+                let (d, w, h) = (self.dim, self.state_width, h as usize);
+                self.hot_rows[h * d..(h + 1) * d].copy_from_slice(row);
+                self.hot_state[h * w..(h + 1) * w].copy_from_slice(state);
+                Ok(())
+            }
+            _ => self.cold.set_row(table, id, row, state),
+        }
+    }
+    fn stats(&self) -> StoreStats {
+        let cold = self.cold.raw_stats();
+        StoreStats {
+            lookups: self.lookups,
+            hot_hits: self.hot_hits,
+            hot_rows: self.hot_len() as u64,
+            cold_rows: self.cold.num_rows() as u64,
+            replans: self.replans,
+            moves: self.moves,
+            ..cold
+        }
+    }
+    fn num_rows(&self) -> usize {
+        self.hot_len() + self.cold.num_rows()
+    }
+    fn sum_of_squares(&self) -> f64 {
+        self.hot_rows.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + self.cold.sum_of_squares()
+    }
+    fn holds_every_row(&self) -> bool {
+        false
+    }
+}

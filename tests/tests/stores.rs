@@ -1,0 +1,105 @@
+//! Embedding stores through the whole pipeline: `--store dynamic` (admission
+//! and eviction off) and `--store tiered` train the model of `--store fixed`
+//! (same loss and AUC within 1e-5), on one worker and on two; bad store
+//! settings fail before any work, naming the key.
+
+mod common;
+
+use common::rel_diff;
+use tiderec::TrainSettings;
+
+fn run(store: &str, workers: usize) -> tiderec_sinks::metrics::RunSummary {
+    let settings = TrainSettings {
+        model: "deepfm".into(),
+        store: store.into(),
+        hot_rows: 2000,
+        warmup: 5,
+        flush_every: 10,
+        workers,
+        steps: Some(40),
+        samples: 40 * 256,
+        batch_size: 256,
+        eval_fraction: 0.1,
+        buckets: 20_000,
+        progress: "none".into(),
+        seed: 17,
+        ..TrainSettings::default()
+    };
+    tiderec::run::train(&settings).unwrap().expect("single-process runs return a summary")
+}
+
+#[test]
+fn dynamic_and_tiered_stores_train_the_fixed_model_on_one_and_two_workers() {
+    for workers in [1, 2] {
+        let fixed = run("fixed", workers);
+        for store in ["dynamic", "tiered"] {
+            let s = run(store, workers);
+            let dloss = rel_diff(fixed.train_loss_mean, s.train_loss_mean);
+            let dauc = rel_diff(fixed.auc.unwrap(), s.auc.unwrap());
+            let dlog = rel_diff(fixed.logloss.unwrap(), s.logloss.unwrap());
+            eprintln!(
+                "{store} W={workers}: loss {} vs {}, AUC {:?} vs {:?}, {} rows held, {:?}",
+                s.train_loss_mean, fixed.train_loss_mean, s.auc, fixed.auc, s.embedding_rows, s.store
+            );
+            assert!(dloss <= 1e-5 && dauc <= 1e-5 && dlog <= 1e-5, "{store} W={workers}: {dloss:e} {dauc:e} {dlog:e}");
+            assert!(s.embedding_rows < fixed.embedding_rows, "only touched rows are held");
+            assert_eq!(s.store.admissions, s.embedding_rows);
+            if store == "tiered" {
+                assert!(s.store.hot_hits > s.store.cold_hits, "{:?}", s.store);
+            }
+            // W = 2 equals W = 1 for this store.
+            if workers == 2 {
+                let one = run(store, 1);
+                assert!(rel_diff(one.train_loss_mean, s.train_loss_mean) <= 1e-5);
+                assert!(rel_diff(one.auc.unwrap(), s.auc.unwrap()) <= 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_store_settings_fail_naming_the_key() {
+    type Case = (fn(&mut TrainSettings), &'static str);
+    let cases: [Case; 5] = [
+        (|s| s.store = "lru".into(), "store"),
+        (|s| s.max_rows = Some(5), "store"),
+        (
+            |s| {
+                s.store = "dynamic".into();
+                s.admit_prob = Some(2.0)
+            },
+            "admit_prob",
+        ),
+        (
+            |s| {
+                s.store = "tiered".into();
+                s.flush_every = 0
+            },
+            "flush_every",
+        ),
+        (
+            |s| {
+                s.store = "tiered".into();
+                s.hot_rows = 0
+            },
+            "hot_rows",
+        ),
+    ];
+    for (set, key) in cases {
+        let mut s = TrainSettings { progress: "none".into(), ..TrainSettings::default() };
+        set(&mut s);
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains(&format!("`{key}`")), "{key}: {err}");
+    }
+    // The TOML keys are the flags' names.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.toml");
+    std::fs::write(
+        &path,
+        "store = \"tiered\"\nhot_rows = 100\nwarmup = 3\nflush_every = 7\nmax_rows = 1000\nttl_steps = 50\n",
+    )
+    .unwrap();
+    let s = TrainSettings::from_toml_file(&path).unwrap();
+    let store = s.store_config().unwrap();
+    assert_eq!((store.hot_rows, store.warmup, store.flush_every, store.max_rows), (100, 3, 7, Some(1000)));
+}
