@@ -693,7 +693,7 @@ mod tests {
         std::fs::write(dir.join("v.txt"), "a\nb\n").unwrap();
         let toml = |pooling: &str| {
             format!(
-                "delimiter = \",\"\ncolumns = [\"y\", \"c\", \"l\"]\nlabel = {{ column = \"y\" }}\n\
+                "delimiter = \",\"\ncolumns = [\"y\", \"d\", \"c\", \"l\"]\nlabel = {{ column = \"y\" }}\ndense = [{{ column = \"d\" }}]\n\
                  categorical = [{{ column = \"c\", buckets = 3, encoding = \"vocabulary\", vocabulary = \"v.txt\", oov_buckets = 1 }}]\n\
                  list = [{{ column = \"l\", delimiter = \";\", max_len = 5, buckets = 10, pooling = \"{pooling}\" }}]\n"
             )
