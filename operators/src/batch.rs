@@ -20,12 +20,16 @@ pub struct SparseField {
     pub offsets: Vec<u32>,
     /// Row ids (already bucketed into the field's table).
     pub ids: Vec<u64>,
+    /// Optional per-id pooling weights (`ids.len()` of them; `None` means every
+    /// weight is 1). Mean pooling writes `1/n` for each of a bag's `n` ids.
+    #[serde(default)]
+    pub weights: Option<Vec<f32>>,
 }
 
 impl SparseField {
     /// An empty field with zero bags.
     pub fn new() -> Self {
-        SparseField { offsets: vec![0], ids: Vec::new() }
+        SparseField { offsets: vec![0], ids: Vec::new(), weights: None }
     }
 
     /// Ids of bag `i`.
@@ -50,6 +54,49 @@ impl SparseField {
     #[inline]
     pub fn close_bag(&mut self) {
         self.offsets.push(self.ids.len() as u32);
+    }
+
+    /// Closes the current bag giving each of its ids the weight `1/n` (mean
+    /// pooling); an empty bag stays empty. Earlier unweighted ids get weight 1.
+    pub fn close_bag_mean(&mut self) {
+        let start = *self.offsets.last().unwrap() as usize;
+        let n = self.ids.len() - start;
+        let w = self.weights.get_or_insert_with(Vec::new);
+        w.resize(start, 1.0);
+        w.resize(start + n, 1.0 / n.max(1) as f32);
+        self.close_bag();
+    }
+
+    /// Weights of bag `i` (`None` when the field is unweighted).
+    #[inline]
+    pub fn bag_weights(&self, i: usize) -> Option<&[f32]> {
+        self.weights.as_deref().map(|w| &w[self.offsets[i] as usize..self.offsets[i + 1] as usize])
+    }
+
+    /// Appends bag `i` of `src` (ids and weights) as one new bag.
+    pub fn push_bag_from(&mut self, src: &SparseField, i: usize) {
+        let start = self.ids.len();
+        self.ids.extend_from_slice(src.bag(i));
+        match (src.bag_weights(i), &mut self.weights) {
+            (Some(w), mine) => {
+                let mine = mine.get_or_insert_with(Vec::new);
+                mine.resize(start, 1.0);
+                mine.extend_from_slice(w);
+            }
+            (None, Some(mine)) => mine.resize(self.ids.len(), 1.0),
+            (None, None) => {}
+        }
+        self.close_bag();
+    }
+
+    /// Removes all bags, keeping the allocations.
+    pub fn clear(&mut self) {
+        self.offsets.clear();
+        self.offsets.push(0);
+        self.ids.clear();
+        if let Some(w) = &mut self.weights {
+            w.clear();
+        }
     }
 }
 
@@ -105,9 +152,7 @@ impl Batch {
         self.labels.clear();
         self.dense.clear();
         for f in self.sparse.iter_mut().chain(&mut self.sequences) {
-            f.offsets.clear();
-            f.offsets.push(0);
-            f.ids.clear();
+            f.clear();
         }
     }
 
@@ -118,12 +163,10 @@ impl Batch {
         let d = self.num_dense;
         self.dense.extend_from_slice(&other.dense[i * d..(i + 1) * d]);
         for (dst, src) in self.sparse.iter_mut().zip(&other.sparse) {
-            dst.ids.extend_from_slice(src.bag(i));
-            dst.close_bag();
+            dst.push_bag_from(src, i);
         }
         for (dst, src) in self.sequences.iter_mut().zip(&other.sequences) {
-            dst.ids.extend_from_slice(src.bag(i));
-            dst.close_bag();
+            dst.push_bag_from(src, i);
         }
     }
 
@@ -148,6 +191,11 @@ impl Batch {
             }
             if s.offsets.windows(2).any(|w| w[0] > w[1]) || *s.offsets.last().unwrap() as usize != s.ids.len() {
                 return Err(format!("{name}: offsets not monotone or not ending at ids.len()"));
+            }
+            if let Some(w) = &s.weights {
+                if w.len() != s.ids.len() {
+                    return Err(format!("{name}: {} weights for {} ids", w.len(), s.ids.len()));
+                }
             }
         }
         if let Some(first) = self.sequences.first() {
@@ -187,6 +235,29 @@ mod tests {
         assert!(b.sparse[1].bag(1).is_empty());
         b.clear();
         assert!(b.is_empty());
+        b.check().unwrap();
+    }
+
+    #[test]
+    fn weights_follow_their_bags() {
+        let mut a = Batch::new(0, 1);
+        for bag in [&[1u64, 2, 3][..], &[], &[4]] {
+            a.labels.push(0.0);
+            a.sparse[0].ids.extend_from_slice(bag);
+            a.sparse[0].close_bag_mean();
+        }
+        a.check().unwrap();
+        assert_eq!(a.sparse[0].weights.as_deref(), Some(&[1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0, 1.0][..]));
+        let mut b = Batch::new(0, 1);
+        b.labels.push(1.0);
+        b.sparse[0].ids.push(9);
+        b.sparse[0].close_bag();
+        b.extend_from(&a);
+        b.check().unwrap();
+        assert_eq!(b.sparse[0].bag_weights(0), Some(&[1.0][..]), "unweighted bags get weight 1");
+        assert_eq!(b.sparse[0].bag_weights(3), Some(&[1.0][..]));
+        assert_eq!(b.sparse[0].bag_weights(1).unwrap().len(), 3);
+        b.clear();
         b.check().unwrap();
     }
 }

@@ -53,6 +53,83 @@ pub enum Encoding {
     Hash,
     /// The value is a non-negative integer id below the table size.
     Identity,
+    /// The value is looked up in a vocabulary (`vocabulary`): token `k` is id
+    /// `k`; an out-of-vocabulary token hashes into one of `oov_buckets` extra
+    /// ids after the vocabulary, or is an absent value (empty bag) when
+    /// `oov_buckets` is 0.
+    Vocabulary,
+}
+
+/// A vocabulary: a file with one token per line, or the tokens inline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Vocabulary {
+    /// Path of a file with one token per line (a trailing `\r` is dropped).
+    File(String),
+    /// The tokens, in id order.
+    Inline(Vec<String>),
+}
+
+/// Token → id map of a loaded vocabulary.
+pub type VocabularyMap = rustc_hash::FxHashMap<Vec<u8>, u64>;
+
+impl Vocabulary {
+    /// Loads the tokens (id = position); errors name `key`, and for a file its path and line.
+    pub fn load(&self, key: &str) -> Result<VocabularyMap, OperatorError> {
+        let mut map = VocabularyMap::default();
+        let mut add = |token: &[u8], place: &dyn Fn() -> String| -> Result<(), OperatorError> {
+            if token.is_empty() {
+                return Err(OperatorError::config(key, format!("{}: empty token", place())));
+            }
+            let next = map.len() as u64;
+            if let Some(first) = map.insert(token.to_vec(), next) {
+                return Err(OperatorError::config(
+                    key,
+                    format!("{}: token `{}` already has id {first}", place(), String::from_utf8_lossy(token)),
+                ));
+            }
+            Ok(())
+        };
+        match self {
+            Vocabulary::Inline(tokens) => {
+                for (i, t) in tokens.iter().enumerate() {
+                    add(t.as_bytes(), &|| format!("item {i}"))?;
+                }
+            }
+            Vocabulary::File(path) => {
+                let bytes = std::fs::read(path)
+                    .map_err(|e| OperatorError::config(key, format!("cannot read vocabulary {path}: {e}")))?;
+                let body = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+                if body.is_empty() {
+                    return Err(OperatorError::config(key, format!("{path}: the vocabulary is empty")));
+                }
+                for (i, line) in body.split(|&b| b == b'\n').enumerate() {
+                    let line = line.strip_suffix(b"\r").unwrap_or(line);
+                    add(line, &|| format!("{path}:{}", i + 1))?;
+                }
+            }
+        }
+        if map.is_empty() {
+            return Err(OperatorError::config(key, "the vocabulary is empty"));
+        }
+        Ok(map)
+    }
+}
+
+/// How the ids of a multi-valued list reach the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooling {
+    /// The bag's embedding rows are summed.
+    #[default]
+    Sum,
+    /// The rows are averaged (each id weighted `1/n`; an empty bag pools to zeros).
+    Mean,
+    /// Not pooled: the list is kept, in order, as a behaviour sequence field
+    /// (`Batch::sequences`) for models with sequence inputs. All `none` lists of
+    /// a spec must have the same number of items on every line (they describe
+    /// the same events); a line where they differ is malformed.
+    None,
 }
 
 /// A single-valued categorical column.
@@ -63,9 +140,30 @@ pub struct CategoricalSpec {
     pub column: String,
     /// Table rows.
     pub buckets: u64,
-    /// Hash (default) or identity.
+    /// Hash (default), identity or vocabulary.
     #[serde(default)]
     pub encoding: Encoding,
+    /// The vocabulary of `encoding = "vocabulary"`: a file path or an inline list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocabulary: Option<Vocabulary>,
+    /// Extra ids for out-of-vocabulary tokens (0: such a token is an absent value).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub oov_buckets: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_sum(p: &Pooling) -> bool {
+    *p == Pooling::Sum
+}
+
+impl CategoricalSpec {
+    /// A hashed column.
+    pub fn hashed(column: &str, buckets: u64) -> Self {
+        CategoricalSpec { column: column.into(), buckets, encoding: Encoding::Hash, vocabulary: None, oov_buckets: 0 }
+    }
 }
 
 /// A multi-valued categorical column (a behaviour list).
@@ -80,6 +178,9 @@ pub struct ListSpec {
     pub max_len: usize,
     /// Table rows.
     pub buckets: u64,
+    /// `sum` (default), `mean` or `none` (kept as a sequence).
+    #[serde(default, skip_serializing_if = "is_sum")]
+    pub pooling: Pooling,
 }
 
 /// How a numeric list becomes one dense value.
@@ -140,14 +241,117 @@ fn one_byte(key: &str, s: &str) -> Result<u8, OperatorError> {
 }
 
 impl FeatureSpec {
-    /// `(dense features, sparse fields)` of the samples.
+    /// `(dense features, sparse fields)` of the samples (lists with
+    /// `pooling = "none"` are sequence fields, not sparse fields).
     pub fn shape(&self) -> (usize, usize) {
-        (self.dense.len() + self.numeric_list.len(), self.categorical.len() + self.list.len())
+        (self.dense.len() + self.numeric_list.len(), self.categorical.len() + self.pooled_lists().count())
     }
 
     /// Rows of each sparse field's table, in field order.
     pub fn table_sizes(&self) -> Vec<u64> {
-        self.categorical.iter().map(|c| c.buckets).chain(self.list.iter().map(|l| l.buckets)).collect()
+        self.categorical.iter().map(|c| c.buckets).chain(self.pooled_lists().map(|(_, l)| l.buckets)).collect()
+    }
+
+    /// The lists pooled into sparse fields (`sum`, `mean`) with their index in `list`.
+    pub fn pooled_lists(&self) -> impl Iterator<Item = (usize, &ListSpec)> {
+        self.list.iter().enumerate().filter(|(_, l)| l.pooling != Pooling::None)
+    }
+
+    /// The lists kept as sequence fields (`pooling = "none"`) with their index in `list`.
+    pub fn sequence_lists(&self) -> impl Iterator<Item = (usize, &ListSpec)> {
+        self.list.iter().enumerate().filter(|(_, l)| l.pooling == Pooling::None)
+    }
+
+    /// Parses a TOML spec and validates it; errors name the key (TOML errors
+    /// also give the line and column).
+    pub fn from_toml(text: &str) -> Result<Self, OperatorError> {
+        Self::from_toml_in(text, None)
+    }
+
+    /// As [`FeatureSpec::from_toml`], with relative vocabulary file paths
+    /// taken relative to `base` (the spec file's folder).
+    pub fn from_toml_in(text: &str, base: Option<&std::path::Path>) -> Result<Self, OperatorError> {
+        let mut spec: FeatureSpec = toml::from_str(text).map_err(|e| {
+            let msg = e.message().to_string();
+            let key = msg
+                .split('`')
+                .nth(1)
+                .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"))
+                .unwrap_or("spec")
+                .to_string();
+            OperatorError::config(key, e.to_string())
+        })?;
+        if let Some(base) = base {
+            for c in &mut spec.categorical {
+                if let Some(Vocabulary::File(path)) = &mut c.vocabulary {
+                    if std::path::Path::new(path.as_str()).is_relative() {
+                        *path = base.join(&*path).display().to_string();
+                    }
+                }
+            }
+        }
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The spec as TOML (what `from_toml` reads back).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a feature spec always serializes")
+    }
+
+    /// The names [`FeatureSpec::preset`] knows.
+    pub const PRESETS: [&'static str; 5] = ["criteo", "avazu", "elm", "elm_y_long", "taobao_ad"];
+
+    /// A preset by name (`-` and `_` are interchangeable): `criteo`, `avazu`,
+    /// `elm`, `elm_y_long` (elm with 8× longer lists) or `taobao_ad`, with
+    /// `buckets` rows per table and lists cut at `max_len` items (elm uses 50
+    /// and elm_y_long 400 regardless).
+    pub fn preset(name: &str, buckets: u64, max_len: usize) -> Option<Self> {
+        match name.replace('-', "_").as_str() {
+            "criteo" => Some(FeatureSpec::criteo(buckets)),
+            "avazu" => Some(FeatureSpec::avazu(buckets)),
+            "elm" => Some(FeatureSpec::elm(buckets, 50)),
+            "elm_y_long" => Some(FeatureSpec::elm(buckets, 400)),
+            "taobao_ad" => Some(FeatureSpec::taobao_ad(buckets, max_len)),
+            _ => None,
+        }
+    }
+
+    /// Criteo Kaggle / 1TB lines: TAB-separated `label, I1..I13, C1..C26`, no
+    /// header; counts dense with `ln(1 + max(x, 0))`, categories hashed (as
+    /// bytes, so ids differ from the dedicated Criteo reader's, which parses the hex).
+    pub fn criteo(buckets: u64) -> Self {
+        let ints: Vec<String> = (1..=13).map(|i| format!("I{i}")).collect();
+        let cats: Vec<String> = (1..=26).map(|i| format!("C{i}")).collect();
+        FeatureSpec {
+            delimiter: "\\t".into(),
+            header: false,
+            columns: std::iter::once("label".to_string())
+                .chain(ints.iter().cloned())
+                .chain(cats.iter().cloned())
+                .collect(),
+            label: LabelSpec { column: "label".into() },
+            dense: ints.iter().map(|c| DenseSpec { column: c.clone(), log1p: true, clamp: None }).collect(),
+            numeric_list: Vec::new(),
+            categorical: cats.iter().map(|c| CategoricalSpec::hashed(c, buckets)).collect(),
+            list: Vec::new(),
+        }
+    }
+
+    /// Avazu CSV (with its header): `click` is the label, `id` is not a
+    /// feature, and the 22 other columns (`hour` as its full `YYMMDDHH` value)
+    /// are hashed categorical fields.
+    pub fn avazu(buckets: u64) -> Self {
+        FeatureSpec {
+            delimiter: ",".into(),
+            header: true,
+            columns: AVAZU_COLUMNS.iter().map(|s| s.to_string()).collect(),
+            label: LabelSpec { column: "click".into() },
+            dense: Vec::new(),
+            numeric_list: Vec::new(),
+            categorical: AVAZU_COLUMNS[2..].iter().map(|c| CategoricalSpec::hashed(c, buckets)).collect(),
+            list: Vec::new(),
+        }
     }
 
     /// Checks the spec; errors name the key.
@@ -184,6 +388,34 @@ impl FeatureSpec {
             if c.buckets == 0 {
                 return Err(OperatorError::config(format!("categorical[{i}].buckets"), "must be positive"));
             }
+            let key = format!("categorical[{i}].vocabulary");
+            match (c.encoding, &c.vocabulary) {
+                (Encoding::Vocabulary, None) => {
+                    return Err(OperatorError::config(key, "`encoding = \"vocabulary\"` needs a vocabulary"))
+                }
+                (Encoding::Vocabulary, Some(v)) => {
+                    let n = v.load(&key)?.len() as u64;
+                    if c.buckets < n + c.oov_buckets {
+                        return Err(OperatorError::config(
+                            format!("categorical[{i}].buckets"),
+                            format!(
+                                "{} rows cannot hold {n} vocabulary ids and {} oov buckets",
+                                c.buckets, c.oov_buckets
+                            ),
+                        ));
+                    }
+                }
+                (_, Some(_)) => {
+                    return Err(OperatorError::config(key, "a vocabulary needs `encoding = \"vocabulary\"`"))
+                }
+                (_, None) if c.oov_buckets != 0 => {
+                    return Err(OperatorError::config(
+                        format!("categorical[{i}].oov_buckets"),
+                        "only vocabulary encoding has oov buckets",
+                    ))
+                }
+                _ => {}
+            }
         }
         for (i, l) in self.list.iter().enumerate() {
             find(format!("list[{i}].column"), &l.column)?;
@@ -194,6 +426,12 @@ impl FeatureSpec {
             if l.max_len == 0 {
                 return Err(OperatorError::config(format!("list[{i}].max_len"), "must be positive"));
             }
+        }
+        if let Some((i, _)) = self.sequence_lists().nth(MAX_SEQUENCES) {
+            return Err(OperatorError::config(
+                format!("list[{i}].pooling"),
+                format!("at most {MAX_SEQUENCES} lists may be kept as sequences"),
+            ));
         }
         if self.shape().1 == 0 && self.shape().0 == 0 {
             return Err(OperatorError::config("dense/categorical", "the spec defines no feature"));
@@ -249,13 +487,16 @@ impl FeatureSpec {
                 .iter()
                 .map(|c| NumericListSpec { column: c.to_string(), delimiter: ";".into(), reduce: ListReduce::Mean })
                 .collect(),
-            categorical: categorical_cols
-                .iter()
-                .map(|c| CategoricalSpec { column: c.to_string(), buckets, encoding: Encoding::Hash })
-                .collect(),
+            categorical: categorical_cols.iter().map(|c| CategoricalSpec::hashed(c, buckets)).collect(),
             list: list_cols
                 .iter()
-                .map(|c| ListSpec { column: c.to_string(), delimiter: ";".into(), max_len, buckets })
+                .map(|c| ListSpec {
+                    column: c.to_string(),
+                    delimiter: ";".into(),
+                    max_len,
+                    buckets,
+                    pooling: Pooling::Sum,
+                })
                 .collect(),
         }
     }
@@ -292,14 +533,45 @@ impl FeatureSpec {
             label: LabelSpec { column: "clk".into() },
             dense: vec![DenseSpec { column: "price".into(), log1p: true, clamp: None }],
             numeric_list: Vec::new(),
-            categorical: categorical_cols
-                .iter()
-                .map(|c| CategoricalSpec { column: c.to_string(), buckets, encoding: Encoding::Hash })
-                .collect(),
-            list: vec![ListSpec { column: "click_sequence".into(), delimiter: "^".into(), max_len, buckets }],
+            categorical: categorical_cols.iter().map(|c| CategoricalSpec::hashed(c, buckets)).collect(),
+            list: vec![ListSpec {
+                column: "click_sequence".into(),
+                delimiter: "^".into(),
+                max_len,
+                buckets,
+                pooling: Pooling::Sum,
+            }],
         }
     }
 }
+
+/// The 24 columns of a labeled Avazu CSV, in order.
+pub const AVAZU_COLUMNS: [&str; 24] = [
+    "id",
+    "click",
+    "hour",
+    "C1",
+    "banner_pos",
+    "site_id",
+    "site_domain",
+    "site_category",
+    "app_id",
+    "app_domain",
+    "app_category",
+    "device_id",
+    "device_ip",
+    "device_model",
+    "device_type",
+    "device_conn_type",
+    "C14",
+    "C15",
+    "C16",
+    "C17",
+    "C18",
+    "C19",
+    "C20",
+    "C21",
+];
 
 /// The 19 columns of the joined Taobao display-ad CSV, in order.
 pub const TAOBAO_AD_COLUMNS: [&str; 19] = [
@@ -367,7 +639,62 @@ pub const ELM_COLUMNS: [&str; 39] = [
     "geohash12",
 ];
 
+/// A categorical column compiled: column index, hashing seed, table rows, encoding.
+#[derive(Clone, Debug)]
+struct CategoricalColumn {
+    col: usize,
+    seed: u64,
+    buckets: u64,
+    encoding: Encoding,
+    /// The loaded vocabulary (vocabulary encoding only).
+    vocabulary: Option<std::sync::Arc<VocabularyMap>>,
+    oov_buckets: u64,
+}
+
+impl CategoricalColumn {
+    /// The id of a non-empty value; `Ok(None)` for an out-of-vocabulary token
+    /// without oov buckets (an absent value).
+    #[inline]
+    fn id(&self, raw: &[u8]) -> Result<Option<u64>, ()> {
+        match self.encoding {
+            Encoding::Hash => Ok(Some(token_bucket(self.seed, raw, self.buckets))),
+            Encoding::Identity => match crate::features::parse_i64(raw) {
+                Some(v) if v >= 0 && (v as u64) < self.buckets => Ok(Some(v as u64)),
+                _ => Err(()),
+            },
+            Encoding::Vocabulary => {
+                let vocab = self.vocabulary.as_ref().expect("compiled with its vocabulary");
+                Ok(match vocab.get(raw) {
+                    Some(&id) => Some(id),
+                    None if self.oov_buckets > 0 => {
+                        Some(vocab.len() as u64 + token_bucket(self.seed, raw, self.oov_buckets))
+                    }
+                    None => None,
+                })
+            }
+        }
+    }
+}
+
+/// A list column compiled.
+#[derive(Clone, Debug)]
+struct ListColumn {
+    col: usize,
+    delimiter: u8,
+    seed: u64,
+    buckets: u64,
+    max_len: usize,
+    pooling: Pooling,
+    /// Index of its field in `Batch::sparse` (pooled) or `Batch::sequences` (`none`).
+    slot: usize,
+}
+
 /// A validated spec compiled to column indices: the [`LineFormat`] of a spec.
+///
+/// Lists with `pooling = "mean"` carry per-id weights `1/n`
+/// ([`crate::SparseField::weights`]); lists with `pooling = "none"` go to
+/// `Batch::sequences`, in spec order, and the format reports them through
+/// [`LineFormat::num_sequences`].
 #[derive(Clone, Debug)]
 pub struct SpecFormat {
     spec: FeatureSpec,
@@ -375,17 +702,53 @@ pub struct SpecFormat {
     label: usize,
     dense: Vec<usize>,
     numeric: Vec<(usize, u8, Reduce)>,
-    categorical: Vec<(usize, u64, u64, Encoding)>,
-    lists: Vec<(usize, u8, u64, u64, usize)>,
+    categorical: Vec<CategoricalColumn>,
+    lists: Vec<ListColumn>,
+    num_sequences: usize,
 }
 
 impl SpecFormat {
-    /// Compiles `spec` (validated here) with hashing seeds derived from `seed`.
+    /// Compiles `spec` (validated here, vocabularies loaded) with hashing seeds derived from `seed`.
     pub fn new(spec: FeatureSpec, seed: u64) -> Result<Self, OperatorError> {
         spec.validate()?;
         let index = |c: &str| spec.columns.iter().position(|x| x == c).expect("validated");
         let delimiter = one_byte("delimiter", &spec.delimiter)?;
         let nc = spec.categorical.len();
+        let mut categorical = Vec::with_capacity(nc);
+        for (f, c) in spec.categorical.iter().enumerate() {
+            let vocabulary = match &c.vocabulary {
+                Some(v) => Some(std::sync::Arc::new(v.load(&format!("categorical[{f}].vocabulary"))?)),
+                None => None,
+            };
+            categorical.push(CategoricalColumn {
+                col: index(&c.column),
+                seed: field_seed(seed, f),
+                buckets: c.buckets,
+                encoding: c.encoding,
+                vocabulary,
+                oov_buckets: c.oov_buckets,
+            });
+        }
+        let (mut pooled, mut sequences) = (0, 0);
+        let lists = spec
+            .list
+            .iter()
+            .map(|l| {
+                let slot = if l.pooling == Pooling::None { &mut sequences } else { &mut pooled };
+                let here = *slot;
+                *slot += 1;
+                ListColumn {
+                    col: index(&l.column),
+                    delimiter: l.delimiter.as_bytes()[0],
+                    // Pooled lists keep the seeds they had before sequences existed.
+                    seed: field_seed(seed, if l.pooling == Pooling::None { 1 << 20 | here } else { nc + here }),
+                    buckets: l.buckets,
+                    max_len: l.max_len,
+                    pooling: l.pooling,
+                    slot: if l.pooling == Pooling::None { here } else { nc + here },
+                }
+            })
+            .collect();
         Ok(SpecFormat {
             delimiter,
             label: index(&spec.label.column),
@@ -398,20 +761,9 @@ impl SpecFormat {
                     (index(&n.column), n.delimiter.as_bytes()[0], r)
                 })
                 .collect(),
-            categorical: spec
-                .categorical
-                .iter()
-                .enumerate()
-                .map(|(f, c)| (index(&c.column), field_seed(seed, f), c.buckets, c.encoding))
-                .collect(),
-            lists: spec
-                .list
-                .iter()
-                .enumerate()
-                .map(|(k, l)| {
-                    (index(&l.column), l.delimiter.as_bytes()[0], field_seed(seed, nc + k), l.buckets, l.max_len)
-                })
-                .collect(),
+            categorical,
+            lists,
+            num_sequences: sequences,
             spec,
         })
     }
@@ -420,14 +772,26 @@ impl SpecFormat {
     pub fn spec(&self) -> &FeatureSpec {
         &self.spec
     }
+
+    /// An empty batch of this format's shape (sequence fields included).
+    pub fn empty_batch(&self) -> Batch {
+        let (d, s) = self.spec.shape();
+        Batch::with_sequences(d, s, self.num_sequences)
+    }
 }
 
 /// Most columns a spec line may have.
 const MAX_COLUMNS: usize = 256;
+/// Most `pooling = "none"` lists in one spec.
+const MAX_SEQUENCES: usize = 16;
 
 impl LineFormat for SpecFormat {
     fn shape(&self) -> (usize, usize) {
         self.spec.shape()
+    }
+
+    fn num_sequences(&self) -> usize {
+        self.num_sequences
     }
 
     fn is_header(&self, line: &[u8]) -> bool {
@@ -480,16 +844,36 @@ impl LineFormat for SpecFormat {
             dense[self.dense.len() + k] = v.unwrap_or(0.0);
         }
         let mut ids = [0u64; MAX_COLUMNS];
-        for (f, &(col, seed, buckets, encoding)) in self.categorical.iter().enumerate() {
-            let raw = fields[col];
-            ids[f] = match (raw.is_empty(), encoding) {
-                (true, _) => u64::MAX,
-                (false, Encoding::Hash) => token_bucket(seed, raw, buckets),
-                (false, Encoding::Identity) => match crate::features::parse_i64(raw) {
-                    Some(v) if v >= 0 && (v as u64) < buckets => v as u64,
-                    _ => return Err((BadReason::BadInteger, Some(col))),
-                },
+        for (f, c) in self.categorical.iter().enumerate() {
+            let raw = fields[c.col];
+            ids[f] = if raw.is_empty() {
+                u64::MAX
+            } else {
+                c.id(raw).map_err(|_| (BadReason::BadInteger, Some(c.col)))?.unwrap_or(u64::MAX)
             };
+        }
+        // Sequence lists first: they are the last thing that can reject the line.
+        if self.num_sequences > 0 {
+            if out.sequences.len() != self.num_sequences {
+                return Err((BadReason::FieldCount, None));
+            }
+            let mut len = None;
+            for l in self.lists.iter().filter(|l| l.pooling == Pooling::None) {
+                let seq = &mut out.sequences[l.slot];
+                let start = seq.ids.len();
+                split_hash_bucket(fields[l.col], l.delimiter, l.seed, l.buckets, l.max_len, true, &mut seq.ids);
+                let n = seq.ids.len() - start;
+                if *len.get_or_insert(n) != n {
+                    for s in out.sequences.iter_mut() {
+                        let closed = *s.offsets.last().unwrap() as usize;
+                        s.ids.truncate(closed);
+                    }
+                    return Err((BadReason::FieldCount, Some(l.col)));
+                }
+            }
+            for s in out.sequences.iter_mut() {
+                s.close_bag();
+            }
         }
         out.labels.push(label);
         out.dense.extend_from_slice(&dense[..nd]);
@@ -498,16 +882,29 @@ impl LineFormat for SpecFormat {
             if id != u64::MAX {
                 bag.ids.push(id);
             }
-            bag.close_bag();
+            close(bag);
         }
-        let nc = self.categorical.len();
-        for (k, &(col, delim, seed, buckets, max_len)) in self.lists.iter().enumerate() {
-            let bag = &mut out.sparse[nc + k];
-            split_hash_bucket(fields[col], delim, seed, buckets, max_len, true, &mut bag.ids);
-            bag.close_bag();
+        for l in self.lists.iter().filter(|l| l.pooling != Pooling::None) {
+            let bag = &mut out.sparse[l.slot];
+            split_hash_bucket(fields[l.col], l.delimiter, l.seed, l.buckets, l.max_len, true, &mut bag.ids);
+            if l.pooling == Pooling::Mean {
+                bag.close_bag_mean();
+            } else {
+                close(bag);
+            }
         }
         Ok(())
     }
+}
+
+/// Closes a bag, keeping the weights aligned when the field is weighted
+/// (a batch shared with mean-pooled samples).
+#[inline]
+fn close(bag: &mut crate::batch::SparseField) {
+    if let Some(w) = &mut bag.weights {
+        w.resize(bag.ids.len(), 1.0);
+    }
+    bag.close_bag();
 }
 
 #[cfg(test)]
@@ -526,8 +923,14 @@ mod tests {
                 delimiter: ";".into(),
                 reduce: ListReduce::Mean,
             }],
-            categorical: vec![CategoricalSpec { column: "user".into(), buckets: 1000, encoding: Encoding::Hash }],
-            list: vec![ListSpec { column: "items".into(), delimiter: ";".into(), max_len: 2, buckets: 50 }],
+            categorical: vec![CategoricalSpec::hashed("user", 1000)],
+            list: vec![ListSpec {
+                column: "items".into(),
+                delimiter: ";".into(),
+                max_len: 2,
+                buckets: 50,
+                pooling: Pooling::Sum,
+            }],
         }
     }
 
@@ -596,5 +999,140 @@ mod tests {
         assert!(b.sparse[11].bag(0).is_empty(), "empty pvalue_level is absent");
         assert!(b.sparse[14].bag(0).is_empty(), "empty new_user_class_level is absent");
         assert_eq!(b.sparse[15].bag(0).len(), 2, "two clicked ids");
+    }
+
+    const TOML: &str = r#"
+delimiter = ","
+header = false
+columns = ["y", "city", "items", "cats"]
+label = { column = "y" }
+
+[[categorical]]
+column = "city"
+buckets = 10
+encoding = "vocabulary"
+vocabulary = ["paris", "lyon", "nice"]
+oov_buckets = 2
+
+[[list]]
+column = "items"
+delimiter = ";"
+max_len = 4
+buckets = 100
+pooling = "mean"
+
+[[list]]
+column = "cats"
+delimiter = ";"
+max_len = 3
+buckets = 20
+pooling = "none"
+"#;
+
+    #[test]
+    fn toml_spec_with_vocabulary_mean_and_sequence_lists() {
+        let spec = FeatureSpec::from_toml(TOML).unwrap();
+        assert_eq!(spec.shape(), (0, 2), "the `none` list is a sequence, not a sparse field");
+        assert_eq!(spec.table_sizes(), [10, 100]);
+        let f = SpecFormat::new(spec.clone(), 1).unwrap();
+        assert_eq!(f.num_sequences(), 1);
+        let mut b = f.empty_batch();
+        f.parse(b"1,lyon,a;b;c,x;y;z", &mut b).unwrap();
+        f.parse(b"0,berlin,,", &mut b).unwrap();
+        f.parse(b"0,,a,x", &mut b).unwrap();
+        b.check().unwrap();
+        assert_eq!(b.sparse[0].bag(0), &[1], "lyon is token 1");
+        let oov = b.sparse[0].bag(1)[0];
+        assert!((3..5).contains(&oov), "berlin hashes into the oov buckets 3..5, got {oov}");
+        assert!(b.sparse[0].bag(2).is_empty(), "empty value is absent");
+        assert_eq!(b.sparse[1].bag_weights(0), Some(&[1.0 / 3.0; 3][..]), "mean pooling weights");
+        assert_eq!(b.sparse[1].bag_weights(1), Some(&[][..]));
+        assert_eq!(b.sparse[1].bag_weights(2), Some(&[1.0][..]));
+        assert_eq!(b.sequences[0].bag(0).len(), 3);
+        assert_eq!(b.sequences[0].bag(0)[0], b.sequences[0].bag(2)[0], "same token, same id");
+        // Without oov buckets an unknown token is an absent value.
+        let mut s2 = spec.clone();
+        s2.categorical[0].oov_buckets = 0;
+        let f2 = SpecFormat::new(s2, 1).unwrap();
+        let mut b2 = f2.empty_batch();
+        f2.parse(b"1,berlin,a,x", &mut b2).unwrap();
+        assert!(b2.sparse[0].bag(0).is_empty());
+        // The TOML round-trips.
+        assert_eq!(FeatureSpec::from_toml(&spec.to_toml()).unwrap(), spec);
+    }
+
+    #[test]
+    fn sequence_lists_must_agree_in_length() {
+        let mut spec = FeatureSpec::from_toml(TOML).unwrap();
+        spec.list[0].pooling = Pooling::None;
+        let f = SpecFormat::new(spec, 1).unwrap();
+        assert_eq!(f.shape(), (0, 1));
+        assert_eq!(f.num_sequences(), 2);
+        let mut b = f.empty_batch();
+        f.parse(b"1,lyon,a;b,x;y", &mut b).unwrap();
+        assert_eq!(f.parse(b"1,lyon,a;b,x", &mut b), Err((BadReason::FieldCount, Some(3))));
+        b.check().unwrap();
+        assert_eq!(b.len(), 1, "the bad line appended nothing");
+        assert_eq!(b.sequences[0].bag(0).len(), 2);
+    }
+
+    #[test]
+    fn bad_toml_and_vocabularies_name_the_key() {
+        let cases = [
+            (TOML.replace("max_len = 4", "max_len = 0"), "list[0].max_len"),
+            (TOML.replace("pooling = \"mean\"", "pooling = \"max\""), "pooling"),
+            (TOML.replace("max_len = 4\n", ""), "max_len"),
+            (TOML.replace("oov_buckets = 2", "oov_bucket = 2"), "oov_bucket"),
+            (TOML.replace("buckets = 10\n", "buckets = 4\n"), "categorical[0].buckets"),
+            (
+                TOML.replace("[\"paris\", \"lyon\", \"nice\"]", "[\"paris\", \"lyon\", \"paris\"]"),
+                "categorical[0].vocabulary",
+            ),
+            (TOML.replace("encoding = \"vocabulary\"\n", ""), "categorical[0].vocabulary"),
+            (TOML.replace("vocabulary = [\"paris\", \"lyon\", \"nice\"]\n", ""), "categorical[0].vocabulary"),
+            (TOML.replace("column = \"cats\"", "column = \"dogs\""), "list[1].column"),
+        ];
+        for (text, key) in cases {
+            let e = FeatureSpec::from_toml(&text).unwrap_err().to_string();
+            assert!(e.contains(key), "expected `{key}` in {e}");
+        }
+    }
+
+    #[test]
+    fn vocabulary_files_name_path_and_line() {
+        let dir = std::env::temp_dir().join(format!("tiderec-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.txt");
+        std::fs::write(&good, "paris\r\nlyon\nnice\n").unwrap();
+        let map = Vocabulary::File(good.display().to_string()).load("k").unwrap();
+        assert_eq!((map[&b"paris"[..]], map[&b"lyon"[..]], map[&b"nice"[..]]), (0, 1, 2));
+        let bad = dir.join("bad.txt");
+        std::fs::write(&bad, "a\nb\n\nc\n").unwrap();
+        let e = Vocabulary::File(bad.display().to_string()).load("k").unwrap_err().to_string();
+        assert!(e.contains(&format!("{}:3", bad.display())) && e.contains("empty"), "{e}");
+        std::fs::write(&bad, "a\nb\na\n").unwrap();
+        let e = Vocabulary::File(bad.display().to_string()).load("k").unwrap_err().to_string();
+        assert!(e.contains(&format!("{}:3", bad.display())) && e.contains("already has id 0"), "{e}");
+        let missing = dir.join("missing.txt").display().to_string();
+        let e = Vocabulary::File(missing.clone()).load("categorical[0].vocabulary").unwrap_err().to_string();
+        assert!(e.contains(&missing) && e.contains("categorical[0].vocabulary"), "{e}");
+        // A spec whose vocabulary file is missing fails validation before any work.
+        let text = TOML.replace("[\"paris\", \"lyon\", \"nice\"]", &format!("{:?}", good.display().to_string()));
+        FeatureSpec::from_toml(&text).unwrap();
+        let text = TOML.replace("[\"paris\", \"lyon\", \"nice\"]", &format!("{missing:?}"));
+        assert!(FeatureSpec::from_toml(&text).unwrap_err().to_string().contains("missing.txt"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn every_preset_round_trips_through_toml() {
+        for name in FeatureSpec::PRESETS {
+            let spec = FeatureSpec::preset(name, 1000, 20).unwrap();
+            spec.validate().unwrap();
+            let text = spec.to_toml();
+            assert_eq!(FeatureSpec::from_toml(&text).unwrap(), spec, "{name}:\n{text}");
+        }
+        assert!(FeatureSpec::preset("elm-y-long", 10, 1).unwrap().list[0].max_len == 400);
+        assert!(FeatureSpec::preset("nope", 10, 1).is_none());
     }
 }

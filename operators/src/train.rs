@@ -950,7 +950,8 @@ impl Home {
                         let p = pos as usize * d;
                         self.unique_rows.extend_from_slice(&self.replies[o as usize][p..p + d]);
                     }
-                    pool_sum(&self.unique_rows, d, &batch.sparse[t].offsets, &plan.index, t, f, &mut self.pooled);
+                    let (field, weights) = (&batch.sparse[t], batch.sparse[t].weights.as_deref());
+                    pool_sum(&self.unique_rows, d, &field.offsets, &plan.index, weights, t, f, &mut self.pooled);
                 }
                 let steps = self.gather_sequences(batch);
                 let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
@@ -987,6 +988,7 @@ impl Home {
                             d,
                             &batch.sparse[t].offsets,
                             &plan.index,
+                            batch.sparse[t].weights.as_deref(),
                             t,
                             f,
                             &mut self.dunique,

@@ -182,6 +182,30 @@ impl DataSpec {
     }
 }
 
+/// A `--spec` value: `preset:NAME`, a bare preset name (`elm`, `taobao-ad`, …)
+/// or the path of a TOML file (validated; relative vocabulary paths are
+/// taken relative to the file's folder).
+pub fn resolve_spec(s: &str, buckets: u64, max_len: usize) -> Result<FeatureSpec, PipelineError> {
+    let unknown = |name: &str| {
+        PipelineError::config("spec", format!("no preset `{name}`; presets: {}", FeatureSpec::PRESETS.join(", ")))
+    };
+    if let Some(name) = s.strip_prefix("preset:") {
+        return FeatureSpec::preset(name, buckets, max_len).ok_or_else(|| unknown(name));
+    }
+    if let Some(spec) = FeatureSpec::preset(s, buckets, max_len) {
+        return Ok(spec);
+    }
+    let path = std::path::Path::new(s);
+    let text =
+        std::fs::read_to_string(path).map_err(|e| PipelineError::config("spec", format!("cannot read {s}: {e}")))?;
+    FeatureSpec::from_toml_in(&text, path.parent()).map_err(|e| match e {
+        tiderec_operators::OperatorError::Config { key, reason } => {
+            PipelineError::config(format!("spec.{key}"), format!("{s}: {reason}"))
+        }
+        e => e.into(),
+    })
+}
+
 /// All settings of a `tiderec train` run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -407,22 +431,25 @@ impl TrainSettings {
         }
         let spec = match (&data, self.spec.as_deref()) {
             (DataSpec::Csv(_), None) => {
-                return Err(PipelineError::config("spec", "`csv:` data needs --spec elm or --spec FILE.toml"))
+                return Err(PipelineError::config(
+                    "spec",
+                    "`csv:` data needs --spec preset:NAME or --spec FILE.toml (see `tiderec spec list`)",
+                ))
             }
             (DataSpec::TaobaoAd(_), None) => Some(FeatureSpec::taobao_ad(self.buckets, self.max_len)),
             (_, None) => None,
-            (_, Some("elm")) => Some(FeatureSpec::elm(self.buckets, 50)),
-            (_, Some("taobao-ad")) => Some(FeatureSpec::taobao_ad(self.buckets, self.max_len)),
-            (_, Some(path)) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| PipelineError::config("spec", format!("cannot read {path}: {e}")))?;
-                let spec: FeatureSpec =
-                    toml::from_str(&text).map_err(|e| PipelineError::config("spec", format!("{path}: {e}")))?;
-                Some(spec)
-            }
+            (_, Some(s)) => Some(resolve_spec(s, self.buckets, self.max_len)?),
         };
         if let Some(spec) = &spec {
             spec.validate()?;
+            if let Some((i, _)) = spec.sequence_lists().next() {
+                return Err(PipelineError::config(
+                    format!("spec.list[{i}].pooling"),
+                    "`none` keeps the list as a behaviour sequence, but no model reads sequences from \
+                     spec-described data yet (dien reads them from synthetic-behavior, amazon-dien and \
+                     taobao-behavior data): use `sum` or `mean`",
+                ));
+            }
         }
         let shape = data.shape(spec.as_ref());
         if let Some(e) = &eval {
@@ -706,6 +733,44 @@ impl TrainSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn specs_resolve_presets_and_files_and_reject_sequence_lists() {
+        for name in ["preset:criteo", "avazu", "preset:elm_y_long", "elm", "taobao-ad", "preset:taobao_ad"] {
+            resolve_spec(name, 1000, 20).unwrap();
+        }
+        let e = resolve_spec("preset:movielens", 1000, 20).unwrap_err().to_string();
+        assert!(e.contains("spec") && e.contains("criteo, avazu"), "{e}");
+        let dir = std::env::temp_dir().join(format!("tiderec-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("v.txt"), "a\nb\n").unwrap();
+        let toml = |pooling: &str| {
+            format!(
+                "delimiter = \",\"\ncolumns = [\"y\", \"d\", \"c\", \"l\"]\nlabel = {{ column = \"y\" }}\ndense = [{{ column = \"d\" }}]\n\
+                 categorical = [{{ column = \"c\", buckets = 3, encoding = \"vocabulary\", vocabulary = \"v.txt\", oov_buckets = 1 }}]\n\
+                 list = [{{ column = \"l\", delimiter = \";\", max_len = 5, buckets = 10, pooling = \"{pooling}\" }}]\n"
+            )
+        };
+        let path = dir.join("spec.toml");
+        std::fs::write(&path, toml("mean")).unwrap();
+        let spec = resolve_spec(path.to_str().unwrap(), 1000, 20).unwrap();
+        assert_eq!(spec.table_sizes(), [3, 10], "the vocabulary file was found next to the spec");
+        let mut s = TrainSettings {
+            data: "csv:Cargo.toml".into(),
+            spec: Some(path.display().to_string()),
+            ..Default::default()
+        };
+        s.validate().unwrap();
+        std::fs::write(&path, toml("none")).unwrap();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("spec.list[0].pooling"), "{e}");
+        std::fs::write(&path, toml("max")).unwrap();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("pooling") && e.contains("spec.toml"), "{e}");
+        s.spec = Some("preset:nope".into());
+        assert!(s.validate().unwrap_err().to_string().contains("no preset"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn defaults_validate() {

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 use tiderec_operators::bad_record::DeadLetterSink;
+use tiderec_operators::spec::Pooling;
 use tiderec_operators::Batch;
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sources::criteo::CriteoFeatures;
@@ -90,6 +91,13 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         PipelineError::Config { key, reason } if key == "data" => PipelineError::config("from", reason),
         e => e,
     })?;
+    if let Some((i, _)) = resolved.spec.iter().flat_map(|s| s.pooled_lists()).find(|(_, l)| l.pooling == Pooling::Mean)
+    {
+        return Err(PipelineError::config(
+            format!("spec.list[{i}].pooling"),
+            "Parquet files keep no pooling weights: convert `mean` lists as `sum` and train from the text files",
+        ));
+    }
     let description = match (&resolved.data, &resolved.spec) {
         (DataSpec::Criteo(_), _) => SchemaDescription::criteo(resolved.data_table_sizes(), input.seed),
         (DataSpec::Avazu(_), _) => SchemaDescription::avazu(resolved.data_table_sizes(), input.seed),

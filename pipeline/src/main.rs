@@ -46,6 +46,31 @@ enum Command {
     /// Write generated datasets (no real Ele.me rows exist; this writes elm-shaped ones).
     #[command(subcommand)]
     Generate(GenerateCommand),
+    /// Feature-spec presets: list them, or print one as TOML to start a spec from.
+    #[command(subcommand)]
+    Spec(SpecCommand),
+}
+
+#[derive(Subcommand)]
+enum SpecCommand {
+    /// The preset names (use as `--spec preset:NAME`).
+    List,
+    /// Print a preset as TOML (`tiderec spec show criteo > my.toml`, edit, `--spec my.toml`).
+    Show(SpecShowArgs),
+    /// Parse and validate a spec (preset or TOML file), vocabularies included.
+    Check(SpecShowArgs),
+}
+
+#[derive(Args)]
+struct SpecShowArgs {
+    /// `criteo`, `avazu`, `elm`, `elm_y_long`, `taobao_ad` (or `preset:NAME`), or a TOML file for `check`.
+    name: String,
+    /// Rows per table.
+    #[arg(long, default_value_t = 1_000_000)]
+    buckets: u64,
+    /// Most items kept of a list (taobao_ad; elm uses 50, elm_y_long 400).
+    #[arg(long, default_value_t = 50)]
+    max_len: usize,
 }
 
 #[derive(Subcommand)]
@@ -167,7 +192,7 @@ struct ConvertArgs {
     /// TOML settings file (as for train): spec, seed, buckets, table_sizes, max_line_bytes, … are used.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Feature spec of `csv:` input: `elm` or a TOML file.
+    /// Feature spec of `csv:` input: `preset:NAME` (see `tiderec spec list`) or a TOML file.
     #[arg(long)]
     spec: Option<String>,
     /// Seed of the per-field hashing (train with the same ids whatever its own --seed).
@@ -431,7 +456,8 @@ struct TrainArgs {
     /// Held-out data, same format as --data.
     #[arg(long)]
     eval: Option<String>,
-    /// Feature spec of `csv:` data: `elm` or `taobao-ad` (presets) or a TOML file.
+    /// Feature spec of `csv:` data: `preset:NAME` (criteo, avazu, elm, elm_y_long, taobao_ad; see
+    /// `tiderec spec show NAME`) or a TOML file.
     #[arg(long)]
     spec: Option<String>,
     /// Fraction held out for evaluation when --eval is not given (synthetic: fraction of --samples).
@@ -877,6 +903,28 @@ fn main() -> anyhow::Result<()> {
                     r.bad_records
                 );
             }
+        }
+        Command::Spec(SpecCommand::List) => {
+            for name in tiderec_operators::spec::FeatureSpec::PRESETS {
+                println!("{name}");
+            }
+        }
+        Command::Spec(SpecCommand::Show(a)) => {
+            let name = a.name.strip_prefix("preset:").unwrap_or(&a.name);
+            let spec = tiderec_operators::spec::FeatureSpec::preset(name, a.buckets, a.max_len).with_context(|| {
+                format!("no preset `{name}`; presets: {}", tiderec_operators::spec::FeatureSpec::PRESETS.join(", "))
+            })?;
+            println!("# tiderec feature spec: preset `{name}` (edit, then pass with --spec FILE.toml)");
+            print!("{}", spec.to_toml());
+        }
+        Command::Spec(SpecCommand::Check(a)) => {
+            let spec = tiderec::config::resolve_spec(&a.name, a.buckets, a.max_len)?;
+            let (d, s) = spec.shape();
+            println!(
+                "ok: {} columns, {d} dense, {s} sparse fields, {} sequence lists",
+                spec.columns.len(),
+                spec.sequence_lists().count()
+            );
         }
         Command::Generate(GenerateCommand::Elm(a)) => {
             use std::io::Write;

@@ -119,14 +119,8 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
 pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineError> {
     let resolved = settings.validate()?;
     let workers_total = settings.workers * settings.processes;
-    let dead_letters_path = if settings.processes > 1 {
-        let mut p = settings.dead_letters.clone().into_os_string();
-        p.push(format!(".p{}", settings.process));
-        p.into()
-    } else {
-        settings.dead_letters.clone()
-    };
-    let dead_letter_sink = SharedDeadLetters::file(dead_letters_path.clone());
+    let dead_letters_file = dead_letters_path(settings);
+    let dead_letter_sink = SharedDeadLetters::file(dead_letters_file.clone());
     let mut derived_bad = BadRecordCounts::default();
     let generator = match &resolved.data {
         DataSpec::Synthetic => Some(IndexedSamples::Criteo(SyntheticCriteo::new(SyntheticConfig {
@@ -175,22 +169,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         _ => None,
     };
     let trainer = trainer_config(settings, &resolved);
-    let checkpoint = settings.checkpoint_dir.as_ref().map(|dir| CheckpointOptions {
-        dir: dir.clone(),
-        every: settings.checkpoint_every,
-        keep: settings.keep_checkpoints,
-    });
-    let resume = match &checkpoint {
-        Some(options) => {
-            checkpointing::prepare_dir(&options.dir, settings.resume)?;
-            if settings.resume {
-                checkpointing::load_for_resume(&options.dir, &trainer, settings.batch_size as u64)?
-            } else {
-                None
-            }
-        }
-        None => None,
-    };
+    let (checkpoint, resume) = checkpoint_setup(settings, &trainer)?;
     let context = Arc::new(Context {
         trainer,
         checkpoint,
@@ -222,26 +201,9 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     let ctx = context.clone();
     let guards = timely::execute(config, move |worker| worker_main(worker, &ctx))
         .map_err(|e| PipelineError::Dataflow(format!("cannot start timely workers: {e}")))?;
-    let mut summary = None;
-    let mut errors: Vec<PipelineError> = Vec::new();
-    for result in guards.join() {
-        match result {
-            Ok(Ok(Some(s))) => summary = Some(s),
-            Ok(Ok(None)) => {}
-            Ok(Err(e)) => errors.push(e),
-            Err(panic) => errors.push(PipelineError::Dataflow(format!("a worker panicked: {panic}"))),
-        }
-    }
-    // Report the failing worker's own error rather than its peers' "another worker failed".
-    let is_peer = |e: &PipelineError| matches!(e, PipelineError::Dataflow(m) if m.starts_with("another worker"));
-    let first_error = match errors.iter().position(|e| !is_peer(e)) {
-        Some(i) => Some(errors.swap_remove(i)),
-        None => errors.into_iter().next(),
-    };
+    let outcome = join_workers(guards);
     context.dead_letters.lock().finish()?;
-    if let Some(e) = first_error {
-        return Err(e);
-    }
+    let summary = outcome?;
     let Some(mut summary) = summary else { return Ok(None) };
     summary.workers = workers_total;
     summary.store = *context.store_stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -259,9 +221,70 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         summary.write_json(path)?;
     }
     if summary.bad_records > 0 && settings.process == 0 {
-        eprintln!("{} malformed records skipped; see {}", summary.bad_records, dead_letters_path.display());
+        eprintln!("{} malformed records skipped; see {}", summary.bad_records, dead_letters_file.display());
     }
     Ok(Some(summary))
+}
+
+/// This process's dead-letter file: `--dead-letters`, suffixed `.p<process>` in a cluster run.
+pub(crate) fn dead_letters_path(settings: &TrainSettings) -> std::path::PathBuf {
+    if settings.processes > 1 {
+        let mut p = settings.dead_letters.clone().into_os_string();
+        p.push(format!(".p{}", settings.process));
+        p.into()
+    } else {
+        settings.dead_letters.clone()
+    }
+}
+
+/// The checkpoint options of these settings and, with `--resume`, the checkpoint to resume
+/// from (the directory is prepared either way).
+pub(crate) fn checkpoint_setup(
+    settings: &TrainSettings,
+    trainer: &TrainerConfig,
+) -> Result<(Option<CheckpointOptions>, Option<Checkpoint>), PipelineError> {
+    let checkpoint = settings.checkpoint_dir.as_ref().map(|dir| CheckpointOptions {
+        dir: dir.clone(),
+        every: settings.checkpoint_every,
+        keep: settings.keep_checkpoints,
+    });
+    let resume = match &checkpoint {
+        Some(options) => {
+            checkpointing::prepare_dir(&options.dir, settings.resume)?;
+            if settings.resume {
+                checkpointing::load_for_resume(&options.dir, trainer, settings.batch_size as u64)?
+            } else {
+                None
+            }
+        }
+        None => None,
+    };
+    Ok((checkpoint, resume))
+}
+
+/// Waits for every worker; returns worker 0's result, or the failing worker's own error
+/// rather than its peers' "another worker failed".
+pub(crate) fn join_workers<T: Send + 'static>(
+    guards: timely::communication::initialize::WorkerGuards<Result<Option<T>, PipelineError>>,
+) -> Result<Option<T>, PipelineError> {
+    let mut summary = None;
+    let mut errors: Vec<PipelineError> = Vec::new();
+    for result in guards.join() {
+        match result {
+            Ok(Ok(Some(s))) => summary = Some(s),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(panic) => errors.push(PipelineError::Dataflow(format!("a worker panicked: {panic}"))),
+        }
+    }
+    let is_peer = |e: &PipelineError| matches!(e, PipelineError::Dataflow(m) if m.starts_with("another worker"));
+    if let Some(i) = errors.iter().position(|e| !is_peer(e)) {
+        return Err(errors.swap_remove(i));
+    }
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(summary),
+    }
 }
 
 /// Reads a Taobao behaviour log and derives its DIEN samples (the differential operator) as one table.

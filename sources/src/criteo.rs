@@ -351,15 +351,20 @@ pub fn parse_line(
         }
     }
 
+    push_sample(out, label, &dense, &ids);
+    Ok(())
+}
+
+/// Appends one Criteo sample; `u64::MAX` in `ids` marks an absent value (an empty bag).
+pub(crate) fn push_sample(out: &mut Batch, label: f32, dense: &[f32; NUM_DENSE], ids: &[u64; NUM_SPARSE]) {
     out.labels.push(label);
-    out.dense.extend_from_slice(&dense);
-    for (sf, &id) in out.sparse.iter_mut().zip(&ids) {
+    out.dense.extend_from_slice(dense);
+    for (sf, &id) in out.sparse.iter_mut().zip(ids) {
         if id != u64::MAX {
             sf.ids.push(id);
         }
         sf.close_bag();
     }
-    Ok(())
 }
 
 #[cfg(test)]

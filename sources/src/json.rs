@@ -12,7 +12,7 @@
 //! integer or hex value as the TSV format's reasons, naming the same field
 //! index (0 = label, 1..=13 = `I1..I13`, 14..=39 = `C1..C26`).
 
-use crate::criteo::{dense_feature, sparse_feature, CriteoFeatures, NUM_DENSE, NUM_SPARSE};
+use crate::criteo::{dense_feature, push_sample, sparse_feature, CriteoFeatures, NUM_DENSE, NUM_SPARSE};
 use crate::lines::LineFormat;
 use crate::SourceError;
 use simd_json::prelude::*;
@@ -88,14 +88,7 @@ impl LineFormat for CriteoJsonFormat {
             }
         }
         let label = label.ok_or((BadReason::BadLabel, Some(0)))?;
-        out.labels.push(label);
-        out.dense.extend_from_slice(&dense);
-        for (sf, &id) in out.sparse.iter_mut().zip(&ids) {
-            if id != u64::MAX {
-                sf.ids.push(id);
-            }
-            sf.close_bag();
-        }
+        push_sample(out, label, &dense, &ids);
         Ok(())
     }
 }

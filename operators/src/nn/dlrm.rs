@@ -209,7 +209,7 @@ mod tests {
             let pool = |rows: &[f64]| {
                 let mut pooled = vec![0.0; batch * 2 * dim];
                 for f in 0..2 {
-                    pool_sum(rows, dim, &offsets[f], &index[f], f, 2, &mut pooled);
+                    pool_sum(rows, dim, &offsets[f], &index[f], None, f, 2, &mut pooled);
                 }
                 pooled
             };
@@ -226,7 +226,7 @@ mod tests {
             model.backward(&dense, &pooled, &dlogits, &mut dpooled);
             let mut drows = vec![0.0; rows.len()];
             for f in 0..2 {
-                pool_sum_backward(&dpooled, dim, &offsets[f], &index[f], f, 2, &mut drows);
+                pool_sum_backward(&dpooled, dim, &offsets[f], &index[f], None, f, 2, &mut drows);
             }
             let grads = model.grads.clone();
             let params = model.params.clone();

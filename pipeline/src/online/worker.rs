@@ -3,10 +3,10 @@
 use super::metrics::{serve, MetricsLog, MetricsRecord, OnlineMetrics};
 use super::prequential::PrequentialWindow;
 use super::{OnlineSettings, OnlineSummary, RecordFormat};
-use crate::checkpointing::{self, CheckpointOptions, Checkpointer, Position};
+use crate::checkpointing::{CheckpointOptions, Checkpointer, Position};
 use crate::config::{DataSpec, Resolved};
 use crate::progress::Progress;
-use crate::run::{restore_shared, timely_config, trainer_config};
+use crate::run::{checkpoint_setup, dead_letters_path, join_workers, restore_shared, timely_config, trainer_config};
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -80,22 +80,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     }
     let quotas = step_quotas(s.batch_size, partitions);
     let trainer = trainer_config(s, &resolved);
-    let checkpoint = s.checkpoint_dir.as_ref().map(|dir| CheckpointOptions {
-        dir: dir.clone(),
-        every: s.checkpoint_every,
-        keep: s.keep_checkpoints,
-    });
-    let resume = match &checkpoint {
-        Some(options) => {
-            checkpointing::prepare_dir(&options.dir, s.resume)?;
-            if s.resume {
-                checkpointing::load_for_resume(&options.dir, &trainer, s.batch_size as u64)?
-            } else {
-                None
-            }
-        }
-        None => None,
-    };
+    let (checkpoint, resume) = checkpoint_setup(s, &trainer)?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // A second signal while stopping exits at once.
@@ -109,13 +94,6 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
             serve(addr, metrics.clone())?;
         }
     }
-    let dead_letters_path = if s.processes > 1 {
-        let mut p = s.dead_letters.clone().into_os_string();
-        p.push(format!(".p{}", s.process));
-        p.into()
-    } else {
-        s.dead_letters.clone()
-    };
     if s.process == 0 && s.progress != "none" {
         eprintln!(
             "tiderec online: topic {} on {} ({partitions} partitions, {} records per partition per step), {workers_total} worker(s)",
@@ -136,30 +114,15 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         resume_pending: AtomicUsize::new(s.workers),
         stop,
         metrics,
-        dead_letters: SharedDeadLetters::file(dead_letters_path),
+        dead_letters: SharedDeadLetters::file(dead_letters_path(s)),
     });
     let config = timely_config(s, &resolved);
     let ctx = shared.clone();
     let guards = timely::execute(config, move |worker| worker_main(worker, &ctx))
         .map_err(|e| PipelineError::Dataflow(format!("cannot start timely workers: {e}")))?;
-    let mut summary = None;
-    let mut errors = Vec::new();
-    for result in guards.join() {
-        match result {
-            Ok(Ok(Some(s))) => summary = Some(s),
-            Ok(Ok(None)) => {}
-            Ok(Err(e)) => errors.push(e),
-            Err(panic) => errors.push(PipelineError::Dataflow(format!("a worker panicked: {panic}"))),
-        }
-    }
+    let outcome = join_workers(guards);
     shared.dead_letters.lock().finish()?;
-    let is_peer = |e: &PipelineError| matches!(e, PipelineError::Dataflow(m) if m.starts_with("another worker"));
-    if let Some(i) = errors.iter().position(|e| !is_peer(e)) {
-        return Err(errors.swap_remove(i));
-    }
-    if let Some(e) = errors.into_iter().next() {
-        return Err(e);
-    }
+    let mut summary = outcome?;
     if let Some(s) = summary.as_mut() {
         s.workers = workers_total;
     }

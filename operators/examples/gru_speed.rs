@@ -1,0 +1,54 @@
+//! Split vs unsplit GRU cell, forward + backward, timed in this thread's CPU
+//! time (`/proc/thread-self/schedstat`) rather than wall time, so that other
+//! processes sharing the cores disturb the ratio less than they do
+//! `tiderec bench gru`'s. Same inputs as that bench.
+//!
+//! `cargo run --release -p tiderec-operators --example gru_speed -- B T I H`
+//! (`ONLY=split|unsplit` times one cell).
+fn cpu() -> f64 {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+    s.split_whitespace().next().unwrap().parse::<f64>().unwrap() * 1e-9
+}
+use tiderec_operators::nn::gru::{Gru, GruCache};
+
+fn main() {
+    let a: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().unwrap()).collect();
+    let (batch, steps, input, hidden) = (a[0], a[1], a[2], a[3]);
+    let seconds = 1.0;
+    let gru = Gru { input, hidden, offset: 0 };
+    let mut params = vec![0.0f32; gru.num_params()];
+    gru.init(&mut params, 1, 0);
+    let x: Vec<f32> = (0..batch * steps * input).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let lengths: Vec<usize> =
+        (0..batch).map(|b| 1 + (tiderec_operators::features::mix64(b as u64) % steps as u64) as usize).collect();
+    let dstates: Vec<f32> = (0..steps * batch * hidden).map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let mut grads = vec![0.0f32; params.len()];
+    let mut dx = vec![0.0f32; x.len()];
+    let mut cache = GruCache::default();
+    let which = std::env::var("ONLY").unwrap_or_default();
+    let mut time = |split: bool| {
+        let mut it = 0u64;
+        let start = cpu();
+        while it < 3 || (cpu() - start) < seconds {
+            if split {
+                gru.forward(&params, &x, &lengths, batch, steps, &mut cache);
+                gru.backward(&params, &x, &lengths, &cache, &dstates, &mut grads, &mut dx);
+            } else {
+                gru.forward_unsplit(&params, &x, &lengths, batch, steps, &mut cache);
+                gru.backward_unsplit(&params, &x, &lengths, &cache, &dstates, &mut grads, &mut dx);
+            }
+            it += 1;
+        }
+        (it * batch as u64) as f64 / (cpu() - start)
+    };
+    let (mut s, mut u) = (0.0, 0.0);
+    for _ in 0..2 {
+        if which != "split" {
+            u += time(false) / 2.0;
+        }
+        if which != "unsplit" {
+            s += time(true) / 2.0;
+        }
+    }
+    println!("B{batch} T{steps} {input}->{hidden}: split {s:.0} seq/s, unsplit {u:.0} seq/s, speedup {:.3}", s / u);
+}
