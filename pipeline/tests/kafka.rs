@@ -411,3 +411,37 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     s.read_to_string(&mut body).ok()?;
     Some(body)
 }
+
+#[test]
+fn two_processes_share_the_partitions_and_train_the_one_worker_model() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    // Three partitions over two processes: process 0 reads partitions 0 and 2, process 1 reads 1.
+    produce(&broker, "clicks", &sample, &["--partitions", "3"]);
+    let base = tempfile::tempdir().unwrap();
+    let single = base.path().join("single");
+    run_ok(&mut online_cmd(&broker, "clicks", &single, 1, &[]));
+    let cluster = base.path().join("cluster");
+    let hosts = base.path().join("hosts.txt");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
+    let children: Vec<Child> = (0..2)
+        .map(|i| {
+            online_cmd(&broker, "clicks", &cluster, 1, &["--processes", "2", "--process", &i.to_string()])
+                .arg("--hosts")
+                .arg(&hosts)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("process starts")
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "a cluster process failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(summary(&cluster)["samples"], 10_000);
+    let (a, b) = (final_model(&single), final_model(&cluster));
+    assert_eq!(a.offsets, b.offsets);
+    let d = model_diff(&a, &b);
+    assert!(d <= 1e-5, "2 processes vs 1 worker differ by {d}");
+}

@@ -93,7 +93,7 @@ pub fn produce(settings: &ProduceSettings) -> Result<ProduceSummary, PipelineErr
                     },
                 }
                 sent += 1;
-                if sent % 4096 == 0 {
+                if sent.is_multiple_of(4096) {
                     let rate = sent as f64 / start.elapsed().as_secs_f64().max(1e-9);
                     progress.advance(sent, &format!("{rate:.0} records/s"));
                 }

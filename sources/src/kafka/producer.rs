@@ -139,7 +139,7 @@ impl RecordWriter {
             }
         }
         self.sent += 1;
-        if self.sent % 1024 == 0 {
+        if self.sent.is_multiple_of(1024) {
             self.producer.poll(Duration::ZERO);
             self.check_failures()?;
         }
