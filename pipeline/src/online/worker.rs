@@ -335,7 +335,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
                 &trainer,
                 &reader,
                 ctx,
-                (steps, samples, loss_total, &loss_window, &bad),
+                position_at(steps, samples, loss_total, &loss_window, &bad),
             )?;
             last_checkpoint = Some(Instant::now());
         }
@@ -351,7 +351,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
             &trainer,
             &reader,
             ctx,
-            (steps, samples, loss_total, &loss_window, &bad),
+            position_at(steps, samples, loss_total, &loss_window, &bad),
         )?;
     }
     progress.finish();
@@ -393,20 +393,15 @@ fn mean_loss(window: &VecDeque<(f64, u64)>) -> f64 {
     l / n.max(1) as f64
 }
 
-/// Writes a checkpoint of this step with every partition's next offset, then commits
-/// this worker's offsets to the consumer group. Collective.
-fn write_checkpoint(
-    worker: &mut timely::worker::Worker,
-    checkpointer: &mut Checkpointer,
-    offsets_channel: &mut Collective<Vec<(String, i64)>>,
-    trainer: &Trainer,
-    reader: &PartitionReader,
-    ctx: &Shared,
-    (steps, samples, loss_total, loss_window, bad): (u64, u64, f64, &VecDeque<(f64, u64)>, &BadRecordCounts),
-) -> Result<(), PipelineError> {
-    let kafka_offsets: BTreeMap<String, i64> =
-        offsets_channel.all_gather(worker, reader.offset_entries()).into_iter().flatten().collect();
-    let position = Position {
+/// Where training stands after `steps` steps (the offsets are added when writing).
+fn position_at(
+    steps: u64,
+    samples: u64,
+    loss_total: f64,
+    loss_window: &VecDeque<(f64, u64)>,
+    bad: &BadRecordCounts,
+) -> Position {
+    Position {
         step: steps,
         epoch: 0,
         steps_in_epoch: steps,
@@ -416,8 +411,23 @@ fn write_checkpoint(
             loss_window: loss_window.iter().copied().collect(),
             bad_records_before_epoch: bad.to_array().to_vec(),
         },
-        kafka_offsets,
-    };
+        kafka_offsets: BTreeMap::new(),
+    }
+}
+
+/// Writes a checkpoint of this step with every partition's next offset, then commits
+/// this worker's offsets to the consumer group. Collective.
+fn write_checkpoint(
+    worker: &mut timely::worker::Worker,
+    checkpointer: &mut Checkpointer,
+    offsets_channel: &mut Collective<Vec<(String, i64)>>,
+    trainer: &Trainer,
+    reader: &PartitionReader,
+    ctx: &Shared,
+    mut position: Position,
+) -> Result<(), PipelineError> {
+    position.kafka_offsets =
+        offsets_channel.all_gather(worker, reader.offset_entries()).into_iter().flatten().collect();
     checkpointer.write(worker, trainer, &position)?;
     if worker.index() == 0 {
         ctx.metrics.checkpointed();

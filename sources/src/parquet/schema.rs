@@ -29,6 +29,7 @@ use arrow_schema::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use tiderec_operators::spec::FeatureSpec;
+use tiderec_operators::spec::AVAZU_COLUMNS;
 
 /// Key of the JSON [`SchemaDescription`] in a file's key-value metadata.
 pub const METADATA_KEY: &str = "tiderec.schema";
@@ -81,31 +82,10 @@ pub struct SchemaDescription {
 }
 
 /// The Avazu sparse field names: the 21 categorical columns of the Kaggle
-/// header after `hour`, then the hour of day as a categorical field.
-pub const AVAZU_SPARSE: [&str; crate::avazu::NUM_SPARSE] = [
-    "C1",
-    "banner_pos",
-    "site_id",
-    "site_domain",
-    "site_category",
-    "app_id",
-    "app_domain",
-    "app_category",
-    "device_id",
-    "device_ip",
-    "device_model",
-    "device_type",
-    "device_conn_type",
-    "C14",
-    "C15",
-    "C16",
-    "C17",
-    "C18",
-    "C19",
-    "C20",
-    "C21",
-    "hour_of_day",
-];
+/// header after `hour` ([`AVAZU_COLUMNS`]), then the hour of day as a categorical field.
+pub fn avazu_sparse_names() -> impl Iterator<Item = String> {
+    AVAZU_COLUMNS[3..].iter().map(|s| s.to_string()).chain(std::iter::once("hour_of_day".to_string()))
+}
 
 impl SchemaDescription {
     fn new(format: &str, seed: u64, dense: Vec<String>, sparse: Vec<SparseColumn>) -> Self {
@@ -135,9 +115,9 @@ impl SchemaDescription {
         Self::new("criteo", seed, dense, sparse)
     }
 
-    /// Avazu: dense `hour` (hour of day / 23), the single-valued fields of [`AVAZU_SPARSE`].
+    /// Avazu: dense `hour` (hour of day / 23), the single-valued fields of [`avazu_sparse_names`].
     pub fn avazu(table_sizes: &[u64], seed: u64) -> Self {
-        let sparse = Self::singles(AVAZU_SPARSE.iter().map(|s| s.to_string()), table_sizes);
+        let sparse = Self::singles(avazu_sparse_names(), table_sizes);
         Self::new("avazu", seed, vec!["hour".into()], sparse)
     }
 
