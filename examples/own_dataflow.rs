@@ -32,6 +32,7 @@ fn main() {
         sparse_hp: OptimizerParams::with_lr(0.05),
         sequence_tables: Vec::new(),
         store: Default::default(),
+        exchange: Default::default(),
     };
     timely::execute(timely::Config::process(2), move |worker| {
         let (me, peers) = (worker.index(), worker.peers());

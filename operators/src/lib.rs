@@ -21,6 +21,7 @@ pub mod batch;
 pub mod behavior;
 pub mod collective;
 pub mod error;
+pub mod exchange;
 pub mod features;
 pub mod format;
 pub mod huge;

@@ -30,10 +30,13 @@
 //!   which they learn from the same messages.
 
 use crate::batch::Batch;
+use crate::exchange::{
+    accumulate_slot, slot_row_grads, ExchangeConfig, PartialLookup, PartialSlot, Replicas, TableExchange,
+};
 use crate::metrics::EvalSet;
 use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
 use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
-use crate::nn::{Model, ModelConfig, SequenceInput};
+use crate::nn::{FmPartial, Model, ModelConfig, SequenceInput};
 use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use crate::shard::shard_of;
 use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
@@ -74,6 +77,9 @@ pub struct TrainerConfig {
     /// Where each worker keeps its embedding rows (default: the fixed dense table).
     #[serde(default)]
     pub store: StoreConfig,
+    /// How each table's embeddings travel between workers (default: rows, nothing replicated).
+    #[serde(default)]
+    pub exchange: ExchangeConfig,
 }
 
 impl TrainerConfig {
@@ -106,6 +112,7 @@ impl TrainerConfig {
             return Err(OperatorError::config("table_sizes", format!("table {t} has zero rows")));
         }
         self.store.validate()?;
+        self.exchange.validate(&self.model, &self.table_sizes, &self.store)?;
         for (key, hp) in [("lr", &self.dense_hp), ("sparse_lr", &self.sparse_hp)] {
             if !(hp.lr.is_finite() && hp.lr > 0.0) {
                 return Err(OperatorError::config(key, format!("learning rate must be positive, got {}", hp.lr)));
@@ -184,6 +191,18 @@ pub struct LookupRequest {
     pub table_lens: Vec<u32>,
     /// The ids, slot after slot, distinct within a slot.
     pub ids: Vec<u64>,
+    /// Which samples use which ids of the partial fields (`partial` exchange only).
+    #[serde(default)]
+    pub partial: Option<PartialLookup>,
+}
+
+impl LookupRequest {
+    /// Bytes on the wire.
+    fn wire_bytes(&self) -> u64 {
+        8 * self.ids.len() as u64
+            + 4 * self.table_lens.len() as u64
+            + self.partial.as_ref().map_or(0, PartialLookup::wire_bytes)
+    }
 }
 
 /// Rows answering a [`LookupRequest`], in the request's order.
@@ -193,8 +212,18 @@ pub struct LookupReply {
     pub from: u32,
     /// Requesting worker.
     pub to: u32,
-    /// `ids.len() × dim` values.
+    /// `dim` values per requested id of the `rows` fields.
     pub rows: Vec<f32>,
+    /// The owner's share of the partial results, `B × width` (`partial` exchange only).
+    #[serde(default)]
+    pub partial: Vec<f32>,
+}
+
+impl LookupReply {
+    /// Bytes on the wire.
+    fn wire_bytes(&self) -> u64 {
+        4 * (self.rows.len() + self.partial.len()) as u64
+    }
 }
 
 /// One worker's contribution to another worker's updates in a step.
@@ -214,6 +243,23 @@ pub struct GradientMessage {
     pub dense: Vec<f32>,
     /// Predictions of an `Eval` step (sent to worker 0 only).
     pub eval: EvalSet,
+    /// Gradient of the partial results, `B × width`, for their owner (`partial` exchange only).
+    #[serde(default)]
+    pub partial: Vec<f32>,
+    /// Replicated rows the sender touched (sent to every worker) …
+    #[serde(default)]
+    pub hot: Vec<u32>,
+    /// … and their summed gradients, `dim` values each (unnormalised).
+    #[serde(default)]
+    pub hot_grads: Vec<f32>,
+}
+
+impl GradientMessage {
+    /// Bytes on the wire (a fixed 32 for the header and statistics).
+    fn wire_bytes(&self) -> u64 {
+        let floats = self.sparse.len() + self.dense.len() + self.partial.len() + self.hot_grads.len();
+        4 * (floats + self.hot.len() + 2 * self.eval.probs.len()) as u64 + 32
+    }
 }
 
 /// A dense slice after its owner's update, broadcast to every worker.
@@ -243,9 +289,14 @@ struct TablePlan {
     unique: Vec<u64>,
     /// For each occurrence in the batch, its index in `unique`.
     index: Vec<u32>,
-    /// For each unique id, (owner, row position in that owner's reply).
+    /// For each unique id, (owner, row position in that owner's reply) for a
+    /// `rows` field, (owner, position among the field's ids in that owner's
+    /// request) for a `partial` field, or ([`HOT`], replica) for a replicated row.
     place: Vec<(u32, u32)>,
 }
+
+/// The owner marker of a replicated row in [`TablePlan::place`].
+const HOT: u32 = u32::MAX;
 
 /// The home side of a worker: its model replica and the current micro-batch.
 struct Home {
@@ -267,6 +318,15 @@ struct Home {
     seq_lengths: Vec<usize>,
     dlogits: Vec<f32>,
     seen: FxHashMap<u64, u32>,
+    exchange: ExchangeConfig,
+    /// The model's partial form when any field travels as partial results.
+    partial: Option<FmPartial>,
+    /// Each owner's partial sums of the current step.
+    partial_replies: Vec<Vec<f32>>,
+    /// Owners that received partial entries for the current step.
+    partial_owners: Vec<bool>,
+    psum: Vec<f32>,
+    dpsum: Vec<f32>,
 }
 
 /// Per table, where a row's summed gradient sits in `Owner::scratch` during an update.
@@ -293,6 +353,14 @@ struct Owner {
     scratch: Vec<f32>,
     /// The `(table, id)` of each row in `scratch`.
     order: Vec<(u32, u64)>,
+    /// Hot rows every worker holds (empty unless the exchange replicates rows).
+    replicas: Replicas,
+    exchange: ExchangeConfig,
+    partial: Option<FmPartial>,
+    /// Per requester, the rows of its last request's partial fields (read again for their gradients).
+    pending_rows: Vec<Vec<f32>>,
+    me: usize,
+    workers: usize,
 }
 
 /// Collects the `W` messages each worker sends a stage for one timestamp.
@@ -345,6 +413,7 @@ struct Outcome {
 ///     sparse_hp: OptimizerParams::with_lr(0.1),
 ///     sequence_tables: vec![],
 ///     store: Default::default(),
+///     exchange: Default::default(),
 /// };
 /// timely::execute(timely::Config::process(2), move |worker| {
 ///     let mut trainer = Trainer::new(worker, &config).unwrap();
@@ -381,6 +450,7 @@ impl Trainer {
         let dim = config.model.embedding_dim();
         let model = config.model.build::<f32>(config.seed)?;
         let slice = dense_slice(model.params().len(), me, workers);
+        let partial_form = if config.exchange.any_partial() { config.model.partial() } else { None };
         let slot_tables: Vec<usize> =
             (0..config.model.num_sparse()).chain(config.sequence_tables.iter().copied()).collect();
         let store = Store::new(
@@ -408,11 +478,30 @@ impl Trainer {
             slot_tables: slot_tables.clone(),
             dense_optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, slice.len()),
             pending: (0..workers)
-                .map(|w| LookupRequest { from: w as u32, to: me as u32, table_lens: Vec::new(), ids: Vec::new() })
+                .map(|w| LookupRequest {
+                    from: w as u32,
+                    to: me as u32,
+                    table_lens: Vec::new(),
+                    ids: Vec::new(),
+                    partial: None,
+                })
                 .collect(),
             slots,
             scratch: Vec::new(),
             order: Vec::new(),
+            replicas: Replicas::new(
+                &config.exchange.replicated,
+                &config.table_sizes,
+                config.seed,
+                dim,
+                config.sparse_optimizer,
+                config.sparse_hp,
+            ),
+            exchange: config.exchange.clone(),
+            partial: partial_form,
+            pending_rows: vec![Vec::new(); workers],
+            me,
+            workers,
         }));
         let home = Rc::new(RefCell::new(Home {
             me,
@@ -432,6 +521,12 @@ impl Trainer {
             seq_lengths: Vec::new(),
             dlogits: Vec::new(),
             seen: FxHashMap::default(),
+            exchange: config.exchange.clone(),
+            partial: partial_form,
+            partial_replies: vec![Vec::new(); workers],
+            partial_owners: vec![false; workers],
+            psum: Vec::new(),
+            dpsum: Vec::new(),
         }));
         let outcome = Rc::new(RefCell::new(Outcome::default()));
         let eval = Rc::new(RefCell::new(EvalSet::default()));
@@ -439,7 +534,7 @@ impl Trainer {
         let mut input = InputHandle::new();
 
         worker.dataflow::<u64, _, _>(|scope| {
-            let (home_a, bytes_a) = (home.clone(), bytes_sent.clone());
+            let (home_a, owner_a, bytes_a) = (home.clone(), owner.clone(), bytes_sent.clone());
             let requests = input.to_stream(scope).unary::<CapacityContainerBuilder<Vec<LookupRequest>>, _, _, _>(
                 Pipeline,
                 "PlanLookups",
@@ -449,13 +544,9 @@ impl Trainer {
                             let mut session = output.session(&cap);
                             for command in data.drain(..) {
                                 let mut home = home_a.borrow_mut();
-                                for request in home.plan(command) {
+                                for request in home.plan(command, &owner_a.borrow().replicas) {
                                     if request.to as usize != home.me {
-                                        bytes_a.set(
-                                            bytes_a.get()
-                                                + 8 * request.ids.len() as u64
-                                                + 4 * request.table_lens.len() as u64,
-                                        );
+                                        bytes_a.set(bytes_a.get() + request.wire_bytes());
                                     }
                                     session.give(request);
                                 }
@@ -475,18 +566,11 @@ impl Trainer {
                             let mut session = output.session(&cap);
                             for request in data.drain(..) {
                                 let mut guard = owner_b.borrow_mut();
-                                let owner = &mut *guard;
-                                let mut rows = Vec::with_capacity(request.ids.len() * owner.store.dim());
-                                let mut start = 0;
-                                for (k, &n) in request.table_lens.iter().enumerate() {
-                                    let t = owner.slot_tables[k];
-                                    owner.store.gather(t, &request.ids[start..start + n as usize], &mut rows);
-                                    start += n as usize;
-                                }
+                                let reply = guard.serve(&request);
                                 if request.from != request.to {
-                                    bytes_b.set(bytes_b.get() + 4 * rows.len() as u64);
+                                    bytes_b.set(bytes_b.get() + reply.wire_bytes());
                                 }
-                                let reply = LookupReply { from: request.to, to: request.from, rows };
+                                let owner = &mut *guard;
                                 let from = request.from as usize;
                                 owner.pending[from] = request;
                                 session.give(reply);
@@ -508,12 +592,11 @@ impl Trainer {
                             if let Some(mut replies) = stash_c.offer(t, data) {
                                 replies.sort_by_key(|r| r.from);
                                 let mut home = home_c.borrow_mut();
-                                let messages = home.compute(replies, &owner_c.borrow().store, bytes_c.get());
+                                let messages = home.compute(replies, &owner_c.borrow(), bytes_c.get());
                                 let mut session = output.session(&cap);
                                 for m in messages {
                                     if m.to != m.from {
-                                        let n = m.sparse.len() + m.dense.len() + 2 * m.eval.probs.len();
-                                        bytes_c.set(bytes_c.get() + 4 * n as u64 + 32);
+                                        bytes_c.set(bytes_c.get() + m.wire_bytes());
                                     }
                                     session.give(m);
                                 }
@@ -657,6 +740,17 @@ impl Trainer {
                 )));
             }
         }
+        for (f, field) in batch.sparse.iter().enumerate() {
+            if self.config.exchange.table(f) == TableExchange::Partial {
+                if let Some(i) = (0..field.len()).find(|&i| field.bag(i).len() > 1) {
+                    return Err(OperatorError::Shape(format!(
+                        "field {f} travels as partial results (exchange `partial`), which needs at most one id \
+                         per sample, but sample {i} has {}; use `rows` for this field",
+                        field.bag(i).len()
+                    )));
+                }
+            }
+        }
         if let Some(first) = batch.sequences.first() {
             let max = m.max_sequence_len();
             if let Some(i) = (0..batch.len()).find(|&i| first.bag(i).len() > max) {
@@ -789,6 +883,7 @@ impl Trainer {
                 }
             }
         }
+        owner.replicas.restore(parts);
         self.train_steps = checked.step;
         Ok(())
     }
@@ -804,23 +899,30 @@ fn slot_name(k: usize, num_sparse: usize) -> String {
 }
 
 impl Home {
-    /// De-duplicates the command's ids per table and builds one request per owner.
+    /// De-duplicates the command's ids per table and builds one request per
+    /// owner; replicated rows are not requested (every worker holds them).
     #[inline(never)]
-    fn plan(&mut self, command: Command) -> Vec<LookupRequest> {
+    fn plan(&mut self, command: Command, replicas: &Replicas) -> Vec<LookupRequest> {
         let w = self.workers;
         let num_tables = self.plans.len();
+        let batch_len = command.batch.len();
         let mut requests: Vec<LookupRequest> = (0..w)
             .map(|o| LookupRequest {
                 from: self.me as u32,
                 to: o as u32,
                 table_lens: vec![0; num_tables],
                 ids: Vec::new(),
+                partial: self.partial.map(|_| PartialLookup { batch_len: batch_len as u32, slots: Vec::new() }),
             })
             .collect();
+        self.partial_owners.iter_mut().for_each(|p| *p = false);
         if command.kind != StepKind::Report {
-            let mut counts = vec![0u32; w];
+            let num_sparse = command.batch.sparse.len();
+            let mut rows_at = vec![0u32; w];
+            let mut segment = vec![0u32; w];
             for (k, field) in command.batch.sparse.iter().chain(&command.batch.sequences).enumerate() {
                 let t = self.slot_tables[k];
+                let partial = k < num_sparse && self.exchange.table(k) == TableExchange::Partial;
                 let plan = &mut self.plans[k];
                 plan.unique.clear();
                 plan.index.clear();
@@ -834,12 +936,42 @@ impl Home {
                     });
                     plan.index.push(u);
                 }
+                for (s, r) in segment.iter_mut().zip(&requests) {
+                    *s = r.ids.len() as u32;
+                }
                 for &id in &plan.unique {
+                    if !partial {
+                        if let Some(h) = replicas.find(t, id) {
+                            plan.place.push((HOT, h));
+                            continue;
+                        }
+                    }
                     let o = shard_of(t, id, w);
-                    plan.place.push((o as u32, counts[o]));
-                    counts[o] += 1;
+                    if partial {
+                        plan.place.push((o as u32, requests[o].ids.len() as u32 - segment[o]));
+                    } else {
+                        plan.place.push((o as u32, rows_at[o]));
+                        rows_at[o] += 1;
+                    }
                     requests[o].ids.push(id);
                     requests[o].table_lens[k] += 1;
+                }
+                if partial {
+                    let mut slots: Vec<PartialSlot> =
+                        (0..w).map(|_| PartialSlot::new(batch_len, field.weights.is_some())).collect();
+                    for i in 0..batch_len {
+                        let start = field.offsets[i] as usize;
+                        if start == field.offsets[i + 1] as usize {
+                            continue;
+                        }
+                        let (o, pos) = plan.place[plan.index[start] as usize];
+                        let weight = field.weights.as_ref().map_or(1.0, |ws| ws[start]);
+                        slots[o as usize].push(i, pos, weight);
+                        self.partial_owners[o as usize] = true;
+                    }
+                    for (r, slot) in requests.iter_mut().zip(slots) {
+                        r.partial.as_mut().expect("partial exchange").slots.push(slot);
+                    }
                 }
             }
         }
@@ -850,7 +982,7 @@ impl Home {
     /// Lays the rows of the batch's sequence fields out as `[B × T × S·d]` in
     /// `seq_rows` (padded to the longest sequence `T` of this batch, which it
     /// returns) and their lengths in `seq_lengths`.
-    fn gather_sequences(&mut self, batch: &Batch) -> usize {
+    fn gather_sequences(&mut self, batch: &Batch, replicas: &Replicas) -> usize {
         let (b, d, f) = (batch.len(), self.dim, batch.sparse.len());
         let s = batch.sequences.len();
         self.seq_lengths.clear();
@@ -868,10 +1000,9 @@ impl Home {
             for i in 0..b {
                 let start = field.offsets[i] as usize;
                 for t in 0..self.seq_lengths[i] {
-                    let (o, pos) = plan.place[plan.index[start + t] as usize];
-                    let p = pos as usize * d;
+                    let place = plan.place[plan.index[start + t] as usize];
                     let dst = (i * steps + t) * width + j * d;
-                    self.seq_rows[dst..dst + d].copy_from_slice(&self.replies[o as usize][p..p + d]);
+                    self.seq_rows[dst..dst + d].copy_from_slice(placed_row(&self.replies, replicas, place, d));
                 }
             }
         }
@@ -896,18 +1027,18 @@ impl Home {
                     }
                 }
             }
-            for (u, &(o, pos)) in plan.place.iter().enumerate() {
-                let p = pos as usize * d;
-                messages[o as usize].sparse[p..p + d].copy_from_slice(&self.dunique[u * d..(u + 1) * d]);
+            for (u, &place) in plan.place.iter().enumerate() {
+                send_row_grad(messages, place, &self.dunique[u * d..(u + 1) * d]);
             }
         }
     }
 
     /// Runs the step's model work once every reply is in; returns one message per worker.
     #[inline(never)]
-    fn compute(&mut self, replies: Vec<LookupReply>, store: &Store, bytes_sent: u64) -> Vec<GradientMessage> {
+    fn compute(&mut self, replies: Vec<LookupReply>, owner: &Owner, bytes_sent: u64) -> Vec<GradientMessage> {
         let command = self.command.take().expect("a command precedes its replies");
         let (w, me, d) = (self.workers, self.me as u32, self.dim);
+        let (store, replicas) = (&owner.store, &owner.replicas);
         let n_params = self.model.params().len();
         let mut messages: Vec<GradientMessage> = (0..w)
             .map(|o| GradientMessage {
@@ -918,6 +1049,9 @@ impl Home {
                 sparse: Vec::new(),
                 dense: Vec::new(),
                 eval: EvalSet::default(),
+                partial: Vec::new(),
+                hot: Vec::new(),
+                hot_grads: Vec::new(),
             })
             .collect();
         let batch = &command.batch;
@@ -940,22 +1074,34 @@ impl Home {
             StepKind::Train | StepKind::Eval => {
                 for (o, r) in replies.into_iter().enumerate() {
                     self.replies[o] = r.rows;
+                    self.partial_replies[o] = r.partial;
                 }
                 let f = batch.sparse.len();
                 self.pooled.clear();
                 self.pooled.resize(b * f * d, 0.0);
                 for (t, plan) in self.plans[..f].iter().enumerate() {
+                    if self.exchange.table(t) == TableExchange::Partial {
+                        continue;
+                    }
                     self.unique_rows.clear();
-                    for &(o, pos) in &plan.place {
-                        let p = pos as usize * d;
-                        self.unique_rows.extend_from_slice(&self.replies[o as usize][p..p + d]);
+                    for &place in &plan.place {
+                        self.unique_rows.extend_from_slice(placed_row(&self.replies, replicas, place, d));
                     }
                     let (field, weights) = (&batch.sparse[t], batch.sparse[t].weights.as_deref());
                     pool_sum(&self.unique_rows, d, &field.offsets, &plan.index, weights, t, f, &mut self.pooled);
                 }
-                let steps = self.gather_sequences(batch);
-                let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
-                let logits = self.model.forward_sequences(&batch.dense, &self.pooled, &seq, b).to_vec();
+                let steps = self.gather_sequences(batch, replicas);
+                let logits = match self.partial {
+                    Some(part) => {
+                        self.sum_partials(part, b, f);
+                        let pm = self.model.partial_model().expect("validated: the model has a partial form");
+                        pm.forward_partial(&batch.dense, &self.psum, b).to_vec()
+                    }
+                    None => {
+                        let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
+                        self.model.forward_sequences(&batch.dense, &self.pooled, &seq, b).to_vec()
+                    }
+                };
                 stats.loss_sum = bce_with_logits_sum(&logits, &batch.labels);
                 if command.kind == StepKind::Eval || command.score {
                     messages[0].eval =
@@ -966,21 +1112,28 @@ impl Home {
                     bce_with_logits_grad(&logits, &batch.labels, 1.0, &mut self.dlogits);
                     self.dpooled.resize(b * f * d, 0.0);
                     self.dseq.resize(self.seq_rows.len(), 0.0);
-                    let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
-                    self.model.backward_sequences(
-                        &batch.dense,
-                        &self.pooled,
-                        &seq,
-                        &self.dlogits,
-                        &mut self.dpooled,
-                        &mut self.dseq,
-                    );
+                    match self.partial {
+                        Some(part) => self.backward_partials(part, b, f, &batch.dense, &mut messages),
+                        None => {
+                            let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
+                            self.model.backward_sequences(
+                                &batch.dense,
+                                &self.pooled,
+                                &seq,
+                                &self.dlogits,
+                                &mut self.dpooled,
+                                &mut self.dseq,
+                            );
+                        }
+                    }
                     for m in messages.iter_mut() {
                         let len = self.replies[m.to as usize].len();
                         m.sparse.resize(len, 0.0);
                     }
-                    self.scatter_sequence_grads(batch, steps, &mut messages);
                     for (t, plan) in self.plans[..f].iter().enumerate() {
+                        if self.exchange.table(t) == TableExchange::Partial {
+                            continue;
+                        }
                         self.dunique.clear();
                         self.dunique.resize(plan.unique.len() * d, 0.0);
                         pool_sum_backward(
@@ -993,11 +1146,11 @@ impl Home {
                             f,
                             &mut self.dunique,
                         );
-                        for (u, &(o, pos)) in plan.place.iter().enumerate() {
-                            let p = pos as usize * d;
-                            messages[o as usize].sparse[p..p + d].copy_from_slice(&self.dunique[u * d..(u + 1) * d]);
+                        for (u, &place) in plan.place.iter().enumerate() {
+                            send_row_grad(&mut messages, place, &self.dunique[u * d..(u + 1) * d]);
                         }
                     }
+                    self.scatter_sequence_grads(batch, steps, &mut messages);
                     // The receiver's slice of the dense gradient; the sender's own slice stays in
                     // `model.grads`, where its owner (this worker) reads it without a copy.
                     for m in messages.iter_mut().filter(|m| m.to != me) {
@@ -1011,9 +1164,90 @@ impl Home {
         }
         messages
     }
+
+    /// `psum = Σ_owners (their partial sums) + the partial sums of the `rows` fields' pooled vectors`.
+    fn sum_partials(&mut self, part: FmPartial, b: usize, f: usize) {
+        let (pw, d) = (part.width(), self.dim);
+        self.psum.clear();
+        self.psum.resize(b * pw, 0.0);
+        for reply in &self.partial_replies {
+            if !reply.is_empty() {
+                for (a, &v) in self.psum.iter_mut().zip(reply) {
+                    *a += v;
+                }
+            }
+        }
+        for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
+            for i in 0..b {
+                let row = &self.pooled[(i * f + t) * d..(i * f + t + 1) * d];
+                part.accumulate(row, 1.0, &mut self.psum[i * pw..(i + 1) * pw]);
+            }
+        }
+    }
+
+    /// Backward through the partial form: the model's gradients, the partial
+    /// sums' gradient for every owner that contributed, and `dpooled` of the `rows` fields.
+    fn backward_partials(
+        &mut self,
+        part: FmPartial,
+        b: usize,
+        f: usize,
+        dense: &[f32],
+        messages: &mut [GradientMessage],
+    ) {
+        let (pw, d) = (part.width(), self.dim);
+        self.dpsum.resize(b * pw, 0.0);
+        let pm = self.model.partial_model().expect("validated: the model has a partial form");
+        pm.backward_partial(dense, &self.psum, &self.dlogits, &mut self.dpsum);
+        self.dpooled.fill(0.0);
+        for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
+            for i in 0..b {
+                let at = (i * f + t) * d..(i * f + t + 1) * d;
+                part.row_grad(&self.pooled[at.clone()], 1.0, &self.dpsum[i * pw..(i + 1) * pw], &mut self.dpooled[at]);
+            }
+        }
+        for m in messages.iter_mut() {
+            if self.partial_owners[m.to as usize] {
+                m.partial = self.dpsum.clone();
+            }
+        }
+    }
 }
 
 impl Owner {
+    /// Answers one request: the rows of its `rows` fields and this owner's
+    /// share of the partial results of its `partial` fields.
+    fn serve(&mut self, request: &LookupRequest) -> LookupReply {
+        let e = self.store.dim();
+        let from = request.from as usize;
+        let mut rows = Vec::with_capacity(request.ids.len() * e);
+        let mut partial_rows = std::mem::take(&mut self.pending_rows[from]);
+        partial_rows.clear();
+        let mut partial = Vec::new();
+        let (mut start, mut pj) = (0usize, 0usize);
+        for (k, &n) in request.table_lens.iter().enumerate() {
+            let t = self.slot_tables[k];
+            let ids = &request.ids[start..start + n as usize];
+            if self.exchange.table(k) == TableExchange::Partial {
+                let first = partial_rows.len();
+                self.store.gather(t, ids, &mut partial_rows);
+                let slot = request.partial.as_ref().and_then(|p| p.slots.get(pj).map(|s| (p.batch_len as usize, s)));
+                if let (Some(part), Some((b, slot))) = (self.partial, slot) {
+                    if !slot.index.is_empty() {
+                        partial.resize(b * part.width(), 0.0);
+                        accumulate_slot(part, slot, &partial_rows[first..], e, &mut partial);
+                    }
+                }
+                pj += 1;
+            } else {
+                self.store.gather(t, ids, &mut rows);
+            }
+            start += n as usize;
+        }
+        self.pending_rows[from] = partial_rows;
+        LookupReply { from: request.to, to: request.from, rows, partial }
+    }
+
     /// Applies the step's gradients this worker owns and returns its dense slice for every worker.
     #[inline(never)]
     fn apply(&mut self, home: &mut Home, messages: &[GradientMessage], eval: &mut EvalSet) -> Vec<ParamUpdate> {
@@ -1030,13 +1264,33 @@ impl Owner {
             // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
             self.scratch.clear();
             self.order.clear();
+            let mut pgrads = Vec::new();
             for m in messages {
                 let request = &self.pending[m.from as usize];
-                let mut start = 0usize;
+                let partial_rows = &self.pending_rows[m.from as usize];
+                let (mut start, mut row_at, mut prow_at, mut pj) = (0usize, 0usize, 0usize, 0usize);
                 for (k, &n) in request.table_lens.iter().enumerate() {
                     let t = self.slot_tables[k];
-                    let ids = &request.ids[start..start + n as usize];
-                    let grads = &m.sparse[start * d..(start + n as usize) * d];
+                    let n = n as usize;
+                    let ids = &request.ids[start..start + n];
+                    let grads: &[f32] = if self.exchange.table(k) == TableExchange::Partial {
+                        // Row gradients from the partial sums' gradient, summed over this sender's samples.
+                        pgrads.clear();
+                        pgrads.resize(n * d, 0.0);
+                        let slot = request.partial.as_ref().and_then(|p| p.slots.get(pj));
+                        if let (Some(part), Some(slot)) = (self.partial, slot) {
+                            if !m.partial.is_empty() {
+                                let rows = &partial_rows[prow_at * d..(prow_at + n) * d];
+                                slot_row_grads(part, slot, rows, d, &m.partial, &mut pgrads);
+                            }
+                        }
+                        prow_at += n;
+                        pj += 1;
+                        &pgrads
+                    } else {
+                        row_at += n;
+                        &m.sparse[(row_at - n) * d..row_at * d]
+                    };
                     match &mut self.slots {
                         Slots::Dense { workers, slots } => {
                             let (w, slots) = (*workers, &mut slots[t]);
@@ -1064,7 +1318,7 @@ impl Owner {
                             }
                         }
                     }
-                    start += n as usize;
+                    start += n;
                 }
             }
             match &mut self.store {
@@ -1079,6 +1333,22 @@ impl Owner {
                     }
                 }
                 Slots::Hashed(maps) => maps.iter_mut().for_each(|m| m.clear()),
+            }
+            // Replicated rows: every worker sums every sender's gradients in worker order and
+            // applies them to its replica; the owner also writes the result into its store.
+            if !self.replicas.is_empty() {
+                for m in messages {
+                    for (i, &h) in m.hot.iter().enumerate() {
+                        self.replicas.add_grad(h, &m.hot_grads[i * d..(i + 1) * d]);
+                    }
+                }
+                for h in self.replicas.apply(scale) {
+                    let (t, id) = self.replicas.key(h);
+                    if shard_of(t, id, self.workers) == self.me {
+                        // An owned id below the table size: the fixed store accepts it.
+                        let _ = self.store.set_row(t, id, self.replicas.row(h), self.replicas.state(h));
+                    }
+                }
             }
             self.train_steps += 1;
             self.store.end_step(self.train_steps);
@@ -1104,6 +1374,34 @@ impl Owner {
                 values: if changed && to != me { home.model.params()[slice.clone()].to_vec() } else { Vec::new() },
             })
             .collect()
+    }
+}
+
+/// The row a plan placed at `place`: in an owner's reply or a local replica.
+#[inline]
+fn placed_row<'a>(replies: &'a [Vec<f32>], replicas: &'a Replicas, place: (u32, u32), d: usize) -> &'a [f32] {
+    match place {
+        (HOT, h) => replicas.row(h),
+        (o, pos) => &replies[o as usize][pos as usize * d..(pos as usize + 1) * d],
+    }
+}
+
+/// Puts the summed gradient `g` of the row placed at `place` into the
+/// messages: into its owner's row gradients, or, for a replicated row, into
+/// every worker's message.
+#[inline]
+fn send_row_grad(messages: &mut [GradientMessage], place: (u32, u32), g: &[f32]) {
+    match place {
+        (HOT, h) => {
+            for m in messages.iter_mut() {
+                m.hot.push(h);
+                m.hot_grads.extend_from_slice(g);
+            }
+        }
+        (o, pos) => {
+            let p = pos as usize * g.len();
+            messages[o as usize].sparse[p..p + g.len()].copy_from_slice(g);
+        }
     }
 }
 

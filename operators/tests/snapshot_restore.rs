@@ -30,6 +30,7 @@ fn config(seed: u64, sparse: SparseOptimizerKind) -> TrainerConfig {
         sparse_hp: OptimizerParams { initial_accumulator: 0.1, ..OptimizerParams::with_lr(0.05) },
         sequence_tables: vec![],
         store: Default::default(),
+        exchange: Default::default(),
     }
 }
 

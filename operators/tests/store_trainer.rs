@@ -33,6 +33,7 @@ fn config(kind: StoreKind) -> TrainerConfig {
         sparse_hp: OptimizerParams::with_lr(0.05),
         sequence_tables: vec![],
         store: StoreConfig { kind, hot_rows: 10, warmup: 2, flush_every: 3, ..StoreConfig::default() },
+        exchange: Default::default(),
     }
 }
 

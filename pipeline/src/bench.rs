@@ -115,6 +115,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         sparse_hp: OptimizerParams::with_lr(0.01),
         sequence_tables: if behavior.is_some() { SEQUENCE_TABLES.to_vec() } else { Vec::new() },
         store: Default::default(),
+        exchange: Default::default(),
     };
     let bench = Arc::new(bench.clone());
     let b2 = bench.clone();

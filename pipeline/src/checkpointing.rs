@@ -102,6 +102,9 @@ pub fn manifest_config(config: &TrainerConfig) -> serde_json::Value {
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     if let Some(map) = v.as_object_mut() {
         map.remove("seed");
+        // How embeddings travel between workers does not change the model: a
+        // run may resume with another exchange strategy.
+        map.remove("exchange");
         // The default (fixed) store is left out, so checkpoints written before
         // stores existed still match.
         if config.store == tiderec_operators::store::StoreConfig::default() {

@@ -112,6 +112,7 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
         },
         sequence_tables: resolved.sequence_tables.clone(),
         store: resolved.store.clone(),
+        exchange: Default::default(),
     }
 }
 

@@ -20,8 +20,10 @@
 //! Dense features enter the linear term (and the deep part's input).
 
 use super::fm::FmInteraction;
+use super::fm_partial::FmPartial;
 use super::gemm::{gemm, Op};
 use super::mlp::{Mlp, MlpCache};
+use super::model::PartialModel;
 use super::Scalar;
 use crate::rng::normal_f64;
 use crate::OperatorError;
@@ -179,6 +181,9 @@ impl<T: Scalar> Fm<T> {
 
 impl<T: Scalar> super::model::Model<T> for Fm<T> {
     flat_buffer_accessors!();
+    fn partial_model(&mut self) -> Option<&mut dyn PartialModel<T>> {
+        (self.config.deep.is_empty() && self.config.wide_only == 0).then_some(self as &mut dyn PartialModel<T>)
+    }
     fn embedding_dim(&self) -> usize {
         self.config.embedding_dim()
     }
@@ -261,6 +266,41 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
     }
 }
 
+impl<T: Scalar> PartialModel<T> for Fm<T> {
+    fn shape(&self) -> FmPartial {
+        FmPartial { dim: self.config.dim, fm: self.config.fm }
+    }
+
+    fn forward_partial(&mut self, dense: &[T], partial: &[T], batch: usize) -> &[T] {
+        self.batch = batch;
+        let (nd, part) = (self.config.num_dense, self.shape());
+        let pw = part.width();
+        self.logits.clear();
+        self.logits.resize(batch, self.params[0]);
+        gemm(Op::N, Op::N, batch, 1, nd, T::ONE, dense, &self.params[1..1 + nd], T::ONE, &mut self.logits);
+        for (b, l) in self.logits.iter_mut().enumerate() {
+            *l += part.logit(&partial[b * pw..(b + 1) * pw]);
+        }
+        &self.logits
+    }
+
+    fn backward_partial(&mut self, dense: &[T], partial: &[T], dlogits: &[T], dpartial: &mut [T]) {
+        let batch = self.batch;
+        let (nd, part) = (self.config.num_dense, self.shape());
+        let pw = part.width();
+        let dl = &dlogits[..batch];
+        let mut db = T::ZERO;
+        for &g in dl {
+            db += g;
+        }
+        self.grads[0] = db;
+        gemm(Op::T, Op::N, nd, 1, batch, T::ONE, dense, dl, T::ZERO, &mut self.grads[1..1 + nd]);
+        for (b, &g) in dl.iter().enumerate() {
+            part.logit_grad(&partial[b * pw..(b + 1) * pw], g, &mut dpartial[b * pw..(b + 1) * pw]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +348,59 @@ mod tests {
             let cfg = FmConfig { num_dense: 2, num_sparse: 4, dim, deep, fm, wide_only };
             check_model(ModelConfig::Fm(cfg));
         }
+    }
+
+    /// The partial form gives the same logits and gradients as the pooled form (f64).
+    #[test]
+    fn partial_form_equals_the_pooled_form() {
+        use crate::nn::model::Model;
+        for (dim, fm) in [(3, true), (0, true), (3, false)] {
+            let cfg = FmConfig { num_dense: 2, num_sparse: 4, dim, deep: vec![], fm, wide_only: 0 };
+            let config = ModelConfig::Fm(cfg.clone());
+            assert!(config.partial().is_some());
+            let mut model = Fm::<f64>::new(cfg, 5).unwrap();
+            let (nd, f, e, batch) = (2, 4, dim + 1, 3);
+            let dense: Vec<f64> = (0..batch * nd).map(|i| normal_f64(6, 0, i as u64, 0).abs()).collect();
+            let pooled: Vec<f64> = (0..batch * f * e).map(|i| normal_f64(7, 0, i as u64, 0) * 0.5).collect();
+            let labels = [1.0f32, 0.0, 1.0];
+            let logits = model.forward(&dense, &pooled, batch).to_vec();
+            let mut dl = vec![0.0; batch];
+            bce_with_logits_grad(&logits, &labels, 1.0, &mut dl);
+            let mut dp = vec![0.0; pooled.len()];
+            model.backward(&dense, &pooled, &dl, &mut dp);
+            let grads = model.grads().to_vec();
+
+            let part = PartialModel::<f64>::shape(&model);
+            let pw = part.width();
+            let mut sums = vec![0.0; batch * pw];
+            for b in 0..batch {
+                for fi in 0..f {
+                    let row = &pooled[(b * f + fi) * e..(b * f + fi + 1) * e];
+                    part.accumulate(row, 1.0, &mut sums[b * pw..(b + 1) * pw]);
+                }
+            }
+            let logits2 = model.forward_partial(&dense, &sums, batch).to_vec();
+            for (a, b) in logits.iter().zip(&logits2) {
+                assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+            }
+            let mut dsums = vec![0.0; sums.len()];
+            model.backward_partial(&dense, &sums, &dl, &mut dsums);
+            for (a, b) in grads.iter().zip(model.grads()) {
+                assert!((a - b).abs() < 1e-12);
+            }
+            let mut drow = vec![0.0; e];
+            for b in 0..batch {
+                for fi in 0..f {
+                    let span = (b * f + fi) * e..(b * f + fi + 1) * e;
+                    part.row_grad(&pooled[span.clone()], 1.0, &dsums[b * pw..(b + 1) * pw], &mut drow);
+                    for (x, y) in drow.iter().zip(&dp[span]) {
+                        assert!((x - y).abs() < 1e-12, "{x} vs {y}");
+                    }
+                }
+            }
+        }
+        let deep = FmConfig { num_dense: 2, num_sparse: 4, dim: 3, deep: vec![4], fm: true, wide_only: 0 };
+        assert!(ModelConfig::Fm(deep).partial().is_none());
     }
 
     #[test]

@@ -13,6 +13,7 @@
 use super::deepfm::{Fm, FmConfig};
 use super::dien::{Dien, DienConfig};
 use super::dlrm::{Dlrm, DlrmConfig};
+use super::fm_partial::FmPartial;
 use super::Scalar;
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
@@ -53,6 +54,23 @@ pub trait Model<T: Scalar>: Send {
         dseq.fill(T::ZERO);
         self.backward(dense, pooled, dlogits, dpooled)
     }
+    /// The model's DES partial-result form, when its embeddings can travel as
+    /// partial results instead of rows (LR and FM without a deep part).
+    fn partial_model(&mut self) -> Option<&mut dyn PartialModel<T>> {
+        None
+    }
+}
+
+/// A model whose logit depends on the embedding rows only through per-sample
+/// sums that owners can compute over their own rows (see [`FmPartial`]).
+pub trait PartialModel<T: Scalar> {
+    /// The partial result's shape.
+    fn shape(&self) -> FmPartial;
+    /// Logits for `dense: [B × num_dense]` and the summed partial results `partial: [B × width]`.
+    fn forward_partial(&mut self, dense: &[T], partial: &[T], batch: usize) -> &[T];
+    /// Back-propagates `dlogits` through the last `forward_partial`; fills the
+    /// model's `grads` and overwrites `dpartial` (`[B × width]`).
+    fn backward_partial(&mut self, dense: &[T], partial: &[T], dlogits: &[T], dpartial: &mut [T]);
 }
 
 /// The rows of a batch's sequence fields as a model reads them.
@@ -123,6 +141,15 @@ impl ModelConfig {
             ModelConfig::Dlrm(c) => c.dim,
             ModelConfig::Fm(c) => c.embedding_dim(),
             ModelConfig::Dien(c) => c.dim,
+        }
+    }
+
+    /// The DES partial-result shape when the model supports that exchange (LR and
+    /// FM without a deep part or wide-only crosses), else `None`.
+    pub fn partial(&self) -> Option<FmPartial> {
+        match self {
+            ModelConfig::Fm(c) if c.deep.is_empty() && c.wide_only == 0 => Some(FmPartial { dim: c.dim, fm: c.fm }),
+            _ => None,
         }
     }
 

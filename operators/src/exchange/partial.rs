@@ -1,0 +1,107 @@
+//! The wire format and the owner-side kernels of the `partial` exchange.
+//!
+//! A home sends each owner, per partial field, the distinct ids it owns (in
+//! the packed request, like `rows`) plus which samples hold one of them
+//! ([`PartialSlot::present`], one bit per sample) and, for each such sample
+//! in order, the index of its id among that field's ids ([`PartialSlot::index`])
+//! and its pooling weight if the field is weighted. The owner answers with
+//! `B × width` partial sums and later receives `B × width` gradients of them.
+
+use crate::nn::FmPartial;
+use serde::{Deserialize, Serialize};
+
+/// One partial field of a request: which samples use which of the field's requested ids.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PartialSlot {
+    /// Bit `i` set: sample `i` has an id owned by the receiver in this field.
+    pub present: Vec<u64>,
+    /// For each present sample in order, the position of its id in the field's ids of the request.
+    pub index: Vec<u32>,
+    /// For each present sample in order, its pooling weight (`None`: all 1).
+    pub weights: Option<Vec<f32>>,
+}
+
+impl PartialSlot {
+    /// An empty slot for a batch of `batch` samples.
+    pub fn new(batch: usize, weighted: bool) -> Self {
+        PartialSlot { present: vec![0; batch.div_ceil(64)], index: Vec::new(), weights: weighted.then(Vec::new) }
+    }
+
+    /// Records that sample `sample` (given in increasing order) uses id `index` with `weight`.
+    #[inline]
+    pub fn push(&mut self, sample: usize, index: u32, weight: f32) {
+        self.present[sample / 64] |= 1 << (sample % 64);
+        self.index.push(index);
+        if let Some(w) = &mut self.weights {
+            w.push(weight);
+        }
+    }
+
+    /// The present samples in increasing order, with their id index and weight.
+    pub fn entries(&self) -> impl Iterator<Item = (usize, usize, f32)> + '_ {
+        let samples = self.present.iter().enumerate().flat_map(|(word, &bits)| {
+            let mut bits = bits;
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    word * 64 + b
+                })
+            })
+        });
+        samples.enumerate().map(move |(j, sample)| {
+            let w = self.weights.as_ref().map_or(1.0, |w| w[j]);
+            (sample, self.index[j] as usize, w)
+        })
+    }
+
+    /// Bytes on the wire.
+    pub fn wire_bytes(&self) -> u64 {
+        8 * self.present.len() as u64
+            + 4 * self.index.len() as u64
+            + 4 * self.weights.as_ref().map_or(0, Vec::len) as u64
+    }
+}
+
+/// The partial fields of one request.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PartialLookup {
+    /// Samples in the requester's micro-batch.
+    pub batch_len: u32,
+    /// One per partial field, in field order (empty for steps without data).
+    pub slots: Vec<PartialSlot>,
+}
+
+impl PartialLookup {
+    /// Bytes on the wire.
+    pub fn wire_bytes(&self) -> u64 {
+        4 + self.slots.iter().map(PartialSlot::wire_bytes).sum::<u64>()
+    }
+
+    /// Whether any sample uses a row of the receiver.
+    pub fn any(&self) -> bool {
+        self.slots.iter().any(|s| !s.index.is_empty())
+    }
+}
+
+/// Adds the contributions of one field's `rows` (`e` values each, in the
+/// request's order) to the partial sums `out: [B × width]`.
+pub fn accumulate_slot(part: FmPartial, slot: &PartialSlot, rows: &[f32], e: usize, out: &mut [f32]) {
+    let pw = part.width();
+    for (sample, u, w) in slot.entries() {
+        part.accumulate(&rows[u * e..(u + 1) * e], w, &mut out[sample * pw..(sample + 1) * pw]);
+    }
+}
+
+/// Sums the row gradients of one field from the partial sums' gradients
+/// `dp: [B × width]` into `dunique` (`e` values per requested id), in sample order.
+pub fn slot_row_grads(part: FmPartial, slot: &PartialSlot, rows: &[f32], e: usize, dp: &[f32], dunique: &mut [f32]) {
+    let pw = part.width();
+    let mut drow = vec![0.0f32; e];
+    for (sample, u, w) in slot.entries() {
+        part.row_grad(&rows[u * e..(u + 1) * e], w, &dp[sample * pw..(sample + 1) * pw], &mut drow);
+        for (a, &g) in dunique[u * e..(u + 1) * e].iter_mut().zip(&drow) {
+            *a += g;
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Hot rows held by every worker, updated in lockstep.
+//!
+//! Invariants:
+//! * Every worker builds the same replica set, in the same order, from the
+//!   same configuration, and initialises each row exactly as its owner's
+//!   fixed store does (`(seed, table, id)` alone), so replicas start equal.
+//! * A step's gradients of replicated rows reach every worker; each worker
+//!   sums them per row in worker order (first-seen slot order, as an owner
+//!   sums rows) and applies the same optimizer, so replicas stay bit-identical
+//!   and equal to what the owner would compute for a sharded row.
+//! * The trainer copies every updated replica back into its owner's store,
+//!   so checkpoints and norms read the store as before.
+
+use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
+use crate::snapshot::WorkerSnapshot;
+use rustc_hash::FxHashMap;
+
+/// The replicated hot rows of one worker, with their optimizer state.
+#[derive(Clone, Debug)]
+pub struct Replicas {
+    dim: usize,
+    state_width: usize,
+    optimizer: SparseOptimizerKind,
+    hp: OptimizerParams,
+    index: Vec<FxHashMap<u64, u32>>,
+    keys: Vec<(u32, u64)>,
+    rows: Vec<f32>,
+    state: Vec<f32>,
+    /// Per replica, its slot in `scratch` during an update (`u32::MAX`: none).
+    slot: Vec<u32>,
+    /// Replicas with a gradient this step, in first-seen order.
+    order: Vec<u32>,
+    scratch: Vec<f32>,
+}
+
+impl Replicas {
+    /// Replicas of `replicated[t]` for every table `t` (duplicates ignored), initialised like the fixed store.
+    pub fn new(
+        replicated: &[Vec<u64>],
+        table_sizes: &[u64],
+        seed: u64,
+        dim: usize,
+        optimizer: SparseOptimizerKind,
+        hp: OptimizerParams,
+    ) -> Self {
+        let state_width = optimizer.state_width(dim);
+        let mut r = Replicas {
+            dim,
+            state_width,
+            optimizer,
+            hp,
+            index: vec![FxHashMap::default(); table_sizes.len()],
+            keys: Vec::new(),
+            rows: Vec::new(),
+            state: Vec::new(),
+            slot: Vec::new(),
+            order: Vec::new(),
+            scratch: Vec::new(),
+        };
+        let mut row = vec![0.0f32; dim];
+        let mut st = vec![0.0f32; state_width];
+        for (t, ids) in replicated.iter().enumerate() {
+            let bound = 1.0 / (table_sizes[t] as f32).sqrt();
+            for &id in ids {
+                if r.index[t].contains_key(&id) {
+                    continue;
+                }
+                r.index[t].insert(id, r.keys.len() as u32);
+                crate::store::init_row(seed, t, id, bound, &mut row);
+                optimizer.init_state(&hp, &mut st);
+                r.keys.push((t as u32, id));
+                r.rows.extend_from_slice(&row);
+                r.state.extend_from_slice(&st);
+                r.slot.push(u32::MAX);
+            }
+        }
+        r
+    }
+
+    /// Number of replicated rows.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True when nothing is replicated.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The replica index of row `id` of `table`, if it is replicated.
+    #[inline]
+    pub fn find(&self, table: usize, id: u64) -> Option<u32> {
+        if self.keys.is_empty() {
+            return None;
+        }
+        self.index[table].get(&id).copied()
+    }
+
+    /// The `(table, id)` of replica `h`.
+    #[inline]
+    pub fn key(&self, h: u32) -> (usize, u64) {
+        let (t, id) = self.keys[h as usize];
+        (t as usize, id)
+    }
+
+    /// The current row of replica `h`.
+    #[inline]
+    pub fn row(&self, h: u32) -> &[f32] {
+        let s = h as usize * self.dim;
+        &self.rows[s..s + self.dim]
+    }
+
+    /// The optimizer state of replica `h`.
+    #[inline]
+    pub fn state(&self, h: u32) -> &[f32] {
+        let s = h as usize * self.state_width;
+        &self.state[s..s + self.state_width]
+    }
+
+    /// Adds one worker's summed gradient `g` of replica `h` to this step's sum.
+    #[inline]
+    pub fn add_grad(&mut self, h: u32, g: &[f32]) {
+        let cell = &mut self.slot[h as usize];
+        if *cell == u32::MAX {
+            *cell = self.order.len() as u32;
+            self.order.push(h);
+            self.scratch.extend_from_slice(g);
+        } else {
+            let s = *cell as usize * self.dim;
+            for (a, &v) in self.scratch[s..s + self.dim].iter_mut().zip(g) {
+                *a += v;
+            }
+        }
+    }
+
+    /// Applies this step's summed gradients scaled by `scale` and returns the
+    /// replicas that changed, in first-seen order; clears the step's sums.
+    pub fn apply(&mut self, scale: f32) -> Vec<u32> {
+        let d = self.dim;
+        for (k, &h) in self.order.iter().enumerate() {
+            let g = &mut self.scratch[k * d..(k + 1) * d];
+            for v in g.iter_mut() {
+                *v *= scale;
+            }
+            let h = h as usize;
+            let row = &mut self.rows[h * d..(h + 1) * d];
+            let st = &mut self.state[h * self.state_width..(h + 1) * self.state_width];
+            apply_row(self.optimizer, &self.hp, row, g, st);
+            self.slot[h] = u32::MAX;
+        }
+        self.scratch.clear();
+        std::mem::take(&mut self.order)
+    }
+
+    /// Loads every replicated row (and its state) found in the parts of a checkpoint.
+    pub fn restore(&mut self, parts: &[WorkerSnapshot]) {
+        let (d, w) = (self.dim, self.state_width);
+        for part in parts {
+            for (t, rows) in part.tables.iter().enumerate() {
+                let Some(index) = self.index.get(t) else { continue };
+                if index.is_empty() {
+                    continue;
+                }
+                for (i, id) in rows.ids.iter().enumerate() {
+                    if let Some(&h) = index.get(id) {
+                        let h = h as usize;
+                        self.rows[h * d..(h + 1) * d].copy_from_slice(&rows.rows[i * d..(i + 1) * d]);
+                        self.state[h * w..(h + 1) * w].copy_from_slice(&rows.state[i * w..(i + 1) * w]);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! DES partial results of the LR / FM models.
+//!
+//! The logit of an FM depends on a sample's field rows `[w_f, v_f]` only
+//! through three sums over the fields:
+//!
+//! ```text
+//! p = [ Σ_f w_f,  S = Σ_f v_f (k values),  Q = Σ_f ‖v_f‖² ]
+//! logit = b + a·x + p₀ + ½ (‖S‖² − Q)
+//! ```
+//!
+//! Each sum is additive over any partition of the fields, so the owner of a
+//! group of rows can return its share of `p` (`k + 2` values per sample)
+//! instead of the rows themselves, and the home of the sample adds the
+//! shares up (Distributed Equivalent Substitution). Going back, every share
+//! receives the same `∂L/∂p`, and the owner turns it into row gradients:
+//! `∂L/∂w_f = ∂L/∂p₀`, `∂L/∂v_f = ∂L/∂S + 2 v_f ∂L/∂Q`, which with
+//! `∂L/∂S = g·S` and `∂L/∂Q = −g/2` is the FM's usual `g (S − v_f)`.
+//!
+//! A field's contribution must be its whole pooled vector, so a field
+//! exchanged this way holds at most one id per sample (one-hot; the trainer
+//! checks it), scaled by that id's pooling weight `a`: the row enters as
+//! `x = a·row` and its gradient is `a·∂L/∂x`.
+//!
+//! Logistic regression (`k = 0`, or no FM term) has `p = [Σ_f w_f]`.
+
+use super::Scalar;
+
+/// Shape of the partial result of an LR or FM model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FmPartial {
+    /// Factor width `k` of each row `[w, v₁ … v_k]`.
+    pub dim: usize,
+    /// Whether the second-order term is part of the model (else only `Σ w`).
+    pub fm: bool,
+}
+
+impl FmPartial {
+    /// Values per sample: `k + 2` with the FM term, else 1.
+    pub fn width(&self) -> usize {
+        if self.second_order() {
+            self.dim + 2
+        } else {
+            1
+        }
+    }
+
+    fn second_order(&self) -> bool {
+        self.fm && self.dim > 0
+    }
+
+    /// Adds the contribution of one field's row (`1 + k` values) with pooling
+    /// weight `weight` to one sample's partial result `out` (`width()` values).
+    #[inline]
+    pub fn accumulate<T: Scalar>(&self, row: &[T], weight: T, out: &mut [T]) {
+        out[0] += weight * row[0];
+        if self.second_order() {
+            let k = self.dim;
+            let (s, q) = out[1..].split_at_mut(k);
+            for (sc, &v) in s.iter_mut().zip(&row[1..1 + k]) {
+                let x = weight * v;
+                *sc += x;
+                q[0] += x * x;
+            }
+        }
+    }
+
+    /// The gradient of one field's row from the gradient `dp` of the partial
+    /// result it was accumulated into; overwrites `drow` (`1 + k` values).
+    #[inline]
+    pub fn row_grad<T: Scalar>(&self, row: &[T], weight: T, dp: &[T], drow: &mut [T]) {
+        drow[0] = weight * dp[0];
+        if self.second_order() {
+            let k = self.dim;
+            let two_dq = T::from_f64(2.0) * dp[1 + k];
+            for c in 0..k {
+                let x = weight * row[1 + c];
+                drow[1 + c] = weight * (dp[1 + c] + two_dq * x);
+            }
+        }
+    }
+
+    /// The interaction part of the logit from a sample's summed partial result:
+    /// `p₀ + ½(‖S‖² − Q)`.
+    #[inline]
+    pub fn logit<T: Scalar>(&self, p: &[T]) -> T {
+        let mut l = p[0];
+        if self.second_order() {
+            let k = self.dim;
+            let mut total = T::ZERO;
+            for &s in &p[1..1 + k] {
+                total += s * s;
+            }
+            l += T::from_f64(0.5) * (total - p[1 + k]);
+        }
+        l
+    }
+
+    /// `∂logit/∂p` scaled by `g` (the loss gradient of the logit); overwrites `dp`.
+    #[inline]
+    pub fn logit_grad<T: Scalar>(&self, p: &[T], g: T, dp: &mut [T]) {
+        dp[0] = g;
+        if self.second_order() {
+            let k = self.dim;
+            for c in 0..k {
+                dp[1 + c] = g * p[1 + c];
+            }
+            dp[1 + k] = T::from_f64(-0.5) * g;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::fm::FmInteraction;
+    use crate::nn::gradcheck::check_gradients;
+    use crate::rng::normal_f64;
+
+    fn rows(fields: usize, k: usize, seed: u64) -> Vec<f64> {
+        (0..fields * (1 + k)).map(|i| normal_f64(seed, 0, i as u64, 0) * 0.7).collect()
+    }
+
+    /// The logit from partial results equals the FM computed on the rows, however the fields are split.
+    #[test]
+    fn partial_sums_reproduce_the_fm_term() {
+        let (fields, k) = (5, 3);
+        let r = rows(fields, k, 1);
+        let fm = FmInteraction { num_fields: fields, dim: k, stride: 1 + k, offset: 1 };
+        let mut direct = [0.0f64];
+        fm.forward(&r, 1, &mut direct);
+        let linear: f64 = (0..fields).map(|f| r[f * (1 + k)]).sum();
+        let part = FmPartial { dim: k, fm: true };
+        // Two owners: fields {0, 3} and {1, 2, 4}; their shares add up at home.
+        let mut shares = vec![vec![0.0f64; part.width()]; 2];
+        for f in 0..fields {
+            let owner = usize::from(f != 0 && f != 3);
+            part.accumulate(&r[f * (1 + k)..(f + 1) * (1 + k)], 1.0, &mut shares[owner]);
+        }
+        let total: Vec<f64> = (0..part.width()).map(|i| shares[0][i] + shares[1][i]).collect();
+        let got = part.logit(&total);
+        assert!((got - (linear + direct[0])).abs() < 1e-12, "{got} vs {}", linear + direct[0]);
+    }
+
+    /// Row gradients through the partial result match finite differences of the logit, with weights.
+    #[test]
+    fn row_gradients_match_finite_differences() {
+        for (k, fm) in [(3, true), (3, false), (0, true)] {
+            let fields = 4;
+            let part = FmPartial { dim: k, fm };
+            let weights = [1.0, 0.5, 2.0, -0.3];
+            let logit_of = |r: &[f64]| {
+                let mut p = vec![0.0; part.width()];
+                for f in 0..fields {
+                    part.accumulate(&r[f * (1 + k)..(f + 1) * (1 + k)], weights[f], &mut p);
+                }
+                part.logit(&p)
+            };
+            let r = rows(fields, k, 2);
+            let mut p = vec![0.0; part.width()];
+            for f in 0..fields {
+                part.accumulate(&r[f * (1 + k)..(f + 1) * (1 + k)], weights[f], &mut p);
+            }
+            let mut dp = vec![0.0; part.width()];
+            part.logit_grad(&p, 1.0, &mut dp);
+            let mut grads = vec![0.0; r.len()];
+            for f in 0..fields {
+                let span = f * (1 + k)..(f + 1) * (1 + k);
+                part.row_grad(&r[span.clone()], weights[f], &dp, &mut grads[span]);
+            }
+            check_gradients(&r, &grads, logit_of);
+        }
+    }
+}
