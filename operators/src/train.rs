@@ -957,8 +957,10 @@ impl Home {
                     requests[o].table_lens[k] += 1;
                 }
                 if partial {
-                    let mut slots: Vec<PartialSlot> =
-                        (0..w).map(|_| PartialSlot::new(batch_len, field.weights.is_some())).collect();
+                    let mut slots: Vec<PartialSlot> = requests
+                        .iter()
+                        .map(|r| PartialSlot::new(batch_len, r.table_lens[k] as usize, field.weights.is_some()))
+                        .collect();
                     for i in 0..batch_len {
                         let start = field.offsets[i] as usize;
                         if start == field.offsets[i + 1] as usize {

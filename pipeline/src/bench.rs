@@ -17,6 +17,7 @@
 //! Parquet batch replay against the raw Criteo TSV ([`replay`]).
 
 pub mod cache;
+pub mod exchange;
 pub mod replay;
 
 use crate::run::timely_config;

@@ -110,6 +110,49 @@ enum BenchCommand {
     /// Embedding stores: tiered (hot tier) vs plain hash store hit ratio and speed on Zipf ids;
     /// with --growing N, N records of a growing id space through a row budget (rows and RSS over time).
     Cache(CacheArgs),
+    /// Exchange strategies (rows, DES partial results, replicated hot rows, the planner's choice):
+    /// bytes per sample and samples/s of each in one run.
+    Exchange(ExchangeArgs),
+}
+
+#[derive(Args)]
+struct ExchangeArgs {
+    /// Model: fm, deepfm or dlrm.
+    #[arg(long, default_value = "fm")]
+    model: String,
+    /// Samples: `zipf` (synthetic Criteo-shaped, Zipf ranks) or `criteo:PATH`.
+    #[arg(long, default_value = "zipf")]
+    data: String,
+    /// Zipf exponent of the synthetic ids.
+    #[arg(long, default_value_t = 1.05)]
+    zipf: f64,
+    /// Global batch size.
+    #[arg(long, default_value_t = 2048)]
+    batch_size: usize,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Timed steps per strategy.
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Untimed steps per strategy.
+    #[arg(long, default_value_t = 3)]
+    warmup: u64,
+    /// Rows of the largest table.
+    #[arg(long, default_value_t = 100_000)]
+    rows: u64,
+    /// Embedding dimension.
+    #[arg(long, default_value_t = 16)]
+    dim: usize,
+    /// Fraction of each table's rows to replicate (0: skip replication).
+    #[arg(long, default_value_t = 0.01)]
+    replicate: f64,
+    /// Steps of ids the planner counts.
+    #[arg(long, default_value_t = 4)]
+    plan_steps: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -1054,6 +1097,33 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Bench(BenchCommand::Exchange(a)) => {
+            use tiderec::bench::exchange::{run_exchange, ExchangeBench, ExchangeData};
+            let data = match a.data.split_once(':') {
+                None if a.data == "zipf" => ExchangeData::Zipf(a.zipf),
+                Some(("criteo", path)) => ExchangeData::Criteo(path.into()),
+                _ => anyhow::bail!("--data must be `zipf` or `criteo:PATH`, got `{}`", a.data),
+            };
+            let bench = ExchangeBench {
+                model: a.model,
+                data,
+                batch_size: a.batch_size,
+                workers: a.workers,
+                warmup: a.warmup,
+                steps: a.steps,
+                rows: a.rows,
+                dim: a.dim,
+                replicate: a.replicate,
+                plan_steps: a.plan_steps,
+                seed: 7,
+            };
+            let r = run_exchange(&bench)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print!("{}", r.describe());
+            }
+        }
         Command::Bench(BenchCommand::Replay(a)) => {
             let bench = tiderec::bench::replay::ReplayBench {
                 criteo: a.criteo,
@@ -1116,7 +1186,11 @@ fn main() -> anyhow::Result<()> {
                     };
                     (model, m.common)
                 }
-                BenchCommand::Gru(_) | BenchCommand::Features(_) | BenchCommand::Replay(_) | BenchCommand::Cache(_) => {
+                BenchCommand::Gru(_)
+                | BenchCommand::Features(_)
+                | BenchCommand::Replay(_)
+                | BenchCommand::Cache(_)
+                | BenchCommand::Exchange(_) => {
                     unreachable!("handled above")
                 }
             };

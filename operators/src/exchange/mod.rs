@@ -8,7 +8,7 @@
 //! * [`TableExchange::Rows`]: the owner returns the rows, the home returns
 //!   the rows' gradients (DLRM's model-parallel embeddings).
 //! * [`TableExchange::Partial`]: the owner returns, per sample, its share of
-//!   the model's partial result (DES: for LR/FM `[Σw, Σv, Σ‖v‖²]`, see
+//!   the model's partial result (DES: for LR/FM `[Σ(w − ½‖v‖²), Σv]`, see
 //!   [`crate::nn::FmPartial`]); the home returns the partial result's
 //!   gradient, and the owner turns it into row gradients. No row and no row
 //!   gradient crosses the network. Needs a model with a partial form and at
@@ -30,7 +30,7 @@ mod partial;
 mod plan;
 mod replicas;
 
-pub use partial::{accumulate_slot, slot_row_grads, PartialLookup, PartialSlot};
+pub use partial::{accumulate_slot, slot_row_grads, IdIndex, PartialLookup, PartialSlot};
 pub use plan::{plan_exchange, ExchangePlan, PlanInput, TableCost};
 pub use replicas::Replicas;
 

@@ -3,35 +3,79 @@
 //! A home sends each owner, per partial field, the distinct ids it owns (in
 //! the packed request, like `rows`) plus which samples hold one of them
 //! ([`PartialSlot::present`], one bit per sample) and, for each such sample
-//! in order, the index of its id among that field's ids ([`PartialSlot::index`])
+//! in order, the index of its id among that field's ids ([`PartialSlot::index`],
+//! two bytes each when the field sends at most 65,536 ids to this owner)
 //! and its pooling weight if the field is weighted. The owner answers with
 //! `B × width` partial sums and later receives `B × width` gradients of them.
 
 use crate::nn::FmPartial;
 use serde::{Deserialize, Serialize};
 
+/// Positions of ids among a field's requested ids, as narrow as they fit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IdIndex {
+    /// At most 65,536 ids.
+    Narrow(Vec<u16>),
+    /// More.
+    Wide(Vec<u32>),
+}
+
+impl IdIndex {
+    #[inline]
+    fn get(&self, j: usize) -> usize {
+        match self {
+            IdIndex::Narrow(v) => v[j] as usize,
+            IdIndex::Wide(v) => v[j] as usize,
+        }
+    }
+
+    /// Number of positions.
+    pub fn len(&self) -> usize {
+        match self {
+            IdIndex::Narrow(v) => v.len(),
+            IdIndex::Wide(v) => v.len(),
+        }
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn wire_bytes(&self) -> u64 {
+        match self {
+            IdIndex::Narrow(v) => 2 * v.len() as u64,
+            IdIndex::Wide(v) => 4 * v.len() as u64,
+        }
+    }
+}
+
 /// One partial field of a request: which samples use which of the field's requested ids.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PartialSlot {
     /// Bit `i` set: sample `i` has an id owned by the receiver in this field.
     pub present: Vec<u64>,
     /// For each present sample in order, the position of its id in the field's ids of the request.
-    pub index: Vec<u32>,
+    pub index: IdIndex,
     /// For each present sample in order, its pooling weight (`None`: all 1).
     pub weights: Option<Vec<f32>>,
 }
 
 impl PartialSlot {
-    /// An empty slot for a batch of `batch` samples.
-    pub fn new(batch: usize, weighted: bool) -> Self {
-        PartialSlot { present: vec![0; batch.div_ceil(64)], index: Vec::new(), weights: weighted.then(Vec::new) }
+    /// An empty slot for a batch of `batch` samples whose field sends `ids` ids to the receiver.
+    pub fn new(batch: usize, ids: usize, weighted: bool) -> Self {
+        let index = if ids <= 1 << 16 { IdIndex::Narrow(Vec::new()) } else { IdIndex::Wide(Vec::new()) };
+        PartialSlot { present: vec![0; batch.div_ceil(64)], index, weights: weighted.then(Vec::new) }
     }
 
     /// Records that sample `sample` (given in increasing order) uses id `index` with `weight`.
     #[inline]
     pub fn push(&mut self, sample: usize, index: u32, weight: f32) {
         self.present[sample / 64] |= 1 << (sample % 64);
-        self.index.push(index);
+        match &mut self.index {
+            IdIndex::Narrow(v) => v.push(index as u16),
+            IdIndex::Wide(v) => v.push(index),
+        }
         if let Some(w) = &mut self.weights {
             w.push(weight);
         }
@@ -51,14 +95,14 @@ impl PartialSlot {
         });
         samples.enumerate().map(move |(j, sample)| {
             let w = self.weights.as_ref().map_or(1.0, |w| w[j]);
-            (sample, self.index[j] as usize, w)
+            (sample, self.index.get(j), w)
         })
     }
 
     /// Bytes on the wire.
     pub fn wire_bytes(&self) -> u64 {
         8 * self.present.len() as u64
-            + 4 * self.index.len() as u64
+            + self.index.wire_bytes()
             + 4 * self.weights.as_ref().map_or(0, Vec::len) as u64
     }
 }

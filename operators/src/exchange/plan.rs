@@ -10,10 +10,10 @@
 //!   replicas; a micro-batch's distinct replicated ids each send their
 //!   gradient with a 4-byte index to the `W − 1` other workers; the rest as `rows`;
 //! * `partial`: per distinct remote id its id (8 bytes), per sample with a
-//!   remote id a 4-byte index (and a 4-byte weight for weighted fields), a
-//!   presence bitmap per sample; plus, once per sample and remote owner as
-//!   soon as any table is partial, the partial result and its gradient
-//!   (`2·4·width` bytes).
+//!   remote id a 2-byte index (4 bytes beyond 65,536 ids; plus a 4-byte
+//!   weight for weighted fields), a presence bitmap per sample; plus, once
+//!   per sample and remote owner as soon as any table is partial, the
+//!   partial result and its gradient (`2·4·width` bytes).
 //!
 //! The choice: per table the cheaper of `rows` and `replicated`; then the
 //! tables where `partial` is cheaper still go partial if their total saving
@@ -140,6 +140,8 @@ pub fn plan_exchange(input: &PlanInput<'_>) -> ExchangePlan {
     let mut lookups = vec![0u64; tables];
     let mut seen = FxHashSet::default();
     for (home, batch) in input.batches {
+        // Positions of ids are two bytes while a field sends at most 65,536 ids to an owner.
+        let index_bytes = if batch.len() <= 1 << 16 { 2.0 } else { 4.0 };
         for (t, field) in batch.sparse.iter().enumerate().take(tables) {
             seen.clear();
             let (mut rows, mut repl, mut partial) = (0.0, 0.0, 0.0);
@@ -149,7 +151,7 @@ pub fn plan_exchange(input: &PlanInput<'_>) -> ExchangePlan {
                 hits[t] += is_hot as u64;
                 let remote = shard_of(t, id, w) != *home;
                 if remote {
-                    partial += 4.0 + if field.weights.is_some() { 4.0 } else { 0.0 };
+                    partial += index_bytes + if field.weights.is_some() { 4.0 } else { 0.0 };
                 }
                 if !seen.insert(id) {
                     continue;

@@ -16,13 +16,17 @@ fn batch(ids: &[&[u64]]) -> Batch {
 
 #[test]
 fn partial_slot_entries_walk_the_bitmap_in_order() {
-    let mut slot = PartialSlot::new(130, true);
+    let mut slot = PartialSlot::new(130, 4, true);
     for (s, i) in [(0usize, 3u32), (63, 1), (64, 0), (129, 2)] {
         slot.push(s, i, s as f32);
     }
     let got: Vec<_> = slot.entries().collect();
     assert_eq!(got, vec![(0, 3, 0.0), (63, 1, 63.0), (64, 0, 64.0), (129, 2, 129.0)]);
-    assert_eq!(slot.wire_bytes(), 3 * 8 + 4 * 4 + 4 * 4);
+    assert_eq!(slot.wire_bytes(), 3 * 8 + 4 * 2 + 4 * 4);
+    let mut wide = PartialSlot::new(130, 70_000, false);
+    wide.push(5, 69_999, 1.0);
+    assert_eq!(wide.entries().collect::<Vec<_>>(), vec![(5, 69_999, 1.0)]);
+    assert_eq!(wide.wire_bytes(), 3 * 8 + 4);
 }
 
 #[test]
@@ -49,13 +53,13 @@ fn the_planner_counts_bytes_like_the_trainer_and_prefers_the_cheaper_strategy() 
     let rows1 = 2.0 * 32.0 * (8.0 + 8.0 * 17.0) / 128.0;
     assert!((plan.costs[1].rows - rows1).abs() < 1e-9, "{:?}", plan.costs[1]);
     // Partial: per remote sample an index, per remote id its id, a bitmap per batch.
-    let partial1 = 2.0 * (32.0 * (4.0 + 8.0) + 8.0) / 128.0;
+    let partial1 = 2.0 * (32.0 * (2.0 + 8.0) + 8.0) / 128.0;
     assert!((plan.costs[1].partial.unwrap() - partial1).abs() < 1e-9, "{:?}", plan.costs[1]);
-    // The three wide tables save more than the partial results' shared cost (2 × 4 × 18 bytes).
-    assert_eq!(plan.partial_fixed, 144.0);
+    // The three wide tables save more than the partial results' shared cost (2 × 4 × 17 bytes).
+    assert_eq!(plan.partial_fixed, 136.0);
     assert_eq!(plan.tables[0], TableExchange::Rows);
     assert!(plan.tables[1..].iter().all(|&t| t == TableExchange::Partial), "{:?}", plan.tables);
-    assert!((plan.estimated - (rows0 + 3.0 * partial1 + 144.0)).abs() < 1e-9);
+    assert!((plan.estimated - (rows0 + 3.0 * partial1 + 136.0)).abs() < 1e-9);
     assert!(plan.estimated < plan.estimated_rows);
     // With one wide table the saving does not cover the shared cost: rows everywhere.
     let one: Vec<(usize, Batch)> =

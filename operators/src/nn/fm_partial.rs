@@ -1,20 +1,21 @@
 //! DES partial results of the LR / FM models.
 //!
 //! The logit of an FM depends on a sample's field rows `[w_f, v_f]` only
-//! through three sums over the fields:
+//! through two sums over the fields:
 //!
 //! ```text
-//! p = [ Σ_f w_f,  S = Σ_f v_f (k values),  Q = Σ_f ‖v_f‖² ]
-//! logit = b + a·x + p₀ + ½ (‖S‖² − Q)
+//! p = [ c = Σ_f (w_f − ½‖v_f‖²),  S = Σ_f v_f (k values) ]
+//! logit = b + a·x + c + ½‖S‖²
 //! ```
 //!
-//! Each sum is additive over any partition of the fields, so the owner of a
-//! group of rows can return its share of `p` (`k + 2` values per sample)
-//! instead of the rows themselves, and the home of the sample adds the
-//! shares up (Distributed Equivalent Substitution). Going back, every share
-//! receives the same `∂L/∂p`, and the owner turns it into row gradients:
-//! `∂L/∂w_f = ∂L/∂p₀`, `∂L/∂v_f = ∂L/∂S + 2 v_f ∂L/∂Q`, which with
-//! `∂L/∂S = g·S` and `∂L/∂Q = −g/2` is the FM's usual `g (S − v_f)`.
+//! (the FM identity `Σ_{f<g} ⟨v_f, v_g⟩ = ½(‖S‖² − Σ_f ‖v_f‖²)` with the
+//! first-order weights folded into the scalar). Both sums are additive over
+//! any partition of the fields, so the owner of a group of rows can return
+//! its share of `p` (`k + 1` values per sample) instead of the rows
+//! themselves, and the home of the sample adds the shares up (Distributed
+//! Equivalent Substitution). Going back, every share receives the same
+//! `∂L/∂p = [g, g·S]`, and the owner turns it into row gradients:
+//! `∂L/∂w_f = ∂L/∂c`, `∂L/∂v_f = ∂L/∂S − v_f ∂L/∂c = g (S − v_f)`, the FM's usual gradient.
 //!
 //! A field's contribution must be its whole pooled vector, so a field
 //! exchanged this way holds at most one id per sample (one-hot; the trainer
@@ -35,10 +36,10 @@ pub struct FmPartial {
 }
 
 impl FmPartial {
-    /// Values per sample: `k + 2` with the FM term, else 1.
+    /// Values per sample: `k + 1` with the FM term, else 1.
     pub fn width(&self) -> usize {
         if self.second_order() {
-            self.dim + 2
+            self.dim + 1
         } else {
             1
         }
@@ -52,16 +53,18 @@ impl FmPartial {
     /// weight `weight` to one sample's partial result `out` (`width()` values).
     #[inline]
     pub fn accumulate<T: Scalar>(&self, row: &[T], weight: T, out: &mut [T]) {
-        out[0] += weight * row[0];
+        let mut c = weight * row[0];
         if self.second_order() {
             let k = self.dim;
-            let (s, q) = out[1..].split_at_mut(k);
-            for (sc, &v) in s.iter_mut().zip(&row[1..1 + k]) {
+            let mut squares = T::ZERO;
+            for (sc, &v) in out[1..1 + k].iter_mut().zip(&row[1..1 + k]) {
                 let x = weight * v;
                 *sc += x;
-                q[0] += x * x;
+                squares += x * x;
             }
+            c -= T::from_f64(0.5) * squares;
         }
+        out[0] += c;
     }
 
     /// The gradient of one field's row from the gradient `dp` of the partial
@@ -70,27 +73,23 @@ impl FmPartial {
     pub fn row_grad<T: Scalar>(&self, row: &[T], weight: T, dp: &[T], drow: &mut [T]) {
         drow[0] = weight * dp[0];
         if self.second_order() {
-            let k = self.dim;
-            let two_dq = T::from_f64(2.0) * dp[1 + k];
-            for c in 0..k {
+            for c in 0..self.dim {
                 let x = weight * row[1 + c];
-                drow[1 + c] = weight * (dp[1 + c] + two_dq * x);
+                drow[1 + c] = weight * (dp[1 + c] - dp[0] * x);
             }
         }
     }
 
-    /// The interaction part of the logit from a sample's summed partial result:
-    /// `p₀ + ½(‖S‖² − Q)`.
+    /// The interaction part of the logit from a sample's summed partial result: `c + ½‖S‖²`.
     #[inline]
     pub fn logit<T: Scalar>(&self, p: &[T]) -> T {
         let mut l = p[0];
         if self.second_order() {
-            let k = self.dim;
             let mut total = T::ZERO;
-            for &s in &p[1..1 + k] {
+            for &s in &p[1..1 + self.dim] {
                 total += s * s;
             }
-            l += T::from_f64(0.5) * (total - p[1 + k]);
+            l += T::from_f64(0.5) * total;
         }
         l
     }
@@ -100,11 +99,9 @@ impl FmPartial {
     pub fn logit_grad<T: Scalar>(&self, p: &[T], g: T, dp: &mut [T]) {
         dp[0] = g;
         if self.second_order() {
-            let k = self.dim;
-            for c in 0..k {
+            for c in 0..self.dim {
                 dp[1 + c] = g * p[1 + c];
             }
-            dp[1 + k] = T::from_f64(-0.5) * g;
         }
     }
 }

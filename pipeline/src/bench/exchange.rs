@@ -1,0 +1,349 @@
+//! `tiderec bench exchange`: bytes exchanged per sample and samples/s of each
+//! exchange strategy, in one run, on the real multi-worker training path.
+//!
+//! The samples are read or generated once, before timing: `zipf` is the
+//! synthetic Criteo-shaped stream with Zipf(`exponent`) ranks over the Kaggle
+//! cardinalities (26 tables, at most `rows` rows each), `criteo:PATH` a real
+//! Criteo file (every line, replayed in order and cycled). Every strategy
+//! trains the same model from the same seed on the same global batches:
+//!
+//! * `rows`: rows out, row gradients back (the baseline);
+//! * `partial`: every field as DES partial results (LR / FM only);
+//! * `replicated`: the most frequent `replicate` fraction of each table's ids
+//!   (counted on the planning steps) held by every worker;
+//! * `auto`: the planner's per-table choice ([`plan_exchange`]).
+//!
+//! Bytes are what the trainer counts on the wire between workers (ids, rows,
+//! partial results, gradients, dense slices); `vs_rows` is the strategy's
+//! bytes per sample over `rows`'. Each strategy's final parameter norm is
+//! compared with `rows`' (`l2_rel_diff`): the strategies train the same model.
+
+use crate::data::{micro_batch, WorkerData};
+use crate::run::timely_config;
+use crate::config::Resolved;
+use crate::{PipelineError, TrainSettings};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use tiderec_operators::exchange::{plan_exchange, ExchangeConfig, ExchangePlan, PlanInput, TableExchange};
+use tiderec_operators::nn::{DlrmConfig, FmConfig, ModelConfig};
+use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
+use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+use tiderec_operators::Batch;
+use tiderec_sources::criteo::CriteoFeatures;
+use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo, NUM_DENSE, NUM_SPARSE};
+
+/// Where the samples come from.
+#[derive(Clone, Debug, Serialize)]
+pub enum ExchangeData {
+    /// The synthetic Criteo-shaped stream with this Zipf exponent.
+    Zipf(f64),
+    /// A real Criteo TSV file.
+    Criteo(PathBuf),
+}
+
+/// Settings of the benchmark.
+#[derive(Clone, Debug)]
+pub struct ExchangeBench {
+    /// `fm`, `deepfm` or `dlrm`.
+    pub model: String,
+    /// The samples.
+    pub data: ExchangeData,
+    /// Global batch size.
+    pub batch_size: usize,
+    /// Worker threads.
+    pub workers: usize,
+    /// Untimed steps per strategy.
+    pub warmup: u64,
+    /// Timed steps per strategy.
+    pub steps: u64,
+    /// Largest table (Criteo ids are hashed into this many rows).
+    pub rows: u64,
+    /// Embedding dimension.
+    pub dim: usize,
+    /// Fraction of each table's rows to replicate.
+    pub replicate: f64,
+    /// Steps the planner counts ids on (the first steps of the data).
+    pub plan_steps: u64,
+    /// Seed.
+    pub seed: u64,
+}
+
+/// One strategy's measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct StrategyResult {
+    /// `rows`, `partial`, `replicated` or `auto`.
+    pub strategy: String,
+    /// Bytes sent between workers per trained sample.
+    pub bytes_per_sample: f64,
+    /// This strategy's bytes per sample over `rows`'.
+    pub vs_rows: f64,
+    /// The planner's estimate of the embedding bytes per sample (dense traffic excluded).
+    pub estimated_embedding_bytes_per_sample: f64,
+    /// Training samples per second over the timed steps.
+    pub samples_per_sec: f64,
+    /// Relative difference of the final parameter L2 norm from `rows`'.
+    pub l2_rel_diff: f64,
+    /// Replicated rows over all tables.
+    pub replicated_rows: usize,
+    /// Fields travelling as partial results.
+    pub partial_fields: usize,
+}
+
+/// The benchmark's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExchangeBenchResult {
+    /// The model.
+    pub model: String,
+    /// The samples.
+    pub data: String,
+    /// Global batch size.
+    pub batch_size: usize,
+    /// Worker threads.
+    pub workers: usize,
+    /// Timed steps per strategy.
+    pub steps: u64,
+    /// The strategies measured.
+    pub strategies: Vec<StrategyResult>,
+    /// Why a strategy was not measured.
+    pub skipped: Vec<String>,
+    /// The planner's per-table estimates and choice (`auto`).
+    pub plan: ExchangePlan,
+}
+
+impl ExchangeBenchResult {
+    /// The report as text: one line per strategy, then the planner's table.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "exchange bench: {} on {}, global batch {}, {} workers, {} timed steps per strategy\n",
+            self.model, self.data, self.batch_size, self.workers, self.steps
+        );
+        s.push_str("strategy      bytes/sample  vs rows  est. embedding B/s  samples/s  params_l2 rel. diff\n");
+        for r in &self.strategies {
+            s.push_str(&format!(
+                "{:<12} {:>13.1} {:>7.1}% {:>19.1} {:>10.0}  {:.1e}\n",
+                r.strategy,
+                r.bytes_per_sample,
+                100.0 * r.vs_rows,
+                r.estimated_embedding_bytes_per_sample,
+                r.samples_per_sec,
+                r.l2_rel_diff
+            ));
+        }
+        for k in &self.skipped {
+            s.push_str(&format!("skipped {k}\n"));
+        }
+        s.push_str("planner (per table, estimated embedding bytes per sample):\n");
+        s.push_str(&self.plan.describe());
+        s
+    }
+}
+
+fn model_config(name: &str, dim: usize) -> Result<ModelConfig, PipelineError> {
+    let fm = |deep: Vec<usize>| {
+        ModelConfig::Fm(FmConfig { num_dense: NUM_DENSE, num_sparse: NUM_SPARSE, dim, deep, fm: true, wide_only: 0 })
+    };
+    Ok(match name {
+        "fm" => fm(vec![]),
+        "deepfm" => fm(vec![400, 400]),
+        "dlrm" => ModelConfig::Dlrm(DlrmConfig { dim, ..DlrmConfig::kaggle() }),
+        other => {
+            return Err(PipelineError::config("model", format!("unknown model `{other}` for bench exchange (fm, deepfm, dlrm)")))
+        }
+    })
+}
+
+/// Every sample of the data, in order, and the table sizes.
+fn load(bench: &ExchangeBench, samples: usize) -> Result<(Batch, Vec<u64>), PipelineError> {
+    match &bench.data {
+        ExchangeData::Zipf(exponent) => {
+            let config = SyntheticConfig { zipf_exponent: *exponent, ..SyntheticConfig::kaggle_like(bench.seed, bench.rows) };
+            let sizes = config.table_sizes.clone();
+            let g = SyntheticCriteo::new(config)?;
+            let mut all = Batch::new(NUM_DENSE, NUM_SPARSE);
+            g.fill(0..samples as u64, &mut all);
+            Ok((all, sizes))
+        }
+        ExchangeData::Criteo(path) => {
+            let sizes = vec![bench.rows; NUM_SPARSE];
+            let options = crate::data::CriteoOptions {
+                seed: bench.seed,
+                spec: None,
+                features: CriteoFeatures { table_sizes: sizes.clone(), seed: bench.seed },
+                max_len: 0,
+                max_line_bytes: tiderec_sources::criteo::DEFAULT_MAX_LINE_BYTES,
+                policy: tiderec_operators::bad_record::BadRecordPolicy::Skip,
+            };
+            let mut reader = WorkerData::criteo(std::slice::from_ref(path), (0.0, 1.0), &options, 65_536, 0, 1, None)?;
+            let (mut all, mut chunk) = (Batch::new(NUM_DENSE, NUM_SPARSE), Batch::new(NUM_DENSE, NUM_SPARSE));
+            while reader.next_micro_batch(&mut chunk)? > 0 {
+                all.extend_from(&chunk);
+            }
+            if all.len() < bench.batch_size {
+                return Err(PipelineError::config(
+                    "data",
+                    format!("{} holds {} samples, fewer than one batch of {}", path.display(), all.len(), bench.batch_size),
+                ));
+            }
+            Ok((all, sizes))
+        }
+    }
+}
+
+/// Worker `worker`'s micro-batch of global step `step` (samples cycle through `all`).
+fn micro(all: &Batch, batch: usize, step: u64, worker: usize, workers: usize) -> Batch {
+    let mut b = Batch::new(all.num_dense, all.sparse.len());
+    let start = step as usize * batch + batch * worker / workers;
+    for i in start..start + micro_batch(batch, worker, workers) {
+        b.push_from(all, i % all.len());
+    }
+    b
+}
+
+/// Runs every strategy and reports bytes per sample and samples/s.
+pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, PipelineError> {
+    if bench.workers < 2 {
+        return Err(PipelineError::config("workers", "an exchange needs at least 2 workers"));
+    }
+    if bench.batch_size < bench.workers {
+        return Err(PipelineError::config("batch_size", "must be at least the number of workers"));
+    }
+    if !(0.0..1.0).contains(&bench.replicate) {
+        return Err(PipelineError::config("replicate", format!("must be in [0, 1), got {}", bench.replicate)));
+    }
+    let model = model_config(&bench.model, bench.dim)?;
+    let total_steps = bench.warmup + bench.steps;
+    let needed = (total_steps.max(bench.plan_steps) as usize) * bench.batch_size;
+    let (all, table_sizes) = load(bench, needed)?;
+    let all = Arc::new(all);
+    // The planner sees the first steps' micro-batches, each with its home worker.
+    let planning: Vec<(usize, Batch)> = (0..bench.plan_steps)
+        .flat_map(|s| (0..bench.workers).map(move |w| (s, w)))
+        .map(|(s, w)| (w, micro(&all, bench.batch_size, s, w, bench.workers)))
+        .collect();
+    let plan = plan_exchange(&PlanInput {
+        workers: bench.workers,
+        row_width: model.embedding_dim(),
+        table_sizes: &table_sizes,
+        partial: model.partial(),
+        replicate_fraction: bench.replicate,
+        batches: &planning,
+    });
+    let mut strategies: Vec<(String, ExchangeConfig, f64)> =
+        vec![("rows".into(), ExchangeConfig::default(), plan.estimated_rows)];
+    let mut skipped = Vec::new();
+    match model.partial() {
+        Some(_) => {
+            let est = plan.costs.iter().filter_map(|c| c.partial).sum::<f64>() + plan.partial_fixed;
+            let tables = vec![TableExchange::Partial; NUM_SPARSE];
+            strategies.push(("partial".into(), ExchangeConfig { tables, replicated: vec![] }, est));
+        }
+        None => skipped.push(format!(
+            "partial: `{}` has a deep part; its DES form would send the first layer's partial products \
+             ({} values per sample and remote owner, each way) instead of rows; not implemented",
+            model.name(),
+            first_layer_width(&model)
+        )),
+    }
+    if bench.replicate > 0.0 {
+        let est = plan.costs.iter().map(|c| c.replicated).sum();
+        let replicated = plan.hot_candidates.clone();
+        strategies.push(("replicated".into(), ExchangeConfig { tables: vec![], replicated }, est));
+    }
+    let auto = ExchangeConfig { tables: plan.tables.clone(), replicated: plan.replicated.clone() };
+    strategies.push(("auto".into(), auto, plan.estimated));
+
+    let settings = TrainSettings { workers: bench.workers, batch_size: bench.batch_size, ..TrainSettings::default() };
+    let resolved = settings.validate()?;
+    let mut results: Vec<StrategyResult> = Vec::new();
+    let mut rows_l2 = None;
+    for (name, exchange, estimated) in strategies {
+        let config = TrainerConfig {
+            model: model.clone(),
+            table_sizes: table_sizes.clone(),
+            seed: bench.seed,
+            dense_optimizer: DenseOptimizerKind::Adam,
+            dense_hp: OptimizerParams::with_lr(0.001),
+            sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
+            sparse_hp: OptimizerParams::with_lr(0.05),
+            sequence_tables: vec![],
+            store: Default::default(),
+            exchange: exchange.clone(),
+        };
+        let (secs, bytes, l2) = train(bench, &settings, &resolved, config, all.clone())?;
+        let samples = bench.steps * bench.batch_size as u64;
+        let bytes_per_sample = bytes as f64 / samples as f64;
+        let base_l2: f64 = *rows_l2.get_or_insert(l2);
+        results.push(StrategyResult {
+            strategy: name,
+            bytes_per_sample,
+            vs_rows: results.first().map_or(1.0, |r| bytes_per_sample / r.bytes_per_sample),
+            estimated_embedding_bytes_per_sample: estimated,
+            samples_per_sec: samples as f64 / secs,
+            l2_rel_diff: (l2 - base_l2).abs() / base_l2.abs().max(1e-30),
+            replicated_rows: exchange.replicated_rows(),
+            partial_fields: exchange.tables.iter().filter(|&&t| t == TableExchange::Partial).count(),
+        });
+    }
+    Ok(ExchangeBenchResult {
+        model: model.name().to_string(),
+        data: match &bench.data {
+            ExchangeData::Zipf(e) => format!("zipf({e}) synthetic, tables ≤ {} rows", bench.rows),
+            ExchangeData::Criteo(p) => format!("criteo:{} ({} samples, {} rows per table)", p.display(), all.len(), bench.rows),
+        },
+        batch_size: bench.batch_size,
+        workers: bench.workers,
+        steps: bench.steps,
+        strategies: results,
+        skipped,
+        plan,
+    })
+}
+
+/// Width of the first hidden layer of the model's deep part (what a DES partial of it would send).
+fn first_layer_width(model: &ModelConfig) -> usize {
+    match model {
+        ModelConfig::Fm(c) => c.deep.first().copied().unwrap_or(0),
+        ModelConfig::Dlrm(c) => c.top.first().copied().unwrap_or(0),
+        ModelConfig::Dien(c) => c.dim,
+    }
+}
+
+/// Trains one strategy; returns (timed seconds, bytes sent in the timed steps, final parameter norm).
+fn train(
+    bench: &ExchangeBench,
+    settings: &TrainSettings,
+    resolved: &Resolved,
+    config: TrainerConfig,
+    all: Arc<Batch>,
+) -> Result<(f64, u64, f64), PipelineError> {
+    let (batch, warmup, steps) = (bench.batch_size, bench.warmup, bench.steps);
+    let guards = timely::execute(timely_config(settings, resolved), move |worker| {
+        let (me, w) = (worker.index(), worker.peers());
+        let batches: Vec<Batch> = (0..warmup + steps).map(|s| micro(&all, batch, s, me, w)).collect();
+        let mut trainer = Trainer::new(worker, &config)?;
+        let mut batches = batches.into_iter();
+        for b in batches.by_ref().take(warmup as usize) {
+            trainer.step(worker, StepKind::Train, b)?;
+        }
+        let before = trainer.bytes_sent();
+        let start = Instant::now();
+        for b in batches {
+            trainer.step(worker, StepKind::Train, b)?;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let bytes = trainer.bytes_sent() - before;
+        let l2 = trainer.params_l2(worker)?;
+        Ok::<_, PipelineError>((secs, bytes, l2))
+    })
+    .map_err(|e| PipelineError::Dataflow(e.to_string()))?;
+    let (mut secs, mut bytes, mut l2) = (0.0f64, 0u64, 0.0);
+    for r in guards.join() {
+        let (s, b, n) = r.map_err(PipelineError::Dataflow)??;
+        secs = secs.max(s);
+        bytes += b;
+        l2 = n;
+    }
+    Ok((secs, bytes, l2))
+}
