@@ -231,6 +231,14 @@ pub struct TrainSettings {
     pub eval_batch_size: usize,
     /// Seed of data generation, initialisation and hashing.
     pub seed: u64,
+    /// How embeddings travel between workers: `rows`, `partial` (DES partial results; lr and
+    /// fm), `replicated` (each table's hottest `replicate` fraction held by every worker) or
+    /// `auto` (the cost model's per-table choice, measured on the first `plan_steps` batches).
+    pub exchange: String,
+    /// Fraction of each table's rows to replicate (`replicated`, `auto`).
+    pub replicate: f64,
+    /// Global batches the exchange planner counts ids on (`replicated`, `auto`).
+    pub plan_steps: u64,
     /// Dense learning rate.
     pub lr: f32,
     /// Embedding learning rate (`None`: same as `lr`).
@@ -319,6 +327,9 @@ impl Default for TrainSettings {
             batch_size: 128,
             eval_batch_size: 4096,
             seed: 42,
+            exchange: "rows".into(),
+            replicate: 0.01,
+            plan_steps: 4,
             lr: 0.001,
             sparse_lr: Some(0.05),
             optimizer: "adam".into(),
@@ -393,6 +404,39 @@ pub struct Resolved {
     pub crosses: Vec<(usize, usize)>,
     /// The embedding store.
     pub store: StoreConfig,
+    /// The exchange strategy to set up.
+    pub exchange: ExchangeChoice,
+}
+
+/// The `exchange` setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExchangeChoice {
+    /// Rows everywhere.
+    Rows,
+    /// Every field as DES partial results.
+    Partial,
+    /// The hottest rows of every table replicated.
+    Replicated,
+    /// The cost model's choice per table.
+    Auto,
+}
+
+impl std::str::FromStr for ExchangeChoice {
+    type Err = PipelineError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "rows" => ExchangeChoice::Rows,
+            "partial" => ExchangeChoice::Partial,
+            "replicated" => ExchangeChoice::Replicated,
+            "auto" => ExchangeChoice::Auto,
+            other => {
+                return Err(PipelineError::config(
+                    "exchange",
+                    format!("`{other}` is not rows, partial, replicated or auto"),
+                ))
+            }
+        })
+    }
 }
 
 impl Resolved {
@@ -504,6 +548,16 @@ impl TrainSettings {
         }
         let optimizer: DenseOptimizerKind = self.optimizer.parse()?;
         let store = self.store_config()?;
+        let exchange: ExchangeChoice = self.exchange.parse()?;
+        if !(0.0..1.0).contains(&self.replicate) {
+            return Err(PipelineError::config("replicate", format!("must be in [0, 1), got {}", self.replicate)));
+        }
+        if self.plan_steps == 0 {
+            return Err(PipelineError::config("plan_steps", "must be at least 1"));
+        }
+        if exchange == ExchangeChoice::Replicated && store.kind != StoreKind::Fixed {
+            return Err(PipelineError::config("exchange", "`replicated` needs the fixed store (--store fixed)"));
+        }
         let sparse_optimizer: SparseOptimizerKind = self.sparse_optimizer.parse()?;
         let policy = match self.on_bad_record.as_str() {
             "skip" => BadRecordPolicy::Skip,
@@ -601,6 +655,16 @@ impl TrainSettings {
         let sequences = data.sequences();
         let model = self.model_config_with(shape, sequences.as_ref())?;
         model.validate()?;
+        if exchange == ExchangeChoice::Partial && model.partial().is_none() {
+            return Err(PipelineError::config(
+                "exchange",
+                format!(
+                    "`partial` needs a model whose logit reads the rows through per-sample sums (lr, or fm \
+                     without --deep); `{}` has none",
+                    model.name()
+                ),
+            ));
+        }
         let sequence_tables = match (&sequences, model.num_sequences()) {
             (Some(q), n) if n > 0 => q.tables.clone(),
             _ => Vec::new(),
@@ -619,6 +683,7 @@ impl TrainSettings {
             sequence_tables,
             crosses,
             store,
+            exchange,
         })
     }
 

@@ -10,6 +10,7 @@ pub mod config;
 pub mod convert;
 pub mod data;
 pub mod error;
+pub mod exchange_plan;
 pub mod online;
 pub mod plot;
 pub mod progress;

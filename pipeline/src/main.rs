@@ -607,6 +607,17 @@ struct TrainArgs {
     /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
     #[arg(long)]
     resume: bool,
+    /// How embeddings travel between workers: rows (default), partial (DES partial results; lr, fm),
+    /// replicated (each table's hottest --replicate fraction on every worker) or auto (the cost
+    /// model's per-table choice from the first --plan-steps batches; printed at start).
+    #[arg(long)]
+    exchange: Option<String>,
+    /// Fraction of each table's rows to replicate (--exchange replicated / auto; default 0.01).
+    #[arg(long, value_name = "F")]
+    replicate: Option<f64>,
+    /// Global batches the exchange planner counts ids on (default 4).
+    #[arg(long, value_name = "N")]
+    plan_steps: Option<u64>,
     /// Embedding store: fixed (dense tables, default), dynamic (hash table with admission and eviction)
     /// or tiered (frequency-aware hot tier over a hash-table cold tier).
     #[arg(long)]
@@ -672,6 +683,9 @@ impl TrainArgs {
             max_line_bytes,
             progress,
             keep_checkpoints,
+            exchange,
+            replicate,
+            plan_steps,
             store,
             admit_count,
             hot_rows,

@@ -20,6 +20,7 @@
 use crate::checkpointing::{self, CheckpointOptions, Checkpointer, Position};
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
+use crate::exchange_plan::{resolve_exchange, PlanSource};
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
@@ -169,7 +170,27 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         }
         _ => None,
     };
-    let trainer = trainer_config(settings, &resolved);
+    let criteo = CriteoOptions {
+        features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed: settings.seed },
+        max_len: settings.max_len,
+        max_line_bytes: settings.max_line_bytes,
+        policy: resolved.policy,
+        seed: settings.seed,
+        spec: resolved.spec.clone(),
+    };
+    let train_span = if holdout { (0.0, split) } else { (0.0, 1.0) };
+    let mut trainer = trainer_config(settings, &resolved);
+    let source = PlanSource {
+        generator: generator.as_ref(),
+        train_range: train_range.clone(),
+        criteo: &criteo,
+        span: train_span,
+    };
+    let (exchange, plan) = resolve_exchange(settings, &resolved, &source)?;
+    if let (Some(plan), 0) = (&plan, settings.process) {
+        eprintln!("exchange plan ({}):\n{}", settings.exchange, plan.describe());
+    }
+    trainer.exchange = exchange;
     let (checkpoint, resume) = checkpoint_setup(settings, &trainer)?;
     let context = Arc::new(Context {
         trainer,
@@ -182,16 +203,9 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         train_range,
         eval_range,
         derived_bad,
-        train_span: if holdout { (0.0, split) } else { (0.0, 1.0) },
+        train_span,
         eval_span: if holdout { (split, 1.0) } else { (0.0, 1.0) },
-        criteo: CriteoOptions {
-            features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed: settings.seed },
-            max_len: settings.max_len,
-            max_line_bytes: settings.max_line_bytes,
-            policy: resolved.policy,
-            seed: settings.seed,
-            spec: resolved.spec.clone(),
-        },
+        criteo,
         dead_letters: dead_letter_sink,
         total_steps,
         total_samples,

@@ -101,9 +101,7 @@ impl PartialSlot {
 
     /// Bytes on the wire.
     pub fn wire_bytes(&self) -> u64 {
-        8 * self.present.len() as u64
-            + self.index.wire_bytes()
-            + 4 * self.weights.as_ref().map_or(0, Vec::len) as u64
+        8 * self.present.len() as u64 + self.index.wire_bytes() + 4 * self.weights.as_ref().map_or(0, Vec::len) as u64
     }
 }
 

@@ -18,9 +18,9 @@
 //! bytes per sample over `rows`'. Each strategy's final parameter norm is
 //! compared with `rows`' (`l2_rel_diff`): the strategies train the same model.
 
+use crate::config::Resolved;
 use crate::data::{micro_batch, WorkerData};
 use crate::run::timely_config;
-use crate::config::Resolved;
 use crate::{PipelineError, TrainSettings};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -149,7 +149,10 @@ fn model_config(name: &str, dim: usize) -> Result<ModelConfig, PipelineError> {
         "deepfm" => fm(vec![400, 400]),
         "dlrm" => ModelConfig::Dlrm(DlrmConfig { dim, ..DlrmConfig::kaggle() }),
         other => {
-            return Err(PipelineError::config("model", format!("unknown model `{other}` for bench exchange (fm, deepfm, dlrm)")))
+            return Err(PipelineError::config(
+                "model",
+                format!("unknown model `{other}` for bench exchange (fm, deepfm, dlrm)"),
+            ))
         }
     })
 }
@@ -158,7 +161,8 @@ fn model_config(name: &str, dim: usize) -> Result<ModelConfig, PipelineError> {
 fn load(bench: &ExchangeBench, samples: usize) -> Result<(Batch, Vec<u64>), PipelineError> {
     match &bench.data {
         ExchangeData::Zipf(exponent) => {
-            let config = SyntheticConfig { zipf_exponent: *exponent, ..SyntheticConfig::kaggle_like(bench.seed, bench.rows) };
+            let config =
+                SyntheticConfig { zipf_exponent: *exponent, ..SyntheticConfig::kaggle_like(bench.seed, bench.rows) };
             let sizes = config.table_sizes.clone();
             let g = SyntheticCriteo::new(config)?;
             let mut all = Batch::new(NUM_DENSE, NUM_SPARSE);
@@ -183,7 +187,12 @@ fn load(bench: &ExchangeBench, samples: usize) -> Result<(Batch, Vec<u64>), Pipe
             if all.len() < bench.batch_size {
                 return Err(PipelineError::config(
                     "data",
-                    format!("{} holds {} samples, fewer than one batch of {}", path.display(), all.len(), bench.batch_size),
+                    format!(
+                        "{} holds {} samples, fewer than one batch of {}",
+                        path.display(),
+                        all.len(),
+                        bench.batch_size
+                    ),
                 ));
             }
             Ok((all, sizes))
@@ -290,7 +299,9 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
         model: model.name().to_string(),
         data: match &bench.data {
             ExchangeData::Zipf(e) => format!("zipf({e}) synthetic, tables ≤ {} rows", bench.rows),
-            ExchangeData::Criteo(p) => format!("criteo:{} ({} samples, {} rows per table)", p.display(), all.len(), bench.rows),
+            ExchangeData::Criteo(p) => {
+                format!("criteo:{} ({} samples, {} rows per table)", p.display(), all.len(), bench.rows)
+            }
         },
         batch_size: bench.batch_size,
         workers: bench.workers,
