@@ -31,7 +31,8 @@
 
 use crate::batch::Batch;
 use crate::exchange::{
-    accumulate_slot, slot_row_grads, ExchangeConfig, PartialLookup, PartialSlot, Replicas, TableExchange,
+    accumulate_slot, narrow_ids, slot_row_grads, ExchangeConfig, PartialLookup, PartialSlot, Replicas, TableExchange,
+    WireIds,
 };
 use crate::metrics::EvalSet;
 use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
@@ -190,7 +191,7 @@ pub struct LookupRequest {
     /// Number of ids per lookup slot (the sparse fields, then the sequence fields).
     pub table_lens: Vec<u32>,
     /// The ids, slot after slot, distinct within a slot.
-    pub ids: Vec<u64>,
+    pub ids: WireIds,
     /// Which samples use which ids of the partial fields (`partial` exchange only).
     #[serde(default)]
     pub partial: Option<PartialLookup>,
@@ -199,7 +200,7 @@ pub struct LookupRequest {
 impl LookupRequest {
     /// Bytes on the wire.
     fn wire_bytes(&self) -> u64 {
-        8 * self.ids.len() as u64
+        self.ids.wire_bytes()
             + 4 * self.table_lens.len() as u64
             + self.partial.as_ref().map_or(0, PartialLookup::wire_bytes)
     }
@@ -327,6 +328,8 @@ struct Home {
     partial_owners: Vec<bool>,
     psum: Vec<f32>,
     dpsum: Vec<f32>,
+    /// Ids travel in four bytes (every table has at most 2³² rows).
+    narrow_ids: bool,
 }
 
 /// Per table, where a row's summed gradient sits in `Owner::scratch` during an update.
@@ -359,6 +362,8 @@ struct Owner {
     partial: Option<FmPartial>,
     /// Per requester, the rows of its last request's partial fields (read again for their gradients).
     pending_rows: Vec<Vec<f32>>,
+    /// Per requester, the decoded ids of its last request.
+    pending_ids: Vec<Vec<u64>>,
     me: usize,
     workers: usize,
 }
@@ -482,7 +487,7 @@ impl Trainer {
                     from: w as u32,
                     to: me as u32,
                     table_lens: Vec::new(),
-                    ids: Vec::new(),
+                    ids: WireIds::default(),
                     partial: None,
                 })
                 .collect(),
@@ -500,6 +505,7 @@ impl Trainer {
             exchange: config.exchange.clone(),
             partial: partial_form,
             pending_rows: vec![Vec::new(); workers],
+            pending_ids: vec![Vec::new(); workers],
             me,
             workers,
         }));
@@ -527,6 +533,7 @@ impl Trainer {
             partial_owners: vec![false; workers],
             psum: Vec::new(),
             dpsum: Vec::new(),
+            narrow_ids: narrow_ids(&config.table_sizes),
         }));
         let outcome = Rc::new(RefCell::new(Outcome::default()));
         let eval = Rc::new(RefCell::new(EvalSet::default()));
@@ -911,11 +918,12 @@ impl Home {
                 from: self.me as u32,
                 to: o as u32,
                 table_lens: vec![0; num_tables],
-                ids: Vec::new(),
+                ids: WireIds::default(),
                 partial: self.partial.map(|_| PartialLookup { batch_len: batch_len as u32, slots: Vec::new() }),
             })
             .collect();
         self.partial_owners.iter_mut().for_each(|p| *p = false);
+        let mut ids: Vec<Vec<u64>> = vec![Vec::new(); w];
         if command.kind != StepKind::Report {
             let num_sparse = command.batch.sparse.len();
             let mut rows_at = vec![0u32; w];
@@ -936,8 +944,8 @@ impl Home {
                     });
                     plan.index.push(u);
                 }
-                for (s, r) in segment.iter_mut().zip(&requests) {
-                    *s = r.ids.len() as u32;
+                for (s, owned) in segment.iter_mut().zip(&ids) {
+                    *s = owned.len() as u32;
                 }
                 for &id in &plan.unique {
                     if !partial {
@@ -948,12 +956,12 @@ impl Home {
                     }
                     let o = shard_of(t, id, w);
                     if partial {
-                        plan.place.push((o as u32, requests[o].ids.len() as u32 - segment[o]));
+                        plan.place.push((o as u32, ids[o].len() as u32 - segment[o]));
                     } else {
                         plan.place.push((o as u32, rows_at[o]));
                         rows_at[o] += 1;
                     }
-                    requests[o].ids.push(id);
+                    ids[o].push(id);
                     requests[o].table_lens[k] += 1;
                 }
                 if partial {
@@ -976,6 +984,9 @@ impl Home {
                     }
                 }
             }
+        }
+        for (r, owned) in requests.iter_mut().zip(&ids) {
+            r.ids = WireIds::encode(owned, self.narrow_ids);
         }
         self.command = Some(command);
         requests
@@ -1223,13 +1234,15 @@ impl Owner {
         let e = self.store.dim();
         let from = request.from as usize;
         let mut rows = Vec::with_capacity(request.ids.len() * e);
+        let mut all_ids = std::mem::take(&mut self.pending_ids[from]);
+        request.ids.decode_into(&mut all_ids);
         let mut partial_rows = std::mem::take(&mut self.pending_rows[from]);
         partial_rows.clear();
         let mut partial = Vec::new();
         let (mut start, mut pj) = (0usize, 0usize);
         for (k, &n) in request.table_lens.iter().enumerate() {
             let t = self.slot_tables[k];
-            let ids = &request.ids[start..start + n as usize];
+            let ids = &all_ids[start..start + n as usize];
             if self.exchange.table(k) == TableExchange::Partial {
                 let first = partial_rows.len();
                 self.store.gather(t, ids, &mut partial_rows);
@@ -1247,6 +1260,7 @@ impl Owner {
             start += n as usize;
         }
         self.pending_rows[from] = partial_rows;
+        self.pending_ids[from] = all_ids;
         LookupReply { from: request.to, to: request.from, rows, partial }
     }
 
@@ -1270,11 +1284,12 @@ impl Owner {
             for m in messages {
                 let request = &self.pending[m.from as usize];
                 let partial_rows = &self.pending_rows[m.from as usize];
+                let request_ids = &self.pending_ids[m.from as usize];
                 let (mut start, mut row_at, mut prow_at, mut pj) = (0usize, 0usize, 0usize, 0usize);
                 for (k, &n) in request.table_lens.iter().enumerate() {
                     let t = self.slot_tables[k];
                     let n = n as usize;
-                    let ids = &request.ids[start..start + n];
+                    let ids = &request_ids[start..start + n];
                     let grads: &[f32] = if self.exchange.table(k) == TableExchange::Partial {
                         // Row gradients from the partial sums' gradient, summed over this sender's samples.
                         pgrads.clear();

@@ -1,9 +1,10 @@
 //! How embeddings travel between workers: per-table exchange strategies.
 //!
 //! The trainer (see [`crate::train`]) always de-duplicates a micro-batch's
-//! ids per table and packs every table bound for one owner into a single
-//! request and a single reply (tables of equal width are looked up in one
-//! pass). On top of that, each sparse field chooses one of:
+//! ids per table before they leave home and packs every table bound for one
+//! owner into a single request and a single reply (all tables share the row
+//! width and are looked up in one pass); ids travel in four bytes when every
+//! table has at most 2³² rows ([`WireIds`]). On top of that, each sparse field chooses one of:
 //!
 //! * [`TableExchange::Rows`]: the owner returns the rows, the home returns
 //!   the rows' gradients (DLRM's model-parallel embeddings).
@@ -29,10 +30,12 @@
 mod partial;
 mod plan;
 mod replicas;
+mod wire;
 
 pub use partial::{accumulate_slot, slot_row_grads, IdIndex, PartialLookup, PartialSlot};
 pub use plan::{plan_exchange, ExchangePlan, PlanInput, TableCost};
 pub use replicas::Replicas;
+pub use wire::{narrow_ids, WireIds};
 
 use crate::nn::ModelConfig;
 use crate::store::{StoreConfig, StoreKind};

@@ -5,11 +5,11 @@
 //! table would send with each strategy, exactly as the trainer counts them:
 //!
 //! * `rows`: per distinct id of a micro-batch owned by another worker, the
-//!   id (8 bytes), its row and its row gradient (`4·e` bytes each);
+//!   id (4 bytes, 8 for tables beyond 2³² rows), its row and its row gradient (`4·e` bytes each);
 //! * `replicated`: the top `fraction` of each table's ids by frequency are
 //!   replicas; a micro-batch's distinct replicated ids each send their
 //!   gradient with a 4-byte index to the `W − 1` other workers; the rest as `rows`;
-//! * `partial`: per distinct remote id its id (8 bytes), per sample with a
+//! * `partial`: per distinct remote id its id, per sample with a
 //!   remote id a 2-byte index (4 bytes beyond 65,536 ids; plus a 4-byte
 //!   weight for weighted fields), a presence bitmap per sample; plus, once
 //!   per sample and remote owner as soon as any table is partial, the
@@ -139,6 +139,7 @@ pub fn plan_exchange(input: &PlanInput<'_>) -> ExchangePlan {
     let mut hits = vec![0u64; tables];
     let mut lookups = vec![0u64; tables];
     let mut seen = FxHashSet::default();
+    let id_bytes = if super::narrow_ids(input.table_sizes) { 4.0 } else { 8.0 };
     for (home, batch) in input.batches {
         // Positions of ids are two bytes while a field sends at most 65,536 ids to an owner.
         let index_bytes = if batch.len() <= 1 << 16 { 2.0 } else { 4.0 };
@@ -158,13 +159,13 @@ pub fn plan_exchange(input: &PlanInput<'_>) -> ExchangePlan {
                 }
                 costs[t].distinct_per_sample += 1.0;
                 if remote {
-                    rows += 8.0 + 8.0 * e;
-                    partial += 8.0;
+                    rows += id_bytes + 8.0 * e;
+                    partial += id_bytes;
                 }
                 if is_hot {
                     repl += (4.0 + 4.0 * e) * (w - 1) as f64;
                 } else if remote {
-                    repl += 8.0 + 8.0 * e;
+                    repl += id_bytes + 8.0 * e;
                 }
             }
             // A presence bitmap per remote owner.

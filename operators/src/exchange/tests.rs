@@ -47,13 +47,13 @@ fn the_planner_counts_bytes_like_the_trainer_and_prefers_the_cheaper_strategy() 
     };
     let plan = plan_exchange(&input);
     // Table 0: id 3 lives on worker (3 + 0) % 2 = 1, remote for the batch of worker 0 only.
-    let rows0 = (8.0 + 8.0 * 17.0) / 128.0;
+    let rows0 = (4.0 + 8.0 * 17.0) / 128.0;
     assert!((plan.costs[0].rows - rows0).abs() < 1e-9, "{:?}", plan.costs[0]);
     // Table 1: half of each batch's 64 distinct ids are remote.
-    let rows1 = 2.0 * 32.0 * (8.0 + 8.0 * 17.0) / 128.0;
+    let rows1 = 2.0 * 32.0 * (4.0 + 8.0 * 17.0) / 128.0;
     assert!((plan.costs[1].rows - rows1).abs() < 1e-9, "{:?}", plan.costs[1]);
     // Partial: per remote sample an index, per remote id its id, a bitmap per batch.
-    let partial1 = 2.0 * (32.0 * (2.0 + 8.0) + 8.0) / 128.0;
+    let partial1 = 2.0 * (32.0 * (2.0 + 4.0) + 8.0) / 128.0;
     assert!((plan.costs[1].partial.unwrap() - partial1).abs() < 1e-9, "{:?}", plan.costs[1]);
     // The three wide tables save more than the partial results' shared cost (2 × 4 × 17 bytes).
     assert_eq!(plan.partial_fixed, 136.0);
@@ -71,7 +71,7 @@ fn the_planner_counts_bytes_like_the_trainer_and_prefers_the_cheaper_strategy() 
     assert_eq!(plan.hot_candidates[1], (0..10).collect::<Vec<u64>>());
     assert_eq!(plan.hot_candidates[0], vec![3]);
     // Table 0's one hot row: each batch sends its gradient (4-byte index + row) to the other worker,
-    // exactly what `rows` costs on two workers, so replication is not chosen.
+    // what `rows` costs on two workers (the request, row and gradient of one batch of the two).
     assert!((plan.costs[0].replicated - 2.0 * (4.0 + 4.0 * 17.0) / 128.0).abs() < 1e-9, "{:?}", plan.costs[0]);
     assert!(plan.replicated[0].is_empty());
     assert_eq!(plan.costs[0].replicated_hit_ratio, 1.0);
