@@ -51,18 +51,18 @@ fn micro_batch(step: u64, w: usize, workers: usize, multi: bool) -> Batch {
     let mut b = Batch::new(2, 4);
     for i in GLOBAL_BATCH * w / workers..GLOBAL_BATCH * (w + 1) / workers {
         let x = step * 131 + i as u64 * 17;
-        b.labels.push((x % 3 == 0) as u32 as f32);
+        b.labels.push(x.is_multiple_of(3) as u32 as f32);
         b.dense.extend([(x % 5) as f32 * 0.2, (x % 11) as f32 * 0.1]);
         for (t, n) in SIZES.into_iter().enumerate() {
             let field = &mut b.sparse[t];
             if x % 7 == t as u64 {
                 // absent value: an empty bag
-            } else if x % 3 != 0 {
+            } else if !x.is_multiple_of(3) {
                 field.ids.push(x % 5);
             } else {
                 field.ids.push((x * (t as u64 + 3) * 7919) % n);
             }
-            if multi && t == 1 && x % 4 == 0 {
+            if multi && t == 1 && x.is_multiple_of(4) {
                 field.ids.push((x + 1) % n);
             }
             if t == 3 {

@@ -31,12 +31,8 @@ pub fn resolve_exchange(
     source: &PlanSource<'_>,
 ) -> Result<(ExchangeConfig, Option<ExchangePlan>), PipelineError> {
     let fields = resolved.model.num_sparse();
-    match resolved.exchange {
-        ExchangeChoice::Rows => return Ok((ExchangeConfig::default(), None)),
-        ExchangeChoice::Partial => {
-            return Ok((ExchangeConfig { tables: vec![TableExchange::Partial; fields], replicated: vec![] }, None))
-        }
-        ExchangeChoice::Replicated | ExchangeChoice::Auto => {}
+    if let Some(config) = exchange_without_data(resolved) {
+        return Ok((config, None));
     }
     let workers = settings.workers * settings.processes;
     let batches = sample_batches(settings, resolved, source, workers)?;
@@ -63,6 +59,18 @@ pub fn resolve_exchange(
         config
     };
     Ok((config, Some(plan)))
+}
+
+/// The exchange of `rows` and `partial`, which need no data; `None` for the planned ones.
+pub fn exchange_without_data(resolved: &Resolved) -> Option<ExchangeConfig> {
+    let fields = resolved.model.num_sparse();
+    match resolved.exchange {
+        ExchangeChoice::Rows => Some(ExchangeConfig::default()),
+        ExchangeChoice::Partial => {
+            Some(ExchangeConfig { tables: vec![TableExchange::Partial; fields], replicated: vec![] })
+        }
+        ExchangeChoice::Replicated | ExchangeChoice::Auto => None,
+    }
 }
 
 /// The first `plan_steps` global batches, each cut into `(home, micro-batch)` pairs.

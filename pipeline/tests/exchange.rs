@@ -116,4 +116,11 @@ fn bad_exchange_settings_fail_naming_the_key() {
         let err = run_err(tiderec().args(["train", "--samples", "1000"]).args(&extra));
         assert!(err.contains(key), "{extra:?}: expected `{key}` in {err}");
     }
+    // The online trainer has no file to plan from: refused before it contacts a broker.
+    let err = run_err(
+        tiderec()
+            .args(["online", "--brokers", "127.0.0.1:1", "--topic", "t", "--group", "g"])
+            .args(["--exchange", "auto"]),
+    );
+    assert!(err.contains("exchange") && err.contains("rows or partial"), "{err}");
 }

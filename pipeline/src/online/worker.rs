@@ -61,6 +61,12 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     settings.validate_stream()?;
     let s = &settings.train;
     let resolved = s.resolve(DataSpec::Criteo(Vec::new()))?;
+    let exchange = crate::exchange_plan::exchange_without_data(&resolved).ok_or_else(|| {
+        PipelineError::config(
+            "exchange",
+            format!("`{}` plans from the first batches of a file; online training takes rows or partial", s.exchange),
+        )
+    })?;
     let endpoint = KafkaEndpoint {
         brokers: settings.brokers.clone(),
         topic: settings.topic.clone(),
@@ -79,7 +85,8 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         ));
     }
     let quotas = step_quotas(s.batch_size, partitions);
-    let trainer = trainer_config(s, &resolved);
+    let mut trainer = trainer_config(s, &resolved);
+    trainer.exchange = exchange;
     let (checkpoint, resume) = checkpoint_setup(s, &trainer)?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
