@@ -285,6 +285,8 @@ pub struct TrainSettings {
     pub checkpoint_every: Option<u64>,
     /// Checkpoints kept in `checkpoint_dir` (older ones are removed).
     pub keep_checkpoints: usize,
+    /// Write each checkpoint before training goes on, instead of in the background.
+    pub checkpoint_sync: bool,
     /// Continue from the newest valid checkpoint in `checkpoint_dir` (fresh, with a warning, if none).
     pub resume: bool,
     /// Embedding store: `fixed` (dense tables), `dynamic` (hash table with admission and
@@ -346,6 +348,7 @@ impl Default for TrainSettings {
             checkpoint_dir: None,
             checkpoint_every: None,
             keep_checkpoints: 3,
+            checkpoint_sync: false,
             resume: false,
             store: "fixed".into(),
             max_rows: None,

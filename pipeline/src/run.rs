@@ -247,6 +247,7 @@ pub(crate) fn checkpoint_setup(
         dir: dir.clone(),
         every: settings.checkpoint_every,
         keep: settings.keep_checkpoints,
+        sync: settings.checkpoint_sync,
     });
     let resume = match &checkpoint {
         Some(options) => {
@@ -504,6 +505,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                     stats.bad_records.iter().sum(),
                 );
             }
+            checkpointer.poll(worker)?;
             if checkpointer.due_every(steps) {
                 let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
                 checkpointer.write(worker, &trainer, &at)?;
@@ -522,6 +524,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
         checkpointer.write(worker, &trainer, &at)?;
     }
+    checkpointer.finish(worker)?;
     let train_seconds = start.elapsed().as_secs_f64();
     progress.finish();
     let mut train_bad = train_data.bad_counts();
@@ -598,6 +601,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         embedding_rows: ctx.resolved.table_sizes.iter().sum(),
         checkpoints_written: checkpointer.written,
         checkpoint_seconds: checkpointer.seconds,
+        checkpoint_write_seconds: checkpointer.write_seconds,
+        checkpoint_overlap_steps: checkpointer.overlap_steps,
         resumed_from_step: resumed.map(|m| m.step),
         store: StoreStats::default(),
     }))
