@@ -77,12 +77,20 @@ impl DataSpec {
 
     /// The behaviour sequences of this data, if it has any: every sequence
     /// format has `[user, target item, target category]` sparse fields and
-    /// `[history items, history categories]` sequences.
+    /// `[history items, history categories]` sequences; Parquet files say
+    /// theirs in their description.
     pub fn sequences(&self) -> Option<SequenceShape> {
         use tiderec_sources::synthetic_behavior::{SEQUENCE_TABLES, TARGET_FIELDS};
         match self {
             DataSpec::SyntheticBehavior | DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) => {
                 Some(SequenceShape { tables: SEQUENCE_TABLES.to_vec(), targets: TARGET_FIELDS.to_vec() })
+            }
+            DataSpec::Parquet(p) => {
+                let q = &p.0.description().sequences;
+                (!q.is_empty()).then(|| SequenceShape {
+                    tables: q.iter().map(|s| s.table).collect(),
+                    targets: q.iter().map(|s| s.target).collect(),
+                })
             }
             _ => None,
         }

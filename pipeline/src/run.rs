@@ -289,7 +289,7 @@ pub(crate) fn join_workers<T: Send + 'static>(
 }
 
 /// Reads a Taobao behaviour log and derives its DIEN samples (the differential operator) as one table.
-fn behavior_table(
+pub(crate) fn behavior_table(
     paths: &[std::path::PathBuf],
     settings: &TrainSettings,
     resolved: &Resolved,
