@@ -77,12 +77,20 @@ impl DataSpec {
 
     /// The behaviour sequences of this data, if it has any: every sequence
     /// format has `[user, target item, target category]` sparse fields and
-    /// `[history items, history categories]` sequences.
+    /// `[history items, history categories]` sequences; Parquet files say
+    /// theirs in their description.
     pub fn sequences(&self) -> Option<SequenceShape> {
         use tiderec_sources::synthetic_behavior::{SEQUENCE_TABLES, TARGET_FIELDS};
         match self {
             DataSpec::SyntheticBehavior | DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) => {
                 Some(SequenceShape { tables: SEQUENCE_TABLES.to_vec(), targets: TARGET_FIELDS.to_vec() })
+            }
+            DataSpec::Parquet(p) => {
+                let q = &p.0.description().sequences;
+                (!q.is_empty()).then(|| SequenceShape {
+                    tables: q.iter().map(|s| s.table).collect(),
+                    targets: q.iter().map(|s| s.target).collect(),
+                })
             }
             _ => None,
         }
@@ -293,6 +301,8 @@ pub struct TrainSettings {
     pub checkpoint_every: Option<u64>,
     /// Checkpoints kept in `checkpoint_dir` (older ones are removed).
     pub keep_checkpoints: usize,
+    /// Write each checkpoint before training goes on, instead of in the background.
+    pub checkpoint_sync: bool,
     /// Continue from the newest valid checkpoint in `checkpoint_dir` (fresh, with a warning, if none).
     pub resume: bool,
     /// Embedding store: `fixed` (dense tables), `dynamic` (hash table with admission and
@@ -357,6 +367,7 @@ impl Default for TrainSettings {
             checkpoint_dir: None,
             checkpoint_every: None,
             keep_checkpoints: 3,
+            checkpoint_sync: false,
             resume: false,
             store: "fixed".into(),
             max_rows: None,

@@ -13,14 +13,15 @@
 //! (files completed before stay).
 
 use crate::config::DataSpec;
-use crate::data::{CriteoOptions, WorkerData};
+use crate::data::{CriteoOptions, IndexedSamples, WorkerData};
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
-use tiderec_operators::bad_record::DeadLetterSink;
+use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
 use tiderec_operators::spec::Pooling;
 use tiderec_operators::Batch;
 use tiderec_sinks::dead_letters::SharedDeadLetters;
@@ -77,8 +78,10 @@ pub fn parse_target(key: &str, s: &str) -> Result<PathBuf, PipelineError> {
 /// Converts `settings.input.data` into Parquet files in `settings.out`.
 pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineError> {
     let start = Instant::now();
-    // Only the input and feature settings matter; neutralize the training-only ones.
+    // Only the input and feature settings matter; neutralize the training-only ones
+    // (the model too: LR takes any shape, with or without dense features).
     let input = TrainSettings {
+        model: "lr".into(),
         eval: None,
         eval_fraction: 0.0,
         workers: 1,
@@ -102,12 +105,15 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         (DataSpec::Criteo(_), _) => SchemaDescription::criteo(resolved.data_table_sizes(), input.seed),
         (DataSpec::Avazu(_), _) => SchemaDescription::avazu(resolved.data_table_sizes(), input.seed),
         (DataSpec::Csv(_) | DataSpec::TaobaoAd(_), Some(spec)) => SchemaDescription::from_spec(spec, input.seed),
+        (DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_), _) => {
+            SchemaDescription::behavior(resolved.data.format(), resolved.data_table_sizes(), input.seed)
+        }
         (other, _) => {
             return Err(PipelineError::config(
                 "from",
                 format!(
-                    "cannot convert `{}` data: convert reads criteo, avazu, csv and taobao-ad files \
-                     (behaviour-sequence formats are not yet convertible)",
+                    "cannot convert `{}` data: convert reads criteo, avazu, csv, taobao-ad, amazon-dien and \
+                     taobao-behavior files",
                     other.format()
                 ),
             ))
@@ -123,11 +129,29 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     };
     let dead = SharedDeadLetters::file(input.dead_letters.clone());
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());
-    let mut data = WorkerData::for_spec(&resolved.data, None, (0.0, 1.0), &options, CHUNK_ROWS, 0, 1, Some(sink))?;
+    // Taobao behaviour logs become samples all at once (as in training); they are then
+    // read back in chunks like any indexed data.
+    let (derived, derived_bad) = match &resolved.data {
+        DataSpec::TaobaoBehavior(paths) => {
+            let (table, bad) = crate::run::behavior_table(paths, &input, &resolved, &dead)?;
+            let rows = table.len() as u64;
+            (Some((IndexedSamples::Table(Arc::new(table)), rows)), bad)
+        }
+        _ => (None, BadRecordCounts::default()),
+    };
+    let indexed = derived.as_ref().map(|(t, rows)| (t, 0..*rows));
+    let mut data = WorkerData::for_spec(&resolved.data, indexed, (0.0, 1.0), &options, CHUNK_ROWS, 0, 1, Some(sink))?;
+    let sequences = description.sequences.len();
     let mut writer = ParquetWriter::create(&settings.out, description, settings.writer)?;
     let (num_dense, num_sparse) = resolved.shape;
-    let mut batch = Batch::new(num_dense, num_sparse);
-    let bytes_in = data.bytes_progress().map_or(0, |(_, total)| total);
+    let mut batch = Batch::with_sequences(num_dense, num_sparse, sequences);
+    let bytes_in = match &resolved.data {
+        // Derived up front: the input is the log files.
+        DataSpec::TaobaoBehavior(paths) => {
+            paths.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum()
+        }
+        _ => data.bytes_progress().map_or(0, |(_, total)| total),
+    };
     let mut progress = Progress::with_unit(&input.progress, Some(bytes_in), Unit::Bytes);
     let result = loop {
         match data.next_micro_batch(&mut batch) {
@@ -154,7 +178,8 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     dead_finished?;
     let written = writer.finish()?;
     let bytes_out = written.files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
-    let bad = data.bad_counts();
+    let mut bad = data.bad_counts();
+    bad.merge(&derived_bad);
     Ok(ConvertSummary {
         out: settings.out.display().to_string(),
         rows: written.rows,

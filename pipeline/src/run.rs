@@ -262,6 +262,7 @@ pub(crate) fn checkpoint_setup(
         dir: dir.clone(),
         every: settings.checkpoint_every,
         keep: settings.keep_checkpoints,
+        sync: settings.checkpoint_sync,
     });
     let resume = match &checkpoint {
         Some(options) => {
@@ -303,7 +304,7 @@ pub(crate) fn join_workers<T: Send + 'static>(
 }
 
 /// Reads a Taobao behaviour log and derives its DIEN samples (the differential operator) as one table.
-fn behavior_table(
+pub(crate) fn behavior_table(
     paths: &[std::path::PathBuf],
     settings: &TrainSettings,
     resolved: &Resolved,
@@ -519,6 +520,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                     stats.bad_records.iter().sum(),
                 );
             }
+            checkpointer.poll(worker)?;
             if checkpointer.due_every(steps) {
                 let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
                 checkpointer.write(worker, &trainer, &at)?;
@@ -537,6 +539,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
         checkpointer.write(worker, &trainer, &at)?;
     }
+    checkpointer.finish(worker)?;
     let train_seconds = start.elapsed().as_secs_f64();
     progress.finish();
     let mut train_bad = train_data.bad_counts();
@@ -613,6 +616,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         embedding_rows: ctx.resolved.table_sizes.iter().sum(),
         checkpoints_written: checkpointer.written,
         checkpoint_seconds: checkpointer.seconds,
+        checkpoint_write_seconds: checkpointer.write_seconds,
+        checkpoint_overlap_steps: checkpointer.overlap_steps,
         resumed_from_step: resumed.map(|m| m.step),
         store: StoreStats::default(),
     }))

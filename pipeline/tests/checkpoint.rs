@@ -139,6 +139,55 @@ fn stopped_and_resumed_run_equals_an_uninterrupted_one_on_criteo() {
     stop_and_resume(&base, "criteo");
 }
 
+/// Every file under `dir`, by path relative to it, with its bytes.
+fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                let rel = e.path().strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+                out.insert(rel, std::fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn background_writes_give_the_files_of_synchronous_ones_while_training_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut runs = Vec::new();
+    for mode in ["async", "sync"] {
+        let ck = tmp.path().join(mode);
+        let mut args =
+            vec!["--checkpoint-dir", ck.to_str().unwrap(), "--checkpoint-every", "7", "--keep-checkpoints", "20"];
+        if mode == "sync" {
+            args.push("--checkpoint-sync");
+        }
+        let (m, _) = train(SYNTHETIC, 2, 60, &args, tmp.path());
+        // Steps 7, 14, …, 56, the end of the first epoch (40) and of the run (60).
+        assert_eq!(m["checkpoints_written"], 10, "{mode}");
+        assert_eq!(entries(&ck), (vec![7, 14, 21, 28, 35, 40, 42, 49, 56, 60], vec![]), "{mode}");
+        runs.push((m, files(&ck)));
+    }
+    let ((background, async_files), (blocking, sync_files)) = (&runs[0], &runs[1]);
+    // Training went on while each checkpoint was being written: a checkpoint becomes
+    // durable at the earliest after the step that follows it (two rounds: shards, commit).
+    assert!(background["checkpoint_overlap_steps"].as_u64().unwrap() >= 8, "{background}");
+    assert_eq!(blocking["checkpoint_overlap_steps"], 0, "{blocking}");
+    assert_eq!(background["params_l2"], blocking["params_l2"]);
+    // The same cut: every file equal byte for byte (ids, rows, optimizer slots, manifests).
+    assert_eq!(async_files.keys().collect::<Vec<_>>(), sync_files.keys().collect::<Vec<_>>());
+    assert!(async_files.len() >= 40, "manifest, dense and two shards per checkpoint: {}", async_files.len());
+    for (name, bytes) in async_files {
+        assert!(bytes == &sync_files[name], "{name} differs between background and synchronous writes");
+    }
+}
+
 #[test]
 fn a_two_worker_checkpoint_resumes_on_one_and_three_workers() {
     let tmp = tempfile::tempdir().unwrap();

@@ -40,29 +40,79 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A tansu built with durable local storage (`cargo install tansu --features libsql`):
+/// `$TIDEREC_TANSU_DURABLE`, else `~/.cargo/bin/tansu` if it accepts `sqlite://`; `None`
+/// (the test is skipped with a note) otherwise.
+fn durable_tansu() -> Option<PathBuf> {
+    let candidates = std::env::var("TIDEREC_TANSU_DURABLE")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(std::env::var("HOME").map(|h| PathBuf::from(h).join(".cargo/bin/tansu")));
+    for p in candidates.filter(|p| p.is_file()) {
+        // A build without libsql names the missing feature at once; one with it starts.
+        let dir = tempfile::tempdir().unwrap();
+        let mut probe = Broker::spawn(&p, free_port(), &format!("sqlite://{}", dir.path().join("p.db").display()));
+        std::thread::sleep(Duration::from_millis(500));
+        if probe.try_wait().unwrap().is_none() {
+            let _ = probe.kill();
+            let _ = probe.wait();
+            return Some(p);
+        }
+    }
+    eprintln!(
+        "skipping: no tansu with durable storage (cargo install tansu --features libsql, or $TIDEREC_TANSU_DURABLE)"
+    );
+    None
+}
+
 /// A tansu broker on 127.0.0.1, killed on drop.
 struct Broker {
     child: Child,
     port: u16,
+    binary: PathBuf,
+    storage: String,
 }
 
 impl Broker {
     fn start() -> Broker {
-        let port = free_port();
+        Broker::start_on(&tansu_binary(), free_port(), "memory://tansu/")
+    }
+
+    fn spawn(binary: &Path, port: u16, storage: &str) -> Child {
         let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(tansu_binary())
+        // tansu resolves `sqlite:///abs/path` against its working directory: run it in `/`.
+        Command::new(binary)
+            .current_dir("/")
             .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
+            .args(["--storage-engine", storage])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("tansu starts");
+            .expect("tansu starts")
+    }
+
+    fn start_on(binary: &Path, port: u16, storage: &str) -> Broker {
+        let child = Broker::spawn(binary, port, storage);
+        let broker = Broker { child, port, binary: binary.to_path_buf(), storage: storage.to_string() };
+        broker.wait_listening();
+        broker
+    }
+
+    fn wait_listening(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not listen on {}", self.port);
             std::thread::sleep(Duration::from_millis(50));
         }
-        Broker { child, port }
+    }
+
+    /// SIGKILLs the broker, waits `down`, and starts it again on the same port and storage.
+    fn restart(&mut self, down: Duration) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        std::thread::sleep(down);
+        self.child = Broker::spawn(&self.binary, self.port, &self.storage);
+        self.wait_listening();
     }
 
     fn addr(&self) -> String {
@@ -261,6 +311,36 @@ fn broker_outage_loses_and_repeats_nothing() {
     assert_eq!(summary(&a)["samples"], 20_000);
     let d = model_diff(&final_model(&a), &final_model(&b));
     assert!(d <= 1e-6, "outage changed the model by {d}");
+}
+
+#[test]
+fn broker_restart_loses_and_repeats_nothing() {
+    let Some(sample) = criteo_sample() else { return };
+    let Some(tansu) = durable_tansu() else { return };
+    let store = tempfile::tempdir().unwrap();
+    let storage = format!("sqlite://{}", store.path().join("tansu.db").display());
+    let mut broker = Broker::start_on(&tansu, free_port(), &storage);
+    produce(&broker, "clicks", &sample, &["--partitions", "3", "--repeat", "2"]);
+    let base = tempfile::tempdir().unwrap();
+    let (a, b) = (base.path().join("a"), base.path().join("b"));
+    run_ok(&mut online_cmd(&broker, "clicks", &a, 1, &[]));
+    // The same run, with the broker killed after the trainer's first checkpoint and
+    // started again (same port, same storage) 2 s later.
+    let mut child = online_cmd(&broker, "clicks", &b, 1, &["--checkpoint-every", "10"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_checkpoint(&b, &mut child);
+    broker.restart(Duration::from_secs(2));
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(summary(&a)["samples"], 20_000);
+    assert_eq!(summary(&b)["samples"], 20_000, "no record lost or trained twice");
+    let (ma, mb) = (final_model(&a), final_model(&b));
+    assert_eq!(ma.offsets, mb.offsets);
+    let d = model_diff(&ma, &mb);
+    assert!(d <= 1e-6, "the restart changed the model by {d}");
 }
 
 #[test]

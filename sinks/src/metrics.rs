@@ -53,9 +53,17 @@ pub struct RunSummary {
     /// Checkpoints written by this run.
     #[serde(default)]
     pub checkpoints_written: u64,
-    /// Seconds spent writing them (included in `train_seconds`).
+    /// Seconds training stood still for them: snapshots and waits for a
+    /// write in flight (included in `train_seconds`).
     #[serde(default)]
     pub checkpoint_seconds: f64,
+    /// Seconds from each checkpoint's snapshot to its being durable, summed
+    /// (written in the background unless `--checkpoint-sync`).
+    #[serde(default)]
+    pub checkpoint_write_seconds: f64,
+    /// Training steps taken while a checkpoint was being written.
+    #[serde(default)]
+    pub checkpoint_overlap_steps: u64,
     /// The step of the checkpoint this run resumed from (`null`: it started fresh).
     #[serde(default)]
     pub resumed_from_step: Option<u64>,

@@ -203,3 +203,71 @@ fn writer_refuses_a_directory_that_already_holds_parquet() {
     let e = tiderec_sources::parquet::ParquetWriter::create(dir.path(), description, options(10, None));
     assert!(e.err().unwrap().to_string().contains("already holds Parquet files"));
 }
+
+/// A behaviour batch: user, item, category and two histories per row; the
+/// category history of `short_row` (if any) has one id fewer than its item history.
+fn behavior_batch(rows: usize, short_row: Option<usize>) -> tiderec_operators::Batch {
+    let mut b = tiderec_operators::Batch::with_sequences(0, 3, 2);
+    for r in 0..rows {
+        b.labels.push((r % 2) as f32);
+        for (f, field) in b.sparse.iter_mut().enumerate() {
+            field.ids.push((r * 3 + f) as u64 % [7, 7, 5][f]);
+            field.close_bag();
+        }
+        let len = r % 4; // empty histories included
+        for i in 0..len {
+            b.sequences[0].ids.push(((r + i) % 7) as u64);
+            if short_row != Some(r) || i + 1 < len {
+                b.sequences[1].ids.push(((r * i) % 5) as u64);
+            }
+        }
+        b.sequences[0].close_bag();
+        b.sequences[1].close_bag();
+    }
+    b
+}
+
+fn read_behavior(dataset: &Arc<ParquetDataset>, max: usize) -> Result<tiderec_operators::Batch, SourceError> {
+    let mut reader = ParquetReader::new(dataset.clone(), (0.0, 1.0), 0, 1, SEED, vec![7, 7, 5])?;
+    let mut all = tiderec_operators::Batch::with_sequences(0, 3, 2);
+    while reader.next_batch(&mut all, max)? > 0 {}
+    Ok(all)
+}
+
+#[test]
+fn behaviour_histories_round_trip_as_sequence_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let batch = behavior_batch(23, None);
+    let description = SchemaDescription::behavior("amazon-dien", &[7, 7, 5], SEED);
+    write(dir.path(), description.clone(), std::slice::from_ref(&batch), options(5, None));
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    assert_eq!(dataset.description(), &description);
+    assert_eq!(dataset.row_groups().len(), 5);
+    // Read in pieces that cross row groups: the same rows, histories in order.
+    let back = read_behavior(&dataset, 3).unwrap();
+    assert_eq!(back, batch);
+    // A batch without the sequence fields does not fit this schema.
+    let mut reader = ParquetReader::new(dataset.clone(), (0.0, 1.0), 0, 1, SEED, vec![7, 7, 5]).unwrap();
+    let mut flat = tiderec_operators::Batch::new(0, 3);
+    assert!(reader.next_batch(&mut flat, 4).unwrap_err().to_string().contains("0 sequence fields, expected 0 / 3 / 2"));
+}
+
+#[test]
+fn unequal_histories_and_out_of_range_history_ids_are_errors() {
+    let description = SchemaDescription::behavior("amazon-dien", &[7, 7, 5], SEED);
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), description.clone(), &[behavior_batch(10, Some(6))], options(100, None));
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    let e = read_behavior(&dataset, 4).unwrap_err().to_string();
+    assert!(e.contains("history_categories") && e.contains("equal lengths") && e.contains("row 6: 1 ids"), "{e}");
+    // An item-history id beyond the item table (the category table is smaller).
+    let dir = tempfile::tempdir().unwrap();
+    let mut small = description;
+    small.sparse[1].table_size = 3;
+    write(dir.path(), small, &[behavior_batch(10, None)], options(100, None));
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    let mut reader = ParquetReader::new(dataset, (0.0, 1.0), 0, 1, SEED, vec![7, 3, 5]).unwrap();
+    let mut out = tiderec_operators::Batch::with_sequences(0, 3, 2);
+    let e = reader.next_batch(&mut out, 10).unwrap_err().to_string();
+    assert!(e.contains("is not below the table size 3"), "{e}");
+}

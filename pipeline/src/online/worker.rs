@@ -334,6 +334,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
             let eval = trainer.take_eval();
             window.extend(&eval.probs, &eval.labels);
         }
+        checkpointer.poll(worker)?;
         if checkpointer.due_every(steps) || all.iter().any(|v| v.checkpoint) {
             write_checkpoint(
                 worker,
@@ -341,11 +342,11 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
                 &mut offsets_channel,
                 &trainer,
                 &reader,
-                ctx,
                 position_at(steps, samples, loss_total, &loss_window, &bad),
             )?;
             last_checkpoint = Some(Instant::now());
         }
+        commit_durable(worker.index(), &mut checkpointer, &reader, ctx);
         last_bad = stats.bad_records.iter().sum();
         unreported = true;
     }
@@ -357,10 +358,12 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
             &mut offsets_channel,
             &trainer,
             &reader,
-            ctx,
             position_at(steps, samples, loss_total, &loss_window, &bad),
         )?;
     }
+    // The write in flight is durable before the run ends (also after a signal).
+    checkpointer.finish(worker)?;
+    commit_durable(me, &mut checkpointer, &reader, ctx);
     progress.finish();
     dead_letters.flush().map_err(|e| PipelineError::Dataflow(format!("cannot write the dead-letter file: {e}")))?;
     trainer.set_bad_records(bad.to_array());
@@ -422,26 +425,39 @@ fn position_at(
     }
 }
 
-/// Writes a checkpoint of this step with every partition's next offset, then commits
-/// this worker's offsets to the consumer group. Collective.
+/// Begins a checkpoint of this step with every partition's next offset
+/// (written in the background; see [`commit_durable`]). Collective.
 fn write_checkpoint(
     worker: &mut timely::worker::Worker,
     checkpointer: &mut Checkpointer,
     offsets_channel: &mut Collective<Vec<(String, i64)>>,
     trainer: &Trainer,
     reader: &PartitionReader,
-    ctx: &Shared,
     mut position: Position,
 ) -> Result<(), PipelineError> {
     position.kafka_offsets =
         offsets_channel.all_gather(worker, reader.offset_entries()).into_iter().flatten().collect();
-    checkpointer.write(worker, trainer, &position)?;
-    if worker.index() == 0 {
+    checkpointer.write(worker, trainer, &position)
+}
+
+/// Once a checkpoint is durable, commits the offsets it holds for this
+/// worker's partitions to the consumer group (for monitoring tools; the
+/// checkpoint is what a restart reads) and records its age.
+fn commit_durable(me: usize, checkpointer: &mut Checkpointer, reader: &PartitionReader, ctx: &Shared) {
+    let Some(position) = checkpointer.take_durable() else { return };
+    if me == 0 {
         ctx.metrics.checkpointed();
     }
-    // The checkpoint is durable: tell monitoring tools where the group stands.
-    if let Err(e) = reader.commit(&reader.offsets()) {
+    let topic = &ctx.endpoint.topic;
+    let offsets: Vec<(i32, i64)> = reader
+        .offsets()
+        .into_iter()
+        .filter_map(|(p, _)| position.kafka_offsets.get(&offset_key(topic, p)).map(|&o| (p, o)))
+        .collect();
+    if offsets.is_empty() {
+        return;
+    }
+    if let Err(e) = reader.commit(&offsets) {
         eprintln!("warning: {e} (monitoring only; the checkpoint holds the offsets)");
     }
-    Ok(())
 }

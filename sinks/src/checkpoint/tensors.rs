@@ -90,6 +90,10 @@ pub(crate) fn write(
         offset += n;
     }
     let header = Metadata::new(Some(metadata), infos).map_err(|e| format(format!("bad tensor layout: {e}")))?;
+    // Through a JSON value, whose objects keep their keys sorted: the crate writes the
+    // metadata in the order of its `HashMap`, which differs from process to process, and
+    // the same state must give the same bytes (and checksum) in every run.
+    let header = serde_json::to_value(&header).map_err(|e| format(format!("cannot encode the header: {e}")))?;
     let mut header = serde_json::to_vec(&header).map_err(|e| format(format!("cannot encode the header: {e}")))?;
     header.resize(header.len().next_multiple_of(8), b' ');
     let file = File::options().write(true).create_new(true).open(path).map_err(io)?;
@@ -213,5 +217,21 @@ mod tests {
         assert!(Reader::new(&bytes[..bytes.len() - 1]).is_err());
         // Files are never overwritten.
         assert!(write(&path, &tensors, HashMap::new()).unwrap_err().to_string().contains("t.safetensors"));
+    }
+
+    #[test]
+    fn the_same_tensors_and_metadata_give_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let values: Vec<f32> = vec![1.0, 2.0];
+        let tensors = [Tensor { name: "v".into(), shape: vec![2], values: Values::F32(&values) }];
+        let mut files = Vec::new();
+        // Every `HashMap` gets its own hash keys, so its order differs between maps.
+        for k in 0..8 {
+            let meta: HashMap<String, String> = (0..16).map(|i| (format!("key{i}"), i.to_string())).collect();
+            let path = dir.path().join(format!("{k}.safetensors"));
+            write(&path, &tensors, meta).unwrap();
+            files.push(std::fs::read(&path).unwrap());
+        }
+        assert!(files.iter().all(|f| f == &files[0]));
     }
 }

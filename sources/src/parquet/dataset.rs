@@ -21,7 +21,7 @@
 //!   that is how `--eval-fraction` holds out data.
 //! * Files are used in the order given; [`list_parquet_files`] sorts by name.
 
-use super::schema::{SchemaDescription, METADATA_KEY};
+use super::schema::{SchemaDescription, SparseKind, METADATA_KEY};
 use crate::error::SourceError;
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
@@ -198,8 +198,10 @@ fn check_columns(
                 "label"
             } else if i <= d.num_dense {
                 "dense"
-            } else {
+            } else if i <= d.num_dense + d.sparse.len() {
                 "sparse"
+            } else {
+                "sequence"
             };
             return Err(SourceError::schema(
                 path.display(),
@@ -207,8 +209,11 @@ fn check_columns(
             ));
         };
         let ty = schema.field(index).data_type();
-        let ok =
-            if i <= d.num_dense { ty == &DataType::Float32 } else { d.sparse[i - 1 - d.num_dense].kind.accepts(ty) };
+        let ok = match d.sparse.get(i.wrapping_sub(1 + d.num_dense)) {
+            _ if i <= d.num_dense => ty == &DataType::Float32,
+            Some(sparse) => sparse.kind.accepts(ty),
+            None => SparseKind::List.accepts(ty),
+        };
         if !ok {
             return Err(SourceError::schema(path.display(), format!("column `{name}` is {ty}, expected {want}")));
         }

@@ -29,7 +29,7 @@ use parquet::arrow::arrow_reader::{
 };
 use std::fs::File;
 use std::sync::Arc;
-use tiderec_operators::Batch;
+use tiderec_operators::{Batch, SparseField};
 
 /// Rows decoded at a time.
 pub const DECODE_ROWS: usize = 8192;
@@ -136,13 +136,16 @@ impl ParquetReader {
     /// contents of `out` are unspecified.
     pub fn next_batch(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
         let (num_dense, num_sparse) = self.dataset.description().shape();
-        if out.num_dense != num_dense || out.sparse.len() != num_sparse {
+        let num_sequences = self.dataset.description().sequences.len();
+        if out.num_dense != num_dense || out.sparse.len() != num_sparse || out.sequences.len() != num_sequences {
             return Err(SourceError::Config {
                 key: "batch".into(),
                 reason: format!(
-                    "batch has {} dense / {} sparse fields, expected {num_dense} / {num_sparse}",
+                    "batch has {} dense / {} sparse / {} sequence fields, expected {num_dense} / {num_sparse} / \
+                     {num_sequences}",
                     out.num_dense,
-                    out.sparse.len()
+                    out.sparse.len(),
+                    out.sequences.len()
                 ),
             });
         }
@@ -292,24 +295,55 @@ fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut B
                     field.close_bag();
                 }
             }
-            SparseKind::List => {
-                let list = col.as_list_opt::<i32>().ok_or_else(|| ctx.err(name, "not List<UInt64>"))?;
-                let items =
-                    list.values().as_primitive_opt::<UInt64Type>().ok_or_else(|| ctx.err(name, "not List<UInt64>"))?;
-                let offsets = list.value_offsets();
-                let item_nulls = items.null_count() > 0;
-                for r in rows.clone() {
-                    if !list.is_null(r) {
-                        for i in offsets[r] as usize..offsets[r + 1] as usize {
-                            if !(item_nulls && items.is_null(i)) {
-                                field.ids.push(ctx.check_id(name, f, items.value(i))?);
-                            }
-                        }
-                    }
-                    field.close_bag();
+            SparseKind::List => append_list(ctx, col, name, f, rows.clone(), field)?,
+        }
+    }
+    // Sequences: lists in their table's id space, of equal lengths within a row.
+    let firsts: Vec<usize> = out.sequences.iter().map(|s| s.offsets.len() - 1).collect();
+    for (spec, field) in d.sequences.iter().zip(out.sequences.iter_mut()) {
+        append_list(ctx, ctx.column(chunk, &spec.name)?, &spec.name, spec.table, rows.clone(), field)?;
+    }
+    if d.sequences.len() > 1 {
+        for (i, r) in rows.enumerate() {
+            let lens: Vec<u32> =
+                out.sequences.iter().zip(&firsts).map(|(s, &b)| s.offsets[b + i + 1] - s.offsets[b + i]).collect();
+            if let Some(k) = lens.iter().position(|&l| l != lens[0]) {
+                return Err(ctx.err(
+                    &d.sequences[k].name,
+                    format!(
+                        "row {r}: {} ids, but `{}` has {} (the sequences of a row have equal lengths)",
+                        lens[k], d.sequences[0].name, lens[0]
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Appends rows `rows` of the `List<UInt64>` column `col` (named `name`, ids
+/// bounded by field `f`'s table) to `field`, one bag per row.
+fn append_list(
+    ctx: &Ctx,
+    col: &Arc<dyn Array>,
+    name: &str,
+    f: usize,
+    rows: std::ops::Range<usize>,
+    field: &mut SparseField,
+) -> Result<(), SourceError> {
+    let list = col.as_list_opt::<i32>().ok_or_else(|| ctx.err(name, "not List<UInt64>"))?;
+    let items = list.values().as_primitive_opt::<UInt64Type>().ok_or_else(|| ctx.err(name, "not List<UInt64>"))?;
+    let offsets = list.value_offsets();
+    let item_nulls = items.null_count() > 0;
+    for r in rows {
+        if !list.is_null(r) {
+            for i in offsets[r] as usize..offsets[r + 1] as usize {
+                if !(item_nulls && items.is_null(i)) {
+                    field.ids.push(ctx.check_id(name, f, items.value(i))?);
                 }
             }
         }
+        field.close_bag();
     }
     Ok(())
 }

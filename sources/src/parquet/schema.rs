@@ -9,6 +9,7 @@
 //! | one per dense feature | `Float32` | the featurized value (after `log1p`, clamping, …); null reads as 0 |
 //! | one per single-valued sparse field | `UInt64`, nullable | the row id, already bucketed; null = absent (empty bag) |
 //! | one per multi-valued sparse field | `List<UInt64>` | the bag's row ids; null or empty = empty bag |
+//! | one per behaviour-sequence field | `List<UInt64>` | the history's row ids, oldest first, in its table's id space; null = empty |
 //!
 //! The file's key-value metadata holds a [`SchemaDescription`] as JSON under
 //! [`METADATA_KEY`]: the source format, the column names in `Batch` order,
@@ -20,7 +21,10 @@
 //!
 //! * A valid description ([`SchemaDescription::validate`]) has
 //!   `num_dense == dense.len()`, unique column names (the label included) and
-//!   positive table sizes.
+//!   positive table sizes; every sequence names a sparse field as its
+//!   table and as its target.
+//! * Every id stored in a sequence column is below its table's size, and the
+//!   sequences of one row have equal lengths (checked when reading).
 //! * Every id stored in a sparse column is below that field's `table_size`.
 //! * Column order in a file does not matter: columns are matched by name, and
 //!   other columns are ignored.
@@ -61,6 +65,17 @@ pub struct SparseColumn {
     pub table_size: u64,
 }
 
+/// One behaviour-sequence field of the description (DIEN-style data).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SequenceColumn {
+    /// Column name.
+    pub name: String,
+    /// The sparse field whose table the history ids index (and whose size bounds them).
+    pub table: usize,
+    /// The sparse field holding the target the history is attended against.
+    pub target: usize,
+}
+
 /// What a featurized Parquet dataset holds; stored as JSON under [`METADATA_KEY`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchemaDescription {
@@ -79,6 +94,9 @@ pub struct SchemaDescription {
     pub dense: Vec<String>,
     /// Sparse fields, in `Batch` order.
     pub sparse: Vec<SparseColumn>,
+    /// Behaviour-sequence fields, in `Batch` order (none for most formats).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sequences: Vec<SequenceColumn>,
 }
 
 /// The Avazu sparse field names: the 21 categorical columns of the Kaggle
@@ -97,6 +115,7 @@ impl SchemaDescription {
             num_dense: dense.len(),
             dense,
             sparse,
+            sequences: Vec::new(),
         }
     }
 
@@ -119,6 +138,20 @@ impl SchemaDescription {
     pub fn avazu(table_sizes: &[u64], seed: u64) -> Self {
         let sparse = Self::singles(avazu_sparse_names(), table_sizes);
         Self::new("avazu", seed, vec!["hour".into()], sparse)
+    }
+
+    /// Behaviour data (`amazon-dien`, `taobao-behavior`, `synthetic-behavior`):
+    /// single-valued `user`, `item`, `category` with these table sizes, and the
+    /// sequences `history_items` (item table) and `history_categories`
+    /// (category table), whose targets are `item` and `category`.
+    pub fn behavior(format: &str, table_sizes: &[u64], seed: u64) -> Self {
+        let names = ["user", "item", "category"].map(String::from);
+        let mut d = Self::new(format, seed, Vec::new(), Self::singles(names, table_sizes));
+        d.sequences = vec![
+            SequenceColumn { name: "history_items".into(), table: 1, target: 1 },
+            SequenceColumn { name: "history_categories".into(), table: 2, target: 2 },
+        ];
+        d
     }
 
     /// A feature spec: its `dense` then `numeric_list` columns; its `categorical`
@@ -152,6 +185,11 @@ impl SchemaDescription {
     /// Whether samples of `other` fit the same model: same shape, sparse kinds and table sizes (names may differ).
     pub fn same_layout(&self, other: &SchemaDescription) -> bool {
         self.shape() == other.shape()
+            && self
+                .sequences
+                .iter()
+                .map(|s| (s.table, s.target))
+                .eq(other.sequences.iter().map(|s| (s.table, s.target)))
             && self.sparse.iter().zip(&other.sparse).all(|(a, b)| a.kind == b.kind && a.table_size == b.table_size)
     }
 
@@ -170,7 +208,10 @@ impl SchemaDescription {
             return Err("the schema has no feature column".into());
         }
         let mut seen = HashSet::new();
-        let names = std::iter::once(&self.label).chain(&self.dense).chain(self.sparse.iter().map(|s| &s.name));
+        let names = std::iter::once(&self.label)
+            .chain(&self.dense)
+            .chain(self.sparse.iter().map(|s| &s.name))
+            .chain(self.sequences.iter().map(|s| &s.name));
         for name in names {
             if !seen.insert(name.as_str()) {
                 return Err(format!("column `{name}` appears twice"));
@@ -178,6 +219,13 @@ impl SchemaDescription {
         }
         if let Some(s) = self.sparse.iter().find(|s| s.table_size == 0) {
             return Err(format!("sparse column `{}` has table_size 0", s.name));
+        }
+        let fields = self.sparse.len();
+        if let Some(s) = self.sequences.iter().find(|s| s.table >= fields || s.target >= fields) {
+            return Err(format!(
+                "sequence column `{}` names sparse field {} as its table and {} as its target, but there are {fields}",
+                s.name, s.table, s.target
+            ));
         }
         Ok(())
     }
@@ -199,6 +247,7 @@ impl SchemaDescription {
         let mut cols = vec![(self.label.as_str(), DataType::Float32)];
         cols.extend(self.dense.iter().map(|d| (d.as_str(), DataType::Float32)));
         cols.extend(self.sparse.iter().map(|s| (s.name.as_str(), s.kind.data_type())));
+        cols.extend(self.sequences.iter().map(|s| (s.name.as_str(), SparseKind::List.data_type())));
         cols
     }
 
@@ -257,6 +306,15 @@ mod tests {
         assert_eq!(e.sparse.iter().filter(|s| s.kind == SparseKind::List).count(), 10);
         assert!(!e.same_layout(&c));
         assert_eq!(c.arrow_schema().fields().len(), 40);
+        assert!(!c.to_json().contains("sequences"), "files without sequences keep their old description");
+        let b = SchemaDescription::behavior("amazon-dien", &[10, 20, 5], 2);
+        b.validate().unwrap();
+        assert_eq!(b.shape(), (0, 3));
+        assert_eq!(SchemaDescription::from_json(&b.to_json()).unwrap(), b);
+        let schema = b.arrow_schema();
+        assert_eq!(schema.fields().len(), 6);
+        assert_eq!(schema.field(5).name(), "history_categories");
+        assert!(SparseKind::List.accepts(schema.field(5).data_type()));
     }
 
     #[test]
@@ -271,5 +329,11 @@ mod tests {
         c.sparse[4].table_size = 0;
         assert!(c.validate().unwrap_err().contains("C5"));
         assert!(SchemaDescription::from_json("{").unwrap_err().contains(METADATA_KEY));
+        let mut b = SchemaDescription::behavior("amazon-dien", &[10, 20, 5], 2);
+        b.sequences[1].table = 3;
+        assert!(b.validate().unwrap_err().contains("`history_categories`"));
+        let mut b = SchemaDescription::behavior("amazon-dien", &[10, 20, 5], 2);
+        b.sequences[0].name = "item".into();
+        assert!(b.validate().unwrap_err().contains("`item` appears twice"));
     }
 }

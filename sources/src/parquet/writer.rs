@@ -131,13 +131,16 @@ impl ParquetWriter {
     /// single-valued field with more than one id in a bag is an error.
     pub fn write(&mut self, batch: &Batch) -> Result<(), SourceError> {
         let (num_dense, num_sparse) = self.description.shape();
-        if batch.num_dense != num_dense || batch.sparse.len() != num_sparse {
+        let num_sequences = self.description.sequences.len();
+        if batch.num_dense != num_dense || batch.sparse.len() != num_sparse || batch.sequences.len() != num_sequences {
             return Err(SourceError::Config {
                 key: "batch".into(),
                 reason: format!(
-                    "batch has {} dense / {} sparse fields, the schema {num_dense} / {num_sparse}",
+                    "batch has {} dense / {} sparse / {} sequence fields, the schema {num_dense} / {num_sparse} / \
+                     {num_sequences}",
                     batch.num_dense,
-                    batch.sparse.len()
+                    batch.sparse.len(),
+                    batch.sequences.len()
                 ),
             });
         }
@@ -202,6 +205,18 @@ impl ParquetWriter {
         Ok(())
     }
 
+    /// A `List<UInt64>` column of the bags `offsets` delimits (`ids` starts at `offsets[0]`).
+    fn list_column(&self, offsets: &[u32], ids: &[u64]) -> Result<ArrayRef, SourceError> {
+        let base = offsets[0];
+        let rel = offsets.iter().map(|&o| (o - base) as i32);
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(rel.collect::<Vec<i32>>()));
+        let item = Arc::new(Field::new_list_field(arrow_schema::DataType::UInt64, true));
+        let values = Arc::new(UInt64Array::from(ids.to_vec()));
+        let list = ListArray::try_new(item, offsets, values, None)
+            .map_err(|source| SourceError::Arrow { path: self.dir.display().to_string(), source })?;
+        Ok(Arc::new(list))
+    }
+
     /// Rows `range` of `batch` as an Arrow record batch of the schema.
     fn record_batch(&self, batch: &Batch, range: std::ops::Range<usize>) -> Result<RecordBatch, SourceError> {
         let d = batch.num_dense;
@@ -239,17 +254,13 @@ impl ParquetWriter {
                     let nulls = valid.iter().any(|v| !v).then(|| NullBuffer::from(valid));
                     columns.push(Arc::new(UInt64Array::new(ScalarBuffer::from(values), nulls)));
                 }
-                SparseKind::List => {
-                    let base = offsets[0];
-                    let rel = offsets.iter().map(|&o| (o - base) as i32);
-                    let offsets = OffsetBuffer::new(ScalarBuffer::from(rel.collect::<Vec<i32>>()));
-                    let item = Arc::new(Field::new_list_field(arrow_schema::DataType::UInt64, true));
-                    let values = Arc::new(UInt64Array::from(ids.to_vec()));
-                    let list = ListArray::try_new(item, offsets, values, None)
-                        .map_err(|source| SourceError::Arrow { path: self.dir.display().to_string(), source })?;
-                    columns.push(Arc::new(list));
-                }
+                SparseKind::List => columns.push(self.list_column(offsets, ids)?),
             }
+        }
+        for field in &batch.sequences {
+            let offsets = &field.offsets[range.start..=range.end];
+            let ids = &field.ids[offsets[0] as usize..offsets[offsets.len() - 1] as usize];
+            columns.push(self.list_column(offsets, ids)?);
         }
         RecordBatch::try_new(self.schema.clone(), columns)
             .map_err(|source| SourceError::Arrow { path: self.dir.display().to_string(), source })

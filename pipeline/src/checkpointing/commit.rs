@@ -1,0 +1,86 @@
+//! Worker 0's last part of writing a checkpoint, once every shard file is
+//! durable: `dense.safetensors`, `manifest.json`, the rename to
+//! `ckpt-<step>`, and pruning to `--keep-checkpoints`.
+//!
+//! Everything it needs is owned ([`Commit`]), so it runs on a background
+//! thread as well as on the worker's own.
+
+use super::{CheckpointOptions, Position, ShardWritten};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use tiderec_operators::optim::DenseOptimizerState;
+use tiderec_sinks::checkpoint::{self, write, DataPosition, Manifest};
+
+/// What identifies a run in its manifests.
+#[derive(Clone, Debug)]
+pub(super) struct RunIdentity {
+    /// The trainer configuration (see [`super::manifest_config`]).
+    pub config: serde_json::Value,
+    pub seed: u64,
+    pub batch_size: u64,
+}
+
+/// Everything worker 0 needs to finish the checkpoint of `position.step`.
+pub(super) struct Commit {
+    pub options: CheckpointOptions,
+    pub identity: RunIdentity,
+    /// The temporary directory holding every shard file.
+    pub tmp: PathBuf,
+    /// The dense parameters at the step (the same on every worker).
+    pub params: Vec<f32>,
+    /// Every worker's shard, in worker order.
+    pub shards: Vec<ShardWritten>,
+    pub position: Position,
+}
+
+impl Commit {
+    /// Writes the dense file and the manifest, renames, prunes; returns the
+    /// checkpoint's path. On error the temporary directory is removed.
+    pub(super) fn run(self) -> Result<PathBuf, String> {
+        let tmp = self.tmp.clone();
+        let outcome = self.write();
+        if outcome.is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        outcome
+    }
+
+    fn write(self) -> Result<PathBuf, String> {
+        let Commit { options, identity, tmp, params, shards, position } = self;
+        let workers = shards.len();
+        let mut files = BTreeMap::new();
+        let mut slices = Vec::with_capacity(workers);
+        for s in shards {
+            files.insert(s.name, s.entry);
+            slices.push(s.dense.ok_or("a worker sent no dense-optimizer slice")?);
+        }
+        let refs: Vec<&DenseOptimizerState> = slices.iter().collect();
+        let dense = DenseOptimizerState::concat(&refs, params.len()).map_err(|e| e.to_string())?;
+        let (name, entry) = write::write_dense(&tmp, position.step, &params, &dense).map_err(|e| e.to_string())?;
+        files.insert(name, entry);
+        let manifest = Manifest {
+            format_version: checkpoint::FORMAT_VERSION,
+            step: position.step,
+            epoch: position.epoch,
+            steps_in_epoch: position.steps_in_epoch,
+            samples: position.samples,
+            seed: identity.seed,
+            batch_size: identity.batch_size,
+            workers,
+            config_hash: checkpoint::config_hash(&identity.config),
+            config: identity.config,
+            data_position: DataPosition {
+                epoch: position.epoch,
+                global_steps_in_epoch: position.steps_in_epoch,
+                kafka_offsets: position.kafka_offsets,
+            },
+            progress: position.progress,
+            files,
+        };
+        let path = write::commit(&options.dir, &tmp, &manifest).map_err(|e| e.to_string())?;
+        for warning in write::prune(&options.dir, position.step, options.keep) {
+            eprintln!("warning: {warning}");
+        }
+        Ok(path)
+    }
+}

@@ -1,0 +1,193 @@
+//! Checkpoints of a training run: preparing the directory, writing a
+//! checkpoint with all workers together, and resuming from the newest valid one.
+//!
+//! **Writing** is collective: every worker calls [`Checkpointer::write`]
+//! after the same training step, and three rounds of a
+//! [`Collective`](tiderec_operators::collective::Collective) channel order the work:
+//! 1. worker 0 creates `DIR/.tmp-ckpt-<step>-<pid>` and sends its path to
+//!    every worker (or the error); every worker then copies its state out of
+//!    the trainer (the snapshot) and hands it to a background thread that
+//!    writes its `shard-<k>.safetensors` there (in one pass, hashed, fsynced);
+//! 2. once every worker's thread is done, every worker sends worker 0 the
+//!    file's size and checksum and its dense-optimizer slice (or its error);
+//! 3. worker 0, now knowing every shard file is on disk, writes
+//!    `dense.safetensors` and `manifest.json`, renames the directory to
+//!    `ckpt-<step>`, fsyncs `DIR` and prunes to `--keep-checkpoints` (on a
+//!    background thread too), and then sends the outcome to every worker.
+//!
+//! Training goes on while the threads write: [`Checkpointer::poll`], called
+//! after every step, asks all workers in one round whether the current stage
+//! is done everywhere and only then takes the next round, so no worker ever
+//! waits for a disk. With `--checkpoint-sync` (`CheckpointOptions::sync`),
+//! `write` instead returns only once the checkpoint is durable; the files are
+//! the same byte for byte.
+//!
+//! Invariants:
+//! * **Consistent cut.** The snapshot is taken synchronously between two
+//!   steps, and no update of the next step can reach a worker before it sends
+//!   its gradients; the [`Position`] (step, data position, Kafka offsets) is
+//!   of that same step. What the threads write is that copy, never live state.
+//! * **At most one checkpoint in flight.** `write` first waits for the
+//!   previous one to be durable.
+//! * **Durable before announced.** [`Checkpointer::take_durable`] hands out a
+//!   checkpoint's position only after round 3 reported the rename; the online
+//!   trainer commits Kafka offsets to the consumer group only then.
+//! * **Nothing lost at exit.** [`Checkpointer::finish`] waits for the write in
+//!   flight; runs call it at their end and after a SIGINT/SIGTERM stop.
+//! * **Errors surface.** A thread's error (or panic) comes back from the next
+//!   `poll`, `write` or `finish` on every worker in the same round, so all of
+//!   them stop together with a message naming the path; a failed checkpoint's
+//!   temporary directory is removed; nothing waits forever.
+//!
+//! In a multi-process run each process writes its own workers' shards into
+//! `DIR`, so `DIR` must be the same directory for every process (one
+//! machine, or a file system they share); process 0 writes the manifest only
+//! after every worker has reported its shard durable.
+//!
+//! **Resuming**: each process reads the newest valid checkpoint once
+//! ([`load_for_resume`], skipping damaged ones with a warning) and every
+//! worker restores its own rows and dense slice from it
+//! ([`Checkpointer::restore`]); the workers then agree, in one round, that
+//! all of them restored the same step.
+
+mod commit;
+mod job;
+mod writer;
+
+pub use writer::Checkpointer;
+
+use crate::PipelineError;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tiderec_operators::optim::DenseOptimizerState;
+use tiderec_operators::train::TrainerConfig;
+use tiderec_sinks::checkpoint::layout::list_checkpoints;
+use tiderec_sinks::checkpoint::{self, Checkpoint, TrainingProgress};
+
+/// Where and how often to write checkpoints.
+#[derive(Clone, Debug)]
+pub struct CheckpointOptions {
+    /// The directory holding `ckpt-<step>` directories.
+    pub dir: PathBuf,
+    /// Write one every this many global steps (besides the end of every epoch and of the run).
+    pub every: Option<u64>,
+    /// Checkpoints kept.
+    pub keep: usize,
+    /// Write every checkpoint before training goes on (`--checkpoint-sync`);
+    /// otherwise files are written in the background.
+    pub sync: bool,
+}
+
+/// Where training stands, as recorded in a manifest.
+#[derive(Clone, Debug, Default)]
+pub struct Position {
+    /// Global training steps taken.
+    pub step: u64,
+    /// Epochs completed.
+    pub epoch: u64,
+    /// Global steps taken in the current epoch.
+    pub steps_in_epoch: u64,
+    /// Training samples seen.
+    pub samples: u64,
+    /// Running statistics.
+    pub progress: TrainingProgress,
+    /// `topic/partition` → next offset of a Kafka source (empty for files).
+    pub kafka_offsets: std::collections::BTreeMap<String, i64>,
+}
+
+/// What a worker reports after writing its shard file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShardWritten {
+    /// File name in the checkpoint.
+    pub name: String,
+    /// Its size and checksum.
+    pub entry: checkpoint::FileEntry,
+    /// The worker's dense-optimizer slice (sent to worker 0 only).
+    pub dense: Option<DenseOptimizerState>,
+}
+
+/// The messages of the checkpoint protocol (see the module docs).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Note {
+    /// Whether a worker's part of the current stage is done (polls while training goes on).
+    Ready(bool),
+    /// Round 1, worker 0's temporary directory.
+    Begin(Result<PathBuf, String>),
+    /// Round 2, a worker's shard file.
+    Written(Result<ShardWritten, String>),
+    /// Round 3, worker 0's outcome: the checkpoint's path.
+    Committed(Result<PathBuf, String>),
+    /// After restoring: the step restored (`None`: started fresh).
+    Restored(Result<Option<u64>, String>),
+}
+
+/// The configuration recorded in (and compared with) manifests: the trainer
+/// configuration without the seed (which the manifest holds separately) and
+/// without the store settings when they are the default.
+pub fn manifest_config(config: &TrainerConfig) -> serde_json::Value {
+    // Through text, so f32 hyper-parameters read `0.001`, not their f64 widening.
+    let text = serde_json::to_string(config).unwrap_or_default();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    if let Some(map) = v.as_object_mut() {
+        map.remove("seed");
+        // How embeddings travel between workers does not change the model: a
+        // run may resume with another exchange strategy.
+        map.remove("exchange");
+        // The default (fixed) store is left out, so checkpoints written before
+        // stores existed still match.
+        if config.store == tiderec_operators::store::StoreConfig::default() {
+            map.remove("store");
+        }
+    }
+    v
+}
+
+/// Makes sure `dir` exists and is writable before any work starts. A fresh
+/// run (no `--resume`) refuses a directory that already holds checkpoints,
+/// whose newer steps would shadow its own.
+pub fn prepare_dir(dir: &Path, resume: bool) -> Result<(), PipelineError> {
+    let key = "checkpoint_dir";
+    std::fs::create_dir_all(dir)
+        .map_err(|e| PipelineError::config(key, format!("cannot create {}: {e}", dir.display())))?;
+    let probe = dir.join(format!(".tmp-ckpt-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| PipelineError::config(key, format!("cannot write in {}: {e}", dir.display())))?;
+    if !resume {
+        let existing = list_checkpoints(dir)?;
+        if let Some((_, newest)) = existing.last() {
+            return Err(PipelineError::config(
+                key,
+                format!(
+                    "{} already holds {} checkpoint(s) (newest {}): pass --resume to continue from them, or use \
+                     another directory",
+                    dir.display(),
+                    existing.len(),
+                    newest.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The newest valid checkpoint in `dir` for a run with `config`, `seed` and
+/// `batch_size`: damaged ones are skipped with a warning on stderr; none at
+/// all is a warning too (the run starts fresh); one written with another
+/// configuration is an error naming every difference.
+pub fn load_for_resume(
+    dir: &Path,
+    config: &TrainerConfig,
+    batch_size: u64,
+) -> Result<Option<Checkpoint>, PipelineError> {
+    let search = checkpoint::find_latest(dir)?;
+    for s in &search.skipped {
+        eprintln!("warning: skipping checkpoint {}: {}", s.path.display(), s.reason);
+    }
+    let Some(found) = search.found else {
+        eprintln!("warning: --resume: no valid checkpoint in {}; starting from scratch", dir.display());
+        return Ok(None);
+    };
+    found.manifest.check_compatible(&found.path, &manifest_config(config), config.seed, batch_size)?;
+    Ok(Some(found))
+}

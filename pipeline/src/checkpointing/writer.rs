@@ -1,0 +1,343 @@
+//! One worker's side of checkpointing: the collective protocol that writes a
+//! checkpoint in the background while training goes on (see the
+//! [module docs](super) for the rounds and the guarantees).
+
+use super::commit::{Commit, RunIdentity};
+use super::job::Job;
+use super::{manifest_config, CheckpointOptions, Note, Position, ShardWritten};
+use crate::PipelineError;
+use std::path::PathBuf;
+use std::time::Instant;
+use tiderec_operators::collective::Collective;
+use tiderec_operators::optim::DenseOptimizerState;
+use tiderec_operators::train::{Trainer, TrainerConfig};
+use tiderec_sinks::checkpoint::{write, Checkpoint, FileEntry};
+use timely::worker::Worker;
+
+/// What a worker's shard job hands back: the file, and the dense parts of the
+/// snapshot that worker 0 still needs.
+struct ShardDone {
+    name: String,
+    entry: FileEntry,
+    dense_optimizer: DenseOptimizerState,
+    dense_params: Vec<f32>,
+}
+
+/// Where the checkpoint in flight stands.
+enum Stage {
+    /// Every worker writes its shard file.
+    Shards(Job<ShardDone>),
+    /// Worker 0 writes the dense file and the manifest, renames, prunes (`None` on other workers).
+    Commit(Option<Job<PathBuf>>),
+}
+
+/// A checkpoint begun and not yet durable.
+struct InFlight {
+    position: Position,
+    tmp: PathBuf,
+    began: Instant,
+    stage: Stage,
+}
+
+/// One worker's side of checkpointing.
+pub struct Checkpointer {
+    collective: Collective<Note>,
+    options: Option<CheckpointOptions>,
+    identity: RunIdentity,
+    /// Step of the last checkpoint begun or restored.
+    last_step: Option<u64>,
+    in_flight: Option<InFlight>,
+    /// The newest checkpoint that became durable and was not yet [taken](Self::take_durable).
+    durable: Option<Position>,
+    /// Checkpoints written (durable) by this run.
+    pub written: u64,
+    /// Seconds training stood still for checkpoints: snapshots, the
+    /// protocol's rounds, and waits for a write still in flight.
+    pub seconds: f64,
+    /// Seconds from each checkpoint's snapshot to its being durable, summed.
+    pub write_seconds: f64,
+    /// Training steps taken while a checkpoint was being written.
+    pub overlap_steps: u64,
+}
+
+fn fail(step: u64, reason: impl std::fmt::Display) -> PipelineError {
+    PipelineError::Checkpoint(format!("writing the checkpoint of step {step} failed: {reason}"))
+}
+
+impl Checkpointer {
+    /// Builds this worker's side; every worker must build it at the same point (it adds a dataflow).
+    pub fn new(
+        worker: &mut Worker,
+        options: Option<CheckpointOptions>,
+        config: &TrainerConfig,
+        batch_size: u64,
+    ) -> Self {
+        Checkpointer {
+            collective: Collective::new(worker),
+            options,
+            identity: RunIdentity { config: manifest_config(config), seed: config.seed, batch_size },
+            last_step: None,
+            in_flight: None,
+            durable: None,
+            written: 0,
+            seconds: 0.0,
+            write_seconds: 0.0,
+            overlap_steps: 0,
+        }
+    }
+
+    /// True when checkpoints are written at all.
+    pub fn enabled(&self) -> bool {
+        self.options.is_some()
+    }
+
+    /// True when `--checkpoint-every` asks for a checkpoint after global step `step`.
+    pub fn due_every(&self, step: u64) -> bool {
+        self.options.as_ref().and_then(|o| o.every).is_some_and(|n| n > 0 && step.is_multiple_of(n))
+    }
+
+    /// True when checkpointing is on and no checkpoint of `step` exists or is
+    /// being written (end of an epoch or of the run).
+    pub fn due_at_boundary(&self, step: u64) -> bool {
+        self.enabled() && self.last_step != Some(step)
+    }
+
+    /// True while a checkpoint is being written.
+    pub fn in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// The position of the newest checkpoint that became durable since the
+    /// last call (its Kafka offsets may now be committed to the group).
+    pub fn take_durable(&mut self) -> Option<Position> {
+        self.durable.take()
+    }
+
+    /// Restores `checkpoint` (this process's copy) into `trainer`, then checks
+    /// with every worker that all restored the same step. Collective.
+    pub fn restore(
+        &mut self,
+        worker: &mut Worker,
+        trainer: &mut Trainer,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<Option<u64>, PipelineError> {
+        let mine = match checkpoint {
+            Some(c) => trainer
+                .restore(&c.parts)
+                .map(|_| Some(c.manifest.step))
+                .map_err(|e| format!("{}: {e}", c.path.display())),
+            None => Ok(None),
+        };
+        let all = self.collective.all_gather(worker, Note::Restored(mine));
+        let mut steps = Vec::with_capacity(all.len());
+        for (k, note) in all.into_iter().enumerate() {
+            match note {
+                Note::Restored(Ok(s)) => steps.push(s),
+                Note::Restored(Err(e)) => return Err(PipelineError::Checkpoint(format!("worker {k}: {e}"))),
+                other => return Err(PipelineError::Checkpoint(format!("worker {k} is out of step: {other:?}"))),
+            }
+        }
+        if steps.iter().any(|s| *s != steps[0]) {
+            return Err(PipelineError::Checkpoint(format!(
+                "the processes found different checkpoints (steps by worker: {steps:?}); is --checkpoint-dir the \
+                 same directory for every process?"
+            )));
+        }
+        self.last_step = steps[0];
+        Ok(steps[0])
+    }
+
+    /// Begins the checkpoint of `position` with every other worker: waits for
+    /// the one still in flight (if any), snapshots `trainer` and hands the
+    /// files to background threads. With `--checkpoint-sync` it returns only
+    /// once the checkpoint is durable. Collective.
+    pub fn write(&mut self, worker: &mut Worker, trainer: &Trainer, position: &Position) -> Result<(), PipelineError> {
+        let Some(options) = self.options.clone() else { return Ok(()) };
+        let start = Instant::now();
+        let outcome = self.begin(worker, trainer, position, &options).and_then(|_| {
+            if options.sync {
+                self.advance(worker, true)
+            } else {
+                Ok(())
+            }
+        });
+        self.seconds += start.elapsed().as_secs_f64();
+        outcome
+    }
+
+    /// Called once after every training step: moves the checkpoint in flight
+    /// on when every worker's part of it is done, never waiting for a write.
+    /// A write's error comes back here. Collective while a checkpoint is in
+    /// flight (every worker knows that it is).
+    pub fn poll(&mut self, worker: &mut Worker) -> Result<(), PipelineError> {
+        if self.in_flight.is_none() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        self.overlap_steps += 1;
+        let outcome = self.advance(worker, false);
+        self.seconds += start.elapsed().as_secs_f64();
+        outcome
+    }
+
+    /// Waits until the checkpoint in flight (if any) is durable: before the
+    /// end of a run, and before exiting on a signal. Collective.
+    pub fn finish(&mut self, worker: &mut Worker) -> Result<(), PipelineError> {
+        if self.in_flight.is_none() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let outcome = self.advance(worker, true);
+        self.seconds += start.elapsed().as_secs_f64();
+        outcome
+    }
+
+    /// Round 1 (worker 0's temporary directory), the snapshot, and the shard job.
+    fn begin(
+        &mut self,
+        worker: &mut Worker,
+        trainer: &Trainer,
+        position: &Position,
+        options: &CheckpointOptions,
+    ) -> Result<(), PipelineError> {
+        // At most one checkpoint in flight.
+        self.advance(worker, true)?;
+        let step = position.step;
+        let begin = if worker.index() == 0 {
+            write::create_temp(&options.dir, step).map_err(|e| e.to_string())
+        } else {
+            Err(String::new())
+        };
+        let tmp = match self.collective.exchange(worker, |_| Note::Begin(begin.clone())).swap_remove(0) {
+            Note::Begin(Ok(p)) => p,
+            Note::Begin(Err(e)) => return Err(fail(step, e)),
+            other => return Err(fail(step, format!("worker 0 is out of step: {other:?}"))),
+        };
+        // The cut: weights, optimizer state and (in `position`) offsets of this step.
+        let snapshot = trainer.snapshot();
+        let shard_tmp = tmp.clone();
+        let job = Job::spawn(&format!("ckpt-{step}-w{}", worker.index()), move || {
+            let (name, entry) = write::write_shard(&shard_tmp, &snapshot).map_err(|e| e.to_string())?;
+            Ok(ShardDone {
+                name,
+                entry,
+                dense_optimizer: snapshot.dense_optimizer,
+                dense_params: snapshot.dense_params,
+            })
+        });
+        self.in_flight =
+            Some(InFlight { position: position.clone(), tmp, began: Instant::now(), stage: Stage::Shards(job) });
+        self.last_step = Some(step);
+        Ok(())
+    }
+
+    /// One round: whether every worker's part of the current stage is done.
+    fn all_ready(&mut self, worker: &mut Worker, mine: bool, step: u64) -> Result<bool, PipelineError> {
+        let mut ready = true;
+        for (k, note) in self.collective.all_gather(worker, Note::Ready(mine)).into_iter().enumerate() {
+            match note {
+                Note::Ready(r) => ready &= r,
+                other => return Err(fail(step, format!("worker {k} is out of step: {other:?}"))),
+            }
+        }
+        Ok(ready)
+    }
+
+    /// Moves the checkpoint in flight through its stages; with `block`,
+    /// until it is durable, otherwise only through a stage every worker has
+    /// finished (one round to find out).
+    fn advance(&mut self, worker: &mut Worker, block: bool) -> Result<(), PipelineError> {
+        while let Some(flight) = self.in_flight.take() {
+            let step = flight.position.step;
+            let mine = match &flight.stage {
+                Stage::Shards(job) => job.is_done(),
+                Stage::Commit(job) => job.as_ref().is_none_or(Job::is_done),
+            };
+            if !block && !self.all_ready(worker, mine, step)? {
+                self.in_flight = Some(flight);
+                return Ok(());
+            }
+            let InFlight { position, tmp, began, stage } = flight;
+            match stage {
+                Stage::Shards(job) => {
+                    let commit = self.gather_shards(worker, job, &position, &tmp)?;
+                    self.in_flight = Some(InFlight { position, tmp, began, stage: Stage::Commit(commit) });
+                    if !block {
+                        return Ok(());
+                    }
+                }
+                Stage::Commit(job) => {
+                    // Round 3: worker 0's outcome.
+                    let committed = job.map_or(Ok(PathBuf::new()), Job::wait);
+                    match self.collective.exchange(worker, |_| Note::Committed(committed.clone())).swap_remove(0) {
+                        Note::Committed(Ok(_)) => {}
+                        Note::Committed(Err(e)) => return Err(fail(step, e)),
+                        other => return Err(fail(step, format!("worker 0 is out of step: {other:?}"))),
+                    }
+                    self.written += 1;
+                    self.write_seconds += began.elapsed().as_secs_f64();
+                    self.durable = Some(position);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Round 2: waits for this worker's shard file, tells every worker how it
+    /// went (and worker 0 the dense-optimizer slice); worker 0 then starts
+    /// the commit job, which it returns.
+    fn gather_shards(
+        &mut self,
+        worker: &mut Worker,
+        job: Job<ShardDone>,
+        position: &Position,
+        tmp: &std::path::Path,
+    ) -> Result<Option<Job<PathBuf>>, PipelineError> {
+        let (me, step) = (worker.index(), position.step);
+        let done = job.wait();
+        let notes = self.collective.exchange(worker, |to| {
+            Note::Written(match &done {
+                Ok(d) => Ok(ShardWritten {
+                    name: d.name.clone(),
+                    entry: d.entry.clone(),
+                    dense: (to == 0).then(|| d.dense_optimizer.clone()),
+                }),
+                Err(e) => Err(e.clone()),
+            })
+        });
+        let mut shards = Vec::with_capacity(notes.len());
+        let mut first_error = None;
+        for (k, note) in notes.into_iter().enumerate() {
+            match note {
+                Note::Written(Ok(w)) => shards.push(w),
+                Note::Written(Err(e)) => {
+                    first_error.get_or_insert(format!("worker {k}: {e}"));
+                }
+                other => {
+                    first_error.get_or_insert(format!("worker {k} is out of step: {other:?}"));
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            if me == 0 {
+                let _ = std::fs::remove_dir_all(tmp);
+            }
+            return Err(fail(step, e));
+        }
+        if me != 0 {
+            return Ok(None);
+        }
+        let (Ok(d), Some(options)) = (done, self.options.clone()) else {
+            return Err(fail(step, "worker 0 lost its shard or its options"));
+        };
+        let commit = Commit {
+            options,
+            identity: self.identity.clone(),
+            tmp: tmp.to_path_buf(),
+            params: d.dense_params,
+            shards,
+            position: position.clone(),
+        };
+        Ok(Some(Job::spawn(&format!("ckpt-{step}-commit"), move || commit.run())))
+    }
+}
