@@ -25,7 +25,6 @@ use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
 use tiderec_operators::spec::Pooling;
 use tiderec_operators::Batch;
 use tiderec_sinks::dead_letters::SharedDeadLetters;
-use tiderec_sources::criteo::CriteoFeatures;
 use tiderec_sources::parquet::{ParquetWriter, SchemaDescription, WriterOptions};
 
 /// Samples read and written at a time.
@@ -119,14 +118,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
             ))
         }
     };
-    let options = CriteoOptions {
-        features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed: input.seed },
-        max_line_bytes: input.max_line_bytes,
-        max_len: input.max_len,
-        policy: resolved.policy,
-        seed: input.seed,
-        spec: resolved.spec.clone(),
-    };
+    let options = CriteoOptions::for_run(&resolved, input.seed, input.max_len, input.max_line_bytes);
     let dead = SharedDeadLetters::file(input.dead_letters.clone());
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());
     // Taobao behaviour logs become samples all at once (as in training); they are then

@@ -137,6 +137,20 @@ pub struct CriteoOptions {
     pub policy: BadRecordPolicy,
 }
 
+impl CriteoOptions {
+    /// The reading options of a resolved run.
+    pub fn for_run(resolved: &crate::config::Resolved, seed: u64, max_len: usize, max_line_bytes: usize) -> Self {
+        CriteoOptions {
+            features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed },
+            max_len,
+            max_line_bytes,
+            policy: resolved.policy,
+            seed,
+            spec: resolved.spec.clone(),
+        }
+    }
+}
+
 impl WorkerData {
     /// This worker's share of the synthetic samples `range`, in global batches of `batch`.
     pub fn synthetic(

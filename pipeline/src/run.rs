@@ -38,7 +38,6 @@ use tiderec_operators::Batch;
 use tiderec_sinks::checkpoint::{Checkpoint, TrainingProgress};
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sinks::metrics::RunSummary;
-use tiderec_sources::criteo::CriteoFeatures;
 use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo};
 use tiderec_sources::synthetic_behavior::{BehaviorConfig, SyntheticBehavior};
 use tiderec_sources::taobao;
@@ -170,14 +169,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         }
         _ => None,
     };
-    let criteo = CriteoOptions {
-        features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed: settings.seed },
-        max_len: settings.max_len,
-        max_line_bytes: settings.max_line_bytes,
-        policy: resolved.policy,
-        seed: settings.seed,
-        spec: resolved.spec.clone(),
-    };
+    let criteo = CriteoOptions::for_run(&resolved, settings.seed, settings.max_len, settings.max_line_bytes);
     let train_span = if holdout { (0.0, split) } else { (0.0, 1.0) };
     let mut trainer = trainer_config(settings, &resolved);
     let source = PlanSource {

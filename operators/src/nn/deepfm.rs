@@ -308,18 +308,32 @@ mod tests {
     use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum};
     use crate::nn::model::ModelConfig;
 
+    const LABELS: [f32; 3] = [1.0, 0.0, 1.0];
+
+    /// Seeded inputs of a 3-sample batch, and one forward + backward: (dense, pooled, logits, dlogits, dpooled).
+    #[allow(clippy::type_complexity)]
+    fn forward_backward(
+        model: &mut dyn super::super::model::Model<f64>,
+        nd: usize,
+        f: usize,
+        e: usize,
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+        let batch = LABELS.len();
+        let dense: Vec<f64> = (0..batch * nd).map(|i| normal_f64(6, 0, i as u64, 0).abs()).collect();
+        let pooled: Vec<f64> = (0..batch * f * e).map(|i| normal_f64(7, 0, i as u64, 0) * 0.5).collect();
+        let logits = model.forward(&dense, &pooled, batch).to_vec();
+        let mut dl = vec![0.0; batch];
+        bce_with_logits_grad(&logits, &LABELS, 1.0, &mut dl);
+        let mut dp = vec![0.0; pooled.len()];
+        model.backward(&dense, &pooled, &dl, &mut dp);
+        (dense, pooled, logits, dl, dp)
+    }
+
     fn check_model(config: ModelConfig) {
         let mut model = config.build::<f64>(5).unwrap();
         let (nd, f, e) = (config.num_dense(), config.num_sparse(), config.embedding_dim());
-        let batch = 3;
-        let dense: Vec<f64> = (0..batch * nd).map(|i| normal_f64(6, 0, i as u64, 0).abs()).collect();
-        let pooled: Vec<f64> = (0..batch * f * e).map(|i| normal_f64(7, 0, i as u64, 0) * 0.5).collect();
-        let labels = [1.0f32, 0.0, 1.0];
-        let logits = model.forward(&dense, &pooled, batch).to_vec();
-        let mut dl = vec![0.0; batch];
-        bce_with_logits_grad(&logits, &labels, 1.0, &mut dl);
-        let mut dp = vec![0.0; pooled.len()];
-        model.backward(&dense, &pooled, &dl, &mut dp);
+        let (batch, labels) = (LABELS.len(), LABELS);
+        let (dense, pooled, _, _, dp) = forward_backward(model.as_mut(), nd, f, e);
         let grads = model.grads().to_vec();
         let params = model.params().to_vec();
         check_gradients(&params, &grads, |p| {
@@ -359,15 +373,8 @@ mod tests {
             let config = ModelConfig::Fm(cfg.clone());
             assert!(config.partial().is_some());
             let mut model = Fm::<f64>::new(cfg, 5).unwrap();
-            let (nd, f, e, batch) = (2, 4, dim + 1, 3);
-            let dense: Vec<f64> = (0..batch * nd).map(|i| normal_f64(6, 0, i as u64, 0).abs()).collect();
-            let pooled: Vec<f64> = (0..batch * f * e).map(|i| normal_f64(7, 0, i as u64, 0) * 0.5).collect();
-            let labels = [1.0f32, 0.0, 1.0];
-            let logits = model.forward(&dense, &pooled, batch).to_vec();
-            let mut dl = vec![0.0; batch];
-            bce_with_logits_grad(&logits, &labels, 1.0, &mut dl);
-            let mut dp = vec![0.0; pooled.len()];
-            model.backward(&dense, &pooled, &dl, &mut dp);
+            let (f, e, batch) = (4, dim + 1, LABELS.len());
+            let (dense, pooled, logits, dl, dp) = forward_backward(&mut model, 2, f, e);
             let grads = model.grads().to_vec();
 
             let part = PartialModel::<f64>::shape(&model);
