@@ -23,6 +23,7 @@ pub mod collective;
 pub mod error;
 pub mod features;
 pub mod format;
+pub mod freq;
 pub mod huge;
 pub mod metrics;
 pub mod nn;
