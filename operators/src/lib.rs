@@ -24,6 +24,7 @@ pub mod error;
 pub mod exchange;
 pub mod features;
 pub mod format;
+pub mod freq;
 pub mod huge;
 pub mod metrics;
 pub mod nn;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use tiderec_operators::nn::{DlrmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::snapshot::WorkerSnapshot;
-use tiderec_operators::store::{StoreConfig, StoreKind, StoreStats};
+use tiderec_operators::store::{FrequencySource, StoreConfig, StoreKind, StoreStats};
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 
@@ -157,6 +157,31 @@ fn dynamic_and_tiered_stores_train_the_fixed_tables_model_on_one_and_two_workers
             assert!(close(r1, r2, 1e-5) && close(s1, s2, 1e-5), "{kind:?}: row {key:?} {r1:?} vs {r2:?}");
         }
         assert!((one.3 - two.3).abs() <= 1e-5 * one.3.abs(), "{kind:?}: loss {} vs {}", one.3, two.3);
+    }
+}
+
+/// The tiered store planned from differential-dataflow counts (a private
+/// dataflow per worker, fed by the store's update stream) inside the trainer:
+/// the fixed table's model bit for bit, and the plans (so the hit counters) of
+/// the exact counts, on one worker and on two.
+#[test]
+fn a_tiered_store_planned_by_differential_counts_trains_the_fixed_model() {
+    for workers in [1usize, 2] {
+        let fixed = run(workers, config(StoreKind::Fixed), None, 0, 12);
+        let exact = run(workers, config(StoreKind::Tiered), None, 0, 12);
+        let mut cfg = config(StoreKind::Tiered);
+        cfg.store.freq_source = FrequencySource::Differential;
+        let dd = run(workers, cfg.clone(), None, 0, 12);
+        assert_eq!(dd.snapshots[0].dense_params, fixed.snapshots[0].dense_params, "W={workers}");
+        assert_eq!(dd.loss.to_bits(), fixed.loss.to_bits(), "W={workers}");
+        assert_eq!(rows_of(&dd.snapshots), rows_of(&exact.snapshots), "W={workers}");
+        assert_eq!(dd.stats, exact.stats, "W={workers}: same plans, same hits");
+        assert!(dd.stats.hot_hits > 0 && dd.stats.replans > 0, "{:?}", dd.stats);
+        // A window of 2 steps plans differently, never changing a value.
+        cfg.store.freq_window = Some(2);
+        let windowed = run(workers, cfg, None, 0, 12);
+        assert_eq!(windowed.snapshots[0].dense_params, fixed.snapshots[0].dense_params);
+        assert_eq!(rows_of(&windowed.snapshots), rows_of(&exact.snapshots));
     }
 }
 

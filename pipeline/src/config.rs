@@ -13,7 +13,7 @@ use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::spec::FeatureSpec;
-use tiderec_operators::store::{StoreConfig, StoreKind};
+use tiderec_operators::store::{FrequencySource, StoreConfig, StoreKind};
 use tiderec_sources::parquet::ParquetDataset;
 
 /// Where samples come from.
@@ -322,6 +322,11 @@ pub struct TrainSettings {
     pub warmup: u64,
     /// Store maintenance interval in training steps: eviction, hot-tier re-planning.
     pub flush_every: u64,
+    /// Frequencies of the hot-tier plan (tiered): `exact` (per-row counts), `sketch`
+    /// (count-min sketch) or `differential` (differential-dataflow `count`).
+    pub freq_source: String,
+    /// Count only the last this many training steps (`freq_source = differential`).
+    pub freq_window: Option<u64>,
 }
 
 impl Default for TrainSettings {
@@ -377,6 +382,8 @@ impl Default for TrainSettings {
             hot_rows: StoreConfig::default().hot_rows,
             warmup: StoreConfig::default().warmup,
             flush_every: StoreConfig::default().flush_every,
+            freq_source: "exact".into(),
+            freq_window: None,
         }
     }
 }
@@ -709,6 +716,8 @@ impl TrainSettings {
             hot_rows: self.hot_rows,
             warmup: self.warmup,
             flush_every: self.flush_every,
+            freq_source: self.freq_source.parse::<FrequencySource>()?,
+            freq_window: self.freq_window,
             ..StoreConfig::default()
         };
         store.validate()?;

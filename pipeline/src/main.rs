@@ -648,6 +648,13 @@ struct TrainArgs {
     /// Store maintenance interval in training steps (eviction, hot-tier re-planning).
     #[arg(long, value_name = "N")]
     flush_every: Option<u64>,
+    /// Frequencies of the tiered store's hot plan: exact (per-row counts, default), sketch
+    /// (count-min sketch) or differential (differential-dataflow count over the id stream).
+    #[arg(long, value_name = "SOURCE")]
+    freq_source: Option<String>,
+    /// With --freq-source differential: count only the last N training steps.
+    #[arg(long, value_name = "N")]
+    freq_window: Option<u64>,
 }
 
 impl TrainArgs {
@@ -694,8 +701,12 @@ impl TrainArgs {
             admit_count,
             hot_rows,
             warmup,
-            flush_every
+            flush_every,
+            freq_source
         );
+        if args.freq_window.is_some() {
+            s.freq_window = args.freq_window;
+        }
         if args.max_rows.is_some() {
             s.max_rows = args.max_rows;
         }

@@ -39,11 +39,13 @@
 //! * A non-admitted id reads as a zero row and its gradient is dropped; an
 //!   evicted id that comes back starts again from its seeded initial row.
 
+pub mod differential;
 mod dynamic;
 mod fixed;
 mod sketch;
 pub mod tiered;
 
+pub use differential::DifferentialFrequencies;
 pub use dynamic::DynamicStore;
 pub use fixed::FixedStore;
 pub use sketch::CountMinSketch;
@@ -80,6 +82,35 @@ impl std::str::FromStr for StoreKind {
     }
 }
 
+/// Where the tiered store's hot-tier plan takes its frequencies from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FrequencySource {
+    /// Each held row's exact count of training steps that updated it.
+    #[default]
+    Exact,
+    /// A count-min sketch of every update (fixed memory, estimates ≥ the counts).
+    Sketch,
+    /// A differential-dataflow `count` over the update stream, optionally
+    /// over the last `freq_window` steps ([`DifferentialFrequencies`]).
+    Differential,
+}
+
+impl std::str::FromStr for FrequencySource {
+    type Err = OperatorError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "exact" => Ok(FrequencySource::Exact),
+            "sketch" => Ok(FrequencySource::Sketch),
+            "differential" => Ok(FrequencySource::Differential),
+            _ => Err(OperatorError::config(
+                "freq_source",
+                format!("unknown frequency source `{s}` (exact, sketch, differential)"),
+            )),
+        }
+    }
+}
+
 /// Settings of the embedding store; the default is the fixed table, so
 /// configurations and checkpoints written before stores existed still load.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -102,7 +133,11 @@ pub struct StoreConfig {
     pub warmup: u64,
     /// Maintenance interval in training steps: eviction (dynamic, tiered) and re-planning (tiered).
     pub flush_every: u64,
-    /// Rank hot candidates by a count-min sketch instead of the rows' exact counts (tiered).
+    /// Where hot candidates' frequencies come from (tiered).
+    pub freq_source: FrequencySource,
+    /// Count only the last this many training steps (`freq_source = differential`; `None`: all).
+    pub freq_window: Option<u64>,
+    /// Older spelling of `freq_source = "sketch"`, still read.
     pub freq_sketch: bool,
     /// Counters per row of the count-min sketches (admission, `freq_sketch`).
     pub sketch_width: usize,
@@ -119,6 +154,8 @@ impl Default for StoreConfig {
             hot_rows: 65_536,
             warmup: 100,
             flush_every: 1000,
+            freq_source: FrequencySource::Exact,
+            freq_window: None,
             freq_sketch: false,
             sketch_width: 1 << 20,
         }
@@ -154,6 +191,20 @@ impl StoreConfig {
         if !(16..=1 << 30).contains(&self.sketch_width) {
             return Err(OperatorError::config("sketch_width", "must be between 16 and 2^30"));
         }
+        if self.freq_sketch && self.freq_source == FrequencySource::Differential {
+            return Err(OperatorError::config("freq_sketch", "give freq_source or freq_sketch, not both"));
+        }
+        if let Some(w) = self.freq_window {
+            if w == 0 {
+                return Err(OperatorError::config("freq_window", "must be at least 1"));
+            }
+            if self.frequency_source() != FrequencySource::Differential {
+                return Err(OperatorError::config(
+                    "freq_window",
+                    "a frequency window needs freq_source = differential",
+                ));
+            }
+        }
         if self.kind == StoreKind::Fixed
             && (self.max_rows.is_some()
                 || self.admit_count > 1
@@ -166,6 +217,15 @@ impl StoreConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The frequency source, reading the older `freq_sketch` too.
+    pub fn frequency_source(&self) -> FrequencySource {
+        if self.freq_sketch {
+            FrequencySource::Sketch
+        } else {
+            self.freq_source
+        }
     }
 
     /// True when every id is admitted at once and nothing is ever evicted, so

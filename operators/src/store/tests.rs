@@ -360,7 +360,7 @@ fn tiered_with_a_sketch_picks_the_exact_hot_set_on_skewed_ids() {
     let p = params(0, 1, &sizes, SparseOptimizerKind::Sgd);
     let exact_cfg =
         StoreConfig { kind: StoreKind::Tiered, hot_rows: 50, warmup: 40, flush_every: 100, ..StoreConfig::default() };
-    let sketch_cfg = StoreConfig { freq_sketch: true, sketch_width: 1 << 16, ..exact_cfg.clone() };
+    let sketch_cfg = StoreConfig { freq_source: FrequencySource::Sketch, sketch_width: 1 << 16, ..exact_cfg.clone() };
     let (mut exact, mut sketched) = (TieredStore::new(&exact_cfg, &p), TieredStore::new(&sketch_cfg, &p));
     run(&mut exact, &work);
     run(&mut sketched, &work);
@@ -439,6 +439,16 @@ fn bad_store_settings_name_the_key() {
         (StoreConfig { kind: StoreKind::Tiered, flush_every: 0, ..StoreConfig::default() }, "flush_every"),
         (StoreConfig { kind: StoreKind::Tiered, hot_rows: 0, ..StoreConfig::default() }, "hot_rows"),
         (StoreConfig { max_rows: Some(10), ..StoreConfig::default() }, "store"),
+        (StoreConfig { kind: StoreKind::Tiered, freq_window: Some(5), ..StoreConfig::default() }, "freq_window"),
+        (
+            StoreConfig {
+                kind: StoreKind::Tiered,
+                freq_source: FrequencySource::Differential,
+                freq_window: Some(0),
+                ..StoreConfig::default()
+            },
+            "freq_window",
+        ),
     ];
     for (cfg, key) in bad {
         match cfg.validate() {
@@ -448,4 +458,118 @@ fn bad_store_settings_name_the_key() {
     }
     assert_eq!("tiered".parse::<StoreKind>().unwrap(), StoreKind::Tiered);
     assert!("lru".parse::<StoreKind>().is_err());
+    assert_eq!("differential".parse::<FrequencySource>().unwrap(), FrequencySource::Differential);
+    assert!(
+        matches!("exactly".parse::<FrequencySource>(), Err(OperatorError::Config { key, .. }) if key == "freq_source")
+    );
+}
+
+/// The tiered store planned from differential-dataflow counts: every lookup
+/// and row equals the fixed table's, and (no eviction, so the stream counts
+/// are the rows' counts) every plan is the plan of the exact counts.
+#[test]
+fn tiered_planned_from_differential_counts_trains_the_fixed_model_with_the_exact_plans() {
+    let sizes = [400u64, 90];
+    let work = workload(&sizes, 30, 40);
+    for optimizer in [SparseOptimizerKind::LazyAdam, SparseOptimizerKind::RowwiseAdagrad] {
+        let p = params(0, 1, &sizes, optimizer);
+        let exact_cfg =
+            StoreConfig { kind: StoreKind::Tiered, hot_rows: 12, warmup: 2, flush_every: 1, ..StoreConfig::default() };
+        let dd_cfg = StoreConfig { freq_source: FrequencySource::Differential, ..exact_cfg.clone() };
+        let mut fixed = Store::new(&config(StoreKind::Fixed), &p).unwrap();
+        let (mut exact, mut dd) = (TieredStore::new(&exact_cfg, &p), TieredStore::new(&dd_cfg, &p));
+        for (s, step) in work.iter().enumerate() {
+            let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+            for (t, ids) in step {
+                fixed.gather(*t, ids, &mut a);
+                exact.gather(*t, ids, &mut b);
+                dd.gather(*t, ids, &mut c);
+            }
+            assert_eq!(c, a, "step {s}: lookups of the differential-planned store");
+            assert_eq!(b, a);
+            for (t, ids) in step {
+                for &id in ids {
+                    let g = grad(s as u64, *t, id);
+                    fixed.apply(*t, id, &g);
+                    exact.apply(*t, id, &g);
+                    dd.apply(*t, id, &g);
+                }
+            }
+            for store in [&mut fixed as &mut dyn EmbeddingStore, &mut exact, &mut dd] {
+                store.end_step(s as u64 + 1);
+            }
+            assert_eq!(dd.hot_ids(), exact.hot_ids(), "step {s}: hot set");
+        }
+        assert_rows_match(&export_all(&dd, sizes.len()), &export_all(&fixed, sizes.len()), fixed.state_width());
+        let st = dd.stats();
+        assert!(st.hot_rows == 12 && st.replans == 29 && st.hot_hits > 0 && st.moves > 12, "{st:?}");
+    }
+}
+
+/// A windowed differential source plans from the last `window` steps only:
+/// each plan is the top-k of a from-scratch windowed count, the hot set
+/// follows drifting ids, and values still equal a plain dynamic store's.
+#[test]
+fn a_windowed_differential_plan_is_the_top_k_of_the_last_steps() {
+    let sizes = [400u64, 90];
+    let window = 3;
+    let cfg = StoreConfig {
+        kind: StoreKind::Tiered,
+        hot_rows: 12,
+        warmup: 1,
+        flush_every: 1,
+        freq_source: FrequencySource::Differential,
+        freq_window: Some(window),
+        ..StoreConfig::default()
+    };
+    let p = params(0, 1, &sizes, SparseOptimizerKind::LazyAdam);
+    let mut tiered = TieredStore::new(&cfg, &p);
+    let mut plain = DynamicStore::new(&cfg, &p);
+    let mut history: Vec<(crate::freq::RowKey, u64)> = Vec::new();
+    let mut changed = 0;
+    let mut last = Vec::new();
+    for s in 0..40u64 {
+        let step: Vec<(usize, Vec<u64>)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(t, &n)| {
+                let mut ids: Vec<u64> =
+                    (0..25).map(|k| (skewed_id(n, s * 7 + t as u64, k) + 10 * (s / 10)) % n).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                (t, ids)
+            })
+            .collect();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for (t, ids) in &step {
+            tiered.gather(*t, ids, &mut a);
+            plain.gather(*t, ids, &mut b);
+        }
+        assert_eq!(a, b, "step {s}: lookups");
+        for (t, ids) in &step {
+            for &id in ids {
+                let g = grad(s, *t, id);
+                tiered.apply(*t, id, &g);
+                plain.apply(*t, id, &g);
+                history.push(((*t as u32, id), s));
+            }
+        }
+        tiered.end_step(s + 1);
+        plain.end_step(s + 1);
+        let counts = crate::freq::counts_from_scratch(&history, s, Some(window));
+        let mut all: Vec<(std::cmp::Reverse<i64>, u32, u64)> = plain
+            .live_meta()
+            .map(|m| (std::cmp::Reverse(counts.get(&(m.table, m.id)).copied().unwrap_or(0)), m.table, m.id))
+            .filter(|p| p.0 .0 >= tiered::HOT_MIN_COUNT as i64)
+            .collect();
+        all.sort_unstable();
+        let want: Vec<(usize, u64)> = all.iter().take(12).map(|&(_, t, id)| (t as usize, id)).collect();
+        assert_eq!(tiered.hot_ids(), want, "step {s}: hot set");
+        if tiered.hot_ids() != last {
+            changed += 1;
+        }
+        last = tiered.hot_ids();
+    }
+    assert_eq!(export_all(&tiered, sizes.len()), export_all(&plain, sizes.len()));
+    assert!(changed > 10, "the windowed hot set follows the drift ({changed} changes)");
 }

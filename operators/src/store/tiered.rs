@@ -2,8 +2,10 @@
 //!
 //! The cold tier is a [`DynamicStore`]. For the first `warmup` training steps
 //! every row lives there while the store counts how often each row is
-//! updated (exactly, in the row's bookkeeping, or in a [`CountMinSketch`] with
-//! `freq_sketch`). Then, and every `flush_every` steps after, [`TieredStore`]
+//! updated: exactly, in the row's bookkeeping (`freq_source = exact`); in a
+//! [`CountMinSketch`] (`sketch`); or by a differential-dataflow `count` over
+//! the update stream, optionally windowed ([`DifferentialFrequencies`],
+//! `differential`; its module docs explain the private dataflow). Then, and every `flush_every` steps after, [`TieredStore`]
 //! re-plans: the `hot_rows` most frequent rows (ties: table, then id; rows
 //! updated in fewer than [`HOT_MIN_COUNT`] steps never qualify) move
 //! into the hot tier — three contiguous arrays (values, optimizer state,
@@ -14,7 +16,10 @@
 //! further hashing. A move copies values, state and counts bit for bit, so a
 //! re-plan never changes the model.
 
-use super::{CountMinSketch, DynamicStore, EmbeddingStore, StoreConfig, StoreParams, StoreStats};
+use super::{
+    CountMinSketch, DifferentialFrequencies, DynamicStore, EmbeddingStore, FrequencySource, StoreConfig, StoreParams,
+    StoreStats,
+};
 use crate::optim::apply_row;
 use crate::snapshot::TableRows;
 use crate::OperatorError;
@@ -27,6 +32,17 @@ use super::dynamic::Meta;
 /// larger than the set of repeated rows would only add a second lookup to
 /// the misses of rows seen once.
 pub const HOT_MIN_COUNT: u32 = 2;
+
+/// The counts a plan ranks by.
+#[derive(Debug)]
+enum Frequencies {
+    /// The rows' own counts.
+    Exact,
+    /// A count-min sketch of every update.
+    Sketch(CountMinSketch),
+    /// A differential-dataflow count of every update.
+    Differential(DifferentialFrequencies),
+}
 
 /// A hot tier over a hash-table cold tier; see the module docs.
 #[derive(Debug)]
@@ -42,7 +58,7 @@ pub struct TieredStore {
     hot_rows: Vec<f32>,
     hot_state: Vec<f32>,
     hot_meta: Vec<Meta>,
-    freq: Option<CountMinSketch>,
+    freq: Frequencies,
     lookups: u64,
     hot_hits: u64,
     replans: u64,
@@ -63,7 +79,15 @@ impl TieredStore {
             hot_rows: Vec::new(),
             hot_state: Vec::new(),
             hot_meta: Vec::new(),
-            freq: config.freq_sketch.then(|| CountMinSketch::new(config.sketch_width, 4, p.seed ^ 0xf4e9)),
+            freq: match config.frequency_source() {
+                FrequencySource::Exact => Frequencies::Exact,
+                FrequencySource::Sketch => {
+                    Frequencies::Sketch(CountMinSketch::new(config.sketch_width, 4, p.seed ^ 0xf4e9))
+                }
+                FrequencySource::Differential => {
+                    Frequencies::Differential(DifferentialFrequencies::new(config.freq_window, 0))
+                }
+            },
             lookups: 0,
             hot_hits: 0,
             replans: 0,
@@ -84,14 +108,18 @@ impl TieredStore {
     /// The frequency a plan ranks row `(table, id)` by.
     fn score(&self, m: &Meta) -> u32 {
         match &self.freq {
-            Some(sketch) => sketch.estimate(CountMinSketch::key(m.table as usize, m.id)),
-            None => m.count,
+            Frequencies::Exact => m.count,
+            Frequencies::Sketch(sketch) => sketch.estimate(CountMinSketch::key(m.table as usize, m.id)),
+            Frequencies::Differential(dd) => dd.count(m.table as usize, m.id),
         }
     }
 
     /// Chooses the hot set from the current counts and moves rows between the
     /// tiers; every value, optimizer slot and count moves unchanged.
     pub fn replan(&mut self) {
+        if let Frequencies::Differential(dd) = &mut self.freq {
+            dd.settle();
+        }
         let (d, w) = (self.dim, self.state_width);
         let mut ranked: Vec<(Reverse<u32>, u32, u64)> = self
             .hot_meta
@@ -169,8 +197,12 @@ impl EmbeddingStore for TieredStore {
         }
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
-        if let Some(sketch) = &mut self.freq {
-            sketch.add(CountMinSketch::key(table, id));
+        match &mut self.freq {
+            Frequencies::Exact => {}
+            Frequencies::Sketch(sketch) => {
+                sketch.add(CountMinSketch::key(table, id));
+            }
+            Frequencies::Differential(dd) => dd.record(table, id),
         }
         match self.hot_index[table].get(&id) {
             Some(&h) => {
@@ -192,6 +224,9 @@ impl EmbeddingStore for TieredStore {
     }
     fn end_step(&mut self, completed: u64) {
         self.cold.set_step(completed);
+        if let Frequencies::Differential(dd) = &mut self.freq {
+            dd.advance(completed);
+        }
         if self.plans_at(completed) {
             self.replan();
         }
@@ -236,6 +271,9 @@ impl EmbeddingStore for TieredStore {
         self.hot_state.clear();
         self.hot_meta.clear();
         self.cold.reset(completed);
+        if let Frequencies::Differential(dd) = &mut self.freq {
+            *dd = DifferentialFrequencies::new(dd.window(), completed);
+        }
     }
     fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
         match self.hot_index.get(table).and_then(|m| m.get(&id)) {
