@@ -162,6 +162,25 @@ impl<T: Scalar> Fm<T> {
         self.config.num_sparse - self.config.wide_only
     }
 
+    /// `logits = b + x·a` (the bias and the dense part of the linear term, one GEMV).
+    fn linear_forward(&mut self, dense: &[T], batch: usize) {
+        let nd = self.config.num_dense;
+        self.logits.clear();
+        self.logits.resize(batch, self.params[0]);
+        gemm(Op::N, Op::N, batch, 1, nd, T::ONE, dense, &self.params[1..1 + nd], T::ONE, &mut self.logits);
+    }
+
+    /// Gradients of the bias and the dense weights: `db = Σ dlogits`, `da = xᵀ·dlogits`.
+    fn linear_backward(&mut self, dense: &[T], dl: &[T]) {
+        let (nd, batch) = (self.config.num_dense, dl.len());
+        let mut db = T::ZERO;
+        for &g in dl {
+            db += g;
+        }
+        self.grads[0] = db;
+        gemm(Op::T, Op::N, nd, 1, batch, T::ONE, dense, dl, T::ZERO, &mut self.grads[1..1 + nd]);
+    }
+
     fn build_deep_input(&mut self, dense: &[T], pooled: &[T], batch: usize) {
         let (nd, f, k, e) =
             (self.config.num_dense, self.config.num_sparse, self.config.dim, self.config.embedding_dim());
@@ -190,11 +209,8 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
 
     fn forward(&mut self, dense: &[T], pooled: &[T], batch: usize) -> &[T] {
         self.batch = batch;
-        let (nd, f, e) = (self.config.num_dense, self.config.num_sparse, self.config.embedding_dim());
-        self.logits.clear();
-        self.logits.resize(batch, self.params[0]);
-        // Σⱼ aⱼ·xⱼ as one GEMV.
-        gemm(Op::N, Op::N, batch, 1, nd, T::ONE, dense, &self.params[1..1 + nd], T::ONE, &mut self.logits);
+        let (f, e) = (self.config.num_sparse, self.config.embedding_dim());
+        self.linear_forward(dense, batch);
         for (b, l) in self.logits.iter_mut().enumerate() {
             for fi in 0..f {
                 *l += pooled[(b * f + fi) * e];
@@ -223,13 +239,7 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
         let (nd, f, k, e) =
             (self.config.num_dense, self.config.num_sparse, self.config.dim, self.config.embedding_dim());
         let dl = &dlogits[..batch];
-        let mut db = T::ZERO;
-        for &g in dl {
-            db += g;
-        }
-        self.grads[0] = db;
-        // dA = xᵀ·dlogits
-        gemm(Op::T, Op::N, nd, 1, batch, T::ONE, dense, dl, T::ZERO, &mut self.grads[1..1 + nd]);
+        self.linear_backward(dense, dl);
         let dpooled = &mut dpooled[..batch * f * e];
         dpooled.fill(T::ZERO);
         for (b, &g) in dl.iter().enumerate() {
@@ -273,11 +283,9 @@ impl<T: Scalar> PartialModel<T> for Fm<T> {
 
     fn forward_partial(&mut self, dense: &[T], partial: &[T], batch: usize) -> &[T] {
         self.batch = batch;
-        let (nd, part) = (self.config.num_dense, self.shape());
+        let part = self.shape();
         let pw = part.width();
-        self.logits.clear();
-        self.logits.resize(batch, self.params[0]);
-        gemm(Op::N, Op::N, batch, 1, nd, T::ONE, dense, &self.params[1..1 + nd], T::ONE, &mut self.logits);
+        self.linear_forward(dense, batch);
         for (b, l) in self.logits.iter_mut().enumerate() {
             *l += part.logit(&partial[b * pw..(b + 1) * pw]);
         }
@@ -286,15 +294,10 @@ impl<T: Scalar> PartialModel<T> for Fm<T> {
 
     fn backward_partial(&mut self, dense: &[T], partial: &[T], dlogits: &[T], dpartial: &mut [T]) {
         let batch = self.batch;
-        let (nd, part) = (self.config.num_dense, self.shape());
+        let part = self.shape();
         let pw = part.width();
         let dl = &dlogits[..batch];
-        let mut db = T::ZERO;
-        for &g in dl {
-            db += g;
-        }
-        self.grads[0] = db;
-        gemm(Op::T, Op::N, nd, 1, batch, T::ONE, dense, dl, T::ZERO, &mut self.grads[1..1 + nd]);
+        self.linear_backward(dense, dl);
         for (b, &g) in dl.iter().enumerate() {
             part.logit_grad(&partial[b * pw..(b + 1) * pw], g, &mut dpartial[b * pw..(b + 1) * pw]);
         }
