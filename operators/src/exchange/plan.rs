@@ -16,7 +16,7 @@
 //!   partial result and its gradient (`2·4·width` bytes).
 //!
 //! The choice: per table the cheaper of `rows` and `replicated`; then the
-//! tables where `partial` is cheaper still go partial if their total saving
+//! one-hot tables (no sampled bag holds two ids) where `partial` is cheaper still go partial if their total saving
 //! exceeds the fixed per-sample cost of the partial results.
 
 use super::TableExchange;
@@ -114,11 +114,14 @@ pub fn plan_exchange(input: &PlanInput<'_>) -> ExchangePlan {
     let per = 1.0 / samples.max(1) as f64;
     // The hot set: the most frequent ids of each table in the sample.
     let mut counts: Vec<FxHashMap<u64, u64>> = vec![FxHashMap::default(); tables];
+    let mut multi_hot = vec![false; tables];
     for (_, batch) in input.batches {
         for (t, field) in batch.sparse.iter().enumerate().take(tables) {
             for &id in &field.ids {
                 *counts[t].entry(id).or_default() += 1;
             }
+            // A partial field must be one-hot (the trainer refuses longer bags).
+            multi_hot[t] |= field.offsets.windows(2).any(|w| w[1] - w[0] > 1);
         }
     }
     let replicated: Vec<Vec<u64>> = counts
@@ -179,7 +182,7 @@ pub fn plan_exchange(input: &PlanInput<'_>) -> ExchangePlan {
         c.rows *= per;
         c.replicated *= per;
         c.distinct_per_sample *= per;
-        c.partial = if input.partial.is_some() { c.partial.map(|p| p * per) } else { None };
+        c.partial = if input.partial.is_some() && !multi_hot[t] { c.partial.map(|p| p * per) } else { None };
         c.replicated_hit_ratio = hits[t] as f64 / lookups[t].max(1) as f64;
     }
     let partial_fixed = input.partial.map_or(0.0, |p| 2.0 * 4.0 * p.width() as f64 * (w - 1) as f64);
