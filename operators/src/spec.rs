@@ -181,6 +181,12 @@ pub struct ListSpec {
     /// `sum` (default), `mean` or `none` (kept as a sequence).
     #[serde(default, skip_serializing_if = "is_sum")]
     pub pooling: Pooling,
+    /// For `pooling = "none"` only, and required there: the hashed categorical
+    /// column whose table the sequence's items share. Items are hashed like that
+    /// column's values (same seed, same `buckets`), so an item equal to a
+    /// target value is the same row; sequence models (`dien`) attend against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 /// How a numeric list becomes one dense value.
@@ -257,6 +263,49 @@ impl FeatureSpec {
         self.list.iter().enumerate().filter(|(_, l)| l.pooling != Pooling::None)
     }
 
+    /// For each sequence list (`pooling = "none"`, in order), the index of its
+    /// target among the sparse fields (the categorical column it shares a table with).
+    /// Call on a validated spec; a list without a valid target is skipped.
+    pub fn sequence_targets(&self) -> Vec<usize> {
+        self.sequence_lists()
+            .filter_map(|(_, l)| l.target.as_ref())
+            .filter_map(|t| self.categorical.iter().position(|c| &c.column == t))
+            .collect()
+    }
+
+    /// Checks list `i`'s `target` against its pooling (see [`ListSpec::target`]).
+    fn check_target(&self, i: usize, l: &ListSpec) -> Result<(), OperatorError> {
+        let key = format!("list[{i}].target");
+        let Some(t) = &l.target else {
+            return match l.pooling {
+                Pooling::None => Err(OperatorError::config(
+                    key,
+                    "a `pooling = \"none\"` list needs `target`: the categorical column whose table its items share",
+                )),
+                _ => Ok(()),
+            };
+        };
+        if l.pooling != Pooling::None {
+            return Err(OperatorError::config(key, "only `pooling = \"none\"` lists have a target"));
+        }
+        let Some(c) = self.categorical.iter().find(|c| &c.column == t) else {
+            return Err(OperatorError::config(key, format!("`{t}` is not a categorical column of this spec")));
+        };
+        if c.encoding != Encoding::Hash {
+            return Err(OperatorError::config(key, format!("`{t}` must be hash-encoded to share its table")));
+        }
+        if c.buckets != l.buckets {
+            return Err(OperatorError::config(
+                format!("list[{i}].buckets"),
+                format!(
+                    "{} differs from the {} buckets of its target `{t}`, whose table it shares",
+                    l.buckets, c.buckets
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The lists kept as sequence fields (`pooling = "none"`) with their index in `list`.
     pub fn sequence_lists(&self) -> impl Iterator<Item = (usize, &ListSpec)> {
         self.list.iter().enumerate().filter(|(_, l)| l.pooling == Pooling::None)
@@ -300,18 +349,20 @@ impl FeatureSpec {
     }
 
     /// The names [`FeatureSpec::preset`] knows.
-    pub const PRESETS: [&'static str; 5] = ["criteo", "avazu", "elm", "elm_y_long", "taobao_ad"];
+    pub const PRESETS: [&'static str; 6] = ["criteo", "avazu", "elm", "elm_y_long", "elm_dien", "taobao_ad"];
 
     /// A preset by name (`-` and `_` are interchangeable): `criteo`, `avazu`,
-    /// `elm`, `elm_y_long` (elm with 8× longer lists) or `taobao_ad`, with
-    /// `buckets` rows per table and lists cut at `max_len` items (elm uses 50
-    /// and elm_y_long 400 regardless).
+    /// `elm`, `elm_y_long` (elm with 8× longer lists), `elm_dien` (elm whose
+    /// shop, item and category histories stay sequences for `dien`) or
+    /// `taobao_ad`, with `buckets` rows per table and lists cut at `max_len`
+    /// items (the elm presets use 50 and elm_y_long 400 regardless).
     pub fn preset(name: &str, buckets: u64, max_len: usize) -> Option<Self> {
         match name.replace('-', "_").as_str() {
             "criteo" => Some(FeatureSpec::criteo(buckets)),
             "avazu" => Some(FeatureSpec::avazu(buckets)),
             "elm" => Some(FeatureSpec::elm(buckets, 50)),
             "elm_y_long" => Some(FeatureSpec::elm(buckets, 400)),
+            "elm_dien" => Some(FeatureSpec::elm_dien(buckets)),
             "taobao_ad" => Some(FeatureSpec::taobao_ad(buckets, max_len)),
             _ => None,
         }
@@ -426,6 +477,7 @@ impl FeatureSpec {
             if l.max_len == 0 {
                 return Err(OperatorError::config(format!("list[{i}].max_len"), "must be positive"));
             }
+            self.check_target(i, l)?;
         }
         if let Some((i, _)) = self.sequence_lists().nth(MAX_SEQUENCES) {
             return Err(OperatorError::config(
@@ -496,6 +548,7 @@ impl FeatureSpec {
                     max_len,
                     buckets,
                     pooling: Pooling::Sum,
+                    target: None,
                 })
                 .collect(),
         }
@@ -503,6 +556,23 @@ impl FeatureSpec {
 }
 
 impl FeatureSpec {
+    /// The elm preset with the shop, item and category histories kept as
+    /// sequences (`pooling = "none"`, at most 50 items, the first ones) whose
+    /// targets are the candidate's `shop_id`, `item_id` and `category_1_id`;
+    /// the other lists stay sum-pooled. The histories of an elm line are one
+    /// list of events, so the three sequences always have one length.
+    pub fn elm_dien(buckets: u64) -> Self {
+        let mut spec = FeatureSpec::elm(buckets, 50);
+        for (list, target) in
+            [("shop_id_list", "shop_id"), ("item_id_list", "item_id"), ("category_1_id_list", "category_1_id")]
+        {
+            let l = spec.list.iter_mut().find(|l| l.column == list).expect("an elm list");
+            l.pooling = Pooling::None;
+            l.target = Some(target.into());
+        }
+        spec
+    }
+
     /// The Taobao display-ad joined CSV (FuxiCTR's `train_sample.csv` layout,
     /// with its header): `clk` is the label, `price` the one dense feature,
     /// the ad and user-profile ids categorical (an empty profile field is an
@@ -540,6 +610,7 @@ impl FeatureSpec {
                 max_len,
                 buckets,
                 pooling: Pooling::Sum,
+                target: None,
             }],
         }
     }
@@ -740,8 +811,14 @@ impl SpecFormat {
                 ListColumn {
                     col: index(&l.column),
                     delimiter: l.delimiter.as_bytes()[0],
-                    // Pooled lists keep the seeds they had before sequences existed.
-                    seed: field_seed(seed, if l.pooling == Pooling::None { 1 << 20 | here } else { nc + here }),
+                    // Pooled lists keep the seeds they had before sequences existed;
+                    // sequences hash like their target, whose table they share.
+                    seed: match &l.target {
+                        Some(t) => {
+                            field_seed(seed, spec.categorical.iter().position(|c| &c.column == t).expect("validated"))
+                        }
+                        None => field_seed(seed, nc + here),
+                    },
                     buckets: l.buckets,
                     max_len: l.max_len,
                     pooling: l.pooling,
@@ -930,6 +1007,7 @@ mod tests {
                 max_len: 2,
                 buckets: 50,
                 pooling: Pooling::Sum,
+                target: None,
             }],
         }
     }
@@ -1004,7 +1082,7 @@ mod tests {
     const TOML: &str = r#"
 delimiter = ","
 header = false
-columns = ["y", "city", "items", "cats"]
+columns = ["y", "city", "items", "cats", "cat"]
 label = { column = "y" }
 
 [[categorical]]
@@ -1013,6 +1091,10 @@ buckets = 10
 encoding = "vocabulary"
 vocabulary = ["paris", "lyon", "nice"]
 oov_buckets = 2
+
+[[categorical]]
+column = "cat"
+buckets = 20
 
 [[list]]
 column = "items"
@@ -1027,35 +1109,39 @@ delimiter = ";"
 max_len = 3
 buckets = 20
 pooling = "none"
+target = "cat"
 "#;
 
     #[test]
     fn toml_spec_with_vocabulary_mean_and_sequence_lists() {
         let spec = FeatureSpec::from_toml(TOML).unwrap();
-        assert_eq!(spec.shape(), (0, 2), "the `none` list is a sequence, not a sparse field");
-        assert_eq!(spec.table_sizes(), [10, 100]);
+        assert_eq!(spec.shape(), (0, 3), "the `none` list is a sequence, not a sparse field");
+        assert_eq!(spec.table_sizes(), [10, 20, 100]);
+        assert_eq!(spec.sequence_targets(), [1], "`cats` shares the table of `cat`, sparse field 1");
         let f = SpecFormat::new(spec.clone(), 1).unwrap();
         assert_eq!(f.num_sequences(), 1);
         let mut b = f.empty_batch();
-        f.parse(b"1,lyon,a;b;c,x;y;z", &mut b).unwrap();
-        f.parse(b"0,berlin,,", &mut b).unwrap();
-        f.parse(b"0,,a,x", &mut b).unwrap();
+        f.parse(b"1,lyon,a;b;c,x;y;z,y", &mut b).unwrap();
+        f.parse(b"0,berlin,,,", &mut b).unwrap();
+        f.parse(b"0,,a,x,", &mut b).unwrap();
         b.check().unwrap();
         assert_eq!(b.sparse[0].bag(0), &[1], "lyon is token 1");
         let oov = b.sparse[0].bag(1)[0];
         assert!((3..5).contains(&oov), "berlin hashes into the oov buckets 3..5, got {oov}");
         assert!(b.sparse[0].bag(2).is_empty(), "empty value is absent");
-        assert_eq!(b.sparse[1].bag_weights(0), Some(&[1.0 / 3.0; 3][..]), "mean pooling weights");
-        assert_eq!(b.sparse[1].bag_weights(1), Some(&[][..]));
-        assert_eq!(b.sparse[1].bag_weights(2), Some(&[1.0][..]));
+        assert_eq!(b.sparse[2].bag_weights(0), Some(&[1.0 / 3.0; 3][..]), "mean pooling weights");
+        assert_eq!(b.sparse[2].bag_weights(1), Some(&[][..]));
+        assert_eq!(b.sparse[2].bag_weights(2), Some(&[1.0][..]));
         assert_eq!(b.sequences[0].bag(0).len(), 3);
         assert_eq!(b.sequences[0].bag(0)[0], b.sequences[0].bag(2)[0], "same token, same id");
+        assert_eq!(b.sequences[0].bag(0)[1], b.sparse[1].bag(0)[0], "item `y` is the target's row for `y`");
+        assert_eq!(b.sequences[0].bag(0)[1], token_bucket(field_seed(1, 1), b"y", 20));
         // Without oov buckets an unknown token is an absent value.
         let mut s2 = spec.clone();
         s2.categorical[0].oov_buckets = 0;
         let f2 = SpecFormat::new(s2, 1).unwrap();
         let mut b2 = f2.empty_batch();
-        f2.parse(b"1,berlin,a,x", &mut b2).unwrap();
+        f2.parse(b"1,berlin,a,x,", &mut b2).unwrap();
         assert!(b2.sparse[0].bag(0).is_empty());
         // The TOML round-trips.
         assert_eq!(FeatureSpec::from_toml(&spec.to_toml()).unwrap(), spec);
@@ -1065,15 +1151,41 @@ pooling = "none"
     fn sequence_lists_must_agree_in_length() {
         let mut spec = FeatureSpec::from_toml(TOML).unwrap();
         spec.list[0].pooling = Pooling::None;
+        spec.list[0].target = Some("cat".into());
+        spec.list[0].buckets = 20;
         let f = SpecFormat::new(spec, 1).unwrap();
-        assert_eq!(f.shape(), (0, 1));
+        assert_eq!(f.shape(), (0, 2));
         assert_eq!(f.num_sequences(), 2);
         let mut b = f.empty_batch();
-        f.parse(b"1,lyon,a;b,x;y", &mut b).unwrap();
-        assert_eq!(f.parse(b"1,lyon,a;b,x", &mut b), Err((BadReason::FieldCount, Some(3))));
+        f.parse(b"1,lyon,a;b,x;y,c", &mut b).unwrap();
+        assert_eq!(f.parse(b"1,lyon,a;b,x,c", &mut b), Err((BadReason::FieldCount, Some(3))));
         b.check().unwrap();
         assert_eq!(b.len(), 1, "the bad line appended nothing");
         assert_eq!(b.sequences[0].bag(0).len(), 2);
+    }
+
+    #[test]
+    fn sequence_targets_are_checked() {
+        let cases = [
+            (TOML.replace("target = \"cat\"\n", ""), "list[1].target", "needs `target`"),
+            (TOML.replace("target = \"cat\"", "target = \"dog\""), "list[1].target", "not a categorical"),
+            (TOML.replace("target = \"cat\"", "target = \"city\""), "list[1].target", "hash-encoded"),
+            (
+                TOML.replace("buckets = 20\npooling", "buckets = 21\npooling"),
+                "list[1].buckets",
+                "21 differs from the 20",
+            ),
+            (TOML.replace("pooling = \"mean\"", "pooling = \"mean\"\ntarget = \"cat\""), "list[0].target", "only"),
+        ];
+        for (text, key, what) in cases {
+            let e = FeatureSpec::from_toml(&text).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(what), "expected `{key}` and `{what}` in {e}");
+        }
+        let elm = FeatureSpec::preset("elm-dien", 1000, 20).unwrap();
+        elm.validate().unwrap();
+        assert_eq!(elm.sequence_lists().count(), 3);
+        let targets: Vec<&str> = elm.sequence_targets().iter().map(|&f| elm.categorical[f].column.as_str()).collect();
+        assert_eq!(targets, ["shop_id", "item_id", "category_1_id"]);
     }
 
     #[test]

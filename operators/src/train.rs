@@ -681,8 +681,15 @@ impl Trainer {
     /// Runs one synchronous step with this worker's micro-batch (possibly
     /// empty) and returns the statistics summed over all workers. Every worker
     /// must call `step` the same number of times with the same `kind`.
+    ///
+    /// A batch that does not fit the model is an error here and a failed step
+    /// for every other worker ([`StepStats::failed_workers`]), so no worker
+    /// waits forever for this one.
     pub fn step(&mut self, worker: &mut Worker, kind: StepKind, batch: Batch) -> Result<StepStats, OperatorError> {
-        self.check_batch(&batch)?;
+        if let Err(e) = self.check_batch(&batch) {
+            self.step_failed(worker);
+            return Err(e);
+        }
         let stats = self.run(
             worker,
             Command { kind, batch, failed: false, bad_records: self.bad_records, score: self.score_train },

@@ -46,6 +46,9 @@ pub struct SequenceShape {
     pub tables: Vec<usize>,
     /// The sparse field holding each sequence's target.
     pub targets: Vec<usize>,
+    /// The longest sequence the data can hold, when the data says so (spec
+    /// lists cut at their `max_len`); otherwise the `max_len` setting.
+    pub max_len: Option<usize>,
 }
 
 /// An opened [`ParquetDataset`], shared by the workers; equal when the files are.
@@ -78,18 +81,29 @@ impl DataSpec {
     /// The behaviour sequences of this data, if it has any: every sequence
     /// format has `[user, target item, target category]` sparse fields and
     /// `[history items, history categories]` sequences; Parquet files say
-    /// theirs in their description.
-    pub fn sequences(&self) -> Option<SequenceShape> {
+    /// theirs in their description; spec-described data (`spec`) has one per
+    /// `pooling = "none"` list, reading its target's table.
+    pub fn sequences(&self, spec: Option<&FeatureSpec>) -> Option<SequenceShape> {
         use tiderec_sources::synthetic_behavior::{SEQUENCE_TABLES, TARGET_FIELDS};
         match self {
             DataSpec::SyntheticBehavior | DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) => {
-                Some(SequenceShape { tables: SEQUENCE_TABLES.to_vec(), targets: TARGET_FIELDS.to_vec() })
+                Some(SequenceShape { tables: SEQUENCE_TABLES.to_vec(), targets: TARGET_FIELDS.to_vec(), max_len: None })
             }
             DataSpec::Parquet(p) => {
                 let q = &p.0.description().sequences;
                 (!q.is_empty()).then(|| SequenceShape {
                     tables: q.iter().map(|s| s.table).collect(),
                     targets: q.iter().map(|s| s.target).collect(),
+                    max_len: q.iter().map(|s| s.max_len).max().flatten(),
+                })
+            }
+            DataSpec::Csv(_) | DataSpec::TaobaoAd(_) => {
+                let spec = spec?;
+                let targets = spec.sequence_targets();
+                (!targets.is_empty()).then(|| SequenceShape {
+                    tables: targets.clone(),
+                    targets,
+                    max_len: spec.sequence_lists().map(|(_, l)| l.max_len).max(),
                 })
             }
             _ => None,
@@ -504,14 +518,6 @@ impl TrainSettings {
         };
         if let Some(spec) = &spec {
             spec.validate()?;
-            if let Some((i, _)) = spec.sequence_lists().next() {
-                return Err(PipelineError::config(
-                    format!("spec.list[{i}].pooling"),
-                    "`none` keeps the list as a behaviour sequence, but no model reads sequences from \
-                     spec-described data yet (dien reads them from synthetic-behavior, amazon-dien and \
-                     taobao-behavior data): use `sum` or `mean`",
-                ));
-            }
         }
         let shape = data.shape(spec.as_ref());
         if let Some(e) = &eval {
@@ -670,7 +676,7 @@ impl TrainSettings {
             Vec::new()
         };
         let table_sizes = [table_sizes, vec![self.buckets; crosses.len()]].concat();
-        let sequences = data.sequences();
+        let sequences = data.sequences(spec.as_ref());
         let model = self.model_config_with(shape, sequences.as_ref())?;
         model.validate()?;
         if exchange == ExchangeChoice::Partial && model.partial().is_none() {
@@ -772,15 +778,16 @@ impl TrainSettings {
                 dim: self.dim,
                 num_sequences: q.tables.len(),
                 target_fields: q.targets.clone(),
-                max_len: self.max_len,
+                max_len: q.max_len.unwrap_or(self.max_len),
                 interest,
                 mlp: self.mlp.clone(),
             })),
             None => Err(PipelineError::config(
                 "model",
                 format!(
-                    "`{}` needs behaviour sequences: use --data synthetic-behavior, amazon-dien:PATH or \
-                     taobao-behavior:PATH",
+                    "`{}` needs behaviour sequences: use --data synthetic-behavior, amazon-dien:PATH, \
+                     taobao-behavior:PATH, or csv:PATH with a spec keeping lists as sequences \
+                     (`pooling = \"none\"`, e.g. --spec preset:elm-dien)",
                     self.model
                 ),
             )),
@@ -820,7 +827,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn specs_resolve_presets_and_files_and_reject_sequence_lists() {
+    fn specs_resolve_presets_and_files_and_sequence_lists() {
         for name in ["preset:criteo", "avazu", "preset:elm_y_long", "elm", "taobao-ad", "preset:taobao_ad"] {
             resolve_spec(name, 1000, 20).unwrap();
         }
@@ -848,7 +855,21 @@ mod tests {
         s.validate().unwrap();
         std::fs::write(&path, toml("none")).unwrap();
         let e = s.validate().unwrap_err().to_string();
-        assert!(e.contains("spec.list[0].pooling"), "{e}");
+        assert!(e.contains("list[0].target"), "a sequence without a target: {e}");
+        // With a hashed target of the same size, `dien` reads the list as a sequence of the target's table.
+        let text = toml("none")
+            .replace("buckets = 10, pooling", "buckets = 7, target = \"t\", pooling")
+            .replace("\"l\"]", "\"l\", \"t\"]")
+            .replace("oov_buckets = 1 }]", "oov_buckets = 1 }, { column = \"t\", buckets = 7 }]");
+        std::fs::write(&path, text).unwrap();
+        s.model = "dien".into();
+        let r = s.validate().unwrap();
+        assert_eq!(r.sequence_tables, [1], "the sequence reads the table of `t`, sparse field 1");
+        match &r.model {
+            ModelConfig::Dien(d) => assert_eq!((d.target_fields.as_slice(), d.max_len), (&[1][..], 5)),
+            m => panic!("expected dien, got {}", m.name()),
+        }
+        s.model = "dlrm".into();
         std::fs::write(&path, toml("max")).unwrap();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("pooling") && e.contains("spec.toml"), "{e}");

@@ -63,7 +63,7 @@ enum SpecCommand {
 
 #[derive(Args)]
 struct SpecShowArgs {
-    /// `criteo`, `avazu`, `elm`, `elm_y_long`, `taobao_ad` (or `preset:NAME`), or a TOML file for `check`.
+    /// `criteo`, `avazu`, `elm`, `elm_y_long`, `elm_dien`, `taobao_ad` (or `preset:NAME`), or a TOML file for `check`.
     name: String,
     /// Rows per table.
     #[arg(long, default_value_t = 1_000_000)]
@@ -499,7 +499,7 @@ struct TrainArgs {
     /// Held-out data, same format as --data.
     #[arg(long)]
     eval: Option<String>,
-    /// Feature spec of `csv:` data: `preset:NAME` (criteo, avazu, elm, elm_y_long, taobao_ad; see
+    /// Feature spec of `csv:` data: `preset:NAME` (criteo, avazu, elm, elm_y_long, elm_dien, taobao_ad; see
     /// `tiderec spec show NAME`) or a TOML file.
     #[arg(long)]
     spec: Option<String>,
@@ -1216,7 +1216,7 @@ fn main() -> anyhow::Result<()> {
                     let settings = TrainSettings { model: m.model.clone(), ..TrainSettings::default() };
                     let model = if m.model.starts_with("dien") {
                         let data = tiderec::config::DataSpec::SyntheticBehavior;
-                        settings.model_config_with(data.shape(None), data.sequences().as_ref())?
+                        settings.model_config_with(data.shape(None), data.sequences(None).as_ref())?
                     } else {
                         settings.model_config()?
                     };

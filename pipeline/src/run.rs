@@ -190,7 +190,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         resume: Mutex::new(resume.map(Arc::new)),
         resume_pending: AtomicUsize::new(settings.workers),
         store_stats: Mutex::new(StoreStats::default()),
-        data_sequences: resolved.data.sequences().map_or(0, |q| q.tables.len()),
+        data_sequences: resolved.data.sequences(resolved.spec.as_ref()).map_or(0, |q| q.tables.len()),
         generator,
         train_range,
         eval_range,

@@ -266,3 +266,36 @@ fn generated_elm_lines_train_with_the_elm_preset() {
     assert_eq!(v["samples"].as_u64().unwrap() + v["eval_samples"].as_u64().unwrap(), 3000);
     assert_eq!(v["bad_records"], 0);
 }
+
+#[test]
+fn dien_trains_on_elm_histories_kept_as_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("elm.csv");
+    run_ok(tiderec().args(["generate", "elm", "--rows", "2000", "--out"]).arg(&data));
+    let run = |model: &str, spec: &str| {
+        let m = dir.path().join(format!("{model}-{spec}.json"));
+        let out = tiderec()
+            .args(["train", "--progress", "none", "--model", model, "--spec", spec, "--eval-fraction", "0.1"])
+            .args(["--batch-size", "64", "--workers", "2", "--data"])
+            .arg(format!("csv:{}", data.display()))
+            .arg("--metrics-json")
+            .arg(&m)
+            .output()
+            .unwrap();
+        (out, m)
+    };
+    let (out, m) = run("dien", "elm-dien");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = metrics(&m);
+    assert_eq!(v["samples"].as_u64().unwrap() + v["eval_samples"].as_u64().unwrap(), 2000);
+    assert_eq!(v["bad_records"], 0);
+    assert!(v["train_loss"].as_f64().unwrap().is_finite() && v["params_l2"].as_f64().unwrap() > 0.0);
+    // The same data without sequences: dien refuses and says how to keep them.
+    let (out, _) = run("dien", "elm");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("elm-dien"), "{err}");
+    // A model without sequence inputs trains on the other fields of the elm-dien data.
+    let (out, m) = run("dlrm", "elm-dien");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(metrics(&m)["bad_records"], 0);
+}

@@ -214,6 +214,34 @@ fn avazu_and_spec_data_convert_and_train() {
         &["--eval-fraction", "0", "--model", "fm", "--workers", "2"],
     );
     assert_eq!(v["samples"], 1500);
+    // Histories kept as sequences travel as list columns; the files tell `dien` their tables and length.
+    let seq = dir.path().join("elm-dien");
+    run_ok(&mut convert(
+        &format!("csv:{}", elm.display()),
+        &seq,
+        &["--spec", "elm-dien", "--row-group-rows", "400", "--buckets", "5000", "--seed", "5"],
+    ));
+    // One worker, same seed: the model trained from the files is the model trained from the lines.
+    let one = ["--eval-fraction", "0", "--model", "dien", "--workers", "1", "--seed", "5", "--batch-size", "100"];
+    let csv = train(
+        &format!("csv:{}", elm.display()),
+        dir.path(),
+        "elm-dien-csv",
+        &[&one[..], &["--spec", "elm-dien", "--buckets", "5000"]].concat(),
+    );
+    let pq = train(&format!("parquet:{}", seq.display()), dir.path(), "elm-dien", &one);
+    assert_eq!((pq["samples"].as_u64(), pq["bad_records"].as_u64()), (Some(1500), Some(0)));
+    for key in ["params_l2", "train_loss"] {
+        let (a, b) = (csv[key].as_f64().unwrap(), pq[key].as_f64().unwrap());
+        assert!(rel_diff(a, b) <= 1e-6, "{key}: CSV {a} vs Parquet {b}");
+    }
+    let two = train(
+        &format!("parquet:{}", seq.display()),
+        dir.path(),
+        "elm-dien-2",
+        &[&one[..5], &["2"], &one[6..]].concat(),
+    );
+    assert_eq!(two["samples"], 1500);
     // Converting Parquet, or to something else than parquet:DIR, is refused naming the key.
     let err = run_err(&mut convert(&format!("parquet:{}", out.display()), &dir.path().join("x"), &[]));
     assert!(err.contains("from"), "{err}");

@@ -74,6 +74,9 @@ pub struct SequenceColumn {
     pub table: usize,
     /// The sparse field holding the target the history is attended against.
     pub target: usize,
+    /// The longest history stored, when the writer bounded it (a spec list's `max_len`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<usize>,
 }
 
 /// What a featurized Parquet dataset holds; stored as JSON under [`METADATA_KEY`].
@@ -148,14 +151,15 @@ impl SchemaDescription {
         let names = ["user", "item", "category"].map(String::from);
         let mut d = Self::new(format, seed, Vec::new(), Self::singles(names, table_sizes));
         d.sequences = vec![
-            SequenceColumn { name: "history_items".into(), table: 1, target: 1 },
-            SequenceColumn { name: "history_categories".into(), table: 2, target: 2 },
+            SequenceColumn { name: "history_items".into(), table: 1, target: 1, max_len: None },
+            SequenceColumn { name: "history_categories".into(), table: 2, target: 2, max_len: None },
         ];
         d
     }
 
     /// A feature spec: its `dense` then `numeric_list` columns; its `categorical`
-    /// (single) then `list` (list) columns, with the spec's bucket counts.
+    /// (single) then pooled `list` (list) columns, with the spec's bucket counts;
+    /// its `pooling = "none"` lists as sequences reading their target's table.
     pub fn from_spec(spec: &FeatureSpec, seed: u64) -> Self {
         let dense =
             spec.dense.iter().map(|d| d.column.clone()).chain(spec.numeric_list.iter().map(|n| n.column.clone()));
@@ -164,12 +168,23 @@ impl SchemaDescription {
             kind: SparseKind::Single,
             table_size: c.buckets,
         });
-        let list = spec.list.iter().map(|l| SparseColumn {
+        let list = spec.pooled_lists().map(|(_, l)| SparseColumn {
             name: l.column.clone(),
             kind: SparseKind::List,
             table_size: l.buckets,
         });
-        Self::new("csv", seed, dense.collect(), single.chain(list).collect())
+        let mut d = Self::new("csv", seed, dense.collect(), single.chain(list).collect());
+        d.sequences = spec
+            .sequence_lists()
+            .zip(spec.sequence_targets())
+            .map(|((_, l), target)| SequenceColumn {
+                name: l.column.clone(),
+                table: target,
+                target,
+                max_len: Some(l.max_len),
+            })
+            .collect();
+        d
     }
 
     /// `(dense features, sparse fields)` of the samples.
