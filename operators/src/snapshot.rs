@@ -25,7 +25,9 @@ use crate::shard::shard_of;
 use crate::OperatorError;
 
 /// One table's rows held by one worker: `ids.len()` rows of `dim` values and
-/// `state_width` optimizer slots each, row `i` of both belonging to `ids[i]`.
+/// `state_width` optimizer slots each, row `i` of both belonging to `ids[i]`;
+/// dynamic and tiered stores add each row's frequency and hot-tier slot
+/// (both empty where a store keeps none, or in checkpoints older than them).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TableRows {
     /// Global row ids.
@@ -34,6 +36,23 @@ pub struct TableRows {
     pub rows: Vec<f32>,
     /// `ids.len() × state_width` optimizer slots.
     pub state: Vec<f32>,
+    /// Empty, or per row the training steps that updated it (the frequency
+    /// that hot-tier plans and LFU eviction rank by).
+    pub counts: Vec<u32>,
+    /// Empty, or per row its slot in the writer's hot tier ([`COLD`] when cold).
+    pub hot: Vec<u32>,
+}
+
+/// [`TableRows::hot`] of a row outside the hot tier.
+pub const COLD: u32 = u32::MAX;
+
+impl TableRows {
+    /// Row `i`'s `(count, hot slot)`, when the part carries frequencies.
+    pub fn frequency(&self, i: usize) -> Option<(u32, Option<u32>)> {
+        let count = *self.counts.get(i)?;
+        let hot = self.hot.get(i).copied().filter(|&h| h != COLD);
+        Some((count, hot))
+    }
 }
 
 /// One worker's share of a checkpoint (see the module docs).
@@ -159,6 +178,14 @@ fn check_rows(parts: &[WorkerSnapshot], expected: Expected<'_>) -> Result<(), Op
         for p in parts {
             let rows = &p.tables[t];
             let k = rows.ids.len();
+            if (!rows.counts.is_empty() && rows.counts.len() != k) || (!rows.hot.is_empty() && rows.hot.len() != k) {
+                return Err(err(format!(
+                    "table {t} of worker {}: {k} ids but {} counts and {} hot slots",
+                    p.worker,
+                    rows.counts.len(),
+                    rows.hot.len()
+                )));
+            }
             if rows.rows.len() != k * d || rows.state.len() != k * w {
                 return Err(err(format!(
                     "table {t} of worker {}: {k} ids but {} values and {} optimizer slots",
@@ -212,6 +239,7 @@ mod tests {
                     rows: ids.iter().flat_map(|&id| [id as f32, t as f32]).collect(),
                     state: vec![1.0; ids.len()],
                     ids,
+                    ..TableRows::default()
                 }
             })
             .collect();

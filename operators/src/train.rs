@@ -893,6 +893,9 @@ impl Trainer {
                             &rows.rows[i * d..(i + 1) * d],
                             &rows.state[i * sw..(i + 1) * sw],
                         )?;
+                        if let Some((count, hot)) = rows.frequency(i) {
+                            owner.store.set_frequency(t, id, count, hot);
+                        }
                     }
                 }
             }

@@ -219,6 +219,38 @@ fn dynamic_and_tiered_checkpoints_restore_exactly_across_worker_counts() {
     }
 }
 
+/// A resumed tiered store keeps its hot plan and frequencies (carried in the
+/// snapshot): the halves' hot and cold hits add up to the uninterrupted run's,
+/// so the resumed run neither warms up again nor plans differently; for every
+/// frequency source, on two workers.
+#[test]
+fn a_resumed_tiered_store_keeps_its_plan_and_frequencies() {
+    for source in [FrequencySource::Exact, FrequencySource::Sketch, FrequencySource::Differential] {
+        let mut cfg = config(StoreKind::Tiered);
+        cfg.store.freq_source = source;
+        let straight = run(2, cfg.clone(), None, 0, 12);
+        // Step 7 is no plan boundary (plans at 2, 5, 8, 11): the hot tier restored is the one planned at 5.
+        let half = run(2, cfg.clone(), None, 0, 7);
+        assert!(half.snapshots.iter().all(|p| p.tables.iter().all(|t| t.counts.len() == t.ids.len())));
+        let resumed = run(2, cfg, Some(Arc::new(half.snapshots)), 7, 12);
+        assert_eq!(rows_of(&resumed.snapshots), rows_of(&straight.snapshots), "{source:?}");
+        assert_eq!(resumed.snapshots[0].dense_params, straight.snapshots[0].dense_params, "{source:?}");
+        let (a, b) = (half.stats, resumed.stats);
+        assert_eq!(
+            (a.hot_hits + b.hot_hits, a.cold_hits + b.cold_hits, a.misses + b.misses),
+            (straight.stats.hot_hits, straight.stats.cold_hits, straight.stats.misses),
+            "{source:?}: {a:?} + {b:?} vs {:?}",
+            straight.stats
+        );
+        assert!(b.hot_hits > 0 && b.hot_rows == straight.stats.hot_rows, "{source:?}: {b:?}");
+        for (x, y) in resumed.snapshots.iter().zip(&straight.snapshots) {
+            for (s, t) in x.tables.iter().zip(&y.tables) {
+                assert_eq!((&s.counts, &s.hot), (&t.counts, &t.hot), "{source:?}: counts and hot slots");
+            }
+        }
+    }
+}
+
 #[test]
 fn admission_and_eviction_bound_the_rows_inside_the_trainer() {
     let mut cfg = config(StoreKind::Dynamic);

@@ -15,7 +15,7 @@ use crate::OperatorError;
 use rustc_hash::FxHashMap;
 
 /// Marks a free slot in [`Meta::table`].
-const FREE: u32 = u32::MAX;
+pub(super) const FREE: u32 = u32::MAX;
 /// Stream of the probabilistic admission draws (distinct from row initialisation).
 const ADMIT_STREAM: u64 = 0xad31_7a11_0bad_5eed;
 
@@ -186,6 +186,13 @@ impl DynamicStore {
         Some(meta)
     }
 
+    /// Sets the count of row `id` of `table`, if held.
+    pub(crate) fn set_count(&mut self, table: usize, id: u64, count: u32) {
+        if let Some(s) = self.slot(table, id) {
+            self.meta[s as usize].count = count;
+        }
+    }
+
     /// Every held row's bookkeeping.
     pub(crate) fn live_meta(&self) -> impl Iterator<Item = &Meta> + '_ {
         self.meta.iter().filter(|m| m.table != FREE)
@@ -336,9 +343,12 @@ impl EmbeddingStore for DynamicStore {
             ids: Vec::with_capacity(held.len()),
             rows: Vec::with_capacity(held.len() * d),
             state: Vec::with_capacity(held.len() * w),
+            ..TableRows::default()
         };
+        out.counts.reserve(held.len());
         for (id, s) in held {
             let s = s as usize;
+            out.counts.push(self.meta[s].count);
             out.ids.push(id);
             out.rows.extend_from_slice(&self.rows[s * d..(s + 1) * d]);
             out.state.extend_from_slice(&self.state[s * w..(s + 1) * w]);
@@ -370,6 +380,9 @@ impl EmbeddingStore for DynamicStore {
             }
         }
         Ok(())
+    }
+    fn set_frequency(&mut self, table: usize, id: u64, count: u32, _hot: Option<u32>) {
+        self.set_count(table, id, count);
     }
     fn stats(&self) -> StoreStats {
         StoreStats { cold_rows: self.num_rows() as u64, ..self.stats }

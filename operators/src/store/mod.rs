@@ -324,6 +324,11 @@ pub trait EmbeddingStore {
     fn reset(&mut self, completed: u64);
     /// Overwrites (or inserts) row `id` of `table` and its optimizer state.
     fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError>;
+    /// Restores the frequency of row `id` of `table` (set just before by
+    /// [`set_row`](Self::set_row)): the training steps that updated it and,
+    /// when it was hot, its slot in the writer's hot tier. Stores that keep no
+    /// frequencies ignore it.
+    fn set_frequency(&mut self, _table: usize, _id: u64, _count: u32, _hot: Option<u32>) {}
     /// Counters and sizes.
     fn stats(&self) -> StoreStats;
     /// Rows held.
@@ -424,6 +429,9 @@ impl EmbeddingStore for Store {
     }
     fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
         dispatch!(self, s => s.set_row(table, id, row, state))
+    }
+    fn set_frequency(&mut self, table: usize, id: u64, count: u32, hot: Option<u32>) {
+        dispatch!(self, s => s.set_frequency(table, id, count, hot))
     }
     fn stats(&self) -> StoreStats {
         dispatch!(self, s => s.stats())

@@ -59,11 +59,28 @@ impl CountMinSketch {
         next
     }
 
+    /// Adds `n` occurrences of `key` at once (a restore), conservatively.
+    pub fn add_n(&mut self, key: u64, n: u32) {
+        let h = self.hashes(key);
+        let next = self.estimate(key).saturating_add(n);
+        for r in 0..self.depth {
+            let c = self.cell(h, r);
+            if self.counters[c] < next {
+                self.counters[c] = next;
+            }
+        }
+    }
+
     /// The estimated count of `key` (≥ the true count).
     #[inline]
     pub fn estimate(&self, key: u64) -> u32 {
         let h = self.hashes(key);
         (0..self.depth).map(|r| self.counters[self.cell(h, r)]).min().unwrap_or(0)
+    }
+
+    /// Zeroes every counter.
+    pub fn clear(&mut self) {
+        self.counters.fill(0);
     }
 
     /// Halves every counter (ages old counts).

@@ -63,6 +63,14 @@ fn export_all(store: &dyn EmbeddingStore, tables: usize) -> Vec<TableRows> {
     (0..tables).map(|t| store.export_table(t)).collect()
 }
 
+/// The rows, optimizer state and counts of an export, without the hot-tier slots (which re-plans move).
+fn values(mut tables: Vec<TableRows>) -> Vec<TableRows> {
+    for t in &mut tables {
+        t.hot.clear();
+    }
+    tables
+}
+
 /// Every row `sparse` holds equals the same row of `dense`, values and optimizer state.
 fn assert_rows_match(sparse: &[TableRows], dense: &[TableRows], sw: usize) {
     for (t, (s, f)) in sparse.iter().zip(dense).enumerate() {
@@ -188,12 +196,12 @@ fn re_planning_moves_rows_and_state_without_changing_any_value() {
                 plain.apply(*t, id, &g);
             }
         }
-        let before = export_all(&tiered, sizes.len());
+        let before = values(export_all(&tiered, sizes.len()));
         tiered.end_step(s + 1);
         plain.end_step(s + 1);
-        let after = export_all(&tiered, sizes.len());
+        let after = values(export_all(&tiered, sizes.len()));
         assert_eq!(before, after, "step {s}: a re-plan changed a value");
-        assert_eq!(after, export_all(&plain, sizes.len()), "step {s}: tiered differs from plain");
+        assert_eq!(after, values(export_all(&plain, sizes.len())), "step {s}: tiered differs from plain");
         // The hot set is the exact top-k by update count (ties by table, id).
         let mut all: Vec<(std::cmp::Reverse<u32>, u32, u64)> =
             plain.live_meta().map(|m| (std::cmp::Reverse(m.count), m.table, m.id)).collect();
@@ -570,6 +578,80 @@ fn a_windowed_differential_plan_is_the_top_k_of_the_last_steps() {
         }
         last = tiered.hot_ids();
     }
-    assert_eq!(export_all(&tiered, sizes.len()), export_all(&plain, sizes.len()));
+    assert_eq!(values(export_all(&tiered, sizes.len())), values(export_all(&plain, sizes.len())));
     assert!(changed > 10, "the windowed hot set follows the drift ({changed} changes)");
+}
+
+/// A checkpoint of a tiered store carries each row's count and hot slot: a
+/// store rebuilt from it (reset, set_row, set_frequency) has the same hot
+/// tier and counts and goes on exactly as the original, for every frequency
+/// source; the rebuilt store's export equals the original's.
+#[test]
+fn a_restored_tiered_store_keeps_its_hot_plan_and_frequencies() {
+    let sizes = [400u64, 90];
+    let work = workload(&sizes, 24, 40);
+    for source in [FrequencySource::Exact, FrequencySource::Sketch, FrequencySource::Differential] {
+        let cfg = StoreConfig {
+            kind: StoreKind::Tiered,
+            hot_rows: 12,
+            warmup: 3,
+            flush_every: 5,
+            freq_source: source,
+            sketch_width: 1 << 12,
+            ..StoreConfig::default()
+        };
+        let p = params(0, 1, &sizes, SparseOptimizerKind::LazyAdam);
+        let mut straight = TieredStore::new(&cfg, &p);
+        let mut first = TieredStore::new(&cfg, &p);
+        // 10 steps (the last plan at step 8), checkpoint, then 14 more.
+        run(&mut first, &work[..10]);
+        run(&mut straight, &work[..10]);
+        let parts = export_all(&first, sizes.len());
+        assert!(parts.iter().all(|t| t.counts.len() == t.ids.len() && t.hot.len() == t.ids.len()));
+        assert_eq!(parts.iter().flat_map(|t| &t.hot).filter(|&&h| h != crate::snapshot::COLD).count(), 12);
+        let mut resumed = TieredStore::new(&cfg, &p);
+        resumed.reset(10);
+        let sw = first.state_width();
+        for (t, part) in parts.iter().enumerate() {
+            for (i, &id) in part.ids.iter().enumerate() {
+                resumed.set_row(t, id, &part.rows[i * DIM..(i + 1) * DIM], &part.state[i * sw..(i + 1) * sw]).unwrap();
+                let (count, hot) = part.frequency(i).unwrap();
+                resumed.set_frequency(t, id, count, hot);
+            }
+        }
+        assert_eq!(export_all(&resumed, sizes.len()), parts, "{source:?}: the export before any step");
+        // The rest of the run, step by step: same lookups, same hot tier after every step.
+        for (s, step) in work.iter().enumerate().skip(10) {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for (t, ids) in step {
+                straight.gather(*t, ids, &mut a);
+                resumed.gather(*t, ids, &mut b);
+            }
+            assert_eq!(a, b);
+            assert_eq!(resumed.hot_ids(), straight.hot_ids(), "{source:?}: step {s}");
+            for (t, ids) in step {
+                for &id in ids {
+                    straight.apply(*t, id, &grad(s as u64, *t, id));
+                    resumed.apply(*t, id, &grad(s as u64, *t, id));
+                }
+            }
+            straight.end_step(s as u64 + 1);
+            resumed.end_step(s as u64 + 1);
+            assert_eq!(resumed.hot_ids(), straight.hot_ids(), "{source:?}: plan after step {s}");
+        }
+        assert_eq!(export_all(&resumed, sizes.len()), export_all(&straight, sizes.len()), "{source:?}");
+        let (a, b) = (resumed.stats(), straight.stats());
+        assert_eq!(a.hot_rows, b.hot_rows);
+        assert!(b.replans >= 4);
+        // Without frequencies (an old checkpoint) the same rows restore, all cold, counted once.
+        let mut old = TieredStore::new(&cfg, &p);
+        old.reset(10);
+        for (t, part) in parts.iter().enumerate() {
+            for (i, &id) in part.ids.iter().enumerate() {
+                old.set_row(t, id, &part.rows[i * DIM..(i + 1) * DIM], &part.state[i * sw..(i + 1) * sw]).unwrap();
+            }
+        }
+        assert_eq!(old.hot_len(), 0);
+        assert!(export_all(&old, sizes.len()).iter().all(|t| t.counts.iter().all(|&c| c == 1)));
+    }
 }

@@ -21,7 +21,7 @@ use super::{
     StoreStats,
 };
 use crate::optim::apply_row;
-use crate::snapshot::TableRows;
+use crate::snapshot::{TableRows, COLD};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
@@ -59,6 +59,9 @@ pub struct TieredStore {
     hot_state: Vec<f32>,
     hot_meta: Vec<Meta>,
     freq: Frequencies,
+    /// Hot rows of a restored checkpoint, `(table, id) → slot`, still in the
+    /// cold tier until [`settle_restore`](Self::settle_restore) moves them.
+    restored_hot: FxHashMap<(u32, u64), u32>,
     lookups: u64,
     hot_hits: u64,
     replans: u64,
@@ -88,6 +91,7 @@ impl TieredStore {
                     Frequencies::Differential(DifferentialFrequencies::new(config.freq_window, 0))
                 }
             },
+            restored_hot: FxHashMap::default(),
             lookups: 0,
             hot_hits: 0,
             replans: 0,
@@ -167,6 +171,32 @@ impl TieredStore {
         self.replans += 1;
     }
 
+    /// Moves the hot rows of a restored checkpoint into the hot tier, in the
+    /// writer's slot order (by table and id where several writers' slots
+    /// collide after re-sharding), at most `hot_rows` of them; values, state
+    /// and counts move unchanged. With the writer's worker count this is the
+    /// writer's hot tier exactly.
+    fn settle_restore(&mut self) {
+        if self.restored_hot.is_empty() {
+            return;
+        }
+        let mut order: Vec<(u32, u32, u64)> = self.restored_hot.drain().map(|((t, id), h)| (h, t, id)).collect();
+        order.sort_unstable();
+        for (_, t, id) in order {
+            if self.hot_meta.len() == self.capacity {
+                break;
+            }
+            let slot = self.hot_meta.len() as u32;
+            if self.hot_index[t as usize].contains_key(&id) {
+                continue;
+            }
+            if let Some(m) = self.cold.take(t as usize, id, &mut self.hot_rows, &mut self.hot_state) {
+                self.hot_meta.push(m);
+                self.hot_index[t as usize].insert(id, slot);
+            }
+        }
+    }
+
     /// True at the steps that re-plan: `warmup`, then every `flush_every` steps.
     fn plans_at(&self, completed: u64) -> bool {
         completed >= self.warmup && (completed - self.warmup).is_multiple_of(self.flush_every)
@@ -181,6 +211,7 @@ impl EmbeddingStore for TieredStore {
         self.state_width
     }
     fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
+        self.settle_restore();
         let d = self.dim;
         out.reserve(ids.len() * d);
         self.lookups += ids.len() as u64;
@@ -197,6 +228,7 @@ impl EmbeddingStore for TieredStore {
         }
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
+        self.settle_restore();
         match &mut self.freq {
             Frequencies::Exact => {}
             Frequencies::Sketch(sketch) => {
@@ -223,6 +255,7 @@ impl EmbeddingStore for TieredStore {
         }
     }
     fn end_step(&mut self, completed: u64) {
+        self.settle_restore();
         self.cold.set_step(completed);
         if let Frequencies::Differential(dd) = &mut self.freq {
             dd.advance(completed);
@@ -239,25 +272,33 @@ impl EmbeddingStore for TieredStore {
         let (d, w) = (self.dim, self.state_width);
         let cold = self.cold.export_table(table);
         let mut hot: Vec<(u64, u32)> = self.hot_index[table].iter().map(|(&id, &h)| (id, h)).collect();
-        if hot.is_empty() {
-            return cold;
-        }
         hot.sort_unstable();
         let n = cold.ids.len() + hot.len();
-        let mut out =
-            TableRows { ids: Vec::with_capacity(n), rows: Vec::with_capacity(n * d), state: Vec::with_capacity(n * w) };
+        let mut out = TableRows {
+            ids: Vec::with_capacity(n),
+            rows: Vec::with_capacity(n * d),
+            state: Vec::with_capacity(n * w),
+            counts: Vec::with_capacity(n),
+            hot: Vec::with_capacity(n),
+        };
         let (mut i, mut j) = (0, 0);
         while i < cold.ids.len() || j < hot.len() {
             if j == hot.len() || (i < cold.ids.len() && cold.ids[i] < hot[j].0) {
-                out.ids.push(cold.ids[i]);
+                let id = cold.ids[i];
+                out.ids.push(id);
                 out.rows.extend_from_slice(&cold.rows[i * d..(i + 1) * d]);
                 out.state.extend_from_slice(&cold.state[i * w..(i + 1) * w]);
+                out.counts.push(cold.counts[i]);
+                // A restored hot row not yet moved back keeps its slot.
+                out.hot.push(self.restored_hot.get(&(table as u32, id)).copied().unwrap_or(COLD));
                 i += 1;
             } else {
                 let h = hot[j].1 as usize;
                 out.ids.push(hot[j].0);
                 out.rows.extend_from_slice(&self.hot_rows[h * d..(h + 1) * d]);
                 out.state.extend_from_slice(&self.hot_state[h * w..(h + 1) * w]);
+                out.counts.push(self.hot_meta[h].count);
+                out.hot.push(h as u32);
                 j += 1;
             }
         }
@@ -271,8 +312,11 @@ impl EmbeddingStore for TieredStore {
         self.hot_state.clear();
         self.hot_meta.clear();
         self.cold.reset(completed);
-        if let Frequencies::Differential(dd) = &mut self.freq {
-            *dd = DifferentialFrequencies::new(dd.window(), completed);
+        self.restored_hot.clear();
+        match &mut self.freq {
+            Frequencies::Exact => {}
+            Frequencies::Sketch(sketch) => sketch.clear(),
+            Frequencies::Differential(dd) => *dd = DifferentialFrequencies::new(dd.window(), completed),
         }
     }
     fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
@@ -284,6 +328,20 @@ impl EmbeddingStore for TieredStore {
                 Ok(())
             }
             _ => self.cold.set_row(table, id, row, state),
+        }
+    }
+    fn set_frequency(&mut self, table: usize, id: u64, count: u32, hot: Option<u32>) {
+        match self.hot_index.get(table).and_then(|m| m.get(&id)) {
+            Some(&h) => self.hot_meta[h as usize].count = count,
+            None => self.cold.set_count(table, id, count),
+        }
+        match &mut self.freq {
+            Frequencies::Exact => {}
+            Frequencies::Sketch(sketch) => sketch.add_n(CountMinSketch::key(table, id), count),
+            Frequencies::Differential(dd) => dd.seed(table, id, count),
+        }
+        if let Some(slot) = hot {
+            self.restored_hot.insert((table as u32, id), slot);
         }
     }
     fn stats(&self) -> StoreStats {

@@ -166,10 +166,22 @@ fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTable
     for t in 0..num_tables {
         let ids_name = format!("table.{t}.ids");
         let n = one_dim(&r, &ids_name)?;
+        // Frequencies and hot slots are optional: checkpoints older than them still load.
+        let narrow = |name: String| -> Result<Vec<u32>, String> {
+            if r.shape(&name).is_err() {
+                return Ok(Vec::new());
+            }
+            r.u64s(&name, &[n])?
+                .into_iter()
+                .map(|v| u32::try_from(v).map_err(|_| format!("tensor `{name}` holds {v}, above u32")))
+                .collect()
+        };
         tables.push(TableRows {
             ids: r.u64s(&ids_name, &[n])?,
             rows: r.f32s(&format!("table.{t}.rows"), &[n, dim])?,
             state: r.f32s(&format!("table.{t}.state"), &[n, state_width])?,
+            counts: narrow(format!("table.{t}.counts"))?,
+            hot: narrow(format!("table.{t}.hot"))?,
         });
     }
     Ok(ShardTables { dim, state_width, tables })

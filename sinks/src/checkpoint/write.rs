@@ -52,10 +52,17 @@ fn meta(pairs: &[(&str, String)]) -> HashMap<String, String> {
 
 /// Writes `shard-<k>.safetensors` of `part` into `tmp`: per table `t`,
 /// `table.<t>.ids` (U64 `[n]`), `table.<t>.rows` (F32 `[n, dim]`) and
-/// `table.<t>.state` (F32 `[n, state_width]`).
+/// `table.<t>.state` (F32 `[n, state_width]`), and where the store keeps
+/// them `table.<t>.counts` and `table.<t>.hot` (U64 `[n]`: frequencies and
+/// hot-tier slots, `u32::MAX` for cold rows; older checkpoints lack them).
 pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEntry), SinkError> {
     let name = shard_file(part.worker);
-    let mut list = Vec::with_capacity(3 * part.tables.len());
+    let mut list = Vec::with_capacity(5 * part.tables.len());
+    let widened: Vec<(Vec<u64>, Vec<u64>)> = part
+        .tables
+        .iter()
+        .map(|t| (t.counts.iter().map(|&c| c as u64).collect(), t.hot.iter().map(|&h| h as u64).collect()))
+        .collect();
     for (t, table) in part.tables.iter().enumerate() {
         let n = table.ids.len();
         list.push(Tensor { name: format!("table.{t}.ids"), shape: vec![n], values: Values::U64(&table.ids) });
@@ -69,6 +76,13 @@ pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEnt
             shape: vec![n, part.state_width],
             values: Values::F32(&table.state),
         });
+        let (counts, hot) = &widened[t];
+        if !counts.is_empty() {
+            list.push(Tensor { name: format!("table.{t}.counts"), shape: vec![n], values: Values::U64(counts) });
+        }
+        if !hot.is_empty() {
+            list.push(Tensor { name: format!("table.{t}.hot"), shape: vec![n], values: Values::U64(hot) });
+        }
     }
     let metadata = meta(&[
         ("format", "tiderec-shard".into()),
