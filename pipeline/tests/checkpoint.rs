@@ -114,6 +114,27 @@ fn stopped_and_resumed_run_equals_an_uninterrupted_one_on_synthetic_data() {
     stop_and_resume(SYNTHETIC, "synthetic");
 }
 
+/// A tiered store's frequencies and hot plan travel in the checkpoint: the resumed run
+/// serves from the restored hot tier at once, so its hits add up with the first half's
+/// to the uninterrupted run's (step 30 is no plan boundary: plans at 6, 13, 20, 27, …).
+#[test]
+fn a_resumed_tiered_store_keeps_its_hot_plan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck_arg = dir_arg(&tmp.path().join("ck"));
+    let tiered = ["--store", "tiered", "--hot-rows", "3000", "--warmup", "6", "--flush-every", "7"];
+    let (straight, _) = train(SYNTHETIC, 2, 60, &tiered, tmp.path());
+    let (first, _) = train(SYNTHETIC, 2, 30, &[&tiered[..], &["--checkpoint-dir", &ck_arg]].concat(), tmp.path());
+    let (resumed, _) =
+        train(SYNTHETIC, 2, 60, &[&tiered[..], &["--checkpoint-dir", &ck_arg, "--resume"]].concat(), tmp.path());
+    assert_eq!(resumed["resumed_from_step"], 30);
+    assert_same_run(&straight, &resumed, 1e-6, "tiered");
+    let hits = |v: &serde_json::Value, k: &str| v["store"][k].as_u64().unwrap();
+    for k in ["hot_hits", "cold_hits", "misses", "lookups"] {
+        assert_eq!(hits(&first, k) + hits(&resumed, k), hits(&straight, k), "{k}");
+    }
+    assert!(hits(&resumed, "hot_hits") > 0 && hits(&resumed, "hot_rows") == hits(&straight, "hot_rows"));
+}
+
 #[test]
 fn stopped_and_resumed_run_equals_an_uninterrupted_one_on_criteo() {
     let Some(data) = shared_data("criteo/sample.train") else { return };
