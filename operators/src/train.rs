@@ -45,7 +45,7 @@ use crate::store::{EmbeddingStore, Store, StoreConfig, StoreParams, StoreStats};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use timely::container::CapacityContainerBuilder;
@@ -141,7 +141,8 @@ pub struct StepStats {
     pub samples: u64,
     /// Σ BCE loss over the global batch.
     pub loss_sum: f64,
-    /// Bytes every worker has sent to other workers so far (cumulative).
+    /// Bytes every worker has sent to other workers in the steps before this one
+    /// (cumulative; deterministic: each message counts toward its own step).
     pub bytes_sent: u64,
     /// Σ of squares of all parameters (only in `Report` steps).
     pub sum_squares: f64,
@@ -368,6 +369,39 @@ struct Owner {
     workers: usize,
 }
 
+/// Bytes this worker sent to other workers, by the step (timestamp) of each
+/// message. A worker may serve a faster peer's next step before its own step
+/// completes, so a plain running counter read at a step boundary would depend
+/// on timing; counting per step keeps every figure deterministic.
+#[derive(Default)]
+struct ByteLedger {
+    /// Bytes of steps that are still open here (a message of step `t` can be sent until this worker completes `t`).
+    open: std::collections::BTreeMap<u64, u64>,
+    /// Bytes of the steps before `settled_through`.
+    settled: u64,
+    settled_through: u64,
+}
+
+impl ByteLedger {
+    fn add(&mut self, t: u64, bytes: u64) {
+        debug_assert!(t >= self.settled_through, "a message of step {t} after that step completed");
+        *self.open.entry(t).or_default() += bytes;
+    }
+
+    /// Bytes of the steps before `t`.
+    fn before(&self, t: u64) -> u64 {
+        self.settled + self.open.range(..t).map(|(_, b)| b).sum::<u64>()
+    }
+
+    /// Folds the steps before `t` (all complete) into the settled total.
+    fn settle(&mut self, t: u64) {
+        let later = self.open.split_off(&t);
+        self.settled += self.open.values().sum::<u64>();
+        self.open = later;
+        self.settled_through = self.settled_through.max(t);
+    }
+}
+
 /// Collects the `W` messages each worker sends a stage for one timestamp.
 struct Rendezvous<M> {
     workers: usize,
@@ -437,7 +471,7 @@ pub struct Trainer {
     home: Rc<RefCell<Home>>,
     owner: Rc<RefCell<Owner>>,
     eval: Rc<RefCell<EvalSet>>,
-    bytes_sent: Rc<Cell<u64>>,
+    bytes_sent: Rc<RefCell<ByteLedger>>,
     config: TrainerConfig,
     step: u64,
     /// Training steps that updated the parameters (restored from checkpoints).
@@ -537,7 +571,7 @@ impl Trainer {
         }));
         let outcome = Rc::new(RefCell::new(Outcome::default()));
         let eval = Rc::new(RefCell::new(EvalSet::default()));
-        let bytes_sent = Rc::new(Cell::new(0u64));
+        let bytes_sent = Rc::new(RefCell::new(ByteLedger::default()));
         let mut input = InputHandle::new();
 
         worker.dataflow::<u64, _, _>(|scope| {
@@ -548,12 +582,13 @@ impl Trainer {
                 move |_, _| {
                     move |input, output| {
                         input.for_each(|cap, data: &mut Vec<Command>| {
+                            let t = *cap.least().expect("a message has a time");
                             let mut session = output.session(&cap);
                             for command in data.drain(..) {
                                 let mut home = home_a.borrow_mut();
                                 for request in home.plan(command, &owner_a.borrow().replicas) {
                                     if request.to as usize != home.me {
-                                        bytes_a.set(bytes_a.get() + request.wire_bytes());
+                                        bytes_a.borrow_mut().add(t, request.wire_bytes());
                                     }
                                     session.give(request);
                                 }
@@ -570,12 +605,13 @@ impl Trainer {
                 move |_, _| {
                     move |input, output| {
                         input.for_each(|cap, data| {
+                            let t = *cap.least().expect("a message has a time");
                             let mut session = output.session(&cap);
                             for request in data.drain(..) {
                                 let mut guard = owner_b.borrow_mut();
                                 let reply = guard.serve(&request);
                                 if request.from != request.to {
-                                    bytes_b.set(bytes_b.get() + reply.wire_bytes());
+                                    bytes_b.borrow_mut().add(t, reply.wire_bytes());
                                 }
                                 let owner = &mut *guard;
                                 let from = request.from as usize;
@@ -599,11 +635,12 @@ impl Trainer {
                             if let Some(mut replies) = stash_c.offer(t, data) {
                                 replies.sort_by_key(|r| r.from);
                                 let mut home = home_c.borrow_mut();
-                                let messages = home.compute(replies, &owner_c.borrow(), bytes_c.get());
+                                let before = bytes_c.borrow().before(t);
+                                let messages = home.compute(replies, &owner_c.borrow(), before);
                                 let mut session = output.session(&cap);
                                 for m in messages {
                                     if m.to != m.from {
-                                        bytes_c.set(bytes_c.get() + m.wire_bytes());
+                                        bytes_c.borrow_mut().add(t, m.wire_bytes());
                                     }
                                     session.give(m);
                                 }
@@ -629,7 +666,7 @@ impl Trainer {
                                 let updates = owner.apply(&mut home, &messages, &mut eval_d.borrow_mut());
                                 let mut session = output.session(&cap);
                                 for u in updates {
-                                    bytes_d.set(bytes_d.get() + 4 * u.values.len() as u64);
+                                    bytes_d.borrow_mut().add(t, 4 * u.values.len() as u64);
                                     session.give(u);
                                 }
                             }
@@ -638,7 +675,7 @@ impl Trainer {
                 },
             );
 
-            let (home_e, outcome_e) = (home.clone(), outcome.clone());
+            let (home_e, outcome_e, bytes_e) = (home.clone(), outcome.clone(), bytes_sent.clone());
             let mut stash_e = Rendezvous::<ParamUpdate>::new(workers);
             updates.sink(Exchange::new(|u: &ParamUpdate| u.to as u64), "GatherParams", move |(input, _frontier)| {
                 input.for_each(|cap, data| {
@@ -655,6 +692,7 @@ impl Trainer {
                                 stats = u.stats;
                             }
                         }
+                        bytes_e.borrow_mut().settle(t + 1);
                         let mut outcome = outcome_e.borrow_mut();
                         outcome.completed = t + 1;
                         outcome.stats = stats;
@@ -804,9 +842,10 @@ impl Trainer {
         self.home.borrow().model.params().to_vec()
     }
 
-    /// Bytes this worker has sent to other workers.
+    /// Bytes this worker sent to other workers in the steps it has completed
+    /// (the same figure whatever the timing of the other workers).
     pub fn bytes_sent(&self) -> u64 {
-        self.bytes_sent.get()
+        self.bytes_sent.borrow().before(self.step)
     }
 
     /// Number of embedding rows this worker owns.

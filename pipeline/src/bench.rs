@@ -18,6 +18,7 @@
 
 pub mod cache;
 pub mod exchange;
+pub mod processes;
 pub mod replay;
 
 use crate::run::timely_config;

@@ -129,9 +129,18 @@ struct ExchangeArgs {
     /// Global batch size.
     #[arg(long, default_value_t = 2048)]
     batch_size: usize,
-    /// Worker threads.
+    /// Workers in all.
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Split the workers over this many processes on 127.0.0.1 (started by this command).
+    #[arg(long, default_value_t = 1)]
+    processes: usize,
+    /// Set by a multi-process run for the processes it starts.
+    #[arg(long, hide = true, requires = "hosts")]
+    process: Option<usize>,
+    /// Set by a multi-process run for the processes it starts.
+    #[arg(long, hide = true, requires = "process")]
+    hosts: Option<std::path::PathBuf>,
     /// Timed steps per strategy.
     #[arg(long, default_value_t = 20)]
     steps: u64,
@@ -1133,8 +1142,15 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Bench(BenchCommand::Exchange(a)) if a.processes > 1 && a.process.is_none() => {
+            // Start the processes with this command's own arguments; process 0 prints the report.
+            let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            let out = tiderec::bench::processes::run_local(a.processes, &args)?;
+            std::io::Write::write_all(&mut std::io::stdout(), &out)?;
+        }
         Command::Bench(BenchCommand::Exchange(a)) => {
             use tiderec::bench::exchange::{run_exchange, ExchangeBench, ExchangeData};
+            use tiderec::bench::processes::ProcessRole;
             let data = match a.data.split_once(':') {
                 None if a.data == "zipf" => ExchangeData::Zipf(a.zipf),
                 Some(("criteo", path)) => ExchangeData::Criteo(path.into()),
@@ -1145,6 +1161,10 @@ fn main() -> anyhow::Result<()> {
                 data,
                 batch_size: a.batch_size,
                 workers: a.workers,
+                role: match (a.process, &a.hosts) {
+                    (Some(process), Some(hosts)) => ProcessRole::from_hosts(process, a.processes, hosts)?,
+                    _ => ProcessRole { process: 0, processes: 1, addresses: Vec::new() },
+                },
                 warmup: a.warmup,
                 steps: a.steps,
                 rows: a.rows,
@@ -1154,7 +1174,9 @@ fn main() -> anyhow::Result<()> {
                 seed: 7,
             };
             let r = run_exchange(&bench)?;
-            if a.json {
+            if bench.role.process > 0 {
+                // Process 0 reports for all.
+            } else if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 print!("{}", r.describe());

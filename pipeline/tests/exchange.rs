@@ -124,3 +124,28 @@ fn bad_exchange_settings_fail_naming_the_key() {
     );
     assert!(err.contains("exchange") && err.contains("rows or partial"), "{err}");
 }
+
+/// `bench exchange --processes 2` splits the same two workers over two processes:
+/// every strategy sends the same bytes and trains the same model as with two threads.
+#[test]
+fn the_exchange_bench_over_two_processes_measures_what_two_threads_do() {
+    let run = |processes: &str| {
+        let out =
+            run_ok(
+                tiderec()
+                    .args(["bench", "exchange", "--model", "fm", "--workers", "2", "--processes", processes])
+                    .args(["--steps", "3", "--warmup", "1", "--batch-size", "512", "--rows", "20000", "--json"]),
+            );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("one JSON object")
+    };
+    let (threads, processes) = (run("1"), run("2"));
+    assert_eq!(processes["processes"], 2);
+    let strategies = |v: &serde_json::Value| v["strategies"].as_array().unwrap().clone();
+    assert_eq!(strategies(&threads).len(), 4, "rows, partial, replicated, auto");
+    for (t, p) in strategies(&threads).iter().zip(&strategies(&processes)) {
+        assert_eq!(t["strategy"], p["strategy"]);
+        assert_eq!(t["bytes_per_sample"], p["bytes_per_sample"], "{}", t["strategy"]);
+        assert_eq!(t["l2_rel_diff"], p["l2_rel_diff"], "{}", t["strategy"]);
+        assert!(p["samples_per_sec"].as_f64().unwrap() > 0.0);
+    }
+}

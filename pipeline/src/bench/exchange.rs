@@ -17,15 +17,19 @@
 //! partial results, gradients, dense slices); `vs_rows` is the strategy's
 //! bytes per sample over `rows`'. Each strategy's final parameter norm is
 //! compared with `rows`' (`l2_rel_diff`): the strategies train the same model.
+//!
+//! With `processes > 1` the same workers are split over that many processes
+//! on 127.0.0.1 ([`super::processes`]), so the messages are serialized and
+//! cross sockets; bytes and times are gathered from every worker.
 
-use crate::config::Resolved;
+use super::processes::ProcessRole;
 use crate::data::{micro_batch, WorkerData};
-use crate::run::timely_config;
-use crate::{PipelineError, TrainSettings};
+use crate::PipelineError;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+use tiderec_operators::collective::Collective;
 use tiderec_operators::exchange::{plan_exchange, ExchangeConfig, ExchangePlan, PlanInput, TableExchange};
 use tiderec_operators::nn::{DlrmConfig, FmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
@@ -52,8 +56,10 @@ pub struct ExchangeBench {
     pub data: ExchangeData,
     /// Global batch size.
     pub batch_size: usize,
-    /// Worker threads.
+    /// Workers in all (threads × processes).
     pub workers: usize,
+    /// This process's place when the workers are split over processes.
+    pub role: ProcessRole,
     /// Untimed steps per strategy.
     pub warmup: u64,
     /// Timed steps per strategy.
@@ -100,8 +106,10 @@ pub struct ExchangeBenchResult {
     pub data: String,
     /// Global batch size.
     pub batch_size: usize,
-    /// Worker threads.
+    /// Workers in all.
     pub workers: usize,
+    /// Processes the workers were split over.
+    pub processes: usize,
     /// Timed steps per strategy.
     pub steps: u64,
     /// The strategies measured.
@@ -116,8 +124,8 @@ impl ExchangeBenchResult {
     /// The report as text: one line per strategy, then the planner's table.
     pub fn describe(&self) -> String {
         let mut s = format!(
-            "exchange bench: {} on {}, global batch {}, {} workers, {} timed steps per strategy\n",
-            self.model, self.data, self.batch_size, self.workers, self.steps
+            "exchange bench: {} on {}, global batch {}, {} workers in {} process(es), {} timed steps per strategy\n",
+            self.model, self.data, self.batch_size, self.workers, self.processes, self.steps
         );
         s.push_str("strategy      bytes/sample  vs rows  est. embedding B/s  samples/s  params_l2 rel. diff\n");
         for r in &self.strategies {
@@ -218,6 +226,13 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
     if bench.batch_size < bench.workers {
         return Err(PipelineError::config("batch_size", "must be at least the number of workers"));
     }
+    let processes = bench.role.processes.max(1);
+    if bench.workers % processes != 0 {
+        return Err(PipelineError::config(
+            "workers",
+            format!("{} workers do not split evenly over {processes} processes", bench.workers),
+        ));
+    }
     if !(0.0..1.0).contains(&bench.replicate) {
         return Err(PipelineError::config("replicate", format!("must be in [0, 1), got {}", bench.replicate)));
     }
@@ -263,8 +278,6 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
     let auto = ExchangeConfig { tables: plan.tables.clone(), replicated: plan.replicated.clone() };
     strategies.push(("auto".into(), auto, plan.estimated));
 
-    let settings = TrainSettings { workers: bench.workers, batch_size: bench.batch_size, ..TrainSettings::default() };
-    let resolved = settings.validate()?;
     let mut results: Vec<StrategyResult> = Vec::new();
     let mut rows_l2 = None;
     for (name, exchange, estimated) in strategies {
@@ -280,7 +293,7 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
             store: Default::default(),
             exchange: exchange.clone(),
         };
-        let (secs, bytes, l2) = train(bench, &settings, &resolved, config, all.clone())?;
+        let (secs, bytes, l2) = train(bench, config, all.clone())?;
         let samples = bench.steps * bench.batch_size as u64;
         let bytes_per_sample = bytes as f64 / samples as f64;
         let base_l2: f64 = *rows_l2.get_or_insert(l2);
@@ -305,6 +318,7 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
         },
         batch_size: bench.batch_size,
         workers: bench.workers,
+        processes,
         steps: bench.steps,
         strategies: results,
         skipped,
@@ -321,19 +335,16 @@ fn first_layer_width(model: &ModelConfig) -> usize {
     }
 }
 
-/// Trains one strategy; returns (timed seconds, bytes sent in the timed steps, final parameter norm).
-fn train(
-    bench: &ExchangeBench,
-    settings: &TrainSettings,
-    resolved: &Resolved,
-    config: TrainerConfig,
-    all: Arc<Batch>,
-) -> Result<(f64, u64, f64), PipelineError> {
+/// Trains one strategy; returns (timed seconds, bytes sent in the timed steps
+/// by all workers, final parameter norm), the same in every process.
+fn train(bench: &ExchangeBench, config: TrainerConfig, all: Arc<Batch>) -> Result<(f64, u64, f64), PipelineError> {
     let (batch, warmup, steps) = (bench.batch_size, bench.warmup, bench.steps);
-    let guards = timely::execute(timely_config(settings, resolved), move |worker| {
+    let threads = bench.workers / bench.role.processes.max(1);
+    let guards = timely::execute(bench.role.timely_config(threads), move |worker| {
         let (me, w) = (worker.index(), worker.peers());
         let batches: Vec<Batch> = (0..warmup + steps).map(|s| micro(&all, batch, s, me, w)).collect();
         let mut trainer = Trainer::new(worker, &config)?;
+        let mut totals = Collective::<(f64, u64)>::new(worker);
         let mut batches = batches.into_iter();
         for b in batches.by_ref().take(warmup as usize) {
             trainer.step(worker, StepKind::Train, b)?;
@@ -346,15 +357,14 @@ fn train(
         let secs = start.elapsed().as_secs_f64();
         let bytes = trainer.bytes_sent() - before;
         let l2 = trainer.params_l2(worker)?;
-        Ok::<_, PipelineError>((secs, bytes, l2))
+        let all = totals.all_gather(worker, (secs, bytes));
+        let secs = all.iter().map(|a| a.0).fold(0.0, f64::max);
+        Ok::<_, PipelineError>((secs, all.iter().map(|a| a.1).sum::<u64>(), l2))
     })
     .map_err(|e| PipelineError::Dataflow(e.to_string()))?;
-    let (mut secs, mut bytes, mut l2) = (0.0f64, 0u64, 0.0);
+    let mut result = (0.0, 0, 0.0);
     for r in guards.join() {
-        let (s, b, n) = r.map_err(PipelineError::Dataflow)??;
-        secs = secs.max(s);
-        bytes += b;
-        l2 = n;
+        result = r.map_err(PipelineError::Dataflow)??;
     }
-    Ok((secs, bytes, l2))
+    Ok(result)
 }
