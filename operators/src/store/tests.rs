@@ -161,6 +161,42 @@ fn a_store_on_two_workers_holds_the_rows_of_one() {
 /// (hot set changing as frequencies shift) against a plain dynamic store fed
 /// the same operations; after every step every row, every optimizer slot and
 /// every lookup agree bit for bit, and each plan is the exact top-k.
+/// One step of drifting Zipf lookups (step `s` favours ids near `10·(s / 10)`)
+/// through both stores, which must gather the same rows; then every row's
+/// gradient applied to both, reporting each `(table, id)` to `touched`.
+fn drifting_step(
+    s: u64,
+    sizes: &[u64],
+    tiered: &mut TieredStore,
+    plain: &mut DynamicStore,
+    mut touched: impl FnMut(usize, u64),
+) {
+    let step: Vec<(usize, Vec<u64>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(t, &n)| {
+            let mut ids: Vec<u64> = (0..25).map(|k| (skewed_id(n, s * 7 + t as u64, k) + 10 * (s / 10)) % n).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            (t, ids)
+        })
+        .collect();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for (t, ids) in &step {
+        tiered.gather(*t, ids, &mut a);
+        plain.gather(*t, ids, &mut b);
+    }
+    assert_eq!(a, b, "step {s}: lookups");
+    for (t, ids) in &step {
+        for &id in ids {
+            let g = grad(s, *t, id);
+            tiered.apply(*t, id, &g);
+            plain.apply(*t, id, &g);
+            touched(*t, id);
+        }
+    }
+}
+
 #[test]
 fn re_planning_moves_rows_and_state_without_changing_any_value() {
     let sizes = [400u64, 90];
@@ -171,31 +207,7 @@ fn re_planning_moves_rows_and_state_without_changing_any_value() {
     let mut plain = DynamicStore::new(&cfg, &p);
     let mut moves = 0;
     for s in 0..40u64 {
-        // The popular ids drift: step s favours ids near 10·(s / 10).
-        let step: Vec<(usize, Vec<u64>)> = sizes
-            .iter()
-            .enumerate()
-            .map(|(t, &n)| {
-                let mut ids: Vec<u64> =
-                    (0..25).map(|k| (skewed_id(n, s * 7 + t as u64, k) + 10 * (s / 10)) % n).collect();
-                ids.sort_unstable();
-                ids.dedup();
-                (t, ids)
-            })
-            .collect();
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for (t, ids) in &step {
-            tiered.gather(*t, ids, &mut a);
-            plain.gather(*t, ids, &mut b);
-        }
-        assert_eq!(a, b, "step {s}: lookups");
-        for (t, ids) in &step {
-            for &id in ids {
-                let g = grad(s, *t, id);
-                tiered.apply(*t, id, &g);
-                plain.apply(*t, id, &g);
-            }
-        }
+        drifting_step(s, &sizes, &mut tiered, &mut plain, |_, _| {});
         let before = values(export_all(&tiered, sizes.len()));
         tiered.end_step(s + 1);
         plain.end_step(s + 1);
@@ -537,31 +549,7 @@ fn a_windowed_differential_plan_is_the_top_k_of_the_last_steps() {
     let mut changed = 0;
     let mut last = Vec::new();
     for s in 0..40u64 {
-        let step: Vec<(usize, Vec<u64>)> = sizes
-            .iter()
-            .enumerate()
-            .map(|(t, &n)| {
-                let mut ids: Vec<u64> =
-                    (0..25).map(|k| (skewed_id(n, s * 7 + t as u64, k) + 10 * (s / 10)) % n).collect();
-                ids.sort_unstable();
-                ids.dedup();
-                (t, ids)
-            })
-            .collect();
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for (t, ids) in &step {
-            tiered.gather(*t, ids, &mut a);
-            plain.gather(*t, ids, &mut b);
-        }
-        assert_eq!(a, b, "step {s}: lookups");
-        for (t, ids) in &step {
-            for &id in ids {
-                let g = grad(s, *t, id);
-                tiered.apply(*t, id, &g);
-                plain.apply(*t, id, &g);
-                history.push(((*t as u32, id), s));
-            }
-        }
+        drifting_step(s, &sizes, &mut tiered, &mut plain, |t, id| history.push(((t as u32, id), s)));
         tiered.end_step(s + 1);
         plain.end_step(s + 1);
         let counts = crate::freq::counts_from_scratch(&history, s, Some(window));
