@@ -558,6 +558,22 @@ fn count_positions(fields: &[&[u8]], delim: u8, split: fn(&[u8], u8, &mut Vec<u3
     count
 }
 
+/// `lines` lines of `bytes` bytes made of 7-digit ids each followed by `;`
+/// (8-byte fields, AtRec's split benchmark shape), from a fixed seed.
+fn eight_byte_fields(lines: usize, bytes: usize) -> Vec<Vec<u8>> {
+    (0..lines)
+        .map(|l| {
+            let mut line = Vec::with_capacity(bytes);
+            for k in 0..bytes / 8 {
+                let id = 1_000_000 + mix64((l * bytes + k) as u64) % 9_000_000;
+                line.extend_from_slice(id.to_string().as_bytes());
+                line.push(b';');
+            }
+            line
+        })
+        .collect()
+}
+
 /// The `;` list columns of elm-shaped lines.
 fn list_fields(lines: &Lines) -> Vec<&[u8]> {
     use tiderec_operators::features::split::for_each_token;
@@ -589,10 +605,17 @@ pub fn run_features(seconds: f64, criteo: &std::path::Path) -> FeaturesBenchResu
     let elm_fields = list_fields(&elm);
     let short: Vec<&[u8]> = elm_fields.iter().copied().filter(|f| f.len() <= 64).collect();
     let long_fields = list_fields(&elm_long);
+    let eight = eight_byte_fields(256, 4096);
     let mut field_splits = vec![
         bench_field_split("elm lists", &elm_fields, b';', seconds),
         bench_field_split("elm lists <= 64 B", &short, b';', seconds),
         bench_field_split("elm_y_long lists", &long_fields, b';', seconds),
+        bench_field_split(
+            "8-byte fields, 4 KiB lines",
+            &eight.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+            b';',
+            seconds,
+        ),
     ];
     if let Some(lines) = &criteo_lines {
         pipelines.push(bench_pipeline("criteo", Shape::Criteo, lines, seconds));
