@@ -287,60 +287,56 @@ fn exactly_once_across_sigkill_and_sigterm() {
     }
 }
 
-#[test]
-fn broker_outage_loses_and_repeats_nothing() {
+/// Trains 20,000 records (3 partitions) once undisturbed and once with `disturb`
+/// applied to the broker after the trainer's first checkpoint; both must train every
+/// record once, stop at the same offsets and end with the same model.
+fn disturbed_run_equals_an_undisturbed_one(broker: &mut Broker, what: &str, disturb: impl FnOnce(&mut Broker)) {
     let Some(sample) = criteo_sample() else { return };
-    let broker = Broker::start();
-    produce(&broker, "clicks", &sample, &["--partitions", "3", "--repeat", "2"]);
+    produce(broker, "clicks", &sample, &["--partitions", "3", "--repeat", "2"]);
     let base = tempfile::tempdir().unwrap();
     let (a, b) = (base.path().join("a"), base.path().join("b"));
-    run_ok(&mut online_cmd(&broker, "clicks", &a, 1, &[]));
-    // The same run, with the broker frozen for 3 s after the trainer's first checkpoint.
-    let mut child = online_cmd(&broker, "clicks", &b, 1, &["--checkpoint-every", "10"])
+    run_ok(&mut online_cmd(broker, "clicks", &a, 1, &[]));
+    let mut child = online_cmd(broker, "clicks", &b, 1, &["--checkpoint-every", "10"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     wait_for_checkpoint(&b, &mut child);
-    broker.signal("-STOP");
-    std::thread::sleep(Duration::from_secs(3));
-    broker.signal("-CONT");
+    disturb(broker);
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(summary(&b)["samples"], 20_000);
+    assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(summary(&a)["samples"], 20_000);
-    let d = model_diff(&final_model(&a), &final_model(&b));
-    assert!(d <= 1e-6, "outage changed the model by {d}");
+    assert_eq!(summary(&b)["samples"], 20_000, "{what}: no record lost or trained twice");
+    let (ma, mb) = (final_model(&a), final_model(&b));
+    assert_eq!(ma.offsets, mb.offsets, "{what}");
+    let d = model_diff(&ma, &mb);
+    assert!(d <= 1e-6, "{what} changed the model by {d}");
+}
+
+#[test]
+fn broker_outage_loses_and_repeats_nothing() {
+    if criteo_sample().is_none() {
+        return;
+    }
+    // The broker frozen for 3 s after the trainer's first checkpoint.
+    disturbed_run_equals_an_undisturbed_one(&mut Broker::start(), "a 3 s outage", |broker| {
+        broker.signal("-STOP");
+        std::thread::sleep(Duration::from_secs(3));
+        broker.signal("-CONT");
+    });
 }
 
 #[test]
 fn broker_restart_loses_and_repeats_nothing() {
-    let Some(sample) = criteo_sample() else { return };
+    if criteo_sample().is_none() {
+        return;
+    }
     let Some(tansu) = durable_tansu() else { return };
     let store = tempfile::tempdir().unwrap();
     let storage = format!("sqlite://{}", store.path().join("tansu.db").display());
+    // The broker killed after the trainer's first checkpoint and started again (same port, same storage) 2 s later.
     let mut broker = Broker::start_on(&tansu, free_port(), &storage);
-    produce(&broker, "clicks", &sample, &["--partitions", "3", "--repeat", "2"]);
-    let base = tempfile::tempdir().unwrap();
-    let (a, b) = (base.path().join("a"), base.path().join("b"));
-    run_ok(&mut online_cmd(&broker, "clicks", &a, 1, &[]));
-    // The same run, with the broker killed after the trainer's first checkpoint and
-    // started again (same port, same storage) 2 s later.
-    let mut child = online_cmd(&broker, "clicks", &b, 1, &["--checkpoint-every", "10"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_checkpoint(&b, &mut child);
-    broker.restart(Duration::from_secs(2));
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(summary(&a)["samples"], 20_000);
-    assert_eq!(summary(&b)["samples"], 20_000, "no record lost or trained twice");
-    let (ma, mb) = (final_model(&a), final_model(&b));
-    assert_eq!(ma.offsets, mb.offsets);
-    let d = model_diff(&ma, &mb);
-    assert!(d <= 1e-6, "the restart changed the model by {d}");
+    disturbed_run_equals_an_undisturbed_one(&mut broker, "a restart", |broker| broker.restart(Duration::from_secs(2)));
 }
 
 #[test]
