@@ -77,20 +77,12 @@ struct Context {
 
 /// The timely configuration for these settings.
 pub fn timely_config(settings: &TrainSettings, resolved: &Resolved) -> timely::Config {
-    let communication = if settings.processes > 1 {
-        timely::CommunicationConfig::Cluster {
-            threads: settings.workers,
-            process: settings.process,
-            addresses: resolved.hosts.clone(),
-            report: false,
-            zerocopy: false,
-        }
-    } else if settings.workers > 1 {
-        timely::CommunicationConfig::Process(settings.workers)
-    } else {
-        timely::CommunicationConfig::Thread
+    let role = crate::bench::processes::ProcessRole {
+        process: settings.process,
+        processes: settings.processes,
+        addresses: resolved.hosts.clone(),
     };
-    timely::Config { communication, worker: timely::WorkerConfig::default() }
+    role.timely_config(settings.workers)
 }
 
 /// The trainer configuration for these settings.
