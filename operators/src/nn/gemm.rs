@@ -113,76 +113,6 @@ fn gemv_shapes<T: Scalar>(
     }
 }
 
-/// Rows and columns of one register block of [`gemm_small`].
-const SMALL_ROWS: usize = 4;
-const SMALL_COLS: usize = 16;
-
-/// `c[m×n] = a[m×k] · b[k×n] (+ c when `accumulate`)`, both operands as stored,
-/// for the small products a recurrence repeats every step (`k`, `n` of a few
-/// dozen): no packing, `b` is read in place (it stays in L1 across steps), and
-/// each 4×16 block of `c` is accumulated in registers. A last partial column
-/// block reads a zero-padded copy of its columns of `b`. The oracle is
-/// [`gemm_reference`].
-///
-/// # Panics
-/// When a slice is shorter than its shape requires.
-pub fn gemm_small<T: Scalar>(m: usize, n: usize, k: usize, a: &[T], b: &[T], accumulate: bool, c: &mut [T]) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "gemm_small: operand too short");
-    if k == 0 {
-        if !accumulate {
-            c[..m * n].fill(T::ZERO);
-        }
-        return;
-    }
-    let mut padded = Vec::new();
-    for j in (0..n).step_by(SMALL_COLS) {
-        let width = SMALL_COLS.min(n - j);
-        // Column block j of b as (slice, row stride, first column).
-        let (bb, stride, first) = if width == SMALL_COLS {
-            (b, n, j)
-        } else {
-            padded.clear();
-            padded.resize(k * SMALL_COLS, T::ZERO);
-            for p in 0..k {
-                padded[p * SMALL_COLS..p * SMALL_COLS + width].copy_from_slice(&b[p * n + j..p * n + j + width]);
-            }
-            (&padded[..], SMALL_COLS, 0)
-        };
-        let mut i = 0;
-        let mut block = [[T::ZERO; SMALL_COLS]; SMALL_ROWS];
-        while i + SMALL_ROWS <= m {
-            T::block_4x16(k, &a[i * k..], k, &bb[first..], stride, &mut block);
-            store_block(&block, i, j, width, n, accumulate, c);
-            i += SMALL_ROWS;
-        }
-        // Fewer than four rows left: a zero-padded copy of them.
-        if i < m {
-            let mut rows = vec![T::ZERO; SMALL_ROWS * k];
-            rows[..(m - i) * k].copy_from_slice(&a[i * k..m * k]);
-            T::block_4x16(k, &rows, k, &bb[first..], stride, &mut block);
-            store_block(&block[..m - i], i, j, width, n, accumulate, c);
-        }
-    }
-}
-
-/// Writes (or adds) the first `width` columns of `block`'s rows to `c` at row `i`, column `j`.
-fn store_block<T: Scalar>(
-    block: &[[T; SMALL_COLS]],
-    i: usize,
-    j: usize,
-    width: usize,
-    n: usize,
-    accumulate: bool,
-    c: &mut [T],
-) {
-    for (r, row) in block.iter().enumerate() {
-        let crow = &mut c[(i + r) * n + j..(i + r) * n + j + width];
-        for (o, &x) in crow.iter_mut().zip(row) {
-            *o = if accumulate { *o + x } else { x };
-        }
-    }
-}
-
 /// Scalar reference GEMM: the oracle for [`gemm`].
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_reference<T: Scalar>(
@@ -233,21 +163,6 @@ mod tests {
             let mut c2 = c0.clone();
             gemm(oa, ob, m, n, k, 0.7, &a, &b, 0.3, &mut c1);
             gemm_reference(oa, ob, m, n, k, 0.7, &a, &b, 0.3, &mut c2);
-            for (x, y) in c1.iter().zip(&c2) {
-                prop_assert!((x - y).abs() < 1e-12);
-            }
-        }
-
-        #[test]
-        fn small_gemm_matches_reference(m in 0usize..11, n in 0usize..40, k in 0usize..9, accumulate in any::<bool>(), seed in any::<u64>()) {
-            let val = |i: usize| crate::rng::unit_f64(seed, i as u64, 0, 0) - 0.5;
-            let a: Vec<f64> = (0..m * k).map(val).collect();
-            let b: Vec<f64> = (0..k * n).map(|i| val(i + 1000)).collect();
-            let c0: Vec<f64> = (0..m * n).map(|i| val(i + 2000)).collect();
-            let mut c1 = c0.clone();
-            let mut c2 = c0.clone();
-            gemm_small(m, n, k, &a, &b, accumulate, &mut c1);
-            gemm_reference(Op::N, Op::N, m, n, k, 1.0, &a, &b, if accumulate { 1.0 } else { 0.0 }, &mut c2);
             for (x, y) in c1.iter().zip(&c2) {
                 prop_assert!((x - y).abs() < 1e-12);
             }

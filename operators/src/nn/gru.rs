@@ -28,6 +28,7 @@
 //! `b_ih [3H]`, `b_hh [3H]`.
 
 use super::gemm::{gemm, Op};
+use super::gemm_packed::{gemm_packed, PackedRhs};
 use super::loss::sigmoid_fast;
 use super::Scalar;
 use crate::rng::unit_f64;
@@ -55,6 +56,9 @@ pub struct GruCache<T> {
     n: Vec<T>,
     hn: Vec<T>,
     gh: Vec<T>,
+    /// `W_ihᵀ` and `W_hhᵀ` packed for the split forward's products.
+    w_input: PackedRhs<T>,
+    w_recurrent: PackedRhs<T>,
     /// Buffers of the split backward, kept between calls (no allocation per step of training).
     scratch: std::cell::RefCell<BackwardScratch<T>>,
     batch: usize,
@@ -68,7 +72,9 @@ struct BackwardScratch<T> {
     dgh: Vec<T>,
     dh: Vec<T>,
     dh_prev: Vec<T>,
-    dxt: Vec<T>,
+    /// `W_ih` and `W_hh` packed for the split backward's products.
+    w_input: PackedRhs<T>,
+    w_recurrent: PackedRhs<T>,
 }
 
 impl<T: Scalar> GruCache<T> {
@@ -124,57 +130,38 @@ impl Gru {
         let bh = batch * h;
         cache.batch = batch;
         cache.steps = steps;
-        // The input projections of a chunk of time steps in one GEMM, time-major:
-        // gx[(t·B + b) × 3H] = x_{b,t} · W_ihᵀ (the biases are added in the gather below).
-        // A chunk is as many steps as fill about 512 KiB of gx, so the cell reads them
-        // from cache; for DIEN shapes that is every step in one GEMM.
+        // The input projections of a chunk of time steps before the recurrence,
+        // time-major: gx[(t·B + b) × 3H] = x_{b,t} · W_ihᵀ (biases are added in the
+        // gate step). A chunk is as many steps as fill about 512 KiB of gx, so the
+        // cell reads them from cache; for DIEN shapes that is every step at once.
         to_time_major(x, batch, steps, self.input, &mut cache.xt);
         cache.gx.resize(batch * steps * i3, T::ZERO);
+        cache.gh.resize(batch * i3, T::ZERO);
+        cache.w_input.pack(Op::T, self.input, i3, &params[self.w_ih()]);
+        cache.w_recurrent.pack(Op::T, h, i3, &params[self.w_hh()]);
         let chunk = chunk_steps::<T>(batch * i3);
-        let (b_ih, b_hh) = (&params[self.b_ih()], &params[self.b_hh()]);
+        let bias = SplitBias::new(&params[self.b_ih()], &params[self.b_hh()], h);
         self.prepare(cache, batch, steps);
-        // The r and z biases of both sides summed once.
-        let bias_rz: Vec<T> = b_ih[..2 * h].iter().zip(&b_hh[..2 * h]).map(|(&a, &b)| a + b).collect();
+        let GruCache { states, xt, gx, r, z, n, hn, gh, w_input, w_recurrent, .. } = cache;
         for t in 0..steps {
             if t % chunk == 0 {
                 let rows = t * batch..(t + chunk).min(steps) * batch;
-                gemm(
-                    Op::N,
-                    Op::T,
-                    rows.len(),
-                    i3,
-                    self.input,
-                    T::ONE,
-                    &cache.xt[rows.start * self.input..rows.end * self.input],
-                    &params[self.w_ih()],
-                    T::ZERO,
-                    &mut cache.gx[rows.start * i3..rows.end * i3],
-                );
+                let (a, c) = (&xt[rows.start * self.input..], &mut gx[rows.start * i3..]);
+                gemm_packed(rows.len(), a, self.input, w_input, false, c, i3);
             }
-            let (prev, rest) = cache.states.split_at_mut((t + 1) * bh);
+            // The only product inside the recurrence: gh = h_{t−1} · W_hhᵀ.
+            let (prev, rest) = states.split_at_mut((t + 1) * bh);
             let hp = &prev[t * bh..];
-            let gh = &mut cache.gh[t * batch * i3..(t + 1) * batch * i3];
-            gemm(Op::N, Op::T, batch, i3, h, T::ONE, hp, &params[self.w_hh()], T::ZERO, gh);
+            gemm_packed(batch, hp, h, w_recurrent, false, gh, i3);
             let planes = t * bh..(t + 1) * bh;
-            let (r, z) = (&mut cache.r[planes.clone()], &mut cache.z[planes.clone()]);
-            let (n, hn) = (&mut cache.n[planes.clone()], &mut cache.hn[planes]);
-            // Gather the pre-activations of every row into the step's [B × H] planes.
-            for b in 0..batch {
-                let gx = &cache.gx[(t * batch + b) * i3..(t * batch + b + 1) * i3];
-                let ghb = &gh[b * i3..(b + 1) * i3];
-                let row = b * h..(b + 1) * h;
-                let (rr, zr, nr, hr) = (&mut r[row.clone()], &mut z[row.clone()], &mut n[row.clone()], &mut hn[row]);
-                let (gxr, gxz, gxn) = (&gx[..h], &gx[h..2 * h], &gx[2 * h..3 * h]);
-                let (ghr, ghz, ghn) = (&ghb[..h], &ghb[h..2 * h], &ghb[2 * h..3 * h]);
-                let (br, bz, bn, bhn) = (&bias_rz[..h], &bias_rz[h..2 * h], &b_ih[2 * h..3 * h], &b_hh[2 * h..3 * h]);
-                for j in 0..h {
-                    rr[j] = gxr[j] + ghr[j] + br[j];
-                    zr[j] = gxz[j] + ghz[j] + bz[j];
-                    nr[j] = gxn[j] + bn[j];
-                    hr[j] = ghn[j] + bhn[j];
-                }
-            }
-            activate_step(h, t, lengths, hp, &mut rest[..bh], r, z, n, hn);
+            let gx_t = &gx[t * batch * i3..(t + 1) * batch * i3];
+            let step = StepPlanes {
+                r: &mut r[planes.clone()],
+                z: &mut z[planes.clone()],
+                n: &mut n[planes.clone()],
+                hn: &mut hn[planes],
+            };
+            activate_split_step(h, t, lengths, gx_t, gh, &bias, hp, &mut rest[..bh], step);
         }
     }
 
@@ -186,7 +173,6 @@ impl Gru {
         for v in [&mut cache.r, &mut cache.z, &mut cache.n, &mut cache.hn] {
             v.resize(steps * bh, T::ZERO);
         }
-        cache.gh.resize(steps * batch * 3 * self.hidden, T::ZERO);
     }
 
     /// Back-propagates `dstates: [T × B × H]` (gradient w.r.t. `h_1 … h_T`) through
@@ -205,7 +191,9 @@ impl Gru {
         let (h, i3, batch, steps) = (self.hidden, 3 * self.hidden, cache.batch, cache.steps);
         let bh = batch * h;
         let mut scratch = cache.scratch.borrow_mut();
-        let BackwardScratch { dgx, dgh: dgh_all, dh, dh_prev, dxt } = &mut *scratch;
+        let BackwardScratch { dgx, dgh: dgh_all, dh, dh_prev, w_input, w_recurrent } = &mut *scratch;
+        w_input.pack(Op::N, i3, self.input, &params[self.w_ih()]);
+        w_recurrent.pack(Op::N, i3, h, &params[self.w_hh()]);
         // Every entry of dgx and dgh_all is written before it is read.
         dgx.resize(batch * steps * i3, T::ZERO);
         // The recurrent pre-activation gradients of every step (time-major), so that
@@ -215,7 +203,6 @@ impl Gru {
             v.clear();
             v.resize(bh, T::ZERO);
         }
-        dxt.resize(batch * steps * self.input, T::ZERO);
         let chunk = chunk_steps::<T>(batch * i3);
         for range in [self.w_ih(), self.w_hh(), self.b_ih(), self.b_hh()] {
             grads[range].fill(T::ZERO);
@@ -257,7 +244,7 @@ impl Gru {
                 }
             }
             // dh_{t−1} += dGh·W_hh (the only product the recurrence needs).
-            gemm(Op::N, Op::N, batch, h, i3, T::ONE, dgh, &params[self.w_hh()], T::ONE, dh_prev);
+            gemm_packed(batch, dgh, i3, w_recurrent, true, dh_prev, h);
             std::mem::swap(dh, dh_prev);
             dh_prev.fill(T::ZERO);
             // A chunk of steps is complete: its weight and input gradients, one GEMM
@@ -270,8 +257,11 @@ impl Gru {
                 gemm(Op::T, Op::N, i3, h, rows.len(), T::ONE, dgh_c, h_prev, T::ONE, &mut grads[self.w_hh()]);
                 let xt = &cache.xt[rows.start * self.input..rows.end * self.input];
                 gemm(Op::T, Op::N, i3, self.input, rows.len(), T::ONE, dgx_c, xt, T::ONE, &mut grads[self.w_ih()]);
-                let dxt_c = &mut dxt[rows.start * self.input..rows.end * self.input];
-                gemm(Op::N, Op::N, rows.len(), self.input, i3, T::ONE, dgx_c, &params[self.w_ih()], T::ZERO, dxt_c);
+                // dx_{b,s} = dGx_{s,b}·W_ih, written in place into the batch-major dx, a step at a time.
+                for s in rows.start / batch..rows.end / batch {
+                    let a = &dgx[s * batch * i3..(s + 1) * batch * i3];
+                    gemm_packed(batch, a, i3, w_input, false, &mut dx[s * self.input..], steps * self.input);
+                }
                 for (range, src) in [(self.b_hh(), dgh_c), (self.b_ih(), dgx_c)] {
                     let g = &mut grads[range];
                     for row in src.chunks_exact(i3) {
@@ -283,7 +273,6 @@ impl Gru {
             }
         }
         let _ = x;
-        from_time_major(dxt, batch, steps, self.input, dx);
     }
 
     /// The unsplit baseline: per step one GEMM of `[x_t, h]` with the combined
@@ -441,13 +430,91 @@ impl Gru {
     }
 }
 
-/// The elementwise part of one step over all `B` rows at once, on the step's
-/// `[B × H]` planes (one flat loop the compiler vectorizes; no per-row tail).
-/// On entry `r`, `z` hold the gate pre-activations, `n` the input part of the
-/// candidate's pre-activation and `hn` its recurrent part (`W_hn h + b_hn`),
-/// biases included; on exit `r`, `z`, `n` hold the activations and `out` is
-/// `h_t`. Rows past their length keep their state (their activations are
-/// computed but never read).
+/// The biases of the split cell's gate step: `b_ir + b_hr`, `b_iz + b_hz`
+/// (summed once), `b_in` and `b_hn` (kept apart: `r` multiplies only the latter).
+struct SplitBias<T> {
+    r: Vec<T>,
+    z: Vec<T>,
+    n: Vec<T>,
+    hn: Vec<T>,
+}
+
+impl<T: Scalar> SplitBias<T> {
+    fn new(b_ih: &[T], b_hh: &[T], h: usize) -> Self {
+        let sum = |g: usize| (g * h..(g + 1) * h).map(|j| b_ih[j] + b_hh[j]).collect();
+        SplitBias { r: sum(0), z: sum(1), n: b_ih[2 * h..3 * h].to_vec(), hn: b_hh[2 * h..3 * h].to_vec() }
+    }
+}
+
+/// One step's `[B × H]` planes of the cache: the activations `r`, `z`, `n` and
+/// the candidate's recurrent pre-activation `hn = W_hn h + b_hn` kept for backward.
+struct StepPlanes<'a, T> {
+    r: &'a mut [T],
+    z: &'a mut [T],
+    n: &'a mut [T],
+    hn: &'a mut [T],
+}
+
+/// One hidden unit of one step from its pre-activations (biases included):
+/// returns `(r, z, n, h_t)`.
+#[inline(always)]
+fn gate_unit<T: Scalar>(r_pre: T, z_pre: T, n_pre: T, hn: T, prev: T) -> (T, T, T, T) {
+    let r = sigmoid_fast(r_pre);
+    let z = sigmoid_fast(z_pre);
+    let n = tanh(n_pre + r * hn);
+    (r, z, n, (T::ONE - z) * n + z * prev)
+}
+
+/// The split cell's elementwise step, fused with the gathering of its inputs:
+/// for every row still inside its sequence, the gates from the input
+/// projections `gx` and the recurrent products `gh` (both `[B × 3H]`, gate
+/// blocks `r, z, n`, no biases) plus `bias`, written to the step's planes and
+/// to `out` (`h_t`). Rows past their length copy their state and leave the
+/// planes unwritten (backward never reads them).
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn activate_split_step<T: Scalar>(
+    h: usize,
+    t: usize,
+    lengths: &[usize],
+    gx: &[T],
+    gh: &[T],
+    bias: &SplitBias<T>,
+    prev: &[T],
+    out: &mut [T],
+    planes: StepPlanes<'_, T>,
+) {
+    let (br, bz, bn, bhn) = (&bias.r[..h], &bias.z[..h], &bias.n[..h], &bias.hn[..h]);
+    for (b, &len) in lengths.iter().enumerate() {
+        let row = b * h..(b + 1) * h;
+        let (pb, ob) = (&prev[row.clone()], &mut out[row.clone()]);
+        if t >= len {
+            ob.copy_from_slice(pb);
+            continue;
+        }
+        let (gxb, ghb) = (&gx[b * 3 * h..(b + 1) * 3 * h], &gh[b * 3 * h..(b + 1) * 3 * h]);
+        let (xr, xz, xn) = (&gxb[..h], &gxb[h..2 * h], &gxb[2 * h..]);
+        let (hr, hz, hh) = (&ghb[..h], &ghb[h..2 * h], &ghb[2 * h..]);
+        let (r, z) = (&mut planes.r[row.clone()], &mut planes.z[row.clone()]);
+        let (n, hn) = (&mut planes.n[row.clone()], &mut planes.hn[row]);
+        for j in 0..h {
+            let hn_j = hh[j] + bhn[j];
+            let (rj, zj, nj, oj) = gate_unit(xr[j] + hr[j] + br[j], xz[j] + hz[j] + bz[j], xn[j] + bn[j], hn_j, pb[j]);
+            r[j] = rj;
+            z[j] = zj;
+            n[j] = nj;
+            hn[j] = hn_j;
+            ob[j] = oj;
+        }
+    }
+}
+
+/// The unsplit cell's elementwise step over the step's `[B × H]` planes: on
+/// entry `r`, `z` hold the gate pre-activations, `n` the input part of the
+/// candidate's pre-activation and `hn` its recurrent part, biases included; on
+/// exit `r`, `z`, `n` hold the activations and `out` is `h_t`. Runs of
+/// consecutive rows inside their sequences are one flat loop each; rows past
+/// their length copy their state.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn activate_step<T: Scalar>(
@@ -461,20 +528,25 @@ fn activate_step<T: Scalar>(
     n: &mut [T],
     hn: &[T],
 ) {
-    let len = out.len();
-    let (prev, r, z, n, hn) = (&prev[..len], &mut r[..len], &mut z[..len], &mut n[..len], &hn[..len]);
-    for k in 0..len {
-        let rk = sigmoid_fast(r[k]);
-        let zk = sigmoid_fast(z[k]);
-        let nk = tanh(n[k] + rk * hn[k]);
-        r[k] = rk;
-        z[k] = zk;
-        n[k] = nk;
-        out[k] = (T::ONE - zk) * nk + zk * prev[k];
-    }
-    for (b, &l) in lengths.iter().enumerate() {
-        if t >= l {
+    let mut b = 0;
+    while b < lengths.len() {
+        if t >= lengths[b] {
             out[b * h..(b + 1) * h].copy_from_slice(&prev[b * h..(b + 1) * h]);
+            b += 1;
+            continue;
+        }
+        let first = b;
+        while b < lengths.len() && t < lengths[b] {
+            b += 1;
+        }
+        let s = first * h..b * h;
+        let (p, o, r, z, n, hn) = (&prev[s.clone()], &mut out[s.clone()], &mut r[s.clone()], &mut z[s.clone()], &mut n[s.clone()], &hn[s]);
+        for k in 0..o.len() {
+            let (rk, zk, nk, ok) = gate_unit(r[k], z[k], n[k], hn[k], p[k]);
+            r[k] = rk;
+            z[k] = zk;
+            n[k] = nk;
+            o[k] = ok;
         }
     }
 }
@@ -543,16 +615,6 @@ fn to_time_major<T: Scalar>(x: &[T], batch: usize, steps: usize, w: usize, out: 
         for t in 0..steps {
             out[(t * batch + b) * w..(t * batch + b + 1) * w]
                 .copy_from_slice(&x[(b * steps + t) * w..(b * steps + t + 1) * w]);
-        }
-    }
-}
-
-/// `[T × B × w]` → `[B × T × w]`.
-fn from_time_major<T: Scalar>(x: &[T], batch: usize, steps: usize, w: usize, out: &mut [T]) {
-    for b in 0..batch {
-        for t in 0..steps {
-            out[(b * steps + t) * w..(b * steps + t + 1) * w]
-                .copy_from_slice(&x[(t * batch + b) * w..(t * batch + b + 1) * w]);
         }
     }
 }

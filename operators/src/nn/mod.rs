@@ -32,6 +32,7 @@ pub mod embedding_bag;
 pub mod fm;
 pub mod fm_partial;
 pub mod gemm;
+pub mod gemm_packed;
 pub mod gru;
 pub mod interaction;
 pub mod linear;

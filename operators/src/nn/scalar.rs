@@ -63,57 +63,20 @@ pub trait Scalar:
         csc: isize,
     );
 
-    /// `out[r][j] = Σ_p a[r·lda + p] · b[p·ldb + j]` for `r < 4`, `j < 16`, `p < k`:
-    /// the register block of [`gemm_small`](super::gemm::gemm_small).
-    fn block_4x16(k: usize, a: &[Self], lda: usize, b: &[Self], ldb: usize, out: &mut [[Self; 16]; 4]);
-}
-
-/// The portable [`Scalar::block_4x16`].
-#[inline]
-pub fn block_4x16_portable<T: Scalar>(k: usize, a: &[T], lda: usize, b: &[T], ldb: usize, out: &mut [[T; 16]; 4]) {
-    *out = [[T::ZERO; 16]; 4];
-    for p in 0..k {
-        let brow = &b[p * ldb..p * ldb + 16];
-        for (r, o) in out.iter_mut().enumerate() {
-            let av = a[r * lda + p];
-            for (x, &bv) in o.iter_mut().zip(brow) {
-                *x += av * bv;
-            }
-        }
-    }
-}
-
-/// [`Scalar::block_4x16`] for `f32`: AVX2 + FMA when the CPU has them.
-#[inline]
-fn block_4x16_f32(k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, out: &mut [[f32; 16]; 4]) {
-    assert!(k == 0 || (a.len() >= 3 * lda + k && b.len() >= (k - 1) * ldb + 16), "block_4x16: operand too short");
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA; the assert bounds every load.
-        unsafe { block_4x16_avx2(k, a.as_ptr(), lda, b.as_ptr(), ldb, out) };
-        return;
-    }
-    block_4x16_portable(k, a, lda, b, ldb, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn block_4x16_avx2(k: usize, a: *const f32, lda: usize, b: *const f32, ldb: usize, out: &mut [[f32; 16]; 4]) {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_ps(); 8];
-    for p in 0..k {
-        let b0 = _mm256_loadu_ps(b.add(p * ldb));
-        let b1 = _mm256_loadu_ps(b.add(p * ldb + 8));
-        for r in 0..4 {
-            let av = _mm256_set1_ps(*a.add(r * lda + p));
-            acc[2 * r] = _mm256_fmadd_ps(av, b0, acc[2 * r]);
-            acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
-        }
-    }
-    for r in 0..4 {
-        _mm256_storeu_ps(out[r].as_mut_ptr(), acc[2 * r]);
-        _mm256_storeu_ps(out[r].as_mut_ptr().add(8), acc[2 * r + 1]);
-    }
+    /// One register block of [`gemm_packed`](super::gemm_packed::gemm_packed):
+    /// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·16 + j]` for `r < rows ≤ 6`, `j < width ≤ 16`.
+    #[allow(clippy::too_many_arguments)]
+    fn packed_block(
+        rows: usize,
+        k: usize,
+        a: &[Self],
+        lda: usize,
+        panel: &[Self],
+        c: &mut [Self],
+        ldc: usize,
+        width: usize,
+        accumulate: bool,
+    );
 }
 
 macro_rules! impl_scalar {
@@ -169,15 +132,25 @@ macro_rules! impl_scalar {
                 $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
             }
             #[inline]
-            fn block_4x16(k: usize, a: &[Self], lda: usize, b: &[Self], ldb: usize, out: &mut [[Self; 16]; 4]) {
-                $block(k, a, lda, b, ldb, out)
+            fn packed_block(
+                rows: usize,
+                k: usize,
+                a: &[Self],
+                lda: usize,
+                panel: &[Self],
+                c: &mut [Self],
+                ldc: usize,
+                width: usize,
+                accumulate: bool,
+            ) {
+                $block(rows, k, a, lda, panel, c, ldc, width, accumulate)
             }
         }
     };
 }
 
-impl_scalar!(f32, matrixmultiply::sgemm, exp_f32_poly, block_4x16_f32);
-impl_scalar!(f64, matrixmultiply::dgemm, f64::exp, block_4x16_portable::<f64>);
+impl_scalar!(f32, matrixmultiply::sgemm, exp_f32_poly, super::gemm_packed::packed_block_f32);
+impl_scalar!(f64, matrixmultiply::dgemm, f64::exp, super::gemm_packed::packed_block_portable::<f64>);
 
 /// `e^x` for `f32` from `2^k · p(r)`, `x = k·ln2 + r`, `|r| ≤ ln2/2`.
 #[inline(always)]
