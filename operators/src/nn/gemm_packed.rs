@@ -4,8 +4,9 @@
 //! products beside them.
 //!
 //! [`PackedRhs`] stores `op(b)` (`k × n`) as column panels of
-//! [`PANEL`] columns, each panel `k` rows of `PANEL` contiguous values, the
-//! last one zero-padded. [`gemm_packed`] streams the rows of `a` as stored
+//! [`PANEL`] columns, each panel `k` rows of `PANEL` contiguous values; the
+//! last panel is [`HALF_PANEL`] wide when at most that many columns remain
+//! (`n = 36` costs 40 columns of work, not 48), and zero-padded. [`gemm_packed`] streams the rows of `a` as stored
 //! (no copy) and accumulates each `rows × PANEL` block of `c` in registers
 //! (AVX2 + FMA: 6 × 16 `f32`, twelve accumulators), so a product of a few
 //! dozen columns pays neither the packing of both operands nor the edge
@@ -20,6 +21,21 @@ use super::Scalar;
 
 /// Columns per panel of a [`PackedRhs`] (two AVX2 vectors of `f32`).
 pub const PANEL: usize = 16;
+/// Columns of a narrow last panel (one AVX2 vector of `f32`).
+pub const HALF_PANEL: usize = 8;
+
+/// `(first column, panel width)` of each panel for `n` columns.
+fn panels(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut first = 0;
+    std::iter::from_fn(move || {
+        if first >= n {
+            return None;
+        }
+        let width = if n - first <= HALF_PANEL { HALF_PANEL } else { PANEL };
+        first += width;
+        Some((first - width, width))
+    })
+}
 /// Rows of `c` per register block of [`gemm_packed`].
 pub const BLOCK_ROWS: usize = 6;
 
@@ -45,19 +61,15 @@ impl<T: Scalar> PackedRhs<T> {
     /// Re-packs into this buffer (no allocation once it is large enough).
     pub fn pack(&mut self, op: Op, k: usize, n: usize, b: &[T]) {
         assert!(b.len() >= k * n, "PackedRhs: b has {} values, needs {}", b.len(), k * n);
-        let panels = n.div_ceil(PANEL);
         self.k = k;
         self.n = n;
         self.panels.clear();
-        self.panels.resize(panels * k * PANEL, T::ZERO);
-        if k == 0 {
-            return;
-        }
-        for (q, panel) in self.panels.chunks_exact_mut(k * PANEL).enumerate() {
-            let first = q * PANEL;
-            let width = PANEL.min(n - first);
+        for (first, pw) in panels(n) {
+            let width = pw.min(n - first);
             for p in 0..k {
-                let row = &mut panel[p * PANEL..p * PANEL + width];
+                let start = self.panels.len();
+                self.panels.resize(start + pw, T::ZERO);
+                let row = &mut self.panels[start..start + width];
                 match op {
                     Op::N => row.copy_from_slice(&b[p * n + first..p * n + first + width]),
                     Op::T => {
@@ -109,17 +121,19 @@ pub fn gemm_packed<T: Scalar>(m: usize, a: &[T], lda: usize, b: &PackedRhs<T>, a
     while i < m {
         let rows = BLOCK_ROWS.min(m - i);
         let a_rows = &a[i * lda..(i + rows - 1) * lda + k];
-        for (q, panel) in b.panels.chunks_exact(k * PANEL).enumerate() {
-            let first = q * PANEL;
-            let width = PANEL.min(n - first);
-            T::packed_block(rows, k, a_rows, lda, panel, &mut c[i * ldc + first..], ldc, width, accumulate);
+        let mut at = 0;
+        for (first, pw) in panels(n) {
+            let panel = &b.panels[at..at + k * pw];
+            at += k * pw;
+            let width = pw.min(n - first);
+            T::packed_block(rows, k, a_rows, lda, panel, pw, &mut c[i * ldc + first..], ldc, width, accumulate);
         }
         i += rows;
     }
 }
 
-/// The portable [`Scalar::packed_block`]: `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·PANEL + j]`
-/// for `r < rows`, `j < width`.
+/// The portable [`Scalar::packed_block`]: `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]`
+/// for `r < rows`, `j < width ≤ pw`.
 #[allow(clippy::too_many_arguments)]
 pub fn packed_block_portable<T: Scalar>(
     rows: usize,
@@ -127,6 +141,7 @@ pub fn packed_block_portable<T: Scalar>(
     a: &[T],
     lda: usize,
     panel: &[T],
+    pw: usize,
     c: &mut [T],
     ldc: usize,
     width: usize,
@@ -134,7 +149,7 @@ pub fn packed_block_portable<T: Scalar>(
 ) {
     let mut block = [[T::ZERO; PANEL]; BLOCK_ROWS];
     for p in 0..k {
-        let brow = &panel[p * PANEL..(p + 1) * PANEL];
+        let brow = &panel[p * pw..(p + 1) * pw];
         for (r, out) in block.iter_mut().enumerate().take(rows) {
             let av = a[r * lda + p];
             for (x, &bv) in out.iter_mut().zip(brow) {
@@ -158,12 +173,13 @@ pub(super) fn packed_block_f32(
     a: &[f32],
     lda: usize,
     panel: &[f32],
+    pw: usize,
     c: &mut [f32],
     ldc: usize,
     width: usize,
     accumulate: bool,
 ) {
-    assert!(rows <= BLOCK_ROWS && width <= PANEL && lda >= k && panel.len() >= k * PANEL);
+    assert!(rows <= BLOCK_ROWS && (pw == PANEL || pw == HALF_PANEL) && width <= pw && lda >= k && panel.len() >= k * pw);
     assert!(rows == 0 || a.len() >= (rows - 1) * lda + k, "packed_block: a too short");
     assert!(rows == 0 || c.len() >= (rows - 1) * ldc + width, "packed_block: c too short");
     #[cfg(target_arch = "x86_64")]
@@ -171,19 +187,25 @@ pub(super) fn packed_block_f32(
         // SAFETY: the CPU has AVX2 and FMA; the asserts bound every access.
         unsafe {
             let (a, b, cp) = (a.as_ptr(), panel.as_ptr(), c.as_mut_ptr());
-            match rows {
-                6 => avx2::block::<6>(k, a, lda, b, cp, ldc, width, accumulate),
-                5 => avx2::block::<5>(k, a, lda, b, cp, ldc, width, accumulate),
-                4 => avx2::block::<4>(k, a, lda, b, cp, ldc, width, accumulate),
-                3 => avx2::block::<3>(k, a, lda, b, cp, ldc, width, accumulate),
-                2 => avx2::block::<2>(k, a, lda, b, cp, ldc, width, accumulate),
-                1 => avx2::block::<1>(k, a, lda, b, cp, ldc, width, accumulate),
+            match (rows, pw) {
+                (6, PANEL) => avx2::block::<6, 2>(k, a, lda, b, cp, ldc, width, accumulate),
+                (5, PANEL) => avx2::block::<5, 2>(k, a, lda, b, cp, ldc, width, accumulate),
+                (4, PANEL) => avx2::block::<4, 2>(k, a, lda, b, cp, ldc, width, accumulate),
+                (3, PANEL) => avx2::block::<3, 2>(k, a, lda, b, cp, ldc, width, accumulate),
+                (2, PANEL) => avx2::block::<2, 2>(k, a, lda, b, cp, ldc, width, accumulate),
+                (1, PANEL) => avx2::block::<1, 2>(k, a, lda, b, cp, ldc, width, accumulate),
+                (6, _) => avx2::block::<6, 1>(k, a, lda, b, cp, ldc, width, accumulate),
+                (5, _) => avx2::block::<5, 1>(k, a, lda, b, cp, ldc, width, accumulate),
+                (4, _) => avx2::block::<4, 1>(k, a, lda, b, cp, ldc, width, accumulate),
+                (3, _) => avx2::block::<3, 1>(k, a, lda, b, cp, ldc, width, accumulate),
+                (2, _) => avx2::block::<2, 1>(k, a, lda, b, cp, ldc, width, accumulate),
+                (1, _) => avx2::block::<1, 1>(k, a, lda, b, cp, ldc, width, accumulate),
                 _ => {}
             }
         }
         return;
     }
-    packed_block_portable(rows, k, a, lda, panel, c, ldc, width, accumulate)
+    packed_block_portable(rows, k, a, lda, panel, pw, c, ldc, width, accumulate)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -191,9 +213,11 @@ mod avx2 {
     use super::PANEL;
     use std::arch::x86_64::*;
 
-    /// `R × 16` block: `R` rows of `a` (stride `lda`) times one panel, into `c` (stride `ldc`).
+    /// `R × 8V` block: `R` rows of `a` (stride `lda`) times one panel of `V`
+    /// vectors, into `c` (stride `ldc`), the first `width` columns.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn block<const R: usize>(
+    pub(super) unsafe fn block<const R: usize, const V: usize>(
         k: usize,
         a: *const f32,
         lda: usize,
@@ -203,36 +227,51 @@ mod avx2 {
         width: usize,
         accumulate: bool,
     ) {
-        let mut lo = [_mm256_setzero_ps(); R];
-        let mut hi = [_mm256_setzero_ps(); R];
-        for p in 0..k {
-            let b0 = _mm256_loadu_ps(panel.add(p * PANEL));
-            let b1 = _mm256_loadu_ps(panel.add(p * PANEL + 8));
-            for r in 0..R {
-                let av = _mm256_broadcast_ss(&*a.add(r * lda + p));
-                lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
-                hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
+        let mut acc = [[_mm256_setzero_ps(); V]; R];
+        // One step of the k loop: row p of the panel times column p of the rows.
+        let step = |acc: &mut [[__m256; V]; R], p: usize| {
+            let mut bv = [_mm256_setzero_ps(); V];
+            for (v, b) in bv.iter_mut().enumerate() {
+                *b = _mm256_loadu_ps(panel.add(p * 8 * V + 8 * v));
             }
-        }
-        if width == PANEL {
-            for r in 0..R {
-                let row = c.add(r * ldc);
-                let (mut x, mut y) = (lo[r], hi[r]);
-                if accumulate {
-                    x = _mm256_add_ps(x, _mm256_loadu_ps(row));
-                    y = _mm256_add_ps(y, _mm256_loadu_ps(row.add(8)));
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*a.add(r * lda + p));
+                for (x, &b) in row.iter_mut().zip(&bv) {
+                    *x = _mm256_fmadd_ps(av, b, *x);
                 }
-                _mm256_storeu_ps(row, x);
-                _mm256_storeu_ps(row.add(8), y);
+            }
+        };
+        // Unrolled by four (the short k of a recurrence pays little loop overhead).
+        let mut p = 0;
+        while p + 4 <= k {
+            step(&mut acc, p);
+            step(&mut acc, p + 1);
+            step(&mut acc, p + 2);
+            step(&mut acc, p + 3);
+            p += 4;
+        }
+        while p < k {
+            step(&mut acc, p);
+            p += 1;
+        }
+        if width == 8 * V {
+            for (r, row) in acc.iter().enumerate() {
+                let out = c.add(r * ldc);
+                for (v, &x) in row.iter().enumerate() {
+                    let o = out.add(8 * v);
+                    let x = if accumulate { _mm256_add_ps(x, _mm256_loadu_ps(o)) } else { x };
+                    _mm256_storeu_ps(o, x);
+                }
             }
         } else {
             let mut tmp = [0.0f32; PANEL];
-            for r in 0..R {
-                _mm256_storeu_ps(tmp.as_mut_ptr(), lo[r]);
-                _mm256_storeu_ps(tmp.as_mut_ptr().add(8), hi[r]);
-                let row = c.add(r * ldc);
+            for (r, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    _mm256_storeu_ps(tmp.as_mut_ptr().add(8 * v), x);
+                }
+                let out = c.add(r * ldc);
                 for (j, &v) in tmp.iter().enumerate().take(width) {
-                    let o = row.add(j);
+                    let o = out.add(j);
                     *o = if accumulate { *o + v } else { v };
                 }
             }

@@ -155,13 +155,9 @@ impl Gru {
             gemm_packed(batch, hp, h, w_recurrent, false, gh, i3);
             let planes = t * bh..(t + 1) * bh;
             let gx_t = &gx[t * batch * i3..(t + 1) * batch * i3];
-            let step = StepPlanes {
-                r: &mut r[planes.clone()],
-                z: &mut z[planes.clone()],
-                n: &mut n[planes.clone()],
-                hn: &mut hn[planes],
-            };
-            activate_split_step(h, t, lengths, gx_t, gh, &bias, hp, &mut rest[..bh], step);
+            let (r, z, n, hn) = (&mut r[planes.clone()], &mut z[planes.clone()], &mut n[planes.clone()], &mut hn[planes]);
+            gather_split_step(h, t, lengths, gx_t, gh, &bias, StepPlanes { r, z, n, hn });
+            activate_step(h, t, lengths, hp, &mut rest[..bh], r, z, n, hn);
         }
     }
 
@@ -290,7 +286,7 @@ impl Gru {
         let (h, i) = (self.hidden, self.input);
         let bh = batch * h;
         let width = i + h;
-        let combined = self.combined_weight(params);
+        let combined = PackedRhs::new(Op::T, width, 4 * h, &self.combined_weight(params));
         let mut bias = vec![T::ZERO; 4 * h];
         for j in 0..2 * h {
             bias[j] = params[self.b_ih()][j] + params[self.b_hh()][j];
@@ -312,7 +308,7 @@ impl Gru {
             for row in g.chunks_exact_mut(4 * h) {
                 row.copy_from_slice(&bias);
             }
-            gemm(Op::N, Op::T, batch, 4 * h, width, T::ONE, &xh, &combined, T::ONE, &mut g);
+            gemm_packed(batch, &xh, width, &combined, true, &mut g, 4 * h);
             // The combined pre-activations already hold the biases: r, z, n's input
             // part and n's recurrent part go to the shared elementwise step.
             let planes = t * bh..(t + 1) * bh;
@@ -362,7 +358,7 @@ impl Gru {
     ) {
         let (h, i, batch, steps) = (self.hidden, self.input, cache.batch, cache.steps);
         let (bh, width) = (batch * h, i + h);
-        let combined = self.combined_weight(params);
+        let combined = PackedRhs::new(Op::N, 4 * h, width, &self.combined_weight(params));
         let mut dcombined = vec![T::ZERO; 4 * h * width];
         let mut dbias = vec![T::ZERO; 4 * h];
         let mut dg = vec![T::ZERO; batch * 4 * h];
@@ -405,7 +401,7 @@ impl Gru {
                     *g += v;
                 }
             }
-            gemm(Op::N, Op::N, batch, width, 4 * h, T::ONE, &dg, &combined, T::ZERO, &mut dxh);
+            gemm_packed(batch, &dg, 4 * h, &combined, false, &mut dxh, width);
             for b in 0..batch {
                 dx[(b * steps + t) * i..(b * steps + t + 1) * i].copy_from_slice(&dxh[b * width..b * width + i]);
                 for j in 0..h {
@@ -465,46 +461,29 @@ fn gate_unit<T: Scalar>(r_pre: T, z_pre: T, n_pre: T, hn: T, prev: T) -> (T, T, 
     (r, z, n, (T::ONE - z) * n + z * prev)
 }
 
-/// The split cell's elementwise step, fused with the gathering of its inputs:
-/// for every row still inside its sequence, the gates from the input
-/// projections `gx` and the recurrent products `gh` (both `[B × 3H]`, gate
-/// blocks `r, z, n`, no biases) plus `bias`, written to the step's planes and
-/// to `out` (`h_t`). Rows past their length copy their state and leave the
-/// planes unwritten (backward never reads them).
-#[allow(clippy::too_many_arguments)]
+/// The split cell's gathering of a step's pre-activations: for every row still
+/// inside its sequence, the input projections `gx` plus the recurrent products
+/// `gh` (both `[B × 3H]`, gate blocks `r, z, n`, no biases) plus `bias`, into
+/// the step's `[B × H]` planes in the layout [`activate_step`] reads. Rows past
+/// their length are left alone (`activate_step` copies their state).
 #[inline(never)]
-fn activate_split_step<T: Scalar>(
-    h: usize,
-    t: usize,
-    lengths: &[usize],
-    gx: &[T],
-    gh: &[T],
-    bias: &SplitBias<T>,
-    prev: &[T],
-    out: &mut [T],
-    planes: StepPlanes<'_, T>,
-) {
+fn gather_split_step<T: Scalar>(h: usize, t: usize, lengths: &[usize], gx: &[T], gh: &[T], bias: &SplitBias<T>, planes: StepPlanes<'_, T>) {
     let (br, bz, bn, bhn) = (&bias.r[..h], &bias.z[..h], &bias.n[..h], &bias.hn[..h]);
     for (b, &len) in lengths.iter().enumerate() {
-        let row = b * h..(b + 1) * h;
-        let (pb, ob) = (&prev[row.clone()], &mut out[row.clone()]);
         if t >= len {
-            ob.copy_from_slice(pb);
             continue;
         }
         let (gxb, ghb) = (&gx[b * 3 * h..(b + 1) * 3 * h], &gh[b * 3 * h..(b + 1) * 3 * h]);
         let (xr, xz, xn) = (&gxb[..h], &gxb[h..2 * h], &gxb[2 * h..]);
         let (hr, hz, hh) = (&ghb[..h], &ghb[h..2 * h], &ghb[2 * h..]);
+        let row = b * h..(b + 1) * h;
         let (r, z) = (&mut planes.r[row.clone()], &mut planes.z[row.clone()]);
         let (n, hn) = (&mut planes.n[row.clone()], &mut planes.hn[row]);
         for j in 0..h {
-            let hn_j = hh[j] + bhn[j];
-            let (rj, zj, nj, oj) = gate_unit(xr[j] + hr[j] + br[j], xz[j] + hz[j] + bz[j], xn[j] + bn[j], hn_j, pb[j]);
-            r[j] = rj;
-            z[j] = zj;
-            n[j] = nj;
-            hn[j] = hn_j;
-            ob[j] = oj;
+            r[j] = xr[j] + hr[j] + br[j];
+            z[j] = xz[j] + hz[j] + bz[j];
+            n[j] = xn[j] + bn[j];
+            hn[j] = hh[j] + bhn[j];
         }
     }
 }

@@ -64,7 +64,8 @@ pub trait Scalar:
     );
 
     /// One register block of [`gemm_packed`](super::gemm_packed::gemm_packed):
-    /// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·16 + j]` for `r < rows ≤ 6`, `j < width ≤ 16`.
+    /// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]` for `r < rows ≤ 6`,
+    /// `j < width ≤ pw`, `pw` 16 or 8.
     #[allow(clippy::too_many_arguments)]
     fn packed_block(
         rows: usize,
@@ -72,6 +73,7 @@ pub trait Scalar:
         a: &[Self],
         lda: usize,
         panel: &[Self],
+        pw: usize,
         c: &mut [Self],
         ldc: usize,
         width: usize,
@@ -138,12 +140,13 @@ macro_rules! impl_scalar {
                 a: &[Self],
                 lda: usize,
                 panel: &[Self],
+                pw: usize,
                 c: &mut [Self],
                 ldc: usize,
                 width: usize,
                 accumulate: bool,
             ) {
-                $block(rows, k, a, lda, panel, c, ldc, width, accumulate)
+                $block(rows, k, a, lda, panel, pw, c, ldc, width, accumulate)
             }
         }
     };
