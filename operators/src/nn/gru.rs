@@ -49,7 +49,6 @@ pub struct Gru {
 pub struct GruCache<T> {
     /// `h_0 … h_T`, each `[B × H]` (`h_0` = 0).
     pub states: Vec<T>,
-    xt: Vec<T>,
     gx: Vec<T>,
     r: Vec<T>,
     z: Vec<T>,
@@ -72,6 +71,8 @@ struct BackwardScratch<T> {
     dgh: Vec<T>,
     dh: Vec<T>,
     dh_prev: Vec<T>,
+    /// A chunk of steps of `x`, time-major, for `dW_ih`.
+    xc: Vec<T>,
     /// `W_ih` and `W_hh` packed for the split backward's products.
     w_input: PackedRhs<T>,
     w_recurrent: PackedRhs<T>,
@@ -131,30 +132,34 @@ impl Gru {
         cache.batch = batch;
         cache.steps = steps;
         // The input projections of a chunk of time steps before the recurrence,
-        // time-major: gx[(t·B + b) × 3H] = x_{b,t} · W_ihᵀ (biases are added in the
-        // gate step). A chunk is as many steps as fill about 512 KiB of gx, so the
-        // cell reads them from cache; for DIEN shapes that is every step at once.
-        to_time_major(x, batch, steps, self.input, &mut cache.xt);
-        cache.gx.resize(batch * steps * i3, T::ZERO);
+        // time-major in one chunk-sized buffer that stays in cache:
+        // gx[(s·B + b) × 3H] = x_{b,c+s} · W_ihᵀ (biases are added in the gate
+        // step). A chunk is as many steps as fill about 512 KiB of gx; for DIEN
+        // shapes that is every step at once.
+        let chunk = chunk_steps::<T>(batch * i3).min(steps.max(1));
+        cache.gx.resize(chunk * batch * i3, T::ZERO);
         cache.gh.resize(batch * i3, T::ZERO);
         cache.w_input.pack(Op::T, self.input, i3, &params[self.w_ih()]);
         cache.w_recurrent.pack(Op::T, h, i3, &params[self.w_hh()]);
-        let chunk = chunk_steps::<T>(batch * i3);
         let bias = SplitBias::new(&params[self.b_ih()], &params[self.b_hh()], h);
         self.prepare(cache, batch, steps);
-        let GruCache { states, xt, gx, r, z, n, hn, gh, w_input, w_recurrent, .. } = cache;
+        let GruCache { states, gx, r, z, n, hn, gh, w_input, w_recurrent, .. } = cache;
+        let row_stride = steps * self.input;
         for t in 0..steps {
             if t % chunk == 0 {
-                let rows = t * batch..(t + chunk).min(steps) * batch;
-                let (a, c) = (&xt[rows.start * self.input..], &mut gx[rows.start * i3..]);
-                gemm_packed(rows.len(), a, self.input, w_input, false, c, i3);
+                // Step s of every sequence is a strided set of rows of the batch-major x.
+                for s in t..(t + chunk).min(steps) {
+                    let c = &mut gx[(s - t) * batch * i3..];
+                    gemm_packed(batch, &x[s * self.input..], row_stride, w_input, false, c, i3);
+                }
             }
             // The only product inside the recurrence: gh = h_{t−1} · W_hhᵀ.
             let (prev, rest) = states.split_at_mut((t + 1) * bh);
             let hp = &prev[t * bh..];
             gemm_packed(batch, hp, h, w_recurrent, false, gh, i3);
             let planes = t * bh..(t + 1) * bh;
-            let gx_t = &gx[t * batch * i3..(t + 1) * batch * i3];
+            let local = t % chunk;
+            let gx_t = &gx[local * batch * i3..(local + 1) * batch * i3];
             let (r, z, n, hn) = (&mut r[planes.clone()], &mut z[planes.clone()], &mut n[planes.clone()], &mut hn[planes]);
             gather_split_step(h, t, lengths, gx_t, gh, &bias, StepPlanes { r, z, n, hn });
             activate_step(h, t, lengths, hp, &mut rest[..bh], r, z, n, hn);
@@ -187,31 +192,33 @@ impl Gru {
         let (h, i3, batch, steps) = (self.hidden, 3 * self.hidden, cache.batch, cache.steps);
         let bh = batch * h;
         let mut scratch = cache.scratch.borrow_mut();
-        let BackwardScratch { dgx, dgh: dgh_all, dh, dh_prev, w_input, w_recurrent } = &mut *scratch;
+        let BackwardScratch { dgx, dgh: dgh_chunk, dh, dh_prev, xc, w_input, w_recurrent } = &mut *scratch;
         w_input.pack(Op::N, i3, self.input, &params[self.w_ih()]);
         w_recurrent.pack(Op::N, i3, h, &params[self.w_hh()]);
-        // Every entry of dgx and dgh_all is written before it is read.
-        dgx.resize(batch * steps * i3, T::ZERO);
-        // The recurrent pre-activation gradients of every step (time-major), so that
-        // dW_hh and db_hh are one GEMM / one pass per chunk of steps instead of one per step.
-        dgh_all.resize(batch * steps * i3, T::ZERO);
+        // The pre-activation gradients of a chunk of steps (time-major, chunk-sized
+        // buffers that stay in cache), so that dW_ih, dW_hh and the biases are one
+        // GEMM / one pass per chunk instead of one per step. Every entry is written
+        // before it is read.
+        let chunk = chunk_steps::<T>(batch * i3).min(steps.max(1));
+        dgx.resize(chunk * batch * i3, T::ZERO);
+        dgh_chunk.resize(chunk * batch * i3, T::ZERO);
         for v in [&mut *dh, &mut *dh_prev] {
             v.clear();
             v.resize(bh, T::ZERO);
         }
-        let chunk = chunk_steps::<T>(batch * i3);
         for range in [self.w_ih(), self.w_hh(), self.b_ih(), self.b_hh()] {
             grads[range].fill(T::ZERO);
         }
         for t in (0..steps).rev() {
-            let dgh = &mut dgh_all[t * batch * i3..(t + 1) * batch * i3];
+            let local = t % chunk;
+            let dgh = &mut dgh_chunk[local * batch * i3..(local + 1) * batch * i3];
             for (d, &e) in dh.iter_mut().zip(&dstates[t * bh..(t + 1) * bh]) {
                 *d += e;
             }
             let hp = cache.state(t, h);
             for b in 0..batch {
                 let dhb = &dh[b * h..(b + 1) * h];
-                let dgxb = &mut dgx[(t * batch + b) * i3..(t * batch + b + 1) * i3];
+                let dgxb = &mut dgx[(local * batch + b) * i3..(local * batch + b + 1) * i3];
                 let dghb = &mut dgh[b * i3..(b + 1) * i3];
                 let dpb = &mut dh_prev[b * h..(b + 1) * h];
                 if t >= lengths[b] {
@@ -245,17 +252,18 @@ impl Gru {
             dh_prev.fill(T::ZERO);
             // A chunk of steps is complete: its weight and input gradients, one GEMM
             // each over all its steps while its dGx / dGh are still in cache.
-            if t % chunk == 0 {
-                let rows = t * batch..(t + chunk).min(steps) * batch;
-                let (dgx_c, dgh_c) = (&dgx[rows.start * i3..rows.end * i3], &dgh_all[rows.start * i3..rows.end * i3]);
+            if local == 0 {
+                let end = (t + chunk).min(steps);
+                let rows = (end - t) * batch;
+                let (dgx_c, dgh_c) = (&dgx[..rows * i3], &dgh_chunk[..rows * i3]);
                 // dW_hh += dGhᵀ·h_{t−1} (h_0 … h_{T−1} lie contiguous, time-major, at the start of the states).
-                let h_prev = &cache.states[rows.start * h..rows.end * h];
-                gemm(Op::T, Op::N, i3, h, rows.len(), T::ONE, dgh_c, h_prev, T::ONE, &mut grads[self.w_hh()]);
-                let xt = &cache.xt[rows.start * self.input..rows.end * self.input];
-                gemm(Op::T, Op::N, i3, self.input, rows.len(), T::ONE, dgx_c, xt, T::ONE, &mut grads[self.w_ih()]);
+                let h_prev = &cache.states[t * bh..end * bh];
+                gemm(Op::T, Op::N, i3, h, rows, T::ONE, dgh_c, h_prev, T::ONE, &mut grads[self.w_hh()]);
+                time_major_steps(x, batch, steps, self.input, t..end, xc);
+                gemm(Op::T, Op::N, i3, self.input, rows, T::ONE, dgx_c, xc, T::ONE, &mut grads[self.w_ih()]);
                 // dx_{b,s} = dGx_{s,b}·W_ih, written in place into the batch-major dx, a step at a time.
-                for s in rows.start / batch..rows.end / batch {
-                    let a = &dgx[s * batch * i3..(s + 1) * batch * i3];
+                for s in t..end {
+                    let a = &dgx[(s - t) * batch * i3..(s - t + 1) * batch * i3];
                     gemm_packed(batch, a, i3, w_input, false, &mut dx[s * self.input..], steps * self.input);
                 }
                 for (range, src) in [(self.b_hh(), dgh_c), (self.b_ih(), dgx_c)] {
@@ -268,7 +276,6 @@ impl Gru {
                 }
             }
         }
-        let _ = x;
     }
 
     /// The unsplit baseline: per step one GEMM of `[x_t, h]` with the combined
@@ -587,13 +594,12 @@ fn chunk_steps<T>(per_step: usize) -> usize {
     ((512 << 10) / (per_step.max(1) * std::mem::size_of::<T>())).max(1)
 }
 
-/// `[B × T × w]` → `[T × B × w]`.
-fn to_time_major<T: Scalar>(x: &[T], batch: usize, steps: usize, w: usize, out: &mut Vec<T>) {
-    out.resize(batch * steps * w, T::ZERO);
-    for b in 0..batch {
-        for t in 0..steps {
-            out[(t * batch + b) * w..(t * batch + b + 1) * w]
-                .copy_from_slice(&x[(b * steps + t) * w..(b * steps + t + 1) * w]);
+/// Steps `span` of the batch-major `x: [B × T × w]`, time-major: `[span × B × w]`.
+fn time_major_steps<T: Scalar>(x: &[T], batch: usize, steps: usize, w: usize, span: std::ops::Range<usize>, out: &mut Vec<T>) {
+    out.resize(span.len() * batch * w, T::ZERO);
+    for (s, t) in span.enumerate() {
+        for b in 0..batch {
+            out[(s * batch + b) * w..(s * batch + b + 1) * w].copy_from_slice(&x[(b * steps + t) * w..(b * steps + t + 1) * w]);
         }
     }
 }
