@@ -172,7 +172,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
             ModelConfig::Dien(c) if c.interest == Interest::GruAttention => {
                 let e = c.interest_dim();
                 let micro = crate::data::micro_batch(bench.batch_size, 0, bench.workers);
-                Some(run_gru(micro, c.max_len, e, e, 1.0))
+                Some(run_gru(micro, c.max_len, e, e, 2.0))
             }
             _ => None,
         },
@@ -190,15 +190,19 @@ pub struct GruBenchResult {
     pub input: usize,
     /// Hidden width.
     pub hidden: usize,
-    /// Sequences per second, split cell (input projections hoisted into one GEMM).
+    /// Sequences per second, split cell (input projections hoisted out of the
+    /// recurrence), median over the rounds.
     pub split_sequences_per_sec: f64,
-    /// Sequences per second, unsplit cell (one GEMM over `[x_t, h]` per step).
+    /// Sequences per second, unsplit cell (one GEMM over `[x_t, h]` per step), median over the rounds.
     pub unsplit_sequences_per_sec: f64,
-    /// `split / unsplit`.
+    /// Median over the rounds of `split / unsplit`, each round timing both cells back to back.
     pub speedup: f64,
+    /// Lowest and highest round's `split / unsplit`.
+    pub speedup_range: [f64; 2],
 }
 
-/// Times GRU forward + backward with the split and the unsplit cell on the same random inputs.
+/// Times GRU forward + backward with the split and the unsplit cell on the same
+/// random inputs, `seconds` for each cell in all.
 pub fn run_gru(batch: usize, steps: usize, input: usize, hidden: usize, seconds: f64) -> GruBenchResult {
     use tiderec_operators::nn::gru::{Gru, GruCache};
     let gru = Gru { input, hidden, offset: 0 };
@@ -211,10 +215,10 @@ pub fn run_gru(batch: usize, steps: usize, input: usize, hidden: usize, seconds:
     let mut grads = vec![0.0f32; params.len()];
     let mut dx = vec![0.0f32; x.len()];
     let mut cache = GruCache::default();
-    let mut time = |split: bool| {
+    let mut time = |split: bool, seconds: f64| {
         let mut iterations = 0u64;
         let start = Instant::now();
-        while iterations < 3 || start.elapsed().as_secs_f64() < seconds {
+        while iterations < 2 || start.elapsed().as_secs_f64() < seconds {
             if split {
                 gru.forward(&params, &x, &lengths, batch, steps, &mut cache);
                 gru.backward(&params, &x, &lengths, &cache, &dstates, &mut grads, &mut dx);
@@ -226,21 +230,42 @@ pub fn run_gru(batch: usize, steps: usize, input: usize, hidden: usize, seconds:
         }
         (iterations * batch as u64) as f64 / start.elapsed().as_secs_f64()
     };
-    // Alternate to share any drift of the machine between the two.
-    let (mut split, mut unsplit) = (0.0, 0.0);
-    for _ in 0..2 {
-        unsplit += time(false) / 2.0;
-        split += time(true) / 2.0;
+    // Short alternating rounds, each cell right after the other, so that both
+    // see the same state of a shared machine; the medians over the rounds
+    // discard rounds another process disturbed.
+    let window = seconds / GRU_ROUNDS as f64;
+    let (mut split, mut unsplit, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..GRU_ROUNDS {
+        let (s, u) = if round % 2 == 0 {
+            let u = time(false, window);
+            (time(true, window), u)
+        } else {
+            let s = time(true, window);
+            (s, time(false, window))
+        };
+        split.push(s);
+        unsplit.push(u);
+        ratios.push(s / u);
     }
     GruBenchResult {
         batch_size: batch,
         steps,
         input,
         hidden,
-        split_sequences_per_sec: split,
-        unsplit_sequences_per_sec: unsplit,
-        speedup: split / unsplit,
+        split_sequences_per_sec: median(&mut split),
+        unsplit_sequences_per_sec: median(&mut unsplit),
+        speedup: median(&mut ratios),
+        speedup_range: [ratios[0], ratios[ratios.len() - 1]],
     }
+}
+
+/// Alternating rounds of `run_gru` (odd, so the median is one round).
+const GRU_ROUNDS: usize = 9;
+
+/// Median of `values` (sorts them).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// Throughput of one kernel over one data set.

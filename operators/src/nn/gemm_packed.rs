@@ -3,14 +3,15 @@
 //! `dG · W_hh` every step of back-propagation) and the skinny input-side
 //! products beside them.
 //!
-//! [`PackedRhs`] stores `op(b)` (`k × n`) as column panels of
-//! [`PANEL`] columns, each panel `k` rows of `PANEL` contiguous values; the
-//! last panel is [`HALF_PANEL`] wide when at most that many columns remain
-//! (`n = 36` costs 40 columns of work, not 48), and zero-padded. [`gemm_packed`] streams the rows of `a` as stored
-//! (no copy) and accumulates each `rows × PANEL` block of `c` in registers
-//! (AVX2 + FMA: 6 × 16 `f32`, twelve accumulators), so a product of a few
-//! dozen columns pays neither the packing of both operands nor the edge
-//! handling that a general GEMM pays on every call.
+//! [`PackedRhs`] stores `op(b)` (`k × n`) as column panels, each `k` rows of
+//! its width's contiguous values, zero-padded to a multiple of [`LANES`]:
+//! panels of 16 columns while more than 40 remain, then one panel of the
+//! rest (`n = 36` is one 40-wide panel, `n = 108` five of 16 and one of 32).
+//! [`gemm_packed`] streams the rows of `a` as stored (no copy, any row
+//! stride) and accumulates each `rows × width` block of `c` in registers
+//! (AVX2 + FMA: at most twelve accumulators, e.g. 6 × 16 or 2 × 40 `f32`),
+//! so a product of a few dozen columns pays neither the packing of both
+//! operands nor the edge handling that a general GEMM pays on every call.
 //!
 //! Invariants: a `PackedRhs` built from `b` holds exactly `op(b)`'s values
 //! (padding is zero and never reaches `c`); [`gemm_packed`] writes only the
@@ -19,10 +20,24 @@
 use super::gemm::Op;
 use super::Scalar;
 
-/// Columns per panel of a [`PackedRhs`] (two AVX2 vectors of `f32`).
-pub const PANEL: usize = 16;
-/// Columns of a narrow last panel (one AVX2 vector of `f32`).
-pub const HALF_PANEL: usize = 8;
+/// Values per vector (one AVX2 register of `f32`); panel widths are multiples of it.
+pub const LANES: usize = 8;
+/// Width of the full panels.
+const WIDE: usize = 2 * LANES;
+/// The widest last panel (five vectors).
+const LAST_MAX: usize = 5 * LANES;
+/// Rows per register block for a panel of `v` vectors (at most twelve accumulators).
+pub fn block_rows(vectors: usize) -> usize {
+    match vectors {
+        1 => 8,
+        2 => 6,
+        3 => 4,
+        4 => 3,
+        _ => 2,
+    }
+}
+/// Rows of `a` per group: a multiple of every [`block_rows`], kept in L1 while all panels pass.
+const GROUP_ROWS: usize = 24;
 
 /// `(first column, panel width)` of each panel for `n` columns.
 fn panels(n: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -31,13 +46,12 @@ fn panels(n: usize) -> impl Iterator<Item = (usize, usize)> {
         if first >= n {
             return None;
         }
-        let width = if n - first <= HALF_PANEL { HALF_PANEL } else { PANEL };
+        let rest = n - first;
+        let width = if rest > LAST_MAX { WIDE } else { rest.div_ceil(LANES) * LANES };
         first += width;
         Some((first - width, width))
     })
 }
-/// Rows of `c` per register block of [`gemm_packed`].
-pub const BLOCK_ROWS: usize = 6;
 
 /// `op(b)` (`k × n`) packed into zero-padded column panels for [`gemm_packed`].
 #[derive(Clone, Debug, Default)]
@@ -115,20 +129,22 @@ pub fn gemm_packed<T: Scalar>(m: usize, a: &[T], lda: usize, b: &PackedRhs<T>, a
         }
         return;
     }
-    // Row blocks outside, panels inside: a block's rows of `a` stay in L1 while
-    // every panel passes (the panels of a recurrence's weight fit in L1 too).
-    let mut i = 0;
-    while i < m {
-        let rows = BLOCK_ROWS.min(m - i);
-        let a_rows = &a[i * lda..(i + rows - 1) * lda + k];
+    // Groups of rows outside, panels inside: a group's rows of `a` stay in L1
+    // while every panel passes (the panels of a recurrence's weight fit in L1 too).
+    for g in (0..m).step_by(GROUP_ROWS) {
+        let group = GROUP_ROWS.min(m - g);
         let mut at = 0;
         for (first, pw) in panels(n) {
             let panel = &b.panels[at..at + k * pw];
             at += k * pw;
             let width = pw.min(n - first);
-            T::packed_block(rows, k, a_rows, lda, panel, pw, &mut c[i * ldc + first..], ldc, width, accumulate);
+            let step = block_rows(pw / LANES);
+            for i in (g..g + group).step_by(step) {
+                let rows = step.min(g + group - i);
+                let a_rows = &a[i * lda..(i + rows - 1) * lda + k];
+                T::packed_block(rows, k, a_rows, lda, panel, pw, &mut c[i * ldc + first..], ldc, width, accumulate);
+            }
         }
-        i += rows;
     }
 }
 
@@ -147,17 +163,17 @@ pub fn packed_block_portable<T: Scalar>(
     width: usize,
     accumulate: bool,
 ) {
-    let mut block = [[T::ZERO; PANEL]; BLOCK_ROWS];
+    let mut block = vec![T::ZERO; rows * pw];
     for p in 0..k {
         let brow = &panel[p * pw..(p + 1) * pw];
-        for (r, out) in block.iter_mut().enumerate().take(rows) {
+        for (r, out) in block.chunks_exact_mut(pw).enumerate() {
             let av = a[r * lda + p];
             for (x, &bv) in out.iter_mut().zip(brow) {
                 *x += av * bv;
             }
         }
     }
-    for (r, out) in block.iter().enumerate().take(rows) {
+    for (r, out) in block.chunks_exact(pw).enumerate() {
         for (o, &x) in c[r * ldc..r * ldc + width].iter_mut().zip(out) {
             *o = if accumulate { *o + x } else { x };
         }
@@ -179,7 +195,9 @@ pub(super) fn packed_block_f32(
     width: usize,
     accumulate: bool,
 ) {
-    assert!(rows <= BLOCK_ROWS && (pw == PANEL || pw == HALF_PANEL) && width <= pw && lda >= k && panel.len() >= k * pw);
+    let vectors = pw / LANES;
+    assert!(pw % LANES == 0 && (1..=5).contains(&vectors) && rows <= block_rows(vectors), "packed_block: bad block");
+    assert!(width <= pw && lda >= k && panel.len() >= k * pw, "packed_block: bad operand");
     assert!(rows == 0 || a.len() >= (rows - 1) * lda + k, "packed_block: a too short");
     assert!(rows == 0 || c.len() >= (rows - 1) * ldc + width, "packed_block: c too short");
     #[cfg(target_arch = "x86_64")]
@@ -187,21 +205,21 @@ pub(super) fn packed_block_f32(
         // SAFETY: the CPU has AVX2 and FMA; the asserts bound every access.
         unsafe {
             let (a, b, cp) = (a.as_ptr(), panel.as_ptr(), c.as_mut_ptr());
-            match (rows, pw) {
-                (6, PANEL) => avx2::block::<6, 2>(k, a, lda, b, cp, ldc, width, accumulate),
-                (5, PANEL) => avx2::block::<5, 2>(k, a, lda, b, cp, ldc, width, accumulate),
-                (4, PANEL) => avx2::block::<4, 2>(k, a, lda, b, cp, ldc, width, accumulate),
-                (3, PANEL) => avx2::block::<3, 2>(k, a, lda, b, cp, ldc, width, accumulate),
-                (2, PANEL) => avx2::block::<2, 2>(k, a, lda, b, cp, ldc, width, accumulate),
-                (1, PANEL) => avx2::block::<1, 2>(k, a, lda, b, cp, ldc, width, accumulate),
-                (6, _) => avx2::block::<6, 1>(k, a, lda, b, cp, ldc, width, accumulate),
-                (5, _) => avx2::block::<5, 1>(k, a, lda, b, cp, ldc, width, accumulate),
-                (4, _) => avx2::block::<4, 1>(k, a, lda, b, cp, ldc, width, accumulate),
-                (3, _) => avx2::block::<3, 1>(k, a, lda, b, cp, ldc, width, accumulate),
-                (2, _) => avx2::block::<2, 1>(k, a, lda, b, cp, ldc, width, accumulate),
-                (1, _) => avx2::block::<1, 1>(k, a, lda, b, cp, ldc, width, accumulate),
-                _ => {}
+            macro_rules! dispatch {
+                ($(($r:literal, $v:literal)),*) => {
+                    match (rows, vectors) {
+                        $(($r, $v) => avx2::block::<$r, $v>(k, a, lda, b, cp, ldc, width, accumulate),)*
+                        _ => {}
+                    }
+                };
             }
+            dispatch!(
+                (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1),
+                (1, 2), (2, 2), (3, 2), (4, 2), (5, 2), (6, 2),
+                (1, 3), (2, 3), (3, 3), (4, 3),
+                (1, 4), (2, 4), (3, 4),
+                (1, 5), (2, 5)
+            );
         }
         return;
     }
@@ -210,7 +228,7 @@ pub(super) fn packed_block_f32(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::PANEL;
+    use super::LANES;
     use std::arch::x86_64::*;
 
     /// `R × 8V` block: `R` rows of `a` (stride `lda`) times one panel of `V`
@@ -232,7 +250,7 @@ mod avx2 {
         let step = |acc: &mut [[__m256; V]; R], p: usize| {
             let mut bv = [_mm256_setzero_ps(); V];
             for (v, b) in bv.iter_mut().enumerate() {
-                *b = _mm256_loadu_ps(panel.add(p * 8 * V + 8 * v));
+                *b = _mm256_loadu_ps(panel.add(p * LANES * V + LANES * v));
             }
             for (r, row) in acc.iter_mut().enumerate() {
                 let av = _mm256_broadcast_ss(&*a.add(r * lda + p));
@@ -254,20 +272,20 @@ mod avx2 {
             step(&mut acc, p);
             p += 1;
         }
-        if width == 8 * V {
+        if width == LANES * V {
             for (r, row) in acc.iter().enumerate() {
                 let out = c.add(r * ldc);
                 for (v, &x) in row.iter().enumerate() {
-                    let o = out.add(8 * v);
+                    let o = out.add(LANES * v);
                     let x = if accumulate { _mm256_add_ps(x, _mm256_loadu_ps(o)) } else { x };
                     _mm256_storeu_ps(o, x);
                 }
             }
         } else {
-            let mut tmp = [0.0f32; PANEL];
+            let mut tmp = [0.0f32; 5 * LANES];
             for (r, row) in acc.iter().enumerate() {
                 for (v, &x) in row.iter().enumerate() {
-                    _mm256_storeu_ps(tmp.as_mut_ptr().add(8 * v), x);
+                    _mm256_storeu_ps(tmp.as_mut_ptr().add(LANES * v), x);
                 }
                 let out = c.add(r * ldc);
                 for (j, &v) in tmp.iter().enumerate().take(width) {
@@ -303,12 +321,12 @@ mod tests {
 
     proptest! {
         #[test]
-        fn packed_gemm_matches_reference_f64(m in 0usize..15, n in 0usize..40, k in 0usize..9, t in any::<bool>(), acc in any::<bool>(), seed in any::<u64>()) {
+        fn packed_gemm_matches_reference_f64(m in 0usize..30, n in 0usize..90, k in 0usize..9, t in any::<bool>(), acc in any::<bool>(), seed in any::<u64>()) {
             check::<f64>(m, n, k, t, acc, seed, 1e-12);
         }
 
         #[test]
-        fn packed_gemm_matches_reference_f32(m in 0usize..15, n in 0usize..40, k in 0usize..40, t in any::<bool>(), acc in any::<bool>(), seed in any::<u64>()) {
+        fn packed_gemm_matches_reference_f32(m in 0usize..30, n in 0usize..90, k in 0usize..40, t in any::<bool>(), acc in any::<bool>(), seed in any::<u64>()) {
             check::<f32>(m, n, k, t, acc, seed, 1e-4);
         }
     }

@@ -64,8 +64,9 @@ pub trait Scalar:
     );
 
     /// One register block of [`gemm_packed`](super::gemm_packed::gemm_packed):
-    /// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]` for `r < rows ≤ 6`,
-    /// `j < width ≤ pw`, `pw` 16 or 8.
+    /// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]` for `r < rows`,
+    /// `j < width ≤ pw`; `pw` is a multiple of 8 up to 40 and `rows` at most
+    /// [`block_rows`](super::gemm_packed::block_rows)`(pw / 8)`.
     #[allow(clippy::too_many_arguments)]
     fn packed_block(
         rows: usize,
