@@ -5,6 +5,7 @@
 //! nine short alternating rounds, medians reported.
 //!
 //! `cargo run --release -p tiderec-operators --example gru_speed -- B T I H`
+//! (`ONLY=split` or `ONLY=unsplit` times one cell, for profiling).
 fn cpu() -> f64 {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
     s.split_whitespace().next().unwrap().parse::<f64>().unwrap() * 1e-9
@@ -28,6 +29,7 @@ fn main() {
     let mut time = |split: bool| {
         let mut it = 0u64;
         let start = cpu();
+        let window = if std::env::var_os("ONLY").is_some() { 4.0 } else { window };
         while it < 2 || (cpu() - start) < window {
             if split {
                 gru.forward(&params, &x, &lengths, batch, steps, &mut cache);
@@ -41,6 +43,12 @@ fn main() {
         (it * batch as u64) as f64 / (cpu() - start)
     };
     let (mut s, mut u, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    let only = std::env::var("ONLY").unwrap_or_default();
+    if !only.is_empty() {
+        let rate = time(only == "split");
+        println!("B{batch} T{steps} {input}->{hidden}: {only} {rate:.0} seq/s");
+        return;
+    }
     for round in 0..9 {
         let (si, ui) = if round % 2 == 0 {
             let ui = time(false);

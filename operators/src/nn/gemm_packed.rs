@@ -26,17 +26,8 @@ pub const LANES: usize = 8;
 const WIDE: usize = 2 * LANES;
 /// The widest last panel (five vectors).
 const LAST_MAX: usize = 5 * LANES;
-/// Rows per register block for a panel of `v` vectors (at most twelve accumulators).
-pub fn block_rows(vectors: usize) -> usize {
-    match vectors {
-        1 => 8,
-        2 => 6,
-        3 => 4,
-        4 => 3,
-        _ => 2,
-    }
-}
-/// Rows of `a` per group: a multiple of every [`block_rows`], kept in L1 while all panels pass.
+/// Rows of `a` per group, kept in L1 while all panels pass: a multiple of
+/// every block's rows (8, 6, 4, 3 or 2 for panels of 1 to 5 vectors).
 const GROUP_ROWS: usize = 24;
 
 /// `(first column, panel width)` of each panel for `n` columns.
@@ -138,20 +129,16 @@ pub fn gemm_packed<T: Scalar>(m: usize, a: &[T], lda: usize, b: &PackedRhs<T>, a
             let panel = &b.panels[at..at + k * pw];
             at += k * pw;
             let width = pw.min(n - first);
-            let step = block_rows(pw / LANES);
-            for i in (g..g + group).step_by(step) {
-                let rows = step.min(g + group - i);
-                let a_rows = &a[i * lda..(i + rows - 1) * lda + k];
-                T::packed_block(rows, k, a_rows, lda, panel, pw, &mut c[i * ldc + first..], ldc, width, accumulate);
-            }
+            let a_rows = &a[g * lda..(g + group - 1) * lda + k];
+            T::packed_panel(group, k, a_rows, lda, panel, pw, &mut c[g * ldc + first..], ldc, width, accumulate);
         }
     }
 }
 
-/// The portable [`Scalar::packed_block`]: `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]`
+/// The portable [`Scalar::packed_panel`]: `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]`
 /// for `r < rows`, `j < width ≤ pw`.
 #[allow(clippy::too_many_arguments)]
-pub fn packed_block_portable<T: Scalar>(
+pub fn packed_panel_portable<T: Scalar>(
     rows: usize,
     k: usize,
     a: &[T],
@@ -180,10 +167,11 @@ pub fn packed_block_portable<T: Scalar>(
     }
 }
 
-/// [`Scalar::packed_block`] for `f32`: AVX2 + FMA when the CPU has them.
+/// [`Scalar::packed_panel`] for `f32`: AVX2 + FMA when the CPU has them. The
+/// features are checked and the kernel chosen once per panel, not per block.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-pub(super) fn packed_block_f32(
+pub(super) fn packed_panel_f32(
     rows: usize,
     k: usize,
     a: &[f32],
@@ -196,34 +184,26 @@ pub(super) fn packed_block_f32(
     accumulate: bool,
 ) {
     let vectors = pw / LANES;
-    assert!(pw % LANES == 0 && (1..=5).contains(&vectors) && rows <= block_rows(vectors), "packed_block: bad block");
-    assert!(width <= pw && lda >= k && panel.len() >= k * pw, "packed_block: bad operand");
-    assert!(rows == 0 || a.len() >= (rows - 1) * lda + k, "packed_block: a too short");
-    assert!(rows == 0 || c.len() >= (rows - 1) * ldc + width, "packed_block: c too short");
+    assert!(pw % LANES == 0 && (1..=5).contains(&vectors), "packed_panel: bad panel width {pw}");
+    assert!(width <= pw && lda >= k && panel.len() >= k * pw, "packed_panel: bad operand");
+    assert!(rows == 0 || a.len() >= (rows - 1) * lda + k, "packed_panel: a too short");
+    assert!(rows == 0 || c.len() >= (rows - 1) * ldc + width, "packed_panel: c too short");
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has AVX2 and FMA; the asserts bound every access.
         unsafe {
             let (a, b, cp) = (a.as_ptr(), panel.as_ptr(), c.as_mut_ptr());
-            macro_rules! dispatch {
-                ($(($r:literal, $v:literal)),*) => {
-                    match (rows, vectors) {
-                        $(($r, $v) => avx2::block::<$r, $v>(k, a, lda, b, cp, ldc, width, accumulate),)*
-                        _ => {}
-                    }
-                };
+            match vectors {
+                1 => avx2::panel1(rows, k, a, lda, b, cp, ldc, width, accumulate),
+                2 => avx2::panel2(rows, k, a, lda, b, cp, ldc, width, accumulate),
+                3 => avx2::panel3(rows, k, a, lda, b, cp, ldc, width, accumulate),
+                4 => avx2::panel4(rows, k, a, lda, b, cp, ldc, width, accumulate),
+                _ => avx2::panel5(rows, k, a, lda, b, cp, ldc, width, accumulate),
             }
-            dispatch!(
-                (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1),
-                (1, 2), (2, 2), (3, 2), (4, 2), (5, 2), (6, 2),
-                (1, 3), (2, 3), (3, 3), (4, 3),
-                (1, 4), (2, 4), (3, 4),
-                (1, 5), (2, 5)
-            );
         }
         return;
     }
-    packed_block_portable(rows, k, a, lda, panel, pw, c, ldc, width, accumulate)
+    packed_panel_portable(rows, k, a, lda, panel, pw, c, ldc, width, accumulate)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -234,8 +214,9 @@ mod avx2 {
     /// `R × 8V` block: `R` rows of `a` (stride `lda`) times one panel of `V`
     /// vectors, into `c` (stride `ldc`), the first `width` columns.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn block<const R: usize, const V: usize>(
+    unsafe fn block<const R: usize, const V: usize>(
         k: usize,
         a: *const f32,
         lda: usize,
@@ -295,6 +276,42 @@ mod avx2 {
             }
         }
     }
+
+    /// `rows` rows of `a` times one panel of `V` vectors: full blocks of
+    /// `R` rows, then one block of the rows left.
+    macro_rules! panel {
+        ($name:ident, $v:literal, $r:literal, [$($t:literal),*]) => {
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = "avx2,fma")]
+            pub(super) unsafe fn $name(
+                rows: usize,
+                k: usize,
+                a: *const f32,
+                lda: usize,
+                panel: *const f32,
+                c: *mut f32,
+                ldc: usize,
+                width: usize,
+                accumulate: bool,
+            ) {
+                let mut i = 0;
+                while i + $r <= rows {
+                    block::<$r, $v>(k, a.add(i * lda), lda, panel, c.add(i * ldc), ldc, width, accumulate);
+                    i += $r;
+                }
+                let (a, c) = (a.add(i * lda), c.add(i * ldc));
+                match rows - i {
+                    $($t => block::<$t, $v>(k, a, lda, panel, c, ldc, width, accumulate),)*
+                    _ => {}
+                }
+            }
+        };
+    }
+    panel!(panel1, 1, 8, [1, 2, 3, 4, 5, 6, 7]);
+    panel!(panel2, 2, 6, [1, 2, 3, 4, 5]);
+    panel!(panel3, 3, 4, [1, 2, 3]);
+    panel!(panel4, 4, 3, [1, 2]);
+    panel!(panel5, 5, 2, [1]);
 }
 
 #[cfg(test)]

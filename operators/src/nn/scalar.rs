@@ -63,12 +63,11 @@ pub trait Scalar:
         csc: isize,
     );
 
-    /// One register block of [`gemm_packed`](super::gemm_packed::gemm_packed):
+    /// One panel of [`gemm_packed`](super::gemm_packed::gemm_packed):
     /// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]` for `r < rows`,
-    /// `j < width ≤ pw`; `pw` is a multiple of 8 up to 40 and `rows` at most
-    /// [`block_rows`](super::gemm_packed::block_rows)`(pw / 8)`.
+    /// `j < width ≤ pw`; `pw` is a multiple of 8 up to 40.
     #[allow(clippy::too_many_arguments)]
-    fn packed_block(
+    fn packed_panel(
         rows: usize,
         k: usize,
         a: &[Self],
@@ -135,7 +134,7 @@ macro_rules! impl_scalar {
                 $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
             }
             #[inline]
-            fn packed_block(
+            fn packed_panel(
                 rows: usize,
                 k: usize,
                 a: &[Self],
@@ -153,8 +152,8 @@ macro_rules! impl_scalar {
     };
 }
 
-impl_scalar!(f32, matrixmultiply::sgemm, exp_f32_poly, super::gemm_packed::packed_block_f32);
-impl_scalar!(f64, matrixmultiply::dgemm, f64::exp, super::gemm_packed::packed_block_portable::<f64>);
+impl_scalar!(f32, matrixmultiply::sgemm, exp_f32_poly, super::gemm_packed::packed_panel_f32);
+impl_scalar!(f64, matrixmultiply::dgemm, f64::exp, super::gemm_packed::packed_panel_portable::<f64>);
 
 /// `e^x` for `f32` from `2^k · p(r)`, `x = k·ln2 + r`, `|r| ≤ ln2/2`.
 #[inline(always)]
