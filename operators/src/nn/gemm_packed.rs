@@ -104,7 +104,15 @@ impl<T: Scalar> PackedRhs<T> {
 ///
 /// # Panics
 /// When `a` or `c` is shorter than its shape requires, or a stride is shorter than a row.
-pub fn gemm_packed<T: Scalar>(m: usize, a: &[T], lda: usize, b: &PackedRhs<T>, accumulate: bool, c: &mut [T], ldc: usize) {
+pub fn gemm_packed<T: Scalar>(
+    m: usize,
+    a: &[T],
+    lda: usize,
+    b: &PackedRhs<T>,
+    accumulate: bool,
+    c: &mut [T],
+    ldc: usize,
+) {
     let (k, n) = (b.k, b.n);
     if m == 0 || n == 0 {
         return;

@@ -10,16 +10,20 @@
 //! h' = (1 − z) ⊙ n + z ⊙ h
 //! ```
 //!
-//! **Split cell**: the input projections `W_ih x + b_ih` of all time steps
-//! of every sequence are computed by GEMMs over many steps at once
-//! (`[B·C × I] · [I × 3H]` for chunks of `C` steps, as many as fill about
-//! 512 KiB of pre-activations, so that they are still in cache when the cell
-//! reads them; at DIEN shapes one chunk is every step); inside the loop only
-//! `W_hh h` is computed. Backward mirrors it: the recurrent gradients per
-//! step, and per chunk of steps `dW_ih`, `dW_hh` and `dX` as one GEMM each.
-//! The gate nonlinearities of a step run as one flat loop over the step's
-//! `[B × H]` planes (shared by both cells). [`Gru::forward_unsplit`] is the textbook cell (one GEMM per step over
-//! `[x_t, h]` with a combined weight), kept as the baseline and oracle.
+//! **Split cell**: the input projections `W_ih x` of a chunk of time steps
+//! are computed before the recurrence (as many steps as fill about 256 KiB,
+//! into one reused chunk buffer that stays in L2; at DIEN shapes ten steps),
+//! reading the batch-major `x` in place; inside the loop only `h · W_hhᵀ` is
+//! computed. Backward mirrors it: per step the gate gradients and
+//! `dh_{t−1} = dGh · W_hh`; per chunk `dW_ih`, `dW_hh`, the bias gradients
+//! (one GEMM / pass each over the chunk's steps) and `dx`, written in place.
+//! Every product with a weight runs through [`gemm_packed`] with the weight
+//! packed once per pass. A step's gate nonlinearities run as one flat loop
+//! over runs of rows still inside their sequences (`activate_step`, shared
+//! by both cells), after the split cell has gathered its two products and the
+//! biases into the step's planes. [`Gru::forward_unsplit`] is the textbook
+//! cell (per step one GEMM over the concatenation `[x_t, h]` with a combined
+//! weight), kept as the baseline and oracle, with the same kernels.
 //!
 //! Sequences shorter than `T` are masked: past its length a row keeps its
 //! state (`h_t = h_{t−1}`) and receives no gate gradients.
@@ -160,7 +164,8 @@ impl Gru {
             let planes = t * bh..(t + 1) * bh;
             let local = t % chunk;
             let gx_t = &gx[local * batch * i3..(local + 1) * batch * i3];
-            let (r, z, n, hn) = (&mut r[planes.clone()], &mut z[planes.clone()], &mut n[planes.clone()], &mut hn[planes]);
+            let (r, z, n, hn) =
+                (&mut r[planes.clone()], &mut z[planes.clone()], &mut n[planes.clone()], &mut hn[planes]);
             gather_split_step(h, t, lengths, gx_t, gh, &bias, StepPlanes { r, z, n, hn });
             activate_step(h, t, lengths, hp, &mut rest[..bh], r, z, n, hn);
         }
@@ -459,7 +464,15 @@ fn gate_unit<T: Scalar>(r_pre: T, z_pre: T, n_pre: T, hn: T, prev: T) -> (T, T, 
 /// the step's `[B × H]` planes in the layout [`activate_step`] reads. Rows past
 /// their length are left alone (`activate_step` copies their state).
 #[inline(never)]
-fn gather_split_step<T: Scalar>(h: usize, t: usize, lengths: &[usize], gx: &[T], gh: &[T], bias: &SplitBias<T>, planes: StepPlanes<'_, T>) {
+fn gather_split_step<T: Scalar>(
+    h: usize,
+    t: usize,
+    lengths: &[usize],
+    gx: &[T],
+    gh: &[T],
+    bias: &SplitBias<T>,
+    planes: StepPlanes<'_, T>,
+) {
     let (br, bz, bn, bhn) = (&bias.r[..h], &bias.z[..h], &bias.n[..h], &bias.hn[..h]);
     for (b, &len) in lengths.iter().enumerate() {
         if t >= len {
@@ -511,7 +524,8 @@ fn activate_step<T: Scalar>(
             b += 1;
         }
         let s = first * h..b * h;
-        let (p, o, r, z, n, hn) = (&prev[s.clone()], &mut out[s.clone()], &mut r[s.clone()], &mut z[s.clone()], &mut n[s.clone()], &hn[s]);
+        let (p, o, r, z, n, hn) =
+            (&prev[s.clone()], &mut out[s.clone()], &mut r[s.clone()], &mut z[s.clone()], &mut n[s.clone()], &hn[s]);
         for k in 0..o.len() {
             let (rk, zk, nk, ok) = gate_unit(r[k], z[k], n[k], hn[k], p[k]);
             r[k] = rk;
@@ -594,11 +608,19 @@ fn chunk_steps<T>(per_step: usize) -> usize {
 }
 
 /// Steps `span` of the batch-major `x: [B × T × w]`, time-major: `[span × B × w]`.
-fn time_major_steps<T: Scalar>(x: &[T], batch: usize, steps: usize, w: usize, span: std::ops::Range<usize>, out: &mut Vec<T>) {
+fn time_major_steps<T: Scalar>(
+    x: &[T],
+    batch: usize,
+    steps: usize,
+    w: usize,
+    span: std::ops::Range<usize>,
+    out: &mut Vec<T>,
+) {
     out.resize(span.len() * batch * w, T::ZERO);
     for (s, t) in span.enumerate() {
         for b in 0..batch {
-            out[(s * batch + b) * w..(s * batch + b + 1) * w].copy_from_slice(&x[(b * steps + t) * w..(b * steps + t + 1) * w]);
+            out[(s * batch + b) * w..(s * batch + b + 1) * w]
+                .copy_from_slice(&x[(b * steps + t) * w..(b * steps + t + 1) * w]);
         }
     }
 }
