@@ -192,7 +192,7 @@ pub(super) fn packed_panel_f32(
     accumulate: bool,
 ) {
     let vectors = pw / LANES;
-    assert!(pw % LANES == 0 && (1..=5).contains(&vectors), "packed_panel: bad panel width {pw}");
+    assert!(pw.is_multiple_of(LANES) && (1..=5).contains(&vectors), "packed_panel: bad panel width {pw}");
     assert!(width <= pw && lda >= k && panel.len() >= k * pw, "packed_panel: bad operand");
     assert!(rows == 0 || a.len() >= (rows - 1) * lda + k, "packed_panel: a too short");
     assert!(rows == 0 || c.len() >= (rows - 1) * ldc + width, "packed_panel: c too short");
