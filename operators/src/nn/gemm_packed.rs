@@ -137,27 +137,41 @@ pub fn gemm_packed<T: Scalar>(
             let panel = &b.panels[at..at + k * pw];
             at += k * pw;
             let width = pw.min(n - first);
-            let a_rows = &a[g * lda..(g + group - 1) * lda + k];
-            T::packed_panel(group, k, a_rows, lda, panel, pw, &mut c[g * ldc + first..], ldc, width, accumulate);
+            let a = &a[g * lda..(g + group - 1) * lda + k];
+            let c = &mut c[g * ldc + first..];
+            T::packed_panel(PanelProduct { rows: group, k, a, lda, panel, pw, c, ldc, width, accumulate });
         }
     }
 }
 
-/// The portable [`Scalar::packed_panel`]: `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]`
-/// for `r < rows`, `j < width ≤ pw`.
-#[allow(clippy::too_many_arguments)]
-pub fn packed_panel_portable<T: Scalar>(
-    rows: usize,
-    k: usize,
-    a: &[T],
-    lda: usize,
-    panel: &[T],
-    pw: usize,
-    c: &mut [T],
-    ldc: usize,
-    width: usize,
-    accumulate: bool,
-) {
+/// One panel's product, the unit of [`Scalar::packed_panel`]:
+/// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]` for `r < rows`, `j < width ≤ pw`.
+pub struct PanelProduct<'a, T> {
+    /// Rows of `a` and `c`.
+    pub rows: usize,
+    /// The reduction length.
+    pub k: usize,
+    /// `rows` rows of `k` values, `lda` apart.
+    pub a: &'a [T],
+    /// Row stride of `a`.
+    pub lda: usize,
+    /// `k` rows of `pw` values.
+    pub panel: &'a [T],
+    /// Panel width: a multiple of [`LANES`], at most five vectors.
+    pub pw: usize,
+    /// `rows` rows of at least `width` values, `ldc` apart.
+    pub c: &'a mut [T],
+    /// Row stride of `c`.
+    pub ldc: usize,
+    /// Columns of `c` written (the rest of the panel is padding).
+    pub width: usize,
+    /// Add to `c` instead of overwriting it.
+    pub accumulate: bool,
+}
+
+/// The portable [`Scalar::packed_panel`].
+pub fn packed_panel_portable<T: Scalar>(p: PanelProduct<'_, T>) {
+    let PanelProduct { rows, k, a, lda, panel, pw, c, ldc, width, accumulate } = p;
     let mut block = vec![T::ZERO; rows * pw];
     for p in 0..k {
         let brow = &panel[p * pw..(p + 1) * pw];
@@ -177,41 +191,40 @@ pub fn packed_panel_portable<T: Scalar>(
 
 /// [`Scalar::packed_panel`] for `f32`: AVX2 + FMA when the CPU has them. The
 /// features are checked and the kernel chosen once per panel, not per block.
-#[allow(clippy::too_many_arguments)]
 #[inline]
-pub(super) fn packed_panel_f32(
-    rows: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    panel: &[f32],
-    pw: usize,
-    c: &mut [f32],
-    ldc: usize,
-    width: usize,
-    accumulate: bool,
-) {
+pub(super) fn packed_panel_f32(p: PanelProduct<'_, f32>) {
+    let PanelProduct { rows, k, a, lda, panel, pw, ldc, width, .. } = p;
     let vectors = pw / LANES;
     assert!(pw.is_multiple_of(LANES) && (1..=5).contains(&vectors), "packed_panel: bad panel width {pw}");
     assert!(width <= pw && lda >= k && panel.len() >= k * pw, "packed_panel: bad operand");
     assert!(rows == 0 || a.len() >= (rows - 1) * lda + k, "packed_panel: a too short");
-    assert!(rows == 0 || c.len() >= (rows - 1) * ldc + width, "packed_panel: c too short");
+    assert!(rows == 0 || p.c.len() >= (rows - 1) * ldc + width, "packed_panel: c too short");
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        let raw = avx2::Raw {
+            rows,
+            k,
+            a: a.as_ptr(),
+            lda,
+            panel: panel.as_ptr(),
+            c: p.c.as_mut_ptr(),
+            ldc,
+            width,
+            accumulate: p.accumulate,
+        };
         // SAFETY: the CPU has AVX2 and FMA; the asserts bound every access.
         unsafe {
-            let (a, b, cp) = (a.as_ptr(), panel.as_ptr(), c.as_mut_ptr());
             match vectors {
-                1 => avx2::panel1(rows, k, a, lda, b, cp, ldc, width, accumulate),
-                2 => avx2::panel2(rows, k, a, lda, b, cp, ldc, width, accumulate),
-                3 => avx2::panel3(rows, k, a, lda, b, cp, ldc, width, accumulate),
-                4 => avx2::panel4(rows, k, a, lda, b, cp, ldc, width, accumulate),
-                _ => avx2::panel5(rows, k, a, lda, b, cp, ldc, width, accumulate),
+                1 => avx2::panel1(&raw),
+                2 => avx2::panel2(&raw),
+                3 => avx2::panel3(&raw),
+                4 => avx2::panel4(&raw),
+                _ => avx2::panel5(&raw),
             }
         }
         return;
     }
-    packed_panel_portable(rows, k, a, lda, panel, pw, c, ldc, width, accumulate)
+    packed_panel_portable(p)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -219,21 +232,26 @@ mod avx2 {
     use super::LANES;
     use std::arch::x86_64::*;
 
-    /// `R × 8V` block: `R` rows of `a` (stride `lda`) times one panel of `V`
-    /// vectors, into `c` (stride `ldc`), the first `width` columns.
-    #[allow(clippy::too_many_arguments)]
+    /// A [`PanelProduct`](super::PanelProduct) as pointers, bounds checked by the caller.
+    pub(super) struct Raw {
+        pub rows: usize,
+        pub k: usize,
+        pub a: *const f32,
+        pub lda: usize,
+        pub panel: *const f32,
+        pub c: *mut f32,
+        pub ldc: usize,
+        pub width: usize,
+        pub accumulate: bool,
+    }
+
+    /// `R × 8V` block: `R` rows of `a` from row `i` times the panel of `V`
+    /// vectors, into `c` from row `i`, the first `width` columns.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn block<const R: usize, const V: usize>(
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        panel: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        width: usize,
-        accumulate: bool,
-    ) {
+    unsafe fn block<const R: usize, const V: usize>(raw: &Raw, i: usize) {
+        let Raw { k, lda, panel, ldc, width, accumulate, .. } = *raw;
+        let (a, c) = (raw.a.add(i * lda), raw.c.add(i * ldc));
         let mut acc = [[_mm256_setzero_ps(); V]; R];
         // One step of the k loop: row p of the panel times column p of the rows.
         let step = |acc: &mut [[__m256; V]; R], p: usize| {
@@ -289,27 +307,15 @@ mod avx2 {
     /// `R` rows, then one block of the rows left.
     macro_rules! panel {
         ($name:ident, $v:literal, $r:literal, [$($t:literal),*]) => {
-            #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = "avx2,fma")]
-            pub(super) unsafe fn $name(
-                rows: usize,
-                k: usize,
-                a: *const f32,
-                lda: usize,
-                panel: *const f32,
-                c: *mut f32,
-                ldc: usize,
-                width: usize,
-                accumulate: bool,
-            ) {
+            pub(super) unsafe fn $name(p: &Raw) {
                 let mut i = 0;
-                while i + $r <= rows {
-                    block::<$r, $v>(k, a.add(i * lda), lda, panel, c.add(i * ldc), ldc, width, accumulate);
+                while i + $r <= p.rows {
+                    block::<$r, $v>(p, i);
                     i += $r;
                 }
-                let (a, c) = (a.add(i * lda), c.add(i * ldc));
-                match rows - i {
-                    $($t => block::<$t, $v>(k, a, lda, panel, c, ldc, width, accumulate),)*
+                match p.rows - i {
+                    $($t => block::<$t, $v>(p, i),)*
                     _ => {}
                 }
             }

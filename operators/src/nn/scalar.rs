@@ -63,22 +63,8 @@ pub trait Scalar:
         csc: isize,
     );
 
-    /// One panel of [`gemm_packed`](super::gemm_packed::gemm_packed):
-    /// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]` for `r < rows`,
-    /// `j < width ≤ pw`; `pw` is a multiple of 8 up to 40.
-    #[allow(clippy::too_many_arguments)]
-    fn packed_panel(
-        rows: usize,
-        k: usize,
-        a: &[Self],
-        lda: usize,
-        panel: &[Self],
-        pw: usize,
-        c: &mut [Self],
-        ldc: usize,
-        width: usize,
-        accumulate: bool,
-    );
+    /// One panel of [`gemm_packed`](super::gemm_packed::gemm_packed).
+    fn packed_panel(p: super::gemm_packed::PanelProduct<'_, Self>);
 }
 
 macro_rules! impl_scalar {
@@ -134,19 +120,8 @@ macro_rules! impl_scalar {
                 $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
             }
             #[inline]
-            fn packed_panel(
-                rows: usize,
-                k: usize,
-                a: &[Self],
-                lda: usize,
-                panel: &[Self],
-                pw: usize,
-                c: &mut [Self],
-                ldc: usize,
-                width: usize,
-                accumulate: bool,
-            ) {
-                $block(rows, k, a, lda, panel, pw, c, ldc, width, accumulate)
+            fn packed_panel(p: super::gemm_packed::PanelProduct<'_, Self>) {
+                $block(p)
             }
         }
     };
