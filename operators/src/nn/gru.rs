@@ -245,8 +245,8 @@ impl Gru {
             }
             // dh_{t−1} += dGh·W_hh (the only product the recurrence needs).
             gemm_packed(batch, dgh, i3, w_recurrent, true, dh_prev, h);
+            // Every row of the next step's dh_prev is written before the product adds to it.
             std::mem::swap(dh, dh_prev);
-            dh_prev.fill(T::ZERO);
             // A chunk of steps is complete: its weight and input gradients, one GEMM
             // each over all its steps while its dGx / dGh are still in cache.
             if local == 0 {
