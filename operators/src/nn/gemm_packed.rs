@@ -132,12 +132,12 @@ pub fn gemm_packed<T: Scalar>(
     // while every panel passes (the panels of a recurrence's weight fit in L1 too).
     for g in (0..m).step_by(GROUP_ROWS) {
         let group = GROUP_ROWS.min(m - g);
+        let a = &a[g * lda..(g + group - 1) * lda + k];
         let mut at = 0;
         for (first, pw) in panels(n) {
             let panel = &b.panels[at..at + k * pw];
             at += k * pw;
             let width = pw.min(n - first);
-            let a = &a[g * lda..(g + group - 1) * lda + k];
             let c = &mut c[g * ldc + first..];
             T::packed_panel(PanelProduct { rows: group, k, a, lda, panel, pw, c, ldc, width, accumulate });
         }

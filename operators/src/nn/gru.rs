@@ -291,12 +291,9 @@ impl Gru {
         let bh = batch * h;
         let width = i + h;
         let combined = PackedRhs::new(Op::T, width, 4 * h, &self.combined_weight(params));
-        let mut bias = vec![T::ZERO; 4 * h];
-        for j in 0..2 * h {
-            bias[j] = params[self.b_ih()][j] + params[self.b_hh()][j];
-        }
-        bias[2 * h..3 * h].copy_from_slice(&params[self.b_ih()][2 * h..]);
-        bias[3 * h..].copy_from_slice(&params[self.b_hh()][2 * h..]);
+        // The combined weight's four output blocks take the split cell's four biases.
+        let split = SplitBias::new(&params[self.b_ih()], &params[self.b_hh()], h);
+        let bias = [split.r, split.z, split.n, split.hn].concat();
         cache.batch = batch;
         cache.steps = steps;
         self.prepare(cache, batch, steps);
@@ -423,7 +420,7 @@ impl Gru {
     }
 }
 
-/// The biases of the split cell's gate step: `b_ir + b_hr`, `b_iz + b_hz`
+/// The biases of a step's gate pre-activations: `b_ir + b_hr`, `b_iz + b_hz`
 /// (summed once), `b_in` and `b_hn` (kept apart: `r` multiplies only the latter).
 struct SplitBias<T> {
     r: Vec<T>,
