@@ -9,7 +9,8 @@
 //! rest (`n = 36` is one 40-wide panel, `n = 108` five of 16 and one of 32).
 //! [`gemm_packed`] streams the rows of `a` as stored (no copy, any row
 //! stride) and accumulates each `rows × width` block of `c` in registers
-//! (AVX2 + FMA: at most twelve accumulators, e.g. 6 × 16 or 2 × 40 `f32`),
+//! (AVX2 + FMA: at most twelve accumulators, e.g. 6 × 16 or 2 × 40 `f32`;
+//! with AVX-512VL's thirty-two registers up to 24, e.g. 12 × 16 or 6 × 32),
 //! so a product of a few dozen columns pays neither the packing of both
 //! operands nor the edge handling that a general GEMM pays on every call.
 //!
@@ -27,7 +28,8 @@ const WIDE: usize = 2 * LANES;
 /// The widest last panel (five vectors).
 const LAST_MAX: usize = 5 * LANES;
 /// Rows of `a` per group, kept in L1 while all panels pass: a multiple of
-/// every block's rows (8, 6, 4, 3 or 2 for panels of 1 to 5 vectors).
+/// every block's rows (AVX2: 8, 6, 4, 3 or 2 for panels of 1 to 5 vectors;
+/// AVX-512VL: 12, 12, 8, 6 or 4).
 const GROUP_ROWS: usize = 24;
 
 /// `(first column, panel width)` of each panel for `n` columns.
@@ -113,6 +115,38 @@ pub fn gemm_packed<T: Scalar>(
     c: &mut [T],
     ldc: usize,
 ) {
+    gemm_packed_by(m, a, lda, b, accumulate, c, ldc, T::packed_panel)
+}
+
+/// [`gemm_packed`] for `f32` with a chosen kernel (benchmarks and tests compare them).
+///
+/// # Panics
+/// As [`gemm_packed`], and when the CPU does not run `kernel`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_f32_with(
+    kernel: PanelKernel,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedRhs<f32>,
+    accumulate: bool,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    gemm_packed_by(m, a, lda, b, accumulate, c, ldc, |p| packed_panel_f32_with(kernel, p))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_packed_by<T: Scalar>(
+    m: usize,
+    a: &[T],
+    lda: usize,
+    b: &PackedRhs<T>,
+    accumulate: bool,
+    c: &mut [T],
+    ldc: usize,
+    mut panel_product: impl FnMut(PanelProduct<'_, T>),
+) {
     let (k, n) = (b.k, b.n);
     if m == 0 || n == 0 {
         return;
@@ -139,7 +173,7 @@ pub fn gemm_packed<T: Scalar>(
             at += k * pw;
             let width = pw.min(n - first);
             let c = &mut c[g * ldc + first..];
-            T::packed_panel(PanelProduct { rows: group, k, a, lda, panel, pw, c, ldc, width, accumulate });
+            panel_product(PanelProduct { rows: group, k, a, lda, panel, pw, c, ldc, width, accumulate });
         }
     }
 }
@@ -189,19 +223,67 @@ pub fn packed_panel_portable<T: Scalar>(p: PanelProduct<'_, T>) {
     }
 }
 
-/// [`Scalar::packed_panel`] for `f32`: AVX2 + FMA when the CPU has them. The
-/// features are checked and the kernel chosen once per panel, not per block.
+/// The `f32` kernels [`packed_panel_f32`] chooses between (by CPU features).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PanelKernel {
+    /// [`packed_panel_portable`].
+    Portable,
+    /// AVX2 + FMA, sixteen vector registers: blocks of at most twelve accumulators.
+    Avx2,
+    /// The same instructions on 256-bit vectors with AVX-512VL's thirty-two
+    /// registers: blocks of up to twenty-five accumulators (twice the rows per
+    /// panel pass, so every panel row loaded serves twice the multiply-adds).
+    Avx512Vl,
+}
+
+impl PanelKernel {
+    /// The fastest kernel this CPU runs.
+    pub fn best() -> Self {
+        *Self::available().last().unwrap_or(&PanelKernel::Portable)
+    }
+
+    /// Every kernel this CPU runs, slowest first (detected once per process).
+    pub fn available() -> &'static [Self] {
+        static AVAILABLE: std::sync::OnceLock<Vec<PanelKernel>> = std::sync::OnceLock::new();
+        AVAILABLE.get_or_init(|| {
+            let mut kernels = vec![PanelKernel::Portable];
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                kernels.push(PanelKernel::Avx2);
+                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+                    kernels.push(PanelKernel::Avx512Vl);
+                }
+            }
+            kernels
+        })
+    }
+}
+
+/// [`Scalar::packed_panel`] for `f32`: the best kernel the CPU runs (features
+/// are checked once per panel, not per block).
 #[inline]
 pub(super) fn packed_panel_f32(p: PanelProduct<'_, f32>) {
+    packed_panel_f32_with(PanelKernel::best(), p)
+}
+
+/// One panel's product with a chosen kernel.
+///
+/// # Panics
+/// When the CPU does not run `kernel`, or the operands do not fit the shape.
+pub fn packed_panel_f32_with(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
     let PanelProduct { rows, k, a, lda, panel, pw, ldc, width, .. } = p;
     let vectors = pw / LANES;
     assert!(pw.is_multiple_of(LANES) && (1..=5).contains(&vectors), "packed_panel: bad panel width {pw}");
     assert!(width <= pw && lda >= k && panel.len() >= k * pw, "packed_panel: bad operand");
     assert!(rows == 0 || a.len() >= (rows - 1) * lda + k, "packed_panel: a too short");
     assert!(rows == 0 || p.c.len() >= (rows - 1) * ldc + width, "packed_panel: c too short");
+    if kernel == PanelKernel::Portable {
+        return packed_panel_portable(p);
+    }
+    assert!(PanelKernel::available().contains(&kernel), "packed_panel: this CPU does not run {kernel:?}");
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        let raw = avx2::Raw {
+    {
+        let raw = x86::Raw {
             rows,
             k,
             a: a.as_ptr(),
@@ -212,26 +294,26 @@ pub(super) fn packed_panel_f32(p: PanelProduct<'_, f32>) {
             width,
             accumulate: p.accumulate,
         };
-        // SAFETY: the CPU has AVX2 and FMA; the asserts bound every access.
+        // SAFETY: the CPU has the kernel's features (checked above); the asserts bound every access.
         unsafe {
-            match vectors {
-                1 => avx2::panel1(&raw),
-                2 => avx2::panel2(&raw),
-                3 => avx2::panel3(&raw),
-                4 => avx2::panel4(&raw),
-                _ => avx2::panel5(&raw),
+            match (kernel, vectors) {
+                (PanelKernel::Avx2, 1) => x86::avx2::panel1(&raw),
+                (PanelKernel::Avx2, 2) => x86::avx2::panel2(&raw),
+                (PanelKernel::Avx2, 3) => x86::avx2::panel3(&raw),
+                (PanelKernel::Avx2, 4) => x86::avx2::panel4(&raw),
+                (PanelKernel::Avx2, _) => x86::avx2::panel5(&raw),
+                (_, 1) => x86::avx512vl::panel1(&raw),
+                (_, 2) => x86::avx512vl::panel2(&raw),
+                (_, 3) => x86::avx512vl::panel3(&raw),
+                (_, 4) => x86::avx512vl::panel4(&raw),
+                (_, _) => x86::avx512vl::panel5(&raw),
             }
         }
-        return;
     }
-    packed_panel_portable(p)
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::LANES;
-    use std::arch::x86_64::*;
-
+mod x86 {
     /// A [`PanelProduct`](super::PanelProduct) as pointers, bounds checked by the caller.
     pub(super) struct Raw {
         pub rows: usize,
@@ -245,87 +327,127 @@ mod avx2 {
         pub accumulate: bool,
     }
 
-    /// `R × 8V` block: `R` rows of `a` from row `i` times the panel of `V`
-    /// vectors, into `c` from row `i`, the first `width` columns.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn block<const R: usize, const V: usize>(raw: &Raw, i: usize) {
-        let Raw { k, lda, panel, ldc, width, accumulate, .. } = *raw;
-        let (a, c) = (raw.a.add(i * lda), raw.c.add(i * ldc));
-        let mut acc = [[_mm256_setzero_ps(); V]; R];
-        // One step of the k loop: row p of the panel times column p of the rows.
-        let step = |acc: &mut [[__m256; V]; R], p: usize| {
-            let mut bv = [_mm256_setzero_ps(); V];
-            for (v, b) in bv.iter_mut().enumerate() {
-                *b = _mm256_loadu_ps(panel.add(p * LANES * V + LANES * v));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm256_broadcast_ss(&*a.add(r * lda + p));
-                for (x, &b) in row.iter_mut().zip(&bv) {
-                    *x = _mm256_fmadd_ps(av, b, *x);
+    /// One module of register-blocked kernels compiled for `$features`, with
+    /// `$r1 … $r5` rows per block for panels of one to five vectors.
+    macro_rules! kernels {
+        ($module:ident, $features:literal, $r1:literal, $r2:literal, $r3:literal, $r4:literal, $r5:literal) => {
+            pub(super) mod $module {
+                use super::super::LANES;
+                use super::Raw;
+                use std::arch::x86_64::*;
+
+                /// `R × 8V` block: `R` rows of `a` from row `i` times the panel of `V`
+                /// vectors, into `c` from row `i`, the first `width` columns.
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn block<const R: usize, const V: usize>(raw: &Raw, i: usize) {
+                    let Raw { k, lda, panel, ldc, width, accumulate, .. } = *raw;
+                    let (a, c) = (raw.a.add(i * lda), raw.c.add(i * ldc));
+                    let mut acc = [[_mm256_setzero_ps(); V]; R];
+                    // One step of the k loop: row p of the panel times column p of the rows.
+                    let step = |acc: &mut [[__m256; V]; R], p: usize| {
+                        let mut bv = [_mm256_setzero_ps(); V];
+                        for (v, b) in bv.iter_mut().enumerate() {
+                            *b = _mm256_loadu_ps(panel.add(p * LANES * V + LANES * v));
+                        }
+                        for (r, row) in acc.iter_mut().enumerate() {
+                            let av = _mm256_broadcast_ss(&*a.add(r * lda + p));
+                            for (x, &b) in row.iter_mut().zip(&bv) {
+                                *x = _mm256_fmadd_ps(av, b, *x);
+                            }
+                        }
+                    };
+                    // Unrolled by four (the short k of a recurrence pays little loop overhead).
+                    let mut p = 0;
+                    while p + 4 <= k {
+                        step(&mut acc, p);
+                        step(&mut acc, p + 1);
+                        step(&mut acc, p + 2);
+                        step(&mut acc, p + 3);
+                        p += 4;
+                    }
+                    while p < k {
+                        step(&mut acc, p);
+                        p += 1;
+                    }
+                    if width == LANES * V {
+                        for (r, row) in acc.iter().enumerate() {
+                            let out = c.add(r * ldc);
+                            for (v, &x) in row.iter().enumerate() {
+                                let o = out.add(LANES * v);
+                                let x = if accumulate { _mm256_add_ps(x, _mm256_loadu_ps(o)) } else { x };
+                                _mm256_storeu_ps(o, x);
+                            }
+                        }
+                    } else {
+                        let mut tmp = [0.0f32; 5 * LANES];
+                        for (r, row) in acc.iter().enumerate() {
+                            for (v, &x) in row.iter().enumerate() {
+                                _mm256_storeu_ps(tmp.as_mut_ptr().add(LANES * v), x);
+                            }
+                            let out = c.add(r * ldc);
+                            for (j, &v) in tmp.iter().enumerate().take(width) {
+                                let o = out.add(j);
+                                *o = if accumulate { *o + v } else { v };
+                            }
+                        }
+                    }
+                }
+
+                /// `rows` rows of `a` times one panel of `V` vectors: full blocks of
+                /// `R` rows, then blocks of the rows left (at most one per size).
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn panel<const R: usize, const V: usize>(p: &Raw) {
+                    let mut i = 0;
+                    while i + R <= p.rows {
+                        block::<R, V>(p, i);
+                        i += R;
+                    }
+                    // The tail, as a sum of powers of two below R.
+                    let mut rest = p.rows - i;
+                    for size in [8, 4, 2, 1] {
+                        if size < R && rest >= size {
+                            match size {
+                                8 => block::<8, V>(p, i),
+                                4 => block::<4, V>(p, i),
+                                2 => block::<2, V>(p, i),
+                                _ => block::<1, V>(p, i),
+                            }
+                            i += size;
+                            rest -= size;
+                        }
+                    }
+                }
+
+                #[target_feature(enable = $features)]
+                pub(in super::super) unsafe fn panel1(p: &Raw) {
+                    panel::<$r1, 1>(p)
+                }
+                #[target_feature(enable = $features)]
+                pub(in super::super) unsafe fn panel2(p: &Raw) {
+                    panel::<$r2, 2>(p)
+                }
+                #[target_feature(enable = $features)]
+                pub(in super::super) unsafe fn panel3(p: &Raw) {
+                    panel::<$r3, 3>(p)
+                }
+                #[target_feature(enable = $features)]
+                pub(in super::super) unsafe fn panel4(p: &Raw) {
+                    panel::<$r4, 4>(p)
+                }
+                #[target_feature(enable = $features)]
+                pub(in super::super) unsafe fn panel5(p: &Raw) {
+                    panel::<$r5, 5>(p)
                 }
             }
         };
-        // Unrolled by four (the short k of a recurrence pays little loop overhead).
-        let mut p = 0;
-        while p + 4 <= k {
-            step(&mut acc, p);
-            step(&mut acc, p + 1);
-            step(&mut acc, p + 2);
-            step(&mut acc, p + 3);
-            p += 4;
-        }
-        while p < k {
-            step(&mut acc, p);
-            p += 1;
-        }
-        if width == LANES * V {
-            for (r, row) in acc.iter().enumerate() {
-                let out = c.add(r * ldc);
-                for (v, &x) in row.iter().enumerate() {
-                    let o = out.add(LANES * v);
-                    let x = if accumulate { _mm256_add_ps(x, _mm256_loadu_ps(o)) } else { x };
-                    _mm256_storeu_ps(o, x);
-                }
-            }
-        } else {
-            let mut tmp = [0.0f32; 5 * LANES];
-            for (r, row) in acc.iter().enumerate() {
-                for (v, &x) in row.iter().enumerate() {
-                    _mm256_storeu_ps(tmp.as_mut_ptr().add(LANES * v), x);
-                }
-                let out = c.add(r * ldc);
-                for (j, &v) in tmp.iter().enumerate().take(width) {
-                    let o = out.add(j);
-                    *o = if accumulate { *o + v } else { v };
-                }
-            }
-        }
     }
 
-    /// `rows` rows of `a` times one panel of `V` vectors: full blocks of
-    /// `R` rows, then one block of the rows left.
-    macro_rules! panel {
-        ($name:ident, $v:literal, $r:literal, [$($t:literal),*]) => {
-            #[target_feature(enable = "avx2,fma")]
-            pub(super) unsafe fn $name(p: &Raw) {
-                let mut i = 0;
-                while i + $r <= p.rows {
-                    block::<$r, $v>(p, i);
-                    i += $r;
-                }
-                match p.rows - i {
-                    $($t => block::<$t, $v>(p, i),)*
-                    _ => {}
-                }
-            }
-        };
-    }
-    panel!(panel1, 1, 8, [1, 2, 3, 4, 5, 6, 7]);
-    panel!(panel2, 2, 6, [1, 2, 3, 4, 5]);
-    panel!(panel3, 3, 4, [1, 2, 3]);
-    panel!(panel4, 4, 3, [1, 2]);
-    panel!(panel5, 5, 2, [1]);
+    // Sixteen registers: R·V accumulators + V panel vectors + a broadcast ≤ 16 (or close).
+    kernels!(avx2, "avx2,fma", 8, 6, 4, 3, 2);
+    // Thirty-two registers (AVX-512VL encodes ymm16–31): about twice the rows.
+    kernels!(avx512vl, "avx2,fma,avx512f,avx512vl", 8, 6, 6, 6, 4);
 }
 
 #[cfg(test)]
@@ -377,6 +499,54 @@ mod tests {
             let want = if j < n { was + (0..k).map(|p| a[i * lda + p] * b[p * n + j]).sum::<f64>() } else { was };
             assert!((got - want).abs() < 1e-12, "c[{i}][{j}]: {got} vs {want}");
         }
+    }
+
+    /// Every kernel this CPU runs (not only the one `gemm_packed` picks) against
+    /// the reference, with row counts that exercise every block tail.
+    #[test]
+    fn every_available_kernel_matches_reference() {
+        let kernels = PanelKernel::available();
+        for &kernel in kernels {
+            for (rows, k, pw, width, accumulate) in [
+                (1, 5, 8, 8, false),
+                (29, 36, 16, 16, true),
+                (23, 32, 32, 32, false),
+                (13, 9, 40, 36, true),
+                (11, 72, 24, 17, false),
+            ] {
+                let lda = k + 3;
+                let ldc = pw + 2;
+                let val = |i: usize| (crate::rng::unit_f64(11, i as u64, 0, 0) - 0.5) as f32;
+                let a: Vec<f32> = (0..rows * lda).map(val).collect();
+                let panel: Vec<f32> = (0..k * pw).map(|i| val(i + 50_000)).collect();
+                let c0: Vec<f32> = (0..rows * ldc).map(|i| val(i + 90_000)).collect();
+                let mut c = c0.clone();
+                packed_panel_f32_with(
+                    kernel,
+                    PanelProduct { rows, k, a: &a, lda, panel: &panel, pw, c: &mut c, ldc, width, accumulate },
+                );
+                for r in 0..rows {
+                    for j in 0..ldc {
+                        let was = c0[r * ldc + j] as f64;
+                        let dot: f64 =
+                            (0..k).map(|p| a[r * lda + p] as f64 * panel[p * pw + j.min(pw - 1)] as f64).sum();
+                        let want = if j >= width {
+                            was
+                        } else if accumulate {
+                            was + dot
+                        } else {
+                            dot
+                        };
+                        let got = c[r * ldc + j] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-4,
+                            "{kernel:?} rows {rows} k {k} pw {pw}: c[{r}][{j}] {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(kernels.contains(&PanelKernel::best()));
     }
 
     #[test]
