@@ -1,5 +1,6 @@
 //! A stack of [`Linear`] layers with ReLU between them.
 
+use super::gemm_packed::PackedRhs;
 use super::linear::Linear;
 use super::Scalar;
 
@@ -19,6 +20,8 @@ pub struct MlpCache<T> {
     outs: Vec<Vec<T>>,
     grad_a: Vec<T>,
     grad_b: Vec<T>,
+    /// A layer's packed weight during its forward (scratch shared by the layers).
+    packed: PackedRhs<T>,
 }
 
 impl Mlp {
@@ -68,7 +71,7 @@ impl Mlp {
             let input: &[T] = if i == 0 { x } else { &done[i - 1] };
             let out = &mut rest[0];
             out.resize(batch * l.output, T::ZERO);
-            l.forward(params, input, batch, out);
+            l.forward(params, input, batch, out, &mut cache.packed);
             if self.relu_after(i) {
                 for v in out.iter_mut() {
                     if *v < T::ZERO {
@@ -94,7 +97,7 @@ impl Mlp {
         dx: Option<&mut [T]>,
     ) {
         let n = self.layers.len();
-        let MlpCache { outs, grad_a, grad_b } = cache;
+        let MlpCache { outs, grad_a, grad_b, .. } = cache;
         grad_a.clear();
         grad_a.extend_from_slice(&dout[..batch * self.output()]);
         let mut dx = dx;

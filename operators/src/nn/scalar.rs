@@ -65,10 +65,15 @@ pub trait Scalar:
 
     /// One panel of [`gemm_packed`](super::gemm_packed::gemm_packed).
     fn packed_panel(p: super::gemm_packed::PanelProduct<'_, Self>);
+
+    /// Packs rows `first .. first + width` of `b` (`n × k`, row-major) as the
+    /// columns of a panel `k × pw` (the transposed packing of
+    /// [`PackedRhs`](super::gemm_packed::PackedRhs)); padding columns are left as they are.
+    fn pack_transposed(b: &[Self], k: usize, first: usize, width: usize, pw: usize, panel: &mut [Self]);
 }
 
 macro_rules! impl_scalar {
-    ($t:ty, $gemm:path, $exp_fast:expr, $block:path) => {
+    ($t:ty, $gemm:path, $exp_fast:expr, $block:path, $pack_t:path) => {
         impl Scalar for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -123,12 +128,28 @@ macro_rules! impl_scalar {
             fn packed_panel(p: super::gemm_packed::PanelProduct<'_, Self>) {
                 $block(p)
             }
+            #[inline]
+            fn pack_transposed(b: &[Self], k: usize, first: usize, width: usize, pw: usize, panel: &mut [Self]) {
+                $pack_t(b, k, first, width, pw, panel)
+            }
         }
     };
 }
 
-impl_scalar!(f32, matrixmultiply::sgemm, exp_f32_poly, super::gemm_packed::packed_panel_f32);
-impl_scalar!(f64, matrixmultiply::dgemm, f64::exp, super::gemm_packed::packed_panel_portable::<f64>);
+impl_scalar!(
+    f32,
+    matrixmultiply::sgemm,
+    exp_f32_poly,
+    super::gemm_packed::packed_panel_f32,
+    super::gemm_packed::pack_transposed_f32
+);
+impl_scalar!(
+    f64,
+    matrixmultiply::dgemm,
+    f64::exp,
+    super::gemm_packed::packed_panel_portable::<f64>,
+    super::gemm_packed::pack_transposed_portable::<f64>
+);
 
 /// `e^x` for `f32` from `2^k · p(r)`, `x = k·ln2 + r`, `|r| ≤ ln2/2`.
 #[inline(always)]
