@@ -365,17 +365,9 @@ pub fn packed_panel_f32_with(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
         };
         // SAFETY: the CPU has the kernel's features (checked above); the asserts bound every access.
         unsafe {
-            match (kernel, vectors) {
-                (PanelKernel::Avx2, 1) => x86::avx2::panel1(&raw),
-                (PanelKernel::Avx2, 2) => x86::avx2::panel2(&raw),
-                (PanelKernel::Avx2, 3) => x86::avx2::panel3(&raw),
-                (PanelKernel::Avx2, 4) => x86::avx2::panel4(&raw),
-                (PanelKernel::Avx2, _) => x86::avx2::panel5(&raw),
-                (_, 1) => x86::avx512vl::panel1(&raw),
-                (_, 2) => x86::avx512vl::panel2(&raw),
-                (_, 3) => x86::avx512vl::panel3(&raw),
-                (_, 4) => x86::avx512vl::panel4(&raw),
-                (_, _) => x86::avx512vl::panel5(&raw),
+            match kernel {
+                PanelKernel::Avx2 => x86::avx2::panel_of(vectors, &raw),
+                _ => x86::avx512vl::panel_of(vectors, &raw),
             }
         }
     }
@@ -528,25 +520,16 @@ mod x86 {
                     }
                 }
 
+                /// A panel of `vectors` vectors (1 to 5) with this module's block rows.
                 #[target_feature(enable = $features)]
-                pub(in super::super) unsafe fn panel1(p: &Raw) {
-                    panel::<$r1, 1>(p)
-                }
-                #[target_feature(enable = $features)]
-                pub(in super::super) unsafe fn panel2(p: &Raw) {
-                    panel::<$r2, 2>(p)
-                }
-                #[target_feature(enable = $features)]
-                pub(in super::super) unsafe fn panel3(p: &Raw) {
-                    panel::<$r3, 3>(p)
-                }
-                #[target_feature(enable = $features)]
-                pub(in super::super) unsafe fn panel4(p: &Raw) {
-                    panel::<$r4, 4>(p)
-                }
-                #[target_feature(enable = $features)]
-                pub(in super::super) unsafe fn panel5(p: &Raw) {
-                    panel::<$r5, 5>(p)
+                pub(in super::super) unsafe fn panel_of(vectors: usize, p: &Raw) {
+                    match vectors {
+                        1 => panel::<$r1, 1>(p),
+                        2 => panel::<$r2, 2>(p),
+                        3 => panel::<$r3, 3>(p),
+                        4 => panel::<$r4, 4>(p),
+                        _ => panel::<$r5, 5>(p),
+                    }
                 }
             }
         };
