@@ -288,8 +288,13 @@ impl DenseOptimizer {
         while start < params.len() {
             let end = (start + BLOCK).min(params.len());
             let g = &mut block[..end - start];
-            g.copy_from_slice(&first[start..end]);
-            for part in rest {
+            // The first two parts in one pass (the same sums, in the same order, as
+            // copying the first and adding the second).
+            let (second, more) = rest.split_first().expect("at least two parts");
+            for ((a, &x), &y) in g.iter_mut().zip(&first[start..end]).zip(&second[start..end]) {
+                *a = x + y;
+            }
+            for part in more {
                 for (a, &v) in g.iter_mut().zip(&part[start..end]) {
                     *a += v;
                 }
