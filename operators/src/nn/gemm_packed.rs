@@ -181,25 +181,111 @@ fn gemm_packed_by<T: Scalar>(
                 at += k * pw;
                 let width = pw.min(n - first);
                 let c = &mut c[g * ldc + first..];
-                panel_product(PanelProduct { rows: group, k: kc, a, lda, panel, pw, c, ldc, width, accumulate });
+                panel_product(PanelProduct {
+                    rows: group,
+                    k: kc,
+                    a,
+                    lda,
+                    a_step: 1,
+                    panel,
+                    panel_rs: pw,
+                    pw,
+                    c,
+                    ldc,
+                    width,
+                    accumulate,
+                });
+            }
+        }
+    }
+}
+
+/// `c[m×n] (+)= aᵀ · b` with `a` stored `k × m` (rows `lda` apart) and `b`
+/// stored `k × n` (rows `ldb` apart), both read where they lie: the weight
+/// gradients of a recurrence, `dW = dGᵀ·x` over a chunk of time steps
+/// (`m = 3H`, `n = I` or `H` of a few dozen, `k` = hundreds of rows). Each
+/// register block of `c` broadcasts consecutive values of a row of `a` and
+/// loads vectors of the same row of `b`, so neither operand is packed: `b`
+/// with `n ≤ 40` is itself one panel. The reduction runs in chunks that keep a
+/// panel's rows in L1, accumulating into `c`.
+///
+/// Every row of `b` is read to `n` rounded up to whole vectors (the values
+/// past `n`, the next row's or slack, only reach columns of `c` that are
+/// never written), so `b` must hold that many values after its last row.
+///
+/// # Panics
+/// When a slice is shorter than its shape (`b` than `(k − 1)·ldb + ⌈n/8⌉·8`).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_tn<T: Scalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    accumulate: bool,
+    c: &mut [T],
+    ldc: usize,
+) {
+    assert!(lda >= m && ldb >= n && ldc >= n, "gemm_tn: strides {lda}, {ldb}, {ldc} shorter than rows {m}, {n}, {n}");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                c[i * ldc..i * ldc + n].fill(T::ZERO);
+            }
+        }
+        return;
+    }
+    let padded = n.div_ceil(LANES) * LANES;
+    assert!(b.len() >= (k - 1) * ldb + padded, "gemm_tn: b has {} values, needs {}", b.len(), (k - 1) * ldb + padded);
+    let chunk = k.div_ceil(k.div_ceil(K_CHUNK_MAX));
+    for k0 in (0..k).step_by(chunk) {
+        let kc = chunk.min(k - k0);
+        for g in (0..m).step_by(GROUP_ROWS) {
+            let group = GROUP_ROWS.min(m - g);
+            for (first, pw) in panels(n) {
+                T::packed_panel(PanelProduct {
+                    rows: group,
+                    k: kc,
+                    a: &a[k0 * lda + g..],
+                    lda: 1,
+                    a_step: lda,
+                    panel: &b[k0 * ldb + first..],
+                    panel_rs: ldb,
+                    pw,
+                    c: &mut c[g * ldc + first..],
+                    ldc,
+                    width: pw.min(n - first),
+                    accumulate: accumulate || k0 > 0,
+                });
             }
         }
     }
 }
 
 /// One panel's product, the unit of [`Scalar::packed_panel`]:
-/// `c[r·ldc + j] (+)= Σ_p a[r·lda + p] · panel[p·pw + j]` for `r < rows`, `j < width ≤ pw`.
+/// `c[r·ldc + j] (+)= Σ_p a[r·lda + p·a_step] · panel[p·panel_rs + j]` for
+/// `r < rows`, `j < width ≤ pw`. A packed panel has `a_step = 1` and
+/// `panel_rs = pw`; [`gemm_tn`] reads both operands where they lie instead.
 pub struct PanelProduct<'a, T> {
     /// Rows of `a` and `c`.
     pub rows: usize,
     /// The reduction length.
     pub k: usize,
-    /// `rows` rows of `k` values, `lda` apart.
+    /// `rows` rows of `k` values, `lda` apart, their values `a_step` apart.
     pub a: &'a [T],
     /// Row stride of `a`.
     pub lda: usize,
-    /// `k` rows of `pw` values.
+    /// Stride between the `k` values of a row of `a` (1 unless `a` is read transposed).
+    pub a_step: usize,
+    /// `k` rows of `pw` values, `panel_rs` apart.
     pub panel: &'a [T],
+    /// Row stride of the panel (`pw` when packed).
+    pub panel_rs: usize,
     /// Panel width: a multiple of [`LANES`], at most five vectors.
     pub pw: usize,
     /// `rows` rows of at least `width` values, `ldc` apart.
@@ -212,14 +298,34 @@ pub struct PanelProduct<'a, T> {
     pub accumulate: bool,
 }
 
+impl<T> PanelProduct<'_, T> {
+    /// Checks that every access lies inside the slices (the kernels rely on it).
+    fn check(&self) {
+        let vectors = self.pw / LANES;
+        assert!(
+            self.pw.is_multiple_of(LANES) && (1..=5).contains(&vectors),
+            "packed_panel: bad panel width {}",
+            self.pw
+        );
+        assert!(self.width <= self.pw, "packed_panel: bad panel");
+        if self.rows == 0 || self.k == 0 {
+            return;
+        }
+        assert!(self.a.len() > (self.rows - 1) * self.lda + (self.k - 1) * self.a_step, "packed_panel: a too short");
+        assert!(self.panel.len() >= (self.k - 1) * self.panel_rs + self.pw, "packed_panel: panel too short");
+        assert!(self.c.len() >= (self.rows - 1) * self.ldc + self.width, "packed_panel: c too short");
+    }
+}
+
 /// The portable [`Scalar::packed_panel`].
 pub fn packed_panel_portable<T: Scalar>(p: PanelProduct<'_, T>) {
-    let PanelProduct { rows, k, a, lda, panel, pw, c, ldc, width, accumulate } = p;
+    p.check();
+    let PanelProduct { rows, k, a, lda, a_step, panel, panel_rs, pw, c, ldc, width, accumulate } = p;
     let mut block = vec![T::ZERO; rows * pw];
     for p in 0..k {
-        let brow = &panel[p * pw..(p + 1) * pw];
+        let brow = &panel[p * panel_rs..p * panel_rs + pw];
         for (r, out) in block.chunks_exact_mut(pw).enumerate() {
-            let av = a[r * lda + p];
+            let av = a[r * lda + p * a_step];
             for (x, &bv) in out.iter_mut().zip(brow) {
                 *x += av * bv;
             }
@@ -307,8 +413,10 @@ pub enum PanelKernel {
 
 impl PanelKernel {
     /// The fastest kernel this CPU runs.
+    #[inline]
     pub fn best() -> Self {
-        *Self::available().last().unwrap_or(&PanelKernel::Portable)
+        static BEST: std::sync::OnceLock<PanelKernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| *Self::available().last().unwrap_or(&PanelKernel::Portable))
     }
 
     /// Every kernel this CPU runs, slowest first (detected once per process).
@@ -332,7 +440,7 @@ impl PanelKernel {
 /// are checked once per panel, not per block).
 #[inline]
 pub(super) fn packed_panel_f32(p: PanelProduct<'_, f32>) {
-    packed_panel_f32_with(PanelKernel::best(), p)
+    run_panel_f32(PanelKernel::best(), p)
 }
 
 /// One panel's product with a chosen kernel.
@@ -340,16 +448,19 @@ pub(super) fn packed_panel_f32(p: PanelProduct<'_, f32>) {
 /// # Panics
 /// When the CPU does not run `kernel`, or the operands do not fit the shape.
 pub fn packed_panel_f32_with(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
-    let PanelProduct { rows, k, a, lda, panel, pw, ldc, width, .. } = p;
-    let vectors = pw / LANES;
-    assert!(pw.is_multiple_of(LANES) && (1..=5).contains(&vectors), "packed_panel: bad panel width {pw}");
-    assert!(width <= pw && lda >= k && panel.len() >= k * pw, "packed_panel: bad operand");
-    assert!(rows == 0 || a.len() >= (rows - 1) * lda + k, "packed_panel: a too short");
-    assert!(rows == 0 || p.c.len() >= (rows - 1) * ldc + width, "packed_panel: c too short");
+    assert!(PanelKernel::available().contains(&kernel), "packed_panel: this CPU does not run {kernel:?}");
+    run_panel_f32(kernel, p)
+}
+
+/// [`packed_panel_f32_with`] for a kernel known to run here.
+#[inline]
+fn run_panel_f32(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
     if kernel == PanelKernel::Portable {
         return packed_panel_portable(p);
     }
-    assert!(PanelKernel::available().contains(&kernel), "packed_panel: this CPU does not run {kernel:?}");
+    p.check();
+    let PanelProduct { rows, k, a, lda, a_step, panel, panel_rs, pw, ldc, width, .. } = p;
+    let vectors = pw / LANES;
     #[cfg(target_arch = "x86_64")]
     {
         let raw = x86::Raw {
@@ -357,7 +468,9 @@ pub fn packed_panel_f32_with(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
             k,
             a: a.as_ptr(),
             lda,
+            a_step,
             panel: panel.as_ptr(),
+            panel_rs,
             c: p.c.as_mut_ptr(),
             ldc,
             width,
@@ -420,7 +533,9 @@ mod x86 {
         pub k: usize,
         pub a: *const f32,
         pub lda: usize,
+        pub a_step: usize,
         pub panel: *const f32,
+        pub panel_rs: usize,
         pub c: *mut f32,
         pub ldc: usize,
         pub width: usize,
@@ -441,17 +556,17 @@ mod x86 {
                 #[inline]
                 #[target_feature(enable = $features)]
                 unsafe fn block<const R: usize, const V: usize>(raw: &Raw, i: usize) {
-                    let Raw { k, lda, panel, ldc, width, accumulate, .. } = *raw;
+                    let Raw { k, lda, a_step, panel, panel_rs, ldc, width, accumulate, .. } = *raw;
                     let (a, c) = (raw.a.add(i * lda), raw.c.add(i * ldc));
                     let mut acc = [[_mm256_setzero_ps(); V]; R];
                     // One step of the k loop: row p of the panel times column p of the rows.
                     let step = |acc: &mut [[__m256; V]; R], p: usize| {
                         let mut bv = [_mm256_setzero_ps(); V];
                         for (v, b) in bv.iter_mut().enumerate() {
-                            *b = _mm256_loadu_ps(panel.add(p * LANES * V + LANES * v));
+                            *b = _mm256_loadu_ps(panel.add(p * panel_rs + LANES * v));
                         }
                         for (r, row) in acc.iter_mut().enumerate() {
-                            let av = _mm256_broadcast_ss(&*a.add(r * lda + p));
+                            let av = _mm256_broadcast_ss(&*a.add(r * lda + p * a_step));
                             for (x, &b) in row.iter_mut().zip(&bv) {
                                 *x = _mm256_fmadd_ps(av, b, *x);
                             }
@@ -614,7 +729,20 @@ mod tests {
                 let mut c = c0.clone();
                 packed_panel_f32_with(
                     kernel,
-                    PanelProduct { rows, k, a: &a, lda, panel: &panel, pw, c: &mut c, ldc, width, accumulate },
+                    PanelProduct {
+                        rows,
+                        k,
+                        a: &a,
+                        lda,
+                        a_step: 1,
+                        panel: &panel,
+                        panel_rs: pw,
+                        pw,
+                        c: &mut c,
+                        ldc,
+                        width,
+                        accumulate,
+                    },
                 );
                 for r in 0..rows {
                     for j in 0..ldc {
@@ -638,6 +766,47 @@ mod tests {
             }
         }
         assert!(kernels.contains(&PanelKernel::best()));
+    }
+
+    proptest! {
+        #[test]
+        fn unpacked_transposed_gemm_matches_reference(m in 0usize..40, n in 0usize..60, k in 0usize..420, pad in 0usize..3, acc in any::<bool>(), seed in any::<u64>()) {
+            let (lda, ldb, ldc) = (m + pad, n + pad, n + 2 * pad);
+            let val = |i: usize| crate::rng::unit_f64(seed, i as u64, 0, 0) - 0.5;
+            let a: Vec<f64> = (0..k * lda).map(val).collect();
+            // The slack after the last row that reading whole vectors needs.
+            let b: Vec<f64> = (0..k * ldb + 8).map(|i| val(i + 100_000)).collect();
+            let mut c: Vec<f64> = (0..m * ldc).map(|i| val(i + 200_000)).collect();
+            let before = c.clone();
+            gemm_tn(m, n, k, &a, lda, &b, ldb, acc, &mut c, ldc);
+            for i in 0..m {
+                for j in 0..ldc {
+                    let was = before[i * ldc + j];
+                    let dot = (0..k).map(|p| a[p * lda + i] * b[p * ldb + j.min(n.max(1) - 1)]).sum::<f64>();
+                    let want = if j >= n { was } else if acc { was + dot } else { dot };
+                    prop_assert!((c[i * ldc + j] - want).abs() < 1e-12, "c[{}][{}]: {} vs {}", i, j, c[i * ldc + j], want);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unpacked_transposed_gemm_f32_matches_reference() {
+        for (m, n, k) in [(96, 32, 640), (108, 36, 500), (17, 40, 9), (64, 13, 130), (5, 8, 1)] {
+            let val = |i: usize| (crate::rng::unit_f64(5, i as u64, 0, 0) - 0.5) as f32;
+            let a: Vec<f32> = (0..k * m).map(val).collect();
+            let mut b: Vec<f32> = (0..k * n).map(|i| val(i + 1_000_000)).collect();
+            b.resize(k * n + 8, f32::NAN);
+            let c0: Vec<f32> = (0..m * n).map(|i| val(i + 2_000_000)).collect();
+            let mut c = c0.clone();
+            gemm_tn(m, n, k, &a, m, &b, n, true, &mut c, n);
+            let mut want = c0.clone();
+            gemm_reference(Op::T, Op::N, m, n, k, 1.0, &a, &b[..k * n], 1.0, &mut want);
+            for (x, y) in c.iter().zip(&want) {
+                // NaN slack past the last row must never reach a written column.
+                assert!((x - y).abs() < 1e-3, "{x} vs {y} at {m}x{n}x{k}");
+            }
+        }
     }
 
     #[test]
