@@ -428,9 +428,14 @@ impl Gru {
 /// of rows, `m = 3H`, `n = I` or `H`). [`gemm_tn`] reads both operands where
 /// they lie, 1.1–1.2× the general GEMM here, which packs both; it reads every
 /// row of `b` to whole vectors, so `b` must run on past row `k` by `n`
-/// rounded up to a multiple of 8 (the rest of the states, or slack).
+/// rounded up to a multiple of 8 (the rest of the states, or slack); where it
+/// does not (a tiny hidden width with a batch of one), the general GEMM runs.
 fn weight_gradient<T: Scalar>(m: usize, n: usize, k: usize, a: &[T], b: &[T], c: &mut [T]) {
-    gemm_tn(m, n, k, a, m, b, n, true, c, n);
+    if k == 0 || b.len() >= (k - 1) * n + n.div_ceil(LANES) * LANES {
+        gemm_tn(m, n, k, a, m, b, n, true, c, n);
+    } else {
+        gemm(Op::T, Op::N, m, n, k, T::ONE, a, b, T::ONE, c);
+    }
 }
 
 /// The biases of a step's gate pre-activations: `b_ir + b_hr`, `b_iz + b_hz`
@@ -684,6 +689,31 @@ mod tests {
         // A sequence of length 0 keeps the zero state and gets no input gradient.
         assert!(cache.state(steps, 4)[2 * 4..3 * 4].iter().all(|&v| v == 0.0));
         assert!(dx[2 * steps * 3..].iter().all(|&v| v == 0.0));
+    }
+
+    /// Widths below a vector and a batch of one (the last micro-batch of a
+    /// stream): the weight gradient cannot read whole vectors past the states
+    /// and falls back to the general GEMM; both cells still agree (f32 kernels).
+    #[test]
+    fn tiny_widths_and_a_single_sequence_agree_in_f32() {
+        for (input, hidden, batch, steps) in [(1, 1, 1, 3), (2, 3, 1, 2), (5, 7, 2, 4), (9, 12, 1, 5)] {
+            let gru = Gru { input, hidden, offset: 0 };
+            let mut params = vec![0.0f32; gru.num_params()];
+            gru.init(&mut params, 5, 0);
+            let x: Vec<f32> = (0..batch * steps * input).map(|i| normal_f64(6, 0, i as u64, 0) as f32).collect();
+            let lengths: Vec<usize> = (0..batch).map(|b| steps - b % steps).collect();
+            let r: Vec<f32> = (0..steps * batch * hidden).map(|i| normal_f64(7, 0, i as u64, 0) as f32).collect();
+            let (mut a, mut b) = (GruCache::default(), GruCache::default());
+            gru.forward(&params, &x, &lengths, batch, steps, &mut a);
+            gru.forward_unsplit(&params, &x, &lengths, batch, steps, &mut b);
+            let (mut ga, mut gb) = (vec![0.0f32; params.len()], vec![0.0f32; params.len()]);
+            let (mut dxa, mut dxb) = (vec![0.0f32; x.len()], vec![0.0f32; x.len()]);
+            gru.backward(&params, &x, &lengths, &a, &r, &mut ga, &mut dxa);
+            gru.backward_unsplit(&params, &x, &lengths, &b, &r, &mut gb, &mut dxb);
+            for (u, v) in a.states.iter().zip(&b.states).chain(ga.iter().zip(&gb)).chain(dxa.iter().zip(&dxb)) {
+                assert!((u - v).abs() < 1e-5 * (1.0 + v.abs()), "{input}->{hidden} b{batch}: {u} vs {v}");
+            }
+        }
     }
 
     #[test]
