@@ -49,6 +49,7 @@ fn compare(fixture: &str, tensor: &str, shape: &[usize], expected: &[f64], actua
     for (i, (&e, &a)) in expected.iter().zip(actual).enumerate() {
         let allowed = RTOL * a.abs().max(e.abs()).max(FLOOR);
         // Written so that NaN on either side fails.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
         if !((a - e).abs() <= allowed) {
             bad += 1;
             first.get_or_insert((i, e, a, allowed));

@@ -147,22 +147,21 @@ mod tests {
             let weights = [1.0, 0.5, 2.0, -0.3];
             let logit_of = |r: &[f64]| {
                 let mut p = vec![0.0; part.width()];
-                for f in 0..fields {
-                    part.accumulate(&r[f * (1 + k)..(f + 1) * (1 + k)], weights[f], &mut p);
+                for (row, &w) in r.chunks_exact(1 + k).zip(&weights) {
+                    part.accumulate(row, w, &mut p);
                 }
                 part.logit(&p)
             };
             let r = rows(fields, k, 2);
             let mut p = vec![0.0; part.width()];
-            for f in 0..fields {
-                part.accumulate(&r[f * (1 + k)..(f + 1) * (1 + k)], weights[f], &mut p);
+            for (row, &w) in r.chunks_exact(1 + k).zip(&weights) {
+                part.accumulate(row, w, &mut p);
             }
             let mut dp = vec![0.0; part.width()];
             part.logit_grad(&p, 1.0, &mut dp);
             let mut grads = vec![0.0; r.len()];
-            for f in 0..fields {
-                let span = f * (1 + k)..(f + 1) * (1 + k);
-                part.row_grad(&r[span.clone()], weights[f], &dp, &mut grads[span]);
+            for ((row, g), &w) in r.chunks_exact(1 + k).zip(grads.chunks_exact_mut(1 + k)).zip(&weights) {
+                part.row_grad(row, w, &dp, g);
             }
             check_gradients(&r, &grads, logit_of);
         }

@@ -40,8 +40,9 @@ enum Frequencies {
     Exact,
     /// A count-min sketch of every update.
     Sketch(CountMinSketch),
-    /// A differential-dataflow count of every update.
-    Differential(DifferentialFrequencies),
+    /// A differential-dataflow count of every update (boxed: a timely worker
+    /// and its dataflow are far larger than the other variants).
+    Differential(Box<DifferentialFrequencies>),
 }
 
 /// A hot tier over a hash-table cold tier; see the module docs.
@@ -88,7 +89,7 @@ impl TieredStore {
                     Frequencies::Sketch(CountMinSketch::new(config.sketch_width, 4, p.seed ^ 0xf4e9))
                 }
                 FrequencySource::Differential => {
-                    Frequencies::Differential(DifferentialFrequencies::new(config.freq_window, 0))
+                    Frequencies::Differential(Box::new(DifferentialFrequencies::new(config.freq_window, 0)))
                 }
             },
             restored_hot: FxHashMap::default(),
@@ -316,7 +317,7 @@ impl EmbeddingStore for TieredStore {
         match &mut self.freq {
             Frequencies::Exact => {}
             Frequencies::Sketch(sketch) => sketch.clear(),
-            Frequencies::Differential(dd) => *dd = DifferentialFrequencies::new(dd.window(), completed),
+            Frequencies::Differential(dd) => **dd = DifferentialFrequencies::new(dd.window(), completed),
         }
     }
     fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
