@@ -26,6 +26,8 @@ use tiderec_sources::synthetic::SyntheticCriteo;
 use tiderec_sources::synthetic_behavior::SyntheticBehavior;
 
 /// Samples addressable by a global index: any worker can produce any range.
+// One value per worker and run: boxing the generator would only add an indirection.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum IndexedSamples {
     /// The synthetic Criteo-shaped stream.

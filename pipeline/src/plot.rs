@@ -121,7 +121,7 @@ mod tests {
                 step: i,
                 samples: i * 128,
                 loss: 0.7 - i as f64 * 0.01,
-                window_auc: (i > 0).then(|| 0.6 + i as f64 * 0.01),
+                window_auc: (i > 0).then_some(0.6 + i as f64 * 0.01),
                 window_logloss: Some(0.69 - i as f64 * 0.005),
                 ..Default::default()
             };

@@ -317,6 +317,7 @@ fn dead_letters(ctx: &Context) -> Option<Box<dyn DeadLetterSink>> {
 }
 
 /// Runs one collective step; a data error turns into a failed step that stops every worker.
+#[allow(clippy::too_many_arguments)]
 fn step_with(
     trainer: &mut Trainer,
     worker: &mut timely::worker::Worker,

@@ -44,7 +44,7 @@ fn criteo_preset_featurizes_kaggle_and_1tb_lines() {
         let (b, bad) = featurize_all(FeatureSpec::preset("criteo", 100_000, 1).unwrap(), &bytes);
         assert_eq!((b.num_dense, b.sparse.len()), (13, 26));
         assert_eq!((b.len(), bad), (10_000, 0), "{rel}");
-        assert!(b.labels.iter().any(|&l| l == 1.0) && b.labels.iter().any(|&l| l == 0.0));
+        assert!(b.labels.contains(&1.0) && b.labels.contains(&0.0));
         let empty = b.sparse.iter().map(|f| (0..b.len()).filter(|&i| f.bag(i).is_empty()).count()).sum::<usize>();
         assert!(empty > 0, "{rel}: empty categories are empty bags");
         assert!(b.dense.iter().all(|&v| v >= 0.0 && v.is_finite()));

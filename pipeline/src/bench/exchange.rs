@@ -227,7 +227,7 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
         return Err(PipelineError::config("batch_size", "must be at least the number of workers"));
     }
     let processes = bench.role.processes.max(1);
-    if bench.workers % processes != 0 {
+    if !bench.workers.is_multiple_of(processes) {
         return Err(PipelineError::config(
             "workers",
             format!("{} workers do not split evenly over {processes} processes", bench.workers),
