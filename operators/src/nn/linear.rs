@@ -61,7 +61,7 @@ impl Linear {
         for row in y.chunks_exact_mut(self.output) {
             row.copy_from_slice(b);
         }
-        if self.forward_is_packed(batch) {
+        if self.forward_is_packed::<T>(batch) {
             packed.pack(Op::T, self.input, self.output, w);
             gemm_packed(batch, x, self.input, packed, true, y, self.output);
         } else {
@@ -70,11 +70,12 @@ impl Linear {
     }
 
     /// Whether [`forward`](Self::forward) uses the packed kernel for `batch` rows:
-    /// not for a reduction or an output too short to fill its vectors, and at
-    /// large batches only for outputs of at most 64 (where the general GEMM's
-    /// cache blocking of wide outputs wins).
-    fn forward_is_packed(&self, batch: usize) -> bool {
-        self.input >= 16 && self.output >= 8 && (batch <= 256 || self.output <= 64)
+    /// only where it runs vectorized (not in `f64` or without AVX2), not for a
+    /// reduction or an output too short to fill its vectors, and at large
+    /// batches only for outputs of at most 64 (where the general GEMM's cache
+    /// blocking of wide outputs wins).
+    fn forward_is_packed<T: Scalar>(&self, batch: usize) -> bool {
+        T::packed_panel_is_vectorized() && self.input >= 16 && self.output >= 8 && (batch <= 256 || self.output <= 64)
     }
 
     /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked.

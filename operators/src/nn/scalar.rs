@@ -66,6 +66,10 @@ pub trait Scalar:
     /// One panel of [`gemm_packed`](super::gemm_packed::gemm_packed).
     fn packed_panel(p: super::gemm_packed::PanelProduct<'_, Self>);
 
+    /// Whether [`packed_panel`](Self::packed_panel) runs a vector kernel on this
+    /// CPU (callers that could use a general GEMM instead ask first).
+    fn packed_panel_is_vectorized() -> bool;
+
     /// Packs rows `first .. first + width` of `b` (`n × k`, row-major) as the
     /// columns of a panel `k × pw` (the transposed packing of
     /// [`PackedRhs`](super::gemm_packed::PackedRhs)); padding columns are left as they are.
@@ -73,7 +77,7 @@ pub trait Scalar:
 }
 
 macro_rules! impl_scalar {
-    ($t:ty, $gemm:path, $exp_fast:expr, $block:path, $pack_t:path) => {
+    ($t:ty, $gemm:path, $exp_fast:expr, $block:path, $vectorized:expr, $pack_t:path) => {
         impl Scalar for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -129,6 +133,10 @@ macro_rules! impl_scalar {
                 $block(p)
             }
             #[inline]
+            fn packed_panel_is_vectorized() -> bool {
+                $vectorized
+            }
+            #[inline]
             fn pack_transposed(b: &[Self], k: usize, first: usize, width: usize, pw: usize, panel: &mut [Self]) {
                 $pack_t(b, k, first, width, pw, panel)
             }
@@ -141,6 +149,7 @@ impl_scalar!(
     matrixmultiply::sgemm,
     exp_f32_poly,
     super::gemm_packed::packed_panel_f32,
+    super::gemm_packed::PanelKernel::best() != super::gemm_packed::PanelKernel::Portable,
     super::gemm_packed::pack_transposed_f32
 );
 impl_scalar!(
@@ -148,6 +157,7 @@ impl_scalar!(
     matrixmultiply::dgemm,
     f64::exp,
     super::gemm_packed::packed_panel_portable::<f64>,
+    false,
     super::gemm_packed::pack_transposed_portable::<f64>
 );
 
