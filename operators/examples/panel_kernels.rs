@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p tiderec-operators --example panel_kernels`
 use tiderec_operators::nn::gemm::Op;
-use tiderec_operators::nn::gemm_packed::{gemm_packed_f32_with, PackedRhs, PanelKernel};
+use tiderec_operators::nn::gemm_packed::{gemm_packed_with, packed_panel_f32_with, PackedRhs, PanelKernel};
 
 fn now() -> f64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -37,7 +37,7 @@ fn main() {
                 // Check the clock every 64 products.
                 while it == 0 || now() - start < 0.1 {
                     for _ in 0..64 {
-                        gemm_packed_f32_with(kernel, m, &a, k, &packed, false, &mut c, n);
+                        gemm_packed_with(m, &a, k, &packed, false, &mut c, n, |p| packed_panel_f32_with(kernel, p));
                     }
                     it += 64;
                 }

@@ -117,29 +117,16 @@ pub fn gemm_packed<T: Scalar>(
     c: &mut [T],
     ldc: usize,
 ) {
-    gemm_packed_by(m, a, lda, b, accumulate, c, ldc, T::packed_panel)
+    gemm_packed_with(m, a, lda, b, accumulate, c, ldc, T::packed_panel)
 }
 
-/// [`gemm_packed`] for `f32` with a chosen kernel (benchmarks and tests compare them).
+/// [`gemm_packed`] with the panel product given: benchmarks and tests pass
+/// `|p| packed_panel_f32_with(kernel, p)` to compare the kernels.
 ///
 /// # Panics
-/// As [`gemm_packed`], and when the CPU does not run `kernel`.
+/// As [`gemm_packed`], and as `panel_product` does.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_packed_f32_with(
-    kernel: PanelKernel,
-    m: usize,
-    a: &[f32],
-    lda: usize,
-    b: &PackedRhs<f32>,
-    accumulate: bool,
-    c: &mut [f32],
-    ldc: usize,
-) {
-    gemm_packed_by(m, a, lda, b, accumulate, c, ldc, |p| packed_panel_f32_with(kernel, p))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn gemm_packed_by<T: Scalar>(
+pub fn gemm_packed_with<T: Scalar>(
     m: usize,
     a: &[T],
     lda: usize,
