@@ -41,7 +41,7 @@ fn the_planner_counts_bytes_like_the_trainer_and_prefers_the_cheaper_strategy() 
         workers: 2,
         row_width: 17,
         table_sizes: &sizes,
-        partial: Some(FmPartial { dim: 16, fm: true }),
+        partial: Some(FmPartial { dim: 16, fm: true, deep: None }),
         replicate_fraction: 0.0,
         batches: &batches,
     };

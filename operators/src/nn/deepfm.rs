@@ -19,6 +19,7 @@
 //!
 //! Dense features enter the linear term (and the deep part's input).
 
+use super::deep_partial::FirstLayer;
 use super::fm::FmInteraction;
 use super::fm_partial::FmPartial;
 use super::gemm::{gemm, Op};
@@ -69,6 +70,23 @@ impl FmConfig {
         1 + self.dim
     }
 
+    /// The DES partial-result form (every shape but one with wide-only crosses):
+    /// the FM sums, and the deep part's first-layer share when there is a deep part.
+    pub fn partial(&self) -> Option<FmPartial> {
+        if self.wide_only > 0 {
+            return None;
+        }
+        let deep = self.deep.first().map(|&hidden| FirstLayer {
+            offset: 1 + self.num_dense,
+            input: self.num_dense + self.num_sparse * self.dim,
+            hidden,
+            skip: self.num_dense,
+            dim: self.dim,
+            fields: self.num_sparse,
+        });
+        Some(FmPartial { dim: self.dim, fm: self.fm, deep })
+    }
+
     /// Checks the shape; errors name the offending key.
     pub fn validate(&self) -> Result<(), OperatorError> {
         if !self.deep.is_empty() && self.dim == 0 {
@@ -102,6 +120,8 @@ pub struct Fm<T> {
     config: FmConfig,
     fm: Option<FmInteraction>,
     deep: Option<Mlp>,
+    /// The deep part after its first layer (the partial form computes that layer from partial results).
+    deep_rest: Option<Mlp>,
     params: Vec<T>,
     grads: Vec<T>,
     cache: MlpCache<T>,
@@ -109,6 +129,8 @@ pub struct Fm<T> {
     d_deep_in: Vec<T>,
     fm_out: Vec<T>,
     logits: Vec<T>,
+    /// The first layer's dense columns (or their gradient), `[hidden × num_dense]`.
+    first_dense: Vec<T>,
     batch: usize,
 }
 
@@ -137,10 +159,12 @@ impl<T: Scalar> Fm<T> {
             stride: config.embedding_dim(),
             offset: 1,
         });
+        let deep_rest = deep.as_ref().map(|m| Mlp { layers: m.layers[1..].to_vec(), relu_last: m.relu_last });
         Ok(Fm {
             config,
             fm,
             deep,
+            deep_rest,
             grads: vec![T::ZERO; n],
             params,
             cache: MlpCache::default(),
@@ -148,6 +172,7 @@ impl<T: Scalar> Fm<T> {
             d_deep_in: Vec::new(),
             fm_out: Vec::new(),
             logits: Vec::new(),
+            first_dense: Vec::new(),
             batch: 0,
         })
     }
@@ -201,7 +226,7 @@ impl<T: Scalar> Fm<T> {
 impl<T: Scalar> super::model::Model<T> for Fm<T> {
     flat_buffer_accessors!();
     fn partial_model(&mut self) -> Option<&mut dyn PartialModel<T>> {
-        (self.config.deep.is_empty() && self.config.wide_only == 0).then_some(self as &mut dyn PartialModel<T>)
+        (self.config.wide_only == 0).then_some(self as &mut dyn PartialModel<T>)
     }
     fn embedding_dim(&self) -> usize {
         self.config.embedding_dim()
@@ -276,18 +301,88 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
     }
 }
 
+impl<T: Scalar> Fm<T> {
+    /// The first layer's activations `relu(b + W_x·x + Σ shares)` into `deep_in` (`[B × hidden]`).
+    fn first_layer_from_partial(&mut self, l: FirstLayer, fw: usize, dense: &[T], partial: &[T], batch: usize) {
+        let (h, nd, pw) = (l.hidden, l.skip, fw + l.hidden);
+        let bias = &self.params[l.offset + h * l.input..l.offset + h * l.input + h];
+        self.deep_in.resize(batch * h, T::ZERO);
+        for (z, p) in self.deep_in.chunks_exact_mut(h).zip(partial.chunks_exact(pw)) {
+            for ((z, &s), &b) in z.iter_mut().zip(&p[fw..]).zip(bias) {
+                *z = s + b;
+            }
+        }
+        if nd > 0 {
+            self.first_dense.clear();
+            for o in 0..h {
+                let at = l.offset + o * l.input;
+                self.first_dense.extend_from_slice(&self.params[at..at + nd]);
+            }
+            gemm(Op::N, Op::T, batch, h, nd, T::ONE, dense, &self.first_dense, T::ONE, &mut self.deep_in);
+        }
+        for z in self.deep_in.iter_mut() {
+            if *z < T::ZERO {
+                *z = T::ZERO;
+            }
+        }
+    }
+
+    /// Backward of [`first_layer_from_partial`](Self::first_layer_from_partial) and the
+    /// layers after it: the deep part's gradients (the first layer's factor columns
+    /// zero: owners add theirs) and `∂L/∂z` into each sample's partial gradient after `fw`.
+    fn first_layer_backward(&mut self, l: FirstLayer, fw: usize, dense: &[T], dl: &[T], dpartial: &mut [T]) {
+        let (h, nd, pw, batch) = (l.hidden, l.skip, fw + l.hidden, dl.len());
+        let rest = self.deep_rest.as_ref().expect("a deep part has layers after its first");
+        self.d_deep_in.resize(batch * h, T::ZERO);
+        rest.backward(&self.params, &self.deep_in, batch, &mut self.cache, dl, &mut self.grads, Some(&mut self.d_deep_in));
+        for (g, &a) in self.d_deep_in.iter_mut().zip(&self.deep_in) {
+            if a <= T::ZERO {
+                *g = T::ZERO;
+            }
+        }
+        for (dp, dz) in dpartial.chunks_exact_mut(pw).zip(self.d_deep_in.chunks_exact(h)) {
+            dp[fw..].copy_from_slice(dz);
+        }
+        let bias = l.offset + h * l.input;
+        self.grads[bias..bias + h].fill(T::ZERO);
+        for dz in self.d_deep_in.chunks_exact(h) {
+            for (g, &v) in self.grads[bias..bias + h].iter_mut().zip(dz) {
+                *g += v;
+            }
+        }
+        self.first_dense.clear();
+        self.first_dense.resize(h * nd, T::ZERO);
+        if nd > 0 {
+            gemm(Op::T, Op::N, h, nd, batch, T::ONE, &self.d_deep_in, dense, T::ZERO, &mut self.first_dense);
+        }
+        for o in 0..h {
+            let row = &mut self.grads[l.offset + o * l.input..l.offset + (o + 1) * l.input];
+            row[..nd].copy_from_slice(&self.first_dense[o * nd..(o + 1) * nd]);
+            row[nd..].fill(T::ZERO);
+        }
+    }
+}
+
 impl<T: Scalar> PartialModel<T> for Fm<T> {
     fn shape(&self) -> FmPartial {
-        FmPartial { dim: self.config.dim, fm: self.config.fm }
+        self.config.partial().expect("partial_model checked the shape")
     }
 
     fn forward_partial(&mut self, dense: &[T], partial: &[T], batch: usize) -> &[T] {
         self.batch = batch;
         let part = self.shape();
-        let pw = part.width();
+        let (pw, fw) = (part.width(), part.fm_width());
         self.linear_forward(dense, batch);
         for (b, l) in self.logits.iter_mut().enumerate() {
             *l += part.logit(&partial[b * pw..(b + 1) * pw]);
+        }
+        if let Some(l) = part.deep {
+            self.first_layer_from_partial(l, fw, dense, partial, batch);
+            let rest = self.deep_rest.as_ref().expect("a deep part has layers after its first");
+            let out = rest.forward(&self.params, &self.deep_in, batch, &mut self.cache);
+            for (l, &v) in self.logits.iter_mut().zip(out) {
+                *l += v;
+            }
         }
         &self.logits
     }
@@ -300,6 +395,9 @@ impl<T: Scalar> PartialModel<T> for Fm<T> {
         self.linear_backward(dense, dl);
         for (b, &g) in dl.iter().enumerate() {
             part.logit_grad(&partial[b * pw..(b + 1) * pw], g, &mut dpartial[b * pw..(b + 1) * pw]);
+        }
+        if let Some(l) = part.deep {
+            self.first_layer_backward(l, part.fm_width(), dense, dl, &mut dpartial[..batch * pw]);
         }
     }
 }
@@ -367,50 +465,70 @@ mod tests {
         }
     }
 
-    /// The partial form gives the same logits and gradients as the pooled form (f64).
+    /// The partial form gives the same logits and gradients as the pooled form
+    /// (f64), with and without a deep part, with and without dense features.
     #[test]
     fn partial_form_equals_the_pooled_form() {
         use crate::nn::model::Model;
-        for (dim, fm) in [(3, true), (0, true), (3, false)] {
-            let cfg = FmConfig { num_dense: 2, num_sparse: 4, dim, deep: vec![], fm, wide_only: 0 };
+        let cases = [
+            (2, 3, vec![], true),
+            (2, 0, vec![], true),
+            (2, 3, vec![], false),
+            (2, 3, vec![5, 4], true),
+            (2, 3, vec![5], false),
+            (0, 3, vec![6, 2], true),
+        ];
+        for (nd, dim, deep, fm) in cases {
+            let what = format!("nd {nd} dim {dim} deep {deep:?} fm {fm}");
+            let cfg = FmConfig { num_dense: nd, num_sparse: 4, dim, deep, fm, wide_only: 0 };
             let config = ModelConfig::Fm(cfg.clone());
-            assert!(config.partial().is_some());
+            let part = config.partial().expect("no crosses: a partial form");
             let mut model = Fm::<f64>::new(cfg, 5).unwrap();
             let (f, e, batch) = (4, dim + 1, LABELS.len());
-            let (dense, pooled, logits, dl, dp) = forward_backward(&mut model, 2, f, e);
+            let (dense, pooled, logits, dl, dp) = forward_backward(&mut model, nd, f, e);
             let grads = model.grads().to_vec();
 
-            let part = PartialModel::<f64>::shape(&model);
+            let mut wt = Vec::new();
+            if let Some(l) = part.deep {
+                l.load_transposed(model.params(), &mut wt);
+            }
             let pw = part.width();
             let mut sums = vec![0.0; batch * pw];
             for b in 0..batch {
                 for fi in 0..f {
                     let row = &pooled[(b * f + fi) * e..(b * f + fi + 1) * e];
-                    part.accumulate(row, 1.0, &mut sums[b * pw..(b + 1) * pw]);
+                    part.accumulate_field(&wt, fi, row, 1.0, &mut sums[b * pw..(b + 1) * pw]);
                 }
             }
-            let logits2 = model.forward_partial(&dense, &sums, batch).to_vec();
+            let pm = model.partial_model().unwrap();
+            let logits2 = pm.forward_partial(&dense, &sums, batch).to_vec();
             for (a, b) in logits.iter().zip(&logits2) {
-                assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+                assert!((a - b).abs() < 1e-12, "{what}: logit {a} vs {b}");
             }
             let mut dsums = vec![0.0; sums.len()];
-            model.backward_partial(&dense, &sums, &dl, &mut dsums);
-            for (a, b) in grads.iter().zip(model.grads()) {
-                assert!((a - b).abs() < 1e-12);
-            }
+            pm.backward_partial(&dense, &sums, &dl, &mut dsums);
+            let mut grads2 = model.grads().to_vec();
             let mut drow = vec![0.0; e];
+            let mut dwt = vec![0.0; wt.len()];
             for b in 0..batch {
                 for fi in 0..f {
                     let span = (b * f + fi) * e..(b * f + fi + 1) * e;
-                    part.row_grad(&pooled[span.clone()], 1.0, &dsums[b * pw..(b + 1) * pw], &mut drow);
+                    let dpb = &dsums[b * pw..(b + 1) * pw];
+                    part.row_grad_field(&wt, fi, &pooled[span.clone()], 1.0, dpb, &mut drow, &mut dwt);
                     for (x, y) in drow.iter().zip(&dp[span]) {
-                        assert!((x - y).abs() < 1e-12, "{x} vs {y}");
+                        assert!((x - y).abs() < 1e-12, "{what}: row gradient {x} vs {y}");
                     }
                 }
             }
+            if let Some(l) = part.deep {
+                l.add_transposed_grads(&dwt, &mut grads2);
+            }
+            for (i, (a, b)) in grads.iter().zip(&grads2).enumerate() {
+                assert!((a - b).abs() < 1e-12, "{what}: parameter {i}: {a} vs {b}");
+            }
         }
-        let deep = FmConfig { num_dense: 2, num_sparse: 4, dim: 3, deep: vec![4], fm: true, wide_only: 0 };
-        assert!(ModelConfig::Fm(deep).partial().is_none());
+        let crossed = FmConfig { num_dense: 2, num_sparse: 4, dim: 3, deep: vec![4], fm: false, wide_only: 1 };
+        assert!(ModelConfig::Fm(crossed).partial().is_none());
     }
 
     #[test]

@@ -23,7 +23,12 @@
 //! `x = a·row` and its gradient is `a·∂L/∂x`.
 //!
 //! Logistic regression (`k = 0`, or no FM term) has `p = [Σ_f w_f]`.
+//!
+//! DeepFM and Wide & Deep append their deep part's first-layer share
+//! `Σ_f W_f·v_f` (`hidden` values, see [`super::deep_partial`]) after those
+//! sums, so one partial result per sample and owner carries both terms.
 
+use super::deep_partial::FirstLayer;
 use super::Scalar;
 
 /// Shape of the partial result of an LR or FM model.
@@ -33,15 +38,61 @@ pub struct FmPartial {
     pub dim: usize,
     /// Whether the second-order term is part of the model (else only `Σ w`).
     pub fm: bool,
+    /// The deep part's first layer, whose factor share follows the FM sums (DeepFM, Wide & Deep).
+    pub deep: Option<FirstLayer>,
 }
 
 impl FmPartial {
-    /// Values per sample: `k + 1` with the FM term, else 1.
+    /// Values per sample: the FM sums (`k + 1` with the FM term, else 1), then
+    /// the first layer's share (`hidden` values) when there is a deep part.
     pub fn width(&self) -> usize {
+        self.fm_width() + self.deep.map_or(0, |l| l.hidden)
+    }
+
+    /// Values of the FM sums at the start of a partial result.
+    pub fn fm_width(&self) -> usize {
         if self.second_order() {
             self.dim + 1
         } else {
             1
+        }
+    }
+
+    /// Adds field `field`'s row to one sample's partial result: the FM sums
+    /// and, with a deep part, the first layer's share (`wt`: the layer's
+    /// transposed factor block, [`FirstLayer::load_transposed`]; unused without a deep part).
+    #[inline]
+    pub fn accumulate_field<T: Scalar>(&self, wt: &[T], field: usize, row: &[T], weight: T, out: &mut [T]) {
+        self.accumulate(row, weight, out);
+        if let Some(l) = self.deep {
+            let fw = self.fm_width();
+            l.accumulate(wt, field, &row[1..], weight, &mut out[fw..]);
+        }
+    }
+
+    /// The gradient of field `field`'s row from the gradient `dp` of the
+    /// partial result it went into (overwrites `drow`); with a deep part also
+    /// adds the row's share of the first layer's weight gradient to `dwt`
+    /// (transposed like `wt`).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn row_grad_field<T: Scalar>(
+        &self,
+        wt: &[T],
+        field: usize,
+        row: &[T],
+        weight: T,
+        dp: &[T],
+        drow: &mut [T],
+        dwt: &mut [T],
+    ) {
+        self.row_grad(row, weight, dp, drow);
+        if let Some(l) = self.deep {
+            if !self.second_order() {
+                drow[1..].fill(T::ZERO);
+            }
+            let fw = self.fm_width();
+            l.backward(wt, field, &row[1..], weight, &dp[fw..], &mut drow[1..], dwt);
         }
     }
 
@@ -126,7 +177,7 @@ mod tests {
         let mut direct = [0.0f64];
         fm.forward(&r, 1, &mut direct);
         let linear: f64 = (0..fields).map(|f| r[f * (1 + k)]).sum();
-        let part = FmPartial { dim: k, fm: true };
+        let part = FmPartial { dim: k, fm: true, deep: None };
         // Two owners: fields {0, 3} and {1, 2, 4}; their shares add up at home.
         let mut shares = vec![vec![0.0f64; part.width()]; 2];
         for f in 0..fields {
@@ -143,7 +194,7 @@ mod tests {
     fn row_gradients_match_finite_differences() {
         for (k, fm) in [(3, true), (3, false), (0, true)] {
             let fields = 4;
-            let part = FmPartial { dim: k, fm };
+            let part = FmPartial { dim: k, fm, deep: None };
             let weights = [1.0, 0.5, 2.0, -0.3];
             let logit_of = |r: &[f64]| {
                 let mut p = vec![0.0; part.width()];

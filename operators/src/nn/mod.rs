@@ -25,6 +25,7 @@ macro_rules! flat_buffer_accessors {
 }
 
 pub mod attention;
+pub mod deep_partial;
 pub mod deepfm;
 pub mod dien;
 pub mod dlrm;
@@ -47,6 +48,7 @@ pub(crate) mod gradcheck;
 pub use deepfm::{Fm, FmConfig};
 pub use dien::{Dien, DienConfig, Interest};
 pub use dlrm::{Dlrm, DlrmConfig};
+pub use deep_partial::FirstLayer;
 pub use fm_partial::FmPartial;
 pub use model::{Model, ModelConfig, PartialModel, SequenceInput};
 pub use scalar::Scalar;

@@ -55,7 +55,7 @@ pub trait Model<T: Scalar>: Send {
         self.backward(dense, pooled, dlogits, dpooled)
     }
     /// The model's DES partial-result form, when its embeddings can travel as
-    /// partial results instead of rows (LR and FM without a deep part).
+    /// partial results instead of rows (LR, FM, DeepFM, Wide & Deep).
     fn partial_model(&mut self) -> Option<&mut dyn PartialModel<T>> {
         None
     }
@@ -144,11 +144,11 @@ impl ModelConfig {
         }
     }
 
-    /// The DES partial-result shape when the model supports that exchange (LR and
-    /// FM without a deep part or wide-only crosses), else `None`.
+    /// The DES partial-result shape when the model supports that exchange (LR,
+    /// FM, DeepFM and Wide & Deep without wide-only crosses), else `None`.
     pub fn partial(&self) -> Option<FmPartial> {
         match self {
-            ModelConfig::Fm(c) if c.deep.is_empty() && c.wide_only == 0 => Some(FmPartial { dim: c.dim, fm: c.fm }),
+            ModelConfig::Fm(c) => c.partial(),
             _ => None,
         }
     }

@@ -1,0 +1,189 @@
+//! DES partial results of a deep part's first fully connected layer.
+//!
+//! DeepFM and Wide & Deep feed `[x, v_1, …, v_F]` (dense features, then each
+//! field's factor vector) into a first layer `z = W·in + b`. Split `W` by
+//! columns into `W_x` and one block `W_f` (`hidden × k`) per field:
+//!
+//! ```text
+//! z = b + W_x·x + Σ_f W_f·(a_f v_f)
+//! ```
+//!
+//! The sum over fields is additive, so the owner of some fields' rows can
+//! return its share `Σ_{its fields} W_f·(a_f v_f)` (`hidden` values per
+//! sample) instead of the rows, and the home adds the shares, `b` and
+//! `W_x·x`. Going back, every share receives the same `∂L/∂z`; the owner
+//! turns it into row gradients `∂L/∂v_f = a_f W_fᵀ·∂L/∂z` and adds its share
+//! `a_f v_f ⊗ ∂L/∂z` of `∂L/∂W_f` to its own dense gradient. Dense gradients
+//! are summed over all workers before any update, so which worker computed a
+//! term of `∂L/∂W_f` changes nothing but the order of a float sum.
+//!
+//! Owners read `W_f` many times per step, one sample at a time, so
+//! [`DeepBlock`] holds the factor columns transposed (`[field][k][hidden]`):
+//! every product is then a run of contiguous multiply-adds over `hidden`.
+
+use super::Scalar;
+
+/// Where the factor columns of a first layer live in a model's flat buffer.
+///
+/// `W` is `[hidden × input]` row-major at `offset` (as in [`super::linear::Linear`]);
+/// component `c` of field `f`'s factor is input column `skip + f·dim + c`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FirstLayer {
+    /// Offset of `W` in the flat parameter buffer.
+    pub offset: usize,
+    /// Input width of the layer.
+    pub input: usize,
+    /// Output width of the layer (the width of its partial result).
+    pub hidden: usize,
+    /// Input columns before the first factor (the dense features).
+    pub skip: usize,
+    /// Factor width `k` of each field.
+    pub dim: usize,
+    /// Fields whose factors enter the layer.
+    pub fields: usize,
+}
+
+impl FirstLayer {
+    /// Values of the transposed factor block (and of its gradient).
+    pub fn block_len(&self) -> usize {
+        self.fields * self.dim * self.hidden
+    }
+
+    /// Copies the factor columns of `W` out of `params`, transposed, into `wt`
+    /// (`[field][k][hidden]`, resized to [`block_len`](Self::block_len)).
+    pub fn load_transposed<T: Scalar>(&self, params: &[T], wt: &mut Vec<T>) {
+        let (h, kf) = (self.hidden, self.fields * self.dim);
+        wt.clear();
+        wt.resize(self.block_len(), T::ZERO);
+        for o in 0..h {
+            let row = &params[self.offset + o * self.input + self.skip..][..kf];
+            for (j, &v) in row.iter().enumerate() {
+                wt[j * h + o] = v;
+            }
+        }
+    }
+
+    /// Adds a transposed block gradient `dwt` (`[field][k][hidden]`) into the layer's
+    /// weight gradient inside the flat `grads` buffer.
+    pub fn add_transposed_grads<T: Scalar>(&self, dwt: &[T], grads: &mut [T]) {
+        let (h, kf) = (self.hidden, self.fields * self.dim);
+        for o in 0..h {
+            let row = &mut grads[self.offset + o * self.input + self.skip..][..kf];
+            for (j, g) in row.iter_mut().enumerate() {
+                *g += dwt[j * h + o];
+            }
+        }
+    }
+
+    /// Adds field `field`'s share `W_f·(weight·factors)` to one sample's partial result `out` (`hidden` values).
+    #[inline]
+    pub fn accumulate<T: Scalar>(&self, wt: &[T], field: usize, factors: &[T], weight: T, out: &mut [T]) {
+        let h = self.hidden;
+        let block = &wt[field * self.dim * h..(field + 1) * self.dim * h];
+        for (col, &v) in block.chunks_exact(h).zip(&factors[..self.dim]) {
+            let x = weight * v;
+            for (o, &w) in out[..h].iter_mut().zip(col) {
+                *o += x * w;
+            }
+        }
+    }
+
+    /// From one sample's `dz` (`hidden` values): adds `weight·W_fᵀ·dz` to
+    /// `dfactors` and `weight·factors ⊗ dz` to the transposed block gradient `dwt`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<T: Scalar>(
+        &self,
+        wt: &[T],
+        field: usize,
+        factors: &[T],
+        weight: T,
+        dz: &[T],
+        dfactors: &mut [T],
+        dwt: &mut [T],
+    ) {
+        let (h, k) = (self.hidden, self.dim);
+        let span = field * k * h..(field + 1) * k * h;
+        let (block, dblock) = (&wt[span.clone()], &mut dwt[span]);
+        for c in 0..k {
+            let col = &block[c * h..(c + 1) * h];
+            let mut dot = T::ZERO;
+            for (&w, &g) in col.iter().zip(&dz[..h]) {
+                dot += w * g;
+            }
+            dfactors[c] += weight * dot;
+            let x = weight * factors[c];
+            for (d, &g) in dblock[c * h..(c + 1) * h].iter_mut().zip(&dz[..h]) {
+                *d += x * g;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::gradcheck::check_gradients;
+    use crate::rng::normal_f64;
+
+    fn layer() -> FirstLayer {
+        // Two leading dense columns, three fields of width 2, five outputs, at offset 3.
+        FirstLayer { offset: 3, input: 2 + 3 * 2, hidden: 5, skip: 2, dim: 2, fields: 3 }
+    }
+
+    fn values(n: usize, seed: u64) -> Vec<f64> {
+        (0..n).map(|i| normal_f64(seed, 0, i as u64, 0)).collect()
+    }
+
+    /// Shares of any split of the fields add up to the factor part of `W·in`.
+    #[test]
+    fn shares_add_up_to_the_layer_product() {
+        let l = layer();
+        let params = values(l.offset + l.hidden * l.input + 4, 1);
+        let input = values(l.input, 2);
+        let mut wt = Vec::new();
+        l.load_transposed(&params, &mut wt);
+        let mut shares = vec![vec![0.0; l.hidden]; 2];
+        for f in 0..l.fields {
+            let factors = &input[l.skip + f * l.dim..l.skip + (f + 1) * l.dim];
+            l.accumulate(&wt, f, factors, 1.0, &mut shares[f % 2]);
+        }
+        for o in 0..l.hidden {
+            let w = &params[l.offset + o * l.input..l.offset + (o + 1) * l.input];
+            let direct: f64 = (l.skip..l.input).map(|j| w[j] * input[j]).sum();
+            let got = shares[0][o] + shares[1][o];
+            assert!((got - direct).abs() < 1e-12, "output {o}: {got} vs {direct}");
+        }
+    }
+
+    /// Factor and weight gradients through the shares match finite differences, with pooling weights.
+    #[test]
+    fn gradients_match_finite_differences() {
+        let l = layer();
+        let weights = [0.5, 1.0, -2.0];
+        let r = values(l.hidden, 3);
+        let loss = |params: &[f64], factors: &[f64]| {
+            let mut wt = Vec::new();
+            l.load_transposed(params, &mut wt);
+            let mut z = vec![0.0; l.hidden];
+            for f in 0..l.fields {
+                l.accumulate(&wt, f, &factors[f * l.dim..(f + 1) * l.dim], weights[f], &mut z);
+            }
+            z.iter().zip(&r).map(|(a, b)| a * b).sum::<f64>()
+        };
+        let params = values(l.offset + l.hidden * l.input + 4, 4);
+        let factors = values(l.fields * l.dim, 5);
+        let mut wt = Vec::new();
+        l.load_transposed(&params, &mut wt);
+        let mut dfactors = vec![0.0; factors.len()];
+        let mut dwt = vec![0.0; l.block_len()];
+        for f in 0..l.fields {
+            let span = f * l.dim..(f + 1) * l.dim;
+            l.backward(&wt, f, &factors[span.clone()], weights[f], &r, &mut dfactors[span], &mut dwt);
+        }
+        let mut grads = vec![0.0; params.len()];
+        l.add_transposed_grads(&dwt, &mut grads);
+        check_gradients(&params, &grads, |p| loss(p, &factors));
+        check_gradients(&factors, &dfactors, |x| loss(&params, x));
+    }
+}
