@@ -51,7 +51,9 @@ use std::rc::Rc;
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::{Exchange, Pipeline};
 use timely::dataflow::operators::generic::operator::Operator;
+use timely::dataflow::operators::Capability;
 use timely::dataflow::InputHandle;
+use timely::scheduling::Activator;
 use timely::worker::Worker;
 
 /// Everything a worker needs to build its part of the training dataflow.
@@ -329,6 +331,8 @@ struct Home {
     partial_owners: Vec<bool>,
     psum: Vec<f32>,
     dpsum: Vec<f32>,
+    /// The home's share of the first layer's factor-block gradient (its `rows` fields; deep partial only).
+    dwt: Vec<f32>,
     /// Ids travel in four bytes (every table has at most 2³² rows).
     narrow_ids: bool,
 }
@@ -365,6 +369,19 @@ struct Owner {
     pending_rows: Vec<Vec<f32>>,
     /// Per requester, the decoded ids of its last request.
     pending_ids: Vec<Vec<u64>>,
+    /// The deep part's first-layer factor block, transposed ([`crate::nn::FirstLayer`]),
+    /// as of the parameters of step `wt_step` (a deep model's `partial` exchange only).
+    wt: Vec<f32>,
+    wt_step: Option<u64>,
+    /// This owner's share of that block's gradient in the current step.
+    dwt: Vec<f32>,
+    /// Per requester, the row gradients of its partial fields in the current step, in request order.
+    pgrads: Vec<Vec<f32>>,
+    /// Whether `pgrads` holds the current step's (set by the partial backward stage).
+    pgrads_ready: bool,
+    /// The homes' messages of the current step, held from the partial backward
+    /// stage until the dense gradients arrive (a deep model's `partial` exchange only).
+    held: Vec<GradientMessage>,
     me: usize,
     workers: usize,
 }
@@ -490,6 +507,7 @@ impl Trainer {
         let model = config.model.build::<f32>(config.seed)?;
         let slice = dense_slice(model.params().len(), me, workers);
         let partial_form = if config.exchange.any_partial() { config.model.partial() } else { None };
+        let deep_partial = partial_form.is_some_and(|p| p.deep.is_some());
         let slot_tables: Vec<usize> =
             (0..config.model.num_sparse()).chain(config.sequence_tables.iter().copied()).collect();
         let store = Store::new(
@@ -540,6 +558,12 @@ impl Trainer {
             partial: partial_form,
             pending_rows: vec![Vec::new(); workers],
             pending_ids: vec![Vec::new(); workers],
+            wt: Vec::new(),
+            wt_step: None,
+            dwt: Vec::new(),
+            pgrads: vec![Vec::new(); workers],
+            pgrads_ready: false,
+            held: Vec::new(),
             me,
             workers,
         }));
@@ -567,6 +591,7 @@ impl Trainer {
             partial_owners: vec![false; workers],
             psum: Vec::new(),
             dpsum: Vec::new(),
+            dwt: Vec::new(),
             narrow_ids: narrow_ids(&config.table_sizes),
         }));
         let outcome = Rc::new(RefCell::new(Outcome::default()));
@@ -598,27 +623,52 @@ impl Trainer {
                 },
             );
 
-            let (owner_b, bytes_b) = (owner.clone(), bytes_sent.clone());
+            // With a deep model's partial exchange an owner computes first-layer products with
+            // the dense parameters, so it serves step `t` only once it has gathered step `t − 1`
+            // (a faster peer's request may arrive earlier); `GatherParams` wakes it up.
+            let (owner_b, home_b, outcome_b, bytes_b) =
+                (owner.clone(), home.clone(), outcome.clone(), bytes_sent.clone());
+            let serve_waker: Rc<RefCell<Option<Activator>>> = Rc::default();
+            let (waker_b, scope_b) = (serve_waker.clone(), scope.clone());
             let replies = requests.unary::<CapacityContainerBuilder<Vec<LookupReply>>, _, _, _>(
                 Exchange::new(|r: &LookupRequest| r.to as u64),
                 "ServeLookups",
-                move |_, _| {
+                move |_, info| {
+                    *waker_b.borrow_mut() = Some(scope_b.activator_for(info.address.clone()));
+                    let mut deferred: Vec<(Capability<u64>, LookupRequest)> = Vec::new();
                     move |input, output| {
+                        let serve = |t: u64, request: LookupRequest| {
+                            let mut owner = owner_b.borrow_mut();
+                            let reply = owner.serve(&request, t, home_b.borrow().model.params());
+                            if request.from != request.to {
+                                bytes_b.borrow_mut().add(t, reply.wire_bytes());
+                            }
+                            let from = request.from as usize;
+                            owner.pending[from] = request;
+                            reply
+                        };
                         input.for_each(|cap, data| {
                             let t = *cap.least().expect("a message has a time");
+                            if deep_partial && outcome_b.borrow().completed < t {
+                                let cap = cap.retain_least(0).expect("a message has a time");
+                                deferred.extend(data.drain(..).map(|r| (cap.clone(), r)));
+                                return;
+                            }
                             let mut session = output.session(&cap);
                             for request in data.drain(..) {
-                                let mut guard = owner_b.borrow_mut();
-                                let reply = guard.serve(&request);
-                                if request.from != request.to {
-                                    bytes_b.borrow_mut().add(t, reply.wire_bytes());
-                                }
-                                let owner = &mut *guard;
-                                let from = request.from as usize;
-                                owner.pending[from] = request;
-                                session.give(reply);
+                                session.give(serve(t, request));
                             }
                         });
+                        if !deferred.is_empty() {
+                            let completed = outcome_b.borrow().completed;
+                            let (ready, waiting) = std::mem::take(&mut deferred)
+                                .into_iter()
+                                .partition::<Vec<_>, _>(|(cap, _)| *cap.time() <= completed);
+                            deferred = waiting;
+                            for (cap, request) in ready {
+                                output.session(&cap).give(serve(*cap.time(), request));
+                            }
+                        }
                     }
                 },
             );
@@ -650,6 +700,39 @@ impl Trainer {
                 },
             );
 
+            // A deep model's partial exchange: owners turn the partial results' gradients into
+            // row gradients and their share of the first layer's weight gradient before any
+            // worker sends its dense gradient, which therefore travels one stage later.
+            let gradients = if deep_partial {
+                let (home_p, owner_p, bytes_p) = (home.clone(), owner.clone(), bytes_sent.clone());
+                let mut stash_p = Rendezvous::<GradientMessage>::new(workers);
+                gradients.unary::<CapacityContainerBuilder<Vec<GradientMessage>>, _, _, _>(
+                    Exchange::new(|m: &GradientMessage| m.to as u64),
+                    "PartialBackward",
+                    move |_, _| {
+                        move |input, output| {
+                            input.for_each(|cap, data| {
+                                let t = *cap.least().expect("a message has a time");
+                                if let Some(mut messages) = stash_p.offer(t, data) {
+                                    messages.sort_by_key(|m| m.from);
+                                    let mut home = home_p.borrow_mut();
+                                    let dense = owner_p.borrow_mut().partial_backward(&mut home, messages);
+                                    let mut session = output.session(&cap);
+                                    for m in dense {
+                                        if m.to != m.from {
+                                            bytes_p.borrow_mut().add(t, m.wire_bytes());
+                                        }
+                                        session.give(m);
+                                    }
+                                }
+                            });
+                        }
+                    },
+                )
+            } else {
+                gradients
+            };
+
             let (home_d, owner_d, eval_d, bytes_d) = (home.clone(), owner.clone(), eval.clone(), bytes_sent.clone());
             let mut stash_d = Rendezvous::<GradientMessage>::new(workers);
             let updates = gradients.unary::<CapacityContainerBuilder<Vec<ParamUpdate>>, _, _, _>(
@@ -663,6 +746,9 @@ impl Trainer {
                                 messages.sort_by_key(|m| m.from);
                                 let mut home = home_d.borrow_mut();
                                 let mut owner = owner_d.borrow_mut();
+                                if deep_partial {
+                                    messages = owner.with_held_messages(messages);
+                                }
                                 let updates = owner.apply(&mut home, &messages, &mut eval_d.borrow_mut());
                                 let mut session = output.session(&cap);
                                 for u in updates {
@@ -696,6 +782,9 @@ impl Trainer {
                         let mut outcome = outcome_e.borrow_mut();
                         outcome.completed = t + 1;
                         outcome.stats = stats;
+                        if let Some(waker) = serve_waker.borrow().as_ref() {
+                            waker.activate();
+                        }
                     }
                 });
             });
@@ -1155,7 +1244,7 @@ impl Home {
                 let steps = self.gather_sequences(batch, replicas);
                 let logits = match self.partial {
                     Some(part) => {
-                        self.sum_partials(part, b, f);
+                        self.sum_partials(part, b, f, &owner.wt);
                         let pm = self.model.partial_model().expect("validated: the model has a partial form");
                         pm.forward_partial(&batch.dense, &self.psum, b).to_vec()
                     }
@@ -1175,7 +1264,7 @@ impl Home {
                     self.dpooled.resize(b * f * d, 0.0);
                     self.dseq.resize(self.seq_rows.len(), 0.0);
                     match self.partial {
-                        Some(part) => self.backward_partials(part, b, f, &batch.dense, &mut messages),
+                        Some(part) => self.backward_partials(part, b, f, &batch.dense, &owner.wt, &mut messages),
                         None => {
                             let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
                             self.model.backward_sequences(
@@ -1214,8 +1303,10 @@ impl Home {
                     }
                     self.scatter_sequence_grads(batch, steps, &mut messages);
                     // The receiver's slice of the dense gradient; the sender's own slice stays in
-                    // `model.grads`, where its owner (this worker) reads it without a copy.
-                    for m in messages.iter_mut().filter(|m| m.to != me) {
+                    // `model.grads`, where its owner (this worker) reads it without a copy. (A deep
+                    // model's partial exchange sends it after the owners' partial backward.)
+                    let dense_later = self.partial.is_some_and(|p| p.deep.is_some());
+                    for m in messages.iter_mut().filter(|m| m.to != me && !dense_later) {
                         m.dense = self.model.grads()[dense_slice(n_params, m.to as usize, w)].to_vec();
                     }
                 }
@@ -1228,7 +1319,7 @@ impl Home {
     }
 
     /// `psum = Σ_owners (their partial sums) + the partial sums of the `rows` fields' pooled vectors`.
-    fn sum_partials(&mut self, part: FmPartial, b: usize, f: usize) {
+    fn sum_partials(&mut self, part: FmPartial, b: usize, f: usize, wt: &[f32]) {
         let (pw, d) = (part.width(), self.dim);
         self.psum.clear();
         self.psum.resize(b * pw, 0.0);
@@ -1242,19 +1333,22 @@ impl Home {
         for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
             for i in 0..b {
                 let row = &self.pooled[(i * f + t) * d..(i * f + t + 1) * d];
-                part.accumulate(row, 1.0, &mut self.psum[i * pw..(i + 1) * pw]);
+                part.accumulate_field(wt, t, row, 1.0, &mut self.psum[i * pw..(i + 1) * pw]);
             }
         }
     }
 
     /// Backward through the partial form: the model's gradients, the partial
-    /// sums' gradient for every owner that contributed, and `dpooled` of the `rows` fields.
+    /// sums' gradient for every owner that contributed, and `dpooled` of the
+    /// `rows` fields (with a deep part, their share of the first layer's gradient too).
+    #[allow(clippy::too_many_arguments)]
     fn backward_partials(
         &mut self,
         part: FmPartial,
         b: usize,
         f: usize,
         dense: &[f32],
+        wt: &[f32],
         messages: &mut [GradientMessage],
     ) {
         let (pw, d) = (part.width(), self.dim);
@@ -1262,11 +1356,17 @@ impl Home {
         let pm = self.model.partial_model().expect("validated: the model has a partial form");
         pm.backward_partial(dense, &self.psum, &self.dlogits, &mut self.dpsum);
         self.dpooled.fill(0.0);
+        self.dwt.clear();
+        self.dwt.resize(part.deep.map_or(0, |l| l.block_len()), 0.0);
         for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
             for i in 0..b {
                 let at = (i * f + t) * d..(i * f + t + 1) * d;
-                part.row_grad(&self.pooled[at.clone()], 1.0, &self.dpsum[i * pw..(i + 1) * pw], &mut self.dpooled[at]);
+                let (row, dp) = (&self.pooled[at.clone()], &self.dpsum[i * pw..(i + 1) * pw]);
+                part.row_grad_field(wt, t, row, 1.0, dp, &mut self.dpooled[at], &mut self.dwt);
             }
+        }
+        if let Some(l) = part.deep {
+            l.add_transposed_grads(&self.dwt, self.model.grads_mut());
         }
         for m in messages.iter_mut() {
             if self.partial_owners[m.to as usize] {
@@ -1279,8 +1379,15 @@ impl Home {
 impl Owner {
     /// Answers one request: the rows of its `rows` fields and this owner's
     /// share of the partial results of its `partial` fields.
-    fn serve(&mut self, request: &LookupRequest) -> LookupReply {
+    /// `params` are the dense parameters after step `t − 1` (read only by a deep model's partial fields).
+    fn serve(&mut self, request: &LookupRequest, t: u64, params: &[f32]) -> LookupReply {
         let e = self.store.dim();
+        if let Some(l) = self.partial.and_then(|p| p.deep) {
+            if self.wt_step != Some(t) {
+                l.load_transposed(params, &mut self.wt);
+                self.wt_step = Some(t);
+            }
+        }
         let from = request.from as usize;
         let mut rows = Vec::with_capacity(request.ids.len() * e);
         let mut all_ids = std::mem::take(&mut self.pending_ids[from]);
@@ -1299,7 +1406,7 @@ impl Owner {
                 if let (Some(part), Some((b, slot))) = (self.partial, slot) {
                     if !slot.index.is_empty() {
                         partial.resize(b * part.width(), 0.0);
-                        accumulate_slot(part, slot, &partial_rows[first..], e, &mut partial);
+                        accumulate_slot(part, &self.wt, k, slot, &partial_rows[first..], e, &mut partial);
                     }
                 }
                 pj += 1;
@@ -1311,6 +1418,86 @@ impl Owner {
         self.pending_rows[from] = partial_rows;
         self.pending_ids[from] = all_ids;
         LookupReply { from: request.to, to: request.from, rows, partial }
+    }
+
+    /// Row gradients of every sender's partial fields from the partial results'
+    /// gradients in `messages` (into `pgrads`, summed over each sender's samples
+    /// in sample order) and, with a deep part, this owner's share of the first
+    /// layer's factor-block gradient (into `dwt`).
+    fn partial_row_grads(&mut self, messages: &[GradientMessage]) {
+        let d = self.store.dim();
+        let Some(part) = self.partial else { return };
+        self.dwt.clear();
+        self.dwt.resize(part.deep.map_or(0, |l| l.block_len()), 0.0);
+        for m in messages {
+            let from = m.from as usize;
+            let (request, rows) = (&self.pending[from], &self.pending_rows[from]);
+            let pgrads = &mut self.pgrads[from];
+            pgrads.clear();
+            let (mut prow_at, mut pj) = (0usize, 0usize);
+            for (k, &n) in request.table_lens.iter().enumerate() {
+                if self.exchange.table(k) != TableExchange::Partial {
+                    continue;
+                }
+                let n = n as usize;
+                let start = pgrads.len();
+                pgrads.resize(start + n * d, 0.0);
+                let slot = request.partial.as_ref().and_then(|p| p.slots.get(pj));
+                if let Some(slot) = slot.filter(|_| !m.partial.is_empty()) {
+                    let rows = &rows[prow_at * d..(prow_at + n) * d];
+                    slot_row_grads(part, &self.wt, k, slot, rows, d, &m.partial, &mut pgrads[start..], &mut self.dwt);
+                }
+                prow_at += n;
+                pj += 1;
+            }
+        }
+        self.pgrads_ready = true;
+    }
+
+    /// The partial backward stage of a deep model's `partial` exchange: row
+    /// gradients and this owner's share of the first layer's gradient (added to
+    /// the worker's dense gradient), then the dense gradient's slices for every
+    /// worker. Holds the homes' `messages` for [`with_held_messages`](Self::with_held_messages).
+    fn partial_backward(&mut self, home: &mut Home, messages: Vec<GradientMessage>) -> Vec<GradientMessage> {
+        let kind = messages.first().map_or(StepKind::Train, |m| m.kind);
+        if kind == StepKind::Train {
+            self.partial_row_grads(&messages);
+            if let Some(l) = self.partial.and_then(|p| p.deep) {
+                l.add_transposed_grads(&self.dwt, home.model.grads_mut());
+            }
+        }
+        self.held = messages;
+        let (me, w, n) = (self.me, self.workers, home.model.params().len());
+        (0..w)
+            .map(|to| GradientMessage {
+                from: me as u32,
+                to: to as u32,
+                kind,
+                stats: StepStats::default(),
+                sparse: Vec::new(),
+                dense: if kind == StepKind::Train && to != me {
+                    home.model.grads()[dense_slice(n, to, w)].to_vec()
+                } else {
+                    Vec::new()
+                },
+                eval: EvalSet::default(),
+                partial: Vec::new(),
+                hot: Vec::new(),
+                hot_grads: Vec::new(),
+            })
+            .collect()
+    }
+
+    /// The homes' messages held by [`partial_backward`](Self::partial_backward),
+    /// each with the dense gradient slice its sender sent afterwards (`dense`, in worker order).
+    fn with_held_messages(&mut self, dense: Vec<GradientMessage>) -> Vec<GradientMessage> {
+        let mut held = std::mem::take(&mut self.held);
+        assert_eq!(held.len(), dense.len(), "one held message per dense gradient message");
+        for (h, d) in held.iter_mut().zip(dense) {
+            assert_eq!(h.from, d.from, "held and dense messages in worker order");
+            h.dense = d.dense;
+        }
+        held
     }
 
     /// Applies the step's gradients this worker owns and returns its dense slice for every worker.
@@ -1329,30 +1516,21 @@ impl Owner {
             // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
             self.scratch.clear();
             self.order.clear();
-            let mut pgrads = Vec::new();
+            if !self.pgrads_ready {
+                self.partial_row_grads(messages);
+            }
             for m in messages {
                 let request = &self.pending[m.from as usize];
-                let partial_rows = &self.pending_rows[m.from as usize];
                 let request_ids = &self.pending_ids[m.from as usize];
-                let (mut start, mut row_at, mut prow_at, mut pj) = (0usize, 0usize, 0usize, 0usize);
+                let pgrads = &self.pgrads[m.from as usize];
+                let (mut start, mut row_at, mut prow_at) = (0usize, 0usize, 0usize);
                 for (k, &n) in request.table_lens.iter().enumerate() {
                     let t = self.slot_tables[k];
                     let n = n as usize;
                     let ids = &request_ids[start..start + n];
                     let grads: &[f32] = if self.exchange.table(k) == TableExchange::Partial {
-                        // Row gradients from the partial sums' gradient, summed over this sender's samples.
-                        pgrads.clear();
-                        pgrads.resize(n * d, 0.0);
-                        let slot = request.partial.as_ref().and_then(|p| p.slots.get(pj));
-                        if let (Some(part), Some(slot)) = (self.partial, slot) {
-                            if !m.partial.is_empty() {
-                                let rows = &partial_rows[prow_at * d..(prow_at + n) * d];
-                                slot_row_grads(part, slot, rows, d, &m.partial, &mut pgrads);
-                            }
-                        }
                         prow_at += n;
-                        pj += 1;
-                        &pgrads
+                        &pgrads[(prow_at - n) * d..prow_at * d]
                     } else {
                         row_at += n;
                         &m.sparse[(row_at - n) * d..row_at * d]
@@ -1427,6 +1605,7 @@ impl Owner {
             self.dense_optimizer.apply_sum_scaled(&mut params[slice.clone()], &parts, scale);
             changed = true;
         }
+        self.pgrads_ready = false;
         for m in messages {
             eval.probs.extend_from_slice(&m.eval.probs);
             eval.labels.extend_from_slice(&m.eval.labels);

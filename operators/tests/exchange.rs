@@ -31,6 +31,14 @@ fn fm_config(exchange: ExchangeConfig, optimizer: SparseOptimizerKind) -> Traine
     }
 }
 
+/// DeepFM (`fm`) or Wide & Deep: the FM's rows feed a deep part too.
+fn deep_config(exchange: ExchangeConfig, fm: bool) -> TrainerConfig {
+    TrainerConfig {
+        model: ModelConfig::Fm(FmConfig { num_dense: 2, num_sparse: 4, dim: 4, deep: vec![6, 3], fm, wide_only: 0 }),
+        ..fm_config(exchange, SparseOptimizerKind::RowwiseAdagrad)
+    }
+}
+
 fn dlrm_config(exchange: ExchangeConfig) -> TrainerConfig {
     TrainerConfig {
         model: ModelConfig::Dlrm(DlrmConfig {
@@ -193,6 +201,35 @@ fn partial_exchange_trains_the_rows_model_on_one_two_and_three_workers() {
     }
 }
 
+/// With a deep part, owners return the first layer's share with the FM sums
+/// and add their share of its weight gradient to their dense gradient.
+#[test]
+fn partial_exchange_of_deep_models_trains_the_rows_model() {
+    for fm in [true, false] {
+        let rows = run(1, deep_config(ExchangeConfig::default(), fm), false, None);
+        for workers in [1usize, 2, 3] {
+            let rows_w = run(workers, deep_config(ExchangeConfig::default(), fm), false, None);
+            assert_same(&format!("deep rows W={workers}"), &rows, &rows_w, 1e-5);
+            for fields in [vec![0, 1, 2, 3], vec![0, 2]] {
+                let what = format!("deep fm={fm} partial {fields:?} W={workers}");
+                let out = run(workers, deep_config(partial(&fields), fm), false, None);
+                assert_same(&what, &rows_w, &out, 1e-5);
+                assert_same(&what, &rows, &out, 1e-5);
+                if workers > 1 {
+                    assert_ne!(out.bytes, rows_w.bytes, "{what}: partial results travel instead of rows");
+                }
+            }
+            // Partial fields beside replicated rows of the others.
+            let mut mixed = replicated();
+            mixed.tables = partial(&[0, 3]).tables;
+            mixed.replicated[0].clear();
+            mixed.replicated[3].clear();
+            let out = run(workers, deep_config(mixed, fm), false, None);
+            assert_same(&format!("deep fm={fm} partial + replicated W={workers}"), &rows, &out, 1e-5);
+        }
+    }
+}
+
 #[test]
 fn replicated_hot_rows_train_the_rows_model_exactly() {
     for multi in [false, true] {
@@ -227,6 +264,12 @@ fn checkpoints_do_not_depend_on_the_exchange() {
     assert_eq!(rows_of(&rows.snapshots), rows_of(&hot.snapshots));
     assert_eq!(rows.losses, hot.losses);
     assert_same("resumed partial W=3", &rows, &part, 1e-5);
+    // A deep model's checkpoint resumes with partial results on another worker count.
+    let deep = run(2, deep_config(ExchangeConfig::default(), true), false, None);
+    let parts = Arc::new(deep.snapshots.clone());
+    let rows = run(2, deep_config(ExchangeConfig::default(), true), false, Some(parts.clone()));
+    let part = run(3, deep_config(partial(&[0, 1, 2, 3]), true), false, Some(parts));
+    assert_same("resumed deep partial W=3", &rows, &part, 1e-5);
 }
 
 #[test]

@@ -683,8 +683,8 @@ impl TrainSettings {
             return Err(PipelineError::config(
                 "exchange",
                 format!(
-                    "`partial` needs a model whose logit reads the rows through per-sample sums (lr, or fm \
-                     without --deep); `{}` has none",
+                    "`partial` needs a model whose logit reads the rows through per-sample sums and a first \
+                     layer (lr, fm, deepfm or wdl without crosses); `{}` has none",
                     model.name()
                 ),
             ));

@@ -120,6 +120,9 @@ struct ExchangeArgs {
     /// Model: fm, deepfm or dlrm.
     #[arg(long, default_value = "fm")]
     model: String,
+    /// Hidden widths of deepfm's deep part (the first is the width of its partial results).
+    #[arg(long, value_delimiter = ',', default_value = "400,400")]
+    deep: Vec<usize>,
     /// Samples: `zipf` (synthetic Criteo-shaped, Zipf ranks) or `criteo:PATH`.
     #[arg(long, default_value = "zipf")]
     data: String,
@@ -1160,6 +1163,7 @@ fn main() -> anyhow::Result<()> {
             };
             let bench = ExchangeBench {
                 model: a.model,
+                deep: a.deep,
                 data,
                 batch_size: a.batch_size,
                 workers: a.workers,

@@ -107,7 +107,7 @@ fn two_processes_with_the_planned_exchange_equal_two_threads() {
 fn bad_exchange_settings_fail_naming_the_key() {
     for (extra, key) in [
         (vec!["--exchange", "partial", "--model", "dlrm"], "exchange"),
-        (vec!["--exchange", "partial", "--model", "deepfm"], "exchange"),
+        (vec!["--exchange", "partial", "--model", "wdl", "--crosses", "0:1"], "exchange"),
         (vec!["--exchange", "sideways"], "exchange"),
         (vec!["--exchange", "replicated", "--replicate", "1.5"], "replicate"),
         (vec!["--exchange", "auto", "--plan-steps", "0"], "plan_steps"),

@@ -10,10 +10,13 @@
 //!   the rows' gradients (DLRM's model-parallel embeddings).
 //! * [`TableExchange::Partial`]: the owner returns, per sample, its share of
 //!   the model's partial result (DES: for LR/FM `[Σ(w − ½‖v‖²), Σv]`, see
-//!   [`crate::nn::FmPartial`]); the home returns the partial result's
-//!   gradient, and the owner turns it into row gradients. No row and no row
-//!   gradient crosses the network. Needs a model with a partial form and at
-//!   most one id per sample in the field.
+//!   [`crate::nn::FmPartial`]; DeepFM and Wide & Deep add their first
+//!   layer's share `Σ W_f·v_f`, see [`crate::nn::FirstLayer`]); the home
+//!   returns the partial result's gradient, and the owner turns it into row
+//!   gradients (and its share of the first layer's weight gradient, which
+//!   joins its dense gradient). No row and no row gradient crosses the
+//!   network. Needs a model with a partial form and at most one id per
+//!   sample in the field.
 //!
 //! Independently, [`ExchangeConfig::replicated`] names hot rows that every
 //! worker holds a replica of ([`Replicas`]): their lookups are local and their
@@ -115,7 +118,7 @@ impl ExchangeConfig {
                 "exchange.tables",
                 format!(
                     "`partial` needs a model whose logit depends on the rows through per-sample sums \
-                     (lr or fm without a deep part); `{}` has none",
+                     (lr, fm, deepfm or wdl without feature crosses); `{}` has none",
                     model.name()
                 ),
             ));

@@ -126,22 +126,44 @@ impl PartialLookup {
     }
 }
 
-/// Adds the contributions of one field's `rows` (`e` values each, in the
-/// request's order) to the partial sums `out: [B × width]`.
-pub fn accumulate_slot(part: FmPartial, slot: &PartialSlot, rows: &[f32], e: usize, out: &mut [f32]) {
+/// Adds the contributions of field `field`'s `rows` (`e` values each, in the
+/// request's order) to the partial sums `out: [B × width]`; `wt` is the deep
+/// part's transposed first-layer factor block (empty without a deep part).
+pub fn accumulate_slot(
+    part: FmPartial,
+    wt: &[f32],
+    field: usize,
+    slot: &PartialSlot,
+    rows: &[f32],
+    e: usize,
+    out: &mut [f32],
+) {
     let pw = part.width();
     for (sample, u, w) in slot.entries() {
-        part.accumulate(&rows[u * e..(u + 1) * e], w, &mut out[sample * pw..(sample + 1) * pw]);
+        part.accumulate_field(wt, field, &rows[u * e..(u + 1) * e], w, &mut out[sample * pw..(sample + 1) * pw]);
     }
 }
 
-/// Sums the row gradients of one field from the partial sums' gradients
-/// `dp: [B × width]` into `dunique` (`e` values per requested id), in sample order.
-pub fn slot_row_grads(part: FmPartial, slot: &PartialSlot, rows: &[f32], e: usize, dp: &[f32], dunique: &mut [f32]) {
+/// Sums the row gradients of field `field` from the partial sums' gradients
+/// `dp: [B × width]` into `dunique` (`e` values per requested id), in sample
+/// order, and adds the rows' share of the first layer's weight gradient to `dwt` (deep part only).
+#[allow(clippy::too_many_arguments)]
+pub fn slot_row_grads(
+    part: FmPartial,
+    wt: &[f32],
+    field: usize,
+    slot: &PartialSlot,
+    rows: &[f32],
+    e: usize,
+    dp: &[f32],
+    dunique: &mut [f32],
+    dwt: &mut [f32],
+) {
     let pw = part.width();
     let mut drow = vec![0.0f32; e];
     for (sample, u, w) in slot.entries() {
-        part.row_grad(&rows[u * e..(u + 1) * e], w, &dp[sample * pw..(sample + 1) * pw], &mut drow);
+        let row = &rows[u * e..(u + 1) * e];
+        part.row_grad_field(wt, field, row, w, &dp[sample * pw..(sample + 1) * pw], &mut drow, dwt);
         for (a, &g) in dunique[u * e..(u + 1) * e].iter_mut().zip(&drow) {
             *a += g;
         }

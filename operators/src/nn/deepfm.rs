@@ -334,7 +334,15 @@ impl<T: Scalar> Fm<T> {
         let (h, nd, pw, batch) = (l.hidden, l.skip, fw + l.hidden, dl.len());
         let rest = self.deep_rest.as_ref().expect("a deep part has layers after its first");
         self.d_deep_in.resize(batch * h, T::ZERO);
-        rest.backward(&self.params, &self.deep_in, batch, &mut self.cache, dl, &mut self.grads, Some(&mut self.d_deep_in));
+        rest.backward(
+            &self.params,
+            &self.deep_in,
+            batch,
+            &mut self.cache,
+            dl,
+            &mut self.grads,
+            Some(&mut self.d_deep_in),
+        );
         for (g, &a) in self.d_deep_in.iter_mut().zip(&self.deep_in) {
             if a <= T::ZERO {
                 *g = T::ZERO;

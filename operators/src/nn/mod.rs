@@ -21,6 +21,9 @@ macro_rules! flat_buffer_accessors {
         fn params_and_grads(&mut self) -> (&mut [T], &[T]) {
             (&mut self.params, &self.grads)
         }
+        fn grads_mut(&mut self) -> &mut [T] {
+            &mut self.grads
+        }
     };
 }
 
@@ -45,10 +48,10 @@ pub mod scalar;
 #[cfg(test)]
 pub(crate) mod gradcheck;
 
+pub use deep_partial::FirstLayer;
 pub use deepfm::{Fm, FmConfig};
 pub use dien::{Dien, DienConfig, Interest};
 pub use dlrm::{Dlrm, DlrmConfig};
-pub use deep_partial::FirstLayer;
 pub use fm_partial::FmPartial;
 pub use model::{Model, ModelConfig, PartialModel, SequenceInput};
 pub use scalar::Scalar;

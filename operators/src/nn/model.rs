@@ -28,6 +28,8 @@ pub trait Model<T: Scalar>: Send {
     fn grads(&self) -> &[T];
     /// Parameters (mutable) and gradients at once, for fused updates.
     fn params_and_grads(&mut self) -> (&mut [T], &[T]);
+    /// Mutable gradients (for gradient terms computed outside `backward`, such as DES partial results').
+    fn grads_mut(&mut self) -> &mut [T];
     /// Width of each pooled embedding vector the model expects.
     fn embedding_dim(&self) -> usize;
     /// Logits for `dense: [B × num_dense]` and `pooled: [B × num_sparse × embedding_dim]`.

@@ -8,7 +8,8 @@
 //! trains the same model from the same seed on the same global batches:
 //!
 //! * `rows`: rows out, row gradients back (the baseline);
-//! * `partial`: every field as DES partial results (LR / FM only);
+//! * `partial`: every field as DES partial results (FM sums, and for DeepFM
+//!   the first layer's share: `fm_width + deep[0]` values per sample and remote owner);
 //! * `replicated`: the most frequent `replicate` fraction of each table's ids
 //!   (counted on the planning steps) held by every worker;
 //! * `auto`: the planner's per-table choice ([`plan_exchange`]).
@@ -52,6 +53,8 @@ pub enum ExchangeData {
 pub struct ExchangeBench {
     /// `fm`, `deepfm` or `dlrm`.
     pub model: String,
+    /// Hidden widths of `deepfm`'s deep part.
+    pub deep: Vec<usize>,
     /// The samples.
     pub data: ExchangeData,
     /// Global batch size.
@@ -148,13 +151,16 @@ impl ExchangeBenchResult {
     }
 }
 
-fn model_config(name: &str, dim: usize) -> Result<ModelConfig, PipelineError> {
+fn model_config(name: &str, dim: usize, deep: &[usize]) -> Result<ModelConfig, PipelineError> {
     let fm = |deep: Vec<usize>| {
         ModelConfig::Fm(FmConfig { num_dense: NUM_DENSE, num_sparse: NUM_SPARSE, dim, deep, fm: true, wide_only: 0 })
     };
     Ok(match name {
         "fm" => fm(vec![]),
-        "deepfm" => fm(vec![400, 400]),
+        "deepfm" if deep.is_empty() || deep.contains(&0) => {
+            return Err(PipelineError::config("deep", "deepfm needs positive hidden widths, e.g. 400,400"))
+        }
+        "deepfm" => fm(deep.to_vec()),
         "dlrm" => ModelConfig::Dlrm(DlrmConfig { dim, ..DlrmConfig::kaggle() }),
         other => {
             return Err(PipelineError::config(
@@ -236,7 +242,7 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
     if !(0.0..1.0).contains(&bench.replicate) {
         return Err(PipelineError::config("replicate", format!("must be in [0, 1), got {}", bench.replicate)));
     }
-    let model = model_config(&bench.model, bench.dim)?;
+    let model = model_config(&bench.model, bench.dim, &bench.deep)?;
     let total_steps = bench.warmup + bench.steps;
     let needed = (total_steps.max(bench.plan_steps) as usize) * bench.batch_size;
     let (all, table_sizes) = load(bench, needed)?;
@@ -263,12 +269,7 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
             let tables = vec![TableExchange::Partial; NUM_SPARSE];
             strategies.push(("partial".into(), ExchangeConfig { tables, replicated: vec![] }, est));
         }
-        None => skipped.push(format!(
-            "partial: `{}` has a deep part; its DES form would send the first layer's partial products \
-             ({} values per sample and remote owner, each way) instead of rows; not implemented",
-            model.name(),
-            first_layer_width(&model)
-        )),
+        None => skipped.push(format!("partial: `{}` has no partial form", model.name())),
     }
     if bench.replicate > 0.0 {
         let est = plan.costs.iter().map(|c| c.replicated).sum();
@@ -324,15 +325,6 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
         skipped,
         plan,
     })
-}
-
-/// Width of the first hidden layer of the model's deep part (what a DES partial of it would send).
-fn first_layer_width(model: &ModelConfig) -> usize {
-    match model {
-        ModelConfig::Fm(c) => c.deep.first().copied().unwrap_or(0),
-        ModelConfig::Dlrm(c) => c.top.first().copied().unwrap_or(0),
-        ModelConfig::Dien(c) => c.dim,
-    }
 }
 
 /// Trains one strategy; returns (timed seconds, bytes sent in the timed steps
