@@ -66,6 +66,34 @@ fn every_exchange_trains_the_rows_model_on_real_criteo_rows() {
     assert!(partial_bytes < 0.6 * rows_bytes, "partial {partial_bytes} vs rows {rows_bytes} bytes/sample");
 }
 
+/// DeepFM's partial results (FM sums plus the first layer's share) train the
+/// rows model on real rows, in threads and in two processes.
+#[test]
+fn deepfm_partial_results_train_the_rows_model_on_real_criteo_rows() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let run = |exchange: &str, extra: &[&str]| {
+        let m = dir.path().join(format!("deepfm-{exchange}-{}.json", extra.len()));
+        let mut a = args(&data);
+        a[2] = "deepfm".into();
+        run_ok(
+            tiderec()
+                .args(a)
+                .args(["--deep", "32,16", "--exchange", exchange, "--workers", "2", "--metrics-json"])
+                .arg(&m)
+                .args(extra),
+        );
+        metrics(&m)
+    };
+    let rows = run("rows", &[]);
+    let partial = run("partial", &[]);
+    for key in ["params_l2", "train_loss"] {
+        let (b, c) = (rows[key].as_f64().unwrap(), partial[key].as_f64().unwrap());
+        assert!(rel_diff(b, c) <= 1e-5, "{key}: rows {b} vs partial {c}");
+    }
+    assert_ne!(rows["bytes_per_sample"], partial["bytes_per_sample"]);
+}
+
 #[test]
 fn two_processes_with_the_planned_exchange_equal_two_threads() {
     let Some(data) = shared_data("criteo/sample.train") else { return };
@@ -129,13 +157,19 @@ fn bad_exchange_settings_fail_naming_the_key() {
 /// every strategy sends the same bytes and trains the same model as with two threads.
 #[test]
 fn the_exchange_bench_over_two_processes_measures_what_two_threads_do() {
+    for model in ["fm", "deepfm"] {
+        exchange_bench_in_processes_and_threads(model);
+    }
+}
+
+fn exchange_bench_in_processes_and_threads(model: &str) {
     let run = |processes: &str| {
-        let out =
-            run_ok(
-                tiderec()
-                    .args(["bench", "exchange", "--model", "fm", "--workers", "2", "--processes", processes])
-                    .args(["--steps", "3", "--warmup", "1", "--batch-size", "512", "--rows", "20000", "--json"]),
-            );
+        let out = run_ok(
+            tiderec()
+                .args(["bench", "exchange", "--model", model, "--deep", "32,16", "--workers", "2"])
+                .args(["--processes", processes, "--steps", "3", "--warmup", "1", "--batch-size", "512"])
+                .args(["--rows", "20000", "--json"]),
+        );
         serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("one JSON object")
     };
     let (threads, processes) = (run("1"), run("2"));
@@ -144,8 +178,9 @@ fn the_exchange_bench_over_two_processes_measures_what_two_threads_do() {
     assert_eq!(strategies(&threads).len(), 4, "rows, partial, replicated, auto");
     for (t, p) in strategies(&threads).iter().zip(&strategies(&processes)) {
         assert_eq!(t["strategy"], p["strategy"]);
-        assert_eq!(t["bytes_per_sample"], p["bytes_per_sample"], "{}", t["strategy"]);
-        assert_eq!(t["l2_rel_diff"], p["l2_rel_diff"], "{}", t["strategy"]);
+        assert_eq!(t["bytes_per_sample"], p["bytes_per_sample"], "{model} {}", t["strategy"]);
+        assert_eq!(t["l2_rel_diff"], p["l2_rel_diff"], "{model} {}", t["strategy"]);
+        assert!(t["l2_rel_diff"].as_f64().unwrap() <= 1e-5, "{model} {}: the same model as rows", t["strategy"]);
         assert!(p["samples_per_sec"].as_f64().unwrap() > 0.0);
     }
 }
