@@ -37,7 +37,7 @@ use crate::exchange::{
 use crate::metrics::EvalSet;
 use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
 use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
-use crate::nn::{FmPartial, Model, ModelConfig, SequenceInput};
+use crate::nn::{DeepShares, FmPartial, Model, ModelConfig, SequenceInput};
 use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use crate::shard::shard_of;
 use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
@@ -333,6 +333,8 @@ struct Home {
     dpsum: Vec<f32>,
     /// The home's share of the first layer's factor-block gradient (its `rows` fields; deep partial only).
     dwt: Vec<f32>,
+    /// The first-layer input of the `rows` fields' pooled vectors (deep partial only).
+    shares: DeepShares<f32>,
     /// Ids travel in four bytes (every table has at most 2³² rows).
     narrow_ids: bool,
 }
@@ -375,6 +377,8 @@ struct Owner {
     wt_step: Option<u64>,
     /// This owner's share of that block's gradient in the current step.
     dwt: Vec<f32>,
+    /// Per requester, its micro-batch's first-layer input from this owner's rows.
+    shares: Vec<DeepShares<f32>>,
     /// Per requester, the row gradients of its partial fields in the current step, in request order.
     pgrads: Vec<Vec<f32>>,
     /// Whether `pgrads` holds the current step's (set by the partial backward stage).
@@ -561,6 +565,7 @@ impl Trainer {
             wt: Vec::new(),
             wt_step: None,
             dwt: Vec::new(),
+            shares: vec![DeepShares::default(); workers],
             pgrads: vec![Vec::new(); workers],
             pgrads_ready: false,
             held: Vec::new(),
@@ -592,6 +597,7 @@ impl Trainer {
             psum: Vec::new(),
             dpsum: Vec::new(),
             dwt: Vec::new(),
+            shares: DeepShares::default(),
             narrow_ids: narrow_ids(&config.table_sizes),
         }));
         let outcome = Rc::new(RefCell::new(Outcome::default()));
@@ -1330,11 +1336,20 @@ impl Home {
                 }
             }
         }
+        if let Some(l) = &part.deep {
+            self.shares.reset(l, b);
+        }
         for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
             for i in 0..b {
                 let row = &self.pooled[(i * f + t) * d..(i * f + t + 1) * d];
-                part.accumulate_field(wt, t, row, 1.0, &mut self.psum[i * pw..(i + 1) * pw]);
+                part.accumulate(row, 1.0, &mut self.psum[i * pw..(i + 1) * pw]);
+                if let Some(l) = &part.deep {
+                    self.shares.add(l, i, t, &row[1..], 1.0);
+                }
             }
+        }
+        if let Some(l) = &part.deep {
+            self.shares.add_shares(l, wt, &mut self.psum, pw, part.fm_width());
         }
     }
 
@@ -1356,17 +1371,19 @@ impl Home {
         let pm = self.model.partial_model().expect("validated: the model has a partial form");
         pm.backward_partial(dense, &self.psum, &self.dlogits, &mut self.dpsum);
         self.dpooled.fill(0.0);
-        self.dwt.clear();
-        self.dwt.resize(part.deep.map_or(0, |l| l.block_len()), 0.0);
+        if let Some(l) = &part.deep {
+            self.dwt.clear();
+            self.dwt.resize(l.block_len(), 0.0);
+            self.shares.backward(l, wt, &self.dpsum, pw, part.fm_width(), &mut self.dwt);
+            l.add_transposed_grads(&self.dwt, self.model.grads_mut());
+        }
         for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
             for i in 0..b {
                 let at = (i * f + t) * d..(i * f + t + 1) * d;
                 let (row, dp) = (&self.pooled[at.clone()], &self.dpsum[i * pw..(i + 1) * pw]);
-                part.row_grad_field(wt, t, row, 1.0, dp, &mut self.dpooled[at], &mut self.dwt);
+                let dfactors = part.deep.as_ref().map(|l| self.shares.dfactors(l, i, t));
+                part.row_grad_with(row, 1.0, dp, dfactors, &mut self.dpooled[at]);
             }
-        }
-        if let Some(l) = part.deep {
-            l.add_transposed_grads(&self.dwt, self.model.grads_mut());
         }
         for m in messages.iter_mut() {
             if self.partial_owners[m.to as usize] {
@@ -1395,6 +1412,11 @@ impl Owner {
         let mut partial_rows = std::mem::take(&mut self.pending_rows[from]);
         partial_rows.clear();
         let mut partial = Vec::new();
+        let deep = self.partial.and_then(|p| p.deep);
+        let batch_len = request.partial.as_ref().map_or(0, |p| p.batch_len as usize);
+        if let Some(l) = &deep {
+            self.shares[from].reset(l, batch_len);
+        }
         let (mut start, mut pj) = (0usize, 0usize);
         for (k, &n) in request.table_lens.iter().enumerate() {
             let t = self.slot_tables[k];
@@ -1406,7 +1428,8 @@ impl Owner {
                 if let (Some(part), Some((b, slot))) = (self.partial, slot) {
                     if !slot.index.is_empty() {
                         partial.resize(b * part.width(), 0.0);
-                        accumulate_slot(part, &self.wt, k, slot, &partial_rows[first..], e, &mut partial);
+                        let shares = deep.map(|_| &mut self.shares[from]);
+                        accumulate_slot(part, k, slot, &partial_rows[first..], e, &mut partial, shares);
                     }
                 }
                 pj += 1;
@@ -1414,6 +1437,11 @@ impl Owner {
                 self.store.gather(t, ids, &mut rows);
             }
             start += n as usize;
+        }
+        if let (Some(l), Some(part)) = (&deep, self.partial) {
+            if !partial.is_empty() {
+                self.shares[from].add_shares(l, &self.wt, &mut partial, part.width(), part.fm_width());
+            }
         }
         self.pending_rows[from] = partial_rows;
         self.pending_ids[from] = all_ids;
@@ -1431,6 +1459,9 @@ impl Owner {
         self.dwt.resize(part.deep.map_or(0, |l| l.block_len()), 0.0);
         for m in messages {
             let from = m.from as usize;
+            if let Some(l) = part.deep.as_ref().filter(|_| !m.partial.is_empty()) {
+                self.shares[from].backward(l, &self.wt, &m.partial, part.width(), part.fm_width(), &mut self.dwt);
+            }
             let (request, rows) = (&self.pending[from], &self.pending_rows[from]);
             let pgrads = &mut self.pgrads[from];
             pgrads.clear();
@@ -1445,7 +1476,8 @@ impl Owner {
                 let slot = request.partial.as_ref().and_then(|p| p.slots.get(pj));
                 if let Some(slot) = slot.filter(|_| !m.partial.is_empty()) {
                     let rows = &rows[prow_at * d..(prow_at + n) * d];
-                    slot_row_grads(part, &self.wt, k, slot, rows, d, &m.partial, &mut pgrads[start..], &mut self.dwt);
+                    let shares = part.deep.map(|_| &self.shares[from]);
+                    slot_row_grads(part, k, slot, rows, d, &m.partial, &mut pgrads[start..], shares);
                 }
                 prow_at += n;
                 pj += 1;

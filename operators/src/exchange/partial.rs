@@ -8,7 +8,7 @@
 //! and its pooling weight if the field is weighted. The owner answers with
 //! `B × width` partial sums and later receives `B × width` gradients of them.
 
-use crate::nn::FmPartial;
+use crate::nn::{DeepShares, FmPartial};
 use serde::{Deserialize, Serialize};
 
 /// Positions of ids among a field's requested ids, as narrow as they fit.
@@ -127,43 +127,49 @@ impl PartialLookup {
 }
 
 /// Adds the contributions of field `field`'s `rows` (`e` values each, in the
-/// request's order) to the partial sums `out: [B × width]`; `wt` is the deep
-/// part's transposed first-layer factor block (empty without a deep part).
+/// request's order) to the partial sums `out: [B × width]`: the FM sums here,
+/// the deep part's first-layer input into `shares` (whose
+/// [`DeepShares::add_shares`] adds the layer's share once every field is in).
 pub fn accumulate_slot(
     part: FmPartial,
-    wt: &[f32],
     field: usize,
     slot: &PartialSlot,
     rows: &[f32],
     e: usize,
     out: &mut [f32],
+    mut shares: Option<&mut DeepShares<f32>>,
 ) {
     let pw = part.width();
     for (sample, u, w) in slot.entries() {
-        part.accumulate_field(wt, field, &rows[u * e..(u + 1) * e], w, &mut out[sample * pw..(sample + 1) * pw]);
+        let row = &rows[u * e..(u + 1) * e];
+        part.accumulate(row, w, &mut out[sample * pw..(sample + 1) * pw]);
+        if let (Some(l), Some(sh)) = (part.deep.as_ref(), shares.as_deref_mut()) {
+            sh.add(l, sample, field, &row[1..], w);
+        }
     }
 }
 
 /// Sums the row gradients of field `field` from the partial sums' gradients
 /// `dp: [B × width]` into `dunique` (`e` values per requested id), in sample
-/// order, and adds the rows' share of the first layer's weight gradient to `dwt` (deep part only).
+/// order; with a deep part, `shares` holds the first layer's input gradients
+/// (after [`DeepShares::backward`]).
 #[allow(clippy::too_many_arguments)]
 pub fn slot_row_grads(
     part: FmPartial,
-    wt: &[f32],
     field: usize,
     slot: &PartialSlot,
     rows: &[f32],
     e: usize,
     dp: &[f32],
     dunique: &mut [f32],
-    dwt: &mut [f32],
+    shares: Option<&DeepShares<f32>>,
 ) {
     let pw = part.width();
     let mut drow = vec![0.0f32; e];
     for (sample, u, w) in slot.entries() {
         let row = &rows[u * e..(u + 1) * e];
-        part.row_grad_field(wt, field, row, w, &dp[sample * pw..(sample + 1) * pw], &mut drow, dwt);
+        let dfactors = part.deep.as_ref().zip(shares).map(|(l, sh)| sh.dfactors(l, sample, field));
+        part.row_grad_with(row, w, &dp[sample * pw..(sample + 1) * pw], dfactors, &mut drow);
         for (a, &g) in dunique[u * e..(u + 1) * e].iter_mut().zip(&drow) {
             *a += g;
         }

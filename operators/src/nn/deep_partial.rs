@@ -17,10 +17,15 @@
 //! are summed over all workers before any update, so which worker computed a
 //! term of `∂L/∂W_f` changes nothing but the order of a float sum.
 //!
-//! Owners read `W_f` many times per step, one sample at a time, so
-//! [`DeepBlock`] holds the factor columns transposed (`[field][k][hidden]`):
-//! every product is then a run of contiguous multiply-adds over `hidden`.
+//! The factor columns are held transposed (`[field][k][hidden]`, a
+//! `fields·k × hidden` matrix `Wᵀ_v`). [`FirstLayer::accumulate`] and
+//! [`FirstLayer::backward`] work one sample and field at a time (the
+//! reference); [`DeepShares`] does the same for a whole micro-batch as three
+//! GEMMs over `X` (`B × fields·k`, the owner's scaled factors, zero where a
+//! sample has no row of the owner): `Z = X·Wᵀ_v`, `∂X = ∂Z·W_v`,
+//! `∂Wᵀ_v += Xᵀ·∂Z`.
 
+use super::gemm::{gemm, Op};
 use super::Scalar;
 
 /// Where the factor columns of a first layer live in a model's flat buffer.
@@ -120,6 +125,76 @@ impl FirstLayer {
     }
 }
 
+/// A micro-batch's factor input to a first layer and its gradients: the
+/// batched form of [`FirstLayer::accumulate`] and [`FirstLayer::backward`].
+#[derive(Clone, Debug, Default)]
+pub struct DeepShares<T> {
+    /// `X`: `[B × fields·k]`, each present (sample, field) its weighted factor, else zero.
+    x: Vec<T>,
+    /// `Z = X·Wᵀ_v` (forward) or `∂Z` gathered from the partial gradients (backward), `[B × hidden]`.
+    z: Vec<T>,
+    /// `∂X = ∂Z·W_v`, `[B × fields·k]`.
+    dx: Vec<T>,
+    batch: usize,
+}
+
+impl<T: Scalar> DeepShares<T> {
+    /// Starts a micro-batch of `batch` samples with no factors.
+    pub fn reset(&mut self, layer: &FirstLayer, batch: usize) {
+        self.batch = batch;
+        self.x.clear();
+        self.x.resize(batch * layer.fields * layer.dim, T::ZERO);
+    }
+
+    /// Adds `weight · factors` as sample `sample`'s input of field `field`.
+    #[inline]
+    pub fn add(&mut self, layer: &FirstLayer, sample: usize, field: usize, factors: &[T], weight: T) {
+        let k = layer.dim;
+        let at = sample * layer.fields * k + field * k;
+        for (x, &v) in self.x[at..at + k].iter_mut().zip(&factors[..k]) {
+            *x += weight * v;
+        }
+    }
+
+    /// Adds every sample's share `X·Wᵀ_v` to its partial result: `out` is
+    /// `[B × stride]` and the share goes at `offset` of each row.
+    pub fn add_shares(&mut self, layer: &FirstLayer, wt: &[T], out: &mut [T], stride: usize, offset: usize) {
+        let (b, h, kf) = (self.batch, layer.hidden, layer.fields * layer.dim);
+        self.z.clear();
+        self.z.resize(b * h, T::ZERO);
+        gemm(Op::N, Op::N, b, h, kf, T::ONE, &self.x, wt, T::ZERO, &mut self.z);
+        for (row, z) in out.chunks_exact_mut(stride).zip(self.z.chunks_exact(h)) {
+            for (o, &v) in row[offset..offset + h].iter_mut().zip(z) {
+                *o += v;
+            }
+        }
+    }
+
+    /// Back-propagates the partial results' gradients `dp` (`[B × stride]`, `∂Z`
+    /// at `offset` of each row): keeps `∂X` for [`dfactors`](Self::dfactors)
+    /// and adds `Xᵀ·∂Z` to the transposed block gradient `dwt`.
+    pub fn backward(&mut self, layer: &FirstLayer, wt: &[T], dp: &[T], stride: usize, offset: usize, dwt: &mut [T]) {
+        let (b, h, kf) = (self.batch, layer.hidden, layer.fields * layer.dim);
+        self.z.clear();
+        for row in dp.chunks_exact(stride).take(b) {
+            self.z.extend_from_slice(&row[offset..offset + h]);
+        }
+        self.dx.clear();
+        self.dx.resize(b * kf, T::ZERO);
+        gemm(Op::N, Op::T, b, kf, h, T::ONE, &self.z, wt, T::ZERO, &mut self.dx);
+        gemm(Op::T, Op::N, kf, h, b, T::ONE, &self.x, &self.z, T::ONE, dwt);
+    }
+
+    /// `∂L/∂(input)` of sample `sample`'s field `field` after [`backward`](Self::backward)
+    /// (`dim` values; multiply by the pooling weight for the row's gradient).
+    #[inline]
+    pub fn dfactors(&self, layer: &FirstLayer, sample: usize, field: usize) -> &[T] {
+        let k = layer.dim;
+        let at = sample * layer.fields * k + field * k;
+        &self.dx[at..at + k]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,5 +260,52 @@ mod tests {
         l.add_transposed_grads(&dwt, &mut grads);
         check_gradients(&params, &grads, |p| loss(p, &factors));
         check_gradients(&factors, &dfactors, |x| loss(&params, x));
+    }
+
+    /// The batched shares equal the per-sample reference, with absent fields and weights.
+    #[test]
+    fn batched_shares_equal_the_reference() {
+        let l = layer();
+        let batch = 4;
+        let params = values(l.offset + l.hidden * l.input + 4, 6);
+        let factors = values(batch * l.fields * l.dim, 7);
+        let dz_all = values(batch * (2 + l.hidden), 8);
+        let (stride, offset) = (2 + l.hidden, 2);
+        let present = |s: usize, f: usize| (s + f) % 3 != 0;
+        let weight = |s: usize, f: usize| 0.25 + (s * 3 + f) as f64 * 0.125;
+        let mut wt = Vec::new();
+        l.load_transposed(&params, &mut wt);
+        let (mut want, mut want_df, mut want_dwt) =
+            (vec![0.0; batch * stride], vec![0.0; factors.len()], vec![0.0; l.block_len()]);
+        let mut shares = DeepShares::default();
+        shares.reset(&l, batch);
+        for s in 0..batch {
+            for f in (0..l.fields).filter(|&f| present(s, f)) {
+                let at = (s * l.fields + f) * l.dim;
+                let (x, w) = (&factors[at..at + l.dim], weight(s, f));
+                l.accumulate(&wt, f, x, w, &mut want[s * stride + offset..(s + 1) * stride]);
+                let dz = &dz_all[s * stride + offset..(s + 1) * stride];
+                l.backward(&wt, f, x, w, dz, &mut want_df[at..at + l.dim], &mut want_dwt);
+                shares.add(&l, s, f, x, w);
+            }
+        }
+        let mut got = vec![0.0; batch * stride];
+        shares.add_shares(&l, &wt, &mut got, stride, offset);
+        let mut got_dwt = vec![0.0; l.block_len()];
+        shares.backward(&l, &wt, &dz_all, stride, offset, &mut got_dwt);
+        let close = |a: &[f64], b: &[f64], what: &str| {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!((x - y).abs() < 1e-12, "{what} {i}: {x} vs {y}");
+            }
+        };
+        close(&got, &want, "share");
+        close(&got_dwt, &want_dwt, "weight gradient");
+        for s in 0..batch {
+            for f in (0..l.fields).filter(|&f| present(s, f)) {
+                let at = (s * l.fields + f) * l.dim;
+                let got: Vec<f64> = shares.dfactors(&l, s, f).iter().map(|&g| g * weight(s, f)).collect();
+                close(&got, &want_df[at..at + l.dim], "factor gradient");
+            }
+        }
     }
 }

@@ -70,6 +70,23 @@ impl FmPartial {
         }
     }
 
+    /// The gradient of a row from the gradient `dp` of the partial result it
+    /// went into, given the first layer's input gradient `dfactors` of its
+    /// field and sample when there is a deep part ([`super::DeepShares::dfactors`]);
+    /// overwrites `drow`.
+    #[inline]
+    pub fn row_grad_with<T: Scalar>(&self, row: &[T], weight: T, dp: &[T], dfactors: Option<&[T]>, drow: &mut [T]) {
+        self.row_grad(row, weight, dp, drow);
+        if let Some(df) = dfactors {
+            if !self.second_order() {
+                drow[1..].fill(T::ZERO);
+            }
+            for (d, &g) in drow[1..1 + self.dim].iter_mut().zip(df) {
+                *d += weight * g;
+            }
+        }
+    }
+
     /// The gradient of field `field`'s row from the gradient `dp` of the
     /// partial result it went into (overwrites `drow`); with a deep part also
     /// adds the row's share of the first layer's weight gradient to `dwt`

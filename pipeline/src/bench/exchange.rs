@@ -16,7 +16,11 @@
 //!
 //! Bytes are what the trainer counts on the wire between workers (ids, rows,
 //! partial results, gradients, dense slices); `vs_rows` is the strategy's
-//! bytes per sample over `rows`'. Each strategy's final parameter norm is
+//! bytes per sample over `rows`'. The dense parameters' traffic is the same for
+//! every strategy (each worker sends every other worker its slice of the
+//! gradient and of the updated parameters: `2 · 4 · n · (W − 1)` bytes per step
+//! for `n` dense parameters); what remains is the embeddings' traffic, reported
+//! on its own (`embedding_bytes_per_sample`, `embedding_vs_rows`). Each strategy's final parameter norm is
 //! compared with `rows`' (`l2_rel_diff`): the strategies train the same model.
 //!
 //! With `processes > 1` the same workers are split over that many processes
@@ -88,6 +92,10 @@ pub struct StrategyResult {
     pub bytes_per_sample: f64,
     /// This strategy's bytes per sample over `rows`'.
     pub vs_rows: f64,
+    /// Bytes per sample beyond the dense parameters' slices (ids, rows, partial results, their gradients).
+    pub embedding_bytes_per_sample: f64,
+    /// Those over `rows`'.
+    pub embedding_vs_rows: f64,
     /// The planner's estimate of the embedding bytes per sample (dense traffic excluded).
     pub estimated_embedding_bytes_per_sample: f64,
     /// Training samples per second over the timed steps.
@@ -115,6 +123,8 @@ pub struct ExchangeBenchResult {
     pub processes: usize,
     /// Timed steps per strategy.
     pub steps: u64,
+    /// Bytes per sample of the dense parameters' slices (gradients and updated values), the same in every strategy.
+    pub dense_bytes_per_sample: f64,
     /// The strategies measured.
     pub strategies: Vec<StrategyResult>,
     /// Why a strategy was not measured.
@@ -130,13 +140,18 @@ impl ExchangeBenchResult {
             "exchange bench: {} on {}, global batch {}, {} workers in {} process(es), {} timed steps per strategy\n",
             self.model, self.data, self.batch_size, self.workers, self.processes, self.steps
         );
-        s.push_str("strategy      bytes/sample  vs rows  est. embedding B/s  samples/s  params_l2 rel. diff\n");
+        s.push_str(&format!("dense slices: {:.1} bytes/sample in every strategy\n", self.dense_bytes_per_sample));
+        s.push_str(
+            "strategy      bytes/sample  vs rows  embedding B/s  vs rows  est. embedding B/s  samples/s  params_l2 rel. diff\n",
+        );
         for r in &self.strategies {
             s.push_str(&format!(
-                "{:<12} {:>13.1} {:>7.1}% {:>19.1} {:>10.0}  {:.1e}\n",
+                "{:<12} {:>13.1} {:>7.1}% {:>14.1} {:>7.1}% {:>19.1} {:>10.0}  {:.1e}\n",
                 r.strategy,
                 r.bytes_per_sample,
                 100.0 * r.vs_rows,
+                r.embedding_bytes_per_sample,
+                100.0 * r.embedding_vs_rows,
                 r.estimated_embedding_bytes_per_sample,
                 r.samples_per_sec,
                 r.l2_rel_diff
@@ -279,6 +294,8 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
     let auto = ExchangeConfig { tables: plan.tables.clone(), replicated: plan.replicated.clone() };
     strategies.push(("auto".into(), auto, plan.estimated));
 
+    let dense_params = model.build::<f32>(bench.seed)?.params().len();
+    let dense_bytes_per_sample = (2 * 4 * dense_params * (bench.workers - 1)) as f64 / bench.batch_size as f64;
     let mut results: Vec<StrategyResult> = Vec::new();
     let mut rows_l2 = None;
     for (name, exchange, estimated) in strategies {
@@ -298,10 +315,15 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
         let samples = bench.steps * bench.batch_size as u64;
         let bytes_per_sample = bytes as f64 / samples as f64;
         let base_l2: f64 = *rows_l2.get_or_insert(l2);
+        let embedding_bytes_per_sample = bytes_per_sample - dense_bytes_per_sample;
         results.push(StrategyResult {
             strategy: name,
             bytes_per_sample,
             vs_rows: results.first().map_or(1.0, |r| bytes_per_sample / r.bytes_per_sample),
+            embedding_bytes_per_sample,
+            embedding_vs_rows: results
+                .first()
+                .map_or(1.0, |r| embedding_bytes_per_sample / r.embedding_bytes_per_sample),
             estimated_embedding_bytes_per_sample: estimated,
             samples_per_sec: samples as f64 / secs,
             l2_rel_diff: (l2 - base_l2).abs() / base_l2.abs().max(1e-30),
@@ -321,6 +343,7 @@ pub fn run_exchange(bench: &ExchangeBench) -> Result<ExchangeBenchResult, Pipeli
         workers: bench.workers,
         processes,
         steps: bench.steps,
+        dense_bytes_per_sample,
         strategies: results,
         skipped,
         plan,
