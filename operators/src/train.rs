@@ -635,7 +635,7 @@ impl Trainer {
             let (owner_b, home_b, outcome_b, bytes_b) =
                 (owner.clone(), home.clone(), outcome.clone(), bytes_sent.clone());
             let serve_waker: Rc<RefCell<Option<Activator>>> = Rc::default();
-            let (waker_b, scope_b) = (serve_waker.clone(), scope.clone());
+            let (waker_b, scope_b) = (serve_waker.clone(), scope);
             let replies = requests.unary::<CapacityContainerBuilder<Vec<LookupReply>>, _, _, _>(
                 Exchange::new(|r: &LookupRequest| r.to as u64),
                 "ServeLookups",

@@ -252,9 +252,9 @@ mod tests {
         l.load_transposed(&params, &mut wt);
         let mut dfactors = vec![0.0; factors.len()];
         let mut dwt = vec![0.0; l.block_len()];
-        for f in 0..l.fields {
+        for (f, &w) in weights.iter().enumerate() {
             let span = f * l.dim..(f + 1) * l.dim;
-            l.backward(&wt, f, &factors[span.clone()], weights[f], &r, &mut dfactors[span], &mut dwt);
+            l.backward(&wt, f, &factors[span.clone()], w, &r, &mut dfactors[span], &mut dwt);
         }
         let mut grads = vec![0.0; params.len()];
         l.add_transposed_grads(&dwt, &mut grads);
@@ -271,7 +271,7 @@ mod tests {
         let factors = values(batch * l.fields * l.dim, 7);
         let dz_all = values(batch * (2 + l.hidden), 8);
         let (stride, offset) = (2 + l.hidden, 2);
-        let present = |s: usize, f: usize| (s + f) % 3 != 0;
+        let present = |s: usize, f: usize| !(s + f).is_multiple_of(3);
         let weight = |s: usize, f: usize| 0.25 + (s * 3 + f) as f64 * 0.125;
         let mut wt = Vec::new();
         l.load_transposed(&params, &mut wt);
