@@ -37,7 +37,7 @@ use crate::exchange::{
 use crate::metrics::EvalSet;
 use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
 use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
-use crate::nn::{DeepShares, FmPartial, Model, ModelConfig, SequenceInput};
+use crate::nn::{DeepShares, DeepWeights, FmPartial, Model, ModelConfig, SequenceInput};
 use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use crate::shard::shard_of;
 use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
@@ -371,9 +371,9 @@ struct Owner {
     pending_rows: Vec<Vec<f32>>,
     /// Per requester, the decoded ids of its last request.
     pending_ids: Vec<Vec<u64>>,
-    /// The deep part's first-layer factor block, transposed ([`crate::nn::FirstLayer`]),
+    /// The deep part's first-layer factor block ([`crate::nn::FirstLayer`]),
     /// as of the parameters of step `wt_step` (a deep model's `partial` exchange only).
-    wt: Vec<f32>,
+    weights: DeepWeights<f32>,
     wt_step: Option<u64>,
     /// This owner's share of that block's gradient in the current step.
     dwt: Vec<f32>,
@@ -562,7 +562,7 @@ impl Trainer {
             partial: partial_form,
             pending_rows: vec![Vec::new(); workers],
             pending_ids: vec![Vec::new(); workers],
-            wt: Vec::new(),
+            weights: DeepWeights::default(),
             wt_step: None,
             dwt: Vec::new(),
             shares: vec![DeepShares::default(); workers],
@@ -1250,7 +1250,7 @@ impl Home {
                 let steps = self.gather_sequences(batch, replicas);
                 let logits = match self.partial {
                     Some(part) => {
-                        self.sum_partials(part, b, f, &owner.wt);
+                        self.sum_partials(part, b, f, &owner.weights);
                         let pm = self.model.partial_model().expect("validated: the model has a partial form");
                         pm.forward_partial(&batch.dense, &self.psum, b).to_vec()
                     }
@@ -1270,7 +1270,7 @@ impl Home {
                     self.dpooled.resize(b * f * d, 0.0);
                     self.dseq.resize(self.seq_rows.len(), 0.0);
                     match self.partial {
-                        Some(part) => self.backward_partials(part, b, f, &batch.dense, &owner.wt, &mut messages),
+                        Some(part) => self.backward_partials(part, b, f, &batch.dense, &owner.weights, &mut messages),
                         None => {
                             let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
                             self.model.backward_sequences(
@@ -1325,7 +1325,7 @@ impl Home {
     }
 
     /// `psum = Σ_owners (their partial sums) + the partial sums of the `rows` fields' pooled vectors`.
-    fn sum_partials(&mut self, part: FmPartial, b: usize, f: usize, wt: &[f32]) {
+    fn sum_partials(&mut self, part: FmPartial, b: usize, f: usize, weights: &DeepWeights<f32>) {
         let (pw, d) = (part.width(), self.dim);
         self.psum.clear();
         self.psum.resize(b * pw, 0.0);
@@ -1336,20 +1336,22 @@ impl Home {
                 }
             }
         }
-        if let Some(l) = &part.deep {
+        // The home's own first-layer share: its `rows` fields' pooled vectors (none when all are partial).
+        let home_deep = part.deep.filter(|_| (0..f).any(|t| self.exchange.table(t) == TableExchange::Rows));
+        if let Some(l) = &home_deep {
             self.shares.reset(l, b);
         }
         for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
             for i in 0..b {
                 let row = &self.pooled[(i * f + t) * d..(i * f + t + 1) * d];
                 part.accumulate(row, 1.0, &mut self.psum[i * pw..(i + 1) * pw]);
-                if let Some(l) = &part.deep {
+                if let Some(l) = &home_deep {
                     self.shares.add(l, i, t, &row[1..], 1.0);
                 }
             }
         }
-        if let Some(l) = &part.deep {
-            self.shares.add_shares(l, wt, &mut self.psum, pw, part.fm_width());
+        if let Some(l) = &home_deep {
+            self.shares.add_shares(l, weights, &mut self.psum, pw, part.fm_width());
         }
     }
 
@@ -1363,7 +1365,7 @@ impl Home {
         b: usize,
         f: usize,
         dense: &[f32],
-        wt: &[f32],
+        weights: &DeepWeights<f32>,
         messages: &mut [GradientMessage],
     ) {
         let (pw, d) = (part.width(), self.dim);
@@ -1371,17 +1373,18 @@ impl Home {
         let pm = self.model.partial_model().expect("validated: the model has a partial form");
         pm.backward_partial(dense, &self.psum, &self.dlogits, &mut self.dpsum);
         self.dpooled.fill(0.0);
-        if let Some(l) = &part.deep {
+        let home_deep = part.deep.filter(|_| (0..f).any(|t| self.exchange.table(t) == TableExchange::Rows));
+        if let Some(l) = &home_deep {
             self.dwt.clear();
             self.dwt.resize(l.block_len(), 0.0);
-            self.shares.backward(l, wt, &self.dpsum, pw, part.fm_width(), &mut self.dwt);
+            self.shares.backward(l, weights, &self.dpsum, pw, part.fm_width(), &mut self.dwt);
             l.add_transposed_grads(&self.dwt, self.model.grads_mut());
         }
         for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
             for i in 0..b {
                 let at = (i * f + t) * d..(i * f + t + 1) * d;
                 let (row, dp) = (&self.pooled[at.clone()], &self.dpsum[i * pw..(i + 1) * pw]);
-                let dfactors = part.deep.as_ref().map(|l| self.shares.dfactors(l, i, t));
+                let dfactors = home_deep.as_ref().map(|l| self.shares.dfactors(l, i, t));
                 part.row_grad_with(row, 1.0, dp, dfactors, &mut self.dpooled[at]);
             }
         }
@@ -1401,7 +1404,7 @@ impl Owner {
         let e = self.store.dim();
         if let Some(l) = self.partial.and_then(|p| p.deep) {
             if self.wt_step != Some(t) {
-                l.load_transposed(params, &mut self.wt);
+                self.weights.load(&l, params);
                 self.wt_step = Some(t);
             }
         }
@@ -1440,7 +1443,7 @@ impl Owner {
         }
         if let (Some(l), Some(part)) = (&deep, self.partial) {
             if !partial.is_empty() {
-                self.shares[from].add_shares(l, &self.wt, &mut partial, part.width(), part.fm_width());
+                self.shares[from].add_shares(l, &self.weights, &mut partial, part.width(), part.fm_width());
             }
         }
         self.pending_rows[from] = partial_rows;
@@ -1460,7 +1463,7 @@ impl Owner {
         for m in messages {
             let from = m.from as usize;
             if let Some(l) = part.deep.as_ref().filter(|_| !m.partial.is_empty()) {
-                self.shares[from].backward(l, &self.wt, &m.partial, part.width(), part.fm_width(), &mut self.dwt);
+                self.shares[from].backward(l, &self.weights, &m.partial, part.width(), part.fm_width(), &mut self.dwt);
             }
             let (request, rows) = (&self.pending[from], &self.pending_rows[from]);
             let pgrads = &mut self.pgrads[from];

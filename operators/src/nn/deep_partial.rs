@@ -26,6 +26,7 @@
 //! `∂Wᵀ_v += Xᵀ·∂Z`.
 
 use super::gemm::{gemm, Op};
+use super::gemm_packed::{gemm_packed, gemm_tn, PackedRhs};
 use super::Scalar;
 
 /// Where the factor columns of a first layer live in a model's flat buffer.
@@ -125,6 +126,35 @@ impl FirstLayer {
     }
 }
 
+/// Values `gemm_tn` may read past the last row of its right operand (one vector).
+const GEMM_TN_SLACK: usize = 8;
+
+/// Widest `hidden` whose weight gradient runs on [`gemm_tn`] (narrow right
+/// operands, one panel); wider ones on the general GEMM, which blocks for cache.
+const GEMM_TN_MAX_WIDTH: usize = 64;
+
+/// A first layer's factor block as [`DeepShares`] reads it: transposed
+/// (`wt`, `[field][k][hidden]`) and packed for both of its products.
+#[derive(Clone, Debug, Default)]
+pub struct DeepWeights<T> {
+    /// The transposed factor block.
+    pub wt: Vec<T>,
+    /// `wt` packed as the right operand of `X·wt`.
+    forward: PackedRhs<T>,
+    /// `wtᵀ` packed as the right operand of `∂Z·wtᵀ`.
+    backward: PackedRhs<T>,
+}
+
+impl<T: Scalar> DeepWeights<T> {
+    /// Loads the layer's factor block from the flat `params`.
+    pub fn load(&mut self, layer: &FirstLayer, params: &[T]) {
+        layer.load_transposed(params, &mut self.wt);
+        let (kf, h) = (layer.fields * layer.dim, layer.hidden);
+        self.forward.pack(Op::N, kf, h, &self.wt);
+        self.backward.pack(Op::T, h, kf, &self.wt);
+    }
+}
+
 /// A micro-batch's factor input to a first layer and its gradients: the
 /// batched form of [`FirstLayer::accumulate`] and [`FirstLayer::backward`].
 #[derive(Clone, Debug, Default)]
@@ -158,31 +188,54 @@ impl<T: Scalar> DeepShares<T> {
 
     /// Adds every sample's share `X·Wᵀ_v` to its partial result: `out` is
     /// `[B × stride]` and the share goes at `offset` of each row.
-    pub fn add_shares(&mut self, layer: &FirstLayer, wt: &[T], out: &mut [T], stride: usize, offset: usize) {
-        let (b, h, kf) = (self.batch, layer.hidden, layer.fields * layer.dim);
-        self.z.clear();
-        self.z.resize(b * h, T::ZERO);
-        gemm(Op::N, Op::N, b, h, kf, T::ONE, &self.x, wt, T::ZERO, &mut self.z);
-        for (row, z) in out.chunks_exact_mut(stride).zip(self.z.chunks_exact(h)) {
-            for (o, &v) in row[offset..offset + h].iter_mut().zip(z) {
-                *o += v;
-            }
+    ///
+    /// The products read `X` and `∂Z` where they lie against the packed
+    /// weights ([`gemm_packed`]); a general GEMM would pack the `B`-row operand
+    /// on every call, as much work as the product at these narrow widths.
+    pub fn add_shares(
+        &mut self,
+        layer: &FirstLayer,
+        weights: &DeepWeights<T>,
+        out: &mut [T],
+        stride: usize,
+        offset: usize,
+    ) {
+        let (b, kf) = (self.batch, layer.fields * layer.dim);
+        if b > 0 {
+            gemm_packed(b, &self.x, kf, &weights.forward, true, &mut out[offset..], stride);
         }
     }
 
     /// Back-propagates the partial results' gradients `dp` (`[B × stride]`, `∂Z`
     /// at `offset` of each row): keeps `∂X` for [`dfactors`](Self::dfactors)
     /// and adds `Xᵀ·∂Z` to the transposed block gradient `dwt`.
-    pub fn backward(&mut self, layer: &FirstLayer, wt: &[T], dp: &[T], stride: usize, offset: usize, dwt: &mut [T]) {
+    pub fn backward(
+        &mut self,
+        layer: &FirstLayer,
+        weights: &DeepWeights<T>,
+        dp: &[T],
+        stride: usize,
+        offset: usize,
+        dwt: &mut [T],
+    ) {
         let (b, h, kf) = (self.batch, layer.hidden, layer.fields * layer.dim);
         self.z.clear();
         for row in dp.chunks_exact(stride).take(b) {
             self.z.extend_from_slice(&row[offset..offset + h]);
         }
+        // `gemm_tn` reads rows of `∂Z` to whole vectors: slack after the last.
+        self.z.resize(b * h + GEMM_TN_SLACK, T::ZERO);
         self.dx.clear();
         self.dx.resize(b * kf, T::ZERO);
-        gemm(Op::N, Op::T, b, kf, h, T::ONE, &self.z, wt, T::ZERO, &mut self.dx);
-        gemm(Op::T, Op::N, kf, h, b, T::ONE, &self.x, &self.z, T::ONE, dwt);
+        if b == 0 {
+            return;
+        }
+        gemm_packed(b, &self.z, h, &weights.backward, false, &mut self.dx, kf);
+        if h <= GEMM_TN_MAX_WIDTH {
+            gemm_tn(kf, h, b, &self.x, kf, &self.z, h, true, dwt, h);
+        } else {
+            gemm(Op::T, Op::N, kf, h, b, T::ONE, &self.x, &self.z, T::ONE, dwt);
+        }
     }
 
     /// `∂L/∂(input)` of sample `sample`'s field `field` after [`backward`](Self::backward)
@@ -273,8 +326,9 @@ mod tests {
         let (stride, offset) = (2 + l.hidden, 2);
         let present = |s: usize, f: usize| !(s + f).is_multiple_of(3);
         let weight = |s: usize, f: usize| 0.25 + (s * 3 + f) as f64 * 0.125;
-        let mut wt = Vec::new();
-        l.load_transposed(&params, &mut wt);
+        let mut weights = DeepWeights::default();
+        weights.load(&l, &params);
+        let wt = weights.wt.clone();
         let (mut want, mut want_df, mut want_dwt) =
             (vec![0.0; batch * stride], vec![0.0; factors.len()], vec![0.0; l.block_len()]);
         let mut shares = DeepShares::default();
@@ -290,9 +344,9 @@ mod tests {
             }
         }
         let mut got = vec![0.0; batch * stride];
-        shares.add_shares(&l, &wt, &mut got, stride, offset);
+        shares.add_shares(&l, &weights, &mut got, stride, offset);
         let mut got_dwt = vec![0.0; l.block_len()];
-        shares.backward(&l, &wt, &dz_all, stride, offset, &mut got_dwt);
+        shares.backward(&l, &weights, &dz_all, stride, offset, &mut got_dwt);
         let close = |a: &[f64], b: &[f64], what: &str| {
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
                 assert!((x - y).abs() < 1e-12, "{what} {i}: {x} vs {y}");

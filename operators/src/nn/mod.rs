@@ -48,7 +48,7 @@ pub mod scalar;
 #[cfg(test)]
 pub(crate) mod gradcheck;
 
-pub use deep_partial::{DeepShares, FirstLayer};
+pub use deep_partial::{DeepShares, DeepWeights, FirstLayer};
 pub use deepfm::{Fm, FmConfig};
 pub use dien::{Dien, DienConfig, Interest};
 pub use dlrm::{Dlrm, DlrmConfig};
