@@ -27,7 +27,7 @@
 //! checkpoints and parameter norms are unchanged.
 //!
 //! Every strategy computes the same model as `rows` up to the reassociation of
-//! float sums; [`plan`] estimates each strategy's bytes from measured id
+//! float sums; [`plan_exchange`] estimates each strategy's bytes from measured id
 //! frequencies and picks the cheapest per table.
 
 mod partial;

@@ -13,7 +13,8 @@
 //!   remote id a 2-byte index (4 bytes beyond 65,536 ids; plus a 4-byte
 //!   weight for weighted fields), a presence bitmap per sample; plus, once
 //!   per sample and remote owner as soon as any table is partial, the
-//!   partial result and its gradient (`2·4·width` bytes).
+//!   partial result and its gradient (`2·4·width` bytes; with a deep part the
+//!   width includes the first layer's units, so a wide first layer rarely pays).
 //!
 //! The choice: per table the cheaper of `rows` and `replicated`; then the
 //! one-hot tables (no sampled bag holds two ids) where `partial` is cheaper still go partial if their total saving

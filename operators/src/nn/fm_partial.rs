@@ -61,6 +61,10 @@ impl FmPartial {
     /// Adds field `field`'s row to one sample's partial result: the FM sums
     /// and, with a deep part, the first layer's share (`wt`: the layer's
     /// transposed factor block, [`FirstLayer::load_transposed`]; unused without a deep part).
+    ///
+    /// One sample and field at a time: the reference for the trainer, which
+    /// adds the FM sums here but the first layer's shares a micro-batch at a
+    /// time ([`super::DeepShares`]).
     #[inline]
     pub fn accumulate_field<T: Scalar>(&self, wt: &[T], field: usize, row: &[T], weight: T, out: &mut [T]) {
         self.accumulate(row, weight, out);
@@ -90,7 +94,8 @@ impl FmPartial {
     /// The gradient of field `field`'s row from the gradient `dp` of the
     /// partial result it went into (overwrites `drow`); with a deep part also
     /// adds the row's share of the first layer's weight gradient to `dwt`
-    /// (transposed like `wt`).
+    /// (transposed like `wt`). The per-sample reference of
+    /// [`row_grad_with`](Self::row_grad_with) after [`super::DeepShares::backward`].
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn row_grad_field<T: Scalar>(

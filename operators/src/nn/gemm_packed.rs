@@ -385,7 +385,7 @@ pub(super) fn pack_transposed_f32(b: &[f32], k: usize, first: usize, width: usiz
     pack_transposed_portable(b, k, first, width, pw, panel)
 }
 
-/// The `f32` kernels [`packed_panel_f32`] chooses between (by CPU features).
+/// The `f32` panel kernels, chosen between by CPU features ([`PanelKernel::best`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PanelKernel {
     /// [`packed_panel_portable`].
