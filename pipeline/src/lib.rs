@@ -2,7 +2,7 @@
 //!
 //! Configuration, dataflow assembly and the command-line interface of
 //! tiderec. The binary `tiderec` is a thin layer over [`run::train`],
-//! [`convert::convert`] and [`bench`]; tests and other programs call them directly.
+//! [`convert::convert`] and [`mod@bench`]; tests and other programs call them directly.
 
 pub mod bench;
 pub mod checkpointing;

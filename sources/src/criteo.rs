@@ -18,7 +18,7 @@
 //!   record; empty lines (after stripping a `\r`) are skipped silently and are
 //!   neither.
 //! * **Bad records are counted and reported.** Each rejected line is counted in
-//!   [`BadRecordCounts`] by [`BadReason`] and, under
+//!   [`BadRecordCounts`](tiderec_operators::bad_record::BadRecordCounts) by [`BadReason`] and, under
 //!   [`BadRecordPolicy::Skip`], written to the [`DeadLetterSink`] (if any) with
 //!   its file path, 1-based line number *within the file*, byte offset and raw
 //!   bytes; under [`BadRecordPolicy::Fail`] the reader returns

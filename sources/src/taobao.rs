@@ -9,7 +9,7 @@
 //! `pv`, `buy`, `cart` or `fav` a [`BadReason::BadLabel`]; each is counted
 //! and goes to the dead-letter sink (or stops the read under `fail`).
 //!
-//! [`behavior_samples`] feeds the events, in chunks, through the
+//! [`derive_samples`] feeds the events, in chunks, through the
 //! differential [`BehaviorSamples`] operator and lays the resulting samples
 //! out as one [`Batch`] ordered by `(time, seq, label)`: sparse fields
 //! `[user, target item, target category]` and sequences `[history items,

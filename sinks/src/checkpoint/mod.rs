@@ -11,14 +11,14 @@
 //! Guarantees:
 //! * Durable before visible: every file is fsynced, the directory is written
 //!   under a temporary name, fsynced, renamed, and the parent fsynced
-//!   ([`write`]); old checkpoints are pruned only after that.
+//!   ([`mod@write`]); old checkpoints are pruned only after that.
 //! * Verified before use: [`find_latest`] returns the newest checkpoint whose
 //!   manifest parses and whose files match their sizes and checksums, and
 //!   reports every newer one it skipped and why.
 //! * Any worker count: the parts hold global row ids, so a checkpoint of `W`
 //!   workers restores into any other number (`Trainer::restore` re-shards).
 //!
-//! Errors are [`SinkError`]s naming the path; nothing here panics on bad files.
+//! Errors are [`SinkError`](crate::SinkError)s naming the path; nothing here panics on bad files.
 
 pub mod export;
 pub mod layout;
