@@ -623,7 +623,7 @@ struct TrainArgs {
     /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
     #[arg(long)]
     resume: bool,
-    /// How embeddings travel between workers: rows (default), partial (DES partial results; lr, fm),
+    /// How embeddings travel between workers: rows (default), partial (DES partial results; lr, fm, deepfm, wdl),
     /// replicated (each table's hottest --replicate fraction on every worker) or auto (the cost
     /// model's per-table choice from the first --plan-steps batches; printed at start).
     #[arg(long)]
