@@ -254,8 +254,9 @@ pub struct TrainSettings {
     /// Seed of data generation, initialisation and hashing.
     pub seed: u64,
     /// How embeddings travel between workers: `rows`, `partial` (DES partial results; lr, fm,
-    /// deepfm and wdl), `replicated` (each table's hottest `replicate` fraction held by every worker) or
-    /// `auto` (the cost model's per-table choice, measured on the first `plan_steps` batches).
+    /// deepfm and wdl), `replicated` (each table's hottest `replicate` fraction held by every
+    /// worker) or `auto` (the cost model's per-table choice, measured on the first `plan_steps`
+    /// batches).
     pub exchange: String,
     /// Fraction of each table's rows to replicate (`replicated`, `auto`).
     pub replicate: f64,

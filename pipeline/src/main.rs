@@ -623,9 +623,9 @@ struct TrainArgs {
     /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
     #[arg(long)]
     resume: bool,
-    /// How embeddings travel between workers: rows (default), partial (DES partial results; lr, fm, deepfm, wdl),
-    /// replicated (each table's hottest --replicate fraction on every worker) or auto (the cost
-    /// model's per-table choice from the first --plan-steps batches; printed at start).
+    /// How embeddings travel between workers: rows (default), partial (DES partial results; lr,
+    /// fm, deepfm, wdl), replicated (each table's hottest --replicate fraction on every worker) or
+    /// auto (the cost model's per-table choice from the first --plan-steps batches; printed at start).
     #[arg(long)]
     exchange: Option<String>,
     /// Fraction of each table's rows to replicate (--exchange replicated / auto; default 0.01).
