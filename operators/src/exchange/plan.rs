@@ -16,6 +16,11 @@
 //!   partial result and its gradient (`2·4·width` bytes; with a deep part the
 //!   width includes the first layer's units, so a wide first layer rarely pays).
 //!
+//! For reference the planner also estimates `rows` without the per-batch
+//! de-duplication (every occurrence of a remote id sends its id, row and
+//! gradient), the baseline against which replicating hot rows is usually
+//! measured: de-duplication already removes the repeated traffic of hot ids.
+//!
 //! The choice: per table the cheaper of `rows` and `replicated`; then the
 //! one-hot tables (no sampled bag holds two ids) where `partial` is cheaper still go partial if their total saving
 //! exceeds the fixed per-sample cost of the partial results.
@@ -49,6 +54,8 @@ pub struct PlanInput<'a> {
 pub struct TableCost {
     /// With `rows`.
     pub rows: f64,
+    /// With `rows` if ids were not de-duplicated per micro-batch (reference only; the trainer always de-duplicates).
+    pub rows_without_dedup: f64,
     /// With the hottest rows replicated (the rest `rows`).
     pub replicated: f64,
     /// With `partial`, excluding the shared per-sample cost of the partial results.
@@ -77,6 +84,8 @@ pub struct ExchangePlan {
     pub estimated: f64,
     /// Estimated bytes per sample with `rows` everywhere.
     pub estimated_rows: f64,
+    /// Estimated bytes per sample with `rows` everywhere and no per-batch de-duplication (reference only).
+    pub estimated_rows_without_dedup: f64,
 }
 
 impl ExchangePlan {
@@ -100,8 +109,9 @@ impl ExchangePlan {
             ));
         }
         s.push_str(&format!(
-            "estimated bytes/sample: {:.1} (rows everywhere: {:.1}; partial results' shared cost {:.1})",
-            self.estimated, self.estimated_rows, self.partial_fixed
+            "estimated bytes/sample: {:.1} (rows everywhere: {:.1}, without de-duplicating ids per batch {:.1}; \
+             partial results' shared cost {:.1})",
+            self.estimated, self.estimated_rows, self.estimated_rows_without_dedup, self.partial_fixed
         ));
         s
     }
@@ -157,6 +167,7 @@ pub fn plan_exchange(input: &PlanInput<'_>) -> ExchangePlan {
                 let remote = shard_of(t, id, w) != *home;
                 if remote {
                     partial += index_bytes + if field.weights.is_some() { 4.0 } else { 0.0 };
+                    costs[t].rows_without_dedup += id_bytes + 8.0 * e;
                 }
                 if !seen.insert(id) {
                     continue;
@@ -181,6 +192,7 @@ pub fn plan_exchange(input: &PlanInput<'_>) -> ExchangePlan {
     }
     for (t, c) in costs.iter_mut().enumerate() {
         c.rows *= per;
+        c.rows_without_dedup *= per;
         c.replicated *= per;
         c.distinct_per_sample *= per;
         c.partial = if input.partial.is_some() && !multi_hot[t] { c.partial.map(|p| p * per) } else { None };
@@ -192,6 +204,7 @@ pub fn plan_exchange(input: &PlanInput<'_>) -> ExchangePlan {
         replicated: vec![Vec::new(); tables],
         partial_fixed,
         estimated_rows: costs.iter().map(|c| c.rows).sum(),
+        estimated_rows_without_dedup: costs.iter().map(|c| c.rows_without_dedup).sum(),
         ..Default::default()
     };
     let mut best = Vec::with_capacity(tables);

@@ -49,6 +49,10 @@ fn the_planner_counts_bytes_like_the_trainer_and_prefers_the_cheaper_strategy() 
     // Table 0: id 3 lives on worker (3 + 0) % 2 = 1, remote for the batch of worker 0 only.
     let rows0 = (4.0 + 8.0 * 17.0) / 128.0;
     assert!((plan.costs[0].rows - rows0).abs() < 1e-9, "{:?}", plan.costs[0]);
+    // Without de-duplication all 64 occurrences in worker 0's batch would travel.
+    assert!((plan.costs[0].rows_without_dedup - 64.0 * (4.0 + 8.0 * 17.0) / 128.0).abs() < 1e-9);
+    // Distinct ids: the same either way.
+    assert!((plan.costs[1].rows_without_dedup - plan.costs[1].rows).abs() < 1e-9);
     // Table 1: half of each batch's 64 distinct ids are remote.
     let rows1 = 2.0 * 32.0 * (4.0 + 8.0 * 17.0) / 128.0;
     assert!((plan.costs[1].rows - rows1).abs() < 1e-9, "{:?}", plan.costs[1]);

@@ -157,6 +157,18 @@ impl ExchangeBenchResult {
                 r.l2_rel_diff
             ));
         }
+        let naive = self.plan.estimated_rows_without_dedup;
+        if naive > 0.0 {
+            s.push_str(&format!(
+                "reference: rows without de-duplicating ids per batch (planner's estimate) {naive:.1} embedding B/s; \
+                 against it {}\n",
+                self.strategies
+                    .iter()
+                    .map(|r| format!("{} {:+.1}%", r.strategy, 100.0 * (r.embedding_bytes_per_sample / naive - 1.0)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         for k in &self.skipped {
             s.push_str(&format!("skipped {k}\n"));
         }
