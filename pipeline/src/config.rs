@@ -258,6 +258,9 @@ pub struct TrainSettings {
     /// worker) or `auto` (the cost model's per-table choice, measured on the first `plan_steps`
     /// batches).
     pub exchange: String,
+    /// Per-table overrides of the exchange, `"T=STRATEGY"` (`rows`, `partial` or
+    /// `replicated`), applied after `exchange` (and after `auto`'s plan).
+    pub exchange_tables: Vec<String>,
     /// Fraction of each table's rows to replicate (`replicated`, `auto`).
     pub replicate: f64,
     /// Global batches the exchange planner counts ids on (`replicated`, `auto`).
@@ -358,6 +361,7 @@ impl Default for TrainSettings {
             eval_batch_size: 4096,
             seed: 42,
             exchange: "rows".into(),
+            exchange_tables: Vec::new(),
             replicate: 0.01,
             plan_steps: 4,
             lr: 0.001,
@@ -439,6 +443,44 @@ pub struct Resolved {
     pub store: StoreConfig,
     /// The exchange strategy to set up.
     pub exchange: ExchangeChoice,
+    /// Per-table overrides of it, in table order.
+    pub exchange_overrides: Vec<(usize, TableOverride)>,
+}
+
+/// One table's exchange, forced by `exchange_tables`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableOverride {
+    /// Rows, nothing replicated.
+    Rows,
+    /// DES partial results.
+    Partial,
+    /// The table's hottest `replicate` fraction on every worker.
+    Replicated,
+}
+
+/// Parses `exchange_tables` entries `"T=STRATEGY"` for `tables` sparse fields; errors name the key and the entry.
+fn parse_exchange_tables(entries: &[String], tables: usize) -> Result<Vec<(usize, TableOverride)>, PipelineError> {
+    let mut out: Vec<(usize, TableOverride)> = Vec::new();
+    for entry in entries {
+        let bad = |why: String| PipelineError::config("exchange_tables", format!("`{entry}`: {why}"));
+        let (t, strategy) = entry.split_once('=').ok_or_else(|| bad("expected TABLE=STRATEGY, e.g. 3=rows".into()))?;
+        let t: usize = t.trim().parse().map_err(|_| bad(format!("`{}` is not a table index", t.trim())))?;
+        if t >= tables {
+            return Err(bad(format!("table {t} does not exist ({tables} sparse fields)")));
+        }
+        let strategy = match strategy.trim() {
+            "rows" => TableOverride::Rows,
+            "partial" => TableOverride::Partial,
+            "replicated" => TableOverride::Replicated,
+            other => return Err(bad(format!("`{other}` is not rows, partial or replicated"))),
+        };
+        if out.iter().any(|&(u, _)| u == t) {
+            return Err(bad(format!("table {t} is set twice")));
+        }
+        out.push((t, strategy));
+    }
+    out.sort_by_key(|&(t, _)| t);
+    Ok(out)
 }
 
 /// The `exchange` setting.
@@ -680,6 +722,19 @@ impl TrainSettings {
         let sequences = data.sequences(spec.as_ref());
         let model = self.model_config_with(shape, sequences.as_ref())?;
         model.validate()?;
+        let exchange_overrides = parse_exchange_tables(&self.exchange_tables, model.num_sparse())?;
+        if exchange_overrides.iter().any(|&(_, o)| o == TableOverride::Replicated) && store.kind != StoreKind::Fixed {
+            return Err(PipelineError::config("exchange_tables", "`replicated` needs the fixed store (--store fixed)"));
+        }
+        if exchange_overrides.iter().any(|&(_, o)| o == TableOverride::Partial) && model.partial().is_none() {
+            return Err(PipelineError::config(
+                "exchange_tables",
+                format!(
+                    "`partial` needs lr, fm, deepfm or wdl without crosses; `{}` has no partial form",
+                    model.name()
+                ),
+            ));
+        }
         if exchange == ExchangeChoice::Partial && model.partial().is_none() {
             return Err(PipelineError::config(
                 "exchange",
@@ -709,6 +764,7 @@ impl TrainSettings {
             crosses,
             store,
             exchange,
+            exchange_overrides,
         })
     }
 

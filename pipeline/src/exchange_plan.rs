@@ -5,8 +5,12 @@
 //! way by every process (one reader over the start of the training split),
 //! so every worker builds the same plan; each batch is cut into the workers'
 //! micro-batches as training will cut it. The plan is printed at start.
+//!
+//! `exchange_tables` then forces single tables (`rows`, `partial`,
+//! `replicated`); a forced `replicated` needs the planner's hot ids, so it
+//! plans even under `rows` or `partial`.
 
-use crate::config::{ExchangeChoice, Resolved};
+use crate::config::{ExchangeChoice, Resolved, TableOverride};
 use crate::data::{micro_batch, CriteoOptions, IndexedSamples, WorkerData};
 use crate::{PipelineError, TrainSettings};
 use tiderec_operators::exchange::{plan_exchange, ExchangeConfig, ExchangePlan, PlanInput, TableExchange};
@@ -51,6 +55,22 @@ pub fn resolve_exchange(
         plan.replicated = plan.hot_candidates.clone();
         plan.estimated = plan.costs.iter().map(|c| c.replicated).sum();
     }
+    if resolved.exchange == ExchangeChoice::Rows || resolved.exchange == ExchangeChoice::Partial {
+        // Planned only for a forced `replicated` table: the base choice as given.
+        let base = exchange_choice(resolved);
+        plan.tables = base.tables.clone();
+        plan.replicated = vec![Vec::new(); resolved.table_sizes.len()];
+        if plan.tables.is_empty() {
+            plan.tables = vec![TableExchange::Rows; fields];
+        }
+    }
+    for &(t, o) in &resolved.exchange_overrides {
+        plan.tables[t] = if o == TableOverride::Partial { TableExchange::Partial } else { TableExchange::Rows };
+        plan.replicated[t] = if o == TableOverride::Replicated { plan.hot_candidates[t].clone() } else { Vec::new() };
+    }
+    if !resolved.exchange_overrides.is_empty() {
+        plan.estimated = plan.estimate_choice();
+    }
     let config = ExchangeConfig { tables: plan.tables.clone(), replicated: plan.replicated.clone() };
     // Replication needs the fixed store; `auto` falls back to rows for those tables otherwise.
     let config = if resolved.store.kind != tiderec_operators::store::StoreKind::Fixed {
@@ -61,15 +81,31 @@ pub fn resolve_exchange(
     Ok((config, Some(plan)))
 }
 
-/// The exchange of `rows` and `partial`, which need no data; `None` for the planned ones.
+/// The exchange of `rows` and `partial` with their per-table overrides, which
+/// need no data; `None` for the planned ones (and for a forced `replicated` table).
 pub fn exchange_without_data(resolved: &Resolved) -> Option<ExchangeConfig> {
-    let fields = resolved.model.num_sparse();
+    let planned = matches!(resolved.exchange, ExchangeChoice::Replicated | ExchangeChoice::Auto)
+        || resolved.exchange_overrides.iter().any(|&(_, o)| o == TableOverride::Replicated);
+    if planned {
+        return None;
+    }
+    let mut config = exchange_choice(resolved);
+    if !resolved.exchange_overrides.is_empty() && config.tables.is_empty() {
+        config.tables = vec![TableExchange::Rows; resolved.model.num_sparse()];
+    }
+    for &(t, o) in &resolved.exchange_overrides {
+        config.tables[t] = if o == TableOverride::Partial { TableExchange::Partial } else { TableExchange::Rows };
+    }
+    Some(config)
+}
+
+/// `rows` or `partial` for every field, before overrides.
+fn exchange_choice(resolved: &Resolved) -> ExchangeConfig {
     match resolved.exchange {
-        ExchangeChoice::Rows => Some(ExchangeConfig::default()),
         ExchangeChoice::Partial => {
-            Some(ExchangeConfig { tables: vec![TableExchange::Partial; fields], replicated: vec![] })
+            ExchangeConfig { tables: vec![TableExchange::Partial; resolved.model.num_sparse()], replicated: vec![] }
         }
-        ExchangeChoice::Replicated | ExchangeChoice::Auto => None,
+        _ => ExchangeConfig::default(),
     }
 }
 

@@ -628,6 +628,9 @@ struct TrainArgs {
     /// auto (the cost model's per-table choice from the first --plan-steps batches; printed at start).
     #[arg(long)]
     exchange: Option<String>,
+    /// Per-table overrides applied after --exchange (and after auto's plan), e.g. 3=rows,7=replicated.
+    #[arg(long, value_delimiter = ',', value_name = "T=STRATEGY")]
+    exchange_table: Option<Vec<String>>,
     /// Fraction of each table's rows to replicate (--exchange replicated / auto; default 0.01).
     #[arg(long, value_name = "F")]
     replicate: Option<f64>,
@@ -716,6 +719,9 @@ impl TrainArgs {
             flush_every,
             freq_source
         );
+        if let Some(tables) = args.exchange_table {
+            s.exchange_tables = tables;
+        }
         if args.freq_window.is_some() {
             s.freq_window = args.freq_window;
         }

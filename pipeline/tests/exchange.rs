@@ -94,6 +94,40 @@ fn deepfm_partial_results_train_the_rows_model_on_real_criteo_rows() {
     assert_ne!(rows["bytes_per_sample"], partial["bytes_per_sample"]);
 }
 
+/// `--exchange-table` forces single tables after the plan: the printed plan
+/// shows them, and the model is still the rows model.
+#[test]
+fn per_table_overrides_change_the_plan_not_the_model() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let m = dir.path().join(format!("override-{}.json", extra.len()));
+        let out = run_ok(tiderec().args(args(&data)).args(["--workers", "2", "--metrics-json"]).arg(&m).args(extra));
+        (metrics(&m), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (rows, _) = run(&[]);
+    let (forced, stderr) = run(&["--exchange", "auto", "--exchange-table", "0=rows,1=replicated,2=partial"]);
+    let choice = |t: usize| {
+        stderr
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&t.to_string()))
+            .map(|l| l.split("  ").filter(|x| !x.trim().is_empty()).last().unwrap_or("").trim().to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(choice(0), "rows", "{stderr}");
+    assert!(choice(1).starts_with("rows + ") && choice(1).ends_with(" replicated"), "{stderr}");
+    assert_eq!(choice(2), "partial", "{stderr}");
+    for key in ["params_l2", "train_loss"] {
+        let (a, b) = (rows[key].as_f64().unwrap(), forced[key].as_f64().unwrap());
+        assert!(rel_diff(a, b) <= 1e-5, "{key}: rows {a} vs overridden {b}");
+    }
+    // Under `rows`, a partial table needs no plan: nothing is printed, and only that table's bytes change.
+    let (one, stderr) = run(&["--exchange-table", "3=partial"]);
+    assert!(!stderr.contains("exchange plan"), "{stderr}");
+    assert!(rel_diff(rows["params_l2"].as_f64().unwrap(), one["params_l2"].as_f64().unwrap()) <= 1e-5);
+    assert_ne!(rows["bytes_per_sample"], one["bytes_per_sample"]);
+}
+
 #[test]
 fn two_processes_with_the_planned_exchange_equal_two_threads() {
     let Some(data) = shared_data("criteo/sample.train") else { return };
@@ -140,6 +174,12 @@ fn bad_exchange_settings_fail_naming_the_key() {
         (vec!["--exchange", "replicated", "--replicate", "1.5"], "replicate"),
         (vec!["--exchange", "auto", "--plan-steps", "0"], "plan_steps"),
         (vec!["--exchange", "replicated", "--store", "dynamic"], "exchange"),
+        (vec!["--exchange-table", "26=rows"], "exchange_tables"),
+        (vec!["--exchange-table", "0=sideways"], "exchange_tables"),
+        (vec!["--exchange-table", "0:rows"], "exchange_tables"),
+        (vec!["--exchange-table", "1=rows,1=partial"], "exchange_tables"),
+        (vec!["--exchange-table", "0=partial", "--model", "dlrm"], "exchange_tables"),
+        (vec!["--exchange-table", "0=replicated", "--store", "tiered"], "exchange_tables"),
     ] {
         let err = run_err(tiderec().args(["train", "--samples", "1000"]).args(&extra));
         assert!(err.contains(key), "{extra:?}: expected `{key}` in {err}");
@@ -151,6 +191,12 @@ fn bad_exchange_settings_fail_naming_the_key() {
             .args(["--exchange", "auto"]),
     );
     assert!(err.contains("exchange") && err.contains("rows or partial"), "{err}");
+    let err = run_err(
+        tiderec()
+            .args(["online", "--brokers", "127.0.0.1:1", "--topic", "t", "--group", "g"])
+            .args(["--exchange-table", "0=replicated"]),
+    );
+    assert!(err.contains("exchange_tables") && err.contains("rows or partial"), "{err}");
 }
 
 /// `bench exchange --processes 2` splits the same two workers over two processes:

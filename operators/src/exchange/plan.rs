@@ -89,6 +89,24 @@ pub struct ExchangePlan {
 }
 
 impl ExchangePlan {
+    /// The estimated bytes per sample of the current choice (`tables`,
+    /// `replicated`): recomputed after a choice is changed by hand.
+    pub fn estimate_choice(&self) -> f64 {
+        let mut total = 0.0;
+        let mut any_partial = false;
+        for (t, c) in self.costs.iter().enumerate() {
+            total += match self.tables.get(t).copied().unwrap_or_default() {
+                TableExchange::Partial => {
+                    any_partial = true;
+                    c.partial.unwrap_or(c.rows)
+                }
+                TableExchange::Rows if !self.replicated[t].is_empty() => c.replicated,
+                TableExchange::Rows => c.rows,
+            };
+        }
+        total + if any_partial { self.partial_fixed } else { 0.0 }
+    }
+
     /// A table of the estimates, one line per table, for printing at start.
     pub fn describe(&self) -> String {
         let mut s = String::from("table  rows B/s  replicated B/s (hit)  partial B/s  choice\n");

@@ -64,7 +64,11 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     let exchange = crate::exchange_plan::exchange_without_data(&resolved).ok_or_else(|| {
         PipelineError::config(
             "exchange",
-            format!("`{}` plans from the first batches of a file; online training takes rows or partial", s.exchange),
+            format!(
+                "`{}` (or a replicated table in exchange_tables) plans from the first batches of a file; \
+                 online training takes rows or partial",
+                s.exchange
+            ),
         )
     })?;
     let endpoint = KafkaEndpoint {
