@@ -1,0 +1,452 @@
+//! The home side of a worker: its model replica, the lookup plan of its
+//! micro-batch, the forward and backward pass and the gradients it sends.
+
+use super::owner::Owner;
+use super::{dense_slice, Command, GradientMessage, LookupReply, LookupRequest, StepKind, StepStats};
+use crate::batch::Batch;
+use crate::exchange::{ExchangeConfig, PartialLookup, PartialSlot, Replicas, TableExchange, WireIds};
+use crate::metrics::EvalSet;
+use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
+use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
+use crate::nn::{DeepShares, DeepWeights, FmPartial, Model, SequenceInput};
+use crate::shard::shard_of;
+use crate::store::EmbeddingStore;
+use rustc_hash::FxHashMap;
+
+/// Lookup plan of one slot (a sparse or a sequence field) of the current micro-batch.
+#[derive(Default)]
+pub(super) struct TablePlan {
+    /// Distinct ids, first-seen order.
+    pub(super) unique: Vec<u64>,
+    /// For each occurrence in the batch, its index in `unique`.
+    pub(super) index: Vec<u32>,
+    /// For each unique id, (owner, row position in that owner's reply) for a
+    /// `rows` field, (owner, position among the field's ids in that owner's
+    /// request) for a `partial` field, or ([`HOT`], replica) for a replicated row.
+    pub(super) place: Vec<(u32, u32)>,
+}
+
+/// The owner marker of a replicated row in [`TablePlan::place`].
+pub(super) const HOT: u32 = u32::MAX;
+
+/// The home side of a worker: its model replica and the current micro-batch.
+pub(super) struct Home {
+    pub(super) me: usize,
+    pub(super) workers: usize,
+    pub(super) dim: usize,
+    /// The table of each lookup slot: sparse field `f` reads table `f`; sequence field `s` reads `sequence_tables[s]`.
+    pub(super) slot_tables: Vec<usize>,
+    pub(super) model: Box<dyn Model<f32>>,
+    pub(super) command: Option<Command>,
+    pub(super) plans: Vec<TablePlan>,
+    pub(super) replies: Vec<Vec<f32>>,
+    pub(super) unique_rows: Vec<f32>,
+    pub(super) dunique: Vec<f32>,
+    pub(super) pooled: Vec<f32>,
+    pub(super) dpooled: Vec<f32>,
+    pub(super) seq_rows: Vec<f32>,
+    pub(super) dseq: Vec<f32>,
+    pub(super) seq_lengths: Vec<usize>,
+    pub(super) dlogits: Vec<f32>,
+    pub(super) seen: FxHashMap<u64, u32>,
+    pub(super) exchange: ExchangeConfig,
+    /// The model's partial form when any field travels as partial results.
+    pub(super) partial: Option<FmPartial>,
+    /// Each owner's partial sums of the current step.
+    pub(super) partial_replies: Vec<Vec<f32>>,
+    /// Owners that received partial entries for the current step.
+    pub(super) partial_owners: Vec<bool>,
+    pub(super) psum: Vec<f32>,
+    pub(super) dpsum: Vec<f32>,
+    /// The home's share of the first layer's factor-block gradient (its `rows` fields; deep partial only).
+    pub(super) dwt: Vec<f32>,
+    /// The first-layer input of the `rows` fields' pooled vectors (deep partial only).
+    pub(super) shares: DeepShares<f32>,
+    /// Ids travel in four bytes (every table has at most 2³² rows).
+    pub(super) narrow_ids: bool,
+}
+
+impl Home {
+    /// De-duplicates the command's ids per table and builds one request per
+    /// owner; replicated rows are not requested (every worker holds them).
+    #[inline(never)]
+    pub(super) fn plan(&mut self, command: Command, replicas: &Replicas) -> Vec<LookupRequest> {
+        let w = self.workers;
+        let num_tables = self.plans.len();
+        let batch_len = command.batch.len();
+        let mut requests: Vec<LookupRequest> = (0..w)
+            .map(|o| LookupRequest {
+                from: self.me as u32,
+                to: o as u32,
+                table_lens: vec![0; num_tables],
+                ids: WireIds::default(),
+                partial: self.partial.map(|_| PartialLookup { batch_len: batch_len as u32, slots: Vec::new() }),
+            })
+            .collect();
+        self.partial_owners.iter_mut().for_each(|p| *p = false);
+        let mut ids: Vec<Vec<u64>> = vec![Vec::new(); w];
+        if command.kind != StepKind::Report {
+            let num_sparse = command.batch.sparse.len();
+            let mut rows_at = vec![0u32; w];
+            let mut segment = vec![0u32; w];
+            for (k, field) in command.batch.sparse.iter().chain(&command.batch.sequences).enumerate() {
+                let t = self.slot_tables[k];
+                let partial = k < num_sparse && self.exchange.table(k) == TableExchange::Partial;
+                let plan = &mut self.plans[k];
+                plan.unique.clear();
+                plan.index.clear();
+                plan.place.clear();
+                self.seen.clear();
+                for &id in &field.ids {
+                    let next = plan.unique.len() as u32;
+                    let u = *self.seen.entry(id).or_insert_with(|| {
+                        plan.unique.push(id);
+                        next
+                    });
+                    plan.index.push(u);
+                }
+                for (s, owned) in segment.iter_mut().zip(&ids) {
+                    *s = owned.len() as u32;
+                }
+                for &id in &plan.unique {
+                    if !partial {
+                        if let Some(h) = replicas.find(t, id) {
+                            plan.place.push((HOT, h));
+                            continue;
+                        }
+                    }
+                    let o = shard_of(t, id, w);
+                    if partial {
+                        plan.place.push((o as u32, ids[o].len() as u32 - segment[o]));
+                    } else {
+                        plan.place.push((o as u32, rows_at[o]));
+                        rows_at[o] += 1;
+                    }
+                    ids[o].push(id);
+                    requests[o].table_lens[k] += 1;
+                }
+                if partial {
+                    let mut slots: Vec<PartialSlot> = requests
+                        .iter()
+                        .map(|r| PartialSlot::new(batch_len, r.table_lens[k] as usize, field.weights.is_some()))
+                        .collect();
+                    for i in 0..batch_len {
+                        let start = field.offsets[i] as usize;
+                        if start == field.offsets[i + 1] as usize {
+                            continue;
+                        }
+                        let (o, pos) = plan.place[plan.index[start] as usize];
+                        let weight = field.weights.as_ref().map_or(1.0, |ws| ws[start]);
+                        slots[o as usize].push(i, pos, weight);
+                        self.partial_owners[o as usize] = true;
+                    }
+                    for (r, slot) in requests.iter_mut().zip(slots) {
+                        r.partial.as_mut().expect("partial exchange").slots.push(slot);
+                    }
+                }
+            }
+        }
+        for (r, owned) in requests.iter_mut().zip(&ids) {
+            r.ids = WireIds::encode(owned, self.narrow_ids);
+        }
+        self.command = Some(command);
+        requests
+    }
+
+    /// Lays the rows of the batch's sequence fields out as `[B × T × S·d]` in
+    /// `seq_rows` (padded to the longest sequence `T` of this batch, which it
+    /// returns) and their lengths in `seq_lengths`.
+    pub(super) fn gather_sequences(&mut self, batch: &Batch, replicas: &Replicas) -> usize {
+        let (b, d, f) = (batch.len(), self.dim, batch.sparse.len());
+        let s = batch.sequences.len();
+        self.seq_lengths.clear();
+        let Some(first) = batch.sequences.first() else {
+            self.seq_rows.clear();
+            return 0;
+        };
+        self.seq_lengths.extend((0..b).map(|i| first.bag(i).len()));
+        let steps = self.seq_lengths.iter().copied().max().unwrap_or(0);
+        let width = s * d;
+        self.seq_rows.clear();
+        self.seq_rows.resize(b * steps * width, 0.0);
+        for (j, field) in batch.sequences.iter().enumerate() {
+            let plan = &self.plans[f + j];
+            for i in 0..b {
+                let start = field.offsets[i] as usize;
+                for t in 0..self.seq_lengths[i] {
+                    let place = plan.place[plan.index[start + t] as usize];
+                    let dst = (i * steps + t) * width + j * d;
+                    self.seq_rows[dst..dst + d].copy_from_slice(placed_row(&self.replies, replicas, place, d));
+                }
+            }
+        }
+        steps
+    }
+
+    /// Sums `dseq` per distinct id of each sequence slot into the gradient messages.
+    pub(super) fn scatter_sequence_grads(&mut self, batch: &Batch, steps: usize, messages: &mut [GradientMessage]) {
+        let (b, d, f) = (batch.len(), self.dim, batch.sparse.len());
+        let width = batch.sequences.len() * d;
+        for (j, field) in batch.sequences.iter().enumerate() {
+            let plan = &self.plans[f + j];
+            self.dunique.clear();
+            self.dunique.resize(plan.unique.len() * d, 0.0);
+            for i in 0..b {
+                let start = field.offsets[i] as usize;
+                for t in 0..self.seq_lengths[i] {
+                    let u = plan.index[start + t] as usize;
+                    let src = (i * steps + t) * width + j * d;
+                    for (a, &g) in self.dunique[u * d..(u + 1) * d].iter_mut().zip(&self.dseq[src..src + d]) {
+                        *a += g;
+                    }
+                }
+            }
+            for (u, &place) in plan.place.iter().enumerate() {
+                send_row_grad(messages, place, &self.dunique[u * d..(u + 1) * d]);
+            }
+        }
+    }
+
+    /// Runs the step's model work once every reply is in; returns one message per worker.
+    #[inline(never)]
+    pub(super) fn compute(
+        &mut self,
+        replies: Vec<LookupReply>,
+        owner: &Owner,
+        bytes_sent: u64,
+    ) -> Vec<GradientMessage> {
+        let command = self.command.take().expect("a command precedes its replies");
+        let (w, me, d) = (self.workers, self.me as u32, self.dim);
+        let (store, replicas) = (&owner.store, &owner.replicas);
+        let n_params = self.model.params().len();
+        let mut messages: Vec<GradientMessage> = (0..w)
+            .map(|o| GradientMessage {
+                from: me,
+                to: o as u32,
+                kind: command.kind,
+                stats: StepStats::default(),
+                sparse: Vec::new(),
+                dense: Vec::new(),
+                eval: EvalSet::default(),
+                partial: Vec::new(),
+                hot: Vec::new(),
+                hot_grads: Vec::new(),
+            })
+            .collect();
+        let batch = &command.batch;
+        let b = batch.len();
+        let mut stats = StepStats {
+            samples: b as u64,
+            bytes_sent,
+            failed_workers: command.failed as u64,
+            bad_records: command.bad_records,
+            ..Default::default()
+        };
+        match command.kind {
+            StepKind::Report => {
+                stats.samples = 0;
+                stats.sum_squares = store.sum_of_squares();
+                if self.me == 0 {
+                    stats.sum_squares += self.model.params().iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+                }
+            }
+            StepKind::Train | StepKind::Eval => {
+                for (o, r) in replies.into_iter().enumerate() {
+                    self.replies[o] = r.rows;
+                    self.partial_replies[o] = r.partial;
+                }
+                let f = batch.sparse.len();
+                self.pooled.clear();
+                self.pooled.resize(b * f * d, 0.0);
+                for (t, plan) in self.plans[..f].iter().enumerate() {
+                    if self.exchange.table(t) == TableExchange::Partial {
+                        continue;
+                    }
+                    self.unique_rows.clear();
+                    for &place in &plan.place {
+                        self.unique_rows.extend_from_slice(placed_row(&self.replies, replicas, place, d));
+                    }
+                    let (field, weights) = (&batch.sparse[t], batch.sparse[t].weights.as_deref());
+                    pool_sum(&self.unique_rows, d, &field.offsets, &plan.index, weights, t, f, &mut self.pooled);
+                }
+                let steps = self.gather_sequences(batch, replicas);
+                let logits = match self.partial {
+                    Some(part) => {
+                        self.sum_partials(part, b, f, &owner.weights);
+                        let pm = self.model.partial_model().expect("validated: the model has a partial form");
+                        pm.forward_partial(&batch.dense, &self.psum, b).to_vec()
+                    }
+                    None => {
+                        let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
+                        self.model.forward_sequences(&batch.dense, &self.pooled, &seq, b).to_vec()
+                    }
+                };
+                stats.loss_sum = bce_with_logits_sum(&logits, &batch.labels);
+                if command.kind == StepKind::Eval || command.score {
+                    messages[0].eval =
+                        EvalSet { probs: logits.iter().map(|&x| sigmoid(x)).collect(), labels: batch.labels.clone() };
+                }
+                if command.kind == StepKind::Train {
+                    self.dlogits.resize(b, 0.0);
+                    bce_with_logits_grad(&logits, &batch.labels, 1.0, &mut self.dlogits);
+                    self.dpooled.resize(b * f * d, 0.0);
+                    self.dseq.resize(self.seq_rows.len(), 0.0);
+                    match self.partial {
+                        Some(part) => self.backward_partials(part, b, f, &batch.dense, &owner.weights, &mut messages),
+                        None => {
+                            let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
+                            self.model.backward_sequences(
+                                &batch.dense,
+                                &self.pooled,
+                                &seq,
+                                &self.dlogits,
+                                &mut self.dpooled,
+                                &mut self.dseq,
+                            );
+                        }
+                    }
+                    for m in messages.iter_mut() {
+                        let len = self.replies[m.to as usize].len();
+                        m.sparse.resize(len, 0.0);
+                    }
+                    for (t, plan) in self.plans[..f].iter().enumerate() {
+                        if self.exchange.table(t) == TableExchange::Partial {
+                            continue;
+                        }
+                        self.dunique.clear();
+                        self.dunique.resize(plan.unique.len() * d, 0.0);
+                        pool_sum_backward(
+                            &self.dpooled,
+                            d,
+                            &batch.sparse[t].offsets,
+                            &plan.index,
+                            batch.sparse[t].weights.as_deref(),
+                            t,
+                            f,
+                            &mut self.dunique,
+                        );
+                        for (u, &place) in plan.place.iter().enumerate() {
+                            send_row_grad(&mut messages, place, &self.dunique[u * d..(u + 1) * d]);
+                        }
+                    }
+                    self.scatter_sequence_grads(batch, steps, &mut messages);
+                    // The receiver's slice of the dense gradient; the sender's own slice stays in
+                    // `model.grads`, where its owner (this worker) reads it without a copy. (A deep
+                    // model's partial exchange sends it after the owners' partial backward.)
+                    let dense_later = self.partial.is_some_and(|p| p.deep.is_some());
+                    for m in messages.iter_mut().filter(|m| m.to != me && !dense_later) {
+                        m.dense = self.model.grads()[dense_slice(n_params, m.to as usize, w)].to_vec();
+                    }
+                }
+            }
+        }
+        for m in messages.iter_mut() {
+            m.stats = stats;
+        }
+        messages
+    }
+
+    /// `psum = Σ_owners (their partial sums) + the partial sums of the `rows` fields' pooled vectors`.
+    pub(super) fn sum_partials(&mut self, part: FmPartial, b: usize, f: usize, weights: &DeepWeights<f32>) {
+        let (pw, d) = (part.width(), self.dim);
+        self.psum.clear();
+        self.psum.resize(b * pw, 0.0);
+        for reply in &self.partial_replies {
+            if !reply.is_empty() {
+                for (a, &v) in self.psum.iter_mut().zip(reply) {
+                    *a += v;
+                }
+            }
+        }
+        // The home's own first-layer share: its `rows` fields' pooled vectors (none when all are partial).
+        let home_deep = part.deep.filter(|_| (0..f).any(|t| self.exchange.table(t) == TableExchange::Rows));
+        if let Some(l) = &home_deep {
+            self.shares.reset(l, b);
+        }
+        for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
+            for i in 0..b {
+                let row = &self.pooled[(i * f + t) * d..(i * f + t + 1) * d];
+                part.accumulate(row, 1.0, &mut self.psum[i * pw..(i + 1) * pw]);
+                if let Some(l) = &home_deep {
+                    self.shares.add(l, i, t, &row[1..], 1.0);
+                }
+            }
+        }
+        if let Some(l) = &home_deep {
+            self.shares.add_shares(l, weights, &mut self.psum, pw, part.fm_width());
+        }
+    }
+
+    /// Backward through the partial form: the model's gradients, the partial
+    /// sums' gradient for every owner that contributed, and `dpooled` of the
+    /// `rows` fields (with a deep part, their share of the first layer's gradient too).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward_partials(
+        &mut self,
+        part: FmPartial,
+        b: usize,
+        f: usize,
+        dense: &[f32],
+        weights: &DeepWeights<f32>,
+        messages: &mut [GradientMessage],
+    ) {
+        let (pw, d) = (part.width(), self.dim);
+        self.dpsum.resize(b * pw, 0.0);
+        let pm = self.model.partial_model().expect("validated: the model has a partial form");
+        pm.backward_partial(dense, &self.psum, &self.dlogits, &mut self.dpsum);
+        self.dpooled.fill(0.0);
+        let home_deep = part.deep.filter(|_| (0..f).any(|t| self.exchange.table(t) == TableExchange::Rows));
+        if let Some(l) = &home_deep {
+            self.dwt.clear();
+            self.dwt.resize(l.block_len(), 0.0);
+            self.shares.backward(l, weights, &self.dpsum, pw, part.fm_width(), &mut self.dwt);
+            l.add_transposed_grads(&self.dwt, self.model.grads_mut());
+        }
+        for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
+            for i in 0..b {
+                let at = (i * f + t) * d..(i * f + t + 1) * d;
+                let (row, dp) = (&self.pooled[at.clone()], &self.dpsum[i * pw..(i + 1) * pw]);
+                let dfactors = home_deep.as_ref().map(|l| self.shares.dfactors(l, i, t));
+                part.row_grad_with(row, 1.0, dp, dfactors, &mut self.dpooled[at]);
+            }
+        }
+        for m in messages.iter_mut() {
+            if self.partial_owners[m.to as usize] {
+                m.partial = self.dpsum.clone();
+            }
+        }
+    }
+}
+
+/// The row a plan placed at `place`: in an owner's reply or a local replica.
+#[inline]
+pub(super) fn placed_row<'a>(
+    replies: &'a [Vec<f32>],
+    replicas: &'a Replicas,
+    place: (u32, u32),
+    d: usize,
+) -> &'a [f32] {
+    match place {
+        (HOT, h) => replicas.row(h),
+        (o, pos) => &replies[o as usize][pos as usize * d..(pos as usize + 1) * d],
+    }
+}
+
+/// Puts the summed gradient `g` of the row placed at `place` into the
+/// messages: into its owner's row gradients, or, for a replicated row, into
+/// every worker's message.
+#[inline]
+pub(super) fn send_row_grad(messages: &mut [GradientMessage], place: (u32, u32), g: &[f32]) {
+    match place {
+        (HOT, h) => {
+            for m in messages.iter_mut() {
+                m.hot.push(h);
+                m.hot_grads.extend_from_slice(g);
+            }
+        }
+        (o, pos) => {
+            let p = pos as usize * g.len();
+            messages[o as usize].sparse[p..p + g.len()].copy_from_slice(g);
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The messages of a training step's stages and their sizes on the wire.
+
+use super::{StepKind, StepStats};
+use crate::exchange::{PartialLookup, WireIds};
+use crate::metrics::EvalSet;
+use serde::{Deserialize, Serialize};
+
+/// Ids one worker needs from one owner, packed over all tables.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LookupRequest {
+    /// Requesting worker.
+    pub from: u32,
+    /// Owner.
+    pub to: u32,
+    /// Number of ids per lookup slot (the sparse fields, then the sequence fields).
+    pub table_lens: Vec<u32>,
+    /// The ids, slot after slot, distinct within a slot.
+    pub ids: WireIds,
+    /// Which samples use which ids of the partial fields (`partial` exchange only).
+    #[serde(default)]
+    pub partial: Option<PartialLookup>,
+}
+
+impl LookupRequest {
+    /// Bytes on the wire.
+    pub(super) fn wire_bytes(&self) -> u64 {
+        self.ids.wire_bytes()
+            + 4 * self.table_lens.len() as u64
+            + self.partial.as_ref().map_or(0, PartialLookup::wire_bytes)
+    }
+}
+
+/// Rows answering a [`LookupRequest`], in the request's order.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LookupReply {
+    /// Owner.
+    pub from: u32,
+    /// Requesting worker.
+    pub to: u32,
+    /// `dim` values per requested id of the `rows` fields.
+    pub rows: Vec<f32>,
+    /// The owner's share of the partial results, `B × width` (`partial` exchange only).
+    #[serde(default)]
+    pub partial: Vec<f32>,
+}
+
+impl LookupReply {
+    /// Bytes on the wire.
+    pub(super) fn wire_bytes(&self) -> u64 {
+        4 * (self.rows.len() + self.partial.len()) as u64
+    }
+}
+
+/// One worker's contribution to another worker's updates in a step.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GradientMessage {
+    /// Sender (home of the micro-batch).
+    pub from: u32,
+    /// Receiver (row owner and dense-slice owner).
+    pub to: u32,
+    /// What the step does.
+    pub kind: StepKind,
+    /// The sender's statistics for this step.
+    pub stats: StepStats,
+    /// Gradients of the rows the sender requested from the receiver, in request order (unnormalised).
+    pub sparse: Vec<f32>,
+    /// The receiver's slice of the sender's dense gradient (unnormalised).
+    pub dense: Vec<f32>,
+    /// Predictions of an `Eval` step (sent to worker 0 only).
+    pub eval: EvalSet,
+    /// Gradient of the partial results, `B × width`, for their owner (`partial` exchange only).
+    #[serde(default)]
+    pub partial: Vec<f32>,
+    /// Replicated rows the sender touched (sent to every worker) …
+    #[serde(default)]
+    pub hot: Vec<u32>,
+    /// … and their summed gradients, `dim` values each (unnormalised).
+    #[serde(default)]
+    pub hot_grads: Vec<f32>,
+}
+
+impl GradientMessage {
+    /// Bytes on the wire (a fixed 32 for the header and statistics).
+    pub(super) fn wire_bytes(&self) -> u64 {
+        let floats = self.sparse.len() + self.dense.len() + self.partial.len() + self.hot_grads.len();
+        4 * (floats + self.hot.len() + 2 * self.eval.probs.len()) as u64 + 32
+    }
+}
+
+/// A dense slice after its owner's update, broadcast to every worker.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ParamUpdate {
+    /// Slice owner.
+    pub from: u32,
+    /// Receiver.
+    pub to: u32,
+    /// Global statistics of the step.
+    pub stats: StepStats,
+    /// Offset of the slice in the flat dense buffer.
+    pub offset: u64,
+    /// The updated values (empty when nothing changed or `to == from`).
+    pub values: Vec<f32>,
+}
+
+/// The range of the flat dense buffer whose optimizer state worker `k` owns.
+pub fn dense_slice(len: usize, k: usize, workers: usize) -> std::ops::Range<usize> {
+    len * k / workers..len * (k + 1) / workers
+}

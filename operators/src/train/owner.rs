@@ -1,0 +1,374 @@
+//! The owner side of a worker: serving its embedding rows (or their partial
+//! results), applying their gradients and its slice of the dense update.
+
+use super::home::Home;
+use super::{dense_slice, GradientMessage, LookupReply, LookupRequest, ParamUpdate, StepKind, StepStats};
+use crate::exchange::{accumulate_slot, slot_row_grads, ExchangeConfig, Replicas, TableExchange};
+use crate::metrics::EvalSet;
+use crate::nn::{DeepShares, DeepWeights, FmPartial};
+use crate::optim::DenseOptimizer;
+use crate::shard::shard_of;
+use crate::store::{EmbeddingStore, Store};
+use rustc_hash::FxHashMap;
+
+/// Per table, where a row's summed gradient sits in `Owner::scratch` during an update.
+pub(super) enum Slots {
+    /// Indexed by the fixed table's local row `id / W`; `u32::MAX` when unused.
+    Dense { workers: u64, slots: Vec<Vec<u32>> },
+    /// Keyed by id (dynamic and tiered stores, whose ids are not dense); emptied after each update.
+    Hashed(Vec<FxHashMap<u64, u32>>),
+}
+
+/// The owner side of a worker: its embedding rows and its dense optimizer slice.
+pub(super) struct Owner {
+    pub(super) store: Store,
+    /// Training steps applied (the store's maintenance clock).
+    pub(super) train_steps: u64,
+    /// The table of each lookup slot (as in [`Home`]).
+    pub(super) slot_tables: Vec<usize>,
+    pub(super) dense_optimizer: DenseOptimizer,
+    /// The last request of each worker, kept to apply the gradients that answer it.
+    pub(super) pending: Vec<LookupRequest>,
+    /// Each row's slot in `scratch` during an update.
+    pub(super) slots: Slots,
+    /// Summed gradients of the step's distinct rows, in first-seen order.
+    pub(super) scratch: Vec<f32>,
+    /// The `(table, id)` of each row in `scratch`.
+    pub(super) order: Vec<(u32, u64)>,
+    /// Hot rows every worker holds (empty unless the exchange replicates rows).
+    pub(super) replicas: Replicas,
+    pub(super) exchange: ExchangeConfig,
+    pub(super) partial: Option<FmPartial>,
+    /// Per requester, the rows of its last request's partial fields (read again for their gradients).
+    pub(super) pending_rows: Vec<Vec<f32>>,
+    /// Per requester, the decoded ids of its last request.
+    pub(super) pending_ids: Vec<Vec<u64>>,
+    /// The deep part's first-layer factor block ([`crate::nn::FirstLayer`]),
+    /// as of the parameters of step `wt_step` (a deep model's `partial` exchange only).
+    pub(super) weights: DeepWeights<f32>,
+    pub(super) wt_step: Option<u64>,
+    /// This owner's share of that block's gradient in the current step.
+    pub(super) dwt: Vec<f32>,
+    /// Per requester, its micro-batch's first-layer input from this owner's rows.
+    pub(super) shares: Vec<DeepShares<f32>>,
+    /// Per requester, the row gradients of its partial fields in the current step, in request order.
+    pub(super) pgrads: Vec<Vec<f32>>,
+    /// Whether `pgrads` holds the current step's (set by the partial backward stage).
+    pub(super) pgrads_ready: bool,
+    /// The homes' messages of the current step, held from the partial backward
+    /// stage until the dense gradients arrive (a deep model's `partial` exchange only).
+    pub(super) held: Vec<GradientMessage>,
+    pub(super) me: usize,
+    pub(super) workers: usize,
+}
+
+impl Owner {
+    /// Answers one request: the rows of its `rows` fields and this owner's
+    /// share of the partial results of its `partial` fields.
+    /// `params` are the dense parameters after step `t − 1` (read only by a deep model's partial fields).
+    pub(super) fn serve(&mut self, request: &LookupRequest, t: u64, params: &[f32]) -> LookupReply {
+        let e = self.store.dim();
+        if let Some(l) = self.partial.and_then(|p| p.deep) {
+            if self.wt_step != Some(t) {
+                self.weights.load(&l, params);
+                self.wt_step = Some(t);
+            }
+        }
+        let from = request.from as usize;
+        let mut rows = Vec::with_capacity(request.ids.len() * e);
+        let mut all_ids = std::mem::take(&mut self.pending_ids[from]);
+        request.ids.decode_into(&mut all_ids);
+        let mut partial_rows = std::mem::take(&mut self.pending_rows[from]);
+        partial_rows.clear();
+        let mut partial = Vec::new();
+        let deep = self.partial.and_then(|p| p.deep);
+        let batch_len = request.partial.as_ref().map_or(0, |p| p.batch_len as usize);
+        if let Some(l) = &deep {
+            self.shares[from].reset(l, batch_len);
+        }
+        let (mut start, mut pj) = (0usize, 0usize);
+        for (k, &n) in request.table_lens.iter().enumerate() {
+            let t = self.slot_tables[k];
+            let ids = &all_ids[start..start + n as usize];
+            if self.exchange.table(k) == TableExchange::Partial {
+                let first = partial_rows.len();
+                self.store.gather(t, ids, &mut partial_rows);
+                let slot = request.partial.as_ref().and_then(|p| p.slots.get(pj).map(|s| (p.batch_len as usize, s)));
+                if let (Some(part), Some((b, slot))) = (self.partial, slot) {
+                    if !slot.index.is_empty() {
+                        partial.resize(b * part.width(), 0.0);
+                        let shares = deep.map(|_| &mut self.shares[from]);
+                        accumulate_slot(part, k, slot, &partial_rows[first..], e, &mut partial, shares);
+                    }
+                }
+                pj += 1;
+            } else {
+                self.store.gather(t, ids, &mut rows);
+            }
+            start += n as usize;
+        }
+        if let (Some(l), Some(part)) = (&deep, self.partial) {
+            if !partial.is_empty() {
+                self.shares[from].add_shares(l, &self.weights, &mut partial, part.width(), part.fm_width());
+            }
+        }
+        self.pending_rows[from] = partial_rows;
+        self.pending_ids[from] = all_ids;
+        LookupReply { from: request.to, to: request.from, rows, partial }
+    }
+
+    /// Row gradients of every sender's partial fields from the partial results'
+    /// gradients in `messages` (into `pgrads`, summed over each sender's samples
+    /// in sample order) and, with a deep part, this owner's share of the first
+    /// layer's factor-block gradient (into `dwt`).
+    pub(super) fn partial_row_grads(&mut self, messages: &[GradientMessage]) {
+        let d = self.store.dim();
+        let Some(part) = self.partial else { return };
+        self.dwt.clear();
+        self.dwt.resize(part.deep.map_or(0, |l| l.block_len()), 0.0);
+        for m in messages {
+            let from = m.from as usize;
+            if let Some(l) = part.deep.as_ref().filter(|_| !m.partial.is_empty()) {
+                self.shares[from].backward(l, &self.weights, &m.partial, part.width(), part.fm_width(), &mut self.dwt);
+            }
+            let (request, rows) = (&self.pending[from], &self.pending_rows[from]);
+            let pgrads = &mut self.pgrads[from];
+            pgrads.clear();
+            let (mut prow_at, mut pj) = (0usize, 0usize);
+            for (k, &n) in request.table_lens.iter().enumerate() {
+                if self.exchange.table(k) != TableExchange::Partial {
+                    continue;
+                }
+                let n = n as usize;
+                let start = pgrads.len();
+                pgrads.resize(start + n * d, 0.0);
+                let slot = request.partial.as_ref().and_then(|p| p.slots.get(pj));
+                if let Some(slot) = slot.filter(|_| !m.partial.is_empty()) {
+                    let rows = &rows[prow_at * d..(prow_at + n) * d];
+                    let shares = part.deep.map(|_| &self.shares[from]);
+                    slot_row_grads(part, k, slot, rows, d, &m.partial, &mut pgrads[start..], shares);
+                }
+                prow_at += n;
+                pj += 1;
+            }
+        }
+        self.pgrads_ready = true;
+    }
+
+    /// The partial backward stage of a deep model's `partial` exchange: row
+    /// gradients and this owner's share of the first layer's gradient (added to
+    /// the worker's dense gradient), then the dense gradient's slices for every
+    /// worker. Holds the homes' `messages` for [`with_held_messages`](Self::with_held_messages).
+    pub(super) fn partial_backward(&mut self, home: &mut Home, messages: Vec<GradientMessage>) -> Vec<GradientMessage> {
+        let kind = messages.first().map_or(StepKind::Train, |m| m.kind);
+        if kind == StepKind::Train {
+            self.partial_row_grads(&messages);
+            if let Some(l) = self.partial.and_then(|p| p.deep) {
+                l.add_transposed_grads(&self.dwt, home.model.grads_mut());
+            }
+        }
+        self.held = messages;
+        let (me, w, n) = (self.me, self.workers, home.model.params().len());
+        (0..w)
+            .map(|to| GradientMessage {
+                from: me as u32,
+                to: to as u32,
+                kind,
+                stats: StepStats::default(),
+                sparse: Vec::new(),
+                dense: if kind == StepKind::Train && to != me {
+                    home.model.grads()[dense_slice(n, to, w)].to_vec()
+                } else {
+                    Vec::new()
+                },
+                eval: EvalSet::default(),
+                partial: Vec::new(),
+                hot: Vec::new(),
+                hot_grads: Vec::new(),
+            })
+            .collect()
+    }
+
+    /// The homes' messages held by [`partial_backward`](Self::partial_backward),
+    /// each with the dense gradient slice its sender sent afterwards (`dense`, in worker order).
+    pub(super) fn with_held_messages(&mut self, dense: Vec<GradientMessage>) -> Vec<GradientMessage> {
+        let mut held = std::mem::take(&mut self.held);
+        assert_eq!(held.len(), dense.len(), "one held message per dense gradient message");
+        for (h, d) in held.iter_mut().zip(dense) {
+            assert_eq!(h.from, d.from, "held and dense messages in worker order");
+            h.dense = d.dense;
+        }
+        held
+    }
+
+    /// Applies the step's gradients this worker owns and returns its dense slice for every worker.
+    #[inline(never)]
+    pub(super) fn apply(
+        &mut self,
+        home: &mut Home,
+        messages: &[GradientMessage],
+        eval: &mut EvalSet,
+    ) -> Vec<ParamUpdate> {
+        let (me, w, d) = (home.me, home.workers, home.dim);
+        let mut stats = StepStats::default();
+        for m in messages {
+            stats.add(&m.stats);
+        }
+        let slice = dense_slice(home.model.params().len(), me, w);
+        let mut changed = false;
+        let is_train = messages.first().is_some_and(|m| m.kind == StepKind::Train);
+        if is_train && stats.samples > 0 {
+            let scale = 1.0 / stats.samples as f32;
+            // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
+            self.scratch.clear();
+            self.order.clear();
+            if !self.pgrads_ready {
+                self.partial_row_grads(messages);
+            }
+            for m in messages {
+                let request = &self.pending[m.from as usize];
+                let request_ids = &self.pending_ids[m.from as usize];
+                let pgrads = &self.pgrads[m.from as usize];
+                let (mut start, mut row_at, mut prow_at) = (0usize, 0usize, 0usize);
+                for (k, &n) in request.table_lens.iter().enumerate() {
+                    let t = self.slot_tables[k];
+                    let n = n as usize;
+                    let ids = &request_ids[start..start + n];
+                    let grads: &[f32] = if self.exchange.table(k) == TableExchange::Partial {
+                        prow_at += n;
+                        &pgrads[(prow_at - n) * d..prow_at * d]
+                    } else {
+                        row_at += n;
+                        &m.sparse[(row_at - n) * d..row_at * d]
+                    };
+                    match &mut self.slots {
+                        Slots::Dense { workers, slots } => {
+                            let (w, slots) = (*workers, &mut slots[t]);
+                            for (k, &id) in ids.iter().enumerate() {
+                                if let Some(&ahead) = ids.get(k + 8) {
+                                    if let Some(sl) = slots.get((ahead / w) as usize..) {
+                                        crate::huge::prefetch(sl.as_ptr());
+                                    }
+                                }
+                                add_row(
+                                    t,
+                                    id,
+                                    &grads[k * d..(k + 1) * d],
+                                    &mut slots[(id / w) as usize],
+                                    &mut self.order,
+                                    &mut self.scratch,
+                                );
+                            }
+                        }
+                        Slots::Hashed(maps) => {
+                            let map = &mut maps[t];
+                            for (k, &id) in ids.iter().enumerate() {
+                                let cell = map.entry(id).or_insert(u32::MAX);
+                                add_row(t, id, &grads[k * d..(k + 1) * d], cell, &mut self.order, &mut self.scratch);
+                            }
+                        }
+                    }
+                    start += n;
+                }
+            }
+            match &mut self.store {
+                Store::Fixed(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
+                Store::Dynamic(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
+                Store::Tiered(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
+            }
+            match &mut self.slots {
+                Slots::Dense { workers, slots } => {
+                    for &(t, id) in &self.order {
+                        slots[t as usize][(id / *workers) as usize] = u32::MAX;
+                    }
+                }
+                Slots::Hashed(maps) => maps.iter_mut().for_each(|m| m.clear()),
+            }
+            // Replicated rows: every worker sums every sender's gradients in worker order and
+            // applies them to its replica; the owner also writes the result into its store.
+            if !self.replicas.is_empty() {
+                for m in messages {
+                    for (i, &h) in m.hot.iter().enumerate() {
+                        self.replicas.add_grad(h, &m.hot_grads[i * d..(i + 1) * d]);
+                    }
+                }
+                for h in self.replicas.apply(scale) {
+                    let (t, id) = self.replicas.key(h);
+                    if shard_of(t, id, self.workers) == self.me {
+                        // An owned id below the table size: the fixed store accepts it.
+                        let _ = self.store.set_row(t, id, self.replicas.row(h), self.replicas.state(h));
+                    }
+                }
+            }
+            self.train_steps += 1;
+            self.store.end_step(self.train_steps);
+            // Dense slice: reduce in worker order block by block, averaging inside the optimizer.
+            // This worker's own part is read in place from its model's gradients.
+            let (params, grads) = home.model.params_and_grads();
+            let own = &grads[slice.clone()];
+            let parts: Vec<&[f32]> =
+                messages.iter().map(|m| if m.from as usize == me { own } else { &m.dense[..] }).collect();
+            self.dense_optimizer.apply_sum_scaled(&mut params[slice.clone()], &parts, scale);
+            changed = true;
+        }
+        self.pgrads_ready = false;
+        for m in messages {
+            eval.probs.extend_from_slice(&m.eval.probs);
+            eval.labels.extend_from_slice(&m.eval.labels);
+        }
+        (0..w)
+            .map(|to| ParamUpdate {
+                from: me as u32,
+                to: to as u32,
+                stats,
+                offset: slice.start as u64,
+                values: if changed && to != me { home.model.params()[slice.clone()].to_vec() } else { Vec::new() },
+            })
+            .collect()
+    }
+}
+
+/// Adds the gradient `g` of row `id` of table `t` into `scratch`: a new slot
+/// (recorded in `cell` and `order`) the first time the row appears in this
+/// step, else onto its slot. `cell` is `u32::MAX` while the row has no slot.
+#[inline(always)]
+pub(super) fn add_row(
+    t: usize,
+    id: u64,
+    g: &[f32],
+    cell: &mut u32,
+    order: &mut Vec<(u32, u64)>,
+    scratch: &mut Vec<f32>,
+) {
+    if *cell == u32::MAX {
+        *cell = order.len() as u32;
+        order.push((t as u32, id));
+        scratch.extend_from_slice(g);
+    } else {
+        let s = *cell as usize * g.len();
+        for (a, &v) in scratch[s..s + g.len()].iter_mut().zip(g) {
+            *a += v;
+        }
+    }
+}
+
+/// Scales each summed row gradient by `scale` and applies it, prefetching a few rows ahead.
+#[inline]
+pub(super) fn apply_rows<S: EmbeddingStore>(
+    store: &mut S,
+    order: &[(u32, u64)],
+    scratch: &mut [f32],
+    scale: f32,
+    d: usize,
+) {
+    for (slot, &(t, id)) in order.iter().enumerate() {
+        if let Some(&(ta, ida)) = order.get(slot + 8) {
+            store.prefetch_row(ta as usize, ida);
+        }
+        let g = &mut scratch[slot * d..(slot + 1) * d];
+        for v in g.iter_mut() {
+            *v *= scale;
+        }
+        store.apply(t as usize, id, g);
+    }
+}

@@ -1,0 +1,59 @@
+//! Step bookkeeping shared by the stages: message rendezvous and the byte ledger.
+
+use std::collections::HashMap;
+
+/// Bytes this worker sent to other workers, by the step (timestamp) of each
+/// message. A worker may serve a faster peer's next step before its own step
+/// completes, so a plain running counter read at a step boundary would depend
+/// on timing; counting per step keeps every figure deterministic.
+#[derive(Default)]
+pub(super) struct ByteLedger {
+    /// Bytes of steps that are still open here (a message of step `t` can be sent until this worker completes `t`).
+    pub(super) open: std::collections::BTreeMap<u64, u64>,
+    /// Bytes of the steps before `settled_through`.
+    pub(super) settled: u64,
+    pub(super) settled_through: u64,
+}
+
+impl ByteLedger {
+    pub(super) fn add(&mut self, t: u64, bytes: u64) {
+        debug_assert!(t >= self.settled_through, "a message of step {t} after that step completed");
+        *self.open.entry(t).or_default() += bytes;
+    }
+
+    /// Bytes of the steps before `t`.
+    pub(super) fn before(&self, t: u64) -> u64 {
+        self.settled + self.open.range(..t).map(|(_, b)| b).sum::<u64>()
+    }
+
+    /// Folds the steps before `t` (all complete) into the settled total.
+    pub(super) fn settle(&mut self, t: u64) {
+        let later = self.open.split_off(&t);
+        self.settled += self.open.values().sum::<u64>();
+        self.open = later;
+        self.settled_through = self.settled_through.max(t);
+    }
+}
+
+/// Collects the `W` messages each worker sends a stage for one timestamp.
+pub(super) struct Rendezvous<M> {
+    pub(super) workers: usize,
+    pub(super) stash: HashMap<u64, Vec<M>>,
+}
+
+impl<M> Rendezvous<M> {
+    pub(super) fn new(workers: usize) -> Self {
+        Rendezvous { workers, stash: HashMap::new() }
+    }
+
+    /// Adds the messages of timestamp `t`; returns all `W` of them once complete.
+    pub(super) fn offer(&mut self, t: u64, data: &mut Vec<M>) -> Option<Vec<M>> {
+        let entry = self.stash.entry(t).or_default();
+        entry.append(data);
+        if entry.len() == self.workers {
+            self.stash.remove(&t)
+        } else {
+            None
+        }
+    }
+}
