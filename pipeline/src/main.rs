@@ -117,10 +117,10 @@ enum BenchCommand {
 
 #[derive(Args)]
 struct ExchangeArgs {
-    /// Model: fm, deepfm or dlrm.
+    /// Model: fm, deepfm, wdl or dlrm.
     #[arg(long, default_value = "fm")]
     model: String,
-    /// Hidden widths of deepfm's deep part (the first is the width of its partial results).
+    /// Hidden widths of the deep part of deepfm and wdl (the first is the width of their partial results).
     #[arg(long, value_delimiter = ',', default_value = "400,400")]
     deep: Vec<usize>,
     /// Samples: `zipf` (synthetic Criteo-shaped, Zipf ranks) or `criteo:PATH`.

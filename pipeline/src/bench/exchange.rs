@@ -55,9 +55,9 @@ pub enum ExchangeData {
 /// Settings of the benchmark.
 #[derive(Clone, Debug)]
 pub struct ExchangeBench {
-    /// `fm`, `deepfm` or `dlrm`.
+    /// `fm`, `deepfm`, `wdl` or `dlrm`.
     pub model: String,
-    /// Hidden widths of `deepfm`'s deep part.
+    /// Hidden widths of the deep part of `deepfm` and `wdl`.
     pub deep: Vec<usize>,
     /// The samples.
     pub data: ExchangeData,
@@ -179,20 +179,22 @@ impl ExchangeBenchResult {
 }
 
 fn model_config(name: &str, dim: usize, deep: &[usize]) -> Result<ModelConfig, PipelineError> {
-    let fm = |deep: Vec<usize>| {
-        ModelConfig::Fm(FmConfig { num_dense: NUM_DENSE, num_sparse: NUM_SPARSE, dim, deep, fm: true, wide_only: 0 })
+    let fm_with = |deep: Vec<usize>, fm: bool| {
+        ModelConfig::Fm(FmConfig { num_dense: NUM_DENSE, num_sparse: NUM_SPARSE, dim, deep, fm, wide_only: 0 })
     };
+    let fm = |deep: Vec<usize>| fm_with(deep, true);
     Ok(match name {
         "fm" => fm(vec![]),
-        "deepfm" if deep.is_empty() || deep.contains(&0) => {
-            return Err(PipelineError::config("deep", "deepfm needs positive hidden widths, e.g. 400,400"))
+        "deepfm" | "wdl" if deep.is_empty() || deep.contains(&0) => {
+            return Err(PipelineError::config("deep", format!("{name} needs positive hidden widths, e.g. 400,400")))
         }
         "deepfm" => fm(deep.to_vec()),
+        "wdl" => fm_with(deep.to_vec(), false),
         "dlrm" => ModelConfig::Dlrm(DlrmConfig { dim, ..DlrmConfig::kaggle() }),
         other => {
             return Err(PipelineError::config(
                 "model",
-                format!("unknown model `{other}` for bench exchange (fm, deepfm, dlrm)"),
+                format!("unknown model `{other}` for bench exchange (fm, deepfm, wdl, dlrm)"),
             ))
         }
     })
