@@ -363,6 +363,31 @@ fn json_records_and_worker_counts_train_the_same_model() {
     assert!(j <= 1e-6, "JSON vs TSV records differ by {j}");
 }
 
+/// The online trainer with DeepFM's DES partial results (FM sums and first-layer
+/// shares) trains the model that rows do, from the same topic.
+#[test]
+fn online_deepfm_partial_results_train_the_rows_model() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    produce(&broker, "deepfm", &sample, &["--partitions", "2"]);
+    let base = tempfile::tempdir().unwrap();
+    let mut models = Vec::new();
+    for exchange in ["rows", "partial"] {
+        let dir = base.path().join(exchange);
+        run_ok(&mut online_cmd(
+            &broker,
+            "deepfm",
+            &dir,
+            2,
+            &["--model", "deepfm", "--deep", "32,16", "--dim", "8", "--exchange", exchange],
+        ));
+        assert_eq!(summary(&dir)["samples"], 10_000);
+        models.push(final_model(&dir));
+    }
+    let d = model_diff(&models[0], &models[1]);
+    assert!(d <= 1e-5, "partial vs rows differ by {d}");
+}
+
 #[test]
 fn malformed_records_go_to_the_dead_letter_file() {
     let Some(sample) = criteo_sample() else { return };
