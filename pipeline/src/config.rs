@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tiderec_operators::bad_record::BadRecordPolicy;
+use tiderec_operators::exchange::TableExchange;
 use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::spec::FeatureSpec;
@@ -456,6 +457,17 @@ pub enum TableOverride {
     Partial,
     /// The table's hottest `replicate` fraction on every worker.
     Replicated,
+}
+
+impl TableOverride {
+    /// How the table's embeddings travel (a replicated table's other rows travel as rows).
+    pub fn exchange(self) -> TableExchange {
+        if self == TableOverride::Partial {
+            TableExchange::Partial
+        } else {
+            TableExchange::Rows
+        }
+    }
 }
 
 /// Parses `exchange_tables` entries `"T=STRATEGY"` for `tables` sparse fields; errors name the key and the entry.

@@ -53,24 +53,17 @@ pub fn resolve_exchange(
         // Forced: every table replicates its hot candidates, whatever the estimate.
         plan.tables = vec![TableExchange::Rows; fields];
         plan.replicated = plan.hot_candidates.clone();
-        plan.estimated = plan.costs.iter().map(|c| c.replicated).sum();
     }
     if resolved.exchange == ExchangeChoice::Rows || resolved.exchange == ExchangeChoice::Partial {
         // Planned only for a forced `replicated` table: the base choice as given.
-        let base = exchange_choice(resolved);
-        plan.tables = base.tables.clone();
+        plan.tables = exchange_choice(resolved).tables;
         plan.replicated = vec![Vec::new(); resolved.table_sizes.len()];
-        if plan.tables.is_empty() {
-            plan.tables = vec![TableExchange::Rows; fields];
-        }
     }
     for &(t, o) in &resolved.exchange_overrides {
-        plan.tables[t] = if o == TableOverride::Partial { TableExchange::Partial } else { TableExchange::Rows };
+        plan.tables[t] = o.exchange();
         plan.replicated[t] = if o == TableOverride::Replicated { plan.hot_candidates[t].clone() } else { Vec::new() };
     }
-    if !resolved.exchange_overrides.is_empty() {
-        plan.estimated = plan.estimate_choice();
-    }
+    plan.estimated = plan.estimate_choice();
     let config = ExchangeConfig { tables: plan.tables.clone(), replicated: plan.replicated.clone() };
     // Replication needs the fixed store; `auto` falls back to rows for those tables otherwise.
     let config = if resolved.store.kind != tiderec_operators::store::StoreKind::Fixed {
@@ -90,23 +83,16 @@ pub fn exchange_without_data(resolved: &Resolved) -> Option<ExchangeConfig> {
         return None;
     }
     let mut config = exchange_choice(resolved);
-    if !resolved.exchange_overrides.is_empty() && config.tables.is_empty() {
-        config.tables = vec![TableExchange::Rows; resolved.model.num_sparse()];
-    }
     for &(t, o) in &resolved.exchange_overrides {
-        config.tables[t] = if o == TableOverride::Partial { TableExchange::Partial } else { TableExchange::Rows };
+        config.tables[t] = o.exchange();
     }
     Some(config)
 }
 
 /// `rows` or `partial` for every field, before overrides.
 fn exchange_choice(resolved: &Resolved) -> ExchangeConfig {
-    match resolved.exchange {
-        ExchangeChoice::Partial => {
-            ExchangeConfig { tables: vec![TableExchange::Partial; resolved.model.num_sparse()], replicated: vec![] }
-        }
-        _ => ExchangeConfig::default(),
-    }
+    let all = if resolved.exchange == ExchangeChoice::Partial { TableExchange::Partial } else { TableExchange::Rows };
+    ExchangeConfig { tables: vec![all; resolved.model.num_sparse()], replicated: vec![] }
 }
 
 /// The first `plan_steps` global batches, each cut into `(home, micro-batch)` pairs.

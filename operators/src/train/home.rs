@@ -346,6 +346,12 @@ impl Home {
         messages
     }
 
+    /// The first layer whose share this home computes itself: a deep model's, when some
+    /// of its `f` fields travel as rows (none when every field is partial).
+    fn home_share(&self, part: FmPartial, f: usize) -> Option<crate::nn::FirstLayer> {
+        part.deep.filter(|_| (0..f).any(|t| self.exchange.table(t) == TableExchange::Rows))
+    }
+
     /// `psum = Σ_owners (their partial sums) + the partial sums of the `rows` fields' pooled vectors`.
     pub(super) fn sum_partials(&mut self, part: FmPartial, b: usize, f: usize, weights: &DeepWeights<f32>) {
         let (pw, d) = (part.width(), self.dim);
@@ -359,7 +365,7 @@ impl Home {
             }
         }
         // The home's own first-layer share: its `rows` fields' pooled vectors (none when all are partial).
-        let home_deep = part.deep.filter(|_| (0..f).any(|t| self.exchange.table(t) == TableExchange::Rows));
+        let home_deep = self.home_share(part, f);
         if let Some(l) = &home_deep {
             self.shares.reset(l, b);
         }
@@ -395,7 +401,7 @@ impl Home {
         let pm = self.model.partial_model().expect("validated: the model has a partial form");
         pm.backward_partial(dense, &self.psum, &self.dlogits, &mut self.dpsum);
         self.dpooled.fill(0.0);
-        let home_deep = part.deep.filter(|_| (0..f).any(|t| self.exchange.table(t) == TableExchange::Rows));
+        let home_deep = self.home_share(part, f);
         if let Some(l) = &home_deep {
             self.dwt.clear();
             self.dwt.resize(l.block_len(), 0.0);
