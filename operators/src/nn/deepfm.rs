@@ -25,6 +25,7 @@ use super::fm_partial::FmPartial;
 use super::gemm::{gemm, Op};
 use super::mlp::{Mlp, MlpCache};
 use super::model::PartialModel;
+use super::relu::{relu_backward_in_place, relu_in_place};
 use super::Scalar;
 use crate::rng::normal_f64;
 use crate::OperatorError;
@@ -320,11 +321,7 @@ impl<T: Scalar> Fm<T> {
             }
             gemm(Op::N, Op::T, batch, h, nd, T::ONE, dense, &self.first_dense, T::ONE, &mut self.deep_in);
         }
-        for z in self.deep_in.iter_mut() {
-            if *z < T::ZERO {
-                *z = T::ZERO;
-            }
-        }
+        relu_in_place(&mut self.deep_in);
     }
 
     /// Backward of [`first_layer_from_partial`](Self::first_layer_from_partial) and the
@@ -343,11 +340,7 @@ impl<T: Scalar> Fm<T> {
             &mut self.grads,
             Some(&mut self.d_deep_in),
         );
-        for (g, &a) in self.d_deep_in.iter_mut().zip(&self.deep_in) {
-            if a <= T::ZERO {
-                *g = T::ZERO;
-            }
-        }
+        relu_backward_in_place(&mut self.d_deep_in, &self.deep_in);
         for (dp, dz) in dpartial.chunks_exact_mut(pw).zip(self.d_deep_in.chunks_exact(h)) {
             dp[fw..].copy_from_slice(dz);
         }

@@ -2,6 +2,7 @@
 
 use super::gemm_packed::PackedRhs;
 use super::linear::Linear;
+use super::relu::{relu_backward_in_place, relu_in_place};
 use super::Scalar;
 
 /// Layers `widths[0] → widths[1] → … → widths[n]`, ReLU after each layer
@@ -73,11 +74,7 @@ impl Mlp {
             out.resize(batch * l.output, T::ZERO);
             l.forward(params, input, batch, out, &mut cache.packed);
             if self.relu_after(i) {
-                for v in out.iter_mut() {
-                    if *v < T::ZERO {
-                        *v = T::ZERO;
-                    }
-                }
+                relu_in_place(out);
             }
         }
         &cache.outs[self.layers.len() - 1][..batch * self.output()]
@@ -104,11 +101,7 @@ impl Mlp {
         for i in (0..n).rev() {
             let l = &self.layers[i];
             if self.relu_after(i) {
-                for (g, &o) in grad_a.iter_mut().zip(&outs[i]) {
-                    if o <= T::ZERO {
-                        *g = T::ZERO;
-                    }
-                }
+                relu_backward_in_place(grad_a, &outs[i]);
             }
             let input: &[T] = if i == 0 { x } else { &outs[i - 1] };
             if i == 0 {

@@ -43,6 +43,7 @@ pub mod linear;
 pub mod loss;
 pub mod mlp;
 pub mod model;
+pub mod relu;
 pub mod scalar;
 
 #[cfg(test)]
