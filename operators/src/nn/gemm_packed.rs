@@ -70,23 +70,36 @@ impl<T: Scalar> PackedRhs<T> {
     }
 
     /// Re-packs into this buffer (no allocation once it is large enough).
+    ///
+    /// Every value of the packed layout is written (the operand's values, then
+    /// zeros in each panel's padding columns), so the buffer is not cleared
+    /// first: a per-step weight re-pack costs one pass over the weight.
     pub fn pack(&mut self, op: Op, k: usize, n: usize, b: &[T]) {
         assert!(b.len() >= k * n, "PackedRhs: b has {} values, needs {}", b.len(), k * n);
         self.k = k;
         self.n = n;
-        self.panels.clear();
+        let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
+        if self.panels.len() < total {
+            self.panels.resize(total, T::ZERO);
+        }
+        self.panels.truncate(total);
+        let mut start = 0;
         for (first, pw) in panels(n) {
             let width = pw.min(n - first);
-            let start = self.panels.len();
-            self.panels.resize(start + k * pw, T::ZERO);
-            let panel = &mut self.panels[start..];
+            let panel = &mut self.panels[start..start + k * pw];
+            start += k * pw;
             match op {
                 Op::N => {
                     for (p, row) in panel.chunks_exact_mut(pw).enumerate() {
                         row[..width].copy_from_slice(&b[p * n + first..p * n + first + width]);
                     }
                 }
-                Op::T => T::pack_transposed(b, k, first, width, pw, &mut panel[..k * pw]),
+                Op::T => T::pack_transposed(b, k, first, width, pw, panel),
+            }
+            if width < pw {
+                for row in panel.chunks_exact_mut(pw) {
+                    row[width..].fill(T::ZERO);
+                }
             }
         }
     }
@@ -691,6 +704,41 @@ mod tests {
             let (i, j) = (idx / ldc, idx % ldc);
             let want = if j < n { was + (0..k).map(|p| a[i * lda + p] * b[p * n + j]).sum::<f64>() } else { was };
             assert!((got - want).abs() < 1e-12, "c[{i}][{j}]: {got} vs {want}");
+        }
+    }
+
+    /// One buffer re-packed from a large operand to smaller ones (as an MLP's
+    /// layers share it): every packed value is the operand's, every padding
+    /// value is zero, whatever the previous pack left there.
+    #[test]
+    fn repacking_a_reused_buffer_writes_every_value() {
+        let mut packed = PackedRhs::default();
+        packed.pack(Op::N, 30, 100, &vec![7.0f32; 3000]);
+        for (op, k, n) in [(Op::N, 9, 13), (Op::T, 11, 45), (Op::T, 5, 100), (Op::N, 3, 7)] {
+            let b: Vec<f32> = (0..k * n).map(|i| i as f32 + 1.0).collect();
+            packed.pack(op, k, n, &b);
+            let fresh = PackedRhs::new(op, k, n, &b);
+            assert_eq!(packed.panels, fresh.panels, "{op:?} {k}x{n}");
+            let mut start = 0;
+            for (first, pw) in panels(n) {
+                let width = pw.min(n - first);
+                for p in 0..k {
+                    let row = &packed.panels[start + p * pw..start + (p + 1) * pw];
+                    for (j, &v) in row.iter().enumerate() {
+                        let want = if j >= width {
+                            0.0
+                        } else {
+                            match op {
+                                Op::N => b[p * n + first + j],
+                                Op::T => b[(first + j) * k + p],
+                            }
+                        };
+                        assert_eq!(v, want, "{op:?} {k}x{n}: panel at {first}, row {p}, column {j}");
+                    }
+                }
+                start += k * pw;
+            }
+            assert_eq!(start, packed.panels.len());
         }
     }
 
