@@ -7,7 +7,7 @@ use crate::exchange::{accumulate_slot, slot_row_grads, ExchangeConfig, Replicas,
 use crate::metrics::EvalSet;
 use crate::nn::{DeepShares, DeepWeights, FmPartial};
 use crate::optim::DenseOptimizer;
-use crate::shard::shard_of;
+use crate::shard::{shard_of, EmbeddingShard};
 use crate::store::{EmbeddingStore, Store};
 use rustc_hash::FxHashMap;
 
@@ -362,7 +362,7 @@ pub(super) fn apply_rows<S: EmbeddingStore>(
     d: usize,
 ) {
     for (slot, &(t, id)) in order.iter().enumerate() {
-        if let Some(&(ta, ida)) = order.get(slot + 8) {
+        if let Some(&(ta, ida)) = order.get(slot + EmbeddingShard::PREFETCH_AHEAD) {
             store.prefetch_row(ta as usize, ida);
         }
         let g = &mut scratch[slot * d..(slot + 1) * d];
