@@ -3,10 +3,21 @@
 //! `W` is `[output × input]` row-major at `offset` in the model's flat
 //! parameter buffer, followed by `b` (`output` values).
 
-use super::gemm::{gemm, Op};
+use super::gemm::{gemm, gemm_nt_acc, Op};
 use super::gemm_packed::{gemm_packed, PackedRhs};
 use super::Scalar;
 use crate::rng::normal_f64;
+
+/// The kernel of a forward product (see [`Linear::forward`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ForwardKernel {
+    /// `gemm_packed` with `Wᵀ` packed for the call.
+    Packed,
+    /// The `gemm` crate.
+    Wide,
+    /// matrixmultiply.
+    General,
+}
 
 /// A fully connected layer addressing its weights inside a flat buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,12 +58,14 @@ impl Linear {
     /// `y[batch × output] = x[batch × input] · Wᵀ + b`; `packed` is scratch
     /// space for `Wᵀ` (reused across calls, no allocation once large enough).
     ///
-    /// The product runs on one of two kernels, chosen by shape from measurements
-    /// (`examples/linear_forward.rs`): a general GEMM packs both operands every
-    /// call and reads `W` across its rows to do so (the slow direction); the
-    /// packed kernel transposes `W` once in 8 × 8 register tiles and reads `x`
-    /// where it lies. At a worker's micro-batch of 64 rows the packed kernel is
-    /// 1.2–1.5× faster on DLRM's layers; at 1,024 rows only on narrow outputs.
+    /// The product runs on one of three kernels, chosen by shape from measurements
+    /// (`examples/linear_forward.rs`, `examples/dlrm_gemm_shapes.rs`): the packed
+    /// kernel transposes `W` once in 8 × 8 register tiles and reads `x` where it
+    /// lies (1.2–1.5× matrixmultiply at a worker's micro-batch of 64 rows, and
+    /// the fastest at any batch on outputs of at most 64); many rows into a wide
+    /// output go to the `gemm` crate ([`gemm_nt_acc`], 1.1–1.25× matrixmultiply
+    /// at 1,024 rows on DLRM's 367→512 and 512→256); the rest (narrow inputs,
+    /// `f64` without a vector packed kernel) to matrixmultiply.
     #[inline(never)]
     pub fn forward<T: Scalar>(&self, params: &[T], x: &[T], batch: usize, y: &mut [T], packed: &mut PackedRhs<T>) {
         let w = &params[self.offset..self.offset + self.output * self.input];
@@ -61,21 +74,30 @@ impl Linear {
         for row in y.chunks_exact_mut(self.output) {
             row.copy_from_slice(b);
         }
-        if self.forward_is_packed::<T>(batch) {
-            packed.pack(Op::T, self.input, self.output, w);
-            gemm_packed(batch, x, self.input, packed, true, y, self.output);
-        } else {
-            gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y);
+        match self.forward_kernel::<T>(batch) {
+            ForwardKernel::Packed => {
+                packed.pack(Op::T, self.input, self.output, w);
+                gemm_packed(batch, x, self.input, packed, true, y, self.output);
+            }
+            ForwardKernel::Wide => gemm_nt_acc(batch, self.output, self.input, x, w, y),
+            ForwardKernel::General => gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y),
         }
     }
 
-    /// Whether [`forward`](Self::forward) uses the packed kernel for `batch` rows:
-    /// only where it runs vectorized (not in `f64` or without AVX2), not for a
-    /// reduction or an output too short to fill its vectors, and at large
-    /// batches only for outputs of at most 64 (where the general GEMM's cache
-    /// blocking of wide outputs wins).
-    fn forward_is_packed<T: Scalar>(&self, batch: usize) -> bool {
-        T::packed_panel_is_vectorized() && self.input >= 16 && self.output >= 8 && (batch <= 256 || self.output <= 64)
+    /// Which kernel [`forward`](Self::forward) uses for `batch` rows: the packed
+    /// kernel where it runs vectorized (not in `f64` or without AVX2), for an
+    /// input of at least 16 and an output of 8 or more, at up to 256 rows or for
+    /// outputs of at most 64; the `gemm` crate for more rows into a wider output
+    /// (input ≥ 16); matrixmultiply otherwise.
+    fn forward_kernel<T: Scalar>(&self, batch: usize) -> ForwardKernel {
+        let packable = self.input >= 16 && self.output >= 8;
+        if packable && T::packed_panel_is_vectorized() && (batch <= 256 || self.output <= 64) {
+            ForwardKernel::Packed
+        } else if self.input >= 16 && batch > 256 && self.output > 64 {
+            ForwardKernel::Wide
+        } else {
+            ForwardKernel::General
+        }
     }
 
     /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked.
@@ -135,12 +157,26 @@ mod tests {
         check_gradients(&x, &dx, |xx| loss(&params, xx));
     }
 
-    /// Both forward kernels (small batch: packed; large batch and wide output:
-    /// general GEMM) agree with the plain definition.
+    /// All three forward kernels (packed: small batches and narrow outputs;
+    /// the `gemm` crate: many rows into a wide output; matrixmultiply: narrow
+    /// inputs or outputs) agree with the plain definition.
     #[test]
     fn forward_kernels_agree_with_the_definition() {
-        for (input, output, batch) in [(40, 24, 5), (40, 24, 300), (40, 100, 300), (7, 9, 3), (20, 3, 4)] {
+        use ForwardKernel::*;
+        let cases = [
+            (40, 24, 5, Packed),
+            (40, 24, 300, Packed),
+            (40, 100, 300, Wide),
+            (367, 130, 257, Wide),
+            (10, 100, 300, General),
+            (7, 9, 3, General),
+            (20, 3, 4, General),
+        ];
+        for (input, output, batch, kernel) in cases {
             let lin = Linear { input, output, offset: 0 };
+            if f32::packed_panel_is_vectorized() {
+                assert_eq!(lin.forward_kernel::<f32>(batch), kernel, "{input}->{output} b{batch}");
+            }
             let mut params = vec![0.0f32; lin.num_params()];
             lin.init(&mut params, 2, 0);
             let x: Vec<f32> = (0..batch * input).map(|i| crate::rng::normal_f64(8, 0, i as u64, 0) as f32).collect();
