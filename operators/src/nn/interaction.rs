@@ -267,24 +267,28 @@ mod tests {
     use crate::nn::gradcheck::check_gradients;
     use crate::rng::normal_f64;
 
+    /// `backward` against finite differences of `forward` (f64) for one shape.
+    fn check_against_finite_differences(it: &DotInteraction, batch: usize, seed: u64) {
+        let (d, fd) = (it.dim, it.num_sparse * it.dim);
+        let dense: Vec<f64> = (0..batch * d).map(|i| normal_f64(seed, 0, i as u64, 0)).collect();
+        let pooled: Vec<f64> = (0..batch * fd).map(|i| normal_f64(seed + 1, 0, i as u64, 0)).collect();
+        let r: Vec<f64> = (0..batch * it.output_dim()).map(|i| normal_f64(seed + 2, 0, i as u64, 0)).collect();
+        let loss = |de: &[f64], po: &[f64]| {
+            let mut out = vec![0.0; batch * it.output_dim()];
+            it.forward(de, po, batch, &mut out);
+            out.iter().zip(&r).map(|(a, b)| a * b).sum::<f64>()
+        };
+        let mut dd = vec![0.0; dense.len()];
+        let mut dp = vec![0.0; pooled.len()];
+        it.backward(&dense, &pooled, &r, batch, &mut dd, &mut dp);
+        check_gradients(&dense, &dd, |x| loss(x, &pooled));
+        check_gradients(&pooled, &dp, |x| loss(&dense, x));
+    }
+
     #[test]
     fn interaction_gradients_match_finite_differences() {
         for self_interaction in [false, true] {
-            let it = DotInteraction { num_sparse: 3, dim: 4, self_interaction };
-            let batch = 2;
-            let dense: Vec<f64> = (0..batch * 4).map(|i| normal_f64(1, 0, i as u64, 0)).collect();
-            let pooled: Vec<f64> = (0..batch * 12).map(|i| normal_f64(2, 0, i as u64, 0)).collect();
-            let r: Vec<f64> = (0..batch * it.output_dim()).map(|i| normal_f64(3, 0, i as u64, 0)).collect();
-            let loss = |de: &[f64], po: &[f64]| {
-                let mut out = vec![0.0; batch * it.output_dim()];
-                it.forward(de, po, batch, &mut out);
-                out.iter().zip(&r).map(|(a, b)| a * b).sum::<f64>()
-            };
-            let mut dd = vec![0.0; dense.len()];
-            let mut dp = vec![0.0; pooled.len()];
-            it.backward(&dense, &pooled, &r, batch, &mut dd, &mut dp);
-            check_gradients(&dense, &dd, |x| loss(x, &pooled));
-            check_gradients(&pooled, &dp, |x| loss(&dense, x));
+            check_against_finite_differences(&DotInteraction { num_sparse: 3, dim: 4, self_interaction }, 2, 1);
         }
     }
 
@@ -314,24 +318,10 @@ mod tests {
     }
 
     /// The backward pass against finite differences on a shape with several
-    /// row groups and a partial column block.
+    /// row groups, a partial row group and a partial column block.
     #[test]
     fn backward_matches_finite_differences_on_wide_shapes() {
-        let it = DotInteraction { num_sparse: 9, dim: 11, self_interaction: false };
-        let batch = 2;
-        let dense: Vec<f64> = (0..batch * 11).map(|i| normal_f64(7, 0, i as u64, 0)).collect();
-        let pooled: Vec<f64> = (0..batch * 99).map(|i| normal_f64(8, 0, i as u64, 0)).collect();
-        let r: Vec<f64> = (0..batch * it.output_dim()).map(|i| normal_f64(9, 0, i as u64, 0)).collect();
-        let loss = |de: &[f64], po: &[f64]| {
-            let mut out = vec![0.0; batch * it.output_dim()];
-            it.forward_reference(de, po, batch, &mut out);
-            out.iter().zip(&r).map(|(a, b)| a * b).sum::<f64>()
-        };
-        let mut dd = vec![0.0; dense.len()];
-        let mut dp = vec![0.0; pooled.len()];
-        it.backward(&dense, &pooled, &r, batch, &mut dd, &mut dp);
-        check_gradients(&dense, &dd, |x| loss(x, &pooled));
-        check_gradients(&pooled, &dp, |x| loss(&dense, x));
+        check_against_finite_differences(&DotInteraction { num_sparse: 9, dim: 11, self_interaction: false }, 2, 7);
     }
 
     #[test]
