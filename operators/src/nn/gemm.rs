@@ -162,7 +162,7 @@ fn gemv_shapes<T: Scalar>(
     }
 }
 
-/// Scalar reference GEMM: the oracle for [`gemm`].
+/// Scalar reference GEMM: the oracle for [`gemm()`].
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_reference<T: Scalar>(
     op_a: Op,

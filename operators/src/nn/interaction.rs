@@ -46,7 +46,7 @@ impl DotInteraction {
     /// Per sample the vectors are transposed once into `Zᵀ` (`dim` rows of the
     /// `n` vectors, padded to a multiple of eight), and row `i` of the lower
     /// triangle, `⟨zᵢ, z_j⟩` for `j < i`, is `Σ_c zᵢ[c]·Zᵀ[c][j]`: eight pairs per
-    /// vector and up to four independent accumulators ([`gram_row`]) instead of
+    /// vector and up to four independent accumulators (`gram_row`) instead of
     /// one horizontal reduction per pair. Row `i`'s pairs are contiguous in the
     /// output, so each row is one copy.
     pub fn forward<T: Scalar>(&self, dense: &[T], pooled: &[T], batch: usize, out: &mut [T]) {
