@@ -137,7 +137,7 @@ impl ParquetDataset {
                 paths[0].display(),
                 format!(
                     "none of the {} file(s) has `{METADATA_KEY}` key-value metadata; write them with `tiderec \
-                     convert` or add the JSON schema description (see README)",
+                     convert` or add the JSON schema description (see docs/data.md)",
                     paths.len()
                 ),
             ));
