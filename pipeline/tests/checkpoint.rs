@@ -407,7 +407,7 @@ fn a_full_disk_stops_the_run_with_an_error_naming_the_file() {
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
-        eprintln!("skipping: cannot mount a small tmpfs here (not root?)");
+        common::skip::cannot_run("cannot mount a small tmpfs here (not root?)");
         return;
     }
     let _mount = Mount(small.clone());

@@ -1,5 +1,8 @@
 //! The Avazu reader on the real samples in ../shared/data/avazu.
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::PathBuf;
 use tiderec_operators::bad_record::MemoryDeadLetters;
 use tiderec_operators::Batch;
@@ -8,10 +11,7 @@ use tiderec_sources::lines::ReaderOptions;
 
 fn data(rel: &str) -> Option<PathBuf> {
     let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/avazu")).join(rel);
-    p.exists().then_some(p).or_else(|| {
-        eprintln!("skipping: {rel} not found");
-        None
-    })
+    skip::existing(p)
 }
 
 fn read_all(path: &PathBuf, worker: usize, workers: usize) -> (Batch, u64) {

@@ -2,6 +2,9 @@
 //! copies of them, and random Criteo-like files checked against a plain
 //! `str::split` reference parser.
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use proptest::prelude::*;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -16,13 +19,7 @@ const CRITEO_1TB_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/
 
 /// The data directory, or `None` (with a message) when it is absent.
 fn data_dir(dir: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(dir);
-    if p.is_dir() {
-        Some(p)
-    } else {
-        println!("skipping: data directory {dir} is missing");
-        None
-    }
+    skip::existing(PathBuf::from(dir))
 }
 
 fn features() -> CriteoFeatures {

@@ -2,8 +2,8 @@
 //! snappy instead of zstd, other row groups, one extra column. The reader must
 //! give back exactly the batches of the file tiderec wrote.
 //!
-//! Needs `python3` with `pyarrow` (`scripts/test.sh` installs it); skipped with
-//! a note only when `python3 -c 'import pyarrow'` fails.
+//! Needs `python3` with `pyarrow` (`scripts/test.sh` installs it); without it
+//! the test prints why and returns, or fails under `CI=true`.
 
 mod parquet_common;
 
@@ -17,7 +17,7 @@ use tiderec_sources::parquet::{ParquetDataset, SchemaDescription, WriterOptions}
 fn pyarrow_available() -> bool {
     let ok = Command::new("python3").args(["-c", "import pyarrow"]).output().is_ok_and(|o| o.status.success());
     if !ok {
-        println!("skipping: `python3 -c 'import pyarrow'` fails (run `pip install pyarrow`)");
+        parquet_common::skip::cannot_run("`python3 -c 'import pyarrow'` fails (run `pip install pyarrow`)");
     }
     ok
 }

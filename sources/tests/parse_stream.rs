@@ -1,5 +1,8 @@
 //! The `parse_records` timely operator with the real Criteo format equals the file reader.
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tiderec_operators::stream::ParseRecords;
@@ -11,7 +14,7 @@ use timely::dataflow::operators::{Inspect, ToStream};
 fn parse_records_on_a_stream_equals_the_file_reader() {
     let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/criteo/sample_test.txt"));
     if !path.exists() {
-        eprintln!("skipping: shared data not found");
+        skip::cannot_run(&format!("{} not found", path.display()));
         return;
     }
     let features = CriteoFeatures::uniform(10_000, 5);

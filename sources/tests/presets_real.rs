@@ -2,6 +2,9 @@
 //! `../shared/data` (elm and elm_y_long, which have no real rows, featurize
 //! lines of the elm-shaped generator), and every TOML the presets print reads back.
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::PathBuf;
 use tiderec_operators::format::LineFormat;
 use tiderec_operators::spec::{FeatureSpec, Pooling, SpecFormat};
@@ -11,8 +14,8 @@ fn data(rel: &str) -> Option<Vec<u8>> {
     let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data")).join(rel);
     match std::fs::read(&p) {
         Ok(b) => Some(b),
-        Err(_) => {
-            eprintln!("skipping: {} not found", p.display());
+        Err(e) => {
+            skip::cannot_run(&format!("{}: {e}", p.display()));
             None
         }
     }

@@ -1,6 +1,9 @@
 //! Behaviour-sequence sources on the real samples in ../shared/data: Amazon
 //! DIEN-format files, the Taobao UserBehavior log and the Taobao display-ad CSV.
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::PathBuf;
 use tiderec_operators::bad_record::{BadReason, BadRecordPolicy, MemoryDeadLetters};
 use tiderec_operators::spec::{FeatureSpec, SpecFormat};
@@ -11,10 +14,7 @@ use tiderec_sources::taobao::read_user_behavior;
 
 fn data(rel: &str) -> Option<PathBuf> {
     let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data")).join(rel);
-    p.exists().then_some(p).or_else(|| {
-        eprintln!("skipping: {rel} not found");
-        None
-    })
+    skip::existing(p)
 }
 
 /// Reads every record of `paths` with `worker` of `workers`; returns the batch and the dead letters.

@@ -1,17 +1,15 @@
 //! Shared helpers of the cross-crate tests.
 #![allow(dead_code)]
 
+#[path = "../support/skip.rs"]
+pub mod skip;
+
 use std::path::PathBuf;
 
 /// `../shared/data/<rel>` beside the repository, or `None` (with a note) when absent.
 pub fn shared_data(rel: &str) -> Option<PathBuf> {
     let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data")).join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} not found", p.display());
-        None
-    }
+    skip::existing(p)
 }
 
 /// Relative difference of two values.

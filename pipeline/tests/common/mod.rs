@@ -1,6 +1,9 @@
 //! Helpers shared by the CLI tests: spawn the release binary, read its metrics, find the shared data.
 #![allow(dead_code)]
 
+#[path = "../../../tests/support/skip.rs"]
+pub mod skip;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -29,12 +32,7 @@ pub fn metrics(path: &Path) -> serde_json::Value {
 /// `../shared/data/<rel>` beside the repository, or `None` (with a note) when absent.
 pub fn shared_data(rel: &str) -> Option<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} not found", p.display());
-        None
-    }
+    skip::existing(p)
 }
 
 /// Relative difference of two values.

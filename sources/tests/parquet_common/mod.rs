@@ -1,6 +1,9 @@
 //! Helpers shared by the Parquet tests: read raw files into batches, write and read Parquet.
 #![allow(dead_code)]
 
+#[path = "../../../tests/support/skip.rs"]
+pub mod skip;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tiderec_operators::spec::{FeatureSpec, SpecFormat};
@@ -14,12 +17,7 @@ pub const SEED: u64 = 42;
 /// `../shared/data/<rel>` beside the repository, or `None` (with a note) when absent.
 pub fn shared_data(rel: &str) -> Option<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        println!("skipping: {} not found", p.display());
-        None
-    }
+    skip::existing(p)
 }
 
 /// Distinct table sizes per field, so that a field mix-up would show.
