@@ -49,6 +49,8 @@ mod sort;
 pub mod sparse;
 
 pub use blas::{gemm, Op};
+/// The CUDA bindings the buffers and streams of this crate come from.
+pub use cudarc;
 pub use cudarc::driver::CudaSlice;
 pub use device::{cublas_available, driver_available, nvrtc_available, nvrtc_missing, Device};
 pub use error::GpuError;
