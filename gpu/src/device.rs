@@ -9,8 +9,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The file names cudarc tries for library `name` (`cuda`, `nvrtc`, `cublas`).
+/// Each name once, in the order cudarc tries them.
 fn candidates(names: &[&str]) -> Vec<String> {
-    names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n)).collect()
+    let mut out: Vec<String> = Vec::new();
+    for c in names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n)) {
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// True when the CUDA driver library can be loaded.

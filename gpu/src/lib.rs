@@ -74,4 +74,33 @@ mod tests {
         }
         assert!(err.to_string().contains("no CUDA driver"), "{err}");
     }
+
+    /// Every kernel a wrapper launches by name is one `Device::open` loads
+    /// (a name missing from `kernels::SOURCES` would only show on a GPU).
+    #[test]
+    fn every_launched_kernel_is_listed_in_the_sources() {
+        let listed: Vec<&str> = kernels::SOURCES.iter().flat_map(|s| s.functions.iter().copied()).collect();
+        let mut launched = Vec::new();
+        let mut dirs = vec![std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for piece in text.split("dev.function(\"").skip(1) {
+                        launched.push(piece.split('"').next().unwrap().to_string());
+                    }
+                }
+            }
+        }
+        assert!(launched.len() >= 20, "found only {launched:?}");
+        for name in &launched {
+            assert!(listed.contains(&name.as_str()), "`{name}` is launched but not listed in kernels::SOURCES");
+        }
+        for name in listed {
+            assert!(launched.iter().any(|l| l == name), "`{name}` is compiled but never launched");
+        }
+    }
 }
