@@ -51,7 +51,7 @@ impl RowTable {
     pub fn upload(dev: &Device, rows: &[f32], state: &[f32], dim: usize) -> Result<RowTable, GpuError> {
         const OP: &str = "row table";
         check::positive(OP, "dim", dim)?;
-        if rows.len() % dim != 0 || state.len() != rows.len() / dim {
+        if !rows.len().is_multiple_of(dim) || state.len() != rows.len() / dim {
             return Err(GpuError::shape(
                 OP,
                 format!("{} values are not {} rows of width {dim}", rows.len(), state.len()),

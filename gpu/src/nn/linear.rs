@@ -286,6 +286,7 @@ impl Mlp {
 
     /// Back-propagates `dout` through the last forward: layer gradients into
     /// `grads` (overwritten), the input gradient into `dx` when asked.
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         dev: &Device,
