@@ -91,7 +91,11 @@ impl Device {
         if !driver_available() {
             return Err(GpuError::NoDriver { searched: candidates(&["cuda", "nvcuda"]) });
         }
-        let count = Self::count();
+        let count = match CudaContext::device_count() {
+            Ok(n) => n.max(0) as usize,
+            Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_NO_DEVICE => 0,
+            Err(e) => return Err(GpuError::driver("initialising the driver and counting its devices")(e)),
+        };
         if ordinal >= count {
             return Err(GpuError::NoDevice { ordinal, count });
         }

@@ -36,7 +36,10 @@
 //!   the driver) on the first `Device::open` of that device; later opens reuse
 //!   the loaded modules. The test `compile_kernels` compiles every file for
 //!   Hopper and assembles it with `ptxas` on machines without a GPU.
-//! * Kernels need compute capability 7.0 or newer (warp match intrinsics).
+//! * Kernels need compute capability 7.0 or newer (warp match intrinsics) and
+//!   a driver for CUDA 13.0 or newer (the bindings are pinned to the 13.0 API;
+//!   NVRTC 13.0 writes PTX 9.0, which an older driver refuses at module load
+//!   with a [`GpuError::Driver`]).
 
 mod blas;
 mod check;
