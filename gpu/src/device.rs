@@ -1,0 +1,207 @@
+//! Finding a device, probing the CUDA libraries first, and the per-process
+//! cache of compiled kernels.
+
+use crate::kernels::{compile, virtual_arch, SOURCES};
+use crate::GpuError;
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The file names cudarc tries for library `name` (`cuda`, `nvrtc`, `cublas`).
+/// Each name once, in the order cudarc tries them.
+fn candidates(names: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for c in names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n)) {
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// True when the CUDA driver library can be loaded.
+pub fn driver_available() -> bool {
+    // SAFETY: loads (and drops) a shared library by name; no symbol is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// True when NVRTC can be loaded (kernels can then be compiled, with or without a driver).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: as in `driver_available`.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// True when cuBLAS can be loaded.
+pub fn cublas_available() -> bool {
+    // SAFETY: as in `driver_available`.
+    unsafe { cudarc::cublas::sys::is_culib_present() }
+}
+
+/// The error for a missing NVRTC, naming the files tried.
+pub fn nvrtc_missing() -> GpuError {
+    GpuError::LibraryMissing { library: "nvrtc", searched: candidates(&["nvrtc"]) }
+}
+
+/// The kernels of every source file, loaded into one device's primary context.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+impl Kernels {
+    fn build(ctx: &Arc<CudaContext>, arch: &'static str) -> Result<Kernels, GpuError> {
+        let mut functions = HashMap::new();
+        for source in SOURCES {
+            let ptx = compile(source, arch)?;
+            let module = ctx.load_module(ptx).map_err(GpuError::driver("loading a compiled kernel module"))?;
+            for &name in source.functions {
+                let f = module.load_function(name).map_err(GpuError::driver("finding a kernel in its module"))?;
+                functions.insert(name, f);
+            }
+        }
+        Ok(Kernels { functions })
+    }
+}
+
+/// Compiled kernels per device ordinal: each device's sources are compiled
+/// and loaded once per process, on the first [`Device::open`] of it.
+fn kernel_cache() -> &'static Mutex<HashMap<usize, Arc<Kernels>>> {
+    static CACHE: OnceLock<Mutex<HashMap<usize, Arc<Kernels>>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// An open CUDA device: its context, a stream of its own, a cuBLAS handle in
+/// exact fp32 on that stream, and the compiled kernels. Every operation of
+/// this crate runs on the device's stream in the order it is called.
+#[derive(Clone, Debug)]
+pub struct Device {
+    ordinal: usize,
+    capability: (i32, i32),
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) blas: Arc<CudaBlas>,
+    pub(crate) kernels: Arc<Kernels>,
+}
+
+impl Device {
+    /// Opens device `ordinal`. Probes the driver, the device count, NVRTC and
+    /// cuBLAS before any CUDA call, so a machine without them gets an error,
+    /// never a panic.
+    pub fn open(ordinal: usize) -> Result<Device, GpuError> {
+        if !driver_available() {
+            return Err(GpuError::NoDriver { searched: candidates(&["cuda", "nvcuda"]) });
+        }
+        let count = match CudaContext::device_count() {
+            Ok(n) => n.max(0) as usize,
+            Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_NO_DEVICE => 0,
+            Err(e) => return Err(GpuError::driver("initialising the driver and counting its devices")(e)),
+        };
+        if ordinal >= count {
+            return Err(GpuError::NoDevice { ordinal, count });
+        }
+        if !nvrtc_available() {
+            return Err(nvrtc_missing());
+        }
+        if !cublas_available() {
+            return Err(GpuError::LibraryMissing { library: "cublas", searched: candidates(&["cublas"]) });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(GpuError::driver("creating the device context"))?;
+        let (major, minor) = ctx.compute_capability().map_err(GpuError::driver("reading the compute capability"))?;
+        if major < 7 {
+            return Err(GpuError::UnsupportedDevice { ordinal, major, minor });
+        }
+        let kernels = {
+            let mut cache = kernel_cache().lock().unwrap_or_else(|p| p.into_inner());
+            match cache.get(&ordinal) {
+                Some(k) => k.clone(),
+                None => {
+                    let k = Arc::new(Kernels::build(&ctx, virtual_arch(major, minor))?);
+                    cache.insert(ordinal, k.clone());
+                    k
+                }
+            }
+        };
+        let stream = ctx.new_stream().map_err(GpuError::driver("creating a stream"))?;
+        let blas = CudaBlas::new(stream.clone()).map_err(GpuError::blas("creating the cuBLAS handle"))?;
+        // Pedantic math: plain fp32 products, no TF32 or other reduced precision.
+        // SAFETY: the handle is valid (just created) and used by this device only.
+        unsafe {
+            cudarc::cublas::sys::cublasSetMathMode(
+                *blas.handle(),
+                cudarc::cublas::sys::cublasMath_t::CUBLAS_PEDANTIC_MATH,
+            )
+        }
+        .result()
+        .map_err(GpuError::blas("setting the fp32 math mode"))?;
+        Ok(Device { ordinal, capability: (major, minor), stream, blas: Arc::new(blas), kernels })
+    }
+
+    /// Number of visible devices: 0 without a driver (or when the driver
+    /// reports an error, e.g. no device at all).
+    pub fn count() -> usize {
+        if !driver_available() {
+            return 0;
+        }
+        CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.capability
+    }
+
+    /// The stream every operation runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub(crate) fn function(&self, name: &'static str) -> &CudaFunction {
+        // Every name asked for is listed in `SOURCES` and loaded in `Kernels::build`
+        // (the compile test checks the lists against the PTX).
+        &self.kernels.functions[name]
+    }
+
+    /// Copies `host` to a new device buffer (an empty slice gets a one-element
+    /// buffer, since CUDA cannot allocate zero bytes; shapes are passed apart).
+    pub fn upload<T: DeviceRepr + ValidAsZeroBits + Copy>(&self, host: &[T]) -> Result<CudaSlice<T>, GpuError> {
+        let mut dev = self.zeros::<T>(host.len())?;
+        if !host.is_empty() {
+            self.stream.memcpy_htod(host, &mut dev).map_err(GpuError::driver("copying to the device"))?;
+        }
+        Ok(dev)
+    }
+
+    /// A zeroed device buffer of `len` values (at least one, as in [`upload`](Self::upload)).
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>, GpuError> {
+        self.stream.alloc_zeros::<T>(len.max(1)).map_err(GpuError::driver("allocating device memory"))
+    }
+
+    /// Copies the first `len` values of `dev` to the host (waits for the stream).
+    pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaSlice<T>,
+        len: usize,
+    ) -> Result<Vec<T>, GpuError> {
+        if len > dev.len() {
+            return Err(GpuError::shape("download", format!("{len} values asked from a buffer of {}", dev.len())));
+        }
+        let mut host = vec![T::default(); len];
+        if len > 0 {
+            self.stream
+                .memcpy_dtoh(&dev.slice(..len), &mut host)
+                .map_err(GpuError::driver("copying from the device"))?;
+        }
+        self.synchronize()?;
+        Ok(host)
+    }
+
+    /// Waits until every operation queued on the device's stream has finished.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(GpuError::driver("waiting for the stream"))
+    }
+}

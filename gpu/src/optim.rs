@@ -1,0 +1,131 @@
+//! Dense optimizers on the device, mirroring
+//! `tiderec_operators::optim::DenseOptimizer`: the same update rules,
+//! epsilons, initial accumulator and Adam bias correction (computed on the
+//! host in fp32 exactly as the CPU computes it), one elementwise kernel per step.
+
+use crate::check::{self, grid_for};
+use crate::{Device, GpuError};
+use cudarc::driver::{CudaSlice, PushKernelArg};
+
+/// Dense optimizer kinds (as `DenseOptimizerKind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseKind {
+    /// Plain SGD.
+    Sgd,
+    /// Adagrad, one accumulator per parameter.
+    Adagrad,
+    /// Adam with bias correction.
+    Adam,
+}
+
+/// The hyper-parameters a dense optimizer reads (as `OptimizerParams`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DenseHyper {
+    /// Learning rate.
+    pub lr: f32,
+    /// Adam β₁.
+    pub beta1: f32,
+    /// Adam β₂.
+    pub beta2: f32,
+    /// Denominator guard.
+    pub eps: f32,
+    /// Adagrad's initial accumulator.
+    pub initial_accumulator: f32,
+}
+
+/// The state and update rule of one dense slice of `len` parameters, on the device.
+#[derive(Debug)]
+pub struct DenseOptimizer {
+    kind: DenseKind,
+    hp: DenseHyper,
+    len: usize,
+    m: Option<CudaSlice<f32>>,
+    v: Option<CudaSlice<f32>>,
+    t: u64,
+}
+
+impl DenseOptimizer {
+    /// Fresh state for `len` parameters (Adagrad's accumulators at
+    /// `initial_accumulator`, Adam's moments at zero).
+    pub fn new(dev: &Device, kind: DenseKind, hp: DenseHyper, len: usize) -> Result<Self, GpuError> {
+        let (m, v) = match kind {
+            DenseKind::Sgd => (None, None),
+            DenseKind::Adagrad => (None, Some(dev.upload(&vec![hp.initial_accumulator; len])?)),
+            DenseKind::Adam => (Some(dev.zeros(len)?), Some(dev.zeros(len)?)),
+        };
+        Ok(DenseOptimizer { kind, hp, len, m, v, t: 0 })
+    }
+
+    /// Updates applied so far.
+    pub fn steps(&self) -> u64 {
+        self.t
+    }
+
+    /// The first moments (Adam) and second moments or accumulators, on the device.
+    pub fn moments(&self) -> (Option<&CudaSlice<f32>>, Option<&CudaSlice<f32>>) {
+        (self.m.as_ref(), self.v.as_ref())
+    }
+
+    /// Updates the first `len` values of `params` from the gradient `scale · grads`.
+    pub fn apply_scaled(
+        &mut self,
+        dev: &Device,
+        params: &mut CudaSlice<f32>,
+        grads: &CudaSlice<f32>,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "dense optimizer";
+        let n = self.len;
+        check::len(OP, "params", params, n, || format!("a slice of {n}"))?;
+        check::len(OP, "grads", grads, n, || format!("a slice of {n}"))?;
+        self.t += 1;
+        if n == 0 {
+            return Ok(());
+        }
+        let n64 = n as u64;
+        let DenseHyper { lr, beta1, beta2, eps, .. } = self.hp;
+        let cfg = grid_for(n);
+        match (self.kind, self.m.as_mut(), self.v.as_mut()) {
+            (DenseKind::Sgd, _, _) => {
+                let mut launch = dev.stream.launch_builder(dev.function("sgd_update"));
+                launch.arg(params).arg(grads).arg(&n64).arg(&lr).arg(&scale);
+                // SAFETY: both buffers hold at least n values.
+                unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching sgd_update"))?;
+            }
+            (DenseKind::Adagrad, _, Some(v)) => {
+                let mut launch = dev.stream.launch_builder(dev.function("adagrad_update"));
+                launch.arg(params).arg(grads).arg(v).arg(&n64).arg(&lr).arg(&eps).arg(&scale);
+                // SAFETY: the three buffers hold at least n values.
+                unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching adagrad_update"))?;
+            }
+            (DenseKind::Adam, Some(m), Some(v)) => {
+                // The CPU's bias correction, in fp32, term for term.
+                let t = self.t.min(i32::MAX as u64) as i32;
+                let bc1 = 1.0 - beta1.powi(t);
+                let bc2 = 1.0 - beta2.powi(t);
+                let step = lr / bc1;
+                let bc2_sqrt = bc2.sqrt();
+                let (omb1, omb2) = (1.0 - beta1, 1.0 - beta2);
+                let mut launch = dev.stream.launch_builder(dev.function("adam_update"));
+                launch
+                    .arg(params)
+                    .arg(grads)
+                    .arg(m)
+                    .arg(v)
+                    .arg(&n64)
+                    .arg(&beta1)
+                    .arg(&beta2)
+                    .arg(&omb1)
+                    .arg(&omb2)
+                    .arg(&step)
+                    .arg(&bc2_sqrt)
+                    .arg(&eps)
+                    .arg(&scale);
+                // SAFETY: the four buffers hold at least n values.
+                unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching adam_update"))?;
+            }
+            _ => return Err(GpuError::shape(OP, "optimizer state missing for its kind")),
+        }
+        Ok(())
+    }
+}

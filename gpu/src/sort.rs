@@ -1,0 +1,139 @@
+//! Device-side checks of index buffers and the stable radix sort that groups
+//! duplicate rows (`gpu/kernels/sort.cu`).
+
+use crate::check::{self, grid_for, THREADS};
+use crate::{Device, GpuError};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+/// Keys per block of one radix pass.
+const TILE: usize = 16 * THREADS as usize;
+
+/// Reads back a `first bad position` flag (`u32::MAX`: none).
+fn read_flag(dev: &Device, flag: &CudaSlice<u32>) -> Result<Option<usize>, GpuError> {
+    let v = dev.download(flag, 1)?[0];
+    Ok((v != u32::MAX).then_some(v as usize))
+}
+
+/// Fails (naming the first offender) unless every one of the first `n` keys is below `bound`.
+/// Waits for the stream.
+pub(crate) fn check_below(
+    dev: &Device,
+    op: &'static str,
+    what: &str,
+    keys: &CudaSlice<u32>,
+    n: usize,
+    bound: usize,
+) -> Result<(), GpuError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (n32, bound32) = (check::u32_of(op, "entries", n)?, check::u32_of(op, "bound", bound)?);
+    let mut flag = dev.upload(&[u32::MAX])?;
+    let mut launch = dev.stream.launch_builder(dev.function("check_below"));
+    launch.arg(keys).arg(&n32).arg(&bound32).arg(&mut flag);
+    // SAFETY: `keys` holds at least n values (checked by the callers); the flag one.
+    unsafe { launch.launch(grid_for(n)) }.map_err(GpuError::driver("launching check_below"))?;
+    if let Some(pos) = read_flag(dev, &flag)? {
+        let mut v = [0u32];
+        dev.stream.memcpy_dtoh(&keys.slice(pos..pos + 1), &mut v).map_err(GpuError::driver("reading a bad index"))?;
+        dev.synchronize()?;
+        return Err(GpuError::Index { op, message: format!("{what} {} at position {pos} is not below {bound}", v[0]) });
+    }
+    Ok(())
+}
+
+/// Fails unless `offsets` (`batch + 1` values) start at 0, never decrease and end at `len`.
+/// Waits for the stream.
+pub(crate) fn check_offsets(
+    dev: &Device,
+    op: &'static str,
+    offsets: &CudaSlice<u32>,
+    batch: usize,
+    len: usize,
+) -> Result<(), GpuError> {
+    check::len(op, "offsets", offsets, batch + 1, || format!("batch {batch} + 1"))?;
+    let (b32, len32) = (check::u32_of(op, "batch", batch)?, check::u32_of(op, "entries", len)?);
+    let mut flag = dev.upload(&[u32::MAX])?;
+    if batch > 0 {
+        let mut launch = dev.stream.launch_builder(dev.function("check_offsets"));
+        launch.arg(offsets).arg(&b32).arg(&len32).arg(&mut flag);
+        // SAFETY: `offsets` holds batch + 1 values (checked above).
+        unsafe { launch.launch(grid_for(batch)) }.map_err(GpuError::driver("launching check_offsets"))?;
+    }
+    let mut last = [0u32];
+    dev.stream
+        .memcpy_dtoh(&offsets.slice(batch..batch + 1), &mut last)
+        .map_err(GpuError::driver("reading the last offset"))?;
+    let last = last[0];
+    if let Some(b) = read_flag(dev, &flag)? {
+        return Err(GpuError::Index {
+            op,
+            message: format!("the offsets of bag {b} are out of order or past the {len} entries (offsets must start at 0 and never decrease)"),
+        });
+    }
+    if last as usize != len {
+        return Err(GpuError::Index { op, message: format!("the offsets end at {last}, not at the {len} entries") });
+    }
+    Ok(())
+}
+
+/// The first `n` keys sorted ascending, stably, with their positions.
+pub(crate) struct Sorted {
+    /// The keys in order.
+    pub keys: CudaSlice<u32>,
+    /// `pos[i]`: where `keys[i]` was in the input (ascending among equal keys).
+    pub pos: CudaSlice<u32>,
+}
+
+/// Sorts the first `n` keys (every key below `bound`, checked by the caller)
+/// with a stable LSD radix sort, 8 bits a pass, as many passes as `bound` needs.
+pub(crate) fn sort_keys(
+    dev: &Device,
+    op: &'static str,
+    keys: &CudaSlice<u32>,
+    n: usize,
+    bound: usize,
+) -> Result<Sorted, GpuError> {
+    let n32 = check::u32_of(op, "entries", n)?;
+    let mut ka = dev.zeros::<u32>(n)?;
+    let mut va = dev.zeros::<u32>(n)?;
+    if n == 0 {
+        return Ok(Sorted { keys: ka, pos: va });
+    }
+    dev.stream.memcpy_dtod(&keys.slice(..n), &mut ka).map_err(GpuError::driver("copying keys"))?;
+    {
+        let mut launch = dev.stream.launch_builder(dev.function("iota_u32"));
+        launch.arg(&mut va).arg(&n32);
+        // SAFETY: `va` holds n values.
+        unsafe { launch.launch(grid_for(n)) }.map_err(GpuError::driver("launching iota_u32"))?;
+    }
+    let bits = usize::BITS - bound.saturating_sub(1).leading_zeros();
+    let passes = bits.div_ceil(8).max(1);
+    let tiles = n.div_ceil(TILE);
+    let tiles32 = check::u32_of(op, "tiles", tiles)?;
+    let hist_len = check::u32_of(op, "histogram", 256 * tiles)?;
+    let tile32 = TILE as u32;
+    let mut hist = dev.zeros::<u32>(256 * tiles)?;
+    let mut kb = dev.zeros::<u32>(n)?;
+    let mut vb = dev.zeros::<u32>(n)?;
+    let per_tile = LaunchConfig { grid_dim: (tiles32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    for pass in 0..passes {
+        let shift = 8 * pass;
+        let mut h = dev.stream.launch_builder(dev.function("radix_histogram"));
+        h.arg(&ka).arg(&n32).arg(&shift).arg(&tile32).arg(&tiles32).arg(&mut hist);
+        // SAFETY: `ka` holds n keys, `hist` 256 × tiles counts; one block per tile.
+        unsafe { h.launch(per_tile) }.map_err(GpuError::driver("launching radix_histogram"))?;
+        let mut s = dev.stream.launch_builder(dev.function("exclusive_scan_u32"));
+        s.arg(&mut hist).arg(&hist_len);
+        // SAFETY: `hist` holds hist_len values; the kernel wants one block of 256 threads.
+        unsafe { s.launch(one_block) }.map_err(GpuError::driver("launching exclusive_scan_u32"))?;
+        let mut sc = dev.stream.launch_builder(dev.function("radix_scatter"));
+        sc.arg(&ka).arg(&va).arg(&n32).arg(&shift).arg(&tile32).arg(&tiles32).arg(&hist).arg(&mut kb).arg(&mut vb);
+        // SAFETY: the scanned histogram places every key of every tile inside [0, n) of kb and vb.
+        unsafe { sc.launch(per_tile) }.map_err(GpuError::driver("launching radix_scatter"))?;
+        std::mem::swap(&mut ka, &mut kb);
+        std::mem::swap(&mut va, &mut vb);
+    }
+    Ok(Sorted { keys: ka, pos: va })
+}

@@ -1,0 +1,116 @@
+//! Sparse row updates on the device, mirroring the CPU owner's step
+//! (`operators/src/train/owner.rs` and `optim::apply_row`): the gradients of
+//! duplicate rows are summed in entry order, the sum is scaled once, and each
+//! distinct row is updated once with SGD or row-wise Adagrad.
+//!
+//! The duplicates are grouped on the device by a stable radix sort of the row
+//! numbers; then one warp per distinct row sums its entries in entry order
+//! (the first copied, the others added) and applies the update. No atomics
+//! touch a value, so a step gives the same table on every run.
+
+use crate::check;
+use crate::sort::{check_below, sort_keys};
+use crate::{Device, GpuError};
+use cudarc::driver::{CudaSlice, PushKernelArg};
+
+/// The sparse optimizers the device implements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SparseRule {
+    /// `w -= lr · g`.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
+    /// `a += Σ_c g_c² / dim; w -= lr / (√a + eps) · g`, one accumulator per row.
+    RowwiseAdagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Denominator guard.
+        eps: f32,
+    },
+}
+
+/// A dense table of `num_rows × dim` embedding rows on the device with one
+/// optimizer value per row (row-wise Adagrad's accumulator; unused by SGD),
+/// addressed by row number. The table the update kernels work on, not an
+/// embedding store.
+#[derive(Debug)]
+pub struct RowTable {
+    /// The rows, row-major.
+    pub rows: CudaSlice<f32>,
+    /// One optimizer value per row.
+    pub state: CudaSlice<f32>,
+    /// Rows in the table.
+    pub num_rows: usize,
+    /// Row width.
+    pub dim: usize,
+}
+
+impl RowTable {
+    /// A table holding `rows` (`num_rows × dim`) and `state` (`num_rows`).
+    pub fn upload(dev: &Device, rows: &[f32], state: &[f32], dim: usize) -> Result<RowTable, GpuError> {
+        const OP: &str = "row table";
+        check::positive(OP, "dim", dim)?;
+        if !rows.len().is_multiple_of(dim) || state.len() != rows.len() / dim {
+            return Err(GpuError::shape(
+                OP,
+                format!("{} values are not {} rows of width {dim}", rows.len(), state.len()),
+            ));
+        }
+        Ok(RowTable { rows: dev.upload(rows)?, state: dev.upload(state)?, num_rows: state.len(), dim })
+    }
+
+    /// Applies one step: `ids[k]` (`entries` row numbers, duplicates allowed)
+    /// with gradient `grads[k·dim ..][..dim]`, each row's sum scaled by `scale`.
+    /// Fails with [`GpuError::Index`] (before changing anything) for a row
+    /// number outside the table. Waits for the stream (the check reads back).
+    pub fn apply(
+        &mut self,
+        dev: &Device,
+        rule: SparseRule,
+        ids: &CudaSlice<u32>,
+        grads: &CudaSlice<f32>,
+        entries: usize,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "sparse row update";
+        let d = self.dim;
+        check::len(OP, "ids", ids, entries, || format!("{entries} entries"))?;
+        check::len(OP, "grads", grads, check::product(OP, &[entries, d])?, || format!("{entries} entries × {d}"))?;
+        check::len(OP, "rows", &self.rows, self.num_rows * d, || format!("{} rows × {d}", self.num_rows))?;
+        check::len(OP, "state", &self.state, self.num_rows, || format!("{} rows", self.num_rows))?;
+        check_below(dev, OP, "row", ids, entries, self.num_rows)?;
+        if entries == 0 {
+            return Ok(());
+        }
+        let sorted = sort_keys(dev, OP, ids, entries, self.num_rows)?;
+        let (kind, lr, eps) = match rule {
+            SparseRule::Sgd { lr } => (0i32, lr, 0.0f32),
+            SparseRule::RowwiseAdagrad { lr, eps } => (1, lr, eps),
+        };
+        let (n32, d32, rows32) = (
+            check::u32_of(OP, "entries", entries)?,
+            check::u32_of(OP, "dim", d)?,
+            check::u32_of(OP, "num_rows", self.num_rows)?,
+        );
+        let cfg = check::warp_per_item(OP, entries, d * 4)?;
+        let mut launch = dev.stream.launch_builder(dev.function("sparse_update_rows"));
+        launch
+            .arg(&sorted.keys)
+            .arg(&sorted.pos)
+            .arg(&n32)
+            .arg(grads)
+            .arg(&d32)
+            .arg(&scale)
+            .arg(&kind)
+            .arg(&lr)
+            .arg(&eps)
+            .arg(&rows32)
+            .arg(&mut self.rows)
+            .arg(&mut self.state);
+        // SAFETY: every sorted row is below num_rows (checked), every position below entries;
+        // the shared memory holds dim floats per warp.
+        unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching sparse_update_rows"))?;
+        Ok(())
+    }
+}

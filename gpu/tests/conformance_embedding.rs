@@ -1,0 +1,177 @@
+//! Embedding-bag pooling and sparse row updates on the device against the
+//! CPU (`nn::embedding_bag`, `optim::apply_row` through `EmbeddingShard`),
+//! with empty bags, one-row batches and many duplicate ids. Without a GPU
+//! every test prints why it skips.
+
+mod common;
+
+use common::{assert_close, below, device, get, normal, put, uniform};
+use tiderec_gpu::nn::embedding_bag::{pool_backward, pool_forward, Bags, PoolShape, Pooling};
+use tiderec_gpu::sparse::{RowTable, SparseRule};
+use tiderec_gpu::GpuError;
+use tiderec_operators::nn::embedding_bag as cpu;
+use tiderec_operators::optim::{OptimizerParams, SparseOptimizerKind};
+use tiderec_operators::shard::EmbeddingShard;
+
+/// Bags for `batch` samples over `num_unique` rows: sizes 0..=max_bag (every
+/// fourth bag empty), ids drawn with many repeats.
+fn bags(seed: u64, batch: usize, num_unique: usize, max_bag: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut offsets = vec![0u32];
+    let mut index = Vec::new();
+    for b in 0..batch {
+        let n = if b % 4 == 1 { 0 } else { below(seed, b, max_bag + 1) };
+        for k in 0..n {
+            index.push(below(seed + 1, index.len() * 7 + k, num_unique) as u32);
+        }
+        offsets.push(index.len() as u32);
+    }
+    (offsets, index)
+}
+
+#[test]
+fn pooling_and_its_gradient_match_the_cpu_for_sum_mean_and_weights() {
+    let Some(dev) = device() else { return };
+    for (batch, num_unique, dim, max_bag, field, num_fields) in
+        [(1, 1, 4, 3, 0, 1), (9, 6, 5, 6, 2, 3), (257, 40, 16, 9, 1, 26), (33, 1000, 33, 1, 0, 2)]
+    {
+        let (offsets, index) = bags(30 + batch as u64, batch, num_unique, max_bag);
+        let entries = index.len();
+        let mean: Vec<f32> = (0..batch)
+            .flat_map(|b| {
+                let n = (offsets[b + 1] - offsets[b]) as usize;
+                std::iter::repeat_n(1.0 / n.max(1) as f32, n)
+            })
+            .collect();
+        let weights = uniform(31, entries, -2.0, 2.0);
+        let unique = normal(32, num_unique * dim);
+        let dpooled = normal(33, batch * num_fields * dim);
+        let start = normal(34, num_unique * dim);
+        let (od, id, ud, gd) = (put(&dev, &offsets), put(&dev, &index), put(&dev, &unique), put(&dev, &dpooled));
+        let wd = put(&dev, &weights);
+        let shape = PoolShape { dim, field, num_fields, num_unique };
+        let b = Bags { offsets: &od, index: &id, batch, entries };
+        for (name, cpu_w, pooling) in [
+            ("sum", None, Pooling::Sum),
+            ("mean", Some(&mean[..]), Pooling::Mean),
+            ("weighted", Some(&weights[..]), Pooling::Weighted(&wd)),
+        ] {
+            let what = format!("pool {name} b{batch} U{num_unique} d{dim} entries {entries}");
+            // Forward: other fields' slots keep what was there.
+            let fill = normal(35, batch * num_fields * dim);
+            let mut want = fill.clone();
+            cpu::pool_sum(&unique, dim, &offsets, &index, cpu_w, field, num_fields, &mut want);
+            let mut pd = put(&dev, &fill);
+            pool_forward(&dev, &ud, b, pooling, shape, &mut pd).unwrap();
+            let got = get(&dev, &pd, want.len());
+            assert_close(&format!("{what} pooled"), &got, &want);
+            for s in 0..batch {
+                if offsets[s] == offsets[s + 1] {
+                    let row = (s * num_fields + field) * dim;
+                    assert!(got[row..row + dim].iter().all(|&v| v == 0.0), "{what}: empty bag {s} pools to zero");
+                }
+            }
+            // Backward adds into the row gradients.
+            let mut want_du = start.clone();
+            cpu::pool_sum_backward(&dpooled, dim, &offsets, &index, cpu_w, field, num_fields, &mut want_du);
+            let mut dud = put(&dev, &start);
+            pool_backward(&dev, &gd, b, pooling, shape, &mut dud).unwrap();
+            assert_close(&format!("{what} dunique"), &get(&dev, &dud, want_du.len()), &want_du);
+        }
+    }
+}
+
+#[test]
+fn pooling_rejects_bad_indices_and_offsets_without_touching_memory() {
+    let Some(dev) = device() else { return };
+    let unique = put(&dev, &normal(40, 3 * 4));
+    let shape = PoolShape { dim: 4, field: 0, num_fields: 1, num_unique: 3 };
+    let mut pooled = dev.zeros::<f32>(2 * 4).unwrap();
+    let offsets = put(&dev, &[0u32, 2, 3]);
+    let index = put(&dev, &[0u32, 7, 1]);
+    let b = Bags { offsets: &offsets, index: &index, batch: 2, entries: 3 };
+    let err = pool_forward(&dev, &unique, b, Pooling::Sum, shape, &mut pooled).unwrap_err();
+    assert!(matches!(err, GpuError::Index { .. }), "{err:?}");
+    assert!(err.to_string().contains("row 7 at position 1 is not below 3"), "{err}");
+    let bad_offsets = put(&dev, &[0u32, 3, 2]);
+    let index = put(&dev, &[0u32, 1, 2]);
+    let b = Bags { offsets: &bad_offsets, index: &index, batch: 2, entries: 3 };
+    let err = pool_forward(&dev, &unique, b, Pooling::Sum, shape, &mut pooled).unwrap_err();
+    assert!(err.to_string().contains("bag 1"), "{err}");
+}
+
+/// The CPU owner's step: each row's gradients summed in entry order (the
+/// first copied), scaled once, applied once through the CPU shard.
+fn cpu_step(shard: &mut EmbeddingShard, ids: &[u32], grads: &[f32], dim: usize, scale: f32) {
+    let mut order: Vec<u32> = Vec::new();
+    let mut sums: std::collections::HashMap<u32, Vec<f32>> = std::collections::HashMap::new();
+    for (k, &id) in ids.iter().enumerate() {
+        let g = &grads[k * dim..(k + 1) * dim];
+        match sums.get_mut(&id) {
+            Some(s) => s.iter_mut().zip(g).for_each(|(a, &v)| *a += v),
+            None => {
+                order.push(id);
+                sums.insert(id, g.to_vec());
+            }
+        }
+    }
+    for id in order {
+        let mut g = sums.remove(&id).unwrap();
+        g.iter_mut().for_each(|v| *v *= scale);
+        shard.apply(0, id as u64, &g);
+    }
+}
+
+#[test]
+fn sparse_updates_with_many_duplicate_ids_match_the_cpu() {
+    let Some(dev) = device() else { return };
+    for (kind, num_rows, dim, entries) in [
+        (SparseOptimizerKind::Sgd, 50, 16, 4000),
+        (SparseOptimizerKind::RowwiseAdagrad, 50, 16, 4000),
+        (SparseOptimizerKind::RowwiseAdagrad, 1, 7, 1),
+        (SparseOptimizerKind::RowwiseAdagrad, 70_000, 33, 20_000),
+        (SparseOptimizerKind::Sgd, 300, 1, 9),
+    ] {
+        let mut hp = OptimizerParams::with_lr(0.05);
+        hp.initial_accumulator = 0.1;
+        let mut shard = EmbeddingShard::new(0, 1, dim, &[num_rows as u64], 41, kind, hp);
+        let start = shard.export_table(0);
+        // SGD keeps no per-row state; the device table still has its (unused) column.
+        let state = if start.state.is_empty() { vec![0.0; num_rows] } else { start.state.clone() };
+        let mut table = RowTable::upload(&dev, &start.rows, &state, dim).unwrap();
+        let rule = match kind {
+            SparseOptimizerKind::Sgd => SparseRule::Sgd { lr: hp.lr },
+            _ => SparseRule::RowwiseAdagrad { lr: hp.lr, eps: hp.eps },
+        };
+        for step in 0..3u64 {
+            // Ids skewed to a few hot rows: many duplicates per step.
+            let ids: Vec<u32> = (0..entries)
+                .map(|k| {
+                    let r = below(42 + step, k, 1000);
+                    (if r < 700 { r % 5 } else { below(43 + step, k, num_rows) }).min(num_rows - 1) as u32
+                })
+                .collect();
+            let grads = normal(44 + step, entries * dim);
+            let scale = 1.0 / 64.0;
+            cpu_step(&mut shard, &ids, &grads, dim, scale);
+            let (idd, gd) = (put(&dev, &ids), put(&dev, &grads));
+            table.apply(&dev, rule, &idd, &gd, entries, scale).unwrap();
+            let want = shard.export_table(0);
+            let what = format!("{kind:?} rows {num_rows} d{dim} entries {entries} step {step}");
+            assert_close(&format!("{what} rows"), &get(&dev, &table.rows, num_rows * dim), &want.rows);
+            if kind == SparseOptimizerKind::RowwiseAdagrad {
+                assert_close(&format!("{what} accumulators"), &get(&dev, &table.state, num_rows), &want.state);
+            }
+        }
+    }
+}
+
+#[test]
+fn sparse_update_rejects_an_id_outside_the_table_before_changing_it() {
+    let Some(dev) = device() else { return };
+    let rows = normal(45, 4 * 3);
+    let mut table = RowTable::upload(&dev, &rows, &[0.0; 4], 3).unwrap();
+    let (ids, grads) = (put(&dev, &[1u32, 4, 1]), put(&dev, &normal(46, 9)));
+    let err = table.apply(&dev, SparseRule::Sgd { lr: 0.1 }, &ids, &grads, 3, 1.0).unwrap_err();
+    assert!(err.to_string().contains("row 4 at position 1 is not below 4"), "{err}");
+    assert_eq!(get(&dev, &table.rows, 12), rows, "nothing was updated");
+}
