@@ -32,7 +32,7 @@ fi
 
 echo "== installing NVRTC and ptxas 13.0 (the GPU kernels are compiled and assembled for sm_90; no GPU needed)"
 # Pinned to CUDA 13.0, the driver of the GPU machines: a newer NVRTC writes PTX that driver refuses.
-python3 -m pip install -q nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-nvcc==13.0.88
+python3 -m pip install -q --no-deps nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-nvcc==13.0.88
 CUDA_WHEEL="$(python3 -c 'import nvidia, os
 print(next(os.path.join(p, "cu13") for p in nvidia.__path__
            if os.path.isfile(os.path.join(p, "cu13", "lib", "libnvrtc.so.13"))))')"
