@@ -1016,9 +1016,9 @@ mod tests {
     fn toml_rejects_unknown_keys() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.toml");
-        std::fs::write(&p, "batch_size = 256\nlr = 0.1\n").unwrap();
+        std::fs::write(&p, "batch_size = 256\nlr = 0.1\nconnect_timeout = 5.5\n").unwrap();
         let s = TrainSettings::from_toml_file(&p).unwrap();
-        assert_eq!(s.batch_size, 256);
+        assert_eq!((s.batch_size, s.connect_timeout), (256, 5.5));
         std::fs::write(&p, "batch_sise = 256\n").unwrap();
         let e = TrainSettings::from_toml_file(&p).unwrap_err().to_string();
         assert!(e.contains("batch_sise"), "{e}");

@@ -9,6 +9,10 @@
 //! file) takes part in one more step flagged as failed, so every worker
 //! stops after the same step instead of waiting forever.
 //!
+//! In a cluster run the processes first check each other's settings and
+//! connect within `--connect-timeout`, and a lost process stops the others
+//! with an error naming it ([`crate::cluster`]).
+//!
 //! With `--checkpoint-dir`, all workers write a checkpoint together after
 //! every `--checkpoint-every` steps, at the end of every epoch and at the end
 //! of the run ([`crate::checkpointing`]). With `--resume`, every worker first

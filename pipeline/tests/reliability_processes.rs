@@ -9,7 +9,7 @@ mod common;
 use common::tiderec;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A small, quick DLRM run on the synthetic stream (one worker per process).
@@ -37,8 +37,7 @@ const RUN: &[&str] = &[
 /// written one per line to `dir/hosts.txt`.
 fn hosts_file(dir: &Path, n: usize) -> (PathBuf, Vec<String>) {
     let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    let addresses: Vec<String> =
-        held.iter().map(|l| format!("127.0.0.1:{}", l.local_addr().unwrap().port())).collect();
+    let addresses: Vec<String> = held.iter().map(|l| format!("127.0.0.1:{}", l.local_addr().unwrap().port())).collect();
     let path = dir.join("hosts.txt");
     std::fs::write(&path, addresses.iter().map(|a| format!("{a}\n")).collect::<String>()).unwrap();
     (path, addresses)
@@ -132,7 +131,11 @@ fn processes_with_a_different_model_stop_naming_it() {
 #[test]
 fn processes_with_a_different_dimension_stop_naming_it() {
     // FM, whose factor width is `--dim` alone (DLRM ties it to the last `--bottom` width).
-    mismatch(&["--model", "fm", "--dim", "16"], &["--model", "fm", "--dim", "8"], "dim: process 0 has 16; process 1 has 8");
+    mismatch(
+        &["--model", "fm", "--dim", "16"],
+        &["--model", "fm", "--dim", "8"],
+        "dim: process 0 has 16; process 1 has 8",
+    );
 }
 
 #[test]

@@ -81,15 +81,13 @@ where
         return timely::execute(role.timely_config(cluster.threads), func).map_err(start_error);
     }
     lost_peer::install();
-    let sockets =
-        handshake::connect_and_agree(cluster.process, &cluster.addresses, print, cluster.connect_timeout)?;
+    let sockets = handshake::connect_and_agree(cluster.process, &cluster.addresses, print, cluster.connect_timeout)?;
     let hooks = Hooks::default();
     let local = ProcessBuilder::new_typed_vector(cluster.threads, hooks.refill.clone(), hooks.spill.clone());
     let (builders, guard) = initialize_networking_from_sockets(local, sockets, cluster.process, cluster.threads, hooks)
         .map_err(|e| start_error(e.to_string()))?;
     let builders = builders.into_iter().map(AllocatorBuilder::Tcp).collect();
-    timely::execute::execute_from(builders, Box::new(guard), timely::WorkerConfig::default(), func)
-        .map_err(start_error)
+    timely::execute::execute_from(builders, Box::new(guard), timely::WorkerConfig::default(), func).map_err(start_error)
 }
 
 /// Waits for every local worker ([`crate::run::join_workers`]); when a connection to

@@ -121,15 +121,18 @@ impl OnlineSettings {
     /// and buffering are per process).
     pub fn fingerprint(&self, resolved: &crate::config::Resolved) -> crate::cluster::fingerprint::Fingerprint {
         let mut print = crate::cluster::fingerprint::of_train(&self.train, resolved);
-        print.extend([
-            ("topic", self.topic.clone()),
-            ("group", self.group.clone()),
-            ("format", format!("{:?}", self.format)),
-            ("start", self.start.clone()),
-            ("until_end", self.until_end.to_string()),
-            ("checkpoint_seconds", format!("{:?}", self.checkpoint_seconds)),
-            ("window", self.window.to_string()),
-        ].map(|(k, v)| (k.to_string(), v)));
+        print.extend(
+            [
+                ("topic", self.topic.clone()),
+                ("group", self.group.clone()),
+                ("format", format!("{:?}", self.format)),
+                ("start", self.start.clone()),
+                ("until_end", self.until_end.to_string()),
+                ("checkpoint_seconds", format!("{:?}", self.checkpoint_seconds)),
+                ("window", self.window.to_string()),
+            ]
+            .map(|(k, v)| (k.to_string(), v)),
+        );
         print
     }
 
