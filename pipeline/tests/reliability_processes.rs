@@ -155,9 +155,9 @@ fn a_missing_process_is_named_with_its_address_within_the_timeout() {
     assert!(err.contains(&format!("cannot reach process 0 at {}", addresses[0])), "{err}");
 }
 
-/// Two processes of a long run; once `ready` holds, process 1 is SIGKILLed and
-/// process 0 must stop within 60 s naming it; returns process 0's error.
-fn kill_process_1(dir: &Path, extra: &[&str], ready: impl Fn() -> bool) -> String {
+/// Two processes of a long run; once `ready` holds, process 1 gets `signal` (`-KILL`,
+/// `-STOP`) and process 0 must stop within 60 s naming it; returns process 0's error.
+fn signal_process_1(dir: &Path, signal: &str, extra: &[&str], ready: impl Fn() -> bool) -> String {
     let (hosts, addresses) = hosts_file(dir, 2);
     // The quick run's flags with an epoch too long to end during the test.
     let mut long = RUN.to_vec();
@@ -177,8 +177,8 @@ fn kill_process_1(dir: &Path, extra: &[&str], ready: impl Fn() -> bool) -> Strin
         assert!(Instant::now() < deadline, "the run never got going");
         std::thread::sleep(Duration::from_millis(20));
     }
-    p1.child.kill().unwrap();
-    p1.child.wait().unwrap();
+    let sent = std::process::Command::new("kill").args([signal, &p1.child.id().to_string()]).status().unwrap();
+    assert!(sent.success(), "kill {signal}");
     let err = p0.fails_clearly(Duration::from_secs(60));
     assert!(err.contains(&format!("lost process 1 ({})", addresses[1])), "{err}");
     assert!(err.contains("after training step"), "{err}");
@@ -195,7 +195,9 @@ fn a_killed_process_stops_the_other_naming_it_and_the_checkpoint() {
             .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("ckpt-")))
             .unwrap_or(false)
     };
-    let err = kill_process_1(dir.path(), &["--checkpoint-dir", &ck_arg, "--checkpoint-every", "20"], has_checkpoint);
+    let extra = ["--checkpoint-dir", &ck_arg, "--checkpoint-every", "20"];
+    let err = signal_process_1(dir.path(), "-KILL", &extra, has_checkpoint);
+    assert!(err.contains("its connection broke"), "{err}");
     assert!(err.contains(&format!("The newest checkpoint is {}", ck.join("ckpt-").display())), "{err}");
     assert!(err.contains("--resume"), "{err}");
 }
@@ -204,6 +206,17 @@ fn a_killed_process_stops_the_other_naming_it_and_the_checkpoint() {
 fn a_killed_process_without_checkpoints_says_the_run_must_start_again() {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let err = kill_process_1(dir.path(), &[], || started.elapsed() > Duration::from_secs(4));
+    let err = signal_process_1(dir.path(), "-KILL", &[], || started.elapsed() > Duration::from_secs(4));
     assert!(err.contains("No checkpoints were written"), "{err}");
+}
+
+#[test]
+fn a_stopped_process_stops_the_other_once_its_heartbeats_cease() {
+    // SIGSTOP closes no connection: only the missing heartbeats tell.
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let err = signal_process_1(dir.path(), "-STOP", &["--connect-timeout", "3"], || {
+        started.elapsed() > Duration::from_secs(4)
+    });
+    assert!(err.contains("it sent no heartbeat for 3 s (--connect-timeout)"), "{err}");
 }

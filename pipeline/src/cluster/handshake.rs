@@ -5,7 +5,9 @@
 //! Connections follow timely's layout: process `i` listens on its own
 //! address in the hosts file, connects to every process below it and writes
 //! its index as a big-endian `u64` (what timely's own start-up does, so the
-//! sockets can be handed to timely unchanged). Then, on every connection,
+//! sockets can be handed to timely unchanged). Every pair also opens a
+//! second connection, flagged by the index's top bit, that carries only
+//! heartbeats ([`super::liveness`]). Then, on every data connection,
 //! both sides write one frame — [`MAGIC`], a big-endian `u64` length, and
 //! the JSON of `(process, fingerprint)` — and read the other's with
 //! `read_exact`, so nothing past the frame is consumed and timely's stream
@@ -41,14 +43,25 @@ struct Hello {
     fingerprint: Fingerprint,
 }
 
+/// The top bit of the index a connecting process sends: set on heartbeat connections.
+const HEARTBEAT_LANE: u64 = 1 << 63;
+
+/// The connections of one process to every other, in process order (`None` at its own index).
+pub struct Links {
+    /// For timely's traffic.
+    pub data: Vec<Option<TcpStream>>,
+    /// For heartbeats.
+    pub beats: Vec<Option<TcpStream>>,
+}
+
 /// Connects process `me` to every other process of `addresses` and checks that every
-/// fingerprint equals `mine`; returns the connections in process order (`None` at `me`).
+/// fingerprint equals `mine`.
 pub fn connect_and_agree(
     me: usize,
     addresses: &[String],
     mine: &Fingerprint,
     timeout: Duration,
-) -> Result<Vec<Option<TcpStream>>, PipelineError> {
+) -> Result<Links, PipelineError> {
     let deadline = Instant::now() + timeout;
     let secs = timeout.as_secs_f64();
     // Listen first, so lower processes waiting on this one are not refused longer than needed.
@@ -60,11 +73,13 @@ pub fn connect_and_agree(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut sockets: Vec<Option<TcpStream>> = (0..addresses.len()).map(|_| None).collect();
+    let none = || -> Vec<Option<TcpStream>> { (0..addresses.len()).map(|_| None).collect() };
+    let (mut sockets, mut beats) = (none(), none());
     for (p, address) in addresses.iter().enumerate().take(me) {
-        sockets[p] = Some(connect(me, p, address, deadline, secs)?);
+        sockets[p] = Some(connect(me, p, address, 0, deadline, secs)?);
+        beats[p] = Some(connect(me, p, address, HEARTBEAT_LANE, deadline, secs)?);
     }
-    accept(me, addresses, &listeners, &mut sockets, deadline, secs)?;
+    accept(me, addresses, &listeners, [&mut sockets, &mut beats], deadline, secs)?;
     drop(listeners);
     // Every side writes its frame, then reads the others'.
     let hello = serde_json::to_vec(&Hello { process: me, fingerprint: mine.clone() })
@@ -98,17 +113,24 @@ pub fn connect_and_agree(
     for s in sockets.iter_mut().flatten() {
         s.set_read_timeout(None).and_then(|_| s.set_write_timeout(None)).map_err(io_error)?;
     }
-    Ok(sockets)
+    Ok(Links { data: sockets, beats })
 }
 
-/// Connects to process `p` at `address`, retrying until `deadline`, and sends `me`.
-fn connect(me: usize, p: usize, address: &str, deadline: Instant, secs: f64) -> Result<TcpStream, PipelineError> {
+/// Connects to process `p` at `address`, retrying until `deadline`, and sends `me` (with `lane`'s bit).
+fn connect(
+    me: usize,
+    p: usize,
+    address: &str,
+    lane: u64,
+    deadline: Instant,
+    secs: f64,
+) -> Result<TcpStream, PipelineError> {
     loop {
         let last = match try_connect(address, deadline) {
             Ok(mut s) => {
                 s.set_nodelay(true).map_err(io_error)?;
                 set_deadline(&s, deadline);
-                s.write_all(&(me as u64).to_be_bytes()).map_err(|e| lost_during_handshake(p, address, &e))?;
+                s.write_all(&(me as u64 | lane).to_be_bytes()).map_err(|e| lost_during_handshake(p, address, &e))?;
                 return Ok(s);
             }
             Err(e) => e,
@@ -136,12 +158,12 @@ fn try_connect(address: &str, deadline: Instant) -> Result<TcpStream, String> {
     Err(last)
 }
 
-/// Accepts the connections of every process above `me` until `deadline`.
+/// Accepts both connections (data, heartbeats) of every process above `me` until `deadline`.
 fn accept(
     me: usize,
     addresses: &[String],
     listeners: &[TcpListener],
-    sockets: &mut [Option<TcpStream>],
+    lanes: [&mut Vec<Option<TcpStream>>; 2],
     deadline: Instant,
     secs: f64,
 ) -> Result<(), PipelineError> {
@@ -149,7 +171,11 @@ fn accept(
         l.set_nonblocking(true).map_err(io_error)?;
     }
     let expected = me + 1..addresses.len();
-    while expected.clone().any(|p| sockets[p].is_none()) {
+    let [sockets, beats] = lanes;
+    let missing = |sockets: &[Option<TcpStream>], beats: &[Option<TcpStream>], p: usize| {
+        sockets[p].is_none() || beats[p].is_none()
+    };
+    while expected.clone().any(|p| missing(sockets, beats, p)) {
         let mut accepted = false;
         for l in listeners {
             let (mut s, peer) = match l.accept() {
@@ -161,16 +187,23 @@ fn accept(
             s.set_nonblocking(false).and_then(|_| s.set_nodelay(true)).map_err(io_error)?;
             set_deadline(&s, deadline);
             let mut index = [0u8; 8];
-            match s.read_exact(&mut index).map(|_| u64::from_be_bytes(index) as usize) {
-                Ok(p) if expected.contains(&p) && sockets[p].is_none() => sockets[p] = Some(s),
-                Ok(p) => eprintln!("warning: ignoring a connection from {peer} that says it is process {p}"),
+            match s.read_exact(&mut index).map(|_| u64::from_be_bytes(index)) {
+                Ok(v) => {
+                    let p = (v & !HEARTBEAT_LANE) as usize;
+                    let lane = if v & HEARTBEAT_LANE == 0 { &mut *sockets } else { &mut *beats };
+                    if expected.contains(&p) && lane[p].is_none() {
+                        lane[p] = Some(s);
+                    } else {
+                        eprintln!("warning: ignoring a connection from {peer} that says it is process {p}");
+                    }
+                }
                 Err(e) => eprintln!("warning: ignoring a connection from {peer}: {e}"),
             }
         }
         if Instant::now() >= deadline {
             let missing: Vec<String> = expected
                 .clone()
-                .filter(|&p| sockets[p].is_none())
+                .filter(|&p| missing(sockets, beats, p))
                 .map(|p| format!("process {p} ({})", addresses[p]))
                 .collect();
             return Err(cluster_error(format!(

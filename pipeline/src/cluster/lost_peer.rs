@@ -21,7 +21,7 @@ use std::sync::{Mutex, OnceLock};
 pub struct Lost {
     /// Its index.
     pub process: usize,
-    /// What timely saw (`timely communication error: reading data: socket closed`).
+    /// What happened, as a clause (`its connection broke (timely communication error: …)`).
     pub cause: String,
 }
 
@@ -52,7 +52,7 @@ pub fn install() {
             if let (Some(remote), true) = (remote, message.starts_with("timely communication error")) {
                 if let Ok(process) = remote.parse() {
                     let mut lost = LOST.lock().unwrap_or_else(|e| e.into_inner());
-                    lost.get_or_insert(Lost { process, cause: message });
+                    lost.get_or_insert(Lost { process, cause: format!("its connection broke ({message})") });
                     return;
                 }
             }

@@ -12,18 +12,23 @@
 //!   every local worker, recognises the cascade and returns
 //!   [`PipelineError::Cluster`] naming the lost process, the last step and
 //!   the checkpoint to resume from.
+//! * **Silent peer** ([`liveness`]): a process that sends no heartbeat for
+//!   `--connect-timeout` seconds (stopped, hung, cut off) ends this process
+//!   with the same error, exit status 1, since timely's workers would wait
+//!   for it forever.
 //!
 //! A one-process run goes through `timely::execute` unchanged.
 
 pub mod fingerprint;
 pub mod handshake;
+pub mod liveness;
 pub mod lost_peer;
 
 use crate::config::Resolved;
 use crate::{PipelineError, TrainSettings};
 use fingerprint::Fingerprint;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use timely::communication::allocator::zero_copy::initialize::initialize_networking_from_sockets;
@@ -47,6 +52,8 @@ pub struct Cluster {
     pub checkpoint_dir: Option<PathBuf>,
     /// The last training step finished (updated by the workers).
     pub step: Arc<AtomicU64>,
+    /// Set once the local workers are joined: heartbeats no longer matter.
+    pub done: Arc<AtomicBool>,
 }
 
 impl Cluster {
@@ -59,6 +66,7 @@ impl Cluster {
             connect_timeout: Duration::from_secs_f64(settings.connect_timeout),
             checkpoint_dir: settings.checkpoint_dir.clone(),
             step: Arc::new(AtomicU64::new(0)),
+            done: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -81,7 +89,19 @@ where
         return timely::execute(role.timely_config(cluster.threads), func).map_err(start_error);
     }
     lost_peer::install();
-    let sockets = handshake::connect_and_agree(cluster.process, &cluster.addresses, print, cluster.connect_timeout)?;
+    let links = handshake::connect_and_agree(cluster.process, &cluster.addresses, print, cluster.connect_timeout)?;
+    let silent = cluster.clone();
+    let on_silence = Arc::new(move |p: usize| {
+        let why = format!(
+            "it sent no heartbeat for {} s (--connect-timeout): it is stopped, hung or cut off",
+            silent.connect_timeout.as_secs_f64()
+        );
+        eprintln!("Error: {}", lost_message(&silent, &lost_peer::Lost { process: p, cause: why }));
+        std::process::exit(1);
+    });
+    liveness::watch(links.beats, cluster.connect_timeout, cluster.done.clone(), on_silence)
+        .map_err(|e| start_error(format!("cannot start the heartbeats: {e}")))?;
+    let sockets = links.data;
     let hooks = Hooks::default();
     let local = ProcessBuilder::new_typed_vector(cluster.threads, hooks.refill.clone(), hooks.spill.clone());
     let (builders, guard) = initialize_networking_from_sockets(local, sockets, cluster.process, cluster.threads, hooks)
@@ -99,6 +119,7 @@ pub fn join<T: Send + 'static>(
 ) -> Result<Option<T>, PipelineError> {
     // Joining timely's communication threads panics once one of them has.
     let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::run::join_workers(guards)));
+    cluster.done.store(true, Ordering::Relaxed);
     if let Some(lost) = lost_peer::lost() {
         return Err(PipelineError::Cluster(lost_message(cluster, &lost)));
     }
@@ -126,8 +147,7 @@ fn lost_message(cluster: &Cluster, lost: &lost_peer::Lost) -> String {
         },
     };
     format!(
-        "lost process {} ({address}) after training step {step}: its connection broke ({}); this process stops \
-         too. {resume}",
+        "lost process {} ({address}) after training step {step}: {}; this process stops too. {resume}",
         lost.process, lost.cause
     )
 }
