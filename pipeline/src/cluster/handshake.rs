@@ -185,7 +185,8 @@ fn accept(
             };
             accepted = true;
             s.set_nonblocking(false).and_then(|_| s.set_nodelay(true)).map_err(io_error)?;
-            set_deadline(&s, deadline);
+            // A process sends its index at once; a silent stranger must not hold up the others.
+            set_deadline(&s, deadline.min(Instant::now() + Duration::from_secs(5)));
             let mut index = [0u8; 8];
             match s.read_exact(&mut index).map(|_| u64::from_be_bytes(index)) {
                 Ok(v) => {

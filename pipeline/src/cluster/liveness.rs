@@ -6,7 +6,7 @@
 //! every pair of processes keeps a second connection ([`super::handshake`])
 //! on which each side writes one byte every [`interval`] and reads with a
 //! timeout: a peer silent for the whole timeout is reported through
-//! `on_silence` (which ends this process). The end of a heartbeat stream, or
+//! `on_silence` (which ends the run). The end of a heartbeat stream, or
 //! an error on it, is not a verdict: a peer that finished its run closes it
 //! normally, and a dead one is reported by timely.
 //!

@@ -9,7 +9,8 @@
 //! messages names the process.
 //!
 //! [`install`] wraps the panic hook: the first communication-thread panic is
-//! recorded as the lost process (and not printed), and once one is recorded
+//! recorded as the lost process (and not printed) unless one is recorded
+//! already ([`record`]: the heartbeats found a silent process), and once one is recorded
 //! the cascade that follows on timely's threads is not printed either; every
 //! other panic goes to the previous hook unchanged. The run then turns the
 //! record into one error ([`lost`]).
@@ -51,8 +52,7 @@ pub fn install() {
             let remote = name.strip_prefix("timely:recv-").or_else(|| name.strip_prefix("timely:send-"));
             if let (Some(remote), true) = (remote, message.starts_with("timely communication error")) {
                 if let Ok(process) = remote.parse() {
-                    let mut lost = LOST.lock().unwrap_or_else(|e| e.into_inner());
-                    lost.get_or_insert(Lost { process, cause: format!("its connection broke ({message})") });
+                    record(Lost { process, cause: format!("its connection broke ({message})") });
                     return;
                 }
             }
@@ -63,6 +63,11 @@ pub fn install() {
             previous(info);
         }));
     });
+}
+
+/// Records `lost` unless a lost process is recorded already.
+pub fn record(lost: Lost) {
+    LOST.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(lost);
 }
 
 /// The lost process, if a connection broke.

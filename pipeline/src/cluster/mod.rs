@@ -13,9 +13,10 @@
 //!   [`PipelineError::Cluster`] naming the lost process, the last step and
 //!   the checkpoint to resume from.
 //! * **Silent peer** ([`liveness`]): a process that sends no heartbeat for
-//!   `--connect-timeout` seconds (stopped, hung, cut off) ends this process
-//!   with the same error, exit status 1, since timely's workers would wait
-//!   for it forever.
+//!   `--connect-timeout` seconds (stopped, hung, cut off) is recorded as lost
+//!   and its connection shut down, so timely's threads fail as for a dead one
+//!   and [`join`] returns the same error, instead of the workers waiting for
+//!   it forever.
 //!
 //! A one-process run goes through `timely::execute` unchanged.
 
@@ -27,6 +28,7 @@ pub mod lost_peer;
 use crate::config::Resolved;
 use crate::{PipelineError, TrainSettings};
 use fingerprint::Fingerprint;
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -90,14 +92,18 @@ where
     }
     lost_peer::install();
     let links = handshake::connect_and_agree(cluster.process, &cluster.addresses, print, cluster.connect_timeout)?;
-    let silent = cluster.clone();
+    // A silent process is recorded as lost and its data connection shut down here, so
+    // timely's threads fail as if it had died and the run ends through `join`.
+    let switches =
+        links.data.iter().map(|s| s.as_ref().map(TcpStream::try_clone).transpose()).collect::<Result<Vec<_>, _>>();
+    let switches = switches.map_err(|e| start_error(e.to_string()))?;
+    let secs = cluster.connect_timeout.as_secs_f64();
     let on_silence = Arc::new(move |p: usize| {
-        let why = format!(
-            "it sent no heartbeat for {} s (--connect-timeout): it is stopped, hung or cut off",
-            silent.connect_timeout.as_secs_f64()
-        );
-        eprintln!("Error: {}", lost_message(&silent, &lost_peer::Lost { process: p, cause: why }));
-        std::process::exit(1);
+        let cause = format!("it sent no heartbeat for {secs} s (--connect-timeout): it is stopped, hung or cut off");
+        lost_peer::record(lost_peer::Lost { process: p, cause });
+        if let Some(s) = &switches[p] {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
     });
     liveness::watch(links.beats, cluster.connect_timeout, cluster.done.clone(), on_silence)
         .map_err(|e| start_error(format!("cannot start the heartbeats: {e}")))?;
