@@ -220,3 +220,19 @@ fn a_stopped_process_stops_the_other_once_its_heartbeats_cease() {
     });
     assert!(err.contains("it sent no heartbeat for 3 s (--connect-timeout)"), "{err}");
 }
+
+#[test]
+fn three_processes_name_the_one_that_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hosts, _) = hosts_file(dir.path(), 3);
+    let mut procs: Vec<Proc> = (0..3)
+        .map(|i| {
+            let extra: &[&str] = if i == 2 { &["--eval-batch-size", "1024"] } else { &[] };
+            Proc::start(dir.path(), &hosts, i, 3, RUN, extra)
+        })
+        .collect();
+    for (i, p) in procs.iter_mut().enumerate() {
+        let err = p.fails_clearly(Duration::from_secs(60));
+        assert!(err.contains("eval_batch_size: processes 0, 1 have 4096; process 2 has 1024"), "process {i}:\n{err}");
+    }
+}
