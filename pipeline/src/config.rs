@@ -282,6 +282,8 @@ pub struct TrainSettings {
     pub process: usize,
     /// File with one `host:port` per process.
     pub hosts: Option<PathBuf>,
+    /// Seconds a cluster process waits for the others to connect and agree at start-up.
+    pub connect_timeout: f64,
     /// Rows per table (every table), unless `table_sizes` is given.
     pub buckets: u64,
     /// Rows of each of the 26 tables.
@@ -373,6 +375,7 @@ impl Default for TrainSettings {
             processes: 1,
             process: 0,
             hosts: None,
+            connect_timeout: 60.0,
             buckets: 100_000,
             table_sizes: None,
             model: "dlrm".into(),
@@ -707,6 +710,12 @@ impl TrainSettings {
                 }
             }
         }
+        if !(self.connect_timeout.is_finite() && self.connect_timeout > 0.0) {
+            return Err(PipelineError::config(
+                "connect_timeout",
+                format!("must be a positive number of seconds, got {}", self.connect_timeout),
+            ));
+        }
         let hosts = if self.processes > 1 {
             let path = self
                 .hosts
@@ -967,6 +976,7 @@ mod tests {
             ("model.bottom", Box::new(|s| s.bottom = vec![64, 8])),
             ("hosts", Box::new(|s| s.processes = 2)),
             ("lr", Box::new(|s| s.lr = -1.0)),
+            ("connect_timeout", Box::new(|s| s.connect_timeout = 0.0)),
             ("table_sizes", Box::new(|s| s.table_sizes = Some(vec![5; 3]))),
             ("model", Box::new(|s| s.model = "xgboost".into())),
             ("crosses", Box::new(|s| s.crosses = vec!["0:1".into()])),
@@ -1006,9 +1016,9 @@ mod tests {
     fn toml_rejects_unknown_keys() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.toml");
-        std::fs::write(&p, "batch_size = 256\nlr = 0.1\n").unwrap();
+        std::fs::write(&p, "batch_size = 256\nlr = 0.1\nconnect_timeout = 5.5\n").unwrap();
         let s = TrainSettings::from_toml_file(&p).unwrap();
-        assert_eq!(s.batch_size, 256);
+        assert_eq!((s.batch_size, s.connect_timeout), (256, 5.5));
         std::fs::write(&p, "batch_sise = 256\n").unwrap();
         let e = TrainSettings::from_toml_file(&p).unwrap_err().to_string();
         assert!(e.contains("batch_sise"), "{e}");

@@ -23,6 +23,10 @@ pub enum PipelineError {
     /// A checkpoint could not be written or restored; the message names the path.
     #[error("{0}")]
     Checkpoint(String),
+    /// The processes of a cluster run disagree, one is missing, or one was lost; the
+    /// message names the process (and its address, the settings, or the step).
+    #[error("{0}")]
+    Cluster(String),
     /// Timely could not start or a worker failed.
     #[error("dataflow: {0}")]
     Dataflow(String),

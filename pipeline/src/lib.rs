@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod checkpointing;
+pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod data;

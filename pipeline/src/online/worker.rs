@@ -4,9 +4,10 @@ use super::metrics::{serve, MetricsLog, MetricsRecord, OnlineMetrics};
 use super::prequential::PrequentialWindow;
 use super::{OnlineSettings, OnlineSummary, RecordFormat};
 use crate::checkpointing::{CheckpointOptions, Checkpointer, Position};
+use crate::cluster::Cluster;
 use crate::config::{DataSpec, Resolved};
 use crate::progress::Progress;
-use crate::run::{checkpoint_setup, dead_letters_path, join_workers, restore_shared, timely_config, trainer_config};
+use crate::run::{checkpoint_setup, dead_letters_path, restore_shared, trainer_config};
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -55,6 +56,8 @@ struct Shared {
     stop: Arc<AtomicBool>,
     metrics: Arc<OnlineMetrics>,
     dead_letters: SharedDeadLetters,
+    /// This process in its cluster (the last finished step, for a lost-peer error).
+    cluster: Cluster,
 }
 
 pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>, PipelineError> {
@@ -126,12 +129,13 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         stop,
         metrics,
         dead_letters: SharedDeadLetters::file(dead_letters_path(s)),
+        cluster: Cluster::new(s, &resolved),
     });
-    let config = timely_config(s, &resolved);
     let ctx = shared.clone();
-    let guards = timely::execute(config, move |worker| worker_main(worker, &ctx))
-        .map_err(|e| PipelineError::Dataflow(format!("cannot start timely workers: {e}")))?;
-    let outcome = join_workers(guards);
+    let guards = crate::cluster::start(&shared.cluster, &settings.fingerprint(&resolved), move |worker| {
+        worker_main(worker, &ctx)
+    })?;
+    let outcome = crate::cluster::join(&shared.cluster, guards);
     shared.dead_letters.lock().finish()?;
     let mut summary = outcome?;
     if let Some(s) = summary.as_mut() {
@@ -328,6 +332,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
         }
         reader.consume_step(quota.clone());
         steps += 1;
+        ctx.cluster.finished_step(steps);
         samples += stats.samples;
         loss_total += stats.loss_sum;
         if loss_window.len() == LOSS_WINDOW {

@@ -1,0 +1,191 @@
+//! What the processes of a cluster run must agree on, and the message naming
+//! where they do not.
+//!
+//! A [`Fingerprint`] is an ordered list of `(setting, value)` pairs. It is
+//! built from every key of [`TrainSettings`] (so a setting added later is
+//! checked without being listed here) except [`MAY_DIFFER`], with the values
+//! that name files replaced by what the files are (format, file names and
+//! sizes), so the same data mounted at different paths still agrees; the
+//! resolved table sizes, the data's shape and the cluster's addresses are
+//! added.
+
+use crate::config::{DataSpec, Resolved};
+use crate::TrainSettings;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Settings that may legitimately differ between the processes of one run.
+pub const MAY_DIFFER: &[&str] = &[
+    // Who this process is, and where the hosts file lies.
+    "process",
+    "hosts",
+    // Per-process outputs and their presentation.
+    "metrics_json",
+    "dead_letters",
+    "progress",
+    // The same checkpoint directory may be mounted at different paths; whether one
+    // is used is compared (as `checkpoint_dir` = set / none).
+    "checkpoint_sync",
+    // How long this process waits for the others.
+    "connect_timeout",
+];
+
+/// `(setting, value)` pairs every process of a run must have equal.
+pub type Fingerprint = Vec<(String, String)>;
+
+/// The fingerprint of a `tiderec train` (or `online`) process with these settings.
+pub fn of_train(settings: &TrainSettings, resolved: &Resolved) -> Fingerprint {
+    let mut out = Fingerprint::new();
+    // Through text, so `f32` settings read as written (0.01, not 0.009999999776482582).
+    let value: serde_json::Value =
+        serde_json::to_string(settings).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let keys: BTreeMap<String, serde_json::Value> = match value {
+        serde_json::Value::Object(map) => map.into_iter().collect(),
+        _ => BTreeMap::new(),
+    };
+    for (key, v) in keys {
+        if MAY_DIFFER.contains(&key.as_str()) {
+            continue;
+        }
+        let text = match key.as_str() {
+            "data" => describe_data(&resolved.data),
+            "eval" => resolved.eval.as_ref().map_or("none".into(), describe_data),
+            "spec" => match &settings.spec {
+                Some(s) if Path::new(s).is_file() => describe_files(&[PathBuf::from(s)]),
+                Some(s) => s.clone(),
+                None => "none".into(),
+            },
+            "checkpoint_dir" => if settings.checkpoint_dir.is_some() { "set" } else { "none" }.into(),
+            _ => compact(&v),
+        };
+        out.push((key, text));
+    }
+    out.push(("(resolved) data shape".into(), format!("{} dense, {} sparse", resolved.shape.0, resolved.shape.1)));
+    out.push(("(resolved) table sizes".into(), format!("{:?}", resolved.table_sizes)));
+    out.push(("(resolved) host addresses".into(), resolved.hosts.join(" ")));
+    out
+}
+
+/// A JSON value as one short line (strings without quotes).
+fn compact(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "none".into(),
+        other => other.to_string(),
+    }
+}
+
+/// The data's format and its files (names and sizes, not paths).
+fn describe_data(spec: &DataSpec) -> String {
+    let files: Vec<PathBuf> = match spec {
+        DataSpec::Synthetic | DataSpec::SyntheticBehavior => Vec::new(),
+        DataSpec::Criteo(p)
+        | DataSpec::Avazu(p)
+        | DataSpec::Csv(p)
+        | DataSpec::AmazonDien(p)
+        | DataSpec::TaobaoBehavior(p)
+        | DataSpec::TaobaoAd(p) => p.clone(),
+        DataSpec::Parquet(p) => p.0.paths().map(Path::to_path_buf).collect(),
+    };
+    if files.is_empty() {
+        spec.format().to_string()
+    } else {
+        format!("{}:{}", spec.format(), describe_files(&files))
+    }
+}
+
+/// `name (N bytes)` of each file, comma-separated.
+fn describe_files(files: &[PathBuf]) -> String {
+    files
+        .iter()
+        .map(|p| {
+            let name = p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
+            match std::fs::metadata(p) {
+                Ok(m) => format!("{name} ({} bytes)", m.len()),
+                Err(_) => name,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The settings on which `prints` (one per process, indexed by process) differ, one line
+/// each: `setting: process 0 has A, process 1 has B` (processes with the same value are
+/// grouped). Empty when all agree.
+pub fn differences(prints: &[(usize, &Fingerprint)]) -> Vec<String> {
+    let mut keys: Vec<&str> = Vec::new();
+    for (_, f) in prints {
+        for (k, _) in f.iter() {
+            if !keys.contains(&k.as_str()) {
+                keys.push(k);
+            }
+        }
+    }
+    let mut lines = Vec::new();
+    for key in keys {
+        // Value → the processes that have it, in order of first appearance.
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for (process, f) in prints {
+            let v = f.iter().find(|(k, _)| k == key).map_or_else(|| "(not set)".to_string(), |(_, v)| v.clone());
+            match groups.iter_mut().find(|(g, _)| *g == v) {
+                Some((_, ps)) => ps.push(*process),
+                None => groups.push((v, vec![*process])),
+            }
+        }
+        if groups.len() > 1 {
+            let parts: Vec<String> = groups
+                .iter()
+                .map(|(v, ps)| {
+                    let who = ps.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+                    let (noun, verb) = if ps.len() == 1 { ("process", "has") } else { ("processes", "have") };
+                    format!("{noun} {who} {verb} {v}")
+                })
+                .collect();
+            lines.push(format!("{key}: {}", parts.join("; ")));
+        }
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn print(settings: &TrainSettings) -> Fingerprint {
+        of_train(settings, &settings.validate().unwrap())
+    }
+
+    #[test]
+    fn equal_settings_agree_and_per_process_ones_are_left_out() {
+        let a = TrainSettings::default();
+        let mut b = a.clone();
+        b.progress = "none".into();
+        b.metrics_json = Some("elsewhere.json".into());
+        b.dead_letters = "other.tsv".into();
+        assert!(differences(&[(0, &print(&a)), (1, &print(&b))]).is_empty());
+    }
+
+    #[test]
+    fn every_differing_setting_is_named_with_both_values() {
+        let a = TrainSettings::default();
+        let mut b = a.clone();
+        b.lr = 0.01;
+        b.seed = 7;
+        let lines = differences(&[(0, &print(&a)), (1, &print(&b))]);
+        assert!(lines.iter().any(|l| l.starts_with("lr: process 0 has 0.001") && l.ends_with("process 1 has 0.01")));
+        assert!(lines.iter().any(|l| l == "seed: process 0 has 42; process 1 has 7"), "{lines:?}");
+        // The seed also changes the synthetic stream's table sizes.
+        assert!(lines.iter().all(|l| l.starts_with("lr:") || l.starts_with("seed:") || l.starts_with("(resolved)")));
+    }
+
+    #[test]
+    fn processes_with_the_same_value_are_grouped() {
+        let a = TrainSettings::default();
+        let mut b = a.clone();
+        b.dim = 8;
+        b.bottom = vec![64, 8];
+        let (pa, pb) = (print(&a), print(&b));
+        let lines = differences(&[(0, &pa), (1, &pb), (2, &pa)]);
+        assert!(lines.contains(&"dim: processes 0, 2 have 16; process 1 has 8".to_string()), "{lines:?}");
+    }
+}

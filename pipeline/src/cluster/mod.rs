@@ -1,0 +1,159 @@
+//! The processes of a cluster run (`--processes N --process I --hosts FILE`):
+//! checked against each other before the dataflow starts, and a lost one
+//! turned into one clear error on every survivor.
+//!
+//! * **Handshake** ([`handshake`]): the processes connect (every pair, within
+//!   `--connect-timeout`), exchange a [`fingerprint`] of the settings that
+//!   must agree, and stop with an error naming every differing setting, its
+//!   values and which process has which. The connections then carry timely's
+//!   traffic ([`start`]).
+//! * **Lost peer** ([`lost_peer`]): when a process dies mid-run, timely's
+//!   communication threads and then the workers panic; [`join`] waits for
+//!   every local worker, recognises the cascade and returns
+//!   [`PipelineError::Cluster`] naming the lost process, the last step and
+//!   the checkpoint to resume from.
+//! * **Silent peer** ([`liveness`]): a process that sends no heartbeat for
+//!   `--connect-timeout` seconds (stopped, hung, cut off) is recorded as lost
+//!   and its connection shut down, so timely's threads fail as for a dead one
+//!   and [`join`] returns the same error, instead of the workers waiting for
+//!   it forever.
+//!
+//! A one-process run goes through `timely::execute` unchanged.
+
+pub mod fingerprint;
+pub mod handshake;
+pub mod liveness;
+pub mod lost_peer;
+
+use crate::config::Resolved;
+use crate::{PipelineError, TrainSettings};
+use fingerprint::Fingerprint;
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use timely::communication::allocator::zero_copy::initialize::initialize_networking_from_sockets;
+use timely::communication::allocator::ProcessBuilder;
+use timely::communication::initialize::WorkerGuards;
+use timely::communication::{AllocatorBuilder, Hooks};
+use timely::worker::Worker;
+
+/// Where this process stands in its run, for the lost-peer error.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    /// This process's index.
+    pub process: usize,
+    /// `host:port` of every process (empty for one process).
+    pub addresses: Vec<String>,
+    /// Worker threads per process.
+    pub threads: usize,
+    /// How long to wait for the other processes at start-up.
+    pub connect_timeout: Duration,
+    /// The checkpoint directory, if any (named in the lost-peer error).
+    pub checkpoint_dir: Option<PathBuf>,
+    /// The last training step finished (updated by the workers).
+    pub step: Arc<AtomicU64>,
+    /// Set once the local workers are joined: heartbeats no longer matter.
+    pub done: Arc<AtomicBool>,
+}
+
+impl Cluster {
+    /// The cluster of a `train` or `online` run with these settings.
+    pub fn new(settings: &TrainSettings, resolved: &Resolved) -> Self {
+        Cluster {
+            process: settings.process,
+            addresses: resolved.hosts.clone(),
+            threads: settings.workers,
+            connect_timeout: Duration::from_secs_f64(settings.connect_timeout),
+            checkpoint_dir: settings.checkpoint_dir.clone(),
+            step: Arc::new(AtomicU64::new(0)),
+            done: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Records that training step `step` is finished.
+    pub fn finished_step(&self, step: u64) {
+        self.step.fetch_max(step, Ordering::Relaxed);
+    }
+}
+
+/// Starts the workers running `func`: for several processes, after the handshake on
+/// `print` (an error names every setting that differs).
+pub fn start<T, F>(cluster: &Cluster, print: &Fingerprint, func: F) -> Result<WorkerGuards<T>, PipelineError>
+where
+    T: Send + 'static,
+    F: Fn(&mut Worker) -> T + Send + Sync + 'static,
+{
+    let start_error = |e: String| PipelineError::Dataflow(format!("cannot start timely workers: {e}"));
+    if cluster.addresses.len() <= 1 {
+        let role = crate::bench::processes::ProcessRole { process: 0, processes: 1, addresses: Vec::new() };
+        return timely::execute(role.timely_config(cluster.threads), func).map_err(start_error);
+    }
+    lost_peer::install();
+    let links = handshake::connect_and_agree(cluster.process, &cluster.addresses, print, cluster.connect_timeout)?;
+    // A silent process is recorded as lost and its data connection shut down here, so
+    // timely's threads fail as if it had died and the run ends through `join`.
+    let switches =
+        links.data.iter().map(|s| s.as_ref().map(TcpStream::try_clone).transpose()).collect::<Result<Vec<_>, _>>();
+    let switches = switches.map_err(|e| start_error(e.to_string()))?;
+    let secs = cluster.connect_timeout.as_secs_f64();
+    let on_silence = Arc::new(move |p: usize| {
+        let cause = format!("it sent no heartbeat for {secs} s (--connect-timeout): it is stopped, hung or cut off");
+        lost_peer::record(lost_peer::Lost { process: p, cause });
+        if let Some(s) = &switches[p] {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    });
+    liveness::watch(links.beats, cluster.connect_timeout, cluster.done.clone(), on_silence)
+        .map_err(|e| start_error(format!("cannot start the heartbeats: {e}")))?;
+    let sockets = links.data;
+    let hooks = Hooks::default();
+    let local = ProcessBuilder::new_typed_vector(cluster.threads, hooks.refill.clone(), hooks.spill.clone());
+    let (builders, guard) = initialize_networking_from_sockets(local, sockets, cluster.process, cluster.threads, hooks)
+        .map_err(|e| start_error(e.to_string()))?;
+    let builders = builders.into_iter().map(AllocatorBuilder::Tcp).collect();
+    timely::execute::execute_from(builders, Box::new(guard), timely::WorkerConfig::default(), func).map_err(start_error)
+}
+
+/// Waits for every local worker ([`crate::run::join_workers`]); when a connection to
+/// another process broke, the error names that process, the last finished step and the
+/// newest checkpoint instead of timely's panics.
+pub fn join<T: Send + 'static>(
+    cluster: &Cluster,
+    guards: WorkerGuards<Result<Option<T>, PipelineError>>,
+) -> Result<Option<T>, PipelineError> {
+    // Joining timely's communication threads panics once one of them has.
+    let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::run::join_workers(guards)));
+    cluster.done.store(true, Ordering::Relaxed);
+    if let Some(lost) = lost_peer::lost() {
+        return Err(PipelineError::Cluster(lost_message(cluster, &lost)));
+    }
+    match joined {
+        Ok(outcome) => outcome,
+        Err(panic) => Err(PipelineError::Dataflow(format!(
+            "a communication thread failed: {}",
+            lost_peer::payload(panic.as_ref())
+        ))),
+    }
+}
+
+/// The error of a run that lost process `lost.process`.
+fn lost_message(cluster: &Cluster, lost: &lost_peer::Lost) -> String {
+    let address = cluster.addresses.get(lost.process).map_or("?", String::as_str);
+    let step = cluster.step.load(Ordering::Relaxed);
+    let resume = match &cluster.checkpoint_dir {
+        None => "No checkpoints were written (no --checkpoint-dir); the run must start again".to_string(),
+        Some(dir) => match tiderec_sinks::checkpoint::layout::list_checkpoints(dir).ok().and_then(|c| c.last().cloned()) {
+            Some((step, path)) => format!(
+                "The newest checkpoint is {} (step {step}): start every process again with --resume to continue from it",
+                path.display()
+            ),
+            None => format!("No checkpoint was written in {} yet; the run must start again", dir.display()),
+        },
+    };
+    format!(
+        "lost process {} ({address}) after training step {step}: {}; this process stops too. {resume}",
+        lost.process, lost.cause
+    )
+}
