@@ -5,12 +5,14 @@
 //! [`convert::convert`] and [`mod@bench`]; tests and other programs call them directly.
 
 pub mod bench;
+pub mod budget;
 pub mod checkpointing;
 pub mod config;
 pub mod convert;
 pub mod data;
 pub mod error;
 pub mod exchange_plan;
+pub mod memory;
 pub mod online;
 pub mod plot;
 pub mod progress;
