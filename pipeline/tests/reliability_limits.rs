@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{metrics, run_err, run_ok, shared_data, tiderec};
+use common::{metrics, run_ok, shared_data, tiderec};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
