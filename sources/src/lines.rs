@@ -84,7 +84,7 @@ impl Source {
         Ok(Source { name: path.display().to_string(), file, len, modified: meta.modified().ok() })
     }
 
-    /// Fills `buf` with the bytes at `offset` (all of them below [`Source::len`]); a short read or
+    /// Fills `buf` with the bytes at `offset` (all of them below `len`); a short read or
     /// a file that no longer has its length or modification time is [`SourceError::Changed`].
     fn read_exact_at(&self, buf: &mut [u8], offset: usize) -> Result<(), SourceError> {
         let changed = |reason: String| SourceError::Changed { path: self.name.clone(), reason };
@@ -106,7 +106,8 @@ impl Source {
         Ok(())
     }
 
-    /// The first line start at or after `pos` (see [`align_to_line`]), reading as needed.
+    /// The first line start at or after `pos`: `pos` itself if it is 0, the end of the file, or
+    /// just after a `\n`; otherwise the byte after the next `\n`. Reads as needed.
     fn align_to_line(&self, pos: usize, scratch: &mut Vec<u8>) -> Result<usize, SourceError> {
         if pos == 0 || pos >= self.len {
             return Ok(pos.min(self.len));
@@ -149,19 +150,12 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
     {
         std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
     }
-    #[cfg(windows)]
+    #[cfg(not(unix))]
     {
-        let (mut done, mut buf) = (0u64, buf);
-        while !buf.is_empty() {
-            match std::os::windows::fs::FileExt::seek_read(file, buf, offset + done)? {
-                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                n => {
-                    done += n as u64;
-                    buf = &mut buf[n..];
-                }
-            }
-        }
-        Ok(())
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = file;
+        f.seek(SeekFrom::Start(offset))?;
+        f.read_exact(buf)
     }
 }
 
