@@ -7,7 +7,10 @@
 //! reached, then evaluation steps until a step with no eval data, then one
 //! report step. A worker that fails (a bad record under `fail`, an unreadable
 //! file) takes part in one more step flagged as failed, so every worker
-//! stops after the same step instead of waiting forever.
+//! stops after the same step instead of waiting forever. The bad-record
+//! budget and the empty-input checks ([`crate::budget`]) read a step's global
+//! counts, which every worker receives alike, so all of them fail after the
+//! same step without such a round.
 //!
 //! With `--checkpoint-dir`, all workers write a checkpoint together after
 //! every `--checkpoint-every` steps, at the end of every epoch and at the end
