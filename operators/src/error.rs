@@ -14,6 +14,9 @@ pub enum OperatorError {
     /// A checkpoint's state cannot be restored into this trainer; the message says why.
     #[error("cannot restore checkpoint: {0}")]
     Restore(String),
+    /// A buffer's size overflows, or the system refused the memory; the message names the buffer.
+    #[error("out of memory: {0}")]
+    Memory(String),
     /// The dataflow stopped on a worker; the message says why.
     #[error("dataflow error: {0}")]
     Dataflow(String),

@@ -6,7 +6,12 @@
 //! cache miss. Huge pages (where the kernel grants them; `madvise` mode is
 //! the common default) remove most TLB misses. Without them this is an
 //! ordinary zeroed allocation.
+//!
+//! Sizes are checked: a length whose byte size does not fit in `usize`, or a
+//! mapping the system refuses, is an [`OperatorError::Memory`] naming what was
+//! being allocated, never a wrapped size or a panic.
 
+use crate::OperatorError;
 use memmap2::MmapMut;
 
 /// A fixed-length, zero-initialised `f32` buffer.
@@ -21,24 +26,28 @@ impl std::fmt::Debug for HugeBuffer {
     }
 }
 
-impl Clone for HugeBuffer {
-    fn clone(&self) -> Self {
-        let mut b = HugeBuffer::zeroed(self.len);
-        b.copy_from_slice(self);
-        b
-    }
-}
-
 impl HugeBuffer {
-    /// `len` zeros. Falls back to a plain anonymous map if huge pages are refused.
-    pub fn zeroed(len: usize) -> Self {
+    /// `len` zeros, for `what` (named in errors). Falls back to a plain anonymous map if huge
+    /// pages are refused; errors when the byte size overflows or the system refuses the map.
+    pub fn zeroed(len: usize, what: &str) -> Result<Self, OperatorError> {
         if len == 0 {
-            return HugeBuffer { map: None, len };
+            return Ok(HugeBuffer { map: None, len });
         }
-        let map = MmapMut::map_anon(len * std::mem::size_of::<f32>()).expect("anonymous memory for an embedding table");
+        let bytes = len.checked_mul(std::mem::size_of::<f32>()).ok_or_else(|| {
+            OperatorError::Memory(format!("{what}: {len} floats do not fit in this machine's address space"))
+        })?;
+        let map = MmapMut::map_anon(bytes)
+            .map_err(|e| OperatorError::Memory(format!("{what}: cannot map {bytes} bytes: {e}")))?;
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
-        HugeBuffer { map: Some(map), len }
+        Ok(HugeBuffer { map: Some(map), len })
+    }
+
+    /// A copy of this buffer in new memory.
+    pub fn try_clone(&self, what: &str) -> Result<Self, OperatorError> {
+        let mut b = HugeBuffer::zeroed(self.len, what)?;
+        b.copy_from_slice(self);
+        Ok(b)
     }
 }
 
@@ -81,11 +90,20 @@ mod tests {
 
     #[test]
     fn zeroed_and_writable() {
-        let mut b = HugeBuffer::zeroed(1 << 20);
+        let mut b = HugeBuffer::zeroed(1 << 20, "t").unwrap();
         assert!(b.iter().all(|&v| v == 0.0));
         b[12345] = 2.5;
-        let c = b.clone();
+        let c = b.try_clone("t").unwrap();
         assert_eq!(c[12345], 2.5);
-        assert_eq!(HugeBuffer::zeroed(0).len(), 0);
+        assert_eq!(HugeBuffer::zeroed(0, "t").unwrap().len(), 0);
+    }
+
+    #[test]
+    fn oversized_and_refused_maps_are_errors_naming_the_buffer() {
+        let e = HugeBuffer::zeroed(usize::MAX / 2, "table 7").unwrap_err().to_string();
+        assert!(e.contains("table 7") && e.contains("address space"), "{e}");
+        // Fits the arithmetic but no system maps 2^62 bytes.
+        let e = HugeBuffer::zeroed(1 << 60, "table 8").unwrap_err().to_string();
+        assert!(e.contains("table 8") && e.contains("cannot map"), "{e}");
     }
 }

@@ -20,7 +20,7 @@ pub fn shard_of(table: usize, id: u64, workers: usize) -> usize {
 }
 
 /// The rows of every table that one worker owns, with their optimizer state.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct EmbeddingShard {
     /// This worker.
     pub worker: usize,
@@ -41,6 +41,9 @@ pub struct EmbeddingShard {
 impl EmbeddingShard {
     /// Allocates and initialises this worker's rows: `U(−1/√n, 1/√n)` for a table of `n` rows
     /// (the DLRM reference initialisation).
+    ///
+    /// Errors: [`OperatorError::Memory`] naming the table when its rows or optimizer state do
+    /// not fit in the address space or cannot be allocated.
     pub fn new(
         worker: usize,
         workers: usize,
@@ -49,14 +52,24 @@ impl EmbeddingShard {
         seed: u64,
         optimizer: SparseOptimizerKind,
         hp: OptimizerParams,
-    ) -> Self {
+    ) -> Result<Self, OperatorError> {
         let mut rows = Vec::with_capacity(table_sizes.len());
         let mut state = Vec::with_capacity(table_sizes.len());
         let state_width = optimizer.state_width(dim);
         for (t, &n) in table_sizes.iter().enumerate() {
-            let local = Self::local_rows(n, workers);
+            let too_big = |what: &str| {
+                OperatorError::Memory(format!(
+                    "table {t} ({n} rows, {} on this worker) × {what} does not fit in this machine's address space",
+                    n.div_ceil(workers as u64)
+                ))
+            };
+            let local = usize::try_from(n.div_ceil(workers as u64)).map_err(|_| too_big("rows"))?;
+            let floats = local.checked_mul(dim).ok_or_else(|| too_big(&format!("dim {dim}")))?;
+            let state_floats = local
+                .checked_mul(state_width)
+                .ok_or_else(|| too_big(&format!("optimizer state width {state_width}")))?;
             let bound = 1.0 / (n as f32).sqrt();
-            let mut table = HugeBuffer::zeroed(local * dim);
+            let mut table = HugeBuffer::zeroed(floats, &format!("embedding table {t}"))?;
             for (l, row) in table.chunks_exact_mut(dim).enumerate() {
                 let id = Self::id_of(t, l, worker, workers);
                 if id < n {
@@ -66,13 +79,17 @@ impl EmbeddingShard {
                 }
             }
             rows.push(table);
-            let mut table_state = vec![0.0f32; local * state_width];
+            let mut table_state = Vec::new();
+            table_state.try_reserve_exact(state_floats).map_err(|e| {
+                OperatorError::Memory(format!("optimizer state of embedding table {t}: {state_floats} floats: {e}"))
+            })?;
+            table_state.resize(state_floats, 0.0f32);
             for row_state in table_state.chunks_exact_mut(state_width.max(1)) {
                 optimizer.init_state(&hp, row_state);
             }
             state.push(table_state);
         }
-        EmbeddingShard {
+        Ok(EmbeddingShard {
             worker,
             workers,
             dim,
@@ -82,15 +99,7 @@ impl EmbeddingShard {
             state_width,
             optimizer,
             hp,
-        }
-    }
-
-    fn local_rows(n: u64, workers: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            ((n - 1) / workers as u64 + 1) as usize
-        }
+        })
     }
 
     /// The global id stored at local index `local` of `table` on `worker`.
@@ -256,10 +265,11 @@ mod tests {
     fn rows_do_not_depend_on_worker_count() {
         let sizes = [7u64, 1, 12];
         let hp = OptimizerParams::with_lr(0.1);
-        let one = EmbeddingShard::new(0, 1, 3, &sizes, 5, SparseOptimizerKind::Sgd, hp);
+        let one = EmbeddingShard::new(0, 1, 3, &sizes, 5, SparseOptimizerKind::Sgd, hp).unwrap();
         for w in 2..5 {
-            let shards: Vec<_> =
-                (0..w).map(|k| EmbeddingShard::new(k, w, 3, &sizes, 5, SparseOptimizerKind::Sgd, hp)).collect();
+            let shards: Vec<_> = (0..w)
+                .map(|k| EmbeddingShard::new(k, w, 3, &sizes, 5, SparseOptimizerKind::Sgd, hp).unwrap())
+                .collect();
             for (t, &n) in sizes.iter().enumerate() {
                 for id in 0..n {
                     assert_eq!(shards[shard_of(t, id, w)].row(t, id), one.row(t, id));
@@ -275,7 +285,7 @@ mod tests {
         let sizes = [7u64, 1, 12];
         let hp = OptimizerParams::with_lr(0.1);
         let kind = SparseOptimizerKind::LazyAdam;
-        let mut two: Vec<_> = (0..2).map(|k| EmbeddingShard::new(k, 2, 3, &sizes, 5, kind, hp)).collect();
+        let mut two: Vec<_> = (0..2).map(|k| EmbeddingShard::new(k, 2, 3, &sizes, 5, kind, hp).unwrap()).collect();
         // Make every row and slot distinct: one update per row.
         for (t, &n) in sizes.iter().enumerate() {
             for id in 0..n {
@@ -284,7 +294,8 @@ mod tests {
             }
         }
         for w in [1usize, 2, 3] {
-            let mut target: Vec<_> = (0..w).map(|k| EmbeddingShard::new(k, w, 3, &sizes, 99, kind, hp)).collect();
+            let mut target: Vec<_> =
+                (0..w).map(|k| EmbeddingShard::new(k, w, 3, &sizes, 99, kind, hp).unwrap()).collect();
             for src in &two {
                 for t in 0..sizes.len() {
                     let part = src.export_table(t);

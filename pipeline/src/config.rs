@@ -310,6 +310,12 @@ pub struct TrainSettings {
     pub on_bad_record: String,
     /// Dead-letter file for malformed records.
     pub dead_letters: PathBuf,
+    /// Fail the run when more than this fraction of the training records, or of the
+    /// evaluation records, is malformed (skipped records / records read, over all workers).
+    pub max_bad_fraction: f64,
+    /// Refuse to start when the memory estimate exceeds this: `auto` (what the system
+    /// reports available), `unlimited`, or a size per process such as `8G`.
+    pub max_memory: String,
     /// Longest accepted input line in bytes.
     pub max_line_bytes: usize,
     /// Write the final summary here as JSON.
@@ -389,6 +395,8 @@ impl Default for TrainSettings {
             crosses: Vec::new(),
             on_bad_record: "skip".into(),
             dead_letters: PathBuf::from("tiderec-dead-letters.tsv"),
+            max_bad_fraction: 0.01,
+            max_memory: "auto".into(),
             max_line_bytes: 64 * 1024,
             metrics_json: None,
             progress: "auto".into(),
@@ -415,6 +423,22 @@ impl Default for TrainSettings {
 pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
 }
+
+/// Most worker threads one process may run: four per core, and at least [`MIN_WORKER_BOUND`].
+///
+/// Every worker holds its own replica of the dense model and its own step buffers, and a
+/// synchronous step waits for the slowest worker, so threads beyond the cores only add
+/// memory and scheduling delay; four per core leaves room for oversubscribed test runs.
+pub fn max_workers_per_process() -> usize {
+    (4 * std::thread::available_parallelism().map_or(1, |n| n.get())).max(MIN_WORKER_BOUND)
+}
+
+/// The per-process worker bound on machines with few cores.
+pub const MIN_WORKER_BOUND: usize = 16;
+
+/// Most workers of a run over all processes: every stage of a step sends one message from
+/// every worker to every worker, `W²` messages per stage.
+pub const MAX_WORKERS_TOTAL: usize = 1024;
 
 /// Settings checked and turned into typed values.
 #[derive(Clone, Debug)]
@@ -616,6 +640,35 @@ impl TrainSettings {
         if self.workers == 0 {
             return Err(PipelineError::config("workers", "must be positive"));
         }
+        let bound = max_workers_per_process();
+        if self.workers > bound {
+            return Err(PipelineError::config(
+                "workers",
+                format!(
+                    "{} threads in one process is more than {bound} (four per core, at least {MIN_WORKER_BOUND}): \
+                     every worker holds its own dense model and buffers and a step waits for the slowest, so \
+                     extra threads only slow the run; use --processes to spread workers over machines",
+                    self.workers
+                ),
+            ));
+        }
+        if self.workers.saturating_mul(self.processes) > MAX_WORKERS_TOTAL {
+            return Err(PipelineError::config(
+                "workers",
+                format!(
+                    "{} workers × {} processes is more than {MAX_WORKERS_TOTAL} workers in all (every stage of a \
+                     step exchanges one message between every pair of workers)",
+                    self.workers, self.processes
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.max_bad_fraction) {
+            return Err(PipelineError::config(
+                "max_bad_fraction",
+                format!("must be in [0, 1], got {}", self.max_bad_fraction),
+            ));
+        }
+        self.max_memory.parse::<crate::memory::MemoryLimit>()?;
         if self.processes == 0 || self.process >= self.processes {
             return Err(PipelineError::config(
                 "process",
@@ -977,6 +1030,11 @@ mod tests {
             ("hosts", Box::new(|s| s.processes = 2)),
             ("lr", Box::new(|s| s.lr = -1.0)),
             ("connect_timeout", Box::new(|s| s.connect_timeout = 0.0)),
+            ("workers", Box::new(|s| s.workers = 100_000)),
+            ("workers", Box::new(|s| s.processes = 2000)),
+            ("max_bad_fraction", Box::new(|s| s.max_bad_fraction = 1.5)),
+            ("max_bad_fraction", Box::new(|s| s.max_bad_fraction = f64::NAN)),
+            ("max_memory", Box::new(|s| s.max_memory = "lots".into())),
             ("table_sizes", Box::new(|s| s.table_sizes = Some(vec![5; 3]))),
             ("model", Box::new(|s| s.model = "xgboost".into())),
             ("crosses", Box::new(|s| s.crosses = vec!["0:1".into()])),

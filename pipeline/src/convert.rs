@@ -168,10 +168,22 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     }
     flushed?;
     dead_finished?;
-    let written = writer.finish()?;
-    let bytes_out = written.files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     let mut bad = data.bad_counts();
     bad.merge(&derived_bad);
+    // A mostly malformed input leaves no files behind.
+    let tally = crate::budget::Tally { good: writer.rows(), bad: bad.to_array() };
+    if let Err(e) = crate::budget::check(
+        crate::budget::Split::Convert,
+        &input.data,
+        tally,
+        input.max_bad_fraction,
+        &input.dead_letters,
+    ) {
+        writer.abort();
+        return Err(e);
+    }
+    let written = writer.finish()?;
+    let bytes_out = written.files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     Ok(ConvertSummary {
         out: settings.out.display().to_string(),
         rows: written.rows,

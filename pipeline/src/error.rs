@@ -27,6 +27,13 @@ pub enum PipelineError {
     /// message names the process (and its address, the settings, or the step).
     #[error("{0}")]
     Cluster(String),
+    /// An input is mostly malformed or yields no sample (see [`crate::budget`]).
+    #[error("{split} input {input}: {reason}")]
+    BadInput { split: &'static str, input: String, reason: String },
+    /// The run would not fit: a size overflows, or the memory estimate exceeds what is available
+    /// (see [`crate::memory`]).
+    #[error("{0}")]
+    Resources(String),
     /// Timely could not start or a worker failed.
     #[error("dataflow: {0}")]
     Dataflow(String),

@@ -5,6 +5,7 @@
 //! [`convert::convert`] and [`mod@bench`]; tests and other programs call them directly.
 
 pub mod bench;
+pub mod budget;
 pub mod checkpointing;
 pub mod cluster;
 pub mod config;
@@ -12,6 +13,7 @@ pub mod convert;
 pub mod data;
 pub mod error;
 pub mod exchange_plan;
+pub mod memory;
 pub mod online;
 pub mod plot;
 pub mod progress;

@@ -262,6 +262,9 @@ struct ConvertArgs {
     /// Dead-letter file for malformed records.
     #[arg(long)]
     dead_letters: Option<PathBuf>,
+    /// Fail (writing no file) when more than this fraction of the records is malformed (default 0.01).
+    #[arg(long, value_name = "F")]
+    max_bad_fraction: Option<f64>,
     /// Longest accepted input line in bytes.
     #[arg(long)]
     max_line_bytes: Option<usize>,
@@ -278,7 +281,17 @@ impl ConvertArgs {
         };
         let args = self;
         s.data = args.from;
-        override_fields!(s, args, seed, buckets, on_bad_record, dead_letters, max_line_bytes, progress);
+        override_fields!(
+            s,
+            args,
+            seed,
+            buckets,
+            on_bad_record,
+            dead_letters,
+            max_bad_fraction,
+            max_line_bytes,
+            progress
+        );
         if args.spec.is_some() {
             s.spec = args.spec;
         }
@@ -600,6 +613,14 @@ struct TrainArgs {
     /// Dead-letter file for malformed records.
     #[arg(long)]
     dead_letters: Option<PathBuf>,
+    /// Fail when more than this fraction of the training (or of the evaluation) records is malformed
+    /// (default 0.01).
+    #[arg(long, value_name = "F")]
+    max_bad_fraction: Option<f64>,
+    /// Refuse to start when the memory estimate exceeds this per process: auto (default: what the system
+    /// reports available), unlimited, or a size such as 8G.
+    #[arg(long, value_name = "BYTES|auto|unlimited")]
+    max_memory: Option<String>,
     /// Longest accepted input line in bytes.
     #[arg(long)]
     max_line_bytes: Option<usize>,
@@ -710,6 +731,8 @@ impl TrainArgs {
             top,
             on_bad_record,
             dead_letters,
+            max_bad_fraction,
+            max_memory,
             max_line_bytes,
             progress,
             keep_checkpoints,

@@ -7,7 +7,10 @@
 //! reached, then evaluation steps until a step with no eval data, then one
 //! report step. A worker that fails (a bad record under `fail`, an unreadable
 //! file) takes part in one more step flagged as failed, so every worker
-//! stops after the same step instead of waiting forever.
+//! stops after the same step instead of waiting forever. The bad-record
+//! budget and the empty-input checks ([`crate::budget`]) read a step's global
+//! counts, which every worker receives alike, so all of them fail after the
+//! same step without such a round.
 //!
 //! In a cluster run the processes first check each other's settings and
 //! connect within `--connect-timeout`, and a lost process stops the others
@@ -21,6 +24,7 @@
 //! step counter, the sample count and the running loss continue from it, so
 //! the run ends where an uninterrupted one would.
 
+use crate::budget::{self, Split, Tally};
 use crate::checkpointing::{self, CheckpointOptions, Checkpointer, Position};
 use crate::cluster::{fingerprint, Cluster};
 use crate::config::{DataSpec, Resolved};
@@ -118,6 +122,7 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
 /// Runs a whole training job and returns its summary; `None` on processes other than 0.
 pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineError> {
     let resolved = settings.validate()?;
+    crate::memory::check(settings, &resolved)?;
     let workers_total = settings.workers * settings.processes;
     let dead_letters_file = dead_letters_path(settings);
     let dead_letter_sink = SharedDeadLetters::file(dead_letters_file.clone());
@@ -463,6 +468,13 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     }
     let samples_at_start = samples;
     ctx.cluster.finished_step(steps);
+    // Malformed training records over all workers, as of the last training step.
+    let mut train_bad_global = [0u64; 5];
+    let dead_letters_file = dead_letters_path(s);
+    let check_train = |samples: u64, bad: [u64; 5]| match s.steps {
+        Some(0) => Ok(()),
+        _ => budget::check(Split::Train, &s.data, Tally { good: samples, bad }, s.max_bad_fraction, &dead_letters_file),
+    };
     let position = |steps, epoch, steps_in_epoch, samples, loss_total, window: &VecDeque<_>, bad: &[u64; 5]| Position {
         step: steps,
         epoch,
@@ -488,6 +500,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 &ctx.resolved,
                 s.seed,
             )?;
+            train_bad_global = stats.bad_records;
             if stats.samples == 0 {
                 // Every worker's counts after the whole epoch (the empty step read to its end).
                 bad_before_epoch = stats.bad_records;
@@ -520,6 +533,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 checkpointer.write(worker, &trainer, &at)?;
             }
         }
+        // Before the epoch's checkpoint: a mostly malformed input stops the run here.
+        check_train(samples, train_bad_global)?;
         epochs += 1;
         steps_in_epoch = 0;
         train_data.rewind();
@@ -528,6 +543,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             checkpointer.write(worker, &trainer, &at)?;
         }
     }
+    check_train(samples, train_bad_global)?;
     // The end of the run (`--steps`) is a checkpoint too, unless one of this step exists.
     if checkpointer.due_at_boundary(steps) {
         let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
@@ -552,6 +568,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 return Err(e);
             }
         };
+        // Eval steps carry the eval reader's counts only, so their sum is the split's own.
+        let mut tally = Tally::default();
         loop {
             let stats = step_with(
                 &mut trainer,
@@ -559,16 +577,26 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 StepKind::Eval,
                 &mut eval_data,
                 &mut batch,
-                &train_bad,
+                &BadRecordCounts::default(),
                 &ctx.resolved,
                 s.seed,
             )?;
+            tally.bad = stats.bad_records;
             if stats.samples == 0 {
                 break;
             }
+            tally.good += stats.samples;
         }
         eval_bad = eval_data.bad_counts();
         eval_data.flush()?;
+        // Separate eval data must yield samples; a held-out part is only held to the budget.
+        let input = match &s.eval {
+            Some(e) => e.clone(),
+            None => format!("{} (held-out part)", s.data),
+        };
+        if s.eval.is_some() || tally.good + tally.bad_total() > 0 {
+            budget::check(Split::Eval, &input, tally, s.max_bad_fraction, &dead_letters_file)?;
+        }
     }
     let mut all_bad = train_bad;
     all_bad.merge(&eval_bad);

@@ -11,6 +11,9 @@ pub enum SourceError {
         #[source]
         source: std::io::Error,
     },
+    /// An input file was truncated or rewritten while it was being read.
+    #[error("input file {path} changed while being read: {reason}")]
+    Changed { path: String, reason: String },
     /// A malformed record under `--on-bad-record fail`.
     #[error("bad record at {0}")]
     BadRecord(tiderec_operators::bad_record::BadRecord),

@@ -1,4 +1,4 @@
-//! Line-oriented readers: one worker's line-aligned byte ranges of memory-mapped files.
+//! Line-oriented readers: one worker's line-aligned byte ranges of files.
 //!
 //! A [`LineReader`] handles everything that does not depend on the record
 //! format — ranges, line splitting, CRLF, over-long lines, line numbers,
@@ -22,11 +22,19 @@
 //!   to the [`DeadLetterSink`] under [`BadRecordPolicy::Skip`], or as
 //!   [`SourceError::BadRecord`] under [`BadRecordPolicy::Fail`]. A bad line
 //!   never leaves a partial sample in the output batch.
+//! * **A file that changes while it is read is an error, never a signal.**
+//!   Files are read with positioned reads (`pread`) into a window of
+//!   [`WINDOW_BYTES`], not memory-mapped: a mapped file truncated by another
+//!   process would kill the reader with `SIGBUS`. Every refill of the window
+//!   checks the file against its length and modification time at open; a
+//!   short read, a smaller file or a new modification time is
+//!   [`SourceError::Changed`] naming the file. (Bytes already in the window
+//!   when the file changes are parsed as they were read.)
 
 use crate::error::SourceError;
-use memmap2::Mmap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 use tiderec_operators::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
 use tiderec_operators::Batch;
 
@@ -34,6 +42,8 @@ use tiderec_operators::Batch;
 pub const DEFAULT_MAX_LINE_BYTES: usize = 64 * 1024;
 /// At most this many bytes of an over-long line are kept in its [`BadRecord::raw`].
 pub const MAX_RAW_BYTES: usize = 4096;
+/// Bytes read per refill of a reader's window (more when a line may be longer).
+pub const WINDOW_BYTES: usize = 1 << 20;
 
 pub use tiderec_operators::format::LineFormat;
 
@@ -52,12 +62,109 @@ impl Default for ReaderOptions {
     }
 }
 
+/// One open file, its length and modification time when opened.
+struct Source {
+    /// Name used in bad records and errors.
+    name: String,
+    file: File,
+    /// Length at open; bytes beyond it (appended later) are not read.
+    len: usize,
+    modified: Option<SystemTime>,
+}
+
+impl Source {
+    fn open(path: &Path) -> Result<Self, SourceError> {
+        let io_err = |source| SourceError::Io { path: path.display().to_string(), source };
+        let file = File::open(path).map_err(io_err)?;
+        let meta = file.metadata().map_err(io_err)?;
+        let len = usize::try_from(meta.len()).map_err(|_| SourceError::Config {
+            key: "data".into(),
+            reason: format!("{} is larger than this machine's address space", path.display()),
+        })?;
+        Ok(Source { name: path.display().to_string(), file, len, modified: meta.modified().ok() })
+    }
+
+    /// Fills `buf` with the bytes at `offset` (all of them below `len`); a short read or
+    /// a file that no longer has its length or modification time is [`SourceError::Changed`].
+    fn read_exact_at(&self, buf: &mut [u8], offset: usize) -> Result<(), SourceError> {
+        let changed = |reason: String| SourceError::Changed { path: self.name.clone(), reason };
+        read_at(&self.file, buf, offset as u64).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => changed(format!(
+                "it ended before byte {} of the {} it had when opened (truncated?)",
+                offset + buf.len(),
+                self.len
+            )),
+            _ => SourceError::Io { path: self.name.clone(), source: e },
+        })?;
+        let meta = self.file.metadata().map_err(|source| SourceError::Io { path: self.name.clone(), source })?;
+        if (meta.len() as usize) < self.len {
+            return Err(changed(format!("it shrank from {} to {} bytes", self.len, meta.len())));
+        }
+        if meta.modified().ok() != self.modified {
+            return Err(changed("it was modified".into()));
+        }
+        Ok(())
+    }
+
+    /// The first line start at or after `pos`: `pos` itself if it is 0, the end of the file, or
+    /// just after a `\n`; otherwise the byte after the next `\n`. Reads as needed.
+    fn align_to_line(&self, pos: usize, scratch: &mut Vec<u8>) -> Result<usize, SourceError> {
+        if pos == 0 || pos >= self.len {
+            return Ok(pos.min(self.len));
+        }
+        Ok(self.find_newline(pos - 1, scratch)?.map_or(self.len, |i| i + 1))
+    }
+
+    /// Offset of the first `\n` at or after `from`, if any.
+    fn find_newline(&self, mut from: usize, scratch: &mut Vec<u8>) -> Result<Option<usize>, SourceError> {
+        while from < self.len {
+            let n = (self.len - from).min(WINDOW_BYTES);
+            scratch.resize(n, 0);
+            self.read_exact_at(scratch, from)?;
+            if let Some(i) = memchr::memchr(b'\n', scratch) {
+                return Ok(Some(from + i));
+            }
+            from += n;
+        }
+        Ok(None)
+    }
+
+    /// Number of `\n` bytes before `end`.
+    fn newlines_before(&self, end: usize, scratch: &mut Vec<u8>) -> Result<u64, SourceError> {
+        let mut count = 0;
+        let mut from = 0;
+        while from < end {
+            let n = (end - from).min(WINDOW_BYTES);
+            scratch.resize(n, 0);
+            self.read_exact_at(scratch, from)?;
+            count += count_newlines(scratch);
+            from += n;
+        }
+        Ok(count)
+    }
+}
+
+/// Positioned read of all of `buf` at `offset`; `UnexpectedEof` when the file ends first.
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = file;
+        f.seek(SeekFrom::Start(offset))?;
+        f.read_exact(buf)
+    }
+}
+
 /// One file and this reader's byte range in it.
 struct FileRange {
+    /// The file; `None` for an empty one.
+    source: Option<Source>,
     /// Name used in bad records.
-    source: String,
-    /// `None` for an empty file.
-    map: Option<Mmap>,
+    name: String,
     /// First byte of the first line of the range.
     start: usize,
     /// One past the last byte at which a line of this range may start.
@@ -66,8 +173,43 @@ struct FileRange {
     newlines_before: Option<u64>,
 }
 
+/// The bytes `[offset, offset + buf.len())` of file `file` of a reader.
+#[derive(Default)]
+struct Window {
+    file: usize,
+    offset: usize,
+    buf: Vec<u8>,
+}
+
+impl Window {
+    /// Makes the window hold `[pos, min(pos + want, len))` of `source` (file number `file`),
+    /// keeping the bytes it already holds from `pos` on.
+    fn fill(&mut self, file: usize, source: &Source, pos: usize, want: usize) -> Result<(), SourceError> {
+        let upto = source.len.min(pos.saturating_add(want));
+        let held_end = self.offset + self.buf.len();
+        let keep = if self.file == file && self.offset <= pos && pos <= held_end {
+            self.buf.copy_within(pos - self.offset.., 0);
+            held_end - pos
+        } else {
+            0
+        };
+        let keep = keep.min(upto - pos);
+        self.buf.resize(upto - pos, 0);
+        source.read_exact_at(&mut self.buf[keep..], pos + keep)?;
+        self.file = file;
+        self.offset = pos;
+        Ok(())
+    }
+
+    /// True when the window holds `[pos, min(pos + want, len))` of file `file`.
+    fn holds(&self, file: usize, pos: usize, want: usize, len: usize) -> bool {
+        self.file == file && self.offset <= pos && self.offset + self.buf.len() >= len.min(pos.saturating_add(want))
+    }
+}
+
 /// The first line start at or after `pos`: `pos` itself if it is 0, the end of
 /// `data`, or just after a `\n`; otherwise the byte after the next `\n`.
+#[cfg(test)]
 pub(crate) fn align_to_line(data: &[u8], pos: usize) -> usize {
     if pos == 0 || pos >= data.len() {
         return pos.min(data.len());
@@ -92,6 +234,10 @@ pub struct LineReader<F> {
     pos: usize,
     /// Lines (including empty ones) passed since the current range's start.
     lines_in_range: u64,
+    /// The bytes being parsed.
+    window: Window,
+    /// Buffer of scans outside the window (over-long lines, line numbers).
+    scratch: Vec<u8>,
 }
 
 impl<F: LineFormat> LineReader<F> {
@@ -103,7 +249,7 @@ impl<F: LineFormat> LineReader<F> {
     /// line-aligned. Spans `(0, f)` and `(f, 1)` partition every file's lines.
     ///
     /// Errors: [`SourceError::Io`] naming the path if a file cannot be opened
-    /// or mapped; [`SourceError::Config`] for a bad span, `workers == 0` or
+    /// or read; [`SourceError::Config`] for a bad span, `workers == 0` or
     /// `worker >= workers`. An empty file yields no records.
     #[allow(clippy::too_many_arguments)]
     pub fn open_format(
@@ -122,8 +268,9 @@ impl<F: LineFormat> LineReader<F> {
             return Err(SourceError::Config { key: "workers".into(), reason: format!("worker {worker} of {workers}") });
         }
         let mut files = Vec::with_capacity(paths.len());
+        let mut scratch = Vec::new();
         for path in paths {
-            files.push(Self::open_range(path, span, worker, workers)?);
+            files.push(Self::open_range(path, span, worker, workers, &mut scratch)?);
         }
         Ok(LineReader {
             files,
@@ -135,31 +282,28 @@ impl<F: LineFormat> LineReader<F> {
             cur: 0,
             pos: 0,
             lines_in_range: 0,
+            window: Window { file: usize::MAX, ..Window::default() },
+            scratch,
         }
         .rewound())
     }
 
-    fn open_range(path: &Path, span: (f64, f64), worker: usize, workers: usize) -> Result<FileRange, SourceError> {
-        let io_err = |source| SourceError::Io { path: path.display().to_string(), source };
-        let file = File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len() as usize;
-        let map = if len == 0 {
-            None
-        } else {
-            // SAFETY: the map is read-only; input files must not be modified
-            // while they are being read (the usual contract of mmap readers).
-            let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
-            #[cfg(unix)]
-            let _ = map.advise(memmap2::Advice::Sequential);
-            Some(map)
-        };
-        let data: &[u8] = map.as_deref().unwrap_or(&[]);
-        let lo = (data.len() as f64 * span.0).round() as usize;
-        let hi = if span.1 >= 1.0 { data.len() } else { (data.len() as f64 * span.1).round() as usize };
+    fn open_range(
+        path: &Path,
+        span: (f64, f64),
+        worker: usize,
+        workers: usize,
+        scratch: &mut Vec<u8>,
+    ) -> Result<FileRange, SourceError> {
+        let source = Source::open(path)?;
+        let len = source.len;
+        let lo = (len as f64 * span.0).round() as usize;
+        let hi = if span.1 >= 1.0 { len } else { (len as f64 * span.1).round() as usize };
         let split = |w: usize| lo + ((hi - lo) as u128 * w as u128 / workers as u128) as usize;
-        let start = align_to_line(data, split(worker));
-        let end = align_to_line(data, split(worker + 1));
-        Ok(FileRange { source: path.display().to_string(), map, start, end, newlines_before: None })
+        let start = source.align_to_line(split(worker), scratch)?;
+        let end = source.align_to_line(split(worker + 1), scratch)?;
+        let name = source.name.clone();
+        Ok(FileRange { source: (len > 0).then_some(source), name, start, end, newlines_before: None })
     }
 
     fn rewound(mut self) -> Self {
@@ -253,46 +397,60 @@ impl<F: LineFormat> LineReader<F> {
     /// Reads up to `max` good records from the current file; returns fewer
     /// only when its range is exhausted.
     fn read_file(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
-        let LineReader { files, format, options, dead_letters, counts, lines_read, cur, pos, lines_in_range } = self;
+        let LineReader {
+            files,
+            format,
+            options,
+            dead_letters,
+            counts,
+            lines_read,
+            cur,
+            pos,
+            lines_in_range,
+            window,
+            scratch,
+        } = self;
         let file = &mut files[*cur];
-        let data: &[u8] = file.map.as_deref().unwrap_or(&[]);
-        let end = file.end;
+        let Some(source) = file.source.as_ref() else { return Ok(0) };
+        let (len, end) = (source.len, file.end);
         let max_line = options.max_line_bytes;
+        // A line is found within `need` bytes of its start (+1 for a '\r', +1 for the '\n').
+        let need = max_line.saturating_add(2);
+        // The window also holds the head of an over-long line, kept in its bad record.
+        let held = need.max(MAX_RAW_BYTES);
+        let want = held.max(WINDOW_BYTES);
         let mut appended = 0;
         let mut p = *pos;
         let mut lines = *lines_in_range;
         let mut good = 0u64;
-        while appended < max && p < end {
-            let line_start = p;
-            // Look for the terminator no further than the line limit allows
-            // (+1 for a '\r', +1 for the '\n' itself).
-            let window_end = data.len().min(p.saturating_add(max_line).saturating_add(2));
-            let (line, next, too_long) = match memchr::memchr(b'\n', &data[p..window_end]) {
-                Some(i) => {
-                    let mut line = &data[p..p + i];
-                    if let [rest @ .., b'\r'] = line {
-                        line = rest;
-                    }
-                    (line, p + i + 1, line.len() > max_line)
+        let result = loop {
+            if appended >= max || p >= end {
+                break Ok(());
+            }
+            if !window.holds(*cur, p, held, len) {
+                if let Err(e) = window.fill(*cur, source, p, want) {
+                    break Err(e);
                 }
-                None if window_end == data.len() => {
-                    let mut line = &data[p..];
-                    if let [rest @ .., b'\r'] = line {
-                        line = rest;
-                    }
-                    (line, data.len(), line.len() > max_line)
+            }
+            let data = &window.buf[p - window.offset..];
+            let line_start = p;
+            let window_end = data.len().min(need);
+            let (line, next, too_long) = match memchr::memchr(b'\n', &data[..window_end]) {
+                Some(i) => (strip_cr(&data[..i]), p + i + 1, strip_cr(&data[..i]).len() > max_line),
+                None if p + window_end == len => {
+                    let line = strip_cr(&data[..window_end]);
+                    (line, len, line.len() > max_line)
                 }
                 None => {
                     // Over-long line: skip to its end; only its head is kept.
-                    let (line_end, next) = match memchr::memchr(b'\n', &data[window_end..]) {
-                        Some(i) => (window_end + i, window_end + i + 1),
-                        None => (data.len(), data.len()),
+                    let (line_end, next) = match source.find_newline(p + window_end, scratch) {
+                        Ok(Some(i)) => (i, i + 1),
+                        Ok(None) => (len, len),
+                        Err(e) => break Err(e),
                     };
-                    let mut line = &data[p..line_end];
-                    if let [rest @ .., b'\r'] = line {
-                        line = rest;
-                    }
-                    (line, next, true)
+                    let line_len = line_end - p;
+                    let head = &data[..line_len.min(MAX_RAW_BYTES)];
+                    (if line_len <= MAX_RAW_BYTES { strip_cr(head) } else { head }, next, true)
                 }
             };
             p = next;
@@ -301,48 +459,53 @@ impl<F: LineFormat> LineReader<F> {
                 continue;
             }
             let result = if too_long { Err((BadReason::TooLong, None)) } else { format.parse(line, out) };
-            match result {
-                Ok(()) => {
-                    appended += 1;
-                    good += 1;
-                }
-                Err((reason, field)) => {
-                    *lines_read += good + 1;
-                    good = 0;
-                    counts.add(reason);
-                    let base = *file.newlines_before.get_or_insert_with(|| count_newlines(&data[..file.start]));
-                    let raw_len = if too_long { line.len().min(MAX_RAW_BYTES) } else { line.len() };
-                    let record = BadRecord {
-                        source: file.source.clone(),
-                        line: base + lines,
-                        byte_offset: line_start as u64,
-                        reason,
-                        field,
-                        raw: line[..raw_len].to_vec(),
-                    };
-                    match options.policy {
-                        BadRecordPolicy::Skip => {
-                            if let Some(sink) = dead_letters.as_deref_mut() {
-                                if let Err(source) = sink.write(&record) {
-                                    *pos = p;
-                                    *lines_in_range = lines;
-                                    return Err(SourceError::DeadLetter { source });
-                                }
-                            }
-                        }
-                        BadRecordPolicy::Fail => {
-                            *pos = p;
-                            *lines_in_range = lines;
-                            return Err(SourceError::BadRecord(record));
+            let Err((reason, field)) = result else {
+                appended += 1;
+                good += 1;
+                continue;
+            };
+            *lines_read += good + 1;
+            good = 0;
+            counts.add(reason);
+            let base = match file.newlines_before {
+                Some(n) => n,
+                None => match source.newlines_before(file.start, scratch) {
+                    Ok(n) => *file.newlines_before.insert(n),
+                    Err(e) => break Err(e),
+                },
+            };
+            let raw_len = if too_long { line.len().min(MAX_RAW_BYTES) } else { line.len() };
+            let record = BadRecord {
+                source: file.name.clone(),
+                line: base + lines,
+                byte_offset: line_start as u64,
+                reason,
+                field,
+                raw: line[..raw_len].to_vec(),
+            };
+            match options.policy {
+                BadRecordPolicy::Skip => {
+                    if let Some(sink) = dead_letters.as_deref_mut() {
+                        if let Err(source) = sink.write(&record) {
+                            break Err(SourceError::DeadLetter { source });
                         }
                     }
                 }
+                BadRecordPolicy::Fail => break Err(SourceError::BadRecord(record)),
             }
-        }
+        };
         *lines_read += good;
         *pos = p;
         *lines_in_range = lines;
-        Ok(appended)
+        result.map(|()| appended)
+    }
+}
+
+/// `line` without a final `\r`.
+fn strip_cr(line: &[u8]) -> &[u8] {
+    match line {
+        [rest @ .., b'\r'] => rest,
+        _ => line,
     }
 }
 
@@ -350,4 +513,134 @@ impl<F: LineFormat> LineReader<F> {
 pub(crate) fn count_newlines(data: &[u8]) -> u64 {
     // Chunked so that the inner count vectorises and cannot overflow.
     data.chunks(1 << 16).map(|c| c.iter().filter(|&&b| b == b'\n').count() as u64).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::criteo::{CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
+    use tiderec_operators::bad_record::MemoryDeadLetters;
+
+    /// A valid 40-field Criteo line, different for every `i`.
+    fn line(i: usize) -> String {
+        let mut f = vec![(i % 2).to_string()];
+        f.extend((0..13).map(|j| ((i * 31 + j) % 1000).to_string()));
+        f.extend((0..26).map(|j| format!("{:08x}", (i * 7919 + j * 104_729) as u32)));
+        f.join("\t")
+    }
+
+    fn open(path: &Path, workers: usize, worker: usize) -> CriteoReader {
+        let config = CriteoConfig::new(CriteoFeatures::uniform(1000, 3));
+        let sink: Box<dyn DeadLetterSink> = Box::new(MemoryDeadLetters::default());
+        CriteoReader::open(&[path.to_path_buf()], worker, workers, config, Some(sink)).unwrap()
+    }
+
+    /// Reads the rest of `reader`'s ranges; returns the records read.
+    fn read_all(reader: &mut CriteoReader) -> Result<usize, SourceError> {
+        let mut out = Batch::new(NUM_DENSE, NUM_SPARSE);
+        let mut total = 0;
+        loop {
+            out.clear();
+            match reader.next_batch(&mut out, 1000)? {
+                0 => return Ok(total),
+                n => total += n,
+            }
+        }
+    }
+
+    #[test]
+    fn file_alignment_matches_the_slice_oracle() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = b"ab\ncd\n\nef\r\nlonger line\n\n\nz";
+        let path = dir.path().join("a.txt");
+        std::fs::write(&path, data).unwrap();
+        let source = Source::open(&path).unwrap();
+        let mut scratch = Vec::new();
+        for pos in 0..=data.len() + 2 {
+            assert_eq!(source.align_to_line(pos, &mut scratch).unwrap(), align_to_line(data, pos), "at {pos}");
+        }
+        assert_eq!(source.newlines_before(data.len(), &mut scratch).unwrap(), count_newlines(data));
+    }
+
+    #[test]
+    fn lines_across_window_refills_and_an_over_long_line_spanning_windows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.txt");
+        let mut text = String::new();
+        let mut n = 0;
+        // About 3.5 windows of lines, one over-long line of 2.5 windows in the middle, CRLF on some.
+        while text.len() < WINDOW_BYTES * 3 / 2 {
+            text.push_str(&line(n));
+            text.push_str(if n % 3 == 0 { "\r\n" } else { "\n" });
+            n += 1;
+        }
+        let long_line_no = n + 1;
+        text.push_str(&"7".repeat(WINDOW_BYTES * 5 / 2));
+        text.push('\n');
+        let mut after = 0;
+        while text.len() < WINDOW_BYTES * 7 / 2 {
+            text.push_str(&line(n + after));
+            text.push('\n');
+            after += 1;
+        }
+        std::fs::write(&path, &text).unwrap();
+        for workers in [1, 3] {
+            let mut total = 0;
+            let mut bad = Vec::new();
+            for w in 0..workers {
+                let mut reader = open(&path, workers, w);
+                total += read_all(&mut reader).unwrap();
+                bad.extend(reader.bad_counts().by_reason.clone());
+            }
+            assert_eq!(total, n + after, "{workers} workers read every good line once");
+            assert_eq!(bad, vec![("too_long".to_string(), 1)], "{workers} workers");
+        }
+        // The over-long line's record: its line number and its head.
+        let config = CriteoConfig::new(CriteoFeatures::uniform(1000, 3));
+        let reader =
+            CriteoReader::open(&[path.clone()], 0, 1, CriteoConfig { policy: BadRecordPolicy::Fail, ..config }, None);
+        match read_all(&mut reader.unwrap()) {
+            Err(SourceError::BadRecord(r)) => {
+                assert_eq!((r.line, r.reason, r.raw.len()), (long_line_no as u64, BadReason::TooLong, MAX_RAW_BYTES));
+            }
+            other => panic!("expected the over-long line, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_truncated_or_rewritten_while_read_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("input.txt");
+        let text: String = (0..40_000).map(|i| line(i) + "\n").collect();
+        assert!(text.len() > 4 * WINDOW_BYTES);
+        std::fs::write(&path, &text).unwrap();
+        let mut out = Batch::new(NUM_DENSE, NUM_SPARSE);
+
+        // Truncated after the first window was read.
+        let mut reader = open(&path, 1, 0);
+        assert_eq!(reader.next_batch(&mut out, 100).unwrap(), 100);
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(WINDOW_BYTES as u64 / 2).unwrap();
+        let e = read_all(&mut reader).unwrap_err();
+        assert!(matches!(e, SourceError::Changed { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("input.txt") && msg.contains("changed while being read"), "{msg}");
+
+        // Rewritten in place with the same length: the modification time gives it away.
+        std::fs::write(&path, &text).unwrap();
+        let mut reader = open(&path, 1, 0);
+        assert_eq!(reader.next_batch(&mut out, 100).unwrap(), 100);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, b"1", 0).unwrap();
+        file.set_modified(SystemTime::now() + std::time::Duration::from_secs(5)).unwrap();
+        let msg = read_all(&mut reader).unwrap_err().to_string();
+        assert!(msg.contains("input.txt") && msg.contains("modified"), "{msg}");
+
+        // Appended to: a change as well (an input must stay as it was while it is read).
+        std::fs::write(&path, &text).unwrap();
+        let mut reader = open(&path, 1, 0);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut f, line(7).as_bytes()).unwrap();
+        let e = read_all(&mut reader).unwrap_err().to_string();
+        assert!(e.contains("modified"), "an append changes the file too: {e}");
+    }
 }

@@ -385,7 +385,7 @@ impl Store {
                 p.seed,
                 p.optimizer,
                 p.hp,
-            ))),
+            )?)),
             StoreKind::Dynamic => Store::Dynamic(DynamicStore::new(config, p)),
             StoreKind::Tiered => Store::Tiered(TieredStore::new(config, p)),
         })

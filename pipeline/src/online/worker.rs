@@ -64,6 +64,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     settings.validate_stream()?;
     let s = &settings.train;
     let resolved = s.resolve(DataSpec::Criteo(Vec::new()))?;
+    crate::memory::check(s, &resolved)?;
     let exchange = crate::exchange_plan::exchange_without_data(&resolved).ok_or_else(|| {
         PipelineError::config(
             "exchange",
