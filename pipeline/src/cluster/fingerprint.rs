@@ -28,6 +28,8 @@ pub const MAY_DIFFER: &[&str] = &[
     "checkpoint_sync",
     // How long this process waits for the others.
     "connect_timeout",
+    // How much of its own machine's memory this process may use.
+    "max_memory",
 ];
 
 /// `(setting, value)` pairs every process of a run must have equal.
