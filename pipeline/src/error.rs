@@ -23,6 +23,10 @@ pub enum PipelineError {
     /// A checkpoint could not be written or restored; the message names the path.
     #[error("{0}")]
     Checkpoint(String),
+    /// Training diverged: a non-finite loss, gradient or parameter; names the step
+    /// and the last good checkpoint.
+    #[error("{0}")]
+    Diverged(String),
     /// Timely could not start or a worker failed.
     #[error("dataflow: {0}")]
     Dataflow(String),

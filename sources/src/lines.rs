@@ -64,6 +64,15 @@ struct FileRange {
     end: usize,
     /// Number of `\n` before `start` (computed on first need).
     newlines_before: Option<u64>,
+    /// Bytes of the files before this one (its position in their concatenation).
+    base: u64,
+}
+
+impl FileRange {
+    /// The whole file's length in bytes.
+    fn len(&self) -> usize {
+        self.map.as_deref().map_or(0, <[u8]>::len)
+    }
 }
 
 /// The first line start at or after `pos`: `pos` itself if it is 0, the end of
@@ -92,6 +101,9 @@ pub struct LineReader<F> {
     pos: usize,
     /// Lines (including empty ones) passed since the current range's start.
     lines_in_range: u64,
+    /// With [`record_line_starts`](Self::record_line_starts): the position of every good
+    /// line appended since the last [`take_line_starts`](Self::take_line_starts).
+    line_starts: Option<Vec<u64>>,
 }
 
 impl<F: LineFormat> LineReader<F> {
@@ -121,9 +133,11 @@ impl<F: LineFormat> LineReader<F> {
         if workers == 0 || worker >= workers {
             return Err(SourceError::Config { key: "workers".into(), reason: format!("worker {worker} of {workers}") });
         }
-        let mut files = Vec::with_capacity(paths.len());
+        let mut files: Vec<FileRange> = Vec::with_capacity(paths.len());
         for path in paths {
-            files.push(Self::open_range(path, span, worker, workers)?);
+            let mut range = Self::open_range(path, span, worker, workers)?;
+            range.base = files.last().map_or(0, |f| f.base + f.len() as u64);
+            files.push(range);
         }
         Ok(LineReader {
             files,
@@ -135,6 +149,7 @@ impl<F: LineFormat> LineReader<F> {
             cur: 0,
             pos: 0,
             lines_in_range: 0,
+            line_starts: None,
         }
         .rewound())
     }
@@ -159,7 +174,7 @@ impl<F: LineFormat> LineReader<F> {
         let split = |w: usize| lo + ((hi - lo) as u128 * w as u128 / workers as u128) as usize;
         let start = align_to_line(data, split(worker));
         let end = align_to_line(data, split(worker + 1));
-        Ok(FileRange { source: path.display().to_string(), map, start, end, newlines_before: None })
+        Ok(FileRange { source: path.display().to_string(), map, start, end, newlines_before: None, base: 0 })
     }
 
     fn rewound(mut self) -> Self {
@@ -195,6 +210,23 @@ impl<F: LineFormat> LineReader<F> {
     /// Bytes of this reader's ranges (line starts), over all files.
     pub fn bytes_total(&self) -> u64 {
         self.files.iter().map(|f| (f.end - f.start) as u64).sum()
+    }
+
+    /// From now on, records the position of every good line appended: the byte offset
+    /// of its first byte in the concatenation of the files (for `tiderec convert`, so
+    /// that replay can split rows across workers as this reader splits lines).
+    pub fn record_line_starts(&mut self) {
+        self.line_starts.get_or_insert_with(Vec::new);
+    }
+
+    /// The positions recorded since the last call, one per good line, in order.
+    pub fn take_line_starts(&mut self) -> Vec<u64> {
+        self.line_starts.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The byte length of every file, in order.
+    pub fn file_bytes(&self) -> Vec<u64> {
+        self.files.iter().map(|f| f.len() as u64).collect()
     }
 
     /// The dead-letter sink, if any (e.g. to flush it).
@@ -253,7 +285,18 @@ impl<F: LineFormat> LineReader<F> {
     /// Reads up to `max` good records from the current file; returns fewer
     /// only when its range is exhausted.
     fn read_file(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
-        let LineReader { files, format, options, dead_letters, counts, lines_read, cur, pos, lines_in_range } = self;
+        let LineReader {
+            files,
+            format,
+            options,
+            dead_letters,
+            counts,
+            lines_read,
+            cur,
+            pos,
+            lines_in_range,
+            line_starts,
+        } = self;
         let file = &mut files[*cur];
         let data: &[u8] = file.map.as_deref().unwrap_or(&[]);
         let end = file.end;
@@ -305,6 +348,9 @@ impl<F: LineFormat> LineReader<F> {
                 Ok(()) => {
                     appended += 1;
                     good += 1;
+                    if let Some(starts) = line_starts.as_mut() {
+                        starts.push(file.base + line_start as u64);
+                    }
                 }
                 Err((reason, field)) => {
                     *lines_read += good + 1;
