@@ -11,13 +11,11 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Synthetic data, 40 steps per epoch, as many epochs as it takes to be interrupted.
+/// Synthetic data, as many epochs as it takes to be interrupted (the callers set the batch size).
 const BASE: &[&str] = &[
     "train",
     "--samples",
     "10240",
-    "--batch-size",
-    "256",
     "--eval-fraction",
     "0.1",
     "--buckets",
@@ -69,7 +67,7 @@ fn interrupt_and_resume(sig: &str, workers: &str) {
     let ck = tmp.path().join("ck");
     let ck_arg = ck.display().to_string();
     let m = tmp.path().join("m.json");
-    let ckpt = ["--checkpoint-dir", &ck_arg, "--checkpoint-every", "7"];
+    let ckpt = ["--checkpoint-dir", &ck_arg, "--checkpoint-every", "7", "--batch-size", "256"];
     let mut child = train_cmd(workers, &[&ckpt[..], &["--epochs", "1000", "--metrics-json", m.to_str().unwrap()]].concat())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -95,7 +93,8 @@ fn interrupt_and_resume(sig: &str, workers: &str) {
         .arg("--metrics-json")
         .arg(&resumed_m));
     let straight_m = tmp.path().join("s.json");
-    run_ok(train_cmd(workers, &["--epochs", "1000", "--steps", &end]).arg("--metrics-json").arg(&straight_m));
+    let straight = ["--epochs", "1000", "--steps", &end, "--batch-size", "256"];
+    run_ok(train_cmd(workers, &straight).arg("--metrics-json").arg(&straight_m));
     let (resumed, straight) = (metrics(&resumed_m), metrics(&straight_m));
     assert_eq!(resumed["resumed_from_step"], step);
     assert!(resumed["interrupted_at_step"].is_null());
