@@ -65,6 +65,9 @@ impl fmt::Display for BadReason {
     }
 }
 
+/// Counts indexed by [`BadReason::index`], as exchanged between workers.
+pub type ReasonCounts = [u64; BadReason::COUNT];
+
 /// One malformed record and where it was found.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BadRecord {
@@ -150,7 +153,7 @@ impl BadRecordCounts {
     }
 
     /// Counts as a fixed array indexed by [`BadReason::index`] (for exchange between workers).
-    pub fn to_array(&self) -> [u64; BadReason::COUNT] {
+    pub fn to_array(&self) -> ReasonCounts {
         let mut a = [0; BadReason::COUNT];
         for r in BadReason::ALL {
             a[r.index()] = self.by_reason.get(r.name()).copied().unwrap_or(0);
@@ -159,7 +162,7 @@ impl BadRecordCounts {
     }
 
     /// The inverse of [`BadRecordCounts::to_array`]; zero counts are left out.
-    pub fn from_array(a: [u64; BadReason::COUNT]) -> Self {
+    pub fn from_array(a: ReasonCounts) -> Self {
         let mut c = BadRecordCounts::default();
         for r in BadReason::ALL {
             if a[r.index()] > 0 {

@@ -40,7 +40,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tiderec_operators::bad_record::{BadReason, BadRecordCounts, DeadLetterSink};
+use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink, ReasonCounts};
 use tiderec_operators::behavior::SampleConfig;
 use tiderec_operators::features::cross::append_crosses;
 use tiderec_operators::metrics::{auc, EvalSet};
@@ -447,7 +447,7 @@ pub(crate) fn restore_shared(
 }
 
 /// The running statistics a checkpoint records.
-fn training_progress(loss_total: f64, window: &VecDeque<(f64, u64)>, bad: &[u64; BadReason::COUNT]) -> TrainingProgress {
+fn training_progress(loss_total: f64, window: &VecDeque<(f64, u64)>, bad: &ReasonCounts) -> TrainingProgress {
     TrainingProgress {
         loss_total,
         loss_window: window.iter().copied().collect(),
@@ -491,7 +491,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     // run starts from the counts before its epoch instead (they include the derived ones).
     let derived_bad = match (me, &resumed) {
         (0, Some(m)) => {
-            let mut a = [0u64; BadReason::COUNT];
+            let mut a = ReasonCounts::default();
             a.iter_mut().zip(&m.progress.bad_records_before_epoch).for_each(|(a, &b)| *a = b);
             BadRecordCounts::from_array(a)
         }
@@ -516,14 +516,15 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         }
     }
     let samples_at_start = samples;
-    let position = |steps, epoch, steps_in_epoch, samples, loss_total, window: &VecDeque<_>, bad: &[u64; BadReason::COUNT]| Position {
-        step: steps,
-        epoch,
-        steps_in_epoch,
-        samples,
-        progress: training_progress(loss_total, window, bad),
-        kafka_offsets: Default::default(),
-    };
+    let position =
+        |steps, epoch, steps_in_epoch, samples, loss_total, window: &VecDeque<_>, bad: &ReasonCounts| Position {
+            step: steps,
+            epoch,
+            steps_in_epoch,
+            samples,
+            progress: training_progress(loss_total, window, bad),
+            kafka_offsets: Default::default(),
+        };
     let mut bytes_at_end = 0u64;
     let mut interrupted = false;
     let start = Instant::now();

@@ -49,7 +49,11 @@ fn converted_criteo_trains_like_the_tsv_for_one_two_and_three_workers() {
     let out = dir.path().join("pq");
     let criteo = format!("criteo:{}", src.display());
     // Several files and row groups, so worker ranges start inside row groups and cross files.
-    convert(&criteo, &out, &["--seed", "7", "--buckets", "20000", "--row-group-rows", "1500", "--rows-per-file", "4000"]);
+    convert(
+        &criteo,
+        &out,
+        &["--seed", "7", "--buckets", "20000", "--row-group-rows", "1500", "--rows-per-file", "4000"],
+    );
     let parquet = format!("parquet:{}", out.display());
     for workers in ["1", "2", "3"] {
         // The default held-out fraction: the byte split of the raw files holds out the same rows.

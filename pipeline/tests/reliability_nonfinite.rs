@@ -93,7 +93,9 @@ fn taobao_ad_prices_that_are_not_finite_are_bad_records() {
     let header = "clk,time_stamp,userid,adgroup_id,pid,cate_id,campaign_id,customer,brand,price,cms_segid,\
                   cms_group_id,final_gender_code,age_level,pvalue_level,shopping_level,occupation,\
                   new_user_class_level,click_sequence";
-    let row = |price: &str| format!("0,2017-05-06 00:00:00,874257,172298,430548_1007,5443,160194,864,339907,{price},0,3,2,3,,3,0,,170301^573514");
+    let row = |price: &str| {
+        format!("0,2017-05-06 00:00:00,874257,172298,430548_1007,5443,160194,864,339907,{price},0,3,2,3,,3,0,,170301^573514")
+    };
     let text: Vec<String> =
         std::iter::once(header.to_string()).chain(["3.9", "inf", "189.0", "nan", "1e40", "12"].map(row)).collect();
     let csv = write(&dir.path().join("ad.csv"), &(text.join("\n") + "\n"));
@@ -150,7 +152,8 @@ fn a_diverging_run_names_its_last_good_checkpoint_and_writes_none_after_it() {
     let ck_arg = ck.display().to_string();
     for workers in ["1", "2"] {
         let _ = std::fs::remove_dir_all(&ck);
-        let err = run_err(&mut diverging(&["--workers", workers, "--checkpoint-dir", &ck_arg, "--checkpoint-every", "1"]));
+        let err =
+            run_err(&mut diverging(&["--workers", workers, "--checkpoint-dir", &ck_arg, "--checkpoint-every", "1"]));
         let step: u64 = err
             .split("training diverged at step ")
             .nth(1)

@@ -68,11 +68,12 @@ fn interrupt_and_resume(sig: &str, workers: &str) {
     let ck_arg = ck.display().to_string();
     let m = tmp.path().join("m.json");
     let ckpt = ["--checkpoint-dir", &ck_arg, "--checkpoint-every", "7", "--batch-size", "256"];
-    let mut child = train_cmd(workers, &[&ckpt[..], &["--epochs", "1000", "--metrics-json", m.to_str().unwrap()]].concat())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tiderec starts");
+    let mut child =
+        train_cmd(workers, &[&ckpt[..], &["--epochs", "1000", "--metrics-json", m.to_str().unwrap()]].concat())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tiderec starts");
     wait_until(&mut child, "a first checkpoint", || ck.exists() && !entries(&ck).0.is_empty());
     signal(&child, sig);
     let out = child.wait_with_output().unwrap();
@@ -89,9 +90,11 @@ fn interrupt_and_resume(sig: &str, workers: &str) {
     // Resume to 30 steps past the stop: the same model as a run that never stopped.
     let end = (step + 30).to_string();
     let resumed_m = tmp.path().join("r.json");
-    run_ok(train_cmd(workers, &[&ckpt[..], &["--epochs", "1000", "--resume", "--steps", &end]].concat())
-        .arg("--metrics-json")
-        .arg(&resumed_m));
+    run_ok(
+        train_cmd(workers, &[&ckpt[..], &["--epochs", "1000", "--resume", "--steps", &end]].concat())
+            .arg("--metrics-json")
+            .arg(&resumed_m),
+    );
     let straight_m = tmp.path().join("s.json");
     let straight = ["--epochs", "1000", "--steps", &end, "--batch-size", "256"];
     run_ok(train_cmd(workers, &straight).arg("--metrics-json").arg(&straight_m));
@@ -145,7 +148,17 @@ fn sigterm_to_convert_leaves_a_valid_partial_dataset() {
     // The same file many times over: long enough to be interrupted.
     let from = format!("criteo:{}", vec![src.display().to_string(); 300].join(","));
     let mut child = tiderec()
-        .args(["convert", "--progress", "none", "--from", &from, "--row-group-rows", "4096", "--rows-per-file", "20000"])
+        .args([
+            "convert",
+            "--progress",
+            "none",
+            "--from",
+            &from,
+            "--row-group-rows",
+            "4096",
+            "--rows-per-file",
+            "20000",
+        ])
         .arg("--to")
         .arg(format!("parquet:{}", out.display()))
         .stdout(Stdio::piped())
@@ -174,11 +187,13 @@ fn sigterm_to_convert_leaves_a_valid_partial_dataset() {
     assert!(names.iter().all(|f| !f.starts_with('.')), "no temporary file left: {names:?}");
     // The partial output is a valid dataset holding exactly the rows reported.
     let m = tmp.path().join("m.json");
-    run_ok(tiderec()
-        .args(["train", "--progress", "none", "--model", "lr", "--eval-fraction", "0", "--batch-size", "4096"])
-        .arg("--data")
-        .arg(format!("parquet:{}", out.display()))
-        .arg("--metrics-json")
-        .arg(&m));
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--model", "lr", "--eval-fraction", "0", "--batch-size", "4096"])
+            .arg("--data")
+            .arg(format!("parquet:{}", out.display()))
+            .arg("--metrics-json")
+            .arg(&m),
+    );
     assert_eq!(metrics(&m)["samples"], rows);
 }

@@ -385,7 +385,10 @@ fn line_start_column(
     let Ok(index) = meta.schema().index_of(LINE_START_COLUMN) else { return Ok(None) };
     let ty = meta.schema().field(index).data_type();
     if ty != &DataType::UInt64 {
-        return Err(SourceError::schema(path.display(), format!("column `{LINE_START_COLUMN}` is {ty}, expected UInt64")));
+        return Err(SourceError::schema(
+            path.display(),
+            format!("column `{LINE_START_COLUMN}` is {ty}, expected UInt64"),
+        ));
     }
     let leaf = meta.parquet_schema().columns().iter().position(|c| c.path().string() == LINE_START_COLUMN);
     Ok(leaf.map(|leaf| (ProjectionMask::roots(meta.parquet_schema(), [index]), leaf)))
