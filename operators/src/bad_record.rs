@@ -22,12 +22,24 @@ pub enum BadReason {
     BadHex,
     /// The record is longer than the configured limit.
     TooLong,
+    /// A numeric value is infinite or NaN, overflows `f32` (`1e40`), or becomes
+    /// non-finite after its transform; training on it would ruin the model.
+    NonFinite,
 }
 
 impl BadReason {
+    /// Number of reasons (the length of the count arrays exchanged between workers).
+    pub const COUNT: usize = 6;
+
     /// Every reason, in the order of [`BadReason::index`].
-    pub const ALL: [BadReason; 5] =
-        [BadReason::FieldCount, BadReason::BadLabel, BadReason::BadInteger, BadReason::BadHex, BadReason::TooLong];
+    pub const ALL: [BadReason; BadReason::COUNT] = [
+        BadReason::FieldCount,
+        BadReason::BadLabel,
+        BadReason::BadInteger,
+        BadReason::BadHex,
+        BadReason::TooLong,
+        BadReason::NonFinite,
+    ];
 
     /// Position of this reason in [`BadReason::ALL`].
     pub fn index(self) -> usize {
@@ -42,6 +54,7 @@ impl BadReason {
             BadReason::BadInteger => "bad_integer",
             BadReason::BadHex => "bad_hex",
             BadReason::TooLong => "too_long",
+            BadReason::NonFinite => "non_finite",
         }
     }
 }
@@ -51,6 +64,9 @@ impl fmt::Display for BadReason {
         f.write_str(self.name())
     }
 }
+
+/// Counts indexed by [`BadReason::index`], as exchanged between workers.
+pub type ReasonCounts = [u64; BadReason::COUNT];
 
 /// One malformed record and where it was found.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -137,8 +153,8 @@ impl BadRecordCounts {
     }
 
     /// Counts as a fixed array indexed by [`BadReason::index`] (for exchange between workers).
-    pub fn to_array(&self) -> [u64; 5] {
-        let mut a = [0; 5];
+    pub fn to_array(&self) -> ReasonCounts {
+        let mut a = [0; BadReason::COUNT];
         for r in BadReason::ALL {
             a[r.index()] = self.by_reason.get(r.name()).copied().unwrap_or(0);
         }
@@ -146,7 +162,7 @@ impl BadRecordCounts {
     }
 
     /// The inverse of [`BadRecordCounts::to_array`]; zero counts are left out.
-    pub fn from_array(a: [u64; 5]) -> Self {
+    pub fn from_array(a: ReasonCounts) -> Self {
         let mut c = BadRecordCounts::default();
         for r in BadReason::ALL {
             if a[r.index()] > 0 {

@@ -23,6 +23,7 @@ pub mod collective;
 pub mod error;
 pub mod exchange;
 pub mod features;
+pub mod finite;
 pub mod format;
 pub mod freq;
 pub mod huge;

@@ -907,17 +907,28 @@ impl LineFormat for SpecFormat {
             } else {
                 fast_float2::parse::<f32, _>(raw).map_err(|_| (BadReason::BadInteger, Some(col)))?
             };
+            // `inf`, `NaN` and values beyond f32 (`1e40` parses to inf) are rejected before a
+            // clamp could hide them, and so is anything the transform makes non-finite.
+            if !v.is_finite() {
+                return Err((BadReason::NonFinite, Some(col)));
+            }
             if let Some((lo, hi)) = d.clamp {
                 v = v.clamp(lo, hi);
             }
             if d.log1p {
                 v = crate::features::log1p_clamped(v);
             }
+            if !v.is_finite() {
+                return Err((BadReason::NonFinite, Some(col)));
+            }
             dense[k] = v;
         }
         for (k, &(col, delim, reduce)) in self.numeric.iter().enumerate() {
             let v = split_parse_reduce(fields[col], delim, reduce, usize::MAX)
                 .map_err(|_| (BadReason::BadInteger, Some(col)))?;
+            if v.is_some_and(|v| !v.is_finite()) {
+                return Err((BadReason::NonFinite, Some(col)));
+            }
             dense[self.dense.len() + k] = v.unwrap_or(0.0);
         }
         let mut ids = [0u64; MAX_COLUMNS];
@@ -1034,6 +1045,26 @@ mod tests {
         assert_eq!(f.parse(b"1,1,1;z,u,a", &mut b), Err((BadReason::BadInteger, Some(2))));
         assert_eq!(f.parse(b"1,1,1,u", &mut b), Err((BadReason::FieldCount, None)));
         assert_eq!(b.len(), 2, "bad lines append nothing");
+    }
+
+    #[test]
+    fn non_finite_values_are_bad_records_even_under_a_clamp() {
+        let f = SpecFormat::new(tiny(), 9).unwrap();
+        let mut b = Batch::new(2, 2);
+        for (line, col) in [
+            (&b"1,inf,1,u,a"[..], 1),
+            (b"1,-inf,1,u,a", 1),
+            (b"1,NaN,1,u,a", 1),
+            (b"1,1e40,1,u,a", 1),
+            (b"1,1,2;inf,u,a", 2),
+            (b"1,1,nan,u,a", 2),
+            (b"1,1,1e39;1,u,a", 2),
+        ] {
+            assert_eq!(f.parse(line, &mut b), Err((BadReason::NonFinite, Some(col))), "{}", line.escape_ascii());
+        }
+        assert_eq!(b.len(), 0, "bad lines append nothing");
+        f.parse(b"1,3e38,3e38,u,a", &mut b).unwrap();
+        assert!(b.dense.iter().all(|v| v.is_finite()));
     }
 
     #[test]

@@ -18,7 +18,7 @@
 
 use crate::PipelineError;
 use std::path::Path;
-use tiderec_operators::bad_record::BadRecordCounts;
+use tiderec_operators::bad_record::{BadRecordCounts, ReasonCounts};
 
 /// Which part of the input a check is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub struct Tally {
     /// Samples read (good records).
     pub good: u64,
     /// Malformed records skipped, by [`BadReason::index`](tiderec_operators::bad_record::BadReason::index).
-    pub bad: [u64; 5],
+    pub bad: ReasonCounts,
 }
 
 impl Tally {
@@ -131,7 +131,7 @@ mod tests {
     use tiderec_operators::bad_record::BadReason;
 
     fn tally(good: u64, bad: &[(BadReason, u64)]) -> Tally {
-        let mut t = Tally { good, bad: [0; 5] };
+        let mut t = Tally { good, bad: ReasonCounts::default() };
         for &(r, n) in bad {
             t.bad[r.index()] = n;
         }

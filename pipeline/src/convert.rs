@@ -11,6 +11,13 @@
 //! in training, and conversion goes on; under `--on-bad-record fail` it stops
 //! with the reader's `file:line` error and removes the unfinished output file
 //! (files completed before stay).
+//!
+//! SIGINT/SIGTERM ([`crate::stop`]) stops after the chunk being written: the
+//! output is closed as after the last input line, so the directory holds
+//! complete Parquet files with the first [`ConvertSummary::rows`] samples of
+//! the input (a valid dataset, reported as interrupted), and no temporary
+//! file. A second signal exits at once with status 130, leaving the
+//! unfinished file under its hidden temporary name.
 
 use crate::config::DataSpec;
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData};
@@ -25,6 +32,7 @@ use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
 use tiderec_operators::spec::Pooling;
 use tiderec_operators::Batch;
 use tiderec_sinks::dead_letters::SharedDeadLetters;
+use tiderec_sources::parquet::schema::LineSource;
 use tiderec_sources::parquet::{ParquetWriter, SchemaDescription, WriterOptions};
 
 /// Samples read and written at a time.
@@ -64,6 +72,8 @@ pub struct ConvertSummary {
     pub bytes_out: u64,
     /// Wall time.
     pub seconds: f64,
+    /// A signal stopped the conversion: the output holds only the first `rows` samples.
+    pub interrupted: bool,
 }
 
 /// `parquet:DIR` → `DIR`.
@@ -133,6 +143,10 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     };
     let indexed = derived.as_ref().map(|(t, rows)| (t, 0..*rows));
     let mut data = WorkerData::for_spec(&resolved.data, indexed, (0.0, 1.0), &options, CHUNK_ROWS, 0, 1, Some(sink))?;
+    // Rows of line files keep their source positions: replay splits them across workers
+    // exactly as training from the raw files does.
+    let mut description = description;
+    description.lines = data.record_line_starts().map(|file_bytes| LineSource { file_bytes });
     let sequences = description.sequences.len();
     let mut writer = ParquetWriter::create(&settings.out, description, settings.writer)?;
     let (num_dense, num_sparse) = resolved.shape;
@@ -145,11 +159,22 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         _ => data.bytes_progress().map_or(0, |(_, total)| total),
     };
     let mut progress = Progress::with_unit(&input.progress, Some(bytes_in), Unit::Bytes);
+    let stop = crate::stop::stop_flag()?;
+    let mut interrupted = false;
     let result = loop {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            interrupted = true;
+            break Ok(());
+        }
         match data.next_micro_batch(&mut batch) {
             Ok(0) => break Ok(()),
             Ok(_) => {
-                if let Err(e) = writer.write(&batch) {
+                let written = if writer.description().lines.is_some() {
+                    writer.write_with_line_starts(&batch, &data.take_line_starts())
+                } else {
+                    writer.write(&batch)
+                };
+                if let Err(e) = written {
                     break Err(PipelineError::from(e));
                 }
             }
@@ -194,5 +219,6 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         bytes_in,
         bytes_out,
         seconds: start.elapsed().as_secs_f64(),
+        interrupted,
     })
 }

@@ -7,8 +7,10 @@
 //! derived up front (Taobao behaviour logs, [`IndexedSamples::Table`]) are
 //! split the same way. For files, each worker reads its own line-aligned byte range of every file and
 //! contributes up to `B·(w+1)/W − B·w/W` samples per step. For Parquet,
-//! each worker reads its round-robin share of the (file, row group) pairs
-//! (`tiderec_sources::parquet`), re-shuffled every epoch.
+//! each worker reads its share of the rows, split inside row groups
+//! (`tiderec_sources::parquet::ParquetDataset::worker_segments`): files
+//! converted from line files are split exactly as the raw files would be, so
+//! they train on the same global batches for every worker count.
 
 use crate::config::DataSpec;
 use crate::PipelineError;
@@ -233,7 +235,8 @@ impl WorkerData {
             }
             DataSpec::Parquet(data) => {
                 let sizes = options.features.table_sizes.clone();
-                let reader = ParquetReader::new(data.0.clone(), span, worker, workers, options.seed, sizes)?;
+                let reader = ParquetReader::new(data.0.clone(), span, worker, workers, options.seed, sizes)?
+                    .with_bad_records(options.policy, dead_letters);
                 Ok(WorkerData::Parquet { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
             }
         }
@@ -308,7 +311,8 @@ impl WorkerData {
     /// Bad records skipped so far.
     pub fn bad_counts(&self) -> BadRecordCounts {
         match self {
-            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => BadRecordCounts::default(),
+            WorkerData::Synthetic { .. } => BadRecordCounts::default(),
+            WorkerData::Parquet { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Criteo { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Avazu { reader, .. } => reader.bad_counts().clone(),
             WorkerData::Spec { reader, .. } => reader.bad_counts().clone(),
@@ -327,6 +331,36 @@ impl WorkerData {
         }
     }
 
+    /// Makes a line reader record the position of every sample it appends (see
+    /// [`LineReader::record_line_starts`](tiderec_sources::lines::LineReader::record_line_starts));
+    /// returns the input files' sizes, or `None` for data that is not read from line files.
+    pub fn record_line_starts(&mut self) -> Option<Vec<u64>> {
+        macro_rules! on {
+            ($r:expr) => {{
+                $r.record_line_starts();
+                Some($r.file_bytes())
+            }};
+        }
+        match self {
+            WorkerData::Criteo { reader, .. } => on!(reader),
+            WorkerData::Avazu { reader, .. } => on!(reader),
+            WorkerData::Spec { reader, .. } => on!(reader),
+            WorkerData::AmazonDien { reader, .. } => on!(reader),
+            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => None,
+        }
+    }
+
+    /// The positions of the samples appended since the last call (after [`Self::record_line_starts`]).
+    pub fn take_line_starts(&mut self) -> Vec<u64> {
+        match self {
+            WorkerData::Criteo { reader, .. } => reader.take_line_starts(),
+            WorkerData::Avazu { reader, .. } => reader.take_line_starts(),
+            WorkerData::Spec { reader, .. } => reader.take_line_starts(),
+            WorkerData::AmazonDien { reader, .. } => reader.take_line_starts(),
+            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => Vec::new(),
+        }
+    }
+
     /// Flushes the dead-letter sink, if any.
     pub fn flush(&mut self) -> Result<(), PipelineError> {
         let sink = match self {
@@ -334,7 +368,8 @@ impl WorkerData {
             WorkerData::Avazu { reader, .. } => reader.dead_letters(),
             WorkerData::Spec { reader, .. } => reader.dead_letters(),
             WorkerData::AmazonDien { reader, .. } => reader.dead_letters(),
-            WorkerData::Synthetic { .. } | WorkerData::Parquet { .. } => None,
+            WorkerData::Parquet { reader, .. } => reader.dead_letters(),
+            WorkerData::Synthetic { .. } => None,
         };
         if let Some(dl) = sink {
             dl.flush().map_err(|e| PipelineError::Dataflow(format!("cannot flush dead letters: {e}")))?;

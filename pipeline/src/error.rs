@@ -34,6 +34,10 @@ pub enum PipelineError {
     /// (see [`crate::memory`]).
     #[error("{0}")]
     Resources(String),
+    /// Training diverged: a non-finite loss, gradient or parameter; names the step
+    /// and the last good checkpoint.
+    #[error("{0}")]
+    Diverged(String),
     /// Timely could not start or a worker failed.
     #[error("dataflow: {0}")]
     Dataflow(String),

@@ -19,6 +19,7 @@ pub mod plot;
 pub mod progress;
 pub mod run;
 pub mod serving;
+pub mod stop;
 
 pub use config::TrainSettings;
 pub use error::PipelineError;

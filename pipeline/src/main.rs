@@ -1107,6 +1107,13 @@ fn main() -> anyhow::Result<()> {
             let settings = (*args).into_settings()?;
             eprintln!("tiderec convert: {} -> parquet:{}", settings.input.data, settings.out.display());
             let s = tiderec::convert::convert(&settings).context("conversion failed")?;
+            if s.interrupted {
+                eprintln!(
+                    "interrupted by a signal: {} holds the first {} samples in complete files; convert again \
+                     into an empty directory for all of them",
+                    s.out, s.rows
+                );
+            }
             println!(
                 "converted {} rows into {} file(s), {} row group(s) in {} ({:.1} s, {:.0} rows/s)",
                 s.rows,

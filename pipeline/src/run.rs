@@ -16,6 +16,19 @@
 //! connect within `--connect-timeout`, and a lost process stops the others
 //! with an error naming it ([`crate::cluster`]).
 //!
+//! Two more ways out, decided from the step's global statistics, which every
+//! worker receives alike (so all stop after the same step, without another
+//! round of messages):
+//! * **Divergence.** A training step whose loss, summed row gradients or
+//!   updated dense parameters are not finite ([`StepStats::non_finite`]) ends
+//!   the run with an error naming the step and the last durable checkpoint;
+//!   the checkpoint in flight (of an earlier step) is let finish, and no
+//!   checkpoint of the ruined state is written.
+//! * **SIGINT/SIGTERM** ([`crate::stop`]). Every step carries each worker's
+//!   stop flag; after a step in which any worker asked to stop, training
+//!   ends as at `--steps`: the run's last checkpoint, no evaluation, the
+//!   report and the metrics, exit 0.
+//!
 //! With `--checkpoint-dir`, all workers write a checkpoint together after
 //! every `--checkpoint-every` steps, at the end of every epoch and at the end
 //! of the run ([`crate::checkpointing`]). With `--resume`, every worker first
@@ -33,10 +46,10 @@ use crate::exchange_plan::{resolve_exchange, PlanSource};
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
+use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink, ReasonCounts};
 use tiderec_operators::behavior::SampleConfig;
 use tiderec_operators::features::cross::append_crosses;
 use tiderec_operators::metrics::{auc, EvalSet};
@@ -84,6 +97,8 @@ struct Context {
     store_stats: Mutex<StoreStats>,
     /// This process in its cluster (the last finished step, for a lost-peer error).
     cluster: Cluster,
+    /// Set by SIGINT/SIGTERM ([`crate::stop`]).
+    stop: Arc<AtomicBool>,
 }
 
 /// The timely configuration for these settings.
@@ -189,6 +204,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     trainer.exchange = exchange;
     let (checkpoint, resume) = checkpoint_setup(settings, &trainer)?;
     let context = Arc::new(Context {
+        stop: crate::stop::stop_flag()?,
         trainer,
         checkpoint,
         resume: Mutex::new(resume.map(Arc::new)),
@@ -216,6 +232,9 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     context.dead_letters.lock().finish()?;
     let summary = outcome?;
     let Some(mut summary) = summary else { return Ok(None) };
+    if let Some(step) = summary.interrupted_at_step {
+        report_interrupted(settings, step);
+    }
     summary.workers = workers_total;
     summary.store = *context.store_stats.lock().unwrap_or_else(|e| e.into_inner());
     if settings.processes == 1 && context.trainer.store.kind != StoreKind::Fixed {
@@ -235,6 +254,46 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         eprintln!("{} malformed records skipped; see {}", summary.bad_records, dead_letters_file.display());
     }
     Ok(Some(summary))
+}
+
+/// Tells the user where an interrupted run stopped and how to go on.
+fn report_interrupted(settings: &TrainSettings, step: u64) {
+    let how = match &settings.checkpoint_dir {
+        Some(dir) => format!(
+            "checkpoint {} is complete; run the same command with --resume to continue",
+            dir.join(tiderec_sinks::checkpoint::layout::checkpoint_name(step)).display()
+        ),
+        None => "no checkpoint (no --checkpoint-dir): a new run starts from the beginning".into(),
+    };
+    eprintln!("interrupted by a signal: stopped after step {step}, evaluation skipped; {how}");
+}
+
+/// The error of a diverged run at global step `step` (every worker calls it after the same
+/// step): lets the checkpoint in flight, of an earlier and finite state, become durable,
+/// and names the last durable checkpoint. Collective.
+pub(crate) fn diverged(
+    worker: &mut timely::worker::Worker,
+    checkpointer: &mut Checkpointer,
+    step: u64,
+    stats: &StepStats,
+) -> PipelineError {
+    if let Err(e) = checkpointer.finish(worker) {
+        return e;
+    }
+    let what = if stats.loss_sum.is_finite() {
+        "the gradients or updated parameters are not finite".to_string()
+    } else {
+        format!("the loss is {}", stats.loss_sum)
+    };
+    let last = match (checkpointer.enabled(), checkpointer.last_durable()) {
+        (_, Some(path)) => format!("the last good checkpoint is {} (--resume starts from it)", path.display()),
+        (true, None) => "no checkpoint was written before it".into(),
+        (false, None) => "no checkpoint was written (no --checkpoint-dir)".into(),
+    };
+    PipelineError::Diverged(format!(
+        "training diverged at step {step}: {what}; every worker stopped and no checkpoint of this state was \
+         written; {last}. Lower --lr, or check the input for extreme values"
+    ))
 }
 
 /// This process's dead-letter file: `--dead-letters`, suffixed `.p<process>` in a cluster run.
@@ -339,8 +398,10 @@ fn step_with(
     bad: &BadRecordCounts,
     resolved: &Resolved,
     seed: u64,
+    stop: &AtomicBool,
 ) -> Result<StepStats, PipelineError> {
     let read = data.next_micro_batch(batch);
+    trainer.set_stop_requested(stop.load(Ordering::Relaxed));
     let mut counts = bad.clone();
     counts.merge(&data.bad_counts());
     trainer.set_bad_records(counts.to_array());
@@ -398,7 +459,7 @@ pub(crate) fn restore_shared(
 }
 
 /// The running statistics a checkpoint records.
-fn training_progress(loss_total: f64, window: &VecDeque<(f64, u64)>, bad: &[u64; 5]) -> TrainingProgress {
+fn training_progress(loss_total: f64, window: &VecDeque<(f64, u64)>, bad: &ReasonCounts) -> TrainingProgress {
     TrainingProgress {
         loss_total,
         loss_window: window.iter().copied().collect(),
@@ -442,7 +503,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     // run starts from the counts before its epoch instead (they include the derived ones).
     let derived_bad = match (me, &resumed) {
         (0, Some(m)) => {
-            let mut a = [0u64; 5];
+            let mut a = ReasonCounts::default();
             a.iter_mut().zip(&m.progress.bad_records_before_epoch).for_each(|(a, &b)| *a = b);
             BadRecordCounts::from_array(a)
         }
@@ -469,21 +530,23 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     let samples_at_start = samples;
     ctx.cluster.finished_step(steps);
     // Malformed training records over all workers, as of the last training step.
-    let mut train_bad_global = [0u64; 5];
+    let mut train_bad_global = ReasonCounts::default();
     let dead_letters_file = dead_letters_path(s);
-    let check_train = |samples: u64, bad: [u64; 5]| match s.steps {
+    let check_train = |samples: u64, bad: ReasonCounts| match s.steps {
         Some(0) => Ok(()),
         _ => budget::check(Split::Train, &s.data, Tally { good: samples, bad }, s.max_bad_fraction, &dead_letters_file),
     };
-    let position = |steps, epoch, steps_in_epoch, samples, loss_total, window: &VecDeque<_>, bad: &[u64; 5]| Position {
-        step: steps,
-        epoch,
-        steps_in_epoch,
-        samples,
-        progress: training_progress(loss_total, window, bad),
-        kafka_offsets: Default::default(),
-    };
+    let position =
+        |steps, epoch, steps_in_epoch, samples, loss_total, window: &VecDeque<_>, bad: &ReasonCounts| Position {
+            step: steps,
+            epoch,
+            steps_in_epoch,
+            samples,
+            progress: training_progress(loss_total, window, bad),
+            kafka_offsets: Default::default(),
+        };
     let mut bytes_at_end = 0u64;
+    let mut interrupted = false;
     let start = Instant::now();
     'epochs: while epochs < s.epochs {
         loop {
@@ -499,8 +562,13 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 &derived_bad,
                 &ctx.resolved,
                 s.seed,
+                &ctx.stop,
             )?;
             train_bad_global = stats.bad_records;
+            if stats.non_finite > 0 {
+                return Err(diverged(worker, &mut checkpointer, steps + 1, &stats));
+            }
+            interrupted |= stats.stop_requests > 0;
             if stats.samples == 0 {
                 // Every worker's counts after the whole epoch (the empty step read to its end).
                 bad_before_epoch = stats.bad_records;
@@ -532,6 +600,9 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
                 checkpointer.write(worker, &trainer, &at)?;
             }
+            if interrupted {
+                break 'epochs;
+            }
         }
         // Before the epoch's checkpoint: a mostly malformed input stops the run here.
         check_train(samples, train_bad_global)?;
@@ -541,6 +612,9 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         if checkpointer.due_at_boundary(steps) {
             let at = position(steps, epochs, 0, samples, loss_total, &window, &bad_before_epoch);
             checkpointer.write(worker, &trainer, &at)?;
+        }
+        if interrupted {
+            break;
         }
     }
     check_train(samples, train_bad_global)?;
@@ -558,7 +632,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
 
     // Evaluation on the held-out split.
     let eval_spec = ctx.resolved.eval.as_ref().unwrap_or(&ctx.resolved.data);
-    let has_eval = ctx.resolved.eval.is_some() || s.eval_fraction > 0.0;
+    let has_eval = (ctx.resolved.eval.is_some() || s.eval_fraction > 0.0) && !interrupted;
     let mut eval_bad = BadRecordCounts::default();
     if has_eval {
         let mut eval_data = match open(eval_spec, &ctx.eval_range, ctx.eval_span, s.eval_batch_size) {
@@ -580,7 +654,14 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 &BadRecordCounts::default(),
                 &ctx.resolved,
                 s.seed,
+                &ctx.stop,
             )?;
+            if stats.stop_requests > 0 {
+                // A partial evaluation would report a misleading AUC.
+                interrupted = true;
+                trainer.take_eval();
+                break;
+            }
             tally.bad = stats.bad_records;
             if stats.samples == 0 {
                 break;
@@ -641,6 +722,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         checkpoint_write_seconds: checkpointer.write_seconds,
         checkpoint_overlap_steps: checkpointer.overlap_steps,
         resumed_from_step: resumed.map(|m| m.step),
+        interrupted_at_step: interrupted.then_some(steps),
         store: StoreStats::default(),
     }))
 }

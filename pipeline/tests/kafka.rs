@@ -603,3 +603,30 @@ fn two_processes_share_the_partitions_and_train_the_one_worker_model() {
     let d = model_diff(&a, &b);
     assert!(d <= 1e-5, "2 processes vs 1 worker differ by {d}");
 }
+
+#[test]
+fn a_diverging_online_run_fails_without_checkpointing_past_the_last_good_step() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    produce(&broker, "diverge", &sample, &["--partitions", "2"]);
+    let err = run_err(&mut online_cmd(&broker, "diverge", dir.path(), 2, &["--lr", "1e30", "--checkpoint-every", "1"]));
+    let step: u64 = err
+        .split("training diverged at step ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("the step is named: {err}"));
+    // Checkpoints (and with them the offsets committed to the group) stop before the step.
+    let steps: Vec<u64> = std::fs::read_dir(dir.path().join("ckpt"))
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_string_lossy().strip_prefix("ckpt-").and_then(|s| s.parse().ok()))
+        .collect();
+    assert!(steps.iter().all(|&s| s < step), "checkpoints {steps:?} at or after the diverged step {step}");
+    if step > 1 {
+        let last = final_model(dir.path());
+        assert_eq!(last.step, step - 1);
+        assert!(err.contains(&format!("ckpt-{}", step - 1)), "{err}");
+        assert!(last.dense.iter().all(|v| v.is_finite()), "the last good checkpoint is finite");
+    }
+}

@@ -140,9 +140,11 @@ fn one_file_with_several_row_groups_feeds_three_workers() {
     assert_eq!(v["workers"], 3);
     assert_eq!(v["samples"], 20_000, "every row once per epoch");
     assert_eq!(v["epochs"], 2);
-    // Ten row groups round robin over three workers: 4, 3 and 3 groups of 1,000 rows at 100
-    // samples per step. Were any worker idle, the busiest one would need more than 40 steps.
-    assert_eq!(v["steps"], 80, "40 steps per epoch: all three workers read");
+    // Each worker reads about a third of the rows (split inside row groups, as the raw file's
+    // bytes are split) at 100 samples per step: 34 steps per epoch. Were any worker idle,
+    // the busiest one would need 50 or more.
+    let steps = v["steps"].as_u64().unwrap();
+    assert!((68..=72).contains(&steps), "{steps} steps: all three workers read");
 }
 
 #[test]

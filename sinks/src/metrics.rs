@@ -67,6 +67,10 @@ pub struct RunSummary {
     /// The step of the checkpoint this run resumed from (`null`: it started fresh).
     #[serde(default)]
     pub resumed_from_step: Option<u64>,
+    /// The step after which a SIGINT/SIGTERM stopped the run (`null`: it ran to its end);
+    /// an interrupted run skips evaluation.
+    #[serde(default)]
+    pub interrupted_at_step: Option<u64>,
     /// Embedding store counters summed over this process's workers (lookups and
     /// hits per tier, rows per tier, admissions, evictions).
     #[serde(default)]

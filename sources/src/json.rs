@@ -10,7 +10,9 @@
 //! and keys point into the record, nothing is allocated per field. A record
 //! that is not a JSON object counts as [`BadReason::FieldCount`]; a bad label,
 //! integer or hex value as the TSV format's reasons, naming the same field
-//! index (0 = label, 1..=13 = `I1..I13`, 14..=39 = `C1..C26`).
+//! index (0 = label, 1..=13 = `I1..I13`, 14..=39 = `C1..C26`); a number beyond
+//! `f32` in an `I` field (`1e40`) as [`BadReason::NonFinite`]. (JSON has no
+//! `NaN` or `Infinity`: such a record is not JSON.)
 
 use crate::criteo::{dense_feature, push_sample, sparse_feature, CriteoFeatures, NUM_DENSE, NUM_SPARSE};
 use crate::lines::LineFormat;
@@ -76,6 +78,10 @@ impl LineFormat for CriteoJsonFormat {
             } else if let Some(j) = column(key, b'I', NUM_DENSE) {
                 match v.as_i64() {
                     Some(x) => dense[j] = dense_feature(x),
+                    // A number beyond f32 (`1e40`) is non-finite as a feature; other non-integers are not integers.
+                    None if v.as_f64().is_some_and(|x| !(x as f32).is_finite()) => {
+                        return Err((BadReason::NonFinite, Some(1 + j)))
+                    }
                     None => return Err((BadReason::BadInteger, Some(1 + j))),
                 }
             } else if let Some(f) = column(key, b'C', NUM_SPARSE) {
@@ -161,13 +167,16 @@ mod tests {
     fn malformed_objects_name_the_field() {
         let json = CriteoJsonFormat::new(features()).unwrap();
         let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
-        let cases: [(&str, (BadReason, Option<usize>)); 6] = [
+        let cases: [(&str, (BadReason, Option<usize>)); 9] = [
             ("not json", (BadReason::FieldCount, None)),
             ("[1,2]", (BadReason::FieldCount, None)),
             (r#"{"I1": 3}"#, (BadReason::BadLabel, Some(0))),
             (r#"{"label": 2}"#, (BadReason::BadLabel, Some(0))),
             (r#"{"label": 1, "I4": "x"}"#, (BadReason::BadInteger, Some(4))),
             (r#"{"label": 0, "C2": "zz"}"#, (BadReason::BadHex, Some(15))),
+            (r#"{"label": 0, "I2": 1e40}"#, (BadReason::NonFinite, Some(2))),
+            (r#"{"label": 0, "I13": -1e300}"#, (BadReason::NonFinite, Some(13))),
+            (r#"{"label": 0, "I3": NaN}"#, (BadReason::FieldCount, None)),
         ];
         for (text, want) in cases {
             assert_eq!(json.parse(text.as_bytes(), &mut b), Err(want), "{text}");

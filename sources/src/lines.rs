@@ -171,6 +171,15 @@ struct FileRange {
     end: usize,
     /// Number of `\n` before `start` (computed on first need).
     newlines_before: Option<u64>,
+    /// Bytes of the files before this one (its position in their concatenation).
+    base: u64,
+}
+
+impl FileRange {
+    /// The whole file's length in bytes.
+    fn len(&self) -> usize {
+        self.source.as_ref().map_or(0, |s| s.len)
+    }
 }
 
 /// The bytes `[offset, offset + buf.len())` of file `file` of a reader.
@@ -238,6 +247,9 @@ pub struct LineReader<F> {
     window: Window,
     /// Buffer of scans outside the window (over-long lines, line numbers).
     scratch: Vec<u8>,
+    /// With [`record_line_starts`](Self::record_line_starts): the position of every good
+    /// line appended since the last [`take_line_starts`](Self::take_line_starts).
+    line_starts: Option<Vec<u64>>,
 }
 
 impl<F: LineFormat> LineReader<F> {
@@ -267,10 +279,12 @@ impl<F: LineFormat> LineReader<F> {
         if workers == 0 || worker >= workers {
             return Err(SourceError::Config { key: "workers".into(), reason: format!("worker {worker} of {workers}") });
         }
-        let mut files = Vec::with_capacity(paths.len());
+        let mut files: Vec<FileRange> = Vec::with_capacity(paths.len());
         let mut scratch = Vec::new();
         for path in paths {
-            files.push(Self::open_range(path, span, worker, workers, &mut scratch)?);
+            let mut range = Self::open_range(path, span, worker, workers, &mut scratch)?;
+            range.base = files.last().map_or(0, |f| f.base + f.len() as u64);
+            files.push(range);
         }
         Ok(LineReader {
             files,
@@ -284,6 +298,7 @@ impl<F: LineFormat> LineReader<F> {
             lines_in_range: 0,
             window: Window { file: usize::MAX, ..Window::default() },
             scratch,
+            line_starts: None,
         }
         .rewound())
     }
@@ -303,7 +318,7 @@ impl<F: LineFormat> LineReader<F> {
         let start = source.align_to_line(split(worker), scratch)?;
         let end = source.align_to_line(split(worker + 1), scratch)?;
         let name = source.name.clone();
-        Ok(FileRange { source: (len > 0).then_some(source), name, start, end, newlines_before: None })
+        Ok(FileRange { source: (len > 0).then_some(source), name, start, end, newlines_before: None, base: 0 })
     }
 
     fn rewound(mut self) -> Self {
@@ -339,6 +354,23 @@ impl<F: LineFormat> LineReader<F> {
     /// Bytes of this reader's ranges (line starts), over all files.
     pub fn bytes_total(&self) -> u64 {
         self.files.iter().map(|f| (f.end - f.start) as u64).sum()
+    }
+
+    /// From now on, records the position of every good line appended: the byte offset
+    /// of its first byte in the concatenation of the files (for `tiderec convert`, so
+    /// that replay can split rows across workers as this reader splits lines).
+    pub fn record_line_starts(&mut self) {
+        self.line_starts.get_or_insert_with(Vec::new);
+    }
+
+    /// The positions recorded since the last call, one per good line, in order.
+    pub fn take_line_starts(&mut self) -> Vec<u64> {
+        self.line_starts.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The byte length of every file, in order.
+    pub fn file_bytes(&self) -> Vec<u64> {
+        self.files.iter().map(|f| f.len() as u64).collect()
     }
 
     /// The dead-letter sink, if any (e.g. to flush it).
@@ -409,6 +441,7 @@ impl<F: LineFormat> LineReader<F> {
             lines_in_range,
             window,
             scratch,
+            line_starts,
         } = self;
         let file = &mut files[*cur];
         let Some(source) = file.source.as_ref() else { return Ok(0) };
@@ -462,6 +495,9 @@ impl<F: LineFormat> LineReader<F> {
             let Err((reason, field)) = result else {
                 appended += 1;
                 good += 1;
+                if let Some(starts) = line_starts.as_mut() {
+                    starts.push(file.base + line_start as u64);
+                }
                 continue;
             };
             *lines_read += good + 1;

@@ -1,6 +1,6 @@
 //! Parquet written by `ParquetWriter` and read back by `ParquetReader`: the same
-//! batches as the raw readers, every row group read once per epoch across
-//! workers, and clear errors for files that do not fit.
+//! batches as the raw readers, every row read once per epoch across workers
+//! (split inside row groups), and clear errors for files that do not fit.
 
 mod parquet_common;
 
@@ -10,8 +10,9 @@ use parquet_common::*;
 use std::sync::Arc;
 use tiderec_operators::spec::FeatureSpec;
 use tiderec_sources::criteo::{NUM_DENSE, NUM_SPARSE};
+use tiderec_sources::parquet::dataset::row_group_order;
 use tiderec_sources::parquet::{
-    assign_row_groups, ParquetDataset, ParquetReader, SchemaDescription, SparseKind, WriterOptions, METADATA_KEY,
+    ParquetDataset, ParquetReader, SchemaDescription, SparseKind, WriterOptions, METADATA_KEY,
 };
 use tiderec_sources::SourceError;
 
@@ -48,26 +49,29 @@ fn criteo_round_trip_gives_the_tsv_readers_batches_in_order() {
 }
 
 #[test]
-fn workers_read_their_round_robin_row_groups() {
+fn workers_split_the_rows_of_every_epoch_inside_row_groups() {
     let Some(src) = shared_data("criteo/sample.train") else { return };
     let dir = tempfile::tempdir().unwrap();
     let tsv = criteo_batches(&src, 4096);
     let all = concat(&tsv, NUM_DENSE, NUM_SPARSE);
-    // One file, ten row groups of 1,000 rows: fewer files than workers.
+    // One file, ten row groups of 1,000 rows: fewer files than workers, and with 12
+    // workers fewer row groups than workers.
     write(dir.path(), SchemaDescription::criteo(&criteo_features().table_sizes, SEED), &tsv, options(1000, None));
     let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
     assert_eq!(dataset.row_groups().len(), 10);
-    for workers in [2, 3, 4] {
+    for workers in [2, 3, 4, 12] {
         for epoch in [0, 1, 2] {
+            // The epoch's row groups in order form one sequence; worker w reads its
+            // [N·w/W, N·(w+1)/W).
+            let mut sequence = tiderec_operators::Batch::new(NUM_DENSE, NUM_SPARSE);
+            for g in row_group_order(10, epoch, SEED) {
+                sequence.extend_from(&slice(&all, g * 1000..(g + 1) * 1000));
+            }
             let mut total = 0;
             for w in 0..workers {
                 let got = concat(&parquet_batches(&dataset, w, workers, 300, epoch), NUM_DENSE, NUM_SPARSE);
-                let groups = assign_row_groups(10, epoch, SEED, w, workers);
-                assert!(!groups.is_empty(), "worker {w} of {workers} gets row groups");
-                let mut want = tiderec_operators::Batch::new(NUM_DENSE, NUM_SPARSE);
-                for g in groups {
-                    want.extend_from(&slice(&all, g * 1000..(g + 1) * 1000));
-                }
+                let want = slice(&sequence, 10_000 * w / workers..10_000 * (w + 1) / workers);
+                assert!(!got.is_empty(), "worker {w} of {workers} reads");
                 assert_eq!(got, want, "worker {w} of {workers}, epoch {epoch}");
                 total += got.len();
             }

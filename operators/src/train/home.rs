@@ -239,6 +239,7 @@ impl Home {
             samples: b as u64,
             bytes_sent,
             failed_workers: command.failed as u64,
+            stop_requests: command.stop as u64,
             bad_records: command.bad_records,
             ..Default::default()
         };

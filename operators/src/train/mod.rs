@@ -42,6 +42,7 @@
 //! * Gradients travel unnormalised; owners divide by the global batch size,
 //!   which they learn from the same messages.
 
+use crate::bad_record::BadReason;
 use crate::batch::Batch;
 use crate::exchange::{narrow_ids, ExchangeConfig, Replicas, TableExchange, WireIds};
 use crate::metrics::EvalSet;
@@ -168,7 +169,16 @@ pub struct StepStats {
     /// Workers that reported a fatal error in this step; every worker stops when it is non-zero.
     pub failed_workers: u64,
     /// Malformed records skipped so far, by [`BadReason::index`](crate::bad_record::BadReason::index) (cumulative).
-    pub bad_records: [u64; 5],
+    pub bad_records: [u64; BadReason::COUNT],
+    /// Owners that found a non-finite value in this training step: the global loss (then
+    /// no parameter was updated), their summed row gradients or their updated dense slice.
+    /// Every worker sees the same count; the model is ruined when it is non-zero.
+    #[serde(default)]
+    pub non_finite: u64,
+    /// Workers asked to stop (SIGINT/SIGTERM) when they sent this step; every worker sees
+    /// the same count, so all of them can stop after the same step.
+    #[serde(default)]
+    pub stop_requests: u64,
 }
 
 impl StepStats {
@@ -178,6 +188,8 @@ impl StepStats {
         self.bytes_sent += o.bytes_sent;
         self.sum_squares += o.sum_squares;
         self.failed_workers += o.failed_workers;
+        self.non_finite += o.non_finite;
+        self.stop_requests += o.stop_requests;
         for (a, b) in self.bad_records.iter_mut().zip(o.bad_records) {
             *a += b;
         }
@@ -194,11 +206,14 @@ pub struct Command {
     /// This worker hit a fatal error and asks every worker to stop after this step.
     pub failed: bool,
     /// Malformed records this worker has skipped so far, by reason index.
-    pub bad_records: [u64; 5],
+    pub bad_records: [u64; BadReason::COUNT],
     /// Also gather a training step's predictions, made before its update, on worker 0
     /// (prequential evaluation: every batch is scored before it is trained on).
     #[serde(default)]
     pub score: bool,
+    /// This worker was asked to stop (a signal); counted in [`StepStats::stop_requests`].
+    #[serde(default)]
+    pub stop: bool,
 }
 
 /// The outcome of the last completed step on this worker.
@@ -252,8 +267,9 @@ pub struct Trainer {
     step: u64,
     /// Training steps that updated the parameters (restored from checkpoints).
     train_steps: u64,
-    bad_records: [u64; 5],
+    bad_records: [u64; BadReason::COUNT],
     score_train: bool,
+    stop_requested: bool,
 }
 
 impl Trainer {
@@ -530,6 +546,7 @@ impl Trainer {
                     if let Some(updates) = stash_e.offer(t, data) {
                         let mut home = home_e.borrow_mut();
                         let mut stats = StepStats::default();
+                        let mut non_finite = 0;
                         for u in &updates {
                             if !u.values.is_empty() {
                                 let o = u.offset as usize;
@@ -538,7 +555,9 @@ impl Trainer {
                             if u.from == 0 {
                                 stats = u.stats;
                             }
+                            non_finite += u.stats.non_finite;
                         }
+                        stats.non_finite = non_finite;
                         bytes_e.borrow_mut().settle(t + 1);
                         let mut outcome = outcome_e.borrow_mut();
                         outcome.completed = t + 1;
@@ -561,8 +580,9 @@ impl Trainer {
             config: config.clone(),
             step: 0,
             train_steps: 0,
-            bad_records: [0; 5],
+            bad_records: [0; BadReason::COUNT],
             score_train: false,
+            stop_requested: false,
         })
     }
 
@@ -580,7 +600,14 @@ impl Trainer {
         }
         let stats = self.run(
             worker,
-            Command { kind, batch, failed: false, bad_records: self.bad_records, score: self.score_train },
+            Command {
+                kind,
+                batch,
+                failed: false,
+                bad_records: self.bad_records,
+                score: self.score_train,
+                stop: self.stop_requested,
+            },
         );
         if kind == StepKind::Train && stats.samples > 0 {
             self.train_steps += 1;
@@ -595,7 +622,14 @@ impl Trainer {
         let batch = self.empty_batch();
         self.run(
             worker,
-            Command { kind: StepKind::Train, batch, failed: true, bad_records: self.bad_records, score: false },
+            Command {
+                kind: StepKind::Train,
+                batch,
+                failed: true,
+                bad_records: self.bad_records,
+                score: false,
+                stop: self.stop_requested,
+            },
         )
     }
 
@@ -671,8 +705,14 @@ impl Trainer {
         self.score_train = score;
     }
 
+    /// Whether this worker asks every worker to stop; it travels with the next steps'
+    /// messages and comes back as [`StepStats::stop_requests`] on every worker.
+    pub fn set_stop_requested(&mut self, stop: bool) {
+        self.stop_requested = stop;
+    }
+
     /// Sets the cumulative malformed-record counts this worker reports with its next steps.
-    pub fn set_bad_records(&mut self, counts: [u64; 5]) {
+    pub fn set_bad_records(&mut self, counts: [u64; BadReason::COUNT]) {
         self.bad_records = counts;
     }
 

@@ -4,6 +4,7 @@
 use super::home::Home;
 use super::{dense_slice, GradientMessage, LookupReply, LookupRequest, ParamUpdate, StepKind, StepStats};
 use crate::exchange::{accumulate_slot, slot_row_grads, ExchangeConfig, Replicas, TableExchange};
+use crate::finite::all_finite;
 use crate::metrics::EvalSet;
 use crate::nn::{DeepShares, DeepWeights, FmPartial};
 use crate::optim::DenseOptimizer;
@@ -217,7 +218,14 @@ impl Owner {
         let slice = dense_slice(home.model.params().len(), me, w);
         let mut changed = false;
         let is_train = messages.first().is_some_and(|m| m.kind == StepKind::Train);
-        if is_train && stats.samples > 0 {
+        // A non-finite loss (the same sum on every owner) leaves every parameter as it was;
+        // the step reports it and the caller stops (see `StepStats::non_finite`).
+        let loss_finite = stats.loss_sum.is_finite();
+        stats.non_finite = 0;
+        if is_train && stats.samples > 0 && !loss_finite {
+            stats.non_finite = 1;
+        }
+        if is_train && stats.samples > 0 && loss_finite {
             let scale = 1.0 / stats.samples as f32;
             // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
             self.scratch.clear();
@@ -271,6 +279,8 @@ impl Owner {
                     start += n;
                 }
             }
+            // The summed row gradients, one pass over the rows this step touched.
+            let rows_finite = all_finite(&self.scratch);
             match &mut self.store {
                 Store::Fixed(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
                 Store::Dynamic(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
@@ -309,6 +319,11 @@ impl Owner {
             let parts: Vec<&[f32]> =
                 messages.iter().map(|m| if m.from as usize == me { own } else { &m.dense[..] }).collect();
             self.dense_optimizer.apply_sum_scaled(&mut params[slice.clone()], &parts, scale);
+            // The updated slice, one pass: catches a finite gradient that an extreme
+            // learning rate turns into an infinite parameter.
+            if !rows_finite || !all_finite(&params[slice.clone()]) {
+                stats.non_finite = 1;
+            }
             changed = true;
         }
         self.pgrads_ready = false;

@@ -49,6 +49,8 @@ pub struct Checkpointer {
     in_flight: Option<InFlight>,
     /// The newest checkpoint that became durable and was not yet [taken](Self::take_durable).
     durable: Option<Position>,
+    /// Step of the newest checkpoint known durable: written by this run or restored.
+    last_durable: Option<u64>,
     /// Checkpoints written (durable) by this run.
     pub written: u64,
     /// Seconds training stood still for checkpoints: snapshots, the
@@ -79,6 +81,7 @@ impl Checkpointer {
             last_step: None,
             in_flight: None,
             durable: None,
+            last_durable: None,
             written: 0,
             seconds: 0.0,
             write_seconds: 0.0,
@@ -100,6 +103,12 @@ impl Checkpointer {
     /// being written (end of an epoch or of the run).
     pub fn due_at_boundary(&self, step: u64) -> bool {
         self.enabled() && self.last_step != Some(step)
+    }
+
+    /// The newest durable checkpoint of this run (written or restored), as `DIR/ckpt-<step>`.
+    pub fn last_durable(&self) -> Option<PathBuf> {
+        let dir = &self.options.as_ref()?.dir;
+        self.last_durable.map(|step| dir.join(tiderec_sinks::checkpoint::layout::checkpoint_name(step)))
     }
 
     /// True while a checkpoint is being written.
@@ -144,6 +153,7 @@ impl Checkpointer {
             )));
         }
         self.last_step = steps[0];
+        self.last_durable = steps[0];
         Ok(steps[0])
     }
 
@@ -275,6 +285,7 @@ impl Checkpointer {
                         other => return Err(fail(step, format!("worker 0 is out of step: {other:?}"))),
                     }
                     self.written += 1;
+                    self.last_durable = Some(step);
                     self.write_seconds += began.elapsed().as_secs_f64();
                     self.durable = Some(position);
                 }

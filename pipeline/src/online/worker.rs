@@ -96,13 +96,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     let mut trainer = trainer_config(s, &resolved);
     trainer.exchange = exchange;
     let (checkpoint, resume) = checkpoint_setup(s, &trainer)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // A second signal while stopping exits at once.
-        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
-            .and_then(|_| signal_hook::flag::register(signal, stop.clone()))
-            .map_err(|e| PipelineError::Dataflow(format!("cannot install the signal handler: {e}")))?;
-    }
+    let stop = crate::stop::stop_flag()?;
     let metrics = Arc::new(OnlineMetrics::new());
     if let Some(addr) = &settings.metrics_addr {
         if s.process == 0 {
@@ -330,6 +324,13 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
         let stats = trainer.step(worker, StepKind::Train, taken)?;
         if stats.failed_workers > 0 {
             return Err(PipelineError::Dataflow(format!("another worker failed ({} failed)", stats.failed_workers)));
+        }
+        if stats.non_finite > 0 {
+            // Nothing past the ruined step is committed: only the checkpoint in flight (of an
+            // earlier step) may still become durable, with its own offsets.
+            let e = crate::run::diverged(worker, &mut checkpointer, steps + 1, &stats);
+            commit_durable(me, &mut checkpointer, &reader, ctx);
+            return Err(e);
         }
         reader.consume_step(quota.clone());
         steps += 1;

@@ -6,22 +6,39 @@
 //! column it names, with the right type. It then enumerates all
 //! `(file, row group)` pairs in file order: the *global row-group list*.
 //!
+//! # Splitting rows across workers
+//!
+//! [`ParquetDataset::worker_segments`] gives each worker its rows as
+//! [`Segment`]s (row ranges inside row groups), so every worker reads
+//! whatever the number of files and row groups:
+//!
+//! * **Line sources** (files written by `tiderec convert` from line files,
+//!   whose rows carry their source position, [`LineSource`]): exactly the
+//!   split of the line readers over the raw files. In each input file of
+//!   `len` bytes, `span = (a, b)` covers bytes `[lo, hi)` with
+//!   `lo = round(len·a)`, `hi = round(len·b)` (`len` when `b = 1`), and worker
+//!   `w` of `W` takes the rows whose line starts in
+//!   `[lo + (hi−lo)·w/W, lo + (hi−lo)·(w+1)/W)`, file after file, in every
+//!   epoch. So `W` workers replaying the files train on the same global
+//!   batches, in the same order, as `W` workers reading the raw files.
+//! * **Other files**: the rows `span_rows(n, span)` of every row group, row
+//!   groups in the epoch's order ([`row_group_order`]: file order in epoch 0,
+//!   a permutation derived from the seed and the epoch later, the same on
+//!   every worker), form one sequence of `N` rows; worker `w` takes its
+//!   `[N·w/W, N·(w+1)/W)`.
+//!
 //! # Invariants
 //!
-//! * **Every row group is read by exactly one worker per epoch.**
-//!   [`assign_row_groups`] permutes the global list for the epoch (epoch 0
-//!   keeps file order; later epochs use a permutation derived from the seed
-//!   and the epoch only, so every worker computes the same one) and gives
-//!   position `i` of the permuted list to worker `i mod W`. A dataset with
-//!   fewer files than workers still uses every worker as long as it has at
-//!   least `W` row groups.
-//! * **Spans partition rows.** [`span_rows`] keeps rows
-//!   `[round(n·from), round(n·to))` of a row group of `n` rows (to the end when
-//!   `to = 1`), so spans `(0, f)` and `(f, 1)` partition every row group:
-//!   that is how `--eval-fraction` holds out data.
+//! * **Every row in the span is read by exactly one worker per epoch**, and
+//!   the workers' shares differ by at most one row (other files) or follow
+//!   the byte split of the raw files (line sources).
+//! * **Spans partition rows.** Spans `(0, f)` and `(f, 1)` partition the rows:
+//!   [`span_rows`] keeps rows `[round(n·from), round(n·to))` of a row group of
+//!   `n` rows; line sources split the input files' bytes as the line readers
+//!   do. That is how `--eval-fraction` holds out data.
 //! * Files are used in the order given; [`list_parquet_files`] sorts by name.
 
-use super::schema::{SchemaDescription, SparseKind, METADATA_KEY};
+use super::schema::{LineSource, SchemaDescription, SparseKind, LINE_START_COLUMN, METADATA_KEY};
 use crate::error::SourceError;
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
@@ -71,12 +88,25 @@ pub(crate) struct DatasetFile {
     pub(crate) meta: ArrowReaderMetadata,
     /// The label, dense and sparse columns of the description, nothing else.
     pub(crate) projection: ProjectionMask,
+    /// The projection on [`LINE_START_COLUMN`] and its leaf index, when the file has it.
+    line_start: Option<(ProjectionMask, usize)>,
+}
+
+/// Rows `rows` of entry `group` of the global row-group list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Index into [`ParquetDataset::row_groups`].
+    pub group: usize,
+    /// Rows within the row group.
+    pub rows: std::ops::Range<u64>,
 }
 
 /// Parquet files read as one dataset; see the [module docs](self).
 pub struct ParquetDataset {
     pub(crate) files: Vec<DatasetFile>,
     groups: Vec<RowGroupRef>,
+    /// Row index (over all files) of the first row of each entry of `groups`.
+    starts: Vec<u64>,
     description: SchemaDescription,
     total_rows: u64,
 }
@@ -146,16 +176,167 @@ impl ParquetDataset {
         let mut groups = Vec::new();
         for (index, (path, meta)) in paths.iter().zip(metas).enumerate() {
             let projection = check_columns(path, &meta, &description)?;
+            let line_start = line_start_column(path, &meta, &description)?;
             for (g, rg) in meta.metadata().row_groups().iter().enumerate() {
                 let rows = u64::try_from(rg.num_rows()).map_err(|_| {
                     SourceError::schema(path.display(), format!("row group {g} has {} rows", rg.num_rows()))
                 })?;
                 groups.push(RowGroupRef { file: index, group: g, rows });
             }
-            files.push(DatasetFile { path: path.clone(), meta, projection });
+            files.push(DatasetFile { path: path.clone(), meta, projection, line_start });
         }
+        let starts: Vec<u64> = groups.iter().scan(0, |at, g| Some(std::mem::replace(at, *at + g.rows))).collect();
         let total_rows = groups.iter().map(|g| g.rows).sum();
-        Ok(ParquetDataset { files, groups, description, total_rows })
+        Ok(ParquetDataset { files, groups, starts, description, total_rows })
+    }
+
+    /// The input files' sizes when every file's rows carry their source positions.
+    pub fn line_source(&self) -> Option<&LineSource> {
+        self.description.lines.as_ref().filter(|_| self.files.iter().all(|f| f.line_start.is_some()))
+    }
+
+    /// The rows worker `worker` of `workers` reads in `epoch`, in reading order (see the
+    /// [module docs](self)).
+    pub fn worker_segments(
+        &self,
+        span: (f64, f64),
+        epoch: u64,
+        seed: u64,
+        worker: usize,
+        workers: usize,
+    ) -> Result<Vec<Segment>, SourceError> {
+        let part = |lo: u64, hi: u64, k: usize| share_start(lo, hi, k, workers);
+        if let Some(source) = self.line_source() {
+            let mut ranges = Vec::with_capacity(source.file_bytes.len());
+            let mut base = 0u64;
+            for &len in &source.file_bytes {
+                // As `LineReader` splits a file of `len` bytes.
+                let lo = (len as f64 * span.0).round() as u64;
+                let hi = if span.1 >= 1.0 { len } else { (len as f64 * span.1).round() as u64 };
+                let from = self.first_row_at(base + part(lo, hi, worker))?;
+                let to = self.first_row_at(base + part(lo, hi, worker + 1))?;
+                ranges.push(from..to.max(from));
+                base += len;
+            }
+            return Ok(self.segments_of(ranges));
+        }
+        Ok(self.row_segments(span, epoch, seed, worker, workers))
+    }
+
+    /// The split of files without line sources (see the [module docs](self)).
+    pub fn row_segments(&self, span: (f64, f64), epoch: u64, seed: u64, worker: usize, workers: usize) -> Vec<Segment> {
+        let part = |lo: u64, hi: u64, k: usize| share_start(lo, hi, k, workers);
+        let order = row_group_order(self.groups.len(), epoch, seed);
+        let total: u64 = order.iter().map(|&g| span_rows(self.groups[g].rows, span).count() as u64).sum();
+        let (from, to) = (part(0, total, worker), part(0, total, worker + 1));
+        let mut segments = Vec::new();
+        let mut at = 0u64;
+        for g in order {
+            let rows = span_rows(self.groups[g].rows, span);
+            let n = rows.end - rows.start;
+            let (a, b) = (from.max(at), to.min(at + n));
+            if a < b {
+                segments.push(Segment { group: g, rows: rows.start + (a - at)..rows.start + (b - at) });
+            }
+            at += n;
+        }
+        segments
+    }
+
+    /// Global row ranges (row indices over all files in order) as segments.
+    fn segments_of(&self, ranges: Vec<std::ops::Range<u64>>) -> Vec<Segment> {
+        let mut segments = Vec::new();
+        for r in ranges.into_iter().filter(|r| !r.is_empty()) {
+            let first = self.starts.partition_point(|&s| s <= r.start).saturating_sub(1);
+            for g in first..self.groups.len() {
+                let (start, rows) = (self.starts[g], self.groups[g].rows);
+                if start >= r.end {
+                    break;
+                }
+                let (a, b) = (r.start.max(start), r.end.min(start + rows));
+                if a < b {
+                    segments.push(Segment { group: g, rows: a - start..b - start });
+                }
+            }
+        }
+        segments
+    }
+
+    /// The first row (index over all files) whose line starts at or after byte `target`
+    /// of the input, or the number of rows when there is none. Reads row-group statistics,
+    /// then the line-start column of one row group.
+    fn first_row_at(&self, target: u64) -> Result<u64, SourceError> {
+        // The non-empty row groups whose first line start is below the target form a prefix.
+        let mut lo = 0usize;
+        let mut hi = self.groups.len();
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.first_line_start(mid)? {
+                Some(first) if first < target => lo = mid + 1,
+                Some(_) => hi = mid,
+                // An empty row group: decide by the nearest non-empty one before it.
+                None => match (0..mid).rev().find(|&g| self.groups[g].rows > 0) {
+                    Some(g) if self.first_line_start(g)?.is_some_and(|f| f < target) => lo = mid + 1,
+                    _ => hi = mid,
+                },
+            }
+        }
+        // Row group `lo - 1` (if any) starts below the target: the answer is in it or at `lo`.
+        let Some(g) = (0..lo).rev().find(|&g| self.groups[g].rows > 0) else { return Ok(0) };
+        let starts = self.line_starts(g, 0..self.groups[g].rows)?;
+        let i = starts.partition_point(|&s| s < target) as u64;
+        Ok(if i < self.groups[g].rows { self.starts[g] + i } else { self.starts[g] + self.groups[g].rows })
+    }
+
+    /// The first line start of row group `g`: its statistics' minimum (the column is
+    /// non-decreasing), else its first value; `None` for an empty row group.
+    fn first_line_start(&self, g: usize) -> Result<Option<u64>, SourceError> {
+        let r = self.groups[g];
+        if r.rows == 0 {
+            return Ok(None);
+        }
+        let file = &self.files[r.file];
+        let leaf = file.line_start.as_ref().map(|(_, leaf)| *leaf).expect("line sources have the column");
+        let stats = file.meta.metadata().row_group(r.group).column(leaf).statistics();
+        if let Some(parquet::file::statistics::Statistics::Int64(s)) = stats {
+            if let Some(&min) = s.min_opt() {
+                return Ok(Some(min as u64));
+            }
+        }
+        Ok(self.line_starts(g, 0..1)?.first().copied())
+    }
+
+    /// Line starts of rows `rows` of row group `g`.
+    fn line_starts(&self, g: usize, rows: std::ops::Range<u64>) -> Result<Vec<u64>, SourceError> {
+        use arrow_array::cast::AsArray;
+        use parquet::arrow::arrow_reader::{ParquetRecordBatchReaderBuilder, RowSelection, RowSelector};
+        let r = self.groups[g];
+        let file = &self.files[r.file];
+        let (projection, _) = file.line_start.clone().expect("line sources have the column");
+        let name = || format!("{} (row group {})", file.path.display(), r.group);
+        let handle = File::open(&file.path)
+            .map_err(|source| SourceError::Io { path: file.path.display().to_string(), source })?;
+        let selection = RowSelection::from(vec![
+            RowSelector::skip(rows.start as usize),
+            RowSelector::select((rows.end - rows.start) as usize),
+            RowSelector::skip((r.rows - rows.end) as usize),
+        ]);
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.meta.clone())
+            .with_projection(projection)
+            .with_row_groups(vec![r.group])
+            .with_row_selection(selection)
+            .build()
+            .map_err(|source| SourceError::Parquet { path: name(), source })?;
+        let mut out = Vec::with_capacity((rows.end - rows.start) as usize);
+        for chunk in reader {
+            let chunk = chunk.map_err(|source| SourceError::Arrow { path: name(), source })?;
+            let col = chunk
+                .column(0)
+                .as_primitive_opt::<arrow_array::types::UInt64Type>()
+                .ok_or_else(|| SourceError::schema(name(), format!("column `{LINE_START_COLUMN}` is not UInt64")))?;
+            out.extend_from_slice(col.values());
+        }
+        Ok(out)
     }
 
     /// What the files hold.
@@ -166,6 +347,13 @@ impl ParquetDataset {
     /// The files, in reading order.
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
         self.files.iter().map(|f| f.path.as_path())
+    }
+
+    /// Row of its file (0-based) of the first row of entry `index` of the global list.
+    pub fn first_row_in_file(&self, index: usize) -> u64 {
+        let file = self.groups[index].file;
+        let first_of_file = self.groups.iter().position(|g| g.file == file).unwrap_or(index);
+        self.starts[index] - self.starts[first_of_file]
     }
 
     /// The global row-group list (file order, then row-group order).
@@ -182,6 +370,28 @@ impl ParquetDataset {
     pub fn rows_in_span(&self, span: (f64, f64)) -> u64 {
         self.groups.iter().map(|g| span_rows(g.rows, span).count() as u64).sum()
     }
+}
+
+/// The projection on the file's [`LINE_START_COLUMN`] and its leaf index, when `d` has a
+/// line source and the file the column (`UInt64`); a column of another type is an error.
+fn line_start_column(
+    path: &Path,
+    meta: &ArrowReaderMetadata,
+    d: &SchemaDescription,
+) -> Result<Option<(ProjectionMask, usize)>, SourceError> {
+    if d.lines.is_none() {
+        return Ok(None);
+    }
+    let Ok(index) = meta.schema().index_of(LINE_START_COLUMN) else { return Ok(None) };
+    let ty = meta.schema().field(index).data_type();
+    if ty != &DataType::UInt64 {
+        return Err(SourceError::schema(
+            path.display(),
+            format!("column `{LINE_START_COLUMN}` is {ty}, expected UInt64"),
+        ));
+    }
+    let leaf = meta.parquet_schema().columns().iter().position(|c| c.path().string() == LINE_START_COLUMN);
+    Ok(leaf.map(|leaf| (ProjectionMask::roots(meta.parquet_schema(), [index]), leaf)))
 }
 
 /// Checks that the file has every column of `d` with its type; returns the projection on them.
@@ -222,6 +432,11 @@ fn check_columns(
     Ok(ProjectionMask::roots(meta.parquet_schema(), roots))
 }
 
+/// `lo + (hi − lo)·k/W`: where part `k` of `W` of `[lo, hi)` begins (the line readers' byte split).
+fn share_start(lo: u64, hi: u64, k: usize, workers: usize) -> u64 {
+    lo + ((hi - lo) as u128 * k as u128 / workers.max(1) as u128) as u64
+}
+
 /// The rows `[round(n·from), round(n·to))` of a row group of `rows` rows (to `rows` when `to ≥ 1`).
 pub fn span_rows(rows: u64, span: (f64, f64)) -> std::ops::Range<u64> {
     let at = |f: f64| if f >= 1.0 { rows } else { ((rows as f64 * f).round() as u64).min(rows) };
@@ -245,36 +460,22 @@ pub fn row_group_order(n: usize, epoch: u64, seed: u64) -> Vec<usize> {
     order
 }
 
-/// The indices into the global row-group list that worker `worker` of
-/// `workers` reads in `epoch`, in reading order (round robin over
-/// [`row_group_order`]).
-pub fn assign_row_groups(n: usize, epoch: u64, seed: u64, worker: usize, workers: usize) -> Vec<usize> {
-    row_group_order(n, epoch, seed).into_iter().skip(worker).step_by(workers.max(1)).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn assignment_covers_every_row_group_once_per_epoch() {
+    fn epoch_orders_are_permutations_file_order_first() {
         for n in [0, 1, 2, 5, 10, 37] {
-            for workers in 1..=5 {
-                for epoch in 0..4 {
-                    let mut all: Vec<usize> =
-                        (0..workers).flat_map(|w| assign_row_groups(n, epoch, 7, w, workers)).collect();
-                    all.sort_unstable();
-                    assert_eq!(all, (0..n).collect::<Vec<_>>(), "n {n} workers {workers} epoch {epoch}");
-                    for w in 0..workers {
-                        let mine = assign_row_groups(n, epoch, 7, w, workers);
-                        // Round robin: sizes differ by at most one, and a worker gets a row group whenever n ≥ W.
-                        assert!(mine.len() == n / workers || mine.len() == n.div_ceil(workers));
-                    }
+            for epoch in 0..4 {
+                let mut order = row_group_order(n, epoch, 7);
+                if epoch == 0 {
+                    assert_eq!(order, (0..n).collect::<Vec<_>>());
                 }
+                order.sort_unstable();
+                assert_eq!(order, (0..n).collect::<Vec<_>>(), "n {n} epoch {epoch}");
             }
         }
-        // Epoch 0 is file order, round robin.
-        assert_eq!(assign_row_groups(10, 0, 7, 1, 3), vec![1, 4, 7]);
         // Later epochs are shuffled, deterministically, differently per epoch and seed.
         let e1 = row_group_order(50, 1, 7);
         assert_eq!(e1, row_group_order(50, 1, 7));

@@ -6,8 +6,9 @@
 //!   into zstd-compressed `part-NNNNN.parquet` files.
 //! * [`dataset`]: [`ParquetDataset`] lists a directory's files, reads their
 //!   footers once, checks the columns and enumerates the (file, row group)
-//!   pairs; [`assign_row_groups`] splits them across workers per epoch.
-//! * [`reader`]: [`ParquetReader`] decodes one worker's row groups, reading
+//!   pairs; [`ParquetDataset::worker_segments`] splits their rows across
+//!   workers per epoch (as the raw files were split, for converted line files).
+//! * [`reader`]: [`ParquetReader`] decodes one worker's rows, reading
 //!   only the columns the schema names, into `Batch`es.
 
 pub mod dataset;
@@ -15,7 +16,7 @@ pub mod reader;
 pub mod schema;
 pub mod writer;
 
-pub use dataset::{assign_row_groups, list_parquet_files, ParquetDataset, RowGroupRef};
+pub use dataset::{list_parquet_files, ParquetDataset, RowGroupRef, Segment};
 pub use reader::ParquetReader;
 pub use schema::{SchemaDescription, SparseColumn, SparseKind, METADATA_KEY};
 pub use writer::{ParquetWriter, WriteSummary, WriterOptions, DEFAULT_ROW_GROUP_ROWS};

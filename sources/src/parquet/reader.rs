@@ -1,10 +1,12 @@
 //! One worker's share of a [`ParquetDataset`], decoded into [`Batch`]es.
 //!
-//! The reader walks the row groups that [`assign_row_groups`] gives its
-//! worker in the current epoch, decodes only the projected columns (label,
-//! dense, sparse: those the schema names, matched by name) in chunks of at
-//! most [`DECODE_ROWS`] rows, and appends them to the caller's batch. A
-//! micro-batch may span row groups and files.
+//! The reader walks the row ranges that
+//! [`ParquetDataset::worker_segments`] gives its worker in the current epoch
+//! (inside row groups, so every worker reads whatever the number of row
+//! groups), decodes only the projected columns (label, dense, sparse: those
+//! the schema names, matched by name) in chunks of at most [`DECODE_ROWS`]
+//! rows, and appends them to the caller's batch. A micro-batch may span row
+//! groups and files.
 //!
 //! # Invariants
 //!
@@ -17,8 +19,13 @@
 //!   column, never a panic: a null or non-finite label or one outside
 //!   `[0, 1]`, an id not below its table size. Null dense values read as 0,
 //!   null sparse values (and null list items) as absent.
+//! * A row with an infinite or NaN dense value is a bad record
+//!   ([`BadReason::NonFinite`], the file and its 1-based row number as the
+//!   line, the column as the field): counted and dead-lettered under
+//!   [`BadRecordPolicy::Skip`], an error under [`BadRecordPolicy::Fail`],
+//!   never appended.
 
-use super::dataset::{assign_row_groups, span_rows, ParquetDataset};
+use super::dataset::{ParquetDataset, Segment};
 use super::schema::SparseKind;
 use crate::error::SourceError;
 use arrow_array::cast::AsArray;
@@ -29,6 +36,8 @@ use parquet::arrow::arrow_reader::{
 };
 use std::fs::File;
 use std::sync::Arc;
+use tiderec_operators::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_operators::finite::all_finite;
 use tiderec_operators::{Batch, SparseField};
 
 /// Rows decoded at a time.
@@ -41,6 +50,8 @@ struct Current {
     chunk: Option<RecordBatch>,
     /// Next row of `chunk`.
     row: usize,
+    /// Row of the file (0-based) of the first row of `chunk`, or of the next chunk.
+    file_row: u64,
 }
 
 /// Reads one worker's row groups of a dataset; see the [module docs](self).
@@ -52,11 +63,14 @@ pub struct ParquetReader {
     seed: u64,
     table_sizes: Vec<u64>,
     epoch: u64,
-    /// This epoch's row groups of this worker (indices into the global list).
-    mine: Vec<usize>,
+    /// This epoch's rows of this worker.
+    mine: Vec<Segment>,
     next_group: usize,
     current: Option<Current>,
     rows_read: u64,
+    policy: BadRecordPolicy,
+    dead_letters: Option<Box<dyn DeadLetterSink>>,
+    counts: BadRecordCounts,
 }
 
 impl ParquetReader {
@@ -84,7 +98,7 @@ impl ParquetReader {
                 reason: format!("{} table sizes for {} sparse columns", table_sizes.len(), d.sparse.len()),
             });
         }
-        let mine = assign_row_groups(dataset.row_groups().len(), 0, seed, worker, workers);
+        let mine = dataset.worker_segments(span, 0, seed, worker, workers)?;
         Ok(ParquetReader {
             dataset,
             span,
@@ -97,7 +111,28 @@ impl ParquetReader {
             next_group: 0,
             current: None,
             rows_read: 0,
+            policy: BadRecordPolicy::Skip,
+            dead_letters: None,
+            counts: BadRecordCounts::default(),
         })
+    }
+
+    /// What to do with rows holding a non-finite dense value, and where to send them
+    /// (by default they are skipped and counted only).
+    pub fn with_bad_records(mut self, policy: BadRecordPolicy, dead_letters: Option<Box<dyn DeadLetterSink>>) -> Self {
+        self.policy = policy;
+        self.dead_letters = dead_letters;
+        self
+    }
+
+    /// Bad rows seen so far, by reason (accumulated over epochs).
+    pub fn bad_counts(&self) -> &BadRecordCounts {
+        &self.counts
+    }
+
+    /// The dead-letter sink, if any (e.g. to flush it).
+    pub fn dead_letters(&mut self) -> Option<&mut (dyn DeadLetterSink + 'static)> {
+        self.dead_letters.as_deref_mut()
     }
 
     /// The dataset.
@@ -112,8 +147,7 @@ impl ParquetReader {
 
     /// Rows this worker reads in the current epoch.
     pub fn rows_this_epoch(&self) -> u64 {
-        let groups = self.dataset.row_groups();
-        self.mine.iter().map(|&g| span_rows(groups[g].rows, self.span).count() as u64).sum()
+        self.mine.iter().map(|s| s.rows.end - s.rows.start).sum()
     }
 
     /// Rows read so far, accumulated over epochs.
@@ -121,11 +155,13 @@ impl ParquetReader {
         self.rows_read
     }
 
-    /// Starts the next epoch: the row groups are re-assigned in that epoch's order.
+    /// Starts the next epoch: files without line sources are re-split in that epoch's
+    /// row-group order; line sources keep the raw files' split.
     pub fn rewind(&mut self) {
         self.epoch += 1;
-        self.mine =
-            assign_row_groups(self.dataset.row_groups().len(), self.epoch, self.seed, self.worker, self.workers);
+        if self.dataset.line_source().is_none() {
+            self.mine = self.dataset.row_segments(self.span, self.epoch, self.seed, self.worker, self.workers);
+        }
         self.next_group = 0;
         self.current = None;
     }
@@ -161,12 +197,28 @@ impl ParquetReader {
                 Some(chunk) if cur.row < chunk.num_rows() => {
                     let k = (chunk.num_rows() - cur.row).min(max - appended);
                     let ctx = Ctx { dataset: &self.dataset, group: cur.group, table_sizes: &self.table_sizes };
-                    append_rows(&ctx, chunk, cur.row, k, out)?;
-                    cur.row += k;
-                    appended += k;
+                    let rows = cur.row..cur.row + k;
+                    let mut from = rows.start;
+                    for (r, column) in non_finite_rows(&ctx, chunk, rows.clone())? {
+                        append_rows(&ctx, chunk, from, r - from, out)?;
+                        appended += r - from;
+                        from = r + 1;
+                        let record = bad_row(&ctx, chunk, r, column, cur.file_row + r as u64);
+                        self.counts.add(record.reason);
+                        if self.policy == BadRecordPolicy::Fail {
+                            return Err(SourceError::BadRecord(record));
+                        }
+                        if let Some(sink) = self.dead_letters.as_deref_mut() {
+                            sink.write(&record).map_err(|source| SourceError::DeadLetter { source })?;
+                        }
+                    }
+                    append_rows(&ctx, chunk, from, rows.end - from, out)?;
+                    appended += rows.end - from;
+                    cur.row = rows.end;
                 }
                 _ => match cur.reader.next() {
                     Some(Ok(chunk)) => {
+                        cur.file_row += cur.chunk.as_ref().map_or(0, |c| c.num_rows() as u64);
                         cur.chunk = Some(chunk);
                         cur.row = 0;
                     }
@@ -185,10 +237,9 @@ impl ParquetReader {
     /// Opens this worker's next non-empty row group; false when there is none.
     fn open_next_group(&mut self) -> Result<bool, SourceError> {
         while self.next_group < self.mine.len() {
-            let index = self.mine[self.next_group];
+            let Segment { group: index, rows } = self.mine[self.next_group].clone();
             self.next_group += 1;
             let g = self.dataset.row_groups()[index];
-            let rows = span_rows(g.rows, self.span);
             if rows.is_empty() {
                 continue;
             }
@@ -210,7 +261,8 @@ impl ParquetReader {
             let reader = builder
                 .build()
                 .map_err(|source| SourceError::Parquet { path: self.dataset.group_name(index), source })?;
-            self.current = Some(Current { group: index, reader, chunk: None, row: 0 });
+            let file_row = self.dataset.first_row_in_file(index) + rows.start;
+            self.current = Some(Current { group: index, reader, chunk: None, row: 0, file_row });
             return Ok(true);
         }
         Ok(false)
@@ -246,6 +298,51 @@ impl Ctx<'_> {
         } else {
             Err(self.err(column, format!("id {id} is not below the table size {}", self.table_sizes[field])))
         }
+    }
+}
+
+/// The rows of `rows` whose dense values are not all finite, with the first such column
+/// (an index into the schema's dense columns), in order. Null values do not count.
+fn non_finite_rows(
+    ctx: &Ctx,
+    chunk: &RecordBatch,
+    rows: std::ops::Range<usize>,
+) -> Result<Vec<(usize, usize)>, SourceError> {
+    let d = ctx.dataset.description();
+    let mut bad: Vec<(usize, usize)> = Vec::new();
+    for (j, name) in d.dense.iter().enumerate() {
+        let col =
+            ctx.column(chunk, name)?.as_primitive_opt::<Float32Type>().ok_or_else(|| ctx.err(name, "not Float32"))?;
+        let vals = &col.values()[rows.clone()];
+        if all_finite(vals) {
+            continue;
+        }
+        for (i, v) in vals.iter().enumerate() {
+            let r = rows.start + i;
+            if !v.is_finite() && !col.is_null(r) && !bad.iter().any(|&(b, _)| b == r) {
+                bad.push((r, j));
+            }
+        }
+    }
+    bad.sort_unstable();
+    Ok(bad)
+}
+
+/// The bad record of row `r` of `chunk` (row `file_row` of its file), whose dense column `j` is not finite.
+fn bad_row(ctx: &Ctx, chunk: &RecordBatch, r: usize, j: usize, file_row: u64) -> BadRecord {
+    let d = ctx.dataset.description();
+    let value = chunk
+        .column_by_name(&d.dense[j])
+        .and_then(|c| c.as_primitive_opt::<Float32Type>().map(|c| c.value(r)))
+        .unwrap_or(f32::NAN);
+    let file = ctx.dataset.row_groups()[ctx.group].file;
+    BadRecord {
+        source: ctx.dataset.files[file].path.display().to_string(),
+        line: file_row + 1,
+        byte_offset: 0,
+        reason: BadReason::NonFinite,
+        field: Some(1 + j),
+        raw: format!("row {} {}={value}", file_row + 1, d.dense[j]).into_bytes(),
     }
 }
 

@@ -44,6 +44,20 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// Name of the label column.
 pub const LABEL_COLUMN: &str = "label";
 
+/// Name of the column holding each row's [`LineSource`] position.
+pub const LINE_START_COLUMN: &str = "_line_start";
+
+/// Where the rows of a dataset converted from line files (Criteo, Avazu, CSV, …) came
+/// from, so that replay splits them across workers exactly as the line readers split
+/// the raw files. The [`LINE_START_COLUMN`] (`UInt64`, not null) holds, for every row,
+/// the byte offset of its source line's first byte in the concatenation of the input
+/// files: non-decreasing over the dataset's rows in file order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineSource {
+    /// Byte length of each input file, in reading order.
+    pub file_bytes: Vec<u64>,
+}
+
 /// How a sparse field is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -100,6 +114,9 @@ pub struct SchemaDescription {
     /// Behaviour-sequence fields, in `Batch` order (none for most formats).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sequences: Vec<SequenceColumn>,
+    /// The input files' sizes when rows carry their source positions ([`LineSource`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lines: Option<LineSource>,
 }
 
 /// The Avazu sparse field names: the 21 categorical columns of the Kaggle
@@ -119,6 +136,7 @@ impl SchemaDescription {
             dense,
             sparse,
             sequences: Vec::new(),
+            lines: None,
         }
     }
 
@@ -223,6 +241,9 @@ impl SchemaDescription {
             return Err("the schema has no feature column".into());
         }
         let mut seen = HashSet::new();
+        if self.lines.is_some() {
+            seen.insert(LINE_START_COLUMN);
+        }
         let names = std::iter::once(&self.label)
             .chain(&self.dense)
             .chain(self.sparse.iter().map(|s| &s.name))
@@ -276,6 +297,7 @@ impl SchemaDescription {
                 // Label and dense values are never null; sparse values may be.
                 Field::new(name, ty, i > self.num_dense)
             })
+            .chain(self.lines.is_some().then(|| Field::new(LINE_START_COLUMN, DataType::UInt64, false)))
             .collect();
         Schema::new_with_metadata(fields, HashMap::from([(METADATA_KEY.to_string(), self.to_json())]))
     }

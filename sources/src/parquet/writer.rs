@@ -128,8 +128,34 @@ impl ParquetWriter {
     }
 
     /// Appends every sample of `batch` (of the description's shape). A
-    /// single-valued field with more than one id in a bag is an error.
+    /// single-valued field with more than one id in a bag is an error, and so
+    /// is a description with [`lines`](SchemaDescription::lines) (use
+    /// [`write_with_line_starts`](Self::write_with_line_starts)).
     pub fn write(&mut self, batch: &Batch) -> Result<(), SourceError> {
+        self.write_rows(batch, None)
+    }
+
+    /// [`write`](Self::write) for a description with
+    /// [`lines`](SchemaDescription::lines): `line_starts[i]` is sample `i`'s
+    /// source position (see [`LineSource`](super::schema::LineSource)).
+    pub fn write_with_line_starts(&mut self, batch: &Batch, line_starts: &[u64]) -> Result<(), SourceError> {
+        self.write_rows(batch, Some(line_starts))
+    }
+
+    fn write_rows(&mut self, batch: &Batch, line_starts: Option<&[u64]>) -> Result<(), SourceError> {
+        if self.description.lines.is_some() != line_starts.is_some()
+            || line_starts.is_some_and(|l| l.len() != batch.len())
+        {
+            return Err(SourceError::Config {
+                key: "line_starts".into(),
+                reason: format!(
+                    "{} line starts for {} samples; the schema {} source positions",
+                    line_starts.map_or(0, <[u64]>::len),
+                    batch.len(),
+                    if self.description.lines.is_some() { "has" } else { "has no" }
+                ),
+            });
+        }
         let (num_dense, num_sparse) = self.description.shape();
         let num_sequences = self.description.sequences.len();
         if batch.num_dense != num_dense || batch.sparse.len() != num_sparse || batch.sequences.len() != num_sequences {
@@ -151,7 +177,7 @@ impl ParquetWriter {
                 None => u64::MAX,
             };
             let end = batch.len().min(start.saturating_add(usize::try_from(room).unwrap_or(usize::MAX)));
-            let record = self.record_batch(batch, start..end)?;
+            let record = self.record_batch(batch, start..end, line_starts)?;
             let file = self.open_file()?;
             file.writer
                 .write(&record)
@@ -218,7 +244,12 @@ impl ParquetWriter {
     }
 
     /// Rows `range` of `batch` as an Arrow record batch of the schema.
-    fn record_batch(&self, batch: &Batch, range: std::ops::Range<usize>) -> Result<RecordBatch, SourceError> {
+    fn record_batch(
+        &self,
+        batch: &Batch,
+        range: std::ops::Range<usize>,
+        line_starts: Option<&[u64]>,
+    ) -> Result<RecordBatch, SourceError> {
         let d = batch.num_dense;
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(1 + d + batch.sparse.len());
         columns.push(Arc::new(Float32Array::from(batch.labels[range.clone()].to_vec())));
@@ -261,6 +292,9 @@ impl ParquetWriter {
             let offsets = &field.offsets[range.start..=range.end];
             let ids = &field.ids[offsets[0] as usize..offsets[offsets.len() - 1] as usize];
             columns.push(self.list_column(offsets, ids)?);
+        }
+        if let Some(starts) = line_starts {
+            columns.push(Arc::new(UInt64Array::from(starts[range].to_vec())));
         }
         RecordBatch::try_new(self.schema.clone(), columns)
             .map_err(|source| SourceError::Arrow { path: self.dir.display().to_string(), source })
