@@ -109,7 +109,7 @@ def main(argv=None):
     rounds = []
     for r in range(a.rounds):
         order = ["tiderec", "torch"] if r % 2 == 0 else ["torch", "tiderec"]
-        row = {}
+        row = {"load": os.getloadavg()[0]}
         for side in order:
             res, err = run_json(sides[side], a.timeout)
             row[side] = res if res is not None else err
@@ -126,10 +126,12 @@ def main(argv=None):
     print()
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)" +
           (f"; device: {torch_info['device_name']}" if a.device != "cpu" and torch_info else "") +
-          (f"; torch {torch_info['torch_version']}" if torch_info else ""))
+          (f"; torch {torch_info['torch_version']} (OMP_WAIT_POLICY={torch_info.get('omp_wait_policy')}, "
+           f"fused dense optimizer: {'yes' if torch_info.get('fused_optimizer') else 'no'}"
+           f"{', torch.compile' if torch_info.get('compile') else ', eager'})" if torch_info else ""))
     print()
-    print("| round | tiderec samples/s | PyTorch eager samples/s | tiderec / PyTorch |")
-    print("|---|---:|---:|---:|")
+    print("| round | tiderec samples/s | PyTorch eager samples/s | tiderec / PyTorch | load (1 min) |")
+    print("|---|---:|---:|---:|---:|")
     ratios = []
     for i, row in enumerate(rounds):
         t, p = row["tiderec"], row["torch"]
@@ -139,12 +141,12 @@ def main(argv=None):
         if isinstance(t, dict) and isinstance(p, dict):
             ratios.append(tv / pv)
             ratio = f"{tv / pv:.2f}×"
-        print(f"| {i + 1} | {fmt(tv)} | {fmt(pv)} | {ratio} |")
+        print(f"| {i + 1} | {fmt(tv)} | {fmt(pv)} | {ratio} | {row['load']:.1f} |")
     med = {s: statistics.median([x["samples_per_sec"] for x in ok[s]]) if ok[s] else None for s in sides}
     if med["tiderec"] and med["torch"]:
         spread = f" (rounds {min(ratios):.2f}–{max(ratios):.2f})" if ratios else ""
         print(f"| median | {fmt(med['tiderec'])} | {fmt(med['torch'])} | "
-              f"**{med['tiderec'] / med['torch']:.2f}×**{spread} |")
+              f"**{med['tiderec'] / med['torch']:.2f}×**{spread} | |")
     print()
     if tide_info or torch_info:
         td = (tide_info.get("dense_params"), tide_info.get("embedding_params"))
@@ -152,8 +154,9 @@ def main(argv=None):
         same = "equal" if td == pd and None not in td else "DIFFERENT"
         print(f"Parameters (dense + embedding): tiderec {td[0]} + {td[1]}, PyTorch {pd[0]} + {pd[1]} ({same}).")
         if torch_info:
-            print(f"PyTorch loss, first vs last pass over the 8 batches: "
-                  f"{torch_info['loss_first']:.4f} → {torch_info['loss_last']:.4f}.")
+            print(f"PyTorch loss, first vs last pass over its {torch_info['pool']} batches: "
+                  f"{torch_info['loss_first']:.4f} → {torch_info['loss_last']:.4f}; on a held-out batch "
+                  f"{torch_info['heldout_loss_before']:.4f} → {torch_info['heldout_loss_after']:.4f}.")
     failed = [s for s in sides if len(ok[s]) < a.rounds]
     if failed:
         print()

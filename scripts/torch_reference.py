@@ -97,6 +97,12 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=("adagrad", "adam", "sgd"), default="adagrad",
                    help="dense optimizer (default adagrad, as tiderec bench)")
     p.add_argument("--compile", action="store_true", help="torch.compile the dense part (default: eager)")
+    p.add_argument("--omp-wait-policy", choices=("passive", "active"), default=None,
+                   help="OMP_WAIT_POLICY for torch's OpenMP threads (default: the environment's, else passive)")
+    p.add_argument("--fused-optimizer", choices=("on", "off"), default="on",
+                   help="the dense optimizer's fused kernel (fused=True) where this torch has one (default on)")
+    p.add_argument("--pool", type=int, default=8,
+                   help="distinct training batches, cycled (default 8, as tiderec bench; more to check learning)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--print-config", action="store_true",
@@ -112,6 +118,8 @@ def parse_args(argv=None):
         p.error("--threads must be positive")
     if a.rows < 1:
         p.error("--rows must be positive")
+    if a.pool < 1:
+        p.error("--pool must be positive")
     if not (a.device == "cpu" or a.device.startswith("cuda")):
         p.error(f"--device must be cpu or cuda[:N], got {a.device!r}")
     if a.steps is None:
@@ -345,6 +353,11 @@ def cpu_model_name():
 
 
 def run(a):
+    # Read by libgomp when torch loads it: set before the import.
+    if a.omp_wait_policy is not None:
+        os.environ["OMP_WAIT_POLICY"] = a.omp_wait_policy.upper()
+    else:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     torch.set_num_threads(a.threads)
@@ -366,19 +379,29 @@ def run(a):
         raise SystemExit(f"parameter counts {(dense_params, embedding_params)} differ from tiderec's {expected}")
     hp = {"lr": 0.01}
     if a.optimizer == "adagrad":
-        opt = torch.optim.Adagrad(dense_model.parameters(), lr=0.01, eps=1e-8, initial_accumulator_value=0.0)
+        kind, kw = torch.optim.Adagrad, dict(lr=0.01, eps=1e-8, initial_accumulator_value=0.0)
         hp["eps"] = 1e-8
     elif a.optimizer == "adam":
-        opt = torch.optim.Adam(dense_model.parameters(), lr=0.01, betas=(0.9, 0.999), eps=1e-8)
+        kind, kw = torch.optim.Adam, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8)
         hp.update(eps=1e-8, betas=[0.9, 0.999])
     else:
-        opt = torch.optim.SGD(dense_model.parameters(), lr=0.01)
+        kind, kw = torch.optim.SGD, dict(lr=0.01)
+    fused = False
+    if a.fused_optimizer == "on":
+        try:
+            opt = kind(dense_model.parameters(), fused=True, **kw)
+            fused = True
+        except (RuntimeError, TypeError, ValueError):
+            pass
+    if not fused:
+        opt = kind(dense_model.parameters(), **kw)
     sparse_opt = RowwiseAdagrad(torch, weight, lr=0.01, eps=1e-8)
     forward = torch.compile(dense_model) if a.compile else dense_model
 
     gen = behavior_batches if a.model == "dien" else flat_batches
+    # The pool of training batches, then one held-out batch of the same law.
     batches = []
-    for b in gen(torch, shape, a.batch_size, a.seed):
+    for b in gen(torch, shape, a.batch_size, a.seed, a.pool) + gen(torch, shape, a.batch_size, a.seed + 1, 1):
         t = {k: v.to(device) for k, v in b.items()}
         if a.model == "dien":
             n, steps = t["seq"].shape[0], t["seq"].shape[1]
@@ -388,11 +411,12 @@ def run(a):
             pos = torch.arange(n * steps * 2, device=device).view(n * steps, 2)[valid.reshape(-1)].reshape(-1)
             t.update(seq_ids=flat, seq_pos=pos)
         batches.append(t)
+    heldout = batches.pop()
 
     F = torch.nn.functional
     d = shape["dim"]
 
-    def step(b):
+    def loss_of(b):
         rows = F.embedding(b["ids"].reshape(-1), weight, sparse=True)
         if a.model == "dien":
             n, steps = b["seq"].shape[0], b["seq"].shape[1]
@@ -400,7 +424,14 @@ def run(a):
             full = torch.zeros(n * steps * 2, d, device=device, dtype=weight.dtype)
             b = dict(b, seq_rows=full.index_copy(0, b["seq_pos"], seq_rows).view(n, steps, 2 * d))
         logits = forward(b["dense"], rows, b)
-        loss = F.binary_cross_entropy_with_logits(logits, b["labels"])
+        return F.binary_cross_entropy_with_logits(logits, b["labels"])
+
+    def heldout_loss():
+        with torch.no_grad():
+            return loss_of(heldout).item()
+
+    def step(b):
+        loss = loss_of(b)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         # Two sparse gradients (targets and sequences) add into one before the row update.
@@ -412,6 +443,7 @@ def run(a):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    heldout_before = heldout_loss()
     losses = []
     for s in range(a.warmup):
         losses.append(step(batches[s % len(batches)]))
@@ -421,8 +453,9 @@ def run(a):
         losses.append(step(batches[(a.warmup + s) % len(batches)]))
     sync()
     secs = time.perf_counter() - start
+    heldout_after = heldout_loss()
     loss_values = torch.stack(losses).float().cpu().tolist()
-    window = min(len(batches), len(loss_values))
+    window = max(1, min(len(batches), len(loss_values) // 4))
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
     else:
@@ -442,12 +475,18 @@ def run(a):
         "compile": a.compile,
         "dense_optimizer": a.optimizer,
         "dense_hp": hp,
+        "fused_optimizer": fused,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "sparse_optimizer": "rowwise-adagrad (written here; lr 0.01, eps 1e-8)",
         "dense_params": dense_params,
         "embedding_params": embedding_params,
-        # Mean loss over the first and the last pass over the 8 batches.
+        "pool": a.pool,
+        # Mean loss over the first and the last pass over the pool (at most a quarter of the steps each).
         "loss_first": sum(loss_values[:window]) / window,
         "loss_last": sum(loss_values[-window:]) / window,
+        # Loss on a batch never trained on, before and after training.
+        "heldout_loss_before": heldout_before,
+        "heldout_loss_after": heldout_after,
         "config": shape,
     }
 
@@ -466,7 +505,8 @@ def main(argv=None):
         print(f"torch {r['torch_version']} {r['model']} batch {r['batch_size']} on {r['device']} "
               f"({r['device_name']}, {r['threads']} threads): {r['samples_per_sec']:.0f} samples/s "
               f"({r['ms_per_step']:.2f} ms/step, {r['steps']} steps); loss {r['loss_first']:.4f} -> "
-              f"{r['loss_last']:.4f}; {r['dense_params']} dense + {r['embedding_params']} embedding parameters")
+              f"{r['loss_last']:.4f} (held-out batch {r['heldout_loss_before']:.4f} -> "
+              f"{r['heldout_loss_after']:.4f}); {r['dense_params']} dense + {r['embedding_params']} embedding parameters")
     return 0
 
 
