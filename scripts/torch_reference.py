@@ -63,10 +63,25 @@ Deliberate differences:
 * tiderec runs `--workers` timely workers that exchange rows and reduce
   gradients; this script runs one process with `--threads` intra-op threads
   (torch.set_num_threads), the usual way PyTorch trains on one machine.
-* On CUDA the 8 batches are copied to the device before timing (tiderec's
+* OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE) unless the
+  environment or `--omp-wait-policy active` says otherwise: on a machine
+  shared with other processes, spinning threads that lose their core stall
+  every parallel region (on a loaded 2-core machine 2 spinning threads ran
+  DLRM an order of magnitude slower than 1 thread).
+* The dense optimizer runs torch's fused kernel (`fused=True`, the same
+  update) where this torch has one; `--fused-optimizer off` for the default
+  per-tensor loop.
+* On CUDA the batches are copied to the device before timing (tiderec's
   are in memory too); the clock is read after torch.cuda.synchronize().
   `--compile` applies torch.compile to the dense part; off by default: eager
   is the baseline.
+
+Learning check: the JSON carries the mean loss of the first and the last
+pass over the batch pool and the loss on one held-out batch of the same law
+before and after training. With the default pool of 8 batches the models
+fit those batches (and dlrm/deepfm labels are independent of the features);
+`--pool N` with N >= steps trains on fresh batches, where dien's held-out
+loss falls because its labels come from the behaviour teacher.
 
 torch is imported after the arguments are parsed, so `--help` and
 `--print-config` work where torch is not installed.
