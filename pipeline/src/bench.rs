@@ -75,6 +75,10 @@ pub struct DlrmBenchResult {
     pub steps: u64,
     /// Bytes exchanged between workers per sample.
     pub bytes_per_sample: f64,
+    /// Dense (model) parameters.
+    pub dense_params: u64,
+    /// Embedding parameters: rows of every table times the row width.
+    pub embedding_params: u64,
     /// DIEN only: the GRU cell of this model's shape, split vs unsplit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gru: Option<GruBenchResult>,
@@ -119,6 +123,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         store: Default::default(),
         exchange: Default::default(),
     };
+    let embedding_params = config.table_sizes.iter().sum::<u64>() * config.model.embedding_dim() as u64;
     let bench = Arc::new(bench.clone());
     let b2 = bench.clone();
     let guards = timely::execute(timely_config(&settings, &resolved), move |worker| {
@@ -149,15 +154,17 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         let start = Instant::now();
         let stats = run(bench.steps, &mut trainer, worker)?;
         let secs = start.elapsed().as_secs_f64();
-        Ok::<_, PipelineError>((secs, stats, trainer.bytes_sent() - before))
+        Ok::<_, PipelineError>((secs, stats, trainer.bytes_sent() - before, trainer.dense_params().len()))
     })
     .map_err(|e| PipelineError::Dataflow(e.to_string()))?;
     let mut secs = 0.0f64;
     let mut bytes = 0u64;
+    let mut dense_params = 0;
     for r in guards.join() {
-        let (s, _stats, b) = r.map_err(PipelineError::Dataflow)??;
+        let (s, _stats, b, p) = r.map_err(PipelineError::Dataflow)??;
         secs = secs.max(s);
         bytes += b;
+        dense_params = p as u64;
     }
     let samples = bench.steps * bench.batch_size as u64;
     Ok(DlrmBenchResult {
@@ -168,6 +175,8 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         workers: bench.workers,
         steps: bench.steps,
         bytes_per_sample: bytes as f64 / samples as f64,
+        dense_params,
+        embedding_params,
         gru: match &bench.model {
             ModelConfig::Dien(c) if c.interest == Interest::GruAttention => {
                 let e = c.interest_dim();
