@@ -133,7 +133,7 @@ fn sparse_updates_with_many_duplicate_ids_match_the_cpu() {
     ] {
         let mut hp = OptimizerParams::with_lr(0.05);
         hp.initial_accumulator = 0.1;
-        let mut shard = EmbeddingShard::new(0, 1, dim, &[num_rows as u64], 41, kind, hp);
+        let mut shard = EmbeddingShard::new(0, 1, dim, &[num_rows as u64], 41, kind, hp).expect("the table fits");
         let start = shard.export_table(0);
         // SGD keeps no per-row state; the device table still has its (unused) column.
         let state = if start.state.is_empty() { vec![0.0; num_rows] } else { start.state.clone() };

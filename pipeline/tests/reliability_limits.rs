@@ -62,7 +62,7 @@ fn the_memory_estimate_is_printed_and_max_memory_bounds_or_lifts_the_check() {
     let err = refused(&mut train(&src, &["--max-memory", "64M"]));
     assert!(err.contains("available 0.06 GiB (--max-memory)"), "{err}");
     // The same run with the check lifted goes through.
-    run_ok(&mut train(&src, &["--max-memory", "unlimited", "--dead-letters"]).arg(dir.path().join("d2.tsv")));
+    run_ok(train(&src, &["--max-memory", "unlimited", "--dead-letters"]).arg(dir.path().join("d2.tsv")));
     let err = refused(&mut train(&src, &["--max-memory", "lots"]));
     assert!(err.contains("max_memory"), "{err}");
 }

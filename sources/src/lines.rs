@@ -633,8 +633,13 @@ mod tests {
         }
         // The over-long line's record: its line number and its head.
         let config = CriteoConfig::new(CriteoFeatures::uniform(1000, 3));
-        let reader =
-            CriteoReader::open(&[path.clone()], 0, 1, CriteoConfig { policy: BadRecordPolicy::Fail, ..config }, None);
+        let reader = CriteoReader::open(
+            std::slice::from_ref(&path),
+            0,
+            1,
+            CriteoConfig { policy: BadRecordPolicy::Fail, ..config },
+            None,
+        );
         match read_all(&mut reader.unwrap()) {
             Err(SourceError::BadRecord(r)) => {
                 assert_eq!((r.line, r.reason, r.raw.len()), (long_line_no as u64, BadReason::TooLong, MAX_RAW_BYTES));
