@@ -75,7 +75,7 @@ pub struct ParquetReader {
 
 impl ParquetReader {
     /// Worker `worker` of `workers` over rows `span` of every row group (see
-    /// [`span_rows`]); `seed` drives the per-epoch shuffle, and every id
+    /// [`span_rows`](super::dataset::span_rows)); `seed` drives the per-epoch shuffle, and every id
     /// read must be below its field's entry of `table_sizes`.
     pub fn new(
         dataset: Arc<ParquetDataset>,
