@@ -73,6 +73,18 @@ pub const SOURCES: &[KernelSource] = &[
         functions: &["sgd_update", "adagrad_update", "adam_update"],
     },
     KernelSource { file: "loss.cu", source: include_str!("../kernels/loss.cu"), functions: &["bce_grad", "bce_sum"] },
+    KernelSource {
+        file: "wide.cu",
+        source: include_str!("../kernels/wide.cu"),
+        functions: &[
+            "wide_forward",
+            "wide_param_grads",
+            "first_order_grad",
+            "deep_input_gather",
+            "deep_input_scatter_add",
+            "add_assign",
+        ],
+    },
 ];
 
 /// The virtual architecture `compute_XY` for compute capability `X.Y`

@@ -9,6 +9,7 @@ pub mod checkpointing;
 pub mod config;
 pub mod convert;
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod exchange_plan;
 pub mod online;
