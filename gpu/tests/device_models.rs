@@ -47,7 +47,14 @@ fn fm_config(dim: usize, deep: Vec<usize>, fm: bool) -> FmConfig {
 }
 
 /// One forward and backward of both models on the same random inputs.
-fn compare_step(what: &str, cpu: &mut dyn Model<f32>, gpu: &mut dyn Model<f32>, c: &ModelConfig, batch: usize, seed: u64) {
+fn compare_step(
+    what: &str,
+    cpu: &mut dyn Model<f32>,
+    gpu: &mut dyn Model<f32>,
+    c: &ModelConfig,
+    batch: usize,
+    seed: u64,
+) {
     let (nd, f, e) = (c.num_dense(), c.num_sparse(), c.embedding_dim());
     let dense = uniform(seed, batch * nd, 0.0, 3.0);
     let pooled: Vec<f32> = normal(seed + 1, batch * f * e).iter().map(|v| v * 0.3).collect();

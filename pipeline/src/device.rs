@@ -50,13 +50,11 @@ impl Devices {
     pub fn parse(s: &str) -> Result<Self, PipelineError> {
         let entry = |e: &str| match e.trim() {
             "cpu" => Ok(WorkerDevice::Cpu),
-            other => other
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse::<usize>().ok())
-                .map(WorkerDevice::Cuda)
-                .ok_or_else(|| {
-                    PipelineError::config("device", format!("`{other}` is not cpu or cuda:N (N a device number)"))
-                }),
+            other => {
+                other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()).map(WorkerDevice::Cuda).ok_or_else(
+                    || PipelineError::config("device", format!("`{other}` is not cpu or cuda:N (N a device number)")),
+                )
+            }
         };
         let list = s.split(',').map(entry).collect::<Result<Vec<_>, _>>()?;
         Ok(Devices(list))
@@ -119,7 +117,12 @@ impl Devices {
     /// Should the device model fail here after a successful [`preflight`](Self::preflight),
     /// the worker still joins the dataflow with a host model and fails its
     /// first step, so that its peers stop instead of waiting for it.
-    pub fn trainer(&self, worker: &mut Worker, config: &TrainerConfig, workers: usize) -> Result<Trainer, PipelineError> {
+    pub fn trainer(
+        &self,
+        worker: &mut Worker,
+        config: &TrainerConfig,
+        workers: usize,
+    ) -> Result<Trainer, PipelineError> {
         match self.worker(worker.index() % workers) {
             WorkerDevice::Cpu => Ok(Trainer::new(worker, config)?),
             WorkerDevice::Cuda(n) => match build_on(n, config) {

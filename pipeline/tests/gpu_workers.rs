@@ -78,7 +78,16 @@ fn a_malformed_device_names_the_key() {
 
 #[test]
 fn the_partial_exchange_is_refused_with_a_gpu_worker() {
-    let err = run_err(tiderec().args(BASE).args(["--steps", "5", "--model", "fm", "--exchange", "partial", "--device", "cuda:0"]));
+    let err = run_err(tiderec().args(BASE).args([
+        "--steps",
+        "5",
+        "--model",
+        "fm",
+        "--exchange",
+        "partial",
+        "--device",
+        "cuda:0",
+    ]));
     assert!(err.contains("`device`") && err.contains("partial exchange"), "{err}");
 }
 

@@ -28,7 +28,11 @@ pub struct DeviceFm {
 }
 
 /// `slot` as a buffer of at least `len` values (grown, never shrunk).
-fn grow<'a>(dev: &Device, slot: &'a mut Option<CudaSlice<f32>>, len: usize) -> Result<&'a mut CudaSlice<f32>, GpuError> {
+fn grow<'a>(
+    dev: &Device,
+    slot: &'a mut Option<CudaSlice<f32>>,
+    len: usize,
+) -> Result<&'a mut CudaSlice<f32>, GpuError> {
     if slot.as_ref().is_none_or(|b| b.len() < len) {
         *slot = Some(dev.zeros(len)?);
     }
@@ -39,7 +43,8 @@ impl DeviceFm {
     /// The parts of `config`, in the CPU model's parameter layout.
     pub fn new(config: &FmConfig) -> Self {
         let deep_fields = config.num_sparse - config.wide_only;
-        let wide = WideShape { num_dense: config.num_dense, num_fields: config.num_sparse, dim: config.dim, deep_fields };
+        let wide =
+            WideShape { num_dense: config.num_dense, num_fields: config.num_sparse, dim: config.dim, deep_fields };
         let deep = (!config.deep.is_empty()).then(|| {
             let mut widths = vec![wide.deep_width()];
             widths.extend(&config.deep);
@@ -111,7 +116,8 @@ impl DeviceNet for DeviceFm {
             fm.backward(dev, pooled, dlogits, batch, dpooled)?;
         }
         if let Some(mlp) = &self.deep {
-            let deep_in = self.deep_in.as_ref().ok_or_else(|| GpuError::shape("device fm", "backward without a forward"))?;
+            let deep_in =
+                self.deep_in.as_ref().ok_or_else(|| GpuError::shape("device fm", "backward without a forward"))?;
             let d_in = grow(dev, &mut self.d_deep_in, batch * self.wide.deep_width())?;
             mlp.backward(dev, params, deep_in, &self.cache, dlogits, grads, Some(d_in))?;
             self.wide.scatter_deep_grad(dev, d_in, batch, dpooled)?;

@@ -69,10 +69,17 @@ pub fn build(config: &ModelConfig, seed: u64, dev: &Device) -> Result<Box<dyn Mo
     let params = cpu.params().to_vec();
     let dim = cpu.embedding_dim();
     Ok(match config {
-        ModelConfig::Dlrm(c) => Box::new(DeviceModel::new(dev, DeviceDlrm::new(dev, c)?, params, c.num_dense, c.num_sparse, dim)?),
-        ModelConfig::Fm(c) => Box::new(DeviceModel::new(dev, DeviceFm::new(c), params, c.num_dense, c.num_sparse, dim)?),
+        ModelConfig::Dlrm(c) => {
+            Box::new(DeviceModel::new(dev, DeviceDlrm::new(dev, c)?, params, c.num_dense, c.num_sparse, dim)?)
+        }
+        ModelConfig::Fm(c) => {
+            Box::new(DeviceModel::new(dev, DeviceFm::new(c), params, c.num_dense, c.num_sparse, dim)?)
+        }
         ModelConfig::Dien(c) => {
-            return Err(GpuError::Unsupported(format!("the {} model on a CUDA device (train it with --device cpu)", c.name())))
+            return Err(GpuError::Unsupported(format!(
+                "the {} model on a CUDA device (train it with --device cpu)",
+                c.name()
+            )))
         }
     })
 }
@@ -111,11 +118,12 @@ fn download_into(dev: &Device, dev_buf: &CudaSlice<f32>, host: &mut [f32]) -> Re
         return Ok(());
     }
     if dev_buf.len() < host.len() {
-        return Err(GpuError::shape("download", format!("{} values asked from a buffer of {}", host.len(), dev_buf.len())));
+        return Err(GpuError::shape(
+            "download",
+            format!("{} values asked from a buffer of {}", host.len(), dev_buf.len()),
+        ));
     }
-    dev.stream
-        .memcpy_dtoh(&dev_buf.slice(..host.len()), host)
-        .map_err(GpuError::driver("copying from the device"))
+    dev.stream.memcpy_dtoh(&dev_buf.slice(..host.len()), host).map_err(GpuError::driver("copying from the device"))
 }
 
 /// A [`DeviceNet`] behind the host's [`Model`] interface (see the module doc).
@@ -145,7 +153,14 @@ pub struct DeviceModel<N: DeviceNet> {
 
 impl<N: DeviceNet> DeviceModel<N> {
     /// Wraps `net` with the host parameters `params` (uploaded at the first forward).
-    pub fn new(dev: &Device, net: N, params: Vec<f32>, num_dense: usize, num_sparse: usize, dim: usize) -> Result<Self, GpuError> {
+    pub fn new(
+        dev: &Device,
+        net: N,
+        params: Vec<f32>,
+        num_dense: usize,
+        num_sparse: usize,
+        dim: usize,
+    ) -> Result<Self, GpuError> {
         let n = params.len();
         Ok(DeviceModel {
             d_params: dev.zeros(n)?,

@@ -33,7 +33,13 @@ impl WideShape {
         self.num_dense + self.deep_fields * self.dim
     }
 
-    fn check_pooled(&self, op: &'static str, name: &str, pooled: &CudaSlice<f32>, batch: usize) -> Result<(), GpuError> {
+    fn check_pooled(
+        &self,
+        op: &'static str,
+        name: &str,
+        pooled: &CudaSlice<f32>,
+        batch: usize,
+    ) -> Result<(), GpuError> {
         check::len(op, name, pooled, check::product(op, &[batch, self.num_fields, self.stride()])?, || {
             format!("batch {batch} × {} fields × {}", self.num_fields, self.stride())
         })

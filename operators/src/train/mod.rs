@@ -271,13 +271,12 @@ impl Trainer {
     pub fn with_model(
         worker: &mut Worker,
         config: &TrainerConfig,
-        model: Box<dyn crate::nn::Model<f32>>,
+        mut model: Box<dyn crate::nn::Model<f32>>,
     ) -> Result<Self, OperatorError> {
         config.validate()?;
         let me = worker.index();
         let workers = worker.peers();
         let dim = config.model.embedding_dim();
-        let mut model = model;
         if model.embedding_dim() != dim {
             return Err(OperatorError::config(
                 "model",
