@@ -85,6 +85,22 @@ pub const SOURCES: &[KernelSource] = &[
             "add_assign",
         ],
     },
+    KernelSource {
+        file: "dien.cu",
+        source: include_str!("../kernels/dien.cu"),
+        functions: &[
+            "dien_query",
+            "dien_sum_pool",
+            "dien_keys",
+            "dien_mlp_input",
+            "dien_dx_pooled",
+            "dien_dx_interest",
+            "dien_sum_pool_backward",
+            "dien_keys_to_states",
+            "dien_residual",
+            "dien_target_grad",
+        ],
+    },
 ];
 
 /// The virtual architecture `compute_XY` for compute capability `X.Y`

@@ -3,14 +3,14 @@
 //! agree within the conformance tolerance (normwise relative 1e-5) for the
 //! logits, every parameter gradient and the pooled vectors' gradient, over
 //! several steps with the parameters changed in between (the host copy is
-//! uploaded again) and batches of different sizes.
+//! uploaded again) and batches of different sizes; DIEN also with behaviour
+//! sequences of every length from empty to the padded length.
 
 mod common;
 
 use common::{assert_close, device, normal, uniform};
 use tiderec_gpu::model;
-use tiderec_gpu::GpuError;
-use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, Model, ModelConfig};
+use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, Model, ModelConfig, SequenceInput};
 
 fn dlrm(self_interaction: bool) -> ModelConfig {
     ModelConfig::Dlrm(DlrmConfig {
@@ -125,22 +125,72 @@ fn too_short_inputs_are_a_reported_error_not_a_panic() {
     assert!(gpu.forward(&[0.0; 13], &[0.0; 26 * 16], 1)[0].is_nan());
 }
 
-#[test]
-fn dien_has_no_device_form_yet() {
-    let Some(dev) = device() else { return };
-    let config = ModelConfig::Dien(DienConfig {
-        num_dense: 2,
-        num_sparse: 3,
-        dim: 2,
+fn dien(interest: Interest) -> ModelConfig {
+    ModelConfig::Dien(DienConfig {
+        num_dense: 3,
+        num_sparse: 4,
+        dim: 6,
         num_sequences: 2,
-        target_fields: vec![1, 2],
-        max_len: 4,
-        interest: Interest::GruAttention,
-        mlp: vec![5],
-    });
-    match model::build(&config, 1, &dev) {
-        Err(GpuError::Unsupported(what)) => assert!(what.contains("dien"), "{what}"),
-        Err(e) => panic!("expected Unsupported, got {e}"),
-        Ok(_) => panic!("DIEN built on the device"),
+        target_fields: vec![1, 3],
+        max_len: 7,
+        interest,
+        mlp: vec![20, 10],
+    })
+}
+
+/// One forward and backward with behaviour sequences (lengths 0 to `steps`, padding zero).
+#[allow(clippy::too_many_arguments)]
+fn compare_sequences(
+    what: &str,
+    cpu: &mut dyn Model<f32>,
+    gpu: &mut dyn Model<f32>,
+    c: &ModelConfig,
+    batch: usize,
+    steps: usize,
+    seed: u64,
+) {
+    let (nd, f, d) = (c.num_dense(), c.num_sparse(), c.embedding_dim());
+    let e = c.num_sequences() * d;
+    let dense = uniform(seed, batch * nd, 0.0, 3.0);
+    let pooled: Vec<f32> = normal(seed + 1, batch * f * d).iter().map(|v| v * 0.3).collect();
+    let lengths: Vec<usize> =
+        (0..batch).map(|b| if steps == 0 { 0 } else { (b * 5 + seed as usize) % (steps + 1) }).collect();
+    let mut rows: Vec<f32> = normal(seed + 3, batch * steps * e).iter().map(|v| v * 0.3).collect();
+    for (b, &len) in lengths.iter().enumerate() {
+        rows[(b * steps + len) * e..(b + 1) * steps * e].fill(0.0);
+    }
+    let seq = SequenceInput { rows: &rows, lengths: &lengths, steps };
+    let want = cpu.forward_sequences(&dense, &pooled, &seq, batch).to_vec();
+    let got = gpu.forward_sequences(&dense, &pooled, &seq, batch).to_vec();
+    let at = format!("{what}, batch {batch}, {steps} steps");
+    assert_close(&format!("{at}: logits"), &got, &want);
+    let dlogits: Vec<f32> = normal(seed + 2, batch).iter().map(|v| v * 0.5).collect();
+    let (mut dp_cpu, mut dp_gpu) = (vec![0.0; pooled.len()], vec![7.0; pooled.len()]);
+    let (mut ds_cpu, mut ds_gpu) = (vec![0.0; rows.len()], vec![7.0; rows.len()]);
+    cpu.backward_sequences(&dense, &pooled, &seq, &dlogits, &mut dp_cpu, &mut ds_cpu);
+    gpu.backward_sequences(&dense, &pooled, &seq, &dlogits, &mut dp_gpu, &mut ds_gpu);
+    assert_close(&format!("{at}: parameter gradients"), gpu.grads(), cpu.grads());
+    assert_close(&format!("{at}: pooled gradients"), &dp_gpu, &dp_cpu);
+    assert_close(&format!("{at}: sequence gradients"), &ds_gpu, &ds_cpu);
+    assert!(gpu.take_error().is_none(), "{at}: no device error");
+}
+
+#[test]
+fn device_dien_matches_the_cpu_dien() {
+    let Some(dev) = device() else { return };
+    for (what, config) in [("dien", dien(Interest::GruAttention)), ("dien-sum", dien(Interest::SumPooling))] {
+        let mut cpu = config.build::<f32>(4).unwrap();
+        let mut gpu = model::build(&config, 4, &dev).unwrap();
+        assert_eq!(gpu.params(), cpu.params(), "{what}: the same initial parameters");
+        for (i, (batch, steps)) in [(9usize, 7usize), (1, 3), (33, 5), (4, 0)].into_iter().enumerate() {
+            compare_sequences(what, cpu.as_mut(), gpu.as_mut(), &config, batch, steps, 40 + i as u64);
+            let delta = normal(700 + i as u64, cpu.params().len());
+            for ((c, g), d) in cpu.params_mut().iter_mut().zip(gpu.params_mut().iter_mut()).zip(&delta) {
+                *c -= 0.01 * d;
+                *g -= 0.01 * d;
+            }
+        }
+        // Without sequences every history is empty.
+        compare_step(what, cpu.as_mut(), gpu.as_mut(), &config, 6, 90);
     }
 }

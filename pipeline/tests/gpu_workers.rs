@@ -107,7 +107,16 @@ fn device_cpu_is_the_default_run_bit_for_bit() {
 }
 
 /// Every model with a device form, by its `--model` name.
-const MODELS: [&str; 5] = ["dlrm", "lr", "fm", "deepfm", "wdl"];
+const MODELS: [&str; 7] = ["dlrm", "lr", "fm", "deepfm", "wdl", "dien", "dien-sum"];
+
+/// `--model NAME`, on synthetic behaviour histories for the sequence models.
+fn model_args(model: &str) -> Vec<&str> {
+    let mut args = vec!["--model", model];
+    if model.starts_with("dien") {
+        args.extend(["--data", "synthetic-behavior"]);
+    }
+    args
+}
 
 fn assert_close(a: &serde_json::Value, b: &serde_json::Value, what: &str) {
     for key in ["params_l2", "train_loss", "train_loss_mean"] {
@@ -127,7 +136,7 @@ fn one_gpu_worker_trains_every_model_as_one_cpu_worker() {
     }
     let tmp = tempfile::tempdir().unwrap();
     for model in MODELS {
-        let run = ["--steps", "50", "--workers", "1", "--model", model];
+        let run = [&["--steps", "50", "--workers", "1"][..], &model_args(model)].concat();
         let cpu = train(&run, tmp.path(), &format!("{model}-cpu"));
         let gpu = train(&[&run[..], &["--device", "cuda:0"]].concat(), tmp.path(), &format!("{model}-gpu"));
         assert_close(&cpu, &gpu, &format!("{model}: cuda:0 vs cpu"));
@@ -141,10 +150,10 @@ fn a_cpu_and_a_gpu_worker_train_as_one_cpu_worker() {
     }
     let tmp = tempfile::tempdir().unwrap();
     for model in MODELS {
-        let one = train(&["--steps", "50", "--workers", "1", "--model", model], tmp.path(), &format!("{model}-one"));
+        let one = train(&[&["--steps", "50", "--workers", "1"][..], &model_args(model)].concat(), tmp.path(), "one");
         for list in ["cuda:0,cpu", "cpu,cuda:0", "cuda:0"] {
             let pair = train(
-                &["--steps", "50", "--workers", "2", "--model", model, "--device", list],
+                &[&["--steps", "50", "--workers", "2", "--device", list][..], &model_args(model)].concat(),
                 tmp.path(),
                 &format!("{model}-pair"),
             );
@@ -159,12 +168,15 @@ fn checkpoints_move_between_gpu_and_cpu_workers() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    for model in ["dlrm", "deepfm"] {
-        let straight = train(&["--steps", "60", "--workers", "1", "--model", model], tmp.path(), "straight");
+    for model in ["dlrm", "deepfm", "dien"] {
+        let straight =
+            train(&[&["--steps", "60", "--workers", "1"][..], &model_args(model)].concat(), tmp.path(), "straight");
         for (first, then) in [("cuda:0", "cpu"), ("cpu", "cuda:0"), ("cuda:0", "cuda:0")] {
             let ck = tmp.path().join(format!("ck-{model}-{first}-{then}"));
             let ck = ck.to_str().unwrap();
-            let common = ["--workers", "1", "--model", model, "--checkpoint-dir", ck, "--checkpoint-every", "10"];
+            let common =
+                [&["--workers", "1", "--checkpoint-dir", ck, "--checkpoint-every", "10"][..], &model_args(model)]
+                    .concat();
             train(&[&common[..], &["--steps", "30", "--device", first]].concat(), tmp.path(), "first");
             let resumed =
                 train(&[&common[..], &["--steps", "60", "--resume", "--device", then]].concat(), tmp.path(), "resumed");
@@ -179,7 +191,11 @@ fn bench_takes_the_device_flag() {
     if gpu::device().is_none() {
         return;
     }
-    for args in [&["bench", "dlrm"][..], &["bench", "model", "--model", "deepfm"][..]] {
+    for args in [
+        &["bench", "dlrm"][..],
+        &["bench", "model", "--model", "deepfm"][..],
+        &["bench", "model", "--model", "dien"][..],
+    ] {
         let out = run_ok(tiderec().args(args).args(["--steps", "5", "--warmup", "2", "--json", "--device", "cuda:0"]));
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
         assert!(r["samples_per_sec"].as_f64().unwrap() > 0.0, "{r}");

@@ -2,7 +2,7 @@
 //! bottom MLP (ReLU after every layer) from offset 0 of the flat buffer, the
 //! dot interaction, then the top MLP (no ReLU after the last layer).
 
-use super::{Buffer, DeviceNet};
+use super::{Buffer, DeviceNet, Sequences};
 use crate::nn::interaction::DotInteraction;
 use crate::nn::linear::{Mlp, MlpCache};
 use crate::{Device, GpuError};
@@ -59,6 +59,7 @@ impl DeviceNet for DeviceDlrm {
         params: &CudaSlice<f32>,
         dense: &CudaSlice<f32>,
         pooled: &CudaSlice<f32>,
+        _seq: Sequences<'_>,
         batch: usize,
     ) -> Result<&CudaSlice<f32>, GpuError> {
         self.batch = batch;
@@ -76,9 +77,11 @@ impl DeviceNet for DeviceDlrm {
         params: &CudaSlice<f32>,
         dense: &CudaSlice<f32>,
         pooled: &CudaSlice<f32>,
+        _seq: Sequences<'_>,
         dlogits: &CudaSlice<f32>,
         grads: &mut CudaSlice<f32>,
         dpooled: &mut CudaSlice<f32>,
+        _dseq: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
         let batch = self.batch;
         let d_inter = self.d_inter.reserve(dev, batch * self.interaction.output_dim())?;

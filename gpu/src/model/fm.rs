@@ -5,7 +5,7 @@
 //! factors of the fields that are not wide-only crosses; the logit is their
 //! sum, added in that order.
 
-use super::DeviceNet;
+use super::{DeviceNet, Sequences};
 use crate::nn::fm::FmInteraction;
 use crate::nn::linear::{Mlp, MlpCache};
 use crate::nn::wide::{add_assign, WideShape};
@@ -79,6 +79,7 @@ impl DeviceNet for DeviceFm {
         params: &CudaSlice<f32>,
         dense: &CudaSlice<f32>,
         pooled: &CudaSlice<f32>,
+        _seq: Sequences<'_>,
         batch: usize,
     ) -> Result<&CudaSlice<f32>, GpuError> {
         self.batch = batch;
@@ -106,9 +107,11 @@ impl DeviceNet for DeviceFm {
         params: &CudaSlice<f32>,
         dense: &CudaSlice<f32>,
         pooled: &CudaSlice<f32>,
+        _seq: Sequences<'_>,
         dlogits: &CudaSlice<f32>,
         grads: &mut CudaSlice<f32>,
         dpooled: &mut CudaSlice<f32>,
+        _dseq: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
         let batch = self.batch;
         self.wide.backward(dev, dense, dlogits, batch, grads, dpooled)?;
