@@ -78,6 +78,9 @@ pub enum GpuError {
         /// What does not fit.
         message: String,
     },
+    /// Something this backend does not run on a device (yet).
+    #[error("not available on a CUDA device: {0}")]
+    Unsupported(String),
     /// An index (embedding row, bag offset) lies outside its range.
     #[error("{op}: {message}")]
     Index {

@@ -73,6 +73,34 @@ pub const SOURCES: &[KernelSource] = &[
         functions: &["sgd_update", "adagrad_update", "adam_update"],
     },
     KernelSource { file: "loss.cu", source: include_str!("../kernels/loss.cu"), functions: &["bce_grad", "bce_sum"] },
+    KernelSource {
+        file: "wide.cu",
+        source: include_str!("../kernels/wide.cu"),
+        functions: &[
+            "wide_forward",
+            "wide_param_grads",
+            "first_order_grad",
+            "deep_input_gather",
+            "deep_input_scatter_add",
+            "add_assign",
+        ],
+    },
+    KernelSource {
+        file: "dien.cu",
+        source: include_str!("../kernels/dien.cu"),
+        functions: &[
+            "dien_query",
+            "dien_sum_pool",
+            "dien_keys",
+            "dien_mlp_input",
+            "dien_dx_pooled",
+            "dien_dx_interest",
+            "dien_sum_pool_backward",
+            "dien_keys_to_states",
+            "dien_residual",
+            "dien_target_grad",
+        ],
+    },
 ];
 
 /// The virtual architecture `compute_XY` for compute capability `X.Y`

@@ -40,12 +40,17 @@
 //!   a driver for CUDA 13.0 or newer (the bindings are pinned to the 13.0 API;
 //!   NVRTC 13.0 writes PTX 9.0, which an older driver refuses at module load
 //!   with a [`GpuError::Driver`]).
+//! * **Models behind the host interface.** [`model::build`] gives a
+//!   `tiderec_operators::nn::Model<f32>` whose passes run on a device while
+//!   the flat parameters stay on the host in the CPU model's layout (see
+//!   [`model`]): a trainer worker computes on a GPU unchanged.
 
 mod blas;
 mod check;
 mod device;
 mod error;
 pub mod kernels;
+pub mod model;
 pub mod nn;
 pub mod optim;
 mod sort;

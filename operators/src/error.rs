@@ -20,6 +20,9 @@ pub enum OperatorError {
     /// The dataflow stopped on a worker; the message says why.
     #[error("dataflow error: {0}")]
     Dataflow(String),
+    /// The model's compute device failed (a GPU worker's CUDA error).
+    #[error("compute device error: {0}")]
+    Device(String),
 }
 
 impl OperatorError {

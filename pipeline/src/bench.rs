@@ -56,6 +56,8 @@ pub struct DlrmBench {
     pub optimizer: DenseOptimizerKind,
     /// The model (DLRM Kaggle shape for `bench dlrm`).
     pub model: ModelConfig,
+    /// Compute device of each worker (the `device` setting: `cpu`, `cuda:N`, a list).
+    pub device: String,
 }
 
 /// Result of a training benchmark.
@@ -105,8 +107,14 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     if bench.batch_size < bench.workers || bench.workers == 0 {
         return Err(PipelineError::config("batch_size", "must be at least the number of workers (and workers ≥ 1)"));
     }
-    let settings = TrainSettings { workers: bench.workers, batch_size: bench.batch_size, ..TrainSettings::default() };
+    let settings = TrainSettings {
+        workers: bench.workers,
+        batch_size: bench.batch_size,
+        device: bench.device.clone(),
+        ..TrainSettings::default()
+    };
     let resolved = settings.validate()?;
+    let devices = crate::device::Devices::for_workers(&bench.device, bench.workers)?;
     let behavior = match &bench.model {
         ModelConfig::Dien(c) => Some(SyntheticBehavior::new(BehaviorConfig::standard(7, c.max_len))?),
         _ => None,
@@ -124,6 +132,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         exchange: Default::default(),
     };
     let embedding_params = config.table_sizes.iter().sum::<u64>() * config.model.embedding_dim() as u64;
+    devices.preflight(&config)?;
     let bench = Arc::new(bench.clone());
     let b2 = bench.clone();
     let guards = timely::execute(timely_config(&settings, &resolved), move |worker| {
@@ -141,7 +150,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
                 None => random_batch(micro, bench.rows, me as u64 * 1000 + k),
             })
             .collect();
-        let mut trainer = Trainer::new(worker, &config)?;
+        let mut trainer = devices.trainer(worker, &config, bench.workers)?;
         let run = |steps: u64, trainer: &mut Trainer, worker: &mut timely::worker::Worker| {
             let mut last = Default::default();
             for s in 0..steps {

@@ -276,6 +276,9 @@ pub struct TrainSettings {
     pub sparse_optimizer: String,
     /// Worker threads per process.
     pub workers: usize,
+    /// Compute device of each worker of this process: `cpu`, `cuda:N`, or a list with one
+    /// entry per worker (`cuda:0,cpu`); one entry applies to every worker (see `crate::device`).
+    pub device: String,
     /// Processes in a cluster run.
     pub processes: usize,
     /// This process's index in a cluster run.
@@ -378,6 +381,7 @@ impl Default for TrainSettings {
             optimizer: "adam".into(),
             sparse_optimizer: "rowwise-adagrad".into(),
             workers: default_workers(),
+            device: "cpu".into(),
             processes: 1,
             process: 0,
             hosts: None,
@@ -669,6 +673,7 @@ impl TrainSettings {
             ));
         }
         self.max_memory.parse::<crate::memory::MemoryLimit>()?;
+        crate::device::Devices::for_workers(&self.device, self.workers)?;
         if self.processes == 0 || self.process >= self.processes {
             return Err(PipelineError::config(
                 "process",

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod exchange_plan;
 pub mod memory;

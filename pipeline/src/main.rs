@@ -369,6 +369,9 @@ struct DlrmArgs {
     /// Dense optimizer (sgd, adagrad, adam).
     #[arg(long, default_value = "adagrad")]
     optimizer: String,
+    /// Compute device of each worker: cpu, cuda:N, or one entry per worker (cuda:0,cpu).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -647,6 +650,11 @@ struct TrainArgs {
     /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
     #[arg(long)]
     resume: bool,
+    /// Compute device of each worker: cpu (default), cuda:N, or one entry per worker such as
+    /// cuda:0,cpu (one entry applies to every worker). GPU workers run the model's forward and
+    /// backward on the device; stores, exchange and optimizer stay on the host.
+    #[arg(long)]
+    device: Option<String>,
     /// How embeddings travel between workers: rows (default), partial (DES partial results; lr,
     /// fm, deepfm, wdl), replicated (each table's hottest --replicate fraction on every worker) or
     /// auto (the cost model's per-table choice from the first --plan-steps batches; printed at start).
@@ -717,6 +725,7 @@ impl TrainArgs {
             optimizer,
             sparse_optimizer,
             workers,
+            device,
             processes,
             process,
             connect_timeout,
@@ -1327,6 +1336,7 @@ fn main() -> anyhow::Result<()> {
                 rows: a.rows,
                 optimizer: a.optimizer.parse()?,
                 model,
+                device: a.device.clone(),
             };
             let r = run_dlrm(&bench)?;
             if a.json {

@@ -202,6 +202,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         eprintln!("exchange plan ({}):\n{}", settings.exchange, plan.describe());
     }
     trainer.exchange = exchange;
+    crate::device::Devices::for_workers(&settings.device, settings.workers)?.preflight(&trainer)?;
     let (checkpoint, resume) = checkpoint_setup(settings, &trainer)?;
     let context = Arc::new(Context {
         stop: crate::stop::stop_flag()?,
@@ -470,7 +471,8 @@ fn training_progress(loss_total: f64, window: &VecDeque<(f64, u64)>, bad: &Reaso
 fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Option<RunSummary>, PipelineError> {
     let (me, peers) = (worker.index(), worker.peers());
     let s = &ctx.settings;
-    let mut trainer = Trainer::new(worker, &ctx.trainer)?;
+    let devices = crate::device::Devices::for_workers(&s.device, s.workers)?;
+    let mut trainer = devices.trainer(worker, &ctx.trainer, s.workers)?;
     let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.batch_size as u64);
     // Before anything else collective: every worker restores, then all agree on the step.
     let resumed = restore(worker, &mut trainer, &mut checkpointer, ctx)?.map(|c| c.manifest.clone());

@@ -10,3 +10,4 @@ pub mod gru;
 pub mod interaction;
 pub mod linear;
 pub mod loss;
+pub mod wide;

@@ -61,6 +61,12 @@ pub trait Model<T: Scalar>: Send {
     fn partial_model(&mut self) -> Option<&mut dyn PartialModel<T>> {
         None
     }
+    /// The failure of the model's compute backend since the last call, if any
+    /// (a device model's CUDA error; its passes since gave NaN logits and zero
+    /// gradients). Host models never fail. The trainer checks after every step.
+    fn take_error(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// A model whose logit depends on the embedding rows only through per-sample

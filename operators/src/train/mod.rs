@@ -275,11 +275,36 @@ pub struct Trainer {
 impl Trainer {
     /// Builds this worker's part of the training dataflow.
     pub fn new(worker: &mut Worker, config: &TrainerConfig) -> Result<Self, OperatorError> {
+        let model = config.model.build::<f32>(config.seed)?;
+        Self::with_model(worker, config, model)
+    }
+
+    /// As [`Trainer::new`], with this worker's model built by the caller (a
+    /// model computing on a GPU, say). It must be `config.model` initialised
+    /// from `config.seed`, in the same flat parameter layout (workers start
+    /// from the same parameters). A model without a DES partial form is
+    /// refused when the exchange uses one.
+    pub fn with_model(
+        worker: &mut Worker,
+        config: &TrainerConfig,
+        mut model: Box<dyn crate::nn::Model<f32>>,
+    ) -> Result<Self, OperatorError> {
         config.validate()?;
         let me = worker.index();
         let workers = worker.peers();
         let dim = config.model.embedding_dim();
-        let model = config.model.build::<f32>(config.seed)?;
+        if model.embedding_dim() != dim {
+            return Err(OperatorError::config(
+                "model",
+                format!("the worker's model reads rows of width {}, the shape {dim}", model.embedding_dim()),
+            ));
+        }
+        if config.exchange.any_partial() && config.model.partial().is_some() && model.partial_model().is_none() {
+            return Err(OperatorError::config(
+                "exchange",
+                "`partial` computes on the host: this worker's model has no partial form (use rows)",
+            ));
+        }
         let slice = dense_slice(model.params().len(), me, workers);
         let partial_form = if config.exchange.any_partial() { config.model.partial() } else { None };
         let deep_partial = partial_form.is_some_and(|p| p.deep.is_some());
@@ -609,6 +634,11 @@ impl Trainer {
                 stop: self.stop_requested,
             },
         );
+        let device_error = self.home.borrow_mut().model.take_error();
+        if let Some(e) = device_error {
+            self.step_failed(worker);
+            return Err(OperatorError::Device(e));
+        }
         if kind == StepKind::Train && stats.samples > 0 {
             self.train_steps += 1;
         }

@@ -30,6 +30,8 @@ pub const MAY_DIFFER: &[&str] = &[
     "connect_timeout",
     // How much of its own machine's memory this process may use.
     "max_memory",
+    // Where this process's workers compute: a model gives the same step on any device.
+    "device",
 ];
 
 /// `(setting, value)` pairs every process of a run must have equal.

@@ -111,6 +111,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
             quotas.iter().min().copied().unwrap_or(0)
         );
     }
+    crate::device::Devices::for_workers(&s.device, s.workers)?.preflight(&trainer)?;
     let shared = Arc::new(Shared {
         settings: settings.clone(),
         resolved: resolved.clone(),
@@ -151,7 +152,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     let (me, peers) = (worker.index(), worker.peers());
     let os = &ctx.settings;
     let s = &os.train;
-    let mut trainer = Trainer::new(worker, &ctx.trainer)?;
+    let devices = crate::device::Devices::for_workers(&s.device, s.workers)?;
+    let mut trainer = devices.trainer(worker, &ctx.trainer, s.workers)?;
     trainer.set_score_training(me == 0);
     let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.batch_size as u64);
     let mut votes: Collective<Vote> = Collective::new(worker);

@@ -7,9 +7,13 @@ pub mod skip;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The release `tiderec` binary of this build.
+/// The release `tiderec` binary of this build, or `$TIDEREC_BIN` when set (test
+/// executables copied to another machine, e.g. one with a GPU, where the build's path differs).
 pub fn tiderec() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tiderec"))
+    match std::env::var_os("TIDEREC_BIN") {
+        Some(bin) => Command::new(bin),
+        None => Command::new(env!("CARGO_BIN_EXE_tiderec")),
+    }
 }
 
 /// Runs `cmd`, which must succeed (its output is shown otherwise).

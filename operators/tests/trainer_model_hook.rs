@@ -1,0 +1,213 @@
+//! `Trainer::with_model`: a worker's model built by the caller (a GPU
+//! worker's). The host model through the hook trains exactly as through
+//! `Trainer::new`; a model whose compute backend reports a failure fails
+//! that worker's step with the backend's message and stops every worker; a
+//! model without a partial form is refused for the partial exchange.
+
+use std::sync::{Arc, Mutex};
+use tiderec_operators::exchange::{ExchangeConfig, TableExchange};
+use tiderec_operators::nn::{DlrmConfig, FmConfig, Model, ModelConfig, PartialModel};
+use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
+use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+use tiderec_operators::{Batch, OperatorError};
+
+fn config(model: ModelConfig) -> TrainerConfig {
+    TrainerConfig {
+        table_sizes: vec![10; model.num_sparse()],
+        model,
+        seed: 1,
+        dense_optimizer: DenseOptimizerKind::Adam,
+        dense_hp: OptimizerParams::with_lr(0.05),
+        sparse_optimizer: SparseOptimizerKind::Sgd,
+        sparse_hp: OptimizerParams::with_lr(0.1),
+        sequence_tables: vec![],
+        store: Default::default(),
+        exchange: Default::default(),
+    }
+}
+
+fn dlrm() -> ModelConfig {
+    ModelConfig::Dlrm(DlrmConfig {
+        num_dense: 2,
+        num_sparse: 2,
+        dim: 4,
+        bottom: vec![4],
+        top: vec![3, 1],
+        self_interaction: false,
+    })
+}
+
+fn batch(me: usize, step: u64) -> Batch {
+    let mut b = Batch::new(2, 2);
+    for i in 0..3u64 {
+        b.labels.push(((i + step) % 2) as f32);
+        b.dense.extend([0.5 + i as f32, 1.0 - step as f32 * 0.1]);
+        for (t, f) in b.sparse.iter_mut().enumerate() {
+            f.ids.push((me as u64 * 3 + i + t as u64 + step) % 10);
+            f.close_bag();
+        }
+    }
+    b
+}
+
+/// A host model whose compute backend fails at its `fail_at`-th forward:
+/// from then on its passes give NaN logits and it reports the failure once,
+/// as a device model does.
+struct FailingBackend {
+    inner: Box<dyn Model<f32>>,
+    forwards: usize,
+    fail_at: usize,
+    nan: Vec<f32>,
+    reported: bool,
+}
+
+impl Model<f32> for FailingBackend {
+    fn params(&self) -> &[f32] {
+        self.inner.params()
+    }
+    fn params_mut(&mut self) -> &mut [f32] {
+        self.inner.params_mut()
+    }
+    fn grads(&self) -> &[f32] {
+        self.inner.grads()
+    }
+    fn params_and_grads(&mut self) -> (&mut [f32], &[f32]) {
+        self.inner.params_and_grads()
+    }
+    fn grads_mut(&mut self) -> &mut [f32] {
+        self.inner.grads_mut()
+    }
+    fn embedding_dim(&self) -> usize {
+        self.inner.embedding_dim()
+    }
+    fn forward(&mut self, dense: &[f32], pooled: &[f32], batch: usize) -> &[f32] {
+        self.forwards += 1;
+        if self.forwards >= self.fail_at {
+            self.nan = vec![f32::NAN; batch];
+            return &self.nan;
+        }
+        self.inner.forward(dense, pooled, batch)
+    }
+    fn backward(&mut self, dense: &[f32], pooled: &[f32], dlogits: &[f32], dpooled: &mut [f32]) {
+        if self.forwards >= self.fail_at {
+            self.inner.grads_mut().fill(0.0);
+            dpooled.fill(0.0);
+            return;
+        }
+        self.inner.backward(dense, pooled, dlogits, dpooled)
+    }
+    fn take_error(&mut self) -> Option<String> {
+        (self.forwards >= self.fail_at && !std::mem::replace(&mut self.reported, true))
+            .then(|| "CUDA device 7: an injected failure".to_string())
+    }
+}
+
+#[test]
+fn a_host_model_through_the_hook_trains_as_through_new() {
+    let config = config(dlrm());
+    let params = Arc::new(Mutex::new(Vec::new()));
+    let out = params.clone();
+    timely::execute(timely::Config::process(2), move |worker| {
+        let me = worker.index();
+        let mut a = Trainer::new(worker, &config).unwrap();
+        let mut b = Trainer::with_model(worker, &config, config.model.build(config.seed).unwrap()).unwrap();
+        for step in 0..5 {
+            let sa = a.step(worker, StepKind::Train, batch(me, step)).unwrap();
+            let sb = b.step(worker, StepKind::Train, batch(me, step)).unwrap();
+            assert_eq!(sa.loss_sum.to_bits(), sb.loss_sum.to_bits(), "step {step}");
+        }
+        let (la, lb) = (a.params_l2(worker).unwrap(), b.params_l2(worker).unwrap());
+        out.lock().unwrap().push((a.dense_params(), b.dense_params(), la, lb));
+    })
+    .unwrap();
+    for (a, b, la, lb) in params.lock().unwrap().iter() {
+        assert_eq!(a, b);
+        assert_eq!(la.to_bits(), lb.to_bits());
+    }
+}
+
+#[test]
+fn a_failing_compute_backend_fails_its_step_and_stops_every_worker() {
+    let config = config(dlrm());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let out = seen.clone();
+    timely::execute(timely::Config::process(2), move |worker| {
+        let me = worker.index();
+        let model = config.model.build(config.seed).unwrap();
+        let model: Box<dyn Model<f32>> = if me == 1 {
+            Box::new(FailingBackend { inner: model, forwards: 0, fail_at: 3, nan: Vec::new(), reported: false })
+        } else {
+            model
+        };
+        let mut trainer = Trainer::with_model(worker, &config, model).unwrap();
+        let mut outcome = String::new();
+        for step in 0..6 {
+            match trainer.step(worker, StepKind::Train, batch(me, step)) {
+                Ok(stats) if stats.failed_workers > 0 => {
+                    outcome = format!("step {step}: {} failed", stats.failed_workers);
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    assert!(matches!(e, OperatorError::Device(_)), "{e:?}");
+                    outcome = format!("step {step}: error: {e}");
+                    break;
+                }
+            }
+        }
+        out.lock().unwrap().push((me, outcome));
+    })
+    .unwrap();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(seen[1], (1, "step 2: error: compute device error: CUDA device 7: an injected failure".into()));
+    assert_eq!(seen[0], (0, "step 3: 1 failed".into()), "{seen:?}");
+}
+
+/// A model without a partial form (as a device model).
+struct NoPartial(Box<dyn Model<f32>>);
+
+impl Model<f32> for NoPartial {
+    fn params(&self) -> &[f32] {
+        self.0.params()
+    }
+    fn params_mut(&mut self) -> &mut [f32] {
+        self.0.params_mut()
+    }
+    fn grads(&self) -> &[f32] {
+        self.0.grads()
+    }
+    fn params_and_grads(&mut self) -> (&mut [f32], &[f32]) {
+        self.0.params_and_grads()
+    }
+    fn grads_mut(&mut self) -> &mut [f32] {
+        self.0.grads_mut()
+    }
+    fn embedding_dim(&self) -> usize {
+        self.0.embedding_dim()
+    }
+    fn forward(&mut self, dense: &[f32], pooled: &[f32], batch: usize) -> &[f32] {
+        self.0.forward(dense, pooled, batch)
+    }
+    fn backward(&mut self, dense: &[f32], pooled: &[f32], dlogits: &[f32], dpooled: &mut [f32]) {
+        self.0.backward(dense, pooled, dlogits, dpooled)
+    }
+    fn partial_model(&mut self) -> Option<&mut dyn PartialModel<f32>> {
+        None
+    }
+}
+
+#[test]
+fn a_model_without_a_partial_form_is_refused_for_the_partial_exchange() {
+    let fm = ModelConfig::Fm(FmConfig { num_dense: 2, num_sparse: 2, dim: 3, deep: vec![], fm: true, wide_only: 0 });
+    let mut config = config(fm);
+    config.exchange = ExchangeConfig { tables: vec![TableExchange::Partial; 2], replicated: vec![] };
+    timely::execute(timely::Config::thread(), move |worker| {
+        let model = Box::new(NoPartial(config.model.build(config.seed).unwrap()));
+        let err = Trainer::with_model(worker, &config, model).err().expect("refused");
+        assert!(err.to_string().contains("`exchange`") && err.to_string().contains("partial form"), "{err}");
+        // With its partial form the same model is accepted.
+        assert!(Trainer::with_model(worker, &config, config.model.build(config.seed).unwrap()).is_ok());
+    })
+    .unwrap();
+}

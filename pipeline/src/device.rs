@@ -1,0 +1,175 @@
+//! `device`: where each worker of this process computes its model.
+//!
+//! The setting is `cpu` (the default) or a comma-separated list of `cpu` and
+//! `cuda:N` entries. One entry applies to every worker of the process;
+//! otherwise the list has exactly one entry per worker, and worker `i` of the
+//! process takes entry `i` (`cuda:0,cpu`: worker 0 on GPU 0, worker 1 on the
+//! CPU). Several workers may name the same GPU.
+//!
+//! A GPU worker runs its model's forward and backward on the device (see
+//! `tiderec_gpu::model`); everything else — the embedding stores, the
+//! exchange, the dense optimizer, checkpoints — stays on the host and is the
+//! same for every worker, so a CPU and a GPU worker train one model together.
+//! Every CUDA device named is opened, and the model built on it, before any
+//! worker starts ([`Devices::preflight`]): a machine without a driver, a
+//! missing device or a model without a device form fails at once with the
+//! device and the reason. The DES partial exchange computes on the host
+//! only; it is refused with a GPU worker.
+
+use crate::PipelineError;
+use std::fmt;
+use tiderec_gpu::Device;
+use tiderec_operators::nn::Model;
+use tiderec_operators::train::{Trainer, TrainerConfig};
+use timely::worker::Worker;
+
+/// One worker's compute device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerDevice {
+    /// The host's cores.
+    Cpu,
+    /// CUDA device `N`.
+    Cuda(usize),
+}
+
+impl fmt::Display for WorkerDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkerDevice::Cpu => write!(f, "cpu"),
+            WorkerDevice::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// The parsed `device` setting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Devices(Vec<WorkerDevice>);
+
+impl Devices {
+    /// Parses `cpu`, `cuda:N` or a comma-separated list of them; errors name the key `device`.
+    pub fn parse(s: &str) -> Result<Self, PipelineError> {
+        let entry = |e: &str| match e.trim() {
+            "cpu" => Ok(WorkerDevice::Cpu),
+            other => {
+                other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()).map(WorkerDevice::Cuda).ok_or_else(
+                    || PipelineError::config("device", format!("`{other}` is not cpu or cuda:N (N a device number)")),
+                )
+            }
+        };
+        let list = s.split(',').map(entry).collect::<Result<Vec<_>, _>>()?;
+        Ok(Devices(list))
+    }
+
+    /// Parses the setting and checks it against this process's `workers`.
+    pub fn for_workers(s: &str, workers: usize) -> Result<Self, PipelineError> {
+        let d = Devices::parse(s)?;
+        if d.0.len() != 1 && d.0.len() != workers {
+            return Err(PipelineError::config(
+                "device",
+                format!(
+                    "{} entries for {workers} workers: give one device for every worker, or one entry for all",
+                    d.0.len()
+                ),
+            ));
+        }
+        Ok(d)
+    }
+
+    /// The device of local worker `i` (the one entry, or entry `i`).
+    pub fn worker(&self, i: usize) -> WorkerDevice {
+        if self.0.len() == 1 {
+            self.0[0]
+        } else {
+            self.0[i]
+        }
+    }
+
+    /// Whether any worker computes on a GPU.
+    pub fn any_cuda(&self) -> bool {
+        self.0.iter().any(|d| *d != WorkerDevice::Cpu)
+    }
+
+    /// Opens every CUDA device named and builds the model on it once, so a
+    /// missing driver or device, or a model without a device form, fails
+    /// before any worker starts; refuses the partial exchange with a GPU worker.
+    pub fn preflight(&self, config: &TrainerConfig) -> Result<(), PipelineError> {
+        if self.any_cuda() && config.exchange.any_partial() {
+            return Err(PipelineError::config(
+                "device",
+                "the partial exchange (DES partial results) computes on the host: with a GPU worker use \
+                 --exchange rows (or replicated), or train on cpu",
+            ));
+        }
+        let mut seen = Vec::new();
+        for &d in &self.0 {
+            if let WorkerDevice::Cuda(n) = d {
+                if !seen.contains(&n) {
+                    seen.push(n);
+                    build_on(n, config)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds this worker's trainer with its model on its device.
+    ///
+    /// Should the device model fail here after a successful [`preflight`](Self::preflight),
+    /// the worker still joins the dataflow with a host model and fails its
+    /// first step, so that its peers stop instead of waiting for it.
+    pub fn trainer(
+        &self,
+        worker: &mut Worker,
+        config: &TrainerConfig,
+        workers: usize,
+    ) -> Result<Trainer, PipelineError> {
+        match self.worker(worker.index() % workers) {
+            WorkerDevice::Cpu => Ok(Trainer::new(worker, config)?),
+            WorkerDevice::Cuda(n) => match build_on(n, config) {
+                Ok(model) => Ok(Trainer::with_model(worker, config, model)?),
+                Err(e) => {
+                    let mut trainer = Trainer::new(worker, config)?;
+                    trainer.step_failed(worker);
+                    Err(e)
+                }
+            },
+        }
+    }
+}
+
+/// Opens CUDA device `n` and builds `config`'s model on it.
+fn build_on(n: usize, config: &TrainerConfig) -> Result<Box<dyn Model<f32>>, PipelineError> {
+    let device = WorkerDevice::Cuda(n);
+    let dev = Device::open(n).map_err(|e| PipelineError::config("device", format!("{device}: {e}")))?;
+    tiderec_gpu::model::build(&config.model, config.seed, &dev)
+        .map_err(|e| PipelineError::config("device", format!("{device}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lists_and_names_the_key() {
+        assert_eq!(Devices::parse("cpu").unwrap(), Devices(vec![WorkerDevice::Cpu]));
+        assert_eq!(
+            Devices::parse("cuda:0, cpu,cuda:3").unwrap(),
+            Devices(vec![WorkerDevice::Cuda(0), WorkerDevice::Cpu, WorkerDevice::Cuda(3)])
+        );
+        for bad in ["gpu", "cuda:", "cuda:x", "", "cpu,,cpu", "cuda:-1"] {
+            let e = Devices::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("`device`"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn one_entry_serves_every_worker_else_one_per_worker() {
+        let one = Devices::for_workers("cuda:1", 4).unwrap();
+        assert!((0..4).all(|i| one.worker(i) == WorkerDevice::Cuda(1)));
+        let two = Devices::for_workers("cuda:0,cpu", 2).unwrap();
+        assert_eq!((two.worker(0), two.worker(1)), (WorkerDevice::Cuda(0), WorkerDevice::Cpu));
+        assert!(two.any_cuda() && !Devices::parse("cpu").unwrap().any_cuda());
+        let e = Devices::for_workers("cuda:0,cpu", 3).unwrap_err().to_string();
+        assert!(e.contains("`device`") && e.contains("2 entries for 3 workers"), "{e}");
+    }
+}

@@ -1,0 +1,203 @@
+//! `--device`: GPU workers through the release binary.
+//!
+//! Without a GPU (here and in CI) the setting's validation runs: a missing
+//! CUDA device stops the run before any work with the device and the reason,
+//! a malformed value names the key, and `--device cpu` is the default run
+//! exactly. With a GPU (`TIDEREC_REQUIRE_GPU=1` makes its absence a failure)
+//! every model trains on one GPU worker as on one CPU worker, a CPU and a GPU
+//! worker together train as one CPU worker, checkpoints move between the two,
+//! and `bench` takes the same flag.
+
+mod common;
+#[path = "../../gpu/tests/common/mod.rs"]
+mod gpu;
+
+use common::{metrics, rel_diff, run_err, run_ok, tiderec};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tiderec_gpu::Device;
+
+/// Synthetic data, small tables, no hold-out: 50 steps of batch 256.
+const BASE: &[&str] = &[
+    "train",
+    "--samples",
+    "20480",
+    "--batch-size",
+    "256",
+    "--eval-fraction",
+    "0",
+    "--buckets",
+    "20000",
+    "--seed",
+    "5",
+    "--progress",
+    "none",
+];
+
+/// Runs `tiderec` with `BASE` and `extra`, which must succeed; returns its metrics.
+fn train(extra: &[&str], out: &Path, name: &str) -> serde_json::Value {
+    let m = out.join(format!("{name}.json"));
+    run_ok(tiderec().args(BASE).args(extra).arg("--metrics-json").arg(&m));
+    metrics(&m)
+}
+
+/// A CUDA device number this machine does not have, and why opening it fails.
+fn missing_device() -> (usize, String) {
+    let n = Device::count();
+    (n, Device::open(n).expect_err("a device past the count cannot open").to_string())
+}
+
+#[test]
+fn a_missing_cuda_device_stops_the_run_before_any_work() {
+    let (n, reason) = missing_device();
+    let start = Instant::now();
+    let err = run_err(tiderec().args(BASE).args(["--steps", "50", "--device", &format!("cuda:{n}")]));
+    assert!(err.contains("invalid configuration `device`"), "{err}");
+    assert!(err.contains(&format!("cuda:{n}: {reason}")), "the device and the reason from Device::open: {err}");
+    assert!(start.elapsed() < Duration::from_secs(30), "fails fast: {:?}", start.elapsed());
+    // The same through bench, and for the second worker's entry of a list.
+    let err = run_err(tiderec().args(["bench", "dlrm", "--steps", "5", "--device", &format!("cuda:{n}")]));
+    assert!(err.contains(&format!("cuda:{n}: {reason}")), "{err}");
+    let list = format!("cpu,cuda:{n}");
+    let err = run_err(tiderec().args(BASE).args(["--steps", "5", "--workers", "2", "--device", &list]));
+    assert!(err.contains(&format!("cuda:{n}: {reason}")), "{err}");
+}
+
+#[test]
+fn a_malformed_device_names_the_key() {
+    let err = run_err(tiderec().args(BASE).args(["--steps", "5", "--device", "bogus"]));
+    assert!(err.contains("invalid configuration `device`") && err.contains("`bogus`"), "{err}");
+    let err = run_err(tiderec().args(BASE).args(["--steps", "5", "--workers", "3", "--device", "cpu,cpu"]));
+    assert!(err.contains("`device`") && err.contains("2 entries for 3 workers"), "{err}");
+    let tmp = tempfile::tempdir().unwrap();
+    let toml = tmp.path().join("run.toml");
+    std::fs::write(&toml, "device = \"cuda:x\"\nsteps = 5\n").unwrap();
+    let err = run_err(tiderec().args(["train", "--config"]).arg(&toml));
+    assert!(err.contains("`device`") && err.contains("`cuda:x`"), "the TOML key too: {err}");
+}
+
+#[test]
+fn the_partial_exchange_is_refused_with_a_gpu_worker() {
+    let err = run_err(tiderec().args(BASE).args([
+        "--steps",
+        "5",
+        "--model",
+        "fm",
+        "--exchange",
+        "partial",
+        "--device",
+        "cuda:0",
+    ]));
+    assert!(err.contains("`device`") && err.contains("partial exchange"), "{err}");
+}
+
+#[test]
+fn device_cpu_is_the_default_run_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    for workers in ["1", "2"] {
+        let plain = train(&["--steps", "20", "--workers", workers], tmp.path(), "plain");
+        let cpu = train(&["--steps", "20", "--workers", workers, "--device", "cpu"], tmp.path(), "cpu");
+        let list = if workers == "2" { "cpu,cpu" } else { "cpu" };
+        let cpus = train(&["--steps", "20", "--workers", workers, "--device", list], tmp.path(), "cpus");
+        for key in ["params_l2", "train_loss", "train_loss_mean", "steps"] {
+            assert_eq!(plain[key], cpu[key], "{workers} workers: {key}");
+            assert_eq!(plain[key], cpus[key], "{workers} workers: {key}");
+        }
+    }
+}
+
+/// Every model with a device form, by its `--model` name.
+const MODELS: [&str; 7] = ["dlrm", "lr", "fm", "deepfm", "wdl", "dien", "dien-sum"];
+
+/// `--model NAME`, on synthetic behaviour histories for the sequence models.
+fn model_args(model: &str) -> Vec<&str> {
+    let mut args = vec!["--model", model];
+    if model.starts_with("dien") {
+        args.extend(["--data", "synthetic-behavior"]);
+    }
+    args
+}
+
+fn assert_close(a: &serde_json::Value, b: &serde_json::Value, what: &str) {
+    for key in ["params_l2", "train_loss", "train_loss_mean"] {
+        let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+        assert!(x.is_finite() && y.is_finite(), "{what}: {key} {x} vs {y}");
+        let d = rel_diff(x, y);
+        println!("{what}: {key} {x} vs {y} (rel {d:.2e})");
+        assert!(d <= 1e-4, "{what}: {key} {x} vs {y} (rel {d:e})");
+    }
+    assert_eq!(a["steps"], b["steps"], "{what}");
+}
+
+#[test]
+fn one_gpu_worker_trains_every_model_as_one_cpu_worker() {
+    if gpu::device().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for model in MODELS {
+        let run = [&["--steps", "50", "--workers", "1"][..], &model_args(model)].concat();
+        let cpu = train(&run, tmp.path(), &format!("{model}-cpu"));
+        let gpu = train(&[&run[..], &["--device", "cuda:0"]].concat(), tmp.path(), &format!("{model}-gpu"));
+        assert_close(&cpu, &gpu, &format!("{model}: cuda:0 vs cpu"));
+    }
+}
+
+#[test]
+fn a_cpu_and_a_gpu_worker_train_as_one_cpu_worker() {
+    if gpu::device().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for model in MODELS {
+        let one = train(&[&["--steps", "50", "--workers", "1"][..], &model_args(model)].concat(), tmp.path(), "one");
+        for list in ["cuda:0,cpu", "cpu,cuda:0", "cuda:0"] {
+            let pair = train(
+                &[&["--steps", "50", "--workers", "2", "--device", list][..], &model_args(model)].concat(),
+                tmp.path(),
+                &format!("{model}-pair"),
+            );
+            assert_close(&one, &pair, &format!("{model}: 2 workers on {list} vs 1 cpu worker"));
+        }
+    }
+}
+
+#[test]
+fn checkpoints_move_between_gpu_and_cpu_workers() {
+    if gpu::device().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for model in ["dlrm", "deepfm", "dien"] {
+        let straight =
+            train(&[&["--steps", "60", "--workers", "1"][..], &model_args(model)].concat(), tmp.path(), "straight");
+        for (first, then) in [("cuda:0", "cpu"), ("cpu", "cuda:0"), ("cuda:0", "cuda:0")] {
+            let ck = tmp.path().join(format!("ck-{model}-{first}-{then}"));
+            let ck = ck.to_str().unwrap();
+            let common =
+                [&["--workers", "1", "--checkpoint-dir", ck, "--checkpoint-every", "10"][..], &model_args(model)]
+                    .concat();
+            train(&[&common[..], &["--steps", "30", "--device", first]].concat(), tmp.path(), "first");
+            let resumed =
+                train(&[&common[..], &["--steps", "60", "--resume", "--device", then]].concat(), tmp.path(), "resumed");
+            assert_eq!(resumed["resumed_from_step"], 30, "{model}: {first} then {then}");
+            assert_close(&straight, &resumed, &format!("{model}: 30 steps on {first}, 30 on {then}, vs 60 on cpu"));
+        }
+    }
+}
+
+#[test]
+fn bench_takes_the_device_flag() {
+    if gpu::device().is_none() {
+        return;
+    }
+    for args in [
+        &["bench", "dlrm"][..],
+        &["bench", "model", "--model", "deepfm"][..],
+        &["bench", "model", "--model", "dien"][..],
+    ] {
+        let out = run_ok(tiderec().args(args).args(["--steps", "5", "--warmup", "2", "--json", "--device", "cuda:0"]));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        assert!(r["samples_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
