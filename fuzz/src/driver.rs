@@ -4,7 +4,10 @@
 //! A panic (an assertion of a target included) or an input that runs longer
 //! than [`Budget::hang_after`] is a crash: the input is written to
 //! `crash_dir/<target>-<hash>.bin` and reported with the panic message, and
-//! the run stops. The loop is deterministic for a seed; only the number of
+//! the run stops. An abort (a failed allocation) cannot be caught: the
+//! input being run is always also in `crash_dir/<target>-in-flight.bin`,
+//! removed when the run ends normally, so after an abort it names the input.
+//! The loop is deterministic for a seed; only the number of
 //! executions in a time-bounded run depends on the machine.
 
 use crate::mutate::{mutate, Rng};
@@ -131,6 +134,8 @@ pub fn run(
             }
         })
         .expect("spawn a fuzzing thread");
+    let _ = std::fs::create_dir_all(crash_dir);
+    let in_flight = crash_dir.join(format!("{name}-in-flight.bin"));
     let start = Instant::now();
     let mut report = Report { seeds: seeds.len(), ..Report::default() };
     let mut rng = Rng::new(rng_seed);
@@ -150,6 +155,8 @@ pub fn run(
             mutate(&mut rng, base, &seeds)
         };
         i += 1;
+        // An abort (a failed allocation) cannot be caught: the input in flight stays on disk.
+        let _ = std::fs::write(&in_flight, &input);
         if to_worker.send(input.clone()).is_err() {
             report.crash = Some(save(crash_dir, name, &input, "the fuzzing thread died".into()));
             break;
@@ -173,6 +180,7 @@ pub fn run(
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let message = format!("hang: no result after {:?}", budget.hang_after);
                 report.crash = Some(save(crash_dir, name, &input, message));
+                let _ = std::fs::remove_file(&in_flight);
                 // The worker is stuck in the target: leave it; the process exits without it.
                 report.elapsed = start.elapsed();
                 return report;
@@ -185,6 +193,7 @@ pub fn run(
     }
     drop(to_worker);
     let _ = worker.join();
+    let _ = std::fs::remove_file(&in_flight);
     report.elapsed = start.elapsed();
     report
 }

@@ -7,7 +7,8 @@
 //! seeds, injected delimiters (TAB, comma, `;`, `^`, `\x02`), CRLF, quotes
 //! and NUL bytes, truncation, field values replaced by edge-case tokens
 //! (huge integers, `inf`, `nan`, exponents, empty, signs, JSON fragments),
-//! and very long lines (longer than the readers' 64 KiB line limit).
+//! very long lines (longer than the readers' 64 KiB line limit), and blocks
+//! of lines repeated hundreds of times.
 
 /// Largest input the mutator produces.
 pub const MAX_INPUT: usize = 512 * 1024;
@@ -238,19 +239,48 @@ pub fn mutate_once(rng: &mut Rng, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
                 data.splice(a0..a1, y);
             }
         }
-        // Replace a digit run by a huge number.
+        // Replace one digit run, chosen uniformly, by an extreme number.
         14 => {
-            if let Some(i) = (0..4).map(|_| rng.below(len.max(1))).find(|&i| data.get(i).is_some_and(u8::is_ascii_digit))
-            {
-                let s = data[..i].iter().rposition(|b| !b.is_ascii_digit()).map_or(0, |j| j + 1);
-                let e = data[i..].iter().position(|b| !b.is_ascii_digit()).map_or(len, |j| i + j);
-                let big: &[u8] = match rng.below(4) {
-                    0 => b"18446744073709551616",
-                    1 => b"4294967296",
-                    2 => b"9223372036854775807",
+            let runs: Vec<(usize, usize)> = {
+                let mut runs = Vec::new();
+                let mut i = 0;
+                while i < len {
+                    if data[i].is_ascii_digit() {
+                        let s = i;
+                        while i < len && data[i].is_ascii_digit() {
+                            i += 1;
+                        }
+                        runs.push((s, i));
+                    }
+                    i += 1;
+                }
+                runs
+            };
+            if !runs.is_empty() {
+                let (s, e) = runs[rng.below(runs.len())];
+                let big: &[u8] = match rng.below(7) {
+                    0 => b"18446744073709551615",
+                    1 => b"18446744073709551616",
+                    2 => b"4294967296",
+                    3 => b"9223372036854775807",
+                    4 => b"1099511627776",
+                    5 => b"0",
                     _ => b"340282366920938463463374607431768211456",
                 };
                 data.splice(s..e, big.iter().copied());
+            }
+        }
+        // Repeat a block of whole lines many times (a table of a TOML spec, a record).
+        15 if len > 0 && rng.one_in(2) => {
+            let (start, mut end) = line_around(data, rng.below(len));
+            for _ in 0..rng.below(6) {
+                end = line_around(data, (end + 1).min(len)).1;
+            }
+            let block = data[start..(end + 1).min(len)].to_vec();
+            let times = if rng.one_in(2) { 2 + rng.below(8) } else { 200 + rng.below(120) };
+            if block.len().saturating_mul(times) < MAX_INPUT {
+                let copies: Vec<u8> = block.iter().copied().cycle().take(block.len() * times).collect();
+                data.splice(start..start, copies);
             }
         }
         // Overwrite a little-endian 4 or 8 byte word with an extreme value (binary formats).
