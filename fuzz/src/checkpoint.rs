@@ -92,7 +92,11 @@ pub fn template() -> Template {
         config_hash: config_hash(&config),
         config,
         data_position: DataPosition { epoch: 1, global_steps_in_epoch: 2, kafka_offsets: BTreeMap::new() },
-        progress: TrainingProgress { loss_total: 1.5, loss_window: vec![(0.5, 64)], bad_records_before_epoch: vec![0; 5] },
+        progress: TrainingProgress {
+            loss_total: 1.5,
+            loss_window: vec![(0.5, 64)],
+            bad_records_before_epoch: vec![0; 5],
+        },
         files: BTreeMap::new(),
     };
     let (path, _) = write_checkpoint(dir.path(), &parts(), manifest, 3).expect("write the template checkpoint");

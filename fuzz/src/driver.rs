@@ -125,7 +125,9 @@ pub fn run(
                 let message = match outcome {
                     Ok(()) => None,
                     Err(_) => Some(
-                        PANIC.with(|p| p.borrow_mut().as_mut().and_then(Option::take)).unwrap_or_else(|| "panic".into()),
+                        PANIC
+                            .with(|p| p.borrow_mut().as_mut().and_then(Option::take))
+                            .unwrap_or_else(|| "panic".into()),
                     ),
                 };
                 if to_driver.send(message).is_err() {

@@ -20,8 +20,7 @@ const SEEDS_PER_FILE: usize = 8;
 fn file_seeds(data: &Path, rel: &str) -> Result<Vec<Vec<u8>>, String> {
     let path = data.join(rel);
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let lines: Vec<&[u8]> =
-        bytes.split_inclusive(|&b| b == b'\n').take(LINES_PER_SEED * SEEDS_PER_FILE).collect();
+    let lines: Vec<&[u8]> = bytes.split_inclusive(|&b| b == b'\n').take(LINES_PER_SEED * SEEDS_PER_FILE).collect();
     Ok(lines.chunks(LINES_PER_SEED).map(|c| c.concat()).collect())
 }
 
@@ -75,7 +74,8 @@ fn parquet_seeds(data: &Path) -> Result<Vec<Vec<u8>>, String> {
     let mut seeds = Vec::new();
     let criteo = tiderec_sources::criteo::CriteoFormat::new(tiderec_sources::criteo::CriteoFeatures::uniform(1000, 7))
         .map_err(|e| e.to_string())?;
-    let amazon = tiderec_sources::amazon::AmazonDienFormat::new(&[1000, 5000, 100], 7, 20).map_err(|e| e.to_string())?;
+    let amazon =
+        tiderec_sources::amazon::AmazonDienFormat::new(&[1000, 5000, 100], 7, 20).map_err(|e| e.to_string())?;
     let cases: [(&dyn LineFormat, &str, SchemaDescription); 2] = [
         (&criteo, "criteo/sample_train.txt", SchemaDescription::criteo(&[1000; 26], 7)),
         (&amazon, "amazon_dien/local_test", SchemaDescription::behavior("amazon-dien", &[1000, 5000, 100], 7)),

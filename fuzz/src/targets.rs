@@ -54,6 +54,24 @@ impl DeadLetterSink for SharedDeadLetters {
     }
 }
 
+/// Asserts that every id of `batch` is below its table: `sparse` sizes per
+/// sparse field, `sequences` per sequence field.
+pub fn check_ids(batch: &Batch, sparse: &[u64], sequences: &[u64]) {
+    assert_eq!(batch.sparse.len(), sparse.len(), "sparse fields");
+    assert_eq!(batch.sequences.len(), sequences.len(), "sequence fields");
+    let fields = batch.sparse.iter().zip(sparse).chain(batch.sequences.iter().zip(sequences));
+    for (f, (field, &size)) in fields.enumerate() {
+        if let Some(id) = field.ids.iter().find(|&&id| id >= size) {
+            panic!("field {f}: id {id} is not below its table size {size}");
+        }
+    }
+}
+
+/// The table sizes of a spec's sparse and sequence fields.
+pub fn spec_tables(spec: &FeatureSpec) -> (Vec<u64>, Vec<u64>) {
+    (spec.table_sizes(), spec.sequence_lists().map(|(_, l)| l.buckets).collect())
+}
+
 /// One line of a file: byte offset, bytes without `\n` and one `\r`.
 struct Line<'a> {
     offset: usize,
@@ -77,7 +95,7 @@ fn lines(data: &[u8]) -> Vec<Line<'_>> {
 
 /// Reads all of `data` with `format` as `workers` readers and checks the
 /// line readers' invariants (see the [module docs](self)).
-pub fn check_line_reader<F: LineFormat + Clone>(data: &[u8], format: F) {
+pub fn check_line_reader<F: LineFormat + Clone>(data: &[u8], format: F, tables: (&[u64], &[u64])) {
     let path = scratch_file("input.txt", data);
     let all = lines(data);
     let records: Vec<&Line<'_>> =
@@ -109,13 +127,18 @@ pub fn check_line_reader<F: LineFormat + Clone>(data: &[u8], format: F) {
             }
         }
         batch.check().unwrap_or_else(|e| panic!("inconsistent batch: {e}"));
+        check_ids(&batch, tables.0, tables.1);
         assert_eq!(batch.len() as u64, appended, "records appended vs. batch length");
         let worker_bad = reader.bad_counts().total();
         assert_eq!(reader.lines_read(), appended + worker_bad, "lines_read = good + bad");
         good += appended;
         bad += worker_bad;
     }
-    assert_eq!(good + bad, records.len() as u64, "every non-empty line is a record or a bad record ({workers} workers)");
+    assert_eq!(
+        good + bad,
+        records.len() as u64,
+        "every non-empty line is a record or a bad record ({workers} workers)"
+    );
     let letters = sink.0.lock().expect("not poisoned").clone();
     assert_eq!(letters.len() as u64, bad, "one dead letter per bad record");
     for r in &letters {
@@ -157,25 +180,30 @@ pub fn check_line_reader<F: LineFormat + Clone>(data: &[u8], format: F) {
 /// The Criteo TSV reader (`--data criteo:FILE`).
 pub fn criteo_tsv(data: &[u8]) {
     use tiderec_sources::criteo::{CriteoFeatures, CriteoFormat};
-    check_line_reader(data, CriteoFormat::new(CriteoFeatures::uniform(1000, 7)).expect("valid features"));
+    let format = CriteoFormat::new(CriteoFeatures::uniform(1000, 7)).expect("valid features");
+    check_line_reader(data, format, (&[1000; 26], &[]));
 }
 
 /// The Avazu CSV reader (`--data avazu:FILE`).
 pub fn avazu_csv(data: &[u8]) {
     use tiderec_sources::avazu::{AvazuFormat, NUM_SPARSE};
-    check_line_reader(data, AvazuFormat::new(vec![1000; NUM_SPARSE], 7).expect("valid table sizes"));
+    let format = AvazuFormat::new(vec![1000; NUM_SPARSE], 7).expect("valid table sizes");
+    check_line_reader(data, format, (&[1000; NUM_SPARSE], &[]));
 }
 
 /// The Amazon reviews DIEN-sample reader (`--data amazon-dien:FILE`).
 pub fn amazon_dien(data: &[u8]) {
-    use tiderec_sources::amazon::AmazonDienFormat;
-    check_line_reader(data, AmazonDienFormat::new(&[1000, 5000, 100], 7, 20).expect("valid table sizes"));
+    use tiderec_sources::amazon::{AmazonDienFormat, SEQUENCE_TABLES};
+    let sizes = [1000, 5000, 100];
+    let format = AmazonDienFormat::new(&sizes, 7, 20).expect("valid table sizes");
+    check_line_reader(data, format, (&sizes, &SEQUENCE_TABLES.map(|t| sizes[t])));
 }
 
 /// The CSV feature-spec reader (`--data csv:FILE --spec preset:NAME`) with a preset.
 fn csv_preset(data: &[u8], name: &str) {
     let spec = FeatureSpec::preset(name, 1000, 20).expect("a known preset");
-    check_line_reader(data, SpecFormat::new(spec, 7).expect("presets are valid"));
+    let (sparse, sequences) = spec_tables(&spec);
+    check_line_reader(data, SpecFormat::new(spec, 7).expect("presets are valid"), (&sparse, &sequences));
 }
 
 /// `csv:` with the `criteo` preset.
@@ -223,6 +251,7 @@ pub fn taobao_behavior(data: &[u8]) {
         let samples = derive_samples(&events, SampleConfig { max_len: 20, groups: 4, seed: 1 });
         let batch = samples_to_batch(&samples, &[1000, 5000, 100], 1);
         batch.check().unwrap_or_else(|e| panic!("inconsistent batch: {e}"));
+        check_ids(&batch, &[1000, 5000, 100], &[5000, 100]);
         assert_eq!(batch.len(), samples.len());
     }
 }
@@ -242,6 +271,7 @@ pub fn json_records(data: &[u8]) {
         }
         batch.check().unwrap_or_else(|e| panic!("inconsistent batch: {e}"));
     }
+    check_ids(&batch, &[1000; NUM_SPARSE], &[]);
 }
 
 /// The Parquet reader (`--data parquet:DIR`): `data` as the one file of a
@@ -256,9 +286,7 @@ pub fn parquet(data: &[u8]) {
     let Ok(dataset) = ParquetDataset::open_dir(&dir) else { return };
     let description = dataset.description().clone();
     let (num_dense, num_sparse) = description.shape();
-    let Ok(mut reader) =
-        ParquetReader::new(Arc::new(dataset), (0.0, 1.0), 0, 1, 7, description.table_sizes())
-    else {
+    let Ok(mut reader) = ParquetReader::new(Arc::new(dataset), (0.0, 1.0), 0, 1, 7, description.table_sizes()) else {
         return;
     };
     let expected = reader.rows_this_epoch();
@@ -272,6 +300,9 @@ pub fn parquet(data: &[u8]) {
                 read += n as u64;
                 assert_eq!(batch.len(), n, "rows appended vs. batch length");
                 batch.check().unwrap_or_else(|e| panic!("inconsistent batch: {e}"));
+                let sequences: Vec<u64> =
+                    description.sequences.iter().map(|s| description.sparse[s.table].table_size).collect();
+                check_ids(&batch, &description.table_sizes(), &sequences);
                 assert!(read <= expected, "read {read} rows of {expected}");
             }
             Err(_) => return,
@@ -306,6 +337,8 @@ pub fn feature_spec_toml(data: &[u8]) {
         }
         batch.check().unwrap_or_else(|e| panic!("inconsistent batch: {e}"));
     }
+    let (sparse, sequences) = spec_tables(&spec);
+    check_ids(&batch, &sparse, &sequences);
 }
 
 pub use crate::checkpoint::{checkpoint_manifest, checkpoint_tensors};

@@ -482,11 +482,8 @@ impl FeatureSpec {
         // The per-line parser holds the fields and features of a line in fixed
         // arrays of MAX_COLUMNS entries; a column may feed several features.
         let (num_dense, _) = self.shape();
-        for (key, n) in [
-            ("columns", self.columns.len()),
-            ("dense", num_dense),
-            ("categorical", self.categorical.len()),
-        ] {
+        for (key, n) in [("columns", self.columns.len()), ("dense", num_dense), ("categorical", self.categorical.len())]
+        {
             if n > MAX_COLUMNS {
                 return Err(OperatorError::config(key, format!("{n} entries, at most {MAX_COLUMNS}")));
             }
@@ -1265,7 +1262,10 @@ target = "cat"
     /// index out of bounds on the first line.
     #[test]
     fn too_many_features_are_a_config_error() {
-        for (table, key) in [("[[dense]]\ncolumn = \"x\"\n", "dense"), ("[[categorical]]\ncolumn = \"x\"\nbuckets = 10\n", "categorical")] {
+        for (table, key) in [
+            ("[[dense]]\ncolumn = \"x\"\n", "dense"),
+            ("[[categorical]]\ncolumn = \"x\"\nbuckets = 10\n", "categorical"),
+        ] {
             let head = "delimiter = \",\"\ncolumns = [\"y\", \"x\"]\nlabel = { column = \"y\" }\n";
             let fits = format!("{head}{}", table.repeat(MAX_COLUMNS));
             let f = SpecFormat::new(FeatureSpec::from_toml(&fits).unwrap(), 1).unwrap();

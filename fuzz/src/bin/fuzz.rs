@@ -50,11 +50,8 @@ fn main() {
         }
         return;
     }
-    let chosen: Vec<_> = if name == "all" {
-        TARGETS.iter().collect()
-    } else {
-        vec![target(&name).unwrap_or_else(|| usage())]
-    };
+    let chosen: Vec<_> =
+        if name == "all" { TARGETS.iter().collect() } else { vec![target(&name).unwrap_or_else(|| usage())] };
     let mut failed = false;
     for t in chosen {
         let corpus = match seeds(t.name, &data) {
@@ -65,8 +62,11 @@ fn main() {
                 continue;
             }
         };
-        let budget =
-            Budget { max_execs: execs, max_time: Duration::from_secs_f64(seconds), hang_after: Duration::from_secs(20) };
+        let budget = Budget {
+            max_execs: execs,
+            max_time: Duration::from_secs_f64(seconds),
+            hang_after: Duration::from_secs(20),
+        };
         let report = run(t.name, t.run, corpus, budget, seed, &crash_dir());
         let secs = report.elapsed.as_secs_f64();
         print!(
