@@ -5,7 +5,8 @@
 //! * no panic, hang or abort, whatever the bytes;
 //! * line readers: every non-empty line (one trailing `\r` dropped, a
 //!   first-line header excluded) is either a record of the batch or a
-//!   counted bad record, over any worker count; `lines_read` is their sum;
+//!   counted bad record, over any worker count and over the two spans of a
+//!   held-out fraction; `lines_read` is their sum; every id is below its table;
 //!   each dead letter names the 1-based line and byte offset where its raw
 //!   bytes are; under `fail` the reader stops with the first of them as a
 //!   typed [`SourceError::BadRecord`]; the batch passes [`Batch::check`];
@@ -139,6 +140,31 @@ pub fn check_line_reader<F: LineFormat + Clone>(data: &[u8], format: F, tables: 
         records.len() as u64,
         "every non-empty line is a record or a bad record ({workers} workers)"
     );
+    // The spans `(0, f)` and `(f, 1)` (a held-out fraction) partition the lines too.
+    let f = 0.1 + (data.len() % 8) as f64 / 10.0;
+    let mut split = 0u64;
+    for span in [(0.0, f), (f, 1.0)] {
+        let mut reader = LineReader::open_format(
+            std::slice::from_ref(&path),
+            span,
+            0,
+            1,
+            format.clone(),
+            ReaderOptions::default(),
+            None,
+        )
+        .expect("an existing file opens");
+        let mut batch = empty();
+        loop {
+            match reader.next_batch(&mut batch, 64) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => panic!("under `skip` the reader failed: {e}"),
+            }
+        }
+        split += reader.lines_read();
+    }
+    assert_eq!(split, records.len() as u64, "spans (0, {f}) and ({f}, 1) partition the lines");
     let letters = sink.0.lock().expect("not poisoned").clone();
     assert_eq!(letters.len() as u64, bad, "one dead letter per bad record");
     for r in &letters {
