@@ -4,7 +4,8 @@
 //! A panic (an assertion of a target included) or an input that runs longer
 //! than [`Budget::hang_after`] is a crash: the input is written to
 //! `crash_dir/<target>-<hash>.bin` and reported with the panic message, and
-//! the run stops. An abort (a failed allocation) cannot be caught: the
+//! the run stops (with `TIDEREC_FUZZ_BACKTRACE` set, the message carries
+//! the panic's backtrace). An abort (a failed allocation) cannot be caught: the
 //! input being run is always also in `crash_dir/<target>-in-flight.bin`,
 //! removed when the run ends normally, so after an abort it names the input.
 //! The loop is deterministic for a seed; only the number of
@@ -74,7 +75,11 @@ fn install_hook() {
                             .or_else(|| info.payload().downcast_ref::<String>().cloned())
                             .unwrap_or_else(|| "(non-string panic)".into());
                         let place = info.location().map(|l| l.to_string()).unwrap_or_default();
-                        *slot = Some(format!("{what} at {place}"));
+                        let mut message = format!("{what} at {place}");
+                        if std::env::var_os("TIDEREC_FUZZ_BACKTRACE").is_some() {
+                            message.push_str(&format!("\n{}", std::backtrace::Backtrace::force_capture()));
+                        }
+                        *slot = Some(message);
                         true
                     }
                     None => false,
@@ -121,6 +126,8 @@ pub fn run(
         .spawn(move || {
             PANIC.with(|p| *p.borrow_mut() = Some(None));
             for input in inputs {
+                // A panic caught inside the target (and turned into an error there) leaves no message.
+                PANIC.with(|p| *p.borrow_mut() = Some(None));
                 let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| target(&input)));
                 let message = match outcome {
                     Ok(()) => None,

@@ -1,5 +1,6 @@
 //! The long fuzzing run: `fuzz --target NAME|all --seconds N [--seed S] [--data DIR]`,
-//! or `fuzz --target NAME --replay FILE` to run one saved input.
+//! `fuzz --target NAME --replay FILE` to run one saved input, or
+//! `fuzz --target NAME --dump-seeds DIR` to write its seed corpus.
 //!
 //! Prints one line per target: executions, executions per second, and the
 //! crash file if one was found (the exit status is then 1).
@@ -12,7 +13,7 @@ use tiderec_fuzz::{crash_dir, replay, run, target, Budget, TARGETS};
 fn usage() -> ! {
     let names: Vec<&str> = TARGETS.iter().map(|t| t.name).collect();
     eprintln!(
-        "usage: fuzz --target NAME|all [--seconds N] [--execs N] [--seed S] [--data DIR] [--replay FILE]\ntargets: {}",
+        "usage: fuzz --target NAME|all [--seconds N] [--execs N] [--seed S] [--data DIR] [--replay FILE] [--dump-seeds DIR]\ntargets: {}",
         names.join(", ")
     );
     std::process::exit(2)
@@ -20,6 +21,7 @@ fn usage() -> ! {
 
 fn main() {
     let mut args = std::env::args().skip(1);
+    let mut dump = None::<PathBuf>;
     let (mut name, mut seconds, mut execs, mut seed, mut data, mut replay_file) =
         (None, 60.0f64, u64::MAX, 1u64, default_data_dir(), None::<PathBuf>);
     while let Some(a) = args.next() {
@@ -31,10 +33,23 @@ fn main() {
             "--seed" => seed = value().parse().unwrap_or_else(|_| usage()),
             "--data" => data = PathBuf::from(value()),
             "--replay" => replay_file = Some(PathBuf::from(value())),
+            "--dump-seeds" => dump = Some(PathBuf::from(value())),
             _ => usage(),
         }
     }
     let name = name.unwrap_or_else(|| usage());
+    if let Some(dir) = dump {
+        let corpus = seeds(&name, &data).unwrap_or_else(|e| {
+            eprintln!("{name}: no seeds: {e}");
+            std::process::exit(2)
+        });
+        std::fs::create_dir_all(&dir).expect("create the seed directory");
+        for (i, s) in corpus.iter().enumerate() {
+            std::fs::write(dir.join(format!("{name}-{i}.bin")), s).expect("write a seed");
+        }
+        println!("{name}: {} seeds written to {}", corpus.len(), dir.display());
+        return;
+    }
     if let Some(file) = replay_file {
         let t = target(&name).unwrap_or_else(|| usage());
         let bytes = std::fs::read(&file).unwrap_or_else(|e| {
