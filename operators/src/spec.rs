@@ -479,6 +479,15 @@ impl FeatureSpec {
             }
             self.check_target(i, l)?;
         }
+        // The per-line parser holds the fields and features of a line in fixed
+        // arrays of MAX_COLUMNS entries; a column may feed several features.
+        let (num_dense, _) = self.shape();
+        for (key, n) in [("columns", self.columns.len()), ("dense", num_dense), ("categorical", self.categorical.len())]
+        {
+            if n > MAX_COLUMNS {
+                return Err(OperatorError::config(key, format!("{n} entries, at most {MAX_COLUMNS}")));
+            }
+        }
         if let Some((i, _)) = self.sequence_lists().nth(MAX_SEQUENCES) {
             return Err(OperatorError::config(
                 format!("list[{i}].pooling"),
@@ -1277,5 +1286,29 @@ target = "cat"
         }
         assert!(FeatureSpec::preset("elm-y-long", 10, 1).unwrap().list[0].max_len == 400);
         assert!(FeatureSpec::preset("nope", 10, 1).is_none());
+    }
+
+    /// More dense or categorical features than the parser's fixed arrays hold
+    /// (one column feeding many features) is a configuration error, not an
+    /// index out of bounds on the first line.
+    #[test]
+    fn too_many_features_are_a_config_error() {
+        for (table, key) in [
+            ("[[dense]]\ncolumn = \"x\"\n", "dense"),
+            ("[[categorical]]\ncolumn = \"x\"\nbuckets = 10\n", "categorical"),
+        ] {
+            let head = "delimiter = \",\"\ncolumns = [\"y\", \"x\"]\nlabel = { column = \"y\" }\n";
+            let fits = format!("{head}{}", table.repeat(MAX_COLUMNS));
+            let f = SpecFormat::new(FeatureSpec::from_toml(&fits).unwrap(), 1).unwrap();
+            let mut b = f.empty_batch();
+            f.parse(b"1,2", &mut b).unwrap();
+            b.check().unwrap();
+            let over = format!("{head}{}", table.repeat(MAX_COLUMNS + 1));
+            let err = FeatureSpec::from_toml(&over).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains("257 entries, at most 256"), "{err}");
+        }
+        let mut wide = tiny();
+        wide.columns.extend((0..MAX_COLUMNS).map(|i| format!("extra{i}")));
+        assert!(wide.validate().unwrap_err().to_string().contains("columns"));
     }
 }

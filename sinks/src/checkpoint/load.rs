@@ -80,10 +80,18 @@ pub fn load(path: &Path, step: u64) -> Result<Checkpoint, String> {
         return Err(format!("the manifest is for step {}, the directory for step {step}", manifest.step));
     }
     let workers = manifest.workers;
+    let listed: BTreeSet<String> = manifest.files.keys().cloned().collect();
+    // The count first: a corrupt worker count must not make the loader list
+    // billions of file names (or overflow a capacity).
+    if workers == 0 || listed.len() != workers.saturating_add(1) {
+        return Err(format!(
+            "the manifest lists {listed:?}; a checkpoint of {workers} workers has {} files",
+            workers.saturating_add(1)
+        ));
+    }
     let expected: BTreeSet<String> =
         std::iter::once(DENSE_FILE.to_string()).chain((0..workers).map(shard_file)).collect();
-    let listed: BTreeSet<String> = manifest.files.keys().cloned().collect();
-    if workers == 0 || listed != expected {
+    if listed != expected {
         return Err(format!("the manifest lists {listed:?}; a checkpoint of {workers} workers has {expected:?}"));
     }
     let dense = read_verified(path, DENSE_FILE, &manifest)?;

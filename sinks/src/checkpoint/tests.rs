@@ -131,6 +131,14 @@ fn shards_without_frequencies_still_load() {
     assert!(parts(4)[0].tables[2].counts.iter().any(|&c| c > 0), "the other tests carry counts");
 }
 
+/// Rewrites the manifest of checkpoint `p` with another worker count.
+fn set_workers(p: &Path, workers: usize) {
+    let path = p.join(MANIFEST_FILE);
+    let mut m: Manifest = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    m.workers = workers;
+    std::fs::write(path, serde_json::to_string(&m).unwrap()).unwrap();
+}
+
 #[test]
 fn damaged_checkpoints_are_skipped_with_the_reason() {
     type Damage = Box<dyn Fn(&Path)>;
@@ -155,6 +163,23 @@ fn damaged_checkpoints_are_skipped_with_the_reason() {
                 let path = p.join(MANIFEST_FILE);
                 let mut m: Manifest = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
                 m.workers = 3;
+                std::fs::write(path, serde_json::to_string(&m).unwrap()).unwrap();
+            }),
+        ),
+        // A corrupt worker count is rejected by the number of files, without
+        // listing that many names (this used to overflow a capacity or run out of memory).
+        (
+            "a checkpoint of 18446744073709551615 workers has 18446744073709551615 files",
+            Box::new(|p| set_workers(p, usize::MAX)),
+        ),
+        ("a checkpoint of 1099511627776 workers has", Box::new(|p| set_workers(p, 1 << 40))),
+        (
+            "a checkpoint of 2 workers has {\"dense.safetensors\", \"shard-0.safetensors\", \"shard-1.safetensors\"}",
+            Box::new(|p| {
+                let path = p.join(MANIFEST_FILE);
+                let mut m: Manifest = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                let entry = m.files.remove("shard-1.safetensors").unwrap();
+                m.files.insert("shard-7.safetensors".into(), entry);
                 std::fs::write(path, serde_json::to_string(&m).unwrap()).unwrap();
             }),
         ),

@@ -178,6 +178,20 @@ impl ParquetDataset {
             let projection = check_columns(path, &meta, &description)?;
             let line_start = line_start_column(path, &meta, &description)?;
             for (g, rg) in meta.metadata().row_groups().iter().enumerate() {
+                // The decoder asserts on these (a corrupt footer): name the file instead.
+                for c in rg.columns() {
+                    let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+                    if start < 0 || c.compressed_size() < 0 {
+                        return Err(SourceError::schema(
+                            path.display(),
+                            format!(
+                                "row group {g}, column `{}`: the footer gives a negative byte range ({start}, {} bytes)",
+                                c.column_path(),
+                                c.compressed_size()
+                            ),
+                        ));
+                    }
+                }
                 let rows = u64::try_from(rg.num_rows()).map_err(|_| {
                     SourceError::schema(path.display(), format!("row group {g} has {} rows", rg.num_rows()))
                 })?;

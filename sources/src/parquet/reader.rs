@@ -17,7 +17,8 @@
 //!   row group being read), whatever the file sizes.
 //! * Data the schema forbids is an error naming the file, row group and
 //!   column, never a panic: a null or non-finite label or one outside
-//!   `[0, 1]`, an id not below its table size. Null dense values read as 0,
+//!   `[0, 1]`, an id not below its table size, and corrupt pages (a panic of
+//!   the parquet decoder is caught and becomes such an error). Null dense values read as 0,
 //!   null sparse values (and null list items) as absent.
 //! * A row with an infinite or NaN dense value is a bad record
 //!   ([`BadReason::NonFinite`], the file and its 1-based row number as the
@@ -216,16 +217,21 @@ impl ParquetReader {
                     appended += rows.end - from;
                     cur.row = rows.end;
                 }
-                _ => match cur.reader.next() {
-                    Some(Ok(chunk)) => {
+                _ => match decode_next(&mut cur.reader) {
+                    Ok(Some(Ok(chunk))) => {
                         cur.file_row += cur.chunk.as_ref().map_or(0, |c| c.num_rows() as u64);
                         cur.chunk = Some(chunk);
                         cur.row = 0;
                     }
-                    Some(Err(source)) => {
+                    Ok(Some(Err(source))) => {
                         return Err(SourceError::Arrow { path: self.dataset.group_name(cur.group), source });
                     }
-                    None => self.current = None,
+                    Ok(None) => self.current = None,
+                    Err(reason) => {
+                        let path = self.dataset.group_name(cur.group);
+                        self.current = None;
+                        return Err(SourceError::schema(path, reason));
+                    }
                 },
             }
         }
@@ -267,6 +273,23 @@ impl ParquetReader {
         }
         Ok(false)
     }
+}
+
+/// The decoder's next chunk, or why it failed on corrupt data: the parquet
+/// crate panics on some malformed pages (definition levels claiming more
+/// values than the page holds, a negative offset), and such a panic becomes
+/// this error instead of taking the process down.
+fn decode_next(
+    reader: &mut ParquetRecordBatchReader,
+) -> Result<Option<Result<RecordBatch, arrow_schema::ArrowError>>, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())).map_err(|payload| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        format!("corrupt data: the Parquet decoder failed ({what})")
+    })
 }
 
 impl ParquetDataset {

@@ -1,0 +1,176 @@
+//! Seed corpora: slices of the real data samples (read from the data
+//! directory at run time, never copied into the repository) and inputs made
+//! by the code itself where no sample exists (JSON records, Parquet files,
+//! checkpoints, feature specs, elm lines).
+
+use std::path::{Path, PathBuf};
+
+/// The data directory: `../shared/data` relative to the repository.
+pub fn default_data_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data")
+}
+
+/// Lines per seed cut from a data file.
+const LINES_PER_SEED: usize = 4;
+/// Seeds cut from one data file.
+const SEEDS_PER_FILE: usize = 8;
+
+/// Seeds cut from `data/rel`: the first lines in groups of [`LINES_PER_SEED`]
+/// (the header, if any, starts the first seed).
+fn file_seeds(data: &Path, rel: &str) -> Result<Vec<Vec<u8>>, String> {
+    let path = data.join(rel);
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let lines: Vec<&[u8]> = bytes.split_inclusive(|&b| b == b'\n').take(LINES_PER_SEED * SEEDS_PER_FILE).collect();
+    Ok(lines.chunks(LINES_PER_SEED).map(|c| c.concat()).collect())
+}
+
+fn files(data: &Path, rels: &[&str]) -> Result<Vec<Vec<u8>>, String> {
+    let mut seeds = Vec::new();
+    for rel in rels {
+        seeds.extend(file_seeds(data, rel)?);
+    }
+    Ok(seeds)
+}
+
+/// Lines of the elm generator (no elm sample exists).
+fn elm_seeds() -> Vec<Vec<u8>> {
+    (0..SEEDS_PER_FILE as u64)
+        .map(|s| {
+            let mut out = Vec::new();
+            for i in 0..2 {
+                tiderec_sources::elm::elm_line(s, i, 1, &mut out);
+                out.push(b'\n');
+            }
+            out
+        })
+        .collect()
+}
+
+/// JSON records of Criteo lines, plus hand-made objects.
+fn json_seeds(data: &Path) -> Result<Vec<Vec<u8>>, String> {
+    let mut seeds: Vec<Vec<u8>> = vec![
+        br#"{"label": 1, "I1": 5, "C1": "", "C3": null, "C26": "0a", "extra": [1]}"#.to_vec(),
+        br#"{"label": 0, "I13": -3, "C2": "68fd1e64"}"#.to_vec(),
+    ];
+    for chunk in file_seeds(data, "criteo/sample_train.txt")? {
+        let mut s = Vec::new();
+        for line in chunk.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            if let Some(json) = tiderec_sources::json::criteo_line_to_json(line) {
+                s.extend_from_slice(json.as_bytes());
+                s.push(b'\n');
+            }
+        }
+        seeds.push(s);
+    }
+    Ok(seeds)
+}
+
+/// Parquet files written by the crate's writer: Criteo samples (several row
+/// groups) and DIEN samples (sequence columns).
+fn parquet_seeds(data: &Path) -> Result<Vec<Vec<u8>>, String> {
+    use tiderec_operators::format::LineFormat;
+    use tiderec_operators::Batch;
+    use tiderec_sources::parquet::{ParquetWriter, SchemaDescription, WriterOptions};
+    let mut seeds = Vec::new();
+    let criteo = tiderec_sources::criteo::CriteoFormat::new(tiderec_sources::criteo::CriteoFeatures::uniform(1000, 7))
+        .map_err(|e| e.to_string())?;
+    let amazon =
+        tiderec_sources::amazon::AmazonDienFormat::new(&[1000, 5000, 100], 7, 20).map_err(|e| e.to_string())?;
+    let cases: [(&dyn LineFormat, &str, SchemaDescription); 2] = [
+        (&criteo, "criteo/sample_train.txt", SchemaDescription::criteo(&[1000; 26], 7)),
+        (&amazon, "amazon_dien/local_test", SchemaDescription::behavior("amazon-dien", &[1000, 5000, 100], 7)),
+    ];
+    for (format, rel, description) in cases {
+        let (d, s) = format.shape();
+        let mut batch = Batch::with_sequences(d, s, format.num_sequences());
+        for chunk in file_seeds(data, rel)?.iter().take(3) {
+            for line in chunk.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                let _ = format.parse(line, &mut batch);
+            }
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let options = WriterOptions { row_group_rows: 4, rows_per_file: None, zstd_level: 1 };
+        let mut writer = ParquetWriter::create(dir.path(), description, options).map_err(|e| e.to_string())?;
+        writer.write(&batch).map_err(|e| e.to_string())?;
+        writer.finish().map_err(|e| e.to_string())?;
+        for entry in std::fs::read_dir(dir.path()).map_err(|e| e.to_string())? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            seeds.push(std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?);
+        }
+    }
+    Ok(seeds)
+}
+
+/// Every preset as TOML, and a hand-made spec using every kind of column.
+fn spec_seeds() -> Vec<Vec<u8>> {
+    let mut seeds: Vec<Vec<u8>> = tiderec_operators::spec::FeatureSpec::PRESETS
+        .iter()
+        .filter_map(|name| tiderec_operators::spec::FeatureSpec::preset(name, 1000, 20))
+        .map(|s| s.to_toml().into_bytes())
+        .collect();
+    seeds.push(
+        br#"delimiter = ","
+header = true
+columns = ["y", "price", "prices", "user", "items", "city"]
+label = { column = "y" }
+
+[[dense]]
+column = "price"
+log1p = true
+clamp = [0.0, 100.0]
+
+[[numeric_list]]
+column = "prices"
+delimiter = ";"
+reduce = "mean"
+
+[[categorical]]
+column = "user"
+buckets = 100
+
+[[categorical]]
+column = "city"
+buckets = 10
+encoding = "vocabulary"
+vocabulary = ["paris", "rome"]
+oov_buckets = 2
+
+[[list]]
+column = "items"
+delimiter = ";"
+buckets = 50
+max_len = 5
+pooling = "mean"
+"#
+        .to_vec(),
+    );
+    seeds
+}
+
+/// The seeds of target `name` (see [`crate::targets::TARGETS`]); an error
+/// names a missing data file.
+pub fn seeds(name: &str, data: &Path) -> Result<Vec<Vec<u8>>, String> {
+    match name {
+        "criteo_tsv" => files(
+            data,
+            &["criteo/sample_train.txt", "criteo/part-0", "criteo_1tb/day_0.part.txt", "criteo/criteo_sample.txt"],
+        ),
+        "avazu_csv" | "csv_avazu" => files(data, &["avazu/train", "avazu/test", "avazu/avazu_sample.txt"]),
+        "csv_criteo" => files(data, &["criteo/sample_train.txt", "criteo_1tb/day_0.part.txt"]),
+        "csv_elm" | "csv_elm_dien" => Ok(elm_seeds()),
+        "taobao_ad" => files(data, &["taobao_ad/train_sample.csv", "taobao_ad/test_sample.csv"]),
+        "taobao_behavior" => files(data, &["taobao_user_behavior/UserBehavior.csv"]),
+        "amazon_dien" => files(data, &["amazon_dien/local_test", "amazon_dien/local_train"]),
+        "json_records" => json_seeds(data),
+        "parquet" => parquet_seeds(data),
+        "checkpoint_manifest" => Ok(crate::checkpoint::manifest_seeds()),
+        "checkpoint_tensors" => Ok(crate::checkpoint::tensor_seeds()),
+        "feature_spec_toml" => Ok(spec_seeds()),
+        other => Err(format!("no target `{other}`")),
+    }
+}
+
+/// Whether target `name`'s seeds come from the data directory.
+pub fn needs_data(name: &str) -> bool {
+    !matches!(name, "csv_elm" | "csv_elm_dien" | "checkpoint_manifest" | "checkpoint_tensors" | "feature_spec_toml")
+}
