@@ -100,7 +100,7 @@ pub fn check_line_reader<F: LineFormat + Clone>(data: &[u8], format: F, tables: 
     let path = scratch_file("input.txt", data);
     let all = lines(data);
     let records: Vec<&Line<'_>> =
-        all.iter().filter(|l| !l.bytes.is_empty() && !(l.offset == 0 && format.is_header(l.bytes))).collect();
+        all.iter().filter(|l| !(l.bytes.is_empty() || (l.offset == 0 && format.is_header(l.bytes)))).collect();
     let (num_dense, num_sparse) = format.shape();
     let num_sequences = format.num_sequences();
     let empty = || Batch::with_sequences(num_dense, num_sparse, num_sequences);
