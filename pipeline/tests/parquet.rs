@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{metrics, rel_diff, run_err, run_ok, shared_data, tiderec};
+use common::{rel_diff, run_err, run_ok, shared_data, tiderec, train_metrics as train};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -12,21 +12,6 @@ fn convert(from: &str, out: &Path, extra: &[&str]) -> Command {
     c.args(["convert", "--progress", "none", "--from", from, "--to"]).arg(format!("parquet:{}", out.display()));
     c.args(extra);
     c
-}
-
-/// `tiderec train --data DATA` with `extra` flags; returns the metrics.
-fn train(data: &str, dir: &Path, name: &str, extra: &[&str]) -> serde_json::Value {
-    let m = dir.join(format!("{name}.json"));
-    run_ok(
-        tiderec()
-            .args(["train", "--progress", "none", "--data", data])
-            .args(extra)
-            .arg("--dead-letters")
-            .arg(dir.join(format!("{name}-dead.tsv")))
-            .arg("--metrics-json")
-            .arg(&m),
-    );
-    metrics(&m)
 }
 
 fn parquet_files(dir: &Path) -> Vec<PathBuf> {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{metrics, rel_diff, run_ok, shared_data, tiderec};
+use common::{rel_diff, run_ok, shared_data, tiderec, train_metrics as train};
 use std::path::Path;
 
 fn convert(from: &str, out: &Path, extra: &[&str]) {
@@ -15,20 +15,6 @@ fn convert(from: &str, out: &Path, extra: &[&str]) {
             .arg(format!("parquet:{}", out.display()))
             .args(extra),
     );
-}
-
-fn train(data: &str, dir: &Path, name: &str, extra: &[&str]) -> serde_json::Value {
-    let m = dir.join(format!("{name}.json"));
-    run_ok(
-        tiderec()
-            .args(["train", "--progress", "none", "--data", data])
-            .args(extra)
-            .arg("--dead-letters")
-            .arg(dir.join(format!("{name}-dead.tsv")))
-            .arg("--metrics-json")
-            .arg(&m),
-    );
-    metrics(&m)
 }
 
 /// `criteo:` and its conversion give the same run for `workers` workers.

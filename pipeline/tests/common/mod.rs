@@ -39,6 +39,22 @@ pub fn shared_data(rel: &str) -> Option<PathBuf> {
     skip::existing(p)
 }
 
+/// `tiderec train --data DATA` with `extra` flags, its dead letters and metrics
+/// written in `dir` under `name`; returns the metrics.
+pub fn train_metrics(data: &str, dir: &Path, name: &str, extra: &[&str]) -> serde_json::Value {
+    let m = dir.join(format!("{name}.json"));
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--data", data])
+            .args(extra)
+            .arg("--dead-letters")
+            .arg(dir.join(format!("{name}-dead.tsv")))
+            .arg("--metrics-json")
+            .arg(&m),
+    );
+    metrics(&m)
+}
+
 /// Relative difference of two values.
 pub fn rel_diff(a: f64, b: f64) -> f64 {
     (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
