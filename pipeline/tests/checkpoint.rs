@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{metrics, rel_diff, run_err, run_ok, shared_data, tiderec};
+use common::{checkpoint_entries as entries, metrics, rel_diff, run_err, run_ok, shared_data, tiderec};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,21 +50,6 @@ fn rand_suffix() -> u64 {
 
 fn dir_arg(dir: &Path) -> String {
     dir.to_str().expect("utf-8 temp path").to_string()
-}
-
-/// The checkpoint steps in `dir`, and every other entry's name.
-fn entries(dir: &Path) -> (Vec<u64>, Vec<String>) {
-    let mut steps = Vec::new();
-    let mut other = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let name = e.unwrap().file_name().into_string().unwrap();
-        match name.strip_prefix("ckpt-").and_then(|s| s.parse().ok()) {
-            Some(s) => steps.push(s),
-            None => other.push(name),
-        }
-    }
-    steps.sort();
-    (steps, other)
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{metrics, rel_diff, run_ok, shared_data, tiderec};
+use common::{checkpoint_entries as entries, metrics, rel_diff, run_ok, shared_data, tiderec};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,20 +30,6 @@ fn train_cmd(workers: &str, extra: &[&str]) -> Command {
     let mut c = tiderec();
     c.args(BASE).args(["--workers", workers]).args(extra);
     c
-}
-
-/// The checkpoint steps in `dir`, and every other entry's name.
-fn entries(dir: &Path) -> (Vec<u64>, Vec<String>) {
-    let (mut steps, mut other) = (Vec::new(), Vec::new());
-    for e in std::fs::read_dir(dir).unwrap() {
-        let name = e.unwrap().file_name().into_string().unwrap();
-        match name.strip_prefix("ckpt-").and_then(|s| s.parse().ok()) {
-            Some(s) => steps.push(s),
-            None => other.push(name),
-        }
-    }
-    steps.sort();
-    (steps, other)
 }
 
 fn signal(child: &Child, sig: &str) {

@@ -55,6 +55,20 @@ pub fn train_metrics(data: &str, dir: &Path, name: &str, extra: &[&str]) -> serd
     metrics(&m)
 }
 
+/// The checkpoint steps in `dir` (its `ckpt-<step>` entries, sorted), and every other entry's name.
+pub fn checkpoint_entries(dir: &Path) -> (Vec<u64>, Vec<String>) {
+    let (mut steps, mut other) = (Vec::new(), Vec::new());
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        match name.strip_prefix("ckpt-").and_then(|s| s.parse().ok()) {
+            Some(s) => steps.push(s),
+            None => other.push(name),
+        }
+    }
+    steps.sort();
+    (steps, other)
+}
+
 /// Relative difference of two values.
 pub fn rel_diff(a: f64, b: f64) -> f64 {
     (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
