@@ -14,12 +14,14 @@
 //! `tiderec bench gru` times the GRU cell; `tiderec bench features` the
 //! sequence-feature kernels of `tiderec_operators::features` against the
 //! unfused pipelines they replace ([`run_features`]); `tiderec bench replay`
-//! Parquet batch replay against the raw Criteo TSV ([`replay`]).
+//! Parquet batch replay against the raw Criteo TSV ([`replay`]); `tiderec bench serve`
+//! the HTTP scorer under a concurrent load ([`mod@serve`]).
 
 pub mod cache;
 pub mod exchange;
 pub mod processes;
 pub mod replay;
+pub mod serve;
 
 use crate::run::timely_config;
 use crate::{PipelineError, TrainSettings};

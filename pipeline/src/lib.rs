@@ -19,6 +19,7 @@ pub mod online;
 pub mod plot;
 pub mod progress;
 pub mod run;
+pub mod serve;
 pub mod serving;
 pub mod stop;
 

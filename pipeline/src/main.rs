@@ -40,6 +40,8 @@ enum Command {
     Export(ExportArgs),
     /// Score Criteo records with a checkpoint's model (AUC, logloss).
     Eval(EvalArgs),
+    /// Score JSON records over HTTP with a checkpoint's model, following a checkpoint directory.
+    Serve(ServeArgs),
     /// Measure throughput.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -113,6 +115,36 @@ enum BenchCommand {
     /// Exchange strategies (rows, DES partial results, replicated hot rows, the planner's choice):
     /// bytes per sample and samples/s of each in one run.
     Exchange(ExchangeArgs),
+    /// `tiderec serve` under a concurrent load from this process: requests/s, records/s, p50/p99 latency.
+    Serve(ServeBenchArgs),
+}
+
+#[derive(Args)]
+struct ServeBenchArgs {
+    /// A ckpt-<step> directory, or a checkpoint directory, to serve.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Criteo TSV file whose first records (as JSON objects) make the requests.
+    #[arg(long)]
+    criteo: PathBuf,
+    /// Concurrent connections.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Records per request.
+    #[arg(long, default_value_t = 1)]
+    records_per_request: usize,
+    /// Measured seconds (after one second of warm-up).
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// The server's --max-batch.
+    #[arg(long, default_value_t = 512)]
+    max_batch: usize,
+    /// The server's --max-wait-us.
+    #[arg(long, default_value_t = 500)]
+    max_wait_us: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -486,6 +518,29 @@ struct ExportArgs {
     /// Directory to write model.safetensors and model.json into.
     #[arg(long)]
     out: PathBuf,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// A ckpt-<step> directory (served as it is), or a checkpoint directory: its newest valid
+    /// checkpoint is served and each newer one is loaded as it appears.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Address to listen on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: String,
+    /// Connection threads (requests in flight at once).
+    #[arg(long, default_value_t = 16)]
+    threads: usize,
+    /// Most records scored in one forward pass.
+    #[arg(long, default_value_t = 512)]
+    max_batch: usize,
+    /// Microseconds to wait for more requests after the first one of a batch.
+    #[arg(long, default_value_t = 500)]
+    max_wait_us: u64,
+    /// Seconds between looks for a newer checkpoint (0: never reload).
+    #[arg(long, default_value_t = 1.0)]
+    reload_every: f64,
 }
 
 #[derive(Args)]
@@ -1042,6 +1097,41 @@ fn main() -> anyhow::Result<()> {
                 a.out.display()
             );
         }
+        Command::Serve(a) => {
+            let mut options = tiderec::serve::ServeOptions::new(a.checkpoint, a.addr);
+            options.threads = a.threads;
+            options.limits.max_batch = a.max_batch;
+            options.limits.max_wait = std::time::Duration::from_micros(a.max_wait_us);
+            anyhow::ensure!(
+                a.reload_every.is_finite() && a.reload_every >= 0.0,
+                "invalid configuration `reload_every`: {} is not a number of seconds",
+                a.reload_every
+            );
+            options.reload_every = (a.reload_every > 0.0).then(|| std::time::Duration::from_secs_f64(a.reload_every));
+            let stop = tiderec::stop::stop_flag()?;
+            tiderec::serve::run(&options, &stop).context("serve failed")?;
+        }
+        Command::Bench(BenchCommand::Serve(a)) => {
+            let bench = tiderec::bench::serve::ServeBench {
+                binary: std::env::current_exe()?,
+                checkpoint: a.checkpoint,
+                criteo: a.criteo,
+                clients: a.clients,
+                records_per_request: a.records_per_request,
+                seconds: a.seconds,
+                max_batch: a.max_batch,
+                max_wait_us: a.max_wait_us,
+            };
+            let r = tiderec::bench::serve::run(&bench)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "serve: {} clients x {} records/request: {:.0} requests/s, {:.0} records/s, latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; {:.1} records per server batch",
+                    r.clients, r.records_per_request, r.requests_per_sec, r.records_per_sec, r.p50_ms, r.p99_ms, r.max_ms, r.mean_server_batch
+                );
+            }
+        }
         Command::Eval(a) => {
             let r = tiderec::serving::eval(&a.checkpoint, &a.data, a.batch_size).context("eval failed")?;
             if a.json {
@@ -1322,6 +1412,7 @@ fn main() -> anyhow::Result<()> {
                 BenchCommand::Gru(_)
                 | BenchCommand::Features(_)
                 | BenchCommand::Replay(_)
+                | BenchCommand::Serve(_)
                 | BenchCommand::Cache(_)
                 | BenchCommand::Exchange(_) => {
                     unreachable!("handled above")

@@ -1,6 +1,7 @@
 //! Criteo-shaped records as JSON objects, the `json` record format of Kafka topics.
 //!
-//! One record is one object: `"label"` (0 or 1), `"I1"`…`"I13"` (integers) and
+//! One record is one object: `"label"` (0 or 1; optional in the
+//! [unlabeled](CriteoJsonFormat::unlabeled) form that `tiderec serve` scores), `"I1"`…`"I13"` (integers) and
 //! `"C1"`…`"C26"` (hexadecimal strings). A missing key, `null` or `""` is an
 //! absent value (a zero dense feature, an empty bag); other keys are ignored.
 //! The features are those of the TSV format ([`crate::criteo`]), so a record
@@ -27,6 +28,7 @@ use tiderec_operators::Batch;
 pub struct CriteoJsonFormat {
     features: CriteoFeatures,
     seeds: [u64; NUM_SPARSE],
+    labeled: bool,
     scratch: RefCell<(Vec<u8>, Buffers)>,
 }
 
@@ -35,7 +37,13 @@ impl CriteoJsonFormat {
     pub fn new(features: CriteoFeatures) -> Result<Self, SourceError> {
         features.validate()?;
         let seeds = features.field_seeds();
-        Ok(CriteoJsonFormat { features, seeds, scratch: RefCell::new((Vec::new(), Buffers::default())) })
+        Ok(CriteoJsonFormat { features, seeds, labeled: true, scratch: RefCell::new((Vec::new(), Buffers::default())) })
+    }
+
+    /// The format for records to score: `"label"` may be absent (the sample's label is then 0);
+    /// when present it must still be 0 or 1.
+    pub fn unlabeled(features: CriteoFeatures) -> Result<Self, SourceError> {
+        Ok(CriteoJsonFormat { labeled: false, ..Self::new(features)? })
     }
 }
 
@@ -93,7 +101,11 @@ impl LineFormat for CriteoJsonFormat {
                 }
             }
         }
-        let label = label.ok_or((BadReason::BadLabel, Some(0)))?;
+        let label = match label {
+            Some(l) => l,
+            None if !self.labeled => 0.0,
+            None => return Err((BadReason::BadLabel, Some(0))),
+        };
         push_sample(out, label, &dense, &ids);
         Ok(())
     }
@@ -188,6 +200,20 @@ mod tests {
         assert!((b.dense[0] - 6f32.ln()).abs() < 1e-6);
         assert!(b.sparse[0].bag(0).is_empty() && b.sparse[2].bag(0).is_empty());
         assert_eq!(b.sparse[25].bag(0).len(), 1);
+    }
+
+    #[test]
+    fn unlabeled_records_score_without_a_label_but_not_with_a_bad_one() {
+        let json = CriteoJsonFormat::unlabeled(features()).unwrap();
+        let labeled = CriteoJsonFormat::new(features()).unwrap();
+        let (mut a, mut b) = (Batch::new(NUM_DENSE, NUM_SPARSE), Batch::new(NUM_DENSE, NUM_SPARSE));
+        json.parse(br#"{"I1": 5, "C26": "0a"}"#, &mut a).unwrap();
+        labeled.parse(br#"{"label": 0, "I1": 5, "C26": "0a"}"#, &mut b).unwrap();
+        assert_eq!(a.labels, b.labels);
+        assert_eq!(a.dense, b.dense);
+        assert_eq!(a.sparse[25].bag(0), b.sparse[25].bag(0));
+        let mut c = Batch::new(NUM_DENSE, NUM_SPARSE);
+        assert_eq!(json.parse(br#"{"label": 3}"#, &mut c), Err((BadReason::BadLabel, Some(0))));
     }
 
     #[test]
