@@ -607,10 +607,10 @@ struct TrainArgs {
     /// Seed of data, initialisation and hashing.
     #[arg(long)]
     seed: Option<u64>,
-    /// Dense learning rate.
+    /// Dense learning rate (default per model: dlrm, deepfm, wdl, dien 0.001; lr, fm 0.01).
     #[arg(long)]
     lr: Option<f32>,
-    /// Embedding learning rate (default 0.05).
+    /// Embedding learning rate (default per model: dlrm, lr, dien 0.05; fm, deepfm, wdl 0.01).
     #[arg(long)]
     sparse_lr: Option<f32>,
     /// Dense optimizer: sgd, adagrad, adam.
@@ -776,7 +776,6 @@ impl TrainArgs {
             batch_size,
             eval_batch_size,
             seed,
-            lr,
             optimizer,
             sparse_optimizer,
             workers,
@@ -845,6 +844,9 @@ impl TrainArgs {
         }
         if args.steps.is_some() {
             s.steps = args.steps;
+        }
+        if args.lr.is_some() {
+            s.lr = args.lr;
         }
         if args.sparse_lr.is_some() {
             s.sparse_lr = args.sparse_lr;

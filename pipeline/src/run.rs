@@ -120,13 +120,13 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
         dense_optimizer: resolved.optimizer,
         // Keras' Adagrad default: a starting accumulator keeps near-zero gradients
         // from taking full-size steps.
-        dense_hp: OptimizerParams { initial_accumulator: 0.1, ..OptimizerParams::with_lr(settings.lr) },
+        dense_hp: OptimizerParams { initial_accumulator: 0.1, ..OptimizerParams::with_lr(settings.dense_lr()) },
         sparse_optimizer: resolved.sparse_optimizer,
         // A small starting accumulator keeps rows whose gradient is at the level of
         // float noise from taking full-size first steps.
         sparse_hp: OptimizerParams {
             initial_accumulator: SPARSE_INITIAL_ACCUMULATOR,
-            ..OptimizerParams::with_lr(settings.sparse_lr.unwrap_or(settings.lr))
+            ..OptimizerParams::with_lr(settings.embedding_lr())
         },
         sequence_tables: resolved.sequence_tables.clone(),
         store: resolved.store.clone(),

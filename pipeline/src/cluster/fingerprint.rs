@@ -173,10 +173,10 @@ mod tests {
     fn every_differing_setting_is_named_with_both_values() {
         let a = TrainSettings::default();
         let mut b = a.clone();
-        b.lr = 0.01;
+        b.lr = Some(0.01);
         b.seed = 7;
         let lines = differences(&[(0, &print(&a)), (1, &print(&b))]);
-        assert!(lines.iter().any(|l| l.starts_with("lr: process 0 has 0.001") && l.ends_with("process 1 has 0.01")));
+        assert!(lines.iter().any(|l| l.starts_with("lr: process 0 has none") && l.ends_with("process 1 has 0.01")));
         assert!(lines.iter().any(|l| l == "seed: process 0 has 42; process 1 has 7"), "{lines:?}");
         // The seed also changes the synthetic stream's table sizes.
         assert!(lines.iter().all(|l| l.starts_with("lr:") || l.starts_with("seed:") || l.starts_with("(resolved)")));
