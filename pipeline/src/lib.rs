@@ -4,6 +4,7 @@
 //! tiderec. The binary `tiderec` is a thin layer over [`run::train`],
 //! [`convert::convert`] and [`mod@bench`]; tests and other programs call them directly.
 
+pub mod applicable;
 pub mod bench;
 pub mod budget;
 pub mod checkpointing;

@@ -595,7 +595,7 @@ struct TrainArgs {
     /// Passes over the training data.
     #[arg(long)]
     epochs: Option<u64>,
-    /// Stop after this many training steps.
+    /// Stop after this many training steps (or earlier, when --epochs passes over the data end first; the run then says so).
     #[arg(long)]
     steps: Option<u64>,
     /// Global batch size (union of all workers' micro-batches).
@@ -919,7 +919,11 @@ fn print_features(r: &tiderec::bench::FeaturesBenchResult) {
 
 fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
     let settings = tiderec::online::OnlineSettings {
-        train: args.train.into_settings()?,
+        train: {
+            let train = args.train.into_settings()?;
+            tiderec::applicable::check(&train, tiderec::applicable::For::Online)?;
+            train
+        },
         format: args.format.parse()?,
         brokers: args.brokers,
         topic: args.topic,
@@ -1029,6 +1033,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Train(args) => {
             let settings = (*args).into_settings()?;
+            tiderec::applicable::check(&settings, tiderec::applicable::For::Train)?;
             let data = settings.data.clone();
             let workers = settings.workers * settings.processes;
             eprintln!(

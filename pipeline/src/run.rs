@@ -53,6 +53,7 @@ use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink, ReasonCount
 use tiderec_operators::behavior::SampleConfig;
 use tiderec_operators::features::cross::append_crosses;
 use tiderec_operators::metrics::{auc, EvalSet};
+use tiderec_operators::nn::ModelConfig;
 use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::store::{StoreKind, StoreStats};
 use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
@@ -134,9 +135,40 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
     }
 }
 
+/// One line naming the model, its layers, its parameter counts and its tables.
+pub fn model_summary(settings: &TrainSettings, resolved: &Resolved) -> Result<String, PipelineError> {
+    let widths = |w: &[usize]| w.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("-");
+    let shape = match resolved.model {
+        ModelConfig::Dlrm(ref c) => format!("bottom {}-{}, top {}", c.num_dense, widths(&c.bottom), widths(&c.top)),
+        _ if matches!(settings.model.as_str(), "deepfm" | "wdl") => format!("deep {}", widths(&settings.deep)),
+        _ if settings.model.starts_with("dien") => {
+            format!("mlp {}, histories up to {}", widths(&settings.mlp), settings.max_len)
+        }
+        _ => String::new(),
+    };
+    let dim = resolved.model.embedding_dim() as u64;
+    let rows: u64 = resolved.table_sizes.iter().sum();
+    Ok(format!(
+        "model: {}{}{}; {} dense parameters; {} tables, {} rows x {} = {} embedding values; lr {} dense, {} rows",
+        settings.model,
+        if shape.is_empty() { "" } else { " " },
+        if shape.is_empty() { String::new() } else { format!("({shape})") },
+        crate::memory::dense_params(&resolved.model)?,
+        resolved.table_sizes.len(),
+        rows,
+        dim,
+        rows.saturating_mul(dim),
+        settings.dense_lr(),
+        settings.embedding_lr()
+    ))
+}
+
 /// Runs a whole training job and returns its summary; `None` on processes other than 0.
 pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineError> {
     let resolved = settings.validate()?;
+    if settings.process == 0 && settings.progress != "none" {
+        eprintln!("{}", model_summary(settings, &resolved)?);
+    }
     crate::memory::check(settings, &resolved)?;
     let workers_total = settings.workers * settings.processes;
     let dead_letters_file = dead_letters_path(settings);
@@ -249,7 +281,23 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         }
     }
     if let Some(path) = &settings.metrics_json {
+        summary.config = serde_json::json!({
+            "settings": settings,
+            "dense_lr": settings.dense_lr(),
+            "sparse_lr": settings.embedding_lr(),
+            "model": context.trainer.model,
+            "table_sizes": context.trainer.table_sizes,
+        });
         summary.write_json(path)?;
+    }
+    if let Some(max) = settings.steps.filter(|&max| summary.steps < max && settings.process == 0) {
+        if summary.interrupted_at_step.is_none() {
+            eprintln!(
+                "note: --steps {max} was not reached: the data ran out after {} steps ({} epoch(s), --epochs {}); \
+                 raise --epochs to train longer",
+                summary.steps, summary.epochs, settings.epochs
+            );
+        }
     }
     if summary.bad_records > 0 && settings.process == 0 {
         eprintln!("{} malformed records skipped; see {}", summary.bad_records, dead_letters_file.display());
@@ -726,5 +774,6 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         resumed_from_step: resumed.map(|m| m.step),
         interrupted_at_step: interrupted.then_some(steps),
         store: StoreStats::default(),
+        config: serde_json::Value::Null,
     }))
 }

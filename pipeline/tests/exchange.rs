@@ -7,6 +7,9 @@ use common::{metrics, rel_diff, run_err, run_ok, shared_data, tiderec};
 use std::net::TcpListener;
 use std::path::Path;
 
+/// `--plan-steps 3`, for the exchanges that plan (a setting the others refuse).
+const PLAN: [&str; 2] = ["--plan-steps", "3"];
+
 fn args(data: &Path) -> Vec<String> {
     let mut a: Vec<String> = [
         "train",
@@ -24,8 +27,6 @@ fn args(data: &Path) -> Vec<String> {
         "3",
         "--progress",
         "none",
-        "--plan-steps",
-        "3",
     ]
     .map(String::from)
     .to_vec();
@@ -41,7 +42,11 @@ fn every_exchange_trains_the_rows_model_on_real_criteo_rows() {
     let run = |exchange: &str, workers: &str| {
         let m = dir.path().join(format!("{exchange}-{workers}.json"));
         let out = run_ok(
-            tiderec().args(args(&data)).args(["--exchange", exchange, "--workers", workers, "--metrics-json"]).arg(&m),
+            tiderec()
+                .args(args(&data))
+                .args(["--exchange", exchange, "--workers", workers, "--metrics-json"])
+                .arg(&m)
+                .args(if matches!(exchange, "replicated" | "auto") { &PLAN[..] } else { &[] }),
         );
         (metrics(&m), String::from_utf8_lossy(&out.stderr).into_owned())
     };
@@ -106,7 +111,8 @@ fn per_table_overrides_change_the_plan_not_the_model() {
         (metrics(&m), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (rows, _) = run(&[]);
-    let (forced, stderr) = run(&["--exchange", "auto", "--exchange-table", "0=rows,1=replicated,2=partial"]);
+    let (forced, stderr) =
+        run(&["--exchange", "auto", "--exchange-table", "0=rows,1=replicated,2=partial", "--plan-steps", "3"]);
     let choice = |t: usize| {
         stderr
             .lines()
@@ -143,6 +149,7 @@ fn two_processes_with_the_planned_exchange_equal_two_threads() {
             let mut c = tiderec();
             c.args(args(&data))
                 .args(["--exchange", "auto", "--workers", "1", "--processes", "2", "--process", &i.to_string()])
+                .args(PLAN)
                 .arg("--hosts")
                 .arg(&hosts);
             if i == 0 {
@@ -156,7 +163,11 @@ fn two_processes_with_the_planned_exchange_equal_two_threads() {
     }
     let m_threads = dir.path().join("threads.json");
     run_ok(
-        tiderec().args(args(&data)).args(["--exchange", "auto", "--workers", "2", "--metrics-json"]).arg(&m_threads),
+        tiderec()
+            .args(args(&data))
+            .args(["--exchange", "auto", "--workers", "2", "--metrics-json"])
+            .arg(&m_threads)
+            .args(PLAN),
     );
     let (procs, threads) = (metrics(&m_proc), metrics(&m_threads));
     // Both plan from the same rows, so they run the same arithmetic in the same order.

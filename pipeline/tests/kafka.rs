@@ -206,7 +206,7 @@ fn online_cmd(broker: &Broker, topic: &str, dir: &Path, workers: usize, extra: &
     let mut c = tiderec();
     c.args(["online", "--brokers", &broker.addr(), "--topic", topic, "--until-end", "--progress", "none"])
         .args(["--batch-size", "64", "--buckets", "5000", "--seed", "5", "--workers", &workers.to_string()])
-        .args(["--bottom", "64,16", "--top", "64,1", "--report-seconds", "0.2"])
+        .args(["--report-seconds", "0.2"])
         .arg("--checkpoint-dir")
         .arg(dir.join("ckpt"))
         .arg("--summary-json")
@@ -214,6 +214,10 @@ fn online_cmd(broker: &Broker, topic: &str, dir: &Path, workers: usize, extra: &
         .arg("--dead-letters")
         .arg(dir.join("dead.tsv"))
         .args(extra);
+    // Small DLRM layers, unless another model is asked for (it would refuse them).
+    if !extra.contains(&"--model") {
+        c.args(["--bottom", "64,16", "--top", "64,1"]);
+    }
     c
 }
 

@@ -202,7 +202,15 @@ fn all_bad_or_empty_training_input_fails_naming_the_input() {
     assert!(err.contains("training input criteo:") && err.contains("empty.txt") && err.contains("no samples"), "{err}");
     // An empty eval file given explicitly fails too, after training.
     if let Some(src) = shared_data("criteo/sample_train.txt") {
-        let err = refused(train(&src, &["--eval"]).arg(format!("criteo:{}", empty.display())));
+        let err = refused(
+            tiderec()
+                .args(["train", "--progress", "none", "--data"])
+                .arg(format!("criteo:{}", src.display()))
+                .arg("--eval")
+                .arg(format!("criteo:{}", empty.display()))
+                .arg("--dead-letters")
+                .arg(dir.path().join("e.tsv")),
+        );
         assert!(err.contains("evaluation input criteo:") && err.contains("no samples"), "{err}");
     }
 }

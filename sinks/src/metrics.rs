@@ -75,6 +75,10 @@ pub struct RunSummary {
     /// hits per tier, rows per tier, admissions, evictions).
     #[serde(default)]
     pub store: tiderec_operators::store::StoreStats,
+    /// The run's resolved configuration: every setting, and the values the run derived
+    /// from them (learning rates, table sizes, model shape), so the file says what produced it.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub config: serde_json::Value,
 }
 
 fn finite(v: Option<f64>) -> Option<f64> {

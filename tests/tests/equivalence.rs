@@ -29,7 +29,7 @@ fn fifty_steps_with(
         optimizer: optimizer.into(),
         sparse_optimizer: sparse_optimizer.into(),
         sparse_lr: Some(sparse_lr),
-        lr,
+        lr: Some(lr),
         progress: "none".into(),
         seed: 11,
         ..TrainSettings::default()

@@ -1,0 +1,184 @@
+//! Settings that do not apply to the command, model or data of a run are refused.
+//!
+//! A setting counts as given when its value differs from its default (from a
+//! flag or from the `--config` file alike); a given setting that the run
+//! would ignore is an error naming the setting and what it needs, so a typo
+//! in a model name or a flag meant for another model never trains silently
+//! with something else. Every refusal of a run is reported at once.
+
+use crate::{PipelineError, TrainSettings};
+
+/// The command the settings are for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum For {
+    /// `tiderec train`.
+    Train,
+    /// `tiderec online`: the records come from Kafka, the run from its own flags.
+    Online,
+}
+
+/// What a setting needs, when the run does not have it.
+fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
+    let model = s.model.as_str();
+    let data_format = s.data.split(':').next().unwrap_or("");
+    let dien = matches!(model, "dien" | "dien-sum");
+    let on_model = |ok: bool, models: &str| (!ok).then(|| format!("applies to {models}, not --model {model}"));
+    if command == For::Online {
+        let online = match key {
+            "data" | "eval" | "eval_fraction" | "samples" => Some("online reads its records from --topic"),
+            "epochs" | "steps" => Some("online trains until stopped or, with --until-end, until the topic's end"),
+            "metrics_json" => Some("online writes its summary with --summary-json"),
+            _ => None,
+        };
+        if let Some(why) = online {
+            return Some(format!("does not apply to `online`: {why}"));
+        }
+    }
+    match key {
+        "bottom" | "top" | "self_interaction" => on_model(model == "dlrm", "dlrm"),
+        "deep" => on_model(matches!(model, "deepfm" | "wdl"), "deepfm and wdl"),
+        "mlp" => on_model(dien, "dien and dien-sum"),
+        "dim" => on_model(model != "lr", "every model but lr (one weight per id)"),
+        "spec" => (data_format != "csv").then(|| format!("describes `csv:` data, not `{data_format}`")),
+        "samples" => (!matches!(data_format, "synthetic" | "synthetic-behavior"))
+            .then(|| "sets the size of the synthetic streams; files are read whole".to_string()),
+        "eval_fraction" => s.eval.is_some().then(|| "holds data out when there is no --eval; --eval is given".into()),
+        "max_rows" | "admit_count" | "admit_prob" | "ttl_steps" | "flush_every" => {
+            (!matches!(s.store.as_str(), "dynamic" | "tiered"))
+                .then(|| format!("applies to --store dynamic or tiered, not {}", s.store))
+        }
+        "hot_rows" | "warmup" | "freq_source" | "freq_window" => {
+            (s.store != "tiered").then(|| format!("applies to --store tiered, not {}", s.store))
+        }
+        "replicate" | "plan_steps" => (!matches!(s.exchange.as_str(), "replicated" | "auto")
+            && !s.exchange_tables.iter().any(|t| t.contains("replicated")))
+        .then(|| {
+            format!("applies to --exchange replicated or auto (or a replicated --exchange-table), not {}", s.exchange)
+        }),
+        "checkpoint_every" | "keep_checkpoints" | "checkpoint_sync" | "resume" => {
+            s.checkpoint_dir.is_none().then(|| "needs --checkpoint-dir".to_string())
+        }
+        "process" | "hosts" | "connect_timeout" => {
+            (s.processes <= 1).then(|| "applies to runs of several processes (--processes)".to_string())
+        }
+        _ => None,
+    }
+}
+
+/// Refuses every setting of `settings` that differs from its default and does not apply (see the module docs).
+pub fn check(settings: &TrainSettings, command: For) -> Result<(), PipelineError> {
+    let given = serde_json::to_value(settings).map_err(|e| PipelineError::config("settings", e.to_string()))?;
+    let default = serde_json::to_value(TrainSettings::default()).unwrap_or_default();
+    let (Some(given), Some(default)) = (given.as_object(), default.as_object()) else { return Ok(()) };
+    // `workers` defaults to the machine's cores; it applies everywhere, like every key without a rule.
+    let refused: Vec<String> = given
+        .iter()
+        .filter(|(key, value)| default.get(key.as_str()) != Some(value))
+        .filter_map(|(key, _)| needs(key, settings, command).map(|why| format!("`{key}` {why}")))
+        .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let n = refused.len();
+    Err(PipelineError::config(
+        "settings",
+        format!(
+            "{} given but unused by this run (remove {}): {}",
+            if n == 1 { "a setting is" } else { "settings are" },
+            if n == 1 { "it" } else { "them" },
+            refused.join("; ")
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(edit: impl FnOnce(&mut TrainSettings), command: For) -> String {
+        let mut s = TrainSettings::default();
+        edit(&mut s);
+        check(&s, command).err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn defaults_and_applicable_settings_pass() {
+        assert_eq!(refused(|_| {}, For::Train), "");
+        assert_eq!(refused(|_| {}, For::Online), "");
+        assert_eq!(refused(|s| s.bottom = vec![64, 16], For::Train), "");
+        assert_eq!(
+            refused(
+                |s| {
+                    s.model = "deepfm".into();
+                    s.deep = vec![64];
+                    s.data = "csv:x.csv".into();
+                    s.spec = Some("preset:criteo".into());
+                },
+                For::Train
+            ),
+            ""
+        );
+        assert_eq!(
+            refused(
+                |s| {
+                    s.store = "tiered".into();
+                    s.hot_rows = 7;
+                    s.max_rows = Some(100);
+                },
+                For::Train
+            ),
+            ""
+        );
+    }
+
+    #[test]
+    fn settings_the_run_ignores_are_named() {
+        let e = refused(
+            |s| {
+                s.model = "lr".into();
+                s.bottom = vec![64, 16];
+                s.dim = 8;
+            },
+            For::Train,
+        );
+        assert!(e.contains("`bottom` applies to dlrm, not --model lr"), "{e}");
+        assert!(e.contains("`dim` applies to every model but lr"), "{e}");
+        let e = refused(
+            |s| {
+                s.data = "criteo:a.tsv".into();
+                s.spec = Some("preset:criteo".into());
+            },
+            For::Train,
+        );
+        assert!(e.contains("`spec` describes `csv:` data, not `criteo`"), "{e}");
+        let e = refused(
+            |s| {
+                s.eval = Some("criteo:b.tsv".into());
+                s.eval_fraction = 0.2;
+            },
+            For::Train,
+        );
+        assert!(e.contains("`eval_fraction` holds data out when there is no --eval"), "{e}");
+        let e = refused(|s| s.hot_rows = 5, For::Train);
+        assert!(e.contains("`hot_rows` applies to --store tiered, not fixed"), "{e}");
+        let e = refused(|s| s.resume = true, For::Train);
+        assert!(e.contains("`resume` needs --checkpoint-dir"), "{e}");
+    }
+
+    #[test]
+    fn online_refuses_the_settings_of_file_runs() {
+        let e = refused(
+            |s| {
+                s.epochs = 3;
+                s.metrics_json = Some("m.json".into());
+                s.data = "criteo:a.tsv".into();
+            },
+            For::Online,
+        );
+        for key in ["`epochs`", "`metrics_json`", "`data`"] {
+            assert!(e.contains(key), "{key}: {e}");
+        }
+        assert!(e.contains("--summary-json"), "{e}");
+        assert_eq!(refused(|s| s.epochs = 3, For::Train), "");
+    }
+}
