@@ -362,3 +362,40 @@ impl FeaturePipeline {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipeline_of(data: &str, spec: Option<&str>, hash_seed: Option<u64>) -> FeaturePipeline {
+        let settings = TrainSettings {
+            data: data.into(),
+            spec: spec.map(String::from),
+            hash_seed,
+            buckets: 100,
+            ..Default::default()
+        };
+        FeaturePipeline::of_run(&settings, &settings.validate().unwrap())
+    }
+
+    #[test]
+    fn differences_name_the_format_the_spec_and_the_seed() {
+        let csv = pipeline_of("csv:Cargo.toml", Some("preset:criteo"), None);
+        let criteo = pipeline_of("criteo:Cargo.toml", None, None);
+        assert_eq!(csv.differences(&csv, "run"), Vec::<String>::new());
+        assert_eq!(csv.differences(&criteo, "run"), ["format: checkpoint has csv (spec criteo), run has criteo"]);
+        let bare = pipeline_of("csv:Cargo.toml", Some("criteo"), None);
+        assert_eq!(csv.differences(&bare, "run"), Vec::<String>::new(), "`criteo` is `preset:criteo`");
+        let avazu_spec = pipeline_of("csv:Cargo.toml", Some("preset:avazu"), None);
+        let d = csv.differences(&avazu_spec, "run");
+        assert_eq!(d[0], "spec: checkpoint has preset:criteo, run has preset:avazu");
+        assert!(d.iter().any(|l| l.starts_with("spec.fields.columns: checkpoint has")), "{d:?}");
+        let seeded = pipeline_of("criteo:Cargo.toml", None, Some(7));
+        assert_eq!(criteo.differences(&seeded, "run"), ["hash.seed: checkpoint has 42, run has 7"]);
+        // Round trip through the manifest's JSON.
+        let back = FeaturePipeline::from_manifest(Some(&csv.to_value()), std::path::Path::new("m")).unwrap();
+        assert_eq!(back, Some(csv));
+        assert_eq!(criteo.dense.len(), 13);
+        assert_eq!(criteo.dense[0].transform, "log1p(max(x, 0)); empty = 0");
+    }
+}
