@@ -158,10 +158,8 @@ fn predict_on_converted_parquet_keys_rows_by_file_and_row() {
     let ck = train(d, "ck", &data, &[]);
     let (_, rows, _) = predict(&ck, &data, d, &[]);
     assert_eq!(rows.len(), 100, "every row of both files");
-    let files: Vec<String> = ["part-00000.parquet", "part-00001.parquet"]
-        .iter()
-        .map(|f| out.join(f).display().to_string())
-        .collect();
+    let files: Vec<String> =
+        ["part-00000.parquet", "part-00001.parquet"].iter().map(|f| out.join(f).display().to_string()).collect();
     for (i, row) in rows.iter().enumerate() {
         let (file, position) = if i < 60 { (&files[0], i) } else { (&files[1], i - 60) };
         assert_eq!((&row.file, row.position), (file, position as u64), "0-based rows within each file");
@@ -211,7 +209,7 @@ fn predict_writes_the_same_rows_to_parquet() {
     let mut read = Vec::new();
     for batch in reader {
         let b = batch.unwrap();
-        let names: Vec<&str> = b.schema().fields().iter().map(|f| f.name().as_str()).collect();
+        let names: Vec<String> = b.schema().fields().iter().map(|f| f.name().clone()).collect();
         assert_eq!(names, ["file", "position", "score", "label"]);
         let (f, p) = (b.column(0).as_string::<i32>(), b.column(1).as_primitive::<UInt64Type>());
         let (s, l) = (b.column(2).as_primitive::<Float32Type>(), b.column(3).as_primitive::<Float32Type>());
@@ -241,8 +239,7 @@ fn predict_reads_unlabeled_files_as_their_labeled_records() {
     let stripped: String = text.lines().map(|l| format!("{}\n", l.split_once('\t').unwrap().1)).collect();
     let unlabeled_file = d.join("unlabeled.tsv");
     std::fs::write(&unlabeled_file, stripped).unwrap();
-    let (header, unlabeled, _) =
-        predict(&ck, &format!("criteo:{}", unlabeled_file.display()), d, &["--unlabeled"]);
+    let (header, unlabeled, _) = predict(&ck, &format!("criteo:{}", unlabeled_file.display()), d, &["--unlabeled"]);
     assert_eq!(header, "file,position,score", "no label column for unlabeled input");
     assert_eq!(unlabeled.len(), labeled.len());
     for (a, b) in unlabeled.iter().zip(&labeled) {
