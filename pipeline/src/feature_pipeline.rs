@@ -373,6 +373,7 @@ mod tests {
             spec: spec.map(String::from),
             hash_seed,
             buckets: 100,
+            model: "lr".into(),
             ..Default::default()
         };
         FeaturePipeline::of_run(&settings, &settings.validate().unwrap())
