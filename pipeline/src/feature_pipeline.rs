@@ -328,7 +328,13 @@ impl FeaturePipeline {
                         Some((column, delimiter))
                     })
                     .flatten();
-                boxed(SpecFormat::new(fields.clone(), seed)?, label)
+                let format = SpecFormat::new(fields.clone(), seed)?;
+                match label {
+                    Some((column, delimiter)) => {
+                        Box::new(Unlabeled::new(format, column, delimiter).with_label_name(&fields.label.column))
+                    }
+                    None => Box::new(format),
+                }
             }
             _ => return Ok(None),
         }))

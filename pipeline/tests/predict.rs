@@ -274,6 +274,21 @@ fn predict_reads_unlabeled_files_as_their_labeled_records() {
             .arg(d.join("eval-dead.tsv")),
     );
     assert!(e.contains("evaluation input") && e.contains("unlabeled"), "{e}");
+    // Taobao-ad without its first column (the `clk` label): the header is still recognised.
+    let Some(taobao) = shared_data("taobao_ad/test_sample.csv") else { return };
+    let taobao_data = format!("taobao-ad:{}", taobao.display());
+    let ck = train(d, "ck-taobao", &taobao_data, &[]);
+    let (_, labeled, _) = predict(&ck, &taobao_data, d, &[]);
+    let text = std::fs::read_to_string(&taobao).unwrap();
+    let stripped: String = text.lines().map(|l| format!("{}\n", l.split_once(',').unwrap().1)).collect();
+    let unlabeled_file = d.join("taobao-unlabeled.csv");
+    std::fs::write(&unlabeled_file, stripped).unwrap();
+    let (_, unlabeled, stdout) = predict(&ck, &format!("taobao-ad:{}", unlabeled_file.display()), d, &["--unlabeled"]);
+    assert!(stdout.contains("0 bad records"), "{stdout}");
+    assert_eq!(
+        unlabeled.iter().map(|r| (r.position, r.score)).collect::<Vec<_>>(),
+        labeled.iter().map(|r| (r.position, r.score)).collect::<Vec<_>>()
+    );
     // Avazu's test file: the header is skipped, records are keyed by their line.
     let Some(avazu_train) = shared_data("avazu/avazu_sample.txt") else { return };
     let Some(avazu_test) = shared_data("avazu/test") else { return };

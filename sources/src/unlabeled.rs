@@ -6,7 +6,9 @@
 //! label inserted there. So an unlabeled record is featurized exactly as the
 //! labeled one (same hashing, same transforms); its sample's label is `0` and
 //! means nothing. A field the inner format blames is reported by its index in
-//! the unlabeled line. Header detection is the inner format's, on the line as read.
+//! the unlabeled line. A first line is a header when the inner format takes it
+//! for one as read or, given the label column's name
+//! ([`Unlabeled::with_label_name`]), with that name inserted.
 
 use std::cell::RefCell;
 use tiderec_operators::bad_record::BadReason;
@@ -18,6 +20,8 @@ pub struct Unlabeled<F> {
     inner: F,
     column: usize,
     delimiter: u8,
+    /// The label column's name, to recognise a header without it.
+    label_name: Option<Vec<u8>>,
     /// The line with its placeholder label (reused between lines).
     scratch: RefCell<Vec<u8>>,
 }
@@ -25,29 +29,44 @@ pub struct Unlabeled<F> {
 impl<F: LineFormat> Unlabeled<F> {
     /// `inner` reading lines whose label column `column`, separated by `delimiter`, is absent.
     pub fn new(inner: F, column: usize, delimiter: u8) -> Self {
-        Unlabeled { inner, column, delimiter, scratch: RefCell::new(Vec::new()) }
+        Unlabeled { inner, column, delimiter, label_name: None, scratch: RefCell::new(Vec::new()) }
+    }
+
+    /// Also recognises a header line that lacks the label column named `name`.
+    pub fn with_label_name(mut self, name: &str) -> Self {
+        self.label_name = Some(name.as_bytes().to_vec());
+        self
     }
 }
 
 /// `line` with the field `0` inserted as column `column` into `out`; `None` when the line
 /// has fewer than `column` columns.
 pub fn insert_column(line: &[u8], column: usize, delimiter: u8, out: &mut Vec<u8>) -> Option<()> {
+    insert_field(line, column, delimiter, b"0", out)
+}
+
+/// `line` with `value` inserted as column `column` into `out`; `None` when the line has
+/// fewer than `column` columns.
+fn insert_field(line: &[u8], column: usize, delimiter: u8, value: &[u8], out: &mut Vec<u8>) -> Option<()> {
     out.clear();
     if column == 0 {
-        out.extend_from_slice(&[b'0', delimiter]);
+        out.extend_from_slice(value);
+        out.push(delimiter);
         out.extend_from_slice(line);
         return Some(());
     }
     match memchr::memchr_iter(delimiter, line).nth(column - 1) {
         Some(i) => {
             out.extend_from_slice(&line[..=i]);
-            out.extend_from_slice(&[b'0', delimiter]);
+            out.extend_from_slice(value);
+            out.push(delimiter);
             out.extend_from_slice(&line[i + 1..]);
         }
         // The label was the last column.
         None if memchr::memchr_iter(delimiter, line).count() == column - 1 => {
             out.extend_from_slice(line);
-            out.extend_from_slice(&[delimiter, b'0']);
+            out.push(delimiter);
+            out.extend_from_slice(value);
         }
         None => return None,
     }
@@ -74,7 +93,12 @@ impl<F: LineFormat> LineFormat for Unlabeled<F> {
     }
 
     fn is_header(&self, line: &[u8]) -> bool {
-        self.inner.is_header(line)
+        if self.inner.is_header(line) {
+            return true;
+        }
+        let Some(name) = &self.label_name else { return false };
+        let mut scratch = self.scratch.borrow_mut();
+        insert_field(line, self.column, self.delimiter, name, &mut scratch).is_some() && self.inner.is_header(&scratch)
     }
 }
 
@@ -118,5 +142,14 @@ mod tests {
         wrapped.parse(line.replacen(",0,", ",", 1).as_bytes(), &mut b).unwrap();
         assert_eq!(a, b);
         assert!(wrapped.is_header(b"id,hour,C1"));
+        // A spec whose header starts with the label column: recognised once the name is known.
+        let spec = tiderec_operators::spec::FeatureSpec::taobao_ad(100, 5);
+        let header = "time_stamp,userid";
+        let plain = Unlabeled::new(tiderec_operators::spec::SpecFormat::new(spec.clone(), 1).unwrap(), 0, b',');
+        assert!(!plain.is_header(header.as_bytes()));
+        let named =
+            Unlabeled::new(tiderec_operators::spec::SpecFormat::new(spec, 1).unwrap(), 0, b',').with_label_name("clk");
+        assert!(named.is_header(header.as_bytes()));
+        assert!(!named.is_header(b"2017-05-06 00:00:00,874257"));
     }
 }
