@@ -80,7 +80,7 @@ fn record_lines(path: &Path, header: bool) -> Vec<u64> {
     let text = String::from_utf8_lossy(&bytes);
     text.split('\n')
         .enumerate()
-        .filter(|(i, l)| !l.trim_end_matches('\r').is_empty() && !(header && *i == 0))
+        .filter(|(i, l)| !(l.trim_end_matches('\r').is_empty() || header && *i == 0))
         .map(|(i, _)| i as u64 + 1)
         .collect()
 }

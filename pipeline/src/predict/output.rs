@@ -37,7 +37,7 @@ impl ScoreFormat {
 
 enum Writer {
     Csv(BufWriter<std::fs::File>),
-    Parquet(ScoreWriter),
+    Parquet(Box<ScoreWriter>),
 }
 
 /// An open scores file; see the [module docs](self).
@@ -76,7 +76,7 @@ impl ScoreSink {
                 w.write_all(header.as_bytes()).map_err(|e| io_error(&tmp, e))?;
                 Writer::Csv(w)
             }
-            ScoreFormat::Parquet => Writer::Parquet(ScoreWriter::create(&tmp, labeled)?),
+            ScoreFormat::Parquet => Writer::Parquet(Box::new(ScoreWriter::create(&tmp, labeled)?)),
         };
         Ok(ScoreSink { out: out.to_path_buf(), tmp, writer, labeled, line: String::new() })
     }
