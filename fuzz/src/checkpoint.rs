@@ -91,6 +91,7 @@ pub fn template() -> Template {
         workers: WORKERS,
         config_hash: config_hash(&config),
         config,
+        pipeline: None,
         data_position: DataPosition { epoch: 1, global_steps_in_epoch: 2, kafka_offsets: BTreeMap::new() },
         progress: TrainingProgress {
             loss_total: 1.5,

@@ -27,3 +27,19 @@ pub trait LineFormat {
         false
     }
 }
+
+/// A boxed format (chosen at run time) is a format.
+impl<F: LineFormat + ?Sized> LineFormat for Box<F> {
+    fn shape(&self) -> (usize, usize) {
+        (**self).shape()
+    }
+    fn num_sequences(&self) -> usize {
+        (**self).num_sequences()
+    }
+    fn parse(&self, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)> {
+        (**self).parse(line, out)
+    }
+    fn is_header(&self, line: &[u8]) -> bool {
+        (**self).is_header(line)
+    }
+}

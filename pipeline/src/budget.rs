@@ -29,6 +29,8 @@ pub enum Split {
     Eval,
     /// The input of `tiderec convert` (`--from`).
     Convert,
+    /// The input of `tiderec predict` (`--data`).
+    Predict,
 }
 
 impl Split {
@@ -38,6 +40,7 @@ impl Split {
             Split::Train => "training",
             Split::Eval => "evaluation",
             Split::Convert => "conversion",
+            Split::Predict => "prediction",
         }
     }
 }
@@ -95,7 +98,7 @@ pub fn check(
                 100.0 * fraction,
                 by_reason.join(", "),
                 dead_letters.display(),
-                hint(&tally)
+                hint(&tally, split)
             ),
         });
     }
@@ -110,7 +113,17 @@ pub fn check(
 }
 
 /// A guess at what is wrong when one reason dominates the malformed records.
-fn hint(tally: &Tally) -> &'static str {
+fn hint(tally: &Tally, split: Split) -> String {
+    let unlabeled = if split == Split::Predict { " (`predict --unlabeled` reads files without labels)" } else { "" };
+    let text = hint_text(tally);
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("{text}{unlabeled}")
+    }
+}
+
+fn hint_text(tally: &Tally) -> &'static str {
     use tiderec_operators::bad_record::BadReason;
     let bad = tally.bad_total();
     let share = |r: BadReason| tally.bad[r.index()] as f64 / bad.max(1) as f64;

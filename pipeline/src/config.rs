@@ -252,8 +252,11 @@ pub struct TrainSettings {
     pub batch_size: usize,
     /// Batch size of evaluation steps.
     pub eval_batch_size: usize,
-    /// Seed of data generation, initialisation and hashing.
+    /// Seed of data generation, initialisation and shuffles (and of hashing unless `hash_seed` is set).
     pub seed: u64,
+    /// Seed of feature hashing (record values into table rows); `None`: the value of `seed`.
+    /// Recorded in every checkpoint's feature pipeline.
+    pub hash_seed: Option<u64>,
     /// How embeddings travel between workers: `rows`, `partial` (DES partial results; lr, fm,
     /// deepfm and wdl), `replicated` (each table's hottest `replicate` fraction held by every
     /// worker) or `auto` (the cost model's per-table choice, measured on the first `plan_steps`
@@ -372,6 +375,7 @@ impl Default for TrainSettings {
             batch_size: 128,
             eval_batch_size: 4096,
             seed: 42,
+            hash_seed: None,
             exchange: "rows".into(),
             exchange_tables: Vec::new(),
             replicate: 0.01,
@@ -596,6 +600,11 @@ impl Resolved {
 }
 
 impl TrainSettings {
+    /// The seed of feature hashing: `hash_seed`, or `seed` when it is not set.
+    pub fn hash_seed(&self) -> u64 {
+        self.hash_seed.unwrap_or(self.seed)
+    }
+
     /// Loads a TOML file; unknown keys and bad types are errors naming the key.
     pub fn from_toml_file(path: &Path) -> Result<Self, PipelineError> {
         let text = std::fs::read_to_string(path)

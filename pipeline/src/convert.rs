@@ -111,11 +111,11 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         ));
     }
     let description = match (&resolved.data, &resolved.spec) {
-        (DataSpec::Criteo(_), _) => SchemaDescription::criteo(resolved.data_table_sizes(), input.seed),
-        (DataSpec::Avazu(_), _) => SchemaDescription::avazu(resolved.data_table_sizes(), input.seed),
-        (DataSpec::Csv(_) | DataSpec::TaobaoAd(_), Some(spec)) => SchemaDescription::from_spec(spec, input.seed),
+        (DataSpec::Criteo(_), _) => SchemaDescription::criteo(resolved.data_table_sizes(), input.hash_seed()),
+        (DataSpec::Avazu(_), _) => SchemaDescription::avazu(resolved.data_table_sizes(), input.hash_seed()),
+        (DataSpec::Csv(_) | DataSpec::TaobaoAd(_), Some(spec)) => SchemaDescription::from_spec(spec, input.hash_seed()),
         (DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_), _) => {
-            SchemaDescription::behavior(resolved.data.format(), resolved.data_table_sizes(), input.seed)
+            SchemaDescription::behavior(resolved.data.format(), resolved.data_table_sizes(), input.hash_seed())
         }
         (other, _) => {
             return Err(PipelineError::config(
@@ -128,7 +128,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
             ))
         }
     };
-    let options = CriteoOptions::for_run(&resolved, input.seed, input.max_len, input.max_line_bytes);
+    let options = CriteoOptions::for_run(&resolved, &input);
     let dead = SharedDeadLetters::file(input.dead_letters.clone());
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());
     // Taobao behaviour logs become samples all at once (as in training); they are then

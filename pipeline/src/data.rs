@@ -129,6 +129,8 @@ pub enum WorkerData {
 pub struct CriteoOptions {
     /// Hashing seed.
     pub seed: u64,
+    /// Seed of the per-epoch shuffle of Parquet row groups.
+    pub shuffle_seed: u64,
     /// The feature spec of `csv:` data.
     pub spec: Option<tiderec_operators::spec::FeatureSpec>,
     /// Hashing into tables.
@@ -142,14 +144,16 @@ pub struct CriteoOptions {
 }
 
 impl CriteoOptions {
-    /// The reading options of a resolved run.
-    pub fn for_run(resolved: &crate::config::Resolved, seed: u64, max_len: usize, max_line_bytes: usize) -> Self {
+    /// The reading options of a resolved run: hashing with `settings.hash_seed()`, shuffles with `settings.seed`.
+    pub fn for_run(resolved: &crate::config::Resolved, settings: &crate::TrainSettings) -> Self {
+        let seed = settings.hash_seed();
         CriteoOptions {
             features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed },
-            max_len,
-            max_line_bytes,
+            max_len: settings.max_len,
+            max_line_bytes: settings.max_line_bytes,
             policy: resolved.policy,
             seed,
+            shuffle_seed: settings.seed,
             spec: resolved.spec.clone(),
         }
     }
@@ -235,7 +239,7 @@ impl WorkerData {
             }
             DataSpec::Parquet(data) => {
                 let sizes = options.features.table_sizes.clone();
-                let reader = ParquetReader::new(data.0.clone(), span, worker, workers, options.seed, sizes)?
+                let reader = ParquetReader::new(data.0.clone(), span, worker, workers, options.shuffle_seed, sizes)?
                     .with_bad_records(options.policy, dead_letters);
                 Ok(WorkerData::Parquet { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
             }

@@ -38,8 +38,10 @@ enum Command {
     Plot(PlotArgs),
     /// Write a checkpoint's model as a serving snapshot (safetensors + model config JSON).
     Export(ExportArgs),
-    /// Score Criteo records with a checkpoint's model (AUC, logloss).
+    /// Score labeled records with a checkpoint's model (AUC, logloss), featurized by its pipeline.
     Eval(EvalArgs),
+    /// Write one score per record (CSV or Parquet), featurized by the checkpoint's pipeline.
+    Predict(PredictArgs),
     /// Score JSON records over HTTP with a checkpoint's model, following a checkpoint directory.
     Serve(ServeArgs),
     /// Measure throughput.
@@ -543,18 +545,79 @@ struct ServeArgs {
     reload_every: f64,
 }
 
+/// What `eval` and `predict` read.
 #[derive(Args)]
-struct EvalArgs {
+struct ScoreArgs {
     /// A ckpt-<step> directory, or a checkpoint directory (its newest valid checkpoint).
     #[arg(long)]
     checkpoint: PathBuf,
-    /// Records to score: criteo:PATH[,PATH…].
+    /// Records to score: FORMAT:PATH[,PATH…] in the checkpoint's format (criteo, avazu, csv, taobao-ad,
+    /// amazon-dien, parquet); csv and taobao-ad use the checkpoint's spec.
     #[arg(long)]
     data: String,
     /// Records scored per forward pass.
     #[arg(long, default_value_t = 4096)]
     batch_size: usize,
+    /// On a malformed record: skip (count + dead-letter file) or fail.
+    #[arg(long, default_value = "skip")]
+    on_bad_record: String,
+    /// Dead-letter file for malformed records.
+    #[arg(long, default_value = "tiderec-dead-letters.tsv")]
+    dead_letters: PathBuf,
+    /// Fail when more than this fraction of the records is malformed.
+    #[arg(long, value_name = "F", default_value_t = 0.01)]
+    max_bad_fraction: f64,
+    /// Longest accepted input line in bytes.
+    #[arg(long, default_value_t = 64 * 1024)]
+    max_line_bytes: usize,
+}
+
+impl ScoreArgs {
+    fn options(&self, labeled: bool) -> anyhow::Result<tiderec::predict::ScoreOptions> {
+        let policy = match self.on_bad_record.as_str() {
+            "skip" => tiderec_operators::bad_record::BadRecordPolicy::Skip,
+            "fail" => tiderec_operators::bad_record::BadRecordPolicy::Fail,
+            other => anyhow::bail!("--on-bad-record: `{other}` is not skip or fail"),
+        };
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.max_bad_fraction),
+            "--max-bad-fraction: must be in [0, 1], got {}",
+            self.max_bad_fraction
+        );
+        anyhow::ensure!(self.max_line_bytes >= 64, "--max-line-bytes: must be at least 64");
+        Ok(tiderec::predict::ScoreOptions {
+            checkpoint: self.checkpoint.clone(),
+            data: self.data.clone(),
+            batch_size: self.batch_size.max(1),
+            labeled,
+            policy,
+            dead_letters: self.dead_letters.clone(),
+            max_bad_fraction: self.max_bad_fraction,
+            max_line_bytes: self.max_line_bytes,
+        })
+    }
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    #[command(flatten)]
+    score: ScoreArgs,
     /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct PredictArgs {
+    #[command(flatten)]
+    score: ScoreArgs,
+    /// Scores file: FILE.csv or FILE.parquet (columns file, position, score, and label for labeled input).
+    #[arg(long)]
+    out: PathBuf,
+    /// The records have no label column (test files such as Criteo's test.txt or Avazu's test).
+    #[arg(long)]
+    unlabeled: bool,
+    /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
 }
@@ -604,9 +667,12 @@ struct TrainArgs {
     /// Evaluation batch size.
     #[arg(long)]
     eval_batch_size: Option<usize>,
-    /// Seed of data, initialisation and hashing.
+    /// Seed of data, initialisation and shuffles (and of hashing unless --hash-seed is given).
     #[arg(long)]
     seed: Option<u64>,
+    /// Seed of feature hashing (default: the --seed value); recorded in checkpoints.
+    #[arg(long)]
+    hash_seed: Option<u64>,
     /// Dense learning rate (default per model: dlrm, deepfm, wdl, dien 0.001; lr, fm 0.01).
     #[arg(long)]
     lr: Option<f32>,
@@ -850,6 +916,9 @@ impl TrainArgs {
         }
         if args.sparse_lr.is_some() {
             s.sparse_lr = args.sparse_lr;
+        }
+        if args.hash_seed.is_some() {
+            s.hash_seed = args.hash_seed;
         }
         if args.hosts.is_some() {
             s.hosts = args.hosts;
@@ -1140,7 +1209,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Eval(a) => {
-            let r = tiderec::serving::eval(&a.checkpoint, &a.data, a.batch_size).context("eval failed")?;
+            let r = tiderec::serving::eval(&a.score.options(true)?).context("eval failed")?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -1151,6 +1220,28 @@ fn main() -> anyhow::Result<()> {
                     fmt_opt(r.auc),
                     r.logloss,
                     r.bad_records
+                );
+            }
+        }
+        Command::Predict(a) => {
+            let options = a.score.options(!a.unlabeled)?;
+            let r = tiderec::predict::predict(&options, &a.out).context("predict failed")?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "step {}: scored {} records in {:.2} s ({:.0} records/s), {} bad records{}; scores in {}",
+                    r.step,
+                    r.records,
+                    r.seconds,
+                    r.records_per_sec,
+                    r.bad_records,
+                    if r.bad_records > 0 {
+                        format!(" (listed in {})", options.dead_letters.display())
+                    } else {
+                        String::new()
+                    },
+                    a.out.display()
                 );
             }
         }

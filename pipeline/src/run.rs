@@ -43,6 +43,7 @@ use crate::cluster::{fingerprint, Cluster};
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
 use crate::exchange_plan::{resolve_exchange, PlanSource};
+use crate::feature_pipeline::FeaturePipeline;
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
@@ -220,7 +221,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         }
         _ => None,
     };
-    let criteo = CriteoOptions::for_run(&resolved, settings.seed, settings.max_len, settings.max_line_bytes);
+    let criteo = CriteoOptions::for_run(&resolved, settings);
     let train_span = if holdout { (0.0, split) } else { (0.0, 1.0) };
     let mut trainer = trainer_config(settings, &resolved);
     let source = PlanSource {
@@ -235,7 +236,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     }
     trainer.exchange = exchange;
     crate::device::Devices::for_workers(&settings.device, settings.workers)?.preflight(&trainer)?;
-    let (checkpoint, resume) = checkpoint_setup(settings, &trainer)?;
+    let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer)?;
     let context = Arc::new(Context {
         stop: crate::stop::stop_flag()?,
         trainer,
@@ -360,19 +361,22 @@ pub(crate) fn dead_letters_path(settings: &TrainSettings) -> std::path::PathBuf 
 /// from (the directory is prepared either way).
 pub(crate) fn checkpoint_setup(
     settings: &TrainSettings,
+    resolved: &Resolved,
     trainer: &TrainerConfig,
 ) -> Result<(Option<CheckpointOptions>, Option<Checkpoint>), PipelineError> {
+    let pipeline = FeaturePipeline::of_run(settings, resolved);
     let checkpoint = settings.checkpoint_dir.as_ref().map(|dir| CheckpointOptions {
         dir: dir.clone(),
         every: settings.checkpoint_every,
         keep: settings.keep_checkpoints,
         sync: settings.checkpoint_sync,
+        pipeline: Some(pipeline.clone()),
     });
     let resume = match &checkpoint {
         Some(options) => {
             checkpointing::prepare_dir(&options.dir, settings.resume)?;
             if settings.resume {
-                checkpointing::load_for_resume(&options.dir, trainer, settings.batch_size as u64)?
+                checkpointing::load_for_resume(&options.dir, trainer, settings.batch_size as u64, &pipeline)?
             } else {
                 None
             }
@@ -421,7 +425,7 @@ pub(crate) fn behavior_table(
     }
     let config = SampleConfig { max_len: settings.max_len, groups: 64, seed: settings.seed };
     let samples = taobao::derive_samples(&events, config);
-    Ok((taobao::samples_to_batch(&samples, resolved.data_table_sizes(), settings.seed), bad))
+    Ok((taobao::samples_to_batch(&samples, resolved.data_table_sizes(), settings.hash_seed()), bad))
 }
 
 impl Context {
@@ -446,7 +450,7 @@ fn step_with(
     batch: &mut Batch,
     bad: &BadRecordCounts,
     resolved: &Resolved,
-    seed: u64,
+    hash_seed: u64,
     stop: &AtomicBool,
 ) -> Result<StepStats, PipelineError> {
     let read = data.next_micro_batch(batch);
@@ -461,7 +465,7 @@ fn step_with(
             // Models without sequences train on the other fields of sequence data.
             taken.sequences.truncate(trainer.config().model.num_sequences());
             if !resolved.crosses.is_empty() {
-                append_crosses(&mut taken, &resolved.crosses, seed, resolved.cross_buckets());
+                append_crosses(&mut taken, &resolved.crosses, hash_seed, resolved.cross_buckets());
             }
             trainer.step(worker, kind, taken)?
         }
@@ -611,7 +615,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 &mut batch,
                 &derived_bad,
                 &ctx.resolved,
-                s.seed,
+                s.hash_seed(),
                 &ctx.stop,
             )?;
             train_bad_global = stats.bad_records;
@@ -703,7 +707,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 &mut batch,
                 &BadRecordCounts::default(),
                 &ctx.resolved,
-                s.seed,
+                s.hash_seed(),
                 &ctx.stop,
             )?;
             if stats.stop_requests > 0 {

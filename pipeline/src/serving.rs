@@ -3,22 +3,19 @@
 //! Both read a checkpoint (a `ckpt-<step>` directory, or a checkpoint directory whose
 //! newest valid checkpoint is taken), merge every worker's embedding rows into whole
 //! tables by id, and rebuild the model from the configuration in its manifest, so
-//! neither needs the flags of the run that wrote it. `eval` scores records with a
-//! single-threaded forward pass (pooled sums of the rows, then the model), the same
-//! computation as a training step's prediction.
+//! neither needs the flags of the run that wrote it. `eval` reads records with the
+//! checkpoint's feature pipeline and scores them with [`crate::predict`]'s scorer
+//! (the path `tiderec predict` takes), then reduces the probabilities to AUC and log loss.
 
-use crate::config::DataSpec;
+use crate::feature_pipeline::FeaturePipeline;
+use crate::predict::{self, ScoreOptions};
 use crate::PipelineError;
 use serde::Serialize;
 use std::path::Path;
-use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::metrics::{auc, logloss};
-use tiderec_operators::nn::loss::sigmoid;
 use tiderec_operators::train::TrainerConfig;
-use tiderec_operators::Batch;
 use tiderec_sinks::checkpoint::export::{write_serving, ExportTable};
 use tiderec_sinks::checkpoint::{self, Checkpoint};
-use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
 
 /// A checkpoint's model, ready to score.
 pub struct ServedModel {
@@ -30,6 +27,8 @@ pub struct ServedModel {
     pub dense: Vec<f32>,
     /// Per table, `rows × dim` values (row `i` = id `i`).
     pub tables: Vec<Vec<f32>>,
+    /// How the run made features (`None`: the manifest records none, an older checkpoint).
+    pub pipeline: Option<FeaturePipeline>,
 }
 
 fn checkpoint_error(path: &Path, reason: impl std::fmt::Display) -> PipelineError {
@@ -76,7 +75,8 @@ pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
             }
         }
     }
-    Ok(ServedModel { config, step: found.manifest.step, dense, tables })
+    let pipeline = FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)?;
+    Ok(ServedModel { config, step: found.manifest.step, dense, tables, pipeline })
 }
 
 /// What `export` wrote.
@@ -102,8 +102,9 @@ pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineEr
         "model": m.config.model,
         "table_sizes": m.config.table_sizes,
         "sequence_tables": m.config.sequence_tables,
-        "hash_seed": m.config.seed,
+        "hash_seed": m.pipeline.as_ref().map_or(m.config.seed, |p| p.hash.seed),
         "embedding_dim": dim,
+        "pipeline": m.pipeline,
     });
     write_serving(out, &m.dense, &tables, &config)?;
     Ok(ExportSummary { step: m.step, dense_params: m.dense.len(), embedding_rows: m.config.table_sizes.iter().sum() })
@@ -124,64 +125,20 @@ pub struct EvalReport {
     pub bad_records: u64,
 }
 
-/// Scores `data` (`criteo:PATH[,PATH…]`) with the checkpoint's model.
-pub fn eval(checkpoint: &Path, data: &str, batch_size: usize) -> Result<EvalReport, PipelineError> {
-    let m = load(checkpoint)?;
-    let paths = match DataSpec::parse("data", data)? {
-        DataSpec::Criteo(paths) => paths,
-        other => {
-            return Err(PipelineError::config(
-                "data",
-                format!("eval reads criteo:PATH records, not {}", other.format()),
-            ))
-        }
-    };
-    let model_cfg = &m.config.model;
-    if model_cfg.num_sequences() > 0 || model_cfg.num_sparse() != NUM_SPARSE || model_cfg.num_dense() != NUM_DENSE {
-        return Err(PipelineError::config(
-            "checkpoint",
-            "eval scores Criteo-shaped models (13 dense, 26 sparse fields, no crosses or sequences)",
-        ));
-    }
-    let mut model = model_cfg.build::<f32>(m.config.seed)?;
-    if model.params().len() != m.dense.len() {
-        return Err(checkpoint_error(checkpoint, "dense parameters do not match the model"));
-    }
-    model.params_mut().copy_from_slice(&m.dense);
-    let features = CriteoFeatures { table_sizes: m.config.table_sizes.clone(), seed: m.config.seed };
-    let config = CriteoConfig { policy: BadRecordPolicy::Skip, ..CriteoConfig::new(features) };
-    let mut reader = CriteoReader::open(&paths, 0, 1, config, None)?;
-    let dim = model_cfg.embedding_dim();
+/// Scores the labeled records of `options.data` with the checkpoint's model.
+pub fn eval(options: &ScoreOptions) -> Result<EvalReport, PipelineError> {
+    let options = ScoreOptions { labeled: true, ..options.clone() };
     let (mut probs, mut labels) = (Vec::new(), Vec::new());
-    let mut batch = Batch::new(NUM_DENSE, NUM_SPARSE);
-    let mut pooled = Vec::new();
-    loop {
-        batch.clear();
-        let n = reader.next_batch(&mut batch, batch_size.max(1))?;
-        if n == 0 {
-            break;
-        }
-        let b = batch.len();
-        pooled.clear();
-        pooled.resize(b * NUM_SPARSE * dim, 0.0f32);
-        for (f, field) in batch.sparse.iter().enumerate() {
-            for s in 0..b {
-                let out = &mut pooled[(s * NUM_SPARSE + f) * dim..(s * NUM_SPARSE + f + 1) * dim];
-                for &id in field.bag(s) {
-                    let row = &m.tables[f][id as usize * dim..(id as usize + 1) * dim];
-                    out.iter_mut().zip(row).for_each(|(o, &r)| *o += r);
-                }
-            }
-        }
-        let logits = model.forward(&batch.dense, &pooled, b);
-        probs.extend(logits.iter().map(|&x| sigmoid(x)));
-        labels.extend_from_slice(&batch.labels);
-    }
+    let summary = predict::score(&options, crate::budget::Split::Eval, |_, _, p, l| {
+        probs.extend_from_slice(p);
+        labels.extend_from_slice(l);
+        Ok(())
+    })?;
     Ok(EvalReport {
-        step: m.step,
-        samples: probs.len() as u64,
+        step: summary.step,
+        samples: summary.records,
         auc: auc(&probs, &labels),
         logloss: logloss(&probs, &labels),
-        bad_records: reader.bad_counts().total(),
+        bad_records: summary.bad_records,
     })
 }

@@ -12,6 +12,7 @@
 //! * [`synthetic`]: a seeded Criteo-shaped stream whose labels come from a
 //!   hidden teacher model; [`synthetic_behavior`]: a seeded DIEN-shaped stream
 //!   whose teacher depends on the order of the history.
+//! * [`unlabeled`]: a labeled line format reading test files without their label column.
 //! * [`parquet`]: featurized samples in Parquet files: the writer behind
 //!   `tiderec convert` and the row-group reader behind `--data parquet:DIR`.
 
@@ -28,5 +29,6 @@ pub mod parquet;
 pub mod synthetic;
 pub mod synthetic_behavior;
 pub mod taobao;
+pub mod unlabeled;
 
 pub use error::SourceError;

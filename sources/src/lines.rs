@@ -250,6 +250,19 @@ pub struct LineReader<F> {
     /// With [`record_line_starts`](Self::record_line_starts): the position of every good
     /// line appended since the last [`take_line_starts`](Self::take_line_starts).
     line_starts: Option<Vec<u64>>,
+    /// With [`record_positions`](Self::record_positions): the file and line of every good
+    /// line appended since the last [`take_positions`](Self::take_positions).
+    positions: Option<Vec<RecordPosition>>,
+}
+
+/// Where a record came from: the index of its file among the reader's files, and its
+/// position in that file (a 1-based line number for line files, a 0-based row for Parquet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordPosition {
+    /// Index of the file, in the order the files were given.
+    pub file: usize,
+    /// 1-based line number (line files) or 0-based row index (Parquet).
+    pub position: u64,
 }
 
 impl<F: LineFormat> LineReader<F> {
@@ -299,6 +312,7 @@ impl<F: LineFormat> LineReader<F> {
             window: Window { file: usize::MAX, ..Window::default() },
             scratch,
             line_starts: None,
+            positions: None,
         }
         .rewound())
     }
@@ -366,6 +380,17 @@ impl<F: LineFormat> LineReader<F> {
     /// The positions recorded since the last call, one per good line, in order.
     pub fn take_line_starts(&mut self) -> Vec<u64> {
         self.line_starts.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// From now on, records the file and 1-based line number of every good line appended
+    /// (header and empty lines count as lines, as in a text editor).
+    pub fn record_positions(&mut self) {
+        self.positions.get_or_insert_with(Vec::new);
+    }
+
+    /// The positions recorded since the last call, one per good line, in order.
+    pub fn take_positions(&mut self) -> Vec<RecordPosition> {
+        self.positions.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The byte length of every file, in order.
@@ -442,6 +467,7 @@ impl<F: LineFormat> LineReader<F> {
             window,
             scratch,
             line_starts,
+            positions,
         } = self;
         let file = &mut files[*cur];
         let Some(source) = file.source.as_ref() else { return Ok(0) };
@@ -492,23 +518,31 @@ impl<F: LineFormat> LineReader<F> {
                 continue;
             }
             let result = if too_long { Err((BadReason::TooLong, None)) } else { format.parse(line, out) };
+            let start = file.start;
+            let base = |known: &mut Option<u64>, scratch: &mut Vec<u8>| match *known {
+                Some(n) => Ok(n),
+                None => source.newlines_before(start, scratch).map(|n| *known.insert(n)),
+            };
             let Err((reason, field)) = result else {
                 appended += 1;
                 good += 1;
                 if let Some(starts) = line_starts.as_mut() {
                     starts.push(file.base + line_start as u64);
                 }
+                if let Some(positions) = positions.as_mut() {
+                    match base(&mut file.newlines_before, scratch) {
+                        Ok(n) => positions.push(RecordPosition { file: *cur, position: n + lines }),
+                        Err(e) => break Err(e),
+                    }
+                }
                 continue;
             };
             *lines_read += good + 1;
             good = 0;
             counts.add(reason);
-            let base = match file.newlines_before {
-                Some(n) => n,
-                None => match source.newlines_before(file.start, scratch) {
-                    Ok(n) => *file.newlines_before.insert(n),
-                    Err(e) => break Err(e),
-                },
+            let base = match base(&mut file.newlines_before, scratch) {
+                Ok(n) => n,
+                Err(e) => break Err(e),
             };
             let raw_len = if too_long { line.len().min(MAX_RAW_BYTES) } else { line.len() };
             let record = BadRecord {

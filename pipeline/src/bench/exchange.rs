@@ -216,6 +216,7 @@ fn load(bench: &ExchangeBench, samples: usize) -> Result<(Batch, Vec<u64>), Pipe
             let sizes = vec![bench.rows; NUM_SPARSE];
             let options = crate::data::CriteoOptions {
                 seed: bench.seed,
+                shuffle_seed: bench.seed,
                 spec: None,
                 features: CriteoFeatures { table_sizes: sizes.clone(), seed: bench.seed },
                 max_len: 0,

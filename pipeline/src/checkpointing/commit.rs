@@ -69,6 +69,7 @@ impl Commit {
             workers,
             config_hash: checkpoint::config_hash(&identity.config),
             config: identity.config,
+            pipeline: options.pipeline.as_ref().map(|p| p.to_value()),
             data_position: DataPosition {
                 epoch: position.epoch,
                 global_steps_in_epoch: position.steps_in_epoch,

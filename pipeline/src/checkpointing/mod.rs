@@ -56,6 +56,7 @@ mod writer;
 
 pub use writer::Checkpointer;
 
+use crate::feature_pipeline::FeaturePipeline;
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -76,6 +77,8 @@ pub struct CheckpointOptions {
     /// Write every checkpoint before training goes on (`--checkpoint-sync`);
     /// otherwise files are written in the background.
     pub sync: bool,
+    /// The run's feature pipeline, written into every manifest.
+    pub pipeline: Option<crate::feature_pipeline::FeaturePipeline>,
 }
 
 /// Where training stands, as recorded in a manifest.
@@ -171,14 +174,16 @@ pub fn prepare_dir(dir: &Path, resume: bool) -> Result<(), PipelineError> {
     Ok(())
 }
 
-/// The newest valid checkpoint in `dir` for a run with `config`, `seed` and
-/// `batch_size`: damaged ones are skipped with a warning on stderr; none at
-/// all is a warning too (the run starts fresh); one written with another
-/// configuration is an error naming every difference.
+/// The newest valid checkpoint in `dir` for a run with `config`, `seed`, `batch_size` and
+/// feature `pipeline`: damaged ones are skipped with a warning on stderr; none at all is a
+/// warning too (the run starts fresh); one written with another configuration or another
+/// pipeline is an error naming every difference; one that records no pipeline (an older
+/// checkpoint) is resumed with a warning that the data could not be checked.
 pub fn load_for_resume(
     dir: &Path,
     config: &TrainerConfig,
     batch_size: u64,
+    pipeline: &FeaturePipeline,
 ) -> Result<Option<Checkpoint>, PipelineError> {
     let search = checkpoint::find_latest(dir)?;
     for s in &search.skipped {
@@ -189,5 +194,22 @@ pub fn load_for_resume(
         return Ok(None);
     };
     found.manifest.check_compatible(&found.path, &manifest_config(config), config.seed, batch_size)?;
+    match FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)? {
+        Some(recorded) => {
+            let differences = recorded.differences(pipeline, "run");
+            if !differences.is_empty() {
+                return Err(tiderec_sinks::SinkError::Incompatible {
+                    path: found.path.display().to_string(),
+                    differences: differences.join("; "),
+                }
+                .into());
+            }
+        }
+        None => eprintln!(
+            "warning: --resume: {} records no feature pipeline (an older checkpoint); the data's format, spec \
+             and hashing cannot be checked against it",
+            found.path.display()
+        ),
+    }
     Ok(Some(found))
 }

@@ -95,7 +95,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     let quotas = step_quotas(s.batch_size, partitions);
     let mut trainer = trainer_config(s, &resolved);
     trainer.exchange = exchange;
-    let (checkpoint, resume) = checkpoint_setup(s, &trainer)?;
+    let (checkpoint, resume) = checkpoint_setup(s, &resolved, &trainer)?;
     let stop = crate::stop::stop_flag()?;
     let metrics = Arc::new(OnlineMetrics::new());
     if let Some(addr) = &settings.metrics_addr {
@@ -141,7 +141,8 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
 }
 
 fn record_format(settings: &OnlineSettings, resolved: &Resolved) -> Result<Box<dyn LineFormat>, PipelineError> {
-    let features = CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed: settings.train.seed };
+    let features =
+        CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed: settings.train.hash_seed() };
     Ok(match settings.format {
         RecordFormat::Criteo => Box::new(CriteoFormat::new(features)?),
         RecordFormat::Json => Box::new(CriteoJsonFormat::new(features)?),

@@ -33,6 +33,8 @@ pub enum Reply {
         /// Click probabilities.
         scores: Vec<f32>,
     },
+    /// The model could not score the batch (a shape the checkpoint does not fit); the message says why.
+    Failed(String),
     /// A record could not be featurized; nothing of the request was scored.
     BadRecord {
         /// Index of the record in the request.
@@ -107,10 +109,13 @@ pub fn run(
             };
         }
         scores.clear();
-        model.score(&batch, &mut scores);
+        let scored = model.score(&mut batch, &mut scores);
         let mut at = 0;
         for (reply, n) in taken.drain(..) {
-            let _ = reply.send(Reply::Scored { step: model.step, scores: scores[at..at + n].to_vec() });
+            let _ = reply.send(match &scored {
+                Ok(()) => Reply::Scored { step: model.step, scores: scores[at..at + n].to_vec() },
+                Err(e) => Reply::Failed(e.to_string()),
+            });
             at += n;
         }
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());

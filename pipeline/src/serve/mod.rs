@@ -211,6 +211,7 @@ fn score(body: &[u8], jobs: &Sender<Job>) -> tiny_http::Response<std::io::Cursor
             json_body(200, body)
         }
         Ok(Reply::BadRecord { index, reason }) => error(400, format!("record {index}: {reason}")),
+        Ok(Reply::Failed(reason)) => error(500, reason),
         Err(_) => error(503, "the server is stopping"),
     }
 }

@@ -1,15 +1,16 @@
 //! One loaded checkpoint, ready to featurize and score JSON records.
 //!
-//! Invariant: a [`Loaded`] scores with the features it was trained with (the
-//! table sizes and hashing seed of its checkpoint), so a record is always
+//! Invariant: a [`Loaded`] hashes records with the feature pipeline recorded
+//! in its checkpoint (table sizes and `--hash-seed`), so a record is always
 //! hashed for the tables that look it up, also across a reload that changes
-//! them.
+//! them; it scores through the same [`Scorer`] as `eval` and `predict`.
 
-use crate::serving::{self, ServedModel};
+use crate::config::DataSpec;
+use crate::feature_pipeline::FeaturePipeline;
+use crate::predict::scorer::Scorer;
+use crate::serving;
 use crate::PipelineError;
 use std::path::{Path, PathBuf};
-use tiderec_operators::nn::loss::sigmoid;
-use tiderec_operators::nn::Model;
 use tiderec_operators::Batch;
 use tiderec_sources::criteo::{CriteoFeatures, NUM_DENSE, NUM_SPARSE};
 use tiderec_sources::json::CriteoJsonFormat;
@@ -23,45 +24,39 @@ pub struct Loaded {
     pub step: u64,
     /// The model's name (`dlrm`, `fm`, …).
     pub model_name: &'static str,
-    served: ServedModel,
-    net: Box<dyn Model<f32>>,
+    scorer: Scorer,
     format: CriteoJsonFormat,
-    pooled: Vec<f32>,
 }
 
 impl Loaded {
     /// Loads the checkpoint at `path` (a `ckpt-<step>` directory, or a directory whose newest
-    /// valid checkpoint is taken) and checks that it scores Criteo-shaped JSON records.
+    /// valid checkpoint is taken) and checks that it was trained on Criteo-format records,
+    /// whose JSON form it scores.
     pub fn load(path: &Path) -> Result<Loaded, PipelineError> {
         let served = serving::load(path)?;
-        let cfg = &served.config.model;
-        if cfg.num_sequences() > 0 || cfg.num_sparse() != NUM_SPARSE || cfg.num_dense() != NUM_DENSE {
-            return Err(PipelineError::config(
-                "checkpoint",
-                format!(
-                    "{}: serve scores Criteo-shaped models (13 dense and 26 sparse fields, no crosses or sequences)",
-                    path.display()
-                ),
-            ));
-        }
-        let mut net = cfg.build::<f32>(served.config.seed)?;
-        if net.params().len() != served.dense.len() {
-            return Err(PipelineError::Checkpoint(format!(
-                "{}: {} dense parameters, the model has {}",
-                path.display(),
-                served.dense.len(),
-                net.params().len()
-            )));
-        }
-        net.params_mut().copy_from_slice(&served.dense);
-        let features = CriteoFeatures { table_sizes: served.config.table_sizes.clone(), seed: served.config.seed };
-        let format = CriteoJsonFormat::unlabeled(features)?;
         let found = if path.join(tiderec_sinks::checkpoint::layout::MANIFEST_FILE).is_file() {
             path.to_path_buf()
         } else {
             path.join(tiderec_sinks::checkpoint::layout::checkpoint_name(served.step))
         };
-        Ok(Loaded { path: found, step: served.step, model_name: cfg.name(), served, net, format, pooled: Vec::new() })
+        let pipeline = match &served.pipeline {
+            Some(p) => p.clone(),
+            None => FeaturePipeline::assumed(
+                &DataSpec::Criteo(Vec::new()),
+                served.config.seed,
+                &served.config.table_sizes,
+                None,
+            )
+            .ok_or_else(|| not_criteo(&found, "a model that is not Criteo-shaped"))?,
+        };
+        if pipeline.format != "criteo" || served.config.model.num_sequences() > 0 {
+            return Err(not_criteo(&found, &format!("`{}` records", pipeline.format_label())));
+        }
+        let features = CriteoFeatures { table_sizes: pipeline.table_sizes.clone(), seed: pipeline.hash.seed };
+        let format = CriteoJsonFormat::unlabeled(features)?;
+        let (step, model_name) = (served.step, served.config.model.name());
+        let scorer = Scorer::new(served, &pipeline)?;
+        Ok(Loaded { path: found, step, model_name, scorer, format })
     }
 
     /// Appends the features of one JSON record to `out`; the error names the bad field.
@@ -80,26 +75,18 @@ impl Loaded {
     }
 
     /// Click probabilities of every sample of `batch`, in order, appended to `out`.
-    pub fn score(&mut self, batch: &Batch, out: &mut Vec<f32>) {
-        let b = batch.len();
-        if b == 0 {
-            return;
-        }
-        let dim = self.served.config.model.embedding_dim();
-        self.pooled.clear();
-        self.pooled.resize(b * NUM_SPARSE * dim, 0.0);
-        for (f, field) in batch.sparse.iter().enumerate() {
-            let table = &self.served.tables[f];
-            for s in 0..b {
-                let at = (s * NUM_SPARSE + f) * dim;
-                let dst = &mut self.pooled[at..at + dim];
-                for &id in field.bag(s) {
-                    let row = &table[id as usize * dim..(id as usize + 1) * dim];
-                    dst.iter_mut().zip(row).for_each(|(o, &r)| *o += r);
-                }
-            }
-        }
-        let logits = self.net.forward(&batch.dense, &self.pooled, b);
-        out.extend(logits.iter().map(|&x| sigmoid(x)));
+    pub fn score(&mut self, batch: &mut Batch, out: &mut Vec<f32>) -> Result<(), PipelineError> {
+        out.extend(self.scorer.probabilities(batch)?);
+        Ok(())
     }
+}
+
+fn not_criteo(path: &Path, what: &str) -> PipelineError {
+    PipelineError::config(
+        "checkpoint",
+        format!(
+            "{}: serve scores Criteo records as JSON objects (I1..I13, C1..C26); this checkpoint was trained on {what}",
+            path.display()
+        ),
+    )
 }

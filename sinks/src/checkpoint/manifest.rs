@@ -7,6 +7,10 @@
 //!   and xxh3-128 checksum; a checkpoint whose files do not match is corrupt.
 //! * `config_hash` is [`config_hash`] of `config`: the model, table sizes and
 //!   optimizers (kinds and hyper-parameters), not the seed or the data.
+//! * `pipeline` is how the run made features from records (format, spec,
+//!   hashing seed, table sizes, transforms: the binary's feature-pipeline
+//!   record, kept here as JSON); absent in checkpoints written before it was
+//!   recorded, which then featurize as "unknown".
 //! * `data_position` is where the data readers resume: for file and generated
 //!   data the epoch and the number of global steps taken in it; a Kafka
 //!   source would record its per-partition offsets in `kafka_offsets`.
@@ -43,6 +47,9 @@ pub struct Manifest {
     pub config_hash: String,
     /// The model, table sizes and optimizers, as JSON.
     pub config: Value,
+    /// How features were made from records (see the module docs); `None` when not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<Value>,
     /// Where the data readers resume.
     pub data_position: DataPosition,
     /// Running training statistics, so a resumed run reports what an uninterrupted one would.
@@ -101,9 +108,11 @@ fn shown(v: Option<&Value>) -> String {
     }
 }
 
-/// Every place where `now` differs from `checkpoint`, as `path: X in the checkpoint, Y now`.
-pub fn config_differences(checkpoint: &Value, now: &Value) -> Vec<String> {
-    fn walk(path: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<String>) {
+/// Every leaf where `a` and `b` differ, as `(path, a's value, b's value)`: objects are
+/// compared key by key (the path joins keys with `.`; `config` names a difference at the
+/// top), anything else as a whole; values are shortened JSON, `absent` for a missing key.
+pub fn value_differences(a: &Value, b: &Value) -> Vec<(String, String, String)> {
+    fn walk(path: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<(String, String, String)>) {
         if let (Some(Value::Object(x)), Some(Value::Object(y))) = (a, b) {
             let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
             for k in keys {
@@ -112,12 +121,20 @@ pub fn config_differences(checkpoint: &Value, now: &Value) -> Vec<String> {
             }
         } else if a != b {
             let name = if path.is_empty() { "config" } else { path };
-            out.push(format!("{name}: {} in the checkpoint, {} now", shown(a), shown(b)));
+            out.push((name.to_string(), shown(a), shown(b)));
         }
     }
     let mut out = Vec::new();
-    walk("", Some(checkpoint), Some(now), &mut out);
+    walk("", Some(a), Some(b), &mut out);
     out
+}
+
+/// Every place where `now` differs from `checkpoint`, as `path: X in the checkpoint, Y now`.
+pub fn config_differences(checkpoint: &Value, now: &Value) -> Vec<String> {
+    value_differences(checkpoint, now)
+        .into_iter()
+        .map(|(name, a, b)| format!("{name}: {a} in the checkpoint, {b} now"))
+        .collect()
 }
 
 impl Manifest {
@@ -179,6 +196,7 @@ mod tests {
             workers: 1,
             config_hash: config_hash(&config),
             config: config.clone(),
+            pipeline: None,
             data_position: DataPosition::default(),
             progress: TrainingProgress::default(),
             files: BTreeMap::new(),

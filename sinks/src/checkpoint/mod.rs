@@ -29,7 +29,8 @@ pub mod write;
 
 pub use load::{find_latest, Checkpoint, Search, Skipped};
 pub use manifest::{
-    config_differences, config_hash, DataPosition, FileEntry, Manifest, TrainingProgress, FORMAT_VERSION,
+    config_differences, config_hash, value_differences, DataPosition, FileEntry, Manifest, TrainingProgress,
+    FORMAT_VERSION,
 };
 
 #[cfg(test)]

@@ -71,6 +71,7 @@ fn manifest(step: u64) -> Manifest {
         workers: 2,
         config_hash: config_hash(&config),
         config,
+        pipeline: None,
         data_position: DataPosition { epoch: 1, global_steps_in_epoch: step % 7, kafka_offsets: BTreeMap::new() },
         progress: TrainingProgress {
             loss_total: 1.5,

@@ -10,10 +10,12 @@
 //!   workers per epoch (as the raw files were split, for converted line files).
 //! * [`reader`]: [`ParquetReader`] decodes one worker's rows, reading
 //!   only the columns the schema names, into `Batch`es.
+//! * [`scores`]: [`ScoreWriter`](scores::ScoreWriter) writes `tiderec predict`'s scores.
 
 pub mod dataset;
 pub mod reader;
 pub mod schema;
+pub mod scores;
 pub mod writer;
 
 pub use dataset::{list_parquet_files, ParquetDataset, RowGroupRef, Segment};

@@ -29,6 +29,7 @@
 use super::dataset::{ParquetDataset, Segment};
 use super::schema::SparseKind;
 use crate::error::SourceError;
+use crate::lines::RecordPosition;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, UInt64Type};
 use arrow_array::{Array, RecordBatch};
@@ -72,6 +73,9 @@ pub struct ParquetReader {
     policy: BadRecordPolicy,
     dead_letters: Option<Box<dyn DeadLetterSink>>,
     counts: BadRecordCounts,
+    /// With [`record_positions`](Self::record_positions): the file and 0-based row of
+    /// every row appended since the last [`take_positions`](Self::take_positions).
+    positions: Option<Vec<RecordPosition>>,
 }
 
 impl ParquetReader {
@@ -115,6 +119,7 @@ impl ParquetReader {
             policy: BadRecordPolicy::Skip,
             dead_letters: None,
             counts: BadRecordCounts::default(),
+            positions: None,
         })
     }
 
@@ -167,6 +172,16 @@ impl ParquetReader {
         self.current = None;
     }
 
+    /// From now on, records the file index and 0-based row of every row appended.
+    pub fn record_positions(&mut self) {
+        self.positions.get_or_insert_with(Vec::new);
+    }
+
+    /// The positions recorded since the last call, one per appended row, in order.
+    pub fn take_positions(&mut self) -> Vec<RecordPosition> {
+        self.positions.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     /// Appends up to `max` samples to `out` (of the schema's shape) and
     /// returns how many; 0 (with `max > 0`) means this worker's row groups
     /// are exhausted until [`rewind`](Self::rewind). After an error the
@@ -200,8 +215,15 @@ impl ParquetReader {
                     let ctx = Ctx { dataset: &self.dataset, group: cur.group, table_sizes: &self.table_sizes };
                     let rows = cur.row..cur.row + k;
                     let mut from = rows.start;
+                    let (file, file_row) = (self.dataset.row_groups()[cur.group].file, cur.file_row);
+                    let mut note = |from: usize, to: usize| {
+                        if let Some(p) = self.positions.as_mut() {
+                            p.extend((from..to).map(|r| RecordPosition { file, position: file_row + r as u64 }));
+                        }
+                    };
                     for (r, column) in non_finite_rows(&ctx, chunk, rows.clone())? {
                         append_rows(&ctx, chunk, from, r - from, out)?;
+                        note(from, r);
                         appended += r - from;
                         from = r + 1;
                         let record = bad_row(&ctx, chunk, r, column, cur.file_row + r as u64);
@@ -214,6 +236,7 @@ impl ParquetReader {
                         }
                     }
                     append_rows(&ctx, chunk, from, rows.end - from, out)?;
+                    note(from, rows.end);
                     appended += rows.end - from;
                     cur.row = rows.end;
                 }

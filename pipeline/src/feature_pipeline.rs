@@ -1,0 +1,408 @@
+//! The feature pipeline: how a run turns records into samples, recorded with its model.
+//!
+//! A model is only meaningful with the featurization it was trained on: the
+//! same bytes hashed with another seed, into other table sizes or parsed as
+//! another format give other rows. [`FeaturePipeline`] describes that
+//! featurization completely (data format; the feature spec in full for `csv`
+//! and `taobao-ad`; hash function and seed; table sizes; dense transforms;
+//! sequence shape; crosses; for Parquet input the files' schema), and every
+//! checkpoint's manifest carries it (`pipeline`, as JSON).
+//!
+//! Invariants:
+//! * Two runs make the same samples from the same records exactly when their
+//!   pipelines are equal, `labeled` aside (a test file without its label
+//!   column is featurized like the labeled one).
+//! * Commands that read a checkpoint featurize with its pipeline, never with
+//!   defaults: `--resume` refuses a run whose pipeline differs and `eval` /
+//!   `predict` refuse data of another format, each naming every difference.
+//! * A manifest without a pipeline (written before pipelines were recorded)
+//!   is "unknown": it still loads, and what is assumed is said on stderr.
+
+use crate::config::{DataSpec, Resolved};
+use crate::{PipelineError, TrainSettings};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tiderec_operators::format::LineFormat;
+use tiderec_operators::spec::{FeatureSpec, SpecFormat};
+use tiderec_sinks::checkpoint::value_differences;
+use tiderec_sources::amazon::AmazonDienFormat;
+use tiderec_sources::avazu::AvazuFormat;
+use tiderec_sources::criteo::{CriteoFeatures, CriteoFormat};
+use tiderec_sources::parquet::SchemaDescription;
+use tiderec_sources::unlabeled::Unlabeled;
+
+/// Version of the [`FeaturePipeline`] layout written by this build.
+pub const PIPELINE_VERSION: u32 = 1;
+
+/// How a run makes features from records; see the [module docs](self).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FeaturePipeline {
+    /// [`PIPELINE_VERSION`] of the writer.
+    pub version: u32,
+    /// The data format as written in `FORMAT:PATH` (`criteo`, `avazu`, `csv`, `taobao-ad`,
+    /// `amazon-dien`, `taobao-behavior`, `parquet`, `synthetic`, `synthetic-behavior`).
+    pub format: String,
+    /// The feature spec of `csv` and `taobao-ad` data, in full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<SpecRecord>,
+    /// How values become row ids.
+    pub hash: HashScheme,
+    /// Rows of each of the data's sparse fields' tables, in field order (crosses not included).
+    pub table_sizes: Vec<u64>,
+    /// The dense features in sample order and the transform that makes each.
+    pub dense: Vec<DenseTransform>,
+    /// The behaviour sequences of the data, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequences: Option<SequenceRecord>,
+    /// Longest behaviour history kept (`amazon-dien`, `taobao-behavior`, `synthetic-behavior`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<usize>,
+    /// Feature crosses `(a, b)` appended after the data's sparse fields (wide part only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub crosses: Vec<(usize, usize)>,
+    /// Rows of each cross's table (with crosses only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_buckets: Option<u64>,
+    /// Whether records carry a label (training data always does).
+    pub labeled: bool,
+    /// For `parquet` data: the files' schema (what `tiderec convert` recorded), without file sizes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parquet: Option<SchemaDescription>,
+}
+
+/// A feature spec and where it came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpecRecord {
+    /// `preset:NAME`, or the TOML file's path as given.
+    pub source: String,
+    /// The spec, resolved to its fields.
+    pub fields: FeatureSpec,
+}
+
+/// Hashing of values into table rows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HashScheme {
+    /// The hash function (see [`hash_function`]).
+    pub function: String,
+    /// The run's hashing seed (`--hash-seed`); field `f` hashes with `field_seed(seed, f)`.
+    pub seed: u64,
+}
+
+/// One dense feature and its transform.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DenseTransform {
+    /// The column (or derived feature) it is made from.
+    pub name: String,
+    /// What is applied, e.g. `log1p(max(x, 0)); empty = 0`.
+    pub transform: String,
+}
+
+/// The sequences of behaviour data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SequenceRecord {
+    /// The table each sequence field reads.
+    pub tables: Vec<usize>,
+    /// The sparse field holding each sequence's target.
+    pub targets: Vec<usize>,
+    /// The longest sequence the data can hold, when the data says so.
+    pub max_len: Option<usize>,
+}
+
+/// The hash function of a format's categorical values.
+pub fn hash_function(format: &str) -> &'static str {
+    match format {
+        "criteo" => "hash_bucket: mix64(hex value ^ field seed), multiply-shift into the table",
+        "synthetic" | "synthetic-behavior" => "none: generated ids",
+        "parquet" => "none: ids stored at conversion (see parquet.seed)",
+        _ => "token_bucket: seeded hash of the value's bytes, multiply-shift into the table",
+    }
+}
+
+/// `spec`'s source as recorded: `preset:NAME` for a preset, else the path as given.
+fn spec_source(given: &str) -> String {
+    match given.strip_prefix("preset:") {
+        Some(name) => format!("preset:{}", name.replace('-', "_")),
+        None if FeatureSpec::preset(given, 1, 1).is_some() => format!("preset:{}", given.replace('-', "_")),
+        None => given.to_string(),
+    }
+}
+
+fn dense_of_spec(spec: &FeatureSpec) -> Vec<DenseTransform> {
+    let dense = spec.dense.iter().map(|d| {
+        let mut steps = Vec::new();
+        if let Some((lo, hi)) = d.clamp {
+            steps.push(format!("clamp to [{lo}, {hi}]"));
+        }
+        if d.log1p {
+            steps.push("log1p(max(x, 0))".to_string());
+        }
+        let transform = if steps.is_empty() { "x".to_string() } else { steps.join(", then ") };
+        DenseTransform { name: d.column.clone(), transform: format!("{transform}; empty = 0") }
+    });
+    let lists = spec.numeric_list.iter().map(|l| DenseTransform {
+        name: l.column.clone(),
+        transform: format!("{:?} of the `{}`-separated list", l.reduce, l.delimiter).to_lowercase(),
+    });
+    dense.chain(lists).collect()
+}
+
+impl FeaturePipeline {
+    /// The pipeline of a training run (labeled records).
+    pub fn of_run(settings: &TrainSettings, resolved: &Resolved) -> Self {
+        let format = resolved.data.format().to_string();
+        let spec = resolved.spec.as_ref().filter(|_| matches!(resolved.data, DataSpec::Csv(_) | DataSpec::TaobaoAd(_)));
+        let spec = spec.map(|fields| SpecRecord {
+            source: spec_source(settings.spec.as_deref().unwrap_or("preset:taobao_ad")),
+            fields: fields.clone(),
+        });
+        let dense = match &resolved.data {
+            DataSpec::Criteo(_) => (1..=13)
+                .map(|i| DenseTransform { name: format!("I{i}"), transform: "log1p(max(x, 0)); empty = 0".into() })
+                .collect(),
+            DataSpec::Synthetic => {
+                (1..=13).map(|i| DenseTransform { name: format!("I{i}"), transform: "generated".into() }).collect()
+            }
+            DataSpec::Avazu(_) => {
+                vec![DenseTransform { name: "hour".into(), transform: "hour of day (YYMMDDHH) / 23".into() }]
+            }
+            DataSpec::Csv(_) | DataSpec::TaobaoAd(_) => {
+                spec.as_ref().map(|s| dense_of_spec(&s.fields)).unwrap_or_default()
+            }
+            DataSpec::Parquet(p) => {
+                p.0.description()
+                    .dense
+                    .iter()
+                    .map(|n| DenseTransform { name: n.clone(), transform: "as stored".into() })
+                    .collect()
+            }
+            DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) | DataSpec::SyntheticBehavior => Vec::new(),
+        };
+        let behavior = matches!(
+            resolved.data,
+            DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) | DataSpec::SyntheticBehavior
+        );
+        let parquet = match &resolved.data {
+            DataSpec::Parquet(p) => Some(SchemaDescription { lines: None, ..p.0.description().clone() }),
+            _ => None,
+        };
+        FeaturePipeline {
+            version: PIPELINE_VERSION,
+            hash: HashScheme { function: hash_function(&format).into(), seed: settings.hash_seed() },
+            format,
+            spec,
+            table_sizes: resolved.data_table_sizes().to_vec(),
+            dense,
+            sequences: resolved.data.sequences(resolved.spec.as_ref()).map(|q| SequenceRecord {
+                tables: q.tables,
+                targets: q.targets,
+                max_len: q.max_len,
+            }),
+            max_len: behavior.then_some(settings.max_len),
+            cross_buckets: (!resolved.crosses.is_empty()).then(|| resolved.cross_buckets()),
+            crosses: resolved.crosses.clone(),
+            labeled: true,
+            parquet,
+        }
+    }
+
+    /// A manifest's pipeline: `None` when the manifest has none (an older checkpoint).
+    pub fn from_manifest(value: Option<&Value>, path: &std::path::Path) -> Result<Option<Self>, PipelineError> {
+        value
+            .map(|v| {
+                serde_json::from_value(v.clone())
+                    .map_err(|e| PipelineError::Checkpoint(format!("{}: manifest pipeline: {e}", path.display())))
+            })
+            .transpose()
+    }
+
+    /// This pipeline as manifest JSON.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("a feature pipeline always serializes")
+    }
+
+    /// The format as a person names it: `csv (spec criteo)`, `criteo`, `parquet (from criteo)`.
+    pub fn format_label(&self) -> String {
+        match (&self.spec, &self.parquet) {
+            (Some(s), _) => format!("{} (spec {})", self.format, s.source.strip_prefix("preset:").unwrap_or(&s.source)),
+            (None, Some(p)) => format!("{} (from {})", self.format, p.format),
+            (None, None) => self.format.clone(),
+        }
+    }
+
+    /// Every difference between this (the checkpoint's) pipeline and `other` (`whose`: `run`,
+    /// `data`), one line per field: `FIELD: checkpoint has X, run has Y`. A different format
+    /// is one line (its other fields are then not compared); `labeled` is not compared.
+    pub fn differences(&self, other: &FeaturePipeline, whose: &str) -> Vec<String> {
+        if self.format != other.format {
+            return vec![format!(
+                "format: checkpoint has {}, {whose} has {}",
+                self.format_label(),
+                other.format_label()
+            )];
+        }
+        let strip = |p: &FeaturePipeline| {
+            let mut v = p.to_value();
+            if let Some(map) = v.as_object_mut() {
+                map.remove("labeled");
+                map.remove("version");
+                // The spec is compared by content; where it came from is not part of the features.
+                if let Some(spec) = map.get_mut("spec").and_then(Value::as_object_mut) {
+                    spec.remove("source");
+                }
+            }
+            v
+        };
+        let mut out = Vec::new();
+        let (a, b) = (strip(self), strip(other));
+        if a.get("spec") != b.get("spec") {
+            let name = |p: &FeaturePipeline| p.spec.as_ref().map_or_else(|| "none".to_string(), |s| s.source.clone());
+            out.push(format!("spec: checkpoint has {}, {whose} has {}", name(self), name(other)));
+        }
+        out.extend(
+            value_differences(&a, &b).into_iter().map(|(k, x, y)| format!("{k}: checkpoint has {x}, {whose} has {y}")),
+        );
+        out
+    }
+
+    /// Checks that `data` can be featurized with this pipeline: the same format, and for
+    /// Parquet the same schema; the error names every difference.
+    pub fn check_data(&self, data: &DataSpec) -> Result<(), Vec<String>> {
+        if data.format() != self.format {
+            let hint = match (&self.spec, self.format.as_str()) {
+                (Some(_), f) => format!(" (score it as --data {f}:PATH; the checkpoint's spec is used)"),
+                (None, f) => format!(" (score {f} files)"),
+            };
+            return Err(vec![format!(
+                "format: checkpoint has {}, data has {}{hint}",
+                self.format_label(),
+                data.format()
+            )]);
+        }
+        if let (DataSpec::Parquet(p), Some(mine)) = (data, &self.parquet) {
+            let theirs = SchemaDescription { lines: None, ..p.0.description().clone() };
+            if &theirs != mine {
+                let a = serde_json::to_value(mine).unwrap_or_default();
+                let b = serde_json::to_value(&theirs).unwrap_or_default();
+                return Err(value_differences(&a, &b)
+                    .into_iter()
+                    .map(|(k, x, y)| format!("parquet.{k}: checkpoint has {x}, data has {y}"))
+                    .collect());
+            }
+        }
+        Ok(())
+    }
+
+    /// The line format of this pipeline's records; `labeled = false` reads lines without
+    /// their label column (featurized as the labeled ones). `None` for formats that are not
+    /// read line by line (Parquet, the generators, Taobao behaviour logs).
+    pub fn line_format(&self, labeled: bool) -> Result<Option<Box<dyn LineFormat + Send>>, PipelineError> {
+        fn boxed<F: LineFormat + Send + 'static>(f: F, label: Option<(usize, u8)>) -> Box<dyn LineFormat + Send> {
+            match label {
+                Some((column, delimiter)) => Box::new(Unlabeled::new(f, column, delimiter)),
+                None => Box::new(f),
+            }
+        }
+        let seed = self.hash.seed;
+        let sizes = self.table_sizes.clone();
+        Ok(Some(match self.format.as_str() {
+            "criteo" => {
+                boxed(CriteoFormat::new(CriteoFeatures { table_sizes: sizes, seed })?, (!labeled).then_some((0, b'\t')))
+            }
+            "avazu" => boxed(AvazuFormat::new(sizes, seed)?, (!labeled).then_some((1, b','))),
+            "amazon-dien" => {
+                let max_len = self.max_len.unwrap_or(TrainSettings::default().max_len);
+                boxed(AmazonDienFormat::new(&sizes, seed, max_len)?, (!labeled).then_some((0, b'\t')))
+            }
+            "csv" | "taobao-ad" => {
+                let spec = self.spec.as_ref().ok_or_else(|| {
+                    PipelineError::Checkpoint(format!("the `{}` pipeline records no feature spec", self.format))
+                })?;
+                let fields = &spec.fields;
+                let label = (!labeled)
+                    .then(|| {
+                        let column = fields.columns.iter().position(|c| *c == fields.label.column)?;
+                        let delimiter = match fields.delimiter.as_str() {
+                            "\\t" => b'\t',
+                            d => *d.as_bytes().first()?,
+                        };
+                        Some((column, delimiter))
+                    })
+                    .flatten();
+                let format = SpecFormat::new(fields.clone(), seed)?;
+                match label {
+                    Some((column, delimiter)) => {
+                        Box::new(Unlabeled::new(format, column, delimiter).with_label_name(&fields.label.column))
+                    }
+                    None => Box::new(format),
+                }
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// The pipeline assumed for a checkpoint that records none: `data`'s format with the
+    /// checkpoint's seed as the hashing seed and its table sizes (only for formats that need
+    /// nothing else: criteo, avazu, amazon-dien, parquet).
+    pub fn assumed(data: &DataSpec, seed: u64, table_sizes: &[u64], max_len: Option<usize>) -> Option<Self> {
+        if !matches!(data, DataSpec::Criteo(_) | DataSpec::Avazu(_) | DataSpec::AmazonDien(_) | DataSpec::Parquet(_)) {
+            return None;
+        }
+        let num_sparse = data.shape(None).1;
+        let format = data.format().to_string();
+        Some(FeaturePipeline {
+            version: PIPELINE_VERSION,
+            hash: HashScheme { function: hash_function(&format).into(), seed },
+            format,
+            spec: None,
+            table_sizes: table_sizes.get(..num_sparse)?.to_vec(),
+            dense: Vec::new(),
+            sequences: None,
+            max_len,
+            crosses: Vec::new(),
+            cross_buckets: None,
+            labeled: true,
+            parquet: match data {
+                DataSpec::Parquet(p) => Some(SchemaDescription { lines: None, ..p.0.description().clone() }),
+                _ => None,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipeline_of(data: &str, spec: Option<&str>, hash_seed: Option<u64>) -> FeaturePipeline {
+        let settings = TrainSettings {
+            data: data.into(),
+            spec: spec.map(String::from),
+            hash_seed,
+            buckets: 100,
+            model: "lr".into(),
+            ..Default::default()
+        };
+        FeaturePipeline::of_run(&settings, &settings.validate().unwrap())
+    }
+
+    #[test]
+    fn differences_name_the_format_the_spec_and_the_seed() {
+        let csv = pipeline_of("csv:Cargo.toml", Some("preset:criteo"), None);
+        let criteo = pipeline_of("criteo:Cargo.toml", None, None);
+        assert_eq!(csv.differences(&csv, "run"), Vec::<String>::new());
+        assert_eq!(csv.differences(&criteo, "run"), ["format: checkpoint has csv (spec criteo), run has criteo"]);
+        let bare = pipeline_of("csv:Cargo.toml", Some("criteo"), None);
+        assert_eq!(csv.differences(&bare, "run"), Vec::<String>::new(), "`criteo` is `preset:criteo`");
+        let avazu_spec = pipeline_of("csv:Cargo.toml", Some("preset:avazu"), None);
+        let d = csv.differences(&avazu_spec, "run");
+        assert_eq!(d[0], "spec: checkpoint has preset:criteo, run has preset:avazu");
+        assert!(d.iter().any(|l| l.starts_with("spec.fields.columns: checkpoint has")), "{d:?}");
+        let seeded = pipeline_of("criteo:Cargo.toml", None, Some(7));
+        assert_eq!(criteo.differences(&seeded, "run"), ["hash.seed: checkpoint has 42, run has 7"]);
+        // Round trip through the manifest's JSON.
+        let back = FeaturePipeline::from_manifest(Some(&csv.to_value()), std::path::Path::new("m")).unwrap();
+        assert_eq!(back, Some(csv));
+        assert_eq!(criteo.dense.len(), 13);
+        assert_eq!(criteo.dense[0].transform, "log1p(max(x, 0)); empty = 0");
+    }
+}

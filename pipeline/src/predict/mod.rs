@@ -1,0 +1,291 @@
+//! `tiderec predict` and `tiderec eval`: a checkpoint's model scoring records.
+//!
+//! Both read the records of `--data FORMAT:PATH[,PATH…]` with the
+//! checkpoint's feature pipeline ([`FeaturePipeline`]; data of another format
+//! is refused, naming the difference), in file order, in batches, and score
+//! each batch with the one [`Scorer`]. `predict` writes one row per record —
+//! its file, its position (1-based line of a text file, 0-based row of a
+//! Parquet file), its probability and, for labeled input, its label — to CSV
+//! or Parquet; `eval` reduces the same probabilities to AUC and log loss.
+//!
+//! Invariants:
+//! * Nothing is silently dropped: every record of the input is scored or is a
+//!   bad record (counted, written to the dead-letter file, held to
+//!   `--max-bad-fraction`); header and empty lines are neither.
+//! * The output is written under a temporary name and renamed only when the
+//!   run succeeded, so a failed run leaves no partial output file.
+//! * Deterministic: one thread, records in file order, batches of a fixed size.
+
+mod output;
+pub mod scorer;
+
+pub use output::{ScoreFormat, ScoreSink};
+pub use scorer::Scorer;
+
+use crate::budget::{self, Split, Tally};
+use crate::config::DataSpec;
+use crate::feature_pipeline::FeaturePipeline;
+use crate::PipelineError;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tiderec_operators::bad_record::{BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_operators::format::LineFormat;
+use tiderec_operators::Batch;
+use tiderec_sinks::dead_letters::SharedDeadLetters;
+use tiderec_sources::lines::{LineReader, ReaderOptions, RecordPosition};
+use tiderec_sources::parquet::ParquetReader;
+
+/// How to read and score records.
+#[derive(Clone, Debug)]
+pub struct ScoreOptions {
+    /// A `ckpt-<step>` directory, or a checkpoint directory (its newest valid checkpoint).
+    pub checkpoint: PathBuf,
+    /// `FORMAT:PATH[,PATH…]`.
+    pub data: String,
+    /// Records per forward pass.
+    pub batch_size: usize,
+    /// The records carry their label column.
+    pub labeled: bool,
+    /// Skip (count, dead-letter) or fail on a malformed record.
+    pub policy: BadRecordPolicy,
+    /// Dead-letter file of malformed records.
+    pub dead_letters: PathBuf,
+    /// Fail when more than this fraction of the records is malformed.
+    pub max_bad_fraction: f64,
+    /// Longest accepted line in bytes.
+    pub max_line_bytes: usize,
+}
+
+impl ScoreOptions {
+    /// Defaults for everything but the checkpoint and the data.
+    pub fn new(checkpoint: &Path, data: &str) -> Self {
+        let d = crate::TrainSettings::default();
+        ScoreOptions {
+            checkpoint: checkpoint.to_path_buf(),
+            data: data.to_string(),
+            batch_size: d.eval_batch_size,
+            labeled: true,
+            policy: BadRecordPolicy::Skip,
+            dead_letters: d.dead_letters,
+            max_bad_fraction: d.max_bad_fraction,
+            max_line_bytes: d.max_line_bytes,
+        }
+    }
+}
+
+/// The records of the data, in file order, each with its file and position.
+enum Records {
+    Lines(LineReader<Box<dyn LineFormat + Send>>),
+    Parquet(ParquetReader),
+}
+
+impl Records {
+    fn next_batch(&mut self, out: &mut Batch, max: usize) -> Result<usize, PipelineError> {
+        Ok(match self {
+            Records::Lines(r) => r.next_batch(out, max)?,
+            Records::Parquet(r) => r.next_batch(out, max)?,
+        })
+    }
+
+    fn take_positions(&mut self) -> Vec<RecordPosition> {
+        match self {
+            Records::Lines(r) => r.take_positions(),
+            Records::Parquet(r) => r.take_positions(),
+        }
+    }
+
+    fn bad_counts(&self) -> BadRecordCounts {
+        match self {
+            Records::Lines(r) => r.bad_counts().clone(),
+            Records::Parquet(r) => r.bad_counts().clone(),
+        }
+    }
+}
+
+/// What one scoring pass did.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScoreSummary {
+    /// Step of the checkpoint.
+    pub step: u64,
+    /// Records scored.
+    pub records: u64,
+    /// Malformed records skipped (and dead-lettered).
+    pub bad_records: u64,
+    /// Skipped records by reason.
+    pub bad_records_by_reason: std::collections::BTreeMap<String, u64>,
+    /// Seconds from opening the checkpoint to the last score.
+    pub seconds: f64,
+    /// Records scored per second.
+    pub records_per_sec: f64,
+}
+
+/// The checkpoint's model and pipeline, and the data's records read with that pipeline.
+fn open(
+    options: &ScoreOptions,
+    sink: &SharedDeadLetters,
+) -> Result<(u64, Scorer, Records, Vec<String>), PipelineError> {
+    let model = crate::serving::load(&options.checkpoint)?;
+    let data = DataSpec::parse("data", &options.data)?;
+    let pipeline = match &model.pipeline {
+        Some(p) => {
+            p.check_data(&data).map_err(|differences| {
+                PipelineError::config(
+                    "data",
+                    format!(
+                        "{} cannot be featurized as the checkpoint's records: {}",
+                        options.data,
+                        differences.join("; ")
+                    ),
+                )
+            })?;
+            p.clone()
+        }
+        None => {
+            let max_len = match &model.config.model {
+                tiderec_operators::nn::ModelConfig::Dien(d) => Some(d.max_len),
+                _ => None,
+            };
+            let assumed = FeaturePipeline::assumed(&data, model.config.seed, &model.config.table_sizes, max_len)
+                .ok_or_else(|| {
+                    PipelineError::config(
+                        "checkpoint",
+                        format!(
+                            "{} records no feature pipeline (an older checkpoint), and `{}` data cannot be \
+                             featurized without one (its spec is unknown)",
+                            options.checkpoint.display(),
+                            data.format()
+                        ),
+                    )
+                })?;
+            eprintln!(
+                "warning: {} records no feature pipeline (an older checkpoint): featurizing {} as `{}` with hash \
+                 seed {} and the checkpoint's table sizes, unchecked",
+                options.checkpoint.display(),
+                options.data,
+                data.format(),
+                model.config.seed
+            );
+            assumed
+        }
+    };
+    let step = model.step;
+    let (records, names) = match &data {
+        DataSpec::Parquet(p) => {
+            if !options.labeled {
+                return Err(PipelineError::config(
+                    "unlabeled",
+                    "Parquet files from `tiderec convert` always carry labels",
+                ));
+            }
+            let sizes = pipeline.table_sizes.clone();
+            let names = p.0.paths().map(|p| p.display().to_string()).collect();
+            let sink: Box<dyn DeadLetterSink> = Box::new(sink.clone());
+            let mut reader = ParquetReader::new(p.0.clone(), (0.0, 1.0), 0, 1, 0, sizes)?
+                .with_bad_records(options.policy, Some(sink));
+            reader.record_positions();
+            (Records::Parquet(reader), names)
+        }
+        DataSpec::Criteo(paths)
+        | DataSpec::Avazu(paths)
+        | DataSpec::Csv(paths)
+        | DataSpec::TaobaoAd(paths)
+        | DataSpec::AmazonDien(paths) => {
+            let format = pipeline.line_format(options.labeled)?.ok_or_else(|| {
+                PipelineError::config("data", format!("`{}` records are not read line by line", data.format()))
+            })?;
+            let reader_options = ReaderOptions { max_line_bytes: options.max_line_bytes, policy: options.policy };
+            let sink: Box<dyn DeadLetterSink> = Box::new(sink.clone());
+            let mut reader = LineReader::open_format(paths, (0.0, 1.0), 0, 1, format, reader_options, Some(sink))?;
+            reader.record_positions();
+            (Records::Lines(reader), paths.iter().map(|p| p.display().to_string()).collect())
+        }
+        DataSpec::TaobaoBehavior(_) => {
+            return Err(PipelineError::config(
+                "data",
+                "taobao-behavior logs are not scored record by record: each sample is derived from a user's \
+                 earlier events, so no score belongs to one line; convert the derived samples \
+                 (`tiderec convert --from taobao-behavior:PATH`) and score the Parquet files",
+            ))
+        }
+        DataSpec::Synthetic | DataSpec::SyntheticBehavior => {
+            return Err(PipelineError::config(
+                "data",
+                "the synthetic generators have no records to key scores by; score files (FORMAT:PATH)",
+            ))
+        }
+    };
+    let scorer = Scorer::new(model, &pipeline)?;
+    Ok((step, scorer, records, names))
+}
+
+/// Reads and scores every record of `options.data`, handing each batch's positions,
+/// probabilities and labels to `on_batch`; the bad-record budget is checked at the end.
+pub fn score(
+    options: &ScoreOptions,
+    split: Split,
+    mut on_batch: impl FnMut(&[String], &[RecordPosition], &[f32], &[f32]) -> Result<(), PipelineError>,
+) -> Result<ScoreSummary, PipelineError> {
+    let start = Instant::now();
+    let sink = SharedDeadLetters::file(options.dead_letters.clone());
+    let (step, mut scorer, mut records, names) = open(options, &sink)?;
+    let mut batch = match &records {
+        Records::Lines(r) => {
+            let (dense, sparse) = r.format().shape();
+            Batch::with_sequences(dense, sparse, r.format().num_sequences())
+        }
+        Records::Parquet(r) => {
+            let d = r.dataset().description();
+            let (dense, sparse) = d.shape();
+            Batch::with_sequences(dense, sparse, d.sequences.len())
+        }
+    };
+    let mut scored = 0u64;
+    loop {
+        batch.clear();
+        if records.next_batch(&mut batch, options.batch_size.max(1))? == 0 {
+            break;
+        }
+        let positions = records.take_positions();
+        let labels = batch.labels.clone();
+        let probs = scorer.probabilities(&mut batch)?;
+        debug_assert_eq!(positions.len(), probs.len());
+        on_batch(&names, &positions, &probs, &labels)?;
+        scored += probs.len() as u64;
+    }
+    sink.lock().finish()?;
+    let bad = records.bad_counts();
+    let tally = Tally { good: scored, bad: bad.to_array() };
+    budget::check(split, &options.data, tally, options.max_bad_fraction, &options.dead_letters)?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(ScoreSummary {
+        step,
+        records: scored,
+        bad_records: bad.total(),
+        bad_records_by_reason: bad.by_reason.clone(),
+        seconds,
+        records_per_sec: scored as f64 / seconds.max(1e-9),
+    })
+}
+
+/// Scores `options.data` into `out` (`.csv` or `.parquet`); see the [module docs](self).
+pub fn predict(options: &ScoreOptions, out: &Path) -> Result<ScoreSummary, PipelineError> {
+    let format = ScoreFormat::of_path(out)?;
+    let mut sink = ScoreSink::create(out, format, options.labeled)?;
+    let result = score(options, Split::Predict, |names, positions, probs, labels| {
+        for (k, (p, &score)) in positions.iter().zip(probs).enumerate() {
+            sink.push(&names[p.file], p.position, score, labels[k])?;
+        }
+        Ok(())
+    });
+    match result {
+        Ok(summary) => {
+            sink.commit()?;
+            Ok(summary)
+        }
+        Err(e) => {
+            sink.abandon();
+            Err(e)
+        }
+    }
+}

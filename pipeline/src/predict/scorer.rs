@@ -1,0 +1,154 @@
+//! The batched forward pass of a checkpoint's model: the one scoring path of
+//! `tiderec eval` and `tiderec predict`.
+//!
+//! For each batch it does what a training step's prediction does on one
+//! worker: drops the sequence fields the model does not read, appends the
+//! crosses of the pipeline, gathers each field's distinct rows, pools them
+//! with [`pool_sum`] (the trainer's kernel, with the fields' pooling weights),
+//! lays the sequences out padded to the batch's longest, and runs the model's
+//! forward. Single-threaded, so its output depends only on the batches.
+
+use crate::feature_pipeline::FeaturePipeline;
+use crate::serving::ServedModel;
+use crate::PipelineError;
+use rustc_hash::FxHashMap;
+use tiderec_operators::features::cross::append_crosses;
+use tiderec_operators::nn::embedding_bag::pool_sum;
+use tiderec_operators::nn::loss::sigmoid;
+use tiderec_operators::nn::{Model, SequenceInput};
+use tiderec_operators::{Batch, SparseField};
+
+/// A loaded model ready to score batches; see the [module docs](self).
+pub struct Scorer {
+    model: Box<dyn Model<f32>>,
+    tables: Vec<Vec<f32>>,
+    table_sizes: Vec<u64>,
+    dim: usize,
+    num_sequences: usize,
+    model_sparse: usize,
+    sequence_tables: Vec<usize>,
+    crosses: Vec<(usize, usize)>,
+    cross_buckets: u64,
+    hash_seed: u64,
+    pooled: Vec<f32>,
+    unique: Vec<f32>,
+    index: Vec<u32>,
+    seq_rows: Vec<f32>,
+    seq_lengths: Vec<usize>,
+}
+
+fn shape_error(what: String) -> PipelineError {
+    PipelineError::Checkpoint(what)
+}
+
+impl Scorer {
+    /// The scorer of `model`, featurized by `pipeline` (its crosses and hashing seed).
+    pub fn new(model: ServedModel, pipeline: &FeaturePipeline) -> Result<Self, PipelineError> {
+        let cfg = &model.config;
+        let mut net = cfg.model.build::<f32>(cfg.seed)?;
+        if net.params().len() != model.dense.len() {
+            return Err(shape_error(format!(
+                "the checkpoint holds {} dense parameters, its model needs {}",
+                model.dense.len(),
+                net.params().len()
+            )));
+        }
+        net.params_mut().copy_from_slice(&model.dense);
+        Ok(Scorer {
+            model: net,
+            dim: cfg.model.embedding_dim(),
+            num_sequences: cfg.model.num_sequences(),
+            model_sparse: cfg.model.num_sparse(),
+            sequence_tables: cfg.sequence_tables.clone(),
+            table_sizes: cfg.table_sizes.clone(),
+            tables: model.tables,
+            crosses: pipeline.crosses.clone(),
+            cross_buckets: pipeline.cross_buckets.unwrap_or(1),
+            hash_seed: pipeline.hash.seed,
+            pooled: Vec::new(),
+            unique: Vec::new(),
+            index: Vec::new(),
+            seq_rows: Vec::new(),
+            seq_lengths: Vec::new(),
+        })
+    }
+
+    /// The rows of table `t` for `field`'s ids, distinct, and each entry's index among them.
+    fn gather(&mut self, field: &SparseField, t: usize, name: &str) -> Result<(), PipelineError> {
+        let (dim, rows) = (self.dim, self.table_sizes.get(t).copied().unwrap_or(0));
+        self.unique.clear();
+        self.index.clear();
+        let mut seen: FxHashMap<u64, u32> = FxHashMap::default();
+        for &id in &field.ids {
+            if id >= rows {
+                return Err(shape_error(format!("{name}: id {id} is outside its table {t} of {rows} rows")));
+            }
+            let next = seen.len() as u32;
+            let k = *seen.entry(id).or_insert_with(|| {
+                self.unique.extend_from_slice(&self.tables[t][id as usize * dim..(id as usize + 1) * dim]);
+                next
+            });
+            self.index.push(k);
+        }
+        Ok(())
+    }
+
+    /// The probabilities (sigmoid of the logits) of `batch`'s samples, in order. The batch is
+    /// prepared in place (sequences the model does not read dropped, crosses appended).
+    pub fn probabilities(&mut self, batch: &mut Batch) -> Result<Vec<f32>, PipelineError> {
+        let b = batch.len();
+        if b == 0 {
+            return Ok(Vec::new());
+        }
+        batch.sequences.truncate(self.num_sequences);
+        if !self.crosses.is_empty() {
+            append_crosses(batch, &self.crosses, self.hash_seed, self.cross_buckets);
+        }
+        let (f, d) = (batch.sparse.len(), self.dim);
+        if f != self.model_sparse || batch.sequences.len() != self.num_sequences {
+            return Err(shape_error(format!(
+                "the records have {f} sparse and {} sequence fields; the model reads {} and {}",
+                batch.sequences.len(),
+                self.model_sparse,
+                self.num_sequences
+            )));
+        }
+        self.pooled.clear();
+        self.pooled.resize(b * f * d, 0.0);
+        for t in 0..f {
+            let field = &batch.sparse[t];
+            self.gather(field, t, &format!("sparse field {t}"))?;
+            let weights = field.weights.as_deref();
+            pool_sum(&self.unique, d, &field.offsets, &self.index, weights, t, f, &mut self.pooled);
+        }
+        let steps = self.lay_out_sequences(batch)?;
+        let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
+        let logits = self.model.forward_sequences(&batch.dense, &self.pooled, &seq, b);
+        Ok(logits.iter().map(|&x| sigmoid(x)).collect())
+    }
+
+    /// `[B × T × S·d]` rows of the sequences, padded to the longest `T` of the batch (returned).
+    fn lay_out_sequences(&mut self, batch: &Batch) -> Result<usize, PipelineError> {
+        let (b, d, s) = (batch.len(), self.dim, batch.sequences.len());
+        self.seq_lengths.clear();
+        self.seq_rows.clear();
+        let Some(first) = batch.sequences.first() else { return Ok(0) };
+        self.seq_lengths.extend((0..b).map(|i| first.bag(i).len()));
+        let steps = self.seq_lengths.iter().copied().max().unwrap_or(0);
+        let width = s * d;
+        self.seq_rows.resize(b * steps * width, 0.0);
+        for (j, field) in batch.sequences.iter().enumerate() {
+            let t = self.sequence_tables[j];
+            self.gather(field, t, &format!("sequence field {j}"))?;
+            for i in 0..b {
+                let start = field.offsets[i] as usize;
+                for step in 0..self.seq_lengths[i] {
+                    let u = self.index[start + step] as usize;
+                    let dst = (i * steps + step) * width + j * d;
+                    self.seq_rows[dst..dst + d].copy_from_slice(&self.unique[u * d..(u + 1) * d]);
+                }
+            }
+        }
+        Ok(steps)
+    }
+}
