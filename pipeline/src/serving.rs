@@ -4,8 +4,19 @@
 //! newest valid checkpoint is taken), merge every worker's embedding rows into whole
 //! tables by id, and rebuild the model from the configuration in its manifest, so
 //! neither needs the flags of the run that wrote it. `eval` scores records with a
-//! single-threaded forward pass (pooled sums of the rows, then the model), the same
-//! computation as a training step's prediction.
+//! single-threaded forward pass ([`ServedModel::score_batch`]: pooled sums of the
+//! rows, then the model), the same computation as a training step's prediction.
+//!
+//! `export` writes a self-describing serving snapshot (`docs/export.md`): the
+//! dense layers under PyTorch's names and layouts ([`tiderec_operators::nn::named`]),
+//! the embedding tables named by field ([`tables`]), and `model.json` with the
+//! model kind, every tensor's shape, the forward computation ([`describe`]) and
+//! the feature pipeline ([`features`]).
+
+pub mod describe;
+pub mod features;
+pub mod names;
+pub mod tables;
 
 use crate::config::DataSpec;
 use crate::PipelineError;
@@ -14,9 +25,10 @@ use std::path::Path;
 use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::metrics::{auc, logloss};
 use tiderec_operators::nn::loss::sigmoid;
+use tiderec_operators::nn::Model;
 use tiderec_operators::train::TrainerConfig;
 use tiderec_operators::Batch;
-use tiderec_sinks::checkpoint::export::{write_serving, ExportTable};
+use tiderec_sinks::checkpoint::export::{write_serving, ServingTensor};
 use tiderec_sinks::checkpoint::{self, Checkpoint};
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
 
@@ -79,6 +91,43 @@ pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
     Ok(ServedModel { config, step: found.manifest.step, dense, tables })
 }
 
+impl ServedModel {
+    /// The model, built from the configuration with the checkpoint's dense parameters.
+    pub fn build_model(&self) -> Result<Box<dyn Model<f32>>, PipelineError> {
+        let mut model = self.config.model.build::<f32>(self.config.seed)?;
+        if model.params().len() != self.dense.len() {
+            return Err(PipelineError::Checkpoint(format!(
+                "step {}: {} dense parameters for a model of {}",
+                self.step,
+                self.dense.len(),
+                model.params().len()
+            )));
+        }
+        model.params_mut().copy_from_slice(&self.dense);
+        Ok(model)
+    }
+
+    /// Appends to `probs` the click probability of every sample of `batch`
+    /// (no sequences): the sum of each field's rows, then `model`'s logit,
+    /// then the sigmoid. `pooled` is scratch space.
+    pub fn score_batch(&self, model: &mut dyn Model<f32>, batch: &Batch, pooled: &mut Vec<f32>, probs: &mut Vec<f32>) {
+        let (b, fields, dim) = (batch.len(), batch.sparse.len(), self.config.model.embedding_dim());
+        pooled.clear();
+        pooled.resize(b * fields * dim, 0.0);
+        for (f, field) in batch.sparse.iter().enumerate() {
+            for s in 0..b {
+                let out = &mut pooled[(s * fields + f) * dim..(s * fields + f + 1) * dim];
+                for &id in field.bag(s) {
+                    let row = &self.tables[f][id as usize * dim..(id as usize + 1) * dim];
+                    out.iter_mut().zip(row).for_each(|(o, &r)| *o += r);
+                }
+            }
+        }
+        let logits = model.forward(&batch.dense, pooled, b);
+        probs.extend(logits.iter().map(|&x| sigmoid(x)));
+    }
+}
+
 /// What `export` wrote.
 #[derive(Clone, Debug, Serialize)]
 pub struct ExportSummary {
@@ -90,22 +139,47 @@ pub struct ExportSummary {
     pub embedding_rows: u64,
 }
 
-/// Writes the serving snapshot of the checkpoint at `checkpoint` into `out`.
+/// Version of the serving snapshot's layout (named tensors, `model.json` sections).
+pub const SERVING_FORMAT_VERSION: u32 = 2;
+
+/// Writes the serving snapshot of the checkpoint at `checkpoint` into `out` (see the module docs).
 pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineError> {
     let m = load(checkpoint)?;
-    let dim = m.config.model.embedding_dim();
-    let tables: Vec<ExportTable> =
-        m.tables.iter().map(|t| ExportTable { rows: t.len() / dim.max(1), dim, values: t }).collect();
+    let model = &m.config.model;
+    let params = model.param_tensors();
+    if params.last().map_or(0, |t| t.range().end) != m.dense.len() {
+        return Err(checkpoint_error(checkpoint, "dense parameters do not match the model"));
+    }
+    let names = names::input_names(model);
+    let tables = tables::table_tensors(model, &names, m.tables);
+    let mut tensors: Vec<ServingTensor> = params
+        .iter()
+        .map(|t| ServingTensor { name: t.name.clone(), shape: t.shape.clone(), values: &m.dense[t.range()] })
+        .collect();
+    tensors.extend(tables.iter().map(|t| ServingTensor {
+        name: t.name.clone(),
+        shape: t.shape.clone(),
+        values: &t.values,
+    }));
+    let shapes: serde_json::Map<String, serde_json::Value> =
+        tensors.iter().map(|t| (t.name.clone(), serde_json::json!(t.shape))).collect();
     let config = serde_json::json!({
         "format": "tiderec-serving",
+        "format_version": SERVING_FORMAT_VERSION,
         "step": m.step,
-        "model": m.config.model,
-        "table_sizes": m.config.table_sizes,
-        "sequence_tables": m.config.sequence_tables,
-        "hash_seed": m.config.seed,
-        "embedding_dim": dim,
+        "kind": model.name(),
+        "model": model,
+        "dense_features": names.dense,
+        "sparse_fields": names.sparse,
+        "tensors": shapes,
+        "forward": describe::forward(model, &names),
+        "output": {
+            "logit": "the forward's logit (one value per record)",
+            "probability": "sigmoid(logit) = 1 / (1 + exp(-logit)), the click probability",
+        },
+        "features": features::feature_pipeline(&m.config, &names),
     });
-    write_serving(out, &m.dense, &tables, &config)?;
+    write_serving(out, &tensors, &config)?;
     Ok(ExportSummary { step: m.step, dense_params: m.dense.len(), embedding_rows: m.config.table_sizes.iter().sum() })
 }
 
@@ -143,15 +217,10 @@ pub fn eval(checkpoint: &Path, data: &str, batch_size: usize) -> Result<EvalRepo
             "eval scores Criteo-shaped models (13 dense, 26 sparse fields, no crosses or sequences)",
         ));
     }
-    let mut model = model_cfg.build::<f32>(m.config.seed)?;
-    if model.params().len() != m.dense.len() {
-        return Err(checkpoint_error(checkpoint, "dense parameters do not match the model"));
-    }
-    model.params_mut().copy_from_slice(&m.dense);
+    let mut model = m.build_model()?;
     let features = CriteoFeatures { table_sizes: m.config.table_sizes.clone(), seed: m.config.seed };
     let config = CriteoConfig { policy: BadRecordPolicy::Skip, ..CriteoConfig::new(features) };
     let mut reader = CriteoReader::open(&paths, 0, 1, config, None)?;
-    let dim = model_cfg.embedding_dim();
     let (mut probs, mut labels) = (Vec::new(), Vec::new());
     let mut batch = Batch::new(NUM_DENSE, NUM_SPARSE);
     let mut pooled = Vec::new();
@@ -161,20 +230,7 @@ pub fn eval(checkpoint: &Path, data: &str, batch_size: usize) -> Result<EvalRepo
         if n == 0 {
             break;
         }
-        let b = batch.len();
-        pooled.clear();
-        pooled.resize(b * NUM_SPARSE * dim, 0.0f32);
-        for (f, field) in batch.sparse.iter().enumerate() {
-            for s in 0..b {
-                let out = &mut pooled[(s * NUM_SPARSE + f) * dim..(s * NUM_SPARSE + f + 1) * dim];
-                for &id in field.bag(s) {
-                    let row = &m.tables[f][id as usize * dim..(id as usize + 1) * dim];
-                    out.iter_mut().zip(row).for_each(|(o, &r)| *o += r);
-                }
-            }
-        }
-        let logits = model.forward(&batch.dense, &pooled, b);
-        probs.extend(logits.iter().map(|&x| sigmoid(x)));
+        m.score_batch(model.as_mut(), &batch, &mut pooled, &mut probs);
         labels.extend_from_slice(&batch.labels);
     }
     Ok(EvalReport {

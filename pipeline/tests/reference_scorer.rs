@@ -1,0 +1,219 @@
+//! `scripts/reference_scorer.py` (NumPy, from `model.json` and `model.safetensors`
+//! alone) against the library's own scoring of the same checkpoint, for every
+//! model kind it rebuilds, on real Criteo records.
+
+mod common;
+
+use common::{run_ok, shared_data, skip, tiderec};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tiderec::serving::{load, ServedModel};
+use tiderec_operators::bad_record::BadRecordPolicy;
+use tiderec_operators::Batch;
+use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
+
+fn scorer() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/reference_scorer.py")
+}
+
+/// Whether `python3` with NumPy and safetensors is here (a note, or a failure under CI, when not).
+fn python_ready() -> bool {
+    let ok =
+        Command::new("python3").args(["-c", "import numpy, safetensors"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        skip::cannot_run("python3 with numpy and safetensors not found (pip install numpy safetensors)");
+    }
+    ok
+}
+
+/// The library's probabilities for the records of `file` (malformed ones skipped), and their labels.
+fn rust_scores(m: &ServedModel, file: &Path) -> (Vec<f32>, Vec<f32>) {
+    let mut model = m.build_model().unwrap();
+    let features = CriteoFeatures { table_sizes: m.config.table_sizes.clone(), seed: m.config.seed };
+    let config = CriteoConfig { policy: BadRecordPolicy::Skip, ..CriteoConfig::new(features) };
+    let mut reader = CriteoReader::open(&[file.to_path_buf()], 0, 1, config, None).unwrap();
+    let (mut probs, mut labels, mut pooled) = (Vec::new(), Vec::new(), Vec::new());
+    let mut batch = Batch::new(NUM_DENSE, NUM_SPARSE);
+    loop {
+        batch.clear();
+        if reader.next_batch(&mut batch, 100).unwrap() == 0 {
+            break;
+        }
+        m.score_batch(model.as_mut(), &batch, &mut pooled, &mut probs);
+        labels.extend_from_slice(&batch.labels);
+    }
+    (probs, labels)
+}
+
+/// One row of the scorer's CSV.
+struct Row {
+    file: String,
+    position: usize,
+    score: f64,
+    label: Option<f32>,
+}
+
+/// Runs the reference scorer on `files`; returns its rows (the header checked).
+fn python_scores(model: &Path, files: &[&Path], unlabeled: bool, out: &Path) -> Vec<Row> {
+    let mut cmd = Command::new("python3");
+    cmd.arg(scorer()).arg("--model").arg(model).arg("--out").arg(out).args(["--batch-size", "64"]);
+    if unlabeled {
+        cmd.arg("--unlabeled");
+    }
+    let o = cmd.args(files).output().unwrap();
+    assert!(o.status.success(), "reference scorer failed: {}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(out).unwrap();
+    let mut lines = text.lines();
+    let header = if unlabeled { "file,position,score" } else { "file,position,score,label" };
+    assert_eq!(lines.next(), Some(header));
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            Row {
+                file: cells[0].to_string(),
+                position: cells[1].parse().unwrap(),
+                score: cells[2].parse().unwrap(),
+                label: cells.get(3).map(|s| s.parse().unwrap()),
+            }
+        })
+        .collect()
+}
+
+/// The model.json of an export.
+fn model_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("model.json")).unwrap()).unwrap()
+}
+
+/// Every model kind trained a few steps on the Criteo sample, exported, scored
+/// by the Python reference from the export alone and by the library from the
+/// checkpoint: the same probabilities within 1e-5, record by record, a
+/// malformed record skipped by both at the same place, and `model.json`
+/// naming the true kind and the tensors by layer and field.
+#[test]
+fn the_reference_scorer_matches_the_library_for_every_model_kind() {
+    let Some(train) = shared_data("criteo/sample.train") else { return };
+    if !python_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(&train).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let train_file = dir.path().join("train.tsv");
+    std::fs::write(&train_file, lines[..8000].join("\n")).unwrap();
+    // 400 held-out records with a malformed one (a bad label) at line 3.
+    let mut held: Vec<String> = lines[8000..8400].iter().map(|s| s.to_string()).collect();
+    held.insert(2, format!("7{}", &held[2][1..]));
+    let score_file = dir.path().join("score.tsv");
+    std::fs::write(&score_file, held.join("\n") + "\n").unwrap();
+
+    let kinds: [(&str, &[&str]); 5] = [
+        ("lr", &[]),
+        ("fm", &["--dim", "8"]),
+        ("deepfm", &["--dim", "8", "--deep", "32,16"]),
+        ("wdl", &["--dim", "8", "--deep", "32,16", "--sparse-optimizer", "ftrl-adagrad"]),
+        ("dlrm", &["--dim", "8", "--bottom", "32,8", "--top", "32,1"]),
+    ];
+    for (kind, flags) in kinds {
+        let ckpt = dir.path().join(format!("ckpt-{kind}"));
+        run_ok(
+            tiderec()
+                .args(["train", "--progress", "none", "--model", kind, "--buckets", "3000", "--steps", "60"])
+                .args(["--batch-size", "128", "--sparse-lr", "0.05"])
+                .args(flags)
+                .arg("--data")
+                .arg(format!("criteo:{}", train_file.display()))
+                .arg("--checkpoint-dir")
+                .arg(&ckpt),
+        );
+        let serve = dir.path().join(format!("serve-{kind}"));
+        run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
+
+        let config = model_json(&serve);
+        assert_eq!(config["kind"], kind);
+        assert_eq!(config["model"]["kind"], kind);
+        let tensors = &config["tensors"];
+        match kind {
+            "dlrm" => {
+                assert_eq!(tensors["bottom.0.weight"], serde_json::json!([32, 13]));
+                assert_eq!(tensors["top.0.weight"], serde_json::json!([32, 8 + 26 * 27 / 2]));
+                assert_eq!(tensors["embeddings.C26"], serde_json::json!([3000, 8]));
+            }
+            "lr" => {
+                assert_eq!(tensors["linear.weight"], serde_json::json!([1, 13]));
+                assert_eq!(tensors["first_order.C1"], serde_json::json!([3000, 1]));
+                assert!(tensors.get("embeddings.C1").is_none());
+            }
+            _ => {
+                assert_eq!(tensors["first_order.C1"], serde_json::json!([3000, 1]));
+                assert_eq!(tensors["embeddings.C1"], serde_json::json!([3000, 8]));
+                assert_eq!(tensors.get("deep.0.weight").is_some(), kind != "fm", "{kind}: {tensors}");
+            }
+        }
+
+        let m = load(&ckpt).unwrap();
+        let (want, labels) = rust_scores(&m, &score_file);
+        let rows = python_scores(&serve, &[&score_file], false, &dir.path().join(format!("{kind}.csv")));
+        assert_eq!(rows.len(), 400, "{kind}: one of 401 records is malformed");
+        assert_eq!(want.len(), rows.len(), "{kind}: the library scored {} records", want.len());
+        let positions: Vec<usize> = rows.iter().map(|r| r.position).collect();
+        let expected: Vec<usize> = (1..=401).filter(|&p| p != 3).collect();
+        assert_eq!(positions, expected, "{kind}: positions are line numbers, the malformed line 3 skipped");
+        let mut worst = 0.0f64;
+        for (i, (r, &p)) in rows.iter().zip(&want).enumerate() {
+            assert_eq!(r.file, score_file.display().to_string());
+            assert_eq!(r.label, Some(labels[i]), "{kind}: label of line {}", r.position);
+            worst = worst.max((r.score - p as f64).abs());
+        }
+        assert!(worst < 1e-5, "{kind}: the reference's probabilities differ by up to {worst:e}");
+        let (lo, hi) = want.iter().fold((1.0f32, 0.0f32), |(lo, hi), &p| (lo.min(p), hi.max(p)));
+        assert!(hi - lo > 1e-3, "{kind}: a trained model tells records apart ({lo}..{hi})");
+        eprintln!("{kind}: {} records, largest difference {worst:e}, probabilities {lo:.4}..{hi:.4}", rows.len());
+
+        if kind == "deepfm" {
+            unlabeled_records_score_like_labeled_ones(&m, &serve, dir.path());
+        }
+    }
+}
+
+/// Kaggle's unlabeled test records (`--unlabeled`) score like the same records with a label column.
+fn unlabeled_records_score_like_labeled_ones(m: &ServedModel, serve: &Path, dir: &Path) {
+    let Some(test) = shared_data("criteo/sample.test") else { return };
+    let text = std::fs::read_to_string(test).unwrap();
+    let lines: Vec<&str> = text.lines().take(200).collect();
+    let (unlabeled, labeled) = (dir.join("test.tsv"), dir.join("test-labeled.tsv"));
+    std::fs::write(&unlabeled, lines.join("\n")).unwrap();
+    std::fs::write(&labeled, lines.iter().map(|l| format!("0\t{l}")).collect::<Vec<_>>().join("\n")).unwrap();
+    let (want, _) = rust_scores(m, &labeled);
+    let rows = python_scores(serve, &[&unlabeled], true, &dir.join("test.csv"));
+    assert_eq!((rows.len(), want.len()), (200, 200));
+    for (r, &p) in rows.iter().zip(&want) {
+        assert!(r.label.is_none());
+        assert!((r.score - p as f64).abs() < 1e-5, "line {}: {} vs {p}", r.position, r.score);
+    }
+}
+
+/// A model the scorer cannot rebuild from Criteo records is refused with a
+/// message naming why, not scored wrongly: a malformed model.json version.
+#[test]
+fn the_reference_scorer_refuses_an_unknown_format_version() {
+    if !python_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("model.json"), r#"{"format": "tiderec-serving", "format_version": 1}"#).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ").unwrap();
+    let data = dir.path().join("d.tsv");
+    std::fs::write(&data, "").unwrap();
+    let o = Command::new("python3")
+        .arg(scorer())
+        .arg("--model")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("o.csv"))
+        .arg(&data)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("version 1") && !err.contains("Traceback"), "{err}");
+}
