@@ -206,7 +206,7 @@ class Model:
                 logit += dense @ self.t["linear.weight"][0]
             for term in fw["terms"]:
                 if term == "first_order":
-                    for f, name in enumerate(fw["first_order"]["fields"]):
+                    for name in fw["first_order"]["fields"]:
                         logit += self.pooled("first_order." + name, ids, self.fields.index(name))[:, 0]
                 elif term == "fm":
                     vs = [self.pooled("embeddings." + n, ids, self.fields.index(n)) for n in fw["fm"]["fields"]]
@@ -272,9 +272,9 @@ def score_files(model, featurizer, paths, writer, batch_size, limit):
             for pos, line in enumerate(f, start=1):
                 if limit is not None and scored + len(pending) >= limit:
                     break
-                line = line.rstrip(b"\n")
-                if not line.rstrip(b"\r"):
-                    continue
+                line = line[:-1] if line.endswith(b"\n") else line
+                if line in (b"", b"\r"):
+                    continue  # an empty line is no record
                 parsed = featurizer.parse(line)
                 if isinstance(parsed, str):
                     print(f"{path}:{pos}: malformed record: {parsed}", file=sys.stderr)
