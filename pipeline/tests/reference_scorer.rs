@@ -217,3 +217,48 @@ fn the_reference_scorer_refuses_an_unknown_format_version() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("version 1") && !err.contains("Traceback"), "{err}");
 }
+
+/// A DIEN export names its GRU tensors as `torch.nn.GRU` does, with its shapes,
+/// and describes the attention; the reference scorer, which reads Criteo
+/// records, refuses the model with a message saying why instead of scoring it.
+#[test]
+fn a_dien_export_has_torch_gru_tensors_and_the_scorer_refuses_it() {
+    if !python_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--data", "synthetic-behavior", "--model", "dien"])
+            .args(["--samples", "2000", "--steps", "5", "--dim", "4", "--mlp", "8"])
+            .arg("--checkpoint-dir")
+            .arg(&ckpt),
+    );
+    let serve = dir.path().join("serve");
+    run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
+    let config = model_json(&serve);
+    assert_eq!(config["kind"], "dien");
+    let e = 2 * 4; // two sequence fields (item, category) of width 4
+    let t = &config["tensors"];
+    assert_eq!(t["gru.weight_ih_l0"], serde_json::json!([3 * e, e]));
+    assert_eq!(t["gru.weight_hh_l0"], serde_json::json!([3 * e, e]));
+    assert_eq!(t["gru.bias_ih_l0"], serde_json::json!([3 * e]));
+    assert_eq!(t["attention.weight"], serde_json::json!([e, e]));
+    assert_eq!(config["forward"]["interest"]["kind"], "gru-attention");
+    assert_eq!(config["features"]["format"], "unrecorded");
+    let data = dir.path().join("d.tsv");
+    std::fs::write(&data, "").unwrap();
+    let o = Command::new("python3")
+        .arg(scorer())
+        .arg("--model")
+        .arg(&serve)
+        .arg("--out")
+        .arg(dir.path().join("o.csv"))
+        .arg(&data)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("behaviour sequences") && !err.contains("Traceback"), "{err}");
+}

@@ -136,16 +136,13 @@ pub fn param_tensors(config: &DienConfig) -> Vec<ParamTensor> {
     let mut out = Vec::new();
     if config.interest == Interest::GruAttention {
         let (h, i) = (gru.hidden, gru.input);
-        let mut at = gru.offset;
-        for (name, shape) in [
-            ("gru.weight_ih_l0", vec![3 * h, i]),
-            ("gru.weight_hh_l0", vec![3 * h, h]),
-            ("gru.bias_ih_l0", vec![3 * h]),
-            ("gru.bias_hh_l0", vec![3 * h]),
+        for (name, shape, range) in [
+            ("gru.weight_ih_l0", vec![3 * h, i], gru.w_ih()),
+            ("gru.weight_hh_l0", vec![3 * h, h], gru.w_hh()),
+            ("gru.bias_ih_l0", vec![3 * h], gru.b_ih()),
+            ("gru.bias_hh_l0", vec![3 * h], gru.b_hh()),
         ] {
-            let t = ParamTensor { name: name.into(), shape, offset: at };
-            at = t.range().end;
-            out.push(t);
+            out.push(ParamTensor { name: name.into(), shape, offset: range.start });
         }
         out.push(ParamTensor {
             name: "attention.weight".into(),

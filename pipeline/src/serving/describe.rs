@@ -121,7 +121,10 @@ fn dien(c: &DienConfig, names: &InputNames, params: &[ParamTensor]) -> Value {
         },
         "x_t": "concat over the sequence fields (in order) of the row of event t in that field's table: width E = \
                 num_sequences · dim",
-        "q": format!("concat of pooled {} (the target fields, in sequence order)", targets.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")),
+        "q": format!(
+            "concat of {} (the target fields, in sequence order)",
+            targets.iter().map(|f| format!("pooled embeddings.{f}")).collect::<Vec<_>>().join(", ")
+        ),
         "interest": interest,
         "mlp": mlp("mlp", params, false, json!(input)),
         "logit": "the MLP's single output",
