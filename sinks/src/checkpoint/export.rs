@@ -61,3 +61,30 @@ pub fn write_serving(dir: &Path, tensors: &[ServingTensor<'_>], config: &serde_j
     std::fs::rename(&tmp_config, dir.join(CONFIG_FILE)).map_err(io(dir))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Named tensors and the description land under their final names, the
+    /// temporary ones gone; a tensor whose shape does not match its values is
+    /// refused by name before anything is written.
+    #[test]
+    fn writes_named_tensors_and_refuses_a_wrong_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let t = |name: &str, shape: Vec<usize>| ServingTensor { name: name.into(), shape, values: &w };
+        let out = dir.path().join("serve");
+        write_serving(&out, &[t("bottom.0.weight", vec![2, 3])], &serde_json::json!({"kind": "dlrm"})).unwrap();
+        let names: Vec<String> =
+            std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        let bytes = std::fs::read(out.join(MODEL_FILE)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("bottom.0.weight").unwrap().shape(), [2, 3]);
+        let bad = dir.path().join("bad");
+        let e = write_serving(&bad, &[t("top.0.weight", vec![4, 2])], &serde_json::json!({})).unwrap_err();
+        assert!(e.to_string().contains("top.0.weight") && e.to_string().contains("6 values"), "{e}");
+        assert!(!bad.exists());
+    }
+}
