@@ -6,6 +6,17 @@
 //! neither needs the flags of the run that wrote it. `eval` reads records with the
 //! checkpoint's feature pipeline and scores them with [`crate::predict`]'s scorer
 //! (the path `tiderec predict` takes), then reduces the probabilities to AUC and log loss.
+//!
+//! `export` writes a self-describing serving snapshot (`docs/export.md`): the
+//! dense layers under PyTorch's names and layouts ([`tiderec_operators::nn::named`]),
+//! the embedding tables named by field ([`tables`]), and `model.json` with the
+//! model kind, every tensor's shape, the forward computation ([`describe`]) and
+//! the feature pipeline ([`features`]).
+
+pub mod describe;
+pub mod features;
+pub mod names;
+pub mod tables;
 
 use crate::feature_pipeline::FeaturePipeline;
 use crate::predict::{self, ScoreOptions};
@@ -14,7 +25,7 @@ use serde::Serialize;
 use std::path::Path;
 use tiderec_operators::metrics::{auc, logloss};
 use tiderec_operators::train::TrainerConfig;
-use tiderec_sinks::checkpoint::export::{write_serving, ExportTable};
+use tiderec_sinks::checkpoint::export::{write_serving, ServingTensor};
 use tiderec_sinks::checkpoint::{self, Checkpoint};
 
 /// A checkpoint's model, ready to score.
@@ -90,23 +101,48 @@ pub struct ExportSummary {
     pub embedding_rows: u64,
 }
 
-/// Writes the serving snapshot of the checkpoint at `checkpoint` into `out`.
+/// Version of the serving snapshot's layout (named tensors, `model.json` sections).
+pub const SERVING_FORMAT_VERSION: u32 = 2;
+
+/// Writes the serving snapshot of the checkpoint at `checkpoint` into `out` (see the module docs).
 pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineError> {
     let m = load(checkpoint)?;
-    let dim = m.config.model.embedding_dim();
-    let tables: Vec<ExportTable> =
-        m.tables.iter().map(|t| ExportTable { rows: t.len() / dim.max(1), dim, values: t }).collect();
+    let model = &m.config.model;
+    let params = model.param_tensors();
+    if params.last().map_or(0, |t| t.range().end) != m.dense.len() {
+        return Err(checkpoint_error(checkpoint, "dense parameters do not match the model"));
+    }
+    let names = names::input_names(model);
+    let tables = tables::table_tensors(model, &names, m.tables);
+    let mut tensors: Vec<ServingTensor> = params
+        .iter()
+        .map(|t| ServingTensor { name: t.name.clone(), shape: t.shape.clone(), values: &m.dense[t.range()] })
+        .collect();
+    tensors.extend(tables.iter().map(|t| ServingTensor {
+        name: t.name.clone(),
+        shape: t.shape.clone(),
+        values: &t.values,
+    }));
+    let shapes: serde_json::Map<String, serde_json::Value> =
+        tensors.iter().map(|t| (t.name.clone(), serde_json::json!(t.shape))).collect();
     let config = serde_json::json!({
         "format": "tiderec-serving",
+        "format_version": SERVING_FORMAT_VERSION,
         "step": m.step,
-        "model": m.config.model,
-        "table_sizes": m.config.table_sizes,
-        "sequence_tables": m.config.sequence_tables,
-        "hash_seed": m.pipeline.as_ref().map_or(m.config.seed, |p| p.hash.seed),
-        "embedding_dim": dim,
+        "kind": model.name(),
+        "model": model,
+        "dense_features": names.dense,
+        "sparse_fields": names.sparse,
+        "tensors": shapes,
+        "forward": describe::forward(model, &names),
+        "output": {
+            "logit": "the forward's logit (one value per record)",
+            "probability": "sigmoid(logit) = 1 / (1 + exp(-logit)), the click probability",
+        },
+        "features": features::feature_pipeline(&m.config, m.pipeline.as_ref(), &names),
         "pipeline": m.pipeline,
     });
-    write_serving(out, &m.dense, &tables, &config)?;
+    write_serving(out, &tensors, &config)?;
     Ok(ExportSummary { step: m.step, dense_params: m.dense.len(), embedding_rows: m.config.table_sizes.iter().sum() })
 }
 

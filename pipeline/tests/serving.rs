@@ -61,14 +61,25 @@ fn eval_reproduces_the_training_runs_evaluation_and_export_writes_the_model() {
     run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(serve.join("model.json")).unwrap()).unwrap();
-    assert_eq!(config["model"]["kind"], "dlrm");
-    assert_eq!(config["table_sizes"].as_array().unwrap().len(), 26);
+    assert_eq!((config["kind"].as_str(), config["model"]["kind"].as_str()), (Some("dlrm"), Some("dlrm")));
+    assert_eq!(config["features"]["categorical"].as_array().unwrap().len(), 26);
     let bytes = std::fs::read(serve.join("model.safetensors")).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    assert_eq!(header["table.25"]["shape"], serde_json::json!([5000, 16]));
-    let dense = header["dense"]["shape"][0].as_u64().unwrap();
-    assert_eq!(bytes.len() as u64, 8 + n as u64 + 4 * (dense + 26 * 5000 * 16));
+    assert_eq!(header["embeddings.C26"]["shape"], serde_json::json!([5000, 16]));
+    assert_eq!(header["bottom.0.weight"]["shape"], serde_json::json!([64, 13]));
+    assert_eq!(header["top.1.weight"]["shape"], serde_json::json!([1, 64]));
+    // Every tensor is in model.json with its shape, and the file holds exactly their values.
+    let shapes = config["tensors"].as_object().unwrap();
+    let mut values = 0;
+    for (name, shape) in shapes {
+        assert_eq!(&header[name]["shape"], shape, "{name}");
+        values += shape.as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product::<u64>();
+    }
+    assert_eq!(shapes.len() + 1, header.as_object().unwrap().len(), "the tensors and the metadata");
+    let dense = values - 26 * 5000 * 16;
+    assert_eq!(dense, (13 * 64 + 64) + (64 * 16 + 16) + (16 + 26 * 27 / 2) * 64 + 64 + 64 + 1);
+    assert_eq!(bytes.len() as u64, 8 + n as u64 + 4 * values);
 
     let err =
         run_err(tiderec().args(["eval", "--checkpoint"]).arg(dir.path().join("nothing")).args(["--data", "criteo:x"]));

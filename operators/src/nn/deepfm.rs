@@ -25,6 +25,7 @@ use super::fm_partial::FmPartial;
 use super::gemm::{gemm, Op};
 use super::mlp::{Mlp, MlpCache};
 use super::model::PartialModel;
+use super::named::{mlp_tensors, ParamTensor};
 use super::relu::{relu_backward_in_place, relu_in_place};
 use super::Scalar;
 use crate::rng::normal_f64;
@@ -115,6 +116,31 @@ impl FmConfig {
     }
 }
 
+/// The deep part of this shape, after the linear term's `1 + num_dense`
+/// parameters: `[dense, factors of the non-wide-only fields] → deep… → 1`.
+fn deep_mlp(config: &FmConfig) -> Option<Mlp> {
+    (!config.deep.is_empty()).then(|| {
+        let mut widths = vec![config.num_dense + (config.num_sparse - config.wide_only) * config.dim];
+        widths.extend(&config.deep);
+        widths.push(1);
+        Mlp::new(&widths, 1 + config.num_dense, false)
+    })
+}
+
+/// The named tensors of the flat buffer: `linear.bias` (`[1]`, the global
+/// bias), `linear.weight` (`[1, num_dense]`, absent without dense features),
+/// then `deep.<i>.*` when there is a deep part.
+pub fn param_tensors(config: &FmConfig) -> Vec<ParamTensor> {
+    let mut out = vec![ParamTensor { name: "linear.bias".into(), shape: vec![1], offset: 0 }];
+    if config.num_dense > 0 {
+        out.push(ParamTensor { name: "linear.weight".into(), shape: vec![1, config.num_dense], offset: 1 });
+    }
+    if let Some(mlp) = deep_mlp(config) {
+        out.extend(mlp_tensors("deep", &mlp));
+    }
+    out
+}
+
 /// The LR / FM / DeepFM model.
 #[derive(Clone, Debug)]
 pub struct Fm<T> {
@@ -140,12 +166,7 @@ impl<T: Scalar> Fm<T> {
     pub fn new(config: FmConfig, seed: u64) -> Result<Self, OperatorError> {
         config.validate()?;
         let linear = 1 + config.num_dense;
-        let deep = (!config.deep.is_empty()).then(|| {
-            let mut widths = vec![config.num_dense + (config.num_sparse - config.wide_only) * config.dim];
-            widths.extend(&config.deep);
-            widths.push(1);
-            Mlp::new(&widths, linear, false)
-        });
+        let deep = deep_mlp(&config);
         let n = linear + deep.as_ref().map_or(0, Mlp::num_params);
         let mut params = vec![T::ZERO; n];
         for (j, p) in params[1..linear].iter_mut().enumerate() {

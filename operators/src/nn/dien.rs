@@ -31,6 +31,7 @@ use super::attention::{AttentionCache, AttentionPooling};
 use super::gru::{Gru, GruCache};
 use super::mlp::{Mlp, MlpCache};
 use super::model::SequenceInput;
+use super::named::{mlp_tensors, ParamTensor};
 use super::Scalar;
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
@@ -110,6 +111,49 @@ impl DienConfig {
     }
 }
 
+/// The layers of this shape at their places in the flat buffer: the GRU and
+/// the attention (both of zero size with sum pooling), then the MLP.
+fn layers(config: &DienConfig) -> (Gru, AttentionPooling, Mlp) {
+    let e = config.interest_dim();
+    let with_gru = config.interest == Interest::GruAttention;
+    let gru = Gru { input: e, hidden: e, offset: 0 };
+    let gru_params = if with_gru { gru.num_params() } else { 0 };
+    let attention = AttentionPooling { dim: e, offset: gru_params };
+    let att_params = if with_gru { attention.num_params() } else { 0 };
+    let mut widths = vec![config.num_dense + config.num_sparse * config.dim + 2 * e];
+    widths.extend(&config.mlp);
+    widths.push(1);
+    let mlp = Mlp::new(&widths, gru_params + att_params, false);
+    (gru, attention, mlp)
+}
+
+/// The named tensors of the flat buffer: with the GRU, `gru.weight_ih_l0`
+/// (`[3E, E]`), `gru.weight_hh_l0` (`[3E, E]`), `gru.bias_ih_l0`,
+/// `gru.bias_hh_l0` (`[3E]`, gate rows `r, z, n` as in `torch.nn.GRU`) and
+/// `attention.weight` (`[E, E]`); then `mlp.<i>.*`.
+pub fn param_tensors(config: &DienConfig) -> Vec<ParamTensor> {
+    let (gru, attention, mlp) = layers(config);
+    let mut out = Vec::new();
+    if config.interest == Interest::GruAttention {
+        let (h, i) = (gru.hidden, gru.input);
+        for (name, shape, range) in [
+            ("gru.weight_ih_l0", vec![3 * h, i], gru.w_ih()),
+            ("gru.weight_hh_l0", vec![3 * h, h], gru.w_hh()),
+            ("gru.bias_ih_l0", vec![3 * h], gru.b_ih()),
+            ("gru.bias_hh_l0", vec![3 * h], gru.b_hh()),
+        ] {
+            out.push(ParamTensor { name: name.into(), shape, offset: range.start });
+        }
+        out.push(ParamTensor {
+            name: "attention.weight".into(),
+            shape: vec![attention.dim; 2],
+            offset: attention.offset,
+        });
+    }
+    out.extend(mlp_tensors("mlp", &mlp));
+    out
+}
+
 /// Activations of the last forward.
 #[derive(Clone, Debug, Default)]
 struct Workspace<T> {
@@ -145,17 +189,9 @@ impl<T: Scalar> Dien<T> {
     /// Builds and initialises the model from `seed`.
     pub fn new(config: DienConfig, seed: u64) -> Result<Self, OperatorError> {
         config.validate()?;
-        let e = config.interest_dim();
         let with_gru = config.interest == Interest::GruAttention;
-        let gru = Gru { input: e, hidden: e, offset: 0 };
-        let gru_params = if with_gru { gru.num_params() } else { 0 };
-        let attention = AttentionPooling { dim: e, offset: gru_params };
-        let att_params = if with_gru { attention.num_params() } else { 0 };
-        let mut widths = vec![config.num_dense + config.num_sparse * config.dim + 2 * e];
-        widths.extend(&config.mlp);
-        widths.push(1);
-        let mlp = Mlp::new(&widths, gru_params + att_params, false);
-        let n = gru_params + att_params + mlp.num_params();
+        let (gru, attention, mlp) = layers(&config);
+        let n = mlp.layers[0].offset + mlp.num_params();
         let mut params = vec![T::ZERO; n];
         if with_gru {
             gru.init(&mut params, seed, 11);

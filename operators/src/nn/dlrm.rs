@@ -8,6 +8,7 @@
 
 use super::interaction::DotInteraction;
 use super::mlp::{Mlp, MlpCache};
+use super::named::{mlp_tensors, ParamTensor};
 use super::Scalar;
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,26 @@ impl DlrmConfig {
     }
 }
 
+/// The layers of a DLRM of this shape at their places in the flat buffer:
+/// the bottom MLP (ReLU after every layer), the interaction, the top MLP.
+fn layers(config: &DlrmConfig) -> (Mlp, DotInteraction, Mlp) {
+    let mut widths = vec![config.num_dense];
+    widths.extend(&config.bottom);
+    let bottom = Mlp::new(&widths, 0, true);
+    let interaction =
+        DotInteraction { num_sparse: config.num_sparse, dim: config.dim, self_interaction: config.self_interaction };
+    let mut widths = vec![interaction.output_dim()];
+    widths.extend(&config.top);
+    let top = Mlp::new(&widths, bottom.num_params(), false);
+    (bottom, interaction, top)
+}
+
+/// The named tensors of a DLRM's flat buffer: `bottom.<i>.*`, then `top.<i>.*`.
+pub fn param_tensors(config: &DlrmConfig) -> Vec<ParamTensor> {
+    let (bottom, _, top) = layers(config);
+    [mlp_tensors("bottom", &bottom), mlp_tensors("top", &top)].concat()
+}
+
 /// Forward/backward workspace of a [`Dlrm`].
 #[derive(Clone, Debug, Default)]
 struct Workspace<T> {
@@ -101,17 +122,7 @@ impl<T: Scalar> Dlrm<T> {
     /// Builds and initialises a DLRM from `seed`.
     pub fn new(config: DlrmConfig, seed: u64) -> Result<Self, OperatorError> {
         config.validate()?;
-        let mut widths = vec![config.num_dense];
-        widths.extend(&config.bottom);
-        let bottom = Mlp::new(&widths, 0, true);
-        let interaction = DotInteraction {
-            num_sparse: config.num_sparse,
-            dim: config.dim,
-            self_interaction: config.self_interaction,
-        };
-        let mut widths = vec![interaction.output_dim()];
-        widths.extend(&config.top);
-        let top = Mlp::new(&widths, bottom.num_params(), false);
+        let (bottom, interaction, top) = layers(&config);
         let n = bottom.num_params() + top.num_params();
         let mut params = vec![T::ZERO; n];
         bottom.init(&mut params, seed, 1);

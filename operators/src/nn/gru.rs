@@ -95,18 +95,22 @@ impl<T: Scalar> GruCache<T> {
 }
 
 impl Gru {
-    fn w_ih(&self) -> std::ops::Range<usize> {
+    /// Where `W_ih` (`[3H × I]`, gate rows `r, z, n`) lies in the flat buffer.
+    pub fn w_ih(&self) -> std::ops::Range<usize> {
         self.offset..self.offset + 3 * self.hidden * self.input
     }
-    fn w_hh(&self) -> std::ops::Range<usize> {
+    /// Where `W_hh` (`[3H × H]`) lies.
+    pub fn w_hh(&self) -> std::ops::Range<usize> {
         let s = self.w_ih().end;
         s..s + 3 * self.hidden * self.hidden
     }
-    fn b_ih(&self) -> std::ops::Range<usize> {
+    /// Where `b_ih` (`[3H]`) lies.
+    pub fn b_ih(&self) -> std::ops::Range<usize> {
         let s = self.w_hh().end;
         s..s + 3 * self.hidden
     }
-    fn b_hh(&self) -> std::ops::Range<usize> {
+    /// Where `b_hh` (`[3H]`) lies.
+    pub fn b_hh(&self) -> std::ops::Range<usize> {
         let s = self.b_ih().end;
         s..s + 3 * self.hidden
     }

@@ -43,6 +43,7 @@ pub mod linear;
 pub mod loss;
 pub mod mlp;
 pub mod model;
+pub mod named;
 pub mod relu;
 pub mod scalar;
 
@@ -55,4 +56,5 @@ pub use dien::{Dien, DienConfig, Interest};
 pub use dlrm::{Dlrm, DlrmConfig};
 pub use fm_partial::FmPartial;
 pub use model::{Model, ModelConfig, PartialModel, SequenceInput};
+pub use named::ParamTensor;
 pub use scalar::Scalar;

@@ -97,15 +97,61 @@ pub struct SequenceInput<'a, T> {
 }
 
 /// Which model to train, with its shape.
+///
+/// Serialized with a `kind` tag naming the model: `dlrm`, `dien`, and for the
+/// one [`FmConfig`] family `lr`, `fm`, `deepfm` or `wdl` after
+/// [`FmConfig::name`]. Any of the four reads back as [`ModelConfig::Fm`] (the
+/// shape decides the model), so configurations that wrote `"fm"` for all of
+/// them still read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
+#[serde(from = "TaggedModelConfig", into = "TaggedModelConfig")]
 pub enum ModelConfig {
     /// DLRM: bottom MLP, dot interaction, top MLP.
     Dlrm(DlrmConfig),
-    /// Logistic regression, factorization machine or DeepFM (see [`FmConfig`]).
+    /// Logistic regression, factorization machine, DeepFM or Wide & Deep (see [`FmConfig`]).
     Fm(FmConfig),
     /// GRU interest extraction and attention over behaviour sequences (see [`DienConfig`]).
     Dien(DienConfig),
+}
+
+/// The serialized form of [`ModelConfig`]: one tag per model kind.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum TaggedModelConfig {
+    Dlrm(DlrmConfig),
+    Lr(FmConfig),
+    Fm(FmConfig),
+    DeepFm(FmConfig),
+    Wdl(FmConfig),
+    Dien(DienConfig),
+}
+
+impl From<TaggedModelConfig> for ModelConfig {
+    fn from(t: TaggedModelConfig) -> Self {
+        match t {
+            TaggedModelConfig::Dlrm(c) => ModelConfig::Dlrm(c),
+            TaggedModelConfig::Lr(c)
+            | TaggedModelConfig::Fm(c)
+            | TaggedModelConfig::DeepFm(c)
+            | TaggedModelConfig::Wdl(c) => ModelConfig::Fm(c),
+            TaggedModelConfig::Dien(c) => ModelConfig::Dien(c),
+        }
+    }
+}
+
+impl From<ModelConfig> for TaggedModelConfig {
+    fn from(m: ModelConfig) -> Self {
+        match m {
+            ModelConfig::Dlrm(c) => TaggedModelConfig::Dlrm(c),
+            ModelConfig::Fm(c) => match c.name() {
+                "lr" => TaggedModelConfig::Lr(c),
+                "fm" => TaggedModelConfig::Fm(c),
+                "deepfm" => TaggedModelConfig::DeepFm(c),
+                _ => TaggedModelConfig::Wdl(c),
+            },
+            ModelConfig::Dien(c) => TaggedModelConfig::Dien(c),
+        }
+    }
 }
 
 impl ModelConfig {
@@ -161,7 +207,7 @@ impl ModelConfig {
         }
     }
 
-    /// A short name (`dlrm`, `lr`, `fm`, `deepfm`).
+    /// A short name (`dlrm`, `lr`, `fm`, `deepfm`, `wdl`, `dien`, `dien-sum`).
     pub fn name(&self) -> &'static str {
         match self {
             ModelConfig::Dlrm(_) => "dlrm",
@@ -229,5 +275,36 @@ impl<T: Scalar> Model<T> for Dien<T> {
         dseq: &mut [T],
     ) {
         Dien::backward(self, seq, dlogits, dpooled, dseq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each kind of the FM family is written under its own name and reads back
+    /// unchanged; the old form, `"fm"` for all four, still reads.
+    #[test]
+    fn the_serialized_kind_is_the_model_kind() {
+        let base = FmConfig { num_dense: 13, num_sparse: 26, dim: 8, deep: vec![], fm: true, wide_only: 0 };
+        for (config, kind) in [
+            (FmConfig { dim: 0, ..base.clone() }, "lr"),
+            (base.clone(), "fm"),
+            (FmConfig { deep: vec![16], ..base.clone() }, "deepfm"),
+            (FmConfig { deep: vec![16], fm: false, ..base.clone() }, "wdl"),
+        ] {
+            let m = ModelConfig::Fm(config);
+            let v = serde_json::to_value(&m).unwrap();
+            assert_eq!(v["kind"], kind);
+            assert_eq!(m.name(), kind);
+            assert_eq!(serde_json::from_value::<ModelConfig>(v.clone()).unwrap(), m);
+            let mut old = v;
+            old["kind"] = "fm".into();
+            assert_eq!(serde_json::from_value::<ModelConfig>(old).unwrap(), m);
+        }
+        let dlrm = ModelConfig::Dlrm(super::super::DlrmConfig::kaggle());
+        let v = serde_json::to_value(&dlrm).unwrap();
+        assert_eq!(v["kind"], "dlrm");
+        assert_eq!(serde_json::from_value::<ModelConfig>(v).unwrap(), dlrm);
     }
 }

@@ -193,6 +193,8 @@ pub fn load_for_resume(
         eprintln!("warning: --resume: no valid checkpoint in {}; starting from scratch", dir.display());
         return Ok(None);
     };
+    let mut found = found;
+    upgrade_model_kind(&mut found.manifest.config, &mut found.manifest.config_hash);
     found.manifest.check_compatible(&found.path, &manifest_config(config), config.seed, batch_size)?;
     match FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)? {
         Some(recorded) => {
@@ -212,4 +214,54 @@ pub fn load_for_resume(
         ),
     }
     Ok(Some(found))
+}
+
+/// Checkpoints written before each model of the FM family was recorded under
+/// its own kind say `"kind": "fm"` for LR, DeepFM and Wide & Deep too: their
+/// kind is rewritten to today's (the shape decides it), and the hash with it
+/// when it was the hash of the old form, so they still resume.
+fn upgrade_model_kind(config: &mut serde_json::Value, hash: &mut String) {
+    let Some(model) = config.get("model") else { return };
+    if model.get("kind").and_then(|k| k.as_str()) != Some("fm") {
+        return;
+    }
+    let Ok(parsed) = serde_json::from_value::<tiderec_operators::nn::ModelConfig>(model.clone()) else { return };
+    if parsed.name() == "fm" {
+        return;
+    }
+    let hashed = *hash == tiderec_sinks::checkpoint::manifest::config_hash(config);
+    config["model"]["kind"] = parsed.name().into();
+    if hashed {
+        *hash = tiderec_sinks::checkpoint::manifest::config_hash(config);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::upgrade_model_kind;
+    use tiderec_sinks::checkpoint::manifest::config_hash;
+
+    /// An old DeepFM checkpoint's `"kind": "fm"` becomes `"deepfm"` with a matching
+    /// hash; a real FM and a hash that was not the old form's are left alone.
+    #[test]
+    fn old_fm_family_kinds_are_upgraded() {
+        let model = |deep: &[usize]| {
+            serde_json::json!({"model": {"kind": "fm", "num_dense": 13, "num_sparse": 26, "dim": 8, "deep": deep},
+                               "table_sizes": [10]})
+        };
+        let mut config = model(&[16]);
+        let mut hash = config_hash(&config);
+        upgrade_model_kind(&mut config, &mut hash);
+        assert_eq!(config["model"]["kind"], "deepfm");
+        assert_eq!(hash, config_hash(&config));
+        let mut fm = model(&[]);
+        let mut hash = config_hash(&fm);
+        let before = (fm.clone(), hash.clone());
+        upgrade_model_kind(&mut fm, &mut hash);
+        assert_eq!((fm, hash), before);
+        let mut config = model(&[16]);
+        let mut hash = "not the hash".to_string();
+        upgrade_model_kind(&mut config, &mut hash);
+        assert_eq!((config["model"]["kind"].as_str(), hash.as_str()), (Some("deepfm"), "not the hash"));
+    }
 }

@@ -1,12 +1,13 @@
 //! Serving snapshots (`tiderec export`): the model of a checkpoint without
-//! its optimizer state, in one safetensors file plus its configuration.
+//! its optimizer state, in one safetensors file plus its description.
 //!
-//! `model.safetensors` holds `dense` (F32 `[n]`, the flat dense parameters in
-//! the model's own order) and one `table.<t>` (F32 `[rows, dim]`) per
-//! embedding table, row `i` being id `i`; `model.json` holds the model and
-//! table configuration, the seed that hashes raw categorical values into
-//! ids, and the step. Both are written to temporary names, fsynced and
-//! renamed.
+//! `model.safetensors` holds named F32 tensors (the caller names them: the
+//! dense layers with PyTorch's names and layouts, one embedding table per
+//! field, `[rows, dim]` with row `i` = id `i`); `model.json` holds the
+//! description the caller builds (model kind, every tensor's shape, the
+//! forward computation, the feature pipeline). Both are written to
+//! temporary names in the directory, fsynced and renamed, so a reader never
+//! sees a partly written file.
 
 use super::tensors::{write, Tensor, Values};
 use crate::SinkError;
@@ -19,36 +20,35 @@ pub const MODEL_FILE: &str = "model.safetensors";
 /// Its configuration.
 pub const CONFIG_FILE: &str = "model.json";
 
-/// One embedding table, row-major `[rows, dim]`.
-pub struct ExportTable<'a> {
-    /// Rows (ids `0..rows`).
-    pub rows: usize,
-    /// Row width.
-    pub dim: usize,
-    /// `rows × dim` values.
+/// One named tensor of a serving snapshot, row-major.
+pub struct ServingTensor<'a> {
+    /// Its name in `model.safetensors`.
+    pub name: String,
+    /// Its shape (the product is `values.len()`).
+    pub shape: Vec<usize>,
+    /// The values.
     pub values: &'a [f32],
 }
 
-/// Writes `dir/model.safetensors` and `dir/model.json` (see the module docs).
-pub fn write_serving(
-    dir: &Path,
-    dense: &[f32],
-    tables: &[ExportTable<'_>],
-    config: &serde_json::Value,
-) -> Result<(), SinkError> {
+/// Writes `dir/model.safetensors` (the `tensors`, in this order) and
+/// `dir/model.json` (`config`), see the module docs. A tensor whose shape
+/// does not match its values is an error naming it, before anything is written.
+pub fn write_serving(dir: &Path, tensors: &[ServingTensor<'_>], config: &serde_json::Value) -> Result<(), SinkError> {
     let io = |path: &Path| {
         let path = path.display().to_string();
         move |source| SinkError::Io { path: path.clone(), source }
     };
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let mut list = vec![Tensor { name: "dense".into(), shape: vec![dense.len()], values: Values::F32(dense) }];
-    for (t, table) in tables.iter().enumerate() {
-        list.push(Tensor {
-            name: format!("table.{t}"),
-            shape: vec![table.rows, table.dim],
-            values: Values::F32(table.values),
+    if let Some(t) = tensors.iter().find(|t| t.shape.iter().product::<usize>() != t.values.len()) {
+        return Err(SinkError::Checkpoint {
+            path: dir.join(MODEL_FILE).display().to_string(),
+            reason: format!("tensor {} has shape {:?} but {} values", t.name, t.shape, t.values.len()),
         });
     }
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let list: Vec<Tensor> = tensors
+        .iter()
+        .map(|t| Tensor { name: t.name.clone(), shape: t.shape.clone(), values: Values::F32(t.values) })
+        .collect();
     let tmp_model = dir.join(format!(".{MODEL_FILE}.tmp"));
     let metadata = HashMap::from([("format".to_string(), "tiderec-serving".to_string())]);
     write(&tmp_model, &list, metadata)?;
@@ -60,4 +60,31 @@ pub fn write_serving(
     std::fs::rename(&tmp_model, dir.join(MODEL_FILE)).map_err(io(dir))?;
     std::fs::rename(&tmp_config, dir.join(CONFIG_FILE)).map_err(io(dir))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Named tensors and the description land under their final names, the
+    /// temporary ones gone; a tensor whose shape does not match its values is
+    /// refused by name before anything is written.
+    #[test]
+    fn writes_named_tensors_and_refuses_a_wrong_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let t = |name: &str, shape: Vec<usize>| ServingTensor { name: name.into(), shape, values: &w };
+        let out = dir.path().join("serve");
+        write_serving(&out, &[t("bottom.0.weight", vec![2, 3])], &serde_json::json!({"kind": "dlrm"})).unwrap();
+        let names: Vec<String> =
+            std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        let bytes = std::fs::read(out.join(MODEL_FILE)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("bottom.0.weight").unwrap().shape(), [2, 3]);
+        let bad = dir.path().join("bad");
+        let e = write_serving(&bad, &[t("top.0.weight", vec![4, 2])], &serde_json::json!({})).unwrap_err();
+        assert!(e.to_string().contains("top.0.weight") && e.to_string().contains("6 values"), "{e}");
+        assert!(!bad.exists());
+    }
 }
