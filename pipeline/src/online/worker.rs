@@ -433,6 +433,7 @@ fn position_at(
             loss_total,
             loss_window: loss_window.iter().copied().collect(),
             bad_records_before_epoch: bad.to_array().to_vec(),
+            ..Default::default()
         },
         kafka_offsets: BTreeMap::new(),
     }
