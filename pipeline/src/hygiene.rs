@@ -60,6 +60,13 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
     if s.lr_decay == "step" && !(s.lr_decay_rate.is_finite() && s.lr_decay_rate > 0.0 && s.lr_decay_rate <= 1.0) {
         return Err(PipelineError::config("lr_decay_rate", format!("must be in (0, 1], got {}", s.lr_decay_rate)));
     }
+    let horizon = matches!(s.lr_decay.as_str(), "linear" | "cosine");
+    if let Some(h) = s.lr_decay_steps.filter(|&h| horizon && h <= s.lr_warmup) {
+        return Err(PipelineError::config(
+            "lr_decay_steps",
+            format!("the decay's horizon ({h} steps) must be longer than the warm-up ({} steps)", s.lr_warmup),
+        ));
+    }
     if s.lr_decay == "step" && s.lr_decay_steps.is_none() {
         return Err(PipelineError::config("lr_decay_steps", "`step` decay needs the interval: --lr-decay-steps N"));
     }

@@ -1080,8 +1080,9 @@ fn main() -> anyhow::Result<()> {
                     best.map_or("n/a".into(), |b| b.epoch.to_string()),
                     fmt_opt(best.and_then(|b| b.auc)),
                     fmt_opt(best.and_then(|b| b.logloss)),
-                    s.early_stopped_at_step
-                        .map_or(String::new(), |at| format!("; stopped early after step {at}, the model is the best's"))
+                    s.early_stopped_at_step.map_or(String::new(), |at| format!(
+                        "; stopped early after step {at}, the model is the best's"
+                    ))
                 );
             }
             if s.checkpoints_written > 0 {

@@ -14,7 +14,8 @@
 //! temporary directory, which loading ignores and the next prune removes).
 
 use super::layout::{
-    best_step, checkpoint_name, shard_file, step_of, temp_pid, BEST_LINK, DENSE_FILE, MANIFEST_FILE, OLD_PREFIX, TEMP_PREFIX,
+    best_step, checkpoint_name, shard_file, step_of, temp_pid, BEST_LINK, DENSE_FILE, MANIFEST_FILE, OLD_PREFIX,
+    TEMP_PREFIX,
 };
 use super::manifest::{FileEntry, Manifest};
 use super::tensors::{self, Tensor, Values};
