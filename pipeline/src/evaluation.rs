@@ -118,9 +118,10 @@ pub fn describe(e: &Evaluation, verdict: Verdict, tracker: &Tracker) -> String {
         format!("{} without improvement (best: {best})", tracker.since_best())
     };
     format!(
-        "eval after epoch {} step {}: AUC {} logloss {} ({} samples) — {note}",
-        e.epoch,
+        "eval at step {} ({} epoch{} done): AUC {} logloss {} ({} samples) — {note}",
         e.step,
+        e.epoch,
+        if e.epoch == 1 { "" } else { "s" },
         f(e.auc),
         f(e.logloss),
         e.samples
