@@ -88,6 +88,23 @@ fn one_and_two_workers_stop_early_at_the_same_step() {
     assert!(rel_diff(p1, p2) <= 1e-4, "params_l2 {p1} vs {p2}");
 }
 
+#[test]
+fn a_schedule_trains_the_same_on_one_and_two_workers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |workers: &str, schedule: &[&str]| {
+        let args = ["--samples", "5120", "--batch-size", "256", "--eval-fraction", "0", "--buckets", "20000"];
+        let more = ["--seed", "7", "--lr", "0.005", "--sparse-lr", "0.1", "--steps", "30", "--workers", workers];
+        let all: Vec<&str> = args.iter().chain(&more).chain(schedule).copied().collect();
+        let m = train_metrics("synthetic", tmp.path(), &format!("w{workers}-{}", schedule.len()), &all);
+        m["params_l2"].as_f64().unwrap()
+    };
+    // A warm-up over 5 steps, then a linear decay to 0 at step 160, on both optimizers.
+    let schedule = ["--lr-warmup", "5", "--lr-decay", "linear", "--lr-decay-steps", "160"];
+    let (one, two, flat) = (run("1", &schedule), run("2", &schedule), run("2", &[]));
+    assert!(rel_diff(one, two) <= 1e-6, "{one} vs {two}");
+    assert!(rel_diff(two, flat) > 1e-3, "the schedule changes training: {two} vs {flat}");
+}
+
 /// Synthetic data, 40 steps per epoch, evaluated every 10 steps on its held-out part;
 /// a high rate so that the evaluations stop improving.
 const SYNTHETIC: &[&str] = &[
