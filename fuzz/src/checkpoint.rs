@@ -97,6 +97,7 @@ pub fn template() -> Template {
             loss_total: 1.5,
             loss_window: vec![(0.5, 64)],
             bad_records_before_epoch: vec![0; 5],
+            ..Default::default()
         },
         files: BTreeMap::new(),
     };

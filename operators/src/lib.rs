@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod nn;
 pub mod optim;
 pub mod rng;
+pub mod schedule;
 pub mod shard;
 pub mod snapshot;
 pub mod spec;

@@ -5,7 +5,16 @@
 //! of slice `k` and nothing else. Sparse optimizers update one row at a time
 //! from the row's summed gradient; row-wise Adagrad keeps one accumulator per row.
 //! Every `apply` takes the already-averaged gradient.
+//!
+//! An L2 penalty `l2_penalty` (the gradient of `(λ/2)·‖w‖²`) is added to the
+//! gradient of each parameter an update touches: the whole dense slice, and
+//! only the rows a step touched for the sparse optimizers (lazy). With the
+//! default `λ = 0` the update rules run unchanged. The learning-rate
+//! schedule ([`crate::schedule`]) travels with the hyper-parameters; the
+//! trainer sets each step's learning rate with [`DenseOptimizer::set_lr`] and
+//! its stores' counterparts.
 
+use crate::schedule::LrSchedule;
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
@@ -111,6 +120,16 @@ pub struct OptimizerParams {
     pub l2: f32,
     /// FTRL β (the learning-rate schedule's offset).
     pub ftrl_beta: f32,
+    /// L2 penalty λ added to the gradient as `λ·w` (0: none). Left out of JSON when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub l2_penalty: f32,
+    /// Warm-up and decay of `lr` over the training steps. Left out of JSON when constant.
+    #[serde(default, skip_serializing_if = "LrSchedule::is_constant")]
+    pub schedule: LrSchedule,
+}
+
+fn is_zero(x: &f32) -> bool {
+    *x == 0.0
 }
 
 impl OptimizerParams {
@@ -125,7 +144,26 @@ impl OptimizerParams {
             l1: 0.0,
             l2: 0.0,
             ftrl_beta: 1.0,
+            l2_penalty: 0.0,
+            schedule: LrSchedule::default(),
         }
+    }
+
+    /// Checks the values no optimizer can use; `prefix` names the keys (`""`, `"sparse_"`).
+    pub fn validate(&self, prefix: &str) -> Result<(), OperatorError> {
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(OperatorError::config(
+                format!("{prefix}lr"),
+                format!("learning rate must be positive, got {}", self.lr),
+            ));
+        }
+        let non_negative = [("l2_penalty", self.l2_penalty), ("ftrl_l1", self.l1), ("ftrl_l2", self.l2)];
+        for (key, v) in non_negative.into_iter().chain([("ftrl_beta", self.ftrl_beta)]) {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(OperatorError::config(format!("{prefix}{key}"), format!("must be ≥ 0, got {v}")));
+            }
+        }
+        self.schedule.validate()
     }
 }
 
@@ -256,6 +294,12 @@ impl DenseOptimizer {
         DenseOptimizerState { kind: self.kind, t: self.t, offset, len: self.len, m: self.m.clone(), v: self.v.clone() }
     }
 
+    /// Sets the learning rate of the next updates (a schedule's value; the other
+    /// hyper-parameters stay).
+    pub fn set_lr(&mut self, lr: f32) {
+        self.hp.lr = lr;
+    }
+
     /// Parameters in the slice this optimizer updates.
     pub fn len(&self) -> usize {
         self.len
@@ -315,18 +359,29 @@ impl DenseOptimizer {
 
     /// The update rule on `params[start..start + grads.len()]` at step `t`.
     fn update_range(&mut self, params: &mut [f32], start: usize, grads: &[f32], scale: f32, t: u64) {
+        let l2 = self.hp.l2_penalty;
+        if l2 == 0.0 {
+            self.rule(params, start, grads, t, |g, _| g * scale);
+        } else {
+            self.rule(params, start, grads, t, |g, p| g * scale + l2 * p);
+        }
+    }
+
+    /// The update rule with the gradient `grad(g, p)` of a raw gradient `g` at parameter `p`.
+    #[inline(always)]
+    fn rule(&mut self, params: &mut [f32], start: usize, grads: &[f32], t: u64, grad: impl Fn(f32, f32) -> f32) {
         let params = &mut params[start..start + grads.len()];
         let OptimizerParams { lr, beta1, beta2, eps, .. } = self.hp;
         match self.kind {
             DenseOptimizerKind::Sgd => {
-                for (p, g) in params.iter_mut().zip(grads) {
-                    *p -= lr * (g * scale);
+                for (p, &g) in params.iter_mut().zip(grads) {
+                    *p -= lr * grad(g, *p);
                 }
             }
             DenseOptimizerKind::Adagrad => {
                 let v = &mut self.v[start..start + grads.len()];
-                for ((p, g), v) in params.iter_mut().zip(grads).zip(v) {
-                    let g = g * scale;
+                for ((p, &g), v) in params.iter_mut().zip(grads).zip(v) {
+                    let g = grad(g, *p);
                     *v += g * g;
                     *p -= lr * g / (v.sqrt() + eps);
                 }
@@ -338,8 +393,8 @@ impl DenseOptimizer {
                 let bc2_sqrt = bc2.sqrt();
                 let m = &mut self.m[start..start + grads.len()];
                 let v = &mut self.v[start..start + grads.len()];
-                for (((p, g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
-                    let g = g * scale;
+                for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
+                    let g = grad(g, *p);
                     *m = beta1 * *m + (1.0 - beta1) * g;
                     *v = beta2 * *v + (1.0 - beta2) * g * g;
                     *p -= step * *m / (v.sqrt() / bc2_sqrt + eps);
@@ -351,15 +406,34 @@ impl DenseOptimizer {
 
 /// Applies one sparse update to `row` from its averaged gradient `grad`;
 /// `state` is the row's optimizer state (`kind.state_width(row.len())` values).
+/// With `hp.l2_penalty = λ > 0` the gradient is `grad + λ·row` (row before the update).
 #[inline]
 pub fn apply_row(kind: SparseOptimizerKind, hp: &OptimizerParams, row: &mut [f32], grad: &[f32], state: &mut [f32]) {
+    let l2 = hp.l2_penalty;
+    if l2 == 0.0 {
+        row_rule(kind, hp, row, grad, state, |g, _| g);
+    } else {
+        row_rule(kind, hp, row, grad, state, |g, w| g + l2 * w);
+    }
+}
+
+/// The row update rules with the gradient `pen(g, w)` of a raw gradient `g` at weight `w`.
+#[inline(always)]
+fn row_rule(
+    kind: SparseOptimizerKind,
+    hp: &OptimizerParams,
+    row: &mut [f32],
+    grad: &[f32],
+    state: &mut [f32],
+    pen: impl Fn(f32, f32) -> f32 + Copy,
+) {
     match kind {
         SparseOptimizerKind::Sgd => {
-            for (r, g) in row.iter_mut().zip(grad) {
-                *r -= hp.lr * g;
+            for (r, &g) in row.iter_mut().zip(grad) {
+                *r -= hp.lr * pen(g, *r);
             }
         }
-        SparseOptimizerKind::RowwiseAdagrad => rowwise_adagrad(hp, row, grad, &mut state[0]),
+        SparseOptimizerKind::RowwiseAdagrad => rowwise_adagrad(hp, row, grad, &mut state[0], pen),
         SparseOptimizerKind::LazyAdam => {
             let d = row.len();
             let (m, rest) = state.split_at_mut(d);
@@ -368,6 +442,7 @@ pub fn apply_row(kind: SparseOptimizerKind, hp: &OptimizerParams, row: &mut [f32
             let bc1 = 1.0 - hp.beta1.powf(t[0]);
             let bc2 = 1.0 - hp.beta2.powf(t[0]);
             for (((r, &g), m), v) in row.iter_mut().zip(grad).zip(m).zip(v) {
+                let g = pen(g, *r);
                 *m = hp.beta1 * *m + (1.0 - hp.beta1) * g;
                 *v = hp.beta2 * *v + (1.0 - hp.beta2) * g * g;
                 *r -= hp.lr * (*m / bc1) / ((*v / bc2).sqrt() + hp.eps);
@@ -377,27 +452,35 @@ pub fn apply_row(kind: SparseOptimizerKind, hp: &OptimizerParams, row: &mut [f32
             let d = row.len();
             let (z, n) = state.split_at_mut(d);
             for (((r, &g), z), n) in row.iter_mut().zip(grad).zip(z).zip(n) {
+                let g = pen(g, *r);
                 ftrl(hp, r, g, z, n);
             }
         }
         SparseOptimizerKind::FtrlAdagrad => {
             let (z, rest) = state.split_at_mut(1);
             let (n, acc) = rest.split_at_mut(1);
-            ftrl(hp, &mut row[0], grad[0], &mut z[0], &mut n[0]);
+            let g0 = pen(grad[0], row[0]);
+            ftrl(hp, &mut row[0], g0, &mut z[0], &mut n[0]);
             if row.len() > 1 {
-                rowwise_adagrad(hp, &mut row[1..], &grad[1..], &mut acc[0]);
+                rowwise_adagrad(hp, &mut row[1..], &grad[1..], &mut acc[0], pen);
             }
         }
     }
 }
 
-#[inline]
-fn rowwise_adagrad(hp: &OptimizerParams, row: &mut [f32], grad: &[f32], accumulator: &mut f32) {
-    let mean_sq = grad.iter().map(|g| g * g).sum::<f32>() / grad.len() as f32;
+#[inline(always)]
+fn rowwise_adagrad(
+    hp: &OptimizerParams,
+    row: &mut [f32],
+    grad: &[f32],
+    accumulator: &mut f32,
+    pen: impl Fn(f32, f32) -> f32,
+) {
+    let mean_sq = row.iter().zip(grad).map(|(&w, &g)| pen(g, w) * pen(g, w)).sum::<f32>() / grad.len() as f32;
     *accumulator += mean_sq;
     let scale = hp.lr / (accumulator.sqrt() + hp.eps);
-    for (r, g) in row.iter_mut().zip(grad) {
-        *r -= scale * g;
+    for (r, &g) in row.iter_mut().zip(grad) {
+        *r -= scale * pen(g, *r);
     }
 }
 
@@ -553,6 +636,70 @@ mod tests {
             v: vec![0.0; 2],
         };
         assert!(DenseOptimizer::from_state(OptimizerParams::with_lr(0.1), &bad).is_err());
+    }
+
+    #[test]
+    fn l2_penalty_adds_lambda_w_to_every_gradient() {
+        // SGD with a zero gradient: w ← w − lr·λ·w, dense and sparse alike.
+        let hp = OptimizerParams { l2_penalty: 0.5, ..OptimizerParams::with_lr(0.1) };
+        let mut dense = DenseOptimizer::new(DenseOptimizerKind::Sgd, hp, 2);
+        let mut p = vec![2.0f32, -4.0];
+        dense.apply(&mut p, &[0.0, 0.0]);
+        assert_eq!(p, vec![2.0 * 0.95, -4.0 * 0.95]);
+        let mut row = vec![2.0f32, -4.0];
+        apply_row(SparseOptimizerKind::Sgd, &hp, &mut row, &[0.0, 0.0], &mut []);
+        assert_eq!(row, vec![2.0 * 0.95, -4.0 * 0.95]);
+        // Every kind: the penalised update equals the plain update of `g + λ·w`.
+        for kind in [
+            SparseOptimizerKind::Sgd,
+            SparseOptimizerKind::RowwiseAdagrad,
+            SparseOptimizerKind::LazyAdam,
+            SparseOptimizerKind::Ftrl,
+            SparseOptimizerKind::FtrlAdagrad,
+        ] {
+            let plain = OptimizerParams::with_lr(0.1);
+            let (w, g) = ([0.3f32, -0.2, 0.7], [0.1f32, 0.4, -0.3]);
+            let mut st_a = vec![0.0; kind.state_width(3)];
+            let mut st_b = st_a.clone();
+            let (mut a, mut b) = (w.to_vec(), w.to_vec());
+            apply_row(kind, &hp, &mut a, &g, &mut st_a);
+            let folded: Vec<f32> = g.iter().zip(&w).map(|(g, w)| g + 0.5 * w).collect();
+            apply_row(kind, &plain, &mut b, &folded, &mut st_b);
+            assert_eq!(a, b, "{kind:?}");
+        }
+        for kind in [DenseOptimizerKind::Sgd, DenseOptimizerKind::Adagrad, DenseOptimizerKind::Adam] {
+            let (w, g) = ([0.3f32, -0.2, 0.7], [0.1f32, 0.4, -0.3]);
+            let (mut a, mut b) = (w.to_vec(), w.to_vec());
+            DenseOptimizer::new(kind, hp, 3).apply(&mut a, &g);
+            let folded: Vec<f32> = g.iter().zip(&w).map(|(g, w)| g + 0.5 * w).collect();
+            DenseOptimizer::new(kind, OptimizerParams::with_lr(0.1), 3).apply(&mut b, &folded);
+            assert_eq!(a, b, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn set_lr_changes_the_step_size() {
+        let mut opt = DenseOptimizer::new(DenseOptimizerKind::Sgd, OptimizerParams::with_lr(0.1), 1);
+        let mut p = vec![1.0f32];
+        opt.set_lr(0.05);
+        opt.apply(&mut p, &[2.0]);
+        assert_eq!(p, vec![0.9]);
+    }
+
+    #[test]
+    fn hyper_parameters_are_validated_naming_the_key() {
+        let ok = OptimizerParams::with_lr(0.1);
+        assert!(ok.validate("sparse_").is_ok());
+        let e = OptimizerParams { l2_penalty: -1.0, ..ok }.validate("sparse_").unwrap_err();
+        assert!(e.to_string().contains("sparse_l2_penalty"), "{e}");
+        let e = OptimizerParams { l1: f32::NAN, ..ok }.validate("sparse_").unwrap_err();
+        assert!(e.to_string().contains("sparse_ftrl_l1"), "{e}");
+        let e = OptimizerParams { lr: 0.0, ..ok }.validate("").unwrap_err();
+        assert!(e.to_string().contains("lr"), "{e}");
+        // Defaults stay out of JSON, so configurations written before these keys existed still match.
+        let text = serde_json::to_string(&ok).unwrap();
+        assert!(!text.contains("l2_penalty") && !text.contains("schedule"), "{text}");
+        assert_eq!(serde_json::from_str::<OptimizerParams>(&text).unwrap(), ok);
     }
 
     #[test]

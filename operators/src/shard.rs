@@ -171,6 +171,11 @@ impl EmbeddingShard {
         self.rows[table].len() / self.dim.max(1)
     }
 
+    /// Sets the row optimizer's learning rate for the next updates.
+    pub fn set_lr(&mut self, lr: f32) {
+        self.hp.lr = lr;
+    }
+
     /// Applies the averaged gradient `grad` to row `id` of `table`.
     #[inline]
     pub fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {

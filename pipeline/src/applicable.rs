@@ -58,6 +58,9 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         "checkpoint_every" | "keep_checkpoints" | "checkpoint_sync" | "resume" => {
             s.checkpoint_dir.is_none().then(|| "needs --checkpoint-dir".to_string())
         }
+        "lr_decay_steps" => (s.lr_decay == "none")
+            .then(|| "sets the horizon of --lr-decay linear, cosine or step; there is none".into()),
+        "lr_decay_rate" => (s.lr_decay != "step").then(|| format!("applies to --lr-decay step, not {}", s.lr_decay)),
         "process" | "hosts" | "connect_timeout" => {
             (s.processes <= 1).then(|| "applies to runs of several processes (--processes)".to_string())
         }

@@ -360,6 +360,31 @@ pub struct TrainSettings {
     pub freq_source: String,
     /// Count only the last this many training steps (`freq_source = differential`).
     pub freq_window: Option<u64>,
+    /// Also evaluate every this many global training steps (besides every epoch's end).
+    pub eval_every: Option<u64>,
+    /// Stop after this many evaluations without improvement, keeping the best model.
+    pub early_stop: Option<u64>,
+    /// The figure that ranks evaluations: `auc` (higher is better) or `logloss` (lower).
+    pub best_metric: String,
+    /// Steps of linear learning-rate warm-up (0: none).
+    pub lr_warmup: u64,
+    /// Learning-rate decay after the warm-up: `none`, `linear`, `cosine` or `step`.
+    pub lr_decay: String,
+    /// `linear`/`cosine`: the step at which the rate reaches 0 (default: the run's length,
+    /// when known); `step`: the interval between two decays.
+    pub lr_decay_steps: Option<u64>,
+    /// `step`: the factor of each decay.
+    pub lr_decay_rate: f32,
+    /// L2 penalty on the dense weights (added to their gradient as `λ·w`).
+    pub l2_dense: f32,
+    /// L2 penalty on the embedding rows a step touches.
+    pub l2_embedding: f32,
+    /// FTRL's L1 strength (sparse optimizers `ftrl`, `ftrl-adagrad`).
+    pub ftrl_l1: f32,
+    /// FTRL's L2 strength.
+    pub ftrl_l2: f32,
+    /// FTRL's β.
+    pub ftrl_beta: f32,
 }
 
 impl Default for TrainSettings {
@@ -423,6 +448,18 @@ impl Default for TrainSettings {
             flush_every: StoreConfig::default().flush_every,
             freq_source: "exact".into(),
             freq_window: None,
+            eval_every: None,
+            early_stop: None,
+            best_metric: "auc".into(),
+            lr_warmup: 0,
+            lr_decay: "none".into(),
+            lr_decay_steps: None,
+            lr_decay_rate: 0.5,
+            l2_dense: 0.0,
+            l2_embedding: 0.0,
+            ftrl_l1: 0.0,
+            ftrl_l2: 0.0,
+            ftrl_beta: 1.0,
         }
     }
 }
@@ -722,6 +759,7 @@ impl TrainSettings {
             ));
         }
         let optimizer: DenseOptimizerKind = self.optimizer.parse()?;
+        crate::hygiene::validate(self)?;
         let store = self.store_config()?;
         let exchange: ExchangeChoice = self.exchange.parse()?;
         if !(0.0..1.0).contains(&self.replicate) {

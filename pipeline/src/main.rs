@@ -823,6 +823,44 @@ struct TrainArgs {
     /// With --freq-source differential: count only the last N training steps.
     #[arg(long, value_name = "N")]
     freq_window: Option<u64>,
+    /// Also evaluate every N global training steps (an eval split is evaluated at every epoch's end anyway).
+    #[arg(long, value_name = "N")]
+    eval_every: Option<u64>,
+    /// Stop after PATIENCE evaluations in a row without improvement; the final model, metrics and
+    /// `best` checkpoint are then the best evaluation's.
+    #[arg(long, value_name = "PATIENCE")]
+    early_stop: Option<u64>,
+    /// The figure that ranks evaluations: auc (default; higher is better) or logloss (lower is better).
+    #[arg(long, value_name = "auc|logloss")]
+    best_metric: Option<String>,
+    /// Steps of linear learning-rate warm-up (default 0: none).
+    #[arg(long, value_name = "STEPS")]
+    lr_warmup: Option<u64>,
+    /// Learning-rate decay after the warm-up: none (default), linear or cosine (to 0 at --lr-decay-steps,
+    /// default the run's length when known), step (× --lr-decay-rate every --lr-decay-steps steps).
+    #[arg(long, value_name = "none|linear|cosine|step")]
+    lr_decay: Option<String>,
+    /// linear/cosine: the step at which the rate reaches 0; step: the interval between decays.
+    #[arg(long, value_name = "N")]
+    lr_decay_steps: Option<u64>,
+    /// step decay: the factor of each decay (default 0.5).
+    #[arg(long, value_name = "F")]
+    lr_decay_rate: Option<f32>,
+    /// L2 penalty λ on the dense weights (λ·w added to their gradient; default 0).
+    #[arg(long, value_name = "λ")]
+    l2_dense: Option<f32>,
+    /// L2 penalty λ on the embedding rows each step touches (default 0).
+    #[arg(long, value_name = "λ")]
+    l2_embedding: Option<f32>,
+    /// FTRL's L1 strength (sparse optimizers ftrl, ftrl-adagrad; default 0).
+    #[arg(long, value_name = "L1")]
+    ftrl_l1: Option<f32>,
+    /// FTRL's L2 strength (default 0).
+    #[arg(long, value_name = "L2")]
+    ftrl_l2: Option<f32>,
+    /// FTRL's β (default 1).
+    #[arg(long, value_name = "BETA")]
+    ftrl_beta: Option<f32>,
 }
 
 impl TrainArgs {
@@ -873,8 +911,26 @@ impl TrainArgs {
             hot_rows,
             warmup,
             flush_every,
-            freq_source
+            freq_source,
+            best_metric,
+            lr_warmup,
+            lr_decay,
+            lr_decay_rate,
+            l2_dense,
+            l2_embedding,
+            ftrl_l1,
+            ftrl_l2,
+            ftrl_beta
         );
+        if args.eval_every.is_some() {
+            s.eval_every = args.eval_every;
+        }
+        if args.early_stop.is_some() {
+            s.early_stop = args.early_stop;
+        }
+        if args.lr_decay_steps.is_some() {
+            s.lr_decay_steps = args.lr_decay_steps;
+        }
         if let Some(tables) = args.exchange_table {
             s.exchange_tables = tables;
         }
@@ -1145,6 +1201,20 @@ fn main() -> anyhow::Result<()> {
             }
             if let Some(step) = s.resumed_from_step {
                 println!("  resumed from    step {step}");
+            }
+            if s.evaluations.len() > 1 {
+                let best = s.evaluations.iter().find(|e| Some(e.step) == s.best_step);
+                println!(
+                    "  evaluations     {}; best at step {} (epoch {}, AUC {}, logloss {}){}",
+                    s.evaluations.len(),
+                    best.map_or("n/a".into(), |b| b.step.to_string()),
+                    best.map_or("n/a".into(), |b| b.epoch.to_string()),
+                    fmt_opt(best.and_then(|b| b.auc)),
+                    fmt_opt(best.and_then(|b| b.logloss)),
+                    s.early_stopped_at_step.map_or(String::new(), |at| format!(
+                        "; stopped early after step {at}, the model is the best's"
+                    ))
+                );
             }
             if s.checkpoints_written > 0 {
                 println!(

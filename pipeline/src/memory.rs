@@ -19,6 +19,10 @@
 //! * **buffers**: one micro-batch's pooled rows, their gradients and the MLP
 //!   activations (an approximation).
 //!
+//! `--early-stop` without `--checkpoint-dir` keeps a copy of the best model in
+//! memory ([`crate::evaluation::BestKeeper`]): rows, their optimizer state and
+//! the dense part count twice.
+//!
 //! It does not cover message queues between workers, reader buffers, the
 //! evaluation predictions gathered on worker 0, checkpoint snapshots written
 //! in the background (a copy of the worker's rows while one is in flight) or
@@ -260,11 +264,13 @@ pub fn estimate(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryE
         &|| "buffers".into(),
     )?;
     let buffers = mul(mul(micro, per_sample, &|| "batch buffers".into())?, 4 * local, &|| "batch buffers".into())?;
+    // The in-memory copy of the best model of an early-stopping run without checkpoints.
+    let copies = if settings.early_stop.is_some() && settings.checkpoint_dir.is_none() { 2 } else { 1 };
     Ok(MemoryEstimate {
         workers: local,
-        tables: mul(table_bytes, local, &|| "tables".into())?,
-        optimizer: mul(optimizer_bytes, local, &|| "optimizer state".into())?,
-        dense: dense_bytes,
+        tables: mul(table_bytes, local * copies, &|| "tables".into())?,
+        optimizer: mul(optimizer_bytes, local * copies, &|| "optimizer state".into())?,
+        dense: mul(dense_bytes, copies, &|| "dense".into())?,
         buffers,
     })
 }
@@ -361,6 +367,15 @@ mod tests {
         // Row-wise Adagrad: one accumulator per row, plus the u32 slot index.
         assert_eq!(e.optimizer, 26 * 1_000_000 * 2 * 4);
         assert!(e.describe(Some((1 << 30, "MemAvailable"))).starts_with("memory: ~"));
+        // Early stopping without checkpoints keeps a second copy of the model in memory.
+        let es = TrainSettings { early_stop: Some(2), ..s.clone() };
+        let c = estimate(&es, &es.validate().unwrap()).unwrap();
+        assert_eq!(
+            (c.tables, c.optimizer, c.dense, c.buffers),
+            (2 * e.tables, 2 * e.optimizer, 2 * e.dense, e.buffers)
+        );
+        let on_disk = TrainSettings { checkpoint_dir: Some("ck".into()), ..es };
+        assert_eq!(estimate(&on_disk, &on_disk.validate().unwrap()).unwrap(), e);
         let s = TrainSettings { buckets: 1 << 60, ..s };
         let err = estimate(&s, &s.validate().unwrap()).unwrap_err().to_string();
         assert!(err.contains("does not fit in 64 bits") && err.contains("--buckets"), "{err}");

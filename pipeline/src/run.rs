@@ -42,8 +42,10 @@ use crate::checkpointing::{self, CheckpointOptions, Checkpointer, Position};
 use crate::cluster::{fingerprint, Cluster};
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
+use crate::evaluation::{self, BestKeeper, Tracker, Verdict};
 use crate::exchange_plan::{resolve_exchange, PlanSource};
 use crate::feature_pipeline::FeaturePipeline;
+use crate::hygiene::BestMetric;
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
@@ -52,8 +54,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink, ReasonCounts};
 use tiderec_operators::behavior::SampleConfig;
+use tiderec_operators::collective::Collective;
 use tiderec_operators::features::cross::append_crosses;
-use tiderec_operators::metrics::{auc, EvalSet};
+use tiderec_operators::metrics::{auc, EvalSummary};
 use tiderec_operators::nn::ModelConfig;
 use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::store::{StoreKind, StoreStats};
@@ -101,6 +104,8 @@ struct Context {
     cluster: Cluster,
     /// Set by SIGINT/SIGTERM ([`crate::stop`]).
     stop: Arc<AtomicBool>,
+    /// The best model of an early-stopping run.
+    best: BestKeeper,
 }
 
 /// The timely configuration for these settings.
@@ -115,7 +120,7 @@ pub fn timely_config(settings: &TrainSettings, resolved: &Resolved) -> timely::C
 
 /// The trainer configuration for these settings.
 pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerConfig {
-    TrainerConfig {
+    let mut config = TrainerConfig {
         model: resolved.model.clone(),
         table_sizes: resolved.table_sizes.clone(),
         seed: settings.seed,
@@ -133,7 +138,9 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
         sequence_tables: resolved.sequence_tables.clone(),
         store: resolved.store.clone(),
         exchange: Default::default(),
-    }
+    };
+    crate::hygiene::apply_penalties(settings, &mut config);
+    config
 }
 
 /// One line naming the model, its layers, its parameter counts and its tables.
@@ -224,6 +231,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     let criteo = CriteoOptions::for_run(&resolved, settings);
     let train_span = if holdout { (0.0, split) } else { (0.0, 1.0) };
     let mut trainer = trainer_config(settings, &resolved);
+    crate::hygiene::apply_schedule(crate::hygiene::lr_schedule(settings, total_steps)?, &mut trainer);
     let source = PlanSource {
         generator: generator.as_ref(),
         train_range: train_range.clone(),
@@ -258,6 +266,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         settings: settings.clone(),
         resolved: resolved.clone(),
         cluster: Cluster::new(settings, &resolved),
+        best: BestKeeper::new(settings.workers),
     });
     let ctx = context.clone();
     let print = fingerprint::of_train(settings, &resolved);
@@ -292,7 +301,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         summary.write_json(path)?;
     }
     if let Some(max) = settings.steps.filter(|&max| summary.steps < max && settings.process == 0) {
-        if summary.interrupted_at_step.is_none() {
+        if summary.interrupted_at_step.is_none() && summary.early_stopped_at_step.is_none() {
             eprintln!(
                 "note: --steps {max} was not reached: the data ran out after {} steps ({} epoch(s), --epochs {}); \
                  raise --epochs to train longer",
@@ -512,11 +521,18 @@ pub(crate) fn restore_shared(
 }
 
 /// The running statistics a checkpoint records.
-fn training_progress(loss_total: f64, window: &VecDeque<(f64, u64)>, bad: &ReasonCounts) -> TrainingProgress {
+fn training_progress(
+    loss_total: f64,
+    window: &VecDeque<(f64, u64)>,
+    bad: &ReasonCounts,
+    tracker: &Tracker,
+) -> TrainingProgress {
     TrainingProgress {
         loss_total,
         loss_window: window.iter().copied().collect(),
         bad_records_before_epoch: bad.to_vec(),
+        evaluations: tracker.history().to_vec(),
+        best_step: tracker.best().map(|b| b.step),
     }
 }
 
@@ -590,19 +606,41 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         Some(0) => Ok(()),
         _ => budget::check(Split::Train, &s.data, Tally { good: samples, bad }, s.max_bad_fraction, &dead_letters_file),
     };
-    let position =
-        |steps, epoch, steps_in_epoch, samples, loss_total, window: &VecDeque<_>, bad: &ReasonCounts| Position {
-            step: steps,
-            epoch,
-            steps_in_epoch,
-            samples,
-            progress: training_progress(loss_total, window, bad),
-            kafka_offsets: Default::default(),
-        };
+    let position = |steps,
+                    epoch,
+                    steps_in_epoch,
+                    samples,
+                    loss_total,
+                    window: &VecDeque<_>,
+                    bad: &ReasonCounts,
+                    tracker: &Tracker| Position {
+        step: steps,
+        epoch,
+        steps_in_epoch,
+        samples,
+        progress: training_progress(loss_total, window, bad, tracker),
+        kafka_offsets: Default::default(),
+    };
+    // Evaluations during training (see `crate::evaluation`): every worker takes the same decisions.
+    let has_eval = ctx.resolved.eval.is_some() || s.eval_fraction > 0.0;
+    let metric: BestMetric = s.best_metric.parse()?;
+    let history = resumed.as_ref().map_or(&[][..], |m| &m.progress.evaluations[..]);
+    let mut evals = Evals {
+        tracker: Tracker::new(metric, s.early_stop, history),
+        share: has_eval.then(|| Collective::new(worker)),
+        verbose: s.epochs > 1 || s.eval_every.is_some() || s.early_stop.is_some(),
+        runs: 0,
+        bad: BadRecordCounts::default(),
+        seconds: 0.0,
+        bytes: 0,
+        bytes_from: None,
+        local: me - s.process * s.workers,
+    };
+    let mut stopped_early = evals.tracker.stopped().then_some(steps);
     let mut bytes_at_end = 0u64;
     let mut interrupted = false;
     let start = Instant::now();
-    'epochs: while epochs < s.epochs {
+    'epochs: while epochs < s.epochs && stopped_early.is_none() {
         loop {
             if s.steps.is_some_and(|max| steps >= max) {
                 break 'epochs;
@@ -623,6 +661,9 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 return Err(diverged(worker, &mut checkpointer, steps + 1, &stats));
             }
             interrupted |= stats.stop_requests > 0;
+            if let Some(from) = evals.bytes_from.take() {
+                evals.bytes += stats.bytes_sent.saturating_sub(from);
+            }
             if stats.samples == 0 {
                 // Every worker's counts after the whole epoch (the empty step read to its end).
                 bad_before_epoch = stats.bad_records;
@@ -633,7 +674,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             ctx.cluster.finished_step(steps);
             samples += stats.samples;
             loss_total += stats.loss_sum;
-            bytes_at_end = stats.bytes_sent;
+            bytes_at_end = stats.bytes_sent - evals.bytes;
             if window.len() == LOSS_WINDOW {
                 window.pop_front();
             }
@@ -644,15 +685,37 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                     steps,
                     samples,
                     l / n.max(1) as f64,
-                    (samples - samples_at_start) as f64 / start.elapsed().as_secs_f64(),
+                    (samples - samples_at_start) as f64 / (start.elapsed().as_secs_f64() - evals.seconds),
                     stats.bytes_sent as f64 / (samples - samples_at_start).max(1) as f64,
                     stats.bad_records.iter().sum(),
                 );
             }
             checkpointer.poll(worker)?;
-            if checkpointer.due_every(steps) {
-                let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
+            let mut verdict = Verdict { improved: false, stop: false };
+            if has_eval && !interrupted && s.eval_every.is_some_and(|n| steps.is_multiple_of(n)) {
+                match evaluation_point(&mut evals, &mut trainer, worker, ctx, &mut batch, &progress, steps, epochs)? {
+                    Some(v) => verdict = v,
+                    None => interrupted = true,
+                }
+            }
+            // An improvement is checkpointed at once (replacing a checkpoint of this step
+            // written before the evaluation), so `DIR/best` can name it.
+            if checkpointer.due_every(steps) || (verdict.improved && checkpointer.enabled()) {
+                let at = position(
+                    steps,
+                    epochs,
+                    steps_in_epoch,
+                    samples,
+                    loss_total,
+                    &window,
+                    &bad_before_epoch,
+                    &evals.tracker,
+                );
                 checkpointer.write(worker, &trainer, &at)?;
+            }
+            if verdict.stop {
+                stopped_early = Some(steps);
+                break 'epochs;
             }
             if interrupted {
                 break 'epochs;
@@ -663,78 +726,66 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         epochs += 1;
         steps_in_epoch = 0;
         train_data.rewind();
-        if checkpointer.due_at_boundary(steps) {
-            let at = position(steps, epochs, 0, samples, loss_total, &window, &bad_before_epoch);
+        let mut verdict = Verdict { improved: false, stop: false };
+        if has_eval && !interrupted && evals.tracker.last().map(|e| e.step) != Some(steps) {
+            match evaluation_point(&mut evals, &mut trainer, worker, ctx, &mut batch, &progress, steps, epochs)? {
+                Some(v) => verdict = v,
+                None => interrupted = true,
+            }
+        }
+        if checkpointer.due_at_boundary(steps) || (verdict.improved && checkpointer.enabled()) {
+            let at = position(steps, epochs, 0, samples, loss_total, &window, &bad_before_epoch, &evals.tracker);
             checkpointer.write(worker, &trainer, &at)?;
         }
-        if interrupted {
+        if verdict.stop {
+            stopped_early = Some(steps);
+        }
+        if interrupted || stopped_early.is_some() {
             break;
         }
     }
     check_train(samples, train_bad_global)?;
-    // The end of the run (`--steps`) is a checkpoint too, unless one of this step exists.
-    if checkpointer.due_at_boundary(steps) {
-        let at = position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch);
+    // The end of the run (`--steps`, mid-epoch): its evaluation, unless one of this step exists.
+    if has_eval && !interrupted && stopped_early.is_none() && evals.tracker.last().map(|e| e.step) != Some(steps) {
+        match evaluation_point(&mut evals, &mut trainer, worker, ctx, &mut batch, &progress, steps, epochs)? {
+            Some(v) if v.stop => stopped_early = Some(steps),
+            Some(_) => {}
+            None => interrupted = true,
+        }
+    }
+    // The end of the run is a checkpoint too, unless one of this step exists; an early stop
+    // goes back to the best step's model instead, whose checkpoint `DIR/best` names.
+    if stopped_early.is_none() && checkpointer.due_at_boundary(steps) {
+        let at =
+            position(steps, epochs, steps_in_epoch, samples, loss_total, &window, &bad_before_epoch, &evals.tracker);
         checkpointer.write(worker, &trainer, &at)?;
     }
     checkpointer.finish(worker)?;
-    let train_seconds = start.elapsed().as_secs_f64();
+    let train_seconds = start.elapsed().as_secs_f64() - evals.seconds;
     progress.finish();
+    if let Some(at) = stopped_early {
+        let dir = ctx.checkpoint.as_ref().map(|c| c.dir.as_path());
+        ctx.best.restore(&mut trainer, dir)?;
+        if me == 0 {
+            let best = evals.tracker.best();
+            eprintln!(
+                "early stopping: {} evaluations without improvement; stopped after step {at}; the model is that of \
+                 step {} (epoch {}, {} {}){}",
+                evals.tracker.since_best(),
+                best.map_or(0, |b| b.step),
+                best.map_or(0, |b| b.epoch),
+                s.best_metric,
+                best.and_then(|b| if metric == BestMetric::Auc { b.auc } else { b.logloss })
+                    .map_or("n/a".into(), |v| format!("{v:.4}")),
+                dir.map_or(String::new(), |d| format!(", checkpoint {}", d.join("best").display())),
+            );
+        }
+    }
     let mut train_bad = train_data.bad_counts();
     train_bad.merge(&derived_bad);
     train_data.flush()?;
-
-    // Evaluation on the held-out split.
-    let eval_spec = ctx.resolved.eval.as_ref().unwrap_or(&ctx.resolved.data);
-    let has_eval = (ctx.resolved.eval.is_some() || s.eval_fraction > 0.0) && !interrupted;
-    let mut eval_bad = BadRecordCounts::default();
-    if has_eval {
-        let mut eval_data = match open(eval_spec, &ctx.eval_range, ctx.eval_span, s.eval_batch_size) {
-            Ok(d) => d,
-            Err(e) => {
-                trainer.step_failed(worker);
-                return Err(e);
-            }
-        };
-        // Eval steps carry the eval reader's counts only, so their sum is the split's own.
-        let mut tally = Tally::default();
-        loop {
-            let stats = step_with(
-                &mut trainer,
-                worker,
-                StepKind::Eval,
-                &mut eval_data,
-                &mut batch,
-                &BadRecordCounts::default(),
-                &ctx.resolved,
-                s.hash_seed(),
-                &ctx.stop,
-            )?;
-            if stats.stop_requests > 0 {
-                // A partial evaluation would report a misleading AUC.
-                interrupted = true;
-                trainer.take_eval();
-                break;
-            }
-            tally.bad = stats.bad_records;
-            if stats.samples == 0 {
-                break;
-            }
-            tally.good += stats.samples;
-        }
-        eval_bad = eval_data.bad_counts();
-        eval_data.flush()?;
-        // Separate eval data must yield samples; a held-out part is only held to the budget.
-        let input = match &s.eval {
-            Some(e) => e.clone(),
-            None => format!("{} (held-out part)", s.data),
-        };
-        if s.eval.is_some() || tally.good + tally.bad_total() > 0 {
-            budget::check(Split::Eval, &input, tally, s.max_bad_fraction, &dead_letters_file)?;
-        }
-    }
     let mut all_bad = train_bad;
-    all_bad.merge(&eval_bad);
+    all_bad.merge(&evals.bad);
     trainer.set_bad_records(all_bad.to_array());
     let m = &ctx.trainer.model;
     let report = trainer.step(
@@ -746,15 +797,18 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     if me != 0 {
         return Ok(None);
     }
-    let eval: EvalSet = trainer.take_eval();
-    let summary_eval = eval.summary();
+    // The final figures: the best evaluation's after an early stop, else the evaluation of
+    // the last step (none when a signal cut the run short).
+    let last = evals.tracker.last().filter(|e| e.step == steps && !interrupted);
+    let last = if stopped_early.is_some() { evals.tracker.best() } else { last };
+    let has_eval_samples = last.is_some_and(|e| e.samples > 0);
+    let final_eval = last.filter(|_| has_eval_samples);
     let (l, n) = window.iter().fold((0.0, 0u64), |a, b| (a.0 + b.0, a.1 + b.1));
     let bad = BadRecordCounts::from_array(report.bad_records);
-    let has_eval_samples = !eval.probs.is_empty();
     Ok(Some(RunSummary {
-        auc: has_eval_samples.then_some(summary_eval.auc),
-        logloss: has_eval_samples.then_some(summary_eval.logloss),
-        accuracy: has_eval_samples.then_some(summary_eval.accuracy),
+        auc: final_eval.map(|e| e.auc.unwrap_or(f64::NAN)),
+        logloss: final_eval.and_then(|e| e.logloss),
+        accuracy: final_eval.and_then(|e| e.accuracy),
         train_loss: l / n.max(1) as f64,
         train_loss_mean: loss_total / samples.max(1) as f64,
         samples,
@@ -766,7 +820,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         params_l2: report.sum_squares.sqrt(),
         teacher_auc: None,
         bytes_per_sample: bytes_at_end as f64 / (samples - samples_at_start).max(1) as f64,
-        eval_samples: eval.probs.len() as u64,
+        eval_samples: final_eval.map_or(0, |e| e.samples),
         epochs,
         train_seconds,
         dense_params: trainer.dense_params().len() as u64,
@@ -779,5 +833,139 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         interrupted_at_step: interrupted.then_some(steps),
         store: StoreStats::default(),
         config: serde_json::Value::Null,
+        evaluations: evals.tracker.history().to_vec(),
+        best_step: evals.tracker.best().map(|b| b.step),
+        early_stopped_at_step: stopped_early,
     }))
+}
+
+/// One worker's evaluation state during training.
+struct Evals {
+    tracker: Tracker,
+    /// Sends worker 0's figures to every worker (built when the run has an eval split).
+    share: Option<Collective<evaluation::Shared>>,
+    /// Print every evaluation (a run with more than its final one).
+    verbose: bool,
+    /// Evaluations run by this process (only the first writes dead letters).
+    runs: u64,
+    /// This worker's malformed eval records (the latest evaluation's; each reads the same split).
+    bad: BadRecordCounts,
+    /// Seconds spent evaluating during training (not counted as training time).
+    seconds: f64,
+    /// Bytes exchanged by evaluation steps (not counted per training sample).
+    bytes: u64,
+    /// The global byte count before the latest evaluation, until the next training step reports its own.
+    bytes_from: Option<u64>,
+    /// This worker's index among the process's workers.
+    local: usize,
+}
+
+/// Evaluates the model after global step `step` (`epoch` epochs completed), shares the
+/// figures, records them and keeps the model when it is the best so far (early stopping
+/// without checkpoints). `None` when a stop signal cut the evaluation short. Collective.
+#[allow(clippy::too_many_arguments)]
+fn evaluation_point(
+    evals: &mut Evals,
+    trainer: &mut Trainer,
+    worker: &mut timely::worker::Worker,
+    ctx: &Context,
+    batch: &mut Batch,
+    progress: &Progress,
+    step: u64,
+    epoch: u64,
+) -> Result<Option<Verdict>, PipelineError> {
+    let began = Instant::now();
+    let outcome = evaluate(trainer, worker, ctx, batch, evals.runs == 0)?;
+    evals.runs += 1;
+    evals.seconds += began.elapsed().as_secs_f64();
+    let Some((summary, bad, bytes_before)) = outcome else { return Ok(None) };
+    evals.bad = bad;
+    evals.bytes_from = Some(bytes_before);
+    let share = evals.share.as_mut().expect("built when the run has an eval split");
+    let e = evaluation::share(share, worker, summary, step, epoch);
+    let verdict = evals.tracker.record(e.clone());
+    if verdict.improved && ctx.settings.early_stop.is_some() && ctx.checkpoint.is_none() {
+        ctx.best.keep(evals.local, trainer);
+    }
+    if worker.index() == 0 && evals.verbose {
+        let line = evaluation::describe(&e, verdict, &evals.tracker);
+        match progress {
+            Progress::None => eprintln!("{line}"),
+            _ => progress.println(&line),
+        }
+    }
+    Ok(Some(verdict))
+}
+
+/// Runs the evaluation steps over the held-out split (its dead letters written when
+/// `dead_letters`). Returns worker 0's summary (`None` on the others or without eval
+/// samples), this worker's malformed eval records and the global byte count before the
+/// first evaluation step; `None` when a stop signal cut it short. Collective.
+fn evaluate(
+    trainer: &mut Trainer,
+    worker: &mut timely::worker::Worker,
+    ctx: &Context,
+    batch: &mut Batch,
+    dead_letters: bool,
+) -> Result<Option<(Option<EvalSummary>, BadRecordCounts, u64)>, PipelineError> {
+    let s = &ctx.settings;
+    let eval_spec = ctx.resolved.eval.as_ref().unwrap_or(&ctx.resolved.data);
+    let sink = if dead_letters { self::dead_letters(ctx) } else { None };
+    let opened = WorkerData::for_spec(
+        eval_spec,
+        ctx.generator.as_ref().map(|g| (g, ctx.eval_range.clone())),
+        ctx.eval_span,
+        &ctx.criteo,
+        s.eval_batch_size,
+        worker.index(),
+        worker.peers(),
+        sink,
+    );
+    let mut eval_data = match opened {
+        Ok(d) => d,
+        Err(e) => {
+            trainer.step_failed(worker);
+            return Err(e);
+        }
+    };
+    // Eval steps carry the eval reader's counts only, so their sum is the split's own.
+    let mut tally = Tally::default();
+    let mut bytes_before = None;
+    loop {
+        let stats = step_with(
+            trainer,
+            worker,
+            StepKind::Eval,
+            &mut eval_data,
+            batch,
+            &BadRecordCounts::default(),
+            &ctx.resolved,
+            s.hash_seed(),
+            &ctx.stop,
+        )?;
+        bytes_before.get_or_insert(stats.bytes_sent);
+        if stats.stop_requests > 0 {
+            // A partial evaluation would report a misleading AUC.
+            trainer.take_eval();
+            return Ok(None);
+        }
+        tally.bad = stats.bad_records;
+        if stats.samples == 0 {
+            break;
+        }
+        tally.good += stats.samples;
+    }
+    let bad = eval_data.bad_counts();
+    eval_data.flush()?;
+    // Separate eval data must yield samples; a held-out part is only held to the budget.
+    let input = match &s.eval {
+        Some(e) => e.clone(),
+        None => format!("{} (held-out part)", s.data),
+    };
+    if s.eval.is_some() || tally.good + tally.bad_total() > 0 {
+        budget::check(Split::Eval, &input, tally, s.max_bad_fraction, &dead_letters_path(s))?;
+    }
+    let eval = trainer.take_eval();
+    let summary = (!eval.probs.is_empty()).then(|| eval.summary());
+    Ok(Some((summary, bad, bytes_before.unwrap_or(0))))
 }

@@ -79,6 +79,44 @@ pub struct RunSummary {
     /// from them (learning rates, table sizes, model shape), so the file says what produced it.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub config: serde_json::Value,
+    /// Every evaluation of the held-out split, in order: each epoch's end, every
+    /// `--eval-every` steps, and the run's end (empty without an eval split).
+    #[serde(default)]
+    pub evaluations: Vec<Evaluation>,
+    /// The step of the best evaluation (`--best-metric`); `null` without evaluations.
+    #[serde(default)]
+    pub best_step: Option<u64>,
+    /// The step after which `--early-stop` ended training (`null`: it did not); the
+    /// model, `params_l2` and the eval metrics above are then the best step's.
+    #[serde(default)]
+    pub early_stopped_at_step: Option<u64>,
+}
+
+/// One evaluation of the held-out split.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    /// Global training steps taken when it ran.
+    pub step: u64,
+    /// Epochs completed when it ran.
+    pub epoch: u64,
+    /// Exact AUC (`null` when undefined: one class only).
+    pub auc: Option<f64>,
+    /// Mean log loss.
+    pub logloss: Option<f64>,
+    /// Accuracy at 0.5.
+    pub accuracy: Option<f64>,
+    /// Samples scored.
+    pub samples: u64,
+}
+
+impl Evaluation {
+    /// Replaces non-finite metrics by `None` (JSON has no NaN).
+    pub fn normalized(mut self) -> Self {
+        self.auc = finite(self.auc);
+        self.logloss = finite(self.logloss);
+        self.accuracy = finite(self.accuracy);
+        self
+    }
 }
 
 fn finite(v: Option<f64>) -> Option<f64> {
@@ -92,6 +130,7 @@ impl RunSummary {
         self.logloss = finite(self.logloss);
         self.accuracy = finite(self.accuracy);
         self.teacher_auc = finite(self.teacher_auc);
+        self.evaluations = self.evaluations.into_iter().map(Evaluation::normalized).collect();
         self
     }
 

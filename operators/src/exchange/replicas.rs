@@ -133,6 +133,11 @@ impl Replicas {
         }
     }
 
+    /// Sets the row optimizer's learning rate for the next updates (a schedule's value).
+    pub fn set_lr(&mut self, lr: f32) {
+        self.hp.lr = lr;
+    }
+
     /// Applies this step's summed gradients scaled by `scale` and returns the
     /// replicas that changed, in first-seen order; clears the step's sums.
     pub fn apply(&mut self, scale: f32) -> Vec<u32> {

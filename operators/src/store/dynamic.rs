@@ -290,6 +290,10 @@ impl DynamicStore {
         self.stats
     }
 
+    pub(crate) fn set_lr(&mut self, lr: f32) {
+        self.hp.lr = lr;
+    }
+
     pub(crate) fn optimizer(&self) -> (SparseOptimizerKind, OptimizerParams) {
         (self.optimizer, self.hp)
     }
@@ -312,6 +316,9 @@ impl EmbeddingStore for DynamicStore {
         for &id in ids {
             self.gather_one(table, id, out);
         }
+    }
+    fn set_lr(&mut self, lr: f32) {
+        DynamicStore::set_lr(self, lr);
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         if let Some(s) = self.slot(table, id) {

@@ -37,6 +37,9 @@ impl EmbeddingStore for FixedStore {
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         self.shard.apply(table, id, grad);
     }
+    fn set_lr(&mut self, lr: f32) {
+        self.shard.set_lr(lr);
+    }
     #[inline]
     fn prefetch_row(&self, table: usize, id: u64) {
         self.shard.prefetch_row(table, id);

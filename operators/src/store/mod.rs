@@ -314,6 +314,8 @@ pub trait EmbeddingStore {
     fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>);
     /// Applies the averaged gradient `grad` to row `id` of `table`.
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]);
+    /// Sets the row optimizer's learning rate for the next updates (a schedule's value).
+    fn set_lr(&mut self, lr: f32);
     /// Hints that row `id` of `table` will be updated soon.
     fn prefetch_row(&self, _table: usize, _id: u64) {}
     /// Maintenance after a training step; `completed` counts the training steps done.
@@ -414,6 +416,9 @@ impl EmbeddingStore for Store {
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         dispatch!(self, s => s.apply(table, id, grad))
+    }
+    fn set_lr(&mut self, lr: f32) {
+        dispatch!(self, s => s.set_lr(lr))
     }
     fn prefetch_row(&self, table: usize, id: u64) {
         dispatch!(self, s => s.prefetch_row(table, id))

@@ -228,6 +228,10 @@ impl EmbeddingStore for TieredStore {
             }
         }
     }
+    fn set_lr(&mut self, lr: f32) {
+        // The hot tier updates with the cold tier's optimizer.
+        self.cold.set_lr(lr);
+    }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         self.settle_restore();
         match &mut self.freq {

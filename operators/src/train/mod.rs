@@ -134,11 +134,8 @@ impl TrainerConfig {
         }
         self.store.validate()?;
         self.exchange.validate(&self.model, &self.table_sizes, &self.store)?;
-        for (key, hp) in [("lr", &self.dense_hp), ("sparse_lr", &self.sparse_hp)] {
-            if !(hp.lr.is_finite() && hp.lr > 0.0) {
-                return Err(OperatorError::config(key, format!("learning rate must be positive, got {}", hp.lr)));
-            }
-        }
+        self.dense_hp.validate("")?;
+        self.sparse_hp.validate("sparse_")?;
         Ok(())
     }
 }
@@ -334,6 +331,8 @@ impl Trainer {
             train_steps: 0,
             slot_tables: slot_tables.clone(),
             dense_optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, slice.len()),
+            dense_hp: config.dense_hp,
+            sparse_hp: config.sparse_hp,
             pending: (0..workers)
                 .map(|w| LookupRequest {
                     from: w as u32,

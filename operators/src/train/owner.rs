@@ -7,7 +7,7 @@ use crate::exchange::{accumulate_slot, slot_row_grads, ExchangeConfig, Replicas,
 use crate::finite::all_finite;
 use crate::metrics::EvalSet;
 use crate::nn::{DeepShares, DeepWeights, FmPartial};
-use crate::optim::DenseOptimizer;
+use crate::optim::{DenseOptimizer, OptimizerParams};
 use crate::shard::{shard_of, EmbeddingShard};
 use crate::store::{EmbeddingStore, Store};
 use rustc_hash::FxHashMap;
@@ -28,6 +28,9 @@ pub(super) struct Owner {
     /// The table of each lookup slot (as in [`Home`]).
     pub(super) slot_tables: Vec<usize>,
     pub(super) dense_optimizer: DenseOptimizer,
+    /// The base hyper-parameters (learning rates before their schedules).
+    pub(super) dense_hp: OptimizerParams,
+    pub(super) sparse_hp: OptimizerParams,
     /// The last request of each worker, kept to apply the gradients that answer it.
     pub(super) pending: Vec<LookupRequest>,
     /// Each row's slot in `scratch` during an update.
@@ -202,6 +205,20 @@ impl Owner {
         held
     }
 
+    /// Sets the learning rates of this training step's updates from the schedules at
+    /// `train_steps` (the update's index over the whole run; a constant schedule changes nothing).
+    fn set_learning_rates(&mut self) {
+        let (dense, sparse) = (self.dense_hp, self.sparse_hp);
+        if !dense.schedule.is_constant() {
+            self.dense_optimizer.set_lr(dense.lr * dense.schedule.factor(self.train_steps));
+        }
+        if !sparse.schedule.is_constant() {
+            let lr = sparse.lr * sparse.schedule.factor(self.train_steps);
+            self.store.set_lr(lr);
+            self.replicas.set_lr(lr);
+        }
+    }
+
     /// Applies the step's gradients this worker owns and returns its dense slice for every worker.
     #[inline(never)]
     pub(super) fn apply(
@@ -227,6 +244,7 @@ impl Owner {
         }
         if is_train && stats.samples > 0 && loss_finite {
             let scale = 1.0 / stats.samples as f32;
+            self.set_learning_rates();
             // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
             self.scratch.clear();
             self.order.clear();

@@ -1,6 +1,7 @@
 //! Worker 0's last part of writing a checkpoint, once every shard file is
 //! durable: `dense.safetensors`, `manifest.json`, the rename to
-//! `ckpt-<step>`, and pruning to `--keep-checkpoints`.
+//! `ckpt-<step>`, the `best` link when the manifest records this step as the
+//! best evaluated one, and pruning to `--keep-checkpoints`.
 //!
 //! Everything it needs is owned ([`Commit`]), so it runs on a background
 //! thread as well as on the worker's own.
@@ -78,7 +79,11 @@ impl Commit {
             progress: position.progress,
             files,
         };
+        let best = manifest.progress.best_step == Some(manifest.step);
         let path = write::commit(&options.dir, &tmp, &manifest).map_err(|e| e.to_string())?;
+        if best {
+            write::mark_best(&options.dir, manifest.step).map_err(|e| e.to_string())?;
+        }
         for warning in write::prune(&options.dir, position.step, options.keep) {
             eprintln!("warning: {warning}");
         }

@@ -169,6 +169,16 @@ impl OnlineSettings {
         if self.max_buffered == 0 {
             return Err(PipelineError::config("max_buffered", "must be positive"));
         }
+        for (key, set) in
+            [("eval_every", self.train.eval_every.is_some()), ("early_stop", self.train.early_stop.is_some())]
+        {
+            if set {
+                return Err(PipelineError::config(
+                    key,
+                    "applies to `tiderec train`; online training evaluates prequentially (the window AUC)",
+                ));
+            }
+        }
         if self.train.model.starts_with("dien") {
             return Err(PipelineError::config(
                 "model",

@@ -94,6 +94,8 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     }
     let quotas = step_quotas(s.batch_size, partitions);
     let mut trainer = trainer_config(s, &resolved);
+    // A stream has no length: a decay's horizon is --lr-decay-steps (or --steps).
+    crate::hygiene::apply_schedule(crate::hygiene::lr_schedule(s, s.steps)?, &mut trainer);
     trainer.exchange = exchange;
     let (checkpoint, resume) = checkpoint_setup(s, &resolved, &trainer)?;
     let stop = crate::stop::stop_flag()?;
@@ -434,6 +436,7 @@ fn position_at(
             loss_total,
             loss_window: loss_window.iter().copied().collect(),
             bad_records_before_epoch: bad.to_array().to_vec(),
+            ..Default::default()
         },
         kafka_offsets: BTreeMap::new(),
     }

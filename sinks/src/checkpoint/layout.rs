@@ -6,10 +6,12 @@
 //!                /shard-<k>.safetensors        k = 0 … workers-1
 //! DIR/.tmp-ckpt-<step>-<pid>/                  a checkpoint being written
 //! DIR/.old-ckpt-<step>-<pid>/                  a replaced one, being removed
+//! DIR/best -> ckpt-<step>                      the best evaluated checkpoint (a relative symlink)
 //! ```
 //!
 //! Only `ckpt-<digits>` directories are checkpoints; everything else is
-//! ignored when loading.
+//! ignored when loading. `best` exists once a run with evaluations has
+//! checkpointed its best step; pruning never removes the checkpoint it names.
 
 use crate::SinkError;
 use std::path::{Path, PathBuf};
@@ -22,6 +24,15 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub const TEMP_PREFIX: &str = ".tmp-ckpt-";
 /// Prefix of a checkpoint being replaced.
 pub const OLD_PREFIX: &str = ".old-ckpt-";
+
+/// The symbolic link naming the best evaluated checkpoint.
+pub const BEST_LINK: &str = "best";
+
+/// The step of the checkpoint `DIR/best` names, if the link exists and names a checkpoint.
+pub fn best_step(dir: &Path) -> Option<u64> {
+    let target = std::fs::read_link(dir.join(BEST_LINK)).ok()?;
+    step_of(target.file_name()?.to_str()?)
+}
 
 /// The shard file of worker `k`.
 pub fn shard_file(k: usize) -> String {

@@ -79,6 +79,12 @@ pub struct TrainingProgress {
     pub loss_window: Vec<(f64, u64)>,
     /// Malformed records skipped before the current epoch, by reason index.
     pub bad_records_before_epoch: Vec<u64>,
+    /// The evaluations so far, in order (the early-stopping state is derived from them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evaluations: Vec<crate::metrics::Evaluation>,
+    /// The step of the best evaluation so far; a checkpoint of that step is the one `DIR/best` names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_step: Option<u64>,
 }
 
 /// Size and checksum of one file.

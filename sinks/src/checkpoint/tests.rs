@@ -77,6 +77,7 @@ fn manifest(step: u64) -> Manifest {
             loss_total: 1.5,
             loss_window: vec![(0.5, 64)],
             bad_records_before_epoch: vec![0; 5],
+            ..Default::default()
         },
         files: BTreeMap::new(),
     }
@@ -205,6 +206,26 @@ fn damaged_checkpoints_are_skipped_with_the_reason() {
     let search = find_latest(dir.path()).unwrap();
     assert!(search.found.is_none() && search.skipped.len() == 1);
     assert!(find_latest(&dir.path().join("absent")).unwrap().found.is_none());
+}
+
+#[test]
+fn pruning_keeps_the_checkpoint_best_names() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), 10, 2);
+    super::write::mark_best(dir.path(), 10).unwrap();
+    assert_eq!(super::layout::best_step(dir.path()), Some(10));
+    for step in [20, 30, 40] {
+        write(dir.path(), step, 2);
+    }
+    let steps: Vec<u64> = list_checkpoints(dir.path()).unwrap().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(steps, vec![10, 30, 40], "the newest two and the best");
+    // The link moves atomically; the old best is then pruned like any other.
+    super::write::mark_best(dir.path(), 40).unwrap();
+    write(dir.path(), 50, 2);
+    let steps: Vec<u64> = list_checkpoints(dir.path()).unwrap().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(steps, vec![30, 40, 50], "the old best went; the new one is kept beside the newest two");
+    assert_eq!(super::layout::best_step(dir.path()), Some(40));
+    assert!(dir.path().join("best").join("manifest.json").is_file());
 }
 
 #[test]

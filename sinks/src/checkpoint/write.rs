@@ -14,7 +14,8 @@
 //! temporary directory, which loading ignores and the next prune removes).
 
 use super::layout::{
-    checkpoint_name, shard_file, step_of, temp_pid, DENSE_FILE, MANIFEST_FILE, OLD_PREFIX, TEMP_PREFIX,
+    best_step, checkpoint_name, shard_file, step_of, temp_pid, BEST_LINK, DENSE_FILE, MANIFEST_FILE, OLD_PREFIX,
+    TEMP_PREFIX,
 };
 use super::manifest::{FileEntry, Manifest};
 use super::tensors::{self, Tensor, Values};
@@ -144,14 +145,28 @@ pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<PathBuf, Si
     Ok(target)
 }
 
+/// Points `dir/best` at the (durable) checkpoint of `step`: a relative symlink
+/// created under a temporary name and renamed over the old one, so the link
+/// always names a whole checkpoint.
+pub fn mark_best(dir: &Path, step: u64) -> Result<(), SinkError> {
+    let tmp = dir.join(format!(".best-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(checkpoint_name(step), &tmp).map_err(io_error(&tmp))?;
+    let link = dir.join(BEST_LINK);
+    std::fs::rename(&tmp, &link).map_err(io_error(&link))?;
+    sync_dir(dir)
+}
+
 /// After the checkpoint of `step` is durable: removes the checkpoints older
 /// than the newest `keep` up to `step`, every checkpoint with a later step
 /// (left by an interrupted run that this one replaces: had one of them been
 /// valid, the run would have resumed from it), and temporary directories of
-/// other processes (killed runs). Returns a warning per entry that could not
-/// be removed; a leftover costs disk space, never correctness.
+/// other processes (killed runs). The checkpoint `dir/best` names is kept
+/// (and not counted among the `keep`). Returns a warning per entry that could
+/// not be removed; a leftover costs disk space, never correctness.
 pub fn prune(dir: &Path, step: u64, keep: usize) -> Vec<String> {
     let mut warnings = Vec::new();
+    let best = best_step(dir);
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) => return vec![format!("cannot list {} to prune it: {e}", dir.display())],
@@ -161,6 +176,9 @@ pub fn prune(dir: &Path, step: u64, keep: usize) -> Vec<String> {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some(s) = step_of(&name) {
+            if Some(s) == best && s <= step {
+                continue;
+            }
             if s > step {
                 remove.push(entry.path());
             } else {
