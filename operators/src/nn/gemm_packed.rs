@@ -409,6 +409,10 @@ pub enum PanelKernel {
     /// registers: blocks of up to twenty-five accumulators (twice the rows per
     /// panel pass, so every panel row loaded serves twice the multiply-adds).
     Avx512Vl,
+    /// 512-bit vectors (AVX-512F), thirty-two registers: a 16-wide panel is one
+    /// register, so a block of twelve rows holds twelve accumulators of sixteen
+    /// columns. The same chains of multiply-adds as the 256-bit kernels.
+    Avx512,
 }
 
 impl PanelKernel {
@@ -429,6 +433,7 @@ impl PanelKernel {
                 kernels.push(PanelKernel::Avx2);
                 if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
                     kernels.push(PanelKernel::Avx512Vl);
+                    kernels.push(PanelKernel::Avx512);
                 }
             }
             kernels
@@ -480,7 +485,8 @@ fn run_panel_f32(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
         unsafe {
             match kernel {
                 PanelKernel::Avx2 => x86::avx2::panel_of(vectors, &raw),
-                _ => x86::avx512vl::panel_of(vectors, &raw),
+                PanelKernel::Avx512Vl => x86::avx512vl::panel_of(vectors, &raw),
+                _ => x86::avx512::panel_of(vectors, &raw),
             }
         }
     }
@@ -654,6 +660,126 @@ mod x86 {
     kernels!(avx2, "avx2,fma", 8, 6, 4, 3, 2);
     // Thirty-two registers (AVX-512VL encodes ymm16–31): about twice the rows.
     kernels!(avx512vl, "avx2,fma,avx512f,avx512vl", 8, 6, 6, 6, 4);
+
+    /// The same products on 512-bit vectors: a panel of `V` eight-lane vectors is
+    /// `V / 2` zmm registers plus one ymm register when `V` is odd. Every entry of
+    /// `c` is still one chain of fused multiply-adds over `p` from zero, then one
+    /// add to `c`, so the results equal the 256-bit kernels' bit for bit.
+    pub(super) mod avx512 {
+        use super::Raw;
+        use std::arch::x86_64::*;
+
+        /// `R` rows times a panel of `Z` zmm and `Y` (0 or 1) ymm vectors.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        unsafe fn block<const R: usize, const Z: usize, const Y: usize>(raw: &Raw, i: usize) {
+            let Raw { k, lda, a_step, panel, panel_rs, ldc, width, accumulate, .. } = *raw;
+            let (a, c) = (raw.a.add(i * lda), raw.c.add(i * ldc));
+            let mut wide = [[_mm512_setzero_ps(); Z]; R];
+            let mut half = [[_mm256_setzero_ps(); Y]; R];
+            let step = |wide: &mut [[__m512; Z]; R], half: &mut [[__m256; Y]; R], p: usize| {
+                let row = panel.add(p * panel_rs);
+                let mut bz = [_mm512_setzero_ps(); Z];
+                for (v, b) in bz.iter_mut().enumerate() {
+                    *b = _mm512_loadu_ps(row.add(16 * v));
+                }
+                let mut by = [_mm256_setzero_ps(); Y];
+                for b in by.iter_mut() {
+                    *b = _mm256_loadu_ps(row.add(16 * Z));
+                }
+                for r in 0..R {
+                    let s = *a.add(r * lda + p * a_step);
+                    let az = _mm512_set1_ps(s);
+                    for (x, &b) in wide[r].iter_mut().zip(&bz) {
+                        *x = _mm512_fmadd_ps(az, b, *x);
+                    }
+                    for (x, &b) in half[r].iter_mut().zip(&by) {
+                        *x = _mm256_fmadd_ps(_mm256_set1_ps(s), b, *x);
+                    }
+                }
+            };
+            let mut p = 0;
+            while p + 4 <= k {
+                step(&mut wide, &mut half, p);
+                step(&mut wide, &mut half, p + 1);
+                step(&mut wide, &mut half, p + 2);
+                step(&mut wide, &mut half, p + 3);
+                p += 4;
+            }
+            while p < k {
+                step(&mut wide, &mut half, p);
+                p += 1;
+            }
+            if width == 16 * Z + 8 * Y {
+                for r in 0..R {
+                    let out = c.add(r * ldc);
+                    for (v, &x) in wide[r].iter().enumerate() {
+                        let o = out.add(16 * v);
+                        let x = if accumulate { _mm512_add_ps(x, _mm512_loadu_ps(o)) } else { x };
+                        _mm512_storeu_ps(o, x);
+                    }
+                    for &x in &half[r] {
+                        let o = out.add(16 * Z);
+                        let x = if accumulate { _mm256_add_ps(x, _mm256_loadu_ps(o)) } else { x };
+                        _mm256_storeu_ps(o, x);
+                    }
+                }
+            } else {
+                let mut tmp = [0.0f32; 48];
+                for r in 0..R {
+                    for (v, &x) in wide[r].iter().enumerate() {
+                        _mm512_storeu_ps(tmp.as_mut_ptr().add(16 * v), x);
+                    }
+                    for &x in &half[r] {
+                        _mm256_storeu_ps(tmp.as_mut_ptr().add(16 * Z), x);
+                    }
+                    let out = c.add(r * ldc);
+                    for (j, &v) in tmp.iter().enumerate().take(width) {
+                        let o = out.add(j);
+                        *o = if accumulate { *o + v } else { v };
+                    }
+                }
+            }
+        }
+
+        /// `rows` rows of `a` times one panel: full blocks of `R` rows, then the
+        /// rest as blocks of 8, 4, 2 and 1 (`R` is at most 16).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        unsafe fn panel<const R: usize, const Z: usize, const Y: usize>(p: &Raw) {
+            let mut i = 0;
+            while i + R <= p.rows {
+                block::<R, Z, Y>(p, i);
+                i += R;
+            }
+            let mut rest = p.rows - i;
+            for size in [8, 4, 2, 1] {
+                if size < R && rest >= size {
+                    match size {
+                        8 => block::<8, Z, Y>(p, i),
+                        4 => block::<4, Z, Y>(p, i),
+                        2 => block::<2, Z, Y>(p, i),
+                        _ => block::<1, Z, Y>(p, i),
+                    }
+                    i += size;
+                    rest -= size;
+                }
+            }
+        }
+
+        /// A panel of `vectors` eight-lane vectors (1 to 5): twelve rows per block
+        /// (at most 24 accumulators of 32 registers), eight for five vectors.
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        pub(in super::super) unsafe fn panel_of(vectors: usize, p: &Raw) {
+            match vectors {
+                1 => panel::<12, 0, 1>(p),
+                2 => panel::<12, 1, 0>(p),
+                3 => panel::<12, 1, 1>(p),
+                4 => panel::<12, 2, 0>(p),
+                _ => panel::<8, 2, 1>(p),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -804,6 +930,39 @@ mod tests {
     }
 
     proptest! {
+        /// The vector kernels differ only in vector width and register blocking:
+        /// each entry of `c` is the same chain of fused multiply-adds, so their
+        /// results are equal bit for bit (what lets the start-up measurement
+        /// choose among them without changing a run's numbers).
+        #[test]
+        fn vector_kernels_agree_bit_for_bit(rows in 1usize..40, k in 1usize..300, vectors in 1usize..6, cut in 0usize..8, pad in 0usize..3, acc in any::<bool>(), seed in any::<u64>()) {
+            let vector_kernels: Vec<PanelKernel> =
+                PanelKernel::available().iter().copied().filter(|&kernel| kernel != PanelKernel::Portable).collect();
+            let pw = vectors * LANES;
+            let width = pw - cut.min(pw - 1);
+            let (lda, ldc) = (k + pad, pw + pad);
+            let val = |i: usize| (crate::rng::unit_f64(seed, i as u64, 0, 0) - 0.5) as f32;
+            let a: Vec<f32> = (0..rows * lda).map(val).collect();
+            let panel: Vec<f32> = (0..k * pw).map(|i| val(i + 1_000_000)).collect();
+            let c0: Vec<f32> = (0..rows * ldc).map(|i| val(i + 2_000_000)).collect();
+            let mut first: Option<Vec<f32>> = None;
+            for &kernel in &vector_kernels {
+                let mut c = c0.clone();
+                packed_panel_f32_with(
+                    kernel,
+                    PanelProduct { rows, k, a: &a, lda, a_step: 1, panel: &panel, panel_rs: pw, pw, c: &mut c, ldc, width, accumulate: acc },
+                );
+                match &first {
+                    None => first = Some(c),
+                    Some(want) => {
+                        for (i, (x, y)) in c.iter().zip(want).enumerate() {
+                            prop_assert!(x.to_bits() == y.to_bits(), "{:?} c[{}] {} vs {}", kernel, i, x, y);
+                        }
+                    }
+                }
+            }
+        }
+
         #[test]
         fn unpacked_transposed_gemm_matches_reference(m in 0usize..40, n in 0usize..60, k in 0usize..420, pad in 0usize..3, acc in any::<bool>(), seed in any::<u64>()) {
             let (lda, ldb, ldc) = (m + pad, n + pad, n + 2 * pad);

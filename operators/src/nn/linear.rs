@@ -4,13 +4,17 @@
 //! parameter buffer, followed by `b` (`output` values).
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
-use super::gemm_packed::{gemm_packed, PackedRhs};
+use super::gemm_packed::{gemm_packed_with, PackedRhs};
+use super::kernel_choice::panel_kernel_for;
 use super::Scalar;
 use crate::rng::normal_f64;
 
-/// The kernel of a forward product (see [`Linear::forward`]).
+/// The summation class of a forward product (see [`Linear::forward`]): each
+/// class orders its sums its own way, so the class is a function of the shape
+/// only; within the packed class the vector kernel is chosen by measurement
+/// ([`kernel_choice`](super::kernel_choice)), all giving equal results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ForwardKernel {
+pub enum ForwardClass {
     /// `gemm_packed` with `Wᵀ` packed for the call.
     Packed,
     /// The `gemm` crate.
@@ -58,7 +62,7 @@ impl Linear {
     /// `y[batch × output] = x[batch × input] · Wᵀ + b`; `packed` is scratch
     /// space for `Wᵀ` (reused across calls, no allocation once large enough).
     ///
-    /// The product runs on one of three kernels, chosen by shape from measurements
+    /// The product runs in one of three summation classes, chosen by shape from measurements
     /// (`examples/linear_forward.rs`, `examples/dlrm_gemm_shapes.rs`): the packed
     /// kernel transposes `W` once in 8 × 8 register tiles and reads `x` where it
     /// lies (1.2–1.5× matrixmultiply at a worker's micro-batch of 64 rows, and
@@ -74,29 +78,30 @@ impl Linear {
         for row in y.chunks_exact_mut(self.output) {
             row.copy_from_slice(b);
         }
-        match self.forward_kernel::<T>(batch) {
-            ForwardKernel::Packed => {
+        match self.forward_class::<T>(batch) {
+            ForwardClass::Packed => {
                 packed.pack(Op::T, self.input, self.output, w);
-                gemm_packed(batch, x, self.input, packed, true, y, self.output);
+                let kernel = panel_kernel_for(batch, self.input, self.output);
+                gemm_packed_with(batch, x, self.input, packed, true, y, self.output, |p| T::packed_panel_with(kernel, p));
             }
-            ForwardKernel::Wide => gemm_nt_acc(batch, self.output, self.input, x, w, y),
-            ForwardKernel::General => gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y),
+            ForwardClass::Wide => gemm_nt_acc(batch, self.output, self.input, x, w, y),
+            ForwardClass::General => gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y),
         }
     }
 
-    /// Which kernel [`forward`](Self::forward) uses for `batch` rows: the packed
+    /// Which class [`forward`](Self::forward) uses for `batch` rows: the packed
     /// kernel where it runs vectorized (not in `f64` or without AVX2), for an
     /// input of at least 16 and an output of 8 or more, at up to 256 rows or for
     /// outputs of at most 64; the `gemm` crate for more rows into a wider output
     /// (input ≥ 16); matrixmultiply otherwise.
-    fn forward_kernel<T: Scalar>(&self, batch: usize) -> ForwardKernel {
+    pub fn forward_class<T: Scalar>(&self, batch: usize) -> ForwardClass {
         let packable = self.input >= 16 && self.output >= 8;
         if packable && T::packed_panel_is_vectorized() && (batch <= 256 || self.output <= 64) {
-            ForwardKernel::Packed
+            ForwardClass::Packed
         } else if self.input >= 16 && batch > 256 && self.output > 64 {
-            ForwardKernel::Wide
+            ForwardClass::Wide
         } else {
-            ForwardKernel::General
+            ForwardClass::General
         }
     }
 
@@ -162,7 +167,7 @@ mod tests {
     /// inputs or outputs) agree with the plain definition.
     #[test]
     fn forward_kernels_agree_with_the_definition() {
-        use ForwardKernel::*;
+        use ForwardClass::*;
         let cases = [
             (40, 24, 5, Packed),
             (40, 24, 300, Packed),
@@ -175,7 +180,7 @@ mod tests {
         for (input, output, batch, kernel) in cases {
             let lin = Linear { input, output, offset: 0 };
             if f32::packed_panel_is_vectorized() {
-                assert_eq!(lin.forward_kernel::<f32>(batch), kernel, "{input}->{output} b{batch}");
+                assert_eq!(lin.forward_class::<f32>(batch), kernel, "{input}->{output} b{batch}");
             }
             let mut params = vec![0.0f32; lin.num_params()];
             lin.init(&mut params, 2, 0);
