@@ -4,7 +4,11 @@
 //! worker that owns slice `k` of the reduce-scatter holds the optimizer state
 //! of slice `k` and nothing else. Sparse optimizers update one row at a time
 //! from the row's summed gradient; row-wise Adagrad keeps one accumulator per row.
-//! Every `apply` takes the already-averaged gradient.
+//! Every `apply` takes the already-averaged gradient. The dense update loops
+//! live in `dense_kernels` (scalar definitions and AVX-512F versions equal to
+//! them bit for bit).
+
+pub mod dense_kernels;
 
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
@@ -318,18 +322,9 @@ impl DenseOptimizer {
         let params = &mut params[start..start + grads.len()];
         let OptimizerParams { lr, beta1, beta2, eps, .. } = self.hp;
         match self.kind {
-            DenseOptimizerKind::Sgd => {
-                for (p, g) in params.iter_mut().zip(grads) {
-                    *p -= lr * (g * scale);
-                }
-            }
+            DenseOptimizerKind::Sgd => dense_kernels::sgd(params, grads, lr, scale),
             DenseOptimizerKind::Adagrad => {
-                let v = &mut self.v[start..start + grads.len()];
-                for ((p, g), v) in params.iter_mut().zip(grads).zip(v) {
-                    let g = g * scale;
-                    *v += g * g;
-                    *p -= lr * g / (v.sqrt() + eps);
-                }
+                dense_kernels::adagrad(params, grads, &mut self.v[start..start + grads.len()], lr, eps, scale)
             }
             DenseOptimizerKind::Adam => {
                 let bc1 = 1.0 - beta1.powi(t.min(i32::MAX as u64) as i32);
@@ -338,12 +333,7 @@ impl DenseOptimizer {
                 let bc2_sqrt = bc2.sqrt();
                 let m = &mut self.m[start..start + grads.len()];
                 let v = &mut self.v[start..start + grads.len()];
-                for (((p, g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
-                    let g = g * scale;
-                    *m = beta1 * *m + (1.0 - beta1) * g;
-                    *v = beta2 * *v + (1.0 - beta2) * g * g;
-                    *p -= step * *m / (v.sqrt() / bc2_sqrt + eps);
-                }
+                dense_kernels::adam(params, grads, m, v, dense_kernels::AdamStep { beta1, beta2, step, bc2_sqrt, eps, scale });
             }
         }
     }

@@ -1,0 +1,206 @@
+//! The GEMM kernels of a run, chosen at start-up, and `tiderec bench kernels`.
+//!
+//! [`choose_for_run`] lists a model's forward products at every worker's
+//! micro-batch and lets [`kernel_choice`] measure and install a kernel for each
+//! (only among kernels whose results are equal bit for bit, so the choice never
+//! changes a run's numbers). `tiderec bench kernels` times every candidate of
+//! every class on the same shapes, the backward products beside them, and the
+//! bound the products alone put on a step.
+
+use crate::data::micro_batch;
+use serde::Serialize;
+use tiderec_operators::nn::gemm::{gemm, Op};
+use tiderec_operators::nn::kernel_choice::{
+    choose_forward_kernels, cpu_features, cpu_model, measure_shape, summary, ForwardShape, Measure, ShapeChoice,
+};
+use tiderec_operators::nn::ModelConfig;
+
+/// The forward products of `model` at the micro-batches of `batch` over `workers`.
+pub fn forward_shapes(model: &ModelConfig, batch: usize, workers: usize) -> Vec<ForwardShape> {
+    let mut rows: Vec<usize> = (0..workers.max(1)).map(|w| micro_batch(batch, w, workers.max(1))).collect();
+    rows.sort_unstable();
+    rows.dedup();
+    let layers = model.mlp_layers();
+    rows.iter()
+        .filter(|&&r| r > 0)
+        .flat_map(|&r| layers.iter().map(move |&(input, output)| ForwardShape { rows: r, input, output }))
+        .collect()
+}
+
+/// Measures and installs the forward kernels of a run (a fraction of a second),
+/// returning the choices.
+pub fn choose_for_run(model: &ModelConfig, batch: usize, workers: usize) -> Vec<ShapeChoice> {
+    choose_forward_kernels(&forward_shapes(model, batch, workers), Measure::STARTUP)
+}
+
+/// The line `train` and `bench dlrm` print: the CPU, its vector extensions and each product's kernel.
+pub fn startup_line(choices: &[ShapeChoice]) -> String {
+    format!("kernels ({}; {}): {}", cpu_model(), cpu_features().join(" "), summary(choices))
+}
+
+/// One candidate on one product in `tiderec bench kernels`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CandidateRate {
+    /// `packed-avx512`, `gemm-crate`, `matrixmultiply`, …
+    pub kernel: String,
+    /// Median GFLOP/s.
+    pub gflops: f64,
+    /// Whether it may be chosen (same summation order as the shape's class).
+    pub eligible: bool,
+}
+
+/// One product in `tiderec bench kernels`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProductReport {
+    /// `forward`, `dW` or `dx`.
+    pub product: String,
+    /// `input->output` of the layer.
+    pub layer: String,
+    /// `m x n x k` of the product.
+    pub mnk: String,
+    /// Every candidate timed.
+    pub candidates: Vec<CandidateRate>,
+    /// What training runs.
+    pub chosen: String,
+    /// The chosen candidate's GFLOP/s.
+    pub chosen_gflops: f64,
+}
+
+/// `tiderec bench kernels`.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelsReport {
+    /// `/proc/cpuinfo`'s model name.
+    pub cpu: String,
+    /// Vector extensions found.
+    pub features: Vec<String>,
+    /// Rows per product (a worker's micro-batch).
+    pub rows: usize,
+    /// Every product of the model's MLPs.
+    pub products: Vec<ProductReport>,
+    /// Samples/s that one core could train if the step were only these products on the chosen kernels.
+    pub gemm_bound_samples_per_sec: f64,
+}
+
+/// Times every forward candidate and the backward products of `model`'s
+/// layers at `rows` rows, `rounds` alternating rounds of `seconds` each.
+pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize) -> KernelsReport {
+    let measure = Measure { seconds, rounds, all: true };
+    let mut products = Vec::new();
+    let mut step_seconds = 0.0;
+    for &(input, output) in &model.mlp_layers() {
+        let shape = ForwardShape { rows, input, output };
+        let c = measure_shape(shape, measure);
+        let chosen_gflops = c.timings.iter().find(|t| t.candidate == c.chosen).map_or(0.0, |t| t.gflops);
+        step_seconds += shape.flops() / (chosen_gflops * 1e9);
+        products.push(ProductReport {
+            product: "forward".into(),
+            layer: format!("{input}->{output}"),
+            mnk: format!("{rows}x{output}x{input}"),
+            candidates: c
+                .timings
+                .iter()
+                .map(|t| CandidateRate { kernel: t.candidate.name().into(), gflops: t.gflops, eligible: t.eligible })
+                .collect(),
+            chosen: c.chosen.name().into(),
+            chosen_gflops,
+        });
+        // Backward: dW = dyᵀ·x (output × input over rows) and dx = dy·W (rows × input over output).
+        for (name, op_a, m, n, k) in [("dW", Op::T, output, input, rows), ("dx", Op::N, rows, input, output)] {
+            let gflops = backward_rate(op_a, m, n, k, seconds, rounds);
+            step_seconds += 2.0 * (m * n * k) as f64 / (gflops * 1e9);
+            products.push(ProductReport {
+                product: name.into(),
+                layer: format!("{input}->{output}"),
+                mnk: format!("{m}x{n}x{k}"),
+                candidates: vec![CandidateRate { kernel: "matrixmultiply".into(), gflops, eligible: true }],
+                chosen: "matrixmultiply".into(),
+                chosen_gflops: gflops,
+            });
+        }
+    }
+    KernelsReport {
+        cpu: cpu_model(),
+        features: cpu_features().iter().map(|s| s.to_string()).collect(),
+        rows,
+        products,
+        gemm_bound_samples_per_sec: rows as f64 / step_seconds,
+    }
+}
+
+/// GFLOP/s of matrixmultiply on a backward product (`op_a` = T: `dyᵀ·x`; N: `dy·W`).
+fn backward_rate(op_a: Op, m: usize, n: usize, k: usize, seconds: f64, rounds: usize) -> f64 {
+    let val = |i: usize| ((i.wrapping_mul(104_729) % 1000) as f32) * 1e-3 - 0.5;
+    let a: Vec<f32> = (0..m * k).map(val).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| val(i + 3)).collect();
+    let mut c = vec![0.0f32; m * n];
+    let mut rates = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let start = std::time::Instant::now();
+        let mut calls = 0u64;
+        while calls == 0 || start.elapsed().as_secs_f64() < seconds {
+            gemm(op_a, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut c);
+            calls += 1;
+        }
+        rates.push(2.0 * (m * n * k) as f64 * calls as f64 / start.elapsed().as_secs_f64() / 1e9);
+    }
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
+}
+
+/// The report as a table: one row per product, one column per candidate.
+pub fn print_kernels(r: &KernelsReport) {
+    println!("CPU: {} ({})", r.cpu, r.features.join(" "));
+    println!("{} rows; GFLOP/s (median); * = chosen, x = another summation order (never chosen)", r.rows);
+    let mut names: Vec<String> = Vec::new();
+    for p in &r.products {
+        for c in &p.candidates {
+            if !names.contains(&c.kernel) {
+                names.push(c.kernel.clone());
+            }
+        }
+    }
+    print!("{:8} {:10} {:>14}", "product", "layer", "m x n x k");
+    for n in &names {
+        print!(" {n:>16}");
+    }
+    println!("  chosen");
+    for p in &r.products {
+        print!("{:8} {:10} {:>14}", p.product, p.layer, p.mnk);
+        for n in &names {
+            let cell = p.candidates.iter().find(|c| &c.kernel == n).map_or(String::new(), |c| {
+                let mark = if c.kernel == p.chosen {
+                    "*"
+                } else if c.eligible {
+                    " "
+                } else {
+                    "x"
+                };
+                format!("{:.1}{mark}", c.gflops)
+            });
+            print!(" {cell:>16}");
+        }
+        println!("  {}", p.chosen);
+    }
+    println!(
+        "GEMM bound on one core (these products alone, chosen kernels): {:.0} samples/s",
+        r.gemm_bound_samples_per_sec
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiderec_operators::nn::DlrmConfig;
+
+    /// Batch 129 over two workers is micro-batches of 64 and 65 rows: every
+    /// layer at both, nothing at zero rows.
+    #[test]
+    fn forward_shapes_cover_every_micro_batch() {
+        let model = ModelConfig::Dlrm(DlrmConfig::kaggle());
+        let shapes = forward_shapes(&model, 129, 2);
+        assert_eq!(shapes.len(), 14);
+        assert!(shapes.iter().all(|s| s.rows == 64 || s.rows == 65));
+        assert!(shapes.contains(&ForwardShape { rows: 65, input: 367, output: 512 }));
+        assert!(forward_shapes(&model, 1, 2).iter().all(|s| s.rows == 1));
+    }
+}
