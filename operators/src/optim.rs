@@ -333,7 +333,13 @@ impl DenseOptimizer {
                 let bc2_sqrt = bc2.sqrt();
                 let m = &mut self.m[start..start + grads.len()];
                 let v = &mut self.v[start..start + grads.len()];
-                dense_kernels::adam(params, grads, m, v, dense_kernels::AdamStep { beta1, beta2, step, bc2_sqrt, eps, scale });
+                dense_kernels::adam(
+                    params,
+                    grads,
+                    m,
+                    v,
+                    dense_kernels::AdamStep { beta1, beta2, step, bc2_sqrt, eps, scale },
+                );
             }
         }
     }

@@ -281,7 +281,8 @@ mod tests {
     fn choices_stay_inside_the_summation_class() {
         let packed = ForwardShape { rows: 24, input: 40, output: 24 };
         let general = ForwardShape { rows: 24, input: 5, output: 24 };
-        let choices = choose_forward_kernels(&[packed, general, packed], Measure { seconds: 0.0005, rounds: 1, all: false });
+        let choices =
+            choose_forward_kernels(&[packed, general, packed], Measure { seconds: 0.0005, rounds: 1, all: false });
         assert_eq!(choices.len(), 2, "one entry per distinct shape");
         let by = |s: ForwardShape| choices.iter().find(|c| c.shape == s).expect("measured");
         let p = by(packed);

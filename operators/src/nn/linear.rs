@@ -82,7 +82,9 @@ impl Linear {
             ForwardClass::Packed => {
                 packed.pack(Op::T, self.input, self.output, w);
                 let kernel = panel_kernel_for(batch, self.input, self.output);
-                gemm_packed_with(batch, x, self.input, packed, true, y, self.output, |p| T::packed_panel_with(kernel, p));
+                gemm_packed_with(batch, x, self.input, packed, true, y, self.output, |p| {
+                    T::packed_panel_with(kernel, p)
+                });
             }
             ForwardClass::Wide => gemm_nt_acc(batch, self.output, self.input, x, w, y),
             ForwardClass::General => gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y),

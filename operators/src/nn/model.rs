@@ -179,8 +179,11 @@ impl ModelConfig {
         };
         match self {
             ModelConfig::Dlrm(c) => {
-                let interaction =
-                    super::interaction::DotInteraction { num_sparse: c.num_sparse, dim: c.dim, self_interaction: c.self_interaction };
+                let interaction = super::interaction::DotInteraction {
+                    num_sparse: c.num_sparse,
+                    dim: c.dim,
+                    self_interaction: c.self_interaction,
+                };
                 let mut layers = chain(c.num_dense, &c.bottom, None);
                 layers.extend(chain(interaction.output_dim(), &c.top, None));
                 layers

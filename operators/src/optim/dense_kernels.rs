@@ -119,7 +119,14 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn adagrad(params: &mut [f32], grads: &[f32], v: &mut [f32], lr: f32, eps: f32, scale: f32) -> usize {
+    pub(super) unsafe fn adagrad(
+        params: &mut [f32],
+        grads: &[f32],
+        v: &mut [f32],
+        lr: f32,
+        eps: f32,
+        scale: f32,
+    ) -> usize {
         let n = params.len() / 16 * 16;
         let (lr, eps, scale) = (_mm512_set1_ps(lr), _mm512_set1_ps(eps), _mm512_set1_ps(scale));
         let (p, g, vp) = (params.as_mut_ptr(), grads.as_ptr(), v.as_mut_ptr());
@@ -148,7 +155,10 @@ mod x86 {
             let gv = _mm512_mul_ps(_mm512_loadu_ps(g.add(i)), scale);
             let mv = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(mp.add(i))), _mm512_mul_ps(one_b1, gv));
             // (1 − β₂)·g·g groups left to right, as in the scalar definition.
-            let vv = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(vp.add(i))), _mm512_mul_ps(_mm512_mul_ps(one_b2, gv), gv));
+            let vv = _mm512_add_ps(
+                _mm512_mul_ps(b2, _mm512_loadu_ps(vp.add(i))),
+                _mm512_mul_ps(_mm512_mul_ps(one_b2, gv), gv),
+            );
             _mm512_storeu_ps(mp.add(i), mv);
             _mm512_storeu_ps(vp.add(i), vv);
             let den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2_sqrt), eps);
