@@ -149,12 +149,68 @@ pub fn gemm_packed_with<T: Scalar>(
     ldc: usize,
     mut panel_product: impl FnMut(PanelProduct<'_, T>),
 ) {
+    let k = b.k;
+    assert!(m == 0 || b.n == 0 || lda >= k, "gemm_packed: stride {lda} shorter than a row of {k}");
+    let chunk = k.div_ceil(k.max(1).div_ceil(K_CHUNK_MAX)).max(1);
+    gemm_packed_chunks(m, a, lda, 1, b, accumulate, c, ldc, chunk, &mut panel_product)
+}
+
+/// Reduction steps per pass of matrixmultiply's `f32` kernels (its `kc`, 256
+/// unless the crate was built with `MATMUL_SGEMM_KC` set):
+/// [`gemm_packed_mm_order`] splits the sums where matrixmultiply does.
+pub const MM_KC: usize = 256;
+
+/// `c[m×n] = op(a) · b` (overwriting `c`) in the summation order of
+/// matrixmultiply's fused multiply-add kernels: every entry is a chain of
+/// fused multiply-adds from zero over each run of [`MM_KC`] reduction steps,
+/// the runs' sums added to `c` in order. `b` is packed (`k × n`); `op(a)` is
+/// `m × k`, read where it lies: row `i`, step `p` at `a[i·lda + p·a_step]`
+/// (`lda = k, a_step = 1` for `a` stored `m × k`; `lda = 1, a_step = m` for
+/// `a` stored `k × m`, a weight gradient's `dyᵀ`).
+///
+/// The results equal `gemm(op, Op::N, …, beta = 0)` bit for bit wherever
+/// matrixmultiply runs an FMA kernel (x86-64 with FMA or AVX-512) and
+/// `m, n > 1` (`tests::mm_order_equals_matrixmultiply_bit_for_bit`).
+///
+/// # Panics
+/// When an operand is shorter than its shape requires, or the CPU does not run `kernel`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_mm_order(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    a_step: usize,
+    b: &PackedRhs<f32>,
+    c: &mut [f32],
+    ldc: usize,
+    kernel: PanelKernel,
+) {
+    gemm_packed_chunks(m, a, lda, a_step, b, false, c, ldc, MM_KC, &mut |p| packed_panel_f32_with(kernel, p))
+}
+
+/// The body of the packed products: `chunk` reduction steps per pass.
+#[allow(clippy::too_many_arguments)]
+fn gemm_packed_chunks<T: Scalar>(
+    m: usize,
+    a: &[T],
+    lda: usize,
+    a_step: usize,
+    b: &PackedRhs<T>,
+    accumulate: bool,
+    c: &mut [T],
+    ldc: usize,
+    chunk: usize,
+    panel_product: &mut impl FnMut(PanelProduct<'_, T>),
+) {
     let (k, n) = (b.k, b.n);
     if m == 0 || n == 0 {
         return;
     }
-    assert!(lda >= k && ldc >= n, "gemm_packed: strides {lda}, {ldc} shorter than rows {k}, {n}");
-    assert!(a.len() >= (m - 1) * lda + k, "gemm_packed: a has {} values, needs {}", a.len(), (m - 1) * lda + k);
+    assert!(ldc >= n, "gemm_packed: stride {ldc} shorter than a row of {n}");
+    if k > 0 {
+        let need = (m - 1) * lda + (k - 1) * a_step + 1;
+        assert!(a.len() >= need, "gemm_packed: a has {} values, needs {}", a.len(), need);
+    }
     assert!(c.len() >= (m - 1) * ldc + n, "gemm_packed: c has {} values, needs {}", c.len(), (m - 1) * ldc + n);
     if k == 0 {
         if !accumulate {
@@ -168,13 +224,12 @@ pub fn gemm_packed_with<T: Scalar>(
     // L1; a chunk of a panel is a contiguous part of it), then groups of rows,
     // panels inside: a group's rows of `a` stay in L1 while every panel passes
     // (the panels of a recurrence's weight fit in L1 too).
-    let chunk = k.div_ceil(k.div_ceil(K_CHUNK_MAX));
     for k0 in (0..k).step_by(chunk) {
         let kc = chunk.min(k - k0);
         let accumulate = accumulate || k0 > 0;
         for g in (0..m).step_by(GROUP_ROWS) {
             let group = GROUP_ROWS.min(m - g);
-            let a = &a[g * lda + k0..(g + group - 1) * lda + k0 + kc];
+            let a = &a[g * lda + k0 * a_step..(g + group - 1) * lda + (k0 + kc - 1) * a_step + 1];
             let mut at = 0;
             for (first, pw) in panels(n) {
                 let panel = &b.panels[at + k0 * pw..at + (k0 + kc) * pw];
@@ -186,7 +241,7 @@ pub fn gemm_packed_with<T: Scalar>(
                     k: kc,
                     a,
                     lda,
-                    a_step: 1,
+                    a_step,
                     panel,
                     panel_rs: pw,
                     pw,
@@ -927,6 +982,36 @@ mod tests {
             }
         }
         assert!(kernels.contains(&PanelKernel::best()));
+    }
+
+    /// The backward products on the packed kernels against matrixmultiply
+    /// itself: equal bit for bit on both layouts of `a`, on shapes with one to
+    /// three runs of [`MM_KC`] reduction steps and edge rows and columns, with
+    /// every vector kernel.
+    #[test]
+    fn mm_order_equals_matrixmultiply_bit_for_bit() {
+        if !f32::packed_panel_is_vectorized() {
+            eprintln!("no vector packed kernel on this CPU: the packed backward products are not used");
+            return;
+        }
+        for (m, n, k) in [(2, 2, 1), (64, 512, 256), (256, 512, 64), (17, 33, 255), (16, 13, 257), (40, 367, 512), (5, 16, 700)] {
+            let val = |i: usize| (crate::rng::unit_f64(21, i as u64, 0, 0) - 0.5) as f32;
+            let b: Vec<f32> = (0..k * n).map(|i| val(i + 7_000_000)).collect();
+            let packed = PackedRhs::new(Op::N, k, n, &b);
+            for op in [Op::N, Op::T] {
+                let a: Vec<f32> = (0..m * k).map(val).collect();
+                let mut want = vec![f32::NAN; m * n];
+                crate::nn::gemm::gemm(op, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut want);
+                let (lda, a_step) = if op == Op::N { (k, 1) } else { (1, m) };
+                for &kernel in PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable) {
+                    let mut got = vec![f32::NAN; m * n];
+                    gemm_packed_mm_order(m, &a, lda, a_step, &packed, &mut got, n, kernel);
+                    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                        assert!(x.to_bits() == y.to_bits(), "{kernel:?} {op:?} {m}x{n}x{k} [{i}]: {x} vs {y}");
+                    }
+                }
+            }
+        }
     }
 
     proptest! {

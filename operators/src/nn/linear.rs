@@ -107,8 +107,15 @@ impl Linear {
         }
     }
 
-    /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked.
+    /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked;
+    /// `packed` is scratch space for the right-hand operand.
+    ///
+    /// Both products are matrixmultiply's sums: on the packed kernel, in
+    /// matrixmultiply's summation order ([`T::gemm_mm_order`](Scalar::gemm_mm_order),
+    /// equal to it bit for bit) where a vector packed kernel runs and both
+    /// dimensions of the result exceed one; on matrixmultiply otherwise.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Scalar>(
         &self,
         params: &[T],
@@ -117,10 +124,18 @@ impl Linear {
         batch: usize,
         grads: &mut [T],
         dx: Option<&mut [T]>,
+        packed: &mut PackedRhs<T>,
     ) {
         let nw = self.output * self.input;
         let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
-        gemm(Op::T, Op::N, self.output, self.input, batch, T::ONE, dy, x, T::ZERO, gw);
+        let packable = T::packed_panel_is_vectorized() && self.input > 1;
+        if packable && self.output > 1 && batch > 0 {
+            // dW (output × input) = dyᵀ·x: row i of dyᵀ is column i of dy.
+            packed.pack(Op::N, batch, self.input, &x[..batch * self.input]);
+            T::gemm_mm_order(self.output, dy, 1, self.output, packed, gw, self.input);
+        } else {
+            gemm(Op::T, Op::N, self.output, self.input, batch, T::ONE, dy, x, T::ZERO, gw);
+        }
         gb.fill(T::ZERO);
         for row in dy[..batch * self.output].chunks_exact(self.output) {
             for (g, &d) in gb.iter_mut().zip(row) {
@@ -129,7 +144,12 @@ impl Linear {
         }
         if let Some(dx) = dx {
             let w = &params[self.offset..self.offset + nw];
-            gemm(Op::N, Op::N, batch, self.input, self.output, T::ONE, dy, w, T::ZERO, dx);
+            if packable && batch > 1 && self.output > 0 {
+                packed.pack(Op::N, self.output, self.input, w);
+                T::gemm_mm_order(batch, dy, self.output, 1, packed, dx, self.input);
+            } else {
+                gemm(Op::N, Op::N, batch, self.input, self.output, T::ONE, dy, w, T::ZERO, dx);
+            }
         }
     }
 }
@@ -155,7 +175,7 @@ mod tests {
         };
         let mut grads = vec![0.0; params.len()];
         let mut dx = vec![0.0; x.len()];
-        lin.backward(&params, &x, &r, batch, &mut grads, Some(&mut dx));
+        lin.backward(&params, &x, &r, batch, &mut grads, Some(&mut dx), &mut PackedRhs::default());
         check_gradients(&params[2..], &grads[2..], |p| {
             let mut full = params.clone();
             full[2..].copy_from_slice(p);

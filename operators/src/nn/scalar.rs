@@ -72,6 +72,23 @@ pub trait Scalar:
     /// When the CPU does not run `kernel`.
     fn packed_panel_with(kernel: super::gemm_packed::PanelKernel, p: super::gemm_packed::PanelProduct<'_, Self>);
 
+    /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel
+    /// ([`gemm_packed_mm_order`](super::gemm_packed::gemm_packed_mm_order); `f32`
+    /// only: callers ask [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
+    ///
+    /// # Panics
+    /// For `f64`, which has no vector packed kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_mm_order(
+        m: usize,
+        a: &[Self],
+        lda: usize,
+        a_step: usize,
+        b: &super::gemm_packed::PackedRhs<Self>,
+        c: &mut [Self],
+        ldc: usize,
+    );
+
     /// Whether [`packed_panel`](Self::packed_panel) runs a vector kernel on this
     /// CPU (callers that could use a general GEMM instead ask first).
     fn packed_panel_is_vectorized() -> bool;
@@ -83,7 +100,7 @@ pub trait Scalar:
 }
 
 macro_rules! impl_scalar {
-    ($t:ty, $gemm:path, $exp_fast:expr, $block:path, $block_with:expr, $vectorized:expr, $pack_t:path) => {
+    ($t:ty, $gemm:path, $exp_fast:expr, $block:path, $block_with:expr, $mm_order:expr, $vectorized:expr, $pack_t:path) => {
         impl Scalar for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -146,6 +163,18 @@ macro_rules! impl_scalar {
                 $block_with(kernel, p)
             }
             #[inline]
+            fn gemm_mm_order(
+                m: usize,
+                a: &[Self],
+                lda: usize,
+                a_step: usize,
+                b: &super::gemm_packed::PackedRhs<Self>,
+                c: &mut [Self],
+                ldc: usize,
+            ) {
+                $mm_order(m, a, lda, a_step, b, c, ldc)
+            }
+            #[inline]
             fn packed_panel_is_vectorized() -> bool {
                 $vectorized
             }
@@ -163,6 +192,9 @@ impl_scalar!(
     exp_f32_poly,
     super::gemm_packed::packed_panel_f32,
     super::gemm_packed::packed_panel_f32_with,
+    |m, a: &[f32], lda, a_step, b: &super::gemm_packed::PackedRhs<f32>, c: &mut [f32], ldc| {
+        super::gemm_packed::gemm_packed_mm_order(m, a, lda, a_step, b, c, ldc, super::gemm_packed::PanelKernel::best())
+    },
     super::gemm_packed::PanelKernel::best() != super::gemm_packed::PanelKernel::Portable,
     super::gemm_packed::pack_transposed_f32
 );
@@ -172,6 +204,9 @@ impl_scalar!(
     f64::exp,
     super::gemm_packed::packed_panel_portable::<f64>,
     |_, p| super::gemm_packed::packed_panel_portable::<f64>(p),
+    |_, _: &[f64], _, _, _: &super::gemm_packed::PackedRhs<f64>, _: &mut [f64], _| {
+        panic!("gemm_mm_order: f64 has no vector packed kernel")
+    },
     false,
     super::gemm_packed::pack_transposed_portable::<f64>
 );
