@@ -176,6 +176,7 @@ pub const MM_KC: usize = 256;
 /// When an operand is shorter than its shape requires, or the CPU does not run `kernel`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_packed_mm_order(
+    kernel: PanelKernel,
     m: usize,
     a: &[f32],
     lda: usize,
@@ -183,7 +184,6 @@ pub fn gemm_packed_mm_order(
     b: &PackedRhs<f32>,
     c: &mut [f32],
     ldc: usize,
-    kernel: PanelKernel,
 ) {
     gemm_packed_chunks(m, a, lda, a_step, b, false, c, ldc, MM_KC, &mut |p| packed_panel_f32_with(kernel, p))
 }
@@ -994,7 +994,9 @@ mod tests {
             eprintln!("no vector packed kernel on this CPU: the packed backward products are not used");
             return;
         }
-        for (m, n, k) in [(2, 2, 1), (64, 512, 256), (256, 512, 64), (17, 33, 255), (16, 13, 257), (40, 367, 512), (5, 16, 700)] {
+        for (m, n, k) in
+            [(2, 2, 1), (64, 512, 256), (256, 512, 64), (17, 33, 255), (16, 13, 257), (40, 367, 512), (5, 16, 700)]
+        {
             let val = |i: usize| (crate::rng::unit_f64(21, i as u64, 0, 0) - 0.5) as f32;
             let b: Vec<f32> = (0..k * n).map(|i| val(i + 7_000_000)).collect();
             let packed = PackedRhs::new(Op::N, k, n, &b);
@@ -1005,7 +1007,7 @@ mod tests {
                 let (lda, a_step) = if op == Op::N { (k, 1) } else { (1, m) };
                 for &kernel in PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable) {
                     let mut got = vec![f32::NAN; m * n];
-                    gemm_packed_mm_order(m, &a, lda, a_step, &packed, &mut got, n, kernel);
+                    gemm_packed_mm_order(kernel, m, &a, lda, a_step, &packed, &mut got, n);
                     for (i, (x, y)) in got.iter().zip(&want).enumerate() {
                         assert!(x.to_bits() == y.to_bits(), "{kernel:?} {op:?} {m}x{n}x{k} [{i}]: {x} vs {y}");
                     }

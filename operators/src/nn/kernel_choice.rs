@@ -13,15 +13,21 @@
 //! picks among those only: two runs on one machine, or W workers against one,
 //! train the same numbers whichever kernel won.
 //!
+//! The backward products (`dW = dyᵀ·x`, `dx = dy·W`) are matrixmultiply's
+//! sums. Their candidates are matrixmultiply itself and the packed kernels run
+//! in matrixmultiply's summation order ([`gemm_packed_mm_order`]: the same
+//! chains of fused multiply-adds over the same runs of 256 steps), equal to it
+//! bit for bit (`gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`);
+//! [`choose_backward_kernels`] picks the fastest.
+//!
 //! Invariants: [`choose_forward_kernels`] installs a choice only for a shape in
-//! the packed class and only a kernel the CPU runs; a shape never measured runs
-//! [`PanelKernel::best`]. The backward products (`dW = dyᵀ·x`, `dx = dy·W`) have
-//! one candidate each (matrixmultiply, which picks its own AVX2 or AVX-512
-//! kernel), so nothing is chosen for them.
+//! the packed class and only a kernel the CPU runs; a forward shape never
+//! measured runs [`PanelKernel::best`], a backward one matrixmultiply.
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
-use super::gemm_packed::{gemm_packed_with, packed_panel_f32_with, PackedRhs, PanelKernel};
+use super::gemm_packed::{gemm_packed_mm_order, gemm_packed_with, packed_panel_f32_with, PackedRhs, PanelKernel};
 use super::linear::{ForwardClass, Linear};
+use super::Scalar;
 use std::sync::RwLock;
 use std::time::Instant;
 
@@ -58,6 +64,8 @@ pub enum Candidate {
     GemmCrate,
     /// matrixmultiply ([`gemm`]).
     MatrixMultiply,
+    /// A backward product on the packed kernel in matrixmultiply's order ([`gemm_packed_mm_order`]).
+    PackedMmOrder(PanelKernel),
 }
 
 impl Candidate {
@@ -66,7 +74,7 @@ impl Candidate {
         match self {
             Candidate::Packed(_) => ForwardClass::Packed,
             Candidate::GemmCrate => ForwardClass::Wide,
-            Candidate::MatrixMultiply => ForwardClass::General,
+            Candidate::MatrixMultiply | Candidate::PackedMmOrder(_) => ForwardClass::General,
         }
     }
 
@@ -79,6 +87,10 @@ impl Candidate {
             Candidate::Packed(PanelKernel::Avx512) => "packed-avx512",
             Candidate::GemmCrate => "gemm-crate",
             Candidate::MatrixMultiply => "matrixmultiply",
+            Candidate::PackedMmOrder(PanelKernel::Portable) => "packed-mm-portable",
+            Candidate::PackedMmOrder(PanelKernel::Avx2) => "packed-mm-avx2",
+            Candidate::PackedMmOrder(PanelKernel::Avx512Vl) => "packed-mm-avx512vl",
+            Candidate::PackedMmOrder(PanelKernel::Avx512) => "packed-mm-avx512",
         }
     }
 }
@@ -182,7 +194,9 @@ pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
                     gemm_packed_with(m, &x, k, &packed, true, &mut y, n, |p| packed_panel_f32_with(kernel, p));
                 }
                 Candidate::GemmCrate => gemm_nt_acc(m, n, k, &x, &w, &mut y),
-                Candidate::MatrixMultiply => gemm(Op::N, Op::T, m, n, k, 1.0, &x, &w, 1.0, &mut y),
+                Candidate::MatrixMultiply | Candidate::PackedMmOrder(_) => {
+                    gemm(Op::N, Op::T, m, n, k, 1.0, &x, &w, 1.0, &mut y)
+                }
             };
             rate.push(shape.flops() * calls_per_second(measure.seconds, &mut run) / 1e9);
         }
@@ -203,6 +217,153 @@ pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
             ForwardClass::General => Candidate::MatrixMultiply,
         });
     ShapeChoice { shape, timings, chosen }
+}
+
+/// A layer's backward product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backward {
+    /// `dW[output × input] = dyᵀ·x`, over the rows.
+    Dw,
+    /// `dx[rows × input] = dy·W`, over the outputs.
+    Dx,
+}
+
+/// A backward product of the layer `input → output` at `rows` rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackwardShape {
+    /// Which product.
+    pub product: Backward,
+    /// Rows of the micro-batch.
+    pub rows: usize,
+    /// Input width of the layer.
+    pub input: usize,
+    /// Output width of the layer.
+    pub output: usize,
+}
+
+impl BackwardShape {
+    /// `(m, n, k)` of the product.
+    pub fn mnk(&self) -> (usize, usize, usize) {
+        match self.product {
+            Backward::Dw => (self.output, self.input, self.rows),
+            Backward::Dx => (self.rows, self.input, self.output),
+        }
+    }
+
+    /// Whether the packed kernel may run it (a vector packed kernel runs here,
+    /// and the product is not a matrix–vector one, which `gemm` computes apart).
+    pub fn packable(&self) -> bool {
+        let (m, n, k) = self.mnk();
+        f32::packed_panel_is_vectorized() && m > 1 && n > 1 && k > 0
+    }
+}
+
+impl std::fmt::Display for BackwardShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = if self.product == Backward::Dw { "dW" } else { "dx" };
+        write!(f, "{name} {}x{}->{}", self.rows, self.input, self.output)
+    }
+}
+
+/// The measurement of one backward product and the kernel it runs on.
+#[derive(Clone, Debug)]
+pub struct BackwardChoice {
+    /// The product.
+    pub shape: BackwardShape,
+    /// Every candidate measured (all eligible: they give equal results).
+    pub timings: Vec<Timing>,
+    /// What the product runs on from now on.
+    pub chosen: Candidate,
+}
+
+/// The installed backward choices: `None` is matrixmultiply.
+static CHOSEN_BACKWARD: RwLock<Vec<(BackwardShape, Option<PanelKernel>)>> = RwLock::new(Vec::new());
+
+/// The kernel of a backward product: the measured choice, `None` (matrixmultiply)
+/// for a product never measured.
+#[inline]
+pub fn backward_kernel_for(product: Backward, rows: usize, input: usize, output: usize) -> Option<PanelKernel> {
+    let shape = BackwardShape { product, rows, input, output };
+    CHOSEN_BACKWARD.read().ok().and_then(|chosen| chosen.iter().find(|(s, _)| *s == shape).and_then(|&(_, k)| k))
+}
+
+/// The backward products of the forward shapes: `dW` of each, `dx` of each.
+pub fn backward_shapes(forward: &[ForwardShape]) -> Vec<BackwardShape> {
+    forward
+        .iter()
+        .flat_map(|f| {
+            [Backward::Dw, Backward::Dx].map(|product| BackwardShape {
+                product,
+                rows: f.rows,
+                input: f.input,
+                output: f.output,
+            })
+        })
+        .collect()
+}
+
+/// Measures every distinct product in `shapes` and installs the fastest of
+/// matrixmultiply and the packed kernels in its order (equal results).
+pub fn choose_backward_kernels(shapes: &[BackwardShape], measure: Measure) -> Vec<BackwardChoice> {
+    let mut distinct = shapes.to_vec();
+    distinct.sort();
+    distinct.dedup();
+    let choices: Vec<BackwardChoice> = distinct.iter().map(|&shape| measure_backward(shape, measure)).collect();
+    if let Ok(mut chosen) = CHOSEN_BACKWARD.write() {
+        for c in &choices {
+            chosen.retain(|(s, _)| *s != c.shape);
+            if let Candidate::PackedMmOrder(kernel) = c.chosen {
+                chosen.push((c.shape, Some(kernel)));
+            }
+        }
+    }
+    choices
+}
+
+/// Times the candidates of one backward product without installing anything.
+pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoice {
+    let (m, n, k) = shape.mnk();
+    let mut candidates = vec![Candidate::MatrixMultiply];
+    if shape.packable() {
+        candidates.extend(
+            PanelKernel::available()
+                .iter()
+                .filter(|&&k| k != PanelKernel::Portable)
+                .map(|&k| Candidate::PackedMmOrder(k)),
+        );
+    }
+    let val = |i: usize| ((i.wrapping_mul(104_729) % 1000) as f32) * 1e-3 - 0.5;
+    // `a` as the layer stores it (dy: rows × output), `b` stored k × n (x or W).
+    let a: Vec<f32> = (0..m * k).map(val).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| val(i + 3)).collect();
+    let mut c = vec![0.0f32; m * n];
+    let mut packed = PackedRhs::default();
+    let (op_a, lda, a_step) = match shape.product {
+        Backward::Dw => (Op::T, 1, m),
+        Backward::Dx => (Op::N, k, 1),
+    };
+    let flops = 2.0 * (m * n * k) as f64;
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
+    for _ in 0..measure.rounds.max(1) {
+        for (cand, rate) in candidates.iter().zip(&mut rates) {
+            let mut run = || match *cand {
+                Candidate::PackedMmOrder(kernel) => {
+                    packed.pack(Op::N, k, n, &b);
+                    gemm_packed_mm_order(kernel, m, &a, lda, a_step, &packed, &mut c, n);
+                }
+                _ => gemm(op_a, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut c),
+            };
+            rate.push(flops * calls_per_second(measure.seconds, &mut run) / 1e9);
+        }
+    }
+    let timings: Vec<Timing> = candidates
+        .iter()
+        .zip(rates)
+        .map(|(&candidate, r)| Timing { candidate, gflops: median(r), eligible: true })
+        .collect();
+    let chosen =
+        timings.iter().max_by(|a, b| a.gflops.total_cmp(&b.gflops)).map_or(Candidate::MatrixMultiply, |t| t.candidate);
+    BackwardChoice { shape, timings, chosen }
 }
 
 /// Calls of `f` per second of this thread's CPU time (wall time where the
@@ -265,9 +426,17 @@ pub fn cpu_features() -> Vec<&'static str> {
     found
 }
 
-/// One line naming each shape's kernel: `64x512->256 packed-avx512, 64x13->512 matrixmultiply, …`.
-pub fn summary(choices: &[ShapeChoice]) -> String {
-    choices.iter().map(|c| format!("{} {}", c.shape, c.chosen.name())).collect::<Vec<_>>().join(", ")
+/// One line naming each product's kernel:
+/// `forward 64x512->256 packed-avx512, …; dW 64x512->256 packed-mm-avx512, …`.
+pub fn summary(forward: &[ShapeChoice], backward: &[BackwardChoice]) -> String {
+    let mut parts = vec![format!(
+        "forward {}",
+        forward.iter().map(|c| format!("{} {}", c.shape, c.chosen.name())).collect::<Vec<_>>().join(", ")
+    )];
+    if !backward.is_empty() {
+        parts.push(backward.iter().map(|c| format!("{} {}", c.shape, c.chosen.name())).collect::<Vec<_>>().join(", "));
+    }
+    parts.join("; ")
 }
 
 #[cfg(test)]
@@ -298,6 +467,28 @@ mod tests {
         let g = by(general);
         assert_eq!(g.chosen, Candidate::MatrixMultiply);
         assert_eq!(g.timings.len(), 1);
+    }
+
+    /// A measured backward product installs its choice for [`backward_kernel_for`]
+    /// (`None` for matrixmultiply); a matrix–vector one has matrixmultiply only.
+    #[test]
+    fn backward_choices_are_installed() {
+        let dx = BackwardShape { product: Backward::Dx, rows: 24, input: 40, output: 32 };
+        let vector = BackwardShape { product: Backward::Dw, rows: 24, input: 40, output: 1 };
+        let choices = choose_backward_kernels(&[dx, vector], Measure { seconds: 0.0005, rounds: 1, all: false });
+        let by = |s: BackwardShape| choices.iter().find(|c| c.shape == s).expect("measured");
+        let installed = backward_kernel_for(Backward::Dx, 24, 40, 32);
+        match by(dx).chosen {
+            Candidate::PackedMmOrder(kernel) => assert_eq!(installed, Some(kernel)),
+            Candidate::MatrixMultiply => assert_eq!(installed, None),
+            other => panic!("backward chose {other:?}"),
+        }
+        if f32::packed_panel_is_vectorized() {
+            assert!(by(dx).timings.len() >= 2, "matrixmultiply and at least one packed kernel");
+        }
+        assert_eq!(by(vector).timings.len(), 1);
+        assert_eq!(by(vector).chosen, Candidate::MatrixMultiply);
+        assert_eq!(backward_kernel_for(Backward::Dw, 24, 40, 1), None);
     }
 
     /// With `all`, the other classes are timed too but marked ineligible, and

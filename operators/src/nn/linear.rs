@@ -5,7 +5,7 @@
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
 use super::gemm_packed::{gemm_packed_with, PackedRhs};
-use super::kernel_choice::panel_kernel_for;
+use super::kernel_choice::{backward_kernel_for, panel_kernel_for, Backward};
 use super::Scalar;
 use crate::rng::normal_f64;
 
@@ -110,10 +110,11 @@ impl Linear {
     /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked;
     /// `packed` is scratch space for the right-hand operand.
     ///
-    /// Both products are matrixmultiply's sums: on the packed kernel, in
-    /// matrixmultiply's summation order ([`T::gemm_mm_order`](Scalar::gemm_mm_order),
-    /// equal to it bit for bit) where a vector packed kernel runs and both
-    /// dimensions of the result exceed one; on matrixmultiply otherwise.
+    /// Both products are matrixmultiply's sums: where a vector packed kernel runs
+    /// and both dimensions of the result exceed one, on whichever the start-up
+    /// measurement chose ([`backward_kernel_for`]) of matrixmultiply and the packed
+    /// kernel in matrixmultiply's summation order ([`T::gemm_mm_order`](Scalar::gemm_mm_order),
+    /// equal to it bit for bit); on matrixmultiply otherwise.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Scalar>(
@@ -129,10 +130,15 @@ impl Linear {
         let nw = self.output * self.input;
         let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
         let packable = T::packed_panel_is_vectorized() && self.input > 1;
-        if packable && self.output > 1 && batch > 0 {
+        let dw_kernel = if packable && self.output > 1 && batch > 0 {
+            backward_kernel_for(Backward::Dw, batch, self.input, self.output)
+        } else {
+            None
+        };
+        if let Some(kernel) = dw_kernel {
             // dW (output × input) = dyᵀ·x: row i of dyᵀ is column i of dy.
             packed.pack(Op::N, batch, self.input, &x[..batch * self.input]);
-            T::gemm_mm_order(self.output, dy, 1, self.output, packed, gw, self.input);
+            T::gemm_mm_order(kernel, self.output, dy, 1, self.output, packed, gw, self.input);
         } else {
             gemm(Op::T, Op::N, self.output, self.input, batch, T::ONE, dy, x, T::ZERO, gw);
         }
@@ -144,9 +150,14 @@ impl Linear {
         }
         if let Some(dx) = dx {
             let w = &params[self.offset..self.offset + nw];
-            if packable && batch > 1 && self.output > 0 {
+            let dx_kernel = if packable && batch > 1 && self.output > 0 {
+                backward_kernel_for(Backward::Dx, batch, self.input, self.output)
+            } else {
+                None
+            };
+            if let Some(kernel) = dx_kernel {
                 packed.pack(Op::N, self.output, self.input, w);
-                T::gemm_mm_order(batch, dy, self.output, 1, packed, dx, self.input);
+                T::gemm_mm_order(kernel, batch, dy, self.output, 1, packed, dx, self.input);
             } else {
                 gemm(Op::N, Op::N, batch, self.input, self.output, T::ONE, dy, w, T::ZERO, dx);
             }

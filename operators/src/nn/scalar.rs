@@ -80,6 +80,7 @@ pub trait Scalar:
     /// For `f64`, which has no vector packed kernel.
     #[allow(clippy::too_many_arguments)]
     fn gemm_mm_order(
+        kernel: super::gemm_packed::PanelKernel,
         m: usize,
         a: &[Self],
         lda: usize,
@@ -164,6 +165,7 @@ macro_rules! impl_scalar {
             }
             #[inline]
             fn gemm_mm_order(
+                kernel: super::gemm_packed::PanelKernel,
                 m: usize,
                 a: &[Self],
                 lda: usize,
@@ -172,7 +174,7 @@ macro_rules! impl_scalar {
                 c: &mut [Self],
                 ldc: usize,
             ) {
-                $mm_order(m, a, lda, a_step, b, c, ldc)
+                $mm_order(kernel, m, a, lda, a_step, b, c, ldc)
             }
             #[inline]
             fn packed_panel_is_vectorized() -> bool {
@@ -192,9 +194,7 @@ impl_scalar!(
     exp_f32_poly,
     super::gemm_packed::packed_panel_f32,
     super::gemm_packed::packed_panel_f32_with,
-    |m, a: &[f32], lda, a_step, b: &super::gemm_packed::PackedRhs<f32>, c: &mut [f32], ldc| {
-        super::gemm_packed::gemm_packed_mm_order(m, a, lda, a_step, b, c, ldc, super::gemm_packed::PanelKernel::best())
-    },
+    super::gemm_packed::gemm_packed_mm_order,
     super::gemm_packed::PanelKernel::best() != super::gemm_packed::PanelKernel::Portable,
     super::gemm_packed::pack_transposed_f32
 );
@@ -204,7 +204,7 @@ impl_scalar!(
     f64::exp,
     super::gemm_packed::packed_panel_portable::<f64>,
     |_, p| super::gemm_packed::packed_panel_portable::<f64>(p),
-    |_, _: &[f64], _, _, _: &super::gemm_packed::PackedRhs<f64>, _: &mut [f64], _| {
+    |_, _, _: &[f64], _, _, _: &super::gemm_packed::PackedRhs<f64>, _: &mut [f64], _| {
         panic!("gemm_mm_order: f64 has no vector packed kernel")
     },
     false,

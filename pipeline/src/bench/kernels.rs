@@ -1,17 +1,17 @@
 //! The GEMM kernels of a run, chosen at start-up, and `tiderec bench kernels`.
 //!
-//! [`choose_for_run`] lists a model's forward products at every worker's
-//! micro-batch and lets [`kernel_choice`] measure and install a kernel for each
-//! (only among kernels whose results are equal bit for bit, so the choice never
-//! changes a run's numbers). `tiderec bench kernels` times every candidate of
-//! every class on the same shapes, the backward products beside them, and the
-//! bound the products alone put on a step.
+//! [`choose_for_run`] lists a model's MLP products (forward, `dW`, `dx`) at
+//! every worker's micro-batch and lets `tiderec_operators::nn::kernel_choice`
+//! measure and install a kernel for each (only among kernels whose results are
+//! equal bit for bit, so the choice never changes a run's numbers). `tiderec
+//! bench kernels` times every candidate of every class on the same shapes and
+//! the bound the products alone put on a step.
 
 use crate::data::micro_batch;
 use serde::Serialize;
-use tiderec_operators::nn::gemm::{gemm, Op};
 use tiderec_operators::nn::kernel_choice::{
-    choose_forward_kernels, cpu_features, cpu_model, measure_shape, summary, ForwardShape, Measure, ShapeChoice,
+    backward_shapes, choose_backward_kernels, choose_forward_kernels, cpu_features, cpu_model, measure_backward,
+    measure_shape, summary, Backward, BackwardChoice, BackwardShape, ForwardShape, Measure, ShapeChoice,
 };
 use tiderec_operators::nn::ModelConfig;
 
@@ -27,15 +27,27 @@ pub fn forward_shapes(model: &ModelConfig, batch: usize, workers: usize) -> Vec<
         .collect()
 }
 
-/// Measures and installs the forward kernels of a run (a fraction of a second),
-/// returning the choices.
-pub fn choose_for_run(model: &ModelConfig, batch: usize, workers: usize) -> Vec<ShapeChoice> {
-    choose_forward_kernels(&forward_shapes(model, batch, workers), Measure::STARTUP)
+/// The kernels a run chose: forward and backward products.
+pub struct RunKernels {
+    /// Forward products.
+    pub forward: Vec<ShapeChoice>,
+    /// Backward products.
+    pub backward: Vec<BackwardChoice>,
+}
+
+/// Measures and installs the kernels of a run's MLP products (a fraction of a
+/// second), returning the choices.
+pub fn choose_for_run(model: &ModelConfig, batch: usize, workers: usize) -> RunKernels {
+    let shapes = forward_shapes(model, batch, workers);
+    RunKernels {
+        forward: choose_forward_kernels(&shapes, Measure::STARTUP),
+        backward: choose_backward_kernels(&backward_shapes(&shapes), Measure::STARTUP),
+    }
 }
 
 /// The line `train` and `bench dlrm` print: the CPU, its vector extensions and each product's kernel.
-pub fn startup_line(choices: &[ShapeChoice]) -> String {
-    format!("kernels ({}; {}): {}", cpu_model(), cpu_features().join(" "), summary(choices))
+pub fn startup_line(k: &RunKernels) -> String {
+    format!("kernels ({}; {}): {}", cpu_model(), cpu_features().join(" "), summary(&k.forward, &k.backward))
 }
 
 /// One candidate on one product in `tiderec bench kernels`.
@@ -105,16 +117,26 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
             chosen_gflops,
         });
         // Backward: dW = dyᵀ·x (output × input over rows) and dx = dy·W (rows × input over output).
-        for (name, op_a, m, n, k) in [("dW", Op::T, output, input, rows), ("dx", Op::N, rows, input, output)] {
-            let gflops = backward_rate(op_a, m, n, k, seconds, rounds);
-            step_seconds += 2.0 * (m * n * k) as f64 / (gflops * 1e9);
+        for product in [Backward::Dw, Backward::Dx] {
+            let b = measure_backward(BackwardShape { product, rows, input, output }, measure);
+            let (m, n, k) = b.shape.mnk();
+            let chosen_gflops = b.timings.iter().find(|t| t.candidate == b.chosen).map_or(0.0, |t| t.gflops);
+            step_seconds += 2.0 * (m * n * k) as f64 / (chosen_gflops * 1e9);
             products.push(ProductReport {
-                product: name.into(),
+                product: if product == Backward::Dw { "dW" } else { "dx" }.into(),
                 layer: format!("{input}->{output}"),
                 mnk: format!("{m}x{n}x{k}"),
-                candidates: vec![CandidateRate { kernel: "matrixmultiply".into(), gflops, eligible: true }],
-                chosen: "matrixmultiply".into(),
-                chosen_gflops: gflops,
+                candidates: b
+                    .timings
+                    .iter()
+                    .map(|t| CandidateRate {
+                        kernel: t.candidate.name().into(),
+                        gflops: t.gflops,
+                        eligible: t.eligible,
+                    })
+                    .collect(),
+                chosen: b.chosen.name().into(),
+                chosen_gflops,
             });
         }
     }
@@ -125,26 +147,6 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         products,
         gemm_bound_samples_per_sec: rows as f64 / step_seconds,
     }
-}
-
-/// GFLOP/s of matrixmultiply on a backward product (`op_a` = T: `dyᵀ·x`; N: `dy·W`).
-fn backward_rate(op_a: Op, m: usize, n: usize, k: usize, seconds: f64, rounds: usize) -> f64 {
-    let val = |i: usize| ((i.wrapping_mul(104_729) % 1000) as f32) * 1e-3 - 0.5;
-    let a: Vec<f32> = (0..m * k).map(val).collect();
-    let b: Vec<f32> = (0..k * n).map(|i| val(i + 3)).collect();
-    let mut c = vec![0.0f32; m * n];
-    let mut rates = Vec::new();
-    for _ in 0..rounds.max(1) {
-        let start = std::time::Instant::now();
-        let mut calls = 0u64;
-        while calls == 0 || start.elapsed().as_secs_f64() < seconds {
-            gemm(op_a, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut c);
-            calls += 1;
-        }
-        rates.push(2.0 * (m * n * k) as f64 * calls as f64 / start.elapsed().as_secs_f64() / 1e9);
-    }
-    rates.sort_by(f64::total_cmp);
-    rates[rates.len() / 2]
 }
 
 /// The report as a table: one row per product, one column per candidate.
