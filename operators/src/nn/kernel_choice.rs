@@ -130,7 +130,7 @@ pub struct Measure {
 
 impl Measure {
     /// The start-up measurement: two rounds of 2 ms (or one call, if longer) per
-    /// eligible candidate; about 0.3 s for DLRM's products at batch 128, 1 s at 2,048.
+    /// eligible candidate; about 0.4 s of CPU for DLRM's products at batch 128, 0.6 s at 2,048.
     pub const STARTUP: Measure = Measure { seconds: 0.002, rounds: 2, all: false };
 }
 
