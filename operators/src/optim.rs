@@ -13,6 +13,11 @@
 //! schedule ([`crate::schedule`]) travels with the hyper-parameters; the
 //! trainer sets each step's learning rate with [`DenseOptimizer::set_lr`] and
 //! its stores' counterparts.
+//!
+//! Without a penalty the dense update loops run in `dense_kernels` (scalar
+//! definitions and AVX-512F versions equal to them bit for bit).
+
+pub mod dense_kernels;
 
 use crate::schedule::LrSchedule;
 use crate::OperatorError;
@@ -361,7 +366,7 @@ impl DenseOptimizer {
     fn update_range(&mut self, params: &mut [f32], start: usize, grads: &[f32], scale: f32, t: u64) {
         let l2 = self.hp.l2_penalty;
         if l2 == 0.0 {
-            self.rule(params, start, grads, t, |g, _| g * scale);
+            self.kernels(params, start, grads, scale, t);
         } else {
             self.rule(params, start, grads, t, |g, p| g * scale + l2 * p);
         }
@@ -399,6 +404,33 @@ impl DenseOptimizer {
                     *v = beta2 * *v + (1.0 - beta2) * g * g;
                     *p -= step * *m / (v.sqrt() / bc2_sqrt + eps);
                 }
+            }
+        }
+    }
+
+    /// The update rule with the gradient `scale · g`, on the vector kernels.
+    fn kernels(&mut self, params: &mut [f32], start: usize, grads: &[f32], scale: f32, t: u64) {
+        let params = &mut params[start..start + grads.len()];
+        let OptimizerParams { lr, beta1, beta2, eps, .. } = self.hp;
+        match self.kind {
+            DenseOptimizerKind::Sgd => dense_kernels::sgd(params, grads, lr, scale),
+            DenseOptimizerKind::Adagrad => {
+                dense_kernels::adagrad(params, grads, &mut self.v[start..start + grads.len()], lr, eps, scale)
+            }
+            DenseOptimizerKind::Adam => {
+                let bc1 = 1.0 - beta1.powi(t.min(i32::MAX as u64) as i32);
+                let bc2 = 1.0 - beta2.powi(t.min(i32::MAX as u64) as i32);
+                let step = lr / bc1;
+                let bc2_sqrt = bc2.sqrt();
+                let m = &mut self.m[start..start + grads.len()];
+                let v = &mut self.v[start..start + grads.len()];
+                dense_kernels::adam(
+                    params,
+                    grads,
+                    m,
+                    v,
+                    dense_kernels::AdamStep { beta1, beta2, step, bc2_sqrt, eps, scale },
+                );
             }
         }
     }

@@ -19,6 +19,7 @@
 
 pub mod cache;
 pub mod exchange;
+pub mod kernels;
 pub mod processes;
 pub mod replay;
 pub mod serve;
@@ -135,6 +136,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     };
     let embedding_params = config.table_sizes.iter().sum::<u64>() * config.model.embedding_dim() as u64;
     devices.preflight(&config)?;
+    eprintln!("{}", kernels::startup_line(&kernels::choose_for_run(&bench.model, bench.batch_size, bench.workers)));
     let bench = Arc::new(bench.clone());
     let b2 = bench.clone();
     let guards = timely::execute(timely_config(&settings, &resolved), move |worker| {

@@ -119,6 +119,9 @@ enum BenchCommand {
     Exchange(ExchangeArgs),
     /// `tiderec serve` under a concurrent load from this process: requests/s, records/s, p50/p99 latency.
     Serve(ServeBenchArgs),
+    /// GEMM kernels: every candidate's GFLOP/s on each MLP product of a model, the one training
+    /// chooses, the CPU and its vector extensions, and the bound the products put on a step.
+    Kernels(KernelsArgs),
 }
 
 #[derive(Args)]
@@ -145,6 +148,25 @@ struct ServeBenchArgs {
     #[arg(long, default_value_t = 500)]
     max_wait_us: u64,
     /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct KernelsArgs {
+    /// dlrm (the Kaggle shape of `bench dlrm`) or any model of `bench model`.
+    #[arg(long, default_value = "dlrm")]
+    model: String,
+    /// Rows per product (one worker's micro-batch).
+    #[arg(long, default_value_t = 2048)]
+    rows: usize,
+    /// Seconds per candidate and round.
+    #[arg(long, default_value_t = 0.05)]
+    seconds: f64,
+    /// Alternating rounds (the median is shown).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
@@ -1556,6 +1578,18 @@ fn main() -> anyhow::Result<()> {
                 );
             }
         }
+        Command::Bench(BenchCommand::Kernels(k)) => {
+            if k.rows == 0 || k.rounds == 0 || !(k.seconds > 0.0) {
+                anyhow::bail!("--rows, --rounds and --seconds must be positive");
+            }
+            let model = if k.model == "dlrm" { tiderec::bench::kaggle_dlrm() } else { bench_model(&k.model)? };
+            let r = tiderec::bench::kernels::run_kernels(&model, k.rows, k.seconds, k.rounds);
+            if k.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                tiderec::bench::kernels::print_kernels(&r);
+            }
+        }
         Command::Bench(BenchCommand::Features(f)) => {
             let r = tiderec::bench::run_features(f.seconds, &f.criteo);
             if f.json {
@@ -1567,22 +1601,14 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(command) => {
             let (model, a) = match command {
                 BenchCommand::Dlrm(a) => (tiderec::bench::kaggle_dlrm(), a),
-                BenchCommand::Model(m) => {
-                    let settings = TrainSettings { model: m.model.clone(), ..TrainSettings::default() };
-                    let model = if m.model.starts_with("dien") {
-                        let data = tiderec::config::DataSpec::SyntheticBehavior;
-                        settings.model_config_with(data.shape(None), data.sequences(None).as_ref())?
-                    } else {
-                        settings.model_config()?
-                    };
-                    (model, m.common)
-                }
+                BenchCommand::Model(m) => (bench_model(&m.model)?, m.common),
                 BenchCommand::Gru(_)
                 | BenchCommand::Features(_)
                 | BenchCommand::Replay(_)
                 | BenchCommand::Serve(_)
                 | BenchCommand::Cache(_)
-                | BenchCommand::Exchange(_) => {
+                | BenchCommand::Exchange(_)
+                | BenchCommand::Kernels(_) => {
                     unreachable!("handled above")
                 }
             };
@@ -1621,4 +1647,16 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The model of `tiderec bench model --model NAME`: the CLI's default shapes
+/// (DIEN's on synthetic behaviour histories).
+fn bench_model(name: &str) -> anyhow::Result<tiderec_operators::nn::ModelConfig> {
+    let settings = TrainSettings { model: name.to_string(), ..TrainSettings::default() };
+    Ok(if name.starts_with("dien") {
+        let data = tiderec::config::DataSpec::SyntheticBehavior;
+        settings.model_config_with(data.shape(None), data.sequences(None).as_ref())?
+    } else {
+        settings.model_config()?
+    })
 }

@@ -244,6 +244,10 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     }
     trainer.exchange = exchange;
     crate::device::Devices::for_workers(&settings.device, settings.workers)?.preflight(&trainer)?;
+    let kernels = crate::bench::kernels::choose_for_run(&trainer.model, settings.batch_size, settings.workers);
+    if settings.process == 0 && settings.progress != "none" {
+        eprintln!("{}", crate::bench::kernels::startup_line(&kernels));
+    }
     let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer)?;
     let context = Arc::new(Context {
         stop: crate::stop::stop_flag()?,

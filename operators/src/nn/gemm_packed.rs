@@ -149,12 +149,68 @@ pub fn gemm_packed_with<T: Scalar>(
     ldc: usize,
     mut panel_product: impl FnMut(PanelProduct<'_, T>),
 ) {
+    let k = b.k;
+    assert!(m == 0 || b.n == 0 || lda >= k, "gemm_packed: stride {lda} shorter than a row of {k}");
+    let chunk = k.div_ceil(k.max(1).div_ceil(K_CHUNK_MAX)).max(1);
+    gemm_packed_chunks(m, a, lda, 1, b, accumulate, c, ldc, chunk, &mut panel_product)
+}
+
+/// Reduction steps per pass of matrixmultiply's `f32` kernels (its `kc`, 256
+/// unless the crate was built with `MATMUL_SGEMM_KC` set):
+/// [`gemm_packed_mm_order`] splits the sums where matrixmultiply does.
+pub const MM_KC: usize = 256;
+
+/// `c[m×n] = op(a) · b` (overwriting `c`) in the summation order of
+/// matrixmultiply's fused multiply-add kernels: every entry is a chain of
+/// fused multiply-adds from zero over each run of [`MM_KC`] reduction steps,
+/// the runs' sums added to `c` in order. `b` is packed (`k × n`); `op(a)` is
+/// `m × k`, read where it lies: row `i`, step `p` at `a[i·lda + p·a_step]`
+/// (`lda = k, a_step = 1` for `a` stored `m × k`; `lda = 1, a_step = m` for
+/// `a` stored `k × m`, a weight gradient's `dyᵀ`).
+///
+/// The results equal `gemm(op, Op::N, …, beta = 0)` bit for bit wherever
+/// matrixmultiply runs an FMA kernel (x86-64 with FMA or AVX-512) and
+/// `m, n > 1` (`tests::mm_order_equals_matrixmultiply_bit_for_bit`).
+///
+/// # Panics
+/// When an operand is shorter than its shape requires, or the CPU does not run `kernel`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_mm_order(
+    kernel: PanelKernel,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    a_step: usize,
+    b: &PackedRhs<f32>,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    gemm_packed_chunks(m, a, lda, a_step, b, false, c, ldc, MM_KC, &mut |p| packed_panel_f32_with(kernel, p))
+}
+
+/// The body of the packed products: `chunk` reduction steps per pass.
+#[allow(clippy::too_many_arguments)]
+fn gemm_packed_chunks<T: Scalar>(
+    m: usize,
+    a: &[T],
+    lda: usize,
+    a_step: usize,
+    b: &PackedRhs<T>,
+    accumulate: bool,
+    c: &mut [T],
+    ldc: usize,
+    chunk: usize,
+    panel_product: &mut impl FnMut(PanelProduct<'_, T>),
+) {
     let (k, n) = (b.k, b.n);
     if m == 0 || n == 0 {
         return;
     }
-    assert!(lda >= k && ldc >= n, "gemm_packed: strides {lda}, {ldc} shorter than rows {k}, {n}");
-    assert!(a.len() >= (m - 1) * lda + k, "gemm_packed: a has {} values, needs {}", a.len(), (m - 1) * lda + k);
+    assert!(ldc >= n, "gemm_packed: stride {ldc} shorter than a row of {n}");
+    if k > 0 {
+        let need = (m - 1) * lda + (k - 1) * a_step + 1;
+        assert!(a.len() >= need, "gemm_packed: a has {} values, needs {}", a.len(), need);
+    }
     assert!(c.len() >= (m - 1) * ldc + n, "gemm_packed: c has {} values, needs {}", c.len(), (m - 1) * ldc + n);
     if k == 0 {
         if !accumulate {
@@ -168,13 +224,12 @@ pub fn gemm_packed_with<T: Scalar>(
     // L1; a chunk of a panel is a contiguous part of it), then groups of rows,
     // panels inside: a group's rows of `a` stay in L1 while every panel passes
     // (the panels of a recurrence's weight fit in L1 too).
-    let chunk = k.div_ceil(k.div_ceil(K_CHUNK_MAX));
     for k0 in (0..k).step_by(chunk) {
         let kc = chunk.min(k - k0);
         let accumulate = accumulate || k0 > 0;
         for g in (0..m).step_by(GROUP_ROWS) {
             let group = GROUP_ROWS.min(m - g);
-            let a = &a[g * lda + k0..(g + group - 1) * lda + k0 + kc];
+            let a = &a[g * lda + k0 * a_step..(g + group - 1) * lda + (k0 + kc - 1) * a_step + 1];
             let mut at = 0;
             for (first, pw) in panels(n) {
                 let panel = &b.panels[at + k0 * pw..at + (k0 + kc) * pw];
@@ -186,7 +241,7 @@ pub fn gemm_packed_with<T: Scalar>(
                     k: kc,
                     a,
                     lda,
-                    a_step: 1,
+                    a_step,
                     panel,
                     panel_rs: pw,
                     pw,
@@ -409,6 +464,10 @@ pub enum PanelKernel {
     /// registers: blocks of up to twenty-five accumulators (twice the rows per
     /// panel pass, so every panel row loaded serves twice the multiply-adds).
     Avx512Vl,
+    /// 512-bit vectors (AVX-512F), thirty-two registers: a 16-wide panel is one
+    /// register, so a block of twelve rows holds twelve accumulators of sixteen
+    /// columns. The same chains of multiply-adds as the 256-bit kernels.
+    Avx512,
 }
 
 impl PanelKernel {
@@ -429,6 +488,7 @@ impl PanelKernel {
                 kernels.push(PanelKernel::Avx2);
                 if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
                     kernels.push(PanelKernel::Avx512Vl);
+                    kernels.push(PanelKernel::Avx512);
                 }
             }
             kernels
@@ -480,7 +540,8 @@ fn run_panel_f32(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
         unsafe {
             match kernel {
                 PanelKernel::Avx2 => x86::avx2::panel_of(vectors, &raw),
-                _ => x86::avx512vl::panel_of(vectors, &raw),
+                PanelKernel::Avx512Vl => x86::avx512vl::panel_of(vectors, &raw),
+                _ => x86::avx512::panel_of(vectors, &raw),
             }
         }
     }
@@ -654,6 +715,126 @@ mod x86 {
     kernels!(avx2, "avx2,fma", 8, 6, 4, 3, 2);
     // Thirty-two registers (AVX-512VL encodes ymm16–31): about twice the rows.
     kernels!(avx512vl, "avx2,fma,avx512f,avx512vl", 8, 6, 6, 6, 4);
+
+    /// The same products on 512-bit vectors: a panel of `V` eight-lane vectors is
+    /// `V / 2` zmm registers plus one ymm register when `V` is odd. Every entry of
+    /// `c` is still one chain of fused multiply-adds over `p` from zero, then one
+    /// add to `c`, so the results equal the 256-bit kernels' bit for bit.
+    pub(super) mod avx512 {
+        use super::Raw;
+        use std::arch::x86_64::*;
+
+        /// `R` rows times a panel of `Z` zmm and `Y` (0 or 1) ymm vectors.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        unsafe fn block<const R: usize, const Z: usize, const Y: usize>(raw: &Raw, i: usize) {
+            let Raw { k, lda, a_step, panel, panel_rs, ldc, width, accumulate, .. } = *raw;
+            let (a, c) = (raw.a.add(i * lda), raw.c.add(i * ldc));
+            let mut wide = [[_mm512_setzero_ps(); Z]; R];
+            let mut half = [[_mm256_setzero_ps(); Y]; R];
+            let step = |wide: &mut [[__m512; Z]; R], half: &mut [[__m256; Y]; R], p: usize| {
+                let row = panel.add(p * panel_rs);
+                let mut bz = [_mm512_setzero_ps(); Z];
+                for (v, b) in bz.iter_mut().enumerate() {
+                    *b = _mm512_loadu_ps(row.add(16 * v));
+                }
+                let mut by = [_mm256_setzero_ps(); Y];
+                for b in by.iter_mut() {
+                    *b = _mm256_loadu_ps(row.add(16 * Z));
+                }
+                for r in 0..R {
+                    let s = *a.add(r * lda + p * a_step);
+                    let az = _mm512_set1_ps(s);
+                    for (x, &b) in wide[r].iter_mut().zip(&bz) {
+                        *x = _mm512_fmadd_ps(az, b, *x);
+                    }
+                    for (x, &b) in half[r].iter_mut().zip(&by) {
+                        *x = _mm256_fmadd_ps(_mm256_set1_ps(s), b, *x);
+                    }
+                }
+            };
+            let mut p = 0;
+            while p + 4 <= k {
+                step(&mut wide, &mut half, p);
+                step(&mut wide, &mut half, p + 1);
+                step(&mut wide, &mut half, p + 2);
+                step(&mut wide, &mut half, p + 3);
+                p += 4;
+            }
+            while p < k {
+                step(&mut wide, &mut half, p);
+                p += 1;
+            }
+            if width == 16 * Z + 8 * Y {
+                for r in 0..R {
+                    let out = c.add(r * ldc);
+                    for (v, &x) in wide[r].iter().enumerate() {
+                        let o = out.add(16 * v);
+                        let x = if accumulate { _mm512_add_ps(x, _mm512_loadu_ps(o)) } else { x };
+                        _mm512_storeu_ps(o, x);
+                    }
+                    for &x in &half[r] {
+                        let o = out.add(16 * Z);
+                        let x = if accumulate { _mm256_add_ps(x, _mm256_loadu_ps(o)) } else { x };
+                        _mm256_storeu_ps(o, x);
+                    }
+                }
+            } else {
+                let mut tmp = [0.0f32; 48];
+                for r in 0..R {
+                    for (v, &x) in wide[r].iter().enumerate() {
+                        _mm512_storeu_ps(tmp.as_mut_ptr().add(16 * v), x);
+                    }
+                    for &x in &half[r] {
+                        _mm256_storeu_ps(tmp.as_mut_ptr().add(16 * Z), x);
+                    }
+                    let out = c.add(r * ldc);
+                    for (j, &v) in tmp.iter().enumerate().take(width) {
+                        let o = out.add(j);
+                        *o = if accumulate { *o + v } else { v };
+                    }
+                }
+            }
+        }
+
+        /// `rows` rows of `a` times one panel: full blocks of `R` rows, then the
+        /// rest as blocks of 8, 4, 2 and 1 (`R` is at most 16).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        unsafe fn panel<const R: usize, const Z: usize, const Y: usize>(p: &Raw) {
+            let mut i = 0;
+            while i + R <= p.rows {
+                block::<R, Z, Y>(p, i);
+                i += R;
+            }
+            let mut rest = p.rows - i;
+            for size in [8, 4, 2, 1] {
+                if size < R && rest >= size {
+                    match size {
+                        8 => block::<8, Z, Y>(p, i),
+                        4 => block::<4, Z, Y>(p, i),
+                        2 => block::<2, Z, Y>(p, i),
+                        _ => block::<1, Z, Y>(p, i),
+                    }
+                    i += size;
+                    rest -= size;
+                }
+            }
+        }
+
+        /// A panel of `vectors` eight-lane vectors (1 to 5): twelve rows per block
+        /// (at most 24 accumulators of 32 registers), eight for five vectors.
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        pub(in super::super) unsafe fn panel_of(vectors: usize, p: &Raw) {
+            match vectors {
+                1 => panel::<12, 0, 1>(p),
+                2 => panel::<12, 1, 0>(p),
+                3 => panel::<12, 1, 1>(p),
+                4 => panel::<12, 2, 0>(p),
+                _ => panel::<8, 2, 1>(p),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -803,7 +984,72 @@ mod tests {
         assert!(kernels.contains(&PanelKernel::best()));
     }
 
+    /// The backward products on the packed kernels against matrixmultiply
+    /// itself: equal bit for bit on both layouts of `a`, on shapes with one to
+    /// three runs of [`MM_KC`] reduction steps and edge rows and columns, with
+    /// every vector kernel.
+    #[test]
+    fn mm_order_equals_matrixmultiply_bit_for_bit() {
+        if !f32::packed_panel_is_vectorized() {
+            eprintln!("no vector packed kernel on this CPU: the packed backward products are not used");
+            return;
+        }
+        for (m, n, k) in
+            [(2, 2, 1), (64, 512, 256), (256, 512, 64), (17, 33, 255), (16, 13, 257), (40, 367, 512), (5, 16, 700)]
+        {
+            let val = |i: usize| (crate::rng::unit_f64(21, i as u64, 0, 0) - 0.5) as f32;
+            let b: Vec<f32> = (0..k * n).map(|i| val(i + 7_000_000)).collect();
+            let packed = PackedRhs::new(Op::N, k, n, &b);
+            for op in [Op::N, Op::T] {
+                let a: Vec<f32> = (0..m * k).map(val).collect();
+                let mut want = vec![f32::NAN; m * n];
+                crate::nn::gemm::gemm(op, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut want);
+                let (lda, a_step) = if op == Op::N { (k, 1) } else { (1, m) };
+                for &kernel in PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable) {
+                    let mut got = vec![f32::NAN; m * n];
+                    gemm_packed_mm_order(kernel, m, &a, lda, a_step, &packed, &mut got, n);
+                    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                        assert!(x.to_bits() == y.to_bits(), "{kernel:?} {op:?} {m}x{n}x{k} [{i}]: {x} vs {y}");
+                    }
+                }
+            }
+        }
+    }
+
     proptest! {
+        /// The vector kernels differ only in vector width and register blocking:
+        /// each entry of `c` is the same chain of fused multiply-adds, so their
+        /// results are equal bit for bit (what lets the start-up measurement
+        /// choose among them without changing a run's numbers).
+        #[test]
+        fn vector_kernels_agree_bit_for_bit(rows in 1usize..40, k in 1usize..300, vectors in 1usize..6, cut in 0usize..8, pad in 0usize..3, acc in any::<bool>(), seed in any::<u64>()) {
+            let vector_kernels: Vec<PanelKernel> =
+                PanelKernel::available().iter().copied().filter(|&kernel| kernel != PanelKernel::Portable).collect();
+            let pw = vectors * LANES;
+            let width = pw - cut.min(pw - 1);
+            let (lda, ldc) = (k + pad, pw + pad);
+            let val = |i: usize| (crate::rng::unit_f64(seed, i as u64, 0, 0) - 0.5) as f32;
+            let a: Vec<f32> = (0..rows * lda).map(val).collect();
+            let panel: Vec<f32> = (0..k * pw).map(|i| val(i + 1_000_000)).collect();
+            let c0: Vec<f32> = (0..rows * ldc).map(|i| val(i + 2_000_000)).collect();
+            let mut first: Option<Vec<f32>> = None;
+            for &kernel in &vector_kernels {
+                let mut c = c0.clone();
+                packed_panel_f32_with(
+                    kernel,
+                    PanelProduct { rows, k, a: &a, lda, a_step: 1, panel: &panel, panel_rs: pw, pw, c: &mut c, ldc, width, accumulate: acc },
+                );
+                match &first {
+                    None => first = Some(c),
+                    Some(want) => {
+                        for (i, (x, y)) in c.iter().zip(want).enumerate() {
+                            prop_assert!(x.to_bits() == y.to_bits(), "{:?} c[{}] {} vs {}", kernel, i, x, y);
+                        }
+                    }
+                }
+            }
+        }
+
         #[test]
         fn unpacked_transposed_gemm_matches_reference(m in 0usize..40, n in 0usize..60, k in 0usize..420, pad in 0usize..3, acc in any::<bool>(), seed in any::<u64>()) {
             let (lda, ldb, ldc) = (m + pad, n + pad, n + 2 * pad);

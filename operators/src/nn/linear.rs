@@ -4,13 +4,17 @@
 //! parameter buffer, followed by `b` (`output` values).
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
-use super::gemm_packed::{gemm_packed, PackedRhs};
+use super::gemm_packed::{gemm_packed_with, PackedRhs};
+use super::kernel_choice::{backward_kernel_for, panel_kernel_for, Backward};
 use super::Scalar;
 use crate::rng::normal_f64;
 
-/// The kernel of a forward product (see [`Linear::forward`]).
+/// The summation class of a forward product (see [`Linear::forward`]): each
+/// class orders its sums its own way, so the class is a function of the shape
+/// only; within the packed class the vector kernel is chosen by measurement
+/// ([`kernel_choice`](super::kernel_choice)), all giving equal results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ForwardKernel {
+pub enum ForwardClass {
     /// `gemm_packed` with `Wᵀ` packed for the call.
     Packed,
     /// The `gemm` crate.
@@ -58,7 +62,7 @@ impl Linear {
     /// `y[batch × output] = x[batch × input] · Wᵀ + b`; `packed` is scratch
     /// space for `Wᵀ` (reused across calls, no allocation once large enough).
     ///
-    /// The product runs on one of three kernels, chosen by shape from measurements
+    /// The product runs in one of three summation classes, chosen by shape from measurements
     /// (`examples/linear_forward.rs`, `examples/dlrm_gemm_shapes.rs`): the packed
     /// kernel transposes `W` once in 8 × 8 register tiles and reads `x` where it
     /// lies (1.2–1.5× matrixmultiply at a worker's micro-batch of 64 rows, and
@@ -74,34 +78,45 @@ impl Linear {
         for row in y.chunks_exact_mut(self.output) {
             row.copy_from_slice(b);
         }
-        match self.forward_kernel::<T>(batch) {
-            ForwardKernel::Packed => {
+        match self.forward_class::<T>(batch) {
+            ForwardClass::Packed => {
                 packed.pack(Op::T, self.input, self.output, w);
-                gemm_packed(batch, x, self.input, packed, true, y, self.output);
+                let kernel = panel_kernel_for(batch, self.input, self.output);
+                gemm_packed_with(batch, x, self.input, packed, true, y, self.output, |p| {
+                    T::packed_panel_with(kernel, p)
+                });
             }
-            ForwardKernel::Wide => gemm_nt_acc(batch, self.output, self.input, x, w, y),
-            ForwardKernel::General => gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y),
+            ForwardClass::Wide => gemm_nt_acc(batch, self.output, self.input, x, w, y),
+            ForwardClass::General => gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y),
         }
     }
 
-    /// Which kernel [`forward`](Self::forward) uses for `batch` rows: the packed
+    /// Which class [`forward`](Self::forward) uses for `batch` rows: the packed
     /// kernel where it runs vectorized (not in `f64` or without AVX2), for an
     /// input of at least 16 and an output of 8 or more, at up to 256 rows or for
     /// outputs of at most 64; the `gemm` crate for more rows into a wider output
     /// (input ≥ 16); matrixmultiply otherwise.
-    fn forward_kernel<T: Scalar>(&self, batch: usize) -> ForwardKernel {
+    pub fn forward_class<T: Scalar>(&self, batch: usize) -> ForwardClass {
         let packable = self.input >= 16 && self.output >= 8;
         if packable && T::packed_panel_is_vectorized() && (batch <= 256 || self.output <= 64) {
-            ForwardKernel::Packed
+            ForwardClass::Packed
         } else if self.input >= 16 && batch > 256 && self.output > 64 {
-            ForwardKernel::Wide
+            ForwardClass::Wide
         } else {
-            ForwardKernel::General
+            ForwardClass::General
         }
     }
 
-    /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked.
+    /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked;
+    /// `packed` is scratch space for the right-hand operand.
+    ///
+    /// Both products are matrixmultiply's sums: where a vector packed kernel runs
+    /// and both dimensions of the result exceed one, on whichever the start-up
+    /// measurement chose ([`backward_kernel_for`]) of matrixmultiply and the packed
+    /// kernel in matrixmultiply's summation order ([`T::gemm_mm_order`](Scalar::gemm_mm_order),
+    /// equal to it bit for bit); on matrixmultiply otherwise.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Scalar>(
         &self,
         params: &[T],
@@ -110,10 +125,23 @@ impl Linear {
         batch: usize,
         grads: &mut [T],
         dx: Option<&mut [T]>,
+        packed: &mut PackedRhs<T>,
     ) {
         let nw = self.output * self.input;
         let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
-        gemm(Op::T, Op::N, self.output, self.input, batch, T::ONE, dy, x, T::ZERO, gw);
+        let packable = T::packed_panel_is_vectorized() && self.input > 1;
+        let dw_kernel = if packable && self.output > 1 && batch > 0 {
+            backward_kernel_for(Backward::Dw, batch, self.input, self.output)
+        } else {
+            None
+        };
+        if let Some(kernel) = dw_kernel {
+            // dW (output × input) = dyᵀ·x: row i of dyᵀ is column i of dy.
+            packed.pack(Op::N, batch, self.input, &x[..batch * self.input]);
+            T::gemm_mm_order(kernel, self.output, dy, 1, self.output, packed, gw, self.input);
+        } else {
+            gemm(Op::T, Op::N, self.output, self.input, batch, T::ONE, dy, x, T::ZERO, gw);
+        }
         gb.fill(T::ZERO);
         for row in dy[..batch * self.output].chunks_exact(self.output) {
             for (g, &d) in gb.iter_mut().zip(row) {
@@ -122,7 +150,17 @@ impl Linear {
         }
         if let Some(dx) = dx {
             let w = &params[self.offset..self.offset + nw];
-            gemm(Op::N, Op::N, batch, self.input, self.output, T::ONE, dy, w, T::ZERO, dx);
+            let dx_kernel = if packable && batch > 1 && self.output > 0 {
+                backward_kernel_for(Backward::Dx, batch, self.input, self.output)
+            } else {
+                None
+            };
+            if let Some(kernel) = dx_kernel {
+                packed.pack(Op::N, self.output, self.input, w);
+                T::gemm_mm_order(kernel, batch, dy, self.output, 1, packed, dx, self.input);
+            } else {
+                gemm(Op::N, Op::N, batch, self.input, self.output, T::ONE, dy, w, T::ZERO, dx);
+            }
         }
     }
 }
@@ -148,7 +186,7 @@ mod tests {
         };
         let mut grads = vec![0.0; params.len()];
         let mut dx = vec![0.0; x.len()];
-        lin.backward(&params, &x, &r, batch, &mut grads, Some(&mut dx));
+        lin.backward(&params, &x, &r, batch, &mut grads, Some(&mut dx), &mut PackedRhs::default());
         check_gradients(&params[2..], &grads[2..], |p| {
             let mut full = params.clone();
             full[2..].copy_from_slice(p);
@@ -162,7 +200,7 @@ mod tests {
     /// inputs or outputs) agree with the plain definition.
     #[test]
     fn forward_kernels_agree_with_the_definition() {
-        use ForwardKernel::*;
+        use ForwardClass::*;
         let cases = [
             (40, 24, 5, Packed),
             (40, 24, 300, Packed),
@@ -175,7 +213,7 @@ mod tests {
         for (input, output, batch, kernel) in cases {
             let lin = Linear { input, output, offset: 0 };
             if f32::packed_panel_is_vectorized() {
-                assert_eq!(lin.forward_kernel::<f32>(batch), kernel, "{input}->{output} b{batch}");
+                assert_eq!(lin.forward_class::<f32>(batch), kernel, "{input}->{output} b{batch}");
             }
             let mut params = vec![0.0f32; lin.num_params()];
             lin.init(&mut params, 2, 0);

@@ -94,7 +94,7 @@ impl Mlp {
         dx: Option<&mut [T]>,
     ) {
         let n = self.layers.len();
-        let MlpCache { outs, grad_a, grad_b, .. } = cache;
+        let MlpCache { outs, grad_a, grad_b, packed } = cache;
         grad_a.clear();
         grad_a.extend_from_slice(&dout[..batch * self.output()]);
         let mut dx = dx;
@@ -105,10 +105,10 @@ impl Mlp {
             }
             let input: &[T] = if i == 0 { x } else { &outs[i - 1] };
             if i == 0 {
-                l.backward(params, input, grad_a, batch, grads, dx.as_deref_mut());
+                l.backward(params, input, grad_a, batch, grads, dx.as_deref_mut(), packed);
             } else {
                 grad_b.resize(batch * l.input, T::ZERO);
-                l.backward(params, input, grad_a, batch, grads, Some(grad_b));
+                l.backward(params, input, grad_a, batch, grads, Some(grad_b), packed);
                 std::mem::swap(grad_a, grad_b);
             }
         }

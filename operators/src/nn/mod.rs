@@ -39,6 +39,7 @@ pub mod gemm;
 pub mod gemm_packed;
 pub mod gru;
 pub mod interaction;
+pub mod kernel_choice;
 pub mod linear;
 pub mod loss;
 pub mod mlp;

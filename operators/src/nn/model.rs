@@ -216,6 +216,32 @@ impl ModelConfig {
         }
     }
 
+    /// `(input, output)` of every fully connected layer of the model's MLPs, in
+    /// order (the shapes of its GEMMs, for [`kernel_choice`](super::kernel_choice)).
+    pub fn mlp_layers(&self) -> Vec<(usize, usize)> {
+        let chain = |first: usize, rest: &[usize], last: Option<usize>| {
+            let widths: Vec<usize> = std::iter::once(first).chain(rest.iter().copied()).chain(last).collect();
+            widths.windows(2).map(|w| (w[0], w[1])).collect::<Vec<_>>()
+        };
+        match self {
+            ModelConfig::Dlrm(c) => {
+                let interaction = super::interaction::DotInteraction {
+                    num_sparse: c.num_sparse,
+                    dim: c.dim,
+                    self_interaction: c.self_interaction,
+                };
+                let mut layers = chain(c.num_dense, &c.bottom, None);
+                layers.extend(chain(interaction.output_dim(), &c.top, None));
+                layers
+            }
+            ModelConfig::Fm(c) if !c.deep.is_empty() => {
+                chain(c.num_dense + (c.num_sparse - c.wide_only.min(c.num_sparse)) * c.dim, &c.deep, Some(1))
+            }
+            ModelConfig::Fm(_) => Vec::new(),
+            ModelConfig::Dien(c) => chain(c.num_dense + c.num_sparse * c.dim + 2 * c.interest_dim(), &c.mlp, Some(1)),
+        }
+    }
+
     /// Checks the shape; errors name the offending key.
     pub fn validate(&self) -> Result<(), OperatorError> {
         match self {
@@ -306,5 +332,17 @@ mod tests {
         let v = serde_json::to_value(&dlrm).unwrap();
         assert_eq!(v["kind"], "dlrm");
         assert_eq!(serde_json::from_value::<ModelConfig>(v).unwrap(), dlrm);
+    }
+
+    /// The listed layers are the built model's: DLRM Kaggle's seven products, and
+    /// their parameters (`in·out + out` each) are every dense parameter of the model.
+    #[test]
+    fn mlp_layers_are_the_models_gemm_shapes() {
+        let config = ModelConfig::Dlrm(DlrmConfig::kaggle());
+        let layers = config.mlp_layers();
+        assert_eq!(layers, vec![(13, 512), (512, 256), (256, 64), (64, 16), (367, 512), (512, 256), (256, 1)]);
+        let model = config.build::<f32>(1).unwrap();
+        let listed: usize = layers.iter().map(|&(i, o)| i * o + o).sum();
+        assert_eq!(listed, model.params().len());
     }
 }

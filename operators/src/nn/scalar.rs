@@ -66,6 +66,30 @@ pub trait Scalar:
     /// One panel of [`gemm_packed`](super::gemm_packed::gemm_packed).
     fn packed_panel(p: super::gemm_packed::PanelProduct<'_, Self>);
 
+    /// One panel with a given kernel (`f32`; `f64` has only the portable one).
+    ///
+    /// # Panics
+    /// When the CPU does not run `kernel`.
+    fn packed_panel_with(kernel: super::gemm_packed::PanelKernel, p: super::gemm_packed::PanelProduct<'_, Self>);
+
+    /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel
+    /// ([`gemm_packed_mm_order`](super::gemm_packed::gemm_packed_mm_order); `f32`
+    /// only: callers ask [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
+    ///
+    /// # Panics
+    /// For `f64`, which has no vector packed kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_mm_order(
+        kernel: super::gemm_packed::PanelKernel,
+        m: usize,
+        a: &[Self],
+        lda: usize,
+        a_step: usize,
+        b: &super::gemm_packed::PackedRhs<Self>,
+        c: &mut [Self],
+        ldc: usize,
+    );
+
     /// Whether [`packed_panel`](Self::packed_panel) runs a vector kernel on this
     /// CPU (callers that could use a general GEMM instead ask first).
     fn packed_panel_is_vectorized() -> bool;
@@ -77,7 +101,7 @@ pub trait Scalar:
 }
 
 macro_rules! impl_scalar {
-    ($t:ty, $gemm:path, $exp_fast:expr, $block:path, $vectorized:expr, $pack_t:path) => {
+    ($t:ty, $gemm:path, $exp_fast:expr, $block:path, $block_with:expr, $mm_order:expr, $vectorized:expr, $pack_t:path) => {
         impl Scalar for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -133,6 +157,26 @@ macro_rules! impl_scalar {
                 $block(p)
             }
             #[inline]
+            fn packed_panel_with(
+                kernel: super::gemm_packed::PanelKernel,
+                p: super::gemm_packed::PanelProduct<'_, Self>,
+            ) {
+                $block_with(kernel, p)
+            }
+            #[inline]
+            fn gemm_mm_order(
+                kernel: super::gemm_packed::PanelKernel,
+                m: usize,
+                a: &[Self],
+                lda: usize,
+                a_step: usize,
+                b: &super::gemm_packed::PackedRhs<Self>,
+                c: &mut [Self],
+                ldc: usize,
+            ) {
+                $mm_order(kernel, m, a, lda, a_step, b, c, ldc)
+            }
+            #[inline]
             fn packed_panel_is_vectorized() -> bool {
                 $vectorized
             }
@@ -149,6 +193,8 @@ impl_scalar!(
     matrixmultiply::sgemm,
     exp_f32_poly,
     super::gemm_packed::packed_panel_f32,
+    super::gemm_packed::packed_panel_f32_with,
+    super::gemm_packed::gemm_packed_mm_order,
     super::gemm_packed::PanelKernel::best() != super::gemm_packed::PanelKernel::Portable,
     super::gemm_packed::pack_transposed_f32
 );
@@ -157,6 +203,10 @@ impl_scalar!(
     matrixmultiply::dgemm,
     f64::exp,
     super::gemm_packed::packed_panel_portable::<f64>,
+    |_, p| super::gemm_packed::packed_panel_portable::<f64>(p),
+    |_, _, _: &[f64], _, _, _: &super::gemm_packed::PackedRhs<f64>, _: &mut [f64], _| {
+        panic!("gemm_mm_order: f64 has no vector packed kernel")
+    },
     false,
     super::gemm_packed::pack_transposed_portable::<f64>
 );

@@ -1,0 +1,208 @@
+//! The GEMM kernels of a run, chosen at start-up, and `tiderec bench kernels`.
+//!
+//! [`choose_for_run`] lists a model's MLP products (forward, `dW`, `dx`) at
+//! every worker's micro-batch and lets `tiderec_operators::nn::kernel_choice`
+//! measure and install a kernel for each (only among kernels whose results are
+//! equal bit for bit, so the choice never changes a run's numbers). `tiderec
+//! bench kernels` times every candidate of every class on the same shapes and
+//! the bound the products alone put on a step.
+
+use crate::data::micro_batch;
+use serde::Serialize;
+use tiderec_operators::nn::kernel_choice::{
+    backward_shapes, choose_backward_kernels, choose_forward_kernels, cpu_features, cpu_model, measure_backward,
+    measure_shape, summary, Backward, BackwardChoice, BackwardShape, ForwardShape, Measure, ShapeChoice,
+};
+use tiderec_operators::nn::ModelConfig;
+
+/// The forward products of `model` at the micro-batches of `batch` over `workers`.
+pub fn forward_shapes(model: &ModelConfig, batch: usize, workers: usize) -> Vec<ForwardShape> {
+    let mut rows: Vec<usize> = (0..workers.max(1)).map(|w| micro_batch(batch, w, workers.max(1))).collect();
+    rows.sort_unstable();
+    rows.dedup();
+    let layers = model.mlp_layers();
+    rows.iter()
+        .filter(|&&r| r > 0)
+        .flat_map(|&r| layers.iter().map(move |&(input, output)| ForwardShape { rows: r, input, output }))
+        .collect()
+}
+
+/// The kernels a run chose: forward and backward products.
+pub struct RunKernels {
+    /// Forward products.
+    pub forward: Vec<ShapeChoice>,
+    /// Backward products.
+    pub backward: Vec<BackwardChoice>,
+}
+
+/// Measures and installs the kernels of a run's MLP products (a fraction of a
+/// second), returning the choices.
+pub fn choose_for_run(model: &ModelConfig, batch: usize, workers: usize) -> RunKernels {
+    let shapes = forward_shapes(model, batch, workers);
+    RunKernels {
+        forward: choose_forward_kernels(&shapes, Measure::STARTUP),
+        backward: choose_backward_kernels(&backward_shapes(&shapes), Measure::STARTUP),
+    }
+}
+
+/// The line `train` and `bench dlrm` print: the CPU, its vector extensions and each product's kernel.
+pub fn startup_line(k: &RunKernels) -> String {
+    format!("kernels ({}; {}): {}", cpu_model(), cpu_features().join(" "), summary(&k.forward, &k.backward))
+}
+
+/// One candidate on one product in `tiderec bench kernels`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CandidateRate {
+    /// `packed-avx512`, `gemm-crate`, `matrixmultiply`, …
+    pub kernel: String,
+    /// Median GFLOP/s.
+    pub gflops: f64,
+    /// Whether it may be chosen (same summation order as the shape's class).
+    pub eligible: bool,
+}
+
+/// One product in `tiderec bench kernels`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProductReport {
+    /// `forward`, `dW` or `dx`.
+    pub product: String,
+    /// `input->output` of the layer.
+    pub layer: String,
+    /// `m x n x k` of the product.
+    pub mnk: String,
+    /// Every candidate timed.
+    pub candidates: Vec<CandidateRate>,
+    /// What training runs.
+    pub chosen: String,
+    /// The chosen candidate's GFLOP/s.
+    pub chosen_gflops: f64,
+}
+
+/// `tiderec bench kernels`.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelsReport {
+    /// `/proc/cpuinfo`'s model name.
+    pub cpu: String,
+    /// Vector extensions found.
+    pub features: Vec<String>,
+    /// Rows per product (a worker's micro-batch).
+    pub rows: usize,
+    /// Every product of the model's MLPs.
+    pub products: Vec<ProductReport>,
+    /// Samples/s that one core could train if the step were only these products on the chosen kernels.
+    pub gemm_bound_samples_per_sec: f64,
+}
+
+/// Times every forward candidate and the backward products of `model`'s
+/// layers at `rows` rows, `rounds` alternating rounds of `seconds` each.
+pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize) -> KernelsReport {
+    let measure = Measure { seconds, rounds, all: true };
+    let mut products = Vec::new();
+    let mut step_seconds = 0.0;
+    for &(input, output) in &model.mlp_layers() {
+        let shape = ForwardShape { rows, input, output };
+        let c = measure_shape(shape, measure);
+        let chosen_gflops = c.timings.iter().find(|t| t.candidate == c.chosen).map_or(0.0, |t| t.gflops);
+        step_seconds += shape.flops() / (chosen_gflops * 1e9);
+        products.push(ProductReport {
+            product: "forward".into(),
+            layer: format!("{input}->{output}"),
+            mnk: format!("{rows}x{output}x{input}"),
+            candidates: c
+                .timings
+                .iter()
+                .map(|t| CandidateRate { kernel: t.candidate.name().into(), gflops: t.gflops, eligible: t.eligible })
+                .collect(),
+            chosen: c.chosen.name().into(),
+            chosen_gflops,
+        });
+        // Backward: dW = dyᵀ·x (output × input over rows) and dx = dy·W (rows × input over output).
+        for product in [Backward::Dw, Backward::Dx] {
+            let b = measure_backward(BackwardShape { product, rows, input, output }, measure);
+            let (m, n, k) = b.shape.mnk();
+            let chosen_gflops = b.timings.iter().find(|t| t.candidate == b.chosen).map_or(0.0, |t| t.gflops);
+            step_seconds += 2.0 * (m * n * k) as f64 / (chosen_gflops * 1e9);
+            products.push(ProductReport {
+                product: if product == Backward::Dw { "dW" } else { "dx" }.into(),
+                layer: format!("{input}->{output}"),
+                mnk: format!("{m}x{n}x{k}"),
+                candidates: b
+                    .timings
+                    .iter()
+                    .map(|t| CandidateRate {
+                        kernel: t.candidate.name().into(),
+                        gflops: t.gflops,
+                        eligible: t.eligible,
+                    })
+                    .collect(),
+                chosen: b.chosen.name().into(),
+                chosen_gflops,
+            });
+        }
+    }
+    KernelsReport {
+        cpu: cpu_model(),
+        features: cpu_features().iter().map(|s| s.to_string()).collect(),
+        rows,
+        products,
+        gemm_bound_samples_per_sec: rows as f64 / step_seconds,
+    }
+}
+
+/// The report as a table: one row per product, one column per candidate.
+pub fn print_kernels(r: &KernelsReport) {
+    println!("CPU: {} ({})", r.cpu, r.features.join(" "));
+    println!("{} rows; GFLOP/s (median); * = chosen, x = another summation order (never chosen)", r.rows);
+    let mut names: Vec<String> = Vec::new();
+    for p in &r.products {
+        for c in &p.candidates {
+            if !names.contains(&c.kernel) {
+                names.push(c.kernel.clone());
+            }
+        }
+    }
+    print!("{:8} {:10} {:>14}", "product", "layer", "m x n x k");
+    for n in &names {
+        print!(" {n:>16}");
+    }
+    println!("  chosen");
+    for p in &r.products {
+        print!("{:8} {:10} {:>14}", p.product, p.layer, p.mnk);
+        for n in &names {
+            let cell = p.candidates.iter().find(|c| &c.kernel == n).map_or(String::new(), |c| {
+                let mark = if c.kernel == p.chosen {
+                    "*"
+                } else if c.eligible {
+                    " "
+                } else {
+                    "x"
+                };
+                format!("{:.1}{mark}", c.gflops)
+            });
+            print!(" {cell:>16}");
+        }
+        println!("  {}", p.chosen);
+    }
+    println!(
+        "GEMM bound on one core (these products alone, chosen kernels): {:.0} samples/s",
+        r.gemm_bound_samples_per_sec
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiderec_operators::nn::DlrmConfig;
+
+    /// Batch 129 over two workers is micro-batches of 64 and 65 rows: every
+    /// layer at both, nothing at zero rows.
+    #[test]
+    fn forward_shapes_cover_every_micro_batch() {
+        let model = ModelConfig::Dlrm(DlrmConfig::kaggle());
+        let shapes = forward_shapes(&model, 129, 2);
+        assert_eq!(shapes.len(), 14);
+        assert!(shapes.iter().all(|s| s.rows == 64 || s.rows == 65));
+        assert!(shapes.contains(&ForwardShape { rows: 65, input: 367, output: 512 }));
+        assert!(forward_shapes(&model, 1, 2).iter().all(|s| s.rows == 1));
+    }
+}
