@@ -26,7 +26,15 @@ fn linear_forward_and_backward_match_the_cpu() {
             }
             let mut grads = vec![0.0f32; total];
             let mut dx = vec![0.0f32; batch * input];
-            shape.backward(&params, &x, &dy, batch, &mut grads, Some(&mut dx));
+            shape.backward(
+                &params,
+                &x,
+                &dy,
+                batch,
+                &mut grads,
+                Some(&mut dx),
+                &mut cpu::gemm_packed::PackedRhs::default(),
+            );
 
             let layer = nn::linear::Linear { input, output, offset };
             let (p, xd, dyd) = (put(&dev, &params), put(&dev, &x), put(&dev, &dy));

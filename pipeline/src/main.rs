@@ -1579,7 +1579,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Bench(BenchCommand::Kernels(k)) => {
-            if k.rows == 0 || k.rounds == 0 || !(k.seconds > 0.0) {
+            if k.rows == 0 || k.rounds == 0 || !k.seconds.is_finite() || k.seconds <= 0.0 {
                 anyhow::bail!("--rows, --rounds and --seconds must be positive");
             }
             let model = if k.model == "dlrm" { tiderec::bench::kaggle_dlrm() } else { bench_model(&k.model)? };

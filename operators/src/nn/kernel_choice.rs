@@ -62,7 +62,7 @@ pub enum Candidate {
     Packed(PanelKernel),
     /// The `gemm` crate ([`gemm_nt_acc`]).
     GemmCrate,
-    /// matrixmultiply ([`gemm`]).
+    /// matrixmultiply ([`gemm()`]).
     MatrixMultiply,
     /// A backward product on the packed kernel in matrixmultiply's order ([`gemm_packed_mm_order`]).
     PackedMmOrder(PanelKernel),

@@ -78,7 +78,7 @@ fn bench_error(what: impl std::fmt::Display) -> PipelineError {
 
 /// Runs the bench (see the module docs).
 pub fn run(b: &ServeBench) -> Result<ServeReport, PipelineError> {
-    if b.clients == 0 || b.records_per_request == 0 || !(b.seconds > 0.0) {
+    if b.clients == 0 || b.records_per_request == 0 || !b.seconds.is_finite() || b.seconds <= 0.0 {
         return Err(PipelineError::config("clients", "bench serve needs clients, records and seconds above 0"));
     }
     let text = std::fs::read(&b.criteo).map_err(|e| bench_error(format!("{}: {e}", b.criteo.display())))?;

@@ -40,7 +40,7 @@ enum Writer {
     Parquet(Box<ScoreWriter>),
 }
 
-/// An open scores file; see the [module docs](self).
+/// An open scores file (CSV or Parquet; see [`crate::predict`]).
 pub struct ScoreSink {
     out: PathBuf,
     tmp: PathBuf,

@@ -10,7 +10,7 @@
 //!   `max_batch` records or `max_wait` after its first job arrived.
 
 use super::score::Loaded;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tiderec_operators::Batch;
@@ -103,10 +103,8 @@ pub fn run(
                 break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            next = match jobs.recv_timeout(left) {
-                Ok(job) => Some(job),
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-            };
+            // A timeout or a closed channel ends the batch.
+            next = jobs.recv_timeout(left).ok();
         }
         scores.clear();
         let scored = model.score(&mut batch, &mut scores);
