@@ -707,7 +707,7 @@ struct TrainArgs {
     /// Embedding optimizer: sgd, rowwise-adagrad, lazy-adam, ftrl, ftrl-adagrad.
     #[arg(long)]
     sparse_optimizer: Option<String>,
-    /// Worker threads per process.
+    /// Worker threads per process (default: one per core, at most 4).
     #[arg(long)]
     workers: Option<usize>,
     /// Processes in a cluster run.
@@ -725,7 +725,7 @@ struct TrainArgs {
     /// Rows per embedding table.
     #[arg(long)]
     buckets: Option<u64>,
-    /// Model: dlrm (default), lr, fm, deepfm, wdl (Wide & Deep; pair with --sparse-optimizer ftrl-adagrad),
+    /// Model: dlrm (default), lr, fm, deepfm, wdl (Wide & Deep),
     /// dien (GRU + attention over behaviour histories) or dien-sum (its sum-pooling baseline).
     #[arg(long)]
     model: Option<String>,
@@ -1174,9 +1174,45 @@ fn keep_freed_memory_mapped() {
     }
 }
 
+/// The command line, with every `train`/`online` setting's default shown in `--help`.
+///
+/// Those flags are `Option`s (a flag overrides the `--config` file only when given), so clap
+/// knows no default for them; the defaults come from [`TrainSettings::default`], the one
+/// place they are declared, and are appended to each flag's help.
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let defaults = serde_json::to_value(TrainSettings::default()).unwrap_or_default();
+    let show = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(a) if a.is_empty() => None,
+        serde_json::Value::Array(a) => {
+            Some(a.iter().map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_string)).collect::<Vec<_>>().join(","))
+        }
+        serde_json::Value::Bool(false) => None,
+        other => Some(other.to_string()),
+    };
+    let annotate = |cmd: clap::Command| {
+        cmd.mut_args(|arg| {
+            let key = arg.get_id().as_str().to_string();
+            let already = arg.get_help().is_some_and(|h| h.to_string().contains("default"));
+            match defaults.get(&key).and_then(show) {
+                Some(value) if !already && arg.get_default_values().is_empty() => {
+                    let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                    arg.help(format!("{help} [default: {value}]"))
+                }
+                _ => arg,
+            }
+        })
+    };
+    let cmd = Cli::command().mut_subcommand("train", annotate).mut_subcommand("online", annotate);
+    let matches = cmd.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> anyhow::Result<()> {
     keep_freed_memory_mapped();
-    let cli = Cli::parse();
+    let cli = parse_cli();
     match cli.command {
         Command::Train(args) => {
             let settings = (*args).into_settings()?;
