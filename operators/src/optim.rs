@@ -392,10 +392,7 @@ impl DenseOptimizer {
                 }
             }
             DenseOptimizerKind::Adam => {
-                let bc1 = 1.0 - beta1.powi(t.min(i32::MAX as u64) as i32);
-                let bc2 = 1.0 - beta2.powi(t.min(i32::MAX as u64) as i32);
-                let step = lr / bc1;
-                let bc2_sqrt = bc2.sqrt();
+                let (step, bc2_sqrt) = adam_bias_correction(lr, beta1, beta2, t);
                 let m = &mut self.m[start..start + grads.len()];
                 let v = &mut self.v[start..start + grads.len()];
                 for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
@@ -418,10 +415,7 @@ impl DenseOptimizer {
                 dense_kernels::adagrad(params, grads, &mut self.v[start..start + grads.len()], lr, eps, scale)
             }
             DenseOptimizerKind::Adam => {
-                let bc1 = 1.0 - beta1.powi(t.min(i32::MAX as u64) as i32);
-                let bc2 = 1.0 - beta2.powi(t.min(i32::MAX as u64) as i32);
-                let step = lr / bc1;
-                let bc2_sqrt = bc2.sqrt();
+                let (step, bc2_sqrt) = adam_bias_correction(lr, beta1, beta2, t);
                 let m = &mut self.m[start..start + grads.len()];
                 let v = &mut self.v[start..start + grads.len()];
                 dense_kernels::adam(
@@ -434,6 +428,12 @@ impl DenseOptimizer {
             }
         }
     }
+}
+
+/// Adam's step size `lr / (1 − β₁ᵗ)` and `√(1 − β₂ᵗ)` at step `t`.
+fn adam_bias_correction(lr: f32, beta1: f32, beta2: f32, t: u64) -> (f32, f32) {
+    let t = t.min(i32::MAX as u64) as i32;
+    (lr / (1.0 - beta1.powi(t)), (1.0 - beta2.powi(t)).sqrt())
 }
 
 /// Applies one sparse update to `row` from its averaged gradient `grad`;

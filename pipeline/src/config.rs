@@ -326,6 +326,9 @@ pub struct TrainSettings {
     pub max_line_bytes: usize,
     /// Write the final summary here as JSON.
     pub metrics_json: Option<PathBuf>,
+    /// Append one JSON line of metrics per report to this file (`tiderec plot` reads it):
+    /// `train` about once a second and after every evaluation, `online` every `--report-seconds`.
+    pub metrics_log: Option<PathBuf>,
     /// `auto` (bar on a terminal, lines otherwise), `bar`, `lines` or `none`.
     pub progress: String,
     /// Directory of the checkpoints (`ckpt-<step>` directories); none: no checkpoints.
@@ -432,6 +435,7 @@ impl Default for TrainSettings {
             max_memory: "auto".into(),
             max_line_bytes: 64 * 1024,
             metrics_json: None,
+            metrics_log: None,
             progress: "auto".into(),
             checkpoint_dir: None,
             checkpoint_every: None,

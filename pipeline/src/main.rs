@@ -461,9 +461,6 @@ struct OnlineArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (process 0).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<String>,
-    /// Append one JSON line of metrics per report to this file (input of `tiderec plot`).
-    #[arg(long, value_name = "FILE")]
-    metrics_log: Option<PathBuf>,
     /// Predictions in the prequential AUC / logloss window.
     #[arg(long, default_value_t = 10_000)]
     window: usize,
@@ -773,6 +770,10 @@ struct TrainArgs {
     /// Write the final summary as one JSON object here.
     #[arg(long)]
     metrics_json: Option<PathBuf>,
+    /// Append one JSON line of metrics per report to this file (input of `tiderec plot`): train
+    /// about once a second and after every evaluation, online every --report-seconds.
+    #[arg(long, value_name = "FILE")]
+    metrics_log: Option<PathBuf>,
     /// auto, bar, lines or none.
     #[arg(long)]
     progress: Option<String>,
@@ -1004,6 +1005,9 @@ impl TrainArgs {
         if args.metrics_json.is_some() {
             s.metrics_json = args.metrics_json;
         }
+        if args.metrics_log.is_some() {
+            s.metrics_log = args.metrics_log;
+        }
         if args.self_interaction {
             s.self_interaction = true;
         }
@@ -1079,7 +1083,6 @@ fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
         until_end: args.until_end,
         checkpoint_seconds: args.checkpoint_seconds,
         metrics_addr: args.metrics_addr,
-        metrics_log: args.metrics_log,
         window: args.window,
         report_seconds: args.report_seconds,
         broker_timeout: args.broker_timeout,
@@ -1186,9 +1189,9 @@ fn parse_cli() -> Cli {
         serde_json::Value::Null => None,
         serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Array(a) if a.is_empty() => None,
-        serde_json::Value::Array(a) => {
-            Some(a.iter().map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_string)).collect::<Vec<_>>().join(","))
-        }
+        serde_json::Value::Array(a) => Some(
+            a.iter().map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_string)).collect::<Vec<_>>().join(","),
+        ),
         serde_json::Value::Bool(false) => None,
         other => Some(other.to_string()),
     };

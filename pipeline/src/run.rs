@@ -46,6 +46,7 @@ use crate::evaluation::{self, BestKeeper, Tracker, Verdict};
 use crate::exchange_plan::{resolve_exchange, PlanSource};
 use crate::feature_pipeline::FeaturePipeline;
 use crate::hygiene::BestMetric;
+use crate::online::metrics::{MetricsLog, MetricsRecord};
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
@@ -141,6 +142,48 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
     };
     crate::hygiene::apply_penalties(settings, &mut config);
     config
+}
+
+/// `--metrics-log` of `train`: the online trainer's JSON lines ([`MetricsRecord`]), one about
+/// every second and one at the first step after each evaluation, whose AUC and log loss
+/// stand in the `window_*` fields (the held-out split's, not a prequential window's).
+struct StepLog {
+    log: MetricsLog,
+    last: std::time::Instant,
+    evaluated: Option<u64>,
+    /// The latest record offered and whether it was written.
+    latest: Option<(MetricsRecord, bool)>,
+}
+
+impl StepLog {
+    fn create(path: &std::path::Path, append: bool) -> Result<Self, PipelineError> {
+        let log = MetricsLog::create(path, append)?;
+        Ok(StepLog { log, last: std::time::Instant::now(), evaluated: None, latest: None })
+    }
+
+    /// Writes `record` when a second has passed, at the first step, or after a new evaluation.
+    fn step(&mut self, record: MetricsRecord, evaluated: Option<u64>) -> Result<(), PipelineError> {
+        let due = record.step == 1 || self.last.elapsed().as_secs_f64() >= 1.0 || evaluated != self.evaluated;
+        if due {
+            self.log.write(&record)?;
+            self.last = std::time::Instant::now();
+            self.evaluated = evaluated;
+        }
+        self.latest = Some((record, due));
+        Ok(())
+    }
+
+    /// The run's last line: the last step, with the last evaluation (`evaluation`), unless written.
+    fn finish(&mut self, evaluation: Option<&tiderec_sinks::metrics::Evaluation>) -> Result<(), PipelineError> {
+        let Some((mut record, written)) = self.latest.take() else { return Ok(()) };
+        let evaluated = evaluation.map(|e| e.step);
+        if !written || evaluated != self.evaluated {
+            record.window_auc = evaluation.and_then(|e| e.auc);
+            record.window_logloss = evaluation.and_then(|e| e.logloss);
+            self.log.write(&record)?;
+        }
+        Ok(())
+    }
 }
 
 /// One line naming the model, its layers, its parameter counts and its tables.
@@ -585,6 +628,10 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         _ => BadRecordCounts::default(),
     };
     let (mut steps, mut samples, mut epochs, mut loss_total) = (0u64, 0u64, 0u64, 0.0f64);
+    let mut step_log = match (&s.metrics_log, me, s.process) {
+        (Some(path), 0, 0) => Some(StepLog::create(path, resumed.is_some())?),
+        _ => None,
+    };
     let mut window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
     let mut steps_in_epoch = 0u64;
     let mut bad_before_epoch = derived_bad.to_array();
@@ -685,14 +732,33 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             window.push_back((stats.loss_sum, stats.samples));
             if me == 0 {
                 let (l, n) = window.iter().fold((0.0, 0u64), |a, b| (a.0 + b.0, a.1 + b.1));
+                let rate = (samples - samples_at_start) as f64 / (start.elapsed().as_secs_f64() - evals.seconds);
                 progress.update(
                     steps,
                     samples,
                     l / n.max(1) as f64,
-                    (samples - samples_at_start) as f64 / (start.elapsed().as_secs_f64() - evals.seconds),
+                    rate,
                     stats.bytes_sent as f64 / (samples - samples_at_start).max(1) as f64,
                     stats.bad_records.iter().sum(),
                 );
+                if let Some(log) = step_log.as_mut() {
+                    let last = evals.tracker.last();
+                    log.step(
+                        MetricsRecord {
+                            time_s: start.elapsed().as_secs_f64(),
+                            step: steps,
+                            samples,
+                            samples_per_sec: rate,
+                            loss: l / n.max(1) as f64,
+                            window_auc: last.and_then(|e| e.auc),
+                            window_logloss: last.and_then(|e| e.logloss),
+                            lag: 0,
+                            checkpoint_age_s: None,
+                            bad_records: stats.bad_records.iter().sum(),
+                        },
+                        last.map(|e| e.step),
+                    )?;
+                }
             }
             checkpointer.poll(worker)?;
             let mut verdict = Verdict { improved: false, stop: false };
@@ -756,6 +822,9 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             Some(_) => {}
             None => interrupted = true,
         }
+    }
+    if let Some(log) = step_log.as_mut() {
+        log.finish(evals.tracker.last())?;
     }
     // The end of the run is a checkpoint too, unless one of this step exists; an early stop
     // goes back to the best step's model instead, whose checkpoint `DIR/best` names.

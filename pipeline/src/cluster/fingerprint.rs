@@ -21,6 +21,7 @@ pub const MAY_DIFFER: &[&str] = &[
     "hosts",
     // Per-process outputs and their presentation.
     "metrics_json",
+    "metrics_log",
     "dead_letters",
     "progress",
     // The same checkpoint directory may be mounted at different paths; whether one

@@ -34,7 +34,6 @@ mod worker;
 use crate::{PipelineError, TrainSettings};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// How records of the topic are written.
@@ -79,8 +78,6 @@ pub struct OnlineSettings {
     pub checkpoint_seconds: Option<f64>,
     /// Serve Prometheus metrics here (`host:port`).
     pub metrics_addr: Option<String>,
-    /// Append one JSON line of metrics per report here.
-    pub metrics_log: Option<PathBuf>,
     /// Predictions in the prequential window.
     pub window: usize,
     /// Seconds between reports (progress line, metrics log, lag queries).
@@ -105,7 +102,6 @@ impl Default for OnlineSettings {
             until_end: false,
             checkpoint_seconds: None,
             metrics_addr: None,
-            metrics_log: None,
             window: 10_000,
             report_seconds: 2.0,
             broker_timeout: 120.0,

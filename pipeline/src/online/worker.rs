@@ -212,7 +212,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     let mut bad = BadRecordCounts::default();
     let mut window = PrequentialWindow::new(os.window);
     let mut progress = if me == 0 { Progress::new(&s.progress, None) } else { Progress::None };
-    let mut log = match (&os.metrics_log, me, s.process) {
+    let mut log = match (&s.metrics_log, me, s.process) {
         (Some(path), 0, 0) => Some(MetricsLog::create(path, resumed.is_some())?),
         _ => None,
     };

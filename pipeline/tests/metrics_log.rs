@@ -1,0 +1,39 @@
+//! `train --metrics-log`: the online trainer's JSON lines, with each held-out
+//! evaluation in the `window_*` fields, read back by `tiderec plot`.
+
+mod common;
+
+use common::{run_ok, shared_data, tiderec, train_metrics};
+
+#[test]
+fn train_writes_the_online_log_with_every_evaluation_and_plot_reads_it() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("steps.jsonl");
+    let m = train_metrics(
+        &format!("criteo:{}", data.display()),
+        dir.path(),
+        "run",
+        &["--model", "fm", "--epochs", "2", "--eval-fraction", "0.2", "--metrics-log", log.to_str().unwrap()],
+    );
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines.len() >= 3, "{} lines", lines.len());
+    assert_eq!(lines[0]["step"], 1);
+    assert!(lines[0]["window_auc"].is_null(), "no evaluation before the first step");
+    let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
+    assert_eq!(steps.last().copied(), m["steps"].as_u64());
+    // Every evaluation of the run appears in the log, in order, and the last line has the final one.
+    let evaluations: Vec<f64> =
+        m["evaluations"].as_array().unwrap().iter().map(|e| e["auc"].as_f64().unwrap()).collect();
+    assert_eq!(evaluations.len(), 2);
+    let mut logged: Vec<f64> = lines.iter().filter_map(|l| l["window_auc"].as_f64()).collect();
+    logged.dedup();
+    assert_eq!(logged, evaluations);
+    assert_eq!(lines.last().unwrap()["window_auc"].as_f64(), m["auc"].as_f64());
+    let png = dir.path().join("curves.png");
+    let out = run_ok(tiderec().args(["plot", "--metrics"]).arg(&log).arg("--out").arg(&png));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("plotted {} reports", lines.len())));
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+}
