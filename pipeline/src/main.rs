@@ -34,7 +34,7 @@ enum Command {
     Online(Box<OnlineArgs>),
     /// Replay Criteo files into a Kafka topic (creates the topic if needed).
     Produce(ProduceArgs),
-    /// Draw loss and AUC curves from an `online --metrics-log` file to a PNG.
+    /// Draw loss and AUC curves from a `train` or `online` `--metrics-log` file to a PNG.
     Plot(PlotArgs),
     /// Write a checkpoint's model as a serving snapshot (safetensors + model config JSON).
     Export(ExportArgs),
@@ -643,7 +643,7 @@ struct PredictArgs {
 
 #[derive(Args)]
 struct PlotArgs {
-    /// JSON-lines metrics file written by `online --metrics-log`.
+    /// JSON-lines metrics file written by `train --metrics-log` or `online --metrics-log`.
     #[arg(long)]
     metrics: PathBuf,
     /// PNG to write.
