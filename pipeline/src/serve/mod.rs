@@ -217,10 +217,17 @@ fn score(body: &[u8], jobs: &Sender<Job>) -> tiny_http::Response<std::io::Cursor
 }
 
 /// The records of a request body: one object, an array of objects, or one object per line.
+/// An array is only split into its elements' bytes here; each record is parsed once, by the
+/// scoring thread's record format.
 pub fn split_records(body: &[u8]) -> Result<Vec<Vec<u8>>, String> {
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(serde_json::Value::Array(items)) => Ok(items.iter().map(|v| v.to_string().into_bytes()).collect()),
-        Ok(serde_json::Value::Object(_)) => Ok(vec![body.to_vec()]),
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first == Some(&b'[') {
+        let items: Vec<&serde_json::value::RawValue> =
+            serde_json::from_slice(body).map_err(|e| format!("the body is not a JSON array of records: {e}"))?;
+        return Ok(items.iter().map(|r| r.get().as_bytes().to_vec()).collect());
+    }
+    match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+        Ok(_) if first == Some(&b'{') => Ok(vec![body.to_vec()]),
         Ok(_) => Err("the body is neither a record object nor an array of them".into()),
         Err(_) => Ok(body
             .split(|&b| b == b'\n')
