@@ -19,8 +19,8 @@ pub enum For {
 
 /// What a setting needs, when the run does not have it.
 fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
-    let model = s.model.as_str();
-    let data_format = s.data.split(':').next().unwrap_or("");
+    let model = s.model.kind.as_str();
+    let data_format = s.data.source.split(':').next().unwrap_or("");
     let dien = matches!(model, "dien" | "dien-sum");
     let on_model = |ok: bool, models: &str| (!ok).then(|| format!("applies to {models}, not --model {model}"));
     if command == For::Online {
@@ -42,27 +42,33 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         "spec" => (data_format != "csv").then(|| format!("describes `csv:` data, not `{data_format}`")),
         "samples" => (!matches!(data_format, "synthetic" | "synthetic-behavior"))
             .then(|| "sets the size of the synthetic streams; files are read whole".to_string()),
-        "eval_fraction" => s.eval.is_some().then(|| "holds data out when there is no --eval; --eval is given".into()),
+        "eval_fraction" => {
+            s.data.eval.is_some().then(|| "holds data out when there is no --eval; --eval is given".into())
+        }
         "max_rows" | "admit_count" | "admit_prob" | "ttl_steps" | "flush_every" => {
-            (!matches!(s.store.as_str(), "dynamic" | "tiered"))
-                .then(|| format!("applies to --store dynamic or tiered, not {}", s.store))
+            (!matches!(s.store.kind.as_str(), "dynamic" | "tiered"))
+                .then(|| format!("applies to --store dynamic or tiered, not {}", s.store.kind))
         }
         "hot_rows" | "warmup" | "freq_source" | "freq_window" => {
-            (s.store != "tiered").then(|| format!("applies to --store tiered, not {}", s.store))
+            (s.store.kind != "tiered").then(|| format!("applies to --store tiered, not {}", s.store.kind))
         }
-        "replicate" | "plan_steps" => (!matches!(s.exchange.as_str(), "replicated" | "auto")
-            && !s.exchange_tables.iter().any(|t| t.contains("replicated")))
+        "replicate" | "plan_steps" => (!matches!(s.exchange.strategy.as_str(), "replicated" | "auto")
+            && !s.exchange.tables.iter().any(|t| t.contains("replicated")))
         .then(|| {
-            format!("applies to --exchange replicated or auto (or a replicated --exchange-table), not {}", s.exchange)
+            format!(
+                "applies to --exchange replicated or auto (or a replicated --exchange-table), not {}",
+                s.exchange.strategy
+            )
         }),
         "checkpoint_every" | "keep_checkpoints" | "checkpoint_sync" | "resume" => {
-            s.checkpoint_dir.is_none().then(|| "needs --checkpoint-dir".to_string())
+            s.checkpoints.checkpoint_dir.is_none().then(|| "needs --checkpoint-dir".to_string())
         }
-        "lr_decay_steps" => (s.lr_decay == "none")
+        "lr_decay_steps" => (s.optimizer.lr_decay == "none")
             .then(|| "sets the horizon of --lr-decay linear, cosine or step; there is none".into()),
-        "lr_decay_rate" => (s.lr_decay != "step").then(|| format!("applies to --lr-decay step, not {}", s.lr_decay)),
+        "lr_decay_rate" => (s.optimizer.lr_decay != "step")
+            .then(|| format!("applies to --lr-decay step, not {}", s.optimizer.lr_decay)),
         "process" | "hosts" | "connect_timeout" => {
-            (s.processes <= 1).then(|| "applies to runs of several processes (--processes)".to_string())
+            (s.cluster.processes <= 1).then(|| "applies to runs of several processes (--processes)".to_string())
         }
         _ => None,
     }
@@ -108,14 +114,14 @@ mod tests {
     fn defaults_and_applicable_settings_pass() {
         assert_eq!(refused(|_| {}, For::Train), "");
         assert_eq!(refused(|_| {}, For::Online), "");
-        assert_eq!(refused(|s| s.bottom = vec![64, 16], For::Train), "");
+        assert_eq!(refused(|s| s.model.bottom = vec![64, 16], For::Train), "");
         assert_eq!(
             refused(
                 |s| {
-                    s.model = "deepfm".into();
-                    s.deep = vec![64];
-                    s.data = "csv:x.csv".into();
-                    s.spec = Some("preset:criteo".into());
+                    s.model.kind = "deepfm".into();
+                    s.model.deep = vec![64];
+                    s.data.source = "csv:x.csv".into();
+                    s.data.spec = Some("preset:criteo".into());
                 },
                 For::Train
             ),
@@ -124,9 +130,9 @@ mod tests {
         assert_eq!(
             refused(
                 |s| {
-                    s.store = "tiered".into();
-                    s.hot_rows = 7;
-                    s.max_rows = Some(100);
+                    s.store.kind = "tiered".into();
+                    s.store.hot_rows = 7;
+                    s.store.max_rows = Some(100);
                 },
                 For::Train
             ),
@@ -138,9 +144,9 @@ mod tests {
     fn settings_the_run_ignores_are_named() {
         let e = refused(
             |s| {
-                s.model = "lr".into();
-                s.bottom = vec![64, 16];
-                s.dim = 8;
+                s.model.kind = "lr".into();
+                s.model.bottom = vec![64, 16];
+                s.model.dim = 8;
             },
             For::Train,
         );
@@ -148,23 +154,23 @@ mod tests {
         assert!(e.contains("`dim` applies to every model but lr"), "{e}");
         let e = refused(
             |s| {
-                s.data = "criteo:a.tsv".into();
-                s.spec = Some("preset:criteo".into());
+                s.data.source = "criteo:a.tsv".into();
+                s.data.spec = Some("preset:criteo".into());
             },
             For::Train,
         );
         assert!(e.contains("`spec` describes `csv:` data, not `criteo`"), "{e}");
         let e = refused(
             |s| {
-                s.eval = Some("criteo:b.tsv".into());
-                s.eval_fraction = 0.2;
+                s.data.eval = Some("criteo:b.tsv".into());
+                s.data.eval_fraction = 0.2;
             },
             For::Train,
         );
         assert!(e.contains("`eval_fraction` holds data out when there is no --eval"), "{e}");
-        let e = refused(|s| s.hot_rows = 5, For::Train);
+        let e = refused(|s| s.store.hot_rows = 5, For::Train);
         assert!(e.contains("`hot_rows` applies to --store tiered, not fixed"), "{e}");
-        let e = refused(|s| s.resume = true, For::Train);
+        let e = refused(|s| s.checkpoints.resume = true, For::Train);
         assert!(e.contains("`resume` needs --checkpoint-dir"), "{e}");
     }
 
@@ -172,9 +178,9 @@ mod tests {
     fn online_refuses_the_settings_of_file_runs() {
         let e = refused(
             |s| {
-                s.epochs = 3;
-                s.metrics_json = Some("m.json".into());
-                s.data = "criteo:a.tsv".into();
+                s.run.epochs = 3;
+                s.run.metrics_json = Some("m.json".into());
+                s.data.source = "criteo:a.tsv".into();
             },
             For::Online,
         );
@@ -182,6 +188,6 @@ mod tests {
             assert!(e.contains(key), "{key}: {e}");
         }
         assert!(e.contains("--summary-json"), "{e}");
-        assert_eq!(refused(|s| s.epochs = 3, For::Train), "");
+        assert_eq!(refused(|s| s.run.epochs = 3, For::Train), "");
     }
 }

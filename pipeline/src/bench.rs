@@ -110,11 +110,12 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     if bench.batch_size < bench.workers || bench.workers == 0 {
         return Err(PipelineError::config("batch_size", "must be at least the number of workers (and workers ≥ 1)"));
     }
-    let settings = TrainSettings {
-        workers: bench.workers,
-        batch_size: bench.batch_size,
-        device: bench.device.clone(),
-        ..TrainSettings::default()
+    let settings = {
+        let mut s = TrainSettings::default();
+        s.cluster.workers = bench.workers;
+        s.run.batch_size = bench.batch_size;
+        s.cluster.device = bench.device.clone();
+        s
     };
     let resolved = settings.validate()?;
     let devices = crate::device::Devices::for_workers(&bench.device, bench.workers)?;

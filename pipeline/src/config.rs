@@ -1,13 +1,11 @@
-//! Run settings: defaults, the TOML file (`--config`) and validation.
+//! Settings checked and turned into typed values.
 //!
-//! Every setting has a default, so `tiderec train` with no arguments trains
-//! on the built-in synthetic stream. A TOML file may set any field (unknown
-//! keys are rejected, naming the key); command-line flags override the file.
-//! [`TrainSettings::validate`] runs before any work starts.
+//! The settings themselves are declared in [`crate::settings`]; here
+//! [`TrainSettings::validate`] checks every value before any work starts and
+//! resolves the data, the model, the optimizers, the store and the exchange.
 
 use crate::PipelineError;
-use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::exchange::TableExchange;
@@ -229,275 +227,7 @@ pub fn resolve_spec(s: &str, buckets: u64, max_len: usize) -> Result<FeatureSpec
     })
 }
 
-/// All settings of a `tiderec train` run.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TrainSettings {
-    /// `synthetic`, `synthetic-behavior` or `FORMAT:PATH[,PATH…]` (criteo, avazu, csv, taobao-ad,
-    /// taobao-behavior, amazon-dien, parquet).
-    pub data: String,
-    /// Feature spec of `csv:` data: `elm` (the Ele.me preset) or a TOML file.
-    pub spec: Option<String>,
-    /// Held-out data (`criteo:PATH`); without it `eval_fraction` of the data is held out.
-    pub eval: Option<String>,
-    /// Fraction held out for evaluation when `eval` is not given.
-    pub eval_fraction: f64,
-    /// Training samples per epoch of the synthetic stream.
-    pub samples: u64,
-    /// Passes over the training data.
-    pub epochs: u64,
-    /// Stop after this many training steps.
-    pub steps: Option<u64>,
-    /// Global batch size (the union of all workers' micro-batches).
-    pub batch_size: usize,
-    /// Batch size of evaluation steps.
-    pub eval_batch_size: usize,
-    /// Seed of data generation, initialisation and shuffles (and of hashing unless `hash_seed` is set).
-    pub seed: u64,
-    /// Seed of feature hashing (record values into table rows); `None`: the value of `seed`.
-    /// Recorded in every checkpoint's feature pipeline.
-    pub hash_seed: Option<u64>,
-    /// How embeddings travel between workers: `rows`, `partial` (DES partial results; lr, fm,
-    /// deepfm and wdl), `replicated` (each table's hottest `replicate` fraction held by every
-    /// worker) or `auto` (the cost model's per-table choice, measured on the first `plan_steps`
-    /// batches).
-    pub exchange: String,
-    /// Per-table overrides of the exchange, `"T=STRATEGY"` (`rows`, `partial` or
-    /// `replicated`), applied after `exchange` (and after `auto`'s plan).
-    pub exchange_tables: Vec<String>,
-    /// Fraction of each table's rows to replicate (`replicated`, `auto`).
-    pub replicate: f64,
-    /// Global batches the exchange planner counts ids on (`replicated`, `auto`).
-    pub plan_steps: u64,
-    /// Dense learning rate (`None`: the model's default, [`default_learning_rates`]).
-    pub lr: Option<f32>,
-    /// Embedding learning rate (`None`: the model's default, [`default_learning_rates`]).
-    pub sparse_lr: Option<f32>,
-    /// Dense optimizer: sgd, adagrad, adam.
-    pub optimizer: String,
-    /// Embedding optimizer: sgd, rowwise-adagrad, lazy-adam, ftrl, ftrl-adagrad.
-    pub sparse_optimizer: String,
-    /// Worker threads per process.
-    pub workers: usize,
-    /// Compute device of each worker of this process: `cpu`, `cuda:N`, or a list with one
-    /// entry per worker (`cuda:0,cpu`); one entry applies to every worker (see `crate::device`).
-    pub device: String,
-    /// Processes in a cluster run.
-    pub processes: usize,
-    /// This process's index in a cluster run.
-    pub process: usize,
-    /// File with one `host:port` per process.
-    pub hosts: Option<PathBuf>,
-    /// Seconds a cluster process waits for the others to connect and agree at start-up.
-    pub connect_timeout: f64,
-    /// Rows per table (every table), unless `table_sizes` is given.
-    pub buckets: u64,
-    /// Rows of each of the 26 tables.
-    pub table_sizes: Option<Vec<u64>>,
-    /// Model: dlrm, lr, fm, deepfm, wdl, dien or dien-sum.
-    pub model: String,
-    /// Longest behaviour history kept per sample (sequence data; the most recent events).
-    pub max_len: usize,
-    /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
-    pub dim: usize,
-    /// Bottom MLP widths after the 13 inputs (last = `dim`).
-    pub bottom: Vec<usize>,
-    /// Top MLP widths after the interaction (last = 1).
-    pub top: Vec<usize>,
-    /// Include self-interaction terms (DLRM).
-    pub self_interaction: bool,
-    /// Hidden widths of the deep part (DeepFM, Wide & Deep).
-    pub deep: Vec<usize>,
-    /// Hidden widths of DIEN's MLP (the paper's 200-80 by default).
-    pub mlp: Vec<usize>,
-    /// Feature crosses for the wide part of `wdl` / `lr`: `A:B` pairs of sparse-field indices.
-    pub crosses: Vec<String>,
-    /// `skip` or `fail` on a malformed record.
-    pub on_bad_record: String,
-    /// Dead-letter file for malformed records.
-    pub dead_letters: PathBuf,
-    /// Fail the run when more than this fraction of the training records, or of the
-    /// evaluation records, is malformed (skipped records / records read, over all workers).
-    pub max_bad_fraction: f64,
-    /// Refuse to start when the memory estimate exceeds this: `auto` (what the system
-    /// reports available), `unlimited`, or a size per process such as `8G`.
-    pub max_memory: String,
-    /// Longest accepted input line in bytes.
-    pub max_line_bytes: usize,
-    /// Write the final summary here as JSON.
-    pub metrics_json: Option<PathBuf>,
-    /// Append one JSON line of metrics per report to this file (`tiderec plot` reads it):
-    /// `train` about once a second and after every evaluation, `online` every `--report-seconds`.
-    pub metrics_log: Option<PathBuf>,
-    /// `auto` (bar on a terminal, lines otherwise), `bar`, `lines` or `none`.
-    pub progress: String,
-    /// Directory of the checkpoints (`ckpt-<step>` directories); none: no checkpoints.
-    pub checkpoint_dir: Option<PathBuf>,
-    /// Write a checkpoint every this many global steps (besides every epoch end and the run's end).
-    pub checkpoint_every: Option<u64>,
-    /// Checkpoints kept in `checkpoint_dir` (older ones are removed).
-    pub keep_checkpoints: usize,
-    /// Write each checkpoint before training goes on, instead of in the background.
-    pub checkpoint_sync: bool,
-    /// Continue from the newest valid checkpoint in `checkpoint_dir` (fresh, with a warning, if none).
-    pub resume: bool,
-    /// Embedding store: `fixed` (dense tables), `dynamic` (hash table with admission and
-    /// eviction) or `tiered` (frequency-aware hot tier over a dynamic cold tier).
-    pub store: String,
-    /// Row budget per worker of a dynamic / tiered store (LFU eviction beyond it).
-    pub max_rows: Option<u64>,
-    /// Admit an id once seen in this many training steps (dynamic / tiered; ≤ 1: at once).
-    pub admit_count: u32,
-    /// Admit an unseen id with this probability per sighting (dynamic / tiered).
-    pub admit_prob: Option<f64>,
-    /// Evict rows not updated for this many training steps (dynamic / tiered).
-    pub ttl_steps: Option<u64>,
-    /// Hot-tier rows per worker (tiered).
-    pub hot_rows: usize,
-    /// Training steps of frequency counting before the first hot-tier plan (tiered).
-    pub warmup: u64,
-    /// Store maintenance interval in training steps: eviction, hot-tier re-planning.
-    pub flush_every: u64,
-    /// Frequencies of the hot-tier plan (tiered): `exact` (per-row counts), `sketch`
-    /// (count-min sketch) or `differential` (differential-dataflow `count`).
-    pub freq_source: String,
-    /// Count only the last this many training steps (`freq_source = differential`).
-    pub freq_window: Option<u64>,
-    /// Also evaluate every this many global training steps (besides every epoch's end).
-    pub eval_every: Option<u64>,
-    /// Stop after this many evaluations without improvement, keeping the best model.
-    pub early_stop: Option<u64>,
-    /// The figure that ranks evaluations: `auc` (higher is better) or `logloss` (lower).
-    pub best_metric: String,
-    /// Steps of linear learning-rate warm-up (0: none).
-    pub lr_warmup: u64,
-    /// Learning-rate decay after the warm-up: `none`, `linear`, `cosine` or `step`.
-    pub lr_decay: String,
-    /// `linear`/`cosine`: the step at which the rate reaches 0 (default: the run's length,
-    /// when known); `step`: the interval between two decays.
-    pub lr_decay_steps: Option<u64>,
-    /// `step`: the factor of each decay.
-    pub lr_decay_rate: f32,
-    /// L2 penalty on the dense weights (added to their gradient as `λ·w`).
-    pub l2_dense: f32,
-    /// L2 penalty on the embedding rows a step touches.
-    pub l2_embedding: f32,
-    /// FTRL's L1 strength (sparse optimizers `ftrl`, `ftrl-adagrad`).
-    pub ftrl_l1: f32,
-    /// FTRL's L2 strength.
-    pub ftrl_l2: f32,
-    /// FTRL's β.
-    pub ftrl_beta: f32,
-}
-
-impl Default for TrainSettings {
-    fn default() -> Self {
-        TrainSettings {
-            data: "synthetic".into(),
-            spec: None,
-            eval: None,
-            eval_fraction: 0.1,
-            samples: 300_000,
-            epochs: 1,
-            steps: None,
-            batch_size: 128,
-            eval_batch_size: 4096,
-            seed: 42,
-            hash_seed: None,
-            exchange: "rows".into(),
-            exchange_tables: Vec::new(),
-            replicate: 0.01,
-            plan_steps: 4,
-            lr: None,
-            sparse_lr: None,
-            optimizer: "adam".into(),
-            sparse_optimizer: "rowwise-adagrad".into(),
-            workers: default_workers(),
-            device: "cpu".into(),
-            processes: 1,
-            process: 0,
-            hosts: None,
-            connect_timeout: 60.0,
-            buckets: 100_000,
-            table_sizes: None,
-            model: "dlrm".into(),
-            max_len: 20,
-            dim: 16,
-            bottom: vec![512, 256, 64, 16],
-            top: vec![512, 256, 1],
-            self_interaction: false,
-            deep: vec![400, 400, 400],
-            mlp: vec![200, 80],
-            crosses: Vec::new(),
-            on_bad_record: "skip".into(),
-            dead_letters: PathBuf::from("tiderec-dead-letters.tsv"),
-            max_bad_fraction: 0.01,
-            max_memory: "auto".into(),
-            max_line_bytes: 64 * 1024,
-            metrics_json: None,
-            metrics_log: None,
-            progress: "auto".into(),
-            checkpoint_dir: None,
-            checkpoint_every: None,
-            keep_checkpoints: 3,
-            checkpoint_sync: false,
-            resume: false,
-            store: "fixed".into(),
-            max_rows: None,
-            admit_count: 0,
-            admit_prob: None,
-            ttl_steps: None,
-            hot_rows: StoreConfig::default().hot_rows,
-            warmup: StoreConfig::default().warmup,
-            flush_every: StoreConfig::default().flush_every,
-            freq_source: "exact".into(),
-            freq_window: None,
-            eval_every: None,
-            early_stop: None,
-            best_metric: "auc".into(),
-            lr_warmup: 0,
-            lr_decay: "none".into(),
-            lr_decay_steps: None,
-            lr_decay_rate: 0.5,
-            l2_dense: 0.0,
-            l2_embedding: 0.0,
-            ftrl_l1: 0.0,
-            ftrl_l2: 0.0,
-            ftrl_beta: 1.0,
-        }
-    }
-}
-
-/// The dense and the embedding learning rate of `model` when `lr` / `sparse_lr` are not set.
-///
-/// Chosen by measurement: on the real Criteo sample (first 8,000 rows train, last 2,000
-/// eval, one epoch, batch 128, seeds 1–3) each pair is the best of a grid of dense rates
-/// 0.0003–0.01 and embedding rates 0.002–0.1 within 0.005 AUC (docs/training.md).
-pub fn default_learning_rates(model: &str) -> (f32, f32) {
-    match model {
-        "lr" => (0.01, 0.05),
-        "fm" => (0.01, 0.01),
-        "deepfm" | "wdl" => (0.001, 0.01),
-        _ => (0.001, 0.05),
-    }
-}
-
-impl TrainSettings {
-    /// The dense learning rate: `lr`, or the model's default.
-    pub fn dense_lr(&self) -> f32 {
-        self.lr.unwrap_or(default_learning_rates(&self.model).0)
-    }
-
-    /// The embedding learning rate: `sparse_lr`, or the model's default.
-    pub fn embedding_lr(&self) -> f32 {
-        self.sparse_lr.unwrap_or(default_learning_rates(&self.model).1)
-    }
-}
-
-/// One worker per available core, at most 4.
-pub fn default_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
-}
+pub use crate::settings::{default_learning_rates, default_workers, TrainSettings};
 
 /// Most worker threads one process may run: four per core, and at least [`MIN_WORKER_BOUND`].
 ///
@@ -641,42 +371,29 @@ impl Resolved {
 }
 
 impl TrainSettings {
-    /// The seed of feature hashing: `hash_seed`, or `seed` when it is not set.
-    pub fn hash_seed(&self) -> u64 {
-        self.hash_seed.unwrap_or(self.seed)
-    }
-
-    /// Loads a TOML file; unknown keys and bad types are errors naming the key.
-    pub fn from_toml_file(path: &Path) -> Result<Self, PipelineError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| PipelineError::ConfigFile { path: path.display().to_string(), reason: e.to_string() })?;
-        toml::from_str(&text)
-            .map_err(|e| PipelineError::ConfigFile { path: path.display().to_string(), reason: e.to_string() })
-    }
-
     /// Checks every setting before any work starts.
     pub fn validate(&self) -> Result<Resolved, PipelineError> {
-        let data = DataSpec::parse("data", &self.data)?;
+        let data = DataSpec::parse("data", &self.data.source)?;
         self.resolve(data)
     }
 
     /// [`Self::validate`] for `data` given directly (the online trainer's Kafka records
     /// are Criteo-shaped: `DataSpec::Criteo` with no files).
     pub fn resolve(&self, data: DataSpec) -> Result<Resolved, PipelineError> {
-        let eval = self.eval.as_deref().map(|e| DataSpec::parse("eval", e)).transpose()?;
+        let eval = self.data.eval.as_deref().map(|e| DataSpec::parse("eval", e)).transpose()?;
         if matches!(eval, Some(DataSpec::Synthetic)) {
             return Err(PipelineError::config("eval", "`synthetic` eval data comes from --eval-fraction"));
         }
-        let spec = match (&data, self.spec.as_deref()) {
+        let spec = match (&data, self.data.spec.as_deref()) {
             (DataSpec::Csv(_), None) => {
                 return Err(PipelineError::config(
                     "spec",
                     "`csv:` data needs --spec preset:NAME or --spec FILE.toml (see `tiderec spec list`)",
                 ))
             }
-            (DataSpec::TaobaoAd(_), None) => Some(FeatureSpec::taobao_ad(self.buckets, self.max_len)),
+            (DataSpec::TaobaoAd(_), None) => Some(FeatureSpec::taobao_ad(self.data.buckets, self.data.max_len)),
             (_, None) => None,
-            (_, Some(s)) => Some(resolve_spec(s, self.buckets, self.max_len)?),
+            (_, Some(s)) => Some(resolve_spec(s, self.data.buckets, self.data.max_len)?),
         };
         if let Some(spec) = &spec {
             spec.validate()?;
@@ -696,102 +413,109 @@ impl TrainSettings {
             }
         }
         let (_, num_sparse) = shape;
-        if !(0.0..1.0).contains(&self.eval_fraction) {
+        if !(0.0..1.0).contains(&self.data.eval_fraction) {
             return Err(PipelineError::config(
                 "eval_fraction",
-                format!("must be in [0, 1), got {}", self.eval_fraction),
+                format!("must be in [0, 1), got {}", self.data.eval_fraction),
             ));
         }
-        if self.batch_size == 0 {
+        if self.run.batch_size == 0 {
             return Err(PipelineError::config("batch_size", "must be positive"));
         }
-        if self.eval_batch_size == 0 {
+        if self.run.eval_batch_size == 0 {
             return Err(PipelineError::config("eval_batch_size", "must be positive"));
         }
-        if self.epochs == 0 {
+        if self.run.epochs == 0 {
             return Err(PipelineError::config("epochs", "must be positive"));
         }
-        if self.max_len == 0 {
+        if self.data.max_len == 0 {
             return Err(PipelineError::config("max_len", "must be positive"));
         }
-        if self.samples == 0 && data.is_synthetic() {
+        if self.data.samples == 0 && data.is_synthetic() {
             return Err(PipelineError::config("samples", "must be positive"));
         }
-        if self.workers == 0 {
+        if self.cluster.workers == 0 {
             return Err(PipelineError::config("workers", "must be positive"));
         }
         let bound = max_workers_per_process();
-        if self.workers > bound {
+        if self.cluster.workers > bound {
             return Err(PipelineError::config(
                 "workers",
                 format!(
                     "{} threads in one process is more than {bound} (four per core, at least {MIN_WORKER_BOUND}): \
                      every worker holds its own dense model and buffers and a step waits for the slowest, so \
                      extra threads only slow the run; use --processes to spread workers over machines",
-                    self.workers
+                    self.cluster.workers
                 ),
             ));
         }
-        if self.workers.saturating_mul(self.processes) > MAX_WORKERS_TOTAL {
+        if self.cluster.workers.saturating_mul(self.cluster.processes) > MAX_WORKERS_TOTAL {
             return Err(PipelineError::config(
                 "workers",
                 format!(
                     "{} workers × {} processes is more than {MAX_WORKERS_TOTAL} workers in all (every stage of a \
                      step exchanges one message between every pair of workers)",
-                    self.workers, self.processes
+                    self.cluster.workers, self.cluster.processes
                 ),
             ));
         }
-        if !(0.0..=1.0).contains(&self.max_bad_fraction) {
+        if !(0.0..=1.0).contains(&self.data.max_bad_fraction) {
             return Err(PipelineError::config(
                 "max_bad_fraction",
-                format!("must be in [0, 1], got {}", self.max_bad_fraction),
+                format!("must be in [0, 1], got {}", self.data.max_bad_fraction),
             ));
         }
-        self.max_memory.parse::<crate::memory::MemoryLimit>()?;
-        crate::device::Devices::for_workers(&self.device, self.workers)?;
-        if self.processes == 0 || self.process >= self.processes {
+        self.run.max_memory.parse::<crate::memory::MemoryLimit>()?;
+        crate::device::Devices::for_workers(&self.cluster.device, self.cluster.workers)?;
+        if self.cluster.processes == 0 || self.cluster.process >= self.cluster.processes {
             return Err(PipelineError::config(
                 "process",
-                format!("process {} is not below processes {}", self.process, self.processes),
+                format!("process {} is not below processes {}", self.cluster.process, self.cluster.processes),
             ));
         }
-        if self.batch_size < self.workers * self.processes {
+        if self.run.batch_size < self.cluster.workers * self.cluster.processes {
             return Err(PipelineError::config(
                 "batch_size",
-                format!("{} is smaller than the {} workers", self.batch_size, self.workers * self.processes),
+                format!(
+                    "{} is smaller than the {} workers",
+                    self.run.batch_size,
+                    self.cluster.workers * self.cluster.processes
+                ),
             ));
         }
-        let optimizer: DenseOptimizerKind = self.optimizer.parse()?;
+        let optimizer: DenseOptimizerKind = self.optimizer.dense.parse()?;
         crate::hygiene::validate(self)?;
         let store = self.store_config()?;
-        let exchange: ExchangeChoice = self.exchange.parse()?;
-        if !(0.0..1.0).contains(&self.replicate) {
-            return Err(PipelineError::config("replicate", format!("must be in [0, 1), got {}", self.replicate)));
+        let exchange: ExchangeChoice = self.exchange.strategy.parse()?;
+        if !(0.0..1.0).contains(&self.exchange.replicate) {
+            return Err(PipelineError::config(
+                "replicate",
+                format!("must be in [0, 1), got {}", self.exchange.replicate),
+            ));
         }
-        if self.plan_steps == 0 {
+        if self.exchange.plan_steps == 0 {
             return Err(PipelineError::config("plan_steps", "must be at least 1"));
         }
         if exchange == ExchangeChoice::Replicated && store.kind != StoreKind::Fixed {
             return Err(PipelineError::config("exchange", "`replicated` needs the fixed store (--store fixed)"));
         }
-        let sparse_optimizer: SparseOptimizerKind = self.sparse_optimizer.parse()?;
-        let policy = match self.on_bad_record.as_str() {
+        let sparse_optimizer: SparseOptimizerKind = self.optimizer.sparse.parse()?;
+        let policy = match self.data.on_bad_record.as_str() {
             "skip" => BadRecordPolicy::Skip,
             "fail" => BadRecordPolicy::Fail,
             other => return Err(PipelineError::config("on_bad_record", format!("`{other}` is not skip or fail"))),
         };
-        if !matches!(self.progress.as_str(), "auto" | "bar" | "lines" | "none") {
+        if !matches!(self.run.progress.as_str(), "auto" | "bar" | "lines" | "none") {
             return Err(PipelineError::config(
                 "progress",
-                format!("`{}` is not auto, bar, lines or none", self.progress),
+                format!("`{}` is not auto, bar, lines or none", self.run.progress),
             ));
         }
-        if self.buckets == 0 {
+        if self.data.buckets == 0 {
             return Err(PipelineError::config("buckets", "must be positive"));
         }
         let crosses = self.parse_crosses(num_sparse)?;
-        let table_sizes = match &self.table_sizes {
+        let table_sizes = match &self.data.table_sizes {
             Some(s) if s.len() != num_sparse => {
                 return Err(PipelineError::config(
                     "table_sizes",
@@ -801,16 +525,17 @@ impl TrainSettings {
             Some(s) if s.contains(&0) => return Err(PipelineError::config("table_sizes", "sizes must be positive")),
             Some(s) => s.clone(),
             None if data == DataSpec::Synthetic => {
-                tiderec_sources::synthetic::SyntheticConfig::kaggle_like(self.seed, self.buckets).table_sizes
+                tiderec_sources::synthetic::SyntheticConfig::kaggle_like(self.run.seed, self.data.buckets).table_sizes
             }
             None if data == DataSpec::SyntheticBehavior => {
-                tiderec_sources::synthetic_behavior::BehaviorConfig::standard(self.seed, self.max_len).table_sizes()
+                tiderec_sources::synthetic_behavior::BehaviorConfig::standard(self.run.seed, self.data.max_len)
+                    .table_sizes()
             }
             None => match (&spec, &data) {
                 (Some(spec), DataSpec::Csv(_) | DataSpec::TaobaoAd(_)) => spec.table_sizes(),
                 // Ids were bucketed at conversion: the files say into how many rows.
                 (_, DataSpec::Parquet(p)) => p.0.description().table_sizes(),
-                _ => vec![self.buckets; num_sparse],
+                _ => vec![self.data.buckets; num_sparse],
             },
         };
         if let DataSpec::Parquet(p) = &data {
@@ -822,40 +547,42 @@ impl TrainSettings {
                 ));
             }
         }
-        if self.checkpoint_dir.is_none() {
-            for (key, set) in [("checkpoint_every", self.checkpoint_every.is_some()), ("resume", self.resume)] {
+        if self.checkpoints.checkpoint_dir.is_none() {
+            for (key, set) in
+                [("checkpoint_every", self.checkpoints.checkpoint_every.is_some()), ("resume", self.checkpoints.resume)]
+            {
                 if set {
                     return Err(PipelineError::config(key, "needs --checkpoint-dir DIR"));
                 }
             }
         }
-        if self.checkpoint_every == Some(0) {
+        if self.checkpoints.checkpoint_every == Some(0) {
             return Err(PipelineError::config("checkpoint_every", "must be positive"));
         }
-        if self.keep_checkpoints == 0 {
+        if self.checkpoints.keep_checkpoints == 0 {
             return Err(PipelineError::config("keep_checkpoints", "must be positive"));
         }
-        if self.max_line_bytes < 64 {
+        if self.data.max_line_bytes < 64 {
             return Err(PipelineError::config("max_line_bytes", "must be at least 64"));
         }
-        for (key, lr) in [("lr", self.lr), ("sparse_lr", self.sparse_lr)] {
+        for (key, lr) in [("lr", self.optimizer.lr), ("sparse_lr", self.optimizer.sparse_lr)] {
             if let Some(lr) = lr {
                 if !(lr.is_finite() && lr > 0.0) {
                     return Err(PipelineError::config(key, format!("must be a positive number, got {lr}")));
                 }
             }
         }
-        if !(self.connect_timeout.is_finite() && self.connect_timeout > 0.0) {
+        if !(self.cluster.connect_timeout.is_finite() && self.cluster.connect_timeout > 0.0) {
             return Err(PipelineError::config(
                 "connect_timeout",
-                format!("must be a positive number of seconds, got {}", self.connect_timeout),
+                format!("must be a positive number of seconds, got {}", self.cluster.connect_timeout),
             ));
         }
-        let hosts = if self.processes > 1 {
-            let path = self
-                .hosts
-                .as_ref()
-                .ok_or_else(|| PipelineError::config("hosts", "a cluster run (processes > 1) needs --hosts FILE"))?;
+        let hosts = if self.cluster.processes > 1 {
+            let path =
+                self.cluster.hosts.as_ref().ok_or_else(|| {
+                    PipelineError::config("hosts", "a cluster run (processes > 1) needs --hosts FILE")
+                })?;
             let text = std::fs::read_to_string(path)
                 .map_err(|e| PipelineError::config("hosts", format!("cannot read {}: {e}", path.display())))?;
             let hosts: Vec<String> = text
@@ -864,21 +591,21 @@ impl TrainSettings {
                 .filter(|l| !l.is_empty() && !l.starts_with('#'))
                 .map(String::from)
                 .collect();
-            if hosts.len() != self.processes {
+            if hosts.len() != self.cluster.processes {
                 return Err(PipelineError::config(
                     "hosts",
-                    format!("{} lists {} hosts for {} processes", path.display(), hosts.len(), self.processes),
+                    format!("{} lists {} hosts for {} processes", path.display(), hosts.len(), self.cluster.processes),
                 ));
             }
             hosts
         } else {
             Vec::new()
         };
-        let table_sizes = [table_sizes, vec![self.buckets; crosses.len()]].concat();
+        let table_sizes = [table_sizes, vec![self.data.buckets; crosses.len()]].concat();
         let sequences = data.sequences(spec.as_ref());
         let model = self.model_config_with(shape, sequences.as_ref())?;
         model.validate()?;
-        let exchange_overrides = parse_exchange_tables(&self.exchange_tables, model.num_sparse())?;
+        let exchange_overrides = parse_exchange_tables(&self.exchange.tables, model.num_sparse())?;
         if exchange_overrides.iter().any(|&(_, o)| o == TableOverride::Replicated) && store.kind != StoreKind::Fixed {
             return Err(PipelineError::config("exchange_tables", "`replicated` needs the fixed store (--store fixed)"));
         }
@@ -927,16 +654,16 @@ impl TrainSettings {
     /// The embedding-store settings, checked (errors name the key).
     pub fn store_config(&self) -> Result<StoreConfig, PipelineError> {
         let store = StoreConfig {
-            kind: self.store.parse::<StoreKind>()?,
-            max_rows: self.max_rows,
-            admit_count: self.admit_count,
-            admit_prob: self.admit_prob,
-            ttl_steps: self.ttl_steps,
-            hot_rows: self.hot_rows,
-            warmup: self.warmup,
-            flush_every: self.flush_every,
-            freq_source: self.freq_source.parse::<FrequencySource>()?,
-            freq_window: self.freq_window,
+            kind: self.store.kind.parse::<StoreKind>()?,
+            max_rows: self.store.max_rows,
+            admit_count: self.store.admit_count,
+            admit_prob: self.store.admit_prob,
+            ttl_steps: self.store.ttl_steps,
+            hot_rows: self.store.hot_rows,
+            warmup: self.store.warmup,
+            flush_every: self.store.flush_every,
+            freq_source: self.store.freq_source.parse::<FrequencySource>()?,
+            freq_window: self.store.freq_window,
             ..StoreConfig::default()
         };
         store.validate()?;
@@ -945,13 +672,14 @@ impl TrainSettings {
 
     /// Parses `crosses` (`A:B` field-index pairs) against `num_sparse` fields of the data.
     fn parse_crosses(&self, num_sparse: usize) -> Result<Vec<(usize, usize)>, PipelineError> {
-        if !self.crosses.is_empty() && !matches!(self.model.as_str(), "wdl" | "lr") {
+        if !self.model.crosses.is_empty() && !matches!(self.model.kind.as_str(), "wdl" | "lr") {
             return Err(PipelineError::config(
                 "crosses",
-                format!("feature crosses feed the wide part of wdl or lr, not `{}`", self.model),
+                format!("feature crosses feed the wide part of wdl or lr, not `{}`", self.model.kind),
             ));
         }
-        self.crosses
+        self.model
+            .crosses
             .iter()
             .map(|c| {
                 let pair = c.split_once(':').and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
@@ -988,12 +716,12 @@ impl TrainSettings {
             Some(q) => Ok(ModelConfig::Dien(DienConfig {
                 num_dense,
                 num_sparse,
-                dim: self.dim,
+                dim: self.model.dim,
                 num_sequences: q.tables.len(),
                 target_fields: q.targets.clone(),
-                max_len: q.max_len.unwrap_or(self.max_len),
+                max_len: q.max_len.unwrap_or(self.data.max_len),
                 interest,
-                mlp: self.mlp.clone(),
+                mlp: self.model.mlp.clone(),
             })),
             None => Err(PipelineError::config(
                 "model",
@@ -1001,28 +729,28 @@ impl TrainSettings {
                     "`{}` needs behaviour sequences: use --data synthetic-behavior, amazon-dien:PATH, \
                      taobao-behavior:PATH, or csv:PATH with a spec keeping lists as sequences \
                      (`pooling = \"none\"`, e.g. --spec preset:elm-dien)",
-                    self.model
+                    self.model.kind
                 ),
             )),
         };
         // Crosses are extra sparse fields after the data's own, read only by the linear part.
-        let wide_only = self.crosses.len();
+        let wide_only = self.model.crosses.len();
         let fm = |dim, deep: Vec<usize>, fm| {
             ModelConfig::Fm(FmConfig { num_dense, num_sparse: num_sparse + wide_only, dim, deep, fm, wide_only })
         };
-        Ok(match self.model.as_str() {
+        Ok(match self.model.kind.as_str() {
             "dlrm" => ModelConfig::Dlrm(DlrmConfig {
                 num_dense,
                 num_sparse,
-                dim: self.dim,
-                bottom: self.bottom.clone(),
-                top: self.top.clone(),
-                self_interaction: self.self_interaction,
+                dim: self.model.dim,
+                bottom: self.model.bottom.clone(),
+                top: self.model.top.clone(),
+                self_interaction: self.model.self_interaction,
             }),
             "lr" => fm(0, Vec::new(), true),
-            "fm" => fm(self.dim, Vec::new(), true),
-            "deepfm" => fm(self.dim, self.deep.clone(), true),
-            "wdl" => fm(self.dim, self.deep.clone(), false),
+            "fm" => fm(self.model.dim, Vec::new(), true),
+            "deepfm" => fm(self.model.dim, self.model.deep.clone(), true),
+            "wdl" => fm(self.model.dim, self.model.deep.clone(), false),
             "dien" => dien(Interest::GruAttention)?,
             "dien-sum" => dien(Interest::SumPooling)?,
             other => {
@@ -1060,10 +788,11 @@ mod tests {
         std::fs::write(&path, toml("mean")).unwrap();
         let spec = resolve_spec(path.to_str().unwrap(), 1000, 20).unwrap();
         assert_eq!(spec.table_sizes(), [3, 10], "the vocabulary file was found next to the spec");
-        let mut s = TrainSettings {
-            data: "csv:Cargo.toml".into(),
-            spec: Some(path.display().to_string()),
-            ..Default::default()
+        let mut s = {
+            let mut s = TrainSettings::default();
+            s.data.source = "csv:Cargo.toml".into();
+            s.data.spec = Some(path.display().to_string());
+            s
         };
         s.validate().unwrap();
         std::fs::write(&path, toml("none")).unwrap();
@@ -1075,18 +804,18 @@ mod tests {
             .replace("\"l\"]", "\"l\", \"t\"]")
             .replace("oov_buckets = 1 }]", "oov_buckets = 1 }, { column = \"t\", buckets = 7 }]");
         std::fs::write(&path, text).unwrap();
-        s.model = "dien".into();
+        s.model.kind = "dien".into();
         let r = s.validate().unwrap();
         assert_eq!(r.sequence_tables, [1], "the sequence reads the table of `t`, sparse field 1");
         match &r.model {
             ModelConfig::Dien(d) => assert_eq!((d.target_fields.as_slice(), d.max_len), (&[1][..], 5)),
             m => panic!("expected dien, got {}", m.name()),
         }
-        s.model = "dlrm".into();
+        s.model.kind = "dlrm".into();
         std::fs::write(&path, toml("max")).unwrap();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("pooling") && e.contains("spec.toml"), "{e}");
-        s.spec = Some("preset:nope".into());
+        s.data.spec = Some("preset:nope".into());
         assert!(s.validate().unwrap_err().to_string().contains("no preset"));
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -1102,45 +831,45 @@ mod tests {
     fn errors_name_the_key() {
         type Mutation = Box<dyn Fn(&mut TrainSettings)>;
         let cases: Vec<(&str, Mutation)> = vec![
-            ("batch_size", Box::new(|s| s.batch_size = 0)),
-            ("optimizer", Box::new(|s| s.optimizer = "lbfgs".into())),
-            ("on_bad_record", Box::new(|s| s.on_bad_record = "ignore".into())),
-            ("data", Box::new(|s| s.data = "criteo:/no/such/file".into())),
-            ("data", Box::new(|s| s.data = "parquet".into())),
-            ("eval_fraction", Box::new(|s| s.eval_fraction = 1.5)),
-            ("model.bottom", Box::new(|s| s.bottom = vec![64, 8])),
-            ("hosts", Box::new(|s| s.processes = 2)),
-            ("lr", Box::new(|s| s.lr = Some(-1.0))),
-            ("connect_timeout", Box::new(|s| s.connect_timeout = 0.0)),
-            ("workers", Box::new(|s| s.workers = 100_000)),
-            ("workers", Box::new(|s| s.processes = 2000)),
-            ("max_bad_fraction", Box::new(|s| s.max_bad_fraction = 1.5)),
-            ("max_bad_fraction", Box::new(|s| s.max_bad_fraction = f64::NAN)),
-            ("max_memory", Box::new(|s| s.max_memory = "lots".into())),
-            ("table_sizes", Box::new(|s| s.table_sizes = Some(vec![5; 3]))),
-            ("model", Box::new(|s| s.model = "xgboost".into())),
-            ("crosses", Box::new(|s| s.crosses = vec!["0:1".into()])),
+            ("batch_size", Box::new(|s| s.run.batch_size = 0)),
+            ("optimizer", Box::new(|s| s.optimizer.dense = "lbfgs".into())),
+            ("on_bad_record", Box::new(|s| s.data.on_bad_record = "ignore".into())),
+            ("data", Box::new(|s| s.data.source = "criteo:/no/such/file".into())),
+            ("data", Box::new(|s| s.data.source = "parquet".into())),
+            ("eval_fraction", Box::new(|s| s.data.eval_fraction = 1.5)),
+            ("model.bottom", Box::new(|s| s.model.bottom = vec![64, 8])),
+            ("hosts", Box::new(|s| s.cluster.processes = 2)),
+            ("lr", Box::new(|s| s.optimizer.lr = Some(-1.0))),
+            ("connect_timeout", Box::new(|s| s.cluster.connect_timeout = 0.0)),
+            ("workers", Box::new(|s| s.cluster.workers = 100_000)),
+            ("workers", Box::new(|s| s.cluster.processes = 2000)),
+            ("max_bad_fraction", Box::new(|s| s.data.max_bad_fraction = 1.5)),
+            ("max_bad_fraction", Box::new(|s| s.data.max_bad_fraction = f64::NAN)),
+            ("max_memory", Box::new(|s| s.run.max_memory = "lots".into())),
+            ("table_sizes", Box::new(|s| s.data.table_sizes = Some(vec![5; 3]))),
+            ("model", Box::new(|s| s.model.kind = "xgboost".into())),
+            ("crosses", Box::new(|s| s.model.crosses = vec!["0:1".into()])),
             (
                 "crosses",
                 Box::new(|s| {
-                    s.model = "wdl".into();
-                    s.crosses = vec!["0:26".into()];
+                    s.model.kind = "wdl".into();
+                    s.model.crosses = vec!["0:26".into()];
                 }),
             ),
-            ("resume", Box::new(|s| s.resume = true)),
-            ("checkpoint_every", Box::new(|s| s.checkpoint_every = Some(5))),
+            ("resume", Box::new(|s| s.checkpoints.resume = true)),
+            ("checkpoint_every", Box::new(|s| s.checkpoints.checkpoint_every = Some(5))),
             (
                 "keep_checkpoints",
                 Box::new(|s| {
-                    s.checkpoint_dir = Some("ck".into());
-                    s.keep_checkpoints = 0;
+                    s.checkpoints.checkpoint_dir = Some("ck".into());
+                    s.checkpoints.keep_checkpoints = 0;
                 }),
             ),
             (
                 "model.deep",
                 Box::new(|s| {
-                    s.model = "deepfm".into();
-                    s.deep = vec![0];
+                    s.model.kind = "deepfm".into();
+                    s.model.deep = vec![0];
                 }),
             ),
         ];
@@ -1158,7 +887,7 @@ mod tests {
         let p = dir.path().join("c.toml");
         std::fs::write(&p, "batch_size = 256\nlr = 0.1\nconnect_timeout = 5.5\n").unwrap();
         let s = TrainSettings::from_toml_file(&p).unwrap();
-        assert_eq!((s.batch_size, s.connect_timeout), (256, 5.5));
+        assert_eq!((s.run.batch_size, s.cluster.connect_timeout), (256, 5.5));
         std::fs::write(&p, "batch_sise = 256\n").unwrap();
         let e = TrainSettings::from_toml_file(&p).unwrap_err().to_string();
         assert!(e.contains("batch_sise"), "{e}");

@@ -84,20 +84,21 @@ pub fn parse_target(key: &str, s: &str) -> Result<PathBuf, PipelineError> {
     }
 }
 
-/// Converts `settings.input.data` into Parquet files in `settings.out`.
+/// Converts `settings.input.data.source` into Parquet files in `settings.out`.
 pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineError> {
     let start = Instant::now();
     // Only the input and feature settings matter; neutralize the training-only ones
     // (the model too: LR takes any shape, with or without dense features).
-    let input = TrainSettings {
-        model: "lr".into(),
-        eval: None,
-        eval_fraction: 0.0,
-        workers: 1,
-        processes: 1,
-        process: 0,
-        hosts: None,
-        ..settings.input.clone()
+    let input = {
+        let mut s = settings.input.clone();
+        s.model.kind = "lr".into();
+        s.data.eval = None;
+        s.data.eval_fraction = 0.0;
+        s.cluster.workers = 1;
+        s.cluster.processes = 1;
+        s.cluster.process = 0;
+        s.cluster.hosts = None;
+        s
     };
     let resolved = input.validate().map_err(|e| match e {
         PipelineError::Config { key, reason } if key == "data" => PipelineError::config("from", reason),
@@ -129,7 +130,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         }
     };
     let options = CriteoOptions::for_run(&resolved, &input);
-    let dead = SharedDeadLetters::file(input.dead_letters.clone());
+    let dead = SharedDeadLetters::file(input.data.dead_letters.clone());
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());
     // Taobao behaviour logs become samples all at once (as in training); they are then
     // read back in chunks like any indexed data.
@@ -158,7 +159,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         }
         _ => data.bytes_progress().map_or(0, |(_, total)| total),
     };
-    let mut progress = Progress::with_unit(&input.progress, Some(bytes_in), Unit::Bytes);
+    let mut progress = Progress::with_unit(&input.run.progress, Some(bytes_in), Unit::Bytes);
     let stop = crate::stop::stop_flag()?;
     let mut interrupted = false;
     let result = loop {
@@ -199,10 +200,10 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     let tally = crate::budget::Tally { good: writer.rows(), bad: bad.to_array() };
     if let Err(e) = crate::budget::check(
         crate::budget::Split::Convert,
-        &input.data,
+        &input.data.source,
         tally,
-        input.max_bad_fraction,
-        &input.dead_letters,
+        input.data.max_bad_fraction,
+        &input.data.dead_letters,
     ) {
         writer.abort();
         return Err(e);

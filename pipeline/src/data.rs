@@ -149,11 +149,11 @@ impl CriteoOptions {
         let seed = settings.hash_seed();
         CriteoOptions {
             features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed },
-            max_len: settings.max_len,
-            max_line_bytes: settings.max_line_bytes,
+            max_len: settings.data.max_len,
+            max_line_bytes: settings.data.max_line_bytes,
             policy: resolved.policy,
             seed,
-            shuffle_seed: settings.seed,
+            shuffle_seed: settings.run.seed,
             spec: resolved.spec.clone(),
         }
     }

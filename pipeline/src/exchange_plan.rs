@@ -38,14 +38,14 @@ pub fn resolve_exchange(
     if let Some(config) = exchange_without_data(resolved) {
         return Ok((config, None));
     }
-    let workers = settings.workers * settings.processes;
+    let workers = settings.cluster.workers * settings.cluster.processes;
     let batches = sample_batches(settings, resolved, source, workers)?;
     let plan = plan_exchange(&PlanInput {
         workers,
         row_width: resolved.model.embedding_dim(),
         table_sizes: &resolved.table_sizes,
         partial: resolved.model.partial().filter(|_| resolved.model.num_sequences() == 0),
-        replicate_fraction: settings.replicate,
+        replicate_fraction: settings.exchange.replicate,
         batches: &batches,
     });
     let mut plan = plan;
@@ -102,12 +102,12 @@ fn sample_batches(
     source: &PlanSource<'_>,
     workers: usize,
 ) -> Result<Vec<(usize, Batch)>, PipelineError> {
-    let batch = settings.batch_size;
+    let batch = settings.run.batch_size;
     let (num_dense, num_sparse, num_seq) = (resolved.shape.0, resolved.shape.1, resolved.model.num_sequences());
     let mut globals = Vec::new();
     match source.generator {
         Some(g) => {
-            for s in 0..settings.plan_steps {
+            for s in 0..settings.exchange.plan_steps {
                 let start = source.train_range.start + s * batch as u64;
                 let end = (start + batch as u64).min(source.train_range.end);
                 if start >= end {
@@ -120,7 +120,7 @@ fn sample_batches(
         }
         None => {
             let mut reader = WorkerData::for_spec(&resolved.data, None, source.span, source.criteo, batch, 0, 1, None)?;
-            for _ in 0..settings.plan_steps {
+            for _ in 0..settings.exchange.plan_steps {
                 let mut b = Batch::with_sequences(num_dense, num_sparse, num_seq);
                 if reader.next_micro_batch(&mut b)? == 0 {
                     break;

@@ -152,7 +152,7 @@ impl FeaturePipeline {
         let format = resolved.data.format().to_string();
         let spec = resolved.spec.as_ref().filter(|_| matches!(resolved.data, DataSpec::Csv(_) | DataSpec::TaobaoAd(_)));
         let spec = spec.map(|fields| SpecRecord {
-            source: spec_source(settings.spec.as_deref().unwrap_or("preset:taobao_ad")),
+            source: spec_source(settings.data.spec.as_deref().unwrap_or("preset:taobao_ad")),
             fields: fields.clone(),
         });
         let dense = match &resolved.data {
@@ -197,7 +197,7 @@ impl FeaturePipeline {
                 targets: q.targets,
                 max_len: q.max_len,
             }),
-            max_len: behavior.then_some(settings.max_len),
+            max_len: behavior.then_some(settings.data.max_len),
             cross_buckets: (!resolved.crosses.is_empty()).then(|| resolved.cross_buckets()),
             crosses: resolved.crosses.clone(),
             labeled: true,
@@ -310,7 +310,7 @@ impl FeaturePipeline {
             }
             "avazu" => boxed(AvazuFormat::new(sizes, seed)?, (!labeled).then_some((1, b','))),
             "amazon-dien" => {
-                let max_len = self.max_len.unwrap_or(TrainSettings::default().max_len);
+                let max_len = self.max_len.unwrap_or(TrainSettings::default().data.max_len);
                 boxed(AmazonDienFormat::new(&sizes, seed, max_len)?, (!labeled).then_some((0, b'\t')))
             }
             "csv" | "taobao-ad" => {
@@ -374,13 +374,14 @@ mod tests {
     use super::*;
 
     fn pipeline_of(data: &str, spec: Option<&str>, hash_seed: Option<u64>) -> FeaturePipeline {
-        let settings = TrainSettings {
-            data: data.into(),
-            spec: spec.map(String::from),
-            hash_seed,
-            buckets: 100,
-            model: "lr".into(),
-            ..Default::default()
+        let settings = {
+            let mut s = TrainSettings::default();
+            s.data.source = data.into();
+            s.data.spec = spec.map(String::from);
+            s.data.hash_seed = hash_seed;
+            s.data.buckets = 100;
+            s.model.kind = "lr".into();
+            s
         };
         FeaturePipeline::of_run(&settings, &settings.validate().unwrap())
     }

@@ -40,49 +40,67 @@ const DECAYS: &str = "none, linear, cosine or step";
 
 /// Checks the hygiene settings of `s`; errors name the key.
 pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
-    s.best_metric.parse::<BestMetric>()?;
-    if !matches!(s.lr_decay.as_str(), "none" | "linear" | "cosine" | "step") {
-        return Err(PipelineError::config("lr_decay", format!("`{}` is not {DECAYS}", s.lr_decay)));
+    s.run.best_metric.parse::<BestMetric>()?;
+    if !matches!(s.optimizer.lr_decay.as_str(), "none" | "linear" | "cosine" | "step") {
+        return Err(PipelineError::config("lr_decay", format!("`{}` is not {DECAYS}", s.optimizer.lr_decay)));
     }
-    for (key, v) in [("eval_every", s.eval_every), ("early_stop", s.early_stop), ("lr_decay_steps", s.lr_decay_steps)] {
+    for (key, v) in [
+        ("eval_every", s.run.eval_every),
+        ("early_stop", s.run.early_stop),
+        ("lr_decay_steps", s.optimizer.lr_decay_steps),
+    ] {
         if v == Some(0) {
             return Err(PipelineError::config(key, "must be positive"));
         }
     }
-    for (key, v) in [("l2_dense", s.l2_dense), ("l2_embedding", s.l2_embedding), ("ftrl_l1", s.ftrl_l1)]
-        .into_iter()
-        .chain([("ftrl_l2", s.ftrl_l2), ("ftrl_beta", s.ftrl_beta)])
+    for (key, v) in [
+        ("l2_dense", s.optimizer.l2_dense),
+        ("l2_embedding", s.optimizer.l2_embedding),
+        ("ftrl_l1", s.optimizer.ftrl_l1),
+    ]
+    .into_iter()
+    .chain([("ftrl_l2", s.optimizer.ftrl_l2), ("ftrl_beta", s.optimizer.ftrl_beta)])
     {
         if !(v.is_finite() && v >= 0.0) {
             return Err(PipelineError::config(key, format!("must be a finite number ≥ 0, got {v}")));
         }
     }
-    if s.lr_decay == "step" && !(s.lr_decay_rate.is_finite() && s.lr_decay_rate > 0.0 && s.lr_decay_rate <= 1.0) {
-        return Err(PipelineError::config("lr_decay_rate", format!("must be in (0, 1], got {}", s.lr_decay_rate)));
-    }
-    let horizon = matches!(s.lr_decay.as_str(), "linear" | "cosine");
-    if let Some(h) = s.lr_decay_steps.filter(|&h| horizon && h <= s.lr_warmup) {
+    if s.optimizer.lr_decay == "step"
+        && !(s.optimizer.lr_decay_rate.is_finite()
+            && s.optimizer.lr_decay_rate > 0.0
+            && s.optimizer.lr_decay_rate <= 1.0)
+    {
         return Err(PipelineError::config(
-            "lr_decay_steps",
-            format!("the decay's horizon ({h} steps) must be longer than the warm-up ({} steps)", s.lr_warmup),
+            "lr_decay_rate",
+            format!("must be in (0, 1], got {}", s.optimizer.lr_decay_rate),
         ));
     }
-    if s.lr_decay == "step" && s.lr_decay_steps.is_none() {
+    let horizon = matches!(s.optimizer.lr_decay.as_str(), "linear" | "cosine");
+    if let Some(h) = s.optimizer.lr_decay_steps.filter(|&h| horizon && h <= s.optimizer.lr_warmup) {
+        return Err(PipelineError::config(
+            "lr_decay_steps",
+            format!(
+                "the decay's horizon ({h} steps) must be longer than the warm-up ({} steps)",
+                s.optimizer.lr_warmup
+            ),
+        ));
+    }
+    if s.optimizer.lr_decay == "step" && s.optimizer.lr_decay_steps.is_none() {
         return Err(PipelineError::config("lr_decay_steps", "`step` decay needs the interval: --lr-decay-steps N"));
     }
-    let ftrl_set = s.ftrl_l1 != 0.0 || s.ftrl_l2 != 0.0 || s.ftrl_beta != 1.0;
-    let sparse: SparseOptimizerKind = s.sparse_optimizer.parse()?;
+    let ftrl_set = s.optimizer.ftrl_l1 != 0.0 || s.optimizer.ftrl_l2 != 0.0 || s.optimizer.ftrl_beta != 1.0;
+    let sparse: SparseOptimizerKind = s.optimizer.sparse.parse()?;
     if ftrl_set && !matches!(sparse, SparseOptimizerKind::Ftrl | SparseOptimizerKind::FtrlAdagrad) {
         return Err(PipelineError::config(
             "ftrl_l1",
             format!(
                 "ftrl_l1, ftrl_l2 and ftrl_beta apply to the ftrl and ftrl-adagrad sparse optimizers, not {}",
-                s.sparse_optimizer
+                s.optimizer.sparse
             ),
         ));
     }
-    let has_eval = s.eval.is_some() || s.eval_fraction > 0.0;
-    for (key, set) in [("early_stop", s.early_stop.is_some()), ("eval_every", s.eval_every.is_some())] {
+    let has_eval = s.data.eval.is_some() || s.data.eval_fraction > 0.0;
+    for (key, set) in [("early_stop", s.run.early_stop.is_some()), ("eval_every", s.run.eval_every.is_some())] {
         if set && !has_eval {
             return Err(PipelineError::config(
                 key,
@@ -90,7 +108,7 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
             ));
         }
     }
-    if s.early_stop.is_some() && s.processes > 1 && s.checkpoint_dir.is_none() {
+    if s.run.early_stop.is_some() && s.cluster.processes > 1 && s.checkpoints.checkpoint_dir.is_none() {
         return Err(PipelineError::config(
             "early_stop",
             "a multi-process run restores its best model from a checkpoint: add --checkpoint-dir",
@@ -104,36 +122,36 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
 /// the default horizon of a `linear` or `cosine` decay.
 pub fn lr_schedule(s: &TrainSettings, run_steps: Option<u64>) -> Result<LrSchedule, PipelineError> {
     let horizon = || {
-        s.lr_decay_steps.or(run_steps).ok_or_else(|| {
+        s.optimizer.lr_decay_steps.or(run_steps).ok_or_else(|| {
             PipelineError::config(
                 "lr_decay_steps",
                 format!(
                     "`{}` decay needs its horizon: the run's length is not known before reading {} (pass \
                      --lr-decay-steps N, or --steps N)",
-                    s.lr_decay, s.data
+                    s.optimizer.lr_decay, s.data.source
                 ),
             )
         })
     };
-    let decay = match s.lr_decay.as_str() {
+    let decay = match s.optimizer.lr_decay.as_str() {
         "none" => LrDecay::None,
         "linear" => LrDecay::Linear { horizon: horizon()? },
         "cosine" => LrDecay::Cosine { horizon: horizon()? },
-        "step" => LrDecay::Step { every: s.lr_decay_steps.unwrap_or(0), rate: s.lr_decay_rate },
+        "step" => LrDecay::Step { every: s.optimizer.lr_decay_steps.unwrap_or(0), rate: s.optimizer.lr_decay_rate },
         other => return Err(PipelineError::config("lr_decay", format!("`{other}` is not {DECAYS}"))),
     };
-    let schedule = LrSchedule { warmup: s.lr_warmup, decay };
+    let schedule = LrSchedule { warmup: s.optimizer.lr_warmup, decay };
     schedule.validate()?;
     Ok(schedule)
 }
 
 /// Sets the penalties and FTRL's strengths of `s` on `config`'s hyper-parameters.
 pub fn apply_penalties(s: &TrainSettings, config: &mut TrainerConfig) {
-    config.dense_hp.l2_penalty = s.l2_dense;
-    config.sparse_hp.l2_penalty = s.l2_embedding;
-    config.sparse_hp.l1 = s.ftrl_l1;
-    config.sparse_hp.l2 = s.ftrl_l2;
-    config.sparse_hp.ftrl_beta = s.ftrl_beta;
+    config.dense_hp.l2_penalty = s.optimizer.l2_dense;
+    config.sparse_hp.l2_penalty = s.optimizer.l2_embedding;
+    config.sparse_hp.l1 = s.optimizer.ftrl_l1;
+    config.sparse_hp.l2 = s.optimizer.ftrl_l2;
+    config.sparse_hp.ftrl_beta = s.optimizer.ftrl_beta;
 }
 
 /// Sets `schedule` on both optimizers of `config`.
@@ -156,45 +174,63 @@ mod tests {
     #[test]
     fn bad_values_are_refused_naming_the_key() {
         assert!(validate(&TrainSettings::default()).is_ok());
-        refused(|s| s.l2_dense = -0.1, "l2_dense");
-        refused(|s| s.l2_embedding = f32::NAN, "l2_embedding");
-        refused(|s| s.ftrl_l1 = -1.0, "ftrl_l1");
-        refused(|s| s.best_metric = "accuracy".into(), "best_metric");
-        refused(|s| s.lr_decay = "exponential".into(), "lr_decay");
-        refused(|s| s.early_stop = Some(0), "early_stop");
-        refused(|s| s.eval_every = Some(0), "eval_every");
+        refused(|s| s.optimizer.l2_dense = -0.1, "l2_dense");
+        refused(|s| s.optimizer.l2_embedding = f32::NAN, "l2_embedding");
+        refused(|s| s.optimizer.ftrl_l1 = -1.0, "ftrl_l1");
+        refused(|s| s.run.best_metric = "accuracy".into(), "best_metric");
+        refused(|s| s.optimizer.lr_decay = "exponential".into(), "lr_decay");
+        refused(|s| s.run.early_stop = Some(0), "early_stop");
+        refused(|s| s.run.eval_every = Some(0), "eval_every");
         refused(
             |s| {
-                s.lr_decay = "step".into();
-                s.lr_decay_steps = Some(10);
-                s.lr_decay_rate = 2.0;
+                s.optimizer.lr_decay = "step".into();
+                s.optimizer.lr_decay_steps = Some(10);
+                s.optimizer.lr_decay_rate = 2.0;
             },
             "lr_decay_rate",
         );
-        refused(|s| s.lr_decay = "step".into(), "lr_decay_steps");
-        refused(|s| s.ftrl_l2 = 1.0, "ftrl");
+        refused(|s| s.optimizer.lr_decay = "step".into(), "lr_decay_steps");
+        refused(|s| s.optimizer.ftrl_l2 = 1.0, "ftrl");
         refused(
             |s| {
-                s.eval_fraction = 0.0;
-                s.early_stop = Some(2);
+                s.data.eval_fraction = 0.0;
+                s.run.early_stop = Some(2);
             },
             "early_stop",
         );
-        let mut ok = TrainSettings { sparse_optimizer: "ftrl".into(), ftrl_l1: 1.0, ..TrainSettings::default() };
+        let mut ok = {
+            let mut s = TrainSettings::default();
+            s.optimizer.sparse = "ftrl".into();
+            s.optimizer.ftrl_l1 = 1.0;
+            s
+        };
         assert!(validate(&ok).is_ok());
-        ok.early_stop = Some(3);
+        ok.run.early_stop = Some(3);
         assert!(validate(&ok).is_ok());
     }
 
     #[test]
     fn the_schedule_takes_the_run_length_unless_given() {
-        let s = TrainSettings { lr_decay: "cosine".into(), lr_warmup: 5, ..TrainSettings::default() };
+        let s = {
+            let mut s = TrainSettings::default();
+            s.optimizer.lr_decay = "cosine".into();
+            s.optimizer.lr_warmup = 5;
+            s
+        };
         assert_eq!(lr_schedule(&s, Some(100)).unwrap().decay, LrDecay::Cosine { horizon: 100 });
         let e = lr_schedule(&s, None).unwrap_err().to_string();
         assert!(e.contains("lr_decay_steps"), "{e}");
-        let given = TrainSettings { lr_decay_steps: Some(40), ..s.clone() };
+        let given = {
+            let mut s = s.clone();
+            s.optimizer.lr_decay_steps = Some(40);
+            s
+        };
         assert_eq!(lr_schedule(&given, Some(100)).unwrap().decay, LrDecay::Cosine { horizon: 40 });
-        let short = TrainSettings { lr_decay_steps: Some(5), ..s };
+        let short = {
+            let mut s = s;
+            s.optimizer.lr_decay_steps = Some(5);
+            s
+        };
         assert!(lr_schedule(&short, None).unwrap_err().to_string().contains("lr_decay_steps"));
         assert!(lr_schedule(&TrainSettings::default(), None).unwrap().is_constant());
     }

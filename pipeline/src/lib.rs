@@ -26,6 +26,7 @@ pub mod progress;
 pub mod run;
 pub mod serve;
 pub mod serving;
+pub mod settings;
 pub mod stop;
 
 pub use config::TrainSettings;

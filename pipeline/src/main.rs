@@ -7,15 +7,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use tiderec::bench::{run_dlrm, DlrmBench};
+use tiderec::settings::{ConvertFlags, TrainFlags};
 use tiderec::TrainSettings;
 
 /// Copies each `Some` flag over the same key of the settings.
-macro_rules! override_fields {
-    ($settings:ident, $args:ident, $($field:ident),*) => {
-        $( if let Some(v) = $args.$field { $settings.$field = v; } )*
-    };
-}
-
 #[derive(Parser)]
 #[command(name = "tiderec", version, about = "Streaming CTR training on timely dataflow")]
 struct Cli {
@@ -27,7 +22,7 @@ struct Cli {
 enum Command {
     /// Train a model (DLRM, LR, FM, DeepFM, Wide & Deep, DIEN) on synthetic data, raw record files or converted
     /// Parquet.
-    Train(Box<TrainArgs>),
+    Train(Box<TrainFlags>),
     /// Convert raw record files (criteo, avazu, csv + spec) to featurized Parquet for batch replay.
     Convert(Box<ConvertArgs>),
     /// Train continuously from a Kafka topic (prequential evaluation, exactly-once checkpoints).
@@ -300,57 +295,16 @@ struct ConvertArgs {
     /// zstd compression level (1-22).
     #[arg(long, default_value_t = 3)]
     zstd_level: i32,
-    /// TOML settings file (as for train): spec, seed, buckets, table_sizes, max_line_bytes, … are used.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Feature spec of `csv:` input: `preset:NAME` (see `tiderec spec list`) or a TOML file.
-    #[arg(long)]
-    spec: Option<String>,
-    /// Seed of the per-field hashing (train with the same ids whatever its own --seed).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Rows per embedding table (criteo, avazu).
-    #[arg(long)]
-    buckets: Option<u64>,
-    /// On a malformed record: skip (count + dead-letter file) or fail.
-    #[arg(long)]
-    on_bad_record: Option<String>,
-    /// Dead-letter file for malformed records.
-    #[arg(long)]
-    dead_letters: Option<PathBuf>,
-    /// Fail (writing no file) when more than this fraction of the records is malformed (default 0.01).
-    #[arg(long, value_name = "F")]
-    max_bad_fraction: Option<f64>,
-    /// Longest accepted input line in bytes.
-    #[arg(long)]
-    max_line_bytes: Option<usize>,
-    /// auto, bar, lines or none.
-    #[arg(long)]
-    progress: Option<String>,
+    /// The featurizing settings, as for `train` (a `--config` file's other settings are ignored).
+    #[command(flatten)]
+    settings: ConvertFlags,
 }
 
 impl ConvertArgs {
     fn into_settings(self) -> anyhow::Result<tiderec::convert::ConvertSettings> {
-        let mut s = match &self.config {
-            Some(path) => TrainSettings::from_toml_file(path)?,
-            None => TrainSettings::default(),
-        };
         let args = self;
-        s.data = args.from;
-        override_fields!(
-            s,
-            args,
-            seed,
-            buckets,
-            on_bad_record,
-            dead_letters,
-            max_bad_fraction,
-            max_line_bytes,
-            progress
-        );
-        if args.spec.is_some() {
-            s.spec = args.spec;
-        }
+        let mut s = args.settings.settings()?;
+        s.data.source = args.from;
         let out = tiderec::convert::parse_target("to", &args.to)?;
         let writer = tiderec_sources::parquet::WriterOptions {
             row_group_rows: args.row_group_rows,
@@ -480,7 +434,7 @@ struct OnlineArgs {
     #[arg(long, value_name = "KEY=VALUE")]
     kafka_option: Vec<String>,
     #[command(flatten)]
-    train: TrainArgs,
+    train: TrainFlags,
 }
 
 #[derive(Args)]
@@ -651,370 +605,6 @@ struct PlotArgs {
     out: PathBuf,
 }
 
-/// Flags of `tiderec train`; each overrides the same key of `--config`.
-#[derive(Args, Default)]
-struct TrainArgs {
-    /// TOML file with any of the settings below (flags override it).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// `synthetic` (default), `synthetic-behavior`, or FORMAT:PATH[,PATH…] (files or directories) with FORMAT
-    /// criteo, avazu, csv (with --spec), taobao-ad, taobao-behavior, amazon-dien or parquet (`tiderec convert` output).
-    #[arg(long)]
-    data: Option<String>,
-    /// Held-out data, same format as --data.
-    #[arg(long)]
-    eval: Option<String>,
-    /// Feature spec of `csv:` data: `preset:NAME` (criteo, avazu, elm, elm_y_long, elm_dien, taobao_ad; see
-    /// `tiderec spec show NAME`) or a TOML file.
-    #[arg(long)]
-    spec: Option<String>,
-    /// Fraction held out for evaluation when --eval is not given (synthetic: fraction of --samples).
-    #[arg(long)]
-    eval_fraction: Option<f64>,
-    /// Synthetic training samples per epoch.
-    #[arg(long)]
-    samples: Option<u64>,
-    /// Passes over the training data.
-    #[arg(long)]
-    epochs: Option<u64>,
-    /// Stop after this many training steps (or earlier, when --epochs passes over the data end first; the run then says so).
-    #[arg(long)]
-    steps: Option<u64>,
-    /// Global batch size (union of all workers' micro-batches).
-    #[arg(long)]
-    batch_size: Option<usize>,
-    /// Evaluation batch size.
-    #[arg(long)]
-    eval_batch_size: Option<usize>,
-    /// Seed of data, initialisation and shuffles (and of hashing unless --hash-seed is given).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Seed of feature hashing (default: the --seed value); recorded in checkpoints.
-    #[arg(long)]
-    hash_seed: Option<u64>,
-    /// Dense learning rate (default per model: dlrm, deepfm, wdl, dien 0.001; lr, fm 0.01).
-    #[arg(long)]
-    lr: Option<f32>,
-    /// Embedding learning rate (default per model: dlrm, lr, dien 0.05; fm, deepfm, wdl 0.01).
-    #[arg(long)]
-    sparse_lr: Option<f32>,
-    /// Dense optimizer: sgd, adagrad, adam.
-    #[arg(long)]
-    optimizer: Option<String>,
-    /// Embedding optimizer: sgd, rowwise-adagrad, lazy-adam, ftrl, ftrl-adagrad.
-    #[arg(long)]
-    sparse_optimizer: Option<String>,
-    /// Worker threads per process (default: one per core, at most 4).
-    #[arg(long)]
-    workers: Option<usize>,
-    /// Processes in a cluster run.
-    #[arg(long)]
-    processes: Option<usize>,
-    /// This process's index (0-based).
-    #[arg(long)]
-    process: Option<usize>,
-    /// File listing one host:port per process.
-    #[arg(long)]
-    hosts: Option<PathBuf>,
-    /// Seconds to wait for the other processes to connect and agree at start-up (default 60).
-    #[arg(long, value_name = "SECS")]
-    connect_timeout: Option<f64>,
-    /// Rows per embedding table.
-    #[arg(long)]
-    buckets: Option<u64>,
-    /// Model: dlrm (default), lr, fm, deepfm, wdl (Wide & Deep),
-    /// dien (GRU + attention over behaviour histories) or dien-sum (its sum-pooling baseline).
-    #[arg(long)]
-    model: Option<String>,
-    /// Longest behaviour history kept per sample (sequence data).
-    #[arg(long)]
-    max_len: Option<usize>,
-    /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
-    #[arg(long)]
-    dim: Option<usize>,
-    /// Hidden widths of the DeepFM / Wide & Deep deep part, e.g. 400,400,400.
-    #[arg(long, value_delimiter = ',')]
-    deep: Option<Vec<usize>>,
-    /// Feature crosses for the wide part of wdl / lr: sparse-field index pairs, e.g. 0:1,2:5.
-    #[arg(long, value_delimiter = ',')]
-    crosses: Option<Vec<String>>,
-    /// Hidden widths of DIEN's MLP, e.g. 200,80.
-    #[arg(long, value_delimiter = ',')]
-    mlp: Option<Vec<usize>>,
-    /// Bottom MLP widths, e.g. 512,256,64,16.
-    #[arg(long, value_delimiter = ',')]
-    bottom: Option<Vec<usize>>,
-    /// Top MLP widths, e.g. 512,256,1.
-    #[arg(long, value_delimiter = ',')]
-    top: Option<Vec<usize>>,
-    /// Include self-interaction terms in the dot interaction.
-    #[arg(long)]
-    self_interaction: bool,
-    /// On a malformed record: skip (count + dead-letter file) or fail.
-    #[arg(long)]
-    on_bad_record: Option<String>,
-    /// Dead-letter file for malformed records.
-    #[arg(long)]
-    dead_letters: Option<PathBuf>,
-    /// Fail when more than this fraction of the training (or of the evaluation) records is malformed
-    /// (default 0.01).
-    #[arg(long, value_name = "F")]
-    max_bad_fraction: Option<f64>,
-    /// Refuse to start when the memory estimate exceeds this per process: auto (default: what the system
-    /// reports available), unlimited, or a size such as 8G.
-    #[arg(long, value_name = "BYTES|auto|unlimited")]
-    max_memory: Option<String>,
-    /// Longest accepted input line in bytes.
-    #[arg(long)]
-    max_line_bytes: Option<usize>,
-    /// Write the final summary as one JSON object here.
-    #[arg(long)]
-    metrics_json: Option<PathBuf>,
-    /// Append one JSON line of metrics per report to this file (input of `tiderec plot`): train
-    /// about once a second and after every evaluation, online every --report-seconds.
-    #[arg(long, value_name = "FILE")]
-    metrics_log: Option<PathBuf>,
-    /// auto, bar, lines or none.
-    #[arg(long)]
-    progress: Option<String>,
-    /// Write checkpoints (ckpt-<step> directories) here: at the end of every epoch and of the run, and every
-    /// --checkpoint-every steps.
-    #[arg(long)]
-    checkpoint_dir: Option<PathBuf>,
-    /// Also write a checkpoint every N global training steps.
-    #[arg(long, value_name = "N")]
-    checkpoint_every: Option<u64>,
-    /// Checkpoints to keep in --checkpoint-dir (default 3).
-    #[arg(long, value_name = "K")]
-    keep_checkpoints: Option<usize>,
-    /// Write each checkpoint before training goes on (default: files are written by background threads while
-    /// training continues; the checkpoints are the same byte for byte).
-    #[arg(long)]
-    checkpoint_sync: bool,
-    /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
-    #[arg(long)]
-    resume: bool,
-    /// Compute device of each worker: cpu (default), cuda:N, or one entry per worker such as
-    /// cuda:0,cpu (one entry applies to every worker). GPU workers run the model's forward and
-    /// backward on the device; stores, exchange and optimizer stay on the host.
-    #[arg(long)]
-    device: Option<String>,
-    /// How embeddings travel between workers: rows (default), partial (DES partial results; lr,
-    /// fm, deepfm, wdl), replicated (each table's hottest --replicate fraction on every worker) or
-    /// auto (the cost model's per-table choice from the first --plan-steps batches; printed at start).
-    #[arg(long)]
-    exchange: Option<String>,
-    /// Per-table overrides applied after --exchange (and after auto's plan), e.g. 3=rows,7=replicated.
-    #[arg(long, value_delimiter = ',', value_name = "T=STRATEGY")]
-    exchange_table: Option<Vec<String>>,
-    /// Fraction of each table's rows to replicate (--exchange replicated / auto; default 0.01).
-    #[arg(long, value_name = "F")]
-    replicate: Option<f64>,
-    /// Global batches the exchange planner counts ids on (default 4).
-    #[arg(long, value_name = "N")]
-    plan_steps: Option<u64>,
-    /// Embedding store: fixed (dense tables, default), dynamic (hash table with admission and eviction)
-    /// or tiered (frequency-aware hot tier over a hash-table cold tier).
-    #[arg(long)]
-    store: Option<String>,
-    /// Row budget per worker of a dynamic / tiered store: least frequently used rows beyond it are
-    /// evicted every --flush-every steps.
-    #[arg(long, value_name = "N")]
-    max_rows: Option<u64>,
-    /// Admit an id into a dynamic / tiered store once seen in N training steps.
-    #[arg(long, value_name = "N")]
-    admit_count: Option<u32>,
-    /// Admit an unseen id with probability P per sighting (seeded, deterministic).
-    #[arg(long, value_name = "P")]
-    admit_prob: Option<f64>,
-    /// Evict rows not updated for N training steps.
-    #[arg(long, value_name = "N")]
-    ttl_steps: Option<u64>,
-    /// Hot-tier rows per worker of the tiered store.
-    #[arg(long, value_name = "K")]
-    hot_rows: Option<usize>,
-    /// Training steps of frequency counting before the first hot-tier plan.
-    #[arg(long, value_name = "N")]
-    warmup: Option<u64>,
-    /// Store maintenance interval in training steps (eviction, hot-tier re-planning).
-    #[arg(long, value_name = "N")]
-    flush_every: Option<u64>,
-    /// Frequencies of the tiered store's hot plan: exact (per-row counts, default), sketch
-    /// (count-min sketch) or differential (differential-dataflow count over the id stream).
-    #[arg(long, value_name = "SOURCE")]
-    freq_source: Option<String>,
-    /// With --freq-source differential: count only the last N training steps.
-    #[arg(long, value_name = "N")]
-    freq_window: Option<u64>,
-    /// Also evaluate every N global training steps (an eval split is evaluated at every epoch's end anyway).
-    #[arg(long, value_name = "N")]
-    eval_every: Option<u64>,
-    /// Stop after PATIENCE evaluations in a row without improvement; the final model, metrics and
-    /// `best` checkpoint are then the best evaluation's.
-    #[arg(long, value_name = "PATIENCE")]
-    early_stop: Option<u64>,
-    /// The figure that ranks evaluations: auc (default; higher is better) or logloss (lower is better).
-    #[arg(long, value_name = "auc|logloss")]
-    best_metric: Option<String>,
-    /// Steps of linear learning-rate warm-up (default 0: none).
-    #[arg(long, value_name = "STEPS")]
-    lr_warmup: Option<u64>,
-    /// Learning-rate decay after the warm-up: none (default), linear or cosine (to 0 at --lr-decay-steps,
-    /// default the run's length when known), step (× --lr-decay-rate every --lr-decay-steps steps).
-    #[arg(long, value_name = "none|linear|cosine|step")]
-    lr_decay: Option<String>,
-    /// linear/cosine: the step at which the rate reaches 0; step: the interval between decays.
-    #[arg(long, value_name = "N")]
-    lr_decay_steps: Option<u64>,
-    /// step decay: the factor of each decay (default 0.5).
-    #[arg(long, value_name = "F")]
-    lr_decay_rate: Option<f32>,
-    /// L2 penalty λ on the dense weights (λ·w added to their gradient; default 0).
-    #[arg(long, value_name = "λ")]
-    l2_dense: Option<f32>,
-    /// L2 penalty λ on the embedding rows each step touches (default 0).
-    #[arg(long, value_name = "λ")]
-    l2_embedding: Option<f32>,
-    /// FTRL's L1 strength (sparse optimizers ftrl, ftrl-adagrad; default 0).
-    #[arg(long, value_name = "L1")]
-    ftrl_l1: Option<f32>,
-    /// FTRL's L2 strength (default 0).
-    #[arg(long, value_name = "L2")]
-    ftrl_l2: Option<f32>,
-    /// FTRL's β (default 1).
-    #[arg(long, value_name = "BETA")]
-    ftrl_beta: Option<f32>,
-}
-
-impl TrainArgs {
-    fn into_settings(self) -> anyhow::Result<TrainSettings> {
-        let mut s = match &self.config {
-            Some(path) => TrainSettings::from_toml_file(path)?,
-            None => TrainSettings::default(),
-        };
-        let args = self;
-        override_fields!(
-            s,
-            args,
-            data,
-            eval_fraction,
-            samples,
-            epochs,
-            batch_size,
-            eval_batch_size,
-            seed,
-            optimizer,
-            sparse_optimizer,
-            workers,
-            device,
-            processes,
-            process,
-            connect_timeout,
-            buckets,
-            model,
-            max_len,
-            dim,
-            deep,
-            crosses,
-            mlp,
-            bottom,
-            top,
-            on_bad_record,
-            dead_letters,
-            max_bad_fraction,
-            max_memory,
-            max_line_bytes,
-            progress,
-            keep_checkpoints,
-            exchange,
-            replicate,
-            plan_steps,
-            store,
-            admit_count,
-            hot_rows,
-            warmup,
-            flush_every,
-            freq_source,
-            best_metric,
-            lr_warmup,
-            lr_decay,
-            lr_decay_rate,
-            l2_dense,
-            l2_embedding,
-            ftrl_l1,
-            ftrl_l2,
-            ftrl_beta
-        );
-        if args.eval_every.is_some() {
-            s.eval_every = args.eval_every;
-        }
-        if args.early_stop.is_some() {
-            s.early_stop = args.early_stop;
-        }
-        if args.lr_decay_steps.is_some() {
-            s.lr_decay_steps = args.lr_decay_steps;
-        }
-        if let Some(tables) = args.exchange_table {
-            s.exchange_tables = tables;
-        }
-        if args.freq_window.is_some() {
-            s.freq_window = args.freq_window;
-        }
-        if args.max_rows.is_some() {
-            s.max_rows = args.max_rows;
-        }
-        if args.admit_prob.is_some() {
-            s.admit_prob = args.admit_prob;
-        }
-        if args.ttl_steps.is_some() {
-            s.ttl_steps = args.ttl_steps;
-        }
-        if args.checkpoint_dir.is_some() {
-            s.checkpoint_dir = args.checkpoint_dir;
-        }
-        if args.checkpoint_every.is_some() {
-            s.checkpoint_every = args.checkpoint_every;
-        }
-        if args.resume {
-            s.resume = true;
-        }
-        if args.checkpoint_sync {
-            s.checkpoint_sync = true;
-        }
-        if args.eval.is_some() {
-            s.eval = args.eval;
-        }
-        if args.spec.is_some() {
-            s.spec = args.spec;
-        }
-        if args.steps.is_some() {
-            s.steps = args.steps;
-        }
-        if args.lr.is_some() {
-            s.lr = args.lr;
-        }
-        if args.sparse_lr.is_some() {
-            s.sparse_lr = args.sparse_lr;
-        }
-        if args.hash_seed.is_some() {
-            s.hash_seed = args.hash_seed;
-        }
-        if args.hosts.is_some() {
-            s.hosts = args.hosts;
-        }
-        if args.metrics_json.is_some() {
-            s.metrics_json = args.metrics_json;
-        }
-        if args.metrics_log.is_some() {
-            s.metrics_log = args.metrics_log;
-        }
-        if args.self_interaction {
-            s.self_interaction = true;
-        }
-        Ok(s)
-    }
-}
-
 fn fmt_opt(v: Option<f64>) -> String {
     v.map_or("n/a".into(), |x| format!("{x:.4}"))
 }
@@ -1071,7 +661,7 @@ fn print_features(r: &tiderec::bench::FeaturesBenchResult) {
 fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
     let settings = tiderec::online::OnlineSettings {
         train: {
-            let train = args.train.into_settings()?;
+            let train = args.train.settings()?;
             tiderec::applicable::check(&train, tiderec::applicable::For::Online)?;
             train
         },
@@ -1092,15 +682,15 @@ fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
     let t = &settings.train;
     eprintln!(
         "tiderec online: {} from {}/{}, {} worker(s), batch {}, seed {}",
-        t.model,
+        t.model.kind,
         settings.brokers,
         settings.topic,
-        t.workers * t.processes,
-        t.batch_size,
-        t.seed
+        t.cluster.workers * t.cluster.processes,
+        t.run.batch_size,
+        t.run.seed
     );
     let Some(s) = tiderec::online::online(&settings).context("online training failed")? else {
-        eprintln!("process {} finished; process 0 reports the metrics", t.process);
+        eprintln!("process {} finished; process 0 reports the metrics", t.cluster.process);
         return Ok(());
     };
     println!("trained {} samples in {} steps on {} worker(s)", s.samples, s.steps, s.workers);
@@ -1208,7 +798,10 @@ fn parse_cli() -> Cli {
             }
         })
     };
-    let cmd = Cli::command().mut_subcommand("train", annotate).mut_subcommand("online", annotate);
+    let cmd = Cli::command()
+        .mut_subcommand("train", annotate)
+        .mut_subcommand("online", annotate)
+        .mut_subcommand("convert", annotate);
     let matches = cmd.get_matches();
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
@@ -1218,17 +811,17 @@ fn main() -> anyhow::Result<()> {
     let cli = parse_cli();
     match cli.command {
         Command::Train(args) => {
-            let settings = (*args).into_settings()?;
+            let settings = args.settings()?;
             tiderec::applicable::check(&settings, tiderec::applicable::For::Train)?;
-            let data = settings.data.clone();
-            let workers = settings.workers * settings.processes;
+            let data = settings.data.source.clone();
+            let workers = settings.cluster.workers * settings.cluster.processes;
             eprintln!(
                 "tiderec train: {} on {data}, {workers} worker(s), batch {}, {} optimizer, seed {}",
-                settings.model, settings.batch_size, settings.optimizer, settings.seed
+                settings.model.kind, settings.run.batch_size, settings.optimizer.dense, settings.run.seed
             );
             let summary = tiderec::run::train(&settings).context("training failed")?;
             let Some(s) = summary else {
-                eprintln!("process {} finished; process 0 reports the metrics", settings.process);
+                eprintln!("process {} finished; process 0 reports the metrics", settings.cluster.process);
                 return Ok(());
             };
             println!(
@@ -1246,7 +839,7 @@ fn main() -> anyhow::Result<()> {
             let st = &s.store;
             println!(
                 "  store ({})  {} lookups: {:.1}% hot, {:.1}% cold, {:.1}% miss; rows {} hot + {} cold",
-                settings.store,
+                settings.store.kind,
                 st.lookups,
                 100.0 * st.hot_hits as f64 / st.lookups.max(1) as f64,
                 100.0 * st.cold_hits as f64 / st.lookups.max(1) as f64,
@@ -1254,7 +847,7 @@ fn main() -> anyhow::Result<()> {
                 st.hot_rows,
                 st.cold_rows
             );
-            if settings.store != "fixed" {
+            if settings.store.kind != "fixed" {
                 println!(
                     "                  {} admitted, {} updates rejected, {} evicted, {} re-plans moving {} rows",
                     st.admissions, st.rejections, st.evictions, st.replans, st.moves
@@ -1284,7 +877,7 @@ fn main() -> anyhow::Result<()> {
                     s.checkpoints_written, s.checkpoint_seconds, s.checkpoint_write_seconds, s.checkpoint_overlap_steps
                 );
             }
-            if let Some(p) = &settings.metrics_json {
+            if let Some(p) = &settings.run.metrics_json {
                 println!("  metrics written to {}", p.display());
             }
         }
@@ -1433,7 +1026,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Convert(args) => {
             let settings = (*args).into_settings()?;
-            eprintln!("tiderec convert: {} -> parquet:{}", settings.input.data, settings.out.display());
+            eprintln!("tiderec convert: {} -> parquet:{}", settings.input.data.source, settings.out.display());
             let s = tiderec::convert::convert(&settings).context("conversion failed")?;
             if s.interrupted {
                 eprintln!(
@@ -1459,7 +1052,11 @@ fn main() -> anyhow::Result<()> {
             );
             println!("  bad records     {} {:?}", s.bad_records, s.bad_records_by_reason);
             if s.bad_records > 0 {
-                eprintln!("{} malformed records skipped; see {}", s.bad_records, settings.input.dead_letters.display());
+                eprintln!(
+                    "{} malformed records skipped; see {}",
+                    s.bad_records,
+                    settings.input.data.dead_letters.display()
+                );
             }
         }
         Command::Bench(BenchCommand::Cache(a)) => {
@@ -1691,7 +1288,11 @@ fn main() -> anyhow::Result<()> {
 /// The model of `tiderec bench model --model NAME`: the CLI's default shapes
 /// (DIEN's on synthetic behaviour histories).
 fn bench_model(name: &str) -> anyhow::Result<tiderec_operators::nn::ModelConfig> {
-    let settings = TrainSettings { model: name.to_string(), ..TrainSettings::default() };
+    let settings = {
+        let mut s = TrainSettings::default();
+        s.model.kind = name.to_string();
+        s
+    };
     Ok(if name.starts_with("dien") {
         let data = tiderec::config::DataSpec::SyntheticBehavior;
         settings.model_config_with(data.shape(None), data.sequences(None).as_ref())?

@@ -210,8 +210,8 @@ fn activation_width(model: &ModelConfig) -> u64 {
 
 /// The estimate for `settings` as resolved (see the [module docs](self) for what it covers).
 pub fn estimate(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryEstimate, PipelineError> {
-    let local = settings.workers as u64;
-    let total_workers = mul(local, settings.processes as u64, &|| "workers × processes".into())?;
+    let local = settings.cluster.workers as u64;
+    let total_workers = mul(local, settings.cluster.processes as u64, &|| "workers × processes".into())?;
     let model = &resolved.model;
     let width = model.embedding_dim() as u64;
     let state = resolved.sparse_optimizer.state_width(model.embedding_dim()) as u64;
@@ -224,7 +224,7 @@ pub fn estimate(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryE
         rows = add(rows, n.div_ceil(total_workers), &|| format!("table {t} ({n} rows)"))?;
         let forced = resolved.exchange_overrides.iter().any(|&(u, o)| u == t && o == TableOverride::Replicated);
         if replicate_all || forced {
-            replicated = replicated.saturating_add((n as f64 * settings.replicate).ceil() as u64);
+            replicated = replicated.saturating_add((n as f64 * settings.exchange.replicate).ceil() as u64);
         }
     }
     let held = match (store.kind, store.max_rows) {
@@ -255,7 +255,7 @@ pub fn estimate(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryE
         &|| "dense".into(),
     )?;
     let dense_bytes = mul(dense, 4, &|| "dense".into())?;
-    let micro = settings.batch_size.max(settings.eval_batch_size).div_ceil(total_workers as usize) as u64;
+    let micro = settings.run.batch_size.max(settings.run.eval_batch_size).div_ceil(total_workers as usize) as u64;
     let fields = model.num_sparse() as u64 + model.num_sequences() as u64 * model.max_sequence_len() as u64;
     // Gathered rows, pooled rows and their gradients, the MLP's activations and their gradients.
     let per_sample = add(
@@ -265,7 +265,7 @@ pub fn estimate(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryE
     )?;
     let buffers = mul(mul(micro, per_sample, &|| "batch buffers".into())?, 4 * local, &|| "batch buffers".into())?;
     // The in-memory copy of the best model of an early-stopping run without checkpoints.
-    let copies = if settings.early_stop.is_some() && settings.checkpoint_dir.is_none() { 2 } else { 1 };
+    let copies = if settings.run.early_stop.is_some() && settings.checkpoints.checkpoint_dir.is_none() { 2 } else { 1 };
     Ok(MemoryEstimate {
         workers: local,
         tables: mul(table_bytes, local * copies, &|| "tables".into())?,
@@ -299,7 +299,7 @@ pub fn available() -> Option<(u64, &'static str)> {
 /// Estimates the run, prints the estimate (process 0, unless `progress` is `none`) and refuses
 /// a run whose estimate exceeds the limit of `max_memory`.
 pub fn check(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryEstimate, PipelineError> {
-    let limit: MemoryLimit = settings.max_memory.parse()?;
+    let limit: MemoryLimit = settings.run.max_memory.parse()?;
     let estimate = estimate(settings, resolved)?;
     let available = match limit {
         MemoryLimit::Unlimited => None,
@@ -307,7 +307,7 @@ pub fn check(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryEsti
         MemoryLimit::Auto => available(),
     };
     let fits = available.is_none_or(|(bytes, _)| estimate.total() <= bytes);
-    if fits && settings.process == 0 && settings.progress != "none" {
+    if fits && settings.cluster.process == 0 && settings.run.progress != "none" {
         eprintln!("{}", estimate.describe(available));
     }
     match available {
@@ -343,14 +343,24 @@ mod tests {
     fn dense_params_match_the_built_models() {
         for model in ["dlrm", "lr", "fm", "deepfm", "wdl"] {
             for self_interaction in [false, true] {
-                let s = TrainSettings { model: model.into(), self_interaction, ..Default::default() };
+                let s = {
+                    let mut s = TrainSettings::default();
+                    s.model.kind = model.into();
+                    s.model.self_interaction = self_interaction;
+                    s
+                };
                 let config = s.model_config().unwrap();
                 let built = config.build::<f32>(1).unwrap().params().len() as u64;
                 assert_eq!(dense_params(&config).unwrap(), built, "{model}");
             }
         }
         for model in ["dien", "dien-sum"] {
-            let s = TrainSettings { data: "synthetic-behavior".into(), model: model.into(), ..Default::default() };
+            let s = {
+                let mut s = TrainSettings::default();
+                s.data.source = "synthetic-behavior".into();
+                s.model.kind = model.into();
+                s
+            };
             let config = s.validate().unwrap().model;
             let built = config.build::<f32>(1).unwrap().params().len() as u64;
             assert_eq!(dense_params(&config).unwrap(), built, "{model}");
@@ -359,8 +369,13 @@ mod tests {
 
     #[test]
     fn the_estimate_counts_the_tables_and_overflow_is_an_error() {
-        let s =
-            TrainSettings { data: "criteo:Cargo.toml".into(), buckets: 1_000_000, workers: 2, ..Default::default() };
+        let s = {
+            let mut s = TrainSettings::default();
+            s.data.source = "criteo:Cargo.toml".into();
+            s.data.buckets = 1_000_000;
+            s.cluster.workers = 2;
+            s
+        };
         let e = estimate(&s, &s.validate().unwrap()).unwrap();
         // 26 tables of 10⁶ rows × dim 16 × 4 bytes, split over 2 workers, both in this process.
         assert_eq!(e.tables, 26 * 1_000_000 * 16 * 4);
@@ -368,18 +383,35 @@ mod tests {
         assert_eq!(e.optimizer, 26 * 1_000_000 * 2 * 4);
         assert!(e.describe(Some((1 << 30, "MemAvailable"))).starts_with("memory: ~"));
         // Early stopping without checkpoints keeps a second copy of the model in memory.
-        let es = TrainSettings { early_stop: Some(2), ..s.clone() };
+        let es = {
+            let mut s = s.clone();
+            s.run.early_stop = Some(2);
+            s
+        };
         let c = estimate(&es, &es.validate().unwrap()).unwrap();
         assert_eq!(
             (c.tables, c.optimizer, c.dense, c.buffers),
             (2 * e.tables, 2 * e.optimizer, 2 * e.dense, e.buffers)
         );
-        let on_disk = TrainSettings { checkpoint_dir: Some("ck".into()), ..es };
+        let on_disk = {
+            let mut s = es;
+            s.checkpoints.checkpoint_dir = Some("ck".into());
+            s
+        };
         assert_eq!(estimate(&on_disk, &on_disk.validate().unwrap()).unwrap(), e);
-        let s = TrainSettings { buckets: 1 << 60, ..s };
+        let s = {
+            let mut s = s;
+            s.data.buckets = 1 << 60;
+            s
+        };
         let err = estimate(&s, &s.validate().unwrap()).unwrap_err().to_string();
         assert!(err.contains("does not fit in 64 bits") && err.contains("--buckets"), "{err}");
-        let s = TrainSettings { buckets: 1 << 30, max_memory: "1G".into(), ..s };
+        let s = {
+            let mut s = s;
+            s.data.buckets = 1 << 30;
+            s.run.max_memory = "1G".into();
+            s
+        };
         let err = check(&s, &s.validate().unwrap()).unwrap_err().to_string();
         assert!(err.contains("--max-memory") && err.contains("tables"), "{err}");
     }

@@ -112,11 +112,11 @@ struct Context {
 /// The timely configuration for these settings.
 pub fn timely_config(settings: &TrainSettings, resolved: &Resolved) -> timely::Config {
     let role = crate::bench::processes::ProcessRole {
-        process: settings.process,
-        processes: settings.processes,
+        process: settings.cluster.process,
+        processes: settings.cluster.processes,
         addresses: resolved.hosts.clone(),
     };
-    role.timely_config(settings.workers)
+    role.timely_config(settings.cluster.workers)
 }
 
 /// The trainer configuration for these settings.
@@ -124,7 +124,7 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
     let mut config = TrainerConfig {
         model: resolved.model.clone(),
         table_sizes: resolved.table_sizes.clone(),
-        seed: settings.seed,
+        seed: settings.run.seed,
         dense_optimizer: resolved.optimizer,
         // Keras' Adagrad default: a starting accumulator keeps near-zero gradients
         // from taking full-size steps.
@@ -191,9 +191,11 @@ pub fn model_summary(settings: &TrainSettings, resolved: &Resolved) -> Result<St
     let widths = |w: &[usize]| w.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("-");
     let shape = match resolved.model {
         ModelConfig::Dlrm(ref c) => format!("bottom {}-{}, top {}", c.num_dense, widths(&c.bottom), widths(&c.top)),
-        _ if matches!(settings.model.as_str(), "deepfm" | "wdl") => format!("deep {}", widths(&settings.deep)),
-        _ if settings.model.starts_with("dien") => {
-            format!("mlp {}, histories up to {}", widths(&settings.mlp), settings.max_len)
+        _ if matches!(settings.model.kind.as_str(), "deepfm" | "wdl") => {
+            format!("deep {}", widths(&settings.model.deep))
+        }
+        _ if settings.model.kind.starts_with("dien") => {
+            format!("mlp {}, histories up to {}", widths(&settings.model.mlp), settings.data.max_len)
         }
         _ => String::new(),
     };
@@ -201,7 +203,7 @@ pub fn model_summary(settings: &TrainSettings, resolved: &Resolved) -> Result<St
     let rows: u64 = resolved.table_sizes.iter().sum();
     Ok(format!(
         "model: {}{}{}; {} dense parameters; {} tables, {} rows x {} = {} embedding values; lr {} dense, {} rows",
-        settings.model,
+        settings.model.kind,
         if shape.is_empty() { "" } else { " " },
         if shape.is_empty() { String::new() } else { format!("({shape})") },
         crate::memory::dense_params(&resolved.model)?,
@@ -217,22 +219,22 @@ pub fn model_summary(settings: &TrainSettings, resolved: &Resolved) -> Result<St
 /// Runs a whole training job and returns its summary; `None` on processes other than 0.
 pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineError> {
     let resolved = settings.validate()?;
-    if settings.process == 0 && settings.progress != "none" {
+    if settings.cluster.process == 0 && settings.run.progress != "none" {
         eprintln!("{}", model_summary(settings, &resolved)?);
     }
     crate::memory::check(settings, &resolved)?;
-    let workers_total = settings.workers * settings.processes;
+    let workers_total = settings.cluster.workers * settings.cluster.processes;
     let dead_letters_file = dead_letters_path(settings);
     let dead_letter_sink = SharedDeadLetters::file(dead_letters_file.clone());
     let mut derived_bad = BadRecordCounts::default();
     let generator = match &resolved.data {
         DataSpec::Synthetic => Some(IndexedSamples::Criteo(SyntheticCriteo::new(SyntheticConfig {
-            seed: settings.seed,
+            seed: settings.run.seed,
             table_sizes: resolved.data_table_sizes().to_vec(),
             zipf_exponent: 1.1,
         })?)),
         DataSpec::SyntheticBehavior => Some(IndexedSamples::Behavior(SyntheticBehavior::new(
-            BehaviorConfig::standard(settings.seed, settings.max_len),
+            BehaviorConfig::standard(settings.run.seed, settings.data.max_len),
         )?)),
         DataSpec::TaobaoBehavior(paths) => {
             let (table, bad) = behavior_table(paths, settings, &resolved, &dead_letter_sink)?;
@@ -246,28 +248,28 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     let (train_range, eval_range) = match &generator {
         Some(IndexedSamples::Table(t)) => {
             let n = t.len() as u64;
-            let n_train = (n as f64 * (1.0 - settings.eval_fraction)).round() as u64;
+            let n_train = (n as f64 * (1.0 - settings.data.eval_fraction)).round() as u64;
             (0..n_train, n_train..n)
         }
         _ => {
-            let eval_samples = (settings.samples as f64 * settings.eval_fraction).round() as u64;
-            (0..settings.samples, SYNTHETIC_EVAL_BASE..SYNTHETIC_EVAL_BASE + eval_samples)
+            let eval_samples = (settings.data.samples as f64 * settings.data.eval_fraction).round() as u64;
+            (0..settings.data.samples, SYNTHETIC_EVAL_BASE..SYNTHETIC_EVAL_BASE + eval_samples)
         }
     };
-    let holdout = resolved.eval.is_none() && settings.eval_fraction > 0.0;
-    let split = 1.0 - settings.eval_fraction;
+    let holdout = resolved.eval.is_none() && settings.data.eval_fraction > 0.0;
+    let split = 1.0 - settings.data.eval_fraction;
     let total_steps = match &generator {
         Some(_) => {
-            let per_epoch = (train_range.end - train_range.start).div_ceil(settings.batch_size as u64);
-            Some(settings.steps.map_or(per_epoch * settings.epochs, |s| s.min(per_epoch * settings.epochs)))
+            let per_epoch = (train_range.end - train_range.start).div_ceil(settings.run.batch_size as u64);
+            Some(settings.run.steps.map_or(per_epoch * settings.run.epochs, |s| s.min(per_epoch * settings.run.epochs)))
         }
-        None => settings.steps,
+        None => settings.run.steps,
     };
     // Parquet files know their rows: the bar counts samples and shows an ETA.
     let total_samples = match &resolved.data {
         DataSpec::Parquet(p) => {
-            let all = p.0.rows_in_span(if holdout { (0.0, split) } else { (0.0, 1.0) }) * settings.epochs;
-            Some(settings.steps.map_or(all, |s| all.min(s * settings.batch_size as u64)))
+            let all = p.0.rows_in_span(if holdout { (0.0, split) } else { (0.0, 1.0) }) * settings.run.epochs;
+            Some(settings.run.steps.map_or(all, |s| all.min(s * settings.run.batch_size as u64)))
         }
         _ => None,
     };
@@ -282,13 +284,14 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         span: train_span,
     };
     let (exchange, plan) = resolve_exchange(settings, &resolved, &source)?;
-    if let (Some(plan), 0) = (&plan, settings.process) {
-        eprintln!("exchange plan ({}):\n{}", settings.exchange, plan.describe());
+    if let (Some(plan), 0) = (&plan, settings.cluster.process) {
+        eprintln!("exchange plan ({}):\n{}", settings.exchange.strategy, plan.describe());
     }
     trainer.exchange = exchange;
-    crate::device::Devices::for_workers(&settings.device, settings.workers)?.preflight(&trainer)?;
-    let kernels = crate::bench::kernels::choose_for_run(&trainer.model, settings.batch_size, settings.workers);
-    if settings.process == 0 && settings.progress != "none" {
+    crate::device::Devices::for_workers(&settings.cluster.device, settings.cluster.workers)?.preflight(&trainer)?;
+    let kernels =
+        crate::bench::kernels::choose_for_run(&trainer.model, settings.run.batch_size, settings.cluster.workers);
+    if settings.cluster.process == 0 && settings.run.progress != "none" {
         eprintln!("{}", crate::bench::kernels::startup_line(&kernels));
     }
     let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer)?;
@@ -297,7 +300,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         trainer,
         checkpoint,
         resume: Mutex::new(resume.map(Arc::new)),
-        resume_pending: AtomicUsize::new(settings.workers),
+        resume_pending: AtomicUsize::new(settings.cluster.workers),
         store_stats: Mutex::new(StoreStats::default()),
         data_sequences: resolved.data.sequences(resolved.spec.as_ref()).map_or(0, |q| q.tables.len()),
         generator,
@@ -313,7 +316,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         settings: settings.clone(),
         resolved: resolved.clone(),
         cluster: Cluster::new(settings, &resolved),
-        best: BestKeeper::new(settings.workers),
+        best: BestKeeper::new(settings.cluster.workers),
     });
     let ctx = context.clone();
     let print = fingerprint::of_train(settings, &resolved);
@@ -327,7 +330,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     }
     summary.workers = workers_total;
     summary.store = *context.store_stats.lock().unwrap_or_else(|e| e.into_inner());
-    if settings.processes == 1 && context.trainer.store.kind != StoreKind::Fixed {
+    if settings.cluster.processes == 1 && context.trainer.store.kind != StoreKind::Fixed {
         summary.embedding_rows = summary.store.hot_rows + summary.store.cold_rows;
     }
     if let Some(g) = context.generator.as_ref().filter(|g| g.has_teacher()) {
@@ -337,7 +340,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             summary.teacher_auc = auc(&probs, &b.labels);
         }
     }
-    if let Some(path) = &settings.metrics_json {
+    if let Some(path) = &settings.run.metrics_json {
         summary.config = serde_json::json!({
             "settings": settings,
             "dense_lr": settings.dense_lr(),
@@ -347,16 +350,16 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         });
         summary.write_json(path)?;
     }
-    if let Some(max) = settings.steps.filter(|&max| summary.steps < max && settings.process == 0) {
+    if let Some(max) = settings.run.steps.filter(|&max| summary.steps < max && settings.cluster.process == 0) {
         if summary.interrupted_at_step.is_none() && summary.early_stopped_at_step.is_none() {
             eprintln!(
                 "note: --steps {max} was not reached: the data ran out after {} steps ({} epoch(s), --epochs {}); \
                  raise --epochs to train longer",
-                summary.steps, summary.epochs, settings.epochs
+                summary.steps, summary.epochs, settings.run.epochs
             );
         }
     }
-    if summary.bad_records > 0 && settings.process == 0 {
+    if summary.bad_records > 0 && settings.cluster.process == 0 {
         eprintln!("{} malformed records skipped; see {}", summary.bad_records, dead_letters_file.display());
     }
     Ok(Some(summary))
@@ -364,7 +367,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
 
 /// Tells the user where an interrupted run stopped and how to go on.
 fn report_interrupted(settings: &TrainSettings, step: u64) {
-    let how = match &settings.checkpoint_dir {
+    let how = match &settings.checkpoints.checkpoint_dir {
         Some(dir) => format!(
             "checkpoint {} is complete; run the same command with --resume to continue",
             dir.join(tiderec_sinks::checkpoint::layout::checkpoint_name(step)).display()
@@ -404,12 +407,12 @@ pub(crate) fn diverged(
 
 /// This process's dead-letter file: `--dead-letters`, suffixed `.p<process>` in a cluster run.
 pub(crate) fn dead_letters_path(settings: &TrainSettings) -> std::path::PathBuf {
-    if settings.processes > 1 {
-        let mut p = settings.dead_letters.clone().into_os_string();
-        p.push(format!(".p{}", settings.process));
+    if settings.cluster.processes > 1 {
+        let mut p = settings.data.dead_letters.clone().into_os_string();
+        p.push(format!(".p{}", settings.cluster.process));
         p.into()
     } else {
-        settings.dead_letters.clone()
+        settings.data.dead_letters.clone()
     }
 }
 
@@ -421,18 +424,18 @@ pub(crate) fn checkpoint_setup(
     trainer: &TrainerConfig,
 ) -> Result<(Option<CheckpointOptions>, Option<Checkpoint>), PipelineError> {
     let pipeline = FeaturePipeline::of_run(settings, resolved);
-    let checkpoint = settings.checkpoint_dir.as_ref().map(|dir| CheckpointOptions {
+    let checkpoint = settings.checkpoints.checkpoint_dir.as_ref().map(|dir| CheckpointOptions {
         dir: dir.clone(),
-        every: settings.checkpoint_every,
-        keep: settings.keep_checkpoints,
-        sync: settings.checkpoint_sync,
+        every: settings.checkpoints.checkpoint_every,
+        keep: settings.checkpoints.keep_checkpoints,
+        sync: settings.checkpoints.checkpoint_sync,
         pipeline: Some(pipeline.clone()),
     });
     let resume = match &checkpoint {
         Some(options) => {
-            checkpointing::prepare_dir(&options.dir, settings.resume)?;
-            if settings.resume {
-                checkpointing::load_for_resume(&options.dir, trainer, settings.batch_size as u64, &pipeline)?
+            checkpointing::prepare_dir(&options.dir, settings.checkpoints.resume)?;
+            if settings.checkpoints.resume {
+                checkpointing::load_for_resume(&options.dir, trainer, settings.run.batch_size as u64, &pipeline)?
             } else {
                 None
             }
@@ -476,10 +479,10 @@ pub(crate) fn behavior_table(
 ) -> Result<(Batch, BadRecordCounts), PipelineError> {
     let mut sink = sink.clone();
     let (events, bad) = taobao::read_user_behavior(paths, resolved.policy, Some(&mut sink))?;
-    if settings.progress != "none" && settings.process == 0 {
+    if settings.run.progress != "none" && settings.cluster.process == 0 {
         eprintln!("deriving DIEN samples from {} behaviour events (differential dataflow)", events.len());
     }
-    let config = SampleConfig { max_len: settings.max_len, groups: 64, seed: settings.seed };
+    let config = SampleConfig { max_len: settings.data.max_len, groups: 64, seed: settings.run.seed };
     let samples = taobao::derive_samples(&events, config);
     Ok((taobao::samples_to_batch(&samples, resolved.data_table_sizes(), settings.hash_seed()), bad))
 }
@@ -586,9 +589,9 @@ fn training_progress(
 fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Option<RunSummary>, PipelineError> {
     let (me, peers) = (worker.index(), worker.peers());
     let s = &ctx.settings;
-    let devices = crate::device::Devices::for_workers(&s.device, s.workers)?;
-    let mut trainer = devices.trainer(worker, &ctx.trainer, s.workers)?;
-    let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.batch_size as u64);
+    let devices = crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?;
+    let mut trainer = devices.trainer(worker, &ctx.trainer, s.cluster.workers)?;
+    let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.run.batch_size as u64);
     // Before anything else collective: every worker restores, then all agree on the step.
     let resumed = restore(worker, &mut trainer, &mut checkpointer, ctx)?.map(|c| c.manifest.clone());
     let open = |spec: &DataSpec, range: &std::ops::Range<u64>, span, batch| {
@@ -603,7 +606,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             dead_letters(ctx),
         )
     };
-    let mut train_data = match open(&ctx.resolved.data, &ctx.train_range, ctx.train_span, s.batch_size) {
+    let mut train_data = match open(&ctx.resolved.data, &ctx.train_range, ctx.train_span, s.run.batch_size) {
         Ok(d) => d,
         Err(e) => {
             trainer.step_failed(worker);
@@ -611,8 +614,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         }
     };
     let mut progress = match (me, ctx.total_samples) {
-        (0, Some(total)) => Progress::with_unit(&s.progress, Some(total), Unit::Samples),
-        (0, None) => Progress::new(&s.progress, ctx.total_steps),
+        (0, Some(total)) => Progress::with_unit(&s.run.progress, Some(total), Unit::Samples),
+        (0, None) => Progress::new(&s.run.progress, ctx.total_steps),
         _ => Progress::None,
     };
     let mut batch = ctx.new_batch();
@@ -628,7 +631,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         _ => BadRecordCounts::default(),
     };
     let (mut steps, mut samples, mut epochs, mut loss_total) = (0u64, 0u64, 0u64, 0.0f64);
-    let mut step_log = match (&s.metrics_log, me, s.process) {
+    let mut step_log = match (&s.run.metrics_log, me, s.cluster.process) {
         (Some(path), 0, 0) => Some(StepLog::create(path, resumed.is_some())?),
         _ => None,
     };
@@ -653,9 +656,15 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     // Malformed training records over all workers, as of the last training step.
     let mut train_bad_global = ReasonCounts::default();
     let dead_letters_file = dead_letters_path(s);
-    let check_train = |samples: u64, bad: ReasonCounts| match s.steps {
+    let check_train = |samples: u64, bad: ReasonCounts| match s.run.steps {
         Some(0) => Ok(()),
-        _ => budget::check(Split::Train, &s.data, Tally { good: samples, bad }, s.max_bad_fraction, &dead_letters_file),
+        _ => budget::check(
+            Split::Train,
+            &s.data.source,
+            Tally { good: samples, bad },
+            s.data.max_bad_fraction,
+            &dead_letters_file,
+        ),
     };
     let position = |steps,
                     epoch,
@@ -673,27 +682,27 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         kafka_offsets: Default::default(),
     };
     // Evaluations during training (see `crate::evaluation`): every worker takes the same decisions.
-    let has_eval = ctx.resolved.eval.is_some() || s.eval_fraction > 0.0;
-    let metric: BestMetric = s.best_metric.parse()?;
+    let has_eval = ctx.resolved.eval.is_some() || s.data.eval_fraction > 0.0;
+    let metric: BestMetric = s.run.best_metric.parse()?;
     let history = resumed.as_ref().map_or(&[][..], |m| &m.progress.evaluations[..]);
     let mut evals = Evals {
-        tracker: Tracker::new(metric, s.early_stop, history),
+        tracker: Tracker::new(metric, s.run.early_stop, history),
         share: has_eval.then(|| Collective::new(worker)),
-        verbose: s.epochs > 1 || s.eval_every.is_some() || s.early_stop.is_some(),
+        verbose: s.run.epochs > 1 || s.run.eval_every.is_some() || s.run.early_stop.is_some(),
         runs: 0,
         bad: BadRecordCounts::default(),
         seconds: 0.0,
         bytes: 0,
         bytes_from: None,
-        local: me - s.process * s.workers,
+        local: me - s.cluster.process * s.cluster.workers,
     };
     let mut stopped_early = evals.tracker.stopped().then_some(steps);
     let mut bytes_at_end = 0u64;
     let mut interrupted = false;
     let start = Instant::now();
-    'epochs: while epochs < s.epochs && stopped_early.is_none() {
+    'epochs: while epochs < s.run.epochs && stopped_early.is_none() {
         loop {
-            if s.steps.is_some_and(|max| steps >= max) {
+            if s.run.steps.is_some_and(|max| steps >= max) {
                 break 'epochs;
             }
             let stats = step_with(
@@ -762,7 +771,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             }
             checkpointer.poll(worker)?;
             let mut verdict = Verdict { improved: false, stop: false };
-            if has_eval && !interrupted && s.eval_every.is_some_and(|n| steps.is_multiple_of(n)) {
+            if has_eval && !interrupted && s.run.eval_every.is_some_and(|n| steps.is_multiple_of(n)) {
                 match evaluation_point(&mut evals, &mut trainer, worker, ctx, &mut batch, &progress, steps, epochs)? {
                     Some(v) => verdict = v,
                     None => interrupted = true,
@@ -847,7 +856,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                 evals.tracker.since_best(),
                 best.map_or(0, |b| b.step),
                 best.map_or(0, |b| b.epoch),
-                s.best_metric,
+                s.run.best_metric,
                 best.and_then(|b| if metric == BestMetric::Auc { b.auc } else { b.logloss })
                     .map_or("n/a".into(), |v| format!("{v:.4}")),
                 dir.map_or(String::new(), |d| format!(", checkpoint {}", d.join("best").display())),
@@ -957,7 +966,7 @@ fn evaluation_point(
     let share = evals.share.as_mut().expect("built when the run has an eval split");
     let e = evaluation::share(share, worker, summary, step, epoch);
     let verdict = evals.tracker.record(e.clone());
-    if verdict.improved && ctx.settings.early_stop.is_some() && ctx.checkpoint.is_none() {
+    if verdict.improved && ctx.settings.run.early_stop.is_some() && ctx.checkpoint.is_none() {
         ctx.best.keep(evals.local, trainer);
     }
     if worker.index() == 0 && evals.verbose {
@@ -989,7 +998,7 @@ fn evaluate(
         ctx.generator.as_ref().map(|g| (g, ctx.eval_range.clone())),
         ctx.eval_span,
         &ctx.criteo,
-        s.eval_batch_size,
+        s.run.eval_batch_size,
         worker.index(),
         worker.peers(),
         sink,
@@ -1031,12 +1040,12 @@ fn evaluate(
     let bad = eval_data.bad_counts();
     eval_data.flush()?;
     // Separate eval data must yield samples; a held-out part is only held to the budget.
-    let input = match &s.eval {
+    let input = match &s.data.eval {
         Some(e) => e.clone(),
-        None => format!("{} (held-out part)", s.data),
+        None => format!("{} (held-out part)", s.data.source),
     };
-    if s.eval.is_some() || tally.good + tally.bad_total() > 0 {
-        budget::check(Split::Eval, &input, tally, s.max_bad_fraction, &dead_letters_path(s))?;
+    if s.data.eval.is_some() || tally.good + tally.bad_total() > 0 {
+        budget::check(Split::Eval, &input, tally, s.data.max_bad_fraction, &dead_letters_path(s))?;
     }
     let eval = trainer.take_eval();
     let summary = (!eval.probs.is_empty()).then(|| eval.summary());

@@ -18,21 +18,22 @@ fn fifty_steps_with(
     sparse_optimizer: &str,
     sparse_lr: f32,
 ) -> tiderec_sinks::metrics::RunSummary {
-    let settings = TrainSettings {
-        model: model.into(),
-        workers,
-        steps: Some(50),
-        samples: 50 * 256,
-        batch_size: 256,
-        eval_fraction: 0.0,
-        buckets: 20_000,
-        optimizer: optimizer.into(),
-        sparse_optimizer: sparse_optimizer.into(),
-        sparse_lr: Some(sparse_lr),
-        lr: Some(lr),
-        progress: "none".into(),
-        seed: 11,
-        ..TrainSettings::default()
+    let settings = {
+        let mut s = TrainSettings::default();
+        s.model.kind = model.into();
+        s.cluster.workers = workers;
+        s.run.steps = Some(50);
+        s.data.samples = 50 * 256;
+        s.run.batch_size = 256;
+        s.data.eval_fraction = 0.0;
+        s.data.buckets = 20_000;
+        s.optimizer.dense = optimizer.into();
+        s.optimizer.sparse = sparse_optimizer.into();
+        s.optimizer.sparse_lr = Some(sparse_lr);
+        s.optimizer.lr = Some(lr);
+        s.run.progress = "none".into();
+        s.run.seed = 11;
+        s
     };
     tiderec::run::train(&settings).unwrap().expect("single-process runs return a summary")
 }
@@ -94,17 +95,18 @@ fn one_and_two_worker_threads_train_the_same_model() {
 fn dien_trains_the_same_on_one_and_two_workers() {
     for model in ["dien", "dien-sum"] {
         let run = |workers| {
-            let settings = TrainSettings {
-                data: "synthetic-behavior".into(),
-                model: model.into(),
-                workers,
-                steps: Some(50),
-                samples: 50 * 256,
-                batch_size: 256,
-                eval_fraction: 0.0,
-                progress: "none".into(),
-                seed: 5,
-                ..TrainSettings::default()
+            let settings = {
+                let mut s = TrainSettings::default();
+                s.data.source = "synthetic-behavior".into();
+                s.model.kind = model.into();
+                s.cluster.workers = workers;
+                s.run.steps = Some(50);
+                s.data.samples = 50 * 256;
+                s.run.batch_size = 256;
+                s.data.eval_fraction = 0.0;
+                s.run.progress = "none".into();
+                s.run.seed = 5;
+                s
             };
             tiderec::run::train(&settings).unwrap().expect("single-process runs return a summary")
         };
@@ -121,19 +123,20 @@ fn dien_trains_the_same_on_one_and_two_workers() {
 #[test]
 fn wide_and_deep_with_crosses_trains_the_same_on_one_and_two_workers() {
     let run = |workers, crosses: &[&str]| {
-        let settings = TrainSettings {
-            model: "wdl".into(),
-            sparse_optimizer: "ftrl-adagrad".into(),
-            crosses: crosses.iter().map(|c| c.to_string()).collect(),
-            workers,
-            steps: Some(50),
-            samples: 50 * 256,
-            batch_size: 256,
-            eval_fraction: 0.0,
-            buckets: 20_000,
-            progress: "none".into(),
-            seed: 13,
-            ..TrainSettings::default()
+        let settings = {
+            let mut s = TrainSettings::default();
+            s.model.kind = "wdl".into();
+            s.optimizer.sparse = "ftrl-adagrad".into();
+            s.model.crosses = crosses.iter().map(|c| c.to_string()).collect();
+            s.cluster.workers = workers;
+            s.run.steps = Some(50);
+            s.data.samples = 50 * 256;
+            s.run.batch_size = 256;
+            s.data.eval_fraction = 0.0;
+            s.data.buckets = 20_000;
+            s.run.progress = "none".into();
+            s.run.seed = 13;
+            s
         };
         tiderec::run::train(&settings).unwrap().expect("single-process runs return a summary")
     };

@@ -9,7 +9,12 @@ use tiderec::TrainSettings;
 
 #[test]
 fn synthetic_auc_is_within_003_of_the_teacher() {
-    let settings = TrainSettings { workers: 2, progress: "none".into(), ..TrainSettings::default() };
+    let settings = {
+        let mut s = TrainSettings::default();
+        s.cluster.workers = 2;
+        s.run.progress = "none".into();
+        s
+    };
     let s = tiderec::run::train(&settings).unwrap().unwrap();
     let (auc, teacher) = (s.auc.unwrap(), s.teacher_auc.unwrap());
     eprintln!("model AUC {auc:.4}, teacher AUC {teacher:.4}");
@@ -35,13 +40,12 @@ fn split_sample_train(dir: &Path) -> Option<(PathBuf, PathBuf)> {
 }
 
 fn criteo_settings(dir: &Path, train: &Path, eval: &Path) -> TrainSettings {
-    TrainSettings {
-        data: format!("criteo:{}", train.display()),
-        eval: Some(format!("criteo:{}", eval.display())),
-        progress: "none".into(),
-        dead_letters: dir.join("dead.tsv"),
-        ..TrainSettings::default()
-    }
+    let mut s = TrainSettings::default();
+    s.data.source = format!("criteo:{}", train.display());
+    s.data.eval = Some(format!("criteo:{}", eval.display()));
+    s.run.progress = "none".into();
+    s.data.dead_letters = dir.join("dead.tsv");
+    s
 }
 
 #[test]
@@ -60,11 +64,12 @@ fn deepfm_and_wide_deep_match_or_beat_dlrm_on_the_criteo_sample() {
     let dir = tempfile::tempdir().unwrap();
     let Some((train, eval)) = split_sample_train(dir.path()) else { return };
     let auc_of = |model: &str, sparse_optimizer: &str, sparse_lr: f32| {
-        let settings = TrainSettings {
-            model: model.into(),
-            sparse_optimizer: sparse_optimizer.into(),
-            sparse_lr: Some(sparse_lr),
-            ..criteo_settings(dir.path(), &train, &eval)
+        let settings = {
+            let mut s = criteo_settings(dir.path(), &train, &eval);
+            s.model.kind = model.into();
+            s.optimizer.sparse = sparse_optimizer.into();
+            s.optimizer.sparse_lr = Some(sparse_lr);
+            s
         };
         tiderec::run::train(&settings).unwrap().unwrap().auc.unwrap()
     };
@@ -84,13 +89,14 @@ fn avazu_sample_trains_to_auc_068() {
     let Some(path) = common::shared_data("avazu/train") else { return };
     let dir = tempfile::tempdir().unwrap();
     for model in ["dlrm", "deepfm"] {
-        let settings = TrainSettings {
-            model: model.into(),
-            data: format!("avazu:{}", path.display()),
-            eval_fraction: 0.2,
-            progress: "none".into(),
-            dead_letters: dir.path().join("dead.tsv"),
-            ..TrainSettings::default()
+        let settings = {
+            let mut s = TrainSettings::default();
+            s.model.kind = model.into();
+            s.data.source = format!("avazu:{}", path.display());
+            s.data.eval_fraction = 0.2;
+            s.run.progress = "none".into();
+            s.data.dead_letters = dir.path().join("dead.tsv");
+            s
         };
         let s = tiderec::run::train(&settings).unwrap().unwrap();
         eprintln!("avazu {model}: AUC {:?} on {} eval samples", s.auc, s.eval_samples);
@@ -102,13 +108,14 @@ fn avazu_sample_trains_to_auc_068() {
 
 fn behavior_run(data: &str, model: &str, extra: impl FnOnce(&mut TrainSettings)) -> tiderec_sinks::metrics::RunSummary {
     let dir = tempfile::tempdir().unwrap();
-    let mut settings = TrainSettings {
-        data: data.into(),
-        model: model.into(),
-        workers: 2,
-        progress: "none".into(),
-        dead_letters: dir.path().join("dead.tsv"),
-        ..TrainSettings::default()
+    let mut settings = {
+        let mut s = TrainSettings::default();
+        s.data.source = data.into();
+        s.model.kind = model.into();
+        s.cluster.workers = 2;
+        s.run.progress = "none".into();
+        s.data.dead_letters = dir.path().join("dead.tsv");
+        s
     };
     extra(&mut settings);
     tiderec::run::train(&settings).unwrap().unwrap()
@@ -116,7 +123,7 @@ fn behavior_run(data: &str, model: &str, extra: impl FnOnce(&mut TrainSettings))
 
 #[test]
 fn dien_gets_within_003_of_the_teacher_and_beats_sum_pooling_on_synthetic_behaviour() {
-    let samples = |s: &mut TrainSettings| s.samples = 200_000;
+    let samples = |s: &mut TrainSettings| s.data.samples = 200_000;
     let dien = behavior_run("synthetic-behavior", "dien", samples);
     let sum = behavior_run("synthetic-behavior", "dien-sum", samples);
     let (a, b, teacher) = (dien.auc.unwrap(), sum.auc.unwrap(), dien.teacher_auc.unwrap());

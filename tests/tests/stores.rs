@@ -9,21 +9,22 @@ use common::rel_diff;
 use tiderec::TrainSettings;
 
 fn run(store: &str, workers: usize) -> tiderec_sinks::metrics::RunSummary {
-    let settings = TrainSettings {
-        model: "deepfm".into(),
-        store: store.into(),
-        hot_rows: 2000,
-        warmup: 5,
-        flush_every: 10,
-        workers,
-        steps: Some(40),
-        samples: 40 * 256,
-        batch_size: 256,
-        eval_fraction: 0.1,
-        buckets: 20_000,
-        progress: "none".into(),
-        seed: 17,
-        ..TrainSettings::default()
+    let settings = {
+        let mut s = TrainSettings::default();
+        s.model.kind = "deepfm".into();
+        s.store.kind = store.into();
+        s.store.hot_rows = 2000;
+        s.store.warmup = 5;
+        s.store.flush_every = 10;
+        s.cluster.workers = workers;
+        s.run.steps = Some(40);
+        s.data.samples = 40 * 256;
+        s.run.batch_size = 256;
+        s.data.eval_fraction = 0.1;
+        s.data.buckets = 20_000;
+        s.run.progress = "none".into();
+        s.run.seed = 17;
+        s
     };
     tiderec::run::train(&settings).unwrap().expect("single-process runs return a summary")
 }
@@ -61,32 +62,36 @@ fn dynamic_and_tiered_stores_train_the_fixed_model_on_one_and_two_workers() {
 fn bad_store_settings_fail_naming_the_key() {
     type Case = (fn(&mut TrainSettings), &'static str);
     let cases: [Case; 5] = [
-        (|s| s.store = "lru".into(), "store"),
-        (|s| s.max_rows = Some(5), "store"),
+        (|s| s.store.kind = "lru".into(), "store"),
+        (|s| s.store.max_rows = Some(5), "store"),
         (
             |s| {
-                s.store = "dynamic".into();
-                s.admit_prob = Some(2.0)
+                s.store.kind = "dynamic".into();
+                s.store.admit_prob = Some(2.0)
             },
             "admit_prob",
         ),
         (
             |s| {
-                s.store = "tiered".into();
-                s.flush_every = 0
+                s.store.kind = "tiered".into();
+                s.store.flush_every = 0
             },
             "flush_every",
         ),
         (
             |s| {
-                s.store = "tiered".into();
-                s.hot_rows = 0
+                s.store.kind = "tiered".into();
+                s.store.hot_rows = 0
             },
             "hot_rows",
         ),
     ];
     for (set, key) in cases {
-        let mut s = TrainSettings { progress: "none".into(), ..TrainSettings::default() };
+        let mut s = {
+            let mut s = TrainSettings::default();
+            s.run.progress = "none".into();
+            s
+        };
         set(&mut s);
         let err = s.validate().unwrap_err().to_string();
         assert!(err.contains(&format!("`{key}`")), "{key}: {err}");

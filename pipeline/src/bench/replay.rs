@@ -114,13 +114,14 @@ fn run_in(bench: &ReplayBench, tmp: &Path) -> Result<ReplayBenchResult, Pipeline
     let seed = 42;
     let dir = tmp.join("parquet");
     let tsv = format!("criteo:{}", bench.criteo.display());
-    let base = TrainSettings {
-        data: tsv.clone(),
-        seed,
-        buckets: bench.buckets,
-        progress: "none".into(),
-        dead_letters: tmp.join("dead-letters.tsv"),
-        ..TrainSettings::default()
+    let base = {
+        let mut s = TrainSettings::default();
+        s.data.source = tsv.clone();
+        s.run.seed = seed;
+        s.data.buckets = bench.buckets;
+        s.run.progress = "none".into();
+        s.data.dead_letters = tmp.join("dead-letters.tsv");
+        s
     };
     // 1. Convert.
     let writer = WriterOptions { row_group_rows: bench.row_group_rows, ..WriterOptions::default() };
@@ -166,17 +167,22 @@ fn run_in(bench: &ReplayBench, tmp: &Path) -> Result<ReplayBenchResult, Pipeline
     }
 
     // 3. Training, alternating.
-    let train = TrainSettings {
-        model: bench.model.clone(),
-        batch_size: bench.batch_size,
-        workers: bench.workers,
-        steps: Some(bench.steps),
-        // Enough epochs for `steps` steps: a small file is replayed (Parquet row groups reshuffled).
-        epochs: bench.steps.max(1),
-        eval_fraction: 0.0,
-        ..base
+    let train = {
+        let mut s = base;
+        s.model.kind = bench.model.clone();
+        s.run.batch_size = bench.batch_size;
+        s.cluster.workers = bench.workers;
+        s.run.steps = Some(bench.steps);
+        // Enough epochs for `steps` steps = a small file is replayed (Parquet row groups reshuffled).
+        s.run.epochs = bench.steps.max(1);
+        s.data.eval_fraction = 0.0;
+        s
     };
-    let from_parquet = TrainSettings { data: format!("parquet:{}", dir.display()), ..train.clone() };
+    let from_parquet = {
+        let mut s = train.clone();
+        s.data.source = format!("parquet:{}", dir.display());
+        s
+    };
     let (mut train_parquet, mut train_tsv) = (0.0f64, 0.0f64);
     for _ in 0..2 {
         train_tsv = train_tsv.max(train_rate(&train)?);

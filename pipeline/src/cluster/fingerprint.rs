@@ -55,12 +55,12 @@ pub fn of_train(settings: &TrainSettings, resolved: &Resolved) -> Fingerprint {
         let text = match key.as_str() {
             "data" => describe_data(&resolved.data),
             "eval" => resolved.eval.as_ref().map_or("none".into(), describe_data),
-            "spec" => match &settings.spec {
+            "spec" => match &settings.data.spec {
                 Some(s) if Path::new(s).is_file() => describe_files(&[PathBuf::from(s)]),
                 Some(s) => s.clone(),
                 None => "none".into(),
             },
-            "checkpoint_dir" => if settings.checkpoint_dir.is_some() { "set" } else { "none" }.into(),
+            "checkpoint_dir" => if settings.checkpoints.checkpoint_dir.is_some() { "set" } else { "none" }.into(),
             _ => compact(&v),
         };
         out.push((key, text));
@@ -164,9 +164,9 @@ mod tests {
     fn equal_settings_agree_and_per_process_ones_are_left_out() {
         let a = TrainSettings::default();
         let mut b = a.clone();
-        b.progress = "none".into();
-        b.metrics_json = Some("elsewhere.json".into());
-        b.dead_letters = "other.tsv".into();
+        b.run.progress = "none".into();
+        b.run.metrics_json = Some("elsewhere.json".into());
+        b.data.dead_letters = "other.tsv".into();
         assert!(differences(&[(0, &print(&a)), (1, &print(&b))]).is_empty());
     }
 
@@ -174,8 +174,8 @@ mod tests {
     fn every_differing_setting_is_named_with_both_values() {
         let a = TrainSettings::default();
         let mut b = a.clone();
-        b.lr = Some(0.01);
-        b.seed = 7;
+        b.optimizer.lr = Some(0.01);
+        b.run.seed = 7;
         let lines = differences(&[(0, &print(&a)), (1, &print(&b))]);
         assert!(lines.iter().any(|l| l.starts_with("lr: process 0 has none") && l.ends_with("process 1 has 0.01")));
         assert!(lines.iter().any(|l| l == "seed: process 0 has 42; process 1 has 7"), "{lines:?}");
@@ -187,8 +187,8 @@ mod tests {
     fn processes_with_the_same_value_are_grouped() {
         let a = TrainSettings::default();
         let mut b = a.clone();
-        b.dim = 8;
-        b.bottom = vec![64, 8];
+        b.model.dim = 8;
+        b.model.bottom = vec![64, 8];
         let (pa, pb) = (print(&a), print(&b));
         let lines = differences(&[(0, &pa), (1, &pb), (2, &pa)]);
         assert!(lines.contains(&"dim: processes 0, 2 have 16; process 1 has 8".to_string()), "{lines:?}");

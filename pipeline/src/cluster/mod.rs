@@ -62,11 +62,11 @@ impl Cluster {
     /// The cluster of a `train` or `online` run with these settings.
     pub fn new(settings: &TrainSettings, resolved: &Resolved) -> Self {
         Cluster {
-            process: settings.process,
+            process: settings.cluster.process,
             addresses: resolved.hosts.clone(),
-            threads: settings.workers,
-            connect_timeout: Duration::from_secs_f64(settings.connect_timeout),
-            checkpoint_dir: settings.checkpoint_dir.clone(),
+            threads: settings.cluster.workers,
+            connect_timeout: Duration::from_secs_f64(settings.cluster.connect_timeout),
+            checkpoint_dir: settings.checkpoints.checkpoint_dir.clone(),
             step: Arc::new(AtomicU64::new(0)),
             done: Arc::new(AtomicBool::new(false)),
         }

@@ -153,7 +153,7 @@ impl OnlineSettings {
             if !(s.is_finite() && s > 0.0) {
                 return Err(PipelineError::config("checkpoint_seconds", format!("must be positive, got {s}")));
             }
-            if self.train.checkpoint_dir.is_none() {
+            if self.train.checkpoints.checkpoint_dir.is_none() {
                 return Err(PipelineError::config("checkpoint_seconds", "needs --checkpoint-dir DIR"));
             }
         }
@@ -166,7 +166,7 @@ impl OnlineSettings {
             return Err(PipelineError::config("max_buffered", "must be positive"));
         }
         for (key, set) in
-            [("eval_every", self.train.eval_every.is_some()), ("early_stop", self.train.early_stop.is_some())]
+            [("eval_every", self.train.run.eval_every.is_some()), ("early_stop", self.train.run.early_stop.is_some())]
         {
             if set {
                 return Err(PipelineError::config(
@@ -175,7 +175,7 @@ impl OnlineSettings {
                 ));
             }
         }
-        if self.train.model.starts_with("dien") {
+        if self.train.model.kind.starts_with("dien") {
             return Err(PipelineError::config(
                 "model",
                 "Kafka records are Criteo-shaped; dien needs behaviour sequences",

@@ -71,7 +71,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
             format!(
                 "`{}` (or a replicated table in exchange_tables) plans from the first batches of a file; \
                  online training takes rows or partial",
-                s.exchange
+                s.exchange.strategy
             ),
         )
     })?;
@@ -82,30 +82,30 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         options: settings.kafka_options.clone(),
     };
     let partitions = topic_partitions(&endpoint)?;
-    let workers_total = s.workers * s.processes;
-    if s.batch_size < partitions {
+    let workers_total = s.cluster.workers * s.cluster.processes;
+    if s.run.batch_size < partitions {
         return Err(PipelineError::config(
             "batch_size",
             format!(
                 "{} is smaller than the topic's {partitions} partitions (each step takes records from every partition)",
-                s.batch_size
+                s.run.batch_size
             ),
         ));
     }
-    let quotas = step_quotas(s.batch_size, partitions);
+    let quotas = step_quotas(s.run.batch_size, partitions);
     let mut trainer = trainer_config(s, &resolved);
     // A stream has no length: a decay's horizon is --lr-decay-steps (or --steps).
-    crate::hygiene::apply_schedule(crate::hygiene::lr_schedule(s, s.steps)?, &mut trainer);
+    crate::hygiene::apply_schedule(crate::hygiene::lr_schedule(s, s.run.steps)?, &mut trainer);
     trainer.exchange = exchange;
     let (checkpoint, resume) = checkpoint_setup(s, &resolved, &trainer)?;
     let stop = crate::stop::stop_flag()?;
     let metrics = Arc::new(OnlineMetrics::new());
     if let Some(addr) = &settings.metrics_addr {
-        if s.process == 0 {
+        if s.cluster.process == 0 {
             serve(addr, metrics.clone())?;
         }
     }
-    if s.process == 0 && s.progress != "none" {
+    if s.cluster.process == 0 && s.run.progress != "none" {
         eprintln!(
             "tiderec online: topic {} on {} ({partitions} partitions, {} records per partition per step), {workers_total} worker(s)",
             settings.topic,
@@ -113,7 +113,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
             quotas.iter().min().copied().unwrap_or(0)
         );
     }
-    crate::device::Devices::for_workers(&s.device, s.workers)?.preflight(&trainer)?;
+    crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?.preflight(&trainer)?;
     let shared = Arc::new(Shared {
         settings: settings.clone(),
         resolved: resolved.clone(),
@@ -123,7 +123,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         quotas,
         checkpoint,
         resume: Mutex::new(resume.map(Arc::new)),
-        resume_pending: AtomicUsize::new(s.workers),
+        resume_pending: AtomicUsize::new(s.cluster.workers),
         stop,
         metrics,
         dead_letters: SharedDeadLetters::file(dead_letters_path(s)),
@@ -155,10 +155,10 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     let (me, peers) = (worker.index(), worker.peers());
     let os = &ctx.settings;
     let s = &os.train;
-    let devices = crate::device::Devices::for_workers(&s.device, s.workers)?;
-    let mut trainer = devices.trainer(worker, &ctx.trainer, s.workers)?;
+    let devices = crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?;
+    let mut trainer = devices.trainer(worker, &ctx.trainer, s.cluster.workers)?;
     trainer.set_score_training(me == 0);
-    let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.batch_size as u64);
+    let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.run.batch_size as u64);
     let mut votes: Collective<Vote> = Collective::new(worker);
     let mut offsets_channel: Collective<Vec<(String, i64)>> = Collective::new(worker);
     let resumed = restore_shared(worker, &mut trainer, &mut checkpointer, &ctx.resume, &ctx.resume_pending)?
@@ -211,8 +211,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     let samples_at_start = samples;
     let mut bad = BadRecordCounts::default();
     let mut window = PrequentialWindow::new(os.window);
-    let mut progress = if me == 0 { Progress::new(&s.progress, None) } else { Progress::None };
-    let mut log = match (&s.metrics_log, me, s.process) {
+    let mut progress = if me == 0 { Progress::new(&s.run.progress, None) } else { Progress::None };
+    let mut log = match (&s.run.metrics_log, me, s.cluster.process) {
         (Some(path), 0, 0) => Some(MetricsLog::create(path, resumed.is_some())?),
         _ => None,
     };
@@ -226,7 +226,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     let mut samples_reported = samples;
 
     loop {
-        if s.steps.is_some_and(|max| steps >= max) {
+        if s.run.steps.is_some_and(|max| steps >= max) {
             break;
         }
         // Report every `report_seconds`, and at once when the stream runs dry (so the
@@ -389,11 +389,11 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     if me != 0 {
         return Ok(None);
     }
-    if stopped_by_signal && s.progress != "none" {
+    if stopped_by_signal && s.run.progress != "none" {
         eprintln!("stopped by signal after step {steps}; offsets saved in the checkpoint");
     }
     let stats = reader.stats();
-    if stats.duplicates_dropped > 0 && s.progress != "none" {
+    if stats.duplicates_dropped > 0 && s.run.progress != "none" {
         eprintln!("dropped {} records the broker sent twice (reconnects)", stats.duplicates_dropped);
     }
     Ok(Some(OnlineSummary {

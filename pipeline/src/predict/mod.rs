@@ -64,12 +64,12 @@ impl ScoreOptions {
         ScoreOptions {
             checkpoint: checkpoint.to_path_buf(),
             data: data.to_string(),
-            batch_size: d.eval_batch_size,
+            batch_size: d.run.eval_batch_size,
             labeled: true,
             policy: BadRecordPolicy::Skip,
-            dead_letters: d.dead_letters,
-            max_bad_fraction: d.max_bad_fraction,
-            max_line_bytes: d.max_line_bytes,
+            dead_letters: d.data.dead_letters,
+            max_bad_fraction: d.data.max_bad_fraction,
+            max_line_bytes: d.data.max_line_bytes,
         }
     }
 }

@@ -1,0 +1,40 @@
+//! Checkpoints: where, how often, how many, and resuming from them.
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// When checkpoints are written and whether the run continues from one.
+#[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckpointSettings {
+    /// Write checkpoints (ckpt-<step> directories) here: at the end of every epoch and of the run, and every
+    /// --checkpoint-every steps.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Also write a checkpoint every N global training steps.
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<u64>,
+    /// Checkpoints to keep in --checkpoint-dir (older ones are removed).
+    #[arg(long, required = false, value_name = "K")]
+    pub keep_checkpoints: usize,
+    /// Write each checkpoint before training goes on (otherwise files are written by background threads
+    /// while training continues; the checkpoints are the same byte for byte).
+    #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub checkpoint_sync: bool,
+    /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
+    #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub resume: bool,
+}
+
+impl Default for CheckpointSettings {
+    fn default() -> Self {
+        CheckpointSettings {
+            checkpoint_dir: None,
+            checkpoint_every: None,
+            keep_checkpoints: 3,
+            checkpoint_sync: false,
+            resume: false,
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The model and its shape.
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+/// Which model is trained and the widths of its parts.
+#[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModelSettings {
+    /// Model: dlrm, lr, fm, deepfm, wdl (Wide & Deep),
+    /// dien (GRU + attention over behaviour histories) or dien-sum (its sum-pooling baseline).
+    #[arg(long = "model", id = "model", required = false, value_name = "MODEL")]
+    #[serde(rename = "model")]
+    pub kind: String,
+    /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
+    #[arg(long, required = false, value_name = "N")]
+    pub dim: usize,
+    /// Bottom MLP widths after the dense inputs (DLRM; the last equals --dim).
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    pub bottom: Vec<usize>,
+    /// Top MLP widths after the interaction (DLRM; the last is 1).
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    pub top: Vec<usize>,
+    /// Include self-interaction terms in the dot interaction (DLRM).
+    #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub self_interaction: bool,
+    /// Hidden widths of the DeepFM / Wide & Deep deep part.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    pub deep: Vec<usize>,
+    /// Hidden widths of DIEN's MLP.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    pub mlp: Vec<usize>,
+    /// Feature crosses for the wide part of wdl / lr: sparse-field index pairs, e.g. 0:1,2:5.
+    #[arg(long, value_delimiter = ',', value_name = "A:B,…")]
+    pub crosses: Vec<String>,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        ModelSettings {
+            kind: "dlrm".into(),
+            dim: 16,
+            bottom: vec![512, 256, 64, 16],
+            top: vec![512, 256, 1],
+            self_interaction: false,
+            deep: vec![400, 400, 400],
+            mlp: vec![200, 80],
+            crosses: Vec::new(),
+        }
+    }
+}

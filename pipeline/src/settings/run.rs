@@ -1,0 +1,69 @@
+//! The run's length, batches, seed, evaluation and reporting.
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// How long the run trains, on what batches, when it evaluates and what it reports.
+#[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunSettings {
+    /// Passes over the training data.
+    #[arg(long, required = false, value_name = "N")]
+    pub epochs: u64,
+    /// Stop after this many training steps (or earlier, when --epochs passes over the data end first; the run then says so).
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u64>,
+    /// Global batch size (union of all workers' micro-batches).
+    #[arg(long, required = false, value_name = "N")]
+    pub batch_size: usize,
+    /// Evaluation batch size.
+    #[arg(long, required = false, value_name = "N")]
+    pub eval_batch_size: usize,
+    /// Seed of data, initialisation and shuffles (and of hashing unless --hash-seed is given).
+    #[arg(long, required = false, value_name = "SEED")]
+    pub seed: u64,
+    /// Also evaluate every N global training steps (an eval split is evaluated at every epoch's end anyway).
+    #[arg(long, value_name = "N")]
+    pub eval_every: Option<u64>,
+    /// Stop after PATIENCE evaluations in a row without improvement; the final model, metrics and
+    /// `best` checkpoint are then the best evaluation's.
+    #[arg(long, value_name = "PATIENCE")]
+    pub early_stop: Option<u64>,
+    /// The figure that ranks evaluations: auc (higher is better) or logloss (lower is better).
+    #[arg(long, required = false, value_name = "auc|logloss")]
+    pub best_metric: String,
+    /// Refuse to start when the memory estimate exceeds this per process: auto (what the system
+    /// reports available), unlimited, or a size such as 8G.
+    #[arg(long, required = false, value_name = "BYTES|auto|unlimited")]
+    pub max_memory: String,
+    /// Write the final summary as one JSON object here.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_json: Option<PathBuf>,
+    /// Append one JSON line of metrics per report to this file (input of `tiderec plot`): train
+    /// about once a second and after every evaluation, online every --report-seconds.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_log: Option<PathBuf>,
+    /// Progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none.
+    #[arg(long, required = false, value_name = "auto|bar|lines|none")]
+    pub progress: String,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        RunSettings {
+            epochs: 1,
+            steps: None,
+            batch_size: 128,
+            eval_batch_size: 4096,
+            seed: 42,
+            eval_every: None,
+            early_stop: None,
+            best_metric: "auc".into(),
+            max_memory: "auto".into(),
+            metrics_json: None,
+            metrics_log: None,
+            progress: "auto".into(),
+        }
+    }
+}
