@@ -48,6 +48,16 @@ impl FromStr for DenseOptimizerKind {
     }
 }
 
+impl std::fmt::Display for DenseOptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Sgd => "sgd",
+            Self::Adagrad => "adagrad",
+            Self::Adam => "adam",
+        })
+    }
+}
+
 /// Sparse (embedding row) optimizer kinds. Every kind updates only the rows a
 /// step touched ("lazy"); its per-row state has [`SparseOptimizerKind::state_width`] values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +113,18 @@ impl FromStr for SparseOptimizerKind {
                 format!("unknown sparse optimizer `{s}` (sgd, rowwise-adagrad, lazy-adam, ftrl, ftrl-adagrad)"),
             )),
         }
+    }
+}
+
+impl std::fmt::Display for SparseOptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Sgd => "sgd",
+            Self::RowwiseAdagrad => "rowwise-adagrad",
+            Self::LazyAdam => "lazy-adam",
+            Self::Ftrl => "ftrl",
+            Self::FtrlAdagrad => "ftrl-adagrad",
+        })
     }
 }
 

@@ -6,7 +6,9 @@
 //! in a model name or a flag meant for another model never trains silently
 //! with something else. Every refusal of a run is reported at once.
 
+use crate::config::ExchangeChoice;
 use crate::{PipelineError, TrainSettings};
+use tiderec_operators::store::StoreKind;
 
 /// The command the settings are for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,20 +48,22 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
             s.data.eval.is_some().then(|| "holds data out when there is no --eval; --eval is given".into())
         }
         "max_rows" | "admit_count" | "admit_prob" | "ttl_steps" | "flush_every" => {
-            (!matches!(s.store.kind.as_str(), "dynamic" | "tiered"))
+            (!matches!(s.store.kind, StoreKind::Dynamic | StoreKind::Tiered))
                 .then(|| format!("applies to --store dynamic or tiered, not {}", s.store.kind))
         }
         "hot_rows" | "warmup" | "freq_source" | "freq_window" => {
-            (s.store.kind != "tiered").then(|| format!("applies to --store tiered, not {}", s.store.kind))
+            (s.store.kind != StoreKind::Tiered).then(|| format!("applies to --store tiered, not {}", s.store.kind))
         }
-        "replicate" | "plan_steps" => (!matches!(s.exchange.strategy.as_str(), "replicated" | "auto")
-            && !s.exchange.tables.iter().any(|t| t.contains("replicated")))
-        .then(|| {
-            format!(
-                "applies to --exchange replicated or auto (or a replicated --exchange-table), not {}",
-                s.exchange.strategy
-            )
-        }),
+        "replicate" | "plan_steps" => {
+            (!matches!(s.exchange.strategy, ExchangeChoice::Replicated | ExchangeChoice::Auto)
+                && !s.exchange.tables.iter().any(|t| t.contains("replicated")))
+            .then(|| {
+                format!(
+                    "applies to --exchange replicated or auto (or a replicated --exchange-table), not {}",
+                    s.exchange.strategy
+                )
+            })
+        }
         "checkpoint_every" | "keep_checkpoints" | "checkpoint_sync" | "resume" => {
             s.checkpoints.checkpoint_dir.is_none().then(|| "needs --checkpoint-dir".to_string())
         }
@@ -130,7 +134,7 @@ mod tests {
         assert_eq!(
             refused(
                 |s| {
-                    s.store.kind = "tiered".into();
+                    s.store.kind = StoreKind::Tiered;
                     s.store.hot_rows = 7;
                     s.store.max_rows = Some(100);
                 },

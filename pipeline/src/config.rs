@@ -12,7 +12,7 @@ use tiderec_operators::exchange::TableExchange;
 use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::spec::FeatureSpec;
-use tiderec_operators::store::{FrequencySource, StoreConfig, StoreKind};
+use tiderec_operators::store::{StoreConfig, StoreKind};
 use tiderec_sources::parquet::ParquetDataset;
 
 /// Where samples come from.
@@ -328,7 +328,8 @@ fn parse_exchange_tables(entries: &[String], tables: usize) -> Result<Vec<(usize
 }
 
 /// The `exchange` setting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ExchangeChoice {
     /// Rows everywhere.
     Rows,
@@ -354,6 +355,17 @@ impl std::str::FromStr for ExchangeChoice {
                     format!("`{other}` is not rows, partial, replicated or auto"),
                 ))
             }
+        })
+    }
+}
+
+impl std::fmt::Display for ExchangeChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ExchangeChoice::Rows => "rows",
+            ExchangeChoice::Partial => "partial",
+            ExchangeChoice::Replicated => "replicated",
+            ExchangeChoice::Auto => "auto",
         })
     }
 }
@@ -483,10 +495,10 @@ impl TrainSettings {
                 ),
             ));
         }
-        let optimizer: DenseOptimizerKind = self.optimizer.dense.parse()?;
+        let optimizer = self.optimizer.dense;
         crate::hygiene::validate(self)?;
         let store = self.store_config()?;
-        let exchange: ExchangeChoice = self.exchange.strategy.parse()?;
+        let exchange = self.exchange.strategy;
         if !(0.0..1.0).contains(&self.exchange.replicate) {
             return Err(PipelineError::config(
                 "replicate",
@@ -499,7 +511,7 @@ impl TrainSettings {
         if exchange == ExchangeChoice::Replicated && store.kind != StoreKind::Fixed {
             return Err(PipelineError::config("exchange", "`replicated` needs the fixed store (--store fixed)"));
         }
-        let sparse_optimizer: SparseOptimizerKind = self.optimizer.sparse.parse()?;
+        let sparse_optimizer = self.optimizer.sparse;
         let policy = match self.data.on_bad_record.as_str() {
             "skip" => BadRecordPolicy::Skip,
             "fail" => BadRecordPolicy::Fail,
@@ -654,7 +666,7 @@ impl TrainSettings {
     /// The embedding-store settings, checked (errors name the key).
     pub fn store_config(&self) -> Result<StoreConfig, PipelineError> {
         let store = StoreConfig {
-            kind: self.store.kind.parse::<StoreKind>()?,
+            kind: self.store.kind,
             max_rows: self.store.max_rows,
             admit_count: self.store.admit_count,
             admit_prob: self.store.admit_prob,
@@ -662,7 +674,7 @@ impl TrainSettings {
             hot_rows: self.store.hot_rows,
             warmup: self.store.warmup,
             flush_every: self.store.flush_every,
-            freq_source: self.store.freq_source.parse::<FrequencySource>()?,
+            freq_source: self.store.freq_source,
             freq_window: self.store.freq_window,
             ..StoreConfig::default()
         };
@@ -832,7 +844,6 @@ mod tests {
         type Mutation = Box<dyn Fn(&mut TrainSettings)>;
         let cases: Vec<(&str, Mutation)> = vec![
             ("batch_size", Box::new(|s| s.run.batch_size = 0)),
-            ("optimizer", Box::new(|s| s.optimizer.dense = "lbfgs".into())),
             ("on_bad_record", Box::new(|s| s.data.on_bad_record = "ignore".into())),
             ("data", Box::new(|s| s.data.source = "criteo:/no/such/file".into())),
             ("data", Box::new(|s| s.data.source = "parquet".into())),

@@ -16,7 +16,8 @@ use tiderec_operators::schedule::{LrDecay, LrSchedule};
 use tiderec_operators::train::TrainerConfig;
 
 /// The figure that ranks evaluations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum BestMetric {
     /// Higher AUC is better.
     Auc,
@@ -35,12 +36,20 @@ impl std::str::FromStr for BestMetric {
     }
 }
 
+impl std::fmt::Display for BestMetric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BestMetric::Auc => "auc",
+            BestMetric::Logloss => "logloss",
+        })
+    }
+}
+
 /// The `lr_decay` names.
 const DECAYS: &str = "none, linear, cosine or step";
 
 /// Checks the hygiene settings of `s`; errors name the key.
 pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
-    s.run.best_metric.parse::<BestMetric>()?;
     if !matches!(s.optimizer.lr_decay.as_str(), "none" | "linear" | "cosine" | "step") {
         return Err(PipelineError::config("lr_decay", format!("`{}` is not {DECAYS}", s.optimizer.lr_decay)));
     }
@@ -89,7 +98,7 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
         return Err(PipelineError::config("lr_decay_steps", "`step` decay needs the interval: --lr-decay-steps N"));
     }
     let ftrl_set = s.optimizer.ftrl_l1 != 0.0 || s.optimizer.ftrl_l2 != 0.0 || s.optimizer.ftrl_beta != 1.0;
-    let sparse: SparseOptimizerKind = s.optimizer.sparse.parse()?;
+    let sparse = s.optimizer.sparse;
     if ftrl_set && !matches!(sparse, SparseOptimizerKind::Ftrl | SparseOptimizerKind::FtrlAdagrad) {
         return Err(PipelineError::config(
             "ftrl_l1",
@@ -177,7 +186,6 @@ mod tests {
         refused(|s| s.optimizer.l2_dense = -0.1, "l2_dense");
         refused(|s| s.optimizer.l2_embedding = f32::NAN, "l2_embedding");
         refused(|s| s.optimizer.ftrl_l1 = -1.0, "ftrl_l1");
-        refused(|s| s.run.best_metric = "accuracy".into(), "best_metric");
         refused(|s| s.optimizer.lr_decay = "exponential".into(), "lr_decay");
         refused(|s| s.run.early_stop = Some(0), "early_stop");
         refused(|s| s.run.eval_every = Some(0), "eval_every");
@@ -200,7 +208,7 @@ mod tests {
         );
         let mut ok = {
             let mut s = TrainSettings::default();
-            s.optimizer.sparse = "ftrl".into();
+            s.optimizer.sparse = SparseOptimizerKind::Ftrl;
             s.optimizer.ftrl_l1 = 1.0;
             s
         };

@@ -847,7 +847,7 @@ fn main() -> anyhow::Result<()> {
                 st.hot_rows,
                 st.cold_rows
             );
-            if settings.store.kind != "fixed" {
+            if settings.store.kind != tiderec_operators::store::StoreKind::Fixed {
                 println!(
                     "                  {} admitted, {} updates rejected, {} evicted, {} re-plans moving {} rows",
                     st.admissions, st.rejections, st.evictions, st.replans, st.moves

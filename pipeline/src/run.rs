@@ -683,7 +683,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     };
     // Evaluations during training (see `crate::evaluation`): every worker takes the same decisions.
     let has_eval = ctx.resolved.eval.is_some() || s.data.eval_fraction > 0.0;
-    let metric: BestMetric = s.run.best_metric.parse()?;
+    let metric = s.run.best_metric;
     let history = resumed.as_ref().map_or(&[][..], |m| &m.progress.evaluations[..]);
     let mut evals = Evals {
         tracker: Tracker::new(metric, s.run.early_stop, history),

@@ -5,6 +5,7 @@ mod common;
 
 use common::rel_diff;
 use tiderec::TrainSettings;
+use tiderec_operators::optim::SparseOptimizerKind;
 
 fn fifty_steps_of(model: &str, workers: usize, optimizer: &str, lr: f32) -> tiderec_sinks::metrics::RunSummary {
     fifty_steps_with(model, workers, optimizer, lr, "rowwise-adagrad", 0.05)
@@ -27,8 +28,8 @@ fn fifty_steps_with(
         s.run.batch_size = 256;
         s.data.eval_fraction = 0.0;
         s.data.buckets = 20_000;
-        s.optimizer.dense = optimizer.into();
-        s.optimizer.sparse = sparse_optimizer.into();
+        s.optimizer.dense = optimizer.parse().unwrap();
+        s.optimizer.sparse = sparse_optimizer.parse().unwrap();
         s.optimizer.sparse_lr = Some(sparse_lr);
         s.optimizer.lr = Some(lr);
         s.run.progress = "none".into();
@@ -126,7 +127,7 @@ fn wide_and_deep_with_crosses_trains_the_same_on_one_and_two_workers() {
         let settings = {
             let mut s = TrainSettings::default();
             s.model.kind = "wdl".into();
-            s.optimizer.sparse = "ftrl-adagrad".into();
+            s.optimizer.sparse = SparseOptimizerKind::FtrlAdagrad;
             s.model.crosses = crosses.iter().map(|c| c.to_string()).collect();
             s.cluster.workers = workers;
             s.run.steps = Some(50);

@@ -67,7 +67,7 @@ fn deepfm_and_wide_deep_match_or_beat_dlrm_on_the_criteo_sample() {
         let settings = {
             let mut s = criteo_settings(dir.path(), &train, &eval);
             s.model.kind = model.into();
-            s.optimizer.sparse = sparse_optimizer.into();
+            s.optimizer.sparse = sparse_optimizer.parse().unwrap();
             s.optimizer.sparse_lr = Some(sparse_lr);
             s
         };

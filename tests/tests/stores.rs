@@ -7,12 +7,13 @@ mod common;
 
 use common::rel_diff;
 use tiderec::TrainSettings;
+use tiderec_operators::store::StoreKind;
 
 fn run(store: &str, workers: usize) -> tiderec_sinks::metrics::RunSummary {
     let settings = {
         let mut s = TrainSettings::default();
         s.model.kind = "deepfm".into();
-        s.store.kind = store.into();
+        s.store.kind = store.parse().unwrap();
         s.store.hot_rows = 2000;
         s.store.warmup = 5;
         s.store.flush_every = 10;
@@ -61,26 +62,25 @@ fn dynamic_and_tiered_stores_train_the_fixed_model_on_one_and_two_workers() {
 #[test]
 fn bad_store_settings_fail_naming_the_key() {
     type Case = (fn(&mut TrainSettings), &'static str);
-    let cases: [Case; 5] = [
-        (|s| s.store.kind = "lru".into(), "store"),
+    let cases: [Case; 4] = [
         (|s| s.store.max_rows = Some(5), "store"),
         (
             |s| {
-                s.store.kind = "dynamic".into();
+                s.store.kind = StoreKind::Dynamic;
                 s.store.admit_prob = Some(2.0)
             },
             "admit_prob",
         ),
         (
             |s| {
-                s.store.kind = "tiered".into();
+                s.store.kind = StoreKind::Tiered;
                 s.store.flush_every = 0
             },
             "flush_every",
         ),
         (
             |s| {
-                s.store.kind = "tiered".into();
+                s.store.kind = StoreKind::Tiered;
                 s.store.hot_rows = 0
             },
             "hot_rows",

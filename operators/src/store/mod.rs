@@ -82,6 +82,16 @@ impl std::str::FromStr for StoreKind {
     }
 }
 
+impl std::fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StoreKind::Fixed => "fixed",
+            StoreKind::Dynamic => "dynamic",
+            StoreKind::Tiered => "tiered",
+        })
+    }
+}
+
 /// Where the tiered store's hot-tier plan takes its frequencies from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -108,6 +118,16 @@ impl std::str::FromStr for FrequencySource {
                 format!("unknown frequency source `{s}` (exact, sketch, differential)"),
             )),
         }
+    }
+}
+
+impl std::fmt::Display for FrequencySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FrequencySource::Exact => "exact",
+            FrequencySource::Sketch => "sketch",
+            FrequencySource::Differential => "differential",
+        })
     }
 }
 

@@ -1,5 +1,6 @@
 //! How embeddings travel between workers.
 
+use crate::config::ExchangeChoice;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
@@ -10,9 +11,9 @@ pub struct ExchangeSettings {
     /// How embeddings travel between workers: rows, partial (DES partial results; lr,
     /// fm, deepfm, wdl), replicated (each table's hottest --replicate fraction on every worker) or
     /// auto (the cost model's per-table choice from the first --plan-steps batches; printed at start).
-    #[arg(long = "exchange", id = "exchange", required = false, value_name = "STRATEGY")]
+    #[arg(long = "exchange", id = "exchange", required = false, value_name = "rows|partial|replicated|auto", value_parser = super::parse::<ExchangeChoice>)]
     #[serde(rename = "exchange")]
-    pub strategy: String,
+    pub strategy: ExchangeChoice,
     /// Per-table overrides applied after --exchange (and after auto's plan), e.g. 3=rows,7=replicated.
     #[arg(long = "exchange-table", id = "exchange_tables", value_delimiter = ',', value_name = "T=STRATEGY")]
     #[serde(rename = "exchange_tables")]
@@ -27,6 +28,6 @@ pub struct ExchangeSettings {
 
 impl Default for ExchangeSettings {
     fn default() -> Self {
-        ExchangeSettings { strategy: "rows".into(), tables: Vec::new(), replicate: 0.01, plan_steps: 4 }
+        ExchangeSettings { strategy: ExchangeChoice::Rows, tables: Vec::new(), replicate: 0.01, plan_steps: 4 }
     }
 }

@@ -137,6 +137,14 @@ impl TrainSettings {
     }
 }
 
+/// Clap's parser of a setting with a fixed set of values: its `FromStr`, whose error names them.
+fn parse<T: std::str::FromStr>(text: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    text.parse::<T>().map_err(|e| e.to_string())
+}
+
 /// The dense and the embedding learning rate of `model` when `lr` / `sparse_lr` are not set.
 ///
 /// Chosen by measurement: on the real Criteo sample (first 8,000 rows train, last 2,000
@@ -170,7 +178,7 @@ mod tests {
         assert_eq!(s.model.dim, 8, "a flag wins over the file");
         assert!(s.checkpoints.resume, "an absent boolean flag keeps the file's true");
         assert_eq!(s.model.bottom, vec![64, 32], "an absent list flag keeps the file's list");
-        assert_eq!(s.store.kind, "tiered");
+        assert_eq!(s.store.kind, tiderec_operators::store::StoreKind::Tiered);
         assert_eq!(s.exchange.tables, vec!["3=rows".to_string()]);
         assert_eq!(s.run.batch_size, TrainSettings::default().run.batch_size, "untouched settings keep defaults");
         let s = TrainFlags::parse_from(["--config", config, "--resume=false", "--self-interaction"])
@@ -212,6 +220,13 @@ mod tests {
         assert!(e.contains("unknown setting `dimm`"), "{e}");
         let e = TrainSettings::from_toml_str("batch_size = \"big\"").unwrap_err();
         assert!(e.contains("`batch_size`"), "{e}");
+        for (key, value) in [("optimizer", "lbfgs"), ("best_metric", "accuracy"), ("store", "lru"), ("exchange", "all")]
+        {
+            let e = TrainSettings::from_toml_str(&format!("{key} = \"{value}\"")).unwrap_err();
+            assert!(e.contains(&format!("`{key}`")) && e.contains(value), "{key}: {e}");
+            let e = TrainFlags::parse_from([format!("--{}", key.replace('_', "-")), value.to_string()]).unwrap_err();
+            assert!(e.to_string().contains(value), "--{key}: {e}");
+        }
         let s = TrainSettings::from_toml_str("batch_size = 4\nmodel = \"fm\"").unwrap();
         assert_eq!((s.run.batch_size, s.model.kind.as_str()), (4, "fm"));
     }

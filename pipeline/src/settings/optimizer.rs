@@ -2,19 +2,20 @@
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
+use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 
 /// How the dense weights and the embedding rows are updated.
 #[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
 #[serde(default)]
 pub struct OptimizerSettings {
     /// Dense optimizer: sgd, adagrad, adam.
-    #[arg(long = "optimizer", id = "optimizer", required = false, value_name = "OPTIMIZER")]
+    #[arg(long = "optimizer", id = "optimizer", required = false, value_name = "sgd|adagrad|adam", value_parser = super::parse::<DenseOptimizerKind>)]
     #[serde(rename = "optimizer")]
-    pub dense: String,
+    pub dense: DenseOptimizerKind,
     /// Embedding optimizer: sgd, rowwise-adagrad, lazy-adam, ftrl, ftrl-adagrad.
-    #[arg(long = "sparse-optimizer", id = "sparse_optimizer", required = false, value_name = "OPTIMIZER")]
+    #[arg(long = "sparse-optimizer", id = "sparse_optimizer", required = false, value_name = "OPTIMIZER", value_parser = super::parse::<SparseOptimizerKind>)]
     #[serde(rename = "sparse_optimizer")]
-    pub sparse: String,
+    pub sparse: SparseOptimizerKind,
     /// Dense learning rate (default per model: dlrm, deepfm, wdl, dien 0.001; lr, fm 0.01).
     #[arg(long, value_name = "RATE")]
     pub lr: Option<f32>,
@@ -54,8 +55,8 @@ pub struct OptimizerSettings {
 impl Default for OptimizerSettings {
     fn default() -> Self {
         OptimizerSettings {
-            dense: "adam".into(),
-            sparse: "rowwise-adagrad".into(),
+            dense: DenseOptimizerKind::Adam,
+            sparse: SparseOptimizerKind::RowwiseAdagrad,
             lr: None,
             sparse_lr: None,
             lr_warmup: 0,

@@ -1,5 +1,6 @@
 //! The run's length, batches, seed, evaluation and reporting.
 
+use crate::hygiene::BestMetric;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -31,8 +32,8 @@ pub struct RunSettings {
     #[arg(long, value_name = "PATIENCE")]
     pub early_stop: Option<u64>,
     /// The figure that ranks evaluations: auc (higher is better) or logloss (lower is better).
-    #[arg(long, required = false, value_name = "auc|logloss")]
-    pub best_metric: String,
+    #[arg(long, required = false, value_name = "auc|logloss", value_parser = super::parse::<BestMetric>)]
+    pub best_metric: BestMetric,
     /// Refuse to start when the memory estimate exceeds this per process: auto (what the system
     /// reports available), unlimited, or a size such as 8G.
     #[arg(long, required = false, value_name = "BYTES|auto|unlimited")]
@@ -59,7 +60,7 @@ impl Default for RunSettings {
             seed: 42,
             eval_every: None,
             early_stop: None,
-            best_metric: "auc".into(),
+            best_metric: BestMetric::Auc,
             max_memory: "auto".into(),
             metrics_json: None,
             metrics_log: None,

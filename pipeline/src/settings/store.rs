@@ -2,7 +2,7 @@
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use tiderec_operators::store::StoreConfig;
+use tiderec_operators::store::{FrequencySource, StoreConfig, StoreKind};
 
 /// Which store holds the embedding rows, and its admission, eviction and hot-tier policy.
 #[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
@@ -10,9 +10,9 @@ use tiderec_operators::store::StoreConfig;
 pub struct StoreSettings {
     /// Embedding store: fixed (dense tables), dynamic (hash table with admission and eviction)
     /// or tiered (frequency-aware hot tier over a hash-table cold tier).
-    #[arg(long = "store", id = "store", required = false, value_name = "fixed|dynamic|tiered")]
+    #[arg(long = "store", id = "store", required = false, value_name = "fixed|dynamic|tiered", value_parser = super::parse::<StoreKind>)]
     #[serde(rename = "store")]
-    pub kind: String,
+    pub kind: StoreKind,
     /// Row budget per worker of a dynamic / tiered store: least frequently used rows beyond it are
     /// evicted every --flush-every steps.
     #[arg(long, value_name = "N")]
@@ -37,8 +37,8 @@ pub struct StoreSettings {
     pub flush_every: u64,
     /// Frequencies of the tiered store's hot plan: exact (per-row counts), sketch
     /// (count-min sketch) or differential (differential-dataflow count over the id stream).
-    #[arg(long, required = false, value_name = "SOURCE")]
-    pub freq_source: String,
+    #[arg(long, required = false, value_name = "exact|sketch|differential", value_parser = super::parse::<FrequencySource>)]
+    pub freq_source: FrequencySource,
     /// With --freq-source differential: count only the last N training steps.
     #[arg(long, value_name = "N")]
     pub freq_window: Option<u64>,
@@ -48,7 +48,7 @@ impl Default for StoreSettings {
     fn default() -> Self {
         let store = StoreConfig::default();
         StoreSettings {
-            kind: "fixed".into(),
+            kind: StoreKind::Fixed,
             max_rows: None,
             admit_count: 0,
             admit_prob: None,
@@ -56,7 +56,7 @@ impl Default for StoreSettings {
             hot_rows: store.hot_rows,
             warmup: store.warmup,
             flush_every: store.flush_every,
-            freq_source: "exact".into(),
+            freq_source: FrequencySource::Exact,
             freq_window: None,
         }
     }
