@@ -16,10 +16,10 @@ its file, `score` the click probability `sigmoid(logit)`. A malformed record is
 not scored: it is reported on stderr with its file and line, and counted.
 
 Records are read in the format model.json spells out: Criteo TSV
-(`label, I1..I13, C1..C26`) or the DIEN sample format of `amazon-dien`
-(`label, user, item, category, item history, category history`). They are
-labeled unless `--unlabeled` is given (the same lines without their first,
-label, column). A model whose records model.json does not spell out (another
+(`label, I1..I13, C1..C26`), Avazu CSV (`id, click, hour, C1, …, C21`, a
+header line first) or the DIEN sample format of `amazon-dien` (`label, user,
+item, category, item history, category history`). They are labeled unless
+`--unlabeled` is given (the same lines without their label column). A model whose records model.json does not spell out (another
 data format, or a checkpoint that recorded no feature pipeline) is refused with
 a message saying so.
 
@@ -31,6 +31,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -401,6 +402,150 @@ class AvazuFeaturizer:
         return label, dense, bags, []
 
 
+class MeanBag(list):
+    """The ids of a `pooling = "mean"` list: each row weighted float32(1 / n)."""
+
+
+_FLOAT = re.compile(rb"[+-]?(?:[0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?|(?i:inf|infinity|nan))")
+_INT = re.compile(rb"[+-]?[0-9]{1,18}")
+
+
+def parse_f32(text):
+    """A decimal number (Rust's `str::parse::<f32>` syntax) as float32; None if it is not one."""
+    if not _FLOAT.fullmatch(text):
+        return None
+    return np.float32(float(text))
+
+
+class SpecFeaturizer:
+    """Records of a feature spec (`csv`, `taobao-ad`) rebuilt from model.json's `features` section."""
+
+    def __init__(self, features, labeled):
+        mix = Mix64(features["hash"])
+        seed = int(features["hash"]["hash_seed"]) & MASK64
+        if features["hash"].get("function") != "xxh3_64_with_seed":
+            raise ScorerError(f"hash {features['hash'].get('function')!r}: this scorer knows xxh3_64_with_seed")
+        record = features["record"]
+        self.delimiter = record["separator"].encode()
+        self.columns = [c.encode() for c in record["columns"]]
+        self.header = bool(record["header"])
+        self.label_column = int(record["label_column"])
+        self.dense = features["dense"]
+        self.numeric = features["numeric_lists"]
+        self.fields = features["categorical"]
+        self.lists = features["lists"]
+        for item in self.fields + self.lists:
+            s = mix.field_seed(seed, int(item["seed_index"]))
+            if s != int(item["seed"], 16):
+                raise ScorerError(f"{item['name']}: derived seed {s:#x} differs from model.json's {item['seed']}")
+            item["_seed"] = s
+        for f in self.fields:
+            if f["encoding"] == "vocabulary":
+                if "vocabulary" not in f:
+                    raise ScorerError(f"{f['name']}: its vocabulary is not in model.json ({f.get('note')})")
+                f["_vocabulary"] = {t.encode(): i for i, t in enumerate(f["vocabulary"])}
+            elif f["encoding"] not in ("hash", "identity"):
+                raise ScorerError(f"{f['name']}: unknown encoding {f['encoding']!r}")
+        self.num_sequences = sum(1 for l in self.lists if l["pooling"] == "none")
+        self.num_pooled = len(self.lists) - self.num_sequences
+        self.labeled = labeled
+
+    def is_header(self, line):
+        if not self.header:
+            return False
+        line = line[:-1] if line.endswith(b"\r") else line
+        if line.startswith(self.columns[0]):
+            return True
+        if self.labeled:
+            return False
+        parts = line.split(self.delimiter)
+        parts.insert(self.label_column, self.columns[self.label_column])
+        return self.delimiter.join(parts).startswith(self.columns[0])
+
+    def categorical_id(self, f, raw):
+        """The row of a non-empty value; None for an absent one; a string when malformed."""
+        if f["encoding"] == "hash":
+            return reduce_bucket(xxh3_64(raw, f["_seed"]), int(f["rows"]))
+        if f["encoding"] == "identity":
+            v = int(raw) if _INT.fullmatch(raw) else -1
+            return v if 0 <= v < int(f["rows"]) else f"{f['name']}: {raw[:20]!r} is not an id below {f['rows']}"
+        v = f["_vocabulary"].get(raw)
+        if v is not None:
+            return v
+        oov = int(f["oov_buckets"])
+        return len(f["_vocabulary"]) + reduce_bucket(xxh3_64(raw, f["_seed"]), oov) if oov else None
+
+    @staticmethod
+    def list_ids(l, raw):
+        """The first max_len non-empty tokens of the list, hashed into its table."""
+        tokens = [t for t in raw.split(l["delimiter"].encode()) if t][: int(l["max_len"])]
+        return [reduce_bucket(xxh3_64(t, l["_seed"]), int(l["rows"])) for t in tokens]
+
+    def parse(self, line):
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        parts = line.split(self.delimiter)
+        if not self.labeled:
+            parts.insert(self.label_column, b"0")  # featurized as the labeled line
+        if len(parts) != len(self.columns):
+            shift = 0 if self.labeled else 1
+            return f"{len(parts) - shift} fields, expected {len(self.columns) - shift}"
+        label = None
+        if self.labeled:
+            text = parts[self.label_column]
+            if text not in (b"0", b"1"):
+                return f"label {text[:20]!r} is not 0 or 1"
+            label = int(text)
+        dense = []
+        for d in self.dense:
+            raw = parts[d["column"]]
+            v = np.float32(0.0)
+            if raw:
+                v = parse_f32(raw)
+                if v is None or not np.isfinite(v):
+                    return f"{d['name']}: {raw[:20]!r} is not a finite number"
+            if d["clamp"] is not None:
+                v = np.float32(min(max(v, np.float32(d["clamp"][0])), np.float32(d["clamp"][1])))
+            if d["log1p"]:
+                v = np.log1p(np.float32(max(v, np.float32(0.0))), dtype=np.float32)
+            if not np.isfinite(v):
+                return f"{d['name']}: {raw[:20]!r} is not finite after its transform"
+            dense.append(v)
+        for n in self.numeric:
+            values = []
+            for t in parts[n["column"]].split(n["delimiter"].encode()):
+                if t:
+                    v = parse_f32(t)
+                    if v is None:
+                        return f"{n['name']}: {t[:20]!r} is not a number"
+                    values.append(float(v))
+            total = 0.0
+            for v in values:  # in order, in float64, rounded to float32 once
+                total += v
+            v = np.float32(0.0 if not values else total if n["reduce"] == "sum" else total / len(values))
+            if not np.isfinite(v):
+                return f"{n['name']}: not finite"
+            dense.append(v)
+        bags = []
+        for f in self.fields:
+            raw = parts[f["column"]]
+            v = self.categorical_id(f, raw) if raw else None
+            if isinstance(v, str):
+                return v
+            bags.append([] if v is None else [v])
+        seqs = [None] * self.num_sequences
+        pooled = [None] * self.num_pooled
+        for l in self.lists:
+            ids = self.list_ids(l, parts[l["column"]])
+            if l["pooling"] == "none":
+                seqs[l["slot"]] = ids
+            else:
+                pooled[l["slot"] - len(self.fields)] = MeanBag(ids) if l["pooling"] == "mean" else ids
+        if len({len(q) for q in seqs}) > 1:
+            return "the sequence lists have different lengths"
+        return label, np.array(dense, dtype=np.float32), bags + pooled, seqs
+
+
 class Crosses:
     """Feature crosses appended after the data's sparse fields (model.json's `crosses`)."""
 
@@ -437,9 +582,12 @@ class Featurizer:
             self.reader = AmazonDienFeaturizer(features, labeled)
         elif fmt == "avazu":
             self.reader = AvazuFeaturizer(features, labeled)
+        elif fmt in ("csv", "taobao-ad") and "lists" in features:
+            self.reader = SpecFeaturizer(features, labeled)
         else:
             raise ScorerError(
-                f"features format {fmt!r}: model.json spells out criteo-tsv, avazu and amazon-dien records only "
+                f"features format {fmt!r}: model.json spells out criteo-tsv, avazu, amazon-dien and feature-spec "
+                f"(csv, taobao-ad) records only "
                 f"({features.get('note', 'no note')})"
             )
         self.labeled = labeled
@@ -493,7 +641,10 @@ class Model:
         rec = [i for i, bag in enumerate(bags) for _ in bag]
         ids = [x for bag in bags for x in bag]
         if ids:
-            np.add.at(out, np.array(rec), t[np.array(ids, dtype=np.int64)])
+            rows = t[np.array(ids, dtype=np.int64)]
+            # A mean-pooled list weighs each of its n rows float32(1 / n).
+            w = [float(np.float32(1.0) / np.float32(len(bag))) if isinstance(bag, MeanBag) else 1.0 for bag in bags for _ in bag]
+            np.add.at(out, np.array(rec), rows * np.array(w)[:, None])
         return out
 
     def field_bags(self, bags, name):

@@ -5,10 +5,10 @@
 //! featurization out for a reader in another language, completely (the bytes
 //! hashed, the hash functions with their constants, the per-field seeds, the
 //! reduction to a row, dense transforms, histories, missing values and
-//! malformed records), for two formats: Criteo TSV (a Criteo-shaped model, see
+//! malformed records), for three formats: Criteo TSV (a Criteo-shaped model, see
 //! [`super::names::is_criteo_shaped`], of `criteo` data or of a checkpoint
-//! that records no pipeline) and the DIEN sample format (`amazon-dien`).
-//! `scripts/reference_scorer.py` rebuilds both. Any other format gets its name,
+//! that records no pipeline), Avazu CSV (`avazu`) and the DIEN sample format
+//! (`amazon-dien`). `scripts/reference_scorer.py` rebuilds all three. Any other format gets its name,
 //! a note, the table sizes and the seed (its spec is in `pipeline`).
 //!
 //! Feature crosses are spelled out in any format's section (`crosses`: the
@@ -25,6 +25,7 @@ use crate::TrainSettings;
 use serde_json::{json, Value};
 use tiderec_operators::features::cross::{CROSS_ROTATE, CROSS_SALT, MAX_PAIRS};
 use tiderec_operators::features::field_seed;
+use tiderec_operators::spec::AVAZU_COLUMNS;
 use tiderec_operators::train::TrainerConfig;
 use tiderec_sources::amazon::{HISTORY_DELIMITER, NUM_COLUMNS, SEQUENCE_TABLES};
 use tiderec_sources::criteo::{MIN_FIELDS, NUM_FIELDS};
@@ -46,6 +47,7 @@ pub fn feature_pipeline(config: &TrainerConfig, pipeline: Option<&FeaturePipelin
     let mut section = match pipeline {
         _ if names.criteo && pipeline.is_none_or(|p| p.format == "criteo") => criteo(config, hash_seed, names),
         Some(p) if p.format == "amazon-dien" => amazon_dien(config, p, names),
+        Some(p) if p.format == "avazu" => avazu(config, p, names),
         Some(p) => json!({
             "format": p.format,
             "note": "spelled out for Criteo TSV only; the `pipeline` key holds this format's spec, \
@@ -121,12 +123,10 @@ fn crosses_section(pipeline: Option<&FeaturePipeline>, names: &InputNames, count
     })
 }
 
-/// The DIEN sample format (`sources/src/amazon.rs`, `operators/src/features/fused.rs`).
-fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) -> Value {
-    let hash_seed = p.hash.seed;
-    let max_len = p.max_len.unwrap_or(TrainSettings::default().max_len);
+/// The tables of the data's own sparse fields, each with its rows and its hashing seed.
+fn token_tables(config: &TrainerConfig, names: &InputNames, hash_seed: u64) -> Vec<Value> {
     let own = names.sparse.len() - crosses(&config.model);
-    let tables: Vec<Value> = (0..own)
+    (0..own)
         .map(|t| {
             json!({
                 "name": names.sparse[t],
@@ -135,7 +135,67 @@ fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) 
                 "seed": hex(field_seed(hash_seed, t)),
             })
         })
+        .collect()
+}
+
+/// The XXH3 token hash of the byte formats (`operators/src/features/fused.rs`).
+fn token_hash(hash_seed: u64) -> Value {
+    let mut hash = mix64_section(hash_seed);
+    hash["function"] = json!("xxh3_64_with_seed");
+    hash["token_hash"] = json!(
+        "h = XXH3_64bits_withSeed(token, table_seed) of xxHash 0.8 (the 64-bit XXH3 hash, its default secret), \
+         over the token's raw bytes"
+    );
+    hash["table_seed"] = json!("field_seed(hash_seed, t), t the 0-based table index (tables[t].seed)");
+    hash["bucket"] = json!("row = (h * rows) >> 64, the product taken in 128 bits: a row in 0..rows");
+    hash
+}
+
+/// Avazu CSV (`sources/src/avazu.rs`): 21 categorical columns and the hour of day.
+fn avazu(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) -> Value {
+    let hour_column = 2;
+    let own = names.sparse.len() - crosses(&config.model);
+    let categorical: Vec<Value> = (0..own)
+        .map(|f| {
+            let column = if f + 1 == own { hour_column } else { 3 + f };
+            json!({"name": names.sparse[f], "column": column, "table": f})
+        })
         .collect();
+    json!({
+        "format": "avazu",
+        "record": {
+            "separator": ",",
+            "columns": AVAZU_COLUMNS,
+            "columns_count": AVAZU_COLUMNS.len(),
+            "label_column": 1,
+            "label": "exactly `0` or `1`",
+            "header_prefix": "id,",
+            "header": "a file's first line starting with `id,` is its header, not a record",
+            "line_end": "LF; a CR before it is dropped; a missing final newline is fine; an empty line is no record",
+            "unlabeled": "a line without the label column (column 1) is featurized as the same line with a `0` there",
+        },
+        "dense": [{
+            "name": names.dense.first(),
+            "column": hour_column,
+            "transform": "hour is YYMMDDHH, exactly 8 ASCII digits with HH ≤ 23; the feature is float32(HH) / 23 in \
+                          float32",
+        }],
+        "tables": token_tables(config, names, p.hash.seed),
+        "categorical": categorical,
+        "categorical_values": "columns C1 … C21 (3 to 23): the value's raw bytes, an empty value an empty bag; \
+                               hour_of_day: the one byte HH (0 to 23), never missing",
+        "hash": token_hash(p.hash.seed),
+        "pooling": "sum of the rows of a field's ids (a field has at most one id)",
+        "bad_records": "a line without exactly 24 comma-separated fields (23 unlabeled), with another label, or \
+                        whose hour is not YYMMDDHH is malformed and not scored; `id` is not read",
+    })
+}
+
+/// The DIEN sample format (`sources/src/amazon.rs`, `operators/src/features/fused.rs`).
+fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) -> Value {
+    let hash_seed = p.hash.seed;
+    let max_len = p.max_len.unwrap_or(TrainSettings::default().max_len);
+    let own = names.sparse.len() - crosses(&config.model);
     let categorical: Vec<Value> =
         (0..own).map(|f| json!({"name": names.sparse[f], "column": 1 + f, "table": f})).collect();
     let sequences: Vec<Value> = SEQUENCE_TABLES
@@ -146,14 +206,6 @@ fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) 
             json!({"name": name, "column": 1 + own + s, "table": t, "read_by_model": s < names.sequences.len()})
         })
         .collect();
-    let mut hash = mix64_section(hash_seed);
-    hash["function"] = json!("xxh3_64_with_seed");
-    hash["token_hash"] = json!(
-        "h = XXH3_64bits_withSeed(token, table_seed) of xxHash 0.8 (the 64-bit XXH3 hash, its default secret), \
-         over the token's raw bytes"
-    );
-    hash["table_seed"] = json!("field_seed(hash_seed, t), t the 0-based table index (tables[t].seed)");
-    hash["bucket"] = json!("row = (h * rows) >> 64, the product taken in 128 bits: a row in 0..rows");
     json!({
         "format": "amazon-dien",
         "record": {
@@ -165,14 +217,14 @@ fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) 
             "label": "exactly `0` or `1`",
             "unlabeled": "a line without the label column is featurized as the same line with a `0` label",
         },
-        "tables": tables,
+        "tables": token_tables(config, names, hash_seed),
         "categorical": categorical,
         "sequences": sequences,
         "max_len": max_len,
         "histories": "a history is split on the delimiter byte as bytes (k delimiters give k + 1 tokens, empty tokens \
                       included and hashed like any other); an empty history is an empty sequence; a history of n > \
                       max_len tokens keeps its last max_len (the most recent), in order, oldest first",
-        "hash": hash,
+        "hash": token_hash(hash_seed),
         "missing": "an empty user, item or category value is an empty bag: it adds no row (its pooled vector is zero)",
         "pooling": "sum of the rows of a field's ids (a field has at most one id)",
         "bad_records": "a line without exactly 6 TAB-separated fields, with another label, or whose two histories hold \

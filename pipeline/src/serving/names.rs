@@ -6,12 +6,14 @@
 //! records (`I1`…`I13`, `C1`…`C26`); a model of a behaviour format
 //! (`amazon-dien`, `taobao-behavior`, `synthetic-behavior`) reads `user`,
 //! `item`, `category` and the sequences `item_history`, `category_history`;
-//! any other model gets positional names (`dense_<j>`, `field_<i>`,
+//! an Avazu model the dense `hour` and the sparse `C1`, `banner_pos`, …, `C21`,
+//! `hour_of_day` (the Kaggle header's names); any other model gets positional names (`dense_<j>`, `field_<i>`,
 //! `sequence_<j>`, 0-based). Feature crosses (the last `wide_only` sparse
 //! fields of LR and Wide & Deep) are `cross_<i>`.
 
 use tiderec_operators::nn::ModelConfig;
 use tiderec_sources::criteo::{NUM_DENSE, NUM_SPARSE};
+use tiderec_sources::parquet::schema::avazu_sparse_names;
 
 /// The names of a model's inputs, in the order the model reads them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,13 +56,23 @@ pub fn input_names(model: &ModelConfig, format: Option<&str>) -> InputNames {
     let behavior = format.is_some_and(|f| BEHAVIOR_FORMATS.contains(&f))
         && own == BEHAVIOR_FIELDS.len()
         && model.num_sequences() <= BEHAVIOR_SEQUENCES.len();
-    let dense =
-        (0..model.num_dense()).map(|j| if criteo { format!("I{}", j + 1) } else { format!("dense_{j}") }).collect();
+    let avazu: Option<Vec<String>> = (format == Some("avazu")
+        && model.num_dense() == tiderec_sources::avazu::NUM_DENSE
+        && own == tiderec_sources::avazu::NUM_SPARSE)
+        .then(|| avazu_sparse_names().collect());
+    let dense = (0..model.num_dense())
+        .map(|j| match () {
+            _ if criteo => format!("I{}", j + 1),
+            _ if avazu.is_some() => "hour".to_string(),
+            _ => format!("dense_{j}"),
+        })
+        .collect();
     let sparse = (0..own)
-        .map(|i| match () {
+        .map(|i| match &avazu {
             _ if criteo => format!("C{}", i + 1),
             _ if behavior => BEHAVIOR_FIELDS[i].to_string(),
-            _ => format!("field_{i}"),
+            Some(names) => names[i].clone(),
+            None => format!("field_{i}"),
         })
         .chain((0..crosses(model)).map(|i| format!("cross_{i}")))
         .collect();
@@ -85,9 +97,15 @@ mod tests {
         assert!(n.criteo);
         assert_eq!(&n.sparse[25..], ["C26", "cross_0", "cross_1"]);
         let avazu = FmConfig { num_dense: 0, num_sparse: 22, dim: 4, deep: vec![], fm: true, wide_only: 0 };
-        let n = input_names(&ModelConfig::Fm(avazu), Some("avazu"));
+        let n = input_names(&ModelConfig::Fm(avazu.clone()), Some("csv"));
         assert!(!n.criteo && n.dense.is_empty());
         assert_eq!(n.sparse[21], "field_21");
+        let n = input_names(&ModelConfig::Fm(FmConfig { num_dense: 1, ..avazu }), Some("avazu"));
+        assert_eq!(n.dense, ["hour"]);
+        assert_eq!(
+            (n.sparse[0].as_str(), n.sparse[1].as_str(), n.sparse[21].as_str()),
+            ("C1", "banner_pos", "hour_of_day")
+        );
     }
 
     #[test]
