@@ -17,11 +17,14 @@ not scored: it is reported on stderr with its file and line, and counted.
 
 Records are read in the format model.json spells out: Criteo TSV
 (`label, I1..I13, C1..C26`), Avazu CSV (`id, click, hour, C1, …, C21`, a
-header line first) or the DIEN sample format of `amazon-dien` (`label, user,
-item, category, item history, category history`). They are labeled unless
+header line first), the DIEN sample format of `amazon-dien` (`label, user,
+item, category, item history, category history`) or the delimited records of
+a feature spec (`csv`, `taobao-ad`: dense and numeric-list columns,
+hash / identity / vocabulary categoricals, pooled lists and sequences). They are labeled unless
 `--unlabeled` is given (the same lines without their label column). A model whose records model.json does not spell out (another
 data format, or a checkpoint that recorded no feature pipeline) is refused with
-a message saying so.
+a message saying so (a checkpoint that records no feature pipeline, or Parquet,
+generated or Taobao behaviour-log data).
 
 Needs NumPy and safetensors (`pip install numpy safetensors`). Exit status:
 0 on success, 2 on a model or input it cannot score.
@@ -478,7 +481,7 @@ class SpecFeaturizer:
     @staticmethod
     def list_ids(l, raw):
         """The first max_len non-empty tokens of the list, hashed into its table."""
-        tokens = [t for t in raw.split(l["delimiter"].encode()) if t][: int(l["max_len"])]
+        tokens = [t for t in raw.split(l["delimiter"].encode()[:1]) if t][: int(l["max_len"])]
         return [reduce_bucket(xxh3_64(t, l["_seed"]), int(l["rows"])) for t in tokens]
 
     def parse(self, line):
@@ -513,7 +516,7 @@ class SpecFeaturizer:
             dense.append(v)
         for n in self.numeric:
             values = []
-            for t in parts[n["column"]].split(n["delimiter"].encode()):
+            for t in parts[n["column"]].split(n["delimiter"].encode()[:1]):
                 if t:
                     v = parse_f32(t)
                     if v is None:

@@ -112,7 +112,12 @@ pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineEr
     if params.last().map_or(0, |t| t.range().end) != m.dense.len() {
         return Err(checkpoint_error(checkpoint, "dense parameters do not match the model"));
     }
-    let names = names::input_names(model, m.pipeline.as_ref().map(|p| p.format.as_str()));
+    let pipeline = m.pipeline.as_ref();
+    let names = names::input_names(
+        model,
+        pipeline.map(|p| p.format.as_str()),
+        pipeline.and_then(|p| p.spec.as_ref()).map(|s| &s.fields),
+    );
     let tables = tables::table_tensors(model, &names, m.tables);
     let mut tensors: Vec<ServingTensor> = params
         .iter()

@@ -166,11 +166,11 @@ mod tests {
         let c =
             DlrmConfig { num_dense: 2, num_sparse: 2, dim: 3, bottom: vec![3], top: vec![1], self_interaction: false };
         let m = ModelConfig::Dlrm(c.clone());
-        let f = forward(&m, &input_names(&m, None), &[]);
+        let f = forward(&m, &input_names(&m, None, None), &[]);
         assert_eq!(f["interaction"]["pairs"], json!([[1, 0], [2, 0], [2, 1]]));
         assert_eq!(f["bottom"]["layers"], json!(["bottom.0"]));
         let m = ModelConfig::Dlrm(DlrmConfig { self_interaction: true, ..c });
-        let f = forward(&m, &input_names(&m, None), &[]);
+        let f = forward(&m, &input_names(&m, None, None), &[]);
         assert_eq!(f["interaction"]["pairs"], json!([[1, 0], [1, 1], [2, 0], [2, 1], [2, 2], [0, 0]]));
     }
 }

@@ -5,10 +5,12 @@
 //! featurization out for a reader in another language, completely (the bytes
 //! hashed, the hash functions with their constants, the per-field seeds, the
 //! reduction to a row, dense transforms, histories, missing values and
-//! malformed records), for three formats: Criteo TSV (a Criteo-shaped model, see
+//! malformed records), for four formats: Criteo TSV (a Criteo-shaped model, see
 //! [`super::names::is_criteo_shaped`], of `criteo` data or of a checkpoint
-//! that records no pipeline), Avazu CSV (`avazu`) and the DIEN sample format
-//! (`amazon-dien`). `scripts/reference_scorer.py` rebuilds all three. Any other format gets its name,
+//! that records no pipeline), Avazu CSV (`avazu`), the DIEN sample format
+//! (`amazon-dien`) and feature-spec records (`csv`, `taobao-ad`: every column's
+//! role, transform and table from the recorded spec, vocabularies inlined).
+//! `scripts/reference_scorer.py` rebuilds all of them. Any other format gets its name,
 //! a note, the table sizes and the seed (its spec is in `pipeline`).
 //!
 //! Feature crosses are spelled out in any format's section (`crosses`: the
@@ -25,7 +27,7 @@ use crate::TrainSettings;
 use serde_json::{json, Value};
 use tiderec_operators::features::cross::{CROSS_ROTATE, CROSS_SALT, MAX_PAIRS};
 use tiderec_operators::features::field_seed;
-use tiderec_operators::spec::AVAZU_COLUMNS;
+use tiderec_operators::spec::{Encoding, FeatureSpec, Pooling, AVAZU_COLUMNS};
 use tiderec_operators::train::TrainerConfig;
 use tiderec_sources::amazon::{HISTORY_DELIMITER, NUM_COLUMNS, SEQUENCE_TABLES};
 use tiderec_sources::criteo::{MIN_FIELDS, NUM_FIELDS};
@@ -48,10 +50,12 @@ pub fn feature_pipeline(config: &TrainerConfig, pipeline: Option<&FeaturePipelin
         _ if names.criteo && pipeline.is_none_or(|p| p.format == "criteo") => criteo(config, hash_seed, names),
         Some(p) if p.format == "amazon-dien" => amazon_dien(config, p, names),
         Some(p) if p.format == "avazu" => avazu(config, p, names),
+        Some(FeaturePipeline { format, spec: Some(spec), hash, .. }) if format == "csv" || format == "taobao-ad" => {
+            spec_records(format, &spec.fields, hash.seed, names)
+        }
         Some(p) => json!({
             "format": p.format,
-            "note": "spelled out for Criteo TSV only; the `pipeline` key holds this format's spec, \
-                     hash function and transforms",
+            "note": unspelled(&p.format),
             "hash_seed": hash_seed,
             "table_sizes": config.table_sizes,
         }),
@@ -67,6 +71,20 @@ pub fn feature_pipeline(config: &TrainerConfig, pipeline: Option<&FeaturePipelin
         section["crosses"] = crosses_section(pipeline, names, crosses(&config.model));
     }
     section
+}
+
+/// Why the records of `format` are not spelled out.
+fn unspelled(format: &str) -> String {
+    let why = match format {
+        "parquet" => "Parquet files (their schema is under `pipeline.parquet`) need a Parquet reader",
+        "synthetic" | "synthetic-behavior" => "generated samples have no records to read",
+        "taobao-behavior" => "its samples are derived from a whole behaviour log by a dataflow, not record by record",
+        _ => "this format is not spelled out",
+    };
+    format!(
+        "records are spelled out for criteo, avazu, amazon-dien and feature-spec (csv, taobao-ad) data; {why} \
+         (`pipeline` records how they were featurized)"
+    )
 }
 
 /// `mix64` and `field_seed` with their constants.
@@ -188,6 +206,135 @@ fn avazu(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) -> Val
         "pooling": "sum of the rows of a field's ids (a field has at most one id)",
         "bad_records": "a line without exactly 24 comma-separated fields (23 unlabeled), with another label, or \
                         whose hour is not YYMMDDHH is malformed and not scored; `id` is not read",
+    })
+}
+
+/// The records of a feature spec (`operators/src/spec.rs`, `SpecFormat`).
+fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputNames) -> Value {
+    let column = |c: &str| spec.columns.iter().position(|x| x == c);
+    let nc = spec.categorical.len();
+    let dense: Vec<Value> = spec
+        .dense
+        .iter()
+        .enumerate()
+        .map(|(j, d)| json!({"name": names.dense[j], "column": column(&d.column), "clamp": d.clamp, "log1p": d.log1p}))
+        .collect();
+    let numeric: Vec<Value> = spec
+        .numeric_list
+        .iter()
+        .enumerate()
+        .map(|(k, n)| {
+            json!({
+                "name": names.dense[spec.dense.len() + k],
+                "column": column(&n.column),
+                "delimiter": n.delimiter,
+                "reduce": n.reduce,
+            })
+        })
+        .collect();
+    let categorical: Vec<Value> = spec
+        .categorical
+        .iter()
+        .enumerate()
+        .map(|(f, c)| {
+            let mut v = json!({
+                "name": names.sparse[f],
+                "column": column(&c.column),
+                "table": f,
+                "rows": c.buckets,
+                "encoding": c.encoding,
+                "seed_index": f,
+                "seed": hex(field_seed(hash_seed, f)),
+                "oov_buckets": c.oov_buckets,
+            });
+            if c.encoding == Encoding::Vocabulary {
+                match c.vocabulary.as_ref().map(|voc| voc.load(&format!("categorical[{f}].vocabulary"))) {
+                    Some(Ok(map)) => {
+                        let mut tokens: Vec<(&Vec<u8>, &u64)> = map.iter().collect();
+                        tokens.sort_by_key(|&(_, &id)| id);
+                        let text: Option<Vec<&str>> = tokens.iter().map(|(t, _)| std::str::from_utf8(t).ok()).collect();
+                        match text {
+                            Some(text) => v["vocabulary"] = json!(text),
+                            None => v["note"] = json!("the vocabulary holds tokens that are not UTF-8 text"),
+                        }
+                    }
+                    Some(Err(e)) => v["note"] = json!(format!("the vocabulary could not be read at export: {e}")),
+                    None => v["note"] = json!("no vocabulary recorded"),
+                }
+            }
+            v
+        })
+        .collect();
+    let (mut pooled, mut sequences) = (0, 0);
+    let lists: Vec<Value> = spec
+        .list
+        .iter()
+        .map(|l| {
+            let seed_index = match &l.target {
+                Some(t) => spec.categorical.iter().position(|c| &c.column == t).unwrap_or(0),
+                None => nc + pooled,
+            };
+            let (slot, name) = if l.pooling == Pooling::None {
+                sequences += 1;
+                (sequences - 1, names.sequences.get(sequences - 1).cloned().unwrap_or_else(|| l.column.clone()))
+            } else {
+                pooled += 1;
+                (nc + pooled - 1, names.sparse[nc + pooled - 1].clone())
+            };
+            json!({
+                "name": name,
+                "column": column(&l.column),
+                "delimiter": l.delimiter,
+                "max_len": l.max_len,
+                "rows": l.buckets,
+                "pooling": l.pooling,
+                "target": l.target,
+                "slot": slot,
+                "seed_index": seed_index,
+                "seed": hex(field_seed(hash_seed, seed_index)),
+            })
+        })
+        .collect();
+    let separator = if spec.delimiter == "\\t" { "\t" } else { spec.delimiter.as_str() };
+    json!({
+        "format": format,
+        "record": {
+            "separator": separator,
+            "columns": spec.columns,
+            "label_column": column(&spec.label.column),
+            "label": "exactly `0` or `1`",
+            "header": spec.header,
+            "header_rule": "with `header`, a file's first line starting with columns[0] (for unlabeled files: or doing \
+                            so once the label column's name is inserted) is its header, not a record",
+            "line_end": "LF; a CR before it is dropped; a missing final newline is fine; an empty line is no record",
+            "fields": "the line split on the separator byte (no quoting); exactly one field per column",
+            "unlabeled": "a line without the label column is featurized as the same line with a `0` there",
+        },
+        "dense": dense,
+        "dense_rules": "a value is parsed as float32 (Rust's `str::parse::<f32>` syntax: optional sign, digits with an \
+                        optional point and exponent, or inf / infinity / nan); empty is 0.0; a value that is not a \
+                        number or not finite is a malformed record; then `clamp` to [lo, hi] if given, then \
+                        `log1p`: float32 ln(1 + max(x, 0)); a non-finite result is a malformed record",
+        "numeric_lists": numeric,
+        "numeric_list_rules": "the column split on its delimiter, empty tokens skipped, each token parsed as a float32 \
+                               (a token that is not a number makes the record malformed); the values summed in \
+                               float64 in order; `sum`: float32(sum), `mean`: float32(sum / n), 0.0 without a value; \
+                               a non-finite result is a malformed record. Numeric lists come after the dense columns",
+        "categorical": categorical,
+        "categorical_rules": "an empty value is an empty bag. `hash`: row = bucket(token, seed, rows). `identity`: the \
+                              value is a decimal integer (optional sign, 1 to 18 digits) in 0..rows, else the record is \
+                              malformed. `vocabulary`: token k of `vocabulary` is row k; another token is row \
+                              len(vocabulary) + bucket(token, seed, oov_buckets), or an empty bag without oov buckets",
+        "lists": lists,
+        "list_rules": "the column split on its one-byte delimiter, empty tokens dropped, the first max_len tokens \
+                       kept, each hashed: row = bucket(token, seed, rows). `sum` and `mean` lists are sparse fields \
+                       after the categorical ones (`slot`: the field's index); a `mean` list weighs each of its n \
+                       rows float32(1 / n). `none` lists are sequences (`slot`: the sequence's index), hashed like \
+                       their `target` field (its seed and rows: one table); all of them must have one length on a \
+                       line, else the record is malformed",
+        "hash": token_hash(hash_seed),
+        "bucket": "bucket(token, seed, n) = (XXH3_64bits_withSeed(token, seed) * n) >> 64; each item's seed is \
+                   field_seed(hash_seed, seed_index)",
     })
 }
 

@@ -66,7 +66,7 @@ mod tests {
     fn fm_rows_split_into_first_order_weights_and_factors() {
         let c = FmConfig { num_dense: 1, num_sparse: 2, dim: 2, deep: vec![3], fm: false, wide_only: 1 };
         let model = ModelConfig::Fm(c);
-        let names = input_names(&model, None);
+        let names = input_names(&model, None, None);
         let t = table_tensors(&model, &names, vec![vec![1., 2., 3., 4., 5., 6.], vec![7., 8., 9.]]);
         let got: Vec<(&str, &[usize], &[f32])> =
             t.iter().map(|t| (t.name.as_str(), t.shape.as_slice(), t.values.as_slice())).collect();
