@@ -102,7 +102,7 @@ pub struct ExportSummary {
 }
 
 /// Version of the serving snapshot's layout (named tensors, `model.json` sections).
-pub const SERVING_FORMAT_VERSION: u32 = 2;
+pub const SERVING_FORMAT_VERSION: u32 = 3;
 
 /// Writes the serving snapshot of the checkpoint at `checkpoint` into `out` (see the module docs).
 pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineError> {
@@ -112,7 +112,12 @@ pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineEr
     if params.last().map_or(0, |t| t.range().end) != m.dense.len() {
         return Err(checkpoint_error(checkpoint, "dense parameters do not match the model"));
     }
-    let names = names::input_names(model);
+    let pipeline = m.pipeline.as_ref();
+    let names = names::input_names(
+        model,
+        pipeline.map(|p| p.format.as_str()),
+        pipeline.and_then(|p| p.spec.as_ref()).map(|s| &s.fields),
+    );
     let tables = tables::table_tensors(model, &names, m.tables);
     let mut tensors: Vec<ServingTensor> = params
         .iter()
@@ -133,8 +138,9 @@ pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineEr
         "model": model,
         "dense_features": names.dense,
         "sparse_fields": names.sparse,
+        "sequence_fields": names.sequences,
         "tensors": shapes,
-        "forward": describe::forward(model, &names),
+        "forward": describe::forward(model, &names, &m.config.sequence_tables),
         "output": {
             "logit": "the forward's logit (one value per record)",
             "probability": "sigmoid(logit) = 1 / (1 + exp(-logit)), the click probability",

@@ -12,11 +12,16 @@ use crate::batch::{Batch, SparseField};
 
 /// Most pairs crossed per sample and cross.
 pub const MAX_PAIRS: usize = 64;
+/// Mixed into the reader's hashing seed before the per-cross seeds are derived from it.
+pub const CROSS_SALT: u64 = 0xc205_5e5e;
+/// Left rotation of the second id before it is combined with the first.
+pub const CROSS_ROTATE: u32 = 29;
 
-/// The cross id of `(a, b)` for cross number `cross` (`seed` as the reader's hashing seed).
+/// The cross id of `(a, b)` for cross number `cross` (`seed` as the reader's hashing seed):
+/// `hash_bucket(field_seed(seed ^ CROSS_SALT, cross), mix64(a) ^ b.rotate_left(CROSS_ROTATE), buckets)`.
 #[inline]
 pub fn cross_id(seed: u64, cross: usize, a: u64, b: u64, buckets: u64) -> u64 {
-    hash_bucket(field_seed(seed ^ 0xc205_5e5e, cross), mix64(a) ^ b.rotate_left(29), buckets)
+    hash_bucket(field_seed(seed ^ CROSS_SALT, cross), mix64(a) ^ b.rotate_left(CROSS_ROTATE), buckets)
 }
 
 /// Appends one field per pair in `pairs` (indices of `batch.sparse`) holding the crosses.

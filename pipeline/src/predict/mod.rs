@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tiderec_operators::bad_record::{BadRecordCounts, BadRecordPolicy, DeadLetterSink};
 use tiderec_operators::format::LineFormat;
-use tiderec_operators::Batch;
+use tiderec_operators::{Batch, SparseField};
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sources::lines::{LineReader, ReaderOptions, RecordPosition};
 use tiderec_sources::parquet::ParquetReader;
@@ -229,20 +229,25 @@ pub fn score(
     let start = Instant::now();
     let sink = SharedDeadLetters::file(options.dead_letters.clone());
     let (step, mut scorer, mut records, names) = open(options, &sink)?;
-    let mut batch = match &records {
+    let (dense, sparse, sequences) = match &records {
         Records::Lines(r) => {
             let (dense, sparse) = r.format().shape();
-            Batch::with_sequences(dense, sparse, r.format().num_sequences())
+            (dense, sparse, r.format().num_sequences())
         }
         Records::Parquet(r) => {
             let d = r.dataset().description();
             let (dense, sparse) = d.shape();
-            Batch::with_sequences(dense, sparse, d.sequences.len())
+            (dense, sparse, d.sequences.len())
         }
     };
+    let mut batch = Batch::with_sequences(dense, sparse, sequences);
     let mut scored = 0u64;
     loop {
         batch.clear();
+        // Back to the records' shape: the scorer appends the crosses and drops the
+        // sequences the model does not read.
+        batch.sparse.truncate(sparse);
+        batch.sequences.resize_with(sequences, SparseField::new);
         if records.next_batch(&mut batch, options.batch_size.max(1))? == 0 {
             break;
         }

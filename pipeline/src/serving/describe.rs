@@ -30,13 +30,14 @@ fn mlp(prefix: &str, params: &[ParamTensor], relu_after_last: bool, input: Value
     })
 }
 
-/// The `forward` description of `model` (see the module docs).
-pub fn forward(model: &ModelConfig, names: &InputNames) -> Value {
+/// The `forward` description of `model`, whose sequence fields read the tables
+/// `sequence_tables` (see the module docs).
+pub fn forward(model: &ModelConfig, names: &InputNames, sequence_tables: &[usize]) -> Value {
     let params = model.param_tensors();
     match model {
         ModelConfig::Dlrm(c) => dlrm(c, names, &params),
         ModelConfig::Fm(c) => fm_family(c, model, names, &params),
-        ModelConfig::Dien(c) => dien(c, names, &params),
+        ModelConfig::Dien(c) => dien(c, names, sequence_tables, &params),
     }
 }
 
@@ -94,37 +95,59 @@ fn fm_family(c: &FmConfig, model: &ModelConfig, names: &InputNames, params: &[Pa
     out
 }
 
-fn dien(c: &DienConfig, names: &InputNames, params: &[ParamTensor]) -> Value {
+fn dien(c: &DienConfig, names: &InputNames, sequence_tables: &[usize], params: &[ParamTensor]) -> Value {
     let targets: Vec<&String> = c.target_fields.iter().map(|&f| &names.sparse[f]).collect();
     let mut input: Vec<String> = std::iter::once("dense".to_string())
         .chain(names.sparse.iter().map(|f| format!("pooled embeddings.{f}")))
         .collect();
     input.extend(["u".to_string(), "u ⊙ q".to_string()]);
+    let e = c.interest_dim();
     let interest = match c.interest {
         Interest::GruAttention => json!({
             "kind": "gru-attention",
-            "gru": "torch.nn.GRU(E, E, batch_first=True) with gru.weight_ih_l0, gru.weight_hh_l0, gru.bias_ih_l0, \
-                    gru.bias_hh_l0 (gate rows stacked r, z, n), h_0 = 0: r = σ(W_ir x + b_ir + W_hr h + b_hr), \
-                    z = σ(W_iz x + b_iz + W_hz h + b_hz), n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn)), \
-                    h' = (1 − z) ⊙ n + z ⊙ h, over the sample's valid steps",
+            "gru": {
+                "module": format!("torch.nn.GRU({e}, {e}, batch_first=True), one layer, unidirectional"),
+                "tensors": ["gru.weight_ih_l0", "gru.weight_hh_l0", "gru.bias_ih_l0", "gru.bias_hh_l0"],
+                "gate_order": ["r", "z", "n"],
+                "gates": "rows [0, E) of each tensor are the reset gate r, [E, 2E) the update gate z, [2E, 3E) the \
+                          candidate n",
+                "equations": [
+                    "r_t = σ(W_ir x_t + b_ir + W_hr h_{t−1} + b_hr)",
+                    "z_t = σ(W_iz x_t + b_iz + W_hz h_{t−1} + b_hz)",
+                    "n_t = tanh(W_in x_t + b_in + r_t ⊙ (W_hn h_{t−1} + b_hn))",
+                    "h_t = (1 − z_t) ⊙ n_t + z_t ⊙ h_{t−1}",
+                ],
+                "h_0": "zeros",
+                "steps": "t = 1 … L, the record's valid steps only (padding after them changes nothing)",
+            },
             "keys": "k_t = h_t + x_t",
-            "attention": "s_t = k_tᵀ · attention.weight · q; α = softmax of s over the valid steps; u = Σ_t α_t k_t \
-                          (u = 0 for an empty history)",
+            "attention": {
+                "score": "s_t = k_tᵀ · attention.weight · q (attention.weight is [E, E])",
+                "weights": "α = softmax(s_1 … s_L), computed as exp(s_t − max s) / Σ exp(s − max s)",
+                "u": "u = Σ_t α_t k_t; u = 0 for an empty history (L = 0)",
+            },
         }),
-        Interest::SumPooling => json!({"kind": "sum-pooling", "formula": "u = Σ_t x_t over the valid steps"}),
+        Interest::SumPooling => json!({"kind": "sum-pooling", "u": "u = Σ_t x_t over t = 1 … L (0 for L = 0)"}),
     };
     json!({
         "sequences": {
-            "tables": targets.iter().map(|f| format!("embeddings.{f}")).collect::<Vec<_>>(),
+            "fields": names.sequences,
+            "tables": sequence_tables.iter().map(|&t| format!("embeddings.{}", names.sparse[t])).collect::<Vec<_>>(),
             "max_len": c.max_len,
-            "order": "oldest event first; a longer history keeps its most recent max_len events",
+            "order": "oldest event first; the records' histories are already cut to their most recent events \
+                      (features.max_len)",
+            "length": "a record's number of steps L is the length of its first sequence field (every format gives \
+                       all of them one length)",
         },
-        "x_t": "concat over the sequence fields (in order) of the row of event t in that field's table: width E = \
-                num_sequences · dim",
-        "q": format!(
-            "concat of {} (the target fields, in sequence order)",
-            targets.iter().map(|f| format!("pooled embeddings.{f}")).collect::<Vec<_>>().join(", ")
+        "x_t": format!(
+            "concat over the sequence fields, in order, of the row of event t in that field's table: width E = \
+             {} · {} = {e}",
+            c.num_sequences, c.dim
         ),
+        "q": {
+            "fields": targets,
+            "formula": "concat of pooled embeddings.<f> over the fields, in order (width E)",
+        },
         "interest": interest,
         "mlp": mlp("mlp", params, false, json!(input)),
         "logit": "the MLP's single output",
@@ -143,11 +166,11 @@ mod tests {
         let c =
             DlrmConfig { num_dense: 2, num_sparse: 2, dim: 3, bottom: vec![3], top: vec![1], self_interaction: false };
         let m = ModelConfig::Dlrm(c.clone());
-        let f = forward(&m, &input_names(&m));
+        let f = forward(&m, &input_names(&m, None, None), &[]);
         assert_eq!(f["interaction"]["pairs"], json!([[1, 0], [2, 0], [2, 1]]));
         assert_eq!(f["bottom"]["layers"], json!(["bottom.0"]));
         let m = ModelConfig::Dlrm(DlrmConfig { self_interaction: true, ..c });
-        let f = forward(&m, &input_names(&m));
+        let f = forward(&m, &input_names(&m, None, None), &[]);
         assert_eq!(f["interaction"]["pairs"], json!([[1, 0], [1, 1], [2, 0], [2, 1], [2, 2], [0, 0]]));
     }
 }

@@ -1,7 +1,8 @@
 //! A served model's embedding tables as named tensors, one or two per sparse field.
 //!
 //! * DLRM and DIEN: `embeddings.<field>` `[rows, dim]` (row `i` = id `i`). A DIEN
-//!   sequence field reads its target field's table and has none of its own.
+//!   sequence field reads a sparse field's table (`item_history` reads
+//!   `embeddings.item`) and has none of its own.
 //! * LR, FM, DeepFM and Wide & Deep, whose rows are `[w, v₁ … v_k]`:
 //!   `first_order.<field>` `[rows, 1]` (the first-order weight `w`) and, when
 //!   `k > 0`, `embeddings.<field>` `[rows, k]` (the factor `v`, which the FM term and
@@ -65,7 +66,7 @@ mod tests {
     fn fm_rows_split_into_first_order_weights_and_factors() {
         let c = FmConfig { num_dense: 1, num_sparse: 2, dim: 2, deep: vec![3], fm: false, wide_only: 1 };
         let model = ModelConfig::Fm(c);
-        let names = input_names(&model);
+        let names = input_names(&model, None, None);
         let t = table_tensors(&model, &names, vec![vec![1., 2., 3., 4., 5., 6.], vec![7., 8., 9.]]);
         let got: Vec<(&str, &[usize], &[f32])> =
             t.iter().map(|t| (t.name.as_str(), t.shape.as_slice(), t.values.as_slice())).collect();
