@@ -59,6 +59,9 @@ pub struct ServingState {
     pub batches: u64,
     /// Reloads done so far.
     pub reloads: u64,
+    /// The model's records, as `GET /schema` describes them.
+    #[serde(skip)]
+    pub schema: Arc<serde_json::Value>,
 }
 
 /// Batching limits.
@@ -91,6 +94,7 @@ pub fn run(
             s.step = model.step;
             s.checkpoint = model.path.display().to_string();
             s.model = model.model_name.to_string();
+            s.schema = Arc::new(model.records().describe());
             s.reloads += 1;
         }
         batch.clear();

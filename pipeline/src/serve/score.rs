@@ -1,18 +1,26 @@
 //! One loaded checkpoint, ready to featurize and score JSON records.
 //!
-//! Invariant: a [`Loaded`] hashes records with the feature pipeline recorded
-//! in its checkpoint (table sizes and `--hash-seed`), so a record is always
-//! hashed for the tables that look it up, also across a reload that changes
-//! them; it scores through the same [`Scorer`] as `eval` and `predict`.
+//! Invariants:
+//! * A [`Loaded`] featurizes records with the feature pipeline recorded in
+//!   its checkpoint (format, spec, table sizes, `--hash-seed`), so a record is
+//!   always hashed for the tables that look it up, also across a reload that
+//!   changes them; it scores through the same [`Scorer`] as `eval` and
+//!   `predict`.
+//! * A record is featurized by the checkpoint's line format on the line
+//!   [`RecordShape`] makes of it, the format `predict` reads files with; a
+//!   Criteo object takes the `json` record format of Kafka topics
+//!   ([`CriteoJsonFormat`]) instead, whose features equal the TSV line's.
 
+use super::records::{LineOf, RecordShape};
 use crate::config::DataSpec;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::predict::scorer::Scorer;
 use crate::serving;
 use crate::PipelineError;
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use tiderec_operators::Batch;
-use tiderec_sources::criteo::{CriteoFeatures, NUM_DENSE, NUM_SPARSE};
+use tiderec_operators::{Batch, SparseField};
+use tiderec_sources::criteo::{CriteoFeatures, NUM_DENSE};
 use tiderec_sources::json::CriteoJsonFormat;
 use tiderec_sources::lines::LineFormat;
 
@@ -25,13 +33,19 @@ pub struct Loaded {
     /// The model's name (`dlrm`, `fm`, …).
     pub model_name: &'static str,
     scorer: Scorer,
-    format: CriteoJsonFormat,
+    records: RecordShape,
+    /// The pipeline's line format of labeled lines (the training files' lines).
+    format: Box<dyn LineFormat + Send>,
+    /// For Criteo checkpoints: the JSON form of their records.
+    criteo: Option<CriteoJsonFormat>,
+    /// Finds a record that may be `{"line": …}` before the Criteo JSON form reads it.
+    line_key: memchr::memmem::Finder<'static>,
+    line: RefCell<Vec<u8>>,
 }
 
 impl Loaded {
     /// Loads the checkpoint at `path` (a `ckpt-<step>` directory, or a directory whose newest
-    /// valid checkpoint is taken) and checks that it was trained on Criteo-format records,
-    /// whose JSON form it scores.
+    /// valid checkpoint is taken) and the format of the records it was trained on.
     pub fn load(path: &Path) -> Result<Loaded, PipelineError> {
         let served = serving::load(path)?;
         let found = if path.join(tiderec_sinks::checkpoint::layout::MANIFEST_FILE).is_file() {
@@ -47,46 +61,95 @@ impl Loaded {
                 &served.config.table_sizes,
                 None,
             )
-            .ok_or_else(|| not_criteo(&found, "a model that is not Criteo-shaped"))?,
+            .filter(|_| served.config.model.num_sequences() == 0)
+            .ok_or_else(|| {
+                PipelineError::config(
+                    "checkpoint",
+                    format!(
+                        "{} records no feature pipeline (an older checkpoint) and its model is not Criteo-shaped: \
+                         serve cannot tell what its records look like",
+                        found.display()
+                    ),
+                )
+            })?,
         };
-        if pipeline.format != "criteo" || served.config.model.num_sequences() > 0 {
-            return Err(not_criteo(&found, &format!("`{}` records", pipeline.format_label())));
-        }
-        let features = CriteoFeatures { table_sizes: pipeline.table_sizes.clone(), seed: pipeline.hash.seed };
-        let format = CriteoJsonFormat::unlabeled(features)?;
+        let unserved = |what: &str| {
+            PipelineError::config(
+                "checkpoint",
+                format!(
+                    "{}: serve scores records of line formats (criteo, avazu, csv, taobao-ad, amazon-dien); this \
+                     checkpoint was trained on {what}",
+                    found.display()
+                ),
+            )
+        };
+        let records = RecordShape::of(&pipeline)?.ok_or_else(|| unserved(&pipeline.format_label()))?;
+        let format = pipeline.line_format(true)?.ok_or_else(|| unserved(&pipeline.format_label()))?;
+        let criteo = match pipeline.format.as_str() {
+            "criteo" => Some(CriteoJsonFormat::unlabeled(CriteoFeatures {
+                table_sizes: pipeline.table_sizes.clone(),
+                seed: pipeline.hash.seed,
+            })?),
+            _ => None,
+        };
         let (step, model_name) = (served.step, served.config.model.name());
         let scorer = Scorer::new(served, &pipeline)?;
-        Ok(Loaded { path: found, step, model_name, scorer, format })
+        Ok(Loaded {
+            path: found,
+            step,
+            model_name,
+            scorer,
+            records,
+            format,
+            criteo,
+            line_key: memchr::memmem::Finder::new(b"\"line\"").into_owned(),
+            line: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// The fields of this model's records.
+    pub fn records(&self) -> &RecordShape {
+        &self.records
     }
 
     /// Appends the features of one JSON record to `out`; the error names the bad field.
     pub fn featurize(&self, record: &[u8], out: &mut Batch) -> Result<(), String> {
-        self.format.parse(record, out).map_err(|(reason, field)| match field {
-            Some(0) => format!("{reason} in `label`"),
-            Some(f) if f <= NUM_DENSE => format!("{reason} in `I{f}`"),
-            Some(f) => format!("{reason} in `C{}`", f - NUM_DENSE),
-            None => format!("{reason}: not a JSON object"),
-        })
+        let mut line = self.line.borrow_mut();
+        if let Some(json) = &self.criteo {
+            let maybe_line = self.line_key.find(record).is_some();
+            if !maybe_line || !self.records.given_line(record, &mut line).map_err(|e| e.to_string())? {
+                return criteo_json(json, record, out);
+            }
+            return self.format.parse(&line, out).map_err(|e| self.records.format_error(e, LineOf::Line).to_string());
+        }
+        let of = self.records.line_of(record, &mut line).map_err(|e| e.to_string())?;
+        self.format.parse(&line, out).map_err(|e| self.records.format_error(e, of).to_string())
     }
 
-    /// An empty batch of this model's shape.
+    /// An empty batch of this model's records' shape.
     pub fn batch(&self) -> Batch {
-        Batch::new(NUM_DENSE, NUM_SPARSE)
+        let (dense, sparse) = self.format.shape();
+        Batch::with_sequences(dense, sparse, self.format.num_sequences())
     }
 
     /// Click probabilities of every sample of `batch`, in order, appended to `out`.
+    /// The batch keeps this model's records' shape (the scorer's crosses and dropped sequences
+    /// are undone), so it can be cleared and filled again.
     pub fn score(&mut self, batch: &mut Batch, out: &mut Vec<f32>) -> Result<(), PipelineError> {
-        out.extend(self.scorer.probabilities(batch)?);
+        let scored = self.scorer.probabilities(batch);
+        batch.sparse.truncate(self.format.shape().1);
+        batch.sequences.resize_with(self.format.num_sequences(), SparseField::new);
+        out.extend(scored?);
         Ok(())
     }
 }
 
-fn not_criteo(path: &Path, what: &str) -> PipelineError {
-    PipelineError::config(
-        "checkpoint",
-        format!(
-            "{}: serve scores Criteo records as JSON objects (I1..I13, C1..C26); this checkpoint was trained on {what}",
-            path.display()
-        ),
-    )
+/// A Criteo JSON object's features; the error names the bad field.
+fn criteo_json(format: &CriteoJsonFormat, record: &[u8], out: &mut Batch) -> Result<(), String> {
+    format.parse(record, out).map_err(|(reason, field)| match field {
+        Some(0) => format!("{reason} in `label`"),
+        Some(f) if f <= NUM_DENSE => format!("{reason} in `I{f}`"),
+        Some(f) => format!("{reason} in `C{}`", f - NUM_DENSE),
+        None => format!("{reason}: not a JSON object"),
+    })
 }
