@@ -413,7 +413,13 @@ fn dien_on_amazon_histories_scores_as_predict_does() {
     let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
     let text = std::fs::read_to_string(&data).unwrap();
     let lines: Vec<&str> = text.lines().map(|l| l.trim_end_matches('\r')).filter(|l| !l.is_empty()).collect();
-    let list = |v: &str| if v.is_empty() { Vec::new() } else { v.split('\u{2}').collect() };
+    fn list(v: &str) -> Vec<&str> {
+        if v.is_empty() {
+            Vec::new()
+        } else {
+            v.split('\u{2}').collect()
+        }
+    }
     let records: Vec<String> = lines
         .iter()
         .map(|l| {

@@ -19,7 +19,7 @@ use crate::serving;
 use crate::PipelineError;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use tiderec_operators::{Batch, SparseField};
+use tiderec_operators::Batch;
 use tiderec_sources::criteo::{CriteoFeatures, NUM_DENSE};
 use tiderec_sources::json::CriteoJsonFormat;
 use tiderec_sources::lines::LineFormat;
@@ -133,13 +133,8 @@ impl Loaded {
     }
 
     /// Click probabilities of every sample of `batch`, in order, appended to `out`.
-    /// The batch keeps this model's records' shape (the scorer's crosses and dropped sequences
-    /// are undone), so it can be cleared and filled again.
     pub fn score(&mut self, batch: &mut Batch, out: &mut Vec<f32>) -> Result<(), PipelineError> {
-        let scored = self.scorer.probabilities(batch);
-        batch.sparse.truncate(self.format.shape().1);
-        batch.sequences.resize_with(self.format.num_sequences(), SparseField::new);
-        out.extend(scored?);
+        out.extend(self.scorer.probabilities(batch)?);
         Ok(())
     }
 }
