@@ -312,10 +312,12 @@ fn line_records(path: &Path, header: bool) -> Vec<String> {
     text.lines().skip(skip).filter(|l| !l.is_empty()).map(|l| serde_json::json!({ "line": l }).to_string()).collect()
 }
 
+/// The `error` of the 400 answer to `body`.
 fn post_error(client: &mut Client, body: &str) -> String {
     let r = client.post("/score", body.as_bytes()).unwrap();
     assert_eq!(r.status, 400, "{body}: {}", r.text());
-    r.text()
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    v["error"].as_str().unwrap().to_string()
 }
 
 #[test]
@@ -440,4 +442,81 @@ fn dien_on_amazon_histories_scores_as_predict_does() {
     assert!(e.contains("record 0: field_count in `history_categories`"), "{e}");
     let e = post_error(&mut c, r#"[{"user": "u"}, {"label": 2}]"#);
     assert!(e.contains("record 1: bad_label in `label`"), "{e}");
+}
+
+/// The rows of the Parquet files in `dir` as JSON objects keyed by their columns (label,
+/// ids and id lists; not the source positions, which are no feature), read with the
+/// parquet crate.
+fn parquet_rows(dir: &Path) -> Vec<String> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float32Type, UInt64Type};
+    use arrow_array::Array;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.retain(|p| p.extension().is_some_and(|e| e == "parquet"));
+    files.sort();
+    let mut out = Vec::new();
+    for file in files {
+        let reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file).unwrap())
+                .unwrap()
+                .build()
+                .unwrap();
+        for chunk in reader {
+            let chunk = chunk.unwrap();
+            for r in 0..chunk.num_rows() {
+                let mut row = serde_json::Map::new();
+                for (field, column) in chunk.schema().fields().iter().zip(chunk.columns()) {
+                    if field.name() == tiderec_sources::parquet::schema::LINE_START_COLUMN {
+                        continue;
+                    }
+                    let value = if let Some(c) = column.as_primitive_opt::<Float32Type>() {
+                        serde_json::json!(c.value(r))
+                    } else if let Some(c) = column.as_primitive_opt::<UInt64Type>() {
+                        if c.is_null(r) {
+                            serde_json::Value::Null
+                        } else {
+                            serde_json::json!(c.value(r))
+                        }
+                    } else {
+                        let list = column.as_list::<i32>().value(r);
+                        serde_json::json!(list.as_primitive::<UInt64Type>().values().to_vec())
+                    };
+                    row.insert(field.name().clone(), value);
+                }
+                out.push(serde_json::Value::Object(row).to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn rows_of_a_model_trained_on_parquet_score_as_predict_does() {
+    let Some(src) = shared_data("amazon_dien/local_test") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pq = dir.path().join("pq");
+    run_ok(
+        tiderec()
+            .args(["convert", "--progress", "none", "--buckets", "500", "--row-group-rows", "10", "--from"])
+            .arg(format!("amazon-dien:{}", src.display()))
+            .arg("--to")
+            .arg(format!("parquet:{}", pq.display())),
+    );
+    let data = format!("parquet:{}", pq.display());
+    let ckpt = train_epoch(dir.path(), "ckpt", &data, &["--model", "dien"]);
+    let want = predicted(&ckpt, &data, dir.path());
+    let server = serve(&ckpt, &[]);
+    assert!(server.records.contains("parquet (from amazon-dien)"), "{}", server.records);
+    let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
+    let records = parquet_rows(&pq);
+    assert_eq!(records.len(), 38);
+    assert_close(&served(&mut c, &records), &want, "parquet rows");
+    let schema: serde_json::Value = serde_json::from_slice(&c.get("/schema").unwrap().body).unwrap();
+    let names: Vec<&str> = schema["fields"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["label", "user", "item", "category", "history_items", "history_categories"]);
+    assert_eq!(schema["fields"][2]["table_size"], 500);
+    let e = post_error(&mut c, r#"[{"item": 3}, {"item": 500}]"#);
+    assert!(e.contains("record 1: id 500 is not below the table size 500 in `item`"), "{e}");
+    let e = post_error(&mut c, r#"{"history_items": "a"}"#);
+    assert!(e.contains("record 0: \"a\" is not an array of ids in `history_items`"), "{e}");
 }

@@ -5,7 +5,8 @@
 //!   one click probability per record in order. A record is keyed by the
 //!   column names of the records the checkpoint was trained on (Criteo's
 //!   `I1`…`I13`, `C1`…`C26`; Avazu's header; a spec's columns; …), or is
-//!   `{"line": TEXT}`, one line of the training files (see [`records`]). A
+//!   `{"line": TEXT}`, one line of the training files (see [`records`]); a
+//!   model trained on Parquet files scores featurized rows ([`rows`]). A
 //!   bad record answers 400 naming its index and field; nothing of that
 //!   request is scored.
 //! * `GET /schema` answers the format of the model's records and each field:
@@ -22,6 +23,7 @@
 pub mod batcher;
 pub mod client;
 pub mod records;
+pub mod rows;
 pub mod score;
 
 use crate::PipelineError;
@@ -92,9 +94,9 @@ impl Server {
             records: 0,
             batches: 0,
             reloads: 0,
-            schema: Arc::new(model.records().describe()),
+            schema: Arc::new(model.describe()),
         }));
-        let records = model.records().summary();
+        let records = model.summary();
         let http = tiny_http::Server::http(&options.addr)
             .map_err(|e| PipelineError::config("addr", format!("cannot listen on {}: {e}", options.addr)))?;
         let addr = http

@@ -9,9 +9,12 @@
 //! * A record is featurized by the checkpoint's line format on the line
 //!   [`RecordShape`] makes of it, the format `predict` reads files with; a
 //!   Criteo object takes the `json` record format of Kafka topics
-//!   ([`CriteoJsonFormat`]) instead, whose features equal the TSV line's.
+//!   ([`CriteoJsonFormat`]) instead, whose features equal the TSV line's. A
+//!   model trained on Parquet files scores featurized rows ([`rows`]),
+//!   decoded by the Parquet reader `predict` reads the files with.
 
 use super::records::{LineOf, RecordShape};
+use super::rows;
 use crate::config::DataSpec;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::predict::scorer::Scorer;
@@ -23,6 +26,7 @@ use tiderec_operators::Batch;
 use tiderec_sources::criteo::{CriteoFeatures, NUM_DENSE};
 use tiderec_sources::json::CriteoJsonFormat;
 use tiderec_sources::lines::LineFormat;
+use tiderec_sources::parquet::SchemaDescription;
 
 /// A checkpoint's model with its record format.
 pub struct Loaded {
@@ -33,14 +37,24 @@ pub struct Loaded {
     /// The model's name (`dlrm`, `fm`, …).
     pub model_name: &'static str,
     scorer: Scorer,
-    records: RecordShape,
-    /// The pipeline's line format of labeled lines (the training files' lines).
-    format: Box<dyn LineFormat + Send>,
-    /// For Criteo checkpoints: the JSON form of their records.
-    criteo: Option<CriteoJsonFormat>,
-    /// Finds a record that may be `{"line": …}` before the Criteo JSON form reads it.
-    line_key: memchr::memmem::Finder<'static>,
-    line: RefCell<Vec<u8>>,
+    records: Records,
+}
+
+/// How records become samples.
+enum Records {
+    /// Records of a line format: made into a line, parsed by the pipeline's format.
+    Lines {
+        shape: RecordShape,
+        /// The pipeline's line format of labeled lines (the training files' lines).
+        format: Box<dyn LineFormat + Send>,
+        /// For Criteo checkpoints: the JSON form of their records.
+        criteo: Option<CriteoJsonFormat>,
+        /// Finds a record that may be `{"line": …}` before the Criteo JSON form reads it.
+        line_key: memchr::memmem::Finder<'static>,
+        line: RefCell<Vec<u8>>,
+    },
+    /// Featurized rows of a Parquet schema.
+    Rows { description: SchemaDescription, table_sizes: Vec<u64> },
 }
 
 impl Loaded {
@@ -73,63 +87,88 @@ impl Loaded {
                 )
             })?,
         };
-        let unserved = |what: &str| {
-            PipelineError::config(
-                "checkpoint",
-                format!(
-                    "{}: serve scores records of line formats (criteo, avazu, csv, taobao-ad, amazon-dien); this \
-                     checkpoint was trained on {what}",
-                    found.display()
-                ),
-            )
-        };
-        let records = RecordShape::of(&pipeline)?.ok_or_else(|| unserved(&pipeline.format_label()))?;
-        let format = pipeline.line_format(true)?.ok_or_else(|| unserved(&pipeline.format_label()))?;
-        let criteo = match pipeline.format.as_str() {
-            "criteo" => Some(CriteoJsonFormat::unlabeled(CriteoFeatures {
-                table_sizes: pipeline.table_sizes.clone(),
-                seed: pipeline.hash.seed,
-            })?),
-            _ => None,
+        let records = match (&pipeline.parquet, RecordShape::of(&pipeline)?, pipeline.line_format(true)?) {
+            (Some(description), _, _) => {
+                Records::Rows { description: description.clone(), table_sizes: pipeline.table_sizes.clone() }
+            }
+            (None, Some(shape), Some(format)) => Records::Lines {
+                shape,
+                format,
+                criteo: match pipeline.format.as_str() {
+                    "criteo" => Some(CriteoJsonFormat::unlabeled(CriteoFeatures {
+                        table_sizes: pipeline.table_sizes.clone(),
+                        seed: pipeline.hash.seed,
+                    })?),
+                    _ => None,
+                },
+                line_key: memchr::memmem::Finder::new(b"\"line\"").into_owned(),
+                line: RefCell::new(Vec::new()),
+            },
+            _ => {
+                return Err(PipelineError::config(
+                    "checkpoint",
+                    format!(
+                        "{}: serve scores records of files (criteo, avazu, csv, taobao-ad, amazon-dien, parquet); \
+                         this checkpoint was trained on {}",
+                        found.display(),
+                        pipeline.format_label()
+                    ),
+                ))
+            }
         };
         let (step, model_name) = (served.step, served.config.model.name());
         let scorer = Scorer::new(served, &pipeline)?;
-        Ok(Loaded {
-            path: found,
-            step,
-            model_name,
-            scorer,
-            records,
-            format,
-            criteo,
-            line_key: memchr::memmem::Finder::new(b"\"line\"").into_owned(),
-            line: RefCell::new(Vec::new()),
-        })
+        Ok(Loaded { path: found, step, model_name, scorer, records })
     }
 
-    /// The fields of this model's records.
-    pub fn records(&self) -> &RecordShape {
-        &self.records
+    /// What `GET /schema` answers: the format of this model's records and their fields.
+    pub fn describe(&self) -> serde_json::Value {
+        match &self.records {
+            Records::Lines { shape, .. } => shape.describe(),
+            Records::Rows { description, .. } => rows::describe(description),
+        }
+    }
+
+    /// One line saying what a record looks like.
+    pub fn summary(&self) -> String {
+        match &self.records {
+            Records::Lines { shape, .. } => shape.summary(),
+            Records::Rows { description, .. } => rows::summary(description),
+        }
     }
 
     /// Appends the features of one JSON record to `out`; the error names the bad field.
     pub fn featurize(&self, record: &[u8], out: &mut Batch) -> Result<(), String> {
-        let mut line = self.line.borrow_mut();
-        if let Some(json) = &self.criteo {
-            let maybe_line = self.line_key.find(record).is_some();
-            if !maybe_line || !self.records.given_line(record, &mut line).map_err(|e| e.to_string())? {
+        let (shape, format, criteo, line_key, line) = match &self.records {
+            Records::Lines { shape, format, criteo, line_key, line } => (shape, format, criteo, line_key, line),
+            Records::Rows { description, table_sizes } => {
+                return rows::featurize(description, table_sizes, record, out)
+            }
+        };
+        let mut line = line.borrow_mut();
+        if let Some(json) = criteo {
+            let maybe_line = line_key.find(record).is_some();
+            if !maybe_line || !shape.given_line(record, &mut line).map_err(|e| e.to_string())? {
                 return criteo_json(json, record, out);
             }
-            return self.format.parse(&line, out).map_err(|e| self.records.format_error(e, LineOf::Line).to_string());
+            return format.parse(&line, out).map_err(|e| shape.format_error(e, LineOf::Line).to_string());
         }
-        let of = self.records.line_of(record, &mut line).map_err(|e| e.to_string())?;
-        self.format.parse(&line, out).map_err(|e| self.records.format_error(e, of).to_string())
+        let of = shape.line_of(record, &mut line).map_err(|e| e.to_string())?;
+        format.parse(&line, out).map_err(|e| shape.format_error(e, of).to_string())
     }
 
     /// An empty batch of this model's records' shape.
     pub fn batch(&self) -> Batch {
-        let (dense, sparse) = self.format.shape();
-        Batch::with_sequences(dense, sparse, self.format.num_sequences())
+        match &self.records {
+            Records::Lines { format, .. } => {
+                let (dense, sparse) = format.shape();
+                Batch::with_sequences(dense, sparse, format.num_sequences())
+            }
+            Records::Rows { description, .. } => {
+                let (dense, sparse) = description.shape();
+                Batch::with_sequences(dense, sparse, description.sequences.len())
+            }
+        }
     }
 
     /// Click probabilities of every sample of `batch`, in order, appended to `out`.
