@@ -43,18 +43,21 @@ pub struct Loaded {
 /// How records become samples.
 enum Records {
     /// Records of a line format: made into a line, parsed by the pipeline's format.
-    Lines {
-        shape: RecordShape,
-        /// The pipeline's line format of labeled lines (the training files' lines).
-        format: Box<dyn LineFormat + Send>,
-        /// For Criteo checkpoints: the JSON form of their records.
-        criteo: Option<CriteoJsonFormat>,
-        /// Finds a record that may be `{"line": …}` before the Criteo JSON form reads it.
-        line_key: memchr::memmem::Finder<'static>,
-        line: RefCell<Vec<u8>>,
-    },
+    Lines(Box<LineRecords>),
     /// Featurized rows of a Parquet schema.
     Rows { description: SchemaDescription, table_sizes: Vec<u64> },
+}
+
+/// Records of a line format.
+struct LineRecords {
+    shape: RecordShape,
+    /// The pipeline's line format of labeled lines (the training files' lines).
+    format: Box<dyn LineFormat + Send>,
+    /// For Criteo checkpoints: the JSON form of their records.
+    criteo: Option<CriteoJsonFormat>,
+    /// Finds a record that may be `{"line": …}` before the Criteo JSON form reads it.
+    line_key: memchr::memmem::Finder<'static>,
+    line: RefCell<Vec<u8>>,
 }
 
 impl Loaded {
@@ -91,7 +94,7 @@ impl Loaded {
             (Some(description), _, _) => {
                 Records::Rows { description: description.clone(), table_sizes: pipeline.table_sizes.clone() }
             }
-            (None, Some(shape), Some(format)) => Records::Lines {
+            (None, Some(shape), Some(format)) => Records::Lines(Box::new(LineRecords {
                 shape,
                 format,
                 criteo: match pipeline.format.as_str() {
@@ -103,7 +106,7 @@ impl Loaded {
                 },
                 line_key: memchr::memmem::Finder::new(b"\"line\"").into_owned(),
                 line: RefCell::new(Vec::new()),
-            },
+            })),
             _ => {
                 return Err(PipelineError::config(
                     "checkpoint",
@@ -124,7 +127,7 @@ impl Loaded {
     /// What `GET /schema` answers: the format of this model's records and their fields.
     pub fn describe(&self) -> serde_json::Value {
         match &self.records {
-            Records::Lines { shape, .. } => shape.describe(),
+            Records::Lines(r) => r.shape.describe(),
             Records::Rows { description, .. } => rows::describe(description),
         }
     }
@@ -132,15 +135,15 @@ impl Loaded {
     /// One line saying what a record looks like.
     pub fn summary(&self) -> String {
         match &self.records {
-            Records::Lines { shape, .. } => shape.summary(),
+            Records::Lines(r) => r.shape.summary(),
             Records::Rows { description, .. } => rows::summary(description),
         }
     }
 
     /// Appends the features of one JSON record to `out`; the error names the bad field.
     pub fn featurize(&self, record: &[u8], out: &mut Batch) -> Result<(), String> {
-        let (shape, format, criteo, line_key, line) = match &self.records {
-            Records::Lines { shape, format, criteo, line_key, line } => (shape, format, criteo, line_key, line),
+        let LineRecords { shape, format, criteo, line_key, line } = match &self.records {
+            Records::Lines(r) => &**r,
             Records::Rows { description, table_sizes } => {
                 return rows::featurize(description, table_sizes, record, out)
             }
@@ -160,9 +163,9 @@ impl Loaded {
     /// An empty batch of this model's records' shape.
     pub fn batch(&self) -> Batch {
         match &self.records {
-            Records::Lines { format, .. } => {
-                let (dense, sparse) = format.shape();
-                Batch::with_sequences(dense, sparse, format.num_sequences())
+            Records::Lines(r) => {
+                let (dense, sparse) = r.format.shape();
+                Batch::with_sequences(dense, sparse, r.format.num_sequences())
             }
             Records::Rows { description, .. } => {
                 let (dense, sparse) = description.shape();

@@ -164,7 +164,7 @@ mod tests {
         assert_eq!(bad(br#"{"I2": "x"}"#), blame("I2", "\"x\" is not a number"));
         assert_eq!(bad(br#"{"C3": [1]}"#), blame("C3", "[1] is not an id (a non-negative integer)"));
         assert_eq!(bad(br#"{"C3": 10}"#), blame("C3", "id 10 is not below the table size 10"));
-        assert_eq!(bad(br#"{"I1": 1e40}"#), blame("I1", "row 0: non_finite value"));
+        assert_eq!(bad(br#"{"I1": 1e40}"#), blame("I1", "non_finite value"));
         assert_eq!(bad(br#"{"label": 2}"#), blame("label", "label 2 is not in [0, 1]"));
         assert_eq!(bad(br#"{"X": 1}"#).field.as_deref(), Some("X"));
         assert!(bad(b"[1]").reason.starts_with("not a JSON object"));

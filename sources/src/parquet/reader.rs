@@ -413,7 +413,8 @@ pub fn append_chunk(
     let ctx = Ctx { description, table_sizes, place: &place };
     let rows = 0..chunk.num_rows();
     if let Some(&(r, j)) = non_finite_rows(&ctx, chunk, rows.clone())?.first() {
-        return Err(ctx.err(&description.dense[j], format!("row {r}: {} value", BadReason::NonFinite)));
+        let at = if rows.end > 1 { format!(" in row {r}") } else { String::new() };
+        return Err(ctx.err(&description.dense[j], format!("{} value{at}", BadReason::NonFinite)));
     }
     append_rows(&ctx, chunk, 0, rows.end, out)
 }
