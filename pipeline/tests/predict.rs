@@ -471,3 +471,21 @@ fn hash_seed_changes_ids_but_not_initialisation() {
     assert_eq!(sa, sc);
     assert!(sa.iter().zip(&sb).filter(|(x, y)| x.score != y.score).count() > 90, "ids moved");
 }
+
+#[test]
+fn every_batch_scores_with_crosses_or_sequences_the_model_does_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let Some(avazu) = shared_data("avazu/avazu_sample.txt") else { return };
+    let Some(amazon) = shared_data("amazon_dien/local_test") else { return };
+    // Batches of 7 records: the batch that scored crosses, or skipped sequences, is filled again.
+    let cases: Vec<(&str, &Path, bool, Vec<&str>)> = vec![
+        ("avazu", &avazu, true, vec!["--model", "wdl", "--crosses", "0:1,3:4"]),
+        ("amazon-dien", &amazon, false, vec!["--model", "lr"]),
+    ];
+    for (format, path, header, extra) in cases {
+        let data = format!("{format}:{}", path.display());
+        let ck = train(d, &format!("ck-{format}"), &data, &extra);
+        check_format(d, &ck, format, path, &record_lines(path, header));
+    }
+}

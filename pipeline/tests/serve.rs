@@ -1,6 +1,8 @@
 //! `tiderec serve` as a separate process: scores under concurrent requests
-//! agree with `tiderec eval`, bad requests are answered with what is wrong,
-//! and a checkpoint written while requests flow is taken up without a failed
+//! agree with `tiderec eval`, records of every line format (Avazu with
+//! crosses, a CSV spec, DIEN on Amazon histories) score as `tiderec predict`
+//! scores the same lines, bad requests are answered with what is wrong, and
+//! a checkpoint written while requests flow is taken up without a failed
 //! request.
 
 mod common;
@@ -18,6 +20,8 @@ use tiderec_sources::json::criteo_line_to_json;
 struct Served {
     child: Child,
     addr: String,
+    /// The start-up line saying what records look like.
+    records: String,
 }
 
 impl Drop for Served {
@@ -35,11 +39,13 @@ fn serve(checkpoint: &Path, extra: &[&str]) -> Served {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut line, mut records) = (String::new(), String::new());
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut line).unwrap();
+    out.read_line(&mut records).unwrap();
     let addr = line.rsplit("http://").next().unwrap().trim().to_string();
     assert!(line.starts_with("serving "), "{line}");
-    Served { child, addr }
+    Served { child, addr, records }
 }
 
 /// Trains a small DLRM on `lines` of the Criteo sample with checkpoints in `dir/ckpt`.
@@ -219,4 +225,298 @@ fn a_new_checkpoint_is_taken_up_while_requests_flow() {
     let fresh = serve(&ckpt.join("ckpt-30"), &[]);
     let r = Client::connect(&fresh.addr, Duration::from_secs(10)).unwrap().post("/score", body.as_bytes()).unwrap();
     assert_eq!(scores(&r.body), (30, new[0].clone()));
+}
+
+/// Trains one epoch of `data` (`FORMAT:PATH`) with `extra` flags into `dir/name`.
+fn train_epoch(dir: &Path, name: &str, data: &str, extra: &[&str]) -> PathBuf {
+    let ckpt = dir.join(name);
+    run_ok(
+        tiderec()
+            .args(["train", "--epochs", "1", "--batch-size", "16", "--buckets", "500", "--progress", "none"])
+            .args(["--data", data])
+            .args(extra)
+            .arg("--checkpoint-dir")
+            .arg(&ckpt)
+            .arg("--dead-letters")
+            .arg(dir.join(format!("{name}-dead.tsv"))),
+    );
+    ckpt
+}
+
+/// `tiderec predict`'s scores of every record of `data`, in file order.
+fn predicted(ckpt: &Path, data: &str, dir: &Path) -> Vec<f64> {
+    let out = dir.join("predicted.csv");
+    run_ok(
+        tiderec()
+            .args(["predict", "--batch-size", "7", "--data", data])
+            .arg("--checkpoint")
+            .arg(ckpt)
+            .arg("--out")
+            .arg(&out)
+            .arg("--dead-letters")
+            .arg(dir.join("predict-dead.tsv")),
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    text.lines().skip(1).map(|l| l.split(',').nth(2).unwrap().parse().unwrap()).collect()
+}
+
+/// Posts `records` in requests of 1 to 5 records and returns every score, in order.
+fn served(client: &mut Client, records: &[String]) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < records.len() {
+        let end = (i + 1 + i % 5).min(records.len());
+        let r = client.post("/score", format!("[{}]", records[i..end].join(",")).as_bytes()).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let (_, s) = scores(&r.body);
+        assert_eq!(s.len(), end - i);
+        out.extend(s);
+        i = end;
+    }
+    out
+}
+
+fn assert_close(served: &[f64], predicted: &[f64], what: &str) {
+    assert_eq!(served.len(), predicted.len(), "{what}: one score per record");
+    for (k, (a, b)) in served.iter().zip(predicted).enumerate() {
+        assert!((a - b).abs() <= 1e-6, "{what}: record {k} served {a}, predicted {b}");
+    }
+    // The model is not a constant: the check compares scores that differ between records.
+    assert!(predicted.iter().any(|p| (p - predicted[0]).abs() > 1e-6), "{what}: {predicted:?}");
+}
+
+/// The records of a delimited file with a header as JSON objects keyed by the header's
+/// names; empty values are left out and `value` writes the others.
+fn objects(path: &Path, delimiter: char, value: impl Fn(&str, &str) -> String) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let names: Vec<&str> = lines.next().unwrap().split(delimiter).collect();
+    lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let fields: Vec<String> = names
+                .iter()
+                .zip(l.split(delimiter))
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(n, v)| format!("{}: {}", serde_json::json!(n), value(n, v)))
+                .collect();
+            format!("{{{}}}", fields.join(", "))
+        })
+        .collect()
+}
+
+/// The lines of a file with a header, as `{"line": …}` records.
+fn line_records(path: &Path, header: bool) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let skip = usize::from(header);
+    text.lines().skip(skip).filter(|l| !l.is_empty()).map(|l| serde_json::json!({ "line": l }).to_string()).collect()
+}
+
+/// The `error` of the 400 answer to `body`.
+fn post_error(client: &mut Client, body: &str) -> String {
+    let r = client.post("/score", body.as_bytes()).unwrap();
+    assert_eq!(r.status, 400, "{body}: {}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    v["error"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn avazu_records_with_crosses_score_as_predict_does() {
+    let Some(data) = shared_data("avazu/avazu_sample.txt") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("avazu:{}", data.display());
+    let ckpt = train_epoch(dir.path(), "ckpt", &spec, &["--model", "wdl", "--crosses", "0:1,3:4"]);
+    let want = predicted(&ckpt, &spec, dir.path());
+    let server = serve(&ckpt, &[]);
+    assert!(
+        server.records.starts_with("records: avazu JSON objects with fields id, click, hour"),
+        "{}",
+        server.records
+    );
+    let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
+    // Values as strings, and the integer columns as JSON numbers: the same text either way.
+    let records = objects(&data, ',', |name, v| match name {
+        "hour" | "C1" | "C14" | "C15" => v.to_string(),
+        _ => serde_json::json!(v).to_string(),
+    });
+    assert_eq!(records.len(), 100);
+    assert_close(&served(&mut c, &records), &want, "avazu objects");
+    assert_close(&served(&mut c, &line_records(&data, true)), &want, "avazu lines");
+    let schema: serde_json::Value = serde_json::from_slice(&c.get("/schema").unwrap().body).unwrap();
+    let names: Vec<&str> = schema["fields"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, tiderec_operators::spec::AVAZU_COLUMNS);
+    assert_eq!((schema["format"].as_str(), schema["fields"][1]["feature"].as_str()), (Some("avazu"), Some("label")));
+    let e = post_error(&mut c, r#"[{"hour": "14102100"}, {"hour": "141021x0"}]"#);
+    assert!(e.contains("record 1: bad_integer in `hour`"), "{e}");
+    let e = post_error(&mut c, r#"[{"site_id": "a,b"}]"#);
+    assert!(e.contains("record 0: the value holds `,` in `site_id`"), "{e}");
+    let e = post_error(&mut c, r#"[{"siteid": "a"}]"#);
+    assert!(e.contains("record 0: unknown field"), "{e}");
+    let e = post_error(&mut c, r#"{"line": "1,2,14102100"}"#);
+    assert!(e.contains("record 0: field_count"), "{e}");
+}
+
+#[test]
+fn csv_spec_records_score_as_predict_does() {
+    let Some(data) = shared_data("taobao_ad/train_sample.csv") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let columns = tiderec_operators::spec::TAOBAO_AD_COLUMNS.map(|c| format!("\"{c}\"")).join(", ");
+    let spec = format!(
+        "delimiter = \",\"\nheader = true\ncolumns = [{columns}]\n[label]\ncolumn = \"clk\"\n\
+         [[dense]]\ncolumn = \"price\"\nlog1p = true\nclamp = [0.0, 500.0]\n\
+         [[categorical]]\ncolumn = \"userid\"\nbuckets = 300\n\
+         [[categorical]]\ncolumn = \"pid\"\nbuckets = 20\n\
+         [[categorical]]\ncolumn = \"age_level\"\nbuckets = 10\nencoding = \"identity\"\n\
+         [[categorical]]\ncolumn = \"brand\"\nbuckets = 300\n\
+         [[list]]\ncolumn = \"click_sequence\"\ndelimiter = \"^\"\nmax_len = 5\nbuckets = 300\npooling = \"mean\"\n"
+    );
+    let spec_path = dir.path().join("spec.toml");
+    std::fs::write(&spec_path, spec).unwrap();
+    let data_spec = format!("csv:{}", data.display());
+    let ckpt =
+        train_epoch(dir.path(), "ckpt", &data_spec, &["--model", "deepfm", "--spec", spec_path.to_str().unwrap()]);
+    let want = predicted(&ckpt, &data_spec, dir.path());
+    let server = serve(&ckpt, &[]);
+    let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
+    // Numbers as JSON numbers (their text as in the file), the sequence as a JSON array.
+    let records = objects(&data, ',', |name, v| match name {
+        "clk" | "price" | "age_level" => v.to_string(),
+        "click_sequence" => serde_json::json!(v.split('^').collect::<Vec<_>>()).to_string(),
+        _ => serde_json::json!(v).to_string(),
+    });
+    assert_eq!(records.len(), 100);
+    assert_close(&served(&mut c, &records), &want, "csv objects");
+    assert_close(&served(&mut c, &line_records(&data, true)), &want, "csv lines");
+    let schema: serde_json::Value = serde_json::from_slice(&c.get("/schema").unwrap().body).unwrap();
+    let field = |n: &str| schema["fields"].as_array().unwrap().iter().find(|f| f["name"] == n).unwrap().clone();
+    assert_eq!((field("price")["type"].as_str(), field("price")["feature"].as_str()), (Some("number"), Some("dense")));
+    assert_eq!(field("age_level")["type"], "integer");
+    assert_eq!(
+        (field("click_sequence")["feature"].as_str(), field("click_sequence")["separator"].as_str()),
+        (Some("list"), Some("^"))
+    );
+    assert_eq!(field("time_stamp")["feature"], "none");
+    let e = post_error(&mut c, r#"[{"price": 1}, {"price": 2}, {"price": "cheap"}]"#);
+    assert!(e.contains("record 2: bad_integer in `price`"), "{e}");
+    let e = post_error(&mut c, r#"{"age_level": 12}"#);
+    assert!(e.contains("record 0: bad_integer in `age_level`"), "{e}");
+    let e = post_error(&mut c, r#"{"pid": ["a"]}"#);
+    assert!(e.contains("record 0: a list where one value (string) belongs in `pid`"), "{e}");
+}
+
+#[test]
+fn dien_on_amazon_histories_scores_as_predict_does() {
+    let Some(data) = shared_data("amazon_dien/local_test") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("amazon-dien:{}", data.display());
+    let ckpt = train_epoch(dir.path(), "ckpt", &spec, &["--model", "dien"]);
+    let want = predicted(&ckpt, &spec, dir.path());
+    let server = serve(&ckpt, &[]);
+    let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
+    let text = std::fs::read_to_string(&data).unwrap();
+    let lines: Vec<&str> = text.lines().map(|l| l.trim_end_matches('\r')).filter(|l| !l.is_empty()).collect();
+    fn list(v: &str) -> Vec<&str> {
+        if v.is_empty() {
+            Vec::new()
+        } else {
+            v.split('\u{2}').collect()
+        }
+    }
+    let records: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            serde_json::json!({
+                "label": f[0].parse::<u8>().unwrap(), "user": f[1], "item": f[2], "category": f[3],
+                "history_items": list(f[4]), "history_categories": list(f[5]),
+            })
+            .to_string()
+        })
+        .collect();
+    assert_eq!(records.len(), 38);
+    assert_close(&served(&mut c, &records), &want, "amazon objects");
+    let as_lines: Vec<String> = lines.iter().map(|l| serde_json::json!({ "line": l }).to_string()).collect();
+    assert_close(&served(&mut c, &as_lines), &want, "amazon lines");
+    // Histories of different lengths: the category history is to blame, as in a file.
+    let e = post_error(&mut c, r#"[{"history_items": ["a", "b"], "history_categories": ["x"]}]"#);
+    assert!(e.contains("record 0: field_count in `history_categories`"), "{e}");
+    let e = post_error(&mut c, r#"[{"user": "u"}, {"label": 2}]"#);
+    assert!(e.contains("record 1: bad_label in `label`"), "{e}");
+}
+
+/// The rows of the Parquet files in `dir` as JSON objects keyed by their columns (label,
+/// ids and id lists; not the source positions, which are no feature), read with the
+/// parquet crate.
+fn parquet_rows(dir: &Path) -> Vec<String> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float32Type, UInt64Type};
+    use arrow_array::Array;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.retain(|p| p.extension().is_some_and(|e| e == "parquet"));
+    files.sort();
+    let mut out = Vec::new();
+    for file in files {
+        let reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file).unwrap())
+                .unwrap()
+                .build()
+                .unwrap();
+        for chunk in reader {
+            let chunk = chunk.unwrap();
+            for r in 0..chunk.num_rows() {
+                let mut row = serde_json::Map::new();
+                for (field, column) in chunk.schema().fields().iter().zip(chunk.columns()) {
+                    if field.name() == tiderec_sources::parquet::schema::LINE_START_COLUMN {
+                        continue;
+                    }
+                    let value = if let Some(c) = column.as_primitive_opt::<Float32Type>() {
+                        serde_json::json!(c.value(r))
+                    } else if let Some(c) = column.as_primitive_opt::<UInt64Type>() {
+                        if c.is_null(r) {
+                            serde_json::Value::Null
+                        } else {
+                            serde_json::json!(c.value(r))
+                        }
+                    } else {
+                        let list = column.as_list::<i32>().value(r);
+                        serde_json::json!(list.as_primitive::<UInt64Type>().values().to_vec())
+                    };
+                    row.insert(field.name().clone(), value);
+                }
+                out.push(serde_json::Value::Object(row).to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn rows_of_a_model_trained_on_parquet_score_as_predict_does() {
+    let Some(src) = shared_data("amazon_dien/local_test") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pq = dir.path().join("pq");
+    run_ok(
+        tiderec()
+            .args(["convert", "--progress", "none", "--buckets", "500", "--row-group-rows", "10", "--from"])
+            .arg(format!("amazon-dien:{}", src.display()))
+            .arg("--to")
+            .arg(format!("parquet:{}", pq.display())),
+    );
+    let data = format!("parquet:{}", pq.display());
+    let ckpt = train_epoch(dir.path(), "ckpt", &data, &["--model", "dien"]);
+    let want = predicted(&ckpt, &data, dir.path());
+    let server = serve(&ckpt, &[]);
+    assert!(server.records.contains("parquet (from amazon-dien)"), "{}", server.records);
+    let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
+    let records = parquet_rows(&pq);
+    assert_eq!(records.len(), 38);
+    assert_close(&served(&mut c, &records), &want, "parquet rows");
+    let schema: serde_json::Value = serde_json::from_slice(&c.get("/schema").unwrap().body).unwrap();
+    let names: Vec<&str> = schema["fields"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["label", "user", "item", "category", "history_items", "history_categories"]);
+    assert_eq!(schema["fields"][2]["table_size"], 500);
+    let e = post_error(&mut c, r#"[{"item": 3}, {"item": 500}]"#);
+    assert!(e.contains("record 1: id 500 is not below the table size 500 in `item`"), "{e}");
+    let e = post_error(&mut c, r#"{"history_items": "a"}"#);
+    assert!(e.contains("record 0: \"a\" is not an array of ids in `history_items`"), "{e}");
 }

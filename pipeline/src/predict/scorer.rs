@@ -1,9 +1,10 @@
 //! The batched forward pass of a checkpoint's model: the one scoring path of
-//! `tiderec eval` and `tiderec predict`.
+//! `tiderec eval`, `tiderec predict` and `tiderec serve`.
 //!
 //! For each batch it does what a training step's prediction does on one
-//! worker: drops the sequence fields the model does not read, appends the
-//! crosses of the pipeline, gathers each field's distinct rows, pools them
+//! worker: skips the sequence fields the model does not read, appends the
+//! crosses of the pipeline (for the pass only: the batch keeps its records'
+//! shape, to be cleared and refilled), gathers each field's distinct rows, pools them
 //! with [`pool_sum`] (the trainer's kernel, with the fields' pooling weights),
 //! lays the sequences out padded to the batch's longest, and runs the model's
 //! forward. Single-threaded, so its output depends only on the batches.
@@ -93,19 +94,26 @@ impl Scorer {
         Ok(())
     }
 
-    /// The probabilities (sigmoid of the logits) of `batch`'s samples, in order. The batch is
-    /// prepared in place (sequences the model does not read dropped, crosses appended).
+    /// The probabilities (sigmoid of the logits) of `batch`'s samples, in order. The crosses of
+    /// the pipeline are appended to the batch for the pass and removed after it, so the batch
+    /// keeps its records' shape and can be cleared and filled again; sequence fields the model
+    /// does not read are left unread.
     pub fn probabilities(&mut self, batch: &mut Batch) -> Result<Vec<f32>, PipelineError> {
-        let b = batch.len();
-        if b == 0 {
+        if batch.is_empty() {
             return Ok(Vec::new());
         }
-        batch.sequences.truncate(self.num_sequences);
+        let fields = batch.sparse.len();
         if !self.crosses.is_empty() {
             append_crosses(batch, &self.crosses, self.hash_seed, self.cross_buckets);
         }
-        let (f, d) = (batch.sparse.len(), self.dim);
-        if f != self.model_sparse || batch.sequences.len() != self.num_sequences {
+        let probabilities = self.forward(batch);
+        batch.sparse.truncate(fields);
+        probabilities
+    }
+
+    fn forward(&mut self, batch: &Batch) -> Result<Vec<f32>, PipelineError> {
+        let (b, f, d) = (batch.len(), batch.sparse.len(), self.dim);
+        if f != self.model_sparse || batch.sequences.len() < self.num_sequences {
             return Err(shape_error(format!(
                 "the records have {f} sparse and {} sequence fields; the model reads {} and {}",
                 batch.sequences.len(),
@@ -121,23 +129,24 @@ impl Scorer {
             let weights = field.weights.as_deref();
             pool_sum(&self.unique, d, &field.offsets, &self.index, weights, t, f, &mut self.pooled);
         }
-        let steps = self.lay_out_sequences(batch)?;
+        let steps = self.lay_out_sequences(b, &batch.sequences[..self.num_sequences])?;
         let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
         let logits = self.model.forward_sequences(&batch.dense, &self.pooled, &seq, b);
         Ok(logits.iter().map(|&x| sigmoid(x)).collect())
     }
 
-    /// `[B × T × S·d]` rows of the sequences, padded to the longest `T` of the batch (returned).
-    fn lay_out_sequences(&mut self, batch: &Batch) -> Result<usize, PipelineError> {
-        let (b, d, s) = (batch.len(), self.dim, batch.sequences.len());
+    /// `[B × T × S·d]` rows of the `b` samples' `sequences`, padded to the longest `T` of the
+    /// batch (returned).
+    fn lay_out_sequences(&mut self, b: usize, sequences: &[SparseField]) -> Result<usize, PipelineError> {
+        let (d, s) = (self.dim, sequences.len());
         self.seq_lengths.clear();
         self.seq_rows.clear();
-        let Some(first) = batch.sequences.first() else { return Ok(0) };
+        let Some(first) = sequences.first() else { return Ok(0) };
         self.seq_lengths.extend((0..b).map(|i| first.bag(i).len()));
         let steps = self.seq_lengths.iter().copied().max().unwrap_or(0);
         let width = s * d;
         self.seq_rows.resize(b * steps * width, 0.0);
-        for (j, field) in batch.sequences.iter().enumerate() {
+        for (j, field) in sequences.iter().enumerate() {
             let t = self.sequence_tables[j];
             self.gather(field, t, &format!("sequence field {j}"))?;
             for i in 0..b {

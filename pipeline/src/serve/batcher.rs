@@ -8,6 +8,8 @@
 //!   one model.
 //! * A job joins a batch only whole, and a batch closes when it holds
 //!   `max_batch` records or `max_wait` after its first job arrived.
+//! * A batch is counted in [`ServingState`] before its answers are sent, so
+//!   a client holding its answer sees its records counted.
 
 use super::score::Loaded;
 use std::sync::mpsc::{Receiver, Sender};
@@ -59,6 +61,9 @@ pub struct ServingState {
     pub batches: u64,
     /// Reloads done so far.
     pub reloads: u64,
+    /// The model's records, as `GET /schema` describes them.
+    #[serde(skip)]
+    pub schema: Arc<serde_json::Value>,
 }
 
 /// Batching limits.
@@ -91,6 +96,7 @@ pub fn run(
             s.step = model.step;
             s.checkpoint = model.path.display().to_string();
             s.model = model.model_name.to_string();
+            s.schema = Arc::new(model.describe());
             s.reloads += 1;
         }
         batch.clear();
@@ -108,6 +114,12 @@ pub fn run(
         }
         scores.clear();
         let scored = model.score(&mut batch, &mut scores);
+        // Counted before the answers go out: a client that has its answer sees it counted.
+        {
+            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+            s.records += batch.len() as u64;
+            s.batches += 1;
+        }
         let mut at = 0;
         for (reply, n) in taken.drain(..) {
             let _ = reply.send(match &scored {
@@ -116,9 +128,6 @@ pub fn run(
             });
             at += n;
         }
-        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-        s.records += batch.len() as u64;
-        s.batches += 1;
     }
 }
 

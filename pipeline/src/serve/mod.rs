@@ -1,11 +1,16 @@
 //! `tiderec serve`: HTTP scoring of JSON records with a checkpoint's model.
 //!
 //! * `POST /score` takes one record object, a JSON array of them, or
-//!   newline-delimited objects (the `json` record format of Kafka topics:
-//!   `I1`…`I13`, `C1`…`C26`, `label` optional) and answers
-//!   `{"step": S, "scores": [p, …]}`, one click probability per record in
-//!   order. A bad record answers 400 naming its index and field; nothing of
-//!   that request is scored.
+//!   newline-delimited objects, and answers `{"step": S, "scores": [p, …]}`,
+//!   one click probability per record in order. A record is keyed by the
+//!   column names of the records the checkpoint was trained on (Criteo's
+//!   `I1`…`I13`, `C1`…`C26`; Avazu's header; a spec's columns; …), or is
+//!   `{"line": TEXT}`, one line of the training files (see [`records`]); a
+//!   model trained on Parquet files scores featurized rows ([`rows`]). A
+//!   bad record answers 400 naming its index and field; nothing of that
+//!   request is scored.
+//! * `GET /schema` answers the format of the model's records and each field:
+//!   its JSON type and the feature it becomes.
 //! * `GET /health` answers the model served (step, checkpoint, model) and
 //!   counts of records, batches and reloads.
 //!
@@ -17,6 +22,8 @@
 
 pub mod batcher;
 pub mod client;
+pub mod records;
+pub mod rows;
 pub mod score;
 
 use crate::PipelineError;
@@ -70,6 +77,7 @@ pub struct Server {
     state: Arc<Mutex<ServingState>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    records: String,
 }
 
 impl Server {
@@ -86,7 +94,9 @@ impl Server {
             records: 0,
             batches: 0,
             reloads: 0,
+            schema: Arc::new(model.describe()),
         }));
+        let records = model.summary();
         let http = tiny_http::Server::http(&options.addr)
             .map_err(|e| PipelineError::config("addr", format!("cannot listen on {}: {e}", options.addr)))?;
         let addr = http
@@ -118,12 +128,17 @@ impl Server {
                 threads.push(spawn("serve-reload".into(), Box::new(move || watch(&dir, every, &pending, &st, &stop)))?);
             }
         }
-        Ok(Server { addr, http, state, stop, threads })
+        Ok(Server { addr, http, state, stop, threads, records })
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// One line saying what the records of the model it started with look like.
+    pub fn records(&self) -> &str {
+        &self.records
     }
 
     /// The model served and the counts so far.
@@ -147,7 +162,17 @@ impl Server {
 pub fn run(options: &ServeOptions, stop: &AtomicBool) -> Result<ServingState, PipelineError> {
     let server = Server::start(options)?;
     let s = server.state();
-    println!("serving {} (step {}, {}) on http://{}", s.checkpoint, s.step, s.model, server.addr());
+    // One write for both lines: a reader that takes the first line and closes the pipe
+    // (`bench serve`, the tests) does not fail the second.
+    let start = format!(
+        "serving {} (step {}, {}) on http://{}\n{}\n",
+        s.checkpoint,
+        s.step,
+        s.model,
+        server.addr(),
+        server.records()
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), start.as_bytes());
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -170,6 +195,8 @@ fn error(status: u16, message: impl Into<String>) -> tiny_http::Response<std::io
     json_response(status, &serde_json::json!({ "error": message.into() }))
 }
 
+const ROUTES: &str = "use POST /score, GET /schema or GET /health";
+
 /// One connection thread: requests until the server is unblocked.
 fn connections(http: &tiny_http::Server, jobs: &Sender<Job>, state: &Mutex<ServingState>, max_body: usize) {
     while let Ok(mut request) = http.recv() {
@@ -177,6 +204,13 @@ fn connections(http: &tiny_http::Server, jobs: &Sender<Job>, state: &Mutex<Servi
             (tiny_http::Method::Get, "/health") => {
                 let s = state.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 json_response(200, &serde_json::to_value(s).unwrap_or_default())
+            }
+            (tiny_http::Method::Get, "/schema") => {
+                let s = state.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let mut body = (*s.schema).clone();
+                body["step"] = s.step.into();
+                body["model"] = s.model.into();
+                json_response(200, &body)
             }
             (tiny_http::Method::Post, "/score") => {
                 let mut body = Vec::new();
@@ -186,8 +220,8 @@ fn connections(http: &tiny_http::Server, jobs: &Sender<Job>, state: &Mutex<Servi
                     Ok(_) => score(&body, jobs),
                 }
             }
-            (_, "/score" | "/health") => error(405, "use POST /score or GET /health"),
-            _ => error(404, "use POST /score or GET /health"),
+            (_, "/score" | "/health" | "/schema") => error(405, ROUTES),
+            _ => error(404, ROUTES),
         };
         let _ = request.respond(response);
     }

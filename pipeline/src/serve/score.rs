@@ -1,20 +1,32 @@
 //! One loaded checkpoint, ready to featurize and score JSON records.
 //!
-//! Invariant: a [`Loaded`] hashes records with the feature pipeline recorded
-//! in its checkpoint (table sizes and `--hash-seed`), so a record is always
-//! hashed for the tables that look it up, also across a reload that changes
-//! them; it scores through the same [`Scorer`] as `eval` and `predict`.
+//! Invariants:
+//! * A [`Loaded`] featurizes records with the feature pipeline recorded in
+//!   its checkpoint (format, spec, table sizes, `--hash-seed`), so a record is
+//!   always hashed for the tables that look it up, also across a reload that
+//!   changes them; it scores through the same [`Scorer`] as `eval` and
+//!   `predict`.
+//! * A record is featurized by the checkpoint's line format on the line
+//!   [`RecordShape`] makes of it, the format `predict` reads files with; a
+//!   Criteo object takes the `json` record format of Kafka topics
+//!   ([`CriteoJsonFormat`]) instead, whose features equal the TSV line's. A
+//!   model trained on Parquet files scores featurized rows ([`rows`]),
+//!   decoded by the Parquet reader `predict` reads the files with.
 
+use super::records::{LineOf, RecordShape};
+use super::rows;
 use crate::config::DataSpec;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::predict::scorer::Scorer;
 use crate::serving;
 use crate::PipelineError;
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use tiderec_operators::Batch;
-use tiderec_sources::criteo::{CriteoFeatures, NUM_DENSE, NUM_SPARSE};
+use tiderec_sources::criteo::{CriteoFeatures, NUM_DENSE};
 use tiderec_sources::json::CriteoJsonFormat;
 use tiderec_sources::lines::LineFormat;
+use tiderec_sources::parquet::SchemaDescription;
 
 /// A checkpoint's model with its record format.
 pub struct Loaded {
@@ -25,13 +37,32 @@ pub struct Loaded {
     /// The model's name (`dlrm`, `fm`, …).
     pub model_name: &'static str,
     scorer: Scorer,
-    format: CriteoJsonFormat,
+    records: Records,
+}
+
+/// How records become samples.
+enum Records {
+    /// Records of a line format: made into a line, parsed by the pipeline's format.
+    Lines(Box<LineRecords>),
+    /// Featurized rows of a Parquet schema.
+    Rows { description: SchemaDescription, table_sizes: Vec<u64> },
+}
+
+/// Records of a line format.
+struct LineRecords {
+    shape: RecordShape,
+    /// The pipeline's line format of labeled lines (the training files' lines).
+    format: Box<dyn LineFormat + Send>,
+    /// For Criteo checkpoints: the JSON form of their records.
+    criteo: Option<CriteoJsonFormat>,
+    /// Finds a record that may be `{"line": …}` before the Criteo JSON form reads it.
+    line_key: memchr::memmem::Finder<'static>,
+    line: RefCell<Vec<u8>>,
 }
 
 impl Loaded {
     /// Loads the checkpoint at `path` (a `ckpt-<step>` directory, or a directory whose newest
-    /// valid checkpoint is taken) and checks that it was trained on Criteo-format records,
-    /// whose JSON form it scores.
+    /// valid checkpoint is taken) and the format of the records it was trained on.
     pub fn load(path: &Path) -> Result<Loaded, PipelineError> {
         let served = serving::load(path)?;
         let found = if path.join(tiderec_sinks::checkpoint::layout::MANIFEST_FILE).is_file() {
@@ -47,31 +78,100 @@ impl Loaded {
                 &served.config.table_sizes,
                 None,
             )
-            .ok_or_else(|| not_criteo(&found, "a model that is not Criteo-shaped"))?,
+            .filter(|_| served.config.model.num_sequences() == 0)
+            .ok_or_else(|| {
+                PipelineError::config(
+                    "checkpoint",
+                    format!(
+                        "{} records no feature pipeline (an older checkpoint) and its model is not Criteo-shaped: \
+                         serve cannot tell what its records look like",
+                        found.display()
+                    ),
+                )
+            })?,
         };
-        if pipeline.format != "criteo" || served.config.model.num_sequences() > 0 {
-            return Err(not_criteo(&found, &format!("`{}` records", pipeline.format_label())));
-        }
-        let features = CriteoFeatures { table_sizes: pipeline.table_sizes.clone(), seed: pipeline.hash.seed };
-        let format = CriteoJsonFormat::unlabeled(features)?;
+        let records = match (&pipeline.parquet, RecordShape::of(&pipeline)?, pipeline.line_format(true)?) {
+            (Some(description), _, _) => {
+                Records::Rows { description: description.clone(), table_sizes: pipeline.table_sizes.clone() }
+            }
+            (None, Some(shape), Some(format)) => Records::Lines(Box::new(LineRecords {
+                shape,
+                format,
+                criteo: match pipeline.format.as_str() {
+                    "criteo" => Some(CriteoJsonFormat::unlabeled(CriteoFeatures {
+                        table_sizes: pipeline.table_sizes.clone(),
+                        seed: pipeline.hash.seed,
+                    })?),
+                    _ => None,
+                },
+                line_key: memchr::memmem::Finder::new(b"\"line\"").into_owned(),
+                line: RefCell::new(Vec::new()),
+            })),
+            _ => {
+                return Err(PipelineError::config(
+                    "checkpoint",
+                    format!(
+                        "{}: serve scores records of files (criteo, avazu, csv, taobao-ad, amazon-dien, parquet); \
+                         this checkpoint was trained on {}",
+                        found.display(),
+                        pipeline.format_label()
+                    ),
+                ))
+            }
+        };
         let (step, model_name) = (served.step, served.config.model.name());
         let scorer = Scorer::new(served, &pipeline)?;
-        Ok(Loaded { path: found, step, model_name, scorer, format })
+        Ok(Loaded { path: found, step, model_name, scorer, records })
+    }
+
+    /// What `GET /schema` answers: the format of this model's records and their fields.
+    pub fn describe(&self) -> serde_json::Value {
+        match &self.records {
+            Records::Lines(r) => r.shape.describe(),
+            Records::Rows { description, .. } => rows::describe(description),
+        }
+    }
+
+    /// One line saying what a record looks like.
+    pub fn summary(&self) -> String {
+        match &self.records {
+            Records::Lines(r) => r.shape.summary(),
+            Records::Rows { description, .. } => rows::summary(description),
+        }
     }
 
     /// Appends the features of one JSON record to `out`; the error names the bad field.
     pub fn featurize(&self, record: &[u8], out: &mut Batch) -> Result<(), String> {
-        self.format.parse(record, out).map_err(|(reason, field)| match field {
-            Some(0) => format!("{reason} in `label`"),
-            Some(f) if f <= NUM_DENSE => format!("{reason} in `I{f}`"),
-            Some(f) => format!("{reason} in `C{}`", f - NUM_DENSE),
-            None => format!("{reason}: not a JSON object"),
-        })
+        let LineRecords { shape, format, criteo, line_key, line } = match &self.records {
+            Records::Lines(r) => &**r,
+            Records::Rows { description, table_sizes } => {
+                return rows::featurize(description, table_sizes, record, out)
+            }
+        };
+        let mut line = line.borrow_mut();
+        if let Some(json) = criteo {
+            let maybe_line = line_key.find(record).is_some();
+            if !maybe_line || !shape.given_line(record, &mut line).map_err(|e| e.to_string())? {
+                return criteo_json(json, record, out);
+            }
+            return format.parse(&line, out).map_err(|e| shape.format_error(e, LineOf::Line).to_string());
+        }
+        let of = shape.line_of(record, &mut line).map_err(|e| e.to_string())?;
+        format.parse(&line, out).map_err(|e| shape.format_error(e, of).to_string())
     }
 
-    /// An empty batch of this model's shape.
+    /// An empty batch of this model's records' shape.
     pub fn batch(&self) -> Batch {
-        Batch::new(NUM_DENSE, NUM_SPARSE)
+        match &self.records {
+            Records::Lines(r) => {
+                let (dense, sparse) = r.format.shape();
+                Batch::with_sequences(dense, sparse, r.format.num_sequences())
+            }
+            Records::Rows { description, .. } => {
+                let (dense, sparse) = description.shape();
+                Batch::with_sequences(dense, sparse, description.sequences.len())
+            }
+        }
     }
 
     /// Click probabilities of every sample of `batch`, in order, appended to `out`.
@@ -81,12 +181,12 @@ impl Loaded {
     }
 }
 
-fn not_criteo(path: &Path, what: &str) -> PipelineError {
-    PipelineError::config(
-        "checkpoint",
-        format!(
-            "{}: serve scores Criteo records as JSON objects (I1..I13, C1..C26); this checkpoint was trained on {what}",
-            path.display()
-        ),
-    )
+/// A Criteo JSON object's features; the error names the bad field.
+fn criteo_json(format: &CriteoJsonFormat, record: &[u8], out: &mut Batch) -> Result<(), String> {
+    format.parse(record, out).map_err(|(reason, field)| match field {
+        Some(0) => format!("{reason} in `label`"),
+        Some(f) if f <= NUM_DENSE => format!("{reason} in `I{f}`"),
+        Some(f) => format!("{reason} in `C{}`", f - NUM_DENSE),
+        None => format!("{reason}: not a JSON object"),
+    })
 }

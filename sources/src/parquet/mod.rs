@@ -11,8 +11,11 @@
 //! * [`reader`]: [`ParquetReader`] decodes one worker's rows, reading
 //!   only the columns the schema names, into `Batch`es.
 //! * [`scores`]: [`ScoreWriter`](scores::ScoreWriter) writes `tiderec predict`'s scores.
+//! * [`json_row`]: rows given as JSON objects (`tiderec serve`'s records), appended by the
+//!   reader's own row decoding.
 
 pub mod dataset;
+pub mod json_row;
 pub mod reader;
 pub mod schema;
 pub mod scores;

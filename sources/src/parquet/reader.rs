@@ -27,7 +27,7 @@
 //!   never appended.
 
 use super::dataset::{ParquetDataset, Segment};
-use super::schema::SparseKind;
+use super::schema::{SchemaDescription, SparseKind};
 use crate::error::SourceError;
 use crate::lines::RecordPosition;
 use arrow_array::cast::AsArray;
@@ -212,7 +212,9 @@ impl ParquetReader {
             match &cur.chunk {
                 Some(chunk) if cur.row < chunk.num_rows() => {
                     let k = (chunk.num_rows() - cur.row).min(max - appended);
-                    let ctx = Ctx { dataset: &self.dataset, group: cur.group, table_sizes: &self.table_sizes };
+                    let (dataset, group) = (&self.dataset, cur.group);
+                    let place = || dataset.group_name(group);
+                    let ctx = Ctx { description: dataset.description(), table_sizes: &self.table_sizes, place: &place };
                     let rows = cur.row..cur.row + k;
                     let mut from = rows.start;
                     let (file, file_row) = (self.dataset.row_groups()[cur.group].file, cur.file_row);
@@ -226,7 +228,8 @@ impl ParquetReader {
                         note(from, r);
                         appended += r - from;
                         from = r + 1;
-                        let record = bad_row(&ctx, chunk, r, column, cur.file_row + r as u64);
+                        let path = &dataset.files[dataset.row_groups()[group].file].path;
+                        let record = bad_row(&ctx, path, chunk, r, column, cur.file_row + r as u64);
                         self.counts.add(record.reason);
                         if self.policy == BadRecordPolicy::Fail {
                             return Err(SourceError::BadRecord(record));
@@ -323,15 +326,17 @@ impl ParquetDataset {
     }
 }
 
+/// What decoding rows needs: their schema, the table sizes that bound their ids, and where
+/// they come from (for messages).
 struct Ctx<'a> {
-    dataset: &'a ParquetDataset,
-    group: usize,
+    description: &'a SchemaDescription,
     table_sizes: &'a [u64],
+    place: &'a dyn Fn() -> String,
 }
 
 impl Ctx<'_> {
     fn err(&self, column: &str, reason: impl std::fmt::Display) -> SourceError {
-        SourceError::schema(self.dataset.group_name(self.group), format!("column `{column}`: {reason}"))
+        SourceError::schema((self.place)(), format!("column `{column}`: {reason}"))
     }
 
     fn column<'b>(&self, chunk: &'b RecordBatch, name: &str) -> Result<&'b Arc<dyn Array>, SourceError> {
@@ -354,7 +359,7 @@ fn non_finite_rows(
     chunk: &RecordBatch,
     rows: std::ops::Range<usize>,
 ) -> Result<Vec<(usize, usize)>, SourceError> {
-    let d = ctx.dataset.description();
+    let d = ctx.description;
     let mut bad: Vec<(usize, usize)> = Vec::new();
     for (j, name) in d.dense.iter().enumerate() {
         let col =
@@ -374,16 +379,16 @@ fn non_finite_rows(
     Ok(bad)
 }
 
-/// The bad record of row `r` of `chunk` (row `file_row` of its file), whose dense column `j` is not finite.
-fn bad_row(ctx: &Ctx, chunk: &RecordBatch, r: usize, j: usize, file_row: u64) -> BadRecord {
-    let d = ctx.dataset.description();
+/// The bad record of row `r` of `chunk` (row `file_row` of the file at `path`), whose dense
+/// column `j` is not finite.
+fn bad_row(ctx: &Ctx, path: &std::path::Path, chunk: &RecordBatch, r: usize, j: usize, file_row: u64) -> BadRecord {
+    let d = ctx.description;
     let value = chunk
         .column_by_name(&d.dense[j])
         .and_then(|c| c.as_primitive_opt::<Float32Type>().map(|c| c.value(r)))
         .unwrap_or(f32::NAN);
-    let file = ctx.dataset.row_groups()[ctx.group].file;
     BadRecord {
-        source: ctx.dataset.files[file].path.display().to_string(),
+        source: path.display().to_string(),
         line: file_row + 1,
         byte_offset: 0,
         reason: BadReason::NonFinite,
@@ -392,9 +397,31 @@ fn bad_row(ctx: &Ctx, chunk: &RecordBatch, r: usize, j: usize, file_row: u64) ->
     }
 }
 
+/// Appends every row of `chunk` (columns of `description`, matched by name; ids bounded by
+/// `table_sizes`) to `out` as [`ParquetReader`] appends the rows of a file: the rows of a
+/// featurized dataset that come from elsewhere (`tiderec serve`'s records). `source` names
+/// them in errors. A row with a non-finite dense value is an error, not a bad record to skip;
+/// after an error the contents of `out` are unspecified.
+pub fn append_chunk(
+    description: &SchemaDescription,
+    table_sizes: &[u64],
+    chunk: &RecordBatch,
+    source: &str,
+    out: &mut Batch,
+) -> Result<(), SourceError> {
+    let place = || source.to_string();
+    let ctx = Ctx { description, table_sizes, place: &place };
+    let rows = 0..chunk.num_rows();
+    if let Some(&(r, j)) = non_finite_rows(&ctx, chunk, rows.clone())?.first() {
+        let at = if rows.end > 1 { format!(" in row {r}") } else { String::new() };
+        return Err(ctx.err(&description.dense[j], format!("{} value{at}", BadReason::NonFinite)));
+    }
+    append_rows(&ctx, chunk, 0, rows.end, out)
+}
+
 /// Appends rows `row..row + k` of `chunk` to `out`.
 fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut Batch) -> Result<(), SourceError> {
-    let d = ctx.dataset.description();
+    let d = ctx.description;
     let rows = row..row + k;
     // Label.
     let labels = ctx

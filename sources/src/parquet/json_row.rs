@@ -1,0 +1,172 @@
+//! Rows of a featurized dataset given as JSON objects (the records `tiderec
+//! serve` scores with a model trained on Parquet files).
+//!
+//! A row is an object keyed by the column names of the
+//! [`SchemaDescription`]: `label` (a number; optional, 0 when left out),
+//! each dense column a number (the featurized value), each single-valued
+//! sparse column an id (a non-negative integer), each multi-valued sparse
+//! column and each behaviour sequence an array of ids (oldest first). A
+//! missing key or `null` is a null value. The rows become one Arrow batch of
+//! the description's columns, which [`append_chunk`] appends as the reader
+//! appends a file's rows (the same null handling, id bounds and label
+//! checks); only the JSON-to-Arrow typing is done here.
+//!
+//! Invariant: a key that names no column and a value of the wrong JSON type
+//! are errors naming the key, never a null.
+
+use super::reader::append_chunk;
+use super::schema::{SchemaDescription, SparseKind};
+use crate::error::SourceError;
+use arrow_array::builder::{ListBuilder, UInt64Builder};
+use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch, UInt64Array};
+use arrow_schema::{Field, Schema};
+use serde_json::Value;
+use std::sync::Arc;
+use tiderec_operators::Batch;
+
+/// A row that does not fit the description: the key to blame (if one is) and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowError {
+    /// The key.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn blame(field: &str, reason: impl Into<String>) -> RowError {
+    RowError { field: Some(field.to_string()), reason: reason.into() }
+}
+
+/// How a column's values are typed.
+#[derive(Clone, Copy)]
+enum Kind {
+    Number,
+    Id,
+    Ids,
+}
+
+/// The columns of `description` with how each is typed, in its order.
+fn columns(description: &SchemaDescription) -> Vec<(&str, Kind)> {
+    let mut out = vec![(description.label.as_str(), Kind::Number)];
+    out.extend(description.dense.iter().map(|d| (d.as_str(), Kind::Number)));
+    out.extend(
+        description
+            .sparse
+            .iter()
+            .map(|s| (s.name.as_str(), if s.kind == SparseKind::Single { Kind::Id } else { Kind::Ids })),
+    );
+    out.extend(description.sequences.iter().map(|s| (s.name.as_str(), Kind::Ids)));
+    out
+}
+
+/// Appends the row `record` (a JSON object) to `out` (of the description's shape); ids are
+/// bounded by `table_sizes`. The error names the key; after an error the contents of `out`
+/// are unspecified.
+pub fn append_json_row(
+    description: &SchemaDescription,
+    table_sizes: &[u64],
+    record: &[u8],
+    out: &mut Batch,
+) -> Result<(), RowError> {
+    let cols = columns(description);
+    let object: serde_json::Map<String, Value> = serde_json::from_slice(record)
+        .map_err(|e| RowError { field: None, reason: format!("not a JSON object: {e}") })?;
+    let mut row = vec![Value::Null; cols.len()];
+    for (key, value) in object {
+        let k = cols.iter().position(|(name, _)| *name == key).ok_or_else(|| {
+            blame(&key, "unknown field (the columns of the model's Parquet schema are listed by GET /schema)")
+        })?;
+        row[k] = value;
+    }
+    if row[0].is_null() {
+        row[0] = Value::from(0.0);
+    }
+    let id = |name: &str, v: &Value| match v {
+        Value::Null => Ok(None),
+        v => v.as_u64().map(Some).ok_or_else(|| blame(name, format!("{v} is not an id (a non-negative integer)"))),
+    };
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(cols.len());
+    for (&(name, kind), v) in cols.iter().zip(&row) {
+        arrays.push(match kind {
+            Kind::Number => {
+                let x = match v {
+                    Value::Null => None,
+                    v => Some(v.as_f64().ok_or_else(|| blame(name, format!("{v} is not a number")))? as f32),
+                };
+                Arc::new(Float32Array::from(vec![x]))
+            }
+            Kind::Id => Arc::new(UInt64Array::from(vec![id(name, v)?])),
+            Kind::Ids => {
+                let mut list = ListBuilder::new(UInt64Builder::new());
+                match v {
+                    Value::Null => list.append_null(),
+                    Value::Array(items) => {
+                        for item in items {
+                            list.values().append_option(id(name, item)?);
+                        }
+                        list.append(true);
+                    }
+                    v => return Err(blame(name, format!("{v} is not an array of ids"))),
+                }
+                Arc::new(list.finish())
+            }
+        });
+    }
+    let fields: Vec<Field> =
+        cols.iter().zip(&arrays).map(|(&(name, _), array)| Field::new(name, array.data_type().clone(), true)).collect();
+    let chunk = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
+        .map_err(|e| RowError { field: None, reason: e.to_string() })?;
+    append_chunk(description, table_sizes, &chunk, "the record", out).map_err(row_error)
+}
+
+/// The reader's error on a chunk of JSON rows, with the column it names as the field.
+fn row_error(e: SourceError) -> RowError {
+    match e {
+        SourceError::Schema { reason, .. } => match reason.strip_prefix("column `").and_then(|r| r.split_once("`: ")) {
+            Some((field, reason)) => blame(field, reason),
+            None => RowError { field: None, reason },
+        },
+        e => RowError { field: None, reason: e.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(d: &SchemaDescription) -> Batch {
+        let (dense, sparse) = d.shape();
+        Batch::with_sequences(dense, sparse, d.sequences.len())
+    }
+
+    #[test]
+    fn rows_append_as_the_reader_appends_them() {
+        let d = SchemaDescription::behavior("amazon-dien", &[10, 20, 5], 1);
+        let mut out = batch(&d);
+        let rows: [&[u8]; 2] = [
+            br#"{"user": 3, "item": 7, "category": 2, "history_items": [1, 2], "history_categories": [0, 4]}"#,
+            br#"{"label": 1, "item": null, "history_items": [], "history_categories": []}"#,
+        ];
+        for row in rows {
+            append_json_row(&d, &d.table_sizes(), row, &mut out).unwrap();
+        }
+        out.check().unwrap();
+        assert_eq!(out.labels, [0.0, 1.0]);
+        assert_eq!((out.sparse[0].bag(0), out.sparse[1].bag(1)), (&[3u64][..], &[][..]));
+        assert_eq!((out.sequences[0].bag(0), out.sequences[1].bag(0)), (&[1u64, 2][..], &[0u64, 4][..]));
+    }
+
+    #[test]
+    fn bad_rows_name_the_field() {
+        let d = SchemaDescription::criteo(&[10; 26], 1);
+        let bad = |row: &[u8]| append_json_row(&d, &d.table_sizes(), row, &mut batch(&d)).unwrap_err();
+        assert_eq!(bad(br#"{"C3": -1}"#), blame("C3", "-1 is not an id (a non-negative integer)"));
+        assert_eq!(bad(br#"{"I2": "x"}"#), blame("I2", "\"x\" is not a number"));
+        assert_eq!(bad(br#"{"C3": [1]}"#), blame("C3", "[1] is not an id (a non-negative integer)"));
+        assert_eq!(bad(br#"{"C3": 10}"#), blame("C3", "id 10 is not below the table size 10"));
+        assert_eq!(bad(br#"{"I1": 1e40}"#), blame("I1", "non_finite value"));
+        assert_eq!(bad(br#"{"label": 2}"#), blame("label", "label 2 is not in [0, 1]"));
+        assert_eq!(bad(br#"{"X": 1}"#).field.as_deref(), Some("X"));
+        assert!(bad(b"[1]").reason.starts_with("not a JSON object"));
+    }
+}
