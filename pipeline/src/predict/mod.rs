@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tiderec_operators::bad_record::{BadRecordCounts, BadRecordPolicy, DeadLetterSink};
 use tiderec_operators::format::LineFormat;
-use tiderec_operators::{Batch, SparseField};
+use tiderec_operators::Batch;
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sources::lines::{LineReader, ReaderOptions, RecordPosition};
 use tiderec_sources::parquet::ParquetReader;
@@ -244,10 +244,6 @@ pub fn score(
     let mut scored = 0u64;
     loop {
         batch.clear();
-        // Back to the records' shape: the scorer appends the crosses and drops the
-        // sequences the model does not read.
-        batch.sparse.truncate(sparse);
-        batch.sequences.resize_with(sequences, SparseField::new);
         if records.next_batch(&mut batch, options.batch_size.max(1))? == 0 {
             break;
         }
