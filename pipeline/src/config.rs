@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::exchange::TableExchange;
-use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig};
+use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig, Precision};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::spec::FeatureSpec;
 use tiderec_operators::store::{FrequencySource, StoreConfig, StoreKind};
@@ -388,6 +388,9 @@ pub struct TrainSettings {
     pub ftrl_l2: f32,
     /// FTRL's β.
     pub ftrl_beta: f32,
+    /// Precision of the MLPs' products: `fp32` or `bf16` (bf16 operands, `f32`
+    /// accumulation and master weights; CPUs with AVX-512 BF16).
+    pub precision: String,
 }
 
 impl Default for TrainSettings {
@@ -464,6 +467,7 @@ impl Default for TrainSettings {
             ftrl_l1: 0.0,
             ftrl_l2: 0.0,
             ftrl_beta: 1.0,
+            precision: "fp32".into(),
         }
     }
 }
@@ -750,6 +754,7 @@ impl TrainSettings {
         }
         self.max_memory.parse::<crate::memory::MemoryLimit>()?;
         crate::device::Devices::for_workers(&self.device, self.workers)?;
+        self.precision()?.check_cpu()?;
         if self.processes == 0 || self.process >= self.processes {
             return Err(PipelineError::config(
                 "process",
@@ -922,6 +927,11 @@ impl TrainSettings {
             exchange,
             exchange_overrides,
         })
+    }
+
+    /// The precision of the MLPs' products (the error names the key `precision`).
+    pub fn precision(&self) -> Result<Precision, PipelineError> {
+        Ok(self.precision.parse::<Precision>()?)
     }
 
     /// The embedding-store settings, checked (errors name the key).

@@ -144,6 +144,12 @@ impl<T: Scalar> Dlrm<T> {
         self.params.len()
     }
 
+    /// Runs both MLPs' products in `precision` (see [`MlpCache::set_precision`]).
+    pub fn set_precision(&mut self, precision: super::Precision) -> Result<(), OperatorError> {
+        self.ws.bottom.set_precision(precision)?;
+        self.ws.top.set_precision(precision)
+    }
+
     /// Logits for `dense: [B × num_dense]` and `pooled: [B × num_sparse × dim]`.
     pub fn forward(&mut self, dense: &[T], pooled: &[T], batch: usize) -> &[T] {
         self.batch = batch;

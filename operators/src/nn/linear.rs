@@ -4,6 +4,7 @@
 //! parameter buffer, followed by `b` (`output` values).
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
+use super::gemm_bf16::{gemm_bf16, Bf16Scratch};
 use super::gemm_packed::{gemm_packed_with, PackedRhs};
 use super::kernel_choice::{backward_kernel_for, panel_kernel_for, Backward};
 use super::Scalar;
@@ -161,6 +162,55 @@ impl Linear {
             } else {
                 gemm(Op::N, Op::N, batch, self.input, self.output, T::ONE, dy, w, T::ZERO, dx);
             }
+        }
+    }
+}
+
+impl Linear {
+    /// [`forward`](Self::forward) under `--precision bf16`: `x` and `W` rounded to
+    /// bf16, products accumulated in `f32` onto the `f32` bias
+    /// ([`gemm_bf16`]); `W` is rounded from its current `f32` values on every call.
+    pub fn forward_bf16(&self, params: &[f32], x: &[f32], batch: usize, y: &mut [f32], scratch: &mut Bf16Scratch) {
+        let w = &params[self.offset..self.offset + self.output * self.input];
+        let b = &params[self.bias_offset()..self.bias_offset() + self.output];
+        let y = &mut y[..batch * self.output];
+        for row in y.chunks_exact_mut(self.output) {
+            row.copy_from_slice(b);
+        }
+        scratch.lhs.pack(Op::N, batch, self.input, &x[..batch * self.input]);
+        scratch.rhs.pack(Op::T, self.input, self.output, w);
+        gemm_bf16(&scratch.lhs, &scratch.rhs, true, y, self.output);
+    }
+
+    /// [`backward`](Self::backward) under `--precision bf16`: `dW = dyᵀ·x` and
+    /// `dx = dy·W` on bf16-rounded operands with `f32` accumulation; `db = Σ dy` in `f32`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_bf16(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        dy: &[f32],
+        batch: usize,
+        grads: &mut [f32],
+        dx: Option<&mut [f32]>,
+        scratch: &mut Bf16Scratch,
+    ) {
+        let nw = self.output * self.input;
+        let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
+        let dy = &dy[..batch * self.output];
+        scratch.lhs.pack(Op::T, self.output, batch, dy);
+        scratch.rhs.pack(Op::N, batch, self.input, &x[..batch * self.input]);
+        gemm_bf16(&scratch.lhs, &scratch.rhs, false, gw, self.input);
+        gb.fill(0.0);
+        for row in dy.chunks_exact(self.output) {
+            for (g, &d) in gb.iter_mut().zip(row) {
+                *g += d;
+            }
+        }
+        if let Some(dx) = dx {
+            scratch.lhs.pack(Op::N, batch, self.output, dy);
+            scratch.rhs.pack(Op::N, self.output, self.input, &params[self.offset..self.offset + nw]);
+            gemm_bf16(&scratch.lhs, &scratch.rhs, false, &mut dx[..batch * self.input], self.input);
         }
     }
 }
