@@ -61,6 +61,15 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         "lr_decay_steps" => (s.lr_decay == "none")
             .then(|| "sets the horizon of --lr-decay linear, cosine or step; there is none".into()),
         "lr_decay_rate" => (s.lr_decay != "step").then(|| format!("applies to --lr-decay step, not {}", s.lr_decay)),
+        "precision" => {
+            if !(dien || matches!(model, "dlrm" | "deepfm" | "wdl")) {
+                on_model(false, "the MLPs of dlrm, deepfm, wdl, dien and dien-sum")
+            } else if s.device.split(',').any(|d| d.trim() != "cpu") {
+                Some(format!("applies to the MLPs' products on cpu workers, not --device {}", s.device))
+            } else {
+                None
+            }
+        }
         "process" | "hosts" | "connect_timeout" => {
             (s.processes <= 1).then(|| "applies to runs of several processes (--processes)".to_string())
         }
@@ -166,6 +175,32 @@ mod tests {
         assert!(e.contains("`hot_rows` applies to --store tiered, not fixed"), "{e}");
         let e = refused(|s| s.resume = true, For::Train);
         assert!(e.contains("`resume` needs --checkpoint-dir"), "{e}");
+        let e = refused(
+            |s| {
+                s.model = "fm".into();
+                s.precision = "bf16".into();
+            },
+            For::Train,
+        );
+        assert!(e.contains("`precision` applies to the MLPs of dlrm"), "{e}");
+        let e = refused(
+            |s| {
+                s.device = "cuda:0".into();
+                s.precision = "bf16".into();
+            },
+            For::Train,
+        );
+        assert!(e.contains("`precision` applies to the MLPs' products on cpu workers, not --device cuda:0"), "{e}");
+        for model in ["dlrm", "deepfm", "wdl", "dien"] {
+            let e = refused(
+                |s| {
+                    s.model = model.into();
+                    s.precision = "bf16".into();
+                },
+                For::Train,
+            );
+            assert!(!e.contains("`precision`"), "{model}: {e}");
+        }
     }
 
     #[test]

@@ -133,7 +133,9 @@ impl Devices {
                 Ok(Trainer::with_model(worker, config, model)?)
             }
             WorkerDevice::Cuda(n) => match build_on(n, config).and_then(|mut model| {
-                model.set_precision(precision).map_err(|e| PipelineError::config("precision", format!("cuda:{n}: {e}")))?;
+                model
+                    .set_precision(precision)
+                    .map_err(|e| PipelineError::config("precision", format!("cuda:{n}: {e}")))?;
                 Ok(model)
             }) {
                 Ok(model) => Ok(Trainer::with_model(worker, config, model)?),

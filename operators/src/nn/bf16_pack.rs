@@ -221,7 +221,7 @@ pub fn round_row_pairs(row: &[f32], out: &mut [u32]) {
 }
 
 /// The portable [`round_row_pairs`].
-pub fn round_row_pairs_portable(row: &[f32], out: &mut [u32]) {
+pub(crate) fn round_row_pairs_portable(row: &[f32], out: &mut [u32]) {
     for (o, two) in out.iter_mut().zip(row.chunks(2)) {
         *o = pair(two[0], two.get(1).copied().unwrap_or(0.0));
     }
@@ -244,7 +244,7 @@ pub fn interleave_rows(lo: &[f32], hi: Option<&[f32]>, out: &mut [u32]) {
 }
 
 /// The portable [`interleave_rows`].
-pub fn interleave_rows_portable(lo: &[f32], hi: Option<&[f32]>, out: &mut [u32]) {
+pub(crate) fn interleave_rows_portable(lo: &[f32], hi: Option<&[f32]>, out: &mut [u32]) {
     for (j, o) in out.iter_mut().enumerate() {
         *o = pair(lo[j], hi.map_or(0.0, |h| h[j]));
     }

@@ -19,8 +19,8 @@
 //!
 //! Invariant: only the `m × n` entries of `c` are written.
 
-use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
 use super::bf16_pack::{bf16_to_f32, round_bf16};
+use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
 use super::gemm::Op;
 
 /// Pairs (two reduction steps each) per run of the sums: a 32-column panel's

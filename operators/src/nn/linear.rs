@@ -283,4 +283,45 @@ mod tests {
             }
         }
     }
+
+    /// The bf16 forward and backward equal their definitions on the bf16 oracle
+    /// bit for bit (`y = b + x·Wᵀ`, `dW = dyᵀ·x`, `dx = dy·W`), `db = Σ dy` in
+    /// `f32`, and nothing outside the layer's ranges is written.
+    #[test]
+    fn bf16_products_equal_the_oracle() {
+        use crate::nn::gemm_bf16::gemm_bf16_reference;
+        for (input, output, batch) in [(13, 512, 7), (367, 512, 30), (256, 1, 25), (5, 3, 1), (64, 16, 40)] {
+            let lin = Linear { input, output, offset: 3 };
+            let mut params = vec![0.0f32; 3 + lin.num_params() + 2];
+            lin.init(&mut params, 4, 0);
+            let val = |seed: u64, i: usize| crate::rng::normal_f64(seed, 0, i as u64, 0) as f32;
+            let x: Vec<f32> = (0..batch * input).map(|i| val(5, i)).collect();
+            let dy: Vec<f32> = (0..batch * output).map(|i| val(6, i)).collect();
+            let (w, b) = params[3..3 + lin.num_params()].split_at(output * input);
+            let mut scratch = Bf16Scratch::default();
+            let mut y = vec![f32::NAN; batch * output];
+            lin.forward_bf16(&params, &x, batch, &mut y, &mut scratch);
+            let mut want: Vec<f32> = (0..batch).flat_map(|_| b.iter().copied()).collect();
+            gemm_bf16_reference(Op::N, Op::T, batch, output, input, &x, w, true, &mut want);
+            assert_eq!(
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "forward {input}->{output} b{batch}"
+            );
+            let mut grads = vec![f32::NAN; params.len()];
+            let mut dx = vec![f32::NAN; batch * input];
+            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some(&mut dx), &mut scratch);
+            let mut want_dw = vec![0.0f32; output * input];
+            gemm_bf16_reference(Op::T, Op::N, output, input, batch, &dy, &x, false, &mut want_dw);
+            let want_db: Vec<f32> =
+                (0..output).map(|j| (0..batch).fold(0.0f32, |s, r| s + dy[r * output + j])).collect();
+            let mut want_dx = vec![0.0f32; batch * input];
+            gemm_bf16_reference(Op::N, Op::N, batch, input, output, &dy, w, false, &mut want_dx);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&grads[3..3 + output * input]), bits(&want_dw), "dW {input}->{output} b{batch}");
+            assert_eq!(bits(&grads[3 + output * input..3 + lin.num_params()]), bits(&want_db), "db");
+            assert_eq!(bits(&dx), bits(&want_dx), "dx {input}->{output} b{batch}");
+            assert!(grads[..3].iter().chain(&grads[3 + lin.num_params()..]).all(|g| g.is_nan()), "outside the layer");
+        }
+    }
 }

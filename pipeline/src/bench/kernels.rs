@@ -9,11 +9,11 @@
 
 use crate::data::micro_batch;
 use serde::Serialize;
+use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
     backward_shapes, choose_backward_kernels, choose_forward_kernels, cpu_features, cpu_model, measure_backward,
     measure_bf16, measure_shape, summary, Backward, BackwardChoice, BackwardShape, ForwardShape, Measure, ShapeChoice,
 };
-use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::{ModelConfig, Precision};
 
 /// The forward products of `model` at the micro-batches of `batch` over `workers`.
@@ -184,10 +184,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
 /// The report as a table: one row per product, one column per candidate.
 pub fn print_kernels(r: &KernelsReport) {
     println!("CPU: {} ({})", r.cpu, r.features.join(" "));
-    println!(
-        "{} rows; GFLOP/s (median); * = chosen, x = another summation order or precision (never chosen)",
-        r.rows
-    );
+    println!("{} rows; GFLOP/s (median); * = chosen, x = another summation order or precision (never chosen)", r.rows);
     let mut names: Vec<String> = Vec::new();
     for p in &r.products {
         for c in &p.candidates {
