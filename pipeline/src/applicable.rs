@@ -71,6 +71,15 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
             .then(|| "sets the horizon of --lr-decay linear, cosine or step; there is none".into()),
         "lr_decay_rate" => (s.optimizer.lr_decay != "step")
             .then(|| format!("applies to --lr-decay step, not {}", s.optimizer.lr_decay)),
+        "precision" => {
+            if !(dien || matches!(model, "dlrm" | "deepfm" | "wdl")) {
+                on_model(false, "the MLPs of dlrm, deepfm, wdl, dien and dien-sum")
+            } else if s.cluster.device.split(',').any(|d| d.trim() != "cpu") {
+                Some(format!("applies to the MLPs' products on cpu workers, not --device {}", s.cluster.device))
+            } else {
+                None
+            }
+        }
         "process" | "hosts" | "connect_timeout" => {
             (s.cluster.processes <= 1).then(|| "applies to runs of several processes (--processes)".to_string())
         }
@@ -176,6 +185,32 @@ mod tests {
         assert!(e.contains("`hot_rows` applies to --store tiered, not fixed"), "{e}");
         let e = refused(|s| s.checkpoints.resume = true, For::Train);
         assert!(e.contains("`resume` needs --checkpoint-dir"), "{e}");
+        let e = refused(
+            |s| {
+                s.model.kind = "fm".into();
+                s.model.precision = tiderec_operators::nn::Precision::Bf16;
+            },
+            For::Train,
+        );
+        assert!(e.contains("`precision` applies to the MLPs of dlrm"), "{e}");
+        let e = refused(
+            |s| {
+                s.cluster.device = "cuda:0".into();
+                s.model.precision = tiderec_operators::nn::Precision::Bf16;
+            },
+            For::Train,
+        );
+        assert!(e.contains("`precision` applies to the MLPs' products on cpu workers, not --device cuda:0"), "{e}");
+        for model in ["dlrm", "deepfm", "wdl", "dien"] {
+            let e = refused(
+                |s| {
+                    s.model.kind = model.into();
+                    s.model.precision = tiderec_operators::nn::Precision::Bf16;
+                },
+                For::Train,
+            );
+            assert!(!e.contains("`precision`"), "{model}: {e}");
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
 use tiderec_operators::features::mix64;
-use tiderec_operators::nn::{DlrmConfig, Interest, ModelConfig};
+use tiderec_operators::nn::{DlrmConfig, Interest, ModelConfig, Precision};
 use tiderec_sources::synthetic_behavior::{BehaviorConfig, SyntheticBehavior, SEQUENCE_TABLES};
 
 /// The Kaggle DLRM shape of `tiderec bench dlrm`.
@@ -61,6 +61,8 @@ pub struct DlrmBench {
     pub model: ModelConfig,
     /// Compute device of each worker (the `device` setting: `cpu`, `cuda:N`, a list).
     pub device: String,
+    /// Precision of the MLPs' products.
+    pub precision: Precision,
 }
 
 /// Result of a training benchmark.
@@ -76,6 +78,8 @@ pub struct DlrmBenchResult {
     pub batch_size: usize,
     /// Worker threads.
     pub workers: usize,
+    /// Precision of the MLPs' products (`fp32`, `bf16`).
+    pub precision: String,
     /// Timed steps.
     pub steps: u64,
     /// Bytes exchanged between workers per sample.
@@ -115,6 +119,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         s.cluster.workers = bench.workers;
         s.run.batch_size = bench.batch_size;
         s.cluster.device = bench.device.clone();
+        s.model.precision = bench.precision;
         s
     };
     let resolved = settings.validate()?;
@@ -137,7 +142,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     };
     let embedding_params = config.table_sizes.iter().sum::<u64>() * config.model.embedding_dim() as u64;
     devices.preflight(&config)?;
-    eprintln!("{}", kernels::startup_line(&kernels::choose_for_run(&bench.model, bench.batch_size, bench.workers)));
+    eprintln!("{}", kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
     let bench = Arc::new(bench.clone());
     let b2 = bench.clone();
     let guards = timely::execute(timely_config(&settings, &resolved), move |worker| {
@@ -155,7 +160,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
                 None => random_batch(micro, bench.rows, me as u64 * 1000 + k),
             })
             .collect();
-        let mut trainer = devices.trainer(worker, &config, bench.workers)?;
+        let mut trainer = devices.trainer(worker, &config, bench.workers, bench.precision)?;
         let run = |steps: u64, trainer: &mut Trainer, worker: &mut timely::worker::Worker| {
             let mut last = Default::default();
             for s in 0..steps {
@@ -187,6 +192,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         ms_per_step: secs * 1e3 / bench.steps as f64,
         batch_size: bench.batch_size,
         workers: bench.workers,
+        precision: bench.precision.name().into(),
         steps: bench.steps,
         bytes_per_sample: bytes as f64 / samples as f64,
         dense_params,

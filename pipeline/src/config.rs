@@ -479,6 +479,7 @@ impl TrainSettings {
         }
         self.run.max_memory.parse::<crate::memory::MemoryLimit>()?;
         crate::device::Devices::for_workers(&self.cluster.device, self.cluster.workers)?;
+        self.model.precision.check_cpu()?;
         if self.cluster.processes == 0 || self.cluster.process >= self.cluster.processes {
             return Err(PipelineError::config(
                 "process",

@@ -19,7 +19,7 @@
 use crate::PipelineError;
 use std::fmt;
 use tiderec_gpu::Device;
-use tiderec_operators::nn::Model;
+use tiderec_operators::nn::{Model, Precision};
 use tiderec_operators::train::{Trainer, TrainerConfig};
 use timely::worker::Worker;
 
@@ -112,7 +112,8 @@ impl Devices {
         Ok(())
     }
 
-    /// Builds this worker's trainer with its model on its device.
+    /// Builds this worker's trainer with its model on its device, its MLP
+    /// products in `precision` (a CPU model; a device model refuses bf16).
     ///
     /// Should the device model fail here after a successful [`preflight`](Self::preflight),
     /// the worker still joins the dataflow with a host model and fails its
@@ -122,10 +123,21 @@ impl Devices {
         worker: &mut Worker,
         config: &TrainerConfig,
         workers: usize,
+        precision: Precision,
     ) -> Result<Trainer, PipelineError> {
         match self.worker(worker.index() % workers) {
-            WorkerDevice::Cpu => Ok(Trainer::new(worker, config)?),
-            WorkerDevice::Cuda(n) => match build_on(n, config) {
+            WorkerDevice::Cpu if precision == Precision::Fp32 => Ok(Trainer::new(worker, config)?),
+            WorkerDevice::Cpu => {
+                let mut model = config.model.build::<f32>(config.seed)?;
+                model.set_precision(precision)?;
+                Ok(Trainer::with_model(worker, config, model)?)
+            }
+            WorkerDevice::Cuda(n) => match build_on(n, config).and_then(|mut model| {
+                model
+                    .set_precision(precision)
+                    .map_err(|e| PipelineError::config("precision", format!("cuda:{n}: {e}")))?;
+                Ok(model)
+            }) {
                 Ok(model) => Ok(Trainer::with_model(worker, config, model)?),
                 Err(e) => {
                     let mut trainer = Trainer::new(worker, config)?;

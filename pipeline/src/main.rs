@@ -385,6 +385,9 @@ struct DlrmArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Precision of the MLPs' products: fp32 or bf16 (needs a CPU with AVX-512 BF16).
+    #[arg(long, default_value = "fp32", value_name = "fp32|bf16")]
+    precision: String,
 }
 
 /// Flags of `tiderec online`: the stream's, plus every flag of `train` (model, optimizers, workers,
@@ -1258,14 +1261,22 @@ fn main() -> anyhow::Result<()> {
                 optimizer: a.optimizer.parse()?,
                 model,
                 device: a.device.clone(),
+                precision: a.precision.parse()?,
             };
             let r = run_dlrm(&bench)?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!(
-                    "{} batch {} workers {}: {:.0} samples/s ({:.2} ms/step, {} steps, {:.0} bytes/sample exchanged)",
-                    r.model, r.batch_size, r.workers, r.samples_per_sec, r.ms_per_step, r.steps, r.bytes_per_sample
+                    "{} batch {} workers {}{}: {:.0} samples/s ({:.2} ms/step, {} steps, {:.0} bytes/sample exchanged)",
+                    r.model,
+                    r.batch_size,
+                    r.workers,
+                    if r.precision == "fp32" { String::new() } else { format!(" {}", r.precision) },
+                    r.samples_per_sec,
+                    r.ms_per_step,
+                    r.steps,
+                    r.bytes_per_sample
                 );
                 if let Some(g) = &r.gru {
                     println!(

@@ -289,10 +289,14 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     }
     trainer.exchange = exchange;
     crate::device::Devices::for_workers(&settings.cluster.device, settings.cluster.workers)?.preflight(&trainer)?;
-    let kernels =
-        crate::bench::kernels::choose_for_run(&trainer.model, settings.run.batch_size, settings.cluster.workers);
+    let kernels = crate::bench::kernels::startup_line_for(
+        &trainer.model,
+        settings.run.batch_size,
+        settings.cluster.workers,
+        settings.model.precision,
+    );
     if settings.cluster.process == 0 && settings.run.progress != "none" {
-        eprintln!("{}", crate::bench::kernels::startup_line(&kernels));
+        eprintln!("{kernels}");
     }
     let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer)?;
     let context = Arc::new(Context {
@@ -590,7 +594,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     let (me, peers) = (worker.index(), worker.peers());
     let s = &ctx.settings;
     let devices = crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?;
-    let mut trainer = devices.trainer(worker, &ctx.trainer, s.cluster.workers)?;
+    let mut trainer = devices.trainer(worker, &ctx.trainer, s.cluster.workers, s.model.precision)?;
     let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.run.batch_size as u64);
     // Before anything else collective: every worker restores, then all agree on the step.
     let resumed = restore(worker, &mut trainer, &mut checkpointer, ctx)?.map(|c| c.manifest.clone());

@@ -253,6 +253,16 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
     fn embedding_dim(&self) -> usize {
         self.config.embedding_dim()
     }
+    /// The deep part's products (DeepFM, Wide & Deep); LR and FM have no MLP and refuse bf16.
+    fn set_precision(&mut self, precision: super::Precision) -> Result<(), OperatorError> {
+        if self.deep.is_none() && precision != super::Precision::Fp32 {
+            return Err(OperatorError::config(
+                "precision",
+                format!("bf16 applies to the products of a model's MLPs; {} has none", self.config.name()),
+            ));
+        }
+        self.cache.set_precision(precision)
+    }
 
     fn forward(&mut self, dense: &[T], pooled: &[T], batch: usize) -> &[T] {
         self.batch = batch;

@@ -186,6 +186,11 @@ pub struct Dien<T> {
 }
 
 impl<T: Scalar> Dien<T> {
+    /// Runs the MLP's products in `precision` (the GRU and the attention stay `f32`).
+    pub fn set_precision(&mut self, precision: super::Precision) -> Result<(), OperatorError> {
+        self.ws.mlp.set_precision(precision)
+    }
+
     /// Builds and initialises the model from `seed`.
     pub fn new(config: DienConfig, seed: u64) -> Result<Self, OperatorError> {
         config.validate()?;

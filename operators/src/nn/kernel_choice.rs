@@ -25,6 +25,7 @@
 //! measured runs [`PanelKernel::best`], a backward one matrixmultiply.
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
+use super::gemm_bf16::{gemm_bf16, Bf16Scratch};
 use super::gemm_packed::{gemm_packed_mm_order, gemm_packed_with, packed_panel_f32_with, PackedRhs, PanelKernel};
 use super::linear::{ForwardClass, Linear};
 use super::Scalar;
@@ -365,6 +366,40 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
     let chosen =
         timings.iter().max_by(|a, b| a.gflops.total_cmp(&b.gflops)).map_or(Candidate::MatrixMultiply, |t| t.candidate);
     BackwardChoice { shape, timings, chosen }
+}
+
+/// GFLOP/s of one product of the layer `input → output` at `rows` rows under
+/// `--precision bf16` (`None`: the forward `x·Wᵀ`; `Some`: a backward product),
+/// on the best bf16 kernel, both operands rounded and packed on every call as
+/// in training. For reports: bf16 is a precision, not a candidate of an `f32` class.
+pub fn measure_bf16(product: Option<Backward>, rows: usize, input: usize, output: usize, measure: Measure) -> f64 {
+    let val = |i: usize| ((i.wrapping_mul(7919) % 1000) as f32) * 1e-3 - 0.5;
+    let x: Vec<f32> = (0..rows * input).map(val).collect();
+    let w: Vec<f32> = (0..output * input).map(|i| val(i + 17)).collect();
+    let dy: Vec<f32> = (0..rows * output).map(|i| val(i + 3)).collect();
+    let mut out = vec![0.0f32; rows.max(output) * input.max(output)];
+    let mut s = Bf16Scratch::default();
+    let flops = 2.0 * (rows * input * output) as f64;
+    let mut run = || match product {
+        None => {
+            s.lhs.pack(Op::N, rows, input, &x);
+            s.rhs.pack(Op::T, input, output, &w);
+            gemm_bf16(&s.lhs, &s.rhs, true, &mut out, output);
+        }
+        Some(Backward::Dw) => {
+            s.lhs.pack(Op::T, output, rows, &dy);
+            s.rhs.pack(Op::N, rows, input, &x);
+            gemm_bf16(&s.lhs, &s.rhs, false, &mut out, input);
+        }
+        Some(Backward::Dx) => {
+            s.lhs.pack(Op::N, rows, output, &dy);
+            s.rhs.pack(Op::N, output, input, &w);
+            gemm_bf16(&s.lhs, &s.rhs, false, &mut out, input);
+        }
+    };
+    let rates: Vec<f64> =
+        (0..measure.rounds.max(1)).map(|_| flops * calls_per_second(measure.seconds, &mut run) / 1e9).collect();
+    median(rates)
 }
 
 /// Calls of `f` per second of this thread's CPU time (wall time where the

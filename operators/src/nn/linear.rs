@@ -4,6 +4,7 @@
 //! parameter buffer, followed by `b` (`output` values).
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
+use super::gemm_bf16::{gemm_bf16, Bf16Scratch};
 use super::gemm_packed::{gemm_packed_with, PackedRhs};
 use super::kernel_choice::{backward_kernel_for, panel_kernel_for, Backward};
 use super::Scalar;
@@ -165,6 +166,55 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// [`forward`](Self::forward) under `--precision bf16`: `x` and `W` rounded to
+    /// bf16, products accumulated in `f32` onto the `f32` bias
+    /// ([`gemm_bf16`]); `W` is rounded from its current `f32` values on every call.
+    pub fn forward_bf16(&self, params: &[f32], x: &[f32], batch: usize, y: &mut [f32], scratch: &mut Bf16Scratch) {
+        let w = &params[self.offset..self.offset + self.output * self.input];
+        let b = &params[self.bias_offset()..self.bias_offset() + self.output];
+        let y = &mut y[..batch * self.output];
+        for row in y.chunks_exact_mut(self.output) {
+            row.copy_from_slice(b);
+        }
+        scratch.lhs.pack(Op::N, batch, self.input, &x[..batch * self.input]);
+        scratch.rhs.pack(Op::T, self.input, self.output, w);
+        gemm_bf16(&scratch.lhs, &scratch.rhs, true, y, self.output);
+    }
+
+    /// [`backward`](Self::backward) under `--precision bf16`: `dW = dyᵀ·x` and
+    /// `dx = dy·W` on bf16-rounded operands with `f32` accumulation; `db = Σ dy` in `f32`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_bf16(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        dy: &[f32],
+        batch: usize,
+        grads: &mut [f32],
+        dx: Option<&mut [f32]>,
+        scratch: &mut Bf16Scratch,
+    ) {
+        let nw = self.output * self.input;
+        let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
+        let dy = &dy[..batch * self.output];
+        scratch.lhs.pack(Op::T, self.output, batch, dy);
+        scratch.rhs.pack(Op::N, batch, self.input, &x[..batch * self.input]);
+        gemm_bf16(&scratch.lhs, &scratch.rhs, false, gw, self.input);
+        gb.fill(0.0);
+        for row in dy.chunks_exact(self.output) {
+            for (g, &d) in gb.iter_mut().zip(row) {
+                *g += d;
+            }
+        }
+        if let Some(dx) = dx {
+            scratch.lhs.pack(Op::N, batch, self.output, dy);
+            scratch.rhs.pack(Op::N, self.output, self.input, &params[self.offset..self.offset + nw]);
+            gemm_bf16(&scratch.lhs, &scratch.rhs, false, &mut dx[..batch * self.input], self.input);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +281,47 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The bf16 forward and backward equal their definitions on the bf16 oracle
+    /// bit for bit (`y = b + x·Wᵀ`, `dW = dyᵀ·x`, `dx = dy·W`), `db = Σ dy` in
+    /// `f32`, and nothing outside the layer's ranges is written.
+    #[test]
+    fn bf16_products_equal_the_oracle() {
+        use crate::nn::gemm_bf16::gemm_bf16_reference;
+        for (input, output, batch) in [(13, 512, 7), (367, 512, 30), (256, 1, 25), (5, 3, 1), (64, 16, 40)] {
+            let lin = Linear { input, output, offset: 3 };
+            let mut params = vec![0.0f32; 3 + lin.num_params() + 2];
+            lin.init(&mut params, 4, 0);
+            let val = |seed: u64, i: usize| crate::rng::normal_f64(seed, 0, i as u64, 0) as f32;
+            let x: Vec<f32> = (0..batch * input).map(|i| val(5, i)).collect();
+            let dy: Vec<f32> = (0..batch * output).map(|i| val(6, i)).collect();
+            let (w, b) = params[3..3 + lin.num_params()].split_at(output * input);
+            let mut scratch = Bf16Scratch::default();
+            let mut y = vec![f32::NAN; batch * output];
+            lin.forward_bf16(&params, &x, batch, &mut y, &mut scratch);
+            let mut want: Vec<f32> = (0..batch).flat_map(|_| b.iter().copied()).collect();
+            gemm_bf16_reference(Op::N, Op::T, batch, output, input, &x, w, true, &mut want);
+            assert_eq!(
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "forward {input}->{output} b{batch}"
+            );
+            let mut grads = vec![f32::NAN; params.len()];
+            let mut dx = vec![f32::NAN; batch * input];
+            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some(&mut dx), &mut scratch);
+            let mut want_dw = vec![0.0f32; output * input];
+            gemm_bf16_reference(Op::T, Op::N, output, input, batch, &dy, &x, false, &mut want_dw);
+            let want_db: Vec<f32> =
+                (0..output).map(|j| (0..batch).fold(0.0f32, |s, r| s + dy[r * output + j])).collect();
+            let mut want_dx = vec![0.0f32; batch * input];
+            gemm_bf16_reference(Op::N, Op::N, batch, input, output, &dy, w, false, &mut want_dx);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&grads[3..3 + output * input]), bits(&want_dw), "dW {input}->{output} b{batch}");
+            assert_eq!(bits(&grads[3 + output * input..3 + lin.num_params()]), bits(&want_db), "db");
+            assert_eq!(bits(&dx), bits(&want_dx), "dx {input}->{output} b{batch}");
+            assert!(grads[..3].iter().chain(&grads[3 + lin.num_params()..]).all(|g| g.is_nan()), "outside the layer");
         }
     }
 }

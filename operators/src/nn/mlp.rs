@@ -1,7 +1,9 @@
 //! A stack of [`Linear`] layers with ReLU between them.
 
+use super::gemm_bf16::Bf16Scratch;
 use super::gemm_packed::PackedRhs;
 use super::linear::Linear;
+use super::precision::Precision;
 use super::relu::{relu_backward_in_place, relu_in_place};
 use super::Scalar;
 
@@ -23,6 +25,39 @@ pub struct MlpCache<T> {
     grad_b: Vec<T>,
     /// A layer's packed weight during its forward (scratch shared by the layers).
     packed: PackedRhs<T>,
+    /// The precision of the layers' products (see [`MlpCache::set_precision`]).
+    precision: Precision,
+    /// The bf16 operands under [`Precision::Bf16`] (scratch shared by the layers).
+    bf16: Bf16Scratch,
+}
+
+impl<T: Scalar> MlpCache<T> {
+    /// Runs the layers' products in `precision` from the next `forward` on.
+    /// bf16 is refused for `f64` layers and on a CPU without AVX-512 BF16
+    /// ([`Precision::check_cpu`]).
+    pub fn set_precision(&mut self, precision: Precision) -> Result<(), crate::OperatorError> {
+        if precision == Precision::Bf16 && T::as_f32(&[]).is_none() {
+            return Err(crate::OperatorError::config("precision", "bf16 products run on f32 models only"));
+        }
+        precision.check_cpu()?;
+        self.precision = precision;
+        Ok(())
+    }
+
+    /// The precision of the layers' products.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+}
+
+/// The `f32` view of a bf16 product's operand (the precision is bf16 only for `f32` layers).
+fn f32_view<T: Scalar>(v: &[T]) -> &[f32] {
+    T::as_f32(v).expect("MlpCache::set_precision admits bf16 for f32 layers only")
+}
+
+/// [`f32_view`] of an output.
+fn f32_view_mut<T: Scalar>(v: &mut [T]) -> &mut [f32] {
+    T::as_f32_mut(v).expect("MlpCache::set_precision admits bf16 for f32 layers only")
 }
 
 impl Mlp {
@@ -72,7 +107,12 @@ impl Mlp {
             let input: &[T] = if i == 0 { x } else { &done[i - 1] };
             let out = &mut rest[0];
             out.resize(batch * l.output, T::ZERO);
-            l.forward(params, input, batch, out, &mut cache.packed);
+            match cache.precision {
+                Precision::Fp32 => l.forward(params, input, batch, out, &mut cache.packed),
+                Precision::Bf16 => {
+                    l.forward_bf16(f32_view(params), f32_view(input), batch, f32_view_mut(out), &mut cache.bf16);
+                }
+            }
             if self.relu_after(i) {
                 relu_in_place(out);
             }
@@ -94,7 +134,7 @@ impl Mlp {
         dx: Option<&mut [T]>,
     ) {
         let n = self.layers.len();
-        let MlpCache { outs, grad_a, grad_b, packed } = cache;
+        let MlpCache { outs, grad_a, grad_b, packed, precision, bf16 } = cache;
         grad_a.clear();
         grad_a.extend_from_slice(&dout[..batch * self.output()]);
         let mut dx = dx;
@@ -104,11 +144,20 @@ impl Mlp {
                 relu_backward_in_place(grad_a, &outs[i]);
             }
             let input: &[T] = if i == 0 { x } else { &outs[i - 1] };
-            if i == 0 {
-                l.backward(params, input, grad_a, batch, grads, dx.as_deref_mut(), packed);
+            let layer_dx = if i == 0 {
+                dx.as_deref_mut()
             } else {
                 grad_b.resize(batch * l.input, T::ZERO);
-                l.backward(params, input, grad_a, batch, grads, Some(grad_b), packed);
+                Some(&mut grad_b[..])
+            };
+            match precision {
+                Precision::Fp32 => l.backward(params, input, grad_a, batch, grads, layer_dx, packed),
+                Precision::Bf16 => {
+                    let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(grad_a));
+                    l.backward_bf16(p, input, dy, batch, f32_view_mut(grads), layer_dx.map(f32_view_mut), bf16);
+                }
+            }
+            if i > 0 {
                 std::mem::swap(grad_a, grad_b);
             }
         }

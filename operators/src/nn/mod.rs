@@ -28,6 +28,7 @@ macro_rules! flat_buffer_accessors {
 }
 
 pub mod attention;
+pub mod bf16_pack;
 pub mod deep_partial;
 pub mod deepfm;
 pub mod dien;
@@ -36,6 +37,7 @@ pub mod embedding_bag;
 pub mod fm;
 pub mod fm_partial;
 pub mod gemm;
+pub mod gemm_bf16;
 pub mod gemm_packed;
 pub mod gru;
 pub mod interaction;
@@ -45,6 +47,7 @@ pub mod loss;
 pub mod mlp;
 pub mod model;
 pub mod named;
+pub mod precision;
 pub mod relu;
 pub mod scalar;
 
@@ -58,4 +61,5 @@ pub use dlrm::{Dlrm, DlrmConfig};
 pub use fm_partial::FmPartial;
 pub use model::{Model, ModelConfig, PartialModel, SequenceInput};
 pub use named::ParamTensor;
+pub use precision::Precision;
 pub use scalar::Scalar;

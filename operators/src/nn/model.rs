@@ -14,6 +14,7 @@ use super::deepfm::{Fm, FmConfig};
 use super::dien::{Dien, DienConfig};
 use super::dlrm::{Dlrm, DlrmConfig};
 use super::fm_partial::FmPartial;
+use super::precision::Precision;
 use super::Scalar;
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
@@ -66,6 +67,18 @@ pub trait Model<T: Scalar>: Send {
     /// gradients). Host models never fail. The trainer checks after every step.
     fn take_error(&mut self) -> Option<String> {
         None
+    }
+    /// Runs the products of the model's MLPs in `precision` from the next
+    /// `forward` on (see [`Precision`]). The default, for models without an
+    /// MLP on the host, keeps `fp32` and refuses `bf16`.
+    fn set_precision(&mut self, precision: Precision) -> Result<(), OperatorError> {
+        match precision {
+            Precision::Fp32 => Ok(()),
+            Precision::Bf16 => Err(OperatorError::config(
+                "precision",
+                "bf16 applies to the products of a model's MLPs on the CPU; this model has none",
+            )),
+        }
     }
 }
 
@@ -272,6 +285,9 @@ impl<T: Scalar> Model<T> for Dlrm<T> {
     fn backward(&mut self, dense: &[T], pooled: &[T], dlogits: &[T], dpooled: &mut [T]) {
         Dlrm::backward(self, dense, pooled, dlogits, dpooled)
     }
+    fn set_precision(&mut self, precision: Precision) -> Result<(), OperatorError> {
+        Dlrm::set_precision(self, precision)
+    }
 }
 
 impl<T: Scalar> Model<T> for Dien<T> {
@@ -301,6 +317,9 @@ impl<T: Scalar> Model<T> for Dien<T> {
         dseq: &mut [T],
     ) {
         Dien::backward(self, seq, dlogits, dpooled, dseq)
+    }
+    fn set_precision(&mut self, precision: Precision) -> Result<(), OperatorError> {
+        Dien::set_precision(self, precision)
     }
 }
 

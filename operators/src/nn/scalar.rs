@@ -98,10 +98,17 @@ pub trait Scalar:
     /// columns of a panel `k × pw` (the transposed packing of
     /// [`PackedRhs`](super::gemm_packed::PackedRhs)); padding columns are left as they are.
     fn pack_transposed(b: &[Self], k: usize, first: usize, width: usize, pw: usize, panel: &mut [Self]);
+
+    /// The slice as `f32` values when `Self` is `f32` (the bf16 products read
+    /// and write `f32` only), `None` otherwise.
+    fn as_f32(v: &[Self]) -> Option<&[f32]>;
+
+    /// [`as_f32`](Self::as_f32) for a mutable slice.
+    fn as_f32_mut(v: &mut [Self]) -> Option<&mut [f32]>;
 }
 
 macro_rules! impl_scalar {
-    ($t:ty, $gemm:path, $exp_fast:expr, $block:path, $block_with:expr, $mm_order:expr, $vectorized:expr, $pack_t:path) => {
+    ($t:ty, $gemm:path, $exp_fast:expr, $block:path, $block_with:expr, $mm_order:expr, $vectorized:expr, $pack_t:path, $as_f32:path, $as_f32_mut:path) => {
         impl Scalar for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -184,6 +191,14 @@ macro_rules! impl_scalar {
             fn pack_transposed(b: &[Self], k: usize, first: usize, width: usize, pw: usize, panel: &mut [Self]) {
                 $pack_t(b, k, first, width, pw, panel)
             }
+            #[inline]
+            fn as_f32(v: &[Self]) -> Option<&[f32]> {
+                $as_f32(v)
+            }
+            #[inline]
+            fn as_f32_mut(v: &mut [Self]) -> Option<&mut [f32]> {
+                $as_f32_mut(v)
+            }
         }
     };
 }
@@ -196,7 +211,9 @@ impl_scalar!(
     super::gemm_packed::packed_panel_f32_with,
     super::gemm_packed::gemm_packed_mm_order,
     super::gemm_packed::PanelKernel::best() != super::gemm_packed::PanelKernel::Portable,
-    super::gemm_packed::pack_transposed_f32
+    super::gemm_packed::pack_transposed_f32,
+    Some,
+    Some
 );
 impl_scalar!(
     f64,
@@ -208,8 +225,18 @@ impl_scalar!(
         panic!("gemm_mm_order: f64 has no vector packed kernel")
     },
     false,
-    super::gemm_packed::pack_transposed_portable::<f64>
+    super::gemm_packed::pack_transposed_portable::<f64>,
+    not_f32,
+    not_f32_mut
 );
+
+fn not_f32(_: &[f64]) -> Option<&[f32]> {
+    None
+}
+
+fn not_f32_mut(_: &mut [f64]) -> Option<&mut [f32]> {
+    None
+}
 
 /// `e^x` for `f32` from `2^k · p(r)`, `x = k·ln2 + r`, `|r| ≤ ln2/2`.
 #[inline(always)]

@@ -9,11 +9,12 @@
 
 use crate::data::micro_batch;
 use serde::Serialize;
+use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
     backward_shapes, choose_backward_kernels, choose_forward_kernels, cpu_features, cpu_model, measure_backward,
-    measure_shape, summary, Backward, BackwardChoice, BackwardShape, ForwardShape, Measure, ShapeChoice,
+    measure_bf16, measure_shape, summary, Backward, BackwardChoice, BackwardShape, ForwardShape, Measure, ShapeChoice,
 };
-use tiderec_operators::nn::ModelConfig;
+use tiderec_operators::nn::{ModelConfig, Precision};
 
 /// The forward products of `model` at the micro-batches of `batch` over `workers`.
 pub fn forward_shapes(model: &ModelConfig, batch: usize, workers: usize) -> Vec<ForwardShape> {
@@ -48,6 +49,21 @@ pub fn choose_for_run(model: &ModelConfig, batch: usize, workers: usize) -> RunK
 /// The line `train` and `bench dlrm` print: the CPU, its vector extensions and each product's kernel.
 pub fn startup_line(k: &RunKernels) -> String {
     format!("kernels ({}; {}): {}", cpu_model(), cpu_features().join(" "), summary(&k.forward, &k.backward))
+}
+
+/// The start-up line of a run in `precision`: under `fp32` the kernels
+/// [`choose_for_run`] measured and installed; under `bf16` the one kernel
+/// every MLP product runs on (nothing to choose).
+pub fn startup_line_for(model: &ModelConfig, batch: usize, workers: usize, precision: Precision) -> String {
+    match precision {
+        Precision::Fp32 => startup_line(&choose_for_run(model, batch, workers)),
+        Precision::Bf16 => format!(
+            "kernels ({}; {}): every MLP product {} (bf16 operands, fp32 accumulation)",
+            cpu_model(),
+            cpu_features().join(" "),
+            Bf16Kernel::best().name()
+        ),
+    }
 }
 
 /// One candidate on one product in `tiderec bench kernels`.
@@ -91,6 +107,9 @@ pub struct KernelsReport {
     pub products: Vec<ProductReport>,
     /// Samples/s that one core could train if the step were only these products on the chosen kernels.
     pub gemm_bound_samples_per_sec: f64,
+    /// The same bound under `--precision bf16` (where the CPU runs it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gemm_bound_samples_per_sec_bf16: Option<f64>,
 }
 
 /// Times every forward candidate and the backward products of `model`'s
@@ -99,6 +118,16 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
     let measure = Measure { seconds, rounds, all: true };
     let mut products = Vec::new();
     let mut step_seconds = 0.0;
+    let bf16 = Bf16Kernel::best() == Bf16Kernel::Avx512Bf16;
+    let mut bf16_seconds = 0.0;
+    // The bf16 product of a layer, beside the fp32 candidates (another precision: never chosen).
+    let mut bf16_rate = |product: Option<Backward>, input: usize, output: usize| {
+        bf16.then(|| {
+            let gflops = measure_bf16(product, rows, input, output, measure);
+            bf16_seconds += 2.0 * (rows * input * output) as f64 / (gflops * 1e9);
+            CandidateRate { kernel: Bf16Kernel::best().name().into(), gflops, eligible: false }
+        })
+    };
     for &(input, output) in &model.mlp_layers() {
         let shape = ForwardShape { rows, input, output };
         let c = measure_shape(shape, measure);
@@ -112,6 +141,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
                 .timings
                 .iter()
                 .map(|t| CandidateRate { kernel: t.candidate.name().into(), gflops: t.gflops, eligible: t.eligible })
+                .chain(bf16_rate(None, input, output))
                 .collect(),
             chosen: c.chosen.name().into(),
             chosen_gflops,
@@ -134,6 +164,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
                         gflops: t.gflops,
                         eligible: t.eligible,
                     })
+                    .chain(bf16_rate(Some(product), input, output))
                     .collect(),
                 chosen: b.chosen.name().into(),
                 chosen_gflops,
@@ -146,13 +177,14 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         rows,
         products,
         gemm_bound_samples_per_sec: rows as f64 / step_seconds,
+        gemm_bound_samples_per_sec_bf16: bf16.then(|| rows as f64 / bf16_seconds),
     }
 }
 
 /// The report as a table: one row per product, one column per candidate.
 pub fn print_kernels(r: &KernelsReport) {
     println!("CPU: {} ({})", r.cpu, r.features.join(" "));
-    println!("{} rows; GFLOP/s (median); * = chosen, x = another summation order (never chosen)", r.rows);
+    println!("{} rows; GFLOP/s (median); * = chosen, x = another summation order or precision (never chosen)", r.rows);
     let mut names: Vec<String> = Vec::new();
     for p in &r.products {
         for c in &p.candidates {
@@ -187,6 +219,12 @@ pub fn print_kernels(r: &KernelsReport) {
         "GEMM bound on one core (these products alone, chosen kernels): {:.0} samples/s",
         r.gemm_bound_samples_per_sec
     );
+    if let Some(bf16) = r.gemm_bound_samples_per_sec_bf16 {
+        println!(
+            "GEMM bound on one core under --precision bf16: {bf16:.0} samples/s ({:.2}x fp32)",
+            bf16 / r.gemm_bound_samples_per_sec
+        );
+    }
 }
 
 #[cfg(test)]

@@ -156,7 +156,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     let os = &ctx.settings;
     let s = &os.train;
     let devices = crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?;
-    let mut trainer = devices.trainer(worker, &ctx.trainer, s.cluster.workers)?;
+    let mut trainer = devices.trainer(worker, &ctx.trainer, s.cluster.workers, s.model.precision)?;
     trainer.set_score_training(me == 0);
     let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.run.batch_size as u64);
     let mut votes: Collective<Vote> = Collective::new(worker);

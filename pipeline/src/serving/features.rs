@@ -341,7 +341,7 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
 /// The DIEN sample format (`sources/src/amazon.rs`, `operators/src/features/fused.rs`).
 fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) -> Value {
     let hash_seed = p.hash.seed;
-    let max_len = p.max_len.unwrap_or(TrainSettings::default().max_len);
+    let max_len = p.max_len.unwrap_or(TrainSettings::default().data.max_len);
     let own = names.sparse.len() - crosses(&config.model);
     let categorical: Vec<Value> =
         (0..own).map(|f| json!({"name": names.sparse[f], "column": 1 + f, "table": f})).collect();

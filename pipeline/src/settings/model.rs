@@ -2,6 +2,7 @@
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
+use tiderec_operators::nn::Precision;
 
 /// Which model is trained and the widths of its parts.
 #[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
@@ -33,6 +34,10 @@ pub struct ModelSettings {
     /// Feature crosses for the wide part of wdl / lr: sparse-field index pairs, e.g. 0:1,2:5.
     #[arg(long, value_delimiter = ',', value_name = "A:B,…")]
     pub crosses: Vec<String>,
+    /// Precision of the MLPs' products: fp32, or bf16 (bf16 operands, fp32 accumulation and fp32
+    /// master weights; needs a CPU with AVX-512 BF16).
+    #[arg(long, required = false, value_name = "fp32|bf16", value_parser = super::parse::<Precision>)]
+    pub precision: Precision,
 }
 
 impl Default for ModelSettings {
@@ -46,6 +51,7 @@ impl Default for ModelSettings {
             deep: vec![400, 400, 400],
             mlp: vec![200, 80],
             crosses: Vec::new(),
+            precision: Precision::Fp32,
         }
     }
 }
