@@ -34,10 +34,10 @@ impl HugeBuffer {
             return Ok(HugeBuffer { map: None, len });
         }
         let bytes = len.checked_mul(std::mem::size_of::<f32>()).ok_or_else(|| {
-            OperatorError::Memory(format!("{what}: {len} floats do not fit in this machine's address space"))
+            OperatorError::memory(what, format!("{len} floats do not fit in this machine's address space"))
         })?;
         let map = MmapMut::map_anon(bytes)
-            .map_err(|e| OperatorError::Memory(format!("{what}: cannot map {bytes} bytes: {e}")))?;
+            .map_err(|e| OperatorError::memory(what, format!("cannot map {bytes} bytes: {e}")))?;
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
         Ok(HugeBuffer { map: Some(map), len })

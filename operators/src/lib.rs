@@ -39,5 +39,5 @@ pub mod store;
 pub mod stream;
 pub mod train;
 
-pub use batch::{Batch, SparseField};
-pub use error::OperatorError;
+pub use batch::{Batch, BatchError, BatchField, SparseField};
+pub use error::{ConfigError, OperatorError};

@@ -694,7 +694,7 @@ impl Trainer {
                 m.num_sequences()
             )));
         }
-        batch.check().map_err(OperatorError::Shape)?;
+        batch.check()?;
         let tables = (0..m.num_sparse()).chain(self.config.sequence_tables.iter().copied());
         for ((k, field), t) in batch.sparse.iter().chain(&batch.sequences).enumerate().zip(tables) {
             if let Some(&id) = field.ids.iter().find(|&&id| id >= self.config.table_sizes[t]) {
