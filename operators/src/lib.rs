@@ -16,6 +16,9 @@
 //!   all-reduce or a checkpoint is one slice operation.
 //! * Every embedding row has exactly one owner, given by [`shard::shard_of`].
 
+#![warn(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
 pub mod bad_record;
 pub mod batch;
 pub mod behavior;
