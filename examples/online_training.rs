@@ -109,7 +109,7 @@ fn main() {
             if let Some((a, l)) = metrics {
                 first.get_or_insert((s.step, a));
                 last = Some((s.step, a));
-                if s.step % 20 == 0 {
+                if s.step.is_multiple_of(20) {
                     let loss = s.stats.loss_sum / s.stats.samples as f64;
                     println!("step {:4}: batch loss {loss:.4}, window AUC {a:.4}, window log loss {l:.4}", s.step);
                 }

@@ -29,7 +29,7 @@ pub mod features;
 pub mod finite;
 pub mod format;
 pub mod freq;
-pub mod huge;
+mod huge;
 pub mod metrics;
 pub mod nn;
 pub mod optim;
