@@ -177,40 +177,114 @@ impl Batch {
         }
     }
 
-    /// Checks the internal invariants; used by tests and by readers in debug builds.
-    pub fn check(&self) -> Result<(), String> {
+    /// Checks the invariants of the [module docs](self): dense length, offsets, weights and
+    /// equal sequence lengths per sample. Used by tests, readers in debug builds and
+    /// [`Trainer::step`](crate::train::Trainer::step) on every batch it is handed.
+    pub fn check(&self) -> Result<(), BatchError> {
         let b = self.len();
         if self.dense.len() != b * self.num_dense {
-            return Err(format!("dense has {} values, expected {}", self.dense.len(), b * self.num_dense));
+            return Err(BatchError::Dense { values: self.dense.len(), expected: b * self.num_dense });
         }
-        let named = self.sparse.iter().enumerate().map(|(f, s)| (format!("field {f}"), s));
-        let sequences = self.sequences.iter().enumerate().map(|(f, s)| (format!("sequence {f}"), s));
-        for (name, s) in named.chain(sequences) {
+        let named = self.sparse.iter().enumerate().map(|(f, s)| (BatchField::Sparse(f), s));
+        let sequences = self.sequences.iter().enumerate().map(|(f, s)| (BatchField::Sequence(f), s));
+        for (field, s) in named.chain(sequences) {
             if s.offsets.len() != b + 1 || s.offsets[0] != 0 {
-                return Err(format!("{name}: {} offsets for {b} samples", s.offsets.len()));
+                return Err(BatchError::Offsets { field, offsets: s.offsets.len(), samples: b });
             }
-            if s.offsets.windows(2).any(|w| w[0] > w[1]) || *s.offsets.last().unwrap() as usize != s.ids.len() {
-                return Err(format!("{name}: offsets not monotone or not ending at ids.len()"));
+            if s.offsets.windows(2).any(|w| w[0] > w[1]) || s.offsets[b] as usize != s.ids.len() {
+                return Err(BatchError::Bags { field, ids: s.ids.len() });
             }
             if let Some(w) = &s.weights {
                 if w.len() != s.ids.len() {
-                    return Err(format!("{name}: {} weights for {} ids", w.len(), s.ids.len()));
+                    return Err(BatchError::Weights { field, weights: w.len(), ids: s.ids.len() });
                 }
             }
         }
         if let Some(first) = self.sequences.first() {
             for (f, s) in self.sequences.iter().enumerate().skip(1) {
                 if let Some(i) = (0..b).find(|&i| s.bag(i).len() != first.bag(i).len()) {
-                    return Err(format!(
-                        "sample {i}: sequence {f} has {} items but sequence 0 has {}",
-                        s.bag(i).len(),
-                        first.bag(i).len()
-                    ));
+                    return Err(BatchError::SequenceLengths {
+                        sample: i,
+                        sequence: f,
+                        items: s.bag(i).len(),
+                        first: first.bag(i).len(),
+                    });
                 }
             }
         }
         Ok(())
     }
+}
+
+/// A field of a [`Batch`], as named in a [`BatchError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchField {
+    /// Sparse field `i` (`Batch::sparse[i]`).
+    Sparse(usize),
+    /// Sequence field `i` (`Batch::sequences[i]`).
+    Sequence(usize),
+}
+
+impl std::fmt::Display for BatchField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BatchField::Sparse(i) => write!(f, "field {i}"),
+            BatchField::Sequence(i) => write!(f, "sequence {i}"),
+        }
+    }
+}
+
+/// A broken invariant of a [`Batch`], found by [`Batch::check`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    /// `dense` does not hold `len() × num_dense` values.
+    #[error("dense has {values} values, expected {expected}")]
+    Dense {
+        /// Values in `dense`.
+        values: usize,
+        /// `len() × num_dense`.
+        expected: usize,
+    },
+    /// A field's `offsets` does not have `len() + 1` entries starting at 0.
+    #[error("{field}: {offsets} offsets for {samples} samples")]
+    Offsets {
+        /// The field.
+        field: BatchField,
+        /// Entries in its `offsets`.
+        offsets: usize,
+        /// Samples in the batch.
+        samples: usize,
+    },
+    /// A field's offsets decrease somewhere or do not end at `ids.len()`.
+    #[error("{field}: offsets not monotone or not ending at ids.len() ({ids})")]
+    Bags {
+        /// The field.
+        field: BatchField,
+        /// Entries in its `ids`.
+        ids: usize,
+    },
+    /// A field's `weights` do not pair one with each id.
+    #[error("{field}: {weights} weights for {ids} ids")]
+    Weights {
+        /// The field.
+        field: BatchField,
+        /// Entries in its `weights`.
+        weights: usize,
+        /// Entries in its `ids`.
+        ids: usize,
+    },
+    /// A sample's sequence fields have different lengths.
+    #[error("sample {sample}: sequence {sequence} has {items} items but sequence 0 has {first}")]
+    SequenceLengths {
+        /// The sample.
+        sample: usize,
+        /// The sequence field that differs from sequence 0.
+        sequence: usize,
+        /// Its items in this sample.
+        items: usize,
+        /// Sequence 0's items in this sample.
+        first: usize,
+    },
 }
 
 #[cfg(test)]

@@ -16,6 +16,9 @@
 //!   all-reduce or a checkpoint is one slice operation.
 //! * Every embedding row has exactly one owner, given by [`shard::shard_of`].
 
+#![warn(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
 pub mod bad_record;
 pub mod batch;
 pub mod behavior;
@@ -26,7 +29,7 @@ pub mod features;
 pub mod finite;
 pub mod format;
 pub mod freq;
-pub mod huge;
+mod huge;
 pub mod metrics;
 pub mod nn;
 pub mod optim;
@@ -39,5 +42,5 @@ pub mod store;
 pub mod stream;
 pub mod train;
 
-pub use batch::{Batch, SparseField};
-pub use error::OperatorError;
+pub use batch::{Batch, BatchError, BatchField, SparseField};
+pub use error::{ConfigError, OperatorError};

@@ -58,10 +58,13 @@ impl EmbeddingShard {
         let state_width = optimizer.state_width(dim);
         for (t, &n) in table_sizes.iter().enumerate() {
             let too_big = |what: &str| {
-                OperatorError::Memory(format!(
-                    "table {t} ({n} rows, {} on this worker) × {what} does not fit in this machine's address space",
-                    n.div_ceil(workers as u64)
-                ))
+                OperatorError::memory(
+                    format!("embedding table {t}"),
+                    format!(
+                        "{n} rows, {} on this worker, × {what} do not fit in this machine's address space",
+                        n.div_ceil(workers as u64)
+                    ),
+                )
             };
             let local = usize::try_from(n.div_ceil(workers as u64)).map_err(|_| too_big("rows"))?;
             let floats = local.checked_mul(dim).ok_or_else(|| too_big(&format!("dim {dim}")))?;
@@ -81,7 +84,10 @@ impl EmbeddingShard {
             rows.push(table);
             let mut table_state = Vec::new();
             table_state.try_reserve_exact(state_floats).map_err(|e| {
-                OperatorError::Memory(format!("optimizer state of embedding table {t}: {state_floats} floats: {e}"))
+                OperatorError::memory(
+                    format!("optimizer state of embedding table {t}"),
+                    format!("{state_floats} floats: {e}"),
+                )
             })?;
             table_state.resize(state_floats, 0.0f32);
             for row_state in table_state.chunks_exact_mut(state_width.max(1)) {

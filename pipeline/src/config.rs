@@ -220,7 +220,7 @@ pub fn resolve_spec(s: &str, buckets: u64, max_len: usize) -> Result<FeatureSpec
     let text =
         std::fs::read_to_string(path).map_err(|e| PipelineError::config("spec", format!("cannot read {s}: {e}")))?;
     FeatureSpec::from_toml_in(&text, path.parent()).map_err(|e| match e {
-        tiderec_operators::OperatorError::Config { key, reason } => {
+        tiderec_operators::OperatorError::Config(tiderec_operators::ConfigError { key, reason }) => {
             PipelineError::config(format!("spec.{key}"), format!("{s}: {reason}"))
         }
         e => e.into(),

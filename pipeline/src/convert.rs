@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
 use tiderec_operators::spec::Pooling;
-use tiderec_operators::Batch;
+use tiderec_operators::{Batch, ConfigError};
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sources::parquet::schema::LineSource;
 use tiderec_sources::parquet::{ParquetWriter, SchemaDescription, WriterOptions};
@@ -101,7 +101,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         s
     };
     let resolved = input.validate().map_err(|e| match e {
-        PipelineError::Config { key, reason } if key == "data" => PipelineError::config("from", reason),
+        PipelineError::Config(ConfigError { key, reason }) if key == "data" => PipelineError::config("from", reason),
         e => e,
     })?;
     if let Some((i, _)) = resolved.spec.iter().flat_map(|s| s.pooled_lists()).find(|(_, l)| l.pooling == Pooling::Mean)

@@ -1,25 +1,34 @@
 //! The one error type of this crate.
 
 use thiserror::Error;
+use tiderec_operators::{ConfigError, OperatorError};
+use tiderec_sources::SourceError;
 
 /// Errors of a training run, from configuration to the last metric.
 #[derive(Debug, Error)]
 pub enum PipelineError {
-    /// A configuration value is invalid; `key` names it.
-    #[error("invalid configuration `{key}`: {reason}")]
-    Config { key: String, reason: String },
+    /// A configuration value is invalid; its `key` names it. Configuration errors of
+    /// the operators and sources crates arrive here too, not inside
+    /// [`PipelineError::Operator`] or [`PipelineError::Source`].
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// The configuration file could not be read or parsed.
     #[error("cannot load config {path}: {reason}")]
-    ConfigFile { path: String, reason: String },
+    ConfigFile {
+        /// The configuration file.
+        path: String,
+        /// Why it cannot be used (the I/O or TOML error, with its line).
+        reason: String,
+    },
     /// A reader failed (missing file, bad record under `--on-bad-record fail`, …).
     #[error(transparent)]
-    Source(#[from] tiderec_sources::SourceError),
+    Source(SourceError),
     /// A sink failed (metrics file, dead letters).
     #[error(transparent)]
     Sink(#[from] tiderec_sinks::SinkError),
-    /// The model or trainer rejected its input or configuration.
+    /// The model or trainer rejected its input.
     #[error(transparent)]
-    Operator(#[from] tiderec_operators::OperatorError),
+    Operator(OperatorError),
     /// A checkpoint could not be written or restored; the message names the path.
     #[error("{0}")]
     Checkpoint(String),
@@ -29,7 +38,14 @@ pub enum PipelineError {
     Cluster(String),
     /// An input is mostly malformed or yields no sample (see [`crate::budget`]).
     #[error("{split} input {input}: {reason}")]
-    BadInput { split: &'static str, input: String, reason: String },
+    BadInput {
+        /// What the input was read for: `training`, `evaluation`, `conversion` or `prediction`.
+        split: &'static str,
+        /// The input (its files or source).
+        input: String,
+        /// What is wrong: the share of malformed records, or no sample at all.
+        reason: String,
+    },
     /// The run would not fit: a size overflows, or the memory estimate exceeds what is available
     /// (see [`crate::memory`]).
     #[error("{0}")]
@@ -46,6 +62,24 @@ pub enum PipelineError {
 impl PipelineError {
     /// Shorthand for a configuration error naming `key`.
     pub fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
-        PipelineError::Config { key: key.into(), reason: reason.into() }
+        PipelineError::Config(ConfigError::new(key, reason))
+    }
+}
+
+impl From<OperatorError> for PipelineError {
+    fn from(e: OperatorError) -> Self {
+        match e {
+            OperatorError::Config(c) => PipelineError::Config(c),
+            e => PipelineError::Operator(e),
+        }
+    }
+}
+
+impl From<SourceError> for PipelineError {
+    fn from(e: SourceError) -> Self {
+        match e {
+            SourceError::Config(c) => PipelineError::Config(c),
+            e => PipelineError::Source(e),
+        }
     }
 }

@@ -4,6 +4,9 @@
 //! tiderec. The binary `tiderec` is a thin layer over [`run::train`],
 //! [`convert::convert`] and [`mod@bench`]; tests and other programs call them directly.
 
+#![warn(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
 pub mod applicable;
 pub mod bench;
 pub mod budget;

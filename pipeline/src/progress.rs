@@ -35,7 +35,16 @@ pub enum Progress {
     /// An indicatif bar (terminal).
     Bar(ProgressBar, Unit),
     /// One line every few seconds (logs, CI).
-    Lines { last: Instant, every: Duration, total: Option<u64>, unit: Unit },
+    Lines {
+        /// When the last line was printed.
+        last: Instant,
+        /// Time between lines.
+        every: Duration,
+        /// The total, when known (for the percentage).
+        total: Option<u64>,
+        /// What the position counts.
+        unit: Unit,
+    },
     /// Silent.
     None,
 }

@@ -38,12 +38,4 @@ pub enum SinkError {
         /// Every difference, `key: X in the checkpoint, Y now`.
         differences: String,
     },
-    /// A configuration value is invalid; `key` names it.
-    #[error("invalid configuration `{key}`: {reason}")]
-    Config {
-        /// The offending key.
-        key: String,
-        /// Why it is invalid.
-        reason: String,
-    },
 }

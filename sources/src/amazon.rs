@@ -43,13 +43,14 @@ pub struct AmazonDienFormat {
 impl AmazonDienFormat {
     /// `table_sizes` are the user, item and category tables; errors name a bad setting.
     pub fn new(table_sizes: &[u64], seed: u64, max_len: usize) -> Result<Self, SourceError> {
-        let sizes: [u64; 3] =
-            table_sizes.try_into().ok().filter(|s: &[u64; 3]| !s.contains(&0)).ok_or_else(|| SourceError::Config {
-                key: "table_sizes".into(),
-                reason: format!("DIEN samples need 3 positive table sizes (user, item, category), got {table_sizes:?}"),
-            })?;
+        let sizes: [u64; 3] = table_sizes.try_into().ok().filter(|s: &[u64; 3]| !s.contains(&0)).ok_or_else(|| {
+            SourceError::config(
+                "table_sizes",
+                format!("DIEN samples need 3 positive table sizes (user, item, category), got {table_sizes:?}"),
+            )
+        })?;
         if max_len == 0 {
-            return Err(SourceError::Config { key: "max_len".into(), reason: "must be positive".into() });
+            return Err(SourceError::config("max_len", "must be positive"));
         }
         Ok(AmazonDienFormat { table_sizes: sizes, seeds: [0, 1, 2].map(|t| field_seed(seed, t)), max_len })
     }

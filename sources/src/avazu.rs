@@ -40,10 +40,10 @@ impl AvazuFormat {
     /// `table_sizes` has one entry per sparse field ([`NUM_SPARSE`]); errors name a bad size.
     pub fn new(table_sizes: Vec<u64>, seed: u64) -> Result<Self, SourceError> {
         if table_sizes.len() != NUM_SPARSE || table_sizes.contains(&0) {
-            return Err(SourceError::Config {
-                key: "table_sizes".into(),
-                reason: format!("Avazu needs {NUM_SPARSE} positive table sizes, got {table_sizes:?}"),
-            });
+            return Err(SourceError::config(
+                "table_sizes",
+                format!("Avazu needs {NUM_SPARSE} positive table sizes, got {table_sizes:?}"),
+            ));
         }
         let seeds = (0..NUM_SPARSE).map(|f| field_seed(seed, f)).collect();
         Ok(AvazuFormat { table_sizes, seeds })

@@ -77,16 +77,13 @@ impl CriteoFeatures {
     /// Checks that there are 26 table sizes, none of them zero.
     pub fn validate(&self) -> Result<(), SourceError> {
         if self.table_sizes.len() != NUM_SPARSE {
-            return Err(SourceError::Config {
-                key: "table_sizes".into(),
-                reason: format!("{} entries, expected {NUM_SPARSE}", self.table_sizes.len()),
-            });
+            return Err(SourceError::config(
+                "table_sizes",
+                format!("{} entries, expected {NUM_SPARSE}", self.table_sizes.len()),
+            ));
         }
         if let Some(f) = self.table_sizes.iter().position(|&s| s == 0) {
-            return Err(SourceError::Config {
-                key: "table_sizes".into(),
-                reason: format!("table of field C{} has size 0", f + 1),
-            });
+            return Err(SourceError::config("table_sizes", format!("table of field C{} has size 0", f + 1)));
         }
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! The one error type of this crate.
 use thiserror::Error;
+use tiderec_operators::ConfigError;
 
 /// Errors raised by readers and generators.
 #[derive(Debug, Error)]
@@ -7,13 +8,20 @@ pub enum SourceError {
     /// A file could not be opened or read.
     #[error("cannot read {path}: {source}")]
     Io {
+        /// The file.
         path: String,
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },
     /// An input file was truncated or rewritten while it was being read.
     #[error("input file {path} changed while being read: {reason}")]
-    Changed { path: String, reason: String },
+    Changed {
+        /// The file.
+        path: String,
+        /// What changed (it shrank, ended early or was modified).
+        reason: String,
+    },
     /// A malformed record under `--on-bad-record fail`.
     #[error("bad record at {0}")]
     BadRecord(tiderec_operators::bad_record::BadRecord),
@@ -24,33 +32,63 @@ pub enum SourceError {
         #[source]
         source: std::io::Error,
     },
-    /// A configuration value is invalid; `key` names it.
-    #[error("invalid configuration `{key}`: {reason}")]
-    Config { key: String, reason: String },
+    /// A configuration value is invalid; its `key` names it.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// A Parquet file could not be read or written (not Parquet, corrupt, I/O).
     #[error("Parquet file {path}: {source}")]
     Parquet {
+        /// The file.
         path: String,
+        /// The Parquet library's error.
         #[source]
         source: parquet::errors::ParquetError,
     },
     /// Arrow rejected a column while a file was written or read.
     #[error("Parquet file {path}: {source}")]
     Arrow {
+        /// The file.
         path: String,
+        /// Arrow's error.
         #[source]
         source: arrow_schema::ArrowError,
     },
     /// A Parquet file or directory does not hold what tiderec needs (missing
     /// column, wrong type, no schema metadata, an id beyond its table, …).
     #[error("{path}: {reason}")]
-    Schema { path: String, reason: String },
+    Schema {
+        /// The file or dataset directory.
+        path: String,
+        /// What is missing or wrong, naming the column.
+        reason: String,
+    },
+    /// A Parquet file's schema description (its `tiderec.schema` metadata) is refused.
+    #[error("{path}: {source}")]
+    Description {
+        /// The file or dataset directory.
+        path: String,
+        /// What is wrong with the description.
+        #[source]
+        source: crate::parquet::schema::DescriptionError,
+    },
     /// A Kafka broker could not be reached or refused an operation; names the brokers and topic.
     #[error("Kafka {brokers} topic `{topic}`: {reason}")]
-    Kafka { brokers: String, topic: String, reason: String },
+    Kafka {
+        /// The bootstrap brokers, `host:port[,host:port…]`.
+        brokers: String,
+        /// The topic.
+        topic: String,
+        /// The client's or broker's error.
+        reason: String,
+    },
 }
 
 impl SourceError {
+    /// Shorthand for a [`SourceError::Config`] naming `key`.
+    pub fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        SourceError::Config(ConfigError::new(key, reason))
+    }
+
     /// Shorthand for a [`SourceError::Schema`] naming `path`.
     pub fn schema(path: impl std::fmt::Display, reason: impl Into<String>) -> Self {
         SourceError::Schema { path: path.to_string(), reason: reason.into() }

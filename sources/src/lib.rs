@@ -16,6 +16,9 @@
 //! * [`parquet`]: featurized samples in Parquet files: the writer behind
 //!   `tiderec convert` and the row-group reader behind `--data parquet:DIR`.
 
+#![warn(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
 pub mod amazon;
 pub mod avazu;
 pub mod criteo;

@@ -77,9 +77,8 @@ impl Source {
         let io_err = |source| SourceError::Io { path: path.display().to_string(), source };
         let file = File::open(path).map_err(io_err)?;
         let meta = file.metadata().map_err(io_err)?;
-        let len = usize::try_from(meta.len()).map_err(|_| SourceError::Config {
-            key: "data".into(),
-            reason: format!("{} is larger than this machine's address space", path.display()),
+        let len = usize::try_from(meta.len()).map_err(|_| {
+            SourceError::config("data", format!("{} is larger than this machine's address space", path.display()))
         })?;
         Ok(Source { name: path.display().to_string(), file, len, modified: meta.modified().ok() })
     }
@@ -287,10 +286,10 @@ impl<F: LineFormat> LineReader<F> {
         dead_letters: Option<Box<dyn DeadLetterSink>>,
     ) -> Result<Self, SourceError> {
         if !(0.0 <= span.0 && span.0 <= span.1 && span.1 <= 1.0) {
-            return Err(SourceError::Config { key: "span".into(), reason: format!("{span:?} is not within [0, 1]") });
+            return Err(SourceError::config("span", format!("{span:?} is not within [0, 1]")));
         }
         if workers == 0 || worker >= workers {
-            return Err(SourceError::Config { key: "workers".into(), reason: format!("worker {worker} of {workers}") });
+            return Err(SourceError::config("workers", format!("worker {worker} of {workers}")));
         }
         let mut files: Vec<FileRange> = Vec::with_capacity(paths.len());
         let mut scratch = Vec::new();
@@ -420,16 +419,16 @@ impl<F: LineFormat> LineReader<F> {
         let (num_dense, num_sparse) = self.format.shape();
         let num_sequences = self.format.num_sequences();
         if out.num_dense != num_dense || out.sparse.len() != num_sparse || out.sequences.len() != num_sequences {
-            return Err(SourceError::Config {
-                key: "batch".into(),
-                reason: format!(
+            return Err(SourceError::config(
+                "batch",
+                format!(
                     "batch has {} dense / {} sparse / {} sequence fields, expected {num_dense} / {num_sparse} / \
                      {num_sequences}",
                     out.num_dense,
                     out.sparse.len(),
                     out.sequences.len()
                 ),
-            });
+            ));
         }
         let mut appended = 0;
         while appended < max && self.cur < self.files.len() {

@@ -84,16 +84,16 @@ impl SyntheticCriteo {
     /// Builds the generator; errors name the bad setting.
     pub fn new(config: SyntheticConfig) -> Result<Self, SourceError> {
         if config.table_sizes.len() != NUM_SPARSE || config.table_sizes.contains(&0) {
-            return Err(SourceError::Config {
-                key: "table_sizes".into(),
-                reason: format!("need {NUM_SPARSE} positive table sizes, got {:?}", config.table_sizes),
-            });
+            return Err(SourceError::config(
+                "table_sizes",
+                format!("need {NUM_SPARSE} positive table sizes, got {:?}", config.table_sizes),
+            ));
         }
         if !(config.zipf_exponent.is_finite() && config.zipf_exponent > 0.0) {
-            return Err(SourceError::Config {
-                key: "zipf_exponent".into(),
-                reason: format!("must be positive, got {}", config.zipf_exponent),
-            });
+            return Err(SourceError::config(
+                "zipf_exponent",
+                format!("must be positive, got {}", config.zipf_exponent),
+            ));
         }
         let zipfs = KAGGLE_CARDINALITIES
             .iter()

@@ -78,7 +78,7 @@ pub struct SyntheticBehavior {
 impl SyntheticBehavior {
     /// Builds the generator; errors name the bad setting.
     pub fn new(config: BehaviorConfig) -> Result<Self, SourceError> {
-        let bad = |key: &str, reason: String| Err(SourceError::Config { key: key.into(), reason });
+        let bad = |key: &str, reason: String| Err(SourceError::config(key, reason));
         if config.users == 0 || config.categories < 2 || config.items_per_category == 0 {
             return bad("synthetic", format!("needs users > 0, categories ≥ 2 and items > 0, got {config:?}"));
         }

@@ -229,9 +229,9 @@ fn missing_and_empty_files() {
         assert_eq!(r.bad_counts().total(), 0);
     }
     let err = CriteoReader::open(std::slice::from_ref(&empty), 3, 3, config(), None).err().unwrap();
-    assert!(matches!(err, SourceError::Config { .. }));
+    assert!(matches!(err, SourceError::Config(_)));
     let bad_features = CriteoConfig::new(CriteoFeatures { table_sizes: vec![10; 25], seed: 0 });
-    assert!(matches!(CriteoReader::open(&[empty], 0, 1, bad_features, None), Err(SourceError::Config { .. })));
+    assert!(matches!(CriteoReader::open(&[empty], 0, 1, bad_features, None), Err(SourceError::Config(_))));
 }
 
 // ---------------------------------------------------------------------------

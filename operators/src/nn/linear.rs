@@ -64,7 +64,7 @@ impl Linear {
     /// space for `Wᵀ` (reused across calls, no allocation once large enough).
     ///
     /// The product runs in one of three summation classes, chosen by shape from measurements
-    /// (`examples/linear_forward.rs`, `examples/dlrm_gemm_shapes.rs`): the packed
+    /// (`benches/linear_forward.rs`, `benches/dlrm_gemm_shapes.rs`): the packed
     /// kernel transposes `W` once in 8 × 8 register tiles and reads `x` where it
     /// lies (1.2–1.5× matrixmultiply at a worker's micro-batch of 64 rows, and
     /// the fastest at any batch on outputs of at most 64); many rows into a wide

@@ -1,6 +1,7 @@
 use super::*;
 use crate::rng::unit_f64;
 use crate::shard::shard_of;
+use crate::ConfigError;
 
 const DIM: usize = 4;
 
@@ -472,7 +473,7 @@ fn bad_store_settings_name_the_key() {
     ];
     for (cfg, key) in bad {
         match cfg.validate() {
-            Err(OperatorError::Config { key: k, .. }) => assert_eq!(k, key),
+            Err(OperatorError::Config(ConfigError { key: k, .. })) => assert_eq!(k, key),
             other => panic!("{key}: {other:?}"),
         }
     }
@@ -480,7 +481,7 @@ fn bad_store_settings_name_the_key() {
     assert!("lru".parse::<StoreKind>().is_err());
     assert_eq!("differential".parse::<FrequencySource>().unwrap(), FrequencySource::Differential);
     assert!(
-        matches!("exactly".parse::<FrequencySource>(), Err(OperatorError::Config { key, .. }) if key == "freq_source")
+        matches!("exactly".parse::<FrequencySource>(), Err(OperatorError::Config(ConfigError { key, .. })) if key == "freq_source")
     );
 }
 

@@ -66,11 +66,13 @@ use timely::worker::Worker;
 
 mod home;
 mod messages;
+mod online;
 mod owner;
 mod sync;
 
 use home::{Home, TablePlan};
 pub use messages::{dense_slice, GradientMessage, LookupReply, LookupRequest, ParamUpdate};
+pub use online::{OnlineStep, OnlineSummary};
 use owner::{Owner, Slots};
 use sync::{ByteLedger, Rendezvous};
 
@@ -276,11 +278,15 @@ impl Trainer {
         Self::with_model(worker, config, model)
     }
 
-    /// As [`Trainer::new`], with this worker's model built by the caller (a
-    /// model computing on a GPU, say). It must be `config.model` initialised
-    /// from `config.seed`, in the same flat parameter layout (workers start
-    /// from the same parameters). A model without a DES partial form is
-    /// refused when the exchange uses one.
+    /// As [`Trainer::new`], with this worker's model built by the caller: `config.model`
+    /// computing on a GPU, say, or a model of your own through the
+    /// [`Model`](crate::nn::Model) trait (the `custom_model` example). The trainer
+    /// takes the input shape from `config.model` (dense features, sparse and sequence
+    /// fields, embedding width, which the model must read) and everything else from
+    /// the model: its flat parameters are what it all-reduces, updates and snapshots.
+    /// Every worker's model must start from the same parameters (for `config.model`,
+    /// initialised from `config.seed`). A model without a DES partial form is refused
+    /// when the exchange uses one.
     pub fn with_model(
         worker: &mut Worker,
         config: &TrainerConfig,
@@ -694,7 +700,7 @@ impl Trainer {
                 m.num_sequences()
             )));
         }
-        batch.check().map_err(OperatorError::Shape)?;
+        batch.check()?;
         let tables = (0..m.num_sparse()).chain(self.config.sequence_tables.iter().copied());
         for ((k, field), t) in batch.sparse.iter().chain(&batch.sequences).enumerate().zip(tables) {
             if let Some(&id) = field.ids.iter().find(|&&id| id >= self.config.table_sizes[t]) {

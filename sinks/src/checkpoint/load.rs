@@ -9,7 +9,7 @@
 
 use super::layout::{list_checkpoints, shard_file, DENSE_FILE, MANIFEST_FILE};
 use super::manifest::{Manifest, FORMAT_VERSION};
-use super::tensors::{checksum, Reader};
+use super::tensors::{checksum, Reader, TensorError};
 use crate::SinkError;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -31,12 +31,93 @@ pub struct Checkpoint {
 }
 
 /// A checkpoint that was passed over, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Skipped {
     /// Its directory.
     pub path: PathBuf,
     /// What is wrong with it.
-    pub reason: String,
+    pub reason: LoadError,
+}
+
+/// Why the checkpoint directory given to [`load`] is not used; each names the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The directory has no manifest (a torn write, or not a checkpoint).
+    #[error("{MANIFEST_FILE} is missing")]
+    NoManifest,
+    /// A file of the checkpoint could not be read.
+    #[error("cannot read {file}: {source}")]
+    Read {
+        /// The file, relative to the checkpoint directory.
+        file: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest is not JSON of a [`Manifest`].
+    #[error("{MANIFEST_FILE} does not parse: {0}")]
+    Manifest(#[source] serde_json::Error),
+    /// The manifest was written by another format version.
+    #[error("format version {version}, this build reads {FORMAT_VERSION}")]
+    FormatVersion {
+        /// The manifest's version.
+        version: u32,
+    },
+    /// The manifest's step is not the step of the directory's name.
+    #[error("the manifest is for step {manifest}, the directory for step {directory}")]
+    Step {
+        /// The manifest's step.
+        manifest: u64,
+        /// The step of the directory's name.
+        directory: u64,
+    },
+    /// The manifest lists another number of files than its worker count implies.
+    #[error("the manifest lists {listed:?}; a checkpoint of {workers} workers has {} files", workers.saturating_add(1))]
+    FileCount {
+        /// The files it lists.
+        listed: BTreeSet<String>,
+        /// Its worker count.
+        workers: usize,
+    },
+    /// The manifest lists other files than a checkpoint of its worker count has.
+    #[error("the manifest lists {listed:?}; a checkpoint of {workers} workers has {expected:?}")]
+    FileNames {
+        /// The files it lists.
+        listed: BTreeSet<String>,
+        /// Its worker count.
+        workers: usize,
+        /// The files such a checkpoint has.
+        expected: BTreeSet<String>,
+    },
+    /// A file's size differs from the manifest's.
+    #[error("{file} has {bytes} bytes, the manifest says {expected}")]
+    Size {
+        /// The file.
+        file: String,
+        /// Its size in bytes.
+        bytes: u64,
+        /// The size the manifest lists.
+        expected: u64,
+    },
+    /// A file's checksum differs from the manifest's.
+    #[error("checksum mismatch in {file} (xxh3-128 {xxh3_128}, the manifest says {expected})")]
+    Checksum {
+        /// The file.
+        file: String,
+        /// Its xxh3-128, in hex.
+        xxh3_128: String,
+        /// The checksum the manifest lists.
+        expected: String,
+    },
+    /// A file matches the manifest but does not hold the tensors it should.
+    #[error("{file}: {source}")]
+    Tensors {
+        /// The file.
+        file: String,
+        /// What is wrong inside it.
+        #[source]
+        source: TensorError,
+    },
 }
 
 /// The outcome of [`find_latest`].
@@ -65,43 +146,39 @@ pub fn find_latest(dir: &Path) -> Result<Search, SinkError> {
 }
 
 /// Reads and verifies the checkpoint at `path` (named `ckpt-<step>`); the error says what is wrong.
-pub fn load(path: &Path, step: u64) -> Result<Checkpoint, String> {
-    let manifest_path = path.join(MANIFEST_FILE);
-    let text = match std::fs::read_to_string(&manifest_path) {
+pub fn load(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
+    let text = match std::fs::read_to_string(path.join(MANIFEST_FILE)) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("{MANIFEST_FILE} is missing")),
-        Err(e) => return Err(format!("cannot read {MANIFEST_FILE}: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(LoadError::NoManifest),
+        Err(source) => return Err(LoadError::Read { file: MANIFEST_FILE.into(), source }),
     };
-    let manifest: Manifest = serde_json::from_str(&text).map_err(|e| format!("{MANIFEST_FILE} does not parse: {e}"))?;
+    let manifest: Manifest = serde_json::from_str(&text).map_err(LoadError::Manifest)?;
     if manifest.format_version != FORMAT_VERSION {
-        return Err(format!("format version {}, this build reads {FORMAT_VERSION}", manifest.format_version));
+        return Err(LoadError::FormatVersion { version: manifest.format_version });
     }
     if manifest.step != step {
-        return Err(format!("the manifest is for step {}, the directory for step {step}", manifest.step));
+        return Err(LoadError::Step { manifest: manifest.step, directory: step });
     }
     let workers = manifest.workers;
     let listed: BTreeSet<String> = manifest.files.keys().cloned().collect();
     // The count first: a corrupt worker count must not make the loader list
     // billions of file names (or overflow a capacity).
     if workers == 0 || listed.len() != workers.saturating_add(1) {
-        return Err(format!(
-            "the manifest lists {listed:?}; a checkpoint of {workers} workers has {} files",
-            workers.saturating_add(1)
-        ));
+        return Err(LoadError::FileCount { listed, workers });
     }
     let expected: BTreeSet<String> =
         std::iter::once(DENSE_FILE.to_string()).chain((0..workers).map(shard_file)).collect();
     if listed != expected {
-        return Err(format!("the manifest lists {listed:?}; a checkpoint of {workers} workers has {expected:?}"));
+        return Err(LoadError::FileNames { listed, workers, expected });
     }
     let dense = read_verified(path, DENSE_FILE, &manifest)?;
-    let (params, state) = parse_dense(&dense).map_err(|e| format!("{DENSE_FILE}: {e}"))?;
+    let (params, state) = parse_dense(&dense).map_err(in_file(DENSE_FILE))?;
     drop(dense);
     let mut parts = Vec::with_capacity(workers);
     for k in 0..workers {
         let name = shard_file(k);
         let bytes = read_verified(path, &name, &manifest)?;
-        let tables = parse_shard(&bytes, k, &manifest).map_err(|e| format!("{name}: {e}"))?;
+        let tables = parse_shard(&bytes, k, &manifest).map_err(in_file(&name))?;
         parts.push(WorkerSnapshot {
             worker: k,
             workers,
@@ -116,39 +193,44 @@ pub fn load(path: &Path, step: u64) -> Result<Checkpoint, String> {
     Ok(Checkpoint { path: path.to_path_buf(), manifest, parts })
 }
 
+/// Wraps a tensor error of `file`.
+fn in_file(file: &str) -> impl FnOnce(TensorError) -> LoadError + '_ {
+    move |source| LoadError::Tensors { file: file.to_string(), source }
+}
+
 /// The bytes of `name`, checked against the manifest's size and checksum.
-fn read_verified(dir: &Path, name: &str, manifest: &Manifest) -> Result<Vec<u8>, String> {
+fn read_verified(dir: &Path, name: &str, manifest: &Manifest) -> Result<Vec<u8>, LoadError> {
     let entry = &manifest.files[name];
-    let bytes = std::fs::read(dir.join(name)).map_err(|e| format!("cannot read {name}: {e}"))?;
+    let bytes = std::fs::read(dir.join(name)).map_err(|source| LoadError::Read { file: name.into(), source })?;
     if bytes.len() as u64 != entry.bytes {
-        return Err(format!("{name} has {} bytes, the manifest says {}", bytes.len(), entry.bytes));
+        return Err(LoadError::Size { file: name.into(), bytes: bytes.len() as u64, expected: entry.bytes });
     }
     let sum = checksum(&bytes);
     if sum != entry.xxh3_128 {
-        return Err(format!("checksum mismatch in {name} (xxh3-128 {sum}, the manifest says {})", entry.xxh3_128));
+        return Err(LoadError::Checksum { file: name.into(), xxh3_128: sum, expected: entry.xxh3_128.clone() });
     }
     Ok(bytes)
 }
 
-fn parse_dense(bytes: &[u8]) -> Result<(Vec<f32>, DenseOptimizerState), String> {
+fn parse_dense(bytes: &[u8]) -> Result<(Vec<f32>, DenseOptimizerState), TensorError> {
     let r = Reader::new(bytes)?;
     let kind_name = r.text("optimizer")?;
     let kind: DenseOptimizerKind = serde_json::from_value(serde_json::Value::String(kind_name.to_string()))
-        .map_err(|_| format!("unknown dense optimizer `{kind_name}`"))?;
+        .map_err(|_| TensorError::UnknownOptimizer { name: kind_name.into() })?;
     let n = one_dim(&r, "params")?;
     let params = r.f32s("params", &[n])?;
     let m = r.f32s("optimizer.m", &[one_dim(&r, "optimizer.m")?])?;
     let v = r.f32s("optimizer.v", &[one_dim(&r, "optimizer.v")?])?;
     let t = r.u64s("optimizer.t", &[1])?[0];
     let state = DenseOptimizerState { kind, t, offset: 0, len: n, m, v };
-    state.check().map_err(|e| e.to_string())?;
+    state.check().map_err(TensorError::OptimizerState)?;
     Ok((params, state))
 }
 
-fn one_dim(r: &Reader<'_>, name: &str) -> Result<usize, String> {
+fn one_dim(r: &Reader<'_>, name: &str) -> Result<usize, TensorError> {
     match r.shape(name)?.as_slice() {
         [n] => Ok(*n),
-        other => Err(format!("tensor `{name}` has shape {other:?}, expected one dimension")),
+        other => Err(TensorError::NotOneDimensional { name: name.into(), shape: other.to_vec() }),
     }
 }
 
@@ -158,14 +240,18 @@ struct ShardTables {
     tables: Vec<TableRows>,
 }
 
-fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTables, String> {
+fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTables, TensorError> {
     let r = Reader::new(bytes)?;
     let (worker, workers, step) = (r.number("worker")?, r.number("workers")?, r.number("step")?);
     if (worker, workers, step) != (k as u64, manifest.workers as u64, manifest.step) {
-        return Err(format!(
-            "written by worker {worker} of {workers} at step {step}, expected worker {k} of {} at step {}",
-            manifest.workers, manifest.step
-        ));
+        return Err(TensorError::WrongWriter {
+            worker,
+            workers,
+            step,
+            expected_worker: k as u64,
+            expected_workers: manifest.workers as u64,
+            expected_step: manifest.step,
+        });
     }
     let dim = r.number("dim")? as usize;
     let state_width = r.number("state_width")? as usize;
@@ -175,13 +261,13 @@ fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTable
         let ids_name = format!("table.{t}.ids");
         let n = one_dim(&r, &ids_name)?;
         // Frequencies and hot slots are optional: checkpoints older than them still load.
-        let narrow = |name: String| -> Result<Vec<u32>, String> {
+        let narrow = |name: String| -> Result<Vec<u32>, TensorError> {
             if r.shape(&name).is_err() {
                 return Ok(Vec::new());
             }
             r.u64s(&name, &[n])?
                 .into_iter()
-                .map(|v| u32::try_from(v).map_err(|_| format!("tensor `{name}` holds {v}, above u32")))
+                .map(|value| u32::try_from(value).map_err(|_| TensorError::AboveU32 { name: name.clone(), value }))
                 .collect()
         };
         tables.push(TableRows {

@@ -27,11 +27,12 @@ pub mod manifest;
 mod tensors;
 pub mod write;
 
-pub use load::{find_latest, Checkpoint, Search, Skipped};
+pub use load::{find_latest, Checkpoint, LoadError, Search, Skipped};
 pub use manifest::{
     config_differences, config_hash, value_differences, DataPosition, FileEntry, Manifest, TrainingProgress,
     FORMAT_VERSION,
 };
+pub use tensors::TensorError;
 
 #[cfg(test)]
 mod tests;

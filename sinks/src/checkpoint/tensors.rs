@@ -130,6 +130,93 @@ pub(crate) fn checksum(bytes: &[u8]) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
 }
 
+/// Why a checkpoint's safetensors file does not hold what a checkpoint needs; each names
+/// the tensor or metadata key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    /// The bytes are not a safetensors file (bad header, offsets out of range, truncated).
+    #[error("not a safetensors file: {0}")]
+    Format(#[source] safetensors::SafeTensorError),
+    /// A metadata key the checkpoint writes is absent.
+    #[error("metadata `{key}` is missing")]
+    MissingMetadata {
+        /// The key.
+        key: String,
+    },
+    /// A metadata value that must be a number is not one.
+    #[error("metadata `{key}` is `{value}`, not a number")]
+    NotANumber {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// A tensor the checkpoint writes is absent.
+    #[error("tensor `{name}` is missing")]
+    MissingTensor {
+        /// The tensor.
+        name: String,
+    },
+    /// A tensor has another element type or shape than expected.
+    #[error("tensor `{name}` is {dtype:?} {shape:?}, expected {expected_dtype:?} {expected_shape:?}")]
+    WrongTensor {
+        /// The tensor.
+        name: String,
+        /// Its element type.
+        dtype: Dtype,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The element type expected.
+        expected_dtype: Dtype,
+        /// The shape expected.
+        expected_shape: Vec<usize>,
+    },
+    /// A tensor that must be one-dimensional is not.
+    #[error("tensor `{name}` has shape {shape:?}, expected one dimension")]
+    NotOneDimensional {
+        /// The tensor.
+        name: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// A `u64` tensor holding 32-bit counters has a value above `u32::MAX`.
+    #[error("tensor `{name}` holds {value}, above u32")]
+    AboveU32 {
+        /// The tensor.
+        name: String,
+        /// The value.
+        value: u64,
+    },
+    /// The dense optimizer named in the metadata is not one this build knows.
+    #[error("unknown dense optimizer `{name}`")]
+    UnknownOptimizer {
+        /// The name in the metadata.
+        name: String,
+    },
+    /// The dense optimizer's state does not fit its parameters.
+    #[error("{0}")]
+    OptimizerState(#[source] tiderec_operators::OperatorError),
+    /// A shard file was written by another worker, worker count or step than the manifest's.
+    #[error(
+        "written by worker {worker} of {workers} at step {step}, expected worker {expected_worker} of \
+         {expected_workers} at step {expected_step}"
+    )]
+    WrongWriter {
+        /// The worker in the file's metadata.
+        worker: u64,
+        /// The worker count in the file's metadata.
+        workers: u64,
+        /// The step in the file's metadata.
+        step: u64,
+        /// The worker of this shard file's name.
+        expected_worker: u64,
+        /// The manifest's worker count.
+        expected_workers: u64,
+        /// The manifest's step.
+        expected_step: u64,
+    },
+}
+
 /// A parsed safetensors file with typed, checked accessors; errors name the tensor.
 pub(crate) struct Reader<'a> {
     tensors: SafeTensors<'a>,
@@ -138,47 +225,53 @@ pub(crate) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// Parses `bytes` (the header and the offsets are validated by the crate).
-    pub fn new(bytes: &'a [u8]) -> Result<Self, String> {
-        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+    pub fn new(bytes: &'a [u8]) -> Result<Self, TensorError> {
+        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(TensorError::Format)?;
         let metadata = meta.metadata().clone().unwrap_or_default();
-        let tensors = SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+        let tensors = SafeTensors::deserialize(bytes).map_err(TensorError::Format)?;
         Ok(Reader { tensors, metadata })
     }
 
     /// A metadata value parsed as a number.
-    pub fn number(&self, key: &str) -> Result<u64, String> {
-        let v = self.metadata.get(key).ok_or_else(|| format!("metadata `{key}` is missing"))?;
-        v.parse().map_err(|_| format!("metadata `{key}` is `{v}`, not a number"))
+    pub fn number(&self, key: &str) -> Result<u64, TensorError> {
+        let v = self.text(key)?;
+        v.parse().map_err(|_| TensorError::NotANumber { key: key.into(), value: v.into() })
     }
 
     /// A metadata value.
-    pub fn text(&self, key: &str) -> Result<&str, String> {
-        self.metadata.get(key).map(String::as_str).ok_or_else(|| format!("metadata `{key}` is missing"))
+    pub fn text(&self, key: &str) -> Result<&str, TensorError> {
+        self.metadata.get(key).map(String::as_str).ok_or_else(|| TensorError::MissingMetadata { key: key.into() })
     }
 
-    fn raw(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<&'a [u8], String> {
-        let t = self.tensors.tensor(name).map_err(|_| format!("tensor `{name}` is missing"))?;
+    fn raw(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<&'a [u8], TensorError> {
+        let t = self.tensors.tensor(name).map_err(|_| TensorError::MissingTensor { name: name.into() })?;
         if t.dtype() != dtype || t.shape() != shape {
-            return Err(format!("tensor `{name}` is {:?} {:?}, expected {dtype:?} {shape:?}", t.dtype(), t.shape()));
+            return Err(TensorError::WrongTensor {
+                name: name.into(),
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+                expected_dtype: dtype,
+                expected_shape: shape.to_vec(),
+            });
         }
         Ok(t.data())
     }
 
     /// Tensor `name`, which must be F32 of `shape`.
-    pub fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, String> {
+    pub fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, TensorError> {
         let raw = self.raw(name, Dtype::F32, shape)?;
         Ok(raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
     }
 
     /// Tensor `name`, which must be U64 of `shape`.
-    pub fn u64s(&self, name: &str, shape: &[usize]) -> Result<Vec<u64>, String> {
+    pub fn u64s(&self, name: &str, shape: &[usize]) -> Result<Vec<u64>, TensorError> {
         let raw = self.raw(name, Dtype::U64, shape)?;
         Ok(raw.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect())
     }
 
     /// The shape of tensor `name`.
-    pub fn shape(&self, name: &str) -> Result<Vec<usize>, String> {
-        Ok(self.tensors.tensor(name).map_err(|_| format!("tensor `{name}` is missing"))?.shape().to_vec())
+    pub fn shape(&self, name: &str) -> Result<Vec<usize>, TensorError> {
+        Ok(self.tensors.tensor(name).map_err(|_| TensorError::MissingTensor { name: name.into() })?.shape().to_vec())
     }
 }
 
@@ -208,9 +301,9 @@ mod tests {
         assert_eq!(r.f32s("big", &[10_000, 4]).unwrap(), big);
         assert_eq!(r.u64s("ids", &[3]).unwrap(), ids);
         assert_eq!(r.f32s("none", &[0, 4]).unwrap(), empty);
-        assert!(r.f32s("ids", &[3]).unwrap_err().contains("expected F32"));
-        assert!(r.f32s("big", &[4, 10_000]).unwrap_err().contains("[10000, 4]"));
-        assert!(r.u64s("gone", &[1]).unwrap_err().contains("`gone` is missing"));
+        assert!(r.f32s("ids", &[3]).unwrap_err().to_string().contains("expected F32"));
+        assert!(r.f32s("big", &[4, 10_000]).unwrap_err().to_string().contains("[10000, 4]"));
+        assert!(r.u64s("gone", &[1]).unwrap_err().to_string().contains("`gone` is missing"));
         assert!(r.number("nope").is_err());
         // The crate reads it too, and refuses a truncated copy.
         assert_eq!(SafeTensors::deserialize(&bytes).unwrap().len(), 3);

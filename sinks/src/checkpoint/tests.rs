@@ -194,7 +194,8 @@ fn damaged_checkpoints_are_skipped_with_the_reason() {
         let search = find_latest(dir.path()).unwrap();
         assert_eq!(search.skipped.len(), 1, "{reason}");
         assert!(search.skipped[0].path.ends_with("ckpt-20"));
-        assert!(search.skipped[0].reason.contains(reason), "expected `{reason}` in `{}`", search.skipped[0].reason);
+        let got = search.skipped[0].reason.to_string();
+        assert!(got.contains(reason), "expected `{reason}` in `{got}`");
         let c = search.found.expect("falls back to the previous checkpoint");
         assert_eq!(c.manifest.step, 10);
         assert_eq!(c.parts, parts(10));

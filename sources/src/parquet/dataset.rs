@@ -148,7 +148,8 @@ impl ParquetDataset {
             let kv = meta.metadata().file_metadata().key_value_metadata();
             let text = kv.and_then(|kv| kv.iter().find(|e| e.key == METADATA_KEY)).and_then(|e| e.value.as_deref());
             if let Some(text) = text {
-                let d = SchemaDescription::from_json(text).map_err(|r| SourceError::schema(path.display(), r))?;
+                let d = SchemaDescription::from_json(text)
+                    .map_err(|source| SourceError::Description { path: path.display().to_string(), source })?;
                 match &description {
                     None => description = Some((d, path)),
                     Some((first, first_path)) if *first != d => {

@@ -23,5 +23,5 @@ pub mod writer;
 
 pub use dataset::{list_parquet_files, ParquetDataset, RowGroupRef, Segment};
 pub use reader::ParquetReader;
-pub use schema::{SchemaDescription, SparseColumn, SparseKind, METADATA_KEY};
+pub use schema::{DescriptionError, SchemaDescription, SparseColumn, SparseKind, METADATA_KEY};
 pub use writer::{ParquetWriter, WriteSummary, WriterOptions, DEFAULT_ROW_GROUP_ROWS};

@@ -91,17 +91,17 @@ impl ParquetReader {
         table_sizes: Vec<u64>,
     ) -> Result<Self, SourceError> {
         if !(0.0 <= span.0 && span.0 <= span.1 && span.1 <= 1.0) {
-            return Err(SourceError::Config { key: "span".into(), reason: format!("{span:?} is not within [0, 1]") });
+            return Err(SourceError::config("span", format!("{span:?} is not within [0, 1]")));
         }
         if workers == 0 || worker >= workers {
-            return Err(SourceError::Config { key: "workers".into(), reason: format!("worker {worker} of {workers}") });
+            return Err(SourceError::config("workers", format!("worker {worker} of {workers}")));
         }
         let d = dataset.description();
         if table_sizes.len() != d.sparse.len() {
-            return Err(SourceError::Config {
-                key: "table_sizes".into(),
-                reason: format!("{} table sizes for {} sparse columns", table_sizes.len(), d.sparse.len()),
-            });
+            return Err(SourceError::config(
+                "table_sizes",
+                format!("{} table sizes for {} sparse columns", table_sizes.len(), d.sparse.len()),
+            ));
         }
         let mine = dataset.worker_segments(span, 0, seed, worker, workers)?;
         Ok(ParquetReader {
@@ -190,16 +190,16 @@ impl ParquetReader {
         let (num_dense, num_sparse) = self.dataset.description().shape();
         let num_sequences = self.dataset.description().sequences.len();
         if out.num_dense != num_dense || out.sparse.len() != num_sparse || out.sequences.len() != num_sequences {
-            return Err(SourceError::Config {
-                key: "batch".into(),
-                reason: format!(
+            return Err(SourceError::config(
+                "batch",
+                format!(
                     "batch has {} dense / {} sparse / {} sequence fields, expected {num_dense} / {num_sparse} / \
                      {num_sequences}",
                     out.num_dense,
                     out.sparse.len(),
                     out.sequences.len()
                 ),
-            });
+            ));
         }
         let mut appended = 0;
         while appended < max {

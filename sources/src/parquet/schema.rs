@@ -226,19 +226,16 @@ impl SchemaDescription {
             && self.sparse.iter().zip(&other.sparse).all(|(a, b)| a.kind == b.kind && a.table_size == b.table_size)
     }
 
-    /// Checks the [invariants](self); the error says what is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the [invariants](self); the error names the column or count at fault.
+    pub fn validate(&self) -> Result<(), DescriptionError> {
         if self.version != SCHEMA_VERSION {
-            return Err(format!(
-                "schema version {} is not supported (this build reads {SCHEMA_VERSION})",
-                self.version
-            ));
+            return Err(DescriptionError::Version { version: self.version });
         }
         if self.num_dense != self.dense.len() {
-            return Err(format!("num_dense is {} but {} dense columns are named", self.num_dense, self.dense.len()));
+            return Err(DescriptionError::DenseCount { num_dense: self.num_dense, named: self.dense.len() });
         }
         if self.dense.is_empty() && self.sparse.is_empty() {
-            return Err("the schema has no feature column".into());
+            return Err(DescriptionError::NoFeatures);
         }
         let mut seen = HashSet::new();
         if self.lines.is_some() {
@@ -250,18 +247,20 @@ impl SchemaDescription {
             .chain(self.sequences.iter().map(|s| &s.name));
         for name in names {
             if !seen.insert(name.as_str()) {
-                return Err(format!("column `{name}` appears twice"));
+                return Err(DescriptionError::DuplicateColumn { column: name.clone() });
             }
         }
         if let Some(s) = self.sparse.iter().find(|s| s.table_size == 0) {
-            return Err(format!("sparse column `{}` has table_size 0", s.name));
+            return Err(DescriptionError::EmptyTable { column: s.name.clone() });
         }
         let fields = self.sparse.len();
         if let Some(s) = self.sequences.iter().find(|s| s.table >= fields || s.target >= fields) {
-            return Err(format!(
-                "sequence column `{}` names sparse field {} as its table and {} as its target, but there are {fields}",
-                s.name, s.table, s.target
-            ));
+            return Err(DescriptionError::SequenceField {
+                column: s.name.clone(),
+                table: s.table,
+                target: s.target,
+                fields,
+            });
         }
         Ok(())
     }
@@ -272,8 +271,8 @@ impl SchemaDescription {
     }
 
     /// Parses and [validates](Self::validate) a description.
-    pub fn from_json(text: &str) -> Result<Self, String> {
-        let d: SchemaDescription = serde_json::from_str(text).map_err(|e| format!("bad `{METADATA_KEY}` JSON: {e}"))?;
+    pub fn from_json(text: &str) -> Result<Self, DescriptionError> {
+        let d: SchemaDescription = serde_json::from_str(text).map_err(DescriptionError::Json)?;
         d.validate()?;
         Ok(d)
     }
@@ -301,6 +300,58 @@ impl SchemaDescription {
             .collect();
         Schema::new_with_metadata(fields, HashMap::from([(METADATA_KEY.to_string(), self.to_json())]))
     }
+}
+
+/// Why a [`SchemaDescription`] is refused by [`SchemaDescription::validate`] or
+/// [`SchemaDescription::from_json`].
+#[derive(Debug, thiserror::Error)]
+pub enum DescriptionError {
+    /// The metadata is not JSON of a description (the parser's error names the line and column).
+    #[error("bad `{METADATA_KEY}` JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    /// Written by a newer (or unknown) description format.
+    #[error("schema version {version} is not supported (this build reads {SCHEMA_VERSION})")]
+    Version {
+        /// The version in the description.
+        version: u32,
+    },
+    /// `num_dense` disagrees with the number of dense column names.
+    #[error("num_dense is {num_dense} but {named} dense columns are named")]
+    DenseCount {
+        /// The `num_dense` field.
+        num_dense: usize,
+        /// Entries of `dense`.
+        named: usize,
+    },
+    /// Neither a dense nor a sparse column.
+    #[error("the schema has no feature column")]
+    NoFeatures,
+    /// Two columns (label, dense, sparse, sequence or `_line_start`) share a name.
+    #[error("column `{column}` appears twice")]
+    DuplicateColumn {
+        /// The name used twice.
+        column: String,
+    },
+    /// A sparse column's table has no rows.
+    #[error("sparse column `{column}` has table_size 0")]
+    EmptyTable {
+        /// The sparse column.
+        column: String,
+    },
+    /// A sequence column names a sparse field that does not exist.
+    #[error(
+        "sequence column `{column}` names sparse field {table} as its table and {target} as its target, but there are {fields}"
+    )]
+    SequenceField {
+        /// The sequence column.
+        column: String,
+        /// Its `table` field index.
+        table: usize,
+        /// Its `target` field index.
+        target: usize,
+        /// Sparse fields in the description.
+        fields: usize,
+    },
 }
 
 impl SparseKind {
@@ -358,19 +409,19 @@ mod tests {
     fn invalid_descriptions_say_why() {
         let mut c = SchemaDescription::criteo(&[7; 26], 3);
         c.dense[1] = "C3".into();
-        assert!(c.validate().unwrap_err().contains("`C3` appears twice"));
+        assert!(c.validate().unwrap_err().to_string().contains("`C3` appears twice"));
         let mut c = SchemaDescription::criteo(&[7; 26], 3);
         c.num_dense = 12;
-        assert!(c.validate().unwrap_err().contains("num_dense"));
+        assert!(c.validate().unwrap_err().to_string().contains("num_dense"));
         let mut c = SchemaDescription::criteo(&[7; 26], 3);
         c.sparse[4].table_size = 0;
-        assert!(c.validate().unwrap_err().contains("C5"));
-        assert!(SchemaDescription::from_json("{").unwrap_err().contains(METADATA_KEY));
+        assert!(c.validate().unwrap_err().to_string().contains("C5"));
+        assert!(SchemaDescription::from_json("{").unwrap_err().to_string().contains(METADATA_KEY));
         let mut b = SchemaDescription::behavior("amazon-dien", &[10, 20, 5], 2);
         b.sequences[1].table = 3;
-        assert!(b.validate().unwrap_err().contains("`history_categories`"));
+        assert!(b.validate().unwrap_err().to_string().contains("`history_categories`"));
         let mut b = SchemaDescription::behavior("amazon-dien", &[10, 20, 5], 2);
         b.sequences[0].name = "item".into();
-        assert!(b.validate().unwrap_err().contains("`item` appears twice"));
+        assert!(b.validate().unwrap_err().to_string().contains("`item` appears twice"));
     }
 }

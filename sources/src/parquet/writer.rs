@@ -84,15 +84,14 @@ impl ParquetWriter {
     /// description or options, a `dir` that already holds `*.parquet` files
     /// (conversions never mix datasets), I/O.
     pub fn create(dir: &Path, description: SchemaDescription, options: WriterOptions) -> Result<Self, SourceError> {
-        description.validate().map_err(|reason| SourceError::schema(dir.display(), reason))?;
+        description
+            .validate()
+            .map_err(|source| SourceError::Description { path: dir.display().to_string(), source })?;
         if options.row_group_rows == 0 || options.rows_per_file == Some(0) {
-            return Err(SourceError::Config {
-                key: "row_group_rows".into(),
-                reason: "row_group_rows and rows_per_file must be positive".into(),
-            });
+            return Err(SourceError::config("row_group_rows", "row_group_rows and rows_per_file must be positive"));
         }
-        let zstd = ZstdLevel::try_new(options.zstd_level)
-            .map_err(|e| SourceError::Config { key: "zstd_level".into(), reason: e.to_string() })?;
+        let zstd =
+            ZstdLevel::try_new(options.zstd_level).map_err(|e| SourceError::config("zstd_level", e.to_string()))?;
         let io_err = |source| SourceError::Io { path: dir.display().to_string(), source };
         std::fs::create_dir_all(dir).map_err(io_err)?;
         if let Some(existing) = super::list_parquet_files(dir).ok().and_then(|f| f.into_iter().next()) {
@@ -146,29 +145,29 @@ impl ParquetWriter {
         if self.description.lines.is_some() != line_starts.is_some()
             || line_starts.is_some_and(|l| l.len() != batch.len())
         {
-            return Err(SourceError::Config {
-                key: "line_starts".into(),
-                reason: format!(
+            return Err(SourceError::config(
+                "line_starts",
+                format!(
                     "{} line starts for {} samples; the schema {} source positions",
                     line_starts.map_or(0, <[u64]>::len),
                     batch.len(),
                     if self.description.lines.is_some() { "has" } else { "has no" }
                 ),
-            });
+            ));
         }
         let (num_dense, num_sparse) = self.description.shape();
         let num_sequences = self.description.sequences.len();
         if batch.num_dense != num_dense || batch.sparse.len() != num_sparse || batch.sequences.len() != num_sequences {
-            return Err(SourceError::Config {
-                key: "batch".into(),
-                reason: format!(
+            return Err(SourceError::config(
+                "batch",
+                format!(
                     "batch has {} dense / {} sparse / {} sequence fields, the schema {num_dense} / {num_sparse} / \
                      {num_sequences}",
                     batch.num_dense,
                     batch.sparse.len(),
                     batch.sequences.len()
                 ),
-            });
+            ));
         }
         let mut start = 0;
         while start < batch.len() {

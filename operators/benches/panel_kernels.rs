@@ -2,7 +2,7 @@
 //! instructions, thirty-two registers, bigger blocks) on the GRU's products,
 //! timed alternately (wall clock, 0.1 s per kernel and round), nine rounds, medians.
 //!
-//! `cargo run --release -p tiderec-operators --example panel_kernels`
+//! `cargo bench -p tiderec-operators --bench panel_kernels`
 use tiderec_operators::nn::gemm::Op;
 use tiderec_operators::nn::gemm_packed::{gemm_packed_with, packed_panel_f32_with, PackedRhs, PanelKernel};
 

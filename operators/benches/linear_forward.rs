@@ -3,7 +3,7 @@
 //! packing `Wᵀ` into panels and `gemm_packed` reading `x` in place, alternated,
 //! nine rounds, medians.
 //!
-//! `cargo run --release -p tiderec-operators --example linear_forward [dx]`
+//! `cargo bench -p tiderec-operators --bench linear_forward [-- dx]`
 //! (`dx`: the backward's input gradient `dx = dy·W` instead).
 use tiderec_operators::nn::gemm::{gemm, Op};
 use tiderec_operators::nn::gemm_packed::{gemm_packed, PackedRhs};
@@ -15,7 +15,7 @@ fn now() -> f64 {
 
 fn main() {
     let layers = [(13, 512), (512, 256), (256, 64), (64, 16), (367, 512), (512, 256), (256, 1)];
-    let backward = std::env::args().nth(1).as_deref() == Some("dx");
+    let backward = std::env::args().any(|a| a == "dx");
     for batch in [64usize, 1024] {
         let mut totals = [0.0f64; 3];
         for &(input, output) in &layers {

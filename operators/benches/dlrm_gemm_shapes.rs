@@ -4,7 +4,7 @@
 //! packed kernel (`Wᵀ` packed on every call, as in training) for the forward
 //! `x·Wᵀ`. Medians of seven alternating rounds, in this thread's CPU time.
 //!
-//! `cargo run --release -p tiderec-operators --example dlrm_gemm_shapes [-- ROWS]`
+//! `cargo bench -p tiderec-operators --bench dlrm_gemm_shapes [-- ROWS]`
 use tiderec_operators::nn::gemm::{gemm, gemm_nt_acc, Op};
 use tiderec_operators::nn::gemm_packed::{gemm_packed, PackedRhs};
 
@@ -30,7 +30,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let m: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1024);
+    // `cargo bench` adds `--bench` to the arguments.
+    let m: usize = std::env::args().skip(1).find(|a| !a.starts_with("--")).and_then(|s| s.parse().ok()).unwrap_or(1024);
     // (input, output) of the bottom MLP 13-512-256-64-16 and the top MLP 367-512-256.
     let layers = [(13, 512), (512, 256), (256, 64), (64, 16), (367, 512), (512, 256)];
     println!("{m} rows; GFLOP/s, medians of 7 rounds");

@@ -4,7 +4,7 @@
 //! cell), in this thread's CPU time. `packed` is blank where the left operand
 //! is transposed (weight gradients, which stay on matrixmultiply).
 //!
-//! `cargo run --release -p tiderec-operators --example gemm_shapes`
+//! `cargo bench -p tiderec-operators --bench gemm_shapes`
 use tiderec_operators::nn::gemm::{gemm, Op};
 use tiderec_operators::nn::gemm_packed::{gemm_packed, PackedRhs};
 
