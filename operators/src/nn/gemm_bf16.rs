@@ -240,9 +240,11 @@ mod x86 {
         let panel = b.panel.as_ptr();
         let mut acc = [[_mm512_setzero_ps(); V]; R];
         for q in 0..b.pairs {
-            let mut bv: [__m512bh; V] = [std::mem::transmute(_mm512_setzero_si512()); V];
+            let mut bv: [__m512bh; V] = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); V];
             for (v, x) in bv.iter_mut().enumerate() {
-                *x = std::mem::transmute(_mm512_loadu_si512(panel.add(q * b.pw + VECTOR * v) as *const _));
+                *x = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                    panel.add(q * b.pw + VECTOR * v) as *const _
+                ));
             }
             for (r, row) in acc.iter_mut().enumerate() {
                 let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(r * b.lda + q * b.step) as i32));
