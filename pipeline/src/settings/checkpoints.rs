@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CheckpointSettings {
-    /// Write checkpoints (ckpt-<step> directories) here: at the end of every epoch and of the run, and every
+    /// Write checkpoints (`ckpt-<step>` directories) here: at the end of every epoch and of the run, and every
     /// --checkpoint-every steps.
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
