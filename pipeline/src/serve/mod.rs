@@ -20,11 +20,11 @@
 //! loads each newer checkpoint as it appears and the scoring thread takes it
 //! between two batches: no request fails or waits for a load.
 
-pub mod batcher;
+mod batcher;
 pub mod client;
-pub mod records;
-pub mod rows;
-pub mod score;
+mod records;
+mod rows;
+mod score;
 
 use crate::PipelineError;
 use batcher::{BatchLimits, Job, Reply, ServingState};

@@ -204,6 +204,7 @@ impl RecordShape {
     }
 
     /// The columns, in line order.
+    #[cfg(test)]
     pub fn columns(&self) -> &[Column] {
         &self.columns
     }

@@ -41,6 +41,7 @@ use crate::PipelineError;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use tiderec_operators::ConfigError;
 
 /// All settings of a `tiderec train` (and `online`) run, by concern.
 #[derive(Clone, Debug, Default, PartialEq, Args, Serialize, Deserialize)]
@@ -93,29 +94,33 @@ impl TrainSettings {
     pub fn from_toml_file(path: &Path) -> Result<Self, PipelineError> {
         let file_error = |reason: String| PipelineError::ConfigFile { path: path.display().to_string(), reason };
         let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
-        Self::from_toml_str(&text).map_err(file_error)
+        Self::from_toml_str(&text).map_err(|e| file_error(e.to_string()))
     }
 
-    /// [`Self::from_toml_file`] for the file's text; the error is the reason.
-    pub fn from_toml_str(text: &str) -> Result<Self, String> {
-        let table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    /// [`Self::from_toml_file`] for the file's text.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::new("settings", e.to_string()))?;
         let known = Self::keys();
         let unknown: Vec<&String> = table.keys().filter(|k| !known.contains(k)).collect();
-        if !unknown.is_empty() {
+        if let Some(first) = unknown.first() {
             let list = unknown.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
-            return Err(format!(
-                "unknown setting{} {list} (the settings are the long flags of `tiderec train --help`, with _ for -)",
-                if unknown.len() == 1 { "" } else { "s" }
+            return Err(ConfigError::new(
+                first.as_str(),
+                format!(
+                    "unknown setting{} {list} (the settings are the long flags of `tiderec train --help`, with _ for -)",
+                    if unknown.len() == 1 { "" } else { "s" }
+                ),
             ));
         }
         // Each key on its own, so that a bad value is reported with its key.
         let mut settings = TrainSettings::default();
-        let mut value = serde_json::to_value(&settings).map_err(|e| e.to_string())?;
+        let mut value = serde_json::to_value(&settings).map_err(|e| ConfigError::new("settings", e.to_string()))?;
         for (key, v) in table {
-            let json = serde_json::to_value(&v).map_err(|e| format!("`{key}`: {e}"))?;
+            let json = serde_json::to_value(&v).map_err(|e| ConfigError::new(key.as_str(), e.to_string()))?;
             let mut probe = value.clone();
             probe[&key] = json;
-            settings = serde_json::from_value(probe.clone()).map_err(|e| format!("`{key}`: {e}"))?;
+            settings =
+                serde_json::from_value(probe.clone()).map_err(|e| ConfigError::new(key.as_str(), e.to_string()))?;
             value = probe;
         }
         Ok(settings)
@@ -216,13 +221,13 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_values_name_the_key() {
-        let e = TrainSettings::from_toml_str("dimm = 3\nbatch_size = 4").unwrap_err();
+        let e = TrainSettings::from_toml_str("dimm = 3\nbatch_size = 4").unwrap_err().to_string();
         assert!(e.contains("unknown setting `dimm`"), "{e}");
-        let e = TrainSettings::from_toml_str("batch_size = \"big\"").unwrap_err();
+        let e = TrainSettings::from_toml_str("batch_size = \"big\"").unwrap_err().to_string();
         assert!(e.contains("`batch_size`"), "{e}");
         for (key, value) in [("optimizer", "lbfgs"), ("best_metric", "accuracy"), ("store", "lru"), ("exchange", "all")]
         {
-            let e = TrainSettings::from_toml_str(&format!("{key} = \"{value}\"")).unwrap_err();
+            let e = TrainSettings::from_toml_str(&format!("{key} = \"{value}\"")).unwrap_err().to_string();
             assert!(e.contains(&format!("`{key}`")) && e.contains(value), "{key}: {e}");
             let e = TrainFlags::parse_from([format!("--{}", key.replace('_', "-")), value.to_string()]).unwrap_err();
             assert!(e.to_string().contains(value), "--{key}: {e}");
