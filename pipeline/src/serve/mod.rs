@@ -5,8 +5,8 @@
 //!   one click probability per record in order. A record is keyed by the
 //!   column names of the records the checkpoint was trained on (Criteo's
 //!   `I1`…`I13`, `C1`…`C26`; Avazu's header; a spec's columns; …), or is
-//!   `{"line": TEXT}`, one line of the training files (see [`records`]); a
-//!   model trained on Parquet files scores featurized rows ([`rows`]). A
+//!   `{"line": TEXT}`, one line of the training files (see `records.rs`); a
+//!   model trained on Parquet files scores featurized rows (`rows.rs`). A
 //!   bad record answers 400 naming its index and field; nothing of that
 //!   request is scored.
 //! * `GET /schema` answers the format of the model's records and each field:
@@ -14,7 +14,7 @@
 //! * `GET /health` answers the model served (step, checkpoint, model) and
 //!   counts of records, batches and reloads.
 //!
-//! Records of concurrent requests are scored together (see [`batcher`]).
+//! Records of concurrent requests are scored together (see `batcher.rs`).
 //! When `--checkpoint` names a checkpoint directory (the `--checkpoint-dir`
 //! of a training or online run) rather than one `ckpt-<step>`, a watcher
 //! loads each newer checkpoint as it appears and the scoring thread takes it
