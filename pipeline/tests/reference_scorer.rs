@@ -81,6 +81,25 @@ fn read_rows(out: &Path, unlabeled: bool) -> Vec<Row> {
 }
 
 /// The model.json of an export.
+/// Trains with `args` (after `train --progress none`) on `data`, checkpointing to
+/// `dir/ckpt-NAME`, and exports the newest checkpoint to `dir/serve-NAME`; returns both.
+fn train_and_export(dir: &Path, name: &str, data: &str, args: &[&str]) -> (PathBuf, PathBuf) {
+    let suffix = if name.is_empty() { String::new() } else { format!("-{name}") };
+    let ckpt = dir.join(format!("ckpt{suffix}"));
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none"])
+            .args(args)
+            .arg("--data")
+            .arg(data)
+            .arg("--checkpoint-dir")
+            .arg(&ckpt),
+    );
+    let serve = dir.join(format!("serve{suffix}"));
+    run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
+    (ckpt, serve)
+}
+
 fn model_json(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("model.json")).unwrap()).unwrap()
 }
@@ -115,19 +134,17 @@ fn the_reference_scorer_matches_the_library_for_every_model_kind() {
         ("dlrm", &["--dim", "8", "--bottom", "32,8", "--top", "32,1"]),
     ];
     for (kind, flags) in kinds {
-        let ckpt = dir.path().join(format!("ckpt-{kind}"));
-        run_ok(
-            tiderec()
-                .args(["train", "--progress", "none", "--model", kind, "--buckets", "3000", "--steps", "60"])
-                .args(["--batch-size", "128", "--sparse-lr", "0.05"])
-                .args(flags)
-                .arg("--data")
-                .arg(format!("criteo:{}", train_file.display()))
-                .arg("--checkpoint-dir")
-                .arg(&ckpt),
+        let (ckpt, serve) = train_and_export(
+            dir.path(),
+            kind,
+            &format!("criteo:{}", train_file.display()),
+            &[
+                &["--model", kind, "--buckets", "3000", "--steps", "60", "--batch-size", "128", "--sparse-lr", "0.05"]
+                    [..],
+                flags,
+            ]
+            .concat(),
         );
-        let serve = dir.path().join(format!("serve-{kind}"));
-        run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
 
         let config = model_json(&serve);
         assert_eq!(config["kind"], kind);
@@ -258,19 +275,29 @@ fn the_reference_scorer_rebuilds_the_feature_crosses_of_lr_and_wdl() {
     let positions: Vec<usize> = (1..=301).filter(|&p| p != 3).collect();
 
     for (kind, flags) in [("lr", &[][..]), ("wdl", &["--dim", "8", "--deep", "32,16"][..])] {
-        let ckpt = dir.path().join(format!("ckpt-{kind}"));
-        run_ok(
-            tiderec()
-                .args(["train", "--progress", "none", "--model", kind, "--buckets", "3000", "--steps", "40"])
-                .args(["--batch-size", "128", "--sparse-lr", "0.05", "--crosses", "0:1,2:5,13:25"])
-                .args(flags)
-                .arg("--data")
-                .arg(format!("criteo:{}", train_file.display()))
-                .arg("--checkpoint-dir")
-                .arg(&ckpt),
+        let (ckpt, serve) = train_and_export(
+            dir.path(),
+            kind,
+            &format!("criteo:{}", train_file.display()),
+            &[
+                &[
+                    "--model",
+                    kind,
+                    "--buckets",
+                    "3000",
+                    "--steps",
+                    "40",
+                    "--batch-size",
+                    "128",
+                    "--sparse-lr",
+                    "0.05",
+                    "--crosses",
+                    "0:1,2:5,13:25",
+                ][..],
+                flags,
+            ]
+            .concat(),
         );
-        let serve = dir.path().join(format!("serve-{kind}"));
-        run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
         let config = model_json(&serve);
         assert_eq!(config["kind"], kind);
         let crosses = &config["features"]["crosses"];
@@ -330,19 +357,17 @@ fn the_reference_scorer_reproduces_avazu_models() {
     let kinds: [(&str, &[&str]); 2] =
         [("fm", &["--dim", "8"]), ("wdl", &["--dim", "8", "--deep", "32,16", "--crosses", "2:5"])];
     for (kind, flags) in kinds {
-        let ckpt = dir.path().join(format!("ckpt-{kind}"));
-        run_ok(
-            tiderec()
-                .args(["train", "--progress", "none", "--model", kind, "--buckets", "3000", "--steps", "60"])
-                .args(["--batch-size", "128", "--sparse-lr", "0.05"])
-                .args(flags)
-                .arg("--data")
-                .arg(format!("avazu:{}", train_file.display()))
-                .arg("--checkpoint-dir")
-                .arg(&ckpt),
+        let (ckpt, serve) = train_and_export(
+            dir.path(),
+            kind,
+            &format!("avazu:{}", train_file.display()),
+            &[
+                &["--model", kind, "--buckets", "3000", "--steps", "60", "--batch-size", "128", "--sparse-lr", "0.05"]
+                    [..],
+                flags,
+            ]
+            .concat(),
         );
-        let serve = dir.path().join(format!("serve-{kind}"));
-        run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
         let config = model_json(&serve);
         assert_eq!(config["kind"], kind);
         assert_eq!(config["features"]["format"], "avazu");
@@ -435,19 +460,31 @@ fn the_reference_scorer_reproduces_dien_and_dien_sum_on_real_histories() {
     let amazon_lines = std::fs::read_to_string(&amazon).unwrap().lines().count();
 
     for kind in ["dien", "dien-sum"] {
-        let ckpt = dir.path().join(format!("ckpt-{kind}"));
-        run_ok(
-            tiderec()
-                .args(["train", "--progress", "none", "--model", kind, "--buckets", "5000", "--epochs", "1"])
-                .args(["--batch-size", "64", "--dim", "4", "--mlp", "16,8", "--max-len", "12"])
-                .args(["--lr", "0.01", "--sparse-lr", "0.1"])
-                .arg("--data")
-                .arg(format!("amazon-dien:{}", train_file.display()))
-                .arg("--checkpoint-dir")
-                .arg(&ckpt),
+        let (ckpt, serve) = train_and_export(
+            dir.path(),
+            kind,
+            &format!("amazon-dien:{}", train_file.display()),
+            &[
+                "--model",
+                kind,
+                "--buckets",
+                "5000",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "64",
+                "--dim",
+                "4",
+                "--mlp",
+                "16,8",
+                "--max-len",
+                "12",
+                "--lr",
+                "0.01",
+                "--sparse-lr",
+                "0.1",
+            ],
         );
-        let serve = dir.path().join(format!("serve-{kind}"));
-        run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
         let config = model_json(&serve);
         assert_eq!(config["kind"], kind);
         assert_eq!(config["sparse_fields"], serde_json::json!(["user", "item", "category"]));
@@ -494,18 +531,25 @@ fn the_reference_scorer_reproduces_dien_and_dien_sum_on_real_histories() {
 
     // LR on the same lines reads no history; its crosses (user × item, item × category)
     // pair XXH3-hashed ids.
-    let ckpt = dir.path().join("ckpt-lr");
-    run_ok(
-        tiderec()
-            .args(["train", "--progress", "none", "--model", "lr", "--buckets", "5000", "--epochs", "1"])
-            .args(["--batch-size", "64", "--sparse-lr", "0.1", "--crosses", "0:1,1:2"])
-            .arg("--data")
-            .arg(format!("amazon-dien:{}", train_file.display()))
-            .arg("--checkpoint-dir")
-            .arg(&ckpt),
+    let (ckpt, serve) = train_and_export(
+        dir.path(),
+        "lr",
+        &format!("amazon-dien:{}", train_file.display()),
+        &[
+            "--model",
+            "lr",
+            "--buckets",
+            "5000",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "64",
+            "--sparse-lr",
+            "0.1",
+            "--crosses",
+            "0:1,1:2",
+        ],
     );
-    let serve = dir.path().join("serve-lr");
-    run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
     let config = model_json(&serve);
     assert_eq!(config["sparse_fields"], serde_json::json!(["user", "item", "category", "cross_0", "cross_1"]));
     assert_eq!(
@@ -588,19 +632,29 @@ fn the_reference_scorer_reproduces_models_of_feature_spec_records() {
         ("lr-preset", "lr", "taobao-ad", vec![]),
     ];
     for (name, kind, format, flags) in kinds {
-        let ckpt = dir.path().join(format!("ckpt-{name}"));
-        run_ok(
-            tiderec()
-                .args(["train", "--progress", "none", "--model", kind, "--buckets", "1000", "--epochs", "3"])
-                .args(["--batch-size", "16", "--lr", "0.01", "--sparse-lr", "0.1"])
-                .args(&flags)
-                .arg("--data")
-                .arg(format!("{format}:{}", train.display()))
-                .arg("--checkpoint-dir")
-                .arg(&ckpt),
+        let (ckpt, serve) = train_and_export(
+            dir.path(),
+            name,
+            &format!("{format}:{}", train.display()),
+            &[
+                &[
+                    "--model",
+                    kind,
+                    "--buckets",
+                    "1000",
+                    "--epochs",
+                    "3",
+                    "--batch-size",
+                    "16",
+                    "--lr",
+                    "0.01",
+                    "--sparse-lr",
+                    "0.1",
+                ][..],
+                &flags[..],
+            ]
+            .concat(),
         );
-        let serve = dir.path().join(format!("serve-{name}"));
-        run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
         let config = model_json(&serve);
         assert_eq!(config["kind"], kind);
         let features = &config["features"];
@@ -650,17 +704,12 @@ fn the_reference_scorer_refuses_records_model_json_does_not_spell_out() {
             .arg("--to")
             .arg(format!("parquet:{}", pq.display())),
     );
-    let ckpt = dir.path().join("ckpt");
-    run_ok(
-        tiderec()
-            .args(["train", "--progress", "none", "--model", "lr", "--buckets", "1000", "--steps", "3"])
-            .arg("--data")
-            .arg(format!("parquet:{}", pq.display()))
-            .arg("--checkpoint-dir")
-            .arg(&ckpt),
+    let (_, serve) = train_and_export(
+        dir.path(),
+        "",
+        &format!("parquet:{}", pq.display()),
+        &["--model", "lr", "--buckets", "1000", "--steps", "3"],
     );
-    let serve = dir.path().join("serve");
-    run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
     assert_eq!(model_json(&serve)["features"]["format"], "parquet");
     let o = Command::new("python3")
         .arg(scorer())
