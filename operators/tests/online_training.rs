@@ -6,45 +6,18 @@
 
 use std::ops::ControlFlow;
 use tiderec_operators::metrics::EvalSet;
-use tiderec_operators::nn::{DlrmConfig, ModelConfig};
-use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::train::{OnlineSummary, StepKind, Trainer, TrainerConfig};
 use tiderec_operators::{Batch, OperatorError};
 
+mod common;
+
 fn config() -> TrainerConfig {
-    TrainerConfig {
-        model: ModelConfig::Dlrm(DlrmConfig {
-            num_dense: 2,
-            num_sparse: 2,
-            dim: 4,
-            bottom: vec![4],
-            top: vec![3, 1],
-            self_interaction: false,
-        }),
-        table_sizes: vec![10, 10],
-        seed: 1,
-        dense_optimizer: DenseOptimizerKind::Adam,
-        dense_hp: OptimizerParams::with_lr(0.05),
-        sparse_optimizer: SparseOptimizerKind::Sgd,
-        sparse_hp: OptimizerParams::with_lr(0.1),
-        sequence_tables: vec![],
-        store: Default::default(),
-        exchange: Default::default(),
-    }
+    common::config(common::dlrm())
 }
 
 /// Worker `me`'s micro-batch of step `step`: `me + 2` samples.
 fn batch(me: usize, step: u64) -> Batch {
-    let mut b = Batch::new(2, 2);
-    for i in 0..me as u64 + 2 {
-        b.labels.push(((i + step) % 2) as f32);
-        b.dense.extend([0.5 + i as f32, 1.0 - step as f32 * 0.1]);
-        for (t, f) in b.sparse.iter_mut().enumerate() {
-            f.ids.push((me as u64 * 3 + i + t as u64 + step) % 10);
-            f.close_bag();
-        }
-    }
-    b
+    common::batch(me, step, me as u64 + 2)
 }
 
 /// What one worker saw: each callback's step, samples and predictions, the summary and the parameters.

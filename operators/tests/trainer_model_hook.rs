@@ -6,48 +6,16 @@
 
 use std::sync::{Arc, Mutex};
 use tiderec_operators::exchange::{ExchangeConfig, TableExchange};
-use tiderec_operators::nn::{DlrmConfig, FmConfig, Model, ModelConfig, PartialModel};
-use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
-use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+use tiderec_operators::nn::{FmConfig, Model, ModelConfig, PartialModel};
+use tiderec_operators::train::{StepKind, Trainer};
 use tiderec_operators::{Batch, OperatorError};
 
-fn config(model: ModelConfig) -> TrainerConfig {
-    TrainerConfig {
-        table_sizes: vec![10; model.num_sparse()],
-        model,
-        seed: 1,
-        dense_optimizer: DenseOptimizerKind::Adam,
-        dense_hp: OptimizerParams::with_lr(0.05),
-        sparse_optimizer: SparseOptimizerKind::Sgd,
-        sparse_hp: OptimizerParams::with_lr(0.1),
-        sequence_tables: vec![],
-        store: Default::default(),
-        exchange: Default::default(),
-    }
-}
+mod common;
 
-fn dlrm() -> ModelConfig {
-    ModelConfig::Dlrm(DlrmConfig {
-        num_dense: 2,
-        num_sparse: 2,
-        dim: 4,
-        bottom: vec![4],
-        top: vec![3, 1],
-        self_interaction: false,
-    })
-}
+use common::{config, dlrm};
 
 fn batch(me: usize, step: u64) -> Batch {
-    let mut b = Batch::new(2, 2);
-    for i in 0..3u64 {
-        b.labels.push(((i + step) % 2) as f32);
-        b.dense.extend([0.5 + i as f32, 1.0 - step as f32 * 0.1]);
-        for (t, f) in b.sparse.iter_mut().enumerate() {
-            f.ids.push((me as u64 * 3 + i + t as u64 + step) % 10);
-            f.close_bag();
-        }
-    }
-    b
+    common::batch(me, step, 3)
 }
 
 /// A host model whose compute backend fails at its `fail_at`-th forward:

@@ -1,0 +1,52 @@
+//! Fixtures shared by the trainer tests: a tiny configuration and deterministic
+//! micro-batches of two dense features and two sparse fields over 10-row tables.
+
+#![allow(dead_code)]
+
+use tiderec_operators::nn::{DlrmConfig, ModelConfig};
+use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
+use tiderec_operators::train::TrainerConfig;
+use tiderec_operators::Batch;
+
+/// `model` with 10-row tables, Adam on the dense weights and SGD on the rows.
+pub fn config(model: ModelConfig) -> TrainerConfig {
+    TrainerConfig {
+        table_sizes: vec![10; model.num_sparse()],
+        model,
+        seed: 1,
+        dense_optimizer: DenseOptimizerKind::Adam,
+        dense_hp: OptimizerParams::with_lr(0.05),
+        sparse_optimizer: SparseOptimizerKind::Sgd,
+        sparse_hp: OptimizerParams::with_lr(0.1),
+        sequence_tables: vec![],
+        store: Default::default(),
+        exchange: Default::default(),
+    }
+}
+
+/// A DLRM on 2 dense features and 2 sparse fields of width 4.
+pub fn dlrm() -> ModelConfig {
+    ModelConfig::Dlrm(DlrmConfig {
+        num_dense: 2,
+        num_sparse: 2,
+        dim: 4,
+        bottom: vec![4],
+        top: vec![3, 1],
+        self_interaction: false,
+    })
+}
+
+/// Worker `me`'s micro-batch of step `step`: `samples` samples whose labels, values and ids
+/// depend on the worker and the step.
+pub fn batch(me: usize, step: u64, samples: u64) -> Batch {
+    let mut b = Batch::new(2, 2);
+    for i in 0..samples {
+        b.labels.push(((i + step) % 2) as f32);
+        b.dense.extend([0.5 + i as f32, 1.0 - step as f32 * 0.1]);
+        for (t, f) in b.sparse.iter_mut().enumerate() {
+            f.ids.push((me as u64 * 3 + i + t as u64 + step) % 10);
+            f.close_bag();
+        }
+    }
+    b
+}
