@@ -112,18 +112,25 @@ impl TrainSettings {
                 ),
             ));
         }
-        // Each key on its own, so that a bad value is reported with its key.
-        let mut settings = TrainSettings::default();
-        let mut value = serde_json::to_value(&settings).map_err(|e| ConfigError::new("settings", e.to_string()))?;
-        for (key, v) in table {
-            let json = serde_json::to_value(&v).map_err(|e| ConfigError::new(key.as_str(), e.to_string()))?;
-            let mut probe = value.clone();
-            probe[&key] = json;
-            settings =
-                serde_json::from_value(probe.clone()).map_err(|e| ConfigError::new(key.as_str(), e.to_string()))?;
-            value = probe;
+        let defaults =
+            serde_json::to_value(TrainSettings::default()).map_err(|e| ConfigError::new("settings", e.to_string()))?;
+        let over = |keys: &mut dyn Iterator<Item = (&String, &toml::Value)>| {
+            let mut value = defaults.clone();
+            for (key, v) in keys {
+                value[key] = serde_json::to_value(v).map_err(|e| e.to_string())?;
+            }
+            serde_json::from_value::<TrainSettings>(value).map_err(|e| e.to_string())
+        };
+        match over(&mut table.iter()) {
+            Ok(settings) => Ok(settings),
+            // Find the key with the bad value: the first that fails on its own.
+            Err(whole) => Err(table
+                .iter()
+                .find_map(|(key, v)| {
+                    over(&mut std::iter::once((key, v))).err().map(|e| ConfigError::new(key.as_str(), e))
+                })
+                .unwrap_or_else(|| ConfigError::new("settings", whole))),
         }
-        Ok(settings)
     }
 
     /// The seed of feature hashing: `hash_seed`, or `seed` when it is not set.
