@@ -1,46 +1,39 @@
 //! # tiderec-operators
 //!
-//! The reusable core of tiderec: columnar [`batch::Batch`]es, feature kernels,
-//! sharded embedding storage, neural-network layers and models, optimizers,
-//! metrics, and the timely-dataflow operators that train a model synchronously
-//! across workers.
+//! The training layer of tiderec: sharded embedding storage (fixed, dynamic and
+//! tiered stores), frequency sketches, the exchange strategies between workers,
+//! snapshots and collectives, and the synchronous [`train::Trainer`] with the
+//! timely-dataflow operators that drive it.
 //!
-//! Nothing here depends on Kafka, Parquet, Arrow or CUDA: a timely program can
-//! take the parsers' output types, the kernels and the models without the rest
-//! of tiderec.
+//! It builds on the record layer (`tiderec-records`: batches, formats, feature
+//! kernels, metrics) and the model layer (`tiderec-nn`: layers, models, GEMM
+//! kernels, optimizers), and re-exports both under their module names
+//! (`tiderec_operators::batch`, `tiderec_operators::nn`, …) so that a timely
+//! program needs this one dependency. Nothing here depends on Kafka, Parquet,
+//! Arrow or CUDA.
 //!
 //! Invariants that hold across the crate:
-//! * Sparse features are CSR bags; an absent value is an empty bag (a zero
-//!   pooled vector), never a made-up id.
 //! * Every parameter of a model lives in one flat buffer, so a gradient
 //!   all-reduce or a checkpoint is one slice operation.
 //! * Every embedding row has exactly one owner, given by [`shard::shard_of`].
+//! * `W` workers train the model one worker trains on the same global batches,
+//!   up to the reassociation of float sums.
 
 #![warn(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
-pub mod bad_record;
-pub mod batch;
-pub mod behavior;
 pub mod collective;
-pub mod error;
 pub mod exchange;
-pub mod features;
-pub mod finite;
-pub mod format;
 pub mod freq;
 mod huge;
-pub mod metrics;
-pub mod nn;
-pub mod optim;
-pub mod rng;
-pub mod schedule;
 pub mod shard;
 pub mod snapshot;
-pub mod spec;
 pub mod store;
-pub mod stream;
 pub mod train;
+
+pub use tiderec_nn as nn;
+pub use tiderec_nn::{optim, schedule};
+pub use tiderec_records::{bad_record, batch, behavior, error, features, finite, format, metrics, rng, spec, stream};
 
 pub use batch::{Batch, BatchError, BatchField, SparseField};
 pub use error::{ConfigError, OperatorError};

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden fixtures: PyTorch (float64) references for the layers and models in
-operators/src/nn/, read by operators/tests/golden.rs.
+nn/src/, read by operators/tests/golden.rs.
 
 Run by hand from the repository root when a fixture has to change:
 

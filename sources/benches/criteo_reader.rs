@@ -5,7 +5,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 use std::io::Write;
 use std::path::PathBuf;
-use tiderec_operators::Batch;
+use tiderec_records::Batch;
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
 
 const SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/criteo/sample.train");

@@ -19,11 +19,11 @@
 
 use crate::error::SourceError;
 use crate::lines::{LineFormat, LineReader};
-use tiderec_operators::bad_record::BadReason;
-use tiderec_operators::features::field_seed;
-use tiderec_operators::features::fused::token_bucket;
-use tiderec_operators::features::split::{for_each_token, split_exact};
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::BadReason;
+use tiderec_records::features::field_seed;
+use tiderec_records::features::fused::token_bucket;
+use tiderec_records::features::split::{for_each_token, split_exact};
+use tiderec_records::Batch;
 
 pub use crate::synthetic_behavior::{NUM_SEQUENCES, NUM_SPARSE, SEQUENCE_TABLES, TARGET_FIELDS};
 

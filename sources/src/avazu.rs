@@ -16,11 +16,11 @@
 use crate::error::SourceError;
 use crate::lines::{LineFormat, LineReader, ReaderOptions};
 use std::path::PathBuf;
-use tiderec_operators::bad_record::{BadReason, DeadLetterSink};
-use tiderec_operators::features::field_seed;
-use tiderec_operators::features::fused::token_bucket;
-use tiderec_operators::features::split::split_exact;
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::{BadReason, DeadLetterSink};
+use tiderec_records::features::field_seed;
+use tiderec_records::features::fused::token_bucket;
+use tiderec_records::features::split::split_exact;
+use tiderec_records::Batch;
 
 /// Columns of a labeled line.
 pub const NUM_COLUMNS: usize = 24;

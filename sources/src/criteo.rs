@@ -18,7 +18,7 @@
 //!   record; empty lines (after stripping a `\r`) are skipped silently and are
 //!   neither.
 //! * **Bad records are counted and reported.** Each rejected line is counted in
-//!   [`BadRecordCounts`](tiderec_operators::bad_record::BadRecordCounts) by [`BadReason`] and, under
+//!   [`BadRecordCounts`](tiderec_records::bad_record::BadRecordCounts) by [`BadReason`] and, under
 //!   [`BadRecordPolicy::Skip`], written to the [`DeadLetterSink`] (if any) with
 //!   its file path, 1-based line number *within the file*, byte offset and raw
 //!   bytes; under [`BadRecordPolicy::Fail`] the reader returns
@@ -40,14 +40,14 @@
 use crate::error::SourceError;
 use crate::lines::{LineFormat, LineReader, ReaderOptions};
 use std::path::PathBuf;
-use tiderec_operators::bad_record::{BadReason, BadRecordPolicy, DeadLetterSink};
-use tiderec_operators::features::{field_seed, hash_bucket, log1p_clamped, parse_hex, parse_i64};
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::{BadReason, BadRecordPolicy, DeadLetterSink};
+use tiderec_records::features::{field_seed, hash_bucket, log1p_clamped, parse_hex, parse_i64};
+use tiderec_records::Batch;
 
 /// Number of dense (integer) features, `I1..I13`.
-pub const NUM_DENSE: usize = 13;
+pub const NUM_DENSE: usize = tiderec_records::spec::CRITEO_NUM_DENSE;
 /// Number of sparse (categorical) features, `C1..C26`.
-pub const NUM_SPARSE: usize = 26;
+pub const NUM_SPARSE: usize = tiderec_records::spec::CRITEO_NUM_SPARSE;
 /// Number of fields of a complete line: label, dense, sparse.
 pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
 /// Fewest fields a line may have (trailing empty categories stripped).

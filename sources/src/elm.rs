@@ -18,10 +18,10 @@
 //! "elm_y_long"); a zero-length list is an empty field. A line depends only on
 //! `(seed, index)`.
 
-use tiderec_operators::features::mix64;
+use tiderec_records::features::mix64;
 
 /// The 39 column names, in order (shared with the `elm` feature-spec preset).
-pub use tiderec_operators::spec::ELM_COLUMNS;
+pub use tiderec_records::spec::ELM_COLUMNS;
 
 /// Indices into [`ELM_COLUMNS`] of the twelve `;`-separated list columns.
 pub const ELM_LIST_COLUMNS: [usize; 12] = [22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33];

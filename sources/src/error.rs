@@ -1,6 +1,6 @@
 //! The one error type of this crate.
 use thiserror::Error;
-use tiderec_operators::ConfigError;
+use tiderec_records::ConfigError;
 
 /// Errors raised by readers and generators.
 #[derive(Debug, Error)]
@@ -24,7 +24,7 @@ pub enum SourceError {
     },
     /// A malformed record under `--on-bad-record fail`.
     #[error("bad record at {0}")]
-    BadRecord(tiderec_operators::bad_record::BadRecord),
+    BadRecord(tiderec_records::bad_record::BadRecord),
     /// The dead-letter sink failed to store a bad record.
     #[error("cannot write to the dead-letter sink: {source}")]
     DeadLetter {

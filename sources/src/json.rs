@@ -21,8 +21,8 @@ use crate::SourceError;
 use simd_json::prelude::*;
 use simd_json::{BorrowedValue, Buffers};
 use std::cell::RefCell;
-use tiderec_operators::bad_record::BadReason;
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::BadReason;
+use tiderec_records::Batch;
 
 /// Criteo records as JSON objects (see the [module docs](self)).
 pub struct CriteoJsonFormat {

@@ -1,6 +1,6 @@
 //! # tiderec-sources
 //!
-//! Readers that turn raw datasets into [`tiderec_operators::Batch`]es, and
+//! Readers that turn raw datasets into [`tiderec_records::Batch`]es, and
 //! synthetic generators with a known achievable AUC.
 //!
 //! * [`criteo`]: Criteo Kaggle / 1TB TSV files, split across workers by

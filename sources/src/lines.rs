@@ -35,8 +35,8 @@ use crate::error::SourceError;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
-use tiderec_operators::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_records::Batch;
 
 /// Default longest accepted line: 64 KiB.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 64 * 1024;
@@ -45,7 +45,7 @@ pub const MAX_RAW_BYTES: usize = 4096;
 /// Bytes read per refill of a reader's window (more when a line may be longer).
 pub const WINDOW_BYTES: usize = 1 << 20;
 
-pub use tiderec_operators::format::LineFormat;
+pub use tiderec_records::format::LineFormat;
 
 /// Format-independent reader settings.
 #[derive(Clone, Copy, Debug)]
@@ -588,7 +588,7 @@ pub(crate) fn count_newlines(data: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use crate::criteo::{CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
-    use tiderec_operators::bad_record::MemoryDeadLetters;
+    use tiderec_records::bad_record::MemoryDeadLetters;
 
     /// A valid 40-field Criteo line, different for every `i`.
     fn line(i: usize) -> String {

@@ -19,9 +19,9 @@ use crate::SourceError;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
-use tiderec_operators::features::{field_seed, hash_bucket, log1p_clamped, mix64};
-use tiderec_operators::rng::normal_f64;
-use tiderec_operators::Batch;
+use tiderec_records::features::{field_seed, hash_bucket, log1p_clamped, mix64};
+use tiderec_records::rng::normal_f64;
+use tiderec_records::Batch;
 
 /// Per-field cardinalities of the Criteo Kaggle (DAC) training set.
 pub const KAGGLE_CARDINALITIES: [u64; 26] = [
@@ -105,7 +105,7 @@ impl SyntheticCriteo {
         let mut dense_mu = [0.0; NUM_DENSE];
         for j in 0..NUM_DENSE {
             dense_weights[j] = normal_f64(s, 1, j as u64, 0) * 0.35;
-            dense_mu[j] = 0.5 + 2.5 * tiderec_operators::rng::unit_f64(s, 2, j as u64, 0);
+            dense_mu[j] = 0.5 + 2.5 * tiderec_records::rng::unit_f64(s, 2, j as u64, 0);
         }
         Ok(SyntheticCriteo { config, zipfs, seeds, dense_weights, dense_mu, bias: -1.6 })
     }

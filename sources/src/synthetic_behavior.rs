@@ -26,9 +26,9 @@ use crate::SourceError;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
-use tiderec_operators::features::mix64;
-use tiderec_operators::rng::normal_f64;
-use tiderec_operators::Batch;
+use tiderec_records::features::mix64;
+use tiderec_records::rng::normal_f64;
+use tiderec_records::Batch;
 
 /// Sparse fields: user, target item, target category.
 pub const NUM_SPARSE: usize = 3;
@@ -196,7 +196,7 @@ mod tests {
         let g = SyntheticBehavior::new(BehaviorConfig::standard(5, 10)).unwrap();
         let mut b = batch();
         let p = g.fill(0..20_000, &mut b);
-        let auc = tiderec_operators::metrics::auc(&p.iter().map(|&x| x as f32).collect::<Vec<_>>(), &b.labels).unwrap();
+        let auc = tiderec_records::metrics::auc(&p.iter().map(|&x| x as f32).collect::<Vec<_>>(), &b.labels).unwrap();
         assert!(auc > 0.7, "teacher AUC {auc}");
         let ctr = b.labels.iter().sum::<f32>() / b.len() as f32;
         assert!((0.15..0.6).contains(&ctr), "ctr {ctr}");

@@ -21,11 +21,11 @@ use differential_dataflow::input::InputSession;
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tiderec_operators::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
-use tiderec_operators::behavior::{BehaviorEvent, BehaviorSample, BehaviorSamples, SampleConfig};
-use tiderec_operators::features::split::split_exact;
-use tiderec_operators::features::{field_seed, hash_bucket, parse_i64};
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_records::behavior::{BehaviorEvent, BehaviorSample, BehaviorSamples, SampleConfig};
+use tiderec_records::features::split::split_exact;
+use tiderec_records::features::{field_seed, hash_bucket, parse_i64};
+use tiderec_records::Batch;
 
 /// Events fed to the dataflow per timestamp.
 const CHUNK: usize = 8192;
@@ -94,7 +94,7 @@ pub fn read_user_behavior(
     Ok((events, counts))
 }
 
-/// The samples of `events` (see [`tiderec_operators::behavior`]), computed
+/// The samples of `events` (see [`tiderec_records::behavior`]), computed
 /// by the differential operator in chunks and sorted by `(time, seq, label)`.
 pub fn derive_samples(events: &[BehaviorEvent], config: SampleConfig) -> Vec<BehaviorSample> {
     let chunks: Vec<Vec<BehaviorEvent>> = events.chunks(CHUNK).map(<[BehaviorEvent]>::to_vec).collect();
@@ -161,7 +161,7 @@ pub fn samples_to_batch(samples: &[BehaviorSample], table_sizes: &[u64], seed: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tiderec_operators::behavior::samples_from_scratch;
+    use tiderec_records::behavior::samples_from_scratch;
 
     #[test]
     fn rows_parse_and_bad_rows_name_their_reason() {

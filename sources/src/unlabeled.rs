@@ -11,9 +11,9 @@
 //! ([`Unlabeled::with_label_name`]), with that name inserted.
 
 use std::cell::RefCell;
-use tiderec_operators::bad_record::BadReason;
-use tiderec_operators::format::LineFormat;
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::BadReason;
+use tiderec_records::format::LineFormat;
+use tiderec_records::Batch;
 
 /// A labeled format reading lines without their label column; see the [module docs](self).
 pub struct Unlabeled<F> {
@@ -143,12 +143,12 @@ mod tests {
         assert_eq!(a, b);
         assert!(wrapped.is_header(b"id,hour,C1"));
         // A spec whose header starts with the label column: recognised once the name is known.
-        let spec = tiderec_operators::spec::FeatureSpec::taobao_ad(100, 5);
+        let spec = tiderec_records::spec::FeatureSpec::taobao_ad(100, 5);
         let header = "time_stamp,userid";
-        let plain = Unlabeled::new(tiderec_operators::spec::SpecFormat::new(spec.clone(), 1).unwrap(), 0, b',');
+        let plain = Unlabeled::new(tiderec_records::spec::SpecFormat::new(spec.clone(), 1).unwrap(), 0, b',');
         assert!(!plain.is_header(header.as_bytes()));
         let named =
-            Unlabeled::new(tiderec_operators::spec::SpecFormat::new(spec, 1).unwrap(), 0, b',').with_label_name("clk");
+            Unlabeled::new(tiderec_records::spec::SpecFormat::new(spec, 1).unwrap(), 0, b',').with_label_name("clk");
         assert!(named.is_header(header.as_bytes()));
     }
 }

@@ -4,8 +4,8 @@
 mod skip;
 
 use std::path::PathBuf;
-use tiderec_operators::bad_record::MemoryDeadLetters;
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::MemoryDeadLetters;
+use tiderec_records::Batch;
 use tiderec_sources::avazu::{open_avazu, AvazuFormat, NUM_DENSE, NUM_SPARSE};
 use tiderec_sources::lines::ReaderOptions;
 

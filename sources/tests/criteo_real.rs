@@ -8,9 +8,9 @@ mod skip;
 use proptest::prelude::*;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tiderec_operators::bad_record::{BadReason, BadRecord, BadRecordPolicy, DeadLetterSink, MemoryDeadLetters};
-use tiderec_operators::features::{field_seed, hash_bucket};
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::{BadReason, BadRecord, BadRecordPolicy, DeadLetterSink, MemoryDeadLetters};
+use tiderec_records::features::{field_seed, hash_bucket};
+use tiderec_records::Batch;
 use tiderec_sources::criteo::{parse_line, CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
 use tiderec_sources::SourceError;
 
@@ -353,7 +353,7 @@ fn corrupted_copies_report_each_bad_line() {
         for workers in 1..=4 {
             let sink = SharedMemory::default();
             let mut concat = Batch::new(NUM_DENSE, NUM_SPARSE);
-            let mut counts = tiderec_operators::bad_record::BadRecordCounts::default();
+            let mut counts = tiderec_records::bad_record::BadRecordCounts::default();
             let mut lines_read = 0;
             for w in 0..workers {
                 let (b, r) = read_all(

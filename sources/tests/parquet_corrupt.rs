@@ -7,7 +7,7 @@
 //! made the parquet decoder panic.
 
 use std::sync::Arc;
-use tiderec_operators::Batch;
+use tiderec_records::Batch;
 use tiderec_sources::parquet::{ParquetDataset, ParquetReader, ParquetWriter, SchemaDescription, WriterOptions};
 
 /// A Criteo-shaped batch of `rows` rows with some absent values (null pages).

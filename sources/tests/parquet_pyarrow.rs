@@ -11,7 +11,7 @@ use parquet_common::*;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use tiderec_operators::spec::FeatureSpec;
+use tiderec_records::spec::FeatureSpec;
 use tiderec_sources::parquet::{ParquetDataset, SchemaDescription, WriterOptions};
 
 fn pyarrow_available() -> bool {
@@ -29,7 +29,7 @@ fn rewrite(src: &Path, dst: &Path, row_group_rows: usize) {
     assert!(out.status.success(), "pyarrow rewrite failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn check(batches: &[tiderec_operators::Batch], description: SchemaDescription, chunk: usize, groups: usize) {
+fn check(batches: &[tiderec_records::Batch], description: SchemaDescription, chunk: usize, groups: usize) {
     let dir = tempfile::tempdir().unwrap();
     let ours = dir.path().join("ours");
     let files = write(&ours, description.clone(), batches, WriterOptions::default());

@@ -8,7 +8,7 @@ use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch};
 use parquet::arrow::ArrowWriter;
 use parquet_common::*;
 use std::sync::Arc;
-use tiderec_operators::spec::FeatureSpec;
+use tiderec_records::spec::FeatureSpec;
 use tiderec_sources::criteo::{NUM_DENSE, NUM_SPARSE};
 use tiderec_sources::parquet::dataset::row_group_order;
 use tiderec_sources::parquet::{
@@ -44,7 +44,7 @@ fn criteo_round_trip_gives_the_tsv_readers_batches_in_order() {
     let shuffled = concat(&parquet_batches(&dataset, 0, 1, 1000, 1), NUM_DENSE, NUM_SPARSE);
     assert_eq!(shuffled.len(), all.len());
     assert_ne!(shuffled, all);
-    let labels = |b: &tiderec_operators::Batch| b.labels.iter().filter(|&&l| l == 1.0).count();
+    let labels = |b: &tiderec_records::Batch| b.labels.iter().filter(|&&l| l == 1.0).count();
     assert_eq!(labels(&shuffled), labels(&all));
 }
 
@@ -63,7 +63,7 @@ fn workers_split_the_rows_of_every_epoch_inside_row_groups() {
         for epoch in [0, 1, 2] {
             // The epoch's row groups in order form one sequence; worker w reads its
             // [N·w/W, N·(w+1)/W).
-            let mut sequence = tiderec_operators::Batch::new(NUM_DENSE, NUM_SPARSE);
+            let mut sequence = tiderec_records::Batch::new(NUM_DENSE, NUM_SPARSE);
             for g in row_group_order(10, epoch, SEED) {
                 sequence.extend_from(&slice(&all, g * 1000..(g + 1) * 1000));
             }
@@ -181,7 +181,7 @@ fn unusable_inputs_are_errors_naming_file_and_column() {
     let big = write_with("big.parquet", Some(Arc::new(arrow_array::UInt64Array::from(vec![5, 500]))));
     let dataset = Arc::new(ParquetDataset::open(&[big]).unwrap());
     let mut r = ParquetReader::new(dataset, (0.0, 1.0), 0, 1, SEED, vec![100; 26]).unwrap();
-    let mut b = tiderec_operators::Batch::new(NUM_DENSE, NUM_SPARSE);
+    let mut b = tiderec_records::Batch::new(NUM_DENSE, NUM_SPARSE);
     let e = err_text(r.next_batch(&mut b, 10).unwrap_err());
     assert!(e.contains("big.parquet (row group 0)") && e.contains("`C7`: id 500"), "{e}");
 
@@ -199,7 +199,7 @@ fn unusable_inputs_are_errors_naming_file_and_column() {
 fn writer_refuses_a_directory_that_already_holds_parquet() {
     let dir = tempfile::tempdir().unwrap();
     let description = SchemaDescription::criteo(&[100; 26], SEED);
-    let mut b = tiderec_operators::Batch::new(NUM_DENSE, NUM_SPARSE);
+    let mut b = tiderec_records::Batch::new(NUM_DENSE, NUM_SPARSE);
     b.labels.push(1.0);
     b.dense.resize(NUM_DENSE, 0.5);
     b.sparse.iter_mut().for_each(|f| f.close_bag());
@@ -210,8 +210,8 @@ fn writer_refuses_a_directory_that_already_holds_parquet() {
 
 /// A behaviour batch: user, item, category and two histories per row; the
 /// category history of `short_row` (if any) has one id fewer than its item history.
-fn behavior_batch(rows: usize, short_row: Option<usize>) -> tiderec_operators::Batch {
-    let mut b = tiderec_operators::Batch::with_sequences(0, 3, 2);
+fn behavior_batch(rows: usize, short_row: Option<usize>) -> tiderec_records::Batch {
+    let mut b = tiderec_records::Batch::with_sequences(0, 3, 2);
     for r in 0..rows {
         b.labels.push((r % 2) as f32);
         for (f, field) in b.sparse.iter_mut().enumerate() {
@@ -231,9 +231,9 @@ fn behavior_batch(rows: usize, short_row: Option<usize>) -> tiderec_operators::B
     b
 }
 
-fn read_behavior(dataset: &Arc<ParquetDataset>, max: usize) -> Result<tiderec_operators::Batch, SourceError> {
+fn read_behavior(dataset: &Arc<ParquetDataset>, max: usize) -> Result<tiderec_records::Batch, SourceError> {
     let mut reader = ParquetReader::new(dataset.clone(), (0.0, 1.0), 0, 1, SEED, vec![7, 7, 5])?;
-    let mut all = tiderec_operators::Batch::with_sequences(0, 3, 2);
+    let mut all = tiderec_records::Batch::with_sequences(0, 3, 2);
     while reader.next_batch(&mut all, max)? > 0 {}
     Ok(all)
 }
@@ -252,7 +252,7 @@ fn behaviour_histories_round_trip_as_sequence_columns() {
     assert_eq!(back, batch);
     // A batch without the sequence fields does not fit this schema.
     let mut reader = ParquetReader::new(dataset.clone(), (0.0, 1.0), 0, 1, SEED, vec![7, 7, 5]).unwrap();
-    let mut flat = tiderec_operators::Batch::new(0, 3);
+    let mut flat = tiderec_records::Batch::new(0, 3);
     assert!(reader.next_batch(&mut flat, 4).unwrap_err().to_string().contains("0 sequence fields, expected 0 / 3 / 2"));
 }
 
@@ -271,7 +271,7 @@ fn unequal_histories_and_out_of_range_history_ids_are_errors() {
     write(dir.path(), small, &[behavior_batch(10, None)], options(100, None));
     let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
     let mut reader = ParquetReader::new(dataset, (0.0, 1.0), 0, 1, SEED, vec![7, 3, 5]).unwrap();
-    let mut out = tiderec_operators::Batch::with_sequences(0, 3, 2);
+    let mut out = tiderec_records::Batch::with_sequences(0, 3, 2);
     let e = reader.next_batch(&mut out, 10).unwrap_err().to_string();
     assert!(e.contains("is not below the table size 3"), "{e}");
 }

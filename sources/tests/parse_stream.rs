@@ -5,8 +5,8 @@ mod skip;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tiderec_operators::stream::ParseRecords;
-use tiderec_operators::Batch;
+use tiderec_records::stream::ParseRecords;
+use tiderec_records::Batch;
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoFormat, CriteoReader, NUM_DENSE, NUM_SPARSE};
 use timely::dataflow::operators::{Inspect, ToStream};
 

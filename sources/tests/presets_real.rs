@@ -6,9 +6,9 @@
 mod skip;
 
 use std::path::PathBuf;
-use tiderec_operators::format::LineFormat;
-use tiderec_operators::spec::{FeatureSpec, Pooling, SpecFormat};
-use tiderec_operators::Batch;
+use tiderec_records::format::LineFormat;
+use tiderec_records::spec::{FeatureSpec, Pooling, SpecFormat};
+use tiderec_records::Batch;
 
 fn data(rel: &str) -> Option<Vec<u8>> {
     let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data")).join(rel);

@@ -5,9 +5,9 @@
 mod skip;
 
 use std::path::PathBuf;
-use tiderec_operators::bad_record::{BadReason, BadRecordPolicy, MemoryDeadLetters};
-use tiderec_operators::spec::{FeatureSpec, SpecFormat};
-use tiderec_operators::Batch;
+use tiderec_records::bad_record::{BadReason, BadRecordPolicy, MemoryDeadLetters};
+use tiderec_records::spec::{FeatureSpec, SpecFormat};
+use tiderec_records::Batch;
 use tiderec_sources::amazon::{AmazonDienFormat, NUM_SEQUENCES, NUM_SPARSE};
 use tiderec_sources::lines::{LineReader, ReaderOptions};
 use tiderec_sources::taobao::read_user_behavior;
@@ -22,8 +22,8 @@ fn read_dien(paths: &[PathBuf], worker: usize, workers: usize, max_len: usize) -
     let format = AmazonDienFormat::new(&[1000, 100_000, 100], 5, max_len).unwrap();
     let dead = std::sync::Arc::new(std::sync::Mutex::new(MemoryDeadLetters::default()));
     struct Shared(std::sync::Arc<std::sync::Mutex<MemoryDeadLetters>>);
-    impl tiderec_operators::bad_record::DeadLetterSink for Shared {
-        fn write(&mut self, r: &tiderec_operators::bad_record::BadRecord) -> std::io::Result<()> {
+    impl tiderec_records::bad_record::DeadLetterSink for Shared {
+        fn write(&mut self, r: &tiderec_records::bad_record::BadRecord) -> std::io::Result<()> {
             self.0.lock().unwrap().write(r)
         }
     }
@@ -127,7 +127,7 @@ fn taobao_ad_preset_reads_the_joined_csv_samples() {
     for rel in ["taobao_ad/train_sample.csv", "taobao_ad/test_sample.csv"] {
         let Some(path) = data(rel) else { return };
         let format = SpecFormat::new(FeatureSpec::taobao_ad(10_000, 20), 1).unwrap();
-        let (d, s) = tiderec_operators::format::LineFormat::shape(&format);
+        let (d, s) = tiderec_records::format::LineFormat::shape(&format);
         let mut reader = LineReader::open_format(
             &[path],
             (0.0, 1.0),

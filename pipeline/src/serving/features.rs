@@ -156,7 +156,7 @@ fn token_tables(config: &TrainerConfig, names: &InputNames, hash_seed: u64) -> V
         .collect()
 }
 
-/// The XXH3 token hash of the byte formats (`operators/src/features/fused.rs`).
+/// The XXH3 token hash of the byte formats (`records/src/features/fused.rs`).
 fn token_hash(hash_seed: u64) -> Value {
     let mut hash = mix64_section(hash_seed);
     hash["function"] = json!("xxh3_64_with_seed");
@@ -209,7 +209,7 @@ fn avazu(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) -> Val
     })
 }
 
-/// The records of a feature spec (`operators/src/spec.rs`, `SpecFormat`).
+/// The records of a feature spec (`records/src/spec.rs`, `SpecFormat`).
 fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputNames) -> Value {
     let column = |c: &str| spec.columns.iter().position(|x| x == c);
     let nc = spec.categorical.len();
@@ -338,7 +338,7 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
     })
 }
 
-/// The DIEN sample format (`sources/src/amazon.rs`, `operators/src/features/fused.rs`).
+/// The DIEN sample format (`sources/src/amazon.rs`, `records/src/features/fused.rs`).
 fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) -> Value {
     let hash_seed = p.hash.seed;
     let max_len = p.max_len.unwrap_or(TrainSettings::default().data.max_len);
@@ -380,7 +380,7 @@ fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) 
     })
 }
 
-/// The Criteo TSV featurization (`sources/src/criteo.rs`, `operators/src/features`).
+/// The Criteo TSV featurization (`sources/src/criteo.rs`, `records/src/features`).
 fn criteo(config: &TrainerConfig, hash_seed: u64, names: &InputNames) -> Value {
     let own = names.sparse.len() - crosses(&config.model);
     let dense: Vec<Value> =

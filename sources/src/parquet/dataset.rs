@@ -45,7 +45,7 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::ProjectionMask;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use tiderec_operators::features::mix64;
+use tiderec_records::features::mix64;
 
 /// The `*.parquet` files of `dir` (hidden files excluded), sorted by name.
 ///

@@ -22,7 +22,7 @@ use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch, UInt64Array};
 use arrow_schema::{Field, Schema};
 use serde_json::Value;
 use std::sync::Arc;
-use tiderec_operators::Batch;
+use tiderec_records::Batch;
 
 /// A row that does not fit the description: the key to blame (if one is) and what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]

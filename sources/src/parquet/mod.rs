@@ -2,7 +2,7 @@
 //!
 //! * [`schema`]: the column layout of a converted file and the JSON
 //!   [`SchemaDescription`] kept in its key-value metadata ([`METADATA_KEY`]).
-//! * [`writer`]: [`ParquetWriter`] streams [`Batch`](tiderec_operators::Batch)es
+//! * [`writer`]: [`ParquetWriter`] streams [`Batch`](tiderec_records::Batch)es
 //!   into zstd-compressed `part-NNNNN.parquet` files.
 //! * [`dataset`]: [`ParquetDataset`] lists a directory's files, reads their
 //!   footers once, checks the columns and enumerates the (file, row group)

@@ -38,9 +38,9 @@ use parquet::arrow::arrow_reader::{
 };
 use std::fs::File;
 use std::sync::Arc;
-use tiderec_operators::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
-use tiderec_operators::finite::all_finite;
-use tiderec_operators::{Batch, SparseField};
+use tiderec_records::bad_record::{BadReason, BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_records::finite::all_finite;
+use tiderec_records::{Batch, SparseField};
 
 /// Rows decoded at a time.
 pub const DECODE_ROWS: usize = 8192;

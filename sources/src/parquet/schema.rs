@@ -1,6 +1,6 @@
 //! The schema of a featurized Parquet dataset and its JSON description.
 //!
-//! A converted file holds the featurized [`Batch`](tiderec_operators::Batch),
+//! A converted file holds the featurized [`Batch`](tiderec_records::Batch),
 //! one sample per row:
 //!
 //! | column | Arrow type | meaning |
@@ -32,8 +32,8 @@
 use arrow_schema::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
-use tiderec_operators::spec::FeatureSpec;
-use tiderec_operators::spec::AVAZU_COLUMNS;
+use tiderec_records::spec::FeatureSpec;
+use tiderec_records::spec::{AVAZU_COLUMNS, CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE};
 
 /// Key of the JSON [`SchemaDescription`] in a file's key-value metadata.
 pub const METADATA_KEY: &str = "tiderec.schema";
@@ -150,8 +150,8 @@ impl SchemaDescription {
 
     /// Criteo: dense `I1..I13`, single-valued `C1..C26` with these table sizes.
     pub fn criteo(table_sizes: &[u64], seed: u64) -> Self {
-        let dense = (1..=crate::criteo::NUM_DENSE).map(|i| format!("I{i}")).collect();
-        let sparse = Self::singles((1..=crate::criteo::NUM_SPARSE).map(|i| format!("C{i}")), table_sizes);
+        let dense = (1..=CRITEO_NUM_DENSE).map(|i| format!("I{i}")).collect();
+        let sparse = Self::singles((1..=CRITEO_NUM_SPARSE).map(|i| format!("C{i}")), table_sizes);
         Self::new("criteo", seed, dense, sparse)
     }
 

@@ -28,7 +28,7 @@ use parquet::file::properties::WriterProperties;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tiderec_operators::Batch;
+use tiderec_records::Batch;
 
 /// Default rows per row group.
 pub const DEFAULT_ROW_GROUP_ROWS: usize = 65_536;

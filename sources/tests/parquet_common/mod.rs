@@ -6,8 +6,8 @@ pub mod skip;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tiderec_operators::spec::{FeatureSpec, SpecFormat};
-use tiderec_operators::Batch;
+use tiderec_records::spec::{FeatureSpec, SpecFormat};
+use tiderec_records::Batch;
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
 use tiderec_sources::lines::{LineFormat, LineReader, ReaderOptions};
 use tiderec_sources::parquet::{ParquetDataset, ParquetReader, ParquetWriter, SchemaDescription, WriterOptions};

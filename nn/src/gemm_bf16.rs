@@ -1,0 +1,423 @@
+//! `c[m×n] (+)= op(a) · op(b)` on bf16-rounded operands with `f32` accumulation:
+//! the products of a fully connected layer under `--precision bf16`.
+//!
+//! Both operands are packed as bf16 pairs ([`bf16_pack`](super::bf16_pack)).
+//! `VDPBF16PS` multiplies a pair of `a` by a pair of `b` and adds both
+//! products to an `f32` accumulator, the high (odd step's) product first; a
+//! product of two bf16 values is exact in `f32`, so each step is two rounded
+//! `f32` additions. Each entry of `c` sums the reduction in runs of
+//! [`K_CHUNK_PAIRS`] pairs, every run a chain from zero, and adds each run's
+//! sum to `c` in order (to zero first when not accumulating).
+//!
+//! [`gemm_bf16_reference`] is that definition in scalar code, from the `f32`
+//! operands. The AVX-512 BF16 kernel and the portable one equal it bit for bit
+//! wherever no partial sum is a denormal (the instruction flushes denormals to
+//! zero; `tests::kernels_equal_the_oracle_bit_for_bit`). Against the `f32`
+//! product the error is that of rounding both operands to 8 significant bits:
+//! `|c − c₃₂| ≤ 2⁻⁷ · Σₚ |aₚ·bₚ|` plus the `f32` sums' own rounding
+//! (`tests::error_against_f32_is_bounded`).
+//!
+//! Invariant: only the `m × n` entries of `c` are written.
+
+use super::bf16_pack::{bf16_to_f32, round_bf16};
+use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
+use super::gemm::Op;
+
+/// Pairs (two reduction steps each) per run of the sums: a 32-column panel's
+/// run is 16 KiB, so it stays in L1 while a group of rows passes.
+pub const K_CHUNK_PAIRS: usize = 128;
+/// Rows of `a` per group, kept in L1 while every panel passes (a multiple of the block rows).
+const GROUP_ROWS: usize = 24;
+/// Rows per register block: 12 rows × 2 vectors = 24 accumulators of 32 registers.
+const BLOCK_ROWS: usize = 12;
+
+/// The bf16 kernels, chosen by CPU features.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Kernel {
+    /// Scalar code on the packed operands (any CPU; the oracle's sums).
+    Portable,
+    /// `VDPBF16PS` on 512-bit vectors (AVX-512 BF16).
+    Avx512Bf16,
+}
+
+impl Bf16Kernel {
+    /// The fastest kernel this CPU runs.
+    pub fn best() -> Self {
+        if bf16_vector_available() {
+            Bf16Kernel::Avx512Bf16
+        } else {
+            Bf16Kernel::Portable
+        }
+    }
+
+    /// Every kernel this CPU runs, slowest first.
+    pub fn available() -> &'static [Self] {
+        if bf16_vector_available() {
+            &[Bf16Kernel::Portable, Bf16Kernel::Avx512Bf16]
+        } else {
+            &[Bf16Kernel::Portable]
+        }
+    }
+
+    /// A short name (`bf16-portable`, `bf16-avx512`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Bf16Kernel::Portable => "bf16-portable",
+            Bf16Kernel::Avx512Bf16 => "bf16-avx512",
+        }
+    }
+}
+
+/// The packed operands of a layer's bf16 products, reused across calls.
+#[derive(Clone, Debug, Default)]
+pub struct Bf16Scratch {
+    /// The left operand.
+    pub lhs: Bf16Lhs,
+    /// The right operand.
+    pub rhs: Bf16Rhs,
+}
+
+/// `c[m×n] = op(a)·op(b)` (`+ c` when `accumulate`) on the best kernel; row `i`
+/// of `c` starts at `c[i·ldc]`. `a` is packed with `m` rows and `b` with `n`
+/// columns, both over the same `k`.
+///
+/// # Panics
+/// When the operands' shapes disagree or `c` is shorter than its shape requires.
+pub fn gemm_bf16(a: &Bf16Lhs, b: &Bf16Rhs, accumulate: bool, c: &mut [f32], ldc: usize) {
+    gemm_bf16_with(Bf16Kernel::best(), a, b, accumulate, c, ldc)
+}
+
+/// [`gemm_bf16`] on a chosen kernel.
+///
+/// # Panics
+/// As [`gemm_bf16`], and when the CPU does not run `kernel`.
+pub fn gemm_bf16_with(kernel: Bf16Kernel, a: &Bf16Lhs, b: &Bf16Rhs, accumulate: bool, c: &mut [f32], ldc: usize) {
+    assert!(Bf16Kernel::available().contains(&kernel), "gemm_bf16: this CPU does not run {kernel:?}");
+    let (m, n, pairs) = (a.m, b.n, b.pairs);
+    assert_eq!(a.pairs, pairs, "gemm_bf16: {} pairs on the left, {} on the right", a.pairs, pairs);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_bf16: c has {} values for {m} rows of {n}", c.len());
+    if pairs == 0 {
+        if !accumulate {
+            for row in 0..m {
+                c[row * ldc..row * ldc + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    for q0 in (0..pairs).step_by(K_CHUNK_PAIRS) {
+        let qc = K_CHUNK_PAIRS.min(pairs - q0);
+        for g in (0..m).step_by(GROUP_ROWS) {
+            let rows = GROUP_ROWS.min(m - g);
+            let mut at = 0;
+            for (first, pw) in panels(n) {
+                let block = Block {
+                    rows,
+                    pairs: qc,
+                    a: &a.data[g * a.lda + q0 * a.step..],
+                    lda: a.lda,
+                    step: a.step,
+                    panel: &b.panels[at + q0 * pw..at + (q0 + qc) * pw],
+                    pw,
+                    width: pw.min(n - first),
+                    accumulate: accumulate || q0 > 0,
+                };
+                at += pairs * pw;
+                block.check(&c[g * ldc + first..], ldc);
+                match kernel {
+                    Bf16Kernel::Portable => block.portable(&mut c[g * ldc + first..], ldc),
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: the CPU runs the kernel (asserted above) and `check` bounds every access.
+                    Bf16Kernel::Avx512Bf16 => unsafe { x86::panel(&block, c[g * ldc + first..].as_mut_ptr(), ldc) },
+                    #[cfg(not(target_arch = "x86_64"))]
+                    Bf16Kernel::Avx512Bf16 => unreachable!("not available off x86-64"),
+                }
+            }
+        }
+    }
+}
+
+/// One run of pairs of a group of rows times one panel.
+struct Block<'a> {
+    rows: usize,
+    pairs: usize,
+    /// Pair `q` of row `r` at `a[r·lda + q·step]`.
+    a: &'a [u32],
+    lda: usize,
+    step: usize,
+    /// `pairs` rows of `pw` pairs.
+    panel: &'a [u32],
+    pw: usize,
+    /// Columns of `c` written.
+    width: usize,
+    accumulate: bool,
+}
+
+impl Block<'_> {
+    /// Checks that every access lies inside the slices (the vector kernel relies on it).
+    fn check(&self, c: &[f32], ldc: usize) {
+        assert!(self.pw == VECTOR || self.pw == 2 * VECTOR, "gemm_bf16: bad panel width {}", self.pw);
+        assert!(self.width <= self.pw && self.panel.len() >= self.pairs * self.pw, "gemm_bf16: bad panel");
+        assert!(self.a.len() > (self.rows - 1) * self.lda + (self.pairs - 1) * self.step, "gemm_bf16: a too short");
+        assert!(c.len() >= (self.rows - 1) * ldc + self.width, "gemm_bf16: c too short");
+    }
+
+    /// The scalar kernel: per entry, per pair, `+ hi·hi` then `+ lo·lo`.
+    fn portable(&self, c: &mut [f32], ldc: usize) {
+        let half = |v: u32, hi: bool| bf16_to_f32(if hi { (v >> 16) as u16 } else { v as u16 });
+        for r in 0..self.rows {
+            for j in 0..self.width {
+                let mut acc = 0.0f32;
+                for q in 0..self.pairs {
+                    let (x, y) = (self.a[r * self.lda + q * self.step], self.panel[q * self.pw + j]);
+                    acc += half(x, true) * half(y, true);
+                    acc += half(x, false) * half(y, false);
+                }
+                let o = &mut c[r * ldc + j];
+                *o = if self.accumulate { *o + acc } else { acc };
+            }
+        }
+    }
+}
+
+/// The definition of [`gemm_bf16`] from the `f32` operands: `op(a)` is `m × k`
+/// (`a` stored `m × k` for [`Op::N`], `k × m` for [`Op::T`]), `op(b)` is
+/// `k × n` (`b` stored `k × n` or `n × k`), `c` is `m × n` row-major.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_bf16_reference(
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    b: &[f32],
+    accumulate: bool,
+    c: &mut [f32],
+) {
+    let r = |x: f32| bf16_to_f32(round_bf16(x));
+    let av = |i: usize, p: usize| if p >= k { 0.0 } else { r(if op_a == Op::N { a[i * k + p] } else { a[p * m + i] }) };
+    let bv = |p: usize, j: usize| if p >= k { 0.0 } else { r(if op_b == Op::N { b[p * n + j] } else { b[j * k + p] }) };
+    let pairs = k.div_ceil(2);
+    for i in 0..m {
+        for j in 0..n {
+            let mut out = if accumulate { c[i * n + j] } else { 0.0 };
+            for q0 in (0..pairs).step_by(K_CHUNK_PAIRS) {
+                let mut acc = 0.0f32;
+                for q in q0..(q0 + K_CHUNK_PAIRS).min(pairs) {
+                    acc += av(i, 2 * q + 1) * bv(2 * q + 1, j);
+                    acc += av(i, 2 * q) * bv(2 * q, j);
+                }
+                out = if q0 == 0 && !accumulate { acc } else { out + acc };
+            }
+            c[i * n + j] = out;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Block, BLOCK_ROWS, VECTOR};
+    use std::arch::x86_64::*;
+
+    /// Mask of the first `n ≤ 16` lanes.
+    #[inline]
+    fn mask(n: usize) -> u16 {
+        if n >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << n) - 1
+        }
+    }
+
+    /// `R` rows from row `i` times a panel of `V` vectors, into `c` from row `i`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn block<const R: usize, const V: usize>(b: &Block<'_>, i: usize, c: *mut f32, ldc: usize) {
+        let a = b.a.as_ptr().add(i * b.lda);
+        let panel = b.panel.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); V]; R];
+        for q in 0..b.pairs {
+            let mut bv: [__m512bh; V] = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); V];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                    panel.add(q * b.pw + VECTOR * v) as *const _
+                ));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(r * b.lda + q * b.step) as i32));
+                for (x, &y) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_dpbf16_ps(*x, av, y);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                let cols = b.width.saturating_sub(VECTOR * v);
+                if cols == 0 {
+                    continue;
+                }
+                let (o, m) = (c.add((i + r) * ldc + VECTOR * v), mask(cols));
+                let x = if b.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), x) } else { x };
+                _mm512_mask_storeu_ps(o, m, x);
+            }
+        }
+    }
+
+    /// Every row of the group: blocks of twelve, then of 8, 4, 2 and 1.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn rows<const V: usize>(b: &Block<'_>, c: *mut f32, ldc: usize) {
+        let mut i = 0;
+        while i + BLOCK_ROWS <= b.rows {
+            block::<BLOCK_ROWS, V>(b, i, c, ldc);
+            i += BLOCK_ROWS;
+        }
+        for size in [8, 4, 2, 1] {
+            if b.rows - i >= size {
+                match size {
+                    8 => block::<8, V>(b, i, c, ldc),
+                    4 => block::<4, V>(b, i, c, ldc),
+                    2 => block::<2, V>(b, i, c, ldc),
+                    _ => block::<1, V>(b, i, c, ldc),
+                }
+                i += size;
+            }
+        }
+    }
+
+    /// One block of a panel of one or two vectors.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and BF16; `b.check` passed for `c` and `ldc`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn panel(b: &Block<'_>, c: *mut f32, ldc: usize) {
+        if b.pw == VECTOR {
+            rows::<1>(b, c, ldc)
+        } else {
+            rows::<2>(b, c, ldc)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::gemm_reference;
+
+    fn operands(m: usize, n: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let val = |i: usize| (tiderec_records::rng::normal_f64(seed, i as u64, 0, 0)) as f32;
+        let a = (0..m * k).map(val).collect();
+        let b = (0..k * n).map(|i| val(i + 10_000_000)).collect();
+        let c = (0..m * n).map(|i| val(i + 20_000_000)).collect();
+        (a, b, c)
+    }
+
+    /// Shapes with every tail: rows past the blocks of 12 and the groups of 24,
+    /// odd `k`, several runs of pairs, one column, panels of 16 and 32.
+    const SHAPES: [(usize, usize, usize); 10] = [
+        (1, 1, 1),
+        (3, 5, 2),
+        (13, 17, 13),
+        (25, 33, 7),
+        (24, 48, 64),
+        (37, 70, 257),
+        (64, 512, 13),
+        (128, 1, 256),
+        (50, 16, 600),
+        (2, 40, 1000),
+    ];
+
+    /// Every kernel this CPU runs, on both layouts of both operands, accumulating
+    /// or not, equals the scalar definition bit for bit (normally distributed
+    /// operands: no partial sum is a denormal).
+    #[test]
+    fn kernels_equal_the_oracle_bit_for_bit() {
+        if !bf16_vector_available() {
+            eprintln!("this CPU has no AVX-512 BF16: only the portable kernel is compared");
+        }
+        let (mut lhs, mut rhs) = (Bf16Lhs::default(), Bf16Rhs::default());
+        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+            let (a, b, c0) = operands(m, n, k, s as u64);
+            for (op_a, op_b, accumulate) in
+                [(Op::N, Op::T, true), (Op::T, Op::N, false), (Op::N, Op::N, false), (Op::T, Op::T, true)]
+            {
+                let mut want = c0.clone();
+                gemm_bf16_reference(op_a, op_b, m, n, k, &a, &b, accumulate, &mut want);
+                lhs.pack(op_a, m, k, &a);
+                rhs.pack(op_b, k, n, &b);
+                for &kernel in Bf16Kernel::available() {
+                    let mut got = c0.clone();
+                    gemm_bf16_with(kernel, &lhs, &rhs, accumulate, &mut got, n);
+                    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            x.to_bits() == y.to_bits(),
+                            "{kernel:?} {op_a:?}{op_b:?} {m}x{n}x{k} acc {accumulate} [{i}]: {x} vs {y}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows of `c` wider than `n` (a strided output): the columns past `n` are never written.
+    #[test]
+    fn only_the_product_entries_are_written() {
+        let (m, n, k, ldc) = (30, 21, 9, 40);
+        let (a, b, _) = operands(m, n, k, 3);
+        let (mut lhs, mut rhs) = (Bf16Lhs::default(), Bf16Rhs::default());
+        lhs.pack(Op::N, m, k, &a);
+        rhs.pack(Op::N, k, n, &b);
+        let mut want = vec![0.0; m * n];
+        gemm_bf16_reference(Op::N, Op::N, m, n, k, &a, &b, false, &mut want);
+        for &kernel in Bf16Kernel::available() {
+            let mut c = vec![f32::NAN; (m - 1) * ldc + n];
+            gemm_bf16_with(kernel, &lhs, &rhs, false, &mut c, ldc);
+            for (idx, &v) in c.iter().enumerate() {
+                let (i, j) = (idx / ldc, idx % ldc);
+                if j < n {
+                    assert_eq!(v.to_bits(), want[i * n + j].to_bits(), "{kernel:?} c[{i}][{j}]");
+                } else {
+                    assert!(v.is_nan(), "{kernel:?} wrote c[{i}][{j}] past the product");
+                }
+            }
+        }
+    }
+
+    /// Against the exact (`f64`) product of the unrounded operands: each of the `k`
+    /// products has both factors rounded to 8 significant bits (relative error at
+    /// most 2⁻⁸ each, so 2⁻⁷ + 2⁻¹⁶ together) and the `f32` sums add at most
+    /// `k·2⁻²⁴` relative to `Σ|aₚbₚ|`: `|c − exact| ≤ (2⁻⁷ + 2⁻¹⁶ + k·2⁻²⁴)·Σₚ|aₚ·bₚ|`.
+    /// The typical error (normal operands) is far below that bound: its root
+    /// mean square relative to `√Σ(aₚbₚ)²` is below 2⁻⁸.
+    #[test]
+    fn error_against_f32_is_bounded() {
+        let (mut lhs, mut rhs) = (Bf16Lhs::default(), Bf16Rhs::default());
+        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+            let (a, b, _) = operands(m, n, k, 100 + s as u64);
+            lhs.pack(Op::N, m, k, &a);
+            rhs.pack(Op::T, k, n, &b);
+            let mut got = vec![0.0f32; m * n];
+            gemm_bf16(&lhs, &rhs, false, &mut got, n);
+            let a64: Vec<f64> = a.iter().map(|&v| v as f64).collect();
+            let b64: Vec<f64> = b.iter().map(|&v| v as f64).collect();
+            let mut exact = vec![0.0f64; m * n];
+            gemm_reference(Op::N, Op::T, m, n, k, 1.0, &a64, &b64, 0.0, &mut exact);
+            let (mut sq_err, mut sq_scale) = (0.0f64, 0.0f64);
+            for i in 0..m {
+                for j in 0..n {
+                    let terms = (0..k).map(|p| a64[i * k + p] * b64[j * k + p]);
+                    let abs_sum: f64 = terms.clone().map(f64::abs).sum();
+                    let bound = (2f64.powi(-7) + 2f64.powi(-16) + k as f64 * 2f64.powi(-24)) * abs_sum;
+                    let err = (got[i * n + j] as f64 - exact[i * n + j]).abs();
+                    assert!(err <= bound, "{m}x{n}x{k} [{i}][{j}]: error {err:e} over the bound {bound:e}");
+                    sq_err += err * err;
+                    sq_scale += terms.map(|t| t * t).sum::<f64>();
+                }
+            }
+            let rms = (sq_err / sq_scale).sqrt();
+            assert!(rms < 2f64.powi(-8), "{m}x{n}x{k}: relative RMS error {rms:e}");
+        }
+    }
+}

@@ -1,0 +1,1101 @@
+//! GEMM against a right-hand operand packed once and reused many times: the
+//! weight-stationary products of a recurrence (`h · W_hhᵀ` every time step,
+//! `dG · W_hh` every step of back-propagation) and the skinny input-side
+//! products beside them.
+//!
+//! [`PackedRhs`] stores `op(b)` (`k × n`) as column panels, each `k` rows of
+//! its width's contiguous values, zero-padded to a multiple of [`LANES`]:
+//! panels of 16 columns while more than 40 remain, then one panel of the
+//! rest (`n = 36` is one 40-wide panel, `n = 108` five of 16 and one of 32).
+//! [`gemm_packed`] streams the rows of `a` as stored (no copy, any row
+//! stride) and accumulates each `rows × width` block of `c` in registers
+//! (AVX2 + FMA: at most twelve accumulators, e.g. 6 × 16 or 2 × 40 `f32`;
+//! with AVX-512VL's thirty-two registers up to 24, e.g. 12 × 16 or 6 × 32),
+//! so a product of a few dozen columns pays neither the packing of both
+//! operands nor the edge handling that a general GEMM pays on every call.
+//!
+//! Invariants: a `PackedRhs` built from `b` holds exactly `op(b)`'s values
+//! (padding is zero and never reaches `c`); [`gemm_packed`] writes only the
+//! `m × n` entries of `c`. The oracle is [`gemm_reference`](super::gemm::gemm_reference).
+
+use super::gemm::Op;
+use super::Scalar;
+
+/// Values per vector (one AVX2 register of `f32`); panel widths are multiples of it.
+pub const LANES: usize = 8;
+/// Width of the full panels.
+const WIDE: usize = 2 * LANES;
+/// The widest last panel (five vectors).
+const LAST_MAX: usize = 5 * LANES;
+/// Rows of `a` per group, kept in L1 while all panels pass: a multiple of
+/// every block's rows (AVX2: 8, 6, 4, 3 or 2 for panels of 1 to 5 vectors;
+/// AVX-512VL: 12, 12, 8, 6 or 4).
+const GROUP_ROWS: usize = 24;
+/// Most reduction steps per pass: a 40-wide panel's chunk is at most 30 KiB of
+/// `f32`, so it stays in L1 or close (every GRU product is one chunk; an MLP's
+/// `k = 512` is three).
+const K_CHUNK_MAX: usize = 192;
+
+/// `(first column, panel width)` of each panel for `n` columns.
+fn panels(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut first = 0;
+    std::iter::from_fn(move || {
+        if first >= n {
+            return None;
+        }
+        let rest = n - first;
+        let width = if rest > LAST_MAX { WIDE } else { rest.div_ceil(LANES) * LANES };
+        first += width;
+        Some((first - width, width))
+    })
+}
+
+/// `op(b)` (`k × n`) packed into zero-padded column panels for [`gemm_packed`].
+#[derive(Clone, Debug, Default)]
+pub struct PackedRhs<T> {
+    k: usize,
+    n: usize,
+    panels: Vec<T>,
+}
+
+impl<T: Scalar> PackedRhs<T> {
+    /// Packs `op(b)`: `b` is stored `k × n` for [`Op::N`], `n × k` for [`Op::T`].
+    ///
+    /// # Panics
+    /// When `b` is shorter than its shape requires.
+    pub fn new(op: Op, k: usize, n: usize, b: &[T]) -> Self {
+        let mut packed = PackedRhs::default();
+        packed.pack(op, k, n, b);
+        packed
+    }
+
+    /// Re-packs into this buffer (no allocation once it is large enough).
+    ///
+    /// Every value of the packed layout is written (the operand's values, then
+    /// zeros in each panel's padding columns), so the buffer is not cleared
+    /// first: a per-step weight re-pack costs one pass over the weight.
+    pub fn pack(&mut self, op: Op, k: usize, n: usize, b: &[T]) {
+        assert!(b.len() >= k * n, "PackedRhs: b has {} values, needs {}", b.len(), k * n);
+        self.k = k;
+        self.n = n;
+        let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
+        if self.panels.len() < total {
+            self.panels.resize(total, T::ZERO);
+        }
+        self.panels.truncate(total);
+        let mut start = 0;
+        for (first, pw) in panels(n) {
+            let width = pw.min(n - first);
+            let panel = &mut self.panels[start..start + k * pw];
+            start += k * pw;
+            match op {
+                Op::N => {
+                    for (p, row) in panel.chunks_exact_mut(pw).enumerate() {
+                        row[..width].copy_from_slice(&b[p * n + first..p * n + first + width]);
+                    }
+                }
+                Op::T => T::pack_transposed(b, k, first, width, pw, panel),
+            }
+            if width < pw {
+                for row in panel.chunks_exact_mut(pw) {
+                    row[width..].fill(T::ZERO);
+                }
+            }
+        }
+    }
+
+    /// Rows of `op(b)`.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Columns of `op(b)`.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+}
+
+/// `c[m×n] = a[m×k] · op(b) (+ c when accumulate)`: row `i` of `a` starts at
+/// `a[i·lda]` (`k` values), row `i` of `c` at `c[i·ldc]` (`n` values), so rows
+/// may be strided (a time step of batch-major sequences).
+///
+/// # Panics
+/// When `a` or `c` is shorter than its shape requires, or a stride is shorter than a row.
+pub fn gemm_packed<T: Scalar>(
+    m: usize,
+    a: &[T],
+    lda: usize,
+    b: &PackedRhs<T>,
+    accumulate: bool,
+    c: &mut [T],
+    ldc: usize,
+) {
+    gemm_packed_with(m, a, lda, b, accumulate, c, ldc, T::packed_panel)
+}
+
+/// [`gemm_packed`] with the panel product given: benchmarks and tests pass
+/// `|p| packed_panel_f32_with(kernel, p)` to compare the kernels.
+///
+/// # Panics
+/// As [`gemm_packed`], and as `panel_product` does.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_with<T: Scalar>(
+    m: usize,
+    a: &[T],
+    lda: usize,
+    b: &PackedRhs<T>,
+    accumulate: bool,
+    c: &mut [T],
+    ldc: usize,
+    mut panel_product: impl FnMut(PanelProduct<'_, T>),
+) {
+    let k = b.k;
+    assert!(m == 0 || b.n == 0 || lda >= k, "gemm_packed: stride {lda} shorter than a row of {k}");
+    let chunk = k.div_ceil(k.max(1).div_ceil(K_CHUNK_MAX)).max(1);
+    gemm_packed_chunks(m, a, lda, 1, b, accumulate, c, ldc, chunk, &mut panel_product)
+}
+
+/// Reduction steps per pass of matrixmultiply's `f32` kernels (its `kc`, 256
+/// unless the crate was built with `MATMUL_SGEMM_KC` set):
+/// [`gemm_packed_mm_order`] splits the sums where matrixmultiply does.
+pub const MM_KC: usize = 256;
+
+/// `c[m×n] = op(a) · b` (overwriting `c`) in the summation order of
+/// matrixmultiply's fused multiply-add kernels: every entry is a chain of
+/// fused multiply-adds from zero over each run of [`MM_KC`] reduction steps,
+/// the runs' sums added to `c` in order. `b` is packed (`k × n`); `op(a)` is
+/// `m × k`, read where it lies: row `i`, step `p` at `a[i·lda + p·a_step]`
+/// (`lda = k, a_step = 1` for `a` stored `m × k`; `lda = 1, a_step = m` for
+/// `a` stored `k × m`, a weight gradient's `dyᵀ`).
+///
+/// The results equal `gemm(op, Op::N, …, beta = 0)` bit for bit wherever
+/// matrixmultiply runs an FMA kernel (x86-64 with FMA or AVX-512) and
+/// `m, n > 1` (`tests::mm_order_equals_matrixmultiply_bit_for_bit`).
+///
+/// # Panics
+/// When an operand is shorter than its shape requires, or the CPU does not run `kernel`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_mm_order(
+    kernel: PanelKernel,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    a_step: usize,
+    b: &PackedRhs<f32>,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    gemm_packed_chunks(m, a, lda, a_step, b, false, c, ldc, MM_KC, &mut |p| packed_panel_f32_with(kernel, p))
+}
+
+/// The body of the packed products: `chunk` reduction steps per pass.
+#[allow(clippy::too_many_arguments)]
+fn gemm_packed_chunks<T: Scalar>(
+    m: usize,
+    a: &[T],
+    lda: usize,
+    a_step: usize,
+    b: &PackedRhs<T>,
+    accumulate: bool,
+    c: &mut [T],
+    ldc: usize,
+    chunk: usize,
+    panel_product: &mut impl FnMut(PanelProduct<'_, T>),
+) {
+    let (k, n) = (b.k, b.n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(ldc >= n, "gemm_packed: stride {ldc} shorter than a row of {n}");
+    if k > 0 {
+        let need = (m - 1) * lda + (k - 1) * a_step + 1;
+        assert!(a.len() >= need, "gemm_packed: a has {} values, needs {}", a.len(), need);
+    }
+    assert!(c.len() >= (m - 1) * ldc + n, "gemm_packed: c has {} values, needs {}", c.len(), (m - 1) * ldc + n);
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                c[i * ldc..i * ldc + n].fill(T::ZERO);
+            }
+        }
+        return;
+    }
+    // Chunks of the reduction outside (a long `k` would push a panel out of
+    // L1; a chunk of a panel is a contiguous part of it), then groups of rows,
+    // panels inside: a group's rows of `a` stay in L1 while every panel passes
+    // (the panels of a recurrence's weight fit in L1 too).
+    for k0 in (0..k).step_by(chunk) {
+        let kc = chunk.min(k - k0);
+        let accumulate = accumulate || k0 > 0;
+        for g in (0..m).step_by(GROUP_ROWS) {
+            let group = GROUP_ROWS.min(m - g);
+            let a = &a[g * lda + k0 * a_step..(g + group - 1) * lda + (k0 + kc - 1) * a_step + 1];
+            let mut at = 0;
+            for (first, pw) in panels(n) {
+                let panel = &b.panels[at + k0 * pw..at + (k0 + kc) * pw];
+                at += k * pw;
+                let width = pw.min(n - first);
+                let c = &mut c[g * ldc + first..];
+                panel_product(PanelProduct {
+                    rows: group,
+                    k: kc,
+                    a,
+                    lda,
+                    a_step,
+                    panel,
+                    panel_rs: pw,
+                    pw,
+                    c,
+                    ldc,
+                    width,
+                    accumulate,
+                });
+            }
+        }
+    }
+}
+
+/// `c[m×n] (+)= aᵀ · b` with `a` stored `k × m` (rows `lda` apart) and `b`
+/// stored `k × n` (rows `ldb` apart), both read where they lie: the weight
+/// gradients of a recurrence, `dW = dGᵀ·x` over a chunk of time steps
+/// (`m = 3H`, `n = I` or `H` of a few dozen, `k` = hundreds of rows). Each
+/// register block of `c` broadcasts consecutive values of a row of `a` and
+/// loads vectors of the same row of `b`, so neither operand is packed: `b`
+/// with `n ≤ 40` is itself one panel. The reduction runs in chunks that keep a
+/// panel's rows in L1, accumulating into `c`.
+///
+/// Every row of `b` is read to `n` rounded up to whole vectors (the values
+/// past `n`, the next row's or slack, only reach columns of `c` that are
+/// never written), so `b` must hold that many values after its last row.
+///
+/// # Panics
+/// When a slice is shorter than its shape (`b` than `(k − 1)·ldb + ⌈n/8⌉·8`).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_tn<T: Scalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    accumulate: bool,
+    c: &mut [T],
+    ldc: usize,
+) {
+    assert!(lda >= m && ldb >= n && ldc >= n, "gemm_tn: strides {lda}, {ldb}, {ldc} shorter than rows {m}, {n}, {n}");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                c[i * ldc..i * ldc + n].fill(T::ZERO);
+            }
+        }
+        return;
+    }
+    let padded = n.div_ceil(LANES) * LANES;
+    assert!(b.len() >= (k - 1) * ldb + padded, "gemm_tn: b has {} values, needs {}", b.len(), (k - 1) * ldb + padded);
+    let chunk = k.div_ceil(k.div_ceil(K_CHUNK_MAX));
+    for k0 in (0..k).step_by(chunk) {
+        let kc = chunk.min(k - k0);
+        for g in (0..m).step_by(GROUP_ROWS) {
+            let group = GROUP_ROWS.min(m - g);
+            for (first, pw) in panels(n) {
+                T::packed_panel(PanelProduct {
+                    rows: group,
+                    k: kc,
+                    a: &a[k0 * lda + g..],
+                    lda: 1,
+                    a_step: lda,
+                    panel: &b[k0 * ldb + first..],
+                    panel_rs: ldb,
+                    pw,
+                    c: &mut c[g * ldc + first..],
+                    ldc,
+                    width: pw.min(n - first),
+                    accumulate: accumulate || k0 > 0,
+                });
+            }
+        }
+    }
+}
+
+/// One panel's product, the unit of [`Scalar::packed_panel`]:
+/// `c[r·ldc + j] (+)= Σ_p a[r·lda + p·a_step] · panel[p·panel_rs + j]` for
+/// `r < rows`, `j < width ≤ pw`. A packed panel has `a_step = 1` and
+/// `panel_rs = pw`; [`gemm_tn`] reads both operands where they lie instead.
+pub struct PanelProduct<'a, T> {
+    /// Rows of `a` and `c`.
+    pub rows: usize,
+    /// The reduction length.
+    pub k: usize,
+    /// `rows` rows of `k` values, `lda` apart, their values `a_step` apart.
+    pub a: &'a [T],
+    /// Row stride of `a`.
+    pub lda: usize,
+    /// Stride between the `k` values of a row of `a` (1 unless `a` is read transposed).
+    pub a_step: usize,
+    /// `k` rows of `pw` values, `panel_rs` apart.
+    pub panel: &'a [T],
+    /// Row stride of the panel (`pw` when packed).
+    pub panel_rs: usize,
+    /// Panel width: a multiple of [`LANES`], at most five vectors.
+    pub pw: usize,
+    /// `rows` rows of at least `width` values, `ldc` apart.
+    pub c: &'a mut [T],
+    /// Row stride of `c`.
+    pub ldc: usize,
+    /// Columns of `c` written (the rest of the panel is padding).
+    pub width: usize,
+    /// Add to `c` instead of overwriting it.
+    pub accumulate: bool,
+}
+
+impl<T> PanelProduct<'_, T> {
+    /// Checks that every access lies inside the slices (the kernels rely on it).
+    fn check(&self) {
+        let vectors = self.pw / LANES;
+        assert!(
+            self.pw.is_multiple_of(LANES) && (1..=5).contains(&vectors),
+            "packed_panel: bad panel width {}",
+            self.pw
+        );
+        assert!(self.width <= self.pw, "packed_panel: bad panel");
+        if self.rows == 0 || self.k == 0 {
+            return;
+        }
+        assert!(self.a.len() > (self.rows - 1) * self.lda + (self.k - 1) * self.a_step, "packed_panel: a too short");
+        assert!(self.panel.len() >= (self.k - 1) * self.panel_rs + self.pw, "packed_panel: panel too short");
+        assert!(self.c.len() >= (self.rows - 1) * self.ldc + self.width, "packed_panel: c too short");
+    }
+}
+
+/// The portable [`Scalar::packed_panel`].
+pub fn packed_panel_portable<T: Scalar>(p: PanelProduct<'_, T>) {
+    p.check();
+    let PanelProduct { rows, k, a, lda, a_step, panel, panel_rs, pw, c, ldc, width, accumulate } = p;
+    let mut block = vec![T::ZERO; rows * pw];
+    for p in 0..k {
+        let brow = &panel[p * panel_rs..p * panel_rs + pw];
+        for (r, out) in block.chunks_exact_mut(pw).enumerate() {
+            let av = a[r * lda + p * a_step];
+            for (x, &bv) in out.iter_mut().zip(brow) {
+                *x += av * bv;
+            }
+        }
+    }
+    for (r, out) in block.chunks_exact(pw).enumerate() {
+        for (o, &x) in c[r * ldc..r * ldc + width].iter_mut().zip(out) {
+            *o = if accumulate { *o + x } else { x };
+        }
+    }
+}
+
+/// The portable [`Scalar::pack_transposed`]: column `j` of the panel is row
+/// `first + j` of `b`, each read contiguously, eight columns at a time so the
+/// writes of a panel row stay within one cache line.
+pub fn pack_transposed_portable<T: Scalar>(b: &[T], k: usize, first: usize, width: usize, pw: usize, panel: &mut [T]) {
+    for j0 in (0..width).step_by(LANES) {
+        let cols = LANES.min(width - j0);
+        let rows: [&[T]; LANES] = std::array::from_fn(|q| {
+            let j = first + j0 + q.min(cols - 1);
+            &b[j * k..(j + 1) * k]
+        });
+        for (p, out) in panel.chunks_exact_mut(pw).take(k).enumerate() {
+            for (v, row) in out[j0..j0 + cols].iter_mut().zip(&rows) {
+                *v = row[p];
+            }
+        }
+    }
+}
+
+/// [`Scalar::pack_transposed`] for `f32`: 8 × 8 tiles transposed in AVX
+/// registers when the CPU has AVX2 (four times the portable loop's speed on
+/// DLRM's `512 × 256` weight).
+pub(super) fn pack_transposed_f32(b: &[f32], k: usize, first: usize, width: usize, pw: usize, panel: &mut [f32]) {
+    assert!(b.len() >= (first + width) * k && panel.len() >= k * pw && width <= pw, "pack_transposed: bad operand");
+    #[cfg(target_arch = "x86_64")]
+    if PanelKernel::best() != PanelKernel::Portable {
+        let (full_cols, full_k) = (width / LANES * LANES, k / LANES * LANES);
+        for j0 in (0..full_cols).step_by(LANES) {
+            for p0 in (0..full_k).step_by(LANES) {
+                // SAFETY: AVX2 is present; rows first + j0 .. + 8 of b have k values
+                // (asserted) and p0 + 8 <= k; panel rows p0 .. p0 + 8 have pw >= j0 + 8 values.
+                unsafe {
+                    x86::transpose_tile(
+                        b.as_ptr().add((first + j0) * k + p0),
+                        k,
+                        panel.as_mut_ptr().add(p0 * pw + j0),
+                        pw,
+                    )
+                };
+            }
+            // The last k mod 8 reduction steps of these eight columns.
+            for p in full_k..k {
+                for q in 0..LANES {
+                    panel[p * pw + j0 + q] = b[(first + j0 + q) * k + p];
+                }
+            }
+        }
+        if full_cols < width {
+            // The last width mod 8 columns.
+            let tail = &mut panel[..k * pw];
+            for j in full_cols..width {
+                for (p, out) in tail.chunks_exact_mut(pw).enumerate() {
+                    out[j] = b[(first + j) * k + p];
+                }
+            }
+        }
+        return;
+    }
+    pack_transposed_portable(b, k, first, width, pw, panel)
+}
+
+/// The `f32` panel kernels, chosen between by CPU features ([`PanelKernel::best`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PanelKernel {
+    /// [`packed_panel_portable`].
+    Portable,
+    /// AVX2 + FMA, sixteen vector registers: blocks of at most twelve accumulators.
+    Avx2,
+    /// The same instructions on 256-bit vectors with AVX-512VL's thirty-two
+    /// registers: blocks of up to twenty-five accumulators (twice the rows per
+    /// panel pass, so every panel row loaded serves twice the multiply-adds).
+    Avx512Vl,
+    /// 512-bit vectors (AVX-512F), thirty-two registers: a 16-wide panel is one
+    /// register, so a block of twelve rows holds twelve accumulators of sixteen
+    /// columns. The same chains of multiply-adds as the 256-bit kernels.
+    Avx512,
+}
+
+impl PanelKernel {
+    /// The fastest kernel this CPU runs.
+    #[inline]
+    pub fn best() -> Self {
+        static BEST: std::sync::OnceLock<PanelKernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| *Self::available().last().unwrap_or(&PanelKernel::Portable))
+    }
+
+    /// Every kernel this CPU runs, slowest first (detected once per process).
+    pub fn available() -> &'static [Self] {
+        static AVAILABLE: std::sync::OnceLock<Vec<PanelKernel>> = std::sync::OnceLock::new();
+        AVAILABLE.get_or_init(|| {
+            let mut kernels = vec![PanelKernel::Portable];
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                kernels.push(PanelKernel::Avx2);
+                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+                    kernels.push(PanelKernel::Avx512Vl);
+                    kernels.push(PanelKernel::Avx512);
+                }
+            }
+            kernels
+        })
+    }
+}
+
+/// [`Scalar::packed_panel`] for `f32`: the best kernel the CPU runs (features
+/// are checked once per panel, not per block).
+#[inline]
+pub(super) fn packed_panel_f32(p: PanelProduct<'_, f32>) {
+    run_panel_f32(PanelKernel::best(), p)
+}
+
+/// One panel's product with a chosen kernel.
+///
+/// # Panics
+/// When the CPU does not run `kernel`, or the operands do not fit the shape.
+pub fn packed_panel_f32_with(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
+    assert!(PanelKernel::available().contains(&kernel), "packed_panel: this CPU does not run {kernel:?}");
+    run_panel_f32(kernel, p)
+}
+
+/// [`packed_panel_f32_with`] for a kernel known to run here.
+#[inline]
+fn run_panel_f32(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
+    if kernel == PanelKernel::Portable {
+        return packed_panel_portable(p);
+    }
+    p.check();
+    let PanelProduct { rows, k, a, lda, a_step, panel, panel_rs, pw, ldc, width, .. } = p;
+    let vectors = pw / LANES;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let raw = x86::Raw {
+            rows,
+            k,
+            a: a.as_ptr(),
+            lda,
+            a_step,
+            panel: panel.as_ptr(),
+            panel_rs,
+            c: p.c.as_mut_ptr(),
+            ldc,
+            width,
+            accumulate: p.accumulate,
+        };
+        // SAFETY: the CPU has the kernel's features (checked above); the asserts bound every access.
+        unsafe {
+            match kernel {
+                PanelKernel::Avx2 => x86::avx2::panel_of(vectors, &raw),
+                PanelKernel::Avx512Vl => x86::avx512vl::panel_of(vectors, &raw),
+                _ => x86::avx512::panel_of(vectors, &raw),
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Writes the transpose of the 8 × 8 tile at `src` (rows `lds` apart) to
+    /// `dst` (rows `ldd` apart): `dst[r·ldd + q] = src[q·lds + r]`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn transpose_tile(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+        let r: [__m256; 8] = std::array::from_fn(|q| _mm256_loadu_ps(src.add(q * lds)));
+        // Interleave pairs of rows, then pairs of pairs, then swap 128-bit halves.
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0b01_00_01_00>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0b11_10_11_10>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0b01_00_01_00>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0b11_10_11_10>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0b01_00_01_00>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0b11_10_11_10>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0b01_00_01_00>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0b11_10_11_10>(t5, t7);
+        let out = [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ];
+        for (i, v) in out.iter().enumerate() {
+            _mm256_storeu_ps(dst.add(i * ldd), *v);
+        }
+    }
+
+    /// A [`PanelProduct`](super::PanelProduct) as pointers, bounds checked by the caller.
+    pub(super) struct Raw {
+        pub rows: usize,
+        pub k: usize,
+        pub a: *const f32,
+        pub lda: usize,
+        pub a_step: usize,
+        pub panel: *const f32,
+        pub panel_rs: usize,
+        pub c: *mut f32,
+        pub ldc: usize,
+        pub width: usize,
+        pub accumulate: bool,
+    }
+
+    /// One module of register-blocked kernels compiled for `$features`, with
+    /// `$r1 … $r5` rows per block for panels of one to five vectors.
+    macro_rules! kernels {
+        ($module:ident, $features:literal, $r1:literal, $r2:literal, $r3:literal, $r4:literal, $r5:literal) => {
+            pub(super) mod $module {
+                use super::super::LANES;
+                use super::Raw;
+                use std::arch::x86_64::*;
+
+                /// `R × 8V` block: `R` rows of `a` from row `i` times the panel of `V`
+                /// vectors, into `c` from row `i`, the first `width` columns.
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn block<const R: usize, const V: usize>(raw: &Raw, i: usize) {
+                    let Raw { k, lda, a_step, panel, panel_rs, ldc, width, accumulate, .. } = *raw;
+                    let (a, c) = (raw.a.add(i * lda), raw.c.add(i * ldc));
+                    let mut acc = [[_mm256_setzero_ps(); V]; R];
+                    // One step of the k loop: row p of the panel times column p of the rows.
+                    let step = |acc: &mut [[__m256; V]; R], p: usize| {
+                        let mut bv = [_mm256_setzero_ps(); V];
+                        for (v, b) in bv.iter_mut().enumerate() {
+                            *b = _mm256_loadu_ps(panel.add(p * panel_rs + LANES * v));
+                        }
+                        for (r, row) in acc.iter_mut().enumerate() {
+                            let av = _mm256_broadcast_ss(&*a.add(r * lda + p * a_step));
+                            for (x, &b) in row.iter_mut().zip(&bv) {
+                                *x = _mm256_fmadd_ps(av, b, *x);
+                            }
+                        }
+                    };
+                    // Unrolled by four (the short k of a recurrence pays little loop overhead).
+                    let mut p = 0;
+                    while p + 4 <= k {
+                        step(&mut acc, p);
+                        step(&mut acc, p + 1);
+                        step(&mut acc, p + 2);
+                        step(&mut acc, p + 3);
+                        p += 4;
+                    }
+                    while p < k {
+                        step(&mut acc, p);
+                        p += 1;
+                    }
+                    if width == LANES * V {
+                        for (r, row) in acc.iter().enumerate() {
+                            let out = c.add(r * ldc);
+                            for (v, &x) in row.iter().enumerate() {
+                                let o = out.add(LANES * v);
+                                let x = if accumulate { _mm256_add_ps(x, _mm256_loadu_ps(o)) } else { x };
+                                _mm256_storeu_ps(o, x);
+                            }
+                        }
+                    } else {
+                        let mut tmp = [0.0f32; 5 * LANES];
+                        for (r, row) in acc.iter().enumerate() {
+                            for (v, &x) in row.iter().enumerate() {
+                                _mm256_storeu_ps(tmp.as_mut_ptr().add(LANES * v), x);
+                            }
+                            let out = c.add(r * ldc);
+                            for (j, &v) in tmp.iter().enumerate().take(width) {
+                                let o = out.add(j);
+                                *o = if accumulate { *o + v } else { v };
+                            }
+                        }
+                    }
+                }
+
+                /// `rows` rows of `a` times one panel of `V` vectors: full blocks of
+                /// `R` rows, then blocks of the rows left (at most one per size).
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn panel<const R: usize, const V: usize>(p: &Raw) {
+                    let mut i = 0;
+                    while i + R <= p.rows {
+                        block::<R, V>(p, i);
+                        i += R;
+                    }
+                    // The tail, as a sum of powers of two below R.
+                    let mut rest = p.rows - i;
+                    for size in [8, 4, 2, 1] {
+                        if size < R && rest >= size {
+                            match size {
+                                8 => block::<8, V>(p, i),
+                                4 => block::<4, V>(p, i),
+                                2 => block::<2, V>(p, i),
+                                _ => block::<1, V>(p, i),
+                            }
+                            i += size;
+                            rest -= size;
+                        }
+                    }
+                }
+
+                /// A panel of `vectors` vectors (1 to 5) with this module's block rows.
+                #[target_feature(enable = $features)]
+                pub(in super::super) unsafe fn panel_of(vectors: usize, p: &Raw) {
+                    match vectors {
+                        1 => panel::<$r1, 1>(p),
+                        2 => panel::<$r2, 2>(p),
+                        3 => panel::<$r3, 3>(p),
+                        4 => panel::<$r4, 4>(p),
+                        _ => panel::<$r5, 5>(p),
+                    }
+                }
+            }
+        };
+    }
+
+    // Sixteen registers: R·V accumulators + V panel vectors + a broadcast ≤ 16 (or close).
+    kernels!(avx2, "avx2,fma", 8, 6, 4, 3, 2);
+    // Thirty-two registers (AVX-512VL encodes ymm16–31): about twice the rows.
+    kernels!(avx512vl, "avx2,fma,avx512f,avx512vl", 8, 6, 6, 6, 4);
+
+    /// The same products on 512-bit vectors: a panel of `V` eight-lane vectors is
+    /// `V / 2` zmm registers plus one ymm register when `V` is odd. Every entry of
+    /// `c` is still one chain of fused multiply-adds over `p` from zero, then one
+    /// add to `c`, so the results equal the 256-bit kernels' bit for bit.
+    pub(super) mod avx512 {
+        use super::Raw;
+        use std::arch::x86_64::*;
+
+        /// `R` rows times a panel of `Z` zmm and `Y` (0 or 1) ymm vectors.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        unsafe fn block<const R: usize, const Z: usize, const Y: usize>(raw: &Raw, i: usize) {
+            let Raw { k, lda, a_step, panel, panel_rs, ldc, width, accumulate, .. } = *raw;
+            let (a, c) = (raw.a.add(i * lda), raw.c.add(i * ldc));
+            let mut wide = [[_mm512_setzero_ps(); Z]; R];
+            let mut half = [[_mm256_setzero_ps(); Y]; R];
+            let step = |wide: &mut [[__m512; Z]; R], half: &mut [[__m256; Y]; R], p: usize| {
+                let row = panel.add(p * panel_rs);
+                let mut bz = [_mm512_setzero_ps(); Z];
+                for (v, b) in bz.iter_mut().enumerate() {
+                    *b = _mm512_loadu_ps(row.add(16 * v));
+                }
+                let mut by = [_mm256_setzero_ps(); Y];
+                for b in by.iter_mut() {
+                    *b = _mm256_loadu_ps(row.add(16 * Z));
+                }
+                for r in 0..R {
+                    let s = *a.add(r * lda + p * a_step);
+                    let az = _mm512_set1_ps(s);
+                    for (x, &b) in wide[r].iter_mut().zip(&bz) {
+                        *x = _mm512_fmadd_ps(az, b, *x);
+                    }
+                    for (x, &b) in half[r].iter_mut().zip(&by) {
+                        *x = _mm256_fmadd_ps(_mm256_set1_ps(s), b, *x);
+                    }
+                }
+            };
+            let mut p = 0;
+            while p + 4 <= k {
+                step(&mut wide, &mut half, p);
+                step(&mut wide, &mut half, p + 1);
+                step(&mut wide, &mut half, p + 2);
+                step(&mut wide, &mut half, p + 3);
+                p += 4;
+            }
+            while p < k {
+                step(&mut wide, &mut half, p);
+                p += 1;
+            }
+            if width == 16 * Z + 8 * Y {
+                for r in 0..R {
+                    let out = c.add(r * ldc);
+                    for (v, &x) in wide[r].iter().enumerate() {
+                        let o = out.add(16 * v);
+                        let x = if accumulate { _mm512_add_ps(x, _mm512_loadu_ps(o)) } else { x };
+                        _mm512_storeu_ps(o, x);
+                    }
+                    for &x in &half[r] {
+                        let o = out.add(16 * Z);
+                        let x = if accumulate { _mm256_add_ps(x, _mm256_loadu_ps(o)) } else { x };
+                        _mm256_storeu_ps(o, x);
+                    }
+                }
+            } else {
+                let mut tmp = [0.0f32; 48];
+                for r in 0..R {
+                    for (v, &x) in wide[r].iter().enumerate() {
+                        _mm512_storeu_ps(tmp.as_mut_ptr().add(16 * v), x);
+                    }
+                    for &x in &half[r] {
+                        _mm256_storeu_ps(tmp.as_mut_ptr().add(16 * Z), x);
+                    }
+                    let out = c.add(r * ldc);
+                    for (j, &v) in tmp.iter().enumerate().take(width) {
+                        let o = out.add(j);
+                        *o = if accumulate { *o + v } else { v };
+                    }
+                }
+            }
+        }
+
+        /// `rows` rows of `a` times one panel: full blocks of `R` rows, then the
+        /// rest as blocks of 8, 4, 2 and 1 (`R` is at most 16).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        unsafe fn panel<const R: usize, const Z: usize, const Y: usize>(p: &Raw) {
+            let mut i = 0;
+            while i + R <= p.rows {
+                block::<R, Z, Y>(p, i);
+                i += R;
+            }
+            let mut rest = p.rows - i;
+            for size in [8, 4, 2, 1] {
+                if size < R && rest >= size {
+                    match size {
+                        8 => block::<8, Z, Y>(p, i),
+                        4 => block::<4, Z, Y>(p, i),
+                        2 => block::<2, Z, Y>(p, i),
+                        _ => block::<1, Z, Y>(p, i),
+                    }
+                    i += size;
+                    rest -= size;
+                }
+            }
+        }
+
+        /// A panel of `vectors` eight-lane vectors (1 to 5): twelve rows per block
+        /// (at most 24 accumulators of 32 registers), eight for five vectors.
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        pub(in super::super) unsafe fn panel_of(vectors: usize, p: &Raw) {
+            match vectors {
+                1 => panel::<12, 0, 1>(p),
+                2 => panel::<12, 1, 0>(p),
+                3 => panel::<12, 1, 1>(p),
+                4 => panel::<12, 2, 0>(p),
+                _ => panel::<8, 2, 1>(p),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::gemm_reference;
+    use proptest::prelude::*;
+
+    fn check<T: Scalar>(m: usize, n: usize, k: usize, transposed: bool, accumulate: bool, seed: u64, tol: f64) {
+        let val = |i: usize| T::from_f64(tiderec_records::rng::unit_f64(seed, i as u64, 0, 0) - 0.5);
+        let a: Vec<T> = (0..m * k).map(val).collect();
+        let b: Vec<T> = (0..k * n).map(|i| val(i + 100_000)).collect();
+        let c0: Vec<T> = (0..m * n).map(|i| val(i + 200_000)).collect();
+        let op = if transposed { Op::T } else { Op::N };
+        let packed = PackedRhs::new(op, k, n, &b);
+        let (mut c1, mut c2) = (c0.clone(), c0.clone());
+        gemm_packed(m, &a, k, &packed, accumulate, &mut c1, n);
+        let beta = if accumulate { T::ONE } else { T::ZERO };
+        gemm_reference(Op::N, op, m, n, k, T::ONE, &a, &b, beta, &mut c2);
+        for (x, y) in c1.iter().zip(&c2) {
+            assert!((x.to_f64() - y.to_f64()).abs() <= tol, "{x:?} vs {y:?} at {m}x{n}x{k}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn packed_gemm_matches_reference_f64(m in 0usize..30, n in 0usize..90, k in 0usize..9, t in any::<bool>(), acc in any::<bool>(), seed in any::<u64>()) {
+            check::<f64>(m, n, k, t, acc, seed, 1e-12);
+        }
+
+        #[test]
+        fn packed_gemm_matches_reference_f32(m in 0usize..30, n in 0usize..90, k in 0usize..40, t in any::<bool>(), acc in any::<bool>(), seed in any::<u64>()) {
+            check::<f32>(m, n, k, t, acc, seed, 1e-4);
+        }
+    }
+
+    #[test]
+    fn strided_rows_are_read_and_written_in_place() {
+        // Rows of a and c spaced wider than a row (a time step of batch-major sequences).
+        let (m, n, k, lda, ldc) = (9, 20, 7, 13, 25);
+        let val = |i: usize| tiderec_records::rng::unit_f64(3, i as u64, 0, 0) - 0.5;
+        let a: Vec<f64> = (0..(m - 1) * lda + k).map(val).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| val(i + 1000)).collect();
+        let mut c: Vec<f64> = (0..(m - 1) * ldc + n).map(|i| val(i + 2000)).collect();
+        let before = c.clone();
+        gemm_packed(m, &a, lda, &PackedRhs::new(Op::N, k, n, &b), true, &mut c, ldc);
+        for (idx, (&got, &was)) in c.iter().zip(&before).enumerate() {
+            let (i, j) = (idx / ldc, idx % ldc);
+            let want = if j < n { was + (0..k).map(|p| a[i * lda + p] * b[p * n + j]).sum::<f64>() } else { was };
+            assert!((got - want).abs() < 1e-12, "c[{i}][{j}]: {got} vs {want}");
+        }
+    }
+
+    /// One buffer re-packed from a large operand to smaller ones (as an MLP's
+    /// layers share it): every packed value is the operand's, every padding
+    /// value is zero, whatever the previous pack left there.
+    #[test]
+    fn repacking_a_reused_buffer_writes_every_value() {
+        let mut packed = PackedRhs::default();
+        packed.pack(Op::N, 30, 100, &vec![7.0f32; 3000]);
+        for (op, k, n) in [(Op::N, 9, 13), (Op::T, 11, 45), (Op::T, 5, 100), (Op::N, 3, 7)] {
+            let b: Vec<f32> = (0..k * n).map(|i| i as f32 + 1.0).collect();
+            packed.pack(op, k, n, &b);
+            let fresh = PackedRhs::new(op, k, n, &b);
+            assert_eq!(packed.panels, fresh.panels, "{op:?} {k}x{n}");
+            let mut start = 0;
+            for (first, pw) in panels(n) {
+                let width = pw.min(n - first);
+                for p in 0..k {
+                    let row = &packed.panels[start + p * pw..start + (p + 1) * pw];
+                    for (j, &v) in row.iter().enumerate() {
+                        let want = if j >= width {
+                            0.0
+                        } else {
+                            match op {
+                                Op::N => b[p * n + first + j],
+                                Op::T => b[(first + j) * k + p],
+                            }
+                        };
+                        assert_eq!(v, want, "{op:?} {k}x{n}: panel at {first}, row {p}, column {j}");
+                    }
+                }
+                start += k * pw;
+            }
+            assert_eq!(start, packed.panels.len());
+        }
+    }
+
+    /// Every kernel this CPU runs (not only the one `gemm_packed` picks) against
+    /// the reference, with row counts that exercise every block tail.
+    #[test]
+    fn every_available_kernel_matches_reference() {
+        let kernels = PanelKernel::available();
+        for &kernel in kernels {
+            for (rows, k, pw, width, accumulate) in [
+                (1, 5, 8, 8, false),
+                (29, 36, 16, 16, true),
+                (23, 32, 32, 32, false),
+                (13, 9, 40, 36, true),
+                (11, 72, 24, 17, false),
+            ] {
+                let lda = k + 3;
+                let ldc = pw + 2;
+                let val = |i: usize| (tiderec_records::rng::unit_f64(11, i as u64, 0, 0) - 0.5) as f32;
+                let a: Vec<f32> = (0..rows * lda).map(val).collect();
+                let panel: Vec<f32> = (0..k * pw).map(|i| val(i + 50_000)).collect();
+                let c0: Vec<f32> = (0..rows * ldc).map(|i| val(i + 90_000)).collect();
+                let mut c = c0.clone();
+                packed_panel_f32_with(
+                    kernel,
+                    PanelProduct {
+                        rows,
+                        k,
+                        a: &a,
+                        lda,
+                        a_step: 1,
+                        panel: &panel,
+                        panel_rs: pw,
+                        pw,
+                        c: &mut c,
+                        ldc,
+                        width,
+                        accumulate,
+                    },
+                );
+                for r in 0..rows {
+                    for j in 0..ldc {
+                        let was = c0[r * ldc + j] as f64;
+                        let dot: f64 =
+                            (0..k).map(|p| a[r * lda + p] as f64 * panel[p * pw + j.min(pw - 1)] as f64).sum();
+                        let want = if j >= width {
+                            was
+                        } else if accumulate {
+                            was + dot
+                        } else {
+                            dot
+                        };
+                        let got = c[r * ldc + j] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-4,
+                            "{kernel:?} rows {rows} k {k} pw {pw}: c[{r}][{j}] {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(kernels.contains(&PanelKernel::best()));
+    }
+
+    /// The backward products on the packed kernels against matrixmultiply
+    /// itself: equal bit for bit on both layouts of `a`, on shapes with one to
+    /// three runs of [`MM_KC`] reduction steps and edge rows and columns, with
+    /// every vector kernel.
+    #[test]
+    fn mm_order_equals_matrixmultiply_bit_for_bit() {
+        if !f32::packed_panel_is_vectorized() {
+            eprintln!("no vector packed kernel on this CPU: the packed backward products are not used");
+            return;
+        }
+        for (m, n, k) in
+            [(2, 2, 1), (64, 512, 256), (256, 512, 64), (17, 33, 255), (16, 13, 257), (40, 367, 512), (5, 16, 700)]
+        {
+            let val = |i: usize| (tiderec_records::rng::unit_f64(21, i as u64, 0, 0) - 0.5) as f32;
+            let b: Vec<f32> = (0..k * n).map(|i| val(i + 7_000_000)).collect();
+            let packed = PackedRhs::new(Op::N, k, n, &b);
+            for op in [Op::N, Op::T] {
+                let a: Vec<f32> = (0..m * k).map(val).collect();
+                let mut want = vec![f32::NAN; m * n];
+                crate::gemm::gemm(op, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut want);
+                let (lda, a_step) = if op == Op::N { (k, 1) } else { (1, m) };
+                for &kernel in PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable) {
+                    let mut got = vec![f32::NAN; m * n];
+                    gemm_packed_mm_order(kernel, m, &a, lda, a_step, &packed, &mut got, n);
+                    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                        assert!(x.to_bits() == y.to_bits(), "{kernel:?} {op:?} {m}x{n}x{k} [{i}]: {x} vs {y}");
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// The vector kernels differ only in vector width and register blocking:
+        /// each entry of `c` is the same chain of fused multiply-adds, so their
+        /// results are equal bit for bit (what lets the start-up measurement
+        /// choose among them without changing a run's numbers).
+        #[test]
+        fn vector_kernels_agree_bit_for_bit(rows in 1usize..40, k in 1usize..300, vectors in 1usize..6, cut in 0usize..8, pad in 0usize..3, acc in any::<bool>(), seed in any::<u64>()) {
+            let vector_kernels: Vec<PanelKernel> =
+                PanelKernel::available().iter().copied().filter(|&kernel| kernel != PanelKernel::Portable).collect();
+            let pw = vectors * LANES;
+            let width = pw - cut.min(pw - 1);
+            let (lda, ldc) = (k + pad, pw + pad);
+            let val = |i: usize| (tiderec_records::rng::unit_f64(seed, i as u64, 0, 0) - 0.5) as f32;
+            let a: Vec<f32> = (0..rows * lda).map(val).collect();
+            let panel: Vec<f32> = (0..k * pw).map(|i| val(i + 1_000_000)).collect();
+            let c0: Vec<f32> = (0..rows * ldc).map(|i| val(i + 2_000_000)).collect();
+            let mut first: Option<Vec<f32>> = None;
+            for &kernel in &vector_kernels {
+                let mut c = c0.clone();
+                packed_panel_f32_with(
+                    kernel,
+                    PanelProduct { rows, k, a: &a, lda, a_step: 1, panel: &panel, panel_rs: pw, pw, c: &mut c, ldc, width, accumulate: acc },
+                );
+                match &first {
+                    None => first = Some(c),
+                    Some(want) => {
+                        for (i, (x, y)) in c.iter().zip(want).enumerate() {
+                            prop_assert!(x.to_bits() == y.to_bits(), "{:?} c[{}] {} vs {}", kernel, i, x, y);
+                        }
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn unpacked_transposed_gemm_matches_reference(m in 0usize..40, n in 0usize..60, k in 0usize..420, pad in 0usize..3, acc in any::<bool>(), seed in any::<u64>()) {
+            let (lda, ldb, ldc) = (m + pad, n + pad, n + 2 * pad);
+            let val = |i: usize| tiderec_records::rng::unit_f64(seed, i as u64, 0, 0) - 0.5;
+            let a: Vec<f64> = (0..k * lda).map(val).collect();
+            // The slack after the last row that reading whole vectors needs.
+            let b: Vec<f64> = (0..k * ldb + 8).map(|i| val(i + 100_000)).collect();
+            let mut c: Vec<f64> = (0..m * ldc).map(|i| val(i + 200_000)).collect();
+            let before = c.clone();
+            gemm_tn(m, n, k, &a, lda, &b, ldb, acc, &mut c, ldc);
+            for i in 0..m {
+                for j in 0..ldc {
+                    let was = before[i * ldc + j];
+                    let dot = (0..k).map(|p| a[p * lda + i] * b[p * ldb + j.min(n.max(1) - 1)]).sum::<f64>();
+                    let want = if j >= n { was } else if acc { was + dot } else { dot };
+                    prop_assert!((c[i * ldc + j] - want).abs() < 1e-12, "c[{}][{}]: {} vs {}", i, j, c[i * ldc + j], want);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unpacked_transposed_gemm_f32_matches_reference() {
+        for (m, n, k) in [(96, 32, 640), (108, 36, 500), (17, 40, 9), (64, 13, 130), (5, 8, 1)] {
+            let val = |i: usize| (tiderec_records::rng::unit_f64(5, i as u64, 0, 0) - 0.5) as f32;
+            let a: Vec<f32> = (0..k * m).map(val).collect();
+            let mut b: Vec<f32> = (0..k * n).map(|i| val(i + 1_000_000)).collect();
+            b.resize(k * n + 8, f32::NAN);
+            let c0: Vec<f32> = (0..m * n).map(|i| val(i + 2_000_000)).collect();
+            let mut c = c0.clone();
+            gemm_tn(m, n, k, &a, m, &b, n, true, &mut c, n);
+            let mut want = c0.clone();
+            gemm_reference(Op::T, Op::N, m, n, k, 1.0, &a, &b[..k * n], 1.0, &mut want);
+            for (x, y) in c.iter().zip(&want) {
+                // NaN slack past the last row must never reach a written column.
+                assert!((x - y).abs() < 1e-3, "{x} vs {y} at {m}x{n}x{k}");
+            }
+        }
+    }
+
+    #[test]
+    fn recurrence_shapes_match_reference() {
+        // The last two span several reduction chunks.
+        for (m, n, k) in [(256, 108, 36), (64, 96, 32), (256, 36, 108), (7, 144, 72), (30, 56, 400), (9, 17, 193)] {
+            check::<f32>(m, n, k, true, true, 7, 1e-4);
+            check::<f32>(m, n, k, false, false, 8, 1e-4);
+        }
+    }
+}

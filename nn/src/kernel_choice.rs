@@ -1,0 +1,567 @@
+//! Kernels chosen for this machine: the CPU's vector features, then a short
+//! measurement of each candidate on every forward product a run will compute.
+//!
+//! A layer's forward `x·Wᵀ` belongs to one of three *summation classes*, fixed by
+//! its shape ([`forward_class`], as [`Linear::forward_class`](crate::linear::Linear::forward_class)): the packed kernel, the `gemm` crate or
+//! matrixmultiply. The classes order their sums differently, so the class is
+//! never measured: it stays a function of the shape, and a run's numbers do not
+//! depend on how fast anything was. Inside the packed class the candidates are
+//! the vector kernels this CPU runs ([`PanelKernel::available`]: AVX2, AVX-512VL
+//! on 256-bit vectors, AVX-512F on 512-bit vectors), which compute every entry
+//! as the same chain of fused multiply-adds and so give results equal bit for
+//! bit (`gemm_packed::tests::vector_kernels_agree_bit_for_bit`). The measurement
+//! picks among those only: two runs on one machine, or W workers against one,
+//! train the same numbers whichever kernel won.
+//!
+//! The backward products (`dW = dyᵀ·x`, `dx = dy·W`) are matrixmultiply's
+//! sums. Their candidates are matrixmultiply itself and the packed kernels run
+//! in matrixmultiply's summation order ([`gemm_packed_mm_order`]: the same
+//! chains of fused multiply-adds over the same runs of 256 steps), equal to it
+//! bit for bit (`gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`);
+//! [`choose_backward_kernels`] picks the fastest.
+//!
+//! Invariants: [`choose_forward_kernels`] installs a choice only for a shape in
+//! the packed class and only a kernel the CPU runs; a forward shape never
+//! measured runs [`PanelKernel::best`], a backward one matrixmultiply.
+
+use super::gemm::{gemm, gemm_nt_acc, Op};
+use super::gemm_bf16::{gemm_bf16, Bf16Scratch};
+use super::gemm_packed::{gemm_packed_mm_order, gemm_packed_with, packed_panel_f32_with, PackedRhs, PanelKernel};
+use super::Scalar;
+use std::sync::RwLock;
+use std::time::Instant;
+
+/// The summation class of a forward product (see [`Linear::forward`](crate::linear::Linear::forward)): each
+/// class orders its sums its own way, so the class is a function of the shape
+/// only; within the packed class the vector kernel is chosen by measurement
+/// (this module), all giving equal results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardClass {
+    /// `gemm_packed` with `Wᵀ` packed for the call.
+    Packed,
+    /// The `gemm` crate.
+    Wide,
+    /// matrixmultiply.
+    General,
+}
+
+/// The summation class of a `batch × input → output` forward product: the
+/// packed kernel where its vector panels run and the batch is small or the
+/// layer narrow, the `gemm` crate for wide layers on large batches,
+/// matrixmultiply otherwise.
+pub fn forward_class<T: Scalar>(batch: usize, input: usize, output: usize) -> ForwardClass {
+    let packable = input >= 16 && output >= 8;
+    if packable && T::packed_panel_is_vectorized() && (batch <= 256 || output <= 64) {
+        ForwardClass::Packed
+    } else if input >= 16 && batch > 256 && output > 64 {
+        ForwardClass::Wide
+    } else {
+        ForwardClass::General
+    }
+}
+
+/// A forward product `rows × input → output` (`x·Wᵀ` with `W` `output × input`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ForwardShape {
+    /// Rows of `x` (a worker's micro-batch).
+    pub rows: usize,
+    /// Input width.
+    pub input: usize,
+    /// Output width.
+    pub output: usize,
+}
+
+impl ForwardShape {
+    /// Floating-point operations of one product.
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.rows * self.input * self.output) as f64
+    }
+}
+
+impl std::fmt::Display for ForwardShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}->{}", self.rows, self.input, self.output)
+    }
+}
+
+/// One way to compute a forward product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Candidate {
+    /// The packed kernel with this panel kernel (`Wᵀ` packed on every call, as in training).
+    Packed(PanelKernel),
+    /// The `gemm` crate ([`gemm_nt_acc`]).
+    GemmCrate,
+    /// matrixmultiply ([`gemm()`]).
+    MatrixMultiply,
+    /// A backward product on the packed kernel in matrixmultiply's order ([`gemm_packed_mm_order`]).
+    PackedMmOrder(PanelKernel),
+}
+
+impl Candidate {
+    /// The summation class the candidate belongs to.
+    pub fn class(&self) -> ForwardClass {
+        match self {
+            Candidate::Packed(_) => ForwardClass::Packed,
+            Candidate::GemmCrate => ForwardClass::Wide,
+            Candidate::MatrixMultiply | Candidate::PackedMmOrder(_) => ForwardClass::General,
+        }
+    }
+
+    /// A short name (`packed-avx512`, `gemm-crate`, `matrixmultiply`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Candidate::Packed(PanelKernel::Portable) => "packed-portable",
+            Candidate::Packed(PanelKernel::Avx2) => "packed-avx2",
+            Candidate::Packed(PanelKernel::Avx512Vl) => "packed-avx512vl",
+            Candidate::Packed(PanelKernel::Avx512) => "packed-avx512",
+            Candidate::GemmCrate => "gemm-crate",
+            Candidate::MatrixMultiply => "matrixmultiply",
+            Candidate::PackedMmOrder(PanelKernel::Portable) => "packed-mm-portable",
+            Candidate::PackedMmOrder(PanelKernel::Avx2) => "packed-mm-avx2",
+            Candidate::PackedMmOrder(PanelKernel::Avx512Vl) => "packed-mm-avx512vl",
+            Candidate::PackedMmOrder(PanelKernel::Avx512) => "packed-mm-avx512",
+        }
+    }
+}
+
+/// A candidate's measured speed on one shape.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// The candidate.
+    pub candidate: Candidate,
+    /// Median GFLOP/s over the rounds.
+    pub gflops: f64,
+    /// Whether it may be chosen: it is in the shape's summation class.
+    pub eligible: bool,
+}
+
+/// The measurement of one shape and the kernel it runs on.
+#[derive(Clone, Debug)]
+pub struct ShapeChoice {
+    /// The product.
+    pub shape: ForwardShape,
+    /// Every candidate measured (the eligible ones, or all with [`Measure::all`]).
+    pub timings: Vec<Timing>,
+    /// What the product runs on from now on.
+    pub chosen: Candidate,
+}
+
+/// How long and how widely to measure.
+#[derive(Clone, Copy, Debug)]
+pub struct Measure {
+    /// Time per candidate per round, in seconds of this thread's CPU time.
+    pub seconds: f64,
+    /// Rounds, alternating the candidates; the median is kept.
+    pub rounds: usize,
+    /// Also time the candidates of the other summation classes (for reports; never chosen).
+    pub all: bool,
+}
+
+impl Measure {
+    /// The start-up measurement: two rounds of 2 ms (or one call, if longer) per
+    /// eligible candidate; about 0.4 s of CPU for DLRM's products at batch 128, 0.6 s at 2,048.
+    pub const STARTUP: Measure = Measure { seconds: 0.002, rounds: 2, all: false };
+}
+
+/// The installed choices (a handful of shapes: a linear scan).
+static CHOSEN: RwLock<Vec<(ForwardShape, PanelKernel)>> = RwLock::new(Vec::new());
+
+/// The panel kernel of the packed product `rows × input → output`: the measured
+/// choice, or [`PanelKernel::best`] for a shape never measured.
+#[inline]
+pub fn panel_kernel_for(rows: usize, input: usize, output: usize) -> PanelKernel {
+    let shape = ForwardShape { rows, input, output };
+    if let Ok(chosen) = CHOSEN.read() {
+        if let Some(&(_, kernel)) = chosen.iter().find(|(s, _)| *s == shape) {
+            return kernel;
+        }
+    }
+    PanelKernel::best()
+}
+
+/// Measures every distinct shape in `shapes` and installs, for each shape of
+/// the packed class, its fastest vector kernel. Returns one entry per distinct
+/// shape (sorted), the chosen candidate of the other classes being their only one.
+pub fn choose_forward_kernels(shapes: &[ForwardShape], measure: Measure) -> Vec<ShapeChoice> {
+    let mut distinct = shapes.to_vec();
+    distinct.sort();
+    distinct.dedup();
+    let choices: Vec<ShapeChoice> = distinct.iter().map(|&shape| measure_shape(shape, measure)).collect();
+    if let Ok(mut chosen) = CHOSEN.write() {
+        for c in &choices {
+            if let Candidate::Packed(kernel) = c.chosen {
+                chosen.retain(|(s, _)| *s != c.shape);
+                chosen.push((c.shape, kernel));
+            }
+        }
+    }
+    choices
+}
+
+/// Times the candidates of one shape (see [`Measure`]) without installing anything.
+pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
+    let class = forward_class::<f32>(shape.rows, shape.input, shape.output);
+    let mut candidates: Vec<Candidate> = PanelKernel::available()
+        .iter()
+        .filter(|&&k| k != PanelKernel::Portable)
+        .map(|&k| Candidate::Packed(k))
+        .collect();
+    candidates.extend([Candidate::GemmCrate, Candidate::MatrixMultiply]);
+    candidates.retain(|c| measure.all || c.class() == class);
+    let (m, n, k) = (shape.rows, shape.output, shape.input);
+    let val = |i: usize| ((i.wrapping_mul(7919) % 1000) as f32) * 1e-3 - 0.5;
+    let x: Vec<f32> = (0..m * k).map(val).collect();
+    let w: Vec<f32> = (0..n * k).map(|i| val(i + 17)).collect();
+    let mut y = vec![0.0f32; m * n];
+    let mut packed = PackedRhs::default();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
+    for _ in 0..measure.rounds.max(1) {
+        for (c, rate) in candidates.iter().zip(&mut rates) {
+            let mut run = || match *c {
+                Candidate::Packed(kernel) => {
+                    packed.pack(Op::T, k, n, &w);
+                    gemm_packed_with(m, &x, k, &packed, true, &mut y, n, |p| packed_panel_f32_with(kernel, p));
+                }
+                Candidate::GemmCrate => gemm_nt_acc(m, n, k, &x, &w, &mut y),
+                Candidate::MatrixMultiply | Candidate::PackedMmOrder(_) => {
+                    gemm(Op::N, Op::T, m, n, k, 1.0, &x, &w, 1.0, &mut y)
+                }
+            };
+            rate.push(shape.flops() * calls_per_second(measure.seconds, &mut run) / 1e9);
+        }
+    }
+    let timings: Vec<Timing> = candidates
+        .iter()
+        .zip(rates)
+        .map(|(&candidate, r)| Timing { candidate, gflops: median(r), eligible: candidate.class() == class })
+        .collect();
+    let chosen = timings
+        .iter()
+        .filter(|t| t.eligible)
+        .max_by(|a, b| a.gflops.total_cmp(&b.gflops))
+        .map(|t| t.candidate)
+        .unwrap_or(match class {
+            ForwardClass::Packed => Candidate::Packed(PanelKernel::best()),
+            ForwardClass::Wide => Candidate::GemmCrate,
+            ForwardClass::General => Candidate::MatrixMultiply,
+        });
+    ShapeChoice { shape, timings, chosen }
+}
+
+/// A layer's backward product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backward {
+    /// `dW[output × input] = dyᵀ·x`, over the rows.
+    Dw,
+    /// `dx[rows × input] = dy·W`, over the outputs.
+    Dx,
+}
+
+/// A backward product of the layer `input → output` at `rows` rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackwardShape {
+    /// Which product.
+    pub product: Backward,
+    /// Rows of the micro-batch.
+    pub rows: usize,
+    /// Input width of the layer.
+    pub input: usize,
+    /// Output width of the layer.
+    pub output: usize,
+}
+
+impl BackwardShape {
+    /// `(m, n, k)` of the product.
+    pub fn mnk(&self) -> (usize, usize, usize) {
+        match self.product {
+            Backward::Dw => (self.output, self.input, self.rows),
+            Backward::Dx => (self.rows, self.input, self.output),
+        }
+    }
+
+    /// Whether the packed kernel may run it (a vector packed kernel runs here,
+    /// and the product is not a matrix–vector one, which `gemm` computes apart).
+    pub fn packable(&self) -> bool {
+        let (m, n, k) = self.mnk();
+        f32::packed_panel_is_vectorized() && m > 1 && n > 1 && k > 0
+    }
+}
+
+impl std::fmt::Display for BackwardShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = if self.product == Backward::Dw { "dW" } else { "dx" };
+        write!(f, "{name} {}x{}->{}", self.rows, self.input, self.output)
+    }
+}
+
+/// The measurement of one backward product and the kernel it runs on.
+#[derive(Clone, Debug)]
+pub struct BackwardChoice {
+    /// The product.
+    pub shape: BackwardShape,
+    /// Every candidate measured (all eligible: they give equal results).
+    pub timings: Vec<Timing>,
+    /// What the product runs on from now on.
+    pub chosen: Candidate,
+}
+
+/// The installed backward choices: `None` is matrixmultiply.
+static CHOSEN_BACKWARD: RwLock<Vec<(BackwardShape, Option<PanelKernel>)>> = RwLock::new(Vec::new());
+
+/// The kernel of a backward product: the measured choice, `None` (matrixmultiply)
+/// for a product never measured.
+#[inline]
+pub fn backward_kernel_for(product: Backward, rows: usize, input: usize, output: usize) -> Option<PanelKernel> {
+    let shape = BackwardShape { product, rows, input, output };
+    CHOSEN_BACKWARD.read().ok().and_then(|chosen| chosen.iter().find(|(s, _)| *s == shape).and_then(|&(_, k)| k))
+}
+
+/// The backward products of the forward shapes: `dW` of each, `dx` of each.
+pub fn backward_shapes(forward: &[ForwardShape]) -> Vec<BackwardShape> {
+    forward
+        .iter()
+        .flat_map(|f| {
+            [Backward::Dw, Backward::Dx].map(|product| BackwardShape {
+                product,
+                rows: f.rows,
+                input: f.input,
+                output: f.output,
+            })
+        })
+        .collect()
+}
+
+/// Measures every distinct product in `shapes` and installs the fastest of
+/// matrixmultiply and the packed kernels in its order (equal results).
+pub fn choose_backward_kernels(shapes: &[BackwardShape], measure: Measure) -> Vec<BackwardChoice> {
+    let mut distinct = shapes.to_vec();
+    distinct.sort();
+    distinct.dedup();
+    let choices: Vec<BackwardChoice> = distinct.iter().map(|&shape| measure_backward(shape, measure)).collect();
+    if let Ok(mut chosen) = CHOSEN_BACKWARD.write() {
+        for c in &choices {
+            chosen.retain(|(s, _)| *s != c.shape);
+            if let Candidate::PackedMmOrder(kernel) = c.chosen {
+                chosen.push((c.shape, Some(kernel)));
+            }
+        }
+    }
+    choices
+}
+
+/// Times the candidates of one backward product without installing anything.
+pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoice {
+    let (m, n, k) = shape.mnk();
+    let mut candidates = vec![Candidate::MatrixMultiply];
+    if shape.packable() {
+        candidates.extend(
+            PanelKernel::available()
+                .iter()
+                .filter(|&&k| k != PanelKernel::Portable)
+                .map(|&k| Candidate::PackedMmOrder(k)),
+        );
+    }
+    let val = |i: usize| ((i.wrapping_mul(104_729) % 1000) as f32) * 1e-3 - 0.5;
+    // `a` as the layer stores it (dy: rows × output), `b` stored k × n (x or W).
+    let a: Vec<f32> = (0..m * k).map(val).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| val(i + 3)).collect();
+    let mut c = vec![0.0f32; m * n];
+    let mut packed = PackedRhs::default();
+    let (op_a, lda, a_step) = match shape.product {
+        Backward::Dw => (Op::T, 1, m),
+        Backward::Dx => (Op::N, k, 1),
+    };
+    let flops = 2.0 * (m * n * k) as f64;
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
+    for _ in 0..measure.rounds.max(1) {
+        for (cand, rate) in candidates.iter().zip(&mut rates) {
+            let mut run = || match *cand {
+                Candidate::PackedMmOrder(kernel) => {
+                    packed.pack(Op::N, k, n, &b);
+                    gemm_packed_mm_order(kernel, m, &a, lda, a_step, &packed, &mut c, n);
+                }
+                _ => gemm(op_a, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut c),
+            };
+            rate.push(flops * calls_per_second(measure.seconds, &mut run) / 1e9);
+        }
+    }
+    let timings: Vec<Timing> = candidates
+        .iter()
+        .zip(rates)
+        .map(|(&candidate, r)| Timing { candidate, gflops: median(r), eligible: true })
+        .collect();
+    let chosen =
+        timings.iter().max_by(|a, b| a.gflops.total_cmp(&b.gflops)).map_or(Candidate::MatrixMultiply, |t| t.candidate);
+    BackwardChoice { shape, timings, chosen }
+}
+
+/// GFLOP/s of one product of the layer `input → output` at `rows` rows under
+/// `--precision bf16` (`None`: the forward `x·Wᵀ`; `Some`: a backward product),
+/// on the best bf16 kernel, both operands rounded and packed on every call as
+/// in training. For reports: bf16 is a precision, not a candidate of an `f32` class.
+pub fn measure_bf16(product: Option<Backward>, rows: usize, input: usize, output: usize, measure: Measure) -> f64 {
+    let val = |i: usize| ((i.wrapping_mul(7919) % 1000) as f32) * 1e-3 - 0.5;
+    let x: Vec<f32> = (0..rows * input).map(val).collect();
+    let w: Vec<f32> = (0..output * input).map(|i| val(i + 17)).collect();
+    let dy: Vec<f32> = (0..rows * output).map(|i| val(i + 3)).collect();
+    let mut out = vec![0.0f32; rows.max(output) * input.max(output)];
+    let mut s = Bf16Scratch::default();
+    let flops = 2.0 * (rows * input * output) as f64;
+    let mut run = || match product {
+        None => {
+            s.lhs.pack(Op::N, rows, input, &x);
+            s.rhs.pack(Op::T, input, output, &w);
+            gemm_bf16(&s.lhs, &s.rhs, true, &mut out, output);
+        }
+        Some(Backward::Dw) => {
+            s.lhs.pack(Op::T, output, rows, &dy);
+            s.rhs.pack(Op::N, rows, input, &x);
+            gemm_bf16(&s.lhs, &s.rhs, false, &mut out, input);
+        }
+        Some(Backward::Dx) => {
+            s.lhs.pack(Op::N, rows, output, &dy);
+            s.rhs.pack(Op::N, output, input, &w);
+            gemm_bf16(&s.lhs, &s.rhs, false, &mut out, input);
+        }
+    };
+    let rates: Vec<f64> =
+        (0..measure.rounds.max(1)).map(|_| flops * calls_per_second(measure.seconds, &mut run) / 1e9).collect();
+    median(rates)
+}
+
+/// Calls of `f` per second of this thread's CPU time (wall time where the
+/// system does not report it), over at least `seconds` and one call.
+fn calls_per_second(seconds: f64, f: &mut impl FnMut()) -> f64 {
+    let start = thread_seconds();
+    let mut calls = 0u64;
+    loop {
+        f();
+        calls += 1;
+        let spent = thread_seconds() - start;
+        if spent >= seconds && spent > 0.0 {
+            return calls as f64 / spent;
+        }
+    }
+}
+
+/// This thread's CPU time in seconds (`/proc/thread-self/schedstat`), or wall time.
+fn thread_seconds() -> f64 {
+    static WALL: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()))
+        .map(|ns| ns * 1e-9)
+        .unwrap_or_else(|| WALL.get_or_init(Instant::now).elapsed().as_secs_f64())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The CPU's model name (`/proc/cpuinfo`), or `unknown`.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The vector extensions the kernels use that this CPU has (`avx2 fma avx512f …`).
+pub fn cpu_features() -> Vec<&'static str> {
+    let mut found = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => {
+                $(if std::arch::is_x86_feature_detected!($f) {
+                    found.push($f);
+                })*
+            };
+        }
+        probe!("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vnni", "avx512bf16");
+    }
+    found
+}
+
+/// One line naming each product's kernel:
+/// `forward 64x512->256 packed-avx512, …; dW 64x512->256 packed-mm-avx512, …`.
+pub fn summary(forward: &[ShapeChoice], backward: &[BackwardChoice]) -> String {
+    let mut parts = vec![format!(
+        "forward {}",
+        forward.iter().map(|c| format!("{} {}", c.shape, c.chosen.name())).collect::<Vec<_>>().join(", ")
+    )];
+    if !backward.is_empty() {
+        parts.push(backward.iter().map(|c| format!("{} {}", c.shape, c.chosen.name())).collect::<Vec<_>>().join(", "));
+    }
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A measured packed shape gets one of the CPU's vector kernels, installed
+    /// for [`panel_kernel_for`]; a shape of another class gets its only
+    /// candidate and installs nothing; only eligible candidates are timed.
+    #[test]
+    fn choices_stay_inside_the_summation_class() {
+        let packed = ForwardShape { rows: 24, input: 40, output: 24 };
+        let general = ForwardShape { rows: 24, input: 5, output: 24 };
+        let choices =
+            choose_forward_kernels(&[packed, general, packed], Measure { seconds: 0.0005, rounds: 1, all: false });
+        assert_eq!(choices.len(), 2, "one entry per distinct shape");
+        let by = |s: ForwardShape| choices.iter().find(|c| c.shape == s).expect("measured");
+        let p = by(packed);
+        assert!(p.timings.iter().all(|t| t.eligible && t.candidate.class() == ForwardClass::Packed));
+        assert!(p.timings.iter().all(|t| t.gflops > 0.0));
+        match p.chosen {
+            Candidate::Packed(kernel) => {
+                assert!(PanelKernel::available().contains(&kernel));
+                assert_eq!(panel_kernel_for(24, 40, 24), kernel);
+            }
+            other => panic!("packed shape chose {other:?}"),
+        }
+        let g = by(general);
+        assert_eq!(g.chosen, Candidate::MatrixMultiply);
+        assert_eq!(g.timings.len(), 1);
+    }
+
+    /// A measured backward product installs its choice for [`backward_kernel_for`]
+    /// (`None` for matrixmultiply); a matrix–vector one has matrixmultiply only.
+    #[test]
+    fn backward_choices_are_installed() {
+        let dx = BackwardShape { product: Backward::Dx, rows: 24, input: 40, output: 32 };
+        let vector = BackwardShape { product: Backward::Dw, rows: 24, input: 40, output: 1 };
+        let choices = choose_backward_kernels(&[dx, vector], Measure { seconds: 0.0005, rounds: 1, all: false });
+        let by = |s: BackwardShape| choices.iter().find(|c| c.shape == s).expect("measured");
+        let installed = backward_kernel_for(Backward::Dx, 24, 40, 32);
+        match by(dx).chosen {
+            Candidate::PackedMmOrder(kernel) => assert_eq!(installed, Some(kernel)),
+            Candidate::MatrixMultiply => assert_eq!(installed, None),
+            other => panic!("backward chose {other:?}"),
+        }
+        if f32::packed_panel_is_vectorized() {
+            assert!(by(dx).timings.len() >= 2, "matrixmultiply and at least one packed kernel");
+        }
+        assert_eq!(by(vector).timings.len(), 1);
+        assert_eq!(by(vector).chosen, Candidate::MatrixMultiply);
+        assert_eq!(backward_kernel_for(Backward::Dw, 24, 40, 1), None);
+    }
+
+    /// With `all`, the other classes are timed too but marked ineligible, and
+    /// the choice is still the fastest eligible one.
+    #[test]
+    fn reports_time_every_class_but_choose_within_one() {
+        let shape = ForwardShape { rows: 300, input: 40, output: 100 };
+        let c = measure_shape(shape, Measure { seconds: 0.0005, rounds: 1, all: true });
+        assert_eq!(c.chosen, Candidate::GemmCrate, "300 rows into 100 outputs are in the gemm crate's class");
+        assert!(c.timings.iter().any(|t| !t.eligible && matches!(t.candidate, Candidate::Packed(_))));
+        assert!(c.timings.iter().any(|t| t.candidate == Candidate::MatrixMultiply && !t.eligible));
+    }
+}

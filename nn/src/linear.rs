@@ -1,0 +1,308 @@
+//! Fully connected layer `y = x·Wᵀ + b`.
+//!
+//! `W` is `[output × input]` row-major at `offset` in the model's flat
+//! parameter buffer, followed by `b` (`output` values).
+
+use super::gemm::{gemm, gemm_nt_acc, Op};
+use super::gemm_bf16::{gemm_bf16, Bf16Scratch};
+use super::gemm_packed::{gemm_packed_with, PackedRhs};
+pub use super::kernel_choice::ForwardClass;
+use super::kernel_choice::{backward_kernel_for, forward_class, panel_kernel_for, Backward};
+use super::Scalar;
+use tiderec_records::rng::normal_f64;
+
+/// A fully connected layer addressing its weights inside a flat buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Linear {
+    /// Input width.
+    pub input: usize,
+    /// Output width.
+    pub output: usize,
+    /// Where `W` starts in the flat parameter buffer.
+    pub offset: usize,
+}
+
+impl Linear {
+    /// Number of parameters (`W` and `b`).
+    pub fn num_params(&self) -> usize {
+        self.output * self.input + self.output
+    }
+
+    fn bias_offset(&self) -> usize {
+        self.offset + self.output * self.input
+    }
+
+    /// DLRM's initialisation: `W ~ N(0, 2/(in+out))`, `b ~ N(0, 1/out)`,
+    /// drawn from counter-based randomness keyed by `(seed, tag)`.
+    pub fn init<T: Scalar>(&self, params: &mut [T], seed: u64, tag: u64) {
+        let w_std = (2.0 / (self.input + self.output) as f64).sqrt();
+        let b_std = (1.0 / self.output as f64).sqrt();
+        let nw = self.output * self.input;
+        for (i, p) in params[self.offset..self.offset + nw].iter_mut().enumerate() {
+            *p = T::from_f64(normal_f64(seed, tag, 0, i as u64) * w_std);
+        }
+        let bo = self.bias_offset();
+        for (i, p) in params[bo..bo + self.output].iter_mut().enumerate() {
+            *p = T::from_f64(normal_f64(seed, tag, 1, i as u64) * b_std);
+        }
+    }
+
+    /// `y[batch × output] = x[batch × input] · Wᵀ + b`; `packed` is scratch
+    /// space for `Wᵀ` (reused across calls, no allocation once large enough).
+    ///
+    /// The product runs in one of three summation classes, chosen by shape from measurements
+    /// (`benches/linear_forward.rs`, `benches/dlrm_gemm_shapes.rs`): the packed
+    /// kernel transposes `W` once in 8 × 8 register tiles and reads `x` where it
+    /// lies (1.2–1.5× matrixmultiply at a worker's micro-batch of 64 rows, and
+    /// the fastest at any batch on outputs of at most 64); many rows into a wide
+    /// output go to the `gemm` crate ([`gemm_nt_acc`], 1.1–1.25× matrixmultiply
+    /// at 1,024 rows on DLRM's 367→512 and 512→256); the rest (narrow inputs,
+    /// `f64` without a vector packed kernel) to matrixmultiply.
+    #[inline(never)]
+    pub fn forward<T: Scalar>(&self, params: &[T], x: &[T], batch: usize, y: &mut [T], packed: &mut PackedRhs<T>) {
+        let w = &params[self.offset..self.offset + self.output * self.input];
+        let b = &params[self.bias_offset()..self.bias_offset() + self.output];
+        let y = &mut y[..batch * self.output];
+        for row in y.chunks_exact_mut(self.output) {
+            row.copy_from_slice(b);
+        }
+        match self.forward_class::<T>(batch) {
+            ForwardClass::Packed => {
+                packed.pack(Op::T, self.input, self.output, w);
+                let kernel = panel_kernel_for(batch, self.input, self.output);
+                gemm_packed_with(batch, x, self.input, packed, true, y, self.output, |p| {
+                    T::packed_panel_with(kernel, p)
+                });
+            }
+            ForwardClass::Wide => gemm_nt_acc(batch, self.output, self.input, x, w, y),
+            ForwardClass::General => gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y),
+        }
+    }
+
+    /// Which class [`forward`](Self::forward) uses for `batch` rows: the packed
+    /// kernel where it runs vectorized (not in `f64` or without AVX2), for an
+    /// input of at least 16 and an output of 8 or more, at up to 256 rows or for
+    /// outputs of at most 64; the `gemm` crate for more rows into a wider output
+    /// (input ≥ 16); matrixmultiply otherwise.
+    pub fn forward_class<T: Scalar>(&self, batch: usize) -> ForwardClass {
+        forward_class::<T>(batch, self.input, self.output)
+    }
+
+    /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked;
+    /// `packed` is scratch space for the right-hand operand.
+    ///
+    /// Both products are matrixmultiply's sums: where a vector packed kernel runs
+    /// and both dimensions of the result exceed one, on whichever the start-up
+    /// measurement chose ([`backward_kernel_for`]) of matrixmultiply and the packed
+    /// kernel in matrixmultiply's summation order ([`T::gemm_mm_order`](Scalar::gemm_mm_order),
+    /// equal to it bit for bit); on matrixmultiply otherwise.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<T: Scalar>(
+        &self,
+        params: &[T],
+        x: &[T],
+        dy: &[T],
+        batch: usize,
+        grads: &mut [T],
+        dx: Option<&mut [T]>,
+        packed: &mut PackedRhs<T>,
+    ) {
+        let nw = self.output * self.input;
+        let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
+        let packable = T::packed_panel_is_vectorized() && self.input > 1;
+        let dw_kernel = if packable && self.output > 1 && batch > 0 {
+            backward_kernel_for(Backward::Dw, batch, self.input, self.output)
+        } else {
+            None
+        };
+        if let Some(kernel) = dw_kernel {
+            // dW (output × input) = dyᵀ·x: row i of dyᵀ is column i of dy.
+            packed.pack(Op::N, batch, self.input, &x[..batch * self.input]);
+            T::gemm_mm_order(kernel, self.output, dy, 1, self.output, packed, gw, self.input);
+        } else {
+            gemm(Op::T, Op::N, self.output, self.input, batch, T::ONE, dy, x, T::ZERO, gw);
+        }
+        gb.fill(T::ZERO);
+        for row in dy[..batch * self.output].chunks_exact(self.output) {
+            for (g, &d) in gb.iter_mut().zip(row) {
+                *g += d;
+            }
+        }
+        if let Some(dx) = dx {
+            let w = &params[self.offset..self.offset + nw];
+            let dx_kernel = if packable && batch > 1 && self.output > 0 {
+                backward_kernel_for(Backward::Dx, batch, self.input, self.output)
+            } else {
+                None
+            };
+            if let Some(kernel) = dx_kernel {
+                packed.pack(Op::N, self.output, self.input, w);
+                T::gemm_mm_order(kernel, batch, dy, self.output, 1, packed, dx, self.input);
+            } else {
+                gemm(Op::N, Op::N, batch, self.input, self.output, T::ONE, dy, w, T::ZERO, dx);
+            }
+        }
+    }
+}
+
+impl Linear {
+    /// [`forward`](Self::forward) under `--precision bf16`: `x` and `W` rounded to
+    /// bf16, products accumulated in `f32` onto the `f32` bias
+    /// ([`gemm_bf16`]); `W` is rounded from its current `f32` values on every call.
+    pub fn forward_bf16(&self, params: &[f32], x: &[f32], batch: usize, y: &mut [f32], scratch: &mut Bf16Scratch) {
+        let w = &params[self.offset..self.offset + self.output * self.input];
+        let b = &params[self.bias_offset()..self.bias_offset() + self.output];
+        let y = &mut y[..batch * self.output];
+        for row in y.chunks_exact_mut(self.output) {
+            row.copy_from_slice(b);
+        }
+        scratch.lhs.pack(Op::N, batch, self.input, &x[..batch * self.input]);
+        scratch.rhs.pack(Op::T, self.input, self.output, w);
+        gemm_bf16(&scratch.lhs, &scratch.rhs, true, y, self.output);
+    }
+
+    /// [`backward`](Self::backward) under `--precision bf16`: `dW = dyᵀ·x` and
+    /// `dx = dy·W` on bf16-rounded operands with `f32` accumulation; `db = Σ dy` in `f32`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_bf16(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        dy: &[f32],
+        batch: usize,
+        grads: &mut [f32],
+        dx: Option<&mut [f32]>,
+        scratch: &mut Bf16Scratch,
+    ) {
+        let nw = self.output * self.input;
+        let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
+        let dy = &dy[..batch * self.output];
+        scratch.lhs.pack(Op::T, self.output, batch, dy);
+        scratch.rhs.pack(Op::N, batch, self.input, &x[..batch * self.input]);
+        gemm_bf16(&scratch.lhs, &scratch.rhs, false, gw, self.input);
+        gb.fill(0.0);
+        for row in dy.chunks_exact(self.output) {
+            for (g, &d) in gb.iter_mut().zip(row) {
+                *g += d;
+            }
+        }
+        if let Some(dx) = dx {
+            scratch.lhs.pack(Op::N, batch, self.output, dy);
+            scratch.rhs.pack(Op::N, self.output, self.input, &params[self.offset..self.offset + nw]);
+            gemm_bf16(&scratch.lhs, &scratch.rhs, false, &mut dx[..batch * self.input], self.input);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gradcheck::check_gradients;
+
+    #[test]
+    fn linear_gradients_match_finite_differences() {
+        let lin = Linear { input: 5, output: 3, offset: 2 };
+        let batch = 4;
+        let mut params = vec![0.0f64; 2 + lin.num_params()];
+        lin.init(&mut params, 1, 0);
+        let x: Vec<f64> = (0..batch * 5).map(|i| tiderec_records::rng::normal_f64(3, 0, i as u64, 0)).collect();
+        let r: Vec<f64> = (0..batch * 3).map(|i| tiderec_records::rng::normal_f64(4, 0, i as u64, 0)).collect();
+        // loss = Σ r ⊙ y, so dy = r.
+        let loss = |p: &[f64], x: &[f64]| {
+            let mut y = vec![0.0; batch * 3];
+            lin.forward(p, x, batch, &mut y, &mut PackedRhs::default());
+            y.iter().zip(&r).map(|(a, b)| a * b).sum::<f64>()
+        };
+        let mut grads = vec![0.0; params.len()];
+        let mut dx = vec![0.0; x.len()];
+        lin.backward(&params, &x, &r, batch, &mut grads, Some(&mut dx), &mut PackedRhs::default());
+        check_gradients(&params[2..], &grads[2..], |p| {
+            let mut full = params.clone();
+            full[2..].copy_from_slice(p);
+            loss(&full, &x)
+        });
+        check_gradients(&x, &dx, |xx| loss(&params, xx));
+    }
+
+    /// All three forward kernels (packed: small batches and narrow outputs;
+    /// the `gemm` crate: many rows into a wide output; matrixmultiply: narrow
+    /// inputs or outputs) agree with the plain definition.
+    #[test]
+    fn forward_kernels_agree_with_the_definition() {
+        use ForwardClass::*;
+        let cases = [
+            (40, 24, 5, Packed),
+            (40, 24, 300, Packed),
+            (40, 100, 300, Wide),
+            (367, 130, 257, Wide),
+            (10, 100, 300, General),
+            (7, 9, 3, General),
+            (20, 3, 4, General),
+        ];
+        for (input, output, batch, kernel) in cases {
+            let lin = Linear { input, output, offset: 0 };
+            if f32::packed_panel_is_vectorized() {
+                assert_eq!(lin.forward_class::<f32>(batch), kernel, "{input}->{output} b{batch}");
+            }
+            let mut params = vec![0.0f32; lin.num_params()];
+            lin.init(&mut params, 2, 0);
+            let x: Vec<f32> =
+                (0..batch * input).map(|i| tiderec_records::rng::normal_f64(8, 0, i as u64, 0) as f32).collect();
+            let mut y = vec![0.0f32; batch * output];
+            lin.forward(&params, &x, batch, &mut y, &mut PackedRhs::default());
+            for b in 0..batch {
+                for j in 0..output {
+                    let want = params[input * output + j] as f64
+                        + (0..input).map(|i| x[b * input + i] as f64 * params[j * input + i] as f64).sum::<f64>();
+                    let got = y[b * output + j] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                        "{input}->{output} b{batch}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The bf16 forward and backward equal their definitions on the bf16 oracle
+    /// bit for bit (`y = b + x·Wᵀ`, `dW = dyᵀ·x`, `dx = dy·W`), `db = Σ dy` in
+    /// `f32`, and nothing outside the layer's ranges is written.
+    #[test]
+    fn bf16_products_equal_the_oracle() {
+        use crate::gemm_bf16::gemm_bf16_reference;
+        for (input, output, batch) in [(13, 512, 7), (367, 512, 30), (256, 1, 25), (5, 3, 1), (64, 16, 40)] {
+            let lin = Linear { input, output, offset: 3 };
+            let mut params = vec![0.0f32; 3 + lin.num_params() + 2];
+            lin.init(&mut params, 4, 0);
+            let val = |seed: u64, i: usize| tiderec_records::rng::normal_f64(seed, 0, i as u64, 0) as f32;
+            let x: Vec<f32> = (0..batch * input).map(|i| val(5, i)).collect();
+            let dy: Vec<f32> = (0..batch * output).map(|i| val(6, i)).collect();
+            let (w, b) = params[3..3 + lin.num_params()].split_at(output * input);
+            let mut scratch = Bf16Scratch::default();
+            let mut y = vec![f32::NAN; batch * output];
+            lin.forward_bf16(&params, &x, batch, &mut y, &mut scratch);
+            let mut want: Vec<f32> = (0..batch).flat_map(|_| b.iter().copied()).collect();
+            gemm_bf16_reference(Op::N, Op::T, batch, output, input, &x, w, true, &mut want);
+            assert_eq!(
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "forward {input}->{output} b{batch}"
+            );
+            let mut grads = vec![f32::NAN; params.len()];
+            let mut dx = vec![f32::NAN; batch * input];
+            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some(&mut dx), &mut scratch);
+            let mut want_dw = vec![0.0f32; output * input];
+            gemm_bf16_reference(Op::T, Op::N, output, input, batch, &dy, &x, false, &mut want_dw);
+            let want_db: Vec<f32> =
+                (0..output).map(|j| (0..batch).fold(0.0f32, |s, r| s + dy[r * output + j])).collect();
+            let mut want_dx = vec![0.0f32; batch * input];
+            gemm_bf16_reference(Op::N, Op::N, batch, input, output, &dy, w, false, &mut want_dx);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&grads[3..3 + output * input]), bits(&want_dw), "dW {input}->{output} b{batch}");
+            assert_eq!(bits(&grads[3 + output * input..3 + lin.num_params()]), bits(&want_db), "db");
+            assert_eq!(bits(&dx), bits(&want_dx), "dx {input}->{output} b{batch}");
+            assert!(grads[..3].iter().chain(&grads[3 + lin.num_params()..]).all(|g| g.is_nan()), "outside the layer");
+        }
+    }
+}

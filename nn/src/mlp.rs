@@ -1,0 +1,196 @@
+//! A stack of [`Linear`] layers with ReLU between them.
+
+use super::gemm_bf16::Bf16Scratch;
+use super::gemm_packed::PackedRhs;
+use super::linear::Linear;
+use super::precision::Precision;
+use super::relu::{relu_backward_in_place, relu_in_place};
+use super::Scalar;
+
+/// Layers `widths[0] → widths[1] → … → widths[n]`, ReLU after each layer
+/// except (optionally) the last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mlp {
+    /// The layers in order.
+    pub layers: Vec<Linear>,
+    /// Whether the last layer is followed by a ReLU.
+    pub relu_last: bool,
+}
+
+/// Activations kept from `forward` for `backward`, and scratch space.
+#[derive(Clone, Debug, Default)]
+pub struct MlpCache<T> {
+    outs: Vec<Vec<T>>,
+    grad_a: Vec<T>,
+    grad_b: Vec<T>,
+    /// A layer's packed weight during its forward (scratch shared by the layers).
+    packed: PackedRhs<T>,
+    /// The precision of the layers' products (see [`MlpCache::set_precision`]).
+    precision: Precision,
+    /// The bf16 operands under [`Precision::Bf16`] (scratch shared by the layers).
+    bf16: Bf16Scratch,
+}
+
+impl<T: Scalar> MlpCache<T> {
+    /// Runs the layers' products in `precision` from the next `forward` on.
+    /// bf16 is refused for `f64` layers and on a CPU without AVX-512 BF16
+    /// ([`Precision::check_cpu`]).
+    pub fn set_precision(&mut self, precision: Precision) -> Result<(), tiderec_records::OperatorError> {
+        if precision == Precision::Bf16 && T::as_f32(&[]).is_none() {
+            return Err(tiderec_records::OperatorError::config("precision", "bf16 products run on f32 models only"));
+        }
+        precision.check_cpu()?;
+        self.precision = precision;
+        Ok(())
+    }
+
+    /// The precision of the layers' products.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+}
+
+/// The `f32` view of a bf16 product's operand (the precision is bf16 only for `f32` layers).
+fn f32_view<T: Scalar>(v: &[T]) -> &[f32] {
+    T::as_f32(v).expect("MlpCache::set_precision admits bf16 for f32 layers only")
+}
+
+/// [`f32_view`] of an output.
+fn f32_view_mut<T: Scalar>(v: &mut [T]) -> &mut [f32] {
+    T::as_f32_mut(v).expect("MlpCache::set_precision admits bf16 for f32 layers only")
+}
+
+impl Mlp {
+    /// Builds layers for `widths` whose weights start at `offset`.
+    pub fn new(widths: &[usize], offset: usize, relu_last: bool) -> Self {
+        let mut layers = Vec::new();
+        let mut off = offset;
+        for w in widths.windows(2) {
+            let l = Linear { input: w[0], output: w[1], offset: off };
+            off += l.num_params();
+            layers.push(l);
+        }
+        Mlp { layers, relu_last }
+    }
+
+    /// Total parameters of all layers.
+    pub fn num_params(&self) -> usize {
+        self.layers.iter().map(Linear::num_params).sum()
+    }
+
+    /// Input width.
+    pub fn input(&self) -> usize {
+        self.layers[0].input
+    }
+
+    /// Output width.
+    pub fn output(&self) -> usize {
+        self.layers.last().unwrap().output
+    }
+
+    /// Initialises every layer; layer `i` uses tag `tag * 1000 + i`.
+    pub fn init<T: Scalar>(&self, params: &mut [T], seed: u64, tag: u64) {
+        for (i, l) in self.layers.iter().enumerate() {
+            l.init(params, seed, tag * 1000 + i as u64);
+        }
+    }
+
+    fn relu_after(&self, i: usize) -> bool {
+        i + 1 < self.layers.len() || self.relu_last
+    }
+
+    /// Runs the stack on `x[batch × input]`; the result is `[batch × output]`.
+    pub fn forward<'c, T: Scalar>(&self, params: &[T], x: &[T], batch: usize, cache: &'c mut MlpCache<T>) -> &'c [T] {
+        cache.outs.resize_with(self.layers.len(), Vec::new);
+        for (i, l) in self.layers.iter().enumerate() {
+            let (done, rest) = cache.outs.split_at_mut(i);
+            let input: &[T] = if i == 0 { x } else { &done[i - 1] };
+            let out = &mut rest[0];
+            out.resize(batch * l.output, T::ZERO);
+            match cache.precision {
+                Precision::Fp32 => l.forward(params, input, batch, out, &mut cache.packed),
+                Precision::Bf16 => {
+                    l.forward_bf16(f32_view(params), f32_view(input), batch, f32_view_mut(out), &mut cache.bf16);
+                }
+            }
+            if self.relu_after(i) {
+                relu_in_place(out);
+            }
+        }
+        &cache.outs[self.layers.len() - 1][..batch * self.output()]
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    /// Back-propagates `dout` (gradient w.r.t. the output of the last forward);
+    /// writes layer gradients into `grads` and the input gradient into `dx` when asked.
+    pub fn backward<T: Scalar>(
+        &self,
+        params: &[T],
+        x: &[T],
+        batch: usize,
+        cache: &mut MlpCache<T>,
+        dout: &[T],
+        grads: &mut [T],
+        dx: Option<&mut [T]>,
+    ) {
+        let n = self.layers.len();
+        let MlpCache { outs, grad_a, grad_b, packed, precision, bf16 } = cache;
+        grad_a.clear();
+        grad_a.extend_from_slice(&dout[..batch * self.output()]);
+        let mut dx = dx;
+        for i in (0..n).rev() {
+            let l = &self.layers[i];
+            if self.relu_after(i) {
+                relu_backward_in_place(grad_a, &outs[i]);
+            }
+            let input: &[T] = if i == 0 { x } else { &outs[i - 1] };
+            let layer_dx = if i == 0 {
+                dx.as_deref_mut()
+            } else {
+                grad_b.resize(batch * l.input, T::ZERO);
+                Some(&mut grad_b[..])
+            };
+            match precision {
+                Precision::Fp32 => l.backward(params, input, grad_a, batch, grads, layer_dx, packed),
+                Precision::Bf16 => {
+                    let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(grad_a));
+                    l.backward_bf16(p, input, dy, batch, f32_view_mut(grads), layer_dx.map(f32_view_mut), bf16);
+                }
+            }
+            if i > 0 {
+                std::mem::swap(grad_a, grad_b);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gradcheck::check_gradients;
+    use tiderec_records::rng::normal_f64;
+
+    #[test]
+    fn mlp_gradients_match_finite_differences() {
+        for relu_last in [false, true] {
+            let mlp = Mlp::new(&[4, 6, 5, 2], 0, relu_last);
+            let batch = 3;
+            let mut params = vec![0.0f64; mlp.num_params()];
+            mlp.init(&mut params, 9, 1);
+            let x: Vec<f64> = (0..batch * 4).map(|i| normal_f64(5, 0, i as u64, 0)).collect();
+            let r: Vec<f64> = (0..batch * 2).map(|i| normal_f64(6, 0, i as u64, 0)).collect();
+            let loss = |p: &[f64], x: &[f64]| {
+                let mut c = MlpCache::default();
+                let y = mlp.forward(p, x, batch, &mut c);
+                y.iter().zip(&r).map(|(a, b)| a * b).sum::<f64>()
+            };
+            let mut cache = MlpCache::default();
+            mlp.forward(&params, &x, batch, &mut cache);
+            let mut grads = vec![0.0; params.len()];
+            let mut dx = vec![0.0; x.len()];
+            mlp.backward(&params, &x, batch, &mut cache, &r, &mut grads, Some(&mut dx));
+            check_gradients(&params, &grads, |p| loss(p, &x));
+            check_gradients(&x, &dx, |xx| loss(&params, xx));
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The configuration that names a model and its shape, and builds it.
+//!
+//! [`ModelConfig`] is the one place that knows every model kind: the models
+//! implement [`Model`] in their own files and know nothing of each other or of
+//! this enum.
+
+use crate::deepfm::{Fm, FmConfig};
+use crate::dien::{Dien, DienConfig};
+use crate::dlrm::{Dlrm, DlrmConfig};
+use crate::fm_partial::FmPartial;
+use crate::model::Model;
+use crate::named::ParamTensor;
+use crate::Scalar;
+use serde::{Deserialize, Serialize};
+use tiderec_records::OperatorError;
+
+/// Which model to train, with its shape.
+///
+/// Serialized with a `kind` tag naming the model: `dlrm`, `dien`, and for the
+/// one [`FmConfig`] family `lr`, `fm`, `deepfm` or `wdl` after
+/// [`FmConfig::name`]. Any of the four reads back as [`ModelConfig::Fm`] (the
+/// shape decides the model), so configurations that wrote `"fm"` for all of
+/// them still read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "TaggedModelConfig", into = "TaggedModelConfig")]
+pub enum ModelConfig {
+    /// DLRM: bottom MLP, dot interaction, top MLP.
+    Dlrm(DlrmConfig),
+    /// Logistic regression, factorization machine, DeepFM or Wide & Deep (see [`FmConfig`]).
+    Fm(FmConfig),
+    /// GRU interest extraction and attention over behaviour sequences (see [`DienConfig`]).
+    Dien(DienConfig),
+}
+
+/// The serialized form of [`ModelConfig`]: one tag per model kind.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum TaggedModelConfig {
+    Dlrm(DlrmConfig),
+    Lr(FmConfig),
+    Fm(FmConfig),
+    DeepFm(FmConfig),
+    Wdl(FmConfig),
+    Dien(DienConfig),
+}
+
+impl From<TaggedModelConfig> for ModelConfig {
+    fn from(t: TaggedModelConfig) -> Self {
+        match t {
+            TaggedModelConfig::Dlrm(c) => ModelConfig::Dlrm(c),
+            TaggedModelConfig::Lr(c)
+            | TaggedModelConfig::Fm(c)
+            | TaggedModelConfig::DeepFm(c)
+            | TaggedModelConfig::Wdl(c) => ModelConfig::Fm(c),
+            TaggedModelConfig::Dien(c) => ModelConfig::Dien(c),
+        }
+    }
+}
+
+impl From<ModelConfig> for TaggedModelConfig {
+    fn from(m: ModelConfig) -> Self {
+        match m {
+            ModelConfig::Dlrm(c) => TaggedModelConfig::Dlrm(c),
+            ModelConfig::Fm(c) => match c.name() {
+                "lr" => TaggedModelConfig::Lr(c),
+                "fm" => TaggedModelConfig::Fm(c),
+                "deepfm" => TaggedModelConfig::DeepFm(c),
+                _ => TaggedModelConfig::Wdl(c),
+            },
+            ModelConfig::Dien(c) => TaggedModelConfig::Dien(c),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Dense features per sample.
+    pub fn num_dense(&self) -> usize {
+        match self {
+            ModelConfig::Dlrm(c) => c.num_dense,
+            ModelConfig::Fm(c) => c.num_dense,
+            ModelConfig::Dien(c) => c.num_dense,
+        }
+    }
+
+    /// Sparse fields per sample.
+    pub fn num_sparse(&self) -> usize {
+        match self {
+            ModelConfig::Dlrm(c) => c.num_sparse,
+            ModelConfig::Fm(c) => c.num_sparse,
+            ModelConfig::Dien(c) => c.num_sparse,
+        }
+    }
+
+    /// Sequence fields per sample (0 for models without behaviour sequences).
+    pub fn num_sequences(&self) -> usize {
+        match self {
+            ModelConfig::Dien(c) => c.num_sequences,
+            _ => 0,
+        }
+    }
+
+    /// Longest sequence a sample may carry (0 without sequences).
+    pub fn max_sequence_len(&self) -> usize {
+        match self {
+            ModelConfig::Dien(c) => c.max_len,
+            _ => 0,
+        }
+    }
+
+    /// Width of the embedding rows this model reads.
+    pub fn embedding_dim(&self) -> usize {
+        match self {
+            ModelConfig::Dlrm(c) => c.dim,
+            ModelConfig::Fm(c) => c.embedding_dim(),
+            ModelConfig::Dien(c) => c.dim,
+        }
+    }
+
+    /// The DES partial-result shape when the model supports that exchange (LR,
+    /// FM, DeepFM and Wide & Deep without wide-only crosses), else `None`.
+    pub fn partial(&self) -> Option<FmPartial> {
+        match self {
+            ModelConfig::Fm(c) => c.partial(),
+            _ => None,
+        }
+    }
+
+    /// A short name (`dlrm`, `lr`, `fm`, `deepfm`, `wdl`, `dien`, `dien-sum`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            ModelConfig::Dlrm(_) => "dlrm",
+            ModelConfig::Fm(c) => c.name(),
+            ModelConfig::Dien(c) => c.name(),
+        }
+    }
+
+    /// `(input, output)` of every fully connected layer of the model's MLPs, in
+    /// order (the shapes of its GEMMs, for [`kernel_choice`](super::kernel_choice)).
+    pub fn mlp_layers(&self) -> Vec<(usize, usize)> {
+        let chain = |first: usize, rest: &[usize], last: Option<usize>| {
+            let widths: Vec<usize> = std::iter::once(first).chain(rest.iter().copied()).chain(last).collect();
+            widths.windows(2).map(|w| (w[0], w[1])).collect::<Vec<_>>()
+        };
+        match self {
+            ModelConfig::Dlrm(c) => {
+                let interaction = super::interaction::DotInteraction {
+                    num_sparse: c.num_sparse,
+                    dim: c.dim,
+                    self_interaction: c.self_interaction,
+                };
+                let mut layers = chain(c.num_dense, &c.bottom, None);
+                layers.extend(chain(interaction.output_dim(), &c.top, None));
+                layers
+            }
+            ModelConfig::Fm(c) if !c.deep.is_empty() => {
+                chain(c.num_dense + (c.num_sparse - c.wide_only.min(c.num_sparse)) * c.dim, &c.deep, Some(1))
+            }
+            ModelConfig::Fm(_) => Vec::new(),
+            ModelConfig::Dien(c) => chain(c.num_dense + c.num_sparse * c.dim + 2 * c.interest_dim(), &c.mlp, Some(1)),
+        }
+    }
+
+    /// Checks the shape; errors name the offending key.
+    pub fn validate(&self) -> Result<(), OperatorError> {
+        match self {
+            ModelConfig::Dlrm(c) => c.validate(),
+            ModelConfig::Fm(c) => c.validate(),
+            ModelConfig::Dien(c) => c.validate(),
+        }
+    }
+
+    /// Builds and initialises the model from `seed`.
+    pub fn build<T: Scalar>(&self, seed: u64) -> Result<Box<dyn Model<T>>, OperatorError> {
+        Ok(match self {
+            ModelConfig::Dlrm(c) => Box::new(Dlrm::<T>::new(c.clone(), seed)?),
+            ModelConfig::Fm(c) => Box::new(Fm::<T>::new(c.clone(), seed)?),
+            ModelConfig::Dien(c) => Box::new(Dien::<T>::new(c.clone(), seed)?),
+        })
+    }
+}
+
+impl ModelConfig {
+    /// The model's dense parameters as named tensors, in buffer order (see the module docs).
+    pub fn param_tensors(&self) -> Vec<ParamTensor> {
+        match self {
+            ModelConfig::Dlrm(c) => crate::dlrm::param_tensors(c),
+            ModelConfig::Fm(c) => crate::deepfm::param_tensors(c),
+            ModelConfig::Dien(c) => crate::dien::param_tensors(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each kind of the FM family is written under its own name and reads back
+    /// unchanged; the old form, `"fm"` for all four, still reads.
+    #[test]
+    fn the_serialized_kind_is_the_model_kind() {
+        let base = FmConfig { num_dense: 13, num_sparse: 26, dim: 8, deep: vec![], fm: true, wide_only: 0 };
+        for (config, kind) in [
+            (FmConfig { dim: 0, ..base.clone() }, "lr"),
+            (base.clone(), "fm"),
+            (FmConfig { deep: vec![16], ..base.clone() }, "deepfm"),
+            (FmConfig { deep: vec![16], fm: false, ..base.clone() }, "wdl"),
+        ] {
+            let m = ModelConfig::Fm(config);
+            let v = serde_json::to_value(&m).unwrap();
+            assert_eq!(v["kind"], kind);
+            assert_eq!(m.name(), kind);
+            assert_eq!(serde_json::from_value::<ModelConfig>(v.clone()).unwrap(), m);
+            let mut old = v;
+            old["kind"] = "fm".into();
+            assert_eq!(serde_json::from_value::<ModelConfig>(old).unwrap(), m);
+        }
+        let dlrm = ModelConfig::Dlrm(DlrmConfig::kaggle());
+        let v = serde_json::to_value(&dlrm).unwrap();
+        assert_eq!(v["kind"], "dlrm");
+        assert_eq!(serde_json::from_value::<ModelConfig>(v).unwrap(), dlrm);
+    }
+
+    /// The listed layers are the built model's: DLRM Kaggle's seven products, and
+    /// their parameters (`in·out + out` each) are every dense parameter of the model.
+    #[test]
+    fn mlp_layers_are_the_models_gemm_shapes() {
+        let config = ModelConfig::Dlrm(DlrmConfig::kaggle());
+        let layers = config.mlp_layers();
+        assert_eq!(layers, vec![(13, 512), (512, 256), (256, 64), (64, 16), (367, 512), (512, 256), (256, 1)]);
+        let model = config.build::<f32>(1).unwrap();
+        let listed: usize = layers.iter().map(|&(i, o)| i * o + o).sum();
+        assert_eq!(listed, model.params().len());
+    }
+}
