@@ -22,7 +22,7 @@ use super::gemm::Op;
 use super::Scalar;
 
 /// Values per vector (one AVX2 register of `f32`); panel widths are multiples of it.
-pub const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 /// Width of the full panels.
 const WIDE: usize = 2 * LANES;
 /// The widest last panel (five vectors).
@@ -139,7 +139,7 @@ pub fn gemm_packed<T: Scalar>(
 /// # Panics
 /// As [`gemm_packed`], and as `panel_product` does.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_packed_with<T: Scalar>(
+pub(crate) fn gemm_packed_with<T: Scalar>(
     m: usize,
     a: &[T],
     lda: usize,
@@ -158,7 +158,7 @@ pub fn gemm_packed_with<T: Scalar>(
 /// Reduction steps per pass of matrixmultiply's `f32` kernels (its `kc`, 256
 /// unless the crate was built with `MATMUL_SGEMM_KC` set):
 /// [`gemm_packed_mm_order`] splits the sums where matrixmultiply does.
-pub const MM_KC: usize = 256;
+pub(crate) const MM_KC: usize = 256;
 
 /// `c[m×n] = op(a) · b` (overwriting `c`) in the summation order of
 /// matrixmultiply's fused multiply-add kernels: every entry is a chain of
@@ -175,7 +175,7 @@ pub const MM_KC: usize = 256;
 /// # Panics
 /// When an operand is shorter than its shape requires, or the CPU does not run `kernel`.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_packed_mm_order(
+pub(crate) fn gemm_packed_mm_order(
     kernel: PanelKernel,
     m: usize,
     a: &[f32],
@@ -326,6 +326,7 @@ pub fn gemm_tn<T: Scalar>(
 /// `c[r·ldc + j] (+)= Σ_p a[r·lda + p·a_step] · panel[p·panel_rs + j]` for
 /// `r < rows`, `j < width ≤ pw`. A packed panel has `a_step = 1` and
 /// `panel_rs = pw`; [`gemm_tn`] reads both operands where they lie instead.
+#[doc(hidden)]
 pub struct PanelProduct<'a, T> {
     /// Rows of `a` and `c`.
     pub rows: usize,
@@ -373,7 +374,7 @@ impl<T> PanelProduct<'_, T> {
 }
 
 /// The portable [`Scalar::packed_panel`].
-pub fn packed_panel_portable<T: Scalar>(p: PanelProduct<'_, T>) {
+pub(crate) fn packed_panel_portable<T: Scalar>(p: PanelProduct<'_, T>) {
     p.check();
     let PanelProduct { rows, k, a, lda, a_step, panel, panel_rs, pw, c, ldc, width, accumulate } = p;
     let mut block = vec![T::ZERO; rows * pw];
@@ -396,7 +397,14 @@ pub fn packed_panel_portable<T: Scalar>(p: PanelProduct<'_, T>) {
 /// The portable [`Scalar::pack_transposed`]: column `j` of the panel is row
 /// `first + j` of `b`, each read contiguously, eight columns at a time so the
 /// writes of a panel row stay within one cache line.
-pub fn pack_transposed_portable<T: Scalar>(b: &[T], k: usize, first: usize, width: usize, pw: usize, panel: &mut [T]) {
+pub(crate) fn pack_transposed_portable<T: Scalar>(
+    b: &[T],
+    k: usize,
+    first: usize,
+    width: usize,
+    pw: usize,
+    panel: &mut [T],
+) {
     for j0 in (0..width).step_by(LANES) {
         let cols = LANES.min(width - j0);
         let rows: [&[T]; LANES] = std::array::from_fn(|q| {
@@ -507,7 +515,7 @@ pub(super) fn packed_panel_f32(p: PanelProduct<'_, f32>) {
 ///
 /// # Panics
 /// When the CPU does not run `kernel`, or the operands do not fit the shape.
-pub fn packed_panel_f32_with(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
+pub(crate) fn packed_panel_f32_with(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
     assert!(PanelKernel::available().contains(&kernel), "packed_panel: this CPU does not run {kernel:?}");
     run_panel_f32(kernel, p)
 }

@@ -40,14 +40,14 @@ macro_rules! flat_buffer_accessors {
 }
 
 pub mod attention;
-pub mod bf16_pack;
-pub mod deep_partial;
+mod bf16_pack;
+mod deep_partial;
 pub mod deepfm;
 pub mod dien;
 pub mod dlrm;
 pub mod embedding_bag;
 pub mod fm;
-pub mod fm_partial;
+mod fm_partial;
 pub mod gemm;
 pub mod gemm_bf16;
 pub mod gemm_packed;

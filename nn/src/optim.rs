@@ -17,7 +17,7 @@
 //! Without a penalty the dense update loops run in `dense_kernels` (scalar
 //! definitions and AVX-512F versions equal to them bit for bit).
 
-pub mod dense_kernels;
+mod dense_kernels;
 
 use crate::schedule::LrSchedule;
 use serde::{Deserialize, Serialize};

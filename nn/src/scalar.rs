@@ -63,13 +63,16 @@ pub trait Scalar:
         csc: isize,
     );
 
-    /// One panel of [`gemm_packed`](super::gemm_packed::gemm_packed).
+    /// One panel of [`gemm_packed`](super::gemm_packed::gemm_packed) (an
+    /// implementation hook of the kernels, not for callers).
+    #[doc(hidden)]
     fn packed_panel(p: super::gemm_packed::PanelProduct<'_, Self>);
 
     /// One panel with a given kernel (`f32`; `f64` has only the portable one).
     ///
     /// # Panics
     /// When the CPU does not run `kernel`.
+    #[doc(hidden)]
     fn packed_panel_with(kernel: super::gemm_packed::PanelKernel, p: super::gemm_packed::PanelProduct<'_, Self>);
 
     /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel

@@ -134,7 +134,7 @@ fn group_samples(config: &SampleConfig, events: &[BehaviorEvent], out: &mut Vec<
 ///
 /// ```
 /// use differential_dataflow::input::Input;
-/// use tiderec_operators::behavior::{BehaviorEvent, BehaviorSamples, SampleConfig};
+/// use tiderec_records::behavior::{BehaviorEvent, BehaviorSamples, SampleConfig};
 ///
 /// timely::example(|scope| {
 ///     let events = (0..6u64).map(|i| BehaviorEvent { time: i, seq: i, user: i % 2, item: 10 + i, category: 1 });

@@ -25,10 +25,10 @@ pub trait ParseRecords<'scope, T: Timestamp> {
     /// ```
     /// use std::sync::{Arc, Mutex};
     /// use timely::dataflow::operators::{Inspect, ToStream};
-    /// use tiderec_operators::bad_record::BadReason;
-    /// use tiderec_operators::format::LineFormat;
-    /// use tiderec_operators::stream::ParseRecords;
-    /// use tiderec_operators::Batch;
+    /// use tiderec_records::bad_record::BadReason;
+    /// use tiderec_records::format::LineFormat;
+    /// use tiderec_records::stream::ParseRecords;
+    /// use tiderec_records::Batch;
     ///
     /// /// `label,value` lines with one dense feature.
     /// struct Pairs;
@@ -127,9 +127,9 @@ pub trait Featurize<'scope, T: Timestamp> {
     /// ```
     /// use std::sync::{Arc, Mutex};
     /// use timely::dataflow::operators::{Inspect, ToStream};
-    /// use tiderec_operators::spec::FeatureSpec;
-    /// use tiderec_operators::stream::Featurize;
-    /// use tiderec_operators::Batch;
+    /// use tiderec_records::spec::FeatureSpec;
+    /// use tiderec_records::stream::Featurize;
+    /// use tiderec_records::Batch;
     ///
     /// let spec = FeatureSpec::taobao_ad(1000, 20);
     /// let header = b"clk,time_stamp,userid,adgroup_id,pid,cate_id,campaign_id,customer,brand,price,cms_segid,cms_group_id,final_gender_code,age_level,pvalue_level,shopping_level,occupation,new_user_class_level,click_sequence";
