@@ -1,7 +1,7 @@
 //! `c[m×n] (+)= op(a) · op(b)` on bf16-rounded operands with `f32` accumulation:
 //! the products of a fully connected layer under `--precision bf16`.
 //!
-//! Both operands are packed as bf16 pairs ([`bf16_pack`](super::bf16_pack)).
+//! Both operands are packed as bf16 pairs (`bf16_pack`).
 //! `VDPBF16PS` multiplies a pair of `a` by a pair of `b` and adds both
 //! products to an `f32` accumulator, the high (odd step's) product first; a
 //! product of two bf16 values is exact in `f32`, so each step is two rounded

@@ -4,7 +4,7 @@
 //! products beside them.
 //!
 //! [`PackedRhs`] stores `op(b)` (`k × n`) as column panels, each `k` rows of
-//! its width's contiguous values, zero-padded to a multiple of [`LANES`]:
+//! its width's contiguous values, zero-padded to a multiple of `LANES`:
 //! panels of 16 columns while more than 40 remain, then one panel of the
 //! rest (`n = 36` is one 40-wide panel, `n = 108` five of 16 and one of 32).
 //! [`gemm_packed`] streams the rows of `a` as stored (no copy, any row
@@ -464,7 +464,7 @@ pub(super) fn pack_transposed_f32(b: &[f32], k: usize, first: usize, width: usiz
 /// The `f32` panel kernels, chosen between by CPU features ([`PanelKernel::best`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PanelKernel {
-    /// [`packed_panel_portable`].
+    /// `packed_panel_portable`.
     Portable,
     /// AVX2 + FMA, sixteen vector registers: blocks of at most twelve accumulators.
     Avx2,

@@ -15,7 +15,7 @@
 //!
 //! The backward products (`dW = dyᵀ·x`, `dx = dy·W`) are matrixmultiply's
 //! sums. Their candidates are matrixmultiply itself and the packed kernels run
-//! in matrixmultiply's summation order ([`gemm_packed_mm_order`]: the same
+//! in matrixmultiply's summation order (`gemm_packed_mm_order`: the same
 //! chains of fused multiply-adds over the same runs of 256 steps), equal to it
 //! bit for bit (`gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`);
 //! [`choose_backward_kernels`] picks the fastest.
@@ -93,7 +93,7 @@ pub enum Candidate {
     GemmCrate,
     /// matrixmultiply ([`gemm()`]).
     MatrixMultiply,
-    /// A backward product on the packed kernel in matrixmultiply's order ([`gemm_packed_mm_order`]).
+    /// A backward product on the packed kernel in matrixmultiply's order (`gemm_packed_mm_order`).
     PackedMmOrder(PanelKernel),
 }
 

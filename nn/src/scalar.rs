@@ -76,7 +76,7 @@ pub trait Scalar:
     fn packed_panel_with(kernel: super::gemm_packed::PanelKernel, p: super::gemm_packed::PanelProduct<'_, Self>);
 
     /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel
-    /// ([`gemm_packed_mm_order`](super::gemm_packed::gemm_packed_mm_order); `f32`
+    /// (`gemm_packed_mm_order`; `f32`
     /// only: callers ask [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
     ///
     /// # Panics
