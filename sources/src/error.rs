@@ -94,3 +94,27 @@ impl SourceError {
         SourceError::Schema { path: path.to_string(), reason: reason.into() }
     }
 }
+
+/// Refuses a batch whose field counts differ from the reader's (`config` error
+/// on the key `batch`): readers append into the caller's batch, which must
+/// have the shape of the records they read.
+pub(crate) fn check_batch_shape(
+    out: &tiderec_records::Batch,
+    num_dense: usize,
+    num_sparse: usize,
+    num_sequences: usize,
+) -> Result<(), SourceError> {
+    if out.num_dense != num_dense || out.sparse.len() != num_sparse || out.sequences.len() != num_sequences {
+        return Err(SourceError::config(
+            "batch",
+            format!(
+                "batch has {} dense / {} sparse / {} sequence fields, expected {num_dense} / {num_sparse} / \
+                 {num_sequences}",
+                out.num_dense,
+                out.sparse.len(),
+                out.sequences.len()
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -418,18 +418,7 @@ impl<F: LineFormat> LineReader<F> {
     pub fn next_batch(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
         let (num_dense, num_sparse) = self.format.shape();
         let num_sequences = self.format.num_sequences();
-        if out.num_dense != num_dense || out.sparse.len() != num_sparse || out.sequences.len() != num_sequences {
-            return Err(SourceError::config(
-                "batch",
-                format!(
-                    "batch has {} dense / {} sparse / {} sequence fields, expected {num_dense} / {num_sparse} / \
-                     {num_sequences}",
-                    out.num_dense,
-                    out.sparse.len(),
-                    out.sequences.len()
-                ),
-            ));
-        }
+        crate::error::check_batch_shape(out, num_dense, num_sparse, num_sequences)?;
         let mut appended = 0;
         while appended < max && self.cur < self.files.len() {
             appended += self.read_file(out, max - appended)?;

@@ -189,18 +189,7 @@ impl ParquetReader {
     pub fn next_batch(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
         let (num_dense, num_sparse) = self.dataset.description().shape();
         let num_sequences = self.dataset.description().sequences.len();
-        if out.num_dense != num_dense || out.sparse.len() != num_sparse || out.sequences.len() != num_sequences {
-            return Err(SourceError::config(
-                "batch",
-                format!(
-                    "batch has {} dense / {} sparse / {} sequence fields, expected {num_dense} / {num_sparse} / \
-                     {num_sequences}",
-                    out.num_dense,
-                    out.sparse.len(),
-                    out.sequences.len()
-                ),
-            ));
-        }
+        crate::error::check_batch_shape(out, num_dense, num_sparse, num_sequences)?;
         let mut appended = 0;
         while appended < max {
             let Some(cur) = self.current.as_mut() else {
