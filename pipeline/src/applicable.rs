@@ -7,6 +7,7 @@
 //! with something else. Every refusal of a run is reported at once.
 
 use crate::config::ExchangeChoice;
+use crate::settings::ModelKind;
 use crate::{PipelineError, TrainSettings};
 use tiderec_operators::store::StoreKind;
 
@@ -21,9 +22,10 @@ pub enum For {
 
 /// What a setting needs, when the run does not have it.
 fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
-    let model = s.model.kind.as_str();
+    let kind = s.model.kind;
+    let model = kind.name();
     let data_format = s.data.source.split(':').next().unwrap_or("");
-    let dien = matches!(model, "dien" | "dien-sum");
+    let dien = kind.is_dien();
     let on_model = |ok: bool, models: &str| (!ok).then(|| format!("applies to {models}, not --model {model}"));
     if command == For::Online {
         let online = match key {
@@ -37,8 +39,8 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         }
     }
     match key {
-        "bottom" | "top" | "self_interaction" => on_model(model == "dlrm", "dlrm"),
-        "deep" => on_model(matches!(model, "deepfm" | "wdl"), "deepfm and wdl"),
+        "bottom" | "top" | "self_interaction" => on_model(kind == ModelKind::Dlrm, "dlrm"),
+        "deep" => on_model(kind.has_deep_part(), "deepfm and wdl"),
         "mlp" => on_model(dien, "dien and dien-sum"),
         "dim" => on_model(model != "lr", "every model but lr (one weight per id)"),
         "spec" => (data_format != "csv").then(|| format!("describes `csv:` data, not `{data_format}`")),
@@ -72,7 +74,7 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         "lr_decay_rate" => (s.optimizer.lr_decay != "step")
             .then(|| format!("applies to --lr-decay step, not {}", s.optimizer.lr_decay)),
         "precision" => {
-            if !(dien || matches!(model, "dlrm" | "deepfm" | "wdl")) {
+            if !(dien || kind == ModelKind::Dlrm || kind.has_deep_part()) {
                 on_model(false, "the MLPs of dlrm, deepfm, wdl, dien and dien-sum")
             } else if s.cluster.device.split(',').any(|d| d.trim() != "cpu") {
                 Some(format!("applies to the MLPs' products on cpu workers, not --device {}", s.cluster.device))
@@ -131,7 +133,7 @@ mod tests {
         assert_eq!(
             refused(
                 |s| {
-                    s.model.kind = "deepfm".into();
+                    s.model.kind = crate::settings::ModelKind::DeepFm;
                     s.model.deep = vec![64];
                     s.data.source = "csv:x.csv".into();
                     s.data.spec = Some("preset:criteo".into());
@@ -157,7 +159,7 @@ mod tests {
     fn settings_the_run_ignores_are_named() {
         let e = refused(
             |s| {
-                s.model.kind = "lr".into();
+                s.model.kind = crate::settings::ModelKind::Lr;
                 s.model.bottom = vec![64, 16];
                 s.model.dim = 8;
             },
@@ -187,7 +189,7 @@ mod tests {
         assert!(e.contains("`resume` needs --checkpoint-dir"), "{e}");
         let e = refused(
             |s| {
-                s.model.kind = "fm".into();
+                s.model.kind = crate::settings::ModelKind::Fm;
                 s.model.precision = tiderec_operators::nn::Precision::Bf16;
             },
             For::Train,
@@ -201,10 +203,10 @@ mod tests {
             For::Train,
         );
         assert!(e.contains("`precision` applies to the MLPs' products on cpu workers, not --device cuda:0"), "{e}");
-        for model in ["dlrm", "deepfm", "wdl", "dien"] {
+        for model in [ModelKind::Dlrm, ModelKind::DeepFm, ModelKind::Wdl, ModelKind::Dien] {
             let e = refused(
                 |s| {
-                    s.model.kind = model.into();
+                    s.model.kind = model;
                     s.model.precision = tiderec_operators::nn::Precision::Bf16;
                 },
                 For::Train,

@@ -4,6 +4,7 @@
 //! [`TrainSettings::validate`] checks every value before any work starts and
 //! resolves the data, the model, the optimizers, the store and the exchange.
 
+use crate::settings::ModelKind;
 use crate::PipelineError;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -685,7 +686,7 @@ impl TrainSettings {
 
     /// Parses `crosses` (`A:B` field-index pairs) against `num_sparse` fields of the data.
     fn parse_crosses(&self, num_sparse: usize) -> Result<Vec<(usize, usize)>, PipelineError> {
-        if !self.model.crosses.is_empty() && !matches!(self.model.kind.as_str(), "wdl" | "lr") {
+        if !self.model.crosses.is_empty() && !matches!(self.model.kind, ModelKind::Wdl | ModelKind::Lr) {
             return Err(PipelineError::config(
                 "crosses",
                 format!("feature crosses feed the wide part of wdl or lr, not `{}`", self.model.kind),
@@ -751,8 +752,8 @@ impl TrainSettings {
         let fm = |dim, deep: Vec<usize>, fm| {
             ModelConfig::Fm(FmConfig { num_dense, num_sparse: num_sparse + wide_only, dim, deep, fm, wide_only })
         };
-        Ok(match self.model.kind.as_str() {
-            "dlrm" => ModelConfig::Dlrm(DlrmConfig {
+        Ok(match self.model.kind {
+            ModelKind::Dlrm => ModelConfig::Dlrm(DlrmConfig {
                 num_dense,
                 num_sparse,
                 dim: self.model.dim,
@@ -760,18 +761,12 @@ impl TrainSettings {
                 top: self.model.top.clone(),
                 self_interaction: self.model.self_interaction,
             }),
-            "lr" => fm(0, Vec::new(), true),
-            "fm" => fm(self.model.dim, Vec::new(), true),
-            "deepfm" => fm(self.model.dim, self.model.deep.clone(), true),
-            "wdl" => fm(self.model.dim, self.model.deep.clone(), false),
-            "dien" => dien(Interest::GruAttention)?,
-            "dien-sum" => dien(Interest::SumPooling)?,
-            other => {
-                return Err(PipelineError::config(
-                    "model",
-                    format!("unknown model `{other}` (dlrm, lr, fm, deepfm, wdl, dien, dien-sum)"),
-                ))
-            }
+            ModelKind::Lr => fm(0, Vec::new(), true),
+            ModelKind::Fm => fm(self.model.dim, Vec::new(), true),
+            ModelKind::DeepFm => fm(self.model.dim, self.model.deep.clone(), true),
+            ModelKind::Wdl => fm(self.model.dim, self.model.deep.clone(), false),
+            ModelKind::Dien => dien(Interest::GruAttention)?,
+            ModelKind::DienSum => dien(Interest::SumPooling)?,
         })
     }
 }
@@ -817,14 +812,14 @@ mod tests {
             .replace("\"l\"]", "\"l\", \"t\"]")
             .replace("oov_buckets = 1 }]", "oov_buckets = 1 }, { column = \"t\", buckets = 7 }]");
         std::fs::write(&path, text).unwrap();
-        s.model.kind = "dien".into();
+        s.model.kind = crate::settings::ModelKind::Dien;
         let r = s.validate().unwrap();
         assert_eq!(r.sequence_tables, [1], "the sequence reads the table of `t`, sparse field 1");
         match &r.model {
             ModelConfig::Dien(d) => assert_eq!((d.target_fields.as_slice(), d.max_len), (&[1][..], 5)),
             m => panic!("expected dien, got {}", m.name()),
         }
-        s.model.kind = "dlrm".into();
+        s.model.kind = crate::settings::ModelKind::Dlrm;
         std::fs::write(&path, toml("max")).unwrap();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("pooling") && e.contains("spec.toml"), "{e}");
@@ -859,12 +854,11 @@ mod tests {
             ("max_bad_fraction", Box::new(|s| s.data.max_bad_fraction = f64::NAN)),
             ("max_memory", Box::new(|s| s.run.max_memory = "lots".into())),
             ("table_sizes", Box::new(|s| s.data.table_sizes = Some(vec![5; 3]))),
-            ("model", Box::new(|s| s.model.kind = "xgboost".into())),
             ("crosses", Box::new(|s| s.model.crosses = vec!["0:1".into()])),
             (
                 "crosses",
                 Box::new(|s| {
-                    s.model.kind = "wdl".into();
+                    s.model.kind = crate::settings::ModelKind::Wdl;
                     s.model.crosses = vec!["0:26".into()];
                 }),
             ),
@@ -880,7 +874,7 @@ mod tests {
             (
                 "model.deep",
                 Box::new(|s| {
-                    s.model.kind = "deepfm".into();
+                    s.model.kind = crate::settings::ModelKind::DeepFm;
                     s.model.deep = vec![0];
                 }),
             ),

@@ -91,7 +91,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     // (the model too: LR takes any shape, with or without dense features).
     let input = {
         let mut s = settings.input.clone();
-        s.model.kind = "lr".into();
+        s.model.kind = crate::settings::ModelKind::Lr;
         s.data.eval = None;
         s.data.eval_fraction = 0.0;
         s.cluster.workers = 1;

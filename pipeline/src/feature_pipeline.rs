@@ -380,7 +380,7 @@ mod tests {
             s.data.spec = spec.map(String::from);
             s.data.hash_seed = hash_seed;
             s.data.buckets = 100;
-            s.model.kind = "lr".into();
+            s.model.kind = crate::settings::ModelKind::Lr;
             s
         };
         FeaturePipeline::of_run(&settings, &settings.validate().unwrap())

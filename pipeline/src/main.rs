@@ -1301,10 +1301,10 @@ fn main() -> anyhow::Result<()> {
 fn bench_model(name: &str) -> anyhow::Result<tiderec_operators::nn::ModelConfig> {
     let settings = {
         let mut s = TrainSettings::default();
-        s.model.kind = name.to_string();
+        s.model.kind = name.parse().map_err(|e: String| anyhow::anyhow!("bench --model: {e}"))?;
         s
     };
-    Ok(if name.starts_with("dien") {
+    Ok(if settings.model.kind.is_dien() {
         let data = tiderec::config::DataSpec::SyntheticBehavior;
         settings.model_config_with(data.shape(None), data.sequences(None).as_ref())?
     } else {

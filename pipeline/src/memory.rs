@@ -324,6 +324,7 @@ pub fn check(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryEsti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::ModelKind;
 
     #[test]
     fn memory_limits_parse() {
@@ -341,11 +342,11 @@ mod tests {
 
     #[test]
     fn dense_params_match_the_built_models() {
-        for model in ["dlrm", "lr", "fm", "deepfm", "wdl"] {
+        for model in [ModelKind::Dlrm, ModelKind::Lr, ModelKind::Fm, ModelKind::DeepFm, ModelKind::Wdl] {
             for self_interaction in [false, true] {
                 let s = {
                     let mut s = TrainSettings::default();
-                    s.model.kind = model.into();
+                    s.model.kind = model;
                     s.model.self_interaction = self_interaction;
                     s
                 };
@@ -354,11 +355,11 @@ mod tests {
                 assert_eq!(dense_params(&config).unwrap(), built, "{model}");
             }
         }
-        for model in ["dien", "dien-sum"] {
+        for model in [ModelKind::Dien, ModelKind::DienSum] {
             let s = {
                 let mut s = TrainSettings::default();
                 s.data.source = "synthetic-behavior".into();
-                s.model.kind = model.into();
+                s.model.kind = model;
                 s
             };
             let config = s.validate().unwrap().model;

@@ -191,10 +191,10 @@ pub fn model_summary(settings: &TrainSettings, resolved: &Resolved) -> Result<St
     let widths = |w: &[usize]| w.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("-");
     let shape = match resolved.model {
         ModelConfig::Dlrm(ref c) => format!("bottom {}-{}, top {}", c.num_dense, widths(&c.bottom), widths(&c.top)),
-        _ if matches!(settings.model.kind.as_str(), "deepfm" | "wdl") => {
+        _ if settings.model.kind.has_deep_part() => {
             format!("deep {}", widths(&settings.model.deep))
         }
-        _ if settings.model.kind.starts_with("dien") => {
+        _ if settings.model.kind.is_dien() => {
             format!("mlp {}, histories up to {}", widths(&settings.model.mlp), settings.data.max_len)
         }
         _ => String::new(),

@@ -29,6 +29,7 @@
 
 use super::processes::ProcessRole;
 use crate::data::{micro_batch, WorkerData};
+use crate::settings::ModelKind;
 use crate::PipelineError;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -183,14 +184,15 @@ fn model_config(name: &str, dim: usize, deep: &[usize]) -> Result<ModelConfig, P
         ModelConfig::Fm(FmConfig { num_dense: NUM_DENSE, num_sparse: NUM_SPARSE, dim, deep, fm, wide_only: 0 })
     };
     let fm = |deep: Vec<usize>| fm_with(deep, true);
-    Ok(match name {
-        "fm" => fm(vec![]),
-        "deepfm" | "wdl" if deep.is_empty() || deep.contains(&0) => {
+    let kind: ModelKind = name.parse().map_err(|e: String| PipelineError::config("model", e))?;
+    Ok(match kind {
+        ModelKind::Fm => fm(vec![]),
+        ModelKind::DeepFm | ModelKind::Wdl if deep.is_empty() || deep.contains(&0) => {
             return Err(PipelineError::config("deep", format!("{name} needs positive hidden widths, e.g. 400,400")))
         }
-        "deepfm" => fm(deep.to_vec()),
-        "wdl" => fm_with(deep.to_vec(), false),
-        "dlrm" => ModelConfig::Dlrm(DlrmConfig { dim, ..DlrmConfig::kaggle() }),
+        ModelKind::DeepFm => fm(deep.to_vec()),
+        ModelKind::Wdl => fm_with(deep.to_vec(), false),
+        ModelKind::Dlrm => ModelConfig::Dlrm(DlrmConfig { dim, ..DlrmConfig::kaggle() }),
         other => {
             return Err(PipelineError::config(
                 "model",

@@ -175,7 +175,7 @@ impl OnlineSettings {
                 ));
             }
         }
-        if self.train.model.kind.starts_with("dien") {
+        if self.train.model.kind.is_dien() {
             return Err(PipelineError::config(
                 "model",
                 "Kafka records are Criteo-shaped; dien needs behaviour sequences",

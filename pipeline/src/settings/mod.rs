@@ -32,7 +32,7 @@ pub use cluster::{default_workers, ClusterSettings};
 pub use data::DataSettings;
 pub use exchange::ExchangeSettings;
 pub use flags::{All, ConvertFlags, Featurizing, Flags, Subset, TrainFlags};
-pub use model::ModelSettings;
+pub use model::{ModelKind, ModelSettings};
 pub use optimizer::OptimizerSettings;
 pub use run::RunSettings;
 pub use store::StoreSettings;
@@ -140,12 +140,12 @@ impl TrainSettings {
 
     /// The dense learning rate: `lr`, or the model's default.
     pub fn dense_lr(&self) -> f32 {
-        self.optimizer.lr.unwrap_or(default_learning_rates(&self.model.kind).0)
+        self.optimizer.lr.unwrap_or(default_learning_rates(self.model.kind).0)
     }
 
     /// The embedding learning rate: `sparse_lr`, or the model's default.
     pub fn embedding_lr(&self) -> f32 {
-        self.optimizer.sparse_lr.unwrap_or(default_learning_rates(&self.model.kind).1)
+        self.optimizer.sparse_lr.unwrap_or(default_learning_rates(self.model.kind).1)
     }
 }
 
@@ -162,12 +162,12 @@ where
 /// Chosen by measurement: on the real Criteo sample (first 8,000 rows train, last 2,000
 /// eval, one epoch, batch 128, seeds 1–3) each pair is the best of a grid of dense rates
 /// 0.0003–0.01 and embedding rates 0.002–0.1 within 0.005 AUC (docs/training.md).
-pub fn default_learning_rates(model: &str) -> (f32, f32) {
+pub fn default_learning_rates(model: ModelKind) -> (f32, f32) {
     match model {
-        "lr" => (0.01, 0.05),
-        "fm" => (0.01, 0.01),
-        "deepfm" | "wdl" => (0.001, 0.01),
-        _ => (0.001, 0.05),
+        ModelKind::Lr => (0.01, 0.05),
+        ModelKind::Fm => (0.01, 0.01),
+        ModelKind::DeepFm | ModelKind::Wdl => (0.001, 0.01),
+        ModelKind::Dlrm | ModelKind::Dien | ModelKind::DienSum => (0.001, 0.05),
     }
 }
 
@@ -232,14 +232,19 @@ mod tests {
         assert!(e.contains("unknown setting `dimm`"), "{e}");
         let e = TrainSettings::from_toml_str("batch_size = \"big\"").unwrap_err().to_string();
         assert!(e.contains("`batch_size`"), "{e}");
-        for (key, value) in [("optimizer", "lbfgs"), ("best_metric", "accuracy"), ("store", "lru"), ("exchange", "all")]
-        {
+        for (key, value) in [
+            ("optimizer", "lbfgs"),
+            ("best_metric", "accuracy"),
+            ("store", "lru"),
+            ("exchange", "all"),
+            ("model", "xgboost"),
+        ] {
             let e = TrainSettings::from_toml_str(&format!("{key} = \"{value}\"")).unwrap_err().to_string();
             assert!(e.contains(&format!("`{key}`")) && e.contains(value), "{key}: {e}");
             let e = TrainFlags::parse_from([format!("--{}", key.replace('_', "-")), value.to_string()]).unwrap_err();
             assert!(e.to_string().contains(value), "--{key}: {e}");
         }
         let s = TrainSettings::from_toml_str("batch_size = 4\nmodel = \"fm\"").unwrap();
-        assert_eq!((s.run.batch_size, s.model.kind.as_str()), (4, "fm"));
+        assert_eq!((s.run.batch_size, s.model.kind.name()), (4, "fm"));
     }
 }

@@ -10,9 +10,9 @@ use tiderec_operators::nn::Precision;
 pub struct ModelSettings {
     /// Model: dlrm, lr, fm, deepfm, wdl (Wide & Deep),
     /// dien (GRU + attention over behaviour histories) or dien-sum (its sum-pooling baseline).
-    #[arg(long = "model", id = "model", required = false, value_name = "MODEL")]
+    #[arg(long = "model", id = "model", required = false, value_name = "MODEL", value_parser = super::parse::<ModelKind>)]
     #[serde(rename = "model")]
-    pub kind: String,
+    pub kind: ModelKind,
     /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
     #[arg(long, required = false, value_name = "N")]
     pub dim: usize,
@@ -43,7 +43,7 @@ pub struct ModelSettings {
 impl Default for ModelSettings {
     fn default() -> Self {
         ModelSettings {
-            kind: "dlrm".into(),
+            kind: ModelKind::Dlrm,
             dim: 16,
             bottom: vec![512, 256, 64, 16],
             top: vec![512, 256, 1],
@@ -53,5 +53,86 @@ impl Default for ModelSettings {
             crosses: Vec::new(),
             precision: Precision::Fp32,
         }
+    }
+}
+
+/// The models `--model` names. Every match on a model's name goes through this
+/// enum: [`ModelKind::name`] is the one spelling of each (in flags, TOML files,
+/// checkpoints' settings and messages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ModelKind {
+    /// DLRM: bottom MLP, dot interaction, top MLP.
+    #[serde(rename = "dlrm")]
+    Dlrm,
+    /// Logistic regression.
+    #[serde(rename = "lr")]
+    Lr,
+    /// Factorization machine.
+    #[serde(rename = "fm")]
+    Fm,
+    /// DeepFM: FM and a deep MLP over the same embeddings.
+    #[serde(rename = "deepfm")]
+    DeepFm,
+    /// Wide & Deep: a linear part and a deep MLP.
+    #[serde(rename = "wdl")]
+    Wdl,
+    /// DIEN-like: GRU interest extraction and attention over behaviour histories.
+    #[serde(rename = "dien")]
+    Dien,
+    /// DIEN's sum-pooling baseline (no GRU, no attention).
+    #[serde(rename = "dien-sum")]
+    DienSum,
+}
+
+impl ModelKind {
+    /// Every model, in the order the help text lists them.
+    pub const ALL: [ModelKind; 7] = [
+        ModelKind::Dlrm,
+        ModelKind::Lr,
+        ModelKind::Fm,
+        ModelKind::DeepFm,
+        ModelKind::Wdl,
+        ModelKind::Dien,
+        ModelKind::DienSum,
+    ];
+
+    /// The name in flags and files: `dlrm`, `lr`, `fm`, `deepfm`, `wdl`, `dien`, `dien-sum`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Dlrm => "dlrm",
+            ModelKind::Lr => "lr",
+            ModelKind::Fm => "fm",
+            ModelKind::DeepFm => "deepfm",
+            ModelKind::Wdl => "wdl",
+            ModelKind::Dien => "dien",
+            ModelKind::DienSum => "dien-sum",
+        }
+    }
+
+    /// DIEN or its sum-pooling baseline: the models that read behaviour sequences.
+    pub fn is_dien(self) -> bool {
+        matches!(self, ModelKind::Dien | ModelKind::DienSum)
+    }
+
+    /// DeepFM or Wide & Deep: the FM family with a deep MLP.
+    pub fn has_deep_part(self) -> bool {
+        matches!(self, ModelKind::DeepFm | ModelKind::Wdl)
+    }
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ModelKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        ModelKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = ModelKind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown model `{s}` ({})", names.join(", "))
+        })
     }
 }
