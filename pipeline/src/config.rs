@@ -514,11 +514,7 @@ impl TrainSettings {
             return Err(PipelineError::config("exchange", "`replicated` needs the fixed store (--store fixed)"));
         }
         let sparse_optimizer = self.optimizer.sparse;
-        let policy = match self.data.on_bad_record.as_str() {
-            "skip" => BadRecordPolicy::Skip,
-            "fail" => BadRecordPolicy::Fail,
-            other => return Err(PipelineError::config("on_bad_record", format!("`{other}` is not skip or fail"))),
-        };
+        let policy = self.data.on_bad_record;
         if !matches!(self.run.progress.as_str(), "auto" | "bar" | "lines" | "none") {
             return Err(PipelineError::config(
                 "progress",
@@ -840,7 +836,6 @@ mod tests {
         type Mutation = Box<dyn Fn(&mut TrainSettings)>;
         let cases: Vec<(&str, Mutation)> = vec![
             ("batch_size", Box::new(|s| s.run.batch_size = 0)),
-            ("on_bad_record", Box::new(|s| s.data.on_bad_record = "ignore".into())),
             ("data", Box::new(|s| s.data.source = "criteo:/no/such/file".into())),
             ("data", Box::new(|s| s.data.source = "parquet".into())),
             ("eval_fraction", Box::new(|s| s.data.eval_fraction = 1.5)),

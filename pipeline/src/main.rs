@@ -535,8 +535,8 @@ struct ScoreArgs {
     #[arg(long, default_value_t = 4096)]
     batch_size: usize,
     /// On a malformed record: skip (count + dead-letter file) or fail.
-    #[arg(long, default_value = "skip")]
-    on_bad_record: String,
+    #[arg(long, default_value = "skip", value_name = "skip|fail")]
+    on_bad_record: tiderec_operators::bad_record::BadRecordPolicy,
     /// Dead-letter file for malformed records.
     #[arg(long, default_value = "tiderec-dead-letters.tsv")]
     dead_letters: PathBuf,
@@ -550,11 +550,7 @@ struct ScoreArgs {
 
 impl ScoreArgs {
     fn options(&self, labeled: bool) -> anyhow::Result<tiderec::predict::ScoreOptions> {
-        let policy = match self.on_bad_record.as_str() {
-            "skip" => tiderec_operators::bad_record::BadRecordPolicy::Skip,
-            "fail" => tiderec_operators::bad_record::BadRecordPolicy::Fail,
-            other => anyhow::bail!("--on-bad-record: `{other}` is not skip or fail"),
-        };
+        let policy = self.on_bad_record;
         anyhow::ensure!(
             (0.0..=1.0).contains(&self.max_bad_fraction),
             "--max-bad-fraction: must be in [0, 1], got {}",

@@ -100,9 +100,39 @@ impl fmt::Display for BadRecord {
 pub enum BadRecordPolicy {
     /// Count it, send it to the dead-letter sink and go on.
     #[default]
+    #[serde(rename = "skip", alias = "Skip")]
     Skip,
     /// Stop with an error naming the record.
+    #[serde(rename = "fail", alias = "Fail")]
     Fail,
+}
+
+impl BadRecordPolicy {
+    /// The name in flags and files: `skip` or `fail`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BadRecordPolicy::Skip => "skip",
+            BadRecordPolicy::Fail => "fail",
+        }
+    }
+}
+
+impl std::fmt::Display for BadRecordPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BadRecordPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "skip" => Ok(BadRecordPolicy::Skip),
+            "fail" => Ok(BadRecordPolicy::Fail),
+            other => Err(format!("`{other}` is not skip or fail")),
+        }
+    }
 }
 
 /// Where malformed records go. Implementations must not lose a record they accepted.

@@ -3,6 +3,7 @@
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use tiderec_operators::bad_record::BadRecordPolicy;
 
 /// The training and evaluation data, the feature layout read from it, and the policy
 /// for malformed records.
@@ -40,8 +41,8 @@ pub struct DataSettings {
     #[arg(long, value_name = "SEED")]
     pub hash_seed: Option<u64>,
     /// On a malformed record: skip (count it and write it to the dead-letter file) or fail.
-    #[arg(long, required = false, value_name = "skip|fail")]
-    pub on_bad_record: String,
+    #[arg(long, required = false, value_name = "skip|fail", value_parser = super::parse::<BadRecordPolicy>)]
+    pub on_bad_record: BadRecordPolicy,
     /// Dead-letter file for malformed records.
     #[arg(long, required = false, value_name = "FILE")]
     pub dead_letters: PathBuf,
@@ -65,7 +66,7 @@ impl Default for DataSettings {
             table_sizes: None,
             max_len: 20,
             hash_seed: None,
-            on_bad_record: "skip".into(),
+            on_bad_record: BadRecordPolicy::Skip,
             dead_letters: PathBuf::from("tiderec-dead-letters.tsv"),
             max_bad_fraction: 0.01,
             max_line_bytes: 64 * 1024,

@@ -238,6 +238,7 @@ mod tests {
             ("store", "lru"),
             ("exchange", "all"),
             ("model", "xgboost"),
+            ("on_bad_record", "ignore"),
         ] {
             let e = TrainSettings::from_toml_str(&format!("{key} = \"{value}\"")).unwrap_err().to_string();
             assert!(e.contains(&format!("`{key}`")) && e.contains(value), "{key}: {e}");
