@@ -7,7 +7,7 @@
 //! with something else. Every refusal of a run is reported at once.
 
 use crate::config::ExchangeChoice;
-use crate::settings::ModelKind;
+use crate::settings::{DecayKind, ModelKind};
 use crate::{PipelineError, TrainSettings};
 use tiderec_operators::store::StoreKind;
 
@@ -69,9 +69,9 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         "checkpoint_every" | "keep_checkpoints" | "checkpoint_sync" | "resume" => {
             s.checkpoints.checkpoint_dir.is_none().then(|| "needs --checkpoint-dir".to_string())
         }
-        "lr_decay_steps" => (s.optimizer.lr_decay == "none")
+        "lr_decay_steps" => (s.optimizer.lr_decay == DecayKind::None)
             .then(|| "sets the horizon of --lr-decay linear, cosine or step; there is none".into()),
-        "lr_decay_rate" => (s.optimizer.lr_decay != "step")
+        "lr_decay_rate" => (s.optimizer.lr_decay != DecayKind::Step)
             .then(|| format!("applies to --lr-decay step, not {}", s.optimizer.lr_decay)),
         "precision" => {
             if !(dien || kind == ModelKind::Dlrm || kind.has_deep_part()) {

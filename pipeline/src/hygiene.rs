@@ -10,6 +10,7 @@
 //!   part of their hyper-parameters, so it is recorded in (and checked against)
 //!   checkpoint manifests, and a resumed run continues it at its step.
 
+use crate::settings::DecayKind;
 use crate::{PipelineError, TrainSettings};
 use tiderec_operators::optim::SparseOptimizerKind;
 use tiderec_operators::schedule::{LrDecay, LrSchedule};
@@ -45,14 +46,8 @@ impl std::fmt::Display for BestMetric {
     }
 }
 
-/// The `lr_decay` names.
-const DECAYS: &str = "none, linear, cosine or step";
-
 /// Checks the hygiene settings of `s`; errors name the key.
 pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
-    if !matches!(s.optimizer.lr_decay.as_str(), "none" | "linear" | "cosine" | "step") {
-        return Err(PipelineError::config("lr_decay", format!("`{}` is not {DECAYS}", s.optimizer.lr_decay)));
-    }
     for (key, v) in [
         ("eval_every", s.run.eval_every),
         ("early_stop", s.run.early_stop),
@@ -74,7 +69,7 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
             return Err(PipelineError::config(key, format!("must be a finite number ≥ 0, got {v}")));
         }
     }
-    if s.optimizer.lr_decay == "step"
+    if s.optimizer.lr_decay == DecayKind::Step
         && !(s.optimizer.lr_decay_rate.is_finite()
             && s.optimizer.lr_decay_rate > 0.0
             && s.optimizer.lr_decay_rate <= 1.0)
@@ -84,7 +79,7 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
             format!("must be in (0, 1], got {}", s.optimizer.lr_decay_rate),
         ));
     }
-    let horizon = matches!(s.optimizer.lr_decay.as_str(), "linear" | "cosine");
+    let horizon = matches!(s.optimizer.lr_decay, DecayKind::Linear | DecayKind::Cosine);
     if let Some(h) = s.optimizer.lr_decay_steps.filter(|&h| horizon && h <= s.optimizer.lr_warmup) {
         return Err(PipelineError::config(
             "lr_decay_steps",
@@ -94,7 +89,7 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
             ),
         ));
     }
-    if s.optimizer.lr_decay == "step" && s.optimizer.lr_decay_steps.is_none() {
+    if s.optimizer.lr_decay == DecayKind::Step && s.optimizer.lr_decay_steps.is_none() {
         return Err(PipelineError::config("lr_decay_steps", "`step` decay needs the interval: --lr-decay-steps N"));
     }
     let ftrl_set = s.optimizer.ftrl_l1 != 0.0 || s.optimizer.ftrl_l2 != 0.0 || s.optimizer.ftrl_beta != 1.0;
@@ -142,12 +137,13 @@ pub fn lr_schedule(s: &TrainSettings, run_steps: Option<u64>) -> Result<LrSchedu
             )
         })
     };
-    let decay = match s.optimizer.lr_decay.as_str() {
-        "none" => LrDecay::None,
-        "linear" => LrDecay::Linear { horizon: horizon()? },
-        "cosine" => LrDecay::Cosine { horizon: horizon()? },
-        "step" => LrDecay::Step { every: s.optimizer.lr_decay_steps.unwrap_or(0), rate: s.optimizer.lr_decay_rate },
-        other => return Err(PipelineError::config("lr_decay", format!("`{other}` is not {DECAYS}"))),
+    let decay = match s.optimizer.lr_decay {
+        DecayKind::None => LrDecay::None,
+        DecayKind::Linear => LrDecay::Linear { horizon: horizon()? },
+        DecayKind::Cosine => LrDecay::Cosine { horizon: horizon()? },
+        DecayKind::Step => {
+            LrDecay::Step { every: s.optimizer.lr_decay_steps.unwrap_or(0), rate: s.optimizer.lr_decay_rate }
+        }
     };
     let schedule = LrSchedule { warmup: s.optimizer.lr_warmup, decay };
     schedule.validate()?;
@@ -186,18 +182,17 @@ mod tests {
         refused(|s| s.optimizer.l2_dense = -0.1, "l2_dense");
         refused(|s| s.optimizer.l2_embedding = f32::NAN, "l2_embedding");
         refused(|s| s.optimizer.ftrl_l1 = -1.0, "ftrl_l1");
-        refused(|s| s.optimizer.lr_decay = "exponential".into(), "lr_decay");
         refused(|s| s.run.early_stop = Some(0), "early_stop");
         refused(|s| s.run.eval_every = Some(0), "eval_every");
         refused(
             |s| {
-                s.optimizer.lr_decay = "step".into();
+                s.optimizer.lr_decay = DecayKind::Step;
                 s.optimizer.lr_decay_steps = Some(10);
                 s.optimizer.lr_decay_rate = 2.0;
             },
             "lr_decay_rate",
         );
-        refused(|s| s.optimizer.lr_decay = "step".into(), "lr_decay_steps");
+        refused(|s| s.optimizer.lr_decay = DecayKind::Step, "lr_decay_steps");
         refused(|s| s.optimizer.ftrl_l2 = 1.0, "ftrl");
         refused(
             |s| {
@@ -221,7 +216,7 @@ mod tests {
     fn the_schedule_takes_the_run_length_unless_given() {
         let s = {
             let mut s = TrainSettings::default();
-            s.optimizer.lr_decay = "cosine".into();
+            s.optimizer.lr_decay = DecayKind::Cosine;
             s.optimizer.lr_warmup = 5;
             s
         };

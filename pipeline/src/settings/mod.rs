@@ -33,7 +33,7 @@ pub use data::DataSettings;
 pub use exchange::ExchangeSettings;
 pub use flags::{All, ConvertFlags, Featurizing, Flags, Subset, TrainFlags};
 pub use model::{ModelKind, ModelSettings};
-pub use optimizer::OptimizerSettings;
+pub use optimizer::{DecayKind, OptimizerSettings};
 pub use run::RunSettings;
 pub use store::StoreSettings;
 
@@ -239,6 +239,7 @@ mod tests {
             ("exchange", "all"),
             ("model", "xgboost"),
             ("on_bad_record", "ignore"),
+            ("lr_decay", "exponential"),
         ] {
             let e = TrainSettings::from_toml_str(&format!("{key} = \"{value}\"")).unwrap_err().to_string();
             assert!(e.contains(&format!("`{key}`")) && e.contains(value), "{key}: {e}");

@@ -27,8 +27,8 @@ pub struct OptimizerSettings {
     pub lr_warmup: u64,
     /// Learning-rate decay after the warm-up: none, linear or cosine (to 0 at --lr-decay-steps,
     /// by default the run's length when known), step (× --lr-decay-rate every --lr-decay-steps steps).
-    #[arg(long, required = false, value_name = "none|linear|cosine|step")]
-    pub lr_decay: String,
+    #[arg(long, required = false, value_name = "none|linear|cosine|step", value_parser = super::parse::<DecayKind>)]
+    pub lr_decay: DecayKind,
     /// linear/cosine: the step at which the rate reaches 0; step: the interval between decays.
     #[arg(long, value_name = "N")]
     pub lr_decay_steps: Option<u64>,
@@ -60,7 +60,7 @@ impl Default for OptimizerSettings {
             lr: None,
             sparse_lr: None,
             lr_warmup: 0,
-            lr_decay: "none".into(),
+            lr_decay: DecayKind::None,
             lr_decay_steps: None,
             lr_decay_rate: 0.5,
             l2_dense: 0.0,
@@ -69,5 +69,53 @@ impl Default for OptimizerSettings {
             ftrl_l2: 0.0,
             ftrl_beta: 1.0,
         }
+    }
+}
+
+/// The shape of the learning-rate decay after the warm-up (`lr_decay`); its
+/// horizon, interval and rate are separate settings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecayKind {
+    /// Constant.
+    #[default]
+    None,
+    /// Linearly to 0 at `lr_decay_steps` (by default the run's length).
+    Linear,
+    /// Half a cosine to 0 at `lr_decay_steps` (by default the run's length).
+    Cosine,
+    /// Times `lr_decay_rate` every `lr_decay_steps` steps.
+    Step,
+}
+
+impl DecayKind {
+    /// Every decay, in the order the help text lists them.
+    pub const ALL: [DecayKind; 4] = [DecayKind::None, DecayKind::Linear, DecayKind::Cosine, DecayKind::Step];
+
+    /// The name in flags and files.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecayKind::None => "none",
+            DecayKind::Linear => "linear",
+            DecayKind::Cosine => "cosine",
+            DecayKind::Step => "step",
+        }
+    }
+}
+
+impl std::fmt::Display for DecayKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DecayKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        DecayKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("`{s}` is not none, linear, cosine or step"))
     }
 }
