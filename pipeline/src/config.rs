@@ -515,12 +515,6 @@ impl TrainSettings {
         }
         let sparse_optimizer = self.optimizer.sparse;
         let policy = self.data.on_bad_record;
-        if !matches!(self.run.progress.as_str(), "auto" | "bar" | "lines" | "none") {
-            return Err(PipelineError::config(
-                "progress",
-                format!("`{}` is not auto, bar, lines or none", self.run.progress),
-            ));
-        }
         if self.data.buckets == 0 {
             return Err(PipelineError::config("buckets", "must be positive"));
         }

@@ -159,7 +159,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         }
         _ => data.bytes_progress().map_or(0, |(_, total)| total),
     };
-    let mut progress = Progress::with_unit(&input.run.progress, Some(bytes_in), Unit::Bytes);
+    let mut progress = Progress::with_unit(input.run.progress, Some(bytes_in), Unit::Bytes);
     let stop = crate::stop::stop_flag()?;
     let mut interrupted = false;
     let result = loop {

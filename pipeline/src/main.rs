@@ -470,8 +470,8 @@ struct ProduceArgs {
     #[arg(long, default_value_t = 60.0)]
     broker_timeout: f64,
     /// auto, bar, lines or none.
-    #[arg(long, default_value = "auto")]
-    progress: String,
+    #[arg(long, default_value = "auto", value_name = "auto|bar|lines|none")]
+    progress: tiderec::progress::ProgressMode,
     /// A librdkafka property for the producer, KEY=VALUE (repeatable).
     #[arg(long, value_name = "KEY=VALUE")]
     kafka_option: Vec<String>,

@@ -307,7 +307,7 @@ pub fn check(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryEsti
         MemoryLimit::Auto => available(),
     };
     let fits = available.is_none_or(|(bytes, _)| estimate.total() <= bytes);
-    if fits && settings.cluster.process == 0 && settings.run.progress != "none" {
+    if fits && settings.cluster.process == 0 && settings.run.progress != crate::progress::ProgressMode::None {
         eprintln!("{}", estimate.describe(available));
     }
     match available {

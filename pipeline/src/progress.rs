@@ -30,6 +30,53 @@ impl Unit {
     }
 }
 
+/// How progress is shown (`--progress`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProgressMode {
+    /// A bar on a terminal, lines otherwise.
+    #[default]
+    Auto,
+    /// Always a bar.
+    Bar,
+    /// One line every few seconds.
+    Lines,
+    /// Silent.
+    None,
+}
+
+impl ProgressMode {
+    /// Every mode, in the order the help text lists them.
+    pub const ALL: [ProgressMode; 4] = [ProgressMode::Auto, ProgressMode::Bar, ProgressMode::Lines, ProgressMode::None];
+
+    /// The name in flags and files.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProgressMode::Auto => "auto",
+            ProgressMode::Bar => "bar",
+            ProgressMode::Lines => "lines",
+            ProgressMode::None => "none",
+        }
+    }
+}
+
+impl std::fmt::Display for ProgressMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ProgressMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        ProgressMode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("`{s}` is not auto, bar, lines or none"))
+    }
+}
+
 /// Reports progress on stderr.
 pub enum Progress {
     /// An indicatif bar (terminal).
@@ -50,18 +97,18 @@ pub enum Progress {
 }
 
 impl Progress {
-    /// `mode` is `auto`, `bar`, `lines` or `none`; `total` is the number of steps when known.
-    pub fn new(mode: &str, total: Option<u64>) -> Self {
+    /// `total` is the number of steps when known.
+    pub fn new(mode: ProgressMode, total: Option<u64>) -> Self {
         Self::with_unit(mode, total, Unit::Steps)
     }
 
     /// Like [`new`](Self::new), counting `unit`.
-    pub fn with_unit(mode: &str, total: Option<u64>, unit: Unit) -> Self {
+    pub fn with_unit(mode: ProgressMode, total: Option<u64>, unit: Unit) -> Self {
         let bar = match mode {
-            "bar" => true,
-            "auto" => std::io::stderr().is_terminal(),
-            "none" => return Progress::None,
-            _ => false,
+            ProgressMode::Bar => true,
+            ProgressMode::Auto => std::io::stderr().is_terminal(),
+            ProgressMode::None => return Progress::None,
+            ProgressMode::Lines => false,
         };
         if bar {
             let pb = match total {

@@ -219,7 +219,7 @@ pub fn model_summary(settings: &TrainSettings, resolved: &Resolved) -> Result<St
 /// Runs a whole training job and returns its summary; `None` on processes other than 0.
 pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineError> {
     let resolved = settings.validate()?;
-    if settings.cluster.process == 0 && settings.run.progress != "none" {
+    if settings.cluster.process == 0 && settings.run.progress != crate::progress::ProgressMode::None {
         eprintln!("{}", model_summary(settings, &resolved)?);
     }
     crate::memory::check(settings, &resolved)?;
@@ -295,7 +295,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         settings.cluster.workers,
         settings.model.precision,
     );
-    if settings.cluster.process == 0 && settings.run.progress != "none" {
+    if settings.cluster.process == 0 && settings.run.progress != crate::progress::ProgressMode::None {
         eprintln!("{kernels}");
     }
     let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer)?;
@@ -483,7 +483,7 @@ pub(crate) fn behavior_table(
 ) -> Result<(Batch, BadRecordCounts), PipelineError> {
     let mut sink = sink.clone();
     let (events, bad) = taobao::read_user_behavior(paths, resolved.policy, Some(&mut sink))?;
-    if settings.run.progress != "none" && settings.cluster.process == 0 {
+    if settings.run.progress != crate::progress::ProgressMode::None && settings.cluster.process == 0 {
         eprintln!("deriving DIEN samples from {} behaviour events (differential dataflow)", events.len());
     }
     let config = SampleConfig { max_len: settings.data.max_len, groups: 64, seed: settings.run.seed };
@@ -618,8 +618,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         }
     };
     let mut progress = match (me, ctx.total_samples) {
-        (0, Some(total)) => Progress::with_unit(&s.run.progress, Some(total), Unit::Samples),
-        (0, None) => Progress::new(&s.run.progress, ctx.total_steps),
+        (0, Some(total)) => Progress::with_unit(s.run.progress, Some(total), Unit::Samples),
+        (0, None) => Progress::new(s.run.progress, ctx.total_steps),
         _ => Progress::None,
     };
     let mut batch = ctx.new_batch();

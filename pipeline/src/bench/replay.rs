@@ -119,7 +119,7 @@ fn run_in(bench: &ReplayBench, tmp: &Path) -> Result<ReplayBenchResult, Pipeline
         s.data.source = tsv.clone();
         s.run.seed = seed;
         s.data.buckets = bench.buckets;
-        s.run.progress = "none".into();
+        s.run.progress = crate::progress::ProgressMode::None;
         s.data.dead_letters = tmp.join("dead-letters.tsv");
         s
     };

@@ -164,7 +164,7 @@ mod tests {
     fn equal_settings_agree_and_per_process_ones_are_left_out() {
         let a = TrainSettings::default();
         let mut b = a.clone();
-        b.run.progress = "none".into();
+        b.run.progress = crate::progress::ProgressMode::None;
         b.run.metrics_json = Some("elsewhere.json".into());
         b.data.dead_letters = "other.tsv".into();
         assert!(differences(&[(0, &print(&a)), (1, &print(&b))]).is_empty());

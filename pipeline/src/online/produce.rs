@@ -31,7 +31,7 @@ pub struct ProduceSettings {
     /// Replay the files this many times.
     pub repeat: u64,
     /// auto, bar, lines or none.
-    pub progress: String,
+    pub progress: crate::progress::ProgressMode,
 }
 
 /// What `produce` wrote.
@@ -66,7 +66,7 @@ pub fn produce(settings: &ProduceSettings) -> Result<ProduceSummary, PipelineErr
     }
     let partitions = ensure_topic(&settings.endpoint, settings.partitions)?;
     let mut writer = RecordWriter::new(&settings.endpoint, settings.rate)?;
-    let mut progress = Progress::with_unit(&settings.progress, settings.limit, Unit::Samples);
+    let mut progress = Progress::with_unit(settings.progress, settings.limit, Unit::Samples);
     let start = Instant::now();
     let mut sent = 0u64;
     'outer: for _ in 0..settings.repeat.max(1) {

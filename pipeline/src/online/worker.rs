@@ -105,7 +105,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
             serve(addr, metrics.clone())?;
         }
     }
-    if s.cluster.process == 0 && s.run.progress != "none" {
+    if s.cluster.process == 0 && s.run.progress != crate::progress::ProgressMode::None {
         eprintln!(
             "tiderec online: topic {} on {} ({partitions} partitions, {} records per partition per step), {workers_total} worker(s)",
             settings.topic,
@@ -211,7 +211,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     let samples_at_start = samples;
     let mut bad = BadRecordCounts::default();
     let mut window = PrequentialWindow::new(os.window);
-    let mut progress = if me == 0 { Progress::new(&s.run.progress, None) } else { Progress::None };
+    let mut progress = if me == 0 { Progress::new(s.run.progress, None) } else { Progress::None };
     let mut log = match (&s.run.metrics_log, me, s.cluster.process) {
         (Some(path), 0, 0) => Some(MetricsLog::create(path, resumed.is_some())?),
         _ => None,
@@ -389,11 +389,11 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     if me != 0 {
         return Ok(None);
     }
-    if stopped_by_signal && s.run.progress != "none" {
+    if stopped_by_signal && s.run.progress != crate::progress::ProgressMode::None {
         eprintln!("stopped by signal after step {steps}; offsets saved in the checkpoint");
     }
     let stats = reader.stats();
-    if stats.duplicates_dropped > 0 && s.run.progress != "none" {
+    if stats.duplicates_dropped > 0 && s.run.progress != crate::progress::ProgressMode::None {
         eprintln!("dropped {} records the broker sent twice (reconnects)", stats.duplicates_dropped);
     }
     Ok(Some(OnlineSummary {

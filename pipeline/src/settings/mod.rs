@@ -240,6 +240,7 @@ mod tests {
             ("model", "xgboost"),
             ("on_bad_record", "ignore"),
             ("lr_decay", "exponential"),
+            ("progress", "fancy"),
         ] {
             let e = TrainSettings::from_toml_str(&format!("{key} = \"{value}\"")).unwrap_err().to_string();
             assert!(e.contains(&format!("`{key}`")) && e.contains(value), "{key}: {e}");

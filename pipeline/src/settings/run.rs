@@ -1,6 +1,7 @@
 //! The run's length, batches, seed, evaluation and reporting.
 
 use crate::hygiene::BestMetric;
+use crate::progress::ProgressMode;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -46,8 +47,8 @@ pub struct RunSettings {
     #[arg(long, value_name = "FILE")]
     pub metrics_log: Option<PathBuf>,
     /// Progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none.
-    #[arg(long, required = false, value_name = "auto|bar|lines|none")]
-    pub progress: String,
+    #[arg(long, required = false, value_name = "auto|bar|lines|none", value_parser = super::parse::<ProgressMode>)]
+    pub progress: ProgressMode,
 }
 
 impl Default for RunSettings {
@@ -64,7 +65,7 @@ impl Default for RunSettings {
             max_memory: "auto".into(),
             metrics_json: None,
             metrics_log: None,
-            progress: "auto".into(),
+            progress: ProgressMode::Auto,
         }
     }
 }
