@@ -41,6 +41,7 @@ from types import SimpleNamespace
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
+sys.dont_write_bytecode = True  # importing bench_vs_torch leaves no __pycache__ in scripts/
 sys.path.insert(0, SCRIPTS)
 import bench_vs_torch  # noqa: E402
 
@@ -672,7 +673,7 @@ def machine(run, load_start, load_end, sections):
         kernels = kernel_choices(run)
     except Failed as e:
         kernels = f"**Not measured:** {e}"
-    return MACHINE.format(table=table(["", ""], rows), kernels=kernels, kernel_seconds=run.s.kernel_seconds,
+    return MACHINE.format(table=table(["", "this run"], rows), kernels=kernels, kernel_seconds=run.s.kernel_seconds,
                           kernel_rounds=run.s.kernel_rounds), kernels.startswith("**Not")
 
 
