@@ -159,7 +159,7 @@ whole training step, so its fraction of the bound is what the rest of a step (em
 gathers and row updates, the interaction, activations, the optimizer, the dataflow)
 costs. The three alternate in each round. The second table is the last round's
 `tiderec bench kernels --rows 2048`: each product's chosen kernel against matrixmultiply,
-the kernel every product ran on before the packed kernels (median GFLOP/s over its own
+the general-purpose baseline that every product can run on (median GFLOP/s over its own
 alternating rounds), and the bf16 kernel where the CPU has one. Rerun: `python3
 scripts/benchmarks.py --only gemm`.
 
