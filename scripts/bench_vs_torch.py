@@ -78,7 +78,9 @@ def run_json(cmd, timeout):
         return None, f"timed out after {timeout:.0f} s"
     if out.returncode != 0:
         lines = [l for l in (out.stderr + out.stdout).strip().splitlines() if l.strip()]
-        return None, f"exit {out.returncode}: {lines[-1] if lines else 'no output'}"
+        # tiderec's error line comes before a backtrace, when one is printed.
+        errors = [l for l in lines if l.startswith("Error")]
+        return None, f"exit {out.returncode}: {(errors or lines or ['no output'])[-1 if not errors else 0]}"
     for line in reversed(out.stdout.strip().splitlines()):
         if line.startswith("{"):
             try:
@@ -103,19 +105,28 @@ def fmt(x):
     return f"{x:,.0f}" if isinstance(x, (int, float)) else x
 
 
-def main(argv=None):
-    a = parse_args(argv)
-    sides = {"tiderec": tiderec_command(a), "torch": torch_command(a)}
+def alternate(a, sides):
+    """`a.rounds` rounds of every command in `sides` (name -> command), the
+    first of a round rotating; per round a dict of the 1-minute load average
+    before it (`load`) and, per side, its JSON object or its error string."""
+    names = list(sides)
     rounds = []
     for r in range(a.rounds):
-        order = ["tiderec", "torch"] if r % 2 == 0 else ["torch", "tiderec"]
+        order = names[r % len(names):] + names[:r % len(names)]
         row = {"load": os.getloadavg()[0]}
         for side in order:
             res, err = run_json(sides[side], a.timeout)
             row[side] = res if res is not None else err
-            print(f"round {r + 1} {side}: " + (f"{res['samples_per_sec']:.0f} samples/s" if res else err),
-                  file=sys.stderr)
+            done = f"{res['samples_per_sec']:.0f} samples/s" if res and "samples_per_sec" in res else "done"
+            print(f"round {r + 1} {side}: " + (done if res else err), file=sys.stderr)
         rounds.append(row)
+    return rounds
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    sides = {"tiderec": tiderec_command(a), "torch": torch_command(a)}
+    rounds = alternate(a, sides)
 
     ok = {s: [r[s] for r in rounds if isinstance(r[s], dict)] for s in sides}
     torch_info = ok["torch"][0] if ok["torch"] else {}

@@ -1,0 +1,124 @@
+//! `scripts/benchmarks.py`, the generator of `docs/benchmarks.md`, against
+//! this build's release binary: a `--quick` run of one cheap section writes the
+//! machine header and a table whose ratio column holds a finite number, and a
+//! section that fails is written with its error and makes the script exit 1.
+
+mod common;
+
+use common::skip;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn python3() -> Option<Command> {
+    match Command::new("python3").arg("--version").output() {
+        Ok(o) if o.status.success() => Some(Command::new("python3")),
+        _ => {
+            skip::cannot_run("python3 not found");
+            None
+        }
+    }
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os("TIDEREC_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tiderec")), PathBuf::from)
+}
+
+/// Runs the script with `args` writing `out`; returns its output and the written document.
+fn generate(args: &[&str], out: &std::path::Path) -> Option<(Output, String)> {
+    let mut py = python3()?;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/benchmarks.py");
+    let output = py
+        .arg(script)
+        .args(["--quick", "--tiderec"])
+        .arg(binary())
+        .args(args)
+        .arg("--output")
+        .arg(out)
+        .output()
+        .expect("python3 starts");
+    let doc = std::fs::read_to_string(out).unwrap_or_else(|e| {
+        panic!("{} not written ({e}); stderr: {}", out.display(), String::from_utf8_lossy(&output.stderr))
+    });
+    Some((output, doc))
+}
+
+/// The cells of the first data row of the table whose header contains `column`.
+fn first_row<'a>(doc: &'a str, column: &str) -> (Vec<&'a str>, Vec<&'a str>) {
+    let lines: Vec<&str> = doc.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with('|') && l.contains(column))
+        .unwrap_or_else(|| panic!("no table with a `{column}` column:\n{doc}"));
+    let cells = |l: &'a str| l.trim().trim_matches('|').split('|').map(str::trim).collect::<Vec<_>>();
+    (cells(lines[at]), cells(lines[at + 2]))
+}
+
+#[test]
+fn a_quick_section_writes_the_machine_header_and_a_finite_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("benchmarks.md");
+    let Some((run, doc)) = generate(&["--only", "gru"], &out) else { return };
+    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+
+    // The machine header: the CPU model of /proc/cpuinfo, the extensions, the kernels chosen.
+    assert!(doc.starts_with("# Benchmarks\n"), "{doc}");
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|c| {
+        c.lines().find(|l| l.starts_with("model name")).map(|l| l.split_once(':').unwrap().1.trim().to_owned())
+    });
+    if let Some(cpu) = cpu {
+        assert!(doc.contains(&format!("| CPU | {cpu}, ")), "CPU `{cpu}` missing from the header:\n{doc}");
+    }
+    for row in ["| vector extensions | avx2 ", "| tiderec | ", "| load average (1 min) | ", "| rounds | 1"] {
+        assert!(doc.contains(row), "`{row}` missing from the header:\n{doc}");
+    }
+    let (header, kernels) = first_row(&doc, "128 rows: forward");
+    assert_eq!(header.len(), kernels.len());
+    assert_eq!(kernels[0], "13→512", "{doc}");
+    assert!(kernels[1..].iter().all(|k| !k.is_empty()), "a product without a chosen kernel: {kernels:?}");
+
+    // The section: prose, then the table with the ratio column holding a finite number.
+    assert!(doc.contains("## GRU: split cell against the unsplit one"), "{doc}");
+    let ratio = first_ratio(&doc, "split / unsplit");
+    assert!(ratio.is_finite() && ratio > 0.0, "{ratio}");
+    assert!(!doc.contains("Not measured"), "{doc}");
+}
+
+/// The number in column `column` (a ratio such as `**1.31×**`) of the first row of its table.
+fn first_ratio(doc: &str, column: &str) -> f64 {
+    let (header, row) = first_row(doc, column);
+    let col = header.iter().position(|h| h.starts_with(column)).unwrap();
+    row[col]
+        .trim_matches('*')
+        .trim_end_matches('×')
+        .parse()
+        .unwrap_or_else(|_| panic!("ratio cell `{}` is not a number: {row:?}", row[col]))
+}
+
+/// The stores' section: `tiderec bench cache` checks that the tiered and the
+/// hash store end with the same rows, then reports their speed ratio.
+#[test]
+fn the_store_section_compares_the_tiered_store_with_the_hash_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("benchmarks.md");
+    let Some((run, doc)) = generate(&["--only", "cache"], &out) else { return };
+    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+    let ratio = first_ratio(&doc, "tiered / hash");
+    assert!(ratio.is_finite() && ratio > 0.0, "{ratio}");
+    let (_, row) = first_row(&doc, "hot-tier hit ratio");
+    let hit: f64 = row[1].trim_end_matches('%').parse().unwrap();
+    assert!((0.0..=100.0).contains(&hit), "{row:?}");
+}
+
+#[test]
+fn a_failing_section_is_written_with_its_error_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("benchmarks.md");
+    let missing = dir.path().join("no-such-criteo.tsv");
+    let Some((run, doc)) = generate(&["--only", "features", "--criteo", missing.to_str().unwrap()], &out) else {
+        return;
+    };
+    assert_eq!(run.status.code(), Some(1), "stderr: {}\n{doc}", String::from_utf8_lossy(&run.stderr));
+    assert!(doc.contains("## Feature kernels\n\n**Not measured: this section failed.**"), "{doc}");
+    assert!(doc.contains(&format!("{} not found", missing.display())), "the error names the file:\n{doc}");
+    assert!(doc.contains("## Machine and build"), "{doc}");
+}
