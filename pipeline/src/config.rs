@@ -478,7 +478,6 @@ impl TrainSettings {
                 format!("must be in [0, 1], got {}", self.data.max_bad_fraction),
             ));
         }
-        self.run.max_memory.parse::<crate::memory::MemoryLimit>()?;
         crate::device::Devices::for_workers(&self.cluster.device, self.cluster.workers)?;
         self.model.precision.check_cpu()?;
         if self.cluster.processes == 0 || self.cluster.process >= self.cluster.processes {
@@ -841,7 +840,6 @@ mod tests {
             ("workers", Box::new(|s| s.cluster.processes = 2000)),
             ("max_bad_fraction", Box::new(|s| s.data.max_bad_fraction = 1.5)),
             ("max_bad_fraction", Box::new(|s| s.data.max_bad_fraction = f64::NAN)),
-            ("max_memory", Box::new(|s| s.run.max_memory = "lots".into())),
             ("table_sizes", Box::new(|s| s.data.table_sizes = Some(vec![5; 3]))),
             ("crosses", Box::new(|s| s.model.crosses = vec!["0:1".into()])),
             (

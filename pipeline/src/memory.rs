@@ -34,53 +34,7 @@ use tiderec_operators::nn::ModelConfig;
 use tiderec_operators::optim::DenseOptimizerKind;
 use tiderec_operators::store::StoreKind;
 
-/// The `max_memory` setting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemoryLimit {
-    /// The memory the system reports available (`MemAvailable`, and a cgroup limit if lower);
-    /// no check where neither can be read.
-    Auto,
-    /// No check.
-    Unlimited,
-    /// At most this many bytes per process.
-    Bytes(u64),
-}
-
-impl std::str::FromStr for MemoryLimit {
-    type Err = PipelineError;
-    /// `auto`, `unlimited`, or a size: `8000000000`, `512M`, `8G`, `1.5GiB`, `2T` (binary units).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || {
-            PipelineError::config("max_memory", format!("`{s}` is not auto, unlimited or a size such as 8G or 512MiB"))
-        };
-        match s.trim() {
-            "auto" => return Ok(MemoryLimit::Auto),
-            "unlimited" => return Ok(MemoryLimit::Unlimited),
-            _ => {}
-        }
-        let t = s.trim();
-        let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
-        let (number, scale) = match t.char_indices().last() {
-            Some((i, c)) if c.is_ascii_alphabetic() => {
-                let shift = match c.to_ascii_uppercase() {
-                    'K' => 10,
-                    'M' => 20,
-                    'G' => 30,
-                    'T' => 40,
-                    _ => return Err(bad()),
-                };
-                (&t[..i], (1u64 << shift) as f64)
-            }
-            _ => (t, 1.0),
-        };
-        let v: f64 = number.trim().parse().map_err(|_| bad())?;
-        let bytes = v * scale;
-        if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
-            return Err(bad());
-        }
-        Ok(MemoryLimit::Bytes(bytes as u64))
-    }
-}
+pub use crate::settings::MemoryLimit;
 
 /// Bytes one process will hold, by part.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -299,7 +253,7 @@ pub fn available() -> Option<(u64, &'static str)> {
 /// Estimates the run, prints the estimate (process 0, unless `progress` is `none`) and refuses
 /// a run whose estimate exceeds the limit of `max_memory`.
 pub fn check(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryEstimate, PipelineError> {
-    let limit: MemoryLimit = settings.run.max_memory.parse()?;
+    let limit = settings.run.max_memory;
     let estimate = estimate(settings, resolved)?;
     let available = match limit {
         MemoryLimit::Unlimited => None,
@@ -336,7 +290,7 @@ mod tests {
         assert_eq!("1.5G".parse::<MemoryLimit>().unwrap(), MemoryLimit::Bytes(3 << 29));
         for bad in ["", "lots", "8X", "-1G", "0", "1e40"] {
             let e = bad.parse::<MemoryLimit>().unwrap_err().to_string();
-            assert!(e.contains("max_memory"), "{bad}: {e}");
+            assert!(e.contains(bad) && e.contains("size such as 8G"), "{bad}: {e}");
         }
     }
 
@@ -410,7 +364,7 @@ mod tests {
         let s = {
             let mut s = s;
             s.data.buckets = 1 << 30;
-            s.run.max_memory = "1G".into();
+            s.run.max_memory = MemoryLimit::Bytes(1 << 30);
             s
         };
         let err = check(&s, &s.validate().unwrap()).unwrap_err().to_string();

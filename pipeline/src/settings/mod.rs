@@ -34,7 +34,7 @@ pub use exchange::ExchangeSettings;
 pub use flags::{All, ConvertFlags, Featurizing, Flags, Subset, TrainFlags};
 pub use model::{ModelKind, ModelSettings};
 pub use optimizer::{DecayKind, OptimizerSettings};
-pub use run::RunSettings;
+pub use run::{MemoryLimit, RunSettings};
 pub use store::StoreSettings;
 
 use crate::PipelineError;
@@ -241,6 +241,7 @@ mod tests {
             ("on_bad_record", "ignore"),
             ("lr_decay", "exponential"),
             ("progress", "fancy"),
+            ("max_memory", "lots"),
         ] {
             let e = TrainSettings::from_toml_str(&format!("{key} = \"{value}\"")).unwrap_err().to_string();
             assert!(e.contains(&format!("`{key}`")) && e.contains(value), "{key}: {e}");

@@ -37,8 +37,8 @@ pub struct RunSettings {
     pub best_metric: BestMetric,
     /// Refuse to start when the memory estimate exceeds this per process: auto (what the system
     /// reports available), unlimited, or a size such as 8G.
-    #[arg(long, required = false, value_name = "BYTES|auto|unlimited")]
-    pub max_memory: String,
+    #[arg(long, required = false, value_name = "BYTES|auto|unlimited", value_parser = super::parse::<MemoryLimit>)]
+    pub max_memory: MemoryLimit,
     /// Write the final summary as one JSON object here.
     #[arg(long, value_name = "FILE")]
     pub metrics_json: Option<PathBuf>,
@@ -62,10 +62,81 @@ impl Default for RunSettings {
             eval_every: None,
             early_stop: None,
             best_metric: BestMetric::Auc,
-            max_memory: "auto".into(),
+            max_memory: MemoryLimit::Auto,
             metrics_json: None,
             metrics_log: None,
             progress: ProgressMode::Auto,
         }
+    }
+}
+
+/// The `max_memory` setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum MemoryLimit {
+    /// The memory the system reports available (`MemAvailable`, and a cgroup limit if lower);
+    /// no check where neither can be read.
+    #[default]
+    Auto,
+    /// No check.
+    Unlimited,
+    /// At most this many bytes per process.
+    Bytes(u64),
+}
+
+impl std::str::FromStr for MemoryLimit {
+    type Err = String;
+    /// `auto`, `unlimited`, or a size: `8000000000`, `512M`, `8G`, `1.5GiB`, `2T` (binary units).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("`{s}` is not auto, unlimited or a size such as 8G or 512MiB");
+        match s.trim() {
+            "auto" => return Ok(MemoryLimit::Auto),
+            "unlimited" => return Ok(MemoryLimit::Unlimited),
+            _ => {}
+        }
+        let t = s.trim();
+        let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+        let (number, scale) = match t.char_indices().last() {
+            Some((i, c)) if c.is_ascii_alphabetic() => {
+                let shift = match c.to_ascii_uppercase() {
+                    'K' => 10,
+                    'M' => 20,
+                    'G' => 30,
+                    'T' => 40,
+                    _ => return Err(bad()),
+                };
+                (&t[..i], (1u64 << shift) as f64)
+            }
+            _ => (t, 1.0),
+        };
+        let v: f64 = number.trim().parse().map_err(|_| bad())?;
+        let bytes = v * scale;
+        if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
+            return Err(bad());
+        }
+        Ok(MemoryLimit::Bytes(bytes as u64))
+    }
+}
+
+impl std::fmt::Display for MemoryLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemoryLimit::Auto => f.write_str("auto"),
+            MemoryLimit::Unlimited => f.write_str("unlimited"),
+            MemoryLimit::Bytes(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl TryFrom<String> for MemoryLimit {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<MemoryLimit> for String {
+    fn from(m: MemoryLimit) -> String {
+        m.to_string()
     }
 }
