@@ -22,7 +22,7 @@ mod dense_kernels;
 use crate::schedule::LrSchedule;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
-use tiderec_records::OperatorError;
+use tiderec_records::{OperatorError, RestoreError};
 
 /// Dense optimizer kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -237,14 +237,16 @@ impl DenseOptimizerState {
             DenseOptimizerKind::Adam => (self.len, self.len),
         };
         if self.m.len() != m || self.v.len() != v {
-            return Err(OperatorError::Restore(format!(
-                "{:?} state of {} parameters at offset {} has {} first and {} second moments (expected {m} and {v})",
-                self.kind,
-                self.len,
-                self.offset,
-                self.m.len(),
-                self.v.len()
-            )));
+            return Err(RestoreError::OptimizerMoments {
+                optimizer: self.kind.to_string(),
+                len: self.len,
+                offset: self.offset,
+                first: self.m.len(),
+                second: self.v.len(),
+                expected_first: m,
+                expected_second: v,
+            }
+            .into());
         }
         Ok(())
     }
@@ -254,33 +256,30 @@ impl DenseOptimizerState {
         let mut sorted: Vec<&DenseOptimizerState> = parts.to_vec();
         sorted.sort_by_key(|p| (p.offset, p.len));
         let Some(first) = sorted.first() else {
-            return Err(OperatorError::Restore("no dense optimizer state".into()));
+            return Err(RestoreError::NoOptimizerState.into());
         };
         let mut out =
             DenseOptimizerState { kind: first.kind, t: first.t, offset: 0, len: 0, m: Vec::new(), v: Vec::new() };
         for p in sorted {
             p.check()?;
             if p.kind != out.kind || p.t != out.t {
-                return Err(OperatorError::Restore(format!(
-                    "dense optimizer slices disagree: {:?} at update {} vs {:?} at update {}",
-                    out.kind, out.t, p.kind, p.t
-                )));
+                return Err(RestoreError::OptimizerSlicesDisagree {
+                    optimizer: out.kind.to_string(),
+                    t: out.t,
+                    other_optimizer: p.kind.to_string(),
+                    other_t: p.t,
+                }
+                .into());
             }
             if p.offset != out.len {
-                return Err(OperatorError::Restore(format!(
-                    "dense optimizer slices do not tile the parameters: a slice starts at {}, expected {}",
-                    p.offset, out.len
-                )));
+                return Err(RestoreError::OptimizerSlicesGap { start: p.offset, expected: out.len }.into());
             }
             out.len += p.len;
             out.m.extend_from_slice(&p.m);
             out.v.extend_from_slice(&p.v);
         }
         if out.len != n {
-            return Err(OperatorError::Restore(format!(
-                "dense optimizer state covers {} parameters, the model has {n}",
-                out.len
-            )));
+            return Err(RestoreError::OptimizerCoverage { covered: out.len, params: n }.into());
         }
         Ok(out)
     }

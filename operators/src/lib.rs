@@ -36,4 +36,4 @@ pub use tiderec_nn::{optim, schedule};
 pub use tiderec_records::{bad_record, batch, behavior, error, features, finite, format, metrics, rng, spec, stream};
 
 pub use batch::{Batch, BatchError, BatchField, SparseField};
-pub use error::{ConfigError, OperatorError};
+pub use error::{ConfigError, DataflowError, OperatorError, RestoreError, ShapeError};

@@ -243,23 +243,7 @@ impl EmbeddingShard {
     /// checkpoint). The row must be owned here and the widths must match.
     pub fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
         let (d, w) = (self.dim, self.state_width);
-        let n = *self
-            .table_sizes
-            .get(table)
-            .ok_or_else(|| OperatorError::Restore(format!("table {table} does not exist")))?;
-        if id >= n || shard_of(table, id, self.workers) != self.worker {
-            return Err(OperatorError::Restore(format!(
-                "row {id} of table {table} is not owned by worker {} of {} (table of {n} rows)",
-                self.worker, self.workers
-            )));
-        }
-        if row.len() != d || state.len() != w {
-            return Err(OperatorError::Restore(format!(
-                "row {id} of table {table} has {} values and {} optimizer slots, expected {d} and {w}",
-                row.len(),
-                state.len()
-            )));
-        }
+        crate::snapshot::check_row((self.worker, self.workers, d, w), &self.table_sizes, table, id, row, state)?;
         let l = (id / self.workers as u64) as usize;
         self.rows[table][l * d..(l + 1) * d].copy_from_slice(row);
         self.state[table][l * w..(l + 1) * w].copy_from_slice(state);

@@ -22,7 +22,7 @@
 
 use crate::optim::{DenseOptimizerKind, DenseOptimizerState};
 use crate::shard::shard_of;
-use crate::OperatorError;
+use crate::{OperatorError, RestoreError};
 
 /// One table's rows held by one worker: `ids.len()` rows of `dim` values and
 /// `state_width` optimizer slots each, row `i` of both belonging to `ids[i]`;
@@ -105,65 +105,70 @@ pub struct CheckedParts<'a> {
     pub dense_optimizer: DenseOptimizerState,
 }
 
-fn err(reason: String) -> OperatorError {
-    OperatorError::Restore(reason)
-}
-
 /// Checks that `parts` form one complete, consistent checkpoint of a model
 /// shaped as `expected` (see the module docs); nothing is modified.
 pub fn check_parts<'a>(parts: &'a [WorkerSnapshot], expected: Expected<'_>) -> Result<CheckedParts<'a>, OperatorError> {
-    let first = parts.first().ok_or_else(|| err("the checkpoint has no parts".into()))?;
+    let first = parts.first().ok_or(RestoreError::NoParts)?;
     let writers = first.workers;
     if writers == 0 || parts.len() != writers {
-        return Err(err(format!("{} parts for a checkpoint written by {writers} workers", parts.len())));
+        return Err(RestoreError::PartCount { parts: parts.len(), writers }.into());
     }
     let mut seen_worker = vec![false; writers];
     for p in parts {
         if p.workers != writers || p.step != first.step {
-            return Err(err(format!(
-                "part of worker {} is from a run of {} workers at step {}, another from {writers} workers at step {}",
-                p.worker, p.workers, p.step, first.step
-            )));
+            return Err(RestoreError::MixedParts {
+                worker: p.worker,
+                workers: p.workers,
+                step: p.step,
+                writers,
+                first_step: first.step,
+            }
+            .into());
         }
         match seen_worker.get_mut(p.worker) {
             Some(s) if !*s => *s = true,
-            _ => return Err(err(format!("worker {} appears twice or is not below {writers}", p.worker))),
+            _ => return Err(RestoreError::DuplicateWorker { worker: p.worker, writers }.into()),
         }
         if p.dim != expected.dim || p.state_width != expected.state_width {
-            return Err(err(format!(
-                "part of worker {} has rows of {} values and {} optimizer slots, the model has {} and {}",
-                p.worker, p.dim, p.state_width, expected.dim, expected.state_width
-            )));
+            return Err(RestoreError::PartRowWidths {
+                worker: p.worker,
+                dim: p.dim,
+                state_width: p.state_width,
+                expected_dim: expected.dim,
+                expected_state_width: expected.state_width,
+            }
+            .into());
         }
         if p.tables.len() != expected.table_sizes.len() {
-            return Err(err(format!(
-                "part of worker {} has {} tables, the model has {}",
-                p.worker,
-                p.tables.len(),
-                expected.table_sizes.len()
-            )));
+            return Err(RestoreError::TableCount {
+                worker: p.worker,
+                tables: p.tables.len(),
+                expected: expected.table_sizes.len(),
+            }
+            .into());
         }
     }
     check_rows(parts, expected)?;
     let with_params: Vec<&WorkerSnapshot> = parts.iter().filter(|p| !p.dense_params.is_empty()).collect();
     let Some(carrier) = with_params.first() else {
-        return Err(err("no part carries the dense parameters".into()));
+        return Err(RestoreError::NoDenseParams.into());
     };
     if let Some(p) = with_params.iter().find(|p| p.dense_params.len() != expected.dense_len) {
-        return Err(err(format!(
-            "part of worker {} has {} dense parameters, the model has {}",
-            p.worker,
-            p.dense_params.len(),
-            expected.dense_len
-        )));
+        return Err(RestoreError::DenseParamCount {
+            worker: p.worker,
+            len: p.dense_params.len(),
+            expected: expected.dense_len,
+        }
+        .into());
     }
     let states: Vec<&DenseOptimizerState> = parts.iter().map(|p| &p.dense_optimizer).collect();
     let dense_optimizer = DenseOptimizerState::concat(&states, expected.dense_len)?;
     if dense_optimizer.kind != expected.dense_kind {
-        return Err(err(format!(
-            "dense optimizer state is {:?}, the trainer uses {:?}",
-            dense_optimizer.kind, expected.dense_kind
-        )));
+        return Err(RestoreError::OptimizerKind {
+            found: dense_optimizer.kind.to_string(),
+            expected: expected.dense_kind.to_string(),
+        }
+        .into());
     }
     Ok(CheckedParts { step: first.step, dense_params: &carrier.dense_params, dense_optimizer })
 }
@@ -179,27 +184,35 @@ fn check_rows(parts: &[WorkerSnapshot], expected: Expected<'_>) -> Result<(), Op
             let rows = &p.tables[t];
             let k = rows.ids.len();
             if (!rows.counts.is_empty() && rows.counts.len() != k) || (!rows.hot.is_empty() && rows.hot.len() != k) {
-                return Err(err(format!(
-                    "table {t} of worker {}: {k} ids but {} counts and {} hot slots",
-                    p.worker,
-                    rows.counts.len(),
-                    rows.hot.len()
-                )));
+                return Err(RestoreError::FrequencyCount {
+                    table: t,
+                    worker: p.worker,
+                    ids: k,
+                    counts: rows.counts.len(),
+                    hot: rows.hot.len(),
+                }
+                .into());
             }
             if rows.rows.len() != k * d || rows.state.len() != k * w {
-                return Err(err(format!(
-                    "table {t} of worker {}: {k} ids but {} values and {} optimizer slots",
-                    p.worker,
-                    rows.rows.len(),
-                    rows.state.len()
-                )));
+                return Err(RestoreError::PartTableWidths {
+                    table: t,
+                    worker: p.worker,
+                    ids: k,
+                    values: rows.rows.len(),
+                    slots: rows.state.len(),
+                }
+                .into());
             }
             for &id in &rows.ids {
                 if id >= n || shard_of(t, id, p.workers) != p.worker {
-                    return Err(err(format!(
-                        "table {t}: row {id} in the part of worker {} of {} does not belong there (table of {n} rows)",
-                        p.worker, p.workers
-                    )));
+                    return Err(RestoreError::MisplacedRow {
+                        table: t,
+                        id,
+                        worker: p.worker,
+                        workers: p.workers,
+                        rows: n,
+                    }
+                    .into());
                 }
                 let twice = if expected.every_row {
                     let (word, bit) = ((id / 64) as usize, id % 64);
@@ -210,17 +223,44 @@ fn check_rows(parts: &[WorkerSnapshot], expected: Expected<'_>) -> Result<(), Op
                     !seen_sparse.insert(id)
                 };
                 if twice {
-                    return Err(err(format!("table {t}: row {id} appears twice")));
+                    return Err(RestoreError::DuplicateRow { table: t, id }.into());
                 }
                 count += 1;
             }
         }
         if expected.every_row && count != n {
-            return Err(err(format!(
-                "table {t}: {count} of its {n} rows are in the checkpoint (a checkpoint of a dynamic store \
-                 restores only into store = dynamic or tiered)"
-            )));
+            return Err(RestoreError::MissingRows { table: t, present: count, rows: n }.into());
         }
+    }
+    Ok(())
+}
+
+/// Checks one row restored into worker `worker` of `workers`, whose store keeps rows
+/// of `dim` values and `state_width` optimizer slots: the table exists, the row is
+/// in it and owned by this worker (`shard_of(table, id, workers) == worker`), and
+/// `row` and `state` have those widths. Every store's restore runs it before
+/// overwriting the row.
+pub(crate) fn check_row(
+    (worker, workers, dim, state_width): (usize, usize, usize, usize),
+    table_sizes: &[u64],
+    table: usize,
+    id: u64,
+    row: &[f32],
+    state: &[f32],
+) -> Result<(), RestoreError> {
+    let rows = *table_sizes.get(table).ok_or(RestoreError::NoSuchTable { table })?;
+    if id >= rows || shard_of(table, id, workers) != worker {
+        return Err(RestoreError::NotOwned { table, id, worker, workers, rows });
+    }
+    if row.len() != dim || state.len() != state_width {
+        return Err(RestoreError::RowWidths {
+            table,
+            id,
+            values: row.len(),
+            slots: state.len(),
+            expected_values: dim,
+            expected_slots: state_width,
+        });
     }
     Ok(())
 }
@@ -290,22 +330,52 @@ mod tests {
     }
 
     #[test]
-    fn broken_parts_are_errors_naming_the_problem() {
+    fn broken_parts_are_typed_errors_naming_the_problem() {
         type Break = Box<dyn Fn(&mut Vec<WorkerSnapshot>)>;
-        let cases: Vec<(&str, Break)> = vec![
-            ("no parts", Box::new(|p| p.clear())),
-            ("1 parts", Box::new(|p| p.truncate(1))),
-            ("appears twice", Box::new(|p| p[1].worker = 0)),
-            ("at step", Box::new(|p| p[1].step = 8)),
-            ("rows of 3 values", Box::new(|p| p[0].dim = 3)),
+        let twice = parts()[1].tables[1].ids[0];
+        let first_slice = crate::train::dense_slice(4, 0, 2).len();
+        let cases: Vec<(&str, Break, RestoreError)> = vec![
+            ("no parts", Box::new(|p| p.clear()), RestoreError::NoParts),
+            ("1 parts", Box::new(|p| p.truncate(1)), RestoreError::PartCount { parts: 1, writers: 2 }),
+            ("appears twice", Box::new(|p| p[1].worker = 0), RestoreError::DuplicateWorker { worker: 0, writers: 2 }),
+            (
+                "at step",
+                Box::new(|p| p[1].step = 8),
+                RestoreError::MixedParts { worker: 1, workers: 2, step: 8, writers: 2, first_step: 7 },
+            ),
+            (
+                "rows of 3 values",
+                Box::new(|p| p[0].dim = 3),
+                RestoreError::PartRowWidths {
+                    worker: 0,
+                    dim: 3,
+                    state_width: 1,
+                    expected_dim: 2,
+                    expected_state_width: 1,
+                },
+            ),
             (
                 "has 1 tables",
                 Box::new(|p| {
                     p[1].tables.pop();
                 }),
+                RestoreError::TableCount { worker: 1, tables: 1, expected: 2 },
             ),
-            ("does not belong", Box::new(|p| p[0].tables[1].ids[0] = 0)),
-            ("3 ids but", Box::new(|p| p[0].tables[0].state.push(0.0))),
+            (
+                "does not belong",
+                Box::new(|p| p[0].tables[1].ids[0] = 0),
+                RestoreError::MisplacedRow { table: 1, id: 0, worker: 0, workers: 2, rows: 130 },
+            ),
+            (
+                "3 ids but",
+                Box::new(|p| p[0].tables[0].state.push(0.0)),
+                RestoreError::PartTableWidths { table: 0, worker: 0, ids: 3, values: 6, slots: 4 },
+            ),
+            (
+                "1 counts",
+                Box::new(|p| p[1].tables[0].counts = vec![1]),
+                RestoreError::FrequencyCount { table: 0, worker: 1, ids: 2, counts: 1, hot: 0 },
+            ),
             (
                 "of its 130 rows",
                 Box::new(|p| {
@@ -314,6 +384,7 @@ mod tests {
                     t.rows.truncate(t.ids.len() * 2);
                     t.state.truncate(t.ids.len());
                 }),
+                RestoreError::MissingRows { table: 1, present: 129, rows: 130 },
             ),
             (
                 "appears twice",
@@ -322,20 +393,65 @@ mod tests {
                     let last = t.ids.len() - 1;
                     t.ids[last] = t.ids[0];
                 }),
+                RestoreError::DuplicateRow { table: 1, id: twice },
             ),
-            ("dense parameters", Box::new(|p| p[0].dense_params.clear())),
-            ("has 3 dense", Box::new(|p| p[1].dense_params = vec![0.0; 3])),
-            ("tile", Box::new(|p| p[1].dense_optimizer.offset = 3)),
-            ("disagree", Box::new(|p| p[1].dense_optimizer.t = 2)),
+            ("dense parameters", Box::new(|p| p[0].dense_params.clear()), RestoreError::NoDenseParams),
+            (
+                "has 3 dense",
+                Box::new(|p| p[1].dense_params = vec![0.0; 3]),
+                RestoreError::DenseParamCount { worker: 1, len: 3, expected: 4 },
+            ),
+            (
+                "tile",
+                Box::new(|p| p[1].dense_optimizer.offset = 3),
+                RestoreError::OptimizerSlicesGap { start: 3, expected: first_slice },
+            ),
+            (
+                "disagree",
+                Box::new(|p| p[1].dense_optimizer.t = 2),
+                RestoreError::OptimizerSlicesDisagree {
+                    optimizer: "adagrad".into(),
+                    t: 7,
+                    other_optimizer: "adagrad".into(),
+                    other_t: 2,
+                },
+            ),
+            (
+                "second moments",
+                Box::new(|p| {
+                    p[1].dense_optimizer.v.pop();
+                }),
+                RestoreError::OptimizerMoments {
+                    optimizer: "adagrad".into(),
+                    len: 4 - first_slice,
+                    offset: first_slice,
+                    first: 0,
+                    second: 4 - first_slice - 1,
+                    expected_first: 0,
+                    expected_second: 4 - first_slice,
+                },
+            ),
         ];
-        for (needle, breaks) in cases {
+        for (needle, breaks, want) in cases {
             let mut p = parts();
             breaks(&mut p);
-            let e = check_parts(&p, expected()).unwrap_err().to_string();
-            assert!(e.contains(needle), "expected `{needle}` in: {e}");
+            match check_parts(&p, expected()).unwrap_err() {
+                OperatorError::Restore(e) => {
+                    assert_eq!(e, want);
+                    let text = e.to_string();
+                    assert!(text.contains(needle), "expected `{needle}` in: {text}");
+                }
+                other => panic!("not a restore error: {other:?}"),
+            }
         }
         let mut other = expected();
         other.dense_kind = DenseOptimizerKind::Adam;
-        assert!(check_parts(&parts(), other).unwrap_err().to_string().contains("Adam"));
+        let e = check_parts(&parts(), other).unwrap_err();
+        assert!(
+            matches!(&e, OperatorError::Restore(RestoreError::OptimizerKind { found, expected })
+                if found == "adagrad" && expected == "adam"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "cannot restore checkpoint: dense optimizer state is adagrad, the trainer uses adam");
     }
 }

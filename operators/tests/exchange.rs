@@ -11,7 +11,7 @@ use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimi
 use tiderec_operators::snapshot::WorkerSnapshot;
 use tiderec_operators::store::{StoreConfig, StoreKind};
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
-use tiderec_operators::Batch;
+use tiderec_operators::{Batch, OperatorError, ShapeError};
 
 const GLOBAL_BATCH: usize = 30;
 const SIZES: [u64; 4] = [1000, 7, 5000, 300];
@@ -295,7 +295,12 @@ fn invalid_exchanges_are_refused_with_their_key() {
     let cfg = fm_config(partial(&[1]), SparseOptimizerKind::Sgd);
     timely::execute(timely::Config::thread(), move |worker| {
         let mut trainer = Trainer::new(worker, &cfg).unwrap();
-        let err = trainer.step(worker, StepKind::Train, micro_batch(0, 0, 1, true)).unwrap_err().to_string();
+        let err = trainer.step(worker, StepKind::Train, micro_batch(0, 0, 1, true)).unwrap_err();
+        assert!(
+            matches!(err, OperatorError::Shape(ShapeError::MultiIdPartial { field: 1, sample: 0, ids: 2 })),
+            "{err:?}"
+        );
+        let err = err.to_string();
         assert!(err.contains("field 1") && err.contains("at most one id"), "{err}");
     })
     .unwrap();

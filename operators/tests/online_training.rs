@@ -5,9 +5,10 @@
 //! made before the update; and the parameters are those of plain `step` calls.
 
 use std::ops::ControlFlow;
+use tiderec_operators::error::FeatureCounts;
 use tiderec_operators::metrics::EvalSet;
 use tiderec_operators::train::{OnlineSummary, StepKind, Trainer, TrainerConfig};
-use tiderec_operators::{Batch, OperatorError};
+use tiderec_operators::{Batch, DataflowError, OperatorError, ShapeError};
 
 mod common;
 
@@ -135,9 +136,18 @@ fn a_batch_that_does_not_fit_fails_its_worker_and_stops_the_others() {
     .into_iter()
     .map(|r| r.unwrap())
     .collect::<Vec<_>>();
-    assert!(matches!(results[1].0, Err(OperatorError::Shape(_))), "{:?}", results[1].0);
+    match &results[1].0 {
+        Err(OperatorError::Shape(ShapeError::FeatureCounts { batch, model })) => {
+            assert_eq!(*batch, FeatureCounts { dense: 3, sparse: 2, sequences: 0 });
+            assert_eq!(*model, FeatureCounts { dense: 2, sparse: 2, sequences: 0 });
+        }
+        other => panic!("worker 1: {other:?}"),
+    }
     match &results[0].0 {
-        Err(OperatorError::Dataflow(m)) => assert!(m.contains("failed at online step 3"), "{m}"),
+        Err(OperatorError::Dataflow(e)) => {
+            assert_eq!(*e, DataflowError::StepFailed { step: 3, failed_workers: 1 });
+            assert_eq!(e.to_string(), "1 worker(s) failed at online step 3");
+        }
         other => panic!("worker 0: {other:?}"),
     }
     assert_eq!((results[0].1, results[1].1), (2, 2), "both called back for the two good steps only");

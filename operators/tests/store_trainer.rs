@@ -10,7 +10,7 @@ use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimi
 use tiderec_operators::snapshot::WorkerSnapshot;
 use tiderec_operators::store::{FrequencySource, StoreConfig, StoreKind, StoreStats};
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
-use tiderec_operators::Batch;
+use tiderec_operators::{Batch, OperatorError, RestoreError};
 
 const GLOBAL_BATCH: usize = 24;
 const SIZES: [u64; 3] = [1000, 7, 5000];
@@ -212,7 +212,12 @@ fn dynamic_and_tiered_checkpoints_restore_exactly_across_worker_counts() {
         let p = parts.clone();
         timely::execute(timely::Config::thread(), move |worker| {
             let mut trainer = Trainer::new(worker, &cfg).unwrap();
-            let err = trainer.restore(&p).unwrap_err().to_string();
+            let err = trainer.restore(&p).unwrap_err();
+            assert!(
+                matches!(err, OperatorError::Restore(RestoreError::MissingRows { present, rows, .. }) if present < rows),
+                "{err:?}"
+            );
+            let err = err.to_string();
             assert!(err.contains("rows are in the checkpoint"), "{err}");
         })
         .unwrap();

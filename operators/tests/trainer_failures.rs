@@ -2,10 +2,11 @@
 //! they see the failure in the step's statistics and can stop together.
 
 use std::sync::{Arc, Mutex};
+use tiderec_operators::error::FeatureSlot;
 use tiderec_operators::nn::{DlrmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
-use tiderec_operators::Batch;
+use tiderec_operators::{Batch, OperatorError, ShapeError};
 
 fn config() -> TrainerConfig {
     TrainerConfig {
@@ -54,7 +55,11 @@ fn a_batch_that_does_not_fit_the_model_fails_every_worker_instead_of_hanging() {
         let result = trainer.step(worker, StepKind::Train, batch);
         let outcome = match result {
             Ok(stats) => format!("ok, {} failed", stats.failed_workers),
-            Err(e) => format!("error: {e}"),
+            Err(e) => {
+                let outside = ShapeError::IdOutsideTable { slot: FeatureSlot::Field(0), id: 99, table: 0, rows: 10 };
+                assert!(matches!(&e, OperatorError::Shape(s) if *s == outside), "{e:?}");
+                format!("error: {e}")
+            }
         };
         out.lock().unwrap().push((me, outcome));
     })

@@ -117,7 +117,7 @@ fn a_failing_compute_backend_fails_its_step_and_stops_every_worker() {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    assert!(matches!(e, OperatorError::Device(_)), "{e:?}");
+                    assert!(matches!(&e, OperatorError::Device { worker: 1, message } if message.starts_with("CUDA device 7")), "{e:?}");
                     outcome = format!("step {step}: error: {e}");
                     break;
                 }
@@ -128,7 +128,10 @@ fn a_failing_compute_backend_fails_its_step_and_stops_every_worker() {
     .unwrap();
     let mut seen = seen.lock().unwrap().clone();
     seen.sort();
-    assert_eq!(seen[1], (1, "step 2: error: compute device error: CUDA device 7: an injected failure".into()));
+    assert_eq!(
+        seen[1],
+        (1, "step 2: error: compute device error on worker 1: CUDA device 7: an injected failure".into())
+    );
     assert_eq!(seen[0], (0, "step 3: 1 failed".into()), "{seen:?}");
 }
 

@@ -35,4 +35,4 @@ pub mod spec;
 pub mod stream;
 
 pub use batch::{Batch, BatchError, BatchField, SparseField};
-pub use error::{ConfigError, OperatorError};
+pub use error::{ConfigError, DataflowError, OperatorError, RestoreError, ShapeError};

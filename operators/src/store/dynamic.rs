@@ -7,10 +7,10 @@
 //! ever held at once: at most `max_rows` plus the rows admitted within one
 //! maintenance interval (`flush_every` steps).
 
-use super::{check_row, init_row, CountMinSketch, EmbeddingStore, StoreConfig, StoreParams, StoreStats};
+use super::{init_row, CountMinSketch, EmbeddingStore, StoreConfig, StoreParams, StoreStats};
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
 use crate::rng::unit_f64;
-use crate::snapshot::TableRows;
+use crate::snapshot::{check_row, TableRows};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 

@@ -480,31 +480,5 @@ pub(crate) fn init_row(seed: u64, table: usize, id: u64, bound: f32, row: &mut [
     }
 }
 
-/// Checks a restored row's owner, id range and widths.
-pub(crate) fn check_row(
-    p: (usize, usize, usize, usize),
-    table_sizes: &[u64],
-    table: usize,
-    id: u64,
-    row: &[f32],
-    state: &[f32],
-) -> Result<(), OperatorError> {
-    let (worker, workers, d, w) = p;
-    let n = *table_sizes.get(table).ok_or_else(|| OperatorError::Restore(format!("table {table} does not exist")))?;
-    if id >= n || crate::shard::shard_of(table, id, workers) != worker {
-        return Err(OperatorError::Restore(format!(
-            "row {id} of table {table} is not owned by worker {worker} of {workers} (table of {n} rows)"
-        )));
-    }
-    if row.len() != d || state.len() != w {
-        return Err(OperatorError::Restore(format!(
-            "row {id} of table {table} has {} values and {} optimizer slots, expected {d} and {w}",
-            row.len(),
-            state.len()
-        )));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests;

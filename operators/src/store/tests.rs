@@ -1,7 +1,7 @@
 use super::*;
 use crate::rng::unit_f64;
 use crate::shard::shard_of;
-use crate::ConfigError;
+use crate::{ConfigError, RestoreError};
 
 const DIM: usize = 4;
 
@@ -448,6 +448,33 @@ fn dynamic_and_tiered_checkpoints_round_trip_across_worker_counts() {
         assert!(s.set_row(0, 1, &[0.0; DIM], &[0.0; 9]).is_err());
         assert!(s.set_row(0, 0, &[0.0; 3], &[0.0; 9]).is_err());
         assert!(s.set_row(5, 0, &[0.0; DIM], &[0.0; 9]).is_err());
+    }
+}
+
+/// Every store refuses a restored row with the same typed error, naming the table,
+/// the row, the worker and the widths.
+#[test]
+fn a_row_restored_into_the_wrong_worker_is_a_typed_restore_error_in_every_store() {
+    let sizes = [40u64, 9];
+    let restore_error = |e: OperatorError| match e {
+        OperatorError::Restore(r) => r,
+        other => panic!("not a restore error: {other:?}"),
+    };
+    for kind in [StoreKind::Fixed, StoreKind::Dynamic, StoreKind::Tiered] {
+        let mut store = Store::new(&config(kind), &params(1, 3, &sizes, SparseOptimizerKind::RowwiseAdagrad)).unwrap();
+        let foreign = (0..9).find(|&id| shard_of(1, id, 3) != 1).unwrap();
+        let own = (0..9).find(|&id| shard_of(1, id, 3) == 1).unwrap();
+        let e = restore_error(store.set_row(1, foreign, &[0.0; DIM], &[0.0]).unwrap_err());
+        assert_eq!(e, RestoreError::NotOwned { table: 1, id: foreign, worker: 1, workers: 3, rows: 9 }, "{kind:?}");
+        let e = restore_error(store.set_row(1, 9, &[0.0; DIM], &[0.0]).unwrap_err());
+        assert_eq!(e, RestoreError::NotOwned { table: 1, id: 9, worker: 1, workers: 3, rows: 9 }, "{kind:?}");
+        let e = restore_error(store.set_row(1, own, &[0.0; 3], &[0.0; 2]).unwrap_err());
+        let widths =
+            RestoreError::RowWidths { table: 1, id: own, values: 3, slots: 2, expected_values: DIM, expected_slots: 1 };
+        assert_eq!(e, widths, "{kind:?}");
+        let e = restore_error(store.set_row(2, own, &[0.0; DIM], &[0.0]).unwrap_err());
+        assert_eq!(e, RestoreError::NoSuchTable { table: 2 }, "{kind:?}");
+        store.set_row(1, own, &[0.5; DIM], &[0.25]).unwrap();
     }
 }
 

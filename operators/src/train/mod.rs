@@ -44,6 +44,7 @@
 
 use crate::bad_record::BadReason;
 use crate::batch::Batch;
+use crate::error::{FeatureCounts, FeatureSlot, ShapeError};
 use crate::exchange::{narrow_ids, ExchangeConfig, Replicas, TableExchange, WireIds};
 use crate::metrics::EvalSet;
 use crate::nn::{DeepShares, DeepWeights, ModelConfig};
@@ -642,7 +643,7 @@ impl Trainer {
         let device_error = self.home.borrow_mut().model.take_error();
         if let Some(e) = device_error {
             self.step_failed(worker);
-            return Err(OperatorError::Device(e));
+            return Err(OperatorError::Device { worker: worker.index(), message: e });
         }
         if kind == StepKind::Train && stats.samples > 0 {
             self.train_steps += 1;
@@ -690,45 +691,40 @@ impl Trainer {
             || batch.sparse.len() != m.num_sparse()
             || batch.sequences.len() != m.num_sequences()
         {
-            return Err(OperatorError::Shape(format!(
-                "batch has {} dense / {} sparse / {} sequence features, the model expects {} / {} / {}",
-                batch.num_dense,
-                batch.sparse.len(),
-                batch.sequences.len(),
-                m.num_dense(),
-                m.num_sparse(),
-                m.num_sequences()
-            )));
+            return Err(ShapeError::FeatureCounts {
+                batch: FeatureCounts {
+                    dense: batch.num_dense,
+                    sparse: batch.sparse.len(),
+                    sequences: batch.sequences.len(),
+                },
+                model: FeatureCounts { dense: m.num_dense(), sparse: m.num_sparse(), sequences: m.num_sequences() },
+            }
+            .into());
         }
         batch.check()?;
         let tables = (0..m.num_sparse()).chain(self.config.sequence_tables.iter().copied());
         for ((k, field), t) in batch.sparse.iter().chain(&batch.sequences).enumerate().zip(tables) {
             if let Some(&id) = field.ids.iter().find(|&&id| id >= self.config.table_sizes[t]) {
-                return Err(OperatorError::Shape(format!(
-                    "id {id} of {} is outside its table {t} of {} rows",
-                    slot_name(k, m.num_sparse()),
-                    self.config.table_sizes[t]
-                )));
+                return Err(ShapeError::IdOutsideTable {
+                    slot: FeatureSlot::nth(k, m.num_sparse()),
+                    id,
+                    table: t,
+                    rows: self.config.table_sizes[t],
+                }
+                .into());
             }
         }
         for (f, field) in batch.sparse.iter().enumerate() {
             if self.config.exchange.table(f) == TableExchange::Partial {
                 if let Some(i) = (0..field.len()).find(|&i| field.bag(i).len() > 1) {
-                    return Err(OperatorError::Shape(format!(
-                        "field {f} travels as partial results (exchange `partial`), which needs at most one id \
-                         per sample, but sample {i} has {}; use `rows` for this field",
-                        field.bag(i).len()
-                    )));
+                    return Err(ShapeError::MultiIdPartial { field: f, sample: i, ids: field.bag(i).len() }.into());
                 }
             }
         }
         if let Some(first) = batch.sequences.first() {
             let max = m.max_sequence_len();
             if let Some(i) = (0..batch.len()).find(|&i| first.bag(i).len() > max) {
-                return Err(OperatorError::Shape(format!(
-                    "sample {i} has a sequence of {} items, longer than the model's max_len {max}",
-                    first.bag(i).len()
-                )));
+                return Err(ShapeError::SequenceTooLong { sample: i, len: first.bag(i).len(), max_len: max }.into());
             }
         }
         Ok(())
@@ -867,14 +863,5 @@ impl Trainer {
         owner.replicas.restore(parts);
         self.train_steps = checked.step;
         Ok(())
-    }
-}
-
-/// `field f` for a sparse slot, `sequence s` for a sequence slot.
-fn slot_name(k: usize, num_sparse: usize) -> String {
-    if k < num_sparse {
-        format!("field {k}")
-    } else {
-        format!("sequence {}", k - num_sparse)
     }
 }

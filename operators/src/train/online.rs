@@ -12,7 +12,7 @@
 use super::{StepKind, StepStats, Trainer};
 use crate::batch::Batch;
 use crate::metrics::EvalSet;
-use crate::OperatorError;
+use crate::{DataflowError, OperatorError};
 use std::ops::ControlFlow;
 use timely::worker::Worker;
 
@@ -92,17 +92,14 @@ impl Trainer {
             let batch = batches.next().unwrap_or_else(|| self.empty_batch());
             let stats = self.step(worker, StepKind::Train, batch)?;
             if stats.failed_workers > 0 {
-                return Err(OperatorError::Dataflow(format!(
-                    "{} worker(s) failed at online step {}",
-                    stats.failed_workers,
-                    summary.steps + 1
-                )));
+                return Err(DataflowError::StepFailed {
+                    step: summary.steps + 1,
+                    failed_workers: stats.failed_workers,
+                }
+                .into());
             }
             if stats.non_finite > 0 {
-                return Err(OperatorError::Dataflow(format!(
-                    "online step {} found a non-finite loss, gradient or parameter; the model is ruined",
-                    summary.steps + 1
-                )));
+                return Err(DataflowError::NonFinite { step: summary.steps + 1 }.into());
             }
             let predictions = self.take_eval();
             let stopped = stats.stop_requests > 0;
