@@ -4,6 +4,7 @@
 mod common;
 
 use common::rel_diff;
+use tiderec::progress::ProgressMode;
 use tiderec::TrainSettings;
 use tiderec_operators::optim::SparseOptimizerKind;
 
@@ -21,7 +22,7 @@ fn fifty_steps_with(
 ) -> tiderec_sinks::metrics::RunSummary {
     let settings = {
         let mut s = TrainSettings::default();
-        s.model.kind = model.into();
+        s.model.kind = model.parse().unwrap();
         s.cluster.workers = workers;
         s.run.steps = Some(50);
         s.data.samples = 50 * 256;
@@ -32,7 +33,7 @@ fn fifty_steps_with(
         s.optimizer.sparse = sparse_optimizer.parse().unwrap();
         s.optimizer.sparse_lr = Some(sparse_lr);
         s.optimizer.lr = Some(lr);
-        s.run.progress = "none".into();
+        s.run.progress = ProgressMode::None;
         s.run.seed = 11;
         s
     };
@@ -99,13 +100,13 @@ fn dien_trains_the_same_on_one_and_two_workers() {
             let settings = {
                 let mut s = TrainSettings::default();
                 s.data.source = "synthetic-behavior".into();
-                s.model.kind = model.into();
+                s.model.kind = model.parse().unwrap();
                 s.cluster.workers = workers;
                 s.run.steps = Some(50);
                 s.data.samples = 50 * 256;
                 s.run.batch_size = 256;
                 s.data.eval_fraction = 0.0;
-                s.run.progress = "none".into();
+                s.run.progress = ProgressMode::None;
                 s.run.seed = 5;
                 s
             };
@@ -126,7 +127,7 @@ fn wide_and_deep_with_crosses_trains_the_same_on_one_and_two_workers() {
     let run = |workers, crosses: &[&str]| {
         let settings = {
             let mut s = TrainSettings::default();
-            s.model.kind = "wdl".into();
+            s.model.kind = "wdl".parse().unwrap();
             s.optimizer.sparse = SparseOptimizerKind::FtrlAdagrad;
             s.model.crosses = crosses.iter().map(|c| c.to_string()).collect();
             s.cluster.workers = workers;
@@ -135,7 +136,7 @@ fn wide_and_deep_with_crosses_trains_the_same_on_one_and_two_workers() {
             s.run.batch_size = 256;
             s.data.eval_fraction = 0.0;
             s.data.buckets = 20_000;
-            s.run.progress = "none".into();
+            s.run.progress = ProgressMode::None;
             s.run.seed = 13;
             s
         };

@@ -5,6 +5,7 @@ mod common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use tiderec::progress::ProgressMode;
 use tiderec::TrainSettings;
 
 #[test]
@@ -12,7 +13,7 @@ fn synthetic_auc_is_within_003_of_the_teacher() {
     let settings = {
         let mut s = TrainSettings::default();
         s.cluster.workers = 2;
-        s.run.progress = "none".into();
+        s.run.progress = ProgressMode::None;
         s
     };
     let s = tiderec::run::train(&settings).unwrap().unwrap();
@@ -43,7 +44,7 @@ fn criteo_settings(dir: &Path, train: &Path, eval: &Path) -> TrainSettings {
     let mut s = TrainSettings::default();
     s.data.source = format!("criteo:{}", train.display());
     s.data.eval = Some(format!("criteo:{}", eval.display()));
-    s.run.progress = "none".into();
+    s.run.progress = ProgressMode::None;
     s.data.dead_letters = dir.join("dead.tsv");
     s
 }
@@ -66,7 +67,7 @@ fn deepfm_and_wide_deep_match_or_beat_dlrm_on_the_criteo_sample() {
     let auc_of = |model: &str, sparse_optimizer: &str, sparse_lr: f32| {
         let settings = {
             let mut s = criteo_settings(dir.path(), &train, &eval);
-            s.model.kind = model.into();
+            s.model.kind = model.parse().unwrap();
             s.optimizer.sparse = sparse_optimizer.parse().unwrap();
             s.optimizer.sparse_lr = Some(sparse_lr);
             s
@@ -91,10 +92,10 @@ fn avazu_sample_trains_to_auc_068() {
     for model in ["dlrm", "deepfm"] {
         let settings = {
             let mut s = TrainSettings::default();
-            s.model.kind = model.into();
+            s.model.kind = model.parse().unwrap();
             s.data.source = format!("avazu:{}", path.display());
             s.data.eval_fraction = 0.2;
-            s.run.progress = "none".into();
+            s.run.progress = ProgressMode::None;
             s.data.dead_letters = dir.path().join("dead.tsv");
             s
         };
@@ -111,9 +112,9 @@ fn behavior_run(data: &str, model: &str, extra: impl FnOnce(&mut TrainSettings))
     let mut settings = {
         let mut s = TrainSettings::default();
         s.data.source = data.into();
-        s.model.kind = model.into();
+        s.model.kind = model.parse().unwrap();
         s.cluster.workers = 2;
-        s.run.progress = "none".into();
+        s.run.progress = ProgressMode::None;
         s.data.dead_letters = dir.path().join("dead.tsv");
         s
     };

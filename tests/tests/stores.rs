@@ -6,13 +6,14 @@
 mod common;
 
 use common::rel_diff;
+use tiderec::progress::ProgressMode;
 use tiderec::TrainSettings;
 use tiderec_operators::store::StoreKind;
 
 fn run(store: &str, workers: usize) -> tiderec_sinks::metrics::RunSummary {
     let settings = {
         let mut s = TrainSettings::default();
-        s.model.kind = "deepfm".into();
+        s.model.kind = "deepfm".parse().unwrap();
         s.store.kind = store.parse().unwrap();
         s.store.hot_rows = 2000;
         s.store.warmup = 5;
@@ -23,7 +24,7 @@ fn run(store: &str, workers: usize) -> tiderec_sinks::metrics::RunSummary {
         s.run.batch_size = 256;
         s.data.eval_fraction = 0.1;
         s.data.buckets = 20_000;
-        s.run.progress = "none".into();
+        s.run.progress = ProgressMode::None;
         s.run.seed = 17;
         s
     };
@@ -89,7 +90,7 @@ fn bad_store_settings_fail_naming_the_key() {
     for (set, key) in cases {
         let mut s = {
             let mut s = TrainSettings::default();
-            s.run.progress = "none".into();
+            s.run.progress = ProgressMode::None;
             s
         };
         set(&mut s);
