@@ -1297,7 +1297,7 @@ fn main() -> anyhow::Result<()> {
 fn bench_model(name: &str) -> anyhow::Result<tiderec_operators::nn::ModelConfig> {
     let settings = {
         let mut s = TrainSettings::default();
-        s.model.kind = name.parse().map_err(|e: String| anyhow::anyhow!("bench --model: {e}"))?;
+        s.model.kind = name.parse()?;
         s
     };
     Ok(if settings.model.kind.is_dien() {

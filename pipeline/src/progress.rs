@@ -67,13 +67,12 @@ impl std::fmt::Display for ProgressMode {
 }
 
 impl std::str::FromStr for ProgressMode {
-    type Err = String;
+    type Err = tiderec_operators::ConfigError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        ProgressMode::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| format!("`{s}` is not auto, bar, lines or none"))
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ProgressMode::ALL.into_iter().find(|m| m.name() == s).ok_or_else(|| {
+            tiderec_operators::ConfigError::new("progress", format!("`{s}` is not auto, bar, lines or none"))
+        })
     }
 }
 

@@ -124,13 +124,13 @@ impl std::fmt::Display for BadRecordPolicy {
 }
 
 impl std::str::FromStr for BadRecordPolicy {
-    type Err = String;
+    type Err = crate::ConfigError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, crate::ConfigError> {
         match s {
             "skip" => Ok(BadRecordPolicy::Skip),
             "fail" => Ok(BadRecordPolicy::Fail),
-            other => Err(format!("`{other}` is not skip or fail")),
+            other => Err(crate::ConfigError::new("on_bad_record", format!("`{other}` is not skip or fail"))),
         }
     }
 }

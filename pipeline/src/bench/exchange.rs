@@ -184,7 +184,7 @@ fn model_config(name: &str, dim: usize, deep: &[usize]) -> Result<ModelConfig, P
         ModelConfig::Fm(FmConfig { num_dense: NUM_DENSE, num_sparse: NUM_SPARSE, dim, deep, fm, wide_only: 0 })
     };
     let fm = |deep: Vec<usize>| fm_with(deep, true);
-    let kind: ModelKind = name.parse().map_err(|e: String| PipelineError::config("model", e))?;
+    let kind: ModelKind = name.parse()?;
     Ok(match kind {
         ModelKind::Fm => fm(vec![]),
         ModelKind::DeepFm | ModelKind::Wdl if deep.is_empty() || deep.contains(&0) => {

@@ -169,7 +169,7 @@ fn run_in(bench: &ReplayBench, tmp: &Path) -> Result<ReplayBenchResult, Pipeline
     // 3. Training, alternating.
     let train = {
         let mut s = base;
-        s.model.kind = bench.model.parse().map_err(|e: String| PipelineError::config("model", e))?;
+        s.model.kind = bench.model.parse()?;
         s.run.batch_size = bench.batch_size;
         s.cluster.workers = bench.workers;
         s.run.steps = Some(bench.steps);

@@ -3,6 +3,7 @@
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use tiderec_operators::nn::Precision;
+use tiderec_operators::ConfigError;
 
 /// Which model is trained and the widths of its parts.
 #[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
@@ -127,12 +128,12 @@ impl std::fmt::Display for ModelKind {
 }
 
 impl std::str::FromStr for ModelKind {
-    type Err = String;
+    type Err = ConfigError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
         ModelKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
             let names: Vec<&str> = ModelKind::ALL.iter().map(|k| k.name()).collect();
-            format!("unknown model `{s}` ({})", names.join(", "))
+            ConfigError::new("model", format!("unknown model `{s}` ({})", names.join(", ")))
         })
     }
 }

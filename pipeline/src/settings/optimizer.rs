@@ -3,6 +3,7 @@
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
+use tiderec_operators::ConfigError;
 
 /// How the dense weights and the embedding rows are updated.
 #[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
@@ -110,12 +111,12 @@ impl std::fmt::Display for DecayKind {
 }
 
 impl std::str::FromStr for DecayKind {
-    type Err = String;
+    type Err = ConfigError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
         DecayKind::ALL
             .into_iter()
             .find(|k| k.name() == s)
-            .ok_or_else(|| format!("`{s}` is not none, linear, cosine or step"))
+            .ok_or_else(|| ConfigError::new("lr_decay", format!("`{s}` is not none, linear, cosine or step")))
     }
 }

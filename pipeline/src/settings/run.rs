@@ -5,6 +5,7 @@ use crate::progress::ProgressMode;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use tiderec_operators::ConfigError;
 
 /// How long the run trains, on what batches, when it evaluates and what it reports.
 #[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
@@ -85,10 +86,11 @@ pub enum MemoryLimit {
 }
 
 impl std::str::FromStr for MemoryLimit {
-    type Err = String;
+    type Err = ConfigError;
     /// `auto`, `unlimited`, or a size: `8000000000`, `512M`, `8G`, `1.5GiB`, `2T` (binary units).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("`{s}` is not auto, unlimited or a size such as 8G or 512MiB");
+        let bad =
+            || ConfigError::new("max_memory", format!("`{s}` is not auto, unlimited or a size such as 8G or 512MiB"));
         match s.trim() {
             "auto" => return Ok(MemoryLimit::Auto),
             "unlimited" => return Ok(MemoryLimit::Unlimited),
@@ -129,8 +131,8 @@ impl std::fmt::Display for MemoryLimit {
 }
 
 impl TryFrom<String> for MemoryLimit {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = ConfigError;
+    fn try_from(s: String) -> Result<Self, ConfigError> {
         s.parse()
     }
 }
