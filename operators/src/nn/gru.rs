@@ -267,6 +267,7 @@ impl Gru {
 
     /// Back-propagates `dstates: [T × B × H]` (gradient w.r.t. `h_1 … h_T`) through
     /// the last `forward`; writes the parameter gradients into `grads` and `dx`.
+    /// `x` and `lengths` are the forward's (its packed copy of `x` is what is read).
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Scalar>(
         &self,
