@@ -10,24 +10,31 @@
 //! h' = (1 − z) ⊙ n + z ⊙ h
 //! ```
 //!
-//! **Split cell**: the input projections `W_ih x` of a chunk of time steps
-//! are computed before the recurrence (as many steps as fill about 256 KiB,
-//! into one reused chunk buffer that stays in L2; at DIEN shapes ten steps),
-//! reading the batch-major `x` in place; inside the loop only `h · W_hhᵀ` is
-//! computed. Backward mirrors it: per step the gate gradients and
+//! **Split cell**: the sequences are packed (sorted by length, longest
+//! first, as cuDNN's and PyTorch's packed sequences), so that at every step
+//! the sequences still running are a prefix of the batch and steps past a
+//! sequence's length cost nothing. The input projections `W_ih x` of a chunk
+//! of time steps are one GEMM over the chunk's packed rows before the
+//! recurrence (as many steps as fill about 256 KiB with a full batch, into
+//! one reused chunk buffer that stays in L2; at DIEN shapes ten steps);
+//! inside the loop only `h · W_hhᵀ` is computed, over the running prefix.
+//! Backward mirrors it: per step the gate gradients and
 //! `dh_{t−1} = dGh · W_hh`; per chunk `dW_ih`, `dW_hh`, the bias gradients
-//! (one GEMM / pass each over the chunk's steps) and `dx`, written in place.
-//! Every product with a weight runs through [`gemm_packed`] with the weight
-//! packed once per pass; the split cell's weight gradients (over a chunk of
-//! steps) through [`gemm_tn`], which packs neither operand, the unsplit
-//! cell's (per step) through the general GEMM, each the faster kernel for its
-//! shape. A step's gate nonlinearities run as one flat loop
-//! over runs of rows still inside their sequences (`activate_step`, shared
-//! by both cells), after the split cell has gathered its two products and the
+//! and `dx` (one GEMM / pass each over the chunk's packed rows, `dx` then
+//! scattered into the batch-major layout). Every product with a weight runs
+//! through [`gemm_packed`] with the weight packed once per pass; the split
+//! cell's weight gradients (over a chunk of steps) through [`gemm_tn`],
+//! which packs neither operand, the unsplit cell's (per step) through the
+//! general GEMM, each the faster kernel for its shape. A step's gate
+//! nonlinearities run as one flat loop over rows (`activate_rows`, shared by
+//! both cells), after the split cell has gathered its two products and the
 //! biases into the step's planes. [`Gru::forward_unsplit`] is the textbook
-//! cell (per step one GEMM over the concatenation `[x_t, h]` with a combined
-//! weight), kept as the baseline and oracle, with the same kernels for its
-//! weight products.
+//! cell (per step one GEMM over the concatenation `[x_t, h]` of the whole
+//! padded batch with a combined weight), kept as the baseline and oracle,
+//! with the same kernels for its weight products.
+//!
+//! Packing is a function of the lengths alone (ties keep batch order), so
+//! the results are deterministic for given inputs.
 //!
 //! Sequences shorter than `T` are masked: past its length a row keeps its
 //! state (`h_t = h_{t−1}`) and receives no gate gradients.
@@ -58,11 +65,22 @@ pub struct GruCache<T> {
     /// `h_0 … h_T`, each `[B × H]` (`h_0` = 0).
     pub states: Vec<T>,
     gx: Vec<T>,
+    /// Gate activations `r`, `z`, `n` and the candidate's recurrent part `hn`:
+    /// per step `[B × H]` for the unsplit cell; for the split cell one row per
+    /// packed row (see [`PackedSequences`]).
     r: Vec<T>,
     z: Vec<T>,
     n: Vec<T>,
     hn: Vec<T>,
     gh: Vec<T>,
+    /// The split cell's sequences sorted by length, and its per-step row counts.
+    packed: PackedSequences,
+    /// `x` of the packed rows, `[rows × I]` (plus slack: the weight gradient reads whole vectors).
+    xp: Vec<T>,
+    /// The split cell's `h_t` of the packed rows, `[rows × H]`.
+    hs: Vec<T>,
+    /// Zeros, the start state of the packed rows.
+    h0: Vec<T>,
     /// `W_ihᵀ` and `W_hhᵀ` packed for the split forward's products.
     w_input: PackedRhs<T>,
     w_recurrent: PackedRhs<T>,
@@ -77,13 +95,60 @@ pub struct GruCache<T> {
 struct BackwardScratch<T> {
     dgx: Vec<T>,
     dgh: Vec<T>,
+    /// `∂L/∂h_t` and `∂L/∂h_{t−1}` of every sequence, in packed order, `[B × H]`.
     dh: Vec<T>,
     dh_prev: Vec<T>,
-    /// A chunk of steps of `x`, time-major, for `dW_ih`.
-    xc: Vec<T>,
+    /// `h_{t−1}` of a chunk's packed rows, for `dW_hh`.
+    hc: Vec<T>,
+    /// `dx` of a chunk's packed rows, before it is scattered into the batch-major `dx`.
+    dxc: Vec<T>,
     /// `W_ih` and `W_hh` packed for the split backward's products.
     w_input: PackedRhs<T>,
     w_recurrent: PackedRhs<T>,
+}
+
+/// The split cell's packed layout of a batch (as cuDNN's and PyTorch's packed
+/// sequences): the sequences sorted by length, longest first (ties in batch
+/// order), so that the rows still inside their sequences at step `t` are the
+/// first `active(t)` of that order; the packed rows of step `t` are
+/// `offsets[t]..offsets[t + 1]`, row `offsets[t] + p` being sequence
+/// `order[p]`. Steps past a sequence's length have no row: no product and no
+/// gate runs for them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct PackedSequences {
+    /// Batch indices, longest sequence first.
+    order: Vec<usize>,
+    /// `offsets[t]`: packed rows before step `t` (`T + 1` entries).
+    offsets: Vec<usize>,
+}
+
+impl PackedSequences {
+    /// Sorts `lengths` (each clamped to `steps`) into the packed layout, reusing the buffers.
+    fn pack(&mut self, lengths: &[usize], steps: usize) {
+        self.order.clear();
+        self.order.extend(0..lengths.len());
+        // Stable: equal lengths keep batch order, so the layout is a function of `lengths`.
+        self.order.sort_by_key(|&b| std::cmp::Reverse(lengths[b].min(steps)));
+        self.offsets.clear();
+        self.offsets.push(0);
+        let mut active = self.order.len();
+        for t in 0..steps {
+            while active > 0 && lengths[self.order[active - 1]].min(steps) <= t {
+                active -= 1;
+            }
+            self.offsets.push(self.offsets[t] + active);
+        }
+    }
+
+    /// Sequences still inside their length at step `t`.
+    fn active(&self, t: usize) -> usize {
+        self.offsets[t + 1] - self.offsets[t]
+    }
+
+    /// All packed rows.
+    fn rows(&self) -> usize {
+        self.offsets.last().copied().unwrap_or(0)
+    }
 }
 
 impl<T: Scalar> GruCache<T> {
@@ -139,44 +204,55 @@ impl Gru {
         steps: usize,
         cache: &mut GruCache<T>,
     ) {
-        let (h, i3) = (self.hidden, 3 * self.hidden);
+        let (h, i3, input) = (self.hidden, 3 * self.hidden, self.input);
         let bh = batch * h;
         cache.batch = batch;
         cache.steps = steps;
+        cache.packed.pack(&lengths[..batch], steps);
+        let rows = cache.packed.rows();
         // The input projections of a chunk of time steps before the recurrence,
-        // time-major in one chunk-sized buffer that stays in cache:
-        // gx[(s·B + b) × 3H] = x_{b,c+s} · W_ihᵀ (biases are added in the gate
-        // step). A chunk is as many steps as fill about 256 KiB of gx; for DIEN
-        // shapes that is 10 steps at once.
+        // one GEMM over the chunk's packed rows into one chunk-sized buffer that
+        // stays in cache: gx[row × 3H] = x_row · W_ihᵀ (biases are added in the
+        // gate step). A chunk is as many steps as fill about 256 KiB of gx with
+        // every sequence present; for DIEN shapes that is 10 steps at once.
         let chunk = chunk_steps::<T>(batch * i3).min(steps.max(1));
         cache.gx.resize(chunk * batch * i3, T::ZERO);
         cache.gh.resize(batch * i3, T::ZERO);
-        cache.w_input.pack(Op::T, self.input, i3, &params[self.w_ih()]);
+        cache.w_input.pack(Op::T, input, i3, &params[self.w_ih()]);
         cache.w_recurrent.pack(Op::T, h, i3, &params[self.w_hh()]);
         let bias = SplitBias::new(&params[self.b_ih()], &params[self.b_hh()], h);
-        self.prepare(cache, batch, steps);
-        let GruCache { states, gx, r, z, n, hn, gh, w_input, w_recurrent, .. } = cache;
-        let row_stride = steps * self.input;
+        pack_rows(x, steps, input, &cache.packed, &mut cache.xp);
+        cache.hs.resize(rows * h, T::ZERO);
+        cache.h0.clear();
+        cache.h0.resize(bh, T::ZERO);
+        for v in [&mut cache.r, &mut cache.z, &mut cache.n, &mut cache.hn] {
+            v.resize(rows * h, T::ZERO);
+        }
+        let GruCache { gx, r, z, n, hn, gh, packed, xp, hs, h0, w_input, w_recurrent, .. } = cache;
         for t in 0..steps {
-            if t % chunk == 0 {
-                // Step s of every sequence is a strided set of rows of the batch-major x.
-                for s in t..(t + chunk).min(steps) {
-                    let c = &mut gx[(s - t) * batch * i3..];
-                    gemm_packed(batch, &x[s * self.input..], row_stride, w_input, false, c, i3);
-                }
+            let (row, active) = (packed.offsets[t], packed.active(t));
+            if active == 0 {
+                break; // so are all later steps: the longest sequence has ended
             }
-            // The only product inside the recurrence: gh = h_{t−1} · W_hhᵀ.
-            let (prev, rest) = states.split_at_mut((t + 1) * bh);
-            let hp = &prev[t * bh..];
-            gemm_packed(batch, hp, h, w_recurrent, false, gh, i3);
-            let planes = t * bh..(t + 1) * bh;
-            let local = t % chunk;
-            let gx_t = &gx[local * batch * i3..(local + 1) * batch * i3];
+            let first = packed.offsets[t - t % chunk];
+            if t % chunk == 0 {
+                let end = packed.offsets[(t + chunk).min(steps)];
+                gemm_packed(end - row, &xp[row * input..], input, w_input, false, gx, i3);
+            }
+            // The only product inside the recurrence: gh = h_{t−1} · W_hhᵀ over
+            // the sequences still running (a prefix of the previous step's rows).
+            let (done, out) = hs.split_at_mut(row * h);
+            let hp = if t == 0 { &h0[..] } else { &done[packed.offsets[t - 1] * h..] };
+            let hp = &hp[..active * h];
+            gemm_packed(active, hp, h, w_recurrent, false, gh, i3);
+            let planes = row * h..(row + active) * h;
+            let gx_t = &gx[(row - first) * i3..(row - first + active) * i3];
             let (r, z, n, hn) =
                 (&mut r[planes.clone()], &mut z[planes.clone()], &mut n[planes.clone()], &mut hn[planes]);
-            gather_split_step(h, t, lengths, gx_t, gh, &bias, StepPlanes { r, z, n, hn });
-            activate_step(h, t, lengths, hp, &mut rest[..bh], r, z, n, hn);
+            gather_split_rows(h, gx_t, &gh[..active * i3], &bias, StepPlanes { r, z, n, hn });
+            activate_rows(hp, &mut out[..active * h], r, z, n, hn);
         }
+        unpack_states(lengths, batch, steps, h, packed, hs, &mut cache.states);
     }
 
     fn prepare<T: Scalar>(&self, cache: &mut GruCache<T>, batch: usize, steps: usize) {
@@ -191,6 +267,7 @@ impl Gru {
 
     /// Back-propagates `dstates: [T × B × H]` (gradient w.r.t. `h_1 … h_T`) through
     /// the last `forward`; writes the parameter gradients into `grads` and `dx`.
+    /// `x` and `lengths` are the forward's (its packed copy of `x` is what is read).
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Scalar>(
         &self,
@@ -202,16 +279,18 @@ impl Gru {
         grads: &mut [T],
         dx: &mut [T],
     ) {
-        let (h, i3, batch, steps) = (self.hidden, 3 * self.hidden, cache.batch, cache.steps);
+        let (h, i3, input, batch, steps) = (self.hidden, 3 * self.hidden, self.input, cache.batch, cache.steps);
         let bh = batch * h;
+        let packed = &cache.packed;
+        debug_assert_eq!(x.len(), batch * steps * input);
         let mut scratch = cache.scratch.borrow_mut();
-        let BackwardScratch { dgx, dgh: dgh_chunk, dh, dh_prev, xc, w_input, w_recurrent } = &mut *scratch;
-        w_input.pack(Op::N, i3, self.input, &params[self.w_ih()]);
+        let BackwardScratch { dgx, dgh: dgh_chunk, dh, dh_prev, hc, dxc, w_input, w_recurrent } = &mut *scratch;
+        w_input.pack(Op::N, i3, input, &params[self.w_ih()]);
         w_recurrent.pack(Op::N, i3, h, &params[self.w_hh()]);
-        // The pre-activation gradients of a chunk of steps (time-major, chunk-sized
-        // buffers that stay in cache), so that dW_ih, dW_hh and the biases are one
-        // GEMM / one pass per chunk instead of one per step. Every entry is written
-        // before it is read.
+        // The pre-activation gradients of a chunk of steps (packed rows, chunk-sized
+        // buffers that stay in cache), so that dW_ih, dW_hh, dx and the biases are
+        // one GEMM / one pass per chunk instead of one per step. Every entry is
+        // written before it is read.
         let chunk = chunk_steps::<T>(batch * i3).min(steps.max(1));
         dgx.resize(chunk * batch * i3, T::ZERO);
         dgh_chunk.resize(chunk * batch * i3, T::ZERO);
@@ -222,55 +301,75 @@ impl Gru {
         for range in [self.w_ih(), self.w_hh(), self.b_ih(), self.b_hh()] {
             grads[range].fill(T::ZERO);
         }
+        // Steps past a sequence's length have no packed row: their dx is zero.
+        for (b, &len) in lengths[..batch].iter().enumerate() {
+            dx[(b * steps + len.min(steps)) * input..(b + 1) * steps * input].fill(T::ZERO);
+        }
         for t in (0..steps).rev() {
-            let local = t % chunk;
-            let dgh = &mut dgh_chunk[local * batch * i3..(local + 1) * batch * i3];
-            for (d, &e) in dh.iter_mut().zip(&dstates[t * bh..(t + 1) * bh]) {
-                *d += e;
+            // dh (packed order) += ∂L/∂h_t; a sequence past its length carries it unchanged.
+            for (p, &b) in packed.order.iter().enumerate() {
+                let e = &dstates[t * bh + b * h..t * bh + (b + 1) * h];
+                for (d, &e) in dh[p * h..(p + 1) * h].iter_mut().zip(e) {
+                    *d += e;
+                }
             }
-            let hp = cache.state(t, h);
-            for b in 0..batch {
-                let dhb = &dh[b * h..(b + 1) * h];
-                let dgxb = &mut dgx[(local * batch + b) * i3..(local * batch + b + 1) * i3];
-                let dghb = &mut dgh[b * i3..(b + 1) * i3];
-                let dpb = &mut dh_prev[b * h..(b + 1) * h];
-                if t >= lengths[b] {
-                    // Padding: no gate gradients (dGx must be zeroed too: the buffer
-                    // is reused across batches whose lengths differ).
-                    dgxb.fill(T::ZERO);
-                    dghb.fill(T::ZERO);
-                    dpb.copy_from_slice(dhb);
+            let (row, active) = (packed.offsets[t], packed.active(t));
+            let first = packed.offsets[t - t % chunk];
+            if active > 0 {
+                let hp = if t == 0 { &cache.h0[..] } else { &cache.hs[packed.offsets[t - 1] * h..] };
+                for p in 0..active {
+                    let acts = Activations::of(cache, (row + p) * h, h);
+                    let local = row - first + p;
+                    let dgxb = &mut dgx[local * i3..(local + 1) * i3];
+                    let dghb = &mut dgh_chunk[local * i3..(local + 1) * i3];
+                    let (dgxr, rest) = dgxb.split_at_mut(h);
+                    let (dgxz, dgxn) = rest.split_at_mut(h);
+                    let (dgh_rz, dghn) = dghb.split_at_mut(2 * h);
+                    let (dhb, hpb, dpb) =
+                        (&dh[p * h..(p + 1) * h], &hp[p * h..(p + 1) * h], &mut dh_prev[p * h..(p + 1) * h]);
+                    gate_grads_row(&acts, dhb, hpb, dgxr, dgxz, dgxn, dghn, dpb);
+                    // The r and z pre-activations are shared by both sides.
+                    dgh_rz.copy_from_slice(&dgxb[..2 * h]);
+                }
+                // dh_{t−1} += dGh·W_hh (the only product the recurrence needs).
+                let dgh = &dgh_chunk[(row - first) * i3..(row - first + active) * i3];
+                gemm_packed(active, dgh, i3, w_recurrent, true, dh_prev, h);
+                dh[..active * h].copy_from_slice(&dh_prev[..active * h]);
+            }
+            // A chunk of steps is complete: its weight and input gradients, one GEMM
+            // each over all its packed rows while their dGx / dGh are still in cache.
+            if t % chunk == 0 {
+                let end = (t + chunk).min(steps);
+                let rows = packed.offsets[end] - first;
+                if rows == 0 {
                     continue;
                 }
-                let acts = Activations::of(cache, (t * batch + b) * h, h);
-                let hpb = &hp[b * h..(b + 1) * h];
-                let (dgxr, rest) = dgxb.split_at_mut(h);
-                let (dgxz, dgxn) = rest.split_at_mut(h);
-                let (dgh_rz, dghn) = dghb.split_at_mut(2 * h);
-                gate_grads_row(&acts, dhb, hpb, dgxr, dgxz, dgxn, dghn, dpb);
-                // The r and z pre-activations are shared by both sides.
-                dgh_rz.copy_from_slice(&dgxb[..2 * h]);
-            }
-            // dh_{t−1} += dGh·W_hh (the only product the recurrence needs).
-            gemm_packed(batch, dgh, i3, w_recurrent, true, dh_prev, h);
-            // Every row of the next step's dh_prev is written before the product adds to it.
-            std::mem::swap(dh, dh_prev);
-            // A chunk of steps is complete: its weight and input gradients, one GEMM
-            // each over all its steps while its dGx / dGh are still in cache.
-            if local == 0 {
-                let end = (t + chunk).min(steps);
-                let rows = (end - t) * batch;
                 let (dgx_c, dgh_c) = (&dgx[..rows * i3], &dgh_chunk[..rows * i3]);
-                // dW_hh += dGhᵀ·h_{t−1} (h_0 … h_{T−1} lie contiguous, time-major, at the start of the states).
-                // (Read on into h_end…: whole vectors past the last row of the chunk.)
-                let h_prev = &cache.states[t * bh..];
-                weight_gradient(i3, h, rows, dgh_c, h_prev, &mut grads[self.w_hh()]);
-                time_major_steps(x, batch, steps, self.input, t..end, xc);
-                weight_gradient(i3, self.input, rows, dgx_c, xc, &mut grads[self.w_ih()]);
-                // dx_{b,s} = dGx_{s,b}·W_ih, written in place into the batch-major dx, a step at a time.
+                // dW_hh += dGhᵀ·h_{s−1} over the chunk's rows (h_{s−1} of step s's rows
+                // is the first `active(s)` rows of step s − 1's output).
+                hc.clear();
                 for s in t..end {
-                    let a = &dgx[(s - t) * batch * i3..(s - t + 1) * batch * i3];
-                    gemm_packed(batch, a, i3, w_input, false, &mut dx[s * self.input..], steps * self.input);
+                    let a = packed.active(s);
+                    if s == 0 {
+                        hc.extend_from_slice(&cache.h0[..a * h]);
+                    } else {
+                        let start = packed.offsets[s - 1] * h;
+                        hc.extend_from_slice(&cache.hs[start..start + a * h]);
+                    }
+                }
+                // Slack: the weight gradient reads rows to whole vectors.
+                hc.resize(hc.len() + LANES, T::ZERO);
+                weight_gradient(i3, h, rows, dgh_c, hc, &mut grads[self.w_hh()]);
+                weight_gradient(i3, input, rows, dgx_c, &cache.xp[first * input..], &mut grads[self.w_ih()]);
+                // dx of the chunk's rows, then scattered into the batch-major dx.
+                dxc.resize(rows * input, T::ZERO);
+                gemm_packed(rows, dgx_c, i3, w_input, false, dxc, input);
+                for s in t..end {
+                    for (p, &b) in packed.order[..packed.active(s)].iter().enumerate() {
+                        let src = (packed.offsets[s] - first + p) * input;
+                        dx[(b * steps + s) * input..(b * steps + s + 1) * input]
+                            .copy_from_slice(&dxc[src..src + input]);
+                    }
                 }
                 for (range, src) in [(self.b_hh(), dgh_c), (self.b_ih(), dgx_c)] {
                     let g = &mut grads[range];
@@ -482,32 +581,23 @@ fn gate_unit<T: Scalar>(r_pre: T, z_pre: T, n_pre: T, hn: T, prev: T) -> (T, T, 
     (r, z, n, (T::ONE - z) * n + z * prev)
 }
 
-/// The split cell's gathering of a step's pre-activations: for every row still
-/// inside its sequence, the input projections `gx` plus the recurrent products
-/// `gh` (both `[B × 3H]`, gate blocks `r, z, n`, no biases) plus `bias`, into
-/// the step's `[B × H]` planes in the layout [`activate_step`] reads. Rows past
-/// their length are left alone (`activate_step` copies their state).
+/// The split cell's gathering of a step's pre-activations: for every packed row
+/// of the step, the input projections `gx` plus the recurrent products `gh`
+/// (both `[rows × 3H]`, gate blocks `r, z, n`, no biases) plus `bias`, into
+/// the step's `[rows × H]` planes in the layout [`activate_rows`] reads.
 #[inline(never)]
-fn gather_split_step<T: Scalar>(
-    h: usize,
-    t: usize,
-    lengths: &[usize],
-    gx: &[T],
-    gh: &[T],
-    bias: &SplitBias<T>,
-    planes: StepPlanes<'_, T>,
-) {
+fn gather_split_rows<T: Scalar>(h: usize, gx: &[T], gh: &[T], bias: &SplitBias<T>, planes: StepPlanes<'_, T>) {
     let (br, bz, bn, bhn) = (&bias.r[..h], &bias.z[..h], &bias.n[..h], &bias.hn[..h]);
-    for (b, &len) in lengths.iter().enumerate() {
-        if t >= len {
-            continue;
-        }
-        let (gxb, ghb) = (&gx[b * 3 * h..(b + 1) * 3 * h], &gh[b * 3 * h..(b + 1) * 3 * h]);
+    let rows = gx.chunks_exact(3 * h).zip(gh.chunks_exact(3 * h));
+    let planes = planes
+        .r
+        .chunks_exact_mut(h)
+        .zip(planes.z.chunks_exact_mut(h))
+        .zip(planes.n.chunks_exact_mut(h))
+        .zip(planes.hn.chunks_exact_mut(h));
+    for ((gxb, ghb), (((r, z), n), hn)) in rows.zip(planes) {
         let (xr, xz, xn) = (&gxb[..h], &gxb[h..2 * h], &gxb[2 * h..]);
         let (hr, hz, hh) = (&ghb[..h], &ghb[h..2 * h], &ghb[2 * h..]);
-        let row = b * h..(b + 1) * h;
-        let (r, z) = (&mut planes.r[row.clone()], &mut planes.z[row.clone()]);
-        let (n, hn) = (&mut planes.n[row.clone()], &mut planes.hn[row]);
         for j in 0..h {
             r[j] = xr[j] + hr[j] + br[j];
             z[j] = xz[j] + hz[j] + bz[j];
@@ -548,15 +638,31 @@ fn activate_step<T: Scalar>(
             b += 1;
         }
         let s = first * h..b * h;
-        let (p, o, r, z, n, hn) =
-            (&prev[s.clone()], &mut out[s.clone()], &mut r[s.clone()], &mut z[s.clone()], &mut n[s.clone()], &hn[s]);
-        for k in 0..o.len() {
-            let (rk, zk, nk, ok) = gate_unit(r[k], z[k], n[k], hn[k], p[k]);
-            r[k] = rk;
-            z[k] = zk;
-            n[k] = nk;
-            o[k] = ok;
-        }
+        activate_rows(
+            &prev[s.clone()],
+            &mut out[s.clone()],
+            &mut r[s.clone()],
+            &mut z[s.clone()],
+            &mut n[s.clone()],
+            &hn[s],
+        );
+    }
+}
+
+/// The gates of consecutive rows as one flat loop: on entry `r`, `z` hold the
+/// gate pre-activations, `n` the input part of the candidate's pre-activation
+/// and `hn` its recurrent part, biases included; on exit `r`, `z`, `n` hold the
+/// activations and `out` is `h_t` (`prev` is `h_{t−1}`). All slices have one length.
+#[inline(always)]
+fn activate_rows<T: Scalar>(prev: &[T], out: &mut [T], r: &mut [T], z: &mut [T], n: &mut [T], hn: &[T]) {
+    let len = out.len();
+    let (p, r, z, n, hn) = (&prev[..len], &mut r[..len], &mut z[..len], &mut n[..len], &hn[..len]);
+    for k in 0..len {
+        let (rk, zk, nk, ok) = gate_unit(r[k], z[k], n[k], hn[k], p[k]);
+        r[k] = rk;
+        z[k] = zk;
+        n[k] = nk;
+        out[k] = ok;
     }
 }
 
@@ -631,21 +737,44 @@ fn chunk_steps<T>(per_step: usize) -> usize {
     ((256 << 10) / (per_step.max(1) * std::mem::size_of::<T>())).max(1)
 }
 
-/// Steps `span` of the batch-major `x: [B × T × w]`, time-major: `[span × B × w]`.
-fn time_major_steps<T: Scalar>(
-    x: &[T],
+/// `x: [B × T × w]` (batch-major) in the packed layout: `[rows × w]`, row
+/// `offsets[t] + p` being step `t` of sequence `order[p]`, plus `LANES` zeros
+/// of slack (the weight gradient reads rows to whole vectors).
+fn pack_rows<T: Scalar>(x: &[T], steps: usize, w: usize, packed: &PackedSequences, out: &mut Vec<T>) {
+    out.clear();
+    for t in 0..steps {
+        for &b in &packed.order[..packed.active(t)] {
+            out.extend_from_slice(&x[(b * steps + t) * w..(b * steps + t + 1) * w]);
+        }
+    }
+    out.resize(out.len() + LANES, T::ZERO);
+}
+
+/// The states `h_0 … h_T` (`[T + 1] × [B × H]`, batch order) from the packed
+/// `hs`: past its length a sequence keeps its last state; a sequence of length
+/// 0 keeps the zero state.
+fn unpack_states<T: Scalar>(
+    lengths: &[usize],
     batch: usize,
     steps: usize,
-    w: usize,
-    span: std::ops::Range<usize>,
-    out: &mut Vec<T>,
+    h: usize,
+    packed: &PackedSequences,
+    hs: &[T],
+    states: &mut Vec<T>,
 ) {
-    // Slack after the last row: the weight gradient reads rows to whole vectors.
-    out.resize(span.len() * batch * w + LANES, T::ZERO);
-    for (s, t) in span.enumerate() {
-        for b in 0..batch {
-            out[(s * batch + b) * w..(s * batch + b + 1) * w]
-                .copy_from_slice(&x[(b * steps + t) * w..(b * steps + t + 1) * w]);
+    let bh = batch * h;
+    states.resize((steps + 1) * bh, T::ZERO);
+    states[..bh].fill(T::ZERO);
+    for (p, &b) in packed.order.iter().enumerate() {
+        let len = lengths[b].min(steps);
+        for t in 1..=steps {
+            let dst = &mut states[t * bh + b * h..t * bh + (b + 1) * h];
+            if len == 0 {
+                dst.fill(T::ZERO);
+            } else {
+                let row = packed.offsets[t.min(len) - 1] + p;
+                dst.copy_from_slice(&hs[row * h..(row + 1) * h]);
+            }
         }
     }
 }
@@ -723,6 +852,22 @@ mod tests {
                 assert!((u - v).abs() < 1e-5 * (1.0 + v.abs()), "{input}->{hidden} b{batch}: {u} vs {v}");
             }
         }
+    }
+
+    #[test]
+    fn packing_sorts_by_length_and_counts_the_running_sequences() {
+        let mut packed = PackedSequences::default();
+        // Lengths past the steps count as the steps; ties keep batch order.
+        packed.pack(&[2, 5, 0, 7, 1], 5);
+        assert_eq!(packed.order, [1, 3, 0, 4, 2]);
+        assert_eq!(packed.offsets, [0, 4, 7, 9, 11, 13]);
+        assert_eq!((0..5).map(|t| packed.active(t)).collect::<Vec<_>>(), [4, 3, 2, 2, 2]);
+        // Reused for a batch with other lengths.
+        packed.pack(&[0, 0], 3);
+        assert_eq!(
+            (packed.order.as_slice(), packed.offsets.as_slice(), packed.rows()),
+            (&[0, 1][..], &[0, 0, 0, 0][..], 0)
+        );
     }
 
     #[test]

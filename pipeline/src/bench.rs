@@ -220,7 +220,7 @@ pub struct GruBenchResult {
     /// Hidden width.
     pub hidden: usize,
     /// Sequences per second, split cell (input projections hoisted out of the
-    /// recurrence), median over the rounds.
+    /// recurrence, sequences packed by length), median over the rounds.
     pub split_sequences_per_sec: f64,
     /// Sequences per second, unsplit cell (one GEMM over `[x_t, h]` per step), median over the rounds.
     pub unsplit_sequences_per_sec: f64,
@@ -228,6 +228,8 @@ pub struct GruBenchResult {
     pub speedup: f64,
     /// Lowest and highest round's `split / unsplit`.
     pub speedup_range: [f64; 2],
+    /// Every round's `split / unsplit`, in the order they ran.
+    pub speedup_rounds: Vec<f64>,
 }
 
 /// Times GRU forward + backward with the split and the unsplit cell on the same
@@ -276,6 +278,7 @@ pub fn run_gru(batch: usize, steps: usize, input: usize, hidden: usize, seconds:
         unsplit.push(u);
         ratios.push(s / u);
     }
+    let speedup_rounds = ratios.clone();
     GruBenchResult {
         batch_size: batch,
         steps,
@@ -285,6 +288,7 @@ pub fn run_gru(batch: usize, steps: usize, input: usize, hidden: usize, seconds:
         unsplit_sequences_per_sec: median(&mut unsplit),
         speedup: median(&mut ratios),
         speedup_range: [ratios[0], ratios[ratios.len() - 1]],
+        speedup_rounds,
     }
 }
 
