@@ -4,15 +4,8 @@
 #[path = "../support/skip.rs"]
 pub mod skip;
 
-use std::path::PathBuf;
+#[path = "../support/shared.rs"]
+mod shared;
 
-/// `../shared/data/<rel>` beside the repository, or `None` (with a note) when absent.
-pub fn shared_data(rel: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data")).join(rel);
-    skip::existing(p)
-}
-
-/// Relative difference of two values.
-pub fn rel_diff(a: f64, b: f64) -> f64 {
-    (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
-}
+#[allow(unused_imports)]
+pub use shared::{rel_diff, shared_data};

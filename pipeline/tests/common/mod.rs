@@ -4,7 +4,13 @@
 #[path = "../../../tests/support/skip.rs"]
 pub mod skip;
 
-use std::path::{Path, PathBuf};
+#[path = "../../../tests/support/shared.rs"]
+mod shared;
+
+#[allow(unused_imports)]
+pub use shared::{rel_diff, shared_data};
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// The release `tiderec` binary of this build, or `$TIDEREC_BIN` when set (test
@@ -31,12 +37,6 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 /// The metrics JSON written by `--metrics-json`.
 pub fn metrics(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("metrics file written")).expect("valid JSON")
-}
-
-/// `../shared/data/<rel>` beside the repository, or `None` (with a note) when absent.
-pub fn shared_data(rel: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(rel);
-    skip::existing(p)
 }
 
 /// `tiderec train --data DATA` with `extra` flags, its dead letters and metrics
@@ -67,11 +67,6 @@ pub fn checkpoint_entries(dir: &Path) -> (Vec<u64>, Vec<String>) {
     }
     steps.sort();
     (steps, other)
-}
-
-/// Relative difference of two values.
-pub fn rel_diff(a: f64, b: f64) -> f64 {
-    (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
 }
 
 /// Runs `cmd`, which must fail; returns its stderr (checked not to be a panic).
