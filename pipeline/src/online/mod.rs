@@ -24,6 +24,7 @@
 //!   next step, write a checkpoint and exit 0. `--until-end` stops when every
 //!   partition reaches the end it had when the run started.
 
+#[cfg(feature = "kafka")]
 pub mod metrics;
 pub mod prequential;
 #[cfg(feature = "kafka")]
