@@ -66,6 +66,7 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 
 echo "== the tiderec library alone (no default features: no Kafka, HTTP, Prometheus or plotting)"
 cargo clippy --release -p tiderec --no-default-features --lib -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --release -p tiderec --no-default-features --lib --no-deps --quiet
 if cargo tree -p tiderec --no-default-features -e normal | grep -E 'plotters|tiny_http|prometheus|rdkafka'; then
     echo "the tiderec library without default features depends on the crates above" >&2
     exit 1
