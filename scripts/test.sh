@@ -64,6 +64,14 @@ cargo fmt --all --check
 echo "== cargo clippy (workspace, all targets, warnings denied)"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
+echo "== the tiderec library alone (no default features: no Kafka, HTTP, Prometheus or plotting)"
+cargo clippy --release -p tiderec --no-default-features --lib -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --release -p tiderec --no-default-features --lib --no-deps --quiet
+if cargo tree -p tiderec --no-default-features -e normal | grep -E 'plotters|tiny_http|prometheus|rdkafka'; then
+    echo "the tiderec library without default features depends on the crates above" >&2
+    exit 1
+fi
+
 echo "== cargo doc (workspace, warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --quiet
 

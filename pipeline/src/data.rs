@@ -13,6 +13,7 @@
 //! they train on the same global batches for every worker count.
 
 use crate::config::DataSpec;
+use crate::error::DataflowFailure;
 use crate::PipelineError;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -376,7 +377,9 @@ impl WorkerData {
             WorkerData::Synthetic { .. } => None,
         };
         if let Some(dl) = sink {
-            dl.flush().map_err(|e| PipelineError::Dataflow(format!("cannot flush dead letters: {e}")))?;
+            dl.flush().map_err(|e| {
+                PipelineError::dataflow(DataflowFailure::Output, "cannot flush dead letters").with_source(e)
+            })?;
         }
         Ok(())
     }

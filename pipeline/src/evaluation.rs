@@ -19,6 +19,7 @@
 //!   ([`TrainingProgress::evaluations`](tiderec_sinks::checkpoint::TrainingProgress));
 //!   a resumed run rebuilds the same state from it.
 
+use crate::error::{CheckpointAction, DataflowFailure};
 use crate::hygiene::BestMetric;
 use crate::PipelineError;
 use std::path::Path;
@@ -184,13 +185,24 @@ impl BestKeeper {
     pub fn restore(&self, trainer: &mut Trainer, dir: Option<&Path>) -> Result<(), PipelineError> {
         let outcome = match dir {
             None => {
-                let parts = self.parts.lock().map_err(|_| PipelineError::Dataflow("a worker panicked".into()))?;
+                let parts = self
+                    .parts
+                    .lock()
+                    .map_err(|_| PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked"))?;
                 let parts: Option<Vec<WorkerSnapshot>> = parts.iter().cloned().collect();
-                let parts = parts.ok_or_else(|| PipelineError::Dataflow("no best model was kept".into()))?;
+                let parts = parts
+                    .ok_or_else(|| PipelineError::dataflow(DataflowFailure::Incomplete, "no best model was kept"))?;
                 trainer.restore(&parts).map_err(PipelineError::from)
             }
             Some(dir) => self.load(dir).and_then(|c| {
-                trainer.restore(&c.parts).map_err(|e| PipelineError::Checkpoint(format!("{}: {e}", c.path.display())))
+                trainer.restore(&c.parts).map_err(|e| PipelineError::Checkpoint {
+                    action: CheckpointAction::Restore,
+                    path: Some(c.path.clone()),
+                    step: Some(c.manifest.step),
+                    worker: None,
+                    reason: "the best model does not fit the trainer".into(),
+                    source: Some(e.into()),
+                })
             }),
         };
         if self.pending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
@@ -205,16 +217,27 @@ impl BestKeeper {
     }
 
     fn load(&self, dir: &Path) -> Result<Arc<Checkpoint>, PipelineError> {
-        let mut slot = self.loaded.lock().map_err(|_| PipelineError::Dataflow("a worker panicked".into()))?;
+        let mut slot =
+            self.loaded.lock().map_err(|_| PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked"))?;
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
         let link = dir.join(checkpoint::layout::BEST_LINK);
         let step = checkpoint::layout::best_step(dir).ok_or_else(|| {
-            PipelineError::Checkpoint(format!("{} does not name a checkpoint of the best step", link.display()))
+            PipelineError::checkpoint(
+                CheckpointAction::Restore,
+                Some(link.clone()),
+                "it does not name a checkpoint of the best step",
+            )
         })?;
-        let c = checkpoint::load::load(&link, step)
-            .map_err(|e| PipelineError::Checkpoint(format!("{}: {e}", link.display())))?;
+        let c = checkpoint::load::load(&link, step).map_err(|e| PipelineError::Checkpoint {
+            action: CheckpointAction::Restore,
+            path: Some(link.clone()),
+            step: Some(step),
+            worker: None,
+            reason: "the best model cannot be loaded".into(),
+            source: Some(e.into()),
+        })?;
         let c = Arc::new(c);
         *slot = Some(c.clone());
         Ok(c)

@@ -19,6 +19,7 @@
 //!   is "unknown": it still loads, and what is assumed is said on stderr.
 
 use crate::config::{DataSpec, Resolved};
+use crate::error::CheckpointAction;
 use crate::{PipelineError, TrainSettings};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -209,8 +210,10 @@ impl FeaturePipeline {
     pub fn from_manifest(value: Option<&Value>, path: &std::path::Path) -> Result<Option<Self>, PipelineError> {
         value
             .map(|v| {
-                serde_json::from_value(v.clone())
-                    .map_err(|e| PipelineError::Checkpoint(format!("{}: manifest pipeline: {e}", path.display())))
+                serde_json::from_value(v.clone()).map_err(|e| {
+                    PipelineError::checkpoint(CheckpointAction::Read, Some(path.to_path_buf()), "manifest pipeline")
+                        .with_source(e)
+                })
             })
             .transpose()
     }
@@ -315,7 +318,11 @@ impl FeaturePipeline {
             }
             "csv" | "taobao-ad" => {
                 let spec = self.spec.as_ref().ok_or_else(|| {
-                    PipelineError::Checkpoint(format!("the `{}` pipeline records no feature spec", self.format))
+                    PipelineError::checkpoint(
+                        CheckpointAction::Read,
+                        None,
+                        format!("the `{}` pipeline records no feature spec", self.format),
+                    )
                 })?;
                 let fields = &spec.fields;
                 let label = (!labeled)

@@ -1,14 +1,28 @@
 //! # tiderec
 //!
-//! Configuration, dataflow assembly and the command-line interface of
-//! tiderec. The binary `tiderec` is a thin layer over [`run::train`],
-//! [`convert::convert`] and [`mod@bench`]; tests and other programs call them directly.
+//! Configuration, dataflow assembly and the runs of tiderec: [`run::train`],
+//! [`convert::convert`], [`serving::eval`], [`predict::predict`] and the
+//! online trainer ([`online::online`]). The binary `tiderec` is a thin layer
+//! over them; tests and other programs call them directly.
+//!
+//! # Cargo features
+//!
+//! * `cli` (default): what the `tiderec` binary needs (it requires this
+//!   feature): `serve`, and `plotters` for the binary's own modules
+//!   (benchmarks, `tiderec plot`), which are not part of this library.
+//! * `serve` (in `cli`): the HTTP scorer, module `serve` (`tiny_http`).
+//! * `kafka` (default): the online trainer and `tiderec produce` over
+//!   librdkafka (built from source), with the trainer's Prometheus endpoint
+//!   (`prometheus-client`, `tiny_http`). Without it [`online::online`] returns
+//!   a configuration error.
+//!
+//! With `default-features = false` the library trains, converts, evaluates,
+//! predicts and exports with none of those dependencies.
 
 #![warn(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod applicable;
-pub mod bench;
 pub mod budget;
 pub mod checkpointing;
 pub mod cluster;
@@ -21,12 +35,14 @@ pub mod evaluation;
 pub mod exchange_plan;
 pub mod feature_pipeline;
 pub mod hygiene;
+pub mod kernels;
 pub mod memory;
+pub mod metrics_log;
 pub mod online;
-pub mod plot;
 pub mod predict;
 pub mod progress;
 pub mod run;
+#[cfg(feature = "serve")]
 pub mod serve;
 pub mod serving;
 pub mod settings;

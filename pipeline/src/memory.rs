@@ -29,6 +29,7 @@
 //! the allocator's slack.
 
 use crate::config::{ExchangeChoice, Resolved, TableOverride};
+use crate::error::ResourceError;
 use crate::{PipelineError, TrainSettings};
 use tiderec_operators::nn::ModelConfig;
 use tiderec_operators::optim::DenseOptimizerKind;
@@ -82,7 +83,7 @@ fn gib(bytes: u64) -> String {
 
 /// A size overflow, naming what was being sized.
 fn overflow(what: impl std::fmt::Display) -> PipelineError {
-    PipelineError::Resources(format!("{what}: the size in bytes does not fit in 64 bits; lower it"))
+    PipelineError::Resources(ResourceError::Overflow { what: what.to_string() })
 }
 
 /// `a × b`, or an overflow error naming `what`.
@@ -265,12 +266,12 @@ pub fn check(settings: &TrainSettings, resolved: &Resolved) -> Result<MemoryEsti
         eprintln!("{}", estimate.describe(available));
     }
     match available {
-        Some((bytes, from)) if !fits => Err(PipelineError::Resources(format!(
-            "{}: the run needs more memory than is available ({from}); lower --buckets/table_sizes or --dim, \
-             spread the tables over more processes, bound a --store dynamic/tiered with --max-rows, or pass \
-             --max-memory unlimited (or a size) to run anyway",
-            estimate.describe(Some((bytes, from)))
-        ))),
+        Some((bytes, from)) if !fits => Err(PipelineError::Resources(ResourceError::Memory {
+            needed: estimate.total(),
+            available: bytes,
+            limit: from,
+            estimate: estimate.describe(Some((bytes, from))),
+        })),
         _ => Ok(estimate),
     }
 }

@@ -42,11 +42,12 @@ use crate::checkpointing::{self, CheckpointOptions, Checkpointer, Position};
 use crate::cluster::{fingerprint, Cluster};
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
+use crate::error::{DataflowFailure, Divergence};
 use crate::evaluation::{self, BestKeeper, Tracker, Verdict};
 use crate::exchange_plan::{resolve_exchange, PlanSource};
 use crate::feature_pipeline::FeaturePipeline;
 use crate::hygiene::BestMetric;
-use crate::online::metrics::{MetricsLog, MetricsRecord};
+use crate::metrics_log::{MetricsLog, MetricsRecord};
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
@@ -111,7 +112,7 @@ struct Context {
 
 /// The timely configuration for these settings.
 pub fn timely_config(settings: &TrainSettings, resolved: &Resolved) -> timely::Config {
-    let role = crate::bench::processes::ProcessRole {
+    let role = crate::cluster::ProcessRole {
         process: settings.cluster.process,
         processes: settings.cluster.processes,
         addresses: resolved.hosts.clone(),
@@ -289,7 +290,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     }
     trainer.exchange = exchange;
     crate::device::Devices::for_workers(&settings.cluster.device, settings.cluster.workers)?.preflight(&trainer)?;
-    let kernels = crate::bench::kernels::startup_line_for(
+    let kernels = crate::kernels::startup_line_for(
         &trainer.model,
         settings.run.batch_size,
         settings.cluster.workers,
@@ -393,20 +394,12 @@ pub(crate) fn diverged(
     if let Err(e) = checkpointer.finish(worker) {
         return e;
     }
-    let what = if stats.loss_sum.is_finite() {
-        "the gradients or updated parameters are not finite".to_string()
-    } else {
-        format!("the loss is {}", stats.loss_sum)
-    };
-    let last = match (checkpointer.enabled(), checkpointer.last_durable()) {
-        (_, Some(path)) => format!("the last good checkpoint is {} (--resume starts from it)", path.display()),
-        (true, None) => "no checkpoint was written before it".into(),
-        (false, None) => "no checkpoint was written (no --checkpoint-dir)".into(),
-    };
-    PipelineError::Diverged(format!(
-        "training diverged at step {step}: {what}; every worker stopped and no checkpoint of this state was \
-         written; {last}. Lower --lr, or check the input for extreme values"
-    ))
+    PipelineError::Diverged {
+        step,
+        cause: if stats.loss_sum.is_finite() { Divergence::Parameters } else { Divergence::Loss(stats.loss_sum) },
+        last_checkpoint: checkpointer.last_durable(),
+        checkpointing: checkpointer.enabled(),
+    }
 }
 
 /// This process's dead-letter file: `--dead-letters`, suffixed `.p<process>` in a cluster run.
@@ -449,6 +442,12 @@ pub(crate) fn checkpoint_setup(
     Ok((checkpoint, resume))
 }
 
+/// The error of a worker whose step found `failed` other workers failed (their own errors
+/// are the ones [`join_workers`] reports).
+pub(crate) fn peer_failed(failed: u64) -> PipelineError {
+    PipelineError::dataflow(DataflowFailure::PeerFailed, format!("another worker failed ({failed} failed)"))
+}
+
 /// Waits for every worker; returns worker 0's result, or the failing worker's own error
 /// rather than its peers' "another worker failed".
 pub(crate) fn join_workers<T: Send + 'static>(
@@ -461,11 +460,12 @@ pub(crate) fn join_workers<T: Send + 'static>(
             Ok(Ok(Some(s))) => summary = Some(s),
             Ok(Ok(None)) => {}
             Ok(Err(e)) => errors.push(e),
-            Err(panic) => errors.push(PipelineError::Dataflow(format!("a worker panicked: {panic}"))),
+            Err(panic) => {
+                errors.push(PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked").with_source(panic))
+            }
         }
     }
-    let is_peer = |e: &PipelineError| matches!(e, PipelineError::Dataflow(m) if m.starts_with("another worker"));
-    if let Some(i) = errors.iter().position(|e| !is_peer(e)) {
+    if let Some(i) = errors.iter().position(|e| !e.is_peer_failure()) {
         return Err(errors.swap_remove(i));
     }
     match errors.into_iter().next() {
@@ -538,7 +538,7 @@ fn step_with(
         }
     };
     if stats.failed_workers > 0 {
-        return Err(PipelineError::Dataflow(format!("another worker failed ({} failed)", stats.failed_workers)));
+        return Err(peer_failed(stats.failed_workers));
     }
     Ok(stats)
 }
@@ -563,7 +563,8 @@ pub(crate) fn restore_shared(
     slot: &Mutex<Option<Arc<Checkpoint>>>,
     pending: &AtomicUsize,
 ) -> Result<Option<Arc<Checkpoint>>, PipelineError> {
-    let checkpoint = slot.lock().map_err(|_| PipelineError::Dataflow("a worker panicked".into()))?.clone();
+    let checkpoint =
+        slot.lock().map_err(|_| PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked"))?.clone();
     let outcome = checkpointer.restore(worker, trainer, checkpoint.as_deref());
     if pending.fetch_sub(1, Ordering::AcqRel) == 1 {
         if let Ok(mut slot) = slot.lock() {

@@ -18,6 +18,7 @@ pub mod features;
 pub mod names;
 pub mod tables;
 
+use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::predict::{self, ScoreOptions};
 use crate::PipelineError;
@@ -42,17 +43,19 @@ pub struct ServedModel {
     pub pipeline: Option<FeaturePipeline>,
 }
 
-fn checkpoint_error(path: &Path, reason: impl std::fmt::Display) -> PipelineError {
-    PipelineError::Checkpoint(format!("{}: {reason}", path.display()))
+fn checkpoint_error(path: &Path, reason: impl Into<String>) -> PipelineError {
+    PipelineError::checkpoint(CheckpointAction::Read, Some(path.to_path_buf()), reason)
 }
 
 /// Loads the checkpoint at `path` (see the module docs).
 pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
     let found: Checkpoint = if path.join(checkpoint::layout::MANIFEST_FILE).is_file() {
         let text = std::fs::read_to_string(path.join(checkpoint::layout::MANIFEST_FILE))
-            .map_err(|e| checkpoint_error(path, e))?;
-        let manifest: checkpoint::Manifest = serde_json::from_str(&text).map_err(|e| checkpoint_error(path, e))?;
-        checkpoint::load::load(path, manifest.step).map_err(|e| checkpoint_error(path, e))?
+            .map_err(|e| checkpoint_error(path, "cannot read its manifest").with_source(e))?;
+        let manifest: checkpoint::Manifest = serde_json::from_str(&text)
+            .map_err(|e| checkpoint_error(path, "its manifest is not valid").with_source(e))?;
+        checkpoint::load::load(path, manifest.step)
+            .map_err(|e| checkpoint_error(path, "its files cannot be loaded").with_source(e))?
     } else {
         let search = checkpoint::find_latest(path)?;
         for s in &search.skipped {
@@ -65,7 +68,7 @@ pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
         map.insert("seed".into(), found.manifest.seed.into());
     }
     let config: TrainerConfig = serde_json::from_value(config_json)
-        .map_err(|e| checkpoint_error(&found.path, format!("manifest config: {e}")))?;
+        .map_err(|e| checkpoint_error(&found.path, "manifest config").with_source(e))?;
     let dim = config.model.embedding_dim();
     let mut tables: Vec<Vec<f32>> = config.table_sizes.iter().map(|&n| vec![0.0; n as usize * dim]).collect();
     let mut dense = Vec::new();

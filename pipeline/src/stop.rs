@@ -16,6 +16,7 @@
 //! so all workers of all processes stop after the same step, with no extra
 //! round of messages.
 
+use crate::error::DataflowFailure;
 use crate::PipelineError;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -36,7 +37,9 @@ pub fn stop_flag() -> Result<Arc<AtomicBool>, PipelineError> {
         // Registered first, so it sees the flag as it was before this signal.
         signal_hook::flag::register_conditional_shutdown(signal, SECOND_SIGNAL_EXIT, flag.clone())
             .and_then(|_| signal_hook::flag::register(signal, flag.clone()))
-            .map_err(|e| PipelineError::Dataflow(format!("cannot install the signal handler: {e}")))?;
+            .map_err(|e| {
+                PipelineError::dataflow(DataflowFailure::Thread, "cannot install the signal handler").with_source(e)
+            })?;
     }
     *slot = Some(flag.clone());
     Ok(flag)

@@ -5,6 +5,7 @@
 use super::commit::{Commit, RunIdentity};
 use super::job::Job;
 use super::{manifest_config, CheckpointOptions, Note, Position, ShardWritten};
+use crate::error::CheckpointAction;
 use crate::PipelineError;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -62,8 +63,28 @@ pub struct Checkpointer {
     pub overlap_steps: u64,
 }
 
-fn fail(step: u64, reason: impl std::fmt::Display) -> PipelineError {
-    PipelineError::Checkpoint(format!("writing the checkpoint of step {step} failed: {reason}"))
+/// Writing the checkpoint of `step` failed; `worker` reported it.
+fn fail(step: u64, worker: usize, reason: impl Into<String>) -> PipelineError {
+    PipelineError::Checkpoint {
+        action: CheckpointAction::Write,
+        path: None,
+        step: Some(step),
+        worker: Some(worker),
+        reason: reason.into(),
+        source: None,
+    }
+}
+
+/// Worker `worker`'s note was not the one of this round.
+fn out_of_step(action: CheckpointAction, step: Option<u64>, worker: usize, note: &Note) -> PipelineError {
+    PipelineError::Checkpoint {
+        action,
+        path: None,
+        step,
+        worker: Some(worker),
+        reason: format!("the worker is out of step: {note:?}"),
+        source: None,
+    }
 }
 
 impl Checkpointer {
@@ -142,15 +163,29 @@ impl Checkpointer {
         for (k, note) in all.into_iter().enumerate() {
             match note {
                 Note::Restored(Ok(s)) => steps.push(s),
-                Note::Restored(Err(e)) => return Err(PipelineError::Checkpoint(format!("worker {k}: {e}"))),
-                other => return Err(PipelineError::Checkpoint(format!("worker {k} is out of step: {other:?}"))),
+                Note::Restored(Err(e)) => {
+                    return Err(PipelineError::Checkpoint {
+                        action: CheckpointAction::Restore,
+                        // The reason names the checkpoint that worker read.
+                        path: None,
+                        step: None,
+                        worker: Some(k),
+                        reason: e,
+                        source: None,
+                    });
+                }
+                other => return Err(out_of_step(CheckpointAction::Restore, None, k, &other)),
             }
         }
         if steps.iter().any(|s| *s != steps[0]) {
-            return Err(PipelineError::Checkpoint(format!(
-                "the processes found different checkpoints (steps by worker: {steps:?}); is --checkpoint-dir the \
-                 same directory for every process?"
-            )));
+            return Err(PipelineError::checkpoint(
+                CheckpointAction::Restore,
+                None,
+                format!(
+                    "the processes found different checkpoints (steps by worker: {steps:?}); is --checkpoint-dir \
+                     the same directory for every process?"
+                ),
+            ));
         }
         self.last_step = steps[0];
         self.last_durable = steps[0];
@@ -220,8 +255,8 @@ impl Checkpointer {
         };
         let tmp = match self.collective.exchange(worker, |_| Note::Begin(begin.clone())).swap_remove(0) {
             Note::Begin(Ok(p)) => p,
-            Note::Begin(Err(e)) => return Err(fail(step, e)),
-            other => return Err(fail(step, format!("worker 0 is out of step: {other:?}"))),
+            Note::Begin(Err(e)) => return Err(fail(step, 0, e)),
+            other => return Err(out_of_step(CheckpointAction::Write, Some(step), 0, &other)),
         };
         // The cut: weights, optimizer state and (in `position`) offsets of this step.
         let snapshot = trainer.snapshot();
@@ -247,7 +282,7 @@ impl Checkpointer {
         for (k, note) in self.collective.all_gather(worker, Note::Ready(mine)).into_iter().enumerate() {
             match note {
                 Note::Ready(r) => ready &= r,
-                other => return Err(fail(step, format!("worker {k} is out of step: {other:?}"))),
+                other => return Err(out_of_step(CheckpointAction::Write, Some(step), k, &other)),
             }
         }
         Ok(ready)
@@ -281,8 +316,8 @@ impl Checkpointer {
                     let committed = job.map_or(Ok(PathBuf::new()), Job::wait);
                     match self.collective.exchange(worker, |_| Note::Committed(committed.clone())).swap_remove(0) {
                         Note::Committed(Ok(_)) => {}
-                        Note::Committed(Err(e)) => return Err(fail(step, e)),
-                        other => return Err(fail(step, format!("worker 0 is out of step: {other:?}"))),
+                        Note::Committed(Err(e)) => return Err(fail(step, 0, e)),
+                        other => return Err(out_of_step(CheckpointAction::Write, Some(step), 0, &other)),
                     }
                     self.written += 1;
                     self.last_durable = Some(step);
@@ -322,10 +357,10 @@ impl Checkpointer {
             match note {
                 Note::Written(Ok(w)) => shards.push(w),
                 Note::Written(Err(e)) => {
-                    first_error.get_or_insert(format!("worker {k}: {e}"));
+                    first_error.get_or_insert_with(|| fail(step, k, e));
                 }
                 other => {
-                    first_error.get_or_insert(format!("worker {k} is out of step: {other:?}"));
+                    first_error.get_or_insert_with(|| out_of_step(CheckpointAction::Write, Some(step), k, &other));
                 }
             }
         }
@@ -333,13 +368,13 @@ impl Checkpointer {
             if me == 0 {
                 let _ = std::fs::remove_dir_all(tmp);
             }
-            return Err(fail(step, e));
+            return Err(e);
         }
         if me != 0 {
             return Ok(None);
         }
         let (Ok(d), Some(options)) = (done, self.options.clone()) else {
-            return Err(fail(step, "worker 0 lost its shard or its options"));
+            return Err(fail(step, 0, "it lost its shard or its options"));
         };
         let commit = Commit {
             options,

@@ -24,6 +24,7 @@
 //!   and the wait goes on.
 
 use super::fingerprint::{differences, Fingerprint};
+use crate::error::ClusterFailure;
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -69,7 +70,12 @@ pub fn connect_and_agree(
         .split_whitespace()
         .map(|a| {
             TcpListener::bind(a).map_err(|e| {
-                cluster_error(format!("process {me} cannot listen on {a} (its line in the hosts file): {e}"))
+                PipelineError::cluster(
+                    ClusterFailure::Listen,
+                    None,
+                    format!("process {me} cannot listen on {a} (its line in the hosts file)"),
+                )
+                .with_source(e)
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -82,33 +88,44 @@ pub fn connect_and_agree(
     accept(me, addresses, &listeners, [&mut sockets, &mut beats], deadline, secs)?;
     drop(listeners);
     // Every side writes its frame, then reads the others'.
-    let hello = serde_json::to_vec(&Hello { process: me, fingerprint: mine.clone() })
-        .map_err(|e| cluster_error(format!("cannot encode the handshake: {e}")))?;
+    let hello = serde_json::to_vec(&Hello { process: me, fingerprint: mine.clone() }).map_err(|e| {
+        PipelineError::cluster(ClusterFailure::Handshake, None, "cannot encode the handshake").with_source(e)
+    })?;
     for (p, s) in sockets.iter_mut().enumerate() {
         if let Some(s) = s {
-            write_frame(s, &hello).map_err(|e| lost_during_handshake(p, &addresses[p], &e))?;
+            write_frame(s, &hello).map_err(|e| lost_during_handshake(p, &addresses[p], e))?;
         }
     }
     let mut prints: Vec<(usize, Fingerprint)> = vec![(me, mine.clone())];
     for (p, s) in sockets.iter_mut().enumerate() {
         let Some(s) = s else { continue };
         set_deadline(s, deadline);
-        let frame = read_frame(s).map_err(|e| lost_during_handshake(p, &addresses[p], &e))?;
-        let theirs: Hello = serde_json::from_slice(&frame)
-            .map_err(|e| cluster_error(format!("process {p} ({}) sent a bad handshake: {e}", addresses[p])))?;
+        let frame = read_frame(s).map_err(|e| lost_during_handshake(p, &addresses[p], e))?;
+        let theirs: Hello = serde_json::from_slice(&frame).map_err(|e| {
+            PipelineError::cluster(
+                ClusterFailure::Handshake,
+                Some(p),
+                format!("process {p} ({}) sent a bad handshake", addresses[p]),
+            )
+            .with_source(e)
+        })?;
         prints.push((p, theirs.fingerprint));
     }
     prints.sort_by_key(|(p, _)| *p);
     let refs: Vec<(usize, &Fingerprint)> = prints.iter().map(|(p, f)| (*p, f)).collect();
     let lines = differences(&refs);
     if !lines.is_empty() {
-        return Err(cluster_error(format!(
-            "the processes disagree on {} setting{} (every process of a run must be started with the same \
+        return Err(PipelineError::cluster(
+            ClusterFailure::Disagree,
+            None,
+            format!(
+                "the processes disagree on {} setting{} (every process of a run must be started with the same \
              settings):\n  {}",
-            lines.len(),
-            if lines.len() == 1 { "" } else { "s" },
-            lines.join("\n  ")
-        )));
+                lines.len(),
+                if lines.len() == 1 { "" } else { "s" },
+                lines.join("\n  ")
+            ),
+        ));
     }
     for s in sockets.iter_mut().flatten() {
         s.set_read_timeout(None).and_then(|_| s.set_write_timeout(None)).map_err(io_error)?;
@@ -130,16 +147,20 @@ fn connect(
             Ok(mut s) => {
                 s.set_nodelay(true).map_err(io_error)?;
                 set_deadline(&s, deadline);
-                s.write_all(&(me as u64 | lane).to_be_bytes()).map_err(|e| lost_during_handshake(p, address, &e))?;
+                s.write_all(&(me as u64 | lane).to_be_bytes()).map_err(|e| lost_during_handshake(p, address, e))?;
                 return Ok(s);
             }
             Err(e) => e,
         };
         if Instant::now() >= deadline {
-            return Err(cluster_error(format!(
-                "process {me} cannot reach process {p} at {address} within {secs} s (--connect-timeout): {last}; \
+            return Err(PipelineError::cluster(
+                ClusterFailure::Connect,
+                Some(p),
+                format!(
+                    "process {me} cannot reach process {p} at {address} within {secs} s (--connect-timeout): {last}; \
                  is process {p} started, with the same hosts file?"
-            )));
+                ),
+            ));
         }
         std::thread::sleep(Duration::from_millis(100).min(deadline.saturating_duration_since(Instant::now())));
     }
@@ -181,7 +202,14 @@ fn accept(
             let (mut s, peer) = match l.accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(cluster_error(format!("process {me} cannot accept connections: {e}"))),
+                Err(e) => {
+                    return Err(PipelineError::cluster(
+                        ClusterFailure::Listen,
+                        None,
+                        format!("process {me} cannot accept connections"),
+                    )
+                    .with_source(e))
+                }
             };
             accepted = true;
             s.set_nonblocking(false).and_then(|_| s.set_nodelay(true)).map_err(io_error)?;
@@ -202,16 +230,21 @@ fn accept(
             }
         }
         if Instant::now() >= deadline {
+            let first = expected.clone().find(|&p| missing(sockets, beats, p));
             let missing: Vec<String> = expected
                 .clone()
                 .filter(|&p| missing(sockets, beats, p))
                 .map(|p| format!("process {p} ({})", addresses[p]))
                 .collect();
-            return Err(cluster_error(format!(
-                "{} did not connect to process {me} within {secs} s (--connect-timeout); is every process \
-                 started, with the same hosts file?",
-                missing.join(", ")
-            )));
+            return Err(PipelineError::cluster(
+                ClusterFailure::Connect,
+                first,
+                format!(
+                    "{} did not connect to process {me} within {secs} s (--connect-timeout); is every \
+                     process started, with the same hosts file?",
+                    missing.join(", ")
+                ),
+            ));
         }
         if !accepted {
             std::thread::sleep(Duration::from_millis(20));
@@ -252,19 +285,16 @@ fn set_deadline(s: &TcpStream, deadline: Instant) {
     let _ = s.set_write_timeout(Some(left));
 }
 
-fn lost_during_handshake(p: usize, address: &str, e: &std::io::Error) -> PipelineError {
+fn lost_during_handshake(p: usize, address: &str, e: std::io::Error) -> PipelineError {
+    let failed = format!("process {p} ({address}) failed the start-up handshake");
     let why = match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "did not answer in time".to_string(),
-        std::io::ErrorKind::UnexpectedEof => "closed the connection".to_string(),
-        _ => e.to_string(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "did not answer in time",
+        std::io::ErrorKind::UnexpectedEof => "closed the connection",
+        _ => return PipelineError::cluster(ClusterFailure::Handshake, Some(p), failed).with_source(e),
     };
-    cluster_error(format!("process {p} ({address}) failed the start-up handshake: {why}"))
+    PipelineError::cluster(ClusterFailure::Handshake, Some(p), format!("{failed}: {why}"))
 }
 
 fn io_error(e: std::io::Error) -> PipelineError {
-    cluster_error(format!("cluster connection: {e}"))
-}
-
-fn cluster_error(message: String) -> PipelineError {
-    PipelineError::Cluster(message)
+    PipelineError::cluster(ClusterFailure::Handshake, None, "cluster connection").with_source(e)
 }

@@ -24,8 +24,12 @@ pub mod fingerprint;
 pub mod handshake;
 pub mod liveness;
 pub mod lost_peer;
+mod role;
+
+pub use role::ProcessRole;
 
 use crate::config::Resolved;
+use crate::error::{ClusterFailure, DataflowFailure};
 use crate::{PipelineError, TrainSettings};
 use fingerprint::Fingerprint;
 use std::net::TcpStream;
@@ -85,9 +89,10 @@ where
     T: Send + 'static,
     F: Fn(&mut Worker) -> T + Send + Sync + 'static,
 {
-    let start_error = |e: String| PipelineError::Dataflow(format!("cannot start timely workers: {e}"));
+    let start_error =
+        |e: String| PipelineError::dataflow(DataflowFailure::Start, "cannot start timely workers").with_source(e);
     if cluster.addresses.len() <= 1 {
-        let role = crate::bench::processes::ProcessRole { process: 0, processes: 1, addresses: Vec::new() };
+        let role = ProcessRole { process: 0, processes: 1, addresses: Vec::new() };
         return timely::execute(role.timely_config(cluster.threads), func).map_err(start_error);
     }
     lost_peer::install();
@@ -127,14 +132,12 @@ pub fn join<T: Send + 'static>(
     let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::run::join_workers(guards)));
     cluster.done.store(true, Ordering::Relaxed);
     if let Some(lost) = lost_peer::lost() {
-        return Err(PipelineError::Cluster(lost_message(cluster, &lost)));
+        return Err(PipelineError::cluster(ClusterFailure::Lost, Some(lost.process), lost_message(cluster, &lost)));
     }
     match joined {
         Ok(outcome) => outcome,
-        Err(panic) => Err(PipelineError::Dataflow(format!(
-            "a communication thread failed: {}",
-            lost_peer::payload(panic.as_ref())
-        ))),
+        Err(panic) => Err(PipelineError::dataflow(DataflowFailure::Communication, "a communication thread failed")
+            .with_source(lost_peer::payload(panic.as_ref()))),
     }
 }
 

@@ -1,47 +1,21 @@
 //! Live metrics of the online trainer: a Prometheus endpoint
-//! (`--metrics-addr`) and a JSON-lines log (`--metrics-log`, read by
-//! `tiderec plot`).
+//! (`--metrics-addr`). Its JSON-lines log (`--metrics-log`) is
+//! [`crate::metrics_log`]'s.
 //!
 //! [`OnlineMetrics`] is shared by the workers of one process: each worker
 //! sets the lag of the partitions it owns; worker 0 sets the training
 //! figures after every step. The HTTP thread only reads.
 
+use crate::error::DataflowFailure;
+use crate::metrics_log::MetricsRecord;
 use crate::PipelineError;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
-use std::io::Write;
-use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-
-/// One line of the JSON-lines metrics log.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct MetricsRecord {
-    /// Seconds since the run started.
-    pub time_s: f64,
-    /// Global training steps so far.
-    pub step: u64,
-    /// Training samples so far.
-    pub samples: u64,
-    /// Training throughput since the run started.
-    pub samples_per_sec: f64,
-    /// Mean training loss of the recent steps.
-    pub loss: f64,
-    /// Prequential AUC over the window (null with one class only).
-    pub window_auc: Option<f64>,
-    /// Prequential log loss over the window.
-    pub window_logloss: Option<f64>,
-    /// Records behind the end of the partitions this process owns.
-    pub lag: i64,
-    /// Seconds since the last checkpoint (null before the first).
-    pub checkpoint_age_s: Option<f64>,
-    /// Malformed records skipped so far.
-    pub bad_records: u64,
-}
 
 /// The metrics of one process, registered for Prometheus.
 pub struct OnlineMetrics {
@@ -162,49 +136,10 @@ pub fn serve(addr: &str, metrics: Arc<OnlineMetrics>) -> Result<(), PipelineErro
                 let _ = request.respond(response);
             }
         })
-        .map_err(|e| PipelineError::Dataflow(format!("cannot start the metrics thread: {e}")))?;
+        .map_err(|e| {
+            PipelineError::dataflow(DataflowFailure::Thread, "cannot start the metrics thread").with_source(e)
+        })?;
     Ok(())
-}
-
-/// Appends JSON lines to a file.
-pub struct MetricsLog {
-    file: std::io::BufWriter<std::fs::File>,
-}
-
-impl MetricsLog {
-    /// Creates (truncates) `path`, or appends to it when `append`.
-    pub fn create(path: &Path, append: bool) -> Result<Self, PipelineError> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(append)
-            .write(true)
-            .truncate(!append)
-            .open(path)
-            .map_err(|e| PipelineError::config("metrics_log", format!("cannot open {}: {e}", path.display())))?;
-        Ok(MetricsLog { file: std::io::BufWriter::new(file) })
-    }
-
-    /// Writes one record as a line and flushes it.
-    pub fn write(&mut self, r: &MetricsRecord) -> Result<(), PipelineError> {
-        let line = serde_json::to_string(r).map_err(|e| PipelineError::Dataflow(e.to_string()))?;
-        writeln!(self.file, "{line}")
-            .and_then(|_| self.file.flush())
-            .map_err(|e| PipelineError::Dataflow(format!("cannot write the metrics log: {e}")))
-    }
-}
-
-/// Reads a JSON-lines metrics log; a malformed line is an error naming its number.
-pub fn read_log(path: &Path) -> Result<Vec<MetricsRecord>, PipelineError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| PipelineError::config("metrics", format!("cannot read {}: {e}", path.display())))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| PipelineError::config("metrics", format!("{}:{}: {e}", path.display(), i + 1)))
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -224,21 +159,5 @@ mod tests {
         assert!(text.contains("tiderec_window_auc 0.75"), "{text}");
         assert!(text.contains(r#"tiderec_partition_lag{topic="clicks",partition="1"} 3"#), "{text}");
         assert_eq!(m.total_lag(), 8);
-    }
-
-    #[test]
-    fn log_round_trip_and_bad_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.jsonl");
-        let mut log = MetricsLog::create(&path, false).unwrap();
-        let r = MetricsRecord { step: 1, samples: 10, window_auc: None, loss: 0.5, ..Default::default() };
-        log.write(&r).unwrap();
-        log.write(&MetricsRecord { step: 2, ..r.clone() }).unwrap();
-        let back = read_log(&path).unwrap();
-        assert_eq!(back.len(), 2);
-        assert_eq!(back[0], r);
-        std::fs::write(&path, "{\"step\": 1}\nnot json\n").unwrap();
-        let e = read_log(&path).unwrap_err().to_string();
-        assert!(e.contains(":1:") || e.contains(":2:"), "{e}");
     }
 }

@@ -4,6 +4,7 @@
 //! the same files holds the same records at the same offsets.
 
 use super::RecordFormat;
+use crate::error::DataflowFailure;
 use crate::progress::{Progress, Unit};
 use crate::PipelineError;
 use std::io::BufRead;
@@ -104,7 +105,10 @@ pub fn produce(settings: &ProduceSettings) -> Result<ProduceSummary, PipelineErr
     progress.finish();
     let seconds = start.elapsed().as_secs_f64();
     if records != sent {
-        return Err(PipelineError::Dataflow(format!("{sent} records sent but {records} acknowledged")));
+        return Err(PipelineError::dataflow(
+            DataflowFailure::Delivery,
+            format!("{sent} records sent but {records} acknowledged"),
+        ));
     }
     Ok(ProduceSummary { records, partitions, seconds, records_per_sec: records as f64 / seconds.max(1e-9) })
 }

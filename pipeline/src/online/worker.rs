@@ -1,11 +1,13 @@
 //! The online trainer's workers (see the [module docs](super)).
 
-use super::metrics::{serve, MetricsLog, MetricsRecord, OnlineMetrics};
+use super::metrics::{serve, OnlineMetrics};
 use super::prequential::PrequentialWindow;
 use super::{OnlineSettings, OnlineSummary, RecordFormat};
 use crate::checkpointing::{CheckpointOptions, Checkpointer, Position};
 use crate::cluster::Cluster;
 use crate::config::{DataSpec, Resolved};
+use crate::error::DataflowFailure;
+use crate::metrics_log::{MetricsLog, MetricsRecord};
 use crate::progress::Progress;
 use crate::run::{checkpoint_setup, dead_letters_path, restore_shared, trainer_config};
 use crate::PipelineError;
@@ -286,7 +288,12 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
             return Err(e.into());
         }
         if let Some((k, e)) = all.iter().enumerate().find_map(|(k, v)| v.failed.as_ref().map(|e| (k, e))) {
-            return Err(PipelineError::Dataflow(format!("another worker failed (worker {k}: {e})")));
+            return Err(PipelineError::Dataflow {
+                failure: DataflowFailure::PeerFailed,
+                worker: Some(k),
+                reason: "another worker failed".into(),
+                source: Some(e.clone().into()),
+            });
         }
         if all.iter().any(|v| v.stop) {
             stopped_by_signal = true;
@@ -328,7 +335,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
         let taken = std::mem::replace(&mut batch, Batch::new(ctx.resolved.shape.0, ctx.resolved.shape.1));
         let stats = trainer.step(worker, StepKind::Train, taken)?;
         if stats.failed_workers > 0 {
-            return Err(PipelineError::Dataflow(format!("another worker failed ({} failed)", stats.failed_workers)));
+            return Err(crate::run::peer_failed(stats.failed_workers));
         }
         if stats.non_finite > 0 {
             // Nothing past the ruined step is committed: only the checkpoint in flight (of an
@@ -381,7 +388,9 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     checkpointer.finish(worker)?;
     commit_durable(me, &mut checkpointer, &reader, ctx);
     progress.finish();
-    dead_letters.flush().map_err(|e| PipelineError::Dataflow(format!("cannot write the dead-letter file: {e}")))?;
+    dead_letters.flush().map_err(|e| {
+        PipelineError::dataflow(DataflowFailure::Output, "cannot write the dead-letter file").with_source(e)
+    })?;
     trainer.set_bad_records(bad.to_array());
     let report = trainer.step(worker, StepKind::Report, Batch::new(ctx.resolved.shape.0, ctx.resolved.shape.1))?;
     let offsets: BTreeMap<String, i64> =

@@ -9,6 +9,7 @@
 //! lays the sequences out padded to the batch's longest, and runs the model's
 //! forward. Single-threaded, so its output depends only on the batches.
 
+use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::serving::ServedModel;
 use crate::PipelineError;
@@ -38,8 +39,9 @@ pub struct Scorer {
     seq_lengths: Vec<usize>,
 }
 
-fn shape_error(what: String) -> PipelineError {
-    PipelineError::Checkpoint(what)
+/// The checkpoint's model does not match its own parts (`Read`) or the records (`Score`).
+fn shape_error(action: CheckpointAction, what: String) -> PipelineError {
+    PipelineError::checkpoint(action, None, what)
 }
 
 impl Scorer {
@@ -48,11 +50,14 @@ impl Scorer {
         let cfg = &model.config;
         let mut net = cfg.model.build::<f32>(cfg.seed)?;
         if net.params().len() != model.dense.len() {
-            return Err(shape_error(format!(
-                "the checkpoint holds {} dense parameters, its model needs {}",
-                model.dense.len(),
-                net.params().len()
-            )));
+            return Err(shape_error(
+                CheckpointAction::Read,
+                format!(
+                    "the checkpoint holds {} dense parameters, its model needs {}",
+                    model.dense.len(),
+                    net.params().len()
+                ),
+            ));
         }
         net.params_mut().copy_from_slice(&model.dense);
         Ok(Scorer {
@@ -82,7 +87,10 @@ impl Scorer {
         let mut seen: FxHashMap<u64, u32> = FxHashMap::default();
         for &id in &field.ids {
             if id >= rows {
-                return Err(shape_error(format!("{name}: id {id} is outside its table {t} of {rows} rows")));
+                return Err(shape_error(
+                    CheckpointAction::Score,
+                    format!("{name}: id {id} is outside its table {t} of {rows} rows"),
+                ));
             }
             let next = seen.len() as u32;
             let k = *seen.entry(id).or_insert_with(|| {
@@ -114,12 +122,15 @@ impl Scorer {
     fn forward(&mut self, batch: &Batch) -> Result<Vec<f32>, PipelineError> {
         let (b, f, d) = (batch.len(), batch.sparse.len(), self.dim);
         if f != self.model_sparse || batch.sequences.len() < self.num_sequences {
-            return Err(shape_error(format!(
-                "the records have {f} sparse and {} sequence fields; the model reads {} and {}",
-                batch.sequences.len(),
-                self.model_sparse,
-                self.num_sequences
-            )));
+            return Err(shape_error(
+                CheckpointAction::Score,
+                format!(
+                    "the records have {f} sparse and {} sequence fields; the model reads {} and {}",
+                    batch.sequences.len(),
+                    self.model_sparse,
+                    self.num_sequences
+                ),
+            ));
         }
         self.pooled.clear();
         self.pooled.resize(b * f * d, 0.0);

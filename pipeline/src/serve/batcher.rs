@@ -136,7 +136,7 @@ fn add(model: &Loaded, job: Job, batch: &mut Batch, one: &mut Batch, taken: &mut
     one.clear();
     for (index, record) in job.records.iter().enumerate() {
         if let Err(reason) = model.featurize(record, one) {
-            let _ = job.reply.send(Reply::BadRecord { index, reason });
+            let _ = job.reply.send(Reply::BadRecord { index, reason: reason.to_string() });
             return;
         }
     }

@@ -26,6 +26,7 @@ mod records;
 mod rows;
 mod score;
 
+use crate::error::DataflowFailure;
 use crate::PipelineError;
 use batcher::{BatchLimits, Job, Reply, ServingState};
 use score::Loaded;
@@ -109,10 +110,9 @@ impl Server {
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let mut threads = Vec::new();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(f)
-                .map_err(|e| PipelineError::Dataflow(format!("cannot start a serving thread: {e}")))
+            std::thread::Builder::new().name(name).spawn(f).map_err(|e| {
+                PipelineError::dataflow(DataflowFailure::Thread, "cannot start a serving thread").with_source(e)
+            })
         };
         let (st, pe, limits) = (state.clone(), pending.clone(), options.limits);
         threads.push(spawn("serve-score".into(), Box::new(move || batcher::run(model, jobs_rx, pe, st, limits)))?);

@@ -24,6 +24,7 @@
 //!   something other than what was sent.
 //! * `line` is the line form unless the format has a column of that name.
 
+use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::PipelineError;
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -150,7 +151,11 @@ impl RecordShape {
                     .spec
                     .as_ref()
                     .ok_or_else(|| {
-                        PipelineError::Checkpoint(format!("the `{}` pipeline records no feature spec", pipeline.format))
+                        PipelineError::checkpoint(
+                            CheckpointAction::Read,
+                            None,
+                            format!("the `{}` pipeline records no feature spec", pipeline.format),
+                        )
                     })?
                     .fields;
                 let columns = spec
@@ -436,12 +441,9 @@ mod tests {
         FeaturePipeline::assumed(&data, 1, &[100; 26], Some(5)).unwrap()
     }
 
-    fn line(shape: &RecordShape, record: &str) -> Result<(String, LineOf), String> {
+    fn line(shape: &RecordShape, record: &str) -> Result<(String, LineOf), RecordError> {
         let mut out = Vec::new();
-        shape
-            .line_of(record.as_bytes(), &mut out)
-            .map(|of| (String::from_utf8(out).unwrap(), of))
-            .map_err(|e| e.to_string())
+        shape.line_of(record.as_bytes(), &mut out).map(|of| (String::from_utf8(out).unwrap(), of))
     }
 
     #[test]
@@ -478,16 +480,20 @@ mod tests {
             (r#"{"line": "a\nb"}"#, "a line break (a record is one line) in `line`"),
         ];
         for (record, want) in cases {
-            assert_eq!(line(&avazu, record).unwrap_err(), want, "{record}");
+            assert_eq!(line(&avazu, record).unwrap_err().to_string(), want, "{record}");
         }
-        assert!(line(&avazu, "[1]").unwrap_err().starts_with("not a JSON object"));
-        assert!(line(&avazu, "{} {}").unwrap_err().starts_with("not a JSON object"));
+        assert!(line(&avazu, "[1]").unwrap_err().to_string().starts_with("not a JSON object"));
+        let e = line(&avazu, "{} {}").unwrap_err();
+        assert!(e.field.is_none() && e.reason.starts_with("not a JSON object"), "{e}");
         let amazon = RecordShape::of(&pipeline("amazon-dien")).unwrap().unwrap();
         assert_eq!(
             line(&amazon, r#"{"history_items": ["a\u0002b"]}"#).unwrap_err(),
-            "item 0 holds the list separator `\\u0002` in `history_items`"
+            RecordError {
+                field: Some("history_items".into()),
+                reason: "item 0 holds the list separator `\\u0002`".into()
+            }
         );
-        assert_eq!(line(&amazon, r#"{"user": "a\tb"}"#).unwrap_err(), "the value holds a tab in `user`");
+        assert_eq!(line(&amazon, r#"{"user": "a\tb"}"#).unwrap_err().to_string(), "the value holds a tab in `user`");
         // A format's error names the column, also inside a `line`.
         let e = avazu.format_error((BadReason::BadLabel, Some(1)), LineOf::Columns);
         assert_eq!(e.to_string(), "bad_label in `click`");

@@ -7,6 +7,7 @@
 //! exactly what `tiderec predict` reads from the files, decoded by the same
 //! reader.
 
+use super::records::RecordError;
 use serde_json::{json, Value};
 use tiderec_sources::parquet::json_row;
 use tiderec_sources::parquet::{SchemaDescription, SparseKind};
@@ -55,9 +56,6 @@ pub fn featurize(
     table_sizes: &[u64],
     record: &[u8],
     out: &mut tiderec_operators::Batch,
-) -> Result<(), String> {
-    json_row::append_json_row(d, table_sizes, record, out).map_err(|e| match e.field {
-        Some(field) => format!("{} in `{field}`", e.reason),
-        None => e.reason,
-    })
+) -> Result<(), RecordError> {
+    json_row::append_json_row(d, table_sizes, record, out).map_err(|e| RecordError { field: e.field, reason: e.reason })
 }

@@ -13,7 +13,7 @@
 //!   model trained on Parquet files scores featurized rows ([`rows`]),
 //!   decoded by the Parquet reader `predict` reads the files with.
 
-use super::records::{LineOf, RecordShape};
+use super::records::{LineOf, RecordError, RecordShape};
 use super::rows;
 use crate::config::DataSpec;
 use crate::feature_pipeline::FeaturePipeline;
@@ -141,7 +141,7 @@ impl Loaded {
     }
 
     /// Appends the features of one JSON record to `out`; the error names the bad field.
-    pub fn featurize(&self, record: &[u8], out: &mut Batch) -> Result<(), String> {
+    pub fn featurize(&self, record: &[u8], out: &mut Batch) -> Result<(), RecordError> {
         let LineRecords { shape, format, criteo, line_key, line } = match &self.records {
             Records::Lines(r) => &**r,
             Records::Rows { description, table_sizes } => {
@@ -151,13 +151,13 @@ impl Loaded {
         let mut line = line.borrow_mut();
         if let Some(json) = criteo {
             let maybe_line = line_key.find(record).is_some();
-            if !maybe_line || !shape.given_line(record, &mut line).map_err(|e| e.to_string())? {
+            if !maybe_line || !shape.given_line(record, &mut line)? {
                 return criteo_json(json, record, out);
             }
-            return format.parse(&line, out).map_err(|e| shape.format_error(e, LineOf::Line).to_string());
+            return format.parse(&line, out).map_err(|e| shape.format_error(e, LineOf::Line));
         }
-        let of = shape.line_of(record, &mut line).map_err(|e| e.to_string())?;
-        format.parse(&line, out).map_err(|e| shape.format_error(e, of).to_string())
+        let of = shape.line_of(record, &mut line)?;
+        format.parse(&line, out).map_err(|e| shape.format_error(e, of))
     }
 
     /// An empty batch of this model's records' shape.
@@ -182,11 +182,14 @@ impl Loaded {
 }
 
 /// A Criteo JSON object's features; the error names the bad field.
-fn criteo_json(format: &CriteoJsonFormat, record: &[u8], out: &mut Batch) -> Result<(), String> {
-    format.parse(record, out).map_err(|(reason, field)| match field {
-        Some(0) => format!("{reason} in `label`"),
-        Some(f) if f <= NUM_DENSE => format!("{reason} in `I{f}`"),
-        Some(f) => format!("{reason} in `C{}`", f - NUM_DENSE),
-        None => format!("{reason}: not a JSON object"),
+fn criteo_json(format: &CriteoJsonFormat, record: &[u8], out: &mut Batch) -> Result<(), RecordError> {
+    format.parse(record, out).map_err(|(reason, field)| {
+        let (field, reason) = match field {
+            Some(0) => (Some("label".to_string()), reason.to_string()),
+            Some(f) if f <= NUM_DENSE => (Some(format!("I{f}")), reason.to_string()),
+            Some(f) => (Some(format!("C{}", f - NUM_DENSE)), reason.to_string()),
+            None => (None, format!("{reason}: not a JSON object")),
+        };
+        RecordError { field, reason }
     })
 }

@@ -18,9 +18,9 @@
 //! number of distinct ids grows without bound. Rows held and resident memory
 //! (`/proc/self/statm`) are sampled as the stream goes.
 
-use crate::PipelineError;
 use serde::Serialize;
 use std::time::Instant;
+use tiderec::PipelineError;
 use tiderec_operators::features::mix64;
 use tiderec_operators::optim::{OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::rng::unit_f64;
@@ -245,7 +245,10 @@ pub fn run_cache(bench: &CacheBench) -> Result<CacheBenchResult, PipelineError> 
         (r.ids, r.rows, r.state, r.counts)
     };
     if (0..NUM_SPARSE).any(|t| model(&a, t) != model(&b, t)) {
-        return Err(PipelineError::Dataflow("the tiered store's rows differ from the hash store's".into()));
+        return Err(PipelineError::dataflow(
+            tiderec::error::DataflowFailure::Incomplete,
+            "the tiered store's rows differ from the hash store's",
+        ));
     }
     Ok(CacheBenchResult { bench: bench.clone(), rows: held, ops_per_pass, sizes })
 }

@@ -8,8 +8,6 @@
 //! after a one-second warm-up. Latency is the client's: from writing the
 //! request to reading the whole response.
 
-use crate::serve::client::Client;
-use crate::PipelineError;
 use serde::Serialize;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -17,6 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tiderec::serve::client::Client;
+use tiderec::PipelineError;
 use tiderec_sources::json::criteo_line_to_json;
 
 /// What to measure.
@@ -73,7 +73,7 @@ impl Drop for ChildGuard {
 }
 
 fn bench_error(what: impl std::fmt::Display) -> PipelineError {
-    PipelineError::Dataflow(format!("bench serve: {what}"))
+    PipelineError::dataflow(tiderec::error::DataflowFailure::Incomplete, format!("bench serve: {what}"))
 }
 
 /// Runs the bench (see the module docs).

@@ -27,14 +27,15 @@
 //! on 127.0.0.1 ([`super::processes`]), so the messages are serialized and
 //! cross sockets; bytes and times are gathered from every worker.
 
-use super::processes::ProcessRole;
-use crate::data::{micro_batch, WorkerData};
-use crate::settings::ModelKind;
-use crate::PipelineError;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+use tiderec::cluster::ProcessRole;
+use tiderec::data::{micro_batch, WorkerData};
+use tiderec::error::DataflowFailure;
+use tiderec::settings::ModelKind;
+use tiderec::PipelineError;
 use tiderec_operators::collective::Collective;
 use tiderec_operators::exchange::{plan_exchange, ExchangeConfig, ExchangePlan, PlanInput, TableExchange};
 use tiderec_operators::nn::{DlrmConfig, FmConfig, ModelConfig};
@@ -216,7 +217,7 @@ fn load(bench: &ExchangeBench, samples: usize) -> Result<(Batch, Vec<u64>), Pipe
         }
         ExchangeData::Criteo(path) => {
             let sizes = vec![bench.rows; NUM_SPARSE];
-            let options = crate::data::CriteoOptions {
+            let options = tiderec::data::CriteoOptions {
                 seed: bench.seed,
                 shuffle_seed: bench.seed,
                 spec: None,
@@ -393,10 +394,12 @@ fn train(bench: &ExchangeBench, config: TrainerConfig, all: Arc<Batch>) -> Resul
         let secs = all.iter().map(|a| a.0).fold(0.0, f64::max);
         Ok::<_, PipelineError>((secs, all.iter().map(|a| a.1).sum::<u64>(), l2))
     })
-    .map_err(|e| PipelineError::Dataflow(e.to_string()))?;
+    .map_err(|e| PipelineError::dataflow(DataflowFailure::Start, "cannot start timely workers").with_source(e))?;
     let mut result = (0.0, 0, 0.0);
     for r in guards.join() {
-        result = r.map_err(PipelineError::Dataflow)??;
+        result = r.map_err(|panic| {
+            PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked").with_source(panic)
+        })??;
     }
     Ok(result)
 }

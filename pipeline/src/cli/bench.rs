@@ -18,17 +18,19 @@
 //! the HTTP scorer under a concurrent load ([`mod@serve`]).
 
 pub mod cache;
+pub mod command;
 pub mod exchange;
 pub mod kernels;
 pub mod processes;
 pub mod replay;
 pub mod serve;
 
-use crate::run::timely_config;
-use crate::{PipelineError, TrainSettings};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
+use tiderec::error::DataflowFailure;
+use tiderec::run::timely_config;
+use tiderec::{PipelineError, TrainSettings};
 use tiderec_operators::features::mix64;
 use tiderec_operators::nn::{DlrmConfig, Interest, ModelConfig, Precision};
 use tiderec_sources::synthetic_behavior::{BehaviorConfig, SyntheticBehavior, SEQUENCE_TABLES};
@@ -123,7 +125,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         s
     };
     let resolved = settings.validate()?;
-    let devices = crate::device::Devices::for_workers(&bench.device, bench.workers)?;
+    let devices = tiderec::device::Devices::for_workers(&bench.device, bench.workers)?;
     let behavior = match &bench.model {
         ModelConfig::Dien(c) => Some(SyntheticBehavior::new(BehaviorConfig::standard(7, c.max_len))?),
         _ => None,
@@ -142,13 +144,13 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     };
     let embedding_params = config.table_sizes.iter().sum::<u64>() * config.model.embedding_dim() as u64;
     devices.preflight(&config)?;
-    eprintln!("{}", kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
+    eprintln!("{}", tiderec::kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
     let bench = Arc::new(bench.clone());
     let b2 = bench.clone();
     let guards = timely::execute(timely_config(&settings, &resolved), move |worker| {
         let bench = &b2;
         let (me, w) = (worker.index(), worker.peers());
-        let micro = crate::data::micro_batch(bench.batch_size, me, w);
+        let micro = tiderec::data::micro_batch(bench.batch_size, me, w);
         let pool: Vec<Batch> = (0..8u64)
             .map(|k| match &behavior {
                 Some(g) => {
@@ -175,12 +177,14 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         let secs = start.elapsed().as_secs_f64();
         Ok::<_, PipelineError>((secs, stats, trainer.bytes_sent() - before, trainer.dense_params().len()))
     })
-    .map_err(|e| PipelineError::Dataflow(e.to_string()))?;
+    .map_err(|e| PipelineError::dataflow(DataflowFailure::Start, "cannot start timely workers").with_source(e))?;
     let mut secs = 0.0f64;
     let mut bytes = 0u64;
     let mut dense_params = 0;
     for r in guards.join() {
-        let (s, _stats, b, p) = r.map_err(PipelineError::Dataflow)??;
+        let (s, _stats, b, p) = r.map_err(|panic| {
+            PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked").with_source(panic)
+        })??;
         secs = secs.max(s);
         bytes += b;
         dense_params = p as u64;
@@ -200,7 +204,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         gru: match &bench.model {
             ModelConfig::Dien(c) if c.interest == Interest::GruAttention => {
                 let e = c.interest_dim();
-                let micro = crate::data::micro_batch(bench.batch_size, 0, bench.workers);
+                let micro = tiderec::data::micro_batch(bench.batch_size, 0, bench.workers);
                 Some(run_gru(micro, c.max_len, e, e, 2.0))
             }
             _ => None,

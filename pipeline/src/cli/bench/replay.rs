@@ -13,12 +13,12 @@
 //!
 //! Ratios are Parquet over TSV: above 1 means Parquet is faster.
 
-use crate::convert::{convert, ConvertSettings};
-use crate::{PipelineError, TrainSettings};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+use tiderec::convert::{convert, ConvertSettings};
+use tiderec::{PipelineError, TrainSettings};
 use tiderec_operators::bad_record::BadRecordPolicy;
 use tiderec_operators::Batch;
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
@@ -97,7 +97,8 @@ fn rate(seconds: f64, mut pass: impl FnMut() -> Result<u64, PipelineError>) -> R
 }
 
 fn train_rate(settings: &TrainSettings) -> Result<f64, PipelineError> {
-    let summary = crate::run::train(settings)?.ok_or_else(|| PipelineError::Dataflow("no summary".into()))?;
+    let summary = tiderec::run::train(settings)?
+        .ok_or_else(|| PipelineError::dataflow(tiderec::error::DataflowFailure::Incomplete, "no summary"))?;
     Ok(summary.samples_per_sec)
 }
 
@@ -119,7 +120,7 @@ fn run_in(bench: &ReplayBench, tmp: &Path) -> Result<ReplayBenchResult, Pipeline
         s.data.source = tsv.clone();
         s.run.seed = seed;
         s.data.buckets = bench.buckets;
-        s.run.progress = crate::progress::ProgressMode::None;
+        s.run.progress = tiderec::progress::ProgressMode::None;
         s.data.dead_letters = tmp.join("dead-letters.tsv");
         s
     };

@@ -5,11 +5,11 @@
 //! Liberation Sans, the Debian defaults); without one, the curves are drawn
 //! without labels and a warning says so.
 
-use crate::online::metrics::{read_log, MetricsRecord};
-use crate::PipelineError;
 use plotters::prelude::*;
 use std::path::Path;
 use std::sync::OnceLock;
+use tiderec::metrics_log::{read_log, MetricsRecord};
+use tiderec::PipelineError;
 
 const FONT_PATHS: [&str; 3] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -109,7 +109,7 @@ pub fn plot_metrics(metrics: &Path, out: &Path) -> Result<usize, PipelineError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::online::metrics::MetricsLog;
+    use tiderec::metrics_log::MetricsLog;
 
     #[test]
     fn draws_a_png_from_a_log() {

@@ -1,0 +1,82 @@
+//! The GEMM kernels of a run, chosen at start-up.
+//!
+//! [`choose_for_run`] lists a model's MLP products (forward, `dW`, `dx`) at
+//! every worker's micro-batch and lets `tiderec_operators::nn::kernel_choice`
+//! measure and install a kernel for each (only among kernels whose results are
+//! equal bit for bit, so the choice never changes a run's numbers).
+
+use crate::data::micro_batch;
+use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
+use tiderec_operators::nn::kernel_choice::{
+    backward_shapes, choose_backward_kernels, choose_forward_kernels, cpu_features, cpu_model, summary, BackwardChoice,
+    ForwardShape, Measure, ShapeChoice,
+};
+use tiderec_operators::nn::{ModelConfig, Precision};
+
+/// The forward products of `model` at the micro-batches of `batch` over `workers`.
+pub fn forward_shapes(model: &ModelConfig, batch: usize, workers: usize) -> Vec<ForwardShape> {
+    let mut rows: Vec<usize> = (0..workers.max(1)).map(|w| micro_batch(batch, w, workers.max(1))).collect();
+    rows.sort_unstable();
+    rows.dedup();
+    let layers = model.mlp_layers();
+    rows.iter()
+        .filter(|&&r| r > 0)
+        .flat_map(|&r| layers.iter().map(move |&(input, output)| ForwardShape { rows: r, input, output }))
+        .collect()
+}
+
+/// The kernels a run chose: forward and backward products.
+pub struct RunKernels {
+    /// Forward products.
+    pub forward: Vec<ShapeChoice>,
+    /// Backward products.
+    pub backward: Vec<BackwardChoice>,
+}
+
+/// Measures and installs the kernels of a run's MLP products (a fraction of a
+/// second), returning the choices.
+pub fn choose_for_run(model: &ModelConfig, batch: usize, workers: usize) -> RunKernels {
+    let shapes = forward_shapes(model, batch, workers);
+    RunKernels {
+        forward: choose_forward_kernels(&shapes, Measure::STARTUP),
+        backward: choose_backward_kernels(&backward_shapes(&shapes), Measure::STARTUP),
+    }
+}
+
+/// The line `train` and `bench dlrm` print: the CPU, its vector extensions and each product's kernel.
+pub fn startup_line(k: &RunKernels) -> String {
+    format!("kernels ({}; {}): {}", cpu_model(), cpu_features().join(" "), summary(&k.forward, &k.backward))
+}
+
+/// The start-up line of a run in `precision`: under `fp32` the kernels
+/// [`choose_for_run`] measured and installed; under `bf16` the one kernel
+/// every MLP product runs on (nothing to choose).
+pub fn startup_line_for(model: &ModelConfig, batch: usize, workers: usize, precision: Precision) -> String {
+    match precision {
+        Precision::Fp32 => startup_line(&choose_for_run(model, batch, workers)),
+        Precision::Bf16 => format!(
+            "kernels ({}; {}): every MLP product {} (bf16 operands, fp32 accumulation)",
+            cpu_model(),
+            cpu_features().join(" "),
+            Bf16Kernel::best().name()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiderec_operators::nn::DlrmConfig;
+
+    /// Batch 129 over two workers is micro-batches of 64 and 65 rows: every
+    /// layer at both, nothing at zero rows.
+    #[test]
+    fn forward_shapes_cover_every_micro_batch() {
+        let model = ModelConfig::Dlrm(DlrmConfig::kaggle());
+        let shapes = forward_shapes(&model, 129, 2);
+        assert_eq!(shapes.len(), 14);
+        assert!(shapes.iter().all(|s| s.rows == 64 || s.rows == 65));
+        assert!(shapes.contains(&ForwardShape { rows: 65, input: 367, output: 512 }));
+        assert!(forward_shapes(&model, 1, 2).iter().all(|s| s.rows == 1));
+    }
+}
