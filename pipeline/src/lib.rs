@@ -1,7 +1,7 @@
 //! # tiderec
 //!
 //! Configuration, dataflow assembly and the runs of tiderec: [`run::train`],
-//! [`convert::convert`], [`serving::eval`], [`predict::predict`] and the
+//! [`convert::convert`], [`predict::eval`], [`predict::predict`] and the
 //! online trainer ([`online::online`]). The binary `tiderec` is a thin layer
 //! over them; tests and other programs call them directly.
 //!

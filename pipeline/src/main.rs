@@ -606,7 +606,7 @@ fn main() -> anyhow::Result<()> {
             tiderec::serve::run(&options, &stop).context("serve failed")?;
         }
         Command::Eval(a) => {
-            let r = tiderec::serving::eval(&a.score.options(true)?).context("eval failed")?;
+            let r = tiderec::predict::eval(&a.score.options(true)?).context("eval failed")?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {

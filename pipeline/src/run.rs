@@ -443,35 +443,9 @@ pub(crate) fn checkpoint_setup(
 }
 
 /// The error of a worker whose step found `failed` other workers failed (their own errors
-/// are the ones [`join_workers`] reports).
+/// are the ones [`crate::cluster::join`] reports).
 pub(crate) fn peer_failed(failed: u64) -> PipelineError {
     PipelineError::dataflow(DataflowFailure::PeerFailed, format!("another worker failed ({failed} failed)"))
-}
-
-/// Waits for every worker; returns worker 0's result, or the failing worker's own error
-/// rather than its peers' "another worker failed".
-pub(crate) fn join_workers<T: Send + 'static>(
-    guards: timely::communication::initialize::WorkerGuards<Result<Option<T>, PipelineError>>,
-) -> Result<Option<T>, PipelineError> {
-    let mut summary = None;
-    let mut errors: Vec<PipelineError> = Vec::new();
-    for result in guards.join() {
-        match result {
-            Ok(Ok(Some(s))) => summary = Some(s),
-            Ok(Ok(None)) => {}
-            Ok(Err(e)) => errors.push(e),
-            Err(panic) => {
-                errors.push(PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked").with_source(panic))
-            }
-        }
-    }
-    if let Some(i) = errors.iter().position(|e| !e.is_peer_failure()) {
-        return Err(errors.swap_remove(i));
-    }
-    match errors.into_iter().next() {
-        Some(e) => Err(e),
-        None => Ok(summary),
-    }
 }
 
 /// Reads a Taobao behaviour log and derives its DIEN samples (the differential operator) as one table.

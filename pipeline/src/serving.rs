@@ -1,11 +1,11 @@
-//! `tiderec export` and `tiderec eval`: a checkpoint's model outside of training.
+//! A checkpoint's model outside of training: [`load`] (for `tiderec predict`, `eval`
+//! and `serve`) and `tiderec export`.
 //!
 //! Both read a checkpoint (a `ckpt-<step>` directory, or a checkpoint directory whose
 //! newest valid checkpoint is taken), merge every worker's embedding rows into whole
 //! tables by id, and rebuild the model from the configuration in its manifest, so
-//! neither needs the flags of the run that wrote it. `eval` reads records with the
-//! checkpoint's feature pipeline and scores them with [`crate::predict`]'s scorer
-//! (the path `tiderec predict` takes), then reduces the probabilities to AUC and log loss.
+//! neither needs the flags of the run that wrote it. Scoring records is
+//! `crate::predict`'s, which builds on this module (never the other way round).
 //!
 //! `export` writes a self-describing serving snapshot (`docs/export.md`): the
 //! dense layers under PyTorch's names and layouts ([`tiderec_operators::nn::named`]),
@@ -20,11 +20,9 @@ pub mod tables;
 
 use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
-use crate::predict::{self, ScoreOptions};
 use crate::PipelineError;
 use serde::Serialize;
 use std::path::Path;
-use tiderec_operators::metrics::{auc, logloss};
 use tiderec_operators::train::TrainerConfig;
 use tiderec_sinks::checkpoint::export::{write_serving, ServingTensor};
 use tiderec_sinks::checkpoint::{self, Checkpoint};
@@ -153,37 +151,4 @@ pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineEr
     });
     write_serving(out, &tensors, &config)?;
     Ok(ExportSummary { step: m.step, dense_params: m.dense.len(), embedding_rows: m.config.table_sizes.iter().sum() })
-}
-
-/// What `eval` measured.
-#[derive(Clone, Debug, Serialize)]
-pub struct EvalReport {
-    /// Step of the checkpoint.
-    pub step: u64,
-    /// Records scored.
-    pub samples: u64,
-    /// Exact AUC (`None` with one class only).
-    pub auc: Option<f64>,
-    /// Mean log loss.
-    pub logloss: f64,
-    /// Malformed records skipped.
-    pub bad_records: u64,
-}
-
-/// Scores the labeled records of `options.data` with the checkpoint's model.
-pub fn eval(options: &ScoreOptions) -> Result<EvalReport, PipelineError> {
-    let options = ScoreOptions { labeled: true, ..options.clone() };
-    let (mut probs, mut labels) = (Vec::new(), Vec::new());
-    let summary = predict::score(&options, crate::budget::Split::Eval, |_, _, p, l| {
-        probs.extend_from_slice(p);
-        labels.extend_from_slice(l);
-        Ok(())
-    })?;
-    Ok(EvalReport {
-        step: summary.step,
-        samples: summary.records,
-        auc: auc(&probs, &labels),
-        logloss: logloss(&probs, &labels),
-        bad_records: summary.bad_records,
-    })
 }

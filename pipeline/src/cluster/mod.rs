@@ -121,7 +121,7 @@ where
     timely::execute::execute_from(builders, Box::new(guard), timely::WorkerConfig::default(), func).map_err(start_error)
 }
 
-/// Waits for every local worker (`run::join_workers`); when a connection to
+/// Waits for every local worker ([`join_workers`]); when a connection to
 /// another process broke, the error names that process, the last finished step and the
 /// newest checkpoint instead of timely's panics.
 pub fn join<T: Send + 'static>(
@@ -129,7 +129,7 @@ pub fn join<T: Send + 'static>(
     guards: WorkerGuards<Result<Option<T>, PipelineError>>,
 ) -> Result<Option<T>, PipelineError> {
     // Joining timely's communication threads panics once one of them has.
-    let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::run::join_workers(guards)));
+    let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| join_workers(guards)));
     cluster.done.store(true, Ordering::Relaxed);
     if let Some(lost) = lost_peer::lost() {
         return Err(PipelineError::cluster(ClusterFailure::Lost, Some(lost.process), lost_message(cluster, &lost)));
@@ -159,4 +159,30 @@ fn lost_message(cluster: &Cluster, lost: &lost_peer::Lost) -> String {
         "lost process {} ({address}) after training step {step}: {}; this process stops too. {resume}",
         lost.process, lost.cause
     )
+}
+
+/// Waits for every worker; returns worker 0's result, or the failing worker's own error
+/// rather than its peers' "another worker failed".
+fn join_workers<T: Send + 'static>(
+    guards: timely::communication::initialize::WorkerGuards<Result<Option<T>, PipelineError>>,
+) -> Result<Option<T>, PipelineError> {
+    let mut summary = None;
+    let mut errors: Vec<PipelineError> = Vec::new();
+    for result in guards.join() {
+        match result {
+            Ok(Ok(Some(s))) => summary = Some(s),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(panic) => {
+                errors.push(PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked").with_source(panic))
+            }
+        }
+    }
+    if let Some(i) = errors.iter().position(|e| !e.is_peer_failure()) {
+        return Err(errors.swap_remove(i));
+    }
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(summary),
+    }
 }

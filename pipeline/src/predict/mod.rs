@@ -16,9 +16,11 @@
 //!   run succeeded, so a failed run leaves no partial output file.
 //! * Deterministic: one thread, records in file order, batches of a fixed size.
 
+mod eval;
 mod output;
 pub mod scorer;
 
+pub use eval::{eval, EvalReport};
 pub use output::{ScoreFormat, ScoreSink};
 pub use scorer::Scorer;
 
