@@ -121,7 +121,7 @@ where
     timely::execute::execute_from(builders, Box::new(guard), timely::WorkerConfig::default(), func).map_err(start_error)
 }
 
-/// Waits for every local worker ([`join_workers`]); when a connection to
+/// Waits for every local worker (the failing worker's own error first, not its peers'); when a connection to
 /// another process broke, the error names that process, the last finished step and the
 /// newest checkpoint instead of timely's panics.
 pub fn join<T: Send + 'static>(
