@@ -4,9 +4,9 @@
 //! cell), in this thread's CPU time. `packed` is blank where the left operand
 //! is transposed (weight gradients, which stay on matrixmultiply).
 //!
-//! `cargo bench -p tiderec-operators --bench gemm_shapes`
-use tiderec_operators::nn::gemm::{gemm, Op};
-use tiderec_operators::nn::gemm_packed::{gemm_packed, PackedRhs};
+//! `cargo bench -p tiderec-nn --bench gemm_shapes`
+use tiderec_nn::gemm::{gemm, Op};
+use tiderec_nn::gemm_packed::{gemm_packed, PackedRhs};
 
 fn cpu() -> f64 {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();

@@ -3,10 +3,10 @@
 //! packing `Wᵀ` into panels and `gemm_packed` reading `x` in place, alternated,
 //! nine rounds, medians.
 //!
-//! `cargo bench -p tiderec-operators --bench linear_forward [-- dx]`
+//! `cargo bench -p tiderec-nn --bench linear_forward [-- dx]`
 //! (`dx`: the backward's input gradient `dx = dy·W` instead).
-use tiderec_operators::nn::gemm::{gemm, Op};
-use tiderec_operators::nn::gemm_packed::{gemm_packed, PackedRhs};
+use tiderec_nn::gemm::{gemm, Op};
+use tiderec_nn::gemm_packed::{gemm_packed, PackedRhs};
 
 fn now() -> f64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();

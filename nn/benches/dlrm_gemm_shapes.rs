@@ -4,9 +4,9 @@
 //! packed kernel (`Wᵀ` packed on every call, as in training) for the forward
 //! `x·Wᵀ`. Medians of seven alternating rounds, in this thread's CPU time.
 //!
-//! `cargo bench -p tiderec-operators --bench dlrm_gemm_shapes [-- ROWS]`
-use tiderec_operators::nn::gemm::{gemm, gemm_nt_acc, Op};
-use tiderec_operators::nn::gemm_packed::{gemm_packed, PackedRhs};
+//! `cargo bench -p tiderec-nn --bench dlrm_gemm_shapes [-- ROWS]`
+use tiderec_nn::gemm::{gemm, gemm_nt_acc, Op};
+use tiderec_nn::gemm_packed::{gemm_packed, PackedRhs};
 
 fn cpu() -> f64 {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("Linux schedstat");

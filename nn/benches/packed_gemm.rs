@@ -5,9 +5,9 @@
 //! Each pair runs in one group, so criterion reports them side by side.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tiderec_operators::nn::gemm::{gemm, Op};
-use tiderec_operators::nn::gemm_packed::{gemm_packed, gemm_tn, PackedRhs};
-use tiderec_operators::rng::unit_f64;
+use tiderec_nn::gemm::{gemm, Op};
+use tiderec_nn::gemm_packed::{gemm_packed, gemm_tn, PackedRhs};
+use tiderec_records::rng::unit_f64;
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|i| unit_f64(seed, i as u64, 0, 0) as f32 - 0.5).collect()
