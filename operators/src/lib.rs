@@ -14,7 +14,7 @@
 //!   pooled vector), never a made-up id.
 //! * Every parameter of a model lives in one flat buffer, so a gradient
 //!   all-reduce or a checkpoint is one slice operation.
-//! * Every embedding row has exactly one owner, given by [`shard::shard_of`].
+//! * Every embedding row has exactly one owner, given by [`routing::shard_of`].
 
 #![warn(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod nn;
 pub mod optim;
 pub mod rng;
+pub mod routing;
 pub mod schedule;
 pub mod shard;
 pub mod snapshot;
