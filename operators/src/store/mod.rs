@@ -311,7 +311,7 @@ impl StoreStats {
 /// The rows one worker owns, with their optimizer state.
 ///
 /// Contracts (every method, every implementation):
-/// * Only rows routed here by [`shard_of`](crate::shard::shard_of) are asked
+/// * Only rows routed here by [`shard_of`](crate::routing::shard_of) are asked
 ///   for; `table` is below the number of tables and `id` below its size.
 /// * [`gather`](Self::gather) appends exactly `ids.len() × dim` values, row
 ///   by row in `ids` order. It may count statistics but never changes a value
@@ -491,7 +491,7 @@ pub(crate) fn check_row(
 ) -> Result<(), OperatorError> {
     let (worker, workers, d, w) = p;
     let n = *table_sizes.get(table).ok_or_else(|| OperatorError::Restore(format!("table {table} does not exist")))?;
-    if id >= n || crate::shard::shard_of(table, id, workers) != worker {
+    if id >= n || crate::routing::shard_of(table, id, workers) != worker {
         return Err(OperatorError::Restore(format!(
             "row {id} of table {table} is not owned by worker {worker} of {workers} (table of {n} rows)"
         )));
