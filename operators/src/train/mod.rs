@@ -279,7 +279,7 @@ impl Trainer {
 
     /// As [`Trainer::new`], with this worker's model built by the caller: `config.model`
     /// computing on a GPU, say, or a model of your own through the
-    /// [`Model`](crate::nn::Model) trait (the `custom_model` example). The trainer
+    /// [`Model`] trait (the `custom_model` example). The trainer
     /// takes the input shape from `config.model` (dense features, sparse and sequence
     /// fields, embedding width, which the model must read) and everything else from
     /// the model: its flat parameters are what it all-reduces, updates and snapshots.
