@@ -15,7 +15,7 @@
 //! Invariants that hold across the crate:
 //! * Every parameter of a model lives in one flat buffer, so a gradient
 //!   all-reduce or a checkpoint is one slice operation.
-//! * Every embedding row has exactly one owner, given by [`shard::shard_of`].
+//! * Every embedding row has exactly one owner, given by [`routing::shard_of`].
 //! * `W` workers train the model one worker trains on the same global batches,
 //!   up to the reassociation of float sums.
 
@@ -26,6 +26,7 @@ pub mod collective;
 pub mod exchange;
 pub mod freq;
 mod huge;
+pub mod routing;
 pub mod shard;
 pub mod snapshot;
 pub mod store;

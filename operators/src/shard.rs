@@ -1,9 +1,10 @@
 //! Row ownership and the per-worker embedding shard.
 //!
-//! [`shard_of`] is the one routing function: lookups, gradients, checkpoint
-//! writes and restores all use it. Row `id` of table `t` lives on worker
-//! `(id + t) mod W` at local index `id / W`; within one owner those local
-//! indices are distinct, so a shard stores its rows densely with no hashing.
+//! [`shard_of`] (defined in [`crate::routing`], re-exported here) is the one
+//! routing function: lookups, gradients, checkpoint writes and restores all
+//! use it. Row `id` of table `t` lives on worker `(id + t) mod W` at local
+//! index `id / W`; within one owner those local indices are distinct, so a
+//! shard stores its rows densely with no hashing.
 //! Rows are initialised from `(seed, table, id)` alone, so the initial model
 //! is the same for every worker count.
 
@@ -13,11 +14,7 @@ use crate::rng::row_uniform;
 use crate::snapshot::TableRows;
 use crate::OperatorError;
 
-/// The worker that owns row `id` of `table` among `workers`.
-#[inline]
-pub fn shard_of(table: usize, id: u64, workers: usize) -> usize {
-    ((id % workers as u64 + table as u64 % workers as u64) % workers as u64) as usize
-}
+pub use crate::routing::shard_of;
 
 /// The rows of every table that one worker owns, with their optimizer state.
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 //! A [`WorkerSnapshot`] is what worker `k` of `W` contributes to a checkpoint:
 //! its replica of the dense parameters (identical on every worker after a
 //! step, so only one part needs to carry them), the dense-optimizer state of
-//! its slice [`dense_slice`](crate::train::dense_slice)`(len, k, W)`, and every
+//! its slice [`dense_slice`](crate::routing::dense_slice)`(len, k, W)`, and every
 //! embedding row it owns (`shard_of(t, id, W) == k`) with the row's optimizer
 //! slots, plus the number of training steps taken.
 //!
@@ -21,7 +21,7 @@
 //! checkpoint restores into 1 or 3 workers with every value bit-identical.
 
 use crate::optim::{DenseOptimizerKind, DenseOptimizerState};
-use crate::shard::shard_of;
+use crate::routing::shard_of;
 use crate::{OperatorError, RestoreError};
 
 /// One table's rows held by one worker: `ids.len()` rows of `dim` values and
@@ -283,7 +283,7 @@ mod tests {
                 }
             })
             .collect();
-        let slice = crate::train::dense_slice(4, worker, workers);
+        let slice = crate::routing::dense_slice(4, worker, workers);
         WorkerSnapshot {
             worker,
             workers,

@@ -28,7 +28,7 @@
 use super::TableExchange;
 use crate::batch::Batch;
 use crate::nn::FmPartial;
-use crate::shard::shard_of;
+use crate::routing::shard_of;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 

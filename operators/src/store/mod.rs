@@ -311,7 +311,7 @@ impl StoreStats {
 /// The rows one worker owns, with their optimizer state.
 ///
 /// Contracts (every method, every implementation):
-/// * Only rows routed here by [`shard_of`](crate::shard::shard_of) are asked
+/// * Only rows routed here by [`shard_of`](crate::routing::shard_of) are asked
 ///   for; `table` is below the number of tables and `id` below its size.
 /// * [`gather`](Self::gather) appends exactly `ids.len() × dim` values, row
 ///   by row in `ids` order. It may count statistics but never changes a value

@@ -1,6 +1,6 @@
 use super::*;
 use crate::rng::unit_f64;
-use crate::shard::shard_of;
+use crate::routing::shard_of;
 use crate::{ConfigError, RestoreError};
 
 const DIM: usize = 4;

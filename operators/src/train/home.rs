@@ -1,82 +1,117 @@
-//! The home side of a worker: its model replica, the lookup plan of its
-//! micro-batch, the forward and backward pass and the gradients it sends.
+//! The home side of a worker: the lookup plan of its micro-batch, the
+//! forward and backward pass on the worker's dense replica ([`Dense`], passed
+//! in) and the gradients it sends. What it reads of the owner side comes in as
+//! [`LocalRows`].
 
-use super::owner::Owner;
-use super::{dense_slice, Command, GradientMessage, LookupReply, LookupRequest, StepKind, StepStats};
+use super::shared::{Dense, LocalRows};
+use super::{Command, GradientMessage, LookupReply, LookupRequest, StepKind, StepStats, TrainerConfig};
 use crate::batch::Batch;
+use crate::exchange::narrow_ids;
 use crate::exchange::{ExchangeConfig, PartialLookup, PartialSlot, Replicas, TableExchange, WireIds};
 use crate::metrics::EvalSet;
 use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
 use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
 use crate::nn::{DeepShares, DeepWeights, FmPartial, Model, SequenceInput};
-use crate::shard::shard_of;
-use crate::store::EmbeddingStore;
+use crate::routing::shard_of;
 use rustc_hash::FxHashMap;
 
 /// Lookup plan of one slot (a sparse or a sequence field) of the current micro-batch.
 #[derive(Default)]
-pub(super) struct TablePlan {
+struct TablePlan {
     /// Distinct ids, first-seen order.
-    pub(super) unique: Vec<u64>,
+    unique: Vec<u64>,
     /// For each occurrence in the batch, its index in `unique`.
-    pub(super) index: Vec<u32>,
+    index: Vec<u32>,
     /// For each unique id, (owner, row position in that owner's reply) for a
     /// `rows` field, (owner, position among the field's ids in that owner's
     /// request) for a `partial` field, or ([`HOT`], replica) for a replicated row.
-    pub(super) place: Vec<(u32, u32)>,
+    place: Vec<(u32, u32)>,
 }
 
 /// The owner marker of a replicated row in [`TablePlan::place`].
-pub(super) const HOT: u32 = u32::MAX;
+const HOT: u32 = u32::MAX;
 
-/// The home side of a worker: its model replica and the current micro-batch.
+/// The home side of a worker: the current micro-batch and the buffers of its
+/// forward and backward pass.
 pub(super) struct Home {
-    pub(super) me: usize,
-    pub(super) workers: usize,
-    pub(super) dim: usize,
+    dim: usize,
     /// The table of each lookup slot: sparse field `f` reads table `f`; sequence field `s` reads `sequence_tables[s]`.
-    pub(super) slot_tables: Vec<usize>,
-    pub(super) model: Box<dyn Model<f32>>,
-    pub(super) command: Option<Command>,
-    pub(super) plans: Vec<TablePlan>,
-    pub(super) replies: Vec<Vec<f32>>,
-    pub(super) unique_rows: Vec<f32>,
-    pub(super) dunique: Vec<f32>,
-    pub(super) pooled: Vec<f32>,
-    pub(super) dpooled: Vec<f32>,
-    pub(super) seq_rows: Vec<f32>,
-    pub(super) dseq: Vec<f32>,
-    pub(super) seq_lengths: Vec<usize>,
-    pub(super) dlogits: Vec<f32>,
-    pub(super) seen: FxHashMap<u64, u32>,
-    pub(super) exchange: ExchangeConfig,
+    slot_tables: Vec<usize>,
+    command: Option<Command>,
+    plans: Vec<TablePlan>,
+    replies: Vec<Vec<f32>>,
+    unique_rows: Vec<f32>,
+    dunique: Vec<f32>,
+    pooled: Vec<f32>,
+    dpooled: Vec<f32>,
+    seq_rows: Vec<f32>,
+    dseq: Vec<f32>,
+    seq_lengths: Vec<usize>,
+    dlogits: Vec<f32>,
+    seen: FxHashMap<u64, u32>,
+    exchange: ExchangeConfig,
     /// The model's partial form when any field travels as partial results.
-    pub(super) partial: Option<FmPartial>,
+    partial: Option<FmPartial>,
     /// Each owner's partial sums of the current step.
-    pub(super) partial_replies: Vec<Vec<f32>>,
-    /// Owners that received partial entries for the current step.
-    pub(super) partial_owners: Vec<bool>,
-    pub(super) psum: Vec<f32>,
-    pub(super) dpsum: Vec<f32>,
+    partial_replies: Vec<Vec<f32>>,
+    /// Workers that received partial entries (as their rows' owners) for the current step.
+    partial_owners: Vec<bool>,
+    psum: Vec<f32>,
+    dpsum: Vec<f32>,
     /// The home's share of the first layer's factor-block gradient (its `rows` fields; deep partial only).
-    pub(super) dwt: Vec<f32>,
+    dwt: Vec<f32>,
     /// The first-layer input of the `rows` fields' pooled vectors (deep partial only).
-    pub(super) shares: DeepShares<f32>,
+    shares: DeepShares<f32>,
     /// Ids travel in four bytes (every table has at most 2³² rows).
-    pub(super) narrow_ids: bool,
+    narrow_ids: bool,
 }
 
 impl Home {
+    /// A home for `config`'s model on one of `workers` workers; `partial` is the
+    /// model's partial form when any field travels as partial results.
+    pub(super) fn new(
+        config: &TrainerConfig,
+        slot_tables: Vec<usize>,
+        partial: Option<FmPartial>,
+        workers: usize,
+    ) -> Self {
+        Home {
+            dim: config.model.embedding_dim(),
+            plans: slot_tables.iter().map(|_| TablePlan::default()).collect(),
+            slot_tables,
+            command: None,
+            replies: vec![Vec::new(); workers],
+            unique_rows: Vec::new(),
+            dunique: Vec::new(),
+            pooled: Vec::new(),
+            dpooled: Vec::new(),
+            seq_rows: Vec::new(),
+            dseq: Vec::new(),
+            seq_lengths: Vec::new(),
+            dlogits: Vec::new(),
+            seen: FxHashMap::default(),
+            exchange: config.exchange.clone(),
+            partial,
+            partial_replies: vec![Vec::new(); workers],
+            partial_owners: vec![false; workers],
+            psum: Vec::new(),
+            dpsum: Vec::new(),
+            dwt: Vec::new(),
+            shares: DeepShares::default(),
+            narrow_ids: narrow_ids(&config.table_sizes),
+        }
+    }
+
     /// De-duplicates the command's ids per table and builds one request per
     /// owner; replicated rows are not requested (every worker holds them).
     #[inline(never)]
-    pub(super) fn plan(&mut self, command: Command, replicas: &Replicas) -> Vec<LookupRequest> {
-        let w = self.workers;
+    pub(super) fn plan(&mut self, dense: &Dense, command: Command, replicas: &Replicas) -> Vec<LookupRequest> {
+        let (me, w) = (dense.me(), dense.workers());
         let num_tables = self.plans.len();
         let batch_len = command.batch.len();
         let mut requests: Vec<LookupRequest> = (0..w)
             .map(|o| LookupRequest {
-                from: self.me as u32,
+                from: me as u32,
                 to: o as u32,
                 table_lens: vec![0; num_tables],
                 ids: WireIds::default(),
@@ -156,7 +191,7 @@ impl Home {
     /// Lays the rows of the batch's sequence fields out as `[B × T × S·d]` in
     /// `seq_rows` (padded to the longest sequence `T` of this batch, which it
     /// returns) and their lengths in `seq_lengths`.
-    pub(super) fn gather_sequences(&mut self, batch: &Batch, replicas: &Replicas) -> usize {
+    fn gather_sequences(&mut self, batch: &Batch, replicas: &Replicas) -> usize {
         let (b, d, f) = (batch.len(), self.dim, batch.sparse.len());
         let s = batch.sequences.len();
         self.seq_lengths.clear();
@@ -184,7 +219,7 @@ impl Home {
     }
 
     /// Sums `dseq` per distinct id of each sequence slot into the gradient messages.
-    pub(super) fn scatter_sequence_grads(&mut self, batch: &Batch, steps: usize, messages: &mut [GradientMessage]) {
+    fn scatter_sequence_grads(&mut self, batch: &Batch, steps: usize, messages: &mut [GradientMessage]) {
         let (b, d, f) = (batch.len(), self.dim, batch.sparse.len());
         let width = batch.sequences.len() * d;
         for (j, field) in batch.sequences.iter().enumerate() {
@@ -211,14 +246,14 @@ impl Home {
     #[inline(never)]
     pub(super) fn compute(
         &mut self,
+        dense: &mut Dense,
         replies: Vec<LookupReply>,
-        owner: &Owner,
+        rows: LocalRows<'_>,
         bytes_sent: u64,
     ) -> Vec<GradientMessage> {
         let command = self.command.take().expect("a command precedes its replies");
-        let (w, me, d) = (self.workers, self.me as u32, self.dim);
-        let (store, replicas) = (&owner.store, &owner.replicas);
-        let n_params = self.model.params().len();
+        let (w, me, d) = (dense.workers(), dense.me() as u32, self.dim);
+        let replicas = rows.replicas();
         let mut messages: Vec<GradientMessage> = (0..w)
             .map(|o| GradientMessage {
                 from: me,
@@ -246,9 +281,9 @@ impl Home {
         match command.kind {
             StepKind::Report => {
                 stats.samples = 0;
-                stats.sum_squares = store.sum_of_squares();
-                if self.me == 0 {
-                    stats.sum_squares += self.model.params().iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+                stats.sum_squares = rows.sum_of_squares();
+                if me == 0 {
+                    stats.sum_squares += dense.sum_of_squares();
                 }
             }
             StepKind::Train | StepKind::Eval => {
@@ -273,13 +308,13 @@ impl Home {
                 let steps = self.gather_sequences(batch, replicas);
                 let logits = match self.partial {
                     Some(part) => {
-                        self.sum_partials(part, b, f, &owner.weights);
-                        let pm = self.model.partial_model().expect("validated: the model has a partial form");
+                        self.sum_partials(part, b, f, rows.weights());
+                        let pm = dense.model_mut().partial_model().expect("validated: the model has a partial form");
                         pm.forward_partial(&batch.dense, &self.psum, b).to_vec()
                     }
                     None => {
                         let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
-                        self.model.forward_sequences(&batch.dense, &self.pooled, &seq, b).to_vec()
+                        dense.model_mut().forward_sequences(&batch.dense, &self.pooled, &seq, b).to_vec()
                     }
                 };
                 stats.loss_sum = bce_with_logits_sum(&logits, &batch.labels);
@@ -293,10 +328,13 @@ impl Home {
                     self.dpooled.resize(b * f * d, 0.0);
                     self.dseq.resize(self.seq_rows.len(), 0.0);
                     match self.partial {
-                        Some(part) => self.backward_partials(part, b, f, &batch.dense, &owner.weights, &mut messages),
+                        Some(part) => {
+                            let model = dense.model_mut();
+                            self.backward_partials(part, model, b, f, &batch.dense, rows.weights(), &mut messages)
+                        }
                         None => {
                             let seq = SequenceInput { rows: &self.seq_rows, lengths: &self.seq_lengths, steps };
-                            self.model.backward_sequences(
+                            dense.model_mut().backward_sequences(
                                 &batch.dense,
                                 &self.pooled,
                                 &seq,
@@ -336,7 +374,7 @@ impl Home {
                     // model's partial exchange sends it after the owners' partial backward.)
                     let dense_later = self.partial.is_some_and(|p| p.deep.is_some());
                     for m in messages.iter_mut().filter(|m| m.to != me && !dense_later) {
-                        m.dense = self.model.grads()[dense_slice(n_params, m.to as usize, w)].to_vec();
+                        m.dense = dense.grad_slice_for(m.to as usize);
                     }
                 }
             }
@@ -354,7 +392,7 @@ impl Home {
     }
 
     /// `psum = Σ_owners (their partial sums) + the partial sums of the `rows` fields' pooled vectors`.
-    pub(super) fn sum_partials(&mut self, part: FmPartial, b: usize, f: usize, weights: &DeepWeights<f32>) {
+    fn sum_partials(&mut self, part: FmPartial, b: usize, f: usize, weights: &DeepWeights<f32>) {
         let (pw, d) = (part.width(), self.dim);
         self.psum.clear();
         self.psum.resize(b * pw, 0.0);
@@ -388,9 +426,10 @@ impl Home {
     /// sums' gradient for every owner that contributed, and `dpooled` of the
     /// `rows` fields (with a deep part, their share of the first layer's gradient too).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn backward_partials(
+    fn backward_partials(
         &mut self,
         part: FmPartial,
+        model: &mut dyn Model<f32>,
         b: usize,
         f: usize,
         dense: &[f32],
@@ -399,7 +438,7 @@ impl Home {
     ) {
         let (pw, d) = (part.width(), self.dim);
         self.dpsum.resize(b * pw, 0.0);
-        let pm = self.model.partial_model().expect("validated: the model has a partial form");
+        let pm = model.partial_model().expect("validated: the model has a partial form");
         pm.backward_partial(dense, &self.psum, &self.dlogits, &mut self.dpsum);
         self.dpooled.fill(0.0);
         let home_deep = self.home_share(part, f);
@@ -407,7 +446,7 @@ impl Home {
             self.dwt.clear();
             self.dwt.resize(l.block_len(), 0.0);
             self.shares.backward(l, weights, &self.dpsum, pw, part.fm_width(), &mut self.dwt);
-            l.add_transposed_grads(&self.dwt, self.model.grads_mut());
+            l.add_transposed_grads(&self.dwt, model.grads_mut());
         }
         for t in (0..f).filter(|&t| self.exchange.table(t) == TableExchange::Rows) {
             for i in 0..b {
@@ -427,12 +466,7 @@ impl Home {
 
 /// The row a plan placed at `place`: in an owner's reply or a local replica.
 #[inline]
-pub(super) fn placed_row<'a>(
-    replies: &'a [Vec<f32>],
-    replicas: &'a Replicas,
-    place: (u32, u32),
-    d: usize,
-) -> &'a [f32] {
+fn placed_row<'a>(replies: &'a [Vec<f32>], replicas: &'a Replicas, place: (u32, u32), d: usize) -> &'a [f32] {
     match place {
         (HOT, h) => replicas.row(h),
         (o, pos) => &replies[o as usize][pos as usize * d..(pos as usize + 1) * d],
@@ -443,7 +477,7 @@ pub(super) fn placed_row<'a>(
 /// messages: into its owner's row gradients, or, for a replicated row, into
 /// every worker's message.
 #[inline]
-pub(super) fn send_row_grad(messages: &mut [GradientMessage], place: (u32, u32), g: &[f32]) {
+fn send_row_grad(messages: &mut [GradientMessage], place: (u32, u32), g: &[f32]) {
     match place {
         (HOT, h) => {
             for m in messages.iter_mut() {

@@ -1,4 +1,8 @@
 //! The messages of a training step's stages and their sizes on the wire.
+//!
+//! Every message names its sender and its receiver ([`Routed`]); the stages
+//! route on the receiver, combine in sender order, and count the bytes of
+//! every message whose receiver is another worker.
 
 use super::{StepKind, StepStats};
 use crate::exchange::{PartialLookup, WireIds};
@@ -21,14 +25,32 @@ pub struct LookupRequest {
     pub partial: Option<PartialLookup>,
 }
 
-impl LookupRequest {
+/// A message that travels from one worker to another in a training stage.
+pub(super) trait Routed: timely::ExchangeData {
+    /// Sender and receiver.
+    fn route(&self) -> (u32, u32);
     /// Bytes on the wire.
-    pub(super) fn wire_bytes(&self) -> u64 {
-        self.ids.wire_bytes()
-            + 4 * self.table_lens.len() as u64
-            + self.partial.as_ref().map_or(0, PartialLookup::wire_bytes)
-    }
+    fn wire_bytes(&self) -> u64;
 }
+
+/// Implements [`Routed`] for a message with `from` and `to` fields, given its size on the wire.
+macro_rules! routed {
+    ($message:ty, |$m:ident| $bytes:expr) => {
+        impl Routed for $message {
+            fn route(&self) -> (u32, u32) {
+                (self.from, self.to)
+            }
+            fn wire_bytes(&self) -> u64 {
+                let $m = self;
+                $bytes
+            }
+        }
+    };
+}
+
+routed!(LookupRequest, |m| m.ids.wire_bytes()
+    + 4 * m.table_lens.len() as u64
+    + m.partial.as_ref().map_or(0, PartialLookup::wire_bytes));
 
 /// Rows answering a [`LookupRequest`], in the request's order.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -44,12 +66,7 @@ pub struct LookupReply {
     pub partial: Vec<f32>,
 }
 
-impl LookupReply {
-    /// Bytes on the wire.
-    pub(super) fn wire_bytes(&self) -> u64 {
-        4 * (self.rows.len() + self.partial.len()) as u64
-    }
-}
+routed!(LookupReply, |m| 4 * (m.rows.len() + m.partial.len()) as u64);
 
 /// One worker's contribution to another worker's updates in a step.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -79,13 +96,11 @@ pub struct GradientMessage {
     pub hot_grads: Vec<f32>,
 }
 
-impl GradientMessage {
-    /// Bytes on the wire (a fixed 32 for the header and statistics).
-    pub(super) fn wire_bytes(&self) -> u64 {
-        let floats = self.sparse.len() + self.dense.len() + self.partial.len() + self.hot_grads.len();
-        4 * (floats + self.hot.len() + 2 * self.eval.probs.len()) as u64 + 32
-    }
-}
+// A fixed 32 bytes for the header and statistics, and the payload.
+routed!(GradientMessage, |m| {
+    let floats = m.sparse.len() + m.dense.len() + m.partial.len() + m.hot_grads.len();
+    4 * (floats + m.hot.len() + 2 * m.eval.probs.len()) as u64 + 32
+});
 
 /// A dense slice after its owner's update, broadcast to every worker.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -102,7 +117,5 @@ pub struct ParamUpdate {
     pub values: Vec<f32>,
 }
 
-/// The range of the flat dense buffer whose optimizer state worker `k` owns.
-pub fn dense_slice(len: usize, k: usize, workers: usize) -> std::ops::Range<usize> {
-    len * k / workers..len * (k + 1) / workers
-}
+// The values only (the statistics ride along uncounted).
+routed!(ParamUpdate, |m| 4 * m.values.len() as u64);

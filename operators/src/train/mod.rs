@@ -1,7 +1,7 @@
 //! Synchronous hybrid-parallel training on timely dataflow.
 //!
 //! Every worker holds a full copy of the dense model (data parallel) and owns
-//! the embedding rows that [`shard_of`] assigns to it (model parallel). One
+//! the embedding rows that [`shard_of`](crate::routing::shard_of) assigns to it (model parallel). One
 //! training step is one timely timestamp `t` and five exchanges:
 //!
 //! ```text
@@ -20,10 +20,24 @@
 //! first layer's weight gradient to their own dense gradient, and only then
 //! does every worker send its dense slices.
 //!
-//! The code: `messages.rs` holds the wire types, `home.rs` the home side
-//! (plan, forward, backward), `owner.rs` the owner side (serve, partial
-//! backward, update), `sync.rs` the rendezvous and the byte ledger; this file
-//! builds the dataflow and drives the steps.
+//! Who owns what, and how the two sides meet. A worker's state has three
+//! parts, each behind its own `Rc<RefCell<…>>` that the trainer owns and
+//! hands to the stages: the home side (`Home`, in `home.rs`: the current
+//! micro-batch's lookup plan and the buffers of its forward and backward
+//! pass), the owner side (`Owner`, in `owner.rs`: the embedding store, the
+//! replicated rows, the dense optimizer of this worker's slice and what it
+//! keeps of each request between serving it and applying its gradients), and
+//! the dense replica (`Dense`, in `shared.rs`: the model with its flat
+//! parameters and gradients, and the worker's index and worker count). Home
+//! and owner never name each other: each stage in `dataflow.rs` borrows the
+//! parts it needs and passes `Dense` to whichever side runs, and the home's
+//! forward pass reads the owner's rows only through the read-only view
+//! `LocalRows` (replicated rows, first-layer weights, the rows' sum of
+//! squares) that the owner hands out. Everything else between them travels
+//! as the messages of `messages.rs`. `sync.rs` holds the rendezvous, the byte
+//! ledger and the step outcome; where rows and dense slices live is decided
+//! only by [`crate::routing`]; this file checks the configuration, builds
+//! the parts and drives the steps.
 //!
 //! Invariants:
 //! * Every worker sends exactly one message to every worker at every stage,
@@ -45,37 +59,33 @@
 use crate::bad_record::BadReason;
 use crate::batch::Batch;
 use crate::error::{FeatureCounts, FeatureSlot, ShapeError};
-use crate::exchange::{narrow_ids, ExchangeConfig, Replicas, TableExchange, WireIds};
+use crate::exchange::{ExchangeConfig, TableExchange};
 use crate::metrics::EvalSet;
-use crate::nn::{DeepShares, DeepWeights, ModelConfig};
-use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
-use crate::shard::shard_of;
-use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
-use crate::store::{EmbeddingStore, Store, StoreConfig, StoreParams, StoreStats};
+use crate::nn::{FmPartial, Model, ModelConfig};
+use crate::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
+use crate::snapshot::WorkerSnapshot;
+use crate::store::{StoreConfig, StoreStats};
 use crate::OperatorError;
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::rc::Rc;
-use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::{Exchange, Pipeline};
-use timely::dataflow::operators::generic::operator::Operator;
-use timely::dataflow::operators::Capability;
-use timely::dataflow::InputHandle;
-use timely::scheduling::Activator;
 use timely::worker::Worker;
 
+mod dataflow;
 mod home;
 mod messages;
 mod online;
 mod owner;
+mod shared;
 mod sync;
 
-use home::{Home, TablePlan};
-pub use messages::{dense_slice, GradientMessage, LookupReply, LookupRequest, ParamUpdate};
+pub use crate::routing::dense_slice;
+use dataflow::{CommandInput, Shared};
+use home::Home;
+pub use messages::{GradientMessage, LookupReply, LookupRequest, ParamUpdate};
 pub use online::{OnlineStep, OnlineSummary};
-use owner::{Owner, Slots};
-use sync::{ByteLedger, Rendezvous};
+use owner::Owner;
+use shared::Dense;
 
 /// Everything a worker needs to build its part of the training dataflow.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -216,13 +226,6 @@ pub struct Command {
     pub stop: bool,
 }
 
-/// The outcome of the last completed step on this worker.
-#[derive(Default)]
-struct Outcome {
-    completed: u64,
-    stats: StepStats,
-}
-
 /// Drives one worker's share of synchronous training.
 ///
 /// ```
@@ -257,12 +260,8 @@ struct Outcome {
 /// }).unwrap();
 /// ```
 pub struct Trainer {
-    input: InputHandle<u64, CapacityContainerBuilder<Vec<Command>>>,
-    outcome: Rc<RefCell<Outcome>>,
-    home: Rc<RefCell<Home>>,
-    owner: Rc<RefCell<Owner>>,
-    eval: Rc<RefCell<EvalSet>>,
-    bytes_sent: Rc<RefCell<ByteLedger>>,
+    input: CommandInput,
+    shared: Shared,
     config: TrainerConfig,
     step: u64,
     /// Training steps that updated the parameters (restored from checkpoints).
@@ -281,7 +280,7 @@ impl Trainer {
 
     /// As [`Trainer::new`], with this worker's model built by the caller: `config.model`
     /// computing on a GPU, say, or a model of your own through the
-    /// [`Model`](crate::nn::Model) trait (the `custom_model` example). The trainer
+    /// [`Model`] trait (the `custom_model` example). The trainer
     /// takes the input shape from `config.model` (dense features, sparse and sequence
     /// fields, embedding width, which the model must read) and everything else from
     /// the model: its flat parameters are what it all-reduces, updates and snapshots.
@@ -291,323 +290,17 @@ impl Trainer {
     pub fn with_model(
         worker: &mut Worker,
         config: &TrainerConfig,
-        mut model: Box<dyn crate::nn::Model<f32>>,
+        mut model: Box<dyn Model<f32>>,
     ) -> Result<Self, OperatorError> {
         config.validate()?;
-        let me = worker.index();
-        let workers = worker.peers();
-        let dim = config.model.embedding_dim();
-        if model.embedding_dim() != dim {
-            return Err(OperatorError::config(
-                "model",
-                format!("the worker's model reads rows of width {}, the shape {dim}", model.embedding_dim()),
-            ));
-        }
-        if config.exchange.any_partial() && config.model.partial().is_some() && model.partial_model().is_none() {
-            return Err(OperatorError::config(
-                "exchange",
-                "`partial` computes on the host: this worker's model has no partial form (use rows)",
-            ));
-        }
-        let slice = dense_slice(model.params().len(), me, workers);
-        let partial_form = if config.exchange.any_partial() { config.model.partial() } else { None };
-        let deep_partial = partial_form.is_some_and(|p| p.deep.is_some());
-        let slot_tables: Vec<usize> =
-            (0..config.model.num_sparse()).chain(config.sequence_tables.iter().copied()).collect();
-        let store = Store::new(
-            &config.store,
-            &StoreParams {
-                worker: me,
-                workers,
-                dim,
-                table_sizes: &config.table_sizes,
-                seed: config.seed,
-                optimizer: config.sparse_optimizer,
-                hp: config.sparse_hp,
-            },
-        )?;
-        let slots = match &store {
-            Store::Fixed(f) => Slots::Dense {
-                workers: workers as u64,
-                slots: (0..config.table_sizes.len()).map(|t| vec![u32::MAX; f.shard.local_len(t)]).collect(),
-            },
-            _ => Slots::Hashed(config.table_sizes.iter().map(|_| FxHashMap::default()).collect()),
-        };
-        let owner = Rc::new(RefCell::new(Owner {
-            store,
-            train_steps: 0,
-            slot_tables: slot_tables.clone(),
-            dense_optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, slice.len()),
-            dense_hp: config.dense_hp,
-            sparse_hp: config.sparse_hp,
-            pending: (0..workers)
-                .map(|w| LookupRequest {
-                    from: w as u32,
-                    to: me as u32,
-                    table_lens: Vec::new(),
-                    ids: WireIds::default(),
-                    partial: None,
-                })
-                .collect(),
-            slots,
-            scratch: Vec::new(),
-            order: Vec::new(),
-            replicas: Replicas::new(
-                &config.exchange.replicated,
-                &config.table_sizes,
-                config.seed,
-                dim,
-                config.sparse_optimizer,
-                config.sparse_hp,
-            ),
-            exchange: config.exchange.clone(),
-            partial: partial_form,
-            pending_rows: vec![Vec::new(); workers],
-            pending_ids: vec![Vec::new(); workers],
-            weights: DeepWeights::default(),
-            wt_step: None,
-            dwt: Vec::new(),
-            shares: vec![DeepShares::default(); workers],
-            pgrads: vec![Vec::new(); workers],
-            pgrads_ready: false,
-            held: Vec::new(),
-            me,
-            workers,
-        }));
-        let home = Rc::new(RefCell::new(Home {
-            me,
-            workers,
-            dim,
-            plans: slot_tables.iter().map(|_| TablePlan::default()).collect(),
-            slot_tables,
-            model,
-            command: None,
-            replies: vec![Vec::new(); workers],
-            unique_rows: Vec::new(),
-            dunique: Vec::new(),
-            pooled: Vec::new(),
-            dpooled: Vec::new(),
-            seq_rows: Vec::new(),
-            dseq: Vec::new(),
-            seq_lengths: Vec::new(),
-            dlogits: Vec::new(),
-            seen: FxHashMap::default(),
-            exchange: config.exchange.clone(),
-            partial: partial_form,
-            partial_replies: vec![Vec::new(); workers],
-            partial_owners: vec![false; workers],
-            psum: Vec::new(),
-            dpsum: Vec::new(),
-            dwt: Vec::new(),
-            shares: DeepShares::default(),
-            narrow_ids: narrow_ids(&config.table_sizes),
-        }));
-        let outcome = Rc::new(RefCell::new(Outcome::default()));
-        let eval = Rc::new(RefCell::new(EvalSet::default()));
-        let bytes_sent = Rc::new(RefCell::new(ByteLedger::default()));
-        let mut input = InputHandle::new();
-
-        worker.dataflow::<u64, _, _>(|scope| {
-            let (home_a, owner_a, bytes_a) = (home.clone(), owner.clone(), bytes_sent.clone());
-            let requests = input.to_stream(scope).unary::<CapacityContainerBuilder<Vec<LookupRequest>>, _, _, _>(
-                Pipeline,
-                "PlanLookups",
-                move |_, _| {
-                    move |input, output| {
-                        input.for_each(|cap, data: &mut Vec<Command>| {
-                            let t = *cap.least().expect("a message has a time");
-                            let mut session = output.session(&cap);
-                            for command in data.drain(..) {
-                                let mut home = home_a.borrow_mut();
-                                for request in home.plan(command, &owner_a.borrow().replicas) {
-                                    if request.to as usize != home.me {
-                                        bytes_a.borrow_mut().add(t, request.wire_bytes());
-                                    }
-                                    session.give(request);
-                                }
-                            }
-                        });
-                    }
-                },
-            );
-
-            // With a deep model's partial exchange an owner computes first-layer products with
-            // the dense parameters, so it serves step `t` only once it has gathered step `t − 1`
-            // (a faster peer's request may arrive earlier); `GatherParams` wakes it up.
-            let (owner_b, home_b, outcome_b, bytes_b) =
-                (owner.clone(), home.clone(), outcome.clone(), bytes_sent.clone());
-            let serve_waker: Rc<RefCell<Option<Activator>>> = Rc::default();
-            let (waker_b, scope_b) = (serve_waker.clone(), scope);
-            let replies = requests.unary::<CapacityContainerBuilder<Vec<LookupReply>>, _, _, _>(
-                Exchange::new(|r: &LookupRequest| r.to as u64),
-                "ServeLookups",
-                move |_, info| {
-                    *waker_b.borrow_mut() = Some(scope_b.activator_for(info.address.clone()));
-                    let mut deferred: Vec<(Capability<u64>, LookupRequest)> = Vec::new();
-                    move |input, output| {
-                        let serve = |t: u64, request: LookupRequest| {
-                            let mut owner = owner_b.borrow_mut();
-                            let reply = owner.serve(&request, t, home_b.borrow().model.params());
-                            if request.from != request.to {
-                                bytes_b.borrow_mut().add(t, reply.wire_bytes());
-                            }
-                            let from = request.from as usize;
-                            owner.pending[from] = request;
-                            reply
-                        };
-                        input.for_each(|cap, data| {
-                            let t = *cap.least().expect("a message has a time");
-                            if deep_partial && outcome_b.borrow().completed < t {
-                                let cap = cap.retain_least(0).expect("a message has a time");
-                                deferred.extend(data.drain(..).map(|r| (cap.clone(), r)));
-                                return;
-                            }
-                            let mut session = output.session(&cap);
-                            for request in data.drain(..) {
-                                session.give(serve(t, request));
-                            }
-                        });
-                        if !deferred.is_empty() {
-                            let completed = outcome_b.borrow().completed;
-                            let (ready, waiting) = std::mem::take(&mut deferred)
-                                .into_iter()
-                                .partition::<Vec<_>, _>(|(cap, _)| *cap.time() <= completed);
-                            deferred = waiting;
-                            for (cap, request) in ready {
-                                output.session(&cap).give(serve(*cap.time(), request));
-                            }
-                        }
-                    }
-                },
-            );
-
-            let (home_c, owner_c, bytes_c) = (home.clone(), owner.clone(), bytes_sent.clone());
-            let mut stash_c = Rendezvous::<LookupReply>::new(workers);
-            let gradients = replies.unary::<CapacityContainerBuilder<Vec<GradientMessage>>, _, _, _>(
-                Exchange::new(|r: &LookupReply| r.to as u64),
-                "ForwardBackward",
-                move |_, _| {
-                    move |input, output| {
-                        input.for_each(|cap, data| {
-                            let t = *cap.least().expect("a message has a time");
-                            if let Some(mut replies) = stash_c.offer(t, data) {
-                                replies.sort_by_key(|r| r.from);
-                                let mut home = home_c.borrow_mut();
-                                let before = bytes_c.borrow().before(t);
-                                let messages = home.compute(replies, &owner_c.borrow(), before);
-                                let mut session = output.session(&cap);
-                                for m in messages {
-                                    if m.to != m.from {
-                                        bytes_c.borrow_mut().add(t, m.wire_bytes());
-                                    }
-                                    session.give(m);
-                                }
-                            }
-                        });
-                    }
-                },
-            );
-
-            // A deep model's partial exchange: owners turn the partial results' gradients into
-            // row gradients and their share of the first layer's weight gradient before any
-            // worker sends its dense gradient, which therefore travels one stage later.
-            let gradients = if deep_partial {
-                let (home_p, owner_p, bytes_p) = (home.clone(), owner.clone(), bytes_sent.clone());
-                let mut stash_p = Rendezvous::<GradientMessage>::new(workers);
-                gradients.unary::<CapacityContainerBuilder<Vec<GradientMessage>>, _, _, _>(
-                    Exchange::new(|m: &GradientMessage| m.to as u64),
-                    "PartialBackward",
-                    move |_, _| {
-                        move |input, output| {
-                            input.for_each(|cap, data| {
-                                let t = *cap.least().expect("a message has a time");
-                                if let Some(mut messages) = stash_p.offer(t, data) {
-                                    messages.sort_by_key(|m| m.from);
-                                    let mut home = home_p.borrow_mut();
-                                    let dense = owner_p.borrow_mut().partial_backward(&mut home, messages);
-                                    let mut session = output.session(&cap);
-                                    for m in dense {
-                                        if m.to != m.from {
-                                            bytes_p.borrow_mut().add(t, m.wire_bytes());
-                                        }
-                                        session.give(m);
-                                    }
-                                }
-                            });
-                        }
-                    },
-                )
-            } else {
-                gradients
-            };
-
-            let (home_d, owner_d, eval_d, bytes_d) = (home.clone(), owner.clone(), eval.clone(), bytes_sent.clone());
-            let mut stash_d = Rendezvous::<GradientMessage>::new(workers);
-            let updates = gradients.unary::<CapacityContainerBuilder<Vec<ParamUpdate>>, _, _, _>(
-                Exchange::new(|m: &GradientMessage| m.to as u64),
-                "ApplyGradients",
-                move |_, _| {
-                    move |input, output| {
-                        input.for_each(|cap, data| {
-                            let t = *cap.least().expect("a message has a time");
-                            if let Some(mut messages) = stash_d.offer(t, data) {
-                                messages.sort_by_key(|m| m.from);
-                                let mut home = home_d.borrow_mut();
-                                let mut owner = owner_d.borrow_mut();
-                                if deep_partial {
-                                    messages = owner.with_held_messages(messages);
-                                }
-                                let updates = owner.apply(&mut home, &messages, &mut eval_d.borrow_mut());
-                                let mut session = output.session(&cap);
-                                for u in updates {
-                                    bytes_d.borrow_mut().add(t, 4 * u.values.len() as u64);
-                                    session.give(u);
-                                }
-                            }
-                        });
-                    }
-                },
-            );
-
-            let (home_e, outcome_e, bytes_e) = (home.clone(), outcome.clone(), bytes_sent.clone());
-            let mut stash_e = Rendezvous::<ParamUpdate>::new(workers);
-            updates.sink(Exchange::new(|u: &ParamUpdate| u.to as u64), "GatherParams", move |(input, _frontier)| {
-                input.for_each(|cap, data| {
-                    let t = *cap.least().expect("a message has a time");
-                    if let Some(updates) = stash_e.offer(t, data) {
-                        let mut home = home_e.borrow_mut();
-                        let mut stats = StepStats::default();
-                        let mut non_finite = 0;
-                        for u in &updates {
-                            if !u.values.is_empty() {
-                                let o = u.offset as usize;
-                                home.model.params_mut()[o..o + u.values.len()].copy_from_slice(&u.values);
-                            }
-                            if u.from == 0 {
-                                stats = u.stats;
-                            }
-                            non_finite += u.stats.non_finite;
-                        }
-                        stats.non_finite = non_finite;
-                        bytes_e.borrow_mut().settle(t + 1);
-                        let mut outcome = outcome_e.borrow_mut();
-                        outcome.completed = t + 1;
-                        outcome.stats = stats;
-                        if let Some(waker) = serve_waker.borrow().as_ref() {
-                            waker.activate();
-                        }
-                    }
-                });
-            });
-        });
-
+        check_model(config, model.as_mut())?;
+        let partial = partial_form(config);
+        let deep_partial = partial.is_some_and(|p| p.deep.is_some());
+        let shared = shared_state(worker, config, partial, model)?;
+        let input = dataflow::build(worker, &shared, deep_partial);
         Ok(Trainer {
             input,
-            outcome,
-            home,
-            owner,
-            eval,
-            bytes_sent,
+            shared,
             config: config.clone(),
             step: 0,
             train_steps: 0,
@@ -640,7 +333,7 @@ impl Trainer {
                 stop: self.stop_requested,
             },
         );
-        let device_error = self.home.borrow_mut().model.take_error();
+        let device_error = self.shared.dense.borrow_mut().model_mut().take_error();
         if let Some(e) = device_error {
             self.step_failed(worker);
             return Err(OperatorError::Device { worker: worker.index(), message: e });
@@ -673,10 +366,10 @@ impl Trainer {
         self.input.send(command);
         self.step += 1;
         self.input.advance_to(self.step);
-        while self.outcome.borrow().completed < self.step {
+        while self.shared.outcome.borrow().completed() < self.step {
             worker.step();
         }
-        self.outcome.borrow().stats
+        self.shared.outcome.borrow().stats()
     }
 
     /// A batch with no samples and the model's shape.
@@ -749,7 +442,7 @@ impl Trainer {
 
     /// Takes the predictions gathered by `Eval` steps so far (non-empty on worker 0 only).
     pub fn take_eval(&mut self) -> EvalSet {
-        std::mem::take(&mut *self.eval.borrow_mut())
+        std::mem::take(&mut *self.shared.eval.borrow_mut())
     }
 
     /// L2 norm over all parameters, dense and embedding, as f64 (a `Report` step; collective).
@@ -760,23 +453,23 @@ impl Trainer {
 
     /// This worker's copy of the dense parameters.
     pub fn dense_params(&self) -> Vec<f32> {
-        self.home.borrow().model.params().to_vec()
+        self.shared.dense.borrow().params().to_vec()
     }
 
     /// Bytes this worker sent to other workers in the steps it has completed
     /// (the same figure whatever the timing of the other workers).
     pub fn bytes_sent(&self) -> u64 {
-        self.bytes_sent.borrow().before(self.step)
+        self.shared.bytes.borrow().before(self.step)
     }
 
     /// Number of embedding rows this worker owns.
     pub fn owned_rows(&self) -> usize {
-        self.owner.borrow().store.num_rows()
+        self.shared.owner.borrow().num_rows()
     }
 
     /// This worker's embedding-store counters (lookups per tier, rows per tier, admissions, evictions).
     pub fn store_stats(&self) -> StoreStats {
-        self.owner.borrow().store.stats()
+        self.shared.owner.borrow().store_stats()
     }
 
     /// The configuration this trainer was built with.
@@ -800,20 +493,8 @@ impl Trainer {
     /// Between two steps this is a consistent cut: no update of the next step
     /// can reach this worker's rows before this worker sends its gradients.
     pub fn snapshot(&self) -> WorkerSnapshot {
-        let home = self.home.borrow();
-        let owner = self.owner.borrow();
-        let params = home.model.params();
-        let slice = dense_slice(params.len(), home.me, home.workers);
-        WorkerSnapshot {
-            worker: home.me,
-            workers: home.workers,
-            step: self.train_steps,
-            dim: owner.store.dim(),
-            state_width: owner.store.state_width(),
-            dense_params: params.to_vec(),
-            dense_optimizer: owner.dense_optimizer.state(slice.start),
-            tables: (0..self.config.table_sizes.len()).map(|t| owner.store.export_table(t)).collect(),
-        }
+        let dense = self.shared.dense.borrow();
+        self.shared.owner.borrow().snapshot(&dense, self.train_steps, self.config.table_sizes.len())
     }
 
     /// Rebuilds this worker's state from the parts of a checkpoint written by
@@ -823,45 +504,64 @@ impl Trainer {
     /// parts are checked completely first; on error nothing is changed.
     /// Not collective: every worker restores from the same parts on its own.
     pub fn restore(&mut self, parts: &[WorkerSnapshot]) -> Result<(), OperatorError> {
-        let mut home = self.home.borrow_mut();
-        let mut owner = self.owner.borrow_mut();
-        let (me, w) = (home.me, home.workers);
-        let dense_len = home.model.params().len();
-        let expected = Expected {
-            table_sizes: &self.config.table_sizes,
-            dim: owner.store.dim(),
-            state_width: owner.store.state_width(),
-            dense_len,
-            dense_kind: self.config.dense_optimizer,
-            every_row: owner.store.holds_every_row(),
-        };
-        let checked = check_parts(parts, expected)?;
-        let mine = checked.dense_optimizer.slice(dense_slice(dense_len, me, w));
-        let dense_optimizer = DenseOptimizer::from_state(self.config.dense_hp, &mine)?;
-        home.model.params_mut().copy_from_slice(checked.dense_params);
-        owner.dense_optimizer = dense_optimizer;
-        owner.store.reset(checked.step);
-        owner.train_steps = checked.step;
-        let (d, sw) = (expected.dim, expected.state_width);
-        for part in parts {
-            for (t, rows) in part.tables.iter().enumerate() {
-                for (i, &id) in rows.ids.iter().enumerate() {
-                    if shard_of(t, id, w) == me {
-                        owner.store.set_row(
-                            t,
-                            id,
-                            &rows.rows[i * d..(i + 1) * d],
-                            &rows.state[i * sw..(i + 1) * sw],
-                        )?;
-                        if let Some((count, hot)) = rows.frequency(i) {
-                            owner.store.set_frequency(t, id, count, hot);
-                        }
-                    }
-                }
-            }
-        }
-        owner.replicas.restore(parts);
-        self.train_steps = checked.step;
+        let mut dense = self.shared.dense.borrow_mut();
+        let mut owner = self.shared.owner.borrow_mut();
+        let step = owner.restore(&mut dense, parts, &self.config.table_sizes, self.config.dense_optimizer)?;
+        self.train_steps = step;
         Ok(())
     }
+}
+
+/// Refuses a caller's model that does not fit the configuration: rows of another
+/// width, or no partial form where the exchange computes one.
+fn check_model(config: &TrainerConfig, model: &mut dyn Model<f32>) -> Result<(), OperatorError> {
+    let dim = config.model.embedding_dim();
+    if model.embedding_dim() != dim {
+        return Err(OperatorError::config(
+            "model",
+            format!("the worker's model reads rows of width {}, the shape {dim}", model.embedding_dim()),
+        ));
+    }
+    if config.exchange.any_partial() && config.model.partial().is_some() && model.partial_model().is_none() {
+        return Err(OperatorError::config(
+            "exchange",
+            "`partial` computes on the host: this worker's model has no partial form (use rows)",
+        ));
+    }
+    Ok(())
+}
+
+/// The model's partial form when any field travels as partial results.
+fn partial_form(config: &TrainerConfig) -> Option<FmPartial> {
+    if config.exchange.any_partial() {
+        config.model.partial()
+    } else {
+        None
+    }
+}
+
+/// The table each lookup slot reads: sparse field `f` table `f`, sequence field `s` table `sequence_tables[s]`.
+fn slot_tables(config: &TrainerConfig) -> Vec<usize> {
+    (0..config.model.num_sparse()).chain(config.sequence_tables.iter().copied()).collect()
+}
+
+/// This worker's home side, owner side (with its rows initialised) and dense replica,
+/// and the step bookkeeping the stages share.
+fn shared_state(
+    worker: &Worker,
+    config: &TrainerConfig,
+    partial: Option<FmPartial>,
+    model: Box<dyn Model<f32>>,
+) -> Result<Shared, OperatorError> {
+    let (me, workers) = (worker.index(), worker.peers());
+    let owner = Owner::new(config, slot_tables(config), partial, (me, workers), model.params().len())?;
+    let home = Home::new(config, slot_tables(config), partial, workers);
+    Ok(Shared {
+        home: Rc::new(RefCell::new(home)),
+        owner: Rc::new(RefCell::new(owner)),
+        dense: Rc::new(RefCell::new(Dense::new(model, me, workers))),
+        outcome: Rc::default(),
+        eval: Rc::default(),
+        bytes: Rc::default(),
+    })
 }

@@ -1,19 +1,24 @@
 //! The owner side of a worker: serving its embedding rows (or their partial
-//! results), applying their gradients and its slice of the dense update.
+//! results), applying their gradients and its slice of the dense update on
+//! the worker's dense replica ([`Dense`], passed in). The home side reads its
+//! state only through [`Owner::rows`].
 
-use super::home::Home;
-use super::{dense_slice, GradientMessage, LookupReply, LookupRequest, ParamUpdate, StepKind, StepStats};
-use crate::exchange::{accumulate_slot, slot_row_grads, ExchangeConfig, Replicas, TableExchange};
+use super::shared::{Dense, LocalRows};
+use super::{GradientMessage, LookupReply, LookupRequest, ParamUpdate, StepKind, StepStats, TrainerConfig};
+use crate::exchange::{accumulate_slot, slot_row_grads, ExchangeConfig, Replicas, TableExchange, WireIds};
 use crate::finite::all_finite;
 use crate::metrics::EvalSet;
 use crate::nn::{DeepShares, DeepWeights, FmPartial};
-use crate::optim::{DenseOptimizer, OptimizerParams};
-use crate::shard::{shard_of, EmbeddingShard};
-use crate::store::{EmbeddingStore, Store};
+use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams};
+use crate::routing::shard_of;
+use crate::shard::EmbeddingShard;
+use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
+use crate::store::{EmbeddingStore, Store, StoreParams, StoreStats};
+use crate::OperatorError;
 use rustc_hash::FxHashMap;
 
 /// Per table, where a row's summed gradient sits in `Owner::scratch` during an update.
-pub(super) enum Slots {
+enum Slots {
     /// Indexed by the fixed table's local row `id / W`; `u32::MAX` when unused.
     Dense { workers: u64, slots: Vec<Vec<u32>> },
     /// Keyed by id (dynamic and tiered stores, whose ids are not dense); emptied after each update.
@@ -22,59 +27,210 @@ pub(super) enum Slots {
 
 /// The owner side of a worker: its embedding rows and its dense optimizer slice.
 pub(super) struct Owner {
-    pub(super) store: Store,
+    store: Store,
     /// Training steps applied (the store's maintenance clock).
-    pub(super) train_steps: u64,
-    /// The table of each lookup slot (as in [`Home`]).
-    pub(super) slot_tables: Vec<usize>,
-    pub(super) dense_optimizer: DenseOptimizer,
+    train_steps: u64,
+    /// The table of each lookup slot: sparse field `f` reads table `f`; sequence field `s` reads `sequence_tables[s]`.
+    slot_tables: Vec<usize>,
+    dense_optimizer: DenseOptimizer,
     /// The base hyper-parameters (learning rates before their schedules).
-    pub(super) dense_hp: OptimizerParams,
-    pub(super) sparse_hp: OptimizerParams,
+    dense_hp: OptimizerParams,
+    sparse_hp: OptimizerParams,
     /// The last request of each worker, kept to apply the gradients that answer it.
-    pub(super) pending: Vec<LookupRequest>,
+    pending: Vec<LookupRequest>,
     /// Each row's slot in `scratch` during an update.
-    pub(super) slots: Slots,
+    slots: Slots,
     /// Summed gradients of the step's distinct rows, in first-seen order.
-    pub(super) scratch: Vec<f32>,
+    scratch: Vec<f32>,
     /// The `(table, id)` of each row in `scratch`.
-    pub(super) order: Vec<(u32, u64)>,
+    order: Vec<(u32, u64)>,
     /// Hot rows every worker holds (empty unless the exchange replicates rows).
-    pub(super) replicas: Replicas,
-    pub(super) exchange: ExchangeConfig,
-    pub(super) partial: Option<FmPartial>,
+    replicas: Replicas,
+    exchange: ExchangeConfig,
+    partial: Option<FmPartial>,
     /// Per requester, the rows of its last request's partial fields (read again for their gradients).
-    pub(super) pending_rows: Vec<Vec<f32>>,
+    pending_rows: Vec<Vec<f32>>,
     /// Per requester, the decoded ids of its last request.
-    pub(super) pending_ids: Vec<Vec<u64>>,
+    pending_ids: Vec<Vec<u64>>,
     /// The deep part's first-layer factor block ([`crate::nn::FirstLayer`]),
     /// as of the parameters of step `wt_step` (a deep model's `partial` exchange only).
-    pub(super) weights: DeepWeights<f32>,
-    pub(super) wt_step: Option<u64>,
+    weights: DeepWeights<f32>,
+    wt_step: Option<u64>,
     /// This owner's share of that block's gradient in the current step.
-    pub(super) dwt: Vec<f32>,
+    dwt: Vec<f32>,
     /// Per requester, its micro-batch's first-layer input from this owner's rows.
-    pub(super) shares: Vec<DeepShares<f32>>,
+    shares: Vec<DeepShares<f32>>,
     /// Per requester, the row gradients of its partial fields in the current step, in request order.
-    pub(super) pgrads: Vec<Vec<f32>>,
+    pgrads: Vec<Vec<f32>>,
     /// Whether `pgrads` holds the current step's (set by the partial backward stage).
-    pub(super) pgrads_ready: bool,
+    pgrads_ready: bool,
     /// The homes' messages of the current step, held from the partial backward
     /// stage until the dense gradients arrive (a deep model's `partial` exchange only).
-    pub(super) held: Vec<GradientMessage>,
-    pub(super) me: usize,
-    pub(super) workers: usize,
+    held: Vec<GradientMessage>,
+}
+
+impl Slots {
+    /// Empty slots for `store`'s tables.
+    fn for_store(store: &Store, table_sizes: &[u64], workers: usize) -> Self {
+        match store {
+            Store::Fixed(f) => Slots::Dense {
+                workers: workers as u64,
+                slots: (0..table_sizes.len()).map(|t| vec![u32::MAX; f.shard.local_len(t)]).collect(),
+            },
+            _ => Slots::Hashed(table_sizes.iter().map(|_| FxHashMap::default()).collect()),
+        }
+    }
 }
 
 impl Owner {
-    /// Answers one request: the rows of its `rows` fields and this owner's
-    /// share of the partial results of its `partial` fields.
-    /// `params` are the dense parameters after step `t − 1` (read only by a deep model's partial fields).
-    pub(super) fn serve(&mut self, request: &LookupRequest, t: u64, params: &[f32]) -> LookupReply {
+    /// The owner side of worker `me` of `workers` for `config`, with its rows
+    /// initialised; `partial` is the model's partial form when any field travels
+    /// as partial results, and `dense_len` the length of the dense buffer.
+    pub(super) fn new(
+        config: &TrainerConfig,
+        slot_tables: Vec<usize>,
+        partial: Option<FmPartial>,
+        (me, workers): (usize, usize),
+        dense_len: usize,
+    ) -> Result<Self, OperatorError> {
+        let dim = config.model.embedding_dim();
+        let store = Store::new(
+            &config.store,
+            &StoreParams {
+                worker: me,
+                workers,
+                dim,
+                table_sizes: &config.table_sizes,
+                seed: config.seed,
+                optimizer: config.sparse_optimizer,
+                hp: config.sparse_hp,
+            },
+        )?;
+        let slice = super::dense_slice(dense_len, me, workers);
+        Ok(Owner {
+            slots: Slots::for_store(&store, &config.table_sizes, workers),
+            store,
+            train_steps: 0,
+            slot_tables,
+            dense_optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, slice.len()),
+            dense_hp: config.dense_hp,
+            sparse_hp: config.sparse_hp,
+            pending: (0..workers)
+                .map(|w| LookupRequest {
+                    from: w as u32,
+                    to: me as u32,
+                    table_lens: Vec::new(),
+                    ids: WireIds::default(),
+                    partial: None,
+                })
+                .collect(),
+            scratch: Vec::new(),
+            order: Vec::new(),
+            replicas: Replicas::new(
+                &config.exchange.replicated,
+                &config.table_sizes,
+                config.seed,
+                dim,
+                config.sparse_optimizer,
+                config.sparse_hp,
+            ),
+            exchange: config.exchange.clone(),
+            partial,
+            pending_rows: vec![Vec::new(); workers],
+            pending_ids: vec![Vec::new(); workers],
+            weights: DeepWeights::default(),
+            wt_step: None,
+            dwt: Vec::new(),
+            shares: vec![DeepShares::default(); workers],
+            pgrads: vec![Vec::new(); workers],
+            pgrads_ready: false,
+            held: Vec::new(),
+        })
+    }
+
+    /// What the home side reads of this owner during a step.
+    pub(super) fn rows(&self) -> LocalRows<'_> {
+        LocalRows::new(&self.store, &self.replicas, &self.weights)
+    }
+
+    /// Number of embedding rows this worker owns.
+    pub(super) fn num_rows(&self) -> usize {
+        self.store.num_rows()
+    }
+
+    /// The store's counters.
+    pub(super) fn store_stats(&self) -> StoreStats {
+        self.store.stats()
+    }
+
+    /// This worker's share of a checkpoint after `step` training steps: the dense
+    /// parameters, the dense-optimizer state of its slice and every row of its
+    /// `num_tables` tables with their optimizer slots.
+    pub(super) fn snapshot(&self, dense: &Dense, step: u64, num_tables: usize) -> WorkerSnapshot {
+        WorkerSnapshot {
+            worker: dense.me(),
+            workers: dense.workers(),
+            step,
+            dim: self.store.dim(),
+            state_width: self.store.state_width(),
+            dense_params: dense.params().to_vec(),
+            dense_optimizer: self.dense_optimizer.state(dense.own_slice().start),
+            tables: (0..num_tables).map(|t| self.store.export_table(t)).collect(),
+        }
+    }
+
+    /// Rebuilds this worker's state from the parts of a checkpoint (see
+    /// [`Trainer::restore`](super::Trainer::restore)) and returns its training step count.
+    /// The parts are checked completely first; on error nothing is changed.
+    pub(super) fn restore(
+        &mut self,
+        dense: &mut Dense,
+        parts: &[WorkerSnapshot],
+        table_sizes: &[u64],
+        dense_kind: DenseOptimizerKind,
+    ) -> Result<u64, OperatorError> {
+        let (me, w) = (dense.me(), dense.workers());
+        let expected = Expected {
+            table_sizes,
+            dim: self.store.dim(),
+            state_width: self.store.state_width(),
+            dense_len: dense.params().len(),
+            dense_kind,
+            every_row: self.store.holds_every_row(),
+        };
+        let checked = check_parts(parts, expected)?;
+        let mine = checked.dense_optimizer.slice(dense.own_slice());
+        let dense_optimizer = DenseOptimizer::from_state(self.dense_hp, &mine)?;
+        dense.write(0, checked.dense_params);
+        self.dense_optimizer = dense_optimizer;
+        self.store.reset(checked.step);
+        self.train_steps = checked.step;
+        let (d, sw) = (expected.dim, expected.state_width);
+        for part in parts {
+            for (t, rows) in part.tables.iter().enumerate() {
+                for (i, &id) in rows.ids.iter().enumerate() {
+                    if shard_of(t, id, w) == me {
+                        self.store.set_row(t, id, &rows.rows[i * d..(i + 1) * d], &rows.state[i * sw..(i + 1) * sw])?;
+                        if let Some((count, hot)) = rows.frequency(i) {
+                            self.store.set_frequency(t, id, count, hot);
+                        }
+                    }
+                }
+            }
+        }
+        self.replicas.restore(parts);
+        Ok(checked.step)
+    }
+
+    /// Answers one request of step `t`: the rows of its `rows` fields and this
+    /// owner's share of the partial results of its `partial` fields; keeps the
+    /// request to apply the gradients that answer it. `dense` holds the
+    /// parameters after step `t − 1` (read only by a deep model's partial fields).
+    pub(super) fn serve(&mut self, request: LookupRequest, t: u64, dense: &Dense) -> LookupReply {
         let e = self.store.dim();
         if let Some(l) = self.partial.and_then(|p| p.deep) {
             if self.wt_step != Some(t) {
-                self.weights.load(&l, params);
+                self.weights.load(&l, dense.params());
                 self.wt_step = Some(t);
             }
         }
@@ -118,14 +274,16 @@ impl Owner {
         }
         self.pending_rows[from] = partial_rows;
         self.pending_ids[from] = all_ids;
-        LookupReply { from: request.to, to: request.from, rows, partial }
+        let reply = LookupReply { from: request.to, to: request.from, rows, partial };
+        self.pending[from] = request;
+        reply
     }
 
     /// Row gradients of every sender's partial fields from the partial results'
     /// gradients in `messages` (into `pgrads`, summed over each sender's samples
     /// in sample order) and, with a deep part, this owner's share of the first
     /// layer's factor-block gradient (into `dwt`).
-    pub(super) fn partial_row_grads(&mut self, messages: &[GradientMessage]) {
+    fn partial_row_grads(&mut self, messages: &[GradientMessage]) {
         let d = self.store.dim();
         let Some(part) = self.partial else { return };
         self.dwt.clear();
@@ -163,16 +321,20 @@ impl Owner {
     /// gradients and this owner's share of the first layer's gradient (added to
     /// the worker's dense gradient), then the dense gradient's slices for every
     /// worker. Holds the homes' `messages` for [`with_held_messages`](Self::with_held_messages).
-    pub(super) fn partial_backward(&mut self, home: &mut Home, messages: Vec<GradientMessage>) -> Vec<GradientMessage> {
+    pub(super) fn partial_backward(
+        &mut self,
+        dense: &mut Dense,
+        messages: Vec<GradientMessage>,
+    ) -> Vec<GradientMessage> {
         let kind = messages.first().map_or(StepKind::Train, |m| m.kind);
         if kind == StepKind::Train {
             self.partial_row_grads(&messages);
             if let Some(l) = self.partial.and_then(|p| p.deep) {
-                l.add_transposed_grads(&self.dwt, home.model.grads_mut());
+                l.add_transposed_grads(&self.dwt, dense.model_mut().grads_mut());
             }
         }
         self.held = messages;
-        let (me, w, n) = (self.me, self.workers, home.model.params().len());
+        let (me, w) = (dense.me(), dense.workers());
         (0..w)
             .map(|to| GradientMessage {
                 from: me as u32,
@@ -180,11 +342,7 @@ impl Owner {
                 kind,
                 stats: StepStats::default(),
                 sparse: Vec::new(),
-                dense: if kind == StepKind::Train && to != me {
-                    home.model.grads()[dense_slice(n, to, w)].to_vec()
-                } else {
-                    Vec::new()
-                },
+                dense: if kind == StepKind::Train && to != me { dense.grad_slice_for(to) } else { Vec::new() },
                 eval: EvalSet::default(),
                 partial: Vec::new(),
                 hot: Vec::new(),
@@ -223,16 +381,16 @@ impl Owner {
     #[inline(never)]
     pub(super) fn apply(
         &mut self,
-        home: &mut Home,
+        dense: &mut Dense,
         messages: &[GradientMessage],
         eval: &mut EvalSet,
     ) -> Vec<ParamUpdate> {
-        let (me, w, d) = (home.me, home.workers, home.dim);
+        let (me, w, d) = (dense.me(), dense.workers(), self.store.dim());
         let mut stats = StepStats::default();
         for m in messages {
             stats.add(&m.stats);
         }
-        let slice = dense_slice(home.model.params().len(), me, w);
+        let slice = dense.own_slice();
         let mut changed = false;
         let is_train = messages.first().is_some_and(|m| m.kind == StepKind::Train);
         // A non-finite loss (the same sum on every owner) leaves every parameter as it was;
@@ -322,7 +480,7 @@ impl Owner {
                 }
                 for h in self.replicas.apply(scale) {
                     let (t, id) = self.replicas.key(h);
-                    if shard_of(t, id, self.workers) == self.me {
+                    if shard_of(t, id, w) == me {
                         // An owned id below the table size: the fixed store accepts it.
                         let _ = self.store.set_row(t, id, self.replicas.row(h), self.replicas.state(h));
                     }
@@ -332,7 +490,7 @@ impl Owner {
             self.store.end_step(self.train_steps);
             // Dense slice: reduce in worker order block by block, averaging inside the optimizer.
             // This worker's own part is read in place from its model's gradients.
-            let (params, grads) = home.model.params_and_grads();
+            let (params, grads) = dense.model_mut().params_and_grads();
             let own = &grads[slice.clone()];
             let parts: Vec<&[f32]> =
                 messages.iter().map(|m| if m.from as usize == me { own } else { &m.dense[..] }).collect();
@@ -355,7 +513,7 @@ impl Owner {
                 to: to as u32,
                 stats,
                 offset: slice.start as u64,
-                values: if changed && to != me { home.model.params()[slice.clone()].to_vec() } else { Vec::new() },
+                values: if changed && to != me { dense.params()[slice.clone()].to_vec() } else { Vec::new() },
             })
             .collect()
     }
@@ -365,14 +523,7 @@ impl Owner {
 /// (recorded in `cell` and `order`) the first time the row appears in this
 /// step, else onto its slot. `cell` is `u32::MAX` while the row has no slot.
 #[inline(always)]
-pub(super) fn add_row(
-    t: usize,
-    id: u64,
-    g: &[f32],
-    cell: &mut u32,
-    order: &mut Vec<(u32, u64)>,
-    scratch: &mut Vec<f32>,
-) {
+fn add_row(t: usize, id: u64, g: &[f32], cell: &mut u32, order: &mut Vec<(u32, u64)>, scratch: &mut Vec<f32>) {
     if *cell == u32::MAX {
         *cell = order.len() as u32;
         order.push((t as u32, id));
@@ -387,13 +538,7 @@ pub(super) fn add_row(
 
 /// Scales each summed row gradient by `scale` and applies it, prefetching a few rows ahead.
 #[inline]
-pub(super) fn apply_rows<S: EmbeddingStore>(
-    store: &mut S,
-    order: &[(u32, u64)],
-    scratch: &mut [f32],
-    scale: f32,
-    d: usize,
-) {
+fn apply_rows<S: EmbeddingStore>(store: &mut S, order: &[(u32, u64)], scratch: &mut [f32], scale: f32, d: usize) {
     for (slot, &(t, id)) in order.iter().enumerate() {
         if let Some(&(ta, ida)) = order.get(slot + EmbeddingShard::PREFETCH_AHEAD) {
             store.prefetch_row(ta as usize, ida);

@@ -1,5 +1,7 @@
 //! Step bookkeeping shared by the stages: message rendezvous and the byte ledger.
 
+use super::messages::Routed;
+use super::StepStats;
 use std::collections::HashMap;
 
 /// Bytes this worker sent to other workers, by the step (timestamp) of each
@@ -9,16 +11,26 @@ use std::collections::HashMap;
 #[derive(Default)]
 pub(super) struct ByteLedger {
     /// Bytes of steps that are still open here (a message of step `t` can be sent until this worker completes `t`).
-    pub(super) open: std::collections::BTreeMap<u64, u64>,
+    open: std::collections::BTreeMap<u64, u64>,
     /// Bytes of the steps before `settled_through`.
-    pub(super) settled: u64,
-    pub(super) settled_through: u64,
+    settled: u64,
+    settled_through: u64,
 }
 
 impl ByteLedger {
-    pub(super) fn add(&mut self, t: u64, bytes: u64) {
+    fn add(&mut self, t: u64, bytes: u64) {
         debug_assert!(t >= self.settled_through, "a message of step {t} after that step completed");
         *self.open.entry(t).or_default() += bytes;
+    }
+
+    /// Counts, in step `t`, the messages of `sent` that leave this worker.
+    pub(super) fn count<M: Routed>(&mut self, t: u64, sent: &[M]) {
+        for m in sent {
+            let (from, to) = m.route();
+            if from != to {
+                self.add(t, m.wire_bytes());
+            }
+        }
     }
 
     /// Bytes of the steps before `t`.
@@ -37,23 +49,51 @@ impl ByteLedger {
 
 /// Collects the `W` messages each worker sends a stage for one timestamp.
 pub(super) struct Rendezvous<M> {
-    pub(super) workers: usize,
-    pub(super) stash: HashMap<u64, Vec<M>>,
+    workers: usize,
+    stash: HashMap<u64, Vec<M>>,
 }
 
-impl<M> Rendezvous<M> {
+impl<M: Routed> Rendezvous<M> {
     pub(super) fn new(workers: usize) -> Self {
         Rendezvous { workers, stash: HashMap::new() }
     }
 
-    /// Adds the messages of timestamp `t`; returns all `W` of them once complete.
+    /// Adds the messages of timestamp `t`; returns all `W` of them, in sender
+    /// order, once complete.
     pub(super) fn offer(&mut self, t: u64, data: &mut Vec<M>) -> Option<Vec<M>> {
         let entry = self.stash.entry(t).or_default();
         entry.append(data);
         if entry.len() == self.workers {
-            self.stash.remove(&t)
+            let mut all = self.stash.remove(&t)?;
+            all.sort_by_key(|m| m.route().0);
+            Some(all)
         } else {
             None
         }
+    }
+}
+
+/// The outcome of the last completed step on this worker.
+#[derive(Default)]
+pub(super) struct Outcome {
+    completed: u64,
+    stats: StepStats,
+}
+
+impl Outcome {
+    /// Records that step `t` (the timestamp; steps count from 1) completed with `stats`.
+    pub(super) fn complete(&mut self, t: u64, stats: StepStats) {
+        self.completed = t + 1;
+        self.stats = stats;
+    }
+
+    /// Number of steps completed.
+    pub(super) fn completed(&self) -> u64 {
+        self.completed
+    }
+
+    /// The global statistics of the last completed step.
+    pub(super) fn stats(&self) -> StepStats {
+        self.stats
     }
 }

@@ -1,0 +1,231 @@
+//! The training dataflow of one worker: the stages of a step, each a timely
+//! operator that borrows the worker's [`Home`], [`Owner`] and [`Dense`] only
+//! while it runs (they meet in the stages, never in each other's fields).
+//!
+//! Every stage after the lookups is a rendezvous ([`rendezvous_stage`]): it
+//! routes each message to its receiver, waits until all `W` messages of a
+//! step are in, combines them in sender order and counts the bytes of what it
+//! sends to other workers.
+
+use super::home::Home;
+use super::messages::Routed;
+use super::owner::Owner;
+use super::shared::Dense;
+use super::sync::{ByteLedger, Outcome, Rendezvous};
+use super::{Command, LookupReply, LookupRequest, ParamUpdate, StepStats};
+use crate::metrics::EvalSet;
+use std::cell::RefCell;
+use std::rc::Rc;
+use timely::communication::Pull;
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::channels::Message;
+use timely::dataflow::operators::generic::operator::Operator;
+use timely::dataflow::operators::generic::InputHandleCore;
+use timely::dataflow::operators::{Capability, InputCapability};
+use timely::dataflow::{InputHandle, Stream};
+use timely::scheduling::Activator;
+use timely::worker::Worker;
+
+/// The handle a worker feeds its step commands into.
+pub(super) type CommandInput = InputHandle<u64, CapacityContainerBuilder<Vec<Command>>>;
+
+/// One worker's state, shared by the trainer and its stages.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) home: Rc<RefCell<Home>>,
+    pub(super) owner: Rc<RefCell<Owner>>,
+    pub(super) dense: Rc<RefCell<Dense>>,
+    pub(super) outcome: Rc<RefCell<Outcome>>,
+    pub(super) eval: Rc<RefCell<EvalSet>>,
+    pub(super) bytes: Rc<RefCell<ByteLedger>>,
+}
+
+type Messages<'scope, M> = Stream<'scope, u64, Vec<M>>;
+
+/// Builds this worker's part of the training dataflow; `deep_partial` when a
+/// deep model's fields travel as partial results (one more stage).
+pub(super) fn build(worker: &mut Worker, shared: &Shared, deep_partial: bool) -> CommandInput {
+    let workers = worker.peers();
+    let mut input = InputHandle::new();
+    worker.dataflow::<u64, _, _>(|scope| {
+        let requests = plan_lookups(input.to_stream(scope), shared);
+        let serve_waker: Rc<RefCell<Option<Activator>>> = Rc::default();
+        let replies = serve_lookups(requests, shared, deep_partial, serve_waker.clone());
+
+        let s = shared.clone();
+        let mut gradients = rendezvous_stage(replies, "ForwardBackward", workers, &shared.bytes, move |t, replies| {
+            let before = s.bytes.borrow().before(t);
+            let owner = s.owner.borrow();
+            s.home.borrow_mut().compute(&mut s.dense.borrow_mut(), replies, owner.rows(), before)
+        });
+
+        // A deep model's partial exchange: owners turn the partial results' gradients into
+        // row gradients and their share of the first layer's weight gradient before any
+        // worker sends its dense gradient, which therefore travels one stage later.
+        if deep_partial {
+            let s = shared.clone();
+            gradients = rendezvous_stage(gradients, "PartialBackward", workers, &shared.bytes, move |_, messages| {
+                s.owner.borrow_mut().partial_backward(&mut s.dense.borrow_mut(), messages)
+            });
+        }
+
+        let s = shared.clone();
+        let updates = rendezvous_stage(gradients, "ApplyGradients", workers, &shared.bytes, move |_, mut messages| {
+            let mut owner = s.owner.borrow_mut();
+            if deep_partial {
+                messages = owner.with_held_messages(messages);
+            }
+            owner.apply(&mut s.dense.borrow_mut(), &messages, &mut s.eval.borrow_mut())
+        });
+
+        gather_params(updates, shared, workers, serve_waker);
+    });
+    input
+}
+
+/// Each command becomes one lookup request per owner.
+fn plan_lookups<'scope>(commands: Messages<'scope, Command>, s: &Shared) -> Messages<'scope, LookupRequest> {
+    let s = s.clone();
+    commands.unary::<CapacityContainerBuilder<Vec<LookupRequest>>, _, _, _>(Pipeline, "PlanLookups", move |_, _| {
+        move |input, output| {
+            input.for_each(|cap, data: &mut Vec<Command>| {
+                let t = *cap.least().expect("a message has a time");
+                let mut session = output.session(&cap);
+                for command in data.drain(..) {
+                    let requests = {
+                        let owner = s.owner.borrow();
+                        s.home.borrow_mut().plan(&s.dense.borrow(), command, owner.rows().replicas())
+                    };
+                    s.bytes.borrow_mut().count(t, &requests);
+                    session.give_iterator(requests.into_iter());
+                }
+            });
+        }
+    })
+}
+
+/// Owners answer each request as it arrives.
+///
+/// With a deep model's partial exchange an owner computes first-layer products with
+/// the dense parameters, so it serves step `t` only once it has gathered step `t − 1`
+/// (a faster peer's request may arrive earlier); `GatherParams` wakes it up through `waker`.
+fn serve_lookups<'scope>(
+    requests: Messages<'scope, LookupRequest>,
+    s: &Shared,
+    deep_partial: bool,
+    waker: Rc<RefCell<Option<Activator>>>,
+) -> Messages<'scope, LookupReply> {
+    let (s, scope) = (s.clone(), requests.scope());
+    requests.unary::<CapacityContainerBuilder<Vec<LookupReply>>, _, _, _>(
+        Exchange::new(|r: &LookupRequest| r.to as u64),
+        "ServeLookups",
+        move |_, info| {
+            *waker.borrow_mut() = Some(scope.activator_for(info.address.clone()));
+            let mut deferred: Vec<(Capability<u64>, LookupRequest)> = Vec::new();
+            move |input, output| {
+                let serve = |t: u64, requests: Vec<LookupRequest>| {
+                    let mut owner = s.owner.borrow_mut();
+                    let dense = s.dense.borrow();
+                    let replies: Vec<LookupReply> = requests.into_iter().map(|r| owner.serve(r, t, &dense)).collect();
+                    s.bytes.borrow_mut().count(t, &replies);
+                    replies
+                };
+                input.for_each(|cap, data| {
+                    let t = *cap.least().expect("a message has a time");
+                    if deep_partial && s.outcome.borrow().completed() < t {
+                        let cap = cap.retain_least(0).expect("a message has a time");
+                        deferred.extend(data.drain(..).map(|r| (cap.clone(), r)));
+                        return;
+                    }
+                    output.session(&cap).give_iterator(serve(t, std::mem::take(data)).into_iter());
+                });
+                if !deferred.is_empty() {
+                    let completed = s.outcome.borrow().completed();
+                    let (ready, waiting) = std::mem::take(&mut deferred)
+                        .into_iter()
+                        .partition::<Vec<_>, _>(|(cap, _)| *cap.time() <= completed);
+                    deferred = waiting;
+                    for (cap, request) in ready {
+                        output.session(&cap).give_iterator(serve(*cap.time(), vec![request]).into_iter());
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// Every slice owner's updated slice goes into this worker's replica; the step is complete.
+fn gather_params(
+    updates: Messages<'_, ParamUpdate>,
+    s: &Shared,
+    workers: usize,
+    serve_waker: Rc<RefCell<Option<Activator>>>,
+) {
+    let s = s.clone();
+    let mut stash = Rendezvous::<ParamUpdate>::new(workers);
+    updates.sink(Exchange::new(|u: &ParamUpdate| u.to as u64), "GatherParams", move |(input, _frontier)| {
+        on_complete(input, &mut stash, |_, t, updates| {
+            let mut stats = StepStats::default();
+            let mut non_finite = 0;
+            let mut dense = s.dense.borrow_mut();
+            for u in &updates {
+                if !u.values.is_empty() {
+                    dense.write(u.offset as usize, &u.values);
+                }
+                if u.from == 0 {
+                    stats = u.stats;
+                }
+                non_finite += u.stats.non_finite;
+            }
+            stats.non_finite = non_finite;
+            s.bytes.borrow_mut().settle(t + 1);
+            s.outcome.borrow_mut().complete(t, stats);
+            if let Some(waker) = serve_waker.borrow().as_ref() {
+                waker.activate();
+            }
+        });
+    });
+}
+
+/// The shell of a rendezvous stage that sends on: `work` turns each step's `W`
+/// messages (in sender order) into the messages this worker sends, which the
+/// shell counts and sends under the step's capability.
+fn rendezvous_stage<'scope, I: Routed, O: Routed>(
+    messages: Messages<'scope, I>,
+    name: &str,
+    workers: usize,
+    bytes: &Rc<RefCell<ByteLedger>>,
+    mut work: impl FnMut(u64, Vec<I>) -> Vec<O> + 'static,
+) -> Messages<'scope, O> {
+    let bytes = bytes.clone();
+    let mut stash = Rendezvous::<I>::new(workers);
+    messages.unary::<CapacityContainerBuilder<Vec<O>>, _, _, _>(
+        Exchange::new(|m: &I| m.route().1 as u64),
+        name,
+        move |_, _| {
+            move |input, output| {
+                on_complete(input, &mut stash, |cap, t, messages| {
+                    let sent = work(t, messages);
+                    bytes.borrow_mut().count(t, &sent);
+                    output.session(cap).give_iterator(sent.into_iter());
+                })
+            }
+        },
+    )
+}
+
+/// The input side of every rendezvous stage: collects each step's messages and
+/// calls `complete` with the capability, the step and all `W` messages in sender order.
+fn on_complete<M: Routed, P: Pull<Message<u64, Vec<M>>>>(
+    input: &mut InputHandleCore<u64, Vec<M>, P>,
+    stash: &mut Rendezvous<M>,
+    mut complete: impl FnMut(&InputCapability<u64>, u64, Vec<M>),
+) {
+    input.for_each(|cap, data| {
+        let t = *cap.least().expect("a message has a time");
+        if let Some(messages) = stash.offer(t, data) {
+            complete(&cap, t, messages);
+        }
+    });
+}
