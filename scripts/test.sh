@@ -61,6 +61,9 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all --check
 
+echo "== module import cycles (siblings must not import each other in a cycle)"
+python3 scripts/module_cycles.py
+
 echo "== cargo clippy (workspace, all targets, warnings denied)"
 cargo clippy --release --workspace --all-targets -- -D warnings
 

@@ -4,6 +4,7 @@
 //! [`TrainSettings::validate`] checks every value before any work starts and
 //! resolves the data, the model, the optimizers, the store and the exchange.
 
+pub use crate::settings::ExchangeChoice;
 use crate::settings::ModelKind;
 use crate::PipelineError;
 use std::path::PathBuf;
@@ -326,49 +327,6 @@ fn parse_exchange_tables(entries: &[String], tables: usize) -> Result<Vec<(usize
     }
     out.sort_by_key(|&(t, _)| t);
     Ok(out)
-}
-
-/// The `exchange` setting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ExchangeChoice {
-    /// Rows everywhere.
-    Rows,
-    /// Every field as DES partial results.
-    Partial,
-    /// The hottest rows of every table replicated.
-    Replicated,
-    /// The cost model's choice per table.
-    Auto,
-}
-
-impl std::str::FromStr for ExchangeChoice {
-    type Err = PipelineError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "rows" => ExchangeChoice::Rows,
-            "partial" => ExchangeChoice::Partial,
-            "replicated" => ExchangeChoice::Replicated,
-            "auto" => ExchangeChoice::Auto,
-            other => {
-                return Err(PipelineError::config(
-                    "exchange",
-                    format!("`{other}` is not rows, partial, replicated or auto"),
-                ))
-            }
-        })
-    }
-}
-
-impl std::fmt::Display for ExchangeChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ExchangeChoice::Rows => "rows",
-            ExchangeChoice::Partial => "partial",
-            ExchangeChoice::Replicated => "replicated",
-            ExchangeChoice::Auto => "auto",
-        })
-    }
 }
 
 impl Resolved {

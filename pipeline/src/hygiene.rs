@@ -10,41 +10,12 @@
 //!   part of their hyper-parameters, so it is recorded in (and checked against)
 //!   checkpoint manifests, and a resumed run continues it at its step.
 
+pub use crate::settings::BestMetric;
 use crate::settings::DecayKind;
 use crate::{PipelineError, TrainSettings};
 use tiderec_operators::optim::SparseOptimizerKind;
 use tiderec_operators::schedule::{LrDecay, LrSchedule};
 use tiderec_operators::train::TrainerConfig;
-
-/// The figure that ranks evaluations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BestMetric {
-    /// Higher AUC is better.
-    Auc,
-    /// Lower log loss is better.
-    Logloss,
-}
-
-impl std::str::FromStr for BestMetric {
-    type Err = PipelineError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auc" => Ok(BestMetric::Auc),
-            "logloss" => Ok(BestMetric::Logloss),
-            other => Err(PipelineError::config("best_metric", format!("`{other}` is not auc or logloss"))),
-        }
-    }
-}
-
-impl std::fmt::Display for BestMetric {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            BestMetric::Auc => "auc",
-            BestMetric::Logloss => "logloss",
-        })
-    }
-}
 
 /// Checks the hygiene settings of `s`; errors name the key.
 pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {

@@ -69,7 +69,7 @@ pub enum SourceError {
         path: String,
         /// What is wrong with the description.
         #[source]
-        source: crate::parquet::schema::DescriptionError,
+        source: DescriptionError,
     },
     /// A Kafka broker could not be reached or refused an operation; names the brokers and topic.
     #[error("Kafka {brokers} topic `{topic}`: {reason}")]
@@ -117,4 +117,64 @@ pub(crate) fn check_batch_shape(
         ));
     }
     Ok(())
+}
+
+/// Why a [`SchemaDescription`](crate::parquet::SchemaDescription) is refused by [`SchemaDescription::validate`](crate::parquet::SchemaDescription::validate) or
+/// [`SchemaDescription::from_json`](crate::parquet::SchemaDescription::from_json).
+#[derive(Debug, thiserror::Error)]
+pub enum DescriptionError {
+    /// The metadata is not JSON of a description (the parser's error names the line and column).
+    #[error("bad `{key}` JSON: {source}")]
+    Json {
+        /// The metadata key that holds the description.
+        key: &'static str,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Written by a newer (or unknown) description format.
+    #[error("schema version {version} is not supported (this build reads {supported})")]
+    Version {
+        /// The version in the description.
+        version: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// `num_dense` disagrees with the number of dense column names.
+    #[error("num_dense is {num_dense} but {named} dense columns are named")]
+    DenseCount {
+        /// The `num_dense` field.
+        num_dense: usize,
+        /// Entries of `dense`.
+        named: usize,
+    },
+    /// Neither a dense nor a sparse column.
+    #[error("the schema has no feature column")]
+    NoFeatures,
+    /// Two columns (label, dense, sparse, sequence or `_line_start`) share a name.
+    #[error("column `{column}` appears twice")]
+    DuplicateColumn {
+        /// The name used twice.
+        column: String,
+    },
+    /// A sparse column's table has no rows.
+    #[error("sparse column `{column}` has table_size 0")]
+    EmptyTable {
+        /// The sparse column.
+        column: String,
+    },
+    /// A sequence column names a sparse field that does not exist.
+    #[error(
+        "sequence column `{column}` names sparse field {table} as its table and {target} as its target, but there are {fields}"
+    )]
+    SequenceField {
+        /// The sequence column.
+        column: String,
+        /// Its `table` field index.
+        table: usize,
+        /// Its `target` field index.
+        target: usize,
+        /// Sparse fields in the description.
+        fields: usize,
+    },
 }

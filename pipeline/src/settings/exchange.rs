@@ -1,6 +1,6 @@
 //! How embeddings travel between workers.
 
-use crate::config::ExchangeChoice;
+use crate::PipelineError;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
@@ -29,5 +29,48 @@ pub struct ExchangeSettings {
 impl Default for ExchangeSettings {
     fn default() -> Self {
         ExchangeSettings { strategy: ExchangeChoice::Rows, tables: Vec::new(), replicate: 0.01, plan_steps: 4 }
+    }
+}
+
+/// The `exchange` setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExchangeChoice {
+    /// Rows everywhere.
+    Rows,
+    /// Every field as DES partial results.
+    Partial,
+    /// The hottest rows of every table replicated.
+    Replicated,
+    /// The cost model's choice per table.
+    Auto,
+}
+
+impl std::str::FromStr for ExchangeChoice {
+    type Err = PipelineError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "rows" => ExchangeChoice::Rows,
+            "partial" => ExchangeChoice::Partial,
+            "replicated" => ExchangeChoice::Replicated,
+            "auto" => ExchangeChoice::Auto,
+            other => {
+                return Err(PipelineError::config(
+                    "exchange",
+                    format!("`{other}` is not rows, partial, replicated or auto"),
+                ))
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for ExchangeChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ExchangeChoice::Rows => "rows",
+            ExchangeChoice::Partial => "partial",
+            ExchangeChoice::Replicated => "replicated",
+            ExchangeChoice::Auto => "auto",
+        })
     }
 }

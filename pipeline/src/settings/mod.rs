@@ -30,11 +30,11 @@ mod store;
 pub use checkpoints::CheckpointSettings;
 pub use cluster::{default_workers, ClusterSettings};
 pub use data::DataSettings;
-pub use exchange::ExchangeSettings;
+pub use exchange::{ExchangeChoice, ExchangeSettings};
 pub use flags::{All, ConvertFlags, Featurizing, Flags, Subset, TrainFlags};
 pub use model::{ModelKind, ModelSettings};
 pub use optimizer::{DecayKind, OptimizerSettings};
-pub use run::{MemoryLimit, RunSettings};
+pub use run::{BestMetric, MemoryLimit, RunSettings};
 pub use store::StoreSettings;
 
 use crate::PipelineError;

@@ -1,7 +1,7 @@
 //! The run's length, batches, seed, evaluation and reporting.
 
-use crate::hygiene::BestMetric;
 use crate::progress::ProgressMode;
+use crate::PipelineError;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -140,5 +140,35 @@ impl TryFrom<String> for MemoryLimit {
 impl From<MemoryLimit> for String {
     fn from(m: MemoryLimit) -> String {
         m.to_string()
+    }
+}
+
+/// The figure that ranks evaluations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BestMetric {
+    /// Higher AUC is better.
+    Auc,
+    /// Lower log loss is better.
+    Logloss,
+}
+
+impl std::str::FromStr for BestMetric {
+    type Err = PipelineError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auc" => Ok(BestMetric::Auc),
+            "logloss" => Ok(BestMetric::Logloss),
+            other => Err(PipelineError::config("best_metric", format!("`{other}` is not auc or logloss"))),
+        }
+    }
+}
+
+impl std::fmt::Display for BestMetric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BestMetric::Auc => "auc",
+            BestMetric::Logloss => "logloss",
+        })
     }
 }

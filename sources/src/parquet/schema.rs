@@ -29,6 +29,7 @@
 //! * Column order in a file does not matter: columns are matched by name, and
 //!   other columns are ignored.
 
+pub use crate::error::DescriptionError;
 use arrow_schema::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -229,7 +230,7 @@ impl SchemaDescription {
     /// Checks the [invariants](self); the error names the column or count at fault.
     pub fn validate(&self) -> Result<(), DescriptionError> {
         if self.version != SCHEMA_VERSION {
-            return Err(DescriptionError::Version { version: self.version });
+            return Err(DescriptionError::Version { version: self.version, supported: SCHEMA_VERSION });
         }
         if self.num_dense != self.dense.len() {
             return Err(DescriptionError::DenseCount { num_dense: self.num_dense, named: self.dense.len() });
@@ -272,7 +273,8 @@ impl SchemaDescription {
 
     /// Parses and [validates](Self::validate) a description.
     pub fn from_json(text: &str) -> Result<Self, DescriptionError> {
-        let d: SchemaDescription = serde_json::from_str(text).map_err(DescriptionError::Json)?;
+        let d: SchemaDescription =
+            serde_json::from_str(text).map_err(|source| DescriptionError::Json { key: METADATA_KEY, source })?;
         d.validate()?;
         Ok(d)
     }
@@ -300,58 +302,6 @@ impl SchemaDescription {
             .collect();
         Schema::new_with_metadata(fields, HashMap::from([(METADATA_KEY.to_string(), self.to_json())]))
     }
-}
-
-/// Why a [`SchemaDescription`] is refused by [`SchemaDescription::validate`] or
-/// [`SchemaDescription::from_json`].
-#[derive(Debug, thiserror::Error)]
-pub enum DescriptionError {
-    /// The metadata is not JSON of a description (the parser's error names the line and column).
-    #[error("bad `{METADATA_KEY}` JSON: {0}")]
-    Json(#[source] serde_json::Error),
-    /// Written by a newer (or unknown) description format.
-    #[error("schema version {version} is not supported (this build reads {SCHEMA_VERSION})")]
-    Version {
-        /// The version in the description.
-        version: u32,
-    },
-    /// `num_dense` disagrees with the number of dense column names.
-    #[error("num_dense is {num_dense} but {named} dense columns are named")]
-    DenseCount {
-        /// The `num_dense` field.
-        num_dense: usize,
-        /// Entries of `dense`.
-        named: usize,
-    },
-    /// Neither a dense nor a sparse column.
-    #[error("the schema has no feature column")]
-    NoFeatures,
-    /// Two columns (label, dense, sparse, sequence or `_line_start`) share a name.
-    #[error("column `{column}` appears twice")]
-    DuplicateColumn {
-        /// The name used twice.
-        column: String,
-    },
-    /// A sparse column's table has no rows.
-    #[error("sparse column `{column}` has table_size 0")]
-    EmptyTable {
-        /// The sparse column.
-        column: String,
-    },
-    /// A sequence column names a sparse field that does not exist.
-    #[error(
-        "sequence column `{column}` names sparse field {table} as its table and {target} as its target, but there are {fields}"
-    )]
-    SequenceField {
-        /// The sequence column.
-        column: String,
-        /// Its `table` field index.
-        table: usize,
-        /// Its `target` field index.
-        target: usize,
-        /// Sparse fields in the description.
-        fields: usize,
-    },
 }
 
 impl SparseKind {
