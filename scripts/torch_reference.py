@@ -6,7 +6,7 @@ the same shapes, with the same optimizers and hyper-parameters, and prints
 training samples per second. `scripts/bench_vs_torch.sh` runs it alternated
 with `tiderec bench` and prints the ratio.
 
-What is the same as `tiderec bench` (pipeline/src/bench.rs):
+What is the same as `tiderec bench` (pipeline/src/cli/bench.rs):
 
 * dlrm: 26 tables x `--rows` (100,000) rows, dim 16, one id per table per
   sample, 13 dense features; bottom MLP 13-512-256-64-16 with ReLU after

@@ -6,7 +6,7 @@
 //! in a model name or a flag meant for another model never trains silently
 //! with something else. Every refusal of a run is reported at once.
 
-use crate::config::ExchangeChoice;
+use crate::settings::ExchangeChoice;
 use crate::settings::{DecayKind, ModelKind};
 use crate::{PipelineError, TrainSettings};
 use tiderec_operators::store::StoreKind;

@@ -20,7 +20,7 @@
 //!   a resumed run rebuilds the same state from it.
 
 use crate::error::{CheckpointAction, DataflowFailure};
-use crate::hygiene::BestMetric;
+use crate::settings::BestMetric;
 use crate::PipelineError;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -46,7 +46,7 @@ use crate::error::{DataflowFailure, Divergence};
 use crate::evaluation::{self, BestKeeper, Tracker, Verdict};
 use crate::exchange_plan::{resolve_exchange, PlanSource};
 use crate::feature_pipeline::FeaturePipeline;
-use crate::hygiene::BestMetric;
+use crate::settings::BestMetric;
 use crate::metrics_log::{MetricsLog, MetricsRecord};
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
