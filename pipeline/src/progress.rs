@@ -30,49 +30,17 @@ impl Unit {
     }
 }
 
-/// How progress is shown (`--progress`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProgressMode {
-    /// A bar on a terminal, lines otherwise.
-    #[default]
-    Auto,
-    /// Always a bar.
-    Bar,
-    /// One line every few seconds.
-    Lines,
-    /// Silent.
-    None,
-}
-
-impl ProgressMode {
-    /// Every mode, in the order the help text lists them.
-    pub const ALL: [ProgressMode; 4] = [ProgressMode::Auto, ProgressMode::Bar, ProgressMode::Lines, ProgressMode::None];
-
-    /// The name in flags and files.
-    pub fn name(self) -> &'static str {
-        match self {
-            ProgressMode::Auto => "auto",
-            ProgressMode::Bar => "bar",
-            ProgressMode::Lines => "lines",
-            ProgressMode::None => "none",
-        }
-    }
-}
-
-impl std::fmt::Display for ProgressMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for ProgressMode {
-    type Err = tiderec_operators::ConfigError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ProgressMode::ALL.into_iter().find(|m| m.name() == s).ok_or_else(|| {
-            tiderec_operators::ConfigError::new("progress", format!("`{s}` is not auto, bar, lines or none"))
-        })
+crate::settings::named::named_setting! {
+    /// How progress is shown (`--progress`).
+    pub enum ProgressMode for "progress" {
+        /// A bar on a terminal, lines otherwise.
+        Auto = "auto",
+        /// Always a bar.
+        Bar = "bar",
+        /// One line every few seconds.
+        Lines = "lines",
+        /// Silent.
+        None = "none",
     }
 }
 

@@ -23,6 +23,7 @@ mod data;
 mod exchange;
 mod flags;
 mod model;
+pub(crate) mod named;
 mod optimizer;
 mod run;
 mod store;

@@ -3,7 +3,6 @@
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use tiderec_operators::nn::Precision;
-use tiderec_operators::ConfigError;
 
 /// Which model is trained and the widths of its parts.
 #[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
@@ -57,59 +56,29 @@ impl Default for ModelSettings {
     }
 }
 
-/// The models `--model` names. Every match on a model's name goes through this
-/// enum: [`ModelKind::name`] is the one spelling of each (in flags, TOML files,
-/// checkpoints' settings and messages).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ModelKind {
-    /// DLRM: bottom MLP, dot interaction, top MLP.
-    #[serde(rename = "dlrm")]
-    Dlrm,
-    /// Logistic regression.
-    #[serde(rename = "lr")]
-    Lr,
-    /// Factorization machine.
-    #[serde(rename = "fm")]
-    Fm,
-    /// DeepFM: FM and a deep MLP over the same embeddings.
-    #[serde(rename = "deepfm")]
-    DeepFm,
-    /// Wide & Deep: a linear part and a deep MLP.
-    #[serde(rename = "wdl")]
-    Wdl,
-    /// DIEN-like: GRU interest extraction and attention over behaviour histories.
-    #[serde(rename = "dien")]
-    Dien,
-    /// DIEN's sum-pooling baseline (no GRU, no attention).
-    #[serde(rename = "dien-sum")]
-    DienSum,
+super::named::named_setting! {
+    /// The models `--model` names. Every match on a model's name goes through this
+    /// enum: [`ModelKind::name`] is the one spelling of each (in flags, TOML files,
+    /// checkpoints' settings and messages).
+    pub enum ModelKind for "model" {
+        /// DLRM: bottom MLP, dot interaction, top MLP.
+        Dlrm = "dlrm",
+        /// Logistic regression.
+        Lr = "lr",
+        /// Factorization machine.
+        Fm = "fm",
+        /// DeepFM: FM and a deep MLP over the same embeddings.
+        DeepFm = "deepfm",
+        /// Wide & Deep: a linear part and a deep MLP.
+        Wdl = "wdl",
+        /// DIEN-like: GRU interest extraction and attention over behaviour histories.
+        Dien = "dien",
+        /// DIEN's sum-pooling baseline (no GRU, no attention).
+        DienSum = "dien-sum",
+    }
 }
 
 impl ModelKind {
-    /// Every model, in the order the help text lists them.
-    pub const ALL: [ModelKind; 7] = [
-        ModelKind::Dlrm,
-        ModelKind::Lr,
-        ModelKind::Fm,
-        ModelKind::DeepFm,
-        ModelKind::Wdl,
-        ModelKind::Dien,
-        ModelKind::DienSum,
-    ];
-
-    /// The name in flags and files: `dlrm`, `lr`, `fm`, `deepfm`, `wdl`, `dien`, `dien-sum`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelKind::Dlrm => "dlrm",
-            ModelKind::Lr => "lr",
-            ModelKind::Fm => "fm",
-            ModelKind::DeepFm => "deepfm",
-            ModelKind::Wdl => "wdl",
-            ModelKind::Dien => "dien",
-            ModelKind::DienSum => "dien-sum",
-        }
-    }
-
     /// DIEN or its sum-pooling baseline: the models that read behaviour sequences.
     pub fn is_dien(self) -> bool {
         matches!(self, ModelKind::Dien | ModelKind::DienSum)
@@ -118,22 +87,5 @@ impl ModelKind {
     /// DeepFM or Wide & Deep: the FM family with a deep MLP.
     pub fn has_deep_part(self) -> bool {
         matches!(self, ModelKind::DeepFm | ModelKind::Wdl)
-    }
-}
-
-impl std::fmt::Display for ModelKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for ModelKind {
-    type Err = ConfigError;
-
-    fn from_str(s: &str) -> Result<Self, ConfigError> {
-        ModelKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
-            let names: Vec<&str> = ModelKind::ALL.iter().map(|k| k.name()).collect();
-            ConfigError::new("model", format!("unknown model `{s}` ({})", names.join(", ")))
-        })
     }
 }

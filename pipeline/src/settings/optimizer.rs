@@ -3,7 +3,6 @@
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
-use tiderec_operators::ConfigError;
 
 /// How the dense weights and the embedding rows are updated.
 #[derive(Clone, Debug, PartialEq, Args, Serialize, Deserialize)]
@@ -73,50 +72,17 @@ impl Default for OptimizerSettings {
     }
 }
 
-/// The shape of the learning-rate decay after the warm-up (`lr_decay`); its
-/// horizon, interval and rate are separate settings.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DecayKind {
-    /// Constant.
-    #[default]
-    None,
-    /// Linearly to 0 at `lr_decay_steps` (by default the run's length).
-    Linear,
-    /// Half a cosine to 0 at `lr_decay_steps` (by default the run's length).
-    Cosine,
-    /// Times `lr_decay_rate` every `lr_decay_steps` steps.
-    Step,
-}
-
-impl DecayKind {
-    /// Every decay, in the order the help text lists them.
-    pub const ALL: [DecayKind; 4] = [DecayKind::None, DecayKind::Linear, DecayKind::Cosine, DecayKind::Step];
-
-    /// The name in flags and files.
-    pub fn name(self) -> &'static str {
-        match self {
-            DecayKind::None => "none",
-            DecayKind::Linear => "linear",
-            DecayKind::Cosine => "cosine",
-            DecayKind::Step => "step",
-        }
-    }
-}
-
-impl std::fmt::Display for DecayKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for DecayKind {
-    type Err = ConfigError;
-
-    fn from_str(s: &str) -> Result<Self, ConfigError> {
-        DecayKind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| ConfigError::new("lr_decay", format!("`{s}` is not none, linear, cosine or step")))
+super::named::named_setting! {
+    /// The shape of the learning-rate decay after the warm-up (`lr_decay`); its
+    /// horizon, interval and rate are separate settings.
+    pub enum DecayKind for "lr_decay" {
+        /// Constant.
+        None = "none",
+        /// Linearly to 0 at `lr_decay_steps` (by default the run's length).
+        Linear = "linear",
+        /// Half a cosine to 0 at `lr_decay_steps` (by default the run's length).
+        Cosine = "cosine",
+        /// Times `lr_decay_rate` every `lr_decay_steps` steps.
+        Step = "step",
     }
 }
