@@ -30,19 +30,7 @@ impl Unit {
     }
 }
 
-crate::settings::named::named_setting! {
-    /// How progress is shown (`--progress`).
-    pub enum ProgressMode for "progress" {
-        /// A bar on a terminal, lines otherwise.
-        Auto = "auto",
-        /// Always a bar.
-        Bar = "bar",
-        /// One line every few seconds.
-        Lines = "lines",
-        /// Silent.
-        None = "none",
-    }
-}
+pub use crate::settings::ProgressMode;
 
 /// Reports progress on stderr.
 pub enum Progress {

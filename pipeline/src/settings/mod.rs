@@ -35,7 +35,7 @@ pub use exchange::{ExchangeChoice, ExchangeSettings};
 pub use flags::{All, ConvertFlags, Featurizing, Flags, Subset, TrainFlags};
 pub use model::{ModelKind, ModelSettings};
 pub use optimizer::{DecayKind, OptimizerSettings};
-pub use run::{BestMetric, MemoryLimit, RunSettings};
+pub use run::{BestMetric, MemoryLimit, ProgressMode, RunSettings};
 pub use store::StoreSettings;
 
 use crate::PipelineError;

@@ -1,6 +1,5 @@
 //! The run's length, batches, seed, evaluation and reporting.
 
-use crate::progress::ProgressMode;
 use crate::PipelineError;
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -170,5 +169,19 @@ impl std::fmt::Display for BestMetric {
             BestMetric::Auc => "auc",
             BestMetric::Logloss => "logloss",
         })
+    }
+}
+
+super::named::named_setting! {
+    /// How progress is shown (`--progress`).
+    pub enum ProgressMode for "progress" {
+        /// A bar on a terminal, lines otherwise.
+        Auto = "auto",
+        /// Always a bar.
+        Bar = "bar",
+        /// One line every few seconds.
+        Lines = "lines",
+        /// Silent.
+        None = "none",
     }
 }
