@@ -124,7 +124,10 @@ definition's operations per lane (no fused multiply-add), so equal bit for bit t
 `tiderec bench kernels [--model M] [--rows R] [--seconds S] [--rounds N] [--json]` prints,
 per product, every candidate's GFLOP/s (candidates of another summation class are timed
 and marked `x`, never chosen), the chosen kernel, the CPU and its vector extensions, and
-the samples/s one core could reach if a step were only these products. On a CPU with
+the samples/s one core could reach if a step were only these products, and the core's fp32
+fused multiply-add peak at each vector width it runs (the fastest of millisecond calls of
+independent FMA chains in registers) with the samples/s those products would reach at
+that peak, the ceiling of any fp32 step. On a CPU with
 AVX-512 BF16 it also times each product under `--precision bf16` (another precision, never
 chosen for an fp32 run). Under `--precision bf16` nothing is measured at start-up: every
 MLP product runs the one bf16 kernel.
@@ -146,6 +149,16 @@ PyTorch's own random numbers); a test keeps its parameter counts equal to tidere
 `scripts/bench_vs_torch.py`; PyTorch's intra-op threads = tiderec's workers
 ({workers}), `OMP_WAIT_POLICY=PASSIVE`; fp32; {steps_note}. Rerun one row with
 `python3 scripts/bench_vs_torch.py --model M --batch-size B --workers {workers} --rounds {rounds}`.
+
+**What fp32 allows.** No fp32 implementation of a step can run faster than its MLP
+products (forward, `dW`, `dx`: {mflops} MFLOP per DLRM sample) at the core's fused
+multiply-add peak, which `tiderec bench kernels` measures with independent FMA chains in
+registers ({peak}). For DLRM a third program alternates in the same rounds,
+`tiderec bench kernels --rows B`, and the last column divides that peak bound by
+PyTorch's samples/s: the highest ratio against this PyTorch run that any fp32
+implementation could reach on this CPU, whatever its other costs. A ratio above that
+column needs fewer flops (bf16 on a CPU that multiplies bf16 faster) or a slower
+PyTorch, not a better fp32 kernel.
 """,
     "gemm": """\
 ## The fp32 GEMM bound at batch 2,048
@@ -157,7 +170,10 @@ else: the samples/s one core could train if a step were only these products.
 roofline of a plain BLAS); `tiderec bench dlrm --batch-size 2048` (one worker) is the
 whole training step, so its fraction of the bound is what the rest of a step (embedding
 gathers and row updates, the interaction, activations, the optimizer, the dataflow)
-costs. The three alternate in each round. The second table is the last round's
+costs. The three alternate in each round. The last two rows put both against the
+machine's own ceiling: the same products at the core's fp32 fused multiply-add peak
+(`tiderec bench kernels` measures it with independent FMA chains in registers), which no
+fp32 implementation can pass. The second table is the last round's
 `tiderec bench kernels --rows 2048`: each product's chosen kernel against matrixmultiply,
 the general-purpose baseline that every product can run on (median GFLOP/s over its own
 alternating rounds), and the bf16 kernel where the CPU has one. Rerun: `python3
@@ -356,28 +372,46 @@ def compare(rounds, a, b, key="samples_per_sec"):
 def section_torch(run):
     workers = run.args.workers
     rows, params = [], "475,985 dense + 41,600,000 embedding"
+    mflops, peak = "?", "not measured"
     for model in ("dlrm", "deepfm", "dien"):
         for batch in (128, 2048):
             a = bench_vs_torch.parse_args([
                 "--model", model, "--batch-size", str(batch), "--workers", str(workers), "--rounds", str(run.rounds),
                 "--steps", str(run.steps(batch)), "--warmup", str(run.s.warmup), "--tiderec", run.args.tiderec,
                 "--python", run.args.python, "--timeout", str(run.args.timeout)])
-            rounds = run.alternate({"tiderec": bench_vs_torch.tiderec_command(a),
-                                    "torch": bench_vs_torch.torch_command(a)})
+            sides = {"tiderec": bench_vs_torch.tiderec_command(a), "torch": bench_vs_torch.torch_command(a)}
+            if model == "dlrm":
+                sides["peak"] = peak_command(run, batch)
+            rounds = run.alternate(sides)
             t, p, r, rs = compare(rounds, "tiderec", "torch")
+            ceiling = "n/a"
+            if model == "dlrm":
+                bound = statistics.median(x["peak"]["peak_bound_samples_per_sec"] for x in rounds)
+                ceiling = ratio(bound / p)
+                last = rounds[-1]["peak"]
+                mflops = f"{last['mlp_flops_per_sample'] / 1e6:.2f}"
+                peak = ", ".join(f"{x['width']} {x['gflops']:.0f} GFLOP/s" for x in last["fma_peak"]) or "none"
             torch_version = rounds[0]["torch"].get("torch_version", "?")
             if model == "dlrm":
                 d = rounds[0]["tiderec"]
                 params = f"{d['dense_params']:,} dense + {d['embedding_params']:,} embedding"
             rows.append([model.upper() if model != "deepfm" else "DeepFM", num(batch), workers, a.steps,
                          num(t), num(p), f"**{ratio(r)}**", span(rs),
-                         span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
+                         span([x["load"] for x in rounds], lambda v: f"{v:.1f}"), ceiling])
     steps_note = (f"{run.s.warmup} warm-up steps, then {run.s.train_samples:,} samples' worth of timed steps "
                   f"(at least {run.steps(10**9)}); torch {torch_version}")
-    prose = PROSE["torch"].format(dlrm_params=params, workers=workers, rounds=run.rounds, steps_note=steps_note)
+    prose = PROSE["torch"].format(dlrm_params=params, workers=workers, rounds=run.rounds, steps_note=steps_note,
+                                  mflops=mflops, peak=peak)
     return prose, table(["model", "batch", "workers = threads", "timed steps", "tiderec samples/s (median)",
                          "PyTorch eager samples/s (median)", "tiderec / PyTorch", "per round",
-                         "load (1 min) per round"], rows, right=range(1, 8))
+                         "load (1 min) per round", "fp32 ceiling: FMA-peak bound / PyTorch"], rows,
+                        right=(*range(1, 8), 9))
+
+
+def peak_command(run, rows):
+    """`tiderec bench kernels` at `rows`: the MLP products' flops and the core's FMA peak."""
+    return [run.args.tiderec, "bench", "kernels", "--rows", str(rows), "--seconds", str(run.s.kernel_seconds / 3),
+            "--rounds", "1", "--json"]
 
 
 def roofline_command(run, rows):
@@ -412,6 +446,16 @@ def section_gemm(run):
     rows.append(["DLRM training, batch 2,048, 1 worker", "`tiderec bench dlrm --batch-size 2048`", num(tr),
                  f"tiderec's fp32 GEMM bound: {num(kb)}", f"**{fr:.0%}** of the bound",
                  span(frs, lambda v: f"{v:.0%}")])
+    for r in rounds:
+        r["peak"] = {"samples_per_sec": r["kernels"]["peak_bound_samples_per_sec"]}
+    _, pb, pr, prs = compare(rounds, "kernels", "peak")
+    _, _, tpr, tprs = compare(rounds, "train", "peak")
+    widths = ", ".join(f"{x['width']} {x['gflops']:.0f} GFLOP/s" for x in rounds[-1]["kernels"]["fma_peak"])
+    rows.append(["GEMM bound, tiderec's chosen kernels", "`tiderec bench kernels --rows 2048`", num(kb),
+                 f"the same products at the core's fp32 FMA peak ({widths}): {num(pb)}",
+                 f"**{pr:.0%}** of the peak", span(prs, lambda v: f"{v:.0%}")])
+    rows.append(["DLRM training, batch 2,048, 1 worker", "`tiderec bench dlrm --batch-size 2048`", num(tr),
+                 f"the FMA-peak bound: {num(pb)}", f"**{tpr:.0%}** of the peak", span(tprs, lambda v: f"{v:.0%}")])
     bound = table(["what", "command", "samples/s per core (median)", "baseline, same rounds",
                    "ratio of medians", "per round"], rows, right=(2, 4, 5))
     return PROSE["gemm"], bound + "\n\n" + product_table(rounds[-1]["kernels"])

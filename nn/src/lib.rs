@@ -48,6 +48,7 @@ pub mod dlrm;
 pub mod embedding_bag;
 pub mod fm;
 mod fm_partial;
+pub mod fma_peak;
 pub mod gemm;
 pub mod gemm_bf16;
 pub mod gemm_packed;

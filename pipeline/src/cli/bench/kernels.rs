@@ -3,6 +3,7 @@
 //! run chooses at start-up are [`tiderec::kernels`]'s.
 
 use serde::Serialize;
+use tiderec_operators::nn::fma_peak;
 use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
     cpu_features, cpu_model, measure_backward, measure_bf16, measure_shape, Backward, BackwardShape, ForwardShape,
@@ -54,6 +55,22 @@ pub struct KernelsReport {
     /// The same bound under `--precision bf16` (where the CPU runs it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gemm_bound_samples_per_sec_bf16: Option<f64>,
+    /// Flops of the MLP products (forward, dW, dx) per sample.
+    pub mlp_flops_per_sample: f64,
+    /// The core's measured fp32 FMA throughput at each vector width it runs.
+    pub fma_peak: Vec<PeakRate>,
+    /// Samples/s one core could train if the MLP products ran at the best
+    /// width's FMA peak: no fp32 implementation of the step can pass it.
+    pub peak_bound_samples_per_sec: f64,
+}
+
+/// The core's fp32 FMA throughput at one vector width.
+#[derive(Clone, Debug, Serialize)]
+pub struct PeakRate {
+    /// `avx2` or `avx512`.
+    pub width: String,
+    /// GFLOP/s of the fastest timed call.
+    pub gflops: f64,
 }
 
 /// Times every forward candidate and the backward products of `model`'s
@@ -64,6 +81,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
     let mut step_seconds = 0.0;
     let bf16 = Bf16Kernel::best() == Bf16Kernel::Avx512Bf16;
     let mut bf16_seconds = 0.0;
+    let mut flops = 0.0;
     // The bf16 product of a layer, beside the fp32 candidates (another precision: never chosen).
     let mut bf16_rate = |product: Option<Backward>, input: usize, output: usize| {
         bf16.then(|| {
@@ -77,6 +95,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         let c = measure_shape(shape, measure);
         let chosen_gflops = c.timings.iter().find(|t| t.candidate == c.chosen).map_or(0.0, |t| t.gflops);
         step_seconds += shape.flops() / (chosen_gflops * 1e9);
+        flops += shape.flops();
         products.push(ProductReport {
             product: "forward".into(),
             layer: format!("{input}->{output}"),
@@ -96,6 +115,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
             let (m, n, k) = b.shape.mnk();
             let chosen_gflops = b.timings.iter().find(|t| t.candidate == b.chosen).map_or(0.0, |t| t.gflops);
             step_seconds += 2.0 * (m * n * k) as f64 / (chosen_gflops * 1e9);
+            flops += 2.0 * (m * n * k) as f64;
             products.push(ProductReport {
                 product: if product == Backward::Dw { "dW" } else { "dx" }.into(),
                 layer: format!("{input}->{output}"),
@@ -115,6 +135,12 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
             });
         }
     }
+    let fma_peak: Vec<PeakRate> = fma_peak::measure(seconds, rounds)
+        .into_iter()
+        .map(|r| PeakRate { width: r.width.name().into(), gflops: r.gflops })
+        .collect();
+    let peak = fma_peak.iter().map(|r| r.gflops).fold(0.0, f64::max);
+    let mlp_flops_per_sample = flops / rows as f64;
     KernelsReport {
         cpu: cpu_model(),
         features: cpu_features().iter().map(|s| s.to_string()).collect(),
@@ -122,6 +148,9 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         products,
         gemm_bound_samples_per_sec: rows as f64 / step_seconds,
         gemm_bound_samples_per_sec_bf16: bf16.then(|| rows as f64 / bf16_seconds),
+        mlp_flops_per_sample,
+        fma_peak,
+        peak_bound_samples_per_sec: peak * 1e9 / mlp_flops_per_sample,
     }
 }
 
@@ -162,6 +191,15 @@ pub fn print_kernels(r: &KernelsReport) {
     println!(
         "GEMM bound on one core (these products alone, chosen kernels): {:.0} samples/s",
         r.gemm_bound_samples_per_sec
+    );
+    let peaks: Vec<String> = r.fma_peak.iter().map(|p| format!("{:.1} GFLOP/s on {}", p.gflops, p.width)).collect();
+    println!(
+        "fp32 FMA peak of one core: {}; the MLP products ({:.2} MFLOP per sample) at that peak: {:.0} samples/s; \
+         the chosen kernels' bound is {:.0}% of it",
+        peaks.join(", "),
+        r.mlp_flops_per_sample / 1e6,
+        r.peak_bound_samples_per_sec,
+        100.0 * r.gemm_bound_samples_per_sec / r.peak_bound_samples_per_sec
     );
     if let Some(bf16) = r.gemm_bound_samples_per_sec_bf16 {
         println!(

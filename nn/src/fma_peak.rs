@@ -1,0 +1,224 @@
+//! The fp32 fused multiply-add peak of one core, measured.
+//!
+//! A GEMM kernel is judged against the most floating-point work the core can
+//! do: every cycle, each FMA pipe retires one fused multiply-add per vector
+//! lane. That ceiling depends on the CPU (an AMD Zen 4 core splits a 512-bit
+//! FMA into two 256-bit halves, so its AVX-512 and AVX2 peaks are equal; an
+//! Intel Sapphire Rapids core has two full 512-bit pipes) and on its clock
+//! under load, so it is measured rather than computed from a datasheet.
+//!
+//! [`fma_chains`] keeps `ACCUMULATORS` independent chains `x ← x·a + b` in
+//! vector registers — enough to cover the FMA latency times the number of pipes
+//! on every x86 core in use — and does nothing else, so its rate is the core's
+//! FMA throughput. Invariants:
+//!
+//! * every lane of every chain computes exactly [`fma_chain_scalar`]'s value
+//!   (an FMA rounds once, on every kernel), so the work counted is the work
+//!   done — the tests check it bit for bit;
+//! * the kernel choice never affects a training result: this module only
+//!   measures.
+
+use std::time::Instant;
+
+/// Independent accumulator registers per kernel: 2 FMA pipes × 4 cycles of
+/// latency need 8; 12 leaves slack for a fifth cycle and fits in the 16
+/// registers of AVX2 beside the two constants.
+const ACCUMULATORS: usize = 12;
+
+/// A vector width the peak can be measured at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FmaWidth {
+    /// 256-bit `vfmadd` on AVX2 + FMA (8 lanes).
+    Avx2,
+    /// 512-bit `vfmadd` on AVX-512F (16 lanes).
+    Avx512,
+}
+
+impl FmaWidth {
+    /// `avx2` or `avx512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FmaWidth::Avx2 => "avx2",
+            FmaWidth::Avx512 => "avx512",
+        }
+    }
+
+    /// f32 lanes per register.
+    pub fn lanes(self) -> usize {
+        match self {
+            FmaWidth::Avx2 => 8,
+            FmaWidth::Avx512 => 16,
+        }
+    }
+
+    /// The widths this CPU runs, narrowest first.
+    pub fn available() -> Vec<FmaWidth> {
+        let mut widths = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                widths.push(FmaWidth::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                widths.push(FmaWidth::Avx512);
+            }
+        }
+        widths
+    }
+}
+
+/// One measured width.
+#[derive(Clone, Copy, Debug)]
+pub struct FmaRate {
+    /// The vector width.
+    pub width: FmaWidth,
+    /// GFLOP/s of the fastest call (a fused multiply-add is two flops).
+    pub gflops: f64,
+}
+
+/// The value of one chain after `steps` fused multiply-adds from `start`:
+/// the scalar definition every vector lane must equal.
+pub fn fma_chain_scalar(start: f32, a: f32, b: f32, steps: usize) -> f32 {
+    let mut x = start;
+    for _ in 0..steps {
+        x = x.mul_add(a, b);
+    }
+    x
+}
+
+/// Runs `ACCUMULATORS` chains of `steps` fused multiply-adds on every lane of
+/// `width`, chain `c` lane `l` starting at `starts[c * lanes + l]`, and
+/// returns the final values in the same layout. `None` where the CPU lacks the
+/// width.
+pub fn fma_chains(width: FmaWidth, starts: &[f32], a: f32, b: f32, steps: usize) -> Option<Vec<f32>> {
+    if !FmaWidth::available().contains(&width) || starts.len() != ACCUMULATORS * width.lanes() {
+        return None;
+    }
+    let mut out = starts.to_vec();
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the width's extensions were detected above, and `out` holds
+    // ACCUMULATORS registers' worth of lanes.
+    unsafe {
+        match width {
+            FmaWidth::Avx2 => x86::chains_avx2(&mut out, a, b, steps),
+            FmaWidth::Avx512 => x86::chains_avx512(&mut out, a, b, steps),
+        }
+    }
+    Some(out)
+}
+
+/// The core's fp32 FMA throughput at every width it runs: calls of about a
+/// millisecond repeated for about `seconds` per width in each of `rounds`
+/// alternating rounds, the fastest call per width. Interference (another
+/// process, an interrupt) only ever slows a call down, so the fastest call is
+/// the closest estimate of the peak.
+pub fn measure(seconds: f64, rounds: usize) -> Vec<FmaRate> {
+    let widths = FmaWidth::available();
+    let mut best = vec![0.0_f64; widths.len()];
+    let (a, b) = (0.999_999_9_f32, 1e-7_f32);
+    let call = |width: FmaWidth, steps: usize| {
+        let starts: Vec<f32> = (0..ACCUMULATORS * width.lanes()).map(|i| 1.0 + i as f32 * 1e-3).collect();
+        let t = Instant::now();
+        std::hint::black_box(fma_chains(width, &starts, a, b, steps));
+        t.elapsed().as_secs_f64()
+    };
+    for _ in 0..rounds.max(1) {
+        for (w, &width) in widths.iter().enumerate() {
+            // Steps for a call of about a millisecond.
+            let mut steps = 1 << 10;
+            while call(width, steps) < 1e-3 && steps < 1 << 30 {
+                steps *= 2;
+            }
+            let flops = 2.0 * (steps * ACCUMULATORS * width.lanes()) as f64;
+            let start = Instant::now();
+            loop {
+                best[w] = best[w].max(flops / call(width, steps) / 1e9);
+                if start.elapsed().as_secs_f64() >= seconds {
+                    break;
+                }
+            }
+        }
+    }
+    widths.into_iter().zip(best).map(|(width, gflops)| FmaRate { width, gflops }).collect()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::ACCUMULATORS;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `x` holds `ACCUMULATORS * 8` lanes.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn chains_avx2(x: &mut [f32], a: f32, b: f32, steps: usize) {
+        let (va, vb) = (_mm256_set1_ps(a), _mm256_set1_ps(b));
+        let mut acc = [_mm256_setzero_ps(); ACCUMULATORS];
+        for (c, r) in acc.iter_mut().enumerate() {
+            *r = _mm256_loadu_ps(x.as_ptr().add(c * 8));
+        }
+        for _ in 0..steps {
+            for r in acc.iter_mut() {
+                *r = _mm256_fmadd_ps(*r, va, vb);
+            }
+        }
+        for (c, r) in acc.iter().enumerate() {
+            _mm256_storeu_ps(x.as_mut_ptr().add(c * 8), *r);
+        }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F; `x` holds `ACCUMULATORS * 16` lanes.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn chains_avx512(x: &mut [f32], a: f32, b: f32, steps: usize) {
+        let (va, vb) = (_mm512_set1_ps(a), _mm512_set1_ps(b));
+        let mut acc = [_mm512_setzero_ps(); ACCUMULATORS];
+        for (c, r) in acc.iter_mut().enumerate() {
+            *r = _mm512_loadu_ps(x.as_ptr().add(c * 16));
+        }
+        for _ in 0..steps {
+            for r in acc.iter_mut() {
+                *r = _mm512_fmadd_ps(*r, va, vb);
+            }
+        }
+        for (c, r) in acc.iter().enumerate() {
+            _mm512_storeu_ps(x.as_mut_ptr().add(c * 16), *r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_lane_equals_the_scalar_chain() {
+        let (a, b) = (0.999_9_f32, 0.001_f32);
+        for width in FmaWidth::available() {
+            let starts: Vec<f32> = (0..ACCUMULATORS * width.lanes()).map(|i| (i as f32 - 40.0) * 0.37).collect();
+            for steps in [0, 1, 7, 1000] {
+                let out = fma_chains(width, &starts, a, b, steps).unwrap();
+                for (i, (&s, &o)) in starts.iter().zip(&out).enumerate() {
+                    let want = fma_chain_scalar(s, a, b, steps);
+                    assert_eq!(o.to_bits(), want.to_bits(), "{} lane {i} after {steps} steps", width.name());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_wrong_layout_or_width_is_refused() {
+        for width in FmaWidth::available() {
+            assert!(fma_chains(width, &[1.0; 3], 1.0, 0.0, 1).is_none());
+        }
+        if !FmaWidth::available().contains(&FmaWidth::Avx512) {
+            assert!(fma_chains(FmaWidth::Avx512, &[1.0; ACCUMULATORS * 16], 1.0, 0.0, 1).is_none());
+        }
+    }
+
+    #[test]
+    fn the_measured_rate_is_positive_and_finite() {
+        for rate in measure(0.002, 1) {
+            assert!(rate.gflops.is_finite() && rate.gflops > 0.0, "{rate:?}");
+        }
+    }
+}

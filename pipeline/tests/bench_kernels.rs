@@ -1,0 +1,41 @@
+//! `tiderec bench kernels --json` end to end: the MLP products' flop count is
+//! DLRM's, the core's fused multiply-add peak is measured at every vector
+//! width the CPU runs, and no product, and no bound built from them, passes
+//! that peak.
+
+mod common;
+
+use common::{run_ok, tiderec};
+
+#[test]
+fn no_kernel_and_no_bound_passes_the_measured_fma_peak() {
+    let out =
+        run_ok(tiderec().args(["bench", "kernels", "--rows", "64", "--seconds", "0.01", "--rounds", "1", "--json"]));
+    let r: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("bench kernels --json prints one JSON object");
+    // DLRM's MLP layers: bottom 13-512-256-64-16, top 367-512-256-1. Forward,
+    // dW and dx are 2·in·out flops each per sample.
+    let layers = [(13, 512), (512, 256), (256, 64), (64, 16), (367, 512), (512, 256), (256, 1)];
+    let want: f64 = layers.iter().map(|&(i, o)| 6.0 * (i * o) as f64).sum();
+    assert_eq!(r["mlp_flops_per_sample"].as_f64(), Some(want), "{r}");
+
+    let peaks = r["fma_peak"].as_array().expect("fma_peak");
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let has = |flag: &str| cpu.split_whitespace().any(|f| f == flag);
+    let widths: Vec<&str> = peaks.iter().map(|p| p["width"].as_str().unwrap()).collect();
+    assert_eq!(widths.contains(&"avx2"), has("avx2") && has("fma"), "{widths:?}");
+    assert_eq!(widths.contains(&"avx512"), has("avx512f"), "{widths:?}");
+    let peak = peaks.iter().map(|p| p["gflops"].as_f64().unwrap()).fold(0.0, f64::max);
+    if peaks.is_empty() {
+        return;
+    }
+    assert!(peak.is_finite() && peak > 0.0, "{r}");
+    let peak_bound = r["peak_bound_samples_per_sec"].as_f64().unwrap();
+    assert!((peak_bound - peak * 1e9 / want).abs() <= 1e-6 * peak_bound, "{peak_bound} vs {peak} GFLOP/s");
+    let gemm_bound = r["gemm_bound_samples_per_sec"].as_f64().unwrap();
+    assert!(gemm_bound > 0.0 && gemm_bound <= peak_bound, "GEMM bound {gemm_bound} above the peak bound {peak_bound}");
+    for p in r["products"].as_array().unwrap() {
+        let g = p["chosen_gflops"].as_f64().unwrap();
+        assert!(g > 0.0 && g <= peak, "{} {} at {g} GFLOP/s passes the {peak} GFLOP/s peak", p["product"], p["layer"]);
+    }
+}
