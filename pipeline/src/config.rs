@@ -430,12 +430,7 @@ impl TrainSettings {
                 ),
             ));
         }
-        if !(0.0..=1.0).contains(&self.data.max_bad_fraction) {
-            return Err(PipelineError::config(
-                "max_bad_fraction",
-                format!("must be in [0, 1], got {}", self.data.max_bad_fraction),
-            ));
-        }
+        self.data.records.validate()?;
         crate::device::Devices::for_workers(&self.cluster.device, self.cluster.workers)?;
         self.model.precision.check_cpu()?;
         if self.cluster.processes == 0 || self.cluster.process >= self.cluster.processes {
@@ -471,7 +466,7 @@ impl TrainSettings {
             return Err(PipelineError::config("exchange", "`replicated` needs the fixed store (--store fixed)"));
         }
         let sparse_optimizer = self.optimizer.sparse;
-        let policy = self.data.on_bad_record;
+        let policy = self.data.records.on_bad_record;
         if self.data.buckets == 0 {
             return Err(PipelineError::config("buckets", "must be positive"));
         }
@@ -522,9 +517,6 @@ impl TrainSettings {
         }
         if self.checkpoints.keep_checkpoints == 0 {
             return Err(PipelineError::config("keep_checkpoints", "must be positive"));
-        }
-        if self.data.max_line_bytes < 64 {
-            return Err(PipelineError::config("max_line_bytes", "must be at least 64"));
         }
         for (key, lr) in [("lr", self.optimizer.lr), ("sparse_lr", self.optimizer.sparse_lr)] {
             if let Some(lr) = lr {
@@ -796,8 +788,8 @@ mod tests {
             ("connect_timeout", Box::new(|s| s.cluster.connect_timeout = 0.0)),
             ("workers", Box::new(|s| s.cluster.workers = 100_000)),
             ("workers", Box::new(|s| s.cluster.processes = 2000)),
-            ("max_bad_fraction", Box::new(|s| s.data.max_bad_fraction = 1.5)),
-            ("max_bad_fraction", Box::new(|s| s.data.max_bad_fraction = f64::NAN)),
+            ("max_bad_fraction", Box::new(|s| s.data.records.max_bad_fraction = 1.5)),
+            ("max_bad_fraction", Box::new(|s| s.data.records.max_bad_fraction = f64::NAN)),
             ("table_sizes", Box::new(|s| s.data.table_sizes = Some(vec![5; 3]))),
             ("crosses", Box::new(|s| s.model.crosses = vec!["0:1".into()])),
             (

@@ -130,7 +130,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         }
     };
     let options = CriteoOptions::for_run(&resolved, &input);
-    let dead = SharedDeadLetters::file(input.data.dead_letters.clone());
+    let dead = SharedDeadLetters::file(input.data.records.dead_letters.clone());
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());
     // Taobao behaviour logs become samples all at once (as in training); they are then
     // read back in chunks like any indexed data.
@@ -202,8 +202,8 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         crate::budget::Split::Convert,
         &input.data.source,
         tally,
-        input.data.max_bad_fraction,
-        &input.data.dead_letters,
+        input.data.records.max_bad_fraction,
+        &input.data.records.dead_letters,
     ) {
         writer.abort();
         return Err(e);

@@ -151,7 +151,7 @@ impl CriteoOptions {
         CriteoOptions {
             features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed },
             max_len: settings.data.max_len,
-            max_line_bytes: settings.data.max_line_bytes,
+            max_line_bytes: settings.data.records.max_line_bytes,
             policy: resolved.policy,
             seed,
             shuffle_seed: settings.run.seed,

@@ -278,38 +278,20 @@ struct ScoreArgs {
     /// Records scored per forward pass.
     #[arg(long, default_value_t = 4096)]
     batch_size: usize,
-    /// On a malformed record: skip (count + dead-letter file) or fail.
-    #[arg(long, default_value = "skip", value_name = "skip|fail")]
-    on_bad_record: tiderec_operators::bad_record::BadRecordPolicy,
-    /// Dead-letter file for malformed records.
-    #[arg(long, default_value = "tiderec-dead-letters.tsv")]
-    dead_letters: PathBuf,
-    /// Fail when more than this fraction of the records is malformed.
-    #[arg(long, value_name = "F", default_value_t = 0.01)]
-    max_bad_fraction: f64,
-    /// Longest accepted input line in bytes.
-    #[arg(long, default_value_t = 64 * 1024)]
-    max_line_bytes: usize,
+    /// The malformed-record settings, as in `train`.
+    #[command(flatten)]
+    records: tiderec::settings::OverDefaults<tiderec::settings::RecordPolicy>,
 }
 
 impl ScoreArgs {
     fn options(&self, labeled: bool) -> anyhow::Result<tiderec::predict::ScoreOptions> {
-        let policy = self.on_bad_record;
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&self.max_bad_fraction),
-            "--max-bad-fraction: must be in [0, 1], got {}",
-            self.max_bad_fraction
-        );
-        anyhow::ensure!(self.max_line_bytes >= 64, "--max-line-bytes: must be at least 64");
+        self.records.0.validate()?;
         Ok(tiderec::predict::ScoreOptions {
             checkpoint: self.checkpoint.clone(),
             data: self.data.clone(),
             batch_size: self.batch_size.max(1),
             labeled,
-            policy,
-            dead_letters: self.dead_letters.clone(),
-            max_bad_fraction: self.max_bad_fraction,
-            max_line_bytes: self.max_line_bytes,
+            records: self.records.0.clone(),
         })
     }
 }
@@ -484,7 +466,7 @@ fn parse_cli() -> Cli {
             let key = arg.get_id().as_str().to_string();
             let already = arg.get_help().is_some_and(|h| h.to_string().contains("default"));
             match defaults.get(&key).and_then(show) {
-                Some(value) if !already && arg.get_default_values().is_empty() => {
+                Some(value) if !already && !arg.is_required_set() && arg.get_default_values().is_empty() => {
                     let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
                     arg.help(format!("{help} [default: {value}]"))
                 }
@@ -495,7 +477,9 @@ fn parse_cli() -> Cli {
     let cmd = Cli::command()
         .mut_subcommand("train", annotate)
         .mut_subcommand("online", annotate)
-        .mut_subcommand("convert", annotate);
+        .mut_subcommand("convert", annotate)
+        .mut_subcommand("eval", annotate)
+        .mut_subcommand("predict", annotate);
     let matches = cmd.get_matches();
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
@@ -634,7 +618,7 @@ fn main() -> anyhow::Result<()> {
                     r.records_per_sec,
                     r.bad_records,
                     if r.bad_records > 0 {
-                        format!(" (listed in {})", options.dead_letters.display())
+                        format!(" (listed in {})", options.records.dead_letters.display())
                     } else {
                         String::new()
                     },
@@ -709,7 +693,7 @@ fn main() -> anyhow::Result<()> {
                 eprintln!(
                     "{} malformed records skipped; see {}",
                     s.bad_records,
-                    settings.input.data.dead_letters.display()
+                    settings.input.data.records.dead_letters.display()
                 );
             }
         }

@@ -405,11 +405,11 @@ pub(crate) fn diverged(
 /// This process's dead-letter file: `--dead-letters`, suffixed `.p<process>` in a cluster run.
 pub(crate) fn dead_letters_path(settings: &TrainSettings) -> std::path::PathBuf {
     if settings.cluster.processes > 1 {
-        let mut p = settings.data.dead_letters.clone().into_os_string();
+        let mut p = settings.data.records.dead_letters.clone().into_os_string();
         p.push(format!(".p{}", settings.cluster.process));
         p.into()
     } else {
-        settings.data.dead_letters.clone()
+        settings.data.records.dead_letters.clone()
     }
 }
 
@@ -641,7 +641,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             Split::Train,
             &s.data.source,
             Tally { good: samples, bad },
-            s.data.max_bad_fraction,
+            s.data.records.max_bad_fraction,
             &dead_letters_file,
         ),
     };
@@ -1024,7 +1024,7 @@ fn evaluate(
         None => format!("{} (held-out part)", s.data.source),
     };
     if s.data.eval.is_some() || tally.good + tally.bad_total() > 0 {
-        budget::check(Split::Eval, &input, tally, s.data.max_bad_fraction, &dead_letters_path(s))?;
+        budget::check(Split::Eval, &input, tally, s.data.records.max_bad_fraction, &dead_letters_path(s))?;
     }
     let eval = trainer.take_eval();
     let summary = (!eval.probs.is_empty()).then(|| eval.summary());

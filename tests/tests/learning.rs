@@ -45,7 +45,7 @@ fn criteo_settings(dir: &Path, train: &Path, eval: &Path) -> TrainSettings {
     s.data.source = format!("criteo:{}", train.display());
     s.data.eval = Some(format!("criteo:{}", eval.display()));
     s.run.progress = ProgressMode::None;
-    s.data.dead_letters = dir.join("dead.tsv");
+    s.data.records.dead_letters = dir.join("dead.tsv");
     s
 }
 
@@ -96,7 +96,7 @@ fn avazu_sample_trains_to_auc_068() {
             s.data.source = format!("avazu:{}", path.display());
             s.data.eval_fraction = 0.2;
             s.run.progress = ProgressMode::None;
-            s.data.dead_letters = dir.path().join("dead.tsv");
+            s.data.records.dead_letters = dir.path().join("dead.tsv");
             s
         };
         let s = tiderec::run::train(&settings).unwrap().unwrap();
@@ -115,7 +115,7 @@ fn behavior_run(data: &str, model: &str, extra: impl FnOnce(&mut TrainSettings))
         s.model.kind = model.parse().unwrap();
         s.cluster.workers = 2;
         s.run.progress = ProgressMode::None;
-        s.data.dead_letters = dir.path().join("dead.tsv");
+        s.data.records.dead_letters = dir.path().join("dead.tsv");
         s
     };
     extra(&mut settings);

@@ -166,7 +166,7 @@ mod tests {
         let mut b = a.clone();
         b.run.progress = crate::progress::ProgressMode::None;
         b.run.metrics_json = Some("elsewhere.json".into());
-        b.data.dead_letters = "other.tsv".into();
+        b.data.records.dead_letters = "other.tsv".into();
         assert!(differences(&[(0, &print(&a)), (1, &print(&b))]).is_empty());
     }
 

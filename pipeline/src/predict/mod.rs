@@ -27,11 +27,12 @@ pub use scorer::Scorer;
 use crate::budget::{self, Split, Tally};
 use crate::config::DataSpec;
 use crate::feature_pipeline::FeaturePipeline;
+use crate::settings::RecordPolicy;
 use crate::PipelineError;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tiderec_operators::bad_record::{BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
 use tiderec_operators::format::LineFormat;
 use tiderec_operators::Batch;
 use tiderec_sinks::dead_letters::SharedDeadLetters;
@@ -49,14 +50,8 @@ pub struct ScoreOptions {
     pub batch_size: usize,
     /// The records carry their label column.
     pub labeled: bool,
-    /// Skip (count, dead-letter) or fail on a malformed record.
-    pub policy: BadRecordPolicy,
-    /// Dead-letter file of malformed records.
-    pub dead_letters: PathBuf,
-    /// Fail when more than this fraction of the records is malformed.
-    pub max_bad_fraction: f64,
-    /// Longest accepted line in bytes.
-    pub max_line_bytes: usize,
+    /// Malformed records: skip or fail, the dead-letter file, the budget, the longest line.
+    pub records: RecordPolicy,
 }
 
 impl ScoreOptions {
@@ -68,10 +63,7 @@ impl ScoreOptions {
             data: data.to_string(),
             batch_size: d.run.eval_batch_size,
             labeled: true,
-            policy: BadRecordPolicy::Skip,
-            dead_letters: d.data.dead_letters,
-            max_bad_fraction: d.data.max_bad_fraction,
-            max_line_bytes: d.data.max_line_bytes,
+            records: d.data.records,
         }
     }
 }
@@ -184,7 +176,7 @@ fn open(
             let names = p.0.paths().map(|p| p.display().to_string()).collect();
             let sink: Box<dyn DeadLetterSink> = Box::new(sink.clone());
             let mut reader = ParquetReader::new(p.0.clone(), (0.0, 1.0), 0, 1, 0, sizes)?
-                .with_bad_records(options.policy, Some(sink));
+                .with_bad_records(options.records.on_bad_record, Some(sink));
             reader.record_positions();
             (Records::Parquet(reader), names)
         }
@@ -196,7 +188,8 @@ fn open(
             let format = pipeline.line_format(options.labeled)?.ok_or_else(|| {
                 PipelineError::config("data", format!("`{}` records are not read line by line", data.format()))
             })?;
-            let reader_options = ReaderOptions { max_line_bytes: options.max_line_bytes, policy: options.policy };
+            let reader_options =
+                ReaderOptions { max_line_bytes: options.records.max_line_bytes, policy: options.records.on_bad_record };
             let sink: Box<dyn DeadLetterSink> = Box::new(sink.clone());
             let mut reader = LineReader::open_format(paths, (0.0, 1.0), 0, 1, format, reader_options, Some(sink))?;
             reader.record_positions();
@@ -229,7 +222,7 @@ pub fn score(
     mut on_batch: impl FnMut(&[String], &[RecordPosition], &[f32], &[f32]) -> Result<(), PipelineError>,
 ) -> Result<ScoreSummary, PipelineError> {
     let start = Instant::now();
-    let sink = SharedDeadLetters::file(options.dead_letters.clone());
+    let sink = SharedDeadLetters::file(options.records.dead_letters.clone());
     let (step, mut scorer, mut records, names) = open(options, &sink)?;
     let (dense, sparse, sequences) = match &records {
         Records::Lines(r) => {
@@ -259,7 +252,7 @@ pub fn score(
     sink.lock().finish()?;
     let bad = records.bad_counts();
     let tally = Tally { good: scored, bad: bad.to_array() };
-    budget::check(split, &options.data, tally, options.max_bad_fraction, &options.dead_letters)?;
+    budget::check(split, &options.data, tally, options.records.max_bad_fraction, &options.records.dead_letters)?;
     let seconds = start.elapsed().as_secs_f64();
     Ok(ScoreSummary {
         step,

@@ -146,3 +146,31 @@ impl<S: Subset> FromArgMatches for Flags<S> {
         Ok(())
     }
 }
+
+/// A group of settings taken as flags by a command that has no `--config` file: the
+/// group's [`Default`] with the flags given applied over it, so the defaults stay declared
+/// once, in the group's `Default` (its flags carry no clap defaults).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OverDefaults<T>(pub T);
+
+impl<T: Args + Default> Args for OverDefaults<T> {
+    fn augment_args(cmd: Command) -> Command {
+        T::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        T::augment_args_for_update(cmd)
+    }
+}
+
+impl<T: FromArgMatches + Default> FromArgMatches for OverDefaults<T> {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut value = T::default();
+        value.update_from_arg_matches(matches)?;
+        Ok(OverDefaults(value))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
+    }
+}

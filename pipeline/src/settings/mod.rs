@@ -30,9 +30,9 @@ mod store;
 
 pub use checkpoints::CheckpointSettings;
 pub use cluster::{default_workers, ClusterSettings};
-pub use data::DataSettings;
+pub use data::{DataSettings, RecordPolicy};
 pub use exchange::{ExchangeChoice, ExchangeSettings};
-pub use flags::{All, ConvertFlags, Featurizing, Flags, Subset, TrainFlags};
+pub use flags::{All, ConvertFlags, Featurizing, Flags, OverDefaults, Subset, TrainFlags};
 pub use model::{ModelKind, ModelSettings};
 pub use optimizer::{DecayKind, OptimizerSettings};
 pub use run::{BestMetric, MemoryLimit, ProgressMode, RunSettings};
@@ -175,7 +175,8 @@ pub fn default_learning_rates(model: ModelKind) -> (f32, f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Command;
+    use clap::{Args, Command};
+    use tiderec_operators::bad_record::BadRecordPolicy;
 
     #[test]
     fn flags_override_the_file_and_absent_flags_do_not() {
@@ -209,6 +210,27 @@ mod tests {
         let e = ConvertFlags::parse_from(["--seed", "7", "--dim", "8", "--lr", "0.1"]).unwrap().settings().unwrap_err();
         let e = e.to_string();
         assert!(e.contains("--dim, --lr do not apply to `convert`"), "{e}");
+    }
+
+    #[test]
+    fn a_record_policy_over_its_defaults_takes_only_the_flags_given() {
+        let parse = |args: &[&str]| {
+            let cmd = OverDefaults::<RecordPolicy>::augment_args(Command::new("score").no_binary_name(true));
+            let m = cmd.try_get_matches_from(args).unwrap();
+            <OverDefaults<RecordPolicy> as clap::FromArgMatches>::from_arg_matches(&m).unwrap().0
+        };
+        assert_eq!(parse(&[]), RecordPolicy::default());
+        assert_eq!(parse(&[]), TrainSettings::default().data.records, "scoring and training share the defaults");
+        let p = parse(&["--max-line-bytes", "4096", "--on-bad-record", "fail"]);
+        assert_eq!((p.max_line_bytes, p.on_bad_record), (4096, BadRecordPolicy::Fail));
+        assert_eq!(p.dead_letters, RecordPolicy::default().dead_letters, "an absent flag keeps its default");
+        for (args, key) in
+            [(["--max-bad-fraction", "1.5"], "max_bad_fraction"), (["--max-line-bytes", "63"], "max_line_bytes")]
+        {
+            let e = parse(&args).validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("`{key}`")), "{e}");
+        }
+        assert!(parse(&["--max-bad-fraction", "NaN"]).validate().is_err());
     }
 
     #[test]

@@ -121,7 +121,7 @@ fn run_in(bench: &ReplayBench, tmp: &Path) -> Result<ReplayBenchResult, Pipeline
         s.run.seed = seed;
         s.data.buckets = bench.buckets;
         s.run.progress = tiderec::progress::ProgressMode::None;
-        s.data.dead_letters = tmp.join("dead-letters.tsv");
+        s.data.records.dead_letters = tmp.join("dead-letters.tsv");
         s
     };
     // 1. Convert.
