@@ -15,10 +15,13 @@ script exits with status 1.
     python3 scripts/benchmarks.py                  # everything, docs/benchmarks.md
     python3 scripts/benchmarks.py --quick          # few rounds and steps: a smoke run
     python3 scripts/benchmarks.py --only gru,features --output /tmp/b.md
+    python3 scripts/benchmarks.py --only avx2 --baseline-bin /path/to/old/tiderec
 
 With `--only` the output defaults to standard output (a partial document
 never replaces docs/benchmarks.md unless `--output` names it). The sections
-are run in the order of SECTIONS; `--list` prints their names.
+are run in the order of SECTIONS; `--list` prints their names. The `avx2`
+section needs `--baseline-bin` (an older build to compare with; see its prose)
+and is left out of the document without it.
 
 Reuses `scripts/bench_vs_torch.py` (its commands, JSON runner and alternated
 rounds) for PyTorch and `scripts/gemm_roofline.py` (its `bound`) for the
@@ -117,7 +120,9 @@ each entry a chain of fused multiply-adds from zero over runs of 256 reduction s
 runs added to the output in order), so the measurement picks among results equal bit for
 bit (test `gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`). Matrix–vector
 products (a layer of width 1) keep their own loops. AVX2-only CPUs keep the AVX2 paths;
-CPUs without AVX2 run the portable kernels and matrixmultiply. The dense optimizer updates
+CPUs without AVX2 run the portable kernels and matrixmultiply. `TIDEREC_MAX_ISA=avx2`
+(or `avx512`, `portable`) caps the extensions the kernels use on any CPU, and the kernels
+line then names the cap (see [training.md](training.md), *Vector extensions*). The dense optimizer updates
 (SGD, Adagrad, Adam) run on AVX-512F where the CPU has it, with exactly the scalar
 definition's operations per lane (no fused multiply-add), so equal bit for bit to it.
 
@@ -261,6 +266,24 @@ alternated with the same run under `--checkpoint-sync` (each checkpoint written 
 training goes on: the baseline). The stall is the training time lost per checkpoint (the
 checkpoints are the same byte for byte either way). Rerun: `python3 scripts/benchmarks.py
 --only checkpoints`.
+""",
+    "avx2": """\
+## AVX2-only kernels against the build before runtime kernel selection
+
+Whether an AVX2-only CPU trains as fast as it did before the kernels were chosen at run
+time. Both builds run here with their AVX-512 kernels off: this build under
+`TIDEREC_MAX_ISA=avx2` (see [training.md](training.md), *Vector extensions*), the baseline
+— the build before runtime kernel selection, whose packed GEMM had AVX2 and AVX-512VL
+kernels chosen by CPU feature — with its AVX-512 detection patched to answer no. Make the
+baseline from that commit's tree in a plain directory (`git archive <commit> | tar -x -C
+DIR`), replace each `is_x86_feature_detected!("avx512…")` by `false`, `cargo build
+--release -p tiderec` there, and pass `--baseline-bin DIR/target/release/tiderec`. Neither
+flag reaches matrixmultiply, which runs its own AVX-512F kernel on an AVX-512 CPU in both
+builds. The two binaries alternate, the first of each round rotating, with the same flags:
+`tiderec bench dlrm --batch-size B` and `tiderec bench model --model M`, {workers}
+worker(s), {warmup} warm-up steps, then {samples:,} samples' worth of timed steps (at
+least {min_steps}). A ratio below 1 is a regression. Rerun: `python3 scripts/benchmarks.py
+--only avx2 --baseline-bin PATH`.
 """,
     "serve": """\
 ## Serving
@@ -660,6 +683,32 @@ def section_serve(run):
          "records per forward pass"], rows, right=range(1, 7))
 
 
+AVX2_BENCHES = [("DLRM", ["dlrm"], 128), ("DLRM", ["dlrm"], 2048),
+                ("DeepFM", ["model", "--model", "deepfm"], 128), ("DIEN", ["model", "--model", "dien"], 128)]
+
+
+def section_avx2(run):
+    """This build under `TIDEREC_MAX_ISA=avx2` against `--baseline-bin` (its AVX-512 turned off by its builder)."""
+    workers = run.args.workers
+    env = ["env", "TIDEREC_MAX_ISA=avx2"]
+    rows = []
+    for name, bench, batch in AVX2_BENCHES:
+        argv = ["bench", *bench, "--batch-size", str(batch), "--workers", str(workers),
+                "--steps", str(run.steps(batch)), "--warmup", str(run.s.warmup), "--json"]
+        rounds = run.alternate({"new": env + [run.args.tiderec, *argv], "old": env + [run.args.baseline_bin, *argv]})
+        n, o, r, rs = compare(rounds, "new", "old")
+        features = rounds[0]["new"].get("cpu_features", "")
+        if "TIDEREC_MAX_ISA=avx2" not in features:
+            raise Failed(f"this build did not report the cap in force: cpu_features {features!r}")
+        rows.append([name, num(batch), f"`tiderec bench {' '.join(bench)} --batch-size {batch}`", num(n), num(o),
+                     f"**{ratio(r)}**", span(rs), span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
+    prose = PROSE["avx2"].format(workers=workers, warmup=run.s.warmup, samples=run.s.train_samples,
+                                 min_steps=run.steps(10**9))
+    return prose, table(["model", "batch", "command", "this build, avx2 cap: samples/s (median)",
+                         "build before (baseline), AVX-512 off: samples/s (median)", "this / before",
+                         "per round", "load (1 min) per round"], rows, right=range(1, 8))
+
+
 SECTIONS = [
     ("torch", section_torch),
     ("gemm", section_gemm),
@@ -671,6 +720,7 @@ SECTIONS = [
     ("cache", section_cache),
     ("checkpoints", section_checkpoints),
     ("serve", section_serve),
+    ("avx2", section_avx2),
 ]
 
 
@@ -735,6 +785,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="alternated rounds (default 3, --quick 1)")
     p.add_argument("--workers", type=int, default=1, help="tiderec workers = PyTorch threads of the training rows")
     p.add_argument("--tiderec", default=os.path.join(ROOT, "target", "release", "tiderec"))
+    p.add_argument("--baseline-bin", default=None,
+                   help="the older tiderec binary the avx2 section compares with (without it, avx2 is left out)")
     p.add_argument("--python", default=sys.executable, help="interpreter with torch and numpy")
     p.add_argument("--criteo", default=os.path.join(ROOT, CRITEO_REL), help="the Criteo sample")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per command")
@@ -747,6 +799,11 @@ def parse_args(argv=None):
     unknown = [n for n in a.sections if n not in names]
     if unknown or not a.sections:
         p.error(f"unknown section(s) {', '.join(unknown) or '(none given)'}; sections: {', '.join(names)}")
+    if a.baseline_bin is None and "avx2" in a.sections:
+        if a.only is not None:
+            p.error("section avx2 needs --baseline-bin (the older binary it compares with)")
+        a.sections.remove("avx2")
+        print("avx2: left out (no --baseline-bin)", file=sys.stderr)
     if a.output is None:
         a.output = "-" if a.only is not None else os.path.join(ROOT, "docs", "benchmarks.md")
     if (a.rounds is not None and a.rounds < 1) or a.workers < 1:

@@ -53,22 +53,12 @@ pub fn pair(lo: f32, hi: f32) -> u32 {
     round_bf16(lo) as u32 | (round_bf16(hi) as u32) << 16
 }
 
-/// Whether the AVX-512 BF16 conversions and products run on this CPU (detected once).
+/// Whether the AVX-512 BF16 conversions and products run on this CPU: it has
+/// them and `TIDEREC_MAX_ISA` allows them ([`tiderec_records::cpu`]).
 #[inline]
 pub fn bf16_vector_available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512bf16")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
+    use tiderec_records::cpu::{has, Feature};
+    has(Feature::Avx512F) && has(Feature::Avx512Bw) && has(Feature::Avx512Bf16)
 }
 
 /// `op(a)` (`m × k`) as pairs: the pair `q` of row `i` is at `data[i·lda + q·step]`.

@@ -19,6 +19,7 @@
 //!   measures.
 
 use std::time::Instant;
+use tiderec_records::cpu::{self, Feature};
 
 /// Independent accumulator registers per kernel: 2 FMA pipes × 4 cycles of
 /// latency need 8; 12 leaves slack for a fifth cycle and fits in the 16
@@ -51,17 +52,15 @@ impl FmaWidth {
         }
     }
 
-    /// The widths this CPU runs, narrowest first.
+    /// The widths this CPU runs under the `TIDEREC_MAX_ISA` cap
+    /// ([`tiderec_records::cpu`]), narrowest first.
     pub fn available() -> Vec<FmaWidth> {
         let mut widths = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                widths.push(FmaWidth::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                widths.push(FmaWidth::Avx512);
-            }
+        if cpu::has(Feature::Avx2) && cpu::has(Feature::Fma) {
+            widths.push(FmaWidth::Avx2);
+        }
+        if cpu::has(Feature::Avx512F) {
+            widths.push(FmaWidth::Avx512);
         }
         widths
     }

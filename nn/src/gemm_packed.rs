@@ -486,15 +486,17 @@ impl PanelKernel {
         *BEST.get_or_init(|| *Self::available().last().unwrap_or(&PanelKernel::Portable))
     }
 
-    /// Every kernel this CPU runs, slowest first (detected once per process).
+    /// Every kernel this CPU runs under `TIDEREC_MAX_ISA` ([`tiderec_records::cpu`]),
+    /// slowest first (decided once per process).
     pub fn available() -> &'static [Self] {
+        use tiderec_records::cpu::{has, Feature};
         static AVAILABLE: std::sync::OnceLock<Vec<PanelKernel>> = std::sync::OnceLock::new();
         AVAILABLE.get_or_init(|| {
             let mut kernels = vec![PanelKernel::Portable];
             #[cfg(target_arch = "x86_64")]
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            if has(Feature::Avx2) && has(Feature::Fma) {
                 kernels.push(PanelKernel::Avx2);
-                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+                if has(Feature::Avx512F) && has(Feature::Avx512Vl) {
                     kernels.push(PanelKernel::Avx512Vl);
                     kernels.push(PanelKernel::Avx512);
                 }

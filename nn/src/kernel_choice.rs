@@ -472,21 +472,16 @@ pub fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".to_string())
 }
 
-/// The vector extensions the kernels use that this CPU has (`avx2 fma avx512f …`).
+/// The vector extensions the kernels may use here (`avx2 fma avx512f …`): the
+/// CPU's, under `TIDEREC_MAX_ISA` ([`tiderec_records::cpu`]).
 pub fn cpu_features() -> Vec<&'static str> {
-    let mut found = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        macro_rules! probe {
-            ($($f:tt),*) => {
-                $(if std::arch::is_x86_feature_detected!($f) {
-                    found.push($f);
-                })*
-            };
-        }
-        probe!("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vnni", "avx512bf16");
-    }
-    found
+    tiderec_records::cpu::usable().into_iter().map(|f| f.name()).collect()
+}
+
+/// [`cpu_features`] for a report line, naming the cap and what it turns off
+/// when one is set: `avx2 fma (TIDEREC_MAX_ISA=avx2; off: avx512f …)`.
+pub fn cpu_features_line() -> String {
+    tiderec_records::cpu::describe()
 }
 
 /// One line naming each product's kernel:

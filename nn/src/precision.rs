@@ -16,6 +16,7 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
+use tiderec_records::cpu::Feature;
 use tiderec_records::OperatorError;
 
 /// `fp32` or `bf16` (see the module docs).
@@ -43,6 +44,14 @@ impl Precision {
     pub fn check_cpu(&self) -> Result<(), OperatorError> {
         if *self == Precision::Fp32 || super::bf16_pack::bf16_vector_available() {
             return Ok(());
+        }
+        if let (true, Some(cap)) =
+            (tiderec_records::cpu::detected(Feature::Avx512Bf16), tiderec_records::cpu::cap_note())
+        {
+            return Err(OperatorError::config(
+                "precision",
+                format!("bf16 needs AVX-512 BF16, which {cap} turns off: use --precision fp32 or raise the cap"),
+            ));
         }
         Err(OperatorError::config(
             "precision",

@@ -34,7 +34,9 @@ pub mod train;
 
 pub use tiderec_nn as nn;
 pub use tiderec_nn::{optim, schedule};
-pub use tiderec_records::{bad_record, batch, behavior, error, features, finite, format, metrics, rng, spec, stream};
+pub use tiderec_records::{
+    bad_record, batch, behavior, cpu, error, features, finite, format, metrics, rng, spec, stream,
+};
 
 pub use batch::{Batch, BatchError, BatchField, SparseField};
 pub use error::{ConfigError, DataflowError, OperatorError, RestoreError, ShapeError};

@@ -8,8 +8,8 @@
 use crate::data::micro_batch;
 use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
-    backward_shapes, choose_backward_kernels, choose_forward_kernels, cpu_features, cpu_model, summary, BackwardChoice,
-    ForwardShape, Measure, ShapeChoice,
+    backward_shapes, choose_backward_kernels, choose_forward_kernels, cpu_features_line, cpu_model, summary,
+    BackwardChoice, ForwardShape, Measure, ShapeChoice,
 };
 use tiderec_operators::nn::{ModelConfig, Precision};
 
@@ -43,9 +43,10 @@ pub fn choose_for_run(model: &ModelConfig, batch: usize, workers: usize) -> RunK
     }
 }
 
-/// The line `train` and `bench dlrm` print: the CPU, its vector extensions and each product's kernel.
+/// The line `train` and `bench dlrm` print: the CPU, the vector extensions the
+/// kernels may use (and the `TIDEREC_MAX_ISA` cap, when one is set) and each product's kernel.
 pub fn startup_line(k: &RunKernels) -> String {
-    format!("kernels ({}; {}): {}", cpu_model(), cpu_features().join(" "), summary(&k.forward, &k.backward))
+    format!("kernels ({}; {}): {}", cpu_model(), cpu_features_line(), summary(&k.forward, &k.backward))
 }
 
 /// The start-up line of a run in `precision`: under `fp32` the kernels
@@ -57,7 +58,7 @@ pub fn startup_line_for(model: &ModelConfig, batch: usize, workers: usize, preci
         Precision::Bf16 => format!(
             "kernels ({}; {}): every MLP product {} (bf16 operands, fp32 accumulation)",
             cpu_model(),
-            cpu_features().join(" "),
+            cpu_features_line(),
             Bf16Kernel::best().name()
         ),
     }

@@ -487,6 +487,8 @@ fn parse_cli() -> Cli {
 fn main() -> anyhow::Result<()> {
     keep_freed_memory_mapped();
     let cli = parse_cli();
+    // An invalid cap on the vector extensions is refused before any kernel runs.
+    tiderec_operators::cpu::check()?;
     match cli.command {
         Command::Train(args) => {
             let settings = args.settings()?;

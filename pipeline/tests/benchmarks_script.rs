@@ -122,3 +122,32 @@ fn a_failing_section_is_written_with_its_error_and_exits_1() {
     assert!(doc.contains(&format!("{} not found", missing.display())), "the error names the file:\n{doc}");
     assert!(doc.contains("## Machine and build"), "{doc}");
 }
+
+/// The AVX2 comparison against an older build, here this same binary as the
+/// baseline: every row runs both under `TIDEREC_MAX_ISA=avx2` and holds a
+/// finite ratio; the section checks that this build reported the cap.
+#[test]
+fn the_avx2_section_compares_two_binaries_under_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("benchmarks.md");
+    let bin = binary();
+    let Some((run, doc)) = generate(&["--only", "avx2", "--baseline-bin", bin.to_str().unwrap()], &out) else {
+        return;
+    };
+    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+    assert!(doc.contains("## AVX2-only kernels against the build before runtime kernel selection"), "{doc}");
+    let ratio = first_ratio(&doc, "this / before");
+    assert!(ratio.is_finite() && ratio > 0.0, "{ratio}");
+    let rows = doc.lines().filter(|l| l.starts_with("| D")).count();
+    assert_eq!(rows, 4, "DLRM at 128 and 2,048, DeepFM, DIEN:\n{doc}");
+}
+
+/// Without `--baseline-bin` the section is refused when asked for by name.
+#[test]
+fn the_avx2_section_needs_a_baseline_binary() {
+    let Some(mut py) = python3() else { return };
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/benchmarks.py");
+    let out = py.arg(script).args(["--only", "avx2"]).output().expect("python3 starts");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("section avx2 needs --baseline-bin"));
+}

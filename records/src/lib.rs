@@ -3,7 +3,8 @@
 //! The record and feature layer of tiderec: columnar [`Batch`]es, the record
 //! formats and their [`BadRecord`](bad_record::BadRecord)s, the feature spec and
 //! its parser, the SIMD feature kernels (hashing, bucketing, crosses, the
-//! vectorized split, fused feature subgraphs), behaviour sequences, the
+//! vectorized split, fused feature subgraphs), the vector extensions every
+//! kernel may use ([`cpu`], capped by `TIDEREC_MAX_ISA`), behaviour sequences, the
 //! counter-based random numbers, finiteness checks, evaluation metrics and the
 //! error types every tiderec crate shares.
 //!
@@ -25,6 +26,7 @@
 pub mod bad_record;
 pub mod batch;
 pub mod behavior;
+pub mod cpu;
 pub mod error;
 pub mod features;
 pub mod finite;

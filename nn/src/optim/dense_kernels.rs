@@ -51,16 +51,11 @@ pub fn adam_scalar(params: &mut [f32], grads: &[f32], m: &mut [f32], v: &mut [f3
     }
 }
 
-/// Whether the AVX-512F kernels run here (detected once).
+/// Whether the AVX-512F kernels run here: the CPU has AVX-512F and
+/// `TIDEREC_MAX_ISA` allows it ([`tiderec_records::cpu`]).
 #[inline]
 pub fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    tiderec_records::cpu::has(tiderec_records::cpu::Feature::Avx512F)
 }
 
 /// [`sgd_scalar`], on 512-bit vectors where the CPU has them.

@@ -293,6 +293,8 @@ impl Trainer {
         mut model: Box<dyn Model<f32>>,
     ) -> Result<Self, OperatorError> {
         config.validate()?;
+        // An invalid `TIDEREC_MAX_ISA` is refused, not run under a cap it did not name.
+        crate::cpu::check().map_err(crate::ConfigError::from)?;
         check_model(config, model.as_mut())?;
         let partial = partial_form(config);
         let deep_partial = partial.is_some_and(|p| p.deep.is_some());

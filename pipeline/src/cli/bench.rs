@@ -82,6 +82,9 @@ pub struct DlrmBenchResult {
     pub workers: usize,
     /// Precision of the MLPs' products (`fp32`, `bf16`).
     pub precision: String,
+    /// The vector extensions the kernels may use, naming the `TIDEREC_MAX_ISA`
+    /// cap when one is set (`avx2 fma (TIDEREC_MAX_ISA=avx2; off: avx512f …)`).
+    pub cpu_features: String,
     /// Timed steps.
     pub steps: u64,
     /// Bytes exchanged between workers per sample.
@@ -197,6 +200,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         batch_size: bench.batch_size,
         workers: bench.workers,
         precision: bench.precision.name().into(),
+        cpu_features: tiderec_operators::nn::kernel_choice::cpu_features_line(),
         steps: bench.steps,
         bytes_per_sample: bytes as f64 / samples as f64,
         dense_params,
@@ -368,7 +372,7 @@ pub struct FieldSplitResult {
 /// Result of `tiderec bench features`.
 #[derive(Clone, Debug, Serialize)]
 pub struct FeaturesBenchResult {
-    /// Whether the CPU has AVX2 (the `split_positions` path taken).
+    /// Whether the AVX2 split runs (the CPU has AVX2 and `TIDEREC_MAX_ISA` allows it).
     pub avx2: bool,
     /// Seconds per measurement (each kernel is measured twice, alternating).
     pub seconds: f64,
@@ -685,10 +689,7 @@ pub fn run_features(seconds: f64, criteo: &std::path::Path) -> FeaturesBenchResu
         field_splits.push(bench_field_split("criteo lines (TAB)", &all, b'\t', seconds));
     }
     FeaturesBenchResult {
-        #[cfg(target_arch = "x86_64")]
-        avx2: std::arch::is_x86_feature_detected!("avx2"),
-        #[cfg(not(target_arch = "x86_64"))]
-        avx2: false,
+        avx2: tiderec_operators::cpu::has(tiderec_operators::cpu::Feature::Avx2),
         seconds,
         criteo_file: criteo_lines.map(|_| criteo.display().to_string()),
         pipelines,

@@ -19,8 +19,8 @@
 //! One internal scan walks the delimiter positions in order and can stop
 //! early; [`split_positions`], [`for_each_token`] and [`split_tokens_max`] (and
 //! the fused kernels of [`super::fused`]) are built on it. On x86-64 with AVX2
-//! (checked at run time with `is_x86_feature_detected!`, which is a constant
-//! when the crate is built for x86-64-v3) it compares 32 bytes at a time
+//! (asked of [`crate::cpu::has`] at run time, so `TIDEREC_MAX_ISA=portable`
+//! turns it off) it compares 32 bytes at a time
 //! (`_mm256_cmpeq_epi8`), turns the result into a bit mask
 //! (`_mm256_movemask_epi8`) and walks the set bits with `trailing_zeros`, so
 //! its cost is one compare per 32 bytes plus one step per delimiter. Elsewhere
@@ -37,7 +37,7 @@ pub fn split_positions(line: &[u8], delim: u8, out: &mut Vec<u32>) {
     check_len(line);
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if crate::cpu::has(crate::cpu::Feature::Avx2) {
             // SAFETY: the CPU supports AVX2, checked just above.
             unsafe { positions_avx2(line, delim, out) };
             return;
@@ -212,7 +212,7 @@ fn check_len(line: &[u8]) {
 pub(crate) fn scan_delims(line: &[u8], delim: u8, f: impl FnMut(usize) -> bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if crate::cpu::has(crate::cpu::Feature::Avx2) {
             // SAFETY: the CPU supports AVX2, checked just above.
             unsafe { scan_avx2(line, delim, f) };
             return;
@@ -335,7 +335,7 @@ pub(crate) mod tests {
         assert_eq!(got, want, "memchr");
         assert_eq!(positions_via(|l, d, f| scan_swar(l, d, f), line, delim), want, "swar");
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if crate::cpu::detected(crate::cpu::Feature::Avx2) {
             // SAFETY: AVX2 is present, checked just above.
             let got = positions_via(|l, d, f| unsafe { scan_avx2(l, d, f) }, line, delim);
             assert_eq!(got, want, "avx2");

@@ -3,11 +3,12 @@
 //! run chooses at start-up are [`tiderec::kernels`]'s.
 
 use serde::Serialize;
+use tiderec_operators::cpu;
 use tiderec_operators::nn::fma_peak;
 use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
-    cpu_features, cpu_model, measure_backward, measure_bf16, measure_shape, Backward, BackwardShape, ForwardShape,
-    Measure,
+    cpu_features, cpu_features_line, cpu_model, measure_backward, measure_bf16, measure_shape, Backward, BackwardShape,
+    ForwardShape, Measure,
 };
 use tiderec_operators::nn::ModelConfig;
 
@@ -44,8 +45,14 @@ pub struct ProductReport {
 pub struct KernelsReport {
     /// `/proc/cpuinfo`'s model name.
     pub cpu: String,
-    /// Vector extensions found.
+    /// Vector extensions the kernels may use (the CPU's, under `TIDEREC_MAX_ISA`).
     pub features: Vec<String>,
+    /// Extensions the CPU has that `TIDEREC_MAX_ISA` turns off (empty without a cap).
+    pub features_off: Vec<String>,
+    /// The `TIDEREC_MAX_ISA` cap (`native` when none is set).
+    pub max_isa: String,
+    /// `features` as the report line shows them, naming the cap when one is set.
+    pub features_line: String,
     /// Rows per product (a worker's micro-batch).
     pub rows: usize,
     /// Every product of the model's MLPs.
@@ -144,6 +151,9 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
     KernelsReport {
         cpu: cpu_model(),
         features: cpu_features().iter().map(|s| s.to_string()).collect(),
+        features_off: cpu::turned_off().iter().map(|f| f.name().to_string()).collect(),
+        max_isa: cpu::max_isa().name().to_string(),
+        features_line: cpu_features_line(),
         rows,
         products,
         gemm_bound_samples_per_sec: rows as f64 / step_seconds,
@@ -156,7 +166,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
 
 /// The report as a table: one row per product, one column per candidate.
 pub fn print_kernels(r: &KernelsReport) {
-    println!("CPU: {} ({})", r.cpu, r.features.join(" "));
+    println!("CPU: {} ({})", r.cpu, r.features_line);
     println!("{} rows; GFLOP/s (median); * = chosen, x = another summation order or precision (never chosen)", r.rows);
     let mut names: Vec<String> = Vec::new();
     for p in &r.products {
