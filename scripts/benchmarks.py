@@ -167,7 +167,8 @@ an ordinary DLRM batch, and because {per_worker} rows keep each worker's product
 shapes where the GEMM kernels run near their peak. In each series every command (tiderec
 and PyTorch at every W) runs once per round, the first rotating, so the speed-ups are
 ratios of runs measured together. Speed-up is samples/s over the same side's W = 1;
-parallel efficiency is speed-up / W. {steps_note}
+parallel efficiency is speed-up / W; a W above the physical cores is marked in the table.
+{steps_note}
 
 Where the efficiency goes is measured, not guessed: `tiderec bench dlrm --json` reports,
 per worker, the milliseconds per step inside the trainer and inside each stage of its

@@ -198,8 +198,8 @@ fn the_scaling_section_reports_speed_up_efficiency_and_the_stage_breakdown() {
         .map(|c| number(row[col(c)]))
         .sum();
         assert!(total > 0.0 && number(row[col("forward/backward, ms")]) > 0.0, "{row:?}");
-        // The parts are the step: stages plus the time outside them (cells rounded to 0.01 ms).
-        assert!((parts - total).abs() <= 0.03, "parts {parts} vs step {total}: {row:?}");
+        // The parts are the step: stages plus the time outside them (six cells, each rounded to 0.01 ms).
+        assert!((parts - total).abs() <= 6.0 * 0.005 + 1e-9, "parts {parts} vs step {total}: {row:?}");
         let bytes = number(row[col("bytes exchanged per sample")]);
         if row[1] == "1" {
             assert_eq!(bytes, 0.0, "one worker exchanges nothing: {row:?}");
