@@ -557,7 +557,7 @@ def scaling_findings(label, ws, micro, breakdowns, tide, physical, others, logic
     `others` is the cores other processes kept busy during the series (or None), `logical` the CPUs."""
     w, b1, bw = ws[-1], breakdowns[1], breakdowns[ws[-1]]
     if w == 1:
-        return f"*{label}:* only W = 1 was run (one logical CPU), so nothing is lost to parallelism."
+        return f"*{label}:* only W = 1 was run (`--max-workers 1` or one logical CPU): nothing to compare."
     share = micro[w] / micro[1]
     loss = efficiency_loss(b1, bw, share)
     ideal = share * b1["total"]
