@@ -16,6 +16,7 @@ script exits with status 1.
     python3 scripts/benchmarks.py --quick          # few rounds and steps: a smoke run
     python3 scripts/benchmarks.py --only gru,features --output /tmp/b.md
     python3 scripts/benchmarks.py --only avx2 --baseline-bin /path/to/old/tiderec
+    python3 scripts/benchmarks.py --only scaling --max-workers 16 --tiderec /path/to/tiderec
 
 With `--only` the output defaults to standard output (a partial document
 never replaces docs/benchmarks.md unless `--output` names it). The sections
@@ -164,6 +165,47 @@ PyTorch's samples/s: the highest ratio against this PyTorch run that any fp32
 implementation could reach on this CPU, whatever its other costs. A ratio above that
 column needs fewer flops (bf16 on a CPU that multiplies bf16 faster) or a slower
 PyTorch, not a better fp32 kernel.
+""",
+    "scaling": """\
+## Scaling: W workers against PyTorch with W threads
+
+`tiderec bench dlrm --workers W` (the Kaggle shape of the section above: every
+worker a timely thread holding a dense replica and 1/W of the embedding rows, ids sent to
+their owners, rows back, row gradients and dense-gradient slices to their owners, updated
+slices back to everyone) against `scripts/torch_reference.py --threads W` (one process,
+W intra-op threads, `OMP_WAIT_POLICY=PASSIVE`) at the same global batch, for W = {ws}
+(up to this machine's {logical} logical CPUs, {physical}; `--max-workers` sets the
+largest). Two series: **(a) global batch fixed** at {global_batch:,} (each worker's
+micro-batch {global_batch:,}/W: strong scaling, the step's work is divided) and **(b)
+per-worker batch fixed** at {per_worker} (global {per_worker}·W: weak scaling, every
+worker does W=1's work, so its forward/backward time should not change). {per_worker} per
+worker because (a) and (b) then meet at W = 4 (4 × {per_worker} = {global_batch:,}), which
+measures the same configuration twice, because at W = 16 the global batch, 8,192, is still
+an ordinary DLRM batch, and because {per_worker} rows keep each worker's products in the
+shapes where the GEMM kernels run near their peak. In each series every command (tiderec
+and PyTorch at every W) runs once per round, the first rotating, so the speed-ups are
+ratios of runs measured together. Speed-up is samples/s over the same side's W = 1;
+parallel efficiency is speed-up / W; a W above the physical cores is marked in the table.
+{steps_note}
+
+Where the efficiency goes is measured, not guessed: `tiderec bench dlrm --json` reports,
+per worker, the milliseconds per step inside the trainer and inside each stage of its
+dataflow (`stage_ms`, from the trainer's always-on stage clock, `Trainer::step_times`):
+forward/backward (with the gradients' messages), the lookups (planning, and serving rows
+as an owner), applying gradients as an owner (summing the W workers' gradient messages,
+the row updates and the dense optimizer on the worker's 1/W slice: the reduce half of
+the dense all-reduce) and gathering the updated dense slices (its gather half); the step
+time outside every stage is waiting at the rendezvous for the other workers, moving
+messages and timely's scheduling (a waiting worker keeps stepping its dataflow without
+parking, so its wait also occupies a core). The second table is the medians over the rounds of the
+mean over the workers. *Work per sample vs W = 1* is forward/backward worker-milliseconds
+per sample against W = 1: above 1.00× in series (b), where each worker's work is that of
+W = 1, it is contention between the workers for what they share (memory bandwidth,
+caches, cores, and on a loaded machine the other processes); in series (a) it also holds
+the cost of smaller products. Rerun: `python3 scripts/benchmarks.py --only scaling
+[--max-workers N] [--rounds R]`.
+
+{findings}
 """,
     "gemm": """\
 ## The fp32 GEMM bound at batch 2,048
@@ -435,6 +477,229 @@ def peak_command(run, rows):
     """`tiderec bench kernels` at `rows`: the MLP products' flops and the core's FMA peak."""
     return [run.args.tiderec, "bench", "kernels", "--rows", str(rows), "--seconds", str(run.s.kernel_seconds / 3),
             "--rounds", "1", "--json"]
+
+
+# The scaling section's two series: the global batch fixed, the per-worker batch fixed.
+SCALING_GLOBAL_BATCH = 2048
+SCALING_PER_WORKER = 512
+
+
+def logical_cpus():
+    """Logical CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def physical_cores():
+    """Distinct physical cores among the CPUs this process may run on, or None where sysfs does not say."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = range(os.cpu_count() or 1)
+    cores = set()
+    for c in cpus:
+        topo = f"/sys/devices/system/cpu/cpu{c}/topology"
+        try:
+            with open(f"{topo}/physical_package_id") as f, open(f"{topo}/core_id") as g:
+                cores.add((f.read().strip(), g.read().strip()))
+        except OSError:
+            return None
+    return len(cores) or None
+
+
+def worker_counts(most):
+    """1, 2, 4, … up to `most`, and `most` itself when it is not a power of two."""
+    ws, w = [], 1
+    while w <= most:
+        ws.append(w)
+        w *= 2
+    if ws[-1] != most:
+        ws.append(most)
+    return ws
+
+
+def scaling_series(rounds, ws, side):
+    """Per W of `side`: median samples/s, speed-up over W = 1 (ratio of the medians), parallel
+    efficiency (speed-up / W) and the lowest and highest per-round speed-up."""
+    base = per_round(rounds, f"{side} 1")
+    out = {}
+    for w in ws:
+        v = per_round(rounds, f"{side} {w}")
+        speedup = statistics.median(v) / statistics.median(base)
+        out[w] = SimpleNamespace(samples=statistics.median(v), speedup=speedup, efficiency=speedup / w,
+                                 per_round=[x / b for x, b in zip(v, base)])
+    return out
+
+
+# The stage groups of the breakdown: name in the table, and the `stage_ms` fields each adds up.
+STAGE_GROUPS = [
+    ("forward/backward", ("forward_backward", "partial_backward")),
+    ("lookups (plan, serve)", ("plan", "serve")),
+    ("apply gradients (reduce)", ("apply",)),
+    ("gather dense slices", ("gather",)),
+]
+
+
+def stage_breakdown(results):
+    """Milliseconds per step of one `bench dlrm --json` result, mean over its workers: `total`,
+    each stage group and `outside` (total less every stage, never negative)."""
+    workers = results["stage_ms"]
+    if not workers:
+        raise Failed("`tiderec bench dlrm --json` reported no `stage_ms` (a build without the stage clock?)")
+    out = {"total": statistics.mean(t["total"] for t in workers)}
+    for name, fields in STAGE_GROUPS:
+        out[name] = statistics.mean(sum(t[f] for f in fields) for t in workers)
+    stages = [sum(t[f] for _, fs in STAGE_GROUPS for f in fs) for t in workers]
+    out["outside"] = statistics.mean(max(t["total"] - s, 0.0) for t, s in zip(workers, stages))
+    return out
+
+
+def median_breakdown(rounds, side):
+    """Per field of `stage_breakdown`, the median over the rounds."""
+    per = [stage_breakdown(r[side]) for r in rounds]
+    return {k: statistics.median(p[k] for p in per) for k in per[0]}
+
+
+def efficiency_loss(b1, bw, share):
+    """Where a worker's step at W lost time against the ideal: each field of `bw` (the
+    breakdown at W) less `share` × the field at W = 1, `share` being the part of W = 1's
+    work each worker does at W (1/W with the global batch fixed, 1 with the per-worker batch
+    fixed). The ideal step is `share` × W = 1's; the excesses add up to the step's excess."""
+    return {k: bw[k] - share * b1[k] for k in bw}
+
+
+def busy_cpu_seconds():
+    """CPU seconds the whole machine has been busy (/proc/stat), or None where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def stat_cpus():
+    """CPUs /proc/stat counts (a container may see the whole host's), or 0."""
+    try:
+        with open("/proc/stat") as f:
+            return sum(1 for line in f if line.startswith("cpu") and line[3:4].isdigit())
+    except OSError:
+        return 0
+
+
+def own_cpu_seconds():
+    """CPU seconds of this script and of the commands it ran (and waited for)."""
+    import resource
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def other_cores(start, end):
+    """Cores other processes kept busy on average between two readings of
+    (monotonic seconds, busy_cpu_seconds, own_cpu_seconds); None where /proc/stat is unreadable."""
+    if start[1] is None or end[1] is None or end[0] <= start[0]:
+        return None
+    return max((end[1] - start[1]) - (end[2] - start[2]), 0.0) / (end[0] - start[0])
+
+
+def cpu_reading():
+    return time.monotonic(), busy_cpu_seconds(), own_cpu_seconds()
+
+
+def scaling_findings(label, ws, micro, breakdowns, tide, physical, others, logical):
+    """A paragraph per series on where the efficiency of its largest W went, from the breakdowns;
+    `others` is the cores other processes kept busy during the series (or None), `logical` the CPUs."""
+    w, b1, bw = ws[-1], breakdowns[1], breakdowns[ws[-1]]
+    if w == 1:
+        return f"*{label}:* only W = 1 was run (`--max-workers 1` or one logical CPU): nothing to compare."
+    share = micro[w] / micro[1]
+    loss = efficiency_loss(b1, bw, share)
+    ideal = share * b1["total"]
+    parts = sorted(((k, v) for k, v in loss.items() if k != "total"), key=lambda kv: -kv[1])
+    named = {"outside": "outside the stages (rendezvous: waiting for the other workers, moving messages, scheduling)"}
+    text = "; ".join(f"{named.get(k, k)} {v:+.2f} ms" for k, v in parts)
+    work = (bw["forward/backward"] / micro[w]) / (b1["forward/backward"] / micro[1])
+    over = f" W = {w} exceeds the {physical} physical cores." if physical and w > physical else ""
+    if others is None:
+        over += " How busy other processes kept the machine was not measured (/proc/stat unreadable)."
+    elif stat_cpus() > logical:
+        over += (f" Other processes kept {others:.1f} of the {stat_cpus()} CPUs /proc/stat counts busy on average "
+                 f"during the series (this process may use {logical} of them).")
+    elif others + w > logical - 0.5:
+        over += (f" Other processes kept {others:.1f} of the {logical} logical CPUs busy on average during the "
+                 f"series, so the {w} workers shared cores with them: the extra work per sample and the waiting "
+                 "measure that sharing here more than memory bandwidth.")
+    else:
+        over += f" Other processes kept {others:.1f} of the {logical} logical CPUs busy on average during the series."
+    return (f"*{label}, W = {w}:* efficiency {tide[w].efficiency:.0%}. A worker's step took "
+            f"{bw['total']:.2f} ms in the trainer against an ideal {ideal:.2f} ms "
+            f"({'W = 1' if share == 1 else f'1/{w} of W = 1'}'s {b1['total']:.2f} ms); the "
+            f"{loss['total']:+.2f} ms divide into: {text}. Forward/backward work per sample is "
+            f"{work:.2f}× W = 1's.{over}")
+
+
+def section_scaling(run):
+    logical = logical_cpus()
+    physical = physical_cores()
+    most = run.args.max_workers or logical
+    ws = worker_counts(most)
+    series = [("(a) global batch fixed", lambda w: SCALING_GLOBAL_BATCH),
+              ("(b) per-worker batch fixed", lambda w: SCALING_PER_WORKER * w)]
+    rows, stage_rows, findings, torch_version = [], [], [], "?"
+    for label, global_batch in series:
+        sides, steps = {}, {}
+        for w in ws:
+            batch = global_batch(w)
+            steps[w] = run.steps(batch)
+            a = bench_vs_torch.parse_args([
+                "--model", "dlrm", "--batch-size", str(batch), "--workers", str(w), "--rounds", str(run.rounds),
+                "--steps", str(steps[w]), "--warmup", str(run.s.warmup), "--tiderec", run.args.tiderec,
+                "--python", run.args.python, "--timeout", str(run.args.timeout)])
+            sides[f"tiderec {w}"] = bench_vs_torch.tiderec_command(a)
+            sides[f"torch {w}"] = bench_vs_torch.torch_command(a)
+        before = cpu_reading()
+        rounds = run.alternate(sides)
+        others = other_cores(before, cpu_reading())
+        torch_version = rounds[0]["torch 1"].get("torch_version", torch_version)
+        tide, torch = scaling_series(rounds, ws, "tiderec"), scaling_series(rounds, ws, "torch")
+        micro = {w: global_batch(w) / w for w in ws}
+        breakdowns = {w: median_breakdown(rounds, f"tiderec {w}") for w in ws}
+        for w in ws:
+            t, p = tide[w], torch[w]
+            ratios = [x / y for x, y in zip(per_round(rounds, f"tiderec {w}"), per_round(rounds, f"torch {w}"))]
+            note = " (> physical cores)" if physical and w > physical else ""
+            rows.append([label, f"{w}{note}", num(global_batch(w)), num(micro[w]), steps[w],
+                         num(t.samples), ratio(t.speedup), f"**{t.efficiency:.0%}**",
+                         num(p.samples), ratio(p.speedup), f"**{p.efficiency:.0%}**",
+                         ratio(t.samples / p.samples), span(ratios),
+                         span([r["load"] for r in rounds], lambda v: f"{v:.1f}")])
+            b = breakdowns[w]
+            work = (b["forward/backward"] / micro[w]) / (breakdowns[1]["forward/backward"] / micro[1])
+            bytes_per_sample = statistics.median(per_round(rounds, f"tiderec {w}", "bytes_per_sample"))
+            stage_rows.append([label, w, num(micro[w]), num(b["total"], 2)]
+                              + [num(b[name], 2) for name, _ in STAGE_GROUPS]
+                              + [num(b["outside"], 2), f"{b['outside'] / b['total']:.0%}" if b["total"] else "n/a",
+                                 ratio(work), num(bytes_per_sample, 1)])
+        findings.append(scaling_findings(label, ws, micro, breakdowns, tide, physical, others, logical))
+    cores = f"{physical} physical cores" if physical else "physical cores unknown"
+    steps_note = (f"{run.s.warmup} warm-up steps, then {run.s.train_samples:,} samples' worth of timed steps "
+                  f"(at least {run.steps(10**9)}); torch {torch_version}.")
+    prose = PROSE["scaling"].format(ws=", ".join(map(str, ws)), logical=logical, physical=cores,
+                                    global_batch=SCALING_GLOBAL_BATCH, per_worker=SCALING_PER_WORKER,
+                                    steps_note=steps_note, findings="\n\n".join(findings))
+    scaling = table(["series", "W = workers = threads", "global batch", "per-worker batch", "timed steps",
+                     "tiderec samples/s (median)", "tiderec speed-up", "tiderec efficiency",
+                     "PyTorch samples/s (median)", "PyTorch speed-up", "PyTorch efficiency", "tiderec / PyTorch",
+                     "per round", "load (1 min) per round"], rows, right=range(2, 13))
+    stages = table(["series", "W", "per-worker batch", "ms per step in the trainer"]
+                   + [f"{name}, ms" for name, _ in STAGE_GROUPS]
+                   + ["outside the stages (rendezvous), ms", "outside / step", "work per sample vs W = 1",
+                      "bytes exchanged per sample"], stage_rows, right=range(1, 12))
+    return prose, scaling + "\n\n" + stages
 
 
 def roofline_command(run, rows):
@@ -711,6 +976,7 @@ def section_avx2(run):
 
 SECTIONS = [
     ("torch", section_torch),
+    ("scaling", section_scaling),
     ("gemm", section_gemm),
     ("bf16", section_bf16),
     ("gru", section_gru),
@@ -784,6 +1050,8 @@ def parse_args(argv=None):
                    help="file to write (default docs/benchmarks.md; standard output with --only); - for stdout")
     p.add_argument("--rounds", type=int, default=None, help="alternated rounds (default 3, --quick 1)")
     p.add_argument("--workers", type=int, default=1, help="tiderec workers = PyTorch threads of the training rows")
+    p.add_argument("--max-workers", type=int, default=None,
+                   help="largest W of the scaling section (default: the logical CPUs this process may use)")
     p.add_argument("--tiderec", default=os.path.join(ROOT, "target", "release", "tiderec"))
     p.add_argument("--baseline-bin", default=None,
                    help="the older tiderec binary the avx2 section compares with (without it, avx2 is left out)")
@@ -806,8 +1074,8 @@ def parse_args(argv=None):
         print("avx2: left out (no --baseline-bin)", file=sys.stderr)
     if a.output is None:
         a.output = "-" if a.only is not None else os.path.join(ROOT, "docs", "benchmarks.md")
-    if (a.rounds is not None and a.rounds < 1) or a.workers < 1:
-        p.error("--rounds and --workers must be positive")
+    if (a.rounds is not None and a.rounds < 1) or a.workers < 1 or (a.max_workers is not None and a.max_workers < 1):
+        p.error("--rounds, --workers and --max-workers must be positive")
     return a
 
 

@@ -151,3 +151,102 @@ fn the_avx2_section_needs_a_baseline_binary() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("section avx2 needs --baseline-bin"));
 }
+
+/// Every data row of the table whose header contains `column`: its header cells and its rows' cells.
+fn table_rows<'a>(doc: &'a str, column: &str) -> (Vec<&'a str>, Vec<Vec<&'a str>>) {
+    let lines: Vec<&str> = doc.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with('|') && l.contains(column))
+        .unwrap_or_else(|| panic!("no table with a `{column}` column:\n{doc}"));
+    let cells = |l: &'a str| l.trim().trim_matches('|').split('|').map(str::trim).collect::<Vec<_>>();
+    let rows = lines[at + 2..].iter().take_while(|l| l.starts_with('|')).map(|l| cells(l)).collect();
+    (cells(lines[at]), rows)
+}
+
+/// A cell such as `**1.31×**`, `1,024`, `87%` or `12.5` as a number.
+fn number(cell: &str) -> f64 {
+    let bare = cell.trim_matches('*').trim_end_matches(['×', '%']).replace(',', "");
+    bare.parse().unwrap_or_else(|_| panic!("`{cell}` is not a number"))
+}
+
+/// The scaling section: for W = 1 and 2, both series, tiderec's and PyTorch's samples/s,
+/// speed-up over W = 1 and efficiency (speed-up / W), and the stage breakdown of
+/// tiderec's steps from `bench dlrm --json`'s stage clock.
+#[test]
+fn the_scaling_section_reports_speed_up_efficiency_and_the_stage_breakdown() {
+    match Command::new("python3").args(["-c", "import torch"]).output() {
+        Ok(o) if o.status.success() => {}
+        _ => return skip::cannot_run("python3 cannot import torch (the scaling section runs PyTorch)"),
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("benchmarks.md");
+    let Some((run, doc)) = generate(&["--only", "scaling", "--max-workers", "2"], &out) else { return };
+    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+    assert!(doc.contains("## Scaling: W workers against PyTorch with W threads"), "{doc}");
+
+    let (header, rows) = table_rows(&doc, "tiderec efficiency");
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no `{name}`: {header:?}"));
+    assert_eq!(rows.len(), 4, "two series × W = 1, 2:\n{doc}");
+    let expected =
+        [("(a)", 1, 2048.0, 2048.0), ("(a)", 2, 2048.0, 1024.0), ("(b)", 1, 512.0, 512.0), ("(b)", 2, 1024.0, 512.0)];
+    for (row, (series, w, global, micro)) in rows.iter().zip(expected) {
+        assert!(row[0].starts_with(series), "{row:?}");
+        assert_eq!(number(row[col("W = workers = threads")].split(' ').next().unwrap()), w as f64, "{row:?}");
+        assert_eq!(number(row[col("global batch")]), global, "{row:?}");
+        assert_eq!(number(row[col("per-worker batch")]), micro, "{row:?}");
+        for side in ["tiderec", "PyTorch"] {
+            let samples = number(row[col(&format!("{side} samples/s (median)"))]);
+            let speedup = number(row[col(&format!("{side} speed-up"))]);
+            let efficiency = number(row[col(&format!("{side} efficiency"))]);
+            assert!(samples > 0.0, "{row:?}");
+            if w == 1 {
+                assert_eq!((speedup, efficiency), (1.0, 100.0), "{side}: W = 1 is its own baseline: {row:?}");
+            }
+            // Efficiency is speed-up / W (both cells rounded).
+            assert!((efficiency - 100.0 * speedup / w as f64).abs() <= 1.0, "{side}: {row:?}");
+        }
+        let ratio = number(row[col("tiderec / PyTorch")]);
+        let expect = number(row[col("tiderec samples/s (median)")]) / number(row[col("PyTorch samples/s (median)")]);
+        assert!((ratio - expect).abs() <= 0.01 + 1e-3 * expect, "{row:?}");
+    }
+
+    let (header, rows) = table_rows(&doc, "ms per step in the trainer");
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no `{name}`: {header:?}"));
+    assert_eq!(rows.len(), 4, "{doc}");
+    for row in &rows {
+        let total = number(row[col("ms per step in the trainer")]);
+        let parts: f64 = [
+            "forward/backward, ms",
+            "lookups (plan, serve), ms",
+            "apply gradients (reduce), ms",
+            "gather dense slices, ms",
+            "outside the stages (rendezvous), ms",
+        ]
+        .iter()
+        .map(|c| number(row[col(c)]))
+        .sum();
+        assert!(total > 0.0 && number(row[col("forward/backward, ms")]) > 0.0, "{row:?}");
+        // The parts are the step: stages plus the time outside them (six cells, each rounded to 0.01 ms).
+        assert!((parts - total).abs() <= 6.0 * 0.005 + 1e-9, "parts {parts} vs step {total}: {row:?}");
+        let bytes = number(row[col("bytes exchanged per sample")]);
+        if row[1] == "1" {
+            assert_eq!(bytes, 0.0, "one worker exchanges nothing: {row:?}");
+            assert_eq!(number(row[col("work per sample vs W = 1")]), 1.0, "{row:?}");
+        } else {
+            assert!(bytes > 0.0, "two workers exchange rows and gradients: {row:?}");
+        }
+    }
+    for series in ["(a) global batch fixed, W = 2:* efficiency", "(b) per-worker batch fixed, W = 2:* efficiency"] {
+        assert!(doc.contains(series), "no finding `{series}`:\n{doc}");
+    }
+}
+
+#[test]
+fn the_scaling_section_refuses_a_zero_worker_count() {
+    let Some(mut py) = python3() else { return };
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/benchmarks.py");
+    let out = py.arg(script).args(["--only", "scaling", "--max-workers", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-workers"), "{out:?}");
+}

@@ -5,8 +5,10 @@
 //! Every stage after the lookups is a rendezvous ([`rendezvous_stage`]): it
 //! routes each message to its receiver, waits until all `W` messages of a
 //! step are in, combines them in sender order and counts the bytes of what it
-//! sends to other workers.
+//! sends to other workers. Every stage's work is timed on the worker's
+//! [`StepTimes`] clock.
 
+use super::clock::{timed, Stage, StepTimes};
 use super::home::Home;
 use super::messages::Routed;
 use super::owner::Owner;
@@ -39,6 +41,7 @@ pub(super) struct Shared {
     pub(super) outcome: Rc<RefCell<Outcome>>,
     pub(super) eval: Rc<RefCell<EvalSet>>,
     pub(super) bytes: Rc<RefCell<ByteLedger>>,
+    pub(super) clock: Rc<RefCell<StepTimes>>,
 }
 
 type Messages<'scope, M> = Stream<'scope, u64, Vec<M>>;
@@ -54,7 +57,7 @@ pub(super) fn build(worker: &mut Worker, shared: &Shared, deep_partial: bool) ->
         let replies = serve_lookups(requests, shared, deep_partial, serve_waker.clone());
 
         let s = shared.clone();
-        let mut gradients = rendezvous_stage(replies, "ForwardBackward", workers, &shared.bytes, move |t, replies| {
+        let mut gradients = rendezvous_stage(replies, Stage::ForwardBackward, workers, shared, move |t, replies| {
             let before = s.bytes.borrow().before(t);
             let owner = s.owner.borrow();
             s.home.borrow_mut().compute(&mut s.dense.borrow_mut(), replies, owner.rows(), before)
@@ -65,13 +68,13 @@ pub(super) fn build(worker: &mut Worker, shared: &Shared, deep_partial: bool) ->
         // worker sends its dense gradient, which therefore travels one stage later.
         if deep_partial {
             let s = shared.clone();
-            gradients = rendezvous_stage(gradients, "PartialBackward", workers, &shared.bytes, move |_, messages| {
+            gradients = rendezvous_stage(gradients, Stage::PartialBackward, workers, shared, move |_, messages| {
                 s.owner.borrow_mut().partial_backward(&mut s.dense.borrow_mut(), messages)
             });
         }
 
         let s = shared.clone();
-        let updates = rendezvous_stage(gradients, "ApplyGradients", workers, &shared.bytes, move |_, mut messages| {
+        let updates = rendezvous_stage(gradients, Stage::Apply, workers, shared, move |_, mut messages| {
             let mut owner = s.owner.borrow_mut();
             if deep_partial {
                 messages = owner.with_held_messages(messages);
@@ -87,22 +90,26 @@ pub(super) fn build(worker: &mut Worker, shared: &Shared, deep_partial: bool) ->
 /// Each command becomes one lookup request per owner.
 fn plan_lookups<'scope>(commands: Messages<'scope, Command>, s: &Shared) -> Messages<'scope, LookupRequest> {
     let s = s.clone();
-    commands.unary::<CapacityContainerBuilder<Vec<LookupRequest>>, _, _, _>(Pipeline, "PlanLookups", move |_, _| {
-        move |input, output| {
-            input.for_each(|cap, data: &mut Vec<Command>| {
-                let t = *cap.least().expect("a message has a time");
-                let mut session = output.session(&cap);
-                for command in data.drain(..) {
-                    let requests = {
-                        let owner = s.owner.borrow();
-                        s.home.borrow_mut().plan(&s.dense.borrow(), command, owner.rows().replicas())
-                    };
-                    s.bytes.borrow_mut().count(t, &requests);
-                    session.give_iterator(requests.into_iter());
-                }
-            });
-        }
-    })
+    commands.unary::<CapacityContainerBuilder<Vec<LookupRequest>>, _, _, _>(
+        Pipeline,
+        Stage::Plan.name(),
+        move |_, _| {
+            move |input, output| {
+                input.for_each(|cap, data: &mut Vec<Command>| {
+                    let t = *cap.least().expect("a message has a time");
+                    let mut session = output.session(&cap);
+                    for command in data.drain(..) {
+                        let requests = timed(&s.clock, Stage::Plan, || {
+                            let owner = s.owner.borrow();
+                            s.home.borrow_mut().plan(&s.dense.borrow(), command, owner.rows().replicas())
+                        });
+                        s.bytes.borrow_mut().count(t, &requests);
+                        session.give_iterator(requests.into_iter());
+                    }
+                });
+            }
+        },
+    )
 }
 
 /// Owners answer each request as it arrives.
@@ -119,15 +126,17 @@ fn serve_lookups<'scope>(
     let (s, scope) = (s.clone(), requests.scope());
     requests.unary::<CapacityContainerBuilder<Vec<LookupReply>>, _, _, _>(
         Exchange::new(|r: &LookupRequest| r.to as u64),
-        "ServeLookups",
+        Stage::Serve.name(),
         move |_, info| {
             *waker.borrow_mut() = Some(scope.activator_for(info.address.clone()));
             let mut deferred: Vec<(Capability<u64>, LookupRequest)> = Vec::new();
             move |input, output| {
                 let serve = |t: u64, requests: Vec<LookupRequest>| {
-                    let mut owner = s.owner.borrow_mut();
-                    let dense = s.dense.borrow();
-                    let replies: Vec<LookupReply> = requests.into_iter().map(|r| owner.serve(r, t, &dense)).collect();
+                    let replies: Vec<LookupReply> = timed(&s.clock, Stage::Serve, || {
+                        let mut owner = s.owner.borrow_mut();
+                        let dense = s.dense.borrow();
+                        requests.into_iter().map(|r| owner.serve(r, t, &dense)).collect()
+                    });
                     s.bytes.borrow_mut().count(t, &replies);
                     replies
                 };
@@ -164,26 +173,28 @@ fn gather_params(
 ) {
     let s = s.clone();
     let mut stash = Rendezvous::<ParamUpdate>::new(workers);
-    updates.sink(Exchange::new(|u: &ParamUpdate| u.to as u64), "GatherParams", move |(input, _frontier)| {
+    updates.sink(Exchange::new(|u: &ParamUpdate| u.to as u64), Stage::Gather.name(), move |(input, _frontier)| {
         on_complete(input, &mut stash, |_, t, updates| {
-            let mut stats = StepStats::default();
-            let mut non_finite = 0;
-            let mut dense = s.dense.borrow_mut();
-            for u in &updates {
-                if !u.values.is_empty() {
-                    dense.write(u.offset as usize, &u.values);
+            timed(&s.clock, Stage::Gather, || {
+                let mut stats = StepStats::default();
+                let mut non_finite = 0;
+                let mut dense = s.dense.borrow_mut();
+                for u in &updates {
+                    if !u.values.is_empty() {
+                        dense.write(u.offset as usize, &u.values);
+                    }
+                    if u.from == 0 {
+                        stats = u.stats;
+                    }
+                    non_finite += u.stats.non_finite;
                 }
-                if u.from == 0 {
-                    stats = u.stats;
+                stats.non_finite = non_finite;
+                s.bytes.borrow_mut().settle(t + 1);
+                s.outcome.borrow_mut().complete(t, stats);
+                if let Some(waker) = serve_waker.borrow().as_ref() {
+                    waker.activate();
                 }
-                non_finite += u.stats.non_finite;
-            }
-            stats.non_finite = non_finite;
-            s.bytes.borrow_mut().settle(t + 1);
-            s.outcome.borrow_mut().complete(t, stats);
-            if let Some(waker) = serve_waker.borrow().as_ref() {
-                waker.activate();
-            }
+            })
         });
     });
 }
@@ -193,20 +204,20 @@ fn gather_params(
 /// shell counts and sends under the step's capability.
 fn rendezvous_stage<'scope, I: Routed, O: Routed>(
     messages: Messages<'scope, I>,
-    name: &str,
+    stage: Stage,
     workers: usize,
-    bytes: &Rc<RefCell<ByteLedger>>,
+    shared: &Shared,
     mut work: impl FnMut(u64, Vec<I>) -> Vec<O> + 'static,
 ) -> Messages<'scope, O> {
-    let bytes = bytes.clone();
+    let (bytes, clock) = (shared.bytes.clone(), shared.clock.clone());
     let mut stash = Rendezvous::<I>::new(workers);
     messages.unary::<CapacityContainerBuilder<Vec<O>>, _, _, _>(
         Exchange::new(|m: &I| m.route().1 as u64),
-        name,
+        stage.name(),
         move |_, _| {
             move |input, output| {
                 on_complete(input, &mut stash, |cap, t, messages| {
-                    let sent = work(t, messages);
+                    let sent = timed(&clock, stage, || work(t, messages));
                     bytes.borrow_mut().count(t, &sent);
                     output.session(cap).give_iterator(sent.into_iter());
                 })

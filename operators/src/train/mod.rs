@@ -34,7 +34,8 @@
 //! forward pass reads the owner's rows only through the read-only view
 //! `LocalRows` (replicated rows, first-layer weights, the rows' sum of
 //! squares) that the owner hands out. Everything else between them travels
-//! as the messages of `messages.rs`. `sync.rs` holds the rendezvous, the byte
+//! as the messages of `messages.rs`. `clock.rs` times each stage of a step
+//! ([`Trainer::step_times`]). `sync.rs` holds the rendezvous, the byte
 //! ledger and the step outcome; where rows and dense slices live is decided
 //! only by [`crate::routing`]; this file checks the configuration, builds
 //! the parts and drives the steps.
@@ -71,6 +72,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use timely::worker::Worker;
 
+mod clock;
 mod dataflow;
 mod home;
 mod messages;
@@ -80,6 +82,7 @@ mod shared;
 mod sync;
 
 pub use crate::routing::dense_slice;
+pub use clock::StepTimes;
 use dataflow::{CommandInput, Shared};
 use home::Home;
 pub use messages::{GradientMessage, LookupReply, LookupRequest, ParamUpdate};
@@ -365,13 +368,16 @@ impl Trainer {
     }
 
     fn run(&mut self, worker: &mut Worker, command: Command) -> StepStats {
-        self.input.send(command);
-        self.step += 1;
-        self.input.advance_to(self.step);
-        while self.shared.outcome.borrow().completed() < self.step {
-            worker.step();
-        }
-        self.shared.outcome.borrow().stats()
+        let clock = self.shared.clock.clone();
+        clock::timed_step(&clock, || {
+            self.input.send(command);
+            self.step += 1;
+            self.input.advance_to(self.step);
+            while self.shared.outcome.borrow().completed() < self.step {
+                worker.step();
+            }
+            self.shared.outcome.borrow().stats()
+        })
     }
 
     /// A batch with no samples and the model's shape.
@@ -462,6 +468,12 @@ impl Trainer {
     /// (the same figure whatever the timing of the other workers).
     pub fn bytes_sent(&self) -> u64 {
         self.shared.bytes.borrow().before(self.step)
+    }
+
+    /// Seconds this worker spent in its steps so far, in all and inside each
+    /// stage of the dataflow; `StepTimes::since` of two readings times the steps between them.
+    pub fn step_times(&self) -> StepTimes {
+        *self.shared.clock.borrow()
     }
 
     /// Number of embedding rows this worker owns.
@@ -565,5 +577,6 @@ fn shared_state(
         outcome: Rc::default(),
         eval: Rc::default(),
         bytes: Rc::default(),
+        clock: Rc::default(),
     })
 }

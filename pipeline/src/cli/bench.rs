@@ -41,7 +41,7 @@ pub fn kaggle_dlrm() -> ModelConfig {
 }
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::rng::unit_f64;
-use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+use tiderec_operators::train::{StepKind, StepTimes, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 
 /// Settings of `tiderec bench dlrm`.
@@ -89,6 +89,10 @@ pub struct DlrmBenchResult {
     pub steps: u64,
     /// Bytes exchanged between workers per sample.
     pub bytes_per_sample: f64,
+    /// Per worker, in worker order: milliseconds per timed step inside the trainer
+    /// (`total`) and inside each stage of the dataflow; `total` less the stages is the
+    /// time outside them (waiting at rendezvous, moving messages, timely's scheduling).
+    pub stage_ms: Vec<StepTimes>,
     /// Dense (model) parameters.
     pub dense_params: u64,
     /// Embedding parameters: rows of every table times the row width.
@@ -174,23 +178,26 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
             Ok::<_, PipelineError>(last)
         };
         run(bench.warmup_steps, &mut trainer, worker)?;
-        let before = trainer.bytes_sent();
+        let (before, clock) = (trainer.bytes_sent(), trainer.step_times());
         let start = Instant::now();
         let stats = run(bench.steps, &mut trainer, worker)?;
         let secs = start.elapsed().as_secs_f64();
-        Ok::<_, PipelineError>((secs, stats, trainer.bytes_sent() - before, trainer.dense_params().len()))
+        let stages = trainer.step_times().since(&clock).scaled(1e3 / bench.steps as f64);
+        Ok::<_, PipelineError>((secs, stats, trainer.bytes_sent() - before, trainer.dense_params().len(), stages))
     })
     .map_err(|e| PipelineError::dataflow(DataflowFailure::Start, "cannot start timely workers").with_source(e))?;
     let mut secs = 0.0f64;
     let mut bytes = 0u64;
     let mut dense_params = 0;
+    let mut stage_ms = Vec::with_capacity(bench.workers);
     for r in guards.join() {
-        let (s, _stats, b, p) = r.map_err(|panic| {
+        let (s, _stats, b, p, stages) = r.map_err(|panic| {
             PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked").with_source(panic)
         })??;
         secs = secs.max(s);
         bytes += b;
         dense_params = p as u64;
+        stage_ms.push(stages);
     }
     let samples = bench.steps * bench.batch_size as u64;
     Ok(DlrmBenchResult {
@@ -203,6 +210,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         cpu_features: tiderec_operators::nn::kernel_choice::cpu_features_line(),
         steps: bench.steps,
         bytes_per_sample: bytes as f64 / samples as f64,
+        stage_ms,
         dense_params,
         embedding_params,
         gru: match &bench.model {

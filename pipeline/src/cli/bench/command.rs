@@ -582,6 +582,19 @@ fn run_training(model: ModelConfig, a: DlrmArgs) -> anyhow::Result<()> {
             r.steps,
             r.bytes_per_sample
         );
+        let mean = |f: fn(&tiderec_operators::train::StepTimes) -> f64| {
+            r.stage_ms.iter().map(f).sum::<f64>() / r.stage_ms.len().max(1) as f64
+        };
+        println!(
+            "  per step and worker: {:.2} ms in the trainer: forward/backward {:.2}, lookups planned and served \
+             {:.2}, gradients applied {:.2}, dense slices gathered {:.2}, outside the stages (rendezvous) {:.2}",
+            mean(|t| t.total),
+            mean(|t| t.forward_backward + t.partial_backward),
+            mean(|t| t.plan + t.serve),
+            mean(|t| t.apply),
+            mean(|t| t.gather),
+            mean(|t| t.outside())
+        );
         if let Some(g) = &r.gru {
             println!(
                 "  its GRU (batch {}, {} steps, {}→{}): split cell {:.0} seq/s, unsplit {:.0} seq/s, {:.2}×",
