@@ -196,8 +196,9 @@ as an owner), applying gradients as an owner (summing the W workers' gradient me
 the row updates and the dense optimizer on the worker's 1/W slice: the reduce half of
 the dense all-reduce) and gathering the updated dense slices (its gather half); the step
 time outside every stage is waiting at the rendezvous for the other workers, moving
-messages and timely's scheduling (a waiting worker keeps stepping its dataflow without
-parking, so its wait also occupies a core). The second table is the medians over the rounds of the
+messages and timely's scheduling (a waiting worker parks its thread until a message
+arrives, at most a millisecond at a time, so its wait leaves the core to the others).
+The second table is the medians over the rounds of the
 mean over the workers. *Work per sample vs W = 1* is forward/backward worker-milliseconds
 per sample against W = 1: above 1.00× in series (b), where each worker's work is that of
 W = 1, it is contention between the workers for what they share (memory bandwidth,

@@ -368,13 +368,17 @@ impl Trainer {
     }
 
     fn run(&mut self, worker: &mut Worker, command: Command) -> StepStats {
+        const PARK: std::time::Duration = std::time::Duration::from_millis(1);
         let clock = self.shared.clock.clone();
         clock::timed_step(&clock, || {
             self.input.send(command);
             self.step += 1;
             self.input.advance_to(self.step);
             while self.shared.outcome.borrow().completed() < self.step {
-                worker.step();
+                // Park while waiting for the other workers (a message wakes the thread), so a
+                // waiting worker leaves its core to the others; at most `PARK` at a time, so a
+                // wake-up that never comes costs a poll, never a hang.
+                worker.step_or_park(Some(PARK));
             }
             self.shared.outcome.borrow().stats()
         })
