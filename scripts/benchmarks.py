@@ -116,7 +116,8 @@ still prints `params L2 93.513989`. Nothing is cached between runs.
 
 The backward products (`dW = dyᵀ·x`, `dx = dy·W`) add in matrixmultiply's order: their
 candidates are matrixmultiply itself (which picks its own AVX2 or AVX-512 kernel) and the
-packed kernels run in matrixmultiply's summation order (`gemm_packed::gemm_packed_mm_order`:
+packed kernels run in matrixmultiply's summation order (`gemm_packed::gemm_mm_order_in_place`,
+reading `x` and `W` where they lie, with no per-step copy:
 each entry a chain of fused multiply-adds from zero over runs of 256 reduction steps, the
 runs added to the output in order), so the measurement picks among results equal bit for
 bit (test `gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`). Matrix–vector

@@ -76,6 +76,9 @@ impl<T: Scalar> PackedRhs<T> {
     /// first: a per-step weight re-pack costs one pass over the weight.
     pub fn pack(&mut self, op: Op, k: usize, n: usize, b: &[T]) {
         assert!(b.len() >= k * n, "PackedRhs: b has {} values, needs {}", b.len(), k * n);
+        if op == Op::N {
+            return self.pack_columns(k, 0, n, b, n);
+        }
         self.k = k;
         self.n = n;
         let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
@@ -88,18 +91,40 @@ impl<T: Scalar> PackedRhs<T> {
             let width = pw.min(n - first);
             let panel = &mut self.panels[start..start + k * pw];
             start += k * pw;
-            match op {
-                Op::N => {
-                    for (p, row) in panel.chunks_exact_mut(pw).enumerate() {
-                        row[..width].copy_from_slice(&b[p * n + first..p * n + first + width]);
-                    }
-                }
-                Op::T => T::pack_transposed(b, k, first, width, pw, panel),
-            }
+            T::pack_transposed(b, k, first, width, pw, panel);
             if width < pw {
                 for row in panel.chunks_exact_mut(pw) {
                     row[width..].fill(T::ZERO);
                 }
+            }
+        }
+    }
+
+    /// Packs columns `first .. first + n` of the `k` rows of `b`, rows `ldb`
+    /// apart ([`Op::N`]'s packing of a block of a stored matrix: the last
+    /// columns that [`gemm_mm_order_in_place`] cannot read in place).
+    ///
+    /// # Panics
+    /// When `b` is shorter than its shape requires or `first + n > ldb`.
+    pub(crate) fn pack_columns(&mut self, k: usize, first: usize, n: usize, b: &[T], ldb: usize) {
+        assert!(first + n <= ldb, "PackedRhs: columns {first}..{} past a row of {ldb}", first + n);
+        assert!(k == 0 || b.len() >= (k - 1) * ldb + first + n, "PackedRhs: b too short");
+        self.k = k;
+        self.n = n;
+        let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
+        if self.panels.len() < total {
+            self.panels.resize(total, T::ZERO);
+        }
+        self.panels.truncate(total);
+        let mut start = 0;
+        for (f, pw) in panels(n) {
+            let width = pw.min(n - f);
+            let panel = &mut self.panels[start..start + k * pw];
+            start += k * pw;
+            for (p, row) in panel.chunks_exact_mut(pw).enumerate() {
+                let at = p * ldb + first + f;
+                row[..width].copy_from_slice(&b[at..at + width]);
+                row[width..].fill(T::ZERO);
             }
         }
     }
@@ -152,40 +177,91 @@ pub(crate) fn gemm_packed_with<T: Scalar>(
     let k = b.k;
     assert!(m == 0 || b.n == 0 || lda >= k, "gemm_packed: stride {lda} shorter than a row of {k}");
     let chunk = k.div_ceil(k.max(1).div_ceil(K_CHUNK_MAX)).max(1);
-    gemm_packed_chunks(m, a, lda, 1, b, accumulate, c, ldc, chunk, &mut panel_product)
+    gemm_packed_chunks(m, a, lda, 1, Panels::Packed(b), accumulate, c, ldc, chunk, &mut panel_product)
 }
 
 /// Reduction steps per pass of matrixmultiply's `f32` kernels (its `kc`, 256
 /// unless the crate was built with `MATMUL_SGEMM_KC` set):
-/// [`gemm_packed_mm_order`] splits the sums where matrixmultiply does.
+/// [`gemm_mm_order_in_place`] splits the sums where matrixmultiply does.
 pub(crate) const MM_KC: usize = 256;
 
 /// `c[m×n] = op(a) · b` (overwriting `c`) in the summation order of
 /// matrixmultiply's fused multiply-add kernels: every entry is a chain of
 /// fused multiply-adds from zero over each run of [`MM_KC`] reduction steps,
-/// the runs' sums added to `c` in order. `b` is packed (`k × n`); `op(a)` is
-/// `m × k`, read where it lies: row `i`, step `p` at `a[i·lda + p·a_step]`
-/// (`lda = k, a_step = 1` for `a` stored `m × k`; `lda = 1, a_step = m` for
-/// `a` stored `k × m`, a weight gradient's `dyᵀ`).
+/// the runs' sums added to `c` in order. `b` (`k × n`, rows `ldb` apart) is
+/// read where it lies, with no copy (a layer's weight in the backward
+/// `dx = dy·W`, its input in `dW = dyᵀ·x`): every full panel is read in
+/// place; a last panel narrower than its width (`n` not a multiple of eight)
+/// is packed into `tail` (`k` rows of at most 40 values), since reading it in
+/// place would read past the end of `b`. `op(a)` is `m × k`, read where it
+/// lies: row `i`, step `p` at `a[i·lda + p·a_step]` (`lda = k, a_step = 1`
+/// for `a` stored `m × k`; `lda = 1, a_step = m` for `a` stored `k × m`, a
+/// weight gradient's `dyᵀ`).
 ///
 /// The results equal `gemm(op, Op::N, …, beta = 0)` bit for bit wherever
 /// matrixmultiply runs an FMA kernel (x86-64 with FMA or AVX-512) and
 /// `m, n > 1` (`tests::mm_order_equals_matrixmultiply_bit_for_bit`).
 ///
 /// # Panics
-/// When an operand is shorter than its shape requires, or the CPU does not run `kernel`.
+/// When an operand is shorter than its shape requires, `ldb < n`, or the CPU does not run `kernel`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_packed_mm_order(
+pub(crate) fn gemm_mm_order_in_place(
     kernel: PanelKernel,
     m: usize,
     a: &[f32],
     lda: usize,
     a_step: usize,
-    b: &PackedRhs<f32>,
+    (k, n, b, ldb): (usize, usize, &[f32], usize),
+    tail: &mut PackedRhs<f32>,
     c: &mut [f32],
     ldc: usize,
 ) {
-    gemm_packed_chunks(m, a, lda, a_step, b, false, c, ldc, MM_KC, &mut |p| packed_panel_f32_with(kernel, p))
+    assert!(ldb >= n, "gemm_mm_order_in_place: stride {ldb} shorter than a row of {n}");
+    assert!(k == 0 || n == 0 || b.len() >= (k - 1) * ldb + n, "gemm_mm_order_in_place: b too short");
+    let (last_first, last_pw) = panels(n).last().unwrap_or((0, 0));
+    let tail_first = if n - last_first < last_pw {
+        tail.pack_columns(k, last_first, n - last_first, b, ldb);
+        last_first
+    } else {
+        n
+    };
+    let panels = Panels::InPlace { k, n, b, ldb, tail, tail_first };
+    gemm_packed_chunks(m, a, lda, a_step, panels, false, c, ldc, MM_KC, &mut |p| packed_panel_f32_with(kernel, p))
+}
+
+/// The right-hand operand of [`gemm_packed_chunks`]: where each panel's rows are.
+#[derive(Clone, Copy)]
+enum Panels<'a, T> {
+    /// Packed: a panel's `k` rows of `pw` values lie contiguously.
+    Packed(&'a PackedRhs<T>),
+    /// `b` (`k × n`) as stored, rows `ldb` apart; the panel from column
+    /// `tail_first` on (if any) is `tail`, packed.
+    InPlace { k: usize, n: usize, b: &'a [T], ldb: usize, tail: &'a PackedRhs<T>, tail_first: usize },
+}
+
+impl<'a, T> Panels<'a, T> {
+    /// `(k, n)`.
+    fn shape(&self) -> (usize, usize) {
+        match *self {
+            Panels::Packed(b) => (b.k, b.n),
+            Panels::InPlace { k, n, .. } => (k, n),
+        }
+    }
+
+    /// Reduction steps `k0 .. k0 + kc` of the panel starting at column `first`
+    /// (`pw` wide), and the stride between its rows.
+    #[inline]
+    fn rows(&self, first: usize, pw: usize, k0: usize, kc: usize) -> (&'a [T], usize) {
+        match *self {
+            // The panels before `first` hold `first` columns of `k` rows.
+            Panels::Packed(b) => {
+                let at = b.k * first;
+                (&b.panels[at + k0 * pw..at + (k0 + kc) * pw], pw)
+            }
+            Panels::InPlace { tail, tail_first, .. } if first == tail_first => Panels::Packed(tail).rows(0, pw, k0, kc),
+            Panels::InPlace { b, ldb, .. } => (&b[k0 * ldb + first..(k0 + kc - 1) * ldb + first + pw], ldb),
+        }
+    }
 }
 
 /// The body of the packed products: `chunk` reduction steps per pass.
@@ -195,14 +271,14 @@ fn gemm_packed_chunks<T: Scalar>(
     a: &[T],
     lda: usize,
     a_step: usize,
-    b: &PackedRhs<T>,
+    b: Panels<'_, T>,
     accumulate: bool,
     c: &mut [T],
     ldc: usize,
     chunk: usize,
     panel_product: &mut impl FnMut(PanelProduct<'_, T>),
 ) {
-    let (k, n) = (b.k, b.n);
+    let (k, n) = b.shape();
     if m == 0 || n == 0 {
         return;
     }
@@ -230,10 +306,8 @@ fn gemm_packed_chunks<T: Scalar>(
         for g in (0..m).step_by(GROUP_ROWS) {
             let group = GROUP_ROWS.min(m - g);
             let a = &a[g * lda + k0 * a_step..(g + group - 1) * lda + (k0 + kc - 1) * a_step + 1];
-            let mut at = 0;
             for (first, pw) in panels(n) {
-                let panel = &b.panels[at + k0 * pw..at + (k0 + kc) * pw];
-                at += k * pw;
+                let (panel, panel_rs) = b.rows(first, pw, k0, kc);
                 let width = pw.min(n - first);
                 let c = &mut c[g * ldc + first..];
                 panel_product(PanelProduct {
@@ -243,7 +317,7 @@ fn gemm_packed_chunks<T: Scalar>(
                     lda,
                     a_step,
                     panel,
-                    panel_rs: pw,
+                    panel_rs,
                     pw,
                     c,
                     ldc,
@@ -997,32 +1071,79 @@ mod tests {
     /// The backward products on the packed kernels against matrixmultiply
     /// itself: equal bit for bit on both layouts of `a`, on shapes with one to
     /// three runs of [`MM_KC`] reduction steps and edge rows and columns, with
-    /// every vector kernel.
+    /// every vector kernel, `b` read in place with rows exactly `n` apart and
+    /// with NaN-filled gaps between rows (which must never reach `c`), ending
+    /// where its last row ends (a read past it panics), and one `tail` buffer
+    /// reused across shapes.
     #[test]
     fn mm_order_equals_matrixmultiply_bit_for_bit() {
         if !f32::packed_panel_is_vectorized() {
             eprintln!("no vector packed kernel on this CPU: the packed backward products are not used");
             return;
         }
-        for (m, n, k) in
-            [(2, 2, 1), (64, 512, 256), (256, 512, 64), (17, 33, 255), (16, 13, 257), (40, 367, 512), (5, 16, 700)]
-        {
+        let mut tail = PackedRhs::default();
+        for (m, n, k) in [
+            (2, 2, 1),
+            (64, 512, 256),
+            (256, 512, 64),
+            (17, 33, 255),
+            (16, 13, 257),
+            (40, 367, 512),
+            (5, 16, 700),
+            (9, 47, 30),
+            (128, 367, 64),
+        ] {
             let val = |i: usize| (tiderec_records::rng::unit_f64(21, i as u64, 0, 0) - 0.5) as f32;
             let b: Vec<f32> = (0..k * n).map(|i| val(i + 7_000_000)).collect();
-            let packed = PackedRhs::new(Op::N, k, n, &b);
             for op in [Op::N, Op::T] {
                 let a: Vec<f32> = (0..m * k).map(val).collect();
                 let mut want = vec![f32::NAN; m * n];
                 crate::gemm::gemm(op, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut want);
                 let (lda, a_step) = if op == Op::N { (k, 1) } else { (1, m) };
-                for &kernel in PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable) {
-                    let mut got = vec![f32::NAN; m * n];
-                    gemm_packed_mm_order(kernel, m, &a, lda, a_step, &packed, &mut got, n);
-                    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-                        assert!(x.to_bits() == y.to_bits(), "{kernel:?} {op:?} {m}x{n}x{k} [{i}]: {x} vs {y}");
+                for gap in [0, 5] {
+                    let ldb = n + gap;
+                    let mut strided = vec![f32::NAN; (k - 1) * ldb + n];
+                    for p in 0..k {
+                        strided[p * ldb..p * ldb + n].copy_from_slice(&b[p * n..(p + 1) * n]);
+                    }
+                    for &kernel in PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable) {
+                        let mut got = vec![f32::NAN; m * n];
+                        gemm_mm_order_in_place(
+                            kernel,
+                            m,
+                            &a,
+                            lda,
+                            a_step,
+                            (k, n, &strided, ldb),
+                            &mut tail,
+                            &mut got,
+                            n,
+                        );
+                        for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                x.to_bits() == y.to_bits(),
+                                "{kernel:?} {op:?} {m}x{n}x{k} ldb {ldb} [{i}]: {x} vs {y}"
+                            );
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// Packing a block of columns of a strided matrix gives the panels that
+    /// packing those columns as a matrix of their own gives.
+    #[test]
+    fn packing_columns_equals_packing_the_block() {
+        let (k, ldb) = (11, 60);
+        let b: Vec<f32> = (0..k * ldb).map(|i| i as f32).collect();
+        let mut packed = PackedRhs::default();
+        packed.pack(Op::N, 30, 100, &vec![7.0f32; 3000]);
+        for (first, n) in [(0, 60), (53, 7), (20, 33), (59, 1)] {
+            let block: Vec<f32> = (0..k).flat_map(|p| b[p * ldb + first..p * ldb + first + n].to_vec()).collect();
+            packed.pack_columns(k, first, n, &b, ldb);
+            let want = PackedRhs::new(Op::N, k, n, &block);
+            assert_eq!((packed.k, packed.n, &packed.panels), (want.k, want.n, &want.panels), "columns {first}+{n}");
         }
     }
 

@@ -15,7 +15,7 @@
 //!
 //! The backward products (`dW = dyᵀ·x`, `dx = dy·W`) are matrixmultiply's
 //! sums. Their candidates are matrixmultiply itself and the packed kernels run
-//! in matrixmultiply's summation order (`gemm_packed_mm_order`: the same
+//! in matrixmultiply's summation order (`gemm_mm_order_in_place`: the same
 //! chains of fused multiply-adds over the same runs of 256 steps), equal to it
 //! bit for bit (`gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`);
 //! [`choose_backward_kernels`] picks the fastest.
@@ -26,7 +26,7 @@
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
 use super::gemm_bf16::{gemm_bf16, Bf16Scratch};
-use super::gemm_packed::{gemm_packed_mm_order, gemm_packed_with, packed_panel_f32_with, PackedRhs, PanelKernel};
+use super::gemm_packed::{gemm_mm_order_in_place, gemm_packed_with, packed_panel_f32_with, PackedRhs, PanelKernel};
 use super::Scalar;
 use std::sync::RwLock;
 use std::time::Instant;
@@ -93,7 +93,7 @@ pub enum Candidate {
     GemmCrate,
     /// matrixmultiply ([`gemm()`]).
     MatrixMultiply,
-    /// A backward product on the packed kernel in matrixmultiply's order (`gemm_packed_mm_order`).
+    /// A backward product on the packed kernel in matrixmultiply's order (`gemm_mm_order_in_place`).
     PackedMmOrder(PanelKernel),
 }
 
@@ -377,8 +377,7 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
         for (cand, rate) in candidates.iter().zip(&mut rates) {
             let mut run = || match *cand {
                 Candidate::PackedMmOrder(kernel) => {
-                    packed.pack(Op::N, k, n, &b);
-                    gemm_packed_mm_order(kernel, m, &a, lda, a_step, &packed, &mut c, n);
+                    gemm_mm_order_in_place(kernel, m, &a, lda, a_step, (k, n, &b, n), &mut packed, &mut c, n)
                 }
                 _ => gemm(op_a, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut c),
             };

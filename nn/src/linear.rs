@@ -89,7 +89,8 @@ impl Linear {
     }
 
     /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked;
-    /// `packed` is scratch space for the right-hand operand.
+    /// `packed` is scratch space (the packed kernel reads `x` and `W` where they
+    /// lie; it packs only their last `input mod 8` columns).
     ///
     /// Both products are matrixmultiply's sums: where a vector packed kernel runs
     /// and both dimensions of the result exceed one, on whichever the start-up
@@ -118,8 +119,17 @@ impl Linear {
         };
         if let Some(kernel) = dw_kernel {
             // dW (output × input) = dyᵀ·x: row i of dyᵀ is column i of dy.
-            packed.pack(Op::N, batch, self.input, &x[..batch * self.input]);
-            T::gemm_mm_order(kernel, self.output, dy, 1, self.output, packed, gw, self.input);
+            T::gemm_mm_order(
+                kernel,
+                self.output,
+                dy,
+                1,
+                self.output,
+                (batch, self.input, x, self.input),
+                packed,
+                gw,
+                self.input,
+            );
         } else {
             gemm(Op::T, Op::N, self.output, self.input, batch, T::ONE, dy, x, T::ZERO, gw);
         }
@@ -137,8 +147,17 @@ impl Linear {
                 None
             };
             if let Some(kernel) = dx_kernel {
-                packed.pack(Op::N, self.output, self.input, w);
-                T::gemm_mm_order(kernel, batch, dy, self.output, 1, packed, dx, self.input);
+                T::gemm_mm_order(
+                    kernel,
+                    batch,
+                    dy,
+                    self.output,
+                    1,
+                    (self.output, self.input, w, self.input),
+                    packed,
+                    dx,
+                    self.input,
+                );
             } else {
                 gemm(Op::N, Op::N, batch, self.input, self.output, T::ONE, dy, w, T::ZERO, dx);
             }

@@ -75,9 +75,10 @@ pub trait Scalar:
     #[doc(hidden)]
     fn packed_panel_with(kernel: super::gemm_packed::PanelKernel, p: super::gemm_packed::PanelProduct<'_, Self>);
 
-    /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel
-    /// (`gemm_packed_mm_order`; `f32`
-    /// only: callers ask [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
+    /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel,
+    /// `b` (`k × n`, rows `ldb` apart) read where it lies (`gemm_mm_order_in_place`;
+    /// `tail` is scratch for a last narrow panel; `f32` only: callers ask
+    /// [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
     ///
     /// # Panics
     /// For `f64`, which has no vector packed kernel.
@@ -88,7 +89,8 @@ pub trait Scalar:
         a: &[Self],
         lda: usize,
         a_step: usize,
-        b: &super::gemm_packed::PackedRhs<Self>,
+        b: (usize, usize, &[Self], usize),
+        tail: &mut super::gemm_packed::PackedRhs<Self>,
         c: &mut [Self],
         ldc: usize,
     );
@@ -180,11 +182,12 @@ macro_rules! impl_scalar {
                 a: &[Self],
                 lda: usize,
                 a_step: usize,
-                b: &super::gemm_packed::PackedRhs<Self>,
+                b: (usize, usize, &[Self], usize),
+                tail: &mut super::gemm_packed::PackedRhs<Self>,
                 c: &mut [Self],
                 ldc: usize,
             ) {
-                $mm_order(kernel, m, a, lda, a_step, b, c, ldc)
+                $mm_order(kernel, m, a, lda, a_step, b, tail, c, ldc)
             }
             #[inline]
             fn packed_panel_is_vectorized() -> bool {
@@ -212,7 +215,7 @@ impl_scalar!(
     exp_f32_poly,
     super::gemm_packed::packed_panel_f32,
     super::gemm_packed::packed_panel_f32_with,
-    super::gemm_packed::gemm_packed_mm_order,
+    super::gemm_packed::gemm_mm_order_in_place,
     super::gemm_packed::PanelKernel::best() != super::gemm_packed::PanelKernel::Portable,
     super::gemm_packed::pack_transposed_f32,
     Some,
@@ -224,9 +227,15 @@ impl_scalar!(
     f64::exp,
     super::gemm_packed::packed_panel_portable::<f64>,
     |_, p| super::gemm_packed::packed_panel_portable::<f64>(p),
-    |_, _, _: &[f64], _, _, _: &super::gemm_packed::PackedRhs<f64>, _: &mut [f64], _| {
-        panic!("gemm_mm_order: f64 has no vector packed kernel")
-    },
+    |_,
+     _,
+     _: &[f64],
+     _,
+     _,
+     _: (usize, usize, &[f64], usize),
+     _: &mut super::gemm_packed::PackedRhs<f64>,
+     _: &mut [f64],
+     _| { panic!("gemm_mm_order: f64 has no vector packed kernel") },
     false,
     super::gemm_packed::pack_transposed_portable::<f64>,
     not_f32,
