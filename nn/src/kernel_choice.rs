@@ -18,7 +18,8 @@
 //! in matrixmultiply's summation order (`gemm_packed_mm_order`: the same
 //! chains of fused multiply-adds over the same runs of 256 steps), equal to it
 //! bit for bit (`gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`);
-//! [`choose_backward_kernels`] picks the fastest.
+//! [`choose_backward_kernels`] picks the fastest, keeping matrixmultiply unless
+//! a packed kernel beats it by [`BACKWARD_MARGIN`] ([`backward_winner`]).
 //!
 //! Invariants: [`choose_forward_kernels`] installs a choice only for a shape in
 //! the packed class and only a kernel the CPU runs; a forward shape never
@@ -390,9 +391,26 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
         .zip(rates)
         .map(|(&candidate, r)| Timing { candidate, gflops: median(r), eligible: true })
         .collect();
-    let chosen =
-        timings.iter().max_by(|a, b| a.gflops.total_cmp(&b.gflops)).map_or(Candidate::MatrixMultiply, |t| t.candidate);
-    BackwardChoice { shape, timings, chosen }
+    BackwardChoice { shape, chosen: backward_winner(&timings), timings }
+}
+
+/// How much faster than matrixmultiply a packed kernel must be measured to
+/// replace it on a backward product: 5%.
+pub const BACKWARD_MARGIN: f64 = 1.05;
+
+/// The backward kernel `timings` elect: the fastest packed kernel when it beats
+/// matrixmultiply by [`BACKWARD_MARGIN`], matrixmultiply otherwise. A close
+/// call keeps matrixmultiply, the kernel every backward product ran before
+/// the choice existed, so a noisy start-up measurement (a loaded machine, a
+/// few milliseconds per candidate) does not trade it for a slower kernel.
+pub fn backward_winner(timings: &[Timing]) -> Candidate {
+    let mm = timings.iter().find(|t| t.candidate == Candidate::MatrixMultiply).map_or(0.0, |t| t.gflops);
+    timings
+        .iter()
+        .filter(|t| t.candidate != Candidate::MatrixMultiply)
+        .max_by(|a, b| a.gflops.total_cmp(&b.gflops))
+        .filter(|t| t.gflops > mm * BACKWARD_MARGIN)
+        .map_or(Candidate::MatrixMultiply, |t| t.candidate)
 }
 
 /// GFLOP/s of one product of the layer `input → output` at `rows` rows under
@@ -547,6 +565,25 @@ mod tests {
         assert_eq!(by(vector).timings.len(), 1);
         assert_eq!(by(vector).chosen, Candidate::MatrixMultiply);
         assert_eq!(backward_kernel_for(Backward::Dw, 24, 40, 1), None);
+    }
+
+    /// A packed kernel replaces matrixmultiply on a backward product only when
+    /// it is measured faster by the margin; a close call keeps matrixmultiply.
+    #[test]
+    fn backward_choice_keeps_matrixmultiply_on_a_close_call() {
+        let t = |candidate, gflops| Timing { candidate, gflops, eligible: true };
+        let mm = t(Candidate::MatrixMultiply, 100.0);
+        let close = [mm.clone(), t(Candidate::PackedMmOrder(PanelKernel::Avx2), 104.0)];
+        assert_eq!(backward_winner(&close), Candidate::MatrixMultiply);
+        let clear = [
+            mm.clone(),
+            t(Candidate::PackedMmOrder(PanelKernel::Avx2), 106.0),
+            t(Candidate::PackedMmOrder(PanelKernel::Avx512), 120.0),
+        ];
+        assert_eq!(backward_winner(&clear), Candidate::PackedMmOrder(PanelKernel::Avx512));
+        let slower = [mm.clone(), t(Candidate::PackedMmOrder(PanelKernel::Avx2), 60.0)];
+        assert_eq!(backward_winner(&slower), Candidate::MatrixMultiply);
+        assert_eq!(backward_winner(&[mm]), Candidate::MatrixMultiply);
     }
 
     /// With `all`, the other classes are timed too but marked ineligible, and
