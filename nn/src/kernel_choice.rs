@@ -18,7 +18,8 @@
 //! in matrixmultiply's summation order (`gemm_mm_order_in_place`: the same
 //! chains of fused multiply-adds over the same runs of 256 steps), equal to it
 //! bit for bit (`gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`);
-//! [`choose_backward_kernels`] picks the fastest.
+//! [`choose_backward_kernels`] picks the fastest, keeping matrixmultiply unless
+//! a packed kernel beats it by [`BACKWARD_MARGIN`] ([`backward_winner`]).
 //!
 //! Invariants: [`choose_forward_kernels`] installs a choice only for a shape in
 //! the packed class and only a kernel the CPU runs; a forward shape never
@@ -389,9 +390,26 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
         .zip(rates)
         .map(|(&candidate, r)| Timing { candidate, gflops: median(r), eligible: true })
         .collect();
-    let chosen =
-        timings.iter().max_by(|a, b| a.gflops.total_cmp(&b.gflops)).map_or(Candidate::MatrixMultiply, |t| t.candidate);
-    BackwardChoice { shape, timings, chosen }
+    BackwardChoice { shape, chosen: backward_winner(&timings), timings }
+}
+
+/// How much faster than matrixmultiply a packed kernel must be measured to
+/// replace it on a backward product: 5%.
+pub const BACKWARD_MARGIN: f64 = 1.05;
+
+/// The backward kernel `timings` elect: the fastest packed kernel when it beats
+/// matrixmultiply by [`BACKWARD_MARGIN`], matrixmultiply otherwise. A close
+/// call keeps matrixmultiply, the kernel every backward product ran before
+/// the choice existed, so a noisy start-up measurement (a loaded machine, a
+/// few milliseconds per candidate) does not trade it for a slower kernel.
+pub fn backward_winner(timings: &[Timing]) -> Candidate {
+    let mm = timings.iter().find(|t| t.candidate == Candidate::MatrixMultiply).map_or(0.0, |t| t.gflops);
+    timings
+        .iter()
+        .filter(|t| t.candidate != Candidate::MatrixMultiply)
+        .max_by(|a, b| a.gflops.total_cmp(&b.gflops))
+        .filter(|t| t.gflops > mm * BACKWARD_MARGIN)
+        .map_or(Candidate::MatrixMultiply, |t| t.candidate)
 }
 
 /// GFLOP/s of one product of the layer `input → output` at `rows` rows under
@@ -503,6 +521,8 @@ mod tests {
     /// A measured packed shape gets one of the CPU's vector kernels, installed
     /// for [`panel_kernel_for`]; a shape of another class gets its only
     /// candidate and installs nothing; only eligible candidates are timed.
+    /// Without a vector packed kernel (a CPU without AVX2, or
+    /// `TIDEREC_MAX_ISA=portable`) there is no packed class: matrixmultiply.
     #[test]
     fn choices_stay_inside_the_summation_class() {
         let packed = ForwardShape { rows: 24, input: 40, output: 24 };
@@ -512,6 +532,12 @@ mod tests {
         assert_eq!(choices.len(), 2, "one entry per distinct shape");
         let by = |s: ForwardShape| choices.iter().find(|c| c.shape == s).expect("measured");
         let p = by(packed);
+        if !f32::packed_panel_is_vectorized() {
+            eprintln!("no vector packed kernel here: the packed shape is matrixmultiply's");
+            assert_eq!(p.chosen, Candidate::MatrixMultiply);
+            assert_eq!(p.timings.len(), 1);
+            return;
+        }
         assert!(p.timings.iter().all(|t| t.eligible && t.candidate.class() == ForwardClass::Packed));
         assert!(p.timings.iter().all(|t| t.gflops > 0.0));
         match p.chosen {
@@ -548,6 +574,25 @@ mod tests {
         assert_eq!(backward_kernel_for(Backward::Dw, 24, 40, 1), None);
     }
 
+    /// A packed kernel replaces matrixmultiply on a backward product only when
+    /// it is measured faster by the margin; a close call keeps matrixmultiply.
+    #[test]
+    fn backward_choice_keeps_matrixmultiply_on_a_close_call() {
+        let t = |candidate, gflops| Timing { candidate, gflops, eligible: true };
+        let mm = t(Candidate::MatrixMultiply, 100.0);
+        let close = [mm.clone(), t(Candidate::PackedMmOrder(PanelKernel::Avx2), 104.0)];
+        assert_eq!(backward_winner(&close), Candidate::MatrixMultiply);
+        let clear = [
+            mm.clone(),
+            t(Candidate::PackedMmOrder(PanelKernel::Avx2), 106.0),
+            t(Candidate::PackedMmOrder(PanelKernel::Avx512), 120.0),
+        ];
+        assert_eq!(backward_winner(&clear), Candidate::PackedMmOrder(PanelKernel::Avx512));
+        let slower = [mm.clone(), t(Candidate::PackedMmOrder(PanelKernel::Avx2), 60.0)];
+        assert_eq!(backward_winner(&slower), Candidate::MatrixMultiply);
+        assert_eq!(backward_winner(&[mm]), Candidate::MatrixMultiply);
+    }
+
     /// With `all`, the other classes are timed too but marked ineligible, and
     /// the choice is still the fastest eligible one.
     #[test]
@@ -555,7 +600,12 @@ mod tests {
         let shape = ForwardShape { rows: 300, input: 40, output: 100 };
         let c = measure_shape(shape, Measure { seconds: 0.0005, rounds: 1, all: true });
         assert_eq!(c.chosen, Candidate::GemmCrate, "300 rows into 100 outputs are in the gemm crate's class");
-        assert!(c.timings.iter().any(|t| !t.eligible && matches!(t.candidate, Candidate::Packed(_))));
+        let packed_timed = c.timings.iter().any(|t| !t.eligible && matches!(t.candidate, Candidate::Packed(_)));
+        assert_eq!(
+            packed_timed,
+            f32::packed_panel_is_vectorized(),
+            "the vector packed kernels are timed where they run"
+        );
         assert!(c.timings.iter().any(|t| t.candidate == Candidate::MatrixMultiply && !t.eligible));
     }
 }
