@@ -79,13 +79,7 @@ impl<T: Scalar> PackedRhs<T> {
         if op == Op::N {
             return self.pack_columns(k, 0, n, b, n);
         }
-        self.k = k;
-        self.n = n;
-        let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
-        if self.panels.len() < total {
-            self.panels.resize(total, T::ZERO);
-        }
-        self.panels.truncate(total);
+        self.reshape(k, n);
         let mut start = 0;
         for (first, pw) in panels(n) {
             let width = pw.min(n - first);
@@ -100,6 +94,18 @@ impl<T: Scalar> PackedRhs<T> {
         }
     }
 
+    /// Sizes the panels for a `k × n` operand (the buffer is reused, its
+    /// contents are left for the packing to overwrite).
+    fn reshape(&mut self, k: usize, n: usize) {
+        self.k = k;
+        self.n = n;
+        let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
+        if self.panels.len() < total {
+            self.panels.resize(total, T::ZERO);
+        }
+        self.panels.truncate(total);
+    }
+
     /// Packs columns `first .. first + n` of the `k` rows of `b`, rows `ldb`
     /// apart ([`Op::N`]'s packing of a block of a stored matrix: the last
     /// columns that [`gemm_mm_order_in_place`] cannot read in place).
@@ -109,13 +115,7 @@ impl<T: Scalar> PackedRhs<T> {
     pub(crate) fn pack_columns(&mut self, k: usize, first: usize, n: usize, b: &[T], ldb: usize) {
         assert!(first + n <= ldb, "PackedRhs: columns {first}..{} past a row of {ldb}", first + n);
         assert!(k == 0 || b.len() >= (k - 1) * ldb + first + n, "PackedRhs: b too short");
-        self.k = k;
-        self.n = n;
-        let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
-        if self.panels.len() < total {
-            self.panels.resize(total, T::ZERO);
-        }
-        self.panels.truncate(total);
+        self.reshape(k, n);
         let mut start = 0;
         for (f, pw) in panels(n) {
             let width = pw.min(n - f);

@@ -44,13 +44,9 @@ fn generate(args: &[&str], out: &std::path::Path) -> Option<(Output, String)> {
 
 /// The cells of the first data row of the table whose header contains `column`.
 fn first_row<'a>(doc: &'a str, column: &str) -> (Vec<&'a str>, Vec<&'a str>) {
-    let lines: Vec<&str> = doc.lines().collect();
-    let at = lines
-        .iter()
-        .position(|l| l.starts_with('|') && l.contains(column))
-        .unwrap_or_else(|| panic!("no table with a `{column}` column:\n{doc}"));
-    let cells = |l: &'a str| l.trim().trim_matches('|').split('|').map(str::trim).collect::<Vec<_>>();
-    (cells(lines[at]), cells(lines[at + 2]))
+    let (header, mut rows) = table_rows(doc, column);
+    assert!(!rows.is_empty(), "the table with a `{column}` column has no rows:\n{doc}");
+    (header, rows.swap_remove(0))
 }
 
 #[test]
