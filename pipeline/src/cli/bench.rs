@@ -65,6 +65,11 @@ pub struct DlrmBench {
     pub device: String,
     /// Precision of the MLPs' products.
     pub precision: Precision,
+    /// Run `workers` single-worker trainers side by side instead of one trainer
+    /// of `workers` workers: nothing exchanged, no rendezvous, each worker's
+    /// micro-batch and batches as in the synchronous run (the machine's ceiling
+    /// for `workers` workers).
+    pub independent: bool,
 }
 
 /// Result of a training benchmark.
@@ -80,6 +85,8 @@ pub struct DlrmBenchResult {
     pub batch_size: usize,
     /// Worker threads.
     pub workers: usize,
+    /// Whether the workers were independent single-worker trainers (`--independent`).
+    pub independent: bool,
     /// Precision of the MLPs' products (`fp32`, `bf16`).
     pub precision: String,
     /// The vector extensions the kernels may use, naming the `TIDEREC_MAX_ISA`
@@ -118,87 +125,28 @@ pub fn random_batch(n: usize, rows: u64, seed: u64) -> Batch {
     b
 }
 
-/// Runs the benchmark on `workers` threads.
+/// Runs the benchmark on `workers` threads: one synchronous trainer over
+/// `workers` timely workers, or with [`DlrmBench::independent`] `workers`
+/// single-worker trainers side by side.
 pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     if bench.batch_size < bench.workers || bench.workers == 0 {
         return Err(PipelineError::config("batch_size", "must be at least the number of workers (and workers ≥ 1)"));
     }
-    let settings = {
-        let mut s = TrainSettings::default();
-        s.cluster.workers = bench.workers;
-        s.run.batch_size = bench.batch_size;
-        s.cluster.device = bench.device.clone();
-        s.model.precision = bench.precision;
-        s
-    };
-    let resolved = settings.validate()?;
-    let devices = tiderec::device::Devices::for_workers(&bench.device, bench.workers)?;
-    let behavior = match &bench.model {
-        ModelConfig::Dien(c) => Some(SyntheticBehavior::new(BehaviorConfig::standard(7, c.max_len))?),
-        _ => None,
-    };
-    let config = TrainerConfig {
-        model: bench.model.clone(),
-        table_sizes: behavior.as_ref().map_or_else(|| vec![bench.rows; 26], |g| g.config().table_sizes()),
-        seed: 7,
-        dense_optimizer: bench.optimizer,
-        dense_hp: OptimizerParams::with_lr(0.01),
-        sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
-        sparse_hp: OptimizerParams::with_lr(0.01),
-        sequence_tables: if behavior.is_some() { SEQUENCE_TABLES.to_vec() } else { Vec::new() },
-        store: Default::default(),
-        exchange: Default::default(),
-    };
-    let embedding_params = config.table_sizes.iter().sum::<u64>() * config.model.embedding_dim() as u64;
-    devices.preflight(&config)?;
-    eprintln!("{}", tiderec::kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
-    let bench = Arc::new(bench.clone());
-    let b2 = bench.clone();
-    let guards = timely::execute(timely_config(&settings, &resolved), move |worker| {
-        let bench = &b2;
-        let (me, w) = (worker.index(), worker.peers());
-        let micro = tiderec::data::micro_batch(bench.batch_size, me, w);
-        let pool: Vec<Batch> = (0..8u64)
-            .map(|k| match &behavior {
-                Some(g) => {
-                    let mut b = Batch::with_sequences(0, 3, 2);
-                    let start = (me as u64 * 8 + k) * micro as u64;
-                    g.fill(start..start + micro as u64, &mut b);
-                    b
-                }
-                None => random_batch(micro, bench.rows, me as u64 * 1000 + k),
-            })
-            .collect();
-        let mut trainer = devices.trainer(worker, &config, bench.workers, bench.precision)?;
-        let run = |steps: u64, trainer: &mut Trainer, worker: &mut timely::worker::Worker| {
-            let mut last = Default::default();
-            for s in 0..steps {
-                last = trainer.step(worker, StepKind::Train, pool[s as usize % pool.len()].clone())?;
-            }
-            Ok::<_, PipelineError>(last)
-        };
-        run(bench.warmup_steps, &mut trainer, worker)?;
-        let (before, clock) = (trainer.bytes_sent(), trainer.step_times());
-        let start = Instant::now();
-        let stats = run(bench.steps, &mut trainer, worker)?;
-        let secs = start.elapsed().as_secs_f64();
-        let stages = trainer.step_times().since(&clock).scaled(1e3 / bench.steps as f64);
-        Ok::<_, PipelineError>((secs, stats, trainer.bytes_sent() - before, trainer.dense_params().len(), stages))
-    })
-    .map_err(|e| PipelineError::dataflow(DataflowFailure::Start, "cannot start timely workers").with_source(e))?;
-    let mut secs = 0.0f64;
-    let mut bytes = 0u64;
-    let mut dense_params = 0;
-    let mut stage_ms = Vec::with_capacity(bench.workers);
-    for r in guards.join() {
-        let (s, _stats, b, p, stages) = r.map_err(|panic| {
-            PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked").with_source(panic)
-        })??;
-        secs = secs.max(s);
-        bytes += b;
-        dense_params = p as u64;
-        stage_ms.push(stages);
+    if bench.independent && bench.device.contains(',') {
+        return Err(PipelineError::config(
+            "device",
+            "independent trainers take one device for all of them (cpu or one cuda:N), not a list",
+        ));
     }
+    let config = trainer_config(bench)?;
+    let embedding_params = config.table_sizes.iter().sum::<u64>() * config.model.embedding_dim() as u64;
+    eprintln!("{}", tiderec::kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
+    let timed = if bench.independent && bench.workers > 1 {
+        independent_trainers(bench, &config)?
+    } else {
+        timed_trainer(bench, &config, 0, None)?
+    };
+    let secs = timed.iter().map(|t| t.secs).fold(0.0f64, f64::max);
     let samples = bench.steps * bench.batch_size as u64;
     Ok(DlrmBenchResult {
         model: bench.model.name().to_string(),
@@ -206,12 +154,13 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         ms_per_step: secs * 1e3 / bench.steps as f64,
         batch_size: bench.batch_size,
         workers: bench.workers,
+        independent: bench.independent,
         precision: bench.precision.name().into(),
         cpu_features: tiderec_operators::nn::kernel_choice::cpu_features_line(),
         steps: bench.steps,
-        bytes_per_sample: bytes as f64 / samples as f64,
-        stage_ms,
-        dense_params,
+        bytes_per_sample: timed.iter().map(|t| t.bytes).sum::<u64>() as f64 / samples as f64,
+        stage_ms: timed.iter().map(|t| t.stages.clone()).collect(),
+        dense_params: timed.first().map_or(0, |t| t.dense_params),
         embedding_params,
         gru: match &bench.model {
             ModelConfig::Dien(c) if c.interest == Interest::GruAttention => {
@@ -222,6 +171,190 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
             _ => None,
         },
     })
+}
+
+/// The trainer of a benchmark: its model, tables (synthetic behaviour tables
+/// for models over sequences) and optimizers.
+fn trainer_config(bench: &DlrmBench) -> Result<TrainerConfig, PipelineError> {
+    let table_sizes = match &bench.model {
+        ModelConfig::Dien(c) => BehaviorConfig::standard(7, c.max_len).table_sizes(),
+        _ => vec![bench.rows; 26],
+    };
+    Ok(TrainerConfig {
+        sequence_tables: if matches!(bench.model, ModelConfig::Dien(_)) {
+            SEQUENCE_TABLES.to_vec()
+        } else {
+            Vec::new()
+        },
+        model: bench.model.clone(),
+        table_sizes,
+        seed: 7,
+        dense_optimizer: bench.optimizer,
+        dense_hp: OptimizerParams::with_lr(0.01),
+        sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
+        sparse_hp: OptimizerParams::with_lr(0.01),
+        store: Default::default(),
+        exchange: Default::default(),
+    })
+}
+
+/// One worker's timed steps.
+struct Timed {
+    /// Seconds of the timed steps.
+    secs: f64,
+    /// Bytes the worker sent during them.
+    bytes: u64,
+    /// Dense parameters of its model.
+    dense_params: u64,
+    /// Milliseconds per timed step, per stage.
+    stages: StepTimes,
+}
+
+/// `bench.workers` single-worker trainers on as many threads, each on the
+/// micro-batch worker `i` of one trainer would train and on that worker's
+/// batches, their timed steps started together (each waits at a start line
+/// after its warm-up): what the machine gives `W` workers that exchange nothing.
+fn independent_trainers(bench: &DlrmBench, config: &TrainerConfig) -> Result<Vec<Timed>, PipelineError> {
+    let start = Arc::new(StartLine::new(bench.workers));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..bench.workers)
+            .map(|i| {
+                let one = DlrmBench {
+                    batch_size: tiderec::data::micro_batch(bench.batch_size, i, bench.workers),
+                    workers: 1,
+                    independent: false,
+                    ..bench.clone()
+                };
+                let start = start.clone();
+                scope.spawn(move || {
+                    let timed = timed_trainer(&one, config, i, Some(start.clone()));
+                    if timed.is_err() {
+                        start.abandon();
+                    }
+                    timed
+                })
+            })
+            .collect();
+        let mut all = Vec::with_capacity(bench.workers);
+        for h in handles {
+            let timed = h.join().map_err(|_| {
+                PipelineError::dataflow(DataflowFailure::Panicked, "an independent trainer's thread panicked")
+            })??;
+            all.extend(timed);
+        }
+        Ok(all)
+    })
+}
+
+/// Where independent trainers wait for each other before their timed steps.
+struct StartLine {
+    /// Trainers arrived, and whether one failed (then nobody waits).
+    state: std::sync::Mutex<(usize, bool)>,
+    all_there: std::sync::Condvar,
+    expected: usize,
+}
+
+impl StartLine {
+    fn new(expected: usize) -> Self {
+        StartLine { state: std::sync::Mutex::new((0, false)), all_there: std::sync::Condvar::new(), expected }
+    }
+
+    /// Waits until every trainer has arrived or one has failed (`false` then).
+    fn arrive(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 += 1;
+        self.all_there.notify_all();
+        while s.0 < self.expected && !s.1 {
+            s = self.all_there.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        !s.1
+    }
+
+    /// A trainer failed: release the others.
+    fn abandon(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+        self.all_there.notify_all();
+    }
+}
+
+/// Trains `bench.warmup_steps` untimed then `bench.steps` timed steps on one
+/// trainer of `bench.workers` timely workers; worker `w` trains on the batches
+/// of worker `first + w` (so independent trainers see what the workers of one
+/// trainer would). With `start`, every worker waits there after its warm-up.
+fn timed_trainer(
+    bench: &DlrmBench,
+    config: &TrainerConfig,
+    first: usize,
+    start: Option<Arc<StartLine>>,
+) -> Result<Vec<Timed>, PipelineError> {
+    let settings = {
+        let mut s = TrainSettings::default();
+        s.cluster.workers = bench.workers;
+        s.run.batch_size = bench.batch_size;
+        s.cluster.device = bench.device.clone();
+        s.model.precision = bench.precision;
+        s
+    };
+    let resolved = settings.validate()?;
+    let devices = tiderec::device::Devices::for_workers(&bench.device, bench.workers)?;
+    devices.preflight(config)?;
+    let behavior = match &bench.model {
+        ModelConfig::Dien(c) => Some(SyntheticBehavior::new(BehaviorConfig::standard(7, c.max_len))?),
+        _ => None,
+    };
+    let shared = Arc::new((bench.clone(), config.clone(), behavior, devices));
+    let guards = timely::execute(timely_config(&settings, &resolved), move |worker| {
+        let (bench, config, behavior, devices) = &*shared;
+        let (index, w) = (worker.index(), worker.peers());
+        let me = first + index;
+        let micro = tiderec::data::micro_batch(bench.batch_size, index, w);
+        let pool: Vec<Batch> = (0..8u64)
+            .map(|k| match behavior {
+                Some(g) => {
+                    let mut b = Batch::with_sequences(0, 3, 2);
+                    let start = (me as u64 * 8 + k) * micro as u64;
+                    g.fill(start..start + micro as u64, &mut b);
+                    b
+                }
+                None => random_batch(micro, bench.rows, me as u64 * 1000 + k),
+            })
+            .collect();
+        let mut trainer = devices.trainer(worker, config, bench.workers, bench.precision)?;
+        let run = |steps: u64, trainer: &mut Trainer, worker: &mut timely::worker::Worker| {
+            for s in 0..steps {
+                trainer.step(worker, StepKind::Train, pool[s as usize % pool.len()].clone())?;
+            }
+            Ok::<_, PipelineError>(())
+        };
+        run(bench.warmup_steps, &mut trainer, worker)?;
+        if let Some(start) = &start {
+            if !start.arrive() {
+                return Err(PipelineError::dataflow(
+                    DataflowFailure::PeerFailed,
+                    "another independent trainer failed before the timed steps",
+                ));
+            }
+        }
+        let (before, clock) = (trainer.bytes_sent(), trainer.step_times());
+        let started = Instant::now();
+        run(bench.steps, &mut trainer, worker)?;
+        let secs = started.elapsed().as_secs_f64();
+        let stages = trainer.step_times().since(&clock).scaled(1e3 / bench.steps as f64);
+        Ok::<_, PipelineError>(Timed {
+            secs,
+            bytes: trainer.bytes_sent() - before,
+            dense_params: trainer.dense_params().len() as u64,
+            stages,
+        })
+    })
+    .map_err(|e| PipelineError::dataflow(DataflowFailure::Start, "cannot start timely workers").with_source(e))?;
+    let mut timed = Vec::with_capacity(bench.workers);
+    for r in guards.join() {
+        timed.push(r.map_err(|panic| {
+            PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked").with_source(panic)
+        })??);
+    }
+    Ok(timed)
 }
 
 /// Result of `tiderec bench gru`: forward + backward of the split and the unsplit cell.
@@ -702,5 +835,39 @@ pub fn run_features(seconds: f64, criteo: &std::path::Path) -> FeaturesBenchResu
         criteo_file: criteo_lines.map(|_| criteo.display().to_string()),
         pipelines,
         field_splits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StartLine;
+    use std::sync::Arc;
+
+    #[test]
+    fn the_start_line_waits_for_everyone_or_lets_go_on_a_failure() {
+        let line = Arc::new(StartLine::new(3));
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let line = line.clone();
+                std::thread::spawn(move || line.arrive())
+            })
+            .collect();
+        let third = line.clone();
+        assert!(std::thread::spawn(move || third.arrive()).join().unwrap(), "all three arrived");
+        for w in waiting {
+            assert!(w.join().unwrap());
+        }
+        // One of three fails before arriving: the two that arrive are let go, told so.
+        let line = Arc::new(StartLine::new(3));
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let line = line.clone();
+                std::thread::spawn(move || line.arrive())
+            })
+            .collect();
+        line.abandon();
+        for w in waiting {
+            assert!(!w.join().unwrap(), "a trainer that would wait forever is released with false");
+        }
     }
 }

@@ -262,6 +262,10 @@ pub(crate) struct DlrmArgs {
     /// Precision of the MLPs' products: fp32 or bf16 (needs a CPU with AVX-512 BF16).
     #[arg(long, default_value = "fp32", value_name = "fp32|bf16")]
     precision: String,
+    /// Run the workers as independent single-worker trainers (own model and tables,
+    /// nothing exchanged), timed together: the machine's ceiling for that many workers.
+    #[arg(long)]
+    independent: bool,
 }
 
 fn print_features(r: &super::FeaturesBenchResult) {
@@ -566,16 +570,18 @@ fn run_training(model: ModelConfig, a: DlrmArgs) -> anyhow::Result<()> {
         model,
         device: a.device.clone(),
         precision: a.precision.parse()?,
+        independent: a.independent,
     };
     let r = run_dlrm(&bench)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
         println!(
-            "{} batch {} workers {}{}: {:.0} samples/s ({:.2} ms/step, {} steps, {:.0} bytes/sample exchanged)",
+            "{} batch {} workers {}{}{}: {:.0} samples/s ({:.2} ms/step, {} steps, {:.0} bytes/sample exchanged)",
             r.model,
             r.batch_size,
             r.workers,
+            if r.independent { " (independent trainers)" } else { "" },
             if r.precision == "fp32" { String::new() } else { format!(" {}", r.precision) },
             r.samples_per_sec,
             r.ms_per_step,
