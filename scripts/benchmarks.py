@@ -189,6 +189,12 @@ shapes where the GEMM kernels run near their peak. In each series every command 
 and PyTorch at every W) runs once per round, the first rotating, so the speed-ups are
 ratios of runs measured together. Speed-up is samples/s over the same side's W = 1;
 parallel efficiency is speed-up / W; a W above the physical cores is marked in the table.
+The same rounds also run `tiderec bench dlrm --workers W --independent`: W single-worker
+trainers in one process, each on the micro-batch and the batches worker `i` of the
+synchronous run trains, with its own model and tables, so nothing is exchanged and nobody
+waits; their timed steps start together. Their samples/s over W times W = 1's is the
+**machine efficiency**, what W cores give this work at all, and *tiderec / independent* is
+the part of that the synchronous run keeps.
 {steps_note}
 
 Where the efficiency goes is measured, not guessed: `tiderec bench dlrm --json` reports,
@@ -202,7 +208,7 @@ time outside every stage is waiting at the rendezvous for the other workers, mov
 messages and timely's scheduling (a waiting worker parks its thread until a message
 arrives, at most a millisecond at a time, so its wait leaves the core to the others).
 The second table is the medians over the rounds of the
-mean over the workers. *Work per sample vs W = 1* is forward/backward worker-milliseconds
+mean over the workers, for the synchronous run and for the independent trainers. *Work per sample vs W = 1* is forward/backward worker-milliseconds
 per sample against W = 1: above 1.00× in series (b), where each worker's work is that of
 W = 1, it is contention between the workers for what they share (memory bandwidth,
 caches, cores, and on a loaded machine the other processes); in series (a) it also holds
@@ -633,7 +639,7 @@ def scaling_findings(label, ws, micro, breakdowns, tide, physical, others, logic
     elif stat_cpus() > logical:
         over += (f" Other processes kept {others:.1f} of the {stat_cpus()} CPUs /proc/stat counts busy on average "
                  f"during the series (this process may use {logical} of them).")
-    elif others + w > logical - 0.5:
+    elif others >= 0.25 and others + w > logical - 0.5:
         over += (f" Other processes kept {others:.1f} of the {logical} logical CPUs busy on average during the "
                  f"series, so the {w} workers shared cores with them: the extra work per sample and the waiting "
                  "measure that sharing here more than memory bandwidth.")
@@ -644,6 +650,33 @@ def scaling_findings(label, ws, micro, breakdowns, tide, physical, others, logic
             f"({'W = 1' if share == 1 else f'1/{w} of W = 1'}'s {b1['total']:.2f} ms); the "
             f"{loss['total']:+.2f} ms divide into: {text}. Forward/backward work per sample is "
             f"{work:.2f}× W = 1's.{over}")
+
+
+def independent_series(rounds, ws):
+    """Per W > 1: median samples/s of W independent single-worker trainers timed together, and the
+    machine's efficiency, that over W times the synchronous W = 1 (ratio of the medians)."""
+    base = statistics.median(per_round(rounds, "tiderec 1"))
+    out = {}
+    for w in ws[1:]:
+        v = statistics.median(per_round(rounds, f"independent {w}"))
+        out[w] = SimpleNamespace(samples=v, efficiency=v / (w * base))
+    return out
+
+
+def machine_finding(w, tide, free, micro, breakdowns, free_breakdowns):
+    """The sentences of a series' finding that split its efficiency at W between the machine
+    (W independent trainers against W × W = 1) and tiderec (its run against those trainers)."""
+    if w == 1:
+        return ""
+    f, fb = free[w], free_breakdowns[w]
+    work = (fb["forward/backward"] / micro[w]) / (breakdowns[1]["forward/backward"] / micro[1])
+    return (f" {w} independent single-worker trainers on the same micro-batches, exchanging nothing and timed "
+            f"together, made {f.samples:,.0f} samples/s: {f.efficiency:.0%} of {w} × W = 1, with forward/backward "
+            f"work per sample {work:.2f}× W = 1's. That is the machine's share of the loss (what the workers "
+            f"share: caches, memory bandwidth, the cores' clock under load"
+            f"{', and the smaller products of the smaller micro-batch' if micro[w] < micro[1] else ''}); "
+            f"tiderec's synchronous run reached {tide[w].samples / f.samples:.0%} of those trainers, and the rest "
+            f"is its own (the exchange, waiting at the rendezvous, the reduce and gather of the dense gradients).")
 
 
 def section_scaling(run):
@@ -665,6 +698,8 @@ def section_scaling(run):
                 "--python", run.args.python, "--timeout", str(run.args.timeout)])
             sides[f"tiderec {w}"] = bench_vs_torch.tiderec_command(a)
             sides[f"torch {w}"] = bench_vs_torch.torch_command(a)
+            if w > 1:
+                sides[f"independent {w}"] = bench_vs_torch.tiderec_command(a) + ["--independent"]
         before = cpu_reading()
         rounds = run.alternate(sides)
         others = other_cores(before, cpu_reading())
@@ -672,23 +707,32 @@ def section_scaling(run):
         tide, torch = scaling_series(rounds, ws, "tiderec"), scaling_series(rounds, ws, "torch")
         micro = {w: global_batch(w) / w for w in ws}
         breakdowns = {w: median_breakdown(rounds, f"tiderec {w}") for w in ws}
+        free = independent_series(rounds, ws)
+        free_breakdowns = {w: median_breakdown(rounds, f"independent {w}") for w in ws if w > 1}
         for w in ws:
-            t, p = tide[w], torch[w]
+            t, p, f = tide[w], torch[w], free.get(w)
             ratios = [x / y for x, y in zip(per_round(rounds, f"tiderec {w}"), per_round(rounds, f"torch {w}"))]
             note = " (> physical cores)" if physical and w > physical else ""
             rows.append([label, f"{w}{note}", num(global_batch(w)), num(micro[w]), steps[w],
                          num(t.samples), ratio(t.speedup), f"**{t.efficiency:.0%}**",
+                         num(f.samples) if f else "(W = 1)", f"{f.efficiency:.0%}" if f else "100%",
+                         f"**{t.samples / f.samples:.0%}**" if f else "100%",
                          num(p.samples), ratio(p.speedup), f"**{p.efficiency:.0%}**",
                          ratio(t.samples / p.samples), span(ratios),
                          span([r["load"] for r in rounds], lambda v: f"{v:.1f}")])
-            b = breakdowns[w]
-            work = (b["forward/backward"] / micro[w]) / (breakdowns[1]["forward/backward"] / micro[1])
-            bytes_per_sample = statistics.median(per_round(rounds, f"tiderec {w}", "bytes_per_sample"))
-            stage_rows.append([label, w, num(micro[w]), num(b["total"], 2)]
-                              + [num(b[name], 2) for name, _ in STAGE_GROUPS]
-                              + [num(b["outside"], 2), f"{b['outside'] / b['total']:.0%}" if b["total"] else "n/a",
-                                 ratio(work), num(bytes_per_sample, 1)])
-        findings.append(scaling_findings(label, ws, micro, breakdowns, tide, physical, others, logical))
+            for kind, b in [("synchronous", breakdowns[w]), ("independent", free_breakdowns.get(w))]:
+                if b is None:
+                    continue
+                work = (b["forward/backward"] / micro[w]) / (breakdowns[1]["forward/backward"] / micro[1])
+                side = f"tiderec {w}" if kind == "synchronous" else f"independent {w}"
+                bytes_per_sample = statistics.median(per_round(rounds, side, "bytes_per_sample"))
+                stage_rows.append([label, w, kind, num(micro[w]), num(b["total"], 2)]
+                                  + [num(b[name], 2) for name, _ in STAGE_GROUPS]
+                                  + [num(b["outside"], 2),
+                                     f"{b['outside'] / b['total']:.0%}" if b["total"] else "n/a",
+                                     ratio(work), num(bytes_per_sample, 1)])
+        findings.append(scaling_findings(label, ws, micro, breakdowns, tide, physical, others, logical)
+                        + machine_finding(ws[-1], tide, free, micro, breakdowns, free_breakdowns))
     cores = f"{physical} physical cores" if physical else "physical cores unknown"
     steps_note = (f"{run.s.warmup} warm-up steps, then {run.s.train_samples:,} samples' worth of timed steps "
                   f"(at least {run.steps(10**9)}); torch {torch_version}.")
@@ -697,12 +741,13 @@ def section_scaling(run):
                                     steps_note=steps_note, findings="\n\n".join(findings))
     scaling = table(["series", "W = workers = threads", "global batch", "per-worker batch", "timed steps",
                      "tiderec samples/s (median)", "tiderec speed-up", "tiderec efficiency",
+                     "W independent trainers, samples/s", "machine efficiency", "tiderec / independent",
                      "PyTorch samples/s (median)", "PyTorch speed-up", "PyTorch efficiency", "tiderec / PyTorch",
-                     "per round", "load (1 min) per round"], rows, right=range(2, 13))
-    stages = table(["series", "W", "per-worker batch", "ms per step in the trainer"]
+                     "per round", "load (1 min) per round"], rows, right=range(2, 16))
+    stages = table(["series", "W", "trainers", "per-worker batch", "ms per step in the trainer"]
                    + [f"{name}, ms" for name, _ in STAGE_GROUPS]
                    + ["outside the stages (rendezvous), ms", "outside / step", "work per sample vs W = 1",
-                      "bytes exchanged per sample"], stage_rows, right=range(1, 12))
+                      "bytes exchanged per sample"], stage_rows, right=[1] + list(range(3, 13)))
     return prose, scaling + "\n\n" + stages
 
 

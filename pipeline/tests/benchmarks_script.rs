@@ -202,6 +202,17 @@ fn the_scaling_section_reports_speed_up_efficiency_and_the_stage_breakdown() {
             // Efficiency is speed-up / W (both cells rounded).
             assert!((efficiency - 100.0 * speedup / w as f64).abs() <= 1.0, "{side}: {row:?}");
         }
+        // The machine's ceiling: W independent trainers against W × W = 1, and tiderec against them.
+        if w > 1 {
+            let free = number(row[col("W independent trainers, samples/s")]);
+            let tide = number(row[col("tiderec samples/s (median)")]);
+            let base =
+                number(rows.iter().find(|r| r[0].starts_with(series)).unwrap()[col("tiderec samples/s (median)")]);
+            let machine = number(row[col("machine efficiency")]);
+            assert!(free > 0.0, "{row:?}");
+            assert!((machine - 100.0 * free / (w as f64 * base)).abs() <= 1.0, "{row:?}");
+            assert!((number(row[col("tiderec / independent")]) - 100.0 * tide / free).abs() <= 1.0, "{row:?}");
+        }
         let ratio = number(row[col("tiderec / PyTorch")]);
         let expect = number(row[col("tiderec samples/s (median)")]) / number(row[col("PyTorch samples/s (median)")]);
         assert!((ratio - expect).abs() <= 0.01 + 1e-3 * expect, "{row:?}");
@@ -209,7 +220,7 @@ fn the_scaling_section_reports_speed_up_efficiency_and_the_stage_breakdown() {
 
     let (header, rows) = table_rows(&doc, "ms per step in the trainer");
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no `{name}`: {header:?}"));
-    assert_eq!(rows.len(), 4, "{doc}");
+    assert_eq!(rows.len(), 6, "two series × W = 1, 2, and the independent trainers at W = 2:\n{doc}");
     for row in &rows {
         let total = number(row[col("ms per step in the trainer")]);
         let parts: f64 = [
@@ -229,6 +240,8 @@ fn the_scaling_section_reports_speed_up_efficiency_and_the_stage_breakdown() {
         if row[1] == "1" {
             assert_eq!(bytes, 0.0, "one worker exchanges nothing: {row:?}");
             assert_eq!(number(row[col("work per sample vs W = 1")]), 1.0, "{row:?}");
+        } else if row[col("trainers")] == "independent" {
+            assert_eq!(bytes, 0.0, "independent trainers exchange nothing: {row:?}");
         } else {
             assert!(bytes > 0.0, "two workers exchange rows and gradients: {row:?}");
         }
@@ -236,6 +249,7 @@ fn the_scaling_section_reports_speed_up_efficiency_and_the_stage_breakdown() {
     for series in ["(a) global batch fixed, W = 2:* efficiency", "(b) per-worker batch fixed, W = 2:* efficiency"] {
         assert!(doc.contains(series), "no finding `{series}`:\n{doc}");
     }
+    assert_eq!(doc.matches("2 independent single-worker trainers on the same micro-batches").count(), 2, "{doc}");
 }
 
 #[test]
