@@ -160,6 +160,14 @@ impl ModelConfig {
         }
     }
 
+    /// Whether training computes the input gradient `dx` of layer `layer` of
+    /// [`mlp_layers`](Self::mlp_layers): every layer but one whose input is the
+    /// records' dense values alone (DLRM's first bottom layer), which nothing
+    /// upstream needs a gradient of.
+    pub fn mlp_layer_computes_dx(&self, layer: usize) -> bool {
+        !matches!(self, ModelConfig::Dlrm(_)) || layer != 0
+    }
+
     /// Checks the shape; errors name the offending key.
     pub fn validate(&self) -> Result<(), OperatorError> {
         match self {
@@ -230,5 +238,8 @@ mod tests {
         let model = config.build::<f32>(1).unwrap();
         let listed: usize = layers.iter().map(|&(i, o)| i * o + o).sum();
         assert_eq!(listed, model.params().len());
+        // Only the first bottom layer reads the dense values alone.
+        let dx: Vec<bool> = (0..layers.len()).map(|i| config.mlp_layer_computes_dx(i)).collect();
+        assert_eq!(dx, vec![false, true, true, true, true, true, true]);
     }
 }

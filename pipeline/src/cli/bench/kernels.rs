@@ -62,7 +62,8 @@ pub struct KernelsReport {
     /// The same bound under `--precision bf16` (where the CPU runs it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gemm_bound_samples_per_sec_bf16: Option<f64>,
-    /// Flops of the MLP products (forward, dW, dx) per sample.
+    /// Flops of the MLP products training computes (forward, dW, and dx where
+    /// the layer's input needs a gradient) per sample.
     pub mlp_flops_per_sample: f64,
     /// The core's measured fp32 FMA throughput at each vector width it runs.
     pub fma_peak: Vec<PeakRate>,
@@ -97,7 +98,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
             CandidateRate { kernel: Bf16Kernel::best().name().into(), gflops, eligible: false }
         })
     };
-    for &(input, output) in &model.mlp_layers() {
+    for (layer, &(input, output)) in model.mlp_layers().iter().enumerate() {
         let shape = ForwardShape { rows, input, output };
         let c = measure_shape(shape, measure);
         let chosen_gflops = c.timings.iter().find(|t| t.candidate == c.chosen).map_or(0.0, |t| t.gflops);
@@ -116,8 +117,10 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
             chosen: c.chosen.name().into(),
             chosen_gflops,
         });
-        // Backward: dW = dyᵀ·x (output × input over rows) and dx = dy·W (rows × input over output).
-        for product in [Backward::Dw, Backward::Dx] {
+        // Backward: dW = dyᵀ·x (output × input over rows) and dx = dy·W (rows × input over
+        // output), the latter where training computes it.
+        let dx = model.mlp_layer_computes_dx(layer);
+        for product in [Backward::Dw, Backward::Dx].into_iter().filter(|&p| p == Backward::Dw || dx) {
             let b = measure_backward(BackwardShape { product, rows, input, output }, measure);
             let (m, n, k) = b.shape.mnk();
             let chosen_gflops = b.timings.iter().find(|t| t.candidate == b.chosen).map_or(0.0, |t| t.gflops);
