@@ -159,7 +159,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         cpu_features: tiderec_operators::nn::kernel_choice::cpu_features_line(),
         steps: bench.steps,
         bytes_per_sample: timed.iter().map(|t| t.bytes).sum::<u64>() as f64 / samples as f64,
-        stage_ms: timed.iter().map(|t| t.stages.clone()).collect(),
+        stage_ms: timed.iter().map(|t| t.stages).collect(),
         dense_params: timed.first().map_or(0, |t| t.dense_params),
         embedding_params,
         gru: match &bench.model {
@@ -842,29 +842,29 @@ pub fn run_features(seconds: f64, criteo: &std::path::Path) -> FeaturesBenchResu
 mod tests {
     use super::StartLine;
     use std::sync::Arc;
+    use std::thread::JoinHandle;
 
-    #[test]
-    fn the_start_line_waits_for_everyone_or_lets_go_on_a_failure() {
-        let line = Arc::new(StartLine::new(3));
-        let waiting: Vec<_> = (0..2)
+    /// `n` threads arriving at `line`, each returning what `arrive` said.
+    fn arrivals(line: &Arc<StartLine>, n: usize) -> Vec<JoinHandle<bool>> {
+        (0..n)
             .map(|_| {
                 let line = line.clone();
                 std::thread::spawn(move || line.arrive())
             })
-            .collect();
-        let third = line.clone();
-        assert!(std::thread::spawn(move || third.arrive()).join().unwrap(), "all three arrived");
+            .collect()
+    }
+
+    #[test]
+    fn the_start_line_waits_for_everyone_or_lets_go_on_a_failure() {
+        let line = Arc::new(StartLine::new(3));
+        let waiting = arrivals(&line, 2);
+        assert!(arrivals(&line, 1).pop().unwrap().join().unwrap(), "all three arrived");
         for w in waiting {
             assert!(w.join().unwrap());
         }
         // One of three fails before arriving: the two that arrive are let go, told so.
         let line = Arc::new(StartLine::new(3));
-        let waiting: Vec<_> = (0..2)
-            .map(|_| {
-                let line = line.clone();
-                std::thread::spawn(move || line.arrive())
-            })
-            .collect();
+        let waiting = arrivals(&line, 2);
         line.abandon();
         for w in waiting {
             assert!(!w.join().unwrap(), "a trainer that would wait forever is released with false");
