@@ -71,6 +71,8 @@ fn a_quick_section_writes_the_machine_header_and_a_finite_ratio() {
     assert_eq!(header.len(), kernels.len());
     assert_eq!(kernels[0], "13→512", "{doc}");
     assert!(kernels[1..].iter().all(|k| !k.is_empty()), "a product without a chosen kernel: {kernels:?}");
+    // The first layer reads the dense values: its dx is never computed, at either size.
+    assert_eq!([kernels[3], kernels[6]], ["not computed"; 2], "{kernels:?}");
 
     // The section: prose, then the table with the ratio column holding a finite number.
     assert!(doc.contains("## GRU: split cell against the unsplit one"), "{doc}");
