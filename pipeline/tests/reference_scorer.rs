@@ -7,6 +7,7 @@
 mod common;
 
 use common::{run_ok, shared_data, skip, tiderec};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -61,6 +62,17 @@ fn python_scores(model: &Path, files: &[&Path], unlabeled: bool, out: &Path) -> 
     read_rows(out, unlabeled)
 }
 
+/// The reference scorer run on `model` and `data` where it must refuse: it exits 2
+/// with a message and no traceback, which is returned.
+fn refusal(model: &Path, data: &Path, out: &Path) -> String {
+    let o = Command::new("python3").arg(scorer()).arg("--model").arg(model).arg("--out").arg(out).arg(data).output();
+    let o = o.unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(!err.contains("Traceback"), "a refusal, not a crash: {err}");
+    err
+}
+
 /// The rows of a `file,position,score[,label]` CSV (the header checked).
 fn read_rows(out: &Path, unlabeled: bool) -> Vec<Row> {
     let text = std::fs::read_to_string(out).unwrap();
@@ -100,6 +112,24 @@ fn train_and_export(dir: &Path, name: &str, data: &str, args: &[&str]) -> (PathB
     (ckpt, serve)
 }
 
+/// Writes `train.tsv`, the first `train` lines, and `score.tsv`, the lines of
+/// `held` with the malformed `bad` inserted as its third record.
+fn sample_split(dir: &Path, lines: &[&str], train: usize, held: Range<usize>, bad: String) -> (PathBuf, PathBuf) {
+    let train_file = dir.join("train.tsv");
+    std::fs::write(&train_file, lines[..train].join("\n")).unwrap();
+    let mut held: Vec<String> = lines[held].iter().map(|s| s.to_string()).collect();
+    held.insert(2, bad);
+    let score_file = dir.join("score.tsv");
+    std::fs::write(&score_file, held.join("\n") + "\n").unwrap();
+    (train_file, score_file)
+}
+
+/// [`train_and_export`] of a small `kind` model (3,000 buckets, 60 steps of 128) with `flags` on `data`.
+fn train_small(dir: &Path, kind: &str, data: &str, flags: &[&str]) -> (PathBuf, PathBuf) {
+    let common = ["--model", kind, "--buckets", "3000", "--steps", "60", "--batch-size", "128", "--sparse-lr", "0.05"];
+    train_and_export(dir, kind, data, &[&common[..], flags].concat())
+}
+
 fn model_json(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("model.json")).unwrap()).unwrap()
 }
@@ -118,13 +148,9 @@ fn the_reference_scorer_matches_the_library_for_every_model_kind() {
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(&train).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    let train_file = dir.path().join("train.tsv");
-    std::fs::write(&train_file, lines[..8000].join("\n")).unwrap();
     // 400 held-out records with a malformed one (a bad label) at line 3.
-    let mut held: Vec<String> = lines[8000..8400].iter().map(|s| s.to_string()).collect();
-    held.insert(2, format!("7{}", &held[2][1..]));
-    let score_file = dir.path().join("score.tsv");
-    std::fs::write(&score_file, held.join("\n") + "\n").unwrap();
+    let (train_file, score_file) =
+        sample_split(dir.path(), &lines, 8000, 8000..8400, format!("7{}", &lines[8002][1..]));
 
     let kinds: [(&str, &[&str]); 5] = [
         ("lr", &[]),
@@ -134,17 +160,7 @@ fn the_reference_scorer_matches_the_library_for_every_model_kind() {
         ("dlrm", &["--dim", "8", "--bottom", "32,8", "--top", "32,1"]),
     ];
     for (kind, flags) in kinds {
-        let (ckpt, serve) = train_and_export(
-            dir.path(),
-            kind,
-            &format!("criteo:{}", train_file.display()),
-            &[
-                &["--model", kind, "--buckets", "3000", "--steps", "60", "--batch-size", "128", "--sparse-lr", "0.05"]
-                    [..],
-                flags,
-            ]
-            .concat(),
-        );
+        let (ckpt, serve) = train_small(dir.path(), kind, &format!("criteo:{}", train_file.display()), flags);
 
         let config = model_json(&serve);
         assert_eq!(config["kind"], kind);
@@ -236,18 +252,8 @@ fn the_reference_scorer_refuses_an_unknown_format_version() {
     std::fs::write(dir.path().join("model.safetensors"), b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ").unwrap();
     let data = dir.path().join("d.tsv");
     std::fs::write(&data, "").unwrap();
-    let o = Command::new("python3")
-        .arg(scorer())
-        .arg("--model")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(dir.path().join("o.csv"))
-        .arg(&data)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("version 1") && !err.contains("Traceback"), "{err}");
+    let err = refusal(dir.path(), &data, &dir.path().join("o.csv"));
+    assert!(err.contains("version 1"), "{err}");
 }
 
 /// LR and Wide & Deep with feature crosses of Criteo fields: model.json names the crossed
@@ -263,15 +269,10 @@ fn the_reference_scorer_rebuilds_the_feature_crosses_of_lr_and_wdl() {
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(&train).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    let train_file = dir.path().join("train.tsv");
-    std::fs::write(&train_file, lines[..6000].join("\n")).unwrap();
     // 300 held-out records with a malformed one (a non-hex category) at line 3.
-    let mut held: Vec<String> = lines[8000..8300].iter().map(|s| s.to_string()).collect();
     let mut fields: Vec<&str> = lines[8002].split('\t').collect();
     fields[15] = "zz"; // C2, a crossed field
-    held.insert(2, fields.join("\t"));
-    let score_file = dir.path().join("score.tsv");
-    std::fs::write(&score_file, held.join("\n") + "\n").unwrap();
+    let (train_file, score_file) = sample_split(dir.path(), &lines, 6000, 8000..8300, fields.join("\t"));
     let positions: Vec<usize> = (1..=301).filter(|&p| p != 3).collect();
 
     for (kind, flags) in [("lr", &[][..]), ("wdl", &["--dim", "8", "--deep", "32,16"][..])] {
@@ -357,17 +358,7 @@ fn the_reference_scorer_reproduces_avazu_models() {
     let kinds: [(&str, &[&str]); 2] =
         [("fm", &["--dim", "8"]), ("wdl", &["--dim", "8", "--deep", "32,16", "--crosses", "2:5"])];
     for (kind, flags) in kinds {
-        let (ckpt, serve) = train_and_export(
-            dir.path(),
-            kind,
-            &format!("avazu:{}", train_file.display()),
-            &[
-                &["--model", kind, "--buckets", "3000", "--steps", "60", "--batch-size", "128", "--sparse-lr", "0.05"]
-                    [..],
-                flags,
-            ]
-            .concat(),
-        );
+        let (ckpt, serve) = train_small(dir.path(), kind, &format!("avazu:{}", train_file.display()), flags);
         let config = model_json(&serve);
         assert_eq!(config["kind"], kind);
         assert_eq!(config["features"]["format"], "avazu");
@@ -711,18 +702,8 @@ fn the_reference_scorer_refuses_records_model_json_does_not_spell_out() {
         &["--model", "lr", "--buckets", "1000", "--steps", "3"],
     );
     assert_eq!(model_json(&serve)["features"]["format"], "parquet");
-    let o = Command::new("python3")
-        .arg(scorer())
-        .arg("--model")
-        .arg(&serve)
-        .arg("--out")
-        .arg(dir.path().join("o.csv"))
-        .arg(&part)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("'parquet'") && !err.contains("Traceback"), "{err}");
+    let err = refusal(&serve, &part, &dir.path().join("o.csv"));
+    assert!(err.contains("'parquet'"), "{err}");
 }
 
 /// The scorer's XXH3-64 (written from the specification) equals the one tiderec hashes
