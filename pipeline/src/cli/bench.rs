@@ -138,13 +138,13 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
             "independent trainers take one device for all of them (cpu or one cuda:N), not a list",
         ));
     }
-    let config = trainer_config(bench)?;
-    let embedding_params = config.table_sizes.iter().sum::<u64>() * config.model.embedding_dim() as u64;
+    let setup = Arc::new(Setup::new(bench)?);
+    let embedding_params = setup.config.table_sizes.iter().sum::<u64>() * setup.config.model.embedding_dim() as u64;
     eprintln!("{}", tiderec::kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
     let timed = if bench.independent && bench.workers > 1 {
-        independent_trainers(bench, &config)?
+        independent_trainers(bench, &setup)?
     } else {
-        timed_trainer(bench, &config, 0, None)?
+        timed_trainer(bench, setup.clone(), 0, None)?
     };
     let secs = timed.iter().map(|t| t.secs).fold(0.0f64, f64::max);
     let samples = bench.steps * bench.batch_size as u64;
@@ -173,29 +173,37 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     })
 }
 
-/// The trainer of a benchmark: its model, tables (synthetic behaviour tables
-/// for models over sequences) and optimizers.
-fn trainer_config(bench: &DlrmBench) -> Result<TrainerConfig, PipelineError> {
-    let table_sizes = match &bench.model {
-        ModelConfig::Dien(c) => BehaviorConfig::standard(7, c.max_len).table_sizes(),
-        _ => vec![bench.rows; 26],
-    };
-    Ok(TrainerConfig {
-        sequence_tables: if matches!(bench.model, ModelConfig::Dien(_)) {
-            SEQUENCE_TABLES.to_vec()
-        } else {
-            Vec::new()
-        },
-        model: bench.model.clone(),
-        table_sizes,
-        seed: 7,
-        dense_optimizer: bench.optimizer,
-        dense_hp: OptimizerParams::with_lr(0.01),
-        sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
-        sparse_hp: OptimizerParams::with_lr(0.01),
-        store: Default::default(),
-        exchange: Default::default(),
-    })
+/// What every trainer of a benchmark shares, built and checked once: the
+/// trainer's configuration (model, tables, optimizers), the synthetic
+/// behaviour stream of models over sequences, and the devices.
+struct Setup {
+    config: TrainerConfig,
+    behavior: Option<SyntheticBehavior>,
+    devices: tiderec::device::Devices,
+}
+
+impl Setup {
+    fn new(bench: &DlrmBench) -> Result<Self, PipelineError> {
+        let behavior = match &bench.model {
+            ModelConfig::Dien(c) => Some(SyntheticBehavior::new(BehaviorConfig::standard(7, c.max_len))?),
+            _ => None,
+        };
+        let config = TrainerConfig {
+            model: bench.model.clone(),
+            table_sizes: behavior.as_ref().map_or_else(|| vec![bench.rows; 26], |g| g.config().table_sizes()),
+            seed: 7,
+            dense_optimizer: bench.optimizer,
+            dense_hp: OptimizerParams::with_lr(0.01),
+            sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
+            sparse_hp: OptimizerParams::with_lr(0.01),
+            sequence_tables: if behavior.is_some() { SEQUENCE_TABLES.to_vec() } else { Vec::new() },
+            store: Default::default(),
+            exchange: Default::default(),
+        };
+        let devices = tiderec::device::Devices::for_workers(&bench.device, bench.workers)?;
+        devices.preflight(&config)?;
+        Ok(Setup { config, behavior, devices })
+    }
 }
 
 /// One worker's timed steps.
@@ -214,7 +222,7 @@ struct Timed {
 /// micro-batch worker `i` of one trainer would train and on that worker's
 /// batches, their timed steps started together (each waits at a start line
 /// after its warm-up): what the machine gives `W` workers that exchange nothing.
-fn independent_trainers(bench: &DlrmBench, config: &TrainerConfig) -> Result<Vec<Timed>, PipelineError> {
+fn independent_trainers(bench: &DlrmBench, setup: &Arc<Setup>) -> Result<Vec<Timed>, PipelineError> {
     let start = Arc::new(StartLine::new(bench.workers));
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..bench.workers)
@@ -227,7 +235,7 @@ fn independent_trainers(bench: &DlrmBench, config: &TrainerConfig) -> Result<Vec
                 };
                 let start = start.clone();
                 scope.spawn(move || {
-                    let timed = timed_trainer(&one, config, i, Some(start.clone()));
+                    let timed = timed_trainer(&one, setup.clone(), i, Some(start.clone()));
                     if timed.is_err() {
                         start.abandon();
                     }
@@ -283,7 +291,7 @@ impl StartLine {
 /// trainer would). With `start`, every worker waits there after its warm-up.
 fn timed_trainer(
     bench: &DlrmBench,
-    config: &TrainerConfig,
+    setup: Arc<Setup>,
     first: usize,
     start: Option<Arc<StartLine>>,
 ) -> Result<Vec<Timed>, PipelineError> {
@@ -296,15 +304,10 @@ fn timed_trainer(
         s
     };
     let resolved = settings.validate()?;
-    let devices = tiderec::device::Devices::for_workers(&bench.device, bench.workers)?;
-    devices.preflight(config)?;
-    let behavior = match &bench.model {
-        ModelConfig::Dien(c) => Some(SyntheticBehavior::new(BehaviorConfig::standard(7, c.max_len))?),
-        _ => None,
-    };
-    let shared = Arc::new((bench.clone(), config.clone(), behavior, devices));
+    let workers = bench.workers;
+    let bench = Arc::new(bench.clone());
     let guards = timely::execute(timely_config(&settings, &resolved), move |worker| {
-        let (bench, config, behavior, devices) = &*shared;
+        let Setup { config, behavior, devices } = &*setup;
         let (index, w) = (worker.index(), worker.peers());
         let me = first + index;
         let micro = tiderec::data::micro_batch(bench.batch_size, index, w);
@@ -348,7 +351,7 @@ fn timed_trainer(
         })
     })
     .map_err(|e| PipelineError::dataflow(DataflowFailure::Start, "cannot start timely workers").with_source(e))?;
-    let mut timed = Vec::with_capacity(bench.workers);
+    let mut timed = Vec::with_capacity(workers);
     for r in guards.join() {
         timed.push(r.map_err(|panic| {
             PipelineError::dataflow(DataflowFailure::Panicked, "a worker panicked").with_source(panic)
