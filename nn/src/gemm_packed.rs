@@ -79,12 +79,7 @@ impl<T: Scalar> PackedRhs<T> {
         if op == Op::N {
             return self.pack_columns(k, 0, n, b, n);
         }
-        self.reshape(k, n);
-        let mut start = 0;
-        for (first, pw) in panels(n) {
-            let width = pw.min(n - first);
-            let panel = &mut self.panels[start..start + k * pw];
-            start += k * pw;
+        for (first, width, pw, panel) in self.reshape(k, n) {
             T::pack_transposed(b, k, first, width, pw, panel);
             if width < pw {
                 for row in panel.chunks_exact_mut(pw) {
@@ -95,8 +90,9 @@ impl<T: Scalar> PackedRhs<T> {
     }
 
     /// Sizes the panels for a `k × n` operand (the buffer is reused, its
-    /// contents are left for the packing to overwrite).
-    fn reshape(&mut self, k: usize, n: usize) {
+    /// contents are left for the packing to overwrite) and hands out each
+    /// panel to fill: `(first column, columns of the operand, panel width, its k rows)`.
+    fn reshape(&mut self, k: usize, n: usize) -> impl Iterator<Item = (usize, usize, usize, &mut [T])> {
         self.k = k;
         self.n = n;
         let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
@@ -104,6 +100,12 @@ impl<T: Scalar> PackedRhs<T> {
             self.panels.resize(total, T::ZERO);
         }
         self.panels.truncate(total);
+        let mut rest = &mut self.panels[..];
+        panels(n).map(move |(first, pw)| {
+            let (panel, tail) = std::mem::take(&mut rest).split_at_mut(k * pw);
+            rest = tail;
+            (first, pw.min(n - first), pw, panel)
+        })
     }
 
     /// Packs columns `first .. first + n` of the `k` rows of `b`, rows `ldb`
@@ -115,12 +117,7 @@ impl<T: Scalar> PackedRhs<T> {
     pub(crate) fn pack_columns(&mut self, k: usize, first: usize, n: usize, b: &[T], ldb: usize) {
         assert!(first + n <= ldb, "PackedRhs: columns {first}..{} past a row of {ldb}", first + n);
         assert!(k == 0 || b.len() >= (k - 1) * ldb + first + n, "PackedRhs: b too short");
-        self.reshape(k, n);
-        let mut start = 0;
-        for (f, pw) in panels(n) {
-            let width = pw.min(n - f);
-            let panel = &mut self.panels[start..start + k * pw];
-            start += k * pw;
+        for (f, width, pw, panel) in self.reshape(k, n) {
             for (p, row) in panel.chunks_exact_mut(pw).enumerate() {
                 let at = p * ldb + first + f;
                 row[..width].copy_from_slice(&b[at..at + width]);
