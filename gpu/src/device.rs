@@ -1,10 +1,11 @@
 //! Finding a device, probing the CUDA libraries first, and the per-process
 //! cache of compiled kernels.
 
-use crate::kernels::{compile, virtual_arch, SOURCES};
+use crate::kernels::{compile_to, nvrtc_version, real_arch, Output, MIN_CAPABILITY, SOURCES};
 use crate::GpuError;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -50,11 +51,18 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    fn build(ctx: &Arc<CudaContext>, arch: &'static str) -> Result<Kernels, GpuError> {
+    /// Compiles every source to a cubin for the device's own `sm_XY` and
+    /// loads it. A module the driver refuses is reported with NVRTC's and
+    /// the driver's CUDA versions, the usual cause.
+    fn build(ctx: &Arc<CudaContext>, major: i32, minor: i32) -> Result<Kernels, GpuError> {
+        let arch = real_arch(major, minor);
         let mut functions = HashMap::new();
         for source in SOURCES {
-            let ptx = compile(source, arch)?;
-            let module = ctx.load_module(ptx).map_err(GpuError::driver("loading a compiled kernel module"))?;
+            let cubin = compile_to(source, &arch, Output::Cubin)?;
+            let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| GpuError::Driver {
+                during: "loading a compiled kernel module",
+                message: format!("{}: {e:?} ({})", source.file, versions()),
+            })?;
             for &name in source.functions {
                 let f = module.load_function(name).map_err(GpuError::driver("finding a kernel in its module"))?;
                 functions.insert(name, f);
@@ -62,6 +70,15 @@ impl Kernels {
         }
         Ok(Kernels { functions })
     }
+}
+
+/// "NVRTC X.Y, driver for CUDA A.B": what decides whether a module loads.
+fn versions() -> String {
+    let nvrtc = nvrtc_version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|_| "unknown".into());
+    let mut driver = 0;
+    // SAFETY: one out-pointer to a live integer; the driver library is loaded.
+    let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
+    format!("kernels compiled by NVRTC {nvrtc}, driver for CUDA {}.{}", driver / 1000, (driver % 1000) / 10)
 }
 
 /// Compiled kernels per device ordinal: each device's sources are compiled
@@ -107,7 +124,7 @@ impl Device {
         }
         let ctx = CudaContext::new(ordinal).map_err(GpuError::driver("creating the device context"))?;
         let (major, minor) = ctx.compute_capability().map_err(GpuError::driver("reading the compute capability"))?;
-        if major < 7 {
+        if (major, minor) < MIN_CAPABILITY {
             return Err(GpuError::UnsupportedDevice { ordinal, major, minor });
         }
         let kernels = {
@@ -115,12 +132,18 @@ impl Device {
             match cache.get(&ordinal) {
                 Some(k) => k.clone(),
                 None => {
-                    let k = Arc::new(Kernels::build(&ctx, virtual_arch(major, minor))?);
+                    let k = Arc::new(Kernels::build(&ctx, major, minor)?);
                     cache.insert(ordinal, k.clone());
                     k
                 }
             }
         };
+        // Each device buffer lives and is used on the stream of the `Device`
+        // that allocated it, so cudarc's cross-stream event tracking (two
+        // events per allocation, a wait and a record per kernel argument) is
+        // pure cost. Off before any buffer of this context exists.
+        // SAFETY: no buffer crosses streams (see above).
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(GpuError::driver("creating a stream"))?;
         let blas = CudaBlas::new(stream.clone()).map_err(GpuError::blas("creating the cuBLAS handle"))?;
         // Pedantic math: plain fp32 products, no TF32 or other reduced precision.

@@ -35,7 +35,7 @@ pub enum GpuError {
         searched: Vec<String>,
     },
     /// The device is older than the kernels need.
-    #[error("CUDA device {ordinal} has compute capability {major}.{minor}; the kernels need 7.0 or newer")]
+    #[error("CUDA device {ordinal} has compute capability {major}.{minor}; the kernels need 7.5 or newer")]
     UnsupportedDevice {
         /// The device.
         ordinal: usize,

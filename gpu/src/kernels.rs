@@ -9,7 +9,8 @@
 //! they sum in the same order.
 
 use crate::GpuError;
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::{result, sys};
+use std::ffi::{c_char, CString};
 
 /// One kernel file and the entry points it defines.
 #[derive(Clone, Copy, Debug)]
@@ -103,51 +104,114 @@ pub const SOURCES: &[KernelSource] = &[
     },
 ];
 
-/// The virtual architecture `compute_XY` for compute capability `X.Y`
-/// (a `'static` string, as NVRTC's options in cudarc want one).
-pub fn virtual_arch(major: i32, minor: i32) -> &'static str {
-    match (major, minor) {
-        (7, 0) => "compute_70",
-        (7, 2) => "compute_72",
-        (7, 5) => "compute_75",
-        (8, 0) => "compute_80",
-        (8, 6) => "compute_86",
-        (8, 7) => "compute_87",
-        (8, 9) => "compute_89",
-        (9, 0) => "compute_90",
-        (10, 0) => "compute_100",
-        (12, 0) => "compute_120",
-        // Any other capability: one small string per process and capability.
-        _ => Box::leak(format!("compute_{major}{minor}").into_boxed_str()),
-    }
+/// The oldest compute capability the kernels are built for: CUDA 13's NVRTC
+/// no longer targets 7.0 and 7.2 (Volta, Xavier).
+pub const MIN_CAPABILITY: (i32, i32) = (7, 5);
+
+/// The virtual architecture `compute_XY` for compute capability `X.Y`: PTX,
+/// which the compile check assembles with `ptxas`.
+pub fn virtual_arch(major: i32, minor: i32) -> String {
+    format!("compute_{major}{minor}")
 }
 
-/// The NVRTC options every kernel file is compiled with, for `arch` (`compute_XY`).
-pub fn compile_options(arch: &'static str, file: &'static str) -> CompileOptions {
-    CompileOptions {
-        ftz: Some(false),
-        prec_sqrt: Some(true),
-        prec_div: Some(true),
-        fmad: Some(false),
-        use_fast_math: Some(false),
-        arch: Some(arch),
-        name: Some(file.to_string()),
-        options: vec!["--std=c++17".to_string()],
-        ..Default::default()
-    }
+/// The real architecture `sm_XY`: a cubin for exactly that device, which
+/// the driver loads without compiling PTX again (so an NVRTC newer than the
+/// driver within one CUDA major version still works).
+pub fn real_arch(major: i32, minor: i32) -> String {
+    format!("sm_{major}{minor}")
 }
 
-/// Compiles one kernel file to PTX for `arch` with NVRTC (no driver or device
-/// needed). The caller must have checked that NVRTC is present
-/// ([`crate::nvrtc_available`]); without it cudarc would panic.
-pub fn compile(source: &KernelSource, arch: &'static str) -> Result<Ptx, GpuError> {
-    cudarc::nvrtc::compile_ptx_with_opts(source.source, compile_options(arch, source.file)).map_err(|e| {
-        let message = match e {
-            cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
-                format!("{nvrtc:?}: {}", log.to_string_lossy())
-            }
-            other => format!("{other:?}"),
+/// The NVRTC options every kernel file is compiled with, for `arch`
+/// (`compute_XY` or `sm_XY`): IEEE division and square root, no flush to
+/// zero, no FMA contraction, C++17.
+pub fn compile_options(arch: &str) -> Vec<String> {
+    vec![
+        "--ftz=false".into(),
+        "--prec-sqrt=true".into(),
+        "--prec-div=true".into(),
+        "--fmad=false".into(),
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+    ]
+}
+
+/// What NVRTC hands back for a compiled program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// PTX text (a `compute_XY` target).
+    Ptx,
+    /// A cubin (an `sm_XY` target).
+    Cubin,
+}
+
+/// The NVRTC library's version `(major, minor)`. The caller must have
+/// checked that NVRTC is present ([`crate::nvrtc_available`]).
+pub fn nvrtc_version() -> Result<(i32, i32), GpuError> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-pointers to live integers.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| GpuError::Compile {
+        file: "-",
+        arch: "-".into(),
+        message: format!("nvrtcVersion: {e:?}"),
+    })?;
+    Ok((major, minor))
+}
+
+/// Compiles one kernel file with NVRTC for `arch` (no driver or device
+/// needed) and returns the PTX or cubin it asks for. The caller must have
+/// checked that NVRTC is present ([`crate::nvrtc_available`]); without it
+/// cudarc would panic.
+pub fn compile_to(source: &KernelSource, arch: &str, output: Output) -> Result<Vec<u8>, GpuError> {
+    let fail = |message: String| GpuError::Compile { file: source.file, arch: arch.to_string(), message };
+    let src = CString::new(source.source).map_err(|_| fail("the source holds a NUL byte".into()))?;
+    let name = CString::new(source.file).map_err(|_| fail("the file name holds a NUL byte".into()))?;
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| fail(format!("{e:?}")))?;
+    let out = (|| {
+        // SAFETY: `prog` was just created and is destroyed below, after its last use.
+        if let Err(e) = unsafe { result::compile_program(prog, &compile_options(arch)) } {
+            // SAFETY: as above.
+            let log = unsafe { result::get_program_log(prog) }
+                .map(|l| l.iter().map(|&c| c as u8 as char).filter(|&c| c != '\0').collect::<String>())
+                .unwrap_or_default();
+            let hint = if e.0 == sys::nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE {
+                " (NVRTC could not load libnvrtc-builtins: put the folder holding libnvrtc-builtins.so.* beside libnvrtc on LD_LIBRARY_PATH)"
+            } else {
+                ""
+            };
+            return Err(fail(format!("{e:?}{hint}: {log}")));
+        }
+        let (size_fn, get_fn): (SizeFn, GetFn) = match output {
+            Output::Ptx => (sys::nvrtcGetPTXSize, sys::nvrtcGetPTX),
+            Output::Cubin => (sys::nvrtcGetCUBINSize, sys::nvrtcGetCUBIN),
         };
-        GpuError::Compile { file: source.file, arch: arch.to_string(), message }
+        let mut size = 0usize;
+        // SAFETY: `prog` compiled successfully; `size` is a live out-pointer.
+        unsafe { size_fn(prog, &mut size) }.result().map_err(|e| fail(format!("reading the output size: {e:?}")))?;
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` holds exactly the `size` bytes NVRTC reported.
+        unsafe { get_fn(prog, buf.as_mut_ptr() as *mut c_char) }
+            .result()
+            .map_err(|e| fail(format!("reading the output: {e:?}")))?;
+        Ok(buf)
+    })();
+    // SAFETY: created above, not destroyed before.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
+
+type SizeFn = unsafe fn(sys::nvrtcProgram, *mut usize) -> sys::nvrtcResult;
+type GetFn = unsafe fn(sys::nvrtcProgram, *mut c_char) -> sys::nvrtcResult;
+
+/// Compiles one kernel file to PTX text for `arch` (`compute_XY`): the
+/// compile check's form.
+pub fn compile(source: &KernelSource, arch: &str) -> Result<String, GpuError> {
+    let mut bytes = compile_to(source, arch, Output::Ptx)?;
+    while bytes.last() == Some(&0) {
+        bytes.pop();
+    }
+    String::from_utf8(bytes).map_err(|_| GpuError::Compile {
+        file: source.file,
+        arch: arch.to_string(),
+        message: "PTX is not UTF-8".into(),
     })
 }

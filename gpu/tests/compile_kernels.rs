@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
-use tiderec_gpu::kernels::{compile, SOURCES};
+use tiderec_gpu::kernels::{compile, compile_to, Output, SOURCES};
 
 /// Spilled bytes (stores or loads) any one kernel may have on `sm_90`.
 const SPILL_LIMIT_BYTES: u64 = 0;
@@ -86,8 +86,11 @@ fn every_kernel_compiles_for_hopper_and_assembles_without_spills() {
     let mut total = 0;
     for source in SOURCES {
         let ptx = compile(source, "compute_90").unwrap_or_else(|e| panic!("{e}"));
-        let text = ptx.to_src();
+        let text = ptx;
         assert!(text.contains(".target sm_90"), "{}: PTX for another target", source.file);
+        // The form `Device::open` loads: a cubin for the device's own `sm_XY`.
+        let cubin = compile_to(source, "sm_90", Output::Cubin).unwrap_or_else(|e| panic!("{e}"));
+        assert!(cubin.starts_with(b"\x7fELF"), "{}: NVRTC's sm_90 output is not an ELF cubin", source.file);
         let want: BTreeSet<String> = source.functions.iter().map(|s| s.to_string()).collect();
         assert_eq!(entries(&text), want, "{}: the entry points differ from the list the crate loads", source.file);
         let Some(ptxas) = &ptxas else { continue };

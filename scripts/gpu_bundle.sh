@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds the GPU check bundle: everything a machine with a GPU, the CUDA
+# libraries and python3 + torch (but no Rust toolchain) needs to prove the GPU
+# backend in one go.
+#
+#   bash scripts/gpu_bundle.sh [DIR]      # default DIR: target/gpu-bundle
+#
+# DIR then holds the stripped release binary `tiderec`, the stripped GPU test
+# executables under `tests/`, the PyTorch reference and benchmark scripts under
+# `scripts/`, and `run`, which does the whole check there:
+#
+#   DIR/run OUTDIR [SECONDS]
+#
+# (see `scripts/gpu_bundle_run.sh`, copied to DIR/run, for what it runs and in
+# which order). The bundle must stay under 50 MB; this script fails otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR="${1:-target/gpu-bundle}"
+LIMIT_BYTES=$((50 * 1000 * 1000))
+
+echo "== building the release binary and the GPU test executables" >&2
+cargo build --release -p tiderec --bin tiderec
+# The test executables' paths, from cargo's JSON messages.
+executables() {
+    cargo test --release --no-run --message-format=json "$@" |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["target"]["name"], m["executable"])'
+}
+LIST="$(executables -p tiderec-gpu; executables -p tiderec --test gpu_workers)"
+
+rm -rf "$DIR"
+mkdir -p "$DIR/tests" "$DIR/scripts"
+strip -o "$DIR/tiderec" target/release/tiderec
+while read -r name path; do
+    [ -n "$name" ] || continue
+    strip -o "$DIR/tests/$name" "$path"
+done <<<"$LIST"
+for s in bench_vs_torch.py torch_reference.py benchmarks.py gemm_roofline.py; do
+    cp "scripts/$s" "$DIR/scripts/$s"
+done
+cp scripts/gpu_bundle_run.sh "$DIR/run"
+chmod +x "$DIR/run" "$DIR/tiderec" "$DIR"/tests/*
+git rev-parse --short HEAD >"$DIR/VERSION" 2>/dev/null || echo unknown >"$DIR/VERSION"
+
+SIZE=$(du -sb "$DIR" | cut -f1)
+echo "bundle: $DIR, $(ls "$DIR/tests" | wc -l) test executables, $SIZE bytes" >&2
+ls -l "$DIR" "$DIR/tests" >&2
+if [ "$SIZE" -gt "$LIMIT_BYTES" ]; then
+    echo "the bundle is $SIZE bytes, over the limit of $LIMIT_BYTES" >&2
+    exit 1
+fi

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The GPU check, run from a bundle built by `scripts/gpu_bundle.sh`, on a
+# machine with an NVIDIA GPU, its driver, the CUDA 13 libraries (NVRTC,
+# cuBLAS) and python3 with torch; no Rust needed.
+#
+#   run OUTDIR [SECONDS]     # SECONDS: the time budget, default 600
+#
+# In order, each step's log in OUTDIR:
+#   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
+#   1. the kernel conformance and device-model suites, TIDEREC_REQUIRE_GPU=1;
+#   2. the GPU-worker equivalence tests against the bundle's binary;
+#   3. `tiderec bench` against the PyTorch reference on the same GPU,
+#      alternated: DLRM at batch 2,048, 16,384 and 65,536, DeepFM and DIEN;
+#   4. if the budget allows, the CPU scaling section of benchmarks.py, W = 1..16.
+# and OUTDIR/summary.txt, one screen. Exit status: 0 when every test passed
+# and every benchmark ran.
+set -u
+HERE="$(cd "$(dirname "$0")" && pwd)"
+OUT="${1:?usage: run OUTDIR [SECONDS]}"
+BUDGET="${2:-600}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+T0=$(date +%s)
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+FAILED=0
+say() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+elapsed() { echo $(($(date +%s) - T0)); }
+
+# ---- 0. the machine and the CUDA libraries -------------------------------
+{
+    nvidia-smi 2>&1
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    echo "nproc: $(nproc)"
+    grep -m1 'model name' /proc/cpuinfo
+    echo "amx_tile cpus: $(grep -c amx_tile /proc/cpuinfo)"
+    echo "avx512f cpus: $(grep -c avx512f /proc/cpuinfo)"
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
+} >"$OUT/machine.txt" 2>&1
+say "bundle $(cat "$HERE/VERSION" 2>/dev/null) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, amx_tile: $(grep -c amx_tile /proc/cpuinfo)"
+
+# NVRTC and cuBLAS: the loader's cache first, then CUDA's usual folders, then
+# the nvidia-* Python wheels (torch's own copies).
+need_dir() {
+    local lib="$1" d
+    if ldconfig -p 2>/dev/null | grep -q "$lib"; then return 0; fi
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64 \
+        $(python3 -c 'import nvidia, os, glob
+print(" ".join(sorted({os.path.dirname(p) for base in nvidia.__path__ for p in glob.glob(os.path.join(base, "*", "lib", "lib*.so*"))})))' 2>/dev/null); do
+        if ls "$d"/"$lib"* >/dev/null 2>&1; then
+            export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            return 0
+        fi
+    done
+    say "warning: $lib not found"
+}
+need_dir libnvrtc.so
+need_dir libnvrtc-builtins.so
+need_dir libcublas.so
+{
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    ldconfig -p | grep -E 'libcuda\.so|nvrtc|cublas' || true
+} >>"$OUT/machine.txt"
+
+# Runs one test executable with a time limit; records its result line.
+run_test() {
+    local name="$1" limit="$2"
+    shift 2
+    local log="$OUT/test-$name.log"
+    TIDEREC_REQUIRE_GPU=1 TIDEREC_BIN="$HERE/tiderec" RUST_BACKTRACE=1 \
+        timeout -k 5 "$limit" "$HERE/tests/$name" "$@" >"$log" 2>&1
+    local rc=$?
+    local result
+    result="$(grep -E '^test result:' "$log" | tail -1)"
+    [ -n "$result" ] || result="no result line (exit $rc)"
+    [ $rc -eq 0 ] || FAILED=1
+    say "$(printf '%-24s exit %-3s %s' "$name" "$rc" "$result")"
+    grep -E '^test .* FAILED$|panicked at' "$log" | head -5 | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
+}
+
+# ---- 1. kernel conformance and device models ----------------------------
+say "== 1. kernel conformance and device models ($(elapsed) s)"
+for t in "$HERE"/tests/*; do
+    n="$(basename "$t")"
+    [ "$n" = gpu_workers ] && continue
+    run_test "$n" 240 --test-threads=4
+done
+
+# ---- 2. GPU workers against CPU workers ---------------------------------
+say "== 2. GPU-worker equivalence ($(elapsed) s)"
+[ -x "$HERE/tests/gpu_workers" ] && run_test gpu_workers 300 --test-threads=4
+
+# ---- 3. tiderec against PyTorch on the same GPU -------------------------
+say "== 3. bench against PyTorch on cuda:0 ($(elapsed) s)"
+bench() {
+    local tag="$1"
+    shift
+    if [ "$(left)" -lt 60 ]; then
+        say "$tag: skipped, budget spent"
+        return
+    fi
+    local limit=$(( $(left) < 150 ? $(left) - 10 : 150 ))
+    timeout -k 5 "$limit" python3 "$HERE/scripts/bench_vs_torch.py" --tiderec "$HERE/tiderec" --device cuda:0 \
+        --timeout "$limit" "$@" >"$OUT/bench-$tag.md" 2>&1
+    local rc=$?
+    [ $rc -eq 0 ] || FAILED=1
+    say "$tag (exit $rc):"
+    grep -E '^\| (median|ratio)|tiderec / PyTorch|samples/s' "$OUT/bench-$tag.md" | head -6 | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
+}
+# Where one step's time goes, from tiderec's own stage clock.
+timeout -k 5 120 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size 16384 --steps 20 --warmup 5 --json \
+    >"$OUT/stages-dlrm-16384.json" 2>"$OUT/stages-dlrm-16384.err" || FAILED=1
+bench dlrm-2048 --model dlrm --batch-size 2048 --steps 100 --warmup 10 --rounds 2
+bench dlrm-16384 --model dlrm --batch-size 16384 --steps 30 --warmup 5 --rounds 2
+bench dlrm-65536 --model dlrm --batch-size 65536 --steps 10 --warmup 3 --rounds 2
+bench deepfm-16384 --model deepfm --batch-size 16384 --steps 20 --warmup 5 --rounds 1
+bench dien-2048 --model dien --batch-size 2048 --steps 20 --warmup 5 --rounds 1
+
+# ---- 4. CPU scaling on this host ----------------------------------------
+if [ "$(left)" -gt 150 ]; then
+    say "== 4. CPU scaling, W = 1..$(nproc) ($(elapsed) s)"
+    timeout -k 5 $(( $(left) - 20 )) python3 "$HERE/scripts/benchmarks.py" --only scaling --quick \
+        --max-workers 16 --tiderec "$HERE/tiderec" --output "$OUT/scaling.md" >"$OUT/scaling.log" 2>&1
+    say "scaling: exit $?"
+else
+    say "== 4. CPU scaling skipped: $(left) s of the budget left"
+fi
+
+say "== done in $(elapsed) s; $([ $FAILED -eq 0 ] && echo 'everything passed' || echo 'SOMETHING FAILED: see the logs')"
+exit $FAILED
