@@ -402,7 +402,10 @@ def run(a):
     else:
         kind, kw = torch.optim.SGD, dict(lr=0.01)
     fused = False
-    if a.fused_optimizer == "on":
+    # torch's fused Adagrad runs on the CPU only: on a GPU it raises at the first
+    # step, so Adagrad there takes the default (foreach) implementation.
+    fused_here = not (device.type == "cuda" and kind is torch.optim.Adagrad)
+    if a.fused_optimizer == "on" and fused_here:
         try:
             opt = kind(dense_model.parameters(), fused=True, **kw)
             fused = True

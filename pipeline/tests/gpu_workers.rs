@@ -5,8 +5,10 @@
 //! a malformed value names the key, and `--device cpu` is the default run
 //! exactly. With a GPU (`TIDEREC_REQUIRE_GPU=1` makes its absence a failure)
 //! every model trains on one GPU worker as on one CPU worker, a CPU and a GPU
-//! worker together train as one CPU worker, checkpoints move between the two,
-//! and `bench` takes the same flag.
+//! worker together (and two GPU workers on one GPU) train as one CPU worker,
+//! checkpoints move between the two — all under plain SGD, where a rounding
+//! difference stays one (see [`SGD`]) — the default adaptive optimizers train
+//! the same numbers on every GPU run, and `bench` takes the same flag.
 
 mod common;
 #[path = "../../gpu/tests/common/mod.rs"]
@@ -118,15 +120,35 @@ fn model_args(model: &str) -> Vec<&str> {
     args
 }
 
+/// Plain SGD for the dense part and the rows. The adaptive optimizers (Adam,
+/// row-wise Adagrad) divide each update by the gradient's running size, so a
+/// parameter whose gradient is zero but for one sample (a ReLU unit whose
+/// pre-activation sits at 0) moves by a whole learning rate or not at all
+/// depending on the last bit of that pre-activation: any change of summation
+/// order then moves `params_l2` by ~1e-4 after 50 steps (two CPU kernel
+/// choices of the same machine do, see `adaptive_optimizers_train_deterministically_on_a_gpu`).
+/// SGD keeps a rounding difference a rounding difference, so it is what the
+/// device's arithmetic is compared under.
+const SGD: [&str; 4] = ["--optimizer", "sgd", "--sparse-optimizer", "sgd"];
+
+/// The largest relative difference of `params_l2` and the losses allowed
+/// between a run with GPU workers and one CPU worker, under [`SGD`].
+const TOLERANCE: f64 = 1e-4;
+
 fn assert_close(a: &serde_json::Value, b: &serde_json::Value, what: &str) {
     for key in ["params_l2", "train_loss", "train_loss_mean"] {
         let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
         assert!(x.is_finite() && y.is_finite(), "{what}: {key} {x} vs {y}");
         let d = rel_diff(x, y);
         println!("{what}: {key} {x} vs {y} (rel {d:.2e})");
-        assert!(d <= 1e-4, "{what}: {key} {x} vs {y} (rel {d:e})");
+        assert!(d <= TOLERANCE, "{what}: {key} {x} vs {y} (rel {d:e})");
     }
     assert_eq!(a["steps"], b["steps"], "{what}");
+}
+
+/// `--steps N --workers W`, the model and plain SGD.
+fn sgd_run<'a>(steps: &'a str, workers: &'a str, model: &'a str) -> Vec<&'a str> {
+    [&["--steps", steps, "--workers", workers][..], &model_args(model), &SGD].concat()
 }
 
 #[test]
@@ -136,10 +158,39 @@ fn one_gpu_worker_trains_every_model_as_one_cpu_worker() {
     }
     let tmp = tempfile::tempdir().unwrap();
     for model in MODELS {
-        let run = [&["--steps", "50", "--workers", "1"][..], &model_args(model)].concat();
+        let run = sgd_run("50", "1", model);
         let cpu = train(&run, tmp.path(), &format!("{model}-cpu"));
         let gpu = train(&[&run[..], &["--device", "cuda:0"]].concat(), tmp.path(), &format!("{model}-gpu"));
         assert_close(&cpu, &gpu, &format!("{model}: cuda:0 vs cpu"));
+    }
+}
+
+#[test]
+fn adaptive_optimizers_train_deterministically_on_a_gpu() {
+    if gpu::device().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for model in MODELS {
+        let run = [&["--steps", "50", "--workers", "1"][..], &model_args(model)].concat();
+        let on_gpu = [&run[..], &["--device", "cuda:0"]].concat();
+        let (a, b) = (train(&on_gpu, tmp.path(), "a"), train(&on_gpu, tmp.path(), "b"));
+        for key in ["params_l2", "train_loss", "train_loss_mean"] {
+            assert_eq!(a[key], b[key], "{model}: two GPU runs differ in {key}");
+        }
+        // For the record: how far the default (adaptive) optimizers carry a change of
+        // summation order, GPU against CPU beside two CPU kernel choices.
+        let cpu = train(&run, tmp.path(), "cpu");
+        let portable_json = tmp.path().join("portable.json");
+        let env = ("TIDEREC_MAX_ISA", "portable");
+        run_ok(tiderec().env(env.0, env.1).args(BASE).args(&run).arg("--metrics-json").arg(&portable_json));
+        let portable = metrics(&portable_json);
+        let l2 = |v: &serde_json::Value| v["params_l2"].as_f64().unwrap();
+        println!(
+            "{model}, default optimizers, params_l2 rel diff: gpu vs cpu {:.2e}, portable cpu kernels vs cpu {:.2e}",
+            rel_diff(l2(&a), l2(&cpu)),
+            rel_diff(l2(&portable), l2(&cpu))
+        );
     }
 }
 
@@ -150,10 +201,10 @@ fn a_cpu_and_a_gpu_worker_train_as_one_cpu_worker() {
     }
     let tmp = tempfile::tempdir().unwrap();
     for model in MODELS {
-        let one = train(&[&["--steps", "50", "--workers", "1"][..], &model_args(model)].concat(), tmp.path(), "one");
+        let one = train(&sgd_run("50", "1", model), tmp.path(), "one");
         for list in ["cuda:0,cpu", "cpu,cuda:0", "cuda:0"] {
             let pair = train(
-                &[&["--steps", "50", "--workers", "2", "--device", list][..], &model_args(model)].concat(),
+                &[&sgd_run("50", "2", model)[..], &["--device", list]].concat(),
                 tmp.path(),
                 &format!("{model}-pair"),
             );
@@ -169,13 +220,12 @@ fn checkpoints_move_between_gpu_and_cpu_workers() {
     }
     let tmp = tempfile::tempdir().unwrap();
     for model in ["dlrm", "deepfm", "dien"] {
-        let straight =
-            train(&[&["--steps", "60", "--workers", "1"][..], &model_args(model)].concat(), tmp.path(), "straight");
+        let straight = train(&sgd_run("60", "1", model), tmp.path(), "straight");
         for (first, then) in [("cuda:0", "cpu"), ("cpu", "cuda:0"), ("cuda:0", "cuda:0")] {
             let ck = tmp.path().join(format!("ck-{model}-{first}-{then}"));
             let ck = ck.to_str().unwrap();
             let common =
-                [&["--workers", "1", "--checkpoint-dir", ck, "--checkpoint-every", "10"][..], &model_args(model)]
+                [&["--workers", "1", "--checkpoint-dir", ck, "--checkpoint-every", "10"][..], &model_args(model), &SGD]
                     .concat();
             train(&[&common[..], &["--steps", "30", "--device", first]].concat(), tmp.path(), "first");
             let resumed =
