@@ -5,6 +5,9 @@
 #
 #   run OUTDIR [SECONDS]     # SECONDS: the time budget, default 600
 #
+# BENCHES (environment): which benchmarks of step 3 to run, a space-separated
+# subset of "dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048" (default: all).
+#
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
 #   1. the kernel conformance and device-model suites, TIDEREC_REQUIRE_GPU=1;
@@ -85,12 +88,12 @@ say "== 1. kernel conformance and device models ($(elapsed) s)"
 for t in "$HERE"/tests/*; do
     n="$(basename "$t")"
     [ "$n" = gpu_workers ] && continue
-    run_test "$n" 240 --test-threads=4
+    run_test "$n" 240 --test-threads=4 --nocapture
 done
 
 # ---- 2. GPU workers against CPU workers ---------------------------------
 say "== 2. GPU-worker equivalence ($(elapsed) s)"
-[ -x "$HERE/tests/gpu_workers" ] && run_test gpu_workers 300 --test-threads=4
+[ -x "$HERE/tests/gpu_workers" ] && run_test gpu_workers 300 --test-threads=4 --nocapture
 
 # ---- 3. tiderec against PyTorch on the same GPU -------------------------
 say "== 3. bench against PyTorch on cuda:0 ($(elapsed) s)"
@@ -107,16 +110,23 @@ bench() {
     local rc=$?
     [ $rc -eq 0 ] || FAILED=1
     say "$tag (exit $rc):"
-    grep -E '^\| (median|ratio)|tiderec / PyTorch|samples/s' "$OUT/bench-$tag.md" | head -6 | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
+    grep -E '^\| median|^Failed' "$OUT/bench-$tag.md" | head -3 | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
 }
+BENCHES="${BENCHES:-dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048}"
+wanted() { case " $BENCHES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # Where one step's time goes, from tiderec's own stage clock.
-timeout -k 5 120 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size 16384 --steps 20 --warmup 5 --json \
-    >"$OUT/stages-dlrm-16384.json" 2>"$OUT/stages-dlrm-16384.err" || FAILED=1
-bench dlrm-2048 --model dlrm --batch-size 2048 --steps 100 --warmup 10 --rounds 2
-bench dlrm-16384 --model dlrm --batch-size 16384 --steps 30 --warmup 5 --rounds 2
-bench dlrm-65536 --model dlrm --batch-size 65536 --steps 10 --warmup 3 --rounds 2
-bench deepfm-16384 --model deepfm --batch-size 16384 --steps 20 --warmup 5 --rounds 1
-bench dien-2048 --model dien --batch-size 2048 --steps 20 --warmup 5 --rounds 1
+for b in 16384 65536; do
+    timeout -k 5 120 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b --steps 10 --warmup 3 --json \
+        >"$OUT/stages-dlrm-$b.json" 2>"$OUT/stages-dlrm-$b.err" || FAILED=1
+    say "stages, dlrm batch $b (ms): $(python3 -c 'import json, sys
+d = json.load(open(sys.argv[1])); s = d["stage_ms"][0]
+print(round(d["samples_per_sec"]), "samples/s;", ", ".join(f"{k} {v:.1f}" for k, v in s.items()))' "$OUT/stages-dlrm-$b.json" 2>/dev/null || echo "no result, see stages-dlrm-$b.err")"
+done
+wanted dlrm-2048 && bench dlrm-2048 --model dlrm --batch-size 2048 --steps 100 --warmup 10 --rounds 2
+wanted dlrm-16384 && bench dlrm-16384 --model dlrm --batch-size 16384 --steps 30 --warmup 5 --rounds 2
+wanted dlrm-65536 && bench dlrm-65536 --model dlrm --batch-size 65536 --steps 10 --warmup 3 --rounds 2
+wanted deepfm-16384 && bench deepfm-16384 --model deepfm --batch-size 16384 --steps 20 --warmup 5 --rounds 2
+wanted dien-2048 && bench dien-2048 --model dien --batch-size 2048 --steps 20 --warmup 5 --rounds 2
 
 # ---- 4. CPU scaling on this host ----------------------------------------
 if [ "$(left)" -gt 150 ]; then
