@@ -425,6 +425,13 @@ class Run:
                     raise Failed(f"{side} (`{' '.join(sides[side][1:])}`): {r[side]}")
         return rounds
 
+    def has_torch(self):
+        """Whether `--python` imports torch (asked once per run)."""
+        if not hasattr(self, "_has_torch"):
+            self._has_torch = subprocess.run([self.args.python, "-c", "import torch"],
+                                             capture_output=True).returncode == 0
+        return self._has_torch
+
     def require_criteo(self):
         if not os.path.exists(self.criteo):
             raise Failed(f"{self.criteo} not found (the Criteo sample of the shared data)")
@@ -679,6 +686,10 @@ def machine_finding(w, tide, free, micro, breakdowns, free_breakdowns):
             f"is its own (the exchange, waiting at the rendezvous, the reduce and gather of the dense gradients).")
 
 
+# A PyTorch cell of the scaling table when the run's python has no torch.
+NO_TORCH = "not run (no torch)"
+
+
 def section_scaling(run):
     logical = logical_cpus()
     physical = physical_cores()
@@ -687,6 +698,9 @@ def section_scaling(run):
     series = [("(a) global batch fixed", lambda w: SCALING_GLOBAL_BATCH),
               ("(b) per-worker batch fixed", lambda w: SCALING_PER_WORKER * w)]
     rows, stage_rows, findings, torch_version = [], [], [], "?"
+    # Without torch the section still measures tiderec and the machine; the PyTorch
+    # columns then say so instead of failing the whole section.
+    with_torch = run.has_torch()
     for label, global_batch in series:
         sides, steps = {}, {}
         for w in ws:
@@ -697,29 +711,36 @@ def section_scaling(run):
                 "--steps", str(steps[w]), "--warmup", str(run.s.warmup), "--tiderec", run.args.tiderec,
                 "--python", run.args.python, "--timeout", str(run.args.timeout)])
             sides[f"tiderec {w}"] = bench_vs_torch.tiderec_command(a)
-            sides[f"torch {w}"] = bench_vs_torch.torch_command(a)
+            if with_torch:
+                sides[f"torch {w}"] = bench_vs_torch.torch_command(a)
             if w > 1:
                 sides[f"independent {w}"] = bench_vs_torch.tiderec_command(a) + ["--independent"]
         before = cpu_reading()
         rounds = run.alternate(sides)
         others = other_cores(before, cpu_reading())
-        torch_version = rounds[0]["torch 1"].get("torch_version", torch_version)
-        tide, torch = scaling_series(rounds, ws, "tiderec"), scaling_series(rounds, ws, "torch")
+        if with_torch:
+            torch_version = rounds[0]["torch 1"].get("torch_version", torch_version)
+        tide = scaling_series(rounds, ws, "tiderec")
+        torch = scaling_series(rounds, ws, "torch") if with_torch else None
         micro = {w: global_batch(w) / w for w in ws}
         breakdowns = {w: median_breakdown(rounds, f"tiderec {w}") for w in ws}
         free = independent_series(rounds, ws)
         free_breakdowns = {w: median_breakdown(rounds, f"independent {w}") for w in ws if w > 1}
         for w in ws:
-            t, p, f = tide[w], torch[w], free.get(w)
-            ratios = [x / y for x, y in zip(per_round(rounds, f"tiderec {w}"), per_round(rounds, f"torch {w}"))]
+            t, f = tide[w], free.get(w)
             note = " (> physical cores)" if physical and w > physical else ""
+            if torch is not None:
+                p = torch[w]
+                ratios = [x / y for x, y in zip(per_round(rounds, f"tiderec {w}"), per_round(rounds, f"torch {w}"))]
+                pytorch = [num(p.samples), ratio(p.speedup), f"**{p.efficiency:.0%}**",
+                           ratio(t.samples / p.samples), span(ratios)]
+            else:
+                pytorch = [NO_TORCH] * 5
             rows.append([label, f"{w}{note}", num(global_batch(w)), num(micro[w]), steps[w],
                          num(t.samples), ratio(t.speedup), f"**{t.efficiency:.0%}**",
                          num(f.samples) if f else "(W = 1)", f"{f.efficiency:.0%}" if f else "100%",
-                         f"**{t.samples / f.samples:.0%}**" if f else "100%",
-                         num(p.samples), ratio(p.speedup), f"**{p.efficiency:.0%}**",
-                         ratio(t.samples / p.samples), span(ratios),
-                         span([r["load"] for r in rounds], lambda v: f"{v:.1f}")])
+                         f"**{t.samples / f.samples:.0%}**" if f else "100%"]
+                        + pytorch + [span([r["load"] for r in rounds], lambda v: f"{v:.1f}")])
             for kind, b in [("synchronous", breakdowns[w]), ("independent", free_breakdowns.get(w))]:
                 if b is None:
                     continue
@@ -735,7 +756,10 @@ def section_scaling(run):
                         + machine_finding(ws[-1], tide, free, micro, breakdowns, free_breakdowns))
     cores = f"{physical} physical cores" if physical else "physical cores unknown"
     steps_note = (f"{run.s.warmup} warm-up steps, then {run.s.train_samples:,} samples' worth of timed steps "
-                  f"(at least {run.steps(10**9)}); torch {torch_version}.")
+                  f"(at least {run.steps(10**9)}); "
+                  + (f"torch {torch_version}." if with_torch else
+                     f"**PyTorch was not run**: `{run.args.python}` cannot import torch, so its columns say "
+                     f"`{NO_TORCH}`."))
     prose = PROSE["scaling"].format(ws=", ".join(map(str, ws)), logical=logical, physical=cores,
                                     global_batch=SCALING_GLOBAL_BATCH, per_worker=SCALING_PER_WORKER,
                                     steps_note=steps_note, findings="\n\n".join(findings))
