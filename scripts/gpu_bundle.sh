@@ -19,20 +19,24 @@ DIR="${1:-target/gpu-bundle}"
 LIMIT_BYTES=$((50 * 1000 * 1000))
 
 echo "== building the release binary and the GPU test executables" >&2
-cargo build --release -p tiderec --bin tiderec
-# The test executables' paths, from cargo's JSON messages.
-executables() {
-    cargo test --release --no-run --message-format=json "$@" |
-        python3 -c 'import json, sys
+# `--workspace` for both, as the test command builds: the features of shared
+# dependencies are unified over the workspace, so after a test-command build
+# nothing is compiled again, and the binary is the one the tests run.
+cargo build --release --workspace --bins
+# The GPU test executables' paths (every test of tiderec-gpu, and the
+# GPU-worker tests of the pipeline crate), from cargo's JSON messages.
+LIST="$(cargo test --release --workspace --no-run --message-format=json |
+    python3 -c 'import json, sys
 for line in sys.stdin:
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["target"]["name"], m["executable"])'
-}
-LIST="$(executables -p tiderec-gpu; executables -p tiderec --test gpu_workers)"
+    if m.get("reason") != "compiler-artifact" or not m.get("profile", {}).get("test") or not m.get("executable"):
+        continue
+    name, package = m["target"]["name"], m["package_id"]
+    if "#tiderec-gpu@" in package or name == "gpu_workers":
+        print(name, m["executable"])')"
 
 rm -rf "$DIR"
 mkdir -p "$DIR/tests" "$DIR/scripts"
@@ -41,13 +45,22 @@ while read -r name path; do
     [ -n "$name" ] || continue
     strip -o "$DIR/tests/$name" "$path"
 done <<<"$LIST"
-for s in bench_vs_torch.py torch_reference.py benchmarks.py gemm_roofline.py; do
+for s in bench_vs_torch.py torch_reference.py benchmarks.py gemm_roofline.py gpu_report.py; do
     cp "scripts/$s" "$DIR/scripts/$s"
 done
 cp scripts/gpu_bundle_run.sh "$DIR/run"
 chmod +x "$DIR/run" "$DIR/tiderec" "$DIR"/tests/*
 git rev-parse --short HEAD >"$DIR/VERSION" 2>/dev/null || echo unknown >"$DIR/VERSION"
 
+# What `run` needs, all of it.
+for f in tiderec run VERSION scripts/bench_vs_torch.py scripts/torch_reference.py scripts/benchmarks.py \
+    scripts/gemm_roofline.py scripts/gpu_report.py tests/compile_kernels tests/conformance_embedding \
+    tests/conformance_nn tests/conformance_optim tests/device_models tests/gpu_workers; do
+    if [ ! -s "$DIR/$f" ]; then
+        echo "the bundle lacks $f" >&2
+        exit 1
+    fi
+done
 SIZE=$(du -sb "$DIR" | cut -f1)
 echo "bundle: $DIR, $(ls "$DIR/tests" | wc -l) test executables, $SIZE bytes" >&2
 ls -l "$DIR" "$DIR/tests" >&2

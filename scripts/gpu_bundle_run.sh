@@ -15,7 +15,8 @@
 #   3. `tiderec bench` against the PyTorch reference on the same GPU,
 #      alternated: DLRM at batch 2,048, 16,384 and 65,536, DeepFM and DIEN;
 #   4. if the budget allows, the CPU scaling section of benchmarks.py, W = 1..16.
-# and OUTDIR/summary.txt, one screen. Exit status: 0 when every test passed
+# and OUTDIR/summary.txt, one screen, and OUTDIR/report.md (scripts/gpu_report.py),
+# the page docs/benchmarks-gpu.md is made of. Exit status: 0 when every test passed
 # and every benchmark ran.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -138,5 +139,7 @@ else
     say "== 4. CPU scaling skipped: $(left) s of the budget left"
 fi
 
+python3 "$HERE/scripts/gpu_report.py" "$OUT" >"$OUT/report.md" 2>>"$OUT/summary.txt" ||
+    say "the report could not be written"
 say "== done in $(elapsed) s; $([ $FAILED -eq 0 ] && echo 'everything passed' || echo 'SOMETHING FAILED: see the logs')"
 exit $FAILED

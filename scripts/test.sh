@@ -9,7 +9,8 @@
 # moto's S3 server, which holds that broker's data across the broker-restart test;
 # NVRTC and ptxas 13.0 from pip for the GPU kernels' compile check, which needs no
 # GPU), builds in release mode (the tests spawn the release binary and train real
-# models), and runs every test of every crate, doc tests included.
+# models), packs the GPU check bundle (scripts/gpu_bundle.sh), and runs every test of
+# every crate, doc tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,6 +81,10 @@ RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --quiet
 
 echo "== cargo build --release (workspace, all targets)"
 cargo build --release --workspace --all-targets
+
+echo "== the GPU check bundle (scripts/gpu_bundle.sh): built, contents and size checked, its compile check run"
+bash scripts/gpu_bundle.sh target/gpu-bundle
+target/gpu-bundle/tests/compile_kernels --quiet
 
 echo "== cargo test --release (workspace)"
 # Two test threads: the machine has two cores and the training tests use both.

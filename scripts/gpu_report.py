@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""The GPU check's report: one markdown page from the logs of `run OUTDIR` (the bundle
+of `scripts/gpu_bundle.sh`).
+
+    python3 scripts/gpu_report.py OUTDIR [OUTDIR ...] > docs/benchmarks-gpu.md
+
+Several OUTDIRs (calls of `run` on one machine, e.g. with different `BENCHES`) are read in
+order; a file present in more than one is taken from the last. Reads `machine.txt`,
+`test-*.log` (run with `--nocapture`, so the passing tests' printed figures are there),
+`bench-*.md` (from `scripts/bench_vs_torch.py`) and `stages-dlrm-*.json` (`tiderec bench
+dlrm --json`). Prints nothing it did not find in the logs, except the published fp32 peak
+of the GPU named in the GEMM bound, which it says is published, not measured.
+"""
+
+import json
+import os
+import re
+import sys
+
+# Dense products of DLRM's Kaggle shape per trained sample, forward and backward
+# (6 · Σ in·out over both MLPs, less the first layer's dx), in MFLOP.
+DLRM_MFLOP = 2.84
+# Published dense fp32 (non-tensor-core) peaks, TFLOP/s, of the SXM parts.
+FP32_PEAK_TFLOPS = {"H100": 67.0, "H200": 67.0}
+
+
+def files(dirs):
+    """name -> path, the last directory winning."""
+    out = {}
+    for d in dirs:
+        for name in sorted(os.listdir(d)):
+            out[name] = os.path.join(d, name)
+    return out
+
+
+def read(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def machine(found):
+    text = read(found["machine.txt"]) if "machine.txt" in found else ""
+    gpu = re.search(r"^(NVIDIA [^,\n]+), ([0-9.]+), (\d+) MiB", text, re.M)
+    cuda = re.search(r"CUDA Version: ([0-9.]+)", text)
+    cpu = re.search(r"model name\s*:\s*(.+)", text)
+    cores = re.search(r"nproc: (\d+)", text)
+    amx = re.search(r"amx_tile cpus: (\d+)", text)
+    torch = re.search(r"^torch (\S+)", text, re.M)
+    rows = [
+        ("GPU", f"{gpu.group(1)}, {int(gpu.group(3)):,} MiB" if gpu else "not found in machine.txt"),
+        ("driver, CUDA", f"{gpu.group(2) if gpu else '?'}, CUDA {cuda.group(1) if cuda else '?'}"),
+        ("host CPU", f"{cpu.group(1).strip() if cpu else '?'}, {cores.group(1) if cores else '?'} cores, "
+                     f"AMX {'yes' if amx and int(amx.group(1)) > 0 else 'no'}"),
+        ("PyTorch", torch.group(1) if torch else "?"),
+    ]
+    return gpu.group(1) if gpu else "", table(["", ""], rows)
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def tests(found):
+    rows, errors, diffs, adaptive = [], [], [], []
+    passed = failed = 0
+    for name in sorted(n for n in found if n.startswith("test-") and n.endswith(".log")):
+        text = read(found[name])
+        m = re.search(r"test result: (\w+)\. (\d+) passed; (\d+) failed", text)
+        if m:
+            passed += int(m.group(2))
+            failed += int(m.group(3))
+        rows.append([f"`{name[5:-4]}`", m.group(2) if m else "?", m.group(3) if m else "?",
+                     "ok" if m and m.group(1) == "ok" else "**FAILED**"])
+        errors += [float(x) for x in re.findall(r"relative error ([0-9.e+-]+) over", text)]
+        diffs += [float(x) for x in re.findall(r": \w+ \S+ vs \S+ \(rel ([0-9.e+-]+)\)", text)]
+        adaptive += re.findall(r"^(\S+), default optimizers, params_l2 rel diff: gpu vs cpu (\S+), "
+                               r"portable cpu kernels vs cpu (\S+)$", text, re.M)
+    return passed, failed, table(["test executable", "passed", "failed", ""], rows), errors, diffs, adaptive
+
+
+def benches(found):
+    rows = []
+    for name in sorted(n for n in found if n.startswith("bench-") and n.endswith(".md")):
+        text = read(found[name])
+        head = re.search(r"^\*\*(\w[\w-]*)\*\*, batch (\d+)", text, re.M)
+        med = re.search(r"^\| median \| ([\d,]+) \| ([\d,]+) \| \*\*([0-9.]+)×\*\* \(rounds ([0-9.]+)–([0-9.]+)\)",
+                        text, re.M)
+        rounds = len(re.findall(r"^\| \d+ \|", text, re.M))
+        if not head:
+            continue
+        model, batch = head.group(1), int(head.group(2))
+        if med:
+            rows.append((model, batch, [model, f"{batch:,}", med.group(1), med.group(2),
+                                        f"**{med.group(3)}×** ({med.group(4)}–{med.group(5)})", rounds]))
+        else:
+            rows.append((model, batch, [model, f"{batch:,}", "failed: see the log", "", "", rounds]))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return [r[2] for r in rows]
+
+
+def stages(found):
+    rows = []
+    for name in sorted(n for n in found if n.startswith("stages-dlrm-") and n.endswith(".json")):
+        try:
+            d = json.loads(read(found[name]))
+        except ValueError:
+            continue
+        s = d["stage_ms"][0]
+        rows.append([f"{d['batch_size']:,}", f"{d['samples_per_sec']:,.0f}", f"{s['total']:.1f}", f"{s['plan']:.1f}",
+                     f"{s['serve']:.1f}", f"{s['forward_backward']:.1f}", f"{s['apply']:.1f}"])
+    rows.sort(key=lambda r: int(r[0].replace(",", "")))
+    return rows
+
+
+def main(argv):
+    if not argv or any(not os.path.isdir(d) for d in argv):
+        sys.exit("usage: gpu_report.py OUTDIR [OUTDIR ...] (folders written by the bundle's `run`)")
+    found = files(argv)
+    gpu, machine_table = machine(found)
+    passed, failed, test_table, errors, diffs, adaptive = tests(found)
+    print("# GPU results\n")
+    print("Generated by `python3 scripts/gpu_report.py` from the logs of the GPU check bundle "
+          "(`scripts/gpu_bundle.sh`, then `run OUTDIR` on the GPU machine); do not edit by hand. "
+          "Every tiderec figure stands beside PyTorch's on the same GPU in the same call, alternated.\n")
+    print("## Machine\n")
+    print(machine_table + "\n")
+    print("## Tests on the GPU\n")
+    print(f"{passed} tests passed, {failed} failed, with `TIDEREC_REQUIRE_GPU=1` (a missing GPU fails them).\n")
+    print(test_table + "\n")
+    if errors:
+        print(f"Kernel and device-model conformance: {len(errors)} comparisons of a device result with its CPU "
+              f"twin; the largest normwise relative error is **{max(errors):.1e}** (bound 1e-5).\n")
+    if diffs:
+        print(f"GPU workers against CPU workers (params L2 and losses after 50 or 60 steps, plain SGD): "
+              f"{len(diffs)} comparisons, the largest relative difference **{max(diffs):.1e}** (bound 1e-4).\n")
+    if adaptive:
+        print("With the default adaptive optimizers (Adam, row-wise Adagrad) two GPU runs are equal bit for bit; "
+              "against a CPU worker, and beside two CPU kernel choices of the same CPU "
+              "(`TIDEREC_MAX_ISA=portable` against the default), params L2 after 50 steps differs by:\n")
+        print(table(["model", "GPU vs CPU", "CPU portable kernels vs CPU"], adaptive) + "\n")
+    rows = benches(found)
+    if rows:
+        print("## Speed against PyTorch eager on the same GPU\n")
+        print("`scripts/bench_vs_torch.py --device cuda:0` (one tiderec GPU worker; PyTorch eager with the same "
+              "model, row-wise Adagrad rows and Adagrad dense, fp32), medians over the alternated rounds.\n")
+        print(table(["model", "batch", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch", "rounds"],
+                    rows) + "\n")
+    st = stages(found)
+    if st:
+        print("## Where a GPU worker's step goes\n")
+        print("`tiderec bench dlrm --device cuda:0 --json`, the trainer's stage clock (ms per step). Planning, "
+              "serving rows and applying row and dense updates run on the host; forward/backward includes the "
+              "host's pooling and the copies to and from the device.\n")
+        print(table(["batch", "samples/s", "step", "plan", "serve", "forward/backward", "apply"], st) + "\n")
+        peak = next((v for k, v in FP32_PEAK_TFLOPS.items() if k in gpu), None)
+        big = [r for r in st if r[0] == "65,536"]
+        if peak and big:
+            bound = peak * 1e12 / (DLRM_MFLOP * 1e6)
+            torch_row = [r for r in rows if r[0] == "dlrm" and r[1] == "65,536" and r[3]]
+            torch_share = (f", PyTorch eager {float(torch_row[0][3].replace(',', '')) / bound:.1%} in the benchmark "
+                           "above" if torch_row else "")
+            print(f"At batch 65,536 the fp32 GEMM bound of DLRM ({DLRM_MFLOP} MFLOP per sample at the "
+                  f"{gpu}'s published {peak:.0f} TFLOP/s fp32 peak, not measured here) is {bound / 1e6:.1f} M "
+                  f"samples/s; tiderec reaches {float(big[0][1].replace(',', '')) / bound:.1%} of it"
+                  f"{torch_share}.\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
