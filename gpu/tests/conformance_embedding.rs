@@ -1,7 +1,7 @@
 //! Embedding-bag pooling and sparse row updates on the device against the
 //! CPU (`nn::embedding_bag`, `optim::apply_row` through `EmbeddingShard`),
-//! with empty bags, one-row batches and many duplicate ids. Without a GPU
-//! every test prints why it skips.
+//! with empty bags, one-row batches, batch 65,536, many duplicate ids and one
+//! row with 10,000 duplicates. Without a GPU every test prints why it skips.
 
 mod common;
 
@@ -31,9 +31,13 @@ fn bags(seed: u64, batch: usize, num_unique: usize, max_bag: usize) -> (Vec<u32>
 #[test]
 fn pooling_and_its_gradient_match_the_cpu_for_sum_mean_and_weights() {
     let Some(dev) = device() else { return };
-    for (batch, num_unique, dim, max_bag, field, num_fields) in
-        [(1, 1, 4, 3, 0, 1), (9, 6, 5, 6, 2, 3), (257, 40, 16, 9, 1, 26), (33, 1000, 33, 1, 0, 2)]
-    {
+    for (batch, num_unique, dim, max_bag, field, num_fields) in [
+        (1, 1, 4, 3, 0, 1),
+        (9, 6, 5, 6, 2, 3),
+        (257, 40, 16, 9, 1, 26),
+        (33, 1000, 33, 1, 0, 2),
+        (65_536, 100_000, 16, 3, 5, 26),
+    ] {
         let (offsets, index) = bags(30 + batch as u64, batch, num_unique, max_bag);
         let entries = index.len();
         let mean: Vec<f32> = (0..batch)
@@ -121,15 +125,43 @@ fn cpu_step(shard: &mut EmbeddingShard, ids: &[u32], grads: &[f32], dim: usize, 
     }
 }
 
+/// `entries` ids with many duplicates: 70% among rows 0..5, the rest anywhere.
+fn skewed_ids(step: u64, entries: usize, num_rows: usize) -> Vec<u32> {
+    (0..entries)
+        .map(|k| {
+            let r = below(42 + step, k, 1000);
+            (if r < 700 { r % 5 } else { below(43 + step, k, num_rows) }).min(num_rows - 1) as u32
+        })
+        .collect()
+}
+
+/// `entries` ids of which `hot` are row 3, spread through the others.
+fn one_hot_row(step: u64, entries: usize, hot: usize, num_rows: usize) -> Vec<u32> {
+    let every = entries as f64 / hot as f64;
+    (0..entries)
+        .map(|k| {
+            let is_hot = ((k + 1) as f64 / every).floor() > (k as f64 / every).floor();
+            if is_hot {
+                3
+            } else {
+                below(47 + step, k, num_rows) as u32
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn sparse_updates_with_many_duplicate_ids_match_the_cpu() {
     let Some(dev) = device() else { return };
-    for (kind, num_rows, dim, entries) in [
-        (SparseOptimizerKind::Sgd, 50, 16, 4000),
-        (SparseOptimizerKind::RowwiseAdagrad, 50, 16, 4000),
-        (SparseOptimizerKind::RowwiseAdagrad, 1, 7, 1),
-        (SparseOptimizerKind::RowwiseAdagrad, 70_000, 33, 20_000),
-        (SparseOptimizerKind::Sgd, 300, 1, 9),
+    // `hot`: 0 for skewed ids, else how many of the entries are one row.
+    for (kind, num_rows, dim, entries, hot) in [
+        (SparseOptimizerKind::Sgd, 50, 16, 4000, 0),
+        (SparseOptimizerKind::RowwiseAdagrad, 50, 16, 4000, 0),
+        (SparseOptimizerKind::RowwiseAdagrad, 1, 7, 1, 0),
+        (SparseOptimizerKind::RowwiseAdagrad, 70_000, 33, 20_000, 0),
+        (SparseOptimizerKind::Sgd, 300, 1, 9, 0),
+        (SparseOptimizerKind::RowwiseAdagrad, 1000, 16, 12_000, 10_000),
+        (SparseOptimizerKind::Sgd, 1000, 16, 12_000, 10_000),
     ] {
         let mut hp = OptimizerParams::with_lr(0.05);
         hp.initial_accumulator = 0.1;
@@ -143,20 +175,16 @@ fn sparse_updates_with_many_duplicate_ids_match_the_cpu() {
             _ => SparseRule::RowwiseAdagrad { lr: hp.lr, eps: hp.eps },
         };
         for step in 0..3u64 {
-            // Ids skewed to a few hot rows: many duplicates per step.
-            let ids: Vec<u32> = (0..entries)
-                .map(|k| {
-                    let r = below(42 + step, k, 1000);
-                    (if r < 700 { r % 5 } else { below(43 + step, k, num_rows) }).min(num_rows - 1) as u32
-                })
-                .collect();
+            let ids =
+                if hot == 0 { skewed_ids(step, entries, num_rows) } else { one_hot_row(step, entries, hot, num_rows) };
+            assert!(hot == 0 || ids.iter().filter(|&&i| i == 3).count() >= hot, "row 3 appears {hot} times at least");
             let grads = normal(44 + step, entries * dim);
             let scale = 1.0 / 64.0;
             cpu_step(&mut shard, &ids, &grads, dim, scale);
             let (idd, gd) = (put(&dev, &ids), put(&dev, &grads));
             table.apply(&dev, rule, &idd, &gd, entries, scale).unwrap();
             let want = shard.export_table(0);
-            let what = format!("{kind:?} rows {num_rows} d{dim} entries {entries} step {step}");
+            let what = format!("{kind:?} rows {num_rows} d{dim} entries {entries} hot {hot} step {step}");
             assert_close(&format!("{what} rows"), &get(&dev, &table.rows, num_rows * dim), &want.rows);
             if kind == SparseOptimizerKind::RowwiseAdagrad {
                 assert_close(&format!("{what} accumulators"), &get(&dev, &table.state, num_rows), &want.state);

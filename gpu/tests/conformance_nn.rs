@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_close, device, get, normal, put, uniform};
+use common::{assert_close, assert_close_tensors, device, get, normal, put, tensor_parts, uniform, weight_and_bias};
 use tiderec_gpu::nn;
 use tiderec_operators::nn as cpu;
 
@@ -46,7 +46,12 @@ fn linear_forward_and_backward_match_the_cpu() {
             let mut dxd = dev.zeros::<f32>(batch * input).unwrap();
             layer.backward(&dev, &p, &xd, &dyd, batch, &mut gd, Some(&mut dxd)).unwrap();
             let range = offset..offset + shape.num_params();
-            assert_close(&format!("{what} dW db"), &get(&dev, &gd, total)[range.clone()], &grads[range]);
+            assert_close_tensors(
+                &what,
+                &get(&dev, &gd, total)[..range.end],
+                &grads[..range.end],
+                &weight_and_bias(offset, input, output),
+            );
             assert_close(&format!("{what} dx"), &get(&dev, &dxd, batch * input), &dx);
         }
     }
@@ -81,7 +86,8 @@ fn mlp_forward_and_backward_match_the_cpu() {
         let mut gd = dev.zeros::<f32>(total).unwrap();
         let mut dxd = dev.zeros::<f32>(x.len()).unwrap();
         dmlp.backward(&dev, &p, &xd, &dcache, &dd, &mut gd, Some(&mut dxd)).unwrap();
-        assert_close(&format!("{what} grads"), &get(&dev, &gd, total)[2..], &grads[2..]);
+        let parts = tensor_parts(&cpu::named::mlp_tensors("mlp", &mlp));
+        assert_close_tensors(&what, &get(&dev, &gd, total), &grads, &parts);
         assert_close(&format!("{what} dx"), &get(&dev, &dxd, x.len()), &dx);
     }
 }

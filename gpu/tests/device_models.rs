@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_close, device, normal, uniform};
+use common::{assert_close, assert_close_tensors, device, normal, tensor_parts, uniform};
 use tiderec_gpu::model;
 use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, Model, ModelConfig, SequenceInput};
 
@@ -66,9 +66,26 @@ fn compare_step(
     let mut dp_gpu = vec![7.0; pooled.len()];
     cpu.backward(&dense, &pooled, &dlogits, &mut dp_cpu);
     gpu.backward(&dense, &pooled, &dlogits, &mut dp_gpu);
-    assert_close(&format!("{what}, batch {batch}: parameter gradients"), gpu.grads(), cpu.grads());
+    let parts = tensor_parts(&c.param_tensors());
+    assert_close_tensors(&format!("{what}, batch {batch}: gradient"), gpu.grads(), cpu.grads(), &parts);
     assert_close(&format!("{what}, batch {batch}: pooled gradients"), &dp_gpu, &dp_cpu);
     assert!(gpu.take_error().is_none(), "{what}: no device error");
+}
+
+/// The gradients are compared tensor by tensor along `param_tensors`, which
+/// must therefore tile each model's flat buffer (checked without a GPU).
+#[test]
+fn parameter_tensors_tile_every_flat_buffer() {
+    let dien_models = [("dien", dien(Interest::GruAttention)), ("dien-sum", dien(Interest::SumPooling))];
+    for (what, config) in models().into_iter().chain(dien_models) {
+        let n = config.build::<f32>(9).unwrap().params().len();
+        let mut at = 0;
+        for t in config.param_tensors() {
+            assert_eq!(t.offset, at, "{what}: `{}` starts at {} after {at}", t.name, t.offset);
+            at += t.len();
+        }
+        assert_eq!(at, n, "{what}: the tensors end at {at}, the buffer at {n}");
+    }
 }
 
 #[test]
@@ -80,7 +97,8 @@ fn device_models_match_the_cpu_models() {
         assert_eq!(gpu.params(), cpu.params(), "{what}: the same initial parameters");
         assert_eq!(gpu.embedding_dim(), cpu.embedding_dim());
         assert!(gpu.partial_model().is_none(), "{what}: no partial form on the device");
-        for (step, batch) in [37usize, 1, 128, 5].into_iter().enumerate() {
+        // 65,536: the largest batch the benchmarks train, grids far past one wave.
+        for (step, batch) in [37usize, 1, 128, 65_536, 5].into_iter().enumerate() {
             compare_step(what, cpu.as_mut(), gpu.as_mut(), &config, batch, 100 + step as u64);
             // A host-side update, as the trainer's all-gather does: both models move.
             let delta = normal(500 + step as u64, cpu.params().len());
@@ -169,7 +187,7 @@ fn compare_sequences(
     let (mut ds_cpu, mut ds_gpu) = (vec![0.0; rows.len()], vec![7.0; rows.len()]);
     cpu.backward_sequences(&dense, &pooled, &seq, &dlogits, &mut dp_cpu, &mut ds_cpu);
     gpu.backward_sequences(&dense, &pooled, &seq, &dlogits, &mut dp_gpu, &mut ds_gpu);
-    assert_close(&format!("{at}: parameter gradients"), gpu.grads(), cpu.grads());
+    assert_close_tensors(&format!("{at}: gradient"), gpu.grads(), cpu.grads(), &tensor_parts(&c.param_tensors()));
     assert_close(&format!("{at}: pooled gradients"), &dp_gpu, &dp_cpu);
     assert_close(&format!("{at}: sequence gradients"), &ds_gpu, &ds_cpu);
     assert!(gpu.take_error().is_none(), "{at}: no device error");

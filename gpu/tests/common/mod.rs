@@ -8,6 +8,7 @@
 //! not used: sums that cancel to near zero differ by reassociation alone.
 #![allow(dead_code)]
 
+use std::ops::Range;
 use tiderec_gpu::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use tiderec_gpu::{CudaSlice, Device};
 use tiderec_operators::rng::normal_f64;
@@ -66,6 +67,32 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     let e = rel_err(got, want);
     println!("{what}: relative error {e:.3e} over {} values", want.len());
     assert!(e <= TOLERANCE, "{what}: relative error {e:.3e} > {TOLERANCE:e}");
+}
+
+/// Asserts every named part of `got` matches the same part of `want` within
+/// [`TOLERANCE`], each measured against its own scale, so a small tensor's
+/// error is not hidden behind a large one's. The parts must tile
+/// `want[parts[0].start..]` in order, to its end.
+pub fn assert_close_tensors(what: &str, got: &[f32], want: &[f32], parts: &[(String, Range<usize>)]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let mut at = parts.first().map_or(want.len(), |p| p.1.start);
+    for (name, range) in parts {
+        assert_eq!(range.start, at, "{what}: `{name}` does not start where the previous part ended");
+        assert_close(&format!("{what}: {name}"), &got[range.clone()], &want[range.clone()]);
+        at = range.end;
+    }
+    assert_eq!(at, want.len(), "{what}: the parts end at {at}, the buffer at {}", want.len());
+}
+
+/// The named tensors of a flat parameter buffer as `(name, range)` parts.
+pub fn tensor_parts(tensors: &[tiderec_operators::nn::ParamTensor]) -> Vec<(String, Range<usize>)> {
+    tensors.iter().map(|t| (t.name.clone(), t.range())).collect()
+}
+
+/// A layer's weight `[output × input]` at `offset` and its bias `[output]` after it.
+pub fn weight_and_bias(offset: usize, input: usize, output: usize) -> Vec<(String, Range<usize>)> {
+    let w = offset + input * output;
+    vec![("weight".into(), offset..w), ("bias".into(), w..w + output)]
 }
 
 /// Downloads the first `n` values.
