@@ -381,7 +381,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("cities.txt"), "paris\nlyon\n").unwrap();
         let spec = dir.path().join("spec.toml");
-        let text = "columns = [\"label\", \"city\"]\nlabel = { column = \"label\" }\n\n[[categorical]]\n\
+        let text = "delimiter = \",\"\nheader = false\ncolumns = [\"label\", \"city\"]\nlabel = { column = \"label\" }\n\n[[categorical]]\n\
                     column = \"city\"\nbuckets = 10\nencoding = \"vocabulary\"\nvocabulary = \"cities.txt\"\n";
         std::fs::write(&spec, text).unwrap();
         let files: Vec<PathBuf> = spec_files(spec.to_str().unwrap()).into_iter().map(|n| n.path).collect();
