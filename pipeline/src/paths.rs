@@ -7,6 +7,8 @@
 //!   [`check_outputs`] before any output is opened for writing, naming the output's
 //!   flag, its path, and the input's flag and file.
 //! * No two outputs of a command are the same file (one would overwrite the other).
+//!   Outputs that are devices, FIFOs or sockets (`/dev/null`) are not compared: writing
+//!   to them replaces nothing.
 //! * A single-file output that is replaced wholesale is not replaced unless asked:
 //!   [`check_new`] refuses an existing one without `--overwrite`.
 //!
@@ -98,6 +100,9 @@ pub fn check_outputs(inputs: &[Named], outputs: &[Named]) -> Result<(), PathErro
     let mut seen: Vec<(&Named, Identity)> = Vec::with_capacity(outputs.len());
     for output in outputs {
         let id = Identity::of(&output.path);
+        if id.special {
+            continue;
+        }
         if let Some((input, _)) = inputs.iter().find(|(_, i)| i.same(&id)) {
             return Err(PathError::OutputIsInput {
                 output: output.flag.clone(),
@@ -134,11 +139,18 @@ struct Identity {
     /// The canonical path; for a path that does not exist, its nearest existing ancestor's
     /// canonical path with the rest appended.
     canonical: PathBuf,
+    /// The path exists and is neither a file nor a directory (a device, a FIFO, a socket).
+    special: bool,
 }
 
 impl Identity {
     fn of(path: &Path) -> Self {
-        Identity { inode: std::fs::metadata(path).ok().and_then(|m| inode(&m)), canonical: canonical(path) }
+        let meta = std::fs::metadata(path).ok();
+        Identity {
+            inode: meta.as_ref().and_then(inode),
+            canonical: canonical(path),
+            special: meta.is_some_and(|m| !m.is_file() && !m.is_dir()),
+        }
     }
 
     fn same(&self, other: &Identity) -> bool {
@@ -337,6 +349,14 @@ mod tests {
         assert!(e.to_string().contains("--dead-letters") && e.to_string().contains("--metrics-log"), "{e}");
         let c = dir.path().join("other.tsv");
         check_outputs(&[], &[named("--dead-letters", &a), named("--metrics-log", &c)]).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn devices_are_not_compared() {
+        let null = Path::new("/dev/null");
+        check_outputs(&[named("--data", null)], &[named("--dead-letters", null), named("--metrics-log", null)])
+            .unwrap();
     }
 
     #[test]
