@@ -83,6 +83,10 @@ pub enum PipelineError {
         /// What is wrong: the share of malformed records, or no sample at all.
         reason: String,
     },
+    /// An output would overwrite an input, another output, or an existing file (see
+    /// [`crate::paths`]); refused before anything was written.
+    #[error(transparent)]
+    Paths(#[from] crate::paths::PathError),
     /// The run would not fit: a size overflows, or the memory estimate exceeds what is available
     /// (see [`crate::memory`]).
     #[error(transparent)]

@@ -39,6 +39,7 @@ pub mod kernels;
 pub mod memory;
 pub mod metrics_log;
 pub mod online;
+pub mod paths;
 pub mod predict;
 pub mod progress;
 pub mod run;

@@ -9,6 +9,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand};
 use cli::bench::command::BenchCommand;
 use std::path::PathBuf;
+use tiderec::paths::{self, Named};
 use tiderec::settings::{ConvertFlags, TrainFlags};
 use tiderec::TrainSettings;
 
@@ -125,6 +126,12 @@ impl ConvertArgs {
         let mut s = args.settings.settings()?;
         s.data.source = args.from;
         let out = tiderec::convert::parse_target("to", &args.to)?;
+        let mut inputs: Vec<Named> =
+            args.settings.config_path().map(|c| Named::new("--config", c)).into_iter().collect();
+        inputs.extend(paths::data_files("--from", &s.data.source)?);
+        inputs.extend(s.data.spec.as_deref().map(paths::spec_files).unwrap_or_default());
+        let outputs = [Named::new("--to", &out), Named::new("--dead-letters", &s.data.records.dead_letters)];
+        paths::check_outputs(&inputs, &outputs)?;
         let writer = tiderec_sources::parquet::WriterOptions {
             row_group_rows: args.row_group_rows,
             rows_per_file: args.rows_per_file,
@@ -284,6 +291,13 @@ struct ScoreArgs {
 }
 
 impl ScoreArgs {
+    /// The checkpoint's files and the records' files.
+    fn inputs(&self) -> anyhow::Result<Vec<Named>> {
+        let mut inputs = paths::tree_files("--checkpoint", &self.checkpoint)?;
+        inputs.extend(paths::data_files("--data", &self.data)?);
+        Ok(inputs)
+    }
+
     fn options(&self, labeled: bool) -> anyhow::Result<tiderec::predict::ScoreOptions> {
         self.records.0.validate()?;
         Ok(tiderec::predict::ScoreOptions {
@@ -312,6 +326,9 @@ struct PredictArgs {
     /// Scores file: FILE.csv or FILE.parquet (columns file, position, score, and label for labeled input).
     #[arg(long)]
     out: PathBuf,
+    /// Replace --out when it exists (refused otherwise).
+    #[arg(long)]
+    overwrite: bool,
     /// The records have no label column (test files such as Criteo's test.txt or Avazu's test).
     #[arg(long)]
     unlabeled: bool,
@@ -339,6 +356,9 @@ fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
         train: {
             let train = args.train.settings()?;
             tiderec::applicable::check(&train, tiderec::applicable::For::Online)?;
+            let mut outputs = paths::train_outputs(&train);
+            outputs.extend(args.summary_json.as_ref().map(|p| Named::new("--summary-json", p)));
+            paths::check_outputs(&paths::train_inputs(&train, args.train.config_path())?, &outputs)?;
             train
         },
         format: args.format.parse()?,
@@ -493,6 +513,8 @@ fn main() -> anyhow::Result<()> {
         Command::Train(args) => {
             let settings = args.settings()?;
             tiderec::applicable::check(&settings, tiderec::applicable::For::Train)?;
+            let inputs = paths::train_inputs(&settings, args.config_path())?;
+            paths::check_outputs(&inputs, &paths::train_outputs(&settings))?;
             let data = settings.data.source.clone();
             let workers = settings.cluster.workers * settings.cluster.processes;
             eprintln!(
@@ -564,10 +586,14 @@ fn main() -> anyhow::Result<()> {
         Command::Online(args) => run_online(*args)?,
         Command::Produce(a) => run_produce(a)?,
         Command::Plot(a) => {
+            paths::check_outputs(&[Named::new("--metrics", &a.metrics)], &[Named::new("--out", &a.out)])?;
             let n = cli::plot::plot_metrics(&a.metrics, &a.out).context("plot failed")?;
             println!("plotted {n} reports from {} to {}", a.metrics.display(), a.out.display());
         }
         Command::Export(a) => {
+            use tiderec_sinks::checkpoint::export::{CONFIG_FILE, MODEL_FILE};
+            let outputs = [&a.out, &a.out.join(MODEL_FILE), &a.out.join(CONFIG_FILE)].map(|p| Named::new("--out", p));
+            paths::check_outputs(&paths::tree_files("--checkpoint", &a.checkpoint)?, &outputs)?;
             let s = tiderec::serving::export(&a.checkpoint, &a.out).context("export failed")?;
             println!(
                 "exported step {}: {} dense parameters, {} embedding rows to {}",
@@ -592,6 +618,8 @@ fn main() -> anyhow::Result<()> {
             tiderec::serve::run(&options, &stop).context("serve failed")?;
         }
         Command::Eval(a) => {
+            let dead_letters = Named::new("--dead-letters", &a.score.records.0.dead_letters);
+            paths::check_outputs(&a.score.inputs()?, &[dead_letters])?;
             let r = tiderec::predict::eval(&a.score.options(true)?).context("eval failed")?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -607,6 +635,10 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Predict(a) => {
+            let out = Named::new("--out", &a.out);
+            let dead_letters = Named::new("--dead-letters", &a.score.records.0.dead_letters);
+            paths::check_outputs(&a.score.inputs()?, &[out.clone(), dead_letters])?;
+            paths::check_new(&out, a.overwrite)?;
             let options = a.score.options(!a.unlabeled)?;
             let r = tiderec::predict::predict(&options, &a.out).context("predict failed")?;
             if a.json {

@@ -41,12 +41,13 @@ struct Row {
     label: Option<f32>,
 }
 
-/// `predict --checkpoint ck --data data --out dir/out.csv` with `extra`; returns the header and rows.
+/// `predict --checkpoint ck --data data --out dir/out.csv` with `extra` (replacing the scores of an
+/// earlier call); returns the header and rows.
 fn predict(ck: &Path, data: &str, dir: &Path, extra: &[&str]) -> (String, Vec<Row>, String) {
     let out = dir.join("out.csv");
     let o = run_ok(
         tiderec()
-            .args(["predict", "--data", data, "--batch-size", "7"])
+            .args(["predict", "--overwrite", "--data", data, "--batch-size", "7"])
             .arg("--checkpoint")
             .arg(ck)
             .arg("--out")

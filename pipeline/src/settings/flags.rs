@@ -74,6 +74,11 @@ impl<S: Subset> Flags<S> {
         Ok(Flags { matches: cmd.try_get_matches_from(args)?, subset: PhantomData })
     }
 
+    /// The `--config` file, when one was given.
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        self.matches.get_one::<PathBuf>("config").map(PathBuf::as_path)
+    }
+
     /// The settings: defaults, then the `--config` file, then the flags given.
     ///
     /// A flag outside the command's subset is refused, naming it.

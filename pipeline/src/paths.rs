@@ -1,0 +1,410 @@
+//! A command's outputs checked against its inputs before anything is written.
+//!
+//! Invariants:
+//! * No output of a command is the same file as one of its inputs: same device and
+//!   inode when both exist (a hard link or a symbolic link to an input is that input),
+//!   the same canonical path otherwise. Such a command is refused by
+//!   [`check_outputs`] before any output is opened for writing, naming the output's
+//!   flag, its path, and the input's flag and file.
+//! * No two outputs of a command are the same file (one would overwrite the other).
+//!   Outputs that are devices, FIFOs or sockets (`/dev/null`) are not compared: writing
+//!   to them replaces nothing.
+//! * A single-file output that is replaced wholesale is not replaced unless asked:
+//!   [`check_new`] refuses an existing one without `--overwrite`.
+//!
+//! Inputs are files: the files of each `--data`-like `FORMAT:PATH[,PATH…]` (a directory
+//! stands for every file in it), spec files and the vocabulary files they name, and
+//! every file under a checkpoint directory that is read.
+
+use crate::TrainSettings;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// A path a command reads or writes, with the flag that named it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    /// The flag (or settings key, spelled as its flag), e.g. `--dead-letters`.
+    pub flag: String,
+    /// The file (for an input given as a directory, one file in it).
+    pub path: PathBuf,
+}
+
+impl Named {
+    /// `path`, named by `flag`.
+    pub fn new(flag: impl Into<String>, path: impl Into<PathBuf>) -> Self {
+        Named { flag: flag.into(), path: path.into() }
+    }
+}
+
+/// Why a command's outputs are refused.
+#[derive(Debug, Error)]
+pub enum PathError {
+    /// An output is the same file as an input.
+    #[error(
+        "{output} {} is the same file as the input {} (from {input}): writing it would destroy the input; \
+         nothing was written, choose another path for {output}",
+        .output_path.display(),
+        .input_path.display()
+    )]
+    OutputIsInput {
+        /// The output's flag.
+        output: String,
+        /// The output as given.
+        output_path: PathBuf,
+        /// The input's flag.
+        input: String,
+        /// The input file.
+        input_path: PathBuf,
+    },
+    /// Two outputs are the same file.
+    #[error(
+        "{first} {} and {second} {} are the same file: one output would overwrite the other; nothing was \
+         written, choose another path for {second}",
+        .first_path.display(),
+        .second_path.display()
+    )]
+    SharedOutput {
+        /// The first output's flag.
+        first: String,
+        /// The first output as given.
+        first_path: PathBuf,
+        /// The second output's flag.
+        second: String,
+        /// The second output as given.
+        second_path: PathBuf,
+    },
+    /// A single-file output exists and `--overwrite` was not given.
+    #[error("{flag} {} already exists: pass --overwrite to replace it", .path.display())]
+    Exists {
+        /// The output's flag.
+        flag: String,
+        /// The existing file.
+        path: PathBuf,
+    },
+    /// An input directory could not be listed.
+    #[error("cannot list {} (read for {flag}): {source}", .path.display())]
+    Unlistable {
+        /// The input's flag.
+        flag: String,
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Refuses an output that is the same file as an input or as an earlier output.
+pub fn check_outputs(inputs: &[Named], outputs: &[Named]) -> Result<(), PathError> {
+    let inputs: Vec<(&Named, Identity)> = inputs.iter().map(|n| (n, Identity::of(&n.path))).collect();
+    let mut seen: Vec<(&Named, Identity)> = Vec::with_capacity(outputs.len());
+    for output in outputs {
+        let id = Identity::of(&output.path);
+        if id.special {
+            continue;
+        }
+        if let Some((input, _)) = inputs.iter().find(|(_, i)| i.same(&id)) {
+            return Err(PathError::OutputIsInput {
+                output: output.flag.clone(),
+                output_path: output.path.clone(),
+                input: input.flag.clone(),
+                input_path: input.path.clone(),
+            });
+        }
+        if let Some((first, _)) = seen.iter().find(|(_, i)| i.same(&id)) {
+            return Err(PathError::SharedOutput {
+                first: first.flag.clone(),
+                first_path: first.path.clone(),
+                second: output.flag.clone(),
+                second_path: output.path.clone(),
+            });
+        }
+        seen.push((output, id));
+    }
+    Ok(())
+}
+
+/// Refuses an existing `output` unless `overwrite` (a dangling symbolic link exists too).
+pub fn check_new(output: &Named, overwrite: bool) -> Result<(), PathError> {
+    if !overwrite && std::fs::symlink_metadata(&output.path).is_ok() {
+        return Err(PathError::Exists { flag: output.flag.clone(), path: output.path.clone() });
+    }
+    Ok(())
+}
+
+/// What makes two paths the same file.
+struct Identity {
+    /// Device and inode, when the path exists (symbolic links followed).
+    inode: Option<(u64, u64)>,
+    /// The canonical path; for a path that does not exist, its nearest existing ancestor's
+    /// canonical path with the rest appended.
+    canonical: PathBuf,
+    /// The path exists and is neither a file nor a directory (a device, a FIFO, a socket).
+    special: bool,
+}
+
+impl Identity {
+    fn of(path: &Path) -> Self {
+        let meta = std::fs::metadata(path).ok();
+        Identity {
+            inode: meta.as_ref().and_then(inode),
+            canonical: canonical(path),
+            special: meta.is_some_and(|m| !m.is_file() && !m.is_dir()),
+        }
+    }
+
+    fn same(&self, other: &Identity) -> bool {
+        match (self.inode, other.inode) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.canonical == other.canonical,
+        }
+    }
+}
+
+#[cfg(unix)]
+fn inode(m: &std::fs::Metadata) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    Some((m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn inode(_m: &std::fs::Metadata) -> Option<(u64, u64)> {
+    None
+}
+
+/// `path` canonicalized as far as it exists.
+fn canonical(path: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(path) {
+        return c;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+            canonical(parent).join(name)
+        }
+        _ => std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    }
+}
+
+/// The files of a `--data`-like value, named by `flag`: each path of `FORMAT:PATH[,PATH…]`,
+/// a directory standing for the files in it; none for `synthetic` and other values without
+/// paths. Paths that do not exist are kept (the reader reports them).
+pub fn data_files(flag: &str, value: &str) -> Result<Vec<Named>, PathError> {
+    let Some((_, paths)) = value.split_once(':') else { return Ok(Vec::new()) };
+    let mut files = Vec::new();
+    for p in paths.split(',').filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(p);
+        if path.is_dir() {
+            files.extend(dir_files(flag, &path)?.into_iter().map(|f| Named::new(flag, f)));
+        } else {
+            files.push(Named::new(flag, path));
+        }
+    }
+    Ok(files)
+}
+
+/// The files directly in `dir` (symbolic links followed).
+fn dir_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>, PathError> {
+    let unlistable = |source| PathError::Unlistable { flag: flag.to_string(), path: dir.to_path_buf(), source };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(unlistable)? {
+        let path = entry.map_err(unlistable)?.path();
+        if path.is_file() {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+/// Every file under `dir` (a checkpoint directory or one `ckpt-<step>`), named by `flag`; `dir`
+/// itself when it is a file, nothing when it does not exist. Symbolic links to directories
+/// (a checkpoint directory's `best`) are not followed: their targets are listed anyway.
+pub fn tree_files(flag: &str, dir: &Path) -> Result<Vec<Named>, PathError> {
+    const MAX_DEPTH: usize = 4;
+    let mut files = Vec::new();
+    let mut pending = vec![(dir.to_path_buf(), 0)];
+    while let Some((path, depth)) = pending.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+        if !meta.is_dir() {
+            if path.is_file() {
+                files.push(Named::new(flag, path));
+            }
+            continue;
+        }
+        if depth == MAX_DEPTH {
+            continue;
+        }
+        let unlistable = |source| PathError::Unlistable { flag: flag.to_string(), path: path.clone(), source };
+        for entry in std::fs::read_dir(&path).map_err(unlistable)? {
+            pending.push((entry.map_err(unlistable)?.path(), depth + 1));
+        }
+    }
+    Ok(files)
+}
+
+/// A `--spec` value's files: none for a preset; the TOML file and the vocabulary files it
+/// names (relative to its folder) otherwise.
+pub fn spec_files(value: &str) -> Vec<Named> {
+    use tiderec_operators::spec::{FeatureSpec, Vocabulary};
+    let bare = value.strip_prefix("preset:").unwrap_or(value);
+    if FeatureSpec::PRESETS.contains(&bare) || value.starts_with("preset:") {
+        return Vec::new();
+    }
+    let path = Path::new(value);
+    let mut files = vec![Named::new("--spec", path)];
+    let Ok(text) = std::fs::read_to_string(path) else { return files };
+    if let Ok(spec) = FeatureSpec::from_toml_in(&text, path.parent()) {
+        files.extend(spec.categorical.iter().filter_map(|c| match &c.vocabulary {
+            Some(Vocabulary::File(f)) => Some(Named::new("--spec", f.as_str())),
+            _ => None,
+        }));
+    }
+    files
+}
+
+/// The files a `train` or `online` run with `settings` reads: `--config` (when given), the
+/// data, the evaluation data, the spec and its vocabularies, the hosts file, and the
+/// checkpoint directory when resuming.
+pub fn train_inputs(settings: &TrainSettings, config: Option<&Path>) -> Result<Vec<Named>, PathError> {
+    let mut inputs: Vec<Named> = config.map(|c| Named::new("--config", c)).into_iter().collect();
+    inputs.extend(data_files("--data", &settings.data.source)?);
+    if let Some(eval) = &settings.data.eval {
+        inputs.extend(data_files("--eval", eval)?);
+    }
+    if let Some(spec) = &settings.data.spec {
+        inputs.extend(spec_files(spec));
+    }
+    if let Some(hosts) = &settings.cluster.hosts {
+        inputs.push(Named::new("--hosts", hosts));
+    }
+    if let (true, Some(dir)) = (settings.checkpoints.resume, &settings.checkpoints.checkpoint_dir) {
+        inputs.extend(tree_files("--checkpoint-dir", dir)?);
+    }
+    Ok(inputs)
+}
+
+/// The files a `train` or `online` run with `settings` writes besides checkpoints: this
+/// process's dead letters, the metrics JSON and the metrics log.
+pub fn train_outputs(settings: &TrainSettings) -> Vec<Named> {
+    let mut outputs = vec![Named::new("--dead-letters", crate::run::dead_letters_path(settings))];
+    if let Some(p) = &settings.run.metrics_json {
+        outputs.push(Named::new("--metrics-json", p));
+    }
+    if let Some(p) = &settings.run.metrics_log {
+        outputs.push(Named::new("--metrics-log", p));
+    }
+    outputs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(flag: &str, path: &Path) -> Named {
+        Named::new(flag, path)
+    }
+
+    #[test]
+    fn an_output_naming_an_input_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("train.txt");
+        std::fs::write(&data, "1\t2\n").unwrap();
+        let e = check_outputs(&[named("--data", &data)], &[named("--dead-letters", &data)]).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, PathError::OutputIsInput { .. }), "{e:?}");
+        assert!(text.contains("--dead-letters") && text.contains("--data") && text.contains("train.txt"), "{text}");
+        let other = dir.path().join("dead.tsv");
+        check_outputs(&[named("--data", &data)], &[named("--dead-letters", &other)]).unwrap();
+    }
+
+    #[test]
+    fn links_and_other_spellings_of_an_input_are_the_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("train.txt");
+        std::fs::write(&data, "1\t2\n").unwrap();
+        let hard = dir.path().join("hard.txt");
+        std::fs::hard_link(&data, &hard).unwrap();
+        let spelled = dir.path().join("sub").join("..").join("train.txt");
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let mut outputs = vec![hard, spelled];
+        #[cfg(unix)]
+        {
+            let soft = dir.path().join("soft.txt");
+            std::os::unix::fs::symlink(&data, &soft).unwrap();
+            outputs.push(soft);
+        }
+        for out in outputs {
+            let e = check_outputs(&[named("--data", &data)], &[named("--out", &out)]);
+            assert!(matches!(e, Err(PathError::OutputIsInput { .. })), "{}: {e:?}", out.display());
+        }
+    }
+
+    #[test]
+    fn outputs_that_do_not_exist_yet_compare_by_canonical_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("new.tsv");
+        let b = dir.path().join(".").join("new.tsv");
+        let e = check_outputs(&[], &[named("--dead-letters", &a), named("--metrics-log", &b)]).unwrap_err();
+        assert!(matches!(e, PathError::SharedOutput { .. }), "{e:?}");
+        assert!(e.to_string().contains("--dead-letters") && e.to_string().contains("--metrics-log"), "{e}");
+        let c = dir.path().join("other.tsv");
+        check_outputs(&[], &[named("--dead-letters", &a), named("--metrics-log", &c)]).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn devices_are_not_compared() {
+        let null = Path::new("/dev/null");
+        check_outputs(&[named("--data", null)], &[named("--dead-letters", null), named("--metrics-log", null)])
+            .unwrap();
+    }
+
+    #[test]
+    fn an_existing_output_needs_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = named("--out", &dir.path().join("scores.csv"));
+        check_new(&out, false).unwrap();
+        std::fs::write(&out.path, "x").unwrap();
+        let e = check_new(&out, false).unwrap_err().to_string();
+        assert!(e.contains("--out") && e.contains("scores.csv") && e.contains("--overwrite"), "{e}");
+        check_new(&out, true).unwrap();
+    }
+
+    #[test]
+    fn data_values_list_their_files_and_directories_their_contents() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.txt"), dir.path().join("b.txt"));
+        std::fs::write(&a, "").unwrap();
+        std::fs::write(&b, "").unwrap();
+        std::fs::create_dir(dir.path().join("nested")).unwrap();
+        let value = format!("criteo:{},{}", a.display(), dir.path().display());
+        let mut files: Vec<PathBuf> = data_files("--data", &value).unwrap().into_iter().map(|n| n.path).collect();
+        files.sort();
+        assert_eq!(files, vec![a.clone(), a, b]);
+        assert!(data_files("--data", "synthetic").unwrap().is_empty());
+    }
+
+    #[test]
+    fn checkpoint_trees_list_every_file_and_a_missing_one_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = dir.path().join("ckpt-3");
+        std::fs::create_dir(&ckpt).unwrap();
+        std::fs::write(ckpt.join("manifest.json"), "{}").unwrap();
+        let files = tree_files("--checkpoint", dir.path()).unwrap();
+        assert_eq!(files, vec![named("--checkpoint", &ckpt.join("manifest.json"))]);
+        assert!(tree_files("--checkpoint", &dir.path().join("missing")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_spec_file_and_its_vocabularies_are_inputs_and_presets_none() {
+        assert!(spec_files("preset:criteo").is_empty() && spec_files("criteo").is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cities.txt"), "paris\nlyon\n").unwrap();
+        let spec = dir.path().join("spec.toml");
+        let text = "delimiter = \",\"\nheader = false\ncolumns = [\"label\", \"city\"]\nlabel = { column = \"label\" }\n\n[[categorical]]\n\
+                    column = \"city\"\nbuckets = 10\nencoding = \"vocabulary\"\nvocabulary = \"cities.txt\"\n";
+        std::fs::write(&spec, text).unwrap();
+        let files: Vec<PathBuf> = spec_files(spec.to_str().unwrap()).into_iter().map(|n| n.path).collect();
+        assert_eq!(files, vec![spec.clone(), dir.path().join("cities.txt")], "{text}");
+    }
+}

@@ -1,0 +1,194 @@
+//! Outputs that would overwrite inputs, through the release binary: every such run is refused
+//! before anything is written, naming the flag and the path, and the input keeps its bytes;
+//! an existing `predict --out` is replaced only with `--overwrite`.
+
+mod common;
+
+use common::{run_err, run_ok, tiderec};
+use std::path::{Path, PathBuf};
+
+/// Quick training flags: a few small steps into small tables.
+const QUICK: &[&str] = &["--batch-size", "16", "--buckets", "1000", "--progress", "none", "--steps", "3"];
+
+/// `n` Criteo records (label, 13 integers, 26 hex categories), and one malformed line after
+/// the first, so that a run has a dead letter to write.
+fn criteo_records(n: usize) -> String {
+    let mut text = String::new();
+    for i in 0..n {
+        let ints: Vec<String> = (0..13).map(|k| ((i * 7 + k * 3) % 11).to_string()).collect();
+        let cats: Vec<String> = (0..26).map(|k| format!("{:08x}", (i * 31 + k * 17) % 97)).collect();
+        text.push_str(&format!("{}\t{}\t{}\n", i % 2, ints.join("\t"), cats.join("\t")));
+        if i == 0 {
+            text.push_str("not a record\n");
+        }
+    }
+    text
+}
+
+/// Writes `criteo_records(64)` to `dir/name`; returns the path and the bytes written.
+fn records_file(dir: &Path, name: &str) -> (PathBuf, Vec<u8>) {
+    let path = dir.join(name);
+    let text = criteo_records(64);
+    std::fs::write(&path, &text).unwrap();
+    (path, text.into_bytes())
+}
+
+/// `criteo:PATH`.
+fn criteo(path: &Path) -> String {
+    format!("criteo:{}", path.display())
+}
+
+/// Trains a few steps on `data`, checkpointing into `dir/ck`; returns the checkpoint directory.
+fn checkpoint(dir: &Path, data: &Path) -> PathBuf {
+    let ck = dir.join("ck");
+    run_ok(
+        tiderec()
+            .args(["train", "--max-bad-fraction", "0.5", "--data", &criteo(data)])
+            .args(QUICK)
+            .arg("--checkpoint-dir")
+            .arg(&ck)
+            .arg("--dead-letters")
+            .arg(dir.join("train-dead.tsv")),
+    );
+    ck
+}
+
+/// Asserts that `err` names `flag` and `path`, and that `path` still holds `bytes`.
+fn refused_and_intact(err: &str, flag: &str, path: &Path, bytes: &[u8]) {
+    assert!(err.contains(flag) && err.contains(&path.display().to_string()), "{err}");
+    assert!(err.contains("same file"), "{err}");
+    assert_eq!(std::fs::read(path).unwrap(), bytes, "{} was changed", path.display());
+}
+
+#[test]
+fn train_refuses_dead_letters_or_metrics_naming_an_input_and_leaves_it_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (data, bytes) = records_file(d, "train.txt");
+    let (eval, eval_bytes) = records_file(d, "eval.txt");
+    let train = |extra: &[&str], output: &str, path: &Path| {
+        run_err(tiderec().args(["train", "--max-bad-fraction", "0.5"]).args(QUICK).args(extra).arg(output).arg(path))
+    };
+    let on_data = ["--data".to_string(), criteo(&data)];
+    let on_data = [on_data[0].as_str(), on_data[1].as_str()];
+    let e = train(&on_data, "--dead-letters", &data);
+    refused_and_intact(&e, "--dead-letters", &data, &bytes);
+    let e = train(&on_data, "--metrics-json", &data);
+    refused_and_intact(&e, "--metrics-json", &data, &bytes);
+    let e = train(&on_data, "--metrics-log", &data);
+    refused_and_intact(&e, "--metrics-log", &data, &bytes);
+    let e = train(&[on_data[0], on_data[1], "--eval", &criteo(&eval)], "--dead-letters", &eval);
+    refused_and_intact(&e, "--eval", &eval, &eval_bytes);
+    // A directory of data stands for every file in it.
+    let e = train(&["--data", &format!("criteo:{}", d.display())], "--dead-letters", &eval);
+    refused_and_intact(&e, "--dead-letters", &eval, &eval_bytes);
+    assert!(!d.join("tiderec-dead-letters.tsv").exists());
+}
+
+#[test]
+fn links_to_an_input_are_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (data, bytes) = records_file(d, "train.txt");
+    let hard = d.join("hard.tsv");
+    std::fs::hard_link(&data, &hard).unwrap();
+    let soft = d.join("soft.tsv");
+    std::os::unix::fs::symlink(&data, &soft).unwrap();
+    for link in [&hard, &soft] {
+        let e = run_err(
+            tiderec()
+                .args(["train", "--max-bad-fraction", "0.5", "--data", &criteo(&data)])
+                .args(QUICK)
+                .arg("--dead-letters")
+                .arg(link),
+        );
+        assert!(e.contains("--dead-letters") && e.contains(&link.display().to_string()), "{e}");
+        assert_eq!(std::fs::read(&data).unwrap(), bytes, "{} was changed through {}", data.display(), link.display());
+    }
+}
+
+#[test]
+fn predict_refuses_an_out_naming_its_input_and_replaces_a_file_only_with_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (data, _) = records_file(d, "train.txt");
+    let ck = checkpoint(d, &data);
+    // Records in a file whose name says CSV, so that it is a valid --out.
+    let (records, bytes) = records_file(d, "records.csv");
+    let predict = |out: &Path, extra: &[&str]| {
+        let mut cmd = tiderec();
+        cmd.args(["predict", "--max-bad-fraction", "0.5", "--data", &criteo(&records)])
+            .arg("--checkpoint")
+            .arg(&ck)
+            .arg("--dead-letters")
+            .arg(d.join("predict-dead.tsv"))
+            .arg("--out")
+            .arg(out)
+            .args(extra);
+        cmd
+    };
+    let e = run_err(&mut predict(&records, &[]));
+    refused_and_intact(&e, "--out", &records, &bytes);
+    let e = run_err(&mut predict(&records, &["--overwrite"]));
+    refused_and_intact(&e, "--out", &records, &bytes);
+    let hard = d.join("hard.csv");
+    std::fs::hard_link(&records, &hard).unwrap();
+    let e = run_err(&mut predict(&hard, &["--overwrite"]));
+    assert!(e.contains("--out") && e.contains("hard.csv"), "{e}");
+    assert_eq!(std::fs::read(&records).unwrap(), bytes);
+    // Dead letters naming the input of predict, or a checkpoint file, are refused too.
+    let manifest = std::fs::read_dir(&ck).unwrap().next().unwrap().unwrap().path().join("manifest.json");
+    let manifest_bytes = std::fs::read(&manifest).unwrap();
+    for (path, bytes) in [(&records, &bytes), (&manifest, &manifest_bytes)] {
+        let e = run_err(
+            tiderec()
+                .args(["eval", "--data", &criteo(&records)])
+                .arg("--checkpoint")
+                .arg(&ck)
+                .arg("--dead-letters")
+                .arg(path),
+        );
+        refused_and_intact(&e, "--dead-letters", path, bytes);
+    }
+    // An existing scores file is kept unless --overwrite is given.
+    let out = d.join("scores.csv");
+    std::fs::write(&out, "keep me\n").unwrap();
+    let e = run_err(&mut predict(&out, &[]));
+    assert!(e.contains("--out") && e.contains("scores.csv") && e.contains("--overwrite"), "{e}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "keep me\n");
+    run_ok(&mut predict(&out, &["--overwrite"]));
+    let scores = std::fs::read_to_string(&out).unwrap();
+    assert!(scores.starts_with("file,position,score,label\n"), "{scores}");
+    assert_eq!(scores.lines().count(), 65, "a header and one row per record");
+}
+
+#[test]
+fn convert_export_and_plot_refuse_outputs_naming_their_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (data, bytes) = records_file(d, "train.txt");
+    let e = run_err(
+        tiderec()
+            .args(["convert", "--max-bad-fraction", "0.5", "--from", &criteo(&data)])
+            .arg("--to")
+            .arg(format!("parquet:{}", d.join("pq").display()))
+            .arg("--dead-letters")
+            .arg(&data),
+    );
+    refused_and_intact(&e, "--dead-letters", &data, &bytes);
+    assert!(!d.join("pq").exists(), "nothing was written");
+    let e = run_err(
+        tiderec().args(["convert", "--from", &criteo(&data), "--to"]).arg(format!("parquet:{}", data.display())),
+    );
+    refused_and_intact(&e, "--to", &data, &bytes);
+    let ck = checkpoint(d, &data);
+    let step = std::fs::read_dir(&ck).unwrap().next().unwrap().unwrap().path();
+    let manifest = step.join("manifest.json");
+    let manifest_bytes = std::fs::read(&manifest).unwrap();
+    let e = run_err(tiderec().arg("export").arg("--checkpoint").arg(&step).arg("--out").arg(&manifest));
+    refused_and_intact(&e, "--out", &manifest, &manifest_bytes);
+    let log = d.join("metrics.jsonl");
+    std::fs::write(&log, "{}\n").unwrap();
+    let e = run_err(tiderec().arg("plot").arg("--metrics").arg(&log).arg("--out").arg(&log));
+    refused_and_intact(&e, "--out", &log, b"{}\n");
+}
