@@ -65,9 +65,9 @@ struct Shared {
 pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>, PipelineError> {
     settings.validate_stream()?;
     let s = &settings.train;
+    let resolved = s.resolve(DataSpec::Criteo(Vec::new()))?;
     // Held until the run returns: no other run writes the checkpoint directory meanwhile.
     let _lock = lock_checkpoint_dir(s, "tiderec online")?;
-    let resolved = s.resolve(DataSpec::Criteo(Vec::new()))?;
     crate::memory::check(s, &resolved)?;
     let exchange = crate::exchange_plan::exchange_without_data(&resolved).ok_or_else(|| {
         PipelineError::config(
