@@ -176,7 +176,7 @@ fn a_killed_holder_blocks_no_one_and_the_next_run_resumes() {
     let last = *entries(&ck).0.last().unwrap();
     let m = tmp.path().join("m.json");
     let resume = ["--checkpoint-dir", &ck_arg, "--resume"];
-    let mut next = Running::spawn(train_cmd(last + 20, &resume).arg("--metrics-json").arg(&m));
+    let next = Running::spawn(train_cmd(last + 20, &resume).arg("--metrics-json").arg(&m));
     let next_pid = next.pid();
     let out = next.finish();
     assert!(out.status.success(), "the stale lock does not block: {}", String::from_utf8_lossy(&out.stderr));
