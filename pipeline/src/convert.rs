@@ -12,6 +12,11 @@
 //! with the reader's `file:line` error and removes the unfinished output file
 //! (files completed before stay).
 //!
+//! One conversion at a time per output directory: before reading any input,
+//! `convert` locks `DIR/.lock` ([`crate::dir_lock`]) until it returns; a
+//! second conversion into the same directory is refused at start, naming the
+//! one that holds it, instead of replacing its files as it goes.
+//!
 //! SIGINT/SIGTERM ([`crate::stop`]) stops after the chunk being written: the
 //! output is closed as after the last input line, so the directory holds
 //! complete Parquet files with the first [`ConvertSummary::rows`] samples of
@@ -21,6 +26,7 @@
 
 use crate::config::DataSpec;
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData};
+use crate::dir_lock::{DirLock, LOCK_FILE};
 use crate::progress::{Progress, Unit};
 use crate::{PipelineError, TrainSettings};
 use serde::Serialize;
@@ -129,6 +135,8 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
             ))
         }
     };
+    // Held until the conversion returns: no other conversion writes the directory meanwhile.
+    let _lock = DirLock::acquire(&settings.out, LOCK_FILE, "tiderec convert")?;
     let options = CriteoOptions::for_run(&resolved, &input);
     let dead = SharedDeadLetters::file(input.data.records.dead_letters.clone());
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());

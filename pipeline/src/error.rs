@@ -91,6 +91,9 @@ pub enum PipelineError {
     /// (see [`crate::memory`]).
     #[error(transparent)]
     Resources(#[from] ResourceError),
+    /// A directory the run writes is locked by another run (see [`crate::dir_lock`]).
+    #[error(transparent)]
+    Lock(#[from] crate::dir_lock::LockError),
     /// Training diverged: a non-finite loss, gradient or parameter. Every worker stopped
     /// after the same step; no checkpoint of the diverged state was written.
     #[error("{}", diverged_message(*.step, .cause, .last_checkpoint, *.checkpointing))]

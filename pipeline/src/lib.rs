@@ -30,6 +30,7 @@ pub mod config;
 pub mod convert;
 pub mod data;
 pub mod device;
+pub mod dir_lock;
 pub mod error;
 pub mod evaluation;
 pub mod exchange_plan;

@@ -220,6 +220,8 @@ pub fn model_summary(settings: &TrainSettings, resolved: &Resolved) -> Result<St
 /// Runs a whole training job and returns its summary; `None` on processes other than 0.
 pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineError> {
     let resolved = settings.validate()?;
+    // Held until the run returns: no other run writes the checkpoint directory meanwhile.
+    let _lock = lock_checkpoint_dir(settings, "tiderec train")?;
     if settings.cluster.process == 0 && settings.run.progress != crate::progress::ProgressMode::None {
         eprintln!("{}", model_summary(settings, &resolved)?);
     }
@@ -411,6 +413,17 @@ pub(crate) fn dead_letters_path(settings: &TrainSettings) -> std::path::PathBuf 
     } else {
         settings.data.records.dead_letters.clone()
     }
+}
+
+/// Locks `--checkpoint-dir`, if set, for this process of the run
+/// ([`checkpointing::lock_dir`]): before any work, so that a second run is refused before
+/// it reads data or touches a checkpoint.
+pub(crate) fn lock_checkpoint_dir(
+    settings: &TrainSettings,
+    command: &str,
+) -> Result<Option<crate::dir_lock::DirLock>, PipelineError> {
+    let Some(dir) = &settings.checkpoints.checkpoint_dir else { return Ok(None) };
+    checkpointing::lock_dir(dir, settings.cluster.process, settings.cluster.processes, command).map(Some)
 }
 
 /// The checkpoint options of these settings and, with `--resume`, the checkpoint to resume

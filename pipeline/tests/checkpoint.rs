@@ -145,7 +145,8 @@ fn stopped_and_resumed_run_equals_an_uninterrupted_one_on_criteo() {
     stop_and_resume(&base, "criteo");
 }
 
-/// Every file under `dir`, by path relative to it, with its bytes.
+/// Every file under `dir`, by path relative to it, with its bytes (the writer's lock file,
+/// which names its pid, aside).
 fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let mut out = std::collections::BTreeMap::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -154,7 +155,7 @@ fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
             let e = e.unwrap();
             if e.file_type().unwrap().is_dir() {
                 stack.push(e.path());
-            } else {
+            } else if !tiderec::dir_lock::is_lock_file(&e.file_name().to_string_lossy()) {
                 let rel = e.path().strip_prefix(dir).unwrap().to_string_lossy().into_owned();
                 out.insert(rel, std::fs::read(e.path()).unwrap());
             }

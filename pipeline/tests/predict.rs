@@ -27,6 +27,15 @@ fn train_steps(dir: &Path, name: &str, data: &str, steps: u64, extra: &[&str]) -
     ck
 }
 
+/// The checkpoint in the directory `ck` of a run that wrote one.
+fn newest_checkpoint(ck: &Path) -> PathBuf {
+    std::fs::read_dir(ck)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("ckpt-")))
+        .expect("a checkpoint was written")
+}
+
 /// Three steps of [`train_steps`].
 fn train(dir: &Path, name: &str, data: &str, extra: &[&str]) -> PathBuf {
     train_steps(dir, name, data, 3, extra)
@@ -344,7 +353,7 @@ fn a_checkpoint_refuses_records_and_runs_of_another_pipeline() {
     let csv = format!("csv:{}", path.display());
     let criteo = format!("criteo:{}", path.display());
     let ck = train(d, "ck", &csv, &["--spec", "preset:criteo"]);
-    let manifest = std::fs::read_dir(&ck).unwrap().next().unwrap().unwrap().path().join("manifest.json");
+    let manifest = newest_checkpoint(&ck).join("manifest.json");
     let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
     let p = &m["pipeline"];
     assert_eq!((p["format"].as_str(), p["spec"]["source"].as_str()), (Some("csv"), Some("preset:criteo")));
@@ -400,7 +409,7 @@ fn a_manifest_without_a_pipeline_still_loads_and_says_so() {
     let ck = train(d, "ck", &data, &[]);
     let before = eval(&ck, &data, d);
     // Remove the pipeline, as a checkpoint written before it was recorded.
-    let manifest = std::fs::read_dir(&ck).unwrap().next().unwrap().unwrap().path().join("manifest.json");
+    let manifest = newest_checkpoint(&ck).join("manifest.json");
     let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
     assert!(m.as_object_mut().unwrap().remove("pipeline").is_some());
     std::fs::write(&manifest, serde_json::to_string_pretty(&m).unwrap()).unwrap();

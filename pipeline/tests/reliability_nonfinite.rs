@@ -161,8 +161,12 @@ fn a_diverging_run_names_its_last_good_checkpoint_and_writes_none_after_it() {
             .and_then(|r| r.split(':').next())
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("the step is named: {err}"));
-        let mut names: Vec<String> =
-            std::fs::read_dir(&ck).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        // Every entry but the lock file, which stays.
+        let mut names: Vec<String> = std::fs::read_dir(&ck)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !tiderec::dir_lock::is_lock_file(n))
+            .collect();
         names.sort();
         let last = format!("ckpt-{}", step - 1);
         if step > 1 {

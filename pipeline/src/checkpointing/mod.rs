@@ -44,6 +44,12 @@
 //! machine, or a file system they share); process 0 writes the manifest only
 //! after every worker has reported its shard durable.
 //!
+//! **One run per directory.** Before anything else, every process of a run
+//! locks its own lock file in `DIR` for the whole run ([`lock_dir`], see
+//! [`crate::dir_lock`]): a second run on `DIR` is refused at start, naming
+//! the run that holds it, instead of pruning the first one's temporary
+//! directory and replacing its checkpoints.
+//!
 //! **Resuming**: each process reads the newest valid checkpoint once
 //! ([`load_for_resume`], skipping damaged ones with a warning) and every
 //! worker restores its own rows and dense slice from it
@@ -56,6 +62,7 @@ mod writer;
 
 pub use writer::Checkpointer;
 
+use crate::dir_lock::{lock_file_name, DirLock};
 use crate::feature_pipeline::FeaturePipeline;
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
@@ -145,13 +152,30 @@ pub fn manifest_config(config: &TrainerConfig) -> serde_json::Value {
     v
 }
 
+/// Locks the checkpoint directory `dir` for process `process` of `processes` running
+/// `command` (`tiderec train`, `tiderec online`), creating it if missing. Held until the
+/// returned lock is dropped; another run's lock is [`LockError::Held`](crate::dir_lock::LockError::Held).
+pub fn lock_dir(dir: &Path, process: usize, processes: usize, command: &str) -> Result<DirLock, PipelineError> {
+    create_dir(dir)?;
+    let holder = match processes {
+        1 => command.to_string(),
+        n => format!("{command} process {process} of {n}"),
+    };
+    Ok(DirLock::acquire(dir, &lock_file_name(process), &holder)?)
+}
+
+/// Creates the checkpoint directory `dir` if missing.
+fn create_dir(dir: &Path) -> Result<(), PipelineError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| PipelineError::config("checkpoint_dir", format!("cannot create {}: {e}", dir.display())))
+}
+
 /// Makes sure `dir` exists and is writable before any work starts. A fresh
 /// run (no `--resume`) refuses a directory that already holds checkpoints,
 /// whose newer steps would shadow its own.
 pub fn prepare_dir(dir: &Path, resume: bool) -> Result<(), PipelineError> {
     let key = "checkpoint_dir";
-    std::fs::create_dir_all(dir)
-        .map_err(|e| PipelineError::config(key, format!("cannot create {}: {e}", dir.display())))?;
+    create_dir(dir)?;
     let probe = dir.join(format!(".tmp-ckpt-probe-{}", std::process::id()));
     std::fs::write(&probe, b"")
         .and_then(|_| std::fs::remove_file(&probe))

@@ -9,7 +9,7 @@ use crate::config::{DataSpec, Resolved};
 use crate::error::DataflowFailure;
 use crate::metrics_log::{MetricsLog, MetricsRecord};
 use crate::progress::Progress;
-use crate::run::{checkpoint_setup, dead_letters_path, restore_shared, trainer_config};
+use crate::run::{checkpoint_setup, dead_letters_path, lock_checkpoint_dir, restore_shared, trainer_config};
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -66,6 +66,8 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     settings.validate_stream()?;
     let s = &settings.train;
     let resolved = s.resolve(DataSpec::Criteo(Vec::new()))?;
+    // Held until the run returns: no other run writes the checkpoint directory meanwhile.
+    let _lock = lock_checkpoint_dir(s, "tiderec online")?;
     crate::memory::check(s, &resolved)?;
     let exchange = crate::exchange_plan::exchange_without_data(&resolved).ok_or_else(|| {
         PipelineError::config(

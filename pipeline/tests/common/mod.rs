@@ -55,11 +55,15 @@ pub fn train_metrics(data: &str, dir: &Path, name: &str, extra: &[&str]) -> serd
     metrics(&m)
 }
 
-/// The checkpoint steps in `dir` (its `ckpt-<step>` entries, sorted), and every other entry's name.
+/// The checkpoint steps in `dir` (its `ckpt-<step>` entries, sorted), and every other entry's
+/// name but the writers' lock files (which stay, see `tiderec::dir_lock`).
 pub fn checkpoint_entries(dir: &Path) -> (Vec<u64>, Vec<String>) {
     let (mut steps, mut other) = (Vec::new(), Vec::new());
     for e in std::fs::read_dir(dir).unwrap() {
         let name = e.unwrap().file_name().into_string().unwrap();
+        if tiderec::dir_lock::is_lock_file(&name) {
+            continue;
+        }
         match name.strip_prefix("ckpt-").and_then(|s| s.parse().ok()) {
             Some(s) => steps.push(s),
             None => other.push(name),
