@@ -44,6 +44,7 @@ pub mod paths;
 pub mod predict;
 pub mod progress;
 pub mod run;
+pub mod run_files;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod serving;

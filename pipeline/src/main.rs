@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use cli::bench::command::BenchCommand;
 use std::path::PathBuf;
 use tiderec::paths::{self, Named};
+use tiderec::run_files;
 use tiderec::settings::{ConvertFlags, TrainFlags};
 use tiderec::TrainSettings;
 
@@ -356,9 +357,9 @@ fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
         train: {
             let train = args.train.settings()?;
             tiderec::applicable::check(&train, tiderec::applicable::For::Online)?;
-            let mut outputs = paths::train_outputs(&train);
+            let mut outputs = run_files::train_outputs(&train);
             outputs.extend(args.summary_json.as_ref().map(|p| Named::new("--summary-json", p)));
-            paths::check_outputs(&paths::train_inputs(&train, args.train.config_path())?, &outputs)?;
+            paths::check_outputs(&run_files::train_inputs(&train, args.train.config_path())?, &outputs)?;
             train
         },
         format: args.format.parse()?,
@@ -513,8 +514,8 @@ fn main() -> anyhow::Result<()> {
         Command::Train(args) => {
             let settings = args.settings()?;
             tiderec::applicable::check(&settings, tiderec::applicable::For::Train)?;
-            let inputs = paths::train_inputs(&settings, args.config_path())?;
-            paths::check_outputs(&inputs, &paths::train_outputs(&settings))?;
+            let inputs = run_files::train_inputs(&settings, args.config_path())?;
+            paths::check_outputs(&inputs, &run_files::train_outputs(&settings))?;
             let data = settings.data.source.clone();
             let workers = settings.cluster.workers * settings.cluster.processes;
             eprintln!(

@@ -16,7 +16,6 @@
 //! stands for every file in it), spec files and the vocabulary files they name, and
 //! every file under a checkpoint directory that is read.
 
-use crate::TrainSettings;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -260,40 +259,6 @@ pub fn spec_files(value: &str) -> Vec<Named> {
         }));
     }
     files
-}
-
-/// The files a `train` or `online` run with `settings` reads: `--config` (when given), the
-/// data, the evaluation data, the spec and its vocabularies, the hosts file, and the
-/// checkpoint directory when resuming.
-pub fn train_inputs(settings: &TrainSettings, config: Option<&Path>) -> Result<Vec<Named>, PathError> {
-    let mut inputs: Vec<Named> = config.map(|c| Named::new("--config", c)).into_iter().collect();
-    inputs.extend(data_files("--data", &settings.data.source)?);
-    if let Some(eval) = &settings.data.eval {
-        inputs.extend(data_files("--eval", eval)?);
-    }
-    if let Some(spec) = &settings.data.spec {
-        inputs.extend(spec_files(spec));
-    }
-    if let Some(hosts) = &settings.cluster.hosts {
-        inputs.push(Named::new("--hosts", hosts));
-    }
-    if let (true, Some(dir)) = (settings.checkpoints.resume, &settings.checkpoints.checkpoint_dir) {
-        inputs.extend(tree_files("--checkpoint-dir", dir)?);
-    }
-    Ok(inputs)
-}
-
-/// The files a `train` or `online` run with `settings` writes besides checkpoints: this
-/// process's dead letters, the metrics JSON and the metrics log.
-pub fn train_outputs(settings: &TrainSettings) -> Vec<Named> {
-    let mut outputs = vec![Named::new("--dead-letters", crate::run::dead_letters_path(settings))];
-    if let Some(p) = &settings.run.metrics_json {
-        outputs.push(Named::new("--metrics-json", p));
-    }
-    if let Some(p) = &settings.run.metrics_log {
-        outputs.push(Named::new("--metrics-log", p));
-    }
-    outputs
 }
 
 #[cfg(test)]

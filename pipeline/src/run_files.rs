@@ -1,0 +1,43 @@
+//! The files a `train` or `online` run reads and writes besides its checkpoints,
+//! as [`Named`] paths for [`crate::paths::check_outputs`].
+//!
+//! Kept apart from [`crate::paths`], which depends on nothing else of the crate,
+//! so that the error type can name the checker's errors without a module cycle.
+
+use crate::paths::{data_files, spec_files, tree_files, Named, PathError};
+use crate::TrainSettings;
+use std::path::Path;
+
+/// The files a `train` or `online` run with `settings` reads: `--config` (when given), the
+/// data, the evaluation data, the spec and its vocabularies, the hosts file, and the
+/// checkpoint directory when resuming.
+pub fn train_inputs(settings: &TrainSettings, config: Option<&Path>) -> Result<Vec<Named>, PathError> {
+    let mut inputs: Vec<Named> = config.map(|c| Named::new("--config", c)).into_iter().collect();
+    inputs.extend(data_files("--data", &settings.data.source)?);
+    if let Some(eval) = &settings.data.eval {
+        inputs.extend(data_files("--eval", eval)?);
+    }
+    if let Some(spec) = &settings.data.spec {
+        inputs.extend(spec_files(spec));
+    }
+    if let Some(hosts) = &settings.cluster.hosts {
+        inputs.push(Named::new("--hosts", hosts));
+    }
+    if let (true, Some(dir)) = (settings.checkpoints.resume, &settings.checkpoints.checkpoint_dir) {
+        inputs.extend(tree_files("--checkpoint-dir", dir)?);
+    }
+    Ok(inputs)
+}
+
+/// The files a `train` or `online` run with `settings` writes besides checkpoints: this
+/// process's dead letters, the metrics JSON and the metrics log.
+pub fn train_outputs(settings: &TrainSettings) -> Vec<Named> {
+    let mut outputs = vec![Named::new("--dead-letters", crate::run::dead_letters_path(settings))];
+    if let Some(p) = &settings.run.metrics_json {
+        outputs.push(Named::new("--metrics-json", p));
+    }
+    if let Some(p) = &settings.run.metrics_log {
+        outputs.push(Named::new("--metrics-log", p));
+    }
+    outputs
+}
