@@ -17,6 +17,8 @@ import os
 import re
 import sys
 
+from benchmarks import table  # the same markdown tables as docs/benchmarks.md
+
 # Dense products of DLRM's Kaggle shape per trained sample, forward and backward
 # (6 · Σ in·out over both MLPs, less the first layer's dx), in MFLOP.
 DLRM_MFLOP = 2.84
@@ -54,12 +56,6 @@ def machine(found):
         ("PyTorch", torch.group(1) if torch else "?"),
     ]
     return gpu.group(1) if gpu else "", table(["", ""], rows)
-
-
-def table(header, rows):
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def tests(found):

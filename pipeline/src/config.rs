@@ -169,12 +169,8 @@ impl DataSpec {
                 for p in rest.split(',').filter(|p| !p.is_empty()) {
                     let path = PathBuf::from(p);
                     if path.is_dir() {
-                        let mut files: Vec<PathBuf> = std::fs::read_dir(&path)
-                            .map_err(|e| PipelineError::config(key, format!("cannot list {p}: {e}")))?
-                            .filter_map(|e| e.ok().map(|e| e.path()))
-                            .filter(|p| p.is_file())
-                            .collect();
-                        files.sort();
+                        let files = crate::paths::dir_files(&path)
+                            .map_err(|e| PipelineError::config(key, format!("cannot list {p}: {e}")))?;
                         paths.extend(files);
                     } else if path.is_file() {
                         paths.push(path);

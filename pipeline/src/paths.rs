@@ -194,7 +194,8 @@ pub fn data_files(flag: &str, value: &str) -> Result<Vec<Named>, PathError> {
     for p in paths.split(',').filter(|p| !p.is_empty()) {
         let path = PathBuf::from(p);
         if path.is_dir() {
-            files.extend(dir_files(flag, &path)?.into_iter().map(|f| Named::new(flag, f)));
+            let unlistable = |source| PathError::Unlistable { flag: flag.to_string(), path: path.clone(), source };
+            files.extend(dir_files(&path).map_err(unlistable)?.into_iter().map(|f| Named::new(flag, f)));
         } else {
             files.push(Named::new(flag, path));
         }
@@ -202,16 +203,17 @@ pub fn data_files(flag: &str, value: &str) -> Result<Vec<Named>, PathError> {
     Ok(files)
 }
 
-/// The files directly in `dir` (symbolic links followed).
-fn dir_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>, PathError> {
-    let unlistable = |source| PathError::Unlistable { flag: flag.to_string(), path: dir.to_path_buf(), source };
+/// The files directly in `dir` (symbolic links followed), sorted: what a directory given
+/// as data stands for, here and where the data is read (`config`).
+pub fn dir_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(unlistable)? {
-        let path = entry.map_err(unlistable)?.path();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
         if path.is_file() {
             files.push(path);
         }
     }
+    files.sort();
     Ok(files)
 }
 
