@@ -92,7 +92,7 @@ pub fn template() -> Template {
         config_hash: config_hash(&config),
         config,
         pipeline: None,
-        data_position: DataPosition { epoch: 1, global_steps_in_epoch: 2, kafka_offsets: BTreeMap::new() },
+        data_position: DataPosition { epoch: 1, global_steps_in_epoch: 2, ..Default::default() },
         progress: TrainingProgress {
             loss_total: 1.5,
             loss_window: vec![(0.5, 64)],

@@ -161,6 +161,13 @@ struct OnlineArgs {
     /// Where partitions without a checkpointed offset start: earliest or latest.
     #[arg(long, default_value = "earliest")]
     start: String,
+    /// When a partition no longer holds the offset the run stands at (a checkpoint's
+    /// offset past the partition's end, below its oldest record, or another record
+    /// before it: a re-created topic, a broker that lost its data): fail (stop,
+    /// naming the partition and offsets), earliest or latest (restart the partition
+    /// there, with a warning).
+    #[arg(long, default_value = "fail", value_name = "POLICY")]
+    on_offset_reset: tiderec_sources::offset_reset::OnOffsetReset,
     /// Stop when every partition reaches the end it had at start (batch catch-up, tests).
     #[arg(long)]
     until_end: bool,
@@ -367,6 +374,7 @@ fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
         topic: args.topic,
         group: args.group,
         start: args.start,
+        on_offset_reset: args.on_offset_reset,
         until_end: args.until_end,
         checkpoint_seconds: args.checkpoint_seconds,
         metrics_addr: args.metrics_addr,

@@ -671,7 +671,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         steps_in_epoch,
         samples,
         progress: training_progress(loss_total, window, bad, tracker),
-        kafka_offsets: Default::default(),
+        ..Default::default()
     };
     // Evaluations during training (see `crate::evaluation`): every worker takes the same decisions.
     let has_eval = ctx.resolved.eval.is_some() || s.data.eval_fraction > 0.0;

@@ -71,6 +71,30 @@ pub enum SourceError {
         #[source]
         source: DescriptionError,
     },
+    /// A partition no longer holds the records a run stands at: its offset is outside
+    /// the broker's records, or the record before it is another one (the topic was
+    /// re-created, the broker lost its storage). Names everything needed to decide.
+    #[error(
+        "Kafka {brokers} topic `{topic}` partition {partition}: {reason} (the run stands at offset {offset}; \
+         the broker holds offsets {low}..{end}); nothing was trained past it. \
+         `--on-offset-reset earliest` or `latest` accepts the reset"
+    )]
+    OffsetReset {
+        /// The bootstrap brokers.
+        brokers: String,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The next offset the run would read (from the checkpoint, or reached by this run).
+        offset: i64,
+        /// The partition's oldest offset (low watermark).
+        low: i64,
+        /// One past the partition's last offset.
+        end: i64,
+        /// What does not match.
+        reason: String,
+    },
     /// A Kafka broker could not be reached or refused an operation; names the brokers and topic.
     #[error("Kafka {brokers} topic `{topic}`: {reason}")]
     Kafka {

@@ -28,6 +28,7 @@ pub mod json;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod lines;
+pub mod offset_reset;
 pub mod parquet;
 pub mod synthetic;
 pub mod synthetic_behavior;

@@ -75,6 +75,7 @@ impl Commit {
                 epoch: position.epoch,
                 global_steps_in_epoch: position.steps_in_epoch,
                 kafka_offsets: position.kafka_offsets,
+                kafka_last_records: position.kafka_last_records,
             },
             progress: position.progress,
             files,

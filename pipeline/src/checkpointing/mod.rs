@@ -103,6 +103,8 @@ pub struct Position {
     pub progress: TrainingProgress,
     /// `topic/partition` → next offset of a Kafka source (empty for files).
     pub kafka_offsets: std::collections::BTreeMap<String, i64>,
+    /// `topic/partition` → fingerprint of the record before the next offset (hex).
+    pub kafka_last_records: std::collections::BTreeMap<String, String>,
 }
 
 /// What a worker reports after writing its shard file.

@@ -38,6 +38,7 @@ use crate::{PipelineError, TrainSettings};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
+use tiderec_sources::offset_reset::OnOffsetReset;
 
 /// How records of the topic are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,6 +76,10 @@ pub struct OnlineSettings {
     pub format: RecordFormat,
     /// Where partitions without a checkpointed offset start: `earliest` or `latest`.
     pub start: String,
+    /// What to do when a partition no longer holds the position the run stands at
+    /// (a checkpoint's offset past its end, a re-created topic; see
+    /// `tiderec_sources::kafka::reset`).
+    pub on_offset_reset: OnOffsetReset,
     /// Stop when every partition reaches the end it had at start.
     pub until_end: bool,
     /// Also write a checkpoint when this many seconds passed since the last one.
@@ -102,6 +107,7 @@ impl Default for OnlineSettings {
             group: "tiderec".into(),
             format: RecordFormat::Criteo,
             start: "earliest".into(),
+            on_offset_reset: OnOffsetReset::Fail,
             until_end: false,
             checkpoint_seconds: None,
             metrics_addr: None,

@@ -21,11 +21,12 @@ use tiderec_operators::collective::Collective;
 use tiderec_operators::format::LineFormat;
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
-use tiderec_sinks::checkpoint::{Checkpoint, TrainingProgress};
+use tiderec_sinks::checkpoint::{Checkpoint, DataPosition, TrainingProgress};
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sources::criteo::{CriteoFeatures, CriteoFormat};
 use tiderec_sources::json::CriteoJsonFormat;
 use tiderec_sources::kafka::consumer::{topic_partitions, Fill, PartitionReader, StartAt};
+use tiderec_sources::kafka::reset::{fingerprint_hex, parse_fingerprint, Resume};
 use tiderec_sources::kafka::{offset_key, partition_owner, step_quotas, KafkaEndpoint};
 use tiderec_sources::SourceError;
 
@@ -164,15 +165,16 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     trainer.set_score_training(me == 0);
     let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.run.batch_size as u64);
     let mut votes: Collective<Vote> = Collective::new(worker);
-    let mut offsets_channel: Collective<Vec<(String, i64)>> = Collective::new(worker);
+    let mut offsets_channel: Collective<Vec<OffsetEntry>> = Collective::new(worker);
     let resumed = restore_shared(worker, &mut trainer, &mut checkpointer, &ctx.resume, &ctx.resume_pending)?
         .map(|c| c.manifest.clone());
 
     // This worker's partitions, starting where the checkpoint says.
-    let start_offsets = resumed.as_ref().map(|m| m.data_position.kafka_offsets.clone()).unwrap_or_default();
+    let start_offsets = resumed.as_ref().map(|m| m.data_position.clone()).unwrap_or_default();
     let mine: Vec<i32> = (0..ctx.partitions as i32).filter(|&p| partition_owner(p, peers) == me).collect();
     let topic = &ctx.endpoint.topic;
-    if me == 0 && resumed.is_some() && start_offsets.keys().all(|k| !k.starts_with(&format!("{topic}/"))) {
+    if me == 0 && resumed.is_some() && start_offsets.kafka_offsets.keys().all(|k| !k.starts_with(&format!("{topic}/")))
+    {
         eprintln!(
             "warning: the checkpoint holds no offsets of topic {topic}; its partitions start at --start {}",
             os.start
@@ -183,8 +185,9 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
         &ctx.endpoint,
         &os.group,
         &mine,
-        |p| start_offsets.get(&offset_key(topic, p)).copied(),
+        |p| resume_of(&start_offsets, topic, p),
         start_at,
+        os.on_offset_reset,
         os.until_end,
         os.max_buffered,
     );
@@ -395,8 +398,12 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     })?;
     trainer.set_bad_records(bad.to_array());
     let report = trainer.step(worker, StepKind::Report, Batch::new(ctx.resolved.shape.0, ctx.resolved.shape.1))?;
-    let offsets: BTreeMap<String, i64> =
-        offsets_channel.all_gather(worker, reader.offset_entries()).into_iter().flatten().collect();
+    let offsets: BTreeMap<String, i64> = offsets_channel
+        .all_gather(worker, reader.offset_entries())
+        .into_iter()
+        .flatten()
+        .map(|(key, offset, _)| (key, offset))
+        .collect();
     if me != 0 {
         return Ok(None);
     }
@@ -450,7 +457,19 @@ fn position_at(
             ..Default::default()
         },
         kafka_offsets: BTreeMap::new(),
+        kafka_last_records: BTreeMap::new(),
     }
+}
+
+/// A partition's manifest key, next offset and the fingerprint of the record before it.
+type OffsetEntry = (String, i64, Option<u64>);
+
+/// Where the checkpoint's `position` left partition `p` of `topic`.
+fn resume_of(position: &DataPosition, topic: &str, p: i32) -> Option<Resume> {
+    let key = offset_key(topic, p);
+    let next = *position.kafka_offsets.get(&key)?;
+    let last_record = position.kafka_last_records.get(&key).and_then(|h| parse_fingerprint(h));
+    Some(Resume { next, last_record })
 }
 
 /// Begins a checkpoint of this step with every partition's next offset
@@ -458,13 +477,17 @@ fn position_at(
 fn write_checkpoint(
     worker: &mut timely::worker::Worker,
     checkpointer: &mut Checkpointer,
-    offsets_channel: &mut Collective<Vec<(String, i64)>>,
+    offsets_channel: &mut Collective<Vec<OffsetEntry>>,
     trainer: &Trainer,
     reader: &PartitionReader,
     mut position: Position,
 ) -> Result<(), PipelineError> {
-    position.kafka_offsets =
-        offsets_channel.all_gather(worker, reader.offset_entries()).into_iter().flatten().collect();
+    for (key, offset, last) in offsets_channel.all_gather(worker, reader.offset_entries()).into_iter().flatten() {
+        if let Some(fp) = last {
+            position.kafka_last_records.insert(key.clone(), fingerprint_hex(fp));
+        }
+        position.kafka_offsets.insert(key, offset);
+    }
     checkpointer.write(worker, trainer, &position)
 }
 

@@ -13,7 +13,8 @@
 //!   recorded, which then featurize as "unknown".
 //! * `data_position` is where the data readers resume: for file and generated
 //!   data the epoch and the number of global steps taken in it; a Kafka
-//!   source would record its per-partition offsets in `kafka_offsets`.
+//!   source records its per-partition offsets in `kafka_offsets`, and in
+//!   `kafka_last_records` a fingerprint of the record before each offset.
 
 use crate::SinkError;
 use serde::{Deserialize, Serialize};
@@ -68,6 +69,10 @@ pub struct DataPosition {
     /// `topic/partition` → next offset, for a Kafka source (empty for files).
     #[serde(default)]
     pub kafka_offsets: BTreeMap<String, i64>,
+    /// `topic/partition` → fingerprint (xxh3-64, 16 hex digits) of the record just before
+    /// the partition's next offset, so that a resumed run notices a re-created topic.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kafka_last_records: BTreeMap<String, String>,
 }
 
 /// Running statistics of the training loop at the checkpoint.

@@ -72,7 +72,7 @@ fn manifest(step: u64) -> Manifest {
         config_hash: config_hash(&config),
         config,
         pipeline: None,
-        data_position: DataPosition { epoch: 1, global_steps_in_epoch: step % 7, kafka_offsets: BTreeMap::new() },
+        data_position: DataPosition { epoch: 1, global_steps_in_epoch: step % 7, ..Default::default() },
         progress: TrainingProgress {
             loss_total: 1.5,
             loss_window: vec![(0.5, 64)],

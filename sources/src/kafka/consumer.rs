@@ -1,12 +1,14 @@
 //! One worker's partitions of a topic, read one step at a time (see the
 //! [module docs](super)).
 
+use super::reset::{self, fingerprint, Bounds, OnOffsetReset, Resume};
 use super::{offset_key, KafkaEndpoint};
 use crate::SourceError;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -69,6 +71,8 @@ struct Part {
     /// Buffered records: `(offset, payload)`.
     queue: VecDeque<(i64, Vec<u8>)>,
     paused: bool,
+    /// [`fingerprint`] of the record at `next − 1`, when known.
+    last: Option<u64>,
 }
 
 impl Part {
@@ -90,7 +94,21 @@ pub struct PartitionReader {
     stats: ReaderStats,
     outage_since: Option<Instant>,
     last_logged: Option<Instant>,
+    /// Consumer group (the probes of partition ends use it too).
+    group: String,
+    on_reset: OnOffsetReset,
+    /// The partitions' bounds should be checked (a duplicate or an out-of-range fetch was seen).
+    check_due: bool,
+    /// When the bounds were last checked, and when a record last arrived.
+    last_check: Instant,
+    last_record: Instant,
 }
+
+/// How long the reader waits for records before checking that every partition still
+/// holds its position (a restarted in-memory broker sends nothing and reports nothing).
+const STALL_CHECK: Duration = Duration::from_secs(10);
+/// The least time between two checks triggered by duplicates or out-of-range fetches.
+const CHECK_GAP: Duration = Duration::from_secs(1);
 
 fn kafka_error(endpoint: &KafkaEndpoint, what: &str, e: impl std::fmt::Display) -> SourceError {
     SourceError::Kafka {
@@ -180,13 +198,7 @@ pub fn topic_partitions(endpoint: &KafkaEndpoint) -> Result<usize, SourceError> 
 /// record batch that holds offset `high − 1` and taking one past its last record gives
 /// the end with both: fetches return whole batches, which arrive together.
 fn probe_end(endpoint: &KafkaEndpoint, group: &str, p: i32, high: i64) -> Result<i64, SourceError> {
-    let consumer: BaseConsumer<ErrorLog> = client_config(endpoint, group)
-        .create_with_context(ErrorLog::default())
-        .map_err(|e| kafka_error(endpoint, "cannot create a consumer", e))?;
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(&endpoint.topic, p, Offset::Offset(high - 1))
-        .and_then(|_| consumer.assign(&list))
-        .map_err(|e| kafka_error(endpoint, &format!("cannot read the end of partition {p}"), e))?;
+    let consumer = consumer_at(endpoint, group, p, high - 1)?;
     let start = Instant::now();
     let mut end = None::<i64>;
     let mut last_seen = Instant::now();
@@ -211,17 +223,101 @@ fn probe_end(endpoint: &KafkaEndpoint, group: &str, p: i32, high: i64) -> Result
     Ok(end.unwrap_or(high))
 }
 
+/// A consumer of `group` reading partition `p` from `offset`.
+fn consumer_at(
+    endpoint: &KafkaEndpoint,
+    group: &str,
+    p: i32,
+    offset: i64,
+) -> Result<BaseConsumer<ErrorLog>, SourceError> {
+    let consumer: BaseConsumer<ErrorLog> = client_config(endpoint, group)
+        .create_with_context(ErrorLog::default())
+        .map_err(|e| kafka_error(endpoint, "cannot create a consumer", e))?;
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(&endpoint.topic, p, Offset::Offset(offset))
+        .and_then(|_| consumer.assign(&list))
+        .map_err(|e| kafka_error(endpoint, &format!("cannot read partition {p} at offset {offset}"), e))?;
+    Ok(consumer)
+}
+
+/// The [`fingerprint`] of the record at `offset` of partition `p` (`None`: the broker
+/// sent no record there within a few seconds, e.g. it was compacted away).
+fn fingerprint_at(endpoint: &KafkaEndpoint, group: &str, p: i32, offset: i64) -> Result<Option<u64>, SourceError> {
+    let consumer = consumer_at(endpoint, group, p, offset)?;
+    let deadline = Instant::now() + endpoint.broker_timeout.min(Duration::from_secs(10));
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(50)) {
+            Some(Ok(m)) if m.partition() == p && m.offset() == offset => {
+                return Ok(Some(fingerprint(m.payload().unwrap_or_default())))
+            }
+            Some(Ok(m)) if m.partition() == p && m.offset() > offset => return Ok(None),
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
+/// The offsets partition `p` holds, as far as a run standing at `position` needs to
+/// know: the end is the watermark when that is at or past `position`, else probed
+/// (some brokers report less than the end; see [`probe_end`]).
+fn bounds(
+    endpoint: &KafkaEndpoint,
+    consumer: &BaseConsumer<ErrorLog>,
+    group: &str,
+    p: i32,
+    position: i64,
+) -> Result<Bounds, SourceError> {
+    let timeout = Duration::from_secs(5).min(endpoint.broker_timeout);
+    let (low, high) = with_retries(endpoint, &format!("reading the offsets of partition {p}"), || {
+        consumer.fetch_watermarks(&endpoint.topic, p, timeout)
+    })?;
+    let end = if high >= position || high <= low { high } else { probe_end(endpoint, group, p, high)? };
+    Ok(Bounds { low, end })
+}
+
+/// Where a resumed partition starts: the checkpoint's offset when the broker still
+/// holds it and the record before it is the one trained on, else what `policy` says.
+/// Returns the offset and the fingerprint of the record before it, when known.
+fn resume_at(
+    endpoint: &KafkaEndpoint,
+    consumer: &BaseConsumer<ErrorLog>,
+    group: &str,
+    p: i32,
+    resume: Resume,
+    policy: OnOffsetReset,
+) -> Result<(i64, Option<u64>), SourceError> {
+    let mut b = bounds(endpoint, consumer, group, p, resume.next)?;
+    let before = resume.next - 1;
+    let found = match resume.last_record {
+        Some(_) if before >= b.low && resume.next <= b.end => fingerprint_at(endpoint, group, p, before)?,
+        _ => None,
+    };
+    match reset::mismatch(resume.next, b, resume.last_record, found) {
+        None => Ok((resume.next, resume.last_record)),
+        Some(reason) => {
+            if policy == OnOffsetReset::Latest && b.end > b.low {
+                b.end = b.end.max(probe_end(endpoint, group, p, b.end)?);
+            }
+            Ok((reset::decide(policy, endpoint, p, resume.next, b, reason)?, None))
+        }
+    }
+}
+
 impl PartitionReader {
     /// Assigns `partitions` (ascending) of the endpoint's topic to a new consumer of
-    /// `group`, starting each at `start(p)` when it has a checkpointed offset and at
-    /// `start_at` otherwise. With `until_end`, each partition ends at its end offset
-    /// as of now. At most `max_buffered` records are buffered per partition.
+    /// `group`, starting each where `start(p)` says when it was checkpointed (checked
+    /// against the broker; `on_reset` decides when it no longer holds that position,
+    /// see [`reset`]) and at `start_at` otherwise. With `until_end`, each partition
+    /// ends at its end offset as of now. At most `max_buffered` records are buffered
+    /// per partition.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         endpoint: &KafkaEndpoint,
         group: &str,
         partitions: &[i32],
-        start: impl Fn(i32) -> Option<i64>,
+        start: impl Fn(i32) -> Option<Resume>,
         start_at: StartAt,
+        on_reset: OnOffsetReset,
         until_end: bool,
         max_buffered: usize,
     ) -> Result<Self, SourceError> {
@@ -239,17 +335,10 @@ impl PartitionReader {
             if std::env::var_os("TIDEREC_DEBUG_KAFKA").is_some() {
                 eprintln!("partition {p}: watermarks {low}..{high}");
             }
-            let next = match start(p) {
-                Some(o) if o < low => {
-                    return Err(kafka_error(
-                        endpoint,
-                        &format!("partition {p}"),
-                        format!("the checkpoint resumes at offset {o}, but the oldest record left is {low}: records were deleted before they were trained on"),
-                    ))
-                }
-                Some(o) => o,
-                None if start_at == StartAt::Earliest => low,
-                None => high,
+            let (next, last) = match start(p) {
+                Some(resume) => resume_at(endpoint, &consumer, group, p, resume, on_reset)?,
+                None if start_at == StartAt::Earliest => (low, None),
+                None => (high, None),
             };
             assignment
                 .add_partition_offset(&endpoint.topic, p, Offset::Offset(next))
@@ -259,7 +348,8 @@ impl PartitionReader {
                 true => Some(high),
                 false => None,
             };
-            parts.push(Part { partition: p, next, expect: next, end, queue: VecDeque::new(), paused: false });
+            let end = end.map(|e| e.max(next));
+            parts.push(Part { partition: p, next, expect: next, end, queue: VecDeque::new(), paused: false, last });
         }
         consumer.assign(&assignment).map_err(|e| kafka_error(endpoint, "cannot assign partitions", e))?;
         Ok(PartitionReader {
@@ -271,6 +361,11 @@ impl PartitionReader {
             stats: ReaderStats::default(),
             outage_since: None,
             last_logged: None,
+            group: group.to_string(),
+            on_reset,
+            check_due: false,
+            last_check: Instant::now(),
+            last_record: Instant::now(),
         })
     }
 
@@ -318,6 +413,7 @@ impl PartitionReader {
     fn poll_once(&mut self, timeout: Duration) -> Result<(), SourceError> {
         let mut got = 0usize;
         let mut next_timeout = timeout;
+        let mut changed = None;
         // Drain what is queued without waiting, then wait at most `timeout` once.
         while let Some(result) = self.consumer.poll(next_timeout) {
             next_timeout = Duration::ZERO;
@@ -329,6 +425,16 @@ impl PartitionReader {
                     let offset = m.offset();
                     if offset < part.expect {
                         self.stats.duplicates_dropped += 1;
+                        let payload = m.payload().unwrap_or_default();
+                        if offset == part.next - 1 && part.last.is_some_and(|h| h != fingerprint(payload)) {
+                            let reason = format!(
+                                "the broker sent another record at offset {offset} than the one trained on: \
+                                 the topic was re-created or the broker lost its storage"
+                            );
+                            changed = Some((i, reason));
+                            break;
+                        }
+                        self.check_due = true;
                         continue;
                     }
                     if part.end.is_some_and(|e| offset >= e) {
@@ -340,6 +446,14 @@ impl PartitionReader {
                     part.expect = offset + 1;
                     self.stats.received += 1;
                 }
+                Err(e)
+                    if matches!(
+                        e.rdkafka_error_code(),
+                        Some(RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset)
+                    ) =>
+                {
+                    self.check_due = true;
+                }
                 Err(e) => {
                     self.stats.broker_errors += 1;
                     self.note_error(&e.to_string())?;
@@ -350,6 +464,7 @@ impl PartitionReader {
             }
         }
         if got > 0 {
+            self.last_record = Instant::now();
             if let Some(since) = self.outage_since.take() {
                 eprintln!(
                     "kafka {}: receiving again after {:.1} s",
@@ -363,8 +478,64 @@ impl PartitionReader {
                 self.note_error(&reason)?;
             }
         }
+        if let Some((i, reason)) = changed {
+            self.reset_partition(i, part_position(&self.parts[i]), reason)?;
+        }
+        let stalled = self.last_record.elapsed() >= STALL_CHECK && self.last_check.elapsed() >= STALL_CHECK;
+        if (self.check_due && self.last_check.elapsed() >= CHECK_GAP) || stalled {
+            self.check_positions()?;
+        }
         self.apply_backpressure();
         Ok(())
+    }
+
+    /// Checks that every partition still holds the position the reader stands at (see
+    /// [`reset`]); a partition that does not is restarted or fails the run, as
+    /// `--on-offset-reset` says. A broker that cannot answer is left to the outage handling.
+    fn check_positions(&mut self) -> Result<(), SourceError> {
+        self.check_due = false;
+        self.last_check = Instant::now();
+        for i in 0..self.parts.len() {
+            let position = part_position(&self.parts[i]);
+            let (p, timeout) = (self.parts[i].partition, Duration::from_secs(2));
+            let Ok((low, high)) = self.consumer.fetch_watermarks(&self.endpoint.topic, p, timeout) else {
+                continue;
+            };
+            let end = match high >= position || high <= low {
+                true => high,
+                false => probe_end(&self.endpoint, &self.group, p, high)?,
+            };
+            if let Some(reason) = reset::mismatch(position, Bounds { low, end }, None, None) {
+                self.reset_partition(i, position, reason)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Restarts partition `i`, found not to hold `position`, where `--on-offset-reset`
+    /// says (or fails the run): its buffered records are dropped and it is fetched again.
+    fn reset_partition(&mut self, i: usize, position: i64, reason: String) -> Result<(), SourceError> {
+        let p = self.parts[i].partition;
+        let timeout = Duration::from_secs(5).min(self.endpoint.broker_timeout);
+        let (low, high) = with_retries(&self.endpoint, &format!("reading the offsets of partition {p}"), || {
+            self.consumer.fetch_watermarks(&self.endpoint.topic, p, timeout)
+        })?;
+        let end = if high > low { probe_end(&self.endpoint, &self.group, p, high)? } else { high };
+        let restart = reset::decide(self.on_reset, &self.endpoint, p, position, Bounds { low, end }, reason)?;
+        let part = &mut self.parts[i];
+        part.queue.clear();
+        (part.next, part.expect, part.last) = (restart, restart, None);
+        if part.end.is_some() {
+            part.end = Some(end.max(restart));
+        }
+        let mut assignment = TopicPartitionList::new();
+        for part in &mut self.parts {
+            part.paused = false;
+            assignment
+                .add_partition_offset(&self.endpoint.topic, part.partition, Offset::Offset(part.expect))
+                .map_err(|e| kafka_error(&self.endpoint, "cannot assign partitions", e))?;
+        }
+        self.consumer.assign(&assignment).map_err(|e| kafka_error(&self.endpoint, "cannot assign partitions", e))
     }
 
     fn note_error(&mut self, reason: &str) -> Result<(), SourceError> {
@@ -417,12 +588,15 @@ impl PartitionReader {
         for p in &mut self.parts {
             let n = quota(p.partition).min(p.queue.len());
             for _ in 0..n {
-                if let Some((o, _)) = p.queue.pop_front() {
+                if let Some((o, payload)) = p.queue.pop_front() {
                     p.next = o + 1;
+                    p.last = Some(fingerprint(&payload));
                 }
             }
-            if p.queue.is_empty() && p.exhausted() {
-                p.next = p.next.max(p.expect);
+            if p.queue.is_empty() && p.exhausted() && p.expect > p.next {
+                // Offsets past the last record (a transaction marker, a compacted tail):
+                // no record stands before the new position.
+                (p.next, p.last) = (p.expect, None);
             }
             self.stats.consumed += n as u64;
         }
@@ -457,8 +631,14 @@ impl PartitionReader {
             .map_err(|e| kafka_error(&self.endpoint, "cannot commit offsets", e))
     }
 
-    /// The manifest keys and next offsets of the owned partitions.
-    pub fn offset_entries(&self) -> Vec<(String, i64)> {
-        self.parts.iter().map(|p| (offset_key(&self.endpoint.topic, p.partition), p.next)).collect()
+    /// The manifest keys and next offsets of the owned partitions, with the
+    /// [`fingerprint`] of the record before each offset when known.
+    pub fn offset_entries(&self) -> Vec<(String, i64, Option<u64>)> {
+        self.parts.iter().map(|p| (offset_key(&self.endpoint.topic, p.partition), p.next, p.last)).collect()
     }
+}
+
+/// The offset a partition's reader stands at: one past the last record received.
+fn part_position(part: &Part) -> i64 {
+    part.expect
 }

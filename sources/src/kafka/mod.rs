@@ -17,6 +17,10 @@
 //!   says the step was trained ([`consumer::PartitionReader::consume_step`]),
 //!   so records read before a crash are read again after it, and a
 //!   checkpoint's offsets are exactly the records its weights have seen.
+//! * [`reset`] notices a partition that no longer holds the position a run
+//!   stands at (past its end, below its start, another record before it: a
+//!   re-created topic, a broker that lost its storage) and stops the run
+//!   unless `--on-offset-reset` says where to restart.
 //! * [`producer`] replays a file into a topic (`tiderec produce`) and creates
 //!   topics.
 //!
@@ -27,6 +31,7 @@
 
 pub mod consumer;
 pub mod producer;
+pub mod reset;
 
 use std::time::Duration;
 
