@@ -54,7 +54,7 @@ pub fn split_records(body: &[u8], max_records: usize) -> Result<Records, BodyErr
                 return Err(BodyError::NotRecords);
             }
             let end = body.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(body.len(), |e| e + 1);
-            vec![first..end]
+            std::iter::once(first..end).collect()
         }
         _ => lines(body, max_records)?,
     };
