@@ -47,6 +47,26 @@ fn elm_seeds() -> Vec<Vec<u8>> {
 }
 
 /// JSON records of Criteo lines, plus hand-made objects.
+/// Request bodies of `tiderec serve`: arrays, NDJSON, one object, many records, non-finite
+/// numbers and bytes that are not UTF-8.
+fn body_seeds() -> Vec<Vec<u8>> {
+    let mut seeds: Vec<Vec<u8>> = vec![
+        br#"[{"I1": 3, "C1": "68fd1e64"}, {"line": "0\t1\t2"}]"#.to_vec(),
+        b"{\"I1\": 1}\r\n\n{\"I2\": 1e999}\n  \n{\"price\": -Infinity}\n".to_vec(),
+        br#"  {"a": NaN, "b": [1, 2, {"c": null}]}  "#.to_vec(),
+        b"[\xff\xfe, {\"x\": \"\xc3\x28\"}]\n\x80\x81".to_vec(),
+        b"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]".to_vec(),
+        b"42".to_vec(),
+        b"[]".to_vec(),
+    ];
+    let mut many = b"[{}".to_vec();
+    many.extend(b",{}".repeat(5000));
+    many.push(b']');
+    seeds.push(many);
+    seeds.push(b"{}\n".repeat(5000));
+    seeds
+}
+
 fn json_seeds(data: &Path) -> Result<Vec<Vec<u8>>, String> {
     let mut seeds: Vec<Vec<u8>> = vec![
         br#"{"label": 1, "I1": 5, "C1": "", "C3": null, "C26": "0a", "extra": [1]}"#.to_vec(),
@@ -162,6 +182,7 @@ pub fn seeds(name: &str, data: &Path) -> Result<Vec<Vec<u8>>, String> {
         "taobao_behavior" => files(data, &["taobao_user_behavior/UserBehavior.csv"]),
         "amazon_dien" => files(data, &["amazon_dien/local_test", "amazon_dien/local_train"]),
         "json_records" => json_seeds(data),
+        "serve_request_body" => Ok(body_seeds()),
         "parquet" => parquet_seeds(data),
         "checkpoint_manifest" => Ok(crate::checkpoint::manifest_seeds()),
         "checkpoint_tensors" => Ok(crate::checkpoint::tensor_seeds()),
@@ -172,5 +193,13 @@ pub fn seeds(name: &str, data: &Path) -> Result<Vec<Vec<u8>>, String> {
 
 /// Whether target `name`'s seeds come from the data directory.
 pub fn needs_data(name: &str) -> bool {
-    !matches!(name, "csv_elm" | "csv_elm_dien" | "checkpoint_manifest" | "checkpoint_tensors" | "feature_spec_toml")
+    !matches!(
+        name,
+        "csv_elm"
+            | "csv_elm_dien"
+            | "serve_request_body"
+            | "checkpoint_manifest"
+            | "checkpoint_tensors"
+            | "feature_spec_toml"
+    )
 }

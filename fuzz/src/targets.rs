@@ -11,6 +11,8 @@
 //!   bytes are; under `fail` the reader stops with the first of them as a
 //!   typed [`SourceError::BadRecord`]; the batch passes [`Batch::check`];
 //! * record parsers: a record either appends exactly one sample or nothing;
+//! * serve's request bodies: records are ordered, non-blank, disjoint ranges
+//!   of the body, never more than the cap;
 //! * Parquet and checkpoints: bad bytes are typed errors (or skip reasons),
 //!   and what loads has consistent shapes.
 //!
@@ -300,6 +302,34 @@ pub fn json_records(data: &[u8]) {
     check_ids(&batch, &[1000; NUM_SPARSE], &[]);
 }
 
+/// The request body parser of `tiderec serve` (`POST /score`): `data` as one body, split
+/// under two caps. Its records are byte ranges in order, each non-blank, inside the body and
+/// not overlapping; at most the cap of them, and a body refused as over the cap under a
+/// small cap holds more records than that cap (it is split whole under a cap above it).
+pub fn serve_request_body(data: &[u8]) {
+    use tiderec_sources::request_body::{split_records, BodyError};
+    for max in [3, 1 << 20] {
+        match split_records(data, max) {
+            Ok(records) => {
+                assert!(!records.ranges.is_empty() && records.ranges.len() <= max, "1..={max} records");
+                let mut end = 0;
+                for r in &records.ranges {
+                    assert!(end <= r.start && r.start < r.end && r.end <= data.len(), "range {r:?} after {end}");
+                    assert!(!data[r.clone()].iter().all(u8::is_ascii_whitespace), "a blank record {r:?}");
+                    end = r.end;
+                }
+            }
+            Err(BodyError::TooMany { max: m }) => {
+                assert_eq!(m, max, "the cap named");
+                if let Ok(all) = split_records(data, 1 << 20) {
+                    assert!(all.ranges.len() > max, "{} records refused under the cap {max}", all.ranges.len());
+                }
+            }
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+    }
+}
+
 /// The Parquet reader (`--data parquet:DIR`): `data` as the one file of a
 /// directory, opened and read to the end.
 pub fn parquet(data: &[u8]) {
@@ -391,6 +421,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "taobao_behavior", run: taobao_behavior },
     Target { name: "amazon_dien", run: amazon_dien },
     Target { name: "json_records", run: json_records },
+    Target { name: "serve_request_body", run: serve_request_body },
     Target { name: "parquet", run: parquet },
     Target { name: "checkpoint_manifest", run: checkpoint_manifest },
     Target { name: "checkpoint_tensors", run: checkpoint_tensors },

@@ -51,6 +51,7 @@ bounded!(
     taobao_behavior,
     amazon_dien,
     json_records,
+    serve_request_body,
     parquet,
     checkpoint_manifest,
     checkpoint_tensors,

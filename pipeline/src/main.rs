@@ -266,9 +266,20 @@ struct ServeArgs {
     /// Address to listen on (port 0: any free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: String,
-    /// Connection threads (requests in flight at once).
-    #[arg(long, default_value_t = 16)]
+    /// Connections open at once, one thread each (one more is answered 503).
+    #[arg(long, default_value_t = 256)]
     threads: usize,
+    /// Connections open at once from one client address (one more gets 429; GET /health is
+    /// still answered).
+    #[arg(long, default_value_t = 64)]
+    max_connections_per_ip: usize,
+    /// Most records in one request (more: 413), 1 to 16,777,216.
+    #[arg(long, default_value_t = 65_536)]
+    max_records: usize,
+    /// Seconds to receive a request, head and body, from its first byte (then 408), and the
+    /// longest idle time of a kept-alive connection.
+    #[arg(long, default_value_t = 5.0)]
+    read_timeout: f64,
     /// Most records scored in one forward pass.
     #[arg(long, default_value_t = 512)]
     max_batch: usize,
@@ -615,6 +626,14 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(a) => {
             let mut options = tiderec::serve::ServeOptions::new(a.checkpoint, a.addr);
             options.threads = a.threads;
+            options.max_connections_per_ip = a.max_connections_per_ip;
+            options.max_records = a.max_records;
+            anyhow::ensure!(
+                a.read_timeout.is_finite() && a.read_timeout > 0.0 && a.read_timeout <= 3600.0,
+                "invalid configuration `read_timeout`: {} is not a number of seconds in (0, 3600]",
+                a.read_timeout
+            );
+            options.read_timeout = std::time::Duration::from_secs_f64(a.read_timeout);
             options.limits.max_batch = a.max_batch;
             options.limits.max_wait = std::time::Duration::from_micros(a.max_wait_us);
             anyhow::ensure!(

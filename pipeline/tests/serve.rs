@@ -520,3 +520,163 @@ fn rows_of_a_model_trained_on_parquet_score_as_predict_does() {
     let e = post_error(&mut c, r#"{"history_items": "a"}"#);
     assert!(e.contains("record 0: \"a\" is not an array of ids in `history_items`"), "{e}");
 }
+
+/// `n` empty records as one JSON array.
+fn empty_records(n: usize) -> Vec<u8> {
+    let mut body = Vec::with_capacity(3 * n + 2);
+    body.push(b'[');
+    for k in 0..n {
+        body.extend_from_slice(if k == 0 { b"{}" } else { b",{}" });
+    }
+    body.push(b']');
+    body
+}
+
+fn health(addr: &str) -> serde_json::Value {
+    let r = Client::connect(addr, Duration::from_secs(10)).unwrap().get("/health").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+#[test]
+fn requests_over_the_record_cap_are_refused_and_large_ones_are_scored_in_batches() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    // The defaults: at most 65,536 records a request, 512 a forward pass.
+    let server = serve(&ckpt, &[]);
+    let mut c = Client::connect(&server.addr, Duration::from_secs(60)).unwrap();
+    let r = c.post("/score", &empty_records(65_537)).unwrap();
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.text().contains("more than 65536 records"), "{}", r.text());
+    // 5.6 million records in a body under the 16 MiB limit: refused, not scored.
+    let huge = empty_records((16 << 20) / 3 - 1);
+    assert!(huge.len() <= 16 << 20);
+    let started = Instant::now();
+    let r = Client::connect(&server.addr, Duration::from_secs(60)).unwrap().post("/score", &huge).unwrap();
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert_eq!(health(&server.addr)["records"], 0, "nothing of a refused request is scored");
+    // A request at the cap is scored whole, in passes of at most 512 records.
+    let r = c.post("/score", &empty_records(65_536)).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (step, s) = scores(&r.body);
+    assert_eq!((step, s.len()), (5, 65_536));
+    assert!(s.iter().all(|p| *p == s[0]), "empty records score alike");
+    let h = health(&server.addr);
+    assert_eq!(h["records"], 65_536);
+    assert!(h["batches"].as_u64().unwrap() >= 128, "{h}");
+    // The cap is a flag, range-checked.
+    let capped = serve(&ckpt, &["--max-records", "10"]);
+    let r = Client::connect(&capped.addr, Duration::from_secs(10)).unwrap().post("/score", &empty_records(11)).unwrap();
+    assert_eq!(r.status, 413, "{}", r.text());
+    let out =
+        tiderec().args(["serve", "--addr", "127.0.0.1:0", "--max-records", "0", "--checkpoint"]).arg(&ckpt).output();
+    let out = out.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_records"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A connection that sent the head of a 100-byte `POST /score` and one byte of its body.
+fn slow_client(addr: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let head = "POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[";
+    s.write_all(head.as_bytes()).unwrap();
+    s
+}
+
+/// The status of the first response on `s`, read within `within`.
+fn status_within(s: &mut std::net::TcpStream, within: Duration) -> u16 {
+    use std::io::Read;
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).unwrap_or_else(|e| panic!("no response within {within:?}: {e}"));
+    std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap()
+}
+
+#[test]
+fn slow_clients_are_cut_off_and_health_answers_meanwhile() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    // The defaults: bodies read within 5 s.
+    let server = serve(&ckpt, &[]);
+    let mut slow: Vec<_> = (0..32).map(|_| slow_client(&server.addr)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let mut c = Client::connect(&server.addr, Duration::from_secs(2)).unwrap();
+    let r = c.get("/health").expect("/health answers within 2 s");
+    assert_eq!(r.status, 200);
+    let r = c.post("/score", br#"{"I1": 3}"#).expect("a request is scored within 2 s");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    // Each slow body is given up after the read timeout, with 408.
+    for s in &mut slow {
+        assert_eq!(status_within(s, Duration::from_secs(8)), 408);
+    }
+    assert!(started.elapsed() < Duration::from_secs(8), "{:?}", started.elapsed());
+
+    // Connections over the bound per client address are refused at once; /health still answers.
+    let capped = serve(&ckpt, &["--max-connections-per-ip", "4", "--read-timeout", "1"]);
+    let _held: Vec<_> = (0..4).map(|_| slow_client(&capped.addr)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut over = slow_client(&capped.addr);
+    assert_eq!(status_within(&mut over, Duration::from_millis(500)), 429);
+    let r = Client::connect(&capped.addr, Duration::from_secs(2)).unwrap().get("/health").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let out =
+        tiderec().args(["serve", "--addr", "127.0.0.1:0", "--read-timeout", "0", "--checkpoint"]).arg(&ckpt).output();
+    let out = out.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("read_timeout"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Polls `/health` until `done` holds for it (at most `within`).
+fn health_until(addr: &str, within: Duration, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let h = health(addr);
+        if done(&h) {
+            return h;
+        }
+        assert!(Instant::now() < deadline, "not within {within:?}: {h}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_deleted_checkpoint_gives_way_to_the_next_valid_one_even_at_a_lower_step() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "20"]);
+    let server = serve(&ckpt, &["--reload-every", "0.1"]);
+    let (records, _) = records(&data, 16);
+    let body = format!("[{}]", records.join(","));
+    let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
+    let before = scores(&c.post("/score", body.as_bytes()).unwrap().body);
+    assert_eq!(before.0, 20);
+    // The served checkpoint is deleted: the model in memory keeps answering, and /health says so.
+    std::fs::remove_dir_all(&ckpt).unwrap();
+    let h = health_until(&server.addr, Duration::from_secs(5), |h| h["warning"].is_string());
+    assert!(h["warning"].as_str().unwrap().contains("deleted"), "{h}");
+    assert_eq!(h["step"], 20);
+    assert_eq!(scores(&c.post("/score", body.as_bytes()).unwrap().body), before);
+    // A new run writes a lower step: it is served, and /health names it before any request.
+    train(&data, dir.path(), &["--steps", "5"]);
+    let h = health_until(&server.addr, Duration::from_secs(60), |h| h["step"] == 5);
+    assert!(h["checkpoint"].as_str().unwrap().ends_with("ckpt-5"), "{h}");
+    assert_eq!((h["reloads"].as_u64(), h["warning"].is_null()), (Some(1), true), "{h}");
+    let five = scores(&c.post("/score", body.as_bytes()).unwrap().body);
+    assert_eq!(five.0, 5);
+    let fresh = serve(&ckpt.join("ckpt-5"), &[]);
+    let r = Client::connect(&fresh.addr, Duration::from_secs(10)).unwrap().post("/score", body.as_bytes()).unwrap();
+    assert_eq!(scores(&r.body), five);
+    // Replaced by another run at the same step: a checkpoint is followed by identity, not step.
+    std::fs::remove_dir_all(&ckpt).unwrap();
+    train(&data, dir.path(), &["--steps", "5", "--seed", "7"]);
+    health_until(&server.addr, Duration::from_secs(60), |h| h["reloads"] == 2);
+    let other = scores(&c.post("/score", body.as_bytes()).unwrap().body);
+    assert_eq!(other.0, 5);
+    assert_ne!(other.1, five.1, "the new run's model answers");
+}

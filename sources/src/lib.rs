@@ -15,6 +15,8 @@
 //! * [`unlabeled`]: a labeled line format reading test files without their label column.
 //! * [`parquet`]: featurized samples in Parquet files: the writer behind
 //!   `tiderec convert` and the row-group reader behind `--data parquet:DIR`.
+//! * [`request_body`]: the records of a JSON request body of `tiderec serve`,
+//!   counted against a cap before anything is copied.
 
 #![warn(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
@@ -30,6 +32,7 @@ pub mod kafka;
 pub mod lines;
 pub mod offset_reset;
 pub mod parquet;
+pub mod request_body;
 pub mod synthetic;
 pub mod synthetic_behavior;
 pub mod taobao;

@@ -5,22 +5,38 @@
 //!   step of the model that scored all of them; or the first bad record.
 //! * A reload never fails or drops a request: the new model is loaded off
 //!   this thread and taken between two batches, so each batch is scored by
-//!   one model.
-//! * A job joins a batch only whole, and a batch closes when it holds
-//!   `max_batch` records or `max_wait` after its first job arrived.
+//!   one model; it is published in [`ServingState`] when taken, also when no
+//!   request is waiting.
+//! * A job joins a batch only whole, and a batch holds at most `max_batch`
+//!   records (a job holds at most that many; one that does not fit starts
+//!   the next batch). A batch closes when full or `max_wait` after its
+//!   first job arrived.
 //! * A batch is counted in [`ServingState`] before its answers are sent, so
 //!   a client holding its answer sees its records counted.
 
 use super::score::Loaded;
+use std::ops::Range;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tiderec_operators::Batch;
 
-/// One request's records and where its reply goes.
+/// What the scoring thread is sent.
+pub enum Work {
+    /// Records to score.
+    Score(Job),
+    /// A newer model, taken between two batches.
+    Swap(Box<Loaded>),
+}
+
+/// Records of one request (at most `max_batch` of them) and where their reply goes.
 pub struct Job {
-    /// Raw JSON records, one per element.
-    pub records: Vec<Vec<u8>>,
+    /// The request's body.
+    pub body: Arc<Vec<u8>>,
+    /// The records, as ranges of the body.
+    pub records: Vec<Range<usize>>,
+    /// The index in the request of the first of them.
+    pub first: usize,
     /// The reply channel.
     pub reply: Sender<Reply>,
 }
@@ -32,6 +48,9 @@ pub enum Reply {
     Scored {
         /// Step of the checkpoint.
         step: u64,
+        /// How many models were taken before the one that scored (a request scored in
+        /// several jobs checks that one model scored them all).
+        generation: u64,
         /// Click probabilities.
         scores: Vec<f32>,
     },
@@ -61,6 +80,9 @@ pub struct ServingState {
     pub batches: u64,
     /// Reloads done so far.
     pub reloads: u64,
+    /// Why the model served may be out of date (its checkpoint was deleted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
     /// The model's records, as `GET /schema` describes them.
     #[serde(skip)]
     pub schema: Arc<serde_json::Value>,
@@ -75,30 +97,26 @@ pub struct BatchLimits {
     pub max_wait: Duration,
 }
 
-/// Runs until every sender of `jobs` is gone. `pending` holds a newer model for it to take.
-pub fn run(
-    mut model: Loaded,
-    jobs: Receiver<Job>,
-    pending: Arc<Mutex<Option<Loaded>>>,
-    state: Arc<Mutex<ServingState>>,
-    limits: BatchLimits,
-) {
+/// Runs until every sender of `work` is gone.
+pub fn run(mut model: Loaded, work: Receiver<Work>, state: Arc<Mutex<ServingState>>, limits: BatchLimits) {
     let mut batch = model.batch();
     let mut one = model.batch();
     let mut scores = Vec::new();
     let mut taken: Vec<(Sender<Reply>, usize)> = Vec::new();
-    while let Ok(first) = jobs.recv() {
-        if let Some(newer) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            model = newer;
-            batch = model.batch();
-            one = model.batch();
-            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-            s.step = model.step;
-            s.checkpoint = model.path.display().to_string();
-            s.model = model.model_name.to_string();
-            s.schema = Arc::new(model.describe());
-            s.reloads += 1;
-        }
+    let mut generation = 0u64;
+    let mut carry = None;
+    while let Some(first) = carry.take().or_else(|| work.recv().ok()) {
+        let first = match first {
+            Work::Swap(newer) => {
+                model = *newer;
+                batch = model.batch();
+                one = model.batch();
+                generation += 1;
+                swapped(&model, &state);
+                continue;
+            }
+            Work::Score(job) => job,
+        };
         batch.clear();
         taken.clear();
         let deadline = Instant::now() + limits.max_wait;
@@ -109,8 +127,16 @@ pub fn run(
                 break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            // A timeout or a closed channel ends the batch.
-            next = jobs.recv_timeout(left).ok();
+            // A timeout or a closed channel ends the batch; a swap, or a job that does not fit,
+            // ends it and starts the next.
+            match work.recv_timeout(left) {
+                Ok(Work::Score(job)) if batch.len() + job.records.len() <= limits.max_batch => next = Some(job),
+                Ok(other) => carry = Some(other),
+                Err(_) => {}
+            }
+        }
+        if batch.is_empty() {
+            continue;
         }
         scores.clear();
         let scored = model.score(&mut batch, &mut scores);
@@ -123,7 +149,7 @@ pub fn run(
         let mut at = 0;
         for (reply, n) in taken.drain(..) {
             let _ = reply.send(match &scored {
-                Ok(()) => Reply::Scored { step: model.step, scores: scores[at..at + n].to_vec() },
+                Ok(()) => Reply::Scored { step: model.step, generation, scores: scores[at..at + n].to_vec() },
                 Err(e) => Reply::Failed(e.to_string()),
             });
             at += n;
@@ -131,12 +157,24 @@ pub fn run(
     }
 }
 
+/// Publishes the model just taken in `state`.
+fn swapped(model: &Loaded, state: &Mutex<ServingState>) {
+    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+    s.step = model.step;
+    s.checkpoint = model.path.display().to_string();
+    s.model = model.model_name.to_string();
+    s.schema = Arc::new(model.describe());
+    s.reloads += 1;
+    s.warning = None;
+}
+
 /// Featurizes `job` into `batch` whole, or replies with its first bad record.
 fn add(model: &Loaded, job: Job, batch: &mut Batch, one: &mut Batch, taken: &mut Vec<(Sender<Reply>, usize)>) {
     one.clear();
-    for (index, record) in job.records.iter().enumerate() {
+    for (k, range) in job.records.iter().enumerate() {
+        let record = job.body.get(range.clone()).unwrap_or_default();
         if let Err(reason) = model.featurize(record, one) {
-            let _ = job.reply.send(Reply::BadRecord { index, reason: reason.to_string() });
+            let _ = job.reply.send(Reply::BadRecord { index: job.first + k, reason: reason.to_string() });
             return;
         }
     }

@@ -11,34 +11,56 @@
 //!   request is scored.
 //! * `GET /schema` answers the format of the model's records and each field:
 //!   its JSON type and the feature it becomes.
-//! * `GET /health` answers the model served (step, checkpoint, model) and
-//!   counts of records, batches and reloads.
+//! * `GET /health` answers the model served (step, checkpoint, model),
+//!   counts of records, batches and reloads, and a `warning` while the
+//!   served checkpoint is deleted.
+//!
+//! Invariants:
+//! * A request holds at most `max_records` records (more: `413`, counted
+//!   while the body is split, before any record is copied or featurized),
+//!   and is scored in jobs of at most `max_batch` records, one after the
+//!   other, so the records of other requests interleave with a large one and
+//!   no forward pass holds more than `max_batch` records. Memory per request
+//!   is bounded by `max_body_bytes` and `max_records`, whatever arrives.
+//! * One answer comes from one model: when a model is swapped between two
+//!   jobs of a request, the request is scored again by the new one.
+//! * Connections, slow clients and the bounds on them: `listen.rs`.
 //!
 //! Records of concurrent requests are scored together (see `batcher.rs`).
 //! When `--checkpoint` names a checkpoint directory (the `--checkpoint-dir`
 //! of a training or online run) rather than one `ckpt-<step>`, a watcher
-//! loads each newer checkpoint as it appears and the scoring thread takes it
-//! between two batches: no request fails or waits for a load.
+//! follows its newest valid checkpoint (see `watch.rs`) and the scoring
+//! thread takes each one loaded between two batches: no request fails or
+//! waits for a load.
 
 mod batcher;
 pub mod client;
+mod http;
+mod listen;
 mod records;
 mod rows;
 mod score;
+mod watch;
 
 use crate::error::DataflowFailure;
 use crate::PipelineError;
-use batcher::{BatchLimits, Job, Reply, ServingState};
+use batcher::{BatchLimits, Job, Reply, ServingState, Work};
+use http::Head;
+use listen::Connections;
 use score::Loaded;
-use std::io::Read;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::io::BufReader;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tiderec_sinks::checkpoint::layout;
+use tiderec_sources::request_body::{split_records, BodyError};
+
+/// The largest `max_records` accepted.
+pub const MAX_RECORDS_LIMIT: usize = 1 << 24;
 
 /// Settings of a server.
 #[derive(Clone, Debug)]
@@ -47,14 +69,21 @@ pub struct ServeOptions {
     pub checkpoint: PathBuf,
     /// `host:port` to listen on (port 0: any free port).
     pub addr: String,
-    /// Connection threads: requests in flight at once.
+    /// Connections open at once (one thread each); one more is answered `503`.
     pub threads: usize,
+    /// Connections open at once from one client address; one more gets `429` (or `/health`).
+    pub max_connections_per_ip: usize,
     /// Batching limits of the scoring thread.
     pub limits: BatchLimits,
     /// How often to look for a newer checkpoint (`None`: never).
     pub reload_every: Option<Duration>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Most records in one request.
+    pub max_records: usize,
+    /// Time to receive a request (head and body) from its first byte, and the longest idle
+    /// time of a kept-alive connection.
+    pub read_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -63,31 +92,67 @@ impl ServeOptions {
         ServeOptions {
             checkpoint,
             addr,
-            threads: 16,
+            threads: 256,
+            max_connections_per_ip: 64,
             limits: BatchLimits { max_batch: 512, max_wait: Duration::from_micros(500) },
             reload_every: Some(Duration::from_secs(1)),
             max_body_bytes: 16 << 20,
+            max_records: 65_536,
+            read_timeout: Duration::from_secs(5),
         }
     }
+
+    /// Refuses settings the server cannot run with, naming the setting.
+    fn check(&self) -> Result<(), PipelineError> {
+        let bad = |key: &str, reason: String| Err(PipelineError::config(key, reason));
+        if self.threads == 0 || self.max_connections_per_ip == 0 {
+            return bad("threads", "serve needs at least one connection, in all and per client".into());
+        }
+        if self.limits.max_batch == 0 {
+            return bad("max_batch", "serve needs a batch of at least one record".into());
+        }
+        if !(1..=MAX_RECORDS_LIMIT).contains(&self.max_records) {
+            return bad("max_records", format!("{} is not in 1..={MAX_RECORDS_LIMIT}", self.max_records));
+        }
+        if self.read_timeout.is_zero() || self.read_timeout > Duration::from_secs(3600) {
+            return bad("read_timeout", format!("{:?} is not between 0 and one hour", self.read_timeout));
+        }
+        Ok(())
+    }
+}
+
+/// What the connection threads share.
+pub(crate) struct Context {
+    options: ServeOptions,
+    state: Arc<Mutex<ServingState>>,
+    stop: AtomicBool,
+    connections: Connections,
 }
 
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
-    http: Arc<tiny_http::Server>,
-    state: Arc<Mutex<ServingState>>,
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    ctx: Arc<Context>,
+    stop_watch: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+    others: Vec<JoinHandle<()>>,
+    scorer: Option<JoinHandle<()>>,
     records: String,
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, PipelineError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| PipelineError::dataflow(DataflowFailure::Thread, "cannot start a serving thread").with_source(e))
 }
 
 impl Server {
     /// Loads the model, binds `options.addr` and starts the threads.
     pub fn start(options: &ServeOptions) -> Result<Server, PipelineError> {
-        if options.threads == 0 || options.limits.max_batch == 0 {
-            return Err(PipelineError::config("threads", "serve needs at least one thread and a batch of one"));
-        }
+        options.check()?;
         let model = Loaded::load(&options.checkpoint)?;
+        let first = watch::Identity::of(&model.path);
         let state = Arc::new(Mutex::new(ServingState {
             step: model.step,
             checkpoint: model.path.display().to_string(),
@@ -95,40 +160,37 @@ impl Server {
             records: 0,
             batches: 0,
             reloads: 0,
+            warning: None,
             schema: Arc::new(model.describe()),
         }));
         let records = model.summary();
-        let http = tiny_http::Server::http(&options.addr)
+        let listener = TcpListener::bind(&options.addr)
             .map_err(|e| PipelineError::config("addr", format!("cannot listen on {}: {e}", options.addr)))?;
-        let addr = http
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| PipelineError::config("addr", format!("{} is not an IP address", options.addr)))?;
-        let http = Arc::new(http);
-        let stop = Arc::new(AtomicBool::new(false));
-        let pending = Arc::new(Mutex::new(None));
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
-        let mut threads = Vec::new();
-        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new().name(name).spawn(f).map_err(|e| {
-                PipelineError::dataflow(DataflowFailure::Thread, "cannot start a serving thread").with_source(e)
-            })
-        };
-        let (st, pe, limits) = (state.clone(), pending.clone(), options.limits);
-        threads.push(spawn("serve-score".into(), Box::new(move || batcher::run(model, jobs_rx, pe, st, limits)))?);
-        for k in 0..options.threads {
-            let (http, jobs, st, max_body) = (http.clone(), jobs_tx.clone(), state.clone(), options.max_body_bytes);
-            threads.push(spawn(format!("serve-http-{k}"), Box::new(move || connections(&http, &jobs, &st, max_body)))?);
-        }
-        drop(jobs_tx);
+        let addr = listener
+            .local_addr()
+            .map_err(|e| PipelineError::config("addr", format!("cannot listen on {}: {e}", options.addr)))?;
+        let ctx = Arc::new(Context {
+            options: options.clone(),
+            state: state.clone(),
+            stop: AtomicBool::new(false),
+            connections: Connections::default(),
+        });
+        let stop_watch = Arc::new(AtomicBool::new(false));
+        let (work_tx, work_rx) = mpsc::channel::<Work>();
+        let limits = options.limits;
+        let st = state.clone();
+        let scorer = spawn("serve-score", move || batcher::run(model, work_rx, st, limits))?;
+        let mut others = Vec::new();
         if let Some(every) = options.reload_every {
             let dir = options.checkpoint.clone();
             if !dir.join(layout::MANIFEST_FILE).is_file() {
-                let (st, stop) = (state.clone(), stop.clone());
-                threads.push(spawn("serve-reload".into(), Box::new(move || watch(&dir, every, &pending, &st, &stop)))?);
+                let (st, stop, work) = (state.clone(), stop_watch.clone(), work_tx.clone());
+                others.push(spawn("serve-reload", move || watch::run(&dir, every, first, &work, &st, &stop))?);
             }
         }
-        Ok(Server { addr, http, state, stop, threads, records })
+        let c = ctx.clone();
+        let accept = spawn("serve-accept", move || listen::accept(listener, c, work_tx))?;
+        Ok(Server { addr, ctx, stop_watch, accept: Some(accept), others, scorer: Some(scorer), records })
     }
 
     /// The address it listens on.
@@ -143,16 +205,27 @@ impl Server {
 
     /// The model served and the counts so far.
     pub fn state(&self) -> ServingState {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.ctx.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Stops accepting requests, answers the ones in flight and joins every thread.
-    pub fn shutdown(self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for _ in 0..self.threads.len() {
-            self.http.unblock();
+    pub fn shutdown(mut self) {
+        self.ctx.stop.store(true, Ordering::SeqCst);
+        self.stop_watch.store(true, Ordering::SeqCst);
+        // A connection wakes the accept loop, which then sees `stop`.
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(if wake.is_ipv4() { [127, 0, 0, 1].into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
         }
-        for t in self.threads {
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        self.ctx.connections.wait_closed(self.ctx.options.read_timeout + Duration::from_secs(1));
+        for t in self.others.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(t) = self.scorer.take() {
             let _ = t.join();
         }
     }
@@ -182,127 +255,136 @@ pub fn run(options: &ServeOptions, stop: &AtomicBool) -> Result<ServingState, Pi
     Ok(s)
 }
 
-fn json_body(status: u16, body: String) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("a valid header");
-    tiny_http::Response::from_data(body.into_bytes()).with_status_code(status).with_header(header)
+/// A response to write: status, JSON body, and whether the connection closes after it.
+pub(crate) struct Response {
+    status: u16,
+    body: Vec<u8>,
+    close: bool,
 }
 
-fn json_response(status: u16, body: &serde_json::Value) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    json_body(status, body.to_string())
-}
+impl Response {
+    fn json(status: u16, body: String) -> Response {
+        Response { status, body: body.into_bytes(), close: false }
+    }
 
-fn error(status: u16, message: impl Into<String>) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    json_response(status, &serde_json::json!({ "error": message.into() }))
+    fn error(status: u16, message: impl Into<String>) -> Response {
+        Response::json(status, serde_json::json!({ "error": message.into() }).to_string())
+    }
+
+    /// A response after which the connection closes (its request was not read whole).
+    fn closing(status: u16, body: Vec<u8>) -> Response {
+        Response { status, body, close: true }
+    }
 }
 
 const ROUTES: &str = "use POST /score, GET /schema or GET /health";
 
-/// One connection thread: requests until the server is unblocked.
-fn connections(http: &tiny_http::Server, jobs: &Sender<Job>, state: &Mutex<ServingState>, max_body: usize) {
-    while let Ok(mut request) = http.recv() {
-        let response = match (request.method(), request.url()) {
-            (tiny_http::Method::Get, "/health") => {
-                let s = state.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                json_response(200, &serde_json::to_value(s).unwrap_or_default())
-            }
-            (tiny_http::Method::Get, "/schema") => {
-                let s = state.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let mut body = (*s.schema).clone();
-                body["step"] = s.step.into();
-                body["model"] = s.model.into();
-                json_response(200, &body)
-            }
-            (tiny_http::Method::Post, "/score") => {
-                let mut body = Vec::new();
-                match request.as_reader().take(max_body as u64 + 1).read_to_end(&mut body) {
-                    Err(e) => error(400, format!("cannot read the request body: {e}")),
-                    Ok(n) if n > max_body => error(413, format!("request body over {max_body} bytes")),
-                    Ok(_) => score(&body, jobs),
-                }
-            }
-            (_, "/score" | "/health" | "/schema") => error(405, ROUTES),
-            _ => error(404, ROUTES),
-        };
-        let _ = request.respond(response);
+/// The response to one request whose head is read; `None` when the client went away.
+fn route(
+    head: &Head,
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+    deadline: Instant,
+    ctx: &Context,
+    work: &Sender<Work>,
+) -> Option<Response> {
+    let has_body = head.chunked || head.content_length.unwrap_or(0) > 0;
+    let response = match (head.method.as_str(), head.path.as_str()) {
+        ("GET", "/health") => {
+            let s = ctx.state.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            Response::json(200, serde_json::to_string(&s).unwrap_or_default())
+        }
+        ("GET", "/schema") => {
+            let s = ctx.state.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut body = (*s.schema).clone();
+            body["step"] = s.step.into();
+            body["model"] = s.model.into();
+            Response::json(200, body.to_string())
+        }
+        ("POST", "/score") => return score_request(head, reader, writer, deadline, ctx, work),
+        (_, "/score" | "/health" | "/schema") => Response::error(405, ROUTES),
+        _ => Response::error(404, ROUTES),
+    };
+    // A body left unread would be taken for the next request: close instead.
+    Some(Response { close: response.close || has_body, ..response })
+}
+
+/// Reads a `POST /score` body and scores it.
+fn score_request(
+    head: &Head,
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+    deadline: Instant,
+    ctx: &Context,
+    work: &Sender<Work>,
+) -> Option<Response> {
+    let max_body = ctx.options.max_body_bytes;
+    let closing = |status, message: String| Some(Response { close: true, ..Response::error(status, message) });
+    let length = match (head.chunked, head.content_length) {
+        (false, Some(n)) => n,
+        _ => return closing(411, "a request body needs a Content-Length (chunked bodies are not read)".into()),
+    };
+    if length > max_body {
+        return closing(413, format!("request body over {max_body} bytes"));
+    }
+    if head.expect_continue && http::write_continue(writer).is_err() {
+        return None;
+    }
+    match http::read_body(reader, length, deadline) {
+        Ok(body) => Some(score(body, ctx, work)),
+        Err(http::HttpError::Timeout) => closing(
+            408,
+            format!("the request body was not received within {:?} (--read-timeout)", ctx.options.read_timeout),
+        ),
+        Err(_) => None,
     }
 }
 
-fn score(body: &[u8], jobs: &Sender<Job>) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    let records = match split_records(body) {
-        Ok(r) if r.is_empty() => return error(400, "no records"),
-        Ok(r) => r,
-        Err(e) => return error(400, e),
+/// Scores the records of `body` in jobs of at most `max_batch` records.
+fn score(body: Vec<u8>, ctx: &Context, work: &Sender<Work>) -> Response {
+    let ranges = match split_records(&body, ctx.options.max_records) {
+        Ok(r) => r.ranges,
+        Err(e @ BodyError::TooMany { .. }) => return Response::error(413, e.to_string()),
+        Err(e) => return Response::error(400, e.to_string()),
     };
+    let body = Arc::new(body);
     let (reply, answer) = mpsc::channel();
-    if jobs.send(Job { records, reply }).is_err() {
-        return error(503, "the server is stopping");
-    }
-    match answer.recv() {
-        Ok(Reply::Scored { step, scores }) => {
+    let stopping = || Response::error(503, "the server is stopping");
+    // A model swapped between two jobs: score the request again, with the new model.
+    for _attempt in 0..3 {
+        let mut scores = Vec::with_capacity(ranges.len());
+        let mut model: Option<(u64, u64)> = None;
+        for (k, chunk) in ranges.chunks(ctx.options.limits.max_batch).enumerate() {
+            let job = Job {
+                body: body.clone(),
+                records: chunk.to_vec(),
+                first: k * ctx.options.limits.max_batch,
+                reply: reply.clone(),
+            };
+            if work.send(Work::Score(job)).is_err() {
+                return stopping();
+            }
+            match answer.recv() {
+                Ok(Reply::Scored { step, generation, scores: s }) => {
+                    if model.is_some_and(|(_, g)| g != generation) {
+                        model = None;
+                        break;
+                    }
+                    model = Some((step, generation));
+                    scores.extend(s);
+                }
+                Ok(Reply::BadRecord { index, reason }) => {
+                    return Response::error(400, format!("record {index}: {reason}"))
+                }
+                Ok(Reply::Failed(reason)) => return Response::error(500, reason),
+                Err(_) => return stopping(),
+            }
+        }
+        if let (Some((step, _)), true) = (model, scores.len() == ranges.len()) {
             // Each score in the shortest text that reads back as the same f32.
             let list: Vec<String> = scores.iter().map(f32::to_string).collect();
-            let body = format!("{{\"step\":{step},\"scores\":[{}]}}", list.join(","));
-            json_body(200, body)
-        }
-        Ok(Reply::BadRecord { index, reason }) => error(400, format!("record {index}: {reason}")),
-        Ok(Reply::Failed(reason)) => error(500, reason),
-        Err(_) => error(503, "the server is stopping"),
-    }
-}
-
-/// The records of a request body: one object, an array of objects, or one object per line.
-/// An array is only split into its elements' bytes here; each record is parsed once, by the
-/// scoring thread's record format.
-pub fn split_records(body: &[u8]) -> Result<Vec<Vec<u8>>, String> {
-    let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    if first == Some(&b'[') {
-        let items: Vec<&serde_json::value::RawValue> =
-            serde_json::from_slice(body).map_err(|e| format!("the body is not a JSON array of records: {e}"))?;
-        return Ok(items.iter().map(|r| r.get().as_bytes().to_vec()).collect());
-    }
-    match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-        Ok(_) if first == Some(&b'{') => Ok(vec![body.to_vec()]),
-        Ok(_) => Err("the body is neither a record object nor an array of them".into()),
-        Err(_) => Ok(body
-            .split(|&b| b == b'\n')
-            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
-            .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-            .map(<[u8]>::to_vec)
-            .collect()),
-    }
-}
-
-/// Loads each checkpoint newer than the one served and hands it to the scoring thread.
-fn watch(dir: &Path, every: Duration, pending: &Mutex<Option<Loaded>>, state: &Mutex<ServingState>, stop: &AtomicBool) {
-    let mut served = state.lock().unwrap_or_else(|e| e.into_inner()).step;
-    let mut failed = None;
-    while !stop.load(Ordering::SeqCst) {
-        let mut slept = Duration::ZERO;
-        while slept < every && !stop.load(Ordering::SeqCst) {
-            let d = Duration::from_millis(20).min(every - slept);
-            std::thread::sleep(d);
-            slept += d;
-        }
-        let Ok(list) = layout::list_checkpoints(dir) else { continue };
-        let Some((step, path)) = list.into_iter().max_by_key(|(s, _)| *s) else { continue };
-        if step <= served || failed == Some(step) {
-            continue;
-        }
-        match Loaded::load(&path) {
-            Ok(model) => {
-                eprintln!("serve: loaded step {step} from {}", path.display());
-                *pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(model);
-                served = step;
-                failed = None;
-            }
-            Err(e) => {
-                // A checkpoint pruned or replaced while being read: try again at the next look,
-                // and warn once per step.
-                if path.exists() {
-                    eprintln!("warning: serve: cannot load {}: {e}; still serving step {served}", path.display());
-                    failed = Some(step);
-                }
-            }
+            return Response::json(200, format!("{{\"step\":{step},\"scores\":[{}]}}", list.join(",")));
         }
     }
+    Response::error(503, "the model changed while the request was scored, three times; try again")
 }

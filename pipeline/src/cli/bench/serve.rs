@@ -90,7 +90,8 @@ pub fn run(b: &ServeBench) -> Result<ServeReport, PipelineError> {
         .args(["serve", "--addr", "127.0.0.1:0", "--checkpoint"])
         .arg(&b.checkpoint)
         .args(["--max-batch", &b.max_batch.to_string(), "--max-wait-us", &b.max_wait_us.to_string()])
-        .args(["--threads", &b.clients.max(1).to_string()])
+        .args(["--max-connections-per-ip", &(b.clients + 2).to_string()])
+        .args(["--threads", &(b.clients + 8).max(256).to_string()])
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| bench_error(format!("cannot start {}: {e}", b.binary.display())))?;

@@ -1,0 +1,138 @@
+//! The watcher: follows the newest valid checkpoint of a checkpoint directory
+//! by identity, and hands each one it loads to the scoring thread.
+//!
+//! Invariants:
+//! * A checkpoint is known by its [`Identity`]: its directory's path, device
+//!   and inode, and a hash of its manifest. A checkpoint deleted and written
+//!   again (by another run, at any step, even the same one) is another
+//!   checkpoint, so the server never keeps serving a replaced model.
+//! * The target is the newest (highest step) checkpoint that loads. While the
+//!   served one exists, only a newer one replaces it; once it is deleted or
+//!   replaced, the newest valid one does, whatever its step.
+//! * A deleted served checkpoint is reported once (a warning, and the
+//!   `warning` of `/health` at once), and its model keeps answering from
+//!   memory until another checkpoint loads.
+//! * A checkpoint that cannot be loaded is reported once per identity and
+//!   the next older one is tried; nothing is loaded on the scoring thread.
+
+use super::batcher::{ServingState, Work};
+use super::score::Loaded;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Mutex;
+use std::time::Duration;
+use tiderec_sinks::checkpoint::layout;
+
+/// What tells one checkpoint from another.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Identity {
+    path: PathBuf,
+    device: u64,
+    inode: u64,
+    manifest: u64,
+}
+
+impl Identity {
+    /// The identity of the checkpoint at `path`; `None` when it (or its manifest) is gone.
+    pub fn of(path: &Path) -> Option<Identity> {
+        let meta = std::fs::metadata(path).ok()?;
+        let manifest = std::fs::read(path.join(layout::MANIFEST_FILE)).ok()?;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        manifest.hash(&mut hasher);
+        Some(Identity { path: path.to_path_buf(), device: meta.dev(), inode: meta.ino(), manifest: hasher.finish() })
+    }
+}
+
+/// What the watcher knows of the checkpoint served.
+struct Served {
+    identity: Option<Identity>,
+    step: u64,
+    path: PathBuf,
+    /// Its deletion was reported.
+    reported: bool,
+}
+
+/// Follows `dir` every `every` until `stop`, sending each checkpoint loaded to `work`.
+pub fn run(
+    dir: &Path,
+    every: Duration,
+    first: Option<Identity>,
+    work: &Sender<Work>,
+    state: &Mutex<ServingState>,
+    stop: &AtomicBool,
+) {
+    let (step, path) = {
+        let s = state.lock().unwrap_or_else(|e| e.into_inner());
+        (s.step, PathBuf::from(&s.checkpoint))
+    };
+    let mut served = Served { identity: first, step, path, reported: false };
+    let mut failed = HashSet::new();
+    while !stop.load(Ordering::SeqCst) {
+        let mut slept = Duration::ZERO;
+        while slept < every && !stop.load(Ordering::SeqCst) {
+            let d = Duration::from_millis(20).min(every - slept);
+            std::thread::sleep(d);
+            slept += d;
+        }
+        if look(dir, &mut served, &mut failed, work, state).is_err() {
+            return;
+        }
+    }
+}
+
+/// One look at `dir`; `Err` when the scoring thread is gone.
+fn look(
+    dir: &Path,
+    served: &mut Served,
+    failed: &mut HashSet<Identity>,
+    work: &Sender<Work>,
+    state: &Mutex<ServingState>,
+) -> Result<(), ()> {
+    let gone = served.identity.is_none() || Identity::of(&served.path) != served.identity;
+    if gone && !served.reported {
+        let warning = format!(
+            "the served checkpoint {} (step {}) was deleted or replaced; its model answers until another \
+             checkpoint of {} loads",
+            served.path.display(),
+            served.step,
+            dir.display()
+        );
+        eprintln!("warning: serve: {warning}");
+        state.lock().unwrap_or_else(|e| e.into_inner()).warning = Some(warning);
+        served.reported = true;
+    }
+    let Ok(list) = layout::list_checkpoints(dir) else { return Ok(()) };
+    for (step, path) in list.into_iter().rev() {
+        if !gone && step <= served.step {
+            break;
+        }
+        let Some(identity) = Identity::of(&path) else { continue };
+        if Some(&identity) == served.identity.as_ref() {
+            break;
+        }
+        if failed.contains(&identity) {
+            continue;
+        }
+        match Loaded::load(&path) {
+            Ok(model) => {
+                eprintln!("serve: loaded step {step} from {}", path.display());
+                work.send(Work::Swap(Box::new(model))).map_err(|_| ())?;
+                *served = Served { identity: Some(identity), step, path, reported: false };
+                failed.clear();
+                return Ok(());
+            }
+            Err(e) => {
+                // A checkpoint pruned while being read is no news; any other failure is reported once.
+                if Identity::of(&path).as_ref() == Some(&identity) {
+                    eprintln!("warning: serve: cannot load {}: {e}; trying an older one", path.display());
+                    failed.insert(identity);
+                }
+            }
+        }
+    }
+    Ok(())
+}
