@@ -30,6 +30,7 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
     if command == For::Online {
         let online = match key {
             "data" | "eval" | "eval_fraction" | "samples" => Some("online reads its records from --topic"),
+            "new_data" => Some("a re-created topic is accepted with --on-offset-reset"),
             "epochs" | "steps" => Some("online trains until stopped or, with --until-end, until the topic's end"),
             "metrics_json" => Some("online writes its summary with --summary-json"),
             _ => None,
@@ -69,6 +70,7 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         "checkpoint_every" | "keep_checkpoints" | "checkpoint_sync" | "resume" => {
             s.checkpoints.checkpoint_dir.is_none().then(|| "needs --checkpoint-dir".to_string())
         }
+        "new_data" => (!s.checkpoints.resume).then(|| "applies to --resume".to_string()),
         "lr_decay_steps" => (s.optimizer.lr_decay == DecayKind::None)
             .then(|| "sets the horizon of --lr-decay linear, cosine or step; there is none".into()),
         "lr_decay_rate" => (s.optimizer.lr_decay != DecayKind::Step)

@@ -87,6 +87,34 @@ pub enum PipelineError {
     /// [`crate::paths`]); refused before anything was written.
     #[error(transparent)]
     Paths(#[from] crate::paths::PathError),
+    /// `--resume` with other data files than the checkpoint was trained on.
+    #[error(
+        "cannot resume from {checkpoint}: it was trained on other data ({}); its data position (epoch {epoch}, \
+         {steps_in_epoch} steps into it) means nothing for these files. Give the same files, or add --new-data \
+         to keep the model and read the new data from its start",
+        .differences.join("; ")
+    )]
+    OtherData {
+        /// The checkpoint.
+        checkpoint: String,
+        /// Its data position.
+        epoch: u64,
+        /// Global steps into that epoch.
+        steps_in_epoch: u64,
+        /// Every difference, one line each.
+        differences: Vec<String>,
+    },
+    /// A data file could not be read for its fingerprint.
+    #[error("{flag} {path}: cannot read it: {source}")]
+    InputUnreadable {
+        /// The flag that names it.
+        flag: String,
+        /// The file.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The run would not fit: a size overflows, or the memory estimate exceeds what is available
     /// (see [`crate::memory`]).
     #[error(transparent)]

@@ -38,7 +38,7 @@
 //! the run ends where an uninterrupted one would.
 
 use crate::budget::{self, Split, Tally};
-use crate::checkpointing::{self, CheckpointOptions, Checkpointer, Position};
+use crate::checkpointing::{self, CheckpointOptions, Checkpointer, DataCheck, Position};
 use crate::cluster::{fingerprint, Cluster};
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
@@ -64,7 +64,7 @@ use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::store::{StoreKind, StoreStats};
 use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
-use tiderec_sinks::checkpoint::{Checkpoint, TrainingProgress};
+use tiderec_sinks::checkpoint::{Checkpoint, InputFile, TrainingProgress};
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sinks::metrics::RunSummary;
 use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo};
@@ -301,7 +301,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     if settings.cluster.process == 0 && settings.run.progress != crate::progress::ProgressMode::None {
         eprintln!("{kernels}");
     }
-    let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer)?;
+    let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer, data_check(settings)?)?;
     let context = Arc::new(Context {
         stop: crate::stop::stop_flag()?,
         trainer,
@@ -426,12 +426,33 @@ pub(crate) fn lock_checkpoint_dir(
     checkpointing::lock_dir(dir, settings.cluster.process, settings.cluster.processes, command).map(Some)
 }
 
+/// The `--data` files of a `train` run with a checkpoint directory, fingerprinted for
+/// its manifests and a resume's comparison (generated data has none).
+fn data_check(settings: &TrainSettings) -> Result<DataCheck, PipelineError> {
+    let mut inputs = Vec::new();
+    if settings.checkpoints.checkpoint_dir.is_some() {
+        for named in crate::paths::data_files("--data", &settings.data.source)? {
+            if !named.path.is_file() {
+                continue;
+            }
+            let file = InputFile::of(&named.path).map_err(|source| PipelineError::InputUnreadable {
+                flag: named.flag.clone(),
+                path: named.path.display().to_string(),
+                source,
+            })?;
+            inputs.push(file);
+        }
+    }
+    Ok(DataCheck { inputs, new_data: settings.checkpoints.new_data })
+}
+
 /// The checkpoint options of these settings and, with `--resume`, the checkpoint to resume
 /// from (the directory is prepared either way).
 pub(crate) fn checkpoint_setup(
     settings: &TrainSettings,
     resolved: &Resolved,
     trainer: &TrainerConfig,
+    data: DataCheck,
 ) -> Result<(Option<CheckpointOptions>, Option<Checkpoint>), PipelineError> {
     let pipeline = FeaturePipeline::of_run(settings, resolved);
     let checkpoint = settings.checkpoints.checkpoint_dir.as_ref().map(|dir| CheckpointOptions {
@@ -440,12 +461,14 @@ pub(crate) fn checkpoint_setup(
         keep: settings.checkpoints.keep_checkpoints,
         sync: settings.checkpoints.checkpoint_sync,
         pipeline: Some(pipeline.clone()),
+        inputs: data.inputs.clone(),
     });
     let resume = match &checkpoint {
         Some(options) => {
             checkpointing::prepare_dir(&options.dir, settings.checkpoints.resume)?;
             if settings.checkpoints.resume {
-                checkpointing::load_for_resume(&options.dir, trainer, settings.run.batch_size as u64, &pipeline)?
+                let batch = settings.run.batch_size as u64;
+                checkpointing::load_for_resume(&options.dir, trainer, batch, &pipeline, &data)?
             } else {
                 None
             }

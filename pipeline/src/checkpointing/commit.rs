@@ -76,6 +76,7 @@ impl Commit {
                 global_steps_in_epoch: position.steps_in_epoch,
                 kafka_offsets: position.kafka_offsets,
                 kafka_last_records: position.kafka_last_records,
+                inputs: options.inputs.clone(),
             },
             progress: position.progress,
             files,

@@ -86,6 +86,8 @@ pub struct CheckpointOptions {
     pub sync: bool,
     /// The run's feature pipeline, written into every manifest.
     pub pipeline: Option<crate::feature_pipeline::FeaturePipeline>,
+    /// The `--data` files the run reads, written into every manifest's data position.
+    pub inputs: Vec<tiderec_sinks::checkpoint::InputFile>,
 }
 
 /// Where training stands, as recorded in a manifest.
@@ -210,6 +212,7 @@ pub fn load_for_resume(
     config: &TrainerConfig,
     batch_size: u64,
     pipeline: &FeaturePipeline,
+    data: &DataCheck,
 ) -> Result<Option<Checkpoint>, PipelineError> {
     let search = checkpoint::find_latest(dir)?;
     for s in &search.skipped {
@@ -239,7 +242,54 @@ pub fn load_for_resume(
             found.path.display()
         ),
     }
+    check_inputs(&mut found, data)?;
     Ok(Some(found))
+}
+
+/// What a resume checks of the data: the run's `--data` files, and whether other
+/// data is allowed (`--new-data`).
+#[derive(Clone, Debug, Default)]
+pub struct DataCheck {
+    /// The files the run reads (empty: generated data or Kafka, nothing to compare).
+    pub inputs: Vec<tiderec_sinks::checkpoint::InputFile>,
+    /// Keep the model, start the data over.
+    pub new_data: bool,
+}
+
+/// Refuses a resume on other files than the checkpoint's (see
+/// [`tiderec_sinks::checkpoint::inputs`]), or with `--new-data` moves its data
+/// position back to the start of the data.
+fn check_inputs(found: &mut Checkpoint, data: &DataCheck) -> Result<(), PipelineError> {
+    let position = &mut found.manifest.data_position;
+    if data.new_data {
+        eprintln!(
+            "--new-data: keeping the model of {} (step {}); reading the data from its start",
+            found.path.display(),
+            found.manifest.step
+        );
+        (position.epoch, position.global_steps_in_epoch) = (0, 0);
+        return Ok(());
+    }
+    if position.inputs.is_empty() {
+        if !data.inputs.is_empty() && found.manifest.step > 0 {
+            eprintln!(
+                "warning: --resume: {} records no data files (an older checkpoint); that the data is the same \
+                 cannot be checked",
+                found.path.display()
+            );
+        }
+        return Ok(());
+    }
+    let differences = tiderec_sinks::checkpoint::input_differences(&position.inputs, &data.inputs);
+    if differences.is_empty() {
+        return Ok(());
+    }
+    Err(PipelineError::OtherData {
+        checkpoint: found.path.display().to_string(),
+        epoch: position.epoch,
+        steps_in_epoch: position.global_steps_in_epoch,
+        differences,
+    })
 }
 
 /// Checkpoints written before each model of the FM family was recorded under

@@ -102,7 +102,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     // A stream has no length: a decay's horizon is --lr-decay-steps (or --steps).
     crate::hygiene::apply_schedule(crate::hygiene::lr_schedule(s, s.run.steps)?, &mut trainer);
     trainer.exchange = exchange;
-    let (checkpoint, resume) = checkpoint_setup(s, &resolved, &trainer)?;
+    let (checkpoint, resume) = checkpoint_setup(s, &resolved, &trainer, Default::default())?;
     let stop = crate::stop::stop_flag()?;
     let metrics = Arc::new(OnlineMetrics::new());
     if let Some(addr) = &settings.metrics_addr {

@@ -25,6 +25,10 @@ pub struct CheckpointSettings {
     /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
     #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub resume: bool,
+    /// With --resume: keep the checkpoint's model but read --data from its start (epoch 0), for data
+    /// other than the checkpoint was trained on (without it such a resume is refused).
+    #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub new_data: bool,
 }
 
 impl Default for CheckpointSettings {
@@ -35,6 +39,7 @@ impl Default for CheckpointSettings {
             keep_checkpoints: 3,
             checkpoint_sync: false,
             resume: false,
+            new_data: false,
         }
     }
 }

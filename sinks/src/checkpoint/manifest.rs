@@ -14,7 +14,8 @@
 //! * `data_position` is where the data readers resume: for file and generated
 //!   data the epoch and the number of global steps taken in it; a Kafka
 //!   source records its per-partition offsets in `kafka_offsets`, and in
-//!   `kafka_last_records` a fingerprint of the record before each offset.
+//!   `kafka_last_records` a fingerprint of the record before each offset;
+//!   `inputs` lists the data files a file position counts in.
 
 use crate::SinkError;
 use serde::{Deserialize, Serialize};
@@ -73,6 +74,11 @@ pub struct DataPosition {
     /// the partition's next offset, so that a resumed run notices a re-created topic.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kafka_last_records: BTreeMap<String, String>,
+    /// The `--data` files the position counts in, in reading order (see
+    /// [`super::inputs`]); empty for generated data, Kafka, and checkpoints written
+    /// before they were recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<super::inputs::InputFile>,
 }
 
 /// Running statistics of the training loop at the checkpoint.

@@ -21,12 +21,14 @@
 //! Errors are [`SinkError`](crate::SinkError)s naming the path; nothing here panics on bad files.
 
 pub mod export;
+pub mod inputs;
 pub mod layout;
 pub mod load;
 pub mod manifest;
 mod tensors;
 pub mod write;
 
+pub use inputs::{input_differences, InputFile};
 pub use load::{find_latest, Checkpoint, LoadError, Search, Skipped};
 pub use manifest::{
     config_differences, config_hash, value_differences, DataPosition, FileEntry, Manifest, TrainingProgress,
