@@ -175,7 +175,7 @@ impl<T: Number> clap::builder::TypedValueParser for Range<T> {
             let flag = arg.map_or_else(|| self.key.to_string(), |a| a.to_string());
             clap::Error::raw(
                 clap::error::ErrorKind::ValueValidation,
-                format!("invalid value '{text}' for '{flag}': {}\n", e.reason),
+                format!("invalid value '{text}' for '{flag}': {}\n", e),
             )
             .with_cmd(cmd)
         })
