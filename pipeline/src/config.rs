@@ -150,10 +150,12 @@ impl DataSpec {
                     let path = PathBuf::from(p);
                     if path.is_file() {
                         paths.push(path);
-                    } else if path.exists() {
+                    } else if path.is_dir() {
                         let files = tiderec_sources::parquet::list_parquet_files(&path)
                             .map_err(|e| PipelineError::config(key, e.to_string()))?;
                         paths.extend(files);
+                    } else if path.exists() {
+                        return Err(PipelineError::config(key, format!("{p} is not a regular file or a directory")));
                     } else {
                         return Err(PipelineError::config(key, format!("no such file or directory: {p}")));
                     }
@@ -169,11 +171,13 @@ impl DataSpec {
                 for p in rest.split(',').filter(|p| !p.is_empty()) {
                     let path = PathBuf::from(p);
                     if path.is_dir() {
-                        let files = crate::paths::dir_files(&path)
-                            .map_err(|e| PipelineError::config(key, format!("cannot list {p}: {e}")))?;
+                        let files = crate::paths::dir_files(&format!("--{key}"), &path)
+                            .map_err(|e| PipelineError::config(key, e.to_string()))?;
                         paths.extend(files);
                     } else if path.is_file() {
                         paths.push(path);
+                    } else if path.exists() {
+                        return Err(PipelineError::config(key, format!("{p} is not a regular file or a directory")));
                     } else {
                         return Err(PipelineError::config(key, format!("no such file or directory: {p}")));
                     }

@@ -98,3 +98,40 @@ fn out_of_range_flags_are_refused_naming_flag_value_and_range() {
         assert!(err.contains(flag) && err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn devices_fifos_and_subdirectories_as_data_are_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    // These said "no such file or directory".
+    for data in ["/dev/zero".to_string(), fifo.display().to_string()] {
+        for command in [&["train", "--progress", "none"][..], &["convert", "--to", "parquet:out"][..]] {
+            let flag = if command[0] == "convert" { "--from" } else { "--data" };
+            let err = refused(tiderec().args(command).arg(flag).arg(format!("criteo:{data}")));
+            assert!(err.contains(&data) && err.contains("not a regular file"), "{command:?} {data}: {err}");
+        }
+    }
+    // A subdirectory of a data directory was skipped silently.
+    let data = dir.path().join("days");
+    std::fs::create_dir_all(data.join("day1")).unwrap();
+    std::fs::write(data.join("day0.txt"), "1\t2\n").unwrap();
+    let err =
+        refused(tiderec().args(["train", "--progress", "none", "--data"]).arg(format!("criteo:{}", data.display())));
+    assert!(err.contains("day1") && err.contains("would not be read"), "{err}");
+}
+
+#[test]
+fn a_vocabulary_that_is_a_device_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("spec.toml");
+    std::fs::write(
+        &spec,
+        "delimiter = \",\"\ncolumns = [\"y\", \"c\"]\nlabel = { column = \"y\" }\n\
+         categorical = [{ column = \"c\", buckets = 3, encoding = \"vocabulary\", vocabulary = \"/dev/zero\" }]\n",
+    )
+    .unwrap();
+    // This read /dev/zero until memory ran out.
+    let err = refused(tiderec().args(["spec", "check"]).arg(&spec));
+    assert!(err.contains("/dev/zero") && err.contains("not a regular file"), "{err}");
+}
