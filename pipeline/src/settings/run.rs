@@ -61,7 +61,7 @@ pub struct RunSettings {
 
 // The ranges of the numeric settings above, one per setting.
 ranged!(epochs: u64, closed(1, 1_000_000));
-ranged!(steps: u64, closed(1, MAX_STEPS));
+ranged!(steps: u64, closed(0, MAX_STEPS));
 ranged!(batch_size: usize, closed(1, MAX_BATCH));
 ranged!(eval_batch_size: usize, closed(1, MAX_BATCH));
 ranged!(seed: u64, closed(0, u64::MAX));
