@@ -1,7 +1,7 @@
 //! The allowed values of numeric settings.
 //!
 //! A numeric setting of [`TrainSettings`](super::TrainSettings) declares its [`Range`] once,
-//! next to its field, with [`ranged!`]: `ranged!(batch_size: usize, closed(1, MAX_BATCH))`
+//! next to its field, with `ranged!`: `ranged!(batch_size: usize, closed(1, MAX_BATCH))`
 //! makes a module `batch_size` holding the range (`batch_size::RANGE`, the field's clap
 //! `value_parser`) and `batch_size::deserialize` (the field's serde `deserialize_with`).
 //! A flag outside the settings (`serve --threads`, `predict --batch-size`) takes a
@@ -87,7 +87,7 @@ impl Number for f64 {
     }
 
     fn show(self) -> String {
-        show_float(self.into())
+        show_float(self)
     }
 }
 
@@ -215,7 +215,7 @@ impl<T: Number> Checked<T> for Option<Vec<T>> {
 /// `secs` as a [`Duration`]; a value of a duration's range (finite, at most [`MAX_SECONDS`])
 /// always converts, anything else is an error naming `key`.
 pub fn seconds(key: &str, secs: f64) -> Result<Duration, ConfigError> {
-    if !(secs <= MAX_SECONDS) {
+    if secs.is_nan() || secs > MAX_SECONDS {
         return Err(ConfigError::new(key, format!("{secs} seconds is more than {MAX_SECONDS}")));
     }
     Duration::try_from_secs_f64(secs).map_err(|e| ConfigError::new(key, format!("{secs} seconds: {e}")))
