@@ -121,6 +121,28 @@ fn parquet_seeds(data: &Path) -> Result<Vec<Vec<u8>>, String> {
     Ok(seeds)
 }
 
+/// Run settings files: a valid one, and non-finite and out-of-range values of each kind of
+/// numeric setting (float, optional float, count, list of counts, duration).
+fn settings_seeds() -> Vec<Vec<u8>> {
+    [
+        "model = \"deepfm\"\ndim = 8\ndeep = [32, 16]\nlr = 0.01\nbatch_size = 256\nconnect_timeout = 5.5\n\
+         table_sizes = [10, 20]\nmax_bad_fraction = 0.5\nstore = \"tiered\"\nhot_rows = 100\n",
+        "lr = nan\n",
+        "sparse_lr = inf\n",
+        "l2_dense = -inf\n",
+        "eval_fraction = 1.0\n",
+        "connect_timeout = 1e300\n",
+        "batch_size = 0\n",
+        "workers = 30000\n",
+        "table_sizes = [1, 0]\n",
+        "bottom = [64, 18446744073709551615]\n",
+        "admit_prob = 0.0\nmax_rows = -1\n",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect()
+}
+
 /// Every preset as TOML, and a hand-made spec using every kind of column.
 fn spec_seeds() -> Vec<Vec<u8>> {
     let mut seeds: Vec<Vec<u8>> = tiderec_operators::spec::FeatureSpec::PRESETS
@@ -187,6 +209,7 @@ pub fn seeds(name: &str, data: &Path) -> Result<Vec<Vec<u8>>, String> {
         "checkpoint_manifest" => Ok(crate::checkpoint::manifest_seeds()),
         "checkpoint_tensors" => Ok(crate::checkpoint::tensor_seeds()),
         "feature_spec_toml" => Ok(spec_seeds()),
+        "train_settings_toml" => Ok(settings_seeds()),
         other => Err(format!("no target `{other}`")),
     }
 }
@@ -201,5 +224,6 @@ pub fn needs_data(name: &str) -> bool {
             | "checkpoint_manifest"
             | "checkpoint_tensors"
             | "feature_spec_toml"
+            | "train_settings_toml"
     )
 }

@@ -14,7 +14,9 @@
 //! * serve's request bodies: records are ordered, non-blank, disjoint ranges
 //!   of the body, never more than the cap;
 //! * Parquet and checkpoints: bad bytes are typed errors (or skip reasons),
-//!   and what loads has consistent shapes.
+//!   and what loads has consistent shapes;
+//! * run settings: a file with a non-finite number is refused, and what loads passes
+//!   every setting's range.
 //!
 //! Scratch files live in one temporary directory per thread.
 
@@ -399,6 +401,37 @@ pub fn feature_spec_toml(data: &[u8]) {
     check_ids(&batch, &sparse, &sequences);
 }
 
+/// The run settings' TOML reader (`tiderec train --config FILE`): a file holding NaN or an
+/// infinity anywhere is an error, and settings that load pass every range and read back
+/// the same from their own TOML.
+pub fn train_settings_toml(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let loaded = tiderec::TrainSettings::from_toml_str(text);
+    let non_finite = text.parse::<toml::Table>().is_ok_and(|t| t.values().any(has_non_finite));
+    let settings = match loaded {
+        Ok(s) => s,
+        Err(e) => {
+            assert!(!e.key.is_empty() && !e.reason.is_empty(), "an error names the key and the reason: {e}");
+            return;
+        }
+    };
+    assert!(!non_finite, "a non-finite number was accepted: {settings:?}");
+    settings.check_ranges().unwrap_or_else(|e| panic!("loaded settings outside their ranges: {e}"));
+    let again = toml::to_string(&settings).unwrap_or_else(|e| panic!("loaded settings do not write: {e}"));
+    let back = tiderec::TrainSettings::from_toml_str(&again).unwrap_or_else(|e| panic!("{again}\nreads back as {e}"));
+    assert_eq!(back, settings, "TOML round trip");
+}
+
+/// True when `v` is or holds a NaN or infinite float.
+fn has_non_finite(v: &toml::Value) -> bool {
+    match v {
+        toml::Value::Float(f) => !f.is_finite(),
+        toml::Value::Array(a) => a.iter().any(has_non_finite),
+        toml::Value::Table(t) => t.values().any(has_non_finite),
+        _ => false,
+    }
+}
+
 pub use crate::checkpoint::{checkpoint_manifest, checkpoint_tensors};
 
 /// A target by name.
@@ -426,6 +459,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "checkpoint_manifest", run: checkpoint_manifest },
     Target { name: "checkpoint_tensors", run: checkpoint_tensors },
     Target { name: "feature_spec_toml", run: feature_spec_toml },
+    Target { name: "train_settings_toml", run: train_settings_toml },
 ];
 
 /// The target called `name`.

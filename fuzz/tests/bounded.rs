@@ -56,6 +56,7 @@ bounded!(
     checkpoint_manifest,
     checkpoint_tensors,
     feature_spec_toml,
+    train_settings_toml,
 );
 
 #[test]

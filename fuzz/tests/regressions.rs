@@ -32,3 +32,14 @@ fn manifest_with_a_huge_worker_count() {
         run("checkpoint_manifest", manifest.replace(needle, &format!("\"workers\": {workers},")).as_bytes());
     }
 }
+
+/// `lr = nan` in a settings file loaded as the default learning rate, and other
+/// non-finite or out-of-range numbers as `invalid type: null` or not at all.
+#[test]
+fn settings_with_non_finite_or_out_of_range_numbers() {
+    for text in ["lr = nan\n", "l2_dense = inf\n", "connect_timeout = 1e300\n", "workers = 30000\n"] {
+        run("train_settings_toml", text.as_bytes());
+        let e = tiderec::TrainSettings::from_toml_str(text).expect_err(text);
+        assert!(e.reason.contains("is outside the allowed range"), "{text}: {e}");
+    }
+}

@@ -150,10 +150,12 @@ impl DataSpec {
                     let path = PathBuf::from(p);
                     if path.is_file() {
                         paths.push(path);
-                    } else if path.exists() {
+                    } else if path.is_dir() {
                         let files = tiderec_sources::parquet::list_parquet_files(&path)
                             .map_err(|e| PipelineError::config(key, e.to_string()))?;
                         paths.extend(files);
+                    } else if path.exists() {
+                        return Err(PipelineError::config(key, format!("{p} is not a regular file or a directory")));
                     } else {
                         return Err(PipelineError::config(key, format!("no such file or directory: {p}")));
                     }
@@ -169,11 +171,13 @@ impl DataSpec {
                 for p in rest.split(',').filter(|p| !p.is_empty()) {
                     let path = PathBuf::from(p);
                     if path.is_dir() {
-                        let files = crate::paths::dir_files(&path)
-                            .map_err(|e| PipelineError::config(key, format!("cannot list {p}: {e}")))?;
+                        let files = crate::paths::dir_files(&format!("--{key}"), &path)
+                            .map_err(|e| PipelineError::config(key, e.to_string()))?;
                         paths.extend(files);
                     } else if path.is_file() {
                         paths.push(path);
+                    } else if path.exists() {
+                        return Err(PipelineError::config(key, format!("{p} is not a regular file or a directory")));
                     } else {
                         return Err(PipelineError::config(key, format!("no such file or directory: {p}")));
                     }
@@ -347,6 +351,7 @@ impl TrainSettings {
     /// [`Self::validate`] for `data` given directly (the online trainer's Kafka records
     /// are Criteo-shaped: `DataSpec::Criteo` with no files).
     pub fn resolve(&self, data: DataSpec) -> Result<Resolved, PipelineError> {
+        self.check_ranges()?;
         let eval = self.data.eval.as_deref().map(|e| DataSpec::parse("eval", e)).transpose()?;
         if matches!(eval, Some(DataSpec::Synthetic)) {
             return Err(PipelineError::config("eval", "`synthetic` eval data comes from --eval-fraction"));
@@ -380,30 +385,6 @@ impl TrainSettings {
             }
         }
         let (_, num_sparse) = shape;
-        if !(0.0..1.0).contains(&self.data.eval_fraction) {
-            return Err(PipelineError::config(
-                "eval_fraction",
-                format!("must be in [0, 1), got {}", self.data.eval_fraction),
-            ));
-        }
-        if self.run.batch_size == 0 {
-            return Err(PipelineError::config("batch_size", "must be positive"));
-        }
-        if self.run.eval_batch_size == 0 {
-            return Err(PipelineError::config("eval_batch_size", "must be positive"));
-        }
-        if self.run.epochs == 0 {
-            return Err(PipelineError::config("epochs", "must be positive"));
-        }
-        if self.data.max_len == 0 {
-            return Err(PipelineError::config("max_len", "must be positive"));
-        }
-        if self.data.samples == 0 && data.is_synthetic() {
-            return Err(PipelineError::config("samples", "must be positive"));
-        }
-        if self.cluster.workers == 0 {
-            return Err(PipelineError::config("workers", "must be positive"));
-        }
         let bound = max_workers_per_process();
         if self.cluster.workers > bound {
             return Err(PipelineError::config(
@@ -429,7 +410,7 @@ impl TrainSettings {
         self.data.records.validate()?;
         crate::device::Devices::for_workers(&self.cluster.device, self.cluster.workers)?;
         self.model.precision.check_cpu()?;
-        if self.cluster.processes == 0 || self.cluster.process >= self.cluster.processes {
+        if self.cluster.process >= self.cluster.processes {
             return Err(PipelineError::config(
                 "process",
                 format!("process {} is not below processes {}", self.cluster.process, self.cluster.processes),
@@ -449,23 +430,11 @@ impl TrainSettings {
         crate::hygiene::validate(self)?;
         let store = self.store_config()?;
         let exchange = self.exchange.strategy;
-        if !(0.0..1.0).contains(&self.exchange.replicate) {
-            return Err(PipelineError::config(
-                "replicate",
-                format!("must be in [0, 1), got {}", self.exchange.replicate),
-            ));
-        }
-        if self.exchange.plan_steps == 0 {
-            return Err(PipelineError::config("plan_steps", "must be at least 1"));
-        }
         if exchange == ExchangeChoice::Replicated && store.kind != StoreKind::Fixed {
             return Err(PipelineError::config("exchange", "`replicated` needs the fixed store (--store fixed)"));
         }
         let sparse_optimizer = self.optimizer.sparse;
         let policy = self.data.records.on_bad_record;
-        if self.data.buckets == 0 {
-            return Err(PipelineError::config("buckets", "must be positive"));
-        }
         let crosses = self.parse_crosses(num_sparse)?;
         let table_sizes = match &self.data.table_sizes {
             Some(s) if s.len() != num_sparse => {
@@ -474,7 +443,6 @@ impl TrainSettings {
                     format!("need {num_sparse} sizes for this data, got {}", s.len()),
                 ))
             }
-            Some(s) if s.contains(&0) => return Err(PipelineError::config("table_sizes", "sizes must be positive")),
             Some(s) => s.clone(),
             None if data == DataSpec::Synthetic => {
                 tiderec_sources::synthetic::SyntheticConfig::kaggle_like(self.run.seed, self.data.buckets).table_sizes
@@ -507,25 +475,6 @@ impl TrainSettings {
                     return Err(PipelineError::config(key, "needs --checkpoint-dir DIR"));
                 }
             }
-        }
-        if self.checkpoints.checkpoint_every == Some(0) {
-            return Err(PipelineError::config("checkpoint_every", "must be positive"));
-        }
-        if self.checkpoints.keep_checkpoints == 0 {
-            return Err(PipelineError::config("keep_checkpoints", "must be positive"));
-        }
-        for (key, lr) in [("lr", self.optimizer.lr), ("sparse_lr", self.optimizer.sparse_lr)] {
-            if let Some(lr) = lr {
-                if !(lr.is_finite() && lr > 0.0) {
-                    return Err(PipelineError::config(key, format!("must be a positive number, got {lr}")));
-                }
-            }
-        }
-        if !(self.cluster.connect_timeout.is_finite() && self.cluster.connect_timeout > 0.0) {
-            return Err(PipelineError::config(
-                "connect_timeout",
-                format!("must be a positive number of seconds, got {}", self.cluster.connect_timeout),
-            ));
         }
         let hosts = if self.cluster.processes > 1 {
             let path =
@@ -783,7 +732,17 @@ mod tests {
             ("lr", Box::new(|s| s.optimizer.lr = Some(-1.0))),
             ("connect_timeout", Box::new(|s| s.cluster.connect_timeout = 0.0)),
             ("workers", Box::new(|s| s.cluster.workers = 100_000)),
-            ("workers", Box::new(|s| s.cluster.processes = 2000)),
+            (
+                "workers",
+                Box::new(|s| {
+                    s.cluster.workers = 4;
+                    s.cluster.processes = 300;
+                }),
+            ),
+            ("processes", Box::new(|s| s.cluster.processes = 2000)),
+            ("lr", Box::new(|s| s.optimizer.lr = Some(f32::NAN))),
+            ("connect_timeout", Box::new(|s| s.cluster.connect_timeout = 1e300)),
+            ("table_sizes", Box::new(|s| s.data.table_sizes = Some(vec![0; 26]))),
             ("max_bad_fraction", Box::new(|s| s.data.records.max_bad_fraction = 1.5)),
             ("max_bad_fraction", Box::new(|s| s.data.records.max_bad_fraction = f64::NAN)),
             ("table_sizes", Box::new(|s| s.data.table_sizes = Some(vec![5; 3]))),
@@ -805,7 +764,7 @@ mod tests {
                 }),
             ),
             (
-                "model.deep",
+                "`deep`: 0 is outside",
                 Box::new(|s| {
                     s.model.kind = crate::settings::ModelKind::DeepFm;
                     s.model.deep = vec![0];

@@ -17,39 +17,9 @@ use tiderec_operators::optim::SparseOptimizerKind;
 use tiderec_operators::schedule::{LrDecay, LrSchedule};
 use tiderec_operators::train::TrainerConfig;
 
-/// Checks the hygiene settings of `s`; errors name the key.
+/// Checks the hygiene settings of `s` against each other (each one's range is checked by
+/// [`TrainSettings::check_ranges`]); errors name the key.
 pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
-    for (key, v) in [
-        ("eval_every", s.run.eval_every),
-        ("early_stop", s.run.early_stop),
-        ("lr_decay_steps", s.optimizer.lr_decay_steps),
-    ] {
-        if v == Some(0) {
-            return Err(PipelineError::config(key, "must be positive"));
-        }
-    }
-    for (key, v) in [
-        ("l2_dense", s.optimizer.l2_dense),
-        ("l2_embedding", s.optimizer.l2_embedding),
-        ("ftrl_l1", s.optimizer.ftrl_l1),
-    ]
-    .into_iter()
-    .chain([("ftrl_l2", s.optimizer.ftrl_l2), ("ftrl_beta", s.optimizer.ftrl_beta)])
-    {
-        if !(v.is_finite() && v >= 0.0) {
-            return Err(PipelineError::config(key, format!("must be a finite number ≥ 0, got {v}")));
-        }
-    }
-    if s.optimizer.lr_decay == DecayKind::Step
-        && !(s.optimizer.lr_decay_rate.is_finite()
-            && s.optimizer.lr_decay_rate > 0.0
-            && s.optimizer.lr_decay_rate <= 1.0)
-    {
-        return Err(PipelineError::config(
-            "lr_decay_rate",
-            format!("must be in (0, 1], got {}", s.optimizer.lr_decay_rate),
-        ));
-    }
     let horizon = matches!(s.optimizer.lr_decay, DecayKind::Linear | DecayKind::Cosine);
     if let Some(h) = s.optimizer.lr_decay_steps.filter(|&h| horizon && h <= s.optimizer.lr_warmup) {
         return Err(PipelineError::config(
@@ -143,7 +113,7 @@ mod tests {
     fn refused(edit: impl FnOnce(&mut TrainSettings), key: &str) {
         let mut s = TrainSettings::default();
         edit(&mut s);
-        let e = validate(&s).expect_err(key).to_string();
+        let e = s.validate().expect_err(key).to_string();
         assert!(e.contains(key), "{key}: {e}");
     }
 

@@ -9,8 +9,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand};
 use cli::bench::command::BenchCommand;
 use std::path::PathBuf;
+use tiderec::online::ranges as online_ranges;
 use tiderec::paths::{self, Named};
 use tiderec::run_files;
+use tiderec::settings::range::{self, Range};
 use tiderec::settings::{ConvertFlags, TrainFlags};
 use tiderec::TrainSettings;
 
@@ -69,10 +71,10 @@ struct SpecShowArgs {
     /// `criteo`, `avazu`, `elm`, `elm_y_long`, `elm_dien`, `taobao_ad` (or `preset:NAME`), or a TOML file for `check`.
     name: String,
     /// Rows per table.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = 1_000_000, value_parser = Range::<u64>::closed("buckets", 1, range::MAX_ROWS))]
     buckets: u64,
     /// Most items kept of a list (taobao_ad; elm uses 50, elm_y_long 400).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = Range::<usize>::closed("max_len", 1, 1 << 20))]
     max_len: usize,
 }
 
@@ -88,10 +90,10 @@ struct ElmArgs {
     #[arg(long)]
     out: PathBuf,
     /// Number of lines.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = Range::<u64>::closed("rows", 1, range::MAX_STEPS))]
     rows: u64,
     /// List length scale: 1 = elm, 8 = elm_y_long.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = Range::<usize>::closed("list_scale", 1, 64))]
     list_scale: usize,
     /// Seed.
     #[arg(long, default_value_t = 42)]
@@ -108,13 +110,13 @@ struct ConvertArgs {
     #[arg(long)]
     to: String,
     /// Rows per row group (the unit split across training workers).
-    #[arg(long, default_value_t = tiderec_sources::parquet::DEFAULT_ROW_GROUP_ROWS)]
+    #[arg(long, default_value_t = tiderec_sources::parquet::DEFAULT_ROW_GROUP_ROWS, value_parser = Range::<usize>::closed("row_group_rows", 1, 1 << 30))]
     row_group_rows: usize,
     /// Start a new file after this many rows (default: one file).
-    #[arg(long)]
+    #[arg(long, value_parser = Range::<u64>::closed("rows_per_file", 1, range::MAX_STEPS))]
     rows_per_file: Option<u64>,
     /// zstd compression level (1-22).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = Range::<i32>::closed("zstd_level", 1, 22))]
     zstd_level: i32,
     /// The featurizing settings, as for `train` (a `--config` file's other settings are ignored).
     #[command(flatten)]
@@ -172,22 +174,22 @@ struct OnlineArgs {
     #[arg(long)]
     until_end: bool,
     /// Also checkpoint when this many seconds passed since the last checkpoint.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = online_ranges::CHECKPOINT_SECONDS)]
     checkpoint_seconds: Option<f64>,
     /// Serve Prometheus metrics at http://ADDR/metrics (process 0).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<String>,
     /// Predictions in the prequential AUC / logloss window.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = online_ranges::WINDOW)]
     window: usize,
     /// Seconds between progress reports, metrics-log lines and lag queries.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = online_ranges::REPORT_SECONDS)]
     report_seconds: f64,
     /// Give up after the broker has been unreachable this many seconds.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 120.0, value_parser = online_ranges::BROKER_TIMEOUT)]
     broker_timeout: f64,
     /// Records buffered per partition before the partition is paused (backpressure).
-    #[arg(long, default_value_t = 65_536)]
+    #[arg(long, default_value_t = 65_536, value_parser = online_ranges::MAX_BUFFERED)]
     max_buffered: usize,
     /// Write the final summary as one JSON object here.
     #[arg(long, value_name = "FILE")]
@@ -214,19 +216,19 @@ struct ProduceArgs {
     #[arg(long, default_value = "criteo")]
     format: String,
     /// Partitions of the topic if it has to be created.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = Range::<usize>::closed("partitions", 1, 100_000))]
     partitions: usize,
     /// Records per second (default: as fast as the broker takes them).
-    #[arg(long)]
+    #[arg(long, value_parser = Range::<f64>::above("rate", 0.0, 1e9))]
     rate: Option<f64>,
     /// Stop after this many records.
     #[arg(long)]
     limit: Option<u64>,
     /// Replay the files this many times.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = Range::<u64>::closed("repeat", 1, 1_000_000))]
     repeat: u64,
     /// Give up after the broker has been unreachable this many seconds.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = online_ranges::BROKER_TIMEOUT)]
     broker_timeout: f64,
     /// auto, bar, lines or none.
     #[arg(long, default_value = "auto", value_name = "auto|bar|lines|none")]
@@ -267,27 +269,27 @@ struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: String,
     /// Connections open at once, one thread each (one more is answered 503).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = Range::<usize>::closed("threads", 1, range::MAX_THREADS))]
     threads: usize,
     /// Connections open at once from one client address (one more gets 429; GET /health is
     /// still answered).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = Range::<usize>::closed("max_connections_per_ip", 1, range::MAX_THREADS))]
     max_connections_per_ip: usize,
     /// Most records in one request (more: 413), 1 to 16,777,216.
-    #[arg(long, default_value_t = 65_536)]
+    #[arg(long, default_value_t = 65_536, value_parser = Range::<usize>::closed("max_records", 1, 1 << 24))]
     max_records: usize,
     /// Seconds to receive a request, head and body, from its first byte (then 408), and the
     /// longest idle time of a kept-alive connection.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = Range::<f64>::above("read_timeout", 0.0, 3600.0))]
     read_timeout: f64,
     /// Most records scored in one forward pass.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = Range::<usize>::closed("max_batch", 1, 1 << 20))]
     max_batch: usize,
-    /// Microseconds to wait for more requests after the first one of a batch.
-    #[arg(long, default_value_t = 500)]
+    /// Microseconds to wait for more requests after the first one of a batch (at most one second).
+    #[arg(long, default_value_t = 500, value_parser = Range::<u64>::closed("max_wait_us", 0, 1_000_000))]
     max_wait_us: u64,
     /// Seconds between looks for a newer checkpoint (0: never reload).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = Range::<f64>::closed("reload_every", 0.0, range::MAX_SECONDS))]
     reload_every: f64,
 }
 
@@ -302,7 +304,7 @@ struct ScoreArgs {
     #[arg(long)]
     data: String,
     /// Records scored per forward pass.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = Range::<usize>::closed("batch_size", 1, range::MAX_BATCH))]
     batch_size: usize,
     /// The malformed-record settings, as in `train`.
     #[command(flatten)]
@@ -322,7 +324,7 @@ impl ScoreArgs {
         Ok(tiderec::predict::ScoreOptions {
             checkpoint: self.checkpoint.clone(),
             data: self.data.clone(),
-            batch_size: self.batch_size.max(1),
+            batch_size: self.batch_size,
             labeled,
             records: self.records.0.clone(),
         })
@@ -440,7 +442,7 @@ fn run_produce(a: ProduceArgs) -> anyhow::Result<()> {
         endpoint: tiderec_sources::kafka::KafkaEndpoint {
             brokers: a.brokers,
             topic: a.topic,
-            broker_timeout: std::time::Duration::from_secs_f64(a.broker_timeout.max(0.001)),
+            broker_timeout: range::seconds("broker_timeout", a.broker_timeout)?,
             options: parse_kafka_options(&a.kafka_option)?,
         },
         files: parse_from(&a.from)?,
@@ -628,20 +630,11 @@ fn main() -> anyhow::Result<()> {
             options.threads = a.threads;
             options.max_connections_per_ip = a.max_connections_per_ip;
             options.max_records = a.max_records;
-            anyhow::ensure!(
-                a.read_timeout.is_finite() && a.read_timeout > 0.0 && a.read_timeout <= 3600.0,
-                "invalid configuration `read_timeout`: {} is not a number of seconds in (0, 3600]",
-                a.read_timeout
-            );
-            options.read_timeout = std::time::Duration::from_secs_f64(a.read_timeout);
+            options.read_timeout = range::seconds("read_timeout", a.read_timeout)?;
             options.limits.max_batch = a.max_batch;
             options.limits.max_wait = std::time::Duration::from_micros(a.max_wait_us);
-            anyhow::ensure!(
-                a.reload_every.is_finite() && a.reload_every >= 0.0,
-                "invalid configuration `reload_every`: {} is not a number of seconds",
-                a.reload_every
-            );
-            options.reload_every = (a.reload_every > 0.0).then(|| std::time::Duration::from_secs_f64(a.reload_every));
+            let reload_every = range::seconds("reload_every", a.reload_every)?;
+            options.reload_every = (!reload_every.is_zero()).then_some(reload_every);
             let stop = tiderec::stop::stop_flag()?;
             tiderec::serve::run(&options, &stop).context("serve failed")?;
         }

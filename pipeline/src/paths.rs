@@ -80,6 +80,29 @@ pub enum PathError {
         /// The existing file.
         path: PathBuf,
     },
+    /// A data path that exists but is a device, a FIFO or a socket.
+    #[error("{} (read for {flag}) is not a regular file or a directory", .path.display())]
+    NotRegular {
+        /// The input's flag.
+        flag: String,
+        /// The path.
+        path: PathBuf,
+    },
+    /// A data directory holding entries that would not be read.
+    #[error(
+        "{} (read for {flag}) holds {}, which would not be read (only the files directly in a data directory \
+         are): name them as FORMAT:PATH,PATH or move them out",
+        .path.display(),
+        .entries.iter().map(|e| e.display().to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    UnreadEntries {
+        /// The input's flag.
+        flag: String,
+        /// The directory.
+        path: PathBuf,
+        /// Its subdirectories and other entries that are not regular files.
+        entries: Vec<PathBuf>,
+    },
     /// An input directory could not be listed.
     #[error("cannot list {} (read for {flag}): {source}", .path.display())]
     Unlistable {
@@ -194,8 +217,9 @@ pub fn data_files(flag: &str, value: &str) -> Result<Vec<Named>, PathError> {
     for p in paths.split(',').filter(|p| !p.is_empty()) {
         let path = PathBuf::from(p);
         if path.is_dir() {
-            let unlistable = |source| PathError::Unlistable { flag: flag.to_string(), path: path.clone(), source };
-            files.extend(dir_files(&path).map_err(unlistable)?.into_iter().map(|f| Named::new(flag, f)));
+            files.extend(dir_files(flag, &path)?.into_iter().map(|f| Named::new(flag, f)));
+        } else if path.exists() && !path.is_file() {
+            return Err(PathError::NotRegular { flag: flag.to_string(), path });
         } else {
             files.push(Named::new(flag, path));
         }
@@ -204,14 +228,23 @@ pub fn data_files(flag: &str, value: &str) -> Result<Vec<Named>, PathError> {
 }
 
 /// The files directly in `dir` (symbolic links followed), sorted: what a directory given
-/// as data stands for, here and where the data is read (`config`).
-pub fn dir_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
+/// as data (for `flag`) stands for, here and where the data is read (`config`). A
+/// subdirectory or another entry that is not a regular file is an error naming it, so
+/// that no data is left out silently.
+pub fn dir_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>, PathError> {
+    let unlistable = |source| PathError::Unlistable { flag: flag.to_string(), path: dir.to_path_buf(), source };
+    let (mut files, mut others) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(dir).map_err(unlistable)? {
+        let path = entry.map_err(unlistable)?.path();
         if path.is_file() {
             files.push(path);
+        } else {
+            others.push(path);
         }
+    }
+    if !others.is_empty() {
+        others.sort();
+        return Err(PathError::UnreadEntries { flag: flag.to_string(), path: dir.to_path_buf(), entries: others });
     }
     files.sort();
     Ok(files)
@@ -343,12 +376,22 @@ mod tests {
         let (a, b) = (dir.path().join("a.txt"), dir.path().join("b.txt"));
         std::fs::write(&a, "").unwrap();
         std::fs::write(&b, "").unwrap();
-        std::fs::create_dir(dir.path().join("nested")).unwrap();
         let value = format!("criteo:{},{}", a.display(), dir.path().display());
         let mut files: Vec<PathBuf> = data_files("--data", &value).unwrap().into_iter().map(|n| n.path).collect();
         files.sort();
         assert_eq!(files, vec![a.clone(), a, b]);
         assert!(data_files("--data", "synthetic").unwrap().is_empty());
+    }
+
+    #[test]
+    fn subdirectories_and_devices_as_data_are_errors_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), "").unwrap();
+        std::fs::create_dir(dir.path().join("day2")).unwrap();
+        let e = data_files("--data", &format!("criteo:{}", dir.path().display())).unwrap_err().to_string();
+        assert!(e.contains("day2") && e.contains("would not be read") && e.contains("--data"), "{e}");
+        let e = data_files("--data", "criteo:/dev/zero").unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("not a regular file"), "{e}");
     }
 
     #[test]

@@ -73,6 +73,36 @@ pub enum Vocabulary {
 /// Token → id map of a loaded vocabulary.
 pub type VocabularyMap = rustc_hash::FxHashMap<Vec<u8>, u64>;
 
+/// The largest vocabulary file read (256 MiB: tens of millions of tokens).
+pub const MAX_VOCABULARY_BYTES: u64 = 256 << 20;
+
+/// The longest token of a vocabulary file, in bytes.
+pub const MAX_TOKEN_BYTES: usize = 64 << 10;
+
+/// The bytes of vocabulary file `path`: a regular file of at most [`MAX_VOCABULARY_BYTES`]
+/// (a device, a FIFO or a file growing past the bound is refused, not read forever).
+fn read_vocabulary_file(key: &str, path: &str) -> Result<Vec<u8>, OperatorError> {
+    use std::io::Read;
+    let error = |why: String| OperatorError::config(key, format!("vocabulary {path}: {why}"));
+    let meta = std::fs::metadata(path)
+        .map_err(|e| OperatorError::config(key, format!("cannot read vocabulary {path}: {e}")))?;
+    if !meta.is_file() {
+        return Err(error("not a regular file".into()));
+    }
+    let too_large = || error(format!("larger than {MAX_VOCABULARY_BYTES} bytes"));
+    if meta.len() > MAX_VOCABULARY_BYTES {
+        return Err(too_large());
+    }
+    let file = std::fs::File::open(path)
+        .map_err(|e| OperatorError::config(key, format!("cannot read vocabulary {path}: {e}")))?;
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_VOCABULARY_BYTES + 1).read_to_end(&mut bytes).map_err(|e| error(e.to_string()))?;
+    if bytes.len() as u64 > MAX_VOCABULARY_BYTES {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
 impl Vocabulary {
     /// Loads the tokens (id = position); errors name `key`, and for a file its path and line.
     pub fn load(&self, key: &str) -> Result<VocabularyMap, OperatorError> {
@@ -97,14 +127,23 @@ impl Vocabulary {
                 }
             }
             Vocabulary::File(path) => {
-                let bytes = std::fs::read(path)
-                    .map_err(|e| OperatorError::config(key, format!("cannot read vocabulary {path}: {e}")))?;
+                let bytes = read_vocabulary_file(key, path)?;
                 let body = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
                 if body.is_empty() {
                     return Err(OperatorError::config(key, format!("{path}: the vocabulary is empty")));
                 }
                 for (i, line) in body.split(|&b| b == b'\n').enumerate() {
                     let line = line.strip_suffix(b"\r").unwrap_or(line);
+                    if line.len() > MAX_TOKEN_BYTES {
+                        return Err(OperatorError::config(
+                            key,
+                            format!(
+                                "{path}:{}: a token of {} bytes is longer than {MAX_TOKEN_BYTES}",
+                                i + 1,
+                                line.len()
+                            ),
+                        ));
+                    }
                     add(line, &|| format!("{path}:{}", i + 1))?;
                 }
             }
@@ -1273,6 +1312,16 @@ target = "cat"
         let missing = dir.join("missing.txt").display().to_string();
         let e = Vocabulary::File(missing.clone()).load("categorical[0].vocabulary").unwrap_err().to_string();
         assert!(e.contains(&missing) && e.contains("categorical[0].vocabulary"), "{e}");
+        // A device, a file past the size bound and a token past the length bound are refused.
+        let e = Vocabulary::File("/dev/zero".into()).load("k").unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("not a regular file"), "{e}");
+        let huge = dir.join("huge.txt");
+        std::fs::File::create(&huge).unwrap().set_len(MAX_VOCABULARY_BYTES + 1).unwrap();
+        let e = Vocabulary::File(huge.display().to_string()).load("k").unwrap_err().to_string();
+        assert!(e.contains("huge.txt") && e.contains("larger than"), "{e}");
+        std::fs::write(&bad, format!("a\n{}\n", "x".repeat(MAX_TOKEN_BYTES + 1))).unwrap();
+        let e = Vocabulary::File(bad.display().to_string()).load("k").unwrap_err().to_string();
+        assert!(e.contains(&format!("{}:2", bad.display())) && e.contains("longer than"), "{e}");
         // A spec whose vocabulary file is missing fails validation before any work.
         let text = TOML.replace("[\"paris\", \"lyon\", \"nice\"]", &format!("{:?}", good.display().to_string()));
         FeatureSpec::from_toml(&text).unwrap();

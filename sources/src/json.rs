@@ -7,9 +7,11 @@
 //! The features are those of the TSV format ([`crate::criteo`]), so a record
 //! trains the same whether it arrives as a TSV line or as JSON.
 //!
-//! Parsing is simd-json's borrowed DOM over a reused scratch buffer: strings
-//! and keys point into the record, nothing is allocated per field. A record
-//! that is not a JSON object counts as [`BadReason::FieldCount`]; a bad label,
+//! Parsing is simd-json's tape over a reused scratch buffer: strings and keys
+//! point into the record, nothing is allocated per field, and every key/value
+//! pair is seen as written (a DOM would keep one of two equal keys). A record
+//! that is not a JSON object counts as [`BadReason::FieldCount`], and so does a key given
+//! twice (naming its field: the record has a field too many); a bad label,
 //! integer or hex value as the TSV format's reasons, naming the same field
 //! index (0 = label, 1..=13 = `I1..I13`, 14..=39 = `C1..C26`); a number beyond
 //! `f32` in an `I` field (`1e40`) as [`BadReason::NonFinite`]. (JSON has no
@@ -19,7 +21,7 @@ use crate::criteo::{dense_feature, push_sample, sparse_feature, CriteoFeatures, 
 use crate::lines::LineFormat;
 use crate::SourceError;
 use simd_json::prelude::*;
-use simd_json::{BorrowedValue, Buffers};
+use simd_json::Buffers;
 use std::cell::RefCell;
 use tiderec_records::bad_record::BadReason;
 use tiderec_records::Batch;
@@ -57,6 +59,15 @@ fn column(name: &str, prefix: u8, n: usize) -> Option<usize> {
     (1..=n).contains(&k).then(|| k - 1)
 }
 
+/// The field index of key `name` (0 = `label`, 1..=13 = `I1..I13`, 14..=39 = `C1..C26`), if
+/// it is one.
+fn field_index(name: &str) -> Option<usize> {
+    if name == "label" {
+        return Some(0);
+    }
+    column(name, b'I', NUM_DENSE).map(|j| 1 + j).or_else(|| column(name, b'C', NUM_SPARSE).map(|f| 1 + NUM_DENSE + f))
+}
+
 impl LineFormat for CriteoJsonFormat {
     fn shape(&self) -> (usize, usize) {
         (NUM_DENSE, NUM_SPARSE)
@@ -67,13 +78,21 @@ impl LineFormat for CriteoJsonFormat {
         let (buf, buffers) = &mut *scratch;
         buf.clear();
         buf.extend_from_slice(line);
-        let value =
-            simd_json::to_borrowed_value_with_buffers(buf, buffers).map_err(|_| (BadReason::FieldCount, None))?;
-        let BorrowedValue::Object(object) = &value else { return Err((BadReason::FieldCount, None)) };
+        let tape = simd_json::to_tape_with_buffers(buf, buffers).map_err(|_| (BadReason::FieldCount, None))?;
+        let value = tape.as_value();
+        let Some(object) = value.as_object() else { return Err((BadReason::FieldCount, None)) };
         let mut label = None;
         let mut dense = [0.0f32; NUM_DENSE];
         let mut ids = [u64::MAX; NUM_SPARSE];
+        // Bit k: field k (0 = label, 1..=13 = I1..I13, 14..=39 = C1..C26) was given.
+        let mut given = 0u64;
         for (key, v) in object.iter() {
+            if let Some(field) = field_index(key) {
+                if given & (1 << field) != 0 {
+                    return Err((BadReason::FieldCount, Some(field)));
+                }
+                given |= 1 << field;
+            }
             if v.is_null() {
                 continue;
             }
@@ -179,7 +198,10 @@ mod tests {
     fn malformed_objects_name_the_field() {
         let json = CriteoJsonFormat::new(features()).unwrap();
         let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
-        let cases: [(&str, (BadReason, Option<usize>)); 9] = [
+        let cases: [(&str, (BadReason, Option<usize>)); 12] = [
+            (r#"{"label": 0, "label": 1}"#, (BadReason::FieldCount, Some(0))),
+            (r#"{"label": 1, "I4": 2, "I4": 3}"#, (BadReason::FieldCount, Some(4))),
+            (r#"{"label": 1, "C26": "0a", "C26": null}"#, (BadReason::FieldCount, Some(39))),
             ("not json", (BadReason::FieldCount, None)),
             ("[1,2]", (BadReason::FieldCount, None)),
             (r#"{"I1": 3}"#, (BadReason::BadLabel, Some(0))),
@@ -193,6 +215,13 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(json.parse(text.as_bytes(), &mut b), Err(want), "{text}");
         }
+        // A full record (beyond the size where the object becomes a hash map) with a key repeated.
+        let full: Vec<String> = std::iter::once("\"label\": 1".to_string())
+            .chain((1..=13).map(|i| format!("\"I{i}\": {i}")))
+            .chain((1..=26).map(|c| format!("\"C{c}\": \"0a\"")))
+            .collect();
+        let repeated = format!("{{{}, \"I7\": 9}}", full.join(", "));
+        assert_eq!(json.parse(repeated.as_bytes(), &mut b), Err((BadReason::FieldCount, Some(7))), "{repeated}");
         assert!(b.is_empty());
         json.parse(br#"{"label": 1, "I1": 5, "C1": "", "C3": null, "C26": "0a", "extra": [1]}"#, &mut b).unwrap();
         b.check().unwrap();

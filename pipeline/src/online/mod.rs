@@ -98,6 +98,22 @@ pub struct OnlineSettings {
     pub kafka_options: Vec<(String, String)>,
 }
 
+/// The ranges of [`OnlineSettings`]' numeric fields (also the parsers of their flags).
+pub mod ranges {
+    use crate::settings::range::{Range, MAX_SECONDS};
+
+    /// `checkpoint_seconds`.
+    pub const CHECKPOINT_SECONDS: Range<f64> = Range::above("checkpoint_seconds", 0.0, MAX_SECONDS);
+    /// `window`.
+    pub const WINDOW: Range<usize> = Range::closed("window", 1, 100_000_000);
+    /// `report_seconds`: below 10 ms the reports (and their lag queries) would crowd out training.
+    pub const REPORT_SECONDS: Range<f64> = Range::closed("report_seconds", 0.01, MAX_SECONDS);
+    /// `broker_timeout` (of `online` and `produce`).
+    pub const BROKER_TIMEOUT: Range<f64> = Range::closed("broker_timeout", 0.001, MAX_SECONDS);
+    /// `max_buffered`.
+    pub const MAX_BUFFERED: Range<usize> = Range::closed("max_buffered", 1, 1 << 30);
+}
+
 impl Default for OnlineSettings {
     fn default() -> Self {
         OnlineSettings {
@@ -155,24 +171,15 @@ impl OnlineSettings {
         if !matches!(self.start.as_str(), "earliest" | "latest") {
             return Err(PipelineError::config("start", format!("`{}` is not earliest or latest", self.start)));
         }
-        if self.window == 0 {
-            return Err(PipelineError::config("window", "must be positive"));
-        }
+        ranges::WINDOW.check(self.window)?;
+        ranges::REPORT_SECONDS.check(self.report_seconds)?;
+        ranges::BROKER_TIMEOUT.check(self.broker_timeout)?;
+        ranges::MAX_BUFFERED.check(self.max_buffered)?;
         if let Some(s) = self.checkpoint_seconds {
-            if !(s.is_finite() && s > 0.0) {
-                return Err(PipelineError::config("checkpoint_seconds", format!("must be positive, got {s}")));
-            }
+            ranges::CHECKPOINT_SECONDS.check(s)?;
             if self.train.checkpoints.checkpoint_dir.is_none() {
                 return Err(PipelineError::config("checkpoint_seconds", "needs --checkpoint-dir DIR"));
             }
-        }
-        for (key, v) in [("report_seconds", self.report_seconds), ("broker_timeout", self.broker_timeout)] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(PipelineError::config(key, format!("must be positive, got {v}")));
-            }
-        }
-        if self.max_buffered == 0 {
-            return Err(PipelineError::config("max_buffered", "must be positive"));
         }
         for (key, set) in
             [("eval_every", self.train.run.eval_every.is_some()), ("early_stop", self.train.run.early_stop.is_some())]

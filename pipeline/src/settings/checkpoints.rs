@@ -1,5 +1,6 @@
 //! Checkpoints: where, how often, how many, and resuming from them.
 
+use super::range::ranged;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -13,10 +14,12 @@ pub struct CheckpointSettings {
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
     /// Also write a checkpoint every N global training steps.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = checkpoint_every::RANGE)]
+    #[serde(deserialize_with = "checkpoint_every::deserialize")]
     pub checkpoint_every: Option<u64>,
     /// Checkpoints to keep in --checkpoint-dir (older ones are removed).
-    #[arg(long, required = false, value_name = "K")]
+    #[arg(long, required = false, value_name = "K", value_parser = keep_checkpoints::RANGE)]
+    #[serde(deserialize_with = "keep_checkpoints::deserialize")]
     pub keep_checkpoints: usize,
     /// Write each checkpoint before training goes on (otherwise files are written by background threads
     /// while training continues; the checkpoints are the same byte for byte).
@@ -30,6 +33,10 @@ pub struct CheckpointSettings {
     #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub new_data: bool,
 }
+
+// The ranges of the numeric settings above, one per setting.
+ranged!(checkpoint_every: u64, closed(1, MAX_STEPS));
+ranged!(keep_checkpoints: usize, closed(1, 1_000_000));
 
 impl Default for CheckpointSettings {
     fn default() -> Self {

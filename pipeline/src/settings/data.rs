@@ -5,6 +5,7 @@
 //! their flags through [`OverDefaults`](super::OverDefaults), so its defaults and checks are
 //! declared here once.
 
+use super::range::ranged;
 use crate::PipelineError;
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -29,28 +30,42 @@ pub struct DataSettings {
     #[arg(long)]
     pub spec: Option<String>,
     /// Fraction held out for evaluation when --eval is not given (synthetic: fraction of --samples).
-    #[arg(long, required = false, value_name = "F")]
+    #[arg(long, required = false, value_name = "F", value_parser = eval_fraction::RANGE)]
+    #[serde(deserialize_with = "eval_fraction::deserialize")]
     pub eval_fraction: f64,
     /// Synthetic training samples per epoch.
-    #[arg(long, required = false, value_name = "N")]
+    #[arg(long, required = false, value_name = "N", value_parser = samples::RANGE)]
+    #[serde(deserialize_with = "samples::deserialize")]
     pub samples: u64,
     /// Rows per embedding table (every table), unless --table-sizes is given.
-    #[arg(long, required = false, value_name = "N")]
+    #[arg(long, required = false, value_name = "N", value_parser = buckets::RANGE)]
+    #[serde(deserialize_with = "buckets::deserialize")]
     pub buckets: u64,
     /// Rows of each embedding table, one entry per sparse field, e.g. 1000,50000,…
-    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…", value_parser = table_sizes::RANGE)]
+    #[serde(deserialize_with = "table_sizes::deserialize")]
     pub table_sizes: Option<Vec<u64>>,
     /// Longest behaviour history kept per sample (sequence data; the most recent events).
-    #[arg(long, required = false, value_name = "N")]
+    #[arg(long, required = false, value_name = "N", value_parser = max_len::RANGE)]
+    #[serde(deserialize_with = "max_len::deserialize")]
     pub max_len: usize,
     /// Seed of feature hashing (default: the --seed value); recorded in checkpoints.
-    #[arg(long, value_name = "SEED")]
+    #[arg(long, value_name = "SEED", value_parser = hash_seed::RANGE)]
+    #[serde(deserialize_with = "hash_seed::deserialize")]
     pub hash_seed: Option<u64>,
     /// Malformed records: skip or fail, the dead-letter file, the budget, the longest line.
     #[command(flatten)]
     #[serde(flatten)]
     pub records: RecordPolicy,
 }
+
+// The ranges of the numeric settings above, one per setting.
+ranged!(eval_fraction: f64, below(0.0, 1.0));
+ranged!(samples: u64, closed(1, MAX_STEPS));
+ranged!(buckets: u64, closed(1, MAX_ROWS));
+ranged!(table_sizes: u64, closed(1, MAX_ROWS));
+ranged!(max_len: usize, closed(1, 1 << 20));
+ranged!(hash_seed: u64, closed(0, u64::MAX));
 
 /// How malformed records are handled while reading (training, evaluation, conversion and
 /// scoring alike).
@@ -64,12 +79,18 @@ pub struct RecordPolicy {
     #[arg(long, required = false, value_name = "FILE")]
     pub dead_letters: PathBuf,
     /// Fail when more than this fraction of the records read (training and evaluation each) is malformed.
-    #[arg(long, required = false, value_name = "F")]
+    #[arg(long, required = false, value_name = "F", value_parser = max_bad_fraction::RANGE)]
+    #[serde(deserialize_with = "max_bad_fraction::deserialize")]
     pub max_bad_fraction: f64,
     /// Longest accepted input line in bytes.
-    #[arg(long, required = false, value_name = "BYTES")]
+    #[arg(long, required = false, value_name = "BYTES", value_parser = max_line_bytes::RANGE)]
+    #[serde(deserialize_with = "max_line_bytes::deserialize")]
     pub max_line_bytes: usize,
 }
+
+// The ranges of the numeric settings above, one per setting.
+ranged!(max_bad_fraction: f64, closed(0.0, 1.0));
+ranged!(max_line_bytes: usize, closed(64, 1 << 30));
 
 impl Default for RecordPolicy {
     fn default() -> Self {
@@ -83,18 +104,11 @@ impl Default for RecordPolicy {
 }
 
 impl RecordPolicy {
-    /// Refuses a budget outside `[0, 1]` (NaN included) and a line limit under 64 bytes,
-    /// naming the setting.
+    /// Checks both numbers against their ranges (for a policy built in code; flags and files
+    /// are checked as they are read), naming the setting.
     pub fn validate(&self) -> Result<(), PipelineError> {
-        if !(0.0..=1.0).contains(&self.max_bad_fraction) {
-            return Err(PipelineError::config(
-                "max_bad_fraction",
-                format!("must be in [0, 1], got {}", self.max_bad_fraction),
-            ));
-        }
-        if self.max_line_bytes < 64 {
-            return Err(PipelineError::config("max_line_bytes", "must be at least 64"));
-        }
+        max_bad_fraction::RANGE.check(self.max_bad_fraction)?;
+        max_line_bytes::RANGE.check(self.max_line_bytes)?;
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! How embeddings travel between workers.
 
+use super::range::ranged;
 use crate::PipelineError;
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -19,12 +20,18 @@ pub struct ExchangeSettings {
     #[serde(rename = "exchange_tables")]
     pub tables: Vec<String>,
     /// Fraction of each table's rows to replicate (--exchange replicated / auto).
-    #[arg(long, required = false, value_name = "F")]
+    #[arg(long, required = false, value_name = "F", value_parser = replicate::RANGE)]
+    #[serde(deserialize_with = "replicate::deserialize")]
     pub replicate: f64,
     /// Global batches the exchange planner counts ids on.
-    #[arg(long, required = false, value_name = "N")]
+    #[arg(long, required = false, value_name = "N", value_parser = plan_steps::RANGE)]
+    #[serde(deserialize_with = "plan_steps::deserialize")]
     pub plan_steps: u64,
 }
+
+// The ranges of the numeric settings above, one per setting.
+ranged!(replicate: f64, below(0.0, 1.0));
+ranged!(plan_steps: u64, closed(1, 1_000_000));
 
 impl Default for ExchangeSettings {
     fn default() -> Self {

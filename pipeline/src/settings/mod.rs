@@ -14,8 +14,12 @@
 //! * Precedence is default < file < flag: [`Flags::settings`] starts from the defaults
 //!   (or the file) and overwrites exactly the settings whose flags were given — no flag has a
 //!   clap default, so an absent flag never overwrites the file.
-//! * Checking happens in one place, [`TrainSettings::validate`] (values) and
-//!   [`crate::applicable::check`] (settings that the run would ignore).
+//! * Every numeric setting has a [`range::Range`], declared next to its field; the flag's
+//!   parser, the TOML file's deserialisation and [`TrainSettings::check_ranges`] (settings
+//!   built in code) all check it, so no setting is checked for one origin only.
+//! * Checks beyond a single value's range happen in one place, [`TrainSettings::validate`]
+//!   (values that depend on each other or on the machine) and [`crate::applicable::check`]
+//!   (settings that the run would ignore).
 
 mod checkpoints;
 mod cluster;
@@ -25,6 +29,7 @@ mod flags;
 mod model;
 pub(crate) mod named;
 mod optimizer;
+pub mod range;
 mod run;
 mod store;
 
@@ -113,25 +118,33 @@ impl TrainSettings {
                 ),
             ));
         }
-        let defaults =
-            serde_json::to_value(TrainSettings::default()).map_err(|e| ConfigError::new("settings", e.to_string()))?;
-        let over = |keys: &mut dyn Iterator<Item = (&String, &toml::Value)>| {
-            let mut value = defaults.clone();
-            for (key, v) in keys {
-                value[key] = serde_json::to_value(v).map_err(|e| e.to_string())?;
-            }
-            serde_json::from_value::<TrainSettings>(value).map_err(|e| e.to_string())
-        };
-        match over(&mut table.iter()) {
+        Self::from_table(table)
+    }
+
+    /// The settings of a TOML table of known keys over the defaults, every value read through
+    /// its field's type and range; a bad value is an error naming its key.
+    ///
+    /// Values stay TOML values until their field reads them, so `nan` and `inf` reach the
+    /// ranges (which refuse them) rather than becoming something else on the way.
+    fn from_table(table: toml::Table) -> Result<Self, ConfigError> {
+        let read = |table: toml::Table| toml::Value::Table(table).try_into::<TrainSettings>();
+        match read(table.clone()) {
             Ok(settings) => Ok(settings),
             // Find the key with the bad value: the first that fails on its own.
             Err(whole) => Err(table
-                .iter()
+                .into_iter()
                 .find_map(|(key, v)| {
-                    over(&mut std::iter::once((key, v))).err().map(|e| ConfigError::new(key.as_str(), e))
+                    read(toml::Table::from_iter([(key.clone(), v)])).err().map(|e| ConfigError::new(key, e.message()))
                 })
-                .unwrap_or_else(|| ConfigError::new("settings", whole))),
+                .unwrap_or_else(|| ConfigError::new("settings", whole.message()))),
         }
+    }
+
+    /// Every setting checked against its type and range, as a TOML file's would be: for
+    /// settings built or changed in code.
+    pub fn check_ranges(&self) -> Result<(), ConfigError> {
+        let table = toml::Table::try_from(self).map_err(|e| ConfigError::new("settings", e.to_string()))?;
+        Self::from_table(table).map(drop)
     }
 
     /// The seed of feature hashing: `hash_seed`, or `seed` when it is not set.
@@ -224,13 +237,18 @@ mod tests {
         let p = parse(&["--max-line-bytes", "4096", "--on-bad-record", "fail"]);
         assert_eq!((p.max_line_bytes, p.on_bad_record), (4096, BadRecordPolicy::Fail));
         assert_eq!(p.dead_letters, RecordPolicy::default().dead_letters, "an absent flag keeps its default");
-        for (args, key) in
-            [(["--max-bad-fraction", "1.5"], "max_bad_fraction"), (["--max-line-bytes", "63"], "max_line_bytes")]
-        {
-            let e = parse(&args).validate().unwrap_err().to_string();
-            assert!(e.contains(&format!("`{key}`")), "{e}");
+        let cmd = || OverDefaults::<RecordPolicy>::augment_args(Command::new("score").no_binary_name(true));
+        for (args, flag) in [
+            (["--max-bad-fraction", "1.5"], "--max-bad-fraction"),
+            (["--max-bad-fraction", "NaN"], "--max-bad-fraction"),
+            (["--max-line-bytes", "63"], "--max-line-bytes"),
+        ] {
+            let e = cmd().try_get_matches_from(args).unwrap_err().to_string();
+            assert!(e.contains(flag) && e.contains(args[1]) && e.contains("allowed range"), "{e}");
         }
-        assert!(parse(&["--max-bad-fraction", "NaN"]).validate().is_err());
+        let built = RecordPolicy { max_line_bytes: 63, ..RecordPolicy::default() };
+        let e = built.validate().unwrap_err().to_string();
+        assert!(e.contains("`max_line_bytes`") && e.contains("[64, "), "{e}");
     }
 
     #[test]
@@ -247,6 +265,33 @@ mod tests {
         ids.sort();
         keys.sort();
         assert_eq!(ids, keys);
+    }
+
+    #[test]
+    fn non_finite_and_out_of_range_values_are_refused_naming_key_value_and_range() {
+        for (line, key, shown, range) in [
+            ("lr = nan", "lr", "NaN", "(0, 1000]"),
+            ("sparse_lr = inf", "sparse_lr", "inf", "(0, 1000]"),
+            ("l2_dense = nan", "l2_dense", "NaN", "[0, 1000]"),
+            ("eval_fraction = -inf", "eval_fraction", "-inf", "[0, 1)"),
+            ("connect_timeout = 1e300", "connect_timeout", "1e300", "(0, 1e6]"),
+            ("batch_size = 0", "batch_size", "0", "[1, 16777216]"),
+            ("table_sizes = [5, 0]", "table_sizes", "0", "[1, "),
+            ("bottom = [64, 0]", "bottom", "0", "[1, 1048576]"),
+            ("workers = 30000", "workers", "30000", "[1, 1024]"),
+        ] {
+            let e = TrainSettings::from_toml_str(&format!("dim = 8\n{line}")).unwrap_err().to_string();
+            let want = format!("`{key}`: {shown} is outside the allowed range {range}");
+            assert!(e.contains(&want), "{line}: {e}");
+            let flag = format!("--{}", key.replace('_', "-"));
+            let value = line.split(" = ").nth(1).unwrap().trim_matches(['[', ']']).replace(' ', "");
+            let e = TrainFlags::parse_from([format!("{flag}={value}")]).unwrap_err().to_string();
+            assert!(e.contains(&flag) && e.contains(&format!("{shown} is outside the allowed range {range}")), "{e}");
+        }
+        let mut built = TrainSettings::default();
+        built.optimizer.lr = Some(f32::INFINITY);
+        let e = built.check_ranges().unwrap_err().to_string();
+        assert!(e.contains("`lr`: inf is outside"), "settings built in code are checked too: {e}");
     }
 
     #[test]

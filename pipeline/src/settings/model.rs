@@ -1,5 +1,6 @@
 //! The model and its shape.
 
+use super::range::ranged;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use tiderec_operators::nn::Precision;
@@ -14,22 +15,27 @@ pub struct ModelSettings {
     #[serde(rename = "model")]
     pub kind: ModelKind,
     /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
-    #[arg(long, required = false, value_name = "N")]
+    #[arg(long, required = false, value_name = "N", value_parser = dim::RANGE)]
+    #[serde(deserialize_with = "dim::deserialize")]
     pub dim: usize,
     /// Bottom MLP widths after the dense inputs (DLRM; the last equals --dim).
-    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…", value_parser = bottom::RANGE)]
+    #[serde(deserialize_with = "bottom::deserialize")]
     pub bottom: Vec<usize>,
     /// Top MLP widths after the interaction (DLRM; the last is 1).
-    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…", value_parser = top::RANGE)]
+    #[serde(deserialize_with = "top::deserialize")]
     pub top: Vec<usize>,
     /// Include self-interaction terms in the dot interaction (DLRM).
     #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub self_interaction: bool,
     /// Hidden widths of the DeepFM / Wide & Deep deep part.
-    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…", value_parser = deep::RANGE)]
+    #[serde(deserialize_with = "deep::deserialize")]
     pub deep: Vec<usize>,
     /// Hidden widths of DIEN's MLP.
-    #[arg(long, value_delimiter = ',', value_name = "N,N,…")]
+    #[arg(long, value_delimiter = ',', value_name = "N,N,…", value_parser = mlp::RANGE)]
+    #[serde(deserialize_with = "mlp::deserialize")]
     pub mlp: Vec<usize>,
     /// Feature crosses for the wide part of wdl / lr: sparse-field index pairs, e.g. 0:1,2:5.
     #[arg(long, value_delimiter = ',', value_name = "A:B,…")]
@@ -39,6 +45,13 @@ pub struct ModelSettings {
     #[arg(long, required = false, value_name = "fp32|bf16", value_parser = super::parse::<Precision>)]
     pub precision: Precision,
 }
+
+// The ranges of the numeric settings above, one per setting.
+ranged!(dim: usize, closed(1, MAX_WIDTH));
+ranged!(bottom: usize, closed(1, MAX_WIDTH));
+ranged!(top: usize, closed(1, MAX_WIDTH));
+ranged!(deep: usize, closed(1, MAX_WIDTH));
+ranged!(mlp: usize, closed(1, MAX_WIDTH));
 
 impl Default for ModelSettings {
     fn default() -> Self {

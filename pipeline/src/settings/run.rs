@@ -1,5 +1,6 @@
 //! The run's length, batches, seed, evaluation and reporting.
 
+use super::range::ranged;
 use crate::PipelineError;
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -11,26 +12,33 @@ use tiderec_operators::ConfigError;
 #[serde(default)]
 pub struct RunSettings {
     /// Passes over the training data.
-    #[arg(long, required = false, value_name = "N")]
+    #[arg(long, required = false, value_name = "N", value_parser = epochs::RANGE)]
+    #[serde(deserialize_with = "epochs::deserialize")]
     pub epochs: u64,
     /// Stop after this many training steps (or earlier, when --epochs passes over the data end first; the run then says so).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = steps::RANGE)]
+    #[serde(deserialize_with = "steps::deserialize")]
     pub steps: Option<u64>,
     /// Global batch size (union of all workers' micro-batches).
-    #[arg(long, required = false, value_name = "N")]
+    #[arg(long, required = false, value_name = "N", value_parser = batch_size::RANGE)]
+    #[serde(deserialize_with = "batch_size::deserialize")]
     pub batch_size: usize,
     /// Evaluation batch size.
-    #[arg(long, required = false, value_name = "N")]
+    #[arg(long, required = false, value_name = "N", value_parser = eval_batch_size::RANGE)]
+    #[serde(deserialize_with = "eval_batch_size::deserialize")]
     pub eval_batch_size: usize,
     /// Seed of data, initialisation and shuffles (and of hashing unless --hash-seed is given).
-    #[arg(long, required = false, value_name = "SEED")]
+    #[arg(long, required = false, value_name = "SEED", value_parser = seed::RANGE)]
+    #[serde(deserialize_with = "seed::deserialize")]
     pub seed: u64,
     /// Also evaluate every N global training steps (an eval split is evaluated at every epoch's end anyway).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = eval_every::RANGE)]
+    #[serde(deserialize_with = "eval_every::deserialize")]
     pub eval_every: Option<u64>,
     /// Stop after PATIENCE evaluations in a row without improvement; the final model, metrics and
     /// `best` checkpoint are then the best evaluation's.
-    #[arg(long, value_name = "PATIENCE")]
+    #[arg(long, value_name = "PATIENCE", value_parser = early_stop::RANGE)]
+    #[serde(deserialize_with = "early_stop::deserialize")]
     pub early_stop: Option<u64>,
     /// The figure that ranks evaluations: auc (higher is better) or logloss (lower is better).
     #[arg(long, required = false, value_name = "auc|logloss", value_parser = super::parse::<BestMetric>)]
@@ -50,6 +58,15 @@ pub struct RunSettings {
     #[arg(long, required = false, value_name = "auto|bar|lines|none", value_parser = super::parse::<ProgressMode>)]
     pub progress: ProgressMode,
 }
+
+// The ranges of the numeric settings above, one per setting.
+ranged!(epochs: u64, closed(1, 1_000_000));
+ranged!(steps: u64, closed(0, MAX_STEPS));
+ranged!(batch_size: usize, closed(1, MAX_BATCH));
+ranged!(eval_batch_size: usize, closed(1, MAX_BATCH));
+ranged!(seed: u64, closed(0, u64::MAX));
+ranged!(eval_every: u64, closed(1, MAX_STEPS));
+ranged!(early_stop: u64, closed(1, 1_000_000));
 
 impl Default for RunSettings {
     fn default() -> Self {
