@@ -207,7 +207,8 @@ impl DataSpec {
 
 /// A `--spec` value: `preset:NAME`, a bare preset name (`elm`, `taobao-ad`, …)
 /// or the path of a TOML file (validated; relative vocabulary paths are
-/// taken relative to the file's folder).
+/// taken relative to the file's folder, and the files read into the spec, so that
+/// what trains and what a checkpoint records are the same tokens).
 pub fn resolve_spec(s: &str, buckets: u64, max_len: usize) -> Result<FeatureSpec, PipelineError> {
     let unknown = |name: &str| {
         PipelineError::config("spec", format!("no preset `{name}`; presets: {}", FeatureSpec::PRESETS.join(", ")))
@@ -221,12 +222,15 @@ pub fn resolve_spec(s: &str, buckets: u64, max_len: usize) -> Result<FeatureSpec
     let path = std::path::Path::new(s);
     let text =
         std::fs::read_to_string(path).map_err(|e| PipelineError::config("spec", format!("cannot read {s}: {e}")))?;
-    FeatureSpec::from_toml_in(&text, path.parent()).map_err(|e| match e {
+    let named = |e| match e {
         tiderec_operators::OperatorError::Config(tiderec_operators::ConfigError { key, reason }) => {
             PipelineError::config(format!("spec.{key}"), format!("{s}: {reason}"))
         }
         e => e.into(),
-    })
+    };
+    let mut spec = FeatureSpec::from_toml_in(&text, path.parent()).map_err(named)?;
+    spec.inline_vocabularies().map_err(named)?;
+    Ok(spec)
 }
 
 pub use crate::settings::{default_learning_rates, default_workers, TrainSettings};

@@ -259,7 +259,11 @@ impl FeaturePipeline {
         let (a, b) = (strip(self), strip(other));
         if a.get("spec") != b.get("spec") {
             let name = |p: &FeaturePipeline| p.spec.as_ref().map_or_else(|| "none".to_string(), |s| s.source.clone());
-            out.push(format!("spec: checkpoint has {}, {whose} has {}", name(self), name(other)));
+            let (mine, theirs) = (name(self), name(other));
+            out.push(match mine == theirs {
+                true => format!("spec: {mine} (with its vocabularies) has changed since the checkpoint"),
+                false => format!("spec: checkpoint has {mine}, {whose} has {theirs}"),
+            });
         }
         out.extend(
             value_differences(&a, &b).into_iter().map(|(k, x, y)| format!("{k}: checkpoint has {x}, {whose} has {y}")),

@@ -85,3 +85,85 @@ fn a_resume_on_other_data_is_refused_unless_new_data_is_asked_for() {
     let err = run_err(&mut train(&b, &ckpt, &m("flag"), &["--new-data"]));
     assert!(err.contains("`new_data`") && err.contains("applies to --resume"), "{err}");
 }
+
+/// A feature spec over the Taobao display-ad CSV with a vocabulary file (relative to the spec).
+const VOCAB_SPEC: &str = r#"
+delimiter = ","
+header = true
+columns = ["clk", "time_stamp", "userid", "adgroup_id", "pid", "cate_id", "campaign_id", "customer", "brand",
+           "price", "cms_segid", "cms_group_id", "final_gender_code", "age_level", "pvalue_level",
+           "shopping_level", "occupation", "new_user_class_level", "click_sequence"]
+label = { column = "clk" }
+dense = [{ column = "price", log1p = true }]
+categorical = [
+  { column = "userid", buckets = 500 },
+  { column = "cate_id", buckets = 500 },
+  { column = "age_level", buckets = 8, encoding = "vocabulary", vocabulary = "ages.txt", oov_buckets = 1 },
+]
+"#;
+
+#[test]
+fn a_checkpoint_keeps_its_vocabularies_whatever_happens_to_the_files() {
+    let (Some(train), Some(test)) =
+        (shared_data("taobao_ad/train_sample.csv"), shared_data("taobao_ad/test_sample.csv"))
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let specs = dir.path().join("specs");
+    std::fs::create_dir(&specs).unwrap();
+    std::fs::write(specs.join("spec.toml"), VOCAB_SPEC).unwrap();
+    let vocabulary = specs.join("ages.txt");
+    std::fs::write(&vocabulary, "1\n2\n3\n4\n5\n6\n").unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let train_cmd = |extra: &[&str]| {
+        let mut c = tiderec();
+        c.args(["train", "--progress", "none", "--model", "lr", "--batch-size", "16", "--epochs", "3", "--seed", "2"])
+            .args(["--eval-fraction", "0", "--steps", "12"])
+            .arg("--data")
+            .arg(format!("csv:{}", train.display()))
+            .arg("--spec")
+            .arg(specs.join("spec.toml"))
+            .arg("--checkpoint-dir")
+            .arg(&ckpt)
+            .arg("--dead-letters")
+            .arg(dir.path().join("dead.tsv"))
+            .args(extra);
+        c
+    };
+    run_ok(&mut train_cmd(&[]));
+    let predict = |out: &str, cwd: &Path| {
+        let out = dir.path().join(out);
+        run_ok(
+            tiderec()
+                .current_dir(cwd)
+                .arg("predict")
+                .arg("--checkpoint")
+                .arg(&ckpt)
+                .arg("--data")
+                .arg(format!("csv:{}", test.display()))
+                .arg("--out")
+                .arg(&out)
+                .arg("--dead-letters")
+                .arg(dir.path().join("predict-dead.tsv")),
+        );
+        std::fs::read_to_string(out).unwrap()
+    };
+    let before = predict("before.csv", dir.path());
+
+    // Two tokens swapped, then the file removed: scores from anywhere stay the model's.
+    std::fs::write(&vocabulary, "2\n1\n3\n4\n5\n6\n").unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    assert_eq!(predict("swapped.csv", &elsewhere), before, "a swapped vocabulary file changed the scores");
+    let manifest = std::fs::read_to_string(ckpt.join("ckpt-12").join("manifest.json")).unwrap();
+    let compact: String = manifest.split_whitespace().collect();
+    assert!(compact.contains(r#""vocabulary":["1","2","3","4","5","6"]"#), "the tokens are in the manifest");
+
+    // Resuming with the edited file is training with other features: refused, naming it.
+    let err = run_err(&mut train_cmd(&["--resume"]));
+    assert!(err.contains("spec.fields.categorical[2].vocabulary: checkpoint has [\"1\",\"2\""), "{err}");
+
+    std::fs::remove_file(&vocabulary).unwrap();
+    assert_eq!(predict("removed.csv", &elsewhere), before, "scoring needs no vocabulary file");
+}

@@ -128,22 +128,7 @@ impl Vocabulary {
             }
             Vocabulary::File(path) => {
                 let bytes = read_vocabulary_file(key, path)?;
-                let body = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
-                if body.is_empty() {
-                    return Err(OperatorError::config(key, format!("{path}: the vocabulary is empty")));
-                }
-                for (i, line) in body.split(|&b| b == b'\n').enumerate() {
-                    let line = line.strip_suffix(b"\r").unwrap_or(line);
-                    if line.len() > MAX_TOKEN_BYTES {
-                        return Err(OperatorError::config(
-                            key,
-                            format!(
-                                "{path}:{}: a token of {} bytes is longer than {MAX_TOKEN_BYTES}",
-                                i + 1,
-                                line.len()
-                            ),
-                        ));
-                    }
+                for (i, line) in file_tokens(key, path, &bytes)?.into_iter().enumerate() {
                     add(line, &|| format!("{path}:{}", i + 1))?;
                 }
             }
@@ -153,6 +138,47 @@ impl Vocabulary {
         }
         Ok(map)
     }
+
+    /// The same vocabulary with a file's tokens read into the spec ([`Vocabulary::Inline`]),
+    /// so that a spec recorded with a model does not depend on the file, its later
+    /// edits or the working directory. The tokens must be UTF-8 text; errors name
+    /// `key`, the file and the line.
+    pub fn inlined(&self, key: &str) -> Result<Vocabulary, OperatorError> {
+        let Vocabulary::File(path) = self else { return Ok(self.clone()) };
+        let bytes = read_vocabulary_file(key, path)?;
+        let mut tokens = Vec::new();
+        for (i, line) in file_tokens(key, path, &bytes)?.into_iter().enumerate() {
+            let token = std::str::from_utf8(line).map_err(|_| {
+                OperatorError::config(
+                    key,
+                    format!("{path}:{}: the token is not UTF-8 text (a model keeps its vocabulary as text)", i + 1),
+                )
+            })?;
+            tokens.push(token.to_string());
+        }
+        Ok(Vocabulary::Inline(tokens))
+    }
+}
+
+/// The tokens of a vocabulary file's `bytes`, one per line in id order (a trailing `\r`
+/// dropped), each at most [`MAX_TOKEN_BYTES`]; errors name `key`, `path` and the line.
+fn file_tokens<'a>(key: &str, path: &str, bytes: &'a [u8]) -> Result<Vec<&'a [u8]>, OperatorError> {
+    let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    if body.is_empty() {
+        return Err(OperatorError::config(key, format!("{path}: the vocabulary is empty")));
+    }
+    let mut tokens = Vec::new();
+    for (i, line) in body.split(|&b| b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.len() > MAX_TOKEN_BYTES {
+            return Err(OperatorError::config(
+                key,
+                format!("{path}:{}: a token of {} bytes is longer than {MAX_TOKEN_BYTES}", i + 1, line.len()),
+            ));
+        }
+        tokens.push(line);
+    }
+    Ok(tokens)
 }
 
 /// How the ids of a multi-valued list reach the model.
@@ -380,6 +406,18 @@ impl FeatureSpec {
         }
         spec.validate()?;
         Ok(spec)
+    }
+
+    /// Reads every vocabulary file into the spec ([`Vocabulary::inlined`]) and validates
+    /// the result (a file's token count against its table): the spec then stands alone,
+    /// as a model records it.
+    pub fn inline_vocabularies(&mut self) -> Result<(), OperatorError> {
+        for (i, c) in self.categorical.iter_mut().enumerate() {
+            if let Some(v) = &c.vocabulary {
+                c.vocabulary = Some(v.inlined(&format!("categorical[{i}].vocabulary"))?);
+            }
+        }
+        self.validate()
     }
 
     /// The spec as TOML (what `from_toml` reads back).

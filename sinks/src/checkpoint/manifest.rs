@@ -136,6 +136,16 @@ pub fn value_differences(a: &Value, b: &Value) -> Vec<(String, String, String)> 
                 let sub = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
                 walk(&sub, x.get(k), y.get(k), out);
             }
+        } else if let (Some(Value::Array(x)), Some(Value::Array(y)), true) = (a, b, a != b) {
+            // Lists of objects of one length (a spec's columns) differ item by item.
+            if x.len() == y.len() && x.iter().chain(y).all(Value::is_object) {
+                for (i, (u, v)) in x.iter().zip(y).enumerate() {
+                    walk(&format!("{path}[{i}]"), Some(u), Some(v), out);
+                }
+            } else {
+                let name = if path.is_empty() { "config" } else { path };
+                out.push((name.to_string(), shown(a), shown(b)));
+            }
         } else if a != b {
             let name = if path.is_empty() { "config" } else { path };
             out.push((name.to_string(), shown(a), shown(b)));
@@ -184,6 +194,19 @@ impl Manifest {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn lists_of_objects_differ_item_by_item() {
+        let a =
+            serde_json::json!({"spec": {"categorical": [{"column": "a"}, {"column": "b", "vocabulary": ["1", "2"]}]}});
+        let b =
+            serde_json::json!({"spec": {"categorical": [{"column": "a"}, {"column": "b", "vocabulary": ["2", "1"]}]}});
+        let d = value_differences(&a, &b);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].0, "spec.categorical[1].vocabulary");
+        let c = serde_json::json!({"spec": {"categorical": [{"column": "a"}]}});
+        assert_eq!(value_differences(&a, &c)[0].0, "spec.categorical", "another length: the list as a whole");
+    }
 
     #[test]
     fn differences_name_the_key() {
