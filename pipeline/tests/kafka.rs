@@ -332,7 +332,24 @@ fn a_diverging_online_run_fails_without_checkpointing_past_the_last_good_step() 
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
     produce(&broker, "diverge", &sample, &["--partitions", "2"]);
-    let err = run_err(&mut online_cmd(&broker, "diverge", dir.path(), 2, &["--lr", "1e30", "--checkpoint-every", "1"]));
+    let err = run_err(&mut online_cmd(
+        &broker,
+        "diverge",
+        dir.path(),
+        2,
+        &[
+            "--optimizer",
+            "sgd",
+            "--sparse-optimizer",
+            "sgd",
+            "--lr",
+            "1000",
+            "--sparse-lr",
+            "1000",
+            "--checkpoint-every",
+            "1",
+        ],
+    ));
     let step: u64 = err
         .split("training diverged at step ")
         .nth(1)

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{metrics, run_ok, shared_data, tiderec};
+use common::{metrics, refused, run_ok, shared_data, tiderec};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -18,16 +18,6 @@ fn train(data: &Path, extra: &[&str]) -> Command {
         .arg(format!("criteo:{}", data.display()))
         .args(extra);
     c
-}
-
-/// Runs `cmd`, which must fail with an exit code (not a signal, not a panic); returns stderr.
-fn refused(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("tiderec starts");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.code().is_some(), "killed by a signal ({:?}): {err}", out.status);
-    assert!(!out.status.success(), "should have failed: {err}");
-    assert!(!err.contains("panicked"), "a clear error, not a panic: {err}");
-    err
 }
 
 #[test]

@@ -4,19 +4,8 @@
 
 mod common;
 
-use common::tiderec;
+use common::{refused, tiderec};
 use std::process::Command;
-
-/// Runs `cmd`, which must exit non-zero (not by a signal, not with a panic) within a minute;
-/// returns stderr.
-fn refused(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("tiderec starts");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.code().is_some(), "killed by a signal ({:?}): {err}", out.status);
-    assert!(!out.status.success(), "should have failed: {err}");
-    assert!(!err.contains("panicked"), "a clear error, not a panic: {err}");
-    err
-}
 
 #[test]
 fn non_finite_floats_in_a_config_file_are_refused_naming_the_key() {

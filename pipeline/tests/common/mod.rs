@@ -81,3 +81,14 @@ pub fn run_err(cmd: &mut Command) -> String {
     assert!(!err.contains("panicked"), "a clear error, not a panic: {err}");
     err
 }
+
+/// Runs `cmd`, which must fail with an exit code (not killed by a signal, not a panic);
+/// returns its stderr.
+pub fn refused(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("tiderec starts");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.code().is_some(), "killed by a signal ({:?}): {err}", out.status);
+    assert!(!out.status.success(), "should have failed: {err}");
+    assert!(!err.contains("panicked"), "a clear error, not a panic: {err}");
+    err
+}
