@@ -4,7 +4,7 @@
 //! Kept apart from [`crate::paths`], which depends on nothing else of the crate,
 //! so that the error type can name the checker's errors without a module cycle.
 
-use crate::paths::{data_files, spec_files, tree_files, Named, PathError};
+use crate::paths::{check_new, data_files, spec_files, tree_files, Named, PathError};
 use crate::TrainSettings;
 use std::path::Path;
 
@@ -40,4 +40,16 @@ pub fn train_outputs(settings: &TrainSettings) -> Vec<Named> {
         outputs.push(Named::new("--metrics-log", p));
     }
     outputs
+}
+
+/// Refuses an existing `--metrics-json` (and `summary`, `online`'s `--summary-json`) unless
+/// `overwrite` (`--overwrite`) or `--resume`: a resumed run continues the run that wrote it
+/// and replaces its summary.
+pub fn check_replaced(settings: &TrainSettings, summary: Option<Named>, overwrite: bool) -> Result<(), PathError> {
+    let replace = overwrite || settings.checkpoints.resume;
+    let metrics = settings.run.metrics_json.as_ref().map(|p| Named::new("--metrics-json", p));
+    for output in metrics.into_iter().chain(summary) {
+        check_new(&output, replace)?;
+    }
+    Ok(())
 }
