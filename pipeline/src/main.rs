@@ -631,7 +631,7 @@ fn main() -> anyhow::Result<()> {
         Command::Produce(a) => run_produce(a)?,
         Command::Plot(a) => {
             let out = Named::new("--out", &a.out);
-            paths::check_outputs(&[Named::new("--metrics", &a.metrics)], &[out.clone()])?;
+            paths::check_outputs(&[Named::new("--metrics", &a.metrics)], std::slice::from_ref(&out))?;
             paths::check_new(&out, a.overwrite)?;
             let n = cli::plot::plot_metrics(&a.metrics, &a.out).context("plot failed")?;
             println!("plotted {n} reports from {} to {}", a.metrics.display(), a.out.display());
