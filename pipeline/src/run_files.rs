@@ -1,5 +1,6 @@
 //! The files a `train` or `online` run reads and writes besides its checkpoints,
-//! as [`Named`] paths for [`crate::paths::check_outputs`].
+//! as [`Named`] paths for [`crate::paths::check_outputs`], and the check that its
+//! summary files replace no existing file unasked ([`check_replaced`]).
 //!
 //! Kept apart from [`crate::paths`], which depends on nothing else of the crate,
 //! so that the error type can name the checker's errors without a module cycle.
