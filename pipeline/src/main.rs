@@ -28,7 +28,7 @@ struct Cli {
 enum Command {
     /// Train a model (DLRM, LR, FM, DeepFM, Wide & Deep, DIEN) on synthetic data, raw record files or converted
     /// Parquet.
-    Train(Box<TrainFlags>),
+    Train(Box<TrainArgs>),
     /// Convert raw record files (criteo, avazu, csv + spec) to featurized Parquet for batch replay.
     Convert(Box<ConvertArgs>),
     /// Train continuously from a Kafka topic (prequential evaluation, exactly-once checkpoints).
@@ -89,6 +89,9 @@ struct ElmArgs {
     /// Output file.
     #[arg(long)]
     out: PathBuf,
+    /// Replace --out when it exists (refused otherwise).
+    #[arg(long)]
+    overwrite: bool,
     /// Number of lines.
     #[arg(long, default_value_t = 100_000, value_parser = Range::<u64>::closed("rows", 1, range::MAX_STEPS))]
     rows: u64,
@@ -98,6 +101,16 @@ struct ElmArgs {
     /// Seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+}
+
+/// Flags of `tiderec train`: every setting, plus `--overwrite`.
+#[derive(Args)]
+struct TrainArgs {
+    /// Replace --metrics-json when it exists (refused otherwise, unless --resume).
+    #[arg(long)]
+    overwrite: bool,
+    #[command(flatten)]
+    train: TrainFlags,
 }
 
 /// Flags of `tiderec convert`; the feature flags mean what they mean for `tiderec train`.
@@ -194,6 +207,9 @@ struct OnlineArgs {
     /// Write the final summary as one JSON object here.
     #[arg(long, value_name = "FILE")]
     summary_json: Option<PathBuf>,
+    /// Replace --summary-json when it exists (refused otherwise, unless --resume).
+    #[arg(long)]
+    overwrite: bool,
     /// A librdkafka consumer property, KEY=VALUE (repeatable), set after tiderec's own.
     #[arg(long, value_name = "KEY=VALUE")]
     kafka_option: Vec<String>,
@@ -366,6 +382,9 @@ struct PlotArgs {
     /// PNG to write.
     #[arg(long)]
     out: PathBuf,
+    /// Replace --out when it exists (refused otherwise).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 fn fmt_opt(v: Option<f64>) -> String {
@@ -378,8 +397,10 @@ fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
             let train = args.train.settings()?;
             tiderec::applicable::check(&train, tiderec::applicable::For::Online)?;
             let mut outputs = run_files::train_outputs(&train);
-            outputs.extend(args.summary_json.as_ref().map(|p| Named::new("--summary-json", p)));
+            let summary = args.summary_json.as_ref().map(|p| Named::new("--summary-json", p));
+            outputs.extend(summary.clone());
             paths::check_outputs(&run_files::train_inputs(&train, args.train.config_path())?, &outputs)?;
+            run_files::check_replaced(&train, summary, args.overwrite)?;
             train
         },
         format: args.format.parse()?,
@@ -533,10 +554,11 @@ fn main() -> anyhow::Result<()> {
     tiderec_operators::cpu::check()?;
     match cli.command {
         Command::Train(args) => {
-            let settings = args.settings()?;
+            let settings = args.train.settings()?;
             tiderec::applicable::check(&settings, tiderec::applicable::For::Train)?;
-            let inputs = run_files::train_inputs(&settings, args.config_path())?;
+            let inputs = run_files::train_inputs(&settings, args.train.config_path())?;
             paths::check_outputs(&inputs, &run_files::train_outputs(&settings))?;
+            run_files::check_replaced(&settings, None, args.overwrite)?;
             let data = settings.data.source.clone();
             let workers = settings.cluster.workers * settings.cluster.processes;
             eprintln!(
@@ -608,7 +630,9 @@ fn main() -> anyhow::Result<()> {
         Command::Online(args) => run_online(*args)?,
         Command::Produce(a) => run_produce(a)?,
         Command::Plot(a) => {
-            paths::check_outputs(&[Named::new("--metrics", &a.metrics)], &[Named::new("--out", &a.out)])?;
+            let out = Named::new("--out", &a.out);
+            paths::check_outputs(&[Named::new("--metrics", &a.metrics)], std::slice::from_ref(&out))?;
+            paths::check_new(&out, a.overwrite)?;
             let n = cli::plot::plot_metrics(&a.metrics, &a.out).context("plot failed")?;
             println!("plotted {n} reports from {} to {}", a.metrics.display(), a.out.display());
         }
@@ -705,6 +729,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Generate(GenerateCommand::Elm(a)) => {
             use std::io::Write;
+            paths::check_new(&Named::new("--out", &a.out), a.overwrite)?;
             let file = std::fs::File::create(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
             let mut w = std::io::BufWriter::new(file);
             let mut line = Vec::new();

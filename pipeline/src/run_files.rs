@@ -1,10 +1,11 @@
 //! The files a `train` or `online` run reads and writes besides its checkpoints,
-//! as [`Named`] paths for [`crate::paths::check_outputs`].
+//! as [`Named`] paths for [`crate::paths::check_outputs`], and the check that its
+//! summary files replace no existing file unasked ([`check_replaced`]).
 //!
 //! Kept apart from [`crate::paths`], which depends on nothing else of the crate,
 //! so that the error type can name the checker's errors without a module cycle.
 
-use crate::paths::{data_files, spec_files, tree_files, Named, PathError};
+use crate::paths::{check_new, data_files, spec_files, tree_files, Named, PathError};
 use crate::TrainSettings;
 use std::path::Path;
 
@@ -40,4 +41,16 @@ pub fn train_outputs(settings: &TrainSettings) -> Vec<Named> {
         outputs.push(Named::new("--metrics-log", p));
     }
     outputs
+}
+
+/// Refuses an existing `--metrics-json` (and `summary`, `online`'s `--summary-json`) unless
+/// `overwrite` (`--overwrite`) or `--resume`: a resumed run continues the run that wrote it
+/// and replaces its summary.
+pub fn check_replaced(settings: &TrainSettings, summary: Option<Named>, overwrite: bool) -> Result<(), PathError> {
+    let replace = overwrite || settings.checkpoints.resume;
+    let metrics = settings.run.metrics_json.as_ref().map(|p| Named::new("--metrics-json", p));
+    for output in metrics.into_iter().chain(summary) {
+        check_new(&output, replace)?;
+    }
+    Ok(())
 }

@@ -36,9 +36,12 @@ const BASE: &[&str] = &[
     "none",
 ];
 
-/// Runs `tiderec` with `BASE` and `extra`, which must succeed; returns its metrics.
+/// Runs `tiderec` with `BASE` and `extra`, which must succeed; returns its metrics (each
+/// run's in a file of its own: an existing metrics file is not replaced).
 fn train(extra: &[&str], out: &Path, name: &str) -> serde_json::Value {
-    let m = out.join(format!("{name}.json"));
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let m = out.join(format!("{name}-{run}.json"));
     run_ok(tiderec().args(BASE).args(extra).arg("--metrics-json").arg(&m));
     metrics(&m)
 }
@@ -181,7 +184,7 @@ fn adaptive_optimizers_train_deterministically_on_a_gpu() {
         // For the record: how far the default (adaptive) optimizers carry a change of
         // summation order, GPU against CPU beside two CPU kernel choices.
         let cpu = train(&run, tmp.path(), "cpu");
-        let portable_json = tmp.path().join("portable.json");
+        let portable_json = tmp.path().join(format!("{model}-portable.json"));
         let env = ("TIDEREC_MAX_ISA", "portable");
         run_ok(tiderec().env(env.0, env.1).args(BASE).args(&run).arg("--metrics-json").arg(&portable_json));
         let portable = metrics(&portable_json);

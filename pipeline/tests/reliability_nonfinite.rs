@@ -125,7 +125,11 @@ fn parquet_dense_values_that_are_not_finite_are_bad_records_with_their_row() {
     // Rows 2, 4 and 6 (1-based) hold the bad values, in dense column I5 (field 5).
     assert_non_finite_lines("parquet", &file, &[], &[(2, 5), (4, 5), (6, 5)], 5, dir.path());
     // Under `--on-bad-record fail` the first one stops the run, naming the row.
-    let err = run_err(&mut train_cmd(&format!("parquet:{}", file.display()), dir.path(), &["--on-bad-record", "fail"]));
+    let err = run_err(&mut train_cmd(
+        &format!("parquet:{}", file.display()),
+        dir.path(),
+        &["--on-bad-record", "fail", "--overwrite"],
+    ));
     assert!(err.contains(&format!("{}:2", file.display())) && err.contains("non_finite"), "{err}");
 }
 

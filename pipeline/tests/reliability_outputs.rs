@@ -1,6 +1,8 @@
 //! Outputs that would overwrite inputs, through the release binary: every such run is refused
 //! before anything is written, naming the flag and the path, and the input keeps its bytes;
-//! an existing `predict --out` is replaced only with `--overwrite`.
+//! an existing `predict --out`, `plot --out`, `generate --out`, `train --metrics-json` or
+//! `online --summary-json` is replaced only with `--overwrite` (the last two also by a
+//! `--resume` run).
 
 mod common;
 
@@ -191,4 +193,109 @@ fn convert_export_and_plot_refuse_outputs_naming_their_inputs() {
     std::fs::write(&log, "{}\n").unwrap();
     let e = run_err(tiderec().arg("plot").arg("--metrics").arg(&log).arg("--out").arg(&log));
     refused_and_intact(&e, "--out", &log, b"{}\n");
+}
+
+/// Asserts that `err` refuses the existing `path` (named by `flag`) for want of `--overwrite`,
+/// and that `path` still holds "keep me".
+fn kept_without_overwrite(err: &str, flag: &str, path: &Path) {
+    assert!(err.contains(flag) && err.contains(&path.display().to_string()), "{err}");
+    assert!(err.contains("already exists") && err.contains("--overwrite"), "{err}");
+    assert_eq!(std::fs::read_to_string(path).unwrap(), "keep me\n", "{} was changed", path.display());
+}
+
+#[test]
+fn an_existing_metrics_json_is_replaced_only_with_overwrite_or_by_a_resumed_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (data, _) = records_file(d, "train.txt");
+    let ck = d.join("ck");
+    let train = |steps: &str, metrics: &Path, extra: &[&str]| {
+        let mut cmd = tiderec();
+        cmd.args(["train", "--max-bad-fraction", "0.5", "--data", &criteo(&data)])
+            .args(["--batch-size", "16", "--buckets", "1000", "--progress", "none", "--steps", steps])
+            .arg("--checkpoint-dir")
+            .arg(&ck)
+            .arg("--dead-letters")
+            .arg(d.join("dead.tsv"))
+            .arg("--metrics-json")
+            .arg(metrics)
+            .args(extra);
+        cmd
+    };
+    let m = d.join("metrics.json");
+    std::fs::write(&m, "keep me\n").unwrap();
+    let e = run_err(&mut train("3", &m, &[]));
+    kept_without_overwrite(&e, "--metrics-json", &m);
+    assert!(!d.join("dead.tsv").exists() && !ck.exists(), "nothing was written");
+    run_ok(&mut train("3", &m, &["--overwrite"]));
+    assert_eq!(common::metrics(&m)["steps"], 3);
+    // A resumed run continues the run that wrote the file and replaces it.
+    run_ok(&mut train("6", &m, &["--resume"]));
+    let resumed = common::metrics(&m);
+    assert_eq!(resumed["resumed_from_step"], 3, "{resumed}");
+    assert!(resumed["steps"].as_u64() > Some(3), "{resumed}");
+}
+
+#[test]
+fn an_existing_summary_json_is_refused_before_the_broker_is_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let summary = dir.path().join("summary.json");
+    std::fs::write(&summary, "keep me\n").unwrap();
+    let online = |extra: &[&str]| {
+        let mut cmd = tiderec();
+        // No broker listens on port 1: a run that gets that far fails for want of one.
+        cmd.args(["online", "--brokers", "127.0.0.1:1", "--topic", "clicks", "--broker-timeout", "0.5"])
+            .args(["--progress", "none", "--dead-letters"])
+            .arg(dir.path().join("dead.tsv"))
+            .arg("--summary-json")
+            .arg(&summary)
+            .args(extra);
+        cmd
+    };
+    let e = run_err(&mut online(&[]));
+    kept_without_overwrite(&e, "--summary-json", &summary);
+    for extra in [&["--overwrite"][..], &["--resume", "--checkpoint-dir", dir.path().join("ck").to_str().unwrap()]] {
+        let e = run_err(&mut online(extra));
+        assert!(!e.contains("already exists"), "{extra:?}: {e}");
+    }
+}
+
+#[test]
+fn plot_and_generate_replace_an_existing_out_only_with_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let lines = d.join("elm.csv");
+    std::fs::write(&lines, "keep me\n").unwrap();
+    let generate = |extra: &[&str]| {
+        let mut cmd = tiderec();
+        cmd.args(["generate", "elm", "--rows", "20", "--out"]).arg(&lines).args(extra);
+        cmd
+    };
+    let e = run_err(&mut generate(&[]));
+    kept_without_overwrite(&e, "--out", &lines);
+    run_ok(&mut generate(&["--overwrite"]));
+    assert_eq!(std::fs::read_to_string(&lines).unwrap().lines().count(), 20);
+    // A metrics log to plot.
+    let (data, _) = records_file(d, "train.txt");
+    let log = d.join("steps.jsonl");
+    run_ok(
+        tiderec()
+            .args(["train", "--max-bad-fraction", "0.5", "--data", &criteo(&data)])
+            .args(QUICK)
+            .arg("--dead-letters")
+            .arg(d.join("dead.tsv"))
+            .arg("--metrics-log")
+            .arg(&log),
+    );
+    let png = d.join("curves.png");
+    std::fs::write(&png, "keep me\n").unwrap();
+    let plot = |extra: &[&str]| {
+        let mut cmd = tiderec();
+        cmd.args(["plot", "--metrics"]).arg(&log).arg("--out").arg(&png).args(extra);
+        cmd
+    };
+    let e = run_err(&mut plot(&[]));
+    kept_without_overwrite(&e, "--out", &png);
+    run_ok(&mut plot(&["--overwrite"]));
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"), "a PNG replaced the file");
 }
