@@ -107,18 +107,22 @@ mod tests {
         let big: Vec<u8> = (0..3 * FINGERPRINT_SPAN as usize + 17).map(|i| (i * 31 % 251) as u8).collect();
         let a = file(dir.path(), "a", &big);
         let b = file(dir.path(), "b", &big);
-        assert_eq!(input_differences(&[a.clone()], &[b.clone()]), Vec::<String>::new(), "a copy elsewhere");
+        assert_eq!(
+            input_differences(std::slice::from_ref(&a), std::slice::from_ref(&b)),
+            Vec::<String>::new(),
+            "a copy elsewhere"
+        );
         for at in [0, 5, big.len() - 1, big.len() - FINGERPRINT_SPAN as usize] {
             let mut changed = big.clone();
             changed[at] ^= 1;
             let c = file(dir.path(), "c", &changed);
-            let d = input_differences(&[a.clone()], &[c]);
+            let d = input_differences(std::slice::from_ref(&a), &[c]);
             assert_eq!(d.len(), 1, "byte {at}: {d:?}");
             assert!(d[0].contains("the same size, other contents"), "{d:?}");
         }
         let mut longer = big.clone();
         longer.push(b'\n');
-        let d = input_differences(&[a.clone()], &[file(dir.path(), "e", &longer)]);
+        let d = input_differences(std::slice::from_ref(&a), &[file(dir.path(), "e", &longer)]);
         assert!(d[0].contains(&format!("{} bytes, now {} bytes", big.len(), big.len() + 1)), "{d:?}");
     }
 
@@ -128,7 +132,7 @@ mod tests {
         let (x, y) = (file(dir.path(), "x", b"1\t2\n"), file(dir.path(), "y", b"0\t3\n"));
         assert!(input_differences(&[x.clone(), y.clone()], &[x.clone(), y.clone()]).is_empty());
         assert_eq!(input_differences(&[x.clone(), y.clone()], &[y.clone(), x.clone()]).len(), 2);
-        let d = input_differences(&[x.clone()], &[x.clone(), y.clone()]);
+        let d = input_differences(std::slice::from_ref(&x), &[x.clone(), y.clone()]);
         assert!(d[0].contains("trained on 1 data file(s), the run reads 2") && d[1].contains("also reads"), "{d:?}");
         let empty = file(dir.path(), "z", b"");
         assert_eq!(empty.bytes, 0);
