@@ -385,7 +385,7 @@ fn a_checkpoint_refuses_records_and_runs_of_another_pipeline() {
     std::fs::write(&spec, toml).unwrap();
     let e = resume(&csv, &["--spec", spec.to_str().unwrap()]);
     assert!(e.contains(&format!("spec: checkpoint has preset:criteo, run has {}", spec.display())), "{e}");
-    assert!(e.contains("spec.fields.dense: checkpoint has"), "{e}");
+    assert!(e.contains("spec.fields.dense[0].log1p: checkpoint has true, run has false"), "{e}");
     let e = resume(&csv, &["--spec", "preset:criteo", "--hash-seed", "7"]);
     assert!(e.contains("hash.seed: checkpoint has 42, run has 7"), "{e}");
     // The same pipeline resumes.
