@@ -129,6 +129,13 @@ pub(crate) struct Context {
     connections: Connections,
 }
 
+impl Context {
+    /// A copy of the served model's state (a poisoned lock still holds the last state).
+    fn state(&self) -> ServingState {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
@@ -205,7 +212,7 @@ impl Server {
 
     /// The model served and the counts so far.
     pub fn state(&self) -> ServingState {
-        self.ctx.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.ctx.state()
     }
 
     /// Stops accepting requests, answers the ones in flight and joins every thread.
@@ -291,11 +298,11 @@ fn route(
     let has_body = head.chunked || head.content_length.unwrap_or(0) > 0;
     let response = match (head.method.as_str(), head.path.as_str()) {
         ("GET", "/health") => {
-            let s = ctx.state.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let s = ctx.state();
             Response::json(200, serde_json::to_string(&s).unwrap_or_default())
         }
         ("GET", "/schema") => {
-            let s = ctx.state.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let s = ctx.state();
             let mut body = (*s.schema).clone();
             body["step"] = s.step.into();
             body["model"] = s.model.into();

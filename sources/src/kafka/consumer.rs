@@ -271,8 +271,23 @@ fn bounds(
     let (low, high) = with_retries(endpoint, &format!("reading the offsets of partition {p}"), || {
         consumer.fetch_watermarks(&endpoint.topic, p, timeout)
     })?;
-    let end = if high >= position || high <= low { high } else { probe_end(endpoint, group, p, high)? };
-    Ok(Bounds { low, end })
+    Ok(Bounds { low, end: end_from(endpoint, group, p, (low, high), position)? })
+}
+
+/// The end of partition `p` with watermarks `(low, high)`, as far as a reader at
+/// `position` needs it: `high` when that is at or past `position` (or the partition is
+/// empty), else probed ([`probe_end`]). `i64::MAX` asks for the exact end.
+fn end_from(
+    endpoint: &KafkaEndpoint,
+    group: &str,
+    p: i32,
+    (low, high): (i64, i64),
+    position: i64,
+) -> Result<i64, SourceError> {
+    match high >= position || high <= low {
+        true => Ok(high),
+        false => probe_end(endpoint, group, p, high),
+    }
 }
 
 /// Where a resumed partition starts: the checkpoint's offset when the broker still
@@ -295,8 +310,8 @@ fn resume_at(
     match reset::mismatch(resume.next, b, resume.last_record, found) {
         None => Ok((resume.next, resume.last_record)),
         Some(reason) => {
-            if policy == OnOffsetReset::Latest && b.end > b.low {
-                b.end = b.end.max(probe_end(endpoint, group, p, b.end)?);
+            if policy == OnOffsetReset::Latest {
+                b.end = b.end.max(end_from(endpoint, group, p, (b.low, b.end), i64::MAX)?);
             }
             Ok((reset::decide(policy, endpoint, p, resume.next, b, reason)?, None))
         }
@@ -479,7 +494,7 @@ impl PartitionReader {
             }
         }
         if let Some((i, reason)) = changed {
-            self.reset_partition(i, part_position(&self.parts[i]), reason)?;
+            self.reset_partition(i, self.parts[i].expect, reason)?;
         }
         let stalled = self.last_record.elapsed() >= STALL_CHECK && self.last_check.elapsed() >= STALL_CHECK;
         if (self.check_due && self.last_check.elapsed() >= CHECK_GAP) || stalled {
@@ -496,15 +511,12 @@ impl PartitionReader {
         self.check_due = false;
         self.last_check = Instant::now();
         for i in 0..self.parts.len() {
-            let position = part_position(&self.parts[i]);
+            let position = self.parts[i].expect;
             let (p, timeout) = (self.parts[i].partition, Duration::from_secs(2));
             let Ok((low, high)) = self.consumer.fetch_watermarks(&self.endpoint.topic, p, timeout) else {
                 continue;
             };
-            let end = match high >= position || high <= low {
-                true => high,
-                false => probe_end(&self.endpoint, &self.group, p, high)?,
-            };
+            let end = end_from(&self.endpoint, &self.group, p, (low, high), position)?;
             if let Some(reason) = reset::mismatch(position, Bounds { low, end }, None, None) {
                 self.reset_partition(i, position, reason)?;
             }
@@ -520,7 +532,7 @@ impl PartitionReader {
         let (low, high) = with_retries(&self.endpoint, &format!("reading the offsets of partition {p}"), || {
             self.consumer.fetch_watermarks(&self.endpoint.topic, p, timeout)
         })?;
-        let end = if high > low { probe_end(&self.endpoint, &self.group, p, high)? } else { high };
+        let end = end_from(&self.endpoint, &self.group, p, (low, high), i64::MAX)?;
         let restart = reset::decide(self.on_reset, &self.endpoint, p, position, Bounds { low, end }, reason)?;
         let part = &mut self.parts[i];
         part.queue.clear();
@@ -636,9 +648,4 @@ impl PartitionReader {
     pub fn offset_entries(&self) -> Vec<(String, i64, Option<u64>)> {
         self.parts.iter().map(|p| (offset_key(&self.endpoint.topic, p.partition), p.next, p.last)).collect()
     }
-}
-
-/// The offset a partition's reader stands at: one past the last record received.
-fn part_position(part: &Part) -> i64 {
-    part.expect
 }
