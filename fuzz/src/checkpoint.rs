@@ -51,6 +51,7 @@ fn parts() -> Vec<WorkerSnapshot> {
                         counts: ids.iter().map(|&id| id as u32).collect(),
                         hot: ids.iter().map(|_| tiderec_operators::snapshot::COLD).collect(),
                         ids,
+                        removed: Vec::new(),
                     }
                 })
                 .collect();
@@ -71,6 +72,8 @@ fn parts() -> Vec<WorkerSnapshot> {
                     v: slice.map(|i| i as f32 * 0.01).collect(),
                 },
                 tables,
+                updated_only: false,
+                delta_of: None,
             }
         })
         .collect()
@@ -100,6 +103,8 @@ pub fn template() -> Template {
             ..Default::default()
         },
         files: BTreeMap::new(),
+        delta: None,
+        updated_only: false,
     };
     let (path, _) = write_checkpoint(dir.path(), &parts(), manifest, 3).expect("write the template checkpoint");
     let read = |name: &str| std::fs::read(path.join(name)).expect("read the template checkpoint");

@@ -33,6 +33,10 @@ pub struct EmbeddingShard {
     state_width: usize,
     optimizer: SparseOptimizerKind,
     hp: OptimizerParams,
+    /// Seed of the row initialisation.
+    seed: u64,
+    /// Optimizer state of a row never updated.
+    initial_state: Vec<f32>,
 }
 
 impl EmbeddingShard {
@@ -92,6 +96,10 @@ impl EmbeddingShard {
             }
             state.push(table_state);
         }
+        let mut initial_state = vec![0.0; state_width];
+        if state_width > 0 {
+            optimizer.init_state(&hp, &mut initial_state);
+        }
         Ok(EmbeddingShard {
             worker,
             workers,
@@ -102,6 +110,8 @@ impl EmbeddingShard {
             state_width,
             optimizer,
             hp,
+            seed,
+            initial_state,
         })
     }
 
@@ -234,6 +244,32 @@ impl EmbeddingShard {
             out.state.extend_from_slice(&self.state[table][l * w..(l + 1) * w]);
         }
         out
+    }
+
+    /// Sets row `id` of `table` (owned here, below the table size) back to its
+    /// seeded initial values and fresh optimizer state.
+    pub fn reinit_row(&mut self, table: usize, id: u64) {
+        let (d, w) = (self.dim, self.state_width);
+        let l = self.local(table, id);
+        let bound = 1.0 / (self.table_sizes[table] as f32).sqrt();
+        for (c, v) in self.rows[table][l * d..(l + 1) * d].iter_mut().enumerate() {
+            *v = row_uniform(self.seed, table, id, c, bound);
+        }
+        self.state[table][l * w..(l + 1) * w].copy_from_slice(&self.initial_state);
+    }
+
+    /// The global id stored at local index `local` of `table` here.
+    pub fn id_at(&self, table: usize, local: usize) -> u64 {
+        Self::id_of(table, local, self.worker, self.workers)
+    }
+
+    /// Row `id` of `table` (owned here) with its optimizer state appended to `out`.
+    pub fn push_row(&self, table: usize, id: u64, out: &mut TableRows) {
+        let (d, w) = (self.dim, self.state_width);
+        let l = self.local(table, id);
+        out.ids.push(id);
+        out.rows.extend_from_slice(&self.rows[table][l * d..(l + 1) * d]);
+        out.state.extend_from_slice(&self.state[table][l * w..(l + 1) * w]);
     }
 
     /// Overwrites row `id` of `table` and its optimizer state (restoring a

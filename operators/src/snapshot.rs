@@ -19,6 +19,14 @@
 //! A worker of the new run then picks the rows [`shard_of`] assigns it under
 //! the new `W` and re-slices the dense-optimizer state, so a 2-worker
 //! checkpoint restores into 1 or 3 workers with every value bit-identical.
+//!
+//! Parts of *updated rows only* ([`WorkerSnapshot::updated_only`]) leave out
+//! the rows no step ever changed; a store that holds every row re-creates
+//! those from the seed, so such a checkpoint's size follows what was trained.
+//! A *delta* ([`WorkerSnapshot::delta_of`]) holds the rows changed since the
+//! previous checkpoint of its run, the ids removed since, and the whole dense
+//! state; [`apply_delta`] applies it onto that checkpoint's whole parts, and
+//! only whole parts restore.
 
 use crate::optim::{DenseOptimizerKind, DenseOptimizerState};
 use crate::routing::shard_of;
@@ -41,6 +49,10 @@ pub struct TableRows {
     pub counts: Vec<u32>,
     /// Empty, or per row its slot in the writer's hot tier ([`COLD`] when cold).
     pub hot: Vec<u32>,
+    /// In a delta's part only: ids the store dropped (evicted) since the
+    /// checkpoint the delta follows, ascending; a row both dropped and held
+    /// again since is listed here and among `ids`.
+    pub removed: Vec<u64>,
 }
 
 /// [`TableRows::hot`] of a row outside the hot tier.
@@ -74,6 +86,15 @@ pub struct WorkerSnapshot {
     pub dense_optimizer: DenseOptimizerState,
     /// Per table, the rows this worker owns.
     pub tables: Vec<TableRows>,
+    /// Rows absent from every part were never updated: a store that holds
+    /// every row (the fixed store) re-creates them from the seed. False for
+    /// parts that list every row.
+    pub updated_only: bool,
+    /// `Some(parent)`: a delta, holding only the rows changed since the
+    /// checkpoint of step `parent` (with the ids removed since), and the whole
+    /// dense state; [`apply_delta`] turns it and the parts of `parent` into
+    /// whole parts. Restoring needs whole parts.
+    pub delta_of: Option<u64>,
 }
 
 /// What the trainer expects a checkpoint to hold.
@@ -125,6 +146,9 @@ pub fn check_parts<'a>(parts: &'a [WorkerSnapshot], expected: Expected<'_>) -> R
             }
             .into());
         }
+        if let Some(parent) = p.delta_of {
+            return Err(RestoreError::UnresolvedDelta { worker: p.worker, parent }.into());
+        }
         match seen_worker.get_mut(p.worker) {
             Some(s) if !*s => *s = true,
             _ => return Err(RestoreError::DuplicateWorker { worker: p.worker, writers }.into()),
@@ -148,7 +172,9 @@ pub fn check_parts<'a>(parts: &'a [WorkerSnapshot], expected: Expected<'_>) -> R
             .into());
         }
     }
-    check_rows(parts, expected)?;
+    // A part of updated rows only leaves the other rows at their seeded values.
+    let every_row = expected.every_row && !parts.iter().any(|p| p.updated_only);
+    check_rows(parts, Expected { every_row, ..expected })?;
     let with_params: Vec<&WorkerSnapshot> = parts.iter().filter(|p| !p.dense_params.is_empty()).collect();
     let Some(carrier) = with_params.first() else {
         return Err(RestoreError::NoDenseParams.into());
@@ -265,6 +291,135 @@ pub(crate) fn check_row(
     Ok(())
 }
 
+/// Applies the parts of a delta (see [`WorkerSnapshot::delta_of`]) onto the whole
+/// parts of the checkpoint it follows, in place: per table, the removed ids
+/// leave, the delta's rows replace or join the base's (ids stay ascending), and
+/// the step, dense parameters and dense-optimizer state become the delta's.
+/// Both must come from the same writers (a chain is written by one run), and
+/// the delta must follow exactly the base's step. On error `base` is unchanged.
+pub fn apply_delta(base: &mut [WorkerSnapshot], delta: Vec<WorkerSnapshot>) -> Result<(), RestoreError> {
+    let first = base.first().ok_or(RestoreError::NoParts)?;
+    let (base_step, base_workers) = (first.step, first.workers);
+    if delta.len() != base.len() {
+        return Err(RestoreError::PartCount { parts: delta.len(), writers: base_workers });
+    }
+    for (k, (b, d)) in base.iter().zip(&delta).enumerate() {
+        let follows = d.delta_of == Some(b.step) && b.delta_of.is_none() && b.step == base_step;
+        if !follows || d.worker != k || b.worker != k || d.workers != b.workers || d.workers != base_workers {
+            return Err(RestoreError::DeltaParent {
+                worker: d.worker,
+                workers: d.workers,
+                parent: d.delta_of,
+                base_step,
+                base_workers,
+            });
+        }
+        if d.dim != b.dim || d.state_width != b.state_width {
+            return Err(RestoreError::PartRowWidths {
+                worker: d.worker,
+                dim: d.dim,
+                state_width: d.state_width,
+                expected_dim: b.dim,
+                expected_state_width: b.state_width,
+            });
+        }
+        if d.tables.len() != b.tables.len() {
+            return Err(RestoreError::TableCount { worker: k, tables: d.tables.len(), expected: b.tables.len() });
+        }
+    }
+    let mut merged = Vec::with_capacity(base.len());
+    for (b, d) in base.iter().zip(&delta) {
+        let tables = b
+            .tables
+            .iter()
+            .zip(&d.tables)
+            .enumerate()
+            .map(|(t, (bt, dt))| merge_rows(bt, dt, (t, b.worker, b.dim, b.state_width)))
+            .collect::<Result<Vec<_>, _>>()?;
+        merged.push(tables);
+    }
+    for ((b, d), tables) in base.iter_mut().zip(delta).zip(merged) {
+        b.tables = tables;
+        b.step = d.step;
+        b.dense_params = d.dense_params;
+        b.dense_optimizer = d.dense_optimizer;
+    }
+    Ok(())
+}
+
+/// One table of [`apply_delta`]: a merge of two ascending id lists.
+fn merge_rows(
+    base: &TableRows,
+    delta: &TableRows,
+    (table, worker, d, w): (usize, usize, usize, usize),
+) -> Result<TableRows, RestoreError> {
+    let ascending = |ids: &[u64]| ids.windows(2).all(|p| p[0] < p[1]);
+    if !ascending(&base.ids) || !ascending(&delta.ids) || !ascending(&delta.removed) {
+        return Err(RestoreError::UnsortedRows { table, worker });
+    }
+    for rows in [base, delta] {
+        let k = rows.ids.len();
+        if rows.rows.len() != k * d || rows.state.len() != k * w {
+            return Err(RestoreError::PartTableWidths {
+                table,
+                worker,
+                ids: k,
+                values: rows.rows.len(),
+                slots: rows.state.len(),
+            });
+        }
+    }
+    // Frequencies are kept when either side has them; then both must (or have no rows).
+    let with_counts = !base.counts.is_empty() || !delta.counts.is_empty();
+    let with_hot = !base.hot.is_empty() || !delta.hot.is_empty();
+    for rows in [base, delta] {
+        let k = rows.ids.len();
+        let bad = |v: &[u32], wanted: bool| if wanted { v.len() != k } else { !v.is_empty() };
+        if bad(&rows.counts, with_counts) || bad(&rows.hot, with_hot) {
+            return Err(RestoreError::FrequencyCount {
+                table,
+                worker,
+                ids: k,
+                counts: rows.counts.len(),
+                hot: rows.hot.len(),
+            });
+        }
+    }
+    let mut out = TableRows::default();
+    let push = |out: &mut TableRows, from: &TableRows, i: usize| {
+        out.ids.push(from.ids[i]);
+        out.rows.extend_from_slice(&from.rows[i * d..(i + 1) * d]);
+        out.state.extend_from_slice(&from.state[i * w..(i + 1) * w]);
+        if with_counts {
+            out.counts.push(from.counts[i]);
+        }
+        if with_hot {
+            out.hot.push(from.hot[i]);
+        }
+    };
+    let (mut i, mut j, mut r) = (0, 0, 0);
+    while i < base.ids.len() || j < delta.ids.len() {
+        let take_base = j == delta.ids.len() || (i < base.ids.len() && base.ids[i] < delta.ids[j]);
+        if take_base {
+            let id = base.ids[i];
+            while r < delta.removed.len() && delta.removed[r] < id {
+                r += 1;
+            }
+            if delta.removed.get(r) != Some(&id) {
+                push(&mut out, base, i);
+            }
+            i += 1;
+        } else {
+            if i < base.ids.len() && base.ids[i] == delta.ids[j] {
+                i += 1; // replaced
+            }
+            push(&mut out, delta, j);
+            j += 1;
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,6 +455,8 @@ mod tests {
                 v: vec![0.5; slice.len()],
             },
             tables,
+            updated_only: false,
+            delta_of: None,
         }
     }
 
@@ -453,5 +610,74 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(e.to_string(), "cannot restore checkpoint: dense optimizer state is adagrad, the trainer uses adam");
+    }
+
+    fn rows(ids: &[u64], removed: &[u64]) -> TableRows {
+        TableRows {
+            ids: ids.to_vec(),
+            rows: ids.iter().flat_map(|&id| [id as f32, 0.5]).collect(),
+            state: ids.iter().map(|&id| id as f32).collect(),
+            counts: ids.iter().map(|&id| id as u32 + 1).collect(),
+            removed: removed.to_vec(),
+            ..TableRows::default()
+        }
+    }
+
+    /// A delta replaces changed rows, adds new ones, drops removed ones (unless
+    /// held again), and brings its step and dense state; the scalar oracle is a
+    /// map from id to row.
+    #[test]
+    fn a_delta_applies_onto_its_parent() {
+        let mut base = vec![part(0, 1, &[], vec![1.0; 4])];
+        base[0].tables = vec![rows(&[1, 3, 5, 8], &[])];
+        let mut delta = vec![part(0, 1, &[], vec![2.0; 4])];
+        delta[0].step = 9;
+        delta[0].delta_of = Some(7);
+        let mut changed = rows(&[0, 3, 6, 8], &[5, 6, 8]);
+        changed.rows.iter_mut().for_each(|v| *v += 100.0);
+        delta[0].tables = vec![changed.clone()];
+        let mut oracle = std::collections::BTreeMap::new();
+        for (i, &id) in base[0].tables[0].ids.iter().enumerate() {
+            oracle.insert(id, base[0].tables[0].rows[2 * i..2 * i + 2].to_vec());
+        }
+        for id in &changed.removed {
+            oracle.remove(id);
+        }
+        for (i, &id) in changed.ids.iter().enumerate() {
+            oracle.insert(id, changed.rows[2 * i..2 * i + 2].to_vec());
+        }
+        apply_delta(&mut base, delta).unwrap();
+        let got = &base[0].tables[0];
+        assert_eq!(got.ids, oracle.keys().copied().collect::<Vec<_>>());
+        assert_eq!(got.rows, oracle.values().flatten().copied().collect::<Vec<_>>());
+        assert_eq!(got.counts, vec![1, 2, 4, 7, 9]);
+        assert_eq!((base[0].step, base[0].dense_params[0]), (9, 2.0));
+    }
+
+    #[test]
+    fn a_delta_of_another_step_or_run_is_refused_and_changes_nothing() {
+        let mut base = parts();
+        let before = base.clone();
+        let mut delta = parts();
+        for d in &mut delta {
+            d.delta_of = Some(6);
+        }
+        let e = apply_delta(&mut base, delta.clone()).unwrap_err();
+        assert!(matches!(e, RestoreError::DeltaParent { parent: Some(6), base_step: 7, .. }), "{e:?}");
+        delta.truncate(1);
+        delta[0].delta_of = Some(7);
+        assert!(matches!(apply_delta(&mut base, delta).unwrap_err(), RestoreError::PartCount { .. }));
+        let mut unsorted = parts();
+        for d in &mut unsorted {
+            d.delta_of = Some(7);
+        }
+        unsorted[0].tables[1].ids.swap(0, 1);
+        let e = apply_delta(&mut base, unsorted).unwrap_err();
+        assert_eq!(e, RestoreError::UnsortedRows { table: 1, worker: 0 });
+        assert_eq!(base, before);
+        let mut delta = parts();
+        delta[0].delta_of = Some(7);
+        let e = check_parts(&delta, expected()).unwrap_err();
+        assert!(e.to_string().contains("only the changes since step 7"), "{e}");
     }
 }

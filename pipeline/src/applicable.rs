@@ -67,9 +67,12 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
                 )
             })
         }
-        "checkpoint_every" | "keep_checkpoints" | "checkpoint_sync" | "resume" => {
-            s.checkpoints.checkpoint_dir.is_none().then(|| "needs --checkpoint-dir".to_string())
-        }
+        "checkpoint_every"
+        | "keep_checkpoints"
+        | "checkpoint_deltas"
+        | "checkpoint_delta_share"
+        | "checkpoint_sync"
+        | "resume" => s.checkpoints.checkpoint_dir.is_none().then(|| "needs --checkpoint-dir".to_string()),
         "new_data" => (!s.checkpoints.resume).then(|| "applies to --resume".to_string()),
         "lr_decay_steps" => (s.optimizer.lr_decay == DecayKind::None)
             .then(|| "sets the horizon of --lr-decay linear, cosine or step; there is none".into()),

@@ -459,6 +459,8 @@ pub(crate) fn checkpoint_setup(
         dir: dir.clone(),
         every: settings.checkpoints.checkpoint_every,
         keep: settings.checkpoints.keep_checkpoints,
+        deltas: settings.checkpoints.checkpoint_deltas,
+        delta_share: settings.checkpoints.checkpoint_delta_share,
         sync: settings.checkpoints.checkpoint_sync,
         pipeline: Some(pipeline.clone()),
         inputs: data.inputs.clone(),

@@ -68,7 +68,14 @@ pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
     let config: TrainerConfig = serde_json::from_value(config_json)
         .map_err(|e| checkpoint_error(&found.path, "manifest config").with_source(e))?;
     let dim = config.model.embedding_dim();
-    let mut tables: Vec<Vec<f32>> = config.table_sizes.iter().map(|&n| vec![0.0; n as usize * dim]).collect();
+    // A checkpoint of updated rows only leaves the others at their seeded values.
+    let seeded = found.parts.iter().any(|p| p.updated_only);
+    let mut tables: Vec<Vec<f32>> = config
+        .table_sizes
+        .iter()
+        .enumerate()
+        .map(|(t, &n)| if seeded { seeded_table(config.seed, t, n, dim) } else { vec![0.0; n as usize * dim] })
+        .collect();
     let mut dense = Vec::new();
     for part in &found.parts {
         if !part.dense_params.is_empty() {
@@ -89,6 +96,19 @@ pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
     }
     let pipeline = FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)?;
     Ok(ServedModel { config, step: found.manifest.step, dense, tables, pipeline })
+}
+
+/// Every row of table `t` (`n` rows of `dim`) at its seeded initial values, as a
+/// new fixed store holds them.
+fn seeded_table(seed: u64, t: usize, n: u64, dim: usize) -> Vec<f32> {
+    let bound = 1.0 / (n as f32).sqrt();
+    let mut table = vec![0.0; n as usize * dim];
+    for (id, row) in table.chunks_exact_mut(dim.max(1)).enumerate() {
+        for (c, v) in row.iter_mut().enumerate() {
+            *v = tiderec_operators::rng::row_uniform(seed, t, id as u64, c, bound);
+        }
+    }
+    table
 }
 
 /// What `export` wrote.

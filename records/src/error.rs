@@ -319,6 +319,40 @@ pub enum RestoreError {
         /// The table's rows.
         rows: u64,
     },
+    /// A delta's part was given where whole parts are needed: it must first be
+    /// applied onto the checkpoint it follows.
+    #[error("part of worker {worker} holds only the changes since step {parent}; apply it onto that checkpoint")]
+    UnresolvedDelta {
+        /// The writer of the part.
+        worker: usize,
+        /// The step of the checkpoint it follows.
+        parent: u64,
+    },
+    /// A delta does not follow the parts it is applied onto.
+    #[error(
+        "part of worker {worker} of {workers} follows step {parent:?}; it is applied onto step {base_step} of \
+         {base_workers} workers"
+    )]
+    DeltaParent {
+        /// The writer of the delta's part.
+        worker: usize,
+        /// Workers of the run that wrote the delta.
+        workers: usize,
+        /// The step the delta follows (`None`: not a delta).
+        parent: Option<u64>,
+        /// The step of the parts it is applied onto.
+        base_step: u64,
+        /// Workers of the run that wrote those parts.
+        base_workers: usize,
+    },
+    /// A table of a part lists its rows out of order (ids must ascend).
+    #[error("table {table} of worker {worker}: row ids do not ascend")]
+    UnsortedRows {
+        /// The table.
+        table: usize,
+        /// The writer of the part.
+        worker: usize,
+    },
     /// No part carries the dense parameters.
     #[error("no part carries the dense parameters")]
     NoDenseParams,

@@ -59,6 +59,10 @@ pub struct DynamicStore {
     step: u64,
     stats: StoreStats,
     initial_state: Vec<f32>,
+    /// The step clock at the last checkpoint mark (`None`: no mark since the store was built or reset).
+    mark: Option<u64>,
+    /// `(table, id)` of the rows evicted since the mark.
+    evicted: Vec<(u32, u64)>,
 }
 
 impl DynamicStore {
@@ -94,6 +98,8 @@ impl DynamicStore {
             step: 0,
             stats: StoreStats::default(),
             initial_state,
+            mark: None,
+            evicted: Vec::new(),
         }
     }
 
@@ -212,6 +218,9 @@ impl DynamicStore {
         self.meta[s].table = FREE;
         self.free.push(s as u32);
         self.stats.evictions += 1;
+        if self.mark.is_some() {
+            self.evicted.push((m.table, m.id));
+        }
     }
 
     /// Eviction: rows not updated for more than `ttl` steps, then the least
@@ -246,6 +255,42 @@ impl DynamicStore {
                 }
             }
         }
+    }
+
+    /// The step clock at the last checkpoint mark.
+    pub(crate) fn mark(&self) -> Option<u64> {
+        self.mark
+    }
+
+    /// The rows of `table` held here that `keep` selects, ids ascending, with their counts.
+    pub(crate) fn export_where(&self, table: usize, keep: impl Fn(&Meta) -> bool) -> TableRows {
+        let (d, w) = (self.dim, self.state_width);
+        let mut held: Vec<(u64, u32)> =
+            self.index[table].iter().filter(|(_, &s)| keep(&self.meta[s as usize])).map(|(&id, &s)| (id, s)).collect();
+        held.sort_unstable();
+        let mut out = TableRows {
+            ids: Vec::with_capacity(held.len()),
+            rows: Vec::with_capacity(held.len() * d),
+            state: Vec::with_capacity(held.len() * w),
+            counts: Vec::with_capacity(held.len()),
+            ..TableRows::default()
+        };
+        for (id, s) in held {
+            let s = s as usize;
+            out.counts.push(self.meta[s].count);
+            out.ids.push(id);
+            out.rows.extend_from_slice(&self.rows[s * d..(s + 1) * d]);
+            out.state.extend_from_slice(&self.state[s * w..(s + 1) * w]);
+        }
+        out
+    }
+
+    /// The ids of `table` evicted since the mark, ascending.
+    pub(crate) fn evicted_ids(&self, table: usize) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.evicted.iter().filter(|&&(t, _)| t as usize == table).map(|&(_, id)| id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// Sets the step clock without maintenance (the tiered store runs its own).
@@ -343,23 +388,18 @@ impl EmbeddingStore for DynamicStore {
         }
     }
     fn export_table(&self, table: usize) -> TableRows {
-        let (d, w) = (self.dim, self.state_width);
-        let mut held: Vec<(u64, u32)> = self.index[table].iter().map(|(&id, &s)| (id, s)).collect();
-        held.sort_unstable();
-        let mut out = TableRows {
-            ids: Vec::with_capacity(held.len()),
-            rows: Vec::with_capacity(held.len() * d),
-            state: Vec::with_capacity(held.len() * w),
-            ..TableRows::default()
-        };
-        out.counts.reserve(held.len());
-        for (id, s) in held {
-            let s = s as usize;
-            out.counts.push(self.meta[s].count);
-            out.ids.push(id);
-            out.rows.extend_from_slice(&self.rows[s * d..(s + 1) * d]);
-            out.state.extend_from_slice(&self.state[s * w..(s + 1) * w]);
-        }
+        self.export_where(table, |_| true)
+    }
+    fn mark_checkpoint(&mut self) {
+        self.mark = Some(self.step);
+        self.evicted.clear();
+    }
+    /// Rows updated, admitted or restored since the mark: their `last_seen` is
+    /// the step clock of then, which is at least the clock at the mark.
+    fn export_changes(&self, table: usize) -> TableRows {
+        let since = self.mark.unwrap_or(0);
+        let mut out = self.export_where(table, |m| m.last_seen >= since);
+        out.removed = self.evicted_ids(table);
         out
     }
     fn reset(&mut self, completed: u64) {
@@ -371,6 +411,8 @@ impl EmbeddingStore for DynamicStore {
         self.meta.clear();
         self.free.clear();
         self.step = completed;
+        self.mark = None;
+        self.evicted.clear();
     }
     fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
         check_row(self.owner(), &self.table_sizes, table, id, row, state)?;

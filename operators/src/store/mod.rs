@@ -323,8 +323,15 @@ impl StoreStats {
 ///   update of a training step with the number of training steps completed.
 ///   Eviction and tier moves happen only there.
 /// * [`export_table`](Self::export_table) lists every row held, ids ascending,
-///   with its optimizer state; [`reset`](Self::reset) followed by
-///   [`set_row`](Self::set_row) for each exported row rebuilds the same state.
+///   with its optimizer state (a store that [exports updated rows
+///   only](Self::exports_updated_only) leaves out the rows still at their seeded
+///   values); [`reset`](Self::reset) followed by [`set_row`](Self::set_row) for
+///   each exported row rebuilds the same state.
+/// * [`export_changes`](Self::export_changes) lists, ids ascending, every row
+///   whose values, optimizer state or frequency changed since the last
+///   [`mark_checkpoint`](Self::mark_checkpoint), and in `removed` the ids
+///   dropped since; applying that onto the export taken at the mark
+///   ([`crate::snapshot::apply_delta`]) gives the export of now.
 pub trait EmbeddingStore {
     /// Row width.
     fn dim(&self) -> usize;
@@ -342,6 +349,15 @@ pub trait EmbeddingStore {
     fn end_step(&mut self, completed: u64);
     /// Every row of `table` held here, ids ascending, with its optimizer state.
     fn export_table(&self, table: usize) -> TableRows;
+    /// True when [`export_table`](Self::export_table) leaves out the rows that
+    /// hold their seeded initial values (the fixed store).
+    fn exports_updated_only(&self) -> bool {
+        false
+    }
+    /// A checkpoint's snapshot was just taken: changes count from here.
+    fn mark_checkpoint(&mut self);
+    /// The rows of `table` changed since the last mark and the ids removed since (see the contracts).
+    fn export_changes(&self, table: usize) -> TableRows;
     /// Drops every row a dynamic store holds and sets the step clock (before a restore).
     fn reset(&mut self, completed: u64);
     /// Overwrites (or inserts) row `id` of `table` and its optimizer state.
@@ -448,6 +464,15 @@ impl EmbeddingStore for Store {
     }
     fn export_table(&self, table: usize) -> TableRows {
         dispatch!(self, s => s.export_table(table))
+    }
+    fn exports_updated_only(&self) -> bool {
+        dispatch!(self, s => s.exports_updated_only())
+    }
+    fn mark_checkpoint(&mut self) {
+        dispatch!(self, s => s.mark_checkpoint())
+    }
+    fn export_changes(&self, table: usize) -> TableRows {
+        dispatch!(self, s => s.export_changes(table))
     }
     fn reset(&mut self, completed: u64) {
         dispatch!(self, s => s.reset(completed))

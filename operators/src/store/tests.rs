@@ -671,3 +671,121 @@ fn a_restored_tiered_store_keeps_its_hot_plan_and_frequencies() {
         assert!(export_all(&old, sizes.len()).iter().all(|t| t.counts.iter().all(|&c| c == 1)));
     }
 }
+
+/// The parts of one worker's tables, as [`crate::snapshot::apply_delta`] takes them.
+fn as_part(tables: Vec<TableRows>, sw: usize, step: u64, delta_of: Option<u64>) -> crate::snapshot::WorkerSnapshot {
+    crate::snapshot::WorkerSnapshot {
+        worker: 0,
+        workers: 1,
+        step,
+        dim: DIM,
+        state_width: sw,
+        dense_params: Vec::new(),
+        dense_optimizer: crate::optim::DenseOptimizerState {
+            kind: crate::optim::DenseOptimizerKind::Sgd,
+            t: 0,
+            offset: 0,
+            len: 0,
+            m: Vec::new(),
+            v: Vec::new(),
+        },
+        tables,
+        updated_only: false,
+        delta_of,
+    }
+}
+
+/// Every store: the export at a mark with the changes since applied onto it is
+/// the export of now (values, optimizer state, counts and hot slots), through
+/// evictions (dynamic) and re-plans (tiered); a second mark starts over.
+#[test]
+fn changes_since_a_mark_applied_onto_the_export_at_the_mark_give_the_export_of_now() {
+    let sizes = [300u64, 37, 900];
+    let work = workload(&sizes, 40, 30);
+    let evicting = StoreConfig { max_rows: Some(120), ttl_steps: Some(6), ..config(StoreKind::Dynamic) };
+    let replanning = StoreConfig { max_rows: Some(200), ..config(StoreKind::Tiered) };
+    for cfg in [config(StoreKind::Fixed), evicting, replanning, config(StoreKind::Tiered)] {
+        let p = params(0, 1, &sizes, SparseOptimizerKind::RowwiseAdagrad);
+        let mut store = Store::new(&cfg, &p).unwrap();
+        let sw = store.state_width();
+        let mut chain = None;
+        for (from, to) in [(0usize, 9usize), (9, 10), (10, 23), (23, 40)] {
+            for (s, step) in work.iter().enumerate().take(to).skip(from) {
+                for (t, ids) in step {
+                    store.gather(*t, ids, &mut Vec::new());
+                    for &id in ids {
+                        store.apply(*t, id, &grad(s as u64, *t, id));
+                    }
+                }
+                store.end_step(s as u64 + 1);
+            }
+            let now = export_all(&store, sizes.len());
+            match chain.as_mut() {
+                None => chain = Some(vec![as_part(now, sw, to as u64, None)]),
+                Some(base) => {
+                    let changes: Vec<TableRows> = (0..sizes.len()).map(|t| store.export_changes(t)).collect();
+                    let changed: usize = changes.iter().map(|c| c.ids.len()).sum();
+                    let held: usize = now.iter().map(|c| c.ids.len()).sum();
+                    // One step changes few of the rows held.
+                    assert!(to - from > 1 || changed < held / 2, "{:?}: a delta of {changed} rows of {held}", cfg.kind);
+                    let delta = vec![as_part(changes, sw, to as u64, Some(base[0].step))];
+                    crate::snapshot::apply_delta(base, delta).unwrap();
+                    for (t, (got, want)) in base[0].tables.iter().zip(&now).enumerate() {
+                        assert_eq!(got, want, "{:?}, table {t}, steps {from}..{to}", cfg.kind);
+                    }
+                }
+            }
+            store.mark_checkpoint();
+        }
+        let st = store.stats();
+        match cfg.kind {
+            StoreKind::Dynamic => assert!(st.evictions > 0, "{st:?}"),
+            StoreKind::Tiered => assert!(st.replans > 2 && st.moves > 0, "{st:?}"),
+            StoreKind::Fixed => {}
+        }
+        // Restoring the chain's result into a new store rebuilds the same state.
+        let whole = chain.unwrap().remove(0).tables;
+        let mut again = Store::new(&cfg, &p).unwrap();
+        again.reset(40);
+        for (t, rows) in whole.iter().enumerate() {
+            for (i, &id) in rows.ids.iter().enumerate() {
+                again.set_row(t, id, &rows.rows[i * DIM..(i + 1) * DIM], &rows.state[i * sw..(i + 1) * sw]).unwrap();
+            }
+        }
+        let strip = |tables: Vec<TableRows>| -> Vec<(Vec<u64>, Vec<f32>, Vec<f32>)> {
+            tables.into_iter().map(|t| (t.ids, t.rows, t.state)).collect()
+        };
+        assert_eq!(strip(export_all(&again, sizes.len())), strip(export_all(&store, sizes.len())), "{:?}", cfg.kind);
+    }
+}
+
+/// The fixed store exports only the rows some update changed; a reset puts
+/// exactly those back to their seeded values, so a compact checkpoint restored
+/// into a trained store gives every row of the checkpointed one.
+#[test]
+fn the_fixed_store_exports_updated_rows_and_a_reset_reseeds_them() {
+    let sizes = [500u64, 37];
+    let work = workload(&sizes, 12, 20);
+    let p = params(0, 1, &sizes, SparseOptimizerKind::LazyAdam);
+    let mut trained = Store::new(&config(StoreKind::Fixed), &p).unwrap();
+    run(&mut trained, &work[..6]);
+    let compact = export_all(&trained, sizes.len());
+    let Store::Fixed(f) = &trained else { unreachable!() };
+    let full: Vec<TableRows> = (0..sizes.len()).map(|t| f.shard.export_table(t)).collect();
+    let updated: usize = compact.iter().map(|t| t.ids.len()).sum();
+    assert!(updated > 0 && updated < 537 / 2, "{updated} rows updated");
+    // Train on, then restore the compact export: every row equals the full export.
+    run(&mut trained, &work[6..]);
+    trained.reset(6);
+    let sw = trained.state_width();
+    for (t, rows) in compact.iter().enumerate() {
+        for (i, &id) in rows.ids.iter().enumerate() {
+            trained.set_row(t, id, &rows.rows[i * DIM..(i + 1) * DIM], &rows.state[i * sw..(i + 1) * sw]).unwrap();
+        }
+    }
+    let Store::Fixed(f) = &trained else { unreachable!() };
+    for (t, want) in full.iter().enumerate() {
+        assert_eq!(&f.shard.export_table(t), want, "table {t}");
+    }
+    assert_eq!(export_all(&trained, sizes.len()), compact);
+}

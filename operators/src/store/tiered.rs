@@ -67,6 +67,8 @@ pub struct TieredStore {
     hot_hits: u64,
     replans: u64,
     moves: u64,
+    /// At the last checkpoint mark: the re-plan count and the hot rows `(table, id)`.
+    marked_layout: (u64, Vec<(u32, u64)>),
 }
 
 impl TieredStore {
@@ -97,6 +99,7 @@ impl TieredStore {
             hot_hits: 0,
             replans: 0,
             moves: 0,
+            marked_layout: (0, Vec::new()),
         }
     }
 
@@ -198,6 +201,49 @@ impl TieredStore {
         }
     }
 
+    /// `cold` (rows of the cold tier, ids ascending) merged with the hot rows of
+    /// `table` that `keep` selects, with every row's count and hot slot.
+    fn merge_tiers(&self, table: usize, cold: TableRows, keep: impl Fn(&Meta) -> bool) -> TableRows {
+        let (d, w) = (self.dim, self.state_width);
+        let mut hot: Vec<(u64, u32)> = self.hot_index[table]
+            .iter()
+            .filter(|&(_, &h)| keep(&self.hot_meta[h as usize]))
+            .map(|(&id, &h)| (id, h))
+            .collect();
+        hot.sort_unstable();
+        let n = cold.ids.len() + hot.len();
+        let mut out = TableRows {
+            ids: Vec::with_capacity(n),
+            rows: Vec::with_capacity(n * d),
+            state: Vec::with_capacity(n * w),
+            counts: Vec::with_capacity(n),
+            hot: Vec::with_capacity(n),
+            removed: Vec::new(),
+        };
+        let (mut i, mut j) = (0, 0);
+        while i < cold.ids.len() || j < hot.len() {
+            if j == hot.len() || (i < cold.ids.len() && cold.ids[i] < hot[j].0) {
+                let id = cold.ids[i];
+                out.ids.push(id);
+                out.rows.extend_from_slice(&cold.rows[i * d..(i + 1) * d]);
+                out.state.extend_from_slice(&cold.state[i * w..(i + 1) * w]);
+                out.counts.push(cold.counts[i]);
+                // A restored hot row not yet moved back keeps its slot.
+                out.hot.push(self.restored_hot.get(&(table as u32, id)).copied().unwrap_or(COLD));
+                i += 1;
+            } else {
+                let h = hot[j].1 as usize;
+                out.ids.push(hot[j].0);
+                out.rows.extend_from_slice(&self.hot_rows[h * d..(h + 1) * d]);
+                out.state.extend_from_slice(&self.hot_state[h * w..(h + 1) * w]);
+                out.counts.push(self.hot_meta[h].count);
+                out.hot.push(h as u32);
+                j += 1;
+            }
+        }
+        out
+    }
+
     /// True at the steps that re-plan: `warmup`, then every `flush_every` steps.
     fn plans_at(&self, completed: u64) -> bool {
         completed >= self.warmup && (completed - self.warmup).is_multiple_of(self.flush_every)
@@ -274,39 +320,26 @@ impl EmbeddingStore for TieredStore {
         }
     }
     fn export_table(&self, table: usize) -> TableRows {
-        let (d, w) = (self.dim, self.state_width);
-        let cold = self.cold.export_table(table);
-        let mut hot: Vec<(u64, u32)> = self.hot_index[table].iter().map(|(&id, &h)| (id, h)).collect();
-        hot.sort_unstable();
-        let n = cold.ids.len() + hot.len();
-        let mut out = TableRows {
-            ids: Vec::with_capacity(n),
-            rows: Vec::with_capacity(n * d),
-            state: Vec::with_capacity(n * w),
-            counts: Vec::with_capacity(n),
-            hot: Vec::with_capacity(n),
+        self.merge_tiers(table, self.cold.export_table(table), |_| true)
+    }
+    fn mark_checkpoint(&mut self) {
+        self.cold.mark_checkpoint();
+        self.marked_layout = (self.replans, self.hot_meta.iter().map(|m| (m.table, m.id)).collect());
+    }
+    /// Rows changed since the mark; after a re-plan since, also every row hot
+    /// now or at the mark, so that each row's hot slot is current.
+    fn export_changes(&self, table: usize) -> TableRows {
+        let since = self.cold.mark().unwrap_or(0);
+        let (replans, was_hot) = &self.marked_layout;
+        let relaid = *replans != self.replans;
+        let moved: rustc_hash::FxHashSet<u64> = if relaid {
+            was_hot.iter().filter(|&&(t, _)| t as usize == table).map(|&(_, id)| id).collect()
+        } else {
+            Default::default()
         };
-        let (mut i, mut j) = (0, 0);
-        while i < cold.ids.len() || j < hot.len() {
-            if j == hot.len() || (i < cold.ids.len() && cold.ids[i] < hot[j].0) {
-                let id = cold.ids[i];
-                out.ids.push(id);
-                out.rows.extend_from_slice(&cold.rows[i * d..(i + 1) * d]);
-                out.state.extend_from_slice(&cold.state[i * w..(i + 1) * w]);
-                out.counts.push(cold.counts[i]);
-                // A restored hot row not yet moved back keeps its slot.
-                out.hot.push(self.restored_hot.get(&(table as u32, id)).copied().unwrap_or(COLD));
-                i += 1;
-            } else {
-                let h = hot[j].1 as usize;
-                out.ids.push(hot[j].0);
-                out.rows.extend_from_slice(&self.hot_rows[h * d..(h + 1) * d]);
-                out.state.extend_from_slice(&self.hot_state[h * w..(h + 1) * w]);
-                out.counts.push(self.hot_meta[h].count);
-                out.hot.push(h as u32);
-                j += 1;
-            }
-        }
+        let cold = self.cold.export_where(table, |m| m.last_seen >= since || moved.contains(&m.id));
+        let mut out = self.merge_tiers(table, cold, |m| relaid || m.last_seen >= since);
+        out.removed = self.cold.evicted_ids(table);
         out
     }
     fn reset(&mut self, completed: u64) {
@@ -318,6 +351,7 @@ impl EmbeddingStore for TieredStore {
         self.hot_meta.clear();
         self.cold.reset(completed);
         self.restored_hot.clear();
+        self.marked_layout = (self.replans, Vec::new());
         match &mut self.freq {
             Frequencies::Exact => {}
             Frequencies::Sketch(sketch) => sketch.clear(),

@@ -515,6 +515,23 @@ impl Trainer {
         self.shared.owner.borrow().snapshot(&dense, self.train_steps, self.config.table_sizes.len())
     }
 
+    /// This worker's share of a checkpoint, from which the next delta counts:
+    /// whole, like [`snapshot`](Self::snapshot), or with `parent` only the rows
+    /// changed since the checkpoint of step `parent` (the previous checkpoint
+    /// snapshot of this trainer, see [`checkpoint_mark`](Self::checkpoint_mark)),
+    /// with the whole dense state. A consistent cut like `snapshot`.
+    pub fn checkpoint_snapshot(&self, parent: Option<u64>) -> Result<WorkerSnapshot, OperatorError> {
+        let dense = self.shared.dense.borrow();
+        let tables = self.config.table_sizes.len();
+        self.shared.owner.borrow_mut().checkpoint_snapshot(&dense, self.train_steps, tables, parent)
+    }
+
+    /// The step of the last [`checkpoint_snapshot`](Self::checkpoint_snapshot)
+    /// (`None` before the first one and after a restore): a delta can follow it.
+    pub fn checkpoint_mark(&self) -> Option<u64> {
+        self.shared.owner.borrow().marked()
+    }
+
     /// Rebuilds this worker's state from the parts of a checkpoint written by
     /// any number of workers (see [`crate::snapshot`]): the dense parameters,
     /// the dense-optimizer state of this worker's slice `dense_slice(len, me, W)`,

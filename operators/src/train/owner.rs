@@ -67,6 +67,9 @@ pub(super) struct Owner {
     /// The homes' messages of the current step, held from the partial backward
     /// stage until the dense gradients arrive (a deep model's `partial` exchange only).
     held: Vec<GradientMessage>,
+    /// The step of the last checkpoint snapshot, which the store's changes count from
+    /// (`None` since the owner was built or restored).
+    marked: Option<u64>,
 }
 
 impl Slots {
@@ -111,6 +114,7 @@ impl Owner {
             slots: Slots::for_store(&store, &config.table_sizes, workers),
             store,
             train_steps: 0,
+            marked: None,
             slot_tables,
             dense_optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, slice.len()),
             dense_hp: config.dense_hp,
@@ -176,7 +180,40 @@ impl Owner {
             dense_params: dense.params().to_vec(),
             dense_optimizer: self.dense_optimizer.state(dense.own_slice().start),
             tables: (0..num_tables).map(|t| self.store.export_table(t)).collect(),
+            updated_only: self.store.exports_updated_only(),
+            delta_of: None,
         }
+    }
+
+    /// The step of the last checkpoint snapshot changes count from, if any.
+    pub(super) fn marked(&self) -> Option<u64> {
+        self.marked
+    }
+
+    /// A checkpoint's share after `step` steps: whole ([`snapshot`](Self::snapshot))
+    /// or, with `parent` (which must be the last mark), the delta since the
+    /// checkpoint of `parent`; either way changes count from here on.
+    pub(super) fn checkpoint_snapshot(
+        &mut self,
+        dense: &Dense,
+        step: u64,
+        num_tables: usize,
+        parent: Option<u64>,
+    ) -> Result<WorkerSnapshot, OperatorError> {
+        let mut part = self.snapshot(dense, step, num_tables);
+        if let Some(p) = parent {
+            if self.marked != Some(p) {
+                return Err(OperatorError::config(
+                    "checkpoint",
+                    format!("a delta since step {p} was asked for; this worker's changes count from {:?}", self.marked),
+                ));
+            }
+            part.tables = (0..num_tables).map(|t| self.store.export_changes(t)).collect();
+            part.delta_of = Some(p);
+        }
+        self.store.mark_checkpoint();
+        self.marked = Some(step);
+        Ok(part)
     }
 
     /// Rebuilds this worker's state from the parts of a checkpoint (see
@@ -204,6 +241,7 @@ impl Owner {
         dense.write(0, checked.dense_params);
         self.dense_optimizer = dense_optimizer;
         self.store.reset(checked.step);
+        self.marked = None;
         self.train_steps = checked.step;
         let (d, sw) = (expected.dim, expected.state_width);
         for part in parts {

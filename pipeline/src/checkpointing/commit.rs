@@ -32,12 +32,16 @@ pub(super) struct Commit {
     /// Every worker's shard, in worker order.
     pub shards: Vec<ShardWritten>,
     pub position: Position,
+    /// `Some` for a delta.
+    pub delta: Option<checkpoint::DeltaLink>,
+    /// The shards list only updated rows (see [`checkpoint::Manifest::updated_only`]).
+    pub updated_only: bool,
 }
 
 impl Commit {
     /// Writes the dense file and the manifest, renames, prunes; returns the
-    /// checkpoint's path. On error the temporary directory is removed.
-    pub(super) fn run(self) -> Result<PathBuf, String> {
+    /// checkpoint's path and its bytes. On error the temporary directory is removed.
+    pub(super) fn run(self) -> Result<(PathBuf, u64), String> {
         let tmp = self.tmp.clone();
         let outcome = self.write();
         if outcome.is_err() {
@@ -46,8 +50,8 @@ impl Commit {
         outcome
     }
 
-    fn write(self) -> Result<PathBuf, String> {
-        let Commit { options, identity, tmp, params, shards, position } = self;
+    fn write(self) -> Result<(PathBuf, u64), String> {
+        let Commit { options, identity, tmp, params, shards, position, delta, updated_only } = self;
         let workers = shards.len();
         let mut files = BTreeMap::new();
         let mut slices = Vec::with_capacity(workers);
@@ -80,7 +84,10 @@ impl Commit {
             },
             progress: position.progress,
             files,
+            delta,
+            updated_only,
         };
+        let bytes = manifest.files.values().map(|f| f.bytes).sum();
         let best = manifest.progress.best_step == Some(manifest.step);
         let path = write::commit(&options.dir, &tmp, &manifest).map_err(|e| e.to_string())?;
         if best {
@@ -89,6 +96,6 @@ impl Commit {
         for warning in write::prune(&options.dir, position.step, options.keep) {
             eprintln!("warning: {warning}");
         }
-        Ok(path)
+        Ok((path, bytes))
     }
 }

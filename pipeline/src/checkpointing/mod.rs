@@ -4,10 +4,12 @@
 //! **Writing** is collective: every worker calls [`Checkpointer::write`]
 //! after the same training step, and three rounds of a
 //! [`Collective`](tiderec_operators::collective::Collective) channel order the work:
-//! 1. worker 0 creates `DIR/.tmp-ckpt-<step>-<pid>` and sends its path to
-//!    every worker (or the error); every worker then copies its state out of
-//!    the trainer (the snapshot) and hands it to a background thread that
-//!    writes its `shard-<k>.safetensors` there (in one pass, hashed, fsynced);
+//! 1. worker 0 creates `DIR/.tmp-ckpt-<step>-<pid>`, decides whether the
+//!    checkpoint is whole or a delta, and sends both to every worker (or the
+//!    error); every worker then copies its state out of the trainer (the
+//!    snapshot: whole, or its rows changed since the previous checkpoint) and
+//!    hands it to a background thread that writes its `shard-<k>.safetensors`
+//!    there (in one pass, hashed, fsynced);
 //! 2. once every worker's thread is done, every worker sends worker 0 the
 //!    file's size and checksum and its dense-optimizer slice (or its error);
 //! 3. worker 0, now knowing every shard file is on disk, writes
@@ -29,6 +31,12 @@
 //!   of that same step. What the threads write is that copy, never live state.
 //! * **At most one checkpoint in flight.** `write` first waits for the
 //!   previous one to be durable.
+//! * **Deltas follow a durable checkpoint of this run.** A delta's parent is
+//!   the previous checkpoint this run wrote (durable before the delta begins),
+//!   and every worker's changes count from that checkpoint's snapshot. The first
+//!   checkpoint of a run, the first after any restore, the one after
+//!   `--checkpoint-deltas` deltas, and the one after deltas worth
+//!   `--checkpoint-delta-share` of the last whole checkpoint's bytes are whole.
 //! * **Durable before announced.** [`Checkpointer::take_durable`] hands out a
 //!   checkpoint's position only after round 3 reported the rename; the online
 //!   trainer commits Kafka offsets to the consumer group only then.
@@ -79,8 +87,12 @@ pub struct CheckpointOptions {
     pub dir: PathBuf,
     /// Write one every this many global steps (besides the end of every epoch and of the run).
     pub every: Option<u64>,
-    /// Checkpoints kept.
+    /// Checkpoints kept (with every checkpoint their chains need).
     pub keep: usize,
+    /// Deltas at most between two whole checkpoints (0: every checkpoint whole).
+    pub deltas: u64,
+    /// A whole checkpoint once the deltas since the last one pass this share of its bytes.
+    pub delta_share: f64,
     /// Write every checkpoint before training goes on (`--checkpoint-sync`);
     /// otherwise files are written in the background.
     pub sync: bool,
@@ -125,12 +137,12 @@ pub struct ShardWritten {
 pub enum Note {
     /// Whether a worker's part of the current stage is done (polls while training goes on).
     Ready(bool),
-    /// Round 1, worker 0's temporary directory.
-    Begin(Result<PathBuf, String>),
+    /// Round 1, worker 0's temporary directory and, for a delta, its place in the chain.
+    Begin(Result<(PathBuf, Option<checkpoint::DeltaLink>), String>),
     /// Round 2, a worker's shard file.
     Written(Result<ShardWritten, String>),
-    /// Round 3, worker 0's outcome: the checkpoint's path.
-    Committed(Result<PathBuf, String>),
+    /// Round 3, worker 0's outcome: the checkpoint's path and its bytes.
+    Committed(Result<(PathBuf, u64), String>),
     /// After restoring: the step restored (`None`: started fresh).
     Restored(Result<Option<u64>, String>),
 }

@@ -12,16 +12,28 @@ use std::time::Instant;
 use tiderec_operators::collective::Collective;
 use tiderec_operators::optim::DenseOptimizerState;
 use tiderec_operators::train::{Trainer, TrainerConfig};
-use tiderec_sinks::checkpoint::{write, Checkpoint, FileEntry};
+use tiderec_sinks::checkpoint::{write, Checkpoint, DeltaLink, FileEntry};
 use timely::worker::Worker;
 
 /// What a worker's shard job hands back: the file, and the dense parts of the
 /// snapshot that worker 0 still needs.
 struct ShardDone {
     name: String,
+    updated_only: bool,
     entry: FileEntry,
     dense_optimizer: DenseOptimizerState,
     dense_params: Vec<f32>,
+}
+
+/// The chain this run's checkpoints extend: its whole checkpoint and the deltas since.
+#[derive(Clone, Copy, Debug)]
+struct Chain {
+    /// The step of its whole checkpoint, and that checkpoint's bytes.
+    base: (u64, u64),
+    /// The step of its newest link.
+    last: u64,
+    /// Deltas written since the whole checkpoint, and their bytes.
+    deltas: (u64, u64),
 }
 
 /// Where the checkpoint in flight stands.
@@ -29,12 +41,14 @@ enum Stage {
     /// Every worker writes its shard file.
     Shards(Job<ShardDone>),
     /// Worker 0 writes the dense file and the manifest, renames, prunes (`None` on other workers).
-    Commit(Option<Job<PathBuf>>),
+    Commit(Option<Job<(PathBuf, u64)>>),
 }
 
 /// A checkpoint begun and not yet durable.
 struct InFlight {
     position: Position,
+    /// `Some` for a delta.
+    delta: Option<DeltaLink>,
     tmp: PathBuf,
     began: Instant,
     stage: Stage,
@@ -52,6 +66,8 @@ pub struct Checkpointer {
     durable: Option<Position>,
     /// Step of the newest checkpoint known durable: written by this run or restored.
     last_durable: Option<u64>,
+    /// The chain the next delta would extend (worker 0 only; `None` after a restore).
+    chain: Option<Chain>,
     /// Checkpoints written (durable) by this run.
     pub written: u64,
     /// Seconds training stood still for checkpoints: snapshots, the
@@ -103,6 +119,7 @@ impl Checkpointer {
             in_flight: None,
             durable: None,
             last_durable: None,
+            chain: None,
             written: 0,
             seconds: 0.0,
             write_seconds: 0.0,
@@ -189,6 +206,7 @@ impl Checkpointer {
         }
         self.last_step = steps[0];
         self.last_durable = steps[0];
+        self.chain = None;
         Ok(steps[0])
     }
 
@@ -249,31 +267,51 @@ impl Checkpointer {
         self.advance(worker, true)?;
         let step = position.step;
         let begin = if worker.index() == 0 {
-            write::create_temp(&options.dir, step).map_err(|e| e.to_string())
+            let delta = self.next_delta(trainer, options);
+            write::create_temp(&options.dir, step).map(|tmp| (tmp, delta)).map_err(|e| e.to_string())
         } else {
             Err(String::new())
         };
-        let tmp = match self.collective.exchange(worker, |_| Note::Begin(begin.clone())).swap_remove(0) {
+        let (tmp, delta) = match self.collective.exchange(worker, |_| Note::Begin(begin.clone())).swap_remove(0) {
             Note::Begin(Ok(p)) => p,
             Note::Begin(Err(e)) => return Err(fail(step, 0, e)),
             other => return Err(out_of_step(CheckpointAction::Write, Some(step), 0, &other)),
         };
         // The cut: weights, optimizer state and (in `position`) offsets of this step.
-        let snapshot = trainer.snapshot();
+        let snapshot = match trainer.checkpoint_snapshot(delta.map(|d| d.parent)) {
+            Ok(s) => s,
+            Err(e) => {
+                if worker.index() == 0 {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                }
+                return Err(fail(step, worker.index(), e.to_string()));
+            }
+        };
         let shard_tmp = tmp.clone();
         let job = Job::spawn(&format!("ckpt-{step}-w{}", worker.index()), move || {
             let (name, entry) = write::write_shard(&shard_tmp, &snapshot).map_err(|e| e.to_string())?;
             Ok(ShardDone {
                 name,
+                updated_only: snapshot.updated_only,
                 entry,
                 dense_optimizer: snapshot.dense_optimizer,
                 dense_params: snapshot.dense_params,
             })
         });
         self.in_flight =
-            Some(InFlight { position: position.clone(), tmp, began: Instant::now(), stage: Stage::Shards(job) });
+            Some(InFlight { position: position.clone(), delta, tmp, began: Instant::now(), stage: Stage::Shards(job) });
         self.last_step = Some(step);
         Ok(())
+    }
+
+    /// Worker 0's choice for the next checkpoint: a delta extending this run's
+    /// chain, or `None` for a whole one (see the module docs for when).
+    fn next_delta(&self, trainer: &Trainer, options: &CheckpointOptions) -> Option<DeltaLink> {
+        let chain = self.chain?;
+        let (base, base_bytes) = chain.base;
+        let (deltas, delta_bytes) = chain.deltas;
+        let within = deltas < options.deltas && (delta_bytes as f64) <= options.delta_share * base_bytes as f64;
+        (within && trainer.checkpoint_mark() == Some(chain.last)).then_some(DeltaLink { parent: chain.last, base })
     }
 
     /// One round: whether every worker's part of the current stage is done.
@@ -302,20 +340,20 @@ impl Checkpointer {
                 self.in_flight = Some(flight);
                 return Ok(());
             }
-            let InFlight { position, tmp, began, stage } = flight;
+            let InFlight { position, delta, tmp, began, stage } = flight;
             match stage {
                 Stage::Shards(job) => {
-                    let commit = self.gather_shards(worker, job, &position, &tmp)?;
-                    self.in_flight = Some(InFlight { position, tmp, began, stage: Stage::Commit(commit) });
+                    let commit = self.gather_shards(worker, job, &position, delta, &tmp)?;
+                    self.in_flight = Some(InFlight { position, delta, tmp, began, stage: Stage::Commit(commit) });
                     if !block {
                         return Ok(());
                     }
                 }
                 Stage::Commit(job) => {
                     // Round 3: worker 0's outcome.
-                    let committed = job.map_or(Ok(PathBuf::new()), Job::wait);
+                    let committed = job.map_or(Ok((PathBuf::new(), 0)), Job::wait);
                     match self.collective.exchange(worker, |_| Note::Committed(committed.clone())).swap_remove(0) {
-                        Note::Committed(Ok(_)) => {}
+                        Note::Committed(Ok((_, bytes))) => self.extend_chain(step, delta, bytes),
                         Note::Committed(Err(e)) => return Err(fail(step, 0, e)),
                         other => return Err(out_of_step(CheckpointAction::Write, Some(step), 0, &other)),
                     }
@@ -329,6 +367,14 @@ impl Checkpointer {
         Ok(())
     }
 
+    /// Records the durable checkpoint of `step` (`bytes` on disk) in the chain.
+    fn extend_chain(&mut self, step: u64, delta: Option<DeltaLink>, bytes: u64) {
+        self.chain = match (delta, self.chain) {
+            (Some(_), Some(c)) => Some(Chain { last: step, deltas: (c.deltas.0 + 1, c.deltas.1 + bytes), ..c }),
+            _ => Some(Chain { base: (step, bytes), last: step, deltas: (0, 0) }),
+        };
+    }
+
     /// Round 2: waits for this worker's shard file, tells every worker how it
     /// went (and worker 0 the dense-optimizer slice); worker 0 then starts
     /// the commit job, which it returns.
@@ -337,8 +383,9 @@ impl Checkpointer {
         worker: &mut Worker,
         job: Job<ShardDone>,
         position: &Position,
+        delta: Option<DeltaLink>,
         tmp: &std::path::Path,
-    ) -> Result<Option<Job<PathBuf>>, PipelineError> {
+    ) -> Result<Option<Job<(PathBuf, u64)>>, PipelineError> {
         let (me, step) = (worker.index(), position.step);
         let done = job.wait();
         let notes = self.collective.exchange(worker, |to| {
@@ -383,6 +430,8 @@ impl Checkpointer {
             params: d.dense_params,
             shards,
             position: position.clone(),
+            delta,
+            updated_only: d.updated_only,
         };
         Ok(Some(Job::spawn(&format!("ckpt-{step}-commit"), move || commit.run())))
     }

@@ -21,6 +21,17 @@ pub struct CheckpointSettings {
     #[arg(long, required = false, value_name = "K", value_parser = keep_checkpoints::RANGE)]
     #[serde(deserialize_with = "keep_checkpoints::deserialize")]
     pub keep_checkpoints: usize,
+    /// Between two whole checkpoints write up to N deltas, which hold only the embedding rows changed since
+    /// the previous checkpoint (and the whole dense model); 0 writes every checkpoint whole. A delta is read
+    /// with its chain back to the whole checkpoint.
+    #[arg(long, required = false, value_name = "N", value_parser = checkpoint_deltas::RANGE)]
+    #[serde(deserialize_with = "checkpoint_deltas::deserialize")]
+    pub checkpoint_deltas: u64,
+    /// Write a whole checkpoint instead of a delta once the deltas since the last whole one hold more than
+    /// this share of its bytes.
+    #[arg(long, required = false, value_name = "SHARE", value_parser = checkpoint_delta_share::RANGE)]
+    #[serde(deserialize_with = "checkpoint_delta_share::deserialize")]
+    pub checkpoint_delta_share: f64,
     /// Write each checkpoint before training goes on (otherwise files are written by background threads
     /// while training continues; the checkpoints are the same byte for byte).
     #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
@@ -37,6 +48,8 @@ pub struct CheckpointSettings {
 // The ranges of the numeric settings above, one per setting.
 ranged!(checkpoint_every: u64, closed(1, MAX_STEPS));
 ranged!(keep_checkpoints: usize, closed(1, 1_000_000));
+ranged!(checkpoint_deltas: u64, closed(0, 1_000_000));
+ranged!(checkpoint_delta_share: f64, closed(0.0, 1000.0));
 
 impl Default for CheckpointSettings {
     fn default() -> Self {
@@ -44,6 +57,8 @@ impl Default for CheckpointSettings {
             checkpoint_dir: None,
             checkpoint_every: None,
             keep_checkpoints: 3,
+            checkpoint_deltas: 16,
+            checkpoint_delta_share: 0.5,
             checkpoint_sync: false,
             resume: false,
             new_data: false,

@@ -6,16 +6,24 @@
 //! and xxh3-128 checksum and parses as the expected tensors. Anything else
 //! (a torn write, a flipped byte, a deleted file) makes [`find_latest`] skip
 //! it, with the reason, and try the next older one.
+//!
+//! A delta is used only with its whole chain: every checkpoint back to the
+//! whole one it starts from (siblings in the same directory) must pass the same
+//! checks, come from the same run (configuration hash, seed, batch size, worker
+//! count) and follow its parent's step; the deltas are then applied in order
+//! ([`apply_delta`]). So a damaged delta makes the later links of its chain
+//! unusable too, and [`find_latest`] falls back to the link before it.
 
-use super::layout::{list_checkpoints, shard_file, DENSE_FILE, MANIFEST_FILE};
-use super::manifest::{Manifest, FORMAT_VERSION};
+use super::layout::{checkpoint_name, list_checkpoints, shard_file, DENSE_FILE, MANIFEST_FILE};
+use super::manifest::{Manifest, FORMAT_VERSION, OLDEST_READABLE_VERSION};
 use super::tensors::{checksum, Reader, TensorError};
 use crate::SinkError;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use tiderec_operators::optim::{DenseOptimizerKind, DenseOptimizerState};
-use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
+use tiderec_operators::snapshot::{apply_delta, TableRows, WorkerSnapshot};
 use tiderec_operators::train::dense_slice;
+use tiderec_operators::RestoreError;
 
 /// A verified checkpoint, read into memory.
 #[derive(Clone, Debug)]
@@ -26,8 +34,11 @@ pub struct Checkpoint {
     pub manifest: Manifest,
     /// One part per writing worker, in worker order, as
     /// [`Trainer::restore`](tiderec_operators::train::Trainer::restore) takes them
-    /// (part 0 carries the dense parameters).
+    /// (part 0 carries the dense parameters); whole parts, a delta's chain applied.
     pub parts: Vec<WorkerSnapshot>,
+    /// The steps of the checkpoints read, the whole one first and this one last
+    /// (one step for a whole checkpoint).
+    pub chain: Vec<u64>,
 }
 
 /// A checkpoint that was passed over, and why.
@@ -58,7 +69,7 @@ pub enum LoadError {
     #[error("{MANIFEST_FILE} does not parse: {0}")]
     Manifest(#[source] serde_json::Error),
     /// The manifest was written by another format version.
-    #[error("format version {version}, this build reads {FORMAT_VERSION}")]
+    #[error("format version {version}, this build reads {OLDEST_READABLE_VERSION} to {FORMAT_VERSION}")]
     FormatVersion {
         /// The manifest's version.
         version: u32,
@@ -109,6 +120,32 @@ pub enum LoadError {
         /// The checksum the manifest lists.
         expected: String,
     },
+    /// A delta whose chain is broken: a checkpoint it follows is missing or unusable.
+    #[error("it is a delta, and {} of its chain cannot be used: {source}", checkpoint_name(*.step))]
+    Chain {
+        /// The step of the unusable link.
+        step: u64,
+        /// What is wrong with it.
+        #[source]
+        source: Box<LoadError>,
+    },
+    /// A link of a delta's chain is from another run or does not follow its parent.
+    #[error("it is a delta, and {} of its chain {reason}", checkpoint_name(*.step))]
+    ChainMismatch {
+        /// The step of the link.
+        step: u64,
+        /// How it disagrees.
+        reason: String,
+    },
+    /// A delta's changes do not apply onto the checkpoint it follows.
+    #[error("the changes of {} do not apply: {source}", checkpoint_name(*.step))]
+    Delta {
+        /// The step of the delta.
+        step: u64,
+        /// Why.
+        #[source]
+        source: RestoreError,
+    },
     /// A file matches the manifest but does not hold the tensors it should.
     #[error("{file}: {source}")]
     Tensors {
@@ -145,15 +182,67 @@ pub fn find_latest(dir: &Path) -> Result<Search, SinkError> {
     Ok(search)
 }
 
-/// Reads and verifies the checkpoint at `path` (named `ckpt-<step>`); the error says what is wrong.
+/// Reads and verifies the checkpoint at `path` (named `ckpt-<step>`) and, for a
+/// delta, its chain (see the module docs); the parts are whole. The error says
+/// what is wrong.
 pub fn load(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
+    let newest = load_stored(path, step)?;
+    if newest.manifest.delta.is_none() {
+        return Ok(newest);
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut links = vec![newest];
+    while let Some(link) = links.last().and_then(|c| c.manifest.delta) {
+        let child = &links[links.len() - 1].manifest;
+        let parent = load_stored(&dir.join(checkpoint_name(link.parent)), link.parent)
+            .map_err(|source| LoadError::Chain { step: link.parent, source: Box::new(source) })?;
+        same_chain(child, &parent.manifest)?;
+        links.push(parent);
+    }
+    let mut base = links.pop().expect("the chain holds its whole checkpoint");
+    while let Some(next) = links.pop() {
+        let step = next.manifest.step;
+        apply_delta(&mut base.parts, next.parts).map_err(|source| LoadError::Delta { step, source })?;
+        base.chain.push(step);
+        (base.path, base.manifest) = (next.path, next.manifest);
+    }
+    for part in &mut base.parts {
+        part.delta_of = None;
+    }
+    Ok(base)
+}
+
+/// Checks that `parent` is the checkpoint the delta `child` follows, from the same run.
+fn same_chain(child: &Manifest, parent: &Manifest) -> Result<(), LoadError> {
+    let link = child.delta.expect("only a delta has a parent");
+    let mismatch = |reason: String| Err(LoadError::ChainMismatch { step: parent.step, reason });
+    let parent_base = parent.delta.map_or(parent.step, |d| d.base);
+    if parent.step >= child.step || parent_base != link.base {
+        return mismatch(format!(
+            "does not lead to step {} from the whole checkpoint of step {} (it is step {} of a chain from {})",
+            child.step, link.base, parent.step, parent_base
+        ));
+    }
+    let run = |m: &Manifest| (m.config_hash.clone(), m.seed, m.batch_size, m.workers);
+    if run(parent) != run(child) {
+        return mismatch(format!(
+            "is from another run: (configuration hash, seed, batch size, workers) {:?}, the delta's {:?}",
+            run(parent),
+            run(child)
+        ));
+    }
+    Ok(())
+}
+
+/// Reads and verifies the one checkpoint at `path`, as stored: a delta's parts hold its changes only.
+fn load_stored(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
     let text = match std::fs::read_to_string(path.join(MANIFEST_FILE)) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(LoadError::NoManifest),
         Err(source) => return Err(LoadError::Read { file: MANIFEST_FILE.into(), source }),
     };
     let manifest: Manifest = serde_json::from_str(&text).map_err(LoadError::Manifest)?;
-    if manifest.format_version != FORMAT_VERSION {
+    if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&manifest.format_version) {
         return Err(LoadError::FormatVersion { version: manifest.format_version });
     }
     if manifest.step != step {
@@ -188,9 +277,11 @@ pub fn load(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
             dense_params: if k == 0 { params.clone() } else { Vec::new() },
             dense_optimizer: state.slice(dense_slice(params.len(), k, workers)),
             tables: tables.tables,
+            updated_only: manifest.updated_only,
+            delta_of: manifest.delta.map(|d| d.parent),
         });
     }
-    Ok(Checkpoint { path: path.to_path_buf(), manifest, parts })
+    Ok(Checkpoint { path: path.to_path_buf(), manifest, parts, chain: vec![step] })
 }
 
 /// Wraps a tensor error of `file`.
@@ -232,6 +323,14 @@ fn one_dim(r: &Reader<'_>, name: &str) -> Result<usize, TensorError> {
         [n] => Ok(*n),
         other => Err(TensorError::NotOneDimensional { name: name.into(), shape: other.to_vec() }),
     }
+}
+
+/// A delta's removed ids (absent in whole checkpoints).
+fn removed(r: &Reader<'_>, name: &str) -> Result<Vec<u64>, TensorError> {
+    if r.shape(name).is_err() {
+        return Ok(Vec::new());
+    }
+    r.u64s(name, &[one_dim(r, name)?])
 }
 
 struct ShardTables {
@@ -276,6 +375,7 @@ fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTable
             state: r.f32s(&format!("table.{t}.state"), &[n, state_width])?,
             counts: narrow(format!("table.{t}.counts"))?,
             hot: narrow(format!("table.{t}.hot"))?,
+            removed: removed(&r, &format!("table.{t}.removed"))?,
         });
     }
     Ok(ShardTables { dim, state_width, tables })

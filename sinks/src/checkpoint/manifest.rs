@@ -23,8 +23,23 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Version of the checkpoint layout written by this build.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the checkpoint layout written by this build: 2 adds deltas
+/// ([`Manifest::delta`]) and checkpoints of updated rows only
+/// ([`Manifest::updated_only`]), which a reader of version 1 must not take for
+/// whole checkpoints.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The oldest layout this build reads (version 1: whole checkpoints only).
+pub const OLDEST_READABLE_VERSION: u32 = 1;
+
+/// Where a delta sits in its chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaLink {
+    /// The step of the checkpoint this one holds the changes since (a whole one or a delta).
+    pub parent: u64,
+    /// The step of the whole checkpoint the chain starts from.
+    pub base: u64,
+}
 
 /// The manifest of one checkpoint (see the module docs).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -58,6 +73,14 @@ pub struct Manifest {
     pub progress: TrainingProgress,
     /// Every other file of the checkpoint, by name.
     pub files: BTreeMap<String, FileEntry>,
+    /// A delta: its shards hold only the rows changed since `parent` (and the
+    /// ids removed since); the dense file is whole. `None`: a whole checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<DeltaLink>,
+    /// The shards leave out the rows never updated, which hold their seeded
+    /// initial values (the fixed store). Of a chain, its base says it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub updated_only: bool,
 }
 
 /// Where the data readers resume.
@@ -240,6 +263,8 @@ mod tests {
             data_position: DataPosition::default(),
             progress: TrainingProgress::default(),
             files: BTreeMap::new(),
+            delta: None,
+            updated_only: false,
         };
         let p = Path::new("ck/ckpt-3");
         m.check_compatible(p, &config, 1, 10).unwrap();

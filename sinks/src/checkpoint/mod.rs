@@ -17,6 +17,11 @@
 //!   reports every newer one it skipped and why.
 //! * Any worker count: the parts hold global row ids, so a checkpoint of `W`
 //!   workers restores into any other number (`Trainer::restore` re-shards).
+//! * Deltas: a checkpoint may hold only what changed since the previous one
+//!   of its run ([`Manifest::delta`]); it is read with its chain back to a whole
+//!   checkpoint ([`load`](mod@load)), and pruning keeps every link a kept
+//!   checkpoint needs ([`write::prune`]). Fixed-store checkpoints list only the
+//!   rows some step updated ([`Manifest::updated_only`]).
 //!
 //! Errors are [`SinkError`](crate::SinkError)s naming the path; nothing here panics on bad files.
 
@@ -31,7 +36,7 @@ pub mod write;
 pub use inputs::{input_differences, InputFile};
 pub use load::{find_latest, Checkpoint, LoadError, Search, Skipped};
 pub use manifest::{
-    config_differences, config_hash, value_differences, DataPosition, FileEntry, Manifest, TrainingProgress,
+    config_differences, config_hash, value_differences, DataPosition, DeltaLink, FileEntry, Manifest, TrainingProgress,
     FORMAT_VERSION,
 };
 pub use tensors::TensorError;

@@ -33,6 +33,7 @@ fn parts(step: u64) -> Vec<WorkerSnapshot> {
                             .map(|&id| if id < 3 { id as u32 } else { tiderec_operators::snapshot::COLD })
                             .collect(),
                         ids,
+                        removed: Vec::new(),
                     }
                 })
                 .collect();
@@ -53,6 +54,8 @@ fn parts(step: u64) -> Vec<WorkerSnapshot> {
                     v: slice.map(|i| i as f32 * 0.01 + 1e-7).collect(),
                 },
                 tables,
+                updated_only: false,
+                delta_of: None,
             }
         })
         .collect()
@@ -80,6 +83,8 @@ fn manifest(step: u64) -> Manifest {
             ..Default::default()
         },
         files: BTreeMap::new(),
+        delta: None,
+        updated_only: false,
     }
 }
 

@@ -20,7 +20,7 @@ use super::layout::{
 use super::manifest::{FileEntry, Manifest};
 use super::tensors::{self, Tensor, Values};
 use crate::SinkError;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -55,7 +55,8 @@ fn meta(pairs: &[(&str, String)]) -> HashMap<String, String> {
 /// `table.<t>.ids` (U64 `[n]`), `table.<t>.rows` (F32 `[n, dim]`) and
 /// `table.<t>.state` (F32 `[n, state_width]`), and where the store keeps
 /// them `table.<t>.counts` and `table.<t>.hot` (U64 `[n]`: frequencies and
-/// hot-tier slots, `u32::MAX` for cold rows; older checkpoints lack them).
+/// hot-tier slots, `u32::MAX` for cold rows; older checkpoints lack them);
+/// a delta's part adds `table.<t>.removed` (U64 `[r]`: the ids removed since its parent).
 pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEntry), SinkError> {
     let name = shard_file(part.worker);
     let mut list = Vec::with_capacity(5 * part.tables.len());
@@ -83,6 +84,13 @@ pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEnt
         }
         if !hot.is_empty() {
             list.push(Tensor { name: format!("table.{t}.hot"), shape: vec![n], values: Values::U64(hot) });
+        }
+        if part.delta_of.is_some() {
+            list.push(Tensor {
+                name: format!("table.{t}.removed"),
+                shape: vec![table.removed.len()],
+                values: Values::U64(&table.removed),
+            });
         }
     }
     let metadata = meta(&[
@@ -162,7 +170,8 @@ pub fn mark_best(dir: &Path, step: u64) -> Result<(), SinkError> {
 /// (left by an interrupted run that this one replaces: had one of them been
 /// valid, the run would have resumed from it), and temporary directories of
 /// other processes (killed runs). The checkpoint `dir/best` names is kept
-/// (and not counted among the `keep`). Returns a warning per entry that could
+/// (and not counted among the `keep`), and so is every checkpoint a kept
+/// delta's chain needs, back to its whole checkpoint. Returns a warning per entry that could
 /// not be removed; a leftover costs disk space, never correctness.
 pub fn prune(dir: &Path, step: u64, keep: usize) -> Vec<String> {
     let mut warnings = Vec::new();
@@ -190,7 +199,18 @@ pub fn prune(dir: &Path, step: u64, keep: usize) -> Vec<String> {
     }
     kept.sort();
     let excess = kept.len().saturating_sub(keep.max(1));
-    remove.extend(kept.into_iter().take(excess).map(|(_, p)| p));
+    let mut needed: BTreeSet<u64> = kept[excess..].iter().map(|(s, _)| *s).collect();
+    needed.extend(best.filter(|&b| b <= step));
+    // Every link the chains of the kept checkpoints need.
+    let mut frontier: Vec<u64> = needed.iter().copied().collect();
+    while let Some(s) = frontier.pop() {
+        if let Some(parent) = parent_of(&dir.join(checkpoint_name(s))) {
+            if needed.insert(parent) {
+                frontier.push(parent);
+            }
+        }
+    }
+    remove.extend(kept.into_iter().filter(|(s, _)| !needed.contains(s)).map(|(_, p)| p));
     for path in remove {
         if let Err(e) = std::fs::remove_dir_all(&path) {
             warnings.push(format!("cannot remove old checkpoint {}: {e}", path.display()));
@@ -200,6 +220,17 @@ pub fn prune(dir: &Path, step: u64, keep: usize) -> Vec<String> {
         warnings.push(e.to_string());
     }
     warnings
+}
+
+/// The step of the checkpoint a delta at `path` follows (`None`: a whole
+/// checkpoint, or a manifest that cannot be read, whose chain is broken anyway).
+fn parent_of(path: &Path) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Link {
+        delta: Option<super::manifest::DeltaLink>,
+    }
+    let text = std::fs::read_to_string(path.join(MANIFEST_FILE)).ok()?;
+    serde_json::from_str::<Link>(&text).ok()?.delta.map(|d| d.parent)
 }
 
 /// All steps at once, for a program that holds every part (tests, single-threaded tools):
