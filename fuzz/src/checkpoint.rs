@@ -74,6 +74,8 @@ fn parts() -> Vec<WorkerSnapshot> {
                 tables,
                 updated_only: false,
                 delta_of: None,
+                seed: 1,
+                table_sizes: Vec::new(),
             }
         })
         .collect()

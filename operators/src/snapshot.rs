@@ -95,6 +95,10 @@ pub struct WorkerSnapshot {
     /// dense state; [`apply_delta`] turns it and the parts of `parent` into
     /// whole parts. Restoring needs whole parts.
     pub delta_of: Option<u64>,
+    /// The seed of the writer's row initialisation.
+    pub seed: u64,
+    /// The writer's table sizes (empty where not recorded: older checkpoints).
+    pub table_sizes: Vec<u64>,
 }
 
 /// What the trainer expects a checkpoint to hold.
@@ -113,6 +117,8 @@ pub struct Expected<'a> {
     /// True when the checkpoint must hold every row of every table (the fixed
     /// store); dynamic stores hold, and checkpoint, only the rows they have.
     pub every_row: bool,
+    /// The trainer's seed (parts of updated rows only must have it).
+    pub seed: u64,
 }
 
 /// The verified content of a checkpoint's parts.
@@ -162,6 +168,17 @@ pub fn check_parts<'a>(parts: &'a [WorkerSnapshot], expected: Expected<'_>) -> R
                 expected_state_width: expected.state_width,
             }
             .into());
+        }
+        if !p.table_sizes.is_empty() && p.table_sizes != expected.table_sizes {
+            return Err(RestoreError::TableSizes {
+                worker: p.worker,
+                sizes: p.table_sizes.clone(),
+                expected: expected.table_sizes.to_vec(),
+            }
+            .into());
+        }
+        if p.updated_only && expected.every_row && p.seed != expected.seed {
+            return Err(RestoreError::Seed { worker: p.worker, seed: p.seed, expected: expected.seed }.into());
         }
         if p.tables.len() != expected.table_sizes.len() {
             return Err(RestoreError::TableCount {
@@ -457,6 +474,8 @@ mod tests {
             tables,
             updated_only: false,
             delta_of: None,
+            seed: 1,
+            table_sizes: Vec::new(),
         }
     }
 
@@ -470,6 +489,7 @@ mod tests {
             dense_len: 4,
             dense_kind: DenseOptimizerKind::Adagrad,
             every_row: true,
+            seed: 1,
         }
     }
 

@@ -345,6 +345,29 @@ pub enum RestoreError {
         /// Workers of the run that wrote those parts.
         base_workers: usize,
     },
+    /// A part was written by a trainer with other table sizes.
+    #[error("part of worker {worker} is of tables of {sizes:?} rows, the model has {expected:?}")]
+    TableSizes {
+        /// The writer of the part.
+        worker: usize,
+        /// Its table sizes.
+        sizes: Vec<u64>,
+        /// The model's.
+        expected: Vec<u64>,
+    },
+    /// A part of updated rows only, whose other rows are seeded with another seed than the trainer's.
+    #[error(
+        "part of worker {worker} lists only updated rows, the others seeded with {seed}; this trainer seeds \
+         with {expected}"
+    )]
+    Seed {
+        /// The writer of the part.
+        worker: usize,
+        /// The writer's seed.
+        seed: u64,
+        /// The trainer's.
+        expected: u64,
+    },
     /// A table of a part lists its rows out of order (ids must ascend).
     #[error("table {table} of worker {worker}: row ids do not ascend")]
     UnsortedRows {

@@ -692,6 +692,8 @@ fn as_part(tables: Vec<TableRows>, sw: usize, step: u64, delta_of: Option<u64>) 
         tables,
         updated_only: false,
         delta_of,
+        seed: 9,
+        table_sizes: Vec::new(),
     }
 }
 

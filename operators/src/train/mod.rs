@@ -512,7 +512,7 @@ impl Trainer {
     /// can reach this worker's rows before this worker sends its gradients.
     pub fn snapshot(&self) -> WorkerSnapshot {
         let dense = self.shared.dense.borrow();
-        self.shared.owner.borrow().snapshot(&dense, self.train_steps, self.config.table_sizes.len())
+        self.shared.owner.borrow().snapshot(&dense, self.train_steps, (self.config.seed, &self.config.table_sizes))
     }
 
     /// This worker's share of a checkpoint, from which the next delta counts:
@@ -522,8 +522,8 @@ impl Trainer {
     /// with the whole dense state. A consistent cut like `snapshot`.
     pub fn checkpoint_snapshot(&self, parent: Option<u64>) -> Result<WorkerSnapshot, OperatorError> {
         let dense = self.shared.dense.borrow();
-        let tables = self.config.table_sizes.len();
-        self.shared.owner.borrow_mut().checkpoint_snapshot(&dense, self.train_steps, tables, parent)
+        let writer = (self.config.seed, &self.config.table_sizes[..]);
+        self.shared.owner.borrow_mut().checkpoint_snapshot(&dense, self.train_steps, writer, parent)
     }
 
     /// The step of the last [`checkpoint_snapshot`](Self::checkpoint_snapshot)
@@ -541,7 +541,8 @@ impl Trainer {
     pub fn restore(&mut self, parts: &[WorkerSnapshot]) -> Result<(), OperatorError> {
         let mut dense = self.shared.dense.borrow_mut();
         let mut owner = self.shared.owner.borrow_mut();
-        let step = owner.restore(&mut dense, parts, &self.config.table_sizes, self.config.dense_optimizer)?;
+        let writer = (self.config.seed, &self.config.table_sizes[..]);
+        let step = owner.restore(&mut dense, parts, writer, self.config.dense_optimizer)?;
         self.train_steps = step;
         Ok(())
     }

@@ -170,7 +170,8 @@ impl Owner {
     /// This worker's share of a checkpoint after `step` training steps: the dense
     /// parameters, the dense-optimizer state of its slice and every row of its
     /// `num_tables` tables with their optimizer slots.
-    pub(super) fn snapshot(&self, dense: &Dense, step: u64, num_tables: usize) -> WorkerSnapshot {
+    pub(super) fn snapshot(&self, dense: &Dense, step: u64, (seed, table_sizes): (u64, &[u64])) -> WorkerSnapshot {
+        let num_tables = table_sizes.len();
         WorkerSnapshot {
             worker: dense.me(),
             workers: dense.workers(),
@@ -182,6 +183,8 @@ impl Owner {
             tables: (0..num_tables).map(|t| self.store.export_table(t)).collect(),
             updated_only: self.store.exports_updated_only(),
             delta_of: None,
+            seed,
+            table_sizes: table_sizes.to_vec(),
         }
     }
 
@@ -197,10 +200,11 @@ impl Owner {
         &mut self,
         dense: &Dense,
         step: u64,
-        num_tables: usize,
+        writer: (u64, &[u64]),
         parent: Option<u64>,
     ) -> Result<WorkerSnapshot, OperatorError> {
-        let mut part = self.snapshot(dense, step, num_tables);
+        let num_tables = writer.1.len();
+        let mut part = self.snapshot(dense, step, writer);
         if let Some(p) = parent {
             if self.marked != Some(p) {
                 return Err(OperatorError::config(
@@ -223,7 +227,7 @@ impl Owner {
         &mut self,
         dense: &mut Dense,
         parts: &[WorkerSnapshot],
-        table_sizes: &[u64],
+        (seed, table_sizes): (u64, &[u64]),
         dense_kind: DenseOptimizerKind,
     ) -> Result<u64, OperatorError> {
         let (me, w) = (dense.me(), dense.workers());
@@ -234,6 +238,7 @@ impl Owner {
             dense_len: dense.params().len(),
             dense_kind,
             every_row: self.store.holds_every_row(),
+            seed,
         };
         let checked = check_parts(parts, expected)?;
         let mine = checked.dense_optimizer.slice(dense.own_slice());

@@ -279,6 +279,8 @@ fn load_stored(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
             tables: tables.tables,
             updated_only: manifest.updated_only,
             delta_of: manifest.delta.map(|d| d.parent),
+            seed: manifest.seed,
+            table_sizes: tables.table_sizes,
         });
     }
     Ok(Checkpoint { path: path.to_path_buf(), manifest, parts, chain: vec![step] })
@@ -334,6 +336,7 @@ fn removed(r: &Reader<'_>, name: &str) -> Result<Vec<u64>, TensorError> {
 }
 
 struct ShardTables {
+    table_sizes: Vec<u64>,
     dim: usize,
     state_width: usize,
     tables: Vec<TableRows>,
@@ -378,5 +381,11 @@ fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTable
             removed: removed(&r, &format!("table.{t}.removed"))?,
         });
     }
-    Ok(ShardTables { dim, state_width, tables })
+    // Recorded since checkpoints may list updated rows only; absent before.
+    let table_sizes = match r.text("table_sizes") {
+        Ok(text) => serde_json::from_str(text)
+            .map_err(|_| TensorError::NotANumber { key: "table_sizes".into(), value: text.to_string() })?,
+        Err(_) => Vec::new(),
+    };
+    Ok(ShardTables { table_sizes, dim, state_width, tables })
 }

@@ -56,6 +56,8 @@ fn parts(step: u64) -> Vec<WorkerSnapshot> {
                 tables,
                 updated_only: false,
                 delta_of: None,
+                seed: 1,
+                table_sizes: Vec::new(),
             }
         })
         .collect()

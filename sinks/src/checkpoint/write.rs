@@ -101,6 +101,8 @@ pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEnt
         ("dim", part.dim.to_string()),
         ("state_width", part.state_width.to_string()),
         ("tables", part.tables.len().to_string()),
+        ("seed", part.seed.to_string()),
+        ("table_sizes", serde_json::to_string(&part.table_sizes).unwrap_or_default()),
     ]);
     let entry = tensors::write(&tmp.join(&name), &list, metadata)?;
     Ok((name, entry))
