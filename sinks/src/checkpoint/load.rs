@@ -279,7 +279,7 @@ fn load_stored(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
             tables: tables.tables,
             updated_only: manifest.updated_only,
             delta_of: manifest.delta.map(|d| d.parent),
-            seed: manifest.seed,
+            seed: tables.seed.unwrap_or(manifest.seed),
             table_sizes: tables.table_sizes,
         });
     }
@@ -336,6 +336,7 @@ fn removed(r: &Reader<'_>, name: &str) -> Result<Vec<u64>, TensorError> {
 }
 
 struct ShardTables {
+    seed: Option<u64>,
     table_sizes: Vec<u64>,
     dim: usize,
     state_width: usize,
@@ -387,5 +388,6 @@ fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTable
             .map_err(|_| TensorError::NotANumber { key: "table_sizes".into(), value: text.to_string() })?,
         Err(_) => Vec::new(),
     };
-    Ok(ShardTables { table_sizes, dim, state_width, tables })
+    let seed = r.number("seed").ok();
+    Ok(ShardTables { seed, table_sizes, dim, state_width, tables })
 }

@@ -267,3 +267,87 @@ fn unwritable_directory_is_an_error_naming_the_path() {
     let e = write_checkpoint(&file, &parts(1), manifest(1), 3).unwrap_err().to_string();
     assert!(e.contains("plain-file"), "{e}");
 }
+
+/// A delta at `step` after `parent` of a chain from `base`: rows of ids ≡ step (mod 3) of
+/// table 2 take the values of `parts(step)`, id 3 of table 0 is removed.
+fn write_delta(dir: &Path, step: u64, parent: u64, base: u64) -> Vec<WorkerSnapshot> {
+    let whole = parts(step);
+    let mut delta = whole.clone();
+    for p in &mut delta {
+        p.delta_of = Some(parent);
+        for (t, rows) in p.tables.iter_mut().enumerate() {
+            let keep: Vec<usize> = (0..rows.ids.len()).filter(|&i| t == 2 && rows.ids[i] % 3 == step % 3).collect();
+            let pick = |v: &[f32], w: usize| keep.iter().flat_map(|&i| v[i * w..(i + 1) * w].to_vec()).collect();
+            *rows = TableRows {
+                rows: pick(&rows.rows, 3),
+                state: pick(&rows.state, 1),
+                counts: keep.iter().map(|&i| rows.counts[i]).collect(),
+                hot: keep.iter().map(|&i| rows.hot[i]).collect(),
+                ids: keep.iter().map(|&i| rows.ids[i]).collect(),
+                removed: if t == 0 && shard_of(0, 3, 2) == p.worker { vec![3] } else { Vec::new() },
+            };
+        }
+    }
+    let mut m = manifest(step);
+    m.delta = Some(DeltaLink { parent, base });
+    write_checkpoint(dir, &delta, m, 100).unwrap();
+    delta
+}
+
+/// A chain of two deltas reads as the whole checkpoint of its last step (the
+/// scalar oracle applies each delta's rows by id); a damaged middle link makes
+/// the later one unusable, with the reason naming the link, and the search falls
+/// back to the whole checkpoint; pruning keeps every link a kept delta needs.
+#[test]
+fn a_delta_chain_reads_whole_falls_back_past_a_damaged_link_and_prunes_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), 10, 100);
+    let d20 = write_delta(dir.path(), 20, 10, 10);
+    let d30 = write_delta(dir.path(), 30, 20, 10);
+    let mut oracle: BTreeMap<(usize, usize, u64), Vec<f32>> = BTreeMap::new();
+    for p in parts(10) {
+        for (t, rows) in p.tables.iter().enumerate() {
+            for (i, &id) in rows.ids.iter().enumerate() {
+                oracle.insert((p.worker, t, id), rows.rows[3 * i..3 * i + 3].to_vec());
+            }
+        }
+    }
+    for delta in [&d20, &d30] {
+        for p in delta {
+            for (t, rows) in p.tables.iter().enumerate() {
+                for &id in &rows.removed {
+                    oracle.remove(&(p.worker, t, id));
+                }
+                for (i, &id) in rows.ids.iter().enumerate() {
+                    oracle.insert((p.worker, t, id), rows.rows[3 * i..3 * i + 3].to_vec());
+                }
+            }
+        }
+    }
+    let c = find_latest(dir.path()).unwrap().found.unwrap();
+    assert_eq!((c.manifest.step, c.chain.clone()), (30, vec![10, 20, 30]));
+    let mut got = BTreeMap::new();
+    for p in &c.parts {
+        assert_eq!((p.step, p.delta_of), (30, None));
+        for (t, rows) in p.tables.iter().enumerate() {
+            for (i, &id) in rows.ids.iter().enumerate() {
+                got.insert((p.worker, t, id), rows.rows[3 * i..3 * i + 3].to_vec());
+            }
+        }
+    }
+    assert_eq!(got, oracle);
+    assert_eq!(c.parts[0].dense_params, parts(30)[0].dense_params);
+
+    // Pruning to one checkpoint keeps the whole chain of ckpt-30.
+    assert!(prune(dir.path(), 30, 1).is_empty());
+    let steps: Vec<u64> = list_checkpoints(dir.path()).unwrap().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(steps, vec![10, 20, 30]);
+
+    flip_byte(&dir.path().join("ckpt-20").join(shard_file(1)), 200);
+    let search = find_latest(dir.path()).unwrap();
+    let reasons: Vec<String> = search.skipped.iter().map(|s| s.reason.to_string()).collect();
+    assert_eq!(search.skipped.len(), 2, "{reasons:?}");
+    assert!(reasons[0].contains("ckpt-20 of its chain cannot be used: checksum mismatch in shard-1"), "{reasons:?}");
+    let c = search.found.unwrap();
+    assert_eq!((c.manifest.step, c.parts.clone()), (10, parts(10)));
+}
