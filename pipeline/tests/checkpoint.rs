@@ -296,13 +296,23 @@ fn only_the_newest_checkpoints_are_kept() {
         SYNTHETIC,
         2,
         30,
-        &["--checkpoint-dir", &ck_arg, "--checkpoint-every", "5", "--keep-checkpoints", "2"],
+        &[
+            "--checkpoint-dir",
+            &ck_arg,
+            "--checkpoint-every",
+            "5",
+            "--keep-checkpoints",
+            "2",
+            "--checkpoint-deltas",
+            "0",
+        ],
         tmp.path(),
     );
     assert_eq!(entries(&ck), (vec![25, 30], vec![]));
-    // The default keeps three.
+    // The default keeps three (whole checkpoints here; deltas keep their chains, see checkpoint_deltas.rs).
     let ck3 = tmp.path().join("ck3");
-    train(SYNTHETIC, 2, 30, &["--checkpoint-dir", &dir_arg(&ck3), "--checkpoint-every", "5"], tmp.path());
+    let whole = ["--checkpoint-every", "5", "--checkpoint-deltas", "0"];
+    train(SYNTHETIC, 2, 30, &[&["--checkpoint-dir", &dir_arg(&ck3)][..], &whole].concat(), tmp.path());
     assert_eq!(entries(&ck3), (vec![20, 25, 30], vec![]));
 }
 
