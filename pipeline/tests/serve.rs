@@ -680,3 +680,72 @@ fn a_deleted_checkpoint_gives_way_to_the_next_valid_one_even_at_a_lower_step() {
     assert_eq!(other.0, 5);
     assert_ne!(other.1, five.1, "the new run's model answers");
 }
+
+/// Copies checkpoint directory `from` into `dir` under its own name, atomically (a
+/// temporary name first, which the watcher ignores, then a rename).
+fn publish(from: &Path, dir: &Path) {
+    let name = from.file_name().unwrap();
+    let tmp = dir.join(format!(".tmp-{}", name.to_str().unwrap()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    for f in std::fs::read_dir(from).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), tmp.join(f.file_name())).unwrap();
+    }
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+/// Deltas that follow the served checkpoint are applied onto the served model while
+/// requests flow: every answer is one checkpoint's (identical within a step), `/health`
+/// counts the deltas and no whole reload, and the last answers are those of a server
+/// started on the chain's last checkpoint alone (which loads the chain whole).
+#[test]
+fn deltas_following_the_served_checkpoint_are_applied_live() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let chain =
+        train(&data, dir.path(), &["--steps", "30", "--checkpoint-every", "10", "--checkpoint-delta-share", "1000"]);
+    for step in [20, 30] {
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(chain.join(format!("ckpt-{step}/manifest.json"))).unwrap()).unwrap();
+        assert_eq!(m["delta"]["parent"], step - 10, "ckpt-{step} is a delta");
+    }
+    let served_dir = dir.path().join("served");
+    std::fs::create_dir(&served_dir).unwrap();
+    publish(&chain.join("ckpt-10"), &served_dir);
+    let server = serve(&served_dir, &["--reload-every", "0.05"]);
+    let (records, _) = records(&data, 64);
+    let body = Arc::new(format!("[{}]", records.join(",")));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let (body, stop, addr) = (body.clone(), stop.clone(), server.addr.clone());
+            std::thread::spawn(move || {
+                let mut client = Client::connect(&addr, Duration::from_secs(30)).unwrap();
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let r = client.post("/score", body.as_bytes()).unwrap();
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    seen.push(scores(&r.body));
+                }
+                seen
+            })
+        })
+        .collect();
+    for (k, step) in [20u64, 30].into_iter().enumerate() {
+        std::thread::sleep(Duration::from_millis(150));
+        publish(&chain.join(format!("ckpt-{step}")), &served_dir);
+        let h = health_until(&server.addr, Duration::from_secs(30), |h| h["step"].as_u64() == Some(step));
+        assert_eq!((h["deltas"].as_u64(), h["reloads"].as_u64()), (Some(k as u64 + 1), Some(0)), "{h}");
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    stop.store(true, Ordering::SeqCst);
+    let seen: Vec<(u64, Vec<f64>)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    for step in [10u64, 20, 30] {
+        let answers: Vec<&Vec<f64>> = seen.iter().filter(|(s, _)| *s == step).map(|(_, v)| v).collect();
+        assert!(answers.iter().all(|v| *v == answers[0]), "step {step}: one model's answers");
+    }
+    let last = seen.iter().rev().find(|(s, _)| *s == 30).expect("answers from step 30").1.clone();
+    let fresh = serve(&chain.join("ckpt-30"), &[]);
+    let r = Client::connect(&fresh.addr, Duration::from_secs(10)).unwrap().post("/score", body.as_bytes()).unwrap();
+    assert_eq!(scores(&r.body), (30, last), "the live deltas give the model of the whole chain");
+}

@@ -18,6 +18,7 @@ use tiderec_operators::features::cross::append_crosses;
 use tiderec_operators::nn::embedding_bag::pool_sum;
 use tiderec_operators::nn::loss::sigmoid;
 use tiderec_operators::nn::{Model, SequenceInput};
+use tiderec_operators::snapshot::WorkerSnapshot;
 use tiderec_operators::{Batch, SparseField};
 
 /// A loaded model ready to score batches; see the [module docs](self).
@@ -77,6 +78,50 @@ impl Scorer {
             seq_rows: Vec::new(),
             seq_lengths: Vec::new(),
         })
+    }
+
+    /// Applies a delta's parts (as stored: the rows changed since the checkpoint this
+    /// scorer holds, the ids removed since, the whole dense parameters), all checked
+    /// before anything is written, so on error the scorer is unchanged. A removed
+    /// row reads as zeros, as rows a checkpoint does not hold do.
+    pub fn apply_changes(&mut self, parts: &[WorkerSnapshot]) -> Result<(), PipelineError> {
+        let bad = |what: String| Err(shape_error(CheckpointAction::Read, what));
+        let dense = parts.iter().find(|p| !p.dense_params.is_empty()).map(|p| &p.dense_params);
+        let Some(dense) = dense.filter(|d| d.len() == self.model.params().len()) else {
+            return bad(format!("the delta carries no dense parameters for the model's {}", self.model.params().len()));
+        };
+        let dim = self.dim;
+        for p in parts {
+            if p.dim != dim || p.tables.len() != self.tables.len() {
+                return bad(format!(
+                    "the delta's part of worker {} has {} tables of rows of {}, the model {} of {dim}",
+                    p.worker,
+                    p.tables.len(),
+                    p.dim,
+                    self.tables.len()
+                ));
+            }
+            for (t, rows) in p.tables.iter().enumerate() {
+                let n = self.table_sizes[t];
+                if rows.rows.len() != rows.ids.len() * dim || rows.ids.iter().chain(&rows.removed).any(|&id| id >= n) {
+                    return bad(format!("the delta's table {t} (worker {}) does not fit {n} rows of {dim}", p.worker));
+                }
+            }
+        }
+        self.model.params_mut().copy_from_slice(dense);
+        for p in parts {
+            for (t, rows) in p.tables.iter().enumerate() {
+                let table = &mut self.tables[t];
+                for &id in &rows.removed {
+                    table[id as usize * dim..(id as usize + 1) * dim].fill(0.0);
+                }
+                for (k, &id) in rows.ids.iter().enumerate() {
+                    table[id as usize * dim..(id as usize + 1) * dim]
+                        .copy_from_slice(&rows.rows[k * dim..(k + 1) * dim]);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The rows of table `t` for `field`'s ids, distinct, and each entry's index among them.

@@ -11,6 +11,9 @@
 //!   records (a job holds at most that many; one that does not fit starts
 //!   the next batch). A batch closes when full or `max_wait` after its
 //!   first job arrived.
+//! * A delta ([`Work::Delta`]) is applied whole between two batches, or not at
+//!   all (then [`ServingState::stale`] asks the watcher for a whole load), so no
+//!   request is ever scored by a half-applied one.
 //! * A batch is counted in [`ServingState`] before its answers are sent, so
 //!   a client holding its answer sees its records counted.
 
@@ -27,6 +30,18 @@ pub enum Work {
     Score(Job),
     /// A newer model, taken between two batches.
     Swap(Box<Loaded>),
+    /// The delta that follows the served checkpoint, applied between two batches.
+    Delta(Box<Delta>),
+}
+
+/// A delta checkpoint read as stored, for the model of its parent.
+pub struct Delta {
+    /// Its directory.
+    pub path: std::path::PathBuf,
+    /// Its step.
+    pub step: u64,
+    /// Its parts: the rows changed since the parent, the ids removed since, the dense parameters.
+    pub parts: Vec<tiderec_operators::snapshot::WorkerSnapshot>,
 }
 
 /// Records of one request (at most `max_batch` of them) and where their reply goes.
@@ -78,8 +93,13 @@ pub struct ServingState {
     pub records: u64,
     /// Batches scored so far.
     pub batches: u64,
-    /// Reloads done so far.
+    /// Reloads done so far (whole checkpoints loaded).
     pub reloads: u64,
+    /// Deltas applied onto the served model so far.
+    pub deltas: u64,
+    /// A delta could not be applied: the watcher must load the newest checkpoint whole.
+    #[serde(skip)]
+    pub stale: bool,
     /// Why the model served may be out of date (its checkpoint was deleted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
@@ -113,6 +133,23 @@ pub fn run(mut model: Loaded, work: Receiver<Work>, state: Arc<Mutex<ServingStat
                 one = model.batch();
                 generation += 1;
                 swapped(&model, &state);
+                continue;
+            }
+            Work::Delta(delta) => {
+                match model.apply_delta(&delta) {
+                    Ok(()) => {
+                        generation += 1;
+                        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                        (s.step, s.checkpoint) = (model.step, model.path.display().to_string());
+                        s.deltas += 1;
+                    }
+                    Err(e) => {
+                        let warning = format!("cannot apply the delta {}: {e}", delta.path.display());
+                        eprintln!("warning: serve: {warning}; loading the newest checkpoint whole");
+                        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                        (s.warning, s.stale) = (Some(warning), true);
+                    }
+                }
                 continue;
             }
             Work::Score(job) => job,

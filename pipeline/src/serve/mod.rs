@@ -167,6 +167,8 @@ impl Server {
             records: 0,
             batches: 0,
             reloads: 0,
+            deltas: 0,
+            stale: false,
             warning: None,
             schema: Arc::new(model.describe()),
         }));

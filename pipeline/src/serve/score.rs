@@ -124,6 +124,14 @@ impl Loaded {
         Ok(Loaded { path: found, step, model_name, scorer, records })
     }
 
+    /// Takes the delta of `step` at `path` (its parts as stored, see
+    /// [`Scorer::apply_changes`]): on error the model is unchanged.
+    pub fn apply_delta(&mut self, delta: &super::batcher::Delta) -> Result<(), PipelineError> {
+        self.scorer.apply_changes(&delta.parts)?;
+        (self.path, self.step) = (delta.path.clone(), delta.step);
+        Ok(())
+    }
+
     /// What `GET /schema` answers: the format of this model's records and their fields.
     pub fn describe(&self) -> serde_json::Value {
         match &self.records {

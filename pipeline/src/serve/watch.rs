@@ -14,8 +14,13 @@
 //!   memory until another checkpoint loads.
 //! * A checkpoint that cannot be loaded is reported once per identity and
 //!   the next older one is tried; nothing is loaded on the scoring thread.
+//! * A delta whose parent is the checkpoint served (same path and identity)
+//!   is read alone and applied onto the served model ([`Work::Delta`]); any
+//!   other checkpoint, a delta included, is loaded whole with its chain. A
+//!   delta the scoring thread could not apply marks the state stale, and the
+//!   next look loads the newest checkpoint whole.
 
-use super::batcher::{ServingState, Work};
+use super::batcher::{Delta, ServingState, Work};
 use super::score::Loaded;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -25,7 +30,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
 use std::time::Duration;
-use tiderec_sinks::checkpoint::layout;
+use tiderec_sinks::checkpoint::layout::{self, checkpoint_name};
+use tiderec_sinks::checkpoint::load;
+
+/// The step of the checkpoint the delta at `path` follows (`None` for a whole one).
+fn parent_of(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path.join(layout::MANIFEST_FILE)).ok()?;
+    let manifest: tiderec_sinks::checkpoint::Manifest = serde_json::from_str(&text).ok()?;
+    manifest.delta.map(|d| d.parent)
+}
 
 /// What tells one checkpoint from another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -92,6 +105,7 @@ fn look(
     work: &Sender<Work>,
     state: &Mutex<ServingState>,
 ) -> Result<(), ()> {
+    let stale = std::mem::take(&mut state.lock().unwrap_or_else(|e| e.into_inner()).stale);
     let gone = served.identity.is_none() || Identity::of(&served.path) != served.identity;
     if gone && !served.reported {
         let warning = format!(
@@ -107,7 +121,7 @@ fn look(
     }
     let Ok(list) = layout::list_checkpoints(dir) else { return Ok(()) };
     for (step, path) in list.into_iter().rev() {
-        if !gone && step <= served.step {
+        if !gone && !stale && step <= served.step {
             break;
         }
         let Some(identity) = Identity::of(&path) else { continue };
@@ -116,6 +130,19 @@ fn look(
         }
         if failed.contains(&identity) {
             continue;
+        }
+        if !gone
+            && !stale
+            && parent_of(&path) == Some(served.step)
+            && served.path == path.with_file_name(checkpoint_name(served.step))
+        {
+            if let Ok(link) = load::load_link(&path, step) {
+                eprintln!("serve: applying the delta of step {step} from {}", path.display());
+                work.send(Work::Delta(Box::new(Delta { path: path.clone(), step, parts: link.parts })))
+                    .map_err(|_| ())?;
+                *served = Served { identity: Some(identity), step, path, reported: false };
+                return Ok(());
+            }
         }
         match Loaded::load(&path) {
             Ok(model) => {

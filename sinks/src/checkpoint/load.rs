@@ -186,7 +186,7 @@ pub fn find_latest(dir: &Path) -> Result<Search, SinkError> {
 /// delta, its chain (see the module docs); the parts are whole. The error says
 /// what is wrong.
 pub fn load(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
-    let newest = load_stored(path, step)?;
+    let newest = load_link(path, step)?;
     if newest.manifest.delta.is_none() {
         return Ok(newest);
     }
@@ -194,7 +194,7 @@ pub fn load(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
     let mut links = vec![newest];
     while let Some(link) = links.last().and_then(|c| c.manifest.delta) {
         let child = &links[links.len() - 1].manifest;
-        let parent = load_stored(&dir.join(checkpoint_name(link.parent)), link.parent)
+        let parent = load_link(&dir.join(checkpoint_name(link.parent)), link.parent)
             .map_err(|source| LoadError::Chain { step: link.parent, source: Box::new(source) })?;
         same_chain(child, &parent.manifest)?;
         links.push(parent);
@@ -234,8 +234,10 @@ fn same_chain(child: &Manifest, parent: &Manifest) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// Reads and verifies the one checkpoint at `path`, as stored: a delta's parts hold its changes only.
-fn load_stored(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
+/// Reads and verifies the one checkpoint at `path` (named `ckpt-<step>`), as
+/// stored: a delta's parts hold its changes only (see
+/// [`WorkerSnapshot::delta_of`]), for a reader that holds the model of its parent.
+pub fn load_link(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
     let text = match std::fs::read_to_string(path.join(MANIFEST_FILE)) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(LoadError::NoManifest),
