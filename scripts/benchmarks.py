@@ -320,6 +320,17 @@ training goes on: the baseline). The stall is the training time lost per checkpo
 checkpoints are the same byte for byte either way). Rerun: `python3 scripts/benchmarks.py
 --only checkpoints`.
 """,
+    "deltas": """\
+## Delta checkpoints
+
+Default DLRM, 2 workers, batch 128, synthetic data: `tiderec train --steps {steps}
+--checkpoint-every {every} --keep-checkpoints 1000` with the default delta checkpoints,
+alternated with the same run under `--checkpoint-deltas 0` (every checkpoint whole: the
+baseline). Every checkpoint lists only the rows training updated; a delta only those
+changed since the previous checkpoint, and the whole dense model (Adam's moments
+included). Bytes per training second are all checkpoint bytes of the run over its
+training time. Rerun: `python3 scripts/benchmarks.py --only deltas`.
+""",
     "avx2": """\
 ## AVX2-only kernels against the build before runtime kernel selection
 
@@ -950,6 +961,8 @@ def section_checkpoints(run):
         d = os.path.join(run.tmp, "ckpt-sync" if sync else "ckpt-background")
         m = d + ".json"
         shutil.rmtree(d, ignore_errors=True)
+        if os.path.exists(m):
+            os.remove(m)  # an earlier round's; tiderec never replaces a file unasked
         cmd = [run.args.tiderec, "train", "--progress", "none", "--workers", "2", "--steps",
                str(run.s.checkpoint_steps), "--checkpoint-every", str(run.s.checkpoint_every), "--checkpoint-dir", d,
                "--dead-letters", os.path.join(run.tmp, "dl.tsv"), "--metrics-json", m]
@@ -999,6 +1012,70 @@ def dir_bytes(path):
     except (OSError, ValueError):
         return float("nan")
     return sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(newest.path) for f in fs)
+
+
+def section_deltas(run):
+    def train(deltas):
+        d = os.path.join(run.tmp, f"deltas-{deltas}")
+        m = d + ".json"
+        shutil.rmtree(d, ignore_errors=True)
+        if os.path.exists(m):
+            os.remove(m)
+        cmd = [run.args.tiderec, "train", "--progress", "none", "--workers", "2", "--steps",
+               str(run.s.checkpoint_steps), "--checkpoint-every", str(run.s.checkpoint_every), "--checkpoint-dir", d,
+               "--keep-checkpoints", "1000", "--checkpoint-deltas", str(deltas),
+               "--dead-letters", os.path.join(run.tmp, "dl.tsv"), "--metrics-json", m]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=run.args.timeout)
+        if out.returncode != 0:
+            raise Failed(f"`tiderec train --checkpoint-deltas {deltas}`: exit {out.returncode}: "
+                         f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+        with open(m) as f:
+            metrics = json.load(f)
+        whole, delta = [], []
+        for e in os.scandir(d):
+            if e.name.startswith("ckpt-"):
+                with open(os.path.join(e.path, "manifest.json")) as f:
+                    is_delta = json.load(f).get("delta") is not None
+                (delta if is_delta else whole).append(dir_bytes_of(e.path))
+        n = metrics.get("checkpoints_written", 0)
+        if n < 2:
+            raise Failed(f"`tiderec train --checkpoint-every {run.s.checkpoint_every}` wrote {n} checkpoints")
+        metrics["whole_bytes"] = statistics.median(whole) if whole else float("nan")
+        metrics["delta_bytes"] = statistics.median(delta) if delta else float("nan")
+        metrics["deltas"] = len(delta)
+        metrics["bytes_per_s"] = (sum(whole) + sum(delta)) / metrics["train_seconds"]
+        metrics["stall_ms"] = 1e3 * metrics["checkpoint_seconds"] / n
+        return metrics
+
+    rounds = []
+    for r in range(run.rounds):
+        order = (16, 0) if r % 2 == 0 else (0, 16)
+        row = {"load": os.getloadavg()[0]}
+        for deltas in order:
+            row["deltas" if deltas else "whole"] = train(deltas)
+        rounds.append(row)
+    med = lambda side, key: statistics.median(per_round(rounds, side, key))  # noqa: E731
+    dbytes, wbytes = med("deltas", "delta_bytes"), med("whole", "whole_bytes")
+    drate, wrate = med("deltas", "bytes_per_s"), med("whole", "bytes_per_s")
+    dstall, wstall = med("deltas", "stall_ms"), med("whole", "stall_ms")
+    rows = [
+        ["bytes per checkpoint (deltas: a delta), MB", num(dbytes / 1e6, 2), num(wbytes / 1e6, 2),
+         f"**{ratio(dbytes / wbytes)}**"],
+        ["checkpoint bytes per training second, MB/s", num(drate / 1e6, 1), num(wrate / 1e6, 1), ratio(drate / wrate)],
+        ["training stall per checkpoint, ms", num(dstall, 1), num(wstall, 1), ratio(dstall / wstall)],
+    ]
+    first = rounds[0]["deltas"]
+    note = (f"\n\n{first['checkpoints_written']} checkpoints per run, {first['deltas']} of them deltas with the "
+            f"defaults; the dense model with Adam's moments is {first['dense_params'] * 12 / 1e6:.1f} MB of every "
+            "checkpoint.")
+    return PROSE["deltas"].format(steps=run.s.checkpoint_steps, every=run.s.checkpoint_every), table(
+        ["what (median over the rounds)", "deltas (default)", "`--checkpoint-deltas 0` (baseline)",
+         "deltas / whole"], rows, right=range(1, 4)) + note
+
+
+def dir_bytes_of(path):
+    """Bytes of the files of one checkpoint directory."""
+    return sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(path) for f in fs)
 
 
 def section_serve(run):
@@ -1064,6 +1141,7 @@ SECTIONS = [
     ("exchange", section_exchange),
     ("cache", section_cache),
     ("checkpoints", section_checkpoints),
+    ("deltas", section_deltas),
     ("serve", section_serve),
     ("avx2", section_avx2),
 ]

@@ -35,8 +35,8 @@
 //!   the previous checkpoint this run wrote (durable before the delta begins),
 //!   and every worker's changes count from that checkpoint's snapshot. The first
 //!   checkpoint of a run, the first after any restore, the one after
-//!   `--checkpoint-deltas` deltas, and the one after deltas worth
-//!   `--checkpoint-delta-share` of the last whole checkpoint's bytes are whole.
+//!   `--checkpoint-deltas` deltas, and the one after deltas whose rows (shard
+//!   files) pass `--checkpoint-delta-share` of the last whole checkpoint's are whole.
 //! * **Durable before announced.** [`Checkpointer::take_durable`] hands out a
 //!   checkpoint's position only after round 3 reported the rename; the online
 //!   trainer commits Kafka offsets to the consumer group only then.
@@ -91,7 +91,7 @@ pub struct CheckpointOptions {
     pub keep: usize,
     /// Deltas at most between two whole checkpoints (0: every checkpoint whole).
     pub deltas: u64,
-    /// A whole checkpoint once the deltas since the last one pass this share of its bytes.
+    /// A whole checkpoint once the deltas' shard files since the last one pass this share of its shard files' bytes.
     pub delta_share: f64,
     /// Write every checkpoint before training goes on (`--checkpoint-sync`);
     /// otherwise files are written in the background.
@@ -141,7 +141,7 @@ pub enum Note {
     Begin(Result<(PathBuf, Option<checkpoint::DeltaLink>), String>),
     /// Round 2, a worker's shard file.
     Written(Result<ShardWritten, String>),
-    /// Round 3, worker 0's outcome: the checkpoint's path and its bytes.
+    /// Round 3, worker 0's outcome: the checkpoint's path and its shard files' bytes.
     Committed(Result<(PathBuf, u64), String>),
     /// After restoring: the step restored (`None`: started fresh).
     Restored(Result<Option<u64>, String>),

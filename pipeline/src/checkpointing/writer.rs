@@ -28,11 +28,11 @@ struct ShardDone {
 /// The chain this run's checkpoints extend: its whole checkpoint and the deltas since.
 #[derive(Clone, Copy, Debug)]
 struct Chain {
-    /// The step of its whole checkpoint, and that checkpoint's bytes.
+    /// The step of its whole checkpoint, and that checkpoint's shard files' bytes.
     base: (u64, u64),
     /// The step of its newest link.
     last: u64,
-    /// Deltas written since the whole checkpoint, and their bytes.
+    /// Deltas written since the whole checkpoint, and their shard files' bytes.
     deltas: (u64, u64),
 }
 

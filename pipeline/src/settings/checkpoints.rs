@@ -27,8 +27,8 @@ pub struct CheckpointSettings {
     #[arg(long, required = false, value_name = "N", value_parser = checkpoint_deltas::RANGE)]
     #[serde(deserialize_with = "checkpoint_deltas::deserialize")]
     pub checkpoint_deltas: u64,
-    /// Write a whole checkpoint instead of a delta once the deltas since the last whole one hold more than
-    /// this share of its bytes.
+    /// Write a whole checkpoint instead of a delta once the rows of the deltas since the last whole one
+    /// (their shard files) hold more than this share of its rows' bytes.
     #[arg(long, required = false, value_name = "SHARE", value_parser = checkpoint_delta_share::RANGE)]
     #[serde(deserialize_with = "checkpoint_delta_share::deserialize")]
     pub checkpoint_delta_share: f64,
@@ -58,7 +58,7 @@ impl Default for CheckpointSettings {
             checkpoint_every: None,
             keep_checkpoints: 3,
             checkpoint_deltas: 16,
-            checkpoint_delta_share: 0.5,
+            checkpoint_delta_share: 1.0,
             checkpoint_sync: false,
             resume: false,
             new_data: false,
