@@ -17,7 +17,7 @@
 //! * A batch is counted in [`ServingState`] before its answers are sent, so
 //!   a client holding its answer sees its records counted.
 
-use super::score::Loaded;
+use super::score::{Delta, Loaded};
 use std::ops::Range;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -32,16 +32,6 @@ pub enum Work {
     Swap(Box<Loaded>),
     /// The delta that follows the served checkpoint, applied between two batches.
     Delta(Box<Delta>),
-}
-
-/// A delta checkpoint read as stored, for the model of its parent.
-pub struct Delta {
-    /// Its directory.
-    pub path: std::path::PathBuf,
-    /// Its step.
-    pub step: u64,
-    /// Its parts: the rows changed since the parent, the ids removed since, the dense parameters.
-    pub parts: Vec<tiderec_operators::snapshot::WorkerSnapshot>,
 }
 
 /// Records of one request (at most `max_batch` of them) and where their reply goes.

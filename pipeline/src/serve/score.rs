@@ -40,6 +40,16 @@ pub struct Loaded {
     records: Records,
 }
 
+/// A delta checkpoint read as stored, for the model of its parent.
+pub struct Delta {
+    /// Its directory.
+    pub path: std::path::PathBuf,
+    /// Its step.
+    pub step: u64,
+    /// Its parts: the rows changed since the parent, the ids removed since, the dense parameters.
+    pub parts: Vec<tiderec_operators::snapshot::WorkerSnapshot>,
+}
+
 /// How records become samples.
 enum Records {
     /// Records of a line format: made into a line, parsed by the pipeline's format.
@@ -126,7 +136,7 @@ impl Loaded {
 
     /// Takes the delta of `step` at `path` (its parts as stored, see
     /// [`Scorer::apply_changes`]): on error the model is unchanged.
-    pub fn apply_delta(&mut self, delta: &super::batcher::Delta) -> Result<(), PipelineError> {
+    pub fn apply_delta(&mut self, delta: &Delta) -> Result<(), PipelineError> {
         self.scorer.apply_changes(&delta.parts)?;
         (self.path, self.step) = (delta.path.clone(), delta.step);
         Ok(())

@@ -20,7 +20,8 @@
 //!   delta the scoring thread could not apply marks the state stale, and the
 //!   next look loads the newest checkpoint whole.
 
-use super::batcher::{Delta, ServingState, Work};
+use super::batcher::{ServingState, Work};
+use super::score::Delta;
 use super::score::Loaded;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
