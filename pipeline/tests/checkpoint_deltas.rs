@@ -128,3 +128,32 @@ fn a_damaged_delta_in_the_middle_of_a_chain_falls_back_to_the_last_good_link() {
     assert_eq!(resumed["resumed_from_step"], 5, "{stderr}");
     assert_eq!(resumed["params_l2"], straight["params_l2"]);
 }
+
+/// SIGKILL while deltas are being written every 2 steps: the resumed run starts from a
+/// delta's chain and ends at the uninterrupted model (nothing lost, nothing trained twice).
+#[test]
+fn a_run_killed_amid_deltas_resumes_to_the_uninterrupted_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let with_ck = [&["--checkpoint-dir", ck.to_str().unwrap(), "--checkpoint-every", "2"][..], &CHAIN[2..]].concat();
+    let steps = 40u64;
+    let mut c = tiderec();
+    c.args(SYNTHETIC).args(["--workers", "2", "--steps", &steps.to_string()]).args(&with_ck);
+    let mut child =
+        c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("tiderec starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !ck.exists() || entries(&ck).0.len() < 3 {
+        assert!(std::time::Instant::now() < deadline, "no delta appeared");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it was killed");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let last = *entries(&ck).0.last().unwrap();
+    assert!(last < steps && !manifest(&ck, last)["delta"].is_null(), "killed amid deltas (newest {last})");
+    let (resumed, stderr) = train(2, steps, &[&with_ck[..], &["--resume"]].concat(), tmp.path());
+    let (straight, _) = train(2, steps, &[], tmp.path());
+    assert!(resumed["resumed_from_step"].as_u64().unwrap() >= last, "{stderr}");
+    assert_eq!(resumed["params_l2"], straight["params_l2"]);
+    assert_eq!(resumed["samples"], straight["samples"], "nothing trained twice");
+}
