@@ -11,7 +11,8 @@
 //! Invariants:
 //! * Two runs make the same samples from the same records exactly when their
 //!   pipelines are equal, `labeled` aside (a test file without its label
-//!   column is featurized like the labeled one).
+//!   column is featurized like the labeled one) and the spec's `user` column
+//!   aside (it groups per-user metrics and makes no feature).
 //! * Commands that read a checkpoint featurize with its pipeline, never with
 //!   defaults: `--resume` refuses a run whose pipeline differs and `eval` /
 //!   `predict` refuse data of another format, each naming every difference.
@@ -234,7 +235,8 @@ impl FeaturePipeline {
 
     /// Every difference between this (the checkpoint's) pipeline and `other` (`whose`: `run`,
     /// `data`), one line per field: `FIELD: checkpoint has X, run has Y`. A different format
-    /// is one line (its other fields are then not compared); `labeled` is not compared.
+    /// is one line (its other fields are then not compared); `labeled` and the spec's `user`
+    /// column (not a feature) are not compared.
     pub fn differences(&self, other: &FeaturePipeline, whose: &str) -> Vec<String> {
         if self.format != other.format {
             return vec![format!(
@@ -248,9 +250,13 @@ impl FeaturePipeline {
             if let Some(map) = v.as_object_mut() {
                 map.remove("labeled");
                 map.remove("version");
-                // The spec is compared by content; where it came from is not part of the features.
+                // The spec is compared by content; where it came from is not part of the features,
+                // nor is its user column (which only groups per-user metrics).
                 if let Some(spec) = map.get_mut("spec").and_then(Value::as_object_mut) {
                     spec.remove("source");
+                    if let Some(fields) = spec.get_mut("fields").and_then(Value::as_object_mut) {
+                        fields.remove("user");
+                    }
                 }
             }
             v
@@ -409,6 +415,10 @@ mod tests {
         let d = csv.differences(&avazu_spec, "run");
         assert_eq!(d[0], "spec: checkpoint has preset:criteo, run has preset:avazu");
         assert!(d.iter().any(|l| l.starts_with("spec.fields.columns: checkpoint has")), "{d:?}");
+        let mut no_user = pipeline_of("csv:Cargo.toml", Some("preset:elm"), None);
+        let elm = no_user.clone();
+        no_user.spec.as_mut().unwrap().fields.user = None;
+        assert_eq!(elm.differences(&no_user, "run"), Vec::<String>::new(), "the user column is no feature");
         let seeded = pipeline_of("criteo:Cargo.toml", None, Some(7));
         assert_eq!(criteo.differences(&seeded, "run"), ["hash.seed: checkpoint has 42, run has 7"]);
         // Round trip through the manifest's JSON.
