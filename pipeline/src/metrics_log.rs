@@ -122,6 +122,11 @@ mod tests {
         let back = read_log(&path).unwrap();
         assert_eq!(back.len(), 2);
         assert_eq!(back[0], r);
+        // A line written before the NE, calibration, PR-AUC and GAUC fields existed.
+        let old = r#"{"time_s":1.0,"step":3,"samples":30,"samples_per_sec":30.0,"loss":0.5,"window_auc":0.7,"window_logloss":0.4,"lag":0,"checkpoint_age_s":null,"bad_records":0}"#;
+        std::fs::write(&path, format!("{old}\n")).unwrap();
+        let back = read_log(&path).unwrap();
+        assert_eq!((back[0].window_auc, back[0].window_ne, back[0].window_gauc), (Some(0.7), None, None));
         std::fs::write(&path, "{\"step\": 1}\nnot json\n").unwrap();
         let e = read_log(&path).unwrap_err().to_string();
         assert!(e.contains(":1:") || e.contains(":2:"), "{e}");

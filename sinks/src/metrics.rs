@@ -241,6 +241,27 @@ mod tests {
     }
 
     #[test]
+    fn evaluations_carry_every_metric_and_older_ones_read_without_the_newer() {
+        let figures = EvalSummary {
+            auc: Some(f64::NAN),
+            ne: Some(0.9),
+            pr_auc: Some(0.4),
+            gauc: Some(0.6),
+            samples: 7,
+            ..Default::default()
+        };
+        let e = Evaluation::of(5, 1, &figures);
+        assert_eq!((e.step, e.epoch, e.samples), (5, 1, 7));
+        assert_eq!(e.auc, None, "NaN is no figure");
+        assert_eq!(e.summary(), EvalSummary { auc: None, ..figures });
+        // An evaluation recorded before NE, calibration, PR-AUC and GAUC existed (a checkpoint's).
+        let old: Evaluation =
+            serde_json::from_str(r#"{"step":3,"epoch":1,"auc":0.7,"logloss":0.5,"accuracy":0.8,"samples":10}"#)
+                .unwrap();
+        assert_eq!((old.auc, old.ne, old.calibration, old.pr_auc, old.gauc), (Some(0.7), None, None, None, None));
+    }
+
+    #[test]
     fn unwritable_path_names_it() {
         let e = RunSummary::default().write_json(Path::new("/nonexistent-dir/x.json")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent-dir"), "{e}");
