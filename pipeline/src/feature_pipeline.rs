@@ -148,6 +148,12 @@ fn dense_of_spec(spec: &FeatureSpec) -> Vec<DenseTransform> {
     dense.chain(lists).collect()
 }
 
+/// What of a Parquet description decides the samples: not the input files' sizes (`lines`)
+/// nor whether rows carry user groups (no feature).
+fn featurization(d: &SchemaDescription) -> SchemaDescription {
+    SchemaDescription { lines: None, groups: false, ..d.clone() }
+}
+
 impl FeaturePipeline {
     /// The pipeline of a training run (labeled records).
     pub fn of_run(settings: &TrainSettings, resolved: &Resolved) -> Self {
@@ -184,7 +190,7 @@ impl FeaturePipeline {
             DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) | DataSpec::SyntheticBehavior
         );
         let parquet = match &resolved.data {
-            DataSpec::Parquet(p) => Some(SchemaDescription { lines: None, ..p.0.description().clone() }),
+            DataSpec::Parquet(p) => Some(featurization(p.0.description())),
             _ => None,
         };
         FeaturePipeline {
@@ -292,7 +298,7 @@ impl FeaturePipeline {
             )]);
         }
         if let (DataSpec::Parquet(p), Some(mine)) = (data, &self.parquet) {
-            let theirs = SchemaDescription { lines: None, ..p.0.description().clone() };
+            let theirs = featurization(p.0.description());
             if &theirs != mine {
                 let a = serde_json::to_value(mine).unwrap_or_default();
                 let b = serde_json::to_value(&theirs).unwrap_or_default();
@@ -379,7 +385,7 @@ impl FeaturePipeline {
             cross_buckets: None,
             labeled: true,
             parquet: match data {
-                DataSpec::Parquet(p) => Some(SchemaDescription { lines: None, ..p.0.description().clone() }),
+                DataSpec::Parquet(p) => Some(featurization(p.0.description())),
                 _ => None,
             },
         })

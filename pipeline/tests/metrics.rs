@@ -130,6 +130,75 @@ fn train_and_eval_report_every_metric_and_the_ranking_ones_equal_scikit_learn() 
 }
 
 #[test]
+fn converted_parquet_keeps_the_users_and_gives_the_same_metrics() {
+    let Some(train) = shared_data("taobao_ad/train_sample.csv") else { return };
+    let Some(test) = shared_data("taobao_ad/test_sample.csv") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let parquet = |src: &Path, name: &str| {
+        let out = d.join(name);
+        run_ok(
+            tiderec()
+                .args(["convert", "--progress", "none", "--buckets", "1000"])
+                .args(["--from", &format!("taobao-ad:{}", src.display())])
+                .arg("--to")
+                .arg(format!("parquet:{}", out.display()))
+                .arg("--dead-letters")
+                .arg(d.join(format!("{name}-dead.tsv"))),
+        );
+        format!("parquet:{}", out.display())
+    };
+    let (train_pq, test_pq) = (parquet(&train, "train-pq"), parquet(&test, "test-pq"));
+    let runs = [
+        (format!("taobao-ad:{}", train.display()), format!("taobao-ad:{}", test.display()), "csv"),
+        (train_pq, test_pq, "parquet"),
+    ];
+    let m: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|(data, eval, name)| {
+            let mut flags = vec!["--eval", eval.as_str(), "--workers", "1", "--model", "lr"];
+            flags.extend(QUICK);
+            train_metrics(data, d, name, &flags)
+        })
+        .collect();
+    assert!(m[1]["gauc"].is_number(), "the Parquet rows keep their users: {}", m[1]);
+    for key in METRICS {
+        let (a, b) = (m[0][key].as_f64().unwrap(), m[1][key].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-9, "{key}: records {a}, Parquet {b}");
+    }
+}
+
+#[test]
+fn converted_behavior_data_keeps_its_users() {
+    let Some(src) = shared_data("amazon_dien/local_test") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (pq, ck) = (d.join("pq"), d.join("ck"));
+    run_ok(
+        tiderec()
+            .args(["convert", "--progress", "none", "--buckets", "1000"])
+            .args(["--from", &format!("amazon-dien:{}", src.display())])
+            .arg("--to")
+            .arg(format!("parquet:{}", pq.display()))
+            .arg("--dead-letters")
+            .arg(d.join("convert-dead.tsv")),
+    );
+    let data = format!("parquet:{}", pq.display());
+    let mut flags = vec!["--model", "lr", "--eval-fraction", "0", "--checkpoint-dir", ck.to_str().unwrap()];
+    flags.extend(QUICK);
+    train_metrics(&data, d, "run", &flags);
+    let o = run_ok(
+        tiderec()
+            .args(["eval", "--json", "--data", &data, "--checkpoint"])
+            .arg(&ck)
+            .arg("--dead-letters")
+            .arg(d.join("eval-dead.tsv")),
+    );
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(e["gauc"].is_number(), "the rows keep amazon-dien's users: {e}");
+}
+
+#[test]
 fn criteo_has_no_user_column_so_no_gauc() {
     let Some(train) = shared_data("criteo/sample_train.txt") else { return };
     let Some(test) = shared_data("criteo/sample_test.txt") else { return };
