@@ -35,11 +35,12 @@ enum Command {
     Online(Box<OnlineArgs>),
     /// Replay Criteo files into a Kafka topic (creates the topic if needed).
     Produce(ProduceArgs),
-    /// Draw loss and AUC curves from a `train` or `online` `--metrics-log` file to a PNG.
+    /// Draw loss, NE, AUC, PR-AUC and GAUC curves from a `train` or `online` `--metrics-log` file to a PNG.
     Plot(PlotArgs),
     /// Write a checkpoint's model as a serving snapshot (safetensors + model config JSON).
     Export(ExportArgs),
-    /// Score labeled records with a checkpoint's model (AUC, logloss), featurized by its pipeline.
+    /// Score labeled records with a checkpoint's model (AUC, logloss, NE, calibration, PR-AUC, GAUC),
+    /// featurized by its pipeline.
     Eval(EvalArgs),
     /// Write one score per record (CSV or Parquet), featurized by the checkpoint's pipeline.
     Predict(PredictArgs),

@@ -13,9 +13,8 @@
 //!   the item and the category tables ([`SEQUENCE_TABLES`]), so a history
 //!   item and the same target item share one embedding row.
 //! * Values are hashed from their raw bytes with a seeded per-table hash.
-//! * The user column is also each sample's group
-//!   ([`group_key`](tiderec_records::metrics::group_key) in `Batch::groups`),
-//!   for per-user metrics.
+//! * The user column is also each sample's group ([`group_key`] in
+//!   `Batch::groups`), for per-user metrics.
 //! * Only the most recent `max_len` history events are kept.
 //! * An empty history field is an empty sequence. Histories of different
 //!   lengths are a [`BadReason::FieldCount`] in the category field.

@@ -1,7 +1,7 @@
 //! Live metrics of `train` and `online`: the Prometheus endpoint
 //! (`--metrics-addr`, `GET /metrics`). Their JSON-lines log
 //! (`--metrics-log`) is [`crate::metrics_log`]'s, and each endpoint update is
-//! a [`MetricsRecord`] of that log.
+//! a [`MetricsRecord`](crate::metrics_log::MetricsRecord) of that log.
 //!
 //! Invariants:
 //! * One [`LiveMetrics`] per process, shared by its workers: worker 0 sets the

@@ -184,7 +184,7 @@ impl OnlineSettings {
             if set {
                 return Err(PipelineError::config(
                     key,
-                    "applies to `tiderec train`; online training evaluates prequentially (the window AUC)",
+                    "applies to `tiderec train`; online training evaluates prequentially (the window metrics)",
                 ));
             }
         }
