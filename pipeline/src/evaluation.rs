@@ -118,19 +118,22 @@ pub fn describe(e: &Evaluation, verdict: Verdict, tracker: &Tracker) -> String {
         let best = tracker.best().map_or("none".into(), |b| format!("step {}", b.step));
         format!("{} without improvement (best: {best})", tracker.since_best())
     };
+    let gauc = e.gauc.map_or(String::new(), |g| format!(" GAUC {g:.4}"));
     format!(
-        "eval at step {} ({} epoch{} done): AUC {} logloss {} ({} samples) — {note}",
+        "eval at step {} ({} epoch{} done): AUC {} logloss {} NE {} PR-AUC {}{gauc} ({} samples) — {note}",
         e.step,
         e.epoch,
         if e.epoch == 1 { "" } else { "s" },
         f(e.auc),
         f(e.logloss),
+        f(e.ne),
+        f(e.pr_auc),
         e.samples
     )
 }
 
 /// Worker 0's evaluation figures, sent to every worker.
-pub type Shared = (Option<f64>, Option<f64>, Option<f64>, u64);
+pub type Shared = EvalSummary;
 
 /// Sends worker 0's `summary` (ignored on the others) to every worker and returns it as
 /// the evaluation of `step` after `epoch` epochs. Collective.
@@ -141,12 +144,8 @@ pub fn share(
     step: u64,
     epoch: u64,
 ) -> Evaluation {
-    let mine: Shared = summary.map_or((None, None, None, 0), |s| {
-        let some = |x: f64| Some(x).filter(|v| v.is_finite());
-        (some(s.auc), some(s.logloss), some(s.accuracy), s.samples)
-    });
-    let (auc, logloss, accuracy, samples) = collective.all_gather(worker, mine).swap_remove(0);
-    Evaluation { step, epoch, auc, logloss, accuracy, samples }
+    let figures = collective.all_gather(worker, summary.unwrap_or_default()).swap_remove(0);
+    Evaluation::of(step, epoch, &figures)
 }
 
 /// Keeps the best model of an early-stopping run for [`BestKeeper::restore`]: in memory
@@ -249,7 +248,7 @@ mod tests {
     use super::*;
 
     fn at(step: u64, auc: f64, logloss: f64) -> Evaluation {
-        Evaluation { step, epoch: step / 10, auc: Some(auc), logloss: Some(logloss), accuracy: None, samples: 5 }
+        Evaluation { step, epoch: step / 10, auc: Some(auc), logloss: Some(logloss), samples: 5, ..Default::default() }
     }
 
     #[test]

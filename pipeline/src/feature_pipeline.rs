@@ -11,7 +11,8 @@
 //! Invariants:
 //! * Two runs make the same samples from the same records exactly when their
 //!   pipelines are equal, `labeled` aside (a test file without its label
-//!   column is featurized like the labeled one).
+//!   column is featurized like the labeled one) and the spec's `user` column
+//!   aside (it groups per-user metrics and makes no feature).
 //! * Commands that read a checkpoint featurize with its pipeline, never with
 //!   defaults: `--resume` refuses a run whose pipeline differs and `eval` /
 //!   `predict` refuse data of another format, each naming every difference.
@@ -147,6 +148,12 @@ fn dense_of_spec(spec: &FeatureSpec) -> Vec<DenseTransform> {
     dense.chain(lists).collect()
 }
 
+/// What of a Parquet description decides the samples: not the input files' sizes (`lines`)
+/// nor whether rows carry user groups (no feature).
+fn featurization(d: &SchemaDescription) -> SchemaDescription {
+    SchemaDescription { lines: None, groups: false, ..d.clone() }
+}
+
 impl FeaturePipeline {
     /// The pipeline of a training run (labeled records).
     pub fn of_run(settings: &TrainSettings, resolved: &Resolved) -> Self {
@@ -183,7 +190,7 @@ impl FeaturePipeline {
             DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) | DataSpec::SyntheticBehavior
         );
         let parquet = match &resolved.data {
-            DataSpec::Parquet(p) => Some(SchemaDescription { lines: None, ..p.0.description().clone() }),
+            DataSpec::Parquet(p) => Some(featurization(p.0.description())),
             _ => None,
         };
         FeaturePipeline {
@@ -234,7 +241,8 @@ impl FeaturePipeline {
 
     /// Every difference between this (the checkpoint's) pipeline and `other` (`whose`: `run`,
     /// `data`), one line per field: `FIELD: checkpoint has X, run has Y`. A different format
-    /// is one line (its other fields are then not compared); `labeled` is not compared.
+    /// is one line (its other fields are then not compared); `labeled` and the spec's `user`
+    /// column (not a feature) are not compared.
     pub fn differences(&self, other: &FeaturePipeline, whose: &str) -> Vec<String> {
         if self.format != other.format {
             return vec![format!(
@@ -248,9 +256,13 @@ impl FeaturePipeline {
             if let Some(map) = v.as_object_mut() {
                 map.remove("labeled");
                 map.remove("version");
-                // The spec is compared by content; where it came from is not part of the features.
+                // The spec is compared by content; where it came from is not part of the features,
+                // nor is its user column (which only groups per-user metrics).
                 if let Some(spec) = map.get_mut("spec").and_then(Value::as_object_mut) {
                     spec.remove("source");
+                    if let Some(fields) = spec.get_mut("fields").and_then(Value::as_object_mut) {
+                        fields.remove("user");
+                    }
                 }
             }
             v
@@ -286,7 +298,7 @@ impl FeaturePipeline {
             )]);
         }
         if let (DataSpec::Parquet(p), Some(mine)) = (data, &self.parquet) {
-            let theirs = SchemaDescription { lines: None, ..p.0.description().clone() };
+            let theirs = featurization(p.0.description());
             if &theirs != mine {
                 let a = serde_json::to_value(mine).unwrap_or_default();
                 let b = serde_json::to_value(&theirs).unwrap_or_default();
@@ -373,7 +385,7 @@ impl FeaturePipeline {
             cross_buckets: None,
             labeled: true,
             parquet: match data {
-                DataSpec::Parquet(p) => Some(SchemaDescription { lines: None, ..p.0.description().clone() }),
+                DataSpec::Parquet(p) => Some(featurization(p.0.description())),
                 _ => None,
             },
         })
@@ -409,6 +421,10 @@ mod tests {
         let d = csv.differences(&avazu_spec, "run");
         assert_eq!(d[0], "spec: checkpoint has preset:criteo, run has preset:avazu");
         assert!(d.iter().any(|l| l.starts_with("spec.fields.columns: checkpoint has")), "{d:?}");
+        let mut no_user = pipeline_of("csv:Cargo.toml", Some("preset:elm"), None);
+        let elm = no_user.clone();
+        no_user.spec.as_mut().unwrap().fields.user = None;
+        assert_eq!(elm.differences(&no_user, "run"), Vec::<String>::new(), "the user column is no feature");
         let seeded = pipeline_of("criteo:Cargo.toml", None, Some(7));
         assert_eq!(criteo.differences(&seeded, "run"), ["hash.seed: checkpoint has 42, run has 7"]);
         // Round trip through the manifest's JSON.

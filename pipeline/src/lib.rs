@@ -8,13 +8,16 @@
 //! # Cargo features
 //!
 //! * `cli` (default): what the `tiderec` binary needs (it requires this
-//!   feature): `serve`, and `plotters` for the binary's own modules
+//!   feature): `serve`, `prometheus`, and `plotters` for the binary's own modules
 //!   (benchmarks, `tiderec plot`), which are not part of this library.
 //! * `serve` (in `cli`): the HTTP scorer, module `serve` (`tiny_http`).
+//! * `prometheus` (in `cli` and `kafka`): the Prometheus endpoint of `train`
+//!   and `online` (`--metrics-addr`, module [`live_metrics`];
+//!   `prometheus-client`, `tiny_http`). Without it `--metrics-addr` is a
+//!   configuration error.
 //! * `kafka` (default): the online trainer and `tiderec produce` over
-//!   librdkafka (built from source), with the trainer's Prometheus endpoint
-//!   (`prometheus-client`, `tiny_http`). Without it [`online::online`] returns
-//!   a configuration error.
+//!   librdkafka (built from source), with `prometheus`. Without it
+//!   [`online::online`] returns a configuration error.
 //!
 //! With `default-features = false` the library trains, converts, evaluates,
 //! predicts and exports with none of those dependencies.
@@ -37,6 +40,7 @@ pub mod exchange_plan;
 pub mod feature_pipeline;
 pub mod hygiene;
 pub mod kernels;
+pub mod live_metrics;
 pub mod memory;
 pub mod metrics_log;
 pub mod online;

@@ -35,11 +35,12 @@ enum Command {
     Online(Box<OnlineArgs>),
     /// Replay Criteo files into a Kafka topic (creates the topic if needed).
     Produce(ProduceArgs),
-    /// Draw loss and AUC curves from a `train` or `online` `--metrics-log` file to a PNG.
+    /// Draw loss, NE, AUC, PR-AUC and GAUC curves from a `train` or `online` `--metrics-log` file to a PNG.
     Plot(PlotArgs),
     /// Write a checkpoint's model as a serving snapshot (safetensors + model config JSON).
     Export(ExportArgs),
-    /// Score labeled records with a checkpoint's model (AUC, logloss), featurized by its pipeline.
+    /// Score labeled records with a checkpoint's model (AUC, logloss, NE, calibration, PR-AUC, GAUC),
+    /// featurized by its pipeline.
     Eval(EvalArgs),
     /// Write one score per record (CSV or Parquet), featurized by the checkpoint's pipeline.
     Predict(PredictArgs),
@@ -189,10 +190,8 @@ struct OnlineArgs {
     /// Also checkpoint when this many seconds passed since the last checkpoint.
     #[arg(long, value_name = "SECONDS", value_parser = online_ranges::CHECKPOINT_SECONDS)]
     checkpoint_seconds: Option<f64>,
-    /// Serve Prometheus metrics at http://ADDR/metrics (process 0).
-    #[arg(long, value_name = "ADDR")]
-    metrics_addr: Option<String>,
-    /// Predictions in the prequential AUC / logloss window.
+    /// Predictions in the prequential window of the live metrics (AUC, logloss, NE, calibration,
+    /// PR-AUC, GAUC).
     #[arg(long, default_value_t = 10_000, value_parser = online_ranges::WINDOW)]
     window: usize,
     /// Seconds between progress reports, metrics-log lines and lag queries.
@@ -411,7 +410,6 @@ fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
         on_offset_reset: args.on_offset_reset,
         until_end: args.until_end,
         checkpoint_seconds: args.checkpoint_seconds,
-        metrics_addr: args.metrics_addr,
         window: args.window,
         report_seconds: args.report_seconds,
         broker_timeout: args.broker_timeout,
@@ -438,6 +436,13 @@ fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
         s.samples_this_run, s.samples_per_sec, s.train_seconds
     );
     println!("  window AUC      {}   logloss {}", fmt_opt(s.window_auc), fmt_opt(s.window_logloss));
+    println!(
+        "  window NE       {}   calibration {}   PR-AUC {}   GAUC {}",
+        fmt_opt(s.window_ne),
+        fmt_opt(s.window_calibration),
+        fmt_opt(s.window_pr_auc),
+        fmt_opt(s.window_gauc)
+    );
     println!("  params L2       {:.6}", s.params_l2);
     println!("  bad records     {}", s.bad_records);
     if let Some(step) = s.resumed_from_step {
@@ -576,7 +581,13 @@ fn main() -> anyhow::Result<()> {
             );
             println!("  train loss      {:.4} (last steps), {:.4} (run mean)", s.train_loss, s.train_loss_mean);
             println!("  eval AUC        {}   (teacher AUC {})", fmt_opt(s.auc), fmt_opt(s.teacher_auc));
-            println!("  eval logloss    {}", fmt_opt(s.logloss));
+            println!(
+                "  eval logloss    {}   NE {}   calibration {}",
+                fmt_opt(s.logloss),
+                fmt_opt(s.ne),
+                fmt_opt(s.calibration)
+            );
+            println!("  eval PR-AUC     {}   GAUC {}", fmt_opt(s.pr_auc), fmt_opt(s.gauc));
             println!("  eval accuracy   {}   on {} samples", fmt_opt(s.accuracy), s.eval_samples);
             println!("  throughput      {:.0} samples/s   ({:.1} s training)", s.samples_per_sec, s.train_seconds);
             println!("  exchanged       {:.1} bytes/sample", s.bytes_per_sample);
@@ -670,11 +681,16 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!(
-                    "step {}: {} samples, AUC {}, logloss {:.4}, {} bad records",
+                    "step {}: {} samples, AUC {}, logloss {:.4}, NE {}, calibration {}, PR-AUC {}, GAUC {}, {} bad \
+                     records",
                     r.step,
                     r.samples,
                     fmt_opt(r.auc),
                     r.logloss,
+                    fmt_opt(r.ne),
+                    fmt_opt(r.calibration),
+                    fmt_opt(r.pr_auc),
+                    fmt_opt(r.gauc),
                     r.bad_records
                 );
             }

@@ -1,12 +1,17 @@
 //! The JSON-lines metrics log of `train` and `online` (`--metrics-log`), read
 //! back by `tiderec plot`: one [`MetricsRecord`] per line, flushed as it is
 //! written, so a reader sees every complete line of a run still in progress.
+//!
+//! The `window_*` figures are the prequential window's (`online`) or the
+//! latest evaluation's of the held-out split (`train`). Fields added later
+//! default to `null`, so older logs still read.
 
 use crate::error::DataflowFailure;
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use tiderec_operators::metrics::EvalSummary;
 
 /// One line of the JSON-lines metrics log.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -25,12 +30,37 @@ pub struct MetricsRecord {
     pub window_auc: Option<f64>,
     /// Prequential log loss over the window.
     pub window_logloss: Option<f64>,
+    /// Normalized entropy over the window (null with one class only).
+    #[serde(default)]
+    pub window_ne: Option<f64>,
+    /// Mean prediction over observed CTR in the window (null without positives).
+    #[serde(default)]
+    pub window_calibration: Option<f64>,
+    /// PR-AUC (average precision) over the window (null without positives).
+    #[serde(default)]
+    pub window_pr_auc: Option<f64>,
+    /// GAUC over the window (null without a user column, or no user with both classes).
+    #[serde(default)]
+    pub window_gauc: Option<f64>,
     /// Records behind the end of the partitions this process owns.
     pub lag: i64,
     /// Seconds since the last checkpoint (null before the first).
     pub checkpoint_age_s: Option<f64>,
     /// Malformed records skipped so far.
     pub bad_records: u64,
+}
+
+impl MetricsRecord {
+    /// Sets the `window_*` figures from `figures` (all `None` without).
+    pub fn set_window(&mut self, figures: Option<&EvalSummary>) {
+        let f = |get: fn(&EvalSummary) -> Option<f64>| figures.and_then(get);
+        self.window_auc = f(|s| s.auc);
+        self.window_logloss = f(|s| s.logloss);
+        self.window_ne = f(|s| s.ne);
+        self.window_calibration = f(|s| s.calibration);
+        self.window_pr_auc = f(|s| s.pr_auc);
+        self.window_gauc = f(|s| s.gauc);
+    }
 }
 
 /// Appends JSON lines to a file.
@@ -92,6 +122,11 @@ mod tests {
         let back = read_log(&path).unwrap();
         assert_eq!(back.len(), 2);
         assert_eq!(back[0], r);
+        // A line written before the NE, calibration, PR-AUC and GAUC fields existed.
+        let old = r#"{"time_s":1.0,"step":3,"samples":30,"samples_per_sec":30.0,"loss":0.5,"window_auc":0.7,"window_logloss":0.4,"lag":0,"checkpoint_age_s":null,"bad_records":0}"#;
+        std::fs::write(&path, format!("{old}\n")).unwrap();
+        let back = read_log(&path).unwrap();
+        assert_eq!((back[0].window_auc, back[0].window_ne, back[0].window_gauc), (Some(0.7), None, None));
         std::fs::write(&path, "{\"step\": 1}\nnot json\n").unwrap();
         let e = read_log(&path).unwrap_err().to_string();
         assert!(e.contains(":1:") || e.contains(":2:"), "{e}");

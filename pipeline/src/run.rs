@@ -46,6 +46,7 @@ use crate::error::{DataflowFailure, Divergence};
 use crate::evaluation::{self, BestKeeper, Tracker, Verdict};
 use crate::exchange_plan::{resolve_exchange, PlanSource};
 use crate::feature_pipeline::FeaturePipeline;
+use crate::live_metrics::LiveMetrics;
 use crate::metrics_log::{MetricsLog, MetricsRecord};
 use crate::progress::{Progress, Unit};
 use crate::settings::BestMetric;
@@ -66,7 +67,7 @@ use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 use tiderec_sinks::checkpoint::{Checkpoint, InputFile, TrainingProgress};
 use tiderec_sinks::dead_letters::SharedDeadLetters;
-use tiderec_sinks::metrics::RunSummary;
+use tiderec_sinks::metrics::{Evaluation, RunSummary};
 use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo};
 use tiderec_sources::synthetic_behavior::{BehaviorConfig, SyntheticBehavior};
 use tiderec_sources::taobao;
@@ -108,6 +109,8 @@ struct Context {
     stop: Arc<AtomicBool>,
     /// The best model of an early-stopping run.
     best: BestKeeper,
+    /// The Prometheus endpoint (`--metrics-addr`, process 0).
+    live: Option<Arc<LiveMetrics>>,
 }
 
 /// The timely configuration for these settings.
@@ -145,45 +148,63 @@ pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerC
     config
 }
 
-/// `--metrics-log` of `train`: the online trainer's JSON lines ([`MetricsRecord`]), one about
-/// every second and one at the first step after each evaluation, whose AUC and log loss
-/// stand in the `window_*` fields (the held-out split's, not a prequential window's).
-struct StepLog {
-    log: MetricsLog,
+/// Worker 0's reports of `train`, with the latest evaluation's figures in the `window_*`
+/// fields (the held-out split's, not a prequential window's): the `--metrics-log` lines (the
+/// online trainer's [`MetricsRecord`]s), one about every second and one at the first step
+/// after each evaluation; and the `--metrics-addr` endpoint, after every step (and, from
+/// [`evaluation_point`], after every evaluation).
+struct Reports {
+    log: Option<MetricsLog>,
+    live: Option<Arc<LiveMetrics>>,
     last: std::time::Instant,
     evaluated: Option<u64>,
-    /// The latest record offered and whether it was written.
+    /// The latest record offered and whether the log has it.
     latest: Option<(MetricsRecord, bool)>,
 }
 
-impl StepLog {
-    fn create(path: &std::path::Path, append: bool) -> Result<Self, PipelineError> {
-        let log = MetricsLog::create(path, append)?;
-        Ok(StepLog { log, last: std::time::Instant::now(), evaluated: None, latest: None })
+impl Reports {
+    fn new(log: Option<MetricsLog>, live: Option<Arc<LiveMetrics>>) -> Self {
+        Reports { log, live, last: std::time::Instant::now(), evaluated: None, latest: None }
     }
 
-    /// Writes `record` when a second has passed, at the first step, or after a new evaluation.
-    fn step(&mut self, record: MetricsRecord, evaluated: Option<u64>) -> Result<(), PipelineError> {
+    /// True when nothing is reported (no log, no endpoint).
+    fn is_empty(&self) -> bool {
+        self.log.is_none() && self.live.is_none()
+    }
+
+    /// Reports a training step of `samples` samples; the log writes `record` when a second
+    /// has passed, at the first step, or after a new evaluation.
+    fn step(&mut self, record: MetricsRecord, samples: u64, evaluated: Option<u64>) -> Result<(), PipelineError> {
+        if let Some(live) = &self.live {
+            live.record(&record, 1, samples);
+        }
         let due = record.step == 1 || self.last.elapsed().as_secs_f64() >= 1.0 || evaluated != self.evaluated;
-        if due {
-            self.log.write(&record)?;
-            self.last = std::time::Instant::now();
-            self.evaluated = evaluated;
-        }
-        self.latest = Some((record, due));
+        let written = match &mut self.log {
+            Some(log) if due => {
+                log.write(&record)?;
+                self.last = std::time::Instant::now();
+                self.evaluated = evaluated;
+                true
+            }
+            _ => false,
+        };
+        self.latest = Some((record, written));
         Ok(())
     }
 
-    /// The run's last line: the last step, with the last evaluation (`evaluation`), unless written.
-    fn finish(&mut self, evaluation: Option<&tiderec_sinks::metrics::Evaluation>) -> Result<(), PipelineError> {
+    /// The run's last report: the last step, with the last evaluation (`evaluation`), logged
+    /// unless written.
+    fn finish(&mut self, evaluation: Option<&Evaluation>) -> Result<(), PipelineError> {
         let Some((mut record, written)) = self.latest.take() else { return Ok(()) };
-        let evaluated = evaluation.map(|e| e.step);
-        if !written || evaluated != self.evaluated {
-            record.window_auc = evaluation.and_then(|e| e.auc);
-            record.window_logloss = evaluation.and_then(|e| e.logloss);
-            self.log.write(&record)?;
+        record.set_window(evaluation.map(Evaluation::summary).as_ref());
+        if let Some(live) = &self.live {
+            live.record(&record, 0, 0);
         }
-        Ok(())
+        let evaluated = evaluation.map(|e| e.step);
+        match &mut self.log {
+            Some(log) if !written || evaluated != self.evaluated => log.write(&record),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -302,6 +323,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         eprintln!("{kernels}");
     }
     let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer, data_check(settings)?)?;
+    let live = crate::live_metrics::start(settings.run.metrics_addr.as_deref(), settings.cluster.process)?;
     let context = Arc::new(Context {
         stop: crate::stop::stop_flag()?,
         trainer,
@@ -324,6 +346,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         resolved: resolved.clone(),
         cluster: Cluster::new(settings, &resolved),
         best: BestKeeper::new(settings.cluster.workers),
+        live,
     });
     let ctx = context.clone();
     let print = fingerprint::of_train(settings, &resolved);
@@ -648,10 +671,14 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         _ => BadRecordCounts::default(),
     };
     let (mut steps, mut samples, mut epochs, mut loss_total) = (0u64, 0u64, 0u64, 0.0f64);
-    let mut step_log = match (&s.run.metrics_log, me, s.cluster.process) {
-        (Some(path), 0, 0) => Some(StepLog::create(path, resumed.is_some())?),
-        _ => None,
+    let mut reports = match me {
+        0 => {
+            let log = s.run.metrics_log.as_ref().map(|p| MetricsLog::create(p, resumed.is_some())).transpose()?;
+            Reports::new(log, ctx.live.clone())
+        }
+        _ => Reports::new(None, None),
     };
+    let mut last_checkpoint: Option<Instant> = None;
     let mut window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
     let mut steps_in_epoch = 0u64;
     let mut bad_before_epoch = derived_bad.to_array();
@@ -767,26 +794,30 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                     stats.bytes_sent as f64 / (samples - samples_at_start).max(1) as f64,
                     stats.bad_records.iter().sum(),
                 );
-                if let Some(log) = step_log.as_mut() {
+                if !reports.is_empty() {
                     let last = evals.tracker.last();
-                    log.step(
-                        MetricsRecord {
-                            time_s: start.elapsed().as_secs_f64(),
-                            step: steps,
-                            samples,
-                            samples_per_sec: rate,
-                            loss: l / n.max(1) as f64,
-                            window_auc: last.and_then(|e| e.auc),
-                            window_logloss: last.and_then(|e| e.logloss),
-                            lag: 0,
-                            checkpoint_age_s: None,
-                            bad_records: stats.bad_records.iter().sum(),
-                        },
-                        last.map(|e| e.step),
-                    )?;
+                    let mut record = MetricsRecord {
+                        time_s: start.elapsed().as_secs_f64(),
+                        step: steps,
+                        samples,
+                        samples_per_sec: rate,
+                        loss: l / n.max(1) as f64,
+                        lag: 0,
+                        checkpoint_age_s: last_checkpoint.map(|t| t.elapsed().as_secs_f64()),
+                        bad_records: stats.bad_records.iter().sum(),
+                        ..Default::default()
+                    };
+                    record.set_window(last.map(Evaluation::summary).as_ref());
+                    reports.step(record, stats.samples, last.map(|e| e.step))?;
                 }
             }
             checkpointer.poll(worker)?;
+            if checkpointer.take_durable().is_some() && me == 0 {
+                last_checkpoint = Some(Instant::now());
+                if let Some(live) = &ctx.live {
+                    live.checkpointed();
+                }
+            }
             let mut verdict = Verdict { improved: false, stop: false };
             if has_eval && !interrupted && s.run.eval_every.is_some_and(|n| steps.is_multiple_of(n)) {
                 match evaluation_point(&mut evals, &mut trainer, worker, ctx, &mut batch, &progress, steps, epochs)? {
@@ -849,9 +880,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             None => interrupted = true,
         }
     }
-    if let Some(log) = step_log.as_mut() {
-        log.finish(evals.tracker.last())?;
-    }
+    reports.finish(evals.tracker.last())?;
     // The end of the run is a checkpoint too, unless one of this step exists; an early stop
     // goes back to the best step's model instead, whose checkpoint `DIR/best` names.
     if stopped_early.is_none() && checkpointer.due_at_boundary(steps) {
@@ -908,6 +937,10 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         auc: final_eval.map(|e| e.auc.unwrap_or(f64::NAN)),
         logloss: final_eval.and_then(|e| e.logloss),
         accuracy: final_eval.and_then(|e| e.accuracy),
+        ne: final_eval.and_then(|e| e.ne),
+        calibration: final_eval.and_then(|e| e.calibration),
+        pr_auc: final_eval.and_then(|e| e.pr_auc),
+        gauc: final_eval.and_then(|e| e.gauc),
         train_loss: l / n.max(1) as f64,
         train_loss_mean: loss_total / samples.max(1) as f64,
         samples,
@@ -982,6 +1015,9 @@ fn evaluation_point(
     evals.bytes_from = Some(bytes_before);
     let share = evals.share.as_mut().expect("built when the run has an eval split");
     let e = evaluation::share(share, worker, summary, step, epoch);
+    if let Some(live) = ctx.live.as_ref().filter(|_| worker.index() == 0) {
+        live.set_window(Some(&e.summary()));
+    }
     let verdict = evals.tracker.record(e.clone());
     if verdict.improved && ctx.settings.run.early_stop.is_some() && ctx.checkpoint.is_none() {
         ctx.best.keep(evals.local, trainer);

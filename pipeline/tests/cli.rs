@@ -83,6 +83,9 @@ fn metrics_json_has_the_documented_fields() {
         "auc",
         "logloss",
         "accuracy",
+        "ne",
+        "calibration",
+        "pr_auc",
         "train_loss",
         "samples",
         "steps",
@@ -97,6 +100,7 @@ fn metrics_json_has_the_documented_fields() {
     }
     assert_eq!(v["samples"], 4096);
     assert_eq!(v["steps"], 16);
+    assert!(v.get("gauc").is_some_and(|g| g.is_null()), "the synthetic stream names no user: {v}");
 }
 
 #[test]

@@ -134,6 +134,10 @@ fn json_records_and_worker_counts_train_the_same_model() {
         assert_eq!(s["samples"], 10_000, "{s}");
         let auc = s["window_auc"].as_f64().expect("a prequential AUC");
         assert!(auc > 0.6, "prequential AUC {auc}");
+        for key in ["window_logloss", "window_ne", "window_calibration", "window_pr_auc"] {
+            assert!(s[key].as_f64().is_some_and(f64::is_finite), "{key}: {s}");
+        }
+        assert!(s["window_gauc"].is_null(), "Criteo records name no user: {s}");
         models.push(final_model(&dir));
     }
     let w = model_diff(&models[0], &models[1]);
@@ -260,7 +264,9 @@ fn long_running_trainer_serves_metrics_and_stops_on_sigterm() {
         assert!(Instant::now() < deadline, "metrics never reached 4000 samples: {body}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert!(body.contains("tiderec_window_auc"), "{body}");
+    for name in ["auc", "logloss", "ne", "calibration", "pr_auc", "gauc"] {
+        assert!(body.contains(&format!("tiderec_window_{name} ")), "{name}: {body}");
+    }
     assert!(body.contains(r#"tiderec_partition_lag{topic="live",partition="1"} 0"#), "{body}");
     // More records arrive and are trained on.
     produce(&broker, "live", &sample, &["--limit", "1000"]);

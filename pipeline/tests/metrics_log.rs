@@ -32,6 +32,11 @@ fn train_writes_the_online_log_with_every_evaluation_and_plot_reads_it() {
     logged.dedup();
     assert_eq!(logged, evaluations);
     assert_eq!(lines.last().unwrap()["window_auc"].as_f64(), m["auc"].as_f64());
+    for key in ["ne", "calibration", "pr_auc"] {
+        let last = &lines.last().unwrap()[format!("window_{key}")];
+        assert!(last.is_number() && last.as_f64() == m[key].as_f64(), "{key}: {last} vs {}", m[key]);
+    }
+    assert!(lines.iter().all(|l| l["window_gauc"].is_null()), "Criteo names no user: no GAUC");
     let png = dir.path().join("curves.png");
     let out = run_ok(tiderec().args(["plot", "--metrics"]).arg(&log).arg("--out").arg(&png));
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("plotted {} reports", lines.len())));

@@ -108,9 +108,19 @@ fn eval(ck: &Path, data: &str, dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).expect("eval prints JSON")
 }
 
+/// The user of each line of `lines` in `path`: the group key of field `column` of the line,
+/// split on `delimiter`.
+fn users(path: &Path, lines: &[u64], (column, delimiter): (usize, char)) -> Vec<u64> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let all: Vec<&str> = text.split('\n').collect();
+    let user = |line: u64| all[line as usize - 1].split(delimiter).nth(column).unwrap().as_bytes();
+    lines.iter().map(|&l| tiderec_operators::metrics::group_key(user(l))).collect()
+}
+
 /// Predicts `path` (records on `lines`) as `format`, and checks rows, positions, scores and
-/// that eval's AUC and log loss are those of predict's probabilities.
-fn check_format(dir: &Path, ck: &Path, format: &str, path: &Path, lines: &[u64]) {
+/// that eval's metrics are those of predict's probabilities: GAUC by the user of field
+/// `user` (column, delimiter) of each line, none without one.
+fn check_format(dir: &Path, ck: &Path, format: &str, path: &Path, lines: &[u64], user: Option<(usize, char)>) {
     let data = format!("{format}:{}", path.display());
     let (header, rows, _) = predict(ck, &data, dir, &[]);
     assert_eq!(header, "file,position,score,label", "{format}");
@@ -126,6 +136,19 @@ fn check_format(dir: &Path, ck: &Path, format: &str, path: &Path, lines: &[u64])
     assert_eq!(e["samples"], lines.len() as u64, "{format}");
     assert_eq!(e["logloss"].as_f64().unwrap(), tiderec_operators::metrics::logloss(&probs, &labels), "{format}");
     assert_eq!(e["auc"].as_f64(), tiderec_operators::metrics::auc(&probs, &labels), "{format}");
+    use tiderec_operators::metrics::{average_precision, calibration, gauc, normalized_entropy};
+    // To 1e-12: JSON's decimal may come back an ulp off.
+    let close = |key: &str, want: Option<f64>| match (e[key].as_f64(), want) {
+        (Some(a), Some(b)) => assert!((a - b).abs() <= 1e-12, "{format}: {key} {a} vs {b}"),
+        (a, b) => assert_eq!(a, b, "{format}: {key}"),
+    };
+    close("ne", normalized_entropy(&probs, &labels));
+    close("calibration", calibration(&probs, &labels));
+    close("pr_auc", average_precision(&probs, &labels));
+    let groups = user.map(|u| users(path, lines, u));
+    let want = groups.and_then(|g| gauc(&probs, &labels, &g));
+    close("gauc", want);
+    assert_eq!(want.is_some(), user.is_some(), "{format}: GAUC is defined exactly with a user column");
 }
 
 #[test]
@@ -136,17 +159,19 @@ fn predict_scores_every_record_of_every_line_format_as_eval_does() {
     let Some(avazu) = shared_data("avazu/avazu_sample.txt") else { return };
     let Some(taobao) = shared_data("taobao_ad/train_sample.csv") else { return };
     let Some(amazon) = shared_data("amazon_dien/local_test") else { return };
-    let cases: Vec<(&str, &Path, bool, Vec<&str>)> = vec![
-        ("criteo", &criteo, false, vec![]),
-        ("avazu", &avazu, true, vec![]),
-        ("csv", &criteo, false, vec!["--spec", "preset:criteo"]),
-        ("taobao-ad", &taobao, true, vec![]),
-        ("amazon-dien", &amazon, false, vec!["--model", "dien"]),
+    // The user columns: taobao-ad's `userid`, amazon-dien's user; Criteo and Avazu have none.
+    type Case<'a> = (&'a str, &'a Path, bool, Vec<&'a str>, Option<(usize, char)>);
+    let cases: Vec<Case> = vec![
+        ("criteo", &criteo, false, vec![], None),
+        ("avazu", &avazu, true, vec![], None),
+        ("csv", &criteo, false, vec!["--spec", "preset:criteo"], None),
+        ("taobao-ad", &taobao, true, vec![], Some((2, ','))),
+        ("amazon-dien", &amazon, false, vec!["--model", "dien"], Some((1, '\t'))),
     ];
-    for (format, path, header, extra) in cases {
+    for (format, path, header, extra, user) in cases {
         let data = format!("{format}:{}", path.display());
         let ck = train(d, &format!("ck-{format}"), &data, &extra);
-        check_format(d, &ck, format, path, &record_lines(path, header));
+        check_format(d, &ck, format, path, &record_lines(path, header), user);
     }
 }
 
@@ -489,13 +514,14 @@ fn every_batch_scores_with_crosses_or_sequences_the_model_does_not_read() {
     let Some(avazu) = shared_data("avazu/avazu_sample.txt") else { return };
     let Some(amazon) = shared_data("amazon_dien/local_test") else { return };
     // Batches of 7 records: the batch that scored crosses, or skipped sequences, is filled again.
-    let cases: Vec<(&str, &Path, bool, Vec<&str>)> = vec![
-        ("avazu", &avazu, true, vec!["--model", "wdl", "--crosses", "0:1,3:4"]),
-        ("amazon-dien", &amazon, false, vec!["--model", "lr"]),
+    type Case<'a> = (&'a str, &'a Path, bool, Vec<&'a str>, Option<(usize, char)>);
+    let cases: Vec<Case> = vec![
+        ("avazu", &avazu, true, vec!["--model", "wdl", "--crosses", "0:1,3:4"], None),
+        ("amazon-dien", &amazon, false, vec!["--model", "lr"], Some((1, '\t'))),
     ];
-    for (format, path, header, extra) in cases {
+    for (format, path, header, extra, user) in cases {
         let data = format!("{format}:{}", path.display());
         let ck = train(d, &format!("ck-{format}"), &data, &extra);
-        check_format(d, &ck, format, path, &record_lines(path, header));
+        check_format(d, &ck, format, path, &record_lines(path, header), user);
     }
 }

@@ -10,6 +10,11 @@
 //! sparse field but where order matters: ids run oldest first. All sequence
 //! fields of one sample have the same length (item `t` of every field
 //! describes the same event), which [`Batch::check`] enforces.
+//!
+//! `groups` is not a feature: when the format names a user column it holds
+//! each sample's user ([`group_key`](crate::metrics::group_key)), for
+//! per-user metrics; otherwise it is empty. It is either empty or has one
+//! entry per sample.
 
 use serde::{Deserialize, Serialize};
 
@@ -114,6 +119,10 @@ pub struct Batch {
     /// One CSR list per sequence field (oldest first; equal lengths per sample across fields).
     #[serde(default)]
     pub sequences: Vec<SparseField>,
+    /// Each sample's user ([`group_key`](crate::metrics::group_key)) when the format names a
+    /// user column; empty otherwise. Not a feature: per-user metrics group by it.
+    #[serde(default)]
+    pub groups: Vec<u64>,
 }
 
 impl Batch {
@@ -125,6 +134,7 @@ impl Batch {
             dense: Vec::new(),
             sparse: (0..num_sparse).map(|_| SparseField::new()).collect(),
             sequences: Vec::new(),
+            groups: Vec::new(),
         }
     }
 
@@ -151,6 +161,7 @@ impl Batch {
     pub fn clear(&mut self) {
         self.labels.clear();
         self.dense.clear();
+        self.groups.clear();
         for f in self.sparse.iter_mut().chain(&mut self.sequences) {
             f.clear();
         }
@@ -168,6 +179,9 @@ impl Batch {
         for (dst, src) in self.sequences.iter_mut().zip(&other.sequences) {
             dst.push_bag_from(src, i);
         }
+        if let Some(&g) = other.groups.get(i).filter(|_| other.groups.len() == other.len()) {
+            self.groups.push(g);
+        }
     }
 
     /// Appends all samples of `other` (same shape).
@@ -177,13 +191,17 @@ impl Batch {
         }
     }
 
-    /// Checks the invariants of the [module docs](self): dense length, offsets, weights and
-    /// equal sequence lengths per sample. Used by tests, readers in debug builds and
-    /// `Trainer::step` (in `tiderec-operators`) on every batch it is handed.
+    /// Checks the invariants of the [module docs](self): dense length, offsets, weights,
+    /// equal sequence lengths per sample and groups (none, or one per sample). Used by tests,
+    /// readers in debug builds and `Trainer::step` (in `tiderec-operators`) on every batch it
+    /// is handed.
     pub fn check(&self) -> Result<(), BatchError> {
         let b = self.len();
         if self.dense.len() != b * self.num_dense {
             return Err(BatchError::Dense { values: self.dense.len(), expected: b * self.num_dense });
+        }
+        if !self.groups.is_empty() && self.groups.len() != b {
+            return Err(BatchError::Groups { groups: self.groups.len(), samples: b });
         }
         let named = self.sparse.iter().enumerate().map(|(f, s)| (BatchField::Sparse(f), s));
         let sequences = self.sequences.iter().enumerate().map(|(f, s)| (BatchField::Sequence(f), s));
@@ -244,6 +262,14 @@ pub enum BatchError {
         values: usize,
         /// `len() × num_dense`.
         expected: usize,
+    },
+    /// `groups` is neither empty nor one entry per sample.
+    #[error("{groups} groups for {samples} samples")]
+    Groups {
+        /// Entries in `groups`.
+        groups: usize,
+        /// Samples in the batch.
+        samples: usize,
     },
     /// A field's `offsets` does not have `len() + 1` entries starting at 0.
     #[error("{field}: {offsets} offsets for {samples} samples")]
@@ -309,6 +335,26 @@ mod tests {
         assert!(b.sparse[1].bag(1).is_empty());
         b.clear();
         assert!(b.is_empty());
+        b.check().unwrap();
+    }
+
+    #[test]
+    fn groups_follow_their_samples() {
+        let mut a = Batch::new(0, 0);
+        a.labels.extend([1.0, 0.0]);
+        a.groups.extend([7, 8]);
+        a.check().unwrap();
+        let mut b = Batch::new(0, 0);
+        b.push_from(&a, 1);
+        b.extend_from(&a);
+        assert_eq!(b.groups, [8, 7, 8]);
+        b.check().unwrap();
+        b.groups.pop();
+        assert_eq!(b.check(), Err(BatchError::Groups { groups: 2, samples: 3 }));
+        b.clear();
+        assert!(b.groups.is_empty());
+        b.extend_from(&Batch { labels: vec![1.0], ..Batch::new(0, 0) });
+        assert!(b.groups.is_empty(), "samples without a user add no group");
         b.check().unwrap();
     }
 

@@ -19,6 +19,7 @@ use crate::features::field_seed;
 use crate::features::fused::{split_hash_bucket, split_parse_reduce, token_bucket, Reduce};
 use crate::features::split::for_each_token;
 use crate::format::LineFormat;
+use crate::metrics::group_key;
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
 
@@ -289,6 +290,11 @@ pub struct FeatureSpec {
     pub columns: Vec<String>,
     /// The label.
     pub label: LabelSpec,
+    /// The column naming the user of a sample, for per-user metrics (GAUC): each sample's
+    /// [`Batch::groups`] entry is the [`group_key`] of its value. Not a feature by itself
+    /// (a categorical field may read the same column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// Dense features, in order.
     #[serde(default)]
     pub dense: Vec<DenseSpec>,
@@ -463,6 +469,7 @@ impl FeatureSpec {
             numeric_list: Vec::new(),
             categorical: cats.iter().map(|c| CategoricalSpec::hashed(c, buckets)).collect(),
             list: Vec::new(),
+            user: None,
         }
     }
 
@@ -479,6 +486,7 @@ impl FeatureSpec {
             numeric_list: Vec::new(),
             categorical: AVAZU_COLUMNS[2..].iter().map(|c| CategoricalSpec::hashed(c, buckets)).collect(),
             list: Vec::new(),
+            user: None,
         }
     }
 
@@ -499,6 +507,9 @@ impl FeatureSpec {
             }
         };
         find("label.column".into(), &self.label.column)?;
+        if let Some(user) = &self.user {
+            find("user".into(), user)?;
+        }
         for (i, d) in self.dense.iter().enumerate() {
             find(format!("dense[{i}].column"), &d.column)?;
             if let Some((lo, hi)) = d.clamp {
@@ -637,6 +648,7 @@ impl FeatureSpec {
                     target: None,
                 })
                 .collect(),
+            user: Some("user_id".into()),
         }
     }
 }
@@ -698,6 +710,7 @@ impl FeatureSpec {
                 pooling: Pooling::Sum,
                 target: None,
             }],
+            user: Some("userid".into()),
         }
     }
 }
@@ -867,6 +880,8 @@ pub struct SpecFormat {
     categorical: Vec<CategoricalColumn>,
     lists: Vec<ListColumn>,
     num_sequences: usize,
+    /// The user column (`spec.user`), whose value's key goes to `Batch::groups`.
+    user: Option<usize>,
 }
 
 impl SpecFormat {
@@ -932,6 +947,7 @@ impl SpecFormat {
             categorical,
             lists,
             num_sequences: sequences,
+            user: spec.user.as_deref().map(index),
             spec,
         })
     }
@@ -1055,6 +1071,9 @@ impl LineFormat for SpecFormat {
             }
         }
         out.labels.push(label);
+        if let Some(col) = self.user {
+            out.groups.push(group_key(fields[col]));
+        }
         out.dense.extend_from_slice(&dense[..nd]);
         for (f, &id) in ids[..self.categorical.len()].iter().enumerate() {
             let bag = &mut out.sparse[f];
@@ -1111,6 +1130,7 @@ mod tests {
                 pooling: Pooling::Sum,
                 target: None,
             }],
+            user: Some("user".into()),
         }
     }
 
@@ -1130,12 +1150,14 @@ mod tests {
         let s = field_seed(9, 1);
         assert_eq!(b.sparse[1].bag(0), &[token_bucket(s, b"a", 50), token_bucket(s, b"b", 50)], "max_len 2");
         assert!(b.sparse[0].bag(1).is_empty() && b.sparse[1].bag(1).is_empty(), "absent values are empty bags");
+        assert_eq!(b.groups, [group_key(b"u7"), group_key(b"")], "the user column's keys");
         assert!(f.is_header(b"y,price,prices,user,items"));
         assert_eq!(f.parse(b"2,1,1,u,a", &mut b), Err((BadReason::BadLabel, Some(0))));
         assert_eq!(f.parse(b"1,x,1,u,a", &mut b), Err((BadReason::BadInteger, Some(1))));
         assert_eq!(f.parse(b"1,1,1;z,u,a", &mut b), Err((BadReason::BadInteger, Some(2))));
         assert_eq!(f.parse(b"1,1,1,u", &mut b), Err((BadReason::FieldCount, None)));
         assert_eq!(b.len(), 2, "bad lines append nothing");
+        assert_eq!(b.groups.len(), 2, "bad lines append no group");
     }
 
     #[test]
@@ -1169,6 +1191,7 @@ mod tests {
             ("list[0].max_len", Box::new(|s| s.list[0].max_len = 0)),
             ("categorical[0].buckets", Box::new(|s| s.categorical[0].buckets = 0)),
             ("columns[1]", Box::new(|s| s.columns[1] = "y".into())),
+            ("user", Box::new(|s| s.user = Some("nope".into()))),
         ];
         for (key, mutate) in cases {
             let mut s = tiny();
@@ -1199,6 +1222,7 @@ mod tests {
         assert!(b.sparse[11].bag(0).is_empty(), "empty pvalue_level is absent");
         assert!(b.sparse[14].bag(0).is_empty(), "empty new_user_class_level is absent");
         assert_eq!(b.sparse[15].bag(0).len(), 2, "two clicked ids");
+        assert_eq!(b.groups, [group_key(b"874257")], "userid is the user column");
     }
 
     const TOML: &str = r#"

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
+use tiderec_operators::metrics::EvalSummary;
 
 /// Final metrics of a training run (the `--metrics-json` object).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -18,6 +19,21 @@ pub struct RunSummary {
     pub logloss: Option<f64>,
     /// Accuracy at 0.5 on the evaluation split.
     pub accuracy: Option<f64>,
+    /// Normalized entropy on the evaluation split (log loss over the entropy of its CTR;
+    /// null with one class only).
+    #[serde(default)]
+    pub ne: Option<f64>,
+    /// Calibration on the evaluation split: mean prediction over observed CTR (null
+    /// without positives).
+    #[serde(default)]
+    pub calibration: Option<f64>,
+    /// PR-AUC (average precision) on the evaluation split (null without positives).
+    #[serde(default)]
+    pub pr_auc: Option<f64>,
+    /// GAUC on the evaluation split: per-user AUC weighted by impressions (null when the
+    /// data names no user column or no user has both classes).
+    #[serde(default)]
+    pub gauc: Option<f64>,
     /// Mean training loss over the last steps (the running loss shown during training).
     pub train_loss: f64,
     /// Mean training loss over the whole run.
@@ -105,16 +121,68 @@ pub struct Evaluation {
     pub logloss: Option<f64>,
     /// Accuracy at 0.5.
     pub accuracy: Option<f64>,
+    /// Normalized entropy (`null` with one class only).
+    #[serde(default)]
+    pub ne: Option<f64>,
+    /// Mean prediction over observed CTR (`null` without positives).
+    #[serde(default)]
+    pub calibration: Option<f64>,
+    /// PR-AUC: average precision (`null` without positives).
+    #[serde(default)]
+    pub pr_auc: Option<f64>,
+    /// Per-user AUC weighted by impressions (`null` without a user column, or when no
+    /// user has both classes).
+    #[serde(default)]
+    pub gauc: Option<f64>,
     /// Samples scored.
     pub samples: u64,
 }
 
 impl Evaluation {
+    /// The evaluation of `summary` after `step` steps and `epoch` epochs.
+    pub fn of(step: u64, epoch: u64, summary: &EvalSummary) -> Self {
+        Evaluation {
+            step,
+            epoch,
+            auc: summary.auc,
+            logloss: summary.logloss,
+            accuracy: summary.accuracy,
+            ne: summary.ne,
+            calibration: summary.calibration,
+            pr_auc: summary.pr_auc,
+            gauc: summary.gauc,
+            samples: summary.samples,
+        }
+        .normalized()
+    }
+
+    /// Its figures as an [`EvalSummary`].
+    pub fn summary(&self) -> EvalSummary {
+        EvalSummary {
+            auc: self.auc,
+            logloss: self.logloss,
+            accuracy: self.accuracy,
+            ne: self.ne,
+            calibration: self.calibration,
+            pr_auc: self.pr_auc,
+            gauc: self.gauc,
+            samples: self.samples,
+        }
+    }
+
     /// Replaces non-finite metrics by `None` (JSON has no NaN).
     pub fn normalized(mut self) -> Self {
-        self.auc = finite(self.auc);
-        self.logloss = finite(self.logloss);
-        self.accuracy = finite(self.accuracy);
+        for v in [
+            &mut self.auc,
+            &mut self.logloss,
+            &mut self.accuracy,
+            &mut self.ne,
+            &mut self.calibration,
+            &mut self.pr_auc,
+            &mut self.gauc,
+        ] {
+            *v = finite(*v);
+        }
         self
     }
 }
@@ -126,10 +194,18 @@ fn finite(v: Option<f64>) -> Option<f64> {
 impl RunSummary {
     /// Replaces non-finite optional metrics by `None` (JSON has no NaN).
     pub fn normalized(mut self) -> Self {
-        self.auc = finite(self.auc);
-        self.logloss = finite(self.logloss);
-        self.accuracy = finite(self.accuracy);
-        self.teacher_auc = finite(self.teacher_auc);
+        for v in [
+            &mut self.auc,
+            &mut self.logloss,
+            &mut self.accuracy,
+            &mut self.ne,
+            &mut self.calibration,
+            &mut self.pr_auc,
+            &mut self.gauc,
+            &mut self.teacher_auc,
+        ] {
+            *v = finite(*v);
+        }
         self.evaluations = self.evaluations.into_iter().map(Evaluation::normalized).collect();
         self
     }
@@ -162,6 +238,27 @@ mod tests {
         assert!(v["auc"].is_null());
         assert_eq!(v["params_l2"], 3.5);
         assert_eq!(v["workers"], 2);
+    }
+
+    #[test]
+    fn evaluations_carry_every_metric_and_older_ones_read_without_the_newer() {
+        let figures = EvalSummary {
+            auc: Some(f64::NAN),
+            ne: Some(0.9),
+            pr_auc: Some(0.4),
+            gauc: Some(0.6),
+            samples: 7,
+            ..Default::default()
+        };
+        let e = Evaluation::of(5, 1, &figures);
+        assert_eq!((e.step, e.epoch, e.samples), (5, 1, 7));
+        assert_eq!(e.auc, None, "NaN is no figure");
+        assert_eq!(e.summary(), EvalSummary { auc: None, ..figures });
+        // An evaluation recorded before NE, calibration, PR-AUC and GAUC existed (a checkpoint's).
+        let old: Evaluation =
+            serde_json::from_str(r#"{"step":3,"epoch":1,"auc":0.7,"logloss":0.5,"accuracy":0.8,"samples":10}"#)
+                .unwrap();
+        assert_eq!((old.auc, old.ne, old.calibration, old.pr_auc, old.gauc), (Some(0.7), None, None, None, None));
     }
 
     #[test]

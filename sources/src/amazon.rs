@@ -13,6 +13,8 @@
 //!   the item and the category tables ([`SEQUENCE_TABLES`]), so a history
 //!   item and the same target item share one embedding row.
 //! * Values are hashed from their raw bytes with a seeded per-table hash.
+//! * The user column is also each sample's group ([`group_key`] in
+//!   `Batch::groups`), for per-user metrics.
 //! * Only the most recent `max_len` history events are kept.
 //! * An empty history field is an empty sequence. Histories of different
 //!   lengths are a [`BadReason::FieldCount`] in the category field.
@@ -23,6 +25,7 @@ use tiderec_records::bad_record::BadReason;
 use tiderec_records::features::field_seed;
 use tiderec_records::features::fused::token_bucket;
 use tiderec_records::features::split::{for_each_token, split_exact};
+use tiderec_records::metrics::group_key;
 use tiderec_records::Batch;
 
 pub use crate::synthetic_behavior::{NUM_SEQUENCES, NUM_SPARSE, SEQUENCE_TABLES, TARGET_FIELDS};
@@ -100,6 +103,7 @@ impl LineFormat for AmazonDienFormat {
             return Err((BadReason::FieldCount, Some(5)));
         }
         out.labels.push(label);
+        out.groups.push(group_key(fields[1]));
         for (f, value) in fields[1..4].iter().enumerate() {
             if !value.is_empty() {
                 let id = self.bucket(f, value);
@@ -135,6 +139,7 @@ mod tests {
             .unwrap();
         b.check().unwrap();
         assert_eq!(b.labels, [0.0]);
+        assert_eq!(b.groups, [group_key(b"A38AAPXSJN4C5G")], "the user is the sample's group");
         assert_eq!(b.sequences[0].bag(0), &[f.bucket(1, b"0000015393"), f.bucket(1, b"0000230022")]);
         assert_eq!(b.sequences[1].bag(0), &[f.bucket(2, b"default_cat"), f.bucket(2, b"Books")]);
         // The target category and a history category share the table: same id.
@@ -162,7 +167,7 @@ mod tests {
         assert_eq!(f.parse(b"1\tu\ti\tc\ta", &mut b), Err((BadReason::FieldCount, None)));
         assert_eq!(f.parse(b"1\tu\ti\tc\ta\x02b\tx", &mut b), Err((BadReason::FieldCount, Some(5))));
         assert_eq!(f.parse(b"1\tu\ti\tc\ta\t", &mut b), Err((BadReason::FieldCount, Some(5))));
-        assert!(b.is_empty());
+        assert!(b.is_empty() && b.groups.is_empty());
         b.check().unwrap();
         assert!(AmazonDienFormat::new(&[1, 2], 0, 5).unwrap_err().to_string().contains("table_sizes"));
     }

@@ -137,13 +137,15 @@ pub fn derive_samples(events: &[BehaviorEvent], config: SampleConfig) -> Vec<Beh
     samples
 }
 
-/// Lays `samples` out as one batch with ids hashed into `table_sizes` (user, item, category).
+/// Lays `samples` out as one batch with ids hashed into `table_sizes` (user, item, category);
+/// each sample's user id is its group (`Batch::groups`), for per-user metrics.
 pub fn samples_to_batch(samples: &[BehaviorSample], table_sizes: &[u64], seed: u64) -> Batch {
     let seeds = [0, 1, 2].map(|t| field_seed(seed, t));
     let bucket = |t: usize, v: u64| hash_bucket(seeds[t], v, table_sizes[t]);
     let mut out = Batch::with_sequences(0, 3, 2);
     for s in samples {
         out.labels.push(f32::from(s.label));
+        out.groups.push(s.user);
         for (t, v) in [s.user, s.item, s.category].into_iter().enumerate() {
             out.sparse[t].ids.push(bucket(t, v));
             out.sparse[t].close_bag();
@@ -198,5 +200,6 @@ mod tests {
         let batch = samples_to_batch(&fast, &[100, 1000, 20], 1);
         batch.check().unwrap();
         assert_eq!(batch.len(), fast.len());
+        assert!(batch.groups.iter().zip(&fast).all(|(&g, s)| g == s.user), "each sample's user is its group");
     }
 }

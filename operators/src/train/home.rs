@@ -319,8 +319,11 @@ impl Home {
                 };
                 stats.loss_sum = bce_with_logits_sum(&logits, &batch.labels);
                 if command.kind == StepKind::Eval || command.score {
-                    messages[0].eval =
-                        EvalSet { probs: logits.iter().map(|&x| sigmoid(x)).collect(), labels: batch.labels.clone() };
+                    messages[0].eval = EvalSet {
+                        probs: logits.iter().map(|&x| sigmoid(x)).collect(),
+                        labels: batch.labels.clone(),
+                        groups: batch.groups.clone(),
+                    };
                 }
                 if command.kind == StepKind::Train {
                     self.dlogits.resize(b, 0.0);

@@ -83,7 +83,7 @@ pub struct GradientMessage {
     pub sparse: Vec<f32>,
     /// The receiver's slice of the sender's dense gradient (unnormalised).
     pub dense: Vec<f32>,
-    /// Predictions of an `Eval` step (sent to worker 0 only).
+    /// Predictions of an `Eval` step, with the batch's groups (sent to worker 0 only).
     pub eval: EvalSet,
     /// Gradient of the partial results, `B × width`, for their owner (`partial` exchange only).
     #[serde(default)]
@@ -99,7 +99,7 @@ pub struct GradientMessage {
 // A fixed 32 bytes for the header and statistics, and the payload.
 routed!(GradientMessage, |m| {
     let floats = m.sparse.len() + m.dense.len() + m.partial.len() + m.hot_grads.len();
-    4 * (floats + m.hot.len() + 2 * m.eval.probs.len()) as u64 + 32
+    4 * (floats + m.hot.len() + 2 * m.eval.probs.len() + 2 * m.eval.groups.len()) as u64 + 32
 });
 
 /// A dense slice after its owner's update, broadcast to every worker.

@@ -547,8 +547,7 @@ impl Owner {
         }
         self.pgrads_ready = false;
         for m in messages {
-            eval.probs.extend_from_slice(&m.eval.probs);
-            eval.labels.extend_from_slice(&m.eval.labels);
+            eval.extend_from(&m.eval);
         }
         (0..w)
             .map(|to| ParamUpdate {

@@ -1,5 +1,6 @@
-//! `tiderec plot`: training loss and prequential AUC / log loss of an online
-//! run, from its JSON-lines metrics log, drawn to a PNG.
+//! `tiderec plot`: the curves of a run's JSON-lines metrics log, drawn to a
+//! PNG: training loss, the window's log loss and NE in one panel, its AUC,
+//! PR-AUC and GAUC in the other (a figure the log never holds is left out).
 //!
 //! Text is drawn with a TrueType font found on the system (DejaVu Sans or
 //! Liberation Sans, the Debian defaults); without one, the curves are drawn
@@ -53,20 +54,29 @@ pub fn plot_metrics(metrics: &Path, out: &Path) -> Result<usize, PipelineError> 
     let samples = |r: &MetricsRecord| r.samples as f64;
     let x_max = records.iter().map(samples).fold(1.0, f64::max);
     type Series<'a> = (&'a str, Vec<(f64, f64)>, RGBColor);
+    let curve = |figure: fn(&MetricsRecord) -> Option<f64>| -> Vec<(f64, f64)> {
+        records.iter().filter_map(|r| Some((samples(r), figure(r)?))).collect()
+    };
     let panels: [(&str, Vec<Series>); 2] = [
         (
             "loss",
             vec![
                 ("train loss", records.iter().map(|r| (samples(r), r.loss)).collect(), BLUE),
-                ("window logloss", records.iter().filter_map(|r| Some((samples(r), r.window_logloss?))).collect(), RED),
+                ("window logloss", curve(|r| r.window_logloss), RED),
+                ("window NE", curve(|r| r.window_ne), MAGENTA),
             ],
         ),
         (
-            "AUC",
-            vec![("window AUC", records.iter().filter_map(|r| Some((samples(r), r.window_auc?))).collect(), GREEN)],
+            "ranking",
+            vec![
+                ("window AUC", curve(|r| r.window_auc), GREEN),
+                ("window PR-AUC", curve(|r| r.window_pr_auc), CYAN),
+                ("window GAUC", curve(|r| r.window_gauc), BLACK),
+            ],
         ),
     ];
     for (area, (name, series)) in [upper, lower].iter().zip(panels) {
+        let series: Vec<Series> = series.into_iter().filter(|s| !s.1.is_empty()).collect();
         let points = series.iter().flat_map(|s| s.1.iter().map(|p| p.1)).filter(|v| v.is_finite());
         let (lo, hi) = points.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
         let (lo, hi) = if lo.is_finite() { (lo, hi.max(lo + 1e-6)) } else { (0.0, 1.0) };
@@ -123,6 +133,8 @@ mod tests {
                 loss: 0.7 - i as f64 * 0.01,
                 window_auc: (i > 0).then_some(0.6 + i as f64 * 0.01),
                 window_logloss: Some(0.69 - i as f64 * 0.005),
+                window_ne: Some(0.95 - i as f64 * 0.005),
+                window_pr_auc: (i > 0).then_some(0.3 + i as f64 * 0.01),
                 ..Default::default()
             };
             log.write(&r).unwrap();

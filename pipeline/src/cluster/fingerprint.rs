@@ -22,6 +22,7 @@ pub const MAY_DIFFER: &[&str] = &[
     // Per-process outputs and their presentation.
     "metrics_json",
     "metrics_log",
+    "metrics_addr",
     "dead_letters",
     "progress",
     // The same checkpoint directory may be mounted at different paths; whether one

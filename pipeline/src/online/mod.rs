@@ -11,8 +11,10 @@
 //!   worker count or restarts. A partition that has not received its quota
 //!   yet makes the step wait.
 //! * **Prequential evaluation.** Every batch is scored by the model before
-//!   it is trained on; AUC and log loss over the last `--window` predictions
-//!   are reported live ([`prequential`]).
+//!   it is trained on; AUC, log loss, NE, calibration, PR-AUC (and GAUC where
+//!   the records name a user) over the last `--window` predictions are
+//!   reported live ([`prequential`]; the Prometheus endpoint is
+//!   [`crate::live_metrics`]'s).
 //! * **Exactly-once.** A checkpoint records, with the weights and optimizer
 //!   state of step `t`, the next offset of every partition after step `t`.
 //!   On start the trainer restores the newest valid checkpoint and every
@@ -26,8 +28,6 @@
 // Without `kafka` the Kafka items these docs link to do not exist.
 #![cfg_attr(not(feature = "kafka"), allow(rustdoc::broken_intra_doc_links))]
 
-#[cfg(feature = "kafka")]
-pub mod metrics;
 pub mod prequential;
 #[cfg(feature = "kafka")]
 pub mod produce;
@@ -84,8 +84,6 @@ pub struct OnlineSettings {
     pub until_end: bool,
     /// Also write a checkpoint when this many seconds passed since the last one.
     pub checkpoint_seconds: Option<f64>,
-    /// Serve Prometheus metrics here (`host:port`).
-    pub metrics_addr: Option<String>,
     /// Predictions in the prequential window.
     pub window: usize,
     /// Seconds between reports (progress line, metrics log, lag queries).
@@ -126,7 +124,6 @@ impl Default for OnlineSettings {
             on_offset_reset: OnOffsetReset::Fail,
             until_end: false,
             checkpoint_seconds: None,
-            metrics_addr: None,
             window: 10_000,
             report_seconds: 2.0,
             broker_timeout: 120.0,
@@ -187,7 +184,7 @@ impl OnlineSettings {
             if set {
                 return Err(PipelineError::config(
                     key,
-                    "applies to `tiderec train`; online training evaluates prequentially (the window AUC)",
+                    "applies to `tiderec train`; online training evaluates prequentially (the window metrics)",
                 ));
             }
         }
@@ -223,6 +220,14 @@ pub struct OnlineSummary {
     pub window_auc: Option<f64>,
     /// Prequential log loss over the final window.
     pub window_logloss: Option<f64>,
+    /// Prequential normalized entropy over the final window.
+    pub window_ne: Option<f64>,
+    /// Prequential calibration (mean prediction over CTR) over the final window.
+    pub window_calibration: Option<f64>,
+    /// Prequential PR-AUC (average precision) over the final window.
+    pub window_pr_auc: Option<f64>,
+    /// Prequential GAUC over the final window (`None` unless the records name a user).
+    pub window_gauc: Option<f64>,
     /// Training throughput of this run.
     pub samples_per_sec: f64,
     /// Malformed records skipped (dead-lettered), this run.

@@ -1,12 +1,12 @@
 //! The online trainer's workers (see the [module docs](super)).
 
-use super::metrics::{serve, OnlineMetrics};
 use super::prequential::PrequentialWindow;
 use super::{OnlineSettings, OnlineSummary, RecordFormat};
 use crate::checkpointing::{CheckpointOptions, Checkpointer, Position};
 use crate::cluster::Cluster;
 use crate::config::{DataSpec, Resolved};
 use crate::error::DataflowFailure;
+use crate::live_metrics::LiveMetrics;
 use crate::metrics_log::{MetricsLog, MetricsRecord};
 use crate::progress::Progress;
 use crate::run::{checkpoint_setup, dead_letters_path, lock_checkpoint_dir, restore_shared, trainer_config};
@@ -57,7 +57,7 @@ struct Shared {
     resume: Mutex<Option<Arc<Checkpoint>>>,
     resume_pending: AtomicUsize,
     stop: Arc<AtomicBool>,
-    metrics: Arc<OnlineMetrics>,
+    metrics: Arc<LiveMetrics>,
     dead_letters: SharedDeadLetters,
     /// This process in its cluster (the last finished step, for a lost-peer error).
     cluster: Cluster,
@@ -104,12 +104,9 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     trainer.exchange = exchange;
     let (checkpoint, resume) = checkpoint_setup(s, &resolved, &trainer, Default::default())?;
     let stop = crate::stop::stop_flag()?;
-    let metrics = Arc::new(OnlineMetrics::new());
-    if let Some(addr) = &settings.metrics_addr {
-        if s.cluster.process == 0 {
-            serve(addr, metrics.clone())?;
-        }
-    }
+    // Every process keeps the figures (the lag report reads them); process 0 may serve them.
+    let metrics = crate::live_metrics::start(s.run.metrics_addr.as_deref(), s.cluster.process)?
+        .unwrap_or_else(|| Arc::new(LiveMetrics::new()));
     if s.cluster.process == 0 && s.run.progress != crate::progress::ProgressMode::None {
         eprintln!(
             "tiderec online: topic {} on {} ({partitions} partitions, {} records per partition per step), {workers_total} worker(s)",
@@ -247,30 +244,32 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
                 ctx.metrics.set_lag(topic, p, lag);
             }
             if me == 0 {
-                let r = MetricsRecord {
+                let mut r = MetricsRecord {
                     time_s: start.elapsed().as_secs_f64(),
                     step: steps,
                     samples,
                     samples_per_sec: (samples - samples_at_start) as f64 / start.elapsed().as_secs_f64().max(1e-9),
                     loss: mean_loss(&loss_window),
-                    window_auc: window.auc(),
-                    window_logloss: window.logloss(),
                     lag: ctx.metrics.total_lag(),
                     checkpoint_age_s: last_checkpoint.map(|t| t.elapsed().as_secs_f64()),
                     bad_records: last_bad,
+                    ..Default::default()
                 };
+                r.set_window(Some(&window.summary()));
                 ctx.metrics.record(&r, steps - steps_reported, samples - samples_reported);
                 (steps_reported, samples_reported) = (steps, samples);
                 if let Some(log) = log.as_mut() {
                     log.write(&r)?;
                 }
-                let auc = r.window_auc.map_or("n/a".into(), |a| format!("{a:.4}"));
+                let f = |v: Option<f64>| v.map_or("n/a".into(), |a| format!("{a:.4}"));
                 progress.advance(
                     steps,
                     &format!(
-                        "{samples} samples  loss {:.4}  window AUC {auc}  logloss {:.4}  lag {}  {:.0} samples/s",
+                        "{samples} samples  loss {:.4}  window AUC {}  logloss {}  NE {}  lag {}  {:.0} samples/s",
                         r.loss,
-                        r.window_logloss.unwrap_or(f64::NAN),
+                        f(r.window_auc),
+                        f(r.window_logloss),
+                        f(r.window_ne),
                         r.lag,
                         r.samples_per_sec
                     ),
@@ -359,8 +358,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
         }
         loss_window.push_back((stats.loss_sum, stats.samples));
         if me == 0 {
-            let eval = trainer.take_eval();
-            window.extend(&eval.probs, &eval.labels);
+            window.extend(&trainer.take_eval());
         }
         checkpointer.poll(worker)?;
         if checkpointer.due_every(steps) || all.iter().any(|v| v.checkpoint) {
@@ -414,14 +412,19 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     if stats.duplicates_dropped > 0 && s.run.progress != crate::progress::ProgressMode::None {
         eprintln!("dropped {} records the broker sent twice (reconnects)", stats.duplicates_dropped);
     }
+    let final_window = window.summary();
     Ok(Some(OnlineSummary {
         steps,
         samples,
         samples_this_run: samples - samples_at_start,
         resumed_from_step: resumed.map(|m| m.step),
         stopped_by_signal,
-        window_auc: window.auc(),
-        window_logloss: window.logloss(),
+        window_auc: final_window.auc,
+        window_logloss: final_window.logloss,
+        window_ne: final_window.ne,
+        window_calibration: final_window.calibration,
+        window_pr_auc: final_window.pr_auc,
+        window_gauc: final_window.gauc,
         samples_per_sec: (samples - samples_at_start) as f64 / train_seconds.max(1e-9),
         bad_records: report.bad_records.iter().sum(),
         checkpoints_written: checkpointer.written,

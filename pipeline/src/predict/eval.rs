@@ -1,11 +1,11 @@
 //! `tiderec eval`: the labeled records of a file scored with a checkpoint's model
 //! (the path `tiderec predict` takes, with the checkpoint's feature pipeline), the
-//! probabilities reduced to AUC and log loss.
+//! probabilities reduced to the evaluation metrics over all of them.
 
 use super::{score, ScoreOptions};
 use crate::PipelineError;
 use serde::Serialize;
-use tiderec_operators::metrics::{auc, logloss};
+use tiderec_operators::metrics::{EvalSet, EvalSummary};
 
 /// What `eval` measured.
 #[derive(Clone, Debug, Serialize)]
@@ -18,6 +18,18 @@ pub struct EvalReport {
     pub auc: Option<f64>,
     /// Mean log loss.
     pub logloss: f64,
+    /// Accuracy at 0.5 (`None` without records).
+    pub accuracy: Option<f64>,
+    /// Normalized entropy: log loss over the entropy of the records' CTR (`None` with one
+    /// class only).
+    pub ne: Option<f64>,
+    /// Mean probability over observed CTR (`None` without positives).
+    pub calibration: Option<f64>,
+    /// PR-AUC: average precision (`None` without positives).
+    pub pr_auc: Option<f64>,
+    /// Per-user AUC weighted by impressions (`None` when the checkpoint's pipeline names no
+    /// user column, or no user has both classes).
+    pub gauc: Option<f64>,
     /// Malformed records skipped.
     pub bad_records: u64,
 }
@@ -25,17 +37,22 @@ pub struct EvalReport {
 /// Scores the labeled records of `options.data` with the checkpoint's model.
 pub fn eval(options: &ScoreOptions) -> Result<EvalReport, PipelineError> {
     let options = ScoreOptions { labeled: true, ..options.clone() };
-    let (mut probs, mut labels) = (Vec::new(), Vec::new());
-    let summary = score(&options, crate::budget::Split::Eval, |_, _, p, l| {
-        probs.extend_from_slice(p);
-        labels.extend_from_slice(l);
+    let mut all = EvalSet::default();
+    let summary = score(&options, crate::budget::Split::Eval, |b| {
+        all.extend_from(&EvalSet { probs: b.probs.to_vec(), labels: b.labels.to_vec(), groups: b.groups.to_vec() });
         Ok(())
     })?;
+    let m: EvalSummary = all.summary();
     Ok(EvalReport {
         step: summary.step,
         samples: summary.records,
-        auc: auc(&probs, &labels),
-        logloss: logloss(&probs, &labels),
+        auc: m.auc,
+        logloss: m.logloss.unwrap_or(0.0),
+        accuracy: m.accuracy,
+        ne: m.ne,
+        calibration: m.calibration,
+        pr_auc: m.pr_auc,
+        gauc: m.gauc,
         bad_records: summary.bad_records,
     })
 }

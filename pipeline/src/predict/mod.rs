@@ -6,7 +6,8 @@
 //! each batch with the one [`Scorer`]. `predict` writes one row per record —
 //! its file, its position (1-based line of a text file, 0-based row of a
 //! Parquet file), its probability and, for labeled input, its label — to CSV
-//! or Parquet; `eval` reduces the same probabilities to AUC and log loss.
+//! or Parquet; `eval` reduces the same probabilities to AUC, log loss, NE,
+//! calibration, PR-AUC and, where the pipeline names a user column, GAUC.
 //!
 //! Invariants:
 //! * Nothing is silently dropped: every record of the input is scored or is a
@@ -214,12 +215,28 @@ fn open(
     Ok((step, scorer, records, names))
 }
 
-/// Reads and scores every record of `options.data`, handing each batch's positions,
-/// probabilities and labels to `on_batch`; the bad-record budget is checked at the end.
+/// One batch of scored records.
+#[derive(Clone, Copy, Debug)]
+pub struct Scored<'a> {
+    /// The input files' names (`positions` index them).
+    pub names: &'a [String],
+    /// Each record's file and position.
+    pub positions: &'a [RecordPosition],
+    /// Each record's probability.
+    pub probs: &'a [f32],
+    /// Each record's label (0 for unlabeled input).
+    pub labels: &'a [f32],
+    /// Each record's user ([`group_key`](tiderec_operators::metrics::group_key)) when the
+    /// pipeline names a user column; empty otherwise.
+    pub groups: &'a [u64],
+}
+
+/// Reads and scores every record of `options.data`, handing each batch's records
+/// ([`Scored`]) to `on_batch`; the bad-record budget is checked at the end.
 pub fn score(
     options: &ScoreOptions,
     split: Split,
-    mut on_batch: impl FnMut(&[String], &[RecordPosition], &[f32], &[f32]) -> Result<(), PipelineError>,
+    mut on_batch: impl FnMut(Scored<'_>) -> Result<(), PipelineError>,
 ) -> Result<ScoreSummary, PipelineError> {
     let start = Instant::now();
     let sink = SharedDeadLetters::file(options.records.dead_letters.clone());
@@ -244,9 +261,10 @@ pub fn score(
         }
         let positions = records.take_positions();
         let labels = batch.labels.clone();
+        let groups = std::mem::take(&mut batch.groups);
         let probs = scorer.probabilities(&mut batch)?;
         debug_assert_eq!(positions.len(), probs.len());
-        on_batch(&names, &positions, &probs, &labels)?;
+        on_batch(Scored { names: &names, positions: &positions, probs: &probs, labels: &labels, groups: &groups })?;
         scored += probs.len() as u64;
     }
     sink.lock().finish()?;
@@ -268,9 +286,9 @@ pub fn score(
 pub fn predict(options: &ScoreOptions, out: &Path) -> Result<ScoreSummary, PipelineError> {
     let format = ScoreFormat::of_path(out)?;
     let mut sink = ScoreSink::create(out, format, options.labeled)?;
-    let result = score(options, Split::Predict, |names, positions, probs, labels| {
-        for (k, (p, &score)) in positions.iter().zip(probs).enumerate() {
-            sink.push(&names[p.file], p.position, score, labels[k])?;
+    let result = score(options, Split::Predict, |b| {
+        for (k, (p, &score)) in b.positions.iter().zip(b.probs).enumerate() {
+            sink.push(&b.names[p.file], p.position, score, b.labels[k])?;
         }
         Ok(())
     });

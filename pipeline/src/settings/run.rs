@@ -54,6 +54,12 @@ pub struct RunSettings {
     /// about once a second and after every evaluation, online every --report-seconds.
     #[arg(long, value_name = "FILE")]
     pub metrics_log: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (process 0; port 0: any free port, the
+    /// address is printed): samples, steps, training loss, bad records, the window's AUC, log
+    /// loss, NE, calibration, PR-AUC and GAUC (train: the latest evaluation's; online: the
+    /// prequential window's), checkpoint age and, online, the lag of every partition.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
     /// Progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none.
     #[arg(long, required = false, value_name = "auto|bar|lines|none", value_parser = super::parse::<ProgressMode>)]
     pub progress: ProgressMode,
@@ -82,6 +88,7 @@ impl Default for RunSettings {
             max_memory: MemoryLimit::Auto,
             metrics_json: None,
             metrics_log: None,
+            metrics_addr: None,
             progress: ProgressMode::Auto,
         }
     }

@@ -38,7 +38,7 @@
 //!   do. That is how `--eval-fraction` holds out data.
 //! * Files are used in the order given; [`list_parquet_files`] sorts by name.
 
-use super::schema::{LineSource, SchemaDescription, SparseKind, LINE_START_COLUMN, METADATA_KEY};
+use super::schema::{LineSource, SchemaDescription, SparseKind, GROUP_COLUMN, LINE_START_COLUMN, METADATA_KEY};
 use crate::error::SourceError;
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
@@ -441,6 +441,19 @@ fn check_columns(
         };
         if !ok {
             return Err(SourceError::schema(path.display(), format!("column `{name}` is {ty}, expected {want}")));
+        }
+        roots.push(index);
+    }
+    if d.groups {
+        let index = schema.index_of(GROUP_COLUMN).map_err(|_| {
+            SourceError::schema(path.display(), format!("no column `{GROUP_COLUMN}` (the schema's user groups)"))
+        })?;
+        let ty = schema.field(index).data_type();
+        if ty != &DataType::UInt64 {
+            return Err(SourceError::schema(
+                path.display(),
+                format!("column `{GROUP_COLUMN}` is {ty}, expected UInt64"),
+            ));
         }
         roots.push(index);
     }

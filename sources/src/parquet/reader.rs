@@ -27,7 +27,7 @@
 //!   never appended.
 
 use super::dataset::{ParquetDataset, Segment};
-use super::schema::{SchemaDescription, SparseKind};
+use super::schema::{SchemaDescription, SparseKind, GROUP_COLUMN};
 use crate::error::SourceError;
 use crate::lines::RecordPosition;
 use arrow_array::cast::AsArray;
@@ -425,6 +425,17 @@ fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut B
         return Err(ctx.err(&d.label, format!("label {bad} is not in [0, 1]")));
     }
     out.labels.extend_from_slice(values);
+    // User groups (not a feature).
+    if d.groups {
+        let keys = ctx
+            .column(chunk, GROUP_COLUMN)?
+            .as_primitive_opt::<UInt64Type>()
+            .ok_or_else(|| ctx.err(GROUP_COLUMN, "not UInt64"))?;
+        if keys.null_count() > 0 && rows.clone().any(|r| keys.is_null(r)) {
+            return Err(ctx.err(GROUP_COLUMN, "null group"));
+        }
+        out.groups.extend_from_slice(&keys.values()[rows.clone()]);
+    }
     // Dense, row-major.
     let nd = d.num_dense;
     let base = out.dense.len();

@@ -10,6 +10,7 @@
 //! | one per single-valued sparse field | `UInt64`, nullable | the row id, already bucketed; null = absent (empty bag) |
 //! | one per multi-valued sparse field | `List<UInt64>` | the bag's row ids; null or empty = empty bag |
 //! | one per behaviour-sequence field | `List<UInt64>` | the history's row ids, oldest first, in its table's id space; null = empty |
+//! | `_group`, when the description has [`groups`](SchemaDescription::groups) | `UInt64`, not null | the row's user ([`group_key`](tiderec_records::metrics::group_key)), for per-user metrics; not a feature |
 //!
 //! The file's key-value metadata holds a [`SchemaDescription`] as JSON under
 //! [`METADATA_KEY`]: the source format, the column names in `Batch` order,
@@ -47,6 +48,10 @@ pub const LABEL_COLUMN: &str = "label";
 
 /// Name of the column holding each row's [`LineSource`] position.
 pub const LINE_START_COLUMN: &str = "_line_start";
+
+/// Name of the column holding each row's user group key (`Batch::groups`), when the
+/// description has [`groups`](SchemaDescription::groups).
+pub const GROUP_COLUMN: &str = "_group";
 
 /// Where the rows of a dataset converted from line files (Criteo, Avazu, CSV, …) came
 /// from, so that replay splits them across workers exactly as the line readers split
@@ -118,6 +123,10 @@ pub struct SchemaDescription {
     /// The input files' sizes when rows carry their source positions ([`LineSource`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lines: Option<LineSource>,
+    /// Whether rows carry their user's group key in [`GROUP_COLUMN`] (the source records
+    /// name a user): read back into `Batch::groups`, for per-user metrics.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub groups: bool,
 }
 
 /// The Avazu sparse field names: the 21 categorical columns of the Kaggle
@@ -138,6 +147,7 @@ impl SchemaDescription {
             sparse,
             sequences: Vec::new(),
             lines: None,
+            groups: false,
         }
     }
 
@@ -178,7 +188,8 @@ impl SchemaDescription {
 
     /// A feature spec: its `dense` then `numeric_list` columns; its `categorical`
     /// (single) then pooled `list` (list) columns, with the spec's bucket counts;
-    /// its `pooling = "none"` lists as sequences reading their target's table.
+    /// its `pooling = "none"` lists as sequences reading their target's table; user
+    /// groups when the spec names a `user` column.
     pub fn from_spec(spec: &FeatureSpec, seed: u64) -> Self {
         let dense =
             spec.dense.iter().map(|d| d.column.clone()).chain(spec.numeric_list.iter().map(|n| n.column.clone()));
@@ -203,6 +214,7 @@ impl SchemaDescription {
                 max_len: Some(l.max_len),
             })
             .collect();
+        d.groups = spec.user.is_some();
         d
     }
 
@@ -241,6 +253,9 @@ impl SchemaDescription {
         let mut seen = HashSet::new();
         if self.lines.is_some() {
             seen.insert(LINE_START_COLUMN);
+        }
+        if self.groups {
+            seen.insert(GROUP_COLUMN);
         }
         let names = std::iter::once(&self.label)
             .chain(&self.dense)
@@ -298,6 +313,7 @@ impl SchemaDescription {
                 // Label and dense values are never null; sparse values may be.
                 Field::new(name, ty, i > self.num_dense)
             })
+            .chain(self.groups.then(|| Field::new(GROUP_COLUMN, DataType::UInt64, false)))
             .chain(self.lines.is_some().then(|| Field::new(LINE_START_COLUMN, DataType::UInt64, false)))
             .collect();
         Schema::new_with_metadata(fields, HashMap::from([(METADATA_KEY.to_string(), self.to_json())]))
@@ -342,6 +358,7 @@ mod tests {
         e.validate().unwrap();
         assert_eq!(e.shape(), (10, 28));
         assert_eq!(e.sparse.iter().filter(|s| s.kind == SparseKind::List).count(), 10);
+        assert!(e.groups, "the elm spec names its user column");
         assert!(!e.same_layout(&c));
         assert_eq!(c.arrow_schema().fields().len(), 40);
         assert!(!c.to_json().contains("sequences"), "files without sequences keep their old description");
@@ -353,6 +370,10 @@ mod tests {
         assert_eq!(schema.fields().len(), 6);
         assert_eq!(schema.field(5).name(), "history_categories");
         assert!(SparseKind::List.accepts(schema.field(5).data_type()));
+        assert!(!b.to_json().contains("groups"), "files without groups keep their old description");
+        let grouped = SchemaDescription { groups: true, ..b };
+        assert_eq!(SchemaDescription::from_json(&grouped.to_json()).unwrap(), grouped);
+        assert_eq!(grouped.arrow_schema().field(6).name(), GROUP_COLUMN);
     }
 
     #[test]

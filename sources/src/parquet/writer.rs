@@ -129,7 +129,9 @@ impl ParquetWriter {
     /// Appends every sample of `batch` (of the description's shape). A
     /// single-valued field with more than one id in a bag is an error, and so
     /// is a description with [`lines`](SchemaDescription::lines) (use
-    /// [`write_with_line_starts`](Self::write_with_line_starts)).
+    /// [`write_with_line_starts`](Self::write_with_line_starts)) and, for a
+    /// description with [`groups`](SchemaDescription::groups), a batch without
+    /// one group per sample.
     pub fn write(&mut self, batch: &Batch) -> Result<(), SourceError> {
         self.write_rows(batch, None)
     }
@@ -167,6 +169,12 @@ impl ParquetWriter {
                     batch.sparse.len(),
                     batch.sequences.len()
                 ),
+            ));
+        }
+        if self.description.groups && batch.groups.len() != batch.len() {
+            return Err(SourceError::config(
+                "batch",
+                format!("{} groups for {} samples; the schema has user groups", batch.groups.len(), batch.len()),
             ));
         }
         let mut start = 0;
@@ -291,6 +299,9 @@ impl ParquetWriter {
             let offsets = &field.offsets[range.start..=range.end];
             let ids = &field.ids[offsets[0] as usize..offsets[offsets.len() - 1] as usize];
             columns.push(self.list_column(offsets, ids)?);
+        }
+        if self.description.groups {
+            columns.push(Arc::new(UInt64Array::from(batch.groups[range.clone()].to_vec())));
         }
         if let Some(starts) = line_starts {
             columns.push(Arc::new(UInt64Array::from(starts[range].to_vec())));

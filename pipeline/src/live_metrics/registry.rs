@@ -1,10 +1,5 @@
-//! Live metrics of the online trainer: a Prometheus endpoint
-//! (`--metrics-addr`). Its JSON-lines log (`--metrics-log`) is
-//! [`crate::metrics_log`]'s.
-//!
-//! [`OnlineMetrics`] is shared by the workers of one process: each worker
-//! sets the lag of the partitions it owns; worker 0 sets the training
-//! figures after every step. The HTTP thread only reads.
+//! [`LiveMetrics`] registered with `prometheus-client`, and the HTTP thread
+//! that serves them (feature `prometheus`; see the [module docs](super)).
 
 use crate::error::DataflowFailure;
 use crate::metrics_log::MetricsRecord;
@@ -16,37 +11,51 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use tiderec_operators::metrics::EvalSummary;
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// A window gauge: its name, its help and its value in a [`MetricsRecord`].
+type WindowGauge = (&'static str, &'static str, fn(&MetricsRecord) -> Option<f64>);
+
+/// The window figures of a [`MetricsRecord`], in exposition order.
+const WINDOW: [WindowGauge; 6] = [
+    ("window_auc", "AUC of the window (online: prequential; train: the latest evaluation)", |r| r.window_auc),
+    ("window_logloss", "Log loss of the window", |r| r.window_logloss),
+    ("window_ne", "Normalized entropy of the window: log loss over the entropy of its CTR", |r| r.window_ne),
+    ("window_calibration", "Mean prediction over observed CTR in the window", |r| r.window_calibration),
+    ("window_pr_auc", "PR-AUC (average precision) of the window", |r| r.window_pr_auc),
+    ("window_gauc", "Impression-weighted per-user AUC of the window (NaN without a user column)", |r| r.window_gauc),
+];
 
 /// The metrics of one process, registered for Prometheus.
-pub struct OnlineMetrics {
+pub struct LiveMetrics {
     registry: Registry,
     samples: Counter,
     steps: Counter,
     bad_records: Gauge,
-    window_auc: Gauge<f64, AtomicU64>,
-    window_logloss: Gauge<f64, AtomicU64>,
-    loss: Gauge<f64, AtomicU64>,
-    checkpoint_age: Gauge<f64, AtomicU64>,
-    checkpoint_unix: Gauge<f64, AtomicU64>,
+    window: [FloatGauge; WINDOW.len()],
+    loss: FloatGauge,
+    checkpoint_age: FloatGauge,
+    checkpoint_unix: FloatGauge,
     lag: Family<Vec<(String, String)>, Gauge>,
 }
 
-impl Default for OnlineMetrics {
+impl Default for LiveMetrics {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl OnlineMetrics {
+impl LiveMetrics {
     /// Registers every metric under the `tiderec_` prefix.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("tiderec");
-        let m = OnlineMetrics {
+        let m = LiveMetrics {
             samples: Counter::default(),
             steps: Counter::default(),
             bad_records: Gauge::default(),
-            window_auc: Gauge::default(),
-            window_logloss: Gauge::default(),
+            window: Default::default(),
             loss: Gauge::default(),
             checkpoint_age: Gauge::default(),
             checkpoint_unix: Gauge::default(),
@@ -56,8 +65,9 @@ impl OnlineMetrics {
         registry.register("samples", "Training samples consumed", m.samples.clone());
         registry.register("steps", "Synchronous training steps", m.steps.clone());
         registry.register("bad_records", "Malformed records skipped (dead-lettered)", m.bad_records.clone());
-        registry.register("window_auc", "Prequential AUC over the rolling window", m.window_auc.clone());
-        registry.register("window_logloss", "Prequential log loss over the rolling window", m.window_logloss.clone());
+        for ((name, help, _), gauge) in WINDOW.iter().zip(&m.window) {
+            registry.register(*name, *help, gauge.clone());
+        }
         registry.register("train_loss", "Mean training loss of the recent steps", m.loss.clone());
         registry.register(
             "checkpoint_age_seconds",
@@ -69,19 +79,32 @@ impl OnlineMetrics {
             "Unix time of the last durable checkpoint",
             m.checkpoint_unix.clone(),
         );
-        registry.register("partition_lag", "Records behind the partition's end", m.lag.clone());
-        OnlineMetrics { registry, ..m }
+        registry.register("partition_lag", "Records behind the partition's end (online)", m.lag.clone());
+        LiveMetrics { registry, ..m }
     }
 
-    /// Sets the figures of `r` (worker 0 after a step).
+    /// Sets the figures of `r` (worker 0 after a step); the step and sample counters grow
+    /// by `steps_delta` and `samples_delta`. An undefined figure is NaN.
     pub fn record(&self, r: &MetricsRecord, steps_delta: u64, samples_delta: u64) {
         self.steps.inc_by(steps_delta);
         self.samples.inc_by(samples_delta);
         self.bad_records.set(r.bad_records as i64);
-        self.window_auc.set(r.window_auc.unwrap_or(f64::NAN));
-        self.window_logloss.set(r.window_logloss.unwrap_or(f64::NAN));
+        self.set_window_of(r);
         self.loss.set(r.loss);
         self.checkpoint_age.set(r.checkpoint_age_s.unwrap_or(f64::NAN));
+    }
+
+    /// Sets the window figures alone (`train`, after an evaluation); all NaN without `figures`.
+    pub fn set_window(&self, figures: Option<&EvalSummary>) {
+        let mut r = MetricsRecord::default();
+        r.set_window(figures);
+        self.set_window_of(&r);
+    }
+
+    fn set_window_of(&self, r: &MetricsRecord) {
+        for ((_, _, value), gauge) in WINDOW.iter().zip(&self.window) {
+            gauge.set(value(r).unwrap_or(f64::NAN));
+        }
     }
 
     /// Records a durable checkpoint written now.
@@ -115,10 +138,12 @@ impl OnlineMetrics {
     }
 }
 
-/// Serves `GET /metrics` on `addr` from a background thread for the life of the process.
-pub fn serve(addr: &str, metrics: Arc<OnlineMetrics>) -> Result<(), PipelineError> {
+/// Serves `GET /metrics` on `addr` from a background thread for the life of the process;
+/// returns the address bound (the port chosen when `addr`'s port is 0).
+pub fn serve(addr: &str, metrics: Arc<LiveMetrics>) -> Result<String, PipelineError> {
     let server = tiny_http::Server::http(addr)
         .map_err(|e| PipelineError::config("metrics_addr", format!("cannot listen on {addr}: {e}")))?;
+    let bound = server.server_addr().to_string();
     std::thread::Builder::new()
         .name("metrics-http".into())
         .spawn(move || {
@@ -139,7 +164,7 @@ pub fn serve(addr: &str, metrics: Arc<OnlineMetrics>) -> Result<(), PipelineErro
         .map_err(|e| {
             PipelineError::dataflow(DataflowFailure::Thread, "cannot start the metrics thread").with_source(e)
         })?;
-    Ok(())
+    Ok(bound)
 }
 
 #[cfg(test)]
@@ -148,16 +173,31 @@ mod tests {
 
     #[test]
     fn renders_prometheus_text_with_lag_per_partition() {
-        let m = OnlineMetrics::new();
+        let m = LiveMetrics::new();
         m.set_lag("clicks", 0, 5);
         m.set_lag("clicks", 1, 7);
         m.set_lag("clicks", 1, 3);
-        let r = MetricsRecord { step: 2, samples: 256, window_auc: Some(0.75), bad_records: 1, ..Default::default() };
+        let r = MetricsRecord {
+            step: 2,
+            samples: 256,
+            window_auc: Some(0.75),
+            window_ne: Some(0.875),
+            window_gauc: Some(0.625),
+            bad_records: 1,
+            ..Default::default()
+        };
         m.record(&r, 2, 256);
         let text = m.render();
         assert!(text.contains("tiderec_samples_total 256"), "{text}");
         assert!(text.contains("tiderec_window_auc 0.75"), "{text}");
+        assert!(text.contains("tiderec_window_ne 0.875"), "{text}");
+        assert!(text.contains("tiderec_window_gauc 0.625"), "{text}");
+        assert!(text.contains("tiderec_window_pr_auc NaN"), "an undefined figure is NaN: {text}");
         assert!(text.contains(r#"tiderec_partition_lag{topic="clicks",partition="1"} 3"#), "{text}");
         assert_eq!(m.total_lag(), 8);
+        m.set_window(Some(&EvalSummary { pr_auc: Some(0.5), ..Default::default() }));
+        let text = m.render();
+        assert!(text.contains("tiderec_window_pr_auc 0.5") && text.contains("tiderec_window_auc NaN"), "{text}");
+        assert!(text.contains("tiderec_samples_total 256"), "the counters stay: {text}");
     }
 }
