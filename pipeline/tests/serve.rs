@@ -182,21 +182,7 @@ fn a_new_checkpoint_is_taken_up_while_requests_flow() {
     let (records, _) = records(&data, 64);
     let body = Arc::new(format!("[{}]", records.join(",")));
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..4)
-        .map(|_| {
-            let (body, stop, addr) = (body.clone(), stop.clone(), server.addr.clone());
-            std::thread::spawn(move || {
-                let mut client = Client::connect(&addr, Duration::from_secs(30)).unwrap();
-                let mut seen = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    let r = client.post("/score", body.as_bytes()).unwrap();
-                    assert_eq!(r.status, 200, "{}", r.text());
-                    seen.push(scores(&r.body));
-                }
-                seen
-            })
-        })
-        .collect();
+    let clients = hammer(&server.addr, &body, &stop, 4);
     std::thread::sleep(Duration::from_millis(300));
     // Resume and train on: a newer checkpoint appears in the directory being served.
     train(&data, dir.path(), &["--steps", "30", "--resume"]);
@@ -225,6 +211,30 @@ fn a_new_checkpoint_is_taken_up_while_requests_flow() {
     let fresh = serve(&ckpt.join("ckpt-30"), &[]);
     let r = Client::connect(&fresh.addr, Duration::from_secs(10)).unwrap().post("/score", body.as_bytes()).unwrap();
     assert_eq!(scores(&r.body), (30, new[0].clone()));
+}
+
+/// `n` clients posting `body` to `/score` until `stop`, each returning its `(step, scores)` answers.
+fn hammer(
+    addr: &str,
+    body: &Arc<String>,
+    stop: &Arc<AtomicBool>,
+    n: usize,
+) -> Vec<std::thread::JoinHandle<Vec<(u64, Vec<f64>)>>> {
+    (0..n)
+        .map(|_| {
+            let (body, stop, addr) = (body.clone(), stop.clone(), addr.to_string());
+            std::thread::spawn(move || {
+                let mut client = Client::connect(&addr, Duration::from_secs(30)).unwrap();
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let r = client.post("/score", body.as_bytes()).unwrap();
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    seen.push(scores(&r.body));
+                }
+                seen
+            })
+        })
+        .collect()
 }
 
 /// Trains one epoch of `data` (`FORMAT:PATH`) with `extra` flags into `dir/name`.
@@ -716,21 +726,7 @@ fn deltas_following_the_served_checkpoint_are_applied_live() {
     let (records, _) = records(&data, 64);
     let body = Arc::new(format!("[{}]", records.join(",")));
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..3)
-        .map(|_| {
-            let (body, stop, addr) = (body.clone(), stop.clone(), server.addr.clone());
-            std::thread::spawn(move || {
-                let mut client = Client::connect(&addr, Duration::from_secs(30)).unwrap();
-                let mut seen = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    let r = client.post("/score", body.as_bytes()).unwrap();
-                    assert_eq!(r.status, 200, "{}", r.text());
-                    seen.push(scores(&r.body));
-                }
-                seen
-            })
-        })
-        .collect();
+    let clients = hammer(&server.addr, &body, &stop, 3);
     for (k, step) in [20u64, 30].into_iter().enumerate() {
         std::thread::sleep(Duration::from_millis(150));
         publish(&chain.join(format!("ckpt-{step}")), &served_dir);

@@ -27,6 +27,11 @@ pub fn describe(d: &SchemaDescription) -> Value {
         let table = &d.sparse[q.table];
         json!({ "name": q.name, "type": "list of ids", "feature": "sequence", "table_size": table.table_size })
     }));
+    if d.groups {
+        let name = tiderec_sources::parquet::schema::GROUP_COLUMN;
+        fields
+            .push(json!({ "name": name, "type": "group key", "feature": "user (read, not scored)", "optional": true }));
+    }
     json!({
         "format": format!("parquet (from {})", d.format),
         "fields": fields,

@@ -73,6 +73,14 @@ pub fn append_json_row(
         .map_err(|e| RowError { field: None, reason: format!("not a JSON object: {e}") })?;
     let mut row = vec![Value::Null; cols.len()];
     for (key, value) in object {
+        // The user's group key of a row as converted files hold it (a description recorded
+        // without it reads such rows too): checked, not a feature.
+        if key == super::schema::GROUP_COLUMN {
+            if !(value.is_null() || value.is_u64()) {
+                return Err(blame(&key, format!("{value} is not a group key (a non-negative integer)")));
+            }
+            continue;
+        }
         let k = cols.iter().position(|(name, _)| *name == key).ok_or_else(|| {
             blame(&key, "unknown field (the columns of the model's Parquet schema are listed by GET /schema)")
         })?;
@@ -168,5 +176,8 @@ mod tests {
         assert_eq!(bad(br#"{"label": 2}"#), blame("label", "label 2 is not in [0, 1]"));
         assert_eq!(bad(br#"{"X": 1}"#).field.as_deref(), Some("X"));
         assert!(bad(b"[1]").reason.starts_with("not a JSON object"));
+        assert_eq!(bad(br#"{"_group": -3}"#), blame("_group", "-3 is not a group key (a non-negative integer)"));
+        // A row as converted files hold it, with its user's group key: read, not scored.
+        append_json_row(&d, &d.table_sizes(), br#"{"_group": 77, "C3": 1}"#, &mut batch(&d)).unwrap();
     }
 }
