@@ -213,13 +213,11 @@ fn a_new_checkpoint_is_taken_up_while_requests_flow() {
     assert_eq!(scores(&r.body), (30, new[0].clone()));
 }
 
+/// Each answer's step and scores.
+type Answers = Vec<(u64, Vec<f64>)>;
+
 /// `n` clients posting `body` to `/score` until `stop`, each returning its `(step, scores)` answers.
-fn hammer(
-    addr: &str,
-    body: &Arc<String>,
-    stop: &Arc<AtomicBool>,
-    n: usize,
-) -> Vec<std::thread::JoinHandle<Vec<(u64, Vec<f64>)>>> {
+fn hammer(addr: &str, body: &Arc<String>, stop: &Arc<AtomicBool>, n: usize) -> Vec<std::thread::JoinHandle<Answers>> {
     (0..n)
         .map(|_| {
             let (body, stop, addr) = (body.clone(), stop.clone(), addr.to_string());
