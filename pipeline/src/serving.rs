@@ -104,9 +104,7 @@ fn seeded_table(seed: u64, t: usize, n: u64, dim: usize) -> Vec<f32> {
     let bound = 1.0 / (n as f32).sqrt();
     let mut table = vec![0.0; n as usize * dim];
     for (id, row) in table.chunks_exact_mut(dim.max(1)).enumerate() {
-        for (c, v) in row.iter_mut().enumerate() {
-            *v = tiderec_operators::rng::row_uniform(seed, t, id as u64, c, bound);
-        }
+        tiderec_operators::store::init_row(seed, t, id as u64, bound, row);
     }
     table
 }
