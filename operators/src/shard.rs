@@ -252,7 +252,7 @@ impl EmbeddingShard {
         let (d, w) = (self.dim, self.state_width);
         let l = self.local(table, id);
         let bound = 1.0 / (self.table_sizes[table] as f32).sqrt();
-        crate::store::init_row(self.seed, table, id, bound, &mut self.rows[table][l * d..(l + 1) * d]);
+        crate::rng::init_row(self.seed, table, id, bound, &mut self.rows[table][l * d..(l + 1) * d]);
         self.state[table][l * w..(l + 1) * w].copy_from_slice(&self.initial_state);
     }
 

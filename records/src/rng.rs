@@ -19,6 +19,16 @@ pub fn row_uniform(seed: u64, table: usize, id: u64, col: usize, bound: f32) -> 
     ((unit_f64(seed, table as u64, id, col as u64) * 2.0 - 1.0) * bound as f64) as f32
 }
 
+/// The seeded initial row of `id` in a table whose initialisation bound is `bound`
+/// (`1/√n` for `n` rows): what every store, and a reader of a checkpoint of updated
+/// rows only, gives a row no step changed.
+#[inline]
+pub fn init_row(seed: u64, table: usize, id: u64, bound: f32, row: &mut [f32]) {
+    for (c, v) in row.iter_mut().enumerate() {
+        *v = row_uniform(seed, table, id, c, bound);
+    }
+}
+
 /// A standard normal value from two counter-based uniforms (Box–Muller).
 #[inline]
 pub fn normal_f64(seed: u64, a: u64, b: u64, c: u64) -> f64 {

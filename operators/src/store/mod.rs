@@ -497,15 +497,7 @@ impl EmbeddingStore for Store {
     }
 }
 
-/// The seeded initial row of `id` in a table whose initialisation bound is `bound`
-/// (`1/√n` for `n` rows): what every store, and a reader of a checkpoint of updated
-/// rows only, gives a row no step changed.
-#[inline]
-pub fn init_row(seed: u64, table: usize, id: u64, bound: f32, row: &mut [f32]) {
-    for (c, v) in row.iter_mut().enumerate() {
-        *v = crate::rng::row_uniform(seed, table, id, c, bound);
-    }
-}
+pub use crate::rng::init_row;
 
 #[cfg(test)]
 mod tests;
