@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tiderec_operators::format::LineFormat;
 use tiderec_operators::spec::{FeatureSpec, SpecFormat};
+use tiderec_operators::train::TrainerConfig;
 use tiderec_sinks::checkpoint::value_differences;
 use tiderec_sources::amazon::AmazonDienFormat;
 use tiderec_sources::avazu::AvazuFormat;
@@ -281,6 +282,50 @@ impl FeaturePipeline {
             value_differences(&a, &b).into_iter().map(|(k, x, y)| format!("{k}: checkpoint has {x}, {whose} has {y}")),
         );
         out
+    }
+
+    /// Checks that this pipeline makes the inputs of the model `config` describes: as
+    /// many dense features as the model reads, the data's tables followed by one table
+    /// of `cross_buckets` rows per cross, and (for a model that reads sequences) the
+    /// sequences in the tables the model reads them from. The error names every mismatch (a hand-edited manifest, say).
+    pub fn check_model(&self, config: &TrainerConfig) -> Result<(), Vec<String>> {
+        let mut out = Vec::new();
+        let model = &config.model;
+        if self.dense.len() != model.num_dense() {
+            out.push(format!(
+                "pipeline.dense: {} dense features, the model reads {}",
+                self.dense.len(),
+                model.num_dense()
+            ));
+        }
+        let crosses = std::iter::repeat_n(self.cross_buckets.unwrap_or(1), self.crosses.len());
+        let expected: Vec<u64> = self.table_sizes.iter().copied().chain(crosses).collect();
+        if expected.len() != config.table_sizes.len() {
+            out.push(format!(
+                "table_sizes: the pipeline makes {} tables (with its crosses), the model reads {}",
+                expected.len(),
+                config.table_sizes.len()
+            ));
+        } else {
+            let differ = expected.iter().zip(&config.table_sizes).enumerate().filter(|(_, (a, b))| a != b);
+            out.extend(
+                differ
+                    .map(|(t, (a, b))| format!("table_sizes[{t}]: the pipeline's table has {a} rows, the model's {b}")),
+            );
+        }
+        if let Some(seq) = self.sequences.as_ref().filter(|_| model.num_sequences() > 0) {
+            if seq.tables != config.sequence_tables {
+                out.push(format!(
+                    "sequence_tables: the pipeline reads sequences from tables {:?}, the model from {:?}",
+                    seq.tables, config.sequence_tables
+                ));
+            }
+        }
+        if out.is_empty() {
+            Ok(())
+        } else {
+            Err(out)
+        }
     }
 
     /// Checks that `data` can be featurized with this pipeline: the same format, and for

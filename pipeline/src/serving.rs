@@ -67,6 +67,17 @@ pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
     }
     let config: TrainerConfig = serde_json::from_value(config_json)
         .map_err(|e| checkpoint_error(&found.path, "manifest config").with_source(e))?;
+    config.validate().map_err(|e| checkpoint_error(&found.path, format!("its manifest's config is not valid: {e}")))?;
+    let dense = check_parts(&found, &config)?;
+    let pipeline = FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)?;
+    if let Some(p) = &pipeline {
+        p.check_model(&config).map_err(|differences| {
+            checkpoint_error(
+                &found.path,
+                format!("its manifest's pipeline does not make its model's inputs: {}", differences.join("; ")),
+            )
+        })?;
+    }
     let dim = config.model.embedding_dim();
     // A checkpoint of updated rows only leaves the others at their seeded values.
     let seeded = found.parts.iter().any(|p| p.updated_only);
@@ -76,26 +87,53 @@ pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
         .enumerate()
         .map(|(t, &n)| if seeded { seeded_table(config.seed, t, n, dim) } else { vec![0.0; n as usize * dim] })
         .collect();
-    let mut dense = Vec::new();
     for part in &found.parts {
-        if !part.dense_params.is_empty() {
-            dense = part.dense_params.clone();
-        }
-        for (t, rows) in part.tables.iter().enumerate() {
-            let table = tables
-                .get_mut(t)
-                .ok_or_else(|| checkpoint_error(&found.path, format!("table {t} beyond the config")))?;
-            for (k, &id) in rows.ids.iter().enumerate() {
-                let at = id as usize * dim;
-                let dst = table
-                    .get_mut(at..at + dim)
-                    .ok_or_else(|| checkpoint_error(&found.path, format!("id {id} beyond table {t}")))?;
-                dst.copy_from_slice(&rows.rows[k * dim..(k + 1) * dim]);
+        for (rows, table) in part.tables.iter().zip(&mut tables) {
+            for (&id, row) in rows.ids.iter().zip(rows.rows.chunks_exact(dim)) {
+                table[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(row);
             }
         }
     }
-    let pipeline = FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)?;
     Ok(ServedModel { config, step: found.manifest.step, dense, tables, pipeline })
+}
+
+/// Checks that the parts of `found` hold what `config`'s model reads (one set of dense
+/// parameters of the model's size; per table, rows of the model's width with ids inside
+/// the table) and returns the dense parameters. A hand-edited manifest whose config no
+/// longer describes its files is refused here, for every reader alike.
+fn check_parts(found: &Checkpoint, config: &TrainerConfig) -> Result<Vec<f32>, PipelineError> {
+    let bad = |what: String| Err(checkpoint_error(&found.path, what));
+    let needed = config.model.param_tensors().last().map_or(0, |t| t.range().end);
+    let dense = found.parts.iter().rev().find(|p| !p.dense_params.is_empty()).map(|p| p.dense_params.clone());
+    let dense = dense.unwrap_or_default();
+    if dense.len() != needed {
+        return bad(format!("it holds {} dense parameters, its model needs {needed}", dense.len()));
+    }
+    let dim = config.model.embedding_dim();
+    for part in &found.parts {
+        if part.tables.len() > config.table_sizes.len() {
+            return bad(format!(
+                "worker {}'s part has {} tables, the config {}",
+                part.worker,
+                part.tables.len(),
+                config.table_sizes.len()
+            ));
+        }
+        for (t, (rows, &n)) in part.tables.iter().zip(&config.table_sizes).enumerate() {
+            if rows.rows.len() != rows.ids.len() * dim {
+                return bad(format!(
+                    "worker {}'s table {t} holds {} values for {} rows of {dim}",
+                    part.worker,
+                    rows.rows.len(),
+                    rows.ids.len()
+                ));
+            }
+            if let Some(id) = rows.ids.iter().find(|&&id| id >= n) {
+                return bad(format!("worker {}'s table {t} holds id {id}, beyond its {n} rows", part.worker));
+            }
+        }
+    }
+    Ok(dense)
 }
 
 /// Every row of table `t` (`n` rows of `dim`) at its seeded initial values, as a
@@ -128,9 +166,6 @@ pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineEr
     let m = load(checkpoint)?;
     let model = &m.config.model;
     let params = model.param_tensors();
-    if params.last().map_or(0, |t| t.range().end) != m.dense.len() {
-        return Err(checkpoint_error(checkpoint, "dense parameters do not match the model"));
-    }
     let pipeline = m.pipeline.as_ref();
     let names = names::input_names(
         model,

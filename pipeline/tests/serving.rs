@@ -85,3 +85,48 @@ fn eval_reproduces_the_training_runs_evaluation_and_export_writes_the_model() {
         run_err(tiderec().args(["eval", "--checkpoint"]).arg(dir.path().join("nothing")).args(["--data", "criteo:x"]));
     assert!(err.contains("nothing"), "{err}");
 }
+
+/// Rewrites the manifest of the checkpoint `ckpt` with `edit`.
+fn edit_manifest(ckpt: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = ckpt.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut m);
+    std::fs::write(&path, m.to_string()).unwrap();
+}
+
+#[test]
+fn a_hand_edited_manifest_is_refused_by_export_and_eval_alike() {
+    let Some(train) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = format!("criteo:{}", train.display());
+    let ckpt = dir.path().join("ckpt");
+    run_ok(
+        tiderec()
+            .args(["train", "--buckets", "500", "--bottom", "32,16", "--top", "32,1", "--steps", "20"])
+            .args(["--progress", "none", "--data", &data, "--checkpoint-dir"])
+            .arg(&ckpt),
+    );
+    let step = ckpt.join("ckpt-20");
+    let edits: [(&str, fn(&mut serde_json::Value)); 3] = [
+        ("table_sizes[3]", |m| m["config"]["table_sizes"][3] = 501.into()),
+        ("pipeline.dense", |m| {
+            m["pipeline"]["dense"].as_array_mut().unwrap().pop();
+        }),
+        ("dense parameters", |m| m["config"]["model"]["top"] = serde_json::json!([16, 1])),
+    ];
+    for (k, (named, edit)) in edits.into_iter().enumerate() {
+        let copy = dir.path().join(format!("edited-{k}"));
+        std::fs::create_dir(&copy).unwrap();
+        for entry in std::fs::read_dir(&step).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+        }
+        edit_manifest(&copy, edit);
+        let out = dir.path().join(format!("export-{k}"));
+        let err = run_err(tiderec().args(["export", "--checkpoint"]).arg(&copy).arg("--out").arg(&out));
+        assert!(err.contains(named) && err.contains(&copy.display().to_string()), "{named}: {err}");
+        assert!(!out.exists(), "{named}: export wrote {}", out.display());
+        let err = run_err(tiderec().args(["eval", "--checkpoint"]).arg(&copy).args(["--data", &data]));
+        assert!(err.contains(named), "{named}: {err}");
+    }
+}
