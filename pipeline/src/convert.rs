@@ -14,8 +14,9 @@
 //!
 //! Malformed lines are counted and written to the dead-letter file exactly as
 //! in training, and conversion goes on; under `--on-bad-record fail` it stops
-//! with the reader's `file:line` error and removes the unfinished output file
-//! (files completed before stay).
+//! with the reader's `file:line` error. A conversion that fails (that error,
+//! an over-budget input, a full disk) removes every Parquet file it wrote,
+//! complete or not: a failed conversion leaves no partial dataset.
 //!
 //! One conversion at a time per output directory: before reading any input,
 //! `convert` locks `DIR/.lock` ([`crate::dir_lock`]) until it returns; a
@@ -204,23 +205,20 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     progress.finish();
     let flushed = data.flush();
     let dead_finished = dead.lock().finish();
-    if let Err(e) = result {
-        writer.abort();
-        return Err(e);
-    }
-    flushed?;
-    dead_finished?;
     let mut bad = data.bad_counts();
     bad.merge(&derived_bad);
-    // A mostly malformed input leaves no files behind.
+    // A mostly malformed input, or any error, leaves no files behind.
     let tally = crate::budget::Tally { good: writer.rows(), bad: bad.to_array() };
-    if let Err(e) = crate::budget::check(
-        crate::budget::Split::Convert,
-        &input.data.source,
-        tally,
-        input.data.records.max_bad_fraction,
-        &input.data.records.dead_letters,
-    ) {
+    let checked = result.and(flushed).and(dead_finished.map_err(PipelineError::from)).and_then(|()| {
+        crate::budget::check(
+            crate::budget::Split::Convert,
+            &input.data.source,
+            tally,
+            input.data.records.max_bad_fraction,
+            &input.data.records.dead_letters,
+        )
+    });
+    if let Err(e) = checked {
         writer.abort();
         return Err(e);
     }

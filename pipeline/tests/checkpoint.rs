@@ -381,33 +381,11 @@ fn two_processes_write_one_checkpoint_that_two_threads_resume() {
     assert_same_run(&straight, &resumed, 1e-6, "two processes → two threads");
 }
 
-/// Unmounts a tmpfs when dropped.
-struct Mount(PathBuf);
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_full_disk_stops_the_run_with_an_error_naming_the_file() {
     // Needs a small file system: a 30 MB tmpfs, which only root may mount; skipped otherwise.
-    let tmp = tempfile::tempdir().unwrap();
-    let small = tmp.path().join("small");
-    std::fs::create_dir(&small).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=30M", "tmpfs"])
-        .arg(&small)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        common::skip::cannot_run("cannot mount a small tmpfs here (not root?)");
-        return;
-    }
-    let _mount = Mount(small.clone());
-    let ck = small.join("ck");
+    let Some(small) = common::small_fs::SmallFs::mount("30M") else { return };
+    let ck = small.path().join("ck");
     let args = ["--checkpoint-dir", &dir_arg(&ck), "--checkpoint-every", "5", "--keep-checkpoints", "5"];
     let e = run_err(&mut train_cmd(SYNTHETIC, 2, 40, &args));
     assert!(e.contains("No space left on device") && e.contains(".safetensors"), "{e}");

@@ -68,17 +68,23 @@ impl ScoreSink {
         let mut name = out.file_name().unwrap_or_default().to_os_string();
         name.push(format!(".tmp-{}", std::process::id()));
         let tmp = out.with_file_name(name);
-        let writer = match format {
+        let writer = Self::open(&tmp, format, labeled).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        Ok(ScoreSink { out: out.to_path_buf(), tmp, writer, labeled, line: String::new() })
+    }
+
+    fn open(tmp: &Path, format: ScoreFormat, labeled: bool) -> Result<Writer, PipelineError> {
+        Ok(match format {
             ScoreFormat::Csv => {
-                let file = std::fs::File::create(&tmp).map_err(|e| io_error(&tmp, e))?;
+                let file = std::fs::File::create(tmp).map_err(|e| io_error(tmp, e))?;
                 let mut w = BufWriter::new(file);
                 let header = if labeled { "file,position,score,label\n" } else { "file,position,score\n" };
-                w.write_all(header.as_bytes()).map_err(|e| io_error(&tmp, e))?;
+                w.write_all(header.as_bytes()).map_err(|e| io_error(tmp, e))?;
                 Writer::Csv(w)
             }
-            ScoreFormat::Parquet => Writer::Parquet(Box::new(ScoreWriter::create(&tmp, labeled)?)),
-        };
-        Ok(ScoreSink { out: out.to_path_buf(), tmp, writer, labeled, line: String::new() })
+            ScoreFormat::Parquet => Writer::Parquet(Box::new(ScoreWriter::create(tmp, labeled)?)),
+        })
     }
 
     /// Appends one record's row.
@@ -98,16 +104,21 @@ impl ScoreSink {
         }
     }
 
-    /// Finishes the file, syncs it and renames it to its name.
+    /// Finishes the file, syncs it and renames it to its name; on error the temporary
+    /// file is removed (a full disk leaves nothing behind).
     pub fn commit(self) -> Result<(), PipelineError> {
-        match self.writer {
-            Writer::Csv(w) => {
-                let file = w.into_inner().map_err(|e| io_error(&self.tmp, e.error()))?;
-                file.sync_all().map_err(|e| io_error(&self.tmp, e))?;
-            }
-            Writer::Parquet(w) => w.finish()?,
-        }
-        std::fs::rename(&self.tmp, &self.out).map_err(|e| io_error(&self.out, e))
+        let finished = match self.writer {
+            Writer::Csv(w) => w
+                .into_inner()
+                .map_err(|e| io_error(&self.tmp, e.error()))
+                .and_then(|file| file.sync_all().map_err(|e| io_error(&self.tmp, e))),
+            Writer::Parquet(w) => w.finish().map_err(PipelineError::from),
+        };
+        finished.and_then(|()| std::fs::rename(&self.tmp, &self.out).map_err(|e| io_error(&self.out, e))).inspect_err(
+            |_| {
+                let _ = std::fs::remove_file(&self.tmp);
+            },
+        )
     }
 
     /// Removes the temporary file (after a failed run).

@@ -7,6 +7,8 @@ pub mod skip;
 #[path = "../../../tests/support/shared.rs"]
 mod shared;
 
+pub mod small_fs;
+
 #[allow(unused_imports)]
 pub use shared::{rel_diff, shared_data};
 

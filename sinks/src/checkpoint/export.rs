@@ -7,7 +7,8 @@
 //! description the caller builds (model kind, every tensor's shape, the
 //! forward computation, the feature pipeline). Both are written to
 //! temporary names in the directory, fsynced and renamed, so a reader never
-//! sees a partly written file.
+//! sees a partly written file; a failed write (a full disk) removes the
+//! temporary files, and the directory when the write created it.
 
 use super::tensors::{write, Tensor, Values};
 use crate::SinkError;
@@ -44,21 +45,46 @@ pub fn write_serving(dir: &Path, tensors: &[ServingTensor<'_>], config: &serde_j
             reason: format!("tensor {} has shape {:?} but {} values", t.name, t.shape, t.values.len()),
         });
     }
+    let created = !dir.exists();
     std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let tmp_model = dir.join(format!(".{MODEL_FILE}.tmp"));
+    let tmp_config = dir.join(format!(".{CONFIG_FILE}.tmp"));
+    let written = write_both(dir, tensors, config, &tmp_model, &tmp_config);
+    if written.is_err() {
+        // Nothing half-written stays: the temporary files, and the directory if this call made it.
+        let _ = std::fs::remove_file(&tmp_model);
+        let _ = std::fs::remove_file(&tmp_config);
+        if created {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    written
+}
+
+/// The writes of [`write_serving`]: both files under their temporary names, then renamed.
+fn write_both(
+    dir: &Path,
+    tensors: &[ServingTensor<'_>],
+    config: &serde_json::Value,
+    tmp_model: &Path,
+    tmp_config: &Path,
+) -> Result<(), SinkError> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| SinkError::Io { path: path.clone(), source }
+    };
     let list: Vec<Tensor> = tensors
         .iter()
         .map(|t| Tensor { name: t.name.clone(), shape: t.shape.clone(), values: Values::F32(t.values) })
         .collect();
-    let tmp_model = dir.join(format!(".{MODEL_FILE}.tmp"));
     let metadata = HashMap::from([("format".to_string(), "tiderec-serving".to_string())]);
-    write(&tmp_model, &list, metadata)?;
-    let tmp_config = dir.join(format!(".{CONFIG_FILE}.tmp"));
+    write(tmp_model, &list, metadata)?;
     let text = serde_json::to_string_pretty(config)
         .map_err(|e| SinkError::Checkpoint { path: tmp_config.display().to_string(), reason: e.to_string() })?;
-    let mut f = std::fs::File::create(&tmp_config).map_err(io(&tmp_config))?;
-    f.write_all(text.as_bytes()).and_then(|_| f.sync_all()).map_err(io(&tmp_config))?;
-    std::fs::rename(&tmp_model, dir.join(MODEL_FILE)).map_err(io(dir))?;
-    std::fs::rename(&tmp_config, dir.join(CONFIG_FILE)).map_err(io(dir))?;
+    let mut f = std::fs::File::create(tmp_config).map_err(io(tmp_config))?;
+    f.write_all(text.as_bytes()).and_then(|_| f.sync_all()).map_err(io(tmp_config))?;
+    std::fs::rename(tmp_model, dir.join(MODEL_FILE)).map_err(io(dir))?;
+    std::fs::rename(tmp_config, dir.join(CONFIG_FILE)).map_err(io(dir))?;
     Ok(())
 }
 

@@ -11,8 +11,10 @@
 //!   back in order.
 //! * **No half files.** A file is written under a hidden temporary name
 //!   (`.part-00000.parquet.tmp`) and renamed when it is complete, so readers
-//!   listing `*.parquet` never see a partial file. [`ParquetWriter::abort`]
-//!   removes the temporary file.
+//!   listing `*.parquet` never see a partial file.
+//! * **No partial dataset.** [`ParquetWriter::abort`], and a
+//!   [`ParquetWriter::finish`] that fails (a full disk), remove every file the
+//!   writer made, complete or not, and the directory when the writer created it.
 //! * Every file carries the [`SchemaDescription`] under
 //!   [`METADATA_KEY`](super::METADATA_KEY).
 
@@ -77,6 +79,8 @@ pub struct ParquetWriter {
     options: WriterOptions,
     current: Option<OpenFile>,
     summary: WriteSummary,
+    /// Whether [`Self::create`] made `dir` (then a failed conversion removes it).
+    created_dir: bool,
 }
 
 impl ParquetWriter {
@@ -93,6 +97,7 @@ impl ParquetWriter {
         let zstd =
             ZstdLevel::try_new(options.zstd_level).map_err(|e| SourceError::config("zstd_level", e.to_string()))?;
         let io_err = |source| SourceError::Io { path: dir.display().to_string(), source };
+        let created_dir = !dir.exists();
         std::fs::create_dir_all(dir).map_err(io_err)?;
         if let Some(existing) = super::list_parquet_files(dir).ok().and_then(|f| f.into_iter().next()) {
             return Err(SourceError::schema(
@@ -113,6 +118,7 @@ impl ParquetWriter {
             options,
             current: None,
             summary: WriteSummary::default(),
+            created_dir,
         })
     }
 
@@ -200,17 +206,31 @@ impl ParquetWriter {
         Ok(())
     }
 
-    /// Closes the last file and returns what was written.
+    /// Closes the last file and returns what was written; on error, nothing of the
+    /// dataset stays (see [`Self::abort`]).
     pub fn finish(mut self) -> Result<WriteSummary, SourceError> {
-        self.close_file()?;
-        Ok(std::mem::take(&mut self.summary))
+        match self.close_file() {
+            Ok(()) => Ok(std::mem::take(&mut self.summary)),
+            Err(e) => {
+                self.abort();
+                Err(e)
+            }
+        }
     }
 
-    /// Drops the open file's temporary copy; completed files stay.
+    /// Removes every file written so far, complete or not, and the directory when
+    /// [`Self::create`] made it: a failed conversion leaves no partial dataset.
     pub fn abort(mut self) {
         if let Some(f) = self.current.take() {
             drop(f.writer);
             let _ = std::fs::remove_file(&f.tmp);
+        }
+        for path in &self.summary.files {
+            let _ = std::fs::remove_file(path);
+        }
+        if self.created_dir {
+            // Only when empty: whatever else appeared there meanwhile is not the writer's.
+            let _ = std::fs::remove_dir(&self.dir);
         }
     }
 
@@ -231,8 +251,16 @@ impl ParquetWriter {
     fn close_file(&mut self) -> Result<(), SourceError> {
         let Some(f) = self.current.take() else { return Ok(()) };
         let tmp_name = f.tmp.display().to_string();
-        let meta = f.writer.close().map_err(|source| SourceError::Parquet { path: tmp_name.clone(), source })?;
-        std::fs::rename(&f.tmp, &f.path).map_err(|source| SourceError::Io { path: tmp_name, source })?;
+        let closed = f.writer.close().map_err(|source| SourceError::Parquet { path: tmp_name.clone(), source });
+        let meta = closed
+            .and_then(|meta| {
+                std::fs::rename(&f.tmp, &f.path)
+                    .map(|_| meta)
+                    .map_err(|source| SourceError::Io { path: tmp_name, source })
+            })
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(&f.tmp);
+            })?;
         self.summary.row_groups += meta.num_row_groups();
         self.summary.files.push(f.path);
         Ok(())
