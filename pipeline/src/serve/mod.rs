@@ -45,7 +45,7 @@ mod watch;
 use crate::error::DataflowFailure;
 use crate::PipelineError;
 use batcher::{BatchLimits, Job, Reply, ServingState, Work};
-use http::Head;
+use http::{Head, HttpError, Transfer};
 use listen::Connections;
 use score::Loaded;
 use std::io::BufReader;
@@ -297,7 +297,7 @@ fn route(
     ctx: &Context,
     work: &Sender<Work>,
 ) -> Option<Response> {
-    let has_body = head.chunked || head.content_length.unwrap_or(0) > 0;
+    let has_body = head.transfer != Transfer::Identity || head.content_length.unwrap_or(0) > 0;
     let response = match (head.method.as_str(), head.path.as_str()) {
         ("GET", "/health") => {
             let s = ctx.state();
@@ -329,22 +329,37 @@ fn score_request(
 ) -> Option<Response> {
     let max_body = ctx.options.max_body_bytes;
     let closing = |status, message: String| Some(Response { close: true, ..Response::error(status, message) });
-    let length = match (head.chunked, head.content_length) {
-        (false, Some(n)) => n,
-        _ => return closing(411, "a request body needs a Content-Length (chunked bodies are not read)".into()),
+    let length = match (&head.transfer, head.content_length) {
+        (Transfer::Unsupported(codings), _) => {
+            let message =
+                format!("the Transfer-Encoding {codings:?} is not supported (send chunked or a Content-Length)");
+            return closing(501, message);
+        }
+        (Transfer::Chunked, _) => None,
+        (Transfer::Identity, Some(n)) if n > max_body => {
+            return closing(413, format!("request body over {max_body} bytes"))
+        }
+        (Transfer::Identity, Some(n)) => Some(n),
+        (Transfer::Identity, None) => {
+            let message = "a request body needs a Content-Length or Transfer-Encoding: chunked";
+            return closing(411, message.into());
+        }
     };
-    if length > max_body {
-        return closing(413, format!("request body over {max_body} bytes"));
-    }
     if head.expect_continue && http::write_continue(writer).is_err() {
         return None;
     }
-    match http::read_body(reader, length, deadline) {
+    let body = match length {
+        Some(n) => http::read_body(reader, n, deadline),
+        None => http::read_chunked_body(reader, max_body, deadline, |_| true),
+    };
+    match body {
         Ok(body) => Some(score(body, ctx, work)),
-        Err(http::HttpError::Timeout) => closing(
+        Err(HttpError::Timeout) => closing(
             408,
             format!("the request body was not received within {:?} (--read-timeout)", ctx.options.read_timeout),
         ),
+        Err(e @ HttpError::TooLarge { .. }) => closing(413, e.to_string()),
+        Err(e @ HttpError::Bad(_)) => closing(400, e.to_string()),
         Err(_) => None,
     }
 }
