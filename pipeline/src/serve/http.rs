@@ -506,11 +506,19 @@ pub fn write_continue(stream: &mut TcpStream) -> std::io::Result<()> {
     stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
 }
 
-/// Writes a JSON response; `close` announces that the connection closes after it.
-pub fn write_json(stream: &mut TcpStream, status: u16, body: &[u8], close: bool) -> std::io::Result<()> {
+/// Writes a JSON response; `close` announces that the connection closes after it, and
+/// `retry_after` adds a `Retry-After` header of that many seconds.
+pub fn write_json(
+    stream: &mut TcpStream,
+    status: u16,
+    body: &[u8],
+    close: bool,
+    retry_after: Option<u32>,
+) -> std::io::Result<()> {
     let connection = if close { "Connection: close\r\n" } else { "" };
+    let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
     let head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{connection}\r\n",
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{connection}{retry}\r\n",
         reason(status),
         body.len()
     );

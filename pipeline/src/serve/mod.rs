@@ -34,6 +34,7 @@
 //! waits for a load.
 
 mod batcher;
+mod budget;
 pub mod client;
 mod http;
 mod listen;
@@ -45,6 +46,7 @@ mod watch;
 use crate::error::DataflowFailure;
 use crate::PipelineError;
 use batcher::{BatchLimits, Job, Reply, ServingState, Work};
+use budget::{Body, BodyBudget, Reservation};
 use http::{Head, HttpError, Transfer};
 use listen::Connections;
 use score::Loaded;
@@ -61,6 +63,14 @@ use tiderec_sources::request_body::{split_records, BodyError};
 
 /// The largest `max_records` accepted.
 pub const MAX_RECORDS_LIMIT: usize = 1 << 24;
+
+/// The default largest request body (16 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+
+/// The default memory of request bodies across all connections (1 GiB): 64 bodies of the
+/// default largest size at once, a quarter of what 256 connections (the default `threads`)
+/// could hold with one such body each.
+pub const DEFAULT_MAX_BODY_MEMORY: usize = 1 << 30;
 
 /// Settings of a server.
 #[derive(Clone, Debug)]
@@ -79,6 +89,9 @@ pub struct ServeOptions {
     pub reload_every: Option<Duration>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Bytes of request bodies held at once across all connections (at least `max_body_bytes`);
+    /// a request whose body does not fit in what is left gets `503`.
+    pub max_body_memory: usize,
     /// Most records in one request.
     pub max_records: usize,
     /// Time to receive a request (head and body) from its first byte, and the longest idle
@@ -96,7 +109,8 @@ impl ServeOptions {
             max_connections_per_ip: 64,
             limits: BatchLimits { max_batch: 512, max_wait: Duration::from_micros(500) },
             reload_every: Some(Duration::from_secs(1)),
-            max_body_bytes: 16 << 20,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_body_memory: DEFAULT_MAX_BODY_MEMORY,
             max_records: 65_536,
             read_timeout: Duration::from_secs(5),
         }
@@ -114,6 +128,18 @@ impl ServeOptions {
         if !(1..=MAX_RECORDS_LIMIT).contains(&self.max_records) {
             return bad("max_records", format!("{} is not in 1..={MAX_RECORDS_LIMIT}", self.max_records));
         }
+        if self.max_body_bytes == 0 {
+            return bad("max_body_bytes", "serve needs a body of at least one byte".into());
+        }
+        if self.max_body_memory < self.max_body_bytes {
+            return bad(
+                "max_body_memory",
+                format!(
+                    "{} bytes is below max_body_bytes ({} bytes): a body of the largest size could never be read",
+                    self.max_body_memory, self.max_body_bytes
+                ),
+            );
+        }
         if self.read_timeout.is_zero() || self.read_timeout > Duration::from_secs(3600) {
             return bad("read_timeout", format!("{:?} is not between 0 and one hour", self.read_timeout));
         }
@@ -127,6 +153,7 @@ pub(crate) struct Context {
     state: Arc<Mutex<ServingState>>,
     stop: AtomicBool,
     connections: Connections,
+    budget: Arc<BodyBudget>,
 }
 
 impl Context {
@@ -183,6 +210,7 @@ impl Server {
             state: state.clone(),
             stop: AtomicBool::new(false),
             connections: Connections::default(),
+            budget: BodyBudget::new(options.max_body_memory),
         });
         let stop_watch = Arc::new(AtomicBool::new(false));
         let (work_tx, work_rx) = mpsc::channel::<Work>();
@@ -269,11 +297,13 @@ pub(crate) struct Response {
     status: u16,
     body: Vec<u8>,
     close: bool,
+    /// Seconds for a `Retry-After` header.
+    retry_after: Option<u32>,
 }
 
 impl Response {
     fn json(status: u16, body: String) -> Response {
-        Response { status, body: body.into_bytes(), close: false }
+        Response { status, body: body.into_bytes(), close: false, retry_after: None }
     }
 
     fn error(status: u16, message: impl Into<String>) -> Response {
@@ -282,7 +312,7 @@ impl Response {
 
     /// A response after which the connection closes (its request was not read whole).
     fn closing(status: u16, body: Vec<u8>) -> Response {
-        Response { status, body, close: true }
+        Response { status, body, close: true, retry_after: None }
     }
 }
 
@@ -300,8 +330,9 @@ fn route(
     let has_body = head.transfer != Transfer::Identity || head.content_length.unwrap_or(0) > 0;
     let response = match (head.method.as_str(), head.path.as_str()) {
         ("GET", "/health") => {
-            let s = ctx.state();
-            Response::json(200, serde_json::to_string(&s).unwrap_or_default())
+            let mut health = serde_json::to_value(ctx.state()).unwrap_or_default();
+            health["body_bytes"] = ctx.budget.in_use().into();
+            Response::json(200, health.to_string())
         }
         ("GET", "/schema") => {
             let s = ctx.state();
@@ -345,15 +376,21 @@ fn score_request(
             return closing(411, message.into());
         }
     };
+    // Reserved before `100 Continue`, so a client that waits for it sends no body to refuse.
+    let mut held = Reservation::empty(&ctx.budget);
+    if length.is_some_and(|n| !held.grow(n)) {
+        return Some(busy(ctx));
+    }
     if head.expect_continue && http::write_continue(writer).is_err() {
         return None;
     }
     let body = match length {
         Some(n) => http::read_body(reader, n, deadline),
-        None => http::read_chunked_body(reader, max_body, deadline, |_| true),
+        None => http::read_chunked_body(reader, max_body, deadline, |n| held.grow(n)),
     };
     match body {
-        Ok(body) => Some(score(body, ctx, work)),
+        Ok(body) => Some(score(Body::new(body, held), ctx, work)),
+        Err(HttpError::Refused) => Some(busy(ctx)),
         Err(HttpError::Timeout) => closing(
             408,
             format!("the request body was not received within {:?} (--read-timeout)", ctx.options.read_timeout),
@@ -364,8 +401,19 @@ fn score_request(
     }
 }
 
+/// The answer to a request whose body does not fit in what is left of `--max-body-memory`; the
+/// connection closes, as the body is not read.
+fn busy(ctx: &Context) -> Response {
+    let message = format!(
+        "the server is busy: request bodies hold {} of the {} bytes of --max-body-memory; retry",
+        ctx.budget.in_use(),
+        ctx.options.max_body_memory
+    );
+    Response { close: true, retry_after: Some(1), ..Response::error(503, message) }
+}
+
 /// Scores the records of `body` in jobs of at most `max_batch` records.
-fn score(body: Vec<u8>, ctx: &Context, work: &Sender<Work>) -> Response {
+fn score(body: Body, ctx: &Context, work: &Sender<Work>) -> Response {
     let ranges = match split_records(&body, ctx.options.max_records) {
         Ok(r) => r.ranges,
         Err(e @ BodyError::TooMany { .. }) => return Response::error(413, e.to_string()),
@@ -398,7 +446,7 @@ fn score(body: Vec<u8>, ctx: &Context, work: &Sender<Work>) -> Response {
                     scores.extend(s);
                 }
                 Ok(Reply::BadRecord { index, reason }) => {
-                    return Response::error(400, format!("record {index}: {reason}"))
+                    return Response::error(400, format!("record {index}: {reason}"));
                 }
                 Ok(Reply::Failed(reason)) => return Response::error(500, reason),
                 Err(_) => return stopping(),
