@@ -59,7 +59,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tiderec_sinks::checkpoint::layout;
-use tiderec_sources::request_body::{split_records, BodyError};
+use tiderec_sources::request_body::{non_finite, split_records, BodyError};
 
 /// The largest `max_records` accepted.
 pub const MAX_RECORDS_LIMIT: usize = 1 << 24;
@@ -446,6 +446,9 @@ fn score(body: Body, ctx: &Context, work: &Sender<Work>) -> Response {
                     scores.extend(s);
                 }
                 Ok(Reply::BadRecord { index, reason }) => {
+                    // A record refused for a NaN or Infinity says so, whatever the format saw.
+                    let record = ranges.get(index).and_then(|r| body.get(r.clone())).unwrap_or_default();
+                    let reason = non_finite(record).map_or(reason, |n| n.to_string());
                     return Response::error(400, format!("record {index}: {reason}"));
                 }
                 Ok(Reply::Failed(reason)) => return Response::error(500, reason),
