@@ -21,7 +21,16 @@
 //!   and is scored in jobs of at most `max_batch` records, one after the
 //!   other, so the records of other requests interleave with a large one and
 //!   no forward pass holds more than `max_batch` records. Memory per request
-//!   is bounded by `max_body_bytes` and `max_records`, whatever arrives.
+//!   is bounded by `max_body_bytes` and `max_records`, whatever arrives, and
+//!   chunked or not.
+//! * The bodies of all requests together hold at most `max_body_memory`
+//!   bytes (`budget.rs`): a body's bytes are reserved before they are read
+//!   and given back when its last holder drops it; a request that cannot
+//!   reserve them is answered `503` with `Retry-After` and its body is not
+//!   read. `GET /health` reserves nothing and shows the bytes held.
+//! * A refused record holding `NaN` or `Infinity` is answered saying so,
+//!   whatever the record format saw; a body that is not UTF-8 names the
+//!   offset of its first bad byte.
 //! * One answer comes from one model: when a model is swapped between two
 //!   jobs of a request, the request is scored again by the new one.
 //! * Connections, slow clients and the bounds on them: `listen.rs`.
@@ -37,6 +46,8 @@ mod batcher;
 mod budget;
 pub mod client;
 mod http;
+/// The chunked body decoder, for the fuzz target `serve_chunked_body`.
+pub use http::{read_chunked, ChunkedError};
 mod listen;
 mod records;
 mod rows;
