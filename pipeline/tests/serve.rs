@@ -869,7 +869,7 @@ fn the_body_memory_budget_answers_503_while_full_and_health_still_answers() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(health(&server.addr)["body_bytes"], 1000);
     // The held body arrives and is scored; its bytes are given back, and 600 now fit.
-    let r = exchange_on(&mut held, held_body[10..].as_bytes());
+    let r = exchange_on(&mut held, &held_body.as_bytes()[10..]);
     assert_eq!((r.status, scores(r.body.as_bytes()).1.len()), (200, 1), "{}", r.body);
     health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"] == 0);
     let r = exchange(&server.addr, format!("{}{}", post_head("Content-Length: 600\r\n"), padded(600)).as_bytes());
