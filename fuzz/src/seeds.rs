@@ -67,6 +67,28 @@ fn body_seeds() -> Vec<Vec<u8>> {
     seeds
 }
 
+/// Chunked request bodies of `tiderec serve`: extensions, trailers, many small chunks, sizes
+/// over the limits, and malformed size lines.
+fn chunked_seeds() -> Vec<Vec<u8>> {
+    let mut seeds: Vec<Vec<u8>> = vec![
+        b"5\r\nhello\r\n0\r\n\r\n".to_vec(),
+        b"1a;name=\"v\"\r\nabcdefghijklmnopqrstuvwxyz\r\n000\r\nTrailer: x\r\n\r\nGET / HTTP/1.1\r\n".to_vec(),
+        b"FFFFFFFFFFFFFFFFF\r\n".to_vec(),
+        b"1000\r\n".to_vec(),
+        b"zz\r\n".to_vec(),
+        b"5\nhello\n0\n\n".to_vec(),
+        b"0\r\nno colon\r\n\r\n".to_vec(),
+    ];
+    let mut many = b"1\r\nx\r\n".repeat(600);
+    many.extend_from_slice(b"0\r\n\r\n");
+    seeds.push(many);
+    let mut big = b"7FF \t;e\r\n".to_vec();
+    big.extend(std::iter::repeat_n(b'{', 0x7ff));
+    big.extend_from_slice(b"\r\n0\r\n\r\n");
+    seeds.push(big);
+    seeds
+}
+
 fn json_seeds(data: &Path) -> Result<Vec<Vec<u8>>, String> {
     let mut seeds: Vec<Vec<u8>> = vec![
         br#"{"label": 1, "I1": 5, "C1": "", "C3": null, "C26": "0a", "extra": [1]}"#.to_vec(),
@@ -205,6 +227,7 @@ pub fn seeds(name: &str, data: &Path) -> Result<Vec<Vec<u8>>, String> {
         "amazon_dien" => files(data, &["amazon_dien/local_test", "amazon_dien/local_train"]),
         "json_records" => json_seeds(data),
         "serve_request_body" => Ok(body_seeds()),
+        "serve_chunked_body" => Ok(chunked_seeds()),
         "parquet" => parquet_seeds(data),
         "checkpoint_manifest" => Ok(crate::checkpoint::manifest_seeds()),
         "checkpoint_tensors" => Ok(crate::checkpoint::tensor_seeds()),
@@ -221,6 +244,7 @@ pub fn needs_data(name: &str) -> bool {
         "csv_elm"
             | "csv_elm_dien"
             | "serve_request_body"
+            | "serve_chunked_body"
             | "checkpoint_manifest"
             | "checkpoint_tensors"
             | "feature_spec_toml"

@@ -11,6 +11,8 @@
 //!   bytes are; under `fail` the reader stops with the first of them as a
 //!   typed [`SourceError::BadRecord`]; the batch passes [`Batch::check`];
 //! * record parsers: a record either appends exactly one sample or nothing;
+//! * serve's chunked bodies: within the limit and the memory accepted, and a
+//!   decoded body chunked again decodes to itself
 //! * serve's request bodies: records are ordered, non-blank, disjoint ranges
 //!   of the body, never more than the cap;
 //! * Parquet and checkpoints: bad bytes are typed errors (or skip reasons),
@@ -304,6 +306,36 @@ pub fn json_records(data: &[u8]) {
     check_ids(&batch, &[1000; NUM_SPARSE], &[]);
 }
 
+/// The chunked body decoder of `tiderec serve`: `data` as the bytes after a request head,
+/// under a limit and a memory budget. A decoded body is within the limit, no longer than the
+/// input, and what `grow` accepted covers it without passing the limit; a body over the limit
+/// names it; a refusal came from an ask past the budget; and a decoded body, chunked again,
+/// decodes to itself.
+pub fn serve_chunked_body(data: &[u8]) {
+    use tiderec::serve::{read_chunked, ChunkedError};
+    const MAX: usize = 4096;
+    const BUDGET: usize = 2048;
+    let mut grown = 0;
+    let decoded = read_chunked(&mut &data[..], MAX, |n| {
+        grown += n;
+        grown <= BUDGET
+    });
+    match decoded {
+        Ok(body) => {
+            assert!(body.len() <= MAX && body.len() <= data.len(), "{} bytes from {}", body.len(), data.len());
+            assert!(body.len() <= grown && grown <= MAX.min(BUDGET), "{} bytes, {grown} accepted", body.len());
+            let mut again = format!("{:X};x=y\r\n", body.len()).into_bytes();
+            again.extend_from_slice(&body);
+            again.extend_from_slice(b"\r\n0\r\nT: v\r\n\r\n");
+            let round = read_chunked(&mut &again[..], MAX, |_| true).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(round, body, "a decoded body chunked again decodes to itself");
+        }
+        Err(ChunkedError::TooLarge { max }) => assert_eq!(max, MAX, "the limit named"),
+        Err(ChunkedError::Refused) => assert!(grown > BUDGET, "refused with {grown} of {BUDGET} asked"),
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+}
+
 /// The request body parser of `tiderec serve` (`POST /score`): `data` as one body, split
 /// under two caps. Its records are byte ranges in order, each non-blank, inside the body and
 /// not overlapping; at most the cap of them, and a body refused as over the cap under a
@@ -455,6 +487,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "amazon_dien", run: amazon_dien },
     Target { name: "json_records", run: json_records },
     Target { name: "serve_request_body", run: serve_request_body },
+    Target { name: "serve_chunked_body", run: serve_chunked_body },
     Target { name: "parquet", run: parquet },
     Target { name: "checkpoint_manifest", run: checkpoint_manifest },
     Target { name: "checkpoint_tensors", run: checkpoint_tensors },

@@ -52,6 +52,7 @@ bounded!(
     amazon_dien,
     json_records,
     serve_request_body,
+    serve_chunked_body,
     parquet,
     checkpoint_manifest,
     checkpoint_tensors,

@@ -293,6 +293,13 @@ struct ServeArgs {
     /// Most records in one request (more: 413), 1 to 16,777,216.
     #[arg(long, default_value_t = 65_536, value_parser = Range::<usize>::closed("max_records", 1, 1 << 24))]
     max_records: usize,
+    /// Largest request body in bytes, Content-Length or chunked (more: 413).
+    #[arg(long, default_value_t = tiderec::serve::DEFAULT_MAX_BODY_BYTES, value_parser = Range::<usize>::closed("max_body_bytes", 1, 1 << 32))]
+    max_body_bytes: usize,
+    /// Bytes of request bodies held at once across all connections, at least --max-body-bytes (a
+    /// request whose body does not fit in what is left gets 503 with Retry-After).
+    #[arg(long, default_value_t = tiderec::serve::DEFAULT_MAX_BODY_MEMORY, value_parser = Range::<usize>::closed("max_body_memory", 1, 1 << 40))]
+    max_body_memory: usize,
     /// Seconds to receive a request, head and body, from its first byte (then 408), and the
     /// longest idle time of a kept-alive connection.
     #[arg(long, default_value_t = 5.0, value_parser = Range::<f64>::above("read_timeout", 0.0, 3600.0))]
@@ -665,6 +672,8 @@ fn main() -> anyhow::Result<()> {
             options.threads = a.threads;
             options.max_connections_per_ip = a.max_connections_per_ip;
             options.max_records = a.max_records;
+            options.max_body_bytes = a.max_body_bytes;
+            options.max_body_memory = a.max_body_memory;
             options.read_timeout = range::seconds("read_timeout", a.read_timeout)?;
             options.limits.max_batch = a.max_batch;
             options.limits.max_wait = std::time::Duration::from_micros(a.max_wait_us);

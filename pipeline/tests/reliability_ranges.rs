@@ -74,6 +74,12 @@ fn out_of_range_flags_are_refused_naming_flag_value_and_range() {
             "--max-wait-us",
             "10000000000 is outside the allowed range [0, 1000000]",
         ),
+        // No body could ever be read.
+        (
+            [&serve[..], &["--max-body-memory", "0"]].concat(),
+            "--max-body-memory",
+            "0 is outside the allowed range [1, 1099511627776]",
+        ),
         // Accepted, and read as 1.
         ([&predict[..], &["--batch-size", "0"]].concat(), "--batch-size", "0 is outside the allowed range [1, "),
         (

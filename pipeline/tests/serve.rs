@@ -743,3 +743,174 @@ fn deltas_following_the_served_checkpoint_are_applied_live() {
     let r = Client::connect(&fresh.addr, Duration::from_secs(10)).unwrap().post("/score", body.as_bytes()).unwrap();
     assert_eq!(scores(&r.body), (30, last), "the live deltas give the model of the whole chain");
 }
+
+/// A response read from a raw connection: its status, head and body.
+struct Raw {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl Raw {
+    /// The `error` of a JSON error body.
+    fn error(&self) -> String {
+        let v: serde_json::Value = serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body));
+        v["error"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// Sends `bytes` on `s` and reads one response, to the end of the connection (the
+/// requests ask to close it, and a refused one is closed).
+fn exchange_on(s: &mut std::net::TcpStream, bytes: &[u8]) -> Raw {
+    use std::io::{Read, Write};
+    s.write_all(bytes).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap_or_else(|e| panic!("no whole response: {e}"));
+    let text = String::from_utf8(out).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no response head: {text:?}"));
+    Raw { status: head[9..12].parse().unwrap(), head: head.to_string(), body: body.to_string() }
+}
+
+/// Opens a connection, sends `bytes` and reads one response.
+fn exchange(addr: &str, bytes: &[u8]) -> Raw {
+    exchange_on(&mut std::net::TcpStream::connect(addr).unwrap(), bytes)
+}
+
+/// The head of a `POST /score` with `headers`, closing the connection after the response.
+fn post_head(headers: &str) -> String {
+    format!("POST /score HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n")
+}
+
+/// `body` in chunks of at most `size` bytes, the first with an extension, and a trailer.
+fn chunked(body: &[u8], size: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (k, chunk) in body.chunks(size).enumerate() {
+        let extension = if k == 0 { ";name=value" } else { "" };
+        out.extend_from_slice(format!("{:x}{extension}\r\n", chunk.len()).as_bytes());
+        out.extend_from_slice(chunk);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\nX-Trailer: ignored\r\n\r\n");
+    out
+}
+
+#[test]
+fn chunked_bodies_are_scored_and_bounded_like_content_length_ones() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    // The defaults: bodies of at most 16 MiB.
+    let server = serve(&ckpt, &[]);
+    let (records, _) = records(&data, 8);
+    let body = format!("[{}]", records.join(","));
+    let want = Client::connect(&server.addr, Duration::from_secs(10)).unwrap().post("/score", body.as_bytes()).unwrap();
+    assert_eq!(want.status, 200, "{}", want.text());
+    let mut request = post_head("Transfer-Encoding: chunked\r\n").into_bytes();
+    request.extend(chunked(body.as_bytes(), 100));
+    let r = exchange(&server.addr, &request);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(scores(r.body.as_bytes()), scores(&want.body), "a chunked body scores as the same body sent whole");
+
+    // A chunk whose size passes the limit: 413 at its size line, its data not waited for.
+    let started = Instant::now();
+    let over = format!("{}{:x}\r\n", post_head("Transfer-Encoding: chunked\r\n"), (16 << 20) + 1);
+    let r = exchange(&server.addr, over.as_bytes());
+    assert_eq!((r.status, r.error().contains("over 16777216 bytes")), (413, true), "{}", r.body);
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    // Chunks that pass it together: 413 at the size line of the one that passes it.
+    let mut over = post_head("Transfer-Encoding: chunked\r\n").into_bytes();
+    over.extend(format!("{:x}\r\n", (16 << 20) - 1).as_bytes());
+    over.extend(std::iter::repeat_n(b' ', (16 << 20) - 1));
+    over.extend(b"\r\n2\r\n");
+    let r = exchange(&server.addr, &over);
+    assert_eq!(r.status, 413, "{}", r.body);
+
+    // A malformed size line: 400 naming it.
+    let r = exchange(&server.addr, format!("{}zz\r\n", post_head("Transfer-Encoding: chunked\r\n")).as_bytes());
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.error().contains("the chunk size line \"zz\" is not a hex size"), "{}", r.body);
+    // Content-Length and chunked together: refused (a request has one body length).
+    let r = exchange(&server.addr, post_head("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n").as_bytes());
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.error().contains("both Content-Length and Transfer-Encoding"), "{}", r.body);
+    // Another coding is not read.
+    let r = exchange(&server.addr, post_head("Transfer-Encoding: gzip, chunked\r\n").as_bytes());
+    assert_eq!(r.status, 501, "{}", r.body);
+    assert!(r.error().contains("\"gzip, chunked\" is not supported"), "{}", r.body);
+    assert_eq!(health(&server.addr)["records"], 16, "the two 8-record requests, nothing of the refused ones");
+}
+
+#[test]
+fn the_body_memory_budget_answers_503_while_full_and_health_still_answers() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let flags = ["--max-body-bytes", "1000", "--max-body-memory", "1500", "--read-timeout", "30"];
+    let server = serve(&ckpt, &flags);
+    let padded = |n: usize| format!("{:<n$}", r#"{"I1": 3}"#);
+    // One connection holds 1000 bytes: its head and part of its body are sent.
+    let mut held = std::net::TcpStream::connect(&server.addr).unwrap();
+    let held_body = padded(1000);
+    let head = post_head("Content-Length: 1000\r\n");
+    std::io::Write::write_all(&mut held, format!("{head}{}", &held_body[..10]).as_bytes()).unwrap();
+    health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"] == 1000);
+    // 600 more do not fit in 1500: 503 with Retry-After, before its body is sent.
+    let r = exchange(&server.addr, post_head("Content-Length: 600\r\n").as_bytes());
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.head.ends_with("\r\nRetry-After: 1"), "{}", r.head);
+    assert!(r.error().contains("busy") && r.error().contains("retry"), "{}", r.body);
+    // Nor as a chunked body, refused when it grows past what is left.
+    let r = exchange(&server.addr, format!("{}258\r\n", post_head("Transfer-Encoding: chunked\r\n")).as_bytes());
+    assert_eq!(r.status, 503, "{}", r.body);
+    // 400 bytes fit, and /health answers meanwhile, counting the bytes held.
+    let small = padded(400);
+    let r = exchange(&server.addr, format!("{}{small}", post_head("Content-Length: 400\r\n")).as_bytes());
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(health(&server.addr)["body_bytes"], 1000);
+    // The held body arrives and is scored; its bytes are given back, and 600 now fit.
+    let r = exchange_on(&mut held, &held_body.as_bytes()[10..]);
+    assert_eq!((r.status, scores(r.body.as_bytes()).1.len()), (200, 1), "{}", r.body);
+    health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"] == 0);
+    let r = exchange(&server.addr, format!("{}{}", post_head("Content-Length: 600\r\n"), padded(600)).as_bytes());
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The budget must hold one body of the largest size.
+    let out = tiderec()
+        .args([
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--max-body-bytes",
+            "1000",
+            "--max-body-memory",
+            "999",
+            "--checkpoint",
+        ])
+        .arg(&ckpt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("max_body_memory") && err.contains("max_body_bytes"), "{err}");
+}
+
+#[test]
+fn nan_and_non_utf8_bodies_are_refused_saying_so() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let server = serve(&ckpt, &[]);
+    let mut c = Client::connect(&server.addr, Duration::from_secs(10)).unwrap();
+    let e = post_error(&mut c, r#"{"I1": NaN, "C1": "68fd1e64"}"#);
+    assert!(e.starts_with("record 0: not valid JSON: NaN/Infinity are not JSON numbers (`NaN` in `I1`"), "{e}");
+    let e = post_error(&mut c, "{\"I1\": 1}\n{\"I2\": -Infinity}\n");
+    assert!(e.starts_with("record 1: not valid JSON: NaN/Infinity are not JSON numbers (`-Infinity` in `I2`"), "{e}");
+    let e = post_error(&mut c, r#"[{"I1": 1}, {"I3": NaN}]"#);
+    assert!(e.contains("not valid JSON: NaN/Infinity are not JSON numbers (`NaN` in `I3`"), "{e}");
+    let r = c.post("/score", b"{\"C1\": \"\xff\"}").unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("the body is not UTF-8 (byte offset 8)"), "{}", r.text());
+    // The connection and the server are still fine.
+    let r = c.post("/score", br#"{"I1": 3}"#).unwrap();
+    assert_eq!((r.status, scores(&r.body).1.len()), (200, 1));
+}

@@ -9,8 +9,13 @@
 //!   `max_records`, so a body of millions of records allocates at most
 //!   `max_records + 1` ranges and never copies a record.
 //! * Any bytes give a typed [`BodyError`] or records, never a panic: a body
-//!   that is not JSON (non-UTF-8 bytes, a bare number) is read as lines, and
+//!   that is not UTF-8 is refused with the offset of its first bad byte
+//!   ([`BodyError::NotUtf8`]); one that is not JSON is read as lines, and
 //!   each line is a record for the record format to accept or refuse.
+//! * `NaN` and `Infinity` (JSON numbers in some encoders, not in JSON) are
+//!   named as such: an array holding one is refused with
+//!   [`BodyError::NonFinite`], and [`non_finite`] finds one in a refused
+//!   record so that its refusal can say so.
 
 use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -35,6 +40,36 @@ pub enum BodyError {
     /// A JSON value that is neither an object nor an array.
     #[error("the body is neither a record object nor an array of them")]
     NotRecords,
+    /// Bytes that are not UTF-8 (JSON text is).
+    #[error("the body is not UTF-8 (byte offset {offset})")]
+    NotUtf8 {
+        /// The offset of the first byte that is not.
+        offset: usize,
+    },
+    /// A JSON array holding `NaN` or `Infinity`.
+    #[error("the body is {0}")]
+    NonFinite(NonFinite),
+}
+
+/// A `NaN` or `Infinity` where a JSON value belongs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NonFinite {
+    /// The token as written (`NaN`, `-Infinity`, …).
+    pub token: String,
+    /// Its byte offset in the text searched.
+    pub offset: usize,
+    /// The key of the value, when it is one of an object.
+    pub key: Option<String>,
+}
+
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not valid JSON: NaN/Infinity are not JSON numbers (`{}`", self.token)?;
+        match &self.key {
+            Some(key) => write!(f, " in `{key}`, byte offset {})", self.offset),
+            None => write!(f, " at byte offset {})", self.offset),
+        }
+    }
 }
 
 /// The records of one body, as byte ranges of it.
@@ -46,6 +81,9 @@ pub struct Records {
 
 /// The records of `body`, at most `max_records` of them (see the module docs).
 pub fn split_records(body: &[u8], max_records: usize) -> Result<Records, BodyError> {
+    if let Err(e) = std::str::from_utf8(body) {
+        return Err(BodyError::NotUtf8 { offset: e.valid_up_to() });
+    }
     let Some(first) = body.iter().position(|b| !b.is_ascii_whitespace()) else { return Err(BodyError::Empty) };
     let ranges = match body[first] {
         b'[' => array(body, max_records)?,
@@ -96,7 +134,7 @@ fn array(body: &[u8], max_records: usize) -> Result<Vec<Range<usize>>, BodyError
     match parsed {
         Ok(ranges) => Ok(ranges),
         Err(_) if over => Err(BodyError::TooMany { max: max_records }),
-        Err(e) => Err(BodyError::NotAnArray(e.to_string())),
+        Err(e) => Err(non_finite(body).map_or_else(|| BodyError::NotAnArray(e.to_string()), BodyError::NonFinite)),
     }
 }
 
@@ -116,6 +154,62 @@ fn lines(body: &[u8], max_records: usize) -> Result<Vec<Range<usize>>, BodyError
         start = end + 1;
     }
     Ok(out)
+}
+
+/// The first `NaN`, `Infinity` or `inf` (any case, `Infinity` and `inf` with an optional sign)
+/// outside the strings of JSON-like `text`, with the key it is the value of. Only a refused
+/// record is searched: in JSON text each of them is an error.
+pub fn non_finite(text: &[u8]) -> Option<NonFinite> {
+    let (mut in_string, mut escaped) = (false, false);
+    let (mut string_start, mut last_string, mut key) = (0, None, None);
+    for (i, &b) in text.iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => {
+                    in_string = false;
+                    last_string = Some(string_start..i);
+                }
+                b'\n' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => (in_string, string_start) = (true, i + 1),
+            b':' => key = last_string.clone(),
+            b'{' | b',' | b'[' => key = None,
+            b'n' | b'N' | b'i' | b'I' => {
+                if let Some(found) = non_finite_at(text, i) {
+                    let key = key.map(|k: std::ops::Range<usize>| String::from_utf8_lossy(&text[k]).into_owned());
+                    return Some(NonFinite { key, ..found });
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The non-finite token starting at `i` (or at the sign before it), if one does.
+fn non_finite_at(text: &[u8], i: usize) -> Option<NonFinite> {
+    let word = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'.';
+    let end = i + text[i..].iter().take_while(|b| word(b)).count();
+    let token = &text[i..end];
+    let signed = [&b"infinity"[..], b"inf"].iter().any(|t| token.eq_ignore_ascii_case(t));
+    if !(signed || token.eq_ignore_ascii_case(b"nan")) {
+        return None;
+    }
+    let start = match i.checked_sub(1).map(|k| text[k]) {
+        Some(b'-' | b'+') if signed => i - 1,
+        Some(b) if word(&b) => return None,
+        _ => i,
+    };
+    if start > 0 && word(&text[start - 1]) {
+        return None;
+    }
+    Some(NonFinite { token: String::from_utf8_lossy(&text[start..end]).into_owned(), offset: start, key: None })
 }
 
 #[cfg(test)]
@@ -144,8 +238,33 @@ mod tests {
         assert_eq!(split("42", 10), Err(BodyError::NotRecords));
         assert!(matches!(split("[{}, ", 10), Err(BodyError::NotAnArray(_))));
         assert!(matches!(split("[{}] x", 10), Err(BodyError::NotAnArray(_))));
-        let bytes = split_records(b"\xff\xfe{\n\x80", 10).unwrap();
-        assert_eq!(bytes.ranges, [0..3, 4..5], "non-UTF-8 lines are records for the format to refuse");
+        assert_eq!(split_records(b"\xff\xfe{\n\x80", 10), Err(BodyError::NotUtf8 { offset: 0 }));
+        let e = split_records(b"{\"a\": \"\xc3\x28\"}", 10).unwrap_err();
+        assert_eq!(e.to_string(), "the body is not UTF-8 (byte offset 7)");
+        let e = split(r#"[{"a": 1}, {"I1": NaN}]"#, 10).unwrap_err().to_string();
+        assert_eq!(e, "the body is not valid JSON: NaN/Infinity are not JSON numbers (`NaN` in `I1`, byte offset 18)");
+        // An object or lines holding NaN are records, refused by the record format.
+        assert_eq!(split("{\"I1\": NaN}\n{}", 10).unwrap(), ["{\"I1\": NaN}", "{}"]);
+    }
+
+    #[test]
+    fn non_finite_tokens_are_found_outside_strings() {
+        let found = |text: &str| non_finite(text.as_bytes()).map(|n| (n.token, n.offset, n.key));
+        assert_eq!(found(r#"{"I1": NaN}"#), Some(("NaN".into(), 7, Some("I1".into()))));
+        assert_eq!(found(r#"{"a": 1, "b": -Infinity}"#), Some(("-Infinity".into(), 14, Some("b".into()))));
+        assert_eq!(found(r#"[1, inf]"#), Some(("inf".into(), 4, None)));
+        assert_eq!(found(r#"{"a": [1, +INF]}"#), Some(("+INF".into(), 10, None)));
+        assert_eq!(found(r#"{"x": "NaN", "y\"": nan}"#), Some(("nan".into(), 20, Some("y\\\"".into()))));
+        for none in
+            [r#"{"a": "NaN Infinity"}"#, r#"{"nan": 1, "Infinity": 2}"#, "[null, true, 1e5]", "{\"a\": -NaN1}", "x_nan"]
+        {
+            assert_eq!(found(none), None, "{none}");
+        }
+        let n = non_finite(br#"{"price": NaN}"#).unwrap();
+        assert_eq!(
+            n.to_string(),
+            "not valid JSON: NaN/Infinity are not JSON numbers (`NaN` in `price`, byte offset 10)"
+        );
     }
 
     #[test]

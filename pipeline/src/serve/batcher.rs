@@ -17,6 +17,7 @@
 //! * A batch is counted in [`ServingState`] before its answers are sent, so
 //!   a client holding its answer sees its records counted.
 
+use super::budget::Body;
 use super::score::{Delta, Loaded};
 use std::ops::Range;
 use std::sync::mpsc::{Receiver, Sender};
@@ -36,8 +37,8 @@ pub enum Work {
 
 /// Records of one request (at most `max_batch` of them) and where their reply goes.
 pub struct Job {
-    /// The request's body.
-    pub body: Arc<Vec<u8>>,
+    /// The request's body (its budget is given back when the last job lets go of it).
+    pub body: Arc<Body>,
     /// The records, as ranges of the body.
     pub records: Vec<Range<usize>>,
     /// The index in the request of the first of them.

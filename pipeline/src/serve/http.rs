@@ -1,23 +1,38 @@
 //! The server side of HTTP/1.1 for `tiderec serve`, on a std `TcpStream`:
-//! enough for its three routes (a request head, a `Content-Length` body, a
-//! response with `Content-Length`), nothing more.
+//! enough for its three routes (a request head, a `Content-Length` or
+//! chunked body, a response with `Content-Length`), nothing more.
 //!
 //! Invariants:
 //! * Every read happens before a deadline: the socket's read timeout is set
 //!   to the time left before each read, so a client sending one byte at a
-//!   time cannot stretch a request past it ([`HttpError::Timeout`]).
-//! * A head is at most [`MAX_HEAD`] bytes; a body is read only once its
-//!   announced length is known to be within the caller's limit, into one
-//!   buffer of exactly that length.
-//! * Chunked bodies are not read (`411`: the client sends `Content-Length`).
+//!   time cannot stretch a request past it ([`HttpError::Timeout`]). A
+//!   chunked body, its size lines and its trailers are read under the same
+//!   deadline as a `Content-Length` body.
+//! * A head is at most [`MAX_HEAD`] bytes; a `Content-Length` body is read
+//!   only once its announced length is known to be within the caller's
+//!   limit, into one buffer of exactly that length.
+//! * A chunked body ([`read_chunked`]) never holds more than the caller's
+//!   limit: each chunk's size is checked against it when its size line is
+//!   read, before its data (over it: [`ChunkedError::TooLarge`], the rest is
+//!   not read), and the buffer grows only after the caller's `grow` accepts
+//!   the bytes it adds. A size line is at most [`MAX_CHUNK_LINE`] bytes and
+//!   the trailers (read and ignored) at most [`MAX_HEAD`]; every line ends
+//!   in CRLF. Any bytes give a body or a typed error, never a panic.
+//! * A request gives its body's length one way: `Content-Length` and a
+//!   `Transfer-Encoding` together are refused (`400`), as is a
+//!   `Transfer-Encoding` other than `chunked` (`identity` aside), which is
+//!   not read ([`Transfer::Unsupported`], `501`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
-/// Largest request head (request line and headers).
+/// Largest request head (request line and headers), and largest trailer section of a chunked body.
 pub const MAX_HEAD: usize = 16 << 10;
+
+/// Largest chunk size line of a chunked body (the size, its extensions and CRLF).
+pub const MAX_CHUNK_LINE: usize = 4 << 10;
 
 /// Why a request could not be read.
 #[derive(Debug, Error)]
@@ -31,9 +46,18 @@ pub enum HttpError {
     /// A head over [`MAX_HEAD`] bytes.
     #[error("a request head over {MAX_HEAD} bytes")]
     HeadTooLarge,
-    /// A head that is not HTTP/1.x.
+    /// A head that is not HTTP/1.x, or a malformed chunked body.
     #[error("a bad request: {0}")]
     Bad(String),
+    /// A chunked body grew over the caller's limit.
+    #[error("request body over {max} bytes")]
+    TooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// The caller's `grow` refused more bytes of a chunked body.
+    #[error("no memory left for the request body")]
+    Refused,
     /// The connection failed.
     #[error("cannot read the request: {0}")]
     Io(#[source] std::io::Error),
@@ -48,12 +72,37 @@ pub struct Head {
     pub path: String,
     /// `Content-Length`, if given.
     pub content_length: Option<usize>,
-    /// A `Transfer-Encoding` other than `identity` was given.
-    pub chunked: bool,
+    /// `Transfer-Encoding`.
+    pub transfer: Transfer,
     /// The connection closes after the response (`Connection: close`, or HTTP/1.0).
     pub close: bool,
     /// `Expect: 100-continue`.
     pub expect_continue: bool,
+}
+
+/// A request's `Transfer-Encoding`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transfer {
+    /// None given, or only `identity`.
+    Identity,
+    /// `chunked`.
+    Chunked,
+    /// Any other coding (the codings as given, `identity` left out).
+    Unsupported(String),
+}
+
+impl Transfer {
+    /// The transfer of the codings `given` across every `Transfer-Encoding` header.
+    fn of(given: &[String]) -> Transfer {
+        let codings: Vec<&str> =
+            given.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|c| !c.is_empty()).collect();
+        let codings: Vec<&str> = codings.into_iter().filter(|c| !c.eq_ignore_ascii_case("identity")).collect();
+        match codings.as_slice() {
+            [] => Transfer::Identity,
+            [c] if c.eq_ignore_ascii_case("chunked") => Transfer::Chunked,
+            _ => Transfer::Unsupported(codings.join(", ")),
+        }
+    }
 }
 
 fn timed_out(e: &std::io::Error) -> bool {
@@ -150,10 +199,11 @@ fn parse_head(head: &[u8], lines: &[(usize, usize)]) -> Result<Head, HttpError> 
         method: method.to_string(),
         path: target.split('?').next().unwrap_or(target).to_string(),
         content_length: None,
-        chunked: false,
+        transfer: Transfer::Identity,
         close: version == "HTTP/1.0",
         expect_continue: false,
     };
+    let mut codings = Vec::new();
     for line in &lines[1..] {
         let line = text(line)?;
         let Some((name, value)) = line.split_once(':') else {
@@ -167,7 +217,7 @@ fn parse_head(head: &[u8], lines: &[(usize, usize)]) -> Result<Head, HttpError> 
             }
             out.content_length = Some(n);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            out.chunked |= !value.eq_ignore_ascii_case("identity");
+            codings.push(value.to_string());
         } else if name.eq_ignore_ascii_case("connection") {
             if value.eq_ignore_ascii_case("close") {
                 out.close = true;
@@ -177,6 +227,12 @@ fn parse_head(head: &[u8], lines: &[(usize, usize)]) -> Result<Head, HttpError> 
         } else if name.eq_ignore_ascii_case("expect") {
             out.expect_continue = value.eq_ignore_ascii_case("100-continue");
         }
+    }
+    out.transfer = Transfer::of(&codings);
+    if out.content_length.is_some() && out.transfer != Transfer::Identity {
+        return Err(HttpError::Bad(
+            "both Content-Length and Transfer-Encoding (a request gives its body's length one way)".into(),
+        ));
     }
     Ok(out)
 }
@@ -198,6 +254,235 @@ pub fn read_body(reader: &mut BufReader<TcpStream>, length: usize, deadline: Ins
     Ok(body)
 }
 
+/// Why a chunked body could not be read ([`read_chunked`]).
+#[derive(Debug, Error)]
+pub enum ChunkedError {
+    /// The body breaks the chunked syntax; the message says where.
+    #[error("a malformed chunked body: {0}")]
+    Malformed(String),
+    /// The body grew over the limit.
+    #[error("request body over {max} bytes")]
+    TooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// `grow` refused the bytes the next chunk adds.
+    #[error("no memory left for the request body")]
+    Refused,
+    /// The input failed or ended early.
+    #[error("cannot read the chunked body: {0}")]
+    Io(#[source] std::io::Error),
+}
+
+/// Reads one chunked body (RFC 9112 §7.1) from `input`: size lines in hex with optional
+/// extensions, each chunk's data and CRLF, the last (zero) chunk and the trailers, which
+/// are read and ignored. The body is at most `max` bytes; before its buffer grows by `n`
+/// bytes, `grow(n)` must accept them (the buffer's capacity is what was accepted).
+pub fn read_chunked(
+    input: &mut impl BufRead,
+    max: usize,
+    mut grow: impl FnMut(usize) -> bool,
+) -> Result<Vec<u8>, ChunkedError> {
+    let (mut body, mut reserved) = (Vec::new(), 0usize);
+    loop {
+        let line = read_crlf_line(input, MAX_CHUNK_LINE, "a chunk size line")?;
+        let size = chunk_size(&line)?;
+        if size == 0 {
+            read_trailers(input)?;
+            return Ok(body);
+        }
+        let len = body.len().checked_add(size).filter(|&n| n <= max).ok_or(ChunkedError::TooLarge { max })?;
+        if len > reserved {
+            // Doubling (up to `max`) keeps a body of many small chunks from copying itself
+            // at every chunk; the buffer's capacity is what `grow` accepted.
+            let target = len.max(reserved.saturating_mul(2).min(max));
+            if !grow(target - reserved) {
+                return Err(ChunkedError::Refused);
+            }
+            body.reserve_exact(target - body.len());
+            reserved = target;
+        }
+        read_exact_into(input, &mut body, size)?;
+        let mut end = [0u8; 2];
+        read_exact_buf(input, &mut end)?;
+        if end != *b"\r\n" {
+            return Err(ChunkedError::Malformed(format!("the data of a {size}-byte chunk is not followed by CRLF")));
+        }
+    }
+}
+
+/// The size of a chunk size line (without its CRLF): hex digits, then optional white space
+/// and `;extensions`, which are ignored.
+fn chunk_size(line: &[u8]) -> Result<usize, ChunkedError> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let rest = &line[digits..];
+    let after = rest.iter().position(|&b| b != b' ' && b != b'\t').map_or(&rest[rest.len()..], |k| &rest[k..]);
+    if digits == 0 || !(after.is_empty() || after[0] == b';') {
+        let shown = String::from_utf8_lossy(line);
+        return Err(ChunkedError::Malformed(format!("the chunk size line {shown:?} is not a hex size")));
+    }
+    // Leading zeros aside, a size of more than 16 hex digits is over any limit.
+    let start = line[..digits].iter().position(|&b| b != b'0').unwrap_or(digits);
+    let hex = &line[start..digits];
+    if hex.len() > 16 {
+        return Ok(usize::MAX);
+    }
+    let size = hex.iter().fold(0u64, |n, &b| (n << 4) | u64::from(hex_value(b)));
+    Ok(usize::try_from(size).unwrap_or(usize::MAX))
+}
+
+/// The value of an ASCII hex digit.
+fn hex_value(b: u8) -> u8 {
+    match b {
+        b'0'..=b'9' => b - b'0',
+        b'a'..=b'f' => b - b'a' + 10,
+        b'A'..=b'F' => b - b'A' + 10,
+        _ => 0,
+    }
+}
+
+/// Reads the trailer lines up to the empty line that ends the body, at most [`MAX_HEAD`]
+/// bytes in all.
+fn read_trailers(input: &mut impl BufRead) -> Result<(), ChunkedError> {
+    let mut total = 0;
+    loop {
+        let line = read_crlf_line(input, MAX_HEAD, "a trailer line")?;
+        if line.is_empty() {
+            return Ok(());
+        }
+        if !line.contains(&b':') {
+            let shown = String::from_utf8_lossy(&line);
+            return Err(ChunkedError::Malformed(format!("the trailer line {shown:?} has no `:`")));
+        }
+        total += line.len() + 2;
+        if total > MAX_HEAD {
+            return Err(ChunkedError::Malformed(format!("the trailers are over {MAX_HEAD} bytes")));
+        }
+    }
+}
+
+/// One line of at most `limit` bytes ending in CRLF, without the CRLF; `what` names it in
+/// the error.
+fn read_crlf_line(input: &mut impl BufRead, limit: usize, what: &str) -> Result<Vec<u8>, ChunkedError> {
+    let mut line = Vec::new();
+    loop {
+        let available = fill(input)?;
+        if available.is_empty() {
+            return Err(ChunkedError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        let (take, done) = match memchr::memchr(b'\n', available) {
+            Some(k) => (k + 1, true),
+            None => (available.len(), false),
+        };
+        if line.len() + take > limit {
+            return Err(ChunkedError::Malformed(format!("{what} is over {limit} bytes")));
+        }
+        line.extend_from_slice(&available[..take]);
+        input.consume(take);
+        if done {
+            break;
+        }
+    }
+    line.pop();
+    if line.pop() != Some(b'\r') {
+        return Err(ChunkedError::Malformed(format!("{what} ends in a bare LF, not CRLF")));
+    }
+    Ok(line)
+}
+
+/// The buffered bytes of `input`, reading more if none are (retrying an interrupted read).
+fn fill(input: &mut impl BufRead) -> Result<&[u8], ChunkedError> {
+    loop {
+        match input.fill_buf() {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ChunkedError::Io(e)),
+        }
+    }
+    input.fill_buf().map_err(ChunkedError::Io)
+}
+
+/// Appends exactly `n` bytes of `input` to `out`.
+fn read_exact_into(input: &mut impl BufRead, out: &mut Vec<u8>, n: usize) -> Result<(), ChunkedError> {
+    let mut left = n;
+    while left > 0 {
+        let available = fill(input)?;
+        if available.is_empty() {
+            return Err(ChunkedError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        let take = available.len().min(left);
+        out.extend_from_slice(&available[..take]);
+        input.consume(take);
+        left -= take;
+    }
+    Ok(())
+}
+
+/// Fills `out` from `input`.
+fn read_exact_buf(input: &mut impl BufRead, out: &mut [u8]) -> Result<(), ChunkedError> {
+    let mut at = 0;
+    while at < out.len() {
+        let available = fill(input)?;
+        if available.is_empty() {
+            return Err(ChunkedError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        let take = available.len().min(out.len() - at);
+        out[at..at + take].copy_from_slice(&available[..take]);
+        input.consume(take);
+        at += take;
+    }
+    Ok(())
+}
+
+/// A socket's reader whose every read waits at most until `deadline`.
+struct Timed<'r> {
+    reader: &'r mut BufReader<TcpStream>,
+    deadline: Instant,
+}
+
+impl Read for Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = available.len().min(buf.len());
+        buf[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl BufRead for Timed<'_> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        if self.reader.buffer().is_empty() {
+            arm(self.reader, self.deadline).map_err(|e| match e {
+                HttpError::Io(e) => e,
+                _ => std::io::ErrorKind::TimedOut.into(),
+            })?;
+        }
+        self.reader.fill_buf()
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.reader.consume(n);
+    }
+}
+
+/// Reads a chunked body of at most `max` bytes before `deadline` (see [`read_chunked`]).
+pub fn read_chunked_body(
+    reader: &mut BufReader<TcpStream>,
+    max: usize,
+    deadline: Instant,
+    grow: impl FnMut(usize) -> bool,
+) -> Result<Vec<u8>, HttpError> {
+    read_chunked(&mut Timed { reader, deadline }, max, grow).map_err(|e| match e {
+        ChunkedError::Malformed(m) => HttpError::Bad(m),
+        ChunkedError::TooLarge { max } => HttpError::TooLarge { max },
+        ChunkedError::Refused => HttpError::Refused,
+        ChunkedError::Io(e) if timed_out(&e) => HttpError::Timeout,
+        ChunkedError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => HttpError::Closed,
+        ChunkedError::Io(e) => HttpError::Io(e),
+    })
+}
+
 fn reason(status: u16) -> &'static str {
     match status {
         100 => "Continue",
@@ -211,6 +496,7 @@ fn reason(status: u16) -> &'static str {
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
+        501 => "Not Implemented",
         _ => "Service Unavailable",
     }
 }
@@ -220,11 +506,19 @@ pub fn write_continue(stream: &mut TcpStream) -> std::io::Result<()> {
     stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
 }
 
-/// Writes a JSON response; `close` announces that the connection closes after it.
-pub fn write_json(stream: &mut TcpStream, status: u16, body: &[u8], close: bool) -> std::io::Result<()> {
+/// Writes a JSON response; `close` announces that the connection closes after it, and
+/// `retry_after` adds a `Retry-After` header of that many seconds.
+pub fn write_json(
+    stream: &mut TcpStream,
+    status: u16,
+    body: &[u8],
+    close: bool,
+    retry_after: Option<u32>,
+) -> std::io::Result<()> {
     let connection = if close { "Connection: close\r\n" } else { "" };
+    let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
     let head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{connection}\r\n",
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{connection}{retry}\r\n",
         reason(status),
         body.len()
     );
@@ -256,15 +550,114 @@ mod tests {
     fn heads_parse() {
         let h = parse("POST /score?x=1 HTTP/1.1\r\nContent-Length: 12\r\nExpect: 100-continue\r\n").unwrap();
         assert_eq!((h.method.as_str(), h.path.as_str(), h.content_length), ("POST", "/score", Some(12)));
-        assert!(h.expect_continue && !h.close && !h.chunked);
+        assert!(h.expect_continue && !h.close && h.transfer == Transfer::Identity);
         let h = parse("GET /health HTTP/1.0\r\n").unwrap();
         assert!(h.close, "HTTP/1.0 closes unless asked to keep alive");
         let h = parse("GET /health HTTP/1.1\nConnection: close\nTransfer-Encoding: chunked\n").unwrap();
-        assert!(h.close && h.chunked);
+        assert!(h.close && h.transfer == Transfer::Chunked);
         for bad in ["GET /health\r\n", "GET / SPDY/3\r\n", "GET / HTTP/1.1\r\nno colon\r\n"] {
             assert!(matches!(parse(bad), Err(HttpError::Bad(_))), "{bad}");
         }
         let two = parse("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n");
         assert!(matches!(two, Err(HttpError::Bad(_))));
+    }
+
+    #[test]
+    fn transfer_encodings_are_chunked_identity_or_unsupported() {
+        let transfer = |te: &str| parse(&format!("POST / HTTP/1.1\r\n{te}\r\n")).map(|h| h.transfer);
+        assert_eq!(transfer("Transfer-Encoding: Chunked").unwrap(), Transfer::Chunked);
+        assert_eq!(transfer("Transfer-Encoding: identity, chunked").unwrap(), Transfer::Chunked);
+        assert_eq!(transfer("Transfer-Encoding: identity").unwrap(), Transfer::Identity);
+        assert_eq!(
+            transfer("Transfer-Encoding: gzip, chunked").unwrap(),
+            Transfer::Unsupported("gzip, chunked".into())
+        );
+        let twice = parse("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n");
+        assert!(matches!(twice.unwrap().transfer, Transfer::Unsupported(_)));
+        // Content-Length and a transfer coding together: refused, whichever comes first.
+        for both in [
+            "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\nContent-Length: 3\r\n",
+        ] {
+            let e = parse(both).unwrap_err().to_string();
+            assert!(e.contains("both Content-Length and Transfer-Encoding"), "{e}");
+        }
+    }
+
+    /// Decodes `text` with limit `max`, counting what `grow` accepted in `grown`.
+    fn decode(text: &[u8], max: usize, budget: usize) -> (Result<Vec<u8>, ChunkedError>, usize) {
+        let mut grown = 0;
+        let body = read_chunked(&mut &text[..], max, |n| {
+            grown += n;
+            grown <= budget
+        });
+        (body, grown)
+    }
+
+    fn malformed(text: &[u8]) -> String {
+        match decode(text, 1 << 20, usize::MAX).0 {
+            Err(ChunkedError::Malformed(m)) => m,
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(text)),
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode() {
+        let ok = |text: &[u8]| decode(text, 1 << 20, usize::MAX).0.unwrap();
+        assert_eq!(ok(b"0\r\n\r\n"), b"");
+        assert_eq!(ok(b"5\r\nhello\r\n1;name=value\r\n!\r\n0\r\n\r\n"), b"hello!");
+        assert_eq!(ok(b"A \t;ext\r\n0123456789\r\n000\r\nTrailer: x\r\nOther: y\r\n\r\n"), b"0123456789");
+        assert_eq!(ok(b"0000000000000000000001\r\nz\r\n0\r\n\r\n"), b"z", "leading zeros are no size");
+        assert_eq!(ok(b"1a\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\n\r\nafter"), b"abcdefghijklmnopqrstuvwxyz");
+        // What follows the body stays unread (the next request on the connection).
+        let mut input = &b"2\r\nab\r\n0\r\n\r\nGET /health"[..];
+        assert_eq!(read_chunked(&mut input, 10, |_| true).unwrap(), b"ab");
+        assert_eq!(input, b"GET /health");
+    }
+
+    #[test]
+    fn malformed_chunks_say_what_is_wrong() {
+        let e = malformed(b"zz\r\nhello\r\n0\r\n\r\n");
+        assert!(e.contains("\"zz\" is not a hex size"), "{e}");
+        assert!(malformed(b"\r\n").contains("is not a hex size"));
+        assert!(malformed(b"-1\r\n").contains("is not a hex size"));
+        assert!(malformed(b"0x5\r\nhello\r\n").contains("is not a hex size"));
+        assert!(malformed(b"5 5\r\nhello\r\n").contains("is not a hex size"));
+        assert!(malformed(b"5\nhello\r\n0\r\n\r\n").contains("bare LF"));
+        assert!(malformed(b"5\r\nhelloXY0\r\n\r\n").contains("not followed by CRLF"));
+        assert!(malformed(b"0\r\nno colon\r\n\r\n").contains("trailer line"));
+        let long = format!("1;{}\r\nx\r\n0\r\n\r\n", "e".repeat(MAX_CHUNK_LINE));
+        assert!(malformed(long.as_bytes()).contains(&format!("over {MAX_CHUNK_LINE} bytes")));
+        let trailers = format!("0\r\n{}\r\n", "T: v\r\n".repeat(MAX_HEAD / 4));
+        assert!(malformed(trailers.as_bytes()).contains("the trailers are over"));
+        for cut in [&b"5\r\nhel"[..], b"5\r\nhello", b"5\r\nhello\r\n", b"0\r\n", b"0\r\nT: v\r\n", b""] {
+            let e = decode(cut, 100, usize::MAX).0;
+            assert!(matches!(&e, Err(ChunkedError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn a_chunked_body_stops_at_its_limit_and_its_budget() {
+        // At the limit: read; one byte over, in one chunk or across chunks: refused at the size line.
+        assert_eq!(decode(b"4\r\nabcd\r\n0\r\n\r\n", 4, usize::MAX).0.unwrap(), b"abcd");
+        let over = |text: &[u8]| matches!(decode(text, 4, usize::MAX).0, Err(ChunkedError::TooLarge { max: 4 }));
+        assert!(over(b"5\r\n"), "the data of a chunk over the limit is not waited for");
+        assert!(over(b"3\r\nabc\r\n2\r\n"));
+        assert!(over(b"ffffffffffffffff\r\n"));
+        assert!(over(b"1ffffffffffffffff\r\n"), "more than 64 bits of size");
+        // `grow` is asked before the buffer grows; a refusal stops the read.
+        let (body, grown) = decode(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", 1 << 20, usize::MAX);
+        assert_eq!(body.unwrap(), b"abcde");
+        assert_eq!(grown, 6, "3 bytes, then doubled to 6");
+        let (body, grown) = decode(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", 5, usize::MAX);
+        assert_eq!((body.unwrap().as_slice(), grown), (&b"abcde"[..], 5), "doubling stops at the limit");
+        let (body, grown) = decode(b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n", 1 << 20, 5);
+        assert!(matches!(body, Err(ChunkedError::Refused)), "{body:?}");
+        assert_eq!(grown, 3 + 4, "the refused growth was asked for");
+        // A body of many one-byte chunks grows its budget a doubling at a time.
+        let many = format!("{}0\r\n\r\n", "1\r\nx\r\n".repeat(1000));
+        let (body, grown) = decode(many.as_bytes(), 1 << 20, usize::MAX);
+        assert_eq!((body.unwrap().len(), grown), (1000, 1024));
     }
 }

@@ -123,7 +123,7 @@ pub fn accept(listener: TcpListener, ctx: Arc<Context>, work: Sender<Work>) {
             Admission::Refused => {
                 let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
                 let message = format!("more than {} connections are open; try again", options.threads);
-                let _ = http::write_json(&mut stream, 503, &error_body(&message), true);
+                let _ = http::write_json(&mut stream, 503, &error_body(&message), true, Some(1));
                 continue;
             }
             Admission::OverPerIp => true,
@@ -169,7 +169,7 @@ fn connection(stream: TcpStream, over: bool, place: &Place, work: &Sender<Work>)
                     HttpError::HeadTooLarge => 431,
                     _ => 400,
                 };
-                let _ = http::write_json(&mut writer, status, &error_body(&e.to_string()), true);
+                let _ = http::write_json(&mut writer, status, &error_body(&e.to_string()), true, None);
                 return;
             }
         };
@@ -180,9 +180,9 @@ fn connection(stream: TcpStream, over: bool, place: &Place, work: &Sender<Work>)
         } else {
             route(&head, &mut reader, &mut writer, deadline, ctx, work)
         };
-        let Some(Response { status, body, close }) = response else { return };
+        let Some(Response { status, body, close, retry_after }) = response else { return };
         let close = close || over || head.close || stopping();
-        if http::write_json(&mut writer, status, &body, close).is_err() || close {
+        if http::write_json(&mut writer, status, &body, close, retry_after).is_err() || close {
             return;
         }
     }

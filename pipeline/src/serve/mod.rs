@@ -21,7 +21,16 @@
 //!   and is scored in jobs of at most `max_batch` records, one after the
 //!   other, so the records of other requests interleave with a large one and
 //!   no forward pass holds more than `max_batch` records. Memory per request
-//!   is bounded by `max_body_bytes` and `max_records`, whatever arrives.
+//!   is bounded by `max_body_bytes` and `max_records`, whatever arrives, and
+//!   chunked or not.
+//! * The bodies of all requests together hold at most `max_body_memory`
+//!   bytes (`budget.rs`): a body's bytes are reserved before they are read
+//!   and given back when its last holder drops it; a request that cannot
+//!   reserve them is answered `503` with `Retry-After` and its body is not
+//!   read. `GET /health` reserves nothing and shows the bytes held.
+//! * A refused record holding `NaN` or `Infinity` is answered saying so,
+//!   whatever the record format saw; a body that is not UTF-8 names the
+//!   offset of its first bad byte.
 //! * One answer comes from one model: when a model is swapped between two
 //!   jobs of a request, the request is scored again by the new one.
 //! * Connections, slow clients and the bounds on them: `listen.rs`.
@@ -34,8 +43,11 @@
 //! waits for a load.
 
 mod batcher;
+mod budget;
 pub mod client;
 mod http;
+/// The chunked body decoder, for the fuzz target `serve_chunked_body`.
+pub use http::{read_chunked, ChunkedError};
 mod listen;
 mod records;
 mod rows;
@@ -45,7 +57,8 @@ mod watch;
 use crate::error::DataflowFailure;
 use crate::PipelineError;
 use batcher::{BatchLimits, Job, Reply, ServingState, Work};
-use http::Head;
+use budget::{Body, BodyBudget, Reservation};
+use http::{Head, HttpError, Transfer};
 use listen::Connections;
 use score::Loaded;
 use std::io::BufReader;
@@ -57,10 +70,18 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tiderec_sinks::checkpoint::layout;
-use tiderec_sources::request_body::{split_records, BodyError};
+use tiderec_sources::request_body::{non_finite, split_records, BodyError};
 
 /// The largest `max_records` accepted.
 pub const MAX_RECORDS_LIMIT: usize = 1 << 24;
+
+/// The default largest request body (16 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+
+/// The default memory of request bodies across all connections (1 GiB): 64 bodies of the
+/// default largest size at once, a quarter of what 256 connections (the default `threads`)
+/// could hold with one such body each.
+pub const DEFAULT_MAX_BODY_MEMORY: usize = 1 << 30;
 
 /// Settings of a server.
 #[derive(Clone, Debug)]
@@ -79,6 +100,9 @@ pub struct ServeOptions {
     pub reload_every: Option<Duration>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Bytes of request bodies held at once across all connections (at least `max_body_bytes`);
+    /// a request whose body does not fit in what is left gets `503`.
+    pub max_body_memory: usize,
     /// Most records in one request.
     pub max_records: usize,
     /// Time to receive a request (head and body) from its first byte, and the longest idle
@@ -96,7 +120,8 @@ impl ServeOptions {
             max_connections_per_ip: 64,
             limits: BatchLimits { max_batch: 512, max_wait: Duration::from_micros(500) },
             reload_every: Some(Duration::from_secs(1)),
-            max_body_bytes: 16 << 20,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_body_memory: DEFAULT_MAX_BODY_MEMORY,
             max_records: 65_536,
             read_timeout: Duration::from_secs(5),
         }
@@ -114,6 +139,18 @@ impl ServeOptions {
         if !(1..=MAX_RECORDS_LIMIT).contains(&self.max_records) {
             return bad("max_records", format!("{} is not in 1..={MAX_RECORDS_LIMIT}", self.max_records));
         }
+        if self.max_body_bytes == 0 {
+            return bad("max_body_bytes", "serve needs a body of at least one byte".into());
+        }
+        if self.max_body_memory < self.max_body_bytes {
+            return bad(
+                "max_body_memory",
+                format!(
+                    "{} bytes is below max_body_bytes ({} bytes): a body of the largest size could never be read",
+                    self.max_body_memory, self.max_body_bytes
+                ),
+            );
+        }
         if self.read_timeout.is_zero() || self.read_timeout > Duration::from_secs(3600) {
             return bad("read_timeout", format!("{:?} is not between 0 and one hour", self.read_timeout));
         }
@@ -127,6 +164,7 @@ pub(crate) struct Context {
     state: Arc<Mutex<ServingState>>,
     stop: AtomicBool,
     connections: Connections,
+    budget: Arc<BodyBudget>,
 }
 
 impl Context {
@@ -183,6 +221,7 @@ impl Server {
             state: state.clone(),
             stop: AtomicBool::new(false),
             connections: Connections::default(),
+            budget: BodyBudget::new(options.max_body_memory),
         });
         let stop_watch = Arc::new(AtomicBool::new(false));
         let (work_tx, work_rx) = mpsc::channel::<Work>();
@@ -269,11 +308,13 @@ pub(crate) struct Response {
     status: u16,
     body: Vec<u8>,
     close: bool,
+    /// Seconds for a `Retry-After` header.
+    retry_after: Option<u32>,
 }
 
 impl Response {
     fn json(status: u16, body: String) -> Response {
-        Response { status, body: body.into_bytes(), close: false }
+        Response { status, body: body.into_bytes(), close: false, retry_after: None }
     }
 
     fn error(status: u16, message: impl Into<String>) -> Response {
@@ -282,7 +323,7 @@ impl Response {
 
     /// A response after which the connection closes (its request was not read whole).
     fn closing(status: u16, body: Vec<u8>) -> Response {
-        Response { status, body, close: true }
+        Response { status, body, close: true, retry_after: None }
     }
 }
 
@@ -297,11 +338,12 @@ fn route(
     ctx: &Context,
     work: &Sender<Work>,
 ) -> Option<Response> {
-    let has_body = head.chunked || head.content_length.unwrap_or(0) > 0;
+    let has_body = head.transfer != Transfer::Identity || head.content_length.unwrap_or(0) > 0;
     let response = match (head.method.as_str(), head.path.as_str()) {
         ("GET", "/health") => {
-            let s = ctx.state();
-            Response::json(200, serde_json::to_string(&s).unwrap_or_default())
+            let mut health = serde_json::to_value(ctx.state()).unwrap_or_default();
+            health["body_bytes"] = ctx.budget.in_use().into();
+            Response::json(200, health.to_string())
         }
         ("GET", "/schema") => {
             let s = ctx.state();
@@ -329,28 +371,60 @@ fn score_request(
 ) -> Option<Response> {
     let max_body = ctx.options.max_body_bytes;
     let closing = |status, message: String| Some(Response { close: true, ..Response::error(status, message) });
-    let length = match (head.chunked, head.content_length) {
-        (false, Some(n)) => n,
-        _ => return closing(411, "a request body needs a Content-Length (chunked bodies are not read)".into()),
+    let length = match (&head.transfer, head.content_length) {
+        (Transfer::Unsupported(codings), _) => {
+            let message =
+                format!("the Transfer-Encoding {codings:?} is not supported (send chunked or a Content-Length)");
+            return closing(501, message);
+        }
+        (Transfer::Chunked, _) => None,
+        (Transfer::Identity, Some(n)) if n > max_body => {
+            return closing(413, format!("request body over {max_body} bytes"))
+        }
+        (Transfer::Identity, Some(n)) => Some(n),
+        (Transfer::Identity, None) => {
+            let message = "a request body needs a Content-Length or Transfer-Encoding: chunked";
+            return closing(411, message.into());
+        }
     };
-    if length > max_body {
-        return closing(413, format!("request body over {max_body} bytes"));
+    // Reserved before `100 Continue`, so a client that waits for it sends no body to refuse.
+    let mut held = Reservation::empty(&ctx.budget);
+    if length.is_some_and(|n| !held.grow(n)) {
+        return Some(busy(ctx));
     }
     if head.expect_continue && http::write_continue(writer).is_err() {
         return None;
     }
-    match http::read_body(reader, length, deadline) {
-        Ok(body) => Some(score(body, ctx, work)),
-        Err(http::HttpError::Timeout) => closing(
+    let body = match length {
+        Some(n) => http::read_body(reader, n, deadline),
+        None => http::read_chunked_body(reader, max_body, deadline, |n| held.grow(n)),
+    };
+    match body {
+        Ok(body) => Some(score(Body::new(body, held), ctx, work)),
+        Err(HttpError::Refused) => Some(busy(ctx)),
+        Err(HttpError::Timeout) => closing(
             408,
             format!("the request body was not received within {:?} (--read-timeout)", ctx.options.read_timeout),
         ),
+        Err(e @ HttpError::TooLarge { .. }) => closing(413, e.to_string()),
+        Err(e @ HttpError::Bad(_)) => closing(400, e.to_string()),
         Err(_) => None,
     }
 }
 
+/// The answer to a request whose body does not fit in what is left of `--max-body-memory`; the
+/// connection closes, as the body is not read.
+fn busy(ctx: &Context) -> Response {
+    let message = format!(
+        "the server is busy: request bodies hold {} of the {} bytes of --max-body-memory; retry",
+        ctx.budget.in_use(),
+        ctx.options.max_body_memory
+    );
+    Response { close: true, retry_after: Some(1), ..Response::error(503, message) }
+}
+
 /// Scores the records of `body` in jobs of at most `max_batch` records.
-fn score(body: Vec<u8>, ctx: &Context, work: &Sender<Work>) -> Response {
+fn score(body: Body, ctx: &Context, work: &Sender<Work>) -> Response {
     let ranges = match split_records(&body, ctx.options.max_records) {
         Ok(r) => r.ranges,
         Err(e @ BodyError::TooMany { .. }) => return Response::error(413, e.to_string()),
@@ -383,7 +457,10 @@ fn score(body: Vec<u8>, ctx: &Context, work: &Sender<Work>) -> Response {
                     scores.extend(s);
                 }
                 Ok(Reply::BadRecord { index, reason }) => {
-                    return Response::error(400, format!("record {index}: {reason}"))
+                    // A record refused for a NaN or Infinity says so, whatever the format saw.
+                    let record = ranges.get(index).and_then(|r| body.get(r.clone())).unwrap_or_default();
+                    let reason = non_finite(record).map_or(reason, |n| n.to_string());
+                    return Response::error(400, format!("record {index}: {reason}"));
                 }
                 Ok(Reply::Failed(reason)) => return Response::error(500, reason),
                 Err(_) => return stopping(),
