@@ -241,3 +241,85 @@ fn a_killed_convert_blocks_no_one() {
     let output = run_ok(&mut convert_cmd(&src, 1, &out));
     assert!(String::from_utf8_lossy(&output.stdout).contains("converted 10000 rows"), "{output:?}");
 }
+
+/// A hosts file for a cluster of `n` processes on free ports of 127.0.0.1.
+fn hosts_file(dir: &Path, n: usize) -> PathBuf {
+    let port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let path = dir.join(format!("hosts-{n}.txt"));
+    std::fs::write(&path, (0..n).map(|_| format!("127.0.0.1:{}\n", port())).collect::<String>()).unwrap();
+    path
+}
+
+/// `train_cmd` as process `process` of a two-process cluster listed in `hosts`.
+fn cluster_cmd(steps: u64, extra: &[&str], hosts: &Path, process: usize) -> Command {
+    let mut c = train_cmd(steps, extra);
+    c.args(["--processes", "2", "--process", &process.to_string(), "--connect-timeout", "5", "--hosts"]).arg(hosts);
+    c
+}
+
+#[test]
+fn online_and_a_cluster_are_refused_by_a_running_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let ck_arg = ck.display().to_string();
+    let steps = 400;
+    let mut first = Running::spawn(&mut train_cmd(steps, &["--checkpoint-dir", &ck_arg, "--checkpoint-every", "20"]));
+    let pid = first.pid();
+    first.wait_until("a first checkpoint", || held_by(&ck, pid) && !entries(&ck).0.is_empty());
+    // `online` is refused before it looks for a broker (none listens where it is told to look).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let err = refused(
+        tiderec()
+            .args(["online", "--brokers", &format!("127.0.0.1:{port}"), "--topic", "t", "--progress", "none"])
+            .args(["--checkpoint-dir", &ck_arg, "--resume"]),
+        Duration::from_secs(20),
+    );
+    assert_names_holder(&err, &ck, "tiderec train", pid);
+    // A two-process run: process 0 meets the lock at once; process 1 (its own lock file) then
+    // fails for want of its peer, and neither touches the directory.
+    let hosts = hosts_file(tmp.path(), 2);
+    let args = ["--checkpoint-dir", &ck_arg, "--resume"];
+    let one = Running::spawn(&mut cluster_cmd(steps, &args, &hosts, 1));
+    let err = refused(&mut cluster_cmd(steps, &args, &hosts, 0), Duration::from_secs(20));
+    assert_names_holder(&err, &ck, "tiderec train", pid);
+    assert!(first.running(), "the first run was still going while the others were refused");
+    let out = one.finish();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("panicked"), "process 1 without its peer: {err}");
+    let out = first.finish();
+    assert!(out.status.success(), "the first run completes: {}", String::from_utf8_lossy(&out.stderr));
+    let (written, other) = entries(&ck);
+    assert_eq!(written.last(), Some(&steps), "its last checkpoint is its own end");
+    assert!(other.is_empty(), "nothing else in the directory: {other:?}");
+}
+
+#[test]
+fn a_running_two_process_run_holds_the_directory_against_any_other_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let ck_arg = ck.display().to_string();
+    let hosts = hosts_file(tmp.path(), 2);
+    let steps = 400;
+    let args = ["--checkpoint-dir", &ck_arg, "--checkpoint-every", "20"];
+    let mut cluster: Vec<Running> = (0..2).map(|k| Running::spawn(&mut cluster_cmd(steps, &args, &hosts, k))).collect();
+    let (p0, p1) = (cluster[0].pid(), cluster[1].pid());
+    let p1_holds = || Holder::read(&ck.join(format!("{LOCK_FILE}.p1"))).pid == Some(p1);
+    cluster[0].wait_until("a first checkpoint", || held_by(&ck, p0) && p1_holds() && !entries(&ck).0.is_empty());
+    // A single-process run meets process 0's lock; process 1 of another cluster meets process 1's.
+    let err = refused(&mut train_cmd(steps, &["--checkpoint-dir", &ck_arg, "--resume"]), Duration::from_secs(20));
+    assert_names_holder(&err, &ck, "tiderec train process 0 of 2", p0);
+    let other_hosts = hosts_file(tmp.path(), 2);
+    let err = refused(
+        &mut cluster_cmd(steps, &["--checkpoint-dir", &ck_arg, "--resume"], &other_hosts, 1),
+        Duration::from_secs(20),
+    );
+    let lock1 = ck.join(format!("{LOCK_FILE}.p1"));
+    assert!(err.contains(&lock1.display().to_string()) && err.contains(&format!("pid {p1}")), "{err}");
+    for (k, run) in cluster.drain(..).enumerate() {
+        let out = run.finish();
+        assert!(out.status.success(), "process {k} completes: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let (written, other) = entries(&ck);
+    assert_eq!(written.last(), Some(&steps), "the cluster's last checkpoint is its own end");
+    assert!(other.is_empty(), "nothing else in the directory: {other:?}");
+}
