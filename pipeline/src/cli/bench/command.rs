@@ -3,6 +3,7 @@
 use super::{run_dlrm, DlrmBench};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
+use tiderec::settings::range::{self, Range};
 use tiderec::TrainSettings;
 use tiderec_operators::nn::ModelConfig;
 
@@ -40,19 +41,19 @@ pub(crate) struct ServeBenchArgs {
     #[arg(long)]
     criteo: PathBuf,
     /// Concurrent connections.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = Range::<usize>::closed("clients", 1, range::MAX_THREADS))]
     clients: usize,
     /// Records per request.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = Range::<usize>::closed("records_per_request", 1, range::MAX_BATCH))]
     records_per_request: usize,
     /// Measured seconds (after one second of warm-up).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = Range::<f64>::above("seconds", 0.0, range::MAX_SECONDS))]
     seconds: f64,
     /// The server's --max-batch.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = Range::<usize>::closed("max_batch", 1, range::MAX_BATCH))]
     max_batch: usize,
     /// The server's --max-wait-us.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 500, value_parser = Range::<u64>::closed("max_wait_us", 0, 1_000_000))]
     max_wait_us: u64,
     /// Print one JSON object.
     #[arg(long)]
@@ -65,13 +66,13 @@ pub(crate) struct KernelsArgs {
     #[arg(long, default_value = "dlrm")]
     model: String,
     /// Rows per product (one worker's micro-batch).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, value_parser = Range::<usize>::closed("rows", 1, range::MAX_BATCH))]
     rows: usize,
     /// Seconds per candidate and round.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = Range::<f64>::above("seconds", 0.0, range::MAX_SECONDS))]
     seconds: f64,
     /// Alternating rounds (the median is shown).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = Range::<usize>::closed("rounds", 1, 1000))]
     rounds: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -84,46 +85,46 @@ pub(crate) struct ExchangeArgs {
     #[arg(long, default_value = "fm")]
     model: String,
     /// Hidden widths of the deep part of deepfm and wdl (the first is the width of their partial results).
-    #[arg(long, value_delimiter = ',', default_value = "400,400")]
+    #[arg(long, value_delimiter = ',', default_value = "400,400", value_parser = Range::<usize>::closed("deep", 1, range::MAX_WIDTH))]
     deep: Vec<usize>,
     /// Samples: `zipf` (synthetic Criteo-shaped, Zipf ranks) or `criteo:PATH`.
     #[arg(long, default_value = "zipf")]
     data: String,
     /// Zipf exponent of the synthetic ids.
-    #[arg(long, default_value_t = 1.05)]
+    #[arg(long, default_value_t = 1.05, value_parser = Range::<f64>::above("zipf", 0.0, 100.0))]
     zipf: f64,
     /// Global batch size.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, value_parser = Range::<usize>::closed("batch_size", 1, range::MAX_BATCH))]
     batch_size: usize,
     /// Workers in all.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = Range::<usize>::closed("workers", 1, range::MAX_THREADS))]
     workers: usize,
     /// Split the workers over this many processes on 127.0.0.1 (started by this command).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = Range::<usize>::closed("processes", 1, range::MAX_THREADS))]
     processes: usize,
     /// Set by a multi-process run for the processes it starts.
-    #[arg(long, hide = true, requires = "hosts")]
+    #[arg(long, hide = true, requires = "hosts", value_parser = Range::<usize>::closed("process", 0, range::MAX_THREADS - 1))]
     process: Option<usize>,
     /// Set by a multi-process run for the processes it starts.
     #[arg(long, hide = true, requires = "process")]
     hosts: Option<std::path::PathBuf>,
     /// Timed steps per strategy.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = Range::<u64>::closed("steps", 1, range::MAX_STEPS))]
     steps: u64,
     /// Untimed steps per strategy.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = Range::<u64>::closed("warmup", 0, range::MAX_STEPS))]
     warmup: u64,
     /// Rows of the largest table.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = Range::<u64>::closed("rows", 1, range::MAX_ROWS))]
     rows: u64,
     /// Embedding dimension.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = Range::<usize>::closed("dim", 1, range::MAX_WIDTH))]
     dim: usize,
     /// Fraction of each table's rows to replicate (0: skip replication).
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = 0.01, value_parser = Range::<f64>::closed("replicate", 0.0, 1.0))]
     replicate: f64,
     /// Steps of ids the planner counts.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = Range::<u64>::closed("plan_steps", 1, range::MAX_STEPS))]
     plan_steps: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -133,25 +134,25 @@ pub(crate) struct ExchangeArgs {
 #[derive(Args)]
 pub(crate) struct CacheArgs {
     /// Hot-tier sizes to compare, rows.
-    #[arg(long, value_delimiter = ',', default_value = "1024,16384,65536,262144,1048576")]
+    #[arg(long, value_delimiter = ',', default_value = "1024,16384,65536,262144,1048576", value_parser = Range::<usize>::closed("hot_rows", 1, 1 << 40))]
     hot_rows: Vec<usize>,
     /// Samples per step (one owner's de-duplicated lookups and updates).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = Range::<usize>::closed("batch_size", 1, range::MAX_BATCH))]
     batch_size: usize,
     /// Steps replayed per store (the first --warmup untimed).
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = 120, value_parser = Range::<usize>::closed("steps", 1, 1 << 40))]
     steps: usize,
     /// Untimed counting steps before the tiered store's plan.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, value_parser = Range::<usize>::closed("warmup", 0, 1 << 40))]
     warmup: usize,
     /// Embedding dimension.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = Range::<usize>::closed("dim", 1, range::MAX_WIDTH))]
     dim: usize,
     /// Instead: stream N records with a growing id space through a dynamic store.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = Range::<u64>::closed("growing", 1, range::MAX_STEPS))]
     growing: Option<u64>,
     /// Row budget of the --growing run (0: unbounded).
-    #[arg(long, default_value_t = 2_000_000)]
+    #[arg(long, default_value_t = 2_000_000, value_parser = Range::<u64>::closed("max_rows", 0, range::MAX_ROWS))]
     max_rows: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -164,25 +165,25 @@ pub(crate) struct ReplayArgs {
     #[arg(long, default_value = "../shared/data/criteo/sample.train")]
     criteo: PathBuf,
     /// Rows per row group of the converted file.
-    #[arg(long, default_value_t = 65_536)]
+    #[arg(long, default_value_t = 65_536, value_parser = Range::<usize>::closed("row_group_rows", 1, 1 << 30))]
     row_group_rows: usize,
     /// Rows per embedding table.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = Range::<u64>::closed("buckets", 1, range::MAX_ROWS))]
     buckets: u64,
     /// Seconds per decode measurement (each reader is measured twice, alternating).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = Range::<f64>::above("seconds", 0.0, range::MAX_SECONDS))]
     seconds: f64,
     /// Model of the training comparison: dlrm, lr, fm, deepfm or wdl.
     #[arg(long, default_value = "dlrm")]
     model: String,
     /// Global batch size of the training comparison.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = Range::<usize>::closed("batch_size", 1, range::MAX_BATCH))]
     batch_size: usize,
     /// Worker threads of the training comparison.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = Range::<usize>::closed("workers", 1, range::MAX_THREADS))]
     workers: usize,
     /// Training steps per run (each source is trained twice, alternating).
-    #[arg(long, default_value_t = 150)]
+    #[arg(long, default_value_t = 150, value_parser = Range::<u64>::closed("steps", 1, range::MAX_STEPS))]
     steps: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -192,7 +193,7 @@ pub(crate) struct ReplayArgs {
 #[derive(Args)]
 pub(crate) struct FeaturesArgs {
     /// Seconds per measurement (each kernel is measured twice, alternating).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = Range::<f64>::above("seconds", 0.0, range::MAX_SECONDS))]
     seconds: f64,
     /// Criteo TSV file to measure as well (skipped when absent).
     #[arg(long, default_value = "../shared/data/criteo/sample.train")]
@@ -205,19 +206,19 @@ pub(crate) struct FeaturesArgs {
 #[derive(Args)]
 pub(crate) struct GruArgs {
     /// Sequences per batch.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = Range::<usize>::closed("batch_size", 1, range::MAX_BATCH))]
     batch_size: usize,
     /// Time steps per sequence (history length).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = Range::<usize>::closed("steps", 1, 1 << 20))]
     steps: usize,
     /// Input width (item + category embedding).
-    #[arg(long, default_value_t = 36)]
+    #[arg(long, default_value_t = 36, value_parser = Range::<usize>::closed("input", 1, range::MAX_WIDTH))]
     input: usize,
     /// Hidden width.
-    #[arg(long, default_value_t = 36)]
+    #[arg(long, default_value_t = 36, value_parser = Range::<usize>::closed("hidden", 1, range::MAX_WIDTH))]
     hidden: usize,
     /// Seconds of timing per cell, spread over 9 alternating rounds.
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, default_value_t = 4.0, value_parser = Range::<f64>::above("seconds", 0.0, range::MAX_SECONDS))]
     seconds: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -236,19 +237,19 @@ pub(crate) struct ModelArgs {
 #[derive(Args)]
 pub(crate) struct DlrmArgs {
     /// Global batch size.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = Range::<usize>::closed("batch_size", 1, range::MAX_BATCH))]
     batch_size: usize,
     /// Worker threads.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = Range::<usize>::closed("workers", 1, range::MAX_THREADS))]
     workers: usize,
     /// Timed steps (default: enough for about 200k samples, at least 50).
-    #[arg(long)]
+    #[arg(long, value_parser = Range::<u64>::closed("steps", 1, range::MAX_STEPS))]
     steps: Option<u64>,
     /// Untimed warm-up steps.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = Range::<u64>::closed("warmup", 0, range::MAX_STEPS))]
     warmup: u64,
     /// Rows per table.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = Range::<u64>::closed("rows", 1, range::MAX_ROWS))]
     rows: u64,
     /// Dense optimizer (sgd, adagrad, adam).
     #[arg(long, default_value = "adagrad")]
