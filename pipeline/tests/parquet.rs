@@ -32,11 +32,12 @@ fn training_from_converted_parquet_matches_training_from_the_tsv() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("pq");
     let criteo = format!("criteo:{}", src.display());
-    // Several files and row groups: batches cross both boundaries.
+    // Several files and row groups: batches cross both boundaries. Converted under the
+    // default seed, trained under --seed 7: the hashing does not follow --seed.
     let stdout = run_ok(&mut convert(
         &criteo,
         &out,
-        &["--seed", "7", "--buckets", "20000", "--row-group-rows", "1500", "--rows-per-file", "4000"],
+        &["--buckets", "20000", "--row-group-rows", "1500", "--rows-per-file", "4000"],
     ))
     .stdout;
     let stdout = String::from_utf8_lossy(&stdout);

@@ -210,7 +210,7 @@ fn predict_on_converted_parquet_keys_rows_by_file_and_row() {
     let other = d.join("pq7");
     run_ok(
         tiderec()
-            .args(["convert", "--progress", "none", "--buckets", "1000", "--seed", "7"])
+            .args(["convert", "--progress", "none", "--buckets", "1000", "--hash-seed", "7"])
             .arg("--from")
             .arg(format!("criteo:{}", part.display()))
             .arg("--to")
@@ -473,7 +473,7 @@ fn a_manifest_without_a_pipeline_still_loads_and_says_so() {
 }
 
 #[test]
-fn hash_seed_changes_ids_but_not_initialisation() {
+fn hash_seed_changes_ids_but_not_initialisation_and_seed_not_ids() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let Some(path) = shared_data("criteo/sample_train.txt") else { return };
@@ -489,9 +489,13 @@ fn hash_seed_changes_ids_but_not_initialisation() {
     let (ck_a, a, ma) = at_init("a", &[]);
     let (ck_b, b, mb) = at_init("b", &["--hash-seed", "7"]);
     let (ck_c, _, mc) = at_init("c", &["--hash-seed", "42"]);
+    let (_, _, md) = at_init("d", &["--seed", "3"]);
     assert_eq!((ma["seed"].as_u64(), ma["pipeline"]["hash"]["seed"].as_u64()), (Some(42), Some(42)));
     assert_eq!((mb["seed"].as_u64(), mb["pipeline"]["hash"]["seed"].as_u64()), (Some(42), Some(7)));
-    assert_eq!(ma["pipeline"], mc["pipeline"], "the default hash seed is --seed");
+    assert_eq!(ma["pipeline"], mc["pipeline"], "the default hash seed is 42");
+    // Another --seed initialises another model of the same features.
+    assert_eq!((md["seed"].as_u64(), md["pipeline"]["hash"]["seed"].as_u64()), (Some(3), Some(42)));
+    assert_eq!(ma["pipeline"], md["pipeline"], "--seed leaves the hashing alone");
     // The same initial parameters, byte for byte.
     for e in std::fs::read_dir(&a).unwrap() {
         let name = e.unwrap().file_name();

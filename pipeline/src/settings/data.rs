@@ -49,7 +49,7 @@ pub struct DataSettings {
     #[arg(long, required = false, value_name = "N", value_parser = max_len::RANGE)]
     #[serde(deserialize_with = "max_len::deserialize")]
     pub max_len: usize,
-    /// Seed of feature hashing (default: the --seed value); recorded in checkpoints.
+    /// Seed of feature hashing (default 42, whatever --seed is); recorded in checkpoints.
     #[arg(long, value_name = "SEED", value_parser = hash_seed::RANGE)]
     #[serde(deserialize_with = "hash_seed::deserialize")]
     pub hash_seed: Option<u64>,
@@ -58,6 +58,10 @@ pub struct DataSettings {
     #[serde(flatten)]
     pub records: RecordPolicy,
 }
+
+/// The seed of feature hashing when `hash_seed` is not set: the same for every `--seed`, so
+/// runs with different seeds (and a Parquet file converted under any seed) share their features.
+pub const DEFAULT_HASH_SEED: u64 = 42;
 
 // The ranges of the numeric settings above, one per setting.
 ranged!(eval_fraction: f64, below(0.0, 1.0));

@@ -35,7 +35,7 @@ mod store;
 
 pub use checkpoints::CheckpointSettings;
 pub use cluster::{default_workers, ClusterSettings};
-pub use data::{DataSettings, RecordPolicy};
+pub use data::{DataSettings, RecordPolicy, DEFAULT_HASH_SEED};
 pub use exchange::{ExchangeChoice, ExchangeSettings};
 pub use flags::{All, ConvertFlags, Featurizing, Flags, OverDefaults, Subset, TrainFlags};
 pub use model::{ModelKind, ModelSettings};
@@ -147,9 +147,10 @@ impl TrainSettings {
         Self::from_table(table).map(drop)
     }
 
-    /// The seed of feature hashing: `hash_seed`, or `seed` when it is not set.
+    /// The seed of feature hashing: `hash_seed`, or [`DEFAULT_HASH_SEED`] when it is not set
+    /// (never `seed`: runs that compare seeds compare models of the same features).
     pub fn hash_seed(&self) -> u64 {
-        self.data.hash_seed.unwrap_or(self.run.seed)
+        self.data.hash_seed.unwrap_or(DEFAULT_HASH_SEED)
     }
 
     /// The dense learning rate: `lr`, or the model's default.

@@ -27,7 +27,7 @@ pub struct RunSettings {
     #[arg(long, required = false, value_name = "N", value_parser = eval_batch_size::RANGE)]
     #[serde(deserialize_with = "eval_batch_size::deserialize")]
     pub eval_batch_size: usize,
-    /// Seed of data, initialisation and shuffles (and of hashing unless --hash-seed is given).
+    /// Seed of data, initialisation and shuffles (not of feature hashing: --hash-seed).
     #[arg(long, required = false, value_name = "SEED", value_parser = seed::RANGE)]
     #[serde(deserialize_with = "seed::deserialize")]
     pub seed: u64,
