@@ -157,3 +157,52 @@ fn a_run_killed_amid_deltas_resumes_to_the_uninterrupted_model() {
     assert_eq!(resumed["params_l2"], straight["params_l2"]);
     assert_eq!(resumed["samples"], straight["samples"], "nothing trained twice");
 }
+
+/// A hosts file of two processes on free ports of 127.0.0.1.
+fn two_hosts(dir: &Path) -> std::path::PathBuf {
+    let port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let hosts = dir.join("hosts.txt");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", port(), port())).unwrap();
+    hosts
+}
+
+/// A run of two processes of one worker each, both of which must succeed.
+fn train_two_processes(steps: u64, extra: &[&str], dir: &Path) {
+    let hosts = two_hosts(dir);
+    let children: Vec<_> = (0..2)
+        .map(|k| {
+            let mut c = tiderec();
+            c.args(SYNTHETIC)
+                .args(["--workers", "1", "--steps", &steps.to_string()])
+                .args(extra)
+                .args(["--processes", "2", "--process", &k.to_string(), "--hosts"])
+                .arg(&hosts)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("process starts")
+        })
+        .collect();
+    for (k, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "process {k}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn a_chain_written_by_two_processes_resumes_to_the_uninterrupted_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let with_ck = [&["--checkpoint-dir", ck.to_str().unwrap()][..], CHAIN].concat();
+    train_two_processes(22, &with_ck, tmp.path());
+    assert_eq!(entries(&ck).0, vec![5, 10, 15, 20, 22]);
+    assert_eq!(manifest(&ck, 22)["delta"], serde_json::json!({"parent": 20, "base": 5}));
+    assert_eq!(manifest(&ck, 22)["workers"], 2, "each process wrote its worker's part");
+    // Resumed by two threads of one process (the same two workers): the model of an
+    // uninterrupted run of two workers.
+    let (straight, _) = train(2, 40, &[], tmp.path());
+    let (resumed, stderr) = train(2, 40, &[&with_ck[..], &["--resume"]].concat(), tmp.path());
+    assert_eq!(resumed["resumed_from_step"], 22, "{stderr}");
+    let (a, b) = (straight["params_l2"].as_f64().unwrap(), resumed["params_l2"].as_f64().unwrap());
+    assert!(rel_diff(a, b) <= 1e-6, "two processes → two threads: params_l2 {a} vs {b}");
+}
