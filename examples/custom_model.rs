@@ -24,7 +24,7 @@
 
 use tiderec_operators::metrics::auc;
 use tiderec_operators::nn::{DlrmConfig, Model, ModelConfig};
-use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
+use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo, NUM_DENSE, NUM_SPARSE};
@@ -134,27 +134,22 @@ impl Model<f32> for FwFm {
 
 fn main() {
     let data = SyntheticCriteo::new(SyntheticConfig::kaggle_like(7, 1000)).expect("valid synthetic config");
-    let config = TrainerConfig {
-        // The shape the trainer checks batches against (dense features, fields, row width);
-        // the model that trains is the FwFM handed to `with_model`.
-        model: ModelConfig::Dlrm(DlrmConfig {
-            num_dense: NUM_DENSE,
-            num_sparse: NUM_SPARSE,
-            dim: DIM,
-            bottom: vec![DIM],
-            top: vec![1],
-            self_interaction: false,
-        }),
-        table_sizes: data.config().table_sizes.clone(),
-        seed: 7,
-        dense_optimizer: DenseOptimizerKind::Adam,
-        dense_hp: OptimizerParams::with_lr(0.01),
-        sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
-        sparse_hp: OptimizerParams::with_lr(0.1),
-        sequence_tables: Vec::new(),
-        store: Default::default(),
-        exchange: Default::default(),
-    };
+    // The shape the trainer checks batches against (dense features, fields, row width);
+    // the model that trains is the FwFM handed to `with_model`.
+    let shape = ModelConfig::Dlrm(DlrmConfig {
+        num_dense: NUM_DENSE,
+        num_sparse: NUM_SPARSE,
+        dim: DIM,
+        bottom: vec![DIM],
+        top: vec![1],
+        self_interaction: false,
+    });
+    let config = TrainerConfig::builder(shape, data.config().table_sizes.clone())
+        .seed(7)
+        .dense_hp(OptimizerParams::with_lr(0.01))
+        .sparse_hp(OptimizerParams::with_lr(0.1))
+        .build()
+        .expect("valid config");
     let results = timely::execute(timely::Config::process(WORKERS), move |worker| {
         let (me, peers) = (worker.index() as u64, worker.peers() as u64);
         let model = Box::new(FwFm::new(NUM_DENSE, NUM_SPARSE, DIM));

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use tiderec_operators::metrics::{auc, logloss};
 use tiderec_operators::nn::{FmConfig, ModelConfig};
-use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
+use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::train::{OnlineStep, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo, NUM_DENSE, NUM_SPARSE};
@@ -64,25 +64,20 @@ impl Window {
 
 fn main() {
     let data = SyntheticCriteo::new(SyntheticConfig::kaggle_like(11, 10_000)).expect("valid synthetic config");
-    let config = TrainerConfig {
-        model: ModelConfig::Fm(FmConfig {
-            num_dense: NUM_DENSE,
-            num_sparse: NUM_SPARSE,
-            dim: 8,
-            deep: Vec::new(),
-            fm: true,
-            wide_only: 0,
-        }),
-        table_sizes: data.config().table_sizes.clone(),
-        seed: 11,
-        dense_optimizer: DenseOptimizerKind::Adam,
-        dense_hp: OptimizerParams::with_lr(0.01),
-        sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
-        sparse_hp: OptimizerParams::with_lr(0.1),
-        sequence_tables: Vec::new(),
-        store: Default::default(),
-        exchange: Default::default(),
-    };
+    let model = ModelConfig::Fm(FmConfig {
+        num_dense: NUM_DENSE,
+        num_sparse: NUM_SPARSE,
+        dim: 8,
+        deep: Vec::new(),
+        fm: true,
+        wide_only: 0,
+    });
+    let config = TrainerConfig::builder(model, data.config().table_sizes.clone())
+        .seed(11)
+        .dense_hp(OptimizerParams::with_lr(0.01))
+        .sparse_hp(OptimizerParams::with_lr(0.1))
+        .build()
+        .expect("valid config");
     let results = timely::execute(timely::Config::process(WORKERS), move |worker| {
         let (me, peers) = (worker.index() as u64, worker.peers() as u64);
         let mut trainer = Trainer::new(worker, &config).expect("a valid configuration");

@@ -12,7 +12,6 @@
 use std::path::PathBuf;
 use tiderec_operators::metrics::auc;
 use tiderec_operators::nn::{DlrmConfig, ModelConfig};
-use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader};
@@ -22,18 +21,9 @@ fn main() {
         PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/criteo/sample.train"))
     });
     let rows = 20_000u64;
-    let config = TrainerConfig {
-        model: ModelConfig::Dlrm(DlrmConfig { bottom: vec![64, 16], top: vec![64, 1], ..DlrmConfig::kaggle() }),
-        table_sizes: vec![rows; 26],
-        seed: 3,
-        dense_optimizer: DenseOptimizerKind::Adam,
-        dense_hp: OptimizerParams::with_lr(0.001),
-        sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
-        sparse_hp: OptimizerParams::with_lr(0.05),
-        sequence_tables: Vec::new(),
-        store: Default::default(),
-        exchange: Default::default(),
-    };
+    // DLRM over 26 tables; the optimizers and learning rates are `tiderec train`'s defaults.
+    let model = ModelConfig::Dlrm(DlrmConfig { bottom: vec![64, 16], top: vec![64, 1], ..DlrmConfig::kaggle() });
+    let config = TrainerConfig::builder(model, vec![rows; 26]).seed(3).build().expect("valid config");
     timely::execute(timely::Config::process(2), move |worker| {
         let (me, peers) = (worker.index(), worker.peers());
         let features = CriteoFeatures { table_sizes: vec![rows; 26], seed: 3 };

@@ -61,7 +61,6 @@ use tiderec_operators::collective::Collective;
 use tiderec_operators::features::cross::append_crosses;
 use tiderec_operators::metrics::{auc, EvalSummary};
 use tiderec_operators::nn::ModelConfig;
-use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::store::{StoreKind, StoreStats};
 use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
@@ -71,9 +70,6 @@ use tiderec_sinks::metrics::{Evaluation, RunSummary};
 use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo};
 use tiderec_sources::synthetic_behavior::{BehaviorConfig, SyntheticBehavior};
 use tiderec_sources::taobao;
-
-/// Starting value of the row-wise Adagrad accumulators.
-pub const SPARSE_INITIAL_ACCUMULATOR: f32 = 1e-6;
 
 /// Steps over which the running training loss is averaged.
 const LOSS_WINDOW: usize = 100;
@@ -125,25 +121,16 @@ pub fn timely_config(settings: &TrainSettings, resolved: &Resolved) -> timely::C
 
 /// The trainer configuration for these settings.
 pub fn trainer_config(settings: &TrainSettings, resolved: &Resolved) -> TrainerConfig {
-    let mut config = TrainerConfig {
-        model: resolved.model.clone(),
-        table_sizes: resolved.table_sizes.clone(),
-        seed: settings.run.seed,
-        dense_optimizer: resolved.optimizer,
-        // Keras' Adagrad default: a starting accumulator keeps near-zero gradients
-        // from taking full-size steps.
-        dense_hp: OptimizerParams { initial_accumulator: 0.1, ..OptimizerParams::with_lr(settings.dense_lr()) },
-        sparse_optimizer: resolved.sparse_optimizer,
-        // A small starting accumulator keeps rows whose gradient is at the level of
-        // float noise from taking full-size first steps.
-        sparse_hp: OptimizerParams {
-            initial_accumulator: SPARSE_INITIAL_ACCUMULATOR,
-            ..OptimizerParams::with_lr(settings.embedding_lr())
-        },
-        sequence_tables: resolved.sequence_tables.clone(),
-        store: resolved.store.clone(),
-        exchange: Default::default(),
-    };
+    // The library's builder: its defaults (accumulators, exchange) are the command line's.
+    let mut config = TrainerConfig::builder(resolved.model.clone(), resolved.table_sizes.clone())
+        .seed(settings.run.seed)
+        .dense_optimizer(resolved.optimizer)
+        .sparse_optimizer(resolved.sparse_optimizer)
+        .lr(settings.dense_lr())
+        .sparse_lr(settings.embedding_lr())
+        .sequence_tables(resolved.sequence_tables.clone())
+        .store(resolved.store.clone())
+        .build_unchecked();
     crate::hygiene::apply_penalties(settings, &mut config);
     config
 }
@@ -1103,4 +1090,24 @@ fn evaluate(
     let eval = trainer.take_eval();
     let summary = (!eval.probs.is_empty()).then(|| eval.summary());
     Ok(Some((summary, bad, bytes_before.unwrap_or(0))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::ModelKind;
+
+    /// The command line's trainer configuration is the library builder's with the same
+    /// model and tables: the defaults are declared once.
+    #[test]
+    fn the_default_run_trains_the_builders_default_configuration() {
+        for kind in [ModelKind::Dlrm, ModelKind::Lr, ModelKind::Fm, ModelKind::DeepFm, ModelKind::Wdl] {
+            let mut settings = TrainSettings::default();
+            settings.model.kind = kind;
+            let resolved = settings.validate().unwrap();
+            let cli = serde_json::to_value(trainer_config(&settings, &resolved)).unwrap();
+            let built = TrainerConfig::builder(resolved.model.clone(), resolved.table_sizes.clone()).build().unwrap();
+            assert_eq!(cli, serde_json::to_value(built).unwrap(), "{}", kind.name());
+        }
+    }
 }

@@ -6,7 +6,7 @@ mod common;
 
 use common::{checkpoint_entries as entries, metrics, rel_diff, run_err, run_ok, shared_data, tiderec};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 

@@ -86,6 +86,9 @@ fn eval_reproduces_the_training_runs_evaluation_and_export_writes_the_model() {
     assert!(err.contains("nothing"), "{err}");
 }
 
+/// A change to a manifest's JSON.
+type Edit = fn(&mut serde_json::Value);
+
 /// Rewrites the manifest of the checkpoint `ckpt` with `edit`.
 fn edit_manifest(ckpt: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = ckpt.join("manifest.json");
@@ -107,7 +110,7 @@ fn a_hand_edited_manifest_is_refused_by_export_and_eval_alike() {
             .arg(&ckpt),
     );
     let step = ckpt.join("ckpt-20");
-    let edits: [(&str, fn(&mut serde_json::Value)); 3] = [
+    let edits: [(&str, Edit); 3] = [
         ("table_sizes[3]", |m| m["config"]["table_sizes"][3] = 501.into()),
         ("pipeline.dense", |m| {
             m["pipeline"]["dense"].as_array_mut().unwrap().pop();

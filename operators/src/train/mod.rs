@@ -72,6 +72,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use timely::worker::Worker;
 
+mod builder;
 mod clock;
 mod dataflow;
 mod home;
@@ -82,6 +83,7 @@ mod shared;
 mod sync;
 
 pub use crate::routing::dense_slice;
+pub use builder::{TrainerConfigBuilder, DEFAULT_SEED, DENSE_INITIAL_ACCUMULATOR, SPARSE_INITIAL_ACCUMULATOR};
 pub use clock::StepTimes;
 use dataflow::{CommandInput, Shared};
 use home::Home;
@@ -233,24 +235,13 @@ pub struct Command {
 ///
 /// ```
 /// use tiderec_operators::nn::{DlrmConfig, ModelConfig};
-/// use tiderec_operators::optim::*;
 /// use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 /// use tiderec_operators::Batch;
 ///
-/// let config = TrainerConfig {
-///     model: ModelConfig::Dlrm(DlrmConfig {
-///         num_dense: 2, num_sparse: 1, dim: 4, bottom: vec![4], top: vec![1], self_interaction: false,
-///     }),
-///     table_sizes: vec![10],
-///     seed: 1,
-///     dense_optimizer: DenseOptimizerKind::Sgd,
-///     dense_hp: OptimizerParams::with_lr(0.1),
-///     sparse_optimizer: SparseOptimizerKind::Sgd,
-///     sparse_hp: OptimizerParams::with_lr(0.1),
-///     sequence_tables: vec![],
-///     store: Default::default(),
-///     exchange: Default::default(),
-/// };
+/// let model = ModelConfig::Dlrm(DlrmConfig {
+///     num_dense: 2, num_sparse: 1, dim: 4, bottom: vec![4], top: vec![1], self_interaction: false,
+/// });
+/// let config = TrainerConfig::builder(model, vec![10]).seed(1).lr(0.1).sparse_lr(0.1).build().unwrap();
 /// timely::execute(timely::Config::process(2), move |worker| {
 ///     let mut trainer = Trainer::new(worker, &config).unwrap();
 ///     let mut batch = Batch::new(2, 1);

@@ -172,18 +172,11 @@ where
     text.parse::<T>().map_err(|e| e.to_string())
 }
 
-/// The dense and the embedding learning rate of `model` when `lr` / `sparse_lr` are not set.
-///
-/// Chosen by measurement: on the real Criteo sample (first 8,000 rows train, last 2,000
-/// eval, one epoch, batch 128, seeds 1–3) each pair is the best of a grid of dense rates
-/// 0.0003–0.01 and embedding rates 0.002–0.1 within 0.005 AUC (docs/training.md).
+/// The dense and the embedding learning rate of `model` when `lr` / `sparse_lr` are not set
+/// (declared with the models: [`tiderec_operators::nn::model_config::default_learning_rates`]).
 pub fn default_learning_rates(model: ModelKind) -> (f32, f32) {
-    match model {
-        ModelKind::Lr => (0.01, 0.05),
-        ModelKind::Fm => (0.01, 0.01),
-        ModelKind::DeepFm | ModelKind::Wdl => (0.001, 0.01),
-        ModelKind::Dlrm | ModelKind::Dien | ModelKind::DienSum => (0.001, 0.05),
-    }
+    tiderec_operators::nn::model_config::default_learning_rates(model.name())
+        .expect("every model kind has default learning rates")
 }
 
 #[cfg(test)]

@@ -81,7 +81,7 @@ impl Default for RunSettings {
             steps: None,
             batch_size: 128,
             eval_batch_size: 4096,
-            seed: 42,
+            seed: tiderec_operators::train::DEFAULT_SEED,
             eval_every: None,
             early_stop: None,
             best_metric: BestMetric::Auc,
