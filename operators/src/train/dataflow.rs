@@ -42,49 +42,65 @@ pub(super) struct Shared {
     pub(super) eval: Rc<RefCell<EvalSet>>,
     pub(super) bytes: Rc<RefCell<ByteLedger>>,
     pub(super) clock: Rc<RefCell<StepTimes>>,
+    /// The operator that feeds the next step (the [`Train`](super::Train) operator's),
+    /// woken when a step completes.
+    pub(super) next_step: Rc<RefCell<Option<Activator>>>,
 }
 
 type Messages<'scope, M> = Stream<'scope, u64, Vec<M>>;
 
-/// Builds this worker's part of the training dataflow; `deep_partial` when a
-/// deep model's fields travel as partial results (one more stage).
+/// Builds this worker's part of the training dataflow in a dataflow of its own, fed
+/// through the returned handle; `deep_partial` when a deep model's fields travel as
+/// partial results (one more stage).
 pub(super) fn build(worker: &mut Worker, shared: &Shared, deep_partial: bool) -> CommandInput {
     let workers = worker.peers();
     let mut input = InputHandle::new();
     worker.dataflow::<u64, _, _>(|scope| {
-        let requests = plan_lookups(input.to_stream(scope), shared);
-        let serve_waker: Rc<RefCell<Option<Activator>>> = Rc::default();
-        let replies = serve_lookups(requests, shared, deep_partial, serve_waker.clone());
-
-        let s = shared.clone();
-        let mut gradients = rendezvous_stage(replies, Stage::ForwardBackward, workers, shared, move |t, replies| {
-            let before = s.bytes.borrow().before(t);
-            let owner = s.owner.borrow();
-            s.home.borrow_mut().compute(&mut s.dense.borrow_mut(), replies, owner.rows(), before)
-        });
-
-        // A deep model's partial exchange: owners turn the partial results' gradients into
-        // row gradients and their share of the first layer's weight gradient before any
-        // worker sends its dense gradient, which therefore travels one stage later.
-        if deep_partial {
-            let s = shared.clone();
-            gradients = rendezvous_stage(gradients, Stage::PartialBackward, workers, shared, move |_, messages| {
-                s.owner.borrow_mut().partial_backward(&mut s.dense.borrow_mut(), messages)
-            });
-        }
-
-        let s = shared.clone();
-        let updates = rendezvous_stage(gradients, Stage::Apply, workers, shared, move |_, mut messages| {
-            let mut owner = s.owner.borrow_mut();
-            if deep_partial {
-                messages = owner.with_held_messages(messages);
-            }
-            owner.apply(&mut s.dense.borrow_mut(), &messages, &mut s.eval.borrow_mut())
-        });
-
-        gather_params(updates, shared, workers, serve_waker);
+        stages(input.to_stream(scope), shared, deep_partial, workers);
     });
     input
+}
+
+/// The stages of training over `commands` (one per step and worker, the step's time its
+/// timestamp), in whatever scope they come from: the statistics of each completed step,
+/// summed over all workers, at the step's time.
+pub(super) fn stages<'scope>(
+    commands: Messages<'scope, Command>,
+    shared: &Shared,
+    deep_partial: bool,
+    workers: usize,
+) -> Messages<'scope, StepStats> {
+    let requests = plan_lookups(commands, shared);
+    let serve_waker: Rc<RefCell<Option<Activator>>> = Rc::default();
+    let replies = serve_lookups(requests, shared, deep_partial, serve_waker.clone());
+
+    let s = shared.clone();
+    let mut gradients = rendezvous_stage(replies, Stage::ForwardBackward, workers, shared, move |t, replies| {
+        let before = s.bytes.borrow().before(t);
+        let owner = s.owner.borrow();
+        s.home.borrow_mut().compute(&mut s.dense.borrow_mut(), replies, owner.rows(), before)
+    });
+
+    // A deep model's partial exchange: owners turn the partial results' gradients into
+    // row gradients and their share of the first layer's weight gradient before any
+    // worker sends its dense gradient, which therefore travels one stage later.
+    if deep_partial {
+        let s = shared.clone();
+        gradients = rendezvous_stage(gradients, Stage::PartialBackward, workers, shared, move |_, messages| {
+            s.owner.borrow_mut().partial_backward(&mut s.dense.borrow_mut(), messages)
+        });
+    }
+
+    let s = shared.clone();
+    let updates = rendezvous_stage(gradients, Stage::Apply, workers, shared, move |_, mut messages| {
+        let mut owner = s.owner.borrow_mut();
+        if deep_partial {
+            messages = owner.with_held_messages(messages);
+        }
+        owner.apply(&mut s.dense.borrow_mut(), &messages, &mut s.eval.borrow_mut())
+    });
+
+    gather_params(updates, shared, workers, serve_waker)
 }
 
 /// Each command becomes one lookup request per owner.
@@ -165,38 +181,51 @@ fn serve_lookups<'scope>(
 }
 
 /// Every slice owner's updated slice goes into this worker's replica; the step is complete.
-fn gather_params(
-    updates: Messages<'_, ParamUpdate>,
+fn gather_params<'scope>(
+    updates: Messages<'scope, ParamUpdate>,
     s: &Shared,
     workers: usize,
     serve_waker: Rc<RefCell<Option<Activator>>>,
-) {
+) -> Messages<'scope, StepStats> {
     let s = s.clone();
     let mut stash = Rendezvous::<ParamUpdate>::new(workers);
-    updates.sink(Exchange::new(|u: &ParamUpdate| u.to as u64), Stage::Gather.name(), move |(input, _frontier)| {
-        on_complete(input, &mut stash, |_, t, updates| {
-            timed(&s.clock, Stage::Gather, || {
-                let mut stats = StepStats::default();
-                let mut non_finite = 0;
-                let mut dense = s.dense.borrow_mut();
-                for u in &updates {
-                    if !u.values.is_empty() {
-                        dense.write(u.offset as usize, &u.values);
-                    }
-                    if u.from == 0 {
-                        stats = u.stats;
-                    }
-                    non_finite += u.stats.non_finite;
-                }
-                stats.non_finite = non_finite;
-                s.bytes.borrow_mut().settle(t + 1);
-                s.outcome.borrow_mut().complete(t, stats);
-                if let Some(waker) = serve_waker.borrow().as_ref() {
-                    waker.activate();
-                }
+    let exchange = Exchange::new(|u: &ParamUpdate| u.to as u64);
+    updates.unary::<CapacityContainerBuilder<Vec<StepStats>>, _, _, _>(exchange, Stage::Gather.name(), move |_, _| {
+        move |input, output| {
+            on_complete(input, &mut stash, |cap, t, updates| {
+                let stats = gather(&s, &serve_waker, t, updates);
+                output.session(cap).give(stats);
             })
-        });
-    });
+        }
+    })
+}
+
+/// Writes a step's parameter updates into this worker's dense copy and completes the step.
+fn gather(s: &Shared, serve_waker: &Rc<RefCell<Option<Activator>>>, t: u64, updates: Vec<ParamUpdate>) -> StepStats {
+    timed(&s.clock, Stage::Gather, || {
+        let mut stats = StepStats::default();
+        let mut non_finite = 0;
+        let mut dense = s.dense.borrow_mut();
+        for u in &updates {
+            if !u.values.is_empty() {
+                dense.write(u.offset as usize, &u.values);
+            }
+            if u.from == 0 {
+                stats = u.stats;
+            }
+            non_finite += u.stats.non_finite;
+        }
+        stats.non_finite = non_finite;
+        s.bytes.borrow_mut().settle(t + 1);
+        s.outcome.borrow_mut().complete(t, stats);
+        if let Some(waker) = serve_waker.borrow().as_ref() {
+            waker.activate();
+        }
+        if let Some(waker) = s.next_step.borrow().as_ref() {
+            waker.activate();
+        }
+        stats
+    })
 }
 
 /// The shell of a rendezvous stage that sends on: `work` turns each step's `W`

@@ -78,6 +78,7 @@ mod dataflow;
 mod home;
 mod messages;
 mod online;
+mod operator;
 mod owner;
 mod shared;
 mod sync;
@@ -89,6 +90,7 @@ use dataflow::{CommandInput, Shared};
 use home::Home;
 pub use messages::{GradientMessage, LookupReply, LookupRequest, ParamUpdate};
 pub use online::{OnlineStep, OnlineSummary};
+pub use operator::{Train, TrainHandle};
 use owner::Owner;
 use shared::Dense;
 
@@ -284,15 +286,9 @@ impl Trainer {
     pub fn with_model(
         worker: &mut Worker,
         config: &TrainerConfig,
-        mut model: Box<dyn Model<f32>>,
+        model: Box<dyn Model<f32>>,
     ) -> Result<Self, OperatorError> {
-        config.validate()?;
-        // An invalid `TIDEREC_MAX_ISA` is refused, not run under a cap it did not name.
-        crate::cpu::check().map_err(crate::ConfigError::from)?;
-        check_model(config, model.as_mut())?;
-        let partial = partial_form(config);
-        let deep_partial = partial.is_some_and(|p| p.deep.is_some());
-        let shared = shared_state(worker, config, partial, model)?;
+        let (shared, deep_partial) = prepare((worker.index(), worker.peers()), config, model)?;
         let input = dataflow::build(worker, &shared, deep_partial);
         Ok(Trainer {
             input,
@@ -377,53 +373,11 @@ impl Trainer {
 
     /// A batch with no samples and the model's shape.
     fn empty_batch(&self) -> Batch {
-        let m = &self.config.model;
-        Batch::with_sequences(m.num_dense(), m.num_sparse(), m.num_sequences())
+        empty_batch(&self.config)
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<(), OperatorError> {
-        let m = &self.config.model;
-        if batch.num_dense != m.num_dense()
-            || batch.sparse.len() != m.num_sparse()
-            || batch.sequences.len() != m.num_sequences()
-        {
-            return Err(ShapeError::FeatureCounts {
-                batch: FeatureCounts {
-                    dense: batch.num_dense,
-                    sparse: batch.sparse.len(),
-                    sequences: batch.sequences.len(),
-                },
-                model: FeatureCounts { dense: m.num_dense(), sparse: m.num_sparse(), sequences: m.num_sequences() },
-            }
-            .into());
-        }
-        batch.check()?;
-        let tables = (0..m.num_sparse()).chain(self.config.sequence_tables.iter().copied());
-        for ((k, field), t) in batch.sparse.iter().chain(&batch.sequences).enumerate().zip(tables) {
-            if let Some(&id) = field.ids.iter().find(|&&id| id >= self.config.table_sizes[t]) {
-                return Err(ShapeError::IdOutsideTable {
-                    slot: FeatureSlot::nth(k, m.num_sparse()),
-                    id,
-                    table: t,
-                    rows: self.config.table_sizes[t],
-                }
-                .into());
-            }
-        }
-        for (f, field) in batch.sparse.iter().enumerate() {
-            if self.config.exchange.table(f) == TableExchange::Partial {
-                if let Some(i) = (0..field.len()).find(|&i| field.bag(i).len() > 1) {
-                    return Err(ShapeError::MultiIdPartial { field: f, sample: i, ids: field.bag(i).len() }.into());
-                }
-            }
-        }
-        if let Some(first) = batch.sequences.first() {
-            let max = m.max_sequence_len();
-            if let Some(i) = (0..batch.len()).find(|&i| first.bag(i).len() > max) {
-                return Err(ShapeError::SequenceTooLong { sample: i, len: first.bag(i).len(), max_len: max }.into());
-            }
-        }
-        Ok(())
+        check_batch(&self.config, batch)
     }
 
     /// Whether training steps also gather their predictions (made before the step's update)
@@ -541,6 +495,75 @@ impl Trainer {
 
 /// Refuses a caller's model that does not fit the configuration: rows of another
 /// width, or no partial form where the exchange computes one.
+/// A worker's empty micro-batch for `config`'s model.
+fn empty_batch(config: &TrainerConfig) -> Batch {
+    let m = &config.model;
+    Batch::with_sequences(m.num_dense(), m.num_sparse(), m.num_sequences())
+}
+
+/// Checks that `batch` fits `config`'s model: its feature counts, its bags, its ids
+/// inside their tables.
+fn check_batch(config: &TrainerConfig, batch: &Batch) -> Result<(), OperatorError> {
+    let m = &config.model;
+    if batch.num_dense != m.num_dense()
+        || batch.sparse.len() != m.num_sparse()
+        || batch.sequences.len() != m.num_sequences()
+    {
+        return Err(ShapeError::FeatureCounts {
+            batch: FeatureCounts {
+                dense: batch.num_dense,
+                sparse: batch.sparse.len(),
+                sequences: batch.sequences.len(),
+            },
+            model: FeatureCounts { dense: m.num_dense(), sparse: m.num_sparse(), sequences: m.num_sequences() },
+        }
+        .into());
+    }
+    batch.check()?;
+    let tables = (0..m.num_sparse()).chain(config.sequence_tables.iter().copied());
+    for ((k, field), t) in batch.sparse.iter().chain(&batch.sequences).enumerate().zip(tables) {
+        if let Some(&id) = field.ids.iter().find(|&&id| id >= config.table_sizes[t]) {
+            return Err(ShapeError::IdOutsideTable {
+                slot: FeatureSlot::nth(k, m.num_sparse()),
+                id,
+                table: t,
+                rows: config.table_sizes[t],
+            }
+            .into());
+        }
+    }
+    for (f, field) in batch.sparse.iter().enumerate() {
+        if config.exchange.table(f) == TableExchange::Partial {
+            if let Some(i) = (0..field.len()).find(|&i| field.bag(i).len() > 1) {
+                return Err(ShapeError::MultiIdPartial { field: f, sample: i, ids: field.bag(i).len() }.into());
+            }
+        }
+    }
+    if let Some(first) = batch.sequences.first() {
+        let max = m.max_sequence_len();
+        if let Some(i) = (0..batch.len()).find(|&i| first.bag(i).len() > max) {
+            return Err(ShapeError::SequenceTooLong { sample: i, len: first.bag(i).len(), max_len: max }.into());
+        }
+    }
+    Ok(())
+}
+
+/// Checks `config` and `model` and builds this worker's state (`me` of `workers`); also
+/// whether a deep model's fields travel as partial results.
+fn prepare(
+    (me, workers): (usize, usize),
+    config: &TrainerConfig,
+    mut model: Box<dyn Model<f32>>,
+) -> Result<(Shared, bool), OperatorError> {
+    config.validate()?;
+    // An invalid `TIDEREC_MAX_ISA` is refused, not run under a cap it did not name.
+    crate::cpu::check().map_err(crate::ConfigError::from)?;
+    check_model(config, model.as_mut())?;
+    let partial = partial_form(config);
+    let deep_partial = partial.is_some_and(|p| p.deep.is_some());
+    Ok((shared_state((me, workers), config, partial, model)?, deep_partial))
+}
+
 fn check_model(config: &TrainerConfig, model: &mut dyn Model<f32>) -> Result<(), OperatorError> {
     let dim = config.model.embedding_dim();
     if model.embedding_dim() != dim {
@@ -575,12 +598,11 @@ fn slot_tables(config: &TrainerConfig) -> Vec<usize> {
 /// This worker's home side, owner side (with its rows initialised) and dense replica,
 /// and the step bookkeeping the stages share.
 fn shared_state(
-    worker: &Worker,
+    (me, workers): (usize, usize),
     config: &TrainerConfig,
     partial: Option<FmPartial>,
     model: Box<dyn Model<f32>>,
 ) -> Result<Shared, OperatorError> {
-    let (me, workers) = (worker.index(), worker.peers());
     let owner = Owner::new(config, slot_tables(config), partial, (me, workers), model.params().len())?;
     let home = Home::new(config, slot_tables(config), partial, workers);
     Ok(Shared {
@@ -591,5 +613,6 @@ fn shared_state(
         eval: Rc::default(),
         bytes: Rc::default(),
         clock: Rc::default(),
+        next_step: Rc::default(),
     })
 }

@@ -1,0 +1,245 @@
+//! Training as a timely operator: [`Train::train`] on a stream of micro-batches in
+//! your own dataflow, the same stages as [`Trainer::step`](super::Trainer::step).
+//!
+//! Invariants:
+//! * **Timestamps are steps.** A batch at time `t` is this worker's micro-batch of
+//!   step `t`, and steps run in time order from 0. Every worker takes part in every
+//!   step up to its input's frontier: a step for which a worker received no batch
+//!   (its frontier passed `t`) gets an empty micro-batch from it, so no worker ever
+//!   waits for a batch that will not come, and a gap in the times costs one empty
+//!   step per missing time. Several batches of one worker at one time are one
+//!   micro-batch, in arrival order. A closed input's steps end at the last time its
+//!   frontier reached (or after its last batch): every worker must advance its input
+//!   to the same time before closing it, as every worker of a
+//!   [`Trainer`](super::Trainer) calls `step` equally often.
+//! * **One step at a time.** Step `t + 1` enters the stages once step `t` has
+//!   completed on this worker, as with the imperative trainer.
+//! * **The same steps as the imperative trainer.** Each step is a
+//!   [`StepKind::Train`] step of the stages [`Trainer`](super::Trainer) runs: the
+//!   same micro-batches give the same parameters (tested).
+//! * **A bad batch fails its step everywhere.** A batch that does not fit the model
+//!   makes its step a failed one for every worker (`failed_workers` in that step's
+//!   statistics, nothing trained) and its error is kept in the [`TrainHandle`].
+//! * The output holds each completed step's [`StepStats`], summed over all workers,
+//!   once per worker, at the step's time.
+
+use super::dataflow::{self, Shared};
+use super::{check_batch, empty_batch, prepare, Command, StepKind, StepStats, TrainerConfig};
+use crate::bad_record::BadReason;
+use crate::batch::Batch;
+use crate::metrics::EvalSet;
+use crate::nn::Model;
+use crate::snapshot::WorkerSnapshot;
+use crate::OperatorError;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::generic::operator::Operator;
+use timely::dataflow::{Stream, StreamVec};
+
+/// Trains on a stream of micro-batches; see the [module docs](self).
+pub trait Train<'scope> {
+    /// Trains `config.model` (initialised from `config.seed`) on this worker's batches.
+    /// Returns the statistics of every completed step and a handle on the trainer's state.
+    /// Errors (a configuration that does not validate) name the key, before any data flows.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use timely::dataflow::operators::{Input, Inspect, Probe};
+    /// use timely::dataflow::InputHandle;
+    /// use tiderec_operators::nn::{DlrmConfig, ModelConfig};
+    /// use tiderec_operators::train::{Train, TrainerConfig};
+    /// use tiderec_operators::Batch;
+    ///
+    /// let model = ModelConfig::Dlrm(DlrmConfig {
+    ///     num_dense: 1, num_sparse: 1, dim: 4, bottom: vec![4], top: vec![1], self_interaction: false,
+    /// });
+    /// let config = TrainerConfig::builder(model, vec![10]).build().unwrap();
+    /// let samples = Arc::new(Mutex::new(Vec::new()));
+    /// let seen = samples.clone();
+    /// timely::execute(timely::Config::process(2), move |worker| {
+    ///     let mut input = InputHandle::new();
+    ///     let seen = seen.clone();
+    ///     let probe = worker.dataflow::<u64, _, _>(|scope| {
+    ///         let (steps, _handle) = input.to_stream(scope).train(&config).unwrap();
+    ///         let me = scope.index();
+    ///         steps.inspect(move |s| if me == 0 { seen.lock().unwrap().push(s.samples) }).probe().0
+    ///     });
+    ///     for step in 0..3u64 {
+    ///         // One sample per worker and step; worker 1 sends nothing at step 1.
+    ///         if !(worker.index() == 1 && step == 1) {
+    ///             let mut batch = Batch::new(1, 1);
+    ///             batch.labels.push(1.0);
+    ///             batch.dense.push(0.5);
+    ///             batch.sparse[0].ids.push(step);
+    ///             batch.sparse[0].close_bag();
+    ///             input.send(batch);
+    ///         }
+    ///         input.advance_to(step + 1);
+    ///     }
+    ///     input.close();
+    ///     while !probe.done() {
+    ///         worker.step();
+    ///     }
+    /// }).unwrap();
+    /// assert_eq!(*samples.lock().unwrap(), vec![2, 1, 2]);
+    /// ```
+    fn train(self, config: &TrainerConfig) -> Result<(StreamVec<'scope, u64, StepStats>, TrainHandle), OperatorError>;
+
+    /// As [`train`](Train::train), with this worker's model built by the caller (see
+    /// [`Trainer::with_model`](super::Trainer::with_model)).
+    fn train_with_model(
+        self,
+        config: &TrainerConfig,
+        model: Box<dyn Model<f32>>,
+    ) -> Result<(StreamVec<'scope, u64, StepStats>, TrainHandle), OperatorError>;
+}
+
+impl<'scope> Train<'scope> for StreamVec<'scope, u64, Batch> {
+    fn train(self, config: &TrainerConfig) -> Result<(StreamVec<'scope, u64, StepStats>, TrainHandle), OperatorError> {
+        let model = config.model.build::<f32>(config.seed)?;
+        self.train_with_model(config, model)
+    }
+
+    fn train_with_model(
+        self,
+        config: &TrainerConfig,
+        model: Box<dyn Model<f32>>,
+    ) -> Result<(StreamVec<'scope, u64, StepStats>, TrainHandle), OperatorError> {
+        let scope = self.scope();
+        let workers = scope.peers();
+        let (shared, deep_partial) = prepare((scope.index(), workers), config, model)?;
+        let errors: Rc<RefCell<Vec<(u64, OperatorError)>>> = Rc::default();
+        let commands = commands(self, config.clone(), &shared, errors.clone());
+        let stats = dataflow::stages(commands, &shared, deep_partial, workers);
+        let handle = TrainHandle { shared, config: config.clone(), errors, trained: Rc::default() };
+        let trained = handle.trained.clone();
+        let stats = stats.unary::<CapacityContainerBuilder<Vec<StepStats>>, _, _, _>(Pipeline, "Trained", |_, _| {
+            move |input, output| {
+                input.for_each(|cap, data: &mut Vec<StepStats>| {
+                    *trained.borrow_mut() +=
+                        data.iter().filter(|s| s.samples > 0 && s.failed_workers == 0).count() as u64;
+                    output.session(&cap).give_container(data);
+                });
+            }
+        });
+        Ok((stats, handle))
+    }
+}
+
+/// This worker's step commands: its batches of each step merged into one, an empty
+/// one for each step it has no batch of, a failed one for a batch that does not fit.
+fn commands<'scope>(
+    batches: StreamVec<'scope, u64, Batch>,
+    config: TrainerConfig,
+    shared: &Shared,
+    errors: Rc<RefCell<Vec<(u64, OperatorError)>>>,
+) -> Stream<'scope, u64, Vec<Command>> {
+    let (scope, outcome, waker) = (batches.scope(), shared.outcome.clone(), shared.next_step.clone());
+    batches.unary_frontier::<CapacityContainerBuilder<Vec<Command>>, _, _, _>(Pipeline, "Steps", move |cap, info| {
+        // Woken when a step completes: the stages take one step at a time.
+        *waker.borrow_mut() = Some(scope.activator_for(info.address.clone()));
+        let mut next = Some(cap);
+        let mut pending: BTreeMap<u64, Batch> = BTreeMap::new();
+        // The last time the frontier stood at: where this worker's steps end once it is closed.
+        let mut end = 0u64;
+        move |(input, frontier), output| {
+            input.for_each(|cap, data: &mut Vec<Batch>| {
+                let t = *cap.least().expect("a message has a time");
+                for batch in data.drain(..) {
+                    match pending.get_mut(&t) {
+                        Some(merged) if same_shape(merged, &batch) => merged.extend_from(&batch),
+                        Some(_) => errors
+                            .borrow_mut()
+                            .push((t, OperatorError::config("batch", "batches of one step differ in shape"))),
+                        None => {
+                            pending.insert(t, batch);
+                        }
+                    }
+                }
+            });
+            if let Some(&t) = frontier.frontier().iter().min() {
+                end = end.max(t);
+            }
+            // Every step before the frontier is complete here: send it, with or without data.
+            while let Some(cap) = next.as_mut() {
+                let t = *cap.time();
+                let closed = frontier.is_empty();
+                if !closed && frontier.less_equal(&t) {
+                    break;
+                }
+                if closed && t >= end.max(pending.keys().next_back().map_or(0, |p| p + 1)) {
+                    next = None;
+                    break;
+                }
+                if outcome.borrow().completed() < t {
+                    break;
+                }
+                let batch = pending.remove(&t).unwrap_or_else(|| empty_batch(&config));
+                let failed_merge = errors.borrow().iter().any(|(at, _)| *at == t);
+                let command = match check_batch(&config, &batch) {
+                    Ok(()) if !failed_merge => step_command(batch, false),
+                    Ok(()) => step_command(empty_batch(&config), true),
+                    Err(e) => {
+                        errors.borrow_mut().push((t, e));
+                        step_command(empty_batch(&config), true)
+                    }
+                };
+                output.session(&*cap).give(command);
+                cap.downgrade(&(t + 1));
+            }
+        }
+    })
+}
+
+/// Whether two batches have the same features (so one extends the other).
+fn same_shape(a: &Batch, b: &Batch) -> bool {
+    a.num_dense == b.num_dense && a.sparse.len() == b.sparse.len() && a.sequences.len() == b.sequences.len()
+}
+
+fn step_command(batch: Batch, failed: bool) -> Command {
+    Command { kind: StepKind::Train, batch, failed, bad_records: [0; BadReason::COUNT], score: false, stop: false }
+}
+
+/// This worker's side of a [`Train::train`] operator: its state between steps.
+///
+/// Read it between steps (when a probe on the operator's output has passed the step):
+/// a snapshot taken while a step is under way mixes two steps.
+pub struct TrainHandle {
+    shared: Shared,
+    config: TrainerConfig,
+    errors: Rc<RefCell<Vec<(u64, OperatorError)>>>,
+    trained: Rc<RefCell<u64>>,
+}
+
+impl TrainHandle {
+    /// This worker's share of the model, as [`Trainer::snapshot`](super::Trainer::snapshot)
+    /// (for `tiderec-sinks`' checkpoints).
+    pub fn snapshot(&self) -> WorkerSnapshot {
+        let dense = self.shared.dense.borrow();
+        let writer = (self.config.seed, &self.config.table_sizes[..]);
+        self.shared.owner.borrow().snapshot(&dense, *self.trained.borrow(), writer)
+    }
+
+    /// This worker's copy of the dense parameters.
+    pub fn dense_params(&self) -> Vec<f32> {
+        self.shared.dense.borrow().params().to_vec()
+    }
+
+    /// The errors of this worker's batches so far, each with its step (each step failed).
+    pub fn take_errors(&self) -> Vec<(u64, OperatorError)> {
+        std::mem::take(&mut *self.errors.borrow_mut())
+    }
+
+    /// Steps completed with samples and without a failed worker.
+    pub fn trained_steps(&self) -> u64 {
+        *self.trained.borrow()
+    }
+
+    /// The predictions gathered so far (on worker 0; empty for training steps).
+    pub fn take_eval(&self) -> EvalSet {
+        std::mem::take(&mut *self.shared.eval.borrow_mut())
+    }
+}
