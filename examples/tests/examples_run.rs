@@ -67,3 +67,11 @@ fn own_dataflow_trains_and_evaluates_on_criteo() {
         .unwrap_or_else(|| panic!("no AUC in {out}"));
     assert!(auc > 0.65, "the DLRM did not learn from the Criteo sample: AUC {auc}");
 }
+
+#[test]
+fn featurize_and_train_as_operators_learn_on_criteo() {
+    let data = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/criteo/sample.train"));
+    let Some(data) = skip::existing(data) else { return };
+    let out = run("train_operators", &[data.to_str().unwrap()]);
+    assert!(out.contains("trained 78 steps") && out.contains("over the last 10"), "{out}");
+}
