@@ -45,7 +45,7 @@
 //!   the flat parameters stay on the host in the CPU model's layout (see
 //!   [`model`]): a trainer worker computes on a GPU unchanged.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
 mod blas;

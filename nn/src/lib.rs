@@ -15,7 +15,7 @@
 //! `backward` overwrites the gradient ranges it owns; it never accumulates
 //! across calls.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
 /// The buffer accessors of [`Model`] for a model whose flat buffers are its `params` and `grads` fields.

@@ -19,7 +19,7 @@
 //! * `W` workers train the model one worker trains on the same global batches,
 //!   up to the reassociation of float sums.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod collective;

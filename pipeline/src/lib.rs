@@ -22,7 +22,7 @@
 //! With `default-features = false` the library trains, converts, evaluates,
 //! predicts and exports with none of those dependencies.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod applicable;

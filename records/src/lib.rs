@@ -20,7 +20,7 @@
 //! * Every random number is a pure function of its seed and coordinates
 //!   ([`rng`]), so a run is reproducible for a seed whatever the worker count.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod bad_record;

@@ -7,7 +7,7 @@
 //! * [`metrics`]: the run summary written by `--metrics-json`.
 //! * [`error`]: the crate's error type, [`SinkError`].
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod checkpoint;

@@ -18,7 +18,7 @@
 //! * [`request_body`]: the records of a JSON request body of `tiderec serve`,
 //!   counted against a cap before anything is copied.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod amazon;
