@@ -248,7 +248,8 @@ struct ProduceArgs {
     /// auto, bar, lines or none.
     #[arg(long, default_value = "auto", value_name = "auto|bar|lines|none")]
     progress: tiderec::progress::ProgressMode,
-    /// A librdkafka property for the producer, KEY=VALUE (repeatable).
+    /// A librdkafka property for the producer and the client creating the topic, KEY=VALUE
+    /// (repeatable).
     #[arg(long, value_name = "KEY=VALUE")]
     kafka_option: Vec<String>,
 }

@@ -114,6 +114,8 @@ impl Drop for S3Server {
 pub struct Broker {
     child: Child,
     port: u16,
+    /// The port the broker names in metadata (its own, or a proxy's in front of it).
+    advertised: u16,
     binary: PathBuf,
     storage: String,
     /// Environment of the broker process (the S3 endpoint and credentials).
@@ -125,11 +127,22 @@ impl Broker {
         Broker::start_on(&tansu_binary(), free_port(), "memory://tansu/", Vec::new())
     }
 
-    pub fn spawn(binary: &Path, port: u16, storage: &str, env: &[(String, String)]) -> Child {
+    /// An in-memory broker that names `advertised` (a proxy's port) as its address in metadata.
+    pub fn start_advertising(advertised: u16) -> Broker {
+        let port = free_port();
+        let (binary, storage) = (tansu_binary(), "memory://tansu/".to_string());
+        let child = Broker::spawn(&binary, port, advertised, &storage, &[]);
+        let broker = Broker { child, port, advertised, binary, storage, env: Vec::new() };
+        broker.wait_listening();
+        broker
+    }
+
+    pub fn spawn(binary: &Path, port: u16, advertised: u16, storage: &str, env: &[(String, String)]) -> Child {
         let url = format!("tcp://127.0.0.1:{port}");
+        let advertised = format!("tcp://127.0.0.1:{advertised}");
         Command::new(binary)
             .envs(env.iter().map(|(k, v)| (k, v)))
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &advertised])
             .args(["--storage-engine", storage])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -138,8 +151,9 @@ impl Broker {
     }
 
     pub fn start_on(binary: &Path, port: u16, storage: &str, env: Vec<(String, String)>) -> Broker {
-        let child = Broker::spawn(binary, port, storage, &env);
-        let broker = Broker { child, port, binary: binary.to_path_buf(), storage: storage.to_string(), env };
+        let child = Broker::spawn(binary, port, port, storage, &env);
+        let broker =
+            Broker { child, port, advertised: port, binary: binary.to_path_buf(), storage: storage.to_string(), env };
         broker.wait_listening();
         broker
     }
@@ -157,8 +171,12 @@ impl Broker {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
         std::thread::sleep(down);
-        self.child = Broker::spawn(&self.binary, self.port, &self.storage, &self.env);
+        self.child = Broker::spawn(&self.binary, self.port, self.advertised, &self.storage, &self.env);
         self.wait_listening();
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     pub fn addr(&self) -> String {
@@ -192,8 +210,15 @@ pub fn produce(broker: &Broker, topic: &str, from: &Path, extra: &[&str]) -> u64
 
 /// Flags of a small, fast DLRM run over a topic until its end.
 pub fn online_cmd(broker: &Broker, topic: &str, dir: &Path, workers: usize, extra: &[&str]) -> Command {
+    let mut c = running_online_cmd(&broker.addr(), topic, dir, workers, extra);
+    c.arg("--until-end");
+    c
+}
+
+/// Flags of a small, fast DLRM run over a topic reached at `brokers`, running until stopped.
+pub fn running_online_cmd(brokers: &str, topic: &str, dir: &Path, workers: usize, extra: &[&str]) -> Command {
     let mut c = tiderec();
-    c.args(["online", "--brokers", &broker.addr(), "--topic", topic, "--until-end", "--progress", "none"])
+    c.args(["online", "--brokers", brokers, "--topic", topic, "--progress", "none"])
         .args(["--batch-size", "64", "--buckets", "5000", "--seed", "5", "--workers", &workers.to_string()])
         .args(["--report-seconds", "0.2"])
         .arg("--checkpoint-dir")

@@ -26,11 +26,12 @@ fn kafka_error(endpoint: &KafkaEndpoint, what: &str, e: impl std::fmt::Display) 
 /// Creates the endpoint's topic with `partitions` partitions; an existing topic is left
 /// as it is. Returns the number of partitions the topic has afterwards.
 pub fn ensure_topic(endpoint: &KafkaEndpoint, partitions: usize) -> Result<usize, SourceError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &endpoint.brokers)
-        .set("log_level", "0")
-        .create()
-        .map_err(|e| kafka_error(endpoint, "cannot create an admin client", e))?;
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &endpoint.brokers).set("log_level", "0");
+    // The producer's `--kafka-option`s (security, client id) apply to the admin client too.
+    config.extend(endpoint.options.iter().cloned());
+    let admin: AdminClient<DefaultClientContext> =
+        config.create().map_err(|e| kafka_error(endpoint, "cannot create an admin client", e))?;
     let topic = NewTopic::new(&endpoint.topic, partitions as i32, TopicReplication::Fixed(1));
     let options = AdminOptions::new().operation_timeout(Some(endpoint.broker_timeout));
     let start = Instant::now();
