@@ -10,8 +10,9 @@
 # holds that broker's data across the broker-restart test; NVRTC and ptxas 13.0 from
 # pip for the GPU kernels' compile check, which needs no GPU), checks that no test
 # needs a module it does not install (scripts/prerequisites.py check), builds in
-# release mode (the tests spawn the release binary and train real models), packs the GPU check bundle (scripts/gpu_bundle.sh), and runs every test of
-# every crate, doc tests included.
+# release mode (the tests spawn the release binary and train real models), checks that
+# every library crate packages for crates.io, packs the GPU check bundle
+# (scripts/gpu_bundle.sh), and runs every test of every crate, doc tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,6 +66,14 @@ fi
 
 echo "== cargo doc (workspace, warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --quiet
+
+echo "== the library crates package for crates.io (metadata complete, no warning)"
+PACKAGE_LOG="$(cargo package --workspace --no-verify --allow-dirty \
+    --exclude tiderec-examples --exclude tiderec-tests --exclude tiderec-fuzz 2>&1)" || { echo "$PACKAGE_LOG" >&2; exit 1; }
+if echo "$PACKAGE_LOG" | grep -i "warning"; then
+    echo "cargo package warned about the crates above" >&2
+    exit 1
+fi
 
 echo "== cargo build --release (workspace, all targets)"
 cargo build --release --workspace --all-targets

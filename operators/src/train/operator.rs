@@ -39,7 +39,15 @@ use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::operator::Operator;
 use timely::dataflow::{Stream, StreamVec};
 
-/// Trains on a stream of micro-batches; see the [module docs](self).
+/// Trains on a stream of micro-batches whose timestamps are step numbers (from 0).
+///
+/// A batch at time `t` is this worker's micro-batch of step `t`. Every worker takes part
+/// in every step up to its input's frontier, with an empty micro-batch where it has
+/// none, so every worker must advance its input to the same time before closing it.
+/// Steps enter the training stages one at a time, the stages of
+/// [`Trainer::step`](super::Trainer::step), with the same results for the same
+/// micro-batches. A batch that does not fit the model fails its step on every worker
+/// (`failed_workers`, nothing trained); its error is kept in the [`TrainHandle`].
 pub trait Train<'scope> {
     /// Trains `config.model` (initialised from `config.seed`) on this worker's batches.
     /// Returns the statistics of every completed step and a handle on the trainer's state.
