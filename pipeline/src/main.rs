@@ -560,7 +560,19 @@ fn parse_cli() -> Cli {
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
+/// An error's output is the error and its causes; the backtrace of where it was made
+/// only with `TIDEREC_BACKTRACE=1`, not whenever `RUST_BACKTRACE` is set for a panic's.
+/// `RUST_LIB_BACKTRACE`, which errors read before `RUST_BACKTRACE`, still wins.
+fn errors_without_backtraces() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        let wanted = std::env::var("TIDEREC_BACKTRACE").is_ok_and(|v| v != "0" && !v.is_empty());
+        // Set before any thread starts (the first thing `main` does).
+        std::env::set_var("RUST_LIB_BACKTRACE", if wanted { "1" } else { "0" });
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    errors_without_backtraces();
     keep_freed_memory_mapped();
     let cli = parse_cli();
     // An invalid cap on the vector extensions is refused before any kernel runs.

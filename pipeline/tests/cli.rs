@@ -305,3 +305,22 @@ fn dien_trains_on_elm_histories_kept_as_sequences() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(metrics(&m)["bad_records"], 0);
 }
+
+#[test]
+fn an_error_is_its_message_without_a_backtrace_unless_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-checkpoint");
+    let export = |env: &[(&str, &str)]| {
+        let mut c = tiderec();
+        c.env_remove("RUST_LIB_BACKTRACE").env_remove("TIDEREC_BACKTRACE").envs(env.iter().copied());
+        c.args(["export", "--checkpoint"]).arg(&missing).arg("--out").arg(dir.path().join("out"));
+        common::run_err(&mut c)
+    };
+    // RUST_BACKTRACE set for a panic's sake: the error is still only its message and causes.
+    let err = export(&[("RUST_BACKTRACE", "1")]);
+    assert!(err.contains("Error: export failed") && err.contains("no-checkpoint"), "{err}");
+    assert!(!err.contains("Stack backtrace"), "{err}");
+    // Asked for: the backtrace of where the error was made follows it.
+    let err = export(&[("TIDEREC_BACKTRACE", "1")]);
+    assert!(err.contains("Error: export failed") && err.contains("Stack backtrace"), "{err}");
+}
