@@ -17,7 +17,6 @@ mod kafka_broker;
 
 use common::{run_err, run_ok, tiderec};
 use kafka_broker::*;
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -286,16 +285,6 @@ fn long_running_trainer_serves_metrics_and_stops_on_sigterm() {
     let png = dir.path().join("curves.png");
     run_ok(tiderec().args(["plot", "--metrics"]).arg(&log).arg("--out").arg(&png));
     assert!(std::fs::metadata(&png).unwrap().len() > 1000);
-}
-
-fn http_get(port: u16, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
 }
 
 #[test]

@@ -254,15 +254,6 @@ fn newest_checkpoint(dir: &Path) -> (u64, BTreeMap<String, i64>) {
     (m.step, m.offsets)
 }
 
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
-}
-
 fn switch_under_a_running_trainer(extra: &[&str]) -> Option<Switched> {
     let (Some(sample), Some(other)) = (criteo_sample(), shared_data("criteo/sample_test.txt")) else { return None };
     let proxy = Proxy::start();

@@ -316,3 +316,15 @@ pub fn wait_for_checkpoint(dir: &Path, child: &mut Child) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// The response (head and body) of `GET path` from the HTTP endpoint on 127.0.0.1:`port`
+/// (`online --metrics-addr`), or `None` when it does not answer within 5 s.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
