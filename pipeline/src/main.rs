@@ -703,12 +703,13 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!(
-                    "step {}: {} samples, AUC {}, logloss {:.4}, NE {}, calibration {}, PR-AUC {}, GAUC {}, {} bad \
-                     records",
+                    "step {}: {} samples, AUC {}, logloss {:.4}, accuracy {}, NE {}, calibration {}, PR-AUC {}, GAUC \
+                     {}, {} bad records",
                     r.step,
                     r.samples,
                     fmt_opt(r.auc),
                     r.logloss,
+                    fmt_opt(r.accuracy),
                     fmt_opt(r.ne),
                     fmt_opt(r.calibration),
                     fmt_opt(r.pr_auc),

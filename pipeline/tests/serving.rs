@@ -56,6 +56,16 @@ fn eval_reproduces_the_training_runs_evaluation_and_export_writes_the_model() {
     assert!((a - b).abs() < 1e-6, "eval AUC {a} vs training's {b}");
     let (a, b) = (r["logloss"].as_f64().unwrap(), trained["logloss"].as_f64().unwrap());
     assert!((a - b).abs() < 1e-5, "eval logloss {a} vs training's {b}");
+    // The text report carries the accuracy too.
+    let text = run_ok(
+        tiderec()
+            .args(["eval", "--checkpoint"])
+            .arg(&ckpt)
+            .arg("--data")
+            .arg(format!("criteo:{}", eval_file.display())),
+    );
+    let accuracy = format!("accuracy {:.4}", r["accuracy"].as_f64().unwrap());
+    assert!(String::from_utf8_lossy(&text.stdout).contains(&accuracy), "{}", String::from_utf8_lossy(&text.stdout));
 
     let serve = dir.path().join("serve");
     run_ok(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&serve));
