@@ -4,8 +4,9 @@
 //! partition, its offset and the broker's offsets, unless `--on-offset-reset`
 //! says where to restart. See `kafka.rs` for the broker and `CI=true`.
 //!
-//! A *running* trainer checks the same conditions (on duplicates, out-of-range
-//! fetches and every 10 s without records); the second test covers it. A TCP proxy
+//! A *running* trainer checks the same conditions, the record before its position
+//! included (on duplicates, out-of-range fetches, 10 s without records, the first
+//! records after an outage and every 30 s); the second and third tests cover it. A TCP proxy
 //! stands in front of two in-memory brokers that both advertise the proxy's port, so
 //! the trainer only ever connects to the proxy. The trainer, without `--until-end`,
 //! trains all that broker A holds and waits for more; broker B gets a re-created
@@ -13,7 +14,9 @@
 //! for 3 s and sends them to B. By default the trainer stops with the error naming the
 //! partition, its offset, the broker's offsets and the flag, having trained nothing
 //! of B and kept its last checkpoint; with `--on-offset-reset earliest` it warns,
-//! trains B's records from offset 0 and stops on SIGTERM with B's offsets.
+//! trains B's records from offset 0 and stops on SIGTERM with B's offsets. When B's
+//! topic holds more records than the trainer's offset, only the record before that
+//! offset differs; the check after the outage finds it before B's records are trained.
 //!
 //! librdkafka 2.12 sometimes crashes (SIGSEGV) right after such a switch, before any
 //! check runs: a fetch response from B carries a "current leader" tag under a zero
@@ -236,7 +239,7 @@ fn both_at(n: i64) -> BTreeMap<String, i64> {
 /// The brokers behind the proxy and the trainer: broker A's `clicks` (2 partitions of
 /// 2,048 records, 64 steps of 64 records) fully trained by a trainer running without
 /// `--until-end` (`extra` its flags), then the proxy switched to broker B, where
-/// `clicks` was re-created beforehand with 1,024 other records per partition.
+/// `clicks` was re-created beforehand with `b_records` other records (half per partition).
 struct Switched {
     _a: Broker,
     _b: Broker,
@@ -254,7 +257,7 @@ fn newest_checkpoint(dir: &Path) -> (u64, BTreeMap<String, i64>) {
     (m.step, m.offsets)
 }
 
-fn switch_under_a_running_trainer(extra: &[&str]) -> Option<Switched> {
+fn switch_under_a_running_trainer(extra: &[&str], b_records: u64) -> Option<Switched> {
     let (Some(sample), Some(other)) = (criteo_sample(), shared_data("criteo/sample_test.txt")) else { return None };
     let proxy = Proxy::start();
     let a = Broker::start_advertising(proxy.port);
@@ -280,21 +283,15 @@ fn switch_under_a_running_trainer(extra: &[&str]) -> Option<Switched> {
     if let Some(status) = trainer.wait_for_samples(4096) {
         panic!("the trainer exited ({status}) before training 4096 samples: {}", trainer.stderr());
     }
-    // Broker B: `clicks` re-created with 1,024 other records per partition. Its producer's
+    // Broker B: `clicks` re-created with other records. Its producer's
     // connections are routed to B by their client id; the trainer's still go to A.
     let b = Broker::start_advertising(proxy.port);
     proxy.route("tiderec-test-producer-b", b.port());
-    let b_flags = [
-        "--partitions",
-        "2",
-        "--repeat",
-        "21",
-        "--limit",
-        "2048",
-        "--kafka-option",
-        "client.id=tiderec-test-producer-b",
-    ];
-    assert_eq!(produce(&b, "clicks", &other, &b_flags), 2048);
+    // The 99 lines of `other`, repeated.
+    let (repeat, limit) = ((b_records / 99 + 1).to_string(), b_records.to_string());
+    let b_flags = ["--partitions", "2", "--repeat", &repeat, "--limit", &limit];
+    let b_flags = [&b_flags[..], &["--kafka-option", "client.id=tiderec-test-producer-b"]].concat();
+    assert_eq!(produce(&b, "clicks", &other, &b_flags), b_records);
     let kept = newest_checkpoint(&dir);
     // 3 s without a broker (connections refused), then broker B.
     proxy.switch(0);
@@ -318,7 +315,7 @@ fn a_running_trainer_on_a_recreated_topic_stops_unless_a_reset_is_accepted() {
     // and the flag, and keeps its last checkpoint.
     let mut attempts = 0;
     let (run, status) = loop {
-        let Some(mut run) = switch_under_a_running_trainer(&[]) else { return };
+        let Some(mut run) = switch_under_a_running_trainer(&[], 2048) else { return };
         let status = run.trainer.wait();
         attempts += 1;
         if !librdkafka_crashed(status) || attempts == ATTEMPTS {
@@ -349,7 +346,7 @@ fn a_running_trainer_on_a_recreated_topic_stops_unless_a_reset_is_accepted() {
     // trains the new topic's 2,048 records, then stops on SIGTERM.
     let mut attempts = 0;
     let mut run = loop {
-        let Some(mut run) = switch_under_a_running_trainer(&["--on-offset-reset", "earliest"]) else { return };
+        let Some(mut run) = switch_under_a_running_trainer(&["--on-offset-reset", "earliest"], 2048) else { return };
         attempts += 1;
         match run.trainer.wait_for_samples(4096 + 2048) {
             None => break run,
@@ -372,4 +369,32 @@ fn a_running_trainer_on_a_recreated_topic_stops_unless_a_reset_is_accepted() {
     let last = final_model(&run.dir);
     assert_eq!((last.step, last.samples), (96, 6144));
     assert_eq!(last.offsets, both_at(1024));
+}
+
+#[test]
+fn a_running_trainer_on_a_topic_recreated_with_more_records_stops() {
+    // 3,072 other records per partition: the trainer's offset 2,048 exists on broker B, so
+    // nothing but the record before it tells the topics apart. The check after the broker
+    // came back finds it before a record of B is trained.
+    let mut attempts = 0;
+    let (run, status) = loop {
+        let Some(mut run) = switch_under_a_running_trainer(&[], 6144) else { return };
+        let status = run.trainer.wait();
+        attempts += 1;
+        if !librdkafka_crashed(status) || attempts == ATTEMPTS {
+            break (run, status);
+        }
+        eprintln!("librdkafka crashed after the switch (attempt {attempts}); again");
+    };
+    let err = run.trainer.stderr();
+    assert!(status.code().is_some_and(|c| c != 0), "a clear failure, not {status}: {err}");
+    for part in [
+        "topic `clicks` partition",
+        "the record at offset 2047 is not the one trained on",
+        "the run stands at offset 2048; the broker holds offsets 0..3072",
+        "--on-offset-reset earliest",
+    ] {
+        assert!(err.contains(part), "missing `{part}` in: {err}");
+    }
+    assert_eq!(newest_checkpoint(&run.dir), run.kept, "nothing of the new topic was trained");
 }

@@ -109,6 +109,9 @@ pub struct PartitionReader {
 const STALL_CHECK: Duration = Duration::from_secs(10);
 /// The least time between two checks triggered by duplicates or out-of-range fetches.
 const CHECK_GAP: Duration = Duration::from_secs(1);
+/// The longest time between two checks while records flow: a topic re-created with more
+/// records than the reader's position sends records without any other sign.
+const PERIODIC_CHECK: Duration = Duration::from_secs(30);
 
 fn kafka_error(endpoint: &KafkaEndpoint, what: &str, e: impl std::fmt::Display) -> SourceError {
     SourceError::Kafka {
@@ -486,6 +489,8 @@ impl PartitionReader {
                     self.endpoint.brokers,
                     since.elapsed().as_secs_f64()
                 );
+                // The broker behind the address may have changed: check before training on.
+                self.check_due = true;
             }
         } else if let Some((at, reason)) = self.errors.0.lock().ok().and_then(|mut e| e.take()) {
             if at.elapsed() < Duration::from_secs(5) {
@@ -497,19 +502,20 @@ impl PartitionReader {
             self.reset_partition(i, self.parts[i].expect, reason)?;
         }
         let stalled = self.last_record.elapsed() >= STALL_CHECK && self.last_check.elapsed() >= STALL_CHECK;
-        if (self.check_due && self.last_check.elapsed() >= CHECK_GAP) || stalled {
+        let periodic = self.last_check.elapsed() >= PERIODIC_CHECK;
+        if (self.check_due && self.last_check.elapsed() >= CHECK_GAP) || stalled || periodic {
             self.check_positions()?;
         }
         self.apply_backpressure();
         Ok(())
     }
 
-    /// Checks that every partition still holds the position the reader stands at (see
-    /// [`reset`]); a partition that does not is restarted or fails the run, as
-    /// `--on-offset-reset` says. A broker that cannot answer is left to the outage handling.
+    /// Checks that every partition still holds the position the reader stands at, and
+    /// the record consumed last (its fingerprint; see [`reset`]); a partition that does
+    /// not is restarted or fails the run, as `--on-offset-reset` says. A broker that
+    /// cannot answer is left to the outage handling.
     fn check_positions(&mut self) -> Result<(), SourceError> {
         self.check_due = false;
-        self.last_check = Instant::now();
         for i in 0..self.parts.len() {
             let position = self.parts[i].expect;
             let (p, timeout) = (self.parts[i].partition, Duration::from_secs(2));
@@ -519,8 +525,18 @@ impl PartitionReader {
             let end = end_from(&self.endpoint, &self.group, p, (low, high), position)?;
             if let Some(reason) = reset::mismatch(position, Bounds { low, end }, None, None) {
                 self.reset_partition(i, position, reason)?;
+                continue;
+            }
+            // The record before the first one not consumed yet: still the one trained on?
+            let (next, last) = (self.parts[i].next, self.parts[i].last);
+            if let Some(expected) = last.filter(|_| next > low && next <= end) {
+                let found = fingerprint_at(&self.endpoint, &self.group, p, next - 1)?;
+                if let Some(reason) = reset::mismatch(next, Bounds { low, end }, Some(expected), found) {
+                    self.reset_partition(i, next, reason)?;
+                }
             }
         }
+        self.last_check = Instant::now();
         Ok(())
     }
 
