@@ -309,20 +309,26 @@ fn librdkafka_crashed(status: ExitStatus) -> bool {
 /// Attempts of one case: a run that librdkafka crashes is started again.
 const ATTEMPTS: usize = 6;
 
+/// A run with the default `--on-offset-reset` switched to a broker B of `b_records`
+/// other records, and how its trainer ended (a case librdkafka crashed is started again).
+fn stopped_after_switch(b_records: u64) -> Option<(Switched, ExitStatus)> {
+    let mut attempts = 0;
+    loop {
+        let mut run = switch_under_a_running_trainer(&[], b_records)?;
+        let status = run.trainer.wait();
+        attempts += 1;
+        if !librdkafka_crashed(status) || attempts == ATTEMPTS {
+            return Some((run, status));
+        }
+        eprintln!("librdkafka crashed after the switch (attempt {attempts}); again");
+    }
+}
+
 #[test]
 fn a_running_trainer_on_a_recreated_topic_stops_unless_a_reset_is_accepted() {
     // By default: the run stops, naming the partition, its offset, the broker's offsets
     // and the flag, and keeps its last checkpoint.
-    let mut attempts = 0;
-    let (run, status) = loop {
-        let Some(mut run) = switch_under_a_running_trainer(&[], 2048) else { return };
-        let status = run.trainer.wait();
-        attempts += 1;
-        if !librdkafka_crashed(status) || attempts == ATTEMPTS {
-            break (run, status);
-        }
-        eprintln!("librdkafka crashed after the switch (attempt {attempts}); again");
-    };
+    let Some((run, status)) = stopped_after_switch(2048) else { return };
     let err = run.trainer.stderr();
     assert!(status.code().is_some_and(|c| c != 0), "a clear failure, not {status}: {err}");
     assert!(!err.contains("panicked"), "{err}");
@@ -376,16 +382,7 @@ fn a_running_trainer_on_a_topic_recreated_with_more_records_stops() {
     // 3,072 other records per partition: the trainer's offset 2,048 exists on broker B, so
     // nothing but the record before it tells the topics apart. The check after the broker
     // came back finds it before a record of B is trained.
-    let mut attempts = 0;
-    let (run, status) = loop {
-        let Some(mut run) = switch_under_a_running_trainer(&[], 6144) else { return };
-        let status = run.trainer.wait();
-        attempts += 1;
-        if !librdkafka_crashed(status) || attempts == ATTEMPTS {
-            break (run, status);
-        }
-        eprintln!("librdkafka crashed after the switch (attempt {attempts}); again");
-    };
+    let Some((run, status)) = stopped_after_switch(6144) else { return };
     let err = run.trainer.stderr();
     assert!(status.code().is_some_and(|c| c != 0), "a clear failure, not {status}: {err}");
     for part in [
