@@ -350,6 +350,7 @@ impl ScoreArgs {
             batch_size: self.batch_size,
             labeled,
             records: self.records.0.clone(),
+            span: (0.0, 1.0),
         })
     }
 }
@@ -358,6 +359,10 @@ impl ScoreArgs {
 struct EvalArgs {
     #[command(flatten)]
     score: ScoreArgs,
+    /// Score only the last fraction F of every file: the records `train --eval-fraction F`
+    /// evaluated on (its split of line files by bytes, of Parquet files as replay splits them).
+    #[arg(long, value_name = "F", value_parser = Range::<f64>::above("eval_fraction", 0.0, 1.0))]
+    eval_fraction: Option<f64>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -698,7 +703,11 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(a) => {
             let dead_letters = Named::new("--dead-letters", &a.score.records.0.dead_letters);
             paths::check_outputs(&a.score.inputs()?, &[dead_letters])?;
-            let r = tiderec::predict::eval(&a.score.options(true)?).context("eval failed")?;
+            let mut options = a.score.options(true)?;
+            if let Some(f) = a.eval_fraction {
+                options = options.held_out(f);
+            }
+            let r = tiderec::predict::eval(&options).context("eval failed")?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {

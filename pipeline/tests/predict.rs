@@ -529,3 +529,52 @@ fn every_batch_scores_with_crosses_or_sequences_the_model_does_not_read() {
         check_format(d, &ck, format, path, &record_lines(path, header), user);
     }
 }
+
+#[test]
+fn eval_with_the_training_eval_fraction_scores_exactly_the_held_out_records() {
+    let Some(sample) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(&sample).unwrap();
+    let lines: Vec<&str> = text.lines().take(3000).collect();
+    let part = dir.path().join("part.tsv");
+    std::fs::write(&part, lines.join("\n") + "\n").unwrap();
+    let data = format!("criteo:{}", part.display());
+    let m = dir.path().join("m.json");
+    let ck = dir.path().join("ck");
+    run_ok(
+        tiderec()
+            .args(["train", "--data", &data, "--eval-fraction", "0.25", "--workers", "2"])
+            .args(QUICK)
+            .arg("--checkpoint-dir")
+            .arg(&ck)
+            .arg("--metrics-json")
+            .arg(&m),
+    );
+    let trained = common::metrics(&m);
+    let held_out = |extra: &[&str]| {
+        let o = run_ok(
+            tiderec()
+                .args(["eval", "--json", "--data", &data])
+                .args(extra)
+                .arg("--checkpoint")
+                .arg(&ck)
+                .arg("--dead-letters")
+                .arg(dir.path().join("eval-dead.tsv")),
+        );
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("eval prints JSON")
+    };
+    let e = held_out(&["--eval-fraction", "0.25"]);
+    assert_eq!(e["samples"], trained["eval_samples"], "{e}\n{trained}");
+    for key in ["auc", "logloss"] {
+        let (a, b) = (e[key].as_f64().unwrap(), trained[key].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-6, "{key}: eval {a}, train {b}");
+    }
+    // Without the flag every record is scored.
+    let all = held_out(&[]);
+    assert_eq!(all["samples"].as_u64().unwrap(), 3000);
+    assert_eq!(trained["samples"].as_u64().unwrap() + trained["eval_samples"].as_u64().unwrap(), 3000);
+    // A fraction outside (0, 1] is refused naming the flag.
+    let out = tiderec().args(["eval", "--data", &data, "--eval-fraction", "0"]).arg("--checkpoint").arg(&ck).output();
+    let err = String::from_utf8_lossy(&out.unwrap().stderr).into_owned();
+    assert!(err.contains("eval_fraction") || err.contains("--eval-fraction"), "{err}");
+}

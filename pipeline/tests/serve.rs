@@ -155,6 +155,10 @@ fn bad_requests_are_answered_with_the_reason() {
     assert_eq!((r.status, r.text().contains("record 1: bad_integer in `I2`")), (400, true), "{}", r.text());
     let r = c.post("/score", br#"{"C26": "not hex"}"#).unwrap();
     assert_eq!((r.status, r.text().contains("bad_hex in `C26`")), (400, true), "{}", r.text());
+    // A key that is not a field (here a lower-case `c1`) is refused, not scored as an empty record.
+    let r = c.post("/score", br#"[{"I1": 3}, {"c1": "0a"}]"#).unwrap();
+    let unknown = "record 1: unknown field (the criteo fields are listed by GET /schema) in `c1`";
+    assert_eq!((r.status, r.text().contains(unknown)), (400, true), "{}", r.text());
     let r = c.post("/score", b"[]").unwrap();
     assert_eq!(r.status, 400);
     let r = c.post("/score", b"42").unwrap();

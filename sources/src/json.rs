@@ -3,7 +3,10 @@
 //! One record is one object: `"label"` (0 or 1; optional in the
 //! [unlabeled](CriteoJsonFormat::unlabeled) form that `tiderec serve` scores), `"I1"`…`"I13"` (integers) and
 //! `"C1"`…`"C26"` (hexadecimal strings). A missing key, `null` or `""` is an
-//! absent value (a zero dense feature, an empty bag); other keys are ignored.
+//! absent value (a zero dense feature, an empty bag). Other keys are ignored by
+//! [`LineFormat::parse`] (a topic's producers may add their own), and refused by
+//! [`CriteoJsonFormat::parse_record`], which names the first one (a scoring client that
+//! writes `c1` for `C1` must not get the score of an empty record).
 //! The features are those of the TSV format ([`crate::criteo`]), so a record
 //! trains the same whether it arrives as a TSV line or as JSON.
 //!
@@ -49,6 +52,21 @@ impl CriteoJsonFormat {
     }
 }
 
+/// Why one JSON record was refused by [`CriteoJsonFormat::parse_record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JsonRecordError {
+    /// A bad value, as [`LineFormat::parse`] reports it: the reason and the field index.
+    Bad(BadReason, Option<usize>),
+    /// A key that is none of `label`, `I1`…`I13`, `C1`…`C26`.
+    UnknownKey(String),
+}
+
+impl From<(BadReason, Option<usize>)> for JsonRecordError {
+    fn from((reason, field): (BadReason, Option<usize>)) -> Self {
+        JsonRecordError::Bad(reason, field)
+    }
+}
+
 /// The index of `name` among `prefix1..prefixN` (`"I7"` → 6), if it is one.
 fn column(name: &str, prefix: u8, n: usize) -> Option<usize> {
     let rest = name.as_bytes().strip_prefix(&[prefix])?;
@@ -74,24 +92,41 @@ impl LineFormat for CriteoJsonFormat {
     }
 
     fn parse(&self, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)> {
+        self.parse_object(line, out, false).map_err(|e| match e {
+            JsonRecordError::Bad(reason, field) => (reason, field),
+            // Not produced when unknown keys are ignored; kept total rather than a panic.
+            JsonRecordError::UnknownKey(_) => (BadReason::FieldCount, None),
+        })
+    }
+}
+
+impl CriteoJsonFormat {
+    /// Parses one record as [`LineFormat::parse`] does, but refuses a key that is not a field.
+    pub fn parse_record(&self, line: &[u8], out: &mut Batch) -> Result<(), JsonRecordError> {
+        self.parse_object(line, out, true)
+    }
+
+    /// Appends the sample of one record to `out`; with `refuse_unknown`, a key that is not a
+    /// field is an error naming it.
+    fn parse_object(&self, line: &[u8], out: &mut Batch, refuse_unknown: bool) -> Result<(), JsonRecordError> {
         let mut scratch = self.scratch.borrow_mut();
         let (buf, buffers) = &mut *scratch;
         buf.clear();
         buf.extend_from_slice(line);
         let tape = simd_json::to_tape_with_buffers(buf, buffers).map_err(|_| (BadReason::FieldCount, None))?;
         let value = tape.as_value();
-        let Some(object) = value.as_object() else { return Err((BadReason::FieldCount, None)) };
+        let Some(object) = value.as_object() else { return Err((BadReason::FieldCount, None).into()) };
         let mut label = None;
         let mut dense = [0.0f32; NUM_DENSE];
         let mut ids = [u64::MAX; NUM_SPARSE];
         // Bit k: field k (0 = label, 1..=13 = I1..I13, 14..=39 = C1..C26) was given.
         let mut given = 0u64;
         for (key, v) in object.iter() {
-            if let Some(field) = field_index(key) {
-                if given & (1 << field) != 0 {
-                    return Err((BadReason::FieldCount, Some(field)));
-                }
-                given |= 1 << field;
+            match field_index(key) {
+                Some(field) if given & (1 << field) != 0 => return Err((BadReason::FieldCount, Some(field)).into()),
+                Some(field) => given |= 1 << field,
+                None if refuse_unknown => return Err(JsonRecordError::UnknownKey(key.to_string())),
+                None => {}
             }
             if v.is_null() {
                 continue;
@@ -100,16 +135,16 @@ impl LineFormat for CriteoJsonFormat {
                 label = match v.as_i64() {
                     Some(0) => Some(0.0f32),
                     Some(1) => Some(1.0),
-                    _ => return Err((BadReason::BadLabel, Some(0))),
+                    _ => return Err((BadReason::BadLabel, Some(0)).into()),
                 };
             } else if let Some(j) = column(key, b'I', NUM_DENSE) {
                 match v.as_i64() {
                     Some(x) => dense[j] = dense_feature(x),
                     // A number beyond f32 (`1e40`) is non-finite as a feature; other non-integers are not integers.
                     None if v.as_f64().is_some_and(|x| !(x as f32).is_finite()) => {
-                        return Err((BadReason::NonFinite, Some(1 + j)))
+                        return Err((BadReason::NonFinite, Some(1 + j)).into())
                     }
-                    None => return Err((BadReason::BadInteger, Some(1 + j))),
+                    None => return Err((BadReason::BadInteger, Some(1 + j)).into()),
                 }
             } else if let Some(f) = column(key, b'C', NUM_SPARSE) {
                 let field = 1 + NUM_DENSE + f;
@@ -123,7 +158,7 @@ impl LineFormat for CriteoJsonFormat {
         let label = match label {
             Some(l) => l,
             None if !self.labeled => 0.0,
-            None => return Err((BadReason::BadLabel, Some(0))),
+            None => return Err((BadReason::BadLabel, Some(0)).into()),
         };
         push_sample(out, label, &dense, &ids);
         Ok(())
@@ -243,6 +278,28 @@ mod tests {
         assert_eq!(a.sparse[25].bag(0), b.sparse[25].bag(0));
         let mut c = Batch::new(NUM_DENSE, NUM_SPARSE);
         assert_eq!(json.parse(br#"{"label": 3}"#, &mut c), Err((BadReason::BadLabel, Some(0))));
+    }
+
+    #[test]
+    fn records_to_score_refuse_keys_that_are_not_fields_and_topics_ignore_them() {
+        let json = CriteoJsonFormat::unlabeled(features()).unwrap();
+        let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
+        for (text, key) in
+            [(r#"{"c1": "0a"}"#, "c1"), (r#"{"I1": 5, "I14": 1}"#, "I14"), (r#"{"C0": "", "I1": 5}"#, "C0")]
+        {
+            assert_eq!(
+                json.parse_record(text.as_bytes(), &mut b),
+                Err(JsonRecordError::UnknownKey(key.into())),
+                "{text}"
+            );
+            // The topic form reads the same record, ignoring the key.
+            json.parse(text.as_bytes(), &mut b).unwrap();
+        }
+        assert_eq!(b.len(), 3);
+        let bad = json.parse_record(br#"{"I2": "x", "extra": 1}"#, &mut b);
+        assert_eq!(bad, Err(JsonRecordError::Bad(BadReason::BadInteger, Some(2))));
+        json.parse_record(br#"{"label": 1, "I1": 5, "C26": "0a"}"#, &mut b).unwrap();
+        assert_eq!(b.len(), 4);
     }
 
     #[test]

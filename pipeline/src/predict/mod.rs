@@ -53,6 +53,11 @@ pub struct ScoreOptions {
     pub labeled: bool,
     /// Malformed records: skip or fail, the dead-letter file, the budget, the longest line.
     pub records: RecordPolicy,
+    /// The part of every file read, as fractions `(from, to)`: of each line file's bytes
+    /// (line-aligned, as `train` splits them), of each `convert`ed file's source bytes, or of
+    /// the rows of every row group of other Parquet files. `(0, 1)` reads everything;
+    /// [`ScoreOptions::held_out`] makes the part `train --eval-fraction F` evaluates on.
+    pub span: (f64, f64),
 }
 
 impl ScoreOptions {
@@ -65,7 +70,14 @@ impl ScoreOptions {
             batch_size: d.run.eval_batch_size,
             labeled: true,
             records: d.data.records,
+            span: (0.0, 1.0),
         }
+    }
+
+    /// Reads only the part of the data that `train --eval-fraction fraction` held out, the
+    /// last `fraction` of every file (0 < `fraction` ≤ 1).
+    pub fn held_out(self, fraction: f64) -> Self {
+        ScoreOptions { span: (1.0 - fraction, 1.0), ..self }
     }
 }
 
@@ -176,7 +188,7 @@ fn open(
             let sizes = pipeline.table_sizes.clone();
             let names = p.0.paths().map(|p| p.display().to_string()).collect();
             let sink: Box<dyn DeadLetterSink> = Box::new(sink.clone());
-            let mut reader = ParquetReader::new(p.0.clone(), (0.0, 1.0), 0, 1, 0, sizes)?
+            let mut reader = ParquetReader::new(p.0.clone(), options.span, 0, 1, 0, sizes)?
                 .with_bad_records(options.records.on_bad_record, Some(sink));
             reader.record_positions();
             (Records::Parquet(reader), names)
@@ -192,7 +204,7 @@ fn open(
             let reader_options =
                 ReaderOptions { max_line_bytes: options.records.max_line_bytes, policy: options.records.on_bad_record };
             let sink: Box<dyn DeadLetterSink> = Box::new(sink.clone());
-            let mut reader = LineReader::open_format(paths, (0.0, 1.0), 0, 1, format, reader_options, Some(sink))?;
+            let mut reader = LineReader::open_format(paths, options.span, 0, 1, format, reader_options, Some(sink))?;
             reader.record_positions();
             (Records::Lines(reader), paths.iter().map(|p| p.display().to_string()).collect())
         }

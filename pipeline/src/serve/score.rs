@@ -24,7 +24,7 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use tiderec_operators::Batch;
 use tiderec_sources::criteo::{CriteoFeatures, NUM_DENSE};
-use tiderec_sources::json::CriteoJsonFormat;
+use tiderec_sources::json::{CriteoJsonFormat, JsonRecordError};
 use tiderec_sources::lines::LineFormat;
 use tiderec_sources::parquet::SchemaDescription;
 
@@ -201,7 +201,14 @@ impl Loaded {
 
 /// A Criteo JSON object's features; the error names the bad field.
 fn criteo_json(format: &CriteoJsonFormat, record: &[u8], out: &mut Batch) -> Result<(), RecordError> {
-    format.parse(record, out).map_err(|(reason, field)| {
+    format.parse_record(record, out).map_err(|e| {
+        let (reason, field) = match e {
+            JsonRecordError::Bad(reason, field) => (reason, field),
+            JsonRecordError::UnknownKey(key) => {
+                let reason = "unknown field (the criteo fields are listed by GET /schema)".to_string();
+                return RecordError { field: Some(key), reason };
+            }
+        };
         let (field, reason) = match field {
             Some(0) => (Some("label".to_string()), reason.to_string()),
             Some(f) if f <= NUM_DENSE => (Some(format!("I{f}")), reason.to_string()),
