@@ -20,6 +20,25 @@ pub enum For {
     Online,
 }
 
+/// Settings of `train` that `online` refuses, each with the reason; `online --help` hides them.
+pub const NOT_ONLINE: &[(&str, &str)] = &[
+    ("data", "online reads its records from --topic"),
+    ("eval", "online reads its records from --topic"),
+    ("eval_fraction", "online reads its records from --topic"),
+    ("samples", "online reads its records from --topic"),
+    ("new_data", "a re-created topic is accepted with --on-offset-reset"),
+    ("epochs", "online trains until stopped or, with --until-end, until the topic's end"),
+    ("steps", "online trains until stopped or, with --until-end, until the topic's end"),
+    ("metrics_json", "online writes its summary with --summary-json"),
+    ("eval_every", PREQUENTIAL),
+    ("early_stop", PREQUENTIAL),
+    ("best_metric", PREQUENTIAL),
+    ("eval_batch_size", PREQUENTIAL),
+];
+
+/// Why the settings of separate evaluations do not apply to `online`.
+const PREQUENTIAL: &str = "online evaluates prequentially, each record before it trains on it (--window)";
+
 /// What a setting needs, when the run does not have it.
 fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
     let kind = s.model.kind;
@@ -28,14 +47,7 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
     let dien = kind.is_dien();
     let on_model = |ok: bool, models: &str| (!ok).then(|| format!("applies to {models}, not --model {model}"));
     if command == For::Online {
-        let online = match key {
-            "data" | "eval" | "eval_fraction" | "samples" => Some("online reads its records from --topic"),
-            "new_data" => Some("a re-created topic is accepted with --on-offset-reset"),
-            "epochs" | "steps" => Some("online trains until stopped or, with --until-end, until the topic's end"),
-            "metrics_json" => Some("online writes its summary with --summary-json"),
-            _ => None,
-        };
-        if let Some(why) = online {
+        if let Some((_, why)) = NOT_ONLINE.iter().find(|(k, _)| *k == key) {
             return Some(format!("does not apply to `online`: {why}"));
         }
     }

@@ -9,6 +9,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand};
 use cli::bench::command::BenchCommand;
 use std::path::PathBuf;
+use tiderec::online::defaults as online_defaults;
 use tiderec::online::ranges as online_ranges;
 use tiderec::paths::{self, Named};
 use tiderec::run_files;
@@ -71,11 +72,12 @@ enum SpecCommand {
 struct SpecShowArgs {
     /// `criteo`, `avazu`, `elm`, `elm_y_long`, `elm_dien`, `taobao_ad` (or `preset:NAME`), or a TOML file for `check`.
     name: String,
-    /// Rows per table.
-    #[arg(long, default_value_t = 1_000_000, value_parser = Range::<u64>::closed("buckets", 1, range::MAX_ROWS))]
+    /// Rows per table where the spec gives none (as `train --buckets`).
+    #[arg(long, value_name = "N", default_value_t = tiderec::settings::DEFAULT_BUCKETS, value_parser = Range::<u64>::closed("buckets", 1, range::MAX_ROWS))]
     buckets: u64,
-    /// Most items kept of a list (taobao_ad; elm uses 50, elm_y_long 400).
-    #[arg(long, default_value_t = 50, value_parser = Range::<usize>::closed("max_len", 1, 1 << 20))]
+    /// Most items kept of a list where the spec gives none (as `train --max-len`; elm keeps 50,
+    /// elm_y_long 400).
+    #[arg(long, value_name = "N", default_value_t = tiderec::settings::DEFAULT_MAX_LEN, value_parser = Range::<usize>::closed("max_len", 1, 1 << 20))]
     max_len: usize,
 }
 
@@ -88,19 +90,19 @@ enum GenerateCommand {
 #[derive(Args)]
 struct ElmArgs {
     /// Output file.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     out: PathBuf,
     /// Replace --out when it exists (refused otherwise).
     #[arg(long)]
     overwrite: bool,
     /// Number of lines.
-    #[arg(long, default_value_t = 100_000, value_parser = Range::<u64>::closed("rows", 1, range::MAX_STEPS))]
+    #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = Range::<u64>::closed("rows", 1, range::MAX_STEPS))]
     rows: u64,
     /// List length scale: 1 = elm, 8 = elm_y_long.
-    #[arg(long, default_value_t = 1, value_parser = Range::<usize>::closed("list_scale", 1, 64))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = Range::<usize>::closed("list_scale", 1, 64))]
     list_scale: usize,
     /// Seed.
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, value_name = "SEED", default_value_t = 42)]
     seed: u64,
 }
 
@@ -118,19 +120,19 @@ struct TrainArgs {
 #[derive(Args)]
 struct ConvertArgs {
     /// Input: `criteo:PATH[,PATH…]`, `avazu:PATH[,PATH…]` or `csv:PATH[,PATH…]` with --spec (files or directories).
-    #[arg(long)]
+    #[arg(long, value_name = "FORMAT:PATH,…")]
     from: String,
     /// Output: `parquet:DIR` (created; must not hold *.parquet files yet).
-    #[arg(long)]
+    #[arg(long, value_name = "parquet:DIR")]
     to: String,
-    /// Rows per row group (the unit split across training workers).
-    #[arg(long, default_value_t = tiderec_sources::parquet::DEFAULT_ROW_GROUP_ROWS, value_parser = Range::<usize>::closed("row_group_rows", 1, 1 << 30))]
+    /// Rows per row group (the unit of reading, and of the per-epoch order of files from other writers).
+    #[arg(long, value_name = "N", default_value_t = tiderec_sources::parquet::DEFAULT_ROW_GROUP_ROWS, value_parser = Range::<usize>::closed("row_group_rows", 1, 1 << 30))]
     row_group_rows: usize,
     /// Start a new file after this many rows (default: one file).
-    #[arg(long, value_parser = Range::<u64>::closed("rows_per_file", 1, range::MAX_STEPS))]
+    #[arg(long, value_name = "N", value_parser = Range::<u64>::closed("rows_per_file", 1, range::MAX_STEPS))]
     rows_per_file: Option<u64>,
     /// zstd compression level (1-22).
-    #[arg(long, default_value_t = 3, value_parser = Range::<i32>::closed("zstd_level", 1, 22))]
+    #[arg(long, value_name = "LEVEL", default_value_t = 3, value_parser = Range::<i32>::closed("zstd_level", 1, 22))]
     zstd_level: i32,
     /// The featurizing settings, as for `train` (a `--config` file's other settings are ignored).
     #[command(flatten)]
@@ -163,26 +165,26 @@ impl ConvertArgs {
 #[derive(Args)]
 struct OnlineArgs {
     /// Kafka brokers, host:port[,host:port…].
-    #[arg(long, default_value = "127.0.0.1:9092")]
+    #[arg(long, value_name = "HOST:PORT,…", default_value = online_defaults::BROKERS)]
     brokers: String,
     /// Topic to train on.
-    #[arg(long)]
+    #[arg(long, value_name = "NAME")]
     topic: String,
     /// Consumer group offsets are committed to after each durable checkpoint (monitoring only).
-    #[arg(long, default_value = "tiderec")]
+    #[arg(long, value_name = "NAME", default_value = online_defaults::GROUP)]
     group: String,
     /// Record format: criteo (TSV lines) or json (objects with label, I1..I13, C1..C26).
-    #[arg(long, default_value = "criteo")]
+    #[arg(long, value_name = "criteo|json", default_value = "criteo")]
     format: String,
     /// Where partitions without a checkpointed offset start: earliest or latest.
-    #[arg(long, default_value = "earliest")]
+    #[arg(long, value_name = "earliest|latest", default_value = online_defaults::START)]
     start: String,
     /// When a partition no longer holds the offset the run stands at (a checkpoint's
     /// offset past the partition's end, below its oldest record, or another record
     /// before it: a re-created topic, a broker that lost its data): fail (stop,
     /// naming the partition and offsets), earliest or latest (restart the partition
     /// there, with a warning).
-    #[arg(long, default_value = "fail", value_name = "POLICY")]
+    #[arg(long, default_value = "fail", value_name = "fail|earliest|latest")]
     on_offset_reset: tiderec_sources::offset_reset::OnOffsetReset,
     /// Stop when every partition reaches the end it had at start (batch catch-up, tests).
     #[arg(long)]
@@ -192,16 +194,16 @@ struct OnlineArgs {
     checkpoint_seconds: Option<f64>,
     /// Predictions in the prequential window of the live metrics (AUC, logloss, NE, calibration,
     /// PR-AUC, GAUC).
-    #[arg(long, default_value_t = 10_000, value_parser = online_ranges::WINDOW)]
+    #[arg(long, value_name = "N", default_value_t = online_defaults::WINDOW, value_parser = online_ranges::WINDOW)]
     window: usize,
     /// Seconds between progress reports, metrics-log lines and lag queries.
-    #[arg(long, default_value_t = 2.0, value_parser = online_ranges::REPORT_SECONDS)]
+    #[arg(long, value_name = "SECONDS", default_value_t = online_defaults::REPORT_SECONDS, value_parser = online_ranges::REPORT_SECONDS)]
     report_seconds: f64,
     /// Give up after the broker has been unreachable this many seconds.
-    #[arg(long, default_value_t = 120.0, value_parser = online_ranges::BROKER_TIMEOUT)]
+    #[arg(long, value_name = "SECONDS", default_value_t = online_defaults::BROKER_TIMEOUT, value_parser = online_ranges::BROKER_TIMEOUT)]
     broker_timeout: f64,
     /// Records buffered per partition before the partition is paused (backpressure).
-    #[arg(long, default_value_t = 65_536, value_parser = online_ranges::MAX_BUFFERED)]
+    #[arg(long, value_name = "N", default_value_t = online_defaults::MAX_BUFFERED, value_parser = online_ranges::MAX_BUFFERED)]
     max_buffered: usize,
     /// Write the final summary as one JSON object here.
     #[arg(long, value_name = "FILE")]
@@ -219,31 +221,31 @@ struct OnlineArgs {
 #[derive(Args)]
 struct ProduceArgs {
     /// Kafka brokers, host:port[,host:port…].
-    #[arg(long, default_value = "127.0.0.1:9092")]
+    #[arg(long, value_name = "HOST:PORT,…", default_value = online_defaults::BROKERS)]
     brokers: String,
     /// Topic to write.
-    #[arg(long)]
+    #[arg(long, value_name = "NAME")]
     topic: String,
     /// Records to replay: criteo:PATH[,PATH…].
-    #[arg(long)]
+    #[arg(long, value_name = "criteo:PATH,…")]
     from: String,
     /// Record format written: criteo (the TSV line) or json.
-    #[arg(long, default_value = "criteo")]
+    #[arg(long, value_name = "criteo|json", default_value = "criteo")]
     format: String,
     /// Partitions of the topic if it has to be created.
-    #[arg(long, default_value_t = 4, value_parser = Range::<usize>::closed("partitions", 1, 100_000))]
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = Range::<usize>::closed("partitions", 1, 100_000))]
     partitions: usize,
     /// Records per second (default: as fast as the broker takes them).
-    #[arg(long, value_parser = Range::<f64>::above("rate", 0.0, 1e9))]
+    #[arg(long, value_name = "N", value_parser = Range::<f64>::above("rate", 0.0, 1e9))]
     rate: Option<f64>,
     /// Stop after this many records.
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     limit: Option<u64>,
     /// Replay the files this many times.
-    #[arg(long, default_value_t = 1, value_parser = Range::<u64>::closed("repeat", 1, 1_000_000))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = Range::<u64>::closed("repeat", 1, 1_000_000))]
     repeat: u64,
     /// Give up after the broker has been unreachable this many seconds.
-    #[arg(long, default_value_t = 60.0, value_parser = online_ranges::BROKER_TIMEOUT)]
+    #[arg(long, value_name = "SECONDS", default_value_t = online_defaults::BROKER_TIMEOUT, value_parser = online_ranges::BROKER_TIMEOUT)]
     broker_timeout: f64,
     /// auto, bar, lines or none.
     #[arg(long, default_value = "auto", value_name = "auto|bar|lines|none")]
@@ -268,10 +270,10 @@ fn parse_kafka_options(options: &[String]) -> anyhow::Result<Vec<(String, String
 #[derive(Args)]
 struct ExportArgs {
     /// A ckpt-<step> directory, or a checkpoint directory (its newest valid checkpoint).
-    #[arg(long)]
+    #[arg(long, value_name = "PATH")]
     checkpoint: PathBuf,
     /// Directory to write model.safetensors and model.json into.
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     out: PathBuf,
 }
 
@@ -279,40 +281,40 @@ struct ExportArgs {
 struct ServeArgs {
     /// A ckpt-<step> directory (served as it is), or a checkpoint directory: its newest valid
     /// checkpoint is served and each newer one is loaded as it appears.
-    #[arg(long)]
+    #[arg(long, value_name = "PATH")]
     checkpoint: PathBuf,
     /// Address to listen on (port 0: any free port; the address is printed).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8080")]
     addr: String,
     /// Connections open at once, one thread each (one more is answered 503).
-    #[arg(long, default_value_t = 256, value_parser = Range::<usize>::closed("threads", 1, range::MAX_THREADS))]
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = Range::<usize>::closed("threads", 1, range::MAX_THREADS))]
     threads: usize,
     /// Connections open at once from one client address (one more gets 429; GET /health is
     /// still answered).
-    #[arg(long, default_value_t = 64, value_parser = Range::<usize>::closed("max_connections_per_ip", 1, range::MAX_THREADS))]
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = Range::<usize>::closed("max_connections_per_ip", 1, range::MAX_THREADS))]
     max_connections_per_ip: usize,
     /// Most records in one request (more: 413), 1 to 16,777,216.
-    #[arg(long, default_value_t = 65_536, value_parser = Range::<usize>::closed("max_records", 1, 1 << 24))]
+    #[arg(long, value_name = "N", default_value_t = 65_536, value_parser = Range::<usize>::closed("max_records", 1, 1 << 24))]
     max_records: usize,
     /// Largest request body in bytes, Content-Length or chunked (more: 413).
-    #[arg(long, default_value_t = tiderec::serve::DEFAULT_MAX_BODY_BYTES, value_parser = Range::<usize>::closed("max_body_bytes", 1, 1 << 32))]
+    #[arg(long, value_name = "BYTES", default_value_t = tiderec::serve::DEFAULT_MAX_BODY_BYTES, value_parser = Range::<usize>::closed("max_body_bytes", 1, 1 << 32))]
     max_body_bytes: usize,
     /// Bytes of request bodies held at once across all connections, at least --max-body-bytes (a
     /// request whose body does not fit in what is left gets 503 with Retry-After).
-    #[arg(long, default_value_t = tiderec::serve::DEFAULT_MAX_BODY_MEMORY, value_parser = Range::<usize>::closed("max_body_memory", 1, 1 << 40))]
+    #[arg(long, value_name = "BYTES", default_value_t = tiderec::serve::DEFAULT_MAX_BODY_MEMORY, value_parser = Range::<usize>::closed("max_body_memory", 1, 1 << 40))]
     max_body_memory: usize,
     /// Seconds to receive a request, head and body, from its first byte (then 408), and the
     /// longest idle time of a kept-alive connection.
-    #[arg(long, default_value_t = 5.0, value_parser = Range::<f64>::above("read_timeout", 0.0, 3600.0))]
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = Range::<f64>::above("read_timeout", 0.0, 3600.0))]
     read_timeout: f64,
     /// Most records scored in one forward pass.
-    #[arg(long, default_value_t = 512, value_parser = Range::<usize>::closed("max_batch", 1, 1 << 20))]
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = Range::<usize>::closed("max_batch", 1, 1 << 20))]
     max_batch: usize,
     /// Microseconds to wait for more requests after the first one of a batch (at most one second).
-    #[arg(long, default_value_t = 500, value_parser = Range::<u64>::closed("max_wait_us", 0, 1_000_000))]
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 500, value_parser = Range::<u64>::closed("max_wait_us", 0, 1_000_000))]
     max_wait_us: u64,
     /// Seconds between looks for a newer checkpoint (0: never reload).
-    #[arg(long, default_value_t = 1.0, value_parser = Range::<f64>::closed("reload_every", 0.0, range::MAX_SECONDS))]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = Range::<f64>::closed("reload_every", 0.0, range::MAX_SECONDS))]
     reload_every: f64,
 }
 
@@ -320,14 +322,14 @@ struct ServeArgs {
 #[derive(Args)]
 struct ScoreArgs {
     /// A ckpt-<step> directory, or a checkpoint directory (its newest valid checkpoint).
-    #[arg(long)]
+    #[arg(long, value_name = "PATH")]
     checkpoint: PathBuf,
     /// Records to score: FORMAT:PATH[,PATH…] in the checkpoint's format (criteo, avazu, csv, taobao-ad,
     /// amazon-dien, parquet); csv and taobao-ad use the checkpoint's spec.
-    #[arg(long)]
+    #[arg(long, value_name = "FORMAT:PATH,…")]
     data: String,
     /// Records scored per forward pass.
-    #[arg(long, default_value_t = 4096, value_parser = Range::<usize>::closed("batch_size", 1, range::MAX_BATCH))]
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = Range::<usize>::closed("batch_size", 1, range::MAX_BATCH))]
     batch_size: usize,
     /// The malformed-record settings, as in `train`.
     #[command(flatten)]
@@ -373,7 +375,7 @@ struct PredictArgs {
     #[command(flatten)]
     score: ScoreArgs,
     /// Scores file: FILE.csv or FILE.parquet (columns file, position, score, and label for labeled input).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     out: PathBuf,
     /// Replace --out when it exists (refused otherwise).
     #[arg(long)]
@@ -389,10 +391,10 @@ struct PredictArgs {
 #[derive(Args)]
 struct PlotArgs {
     /// JSON-lines metrics file written by `train --metrics-log` or `online --metrics-log`.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     metrics: PathBuf,
     /// PNG to write.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     out: PathBuf,
     /// Replace --out when it exists (refused otherwise).
     #[arg(long)]
@@ -557,7 +559,17 @@ fn parse_cli() -> Cli {
     };
     let cmd = Cli::command()
         .mut_subcommand("train", annotate)
-        .mut_subcommand("online", annotate)
+        .mut_subcommand("online", |c| {
+            // Settings `online` refuses (it says why when one is given) are not offered.
+            annotate(c).mut_args(|arg| {
+                let refused = tiderec::applicable::NOT_ONLINE.iter().any(|(k, _)| *k == arg.get_id().as_str());
+                if refused {
+                    arg.hide(true)
+                } else {
+                    arg
+                }
+            })
+        })
         .mut_subcommand("convert", annotate)
         .mut_subcommand("eval", annotate)
         .mut_subcommand("predict", annotate);

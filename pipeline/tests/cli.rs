@@ -324,3 +324,98 @@ fn an_error_is_its_message_without_a_backtrace_unless_asked_for() {
     let err = export(&[("TIDEREC_BACKTRACE", "1")]);
     assert!(err.contains("Error: export failed") && err.contains("Stack backtrace"), "{err}");
 }
+
+/// The help of `tiderec` with `args` (a command and `--help`).
+fn help(args: &[&str]) -> String {
+    let out = run_ok(tiderec().args(args).arg("--help"));
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+/// The flags `help` lists, each with its placeholder (`--buckets <N>`, or the flag alone).
+fn listed_flags(help: &str) -> Vec<(String, Option<String>)> {
+    help.lines()
+        .filter_map(|l| l.trim_start().trim_start_matches("-h, ").strip_prefix("--"))
+        .map(|rest| {
+            let flag = rest.split(|c: char| c == ' ' || c == '[').next().unwrap().to_string();
+            let placeholder = rest[flag.len()..]
+                .trim_start_matches("[=")
+                .trim_start()
+                .strip_prefix('<')
+                .and_then(|p| p.split_once('>'))
+                .map(|(p, _)| p.to_string());
+            (flag, placeholder)
+        })
+        .collect()
+}
+
+#[test]
+fn every_help_lists_what_its_command_takes_with_uniform_placeholders() {
+    let commands: [&[&str]; 12] = [
+        &["train"],
+        &["convert"],
+        &["online"],
+        &["produce"],
+        &["plot"],
+        &["export"],
+        &["eval"],
+        &["predict"],
+        &["serve"],
+        &["generate", "elm"],
+        &["spec", "show"],
+        &["spec", "check"],
+    ];
+    for command in commands {
+        let text = help(command);
+        let flags = listed_flags(&text);
+        assert!(flags.len() > 1, "{command:?}: no flags read from\n{text}");
+        for (flag, placeholder) in &flags {
+            // A placeholder clap made of the field's name (`--max-records <MAX_RECORDS>`) says
+            // nothing a uniform one (`<N>`, `<SECONDS>`, `<FILE>`) would not say better.
+            let made = flag.to_uppercase().replace('-', "_");
+            if made == "SEED" {
+                continue;
+            }
+            assert_ne!(placeholder.as_deref(), Some(made.as_str()), "{command:?}: --{flag}");
+        }
+    }
+    let names = |command: &[&str]| -> Vec<String> { listed_flags(&help(command)).into_iter().map(|f| f.0).collect() };
+    // `convert` shows its own flags beside the featurizing ones, and hides the training ones.
+    let convert = names(&["convert"]);
+    for flag in ["from", "to", "row-group-rows", "rows-per-file", "zstd-level", "buckets", "spec", "hash-seed"] {
+        assert!(convert.iter().any(|f| f == flag), "convert --help lacks --{flag}: {convert:?}");
+    }
+    assert!(!convert.iter().any(|f| f == "model" || f == "epochs"), "{convert:?}");
+    // `online` does not offer what it refuses, and still refuses it when given.
+    let online = names(&["online"]);
+    for flag in ["topic", "model", "checkpoint-dir", "window"] {
+        assert!(online.iter().any(|f| f == flag), "online --help lacks --{flag}: {online:?}");
+    }
+    for flag in ["epochs", "steps", "data", "eval", "eval-fraction", "early-stop", "eval-every", "best-metric"] {
+        assert!(!online.iter().any(|f| f == flag), "online --help offers --{flag}, which online refuses");
+    }
+    for given in [&["--early-stop", "2"][..], &["--best-metric", "logloss"], &["--epochs", "2"]] {
+        let out = tiderec().args(["online", "--topic", "t", "--brokers", "127.0.0.1:1"]).args(given).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("does not apply to `online`"), "{given:?}: {err}");
+    }
+}
+
+#[test]
+fn one_default_per_setting_across_commands() {
+    let default_of = |command: &[&str], flag: &str| -> String {
+        let text = help(command);
+        let at = text.find(&format!("--{flag} ")).unwrap_or_else(|| panic!("{command:?} lists --{flag}"));
+        let rest = &text[at..];
+        let end = rest[2..].find("\n      -").map_or(rest.len(), |e| e + 2);
+        let entry = &rest[..end];
+        let value = entry.split("[default: ").nth(1).unwrap_or_else(|| panic!("{command:?} --{flag}: {entry}"));
+        value.split(']').next().unwrap().to_string()
+    };
+    for flag in ["buckets", "max-len"] {
+        assert_eq!(default_of(&["spec", "show"], flag), default_of(&["train"], flag), "--{flag}");
+        assert_eq!(default_of(&["spec", "check"], flag), default_of(&["convert"], flag), "--{flag}");
+    }
+    for flag in ["broker-timeout", "brokers"] {
+        assert_eq!(default_of(&["produce"], flag), default_of(&["online"], flag), "--{flag}");
+    }
+}

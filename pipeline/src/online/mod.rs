@@ -112,22 +112,41 @@ pub mod ranges {
     pub const MAX_BUFFERED: Range<usize> = Range::closed("max_buffered", 1, 1 << 30);
 }
 
+/// The defaults of the stream settings, declared once: [`OnlineSettings::default`] and the flags
+/// of `tiderec online` and `tiderec produce` read them.
+pub mod defaults {
+    /// `brokers`.
+    pub const BROKERS: &str = "127.0.0.1:9092";
+    /// `group`.
+    pub const GROUP: &str = "tiderec";
+    /// `start`.
+    pub const START: &str = "earliest";
+    /// `window`: predictions in the prequential window.
+    pub const WINDOW: usize = 10_000;
+    /// `report_seconds`.
+    pub const REPORT_SECONDS: f64 = 2.0;
+    /// `broker_timeout`, in seconds (of `online` and `produce`).
+    pub const BROKER_TIMEOUT: f64 = 120.0;
+    /// `max_buffered`: records per partition.
+    pub const MAX_BUFFERED: usize = 65_536;
+}
+
 impl Default for OnlineSettings {
     fn default() -> Self {
         OnlineSettings {
             train: TrainSettings::default(),
-            brokers: "127.0.0.1:9092".into(),
+            brokers: defaults::BROKERS.into(),
             topic: String::new(),
-            group: "tiderec".into(),
+            group: defaults::GROUP.into(),
             format: RecordFormat::Criteo,
-            start: "earliest".into(),
+            start: defaults::START.into(),
             on_offset_reset: OnOffsetReset::Fail,
             until_end: false,
             checkpoint_seconds: None,
-            window: 10_000,
-            report_seconds: 2.0,
-            broker_timeout: 120.0,
-            max_buffered: 65_536,
+            window: defaults::WINDOW,
+            report_seconds: defaults::REPORT_SECONDS,
+            broker_timeout: defaults::BROKER_TIMEOUT,
+            max_buffered: defaults::MAX_BUFFERED,
             kafka_options: Vec::new(),
         }
     }
@@ -154,8 +173,10 @@ impl OnlineSettings {
         print
     }
 
-    /// Checks the stream settings; errors name the key.
+    /// Checks the stream settings, and that no setting of `train` alone is given; errors name
+    /// the key.
     pub fn validate_stream(&self) -> Result<(), PipelineError> {
+        crate::applicable::check(&self.train, crate::applicable::For::Online)?;
         if self.brokers.trim().is_empty() {
             return Err(PipelineError::config("brokers", "must name at least one host:port"));
         }
@@ -176,16 +197,6 @@ impl OnlineSettings {
             ranges::CHECKPOINT_SECONDS.check(s)?;
             if self.train.checkpoints.checkpoint_dir.is_none() {
                 return Err(PipelineError::config("checkpoint_seconds", "needs --checkpoint-dir DIR"));
-            }
-        }
-        for (key, set) in
-            [("eval_every", self.train.run.eval_every.is_some()), ("early_stop", self.train.run.early_stop.is_some())]
-        {
-            if set {
-                return Err(PipelineError::config(
-                    key,
-                    "applies to `tiderec train`; online training evaluates prequentially (the window metrics)",
-                ));
             }
         }
         if self.train.model.kind.is_dien() {

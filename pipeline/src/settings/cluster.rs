@@ -16,7 +16,7 @@ pub struct ClusterSettings {
     /// Compute device of each worker: cpu, cuda:N, or one entry per worker such as
     /// cuda:0,cpu (one entry applies to every worker). GPU workers run the model's forward and
     /// backward on the device; stores, exchange and optimizer stay on the host.
-    #[arg(long, required = false, value_name = "DEVICE")]
+    #[arg(long, required = false, value_name = "cpu|cuda:N,…")]
     pub device: String,
     /// Processes in a cluster run.
     #[arg(long, required = false, value_name = "N", value_parser = processes::RANGE)]
@@ -30,7 +30,7 @@ pub struct ClusterSettings {
     #[arg(long, value_name = "FILE")]
     pub hosts: Option<PathBuf>,
     /// Seconds to wait for the other processes to connect and agree at start-up.
-    #[arg(long, required = false, value_name = "SECS", value_parser = connect_timeout::RANGE)]
+    #[arg(long, required = false, value_name = "SECONDS", value_parser = connect_timeout::RANGE)]
     #[serde(deserialize_with = "connect_timeout::deserialize")]
     pub connect_timeout: f64,
 }

@@ -23,11 +23,11 @@ pub struct DataSettings {
     #[serde(rename = "data")]
     pub source: String,
     /// Held-out data, same format as --data.
-    #[arg(long)]
+    #[arg(long, value_name = "SOURCE")]
     pub eval: Option<String>,
     /// Feature spec of `csv:` data: `preset:NAME` (criteo, avazu, elm, elm_y_long, elm_dien, taobao_ad; see
     /// `tiderec spec show NAME`) or a TOML file.
-    #[arg(long)]
+    #[arg(long, value_name = "preset:NAME|FILE")]
     pub spec: Option<String>,
     /// Fraction held out for evaluation when --eval is not given (synthetic: fraction of --samples).
     #[arg(long, required = false, value_name = "F", value_parser = eval_fraction::RANGE)]
@@ -58,6 +58,13 @@ pub struct DataSettings {
     #[serde(flatten)]
     pub records: RecordPolicy,
 }
+
+/// Rows per embedding table when neither `table_sizes` nor a spec's field says otherwise
+/// (also the default of `tiderec spec show` and `spec check`, which resolve specs as runs do).
+pub const DEFAULT_BUCKETS: u64 = 100_000;
+
+/// The longest history or list kept per sample by default (runs and `tiderec spec`).
+pub const DEFAULT_MAX_LEN: usize = 20;
 
 /// The seed of feature hashing when `hash_seed` is not set: the same for every `--seed`, so
 /// runs with different seeds (and a Parquet file converted under any seed) share their features.
@@ -125,9 +132,9 @@ impl Default for DataSettings {
             spec: None,
             eval_fraction: 0.1,
             samples: 300_000,
-            buckets: 100_000,
+            buckets: DEFAULT_BUCKETS,
             table_sizes: None,
-            max_len: 20,
+            max_len: DEFAULT_MAX_LEN,
             hash_seed: None,
             records: RecordPolicy::default(),
         }

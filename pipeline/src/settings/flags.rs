@@ -126,13 +126,18 @@ impl<S: Subset> Args for Flags<S> {
             None => TrainSettings::augment_args(cmd),
             // Every setting is known, so that the derived update can look each one up; those
             // outside the subset are hidden from `--help` and refused by `settings`.
-            Some(keys) => TrainSettings::augment_args(cmd).mut_args(|a| {
-                if keys.contains(&a.get_id().as_str()) || a.get_id() == "config" {
-                    a
-                } else {
-                    a.hide(true)
-                }
-            }),
+            // The command's own flags, declared before this group, stay shown.
+            Some(keys) => {
+                let all = TrainSettings::keys();
+                TrainSettings::augment_args(cmd).mut_args(|a| {
+                    let id = a.get_id().as_str();
+                    if all.iter().any(|k| k == id) && !keys.contains(&id) {
+                        a.hide(true)
+                    } else {
+                        a
+                    }
+                })
+            }
         }
     }
 

@@ -35,7 +35,7 @@ mod store;
 
 pub use checkpoints::CheckpointSettings;
 pub use cluster::{default_workers, ClusterSettings};
-pub use data::{DataSettings, RecordPolicy, DEFAULT_HASH_SEED};
+pub use data::{DataSettings, RecordPolicy, DEFAULT_BUCKETS, DEFAULT_HASH_SEED, DEFAULT_MAX_LEN};
 pub use exchange::{ExchangeChoice, ExchangeSettings};
 pub use flags::{All, ConvertFlags, Featurizing, Flags, OverDefaults, Subset, TrainFlags};
 pub use model::{ModelKind, ModelSettings};
@@ -184,6 +184,19 @@ mod tests {
     use super::*;
     use clap::{Args, Command};
     use tiderec_operators::bad_record::BadRecordPolicy;
+
+    #[test]
+    fn the_placeholders_of_named_settings_list_exactly_their_choices() {
+        let cmd = TrainSettings::augment_args(Command::new("t"));
+        let placeholder = |id: &str| {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap_or_else(|| panic!("no --{id}"));
+            arg.get_value_names().unwrap_or_default().iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
+        };
+        let join = |names: Vec<&str>| names.join("|");
+        assert_eq!(placeholder("model"), join(ModelKind::ALL.iter().map(|k| k.name()).collect()));
+        assert_eq!(placeholder("lr_decay"), join(DecayKind::ALL.iter().map(|k| k.name()).collect()));
+        assert_eq!(placeholder("progress"), join(ProgressMode::ALL.iter().map(|k| k.name()).collect()));
+    }
 
     #[test]
     fn flags_override_the_file_and_absent_flags_do_not() {

@@ -11,7 +11,7 @@ use tiderec_operators::nn::Precision;
 pub struct ModelSettings {
     /// Model: dlrm, lr, fm, deepfm, wdl (Wide & Deep),
     /// dien (GRU + attention over behaviour histories) or dien-sum (its sum-pooling baseline).
-    #[arg(long = "model", id = "model", required = false, value_name = "MODEL", value_parser = super::parse::<ModelKind>)]
+    #[arg(long = "model", id = "model", required = false, value_name = "dlrm|lr|fm|deepfm|wdl|dien|dien-sum", value_parser = super::parse::<ModelKind>)]
     #[serde(rename = "model")]
     pub kind: ModelKind,
     /// Embedding dimension (DLRM) or factor width (FM, DeepFM).
