@@ -20,7 +20,7 @@ Records are read in the format model.json spells out: Criteo TSV
 header line first), the DIEN sample format of `amazon-dien` (`label, user,
 item, category, item history, category history`) or the delimited records of
 a feature spec (`csv`, `taobao-ad`: dense and numeric-list columns,
-hash / identity / vocabulary categoricals, pooled lists and sequences). They are labeled unless
+hash / identity / vocabulary / bucketized categoricals, scaled dense values, pooled lists and sequences). They are labeled unless
 `--unlabeled` is given (the same lines without their label column). A model whose records model.json does not spell out (another
 data format, or a checkpoint that recorded no feature pipeline) is refused with
 a message saying so (a checkpoint that records no feature pipeline, or Parquet,
@@ -447,6 +447,8 @@ class SpecFeaturizer:
                 if "vocabulary" not in f:
                     raise ScorerError(f"{f['name']}: its vocabulary is not in model.json ({f.get('note')})")
                 f["_vocabulary"] = {t.encode(): i for i, t in enumerate(f["vocabulary"])}
+            elif f["encoding"] in ("bucketize", "quantile"):
+                f["_boundaries"] = np.array(f["boundaries"], dtype=np.float32)
             elif f["encoding"] not in ("hash", "identity"):
                 raise ScorerError(f"{f['name']}: unknown encoding {f['encoding']!r}")
         self.num_sequences = sum(1 for l in self.lists if l["pooling"] == "none")
@@ -472,6 +474,11 @@ class SpecFeaturizer:
         if f["encoding"] == "identity":
             v = int(raw) if _INT.fullmatch(raw) else -1
             return v if 0 <= v < int(f["rows"]) else f"{f['name']}: {raw[:20]!r} is not an id below {f['rows']}"
+        if "_boundaries" in f:
+            v = parse_f32(raw)
+            if v is None or not np.isfinite(v):
+                return f"{f['name']}: {raw[:20]!r} is not a finite number"
+            return int(np.searchsorted(f["_boundaries"], v, side="right"))
         v = f["_vocabulary"].get(raw)
         if v is not None:
             return v
@@ -511,6 +518,8 @@ class SpecFeaturizer:
                 v = np.float32(min(max(v, np.float32(d["clamp"][0])), np.float32(d["clamp"][1])))
             if d["log1p"]:
                 v = np.log1p(np.float32(max(v, np.float32(0.0))), dtype=np.float32)
+            if d.get("scale") is not None:
+                v = (v - np.float32(d["scale"]["center"])) / np.float32(d["scale"]["width"])
             if not np.isfinite(v):
                 return f"{d['name']}: {raw[:20]!r} is not finite after its transform"
             dense.append(v)

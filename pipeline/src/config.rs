@@ -371,6 +371,13 @@ impl TrainSettings {
             (_, None) => None,
             (_, Some(s)) => Some(resolve_spec(s, self.data.buckets, self.data.max_len)?),
         };
+        let mut spec = spec;
+        if let (Some(spec), DataSpec::Csv(paths) | DataSpec::TaobaoAd(paths)) = (&mut spec, &data) {
+            spec.validate()?;
+            if let Some(note) = crate::spec_fit::fit(spec, paths, self.data.records.max_line_bytes)? {
+                eprintln!("{note}");
+            }
+        }
         if let Some(spec) = &spec {
             spec.validate()?;
         }

@@ -53,6 +53,7 @@ pub mod run_files;
 pub mod serve;
 pub mod serving;
 pub mod settings;
+pub mod spec_fit;
 pub mod stop;
 
 pub use config::TrainSettings;

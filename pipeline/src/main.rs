@@ -79,6 +79,10 @@ struct SpecShowArgs {
     /// elm_y_long 400).
     #[arg(long, value_name = "N", default_value_t = tiderec::settings::DEFAULT_MAX_LEN, value_parser = Range::<usize>::closed("max_len", 1, 1 << 20))]
     max_len: usize,
+    /// `check` only: `csv:PATH[,PATH…]` records to learn the spec's scales and quantiles from,
+    /// and to warn about dense columns whose range makes training unstable.
+    #[arg(long, value_name = "csv:PATH,…")]
+    data: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -779,7 +783,18 @@ fn main() -> anyhow::Result<()> {
             print!("{}", spec.to_toml());
         }
         Command::Spec(SpecCommand::Check(a)) => {
-            let spec = tiderec::config::resolve_spec(&a.name, a.buckets, a.max_len)?;
+            let mut spec = tiderec::config::resolve_spec(&a.name, a.buckets, a.max_len)?;
+            if let Some(data) = &a.data {
+                let paths = match tiderec::config::DataSpec::parse("data", data)? {
+                    tiderec::config::DataSpec::Csv(paths) => paths,
+                    _ => anyhow::bail!("--data: `spec check` reads `csv:PATH[,PATH…]` files"),
+                };
+                let max_line = tiderec::settings::RecordPolicy::default().max_line_bytes;
+                let (learned, warnings) = tiderec::spec_fit::check_ranges(&mut spec, &paths, max_line)?;
+                for line in learned.into_iter().chain(warnings.iter().map(|w| format!("warning: {w}"))) {
+                    eprintln!("{line}");
+                }
+            }
             let (d, s) = spec.shape();
             println!(
                 "ok: {} columns, {d} dense, {s} sparse fields, {} sequence lists",

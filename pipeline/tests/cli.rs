@@ -419,3 +419,37 @@ fn one_default_per_setting_across_commands() {
         assert_eq!(default_of(&["produce"], flag), default_of(&["online"], flag), "--{flag}");
     }
 }
+
+#[test]
+fn spec_check_learns_scales_from_data_and_warns_about_unscaled_wide_columns() {
+    let Some(data) = shared_data("taobao_ad/train_sample.csv") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let columns = tiderec_operators::spec::TAOBAO_AD_COLUMNS.map(|c| format!("\"{c}\"")).join(", ");
+    let spec = |dense: &str| {
+        let path = dir.path().join("spec.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "delimiter = \",\"\nheader = true\ncolumns = [{columns}]\nlabel = {{ column = \"clk\" }}\n\
+                 dense = [{dense}]\ncategorical = [{{ column = \"userid\", buckets = 100 }}]\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let check = |path: &std::path::Path| {
+        let out =
+            run_ok(tiderec().args(["spec", "check"]).arg(path).arg("--data").arg(format!("csv:{}", data.display())));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Prices run into the hundreds: unscaled, a warning names the column and its range.
+    let raw = check(&spec("{ column = \"price\" }"));
+    assert!(
+        raw.contains("warning: dense[0] (`price`) ranges over [") && raw.contains("scale = \"standardize\""),
+        "{raw}"
+    );
+    // Log-scaled and standardized, the spec check learns the statistics and has no warning.
+    let scaled = check(&spec("{ column = \"price\", log1p = true, scale = \"standardize\" }"));
+    assert!(scaled.contains("spec: learned from 100 records: price center "), "{scaled}");
+    assert!(!scaled.contains("warning"), "{scaled}");
+}

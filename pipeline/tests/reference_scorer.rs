@@ -553,8 +553,9 @@ fn the_reference_scorer_reproduces_dien_and_dien_sum_on_real_histories() {
 }
 
 /// A feature spec over the Taobao display-ad CSV using every kind of column: dense values
-/// (one clamped), a numeric list, hashed, identity and vocabulary categoricals (with oov
-/// buckets), a mean-pooled list and the click sequence as a DIEN history of ad groups.
+/// (one clamped, two scaled by statistics learned from the training file), a numeric list,
+/// hashed, identity, vocabulary (with oov buckets), quantile and bucketized categoricals, a
+/// mean-pooled list and the click sequence as a DIEN history of ad groups.
 const TAOBAO_SPEC: &str = r#"
 delimiter = ","
 header = true
@@ -562,7 +563,11 @@ columns = ["clk", "time_stamp", "userid", "adgroup_id", "pid", "cate_id", "campa
            "price", "cms_segid", "cms_group_id", "final_gender_code", "age_level", "pvalue_level",
            "shopping_level", "occupation", "new_user_class_level", "click_sequence"]
 label = { column = "clk" }
-dense = [{ column = "price", log1p = true }, { column = "shopping_level", clamp = [1.0, 2.5] }]
+dense = [
+  { column = "price", log1p = true, scale = "standardize" },
+  { column = "shopping_level", clamp = [1.0, 2.5] },
+  { column = "cms_segid", scale = "min_max" },
+]
 numeric_list = [{ column = "click_sequence", delimiter = "^", reduce = "mean" }]
 categorical = [
   { column = "userid", buckets = 500 },
@@ -572,6 +577,8 @@ categorical = [
   { column = "pid", buckets = 50 },
   { column = "cms_group_id", buckets = 20, encoding = "identity" },
   { column = "age_level", buckets = 8, encoding = "vocabulary", vocabulary = ["2", "3", "4"], oov_buckets = 3 },
+  { column = "price", buckets = 6, encoding = "quantile" },
+  { column = "new_user_class_level", buckets = 4, encoding = "bucketize", boundaries = [2.0, 3.0, 4.0] },
 ]
 list = [
   { column = "click_sequence", delimiter = "^", max_len = 4, buckets = 3000, pooling = "none", target = "adgroup_id" },
@@ -654,7 +661,15 @@ fn the_reference_scorer_reproduces_models_of_feature_spec_records() {
             assert_eq!(config["sparse_fields"][0], "userid");
             assert_eq!(config["sparse_fields"][15], "click_sequence");
         } else {
-            assert_eq!(config["dense_features"], serde_json::json!(["price", "shopping_level", "click_sequence"]));
+            let dense = serde_json::json!(["price", "shopping_level", "cms_segid", "click_sequence"]);
+            assert_eq!(config["dense_features"], dense);
+            // The learned scales and quantile boundaries are spelled out.
+            let scale = &features["dense"][0]["scale"];
+            assert!(scale["width"].as_f64().unwrap() > 0.0 && scale["center"].as_f64().unwrap() > 0.0, "{scale}");
+            assert_eq!(features["dense"][1]["scale"], serde_json::Value::Null);
+            let quantiles = features["categorical"][7]["boundaries"].as_array().unwrap().len();
+            assert!((1..=5).contains(&quantiles), "{}", features["categorical"][7]);
+            assert_eq!(features["categorical"][8]["boundaries"], serde_json::json!([2.0, 3.0, 4.0]));
             assert_eq!(config["sparse_fields"][6], "age_level");
             assert_eq!(features["categorical"][6]["vocabulary"], serde_json::json!(["2", "3", "4"]));
             assert_eq!(features["lists"][1]["pooling"], "mean");

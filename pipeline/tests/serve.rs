@@ -376,6 +376,8 @@ fn csv_spec_records_score_as_predict_does() {
     let spec = format!(
         "delimiter = \",\"\nheader = true\ncolumns = [{columns}]\n[label]\ncolumn = \"clk\"\n\
          [[dense]]\ncolumn = \"price\"\nlog1p = true\nclamp = [0.0, 500.0]\n\
+         [[dense]]\ncolumn = \"cms_segid\"\nscale = \"standardize\"\n\
+         [[categorical]]\ncolumn = \"cms_segid\"\nbuckets = 4\nencoding = \"quantile\"\n\
          [[categorical]]\ncolumn = \"userid\"\nbuckets = 300\n\
          [[categorical]]\ncolumn = \"pid\"\nbuckets = 20\n\
          [[categorical]]\ncolumn = \"age_level\"\nbuckets = 10\nencoding = \"identity\"\n\
@@ -392,7 +394,7 @@ fn csv_spec_records_score_as_predict_does() {
     let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
     // Numbers as JSON numbers (their text as in the file), the sequence as a JSON array.
     let records = objects(&data, ',', |name, v| match name {
-        "clk" | "price" | "age_level" => v.to_string(),
+        "clk" | "price" | "age_level" | "cms_segid" => v.to_string(),
         "click_sequence" => serde_json::json!(v.split('^').collect::<Vec<_>>()).to_string(),
         _ => serde_json::json!(v).to_string(),
     });
@@ -407,7 +409,12 @@ fn csv_spec_records_score_as_predict_does() {
         (field("click_sequence")["feature"].as_str(), field("click_sequence")["separator"].as_str()),
         (Some("list"), Some("^"))
     );
+    // A learned scale and quantile buckets: a number feeding a dense and a categorical feature.
+    let segment = field("cms_segid");
+    assert_eq!((segment["type"].as_str(), segment["feature"].as_str()), (Some("number"), Some("dense+categorical")));
     assert_eq!(field("time_stamp")["feature"], "none");
+    let e = post_error(&mut c, r#"{"cms_segid": "many"}"#);
+    assert!(e.contains("record 0: bad_integer in `cms_segid`"), "{e}");
     let e = post_error(&mut c, r#"[{"price": 1}, {"price": 2}, {"price": "cheap"}]"#);
     assert!(e.contains("record 2: bad_integer in `price`"), "{e}");
     let e = post_error(&mut c, r#"{"age_level": 12}"#);

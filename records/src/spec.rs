@@ -23,6 +23,9 @@ use crate::metrics::group_key;
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
 
+pub mod numeric;
+pub use numeric::Scale;
+
 /// The label column.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,6 +46,28 @@ pub struct DenseSpec {
     /// Clamp to `[lo, hi]` first.
     #[serde(default)]
     pub clamp: Option<(f32, f32)>,
+    /// Scale last, to `(v − center) / width` ([`numeric`]): `standardize` or `min_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<Scale>,
+    /// The scale's center (the mean, or the minimum); learned from the training data when
+    /// not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub center: Option<f32>,
+    /// The scale's width (the standard deviation, or the range); learned with `center`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<f32>,
+}
+
+impl DenseSpec {
+    /// A column read as a number, `ln(1 + max(x, 0))` when `log1p`, without clamp or scale.
+    pub fn new(column: &str, log1p: bool) -> Self {
+        DenseSpec { column: column.into(), log1p, clamp: None, scale: None, center: None, width: None }
+    }
+
+    /// `(center, width)` when the column is scaled and both are known.
+    pub fn fitted_scale(&self) -> Option<(f32, f32)> {
+        self.scale.and(self.center.zip(self.width))
+    }
 }
 
 /// How a categorical value becomes a row id.
@@ -59,6 +84,12 @@ pub enum Encoding {
     /// ids after the vocabulary, or is an absent value (empty bag) when
     /// `oov_buckets` is 0.
     Vocabulary,
+    /// The value is a number; its id is the number of `boundaries` at or below it (bucket
+    /// `k` holds `boundaries[k−1] ≤ v < boundaries[k]`).
+    Bucketize,
+    /// As `bucketize`, with up to `buckets − 1` boundaries at the quantiles of the training
+    /// data (learned when `boundaries` is not given).
+    Quantile,
 }
 
 /// A vocabulary: a file with one token per line, or the tokens inline.
@@ -215,6 +246,9 @@ pub struct CategoricalSpec {
     /// Extra ids for out-of-vocabulary tokens (0: such a token is an absent value).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub oov_buckets: u64,
+    /// The boundaries of `bucketize` and `quantile`: finite, strictly ascending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boundaries: Option<Vec<f32>>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -225,10 +259,62 @@ fn is_sum(p: &Pooling) -> bool {
     *p == Pooling::Sum
 }
 
+/// A dense column's scale: `center` and `width` both or neither, only with `scale`, finite,
+/// the width positive.
+fn check_scale(i: usize, d: &DenseSpec) -> Result<(), OperatorError> {
+    let key = |k: &str| format!("dense[{i}].{k}");
+    match (d.scale, d.center, d.width) {
+        (None, None, None) | (Some(_), None, None) => Ok(()),
+        (None, _, _) => Err(OperatorError::config(key("scale"), "`center` and `width` need `scale`")),
+        (Some(_), Some(_), None) => Err(OperatorError::config(key("width"), "`center` is given without `width`")),
+        (Some(_), None, Some(_)) => Err(OperatorError::config(key("center"), "`width` is given without `center`")),
+        (Some(_), Some(c), Some(w)) => {
+            if !c.is_finite() {
+                return Err(OperatorError::config(key("center"), format!("{c} is not a finite number")));
+            }
+            if !(w.is_finite() && w > 0.0) {
+                return Err(OperatorError::config(key("width"), format!("{w} is not a finite positive number")));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The boundaries of a categorical column: required by `bucketize`, learned or given for
+/// `quantile` (fitting in `buckets` rows), refused elsewhere.
+fn check_boundaries(i: usize, c: &CategoricalSpec) -> Result<(), OperatorError> {
+    let key = format!("categorical[{i}].boundaries");
+    match (c.encoding, &c.boundaries) {
+        (Encoding::Bucketize, None) => Err(OperatorError::config(key, "`encoding = \"bucketize\"` needs boundaries")),
+        (Encoding::Quantile, None) if c.buckets < 2 => {
+            Err(OperatorError::config(format!("categorical[{i}].buckets"), "quantile buckets need at least 2 rows"))
+        }
+        (Encoding::Bucketize | Encoding::Quantile, Some(b)) => {
+            numeric::check_boundaries(b).map_err(|why| OperatorError::config(key.clone(), why))?;
+            if (b.len() as u64) >= c.buckets {
+                return Err(OperatorError::config(
+                    format!("categorical[{i}].buckets"),
+                    format!("{} rows cannot hold the {} buckets of {} boundaries", c.buckets, b.len() + 1, b.len()),
+                ));
+            }
+            Ok(())
+        }
+        (_, Some(_)) => Err(OperatorError::config(key, "only `bucketize` and `quantile` encodings have boundaries")),
+        _ => Ok(()),
+    }
+}
+
 impl CategoricalSpec {
     /// A hashed column.
     pub fn hashed(column: &str, buckets: u64) -> Self {
-        CategoricalSpec { column: column.into(), buckets, encoding: Encoding::Hash, vocabulary: None, oov_buckets: 0 }
+        CategoricalSpec {
+            column: column.into(),
+            buckets,
+            encoding: Encoding::Hash,
+            vocabulary: None,
+            oov_buckets: 0,
+            boundaries: None,
+        }
     }
 }
 
@@ -465,7 +551,7 @@ impl FeatureSpec {
                 .chain(cats.iter().cloned())
                 .collect(),
             label: LabelSpec { column: "label".into() },
-            dense: ints.iter().map(|c| DenseSpec { column: c.clone(), log1p: true, clamp: None }).collect(),
+            dense: ints.iter().map(|c| DenseSpec::new(c, true)).collect(),
             numeric_list: Vec::new(),
             categorical: cats.iter().map(|c| CategoricalSpec::hashed(c, buckets)).collect(),
             list: Vec::new(),
@@ -517,6 +603,7 @@ impl FeatureSpec {
                     return Err(OperatorError::config(format!("dense[{i}].clamp"), format!("{lo} > {hi}")));
                 }
             }
+            check_scale(i, d)?;
         }
         for (i, n) in self.numeric_list.iter().enumerate() {
             find(format!("numeric_list[{i}].column"), &n.column)?;
@@ -527,6 +614,7 @@ impl FeatureSpec {
             if c.buckets == 0 {
                 return Err(OperatorError::config(format!("categorical[{i}].buckets"), "must be positive"));
             }
+            check_boundaries(i, c)?;
             let key = format!("categorical[{i}].vocabulary");
             match (c.encoding, &c.vocabulary) {
                 (Encoding::Vocabulary, None) => {
@@ -631,7 +719,7 @@ impl FeatureSpec {
             header: false,
             columns,
             label: LabelSpec { column: "clicked".into() },
-            dense: dense_cols.iter().map(|c| DenseSpec { column: c.to_string(), log1p: true, clamp: None }).collect(),
+            dense: dense_cols.iter().map(|c| DenseSpec::new(c, true)).collect(),
             numeric_list: ["price_list", "timediff_list"]
                 .iter()
                 .map(|c| NumericListSpec { column: c.to_string(), delimiter: ";".into(), reduce: ListReduce::Mean })
@@ -699,7 +787,7 @@ impl FeatureSpec {
             header: true,
             columns: TAOBAO_AD_COLUMNS.iter().map(|s| s.to_string()).collect(),
             label: LabelSpec { column: "clk".into() },
-            dense: vec![DenseSpec { column: "price".into(), log1p: true, clamp: None }],
+            dense: vec![DenseSpec::new("price", true)],
             numeric_list: Vec::new(),
             categorical: categorical_cols.iter().map(|c| CategoricalSpec::hashed(c, buckets)).collect(),
             list: vec![ListSpec {
@@ -824,6 +912,8 @@ struct CategoricalColumn {
     /// The loaded vocabulary (vocabulary encoding only).
     vocabulary: Option<std::sync::Arc<VocabularyMap>>,
     oov_buckets: u64,
+    /// The boundaries of `bucketize` and `quantile` (empty for the other encodings).
+    boundaries: Vec<f32>,
 }
 
 impl CategoricalColumn {
@@ -835,6 +925,10 @@ impl CategoricalColumn {
             Encoding::Hash => Ok(Some(token_bucket(self.seed, raw, self.buckets))),
             Encoding::Identity => match crate::features::parse_i64(raw) {
                 Some(v) if v >= 0 && (v as u64) < self.buckets => Ok(Some(v as u64)),
+                _ => Err(()),
+            },
+            Encoding::Bucketize | Encoding::Quantile => match fast_float2::parse::<f32, _>(raw) {
+                Ok(v) if v.is_finite() => Ok(Some(numeric::bucket_of(&self.boundaries, v))),
                 _ => Err(()),
             },
             Encoding::Vocabulary => {
@@ -888,6 +982,13 @@ impl SpecFormat {
     /// Compiles `spec` (validated here, vocabularies loaded) with hashing seeds derived from `seed`.
     pub fn new(spec: FeatureSpec, seed: u64) -> Result<Self, OperatorError> {
         spec.validate()?;
+        if let Some(key) = spec.unfitted().into_iter().next() {
+            return Err(OperatorError::config(
+                key,
+                "is learned from the training data (`train` and `convert` learn it from the first rows of --data), \
+                 or given in the spec",
+            ));
+        }
         let index = |c: &str| spec.columns.iter().position(|x| x == c).expect("validated");
         let delimiter = one_byte("delimiter", &spec.delimiter)?;
         let nc = spec.categorical.len();
@@ -904,6 +1005,7 @@ impl SpecFormat {
                 encoding: c.encoding,
                 vocabulary,
                 oov_buckets: c.oov_buckets,
+                boundaries: c.boundaries.clone().unwrap_or_default(),
             });
         }
         let (mut pooled, mut sequences) = (0, 0);
@@ -962,6 +1064,123 @@ impl SpecFormat {
         let (d, s) = self.spec.shape();
         Batch::with_sequences(d, s, self.num_sequences)
     }
+}
+
+/// What a spec learns from its training data: scales and quantile boundaries.
+impl FeatureSpec {
+    /// The keys whose values are still to be learned (`dense[0].center`,
+    /// `categorical[3].boundaries`): a spec with any cannot featurize records.
+    pub fn unfitted(&self) -> Vec<String> {
+        let dense = self.dense.iter().enumerate().filter(|(_, d)| d.scale.is_some() && d.center.is_none());
+        let quantiles = self
+            .categorical
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.encoding == Encoding::Quantile && c.boundaries.is_none());
+        dense
+            .map(|(i, _)| format!("dense[{i}].center"))
+            .chain(quantiles.map(|(i, _)| format!("categorical[{i}].boundaries")))
+            .collect()
+    }
+
+    /// The values of every dense column, after its clamp and `log1p` (before any scale), and
+    /// of every categorical column, read as numbers, in the lines given: what fitting
+    /// learns from. A line without exactly the spec's columns, the header and a value that
+    /// is not a finite number are passed over.
+    pub fn sample_values<'a>(&self, lines: impl IntoIterator<Item = &'a [u8]>) -> SampleValues {
+        let delimiter = self.delimiter_byte();
+        let index = |c: &str| self.columns.iter().position(|x| x == c);
+        let dense: Vec<Option<usize>> = self.dense.iter().map(|d| index(&d.column)).collect();
+        let categorical: Vec<Option<usize>> = self.categorical.iter().map(|c| index(&c.column)).collect();
+        let mut out = SampleValues {
+            rows: 0,
+            dense: vec![Vec::new(); dense.len()],
+            categorical: vec![Vec::new(); categorical.len()],
+        };
+        let n = self.columns.len();
+        let mut fields: Vec<&[u8]> = Vec::with_capacity(n);
+        for line in lines {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.is_empty() || (self.header && line.starts_with(self.columns[0].as_bytes())) {
+                continue;
+            }
+            fields.clear();
+            for_each_token(line, delimiter, n + 1, |t| fields.push(t));
+            if fields.len() != n {
+                continue;
+            }
+            out.rows += 1;
+            for ((d, col), values) in self.dense.iter().zip(&dense).zip(&mut out.dense) {
+                let Some(col) = *col else { continue };
+                let raw = fields[col];
+                let parsed = if raw.is_empty() { Ok(0.0) } else { fast_float2::parse::<f32, _>(raw) };
+                let Ok(mut v) = parsed else { continue };
+                if let Some((lo, hi)) = d.clamp {
+                    v = v.clamp(lo, hi);
+                }
+                if d.log1p {
+                    v = crate::features::log1p_clamped(v);
+                }
+                if v.is_finite() {
+                    values.push(v);
+                }
+            }
+            for (col, values) in categorical.iter().zip(&mut out.categorical) {
+                let Some(col) = *col else { continue };
+                if let Ok(v) = fast_float2::parse::<f32, _>(fields[col]) {
+                    if v.is_finite() {
+                        values.push(v);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Learns what [`Self::unfitted`] names from `sample` (of [`Self::sample_values`]):
+    /// each scale's center and width, each quantile column's boundaries. Keys already
+    /// given are kept. Errors name a key with no finite value to learn from.
+    pub fn fit(&mut self, sample: &SampleValues) -> Result<(), OperatorError> {
+        for (i, d) in self.dense.iter_mut().enumerate() {
+            if let (Some(scale), None) = (d.scale, d.center) {
+                let (center, width) = numeric::fit_scale(scale, &sample.dense[i]).ok_or_else(|| {
+                    OperatorError::config(
+                        format!("dense[{i}].center"),
+                        format!("column `{}` has no number in the sample", d.column),
+                    )
+                })?;
+                (d.center, d.width) = (Some(center), Some(width));
+            }
+        }
+        for (i, c) in self.categorical.iter_mut().enumerate() {
+            if c.encoding == Encoding::Quantile && c.boundaries.is_none() {
+                if sample.categorical[i].is_empty() {
+                    return Err(OperatorError::config(
+                        format!("categorical[{i}].boundaries"),
+                        format!("column `{}` has no number in the sample", c.column),
+                    ));
+                }
+                c.boundaries = Some(numeric::quantile_boundaries(&sample.categorical[i], c.buckets));
+            }
+        }
+        self.validate()
+    }
+
+    /// The delimiter as one byte (`\t` written as two characters is a tab).
+    fn delimiter_byte(&self) -> u8 {
+        one_byte("delimiter", &self.delimiter).unwrap_or(b'\t')
+    }
+}
+
+/// Values of a sample of records, per column, as [`FeatureSpec::sample_values`] reads them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SampleValues {
+    /// Records read.
+    pub rows: u64,
+    /// Each dense column's values after clamp and `log1p`.
+    pub dense: Vec<Vec<f32>>,
+    /// Each categorical column's values that are finite numbers.
+    pub categorical: Vec<Vec<f32>>,
 }
 
 /// Most columns a spec line may have.
@@ -1024,6 +1243,9 @@ impl LineFormat for SpecFormat {
             }
             if d.log1p {
                 v = crate::features::log1p_clamped(v);
+            }
+            if let Some((center, width)) = d.fitted_scale() {
+                v = numeric::scaled(v, center, width);
             }
             if !v.is_finite() {
                 return Err((BadReason::NonFinite, Some(col)));
@@ -1115,7 +1337,7 @@ mod tests {
             header: true,
             columns: ["y", "price", "prices", "user", "items"].iter().map(|s| s.to_string()).collect(),
             label: LabelSpec { column: "y".into() },
-            dense: vec![DenseSpec { column: "price".into(), log1p: true, clamp: Some((0.0, 100.0)) }],
+            dense: vec![DenseSpec { clamp: Some((0.0, 100.0)), ..DenseSpec::new("price", true) }],
             numeric_list: vec![NumericListSpec {
                 column: "prices".into(),
                 delimiter: ";".into(),
@@ -1158,6 +1380,85 @@ mod tests {
         assert_eq!(f.parse(b"1,1,1,u", &mut b), Err((BadReason::FieldCount, None)));
         assert_eq!(b.len(), 2, "bad lines append nothing");
         assert_eq!(b.groups.len(), 2, "bad lines append no group");
+    }
+
+    const NUMERIC: &str = r#"
+delimiter = ","
+header = true
+columns = ["y", "age", "price", "hour"]
+label = { column = "y" }
+dense = [
+  { column = "age", scale = "standardize" },
+  { column = "price", log1p = true, scale = "min_max" },
+  { column = "hour", scale = "min_max", center = 0.0, width = 24.0 },
+]
+
+[[categorical]]
+column = "age"
+buckets = 4
+encoding = "quantile"
+
+[[categorical]]
+column = "hour"
+buckets = 4
+encoding = "bucketize"
+boundaries = [6.0, 12.0, 18.0]
+"#;
+
+    #[test]
+    fn scales_and_buckets_are_learned_from_a_sample_and_applied_as_computed_by_hand() {
+        let mut spec = FeatureSpec::from_toml(NUMERIC).unwrap();
+        assert_eq!(spec.unfitted(), ["dense[0].center", "dense[1].center", "categorical[0].boundaries"]);
+        let e = SpecFormat::new(spec.clone(), 1).unwrap_err().to_string();
+        assert!(e.contains("dense[0].center") && e.contains("learned from the training data"), "{e}");
+        let lines = ["y,age,price,hour", "0,20,0,1", "1,30,e,7", "0,40,3,13", "1,50,7,23", "0,bad,1,", "too,few"];
+        let sample = spec.sample_values(lines.iter().map(|l| l.as_bytes()));
+        assert_eq!(sample.rows, 5, "the header and the short line are passed over");
+        assert_eq!(sample.dense[0], [20.0, 30.0, 40.0, 50.0], "`bad` is no number");
+        spec.fit(&sample).unwrap();
+        assert!(spec.unfitted().is_empty());
+        // age: mean 35, population std sqrt(125); price: ln(1 + p) over 0, ln 4, ln 8, ln 2 (e is no number).
+        assert_eq!((spec.dense[0].center, spec.dense[0].width), (Some(35.0), Some(125f64.sqrt() as f32)));
+        assert_eq!((spec.dense[1].center, spec.dense[1].width), (Some(0.0), Some(8f32.ln())));
+        assert_eq!((spec.dense[2].center, spec.dense[2].width), (Some(0.0), Some(24.0)), "given values are kept");
+        assert_eq!(spec.categorical[0].boundaries, Some(vec![30.0, 40.0, 50.0]), "quartiles of 20, 30, 40, 50");
+        // The fitted spec round-trips through TOML (as the checkpoint records it).
+        assert_eq!(FeatureSpec::from_toml(&spec.to_toml()).unwrap(), spec);
+        let format = SpecFormat::new(spec, 1).unwrap();
+        let mut b = format.empty_batch();
+        format.parse(b"1,45,3,18", &mut b).unwrap();
+        let want = [(45.0 - 35.0) / 125f64.sqrt() as f32, 4f32.ln() / 8f32.ln(), 18.0 / 24.0];
+        assert_eq!(b.dense, want);
+        assert_eq!(b.sparse[0].bag(0), [2], "45 is at or above 30 and 40");
+        assert_eq!(b.sparse[1].bag(0), [3], "18 is at or above every boundary");
+        format.parse(b"0,10,0,", &mut b).unwrap();
+        assert_eq!(b.sparse[0].bag(1), [0]);
+        assert!(b.sparse[1].bag(1).is_empty(), "an empty value is absent");
+        assert_eq!(format.parse(b"0,10,0,x", &mut b), Err((BadReason::BadInteger, Some(3))));
+        assert_eq!(
+            format.parse(b"0,10,0,inf", &mut b),
+            Err((BadReason::NonFinite, Some(3))),
+            "the dense hour sees it first"
+        );
+    }
+
+    #[test]
+    fn bad_scales_and_boundaries_are_refused_naming_the_key() {
+        let cases = [
+            ("scale = \"standardize\" }", "center = 1.0 }", "dense[0].scale"),
+            ("scale = \"standardize\" }", "scale = \"standardize\", center = 1.0 }", "dense[0].width"),
+            ("scale = \"standardize\" }", "scale = \"min_max\", center = 1.0, width = 0.0 }", "dense[0].width"),
+            ("boundaries = [6.0, 12.0, 18.0]", "boundaries = [6.0, 6.0]", "categorical[1].boundaries"),
+            ("boundaries = [6.0, 12.0, 18.0]", "boundaries = [1.0, 2.0, 3.0, 4.0]", "categorical[1].buckets"),
+            ("boundaries = [6.0, 12.0, 18.0]", "", "categorical[1].boundaries"),
+            ("encoding = \"quantile\"", "encoding = \"hash\"\nboundaries = [1.0]", "categorical[0].boundaries"),
+        ];
+        for (from, to, key) in cases {
+            let text = NUMERIC.replacen(from, to, 1);
+            assert_ne!(text, NUMERIC);
+            let e = FeatureSpec::from_toml(&text).unwrap_err().to_string();
+            assert!(e.contains(key), "{to}: {e}");
+        }
     }
 
     #[test]

@@ -177,7 +177,11 @@ impl RecordShape {
                             features.push("dense");
                         }
                         if let Some(k) = spec.categorical.iter().find(|k| k.column == *name) {
-                            c.kind = if k.encoding == Encoding::Identity { "integer" } else { "string" };
+                            c.kind = match k.encoding {
+                                Encoding::Identity => "integer",
+                                Encoding::Bucketize | Encoding::Quantile => "number",
+                                _ => "string",
+                            };
                             features.push("categorical");
                         }
                         if let Some(l) = spec.list.iter().find(|l| l.column == *name) {

@@ -217,7 +217,15 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
         .dense
         .iter()
         .enumerate()
-        .map(|(j, d)| json!({"name": names.dense[j], "column": column(&d.column), "clamp": d.clamp, "log1p": d.log1p}))
+        .map(|(j, d)| {
+            json!({
+                "name": names.dense[j],
+                "column": column(&d.column),
+                "clamp": d.clamp,
+                "log1p": d.log1p,
+                "scale": d.fitted_scale().map(|(center, width)| json!({"center": center, "width": width})),
+            })
+        })
         .collect();
     let numeric: Vec<Value> = spec
         .numeric_list
@@ -247,6 +255,9 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
                 "seed": hex(field_seed(hash_seed, f)),
                 "oov_buckets": c.oov_buckets,
             });
+            if let Some(b) = &c.boundaries {
+                v["boundaries"] = json!(b);
+            }
             if c.encoding == Encoding::Vocabulary {
                 match c.vocabulary.as_ref().map(|voc| voc.load(&format!("categorical[{f}].vocabulary"))) {
                     Some(Ok(map)) => {
@@ -314,7 +325,8 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
         "dense_rules": "a value is parsed as float32 (Rust's `str::parse::<f32>` syntax: optional sign, digits with an \
                         optional point and exponent, or inf / infinity / nan); empty is 0.0; a value that is not a \
                         number or not finite is a malformed record; then `clamp` to [lo, hi] if given, then \
-                        `log1p`: float32 ln(1 + max(x, 0)); a non-finite result is a malformed record",
+                        `log1p`: float32 ln(1 + max(x, 0)), then `scale` if given: float32((x - center) / width) in \
+                        float32 arithmetic; a non-finite result is a malformed record",
         "numeric_lists": numeric,
         "numeric_list_rules": "the column split on its delimiter, empty tokens skipped, each token parsed as a float32 \
                                (a token that is not a number makes the record malformed); the values summed in \
@@ -324,7 +336,9 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
         "categorical_rules": "an empty value is an empty bag. `hash`: row = bucket(token, seed, rows). `identity`: the \
                               value is a decimal integer (optional sign, 1 to 18 digits) in 0..rows, else the record is \
                               malformed. `vocabulary`: token k of `vocabulary` is row k; another token is row \
-                              len(vocabulary) + bucket(token, seed, oov_buckets), or an empty bag without oov buckets",
+                              len(vocabulary) + bucket(token, seed, oov_buckets), or an empty bag without oov buckets. \
+                              `bucketize` and `quantile`: the value parsed as a float32 as dense values are (not a \
+                              finite number: the record is malformed); row = the number of `boundaries` at or below it",
         "lists": lists,
         "list_rules": "the column split on its one-byte delimiter, empty tokens dropped, the first max_len tokens \
                        kept, each hashed: row = bucket(token, seed, rows). `sum` and `mean` lists are sparse fields \

@@ -1,0 +1,133 @@
+//! A feature spec's learned values — the center and width of each scaled dense column, the
+//! boundaries of each quantile column — taken from the first records of the training files.
+//!
+//! Invariants:
+//! * The sample is the first [`FIT_LINES`] lines of the files, in their order; the header,
+//!   empty lines, lines without the spec's columns and values that are no finite numbers
+//!   are passed over. Every process and every run on the same files learns the same
+//!   values, whatever the worker count, and a resumed run learns what its checkpoint holds.
+//! * A line longer than `max_line_bytes` is passed over without being held in memory.
+//! * Values the spec gives are kept; the learned ones are recorded in the run's checkpoints
+//!   (the manifest's resolved spec), which `predict`, `eval`, `serve` and `export` read.
+
+use crate::PipelineError;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use tiderec_operators::spec::FeatureSpec;
+
+/// Lines read for the sample.
+pub const FIT_LINES: usize = 100_000;
+
+/// Learns what `spec` leaves to learn from the first lines of `paths`; returns a one-line
+/// note of what was learned, or `None` when the spec gives everything.
+pub fn fit(spec: &mut FeatureSpec, paths: &[PathBuf], max_line_bytes: usize) -> Result<Option<String>, PipelineError> {
+    let missing = spec.unfitted();
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    let lines = first_lines(paths, FIT_LINES, max_line_bytes)?;
+    let sample = spec.sample_values(lines.iter().map(Vec::as_slice));
+    spec.fit(&sample).map_err(|e| {
+        PipelineError::config(
+            "spec",
+            format!("learning {} from the first {} lines of the data: {e}", missing.join(", "), lines.len()),
+        )
+    })?;
+    Ok(Some(describe(spec, sample.rows)))
+}
+
+/// Dense values beyond this magnitude after their transforms make training unstable (an
+/// unscaled age of 16 to 80 years feeds the first layer inputs 50 times those of a
+/// standardized one).
+pub const UNSTABLE_MAGNITUDE: f32 = 10.0;
+
+/// For `tiderec spec check --data`: the learned values of `spec` and a warning for each
+/// dense column whose values reach [`UNSTABLE_MAGNITUDE`] after all its transforms, over
+/// the first lines of `paths`.
+pub fn check_ranges(
+    spec: &mut FeatureSpec,
+    paths: &[PathBuf],
+    max_line_bytes: usize,
+) -> Result<(Option<String>, Vec<String>), PipelineError> {
+    let learned = fit(spec, paths, max_line_bytes)?;
+    let lines = first_lines(paths, FIT_LINES, max_line_bytes)?;
+    let sample = spec.sample_values(lines.iter().map(Vec::as_slice));
+    let mut warnings = Vec::new();
+    for (i, (d, values)) in spec.dense.iter().zip(&sample.dense).enumerate() {
+        let scaled = values.iter().map(|&v| match d.fitted_scale() {
+            Some((center, width)) => tiderec_operators::spec::numeric::scaled(v, center, width),
+            None => v,
+        });
+        let (lo, hi) = scaled.fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        if lo <= hi && lo.abs().max(hi.abs()) >= UNSTABLE_MAGNITUDE {
+            warnings.push(format!(
+                "dense[{i}] (`{}`) ranges over [{lo}, {hi}] after its transforms in the first {} records: inputs this \
+                 large make training unstable; add `scale = \"standardize\"` or `scale = \"min_max\"` (after \
+                 `log1p = true` for a long tail)",
+                d.column, sample.rows
+            ));
+        }
+    }
+    Ok((learned, warnings))
+}
+
+/// The learned values, as a note for the run's log.
+fn describe(spec: &FeatureSpec, rows: u64) -> String {
+    let dense = spec.dense.iter().filter_map(|d| {
+        let (center, width) = d.fitted_scale()?;
+        Some(format!("{} center {center} width {width}", d.column))
+    });
+    let buckets =
+        spec.categorical.iter().filter(|c| c.encoding == tiderec_operators::spec::Encoding::Quantile).map(|c| {
+            let b = c.boundaries.as_deref().unwrap_or_default();
+            format!("{} {} quantile boundaries", c.column, b.len())
+        });
+    let learned: Vec<String> = dense.chain(buckets).collect();
+    format!("spec: learned from {rows} records: {}", learned.join("; "))
+}
+
+/// Up to `limit` lines of `paths` in order, without their line ends; longer lines than
+/// `max_line_bytes` are skipped.
+fn first_lines(paths: &[PathBuf], limit: usize, max_line_bytes: usize) -> Result<Vec<Vec<u8>>, PipelineError> {
+    let mut lines = Vec::new();
+    for path in paths {
+        let io = |e: std::io::Error| PipelineError::config("data", format!("cannot read {}: {e}", path.display()));
+        let mut reader = BufReader::new(std::fs::File::open(path).map_err(io)?);
+        let mut line = Vec::new();
+        while lines.len() < limit {
+            line.clear();
+            let n = reader.by_ref().take(max_line_bytes as u64 + 1).read_until(b'\n', &mut line).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            let ended = line.last() == Some(&b'\n');
+            if !ended && line.len() > max_line_bytes {
+                reader.skip_until(b'\n').map_err(io)?;
+                continue;
+            }
+            if ended {
+                line.pop();
+            }
+            lines.push(line.clone());
+        }
+    }
+    Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_is_the_first_lines_and_over_long_ones_are_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.csv"), dir.path().join("b.csv"));
+        std::fs::write(&a, format!("1,2\n{}\n3,4", "9".repeat(100))).unwrap();
+        std::fs::write(&b, "5,6\r\n7,8\n").unwrap();
+        let lines = first_lines(&[a.clone(), b.clone()], 10, 50).unwrap();
+        assert_eq!(lines, [b"1,2".to_vec(), b"3,4".to_vec(), b"5,6\r".to_vec(), b"7,8".to_vec()]);
+        assert_eq!(first_lines(&[a, b], 2, 50).unwrap().len(), 2);
+        let e = first_lines(&[dir.path().join("none")], 1, 50).unwrap_err().to_string();
+        assert!(e.contains("none"), "{e}");
+    }
+}
