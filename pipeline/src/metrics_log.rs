@@ -1,12 +1,15 @@
 //! The JSON-lines metrics log of `train` and `online` (`--metrics-log`), read
 //! back by `tiderec plot`: one [`MetricsRecord`] per line, flushed as it is
 //! written, so a reader sees every complete line of a run still in progress.
+//! The same records go to TensorBoard (`--tensorboard`, [`crate::tensorboard`]).
 //!
 //! The `window_*` figures are the prequential window's (`online`) or the
 //! latest evaluation's of the held-out split (`train`). Fields added later
 //! default to `null`, so older logs still read.
 
 use crate::error::DataflowFailure;
+use crate::settings::RunSettings;
+use crate::tensorboard::EventFile;
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -63,10 +66,12 @@ impl MetricsRecord {
     }
 }
 
-/// Appends JSON lines to a file.
+/// Where the reports go: JSON lines appended to a file (`--metrics-log`), TensorBoard
+/// scalars (`--tensorboard`), or both.
 pub struct MetricsLog {
-    file: std::io::BufWriter<std::fs::File>,
-    path: PathBuf,
+    file: Option<(std::io::BufWriter<std::fs::File>, PathBuf)>,
+    /// The event file, and whether the reports are `online`'s (prequential window, lag).
+    events: Option<(EventFile, bool)>,
 }
 
 impl MetricsLog {
@@ -79,18 +84,61 @@ impl MetricsLog {
             .truncate(!append)
             .open(path)
             .map_err(|e| PipelineError::config("metrics_log", format!("cannot open {}: {e}", path.display())))?;
-        Ok(MetricsLog { file: std::io::BufWriter::new(file), path: path.to_path_buf() })
+        Ok(MetricsLog { file: Some((std::io::BufWriter::new(file), path.to_path_buf())), events: None })
     }
 
-    /// Writes one record as a line and flushes it.
-    pub fn write(&mut self, r: &MetricsRecord) -> Result<(), PipelineError> {
-        let error = |path: &Path| format!("cannot write the metrics log {}", path.display());
-        let line = serde_json::to_string(r)
-            .map_err(|e| PipelineError::dataflow(DataflowFailure::Output, error(&self.path)).with_source(e))?;
-        writeln!(self.file, "{line}")
-            .and_then(|_| self.file.flush())
-            .map_err(|e| PipelineError::dataflow(DataflowFailure::Output, error(&self.path)).with_source(e))
+    /// The reports of a run with `settings`, or `None` when it asks for none: the metrics
+    /// log appended to when `append` (a resumed run), a new TensorBoard event file.
+    pub fn for_run(settings: &RunSettings, append: bool, online: bool) -> Result<Option<Self>, PipelineError> {
+        let mut log = match &settings.metrics_log {
+            Some(path) => Self::create(path, append)?,
+            None => MetricsLog { file: None, events: None },
+        };
+        if let Some(dir) = &settings.tensorboard {
+            log.events = Some((EventFile::create(dir)?, online));
+        }
+        Ok((log.file.is_some() || log.events.is_some()).then_some(log))
     }
+
+    /// Writes one record as a line and flushes it, and as an event of scalars.
+    pub fn write(&mut self, r: &MetricsRecord) -> Result<(), PipelineError> {
+        if let Some((file, path)) = &mut self.file {
+            let error = |path: &Path| format!("cannot write the metrics log {}", path.display());
+            let line = serde_json::to_string(r)
+                .map_err(|e| PipelineError::dataflow(DataflowFailure::Output, error(path)).with_source(e))?;
+            writeln!(file, "{line}")
+                .and_then(|_| file.flush())
+                .map_err(|e| PipelineError::dataflow(DataflowFailure::Output, error(path)).with_source(e))?;
+        }
+        if let Some((events, online)) = &mut self.events {
+            events.scalars(r.step, &scalars(r, *online))?;
+        }
+        Ok(())
+    }
+}
+
+/// The TensorBoard scalars of a record: `train/…`, `eval/…` (train's latest evaluation) or
+/// `window/…` (online's prequential window), and `online/…`; figures that are `null` are
+/// left out.
+fn scalars(r: &MetricsRecord, online: bool) -> Vec<(&'static str, f64)> {
+    let mut out = vec![
+        ("train/loss", r.loss),
+        ("train/samples_per_sec", r.samples_per_sec),
+        ("train/samples", r.samples as f64),
+        ("train/bad_records", r.bad_records as f64),
+    ];
+    let figures = [r.window_auc, r.window_logloss, r.window_ne, r.window_calibration, r.window_pr_auc, r.window_gauc];
+    let tags = if online {
+        ["window/auc", "window/logloss", "window/ne", "window/calibration", "window/pr_auc", "window/gauc"]
+    } else {
+        ["eval/auc", "eval/logloss", "eval/ne", "eval/calibration", "eval/pr_auc", "eval/gauc"]
+    };
+    out.extend(tags.into_iter().zip(figures).filter_map(|(tag, v)| Some((tag, v?))));
+    if online {
+        out.push(("online/lag", r.lag as f64));
+        out.extend(r.checkpoint_age_s.map(|a| ("online/checkpoint_age_s", a)));
+    }
+    out
 }
 
 /// Reads a JSON-lines metrics log; a malformed line is an error naming its number.

@@ -660,7 +660,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
     let (mut steps, mut samples, mut epochs, mut loss_total) = (0u64, 0u64, 0u64, 0.0f64);
     let mut reports = match me {
         0 => {
-            let log = s.run.metrics_log.as_ref().map(|p| MetricsLog::create(p, resumed.is_some())).transpose()?;
+            let log = MetricsLog::for_run(&s.run, resumed.is_some(), false)?;
             Reports::new(log, ctx.live.clone())
         }
         _ => Reports::new(None, None),

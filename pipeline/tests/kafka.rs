@@ -248,6 +248,8 @@ fn long_running_trainer_serves_metrics_and_stops_on_sigterm() {
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .arg("--metrics-log")
         .arg(&log)
+        .arg("--tensorboard")
+        .arg(dir.path().join("tb"))
         .arg("--checkpoint-dir")
         .arg(dir.path().join("ckpt"))
         .arg("--summary-json")
@@ -285,6 +287,15 @@ fn long_running_trainer_serves_metrics_and_stops_on_sigterm() {
     let png = dir.path().join("curves.png");
     run_ok(tiderec().args(["plot", "--metrics"]).arg(&log).arg("--out").arg(&png));
     assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+    // TensorBoard reads each report: the loss, the prequential window's figures and the lag.
+    if let Some(scalars) = common::tensorboard_scalars(&dir.path().join("tb")) {
+        let reports = std::fs::read_to_string(&log).unwrap().lines().count();
+        assert_eq!(scalars["train/loss"].as_array().map(Vec::len), Some(reports), "{scalars}");
+        for tag in ["window/auc", "window/logloss", "online/lag"] {
+            assert!(scalars[tag].as_array().is_some_and(|v| !v.is_empty()), "{tag}: {scalars}");
+        }
+        assert!(scalars.get("eval/auc").is_none(), "{scalars}");
+    }
 }
 
 #[test]

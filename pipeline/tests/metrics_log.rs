@@ -42,3 +42,48 @@ fn train_writes_the_online_log_with_every_evaluation_and_plot_reads_it() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("plotted {} reports", lines.len())));
     assert!(std::fs::metadata(&png).unwrap().len() > 1000);
 }
+
+#[test]
+fn tensorboard_reads_every_report_of_the_metrics_log_as_scalars() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (log, tb) = (dir.path().join("steps.jsonl"), dir.path().join("tb"));
+    let m = train_metrics(
+        &format!("criteo:{}", data.display()),
+        dir.path(),
+        "run",
+        &["--model", "fm", "--epochs", "2", "--eval-fraction", "0.2", "--metrics-log", log.to_str().unwrap()]
+            .into_iter()
+            .chain(["--tensorboard", tb.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    let Some(scalars) = common::tensorboard_scalars(&tb) else { return };
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // Every line of the log is one event: its step and its loss, as float32.
+    let loss = scalars["train/loss"].as_array().unwrap();
+    assert_eq!(loss.len(), lines.len(), "{scalars}");
+    for (event, line) in loss.iter().zip(&lines) {
+        assert_eq!(event[0], line["step"]);
+        assert_eq!(event[1].as_f64().unwrap(), line["loss"].as_f64().unwrap() as f32 as f64);
+    }
+    // The evaluations appear under eval/, from the first report after each; the last is the run's.
+    let auc = scalars["eval/auc"].as_array().unwrap();
+    assert_eq!(auc.len(), lines.iter().filter(|l| l["window_auc"].is_number()).count());
+    assert_eq!(auc.last().unwrap()[1].as_f64().unwrap(), m["auc"].as_f64().unwrap() as f32 as f64);
+    for tag in ["eval/logloss", "eval/ne", "eval/calibration", "eval/pr_auc", "train/samples_per_sec"] {
+        assert!(scalars[tag].as_array().is_some_and(|v| !v.is_empty()), "{tag}: {scalars}");
+    }
+    assert!(scalars.get("eval/gauc").is_none(), "Criteo names no user: no GAUC");
+    assert!(scalars.get("online/lag").is_none(), "train has no lag");
+    // A second run writes a file of its own beside the first.
+    let again = dir.path().join("again");
+    std::fs::create_dir(&again).unwrap();
+    train_metrics(
+        &format!("criteo:{}", data.display()),
+        &again,
+        "run",
+        &["--steps", "3", "--tensorboard", tb.to_str().unwrap()],
+    );
+    assert_eq!(std::fs::read_dir(&tb).unwrap().count(), 2);
+}

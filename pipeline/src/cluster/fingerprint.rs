@@ -22,6 +22,7 @@ pub const MAY_DIFFER: &[&str] = &[
     // Per-process outputs and their presentation.
     "metrics_json",
     "metrics_log",
+    "tensorboard",
     "metrics_addr",
     "dead_letters",
     "progress",

@@ -216,8 +216,8 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     let mut bad = BadRecordCounts::default();
     let mut window = PrequentialWindow::new(os.window);
     let mut progress = if me == 0 { Progress::new(s.run.progress, None) } else { Progress::None };
-    let mut log = match (&s.run.metrics_log, me, s.cluster.process) {
-        (Some(path), 0, 0) => Some(MetricsLog::create(path, resumed.is_some())?),
+    let mut log = match (me, s.cluster.process) {
+        (0, 0) => MetricsLog::for_run(&s.run, resumed.is_some(), true)?,
         _ => None,
     };
     let start = Instant::now();

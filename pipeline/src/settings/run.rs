@@ -54,6 +54,12 @@ pub struct RunSettings {
     /// about once a second and after every evaluation, online every --report-seconds.
     #[arg(long, value_name = "FILE")]
     pub metrics_log: Option<PathBuf>,
+    /// Also write each of those reports as TensorBoard scalars, to a new event file in this
+    /// directory (made if missing): loss, throughput, bad records, and the latest evaluation's
+    /// (train) or the prequential window's (online) AUC, logloss, NE, calibration, PR-AUC and
+    /// GAUC; online also the lag and the checkpoint age.
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (process 0; port 0: any free port, the
     /// address is printed): samples, steps, training loss, bad records, the window's AUC, log
     /// loss, NE, calibration, PR-AUC and GAUC (train: the latest evaluation's; online: the
@@ -88,6 +94,7 @@ impl Default for RunSettings {
             max_memory: MemoryLimit::Auto,
             metrics_json: None,
             metrics_log: None,
+            tensorboard: None,
             metrics_addr: None,
             progress: ProgressMode::Auto,
         }

@@ -94,3 +94,23 @@ pub fn refused(cmd: &mut Command) -> String {
     assert!(!err.contains("panicked"), "a clear error, not a panic: {err}");
     err
 }
+
+/// The events TensorBoard itself reads from `dir`: `{tag: [[step, value], …]}`, by
+/// tensorboard's `EventAccumulator` (`None`, with a note or a failure under CI, without it).
+pub fn tensorboard_scalars(dir: &std::path::Path) -> Option<serde_json::Value> {
+    let script = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+acc.Reload()
+print(json.dumps({t: [[e.step, e.value] for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}))
+"#;
+    let probe = std::process::Command::new("python3").args(["-c", "import tensorboard"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        skip::cannot_run("python3 with tensorboard not found (scripts/prerequisites.py install)");
+        return None;
+    }
+    let out = std::process::Command::new("python3").args(["-c", script]).arg(dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Some(serde_json::from_slice(&out.stdout).unwrap())
+}
