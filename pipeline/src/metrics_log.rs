@@ -51,6 +51,16 @@ pub struct MetricsRecord {
     pub checkpoint_age_s: Option<f64>,
     /// Malformed records skipped so far.
     pub bad_records: u64,
+    /// `train`: the epoch the step belongs to (0-based); `null` in `online`.
+    #[serde(default)]
+    pub epoch: Option<u64>,
+    /// `train`: the step of the evaluation whose figures the `window_*` fields hold (`null`
+    /// before the first, and in `online`, whose window is prequential).
+    #[serde(default)]
+    pub evaluated_step: Option<u64>,
+    /// `train`: the step of the best evaluation so far by `--best-metric`.
+    #[serde(default)]
+    pub best_step: Option<u64>,
 }
 
 impl MetricsRecord {

@@ -179,11 +179,13 @@ impl Reports {
         Ok(())
     }
 
-    /// The run's last report: the last step, with the last evaluation (`evaluation`), logged
-    /// unless written.
-    fn finish(&mut self, evaluation: Option<&Evaluation>) -> Result<(), PipelineError> {
+    /// The run's last report: the last step, with the last evaluation (`evaluation`) and the
+    /// best one's step, logged unless written.
+    fn finish(&mut self, evaluation: Option<&Evaluation>, best_step: Option<u64>) -> Result<(), PipelineError> {
         let Some((mut record, written)) = self.latest.take() else { return Ok(()) };
         record.set_window(evaluation.map(Evaluation::summary).as_ref());
+        record.evaluated_step = evaluation.map(|e| e.step);
+        record.best_step = best_step;
         if let Some(live) = &self.live {
             live.record(&record, 0, 0);
         }
@@ -792,6 +794,9 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
                         lag: 0,
                         checkpoint_age_s: last_checkpoint.map(|t| t.elapsed().as_secs_f64()),
                         bad_records: stats.bad_records.iter().sum(),
+                        epoch: Some(epochs),
+                        evaluated_step: last.map(|e| e.step),
+                        best_step: evals.tracker.best().map(|e| e.step),
                         ..Default::default()
                     };
                     record.set_window(last.map(Evaluation::summary).as_ref());
@@ -867,7 +872,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
             None => interrupted = true,
         }
     }
-    reports.finish(evals.tracker.last())?;
+    reports.finish(evals.tracker.last(), evals.tracker.best().map(|e| e.step))?;
     // The end of the run is a checkpoint too, unless one of this step exists; an early stop
     // goes back to the best step's model instead, whose checkpoint `DIR/best` names.
     if stopped_early.is_none() && checkpointer.due_at_boundary(steps) {
