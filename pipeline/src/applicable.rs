@@ -30,6 +30,7 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
     if command == For::Online {
         let online = match key {
             "data" | "eval" | "eval_fraction" | "samples" => Some("online reads its records from --topic"),
+            "no_shuffle" | "shuffle_block_bytes" => Some("online reads the topic's records in their order, once"),
             "new_data" => Some("a re-created topic is accepted with --on-offset-reset"),
             "epochs" | "steps" => Some("online trains until stopped or, with --until-end, until the topic's end"),
             "metrics_json" => Some("online writes its summary with --summary-json"),
@@ -49,6 +50,16 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
             .then(|| "sets the size of the synthetic streams; files are read whole".to_string()),
         "eval_fraction" => {
             s.data.eval.is_some().then(|| "holds data out when there is no --eval; --eval is given".into())
+        }
+        "no_shuffle" | "shuffle_block_bytes"
+            if matches!(data_format, "synthetic" | "synthetic-behavior" | "taobao-behavior") =>
+        {
+            Some(format!(
+                "shuffles the epochs of files, not of `{data_format}` samples, which every epoch reads in order"
+            ))
+        }
+        "shuffle_block_bytes" => {
+            s.data.no_shuffle.then(|| "sets the blocks of shuffled epochs; --no-shuffle is given".into())
         }
         "max_rows" | "admit_count" | "admit_prob" | "ttl_steps" | "flush_every" => {
             (!matches!(s.store.kind, StoreKind::Dynamic | StoreKind::Tiered))
@@ -172,6 +183,20 @@ mod tests {
         );
         assert!(e.contains("`bottom` applies to dlrm, not --model lr"), "{e}");
         assert!(e.contains("`dim` applies to every model but lr"), "{e}");
+        let e = refused(
+            |s| {
+                s.data.source = "criteo:day_0".into();
+                s.data.no_shuffle = true;
+                s.data.shuffle_block_bytes = 1 << 20;
+            },
+            For::Train,
+        );
+        assert!(e.contains("`shuffle_block_bytes` sets the blocks of shuffled epochs; --no-shuffle is given"), "{e}");
+        assert!(!e.contains("`no_shuffle`"), "{e}");
+        let e = refused(|s| s.data.no_shuffle = true, For::Train);
+        assert!(e.contains("`no_shuffle` shuffles the epochs of files, not of `synthetic` samples"), "{e}");
+        let e = refused(|s| s.data.no_shuffle = true, For::Online);
+        assert!(e.contains("`no_shuffle` does not apply to `online`"), "{e}");
         let e = refused(
             |s| {
                 s.data.source = "criteo:a.tsv".into();
