@@ -33,14 +33,14 @@ pub struct DataSettings {
     #[arg(long, required = false, value_name = "F", value_parser = eval_fraction::RANGE)]
     #[serde(deserialize_with = "eval_fraction::deserialize")]
     pub eval_fraction: f64,
-    /// Read the training data in the same order in every epoch. By default every epoch after the first reads
+    /// Read the training data in the same order in every epoch. Otherwise every epoch after the first reads
     /// each worker's share of line files (and of their Parquet conversions) in blocks of --shuffle-block-bytes
     /// in an order drawn from --seed and the epoch, and other Parquet files' row groups in such an order; the
     /// held-out data is never shuffled.
     #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub no_shuffle: bool,
     /// Bytes of the blocks that shuffled epochs cut each worker's share of every line file into (a line
-    /// belongs to the block its first byte lies in); the default 128 KiB holds some 500 Criteo lines.
+    /// belongs to the block its first byte lies in); 128 KiB hold some 500 Criteo lines.
     #[arg(long, required = false, value_name = "BYTES", value_parser = shuffle_block_bytes::RANGE)]
     #[serde(deserialize_with = "shuffle_block_bytes::deserialize")]
     pub shuffle_block_bytes: u64,
