@@ -26,6 +26,8 @@ pub const NOT_ONLINE: &[(&str, &str)] = &[
     ("eval", "online reads its records from --topic"),
     ("eval_fraction", "online reads its records from --topic"),
     ("samples", "online reads its records from --topic"),
+    ("no_shuffle", "online reads the topic's records in their order, once"),
+    ("shuffle_block_bytes", "online reads the topic's records in their order, once"),
     ("new_data", "a re-created topic is accepted with --on-offset-reset"),
     ("epochs", "online trains until stopped or, with --until-end, until the topic's end"),
     ("steps", "online trains until stopped or, with --until-end, until the topic's end"),
@@ -61,6 +63,16 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
             .then(|| "sets the size of the synthetic streams; files are read whole".to_string()),
         "eval_fraction" => {
             s.data.eval.is_some().then(|| "holds data out when there is no --eval; --eval is given".into())
+        }
+        "no_shuffle" | "shuffle_block_bytes"
+            if matches!(data_format, "synthetic" | "synthetic-behavior" | "taobao-behavior") =>
+        {
+            Some(format!(
+                "shuffles the epochs of files, not of `{data_format}` samples, which every epoch reads in order"
+            ))
+        }
+        "shuffle_block_bytes" => {
+            s.data.no_shuffle.then(|| "sets the blocks of shuffled epochs; --no-shuffle is given".into())
         }
         "max_rows" | "admit_count" | "admit_prob" | "ttl_steps" | "flush_every" => {
             (!matches!(s.store.kind, StoreKind::Dynamic | StoreKind::Tiered))
@@ -184,6 +196,20 @@ mod tests {
         );
         assert!(e.contains("`bottom` applies to dlrm, not --model lr"), "{e}");
         assert!(e.contains("`dim` applies to every model but lr"), "{e}");
+        let e = refused(
+            |s| {
+                s.data.source = "criteo:day_0".into();
+                s.data.no_shuffle = true;
+                s.data.shuffle_block_bytes = Some(1 << 20);
+            },
+            For::Train,
+        );
+        assert!(e.contains("`shuffle_block_bytes` sets the blocks of shuffled epochs; --no-shuffle is given"), "{e}");
+        assert!(!e.contains("`no_shuffle`"), "{e}");
+        let e = refused(|s| s.data.no_shuffle = true, For::Train);
+        assert!(e.contains("`no_shuffle` shuffles the epochs of files, not of `synthetic` samples"), "{e}");
+        let e = refused(|s| s.data.no_shuffle = true, For::Online);
+        assert!(e.contains("`no_shuffle` does not apply to `online`"), "{e}");
         let e = refused(
             |s| {
                 s.data.source = "criteo:a.tsv".into();

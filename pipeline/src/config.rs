@@ -738,6 +738,7 @@ mod tests {
             ("data", Box::new(|s| s.data.source = "criteo:/no/such/file".into())),
             ("data", Box::new(|s| s.data.source = "parquet".into())),
             ("eval_fraction", Box::new(|s| s.data.eval_fraction = 1.5)),
+            ("shuffle_block_bytes", Box::new(|s| s.data.shuffle_block_bytes = Some(0))),
             ("model.bottom", Box::new(|s| s.model.bottom = vec![64, 8])),
             ("hosts", Box::new(|s| s.cluster.processes = 2)),
             ("lr", Box::new(|s| s.optimizer.lr = Some(-1.0))),

@@ -143,7 +143,7 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     };
     // Held until the conversion returns: no other conversion writes the directory meanwhile.
     let _lock = DirLock::acquire(&settings.out, LOCK_FILE, "tiderec convert")?;
-    let options = CriteoOptions::for_run(&resolved, &input);
+    let options = CriteoOptions::for_run(&resolved, &input)?;
     let dead = SharedDeadLetters::file(input.data.records.dead_letters.clone());
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());
     // Taobao behaviour logs become samples all at once (as in training); they are then

@@ -11,6 +11,11 @@
 //! (`tiderec_sources::parquet::ParquetDataset::worker_segments`): files
 //! converted from line files are split exactly as the raw files would be, so
 //! they train on the same global batches for every worker count.
+//!
+//! The training split is shuffled after the first epoch ([`WorkerData::with_shuffle`],
+//! `tiderec_sources::shuffle`): line files and their conversions in blocks of each
+//! worker's byte ranges, other Parquet files by row group. Evaluation splits are
+//! opened afresh for every evaluation and read in file order.
 
 use crate::config::DataSpec;
 use crate::error::DataflowFailure;
@@ -25,6 +30,7 @@ use tiderec_sources::avazu::{open_avazu, AvazuFormat, AvazuReader};
 use tiderec_sources::criteo::{CriteoConfig, CriteoFeatures, CriteoReader};
 use tiderec_sources::lines::{LineReader, ReaderOptions};
 use tiderec_sources::parquet::ParquetReader;
+use tiderec_sources::shuffle::BlockShuffle;
 use tiderec_sources::synthetic::SyntheticCriteo;
 use tiderec_sources::synthetic_behavior::SyntheticBehavior;
 
@@ -132,6 +138,9 @@ pub struct CriteoOptions {
     pub seed: u64,
     /// Seed of the per-epoch shuffle of Parquet row groups.
     pub shuffle_seed: u64,
+    /// The shuffle of the training data's epochs after the first (`None`: `--no-shuffle`),
+    /// given to the training reader by [`WorkerData::with_shuffle`].
+    pub shuffle: Option<BlockShuffle>,
     /// The feature spec of `csv:` data.
     pub spec: Option<tiderec_operators::spec::FeatureSpec>,
     /// Hashing into tables.
@@ -146,17 +155,22 @@ pub struct CriteoOptions {
 
 impl CriteoOptions {
     /// The reading options of a resolved run: hashing with `settings.hash_seed()`, shuffles with `settings.seed`.
-    pub fn for_run(resolved: &crate::config::Resolved, settings: &crate::TrainSettings) -> Self {
+    pub fn for_run(resolved: &crate::config::Resolved, settings: &crate::TrainSettings) -> Result<Self, PipelineError> {
         let seed = settings.hash_seed();
-        CriteoOptions {
+        let shuffle = match settings.data.no_shuffle {
+            true => None,
+            false => Some(BlockShuffle::new(settings.run.seed, settings.data.shuffle_block_bytes)?),
+        };
+        Ok(CriteoOptions {
             features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed },
             max_len: settings.data.max_len,
             max_line_bytes: settings.data.records.max_line_bytes,
             policy: resolved.policy,
             seed,
             shuffle_seed: settings.run.seed,
+            shuffle,
             spec: resolved.spec.clone(),
-        }
+        })
     }
 }
 
@@ -244,6 +258,29 @@ impl WorkerData {
                     .with_bad_records(options.policy, dead_letters);
                 Ok(WorkerData::Parquet { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
             }
+        }
+    }
+
+    /// Reads the epochs after the first as `shuffle` says (`None`: all in epoch 0's order).
+    /// Indexed samples are read in order whatever it says.
+    pub fn with_shuffle(self, shuffle: Option<BlockShuffle>) -> Self {
+        match self {
+            WorkerData::Criteo { reader, micro } => {
+                WorkerData::Criteo { reader: Box::new(reader.with_shuffle(shuffle)), micro }
+            }
+            WorkerData::Avazu { reader, micro } => {
+                WorkerData::Avazu { reader: Box::new(reader.with_shuffle(shuffle)), micro }
+            }
+            WorkerData::Spec { reader, micro } => {
+                WorkerData::Spec { reader: Box::new(reader.with_shuffle(shuffle)), micro }
+            }
+            WorkerData::AmazonDien { reader, micro } => {
+                WorkerData::AmazonDien { reader: Box::new(reader.with_shuffle(shuffle)), micro }
+            }
+            WorkerData::Parquet { reader, micro } => {
+                WorkerData::Parquet { reader: Box::new(reader.with_shuffle(shuffle)), micro }
+            }
+            synthetic @ WorkerData::Synthetic { .. } => synthetic,
         }
     }
 

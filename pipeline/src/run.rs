@@ -286,7 +286,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         }
         _ => None,
     };
-    let criteo = CriteoOptions::for_run(&resolved, settings);
+    let criteo = CriteoOptions::for_run(&resolved, settings)?;
     let train_span = if holdout { (0.0, split) } else { (0.0, 1.0) };
     let mut trainer = trainer_config(settings, &resolved);
     crate::hygiene::apply_schedule(crate::hygiene::lr_schedule(settings, total_steps)?, &mut trainer);
@@ -636,7 +636,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Context) -> Result<Opt
         )
     };
     let mut train_data = match open(&ctx.resolved.data, &ctx.train_range, ctx.train_span, s.run.batch_size) {
-        Ok(d) => d,
+        Ok(d) => d.with_shuffle(ctx.criteo.shuffle),
         Err(e) => {
             trainer.step_failed(worker);
             return Err(e);

@@ -15,6 +15,8 @@
 //! * [`unlabeled`]: a labeled line format reading test files without their label column.
 //! * [`parquet`]: featurized samples in Parquet files: the writer behind
 //!   `tiderec convert` and the row-group reader behind `--data parquet:DIR`.
+//! * [`shuffle`]: the order of a training reader's epochs after the first
+//!   (blocks of each worker's byte ranges, permuted per epoch).
 //! * [`request_body`]: the records of a JSON request body of `tiderec serve`,
 //!   counted against a cap before anything is copied.
 
@@ -33,6 +35,7 @@ pub mod lines;
 pub mod offset_reset;
 pub mod parquet;
 pub mod request_body;
+pub mod shuffle;
 pub mod synthetic;
 pub mod synthetic_behavior;
 pub mod taobao;

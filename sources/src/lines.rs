@@ -13,6 +13,13 @@
 //!   `span` when one is given). A line belongs to the range in which its
 //!   *first byte* lies. The ranges of the `W` workers partition the lines of
 //!   each file.
+//! * **Epochs.** Epoch 0 reads the ranges in file order. With a
+//!   [`BlockShuffle`] ([`LineReader::with_shuffle`]), every later epoch reads
+//!   the blocks of the ranges in that epoch's permutation ([`crate::shuffle`]);
+//!   a block is read by the same rule as a range (the lines whose first byte
+//!   lies in it), so a shuffled epoch reads every line of the ranges exactly
+//!   once, and the order is a function of the files' sizes, the worker, the
+//!   shuffle and the epoch only.
 //! * **Records are never lost.** Every non-empty line of a range is either
 //!   appended to the output batch or rejected as a bad record; empty lines and
 //!   a header line at the start of a file (as the format recognises it) are
@@ -32,6 +39,8 @@
 //!   when the file changes are parsed as they were read.)
 
 use crate::error::SourceError;
+use crate::shuffle::{epoch_ranges, worker_bytes, BlockShuffle, ByteRange};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -114,24 +123,40 @@ impl Source {
         Ok(self.find_newline(pos - 1, scratch)?.map_or(self.len, |i| i + 1))
     }
 
-    /// Offset of the first `\n` at or after `from`, if any.
+    /// Offset of the first `\n` at or after `from`, if any. Reads 4 KiB first, then twice
+    /// as much each time up to [`WINDOW_BYTES`] (a line is usually found in the first read).
     fn find_newline(&self, mut from: usize, scratch: &mut Vec<u8>) -> Result<Option<usize>, SourceError> {
+        let mut chunk = 4096;
         while from < self.len {
-            let n = (self.len - from).min(WINDOW_BYTES);
+            let n = (self.len - from).min(chunk);
             scratch.resize(n, 0);
             self.read_exact_at(scratch, from)?;
             if let Some(i) = memchr::memchr(b'\n', scratch) {
                 return Ok(Some(from + i));
             }
             from += n;
+            chunk = (chunk * 2).min(WINDOW_BYTES);
         }
         Ok(None)
     }
 
-    /// Number of `\n` bytes before `end`.
-    fn newlines_before(&self, end: usize, scratch: &mut Vec<u8>) -> Result<u64, SourceError> {
+    /// Number of `\n` bytes before `pos`, counted from the nearest known offset before it
+    /// in `known` (offset → newlines before it), which then knows `pos` too.
+    fn newlines_before(
+        &self,
+        pos: usize,
+        known: &mut BTreeMap<usize, u64>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<u64, SourceError> {
+        let (&from, &before) = known.range(..=pos).next_back().unwrap_or((&0, &0));
+        let count = before + self.newlines_between(from, pos, scratch)?;
+        known.insert(pos, count);
+        Ok(count)
+    }
+
+    /// Number of `\n` bytes in `[from, end)`.
+    fn newlines_between(&self, mut from: usize, end: usize, scratch: &mut Vec<u8>) -> Result<u64, SourceError> {
         let mut count = 0;
-        let mut from = 0;
         while from < end {
             let n = (end - from).min(WINDOW_BYTES);
             scratch.resize(n, 0);
@@ -168,10 +193,22 @@ struct FileRange {
     start: usize,
     /// One past the last byte at which a line of this range may start.
     end: usize,
-    /// Number of `\n` before `start` (computed on first need).
-    newlines_before: Option<u64>,
+    /// Offsets of the file whose number of preceding `\n` is known (computed on first
+    /// need, for line numbers), with that number.
+    newlines: BTreeMap<usize, u64>,
     /// Bytes of the files before this one (its position in their concatenation).
     base: u64,
+}
+
+/// The range being read, line-aligned.
+#[derive(Clone, Copy, Debug)]
+struct Entered {
+    /// First byte of its first line.
+    start: usize,
+    /// One past the last byte at which one of its lines may start.
+    end: usize,
+    /// Number of `\n` before `start` (computed on first need).
+    newlines_before: Option<u64>,
 }
 
 impl FileRange {
@@ -236,12 +273,27 @@ pub struct LineReader<F> {
     dead_letters: Option<Box<dyn DeadLetterSink>>,
     counts: BadRecordCounts,
     lines_read: u64,
-    /// Index of the file being read.
+    /// The part of every file read: `(from, to)` fractions of its bytes.
+    span: (f64, f64),
+    /// This reader's worker and the number of workers.
+    worker: usize,
+    workers: usize,
+    /// The shuffle of the epochs after the first, if any.
+    shuffle: Option<BlockShuffle>,
+    /// The current epoch (0-based).
+    epoch: u64,
+    /// This epoch's byte ranges, in reading order.
+    plan: Vec<ByteRange>,
+    /// Index into `plan` of the range being read.
     cur: usize,
-    /// Byte position of the next line in the current file.
+    /// The range `plan[cur]` line-aligned, once reading it began.
+    entered: Option<Entered>,
+    /// Byte position of the next line in the current range's file.
     pos: usize,
     /// Lines (including empty ones) passed since the current range's start.
     lines_in_range: u64,
+    /// Bytes of the ranges finished in this epoch.
+    bytes_done: u64,
     /// The bytes being parsed.
     window: Window,
     /// Buffer of scans outside the window (over-long lines, line numbers).
@@ -298,22 +350,39 @@ impl<F: LineFormat> LineReader<F> {
             range.base = files.last().map_or(0, |f| f.base + f.len() as u64);
             files.push(range);
         }
-        Ok(LineReader {
+        let mut reader = LineReader {
             files,
             format,
             options,
             dead_letters,
             counts: BadRecordCounts::default(),
             lines_read: 0,
+            span,
+            worker,
+            workers,
+            shuffle: None,
+            epoch: 0,
+            plan: Vec::new(),
             cur: 0,
+            entered: None,
             pos: 0,
             lines_in_range: 0,
+            bytes_done: 0,
             window: Window { file: usize::MAX, ..Window::default() },
             scratch,
             line_starts: None,
             positions: None,
-        }
-        .rewound())
+        };
+        reader.start_epoch(0);
+        Ok(reader)
+    }
+
+    /// Reads the epochs after the first in the blocks of `shuffle` (`None`: every epoch
+    /// in file order, the default); see the [module docs](self). Restarts the current epoch.
+    pub fn with_shuffle(mut self, shuffle: Option<BlockShuffle>) -> Self {
+        self.shuffle = shuffle;
+        self.start_epoch(self.epoch);
+        self
     }
 
     fn open_range(
@@ -325,26 +394,70 @@ impl<F: LineFormat> LineReader<F> {
     ) -> Result<FileRange, SourceError> {
         let source = Source::open(path)?;
         let len = source.len;
-        let lo = (len as f64 * span.0).round() as usize;
-        let hi = if span.1 >= 1.0 { len } else { (len as f64 * span.1).round() as usize };
-        let split = |w: usize| lo + ((hi - lo) as u128 * w as u128 / workers as u128) as usize;
-        let start = source.align_to_line(split(worker), scratch)?;
-        let end = source.align_to_line(split(worker + 1), scratch)?;
+        let bytes = worker_bytes(len as u64, span, worker, workers);
+        let start = source.align_to_line(bytes.start as usize, scratch)?;
+        let end = source.align_to_line(bytes.end as usize, scratch)?;
         let name = source.name.clone();
-        Ok(FileRange { source: (len > 0).then_some(source), name, start, end, newlines_before: None, base: 0 })
+        let newlines = BTreeMap::new();
+        Ok(FileRange { source: (len > 0).then_some(source), name, start, end, newlines, base: 0 })
     }
 
-    fn rewound(mut self) -> Self {
-        self.rewind();
-        self
-    }
-
-    /// Starts over from the beginning of this reader's ranges (next epoch).
+    /// Starts over from the beginning of this reader's ranges in the next epoch (shuffled
+    /// after the first with [`with_shuffle`](Self::with_shuffle)).
     /// Bad-record counts and [`lines_read`](Self::lines_read) keep accumulating.
     pub fn rewind(&mut self) {
+        self.start_epoch(self.epoch + 1);
+    }
+
+    /// The current epoch (0-based): the number of [`rewind`](Self::rewind)s.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Positions the reader at the start of epoch `epoch`.
+    fn start_epoch(&mut self, epoch: u64) {
+        let sizes = self.file_bytes();
+        self.epoch = epoch;
+        self.plan = epoch_ranges(&sizes, self.span, self.worker, self.workers, epoch, self.shuffle);
         self.cur = 0;
-        self.pos = self.files.first().map_or(0, |f| f.start);
+        self.entered = None;
+        self.pos = 0;
         self.lines_in_range = 0;
+        self.bytes_done = 0;
+    }
+
+    /// The range `plan[cur]`, line-aligned; reading it begins at its start.
+    fn enter(&mut self) -> Result<Entered, SourceError> {
+        if let Some(entered) = self.entered {
+            return Ok(entered);
+        }
+        let range = &self.plan[self.cur];
+        let (start, end) = match &self.files[range.file].source {
+            Some(s) => (
+                s.align_to_line(range.bytes.start as usize, &mut self.scratch)?,
+                s.align_to_line(range.bytes.end as usize, &mut self.scratch)?,
+            ),
+            None => (0, 0),
+        };
+        self.pos = start;
+        self.lines_in_range = 0;
+        Ok(*self.entered.insert(Entered { start, end, newlines_before: None }))
+    }
+
+    /// Goes on to the next range; at the end of the epoch flushes the dead letters.
+    fn leave(&mut self) -> Result<(), SourceError> {
+        if let Some(done) = self.entered.take() {
+            self.bytes_done += (done.end - done.start) as u64;
+        }
+        self.cur += 1;
+        self.lines_in_range = 0;
+        if self.cur == self.plan.len() {
+            // End of the epoch: make the dead letters durable.
+            if let Some(sink) = self.dead_letters.as_deref_mut() {
+                sink.flush().map_err(|source| SourceError::DeadLetter { source })?;
+            }
+        }
+        Ok(())
     }
 
     /// Bad records seen so far, by reason (accumulated over epochs).
@@ -359,9 +472,8 @@ impl<F: LineFormat> LineReader<F> {
 
     /// Bytes of this reader's ranges passed in the current epoch (for progress).
     pub fn bytes_read(&self) -> u64 {
-        let done: usize = self.files[..self.cur.min(self.files.len())].iter().map(|f| f.end - f.start).sum();
-        let current = self.files.get(self.cur).map_or(0, |f| self.pos.min(f.end).saturating_sub(f.start));
-        (done + current) as u64
+        let current = self.entered.map_or(0, |r| self.pos.min(r.end).saturating_sub(r.start));
+        self.bytes_done + current as u64
     }
 
     /// Bytes of this reader's ranges (line starts), over all files.
@@ -420,28 +532,23 @@ impl<F: LineFormat> LineReader<F> {
         let num_sequences = self.format.num_sequences();
         crate::error::check_batch_shape(out, num_dense, num_sparse, num_sequences)?;
         let mut appended = 0;
-        while appended < max && self.cur < self.files.len() {
-            appended += self.read_file(out, max - appended)?;
+        while appended < max && self.cur < self.plan.len() {
+            let mut range = self.enter()?;
+            let read = self.read_range(&mut range, out, max - appended);
+            self.entered = Some(range);
+            appended += read?;
             if appended < max {
-                // The current range is exhausted: go to the next file.
-                self.cur += 1;
-                self.pos = self.files.get(self.cur).map_or(0, |f| f.start);
-                self.lines_in_range = 0;
-                if self.cur == self.files.len() {
-                    // End of the epoch: make the dead letters durable.
-                    if let Some(sink) = self.dead_letters.as_deref_mut() {
-                        sink.flush().map_err(|source| SourceError::DeadLetter { source })?;
-                    }
-                }
+                // The current range is exhausted.
+                self.leave()?;
             }
         }
         debug_assert!(out.check().is_ok());
         Ok(appended)
     }
 
-    /// Reads up to `max` good records from the current file; returns fewer
-    /// only when its range is exhausted.
-    fn read_file(&mut self, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
+    /// Reads up to `max` good records from the current range, `range` line-aligned;
+    /// returns fewer only when it is exhausted.
+    fn read_range(&mut self, range: &mut Entered, out: &mut Batch, max: usize) -> Result<usize, SourceError> {
         let LineReader {
             files,
             format,
@@ -449,6 +556,7 @@ impl<F: LineFormat> LineReader<F> {
             dead_letters,
             counts,
             lines_read,
+            plan,
             cur,
             pos,
             lines_in_range,
@@ -456,10 +564,12 @@ impl<F: LineFormat> LineReader<F> {
             scratch,
             line_starts,
             positions,
+            ..
         } = self;
-        let file = &mut files[*cur];
+        let file_index = plan[*cur].file;
+        let file = &mut files[file_index];
         let Some(source) = file.source.as_ref() else { return Ok(0) };
-        let (len, end) = (source.len, file.end);
+        let (len, end) = (source.len, range.end);
         let max_line = options.max_line_bytes;
         // A line is found within `need` bytes of its start (+1 for a '\r', +1 for the '\n').
         let need = max_line.saturating_add(2);
@@ -474,8 +584,9 @@ impl<F: LineFormat> LineReader<F> {
             if appended >= max || p >= end {
                 break Ok(());
             }
-            if !window.holds(*cur, p, held, len) {
-                if let Err(e) = window.fill(*cur, source, p, want) {
+            if !window.holds(file_index, p, held, len) {
+                // Up to `held` past the range's last line start is all it can need.
+                if let Err(e) = window.fill(file_index, source, p, want.min((end - p).saturating_add(held))) {
                     break Err(e);
                 }
             }
@@ -506,10 +617,11 @@ impl<F: LineFormat> LineReader<F> {
                 continue;
             }
             let result = if too_long { Err((BadReason::TooLong, None)) } else { format.parse(line, out) };
-            let start = file.start;
-            let base = |known: &mut Option<u64>, scratch: &mut Vec<u8>| match *known {
+            let start = range.start;
+            let newlines = &mut file.newlines;
+            let mut base = |known: &mut Option<u64>, scratch: &mut Vec<u8>| match *known {
                 Some(n) => Ok(n),
-                None => source.newlines_before(start, scratch).map(|n| *known.insert(n)),
+                None => source.newlines_before(start, newlines, scratch).map(|n| *known.insert(n)),
             };
             let Err((reason, field)) = result else {
                 appended += 1;
@@ -518,8 +630,8 @@ impl<F: LineFormat> LineReader<F> {
                     starts.push(file.base + line_start as u64);
                 }
                 if let Some(positions) = positions.as_mut() {
-                    match base(&mut file.newlines_before, scratch) {
-                        Ok(n) => positions.push(RecordPosition { file: *cur, position: n + lines }),
+                    match base(&mut range.newlines_before, scratch) {
+                        Ok(n) => positions.push(RecordPosition { file: file_index, position: n + lines }),
                         Err(e) => break Err(e),
                     }
                 }
@@ -528,7 +640,7 @@ impl<F: LineFormat> LineReader<F> {
             *lines_read += good + 1;
             good = 0;
             counts.add(reason);
-            let base = match base(&mut file.newlines_before, scratch) {
+            let base = match base(&mut range.newlines_before, scratch) {
                 Ok(n) => n,
                 Err(e) => break Err(e),
             };
@@ -606,6 +718,71 @@ mod tests {
         }
     }
 
+    /// Line starts and (file, line number) of every good line of one epoch of `reader`.
+    fn epoch_lines(reader: &mut CriteoReader) -> (Vec<u64>, Vec<(usize, u64)>) {
+        reader.record_line_starts();
+        reader.record_positions();
+        read_all(reader).unwrap();
+        let positions = reader.take_positions().into_iter().map(|p| (p.file, p.position)).collect();
+        (reader.take_line_starts(), positions)
+    }
+
+    fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn a_shuffled_epoch_reads_every_line_once_in_another_order() {
+        let dir = tempfile::tempdir().unwrap();
+        // Three files, one empty, with CRLF, empty and bad lines (whose line numbers count).
+        let (mut paths, mut good) = (Vec::new(), 0);
+        for (f, count) in [(0, 700), (1, 0), (2, 1300)] {
+            let mut text = String::new();
+            for i in 0..count {
+                match i % 97 {
+                    13 => text.push_str("not a criteo line\n"),
+                    14 => text.push('\n'),
+                    _ => {
+                        text.push_str(&(line(f * 10_000 + i) + if i % 5 == 0 { "\r\n" } else { "\n" }));
+                        good += 1;
+                    }
+                }
+            }
+            let path = dir.path().join(format!("part-{f}.txt"));
+            std::fs::write(&path, text).unwrap();
+            paths.push(path);
+        }
+        let config = || CriteoConfig::new(CriteoFeatures::uniform(1000, 3));
+        let open = |w, workers| CriteoReader::open(&paths, w, workers, config(), None).unwrap();
+        let shuffle = BlockShuffle::new(11, Some(4096)).unwrap();
+        for workers in 1..=3 {
+            let mut all = Vec::new();
+            for w in 0..workers {
+                let mut plain = open(w, workers);
+                let (starts, positions) = epoch_lines(&mut plain);
+                plain.rewind();
+                assert_eq!(epoch_lines(&mut plain), (starts.clone(), positions.clone()), "unshuffled epochs repeat");
+                let mut shuffled = open(w, workers).with_shuffle(Some(shuffle));
+                assert_eq!(epoch_lines(&mut shuffled), (starts.clone(), positions.clone()), "epoch 0 is file order");
+                let mut previous = starts.clone();
+                for epoch in 1..=2 {
+                    shuffled.rewind();
+                    assert_eq!(shuffled.epoch(), epoch);
+                    let (s, p) = epoch_lines(&mut shuffled);
+                    assert_ne!(s, previous, "{workers} workers, worker {w}, epoch {epoch}: another order");
+                    assert_eq!(sorted(s.clone()), starts, "every line once, {workers} workers, worker {w}");
+                    assert_eq!(sorted(p), sorted(positions.clone()), "the same line numbers");
+                    previous = s;
+                }
+                assert_eq!(shuffled.bytes_read(), shuffled.bytes_total(), "progress ends at the total");
+                all.extend(starts);
+            }
+            assert_eq!(all.len(), good, "{workers} workers read every good line");
+            assert_eq!(sorted(all.clone()).windows(2).filter(|p| p[0] == p[1]).count(), 0, "once");
+        }
+    }
+
     #[test]
     fn file_alignment_matches_the_slice_oracle() {
         let dir = tempfile::tempdir().unwrap();
@@ -617,7 +794,11 @@ mod tests {
         for pos in 0..=data.len() + 2 {
             assert_eq!(source.align_to_line(pos, &mut scratch).unwrap(), align_to_line(data, pos), "at {pos}");
         }
-        assert_eq!(source.newlines_before(data.len(), &mut scratch).unwrap(), count_newlines(data));
+        let mut known = BTreeMap::new();
+        for pos in [9, 3, data.len(), 0, 12] {
+            let want = count_newlines(&data[..pos]);
+            assert_eq!(source.newlines_before(pos, &mut known, &mut scratch).unwrap(), want, "before {pos}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ use tiderec_records::bad_record::{BadReason, BadRecord, BadRecordPolicy, DeadLet
 use tiderec_records::features::{field_seed, hash_bucket};
 use tiderec_records::Batch;
 use tiderec_sources::criteo::{parse_line, CriteoConfig, CriteoFeatures, CriteoReader, NUM_DENSE, NUM_SPARSE};
+use tiderec_sources::shuffle::BlockShuffle;
 use tiderec_sources::SourceError;
 
 const CRITEO_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/criteo");
@@ -208,6 +209,42 @@ fn rewind_reads_the_same_again() {
     assert!(!a.is_empty());
     assert_eq!(a, b);
     assert_eq!(reader.lines_read(), 2 * a.len() as u64);
+}
+
+/// Line starts of one epoch of `reader` (after `epoch` rewinds).
+fn epoch_line_starts(reader: &mut CriteoReader) -> Vec<u64> {
+    reader.record_line_starts();
+    let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
+    while reader.next_batch(&mut b, 256).unwrap() > 0 {
+        b.clear();
+    }
+    reader.take_line_starts()
+}
+
+#[test]
+fn shuffled_epochs_of_the_kaggle_sample_read_every_line_once() {
+    let Some(dir) = data_dir(CRITEO_DIR) else { return };
+    let paths = [dir.join("sample.train")];
+    let shuffle = BlockShuffle::new(7, None).unwrap();
+    for workers in 1..=3 {
+        let mut lines = 0;
+        for w in 0..workers {
+            let mut reader =
+                CriteoReader::open(&paths, w, workers, config(), None).unwrap().with_shuffle(Some(shuffle));
+            let first = epoch_line_starts(&mut reader);
+            let mut previous = first.clone();
+            for _ in 1..=2 {
+                reader.rewind();
+                let mut starts = epoch_line_starts(&mut reader);
+                assert_ne!(starts, previous, "{workers} workers, worker {w}: a shuffled epoch has another order");
+                previous = starts.clone();
+                starts.sort_unstable();
+                assert_eq!(starts, first, "{workers} workers, worker {w}: every line once");
+            }
+            lines += first.len();
+        }
+        assert_eq!(lines, 10_000, "{workers} workers");
+    }
 }
 
 #[test]

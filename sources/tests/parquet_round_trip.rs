@@ -275,3 +275,62 @@ fn unequal_histories_and_out_of_range_history_ids_are_errors() {
     let e = reader.next_batch(&mut out, 10).unwrap_err().to_string();
     assert!(e.contains("is not below the table size 3"), "{e}");
 }
+
+/// The batches `next` appends until it appends none (the rest of an epoch).
+fn epoch_batches<R>(
+    reader: &mut R,
+    next: impl Fn(&mut R, &mut tiderec_records::Batch) -> usize,
+) -> Vec<tiderec_records::Batch> {
+    drain(|b| next(reader, b), NUM_DENSE, NUM_SPARSE)
+}
+
+#[test]
+fn a_line_source_replays_the_shuffled_blocks_of_the_raw_files() {
+    use tiderec_sources::criteo::{CriteoConfig, CriteoReader};
+    use tiderec_sources::parquet::schema::LineSource;
+    use tiderec_sources::parquet::ParquetWriter;
+    use tiderec_sources::shuffle::BlockShuffle;
+    let Some(src) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // Convert as `tiderec convert` does: every row with its line's start.
+    let config = || CriteoConfig::new(criteo_features());
+    let mut reader = CriteoReader::open(std::slice::from_ref(&src), 0, 1, config(), None).unwrap();
+    reader.record_line_starts();
+    let mut description = SchemaDescription::criteo(&criteo_features().table_sizes, SEED);
+    description.lines = Some(LineSource { file_bytes: reader.file_bytes() });
+    let mut writer = ParquetWriter::create(dir.path(), description, options(1500, Some(4000))).unwrap();
+    loop {
+        let mut b = tiderec_records::Batch::new(NUM_DENSE, NUM_SPARSE);
+        if reader.next_batch(&mut b, 1000).unwrap() == 0 {
+            break;
+        }
+        writer.write_with_line_starts(&b, &reader.take_line_starts()).unwrap();
+    }
+    writer.finish().unwrap();
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    assert!(dataset.line_source().is_some());
+    let shuffle = Some(BlockShuffle::new(5, Some(20_000)).unwrap());
+    for workers in 1..=3 {
+        for w in 0..workers {
+            let mut lines = CriteoReader::open(std::slice::from_ref(&src), w, workers, config(), None)
+                .unwrap()
+                .with_shuffle(shuffle);
+            let sizes = dataset.description().table_sizes();
+            let mut rows =
+                ParquetReader::new(dataset.clone(), (0.0, 1.0), w, workers, SEED, sizes).unwrap().with_shuffle(shuffle);
+            let mut first = None;
+            for epoch in 0..3 {
+                let a = epoch_batches(&mut lines, |r, b| r.next_batch(b, 333).unwrap());
+                let b = epoch_batches(&mut rows, |r, b| r.next_batch(b, 333).unwrap());
+                assert_eq!(a, b, "{workers} workers, worker {w}, epoch {epoch}");
+                let all = concat(&a, NUM_DENSE, NUM_SPARSE);
+                match &first {
+                    None => first = Some(all),
+                    Some(f) => assert_ne!(&all, f, "epoch {epoch} is shuffled"),
+                }
+                lines.rewind();
+                rows.rewind();
+            }
+        }
+    }
+}

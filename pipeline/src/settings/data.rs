@@ -33,6 +33,18 @@ pub struct DataSettings {
     #[arg(long, required = false, value_name = "F", value_parser = eval_fraction::RANGE)]
     #[serde(deserialize_with = "eval_fraction::deserialize")]
     pub eval_fraction: f64,
+    /// Read the training data in the same order in every epoch. Otherwise every epoch after the first reads
+    /// each worker's share of line files (and of their Parquet conversions) in blocks of --shuffle-block-bytes
+    /// in an order drawn from --seed and the epoch, and other Parquet files' row groups in such an order; the
+    /// held-out data is never shuffled.
+    #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub no_shuffle: bool,
+    /// Bytes of the blocks that shuffled epochs cut each worker's share of every line file into (a line
+    /// belongs to the block its first byte lies in). Default: a 64th of the worker's share, within
+    /// 64 KiB (some 250 Criteo lines) and 16 MiB (some 65,000).
+    #[arg(long, value_name = "BYTES", value_parser = shuffle_block_bytes::RANGE)]
+    #[serde(deserialize_with = "shuffle_block_bytes::deserialize")]
+    pub shuffle_block_bytes: Option<u64>,
     /// Synthetic training samples per epoch.
     #[arg(long, required = false, value_name = "N", value_parser = samples::RANGE)]
     #[serde(deserialize_with = "samples::deserialize")]
@@ -72,6 +84,7 @@ pub const DEFAULT_HASH_SEED: u64 = 42;
 
 // The ranges of the numeric settings above, one per setting.
 ranged!(eval_fraction: f64, below(0.0, 1.0));
+ranged!(shuffle_block_bytes: u64, closed(4096, 1 << 40));
 ranged!(samples: u64, closed(1, MAX_STEPS));
 ranged!(buckets: u64, closed(1, MAX_ROWS));
 ranged!(table_sizes: u64, closed(1, MAX_ROWS));
@@ -131,6 +144,8 @@ impl Default for DataSettings {
             eval: None,
             spec: None,
             eval_fraction: 0.1,
+            no_shuffle: false,
+            shuffle_block_bytes: None,
             samples: 300_000,
             buckets: DEFAULT_BUCKETS,
             table_sizes: None,

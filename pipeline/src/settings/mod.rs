@@ -286,6 +286,8 @@ mod tests {
             ("table_sizes = [5, 0]", "table_sizes", "0", "[1, "),
             ("bottom = [64, 0]", "bottom", "0", "[1, 1048576]"),
             ("workers = 30000", "workers", "30000", "[1, 1024]"),
+            ("shuffle_block_bytes = 0", "shuffle_block_bytes", "0", "[4096, 1099511627776]"),
+            ("shuffle_block_bytes = 2000000000000", "shuffle_block_bytes", "2000000000000", "[4096, 1099511627776]"),
         ] {
             let e = TrainSettings::from_toml_str(&format!("dim = 8\n{line}")).unwrap_err().to_string();
             let want = format!("`{key}`: {shown} is outside the allowed range {range}");

@@ -18,9 +18,13 @@
 //!   `len` bytes, `span = (a, b)` covers bytes `[lo, hi)` with
 //!   `lo = round(len·a)`, `hi = round(len·b)` (`len` when `b = 1`), and worker
 //!   `w` of `W` takes the rows whose line starts in
-//!   `[lo + (hi−lo)·w/W, lo + (hi−lo)·(w+1)/W)`, file after file, in every
-//!   epoch. So `W` workers replaying the files train on the same global
-//!   batches, in the same order, as `W` workers reading the raw files.
+//!   `[lo + (hi−lo)·w/W, lo + (hi−lo)·(w+1)/W)`, file after file
+//!   ([`crate::shuffle::worker_ranges`]). In a shuffled epoch the worker reads
+//!   the rows of each block of those ranges in the order the line readers read
+//!   the blocks ([`crate::shuffle::epoch_ranges`], mapped to rows by
+//!   [`ParquetDataset::line_segments`]). So `W` workers replaying the files
+//!   train on the same global batches, in the same order, as `W` workers
+//!   reading the raw files, in every epoch.
 //! * **Other files**: the rows `span_rows(n, span)` of every row group, row
 //!   groups in the epoch's order ([`row_group_order`]: file order in epoch 0,
 //!   a permutation derived from the seed and the epoch later, the same on
@@ -40,12 +44,12 @@
 
 use super::schema::{LineSource, SchemaDescription, SparseKind, GROUP_COLUMN, LINE_START_COLUMN, METADATA_KEY};
 use crate::error::SourceError;
+use crate::shuffle::{permutation, share_start, worker_ranges, ByteRange};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::ProjectionMask;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use tiderec_records::features::mix64;
 
 /// The `*.parquet` files of `dir` (hidden files excluded), sorted by name.
 ///
@@ -210,8 +214,8 @@ impl ParquetDataset {
         self.description.lines.as_ref().filter(|_| self.files.iter().all(|f| f.line_start.is_some()))
     }
 
-    /// The rows worker `worker` of `workers` reads in `epoch`, in reading order (see the
-    /// [module docs](self)).
+    /// The rows worker `worker` of `workers` reads in `epoch`, in reading order, without
+    /// a shuffle of line sources (see the [module docs](self)).
     pub fn worker_segments(
         &self,
         span: (f64, f64),
@@ -220,22 +224,44 @@ impl ParquetDataset {
         worker: usize,
         workers: usize,
     ) -> Result<Vec<Segment>, SourceError> {
-        let part = |lo: u64, hi: u64, k: usize| share_start(lo, hi, k, workers);
         if let Some(source) = self.line_source() {
-            let mut ranges = Vec::with_capacity(source.file_bytes.len());
-            let mut base = 0u64;
-            for &len in &source.file_bytes {
-                // As `LineReader` splits a file of `len` bytes.
-                let lo = (len as f64 * span.0).round() as u64;
-                let hi = if span.1 >= 1.0 { len } else { (len as f64 * span.1).round() as u64 };
-                let from = self.first_row_at(base + part(lo, hi, worker))?;
-                let to = self.first_row_at(base + part(lo, hi, worker + 1))?;
-                ranges.push(from..to.max(from));
-                base += len;
-            }
-            return Ok(self.segments_of(ranges));
+            return self.line_segments(&worker_ranges(&source.file_bytes, span, worker, workers));
         }
         Ok(self.row_segments(span, epoch, seed, worker, workers))
+    }
+
+    /// The rows of a line source whose line starts in each of `ranges` (byte ranges of the
+    /// input files, [`LineSource::file_bytes`]), range after range: what a line reader reads
+    /// of them, in the same order. Each row group's line starts are read at most once.
+    pub fn line_segments(&self, ranges: &[ByteRange]) -> Result<Vec<Segment>, SourceError> {
+        let Some(source) = self.line_source() else {
+            return Err(SourceError::schema(self.name(), "its rows carry no source positions (`_line_start`)"));
+        };
+        let bases: Vec<u64> =
+            source.file_bytes.iter().scan(0, |at, &len| Some(std::mem::replace(at, *at + len))).collect();
+        let global = |r: &ByteRange| -> Result<std::ops::Range<u64>, SourceError> {
+            let base = bases
+                .get(r.file)
+                .copied()
+                .ok_or_else(|| SourceError::schema(self.name(), format!("input file {} of {}", r.file, bases.len())))?;
+            Ok(base + r.bytes.start..base + r.bytes.end)
+        };
+        let bytes = ranges.iter().map(global).collect::<Result<Vec<_>, _>>()?;
+        let mut targets: Vec<u64> = bytes.iter().flat_map(|b| [b.start, b.end]).collect();
+        targets.sort_unstable();
+        targets.dedup();
+        let rows = self.first_rows_at(&targets)?;
+        let row_of = |t: u64| rows[targets.partition_point(|&x| x < t)];
+        let row_ranges = bytes.iter().map(|b| {
+            let (from, to) = (row_of(b.start), row_of(b.end));
+            from..to.max(from)
+        });
+        Ok(self.segments_of(row_ranges))
+    }
+
+    /// The dataset's name in errors: its first file.
+    fn name(&self) -> String {
+        self.files.first().map_or_else(String::new, |f| f.path.display().to_string())
     }
 
     /// The split of files without line sources (see the [module docs](self)).
@@ -259,7 +285,7 @@ impl ParquetDataset {
     }
 
     /// Global row ranges (row indices over all files in order) as segments.
-    fn segments_of(&self, ranges: Vec<std::ops::Range<u64>>) -> Vec<Segment> {
+    fn segments_of(&self, ranges: impl IntoIterator<Item = std::ops::Range<u64>>) -> Vec<Segment> {
         let mut segments = Vec::new();
         for r in ranges.into_iter().filter(|r| !r.is_empty()) {
             let first = self.starts.partition_point(|&s| s <= r.start).saturating_sub(1);
@@ -277,10 +303,31 @@ impl ParquetDataset {
         segments
     }
 
-    /// The first row (index over all files) whose line starts at or after byte `target`
-    /// of the input, or the number of rows when there is none. Reads row-group statistics,
-    /// then the line-start column of one row group.
-    fn first_row_at(&self, target: u64) -> Result<u64, SourceError> {
+    /// For each of the ascending `targets`, the first row (index over all files) whose line
+    /// starts at or after that byte of the input, or the number of rows when there is none.
+    /// Reads row-group statistics, and the line-start column of each row group needed once.
+    fn first_rows_at(&self, targets: &[u64]) -> Result<Vec<u64>, SourceError> {
+        let mut held: Option<(usize, Vec<u64>)> = None;
+        let mut rows = Vec::with_capacity(targets.len());
+        for &target in targets {
+            let Some(g) = self.group_below(target)? else {
+                rows.push(0);
+                continue;
+            };
+            if held.as_ref().is_none_or(|(h, _)| *h != g) {
+                held = Some((g, self.line_starts(g, 0..self.groups[g].rows)?));
+            }
+            let starts = held.as_ref().map_or(&[][..], |(_, starts)| starts.as_slice());
+            let i = starts.partition_point(|&s| s < target) as u64;
+            rows.push(self.starts[g] + i.min(self.groups[g].rows));
+        }
+        Ok(rows)
+    }
+
+    /// The last non-empty row group whose first line start is below byte `target` (the
+    /// first row at or after the target is in it or just after it), if any. Reads
+    /// row-group statistics.
+    fn group_below(&self, target: u64) -> Result<Option<usize>, SourceError> {
         // The non-empty row groups whose first line start is below the target form a prefix.
         let mut lo = 0usize;
         let mut hi = self.groups.len();
@@ -297,10 +344,7 @@ impl ParquetDataset {
             }
         }
         // Row group `lo - 1` (if any) starts below the target: the answer is in it or at `lo`.
-        let Some(g) = (0..lo).rev().find(|&g| self.groups[g].rows > 0) else { return Ok(0) };
-        let starts = self.line_starts(g, 0..self.groups[g].rows)?;
-        let i = starts.partition_point(|&s| s < target) as u64;
-        Ok(if i < self.groups[g].rows { self.starts[g] + i } else { self.starts[g] + self.groups[g].rows })
+        Ok((0..lo).rev().find(|&g| self.groups[g].rows > 0))
     }
 
     /// The first line start of row group `g`: its statistics' minimum (the column is
@@ -460,11 +504,6 @@ fn check_columns(
     Ok(ProjectionMask::roots(meta.parquet_schema(), roots))
 }
 
-/// `lo + (hi − lo)·k/W`: where part `k` of `W` of `[lo, hi)` begins (the line readers' byte split).
-fn share_start(lo: u64, hi: u64, k: usize, workers: usize) -> u64 {
-    lo + ((hi - lo) as u128 * k as u128 / workers.max(1) as u128) as u64
-}
-
 /// The rows `[round(n·from), round(n·to))` of a row group of `rows` rows (to `rows` when `to ≥ 1`).
 pub fn span_rows(rows: u64, span: (f64, f64)) -> std::ops::Range<u64> {
     let at = |f: f64| if f >= 1.0 { rows } else { ((rows as f64 * f).round() as u64).min(rows) };
@@ -473,19 +512,9 @@ pub fn span_rows(rows: u64, span: (f64, f64)) -> std::ops::Range<u64> {
 }
 
 /// The order of `n` row groups in `epoch`: file order in epoch 0, a
-/// permutation seeded by `seed` and `epoch` afterwards (Fisher–Yates).
+/// permutation seeded by `seed` and `epoch` afterwards (Fisher–Yates, [`permutation`]).
 pub fn row_group_order(n: usize, epoch: u64, seed: u64) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
-    if epoch == 0 {
-        return order;
-    }
-    let mut state = mix64(seed ^ mix64(epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x005E_ED0F_E90C));
-    for i in (1..n).rev() {
-        state = mix64(state.wrapping_add(0x9E37_79B9_7F4A_7C15));
-        let j = (state % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
-    order
+    permutation(n, epoch, seed)
 }
 
 #[cfg(test)]

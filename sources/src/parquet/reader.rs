@@ -13,6 +13,11 @@
 //! * With one worker and a full span, epoch 0 yields the rows of the files in
 //!   file order, row groups in order: the same samples in the same order as the
 //!   raw files they were converted from.
+//! * Later epochs: files of other writers visit their row groups in a permutation of
+//!   the seed and the epoch; files converted from line files keep the raw files'
+//!   order, or with a [`BlockShuffle`] ([`ParquetReader::with_shuffle`]) read the
+//!   blocks a line reader with that shuffle reads, in its order. The order is a
+//!   function of the dataset, the worker, the shuffle and the epoch only.
 //! * Memory is bounded by one decoded chunk per reader (plus the pages of the
 //!   row group being read), whatever the file sizes.
 //! * Data the schema forbids is an error naming the file, row group and
@@ -30,6 +35,7 @@ use super::dataset::{ParquetDataset, Segment};
 use super::schema::{SchemaDescription, SparseKind, GROUP_COLUMN};
 use crate::error::SourceError;
 use crate::lines::RecordPosition;
+use crate::shuffle::{epoch_ranges, BlockShuffle};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, UInt64Type};
 use arrow_array::{Array, RecordBatch};
@@ -62,11 +68,19 @@ pub struct ParquetReader {
     span: (f64, f64),
     worker: usize,
     workers: usize,
+    /// Seed of the row-group permutation of files without line sources.
     seed: u64,
+    /// Whether files without line sources permute their row groups after epoch 0.
+    shuffle_row_groups: bool,
+    /// The block shuffle of line sources, if any.
+    blocks: Option<BlockShuffle>,
     table_sizes: Vec<u64>,
     epoch: u64,
     /// This epoch's rows of this worker.
     mine: Vec<Segment>,
+    /// A line source's rows of this epoch are yet to be found (then `mine` holds
+    /// another epoch's rows: as many, in another order).
+    replan: bool,
     next_group: usize,
     current: Option<Current>,
     rows_read: u64,
@@ -110,9 +124,12 @@ impl ParquetReader {
             worker,
             workers,
             seed,
+            shuffle_row_groups: true,
+            blocks: None,
             table_sizes,
             epoch: 0,
             mine,
+            replan: false,
             next_group: 0,
             current: None,
             rows_read: 0,
@@ -128,6 +145,19 @@ impl ParquetReader {
     pub fn with_bad_records(mut self, policy: BadRecordPolicy, dead_letters: Option<Box<dyn DeadLetterSink>>) -> Self {
         self.policy = policy;
         self.dead_letters = dead_letters;
+        self
+    }
+
+    /// Replaces the shuffle of the epochs after the first: `None` reads every epoch in
+    /// epoch 0's order; `Some(shuffle)` permutes the row groups of files without line
+    /// sources with its seed and reads line sources in its blocks (see the [module
+    /// docs](self)). Without this call, only the row groups are permuted, with the seed
+    /// given to [`new`](Self::new). Restarts the current epoch.
+    pub fn with_shuffle(mut self, shuffle: Option<BlockShuffle>) -> Self {
+        self.shuffle_row_groups = shuffle.is_some();
+        self.seed = shuffle.map_or(self.seed, |s| s.seed());
+        self.blocks = shuffle;
+        self.start_epoch();
         self
     }
 
@@ -162,14 +192,37 @@ impl ParquetReader {
     }
 
     /// Starts the next epoch: files without line sources are re-split in that epoch's
-    /// row-group order; line sources keep the raw files' split.
+    /// row-group order; line sources are read in the blocks of that epoch (see
+    /// [`with_shuffle`](Self::with_shuffle)).
     pub fn rewind(&mut self) {
         self.epoch += 1;
-        if self.dataset.line_source().is_none() {
-            self.mine = self.dataset.row_segments(self.span, self.epoch, self.seed, self.worker, self.workers);
+        self.start_epoch();
+    }
+
+    /// Positions the reader at the start of the current epoch; a line source's rows are
+    /// found at the next read (it reads the dataset).
+    fn start_epoch(&mut self) {
+        if self.dataset.line_source().is_some() {
+            self.replan = true;
+        } else {
+            let epoch = if self.shuffle_row_groups { self.epoch } else { 0 };
+            self.mine = self.dataset.row_segments(self.span, epoch, self.seed, self.worker, self.workers);
         }
         self.next_group = 0;
         self.current = None;
+    }
+
+    /// This epoch's rows of a line source, when they are yet to be found.
+    fn plan_lines(&mut self) -> Result<(), SourceError> {
+        if !self.replan {
+            return Ok(());
+        }
+        let Some(source) = self.dataset.line_source() else { return Ok(()) };
+        let (span, worker, workers) = (self.span, self.worker, self.workers);
+        let ranges = epoch_ranges(&source.file_bytes, span, worker, workers, self.epoch, self.blocks);
+        self.mine = self.dataset.line_segments(&ranges)?;
+        self.replan = false;
+        Ok(())
     }
 
     /// From now on, records the file index and 0-based row of every row appended.
@@ -190,6 +243,7 @@ impl ParquetReader {
         let (num_dense, num_sparse) = self.dataset.description().shape();
         let num_sequences = self.dataset.description().sequences.len();
         crate::error::check_batch_shape(out, num_dense, num_sparse, num_sequences)?;
+        self.plan_lines()?;
         let mut appended = 0;
         while appended < max {
             let Some(cur) = self.current.as_mut() else {

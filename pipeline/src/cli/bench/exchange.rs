@@ -220,6 +220,7 @@ fn load(bench: &ExchangeBench, samples: usize) -> Result<(Batch, Vec<u64>), Pipe
             let options = tiderec::data::CriteoOptions {
                 seed: bench.seed,
                 shuffle_seed: bench.seed,
+                shuffle: None,
                 spec: None,
                 features: CriteoFeatures { table_sizes: sizes.clone(), seed: bench.seed },
                 max_len: 0,
