@@ -455,7 +455,8 @@ fn data_check(settings: &TrainSettings) -> Result<DataCheck, PipelineError> {
             inputs.push(file);
         }
     }
-    Ok(DataCheck { inputs, new_data: settings.checkpoints.new_data })
+    let shuffle = (!inputs.is_empty()).then(|| settings.data.epoch_order());
+    Ok(DataCheck { inputs, new_data: settings.checkpoints.new_data, shuffle })
 }
 
 /// The checkpoint options of these settings and, with `--resume`, the checkpoint to resume
@@ -476,6 +477,7 @@ pub(crate) fn checkpoint_setup(
         sync: settings.checkpoints.checkpoint_sync,
         pipeline: Some(pipeline.clone()),
         inputs: data.inputs.clone(),
+        shuffle: data.shuffle.clone(),
     });
     let resume = match &checkpoint {
         Some(options) => {

@@ -92,4 +92,14 @@ fn a_run_stopped_inside_a_shuffled_epoch_resumes_bit_identically() {
         assert_eq!(straight[key], resumed[key], "{key}");
     }
     println!("params_l2 straight {}, resumed {}", straight["params_l2"], resumed["params_l2"]);
+    // The newest checkpoint (step 100) stands inside the third epoch: resuming it with
+    // another order of that epoch is refused, naming the difference.
+    for other in [&["--no-shuffle"][..], &["--shuffle-block-bytes", "40000"]] {
+        let mut args = [&COMMON[..], &["--workers", "3", "--epochs", "3"], other, &checkpoints].concat();
+        args.extend(["--steps", "110", "--resume"]);
+        let out = tiderec().args(["train", "--progress", "none", "--data", &criteo]).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{other:?} resumed");
+        assert!(err.contains("stands in epoch 2, which its run read in blocks of 30000 bytes"), "{other:?}: {err}");
+    }
 }

@@ -81,6 +81,7 @@ impl Commit {
                 kafka_offsets: position.kafka_offsets,
                 kafka_last_records: position.kafka_last_records,
                 inputs: options.inputs.clone(),
+                shuffle: options.shuffle.clone(),
             },
             progress: position.progress,
             files,

@@ -100,6 +100,8 @@ pub struct CheckpointOptions {
     pub pipeline: Option<crate::feature_pipeline::FeaturePipeline>,
     /// The `--data` files the run reads, written into every manifest's data position.
     pub inputs: Vec<tiderec_sinks::checkpoint::InputFile>,
+    /// How the epochs after the first read them (see [`DataCheck::shuffle`]).
+    pub shuffle: Option<String>,
 }
 
 /// Where training stands, as recorded in a manifest.
@@ -266,6 +268,9 @@ pub struct DataCheck {
     pub inputs: Vec<tiderec_sinks::checkpoint::InputFile>,
     /// Keep the model, start the data over.
     pub new_data: bool,
+    /// How the epochs after the first read the files
+    /// ([`crate::settings::DataSettings::epoch_order`]; `None` without files).
+    pub shuffle: Option<String>,
 }
 
 /// Refuses a resume on other files than the checkpoint's (see
@@ -294,7 +299,7 @@ fn check_inputs(found: &mut Checkpoint, data: &DataCheck) -> Result<(), Pipeline
     }
     let differences = tiderec_sinks::checkpoint::input_differences(&position.inputs, &data.inputs);
     if differences.is_empty() {
-        return Ok(());
+        return check_epoch_order(found, data);
     }
     Err(PipelineError::OtherData {
         checkpoint: found.path.display().to_string(),
@@ -302,6 +307,27 @@ fn check_inputs(found: &mut Checkpoint, data: &DataCheck) -> Result<(), Pipeline
         steps_in_epoch: position.global_steps_in_epoch,
         differences,
     })
+}
+
+/// Refuses a resume inside an epoch after the first that would read the rest of the epoch
+/// in another order than the checkpoint's run (another `--no-shuffle` or
+/// `--shuffle-block-bytes`): the resumed run would see other batches than the interrupted
+/// one.
+fn check_epoch_order(found: &Checkpoint, data: &DataCheck) -> Result<(), PipelineError> {
+    let position = &found.manifest.data_position;
+    let (Some(then), Some(now)) = (&position.shuffle, &data.shuffle) else { return Ok(()) };
+    if position.epoch == 0 || then == now {
+        return Ok(());
+    }
+    Err(PipelineError::config(
+        "no_shuffle",
+        format!(
+            "{} stands in epoch {}, which its run read {then}; this run would read the rest of it {now}: \
+             resume with the checkpoint's --no-shuffle and --shuffle-block-bytes (or --new-data to start the data over)",
+            found.path.display(),
+            position.epoch
+        ),
+    ))
 }
 
 /// Checkpoints written before each model of the FM family was recorded under

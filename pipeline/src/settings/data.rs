@@ -127,6 +127,18 @@ impl Default for RecordPolicy {
     }
 }
 
+impl DataSettings {
+    /// How the epochs after the first read the files, in words recorded in checkpoints:
+    /// `in file order`, `in blocks of 65536 bytes` or `in blocks of the default size`.
+    pub fn epoch_order(&self) -> String {
+        match (self.no_shuffle, self.shuffle_block_bytes) {
+            (true, _) => "in file order".into(),
+            (false, Some(bytes)) => format!("in blocks of {bytes} bytes"),
+            (false, None) => "in blocks of the default size".into(),
+        }
+    }
+}
+
 impl RecordPolicy {
     /// Checks both numbers against their ranges (for a policy built in code; flags and files
     /// are checked as they are read), naming the setting.

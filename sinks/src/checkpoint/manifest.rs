@@ -102,6 +102,11 @@ pub struct DataPosition {
     /// before they were recorded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<super::inputs::InputFile>,
+    /// How the epochs after the first read those files (`in file order`, `in blocks of …`):
+    /// a resume inside such an epoch must read the rest of it the same way. `None` for
+    /// generated data, Kafka, and checkpoints written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle: Option<String>,
 }
 
 /// Running statistics of the training loop at the checkpoint.
