@@ -336,7 +336,7 @@ fn listed_flags(help: &str) -> Vec<(String, Option<String>)> {
     help.lines()
         .filter_map(|l| l.trim_start().trim_start_matches("-h, ").strip_prefix("--"))
         .map(|rest| {
-            let flag = rest.split(|c: char| c == ' ' || c == '[').next().unwrap().to_string();
+            let flag = rest.split([' ', '[']).next().unwrap().to_string();
             let placeholder = rest[flag.len()..]
                 .trim_start_matches("[=")
                 .trim_start()

@@ -272,7 +272,7 @@ mod tests {
     fn train_log() -> Vec<MetricsRecord> {
         (1..=20u64)
             .map(|step| {
-                let evaluated = [5, 10, 15].into_iter().filter(|&e| e <= step).last();
+                let evaluated = [5, 10, 15].into_iter().rev().find(|&e| e <= step);
                 let auc = evaluated.map(|e| if e == 10 { 0.75 } else { 0.7 });
                 MetricsRecord {
                     step,
