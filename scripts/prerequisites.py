@@ -83,7 +83,8 @@ def snippet_imports(text):
     for m in STRING.finditer(text):
         literal = m.group(0)
         line = text.count("\n", 0, m.start()) + 1
-        for found in RUST_IMPORT.finditer(literal):
+        # `from a import b` imports module `a`, not `b`: its `import b` is no import of its own.
+        for found in RUST_IMPORT.finditer(RUST_FROM.sub(" ", literal)):
             for name in found.group(1).split(","):
                 yield line, name.strip().split(".")[0]
         for found in RUST_FROM.finditer(literal):
@@ -121,11 +122,13 @@ def imports_ok(module):
 
 
 def self_check():
-    """The scanner finds what it must: an undeclared module in a probe and in a `-m` flag."""
+    """The scanner finds what it must: an undeclared module in a probe, in a `from … import` (and
+    not the name it imports) and in a `-m` flag."""
     probe = 'let ok = Command::new("python3").args(["-c", "import os, nosuchmodule.sub"]);\n' \
+        'let s = "from fromonly.sub import Thing";\n' \
         'spawn(Command::new("python3").args(["-m", "othermissing.server"]));'
     found = undeclared(list(snippet_imports(probe)), set())
-    want = [(1, "nosuchmodule"), (2, "othermissing")]
+    want = [(1, "nosuchmodule"), (2, "fromonly"), (3, "othermissing")]
     if found != want:
         sys.exit(f"prerequisites.py: the scanner found {found} in its own probe, expected {want}")
 
