@@ -372,14 +372,14 @@ impl TrainSettings {
             (_, Some(s)) => Some(resolve_spec(s, self.data.buckets, self.data.max_len)?),
         };
         let mut spec = spec;
-        if let (Some(spec), DataSpec::Csv(paths) | DataSpec::TaobaoAd(paths)) = (&mut spec, &data) {
+        if let Some(spec) = &mut spec {
             spec.validate()?;
-            if let Some(note) = crate::spec_fit::fit(spec, paths, self.data.records.max_line_bytes)? {
-                eprintln!("{note}");
+            // Files learn what the spec leaves to learn (and the fitted spec is validated again).
+            if let DataSpec::Csv(paths) | DataSpec::TaobaoAd(paths) = &data {
+                if let Some(note) = crate::spec_fit::fit(spec, paths, self.data.records.max_line_bytes)? {
+                    eprintln!("{note}");
+                }
             }
-        }
-        if let Some(spec) = &spec {
-            spec.validate()?;
         }
         let shape = data.shape(spec.as_ref());
         if let Some(e) = &eval {

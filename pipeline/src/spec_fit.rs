@@ -13,7 +13,7 @@
 use crate::PipelineError;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use tiderec_operators::spec::FeatureSpec;
+use tiderec_operators::spec::{FeatureSpec, SampleValues};
 
 /// Lines read for the sample.
 pub const FIT_LINES: usize = 100_000;
@@ -21,19 +21,24 @@ pub const FIT_LINES: usize = 100_000;
 /// Learns what `spec` leaves to learn from the first lines of `paths`; returns a one-line
 /// note of what was learned, or `None` when the spec gives everything.
 pub fn fit(spec: &mut FeatureSpec, paths: &[PathBuf], max_line_bytes: usize) -> Result<Option<String>, PipelineError> {
-    let missing = spec.unfitted();
-    if missing.is_empty() {
+    if spec.unfitted().is_empty() {
         return Ok(None);
     }
     let lines = first_lines(paths, FIT_LINES, max_line_bytes)?;
     let sample = spec.sample_values(lines.iter().map(Vec::as_slice));
-    spec.fit(&sample).map_err(|e| {
+    fit_sample(spec, &sample, lines.len()).map(Some)
+}
+
+/// [`fit`] on the values of a sample of `lines` lines.
+fn fit_sample(spec: &mut FeatureSpec, sample: &SampleValues, lines: usize) -> Result<String, PipelineError> {
+    let missing = spec.unfitted();
+    spec.fit(sample).map_err(|e| {
         PipelineError::config(
             "spec",
-            format!("learning {} from the first {} lines of the data: {e}", missing.join(", "), lines.len()),
+            format!("learning {} from the first {lines} lines of the data: {e}", missing.join(", ")),
         )
     })?;
-    Ok(Some(describe(spec, sample.rows)))
+    Ok(describe(spec, sample.rows))
 }
 
 /// Dense values beyond this magnitude after their transforms make training unstable (an
@@ -41,17 +46,21 @@ pub fn fit(spec: &mut FeatureSpec, paths: &[PathBuf], max_line_bytes: usize) -> 
 /// standardized one).
 pub const UNSTABLE_MAGNITUDE: f32 = 10.0;
 
-/// For `tiderec spec check --data`: the learned values of `spec` and a warning for each
-/// dense column whose values reach [`UNSTABLE_MAGNITUDE`] after all its transforms, over
-/// the first lines of `paths`.
+/// For `tiderec spec check --data`: the learned values of `spec` (as [`fit`]) and a warning
+/// for each dense column whose values reach [`UNSTABLE_MAGNITUDE`] after all its
+/// transforms, over the first lines of `paths`.
 pub fn check_ranges(
     spec: &mut FeatureSpec,
     paths: &[PathBuf],
     max_line_bytes: usize,
 ) -> Result<(Option<String>, Vec<String>), PipelineError> {
-    let learned = fit(spec, paths, max_line_bytes)?;
     let lines = first_lines(paths, FIT_LINES, max_line_bytes)?;
+    // The sample holds the values before any scale, which fitting does not change.
     let sample = spec.sample_values(lines.iter().map(Vec::as_slice));
+    let learned = match spec.unfitted().is_empty() {
+        true => None,
+        false => Some(fit_sample(spec, &sample, lines.len())?),
+    };
     let mut warnings = Vec::new();
     for (i, (d, values)) in spec.dense.iter().zip(&sample.dense).enumerate() {
         let scaled = values.iter().map(|&v| match d.fitted_scale() {

@@ -68,6 +68,25 @@ impl DenseSpec {
     pub fn fitted_scale(&self) -> Option<(f32, f32)> {
         self.scale.and(self.center.zip(self.width))
     }
+
+    /// The value of `raw` after the clamp and `log1p`, before any scale: empty is 0; text
+    /// that is no number is [`BadReason::BadInteger`]; `inf`, `NaN` and values beyond `f32`
+    /// (`1e40`) are [`BadReason::NonFinite`] before a clamp could hide them.
+    #[inline]
+    pub fn unscaled(&self, raw: &[u8]) -> Result<f32, BadReason> {
+        let mut v =
+            if raw.is_empty() { 0.0 } else { fast_float2::parse::<f32, _>(raw).map_err(|_| BadReason::BadInteger)? };
+        if !v.is_finite() {
+            return Err(BadReason::NonFinite);
+        }
+        if let Some((lo, hi)) = self.clamp {
+            v = v.clamp(lo, hi);
+        }
+        if self.log1p {
+            v = crate::features::log1p_clamped(v);
+        }
+        Ok(v)
+    }
 }
 
 /// How a categorical value becomes a row id.
@@ -927,10 +946,9 @@ impl CategoricalColumn {
                 Some(v) if v >= 0 && (v as u64) < self.buckets => Ok(Some(v as u64)),
                 _ => Err(()),
             },
-            Encoding::Bucketize | Encoding::Quantile => match fast_float2::parse::<f32, _>(raw) {
-                Ok(v) if v.is_finite() => Ok(Some(numeric::bucket_of(&self.boundaries, v))),
-                _ => Err(()),
-            },
+            Encoding::Bucketize | Encoding::Quantile => {
+                numeric::finite_number(raw).map(|v| Some(numeric::bucket_of(&self.boundaries, v))).ok_or(())
+            }
             Encoding::Vocabulary => {
                 let vocab = self.vocabulary.as_ref().expect("compiled with its vocabulary");
                 Ok(match vocab.get(raw) {
@@ -1111,27 +1129,10 @@ impl FeatureSpec {
             }
             out.rows += 1;
             for ((d, col), values) in self.dense.iter().zip(&dense).zip(&mut out.dense) {
-                let Some(col) = *col else { continue };
-                let raw = fields[col];
-                let parsed = if raw.is_empty() { Ok(0.0) } else { fast_float2::parse::<f32, _>(raw) };
-                let Ok(mut v) = parsed else { continue };
-                if let Some((lo, hi)) = d.clamp {
-                    v = v.clamp(lo, hi);
-                }
-                if d.log1p {
-                    v = crate::features::log1p_clamped(v);
-                }
-                if v.is_finite() {
-                    values.push(v);
-                }
+                values.extend(col.and_then(|col| d.unscaled(fields[col]).ok()).filter(|v| v.is_finite()));
             }
             for (col, values) in categorical.iter().zip(&mut out.categorical) {
-                let Some(col) = *col else { continue };
-                if let Ok(v) = fast_float2::parse::<f32, _>(fields[col]) {
-                    if v.is_finite() {
-                        values.push(v);
-                    }
-                }
+                values.extend(col.and_then(|col| numeric::finite_number(fields[col])));
             }
         }
         out
@@ -1227,23 +1228,7 @@ impl LineFormat for SpecFormat {
         let nd = self.dense.len() + self.numeric.len();
         let mut dense = [0.0f32; MAX_COLUMNS];
         for (k, (&col, d)) in self.dense.iter().zip(&self.spec.dense).enumerate() {
-            let raw = fields[col];
-            let mut v = if raw.is_empty() {
-                0.0
-            } else {
-                fast_float2::parse::<f32, _>(raw).map_err(|_| (BadReason::BadInteger, Some(col)))?
-            };
-            // `inf`, `NaN` and values beyond f32 (`1e40` parses to inf) are rejected before a
-            // clamp could hide them, and so is anything the transform makes non-finite.
-            if !v.is_finite() {
-                return Err((BadReason::NonFinite, Some(col)));
-            }
-            if let Some((lo, hi)) = d.clamp {
-                v = v.clamp(lo, hi);
-            }
-            if d.log1p {
-                v = crate::features::log1p_clamped(v);
-            }
+            let mut v = d.unscaled(fields[col]).map_err(|reason| (reason, Some(col)))?;
             if let Some((center, width)) = d.fitted_scale() {
                 v = numeric::scaled(v, center, width);
             }

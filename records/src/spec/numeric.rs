@@ -23,6 +23,12 @@ pub enum Scale {
     MinMax,
 }
 
+/// The finite `f32` that `raw` spells, if any (the number of a bucketized column).
+#[inline]
+pub fn finite_number(raw: &[u8]) -> Option<f32> {
+    fast_float2::parse::<f32, _>(raw).ok().filter(|v| v.is_finite())
+}
+
 /// `(v − center) / width` in `f32`.
 #[inline]
 pub fn scaled(v: f32, center: f32, width: f32) -> f32 {
