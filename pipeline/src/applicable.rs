@@ -58,6 +58,8 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         "deep" => on_model(kind.has_deep_part(), "deepfm and wdl"),
         "mlp" => on_model(dien, "dien and dien-sum"),
         "dim" => on_model(model != "lr", "every model but lr (one weight per id)"),
+        // Online records take a spec with `--format csv`, which the stream settings check.
+        "spec" if command == For::Online => None,
         "spec" => (data_format != "csv").then(|| format!("describes `csv:` data, not `{data_format}`")),
         "samples" => (!matches!(data_format, "synthetic" | "synthetic-behavior"))
             .then(|| "sets the size of the synthetic streams; files are read whole".to_string()),

@@ -177,8 +177,9 @@ struct OnlineArgs {
     /// Consumer group offsets are committed to after each durable checkpoint (monitoring only).
     #[arg(long, value_name = "NAME", default_value = online_defaults::GROUP)]
     group: String,
-    /// Record format: criteo (TSV lines) or json (objects with label, I1..I13, C1..C26).
-    #[arg(long, value_name = "criteo|json", default_value = "criteo")]
+    /// Record format: criteo (TSV lines), json (objects with label, I1..I13, C1..C26) or csv
+    /// (delimited lines in the columns of --spec; its `user` column gives the GAUC).
+    #[arg(long, value_name = "criteo|json|csv", default_value = "criteo")]
     format: String,
     /// Where partitions without a checkpointed offset start: earliest or latest.
     #[arg(long, value_name = "earliest|latest", default_value = online_defaults::START)]
@@ -230,12 +231,16 @@ struct ProduceArgs {
     /// Topic to write.
     #[arg(long, value_name = "NAME")]
     topic: String,
-    /// Records to replay: criteo:PATH[,PATH…].
+    /// Records to replay: criteo:PATH[,PATH…], or csv:PATH[,PATH…] with --format csv.
     #[arg(long, value_name = "criteo:PATH,…")]
     from: String,
-    /// Record format written: criteo (the TSV line) or json.
-    #[arg(long, value_name = "criteo|json", default_value = "criteo")]
+    /// Record format written: criteo (the TSV line), json, or csv (each line as it is).
+    #[arg(long, value_name = "criteo|json|csv", default_value = "criteo")]
     format: String,
+    /// With --format csv: the feature spec of the files (preset:NAME or FILE.toml); a file's
+    /// header line, if the spec has one, is not sent.
+    #[arg(long, value_name = "preset:NAME|FILE.toml")]
+    spec: Option<String>,
     /// Partitions of the topic if it has to be created.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = Range::<usize>::closed("partitions", 1, 100_000))]
     partitions: usize,
@@ -483,6 +488,20 @@ fn run_online(args: OnlineArgs) -> anyhow::Result<()> {
 #[cfg(feature = "kafka")]
 fn run_produce(a: ProduceArgs) -> anyhow::Result<()> {
     use tiderec::online::produce::{parse_from, produce, ProduceSettings};
+    use tiderec::online::RecordFormat;
+    let format: RecordFormat = a.format.parse()?;
+    let header = match (&a.spec, format) {
+        (Some(s), RecordFormat::Csv) => {
+            let spec = tiderec::config::resolve_spec(
+                s,
+                tiderec::settings::DEFAULT_BUCKETS,
+                tiderec::settings::DEFAULT_MAX_LEN,
+            )?;
+            spec.header.then(|| spec.columns[0].clone())
+        }
+        (Some(_), f) => anyhow::bail!("invalid configuration `spec`: describes --format csv files, not {}", f.name()),
+        (None, _) => None,
+    };
     let settings = ProduceSettings {
         endpoint: tiderec_sources::kafka::KafkaEndpoint {
             brokers: a.brokers,
@@ -490,8 +509,9 @@ fn run_produce(a: ProduceArgs) -> anyhow::Result<()> {
             broker_timeout: range::seconds("broker_timeout", a.broker_timeout)?,
             options: parse_kafka_options(&a.kafka_option)?,
         },
-        files: parse_from(&a.from)?,
-        format: a.format.parse()?,
+        files: parse_from(&a.from, format)?,
+        format,
+        header,
         partitions: a.partitions,
         rate: a.rate,
         limit: a.limit,

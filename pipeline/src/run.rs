@@ -459,6 +459,19 @@ fn data_check(settings: &TrainSettings) -> Result<DataCheck, PipelineError> {
     Ok(DataCheck { inputs, new_data: settings.checkpoints.new_data, shuffle })
 }
 
+/// Takes the records of `batch` (leaving it empty, of the same shape) as the model reads
+/// them: models without sequences train on the other fields of sequence data, and the
+/// crosses of the run are appended.
+pub(crate) fn take_for_model(batch: &mut Batch, config: &TrainerConfig, resolved: &Resolved, hash_seed: u64) -> Batch {
+    let empty = Batch::with_sequences(batch.num_dense, batch.sparse.len(), batch.sequences.len());
+    let mut taken = std::mem::replace(batch, empty);
+    taken.sequences.truncate(config.model.num_sequences());
+    if !resolved.crosses.is_empty() {
+        append_crosses(&mut taken, &resolved.crosses, hash_seed, resolved.cross_buckets());
+    }
+    taken
+}
+
 /// The checkpoint options of these settings and, with `--resume`, the checkpoint to resume
 /// from (the directory is prepared either way).
 pub(crate) fn checkpoint_setup(
@@ -549,13 +562,7 @@ fn step_with(
     trainer.set_bad_records(counts.to_array());
     let stats = match read {
         Ok(_) => {
-            let empty = Batch::with_sequences(batch.num_dense, batch.sparse.len(), batch.sequences.len());
-            let mut taken = std::mem::replace(batch, empty);
-            // Models without sequences train on the other fields of sequence data.
-            taken.sequences.truncate(trainer.config().model.num_sequences());
-            if !resolved.crosses.is_empty() {
-                append_crosses(&mut taken, &resolved.crosses, hash_seed, resolved.cross_buckets());
-            }
+            let taken = take_for_model(batch, trainer.config(), resolved, hash_seed);
             trainer.step(worker, kind, taken)?
         }
         Err(e) => {

@@ -24,6 +24,17 @@ pub fn fit(spec: &mut FeatureSpec, paths: &[PathBuf], max_line_bytes: usize) -> 
     if spec.unfitted().is_empty() {
         return Ok(None);
     }
+    if paths.is_empty() {
+        return Err(PipelineError::config(
+            "spec",
+            format!(
+                "{} must be given in the spec: there are no files to learn them from (online records); give \
+                 each column's `center` and `width`, or its `boundaries`, e.g. those `tiderec spec check SPEC \
+                 --data csv:FILE` prints",
+                spec.unfitted().join(", ")
+            ),
+        ));
+    }
     let lines = first_lines(paths, FIT_LINES, max_line_bytes)?;
     let sample = spec.sample_values(lines.iter().map(Vec::as_slice));
     fit_sample(spec, &sample, lines.len()).map(Some)

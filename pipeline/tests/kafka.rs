@@ -221,6 +221,24 @@ fn dead_broker_and_bad_flags_fail_clearly() {
     assert!(err.contains("`start`"), "{err}");
     let err = run_err(tiderec().args(["online", "--topic", "t", "--checkpoint-seconds", "5"]));
     assert!(err.contains("checkpoint_seconds"), "{err}");
+    // A spec goes with csv records, and csv records need one.
+    let err = run_err(tiderec().args(["online", "--topic", "t", "--format", "csv"]));
+    assert!(err.contains("`spec`") && err.contains("--spec preset:NAME"), "{err}");
+    let err = run_err(tiderec().args(["online", "--topic", "t", "--spec", "preset:avazu"]));
+    assert!(err.contains("`spec`") && err.contains("not criteo"), "{err}");
+    let csv = dir.path().join("x.csv");
+    std::fs::write(&csv, "y,age\n1,30\n").unwrap();
+    let err = run_err(tiderec().args(["produce", "--topic", "t", "--from", &format!("csv:{}", csv.display())]));
+    assert!(err.contains("`from`") && err.contains("--format csv"), "{err}");
+    // Values a spec leaves to learn need files; online records give none.
+    let spec = dir.path().join("scaled.toml");
+    std::fs::write(
+        &spec,
+        "delimiter = \",\"\ncolumns = [\"y\", \"age\"]\nlabel = { column = \"y\" }\ndense = [{ column = \"age\", scale = \"standardize\" }]\n",
+    )
+    .unwrap();
+    let err = run_err(tiderec().args(["online", "--topic", "t", "--format", "csv", "--spec"]).arg(&spec));
+    assert!(err.contains("no files to learn them from") && err.contains("center"), "{err}");
 }
 
 #[test]
@@ -374,4 +392,163 @@ fn a_diverging_online_run_fails_without_checkpointing_past_the_last_good_step() 
         assert!(err.contains(&format!("ckpt-{}", step - 1)), "{err}");
         assert!(last.dense.iter().all(|v| v.is_finite()), "the last good checkpoint is finite");
     }
+}
+
+/// Delimited records of a feature spec (`--format csv --spec`): `produce` leaves out the
+/// files' headers, the online trainer featurizes each record as `train` does its line (the
+/// same model from the same records), and its prequential window reports AUC, PR-AUC and
+/// GAUC per the spec's user column equal to scikit-learn's on the scores each record got
+/// from the checkpoint of the step before it was trained on.
+#[test]
+fn spec_records_train_as_their_files_do_and_report_gauc_per_user() {
+    let (Some(train), Some(test)) =
+        (common::shared_data("taobao_ad/train_sample.csv"), common::shared_data("taobao_ad/test_sample.csv"))
+    else {
+        return;
+    };
+    let broker = Broker::start();
+    let spec = ["--spec", "preset:taobao_ad"];
+    let mut produced = 0;
+    for file in [&train, &test] {
+        let out = run_ok(
+            tiderec()
+                .args(["produce", "--brokers", &broker.addr(), "--topic", "ads", "--progress", "none"])
+                .args(["--partitions", "1", "--format", "csv"])
+                .args(spec)
+                .arg("--from")
+                .arg(format!("csv:{}", file.display())),
+        );
+        produced += String::from_utf8_lossy(&out.stdout).split_whitespace().nth(1).unwrap().parse::<u64>().unwrap();
+    }
+    assert_eq!(produced, 200, "the two headers are not records");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = ["--batch-size", "10", "--buckets", "5000", "--seed", "5", "--bottom", "64,16", "--top", "64,1"];
+    run_ok(
+        tiderec()
+            .args(["online", "--brokers", &broker.addr(), "--topic", "ads", "--progress", "none", "--until-end"])
+            .args(["--format", "csv", "--window", "100", "--workers", "1"])
+            .args(["--checkpoint-every", "1", "--keep-checkpoints", "100"])
+            .args(spec)
+            .args(model)
+            .arg("--checkpoint-dir")
+            .arg(d.join("ckpt"))
+            .arg("--summary-json")
+            .arg(d.join("summary.json"))
+            .arg("--dead-letters")
+            .arg(d.join("dead.tsv")),
+    );
+    let s = summary(d);
+    assert_eq!((s["samples"].as_u64(), s["bad_records"].as_u64()), (Some(200), Some(0)), "{s}");
+    // The files trained in order, one epoch: the same model.
+    let data = format!("csv:{},{}", train.display(), test.display());
+    let mut flags = vec!["--epochs", "1", "--no-shuffle", "--eval-fraction", "0", "--workers", "1"];
+    flags.extend(spec);
+    flags.extend(model);
+    let m = common::train_metrics(&data, d, "train", &flags);
+    let (online_l2, train_l2) = (s["params_l2"].as_f64().unwrap(), m["params_l2"].as_f64().unwrap());
+    assert!(common::rel_diff(online_l2, train_l2) <= 1e-9, "online {online_l2}, train {train_l2}");
+    // The window holds the last 100 predictions: those of the test file's records, step
+    // 11 to 20, each scored by the model of the step before.
+    let gauc = s["window_gauc"].as_f64().unwrap_or_else(|| panic!("a GAUC: {s}"));
+    if !common::sklearn_available() {
+        return;
+    }
+    let lines: Vec<String> = std::fs::read_to_string(&test).unwrap().lines().map(String::from).collect();
+    let mut tsv = String::new();
+    for step in 11..=20usize {
+        let batch = d.join(format!("batch-{step}.csv"));
+        let records = &lines[1 + (step - 11) * 10..1 + (step - 10) * 10];
+        std::fs::write(&batch, format!("{}\n{}\n", lines[0], records.join("\n"))).unwrap();
+        let out = d.join(format!("scores-{step}.csv"));
+        run_ok(
+            tiderec()
+                .args(["predict", "--data", &format!("csv:{}", batch.display())])
+                .arg("--checkpoint")
+                .arg(d.join(format!("ckpt/ckpt-{}", step - 1)))
+                .arg("--out")
+                .arg(&out)
+                .arg("--dead-letters")
+                .arg(d.join("predict-dead.tsv")),
+        );
+        let scores = std::fs::read_to_string(&out).unwrap();
+        for (row, record) in scores.lines().skip(1).zip(records) {
+            let f: Vec<&str> = row.split(',').collect();
+            let user = record.split(',').nth(2).unwrap();
+            tsv.push_str(&format!("{}\t{}\t{user}\n", f[2], f[3]));
+        }
+    }
+    let path = d.join("prequential.tsv");
+    std::fs::write(&path, &tsv).unwrap();
+    assert_eq!(tsv.lines().count(), 100);
+    let theirs = common::sklearn_metrics(&path);
+    for (key, ours) in [("window_auc", s["window_auc"].as_f64()), ("window_pr_auc", s["window_pr_auc"].as_f64())] {
+        let want = theirs[key.trim_start_matches("window_")].as_f64().unwrap();
+        assert!((ours.unwrap() - want).abs() <= 1e-9, "{key}: online {ours:?}, scikit-learn {want}");
+    }
+    let want = theirs["gauc"].as_f64().unwrap();
+    assert!((gauc - want).abs() <= 1e-9, "GAUC: online {gauc}, scikit-learn {want}");
+}
+
+/// Feature crosses (the wide part's `--crosses`) are appended to online batches as to
+/// those of files: the same model from the same records.
+#[test]
+fn crosses_train_online_as_on_files() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let head: Vec<String> = std::fs::read_to_string(&sample).unwrap().lines().take(2000).map(String::from).collect();
+    let file = d.join("head.tsv");
+    std::fs::write(&file, head.join("\n")).unwrap();
+    produce(&broker, "crossed", &file, &["--partitions", "1"]);
+    let model = ["--model", "wdl", "--crosses", "0:1,2:5"];
+    run_ok(&mut online_cmd(&broker, "crossed", d, 1, &model));
+    let s = summary(d);
+    assert_eq!(s["samples"], 2000, "{s}");
+    let data = format!("criteo:{}", file.display());
+    // online_cmd's batch, buckets and seed.
+    let mut flags = vec!["--epochs", "1", "--no-shuffle", "--eval-fraction", "0", "--workers", "1"];
+    flags.extend(["--batch-size", "64", "--buckets", "5000", "--seed", "5"]);
+    flags.extend(model);
+    let m = common::train_metrics(&data, d, "train", &flags);
+    let (online_l2, train_l2) = (s["params_l2"].as_f64().unwrap(), m["params_l2"].as_f64().unwrap());
+    assert!(common::rel_diff(online_l2, train_l2) <= 1e-9, "online {online_l2}, train {train_l2}");
+}
+
+/// `dien` trains online on the behaviour sequences of a spec (`pooling = "none"` lists):
+/// the Taobao ads' click sequences attended against their ad group, the model `train`
+/// makes from the same file.
+#[test]
+fn dien_trains_online_on_the_sequences_of_a_spec() {
+    let Some(train) = common::shared_data("taobao_ad/train_sample.csv") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let preset = run_ok(tiderec().args(["spec", "show", "taobao_ad"])).stdout;
+    let spec = d.join("sequences.toml");
+    // The preset's last entry is its `click_sequence` list: kept as a sequence of ad groups.
+    let text = format!("{}pooling = \"none\"\ntarget = \"adgroup_id\"\n", String::from_utf8(preset).unwrap());
+    std::fs::write(&spec, text).unwrap();
+    let spec = ["--spec", spec.to_str().unwrap()];
+    let broker = Broker::start();
+    run_ok(
+        tiderec()
+            .args(["produce", "--brokers", &broker.addr(), "--topic", "seq", "--progress", "none"])
+            .args(["--partitions", "1", "--format", "csv"])
+            .args(spec)
+            .arg("--from")
+            .arg(format!("csv:{}", train.display())),
+    );
+    let model = ["--model", "dien", "--format", "csv"];
+    run_ok(&mut online_cmd(&broker, "seq", d, 1, &[&model[..], &spec[..]].concat()));
+    let s = summary(d);
+    assert_eq!((s["samples"].as_u64(), s["bad_records"].as_u64()), (Some(100), Some(0)), "{s}");
+    let data = format!("csv:{}", train.display());
+    let mut flags = vec!["--epochs", "1", "--no-shuffle", "--eval-fraction", "0", "--workers", "1"];
+    // online_cmd's batch, buckets and seed.
+    flags.extend(["--batch-size", "64", "--buckets", "5000", "--seed", "5", "--model", "dien"]);
+    flags.extend(spec);
+    let m = common::train_metrics(&data, d, "train", &flags);
+    let (online_l2, train_l2) = (s["params_l2"].as_f64().unwrap(), m["params_l2"].as_f64().unwrap());
+    assert!(common::rel_diff(online_l2, train_l2) <= 1e-9, "online {online_l2}, train {train_l2}");
 }

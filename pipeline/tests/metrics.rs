@@ -22,14 +22,6 @@ const METRICS: [&str; 7] = ["auc", "logloss", "accuracy", "ne", "calibration", "
 /// Quick training flags for the 100-row samples.
 const QUICK: &[&str] = &["--batch-size", "16", "--buckets", "1000"];
 
-fn sklearn_available() -> bool {
-    let ok = Command::new("python3").args(["-c", "import sklearn"]).output().is_ok_and(|o| o.status.success());
-    if !ok {
-        common::skip::cannot_run("`python3 -c 'import sklearn'` fails (run `pip install scikit-learn`)");
-    }
-    ok
-}
-
 /// `(score, label, line)` of every row of a `predict` CSV (`file,position,score,label`).
 fn scores(csv: &Path) -> Vec<(f32, f32, usize)> {
     let text = std::fs::read_to_string(csv).unwrap();
@@ -109,7 +101,7 @@ fn train_and_eval_report_every_metric_and_the_ranking_ones_equal_scikit_learn() 
     close("ne", loss / entropy);
     close("calibration", mean / ctr);
     // ... and AUC, PR-AUC and GAUC (per `userid`, column 3 of the line) by scikit-learn.
-    if !sklearn_available() {
+    if !common::sklearn_available() {
         return;
     }
     let lines: Vec<String> = std::fs::read_to_string(&test).unwrap().lines().map(String::from).collect();
@@ -120,10 +112,7 @@ fn train_and_eval_report_every_metric_and_the_ranking_ones_equal_scikit_learn() 
         writeln!(f, "{p}\t{y}\t{user}").unwrap();
     }
     drop(f);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sklearn_metrics.py");
-    let out = Command::new("python3").arg(script).arg(&tsv).output().unwrap();
-    assert!(out.status.success(), "sklearn_metrics.py failed: {}", String::from_utf8_lossy(&out.stderr));
-    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let theirs = common::sklearn_metrics(&tsv);
     for key in ["auc", "pr_auc", "gauc"] {
         close(key, theirs[key].as_f64().unwrap_or_else(|| panic!("scikit-learn's {key}: {theirs}")));
     }

@@ -2,7 +2,8 @@
 //! produce`, which replays a file into a topic.
 //!
 //! The online trainer runs the same synchronous trainer as `tiderec train`
-//! (threads and processes, every model with Criteo-shaped input). What is
+//! (threads and processes, every model) on Criteo records (TSV or JSON) or on
+//! the delimited records of a feature spec (`--format csv --spec S`). What is
 //! particular to a stream:
 //!
 //! * **Deterministic steps.** Step `t` trains on a fixed quota of records
@@ -47,6 +48,20 @@ pub enum RecordFormat {
     Criteo,
     /// One JSON object per record ([`tiderec_sources::json`]).
     Json,
+    /// One delimited line per record, in the columns of the feature spec (`--spec`), whose
+    /// `user` column (if any) gives the prequential GAUC.
+    Csv,
+}
+
+impl RecordFormat {
+    /// The name the flags take.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecordFormat::Criteo => "criteo",
+            RecordFormat::Json => "json",
+            RecordFormat::Csv => "csv",
+        }
+    }
 }
 
 impl std::str::FromStr for RecordFormat {
@@ -55,7 +70,8 @@ impl std::str::FromStr for RecordFormat {
         match s {
             "criteo" => Ok(RecordFormat::Criteo),
             "json" => Ok(RecordFormat::Json),
-            other => Err(PipelineError::config("format", format!("`{other}` is not criteo or json"))),
+            "csv" => Ok(RecordFormat::Csv),
+            other => Err(PipelineError::config("format", format!("`{other}` is not criteo, json or csv"))),
         }
     }
 }
@@ -199,13 +215,41 @@ impl OnlineSettings {
                 return Err(PipelineError::config("checkpoint_seconds", "needs --checkpoint-dir DIR"));
             }
         }
-        if self.train.model.kind.is_dien() {
+        match (self.format, self.train.data.spec.is_some()) {
+            (RecordFormat::Csv, false) => {
+                return Err(PipelineError::config(
+                    "spec",
+                    "--format csv reads records in the columns of a feature spec: give --spec preset:NAME or \
+                     --spec FILE.toml",
+                ))
+            }
+            (RecordFormat::Criteo | RecordFormat::Json, true) => {
+                return Err(PipelineError::config(
+                    "spec",
+                    format!("describes `--format csv` records, not {}", self.format.name()),
+                ))
+            }
+            _ => {}
+        }
+        if self.train.model.kind.is_dien() && self.format != RecordFormat::Csv {
             return Err(PipelineError::config(
                 "model",
-                "Kafka records are Criteo-shaped; dien needs behaviour sequences",
+                format!(
+                    "{} records are Criteo-shaped; dien needs behaviour sequences (`--format csv` with a spec \
+                     whose lists have pooling = \"none\")",
+                    self.format.name()
+                ),
             ));
         }
         Ok(())
+    }
+
+    /// The data the records are: Criteo-shaped, or a spec's delimited lines (no files).
+    pub fn data(&self) -> crate::config::DataSpec {
+        match self.format {
+            RecordFormat::Criteo | RecordFormat::Json => crate::config::DataSpec::Criteo(Vec::new()),
+            RecordFormat::Csv => crate::config::DataSpec::Csv(Vec::new()),
+        }
     }
 
     /// The broker timeout as a duration.

@@ -1,7 +1,8 @@
 //! `tiderec produce`: replays record files into a Kafka topic (demos, tests,
 //! load generation). Record `i` (counting non-empty lines over all files in
-//! order) goes to partition `i mod partitions`, so a topic filled twice from
-//! the same files holds the same records at the same offsets.
+//! order, a skipped header not counted) goes to partition `i mod partitions`,
+//! so a topic filled twice from the same files holds the same records at the
+//! same offsets.
 
 use super::RecordFormat;
 use crate::error::DataflowFailure;
@@ -19,10 +20,13 @@ use tiderec_sources::kafka::KafkaEndpoint;
 pub struct ProduceSettings {
     /// Brokers, topic and broker timeout.
     pub endpoint: KafkaEndpoint,
-    /// Criteo TSV files to replay, in order.
+    /// Criteo TSV files (or, for [`RecordFormat::Csv`], a spec's delimited files) to replay, in order.
     pub files: Vec<PathBuf>,
     /// How records are written to the topic.
     pub format: RecordFormat,
+    /// For [`RecordFormat::Csv`] files with a header: the first column's name. A file's
+    /// first line starting with it is the header and is not sent (the rule of training).
+    pub header: Option<String>,
     /// Partitions of the topic when it has to be created.
     pub partitions: usize,
     /// Records per second (unlimited when `None`).
@@ -48,11 +52,19 @@ pub struct ProduceSummary {
     pub records_per_sec: f64,
 }
 
-/// Parses `criteo:PATH[,PATH…]` (files or directories).
-pub fn parse_from(spec: &str) -> Result<Vec<PathBuf>, PipelineError> {
-    match crate::config::DataSpec::parse("from", spec)? {
-        crate::config::DataSpec::Criteo(paths) => Ok(paths),
-        _ => Err(PipelineError::config("from", format!("`{spec}`: produce replays criteo:PATH files"))),
+/// Parses `criteo:PATH[,PATH…]` or, for `--format csv`, `csv:PATH[,PATH…]` (files or directories).
+pub fn parse_from(spec: &str, format: RecordFormat) -> Result<Vec<PathBuf>, PipelineError> {
+    use crate::config::DataSpec;
+    match (DataSpec::parse("from", spec)?, format) {
+        (DataSpec::Criteo(paths), _) | (DataSpec::Csv(paths), RecordFormat::Csv) => Ok(paths),
+        (DataSpec::Csv(_), f) => Err(PipelineError::config(
+            "from",
+            format!("`{spec}`: csv:PATH files are replayed with --format csv (and their --spec), not {}", f.name()),
+        )),
+        _ => Err(PipelineError::config(
+            "from",
+            format!("`{spec}`: produce replays criteo:PATH files, or csv:PATH files with --format csv"),
+        )),
     }
 }
 
@@ -72,13 +84,16 @@ pub fn produce(settings: &ProduceSettings) -> Result<ProduceSummary, PipelineErr
     let mut sent = 0u64;
     'outer: for _ in 0..settings.repeat.max(1) {
         for path in &settings.files {
+            let mut first = true;
             let file = std::fs::File::open(path)
                 .map_err(|e| PipelineError::config("from", format!("cannot open {}: {e}", path.display())))?;
             for line in std::io::BufReader::with_capacity(1 << 20, file).split(b'\n') {
                 let line =
                     line.map_err(|e| PipelineError::config("from", format!("cannot read {}: {e}", path.display())))?;
                 let line = line.strip_suffix(b"\r").unwrap_or(&line);
-                if line.is_empty() {
+                let header = first && settings.header.as_ref().is_some_and(|h| line.starts_with(h.as_bytes()));
+                first = false;
+                if line.is_empty() || header {
                     continue;
                 }
                 if settings.limit.is_some_and(|l| sent >= l) {
@@ -86,7 +101,7 @@ pub fn produce(settings: &ProduceSettings) -> Result<ProduceSummary, PipelineErr
                 }
                 let partition = (sent % partitions as u64) as i32;
                 match settings.format {
-                    RecordFormat::Criteo => writer.send(partition, line)?,
+                    RecordFormat::Criteo | RecordFormat::Csv => writer.send(partition, line)?,
                     // A line that is not a Criteo record is sent as it is: the trainer dead-letters it.
                     RecordFormat::Json => match criteo_line_to_json(line) {
                         Some(json) => writer.send(partition, json.as_bytes())?,

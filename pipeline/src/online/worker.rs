@@ -4,8 +4,9 @@ use super::prequential::PrequentialWindow;
 use super::{OnlineSettings, OnlineSummary, RecordFormat};
 use crate::checkpointing::{CheckpointOptions, Checkpointer, Position};
 use crate::cluster::Cluster;
-use crate::config::{DataSpec, Resolved};
+use crate::config::Resolved;
 use crate::error::DataflowFailure;
+use crate::feature_pipeline::FeaturePipeline;
 use crate::live_metrics::LiveMetrics;
 use crate::metrics_log::{MetricsLog, MetricsRecord};
 use crate::progress::Progress;
@@ -66,7 +67,7 @@ struct Shared {
 pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>, PipelineError> {
     settings.validate_stream()?;
     let s = &settings.train;
-    let resolved = s.resolve(DataSpec::Criteo(Vec::new()))?;
+    let resolved = s.resolve(settings.data())?;
     // Held until the run returns: no other run writes the checkpoint directory meanwhile.
     let _lock = lock_checkpoint_dir(s, "tiderec online")?;
     crate::memory::check(s, &resolved)?;
@@ -150,6 +151,9 @@ fn record_format(settings: &OnlineSettings, resolved: &Resolved) -> Result<Box<d
     Ok(match settings.format {
         RecordFormat::Criteo => Box::new(CriteoFormat::new(features)?),
         RecordFormat::Json => Box::new(CriteoJsonFormat::new(features)?),
+        RecordFormat::Csv => FeaturePipeline::of_run(&settings.train, resolved)
+            .line_format(true)?
+            .ok_or_else(|| PipelineError::config("format", "csv records need a feature spec"))?,
     })
 }
 
@@ -223,7 +227,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     let start = Instant::now();
     let mut last_report = Instant::now() - Duration::from_secs(3600);
     let mut last_checkpoint: Option<Instant> = None;
-    let mut batch = Batch::new(ctx.resolved.shape.0, ctx.resolved.shape.1);
+    let mut batch = Batch::with_sequences(ctx.resolved.shape.0, ctx.resolved.shape.1, format.num_sequences());
     let mut stopped_by_signal = false;
     let mut steps_reported = steps;
     let (mut unreported, mut last_bad) = (false, 0u64);
@@ -336,7 +340,7 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
             return Err(SourceError::BadRecord(record).into());
         }
         trainer.set_bad_records(bad.to_array());
-        let taken = std::mem::replace(&mut batch, Batch::new(ctx.resolved.shape.0, ctx.resolved.shape.1));
+        let taken = crate::run::take_for_model(&mut batch, &ctx.trainer, &ctx.resolved, s.hash_seed());
         let stats = trainer.step(worker, StepKind::Train, taken)?;
         if stats.failed_workers > 0 {
             return Err(crate::run::peer_failed(stats.failed_workers));
@@ -395,7 +399,9 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
         PipelineError::dataflow(DataflowFailure::Output, "cannot write the dead-letter file").with_source(e)
     })?;
     trainer.set_bad_records(bad.to_array());
-    let report = trainer.step(worker, StepKind::Report, Batch::new(ctx.resolved.shape.0, ctx.resolved.shape.1))?;
+    let m = &ctx.trainer.model;
+    let empty = Batch::with_sequences(m.num_dense(), m.num_sparse(), m.num_sequences());
+    let report = trainer.step(worker, StepKind::Report, empty)?;
     let offsets: BTreeMap<String, i64> = offsets_channel
         .all_gather(worker, reader.offset_entries())
         .into_iter()

@@ -36,6 +36,24 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// Whether `python3` has scikit-learn (saying why not, a failure under `CI=true`).
+pub fn sklearn_available() -> bool {
+    let ok = Command::new("python3").args(["-c", "import sklearn"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        skip::cannot_run("`python3 -c 'import sklearn'` fails (run `pip install scikit-learn`)");
+    }
+    ok
+}
+
+/// scikit-learn's `auc`, `pr_auc` and `gauc` of a TSV of `score<TAB>label[<TAB>group]` lines
+/// (`scripts/sklearn_metrics.py`).
+pub fn sklearn_metrics(tsv: &Path) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sklearn_metrics.py");
+    let out = Command::new("python3").arg(script).arg(tsv).output().unwrap();
+    assert!(out.status.success(), "sklearn_metrics.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// The metrics JSON written by `--metrics-json`.
 pub fn metrics(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("metrics file written")).expect("valid JSON")
