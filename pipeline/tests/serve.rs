@@ -3,9 +3,11 @@
 //! crosses, a CSV spec, DIEN on Amazon histories) score as `tiderec predict`
 //! scores the same lines, bad requests are answered with what is wrong, and
 //! a checkpoint written while requests flow is taken up without a failed
-//! request.
+//! request, and a server following a running online trainer (a real broker on
+//! 127.0.0.1) answers from whole checkpoints only.
 
 mod common;
+mod kafka_broker;
 
 use common::{run_ok, shared_data, tiderec};
 use std::io::{BufRead, BufReader};
@@ -924,4 +926,62 @@ fn nan_and_non_utf8_bodies_are_refused_saying_so() {
     // The connection and the server are still fine.
     let r = c.post("/score", br#"{"I1": 3}"#).unwrap();
     assert_eq!((r.status, scores(&r.body).1.len()), (200, 1));
+}
+
+/// `serve` following the checkpoint directory of a running `online` trainer (a real broker
+/// on 127.0.0.1, records produced while it trains) under clients that never pause: the
+/// deltas are applied live, and every answer is one whole checkpoint's model, the scores
+/// `predict` gives with that checkpoint, never a half-applied delta.
+#[test]
+fn serve_following_a_running_online_trainer_answers_from_whole_checkpoints_only() {
+    use kafka_broker::{running_online_cmd, wait_for_checkpoint, Broker};
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let broker = Broker::start();
+    let mut producer = tiderec()
+        .args(["produce", "--brokers", &broker.addr(), "--topic", "live", "--progress", "none"])
+        .args(["--partitions", "2", "--rate", "2500"])
+        .arg("--from")
+        .arg(format!("criteo:{}", data.display()))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let flags = ["--checkpoint-every", "10", "--keep-checkpoints", "1000"];
+    let mut trainer = running_online_cmd(&broker.addr(), "live", d, 2, &flags).stdout(Stdio::null()).spawn().unwrap();
+    wait_for_checkpoint(d, &mut trainer);
+    let server = serve(&d.join("ckpt"), &["--reload-every", "0.05"]);
+    let (records, _) = records(&data, 64);
+    let body = Arc::new(format!("[{}]", records.join(",")));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = hammer(&server.addr, &body, &stop, 3);
+    assert!(producer.wait().unwrap().success(), "produce failed");
+    // Let the trainer take up the last records, then stop it: it writes a last checkpoint.
+    std::thread::sleep(Duration::from_secs(2));
+    std::process::Command::new("kill").args(["-TERM", &trainer.id().to_string()]).status().unwrap();
+    assert!(trainer.wait().unwrap().success(), "online exits 0 on SIGTERM");
+    let last: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("summary.json")).unwrap()).unwrap();
+    let last_step = last["steps"].as_u64().unwrap();
+    let h = health_until(&server.addr, Duration::from_secs(30), |h| h["step"].as_u64() == Some(last_step));
+    std::thread::sleep(Duration::from_millis(100));
+    stop.store(true, Ordering::SeqCst);
+    let seen: Vec<(u64, Vec<f64>)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let mut steps: Vec<u64> = seen.iter().map(|(s, _)| *s).collect();
+    steps.sort_unstable();
+    steps.dedup();
+    assert!(steps.len() >= 3, "answers from {steps:?} only");
+    assert!(h["deltas"].as_u64().unwrap_or(0) >= 1, "deltas applied live: {h}");
+    // The records as a file, scored by `predict` with each checkpoint that answered.
+    let file = d.join("records.tsv");
+    let text = std::fs::read_to_string(&data).unwrap();
+    std::fs::write(&file, text.lines().take(64).collect::<Vec<_>>().join("\n")).unwrap();
+    let criteo = format!("criteo:{}", file.display());
+    for &step in &steps {
+        let answers: Vec<&Vec<f64>> = seen.iter().filter(|(s, _)| *s == step).map(|(_, v)| v).collect();
+        assert!(answers.iter().all(|v| *v == answers[0]), "step {step}: answers of more than one model");
+        let scored = d.join(format!("predict-{step}"));
+        std::fs::create_dir(&scored).unwrap();
+        let want = predicted(&d.join(format!("ckpt/ckpt-{step}")), &criteo, &scored);
+        assert_close(answers[0], &want, &format!("step {step}"));
+    }
 }
