@@ -20,13 +20,17 @@ Records are read in the format model.json spells out: Criteo TSV
 header line first), the DIEN sample format of `amazon-dien` (`label, user,
 item, category, item history, category history`) or the delimited records of
 a feature spec (`csv`, `taobao-ad`: dense and numeric-list columns,
-hash / identity / vocabulary / bucketized categoricals, scaled dense values, pooled lists and sequences). They are labeled unless
-`--unlabeled` is given (the same lines without their label column). A model whose records model.json does not spell out (another
-data format, or a checkpoint that recorded no feature pipeline) is refused with
-a message saying so (a checkpoint that records no feature pipeline, or Parquet,
+hash / identity / vocabulary / bucketized categoricals, scaled dense values,
+pooled lists and sequences). They are labeled unless `--unlabeled` is given (the
+same lines without their label column). A model trained on Parquet files
+(`tiderec convert` output) scores their featurized rows: give the files or their
+directory; `position` is then a row's 0-based index in its file, as `tiderec
+predict` numbers it. A model whose records model.json does not spell out is
+refused with a message saying so (a checkpoint that records no feature pipeline,
 generated or Taobao behaviour-log data).
 
-Needs NumPy and safetensors (`pip install numpy safetensors`). Exit status:
+Needs NumPy and safetensors (`pip install numpy safetensors`), and pyarrow for
+Parquet rows. Exit status:
 0 on success, 2 on a model or input it cannot score.
 """
 
@@ -583,6 +587,75 @@ class Crosses:
             bags.append(ids)
 
 
+class ParquetFeaturizer:
+    """The featurized rows of Parquet files (`tiderec convert`): model.json's `parquet` section
+    names the columns; the ids are stored, so nothing is hashed (crosses aside)."""
+
+    def __init__(self, features, labeled):
+        self.label = features["label"]["column"]
+        self.dense = [d["column"] for d in features["dense"]]
+        self.sparse = [(f["column"], f["kind"], int(f["rows"])) for f in features["sparse"]]
+        self.sequences = [(q["column"], self.sparse[q["table"]][2]) for q in features["sequences"] if q["read_by_model"]]
+        self.labeled = labeled
+
+    @staticmethod
+    def files(paths):
+        """`paths` with each directory replaced by its `.parquet` files, in name order."""
+        out = []
+        for path in paths:
+            if os.path.isdir(path):
+                names = sorted(n for n in os.listdir(path) if n.endswith(".parquet"))
+                if not names:
+                    raise ScorerError(f"{path}: no .parquet files")
+                out.extend(os.path.join(path, n) for n in names)
+            else:
+                out.append(path)
+        return out
+
+    def rows(self, path, batch_size):
+        """Yields `(position, (label, dense, bags, sequences))` for every row of `path`, 0-based
+        positions, or `(position, reason)` for a row that breaks the schema."""
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ScorerError("Parquet rows need pyarrow (pip install pyarrow)")
+        try:
+            f = pq.ParquetFile(path)
+        except (OSError, ValueError) as e:
+            raise ScorerError(f"{path}: not a Parquet file the model's rows were written to: {e}")
+        names = set(f.schema_arrow.names)
+        wanted = [self.label] + self.dense + [c for c, _, _ in self.sparse] + [c for c, _ in self.sequences]
+        missing = [c for c in wanted if c not in names]
+        if missing:
+            raise ScorerError(f"{path}: no column {', '.join(missing)} (the model reads {', '.join(wanted)})")
+        position = 0
+        for batch in f.iter_batches(batch_size=batch_size, columns=wanted):
+            cols = {name: batch.column(name).to_pylist() for name in wanted}
+            for i in range(batch.num_rows):
+                yield position, self.row(cols, i)
+                position += 1
+
+    def row(self, cols, i):
+        label = cols[self.label][i]
+        dense = np.array([cols[c][i] for c in self.dense], dtype=np.float32)
+        bags = []
+        for column, kind, rows in self.sparse:
+            v = cols[column][i]
+            ids = [] if v is None else ([v] if kind == "single" else list(v))
+            if any(x >= rows for x in ids):
+                return f"an id of `{column}` is not below its {rows} rows"
+            bags.append(ids)
+        seqs = []
+        for column, rows in self.sequences:
+            ids = list(cols[column][i] or [])
+            if any(x >= rows for x in ids):
+                return f"an id of `{column}` is not below its {rows} rows"
+            seqs.append(ids)
+        if len({len(q) for q in seqs}) > 1:
+            return "the sequences have different lengths"
+        return (f"{label:g}" if label is not None else None), dense, bags, seqs
+
+
 class Featurizer:
     """The featurization of model.json: the format's reader, then the crosses."""
 
@@ -596,10 +669,12 @@ class Featurizer:
             self.reader = AvazuFeaturizer(features, labeled)
         elif fmt in ("csv", "taobao-ad") and "lists" in features:
             self.reader = SpecFeaturizer(features, labeled)
+        elif fmt == "parquet" and "sparse" in features:
+            self.reader = ParquetFeaturizer(features, labeled)
         else:
             raise ScorerError(
-                f"features format {fmt!r}: model.json spells out criteo-tsv, avazu, amazon-dien and feature-spec "
-                f"(csv, taobao-ad) records only "
+                f"features format {fmt!r}: model.json spells out criteo-tsv, avazu, amazon-dien, feature-spec "
+                f"(csv, taobao-ad) records and Parquet rows only "
                 f"({features.get('note', 'no note')})"
             )
         self.labeled = labeled
@@ -608,11 +683,31 @@ class Featurizer:
             h = features["hash"]
             self.crosses = Crosses(features["crosses"], Mix64(h), int(h["hash_seed"]) & MASK64)
 
-    def is_header(self, line):
-        return self.reader.is_header(line)
+    @property
+    def parquet(self):
+        return isinstance(self.reader, ParquetFeaturizer)
 
-    def parse(self, line):
-        parsed = self.reader.parse(line)
+    def records(self, path, batch_size):
+        """Yields `(position, parsed)` for every record of `path`: a line's 1-based number (headers
+        and empty lines skipped) or a Parquet row's 0-based index."""
+        if self.parquet:
+            for pos, parsed in self.reader.rows(path, batch_size):
+                yield pos, self.crossed(parsed)
+            return
+        try:
+            f = open(path, "rb")
+        except OSError as e:
+            raise ScorerError(f"{path}: {e}")
+        with f:
+            for pos, line in enumerate(f, start=1):
+                line = line[:-1] if line.endswith(b"\n") else line
+                if line in (b"", b"\r"):
+                    continue  # an empty line is no record
+                if pos == 1 and self.reader.is_header(line):
+                    continue
+                yield pos, self.crossed(self.reader.parse(line))
+
+    def crossed(self, parsed):
         if not isinstance(parsed, str) and self.crosses is not None:
             self.crosses.append(parsed[2])
         return parsed
@@ -802,6 +897,8 @@ def load(model_dir):
 def score_files(model, featurizer, paths, writer, batch_size, limit):
     """Scores every record of `paths`, writing CSV rows; returns (scored, malformed)."""
     scored = bad = 0
+    if featurizer.parquet:
+        paths = ParquetFeaturizer.files(paths)
     for path in paths:
         pending = []
 
@@ -817,28 +914,17 @@ def score_files(model, featurizer, paths, writer, batch_size, limit):
                 writer.writerow(row)
             pending.clear()
 
-        try:
-            f = open(path, "rb")
-        except OSError as e:
-            raise ScorerError(f"{path}: {e}")
-        with f:
-            for pos, line in enumerate(f, start=1):
-                if limit is not None and scored + len(pending) >= limit:
-                    break
-                line = line[:-1] if line.endswith(b"\n") else line
-                if line in (b"", b"\r"):
-                    continue  # an empty line is no record
-                if pos == 1 and featurizer.is_header(line):
-                    continue
-                parsed = featurizer.parse(line)
-                if isinstance(parsed, str):
-                    print(f"{path}:{pos}: malformed record: {parsed}", file=sys.stderr)
-                    bad += 1
-                    continue
-                pending.append((pos,) + parsed)
-                if len(pending) == batch_size:
-                    scored += len(pending)
-                    flush()
+        for pos, parsed in featurizer.records(path, batch_size):
+            if limit is not None and scored + len(pending) >= limit:
+                break
+            if isinstance(parsed, str):
+                print(f"{path}:{pos}: malformed record: {parsed}", file=sys.stderr)
+                bad += 1
+                continue
+            pending.append((pos,) + parsed)
+            if len(pending) == batch_size:
+                scored += len(pending)
+                flush()
         scored += len(pending)
         flush()
     return scored, bad
@@ -851,7 +937,7 @@ def main(argv=None):
     ap.add_argument("--unlabeled", action="store_true", help="records have no label column")
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--limit", type=int, default=None, help="score at most this many records")
-    ap.add_argument("files", nargs="+", help="record files, in the format model.json describes")
+    ap.add_argument("files", nargs="+", help="record files (Parquet: files or directories), in the format model.json describes")
     args = ap.parse_args(argv)
     try:
         config, tensors = load(args.model)

@@ -5,11 +5,12 @@
 //! featurization out for a reader in another language, completely (the bytes
 //! hashed, the hash functions with their constants, the per-field seeds, the
 //! reduction to a row, dense transforms, histories, missing values and
-//! malformed records), for four formats: Criteo TSV (a Criteo-shaped model, see
+//! malformed records), for five formats: Criteo TSV (a Criteo-shaped model, see
 //! [`super::names::is_criteo_shaped`], of `criteo` data or of a checkpoint
 //! that records no pipeline), Avazu CSV (`avazu`), the DIEN sample format
-//! (`amazon-dien`) and feature-spec records (`csv`, `taobao-ad`: every column's
-//! role, transform and table from the recorded spec, vocabularies inlined).
+//! (`amazon-dien`), feature-spec records (`csv`, `taobao-ad`: every column's
+//! role, transform and table from the recorded spec, vocabularies inlined) and
+//! the featurized rows of Parquet files (`parquet`: the columns by name).
 //! `scripts/reference_scorer.py` rebuilds all of them. Any other format gets its name,
 //! a note, the table sizes and the seed (its spec is in `pipeline`).
 //!
@@ -31,6 +32,8 @@ use tiderec_operators::spec::{Encoding, FeatureSpec, Pooling, AVAZU_COLUMNS};
 use tiderec_operators::train::TrainerConfig;
 use tiderec_sources::amazon::{HISTORY_DELIMITER, NUM_COLUMNS, SEQUENCE_TABLES};
 use tiderec_sources::criteo::{MIN_FIELDS, NUM_FIELDS};
+use tiderec_sources::parquet::schema::{GROUP_COLUMN, LINE_START_COLUMN};
+use tiderec_sources::parquet::{SchemaDescription, SparseKind};
 
 /// The MurmurHash3 finaliser's multipliers (`tiderec_operators::features::mix64`).
 const MIX64_M1: u64 = 0xff51_afd7_ed55_8ccd;
@@ -50,6 +53,9 @@ pub fn feature_pipeline(config: &TrainerConfig, pipeline: Option<&FeaturePipelin
         _ if names.criteo && pipeline.is_none_or(|p| p.format == "criteo") => criteo(config, hash_seed, names),
         Some(p) if p.format == "amazon-dien" => amazon_dien(config, p, names),
         Some(p) if p.format == "avazu" => avazu(config, p, names),
+        Some(FeaturePipeline { format, parquet: Some(d), hash, .. }) if format == "parquet" => {
+            parquet_rows(d, hash.seed, names)
+        }
         Some(FeaturePipeline { format, spec: Some(spec), hash, .. }) if format == "csv" || format == "taobao-ad" => {
             spec_records(format, &spec.fields, hash.seed, names)
         }
@@ -76,13 +82,13 @@ pub fn feature_pipeline(config: &TrainerConfig, pipeline: Option<&FeaturePipelin
 /// Why the records of `format` are not spelled out.
 fn unspelled(format: &str) -> String {
     let why = match format {
-        "parquet" => "Parquet files (their schema is under `pipeline.parquet`) need a Parquet reader",
+        "parquet" => "Parquet files of an older checkpoint, which records no schema",
         "synthetic" | "synthetic-behavior" => "generated samples have no records to read",
         "taobao-behavior" => "its samples are derived from a whole behaviour log by a dataflow, not record by record",
         _ => "this format is not spelled out",
     };
     format!(
-        "records are spelled out for criteo, avazu, amazon-dien and feature-spec (csv, taobao-ad) data; {why} \
+        "records are spelled out for criteo, avazu, amazon-dien, feature-spec (csv, taobao-ad) and parquet data; {why} \
          (`pipeline` records how they were featurized)"
     )
 }
@@ -391,6 +397,53 @@ fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) 
         "bad_records": "a line without exactly 6 TAB-separated fields, with another label, or whose two histories hold \
                         different numbers of delimiters (or one is empty and the other not) is malformed and not \
                         scored",
+    })
+}
+
+/// The featurized rows of Parquet files (`tiderec convert`, `sources/src/parquet`): columns,
+/// not bytes, so nothing is hashed but the crosses.
+fn parquet_rows(d: &SchemaDescription, hash_seed: u64, names: &InputNames) -> Value {
+    let sparse: Vec<Value> = d
+        .sparse
+        .iter()
+        .enumerate()
+        .map(|(f, c)| {
+            let kind = match c.kind {
+                SparseKind::Single => "single",
+                SparseKind::List => "list",
+            };
+            json!({"name": c.name, "column": c.name, "field": names.sparse.get(f), "kind": kind, "rows": c.table_size})
+        })
+        .collect();
+    let sequences: Vec<Value> = d
+        .sequences
+        .iter()
+        .enumerate()
+        .map(|(s, q)| {
+            json!({
+                "name": q.name,
+                "column": q.name,
+                "table": q.table,
+                "target": q.target,
+                "read_by_model": s < names.sequences.len(),
+            })
+        })
+        .collect();
+    json!({
+        "format": "parquet",
+        "converted_from": d.format,
+        "rows": "one record per Parquet row, featurized when the files were written: the columns hold the model's \
+                 inputs, not raw values; a reader takes them by name (e.g. pyarrow) in file order, rows numbered from \
+                 0 within each file",
+        "label": {"column": d.label, "type": "float32, 1 a click"},
+        "dense": d.dense.iter().map(|n| json!({"name": n, "column": n, "type": "float32, as stored"})).collect::<Vec<_>>(),
+        "sparse": sparse,
+        "sparse_values": "a `single` column holds one uint64 row id or null (an empty bag); a `list` column a list of \
+                          uint64 row ids (a bag, summed); every id is below its field's rows",
+        "sequences": sequences,
+        "sequence_values": "a list of uint64 row ids of field `table`'s table, oldest first, used as stored",
+        "other_columns": format!("`{LINE_START_COLUMN}` (a row's source position) and `{GROUP_COLUMN}` (its user's key) are no features"),
+        "hash": mix64_section(hash_seed),
     })
 }
 
