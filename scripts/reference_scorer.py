@@ -879,6 +879,53 @@ class Model:
 # ---------------------------------------------------------------- driver
 
 
+def initial_rows(init, entry, width):
+    """The initial values of every row of a compact table tensor (model.json's `compact_tables`):
+    `[table_rows, width]` float32, exactly as tiderec's stores initialise them."""
+    u64 = np.uint64
+    m1, m2 = u64(int(init["mix64"]["m1"], 16)), u64(int(init["mix64"]["m2"], 16))
+
+    def mix(x):
+        x = x ^ (x >> u64(33))
+        x = x * m1
+        x = x ^ (x >> u64(33))
+        x = x * m2
+        return x ^ (x >> u64(33))
+
+    seed, offset = u64(int(init["seed"])), u64(int(init["offset"], 16))
+    first = int(entry["columns"][0])
+    ids = np.arange(int(entry["table_rows"]), dtype=np.uint64)[:, None]
+    cols = np.arange(first, first + width, dtype=np.uint64)[None, :]
+    with np.errstate(over="ignore"):
+        h = mix(seed ^ mix(u64(int(entry["table"])) ^ mix((ids + offset) ^ mix(cols))))
+    u = (h >> u64(11)).astype(np.float64) * (1.0 / float(1 << 53))
+    return ((u * 2.0 - 1.0) * np.float64(np.float32(entry["bound"]))).astype(np.float32)
+
+
+def expand_compact(config, tensors):
+    """Whole tables from a compact export's listed rows and what the others hold (their
+    initial values, or zeros)."""
+    section = config.get("compact_tables")
+    if section is None:
+        return tensors
+    for name, entry in section["tensors"].items():
+        ids_name, rows_name = entry["ids"], entry["rows"]
+        if ids_name not in tensors or rows_name not in tensors:
+            raise ScorerError(f"compact table {name}: {ids_name} or {rows_name} is missing from model.safetensors")
+        ids, rows = tensors.pop(ids_name).astype(np.int64), tensors.pop(rows_name)
+        if section["others"] == "init":
+            whole = initial_rows(section["init"], entry, rows.shape[1])
+        elif section["others"] == "zero":
+            whole = np.zeros((int(entry["table_rows"]), rows.shape[1]), dtype=np.float32)
+        else:
+            raise ScorerError(f"compact tables whose other rows hold {section['others']!r}")
+        if len(ids) and (ids.min() < 0 or ids.max() >= whole.shape[0]):
+            raise ScorerError(f"compact table {name}: an id is outside its {whole.shape[0]} rows")
+        whole[ids] = rows
+        tensors[name] = whole
+    return tensors
+
+
 def load(model_dir):
     try:
         with open(os.path.join(model_dir, "model.json")) as f:
@@ -891,7 +938,7 @@ def load(model_dir):
             f"{model_dir}: format {config.get('format')!r} version {config.get('format_version')!r}, "
             f"expected {FORMAT!r} version {FORMAT_VERSION}"
         )
-    return config, tensors
+    return config, expand_compact(config, tensors)
 
 
 def score_files(model, featurizer, paths, writer, batch_size, limit):

@@ -72,7 +72,7 @@ impl EmbeddingShard {
             let state_floats = local
                 .checked_mul(state_width)
                 .ok_or_else(|| too_big(&format!("optimizer state width {state_width}")))?;
-            let bound = 1.0 / (n as f32).sqrt();
+            let bound = crate::rng::init_bound(n);
             let mut table = HugeBuffer::zeroed(floats, &format!("embedding table {t}"))?;
             for (l, row) in table.chunks_exact_mut(dim).enumerate() {
                 let id = Self::id_of(t, l, worker, workers);
@@ -251,7 +251,7 @@ impl EmbeddingShard {
     pub fn reinit_row(&mut self, table: usize, id: u64) {
         let (d, w) = (self.dim, self.state_width);
         let l = self.local(table, id);
-        let bound = 1.0 / (self.table_sizes[table] as f32).sqrt();
+        let bound = crate::rng::init_bound(self.table_sizes[table]);
         crate::rng::init_row(self.seed, table, id, bound, &mut self.rows[table][l * d..(l + 1) * d]);
         self.state[table][l * w..(l + 1) * w].copy_from_slice(&self.initial_state);
     }

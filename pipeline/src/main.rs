@@ -284,6 +284,11 @@ struct ExportArgs {
     /// Directory to write model.safetensors and model.json into.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
+    /// Write only the embedding rows the checkpoint lists, those training changed
+    /// (`<tensor>.ids` and `<tensor>.rows`); model.json says what the others hold, their
+    /// values re-created from the seed (docs/export.md).
+    #[arg(long)]
+    compact: bool,
 }
 
 #[derive(Args)]
@@ -709,17 +714,17 @@ fn main() -> anyhow::Result<()> {
             println!("plotted {n} reports from {} to {}", a.metrics.display(), a.out.display());
         }
         Command::Export(a) => {
+            use tiderec::serving::TableLayout;
             use tiderec_sinks::checkpoint::export::{CONFIG_FILE, MODEL_FILE};
             let outputs = [&a.out, &a.out.join(MODEL_FILE), &a.out.join(CONFIG_FILE)].map(|p| Named::new("--out", p));
             paths::check_outputs(&paths::tree_files("--checkpoint", &a.checkpoint)?, &outputs)?;
-            let s = tiderec::serving::export(&a.checkpoint, &a.out).context("export failed")?;
-            println!(
-                "exported step {}: {} dense parameters, {} embedding rows to {}",
-                s.step,
-                s.dense_params,
-                s.embedding_rows,
-                a.out.display()
-            );
+            let layout = if a.compact { TableLayout::Listed } else { TableLayout::Whole };
+            let s = tiderec::serving::export(&a.checkpoint, &a.out, layout).context("export failed")?;
+            let rows = match layout {
+                TableLayout::Whole => format!("{} embedding rows", s.embedding_rows),
+                TableLayout::Listed => format!("{} listed embedding rows of {}", s.embedding_rows, s.table_rows),
+            };
+            println!("exported step {}: {} dense parameters, {rows} to {}", s.step, s.dense_params, a.out.display());
         }
         Command::Serve(a) => {
             let mut options = tiderec::serve::ServeOptions::new(a.checkpoint, a.addr);

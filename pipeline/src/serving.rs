@@ -9,10 +9,12 @@
 //!
 //! `export` writes a self-describing serving snapshot (`docs/export.md`): the
 //! dense layers under PyTorch's names and layouts ([`tiderec_operators::nn::named`]),
-//! the embedding tables named by field ([`tables`]), and `model.json` with the
-//! model kind, every tensor's shape, the forward computation ([`describe`]) and
-//! the feature pipeline ([`features`]).
+//! the embedding tables named by field ([`tables`]), whole or as their trained
+//! rows ([`compact`]), and `model.json` with the model kind, every tensor's
+//! shape, the forward computation ([`describe`]) and the feature pipeline
+//! ([`features`]).
 
+pub mod compact;
 pub mod describe;
 pub mod features;
 pub mod names;
@@ -24,7 +26,7 @@ use crate::PipelineError;
 use serde::Serialize;
 use std::path::Path;
 use tiderec_operators::train::TrainerConfig;
-use tiderec_sinks::checkpoint::export::{write_serving, ServingTensor};
+use tiderec_sinks::checkpoint::export::{write_serving, ServingTensor, ServingValues};
 use tiderec_sinks::checkpoint::{self, Checkpoint};
 
 /// A checkpoint's model, ready to score.
@@ -39,6 +41,21 @@ pub struct ServedModel {
     pub tables: Vec<Vec<f32>>,
     /// How the run made features (`None`: the manifest records none, an older checkpoint).
     pub pipeline: Option<FeaturePipeline>,
+    /// Per table, the sorted ids of the rows the checkpoint lists (those training changed,
+    /// or those a dynamic store held); kept only where asked for ([`load_listed`]).
+    pub listed: Option<Vec<Vec<u64>>>,
+    /// What the rows it does not list hold: their seeded initial values (a checkpoint of
+    /// updated rows only) or zeros (a dynamic store's absent rows).
+    pub unlisted: Unlisted,
+}
+
+/// What the rows a checkpoint does not list hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unlisted {
+    /// Their seeded initial values ([`tiderec_operators::store::init_row`]).
+    Seeded,
+    /// Zeros.
+    Zero,
 }
 
 fn checkpoint_error(path: &Path, reason: impl Into<String>) -> PipelineError {
@@ -47,6 +64,15 @@ fn checkpoint_error(path: &Path, reason: impl Into<String>) -> PipelineError {
 
 /// Loads the checkpoint at `path` (see the module docs).
 pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
+    load_with(path, false)
+}
+
+/// [`load`], keeping the ids of the rows the checkpoint lists ([`ServedModel::listed`]).
+pub fn load_listed(path: &Path) -> Result<ServedModel, PipelineError> {
+    load_with(path, true)
+}
+
+fn load_with(path: &Path, keep_ids: bool) -> Result<ServedModel, PipelineError> {
     let found: Checkpoint = if path.join(checkpoint::layout::MANIFEST_FILE).is_file() {
         let text = std::fs::read_to_string(path.join(checkpoint::layout::MANIFEST_FILE))
             .map_err(|e| checkpoint_error(path, "cannot read its manifest").with_source(e))?;
@@ -87,14 +113,23 @@ pub fn load(path: &Path) -> Result<ServedModel, PipelineError> {
         .enumerate()
         .map(|(t, &n)| if seeded { seeded_table(config.seed, t, n, dim) } else { vec![0.0; n as usize * dim] })
         .collect();
+    let mut listed = keep_ids.then(|| vec![Vec::new(); tables.len()]);
     for part in &found.parts {
-        for (rows, table) in part.tables.iter().zip(&mut tables) {
+        for (t, (rows, table)) in part.tables.iter().zip(&mut tables).enumerate() {
             for (&id, row) in rows.ids.iter().zip(rows.rows.chunks_exact(dim)) {
                 table[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(row);
             }
+            if let Some(ids) = listed.as_mut() {
+                ids[t].extend_from_slice(&rows.ids);
+            }
         }
     }
-    Ok(ServedModel { config, step: found.manifest.step, dense, tables, pipeline })
+    for ids in listed.iter_mut().flatten() {
+        ids.sort_unstable();
+        ids.dedup();
+    }
+    let unlisted = if seeded { Unlisted::Seeded } else { Unlisted::Zero };
+    Ok(ServedModel { config, step: found.manifest.step, dense, tables, pipeline, listed, unlisted })
 }
 
 /// Checks that the parts of `found` hold what `config`'s model reads (one set of dense
@@ -139,7 +174,7 @@ fn check_parts(found: &Checkpoint, config: &TrainerConfig) -> Result<Vec<f32>, P
 /// Every row of table `t` (`n` rows of `dim`) at its seeded initial values, as a
 /// new fixed store holds them.
 fn seeded_table(seed: u64, t: usize, n: u64, dim: usize) -> Vec<f32> {
-    let bound = 1.0 / (n as f32).sqrt();
+    let bound = tiderec_operators::store::init_bound(n);
     let mut table = vec![0.0; n as usize * dim];
     for (id, row) in table.chunks_exact_mut(dim.max(1)).enumerate() {
         tiderec_operators::store::init_row(seed, t, id as u64, bound, row);
@@ -154,16 +189,31 @@ pub struct ExportSummary {
     pub step: u64,
     /// Dense parameters.
     pub dense_params: usize,
-    /// Embedding rows over all tables.
+    /// Embedding rows written, over all tables.
     pub embedding_rows: u64,
+    /// Rows of all tables.
+    pub table_rows: u64,
+}
+
+/// How `export` writes the embedding tables.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TableLayout {
+    /// Every row: `embeddings.<field>` `[rows, dim]`, row `i` = id `i`.
+    #[default]
+    Whole,
+    /// The rows the checkpoint lists only (those training changed, or a dynamic store's
+    /// rows), `<tensor>.ids` and `<tensor>.rows`; `model.json`'s `compact_tables` says what
+    /// every other row holds (its value re-created from the seed, or zeros).
+    Listed,
 }
 
 /// Version of the serving snapshot's layout (named tensors, `model.json` sections).
 pub const SERVING_FORMAT_VERSION: u32 = 3;
 
-/// Writes the serving snapshot of the checkpoint at `checkpoint` into `out` (see the module docs).
-pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineError> {
-    let m = load(checkpoint)?;
+/// Writes the serving snapshot of the checkpoint at `checkpoint` into `out` (see the module
+/// docs), its tables laid out as `layout` says.
+pub fn export(checkpoint: &Path, out: &Path, layout: TableLayout) -> Result<ExportSummary, PipelineError> {
+    let m = load_with(checkpoint, layout == TableLayout::Listed)?;
     let model = &m.config.model;
     let params = model.param_tensors();
     let pipeline = m.pipeline.as_ref();
@@ -172,19 +222,48 @@ pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineEr
         pipeline.map(|p| p.format.as_str()),
         pipeline.and_then(|p| p.spec.as_ref()).map(|s| &s.fields),
     );
+    let table_rows = m.config.table_sizes.iter().sum();
+    // The ids each table's tensors keep (all of them where `listed` is `None`).
+    let kept: Option<&Vec<Vec<u64>>> = m.listed.as_ref();
     let tables = tables::table_tensors(model, &names, m.tables);
+    let gathered: Vec<Vec<f32>> = match &kept {
+        Some(ids) => tables.iter().map(|t| t.gather(&ids[t.table])).collect(),
+        None => Vec::new(),
+    };
     let mut tensors: Vec<ServingTensor> = params
         .iter()
-        .map(|t| ServingTensor { name: t.name.clone(), shape: t.shape.clone(), values: &m.dense[t.range()] })
+        .map(|t| ServingTensor {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            values: ServingValues::F32(&m.dense[t.range()]),
+        })
         .collect();
-    tensors.extend(tables.iter().map(|t| ServingTensor {
-        name: t.name.clone(),
-        shape: t.shape.clone(),
-        values: &t.values,
-    }));
-    let shapes: serde_json::Map<String, serde_json::Value> =
+    let mut shapes: serde_json::Map<String, serde_json::Value> =
         tensors.iter().map(|t| (t.name.clone(), serde_json::json!(t.shape))).collect();
-    let config = serde_json::json!({
+    shapes.extend(tables.iter().map(|t| (t.name.clone(), serde_json::json!(t.shape))));
+    match &kept {
+        None => tensors.extend(tables.iter().map(|t| ServingTensor {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            values: ServingValues::F32(&t.values),
+        })),
+        Some(ids) => {
+            for (t, rows) in tables.iter().zip(&gathered) {
+                let ids = &ids[t.table];
+                tensors.push(ServingTensor {
+                    name: format!("{}.ids", t.name),
+                    shape: vec![ids.len()],
+                    values: ServingValues::U64(ids),
+                });
+                tensors.push(ServingTensor {
+                    name: format!("{}.rows", t.name),
+                    shape: vec![ids.len(), t.shape[1]],
+                    values: ServingValues::F32(rows),
+                });
+            }
+        }
+    }
+    let mut config = serde_json::json!({
         "format": "tiderec-serving",
         "format_version": SERVING_FORMAT_VERSION,
         "step": m.step,
@@ -202,6 +281,10 @@ pub fn export(checkpoint: &Path, out: &Path) -> Result<ExportSummary, PipelineEr
         "features": features::feature_pipeline(&m.config, m.pipeline.as_ref(), &names),
         "pipeline": m.pipeline,
     });
+    if kept.is_some() {
+        config["compact_tables"] = compact::section(&m.config, &tables, m.unlisted);
+    }
     write_serving(out, &tensors, &config)?;
-    Ok(ExportSummary { step: m.step, dense_params: m.dense.len(), embedding_rows: m.config.table_sizes.iter().sum() })
+    let embedding_rows = kept.map_or(table_rows, |ids| ids.iter().map(|v| v.len() as u64).sum());
+    Ok(ExportSummary { step: m.step, dense_params: m.dense.len(), embedding_rows, table_rows })
 }

@@ -815,3 +815,55 @@ fn the_reference_xxh3_equals_the_token_hash_for_every_length_branch() {
     }
     assert_eq!(got.lines().count(), want.lines().count());
 }
+
+/// `export --compact` writes only the rows training changed, and the reference scorer
+/// rebuilds the whole tables from them and the seed bit for bit (every tensor equal to
+/// the whole export's, rows no record reached included): DLRM on the fixed store, and
+/// Wide & Deep with crosses (first-order weights and factors split from one row) on the
+/// dynamic store.
+#[test]
+fn a_compact_export_rebuilds_the_whole_tables_bit_for_bit() {
+    let Some(sample) = shared_data("criteo/sample.train") else { return };
+    if !python_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = format!("criteo:{}", sample.display());
+    let text = std::fs::read_to_string(&sample).unwrap();
+    let head = d.join("head.tsv");
+    std::fs::write(&head, text.lines().take(1000).collect::<Vec<_>>().join("\n")).unwrap();
+    let quick = ["--steps", "20", "--batch-size", "128", "--buckets", "100000"];
+    let runs =
+        [("dlrm", vec!["--model", "dlrm"]), ("wdl", vec!["--model", "wdl", "--crosses", "0:1", "--store", "dynamic"])];
+    for (kind, flags) in runs {
+        let (ckpt, whole) = train_and_export(d, kind, &data, &[&quick[..], &flags].concat());
+        let compact = d.join(format!("compact-{kind}"));
+        let out = run_ok(tiderec().args(["export", "--compact", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&compact));
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains("listed embedding rows of"), "{said}");
+        let size = |p: &Path| std::fs::metadata(p.join("model.safetensors")).unwrap().len();
+        let (w, c) = (size(&whole), size(&compact));
+        assert!(c * 10 < w, "{kind}: the compact export ({c} bytes) is not a tenth of the whole one ({w})");
+        assert!(model_json(&compact)["compact_tables"]["tensors"].as_object().is_some_and(|t| !t.is_empty()));
+        let script = "import sys; sys.path.insert(0, sys.argv[1]); import numpy as np, reference_scorer as r\n\
+                      a, b = r.load(sys.argv[2])[1], r.load(sys.argv[3])[1]\n\
+                      assert sorted(a) == sorted(b), (sorted(a), sorted(b))\n\
+                      bad = [k for k in a if a[k].dtype != b[k].dtype or not np.array_equal(a[k], b[k])]\n\
+                      assert not bad, bad\n\
+                      print(len(a), sum(v.size for v in a.values()))";
+        let o = Command::new("python3")
+            .args(["-c", script])
+            .arg(scorer().parent().unwrap())
+            .arg(&whole)
+            .arg(&compact)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{kind}: the rebuilt tables differ: {stderr}");
+        eprintln!("{kind}: {w} vs {c} bytes; tensors and values equal: {stdout}");
+        let a = python_scores(&whole, &[head.as_path()], false, &d.join(format!("{kind}-whole.csv")));
+        let b = python_scores(&compact, &[head.as_path()], false, &d.join(format!("{kind}-compact.csv")));
+        assert!(a.iter().zip(&b).all(|(x, y)| x.score == y.score) && a.len() == b.len(), "{kind}: the same scores");
+    }
+}

@@ -6,10 +6,13 @@
 
 use crate::features::mix64;
 
+/// Added to [`unit_f64`]'s third integer before it is mixed.
+pub const UNIT_OFFSET: u64 = 0x632b_e59b_d9b4_e019;
+
 /// A uniform value in `[0, 1)` derived from four integers.
 #[inline]
 pub fn unit_f64(seed: u64, a: u64, b: u64, c: u64) -> f64 {
-    let h = mix64(seed ^ mix64(a ^ mix64(b.wrapping_add(0x632b_e59b_d9b4_e019) ^ mix64(c))));
+    let h = mix64(seed ^ mix64(a ^ mix64(b.wrapping_add(UNIT_OFFSET) ^ mix64(c))));
     (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
@@ -17,6 +20,12 @@ pub fn unit_f64(seed: u64, a: u64, b: u64, c: u64) -> f64 {
 #[inline]
 pub fn row_uniform(seed: u64, table: usize, id: u64, col: usize, bound: f32) -> f32 {
     ((unit_f64(seed, table as u64, id, col as u64) * 2.0 - 1.0) * bound as f64) as f32
+}
+
+/// The initialisation bound of a table of `rows` rows: `1/√rows`, in f32.
+#[inline]
+pub fn init_bound(rows: u64) -> f32 {
+    1.0 / (rows as f32).sqrt()
 }
 
 /// The seeded initial row of `id` in a table whose initialisation bound is `bound`

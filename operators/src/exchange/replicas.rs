@@ -60,7 +60,7 @@ impl Replicas {
         let mut row = vec![0.0f32; dim];
         let mut st = vec![0.0f32; state_width];
         for (t, ids) in replicated.iter().enumerate() {
-            let bound = 1.0 / (table_sizes[t] as f32).sqrt();
+            let bound = crate::rng::init_bound(table_sizes[t]);
             for &id in ids {
                 if r.index[t].contains_key(&id) {
                     continue;

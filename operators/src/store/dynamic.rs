@@ -83,7 +83,7 @@ impl DynamicStore {
             optimizer: p.optimizer,
             hp: p.hp,
             table_sizes: p.table_sizes.to_vec(),
-            bounds: p.table_sizes.iter().map(|&n| 1.0 / (n as f32).sqrt()).collect(),
+            bounds: p.table_sizes.iter().map(|&n| crate::rng::init_bound(n)).collect(),
             index: p.table_sizes.iter().map(|_| FxHashMap::default()).collect(),
             rows: Vec::new(),
             state: Vec::new(),

@@ -497,7 +497,7 @@ impl EmbeddingStore for Store {
     }
 }
 
-pub use crate::rng::init_row;
+pub use crate::rng::{init_bound, init_row, UNIT_OFFSET};
 
 #[cfg(test)]
 mod tests;

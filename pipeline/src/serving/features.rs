@@ -93,14 +93,19 @@ fn unspelled(format: &str) -> String {
     )
 }
 
+/// The steps of `mix64` (the MurmurHash3 finaliser) with its constants.
+pub(super) fn mix64_steps() -> Value {
+    json!({
+        "steps": "x ^= x >> 33; x = x * m1 mod 2^64; x ^= x >> 33; x = x * m2 mod 2^64; x ^= x >> 33",
+        "m1": hex(MIX64_M1),
+        "m2": hex(MIX64_M2),
+    })
+}
+
 /// `mix64` and `field_seed` with their constants.
 fn mix64_section(hash_seed: u64) -> Value {
     json!({
-        "mix64": {
-            "steps": "x ^= x >> 33; x = x * m1 mod 2^64; x ^= x >> 33; x = x * m2 mod 2^64; x ^= x >> 33",
-            "m1": hex(MIX64_M1),
-            "m2": hex(MIX64_M2),
-        },
+        "mix64": mix64_steps(),
         "hash_seed": hash_seed,
         "field_seed": {
             "formula": "field_seed(s, i) = mix64(s ^ mix64(golden ^ i)), i a 0-based index",

@@ -20,6 +20,18 @@ pub struct TableTensor {
     pub shape: Vec<usize>,
     /// `rows × width` values.
     pub values: Vec<f32>,
+    /// The embedding table it comes from.
+    pub table: usize,
+    /// The columns of that table's rows it holds (`first..last`).
+    pub columns: std::ops::Range<usize>,
+}
+
+impl TableTensor {
+    /// The rows of `ids` (each below the row count), in that order: `ids.len() × width` values.
+    pub fn gather(&self, ids: &[u64]) -> Vec<f32> {
+        let width = self.shape[1];
+        ids.iter().flat_map(|&id| &self.values[id as usize * width..(id as usize + 1) * width]).copied().collect()
+    }
 }
 
 /// Splits (or renames) `tables` (one per sparse field, `rows × embedding_dim`
@@ -39,16 +51,30 @@ pub fn table_tensors(model: &ModelConfig, names: &InputNames, tables: Vec<Vec<f3
                     name: format!("first_order.{name}"),
                     shape: vec![rows, 1],
                     values: table.iter().step_by(e).copied().collect(),
+                    table: f,
+                    columns: 0..1,
                 });
                 if k > 0 && f < first_wide_only {
                     let mut v = Vec::with_capacity(rows * k);
                     for row in table.chunks_exact(e) {
                         v.extend_from_slice(&row[1..]);
                     }
-                    out.push(TableTensor { name: format!("embeddings.{name}"), shape: vec![rows, k], values: v });
+                    out.push(TableTensor {
+                        name: format!("embeddings.{name}"),
+                        shape: vec![rows, k],
+                        values: v,
+                        table: f,
+                        columns: 1..e,
+                    });
                 }
             }
-            _ => out.push(TableTensor { name: format!("embeddings.{name}"), shape: vec![rows, e], values: table }),
+            _ => out.push(TableTensor {
+                name: format!("embeddings.{name}"),
+                shape: vec![rows, e],
+                values: table,
+                table: f,
+                columns: 0..e,
+            }),
         }
     }
     out
@@ -68,15 +94,19 @@ mod tests {
         let model = ModelConfig::Fm(c);
         let names = input_names(&model, None, None);
         let t = table_tensors(&model, &names, vec![vec![1., 2., 3., 4., 5., 6.], vec![7., 8., 9.]]);
-        let got: Vec<(&str, &[usize], &[f32])> =
-            t.iter().map(|t| (t.name.as_str(), t.shape.as_slice(), t.values.as_slice())).collect();
+        type Described<'a> = (&'a str, &'a [usize], &'a [f32], usize, std::ops::Range<usize>);
+        let got: Vec<Described> = t
+            .iter()
+            .map(|t| (t.name.as_str(), t.shape.as_slice(), t.values.as_slice(), t.table, t.columns.clone()))
+            .collect();
         assert_eq!(
             got,
             [
-                ("first_order.field_0", &[2, 1][..], &[1., 4.][..]),
-                ("embeddings.field_0", &[2, 2][..], &[2., 3., 5., 6.][..]),
-                ("first_order.cross_0", &[1, 1][..], &[7.][..]),
+                ("first_order.field_0", &[2, 1][..], &[1., 4.][..], 0, 0..1),
+                ("embeddings.field_0", &[2, 2][..], &[2., 3., 5., 6.][..], 0, 1..3),
+                ("first_order.cross_0", &[1, 1][..], &[7.][..], 1, 0..1),
             ]
         );
+        assert_eq!(t[1].gather(&[1, 0]), [5., 6., 2., 3.]);
     }
 }

@@ -1,9 +1,10 @@
 //! Serving snapshots (`tiderec export`): the model of a checkpoint without
 //! its optimizer state, in one safetensors file plus its description.
 //!
-//! `model.safetensors` holds named F32 tensors (the caller names them: the
-//! dense layers with PyTorch's names and layouts, one embedding table per
-//! field, `[rows, dim]` with row `i` = id `i`); `model.json` holds the
+//! `model.safetensors` holds named tensors, F32 values and U64 ids (the caller
+//! names them: the dense layers with PyTorch's names and layouts, one embedding
+//! table per field, `[rows, dim]` with row `i` = id `i`, or its trained rows and
+//! their ids); `model.json` holds the
 //! description the caller builds (model kind, every tensor's shape, the
 //! forward computation, the feature pipeline). Both are written to
 //! temporary names in the directory, fsynced and renamed, so a reader never
@@ -28,7 +29,25 @@ pub struct ServingTensor<'a> {
     /// Its shape (the product is `values.len()`).
     pub shape: Vec<usize>,
     /// The values.
-    pub values: &'a [f32],
+    pub values: ServingValues<'a>,
+}
+
+/// The values of a [`ServingTensor`].
+#[derive(Clone, Copy, Debug)]
+pub enum ServingValues<'a> {
+    /// Parameters.
+    F32(&'a [f32]),
+    /// Row ids.
+    U64(&'a [u64]),
+}
+
+impl ServingValues<'_> {
+    fn len(&self) -> usize {
+        match self {
+            ServingValues::F32(v) => v.len(),
+            ServingValues::U64(v) => v.len(),
+        }
+    }
 }
 
 /// Writes `dir/model.safetensors` (the `tensors`, in this order) and
@@ -75,7 +94,14 @@ fn write_both(
     };
     let list: Vec<Tensor> = tensors
         .iter()
-        .map(|t| Tensor { name: t.name.clone(), shape: t.shape.clone(), values: Values::F32(t.values) })
+        .map(|t| Tensor {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            values: match t.values {
+                ServingValues::F32(v) => Values::F32(v),
+                ServingValues::U64(v) => Values::U64(v),
+            },
+        })
         .collect();
     let metadata = HashMap::from([("format".to_string(), "tiderec-serving".to_string())]);
     write(tmp_model, &list, metadata)?;
@@ -99,7 +125,8 @@ mod tests {
     fn writes_named_tensors_and_refuses_a_wrong_shape() {
         let dir = tempfile::tempdir().unwrap();
         let w = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
-        let t = |name: &str, shape: Vec<usize>| ServingTensor { name: name.into(), shape, values: &w };
+        let t =
+            |name: &str, shape: Vec<usize>| ServingTensor { name: name.into(), shape, values: ServingValues::F32(&w) };
         let out = dir.path().join("serve");
         write_serving(&out, &[t("bottom.0.weight", vec![2, 3])], &serde_json::json!({"kind": "dlrm"})).unwrap();
         let names: Vec<String> =
