@@ -335,16 +335,20 @@ training time. Rerun: `python3 scripts/benchmarks.py --only deltas`.
     "freshness": """\
 ## Freshness: from a produced record to a served score
 
-The Criteo sample replayed {repeat}× into a one-partition topic of a tansu broker on
-127.0.0.1 at {rate:,} records/s (`tiderec produce --rate {rate}`); `tiderec online`
-(defaults: DLRM, 1 worker, batch 128) trains on it with `--checkpoint-seconds 1`, and
-`tiderec serve --reload-every 0.1` follows its checkpoint directory while the script asks
-`/health` every 20 ms. A record's freshness is the time from its produce time (its offset
-on the producer's steady schedule) until the server names a checkpoint whose Kafka
-offset is past it, i.e. a model that trained on it; every 50th record is measured.
-Delta checkpoints (the default) alternate with `--checkpoint-deltas 0` (every
-checkpoint whole: the baseline). Checkpoint bytes are all checkpoints the run wrote, over
-its training time. Rerun: `python3 scripts/benchmarks.py --only freshness`.
+The Criteo sample replayed {repeat}× into a tansu broker on 127.0.0.1 at {rate:,}
+records/s (`tiderec produce --rate {rate}`); `tiderec online` (defaults: DLRM, batch 128)
+trains on it with `--checkpoint-seconds 1`, and `tiderec serve --reload-every 0.1`
+follows its checkpoint directory while the script asks `/health` every 20 ms. A record's
+freshness is the time from its produce time (its offset on the producer's steady
+schedule) until the server names a checkpoint whose Kafka offset of the record's
+partition is past it, i.e. a model that trained on it; every 50th record is measured.
+Delta checkpoints (the default) with 1 worker on a one-partition topic, and with 2
+workers on a two-partition topic, alternate with `--checkpoint-deltas 0` (1 worker,
+every checkpoint whole: the baseline). Checkpoint bytes are all checkpoints the run
+wrote, over its training time. The last row is what checkpoints of every row of every
+table would write at the same cadence (not run: the tables' rows × (dim + optimizer
+state) × 4 bytes, from the shards' own metadata, plus the dense file, per checkpoint).
+Rerun: `python3 scripts/benchmarks.py --only freshness`.
 """,
     "avx2": """\
 ## AVX2-only kernels against the build before runtime kernel selection
@@ -1133,13 +1137,33 @@ def health(port):
         return json.loads(r.read())
 
 
-def freshness_run(run, deltas, rate):
-    """One produce → online → serve run; the freshness of every 50th record (s) and the checkpoint bytes/s."""
+def safetensors_metadata(path):
+    """The `__metadata__` of a safetensors file's header."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
+def whole_tables_bytes(ckpt):
+    """Bytes a checkpoint listing every row of every table would hold: the rows and their
+    optimizer state at 4 bytes a value (the shards' metadata give the table sizes, the
+    width and the state width), plus the dense file of `ckpt`."""
+    shard = next(e.path for e in os.scandir(ckpt) if e.name.startswith("shard-"))
+    meta = safetensors_metadata(shard)
+    rows = sum(json.loads(meta["table_sizes"]))
+    return rows * (int(meta["dim"]) + int(meta["state_width"])) * 4 + os.path.getsize(
+        os.path.join(ckpt, "dense.safetensors"))
+
+
+def freshness_run(run, deltas, rate, workers):
+    """One produce → online → serve run with `workers` workers on as many partitions; the
+    freshness of every 50th record (s), the checkpoint bytes/s and what checkpoints of every
+    row would write per second."""
     lines = sum(1 for _ in open(run.args.criteo, "rb"))
     total = lines * run.s.fresh_repeat
     port, serve_port = free_port(), free_port()
     url = f"tcp://127.0.0.1:{port}"
-    ck = os.path.join(run.tmp, f"fresh-{deltas}")
+    ck = os.path.join(run.tmp, f"fresh-{deltas}-{workers}")
     shutil.rmtree(ck, ignore_errors=True)
     summary = ck + ".json"
     if os.path.exists(summary):
@@ -1156,12 +1180,12 @@ def freshness_run(run, deltas, rate):
             [run.args.tiderec, "online", "--brokers", brokers, "--topic", "fresh", "--group", "bench",
              "--start", "earliest", "--progress", "none", "--checkpoint-dir", ck, "--checkpoint-seconds", "1",
              "--keep-checkpoints", "1000", "--checkpoint-deltas", str(deltas), "--batch-size", str(batch),
-             "--summary-json", summary],
+             "--workers", str(workers), "--summary-json", summary],
             stdout=subprocess.DEVNULL, stderr=open(ck + ".log", "w"))
         procs.append(online)
         t0 = time.time()
         producer = subprocess.Popen(
-            [run.args.tiderec, "produce", "--brokers", brokers, "--topic", "fresh", "--partitions", "1",
+            [run.args.tiderec, "produce", "--brokers", brokers, "--topic", "fresh", "--partitions", str(workers),
              "--from", f"criteo:{run.args.criteo}", "--repeat", str(run.s.fresh_repeat), "--rate", str(rate),
              "--progress", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(producer)
@@ -1174,7 +1198,7 @@ def freshness_run(run, deltas, rate):
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(serve)
         wait_port(serve_port)
-        served = []  # (time, next offset of the served checkpoint)
+        served = []  # (time, next offset of each partition in the served checkpoint)
         offsets = {}
         # Until the producer is done and the served model has not moved for 3 s (the trainer
         # waits for a full batch that never comes; its last checkpoint is served).
@@ -1188,7 +1212,8 @@ def freshness_run(run, deltas, rate):
             if path not in offsets:
                 try:
                     with open(os.path.join(path, "manifest.json")) as f:
-                        offsets[path] = json.load(f)["data_position"]["kafka_offsets"].get("fresh/0", 0)
+                        kafka = json.load(f)["data_position"]["kafka_offsets"]
+                    offsets[path] = tuple(kafka.get(f"fresh/{p}", 0) for p in range(workers))
                 except OSError:
                     offsets[path] = None
             if offsets[path] is not None:
@@ -1202,19 +1227,23 @@ def freshness_run(run, deltas, rate):
         if online.wait(timeout=60) != 0:
             raise Failed(f"`tiderec online` exited {online.returncode} on SIGTERM: {open(ck + '.log').read()[-300:]}")
         fresh = []
+        # Record i is offset i // P of partition i % P; the served offsets only grow.
         k = 0
         for i in range(0, total, 50):
-            while k < len(served) and served[k][1] <= i:
+            p, o = i % workers, i // workers
+            while k < len(served) and served[k][1][p] <= o:
                 k += 1
             if k == len(served):
                 break
             fresh.append(served[k][0] - (t0 + i / rate))
-        written = sum(dir_bytes_of(e.path) for e in os.scandir(ck) if e.name.startswith("ckpt-"))
+        ckpts = [e.path for e in os.scandir(ck) if e.name.startswith("ckpt-")]
+        written = sum(dir_bytes_of(c) for c in ckpts)
         with open(summary) as f:
             seconds = json.load(f).get("train_seconds") or (time.time() - t0)
         if len(fresh) < 10:
             raise Failed(f"only {len(fresh)} marked records reached a served model")
-        return fresh, written / seconds
+        every_row = whole_tables_bytes(max(ckpts, key=lambda c: int(c.rsplit("-", 1)[1]))) * len(ckpts)
+        return fresh, written / seconds, every_row / seconds
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -1229,23 +1258,30 @@ def quantile(values, q):
 
 def section_freshness(run):
     rate = 5000
+    sides = (("deltas", 16, 1), ("deltas2", 16, 2), ("whole", 0, 1))
     rounds = []
     for r in range(run.rounds):
         row = {"load": os.getloadavg()[0]}
-        for deltas in ((16, 0) if r % 2 == 0 else (0, 16)):
-            fresh, rate_bytes = freshness_run(run, deltas, rate)
-            row["deltas" if deltas else "whole"] = {"p50": quantile(fresh, 0.5), "p99": quantile(fresh, 0.99),
-                                                    "bytes_per_s": rate_bytes}
+        for side, deltas, workers in sides[r % 3:] + sides[:r % 3]:
+            fresh, rate_bytes, every_row = freshness_run(run, deltas, rate, workers)
+            row[side] = {"p50": quantile(fresh, 0.5), "p99": quantile(fresh, 0.99), "bytes_per_s": rate_bytes,
+                         "every_row_per_s": every_row}
         rounds.append(row)
     med = lambda side, key: statistics.median(per_round(rounds, side, key))  # noqa: E731
-    rows = [[label, num(med("deltas", key), 2), num(med("whole", key), 2), ratio(med("deltas", key) / med("whole", key))]
+    rows = [[label, num(med("deltas", key), 2), num(med("deltas2", key), 2), num(med("whole", key), 2),
+             ratio(med("deltas", key) / med("whole", key))]
             for label, key in (("freshness p50, s", "p50"), ("freshness p99, s", "p99"))]
-    rows.append(["checkpoint bytes per training second, MB/s", num(med("deltas", "bytes_per_s") / 1e6, 1),
-                 num(med("whole", "bytes_per_s") / 1e6, 1),
+    mb = lambda side, key: med(side, key) / 1e6  # noqa: E731
+    rows.append(["checkpoint bytes per training second, MB/s", num(mb("deltas", "bytes_per_s"), 1),
+                 num(mb("deltas2", "bytes_per_s"), 1), num(mb("whole", "bytes_per_s"), 1),
                  f"**{ratio(med('deltas', 'bytes_per_s') / med('whole', 'bytes_per_s'))}**"])
+    every = med("deltas", "every_row_per_s")
+    rows.append(["checkpoints of every row of every table (computed), MB/s", num(every / 1e6, 1), "", "",
+                 f"every row / deltas: **{ratio(every / med('deltas', 'bytes_per_s'))}**"])
     return PROSE["freshness"].format(repeat=run.s.fresh_repeat, rate=rate), table(
-        ["what (median over the rounds)", "deltas (default)", "`--checkpoint-deltas 0` (baseline)", "deltas / whole"],
-        rows, right=range(1, 4))
+        ["what (median over the rounds)", "deltas (default), 1 worker", "deltas, 2 workers",
+         "`--checkpoint-deltas 0`, 1 worker (baseline)", "deltas (1 worker) / whole"],
+        rows, right=range(1, 5))
 
 
 def section_serve(run):
