@@ -36,6 +36,17 @@ fn run(name: &str, args: &[&str]) -> String {
 }
 
 #[test]
+fn checkpoint_resume_continues_bit_for_bit() {
+    let dir = std::env::temp_dir().join(format!("tiderec-example-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = run("checkpoint_resume", &[dir.to_str().unwrap()]);
+    assert!(out.contains("wrote") && out.contains("ckpt-30"), "{out}");
+    assert!(out.contains("resumed from step 30"), "{out}");
+    assert!(dir.join("ckpt-30/manifest.json").is_file(), "the checkpoint is a directory of its own");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn custom_model_learns() {
     let out = run("custom_model", &[]);
     assert!(out.contains("held-out AUC"), "{out}");

@@ -15,7 +15,7 @@ use tiderec_sinks::checkpoint::{self, write, DataPosition, Manifest};
 /// What identifies a run in its manifests.
 #[derive(Clone, Debug)]
 pub(super) struct RunIdentity {
-    /// The trainer configuration (see [`super::manifest_config`]).
+    /// The trainer configuration ([`tiderec_sinks::checkpoint::manifest::recorded_config`]).
     pub config: serde_json::Value,
     pub seed: u64,
     pub batch_size: u64,

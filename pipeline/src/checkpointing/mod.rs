@@ -149,27 +149,6 @@ pub enum Note {
     Restored(Result<Option<u64>, String>),
 }
 
-/// The configuration recorded in (and compared with) manifests: the trainer
-/// configuration without the seed (which the manifest holds separately) and
-/// without the store settings when they are the default.
-pub fn manifest_config(config: &TrainerConfig) -> serde_json::Value {
-    // Through text, so f32 hyper-parameters read `0.001`, not their f64 widening.
-    let text = serde_json::to_string(config).unwrap_or_default();
-    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    if let Some(map) = v.as_object_mut() {
-        map.remove("seed");
-        // How embeddings travel between workers does not change the model: a
-        // run may resume with another exchange strategy.
-        map.remove("exchange");
-        // The default (fixed) store is left out, so checkpoints written before
-        // stores existed still match.
-        if config.store == tiderec_operators::store::StoreConfig::default() {
-            map.remove("store");
-        }
-    }
-    v
-}
-
 /// Locks the checkpoint directory `dir` for process `process` of `processes` running
 /// `command` (`tiderec train`, `tiderec online`), creating it if missing. Held until the
 /// returned lock is dropped; another run's lock is [`LockError::Held`](crate::dir_lock::LockError::Held).
@@ -238,7 +217,12 @@ pub fn load_for_resume(
     };
     let mut found = found;
     upgrade_model_kind(&mut found.manifest.config, &mut found.manifest.config_hash);
-    found.manifest.check_compatible(&found.path, &manifest_config(config), config.seed, batch_size)?;
+    found.manifest.check_compatible(
+        &found.path,
+        &tiderec_sinks::checkpoint::manifest::recorded_config(config),
+        config.seed,
+        batch_size,
+    )?;
     match FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)? {
         Some(recorded) => {
             let differences = recorded.differences(pipeline, "run");

@@ -4,7 +4,7 @@
 
 use super::commit::{Commit, RunIdentity};
 use super::job::Job;
-use super::{manifest_config, CheckpointOptions, Note, Position, ShardWritten};
+use super::{CheckpointOptions, Note, Position, ShardWritten};
 use crate::error::CheckpointAction;
 use crate::PipelineError;
 use std::path::PathBuf;
@@ -12,6 +12,7 @@ use std::time::Instant;
 use tiderec_operators::collective::Collective;
 use tiderec_operators::optim::DenseOptimizerState;
 use tiderec_operators::train::{Trainer, TrainerConfig};
+use tiderec_sinks::checkpoint::manifest::recorded_config;
 use tiderec_sinks::checkpoint::{write, Checkpoint, DeltaLink, FileEntry};
 use timely::worker::Worker;
 
@@ -114,7 +115,7 @@ impl Checkpointer {
         Checkpointer {
             collective: Collective::new(worker),
             options,
-            identity: RunIdentity { config: manifest_config(config), seed: config.seed, batch_size },
+            identity: RunIdentity { config: recorded_config(config), seed: config.seed, batch_size },
             last_step: None,
             in_flight: None,
             durable: None,

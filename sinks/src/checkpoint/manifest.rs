@@ -22,6 +22,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
+use tiderec_operators::store::StoreConfig;
+use tiderec_operators::train::TrainerConfig;
 
 /// Version of the checkpoint layout written by this build: 2 adds deltas
 /// ([`Manifest::delta`]) and checkpoints of updated rows only
@@ -192,7 +194,54 @@ pub fn config_differences(checkpoint: &Value, now: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The configuration a manifest records of a trainer (and compares a resumed run's
+/// with): the trainer configuration without the seed (which the manifest holds
+/// separately), without the exchange (a run may resume with another) and without the
+/// store settings when they are the default (the fixed store).
+pub fn recorded_config(config: &TrainerConfig) -> Value {
+    // Through text, so f32 hyper-parameters read `0.001`, not their f64 widening.
+    let text = serde_json::to_string(config).unwrap_or_default();
+    let mut v: Value = serde_json::from_str(&text).unwrap_or_default();
+    if let Some(map) = v.as_object_mut() {
+        map.remove("seed");
+        map.remove("exchange");
+        // Checkpoints written before stores existed still match.
+        if config.store == StoreConfig::default() {
+            map.remove("store");
+        }
+    }
+    v
+}
+
 impl Manifest {
+    /// The manifest of a checkpoint of a trainer of `config` at `step`, with global batch
+    /// size `batch_size`, for a program that writes checkpoints itself
+    /// ([`write_checkpoint`](super::write::write_checkpoint) fills in `files`, `workers`
+    /// and `updated_only` from the parts, [`Trainer::snapshot`](tiderec_operators::train::Trainer::snapshot)'s):
+    /// no feature pipeline, no delta, the data position at `step` steps into the first
+    /// epoch and the progress empty, for the caller to change where it knows better.
+    pub fn for_trainer(config: &TrainerConfig, step: u64, batch_size: u64) -> Manifest {
+        let recorded = recorded_config(config);
+        Manifest {
+            format_version: FORMAT_VERSION,
+            step,
+            epoch: 0,
+            steps_in_epoch: step,
+            samples: step * batch_size,
+            seed: config.seed,
+            batch_size,
+            workers: 0,
+            config_hash: config_hash(&recorded),
+            config: recorded,
+            pipeline: None,
+            data_position: DataPosition { global_steps_in_epoch: step, ..DataPosition::default() },
+            progress: TrainingProgress::default(),
+            files: BTreeMap::new(),
+            delta: None,
+            updated_only: false,
+        }
+    }
+
     /// Checks that this checkpoint can continue a run with `config`, `seed`
     /// and `batch_size`; the error names every difference.
     pub fn check_compatible(&self, path: &Path, config: &Value, seed: u64, batch_size: u64) -> Result<(), SinkError> {

@@ -235,10 +235,12 @@ fn parent_of(path: &Path) -> Option<u64> {
     serde_json::from_str::<Link>(&text).ok()?.delta.map(|d| d.parent)
 }
 
-/// All steps at once, for a program that holds every part (tests, single-threaded tools):
-/// writes the parts and the dense file of `parts` (worker 0's dense parameters, the
-/// dense-optimizer slices joined), fills in `manifest.files`, commits and prunes to `keep`.
-/// Returns the checkpoint's path and the prune warnings.
+/// All steps at once, for a program that holds every part (tests, single-threaded tools,
+/// the `checkpoint_resume` example): writes the parts and the dense file of `parts`
+/// (worker 0's dense parameters, the dense-optimizer slices joined), fills in
+/// `manifest.files`, `manifest.workers` and `manifest.updated_only` (whether the parts
+/// leave out the rows never updated), commits and prunes to `keep`. Returns the
+/// checkpoint's path and the prune warnings.
 pub fn write_checkpoint(
     dir: &Path,
     parts: &[WorkerSnapshot],
@@ -258,6 +260,7 @@ pub fn write_checkpoint(
     let (name, entry) = write_dense(&tmp, manifest.step, &first.dense_params, &state)?;
     manifest.files.insert(name, entry);
     manifest.workers = parts.len();
+    manifest.updated_only = parts.iter().any(|p| p.updated_only);
     let path = commit(dir, &tmp, &manifest)?;
     Ok((path, prune(dir, manifest.step, keep)))
 }
