@@ -23,7 +23,7 @@
 //! ```
 
 use tiderec_operators::metrics::auc;
-use tiderec_operators::nn::{DlrmConfig, Model, ModelConfig};
+use tiderec_operators::nn::{Model, ModelConfig, ModelInputs};
 use tiderec_operators::optim::OptimizerParams;
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
@@ -134,16 +134,9 @@ impl Model<f32> for FwFm {
 
 fn main() {
     let data = SyntheticCriteo::new(SyntheticConfig::kaggle_like(7, 1000)).expect("valid synthetic config");
-    // The shape the trainer checks batches against (dense features, fields, row width);
-    // the model that trains is the FwFM handed to `with_model`.
-    let shape = ModelConfig::Dlrm(DlrmConfig {
-        num_dense: NUM_DENSE,
-        num_sparse: NUM_SPARSE,
-        dim: DIM,
-        bottom: vec![DIM],
-        top: vec![1],
-        self_interaction: false,
-    });
+    // What the FwFM handed to `with_model` reads: the shape the trainer checks batches
+    // against (dense features, fields, row width).
+    let shape = ModelConfig::Custom(ModelInputs::new(NUM_DENSE, NUM_SPARSE, DIM));
     let config = TrainerConfig::builder(shape, data.config().table_sizes.clone())
         .seed(7)
         .dense_hp(OptimizerParams::with_lr(0.01))

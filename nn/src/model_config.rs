@@ -30,6 +30,47 @@ pub enum ModelConfig {
     Fm(FmConfig),
     /// GRU interest extraction and attention over behaviour sequences (see [`DienConfig`]).
     Dien(DienConfig),
+    /// A model of the caller's own, given to the trainer built
+    /// (`Trainer::with_model`): only the inputs it reads are declared here.
+    Custom(ModelInputs),
+}
+
+/// What a model of the caller's own reads ([`ModelConfig::Custom`]): the shape every
+/// batch must have and the width of the embedding rows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelInputs {
+    /// Dense features per sample.
+    pub num_dense: usize,
+    /// Sparse fields per sample (one embedding table each).
+    pub num_sparse: usize,
+    /// Width of the embedding rows.
+    pub dim: usize,
+    /// Behaviour-sequence fields per sample (0 without).
+    #[serde(default)]
+    pub num_sequences: usize,
+    /// Longest sequence a sample may carry (0 without sequences).
+    #[serde(default)]
+    pub max_len: usize,
+}
+
+impl ModelInputs {
+    /// Inputs of `num_dense` dense features and `num_sparse` fields of `dim`-wide rows.
+    pub fn new(num_dense: usize, num_sparse: usize, dim: usize) -> Self {
+        ModelInputs { num_dense, num_sparse, dim, num_sequences: 0, max_len: 0 }
+    }
+
+    fn validate(&self) -> Result<(), OperatorError> {
+        if self.dim == 0 {
+            return Err(OperatorError::config("model.dim", "a custom model reads embedding rows at least 1 wide"));
+        }
+        if (self.num_sequences > 0) != (self.max_len > 0) {
+            return Err(OperatorError::config(
+                "model.max_len",
+                "sequences need a positive max_len, and a positive max_len needs sequences",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The serialized form of [`ModelConfig`]: one tag per model kind.
@@ -42,6 +83,7 @@ enum TaggedModelConfig {
     DeepFm(FmConfig),
     Wdl(FmConfig),
     Dien(DienConfig),
+    Custom(ModelInputs),
 }
 
 impl From<TaggedModelConfig> for ModelConfig {
@@ -53,6 +95,7 @@ impl From<TaggedModelConfig> for ModelConfig {
             | TaggedModelConfig::DeepFm(c)
             | TaggedModelConfig::Wdl(c) => ModelConfig::Fm(c),
             TaggedModelConfig::Dien(c) => ModelConfig::Dien(c),
+            TaggedModelConfig::Custom(c) => ModelConfig::Custom(c),
         }
     }
 }
@@ -68,6 +111,7 @@ impl From<ModelConfig> for TaggedModelConfig {
                 _ => TaggedModelConfig::Wdl(c),
             },
             ModelConfig::Dien(c) => TaggedModelConfig::Dien(c),
+            ModelConfig::Custom(c) => TaggedModelConfig::Custom(c),
         }
     }
 }
@@ -84,7 +128,7 @@ pub fn default_learning_rates(name: &str) -> Option<(f32, f32)> {
         "lr" => (0.01, 0.05),
         "fm" => (0.01, 0.01),
         "deepfm" | "wdl" => (0.001, 0.01),
-        "dlrm" | "dien" | "dien-sum" => (0.001, 0.05),
+        "dlrm" | "dien" | "dien-sum" | "custom" => (0.001, 0.05),
         _ => return None,
     })
 }
@@ -96,6 +140,7 @@ impl ModelConfig {
             ModelConfig::Dlrm(c) => c.num_dense,
             ModelConfig::Fm(c) => c.num_dense,
             ModelConfig::Dien(c) => c.num_dense,
+            ModelConfig::Custom(c) => c.num_dense,
         }
     }
 
@@ -105,6 +150,7 @@ impl ModelConfig {
             ModelConfig::Dlrm(c) => c.num_sparse,
             ModelConfig::Fm(c) => c.num_sparse,
             ModelConfig::Dien(c) => c.num_sparse,
+            ModelConfig::Custom(c) => c.num_sparse,
         }
     }
 
@@ -112,6 +158,7 @@ impl ModelConfig {
     pub fn num_sequences(&self) -> usize {
         match self {
             ModelConfig::Dien(c) => c.num_sequences,
+            ModelConfig::Custom(c) => c.num_sequences,
             _ => 0,
         }
     }
@@ -120,6 +167,7 @@ impl ModelConfig {
     pub fn max_sequence_len(&self) -> usize {
         match self {
             ModelConfig::Dien(c) => c.max_len,
+            ModelConfig::Custom(c) => c.max_len,
             _ => 0,
         }
     }
@@ -130,6 +178,7 @@ impl ModelConfig {
             ModelConfig::Dlrm(c) => c.dim,
             ModelConfig::Fm(c) => c.embedding_dim(),
             ModelConfig::Dien(c) => c.dim,
+            ModelConfig::Custom(c) => c.dim,
         }
     }
 
@@ -148,12 +197,13 @@ impl ModelConfig {
         default_learning_rates(self.name()).expect("every model kind has default learning rates")
     }
 
-    /// A short name (`dlrm`, `lr`, `fm`, `deepfm`, `wdl`, `dien`, `dien-sum`).
+    /// A short name (`dlrm`, `lr`, `fm`, `deepfm`, `wdl`, `dien`, `dien-sum`, `custom`).
     pub fn name(&self) -> &'static str {
         match self {
             ModelConfig::Dlrm(_) => "dlrm",
             ModelConfig::Fm(c) => c.name(),
             ModelConfig::Dien(c) => c.name(),
+            ModelConfig::Custom(_) => "custom",
         }
     }
 
@@ -180,6 +230,8 @@ impl ModelConfig {
             }
             ModelConfig::Fm(_) => Vec::new(),
             ModelConfig::Dien(c) => chain(c.num_dense + c.num_sparse * c.dim + 2 * c.interest_dim(), &c.mlp, Some(1)),
+            // Its products are its own: no kernel is chosen for them.
+            ModelConfig::Custom(_) => Vec::new(),
         }
     }
 
@@ -197,15 +249,22 @@ impl ModelConfig {
             ModelConfig::Dlrm(c) => c.validate(),
             ModelConfig::Fm(c) => c.validate(),
             ModelConfig::Dien(c) => c.validate(),
+            ModelConfig::Custom(c) => c.validate(),
         }
     }
 
-    /// Builds and initialises the model from `seed`.
+    /// Builds and initialises the model from `seed`; a custom model is the caller's to build.
     pub fn build<T: Scalar>(&self, seed: u64) -> Result<Box<dyn Model<T>>, OperatorError> {
         Ok(match self {
             ModelConfig::Dlrm(c) => Box::new(Dlrm::<T>::new(c.clone(), seed)?),
             ModelConfig::Fm(c) => Box::new(Fm::<T>::new(c.clone(), seed)?),
             ModelConfig::Dien(c) => Box::new(Dien::<T>::new(c.clone(), seed)?),
+            ModelConfig::Custom(_) => {
+                return Err(OperatorError::config(
+                    "model",
+                    "a custom model is built by its program and handed to the trainer (Trainer::with_model)",
+                ))
+            }
         })
     }
 }
@@ -217,6 +276,8 @@ impl ModelConfig {
             ModelConfig::Dlrm(c) => crate::dlrm::param_tensors(c),
             ModelConfig::Fm(c) => crate::deepfm::param_tensors(c),
             ModelConfig::Dien(c) => crate::dien::param_tensors(c),
+            // Its parameters are its own: none is named here.
+            ModelConfig::Custom(_) => Vec::new(),
         }
     }
 }
@@ -249,6 +310,23 @@ mod tests {
         let v = serde_json::to_value(&dlrm).unwrap();
         assert_eq!(v["kind"], "dlrm");
         assert_eq!(serde_json::from_value::<ModelConfig>(v).unwrap(), dlrm);
+    }
+
+    /// A custom model's inputs read back under kind `custom`; the trainer takes its
+    /// shape, and building it is the program's: `build` refuses, naming `with_model`.
+    #[test]
+    fn a_custom_model_declares_its_inputs_only() {
+        let m = ModelConfig::Custom(ModelInputs::new(13, 26, 8));
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(v["kind"], "custom");
+        assert_eq!(serde_json::from_value::<ModelConfig>(v).unwrap(), m);
+        assert_eq!((m.num_dense(), m.num_sparse(), m.embedding_dim(), m.num_sequences()), (13, 26, 8, 0));
+        assert!(m.validate().is_ok() && m.param_tensors().is_empty() && m.mlp_layers().is_empty());
+        let e = m.build::<f32>(1).err().expect("a custom model is not built here").to_string();
+        assert!(e.contains("Trainer::with_model"), "{e}");
+        let flat = ModelConfig::Custom(ModelInputs { max_len: 5, ..ModelInputs::new(1, 2, 4) });
+        assert!(flat.validate().unwrap_err().to_string().contains("model.max_len"));
+        assert!(ModelConfig::Custom(ModelInputs::new(1, 2, 0)).validate().is_err());
     }
 
     /// The listed layers are the built model's: DLRM Kaggle's seven products, and

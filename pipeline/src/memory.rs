@@ -146,6 +146,8 @@ pub fn dense_params(model: &ModelConfig) -> Result<u64, PipelineError> {
             widths.push(1);
             add(gru + attention, mlp_params(&widths, "mlp")?, &|| "the dense model".into())
         }
+        // The command line never builds one; its parameters are its program's.
+        ModelConfig::Custom(_) => Ok(0),
     }
 }
 
@@ -160,6 +162,7 @@ fn activation_width(model: &ModelConfig) -> u64 {
             // Gates, candidate and state per step of the GRU, then the MLP.
             sum(&c.mlp).saturating_add(e.saturating_mul(5).saturating_mul(c.max_len as u64))
         }
+        ModelConfig::Custom(_) => 0,
     }
 }
 

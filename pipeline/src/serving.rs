@@ -25,6 +25,7 @@ use crate::feature_pipeline::FeaturePipeline;
 use crate::PipelineError;
 use serde::Serialize;
 use std::path::Path;
+use tiderec_operators::nn::ModelConfig;
 use tiderec_operators::train::TrainerConfig;
 use tiderec_sinks::checkpoint::export::{write_serving, ServingTensor, ServingValues};
 use tiderec_sinks::checkpoint::{self, Checkpoint};
@@ -94,6 +95,12 @@ fn load_with(path: &Path, keep_ids: bool) -> Result<ServedModel, PipelineError> 
     let config: TrainerConfig = serde_json::from_value(config_json)
         .map_err(|e| checkpoint_error(&found.path, "manifest config").with_source(e))?;
     config.validate().map_err(|e| checkpoint_error(&found.path, format!("its manifest's config is not valid: {e}")))?;
+    if let ModelConfig::Custom(_) = config.model {
+        return Err(checkpoint_error(
+            &found.path,
+            "its model is a program's own (kind `custom`): that program builds it to score (Trainer::with_model)",
+        ));
+    }
     let dense = check_parts(&found, &config)?;
     let pipeline = FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)?;
     if let Some(p) = &pipeline {

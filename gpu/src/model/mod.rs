@@ -101,6 +101,9 @@ pub fn build(config: &ModelConfig, seed: u64, dev: &Device) -> Result<Box<dyn Mo
         ModelConfig::Dien(c) => {
             Box::new(DeviceModel::new(dev, DeviceDien::new(dev, c)?, params, c.num_dense, c.num_sparse, dim)?)
         }
+        ModelConfig::Custom(_) => {
+            return Err(GpuError::Unsupported("a custom model has no device form: it trains on CPU workers".into()))
+        }
     })
 }
 

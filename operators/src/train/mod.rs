@@ -276,10 +276,11 @@ impl Trainer {
 
     /// As [`Trainer::new`], with this worker's model built by the caller: `config.model`
     /// computing on a GPU, say, or a model of your own through the
-    /// [`Model`] trait (the `custom_model` example). The trainer
-    /// takes the input shape from `config.model` (dense features, sparse and sequence
-    /// fields, embedding width, which the model must read) and everything else from
-    /// the model: its flat parameters are what it all-reduces, updates and snapshots.
+    /// [`Model`] trait (the `custom_model` example), declared in the configuration as
+    /// [`ModelConfig::Custom`](crate::nn::ModelConfig::Custom) with the inputs it reads.
+    /// The trainer takes the input shape from `config.model` (dense features, sparse and
+    /// sequence fields, embedding width, which the model must read) and everything else
+    /// from the model: its flat parameters are what it all-reduces, updates and snapshots.
     /// Every worker's model must start from the same parameters (for `config.model`,
     /// initialised from `config.seed`). A model without a DES partial form is refused
     /// when the exchange uses one.
