@@ -617,6 +617,286 @@ fn errors_without_backtraces() {
     }
 }
 
+/// `tiderec train`: checks the settings and the files, trains, and prints the run's summary
+/// (process 0).
+fn run_train(a: TrainArgs) -> anyhow::Result<()> {
+    let settings = a.train.settings()?;
+    tiderec::applicable::check(&settings, tiderec::applicable::For::Train)?;
+    let inputs = run_files::train_inputs(&settings, a.train.config_path())?;
+    paths::check_outputs(&inputs, &run_files::train_outputs(&settings))?;
+    run_files::check_replaced(&settings, None, a.overwrite)?;
+    let data = settings.data.source.clone();
+    let workers = settings.cluster.workers * settings.cluster.processes;
+    eprintln!(
+        "tiderec train: {} on {data}, {workers} worker(s), batch {}, {} optimizer, seed {}",
+        settings.model.kind, settings.run.batch_size, settings.optimizer.dense, settings.run.seed
+    );
+    let summary = tiderec::run::train(&settings).context("training failed")?;
+    let Some(s) = summary else {
+        eprintln!("process {} finished; process 0 reports the metrics", settings.cluster.process);
+        return Ok(());
+    };
+    print_train_summary(&settings, &s);
+    Ok(())
+}
+
+/// Prints the summary of a `train` run.
+fn print_train_summary(settings: &TrainSettings, s: &tiderec_sinks::metrics::RunSummary) {
+    println!("trained {} samples in {} steps ({} epochs) on {} worker(s)", s.samples, s.steps, s.epochs, s.workers);
+    println!("  train loss      {:.4} (last steps), {:.4} (run mean)", s.train_loss, s.train_loss_mean);
+    println!("  eval AUC        {}   (teacher AUC {})", fmt_opt(s.auc), fmt_opt(s.teacher_auc));
+    println!(
+        "  eval logloss    {}   NE {}   calibration {}",
+        fmt_opt(s.logloss),
+        fmt_opt(s.ne),
+        fmt_opt(s.calibration)
+    );
+    println!("  eval PR-AUC     {}   GAUC {}", fmt_opt(s.pr_auc), fmt_opt(s.gauc));
+    println!("  eval accuracy   {}   on {} samples", fmt_opt(s.accuracy), s.eval_samples);
+    println!("  throughput      {:.0} samples/s   ({:.1} s training)", s.samples_per_sec, s.train_seconds);
+    println!("  exchanged       {:.1} bytes/sample", s.bytes_per_sample);
+    println!("  params L2       {:.6}", s.params_l2);
+    println!("  bad records     {} {:?}", s.bad_records, s.bad_records_by_reason);
+    let st = &s.store;
+    println!(
+        "  store ({})  {} lookups: {:.1}% hot, {:.1}% cold, {:.1}% miss; rows {} hot + {} cold",
+        settings.store.kind,
+        st.lookups,
+        100.0 * st.hot_hits as f64 / st.lookups.max(1) as f64,
+        100.0 * st.cold_hits as f64 / st.lookups.max(1) as f64,
+        100.0 * st.misses as f64 / st.lookups.max(1) as f64,
+        st.hot_rows,
+        st.cold_rows
+    );
+    if settings.store.kind != tiderec_operators::store::StoreKind::Fixed {
+        println!(
+            "                  {} admitted, {} updates rejected, {} evicted, {} re-plans moving {} rows",
+            st.admissions, st.rejections, st.evictions, st.replans, st.moves
+        );
+    }
+    if let Some(step) = s.resumed_from_step {
+        println!("  resumed from    step {step}");
+    }
+    if s.evaluations.len() > 1 {
+        let best = s.evaluations.iter().find(|e| Some(e.step) == s.best_step);
+        println!(
+            "  evaluations     {}; best at step {} (epoch {}, AUC {}, logloss {}){}",
+            s.evaluations.len(),
+            best.map_or("n/a".into(), |b| b.step.to_string()),
+            best.map_or("n/a".into(), |b| b.epoch.to_string()),
+            fmt_opt(best.and_then(|b| b.auc)),
+            fmt_opt(best.and_then(|b| b.logloss)),
+            s.early_stopped_at_step
+                .map_or(String::new(), |at| format!("; stopped early after step {at}, the model is the best's"))
+        );
+    }
+    if s.checkpoints_written > 0 {
+        println!(
+            "  checkpoints     {} written: training stalled {:.2} s, writing took {:.2} s ({} steps trained \
+             meanwhile)",
+            s.checkpoints_written, s.checkpoint_seconds, s.checkpoint_write_seconds, s.checkpoint_overlap_steps
+        );
+    }
+    if let Some(p) = &settings.run.metrics_json {
+        println!("  metrics written to {}", p.display());
+    }
+}
+
+/// `tiderec plot`: draws a metrics log's curves to a PNG.
+fn run_plot(a: PlotArgs) -> anyhow::Result<()> {
+    let out = Named::new("--out", &a.out);
+    paths::check_outputs(&[Named::new("--metrics", &a.metrics)], std::slice::from_ref(&out))?;
+    paths::check_new(&out, a.overwrite)?;
+    let n = cli::plot::plot_metrics(&a.metrics, &a.out).context("plot failed")?;
+    println!("plotted {n} reports from {} to {}", a.metrics.display(), a.out.display());
+    Ok(())
+}
+
+/// `tiderec export`: writes a checkpoint's model as a serving snapshot.
+fn run_export(a: ExportArgs) -> anyhow::Result<()> {
+    use tiderec::serving::TableLayout;
+    use tiderec_sinks::checkpoint::export::{CONFIG_FILE, MODEL_FILE};
+    let outputs = [&a.out, &a.out.join(MODEL_FILE), &a.out.join(CONFIG_FILE)].map(|p| Named::new("--out", p));
+    paths::check_outputs(&paths::tree_files("--checkpoint", &a.checkpoint)?, &outputs)?;
+    let layout = if a.compact { TableLayout::Listed } else { TableLayout::Whole };
+    let s = tiderec::serving::export(&a.checkpoint, &a.out, layout).context("export failed")?;
+    let rows = match layout {
+        TableLayout::Whole => format!("{} embedding rows", s.embedding_rows),
+        TableLayout::Listed => format!("{} listed embedding rows of {}", s.embedding_rows, s.table_rows),
+    };
+    println!("exported step {}: {} dense parameters, {rows} to {}", s.step, s.dense_params, a.out.display());
+    Ok(())
+}
+
+/// `tiderec serve`: scores records over HTTP until a stop signal.
+fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
+    let mut options = tiderec::serve::ServeOptions::new(a.checkpoint, a.addr);
+    options.threads = a.threads;
+    options.max_connections_per_ip = a.max_connections_per_ip;
+    options.max_records = a.max_records;
+    options.max_body_bytes = a.max_body_bytes;
+    options.max_body_memory = a.max_body_memory;
+    options.read_timeout = range::seconds("read_timeout", a.read_timeout)?;
+    options.limits.max_batch = a.max_batch;
+    options.limits.max_wait = std::time::Duration::from_micros(a.max_wait_us);
+    let reload_every = range::seconds("reload_every", a.reload_every)?;
+    options.reload_every = (!reload_every.is_zero()).then_some(reload_every);
+    let stop = tiderec::stop::stop_flag()?;
+    tiderec::serve::run(&options, &stop).context("serve failed")?;
+    Ok(())
+}
+
+/// `tiderec eval`: scores labeled records and prints the metrics.
+fn run_eval(a: EvalArgs) -> anyhow::Result<()> {
+    let dead_letters = Named::new("--dead-letters", &a.score.records.0.dead_letters);
+    paths::check_outputs(&a.score.inputs()?, &[dead_letters])?;
+    let mut options = a.score.options(true)?;
+    if let Some(f) = a.eval_fraction {
+        options = options.held_out(f);
+    }
+    let r = tiderec::predict::eval(&options).context("eval failed")?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "step {}: {} samples, AUC {}, logloss {:.4}, accuracy {}, NE {}, calibration {}, PR-AUC {}, GAUC \
+             {}, {} bad records",
+            r.step,
+            r.samples,
+            fmt_opt(r.auc),
+            r.logloss,
+            fmt_opt(r.accuracy),
+            fmt_opt(r.ne),
+            fmt_opt(r.calibration),
+            fmt_opt(r.pr_auc),
+            fmt_opt(r.gauc),
+            r.bad_records
+        );
+    }
+    Ok(())
+}
+
+/// `tiderec predict`: writes one score per record.
+fn run_predict(a: PredictArgs) -> anyhow::Result<()> {
+    let out = Named::new("--out", &a.out);
+    let dead_letters = Named::new("--dead-letters", &a.score.records.0.dead_letters);
+    paths::check_outputs(&a.score.inputs()?, &[out.clone(), dead_letters])?;
+    paths::check_new(&out, a.overwrite)?;
+    let options = a.score.options(!a.unlabeled)?;
+    let r = tiderec::predict::predict(&options, &a.out).context("predict failed")?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "step {}: scored {} records in {:.2} s ({:.0} records/s), {} bad records{}; scores in {}",
+            r.step,
+            r.records,
+            r.seconds,
+            r.records_per_sec,
+            r.bad_records,
+            if r.bad_records > 0 {
+                format!(" (listed in {})", options.records.dead_letters.display())
+            } else {
+                String::new()
+            },
+            a.out.display()
+        );
+    }
+    Ok(())
+}
+
+/// `tiderec spec list`: prints the preset names.
+fn run_spec_list() {
+    for name in tiderec_operators::spec::FeatureSpec::PRESETS {
+        println!("{name}");
+    }
+}
+
+/// `tiderec spec show`: prints a preset as TOML.
+fn run_spec_show(a: SpecShowArgs) -> anyhow::Result<()> {
+    let name = a.name.strip_prefix("preset:").unwrap_or(&a.name);
+    let spec = tiderec_operators::spec::FeatureSpec::preset(name, a.buckets, a.max_len).with_context(|| {
+        format!("no preset `{name}`; presets: {}", tiderec_operators::spec::FeatureSpec::PRESETS.join(", "))
+    })?;
+    println!("# tiderec feature spec: preset `{name}` (edit, then pass with --spec FILE.toml)");
+    print!("{}", spec.to_toml());
+    Ok(())
+}
+
+/// `tiderec spec check`: validates a spec, and learns its ranges from `--data` records.
+fn run_spec_check(a: SpecShowArgs) -> anyhow::Result<()> {
+    let mut spec = tiderec::config::resolve_spec(&a.name, a.buckets, a.max_len)?;
+    if let Some(data) = &a.data {
+        let paths = match tiderec::config::DataSpec::parse("data", data)? {
+            tiderec::config::DataSpec::Csv(paths) => paths,
+            _ => anyhow::bail!("--data: `spec check` reads `csv:PATH[,PATH…]` files"),
+        };
+        let max_line = tiderec::settings::RecordPolicy::default().max_line_bytes;
+        let (learned, warnings) = tiderec::spec_fit::check_ranges(&mut spec, &paths, max_line)?;
+        for line in learned.into_iter().chain(warnings.iter().map(|w| format!("warning: {w}"))) {
+            eprintln!("{line}");
+        }
+    }
+    let (d, s) = spec.shape();
+    println!(
+        "ok: {} columns, {d} dense, {s} sparse fields, {} sequence lists",
+        spec.columns.len(),
+        spec.sequence_lists().count()
+    );
+    Ok(())
+}
+
+/// `tiderec generate elm`: writes elm-shaped CSV lines.
+fn run_generate_elm(a: ElmArgs) -> anyhow::Result<()> {
+    use std::io::Write;
+    paths::check_new(&Named::new("--out", &a.out), a.overwrite)?;
+    let file = std::fs::File::create(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    let mut w = std::io::BufWriter::new(file);
+    let mut line = Vec::new();
+    for i in 0..a.rows {
+        line.clear();
+        tiderec_sources::elm::elm_line(a.seed, i, a.list_scale, &mut line);
+        line.push(b'\n');
+        w.write_all(&line).with_context(|| format!("cannot write {}", a.out.display()))?;
+    }
+    w.flush().with_context(|| format!("cannot write {}", a.out.display()))?;
+    eprintln!("wrote {} elm-shaped lines (list scale {}) to {}", a.rows, a.list_scale, a.out.display());
+    Ok(())
+}
+
+/// `tiderec convert`: converts record files to Parquet and prints the summary.
+fn run_convert(a: ConvertArgs) -> anyhow::Result<()> {
+    let settings = a.into_settings()?;
+    eprintln!("tiderec convert: {} -> parquet:{}", settings.input.data.source, settings.out.display());
+    let s = tiderec::convert::convert(&settings).context("conversion failed")?;
+    if s.interrupted {
+        eprintln!(
+            "interrupted by a signal: {} holds the first {} samples in complete files; convert again \
+             into an empty directory for all of them",
+            s.out, s.rows
+        );
+    }
+    println!(
+        "converted {} rows into {} file(s), {} row group(s) in {} ({:.1} s, {:.0} rows/s)",
+        s.rows,
+        s.files,
+        s.row_groups,
+        s.out,
+        s.seconds,
+        s.rows as f64 / s.seconds.max(1e-9)
+    );
+    println!("  {} -> {} bytes ({:.2}x)", s.bytes_in, s.bytes_out, s.bytes_in as f64 / s.bytes_out.max(1) as f64);
+    println!("  bad records     {} {:?}", s.bad_records, s.bad_records_by_reason);
+    if s.bad_records > 0 {
+        eprintln!(
+            "{} malformed records skipped; see {}",
+            s.bad_records,
+            settings.input.data.records.dead_letters.display()
+        );
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     errors_without_backtraces();
     keep_freed_memory_mapped();
@@ -624,259 +904,19 @@ fn main() -> anyhow::Result<()> {
     // An invalid cap on the vector extensions is refused before any kernel runs.
     tiderec_operators::cpu::check()?;
     match cli.command {
-        Command::Train(args) => {
-            let settings = args.train.settings()?;
-            tiderec::applicable::check(&settings, tiderec::applicable::For::Train)?;
-            let inputs = run_files::train_inputs(&settings, args.train.config_path())?;
-            paths::check_outputs(&inputs, &run_files::train_outputs(&settings))?;
-            run_files::check_replaced(&settings, None, args.overwrite)?;
-            let data = settings.data.source.clone();
-            let workers = settings.cluster.workers * settings.cluster.processes;
-            eprintln!(
-                "tiderec train: {} on {data}, {workers} worker(s), batch {}, {} optimizer, seed {}",
-                settings.model.kind, settings.run.batch_size, settings.optimizer.dense, settings.run.seed
-            );
-            let summary = tiderec::run::train(&settings).context("training failed")?;
-            let Some(s) = summary else {
-                eprintln!("process {} finished; process 0 reports the metrics", settings.cluster.process);
-                return Ok(());
-            };
-            println!(
-                "trained {} samples in {} steps ({} epochs) on {} worker(s)",
-                s.samples, s.steps, s.epochs, s.workers
-            );
-            println!("  train loss      {:.4} (last steps), {:.4} (run mean)", s.train_loss, s.train_loss_mean);
-            println!("  eval AUC        {}   (teacher AUC {})", fmt_opt(s.auc), fmt_opt(s.teacher_auc));
-            println!(
-                "  eval logloss    {}   NE {}   calibration {}",
-                fmt_opt(s.logloss),
-                fmt_opt(s.ne),
-                fmt_opt(s.calibration)
-            );
-            println!("  eval PR-AUC     {}   GAUC {}", fmt_opt(s.pr_auc), fmt_opt(s.gauc));
-            println!("  eval accuracy   {}   on {} samples", fmt_opt(s.accuracy), s.eval_samples);
-            println!("  throughput      {:.0} samples/s   ({:.1} s training)", s.samples_per_sec, s.train_seconds);
-            println!("  exchanged       {:.1} bytes/sample", s.bytes_per_sample);
-            println!("  params L2       {:.6}", s.params_l2);
-            println!("  bad records     {} {:?}", s.bad_records, s.bad_records_by_reason);
-            let st = &s.store;
-            println!(
-                "  store ({})  {} lookups: {:.1}% hot, {:.1}% cold, {:.1}% miss; rows {} hot + {} cold",
-                settings.store.kind,
-                st.lookups,
-                100.0 * st.hot_hits as f64 / st.lookups.max(1) as f64,
-                100.0 * st.cold_hits as f64 / st.lookups.max(1) as f64,
-                100.0 * st.misses as f64 / st.lookups.max(1) as f64,
-                st.hot_rows,
-                st.cold_rows
-            );
-            if settings.store.kind != tiderec_operators::store::StoreKind::Fixed {
-                println!(
-                    "                  {} admitted, {} updates rejected, {} evicted, {} re-plans moving {} rows",
-                    st.admissions, st.rejections, st.evictions, st.replans, st.moves
-                );
-            }
-            if let Some(step) = s.resumed_from_step {
-                println!("  resumed from    step {step}");
-            }
-            if s.evaluations.len() > 1 {
-                let best = s.evaluations.iter().find(|e| Some(e.step) == s.best_step);
-                println!(
-                    "  evaluations     {}; best at step {} (epoch {}, AUC {}, logloss {}){}",
-                    s.evaluations.len(),
-                    best.map_or("n/a".into(), |b| b.step.to_string()),
-                    best.map_or("n/a".into(), |b| b.epoch.to_string()),
-                    fmt_opt(best.and_then(|b| b.auc)),
-                    fmt_opt(best.and_then(|b| b.logloss)),
-                    s.early_stopped_at_step.map_or(String::new(), |at| format!(
-                        "; stopped early after step {at}, the model is the best's"
-                    ))
-                );
-            }
-            if s.checkpoints_written > 0 {
-                println!(
-                    "  checkpoints     {} written: training stalled {:.2} s, writing took {:.2} s ({} steps trained \
-                     meanwhile)",
-                    s.checkpoints_written, s.checkpoint_seconds, s.checkpoint_write_seconds, s.checkpoint_overlap_steps
-                );
-            }
-            if let Some(p) = &settings.run.metrics_json {
-                println!("  metrics written to {}", p.display());
-            }
-        }
+        Command::Train(args) => run_train(*args)?,
         Command::Online(args) => run_online(*args)?,
         Command::Produce(a) => run_produce(a)?,
-        Command::Plot(a) => {
-            let out = Named::new("--out", &a.out);
-            paths::check_outputs(&[Named::new("--metrics", &a.metrics)], std::slice::from_ref(&out))?;
-            paths::check_new(&out, a.overwrite)?;
-            let n = cli::plot::plot_metrics(&a.metrics, &a.out).context("plot failed")?;
-            println!("plotted {n} reports from {} to {}", a.metrics.display(), a.out.display());
-        }
-        Command::Export(a) => {
-            use tiderec::serving::TableLayout;
-            use tiderec_sinks::checkpoint::export::{CONFIG_FILE, MODEL_FILE};
-            let outputs = [&a.out, &a.out.join(MODEL_FILE), &a.out.join(CONFIG_FILE)].map(|p| Named::new("--out", p));
-            paths::check_outputs(&paths::tree_files("--checkpoint", &a.checkpoint)?, &outputs)?;
-            let layout = if a.compact { TableLayout::Listed } else { TableLayout::Whole };
-            let s = tiderec::serving::export(&a.checkpoint, &a.out, layout).context("export failed")?;
-            let rows = match layout {
-                TableLayout::Whole => format!("{} embedding rows", s.embedding_rows),
-                TableLayout::Listed => format!("{} listed embedding rows of {}", s.embedding_rows, s.table_rows),
-            };
-            println!("exported step {}: {} dense parameters, {rows} to {}", s.step, s.dense_params, a.out.display());
-        }
-        Command::Serve(a) => {
-            let mut options = tiderec::serve::ServeOptions::new(a.checkpoint, a.addr);
-            options.threads = a.threads;
-            options.max_connections_per_ip = a.max_connections_per_ip;
-            options.max_records = a.max_records;
-            options.max_body_bytes = a.max_body_bytes;
-            options.max_body_memory = a.max_body_memory;
-            options.read_timeout = range::seconds("read_timeout", a.read_timeout)?;
-            options.limits.max_batch = a.max_batch;
-            options.limits.max_wait = std::time::Duration::from_micros(a.max_wait_us);
-            let reload_every = range::seconds("reload_every", a.reload_every)?;
-            options.reload_every = (!reload_every.is_zero()).then_some(reload_every);
-            let stop = tiderec::stop::stop_flag()?;
-            tiderec::serve::run(&options, &stop).context("serve failed")?;
-        }
-        Command::Eval(a) => {
-            let dead_letters = Named::new("--dead-letters", &a.score.records.0.dead_letters);
-            paths::check_outputs(&a.score.inputs()?, &[dead_letters])?;
-            let mut options = a.score.options(true)?;
-            if let Some(f) = a.eval_fraction {
-                options = options.held_out(f);
-            }
-            let r = tiderec::predict::eval(&options).context("eval failed")?;
-            if a.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                println!(
-                    "step {}: {} samples, AUC {}, logloss {:.4}, accuracy {}, NE {}, calibration {}, PR-AUC {}, GAUC \
-                     {}, {} bad records",
-                    r.step,
-                    r.samples,
-                    fmt_opt(r.auc),
-                    r.logloss,
-                    fmt_opt(r.accuracy),
-                    fmt_opt(r.ne),
-                    fmt_opt(r.calibration),
-                    fmt_opt(r.pr_auc),
-                    fmt_opt(r.gauc),
-                    r.bad_records
-                );
-            }
-        }
-        Command::Predict(a) => {
-            let out = Named::new("--out", &a.out);
-            let dead_letters = Named::new("--dead-letters", &a.score.records.0.dead_letters);
-            paths::check_outputs(&a.score.inputs()?, &[out.clone(), dead_letters])?;
-            paths::check_new(&out, a.overwrite)?;
-            let options = a.score.options(!a.unlabeled)?;
-            let r = tiderec::predict::predict(&options, &a.out).context("predict failed")?;
-            if a.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                println!(
-                    "step {}: scored {} records in {:.2} s ({:.0} records/s), {} bad records{}; scores in {}",
-                    r.step,
-                    r.records,
-                    r.seconds,
-                    r.records_per_sec,
-                    r.bad_records,
-                    if r.bad_records > 0 {
-                        format!(" (listed in {})", options.records.dead_letters.display())
-                    } else {
-                        String::new()
-                    },
-                    a.out.display()
-                );
-            }
-        }
-        Command::Spec(SpecCommand::List) => {
-            for name in tiderec_operators::spec::FeatureSpec::PRESETS {
-                println!("{name}");
-            }
-        }
-        Command::Spec(SpecCommand::Show(a)) => {
-            let name = a.name.strip_prefix("preset:").unwrap_or(&a.name);
-            let spec = tiderec_operators::spec::FeatureSpec::preset(name, a.buckets, a.max_len).with_context(|| {
-                format!("no preset `{name}`; presets: {}", tiderec_operators::spec::FeatureSpec::PRESETS.join(", "))
-            })?;
-            println!("# tiderec feature spec: preset `{name}` (edit, then pass with --spec FILE.toml)");
-            print!("{}", spec.to_toml());
-        }
-        Command::Spec(SpecCommand::Check(a)) => {
-            let mut spec = tiderec::config::resolve_spec(&a.name, a.buckets, a.max_len)?;
-            if let Some(data) = &a.data {
-                let paths = match tiderec::config::DataSpec::parse("data", data)? {
-                    tiderec::config::DataSpec::Csv(paths) => paths,
-                    _ => anyhow::bail!("--data: `spec check` reads `csv:PATH[,PATH…]` files"),
-                };
-                let max_line = tiderec::settings::RecordPolicy::default().max_line_bytes;
-                let (learned, warnings) = tiderec::spec_fit::check_ranges(&mut spec, &paths, max_line)?;
-                for line in learned.into_iter().chain(warnings.iter().map(|w| format!("warning: {w}"))) {
-                    eprintln!("{line}");
-                }
-            }
-            let (d, s) = spec.shape();
-            println!(
-                "ok: {} columns, {d} dense, {s} sparse fields, {} sequence lists",
-                spec.columns.len(),
-                spec.sequence_lists().count()
-            );
-        }
-        Command::Generate(GenerateCommand::Elm(a)) => {
-            use std::io::Write;
-            paths::check_new(&Named::new("--out", &a.out), a.overwrite)?;
-            let file = std::fs::File::create(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
-            let mut w = std::io::BufWriter::new(file);
-            let mut line = Vec::new();
-            for i in 0..a.rows {
-                line.clear();
-                tiderec_sources::elm::elm_line(a.seed, i, a.list_scale, &mut line);
-                line.push(b'\n');
-                w.write_all(&line).with_context(|| format!("cannot write {}", a.out.display()))?;
-            }
-            w.flush().with_context(|| format!("cannot write {}", a.out.display()))?;
-            eprintln!("wrote {} elm-shaped lines (list scale {}) to {}", a.rows, a.list_scale, a.out.display());
-        }
-        Command::Convert(args) => {
-            let settings = (*args).into_settings()?;
-            eprintln!("tiderec convert: {} -> parquet:{}", settings.input.data.source, settings.out.display());
-            let s = tiderec::convert::convert(&settings).context("conversion failed")?;
-            if s.interrupted {
-                eprintln!(
-                    "interrupted by a signal: {} holds the first {} samples in complete files; convert again \
-                     into an empty directory for all of them",
-                    s.out, s.rows
-                );
-            }
-            println!(
-                "converted {} rows into {} file(s), {} row group(s) in {} ({:.1} s, {:.0} rows/s)",
-                s.rows,
-                s.files,
-                s.row_groups,
-                s.out,
-                s.seconds,
-                s.rows as f64 / s.seconds.max(1e-9)
-            );
-            println!(
-                "  {} -> {} bytes ({:.2}x)",
-                s.bytes_in,
-                s.bytes_out,
-                s.bytes_in as f64 / s.bytes_out.max(1) as f64
-            );
-            println!("  bad records     {} {:?}", s.bad_records, s.bad_records_by_reason);
-            if s.bad_records > 0 {
-                eprintln!(
-                    "{} malformed records skipped; see {}",
-                    s.bad_records,
-                    settings.input.data.records.dead_letters.display()
-                );
-            }
-        }
+        Command::Plot(a) => run_plot(a)?,
+        Command::Export(a) => run_export(a)?,
+        Command::Serve(a) => run_serve(a)?,
+        Command::Eval(a) => run_eval(a)?,
+        Command::Predict(a) => run_predict(a)?,
+        Command::Spec(SpecCommand::List) => run_spec_list(),
+        Command::Spec(SpecCommand::Show(a)) => run_spec_show(a)?,
+        Command::Spec(SpecCommand::Check(a)) => run_spec_check(a)?,
+        Command::Generate(GenerateCommand::Elm(a)) => run_generate_elm(a)?,
+        Command::Convert(args) => run_convert(*args)?,
         Command::Bench(command) => cli::bench::command::run(command)?,
     }
     Ok(())

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use tiderec_operators::bad_record::{BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
 use tiderec_operators::collective::Collective;
 use tiderec_operators::format::LineFormat;
-use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
-use tiderec_sinks::checkpoint::{Checkpoint, DataPosition, TrainingProgress};
+use tiderec_sinks::checkpoint::{Checkpoint, DataPosition, Manifest, TrainingProgress};
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sources::criteo::{CriteoFeatures, CriteoFormat};
 use tiderec_sources::json::CriteoJsonFormat;
@@ -157,21 +157,27 @@ fn record_format(settings: &OnlineSettings, resolved: &Resolved) -> Result<Box<d
     })
 }
 
+/// One worker's online run: opens its partitions, trains on the stream, and ends with the
+/// last checkpoint and the report (worker 0 returns the summary). Collective.
 fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Option<OnlineSummary>, PipelineError> {
+    let mut run = OnlineRun::open(worker, ctx)?;
+    run.train(worker)?;
+    run.finish(worker)
+}
+
+/// Opens this worker's partitions, starting where the checkpoint of a resumed run
+/// (`resumed`) left them, and the record format; a failure is this worker's failed vote, so
+/// that the others stop too.
+fn open_partitions(
+    worker: &mut timely::worker::Worker,
+    ctx: &Shared,
+    votes: &mut Collective<Vote>,
+    resumed: Option<&Manifest>,
+) -> Result<(PartitionReader, Box<dyn LineFormat>), PipelineError> {
     let (me, peers) = (worker.index(), worker.peers());
     let os = &ctx.settings;
-    let s = &os.train;
-    let devices = crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?;
-    let mut trainer = devices.trainer(worker, &ctx.trainer, s.cluster.workers, s.model.precision)?;
-    trainer.set_score_training(me == 0);
-    let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.run.batch_size as u64);
-    let mut votes: Collective<Vote> = Collective::new(worker);
-    let mut offsets_channel: Collective<Vec<OffsetEntry>> = Collective::new(worker);
-    let resumed = restore_shared(worker, &mut trainer, &mut checkpointer, &ctx.resume, &ctx.resume_pending)?
-        .map(|c| c.manifest.clone());
-
     // This worker's partitions, starting where the checkpoint says.
-    let start_offsets = resumed.as_ref().map(|m| m.data_position.clone()).unwrap_or_default();
+    let start_offsets = resumed.map(|m| m.data_position.clone()).unwrap_or_default();
     let mine: Vec<i32> = (0..ctx.partitions as i32).filter(|&p| partition_owner(p, peers) == me).collect();
     let topic = &ctx.endpoint.topic;
     if me == 0 && resumed.is_some() && start_offsets.kafka_offsets.keys().all(|k| !k.starts_with(&format!("{topic}/")))
@@ -193,105 +199,220 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
         os.max_buffered,
     );
     let format = record_format(os, &ctx.resolved);
-    let (mut reader, format) = match (opened, format) {
-        (Ok(r), Ok(f)) => (r, f),
+    match (opened, format) {
+        (Ok(r), Ok(f)) => Ok((r, f)),
         (Err(e), _) => {
             votes.all_gather(worker, Vote { failed: Some(e.to_string()), ..Vote::default() });
-            return Err(e.into());
+            Err(e.into())
         }
         (_, Err(e)) => {
             votes.all_gather(worker, Vote { failed: Some(e.to_string()), ..Vote::default() });
-            return Err(e);
+            Err(e)
         }
-    };
-    let quotas = ctx.quotas.clone();
-    let quota = move |p: i32| quotas[p as usize];
-    let policy = ctx.resolved.policy;
-    let mut dead_letters = ctx.dead_letters.clone();
-
-    let (mut steps, mut samples, mut loss_total) = (0u64, 0u64, 0.0f64);
-    let mut loss_window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
-    if let Some(m) = &resumed {
-        (steps, samples, loss_total) = (m.step, m.samples, m.progress.loss_total);
-        let keep_from = m.progress.loss_window.len().saturating_sub(LOSS_WINDOW);
-        loss_window.extend(&m.progress.loss_window[keep_from..]);
     }
-    let samples_at_start = samples;
-    let mut bad = BadRecordCounts::default();
-    let mut window = PrequentialWindow::new(os.window);
-    let mut progress = if me == 0 { Progress::new(s.run.progress, None) } else { Progress::None };
-    let mut log = match (me, s.cluster.process) {
-        (0, 0) => MetricsLog::for_run(&s.run, resumed.is_some(), true)?,
-        _ => None,
-    };
-    let start = Instant::now();
-    let mut last_report = Instant::now() - Duration::from_secs(3600);
-    let mut last_checkpoint: Option<Instant> = None;
-    let mut batch = Batch::with_sequences(ctx.resolved.shape.0, ctx.resolved.shape.1, format.num_sequences());
-    let mut stopped_by_signal = false;
-    let mut steps_reported = steps;
-    let (mut unreported, mut last_bad) = (false, 0u64);
-    let mut samples_reported = samples;
+}
 
-    loop {
-        if s.run.steps.is_some_and(|max| steps >= max) {
-            break;
+/// The number of records each step takes from a partition.
+fn quota_of(ctx: &Shared) -> impl Fn(i32) -> usize + Copy + '_ {
+    move |p: i32| ctx.quotas[p as usize]
+}
+
+/// One worker's online run: its trainer, its partitions, and the running state of the stream.
+struct OnlineRun<'a> {
+    ctx: &'a Shared,
+    /// This worker's index.
+    me: usize,
+    trainer: Trainer,
+    checkpointer: Checkpointer,
+    votes: Collective<Vote>,
+    offsets_channel: Collective<Vec<OffsetEntry>>,
+    /// The step of the checkpoint the run resumed from.
+    resumed_from_step: Option<u64>,
+    reader: PartitionReader,
+    format: Box<dyn LineFormat>,
+    dead_letters: SharedDeadLetters,
+    steps: u64,
+    samples: u64,
+    loss_total: f64,
+    /// The last [`LOSS_WINDOW`] steps' loss sums and samples.
+    loss_window: VecDeque<(f64, u64)>,
+    samples_at_start: u64,
+    bad: BadRecordCounts,
+    /// The prequential window (worker 0).
+    window: PrequentialWindow,
+    progress: Progress,
+    log: Option<MetricsLog>,
+    start: Instant,
+    last_report: Instant,
+    last_checkpoint: Option<Instant>,
+    batch: Batch,
+    stopped_by_signal: bool,
+    steps_reported: u64,
+    samples_reported: u64,
+    /// A step was taken since the last report.
+    unreported: bool,
+    /// The malformed records over all workers as of the last step.
+    last_bad: u64,
+}
+
+impl<'a> OnlineRun<'a> {
+    /// Sets up this worker's run: its trainer, checkpointer and collectives, the restored
+    /// checkpoint, its partitions and record format, the counts a resumed run goes on from,
+    /// the progress display and the metrics log. Collective.
+    fn open(worker: &mut timely::worker::Worker, ctx: &'a Shared) -> Result<Self, PipelineError> {
+        let me = worker.index();
+        let os = &ctx.settings;
+        let s = &os.train;
+        let devices = crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?;
+        let mut trainer = devices.trainer(worker, &ctx.trainer, s.cluster.workers, s.model.precision)?;
+        trainer.set_score_training(me == 0);
+        let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.run.batch_size as u64);
+        let mut votes: Collective<Vote> = Collective::new(worker);
+        let offsets_channel: Collective<Vec<OffsetEntry>> = Collective::new(worker);
+        let resumed = restore_shared(worker, &mut trainer, &mut checkpointer, &ctx.resume, &ctx.resume_pending)?
+            .map(|c| c.manifest.clone());
+        let (reader, format) = open_partitions(worker, ctx, &mut votes, resumed.as_ref())?;
+        let dead_letters = ctx.dead_letters.clone();
+
+        let (mut steps, mut samples, mut loss_total) = (0u64, 0u64, 0.0f64);
+        let mut loss_window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
+        if let Some(m) = &resumed {
+            (steps, samples, loss_total) = (m.step, m.samples, m.progress.loss_total);
+            let keep_from = m.progress.loss_window.len().saturating_sub(LOSS_WINDOW);
+            loss_window.extend(&m.progress.loss_window[keep_from..]);
         }
+        let progress = if me == 0 { Progress::new(s.run.progress, None) } else { Progress::None };
+        let log = match (me, s.cluster.process) {
+            (0, 0) => MetricsLog::for_run(&s.run, resumed.is_some(), true)?,
+            _ => None,
+        };
+        let batch = Batch::with_sequences(ctx.resolved.shape.0, ctx.resolved.shape.1, format.num_sequences());
+        Ok(OnlineRun {
+            ctx,
+            me,
+            trainer,
+            checkpointer,
+            votes,
+            offsets_channel,
+            resumed_from_step: resumed.map(|m| m.step),
+            reader,
+            format,
+            dead_letters,
+            steps,
+            samples,
+            loss_total,
+            loss_window,
+            samples_at_start: samples,
+            bad: BadRecordCounts::default(),
+            window: PrequentialWindow::new(os.window),
+            progress,
+            log,
+            start: Instant::now(),
+            last_report: Instant::now() - Duration::from_secs(3600),
+            last_checkpoint: None,
+            batch,
+            stopped_by_signal: false,
+            steps_reported: steps,
+            samples_reported: samples,
+            unreported: false,
+            last_bad: 0,
+        })
+    }
+
+    /// The stream's steps, until `--steps`, a stop signal or (with `--until-end`) the end of
+    /// every partition. Collective.
+    fn train(&mut self, worker: &mut timely::worker::Worker) -> Result<(), PipelineError> {
+        let s = &self.ctx.settings.train;
+        loop {
+            if s.run.steps.is_some_and(|max| self.steps >= max) {
+                break;
+            }
+            self.report_if_due()?;
+            let Some(all) = self.vote(worker)? else { break };
+            self.read_step(worker)?;
+            self.step(worker, &all)?;
+        }
+        Ok(())
+    }
+
+    /// Reports the last step when one is due and not reported yet: the partitions' lag, and
+    /// worker 0's metrics.
+    fn report_if_due(&mut self) -> Result<(), PipelineError> {
+        let ctx = self.ctx;
         // Report every `report_seconds`, and at once when the stream runs dry (so the
         // metrics show the last step while the trainer waits for records).
-        let due = last_report.elapsed() >= Duration::from_secs_f64(os.report_seconds);
+        let due = self.last_report.elapsed() >= Duration::from_secs_f64(ctx.settings.report_seconds);
         // (Waiting for records anyway, the report costs no training time.)
-        let idle = !reader.is_ready(quota.clone());
-        if unreported && (due || idle) {
-            last_report = Instant::now();
-            for (p, lag) in reader.lag() {
-                ctx.metrics.set_lag(topic, p, lag);
+        let idle = !self.reader.is_ready(quota_of(ctx));
+        if self.unreported && (due || idle) {
+            self.last_report = Instant::now();
+            for (p, lag) in self.reader.lag() {
+                ctx.metrics.set_lag(&ctx.endpoint.topic, p, lag);
             }
-            if me == 0 {
-                let mut r = MetricsRecord {
-                    time_s: start.elapsed().as_secs_f64(),
-                    step: steps,
-                    samples,
-                    samples_per_sec: (samples - samples_at_start) as f64 / start.elapsed().as_secs_f64().max(1e-9),
-                    loss: mean_loss(&loss_window),
-                    lag: ctx.metrics.total_lag(),
-                    checkpoint_age_s: last_checkpoint.map(|t| t.elapsed().as_secs_f64()),
-                    bad_records: last_bad,
-                    ..Default::default()
-                };
-                r.set_window(Some(&window.summary()));
-                ctx.metrics.record(&r, steps - steps_reported, samples - samples_reported);
-                (steps_reported, samples_reported) = (steps, samples);
-                if let Some(log) = log.as_mut() {
-                    log.write(&r)?;
-                }
-                let f = |v: Option<f64>| v.map_or("n/a".into(), |a| format!("{a:.4}"));
-                progress.advance(
-                    steps,
-                    &format!(
-                        "{samples} samples  loss {:.4}  window AUC {}  logloss {}  NE {}  lag {}  {:.0} samples/s",
-                        r.loss,
-                        f(r.window_auc),
-                        f(r.window_logloss),
-                        f(r.window_ne),
-                        r.lag,
-                        r.samples_per_sec
-                    ),
-                );
+            if self.me == 0 {
+                self.report()?;
             }
         }
-        let filled = reader.fill(quota.clone(), || ctx.stop.load(Ordering::Relaxed));
-        let due_by_time = me == 0
+        Ok(())
+    }
+
+    /// Worker 0's report of the last step: the live metrics, the metrics log and the progress
+    /// line.
+    fn report(&mut self) -> Result<(), PipelineError> {
+        let ctx = self.ctx;
+        let (steps, samples) = (self.steps, self.samples);
+        let mut r = MetricsRecord {
+            time_s: self.start.elapsed().as_secs_f64(),
+            step: steps,
+            samples,
+            samples_per_sec: (samples - self.samples_at_start) as f64 / self.start.elapsed().as_secs_f64().max(1e-9),
+            loss: mean_loss(&self.loss_window),
+            lag: ctx.metrics.total_lag(),
+            checkpoint_age_s: self.last_checkpoint.map(|t| t.elapsed().as_secs_f64()),
+            bad_records: self.last_bad,
+            ..Default::default()
+        };
+        r.set_window(Some(&self.window.summary()));
+        ctx.metrics.record(&r, steps - self.steps_reported, samples - self.samples_reported);
+        (self.steps_reported, self.samples_reported) = (steps, samples);
+        if let Some(log) = self.log.as_mut() {
+            log.write(&r)?;
+        }
+        let f = |v: Option<f64>| v.map_or("n/a".into(), |a| format!("{a:.4}"));
+        self.progress.advance(
+            steps,
+            &format!(
+                "{samples} samples  loss {:.4}  window AUC {}  logloss {}  NE {}  lag {}  {:.0} samples/s",
+                r.loss,
+                f(r.window_auc),
+                f(r.window_logloss),
+                f(r.window_ne),
+                r.lag,
+                r.samples_per_sec
+            ),
+        );
+        Ok(())
+    }
+
+    /// Fills this worker's partitions for the next step and gathers every worker's vote:
+    /// every vote when the step runs, `None` when the stream ends here (a stop signal, or
+    /// every partition at its end under `--until-end`), an error when a reader failed.
+    /// Collective.
+    fn vote(&mut self, worker: &mut timely::worker::Worker) -> Result<Option<Vec<Vote>>, PipelineError> {
+        let ctx = self.ctx;
+        let os = &ctx.settings;
+        let filled = self.reader.fill(quota_of(ctx), || ctx.stop.load(Ordering::Relaxed));
+        let due_by_time = self.me == 0
             && os
                 .checkpoint_seconds
-                .is_some_and(|t| last_checkpoint.unwrap_or(start).elapsed() >= Duration::from_secs_f64(t));
+                .is_some_and(|t| self.last_checkpoint.unwrap_or(self.start).elapsed() >= Duration::from_secs_f64(t));
         let vote = Vote {
             stop: ctx.stop.load(Ordering::Relaxed) || matches!(filled, Ok(Fill::Stopped)),
-            at_end: os.until_end && reader.at_end(),
+            at_end: os.until_end && self.reader.at_end(),
             failed: filled.as_ref().err().map(ToString::to_string),
             checkpoint: due_by_time,
         };
-        let all = votes.all_gather(worker, vote);
+        let all = self.votes.all_gather(worker, vote);
         if let Err(e) = filled {
             return Err(e.into());
         }
@@ -304,18 +425,27 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
             });
         }
         if all.iter().any(|v| v.stop) {
-            stopped_by_signal = true;
-            break;
+            self.stopped_by_signal = true;
+            return Ok(None);
         }
         if os.until_end && all.iter().all(|v| v.at_end) {
-            break;
+            return Ok(None);
         }
+        Ok(Some(all))
+    }
+
+    /// Parses the step's records into the micro-batch. A malformed record is counted and
+    /// written to the dead letters; under `fail` (or when the dead letters cannot be written)
+    /// it fails this worker's step, so that the others stop too.
+    fn read_step(&mut self, worker: &mut timely::worker::Worker) -> Result<(), PipelineError> {
+        let ctx = self.ctx;
+        let topic = &ctx.endpoint.topic;
         // The step's micro-batch: this worker's quota of every partition it owns.
-        batch.clear();
+        self.batch.clear();
         let mut fatal = None;
-        for (p, offset, payload) in reader.step_records(quota.clone()) {
-            if let Err((reason, field)) = format.parse(payload, &mut batch) {
-                bad.add(reason);
+        for (p, offset, payload) in self.reader.step_records(quota_of(ctx)) {
+            if let Err((reason, field)) = self.format.parse(payload, &mut self.batch) {
+                self.bad.add(reason);
                 let record = BadRecord {
                     source: format!("kafka:{topic}/{p}"),
                     line: offset as u64,
@@ -324,11 +454,11 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
                     field,
                     raw: payload.iter().take(4096).copied().collect(),
                 };
-                if policy == BadRecordPolicy::Fail {
+                if ctx.resolved.policy == BadRecordPolicy::Fail {
                     fatal = Some(record);
                     break;
                 }
-                if let Err(e) = dead_letters.write(&record) {
+                if let Err(e) = self.dead_letters.write(&record) {
                     fatal.get_or_insert(record);
                     eprintln!("error: cannot write the dead-letter file: {e}");
                     break;
@@ -336,109 +466,139 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
             }
         }
         if let Some(record) = fatal {
-            trainer.step_failed(worker);
+            self.trainer.step_failed(worker);
             return Err(SourceError::BadRecord(record).into());
         }
-        trainer.set_bad_records(bad.to_array());
-        let taken = crate::run::take_for_model(&mut batch, &ctx.trainer, &ctx.resolved, s.hash_seed());
-        let stats = trainer.step(worker, StepKind::Train, taken)?;
+        Ok(())
+    }
+
+    /// The training step on the micro-batch, its counts and its prequential figures, then a
+    /// checkpoint when due (every `--checkpoint-every` steps, or when a worker's vote says)
+    /// and the commit of a durable one. Collective.
+    fn step(&mut self, worker: &mut timely::worker::Worker, all: &[Vote]) -> Result<(), PipelineError> {
+        let ctx = self.ctx;
+        self.trainer.set_bad_records(self.bad.to_array());
+        let taken =
+            crate::run::take_for_model(&mut self.batch, &ctx.trainer, &ctx.resolved, ctx.settings.train.hash_seed());
+        let stats = self.trainer.step(worker, StepKind::Train, taken)?;
         if stats.failed_workers > 0 {
             return Err(crate::run::peer_failed(stats.failed_workers));
         }
         if stats.non_finite > 0 {
             // Nothing past the ruined step is committed: only the checkpoint in flight (of an
             // earlier step) may still become durable, with its own offsets.
-            let e = crate::run::diverged(worker, &mut checkpointer, steps + 1, &stats);
-            commit_durable(me, &mut checkpointer, &reader, ctx);
+            let e = crate::run::diverged(worker, &mut self.checkpointer, self.steps + 1, &stats);
+            commit_durable(self.me, &mut self.checkpointer, &self.reader, ctx);
             return Err(e);
         }
-        reader.consume_step(quota.clone());
-        steps += 1;
-        ctx.cluster.finished_step(steps);
-        samples += stats.samples;
-        loss_total += stats.loss_sum;
-        if loss_window.len() == LOSS_WINDOW {
-            loss_window.pop_front();
+        self.reader.consume_step(quota_of(ctx));
+        self.steps += 1;
+        ctx.cluster.finished_step(self.steps);
+        self.samples += stats.samples;
+        self.loss_total += stats.loss_sum;
+        if self.loss_window.len() == LOSS_WINDOW {
+            self.loss_window.pop_front();
         }
-        loss_window.push_back((stats.loss_sum, stats.samples));
-        if me == 0 {
-            window.extend(&trainer.take_eval());
+        self.loss_window.push_back((stats.loss_sum, stats.samples));
+        if self.me == 0 {
+            self.window.extend(&self.trainer.take_eval());
         }
-        checkpointer.poll(worker)?;
-        if checkpointer.due_every(steps) || all.iter().any(|v| v.checkpoint) {
-            write_checkpoint(
-                worker,
-                &mut checkpointer,
-                &mut offsets_channel,
-                &trainer,
-                &reader,
-                position_at(steps, samples, loss_total, &loss_window, &bad),
-            )?;
-            last_checkpoint = Some(Instant::now());
+        self.checkpointer.poll(worker)?;
+        if self.checkpointer.due_every(self.steps) || all.iter().any(|v| v.checkpoint) {
+            self.checkpoint(worker)?;
+            self.last_checkpoint = Some(Instant::now());
         }
-        commit_durable(worker.index(), &mut checkpointer, &reader, ctx);
-        last_bad = stats.bad_records.iter().sum();
-        unreported = true;
+        commit_durable(worker.index(), &mut self.checkpointer, &self.reader, ctx);
+        self.last_bad = stats.bad_records.iter().sum();
+        self.unreported = true;
+        Ok(())
     }
-    let train_seconds = start.elapsed().as_secs_f64();
-    if checkpointer.due_at_boundary(steps) {
+
+    /// Begins a checkpoint of the current step with every partition's offsets
+    /// ([`write_checkpoint`]). Collective.
+    fn checkpoint(&mut self, worker: &mut timely::worker::Worker) -> Result<(), PipelineError> {
         write_checkpoint(
             worker,
-            &mut checkpointer,
-            &mut offsets_channel,
-            &trainer,
-            &reader,
-            position_at(steps, samples, loss_total, &loss_window, &bad),
-        )?;
+            &mut self.checkpointer,
+            &mut self.offsets_channel,
+            &self.trainer,
+            &self.reader,
+            position_at(self.steps, self.samples, self.loss_total, &self.loss_window, &self.bad),
+        )
     }
-    // The write in flight is durable before the run ends (also after a signal).
-    checkpointer.finish(worker)?;
-    commit_durable(me, &mut checkpointer, &reader, ctx);
-    progress.finish();
-    dead_letters.flush().map_err(|e| {
-        PipelineError::dataflow(DataflowFailure::Output, "cannot write the dead-letter file").with_source(e)
-    })?;
-    trainer.set_bad_records(bad.to_array());
-    let m = &ctx.trainer.model;
-    let empty = Batch::with_sequences(m.num_dense(), m.num_sparse(), m.num_sequences());
-    let report = trainer.step(worker, StepKind::Report, empty)?;
-    let offsets: BTreeMap<String, i64> = offsets_channel
-        .all_gather(worker, reader.offset_entries())
-        .into_iter()
-        .flatten()
-        .map(|(key, offset, _)| (key, offset))
-        .collect();
-    if me != 0 {
-        return Ok(None);
+
+    /// The end of the run: the last checkpoint, durable and committed, the dead letters, and
+    /// the report step with every partition's offsets; worker 0 returns the summary.
+    /// Collective.
+    fn finish(mut self, worker: &mut timely::worker::Worker) -> Result<Option<OnlineSummary>, PipelineError> {
+        let train_seconds = self.start.elapsed().as_secs_f64();
+        if self.checkpointer.due_at_boundary(self.steps) {
+            self.checkpoint(worker)?;
+        }
+        // The write in flight is durable before the run ends (also after a signal).
+        self.checkpointer.finish(worker)?;
+        commit_durable(self.me, &mut self.checkpointer, &self.reader, self.ctx);
+        self.progress.finish();
+        self.dead_letters.flush().map_err(|e| {
+            PipelineError::dataflow(DataflowFailure::Output, "cannot write the dead-letter file").with_source(e)
+        })?;
+        self.trainer.set_bad_records(self.bad.to_array());
+        let m = &self.ctx.trainer.model;
+        let empty = Batch::with_sequences(m.num_dense(), m.num_sparse(), m.num_sequences());
+        let report = self.trainer.step(worker, StepKind::Report, empty)?;
+        let offsets: BTreeMap<String, i64> = self
+            .offsets_channel
+            .all_gather(worker, self.reader.offset_entries())
+            .into_iter()
+            .flatten()
+            .map(|(key, offset, _)| (key, offset))
+            .collect();
+        if self.me != 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.summary(&report, offsets, worker.peers(), train_seconds)))
     }
-    if stopped_by_signal && s.run.progress != crate::progress::ProgressMode::None {
-        eprintln!("stopped by signal after step {steps}; offsets saved in the checkpoint");
+
+    /// Worker 0's summary of the run, with the figures of the report step (`report`) and the
+    /// partitions' `offsets`; it notes a stop by signal and the duplicates dropped.
+    fn summary(
+        &self,
+        report: &StepStats,
+        offsets: BTreeMap<String, i64>,
+        workers: usize,
+        train_seconds: f64,
+    ) -> OnlineSummary {
+        let s = &self.ctx.settings.train;
+        let (steps, samples) = (self.steps, self.samples);
+        if self.stopped_by_signal && s.run.progress != crate::progress::ProgressMode::None {
+            eprintln!("stopped by signal after step {steps}; offsets saved in the checkpoint");
+        }
+        let stats = self.reader.stats();
+        if stats.duplicates_dropped > 0 && s.run.progress != crate::progress::ProgressMode::None {
+            eprintln!("dropped {} records the broker sent twice (reconnects)", stats.duplicates_dropped);
+        }
+        let final_window = self.window.summary();
+        OnlineSummary {
+            steps,
+            samples,
+            samples_this_run: samples - self.samples_at_start,
+            resumed_from_step: self.resumed_from_step,
+            stopped_by_signal: self.stopped_by_signal,
+            window_auc: final_window.auc,
+            window_logloss: final_window.logloss,
+            window_ne: final_window.ne,
+            window_calibration: final_window.calibration,
+            window_pr_auc: final_window.pr_auc,
+            window_gauc: final_window.gauc,
+            samples_per_sec: (samples - self.samples_at_start) as f64 / train_seconds.max(1e-9),
+            bad_records: report.bad_records.iter().sum(),
+            checkpoints_written: self.checkpointer.written,
+            offsets,
+            params_l2: report.sum_squares.sqrt(),
+            workers,
+            train_seconds,
+        }
     }
-    let stats = reader.stats();
-    if stats.duplicates_dropped > 0 && s.run.progress != crate::progress::ProgressMode::None {
-        eprintln!("dropped {} records the broker sent twice (reconnects)", stats.duplicates_dropped);
-    }
-    let final_window = window.summary();
-    Ok(Some(OnlineSummary {
-        steps,
-        samples,
-        samples_this_run: samples - samples_at_start,
-        resumed_from_step: resumed.map(|m| m.step),
-        stopped_by_signal,
-        window_auc: final_window.auc,
-        window_logloss: final_window.logloss,
-        window_ne: final_window.ne,
-        window_calibration: final_window.calibration,
-        window_pr_auc: final_window.pr_auc,
-        window_gauc: final_window.gauc,
-        samples_per_sec: (samples - samples_at_start) as f64 / train_seconds.max(1e-9),
-        bad_records: report.bad_records.iter().sum(),
-        checkpoints_written: checkpointer.written,
-        offsets,
-        params_l2: report.sum_squares.sqrt(),
-        workers: peers,
-        train_seconds,
-    }))
 }
 
 fn mean_loss(window: &VecDeque<(f64, u64)>) -> f64 {
