@@ -277,7 +277,7 @@ impl Trainer {
     /// As [`Trainer::new`], with this worker's model built by the caller: `config.model`
     /// computing on a GPU, say, or a model of your own through the
     /// [`Model`] trait (the `custom_model` example), declared in the configuration as
-    /// [`ModelConfig::Custom`](crate::nn::ModelConfig::Custom) with the inputs it reads.
+    /// [`ModelConfig::Custom`] with the inputs it reads.
     /// The trainer takes the input shape from `config.model` (dense features, sparse and
     /// sequence fields, embedding width, which the model must read) and everything else
     /// from the model: its flat parameters are what it all-reduces, updates and snapshots.
