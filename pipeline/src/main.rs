@@ -495,15 +495,12 @@ fn run_produce(a: ProduceArgs) -> anyhow::Result<()> {
     use tiderec::online::produce::{parse_from, produce, ProduceSettings};
     use tiderec::online::RecordFormat;
     let format: RecordFormat = a.format.parse()?;
-    let header = match (&a.spec, format) {
-        (Some(s), RecordFormat::Csv) => {
-            let spec = tiderec::config::resolve_spec(
-                s,
-                tiderec::settings::DEFAULT_BUCKETS,
-                tiderec::settings::DEFAULT_MAX_LEN,
-            )?;
-            spec.header.then(|| spec.columns[0].clone())
-        }
+    let spec = match (&a.spec, format) {
+        (Some(s), RecordFormat::Csv) => Some(tiderec::config::resolve_spec(
+            s,
+            tiderec::settings::DEFAULT_BUCKETS,
+            tiderec::settings::DEFAULT_MAX_LEN,
+        )?),
         (Some(_), f) => anyhow::bail!("invalid configuration `spec`: describes --format csv files, not {}", f.name()),
         (None, _) => None,
     };
@@ -516,7 +513,7 @@ fn run_produce(a: ProduceArgs) -> anyhow::Result<()> {
         },
         files: parse_from(&a.from, format)?,
         format,
-        header,
+        spec,
         partitions: a.partitions,
         rate: a.rate,
         limit: a.limit,

@@ -260,6 +260,13 @@ pub struct FeatureSpec {
 }
 
 impl FeatureSpec {
+    /// Whether `line` is the spec's header line: with `header = true`, a line starting
+    /// with the first column's name (the rule for a file's first line, and for
+    /// `tiderec produce` replaying files into a topic).
+    pub fn is_header(&self, line: &[u8]) -> bool {
+        self.header && self.columns.first().is_some_and(|c| line.starts_with(c.as_bytes()))
+    }
+
     /// `(dense features, sparse fields)` of the samples (lists with
     /// `pooling = "none"` are sequence fields, not sparse fields).
     pub fn shape(&self) -> (usize, usize) {

@@ -11,6 +11,7 @@ use crate::PipelineError;
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::Instant;
+use tiderec_operators::spec::FeatureSpec;
 use tiderec_sources::json::criteo_line_to_json;
 use tiderec_sources::kafka::producer::{ensure_topic, RecordWriter};
 use tiderec_sources::kafka::KafkaEndpoint;
@@ -24,9 +25,9 @@ pub struct ProduceSettings {
     pub files: Vec<PathBuf>,
     /// How records are written to the topic.
     pub format: RecordFormat,
-    /// For [`RecordFormat::Csv`] files with a header: the first column's name. A file's
-    /// first line starting with it is the header and is not sent (the rule of training).
-    pub header: Option<String>,
+    /// For [`RecordFormat::Csv`] files: their feature spec. A file's first line that is
+    /// the spec's header ([`FeatureSpec::is_header`]) is not sent.
+    pub spec: Option<FeatureSpec>,
     /// Partitions of the topic when it has to be created.
     pub partitions: usize,
     /// Records per second (unlimited when `None`).
@@ -91,7 +92,7 @@ pub fn produce(settings: &ProduceSettings) -> Result<ProduceSummary, PipelineErr
                 let line =
                     line.map_err(|e| PipelineError::config("from", format!("cannot read {}: {e}", path.display())))?;
                 let line = line.strip_suffix(b"\r").unwrap_or(&line);
-                let header = first && settings.header.as_ref().is_some_and(|h| line.starts_with(h.as_bytes()));
+                let header = first && settings.spec.as_ref().is_some_and(|s| s.is_header(line));
                 first = false;
                 if line.is_empty() || header {
                     continue;

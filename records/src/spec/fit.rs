@@ -45,7 +45,7 @@ impl FeatureSpec {
         let mut fields: Vec<&[u8]> = Vec::with_capacity(n);
         for line in lines {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
-            if line.is_empty() || (self.header && line.starts_with(self.columns[0].as_bytes())) {
+            if line.is_empty() || self.is_header(line) {
                 continue;
             }
             fields.clear();

@@ -190,7 +190,7 @@ impl LineFormat for SpecFormat {
     }
 
     fn is_header(&self, line: &[u8]) -> bool {
-        self.spec.header && line.starts_with(self.spec.columns[0].as_bytes())
+        self.spec.is_header(line)
     }
 
     fn parse(&self, line: &[u8], out: &mut Batch) -> Result<(), (BadReason, Option<usize>)> {

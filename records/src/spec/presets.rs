@@ -72,45 +72,21 @@ impl FeatureSpec {
     pub fn elm(buckets: u64, max_len: usize) -> Self {
         let columns: Vec<String> = ELM_COLUMNS.iter().map(|s| s.to_string()).collect();
         let dense_cols = ["avg_price", "ctr_30", "ord_30", "total_amt_30", "rank_7", "rank_30", "rank_90", "times"];
-        let categorical_cols = [
-            "user_id",
-            "gender",
-            "visit_city",
-            "is_supervip",
-            "shop_id",
-            "item_id",
-            "city_id",
-            "district_id",
-            "shop_aoi_id",
-            "shop_geohash_6",
-            "shop_geohash_12",
-            "brand_id",
-            "category_1_id",
-            "merge_standard_food_id",
-            "hours",
-            "time_type",
-            "weekdays",
-            "geohash12",
-        ];
-        let list_cols = [
-            "shop_id_list",
-            "item_id_list",
-            "category_1_id_list",
-            "merge_standard_food_id_list",
-            "brand_id_list",
-            "shop_aoi_id_list",
-            "shop_geohash6_list",
-            "hours_list",
-            "time_type_list",
-            "weekdays_list",
-        ];
+        let mean_lists = ["price_list", "timediff_list"];
+        // Every other column but the label: `_list` columns are id lists, the others ids,
+        // in column order.
+        let (list_cols, categorical_cols): (Vec<&str>, Vec<&str>) = ELM_COLUMNS[1..]
+            .iter()
+            .copied()
+            .filter(|c| !dense_cols.contains(c) && !mean_lists.contains(c))
+            .partition(|c| c.ends_with("_list"));
         FeatureSpec {
             delimiter: ",".into(),
             header: false,
             columns,
             label: LabelSpec { column: "clicked".into() },
             dense: dense_cols.iter().map(|c| DenseSpec::new(c, true)).collect(),
-            numeric_list: ["price_list", "timediff_list"]
+            numeric_list: mean_lists
                 .iter()
                 .map(|c| NumericListSpec { column: c.to_string(), delimiter: ";".into(), reduce: ListReduce::Mean })
                 .collect(),
