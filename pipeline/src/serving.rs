@@ -27,7 +27,7 @@ use serde::Serialize;
 use std::path::Path;
 use tiderec_operators::nn::ModelConfig;
 use tiderec_operators::train::TrainerConfig;
-use tiderec_sinks::checkpoint::export::{write_serving, ServingTensor, ServingValues};
+use tiderec_sinks::checkpoint::export::{write_serving, Tensor, Values};
 use tiderec_sinks::checkpoint::{self, Checkpoint};
 
 /// A checkpoint's model, ready to score.
@@ -237,35 +237,31 @@ pub fn export(checkpoint: &Path, out: &Path, layout: TableLayout) -> Result<Expo
         Some(ids) => tables.iter().map(|t| t.gather(&ids[t.table])).collect(),
         None => Vec::new(),
     };
-    let mut tensors: Vec<ServingTensor> = params
+    let mut tensors: Vec<Tensor> = params
         .iter()
-        .map(|t| ServingTensor {
-            name: t.name.clone(),
-            shape: t.shape.clone(),
-            values: ServingValues::F32(&m.dense[t.range()]),
-        })
+        .map(|t| Tensor { name: t.name.clone(), shape: t.shape.clone(), values: Values::F32(&m.dense[t.range()]) })
         .collect();
     let mut shapes: serde_json::Map<String, serde_json::Value> =
         tensors.iter().map(|t| (t.name.clone(), serde_json::json!(t.shape))).collect();
     shapes.extend(tables.iter().map(|t| (t.name.clone(), serde_json::json!(t.shape))));
     match &kept {
-        None => tensors.extend(tables.iter().map(|t| ServingTensor {
+        None => tensors.extend(tables.iter().map(|t| Tensor {
             name: t.name.clone(),
             shape: t.shape.clone(),
-            values: ServingValues::F32(&t.values),
+            values: Values::F32(&t.values),
         })),
         Some(ids) => {
             for (t, rows) in tables.iter().zip(&gathered) {
                 let ids = &ids[t.table];
-                tensors.push(ServingTensor {
+                tensors.push(Tensor {
                     name: format!("{}.ids", t.name),
                     shape: vec![ids.len()],
-                    values: ServingValues::U64(ids),
+                    values: Values::U64(ids),
                 });
-                tensors.push(ServingTensor {
+                tensors.push(Tensor {
                     name: format!("{}.rows", t.name),
                     shape: vec![ids.len(), t.shape[1]],
-                    values: ServingValues::F32(rows),
+                    values: Values::F32(rows),
                 });
             }
         }

@@ -11,7 +11,7 @@
 //! sees a partly written file; a failed write (a full disk) removes the
 //! temporary files, and the directory when the write created it.
 
-use super::tensors::{write, Tensor, Values};
+use super::tensors::write;
 use crate::SinkError;
 use std::collections::HashMap;
 use std::io::Write;
@@ -22,38 +22,12 @@ pub const MODEL_FILE: &str = "model.safetensors";
 /// Its configuration.
 pub const CONFIG_FILE: &str = "model.json";
 
-/// One named tensor of a serving snapshot, row-major.
-pub struct ServingTensor<'a> {
-    /// Its name in `model.safetensors`.
-    pub name: String,
-    /// Its shape (the product is `values.len()`).
-    pub shape: Vec<usize>,
-    /// The values.
-    pub values: ServingValues<'a>,
-}
-
-/// The values of a [`ServingTensor`].
-#[derive(Clone, Copy, Debug)]
-pub enum ServingValues<'a> {
-    /// Parameters.
-    F32(&'a [f32]),
-    /// Row ids.
-    U64(&'a [u64]),
-}
-
-impl ServingValues<'_> {
-    fn len(&self) -> usize {
-        match self {
-            ServingValues::F32(v) => v.len(),
-            ServingValues::U64(v) => v.len(),
-        }
-    }
-}
+pub use super::tensors::{Tensor, Values};
 
 /// Writes `dir/model.safetensors` (the `tensors`, in this order) and
 /// `dir/model.json` (`config`), see the module docs. A tensor whose shape
 /// does not match its values is an error naming it, before anything is written.
-pub fn write_serving(dir: &Path, tensors: &[ServingTensor<'_>], config: &serde_json::Value) -> Result<(), SinkError> {
+pub fn write_serving(dir: &Path, tensors: &[Tensor<'_>], config: &serde_json::Value) -> Result<(), SinkError> {
     let io = |path: &Path| {
         let path = path.display().to_string();
         move |source| SinkError::Io { path: path.clone(), source }
@@ -83,7 +57,7 @@ pub fn write_serving(dir: &Path, tensors: &[ServingTensor<'_>], config: &serde_j
 /// The writes of [`write_serving`]: both files under their temporary names, then renamed.
 fn write_both(
     dir: &Path,
-    tensors: &[ServingTensor<'_>],
+    tensors: &[Tensor<'_>],
     config: &serde_json::Value,
     tmp_model: &Path,
     tmp_config: &Path,
@@ -92,19 +66,8 @@ fn write_both(
         let path = path.display().to_string();
         move |source| SinkError::Io { path: path.clone(), source }
     };
-    let list: Vec<Tensor> = tensors
-        .iter()
-        .map(|t| Tensor {
-            name: t.name.clone(),
-            shape: t.shape.clone(),
-            values: match t.values {
-                ServingValues::F32(v) => Values::F32(v),
-                ServingValues::U64(v) => Values::U64(v),
-            },
-        })
-        .collect();
     let metadata = HashMap::from([("format".to_string(), "tiderec-serving".to_string())]);
-    write(tmp_model, &list, metadata)?;
+    write(tmp_model, tensors, metadata)?;
     let text = serde_json::to_string_pretty(config)
         .map_err(|e| SinkError::Checkpoint { path: tmp_config.display().to_string(), reason: e.to_string() })?;
     let mut f = std::fs::File::create(tmp_config).map_err(io(tmp_config))?;
@@ -125,8 +88,7 @@ mod tests {
     fn writes_named_tensors_and_refuses_a_wrong_shape() {
         let dir = tempfile::tempdir().unwrap();
         let w = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
-        let t =
-            |name: &str, shape: Vec<usize>| ServingTensor { name: name.into(), shape, values: ServingValues::F32(&w) };
+        let t = |name: &str, shape: Vec<usize>| Tensor { name: name.into(), shape, values: Values::F32(&w) };
         let out = dir.path().join("serve");
         write_serving(&out, &[t("bottom.0.weight", vec![2, 3])], &serde_json::json!({"kind": "dlrm"})).unwrap();
         let names: Vec<String> =

@@ -18,9 +18,12 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use xxhash_rust::xxh3::Xxh3Default;
 
-/// The values of one tensor, borrowed from the snapshot.
-pub(crate) enum Values<'a> {
+/// The values of one tensor, borrowed from the snapshot or model.
+#[derive(Clone, Copy, Debug)]
+pub enum Values<'a> {
+    /// Parameters.
     F32(&'a [f32]),
+    /// Row ids and counts.
     U64(&'a [u64]),
 }
 
@@ -32,6 +35,19 @@ impl Values<'_> {
         }
     }
 
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::U64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     fn byte_len(&self) -> usize {
         match self {
             Values::F32(v) => v.len() * 4,
@@ -40,10 +56,14 @@ impl Values<'_> {
     }
 }
 
-/// One named tensor to write.
-pub(crate) struct Tensor<'a> {
+/// One named tensor to write, row-major.
+#[derive(Clone, Debug)]
+pub struct Tensor<'a> {
+    /// Its name in the file.
     pub name: String,
+    /// Its shape (the product is the number of values).
     pub shape: Vec<usize>,
+    /// The values.
     pub values: Values<'a>,
 }
 
