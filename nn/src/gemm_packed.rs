@@ -37,7 +37,7 @@ const GROUP_ROWS: usize = 24;
 const K_CHUNK_MAX: usize = 192;
 
 /// `(first column, panel width)` of each panel for `n` columns.
-fn panels(n: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(super) fn panels(n: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut first = 0;
     std::iter::from_fn(move || {
         if first >= n {
@@ -152,14 +152,15 @@ pub fn gemm_packed<T: Scalar>(
     c: &mut [T],
     ldc: usize,
 ) {
-    gemm_packed_with(m, a, lda, b, accumulate, c, ldc, T::packed_panel)
+    gemm_packed_with(m, a, lda, b, accumulate, c, ldc, |span| span.each(T::packed_panel))
 }
 
-/// [`gemm_packed`] with the panel product given: benchmarks and tests pass
-/// `|p| packed_panel_f32_with(kernel, p)` to compare the kernels.
+/// [`gemm_packed`] with the product of a row group and the panels given:
+/// training passes the measured kernel (`|s| packed_span_f32_with(kernel, s)`),
+/// benchmarks and tests each kernel in turn.
 ///
 /// # Panics
-/// As [`gemm_packed`], and as `panel_product` does.
+/// As [`gemm_packed`], and as `span_product` does.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_packed_with<T: Scalar>(
     m: usize,
@@ -169,12 +170,12 @@ pub(crate) fn gemm_packed_with<T: Scalar>(
     accumulate: bool,
     c: &mut [T],
     ldc: usize,
-    mut panel_product: impl FnMut(PanelProduct<'_, T>),
+    mut span_product: impl FnMut(PanelSpan<'_, T>),
 ) {
     let k = b.k;
     assert!(m == 0 || b.n == 0 || lda >= k, "gemm_packed: stride {lda} shorter than a row of {k}");
     let chunk = k.div_ceil(k.max(1).div_ceil(K_CHUNK_MAX)).max(1);
-    gemm_packed_chunks(m, a, lda, 1, Panels::Packed(b), accumulate, c, ldc, chunk, &mut panel_product)
+    gemm_packed_chunks(m, a, lda, 1, Panels::Packed(b), accumulate, c, ldc, chunk, &mut span_product)
 }
 
 /// Reduction steps per pass of matrixmultiply's `f32` kernels (its `kc`, 256
@@ -223,12 +224,12 @@ pub(crate) fn gemm_mm_order_in_place(
         n
     };
     let panels = Panels::InPlace { k, n, b, ldb, tail, tail_first };
-    gemm_packed_chunks(m, a, lda, a_step, panels, false, c, ldc, MM_KC, &mut |p| packed_panel_f32_with(kernel, p))
+    gemm_packed_chunks(m, a, lda, a_step, panels, false, c, ldc, MM_KC, &mut |s| packed_span_f32_with(kernel, s))
 }
 
 /// The right-hand operand of [`gemm_packed_chunks`]: where each panel's rows are.
 #[derive(Clone, Copy)]
-enum Panels<'a, T> {
+pub(super) enum Panels<'a, T> {
     /// Packed: a panel's `k` rows of `pw` values lie contiguously.
     Packed(&'a PackedRhs<T>),
     /// `b` (`k × n`) as stored, rows `ldb` apart; the panel from column
@@ -238,7 +239,7 @@ enum Panels<'a, T> {
 
 impl<'a, T> Panels<'a, T> {
     /// `(k, n)`.
-    fn shape(&self) -> (usize, usize) {
+    pub(super) fn shape(&self) -> (usize, usize) {
         match *self {
             Panels::Packed(b) => (b.k, b.n),
             Panels::InPlace { k, n, .. } => (k, n),
@@ -248,7 +249,7 @@ impl<'a, T> Panels<'a, T> {
     /// Reduction steps `k0 .. k0 + kc` of the panel starting at column `first`
     /// (`pw` wide), and the stride between its rows.
     #[inline]
-    fn rows(&self, first: usize, pw: usize, k0: usize, kc: usize) -> (&'a [T], usize) {
+    pub(super) fn rows(&self, first: usize, pw: usize, k0: usize, kc: usize) -> (&'a [T], usize) {
         match *self {
             // The panels before `first` hold `first` columns of `k` rows.
             Panels::Packed(b) => {
@@ -273,7 +274,7 @@ fn gemm_packed_chunks<T: Scalar>(
     c: &mut [T],
     ldc: usize,
     chunk: usize,
-    panel_product: &mut impl FnMut(PanelProduct<'_, T>),
+    span_product: &mut impl FnMut(PanelSpan<'_, T>),
 ) {
     let (k, n) = b.shape();
     if m == 0 || n == 0 {
@@ -302,26 +303,62 @@ fn gemm_packed_chunks<T: Scalar>(
         let accumulate = accumulate || k0 > 0;
         for g in (0..m).step_by(GROUP_ROWS) {
             let group = GROUP_ROWS.min(m - g);
-            let a = &a[g * lda + k0 * a_step..(g + group - 1) * lda + (k0 + kc - 1) * a_step + 1];
-            for (first, pw) in panels(n) {
-                let (panel, panel_rs) = b.rows(first, pw, k0, kc);
-                let width = pw.min(n - first);
-                let c = &mut c[g * ldc + first..];
-                panel_product(PanelProduct {
-                    rows: group,
-                    k: kc,
-                    a,
-                    lda,
-                    a_step,
-                    panel,
-                    panel_rs,
-                    pw,
-                    c,
-                    ldc,
-                    width,
-                    accumulate,
-                });
-            }
+            span_product(PanelSpan {
+                rows: group,
+                k: kc,
+                a: &a[g * lda + k0 * a_step..(g + group - 1) * lda + (k0 + kc - 1) * a_step + 1],
+                lda,
+                a_step,
+                panels: b,
+                k0,
+                c: &mut c[g * ldc..],
+                ldc,
+                accumulate,
+            });
+        }
+    }
+}
+
+/// A group of rows of `a` times every panel of one chunk of the reduction,
+/// the unit the drivers hand to a kernel: `c[r·ldc + j] (+)= Σ_p a[r·lda +
+/// p·a_step] · op(b)[k0 + p][j]` for `r < rows`, `p < k`, every column `j`.
+/// [`each`](Self::each) splits it into the panels' products; the wide
+/// AVX-512 kernel reads four panels at once.
+#[doc(hidden)]
+pub struct PanelSpan<'a, T> {
+    rows: usize,
+    k: usize,
+    a: &'a [T],
+    lda: usize,
+    a_step: usize,
+    panels: Panels<'a, T>,
+    k0: usize,
+    c: &'a mut [T],
+    ldc: usize,
+    accumulate: bool,
+}
+
+impl<T> PanelSpan<'_, T> {
+    /// Each panel's product, in column order.
+    pub(crate) fn each(self, mut panel_product: impl FnMut(PanelProduct<'_, T>)) {
+        let PanelSpan { rows, k, a, lda, a_step, panels: b, k0, c, ldc, accumulate } = self;
+        let (_, n) = b.shape();
+        for (first, pw) in panels(n) {
+            let (panel, panel_rs) = b.rows(first, pw, k0, k);
+            panel_product(PanelProduct {
+                rows,
+                k,
+                a,
+                lda,
+                a_step,
+                panel,
+                panel_rs,
+                pw,
+                c: &mut c[first..],
+                ldc,
+                width: pw.min(n - first),
+                accumulate,
+            });
         }
     }
 }
@@ -547,6 +584,13 @@ pub enum PanelKernel {
     /// register, so a block of twelve rows holds twelve accumulators of sixteen
     /// columns. The same chains of multiply-adds as the 256-bit kernels.
     Avx512,
+    /// 512-bit vectors across four 16-wide panels at once: six rows × 64
+    /// columns in 24 accumulators, each step loading four panel vectors and six
+    /// values of `a` for 24 fused multiply-adds, enough to keep both 512-bit
+    /// FMA ports of an Ice Lake or Sapphire Rapids core busy (the one-panel
+    /// kernel's twelve rows × 16 columns load as much as they multiply).
+    /// Runs whole [`PanelSpan`]s; the same chains as the other kernels.
+    Avx512Wide,
 }
 
 impl PanelKernel {
@@ -555,6 +599,11 @@ impl PanelKernel {
     pub fn best() -> Self {
         static BEST: std::sync::OnceLock<PanelKernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| *Self::available().last().unwrap_or(&PanelKernel::Portable))
+    }
+
+    /// Whether this CPU runs [`PanelKernel::Avx512Wide`] (under `TIDEREC_MAX_ISA`).
+    pub fn wide_available() -> bool {
+        Self::available().contains(&PanelKernel::Avx512Wide)
     }
 
     /// Every kernel this CPU runs under `TIDEREC_MAX_ISA` ([`tiderec_records::cpu`]),
@@ -570,6 +619,7 @@ impl PanelKernel {
                 if has(Feature::Avx512F) && has(Feature::Avx512Vl) {
                     kernels.push(PanelKernel::Avx512Vl);
                     kernels.push(PanelKernel::Avx512);
+                    kernels.push(PanelKernel::Avx512Wide);
                 }
             }
             kernels
@@ -588,9 +638,24 @@ pub(super) fn packed_panel_f32(p: PanelProduct<'_, f32>) {
 ///
 /// # Panics
 /// When the CPU does not run `kernel`, or the operands do not fit the shape.
+#[cfg(test)]
 pub(crate) fn packed_panel_f32_with(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
     assert!(PanelKernel::available().contains(&kernel), "packed_panel: this CPU does not run {kernel:?}");
     run_panel_f32(kernel, p)
+}
+
+/// A row group's product with every panel on a chosen kernel: the wide
+/// kernel reads the panels four at a time, the others one by one.
+///
+/// # Panics
+/// When the CPU does not run `kernel`.
+pub(crate) fn packed_span_f32_with(kernel: PanelKernel, span: PanelSpan<'_, f32>) {
+    assert!(PanelKernel::available().contains(&kernel), "packed_panel: this CPU does not run {kernel:?}");
+    #[cfg(target_arch = "x86_64")]
+    if kernel == PanelKernel::Avx512Wide {
+        return wide::span_product(span);
+    }
+    span.each(|p| run_panel_f32(kernel, p))
 }
 
 /// [`packed_panel_f32_with`] for a kernel known to run here.
@@ -622,11 +687,15 @@ fn run_panel_f32(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
             match kernel {
                 PanelKernel::Avx2 => x86::avx2::panel_of(vectors, &raw),
                 PanelKernel::Avx512Vl => x86::avx512vl::panel_of(vectors, &raw),
+                // One panel alone: the wide kernel's chains on one panel are the one-panel kernel's.
                 _ => x86::avx512::panel_of(vectors, &raw),
             }
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+mod wide;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -670,7 +739,7 @@ mod x86 {
     }
 
     /// A [`PanelProduct`](super::PanelProduct) as pointers, bounds checked by the caller.
-    pub(super) struct Raw {
+    pub(in super::super) struct Raw {
         pub rows: usize,
         pub k: usize,
         pub a: *const f32,
@@ -801,7 +870,7 @@ mod x86 {
     /// `V / 2` zmm registers plus one ymm register when `V` is odd. Every entry of
     /// `c` is still one chain of fused multiply-adds over `p` from zero, then one
     /// add to `c`, so the results equal the 256-bit kernels' bit for bit.
-    pub(super) mod avx512 {
+    pub(in super::super) mod avx512 {
         use super::Raw;
         use std::arch::x86_64::*;
 
@@ -1172,6 +1241,35 @@ mod tests {
                     Some(want) => {
                         for (i, (x, y)) in c.iter().zip(want).enumerate() {
                             prop_assert!(x.to_bits() == y.to_bits(), "{:?} c[{}] {} vs {}", kernel, i, x, y);
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Every vector kernel, run on whole spans as training runs them
+        /// (the wide kernel spanning panels, masking the last vector), gives
+        /// the one-panel AVX2 kernel's results bit for bit: odd row counts and
+        /// widths, one row, outputs below, at and past a multiple of 16, and
+        /// reductions of several chunks, accumulating or not.
+        #[test]
+        fn wide_kernel_equals_the_one_panel_kernels_bit_for_bit(m in 1usize..60, n in 1usize..150, k in 1usize..420, transposed in any::<bool>(), acc in any::<bool>(), seed in any::<u64>()) {
+            let kernels: Vec<PanelKernel> =
+                PanelKernel::available().iter().copied().filter(|&kernel| kernel != PanelKernel::Portable).collect();
+            let val = |i: usize| (tiderec_records::rng::unit_f64(seed, i as u64, 0, 0) - 0.5) as f32;
+            let a: Vec<f32> = (0..m * k).map(val).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| val(i + 1_000_000)).collect();
+            let c0: Vec<f32> = (0..m * n).map(|i| val(i + 2_000_000)).collect();
+            let packed = PackedRhs::new(if transposed { Op::T } else { Op::N }, k, n, &b);
+            let mut first: Option<Vec<f32>> = None;
+            for &kernel in &kernels {
+                let mut c = c0.clone();
+                gemm_packed_with(m, &a, k, &packed, acc, &mut c, n, |s| packed_span_f32_with(kernel, s));
+                match &first {
+                    None => first = Some(c),
+                    Some(want) => {
+                        for (i, (x, y)) in c.iter().zip(want).enumerate() {
+                            prop_assert!(x.to_bits() == y.to_bits(), "{:?} {}x{}x{} c[{}] {} vs {}", kernel, m, n, k, i, x, y);
                         }
                     }
                 }

@@ -2,12 +2,13 @@
 //! measurement of each candidate on every forward product a run will compute.
 //!
 //! A layer's forward `x·Wᵀ` belongs to one of three *summation classes*, fixed by
-//! its shape ([`forward_class`], as [`Linear::forward_class`](crate::linear::Linear::forward_class)): the packed kernel, the `gemm` crate or
+//! its shape and by whether the CPU runs the wide AVX-512 kernel ([`forward_class`],
+//! as [`Linear::forward_class`](crate::linear::Linear::forward_class)): the packed kernel, the `gemm` crate or
 //! matrixmultiply. The classes order their sums differently, so the class is
-//! never measured: it stays a function of the shape, and a run's numbers do not
-//! depend on how fast anything was. Inside the packed class the candidates are
-//! the vector kernels this CPU runs ([`PanelKernel::available`]: AVX2, AVX-512VL
-//! on 256-bit vectors, AVX-512F on 512-bit vectors), which compute every entry
+//! never measured, and a run's numbers do not depend on how fast anything
+//! was. Inside the packed class the candidates are the vector kernels this CPU
+//! runs ([`PanelKernel::available`]: AVX2, AVX-512VL on 256-bit vectors,
+//! AVX-512F on 512-bit vectors one panel or four panels at a time), which compute every entry
 //! as the same chain of fused multiply-adds and so give results equal bit for
 //! bit (`gemm_packed::tests::vector_kernels_agree_bit_for_bit`). The measurement
 //! picks among those only: two runs on one machine, or W workers against one,
@@ -27,7 +28,7 @@
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
 use super::gemm_bf16::{gemm_bf16, Bf16Scratch};
-use super::gemm_packed::{gemm_mm_order_in_place, gemm_packed_with, packed_panel_f32_with, PackedRhs, PanelKernel};
+use super::gemm_packed::{gemm_mm_order_in_place, gemm_packed_with, packed_span_f32_with, PackedRhs, PanelKernel};
 use super::Scalar;
 use std::sync::RwLock;
 use std::time::Instant;
@@ -48,11 +49,19 @@ pub enum ForwardClass {
 
 /// The summation class of a `batch × input → output` forward product: the
 /// packed kernel where its vector panels run and the batch is small or the
-/// layer narrow, the `gemm` crate for wide layers on large batches,
-/// matrixmultiply otherwise.
+/// layer narrow, or at any batch where the wide AVX-512 kernel runs
+/// ([`PanelKernel::wide_available`]: it beats the `gemm` crate there, about
+/// 2× on DLRM's wide layers at 2,048 rows); the `gemm` crate for wide layers
+/// on large batches otherwise; matrixmultiply for the rest.
+///
+/// The class depends on the shape and on whether this CPU (under
+/// `TIDEREC_MAX_ISA`) runs the wide kernel, never on a measurement: two runs on
+/// one machine train the same numbers, and a cap below AVX-512 changes them
+/// only for wide layers at more than 256 rows.
 pub fn forward_class<T: Scalar>(batch: usize, input: usize, output: usize) -> ForwardClass {
     let packable = input >= 16 && output >= 8;
-    if packable && T::packed_panel_is_vectorized() && (batch <= 256 || output <= 64) {
+    let packed_shape = batch <= 256 || output <= 64 || PanelKernel::wide_available();
+    if packable && T::packed_panel_is_vectorized() && packed_shape {
         ForwardClass::Packed
     } else if input >= 16 && batch > 256 && output > 64 {
         ForwardClass::Wide
@@ -115,12 +124,14 @@ impl Candidate {
             Candidate::Packed(PanelKernel::Avx2) => "packed-avx2",
             Candidate::Packed(PanelKernel::Avx512Vl) => "packed-avx512vl",
             Candidate::Packed(PanelKernel::Avx512) => "packed-avx512",
+            Candidate::Packed(PanelKernel::Avx512Wide) => "packed-avx512w",
             Candidate::GemmCrate => "gemm-crate",
             Candidate::MatrixMultiply => "matrixmultiply",
             Candidate::PackedMmOrder(PanelKernel::Portable) => "packed-mm-portable",
             Candidate::PackedMmOrder(PanelKernel::Avx2) => "packed-mm-avx2",
             Candidate::PackedMmOrder(PanelKernel::Avx512Vl) => "packed-mm-avx512vl",
             Candidate::PackedMmOrder(PanelKernel::Avx512) => "packed-mm-avx512",
+            Candidate::PackedMmOrder(PanelKernel::Avx512Wide) => "packed-mm-avx512w",
         }
     }
 }
@@ -221,7 +232,7 @@ pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
             let mut run = || match *c {
                 Candidate::Packed(kernel) => {
                     packed.pack(Op::T, k, n, &w);
-                    gemm_packed_with(m, &x, k, &packed, true, &mut y, n, |p| packed_panel_f32_with(kernel, p));
+                    gemm_packed_with(m, &x, k, &packed, true, &mut y, n, |s| packed_span_f32_with(kernel, s));
                 }
                 Candidate::GemmCrate => gemm_nt_acc(m, n, k, &x, &w, &mut y),
                 Candidate::MatrixMultiply | Candidate::PackedMmOrder(_) => {
@@ -594,18 +605,26 @@ mod tests {
     }
 
     /// With `all`, the other classes are timed too but marked ineligible, and
-    /// the choice is still the fastest eligible one.
+    /// the choice is still the fastest eligible one: 300 rows into 100 outputs
+    /// are the gemm crate's unless the wide AVX-512 kernel runs here.
     #[test]
     fn reports_time_every_class_but_choose_within_one() {
         let shape = ForwardShape { rows: 300, input: 40, output: 100 };
+        let class = forward_class::<f32>(shape.rows, shape.input, shape.output);
+        let expected = if PanelKernel::wide_available() { ForwardClass::Packed } else { ForwardClass::Wide };
+        assert_eq!(class, expected);
         let c = measure_shape(shape, Measure { seconds: 0.0005, rounds: 1, all: true });
-        assert_eq!(c.chosen, Candidate::GemmCrate, "300 rows into 100 outputs are in the gemm crate's class");
-        let packed_timed = c.timings.iter().any(|t| !t.eligible && matches!(t.candidate, Candidate::Packed(_)));
+        assert_eq!(c.chosen.class(), class, "chosen {:?}", c.chosen);
+        for t in &c.timings {
+            assert_eq!(t.eligible, t.candidate.class() == class, "{:?}", t.candidate);
+        }
+        let packed_timed = c.timings.iter().any(|t| matches!(t.candidate, Candidate::Packed(_)));
         assert_eq!(
             packed_timed,
             f32::packed_panel_is_vectorized(),
             "the vector packed kernels are timed where they run"
         );
+        assert!(c.timings.iter().any(|t| t.candidate == Candidate::GemmCrate));
         assert!(c.timings.iter().any(|t| t.candidate == Candidate::MatrixMultiply && !t.eligible));
     }
 }

@@ -51,13 +51,15 @@ impl Linear {
     /// space for `Wᵀ` (reused across calls, no allocation once large enough).
     ///
     /// The product runs in one of three summation classes, chosen by shape from measurements
-    /// (`benches/linear_forward.rs`, `benches/dlrm_gemm_shapes.rs`): the packed
-    /// kernel transposes `W` once in 8 × 8 register tiles and reads `x` where it
-    /// lies (1.2–1.5× matrixmultiply at a worker's micro-batch of 64 rows, and
-    /// the fastest at any batch on outputs of at most 64); many rows into a wide
-    /// output go to the `gemm` crate ([`gemm_nt_acc`], 1.1–1.25× matrixmultiply
-    /// at 1,024 rows on DLRM's 367→512 and 512→256); the rest (narrow inputs,
-    /// `f64` without a vector packed kernel) to matrixmultiply.
+    /// (`benches/linear_forward.rs`, `benches/dlrm_gemm_shapes.rs`,
+    /// `tiderec bench kernels`): the packed kernel transposes `W` once in 8 × 8
+    /// register tiles and reads `x` where it lies (1.2–1.5× matrixmultiply at a
+    /// worker's micro-batch of 64 rows, and the fastest at any batch on outputs
+    /// of at most 64, or on any layer where its wide AVX-512 kernel runs); many
+    /// rows into a wide output go to the `gemm` crate ([`gemm_nt_acc`], 1.1–1.25×
+    /// matrixmultiply at 1,024 rows on DLRM's 367→512 and 512→256) on CPUs
+    /// without AVX-512; the rest (narrow inputs, `f64` without a vector packed
+    /// kernel) to matrixmultiply.
     #[inline(never)]
     pub fn forward<T: Scalar>(&self, params: &[T], x: &[T], batch: usize, y: &mut [T], packed: &mut PackedRhs<T>) {
         let w = &params[self.offset..self.offset + self.output * self.input];
@@ -70,8 +72,8 @@ impl Linear {
             ForwardClass::Packed => {
                 packed.pack(Op::T, self.input, self.output, w);
                 let kernel = panel_kernel_for(batch, self.input, self.output);
-                gemm_packed_with(batch, x, self.input, packed, true, y, self.output, |p| {
-                    T::packed_panel_with(kernel, p)
+                gemm_packed_with(batch, x, self.input, packed, true, y, self.output, |span| {
+                    T::packed_span_with(kernel, span)
                 });
             }
             ForwardClass::Wide => gemm_nt_acc(batch, self.output, self.input, x, w, y),
@@ -81,9 +83,10 @@ impl Linear {
 
     /// Which class [`forward`](Self::forward) uses for `batch` rows: the packed
     /// kernel where it runs vectorized (not in `f64` or without AVX2), for an
-    /// input of at least 16 and an output of 8 or more, at up to 256 rows or for
-    /// outputs of at most 64; the `gemm` crate for more rows into a wider output
-    /// (input ≥ 16); matrixmultiply otherwise.
+    /// input of at least 16 and an output of 8 or more, at up to 256 rows, for
+    /// outputs of at most 64, or at any batch where the wide AVX-512 kernel
+    /// runs; the `gemm` crate for more rows into a wider output (input ≥ 16);
+    /// matrixmultiply otherwise.
     pub fn forward_class<T: Scalar>(&self, batch: usize) -> ForwardClass {
         forward_class::<T>(batch, self.input, self.output)
     }
@@ -244,17 +247,20 @@ mod tests {
         check_gradients(&x, &dx, |xx| loss(&params, xx));
     }
 
-    /// All three forward kernels (packed: small batches and narrow outputs;
-    /// the `gemm` crate: many rows into a wide output; matrixmultiply: narrow
-    /// inputs or outputs) agree with the plain definition.
+    /// All three forward kernels (packed: small batches and narrow outputs, or
+    /// any batch with the wide AVX-512 kernel; the `gemm` crate: many rows into
+    /// a wide output without it; matrixmultiply: narrow inputs or outputs) agree
+    /// with the plain definition.
     #[test]
     fn forward_kernels_agree_with_the_definition() {
+        use crate::gemm_packed::PanelKernel;
         use ForwardClass::*;
+        let wide = if PanelKernel::wide_available() { Packed } else { Wide };
         let cases = [
             (40, 24, 5, Packed),
             (40, 24, 300, Packed),
-            (40, 100, 300, Wide),
-            (367, 130, 257, Wide),
+            (40, 100, 300, wide),
+            (367, 130, 257, wide),
             (10, 100, 300, General),
             (7, 9, 3, General),
             (20, 3, 4, General),

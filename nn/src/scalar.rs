@@ -68,12 +68,13 @@ pub trait Scalar:
     #[doc(hidden)]
     fn packed_panel(p: super::gemm_packed::PanelProduct<'_, Self>);
 
-    /// One panel with a given kernel (`f32`; `f64` has only the portable one).
+    /// A row group times every panel with a given kernel (`f32`; `f64` has
+    /// only the portable one).
     ///
     /// # Panics
     /// When the CPU does not run `kernel`.
     #[doc(hidden)]
-    fn packed_panel_with(kernel: super::gemm_packed::PanelKernel, p: super::gemm_packed::PanelProduct<'_, Self>);
+    fn packed_span_with(kernel: super::gemm_packed::PanelKernel, span: super::gemm_packed::PanelSpan<'_, Self>);
 
     /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel,
     /// `b` (`k × n`, rows `ldb` apart) read where it lies (`gemm_mm_order_in_place`;
@@ -169,11 +170,11 @@ macro_rules! impl_scalar {
                 $block(p)
             }
             #[inline]
-            fn packed_panel_with(
+            fn packed_span_with(
                 kernel: super::gemm_packed::PanelKernel,
-                p: super::gemm_packed::PanelProduct<'_, Self>,
+                span: super::gemm_packed::PanelSpan<'_, Self>,
             ) {
-                $block_with(kernel, p)
+                $block_with(kernel, span)
             }
             #[inline]
             fn gemm_mm_order(
@@ -214,7 +215,7 @@ impl_scalar!(
     matrixmultiply::sgemm,
     exp_f32_poly,
     super::gemm_packed::packed_panel_f32,
-    super::gemm_packed::packed_panel_f32_with,
+    super::gemm_packed::packed_span_f32_with,
     super::gemm_packed::gemm_mm_order_in_place,
     super::gemm_packed::PanelKernel::best() != super::gemm_packed::PanelKernel::Portable,
     super::gemm_packed::pack_transposed_f32,
@@ -226,7 +227,7 @@ impl_scalar!(
     matrixmultiply::dgemm,
     f64::exp,
     super::gemm_packed::packed_panel_portable::<f64>,
-    |_, p| super::gemm_packed::packed_panel_portable::<f64>(p),
+    |_, span: super::gemm_packed::PanelSpan<'_, f64>| span.each(super::gemm_packed::packed_panel_portable::<f64>),
     |_,
      _,
      _: &[f64],

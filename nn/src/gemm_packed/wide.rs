@@ -1,0 +1,203 @@
+//! The wide AVX-512 kernel ([`PanelKernel::Avx512Wide`](super::PanelKernel::Avx512Wide)):
+//! a row group times every panel of a chunk, read as 16-column vectors four
+//! at a time.
+//!
+//! A register block is `R` rows × `Z` vectors of 16 columns (six rows × four
+//! vectors where four are left, eight × three, twelve × two or one), the
+//! vectors taken from consecutive panels, so a block spans panels the
+//! one-panel kernels visit apart. Each step loads `Z` panel vectors and
+//! broadcasts `R` values of `a` for `R·Z` fused multiply-adds: at six × four,
+//! ten loads per 24 FMAs, where the one-panel kernel's twelve × one loads
+//! thirteen per twelve and so cannot keep two FMA ports busy.
+//!
+//! Invariants: every entry of `c` is one chain of fused multiply-adds over the
+//! chunk's steps from zero, then one add to `c` when accumulating, exactly as
+//! in the other vector kernels, so the results equal theirs bit for bit
+//! (`tests::wide_kernel_equals_the_one_panel_kernels_bit_for_bit`). Only the
+//! span's `width` columns of each panel are written (the last vector of the
+//! last panel under a mask); a panel a whole number of vectors does not fill
+//! (8, 24 or 40 wide) runs on the one-panel AVX-512 kernel.
+
+use super::x86::{avx512, Raw};
+use super::{panels, PanelSpan, LANES};
+use std::arch::x86_64::*;
+
+/// Columns per 512-bit vector.
+const VECTOR: usize = 16;
+/// Vectors per register block at most.
+const MAX_Z: usize = 4;
+
+/// Up to four 16-column vectors of consecutive columns, each read from its
+/// panel: `(first value of the chunk's first step, stride between steps)`.
+struct Group {
+    vectors: [(*const f32, usize); MAX_Z],
+    count: usize,
+    /// Column of `c` of the first vector.
+    first: usize,
+    /// Columns written of the last vector (1 to 16).
+    last_lanes: usize,
+}
+
+/// The span's operands as pointers, bounds checked by the span's driver.
+struct Rows {
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    a_step: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+}
+
+/// [`PanelSpan`]'s product on the wide kernel (the CPU runs AVX-512F: the
+/// caller checked [`PanelKernel::available`](super::PanelKernel::available)).
+pub(super) fn span_product(span: PanelSpan<'_, f32>) {
+    let PanelSpan { rows, k, a, lda, a_step, panels: b, k0, c, ldc, accumulate } = span;
+    let (_, n) = b.shape();
+    if rows == 0 || k == 0 || n == 0 {
+        // The driver never hands out an empty span; nothing to write if it did.
+        return;
+    }
+    assert!(a.len() > (rows - 1) * lda + (k - 1) * a_step, "wide kernel: a too short");
+    assert!(c.len() >= (rows - 1) * ldc + n, "wide kernel: c too short");
+    let ops = Rows { k, a: a.as_ptr(), lda, a_step, c: c.as_mut_ptr(), ldc, accumulate };
+    let mut group = Group { vectors: [(std::ptr::null(), 0); MAX_Z], count: 0, first: 0, last_lanes: VECTOR };
+    for (first, pw) in panels(n) {
+        let width = pw.min(n - first);
+        let (panel, rs) = b.rows(first, pw, k0, k);
+        assert!(panel.len() >= (k - 1) * rs + pw, "wide kernel: panel too short");
+        if !pw.is_multiple_of(VECTOR) {
+            // 8, 24 or 40 wide: only the last panel is; flush, then one panel.
+            // SAFETY: AVX-512F present (caller); the asserts bound every access.
+            unsafe { flush(&ops, rows, &mut group) };
+            let raw = Raw {
+                rows,
+                k,
+                a: ops.a,
+                lda,
+                a_step,
+                panel: panel.as_ptr(),
+                panel_rs: rs,
+                // SAFETY: first + width <= n, inside c's rows (asserted).
+                c: unsafe { ops.c.add(first) },
+                ldc,
+                width,
+                accumulate,
+            };
+            // SAFETY: as above; the one-panel kernel reads `pw` values per step, as asserted.
+            unsafe { avx512::panel_of(pw / LANES, &raw) };
+            continue;
+        }
+        for v in 0..pw / VECTOR {
+            if group.count == MAX_Z {
+                // SAFETY: as above.
+                unsafe { flush(&ops, rows, &mut group) };
+            }
+            if group.count == 0 {
+                group.first = first + VECTOR * v;
+            }
+            // SAFETY: v·16 < pw: inside the panel's first step.
+            group.vectors[group.count] = (unsafe { panel.as_ptr().add(VECTOR * v) }, rs);
+            group.count += 1;
+            group.last_lanes = (width - VECTOR * v).min(VECTOR);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { flush(&ops, rows, &mut group) };
+}
+
+/// Runs the collected vectors over every row of the span and empties the group.
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn flush(ops: &Rows, rows: usize, group: &mut Group) {
+    match group.count {
+        0 => {}
+        1 => by_rows::<12, 1>(ops, rows, group),
+        2 => by_rows::<12, 2>(ops, rows, group),
+        3 => by_rows::<8, 3>(ops, rows, group),
+        _ => by_rows::<6, 4>(ops, rows, group),
+    }
+    group.count = 0;
+}
+
+/// Blocks of `R` rows, then the rest as blocks of 8, 4, 2 and 1.
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn by_rows<const R: usize, const Z: usize>(ops: &Rows, rows: usize, group: &Group) {
+    let mut i = 0;
+    while i + R <= rows {
+        block::<R, Z>(ops, group, i);
+        i += R;
+    }
+    let mut rest = rows - i;
+    for size in [8, 4, 2, 1] {
+        if size < R && rest >= size {
+            match size {
+                8 => block::<8, Z>(ops, group, i),
+                4 => block::<4, Z>(ops, group, i),
+                2 => block::<2, Z>(ops, group, i),
+                _ => block::<1, Z>(ops, group, i),
+            }
+            i += size;
+            rest -= size;
+        }
+    }
+}
+
+/// One step of a block: row `p` of the `Z` vectors times column `p` of the `R` rows.
+#[inline(always)]
+unsafe fn step<const R: usize, const Z: usize>(
+    acc: &mut [[__m512; Z]; R],
+    a: *const f32,
+    (lda, a_step): (usize, usize),
+    vectors: &[(*const f32, usize); MAX_Z],
+    p: usize,
+) {
+    let mut b = [_mm512_setzero_ps(); Z];
+    for (z, v) in b.iter_mut().enumerate() {
+        let (base, rs) = vectors[z];
+        *v = _mm512_loadu_ps(base.add(p * rs));
+    }
+    for (r, row) in acc.iter_mut().enumerate() {
+        let s = _mm512_set1_ps(*a.add(r * lda + p * a_step));
+        for (x, &v) in row.iter_mut().zip(&b) {
+            *x = _mm512_fmadd_ps(s, v, *x);
+        }
+    }
+}
+
+/// `R` rows from row `i` times the group's `Z` vectors, into `c`.
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn block<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: usize) {
+    let Rows { k, lda, a_step, ldc, accumulate, .. } = *ops;
+    let a = ops.a.add(i * lda);
+    let mut acc = [[_mm512_setzero_ps(); Z]; R];
+    let strides = (lda, a_step);
+    let mut p = 0;
+    while p + 4 <= k {
+        step::<R, Z>(&mut acc, a, strides, &group.vectors, p);
+        step::<R, Z>(&mut acc, a, strides, &group.vectors, p + 1);
+        step::<R, Z>(&mut acc, a, strides, &group.vectors, p + 2);
+        step::<R, Z>(&mut acc, a, strides, &group.vectors, p + 3);
+        p += 4;
+    }
+    while p < k {
+        step::<R, Z>(&mut acc, a, strides, &group.vectors, p);
+        p += 1;
+    }
+    let mask: __mmask16 = if group.last_lanes == VECTOR { !0 } else { (1u16 << group.last_lanes) - 1 };
+    let c = ops.c.add(i * ldc + group.first);
+    for (r, row) in acc.iter().enumerate() {
+        let out = c.add(r * ldc);
+        for (z, &x) in row.iter().enumerate() {
+            let o = out.add(VECTOR * z);
+            if z + 1 < Z || mask == !0 {
+                let x = if accumulate { _mm512_add_ps(x, _mm512_loadu_ps(o)) } else { x };
+                _mm512_storeu_ps(o, x);
+            } else {
+                let x = if accumulate { _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, o)) } else { x };
+                _mm512_mask_storeu_ps(o, mask, x);
+            }
+        }
+    }
+}
