@@ -105,14 +105,17 @@ chose on this machine for DLRM's products:
 {kernels}
 
 **The choice never changes a result.** A forward product belongs to one of three
-*summation classes*, fixed by its shape (`Linear::forward_class`: the packed kernel up to
-256 rows or for outputs of at most 64, the `gemm` crate for more rows into wider outputs,
-matrixmultiply for inputs under 16 or outputs under 8); the classes add in different
-orders, so the class is never measured. The measurement chooses only inside the packed
-class, among the vector kernels the CPU runs — AVX2 (16 registers), AVX-512VL (256-bit
-vectors, 32 registers) and AVX-512F (512-bit vectors) — which compute every entry as the
-same chain of fused multiply-adds and give results equal bit for bit (property test
-`gemm_packed::tests::vector_kernels_agree_bit_for_bit`). So two runs on one machine, and W
+*summation classes*, fixed by its shape and by whether the CPU runs the wide AVX-512
+kernel (`Linear::forward_class`: the packed kernel up to 256 rows, for outputs of at most
+64, or at any batch where the wide kernel runs; the `gemm` crate for more rows into wider
+outputs otherwise; matrixmultiply for inputs under 16 or outputs under 8); the classes add
+in different orders, so the class is never measured. The measurement chooses only inside
+the packed class, among the vector kernels the CPU runs — AVX2 (16 registers), AVX-512VL
+(256-bit vectors, 32 registers), AVX-512F (512-bit vectors, one panel of 16 columns at a
+time) and the wide AVX-512F kernel (six rows × 64 columns across four panels) — which
+compute every entry as the same chain of fused multiply-adds and give results equal bit
+for bit (property tests `gemm_packed::tests::vector_kernels_agree_bit_for_bit` and
+`wide_kernel_equals_the_one_panel_kernels_bit_for_bit`). So two runs on one machine, and W
 workers against one, train the same numbers whichever kernel won, and the default run
 still prints `params L2 93.513989`. Nothing is cached between runs.
 
@@ -349,6 +352,21 @@ wrote, over its training time. The last row is what checkpoints of every row of 
 table would write at the same cadence (not run: the tables' rows × (dim + optimizer
 state) × 4 bytes, from the shards' own metadata, plus the dense file, per checkpoint).
 Rerun: `python3 scripts/benchmarks.py --only freshness`.
+""",
+    "fp32": """\
+## fp32 kernels on two-FMA-port cores against the build before them
+
+What the wide AVX-512 kernel (`packed-avx512w` and, in matrixmultiply's order,
+`packed-mm-avx512w`: six rows × 64 columns across four panels, see
+[training.md](training.md), *Vector extensions*) changes on this CPU, **{cpu}**. This build
+and `--previous-bin` (a build without that kernel, whose wide layers at more than 256 rows ran
+on the `gemm` crate) alternate, the first of each round rotating. `tiderec bench kernels
+--rows R` gives each build's GEMM bound (DLRM's MLP products alone, on the kernels each build
+chooses, one core) as a share of the AVX-512 FMA peak the same command measures;
+`tiderec bench dlrm --batch-size B` gives training samples/s ({workers} worker(s), {warmup}
+warm-up steps, then {samples:,} samples' worth of timed steps). The second table is the last
+round's: each wide product of DLRM on the kernel each build chose. Rerun: `python3
+scripts/benchmarks.py --only fp32 --previous-bin PATH --splice docs/benchmarks.md`.
 """,
     "avx2": """\
 ## AVX2-only kernels against the build before runtime kernel selection
@@ -1314,6 +1332,56 @@ def avx2_steps(run, batch):
     return max(run.s.avx2_samples // batch, 2 if run.args.quick else 50)
 
 
+def peak_share(k):
+    """A `bench kernels --json` report's GEMM bound as a share of its AVX-512 (or widest) FMA peak."""
+    return k["gemm_bound_samples_per_sec"] / k["peak_bound_samples_per_sec"]
+
+
+def wide_products(new, old):
+    """Rows of the wide-product table: DLRM's products with both widths above 64, in model order."""
+    peak = {side: max(p["gflops"] for p in k["fma_peak"]) for side, k in (("new", new), ("old", old))}
+    before = {(p["product"], p["layer"]): p for p in old["products"]}
+    rows, seen = [], set()
+    for p in new["products"]:
+        key = (p["product"], p["layer"])
+        widths = [int(w) for w in p["layer"].split("->")]
+        if min(widths) < 64 or key in seen or key not in before:
+            continue
+        seen.add(key)
+        o = before[key]
+        rows.append([p["product"], p["layer"], p["mnk"], f"`{p['chosen']}`", num(p["chosen_gflops"]),
+                     f"**{100 * p['chosen_gflops'] / peak['new']:.0f}%**", f"`{o['chosen']}`", num(o["chosen_gflops"]),
+                     f"{100 * o['chosen_gflops'] / peak['old']:.0f}%"])
+    return rows
+
+
+def section_fp32(run):
+    """This build's fp32 kernels against `--previous-bin`: GEMM bound against the FMA peak, DLRM training samples/s."""
+    workers, prev = run.args.workers, run.args.previous_bin
+    rows, wide = [], []
+    for batch in (128, 2048):
+        kernels = ["bench", "kernels", "--rows", str(batch), "--seconds", str(run.s.kernel_seconds),
+                   "--rounds", str(run.s.kernel_rounds), "--json"]
+        train = ["bench", "dlrm", "--batch-size", str(batch), "--workers", str(workers),
+                 "--steps", str(avx2_steps(run, batch)), "--warmup", str(run.s.warmup), "--json"]
+        rounds = run.alternate({"kernels": [run.args.tiderec, *kernels], "kernels_before": [prev, *kernels],
+                                "new": [run.args.tiderec, *train], "old": [prev, *train]})
+        share = statistics.median(peak_share(r["kernels"]) for r in rounds)
+        share_before = statistics.median(peak_share(r["kernels_before"]) for r in rounds)
+        n, o, r, rs = compare(rounds, "new", "old")
+        rows.append([num(batch), f"{100 * share:.0f}%", f"{100 * share_before:.0f}%", num(n), num(o),
+                     f"**{ratio(r)}**", span(rs), span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
+        wide += [[num(batch), *w] for w in wide_products(rounds[-1]["kernels"], rounds[-1]["kernels_before"])]
+    prose = PROSE["fp32"].format(cpu=bench_vs_torch.cpu_model(), workers=workers, warmup=run.s.warmup,
+                                 samples=run.s.avx2_samples)
+    first = table(["batch", "GEMM bound, this build: share of the FMA peak", "build before",
+                   "DLRM samples/s, this build (median)", "build before (baseline)", "this / before", "per round",
+                   "load (1 min) per round"], rows, right=range(0, 8))
+    second = table(["rows", "product", "layer", "m x n x k", "this build: kernel", "GFLOP/s", "share of peak",
+                    "build before: kernel", "GFLOP/s", "share of peak"], wide, right=(0, 5, 6, 8, 9))
+    return prose, first + "\n\n" + second
+
+
 def section_avx2(run):
     """This build under `TIDEREC_MAX_ISA=avx2` against `--baseline-bin` (its AVX-512 turned off by its builder)."""
     workers = run.args.workers
@@ -1350,6 +1418,7 @@ SECTIONS = [
     ("deltas", section_deltas),
     ("freshness", section_freshness),
     ("serve", section_serve),
+    ("fp32", section_fp32),
     ("avx2", section_avx2),
 ]
 
@@ -1407,6 +1476,22 @@ def machine(run, load_start, load_end, sections):
                           kernel_rounds=run.s.kernel_rounds), kernels.startswith("**Not")
 
 
+def splice(document, bodies):
+    """`document` with each section of `bodies` in place of the section of the same title
+    (from its `## ` line to the next one), or appended where it has none."""
+    for body in bodies:
+        title = body.split("\n", 1)[0]
+        lines = document.split("\n")
+        start = next((i for i, line in enumerate(lines) if line == title), None)
+        if start is None:
+            document = document.rstrip("\n") + "\n\n" + body
+            continue
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        rest = "\n".join(lines[end:])
+        document = "\n".join(lines[:start]) + "\n" + body + ("\n" + rest if rest else "")
+    return document
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one round, small step counts: a smoke run")
@@ -1421,6 +1506,12 @@ def parse_args(argv=None):
     p.add_argument("--tiderec", default=os.path.join(ROOT, "target", "release", "tiderec"))
     p.add_argument("--baseline-bin", default=None,
                    help="the older tiderec binary the avx2 section compares with (without it, avx2 is left out)")
+    p.add_argument("--previous-bin", default=None,
+                   help="a tiderec build before the wide AVX-512 kernel, for the fp32 section (without it, fp32 is "
+                        "left out)")
+    p.add_argument("--splice", default=None, metavar="FILE",
+                   help="write each section run into FILE in place of its namesake (appended if FILE has none), "
+                        "leaving the rest of FILE as it is")
     p.add_argument("--python", default=sys.executable, help="interpreter with torch and numpy")
     p.add_argument("--criteo", default=os.path.join(ROOT, CRITEO_REL), help="the Criteo sample")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per command")
@@ -1438,6 +1529,13 @@ def parse_args(argv=None):
             p.error("section avx2 needs --baseline-bin (the older binary it compares with)")
         a.sections.remove("avx2")
         print("avx2: left out (no --baseline-bin)", file=sys.stderr)
+    if a.previous_bin is None and "fp32" in a.sections:
+        if a.only is not None:
+            p.error("section fp32 needs --previous-bin (the older binary it compares with)")
+        a.sections.remove("fp32")
+        print("fp32: left out (no --previous-bin)", file=sys.stderr)
+    if a.splice is not None and (a.only is None or a.output is not None):
+        p.error("--splice rewrites sections of an existing document: give it with --only, without --output")
     if a.output is None:
         a.output = "-" if a.only is not None else os.path.join(ROOT, "docs", "benchmarks.md")
     if (a.rounds is not None and a.rounds < 1) or a.workers < 1 or (a.max_workers is not None and a.max_workers < 1):
@@ -1473,6 +1571,10 @@ def main(argv=None):
     finally:
         shutil.rmtree(run.tmp, ignore_errors=True)
     doc = INTRO + "\n" + header + "\n" + "\n".join(bodies)
+    if args.splice is not None:
+        with open(args.splice) as f:
+            doc = splice(f.read(), bodies)
+        args.output = args.splice
     if args.output == "-":
         sys.stdout.write(doc)
     else:

@@ -150,6 +150,64 @@ fn the_avx2_section_needs_a_baseline_binary() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("section avx2 needs --baseline-bin"));
 }
 
+/// The fp32 comparison against an older build, here this same binary: both
+/// batches hold a finite ratio and GEMM bounds given as shares of the FMA peak
+/// (positive; a `--quick` run under the test suite's load measures the peak
+/// too briefly to bound them by 100%), and the wide-product table names each
+/// build's kernel.
+#[test]
+fn the_fp32_section_compares_the_gemm_bound_with_the_fma_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("benchmarks.md");
+    let bin = binary();
+    let Some((run, doc)) = generate(&["--only", "fp32", "--previous-bin", bin.to_str().unwrap()], &out) else {
+        return;
+    };
+    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+    assert!(doc.contains("## fp32 kernels on two-FMA-port cores against the build before them"), "{doc}");
+    let (_, rows) = table_rows(&doc, "this / before");
+    assert_eq!(rows.len(), 2, "batches 128 and 2,048:\n{doc}");
+    for row in &rows {
+        for share in [number(row[1]), number(row[2])] {
+            assert!(share.is_finite() && share > 0.0, "a GEMM bound share that is no share: {row:?}");
+        }
+        let ratio = number(row[5]);
+        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
+    }
+    let (_, wide) = table_rows(&doc, "build before: kernel");
+    assert!(wide.iter().any(|r| r[1] == "forward" && r[2] == "512->256"), "{doc}");
+    assert!(wide.iter().all(|r| r[4].starts_with('`') && r[7].starts_with('`')), "{doc}");
+}
+
+/// `--splice` rewrites the sections it runs in an existing document and leaves
+/// every other line as it was; a section the document lacks is appended.
+#[test]
+fn splice_replaces_only_the_sections_it_runs() {
+    let Some(mut py) = python3() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let doc = dir.path().join("benchmarks.md");
+    let before = "# Benchmarks\n\nintro line\n\n## GRU: split cell against the unsplit one\n\nan old figure\n\n\
+                  ## Another section\n\nkept as it is\n";
+    std::fs::write(&doc, before).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/benchmarks.py");
+    let run = py
+        .arg(script)
+        .args(["--quick", "--tiderec"])
+        .arg(binary())
+        .args(["--only", "gru", "--splice"])
+        .arg(&doc)
+        .output()
+        .expect("python3 starts");
+    assert!(run.status.success(), "stderr: {}", String::from_utf8_lossy(&run.stderr));
+    let after = std::fs::read_to_string(&doc).unwrap();
+    assert!(after.starts_with("# Benchmarks\n\nintro line\n\n## GRU: split cell against the unsplit one\n"), "{after}");
+    assert!(!after.contains("an old figure"), "{after}");
+    assert!(after.ends_with("## Another section\n\nkept as it is\n"), "{after}");
+    assert!(!after.contains("## Machine and build"), "a splice writes no header:\n{after}");
+    let ratio = first_ratio(&after, "split / unsplit");
+    assert!(ratio.is_finite() && ratio > 0.0, "{ratio}");
+}
+
 /// Every data row of the table whose header contains `column`: its header cells and its rows' cells.
 fn table_rows<'a>(doc: &'a str, column: &str) -> (Vec<&'a str>, Vec<Vec<&'a str>>) {
     let lines: Vec<&str> = doc.lines().collect();
