@@ -10,7 +10,9 @@
 //! [`gemm_packed`] streams the rows of `a` as stored (no copy, any row
 //! stride) and accumulates each `rows × width` block of `c` in registers
 //! (AVX2 + FMA: at most twelve accumulators, e.g. 6 × 16 or 2 × 40 `f32`;
-//! with AVX-512VL's thirty-two registers up to 24, e.g. 12 × 16 or 6 × 32),
+//! with AVX-512VL's thirty-two registers up to 24, e.g. 12 × 16 or 6 × 32;
+//! the wide AVX-512 kernel of `wide.rs`, the fastest where it runs, 6 × 64 across
+//! four panels),
 //! so a product of a few dozen columns pays neither the packing of both
 //! operands nor the edge handling that a general GEMM pays on every call.
 //!
@@ -152,7 +154,7 @@ pub fn gemm_packed<T: Scalar>(
     c: &mut [T],
     ldc: usize,
 ) {
-    gemm_packed_with(m, a, lda, b, accumulate, c, ldc, |span| span.each(T::packed_panel))
+    gemm_packed_with(m, a, lda, b, accumulate, c, ldc, |span| T::packed_span_with(PanelKernel::best(), span))
 }
 
 /// [`gemm_packed`] with the product of a row group and the panels given:
