@@ -741,7 +741,7 @@ mod x86 {
     }
 
     /// A [`PanelProduct`](super::PanelProduct) as pointers, bounds checked by the caller.
-    pub(in super::super) struct Raw {
+    pub(super) struct Raw {
         pub rows: usize,
         pub k: usize,
         pub a: *const f32,
@@ -872,7 +872,7 @@ mod x86 {
     /// `V / 2` zmm registers plus one ymm register when `V` is odd. Every entry of
     /// `c` is still one chain of fused multiply-adds over `p` from zero, then one
     /// add to `c`, so the results equal the 256-bit kernels' bit for bit.
-    pub(in super::super) mod avx512 {
+    pub(super) mod avx512 {
         use super::Raw;
         use std::arch::x86_64::*;
 

@@ -15,11 +15,10 @@
 //! in the other vector kernels, so the results equal theirs bit for bit
 //! (`tests::wide_kernel_equals_the_one_panel_kernels_bit_for_bit`). Only the
 //! span's `width` columns of each panel are written (the last vector of the
-//! last panel under a mask); a panel a whole number of vectors does not fill
-//! (8, 24 or 40 wide) runs on the one-panel AVX-512 kernel.
+//! last panel under a mask); a last panel a whole number of vectors does not
+//! fill (8, 24 or 40 wide) runs on the one-panel AVX-512 kernel.
 
-use super::x86::{avx512, Raw};
-use super::{panels, PanelSpan, LANES};
+use super::{panels, run_panel_f32, PanelKernel, PanelProduct, PanelSpan};
 use std::arch::x86_64::*;
 
 /// Columns per 512-bit vector.
@@ -62,35 +61,19 @@ pub(super) fn span_product(span: PanelSpan<'_, f32>) {
     assert!(c.len() >= (rows - 1) * ldc + n, "wide kernel: c too short");
     let ops = Rows { k, a: a.as_ptr(), lda, a_step, c: c.as_mut_ptr(), ldc, accumulate };
     let mut group = Group { vectors: [(std::ptr::null(), 0); MAX_Z], count: 0, first: 0, last_lanes: VECTOR };
+    // A panel 8, 24 or 40 wide is not whole vectors: only the last panel can be.
+    let mut ragged = None;
     for (first, pw) in panels(n) {
+        if !pw.is_multiple_of(VECTOR) {
+            ragged = Some((first, pw));
+            break;
+        }
         let width = pw.min(n - first);
         let (panel, rs) = b.rows(first, pw, k0, k);
         assert!(panel.len() >= (k - 1) * rs + pw, "wide kernel: panel too short");
-        if !pw.is_multiple_of(VECTOR) {
-            // 8, 24 or 40 wide: only the last panel is; flush, then one panel.
-            // SAFETY: AVX-512F present (caller); the asserts bound every access.
-            unsafe { flush(&ops, rows, &mut group) };
-            let raw = Raw {
-                rows,
-                k,
-                a: ops.a,
-                lda,
-                a_step,
-                panel: panel.as_ptr(),
-                panel_rs: rs,
-                // SAFETY: first + width <= n, inside c's rows (asserted).
-                c: unsafe { ops.c.add(first) },
-                ldc,
-                width,
-                accumulate,
-            };
-            // SAFETY: as above; the one-panel kernel reads `pw` values per step, as asserted.
-            unsafe { avx512::panel_of(pw / LANES, &raw) };
-            continue;
-        }
         for v in 0..pw / VECTOR {
             if group.count == MAX_Z {
-                // SAFETY: as above.
+                // SAFETY: AVX-512F present (caller); the asserts bound every access.
                 unsafe { flush(&ops, rows, &mut group) };
             }
             if group.count == 0 {
@@ -104,6 +87,13 @@ pub(super) fn span_product(span: PanelSpan<'_, f32>) {
     }
     // SAFETY: as above.
     unsafe { flush(&ops, rows, &mut group) };
+    if let Some((first, pw)) = ragged {
+        let (panel, panel_rs) = b.rows(first, pw, k0, k);
+        let c = &mut c[first..];
+        let width = pw.min(n - first);
+        let p = PanelProduct { rows, k, a, lda, a_step, panel, panel_rs, pw, c, ldc, width, accumulate };
+        run_panel_f32(PanelKernel::Avx512, p);
+    }
 }
 
 /// Runs the collected vectors over every row of the span and empties the group.
