@@ -7,6 +7,7 @@
 #
 # BENCHES (environment): which benchmarks of step 3 to run, a space-separated
 # subset of "dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048" (default: all).
+# SCALING=0 (environment) skips step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -82,6 +83,12 @@ run_test() {
     [ $rc -eq 0 ] || FAILED=1
     say "$(printf '%-24s exit %-3s %s' "$name" "$rc" "$result")"
     grep -E '^test .* FAILED$|panicked at' "$log" | head -5 | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
+    # A failed device suite runs again under compute-sanitizer's memcheck, while time allows.
+    if [ $rc -ne 0 ] && [ "$name" != gpu_workers ] && command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 240 ]; then
+        TIDEREC_REQUIRE_GPU=1 timeout -k 5 90 compute-sanitizer --tool memcheck --error-exitcode 9 \
+            "$HERE/tests/$name" --test-threads=1 >"$OUT/memcheck-$name.log" 2>&1
+        say "    memcheck of $name: exit $? ($(grep -c 'Invalid' "$OUT/memcheck-$name.log") invalid accesses), memcheck-$name.log"
+    fi
 }
 
 # ---- 1. kernel conformance and device models ----------------------------
@@ -95,6 +102,15 @@ done
 # ---- 2. GPU workers against CPU workers ---------------------------------
 say "== 2. GPU-worker equivalence ($(elapsed) s)"
 [ -x "$HERE/tests/gpu_workers" ] && run_test gpu_workers 300 --test-threads=4 --nocapture
+
+# Where a device-resident worker's step goes: each phase timed (the device waited for after each).
+for b in 16384 65536; do
+    timeout -k 5 120 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b --steps 20 --warmup 3 --json --phases \
+        >"$OUT/phases-dlrm-$b.json" 2>"$OUT/phases-dlrm-$b.err" || FAILED=1
+    say "dlrm batch $b, phases (ms): $(python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print(", ".join(f"{k} {v:.2f}" for k, v in d["phase_ms"].items()))' "$OUT/phases-dlrm-$b.json" 2>/dev/null || echo "no result, see phases-dlrm-$b.err")"
+done
 
 # ---- 3. tiderec against PyTorch on the same GPU -------------------------
 say "== 3. bench against PyTorch on cuda:0 ($(elapsed) s)"
@@ -115,13 +131,16 @@ bench() {
 }
 BENCHES="${BENCHES:-dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048}"
 wanted() { case " $BENCHES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-# Where one step's time goes, from tiderec's own stage clock.
-for b in 16384 65536; do
-    timeout -k 5 120 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b --steps 10 --warmup 3 --json \
-        >"$OUT/stages-dlrm-$b.json" 2>"$OUT/stages-dlrm-$b.err" || FAILED=1
-    say "stages, dlrm batch $b (ms): $(python3 -c 'import json, sys
+# One device-resident worker, and where a host-rows worker's step goes (its stage clock).
+for run in 16384 65536 host-16384; do
+    b="${run#host-}"
+    flags=""
+    [ "$run" = "$b" ] || flags="--host-rows"
+    timeout -k 5 120 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b --steps 20 --warmup 3 --json $flags \
+        >"$OUT/stages-dlrm-$run.json" 2>"$OUT/stages-dlrm-$run.err" || FAILED=1
+    say "dlrm batch $b${flags:+ $flags} (ms): $(python3 -c 'import json, sys
 d = json.load(open(sys.argv[1])); s = d["stage_ms"][0]
-print(round(d["samples_per_sec"]), "samples/s;", ", ".join(f"{k} {v:.1f}" for k, v in s.items()))' "$OUT/stages-dlrm-$b.json" 2>/dev/null || echo "no result, see stages-dlrm-$b.err")"
+print(round(d["samples_per_sec"]), "samples/s, rows on device:", d.get("rows_on_device"), ";", ", ".join(f"{k} {v:.1f}" for k, v in s.items()))' "$OUT/stages-dlrm-$run.json" 2>/dev/null || echo "no result, see stages-dlrm-$run.err")"
 done
 wanted dlrm-2048 && bench dlrm-2048 --model dlrm --batch-size 2048 --steps 100 --warmup 10 --rounds 2
 wanted dlrm-16384 && bench dlrm-16384 --model dlrm --batch-size 16384 --steps 30 --warmup 5 --rounds 2
@@ -130,7 +149,9 @@ wanted deepfm-16384 && bench deepfm-16384 --model deepfm --batch-size 16384 --st
 wanted dien-2048 && bench dien-2048 --model dien --batch-size 2048 --steps 20 --warmup 5 --rounds 2
 
 # ---- 4. CPU scaling on this host ----------------------------------------
-if [ "$(left)" -gt 150 ]; then
+if [ "${SCALING:-1}" = 0 ]; then
+    say "== 4. CPU scaling skipped: SCALING=0"
+elif [ "$(left)" -gt 150 ]; then
     say "== 4. CPU scaling, W = 1..$(nproc) ($(elapsed) s)"
     timeout -k 5 $(( $(left) - 20 )) python3 "$HERE/scripts/benchmarks.py" --only scaling --quick \
         --max-workers 16 --tiderec "$HERE/tiderec" --output "$OUT/scaling.md" >"$OUT/scaling.log" 2>&1

@@ -104,8 +104,25 @@ def stages(found):
         except ValueError:
             continue
         s = d["stage_ms"][0]
-        rows.append([f"{d['batch_size']:,}", f"{d['samples_per_sec']:,.0f}", f"{s['total']:.1f}", f"{s['plan']:.1f}",
-                     f"{s['serve']:.1f}", f"{s['forward_backward']:.1f}", f"{s['apply']:.1f}"])
+        if d.get("rows_on_device"):
+            stage = ["", "", "", ""]
+        else:
+            stage = [f"{s[k]:.1f}" for k in ("plan", "serve", "forward_backward", "apply")]
+        rows.append([f"{d['batch_size']:,}", "device" if d.get("rows_on_device") else "host",
+                     f"{d['samples_per_sec']:,.0f}", f"{s['total']:.2f}"] + stage)
+    rows.sort(key=lambda r: (int(r[0].replace(",", "")), r[1]))
+    return rows
+
+
+def phases(found):
+    rows = []
+    for name in sorted(n for n in found if n.startswith("phases-dlrm-") and n.endswith(".json")):
+        try:
+            d = json.loads(read(found[name]))
+            p = d["phase_ms"]
+        except (ValueError, KeyError):
+            continue
+        rows.append([f"{d['batch_size']:,}", f"{sum(p.values()):.2f}"] + [f"{v:.2f}" for v in p.values()])
     rows.sort(key=lambda r: int(r[0].replace(",", "")))
     return rows
 
@@ -143,15 +160,24 @@ def main(argv):
               "model, row-wise Adagrad rows and Adagrad dense, fp32), medians over the alternated rounds.\n")
         print(table(["model", "batch", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch", "rounds"],
                     rows) + "\n")
+    ph = phases(found)
+    if ph:
+        print("## Where a device-resident worker's step goes\n")
+        print("`tiderec bench dlrm --device cuda:0 --phases --json`: ms per step in each phase, the host waiting "
+              "for the device after each phase (so the sum exceeds an untimed step).\n")
+        print(table(["batch", "sum", "host", "upload", "pool", "forward", "loss", "backward", "rows", "dense"], ph)
+              + "\n")
     st = stages(found)
     if st:
         print("## Where a GPU worker's step goes\n")
-        print("`tiderec bench dlrm --device cuda:0 --json`, the trainer's stage clock (ms per step). Planning, "
-              "serving rows and applying row and dense updates run on the host; forward/backward includes the "
-              "host's pooling and the copies to and from the device.\n")
-        print(table(["batch", "samples/s", "step", "plan", "serve", "forward/backward", "apply"], st) + "\n")
+        print("`tiderec bench dlrm --device cuda:0 --json` (ms per step). Rows *device*: one device-resident "
+              "worker (`tiderec_gpu::resident`: rows, pooling, the model and both optimizers on the GPU; only "
+              "the step's total is timed). Rows *host* (`--host-rows`): the GPU worker of a multi-worker run, "
+              "timed by the trainer's stage clock: planning, serving rows and applying row and dense updates run "
+              "on the host; forward/backward includes the host's pooling and the copies to and from the device.\n")
+        print(table(["batch", "rows", "samples/s", "step", "plan", "serve", "forward/backward", "apply"], st) + "\n")
         peak = next((v for k, v in FP32_PEAK_TFLOPS.items() if k in gpu), None)
-        big = [r for r in st if r[0] == "65,536"]
+        big = [r for r in st if r[0] == "65,536" and r[1] == "device"] or [r for r in st if r[0] == "65,536"]
         if peak and big:
             bound = peak * 1e12 / (DLRM_MFLOP * 1e6)
             torch_row = [r for r in rows if r[0] == "dlrm" and r[1] == "65,536" and r[3]]
@@ -159,7 +185,7 @@ def main(argv):
                            "above" if torch_row else "")
             print(f"At batch 65,536 the fp32 GEMM bound of DLRM ({DLRM_MFLOP} MFLOP per sample at the "
                   f"{gpu}'s published {peak:.0f} TFLOP/s fp32 peak, not measured here) is {bound / 1e6:.1f} M "
-                  f"samples/s; tiderec reaches {float(big[0][1].replace(',', '')) / bound:.1%} of it"
+                  f"samples/s; tiderec reaches {float(big[0][2].replace(',', '')) / bound:.1%} of it"
                   f"{torch_share}.\n")
 
 

@@ -87,6 +87,11 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        file: "resident.cu",
+        source: include_str!("../kernels/resident.cu"),
+        functions: &["resident_pool", "resident_entry_grads", "flag_nonfinite"],
+    },
+    KernelSource {
         file: "dien.cu",
         source: include_str!("../kernels/dien.cu"),
         functions: &[

@@ -56,6 +56,7 @@ pub mod kernels;
 pub mod model;
 pub mod nn;
 pub mod optim;
+pub mod resident;
 mod sort;
 pub mod sparse;
 

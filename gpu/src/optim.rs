@@ -6,6 +6,7 @@
 use crate::check::{self, grid_for};
 use crate::{Device, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
+use tiderec_operators::optim::{DenseOptimizerKind, DenseOptimizerState};
 
 /// Dense optimizer kinds (as `DenseOptimizerKind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +34,15 @@ pub struct DenseHyper {
     pub initial_accumulator: f32,
 }
 
+/// The device kind of a host optimizer kind.
+pub fn kind_of(kind: DenseOptimizerKind) -> DenseKind {
+    match kind {
+        DenseOptimizerKind::Sgd => DenseKind::Sgd,
+        DenseOptimizerKind::Adagrad => DenseKind::Adagrad,
+        DenseOptimizerKind::Adam => DenseKind::Adam,
+    }
+}
+
 /// The state and update rule of one dense slice of `len` parameters, on the device.
 #[derive(Debug)]
 pub struct DenseOptimizer {
@@ -54,6 +64,37 @@ impl DenseOptimizer {
             DenseKind::Adam => (Some(dev.zeros(len)?), Some(dev.zeros(len)?)),
         };
         Ok(DenseOptimizer { kind, hp, len, m, v, t: 0 })
+    }
+
+    /// Continues from a host optimizer's `state` over all `state.len` parameters
+    /// (a checkpoint's, or the CPU optimizer's), with hyper-parameters `hp`.
+    pub fn from_host(dev: &Device, hp: DenseHyper, state: &DenseOptimizerState) -> Result<Self, GpuError> {
+        state.check().map_err(|e| GpuError::shape("dense optimizer state", e.to_string()))?;
+        let some = |x: &[f32]| if x.is_empty() { Ok(None) } else { dev.upload(x).map(Some) };
+        Ok(DenseOptimizer {
+            kind: kind_of(state.kind),
+            hp,
+            len: state.len,
+            m: some(&state.m)?,
+            v: some(&state.v)?,
+            t: state.t,
+        })
+    }
+
+    /// The state in the host's checkpoint form, for the slice at `offset` (waits for the stream).
+    pub fn to_host(&self, dev: &Device, offset: usize) -> Result<DenseOptimizerState, GpuError> {
+        let get = |x: &Option<CudaSlice<f32>>| x.as_ref().map_or(Ok(Vec::new()), |x| dev.download(x, self.len));
+        let kind = match self.kind {
+            DenseKind::Sgd => DenseOptimizerKind::Sgd,
+            DenseKind::Adagrad => DenseOptimizerKind::Adagrad,
+            DenseKind::Adam => DenseOptimizerKind::Adam,
+        };
+        Ok(DenseOptimizerState { kind, t: self.t, offset, len: self.len, m: get(&self.m)?, v: get(&self.v)? })
+    }
+
+    /// Sets the learning rate of the next updates (a schedule's value).
+    pub fn set_lr(&mut self, lr: f32) {
+        self.hp.lr = lr;
     }
 
     /// Updates applied so far.

@@ -80,6 +80,24 @@ impl RowTable {
         check::len(OP, "rows", &self.rows, self.num_rows * d, || format!("{} rows × {d}", self.num_rows))?;
         check::len(OP, "state", &self.state, self.num_rows, || format!("{} rows", self.num_rows))?;
         check_below(dev, OP, "row", ids, entries, self.num_rows)?;
+        self.apply_in_range(dev, rule, ids, grads, entries, scale)
+    }
+
+    /// [`apply`](Self::apply) for row numbers the caller has checked to be
+    /// below `num_rows` (on the host, say): no check on the device, no wait.
+    pub(crate) fn apply_in_range(
+        &mut self,
+        dev: &Device,
+        rule: SparseRule,
+        ids: &CudaSlice<u32>,
+        grads: &CudaSlice<f32>,
+        entries: usize,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "sparse row update";
+        let d = self.dim;
+        check::len(OP, "ids", ids, entries, || format!("{entries} entries"))?;
+        check::len(OP, "grads", grads, check::product(OP, &[entries, d])?, || format!("{entries} entries × {d}"))?;
         if entries == 0 {
             return Ok(());
         }

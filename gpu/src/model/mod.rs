@@ -107,17 +107,28 @@ pub fn build(config: &ModelConfig, seed: u64, dev: &Device) -> Result<Box<dyn Mo
     })
 }
 
+/// The device computation of `config`'s model, for a worker that owns its
+/// parameters on the device (see [`crate::resident`]); `None` for a model
+/// over behaviour sequences or a custom model.
+pub(crate) fn net(config: &ModelConfig, dev: &Device) -> Result<Option<Box<dyn DeviceNet>>, GpuError> {
+    Ok(match config {
+        ModelConfig::Dlrm(c) => Some(Box::new(DeviceDlrm::new(dev, c)?)),
+        ModelConfig::Fm(c) => Some(Box::new(DeviceFm::new(c))),
+        ModelConfig::Dien(_) | ModelConfig::Custom(_) => None,
+    })
+}
+
 /// A grow-only device buffer: reallocated only when a batch needs more.
 #[derive(Debug)]
-struct Buffer<T = f32>(CudaSlice<T>);
+pub(crate) struct Buffer<T = f32>(pub(crate) CudaSlice<T>);
 
 impl<T: DeviceRepr + ValidAsZeroBits> Buffer<T> {
-    fn new(dev: &Device) -> Result<Self, GpuError> {
+    pub(crate) fn new(dev: &Device) -> Result<Self, GpuError> {
         Ok(Buffer(dev.zeros(1)?))
     }
 
     /// Holds at least `len` values (the contents are not kept when it grows).
-    fn reserve(&mut self, dev: &Device, len: usize) -> Result<&mut CudaSlice<T>, GpuError> {
+    pub(crate) fn reserve(&mut self, dev: &Device, len: usize) -> Result<&mut CudaSlice<T>, GpuError> {
         if self.0.len() < len {
             self.0 = dev.zeros(len)?;
         }
@@ -125,7 +136,7 @@ impl<T: DeviceRepr + ValidAsZeroBits> Buffer<T> {
     }
 
     /// Copies `host` to the front of the buffer.
-    fn upload(&mut self, dev: &Device, host: &[T]) -> Result<(), GpuError> {
+    pub(crate) fn upload(&mut self, dev: &Device, host: &[T]) -> Result<(), GpuError> {
         self.reserve(dev, host.len())?;
         if !host.is_empty() {
             let mut front = self.0.slice_mut(..host.len());

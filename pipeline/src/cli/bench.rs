@@ -70,6 +70,12 @@ pub struct DlrmBench {
     /// micro-batch and batches as in the synchronous run (the machine's ceiling
     /// for `workers` workers).
     pub independent: bool,
+    /// One GPU worker keeps its rows, pooling and optimizers on the host (the
+    /// path of a GPU worker among several) instead of on the device.
+    pub host_rows: bool,
+    /// A device-resident worker times each phase of its steps (waiting for the
+    /// device after each, so the step itself is slower).
+    pub phases: bool,
 }
 
 /// Result of a training benchmark.
@@ -104,6 +110,12 @@ pub struct DlrmBenchResult {
     pub dense_params: u64,
     /// Embedding parameters: rows of every table times the row width.
     pub embedding_params: u64,
+    /// One GPU worker trained with its rows, pooling and optimizers on the device
+    /// (`tiderec_gpu::resident`); `stage_ms` then holds only the step's total.
+    pub rows_on_device: bool,
+    /// With `phases` on a device-resident worker: milliseconds per step in each phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase_ms: Option<tiderec_gpu::resident::PhaseTimes>,
     /// DIEN only: the GRU cell of this model's shape, split vs unsplit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gru: Option<GruBenchResult>,
@@ -141,7 +153,13 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     let setup = Arc::new(Setup::new(bench)?);
     let embedding_params = setup.config.table_sizes.iter().sum::<u64>() * setup.config.model.embedding_dim() as u64;
     eprintln!("{}", tiderec::kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
-    let timed = if bench.independent && bench.workers > 1 {
+    let resident = resident_device(bench, &setup.config);
+    let mut phase_ms = None;
+    let timed = if let Some(n) = resident {
+        let (timed, phases) = timed_resident(bench, &setup.config, n)?;
+        phase_ms = phases;
+        vec![timed]
+    } else if bench.independent && bench.workers > 1 {
         independent_trainers(bench, &setup)?
     } else {
         timed_trainer(bench, setup.clone(), 0, None)?
@@ -162,6 +180,8 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         stage_ms: timed.iter().map(|t| t.stages).collect(),
         dense_params: timed.first().map_or(0, |t| t.dense_params),
         embedding_params,
+        rows_on_device: resident.is_some(),
+        phase_ms,
         gru: match &bench.model {
             ModelConfig::Dien(c) if c.interest == Interest::GruAttention => {
                 let e = c.interest_dim();
@@ -171,6 +191,52 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
             _ => None,
         },
     })
+}
+
+/// The GPU of a run that trains on one device-resident worker: one worker on
+/// one `cuda:N`, fp32, a model and configuration the device path takes, and
+/// rows not asked to stay on the host.
+fn resident_device(bench: &DlrmBench, config: &TrainerConfig) -> Option<usize> {
+    let one_gpu = match tiderec::device::Devices::parse(&bench.device).ok()?.worker(0) {
+        tiderec::device::WorkerDevice::Cuda(n) => Some(n),
+        tiderec::device::WorkerDevice::Cpu => None,
+    };
+    let eligible = bench.workers == 1
+        && !bench.host_rows
+        && bench.precision == Precision::Fp32
+        && tiderec_gpu::resident::ResidentWorker::supports(config).is_ok();
+    one_gpu.filter(|_| eligible)
+}
+
+/// Trains the warm-up and timed steps of `bench` on one device-resident GPU
+/// worker, on the batches worker 0 of a trainer would see.
+fn timed_resident(
+    bench: &DlrmBench,
+    config: &TrainerConfig,
+    n: usize,
+) -> Result<(Timed, Option<tiderec_gpu::resident::PhaseTimes>), PipelineError> {
+    let fail = |e: tiderec_gpu::GpuError| PipelineError::config("device", format!("cuda:{n}: {e}"));
+    let dev = tiderec_gpu::Device::open(n).map_err(fail)?;
+    let mut worker = tiderec_gpu::resident::ResidentWorker::new(&dev, config).map_err(fail)?;
+    let pool: Vec<Batch> = (0..8u64).map(|k| random_batch(bench.batch_size, bench.rows, k)).collect();
+    let run = |worker: &mut tiderec_gpu::resident::ResidentWorker, steps: u64| {
+        for s in 0..steps {
+            let out = worker.train(&pool[s as usize % pool.len()], false).map_err(fail)?;
+            if out.non_finite {
+                return Err(PipelineError::config("device", format!("cuda:{n}: step {s} left a non-finite value")));
+            }
+        }
+        Ok(())
+    };
+    run(&mut worker, bench.warmup_steps)?;
+    worker.time_phases(bench.phases);
+    let started = Instant::now();
+    run(&mut worker, bench.steps)?;
+    let secs = started.elapsed().as_secs_f64();
+    let stages = StepTimes { total: secs * 1e3 / bench.steps as f64, ..StepTimes::default() };
+    let phases = bench.phases.then(|| worker.phase_ms().scaled(1.0 / bench.steps as f64));
+    let dense_params = config.model.build::<f32>(config.seed)?.params().len() as u64;
+    Ok((Timed { secs, bytes: 0, dense_params, stages }, phases))
 }
 
 /// What every trainer of a benchmark shares, built and checked once: the

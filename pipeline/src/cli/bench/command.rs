@@ -267,6 +267,14 @@ pub(crate) struct DlrmArgs {
     /// nothing exchanged), timed together: the machine's ceiling for that many workers.
     #[arg(long)]
     independent: bool,
+    /// With one GPU worker: keep its rows, pooling and optimizers on the host,
+    /// as a GPU worker among several does (by default they live on the device).
+    #[arg(long)]
+    host_rows: bool,
+    /// With one device-resident GPU worker: time each phase of its steps
+    /// (waiting for the device after each phase, so steps run slower).
+    #[arg(long)]
+    phases: bool,
 }
 
 fn print_features(r: &super::FeaturesBenchResult) {
@@ -572,6 +580,8 @@ fn run_training(model: ModelConfig, a: DlrmArgs) -> anyhow::Result<()> {
         device: a.device.clone(),
         precision: a.precision.parse()?,
         independent: a.independent,
+        host_rows: a.host_rows,
+        phases: a.phases,
     };
     let r = run_dlrm(&bench)?;
     if a.json {

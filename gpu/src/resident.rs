@@ -1,0 +1,583 @@
+//! A GPU worker that trains alone with everything on the device: its
+//! embedding rows with their optimizer state, the pooling, the dense model
+//! with its gradients and optimizer state.
+//!
+//! Per training step the host uploads the batch (global row numbers, bag
+//! offsets, entry weights, dense values, labels) and reads back two numbers:
+//! the loss sum (the step's result, and the guard before any update) and a
+//! flag that some entry gradient or updated dense parameter is not finite.
+//! Nothing else crosses PCIe between checkpoints.
+//!
+//! ## Invariants
+//!
+//! * **The CPU worker's step, on the device.** One step is the single CPU
+//!   worker's step of `tiderec_operators::train` with the fixed store and the
+//!   `rows` exchange: pool each bag in entry order, forward, BCE gradient with
+//!   scale 1, backward, then sum each row's entry gradients in entry order,
+//!   scale by `1 / batch` and update the row once; the dense optimizer takes
+//!   the gradient scaled by `1 / batch`. The learning rates follow the
+//!   schedules by the count of training steps, as the owner's do. A
+//!   non-finite loss updates nothing.
+//! * **The CPU's starting point and layouts.** The rows start as the fixed
+//!   store of one worker starts for the seed, the dense parameters as the CPU
+//!   model's, and every table lives in one device buffer in table order (row
+//!   `id` of table `t` is global row `base[t] + id`), so the host reads a table
+//!   back as the fixed store of one worker holds it.
+//! * **Checked on the host.** Row numbers are checked against their tables
+//!   while the host builds them; the device never needs a flag read for them.
+//! * **What it trains.** Models without behaviour sequences (DLRM, LR, FM,
+//!   DeepFM, Wide & Deep), SGD or row-wise Adagrad rows, no L2 penalty, every
+//!   table in one `u32` row space. [`ResidentWorker::supports`] says why a
+//!   configuration is refused; such a run trains through the host path.
+
+use crate::model::{net, Buffer, DeviceNet, Sequences};
+use crate::optim::{kind_of, DenseHyper, DenseOptimizer};
+use crate::sparse::{RowTable, SparseRule};
+use crate::{check, Device, GpuError};
+use cudarc::driver::{CudaSlice, PushKernelArg};
+use serde::Serialize;
+use tiderec_operators::optim::{DenseOptimizerState, OptimizerParams, SparseOptimizerKind};
+use tiderec_operators::shard::EmbeddingShard;
+use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
+use tiderec_operators::store::StoreKind;
+use tiderec_operators::train::TrainerConfig;
+use tiderec_operators::Batch;
+
+/// The outcome of one training step.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ResidentStep {
+    /// Samples trained on.
+    pub samples: u64,
+    /// Σ BCE loss over the batch (before the update), in fp64.
+    pub loss_sum: f64,
+    /// The loss, an entry gradient or an updated dense parameter was not finite
+    /// (with a non-finite loss nothing was updated).
+    pub non_finite: bool,
+}
+
+/// One worker's whole model on one GPU (see the module docs).
+pub struct ResidentWorker {
+    dev: Device,
+    net: Box<dyn DeviceNet>,
+    num_dense: usize,
+    dim: usize,
+    table_sizes: Vec<u64>,
+    /// First global row of each table.
+    bases: Vec<u64>,
+    seed: u64,
+    rows: RowTable,
+    sparse: (SparseOptimizerKind, OptimizerParams),
+    dense_hp: OptimizerParams,
+    params: CudaSlice<f32>,
+    grads: CudaSlice<f32>,
+    optimizer: DenseOptimizer,
+    train_steps: u64,
+    host: HostBatch,
+    d_rows: Buffer<u32>,
+    d_offsets: Buffer<u32>,
+    d_weights: Buffer,
+    d_dense: Buffer,
+    d_labels: Buffer,
+    d_pooled: Buffer,
+    d_dpooled: Buffer,
+    d_logits: Buffer,
+    d_dlogits: Buffer,
+    d_entry_grads: Buffer,
+    d_flag: CudaSlice<u32>,
+    /// The empty sequence input of a model without sequences, and its gradient.
+    no_seq: (CudaSlice<f32>, CudaSlice<u32>, CudaSlice<f32>),
+    logits: Vec<f32>,
+    /// Phase timing, when asked for.
+    clock: Option<PhaseClock>,
+}
+
+/// Milliseconds spent in each phase of the timed steps (see [`ResidentWorker::time_phases`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PhaseTimes {
+    /// Building row numbers and bag offsets on the host.
+    pub host: f64,
+    /// Copying the batch to the device.
+    pub upload: f64,
+    /// Pooling the rows into per-field vectors.
+    pub pool: f64,
+    /// The model's forward pass.
+    pub forward: f64,
+    /// The loss, read back (and the logits, when kept).
+    pub loss: f64,
+    /// The BCE gradient and the model's backward pass.
+    pub backward: f64,
+    /// Entry gradients, the sort and the row updates.
+    pub rows: f64,
+    /// The dense optimizer and the finiteness flag, read back.
+    pub dense: f64,
+}
+
+impl PhaseTimes {
+    /// Every phase times `f` (per step: `1 / steps`).
+    pub fn scaled(self, f: f64) -> PhaseTimes {
+        let PhaseTimes { host, upload, pool, forward, loss, backward, rows, dense } = self;
+        PhaseTimes {
+            host: host * f,
+            upload: upload * f,
+            pool: pool * f,
+            forward: forward * f,
+            loss: loss * f,
+            backward: backward * f,
+            rows: rows * f,
+            dense: dense * f,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Phase {
+    Host,
+    Upload,
+    Pool,
+    Forward,
+    Loss,
+    Backward,
+    Rows,
+    Dense,
+}
+
+/// Books the time between marks to phases.
+#[derive(Default)]
+struct PhaseClock {
+    last: Option<std::time::Instant>,
+    times: PhaseTimes,
+}
+
+impl PhaseClock {
+    fn start(&mut self) {
+        self.last = Some(std::time::Instant::now());
+    }
+
+    fn book(&mut self, phase: Phase) {
+        let now = std::time::Instant::now();
+        let ms = self.last.map_or(0.0, |t| (now - t).as_secs_f64() * 1e3);
+        self.last = Some(now);
+        let t = &mut self.times;
+        *match phase {
+            Phase::Host => &mut t.host,
+            Phase::Upload => &mut t.upload,
+            Phase::Pool => &mut t.pool,
+            Phase::Forward => &mut t.forward,
+            Phase::Loss => &mut t.loss,
+            Phase::Backward => &mut t.backward,
+            Phase::Rows => &mut t.rows,
+            Phase::Dense => &mut t.dense,
+        } += ms;
+    }
+}
+
+/// The host side of a batch's upload, reused from step to step.
+#[derive(Default)]
+struct HostBatch {
+    rows: Vec<u32>,
+    offsets: Vec<u32>,
+    weights: Vec<f32>,
+    weighted: bool,
+}
+
+impl ResidentWorker {
+    /// Why `config` cannot train on one device-resident worker, if it cannot.
+    pub fn supports(config: &TrainerConfig) -> Result<(), String> {
+        if config.model.num_sequences() > 0 {
+            return Err("a model over behaviour sequences keeps its rows on the host".into());
+        }
+        if config.store.kind != StoreKind::Fixed {
+            return Err("only the fixed store lives on the device".into());
+        }
+        if config.exchange.any_partial() || config.exchange.replicated_rows() > 0 {
+            return Err("only the rows exchange runs on the device".into());
+        }
+        if !matches!(config.sparse_optimizer, SparseOptimizerKind::Sgd | SparseOptimizerKind::RowwiseAdagrad) {
+            return Err(format!("the {} row optimizer runs on the host", config.sparse_optimizer));
+        }
+        if config.sparse_hp.l2_penalty != 0.0 || config.dense_hp.l2_penalty != 0.0 {
+            return Err("an L2 penalty is applied on the host".into());
+        }
+        let total: u64 = config.table_sizes.iter().sum();
+        if total > u32::MAX as u64 {
+            return Err(format!("{total} rows in all exceed the device's 32-bit row numbers"));
+        }
+        Ok(())
+    }
+
+    /// Builds `config`'s model and rows on `dev` as one CPU worker starts them for the seed.
+    pub fn new(dev: &Device, config: &TrainerConfig) -> Result<Self, GpuError> {
+        Self::supports(config).map_err(GpuError::Unsupported)?;
+        let net = net(&config.model, dev)?
+            .ok_or_else(|| GpuError::Unsupported("this model has no device-resident form".into()))?;
+        let cpu = config.model.build::<f32>(config.seed).map_err(|e| GpuError::Unsupported(format!("model: {e}")))?;
+        let dim = config.model.embedding_dim();
+        let shard =
+            EmbeddingShard::new(0, 1, dim, &config.table_sizes, config.seed, config.sparse_optimizer, config.sparse_hp)
+                .map_err(|e| GpuError::Unsupported(format!("embedding rows: {e}")))?;
+        let (mut rows, mut state) = (Vec::new(), Vec::new());
+        let mut bases = Vec::with_capacity(config.table_sizes.len());
+        for t in 0..config.table_sizes.len() {
+            bases.push(state.len() as u64);
+            let table = shard.export_table(t);
+            rows.extend_from_slice(&table.rows);
+            if table.state.is_empty() {
+                state.resize(state.len() + table.ids.len(), 0.0);
+            } else {
+                state.extend_from_slice(&table.state);
+            }
+        }
+        drop(shard);
+        let table = RowTable::upload(dev, &rows, &state, dim)?;
+        drop((rows, state));
+        let params = dev.upload(cpu.params())?;
+        let n = cpu.params().len();
+        let optimizer = DenseOptimizer::new(dev, kind_of(config.dense_optimizer), hyper(&config.dense_hp), n)?;
+        Ok(ResidentWorker {
+            net,
+            num_dense: config.model.num_dense(),
+            dim,
+            table_sizes: config.table_sizes.clone(),
+            bases,
+            seed: config.seed,
+            rows: table,
+            sparse: (config.sparse_optimizer, config.sparse_hp),
+            dense_hp: config.dense_hp,
+            grads: dev.zeros(n)?,
+            params,
+            optimizer,
+            train_steps: 0,
+            host: HostBatch::default(),
+            d_rows: Buffer::new(dev)?,
+            d_offsets: Buffer::new(dev)?,
+            d_weights: Buffer::new(dev)?,
+            d_dense: Buffer::new(dev)?,
+            d_labels: Buffer::new(dev)?,
+            d_pooled: Buffer::new(dev)?,
+            d_dpooled: Buffer::new(dev)?,
+            d_logits: Buffer::new(dev)?,
+            d_dlogits: Buffer::new(dev)?,
+            d_entry_grads: Buffer::new(dev)?,
+            d_flag: dev.zeros(1)?,
+            no_seq: (dev.zeros(1)?, dev.zeros(1)?, dev.zeros(1)?),
+            logits: Vec::new(),
+            clock: None,
+            dev: dev.clone(),
+        })
+    }
+
+    /// Training steps applied so far.
+    pub fn train_steps(&self) -> u64 {
+        self.train_steps
+    }
+
+    /// The logits of the last [`train`](Self::train) with `keep_logits`, or of the last [`predict`](Self::predict).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Trains one step on `batch`; with `keep_logits` the logits made before
+    /// the update are kept for [`logits`](Self::logits) (prequential scoring).
+    pub fn train(&mut self, batch: &Batch, keep_logits: bool) -> Result<ResidentStep, GpuError> {
+        let b = batch.len();
+        if b == 0 {
+            self.logits.clear();
+            return Ok(ResidentStep::default());
+        }
+        self.forward(batch)?;
+        let loss_sum = crate::nn::loss::bce_sum(&self.dev, &self.d_logits.0, &self.d_labels.0, b)?;
+        if keep_logits {
+            self.download_logits(b)?;
+        }
+        self.mark(Phase::Loss)?;
+        if !loss_sum.is_finite() {
+            return Ok(ResidentStep { samples: b as u64, loss_sum, non_finite: true });
+        }
+        self.backward(batch)?;
+        let non_finite = self.update(b)?;
+        self.train_steps += 1;
+        Ok(ResidentStep { samples: b as u64, loss_sum, non_finite })
+    }
+
+    /// The logits of `batch` under the current parameters (an evaluation step).
+    pub fn predict(&mut self, batch: &Batch) -> Result<&[f32], GpuError> {
+        self.logits.clear();
+        if !batch.is_empty() {
+            self.forward(batch)?;
+            self.download_logits(batch.len())?;
+        }
+        Ok(&self.logits)
+    }
+
+    /// Times each phase of the next steps (waiting for the device after each,
+    /// which slows the step down), or stops timing.
+    pub fn time_phases(&mut self, on: bool) {
+        self.clock = on.then(PhaseClock::default);
+    }
+
+    /// Milliseconds spent in each phase since [`time_phases`](Self::time_phases)
+    /// turned the timing on (zeros when it is off).
+    pub fn phase_ms(&self) -> PhaseTimes {
+        self.clock.as_ref().map_or_else(PhaseTimes::default, |c| c.times)
+    }
+
+    /// Ends `phase` when timing: waits for the device and books the time since the last mark.
+    fn mark(&mut self, phase: Phase) -> Result<(), GpuError> {
+        if let Some(clock) = &mut self.clock {
+            self.dev.synchronize()?;
+            clock.book(phase);
+        }
+        Ok(())
+    }
+
+    /// Uploads `batch` and runs pooling and the forward pass; the logits stay
+    /// on the device (the first `batch.len()` values of `d_logits`).
+    fn forward(&mut self, batch: &Batch) -> Result<(), GpuError> {
+        const OP: &str = "resident forward";
+        let (b, f, d, nd) = (batch.len(), batch.sparse.len(), self.dim, self.num_dense);
+        if batch.num_dense != nd || f != self.table_sizes.len() || !batch.sequences.is_empty() {
+            return Err(GpuError::shape(
+                OP,
+                format!(
+                    "a batch of {} dense values, {f} sparse and {} sequence fields for a model of {nd} dense and {} sparse",
+                    batch.num_dense,
+                    batch.sequences.len(),
+                    self.table_sizes.len()
+                ),
+            ));
+        }
+        if let Some(clock) = &mut self.clock {
+            clock.start();
+        }
+        self.host.fill(batch, &self.table_sizes, &self.bases)?;
+        self.mark(Phase::Host)?;
+        let dev = &self.dev;
+        self.d_rows.upload(dev, &self.host.rows)?;
+        self.d_offsets.upload(dev, &self.host.offsets)?;
+        if self.host.weighted {
+            self.d_weights.upload(dev, &self.host.weights)?;
+        }
+        self.d_dense.upload(dev, &batch.dense[..b * nd])?;
+        self.d_labels.upload(dev, &batch.labels[..b])?;
+        self.mark(Phase::Upload)?;
+        let dev = &self.dev;
+        let pooled = self.d_pooled.reserve(dev, b * f * d)?;
+        let (d32, b32, f32_) =
+            (check::u32_of(OP, "dim", d)?, check::u32_of(OP, "batch", b)?, check::u32_of(OP, "fields", f)?);
+        let weighted = self.host.weighted as i32;
+        let mut launch = dev.stream.launch_builder(dev.function("resident_pool"));
+        launch
+            .arg(&self.rows.rows)
+            .arg(&d32)
+            .arg(&self.d_offsets.0)
+            .arg(&self.d_rows.0)
+            .arg(&self.d_weights.0)
+            .arg(&weighted)
+            .arg(&b32)
+            .arg(&f32_)
+            .arg(&mut *pooled);
+        // SAFETY: every row number was checked below its table on the host, the offsets
+        // (f·b + 1, ascending, ending at the entries) were built there; pooled holds b·f·d.
+        unsafe { launch.launch(check::grid_for(b * f * d)) }.map_err(GpuError::driver("launching resident_pool"))?;
+        self.mark(Phase::Pool)?;
+        let dev = &self.dev;
+        let seq = Sequences { rows: &self.no_seq.0, lengths: &self.no_seq.1, steps: 0 };
+        let out = self.net.forward(dev, &self.params, &self.d_dense.0, &self.d_pooled.0, seq, b)?;
+        check::len(OP, "logits", out, b, || format!("batch {b}"))?;
+        let logits = self.d_logits.reserve(dev, b)?;
+        dev.stream
+            .memcpy_dtod(&out.slice(..b), &mut logits.slice_mut(..b))
+            .map_err(GpuError::driver("copying the logits"))?;
+        self.mark(Phase::Forward)
+    }
+
+    /// The BCE gradient (scale 1), the model's backward, and the gradient of every entry of the batch.
+    fn backward(&mut self, batch: &Batch) -> Result<(), GpuError> {
+        const OP: &str = "resident backward";
+        let (b, f, d) = (batch.len(), batch.sparse.len(), self.dim);
+        let entries = self.host.rows.len();
+        let dev = &self.dev;
+        let dlogits = self.d_dlogits.reserve(dev, b)?;
+        crate::nn::loss::bce_grad(dev, &self.d_logits.0, &self.d_labels.0, b, 1.0, dlogits)?;
+        self.d_dpooled.reserve(dev, b * f * d)?;
+        let seq = Sequences { rows: &self.no_seq.0, lengths: &self.no_seq.1, steps: 0 };
+        self.net.backward(
+            dev,
+            &self.params,
+            &self.d_dense.0,
+            &self.d_pooled.0,
+            seq,
+            &self.d_dlogits.0,
+            &mut self.grads,
+            &mut self.d_dpooled.0,
+            &mut self.no_seq.2,
+        )?;
+        self.mark(Phase::Backward)?;
+        let dev = &self.dev;
+        let grads = self.d_entry_grads.reserve(dev, entries.max(1) * d)?;
+        let (d32, b32, f32_) =
+            (check::u32_of(OP, "dim", d)?, check::u32_of(OP, "batch", b)?, check::u32_of(OP, "fields", f)?);
+        let weighted = self.host.weighted as i32;
+        let mut launch = dev.stream.launch_builder(dev.function("resident_entry_grads"));
+        launch
+            .arg(&self.d_dpooled.0)
+            .arg(&d32)
+            .arg(&self.d_offsets.0)
+            .arg(&self.d_weights.0)
+            .arg(&weighted)
+            .arg(&b32)
+            .arg(&f32_)
+            .arg(&mut *grads);
+        // SAFETY: dpooled holds b·f·d values, the offsets f·b + 1 ending at `entries`,
+        // the weights `entries` when weighted, the gradients entries·d.
+        unsafe { launch.launch(check::grid_for(b * f * d)) }
+            .map_err(GpuError::driver("launching resident_entry_grads"))?;
+        Ok(())
+    }
+
+    /// Applies the step's updates for a batch of `b`: rows, then the dense
+    /// optimizer; returns whether an entry gradient or an updated dense parameter is not finite.
+    fn update(&mut self, b: usize) -> Result<bool, GpuError> {
+        let (d, entries) = (self.dim, self.host.rows.len());
+        let dev = &self.dev;
+        dev.stream.memset_zeros(&mut self.d_flag).map_err(GpuError::driver("clearing the finiteness flag"))?;
+        flag_nonfinite(dev, &self.d_entry_grads.0, entries * d, &mut self.d_flag)?;
+        let scale = 1.0 / b as f32;
+        let (kind, hp) = self.sparse;
+        let lr = hp.lr * hp.schedule.factor(self.train_steps);
+        let rule = match kind {
+            SparseOptimizerKind::Sgd => SparseRule::Sgd { lr },
+            _ => SparseRule::RowwiseAdagrad { lr, eps: hp.eps },
+        };
+        self.rows.apply_in_range(dev, rule, &self.d_rows.0, &self.d_entry_grads.0, entries, scale)?;
+        self.mark(Phase::Rows)?;
+        let dev = &self.dev;
+        self.optimizer.set_lr(self.dense_hp.lr * self.dense_hp.schedule.factor(self.train_steps));
+        self.optimizer.apply_scaled(dev, &mut self.params, &self.grads, scale)?;
+        flag_nonfinite(dev, &self.params, self.params.len(), &mut self.d_flag)?;
+        let non_finite = dev.download(&self.d_flag, 1)?[0] != 0;
+        self.mark(Phase::Dense)?;
+        Ok(non_finite)
+    }
+
+    fn download_logits(&mut self, b: usize) -> Result<(), GpuError> {
+        self.logits = self.dev.download(&self.d_logits.0, b)?;
+        Ok(())
+    }
+
+    /// The dense parameters (waits for the stream).
+    pub fn dense_params(&self) -> Result<Vec<f32>, GpuError> {
+        self.dev.download(&self.params, self.params.len())
+    }
+
+    /// Table `t`'s rows (`rows × dim`) and optimizer state (one value per row
+    /// for row-wise Adagrad, none for SGD), as one CPU worker holds them.
+    pub fn table(&self, t: usize) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
+        let (lo, n, d) = (self.bases[t] as usize, self.table_sizes[t] as usize, self.dim);
+        let mut rows = vec![0.0; n * d];
+        let mut state = vec![0.0; n];
+        if n > 0 {
+            let stream = &self.dev.stream;
+            stream
+                .memcpy_dtoh(&self.rows.rows.slice(lo * d..(lo + n) * d), &mut rows)
+                .map_err(GpuError::driver("copying rows from the device"))?;
+            stream
+                .memcpy_dtoh(&self.rows.state.slice(lo..lo + n), &mut state)
+                .map_err(GpuError::driver("copying row state from the device"))?;
+            self.dev.synchronize()?;
+        }
+        if self.sparse.0 == SparseOptimizerKind::Sgd {
+            state.clear();
+        }
+        Ok((rows, state))
+    }
+
+    /// Σ of squares of every parameter, dense and embedding, in fp64 (as the
+    /// CPU trainer's report step sums them; waits for the stream).
+    pub fn sum_squares(&self) -> Result<f64, GpuError> {
+        let mut sum: f64 = self.dense_params()?.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        for t in 0..self.table_sizes.len() {
+            sum += self.table(t)?.0.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>();
+        }
+        Ok(sum)
+    }
+
+    /// This worker's whole state as a one-worker checkpoint part listing every
+    /// row, which any number of CPU or GPU workers can restore from.
+    pub fn snapshot(&self) -> Result<WorkerSnapshot, GpuError> {
+        let mut tables = Vec::with_capacity(self.table_sizes.len());
+        for t in 0..self.table_sizes.len() {
+            let (rows, state) = self.table(t)?;
+            tables.push(TableRows { ids: (0..self.table_sizes[t]).collect(), rows, state, ..TableRows::default() });
+        }
+        let dense_optimizer: DenseOptimizerState = self.optimizer.to_host(&self.dev, 0)?;
+        Ok(WorkerSnapshot {
+            worker: 0,
+            workers: 1,
+            step: self.train_steps,
+            dim: self.dim,
+            state_width: self.sparse.0.state_width(self.dim),
+            dense_params: self.dense_params()?,
+            dense_optimizer,
+            tables,
+            updated_only: false,
+            delta_of: None,
+            seed: self.seed,
+            table_sizes: self.table_sizes.clone(),
+        })
+    }
+}
+
+impl HostBatch {
+    /// Global row numbers, field-major bag offsets and entry weights of `batch`;
+    /// fails naming the field, the sample's bag and the id for an id outside its table.
+    fn fill(&mut self, batch: &Batch, sizes: &[u64], bases: &[u64]) -> Result<(), GpuError> {
+        const OP: &str = "resident batch";
+        batch.check().map_err(|e| GpuError::shape(OP, e.to_string()))?;
+        self.rows.clear();
+        self.offsets.clear();
+        self.weights.clear();
+        self.weighted = batch.sparse.iter().any(|s| s.weights.is_some());
+        self.offsets.push(0);
+        for (t, field) in batch.sparse.iter().enumerate() {
+            let (base, n) = (bases[t], sizes[t]);
+            for &id in &field.ids {
+                if id >= n {
+                    return Err(GpuError::Index { op: OP, message: format!("field {t}: id {id} is not below {n}") });
+                }
+                self.rows.push((base + id) as u32);
+            }
+            // Offsets start at 0 (checked): this field's bags follow the previous fields' entries.
+            let start = *self.offsets.last().unwrap_or(&0);
+            if start as u64 + field.ids.len() as u64 > u32::MAX as u64 {
+                return Err(GpuError::shape(OP, "more than 2³² entries in one batch"));
+            }
+            self.offsets.extend(field.offsets[1..].iter().map(|&o| start + o));
+            if self.weighted {
+                match &field.weights {
+                    Some(w) => self.weights.extend_from_slice(&w[..field.ids.len()]),
+                    None => self.weights.resize(self.weights.len() + field.ids.len(), 1.0),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sets `flag` when any of the first `n` values of `x` is not finite.
+fn flag_nonfinite(dev: &Device, x: &CudaSlice<f32>, n: usize, flag: &mut CudaSlice<u32>) -> Result<(), GpuError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as u64;
+    let mut launch = dev.stream.launch_builder(dev.function("flag_nonfinite"));
+    launch.arg(x).arg(&n64).arg(flag);
+    // SAFETY: `x` holds at least n values (its callers pass its length or less), the flag one.
+    unsafe { launch.launch(check::grid_for(n.min(1 << 22))) }.map_err(GpuError::driver("launching flag_nonfinite"))?;
+    Ok(())
+}
+
+/// The device optimizer's hyper-parameters from the host's.
+fn hyper(hp: &OptimizerParams) -> DenseHyper {
+    DenseHyper { lr: hp.lr, beta1: hp.beta1, beta2: hp.beta2, eps: hp.eps, initial_accumulator: hp.initial_accumulator }
+}
