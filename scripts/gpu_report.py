@@ -127,7 +127,34 @@ def phases(found):
     return rows
 
 
+def kernel_times(path):
+    """(kernel, launches, total µs) from an `ncu --csv --metrics gpu__time_duration.sum` log, largest first."""
+    import csv
+    totals = {}
+    try:
+        lines = [l for l in read(path).splitlines() if l.startswith('"')]
+    except OSError:
+        return []
+    for row in csv.DictReader(lines):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        try:
+            ns = float(row["Metric Value"].replace(",", ""))
+        except (KeyError, ValueError):
+            continue
+        name = row.get("Kernel Name", "?").split("(")[0]
+        n, t = totals.get(name, (0, 0.0))
+        totals[name] = (n + 1, t + ns / 1e3)
+    return sorted(((k, n, t) for k, (n, t) in totals.items()), key=lambda r: -r[2])
+
+
 def main(argv):
+    if argv[:1] == ["--kernels"]:
+        rows = kernel_times(argv[1])
+        total = sum(r[2] for r in rows)
+        print(f"{sum(r[1] for r in rows)} launches, {total:.0f} us; " +
+              ", ".join(f"{k} {t:.0f} us ({n})" for k, n, t in rows[:6]))
+        return
     if not argv or any(not os.path.isdir(d) for d in argv):
         sys.exit("usage: gpu_report.py OUTDIR [OUTDIR ...] (folders written by the bundle's `run`)")
     found = files(argv)
@@ -160,6 +187,15 @@ def main(argv):
               "model, row-wise Adagrad rows and Adagrad dense, fp32), medians over the alternated rounds.\n")
         print(table(["model", "batch", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch", "rounds"],
                     rows) + "\n")
+    ks = kernel_times(found["ncu-dlrm-16384.csv"]) if "ncu-dlrm-16384.csv" in found else []
+    if ks:
+        total = sum(r[2] for r in ks)
+        print("## Kernels of a device-resident DLRM step\n")
+        print(f"Nsight Compute (`ncu --metrics gpu__time_duration.sum`), {sum(r[1] for r in ks)} consecutive "
+              f"launches of `tiderec bench dlrm --device cuda:0 --batch-size 16384` after its warm-up, each timed "
+              f"alone: {total:,.0f} µs in all.\n")
+        print(table(["kernel", "launches", "µs", "share"],
+                    [[f"`{k}`", str(n), f"{t:,.0f}", f"{t / total:.0%}"] for k, n, t in ks]) + "\n")
     ph = phases(found)
     if ph:
         print("## Where a device-resident worker's step goes\n")

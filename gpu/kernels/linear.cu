@@ -29,17 +29,30 @@ extern "C" __global__ void relu_backward(float* g, const float* out, unsigned lo
     }
 }
 
-// sums[c] = sum over r of a[r, c] (the bias gradient). Block (32, 8): the 32
-// threads of a warp take 32 adjacent columns, the 8 warps take rows
-// ty, ty + 8, ...; the 8 partial sums are then added in warp order, so the
-// result is the same on every run.
-extern "C" __global__ void column_sum(const float* a, unsigned int rows, unsigned int cols, float* sums) {
+// Column reductions in a fixed order, in two passes so that long columns
+// spread over the whole device:
+//   column_reduce_chunks: partial[k * cols + c] = sum over r in chunk k of
+//     w[r] * a[r, c] (no product when w is not used), chunk k holding rows
+//     [k * chunk_rows, (k + 1) * chunk_rows). Block (32, 8): the 32 threads of
+//     a warp take 32 adjacent columns, the 8 warps rows ty, ty + 8, ... of the
+//     chunk; the 8 partial sums are then added in warp order.
+//   column_reduce_finish: out[c] = the chunks' partial sums of column c, added in chunk order.
+// The result is the same on every run.
+extern "C" __global__ void column_reduce_chunks(const float* a, const float* w, int weighted, unsigned int rows,
+                                                unsigned int cols, unsigned int chunk_rows, float* partial) {
     __shared__ float part[8][33];
     const unsigned int c = blockIdx.x * 32 + threadIdx.x;
+    const unsigned long long lo = (unsigned long long)blockIdx.y * chunk_rows;
+    const unsigned long long hi = min(lo + chunk_rows, (unsigned long long)rows);
     float acc = 0.0f;
     if (c < cols) {
-        for (unsigned int r = threadIdx.y; r < rows; r += 8) {
-            acc += a[(unsigned long long)r * cols + c];
+        for (unsigned long long r = lo + threadIdx.y; r < hi; r += 8) {
+            const float x = a[r * cols + c];
+            if (weighted) {
+                acc += x * w[r];
+            } else {
+                acc += x;
+            }
         }
     }
     part[threadIdx.y][threadIdx.x] = acc;
@@ -49,6 +62,15 @@ extern "C" __global__ void column_sum(const float* a, unsigned int rows, unsigne
         for (int k = 1; k < 8; ++k) {
             total += part[k][threadIdx.x];
         }
-        sums[c] = total;
+        partial[(unsigned long long)blockIdx.y * cols + c] = total;
     }
+}
+
+extern "C" __global__ void column_reduce_finish(const float* partial, unsigned int chunks, unsigned int cols,
+                                                float* out) {
+    const unsigned int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float total = partial[c];
+    for (unsigned int k = 1; k < chunks; ++k) total += partial[(unsigned long long)k * cols + c];
+    out[c] = total;
 }

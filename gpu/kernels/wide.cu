@@ -5,8 +5,6 @@
 //
 // wide_forward: one thread per sample, in the CPU's order: the bias, the dense
 //   products in column order, then the first-order weights in field order.
-// wide_param_grads: one thread per parameter of the linear part (bias, then
-//   one per dense column), summing over samples in sample order.
 // first_order_grad: overwrites the pooled gradient: the first-order slot of
 //   every row gets the sample's logit gradient, the factor slots zero.
 // deep_input_gather / deep_input_scatter_add: `[x, v_1 .. v_fd]` per sample
@@ -24,19 +22,6 @@ extern "C" __global__ void wide_forward(const float* dense, const float* pooled,
     float l = params[0] + dot;
     for (unsigned int f = 0; f < num_fields; ++f) l += pooled[((unsigned long long)b * num_fields + f) * stride];
     logits[b] = l;
-}
-
-extern "C" __global__ void wide_param_grads(const float* dense, const float* dlogits, unsigned int batch,
-                                            unsigned int num_dense, float* grads) {
-    const unsigned int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j > num_dense) return;
-    float acc = 0.0f;
-    if (j == 0) {
-        for (unsigned int b = 0; b < batch; ++b) acc += dlogits[b];
-    } else {
-        for (unsigned int b = 0; b < batch; ++b) acc += dense[(unsigned long long)b * num_dense + (j - 1)] * dlogits[b];
-    }
-    grads[j] = acc;
 }
 
 extern "C" __global__ void first_order_grad(const float* dlogits, unsigned int batch, unsigned int num_fields,

@@ -28,7 +28,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "linear.cu",
         source: include_str!("../kernels/linear.cu"),
-        functions: &["bias_act_rows", "relu_backward", "column_sum"],
+        functions: &["bias_act_rows", "relu_backward", "column_reduce_chunks", "column_reduce_finish"],
     },
     KernelSource {
         file: "interaction.cu",
@@ -77,14 +77,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "wide.cu",
         source: include_str!("../kernels/wide.cu"),
-        functions: &[
-            "wide_forward",
-            "wide_param_grads",
-            "first_order_grad",
-            "deep_input_gather",
-            "deep_input_scatter_add",
-            "add_assign",
-        ],
+        functions: &["wide_forward", "first_order_grad", "deep_input_gather", "deep_input_scatter_add", "add_assign"],
     },
     KernelSource {
         file: "resident.cu",

@@ -8,7 +8,9 @@
 
 mod common;
 
-use common::{assert_close, assert_close_tensors, device, normal, tensor_parts, uniform};
+use common::{
+    assert_as_accurate, assert_close, assert_close_tensors, device, layer_parts, normal, tensor_parts, uniform,
+};
 use tiderec_gpu::model;
 use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, Model, ModelConfig, SequenceInput};
 
@@ -46,29 +48,42 @@ fn fm_config(dim: usize, deep: Vec<usize>, fm: bool) -> FmConfig {
     FmConfig { num_dense: 13, num_sparse: 26, dim, deep, fm, wide_only: 0 }
 }
 
-/// One forward and backward of both models on the same random inputs.
+/// One forward and backward of both models on the same random inputs,
+/// measured against the CPU model in fp64 (`exact`, given the same parameters)
+/// layer by layer (see `assert_as_accurate` and `layer_parts`).
 fn compare_step(
     what: &str,
     cpu: &mut dyn Model<f32>,
     gpu: &mut dyn Model<f32>,
+    exact: &mut dyn Model<f64>,
     c: &ModelConfig,
     batch: usize,
     seed: u64,
 ) {
     let (nd, f, e) = (c.num_dense(), c.num_sparse(), c.embedding_dim());
+    for (x, &p) in exact.params_mut().iter_mut().zip(cpu.params()) {
+        *x = f64::from(p);
+    }
+    let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
     let dense = uniform(seed, batch * nd, 0.0, 3.0);
     let pooled: Vec<f32> = normal(seed + 1, batch * f * e).iter().map(|v| v * 0.3).collect();
     let want = cpu.forward(&dense, &pooled, batch).to_vec();
     let got = gpu.forward(&dense, &pooled, batch).to_vec();
-    assert_close(&format!("{what}, batch {batch}: logits"), &got, &want);
+    let exact_logits = exact.forward(&wide(&dense), &wide(&pooled), batch).to_vec();
+    let all = |n: usize| vec![("all".to_string(), 0..n)];
+    assert_as_accurate(&format!("{what}, batch {batch}: logits"), &got, &want, &exact_logits, &all(batch));
     let dlogits: Vec<f32> = normal(seed + 2, batch).iter().map(|v| v * 0.5).collect();
     let mut dp_cpu = vec![0.0; pooled.len()];
     let mut dp_gpu = vec![7.0; pooled.len()];
+    let mut dp_exact = vec![0.0; pooled.len()];
     cpu.backward(&dense, &pooled, &dlogits, &mut dp_cpu);
     gpu.backward(&dense, &pooled, &dlogits, &mut dp_gpu);
-    let parts = tensor_parts(&c.param_tensors());
-    assert_close_tensors(&format!("{what}, batch {batch}: gradient"), gpu.grads(), cpu.grads(), &parts);
-    assert_close(&format!("{what}, batch {batch}: pooled gradients"), &dp_gpu, &dp_cpu);
+    exact.backward(&wide(&dense), &wide(&pooled), &wide(&dlogits), &mut dp_exact);
+    let parts = layer_parts(&c.param_tensors());
+    let at = format!("{what}, batch {batch}: gradient");
+    assert_as_accurate(&at, gpu.grads(), cpu.grads(), exact.grads(), &parts);
+    let at = format!("{what}, batch {batch}: pooled gradients");
+    assert_as_accurate(&at, &dp_gpu, &dp_cpu, &dp_exact, &all(dp_cpu.len()));
     assert!(gpu.take_error().is_none(), "{what}: no device error");
 }
 
@@ -93,13 +108,14 @@ fn device_models_match_the_cpu_models() {
     let Some(dev) = device() else { return };
     for (what, config) in models() {
         let mut cpu = config.build::<f32>(9).unwrap();
+        let mut exact = config.build::<f64>(9).unwrap();
         let mut gpu = model::build(&config, 9, &dev).unwrap();
         assert_eq!(gpu.params(), cpu.params(), "{what}: the same initial parameters");
         assert_eq!(gpu.embedding_dim(), cpu.embedding_dim());
         assert!(gpu.partial_model().is_none(), "{what}: no partial form on the device");
         // 65,536: the largest batch the benchmarks train, grids far past one wave.
         for (step, batch) in [37usize, 1, 128, 65_536, 5].into_iter().enumerate() {
-            compare_step(what, cpu.as_mut(), gpu.as_mut(), &config, batch, 100 + step as u64);
+            compare_step(what, cpu.as_mut(), gpu.as_mut(), exact.as_mut(), &config, batch, 100 + step as u64);
             // A host-side update, as the trainer's all-gather does: both models move.
             let delta = normal(500 + step as u64, cpu.params().len());
             for (p, d) in cpu.params_mut().iter_mut().zip(&delta) {
@@ -119,8 +135,9 @@ fn an_empty_batch_gives_no_logits_and_zero_gradients() {
     let Some(dev) = device() else { return };
     for (what, config) in models() {
         let mut cpu = config.build::<f32>(3).unwrap();
+        let mut exact = config.build::<f64>(3).unwrap();
         let mut gpu = model::build(&config, 3, &dev).unwrap();
-        compare_step(what, cpu.as_mut(), gpu.as_mut(), &config, 6, 1);
+        compare_step(what, cpu.as_mut(), gpu.as_mut(), exact.as_mut(), &config, 6, 1);
         assert!(gpu.forward(&[], &[], 0).is_empty());
         gpu.backward(&[], &[], &[], &mut []);
         cpu.forward(&[], &[], 0);
@@ -209,6 +226,7 @@ fn device_dien_matches_the_cpu_dien() {
             }
         }
         // Without sequences every history is empty.
-        compare_step(what, cpu.as_mut(), gpu.as_mut(), &config, 6, 90);
+        let mut exact = config.build::<f64>(4).unwrap();
+        compare_step(what, cpu.as_mut(), gpu.as_mut(), exact.as_mut(), &config, 6, 90);
     }
 }

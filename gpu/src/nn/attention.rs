@@ -8,6 +8,12 @@ use crate::check;
 use crate::{Device, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
+/// Floats of shared memory past the last one a kernel indexes: for the
+/// unrolled remainder of a loop over the scores `ptxas` may read three floats
+/// at once from the last valid one (seen as an out-of-bounds shared read by
+/// `compute-sanitizer` on `sm_90`), so the buffer ends a vector later.
+const SLACK: usize = 4;
+
 /// Attention pooling of `[B × T × D]` keys against `[B × D]` queries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttentionPooling {
@@ -52,7 +58,7 @@ impl AttentionPooling {
         })?;
         check::len(op, "lengths", lengths, batch, || format!("batch {batch}"))?;
         check::u32_of(op, "steps × dim", steps * d)?;
-        Ok((d + steps) * 4)
+        Ok((d + steps + SLACK) * 4)
     }
 
     /// `out: [B × D]` from `query: [B × D]` and `keys: [B × T × D]`.
@@ -130,7 +136,7 @@ impl AttentionPooling {
             return dev.stream.memset_zeros(&mut g).map_err(GpuError::driver("zeroing the attention gradient"));
         }
         let mut kbar = dev.zeros::<f32>(batch * d)?;
-        let cfg = check::block_per_item(OP, batch, 128, steps * 4)?;
+        let cfg = check::block_per_item(OP, batch, 128, (steps + SLACK) * 4)?;
         let (b32, t32, d32) = (batch as u32, steps as u32, d as u32);
         let mut launch = dev.stream.launch_builder(dev.function("attention_backward"));
         launch

@@ -194,19 +194,51 @@ pub fn column_sum(
     out: &mut CudaSlice<f32>,
     at: usize,
 ) -> Result<(), GpuError> {
+    column_reduce(dev, a, None, rows, cols, out, at)
+}
+
+/// Rows per chunk of the first pass of [`column_reduce`] (at least; more when
+/// the chunks would exceed the grid's second dimension).
+const CHUNK_ROWS: usize = 256;
+
+/// `out[at + c] = Σ_r w[r] · a[r, c]` (`Σ_r a[r, c]` without `w`) for the
+/// `rows × cols` row-major `a`, in a fixed order: per chunk of rows, then the
+/// chunks in order (see `column_reduce_chunks` in `linear.cu`).
+pub(crate) fn column_reduce(
+    dev: &Device,
+    a: &CudaSlice<f32>,
+    w: Option<&CudaSlice<f32>>,
+    rows: usize,
+    cols: usize,
+    out: &mut CudaSlice<f32>,
+    at: usize,
+) -> Result<(), GpuError> {
     const OP: &str = "column sum";
     check::len(OP, "a", a, check::product(OP, &[rows, cols])?, || format!("{rows} × {cols}"))?;
     check::len(OP, "out", out, at + cols, || format!("{cols} sums at {at}"))?;
+    if let Some(w) = w {
+        check::len(OP, "weights", w, rows, || format!("{rows} rows"))?;
+    }
     if cols == 0 {
         return Ok(());
     }
+    let chunk_rows = CHUNK_ROWS.max(rows.div_ceil(u16::MAX as usize));
+    let chunks = rows.div_ceil(chunk_rows).max(1);
     let (r, c) = (check::u32_of(OP, "rows", rows)?, check::u32_of(OP, "cols", cols)?);
+    let (k32, chunk32) = (check::u32_of(OP, "chunks", chunks)?, check::u32_of(OP, "chunk rows", chunk_rows)?);
+    let mut partial = dev.zeros::<f32>(chunks * cols)?;
+    let weighted = w.is_some() as i32;
+    let cfg = LaunchConfig { grid_dim: (c.div_ceil(32), k32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+    let mut launch = dev.stream.launch_builder(dev.function("column_reduce_chunks"));
+    launch.arg(a).arg(w.unwrap_or(a)).arg(&weighted).arg(&r).arg(&c).arg(&chunk32).arg(&mut partial);
+    // SAFETY: `a` holds rows × cols values, `w` (when used) rows, `partial` chunks × cols
+    // (checked above); the block is the (32, 8) the kernel assumes.
+    unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching column_reduce_chunks"))?;
     let mut sums = out.slice_mut(at..at + cols);
-    let cfg = LaunchConfig { grid_dim: (c.div_ceil(32), 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
-    let mut launch = dev.stream.launch_builder(dev.function("column_sum"));
-    launch.arg(a).arg(&r).arg(&c).arg(&mut sums);
-    // SAFETY: `a` holds rows × cols values and `sums` cols (checked above); the block is the (32, 8) the kernel assumes.
-    unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching column_sum"))?;
+    let mut launch = dev.stream.launch_builder(dev.function("column_reduce_finish"));
+    launch.arg(&partial).arg(&k32).arg(&c).arg(&mut sums);
+    // SAFETY: `partial` holds chunks × cols values, `sums` cols.
+    unsafe { launch.launch(grid_for(cols)) }.map_err(GpuError::driver("launching column_reduce_finish"))?;
     Ok(())
 }
 

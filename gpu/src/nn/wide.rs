@@ -5,6 +5,7 @@
 //! per dense feature (the CPU's layout).
 
 use crate::check::{self, grid_for};
+use crate::nn::linear::column_reduce;
 use crate::{Device, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
@@ -103,16 +104,14 @@ impl WideShape {
         dpooled: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
         const OP: &str = "wide backward";
-        let [b, nd, f, _, _] = self.args(OP, batch)?;
+        let [b, _, f, _, _] = self.args(OP, batch)?;
         self.check_dense(OP, dense, batch)?;
         check::len(OP, "dlogits", dlogits, batch, || format!("batch {batch}"))?;
         check::len(OP, "grads", grads, 1 + self.num_dense, || "the bias and the dense weights".into())?;
         self.check_pooled(OP, "dpooled", dpooled, batch)?;
-        let mut launch = dev.stream.launch_builder(dev.function("wide_param_grads"));
-        launch.arg(dense).arg(dlogits).arg(&b).arg(&nd).arg(&mut *grads);
-        // SAFETY: shapes checked above; one thread per linear parameter (1 + num_dense).
-        unsafe { launch.launch(grid_for(1 + self.num_dense)) }
-            .map_err(GpuError::driver("launching wide_param_grads"))?;
+        // The bias: Σ_b dlogits[b]; dense weight j: Σ_b dense[b, j] · dlogits[b].
+        column_reduce(dev, dlogits, None, batch, 1, grads, 0)?;
+        column_reduce(dev, dense, Some(dlogits), batch, self.num_dense, grads, 1)?;
         let n = batch * self.num_fields * self.stride();
         if n == 0 {
             return Ok(());

@@ -30,12 +30,17 @@
 //!   table in one `u32` row space. [`ResidentWorker::supports`] says why a
 //!   configuration is refused; such a run trains through the host path.
 
+mod host;
+mod phases;
+
 use crate::model::{net, Buffer, DeviceNet, Sequences};
 use crate::optim::{kind_of, DenseHyper, DenseOptimizer};
 use crate::sparse::{RowTable, SparseRule};
 use crate::{check, Device, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use serde::Serialize;
+use host::HostBatch;
+pub use phases::PhaseTimes;
+use phases::{Phase, PhaseClock};
 use tiderec_operators::optim::{DenseOptimizerState, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::shard::EmbeddingShard;
 use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
@@ -89,95 +94,6 @@ pub struct ResidentWorker {
     logits: Vec<f32>,
     /// Phase timing, when asked for.
     clock: Option<PhaseClock>,
-}
-
-/// Milliseconds spent in each phase of the timed steps (see [`ResidentWorker::time_phases`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct PhaseTimes {
-    /// Building row numbers and bag offsets on the host.
-    pub host: f64,
-    /// Copying the batch to the device.
-    pub upload: f64,
-    /// Pooling the rows into per-field vectors.
-    pub pool: f64,
-    /// The model's forward pass.
-    pub forward: f64,
-    /// The loss, read back (and the logits, when kept).
-    pub loss: f64,
-    /// The BCE gradient and the model's backward pass.
-    pub backward: f64,
-    /// Entry gradients, the sort and the row updates.
-    pub rows: f64,
-    /// The dense optimizer and the finiteness flag, read back.
-    pub dense: f64,
-}
-
-impl PhaseTimes {
-    /// Every phase times `f` (per step: `1 / steps`).
-    pub fn scaled(self, f: f64) -> PhaseTimes {
-        let PhaseTimes { host, upload, pool, forward, loss, backward, rows, dense } = self;
-        PhaseTimes {
-            host: host * f,
-            upload: upload * f,
-            pool: pool * f,
-            forward: forward * f,
-            loss: loss * f,
-            backward: backward * f,
-            rows: rows * f,
-            dense: dense * f,
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Phase {
-    Host,
-    Upload,
-    Pool,
-    Forward,
-    Loss,
-    Backward,
-    Rows,
-    Dense,
-}
-
-/// Books the time between marks to phases.
-#[derive(Default)]
-struct PhaseClock {
-    last: Option<std::time::Instant>,
-    times: PhaseTimes,
-}
-
-impl PhaseClock {
-    fn start(&mut self) {
-        self.last = Some(std::time::Instant::now());
-    }
-
-    fn book(&mut self, phase: Phase) {
-        let now = std::time::Instant::now();
-        let ms = self.last.map_or(0.0, |t| (now - t).as_secs_f64() * 1e3);
-        self.last = Some(now);
-        let t = &mut self.times;
-        *match phase {
-            Phase::Host => &mut t.host,
-            Phase::Upload => &mut t.upload,
-            Phase::Pool => &mut t.pool,
-            Phase::Forward => &mut t.forward,
-            Phase::Loss => &mut t.loss,
-            Phase::Backward => &mut t.backward,
-            Phase::Rows => &mut t.rows,
-            Phase::Dense => &mut t.dense,
-        } += ms;
-    }
-}
-
-/// The host side of a batch's upload, reused from step to step.
-#[derive(Default)]
-struct HostBatch {
-    rows: Vec<u32>,
-    offsets: Vec<u32>,
-    weights: Vec<f32>,
-    weighted: bool,
 }
 
 impl ResidentWorker {
@@ -525,42 +441,6 @@ impl ResidentWorker {
             seed: self.seed,
             table_sizes: self.table_sizes.clone(),
         })
-    }
-}
-
-impl HostBatch {
-    /// Global row numbers, field-major bag offsets and entry weights of `batch`;
-    /// fails naming the field, the sample's bag and the id for an id outside its table.
-    fn fill(&mut self, batch: &Batch, sizes: &[u64], bases: &[u64]) -> Result<(), GpuError> {
-        const OP: &str = "resident batch";
-        batch.check().map_err(|e| GpuError::shape(OP, e.to_string()))?;
-        self.rows.clear();
-        self.offsets.clear();
-        self.weights.clear();
-        self.weighted = batch.sparse.iter().any(|s| s.weights.is_some());
-        self.offsets.push(0);
-        for (t, field) in batch.sparse.iter().enumerate() {
-            let (base, n) = (bases[t], sizes[t]);
-            for &id in &field.ids {
-                if id >= n {
-                    return Err(GpuError::Index { op: OP, message: format!("field {t}: id {id} is not below {n}") });
-                }
-                self.rows.push((base + id) as u32);
-            }
-            // Offsets start at 0 (checked): this field's bags follow the previous fields' entries.
-            let start = *self.offsets.last().unwrap_or(&0);
-            if start as u64 + field.ids.len() as u64 > u32::MAX as u64 {
-                return Err(GpuError::shape(OP, "more than 2³² entries in one batch"));
-            }
-            self.offsets.extend(field.offsets[1..].iter().map(|&o| start + o));
-            if self.weighted {
-                match &field.weights {
-                    Some(w) => self.weights.extend_from_slice(&w[..field.ids.len()]),
-                    None => self.weights.resize(self.weights.len() + field.ids.len(), 1.0),
-                }
-            }
-        }
-        Ok(())
     }
 }
 
