@@ -59,7 +59,7 @@ fn main() {
     let parts: Vec<WorkerSnapshot> = timely::execute(timely::Config::process(2), move |worker| {
         let mut trainer = Trainer::new(worker, &c).expect("valid config");
         train(worker, &mut trainer, &d, 0, STEPS);
-        trainer.snapshot()
+        trainer.snapshot().expect("a host trainer's state")
     })
     .expect("timely starts")
     .join()

@@ -7,7 +7,8 @@
 #
 # BENCHES (environment): which benchmarks of step 3 to run, a space-separated
 # subset of "dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048" (default: all).
-# SCALING=0 (environment) skips step 4.
+# TESTS (environment): which test executables of steps 1 and 2 to run, by
+# name (default: all). SCALING=0 (environment) skips step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -93,15 +94,18 @@ run_test() {
 
 # ---- 1. kernel conformance and device models ----------------------------
 say "== 1. kernel conformance and device models ($(elapsed) s)"
+# TESTS (environment): which test executables to run (default: all).
+wanted_test() { [ -z "${TESTS:-}" ] || case " $TESTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 for t in "$HERE"/tests/*; do
     n="$(basename "$t")"
     [ "$n" = gpu_workers ] && continue
+    wanted_test "$n" || continue
     run_test "$n" 240 --test-threads=4 --nocapture
 done
 
 # ---- 2. GPU workers against CPU workers ---------------------------------
 say "== 2. GPU-worker equivalence ($(elapsed) s)"
-[ -x "$HERE/tests/gpu_workers" ] && run_test gpu_workers 300 --test-threads=4 --nocapture
+[ -x "$HERE/tests/gpu_workers" ] && wanted_test gpu_workers && run_test gpu_workers 300 --test-threads=4 --nocapture
 
 # Where a device-resident worker's step goes: each phase timed (the device waited for after each).
 for b in 16384 65536; do

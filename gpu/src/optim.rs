@@ -97,6 +97,16 @@ impl DenseOptimizer {
         self.hp.lr = lr;
     }
 
+    /// Parameters this optimizer updates.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it updates no parameter.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Updates applied so far.
     pub fn steps(&self) -> u64 {
         self.t

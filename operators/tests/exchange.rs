@@ -110,7 +110,7 @@ fn run(workers: usize, config: TrainerConfig, multi: bool, restore: Option<Arc<V
         trainer.step(worker, StepKind::Eval, b).unwrap();
         let l2 = trainer.params_l2(worker).unwrap();
         let bytes = trainer.bytes_sent();
-        o.lock().unwrap().push((trainer.snapshot(), losses, trainer.take_eval(), l2, bytes));
+        o.lock().unwrap().push((trainer.snapshot().unwrap(), losses, trainer.take_eval(), l2, bytes));
     })
     .unwrap();
     let mut parts = std::mem::take(&mut *out.lock().unwrap());

@@ -45,7 +45,7 @@ fn run_online(batches: [u64; 2], stop_at: [Option<u64>; 2]) -> Vec<Seen> {
                 }
             })
             .unwrap();
-        Seen { steps, summary, params: trainer.dense_params() }
+        Seen { steps, summary, params: trainer.dense_params().unwrap() }
     })
     .unwrap()
     .join()
@@ -104,7 +104,7 @@ fn online_training_trains_as_plain_steps_and_scores_before_each_update() {
             before.push(trainer.take_eval());
             trainer.step(worker, StepKind::Train, batch(me, t)).unwrap();
         }
-        (before, trainer.dense_params())
+        (before, trainer.dense_params().unwrap())
     })
     .unwrap()
     .join()

@@ -80,13 +80,13 @@ fn run(
         }
         for step in first..last {
             if step == snapshot_at {
-                snaps.lock().unwrap().push(trainer.snapshot());
+                snaps.lock().unwrap().push(trainer.snapshot().unwrap());
             }
             let b = micro_batch(step, worker.index(), worker.peers());
             trainer.step(worker, StepKind::Train, b).unwrap();
         }
         if last == snapshot_at {
-            snaps.lock().unwrap().push(trainer.snapshot());
+            snaps.lock().unwrap().push(trainer.snapshot().unwrap());
         }
         let norm = trainer.params_l2(worker).unwrap();
         *l2_out.lock().unwrap() = norm;
@@ -178,9 +178,9 @@ fn a_checkpoint_of_another_shape_is_refused_and_changes_nothing() {
     let p2 = parts.clone();
     timely::execute(timely::Config::process(2), move |worker| {
         let mut trainer = Trainer::new(worker, &other).unwrap();
-        let before = trainer.snapshot();
+        let before = trainer.snapshot().unwrap();
         let e = trainer.restore(&p2).unwrap_err().to_string();
-        assert_eq!(trainer.snapshot(), before, "a refused restore leaves the trainer as it was");
+        assert_eq!(trainer.snapshot().unwrap(), before, "a refused restore leaves the trainer as it was");
         e2.lock().unwrap().push(e);
     })
     .unwrap();

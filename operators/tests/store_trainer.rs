@@ -83,7 +83,7 @@ fn run(
             let b = micro_batch(step, worker.index(), worker.peers());
             total += trainer.step(worker, StepKind::Train, b).unwrap().loss_sum;
         }
-        snaps.lock().unwrap().push(trainer.snapshot());
+        snaps.lock().unwrap().push(trainer.snapshot().unwrap());
         st.lock().unwrap().add(&trainer.store_stats());
         *lo.lock().unwrap() = total;
     })

@@ -54,7 +54,7 @@ fn imperative() -> Run {
                 }
             }
         }
-        (stats, trainer.dense_params())
+        (stats, trainer.dense_params().unwrap())
     })
     .unwrap();
     runs.join().into_iter().map(|r| r.unwrap()).collect()

@@ -85,7 +85,7 @@ fn a_host_model_through_the_hook_trains_as_through_new() {
             assert_eq!(sa.loss_sum.to_bits(), sb.loss_sum.to_bits(), "step {step}");
         }
         let (la, lb) = (a.params_l2(worker).unwrap(), b.params_l2(worker).unwrap());
-        out.lock().unwrap().push((a.dense_params(), b.dense_params(), la, lb));
+        out.lock().unwrap().push((a.dense_params().unwrap(), b.dense_params().unwrap(), la, lb));
     })
     .unwrap();
     for (a, b, la, lb) in params.lock().unwrap().iter() {

@@ -6,10 +6,15 @@
 //! process takes entry `i` (`cuda:0,cpu`: worker 0 on GPU 0, worker 1 on the
 //! CPU). Several workers may name the same GPU.
 //!
-//! A GPU worker runs its model's forward and backward on the device (see
-//! `tiderec_gpu::model`); everything else — the embedding stores, the
-//! exchange, the dense optimizer, checkpoints — stays on the host and is the
-//! same for every worker, so a CPU and a GPU worker train one model together.
+//! A GPU worker that trains alone (one worker in all, fp32, a model without
+//! behaviour sequences, the fixed store, SGD or row-wise Adagrad rows) keeps
+//! everything on its device: rows, pooling, the model and both optimizers
+//! (`tiderec_gpu::resident`, as the trainer's step engine); the host mirrors
+//! its state for reports and checkpoints. Any other GPU worker runs its
+//! model's forward and backward on the device (see `tiderec_gpu::model`);
+//! everything else — the embedding stores, the exchange, the dense optimizer,
+//! checkpoints — stays on the host and is the same for every worker, so a CPU
+//! and a GPU worker train one model together.
 //! Every CUDA device named is opened, and the model built on it, before any
 //! worker starts ([`Devices::preflight`]): a machine without a driver, a
 //! missing device or a model without a device form fails at once with the
@@ -43,7 +48,11 @@ impl fmt::Display for WorkerDevice {
 
 /// The parsed `device` setting.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Devices(Vec<WorkerDevice>);
+pub struct Devices {
+    list: Vec<WorkerDevice>,
+    /// A GPU worker that trains alone keeps its rows on the host too.
+    host_rows: bool,
+}
 
 impl Devices {
     /// Parses `cpu`, `cuda:N` or a comma-separated list of them; errors name the key `device`.
@@ -57,18 +66,18 @@ impl Devices {
             }
         };
         let list = s.split(',').map(entry).collect::<Result<Vec<_>, _>>()?;
-        Ok(Devices(list))
+        Ok(Devices { list, host_rows: false })
     }
 
     /// Parses the setting and checks it against this process's `workers`.
     pub fn for_workers(s: &str, workers: usize) -> Result<Self, PipelineError> {
         let d = Devices::parse(s)?;
-        if d.0.len() != 1 && d.0.len() != workers {
+        if d.list.len() != 1 && d.list.len() != workers {
             return Err(PipelineError::config(
                 "device",
                 format!(
                     "{} entries for {workers} workers: give one device for every worker, or one entry for all",
-                    d.0.len()
+                    d.list.len()
                 ),
             ));
         }
@@ -77,16 +86,23 @@ impl Devices {
 
     /// The device of local worker `i` (the one entry, or entry `i`).
     pub fn worker(&self, i: usize) -> WorkerDevice {
-        if self.0.len() == 1 {
-            self.0[0]
+        if self.list.len() == 1 {
+            self.list[0]
         } else {
-            self.0[i]
+            self.list[i]
         }
+    }
+
+    /// A GPU worker that trains alone keeps its rows, pooling and optimizers
+    /// on the host, as a GPU worker among several does (a baseline for benchmarks).
+    pub fn keep_rows_on_host(mut self) -> Self {
+        self.host_rows = true;
+        self
     }
 
     /// Whether any worker computes on a GPU.
     pub fn any_cuda(&self) -> bool {
-        self.0.iter().any(|d| *d != WorkerDevice::Cpu)
+        self.list.iter().any(|d| *d != WorkerDevice::Cpu)
     }
 
     /// Opens every CUDA device named and builds the model on it once, so a
@@ -101,7 +117,7 @@ impl Devices {
             ));
         }
         let mut seen = Vec::new();
-        for &d in &self.0 {
+        for &d in &self.list {
             if let WorkerDevice::Cuda(n) = d {
                 if !seen.contains(&n) {
                     seen.push(n);
@@ -132,6 +148,13 @@ impl Devices {
                 model.set_precision(precision)?;
                 Ok(Trainer::with_model(worker, config, model)?)
             }
+            WorkerDevice::Cuda(n) if worker.peers() == 1 && !self.host_rows && resident_eligible(config, precision) => {
+                let engine = Device::open(n)
+                    .and_then(|dev| tiderec_gpu::resident::ResidentWorker::new(&dev, config))
+                    .map_err(|e| PipelineError::config("device", format!("cuda:{n}: {e}")))?;
+                let mirror = config.model.build::<f32>(config.seed)?;
+                Ok(Trainer::with_engine(worker, config, mirror, Box::new(engine))?)
+            }
             WorkerDevice::Cuda(n) => match build_on(n, config).and_then(|mut model| {
                 model
                     .set_precision(precision)
@@ -149,6 +172,12 @@ impl Devices {
     }
 }
 
+/// Whether a GPU worker that trains alone keeps everything on its device
+/// (`tiderec_gpu::resident`): fp32, and a configuration that path trains.
+fn resident_eligible(config: &TrainerConfig, precision: Precision) -> bool {
+    precision == Precision::Fp32 && tiderec_gpu::resident::ResidentWorker::supports(config).is_ok()
+}
+
 /// Opens CUDA device `n` and builds `config`'s model on it.
 fn build_on(n: usize, config: &TrainerConfig) -> Result<Box<dyn Model<f32>>, PipelineError> {
     let device = WorkerDevice::Cuda(n);
@@ -163,10 +192,10 @@ mod tests {
 
     #[test]
     fn parses_lists_and_names_the_key() {
-        assert_eq!(Devices::parse("cpu").unwrap(), Devices(vec![WorkerDevice::Cpu]));
+        assert_eq!(Devices::parse("cpu").unwrap().list, [WorkerDevice::Cpu]);
         assert_eq!(
-            Devices::parse("cuda:0, cpu,cuda:3").unwrap(),
-            Devices(vec![WorkerDevice::Cuda(0), WorkerDevice::Cpu, WorkerDevice::Cuda(3)])
+            Devices::parse("cuda:0, cpu,cuda:3").unwrap().list,
+            [WorkerDevice::Cuda(0), WorkerDevice::Cpu, WorkerDevice::Cuda(3)]
         );
         for bad in ["gpu", "cuda:", "cuda:x", "", "cpu,,cpu", "cuda:-1"] {
             let e = Devices::parse(bad).unwrap_err().to_string();

@@ -171,11 +171,12 @@ impl BestKeeper {
     }
 
     /// Keeps local worker `k`'s copy of the current (best) state (memory mode).
-    pub fn keep(&self, k: usize, trainer: &Trainer) {
-        let snapshot = trainer.snapshot();
+    pub fn keep(&self, k: usize, trainer: &Trainer) -> Result<(), PipelineError> {
+        let snapshot = trainer.snapshot()?;
         if let Ok(mut parts) = self.parts.lock() {
             parts[k] = Some(snapshot);
         }
+        Ok(())
     }
 
     /// Sets `trainer` back to the best state: from the snapshots kept (every local worker

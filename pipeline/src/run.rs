@@ -1154,7 +1154,7 @@ impl<'a> TrainRun<'a> {
             eval_samples: final_eval.map_or(0, |e| e.samples),
             epochs: self.epochs,
             train_seconds,
-            dense_params: self.trainer.dense_params().len() as u64,
+            dense_params: self.trainer.num_dense_params() as u64,
             embedding_rows: self.ctx.resolved.table_sizes.iter().sum(),
             checkpoints_written: checkpointer.written,
             checkpoint_seconds: checkpointer.seconds,
@@ -1239,7 +1239,7 @@ fn evaluation_point(
     }
     let verdict = evals.tracker.record(e.clone());
     if verdict.improved && ctx.settings.run.early_stop.is_some() && ctx.checkpoint.is_none() {
-        ctx.best.keep(evals.local, trainer);
+        ctx.best.keep(evals.local, trainer)?;
     }
     if worker.index() == 0 && evals.verbose {
         let line = evaluation::describe(&e, verdict, &evals.tracker);

@@ -45,7 +45,7 @@ use tiderec_operators::optim::{DenseOptimizerState, OptimizerParams, SparseOptim
 use tiderec_operators::shard::EmbeddingShard;
 use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
 use tiderec_operators::store::StoreKind;
-use tiderec_operators::train::TrainerConfig;
+use tiderec_operators::train::{EngineStep, StepEngine, TrainerConfig};
 use tiderec_operators::Batch;
 
 /// The outcome of one training step.
@@ -128,22 +128,8 @@ impl ResidentWorker {
             .ok_or_else(|| GpuError::Unsupported("this model has no device-resident form".into()))?;
         let cpu = config.model.build::<f32>(config.seed).map_err(|e| GpuError::Unsupported(format!("model: {e}")))?;
         let dim = config.model.embedding_dim();
-        let shard =
-            EmbeddingShard::new(0, 1, dim, &config.table_sizes, config.seed, config.sparse_optimizer, config.sparse_hp)
-                .map_err(|e| GpuError::Unsupported(format!("embedding rows: {e}")))?;
-        let (mut rows, mut state) = (Vec::new(), Vec::new());
-        let mut bases = Vec::with_capacity(config.table_sizes.len());
-        for t in 0..config.table_sizes.len() {
-            bases.push(state.len() as u64);
-            let table = shard.export_table(t);
-            rows.extend_from_slice(&table.rows);
-            if table.state.is_empty() {
-                state.resize(state.len() + table.ids.len(), 0.0);
-            } else {
-                state.extend_from_slice(&table.state);
-            }
-        }
-        drop(shard);
+        let sparse = (config.sparse_optimizer, config.sparse_hp);
+        let Seeded { rows, state, bases } = seeded_rows(dim, &config.table_sizes, config.seed, sparse)?;
         let table = RowTable::upload(dev, &rows, &state, dim)?;
         drop((rows, state));
         let params = dev.upload(cpu.params())?;
@@ -418,6 +404,72 @@ impl ResidentWorker {
         Ok(sum)
     }
 
+    /// A device error as the trainer reports it: naming the device.
+    fn named(&self, e: GpuError) -> String {
+        format!("CUDA device {}: {e}", self.dev.ordinal())
+    }
+
+    /// Continues from the part of a one-worker checkpoint of this model (rows it
+    /// does not list, when it lists updated rows only, start from the seed);
+    /// nothing changes when the part does not fit.
+    pub fn load(&mut self, part: &WorkerSnapshot) -> Result<(), GpuError> {
+        const OP: &str = "resident load";
+        let (d, n) = (self.dim, self.params.len());
+        let fits = part.workers == 1
+            && part.dim == d
+            && part.state_width == self.sparse.0.state_width(d)
+            && part.dense_params.len() == n
+            && part.tables.len() == self.table_sizes.len()
+            && (part.table_sizes.is_empty() || part.table_sizes == self.table_sizes)
+            && part.delta_of.is_none();
+        if !fits {
+            return Err(GpuError::shape(
+                OP,
+                format!(
+                    "a part of {} workers, width {}, {} dense parameters and {} tables for a worker of width {d}, \
+                     {n} dense parameters and {} tables",
+                    part.workers,
+                    part.dim,
+                    part.dense_params.len(),
+                    part.tables.len(),
+                    self.table_sizes.len()
+                ),
+            ));
+        }
+        let Seeded { mut rows, mut state, .. } = seeded_rows(d, &self.table_sizes, self.seed, self.sparse)?;
+        let sw = part.state_width;
+        for (t, table) in part.tables.iter().enumerate() {
+            if table.rows.len() != table.ids.len() * d || table.state.len() != table.ids.len() * sw {
+                return Err(GpuError::shape(OP, format!("table {t}: rows or optimizer state do not match its ids")));
+            }
+            for (k, &id) in table.ids.iter().enumerate() {
+                if id >= self.table_sizes[t] {
+                    return Err(GpuError::Index {
+                        op: OP,
+                        message: format!("table {t}: id {id} is not below {}", self.table_sizes[t]),
+                    });
+                }
+                let g = (self.bases[t] + id) as usize;
+                rows[g * d..(g + 1) * d].copy_from_slice(&table.rows[k * d..(k + 1) * d]);
+                if sw > 0 {
+                    state[g] = table.state[k * sw];
+                }
+            }
+        }
+        let optimizer = DenseOptimizer::from_host(&self.dev, hyper(&self.dense_hp), &part.dense_optimizer)?;
+        if optimizer.len() != n {
+            return Err(GpuError::shape(
+                OP,
+                format!("dense optimizer state of {} for {n} parameters", optimizer.len()),
+            ));
+        }
+        self.rows = RowTable::upload(&self.dev, &rows, &state, d)?;
+        self.params = self.dev.upload(&part.dense_params)?;
+        self.optimizer = optimizer;
+        self.train_steps = part.step;
+        Ok(())
+    }
+
     /// This worker's whole state as a one-worker checkpoint part listing every
     /// row, which any number of CPU or GPU workers can restore from.
     pub fn snapshot(&self) -> Result<WorkerSnapshot, GpuError> {
@@ -441,6 +493,57 @@ impl ResidentWorker {
             seed: self.seed,
             table_sizes: self.table_sizes.clone(),
         })
+    }
+}
+
+/// Every table's rows and optimizer state, one after the other, and the first row of each table.
+struct Seeded {
+    rows: Vec<f32>,
+    /// One value per row (zero for SGD).
+    state: Vec<f32>,
+    bases: Vec<u64>,
+}
+
+/// The rows as one CPU worker's fixed store starts them for `seed`.
+fn seeded_rows(
+    dim: usize,
+    table_sizes: &[u64],
+    seed: u64,
+    (kind, hp): (SparseOptimizerKind, OptimizerParams),
+) -> Result<Seeded, GpuError> {
+    let shard = EmbeddingShard::new(0, 1, dim, table_sizes, seed, kind, hp)
+        .map_err(|e| GpuError::Unsupported(format!("embedding rows: {e}")))?;
+    let (mut rows, mut state) = (Vec::new(), Vec::new());
+    let mut bases = Vec::with_capacity(table_sizes.len());
+    for t in 0..table_sizes.len() {
+        bases.push(state.len() as u64);
+        let table = shard.export_table(t);
+        rows.extend_from_slice(&table.rows);
+        if table.state.is_empty() {
+            state.resize(state.len() + table.ids.len(), 0.0);
+        } else {
+            state.extend_from_slice(&table.state);
+        }
+    }
+    Ok(Seeded { rows, state, bases })
+}
+
+impl StepEngine for ResidentWorker {
+    fn train(&mut self, batch: &Batch, keep_logits: bool) -> Result<EngineStep, String> {
+        let r = ResidentWorker::train(self, batch, keep_logits).map_err(|e| self.named(e))?;
+        Ok(EngineStep { loss_sum: r.loss_sum, non_finite: r.non_finite })
+    }
+    fn predict(&mut self, batch: &Batch) -> Result<(), String> {
+        ResidentWorker::predict(self, batch).map(|_| ()).map_err(|e| self.named(e))
+    }
+    fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+    fn save(&mut self) -> Result<WorkerSnapshot, String> {
+        self.snapshot().map_err(|e| self.named(e))
+    }
+    fn load(&mut self, part: &WorkerSnapshot) -> Result<(), String> {
+        ResidentWorker::load(self, part).map_err(|e| self.named(e))
     }
 }
 

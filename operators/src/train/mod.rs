@@ -75,6 +75,7 @@ use timely::worker::Worker;
 mod builder;
 mod clock;
 mod dataflow;
+mod engine;
 mod home;
 mod messages;
 mod online;
@@ -87,6 +88,7 @@ pub use crate::routing::dense_slice;
 pub use builder::{TrainerConfigBuilder, DEFAULT_SEED, DENSE_INITIAL_ACCUMULATOR, SPARSE_INITIAL_ACCUMULATOR};
 pub use clock::StepTimes;
 use dataflow::{CommandInput, Shared};
+pub use engine::{EngineStep, StepEngine};
 use home::Home;
 pub use messages::{GradientMessage, LookupReply, LookupRequest, ParamUpdate};
 pub use online::{OnlineStep, OnlineSummary};
@@ -265,6 +267,8 @@ pub struct Trainer {
     bad_records: [u64; BadReason::COUNT],
     score_train: bool,
     stop_requested: bool,
+    /// The engine that computes this worker's steps, if one does (see [`StepEngine`]).
+    engine: Option<RefCell<engine::Engine>>,
 }
 
 impl Trainer {
@@ -300,7 +304,31 @@ impl Trainer {
             bad_records: [0; BadReason::COUNT],
             score_train: false,
             stop_requested: false,
+            engine: None,
         })
+    }
+
+    /// As [`Trainer::with_model`], with every training and evaluation step
+    /// computed by `engine` (a GPU that holds the rows, the model and the
+    /// optimizers, say); `model` is the host mirror of its dense model (see
+    /// [`StepEngine`]). The engine starts from the state this trainer starts
+    /// from. Only a trainer of one worker in all takes an engine.
+    pub fn with_engine(
+        worker: &mut Worker,
+        config: &TrainerConfig,
+        model: Box<dyn Model<f32>>,
+        engine: Box<dyn StepEngine>,
+    ) -> Result<Self, OperatorError> {
+        if worker.peers() != 1 {
+            return Err(OperatorError::config(
+                "engine",
+                format!("a step engine owns every row: it trains alone, not with {} workers", worker.peers()),
+            ));
+        }
+        let mut trainer = Self::with_model(worker, config, model)?;
+        trainer.engine = Some(RefCell::new(engine::Engine::new(engine)));
+        trainer.load_engine()?;
+        Ok(trainer)
     }
 
     /// Runs one synchronous step with this worker's micro-batch (possibly
@@ -315,17 +343,14 @@ impl Trainer {
             self.step_failed(worker);
             return Err(e);
         }
-        let stats = self.run(
-            worker,
-            Command {
-                kind,
-                batch,
-                failed: false,
-                bad_records: self.bad_records,
-                score: self.score_train,
-                stop: self.stop_requested,
-            },
-        );
+        if self.engine.is_some() {
+            let stats = self.engine_step(worker, kind, batch)?;
+            if kind == StepKind::Train && stats.samples > 0 {
+                self.train_steps += 1;
+            }
+            return Ok(stats);
+        }
+        let stats = self.run_dataflow(worker, kind, batch);
         let device_error = self.shared.dense.borrow_mut().model_mut().take_error();
         if let Some(e) = device_error {
             self.step_failed(worker);
@@ -335,6 +360,21 @@ impl Trainer {
             self.train_steps += 1;
         }
         Ok(stats)
+    }
+
+    /// One step of this worker's dataflow.
+    fn run_dataflow(&mut self, worker: &mut Worker, kind: StepKind, batch: Batch) -> StepStats {
+        self.run(
+            worker,
+            Command {
+                kind,
+                batch,
+                failed: false,
+                bad_records: self.bad_records,
+                score: self.score_train,
+                stop: self.stop_requested,
+            },
+        )
     }
 
     /// Takes part in one step with no data while telling every worker that
@@ -409,9 +449,15 @@ impl Trainer {
         Ok(stats.sum_squares.sqrt())
     }
 
-    /// This worker's copy of the dense parameters.
-    pub fn dense_params(&self) -> Vec<f32> {
-        self.shared.dense.borrow().params().to_vec()
+    /// Number of dense (model) parameters.
+    pub fn num_dense_params(&self) -> usize {
+        self.shared.dense.borrow().params().len()
+    }
+
+    /// This worker's copy of the dense parameters (with a [`StepEngine`], read from it).
+    pub fn dense_params(&self) -> Result<Vec<f32>, OperatorError> {
+        self.sync_host()?;
+        Ok(self.shared.dense.borrow().params().to_vec())
     }
 
     /// Bytes this worker sent to other workers in the steps it has completed
@@ -456,9 +502,11 @@ impl Trainer {
     /// row it owns with its optimizer slots, and the training step count.
     /// Between two steps this is a consistent cut: no update of the next step
     /// can reach this worker's rows before this worker sends its gradients.
-    pub fn snapshot(&self) -> WorkerSnapshot {
+    /// With a [`StepEngine`], the engine's state is read first; that can fail.
+    pub fn snapshot(&self) -> Result<WorkerSnapshot, OperatorError> {
+        self.sync_host()?;
         let dense = self.shared.dense.borrow();
-        self.shared.owner.borrow().snapshot(&dense, self.train_steps, (self.config.seed, &self.config.table_sizes))
+        Ok(self.shared.owner.borrow().snapshot(&dense, self.train_steps, (self.config.seed, &self.config.table_sizes)))
     }
 
     /// This worker's share of a checkpoint, from which the next delta counts:
@@ -467,6 +515,7 @@ impl Trainer {
     /// snapshot of this trainer, see [`checkpoint_mark`](Self::checkpoint_mark)),
     /// with the whole dense state. A consistent cut like `snapshot`.
     pub fn checkpoint_snapshot(&self, parent: Option<u64>) -> Result<WorkerSnapshot, OperatorError> {
+        self.sync_host()?;
         let dense = self.shared.dense.borrow();
         let writer = (self.config.seed, &self.config.table_sizes[..]);
         self.shared.owner.borrow_mut().checkpoint_snapshot(&dense, self.train_steps, writer, parent)
@@ -485,12 +534,14 @@ impl Trainer {
     /// parts are checked completely first; on error nothing is changed.
     /// Not collective: every worker restores from the same parts on its own.
     pub fn restore(&mut self, parts: &[WorkerSnapshot]) -> Result<(), OperatorError> {
-        let mut dense = self.shared.dense.borrow_mut();
-        let mut owner = self.shared.owner.borrow_mut();
-        let writer = (self.config.seed, &self.config.table_sizes[..]);
-        let step = owner.restore(&mut dense, parts, writer, self.config.dense_optimizer)?;
-        self.train_steps = step;
-        Ok(())
+        {
+            let mut dense = self.shared.dense.borrow_mut();
+            let mut owner = self.shared.owner.borrow_mut();
+            let writer = (self.config.seed, &self.config.table_sizes[..]);
+            let step = owner.restore(&mut dense, parts, writer, self.config.dense_optimizer)?;
+            self.train_steps = step;
+        }
+        self.load_engine()
     }
 }
 

@@ -111,7 +111,8 @@ pub struct DlrmBenchResult {
     /// Embedding parameters: rows of every table times the row width.
     pub embedding_params: u64,
     /// One GPU worker trained with its rows, pooling and optimizers on the device
-    /// (`tiderec_gpu::resident`); `stage_ms` then holds only the step's total.
+    /// (`tiderec_gpu::resident`, the trainer's step engine); `stage_ms` then
+    /// holds only the step's total.
     pub rows_on_device: bool,
     /// With `phases` on a device-resident worker: milliseconds per step in each phase.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -155,7 +156,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     eprintln!("{}", tiderec::kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
     let resident = resident_device(bench, &setup.config);
     let mut phase_ms = None;
-    let timed = if let Some(n) = resident {
+    let timed = if let Some(n) = resident.filter(|_| bench.phases) {
         let (timed, phases) = timed_resident(bench, &setup.config, n)?;
         phase_ms = phases;
         vec![timed]
@@ -209,7 +210,8 @@ fn resident_device(bench: &DlrmBench, config: &TrainerConfig) -> Option<usize> {
 }
 
 /// Trains the warm-up and timed steps of `bench` on one device-resident GPU
-/// worker, on the batches worker 0 of a trainer would see.
+/// worker driven directly (no trainer around it), on the batches worker 0 of a
+/// trainer would see, timing its phases (`--phases`).
 fn timed_resident(
     bench: &DlrmBench,
     config: &TrainerConfig,
@@ -266,7 +268,10 @@ impl Setup {
             store: Default::default(),
             exchange: Default::default(),
         };
-        let devices = tiderec::device::Devices::for_workers(&bench.device, bench.workers)?;
+        let mut devices = tiderec::device::Devices::for_workers(&bench.device, bench.workers)?;
+        if bench.host_rows {
+            devices = devices.keep_rows_on_host();
+        }
         devices.preflight(&config)?;
         Ok(Setup { config, behavior, devices })
     }
@@ -412,7 +417,7 @@ fn timed_trainer(
         Ok::<_, PipelineError>(Timed {
             secs,
             bytes: trainer.bytes_sent() - before,
-            dense_params: trainer.dense_params().len() as u64,
+            dense_params: trainer.num_dense_params() as u64,
             stages,
         })
     })

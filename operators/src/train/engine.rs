@@ -1,0 +1,156 @@
+//! Step engines: a worker that trains alone computes whole steps somewhere
+//! else — a GPU holding its rows, pooling, model and optimizers
+//! (`tiderec_gpu::resident`) — while the trainer keeps its host state as a
+//! mirror for what reads parameters on the host.
+//!
+//! ## Invariants
+//!
+//! * **One worker.** An engine owns every row, so it trains only a trainer of
+//!   one worker in all ([`Trainer::with_engine`] refuses more).
+//! * **The engine holds the model; the host mirrors it on demand.** Training
+//!   and evaluation steps run on the engine only; the host's rows, dense
+//!   parameters and optimizer state (the owner and the dense replica, as a
+//!   one-worker trainer keeps them) are brought up to date from the engine's
+//!   whole state ([`StepEngine::save`]) before anything reads them: a report
+//!   step, [`Trainer::dense_params`], a snapshot. A restore sets the host state
+//!   and hands it to the engine ([`StepEngine::load`]). So checkpoints do not
+//!   depend on the engine that wrote them.
+//! * **The same step.** An engine's training step is the one-worker step of
+//!   this module: its loss sum before the update, no update on a non-finite
+//!   loss, row and dense updates scaled by `1 / batch`.
+
+use super::{clock, StepKind, StepStats, Trainer};
+use crate::batch::Batch;
+use crate::metrics::EvalSet;
+use crate::nn::loss::{bce_with_logits_sum, sigmoid};
+use crate::snapshot::WorkerSnapshot;
+use crate::OperatorError;
+
+/// What one training step of an engine reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineStep {
+    /// Σ BCE loss over the batch before the update, in fp64.
+    pub loss_sum: f64,
+    /// The loss, a row gradient or an updated dense parameter was not finite
+    /// (with a non-finite loss nothing was updated).
+    pub non_finite: bool,
+}
+
+/// A worker's whole training step computed in one place (see the module docs).
+/// Errors are the backend's description of a failure, naming its device.
+pub trait StepEngine {
+    /// Trains one step on `batch` (not empty); with `keep_logits` the logits
+    /// made before the update are kept for [`logits`](Self::logits).
+    fn train(&mut self, batch: &Batch, keep_logits: bool) -> Result<EngineStep, String>;
+    /// The logits of `batch` under the current parameters, kept for [`logits`](Self::logits).
+    fn predict(&mut self, batch: &Batch) -> Result<(), String>;
+    /// The logits of the last `predict`, or of the last `train` that kept them.
+    fn logits(&self) -> &[f32];
+    /// The whole state (every row, the dense parameters and optimizer state,
+    /// the training steps) as the part of a one-worker checkpoint.
+    fn save(&mut self) -> Result<WorkerSnapshot, String>;
+    /// Continues from the part of a one-worker checkpoint (rows it does not
+    /// list, when it lists updated rows only, start as the seed makes them).
+    fn load(&mut self, part: &WorkerSnapshot) -> Result<(), String>;
+}
+
+/// A trainer's engine and whether the host mirror is older than it.
+pub(super) struct Engine {
+    engine: Box<dyn StepEngine>,
+    host_stale: bool,
+}
+
+impl Engine {
+    pub(super) fn new(engine: Box<dyn StepEngine>) -> Self {
+        Engine { engine, host_stale: false }
+    }
+}
+
+impl Trainer {
+    /// One step on the engine: a training or evaluation step computed there,
+    /// a report step on the host mirror brought up to date.
+    pub(super) fn engine_step(
+        &mut self,
+        worker: &mut timely::worker::Worker,
+        kind: StepKind,
+        batch: Batch,
+    ) -> Result<StepStats, OperatorError> {
+        if kind == StepKind::Report {
+            self.sync_host()?;
+            return Ok(self.run_dataflow(worker, kind, batch));
+        }
+        let clock = self.shared.clock.clone();
+        let score = self.score_train;
+        let me = worker.index();
+        let device = |message: String| OperatorError::Device { worker: me, message };
+        let mut stats = StepStats {
+            samples: batch.len() as u64,
+            bad_records: self.bad_records,
+            stop_requests: self.stop_requested as u64,
+            ..StepStats::default()
+        };
+        let Some(cell) = &self.engine else {
+            return Err(OperatorError::config("engine", "this trainer has no step engine"));
+        };
+        let mut guard = cell.borrow_mut();
+        let state: &mut Engine = &mut guard;
+        let eval = clock::timed_step(&clock, || -> Result<bool, OperatorError> {
+            if batch.is_empty() {
+                return Ok(false);
+            }
+            let engine = &mut state.engine;
+            if kind == StepKind::Train {
+                let step = engine.train(&batch, score).map_err(device)?;
+                state.host_stale = true;
+                stats.loss_sum = step.loss_sum;
+                stats.non_finite = step.non_finite as u64;
+                Ok(score)
+            } else {
+                engine.predict(&batch).map_err(device)?;
+                stats.loss_sum = bce_with_logits_sum(engine.logits(), &batch.labels);
+                Ok(true)
+            }
+        })?;
+        if eval {
+            let set = EvalSet {
+                probs: state.engine.logits().iter().map(|&x| sigmoid(x)).collect(),
+                labels: batch.labels.clone(),
+                groups: batch.groups.clone(),
+            };
+            self.shared.eval.borrow_mut().extend_from(&set);
+        }
+        drop(guard);
+        self.step += 1;
+        Ok(stats)
+    }
+
+    /// Brings the host mirror up to date from the engine, if it is older.
+    pub(super) fn sync_host(&self) -> Result<(), OperatorError> {
+        let Some(cell) = &self.engine else { return Ok(()) };
+        let mut state = cell.borrow_mut();
+        if !state.host_stale {
+            return Ok(());
+        }
+        let part = state.engine.save().map_err(|message| OperatorError::Device { worker: 0, message })?;
+        let mut dense = self.shared.dense.borrow_mut();
+        let mut owner = self.shared.owner.borrow_mut();
+        let writer = (self.config.seed, &self.config.table_sizes[..]);
+        owner.restore(&mut dense, &[part], writer, self.config.dense_optimizer)?;
+        state.host_stale = false;
+        Ok(())
+    }
+
+    /// Hands the host state to the engine (after a restore).
+    pub(super) fn load_engine(&mut self) -> Result<(), OperatorError> {
+        let Some(cell) = &self.engine else { return Ok(()) };
+        let mut state = cell.borrow_mut();
+        let part = {
+            let dense = self.shared.dense.borrow();
+            let owner = self.shared.owner.borrow();
+            owner.snapshot(&dense, self.train_steps, (self.config.seed, &self.config.table_sizes))
+        };
+        state.engine.load(&part).map_err(|message| OperatorError::Device { worker: 0, message })?;
+        state.host_stale = false;
+        Ok(())
+    }
+}
