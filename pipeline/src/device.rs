@@ -6,11 +6,11 @@
 //! process takes entry `i` (`cuda:0,cpu`: worker 0 on GPU 0, worker 1 on the
 //! CPU). Several workers may name the same GPU.
 //!
-//! A GPU worker that trains alone (one worker in all, fp32, a model without
-//! behaviour sequences, the fixed store, SGD or row-wise Adagrad rows) keeps
-//! everything on its device: rows, pooling, the model and both optimizers
-//! (`tiderec_gpu::resident`, as the trainer's step engine); the host mirrors
-//! its state for reports and checkpoints. Any other GPU worker runs its
+//! With `TIDEREC_GPU_ROWS=device`, a GPU worker that trains alone (one worker
+//! in all, fp32, a model without behaviour sequences, the fixed store, SGD or
+//! row-wise Adagrad rows) keeps everything on its device: rows, pooling, the
+//! model and both optimizers (`tiderec_gpu::resident`, as the trainer's step
+//! engine); the host mirrors its state for reports and checkpoints. Any other GPU worker runs its
 //! model's forward and backward on the device (see `tiderec_gpu::model`);
 //! everything else — the embedding stores, the exchange, the dense optimizer,
 //! checkpoints — stays on the host and is the same for every worker, so a CPU
@@ -172,10 +172,18 @@ impl Devices {
     }
 }
 
+/// The environment variable that puts a GPU worker training alone on the
+/// device-resident path (`device`); otherwise it keeps its rows on the host.
+pub const GPU_ROWS_ENV: &str = "TIDEREC_GPU_ROWS";
+
 /// Whether a GPU worker that trains alone keeps everything on its device
-/// (`tiderec_gpu::resident`): fp32, and a configuration that path trains.
+/// (`tiderec_gpu::resident`): asked for with `TIDEREC_GPU_ROWS=device` (the
+/// trainer's side of that path has not yet run on a GPU, so it is not the
+/// default), fp32, and a configuration that path trains.
 fn resident_eligible(config: &TrainerConfig, precision: Precision) -> bool {
-    precision == Precision::Fp32 && tiderec_gpu::resident::ResidentWorker::supports(config).is_ok()
+    std::env::var(GPU_ROWS_ENV).is_ok_and(|v| v == "device")
+        && precision == Precision::Fp32
+        && tiderec_gpu::resident::ResidentWorker::supports(config).is_ok()
 }
 
 /// Opens CUDA device `n` and builds `config`'s model on it.

@@ -4,7 +4,8 @@
 //! CUDA device stops the run before any work with the device and the reason,
 //! a malformed value names the key, and `--device cpu` is the default run
 //! exactly. With a GPU (`TIDEREC_REQUIRE_GPU=1` makes its absence a failure)
-//! every model trains on one GPU worker as on one CPU worker, a CPU and a GPU
+//! every model trains on one GPU worker as on one CPU worker (its rows on the
+//! host, and with `TIDEREC_GPU_ROWS=device` on the device), a CPU and a GPU
 //! worker together (and two GPU workers on one GPU) train as one CPU worker,
 //! checkpoints move between the two — all under plain SGD, where a rounding
 //! difference stays one (see [`SGD`]) — the default adaptive optimizers train
@@ -39,10 +40,16 @@ const BASE: &[&str] = &[
 /// Runs `tiderec` with `BASE` and `extra`, which must succeed; returns its metrics (each
 /// run's in a file of its own: an existing metrics file is not replaced).
 fn train(extra: &[&str], out: &Path, name: &str) -> serde_json::Value {
+    train_rows(extra, out, name, "host")
+}
+
+/// As [`train`], a GPU worker that trains alone keeping its rows on `rows`
+/// (`host`, the default, or `device`: `TIDEREC_GPU_ROWS`).
+fn train_rows(extra: &[&str], out: &Path, name: &str, rows: &str) -> serde_json::Value {
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let m = out.join(format!("{name}-{run}.json"));
-    run_ok(tiderec().args(BASE).args(extra).arg("--metrics-json").arg(&m));
+    run_ok(tiderec().env("TIDEREC_GPU_ROWS", rows).args(BASE).args(extra).arg("--metrics-json").arg(&m));
     metrics(&m)
 }
 
@@ -163,8 +170,10 @@ fn one_gpu_worker_trains_every_model_as_one_cpu_worker() {
     for model in MODELS {
         let run = sgd_run("50", "1", model);
         let cpu = train(&run, tmp.path(), &format!("{model}-cpu"));
-        let gpu = train(&[&run[..], &["--device", "cuda:0"]].concat(), tmp.path(), &format!("{model}-gpu"));
-        assert_close(&cpu, &gpu, &format!("{model}: cuda:0 vs cpu"));
+        for rows in ["host", "device"] {
+            let gpu = train_rows(&[&run[..], &["--device", "cuda:0"]].concat(), tmp.path(), model, rows);
+            assert_close(&cpu, &gpu, &format!("{model}: cuda:0 (rows on the {rows}) vs cpu"));
+        }
     }
 }
 
@@ -224,17 +233,20 @@ fn checkpoints_move_between_gpu_and_cpu_workers() {
     let tmp = tempfile::tempdir().unwrap();
     for model in ["dlrm", "deepfm", "dien"] {
         let straight = train(&sgd_run("60", "1", model), tmp.path(), "straight");
-        for (first, then) in [("cuda:0", "cpu"), ("cpu", "cuda:0"), ("cuda:0", "cuda:0")] {
-            let ck = tmp.path().join(format!("ck-{model}-{first}-{then}"));
+        let runs = [("cuda:0", "cpu", "host"), ("cpu", "cuda:0", "host"), ("cuda:0", "cuda:0", "host")];
+        let device_rows = [("cuda:0", "cpu", "device"), ("cpu", "cuda:0", "device"), ("cuda:0", "cuda:0", "device")];
+        for (first, then, rows) in runs.into_iter().chain(device_rows) {
+            let ck = tmp.path().join(format!("ck-{model}-{first}-{then}-{rows}"));
             let ck = ck.to_str().unwrap();
             let common =
                 [&["--workers", "1", "--checkpoint-dir", ck, "--checkpoint-every", "10"][..], &model_args(model), &SGD]
                     .concat();
-            train(&[&common[..], &["--steps", "30", "--device", first]].concat(), tmp.path(), "first");
-            let resumed =
-                train(&[&common[..], &["--steps", "60", "--resume", "--device", then]].concat(), tmp.path(), "resumed");
-            assert_eq!(resumed["resumed_from_step"], 30, "{model}: {first} then {then}");
-            assert_close(&straight, &resumed, &format!("{model}: 30 steps on {first}, 30 on {then}, vs 60 on cpu"));
+            train_rows(&[&common[..], &["--steps", "30", "--device", first]].concat(), tmp.path(), "first", rows);
+            let again = [&common[..], &["--steps", "60", "--resume", "--device", then]].concat();
+            let resumed = train_rows(&again, tmp.path(), "resumed", rows);
+            let what = format!("{model}: 30 steps on {first}, 30 on {then} (GPU rows on the {rows}), vs 60 on cpu");
+            assert_eq!(resumed["resumed_from_step"], 30, "{what}");
+            assert_close(&straight, &resumed, &what);
         }
     }
 }

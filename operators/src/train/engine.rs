@@ -120,7 +120,7 @@ impl Trainer {
             self.shared.eval.borrow_mut().extend_from(&set);
         }
         drop(guard);
-        self.step += 1;
+        self.engine_steps += 1;
         Ok(stats)
     }
 

@@ -269,6 +269,8 @@ pub struct Trainer {
     stop_requested: bool,
     /// The engine that computes this worker's steps, if one does (see [`StepEngine`]).
     engine: Option<RefCell<engine::Engine>>,
+    /// Steps the engine ran (not through the dataflow, whose steps `step` counts).
+    engine_steps: u64,
 }
 
 impl Trainer {
@@ -305,6 +307,7 @@ impl Trainer {
             score_train: false,
             stop_requested: false,
             engine: None,
+            engine_steps: 0,
         })
     }
 
@@ -489,7 +492,7 @@ impl Trainer {
 
     /// Number of steps run so far.
     pub fn steps(&self) -> u64 {
-        self.step
+        self.step + self.engine_steps
     }
 
     /// Training steps that updated the parameters, counting those of a restored checkpoint.

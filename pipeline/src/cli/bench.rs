@@ -111,8 +111,8 @@ pub struct DlrmBenchResult {
     /// Embedding parameters: rows of every table times the row width.
     pub embedding_params: u64,
     /// One GPU worker trained with its rows, pooling and optimizers on the device
-    /// (`tiderec_gpu::resident`, the trainer's step engine); `stage_ms` then
-    /// holds only the step's total.
+    /// (`tiderec_gpu::resident`, driven directly); `stage_ms` then holds only
+    /// the step's total.
     pub rows_on_device: bool,
     /// With `phases` on a device-resident worker: milliseconds per step in each phase.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -156,7 +156,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     eprintln!("{}", tiderec::kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
     let resident = resident_device(bench, &setup.config);
     let mut phase_ms = None;
-    let timed = if let Some(n) = resident.filter(|_| bench.phases) {
+    let timed = if let Some(n) = resident {
         let (timed, phases) = timed_resident(bench, &setup.config, n)?;
         phase_ms = phases;
         vec![timed]
@@ -211,7 +211,7 @@ fn resident_device(bench: &DlrmBench, config: &TrainerConfig) -> Option<usize> {
 
 /// Trains the warm-up and timed steps of `bench` on one device-resident GPU
 /// worker driven directly (no trainer around it), on the batches worker 0 of a
-/// trainer would see, timing its phases (`--phases`).
+/// trainer would see; with `--phases` timing each phase.
 fn timed_resident(
     bench: &DlrmBench,
     config: &TrainerConfig,

@@ -271,9 +271,8 @@ pub(crate) struct DlrmArgs {
     /// as a GPU worker among several does (by default they live on the device).
     #[arg(long)]
     host_rows: bool,
-    /// With one device-resident GPU worker: drive it directly (no trainer) and
-    /// time each phase of its steps (waiting for the device after each phase,
-    /// so steps run slower).
+    /// With one device-resident GPU worker: time each phase of its steps
+    /// (waiting for the device after each phase, so steps run slower).
     #[arg(long)]
     phases: bool,
 }

@@ -1,0 +1,282 @@
+//! A trainer with a step engine (`Trainer::with_engine`) against the same
+//! trainer without one: the engine here computes the one-worker step on the
+//! CPU from the public kernels (pooling, the model, the row and dense
+//! optimizers), so what is tested is the trainer's side — training and
+//! evaluation steps handed to the engine, report steps and snapshots on the
+//! host mirror brought up to date, a restore handed back to the engine, the
+//! step counts — and the engine contract a GPU engine implements.
+
+use std::collections::HashMap;
+use tiderec_operators::nn::embedding_bag::pool_sum;
+use tiderec_operators::nn::loss::{bce_with_logits_grad, bce_with_logits_sum};
+use tiderec_operators::nn::{DlrmConfig, Model, ModelConfig};
+use tiderec_operators::optim::{DenseOptimizer, DenseOptimizerKind, SparseOptimizerKind};
+use tiderec_operators::rng::unit_f64;
+use tiderec_operators::shard::EmbeddingShard;
+use tiderec_operators::snapshot::WorkerSnapshot;
+use tiderec_operators::train::{EngineStep, StepEngine, StepKind, Trainer, TrainerConfig};
+use tiderec_operators::Batch;
+
+const SIZES: [u64; 3] = [40, 7, 300];
+
+/// The one-worker training step on the CPU, written out.
+struct CpuEngine {
+    config: TrainerConfig,
+    model: Box<dyn Model<f32>>,
+    shard: EmbeddingShard,
+    optimizer: DenseOptimizer,
+    steps: u64,
+    logits: Vec<f32>,
+    pooled: Vec<f32>,
+}
+
+impl CpuEngine {
+    fn new(config: &TrainerConfig) -> Self {
+        let model = config.model.build::<f32>(config.seed).unwrap();
+        let n = model.params().len();
+        CpuEngine {
+            shard: shard(config),
+            optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, n),
+            model,
+            config: config.clone(),
+            steps: 0,
+            logits: Vec::new(),
+            pooled: Vec::new(),
+        }
+    }
+
+    fn forward(&mut self, batch: &Batch) {
+        let (b, f, d) = (batch.len(), batch.sparse.len(), self.shard.dim);
+        self.pooled = vec![0.0; b * f * d];
+        for (t, field) in batch.sparse.iter().enumerate() {
+            let rows: Vec<f32> = field.ids.iter().flat_map(|&id| self.shard.row(t, id).to_vec()).collect();
+            let index: Vec<u32> = (0..field.ids.len() as u32).collect();
+            pool_sum(&rows, d, &field.offsets, &index, field.weights.as_deref(), t, f, &mut self.pooled);
+        }
+        self.logits = self.model.forward(&batch.dense, &self.pooled, b).to_vec();
+    }
+}
+
+fn shard(config: &TrainerConfig) -> EmbeddingShard {
+    let dim = config.model.embedding_dim();
+    EmbeddingShard::new(0, 1, dim, &config.table_sizes, config.seed, config.sparse_optimizer, config.sparse_hp).unwrap()
+}
+
+impl StepEngine for CpuEngine {
+    fn train(&mut self, batch: &Batch, _keep_logits: bool) -> Result<EngineStep, String> {
+        let (b, d) = (batch.len(), self.shard.dim);
+        self.forward(batch);
+        let loss_sum = bce_with_logits_sum(&self.logits, &batch.labels);
+        let mut dlogits = vec![0.0; b];
+        bce_with_logits_grad(&self.logits, &batch.labels, 1.0, &mut dlogits);
+        let mut dpooled = vec![0.0; self.pooled.len()];
+        self.model.backward(&batch.dense, &self.pooled, &dlogits, &mut dpooled);
+        let scale = 1.0 / b as f32;
+        let f = batch.sparse.len();
+        for (t, field) in batch.sparse.iter().enumerate() {
+            let (mut order, mut sums): (Vec<u64>, HashMap<u64, Vec<f32>>) = (Vec::new(), HashMap::new());
+            for i in 0..b {
+                for k in field.offsets[i] as usize..field.offsets[i + 1] as usize {
+                    let w = field.weights.as_ref().map_or(1.0, |w| w[k]);
+                    let g = &dpooled[(i * f + t) * d..(i * f + t + 1) * d];
+                    let id = field.ids[k];
+                    let acc = sums.entry(id).or_insert_with(|| {
+                        order.push(id);
+                        vec![0.0; d]
+                    });
+                    for (a, &v) in acc.iter_mut().zip(g) {
+                        *a += if field.weights.is_some() { w * v } else { v };
+                    }
+                }
+            }
+            for id in order {
+                let mut g = sums.remove(&id).unwrap();
+                g.iter_mut().for_each(|v| *v *= scale);
+                self.shard.apply(t, id, &g);
+            }
+        }
+        let (params, grads) = self.model.params_and_grads();
+        self.optimizer.apply_sum_scaled(params, &[grads], scale);
+        self.steps += 1;
+        Ok(EngineStep { loss_sum, non_finite: !loss_sum.is_finite() })
+    }
+
+    fn predict(&mut self, batch: &Batch) -> Result<(), String> {
+        self.forward(batch);
+        Ok(())
+    }
+
+    fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    fn save(&mut self) -> Result<WorkerSnapshot, String> {
+        let c = &self.config;
+        Ok(WorkerSnapshot {
+            worker: 0,
+            workers: 1,
+            step: self.steps,
+            dim: self.shard.dim,
+            state_width: self.shard.state_width(),
+            dense_params: self.model.params().to_vec(),
+            dense_optimizer: self.optimizer.state(0),
+            tables: (0..c.table_sizes.len()).map(|t| self.shard.export_table(t)).collect(),
+            updated_only: false,
+            delta_of: None,
+            seed: c.seed,
+            table_sizes: c.table_sizes.clone(),
+        })
+    }
+
+    fn load(&mut self, part: &WorkerSnapshot) -> Result<(), String> {
+        self.shard = shard(&self.config);
+        let (d, w) = (part.dim, part.state_width);
+        for (t, table) in part.tables.iter().enumerate() {
+            for (k, &id) in table.ids.iter().enumerate() {
+                let state = &table.state[k * w..(k + 1) * w];
+                self.shard.set_row(t, id, &table.rows[k * d..(k + 1) * d], state).map_err(|e| e.to_string())?;
+            }
+        }
+        self.model.params_mut().copy_from_slice(&part.dense_params);
+        self.optimizer =
+            DenseOptimizer::from_state(self.config.dense_hp, &part.dense_optimizer).map_err(|e| e.to_string())?;
+        self.steps = part.step;
+        Ok(())
+    }
+}
+
+fn config(adaptive: bool) -> TrainerConfig {
+    let model = ModelConfig::Dlrm(DlrmConfig {
+        num_dense: 2,
+        num_sparse: SIZES.len(),
+        dim: 4,
+        bottom: vec![8, 4],
+        top: vec![6, 1],
+        self_interaction: false,
+    });
+    let mut b = TrainerConfig::builder(model, SIZES.to_vec()).seed(3).lr(0.05).sparse_lr(0.05);
+    if !adaptive {
+        b = b.dense_optimizer(DenseOptimizerKind::Sgd).sparse_optimizer(SparseOptimizerKind::Sgd);
+    }
+    b.build().unwrap()
+}
+
+/// Batch `step`: field 0 holds 0–2 ids per bag, field 2 is mean-pooled.
+fn batch(step: u64, n: usize) -> Batch {
+    let mut b = Batch::new(2, SIZES.len());
+    let u = |i: usize, what: u64, j: u64| unit_f64(step, i as u64, what, j);
+    for i in 0..n {
+        b.labels.push((u(i, 0, 0) < 0.4) as u8 as f32);
+        b.dense.extend((0..2).map(|j| u(i, 1, j) as f32));
+        for (t, f) in b.sparse.iter_mut().enumerate() {
+            let ids = if t == 0 { (u(i, 2, 0) * 3.0) as u64 } else { 1 + (t == 2) as u64 };
+            for j in 0..ids {
+                f.ids.push(((u(i, 3 + t as u64, j) * SIZES[t] as f64) as u64).min(SIZES[t] - 1));
+            }
+            if t == 2 {
+                f.close_bag_mean();
+            } else {
+                f.close_bag();
+            }
+        }
+    }
+    b
+}
+
+/// What a run shows: losses, the evaluation's predictions, params L2, the final snapshot, step counts.
+type Seen = (Vec<f64>, Vec<f32>, f64, WorkerSnapshot, (u64, u64));
+
+/// 20 training steps, an evaluation, a report, 10 more steps and a snapshot;
+/// with `resume`, the second stretch starts from `resume` instead.
+fn run(config: &TrainerConfig, with_engine: bool, resume: Option<WorkerSnapshot>) -> Seen {
+    let config = config.clone();
+    timely::execute_directly(move |worker| {
+        let mut trainer = if with_engine {
+            let model = config.model.build::<f32>(config.seed).unwrap();
+            Trainer::with_engine(worker, &config, model, Box::new(CpuEngine::new(&config))).unwrap()
+        } else {
+            Trainer::new(worker, &config).unwrap()
+        };
+        let mut losses = Vec::new();
+        for s in 0..20 {
+            losses.push(trainer.step(worker, StepKind::Train, batch(s, if s == 4 { 0 } else { 24 })).unwrap().loss_sum);
+        }
+        losses.push(trainer.step(worker, StepKind::Eval, batch(100, 30)).unwrap().loss_sum);
+        let probs = trainer.take_eval().probs;
+        let l2 = trainer.params_l2(worker).unwrap();
+        if let Some(part) = &resume {
+            trainer.restore(std::slice::from_ref(part)).unwrap();
+        }
+        for s in 20..30 {
+            losses.push(trainer.step(worker, StepKind::Train, batch(s, 24)).unwrap().loss_sum);
+        }
+        let snapshot = trainer.checkpoint_snapshot(None).unwrap();
+        (losses, probs, l2, snapshot, (trainer.steps(), trainer.train_steps()))
+    })
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * b.abs().max(1e-12)
+}
+
+fn assert_same(what: &str, engine: &Seen, host: &Seen) {
+    assert_eq!(engine.0.len(), host.0.len());
+    for (k, (a, b)) in engine.0.iter().zip(&host.0).enumerate() {
+        assert!(close(*a, *b), "{what}: loss of step {k}: {a} vs {b}");
+    }
+    assert_eq!(engine.1.len(), host.1.len(), "{what}: evaluated samples");
+    assert!(engine.1.iter().zip(&host.1).all(|(a, b)| (a - b).abs() <= 1e-6), "{what}: predictions differ");
+    assert!(close(engine.2, host.2), "{what}: params L2 {} vs {}", engine.2, host.2);
+    assert_eq!(engine.4, host.4, "{what}: steps and training steps");
+    assert_eq!(engine.3.step, host.3.step, "{what}: the snapshot's step");
+    // The host trainer's snapshot lists the rows training changed; the engine's
+    // mirror, filled from the engine's whole state, lists every row: the rows
+    // both list agree, and so do the dense parameters.
+    let (e, h) = (&engine.3, &host.3);
+    assert!(e.dense_params.iter().zip(&h.dense_params).all(|(a, b)| (a - b).abs() <= 1e-6), "{what}: dense");
+    let d = h.dim;
+    for (t, (te, th)) in e.tables.iter().zip(&h.tables).enumerate() {
+        for (k, id) in th.ids.iter().enumerate() {
+            let at = te.ids.iter().position(|x| x == id).unwrap_or_else(|| panic!("{what}: table {t} lacks row {id}"));
+            let (a, b) = (&te.rows[at * d..(at + 1) * d], &th.rows[k * d..(k + 1) * d]);
+            assert!(a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-6), "{what}: table {t}, row {id}");
+        }
+    }
+}
+
+#[test]
+fn a_trainer_with_an_engine_trains_as_the_trainer_without() {
+    for adaptive in [false, true] {
+        let c = config(adaptive);
+        let what = if adaptive { "adaptive" } else { "sgd" };
+        assert_same(what, &run(&c, true, None), &run(&c, false, None));
+    }
+}
+
+#[test]
+fn a_restore_reaches_the_engine_and_its_snapshot_restores_without_one() {
+    let c = config(true);
+    let (.., part, _) = run(&c, false, None);
+    let (engine, host) = (run(&c, true, Some(part.clone())), run(&c, false, Some(part)));
+    assert_same("restored", &engine, &host);
+    // The engine trainer's snapshot continues on a trainer without an engine.
+    let (.., from_engine, _) = run(&c, true, None);
+    let resumed = run(&c, false, Some(from_engine.clone()));
+    let direct = run(&c, false, Some(run(&c, false, None).3));
+    assert_same("resumed from an engine's snapshot", &resumed, &direct);
+}
+
+#[test]
+fn an_engine_trains_alone() {
+    let c = config(false);
+    let errors = timely::execute(timely::Config::process(2), move |worker| {
+        let model = c.model.build::<f32>(c.seed).unwrap();
+        Trainer::with_engine(worker, &c, model, Box::new(CpuEngine::new(&c))).err().map(|e| e.to_string())
+    })
+    .unwrap()
+    .join();
+    for e in errors {
+        let e = e.unwrap().expect("refused");
+        assert!(e.contains("engine") && e.contains("2 workers"), "{e}");
+    }
+}
