@@ -205,8 +205,10 @@ def main(argv):
     rows = benches(found)
     if rows:
         print("## Speed against PyTorch eager on the same GPU\n")
-        print("`scripts/bench_vs_torch.py --device cuda:0` (one tiderec GPU worker; PyTorch eager with the same "
-              "model, row-wise Adagrad rows and Adagrad dense, fp32), medians over the alternated rounds.\n")
+        print("`scripts/bench_vs_torch.py --device cuda:0` (one tiderec GPU worker: for DLRM, DeepFM and the other "
+              "models without behaviour sequences the device-resident worker, rows, pooling, model and optimizers on "
+              "the GPU; for DIEN the host-rows worker. PyTorch eager with the same model, row-wise Adagrad rows and "
+              "Adagrad dense, fp32), medians over the alternated rounds.\n")
         print(table(["model", "batch", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch", "rounds"],
                     rows) + "\n")
     ks = kernel_times(found["ncu-dlrm-16384.csv"]) if "ncu-dlrm-16384.csv" in found else []
