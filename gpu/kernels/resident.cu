@@ -11,6 +11,21 @@
 // and no product at all otherwise (the CPU's `pool_sum`). An empty bag pools
 // to zeros. The host has checked every row number before the launch.
 
+// Thread i's bag j = f * batch + b and column c.
+struct BagColumn {
+    unsigned long long j;
+    unsigned int c, f, b;
+};
+
+__device__ __forceinline__ BagColumn bag_column(unsigned long long i, unsigned int dim, unsigned int batch) {
+    BagColumn at;
+    at.j = i / dim;
+    at.c = (unsigned int)(i - at.j * dim);
+    at.f = (unsigned int)(at.j / batch);
+    at.b = (unsigned int)(at.j - (unsigned long long)at.f * batch);
+    return at;
+}
+
 // One thread per (bag, column).
 extern "C" __global__ void resident_pool(const float* table, unsigned int dim, const unsigned int* offsets,
                                          const unsigned int* rows_of, const float* weights, int weighted,
@@ -18,19 +33,17 @@ extern "C" __global__ void resident_pool(const float* table, unsigned int dim, c
     const unsigned long long n = (unsigned long long)batch * num_fields * dim;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        const unsigned long long j = i / dim;
-        const unsigned int c = (unsigned int)(i - j * dim);
-        const unsigned int f = (unsigned int)(j / batch), b = (unsigned int)(j - (unsigned long long)f * batch);
+        const BagColumn at = bag_column(i, dim, batch);
         float acc = 0.0f;
-        for (unsigned int k = offsets[j]; k < offsets[j + 1]; ++k) {
-            const float r = table[(unsigned long long)rows_of[k] * dim + c];
+        for (unsigned int k = offsets[at.j]; k < offsets[at.j + 1]; ++k) {
+            const float r = table[(unsigned long long)rows_of[k] * dim + at.c];
             if (weighted) {
                 acc += weights[k] * r;
             } else {
                 acc += r;
             }
         }
-        pooled[((unsigned long long)b * num_fields + f) * dim + c] = acc;
+        pooled[((unsigned long long)at.b * num_fields + at.f) * dim + at.c] = acc;
     }
 }
 
@@ -42,12 +55,10 @@ extern "C" __global__ void resident_entry_grads(const float* dpooled, unsigned i
     const unsigned long long n = (unsigned long long)batch * num_fields * dim;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        const unsigned long long j = i / dim;
-        const unsigned int c = (unsigned int)(i - j * dim);
-        const unsigned int f = (unsigned int)(j / batch), b = (unsigned int)(j - (unsigned long long)f * batch);
-        const float g = dpooled[((unsigned long long)b * num_fields + f) * dim + c];
-        for (unsigned int k = offsets[j]; k < offsets[j + 1]; ++k) {
-            grads[(unsigned long long)k * dim + c] = weighted ? weights[k] * g : g;
+        const BagColumn at = bag_column(i, dim, batch);
+        const float g = dpooled[((unsigned long long)at.b * num_fields + at.f) * dim + at.c];
+        for (unsigned int k = offsets[at.j]; k < offsets[at.j + 1]; ++k) {
+            grads[(unsigned long long)k * dim + at.c] = weighted ? weights[k] * g : g;
         }
     }
 }

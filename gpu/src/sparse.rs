@@ -74,11 +74,7 @@ impl RowTable {
         scale: f32,
     ) -> Result<(), GpuError> {
         const OP: &str = "sparse row update";
-        let d = self.dim;
         check::len(OP, "ids", ids, entries, || format!("{entries} entries"))?;
-        check::len(OP, "grads", grads, check::product(OP, &[entries, d])?, || format!("{entries} entries × {d}"))?;
-        check::len(OP, "rows", &self.rows, self.num_rows * d, || format!("{} rows × {d}", self.num_rows))?;
-        check::len(OP, "state", &self.state, self.num_rows, || format!("{} rows", self.num_rows))?;
         check_below(dev, OP, "row", ids, entries, self.num_rows)?;
         self.apply_in_range(dev, rule, ids, grads, entries, scale)
     }
@@ -98,6 +94,8 @@ impl RowTable {
         let d = self.dim;
         check::len(OP, "ids", ids, entries, || format!("{entries} entries"))?;
         check::len(OP, "grads", grads, check::product(OP, &[entries, d])?, || format!("{entries} entries × {d}"))?;
+        check::len(OP, "rows", &self.rows, self.num_rows * d, || format!("{} rows × {d}", self.num_rows))?;
+        check::len(OP, "state", &self.state, self.num_rows, || format!("{} rows", self.num_rows))?;
         if entries == 0 {
             return Ok(());
         }

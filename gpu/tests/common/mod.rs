@@ -49,16 +49,7 @@ pub fn below(seed: u64, i: usize, bound: usize) -> usize {
 
 /// The normwise relative error of `got` against `want`.
 pub fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    let scale = want.iter().fold(0.0f64, |m, &v| m.max((v as f64).abs()));
-    let diff = got.iter().zip(want).fold(0.0f64, |m, (&g, &w)| m.max((g as f64 - w as f64).abs()));
-    if diff == 0.0 {
-        0.0
-    } else if scale == 0.0 {
-        f64::INFINITY
-    } else {
-        diff / scale
-    }
+    rel_err_exact(got, &want.iter().map(|&w| f64::from(w)).collect::<Vec<f64>>())
 }
 
 /// Asserts `got` matches `want` within [`TOLERANCE`] and prints the error.
