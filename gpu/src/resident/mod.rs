@@ -263,10 +263,8 @@ impl ResidentWorker {
         self.d_labels.upload(dev, &batch.labels[..b])?;
         self.mark(Phase::Upload)?;
         let dev = &self.dev;
+        let BagArgs { d32, b32, f32_, weighted } = self.bag_args(OP, b, f)?;
         let pooled = self.d_pooled.reserve(dev, b * f * d)?;
-        let (d32, b32, f32_) =
-            (check::u32_of(OP, "dim", d)?, check::u32_of(OP, "batch", b)?, check::u32_of(OP, "fields", f)?);
-        let weighted = self.host.weighted as i32;
         let mut launch = dev.stream.launch_builder(dev.function("resident_pool"));
         launch
             .arg(&self.rows.rows)
@@ -293,6 +291,16 @@ impl ResidentWorker {
         self.mark(Phase::Forward)
     }
 
+    /// The shape arguments of the pooling kernels for a batch of `b` over `f` fields.
+    fn bag_args(&self, op: &'static str, b: usize, f: usize) -> Result<BagArgs, GpuError> {
+        Ok(BagArgs {
+            d32: check::u32_of(op, "dim", self.dim)?,
+            b32: check::u32_of(op, "batch", b)?,
+            f32_: check::u32_of(op, "fields", f)?,
+            weighted: self.host.weighted as i32,
+        })
+    }
+
     /// The BCE gradient (scale 1), the model's backward, and the gradient of every entry of the batch.
     fn backward(&mut self, batch: &Batch) -> Result<(), GpuError> {
         const OP: &str = "resident backward";
@@ -316,10 +324,8 @@ impl ResidentWorker {
         )?;
         self.mark(Phase::Backward)?;
         let dev = &self.dev;
+        let BagArgs { d32, b32, f32_, weighted } = self.bag_args(OP, b, f)?;
         let grads = self.d_entry_grads.reserve(dev, entries.max(1) * d)?;
-        let (d32, b32, f32_) =
-            (check::u32_of(OP, "dim", d)?, check::u32_of(OP, "batch", b)?, check::u32_of(OP, "fields", f)?);
-        let weighted = self.host.weighted as i32;
         let mut launch = dev.stream.launch_builder(dev.function("resident_entry_grads"));
         launch
             .arg(&self.d_dpooled.0)
@@ -494,6 +500,14 @@ impl ResidentWorker {
             table_sizes: self.table_sizes.clone(),
         })
     }
+}
+
+/// Row width, batch, fields and whether entries are weighted, as the pooling kernels take them.
+struct BagArgs {
+    d32: u32,
+    b32: u32,
+    f32_: u32,
+    weighted: i32,
 }
 
 /// Every table's rows and optimizer state, one after the other, and the first row of each table.
