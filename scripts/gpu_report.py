@@ -191,7 +191,7 @@ def main(argv):
         print()
     if resident:
         print(f"Device-resident worker against one CPU worker (plain SGD, 50 steps, and batch 65,536 with a row "
-              f"repeated 10,000 times): {len(resident)} comparisons, the largest relative difference of params L2 "
+              f"repeated 20,000 times): {len(resident)} comparisons, the largest relative difference of params L2 "
               f"**{max(p for p, _ in resident):.1e}** and of a step's loss **{max(l for _, l in resident):.1e}** "
               f"(bound 1e-4).\n")
     if diffs:
