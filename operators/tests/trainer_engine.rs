@@ -280,3 +280,31 @@ fn an_engine_trains_alone() {
         assert!(e.contains("engine") && e.contains("2 workers"), "{e}");
     }
 }
+
+#[test]
+fn a_trainer_with_an_engine_writes_whole_checkpoints() {
+    let c = config(false);
+    let marks = |with_engine: bool| {
+        let c = c.clone();
+        timely::execute_directly(move |worker| {
+            let mut trainer = if with_engine {
+                let model = c.model.build::<f32>(c.seed).unwrap();
+                Trainer::with_engine(worker, &c, model, Box::new(CpuEngine::new(&c))).unwrap()
+            } else {
+                Trainer::new(worker, &c).unwrap()
+            };
+            let mut seen = Vec::new();
+            for s in 0..4 {
+                trainer.step(worker, StepKind::Train, batch(s, 24)).unwrap();
+                let parent = trainer.checkpoint_mark();
+                let part = trainer.checkpoint_snapshot(parent).unwrap();
+                seen.push((parent, part.delta_of));
+            }
+            seen
+        })
+    };
+    // Without an engine each checkpoint after the first is a delta of the one before.
+    assert_eq!(marks(false), [(None, None), (Some(1), Some(1)), (Some(2), Some(2)), (Some(3), Some(3))]);
+    // The engine tracks no changed rows: the trainer offers no parent, every checkpoint is whole.
+    assert_eq!(marks(true), [(None, None); 4]);
+}

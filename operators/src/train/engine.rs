@@ -15,6 +15,8 @@
 //!   step, [`Trainer::dense_params`], a snapshot. A restore sets the host state
 //!   and hands it to the engine ([`StepEngine::load`]). So checkpoints do not
 //!   depend on the engine that wrote them.
+//! * **Whole checkpoints.** The engine does not track which rows changed, so
+//!   [`Trainer::checkpoint_mark`] offers no parent and every checkpoint is whole.
 //! * **The same step.** An engine's training step is the one-worker step of
 //!   this module: its loss sum before the update, no update on a non-finite
 //!   loss, row and dense updates scaled by `1 / batch`.

@@ -526,7 +526,12 @@ impl Trainer {
 
     /// The step of the last [`checkpoint_snapshot`](Self::checkpoint_snapshot)
     /// (`None` before the first one and after a restore): a delta can follow it.
+    /// Always `None` with a [`StepEngine`]: the engine does not track which rows
+    /// changed, so every checkpoint of such a trainer is whole.
     pub fn checkpoint_mark(&self) -> Option<u64> {
+        if self.engine.is_some() {
+            return None;
+        }
         self.shared.owner.borrow().marked()
     }
 
