@@ -117,12 +117,17 @@ print(", ".join(f"{k} {v:.2f}" for k, v in d["phase_ms"].items()))' "$OUT/phases
 done
 
 # Kernel by kernel (Nsight Compute, one launch each, in a steady-state step), while time allows.
-if command -v ncu >/dev/null && [ "$(left)" -gt 300 ]; then
-    timeout -k 5 120 ncu --csv --print-units base --metrics gpu__time_duration.sum --launch-skip 1200 --launch-count 60 \
-        "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size 16384 --steps 5 --warmup 40 --json \
-        >"$OUT/ncu-dlrm-16384.csv" 2>"$OUT/ncu-dlrm-16384.err"
-    say "kernels of a dlrm step at 16384 (ncu, exit $?): $(python3 "$HERE/scripts/gpu_report.py" --kernels "$OUT/ncu-dlrm-16384.csv" 2>&1 | head -1)"
-fi
+for m in dlrm deepfm; do
+    if command -v ncu >/dev/null && [ "$(left)" -gt 200 ]; then
+        sub="$m"
+        [ "$m" = dlrm ] || sub="model --model $m"
+        # shellcheck disable=SC2086
+        timeout -k 5 100 ncu --csv --print-units base --metrics gpu__time_duration.sum --launch-skip 1200 --launch-count 70 \
+            "$HERE/tiderec" bench $sub --device cuda:0 --batch-size 16384 --steps 5 --warmup 40 --json \
+            >"$OUT/ncu-$m-16384.csv" 2>"$OUT/ncu-$m-16384.err"
+        say "kernels of a $m step at 16384 (ncu, exit $?): $(python3 "$HERE/scripts/gpu_report.py" --kernels "$OUT/ncu-$m-16384.csv" 2>&1 | head -1)"
+    fi
+done
 
 # ---- 3. tiderec against PyTorch on the same GPU -------------------------
 say "== 3. bench against PyTorch on cuda:0 ($(elapsed) s)"

@@ -211,12 +211,15 @@ def main(argv):
               "Adagrad dense, fp32), medians over the alternated rounds.\n")
         print(table(["model", "batch", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch", "rounds"],
                     rows) + "\n")
-    ks = kernel_times(found["ncu-dlrm-16384.csv"]) if "ncu-dlrm-16384.csv" in found else []
-    if ks:
+    for model, name, cmd in [("dlrm", "DLRM", "dlrm"), ("deepfm", "DeepFM", "model --model deepfm")]:
+        log = f"ncu-{model}-16384.csv"
+        ks = kernel_times(found[log]) if log in found else []
+        if not ks:
+            continue
         total = sum(r[2] for r in ks)
-        print("## Kernels of a device-resident DLRM step\n")
+        print(f"## Kernels of a device-resident {name} step\n")
         print(f"Nsight Compute (`ncu --metrics gpu__time_duration.sum`), {sum(r[1] for r in ks)} consecutive "
-              f"launches of `tiderec bench dlrm --device cuda:0 --batch-size 16384` after its warm-up, each timed "
+              f"launches of `tiderec bench {cmd} --device cuda:0 --batch-size 16384` after its warm-up, each timed "
               f"alone: {total:,.0f} µs in all.\n")
         print(table(["kernel", "launches", "µs", "share"],
                     [[f"`{k}`", str(n), f"{t:,.0f}", f"{t / total:.0%}"] for k, n, t in ks]) + "\n")

@@ -18,22 +18,42 @@ extern "C" __global__ void bce_grad(const float* logits, const float* labels, un
     }
 }
 
-// out[0] = sum over i of max(x, 0) - x * y + ln(1 + e^-|x|), in fp64. One
-// block of 256 threads: thread t sums i = t, t + 256, ... in order, then the
-// 256 partial sums are added pairwise in a fixed tree, so the result is the
-// same on every run.
-extern "C" __global__ void bce_sum(const float* logits, const float* labels, unsigned long long n, double* out) {
-    __shared__ double part[256];
-    double acc = 0.0;
-    for (unsigned long long i = threadIdx.x; i < n; i += 256) {
-        const double x = (double)logits[i];
-        acc += fmax(x, 0.0) - x * (double)labels[i] + log1p(exp(-fabs(x)));
-    }
+// The summed loss in two deterministic passes, in fp64:
+//   bce_sum: block k sums the terms max(x, 0) - x * y + ln(1 + e^-|x|) of
+//     i in [k * BCE_CHUNK, (k + 1) * BCE_CHUNK): thread t takes i = t, t + 256, ...
+//     in order, then the 256 partial sums are added pairwise in a fixed tree;
+//     parts[k] = the block's sum. 256 threads per block.
+//   sum_f64: out[0] = the parts added the same way (one block of 256 threads).
+// Neither depends on the order blocks run in, so the result is the same on every run.
+#define BCE_CHUNK 2048
+
+__device__ __forceinline__ double block_sum_256(double acc, double* part) {
     part[threadIdx.x] = acc;
     __syncthreads();
     for (unsigned int half = 128; half > 0; half >>= 1) {
         if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[0] = part[0];
+    return part[0];
+}
+
+extern "C" __global__ void bce_sum(const float* logits, const float* labels, unsigned long long n, double* parts) {
+    __shared__ double part[256];
+    const unsigned long long lo = (unsigned long long)blockIdx.x * BCE_CHUNK;
+    const unsigned long long hi = lo + BCE_CHUNK < n ? lo + BCE_CHUNK : n;
+    double acc = 0.0;
+    for (unsigned long long i = lo + threadIdx.x; i < hi; i += 256) {
+        const double x = (double)logits[i];
+        acc += fmax(x, 0.0) - x * (double)labels[i] + log1p(exp(-fabs(x)));
+    }
+    const double total = block_sum_256(acc, part);
+    if (threadIdx.x == 0) parts[blockIdx.x] = total;
+}
+
+extern "C" __global__ void sum_f64(const double* parts, unsigned int m, double* out) {
+    __shared__ double part[256];
+    double acc = 0.0;
+    for (unsigned int i = threadIdx.x; i < m; i += 256) acc += parts[i];
+    const double total = block_sum_256(acc, part);
+    if (threadIdx.x == 0) out[0] = total;
 }

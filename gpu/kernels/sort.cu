@@ -10,7 +10,8 @@
 //   radix_scatter: each tile writes its keys in order, 256 at a time, ranking
 //     equal digits inside a warp with __match_any_sync (compute capability 7.0+)
 //     and across the block's 8 warps with per-warp counts in shared memory.
-// Every launch here uses 256 threads per block (the host enforces it).
+// Every launch here but exclusive_scan_u32's (one block of up to 1024 threads)
+// uses 256 threads per block (the host enforces it).
 
 #define RADIX 256
 #define WARPS 8
@@ -58,29 +59,41 @@ extern "C" __global__ void radix_histogram(const unsigned int* keys, unsigned in
     }
 }
 
-// In-place exclusive prefix sum of data[0..len), one block, 256 threads,
-// 256 values per round with the running total carried between rounds.
+// In-place exclusive prefix sum of data[0..len), one block (blockDim.x a
+// multiple of 32, at most 1024): thread t scans its own contiguous run of
+// values, the runs' totals are scanned across the block with warp shuffles,
+// and each thread writes its run's prefix sums.
 extern "C" __global__ void exclusive_scan_u32(unsigned int* data, unsigned int len) {
-    __shared__ unsigned int buf[256];
-    __shared__ unsigned int carry;
-    if (threadIdx.x == 0) carry = 0;
+    __shared__ unsigned int warp_total[32];
+    const unsigned int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5;
+    const unsigned long long per = ((unsigned long long)len + blockDim.x - 1) / blockDim.x;
+    const unsigned long long lo0 = t * per;
+    const unsigned int lo = (unsigned int)(lo0 < len ? lo0 : len);
+    const unsigned int hi = (unsigned int)(lo0 + per < len ? lo0 + per : len);
+    unsigned int sum = 0;
+    for (unsigned int i = lo; i < hi; ++i) sum += data[i];
+    unsigned int inclusive = sum;
+    for (unsigned int off = 1; off < 32; off <<= 1) {
+        const unsigned int v = __shfl_up_sync(0xffffffffu, inclusive, off);
+        if (lane >= off) inclusive += v;
+    }
+    if (lane == 31) warp_total[warp] = inclusive;
     __syncthreads();
-    for (unsigned int base = 0; base < len; base += 256) {
-        const unsigned int i = base + threadIdx.x;
-        const unsigned int v = i < len ? data[i] : 0;
-        buf[threadIdx.x] = v;
-        __syncthreads();
-        // Hillis-Steele inclusive scan over the 256 values.
-        for (unsigned int off = 1; off < 256; off <<= 1) {
-            const unsigned int add = threadIdx.x >= off ? buf[threadIdx.x - off] : 0;
-            __syncthreads();
-            buf[threadIdx.x] += add;
-            __syncthreads();
+    if (warp == 0) {
+        const unsigned int x = lane < warps ? warp_total[lane] : 0;
+        unsigned int y = x;
+        for (unsigned int off = 1; off < 32; off <<= 1) {
+            const unsigned int v = __shfl_up_sync(0xffffffffu, y, off);
+            if (lane >= off) y += v;
         }
-        if (i < len) data[i] = carry + buf[threadIdx.x] - v;
-        __syncthreads();
-        if (threadIdx.x == 255) carry += buf[255];
-        __syncthreads();
+        if (lane < warps) warp_total[lane] = y - x;
+    }
+    __syncthreads();
+    unsigned int run = warp_total[warp] + inclusive - sum;
+    for (unsigned int i = lo; i < hi; ++i) {
+        const unsigned int v = data[i];
+        data[i] = run;
+        run += v;
     }
 }
 

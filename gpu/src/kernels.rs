@@ -73,7 +73,11 @@ pub const SOURCES: &[KernelSource] = &[
         source: include_str!("../kernels/optim.cu"),
         functions: &["sgd_update", "adagrad_update", "adam_update"],
     },
-    KernelSource { file: "loss.cu", source: include_str!("../kernels/loss.cu"), functions: &["bce_grad", "bce_sum"] },
+    KernelSource {
+        file: "loss.cu",
+        source: include_str!("../kernels/loss.cu"),
+        functions: &["bce_grad", "bce_sum", "sum_f64"],
+    },
     KernelSource {
         file: "wide.cu",
         source: include_str!("../kernels/wide.cu"),

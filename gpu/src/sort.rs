@@ -5,6 +5,9 @@ use crate::check::{self, grid_for, THREADS};
 use crate::{Device, GpuError};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+/// Threads of the one block that scans a pass's histogram.
+const SCAN_THREADS: u32 = 1024;
+
 /// Keys per block of one radix pass.
 const TILE: usize = 16 * THREADS as usize;
 
@@ -117,7 +120,7 @@ pub(crate) fn sort_keys(
     let mut kb = dev.zeros::<u32>(n)?;
     let mut vb = dev.zeros::<u32>(n)?;
     let per_tile = LaunchConfig { grid_dim: (tiles32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-    let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (SCAN_THREADS, 1, 1), shared_mem_bytes: 0 };
     for pass in 0..passes {
         let shift = 8 * pass;
         let mut h = dev.stream.launch_builder(dev.function("radix_histogram"));
@@ -126,7 +129,7 @@ pub(crate) fn sort_keys(
         unsafe { h.launch(per_tile) }.map_err(GpuError::driver("launching radix_histogram"))?;
         let mut s = dev.stream.launch_builder(dev.function("exclusive_scan_u32"));
         s.arg(&mut hist).arg(&hist_len);
-        // SAFETY: `hist` holds hist_len values; the kernel wants one block of 256 threads.
+        // SAFETY: `hist` holds hist_len values; one block of a multiple of 32 threads, at most 1024.
         unsafe { s.launch(one_block) }.map_err(GpuError::driver("launching exclusive_scan_u32"))?;
         let mut sc = dev.stream.launch_builder(dev.function("radix_scatter"));
         sc.arg(&ka).arg(&va).arg(&n32).arg(&shift).arg(&tile32).arg(&tiles32).arg(&hist).arg(&mut kb).arg(&mut vb);

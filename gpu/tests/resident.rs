@@ -9,6 +9,8 @@
 //! repeated 20,000 times (twice in each of 10,000 samples). Under the default adaptive optimizers two runs on
 //! the GPU are equal bit for bit, and the difference to the CPU is printed.
 //! A device checkpoint restores on a CPU worker with the same parameters.
+//! Steps staged ahead (the next batch built and uploaded while the device runs
+//! the step before) equal steps taken one at a time, bit for bit.
 
 mod common;
 
@@ -146,6 +148,35 @@ fn a_large_batch_and_a_row_repeated_ten_thousand_times() {
     let c = config(model, false);
     let batches = vec![batch(1, 65_536, false), batch(2, 10_000, true), batch(3, 65_536, false)];
     assert_same("dlrm, batch 65,536 and a hot row", &gpu_run(&dev, &c, &batches), &cpu_run(&c, &batches));
+}
+
+#[test]
+fn staged_steps_equal_one_step_at_a_time() {
+    let Some(dev) = device() else { return };
+    // Sizes that grow, shrink, are empty and grow again: the staging slots reallocate
+    // while the other slot's step may still run.
+    let sizes = [64, 1, 0, 3000, 64, 20_000, 5, 64, 64, 70_000, 2];
+    let batches: Vec<Batch> = sizes.iter().enumerate().map(|(s, &n)| batch(s as u64, n, s == 5)).collect();
+    for (name, model) in models() {
+        let c = config(model, true);
+        let mut one = ResidentWorker::new(&dev, &c).unwrap();
+        let single: Vec<_> = batches.iter().map(|b| one.train(b, false).unwrap()).collect();
+        let mut all = ResidentWorker::new(&dev, &c).unwrap();
+        let staged = all.train_all(&batches).unwrap();
+        assert_eq!(staged, single, "{name}: the outcomes of staged steps");
+        assert_eq!(all.dense_params().unwrap(), one.dense_params().unwrap(), "{name}: dense parameters");
+        for t in 0..SIZES.len() {
+            assert_eq!(all.table(t).unwrap(), one.table(t).unwrap(), "{name}: table {t}");
+        }
+        assert_eq!(all.train_steps(), one.train_steps(), "{name}: training steps");
+        // A batch staged and never launched is dropped; an evaluation between steps changes nothing.
+        let probe = batch(99, 300, false);
+        all.stage(&batches[0]).unwrap();
+        let before = one.predict(&probe).unwrap().to_vec();
+        assert_eq!(all.predict(&probe).unwrap(), &before[..], "{name}: predictions");
+        assert_eq!(all.train(&batches[1], false).unwrap(), one.train(&batches[1], false).unwrap(), "{name}");
+        assert!(all.finish().is_err(), "{name}: finishing twice");
+    }
 }
 
 #[test]

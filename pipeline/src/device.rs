@@ -6,11 +6,13 @@
 //! process takes entry `i` (`cuda:0,cpu`: worker 0 on GPU 0, worker 1 on the
 //! CPU). Several workers may name the same GPU.
 //!
-//! With `TIDEREC_GPU_ROWS=device`, a GPU worker that trains alone (one worker
-//! in all, fp32, a model without behaviour sequences, the fixed store, SGD or
-//! row-wise Adagrad rows) keeps everything on its device: rows, pooling, the
+//! A GPU worker that trains alone (one worker in all, fp32, a model without
+//! behaviour sequences, the fixed store, SGD or row-wise Adagrad rows) keeps
+//! everything on its device: rows, pooling, the
 //! model and both optimizers (`tiderec_gpu::resident`, as the trainer's step
-//! engine); the host mirrors its state for reports and checkpoints. Any other GPU worker runs its
+//! engine); the host mirrors its state for reports and checkpoints
+//! (`TIDEREC_GPU_ROWS=host` keeps its rows on the host instead, as a baseline).
+//! Any other GPU worker runs its
 //! model's forward and backward on the device (see `tiderec_gpu::model`);
 //! everything else — the embedding stores, the exchange, the dense optimizer,
 //! checkpoints — stays on the host and is the same for every worker, so a CPU
@@ -66,7 +68,7 @@ impl Devices {
             }
         };
         let list = s.split(',').map(entry).collect::<Result<Vec<_>, _>>()?;
-        Ok(Devices { list, host_rows: false })
+        Ok(Devices { list, host_rows: rows_on_host()? })
     }
 
     /// Parses the setting and checks it against this process's `workers`.
@@ -172,18 +174,27 @@ impl Devices {
     }
 }
 
-/// The environment variable that puts a GPU worker training alone on the
-/// device-resident path (`device`); otherwise it keeps its rows on the host.
+/// The environment variable that says where a GPU worker training alone
+/// keeps its rows: `device` (the default: the device-resident path) or `host`
+/// (as a GPU worker among several does; a baseline).
 pub const GPU_ROWS_ENV: &str = "TIDEREC_GPU_ROWS";
 
-/// Whether a GPU worker that trains alone keeps everything on its device
-/// (`tiderec_gpu::resident`): asked for with `TIDEREC_GPU_ROWS=device` (the
-/// trainer's side of that path has not yet run on a GPU, so it is not the
-/// default), fp32, and a configuration that path trains.
+/// Whether `TIDEREC_GPU_ROWS` asks for rows on the host; any value but
+/// `device` and `host` is an error naming the variable.
+fn rows_on_host() -> Result<bool, PipelineError> {
+    match std::env::var(GPU_ROWS_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Ok(v) if v == "device" => Ok(false),
+        Ok(v) if v == "host" => Ok(true),
+        Ok(v) => Err(PipelineError::config(GPU_ROWS_ENV, format!("`{v}` is not device or host"))),
+        Err(e) => Err(PipelineError::config(GPU_ROWS_ENV, e.to_string())),
+    }
+}
+
+/// Whether a GPU worker that trains alone can keep everything on its device
+/// (`tiderec_gpu::resident`): fp32, and a configuration that path trains.
 fn resident_eligible(config: &TrainerConfig, precision: Precision) -> bool {
-    std::env::var(GPU_ROWS_ENV).is_ok_and(|v| v == "device")
-        && precision == Precision::Fp32
-        && tiderec_gpu::resident::ResidentWorker::supports(config).is_ok()
+    precision == Precision::Fp32 && tiderec_gpu::resident::ResidentWorker::supports(config).is_ok()
 }
 
 /// Opens CUDA device `n` and builds `config`'s model on it.

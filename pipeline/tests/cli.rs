@@ -117,6 +117,10 @@ fn bad_settings_fail_before_work_naming_the_key() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(key), "{args:?}: expected `{key}` in: {err}");
     }
+    // Where a GPU worker keeps its rows is `device` or `host`; anything else fails, naming the variable.
+    let out = tiderec().env("TIDEREC_GPU_ROWS", "gpu").args(["train", "--steps", "1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("TIDEREC_GPU_ROWS") && err.contains("`gpu`"), "{err}");
 }
 
 #[test]

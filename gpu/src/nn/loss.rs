@@ -40,12 +40,26 @@ pub fn bce_sum(dev: &Device, logits: &CudaSlice<f32>, labels: &CudaSlice<f32>, n
     if n == 0 {
         return Ok(0.0);
     }
-    let mut out = dev.zeros::<f64>(1)?;
+    // bce_sum's chunk (BCE_CHUNK in loss.cu).
+    const CHUNK: usize = 2048;
+    let blocks = n.div_ceil(CHUNK);
+    let blocks32 = check::u32_of(OP, "blocks", blocks)?;
+    let mut parts = dev.zeros::<f64>(blocks + 1)?;
     let n64 = n as u64;
-    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (blocks32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let mut launch = dev.stream.launch_builder(dev.function("bce_sum"));
-    launch.arg(logits).arg(labels).arg(&n64).arg(&mut out);
-    // SAFETY: both inputs hold at least n values; the kernel wants one block of 256 threads.
+    launch.arg(logits).arg(labels).arg(&n64).arg(&mut parts);
+    // SAFETY: both inputs hold at least n values; one block of 256 threads per chunk, one part each.
     unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching bce_sum"))?;
-    Ok(dev.download(&out, 1)?[0])
+    let (mut head, mut out) = parts.split_at_mut(blocks);
+    let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = dev.stream.launch_builder(dev.function("sum_f64"));
+    launch.arg(&mut head).arg(&blocks32).arg(&mut out);
+    // SAFETY: `head` holds the blocks' parts, `out` one value; one block of 256 threads.
+    unsafe { launch.launch(one) }.map_err(GpuError::driver("launching sum_f64"))?;
+    let out = out.slice(0..1);
+    let mut v = [0f64];
+    dev.stream.memcpy_dtoh(&out, &mut v).map_err(GpuError::driver("reading the loss"))?;
+    dev.synchronize()?;
+    Ok(v[0])
 }

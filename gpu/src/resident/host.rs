@@ -9,87 +9,111 @@
 use crate::GpuError;
 use tiderec_operators::Batch;
 
+const OP: &str = "resident batch";
+
 /// Entries from which the fields are filled on several threads.
 const PARALLEL_ENTRIES: usize = 1 << 17;
 
 /// Threads at most for one batch.
 const MAX_THREADS: usize = 8;
 
-/// The host side of a batch's upload, reused from step to step.
-#[derive(Default)]
-pub(super) struct HostBatch {
-    pub(super) rows: Vec<u32>,
-    pub(super) offsets: Vec<u32>,
-    pub(super) weights: Vec<f32>,
+/// What a batch's upload needs room for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Layout {
+    /// Ids over every field.
+    pub(super) entries: usize,
+    /// Some field has entry weights.
     pub(super) weighted: bool,
 }
 
-impl HostBatch {
-    /// Global row numbers, field-major bag offsets and entry weights of `batch`
-    /// (table `t`'s rows from `bases[t]` on); fails naming the field and the id
-    /// for an id outside its table.
-    pub(super) fn fill(&mut self, batch: &Batch, sizes: &[u64], bases: &[u64]) -> Result<(), GpuError> {
-        const OP: &str = "resident batch";
-        batch.check().map_err(|e| GpuError::shape(OP, e.to_string()))?;
-        let (b, fields) = (batch.len(), &batch.sparse);
-        let total: usize = fields.iter().map(|s| s.ids.len()).sum();
-        if total > u32::MAX as usize {
-            return Err(GpuError::shape(OP, format!("{total} entries in one batch exceed 32-bit offsets")));
-        }
-        self.rows.resize(total, 0);
-        self.offsets.resize(fields.len() * b + 1, 0);
-        self.offsets[0] = 0;
-        // Each field's segments of `rows` and of `offsets[1..]`, and where its entries start.
-        let mut jobs = Vec::with_capacity(fields.len());
-        let (mut rows, mut offsets, mut start) = (&mut self.rows[..], &mut self.offsets[1..], 0u32);
-        for (t, field) in fields.iter().enumerate() {
-            let (r, rest) = rows.split_at_mut(field.ids.len());
-            let (o, more) = offsets.split_at_mut(b);
-            jobs.push(Field {
-                t,
-                ids: &field.ids,
-                bags: &field.offsets[1..],
-                base: bases[t],
-                size: sizes[t],
-                start,
-                rows: r,
-                offsets: o,
-            });
-            start += field.ids.len() as u32;
-            (rows, offsets) = (rest, more);
-        }
-        let threads = if total < PARALLEL_ENTRIES {
-            1
-        } else {
-            std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_THREADS).min(jobs.len())
-        };
-        if threads <= 1 {
-            jobs.iter_mut().try_for_each(Field::fill)?;
-        } else {
-            let per = jobs.len().div_ceil(threads);
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = jobs
-                    .chunks_mut(per)
-                    .map(|group| scope.spawn(move || group.iter_mut().try_for_each(Field::fill)))
-                    .collect();
-                handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            })?;
-        }
-        self.weighted = fields.iter().any(|s| s.weights.is_some());
-        self.weights.clear();
-        if self.weighted {
-            for field in fields {
-                match &field.weights {
-                    Some(w) => self.weights.extend_from_slice(w),
-                    None => self.weights.resize(self.weights.len() + field.ids.len(), 1.0),
-                }
-            }
-        }
-        Ok(())
+/// Checks `batch` and says how large its upload is.
+pub(super) fn layout(batch: &Batch) -> Result<Layout, GpuError> {
+    batch.check().map_err(|e| GpuError::shape(OP, e.to_string()))?;
+    let entries: usize = batch.sparse.iter().map(|s| s.ids.len()).sum();
+    if entries > u32::MAX as usize {
+        return Err(GpuError::shape(OP, format!("{entries} entries in one batch exceed 32-bit offsets")));
     }
+    Ok(Layout { entries, weighted: batch.sparse.iter().any(|s| s.weights.is_some()) })
 }
 
-/// One field's share of [`HostBatch::fill`].
+/// Where [`fill`] writes: `entries` row numbers, `fields · batch + 1` offsets,
+/// and `entries` weights when the batch is weighted (else none).
+pub(super) struct Out<'a> {
+    pub(super) rows: &'a mut [u32],
+    pub(super) offsets: &'a mut [u32],
+    pub(super) weights: &'a mut [f32],
+}
+
+/// Global row numbers, field-major bag offsets and entry weights of `batch`
+/// (checked by [`layout`], whose sizes `out` has; table `t`'s rows from
+/// `bases[t]` on); fails naming the field and the id for an id outside its
+/// table. Writes `out` front to back only (it may be write-combined memory).
+pub(super) fn fill(batch: &Batch, sizes: &[u64], bases: &[u64], out: Out<'_>) -> Result<(), GpuError> {
+    let (b, fields) = (batch.len(), &batch.sparse);
+    let total = out.rows.len();
+    if out.offsets.len() != fields.len() * b + 1 || sizes.len() < fields.len() || bases.len() < fields.len() {
+        return Err(GpuError::shape(
+            OP,
+            format!("an upload of {} offsets for {} fields × {b}", out.offsets.len(), fields.len()),
+        ));
+    }
+    out.offsets[0] = 0;
+    // Each field's segments of `rows` and of `offsets[1..]`, and where its entries start.
+    let mut jobs = Vec::with_capacity(fields.len());
+    let (mut rows, mut offsets, mut start) = (out.rows, &mut out.offsets[1..], 0u32);
+    for (t, field) in fields.iter().enumerate() {
+        if field.ids.len() > rows.len() {
+            return Err(GpuError::shape(OP, format!("an upload of {total} entries for more")));
+        }
+        let (r, rest) = rows.split_at_mut(field.ids.len());
+        let (o, more) = offsets.split_at_mut(b);
+        jobs.push(Field {
+            t,
+            ids: &field.ids,
+            bags: &field.offsets[1..],
+            base: bases[t],
+            size: sizes[t],
+            start,
+            rows: r,
+            offsets: o,
+        });
+        start += field.ids.len() as u32;
+        (rows, offsets) = (rest, more);
+    }
+    let threads = if total < PARALLEL_ENTRIES {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_THREADS).min(jobs.len())
+    };
+    if threads <= 1 {
+        jobs.iter_mut().try_for_each(Field::fill)?;
+    } else {
+        let per = jobs.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = jobs
+                .chunks_mut(per)
+                .map(|group| scope.spawn(move || group.iter_mut().try_for_each(Field::fill)))
+                .collect();
+            handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        })?;
+    }
+    if !out.weights.is_empty() {
+        let mut at = 0;
+        for field in fields {
+            let n = field.ids.len();
+            let dst =
+                out.weights.get_mut(at..at + n).ok_or_else(|| GpuError::shape(OP, "too few weights in the upload"))?;
+            match &field.weights {
+                Some(w) => dst.copy_from_slice(w),
+                None => dst.fill(1.0),
+            }
+            at += n;
+        }
+    }
+    Ok(())
+}
+
+/// One field's share of [`fill`].
 struct Field<'a> {
     t: usize,
     ids: &'a [u64],
@@ -108,10 +132,7 @@ impl Field<'_> {
         if self.ids.iter().copied().max().is_some_and(|m| m >= self.size) {
             let id = self.ids.iter().copied().find(|&id| id >= self.size).unwrap_or_default();
             let (t, n) = (self.t, self.size);
-            return Err(GpuError::Index {
-                op: "resident batch",
-                message: format!("field {t}: id {id} is not below {n}"),
-            });
+            return Err(GpuError::Index { op: OP, message: format!("field {t}: id {id} is not below {n}") });
         }
         let base = self.base;
         for (r, &id) in self.rows.iter_mut().zip(self.ids) {
@@ -143,21 +164,33 @@ mod tests {
         b
     }
 
+    /// A batch's upload: rows, offsets, weights and whether it is weighted.
+    type Upload = (Vec<u32>, Vec<u32>, Vec<f32>, bool);
+
+    /// The upload of `b`.
+    fn filled(b: &Batch, sizes: &[u64], bases: &[u64]) -> Result<Upload, GpuError> {
+        let Layout { entries, weighted } = layout(b)?;
+        let mut rows = vec![0; entries];
+        let mut offsets = vec![0; b.sparse.len() * b.len() + 1];
+        let mut weights = vec![0.0; if weighted { entries } else { 0 }];
+        fill(b, sizes, bases, Out { rows: &mut rows, offsets: &mut offsets, weights: &mut weights })?;
+        Ok((rows, offsets, weights, weighted))
+    }
+
     #[test]
     fn rows_offsets_and_weights_are_field_major() {
-        let mut h = HostBatch::default();
-        h.fill(&small(), &[5, 3], &[0, 5]).unwrap();
-        assert_eq!(h.rows, [4, 0, 3, 7, 5, 6, 7]);
-        assert_eq!(h.offsets, [0, 2, 2, 3, 4, 7, 7]);
-        assert!(h.weighted);
-        assert_eq!(h.weights, [1.0, 1.0, 1.0, 1.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]);
+        let (rows, offsets, weights, weighted) = filled(&small(), &[5, 3], &[0, 5]).unwrap();
+        assert_eq!(rows, [4, 0, 3, 7, 5, 6, 7]);
+        assert_eq!(offsets, [0, 2, 2, 3, 4, 7, 7]);
+        assert!(weighted);
+        assert_eq!(weights, [1.0, 1.0, 1.0, 1.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]);
     }
 
     #[test]
     fn an_id_outside_its_table_names_the_field_and_the_id() {
         let mut b = small();
         b.sparse[1].ids[2] = 3;
-        let e = HostBatch::default().fill(&b, &[5, 3], &[0, 5]).unwrap_err().to_string();
+        let e = filled(&b, &[5, 3], &[0, 5]).unwrap_err().to_string();
         assert!(e.contains("field 1") && e.contains("id 3") && e.contains("below 3"), "{e}");
     }
 
@@ -177,14 +210,13 @@ mod tests {
         let entries: usize = b.sparse.iter().map(|f| f.ids.len()).sum();
         assert!(entries >= PARALLEL_ENTRIES, "{entries} entries stay on one thread");
         let bases: Vec<u64> = sizes.iter().scan(0, |at, &s| Some(std::mem::replace(at, *at + s))).collect();
-        let mut h = HostBatch::default();
-        h.fill(&b, &sizes, &bases).unwrap();
+        let (got_rows, got_offsets, _, weighted) = filled(&b, &sizes, &bases).unwrap();
         let (mut rows, mut offsets) = (Vec::new(), vec![0u32]);
         for (t, f) in b.sparse.iter().enumerate() {
             let start = rows.len() as u32;
             rows.extend(f.ids.iter().map(|&id| (bases[t] + id) as u32));
             offsets.extend(f.offsets[1..].iter().map(|&o| start + o));
         }
-        assert_eq!((h.rows, h.offsets, h.weighted), (rows, offsets, false));
+        assert_eq!((got_rows, got_offsets, weighted), (rows, offsets, false));
     }
 }

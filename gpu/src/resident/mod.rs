@@ -32,15 +32,16 @@
 
 mod host;
 mod phases;
+mod staging;
 
 use crate::model::{net, Buffer, DeviceNet, Sequences};
 use crate::optim::{kind_of, DenseHyper, DenseOptimizer};
 use crate::sparse::{RowTable, SparseRule};
 use crate::{check, Device, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use host::HostBatch;
 pub use phases::PhaseTimes;
 use phases::{Phase, PhaseClock};
+use staging::{Shape, Staging};
 use tiderec_operators::optim::{DenseOptimizerState, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::shard::EmbeddingShard;
 use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
@@ -77,12 +78,9 @@ pub struct ResidentWorker {
     grads: CudaSlice<f32>,
     optimizer: DenseOptimizer,
     train_steps: u64,
-    host: HostBatch,
-    d_rows: Buffer<u32>,
-    d_offsets: Buffer<u32>,
-    d_weights: Buffer,
-    d_dense: Buffer,
-    d_labels: Buffer,
+    staging: Staging,
+    /// The step launched and not yet finished.
+    pending: Option<ResidentStep>,
     d_pooled: Buffer,
     d_dpooled: Buffer,
     d_logits: Buffer,
@@ -149,12 +147,8 @@ impl ResidentWorker {
             params,
             optimizer,
             train_steps: 0,
-            host: HostBatch::default(),
-            d_rows: Buffer::new(dev)?,
-            d_offsets: Buffer::new(dev)?,
-            d_weights: Buffer::new(dev)?,
-            d_dense: Buffer::new(dev)?,
-            d_labels: Buffer::new(dev)?,
+            staging: Staging::new(dev)?,
+            pending: None,
             d_pooled: Buffer::new(dev)?,
             d_dpooled: Buffer::new(dev)?,
             d_logits: Buffer::new(dev)?,
@@ -181,34 +175,127 @@ impl ResidentWorker {
     /// Trains one step on `batch`; with `keep_logits` the logits made before
     /// the update are kept for [`logits`](Self::logits) (prequential scoring).
     pub fn train(&mut self, batch: &Batch, keep_logits: bool) -> Result<ResidentStep, GpuError> {
-        let b = batch.len();
+        self.stage(batch)?;
+        self.launch(keep_logits)?;
+        self.finish()
+    }
+
+    /// Trains one step on each batch in turn, building and uploading the next
+    /// batch while the device runs the step before; the steps' outcomes in order.
+    /// The same steps as [`train`](Self::train) on each batch.
+    pub fn train_all<'a>(
+        &mut self,
+        batches: impl IntoIterator<Item = &'a Batch>,
+    ) -> Result<Vec<ResidentStep>, GpuError> {
+        let mut batches = batches.into_iter();
+        let mut out = Vec::new();
+        let Some(first) = batches.next() else { return Ok(out) };
+        self.stage(first)?;
+        loop {
+            self.launch(false)?;
+            let next = batches.next();
+            if let Some(batch) = next {
+                self.stage(batch)?;
+            }
+            out.push(self.finish()?);
+            if next.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Builds `batch`'s upload on the host and starts copying it to the device
+    /// (a batch staged before and not launched is dropped). The device may
+    /// still be running the step before.
+    pub fn stage(&mut self, batch: &Batch) -> Result<(), GpuError> {
+        let (f, nd) = (batch.sparse.len(), self.num_dense);
+        if batch.num_dense != nd || f != self.table_sizes.len() || !batch.sequences.is_empty() {
+            return Err(GpuError::shape(
+                "resident batch",
+                format!(
+                    "a batch of {} dense values, {f} sparse and {} sequence fields for a model of {nd} dense and {} sparse",
+                    batch.num_dense,
+                    batch.sequences.len(),
+                    self.table_sizes.len()
+                ),
+            ));
+        }
+        if let Some(clock) = &mut self.clock {
+            self.dev.synchronize()?;
+            clock.start();
+        }
+        self.staging.stage(&self.dev, batch, &self.table_sizes, &self.bases)?;
+        if let Some(clock) = &mut self.clock {
+            clock.book(Phase::Host);
+            self.staging.synchronize()?;
+            clock.book(Phase::Upload);
+        }
+        Ok(())
+    }
+
+    /// Queues the staged batch's training step on the device; the host waits
+    /// only for its loss (a non-finite loss updates nothing). [`finish`](Self::finish)
+    /// gives the outcome.
+    pub fn launch(&mut self, keep_logits: bool) -> Result<(), GpuError> {
+        self.pending = None;
+        let shape = self.take()?;
+        let queued = self.queue_step(shape, keep_logits);
+        // The slot is free once whatever was queued of the step is done, even when it failed.
+        let released = self.staging.release(&self.dev);
+        queued.and(released)
+    }
+
+    /// [`launch`](Self::launch) once the staged batch is the current one.
+    fn queue_step(&mut self, shape: Shape, keep_logits: bool) -> Result<(), GpuError> {
+        let b = shape.batch;
         if b == 0 {
             self.logits.clear();
-            return Ok(ResidentStep::default());
+            self.pending = Some(ResidentStep::default());
+            return Ok(());
         }
-        self.forward(batch)?;
-        let loss_sum = crate::nn::loss::bce_sum(&self.dev, &self.d_logits.0, &self.d_labels.0, b)?;
+        self.forward(shape)?;
+        let labels = &self.staging.current().labels.0;
+        let loss_sum = crate::nn::loss::bce_sum(&self.dev, &self.d_logits.0, labels, b)?;
         if keep_logits {
             self.download_logits(b)?;
         }
         self.mark(Phase::Loss)?;
         if !loss_sum.is_finite() {
-            return Ok(ResidentStep { samples: b as u64, loss_sum, non_finite: true });
+            self.pending = Some(ResidentStep { samples: b as u64, loss_sum, non_finite: true });
+            return Ok(());
         }
-        self.backward(batch)?;
-        let non_finite = self.update(b)?;
+        self.backward(shape)?;
+        self.update(shape)?;
         self.train_steps += 1;
-        Ok(ResidentStep { samples: b as u64, loss_sum, non_finite })
+        self.pending = Some(ResidentStep { samples: b as u64, loss_sum, non_finite: false });
+        Ok(())
+    }
+
+    /// Waits for the step [`launch`](Self::launch) queued and gives its outcome.
+    pub fn finish(&mut self) -> Result<ResidentStep, GpuError> {
+        let mut step = self.pending.take().ok_or_else(|| GpuError::shape("resident step", "no step is running"))?;
+        if step.samples > 0 && !step.non_finite {
+            step.non_finite = self.dev.download(&self.d_flag, 1)?[0] != 0;
+            self.mark(Phase::Dense)?;
+        }
+        Ok(step)
     }
 
     /// The logits of `batch` under the current parameters (an evaluation step).
     pub fn predict(&mut self, batch: &Batch) -> Result<&[f32], GpuError> {
         self.logits.clear();
-        if !batch.is_empty() {
-            self.forward(batch)?;
-            self.download_logits(batch.len())?;
-        }
+        self.stage(batch)?;
+        let shape = self.take()?;
+        let done =
+            if shape.batch > 0 { self.forward(shape).and_then(|()| self.download_logits(shape.batch)) } else { Ok(()) };
+        let released = self.staging.release(&self.dev);
+        done.and(released)?;
         Ok(&self.logits)
+    }
+
+    /// The staged batch becomes the current one (the compute stream waits for its upload).
+    fn take(&mut self) -> Result<Shape, GpuError> {
+        Ok(self.staging.take(&self.dev)?.shape)
     }
 
     /// Times each phase of the next steps (waiting for the device after each,
@@ -232,46 +319,22 @@ impl ResidentWorker {
         Ok(())
     }
 
-    /// Uploads `batch` and runs pooling and the forward pass; the logits stay
-    /// on the device (the first `batch.len()` values of `d_logits`).
-    fn forward(&mut self, batch: &Batch) -> Result<(), GpuError> {
+    /// Pooling and the forward pass over the current batch; the logits stay
+    /// on the device (the first `batch` values of `d_logits`).
+    fn forward(&mut self, shape: Shape) -> Result<(), GpuError> {
         const OP: &str = "resident forward";
-        let (b, f, d, nd) = (batch.len(), batch.sparse.len(), self.dim, self.num_dense);
-        if batch.num_dense != nd || f != self.table_sizes.len() || !batch.sequences.is_empty() {
-            return Err(GpuError::shape(
-                OP,
-                format!(
-                    "a batch of {} dense values, {f} sparse and {} sequence fields for a model of {nd} dense and {} sparse",
-                    batch.num_dense,
-                    batch.sequences.len(),
-                    self.table_sizes.len()
-                ),
-            ));
-        }
-        if let Some(clock) = &mut self.clock {
-            clock.start();
-        }
-        self.host.fill(batch, &self.table_sizes, &self.bases)?;
-        self.mark(Phase::Host)?;
+        let (b, f, d) = (shape.batch, shape.fields, self.dim);
         let dev = &self.dev;
-        self.d_rows.upload(dev, &self.host.rows)?;
-        self.d_offsets.upload(dev, &self.host.offsets)?;
-        if self.host.weighted {
-            self.d_weights.upload(dev, &self.host.weights)?;
-        }
-        self.d_dense.upload(dev, &batch.dense[..b * nd])?;
-        self.d_labels.upload(dev, &batch.labels[..b])?;
-        self.mark(Phase::Upload)?;
-        let dev = &self.dev;
-        let BagArgs { d32, b32, f32_, weighted } = self.bag_args(OP, b, f)?;
+        let BagArgs { d32, b32, f32_, weighted } = bag_args(OP, d, shape)?;
+        let slot = self.staging.current();
         let pooled = self.d_pooled.reserve(dev, b * f * d)?;
         let mut launch = dev.stream.launch_builder(dev.function("resident_pool"));
         launch
             .arg(&self.rows.rows)
             .arg(&d32)
-            .arg(&self.d_offsets.0)
-            .arg(&self.d_rows.0)
-            .arg(&self.d_weights.0)
+            .arg(&slot.offsets.0)
+            .arg(&slot.rows.0)
+            .arg(&slot.weights.0)
             .arg(&weighted)
             .arg(&b32)
             .arg(&f32_)
@@ -281,8 +344,9 @@ impl ResidentWorker {
         unsafe { launch.launch(check::grid_for(b * f * d)) }.map_err(GpuError::driver("launching resident_pool"))?;
         self.mark(Phase::Pool)?;
         let dev = &self.dev;
+        let slot = self.staging.current();
         let seq = Sequences { rows: &self.no_seq.0, lengths: &self.no_seq.1, steps: 0 };
-        let out = self.net.forward(dev, &self.params, &self.d_dense.0, &self.d_pooled.0, seq, b)?;
+        let out = self.net.forward(dev, &self.params, &slot.dense.0, &self.d_pooled.0, seq, b)?;
         check::len(OP, "logits", out, b, || format!("batch {b}"))?;
         let logits = self.d_logits.reserve(dev, b)?;
         dev.stream
@@ -291,30 +355,20 @@ impl ResidentWorker {
         self.mark(Phase::Forward)
     }
 
-    /// The shape arguments of the pooling kernels for a batch of `b` over `f` fields.
-    fn bag_args(&self, op: &'static str, b: usize, f: usize) -> Result<BagArgs, GpuError> {
-        Ok(BagArgs {
-            d32: check::u32_of(op, "dim", self.dim)?,
-            b32: check::u32_of(op, "batch", b)?,
-            f32_: check::u32_of(op, "fields", f)?,
-            weighted: self.host.weighted as i32,
-        })
-    }
-
     /// The BCE gradient (scale 1), the model's backward, and the gradient of every entry of the batch.
-    fn backward(&mut self, batch: &Batch) -> Result<(), GpuError> {
+    fn backward(&mut self, shape: Shape) -> Result<(), GpuError> {
         const OP: &str = "resident backward";
-        let (b, f, d) = (batch.len(), batch.sparse.len(), self.dim);
-        let entries = self.host.rows.len();
+        let (b, f, d, entries) = (shape.batch, shape.fields, self.dim, shape.entries);
         let dev = &self.dev;
+        let slot = self.staging.current();
         let dlogits = self.d_dlogits.reserve(dev, b)?;
-        crate::nn::loss::bce_grad(dev, &self.d_logits.0, &self.d_labels.0, b, 1.0, dlogits)?;
+        crate::nn::loss::bce_grad(dev, &self.d_logits.0, &slot.labels.0, b, 1.0, dlogits)?;
         self.d_dpooled.reserve(dev, b * f * d)?;
         let seq = Sequences { rows: &self.no_seq.0, lengths: &self.no_seq.1, steps: 0 };
         self.net.backward(
             dev,
             &self.params,
-            &self.d_dense.0,
+            &slot.dense.0,
             &self.d_pooled.0,
             seq,
             &self.d_dlogits.0,
@@ -324,14 +378,15 @@ impl ResidentWorker {
         )?;
         self.mark(Phase::Backward)?;
         let dev = &self.dev;
-        let BagArgs { d32, b32, f32_, weighted } = self.bag_args(OP, b, f)?;
+        let BagArgs { d32, b32, f32_, weighted } = bag_args(OP, d, shape)?;
+        let slot = self.staging.current();
         let grads = self.d_entry_grads.reserve(dev, entries.max(1) * d)?;
         let mut launch = dev.stream.launch_builder(dev.function("resident_entry_grads"));
         launch
             .arg(&self.d_dpooled.0)
             .arg(&d32)
-            .arg(&self.d_offsets.0)
-            .arg(&self.d_weights.0)
+            .arg(&slot.offsets.0)
+            .arg(&slot.weights.0)
             .arg(&weighted)
             .arg(&b32)
             .arg(&f32_)
@@ -343,10 +398,11 @@ impl ResidentWorker {
         Ok(())
     }
 
-    /// Applies the step's updates for a batch of `b`: rows, then the dense
-    /// optimizer; returns whether an entry gradient or an updated dense parameter is not finite.
-    fn update(&mut self, b: usize) -> Result<bool, GpuError> {
-        let (d, entries) = (self.dim, self.host.rows.len());
+    /// Queues the step's updates for the current batch: rows, then the dense
+    /// optimizer, and the flag that an entry gradient or an updated dense
+    /// parameter is not finite (read by [`finish`](Self::finish)).
+    fn update(&mut self, shape: Shape) -> Result<(), GpuError> {
+        let (d, entries, b) = (self.dim, shape.entries, shape.batch);
         let dev = &self.dev;
         dev.stream.memset_zeros(&mut self.d_flag).map_err(GpuError::driver("clearing the finiteness flag"))?;
         flag_nonfinite(dev, &self.d_entry_grads.0, entries * d, &mut self.d_flag)?;
@@ -357,15 +413,13 @@ impl ResidentWorker {
             SparseOptimizerKind::Sgd => SparseRule::Sgd { lr },
             _ => SparseRule::RowwiseAdagrad { lr, eps: hp.eps },
         };
-        self.rows.apply_in_range(dev, rule, &self.d_rows.0, &self.d_entry_grads.0, entries, scale)?;
+        let slot = self.staging.current();
+        self.rows.apply_in_range(dev, rule, &slot.rows.0, &self.d_entry_grads.0, entries, scale)?;
         self.mark(Phase::Rows)?;
         let dev = &self.dev;
         self.optimizer.set_lr(self.dense_hp.lr * self.dense_hp.schedule.factor(self.train_steps));
         self.optimizer.apply_scaled(dev, &mut self.params, &self.grads, scale)?;
-        flag_nonfinite(dev, &self.params, self.params.len(), &mut self.d_flag)?;
-        let non_finite = dev.download(&self.d_flag, 1)?[0] != 0;
-        self.mark(Phase::Dense)?;
-        Ok(non_finite)
+        flag_nonfinite(dev, &self.params, self.params.len(), &mut self.d_flag)
     }
 
     fn download_logits(&mut self, b: usize) -> Result<(), GpuError> {
@@ -508,6 +562,16 @@ struct BagArgs {
     b32: u32,
     f32_: u32,
     weighted: i32,
+}
+
+/// The shape arguments of the pooling kernels for rows of `dim` and a batch of `shape`.
+fn bag_args(op: &'static str, dim: usize, shape: Shape) -> Result<BagArgs, GpuError> {
+    Ok(BagArgs {
+        d32: check::u32_of(op, "dim", dim)?,
+        b32: check::u32_of(op, "batch", shape.batch)?,
+        f32_: check::u32_of(op, "fields", shape.fields)?,
+        weighted: shape.weighted as i32,
+    })
 }
 
 /// Every table's rows and optimizer state, one after the other, and the first row of each table.

@@ -221,14 +221,19 @@ fn timed_resident(
     let dev = tiderec_gpu::Device::open(n).map_err(fail)?;
     let mut worker = tiderec_gpu::resident::ResidentWorker::new(&dev, config).map_err(fail)?;
     let pool: Vec<Batch> = (0..8u64).map(|k| random_batch(bench.batch_size, bench.rows, k)).collect();
+    // Untimed phases: the next batch is built and uploaded while the device runs the step before.
     let run = |worker: &mut tiderec_gpu::resident::ResidentWorker, steps: u64| {
-        for s in 0..steps {
-            let out = worker.train(&pool[s as usize % pool.len()], false).map_err(fail)?;
-            if out.non_finite {
-                return Err(PipelineError::config("device", format!("cuda:{n}: step {s} left a non-finite value")));
-            }
+        let batches = (0..steps as usize).map(|s| &pool[s % pool.len()]);
+        let outcomes = if bench.phases {
+            batches.map(|b| worker.train(b, false)).collect::<Result<Vec<_>, _>>()
+        } else {
+            worker.train_all(batches)
         }
-        Ok(())
+        .map_err(fail)?;
+        match outcomes.iter().position(|o| o.non_finite) {
+            Some(s) => Err(PipelineError::config("device", format!("cuda:{n}: step {s} left a non-finite value"))),
+            None => Ok(()),
+        }
     };
     run(&mut worker, bench.warmup_steps)?;
     worker.time_phases(bench.phases);
