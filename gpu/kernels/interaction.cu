@@ -8,8 +8,10 @@
 // self-interaction, <z_0, z_0> last). Each dot product sums c = 0..d-1 in
 // order, as the CPU's definition does.
 //
-// Shared memory: z (n * d floats) in the forward; z and the symmetric pair
-// gradient S (n * n floats) in the backward. The host checks that it fits.
+// Shared memory: z (n rows of d floats, d | 1 apart, so that the threads of a
+// warp reading different rows at one column hit different banks) in the
+// forward; z (n * d floats) and the symmetric pair gradient S (n * n floats)
+// in the backward. The host checks that it fits.
 
 extern "C" __global__ void interaction_forward(const float* dense, const float* pooled, const unsigned int* pair_i,
                                                const unsigned int* pair_j, unsigned int batch, unsigned int num_sparse,
@@ -20,8 +22,10 @@ extern "C" __global__ void interaction_forward(const float* dense, const float* 
     const unsigned int n = num_sparse + 1;
     const unsigned long long od = (unsigned long long)d + num_pairs;
     const unsigned long long fd = (unsigned long long)num_sparse * d;
+    const unsigned int ld = d | 1;
     for (unsigned int k = threadIdx.x; k < n * d; k += blockDim.x) {
-        z[k] = k < d ? dense[(unsigned long long)b * d + k] : pooled[(unsigned long long)b * fd + (k - d)];
+        const unsigned int r = k / d, c = k - r * d;
+        z[r * ld + c] = k < d ? dense[(unsigned long long)b * d + k] : pooled[(unsigned long long)b * fd + (k - d)];
     }
     __syncthreads();
     float* row = out + (unsigned long long)b * od;
@@ -29,8 +33,8 @@ extern "C" __global__ void interaction_forward(const float* dense, const float* 
         row[k] = z[k];
     }
     for (unsigned int p = threadIdx.x; p < num_pairs; p += blockDim.x) {
-        const float* zi = z + (unsigned long long)pair_i[p] * d;
-        const float* zj = z + (unsigned long long)pair_j[p] * d;
+        const float* zi = z + (unsigned long long)pair_i[p] * ld;
+        const float* zj = z + (unsigned long long)pair_j[p] * ld;
         float acc = 0.0f;
         for (unsigned int c = 0; c < d; ++c) {
             acc += zi[c] * zj[c];

@@ -6,12 +6,13 @@
 //
 // One pass over n keys with `tiles` blocks of `tile` keys each:
 //   radix_histogram: hist[digit * tiles + block] = count of the digit in the tile;
-//   exclusive_scan_u32: hist becomes the first output position of each (digit, tile);
+//   scan_segments_u32, exclusive_scan_u32, add_segment_bases_u32: hist becomes the
+//     first output position of each (digit, tile): each digit's tiles scanned by
+//     one block, the digits' totals scanned, each digit's base added;
 //   radix_scatter: each tile writes its keys in order, 256 at a time, ranking
 //     equal digits inside a warp with __match_any_sync (compute capability 7.0+)
 //     and across the block's 8 warps with per-warp counts in shared memory.
-// Every launch here but exclusive_scan_u32's (one block of up to 1024 threads)
-// uses 256 threads per block (the host enforces it).
+// radix_histogram and radix_scatter use 256 threads per block (the host enforces it).
 
 #define RADIX 256
 #define WARPS 8
@@ -59,12 +60,12 @@ extern "C" __global__ void radix_histogram(const unsigned int* keys, unsigned in
     }
 }
 
-// In-place exclusive prefix sum of data[0..len), one block (blockDim.x a
-// multiple of 32, at most 1024): thread t scans its own contiguous run of
-// values, the runs' totals are scanned across the block with warp shuffles,
-// and each thread writes its run's prefix sums.
-extern "C" __global__ void exclusive_scan_u32(unsigned int* data, unsigned int len) {
-    __shared__ unsigned int warp_total[32];
+// In-place exclusive prefix sum of data[0..len) by one block (blockDim.x a
+// multiple of 32, at most 1024); returns the total to every thread. Thread t
+// scans its own contiguous run of values, the runs' totals are scanned across
+// the block with warp shuffles, and each thread writes its run's prefix sums.
+__device__ unsigned int block_exclusive_scan(unsigned int* data, unsigned int len) {
+    __shared__ unsigned int warp_total[33];
     const unsigned int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5;
     const unsigned long long per = ((unsigned long long)len + blockDim.x - 1) / blockDim.x;
     const unsigned long long lo0 = t * per;
@@ -87,6 +88,7 @@ extern "C" __global__ void exclusive_scan_u32(unsigned int* data, unsigned int l
             if (lane >= off) y += v;
         }
         if (lane < warps) warp_total[lane] = y - x;
+        if (lane == 31) warp_total[32] = y;
     }
     __syncthreads();
     unsigned int run = warp_total[warp] + inclusive - sum;
@@ -94,6 +96,29 @@ extern "C" __global__ void exclusive_scan_u32(unsigned int* data, unsigned int l
         const unsigned int v = data[i];
         data[i] = run;
         run += v;
+    }
+    return warp_total[32];
+}
+
+// In-place exclusive prefix sum of data[0..len), one block.
+extern "C" __global__ void exclusive_scan_u32(unsigned int* data, unsigned int len) {
+    block_exclusive_scan(data, len);
+}
+
+// Block k: the in-place exclusive prefix sum of segment k, data[k * len, (k + 1) * len),
+// and its total in totals[k]. One block per segment.
+extern "C" __global__ void scan_segments_u32(unsigned int* data, unsigned int len, unsigned int* totals) {
+    const unsigned int total = block_exclusive_scan(data + (unsigned long long)blockIdx.x * len, len);
+    if (threadIdx.x == 0) totals[blockIdx.x] = total;
+}
+
+// data[k] += bases[k / len] for k < segments * len.
+extern "C" __global__ void add_segment_bases_u32(unsigned int* data, unsigned int len, unsigned int segments,
+                                                 const unsigned int* bases) {
+    const unsigned long long n = (unsigned long long)len * segments;
+    for (unsigned long long k = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (unsigned long long)gridDim.x * blockDim.x) {
+        data[k] += bases[k / len];
     }
 }
 

@@ -9,10 +9,95 @@
 // (`apply_row` in operators/src/optim.rs). `state` holds one accumulator per row.
 //
 // The entries arrive sorted by row (sorted_rows, stable: equal rows in entry
-// order) with their original positions (sorted_pos). One warp per sorted
-// position; only the warp at the first entry of a row works. Each warp keeps
-// its row's summed gradient in shared memory (dim floats per warp; the host
-// sizes it as blockDim / 32 * dim floats).
+// order) with their original positions (sorted_pos). One warp per 32 sorted
+// positions; the lane at the first entry of a row finds where the row's run
+// ends (galloping, then a binary search) and
+//   * a run of at most SHORT_RUN entries is updated by that lane alone, column
+//     by column (row-wise Adagrad sums the run again after the accumulator
+//     update, getting the same sums, rather than keeping dim values a thread);
+//   * a longer run is updated by the whole warp, one after the other: each
+//     lane sums its columns over the run in entry order into shared memory
+//     (dim floats per warp; the host sizes it as blockDim / 32 * dim floats),
+//     lane 0 adds the squares in column order.
+// Either way every sum is taken in the same order with the same operations, so
+// the table does not depend on which way a row went, nor on the run.
+
+#define SHORT_RUN 8
+
+// The first sorted position after i whose row differs from keys[i] (n if none).
+__device__ __forceinline__ unsigned int run_end(const unsigned int* keys, unsigned int n, unsigned int i) {
+    const unsigned int u = keys[i];
+    // Every position below lo (from i on) holds u; keys[hi] differs, or hi == n.
+    unsigned int lo = i + 1, hi = n;
+    for (unsigned long long step = 1;; step <<= 1) {
+        const unsigned long long p = (unsigned long long)i + step;
+        if (p >= n) break;
+        if (keys[p] != u) {
+            hi = (unsigned int)p;
+            break;
+        }
+        lo = (unsigned int)p + 1;
+    }
+    while (lo < hi) {
+        const unsigned int mid = lo + (hi - lo) / 2;
+        if (keys[mid] == u) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// The scaled gradient of column c of the row whose entries are sorted positions [i, end).
+__device__ __forceinline__ float run_grad(const unsigned int* sorted_pos, const float* grads, unsigned int dim,
+                                          unsigned int i, unsigned int end, unsigned int c, float scale) {
+    float acc = grads[(unsigned long long)sorted_pos[i] * dim + c];
+    for (unsigned int j = i + 1; j < end; ++j) {
+        acc += grads[(unsigned long long)sorted_pos[j] * dim + c];
+    }
+    return acc * scale;
+}
+
+// One thread updates row u from its entries [i, end).
+__device__ void update_alone(const unsigned int* sorted_pos, const float* grads, unsigned int dim, float scale,
+                             int kind, float lr, float eps, unsigned int i, unsigned int end, float* w,
+                             float* acc_state) {
+    if (kind == 0) {
+        for (unsigned int c = 0; c < dim; ++c) w[c] -= lr * run_grad(sorted_pos, grads, dim, i, end, c, scale);
+        return;
+    }
+    float sq = 0.0f;
+    for (unsigned int c = 0; c < dim; ++c) {
+        const float g = run_grad(sorted_pos, grads, dim, i, end, c, scale);
+        sq += g * g;
+    }
+    const float a = *acc_state + sq / (float)dim;
+    *acc_state = a;
+    const float step = lr / (sqrtf(a) + eps);
+    for (unsigned int c = 0; c < dim; ++c) w[c] -= step * run_grad(sorted_pos, grads, dim, i, end, c, scale);
+}
+
+// The whole warp updates row u from its entries [i, end); g: dim floats of shared memory.
+__device__ void update_by_warp(const unsigned int* sorted_pos, const float* grads, unsigned int dim, float scale,
+                               int kind, float lr, float eps, unsigned int i, unsigned int end, float* w,
+                               float* acc_state, float* g, unsigned int lane) {
+    for (unsigned int c = lane; c < dim; c += 32) g[c] = run_grad(sorted_pos, grads, dim, i, end, c, scale);
+    __syncwarp();
+    float step = lr;
+    if (kind != 0) {
+        if (lane == 0) {
+            float sq = 0.0f;
+            for (unsigned int c = 0; c < dim; ++c) sq += g[c] * g[c];
+            const float a = *acc_state + sq / (float)dim;
+            *acc_state = a;
+            step = lr / (sqrtf(a) + eps);
+        }
+        step = __shfl_sync(0xffffffffu, step, 0);
+    }
+    for (unsigned int c = lane; c < dim; c += 32) w[c] -= step * g[c];
+    __syncwarp();
+}
 
 extern "C" __global__ void sparse_update_rows(const unsigned int* sorted_rows, const unsigned int* sorted_pos,
                                               unsigned int num_entries, const float* grads, unsigned int dim,
@@ -21,33 +106,28 @@ extern "C" __global__ void sparse_update_rows(const unsigned int* sorted_rows, c
     extern __shared__ float sums[];
     const unsigned int lane = threadIdx.x & 31;
     float* g = sums + (unsigned long long)(threadIdx.x >> 5) * dim;
-    const unsigned long long warp_id = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (warp_id >= num_entries) return;
-    const unsigned int i = (unsigned int)warp_id;
-    const unsigned int u = sorted_rows[i];
-    if (i > 0 && sorted_rows[i - 1] == u) return;
-    if (u >= num_rows) return;
-    for (unsigned int c = lane; c < dim; c += 32) {
-        float acc = grads[(unsigned long long)sorted_pos[i] * dim + c];
-        for (unsigned int j = i + 1; j < num_entries && sorted_rows[j] == u; ++j) {
-            acc += grads[(unsigned long long)sorted_pos[j] * dim + c];
-        }
-        g[c] = acc * scale;
+    // The warp's first sorted position (the same in every lane, so whole warps leave).
+    const unsigned long long first = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) & ~31ull;
+    if (first >= num_entries) return;
+    const unsigned long long t = first + lane;
+    bool start = false;
+    unsigned int u = 0, end = 0;
+    if (t < num_entries) {
+        const unsigned int i = (unsigned int)t;
+        u = sorted_rows[i];
+        start = (i == 0 || sorted_rows[i - 1] != u) && u < num_rows;
+        if (start) end = run_end(sorted_rows, num_entries, i);
     }
-    __syncwarp();
-    float* w = rows + (unsigned long long)u * dim;
-    if (kind == 0) {
-        for (unsigned int c = lane; c < dim; c += 32) w[c] -= lr * g[c];
-        return;
+    const bool long_run = start && end - (unsigned int)t > SHORT_RUN;
+    if (start && !long_run) {
+        update_alone(sorted_pos, grads, dim, scale, kind, lr, eps, (unsigned int)t, end,
+                     rows + (unsigned long long)u * dim, state + u);
     }
-    float step = 0.0f;
-    if (lane == 0) {
-        float sq = 0.0f;
-        for (unsigned int c = 0; c < dim; ++c) sq += g[c] * g[c];
-        const float a = state[u] + sq / (float)dim;
-        state[u] = a;
-        step = lr / (sqrtf(a) + eps);
+    for (unsigned int longs = __ballot_sync(0xffffffffu, long_run); longs != 0; longs &= longs - 1) {
+        const unsigned int l = __ffs(longs) - 1;
+        const unsigned int e = __shfl_sync(0xffffffffu, end, l);
+        const unsigned int r = __shfl_sync(0xffffffffu, u, l);
+        update_by_warp(sorted_pos, grads, dim, scale, kind, lr, eps, (unsigned int)first + l, e,
+                       rows + (unsigned long long)r * dim, state + r, g, lane);
     }
-    step = __shfl_sync(0xffffffffu, step, 0);
-    for (unsigned int c = lane; c < dim; c += 32) w[c] -= step * g[c];
 }

@@ -144,6 +144,7 @@ impl Device {
         // pure cost. Off before any buffer of this context exists.
         // SAFETY: no buffer crosses streams (see above).
         unsafe { ctx.disable_event_tracking() };
+        keep_freed_memory(&ctx)?;
         let stream = ctx.new_stream().map_err(GpuError::driver("creating a stream"))?;
         let blas = CudaBlas::new(stream.clone()).map_err(GpuError::blas("creating the cuBLAS handle"))?;
         // Pedantic math: plain fp32 products, no TF32 or other reduced precision.
@@ -226,5 +227,32 @@ impl Device {
     /// Waits until every operation queued on the device's stream has finished.
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.stream.synchronize().map_err(GpuError::driver("waiting for the stream"))
+    }
+}
+
+/// Lets the device's default memory pool keep what a stream frees instead of
+/// handing it back at every synchronisation (its release threshold is 0 by
+/// default), so buffers freed and allocated again step after step cost no
+/// mapping.
+fn keep_freed_memory(ctx: &std::sync::Arc<CudaContext>) -> Result<(), GpuError> {
+    use cudarc::driver::sys;
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: the context is current (bound when created); `pool` and `threshold`
+    // outlive the calls; the attribute takes a u64.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            .result()
+            .map_err(GpuError::driver("finding the device's memory pool"))?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+        .map_err(GpuError::driver("setting the memory pool's release threshold"))
     }
 }

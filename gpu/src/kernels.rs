@@ -50,6 +50,8 @@ pub const SOURCES: &[KernelSource] = &[
             "check_offsets",
             "radix_histogram",
             "exclusive_scan_u32",
+            "scan_segments_u32",
+            "add_segment_bases_u32",
             "radix_scatter",
         ],
     },

@@ -5,8 +5,8 @@ use crate::check::{self, grid_for, THREADS};
 use crate::{Device, GpuError};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-/// Threads of the one block that scans a pass's histogram.
-const SCAN_THREADS: u32 = 1024;
+/// Threads of a block that scans a digit's tile counts, and of the one that scans the digits' totals.
+const SCAN_THREADS: u32 = 256;
 
 /// Keys per block of one radix pass.
 const TILE: usize = 16 * THREADS as usize;
@@ -114,23 +114,20 @@ pub(crate) fn sort_keys(
     let passes = bits.div_ceil(8).max(1);
     let tiles = n.div_ceil(TILE);
     let tiles32 = check::u32_of(op, "tiles", tiles)?;
-    let hist_len = check::u32_of(op, "histogram", 256 * tiles)?;
+    check::u32_of(op, "histogram", 256 * tiles)?;
     let tile32 = TILE as u32;
     let mut hist = dev.zeros::<u32>(256 * tiles)?;
+    let mut digit_totals = dev.zeros::<u32>(256)?;
     let mut kb = dev.zeros::<u32>(n)?;
     let mut vb = dev.zeros::<u32>(n)?;
     let per_tile = LaunchConfig { grid_dim: (tiles32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-    let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (SCAN_THREADS, 1, 1), shared_mem_bytes: 0 };
     for pass in 0..passes {
         let shift = 8 * pass;
         let mut h = dev.stream.launch_builder(dev.function("radix_histogram"));
         h.arg(&ka).arg(&n32).arg(&shift).arg(&tile32).arg(&tiles32).arg(&mut hist);
         // SAFETY: `ka` holds n keys, `hist` 256 × tiles counts; one block per tile.
         unsafe { h.launch(per_tile) }.map_err(GpuError::driver("launching radix_histogram"))?;
-        let mut s = dev.stream.launch_builder(dev.function("exclusive_scan_u32"));
-        s.arg(&mut hist).arg(&hist_len);
-        // SAFETY: `hist` holds hist_len values; one block of a multiple of 32 threads, at most 1024.
-        unsafe { s.launch(one_block) }.map_err(GpuError::driver("launching exclusive_scan_u32"))?;
+        scan_histogram(dev, &mut hist, tiles32, &mut digit_totals)?;
         let mut sc = dev.stream.launch_builder(dev.function("radix_scatter"));
         sc.arg(&ka).arg(&va).arg(&n32).arg(&shift).arg(&tile32).arg(&tiles32).arg(&hist).arg(&mut kb).arg(&mut vb);
         // SAFETY: the scanned histogram places every key of every tile inside [0, n) of kb and vb.
@@ -139,4 +136,31 @@ pub(crate) fn sort_keys(
         std::mem::swap(&mut va, &mut vb);
     }
     Ok(Sorted { keys: ka, pos: va })
+}
+
+/// Turns a pass's `256 × tiles` digit-major counts into each (digit, tile)'s
+/// first output position: every digit's tiles scanned by one block (its total
+/// into `totals`), the totals scanned, each digit's base added to its tiles.
+fn scan_histogram(
+    dev: &Device,
+    hist: &mut CudaSlice<u32>,
+    tiles: u32,
+    totals: &mut CudaSlice<u32>,
+) -> Result<(), GpuError> {
+    let block =
+        |blocks: u32| LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (SCAN_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let mut s = dev.stream.launch_builder(dev.function("scan_segments_u32"));
+    s.arg(&mut *hist).arg(&tiles).arg(&mut *totals);
+    // SAFETY: `hist` holds 256 segments of `tiles` counts, `totals` 256 values; one block per segment.
+    unsafe { s.launch(block(256)) }.map_err(GpuError::driver("launching scan_segments_u32"))?;
+    let digits = 256u32;
+    let mut s = dev.stream.launch_builder(dev.function("exclusive_scan_u32"));
+    s.arg(&mut *totals).arg(&digits);
+    // SAFETY: `totals` holds 256 values; one block of a multiple of 32 threads, at most 1024.
+    unsafe { s.launch(block(1)) }.map_err(GpuError::driver("launching exclusive_scan_u32"))?;
+    let mut s = dev.stream.launch_builder(dev.function("add_segment_bases_u32"));
+    s.arg(&mut *hist).arg(&tiles).arg(&digits).arg(&*totals);
+    // SAFETY: `hist` holds 256 × tiles values, `totals` one base per segment.
+    unsafe { s.launch(grid_for(256 * tiles as usize)) }.map_err(GpuError::driver("launching add_segment_bases_u32"))?;
+    Ok(())
 }

@@ -4,8 +4,9 @@
 //! distinct row is updated once with SGD or row-wise Adagrad.
 //!
 //! The duplicates are grouped on the device by a stable radix sort of the row
-//! numbers; then one warp per distinct row sums its entries in entry order
-//! (the first copied, the others added) and applies the update. No atomics
+//! numbers; then each distinct row's entries are summed in entry order (the
+//! first copied, the others added) by one thread for a short run of
+//! duplicates, by a warp for a long one, and the row is updated once. No atomics
 //! touch a value, so a step gives the same table on every run.
 
 use crate::check;
@@ -109,7 +110,8 @@ impl RowTable {
             check::u32_of(OP, "dim", d)?,
             check::u32_of(OP, "num_rows", self.num_rows)?,
         );
-        let cfg = check::warp_per_item(OP, entries, d * 4)?;
+        // One warp per 32 sorted entries, dim floats of shared memory each.
+        let cfg = check::warp_per_item(OP, entries.div_ceil(32), d * 4)?;
         let mut launch = dev.stream.launch_builder(dev.function("sparse_update_rows"));
         launch
             .arg(&sorted.keys)

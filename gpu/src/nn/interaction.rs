@@ -112,7 +112,8 @@ impl DotInteraction {
             return Ok(());
         }
         let n = self.num_sparse + 1;
-        let cfg = check::block_per_item(OP, batch, 128, n * self.dim * 4)?;
+        // Rows `dim | 1` floats apart (see interaction.cu).
+        let cfg = check::block_per_item(OP, batch, 128, n * (self.dim | 1) * 4)?;
         let (b, f, d, p) = (batch as u32, self.num_sparse as u32, self.dim as u32, self.num_pairs as u32);
         let mut launch = dev.stream.launch_builder(dev.function("interaction_forward"));
         launch.arg(dense).arg(pooled).arg(&self.pair_i).arg(&self.pair_j).arg(&b).arg(&f).arg(&d).arg(&p).arg(out);
