@@ -35,6 +35,24 @@ def files(dirs):
     return out
 
 
+def runs(dirs, found):
+    """Which call of `run` each log of the page comes from, and whether that call ran the last call's build."""
+    def build(d):
+        summary = os.path.join(d, "summary.txt")
+        first = read(summary).splitlines()[:1] if os.path.exists(summary) else []
+        m = re.match(r"bundle (\S+)", first[0]) if first else None
+        return m.group(1) if m else None
+    last = build(dirs[-1])
+    rows = []
+    for k, d in enumerate(dirs, 1):
+        used = sorted(n for n, p in found.items() if os.path.dirname(p) == d and
+                      re.match(r"(test-|bench-|stages-|phases-|ncu-).*\.(log|md|json|csv)$", n))
+        if used:
+            same = build(d) is not None and build(d) == last
+            rows.append([f"{k}", "the last call's" if same else "an earlier one", ", ".join(f"`{u}`" for u in used)])
+    return table(["call", "build", "logs used"], rows) if len(dirs) > 1 else ""
+
+
 def read(path):
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
@@ -170,6 +188,12 @@ def main(argv):
           "Every tiderec figure stands beside PyTorch's on the same GPU in the same call, alternated.\n")
     print("## Machine\n")
     print(machine_table + "\n")
+    run_table = runs(argv, found)
+    if run_table:
+        print("## Runs\n")
+        print("This page joins several calls of the bundle on this machine, in order; each log comes from the last "
+              "call that wrote it, built from the code of the last call or from earlier code.\n")
+        print(run_table + "\n")
     print("## Tests on the GPU\n")
     print(f"{passed} tests passed, {failed} failed, with `TIDEREC_REQUIRE_GPU=1` (a missing GPU fails them).\n")
     print(test_table + "\n")
