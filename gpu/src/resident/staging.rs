@@ -105,7 +105,6 @@ impl Staging {
         sizes: &[u64],
         bases: &[u64],
     ) -> Result<Shape, GpuError> {
-        const OP: &str = "resident batch";
         let layout = host::layout(batch)?;
         let (b, f, nd) = (batch.len(), batch.sparse.len(), batch.num_dense);
         let shape = Shape { batch: b, fields: f, entries: layout.entries, weighted: layout.weighted };
@@ -156,7 +155,6 @@ impl Staging {
         slot.shape = shape;
         self.staged = Some(k);
         self.next = 1 - k;
-        let _ = OP;
         Ok(shape)
     }
 
