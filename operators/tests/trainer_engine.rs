@@ -183,6 +183,16 @@ fn batch(step: u64, n: usize) -> Batch {
     b
 }
 
+/// One worker's trainer for `config`, with the CPU engine or without one.
+fn trainer(worker: &mut timely::worker::Worker, config: &TrainerConfig, with_engine: bool) -> Trainer {
+    if with_engine {
+        let model = config.model.build::<f32>(config.seed).unwrap();
+        Trainer::with_engine(worker, config, model, Box::new(CpuEngine::new(config))).unwrap()
+    } else {
+        Trainer::new(worker, config).unwrap()
+    }
+}
+
 /// What a run shows: losses, the evaluation's predictions, params L2, the final snapshot, step counts.
 type Seen = (Vec<f64>, Vec<f32>, f64, WorkerSnapshot, (u64, u64));
 
@@ -191,12 +201,7 @@ type Seen = (Vec<f64>, Vec<f32>, f64, WorkerSnapshot, (u64, u64));
 fn run(config: &TrainerConfig, with_engine: bool, resume: Option<WorkerSnapshot>) -> Seen {
     let config = config.clone();
     timely::execute_directly(move |worker| {
-        let mut trainer = if with_engine {
-            let model = config.model.build::<f32>(config.seed).unwrap();
-            Trainer::with_engine(worker, &config, model, Box::new(CpuEngine::new(&config))).unwrap()
-        } else {
-            Trainer::new(worker, &config).unwrap()
-        };
+        let mut trainer = trainer(worker, &config, with_engine);
         let mut losses = Vec::new();
         for s in 0..20 {
             losses.push(trainer.step(worker, StepKind::Train, batch(s, if s == 4 { 0 } else { 24 })).unwrap().loss_sum);
@@ -287,12 +292,7 @@ fn a_trainer_with_an_engine_writes_whole_checkpoints() {
     let marks = |with_engine: bool| {
         let c = c.clone();
         timely::execute_directly(move |worker| {
-            let mut trainer = if with_engine {
-                let model = c.model.build::<f32>(c.seed).unwrap();
-                Trainer::with_engine(worker, &c, model, Box::new(CpuEngine::new(&c))).unwrap()
-            } else {
-                Trainer::new(worker, &c).unwrap()
-            };
+            let mut trainer = trainer(worker, &c, with_engine);
             let mut seen = Vec::new();
             for s in 0..4 {
                 trainer.step(worker, StepKind::Train, batch(s, 24)).unwrap();
