@@ -37,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--tiderec", default=os.path.join(ROOT, "target", "release", "tiderec"))
     p.add_argument("--python", default=sys.executable, help="interpreter with torch")
     p.add_argument("--compile", action="store_true", help="torch.compile the PyTorch side (default: eager)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: tiderec --precision bf16 against PyTorch's forward under torch.autocast(bfloat16)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per run")
     a = p.parse_args(argv)
     if a.rounds < 1 or a.batch_size < 1 or a.workers < 1:
@@ -55,6 +57,8 @@ def tiderec_command(a):
             "--warmup", str(a.warmup), "--rows", str(a.rows), "--optimizer", a.optimizer, "--json"]
     if a.device != "cpu":
         cmd += ["--device", a.device]
+    if a.precision != "fp32":
+        cmd += ["--precision", a.precision]
     return cmd
 
 
@@ -65,6 +69,8 @@ def torch_command(a):
            "--json"]
     if a.compile:
         cmd.append("--compile")
+    if a.precision != "fp32":
+        cmd += ["--precision", a.precision]
     return cmd
 
 
@@ -133,7 +139,9 @@ def main(argv=None):
     tide_info = ok["tiderec"][0] if ok["tiderec"] else {}
     print(f"**{a.model}**, batch {a.batch_size}, {a.workers} tiderec workers / {a.workers} PyTorch threads, "
           f"device `{a.device}`, {a.warmup} warm-up + {a.steps} timed steps, dense optimizer {a.optimizer}, "
-          f"embeddings row-wise Adagrad")
+          f"embeddings row-wise Adagrad" +
+          (", precision bf16 (tiderec `--precision bf16`; PyTorch `torch.autocast(bfloat16)` on the dense model)"
+           if a.precision == "bf16" else ""))
     print()
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)" +
           (f"; device: {torch_info['device_name']}" if a.device != "cpu" and torch_info else "") +

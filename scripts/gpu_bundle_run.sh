@@ -8,7 +8,7 @@
 # BENCHES (environment): which benchmarks of step 3 to run, a space-separated
 # subset of "dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048" (default: all).
 # TESTS (environment): which test executables of steps 1 and 2 to run, by
-# name (default: all). SCALING=0 (environment) skips step 4.
+# name (default: all). CPU=0 (environment) skips step 3b, SCALING=0 step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -16,6 +16,8 @@
 #   2. the GPU-worker equivalence tests against the bundle's binary;
 #   3. `tiderec bench` against the PyTorch reference on the same GPU,
 #      alternated: DLRM at batch 2,048, 16,384 and 65,536, DeepFM and DIEN;
+#   3b. the host CPU against PyTorch at one thread, DLRM at 2,048, fp32 and bf16
+#      (PyTorch's bf16 autocast runs on AMX where the CPU has it; CPU=0 skips it);
 #   4. if the budget allows, the CPU scaling section of benchmarks.py, W = 1..16.
 # and OUTDIR/summary.txt, one screen, and OUTDIR/report.md (scripts/gpu_report.py),
 # the page docs/benchmarks-gpu.md is made of. Exit status: 0 when every test passed
@@ -164,6 +166,29 @@ wanted dlrm-16384 && bench dlrm-16384 --model dlrm --batch-size 16384 --steps 30
 wanted dlrm-65536 && bench dlrm-65536 --model dlrm --batch-size 65536 --steps 10 --warmup 3 --rounds 2
 wanted deepfm-16384 && bench deepfm-16384 --model deepfm --batch-size 16384 --steps 20 --warmup 5 --rounds 2
 wanted dien-2048 && bench dien-2048 --model dien --batch-size 2048 --steps 20 --warmup 5 --rounds 2
+
+# ---- 3b. the host CPU against PyTorch, fp32 and bf16 --------------------
+# One worker / one thread, DLRM at batch 2,048: tiderec's CPU kernels against PyTorch
+# eager, and tiderec `--precision bf16` against PyTorch's bf16 autocast (oneDNN's AMX
+# kernels where the CPU has AMX). CPU=0 (environment) skips it.
+if [ "${CPU:-1}" = 0 ]; then
+    say "== 3b. host CPU against PyTorch skipped: CPU=0"
+else
+    say "== 3b. host CPU against PyTorch, fp32 and bf16 ($(elapsed) s)"
+    for p in fp32 bf16; do
+        if [ "$(left)" -lt 90 ]; then
+            say "cpu $p: skipped, budget spent"
+            continue
+        fi
+        timeout -k 5 80 python3 "$HERE/scripts/bench_vs_torch.py" --tiderec "$HERE/tiderec" --device cpu \
+            --model dlrm --batch-size 2048 --steps 20 --warmup 5 --rounds 2 --precision $p --timeout 70 \
+            >"$OUT/cpu-bench-dlrm-2048-$p.md" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || FAILED=1
+        say "cpu dlrm-2048 $p (exit $rc):"
+        grep -E '^\| median|^Failed' "$OUT/cpu-bench-dlrm-2048-$p.md" | head -3 | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
+    done
+fi
 
 # ---- 4. CPU scaling on this host ----------------------------------------
 if [ "${SCALING:-1}" = 0 ]; then

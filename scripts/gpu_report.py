@@ -118,6 +118,25 @@ def benches(found):
     return [r[2] for r in rows]
 
 
+def cpu_benches(found):
+    """Rows of `cpu-bench-<model>-<batch>-<precision>.md` (step 3b: the host CPU against PyTorch)."""
+    rows = []
+    for name in sorted(n for n in found if n.startswith("cpu-bench-") and n.endswith(".md")):
+        m = re.match(r"cpu-bench-(\w+)-(\d+)-(\w+)\.md$", name)
+        if not m:
+            continue
+        text = read(found[name])
+        med = re.search(r"^\| median \| ([\d,]+) \| ([\d,]+) \| \*\*([0-9.]+)×\*\* \(rounds ([0-9.]+)–([0-9.]+)\)",
+                        text, re.M)
+        model, batch, precision = m.group(1), int(m.group(2)), m.group(3)
+        if med:
+            rows.append([model, f"{batch:,}", precision, med.group(1), med.group(2),
+                         f"**{med.group(3)}×** ({med.group(4)}–{med.group(5)})"])
+        else:
+            rows.append([model, f"{batch:,}", precision, "failed: see the log", "", ""])
+    return rows
+
+
 def stages(found):
     rows = []
     for name in sorted(n for n in found if n.startswith("stages-dlrm-") and n.endswith(".json")):
@@ -247,6 +266,14 @@ def main(argv):
               f"alone: {total:,.0f} µs in all.\n")
         print(table(["kernel", "launches", "µs", "share"],
                     [[f"`{k}`", str(n), f"{t:,.0f}", f"{t / total:.0%}"] for k, n, t in ks]) + "\n")
+    cpu = cpu_benches(found)
+    if cpu:
+        print("## The host CPU against PyTorch\n")
+        print("`scripts/bench_vs_torch.py --device cpu` on the GPU machine's host CPU, one tiderec worker against "
+              "one PyTorch thread, alternated; bf16: tiderec `--precision bf16` against PyTorch's "
+              "`torch.autocast(bfloat16)` on the dense model (oneDNN, on AMX where the CPU has it).\n")
+        print(table(["model", "batch", "precision", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch"],
+                    cpu) + "\n")
     ph = phases(found)
     if ph:
         print("## Where a device-resident worker's step goes\n")

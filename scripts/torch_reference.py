@@ -112,6 +112,9 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=("adagrad", "adam", "sgd"), default="adagrad",
                    help="dense optimizer (default adagrad, as tiderec bench)")
     p.add_argument("--compile", action="store_true", help="torch.compile the dense part (default: eager)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: the dense model's forward under torch.autocast(bfloat16), which oneDNN runs on "
+                        "AMX where the CPU has it; the loss and every parameter stay fp32 (default fp32)")
     p.add_argument("--omp-wait-policy", choices=("passive", "active"), default=None,
                    help="OMP_WAIT_POLICY for torch's OpenMP threads (default: the environment's, else passive)")
     p.add_argument("--fused-optimizer", choices=("on", "off"), default="on",
@@ -441,8 +444,9 @@ def run(a):
             seq_rows = F.embedding(b["seq_ids"], weight, sparse=True)
             full = torch.zeros(n * steps * 2, d, device=device, dtype=weight.dtype)
             b = dict(b, seq_rows=full.index_copy(0, b["seq_pos"], seq_rows).view(n, steps, 2 * d))
-        logits = forward(b["dense"], rows, b)
-        return F.binary_cross_entropy_with_logits(logits, b["labels"])
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            logits = forward(b["dense"], rows, b)
+        return F.binary_cross_entropy_with_logits(logits.float(), b["labels"])
 
     def heldout_loss():
         with torch.no_grad():
