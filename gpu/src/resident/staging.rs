@@ -126,20 +126,17 @@ impl Staging {
         )?;
         p.dense.front(dev, b * nd)?.copy_from_slice(&batch.dense[..b * nd]);
         p.labels.front(dev, b)?.copy_from_slice(&batch.labels[..b]);
-        let grew = [
-            slot.rows.0.len() < shape.entries.max(1),
-            slot.offsets.0.len() < offsets_len,
-            slot.weights.0.len() < n_weights.max(1),
-            slot.dense.0.len() < (b * nd).max(1),
-            slot.labels.0.len() < b.max(1),
-        ]
-        .contains(&true);
+        let mut grew = false;
+        for (buf, len) in [(&mut slot.rows, shape.entries.max(1)), (&mut slot.offsets, offsets_len)] {
+            grew |= grow(buf, dev, len)?;
+        }
+        for (buf, len) in
+            [(&mut slot.weights, n_weights.max(1)), (&mut slot.dense, (b * nd).max(1)), (&mut slot.labels, b.max(1))]
+        {
+            grew |= grow(buf, dev, len)?;
+        }
         if grew {
-            slot.rows.reserve(dev, shape.entries.max(1))?;
-            slot.offsets.reserve(dev, offsets_len)?;
-            slot.weights.reserve(dev, n_weights.max(1))?;
-            slot.dense.reserve(dev, (b * nd).max(1))?;
-            slot.labels.reserve(dev, b.max(1))?;
+            // The new buffers were allocated on the compute stream: the copies wait for them.
             self.grown.record(&dev.stream).map_err(GpuError::driver("recording the staging growth"))?;
             self.copy.wait(&self.grown).map_err(GpuError::driver("ordering the copy stream"))?;
         }
@@ -188,6 +185,13 @@ impl Drop for Staging {
         // The pinned memory is freed with the slots: no copy may still read it.
         let _ = self.copy.synchronize();
     }
+}
+
+/// Makes `buf` hold at least `len` values (on the compute stream); whether it grew.
+fn grow<T: DeviceRepr + ValidAsZeroBits>(buf: &mut Buffer<T>, dev: &Device, len: usize) -> Result<bool, GpuError> {
+    let grew = buf.0.len() < len;
+    buf.reserve(dev, len)?;
+    Ok(grew)
 }
 
 /// Queues a copy of `src` to the front of `dst` on `stream`.
