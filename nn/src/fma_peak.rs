@@ -106,12 +106,18 @@ pub fn fma_chains(width: FmaWidth, starts: &[f32], a: f32, b: f32, steps: usize)
     Some(out)
 }
 
+/// Seconds per width and round the peak is measured for at least, however
+/// short the `seconds` asked for: a ceiling caught only in a slow moment (a
+/// virtual machine's speed swings) would be passed by the kernels it bounds.
+pub const MIN_SECONDS: f64 = 0.25;
+
 /// The core's fp32 FMA throughput at every width it runs: calls of about a
-/// millisecond repeated for about `seconds` per width in each of `rounds`
-/// alternating rounds, the fastest call per width. Interference (another
-/// process, an interrupt) only ever slows a call down, so the fastest call is
-/// the closest estimate of the peak.
+/// millisecond repeated for about `seconds` (at least [`MIN_SECONDS`]) per width
+/// in each of `rounds` alternating rounds, the fastest call per width.
+/// Interference (another process, an interrupt) only ever slows a call down,
+/// so the fastest call is the closest estimate of the peak.
 pub fn measure(seconds: f64, rounds: usize) -> Vec<FmaRate> {
+    let seconds = seconds.max(MIN_SECONDS);
     let widths = FmaWidth::available();
     let mut best = vec![0.0_f64; widths.len()];
     let (a, b) = (0.999_999_9_f32, 1e-7_f32);
