@@ -17,6 +17,10 @@
 //!   done — the tests check it bit for bit;
 //! * the kernel choice never affects a training result: this module only
 //!   measures.
+//!
+//! [`measure_amx`] measures the bf16 ceiling of an AMX core the same way: four
+//! independent `TDPBF16PS` on tiles already loaded, nothing else
+//! ([`amx_tile`](super::amx_tile)), each 16 × 16 × 32 multiply-adds.
 
 use std::time::Instant;
 use tiderec_records::cpu::{self, Feature};
@@ -147,6 +151,47 @@ pub fn measure(seconds: f64, rounds: usize) -> Vec<FmaRate> {
     widths.into_iter().zip(best).map(|(width, gflops)| FmaRate { width, gflops }).collect()
 }
 
+/// The core's AMX bf16 throughput in GFLOP/s (a multiply-add is two flops),
+/// measured as [`measure`] measures a width; `None` where AMX does not run
+/// ([`gemm_amx::amx_available`](super::gemm_amx::amx_available)).
+pub fn measure_amx(seconds: f64, rounds: usize) -> Option<f64> {
+    if !super::gemm_amx::amx_available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::amx_tile::{dot_products, Tiles, MACS_PER_ITERATION};
+        let seconds = seconds.max(MIN_SECONDS);
+        let call = |iterations: u64| {
+            let t = Instant::now();
+            // SAFETY: AMX runs here (checked above); at least one iteration.
+            unsafe {
+                let tiles = Tiles::configure();
+                dot_products(&tiles, iterations.max(1));
+            }
+            t.elapsed().as_secs_f64()
+        };
+        let mut best = 0.0_f64;
+        for _ in 0..rounds.max(1) {
+            let mut iterations = 1 << 8;
+            while call(iterations) < 1e-3 && iterations < 1 << 30 {
+                iterations *= 2;
+            }
+            let flops = 2.0 * (iterations * MACS_PER_ITERATION) as f64;
+            let start = Instant::now();
+            loop {
+                best = best.max(flops / call(iterations) / 1e9);
+                if start.elapsed().as_secs_f64() >= seconds {
+                    break;
+                }
+            }
+        }
+        Some(best)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::ACCUMULATORS;
@@ -224,6 +269,18 @@ mod tests {
     fn the_measured_rate_is_positive_and_finite() {
         for rate in measure(0.002, 1) {
             assert!(rate.gflops.is_finite() && rate.gflops > 0.0, "{rate:?}");
+        }
+    }
+
+    /// The AMX peak is measured exactly where AMX runs, and is a rate.
+    #[test]
+    fn the_amx_peak_is_measured_where_amx_runs() {
+        match measure_amx(0.002, 1) {
+            Some(gflops) => assert!(gflops.is_finite() && gflops > 0.0, "{gflops}"),
+            None => {
+                assert!(!crate::gemm_amx::amx_available());
+                eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
+            }
         }
     }
 }

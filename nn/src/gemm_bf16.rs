@@ -22,6 +22,7 @@
 use super::bf16_pack::{bf16_to_f32, round_bf16};
 use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
 use super::gemm::Op;
+use super::gemm_amx::{amx_available, gemm_amx, gemm_amx_reference, AmxLhs, AmxRhs};
 
 /// Pairs (two reduction steps each) per run of the sums: a 32-column panel's
 /// run is 16 KiB, so it stays in L1 while a group of rows passes.
@@ -31,19 +32,26 @@ const GROUP_ROWS: usize = 24;
 /// Rows per register block: 12 rows × 2 vectors = 24 accumulators of 32 registers.
 const BLOCK_ROWS: usize = 12;
 
-/// The bf16 kernels, chosen by CPU features.
+/// The bf16 kernels, chosen by CPU features. Two summation classes: the
+/// portable and AVX-512 BF16 kernels sum as this module describes, the AMX
+/// kernel as [`gemm_amx`](super::gemm_amx) describes; [`Bf16Kernel::best`] is
+/// fixed for a machine (and a `TIDEREC_MAX_ISA` cap), so runs on one machine agree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bf16Kernel {
     /// Scalar code on the packed operands (any CPU; the oracle's sums).
     Portable,
     /// `VDPBF16PS` on 512-bit vectors (AVX-512 BF16).
     Avx512Bf16,
+    /// `TDPBF16PS` on AMX tiles ([`gemm_amx`](super::gemm_amx)).
+    Amx,
 }
 
 impl Bf16Kernel {
-    /// The fastest kernel this CPU runs.
+    /// The fastest kernel this CPU runs: AMX, then AVX-512 BF16.
     pub fn best() -> Self {
-        if bf16_vector_available() {
+        if amx_available() {
+            Bf16Kernel::Amx
+        } else if bf16_vector_available() {
             Bf16Kernel::Avx512Bf16
         } else {
             Bf16Kernel::Portable
@@ -52,18 +60,42 @@ impl Bf16Kernel {
 
     /// Every kernel this CPU runs, slowest first.
     pub fn available() -> &'static [Self] {
-        if bf16_vector_available() {
+        if amx_available() {
+            &[Bf16Kernel::Portable, Bf16Kernel::Avx512Bf16, Bf16Kernel::Amx]
+        } else if bf16_vector_available() {
             &[Bf16Kernel::Portable, Bf16Kernel::Avx512Bf16]
         } else {
             &[Bf16Kernel::Portable]
         }
     }
 
-    /// A short name (`bf16-portable`, `bf16-avx512`).
+    /// A short name (`bf16-portable`, `bf16-avx512`, `bf16-amx`).
     pub fn name(&self) -> &'static str {
         match self {
             Bf16Kernel::Portable => "bf16-portable",
             Bf16Kernel::Avx512Bf16 => "bf16-avx512",
+            Bf16Kernel::Amx => "bf16-amx",
+        }
+    }
+
+    /// The kernel's definition from the `f32` operands ([`gemm_bf16_reference`]
+    /// or [`gemm_amx_reference`]): the oracle it equals bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reference(
+        self,
+        op_a: Op,
+        op_b: Op,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+        accumulate: bool,
+        c: &mut [f32],
+    ) {
+        match self {
+            Bf16Kernel::Amx => gemm_amx_reference(op_a, op_b, m, n, k, a, b, accumulate, c),
+            _ => gemm_bf16_reference(op_a, op_b, m, n, k, a, b, accumulate, c),
         }
     }
 }
@@ -71,28 +103,84 @@ impl Bf16Kernel {
 /// The packed operands of a layer's bf16 products, reused across calls.
 #[derive(Clone, Debug, Default)]
 pub struct Bf16Scratch {
-    /// The left operand.
+    /// The left operand (vector kernels).
     pub lhs: Bf16Lhs,
-    /// The right operand.
+    /// The right operand (vector kernels).
     pub rhs: Bf16Rhs,
+    /// The left operand (AMX).
+    pub amx_lhs: AmxLhs,
+    /// The right operand (AMX).
+    pub amx_rhs: AmxRhs,
 }
 
-/// `c[m×n] = op(a)·op(b)` (`+ c` when `accumulate`) on the best kernel; row `i`
-/// of `c` starts at `c[i·ldc]`. `a` is packed with `m` rows and `b` with `n`
-/// columns, both over the same `k`.
+impl Bf16Scratch {
+    /// `c[m×n] = op(a)·op(b)` (`+ c` when `accumulate`) on the best kernel:
+    /// packs both operands into this scratch and runs the product. `a` is
+    /// stored `m × k` ([`Op::N`]) or `k × m`, `b` `k × n` or `n × k`; row `i`
+    /// of `c` starts at `c[i·ldc]`.
+    ///
+    /// # Panics
+    /// When an operand or `c` is shorter than its shape requires.
+    #[allow(clippy::too_many_arguments)]
+    pub fn product(
+        &mut self,
+        a: (Op, &[f32]),
+        b: (Op, &[f32]),
+        (m, n, k): (usize, usize, usize),
+        accumulate: bool,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        self.product_with(Bf16Kernel::best(), a, b, (m, n, k), accumulate, c, ldc)
+    }
+
+    /// [`product`](Self::product) on a chosen kernel.
+    ///
+    /// # Panics
+    /// As [`product`](Self::product), and when the CPU does not run `kernel`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn product_with(
+        &mut self,
+        kernel: Bf16Kernel,
+        (op_a, a): (Op, &[f32]),
+        (op_b, b): (Op, &[f32]),
+        (m, n, k): (usize, usize, usize),
+        accumulate: bool,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        if kernel == Bf16Kernel::Amx {
+            self.amx_lhs.pack(op_a, m, k, a);
+            self.amx_rhs.pack(op_b, k, n, b);
+            gemm_amx(&self.amx_lhs, &self.amx_rhs, accumulate, c, ldc);
+        } else {
+            self.lhs.pack(op_a, m, k, a);
+            self.rhs.pack(op_b, k, n, b);
+            gemm_bf16_with(kernel, &self.lhs, &self.rhs, accumulate, c, ldc);
+        }
+    }
+}
+
+/// `c[m×n] = op(a)·op(b)` (`+ c` when `accumulate`) on the best vector kernel;
+/// row `i` of `c` starts at `c[i·ldc]`. `a` is packed with `m` rows and `b`
+/// with `n` columns, both over the same `k`. [`Bf16Scratch::product`] also
+/// reaches the AMX kernel, whose operands are packed otherwise.
 ///
 /// # Panics
 /// When the operands' shapes disagree or `c` is shorter than its shape requires.
 pub fn gemm_bf16(a: &Bf16Lhs, b: &Bf16Rhs, accumulate: bool, c: &mut [f32], ldc: usize) {
-    gemm_bf16_with(Bf16Kernel::best(), a, b, accumulate, c, ldc)
+    let kernel = if bf16_vector_available() { Bf16Kernel::Avx512Bf16 } else { Bf16Kernel::Portable };
+    gemm_bf16_with(kernel, a, b, accumulate, c, ldc)
 }
 
 /// [`gemm_bf16`] on a chosen kernel.
 ///
 /// # Panics
-/// As [`gemm_bf16`], and when the CPU does not run `kernel`.
+/// As [`gemm_bf16`], when the CPU does not run `kernel`, and for
+/// [`Bf16Kernel::Amx`] (its operands are [`AmxLhs`] and [`AmxRhs`]).
 pub fn gemm_bf16_with(kernel: Bf16Kernel, a: &Bf16Lhs, b: &Bf16Rhs, accumulate: bool, c: &mut [f32], ldc: usize) {
     assert!(Bf16Kernel::available().contains(&kernel), "gemm_bf16: this CPU does not run {kernel:?}");
+    assert!(kernel != Bf16Kernel::Amx, "gemm_bf16: the AMX kernel takes AmxLhs and AmxRhs (Bf16Scratch::product)");
     let (m, n, pairs) = (a.m, b.n, b.pairs);
     assert_eq!(a.pairs, pairs, "gemm_bf16: {} pairs on the left, {} on the right", a.pairs, pairs);
     if m == 0 || n == 0 {
@@ -133,6 +221,7 @@ pub fn gemm_bf16_with(kernel: Bf16Kernel, a: &Bf16Lhs, b: &Bf16Rhs, accumulate: 
                     Bf16Kernel::Avx512Bf16 => unsafe { x86::panel(&block, c[g * ldc + first..].as_mut_ptr(), ldc) },
                     #[cfg(not(target_arch = "x86_64"))]
                     Bf16Kernel::Avx512Bf16 => unreachable!("not available off x86-64"),
+                    Bf16Kernel::Amx => unreachable!("refused above"),
                 }
             }
         }
@@ -314,6 +403,11 @@ mod tests {
         (a, b, c)
     }
 
+    /// The kernels this CPU runs on [`Bf16Lhs`] and [`Bf16Rhs`] (AMX is `gemm_amx`'s to test).
+    fn vector_kernels() -> Vec<Bf16Kernel> {
+        Bf16Kernel::available().iter().copied().filter(|&k| k != Bf16Kernel::Amx).collect()
+    }
+
     /// Shapes with every tail: rows past the blocks of 12 and the groups of 24,
     /// odd `k`, several runs of pairs, one column, panels of 16 and 32.
     const SHAPES: [(usize, usize, usize); 10] = [
@@ -347,7 +441,7 @@ mod tests {
                 gemm_bf16_reference(op_a, op_b, m, n, k, &a, &b, accumulate, &mut want);
                 lhs.pack(op_a, m, k, &a);
                 rhs.pack(op_b, k, n, &b);
-                for &kernel in Bf16Kernel::available() {
+                for kernel in vector_kernels() {
                     let mut got = c0.clone();
                     gemm_bf16_with(kernel, &lhs, &rhs, accumulate, &mut got, n);
                     for (i, (x, y)) in got.iter().zip(&want).enumerate() {
@@ -371,7 +465,7 @@ mod tests {
         rhs.pack(Op::N, k, n, &b);
         let mut want = vec![0.0; m * n];
         gemm_bf16_reference(Op::N, Op::N, m, n, k, &a, &b, false, &mut want);
-        for &kernel in Bf16Kernel::available() {
+        for kernel in vector_kernels() {
             let mut c = vec![f32::NAN; (m - 1) * ldc + n];
             gemm_bf16_with(kernel, &lhs, &rhs, false, &mut c, ldc);
             for (idx, &v) in c.iter().enumerate() {
@@ -390,16 +484,17 @@ mod tests {
     /// most 2⁻⁸ each, so 2⁻⁷ + 2⁻¹⁶ together) and the `f32` sums add at most
     /// `k·2⁻²⁴` relative to `Σ|aₚbₚ|`: `|c − exact| ≤ (2⁻⁷ + 2⁻¹⁶ + k·2⁻²⁴)·Σₚ|aₚ·bₚ|`.
     /// The typical error (normal operands) is far below that bound: its root
-    /// mean square relative to `√Σ(aₚbₚ)²` is below 2⁻⁸.
+    /// mean square relative to `√Σ(aₚbₚ)²` is below 2⁻⁸. Every kernel this CPU
+    /// runs, AMX included (its sums are chains of at most `k` additions too).
     #[test]
     fn error_against_f32_is_bounded() {
-        let (mut lhs, mut rhs) = (Bf16Lhs::default(), Bf16Rhs::default());
-        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+        let mut scratch = Bf16Scratch::default();
+        let cases =
+            Bf16Kernel::available().iter().flat_map(|&kernel| SHAPES.iter().enumerate().map(move |s| (kernel, s)));
+        for (kernel, (s, &(m, n, k))) in cases {
             let (a, b, _) = operands(m, n, k, 100 + s as u64);
-            lhs.pack(Op::N, m, k, &a);
-            rhs.pack(Op::T, k, n, &b);
             let mut got = vec![0.0f32; m * n];
-            gemm_bf16(&lhs, &rhs, false, &mut got, n);
+            scratch.product_with(kernel, (Op::N, &a), (Op::T, &b), (m, n, k), false, &mut got, n);
             let a64: Vec<f64> = a.iter().map(|&v| v as f64).collect();
             let b64: Vec<f64> = b.iter().map(|&v| v as f64).collect();
             let mut exact = vec![0.0f64; m * n];
@@ -411,13 +506,13 @@ mod tests {
                     let abs_sum: f64 = terms.clone().map(f64::abs).sum();
                     let bound = (2f64.powi(-7) + 2f64.powi(-16) + k as f64 * 2f64.powi(-24)) * abs_sum;
                     let err = (got[i * n + j] as f64 - exact[i * n + j]).abs();
-                    assert!(err <= bound, "{m}x{n}x{k} [{i}][{j}]: error {err:e} over the bound {bound:e}");
+                    assert!(err <= bound, "{kernel:?} {m}x{n}x{k} [{i}][{j}]: error {err:e} over the bound {bound:e}");
                     sq_err += err * err;
                     sq_scale += terms.map(|t| t * t).sum::<f64>();
                 }
             }
             let rms = (sq_err / sq_scale).sqrt();
-            assert!(rms < 2f64.powi(-8), "{m}x{n}x{k}: relative RMS error {rms:e}");
+            assert!(rms < 2f64.powi(-8), "{kernel:?} {m}x{n}x{k}: relative RMS error {rms:e}");
         }
     }
 }

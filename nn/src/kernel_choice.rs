@@ -27,7 +27,7 @@
 //! measured runs [`PanelKernel::best`], a backward one matrixmultiply.
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
-use super::gemm_bf16::{gemm_bf16, Bf16Scratch};
+use super::gemm_bf16::Bf16Scratch;
 use super::gemm_packed::{gemm_mm_order_in_place, gemm_packed_with, packed_span_f32_with, PackedRhs, PanelKernel};
 use super::Scalar;
 use std::sync::RwLock;
@@ -436,21 +436,9 @@ pub fn measure_bf16(product: Option<Backward>, rows: usize, input: usize, output
     let mut s = Bf16Scratch::default();
     let flops = 2.0 * (rows * input * output) as f64;
     let mut run = || match product {
-        None => {
-            s.lhs.pack(Op::N, rows, input, &x);
-            s.rhs.pack(Op::T, input, output, &w);
-            gemm_bf16(&s.lhs, &s.rhs, true, &mut out, output);
-        }
-        Some(Backward::Dw) => {
-            s.lhs.pack(Op::T, output, rows, &dy);
-            s.rhs.pack(Op::N, rows, input, &x);
-            gemm_bf16(&s.lhs, &s.rhs, false, &mut out, input);
-        }
-        Some(Backward::Dx) => {
-            s.lhs.pack(Op::N, rows, output, &dy);
-            s.rhs.pack(Op::N, output, input, &w);
-            gemm_bf16(&s.lhs, &s.rhs, false, &mut out, input);
-        }
+        None => s.product((Op::N, &x), (Op::T, &w), (rows, output, input), true, &mut out, output),
+        Some(Backward::Dw) => s.product((Op::T, &dy), (Op::N, &x), (output, input, rows), false, &mut out, input),
+        Some(Backward::Dx) => s.product((Op::N, &dy), (Op::N, &w), (rows, input, output), false, &mut out, input),
     };
     let rates: Vec<f64> =
         (0..measure.rounds.max(1)).map(|_| flops * calls_per_second(measure.seconds, &mut run) / 1e9).collect();

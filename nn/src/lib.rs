@@ -39,6 +39,7 @@ macro_rules! flat_buffer_accessors {
     };
 }
 
+mod amx_tile;
 pub mod attention;
 mod bf16_pack;
 mod deep_partial;
@@ -50,6 +51,7 @@ pub mod fm;
 mod fm_partial;
 pub mod fma_peak;
 pub mod gemm;
+pub mod gemm_amx;
 pub mod gemm_bf16;
 pub mod gemm_packed;
 pub mod gru;

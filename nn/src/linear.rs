@@ -4,7 +4,7 @@
 //! parameter buffer, followed by `b` (`output` values).
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
-use super::gemm_bf16::{gemm_bf16, Bf16Scratch};
+use super::gemm_bf16::Bf16Scratch;
 use super::gemm_packed::{gemm_packed_with, PackedRhs};
 pub use super::kernel_choice::ForwardClass;
 use super::kernel_choice::{backward_kernel_for, forward_class, panel_kernel_for, Backward};
@@ -170,8 +170,9 @@ impl Linear {
 
 impl Linear {
     /// [`forward`](Self::forward) under `--precision bf16`: `x` and `W` rounded to
-    /// bf16, products accumulated in `f32` onto the `f32` bias
-    /// ([`gemm_bf16`]); `W` is rounded from its current `f32` values on every call.
+    /// bf16, products accumulated in `f32` onto the `f32` bias on the best bf16
+    /// kernel ([`Bf16Scratch::product`]); `W` is rounded from its current `f32`
+    /// values on every call.
     pub fn forward_bf16(&self, params: &[f32], x: &[f32], batch: usize, y: &mut [f32], scratch: &mut Bf16Scratch) {
         let w = &params[self.offset..self.offset + self.output * self.input];
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
@@ -179,9 +180,8 @@ impl Linear {
         for row in y.chunks_exact_mut(self.output) {
             row.copy_from_slice(b);
         }
-        scratch.lhs.pack(Op::N, batch, self.input, &x[..batch * self.input]);
-        scratch.rhs.pack(Op::T, self.input, self.output, w);
-        gemm_bf16(&scratch.lhs, &scratch.rhs, true, y, self.output);
+        let shape = (batch, self.output, self.input);
+        scratch.product((Op::N, &x[..batch * self.input]), (Op::T, w), shape, true, y, self.output);
     }
 
     /// [`backward`](Self::backward) under `--precision bf16`: `dW = dyᵀ·x` and
@@ -200,9 +200,8 @@ impl Linear {
         let nw = self.output * self.input;
         let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
         let dy = &dy[..batch * self.output];
-        scratch.lhs.pack(Op::T, self.output, batch, dy);
-        scratch.rhs.pack(Op::N, batch, self.input, &x[..batch * self.input]);
-        gemm_bf16(&scratch.lhs, &scratch.rhs, false, gw, self.input);
+        let shape = (self.output, self.input, batch);
+        scratch.product((Op::T, dy), (Op::N, &x[..batch * self.input]), shape, false, gw, self.input);
         gb.fill(0.0);
         for row in dy.chunks_exact(self.output) {
             for (g, &d) in gb.iter_mut().zip(row) {
@@ -210,9 +209,8 @@ impl Linear {
             }
         }
         if let Some(dx) = dx {
-            scratch.lhs.pack(Op::N, batch, self.output, dy);
-            scratch.rhs.pack(Op::N, self.output, self.input, &params[self.offset..self.offset + nw]);
-            gemm_bf16(&scratch.lhs, &scratch.rhs, false, &mut dx[..batch * self.input], self.input);
+            let (w, shape) = (&params[self.offset..self.offset + nw], (batch, self.input, self.output));
+            scratch.product((Op::N, dy), (Op::N, w), shape, false, &mut dx[..batch * self.input], self.input);
         }
     }
 }
@@ -295,7 +293,10 @@ mod tests {
     /// `f32`, and nothing outside the layer's ranges is written.
     #[test]
     fn bf16_products_equal_the_oracle() {
-        use crate::gemm_bf16::gemm_bf16_reference;
+        let kernel = crate::gemm_bf16::Bf16Kernel::best();
+        let gemm_bf16_reference = |op_a, op_b, m, n, k, a: &[f32], b: &[f32], acc, c: &mut [f32]| {
+            kernel.reference(op_a, op_b, m, n, k, a, b, acc, c)
+        };
         for (input, output, batch) in [(13, 512, 7), (367, 512, 30), (256, 1, 25), (5, 3, 1), (64, 16, 40)] {
             let lin = Linear { input, output, offset: 3 };
             let mut params = vec![0.0f32; 3 + lin.num_params() + 2];

@@ -11,12 +11,21 @@
 //! | `TIDEREC_MAX_ISA` | kernels may use |
 //! |---|---|
 //! | `native` (default; also unset or empty) | every extension the CPU has |
-//! | `avx512` | AVX2, FMA and AVX-512 (F, BW, DQ, VL, VNNI, BF16) |
+//! | `amx` | AVX2, FMA, AVX-512 and AMX-BF16 tiles (today the same as `native`) |
+//! | `avx512` | AVX2, FMA and AVX-512 (F, BW, DQ, VL, VNNI, BF16): no AMX tile products |
 //! | `avx2` | AVX2 and FMA: no AVX-512 kernel, no bf16 products |
 //! | `portable` | none: the portable kernels, as on a CPU without AVX2 |
 //!
 //! The value is matched without regard to case. A cap never turns on an
 //! extension the CPU lacks: `avx512` on an AVX2-only CPU is `native`.
+//!
+//! # AMX
+//! [`Feature::AmxBf16`] counts as detected only when the CPU has AMX-TILE and
+//! AMX-BF16, the operating system saves the tile state (`XCR0` bits 17 and 18)
+//! and, on Linux, the process was granted the tile data state
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked once at the
+//! first question). [`amx_note`] says which of these failed on a CPU that has
+//! AMX but may not use it.
 //!
 //! # What the cap does not reach
 //! * Code the compiler generates: the build targets x86-64-v3, so AVX2 and FMA
@@ -72,11 +81,14 @@ pub enum Feature {
     Avx512Vnni,
     /// AVX-512 bf16 conversions and dot products.
     Avx512Bf16,
+    /// AMX tiles with bf16 dot products (AMX-TILE and AMX-BF16, enabled by the
+    /// operating system for this process: see the module docs).
+    AmxBf16,
 }
 
 impl Feature {
     /// Every feature, in the order reports list them.
-    pub const ALL: [Feature; 8] = [
+    pub const ALL: [Feature; 9] = [
         Feature::Avx2,
         Feature::Fma,
         Feature::Avx512F,
@@ -85,6 +97,7 @@ impl Feature {
         Feature::Avx512Vl,
         Feature::Avx512Vnni,
         Feature::Avx512Bf16,
+        Feature::AmxBf16,
     ];
 
     /// The name `is_x86_feature_detected!` and reports use (`avx2`, `avx512f`, …).
@@ -98,6 +111,7 @@ impl Feature {
             Feature::Avx512Vl => "avx512vl",
             Feature::Avx512Vnni => "avx512vnni",
             Feature::Avx512Bf16 => "avx512bf16",
+            Feature::AmxBf16 => "amx-bf16",
         }
     }
 
@@ -105,6 +119,7 @@ impl Feature {
     pub fn level(self) -> MaxIsa {
         match self {
             Feature::Avx2 | Feature::Fma => MaxIsa::Avx2,
+            Feature::AmxBf16 => MaxIsa::Amx,
             _ => MaxIsa::Avx512,
         }
     }
@@ -126,6 +141,7 @@ impl Feature {
                 Feature::Avx512Vl => std::arch::is_x86_feature_detected!("avx512vl"),
                 Feature::Avx512Vnni => std::arch::is_x86_feature_detected!("avx512vnni"),
                 Feature::Avx512Bf16 => std::arch::is_x86_feature_detected!("avx512bf16"),
+                Feature::AmxBf16 => amx::probe().is_ok(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -151,13 +167,15 @@ pub enum MaxIsa {
     Avx2,
     /// AVX2, FMA and AVX-512.
     Avx512,
+    /// AVX2, FMA, AVX-512 and AMX.
+    Amx,
     /// Everything the CPU has (no cap).
     Native,
 }
 
 impl MaxIsa {
     /// Every value, lowest first.
-    pub const ALL: [MaxIsa; 4] = [MaxIsa::Portable, MaxIsa::Avx2, MaxIsa::Avx512, MaxIsa::Native];
+    pub const ALL: [MaxIsa; 5] = [MaxIsa::Portable, MaxIsa::Avx2, MaxIsa::Avx512, MaxIsa::Amx, MaxIsa::Native];
 
     /// The value's spelling in `TIDEREC_MAX_ISA`.
     pub fn name(self) -> &'static str {
@@ -165,6 +183,7 @@ impl MaxIsa {
             MaxIsa::Portable => "portable",
             MaxIsa::Avx2 => "avx2",
             MaxIsa::Avx512 => "avx512",
+            MaxIsa::Amx => "amx",
             MaxIsa::Native => "native",
         }
     }
@@ -203,7 +222,7 @@ impl FromStr for MaxIsa {
 
 /// A value of `TIDEREC_MAX_ISA` that names no cap.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
-#[error("invalid {MAX_ISA_VAR}={value:?}: accepted values are native, avx512, avx2, portable")]
+#[error("invalid {MAX_ISA_VAR}={value:?}: accepted values are native, amx, avx512, avx2, portable")]
 pub struct MaxIsaError {
     /// The value as set (bytes that are not UTF-8 replaced).
     pub value: String,
@@ -211,7 +230,7 @@ pub struct MaxIsaError {
 
 impl From<MaxIsaError> for crate::ConfigError {
     fn from(e: MaxIsaError) -> Self {
-        crate::ConfigError::new(MAX_ISA_VAR, format!("{:?} is not one of native, avx512, avx2, portable", e.value))
+        crate::ConfigError::new(MAX_ISA_VAR, format!("{:?} is not one of native, amx, avx512, avx2, portable", e.value))
     }
 }
 
@@ -307,6 +326,93 @@ fn describe_with(usable: &[Feature], off: &[Feature], note: Option<&str>) -> Str
     }
 }
 
+/// Why a CPU with AMX-BF16 may not use it here (the operating system does not
+/// save the tile state, or Linux refused the permission); `None` when AMX is
+/// usable or the CPU has none. Reports print it beside [`describe`].
+pub fn amx_note() -> Option<&'static str> {
+    match amx::probe() {
+        Err(amx::Missing::Refused(why)) => Some(why),
+        _ => None,
+    }
+}
+
+/// Whether this process may run AMX tile instructions (see the module docs).
+mod amx {
+    use std::sync::OnceLock;
+
+    /// What stops AMX.
+    #[derive(Clone, Copy, Debug)]
+    pub(super) enum Missing {
+        /// The CPU has no AMX-TILE or no AMX-BF16.
+        Absent,
+        /// The CPU has them, but this process may not use them: why.
+        Refused(&'static str),
+    }
+
+    /// The answer, found at the first question and kept.
+    pub(super) fn probe() -> Result<(), Missing> {
+        static ANSWER: OnceLock<Result<(), Missing>> = OnceLock::new();
+        *ANSWER.get_or_init(ask)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn ask() -> Result<(), Missing> {
+        use std::arch::x86_64::__cpuid_count;
+        // Leaf 7 is asked only where leaf 0 lists it.
+        let (max_leaf, leaf1) = (__cpuid_count(0, 0).eax, __cpuid_count(1, 0));
+        if max_leaf < 7 {
+            return Err(Missing::Absent);
+        }
+        let leaf7 = __cpuid_count(7, 0);
+        const AMX_BF16: u32 = 1 << 22;
+        const AMX_TILE: u32 = 1 << 24;
+        if leaf7.edx & (AMX_BF16 | AMX_TILE) != AMX_BF16 | AMX_TILE {
+            return Err(Missing::Absent);
+        }
+        const OSXSAVE: u32 = 1 << 27;
+        if leaf1.ecx & OSXSAVE == 0 {
+            return Err(Missing::Refused("the operating system does not enable XSAVE"));
+        }
+        const TILE_STATE: u64 = 3 << 17;
+        // SAFETY: OSXSAVE is set, so `xgetbv` runs.
+        if unsafe { xcr0() } & TILE_STATE != TILE_STATE {
+            return Err(Missing::Refused("the operating system does not save the AMX tile state (XCR0)"));
+        }
+        request_permission()
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn ask() -> Result<(), Missing> {
+        Err(Missing::Absent)
+    }
+
+    /// The extended control register 0: which state components the OS saves.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "xsave")]
+    unsafe fn xcr0() -> u64 {
+        std::arch::x86_64::_xgetbv(0)
+    }
+
+    /// Linux lets a process use the tile data only once it asks (kernel 5.16 and later).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn request_permission() -> Result<(), Missing> {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: this request only widens the state components the process may use.
+        let rc = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Missing::Refused("Linux refused the tile data permission (arch_prctl ARCH_REQ_XCOMP_PERM; kernels before 5.16 have none)"))
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+    fn request_permission() -> Result<(), Missing> {
+        Err(Missing::Refused("tiderec asks for the AMX tile state only on Linux"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,7 +434,7 @@ mod tests {
             assert_eq!(e.value, bad);
             let text = e.to_string();
             assert!(text.contains("TIDEREC_MAX_ISA") && text.contains(bad), "{text}");
-            assert!(text.contains("native, avx512, avx2, portable"), "{text}");
+            assert!(text.contains("native, amx, avx512, avx2, portable"), "{text}");
             let config: crate::ConfigError = e.into();
             assert_eq!(config.key, "TIDEREC_MAX_ISA");
         }
@@ -338,16 +444,17 @@ mod tests {
     /// features need `avx512` and AVX2 and FMA `avx2`.
     #[test]
     fn caps_are_ordered_and_nested() {
-        assert!(MaxIsa::Portable < MaxIsa::Avx2 && MaxIsa::Avx2 < MaxIsa::Avx512 && MaxIsa::Avx512 < MaxIsa::Native);
+        assert!(MaxIsa::ALL.windows(2).all(|w| w[0] < w[1]));
         for f in Feature::ALL {
             assert!(!MaxIsa::Portable.allows(f), "{f}");
-            assert!(MaxIsa::Avx512.allows(f) && MaxIsa::Native.allows(f), "{f}");
+            assert!(MaxIsa::Amx.allows(f) && MaxIsa::Native.allows(f), "{f}");
+            assert_eq!(MaxIsa::Avx512.allows(f), f != Feature::AmxBf16, "{f}");
             assert_eq!(MaxIsa::Avx2.allows(f), matches!(f, Feature::Avx2 | Feature::Fma), "{f}");
         }
         let all = Feature::ALL.iter().fold(0, |m, f| m | f.bit());
         let masks: Vec<u32> = MaxIsa::ALL.iter().map(|&c| usable_mask(all, c)).collect();
         assert!(masks.windows(2).all(|w| w[0] & !w[1] == 0), "each cap allows what the lower one does");
-        assert_eq!(masks, [0, Feature::Avx2.bit() | Feature::Fma.bit(), all, all]);
+        assert_eq!(masks, [0, Feature::Avx2.bit() | Feature::Fma.bit(), all & !Feature::AmxBf16.bit(), all, all]);
     }
 
     /// A cap never turns on a feature the CPU lacks.

@@ -1,0 +1,447 @@
+//! `c[m×n] (+)= op(a) · op(b)` on AMX tiles: the bf16 products of
+//! `--precision bf16` on CPUs with AMX-BF16.
+//!
+//! The operands are bf16-rounded pairs (as in [`bf16_pack`](super::bf16_pack))
+//! in the tiles' layouts: [`AmxLhs`] holds `op(a)` row by row, each row's pairs
+//! padded to a multiple of 16 (one tile row), the rows padded to a multiple of
+//! 32; [`AmxRhs`] holds `op(b)` as panels of 32 columns, each `⌈k/2⌉` rows of
+//! pairs padded to a multiple of 16. Padding is zero, so it adds `+0` products.
+//!
+//! # Summation
+//! Every entry of `c` is one chain over the reduction in *blocks* of 16 pairs,
+//! from `c` (accumulating) or `+0`: `out ← out + (Σₑ + Σₒ)`, where `Σₑ` sums the
+//! block's even-step products in order and `Σₒ` its odd-step products, every
+//! addition rounded to `f32` — what one `TDPBF16PS` computes
+//! ([`amx_tile`](super::amx_tile)). [`gemm_amx_reference`] is that definition
+//! in scalar code from the `f32` operands; the kernel equals it bit for bit
+//! wherever no product or partial sum is a denormal (`tests`). The blocking of
+//! the loops (chunks of the reduction, rows, panels) never changes a chain:
+//! a chain left in `c` between chunks is reloaded exactly.
+//!
+//! Invariant: only the `m × n` entries of `c` are written.
+
+use super::amx_tile::{BLOCK, TILE_PAIRS};
+use super::bf16_pack::{bf16_to_f32, interleave_rows, round_bf16, round_row_pairs};
+use super::gemm::Op;
+
+/// Pairs per chunk of the reduction: a 32-row slice of `a` and a panel of `b`
+/// are 32 KiB each, so the slice stays in L1 while the panels pass.
+const CHUNK_PAIRS: usize = 64;
+
+/// A 64-byte line of pairs: the packed buffers are 64-byte aligned, so every tile row is one line.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(64))]
+struct Line([u32; 16]);
+
+/// Pairs in `lines` as one slice.
+fn words(lines: &[Line]) -> &[u32] {
+    // SAFETY: `Line` is 16 `u32` with no padding.
+    unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u32, lines.len() * 16) }
+}
+
+fn words_mut(lines: &mut [Line]) -> &mut [u32] {
+    // SAFETY: as in `words`.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u32, lines.len() * 16) }
+}
+
+/// `x` rounded up to a multiple of `to`.
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// Whether the AMX products run here: the CPU has AMX-BF16, the process may use
+/// it and `TIDEREC_MAX_ISA` allows it ([`tiderec_records::cpu`]).
+pub fn amx_available() -> bool {
+    tiderec_records::cpu::has(tiderec_records::cpu::Feature::AmxBf16)
+}
+
+/// `op(a)` (`m × k`) in rows of pairs: pair `q` of row `i` at `i·kp + q`, with
+/// `kp` the pairs padded to 16 and the rows to 32.
+#[derive(Clone, Debug, Default)]
+pub struct AmxLhs {
+    m: usize,
+    pairs: usize,
+    kp: usize,
+    data: Vec<Line>,
+    /// Sixteen pair rows of the transposed packing.
+    strip: Vec<u32>,
+}
+
+impl AmxLhs {
+    /// Packs `op(a)`: `a` is stored `m × k` for [`Op::N`], `k × m` for [`Op::T`].
+    /// Every value of the layout is written, so a reused buffer is not cleared first.
+    ///
+    /// # Panics
+    /// When `a` is shorter than its shape requires.
+    pub fn pack(&mut self, op: Op, m: usize, k: usize, a: &[f32]) {
+        assert!(a.len() >= m * k, "AmxLhs: a has {} values, needs {}", a.len(), m * k);
+        let pairs = k.div_ceil(2);
+        let kp = round_up(pairs, TILE_PAIRS);
+        let rows = round_up(m, BLOCK);
+        self.m = m;
+        self.pairs = pairs;
+        self.kp = kp;
+        self.data.resize(rows * kp / 16, Line::default());
+        let data = words_mut(&mut self.data);
+        match op {
+            Op::N => {
+                for (i, out) in data.chunks_exact_mut(kp.max(1)).enumerate().take(m) {
+                    round_row_pairs(&a[i * k..(i + 1) * k], &mut out[..pairs]);
+                    out[pairs..].fill(0);
+                }
+            }
+            Op::T => {
+                // Sixteen pairs of every row at a time, then each row's sixteen moved into place.
+                self.strip.resize(TILE_PAIRS * m, 0);
+                for q0 in (0..kp).step_by(TILE_PAIRS) {
+                    for (dq, out) in self.strip.chunks_exact_mut(m.max(1)).enumerate() {
+                        let q = q0 + dq;
+                        if q >= pairs {
+                            out.fill(0);
+                            continue;
+                        }
+                        let lo = &a[2 * q * m..(2 * q + 1) * m];
+                        let hi = (2 * q + 1 < k).then(|| &a[(2 * q + 1) * m..(2 * q + 2) * m]);
+                        interleave_rows(lo, hi, out);
+                    }
+                    for i in 0..m {
+                        let row = &mut data[i * kp + q0..i * kp + q0 + TILE_PAIRS];
+                        for (dq, o) in row.iter_mut().enumerate() {
+                            *o = self.strip[dq * m + i];
+                        }
+                    }
+                }
+            }
+        }
+        data[m * kp..].fill(0);
+    }
+
+    /// Rows of `op(a)`.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// Pairs per row (`⌈k/2⌉`).
+    pub fn pairs(&self) -> usize {
+        self.pairs
+    }
+}
+
+/// `op(b)` (`k × n`) as panels of 32 columns: pair row `q` of panel `p` at
+/// `(p·kp + q)·32`, one pair per column, with `kp` the pairs padded to 16.
+#[derive(Clone, Debug, Default)]
+pub struct AmxRhs {
+    n: usize,
+    pairs: usize,
+    kp: usize,
+    data: Vec<Line>,
+    /// One column's pairs (the transposed packing's scratch).
+    column: Vec<u32>,
+}
+
+impl AmxRhs {
+    /// Packs `op(b)`: `b` is stored `k × n` for [`Op::N`], `n × k` for [`Op::T`]
+    /// (a layer's `Wᵀ`). Every value of the layout is written.
+    ///
+    /// # Panics
+    /// When `b` is shorter than its shape requires.
+    pub fn pack(&mut self, op: Op, k: usize, n: usize, b: &[f32]) {
+        assert!(b.len() >= k * n, "AmxRhs: b has {} values, needs {}", b.len(), k * n);
+        let pairs = k.div_ceil(2);
+        let kp = round_up(pairs, TILE_PAIRS);
+        self.n = n;
+        self.pairs = pairs;
+        self.kp = kp;
+        self.data.resize(n.div_ceil(BLOCK) * kp * BLOCK / 16, Line::default());
+        let data = words_mut(&mut self.data);
+        for (p, panel) in data.chunks_exact_mut((kp * BLOCK).max(1)).enumerate().take(n.div_ceil(BLOCK)) {
+            let first = p * BLOCK;
+            let width = BLOCK.min(n - first);
+            match op {
+                Op::N => {
+                    for (q, out) in panel.chunks_exact_mut(BLOCK).enumerate().take(pairs) {
+                        let row = |s: usize| &b[s * n + first..s * n + first + width];
+                        interleave_rows(row(2 * q), (2 * q + 1 < k).then(|| row(2 * q + 1)), &mut out[..width]);
+                        out[width..].fill(0);
+                    }
+                }
+                Op::T => {
+                    self.column.resize(pairs, 0);
+                    for j in 0..width {
+                        round_row_pairs(&b[(first + j) * k..(first + j + 1) * k], &mut self.column);
+                        for (out, &v) in panel.chunks_exact_mut(BLOCK).zip(&self.column) {
+                            out[j] = v;
+                        }
+                    }
+                    if width < BLOCK {
+                        for out in panel.chunks_exact_mut(BLOCK).take(pairs) {
+                            out[width..].fill(0);
+                        }
+                    }
+                }
+            }
+            panel[pairs * BLOCK..].fill(0);
+        }
+    }
+
+    /// Columns of `op(b)`.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Pairs per column (`⌈k/2⌉`).
+    pub fn pairs(&self) -> usize {
+        self.pairs
+    }
+}
+
+/// `c[m×n] = op(a)·op(b)` (`+ c` when `accumulate`) on AMX tiles; row `i` of
+/// `c` starts at `c[i·ldc]`.
+///
+/// # Panics
+/// When the operands' shapes disagree, `c` is shorter than its shape requires,
+/// or AMX does not run here ([`amx_available`]).
+pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: usize) {
+    assert!(amx_available(), "gemm_amx: AMX-BF16 does not run here");
+    let (m, n, kp) = (a.m, b.n, b.kp);
+    assert_eq!(a.pairs, b.pairs, "gemm_amx: {} pairs on the left, {} on the right", a.pairs, b.pairs);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_amx: c has {} values for {m} rows of {n}", c.len());
+    if kp == 0 {
+        if !accumulate {
+            for row in 0..m {
+                c[row * ldc..row * ldc + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AMX runs here (asserted); the shapes were checked above and the
+    // packed operands hold `a.m` rows padded to 32 and `b.n` columns padded to 32,
+    // both over `kp` pairs.
+    unsafe {
+        x86::gemm(a, b, accumulate, c, ldc)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("AMX runs only on x86-64")
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::super::amx_tile::{block_32x32, Tiles, BLOCK, TILE_PAIRS};
+    use super::{words, AmxLhs, AmxRhs, CHUNK_PAIRS};
+
+    /// A block of `c` that the matrix's edge cuts, computed in full here.
+    #[repr(C, align(64))]
+    struct Edge([f32; BLOCK * BLOCK]);
+
+    /// See [`super::gemm_amx`].
+    ///
+    /// # Safety
+    /// AMX runs here; `c` holds `m` rows of `n` at stride `ldc`; `kp ≥ 16`.
+    pub(super) unsafe fn gemm(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: usize) {
+        let (m, n, kp) = (a.m, b.n, b.kp);
+        let (a_words, b_words) = (words(&a.data), words(&b.data));
+        let tiles = Tiles::configure();
+        let mut edge = Edge([0.0; BLOCK * BLOCK]);
+        for q0 in (0..kp).step_by(CHUNK_PAIRS) {
+            let blocks = CHUNK_PAIRS.min(kp - q0) / TILE_PAIRS;
+            let load_c = accumulate || q0 > 0;
+            for i in (0..m).step_by(BLOCK) {
+                let a_ptr = a_words.as_ptr().add(i * kp + q0);
+                for j in (0..n).step_by(BLOCK) {
+                    let b_ptr = b_words.as_ptr().add((j / BLOCK * kp + q0) * BLOCK);
+                    let prefetch = if j + BLOCK < n {
+                        b_words.as_ptr().add(((j / BLOCK + 1) * kp + q0) * BLOCK)
+                    } else {
+                        std::ptr::null()
+                    };
+                    let (rows, cols) = (BLOCK.min(m - i), BLOCK.min(n - j));
+                    let run = |c: *mut f32, ldc: usize| {
+                        block_32x32(&tiles, a_ptr, kp * 4, b_ptr, BLOCK * 4, blocks, c, ldc * 4, load_c, prefetch)
+                    };
+                    if rows == BLOCK && cols == BLOCK {
+                        run(c.as_mut_ptr().add(i * ldc + j), ldc);
+                        continue;
+                    }
+                    if load_c {
+                        for r in 0..rows {
+                            edge.0[r * BLOCK..r * BLOCK + cols].copy_from_slice(&c[(i + r) * ldc + j..][..cols]);
+                        }
+                    }
+                    run(edge.0.as_mut_ptr(), BLOCK);
+                    for r in 0..rows {
+                        c[(i + r) * ldc + j..][..cols].copy_from_slice(&edge.0[r * BLOCK..r * BLOCK + cols]);
+                    }
+                }
+            }
+        }
+        drop(tiles);
+    }
+}
+
+/// The definition of [`gemm_amx`] from the `f32` operands (see the module's
+/// summation): `op(a)` is `m × k` (`a` stored `m × k` for [`Op::N`], `k × m`
+/// for [`Op::T`]), `op(b)` is `k × n` (`b` stored `k × n` or `n × k`), `c` is
+/// `m × n` row-major.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_amx_reference(
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    b: &[f32],
+    accumulate: bool,
+    c: &mut [f32],
+) {
+    let r = |x: f32| bf16_to_f32(round_bf16(x));
+    let av = |i: usize, p: usize| if p >= k { 0.0 } else { r(if op_a == Op::N { a[i * k + p] } else { a[p * m + i] }) };
+    let bv = |p: usize, j: usize| if p >= k { 0.0 } else { r(if op_b == Op::N { b[p * n + j] } else { b[j * k + p] }) };
+    let kp = round_up(k.div_ceil(2), TILE_PAIRS);
+    for i in 0..m {
+        for j in 0..n {
+            let mut out = if accumulate { c[i * n + j] } else { 0.0 };
+            for q0 in (0..kp).step_by(TILE_PAIRS) {
+                let (mut even, mut odd) = (av(i, 2 * q0) * bv(2 * q0, j), av(i, 2 * q0 + 1) * bv(2 * q0 + 1, j));
+                for q in q0 + 1..q0 + TILE_PAIRS {
+                    even += av(i, 2 * q) * bv(2 * q, j);
+                    odd += av(i, 2 * q + 1) * bv(2 * q + 1, j);
+                }
+                out += even + odd;
+            }
+            c[i * n + j] = out;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn operands(m: usize, n: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        // Normal values scaled over a wide range of exponents, so the order of
+        // the sums shows in the last bits.
+        let val = |i: usize| {
+            let x = tiderec_records::rng::normal_f64(seed, i as u64, 0, 0);
+            let e = (tiderec_records::rng::unit_f64(seed, i as u64, 1, 0) * 16.0) as i32 - 8;
+            (x * 2f64.powi(e)) as f32
+        };
+        let a = (0..m * k).map(val).collect();
+        let b = (0..k * n).map(|i| val(i + 10_000_000)).collect();
+        let c = (0..m * n).map(|i| val(i + 20_000_000)).collect();
+        (a, b, c)
+    }
+
+    /// Shapes with every edge: one row, rows past 32, widths not multiples of
+    /// 16 or 32, odd `k`, `k` past one chunk of the reduction, one column.
+    const SHAPES: [(usize, usize, usize); 12] = [
+        (1, 1, 1),
+        (3, 5, 2),
+        (13, 17, 13),
+        (33, 33, 31),
+        (32, 32, 32),
+        (64, 64, 64),
+        (37, 70, 257),
+        (64, 512, 13),
+        (128, 1, 256),
+        (50, 16, 600),
+        (2, 40, 1000),
+        (70, 96, 513),
+    ];
+
+    /// The kernel, on both layouts of both operands, accumulating or not,
+    /// equals [`gemm_amx_reference`] bit for bit.
+    #[test]
+    fn kernel_equals_the_oracle_bit_for_bit() {
+        if !amx_available() {
+            eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
+            return;
+        }
+        let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
+        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+            let (a, b, c0) = operands(m, n, k, s as u64);
+            for (op_a, op_b, accumulate) in
+                [(Op::N, Op::T, true), (Op::T, Op::N, false), (Op::N, Op::N, false), (Op::T, Op::T, true)]
+            {
+                let mut want = c0.clone();
+                gemm_amx_reference(op_a, op_b, m, n, k, &a, &b, accumulate, &mut want);
+                lhs.pack(op_a, m, k, &a);
+                rhs.pack(op_b, k, n, &b);
+                let mut got = c0.clone();
+                gemm_amx(&lhs, &rhs, accumulate, &mut got, n);
+                for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        x.to_bits() == y.to_bits(),
+                        "{op_a:?}{op_b:?} {m}x{n}x{k} acc {accumulate} [{i}]: {x:e} vs {y:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The oracle's order is the hardware's and no other: the same products
+    /// summed as one chain in order differ from it on these operands, so the
+    /// bit-for-bit test above could fail.
+    #[test]
+    fn the_oracle_is_not_a_plain_chain() {
+        let (m, n, k) = (16, 16, 64);
+        let (a, b, _) = operands(m, n, k, 7);
+        let mut amx = vec![0.0; m * n];
+        gemm_amx_reference(Op::N, Op::N, m, n, k, &a, &b, false, &mut amx);
+        let mut chain = vec![0.0; m * n];
+        crate::gemm_bf16::gemm_bf16_reference(Op::N, Op::N, m, n, k, &a, &b, false, &mut chain);
+        let differ = amx.iter().zip(&chain).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert!(differ > m * n / 10, "{differ} of {} entries differ", m * n);
+    }
+
+    /// Rows of `c` wider than `n`: the columns past `n` are never written, and
+    /// buffers reused for smaller shapes are fully rewritten.
+    #[test]
+    fn only_the_product_entries_are_written() {
+        if !amx_available() {
+            eprintln!("skipped: this CPU has no usable AMX-BF16");
+            return;
+        }
+        let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
+        let (big_a, big_b, _) = operands(70, 70, 90, 9);
+        lhs.pack(Op::N, 70, 90, &big_a);
+        rhs.pack(Op::N, 90, 70, &big_b);
+        let (m, n, k, ldc) = (30, 21, 9, 40);
+        let (a, b, _) = operands(m, n, k, 3);
+        lhs.pack(Op::N, m, k, &a);
+        rhs.pack(Op::N, k, n, &b);
+        let mut want = vec![0.0; m * n];
+        gemm_amx_reference(Op::N, Op::N, m, n, k, &a, &b, false, &mut want);
+        let mut c = vec![f32::NAN; (m - 1) * ldc + n];
+        gemm_amx(&lhs, &rhs, false, &mut c, ldc);
+        for (idx, &v) in c.iter().enumerate() {
+            let (i, j) = (idx / ldc, idx % ldc);
+            if j < n {
+                assert_eq!(v.to_bits(), want[i * n + j].to_bits(), "[{i}][{j}]");
+            } else {
+                assert!(v.is_nan(), "[{i}][{j}] written");
+            }
+        }
+    }
+
+    /// An empty reduction writes zeros (or leaves `c` when accumulating).
+    #[test]
+    fn an_empty_reduction_is_zero() {
+        if !amx_available() {
+            eprintln!("skipped: this CPU has no usable AMX-BF16");
+            return;
+        }
+        let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
+        lhs.pack(Op::N, 3, 0, &[]);
+        rhs.pack(Op::N, 0, 4, &[]);
+        let mut c = vec![5.0; 12];
+        gemm_amx(&lhs, &rhs, true, &mut c, 4);
+        assert!(c.iter().all(|&v| v == 5.0));
+        gemm_amx(&lhs, &rhs, false, &mut c, 4);
+        assert!(c.iter().all(|&v| v == 0.0));
+    }
+}
