@@ -76,15 +76,17 @@ impl Drop for Tiles {
     }
 }
 
-/// `c[32×32] (+)= a[32 rows × 16·blocks pairs] · b[16·blocks pairs × 32 columns]`:
+/// `c[32×32] = start + a[32 rows × 16·blocks pairs] · b[16·blocks pairs × 32 columns]`:
 /// pair `q` of row `r` of `a` at byte `r·lda + 4q`, pair row `q` of `b` at byte
-/// `q·ldb` (32 pairs, one per column), row `i` of `c` at byte `i·ldc`.
-/// `load_c` starts from `c`'s values, otherwise from zero.
+/// `q·ldb` (32 pairs, one per column), row `i` of `c` at byte `i·ldc`. `start`
+/// is zero when `start` is null, otherwise the 32 × 32 values with row `i` at
+/// byte `start + i·lds` (`lds = 0` repeats one row: a bias). `prefetch`, when
+/// not null, is the next panel of `b`, brought into L1 one block per block.
 ///
 /// # Safety
 /// `tiles` configured as [`Tiles::configure`] does; `blocks ≥ 1`; every
 /// address above lies inside its buffer (32 rows of `a` with `16·blocks` pairs,
-/// `16·blocks` rows of `b` with 32 pairs, 32 rows of 32 values of `c`).
+/// `16·blocks` rows of `b` with 32 pairs, 32 rows of 32 values of `c` and of `start`).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[inline]
@@ -97,19 +99,19 @@ pub(crate) unsafe fn block_32x32(
     blocks: usize,
     c: *mut f32,
     ldc: usize,
-    load_c: bool,
+    (start, lds): (*const f32, usize),
     prefetch: *const u32,
 ) {
     debug_assert!(blocks >= 1);
     asm!(
-        "test {load:e}, {load:e}",
+        "test {s}, {s}",
         "jz 3f",
-        "tileloadd tmm0, [{c} + {ldc}*1]",
-        "tileloadd tmm1, [{c} + {ldc}*1 + 64]",
-        "lea {t}, [{c} + {ldc}*8]",
-        "lea {t}, [{t} + {ldc}*8]",
-        "tileloadd tmm2, [{t} + {ldc}*1]",
-        "tileloadd tmm3, [{t} + {ldc}*1 + 64]",
+        "tileloadd tmm0, [{s} + {lds}*1]",
+        "tileloadd tmm1, [{s} + {lds}*1 + 64]",
+        "lea {t}, [{s} + {lds}*8]",
+        "lea {t}, [{t} + {lds}*8]",
+        "tileloadd tmm2, [{t} + {lds}*1]",
+        "tileloadd tmm3, [{t} + {lds}*1 + 64]",
         "jmp 4f",
         "3:",
         "tilezero tmm0",
@@ -177,7 +179,8 @@ pub(crate) unsafe fn block_32x32(
         "lea {t}, [{t} + {ldc}*8]",
         "tilestored [{t} + {ldc}*1], tmm2",
         "tilestored [{t} + {ldc}*1 + 64], tmm3",
-        load = in(reg) load_c as u32,
+        s = in(reg) start,
+        lds = in(reg) lds,
         c = in(reg) c,
         ldc = in(reg) ldc,
         t = out(reg) _,

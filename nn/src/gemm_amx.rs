@@ -91,26 +91,15 @@ impl AmxLhs {
                 }
             }
             Op::T => {
-                // Sixteen pairs of every row at a time, then each row's sixteen moved into place.
-                self.strip.resize(TILE_PAIRS * m, 0);
-                for q0 in (0..kp).step_by(TILE_PAIRS) {
-                    for (dq, out) in self.strip.chunks_exact_mut(m.max(1)).enumerate() {
-                        let q = q0 + dq;
-                        if q >= pairs {
-                            out.fill(0);
-                            continue;
-                        }
-                        let lo = &a[2 * q * m..(2 * q + 1) * m];
-                        let hi = (2 * q + 1 < k).then(|| &a[(2 * q + 1) * m..(2 * q + 2) * m]);
-                        interleave_rows(lo, hi, out);
-                    }
-                    for i in 0..m {
-                        let row = &mut data[i * kp + q0..i * kp + q0 + TILE_PAIRS];
-                        for (dq, o) in row.iter_mut().enumerate() {
-                            *o = self.strip[dq * m + i];
-                        }
-                    }
+                #[cfg(target_arch = "x86_64")]
+                if super::bf16_pack::bf16_vector_available() {
+                    // SAFETY: the CPU has AVX-512 F, BW and BF16 (checked); `a` holds
+                    // `k × m` values (asserted) and `data` `m` rows of `kp` pairs.
+                    unsafe { x86::pack_transposed(a, m, k, data, kp) };
+                    data[m * kp..].fill(0);
+                    return;
                 }
+                pack_transposed_portable(a, m, k, data, kp, &mut self.strip);
             }
         }
         data[m * kp..].fill(0);
@@ -124,6 +113,32 @@ impl AmxLhs {
     /// Pairs per row (`⌈k/2⌉`).
     pub fn pairs(&self) -> usize {
         self.pairs
+    }
+}
+
+/// Rows of pairs of `op(a)` from `a` stored `k × m` (the [`Op::T`] packing):
+/// sixteen pairs of every row at a time through `strip`, then each row's
+/// sixteen moved into place.
+fn pack_transposed_portable(a: &[f32], m: usize, k: usize, data: &mut [u32], kp: usize, strip: &mut Vec<u32>) {
+    let pairs = k.div_ceil(2);
+    strip.resize(TILE_PAIRS * m, 0);
+    for q0 in (0..kp).step_by(TILE_PAIRS) {
+        for (dq, out) in strip.chunks_exact_mut(m.max(1)).enumerate() {
+            let q = q0 + dq;
+            if q >= pairs {
+                out.fill(0);
+                continue;
+            }
+            let lo = &a[2 * q * m..(2 * q + 1) * m];
+            let hi = (2 * q + 1 < k).then(|| &a[(2 * q + 1) * m..(2 * q + 2) * m]);
+            interleave_rows(lo, hi, out);
+        }
+        for i in 0..m {
+            let row = &mut data[i * kp + q0..i * kp + q0 + TILE_PAIRS];
+            for (dq, o) in row.iter_mut().enumerate() {
+                *o = strip[dq * m + i];
+            }
+        }
     }
 }
 
@@ -195,6 +210,17 @@ impl AmxRhs {
     }
 }
 
+/// Where the chain of every entry of `c` starts.
+#[derive(Clone, Copy, Debug)]
+pub enum Start<'a> {
+    /// At `+0`.
+    Zero,
+    /// At `c`'s value (accumulating).
+    Output,
+    /// At `row[j]` for column `j` of every row (a bias; `row` holds `n` values).
+    Row(&'a [f32]),
+}
+
 /// `c[m×n] = op(a)·op(b)` (`+ c` when `accumulate`) on AMX tiles; row `i` of
 /// `c` starts at `c[i·ldc]`.
 ///
@@ -202,7 +228,20 @@ impl AmxRhs {
 /// When the operands' shapes disagree, `c` is shorter than its shape requires,
 /// or AMX does not run here ([`amx_available`]).
 pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: usize) {
+    gemm_amx_from(a, b, if accumulate { Start::Output } else { Start::Zero }, c, ldc)
+}
+
+/// [`gemm_amx`] with every chain starting at `start`: with [`Start::Row`] the
+/// result is that of copying the row into every row of `c` and accumulating,
+/// without the copy.
+///
+/// # Panics
+/// As [`gemm_amx`], and when a start row holds fewer than `n` values.
+pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, c: &mut [f32], ldc: usize) {
     assert!(amx_available(), "gemm_amx: AMX-BF16 does not run here");
+    if let Start::Row(row) = start {
+        assert!(row.len() >= b.n, "gemm_amx: a start row of {} values for {} columns", row.len(), b.n);
+    }
     let (m, n, kp) = (a.m, b.n, b.kp);
     assert_eq!(a.pairs, b.pairs, "gemm_amx: {} pairs on the left, {} on the right", a.pairs, b.pairs);
     if m == 0 || n == 0 {
@@ -210,9 +249,11 @@ pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: us
     }
     assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_amx: c has {} values for {m} rows of {n}", c.len());
     if kp == 0 {
-        if !accumulate {
-            for row in 0..m {
-                c[row * ldc..row * ldc + n].fill(0.0);
+        for r in 0..m {
+            match start {
+                Start::Zero => c[r * ldc..r * ldc + n].fill(0.0),
+                Start::Output => {}
+                Start::Row(row) => c[r * ldc..r * ldc + n].copy_from_slice(&row[..n]),
             }
         }
         return;
@@ -222,7 +263,7 @@ pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: us
     // packed operands hold `a.m` rows padded to 32 and `b.n` columns padded to 32,
     // both over `kp` pairs.
     unsafe {
-        x86::gemm(a, b, accumulate, c, ldc)
+        x86::gemm(a, b, start, c, ldc)
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("AMX runs only on x86-64")
@@ -231,7 +272,78 @@ pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: us
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::amx_tile::{block_32x32, Tiles, BLOCK, TILE_PAIRS};
-    use super::{words, AmxLhs, AmxRhs, CHUNK_PAIRS};
+    use super::{words, AmxLhs, AmxRhs, Start, CHUNK_PAIRS};
+    use std::arch::x86_64::*;
+
+    /// Mask of the first `n ≤ 16` lanes.
+    fn mask(n: usize) -> u16 {
+        if n >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << n) - 1
+        }
+    }
+
+    /// [`super::pack_transposed_portable`] in registers: for 16 rows and 16
+    /// pairs at a time, each pair step is converted from two rows of `a`
+    /// (16 pairs of the 16 rows in one register), and the 16 × 16 block is
+    /// transposed by four rounds of two-source permutes (blocks of 8, 4, 2
+    /// and 1 exchanged across the diagonal).
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and BF16; `a` holds `k × m` values; `data` holds `m` rows of `kp ≥ ⌈k/2⌉` pairs, `kp` a multiple of 16.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn pack_transposed(a: &[f32], m: usize, k: usize, data: &mut [u32], kp: usize) {
+        debug_assert!(a.len() >= k * m && data.len() >= m * kp);
+        let interleave: [u16; 32] =
+            std::array::from_fn(|i| if i % 2 == 0 { (i / 2) as u16 } else { 16 + (i / 2) as u16 });
+        let interleave = _mm512_loadu_si512(interleave.as_ptr() as *const _);
+        // Round `b`: the lane indices of row `r` (low) and of row `r + b` (high).
+        let index = |b: usize, high: bool| -> __m512i {
+            let idx: [i32; 16] = std::array::from_fn(|l| match (l & b == 0, high) {
+                (true, false) => l as i32,
+                (false, false) => (16 + l - b) as i32,
+                (true, true) => (l + b) as i32,
+                (false, true) => (16 + l) as i32,
+            });
+            _mm512_loadu_si512(idx.as_ptr() as *const _)
+        };
+        let rounds = [8, 4, 2, 1].map(|b| (b, index(b, false), index(b, true)));
+        let src = a.as_ptr();
+        for i0 in (0..m).step_by(16) {
+            let rows = 16.min(m - i0);
+            let lanes = mask(rows);
+            for q0 in (0..kp).step_by(TILE_PAIRS) {
+                let mut v = [_mm512_setzero_si512(); 16];
+                for (dq, reg) in v.iter_mut().enumerate() {
+                    let step = 2 * (q0 + dq);
+                    if step >= k {
+                        break;
+                    }
+                    let lo = _mm512_maskz_loadu_ps(lanes, src.add(step * m + i0));
+                    let hi = if step + 1 < k {
+                        _mm512_maskz_loadu_ps(lanes, src.add((step + 1) * m + i0))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                    *reg = _mm512_permutexvar_epi16(interleave, both);
+                }
+                for &(b, low, high) in &rounds {
+                    for r in 0..16 {
+                        if r & b == 0 {
+                            let (x, y) = (v[r], v[r + b]);
+                            v[r] = _mm512_permutex2var_epi32(x, low, y);
+                            v[r + b] = _mm512_permutex2var_epi32(x, high, y);
+                        }
+                    }
+                }
+                for (r, reg) in v.iter().enumerate().take(rows) {
+                    _mm512_storeu_si512(data.as_mut_ptr().add((i0 + r) * kp + q0) as *mut _, *reg);
+                }
+            }
+        }
+    }
 
     /// A block of `c` that the matrix's edge cuts, computed in full here.
     #[repr(C, align(64))]
@@ -241,14 +353,15 @@ mod x86 {
     ///
     /// # Safety
     /// AMX runs here; `c` holds `m` rows of `n` at stride `ldc`; `kp ≥ 16`.
-    pub(super) unsafe fn gemm(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: usize) {
+    pub(super) unsafe fn gemm(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, c: &mut [f32], ldc: usize) {
         let (m, n, kp) = (a.m, b.n, b.kp);
         let (a_words, b_words) = (words(&a.data), words(&b.data));
         let tiles = Tiles::configure();
         let mut edge = Edge([0.0; BLOCK * BLOCK]);
         for q0 in (0..kp).step_by(CHUNK_PAIRS) {
             let blocks = CHUNK_PAIRS.min(kp - q0) / TILE_PAIRS;
-            let load_c = accumulate || q0 > 0;
+            // The first chunk starts where asked; later ones continue from `c`.
+            let start = if q0 == 0 { start } else { Start::Output };
             for i in (0..m).step_by(BLOCK) {
                 let a_ptr = a_words.as_ptr().add(i * kp + q0);
                 for j in (0..n).step_by(BLOCK) {
@@ -259,19 +372,34 @@ mod x86 {
                         std::ptr::null()
                     };
                     let (rows, cols) = (BLOCK.min(m - i), BLOCK.min(n - j));
-                    let run = |c: *mut f32, ldc: usize| {
-                        block_32x32(&tiles, a_ptr, kp * 4, b_ptr, BLOCK * 4, blocks, c, ldc * 4, load_c, prefetch)
+                    let run = |c: *mut f32, ldc: usize, from: (*const f32, usize)| {
+                        block_32x32(&tiles, a_ptr, kp * 4, b_ptr, BLOCK * 4, blocks, c, ldc * 4, from, prefetch)
                     };
                     if rows == BLOCK && cols == BLOCK {
-                        run(c.as_mut_ptr().add(i * ldc + j), ldc);
+                        let out = c.as_mut_ptr().add(i * ldc + j);
+                        match start {
+                            Start::Zero => run(out, ldc, (std::ptr::null(), 0)),
+                            Start::Output => run(out, ldc, (out, ldc * 4)),
+                            Start::Row(row) => run(out, ldc, (row.as_ptr().add(j), 0)),
+                        }
                         continue;
                     }
-                    if load_c {
-                        for r in 0..rows {
-                            edge.0[r * BLOCK..r * BLOCK + cols].copy_from_slice(&c[(i + r) * ldc + j..][..cols]);
+                    let from = match start {
+                        Start::Zero => (std::ptr::null(), 0),
+                        Start::Output => {
+                            for r in 0..rows {
+                                edge.0[r * BLOCK..r * BLOCK + cols].copy_from_slice(&c[(i + r) * ldc + j..][..cols]);
+                            }
+                            (edge.0.as_ptr(), BLOCK * 4)
                         }
-                    }
-                    run(edge.0.as_mut_ptr(), BLOCK);
+                        Start::Row(row) => {
+                            for r in 0..rows {
+                                edge.0[r * BLOCK..r * BLOCK + cols].copy_from_slice(&row[j..j + cols]);
+                            }
+                            (edge.0.as_ptr(), BLOCK * 4)
+                        }
+                    };
+                    run(edge.0.as_mut_ptr(), BLOCK, from);
                     for r in 0..rows {
                         c[(i + r) * ldc + j..][..cols].copy_from_slice(&edge.0[r * BLOCK..r * BLOCK + cols]);
                     }
@@ -425,6 +553,50 @@ mod tests {
             } else {
                 assert!(v.is_nan(), "[{i}][{j}] written");
             }
+        }
+    }
+
+    /// Starting every chain at a bias row equals copying the row into `c` and
+    /// accumulating, bit for bit, on shapes with edges and past one chunk.
+    #[test]
+    fn a_start_row_equals_a_copied_bias() {
+        if !amx_available() {
+            eprintln!("skipped: this CPU has no usable AMX-BF16");
+            return;
+        }
+        let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
+        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+            let (a, b, _) = operands(m, n, k, 50 + s as u64);
+            let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.37 - 3.0).collect();
+            lhs.pack(Op::N, m, k, &a);
+            rhs.pack(Op::T, k, n, &b);
+            let mut want: Vec<f32> = (0..m).flat_map(|_| bias.iter().copied()).collect();
+            gemm_amx_reference(Op::N, Op::T, m, n, k, &a, &b, true, &mut want);
+            let mut got = vec![f32::NAN; m * n];
+            gemm_amx_from(&lhs, &rhs, Start::Row(&bias), &mut got, n);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k}");
+        }
+    }
+
+    /// The vector transposed packing writes the portable packing's bits.
+    #[test]
+    fn transposed_packing_equals_portable() {
+        if !crate::bf16_pack::bf16_vector_available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16 (only the portable packing runs)");
+            return;
+        }
+        for (m, k) in [(1, 1), (3, 2), (16, 32), (17, 33), (40, 7), (33, 64), (5, 100)] {
+            let (a, _, _) = operands(m, 1, k, 11);
+            let kp = round_up(k.div_ceil(2), TILE_PAIRS);
+            let (mut got, mut want) = (vec![7u32; m * kp], vec![9u32; m * kp]);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the features were checked; the buffers have the documented sizes.
+            unsafe {
+                x86::pack_transposed(&a, m, k, &mut got, kp)
+            };
+            pack_transposed_portable(&a, m, k, &mut want, kp, &mut Vec::new());
+            assert_eq!(got, want, "{m}x{k}");
         }
     }
 

@@ -22,7 +22,7 @@
 use super::bf16_pack::{bf16_to_f32, round_bf16};
 use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
 use super::gemm::Op;
-use super::gemm_amx::{amx_available, gemm_amx, gemm_amx_reference, AmxLhs, AmxRhs};
+use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_reference, AmxLhs, AmxRhs, Start};
 
 /// Pairs (two reduction steps each) per run of the sums: a 32-column panel's
 /// run is 16 KiB, so it stays in L1 while a group of rows passes.
@@ -149,15 +149,61 @@ impl Bf16Scratch {
         c: &mut [f32],
         ldc: usize,
     ) {
+        let start = if accumulate { Start::Output } else { Start::Zero };
+        self.run(kernel, (op_a, a), (op_b, b), (m, n, k), start, c, ldc)
+    }
+
+    /// `c[m×n] = row + op(a)·op(b)` with `row` (`n` values) added to every row
+    /// of `c`, on the best kernel: the result of copying `row` into each row of
+    /// `c` and calling [`product`](Self::product) accumulating (the AMX kernel
+    /// starts its sums at the row instead of copying it).
+    ///
+    /// # Panics
+    /// As [`product`](Self::product), and when `row` holds fewer than `n` values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn product_onto_row(
+        &mut self,
+        a: (Op, &[f32]),
+        b: (Op, &[f32]),
+        (m, n, k): (usize, usize, usize),
+        row: &[f32],
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        self.run(Bf16Kernel::best(), a, b, (m, n, k), Start::Row(row), c, ldc)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        kernel: Bf16Kernel,
+        (op_a, a): (Op, &[f32]),
+        (op_b, b): (Op, &[f32]),
+        (m, n, k): (usize, usize, usize),
+        start: Start<'_>,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
         if kernel == Bf16Kernel::Amx {
             self.amx_lhs.pack(op_a, m, k, a);
             self.amx_rhs.pack(op_b, k, n, b);
-            gemm_amx(&self.amx_lhs, &self.amx_rhs, accumulate, c, ldc);
-        } else {
-            self.lhs.pack(op_a, m, k, a);
-            self.rhs.pack(op_b, k, n, b);
-            gemm_bf16_with(kernel, &self.lhs, &self.rhs, accumulate, c, ldc);
+            gemm_amx_from(&self.amx_lhs, &self.amx_rhs, start, c, ldc);
+            return;
         }
+        let accumulate = match start {
+            Start::Zero => false,
+            Start::Output => true,
+            Start::Row(row) => {
+                assert!(row.len() >= n, "product_onto_row: a row of {} values for {n} columns", row.len());
+                for r in 0..m {
+                    c[r * ldc..r * ldc + n].copy_from_slice(&row[..n]);
+                }
+                true
+            }
+        };
+        self.lhs.pack(op_a, m, k, a);
+        self.rhs.pack(op_b, k, n, b);
+        gemm_bf16_with(kernel, &self.lhs, &self.rhs, accumulate, c, ldc);
     }
 }
 

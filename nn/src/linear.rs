@@ -177,11 +177,8 @@ impl Linear {
         let w = &params[self.offset..self.offset + self.output * self.input];
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
         let y = &mut y[..batch * self.output];
-        for row in y.chunks_exact_mut(self.output) {
-            row.copy_from_slice(b);
-        }
         let shape = (batch, self.output, self.input);
-        scratch.product((Op::N, &x[..batch * self.input]), (Op::T, w), shape, true, y, self.output);
+        scratch.product_onto_row((Op::N, &x[..batch * self.input]), (Op::T, w), shape, b, y, self.output);
     }
 
     /// [`backward`](Self::backward) under `--precision bf16`: `dW = dyᵀ·x` and

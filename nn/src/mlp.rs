@@ -21,8 +21,10 @@ pub struct Mlp {
 #[derive(Clone, Debug, Default)]
 pub struct MlpCache<T> {
     outs: Vec<Vec<T>>,
-    grad_a: Vec<T>,
-    grad_b: Vec<T>,
+    /// Per layer, the gradient with respect to its output (then its
+    /// pre-activation): each keeps its size from step to step, so no step
+    /// clears memory that the next product overwrites anyway.
+    douts: Vec<Vec<T>>,
     /// A layer's packed weight during its forward (scratch shared by the layers).
     packed: PackedRhs<T>,
     /// The precision of the layers' products (see [`MlpCache::set_precision`]).
@@ -134,31 +136,28 @@ impl Mlp {
         dx: Option<&mut [T]>,
     ) {
         let n = self.layers.len();
-        let MlpCache { outs, grad_a, grad_b, packed, precision, bf16 } = cache;
-        grad_a.clear();
-        grad_a.extend_from_slice(&dout[..batch * self.output()]);
+        let MlpCache { outs, douts, packed, precision, bf16 } = cache;
+        douts.resize_with(n, Vec::new);
+        for (d, l) in douts.iter_mut().zip(&self.layers) {
+            d.resize(batch * l.output, T::ZERO);
+        }
+        douts[n - 1].copy_from_slice(&dout[..batch * self.output()]);
         let mut dx = dx;
         for i in (0..n).rev() {
             let l = &self.layers[i];
+            let (below, rest) = douts.split_at_mut(i);
+            let dy = &mut rest[0];
             if self.relu_after(i) {
-                relu_backward_in_place(grad_a, &outs[i]);
+                relu_backward_in_place(dy, &outs[i]);
             }
             let input: &[T] = if i == 0 { x } else { &outs[i - 1] };
-            let layer_dx = if i == 0 {
-                dx.as_deref_mut()
-            } else {
-                grad_b.resize(batch * l.input, T::ZERO);
-                Some(&mut grad_b[..])
-            };
+            let layer_dx = if i == 0 { dx.as_deref_mut() } else { Some(&mut below[i - 1][..]) };
             match precision {
-                Precision::Fp32 => l.backward(params, input, grad_a, batch, grads, layer_dx, packed),
+                Precision::Fp32 => l.backward(params, input, dy, batch, grads, layer_dx, packed),
                 Precision::Bf16 => {
-                    let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(grad_a));
+                    let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(dy));
                     l.backward_bf16(p, input, dy, batch, f32_view_mut(grads), layer_dx.map(f32_view_mut), bf16);
                 }
-            }
-            if i > 0 {
-                std::mem::swap(grad_a, grad_b);
             }
         }
     }
