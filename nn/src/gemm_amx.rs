@@ -142,6 +142,39 @@ fn pack_transposed_portable(a: &[f32], m: usize, k: usize, data: &mut [u32], kp:
     }
 }
 
+/// The portable [`AmxRhs::pack`] into `data` (`⌈n/32⌉` panels of `kp` pair rows).
+fn pack_rhs_portable(op: Op, b: &[f32], k: usize, n: usize, data: &mut [u32], kp: usize, column: &mut Vec<u32>) {
+    let pairs = k.div_ceil(2);
+    for (p, panel) in data.chunks_exact_mut((kp * BLOCK).max(1)).enumerate().take(n.div_ceil(BLOCK)) {
+        let first = p * BLOCK;
+        let width = BLOCK.min(n - first);
+        match op {
+            Op::N => {
+                for (q, out) in panel.chunks_exact_mut(BLOCK).enumerate().take(pairs) {
+                    let row = |s: usize| &b[s * n + first..s * n + first + width];
+                    interleave_rows(row(2 * q), (2 * q + 1 < k).then(|| row(2 * q + 1)), &mut out[..width]);
+                    out[width..].fill(0);
+                }
+            }
+            Op::T => {
+                column.resize(pairs, 0);
+                for j in 0..width {
+                    round_row_pairs(&b[(first + j) * k..(first + j + 1) * k], column);
+                    for (out, &v) in panel.chunks_exact_mut(BLOCK).zip(column.iter()) {
+                        out[j] = v;
+                    }
+                }
+                if width < BLOCK {
+                    for out in panel.chunks_exact_mut(BLOCK).take(pairs) {
+                        out[width..].fill(0);
+                    }
+                }
+            }
+        }
+        panel[pairs * BLOCK..].fill(0);
+    }
+}
+
 /// `op(b)` (`k × n`) as panels of 32 columns: pair row `q` of panel `p` at
 /// `(p·kp + q)·32`, one pair per column, with `kp` the pairs padded to 16.
 #[derive(Clone, Debug, Default)]
@@ -169,34 +202,14 @@ impl AmxRhs {
         self.kp = kp;
         self.data.resize(n.div_ceil(BLOCK) * kp * BLOCK / 16, Line::default());
         let data = words_mut(&mut self.data);
-        for (p, panel) in data.chunks_exact_mut((kp * BLOCK).max(1)).enumerate().take(n.div_ceil(BLOCK)) {
-            let first = p * BLOCK;
-            let width = BLOCK.min(n - first);
-            match op {
-                Op::N => {
-                    for (q, out) in panel.chunks_exact_mut(BLOCK).enumerate().take(pairs) {
-                        let row = |s: usize| &b[s * n + first..s * n + first + width];
-                        interleave_rows(row(2 * q), (2 * q + 1 < k).then(|| row(2 * q + 1)), &mut out[..width]);
-                        out[width..].fill(0);
-                    }
-                }
-                Op::T => {
-                    self.column.resize(pairs, 0);
-                    for j in 0..width {
-                        round_row_pairs(&b[(first + j) * k..(first + j + 1) * k], &mut self.column);
-                        for (out, &v) in panel.chunks_exact_mut(BLOCK).zip(&self.column) {
-                            out[j] = v;
-                        }
-                    }
-                    if width < BLOCK {
-                        for out in panel.chunks_exact_mut(BLOCK).take(pairs) {
-                            out[width..].fill(0);
-                        }
-                    }
-                }
-            }
-            panel[pairs * BLOCK..].fill(0);
+        #[cfg(target_arch = "x86_64")]
+        if op == Op::N && super::bf16_pack::bf16_vector_available() {
+            // SAFETY: the CPU has AVX-512 F, BW and BF16 (checked); `b` holds `k × n`
+            // values (asserted) and `data` the panels of `kp` pair rows.
+            unsafe { x86::pack_rows(b, k, n, data, kp) };
+            return;
         }
+        pack_rhs_portable(op, b, k, n, data, kp, &mut self.column);
     }
 
     /// Columns of `op(b)`.
@@ -281,6 +294,42 @@ mod x86 {
             u16::MAX
         } else {
             (1u16 << n) - 1
+        }
+    }
+
+    /// [`super::AmxRhs::pack`] of `b` stored `k × n` ([`Op::N`](super::Op::N)):
+    /// each pair of rows is converted 16 columns at a time, each 16 pairs
+    /// stored where their panel holds them; padding columns and pair rows are zero.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and BF16; `b` holds `k × n` values; `data` holds
+    /// `⌈n/32⌉` panels of `kp ≥ ⌈k/2⌉` rows of 32 pairs.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn pack_rows(b: &[f32], k: usize, n: usize, data: &mut [u32], kp: usize) {
+        debug_assert!(b.len() >= k * n && data.len() >= n.div_ceil(BLOCK) * kp * BLOCK);
+        let interleave: [u16; 32] =
+            std::array::from_fn(|i| if i % 2 == 0 { (i / 2) as u16 } else { 16 + (i / 2) as u16 });
+        let interleave = _mm512_loadu_si512(interleave.as_ptr() as *const _);
+        let (src, out) = (b.as_ptr(), data.as_mut_ptr());
+        let pairs = k.div_ceil(2);
+        let columns = n.div_ceil(BLOCK) * BLOCK;
+        for q in 0..kp {
+            for j in (0..columns).step_by(16) {
+                let dst = out.add((j / BLOCK * kp + q) * BLOCK + j % BLOCK);
+                if q >= pairs || j >= n {
+                    _mm512_storeu_si512(dst as *mut _, _mm512_setzero_si512());
+                    continue;
+                }
+                let lanes = mask(n - j);
+                let lo = _mm512_maskz_loadu_ps(lanes, src.add(2 * q * n + j));
+                let hi = if 2 * q + 1 < k {
+                    _mm512_maskz_loadu_ps(lanes, src.add((2 * q + 1) * n + j))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_storeu_si512(dst as *mut _, _mm512_permutexvar_epi16(interleave, both));
+            }
         }
     }
 
@@ -576,6 +625,28 @@ mod tests {
             gemm_amx_from(&lhs, &rhs, Start::Row(&bias), &mut got, n);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k}");
+        }
+    }
+
+    /// The vector packing of rows of `b` writes the portable packing's bits.
+    #[test]
+    fn row_packing_equals_portable() {
+        if !crate::bf16_pack::bf16_vector_available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16 (only the portable packing runs)");
+            return;
+        }
+        for (k, n) in [(1, 1), (2, 3), (32, 16), (33, 17), (7, 40), (64, 33), (100, 5), (31, 70)] {
+            let (b, _, _) = operands(k, 1, n, 12);
+            let kp = round_up(k.div_ceil(2), TILE_PAIRS);
+            let len = n.div_ceil(BLOCK) * kp * BLOCK;
+            let (mut got, mut want) = (vec![7u32; len], vec![9u32; len]);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the features were checked; the buffers have the documented sizes.
+            unsafe {
+                x86::pack_rows(&b, k, n, &mut got, kp)
+            };
+            pack_rhs_portable(Op::N, &b, k, n, &mut want, kp, &mut Vec::new());
+            assert_eq!(got, want, "{k}x{n}");
         }
     }
 

@@ -52,4 +52,28 @@ fn no_kernel_and_no_bound_passes_the_measured_fma_peak() {
         let g = p["chosen_gflops"].as_f64().unwrap();
         assert!(g > 0.0 && g <= peak, "{} {} at {g} GFLOP/s passes the {peak} GFLOP/s peak", p["product"], p["layer"]);
     }
+    // The AMX bf16 peak: measured exactly where the CPU has AMX-BF16, and no
+    // bf16 product or bound passes it.
+    let amx = has("amx_tile") && has("amx_bf16");
+    assert_eq!(r.get("amx_peak_gflops").is_some(), amx, "{r}");
+    if !amx {
+        eprintln!("this CPU has no AMX-BF16: no AMX peak to check");
+        return;
+    }
+    let amx_peak = r["amx_peak_gflops"].as_f64().unwrap();
+    let amx_bound = r["amx_peak_bound_samples_per_sec"].as_f64().unwrap();
+    assert!((amx_bound - amx_peak * 1e9 / want).abs() <= 1e-6 * amx_bound, "{amx_bound} vs {amx_peak} GFLOP/s");
+    let bf16_bound = r["gemm_bound_samples_per_sec_bf16"].as_f64().expect("a bf16 bound on an AMX CPU");
+    assert!(bf16_bound > 0.0 && bf16_bound <= amx_bound, "bf16 bound {bf16_bound} above the AMX bound {amx_bound}");
+    for p in r["products"].as_array().unwrap() {
+        for c in p["candidates"].as_array().unwrap().iter().filter(|c| c["kernel"] == "bf16-amx") {
+            let g = c["gflops"].as_f64().unwrap();
+            assert!(
+                g > 0.0 && g <= amx_peak,
+                "{} {} at {g} GFLOP/s passes the AMX peak {amx_peak}",
+                p["product"],
+                p["layer"]
+            );
+        }
+    }
 }

@@ -88,6 +88,48 @@ fn bench_kernels_report_names_the_cap() {
     }
 }
 
+/// The `amx` level: under `avx512` an AMX CPU's bf16 products run on
+/// AVX-512 BF16 and no AMX peak is measured; uncapped (or under `amx`) they run
+/// on AMX tiles. Without AMX the test says so and checks the capped half only.
+#[test]
+fn the_amx_level_turns_the_tile_products_on_and_off() {
+    let kernels = |cap: Option<&str>| {
+        let mut cmd = tiderec();
+        match cap {
+            Some(cap) => cmd.env("TIDEREC_MAX_ISA", cap),
+            None => cmd.env_remove("TIDEREC_MAX_ISA"),
+        };
+        let out =
+            run_ok(cmd.args(["bench", "kernels", "--rows", "64", "--seconds", "0.0005", "--rounds", "1", "--json"]));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+        let names: Vec<String> = v["products"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|p| p["candidates"].as_array().unwrap().iter().map(|c| c["kernel"].as_str().unwrap().to_string()))
+            .collect();
+        (v, names)
+    };
+    let (capped, names) = kernels(Some("avx512"));
+    assert!(!names.iter().any(|n| n.contains("amx")), "an AMX kernel under avx512: {names:?}");
+    assert!(capped.get("amx_peak_gflops").is_none(), "an AMX peak under avx512: {capped}");
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flag = |f: &str| cpu.split_whitespace().any(|x| x == f);
+    if !(flag("amx_tile") && flag("amx_bf16")) {
+        eprintln!("skipped the AMX half: this CPU has no AMX-BF16 (a missing instruction set, not a missing install)");
+        return;
+    }
+    assert!(capped["features_off"].as_array().unwrap().iter().any(|f| f == "amx-bf16"), "{capped}");
+    if flag("avx512_bf16") {
+        assert!(names.iter().any(|n| n == "bf16-avx512"), "{names:?}");
+    }
+    for cap in [None, Some("amx")] {
+        let (v, names) = kernels(cap);
+        assert!(names.iter().any(|n| n == "bf16-amx"), "{cap:?}: {names:?}");
+        assert!(v["amx_peak_gflops"].as_f64().is_some_and(|g| g > 0.0), "{v}");
+    }
+}
+
 /// A value that names no cap is refused at start, naming the variable, the
 /// value and the accepted values, before any training.
 #[test]
@@ -95,7 +137,7 @@ fn an_invalid_cap_is_refused() {
     for bad in ["avx-2", "avx512f", "sse"] {
         let err = run_err(tiderec().env("TIDEREC_MAX_ISA", bad).args(TRAIN));
         assert!(err.contains(&format!("TIDEREC_MAX_ISA=\"{bad}\"")), "{err}");
-        assert!(err.contains("native, avx512, avx2, portable"), "{err}");
+        assert!(err.contains("native, amx, avx512, avx2, portable"), "{err}");
         assert!(!err.contains("kernels ("), "refused after the kernels were chosen: {err}");
     }
 }

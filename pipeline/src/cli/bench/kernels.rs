@@ -70,6 +70,13 @@ pub struct KernelsReport {
     /// Samples/s one core could train if the MLP products ran at the best
     /// width's FMA peak: no fp32 implementation of the step can pass it.
     pub peak_bound_samples_per_sec: f64,
+    /// The core's measured AMX bf16 throughput (GFLOP/s), where AMX runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amx_peak_gflops: Option<f64>,
+    /// Samples/s one core could train if the MLP products ran at the AMX bf16
+    /// peak: no bf16 implementation of the step on this core can pass it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amx_peak_bound_samples_per_sec: Option<f64>,
 }
 
 /// The core's fp32 FMA throughput at one vector width.
@@ -87,7 +94,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
     let measure = Measure { seconds, rounds, all: true };
     let mut products = Vec::new();
     let mut step_seconds = 0.0;
-    let bf16 = Bf16Kernel::best() == Bf16Kernel::Avx512Bf16;
+    let bf16 = Bf16Kernel::best() != Bf16Kernel::Portable;
     let mut bf16_seconds = 0.0;
     let mut flops = 0.0;
     // The bf16 product of a layer, beside the fp32 candidates (another precision: never chosen).
@@ -150,6 +157,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         .map(|r| PeakRate { width: r.width.name().into(), gflops: r.gflops })
         .collect();
     let peak = fma_peak.iter().map(|r| r.gflops).fold(0.0, f64::max);
+    let amx_peak_gflops = fma_peak::measure_amx(seconds, rounds);
     let mlp_flops_per_sample = flops / rows as f64;
     KernelsReport {
         cpu: cpu_model(),
@@ -164,6 +172,8 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         mlp_flops_per_sample,
         fma_peak,
         peak_bound_samples_per_sec: peak * 1e9 / mlp_flops_per_sample,
+        amx_peak_gflops,
+        amx_peak_bound_samples_per_sec: amx_peak_gflops.map(|g| g * 1e9 / mlp_flops_per_sample),
     }
 }
 
@@ -218,6 +228,14 @@ pub fn print_kernels(r: &KernelsReport) {
         println!(
             "GEMM bound on one core under --precision bf16: {bf16:.0} samples/s ({:.2}x fp32)",
             bf16 / r.gemm_bound_samples_per_sec
+        );
+    }
+    if let (Some(gflops), Some(bound)) = (r.amx_peak_gflops, r.amx_peak_bound_samples_per_sec) {
+        let share = r.gemm_bound_samples_per_sec_bf16.map_or(String::new(), |b| {
+            format!("; the bf16 kernels' bound (packing included) is {:.0}% of it", 100.0 * b / bound)
+        });
+        println!(
+            "AMX bf16 peak of one core: {gflops:.1} GFLOP/s; the MLP products at that peak: {bound:.0} samples/s{share}"
         );
     }
 }
