@@ -255,6 +255,19 @@ the MLP products are a small part of a step, so the gain is smaller there. Needs
 AVX-512 BF16 (or AMX); elsewhere the row says why it was not run. Rerun:
 `python3 scripts/benchmarks.py --only bf16`.
 """,
+    "bf16-torch": """\
+## `--precision bf16` against PyTorch's bf16 autocast
+
+tiderec's `--precision bf16` (bf16 operands, fp32 accumulation and master weights; on a CPU
+with AMX-BF16 the products run on AMX tiles, elsewhere on AVX-512 BF16) against
+`scripts/torch_reference.py` with the dense model's forward under
+`torch.autocast("cpu", dtype=torch.bfloat16)`, which oneDNN runs on AMX where the CPU has it;
+tiderec's fp32 run alternates in the same rounds as the second baseline. Measured on {cpu}
+(this section may come from another machine than the header's). {workers} worker(s) =
+PyTorch threads, the shapes, optimizers and step counts of the fp32 section above. The AMX
+bf16 peak of one core, measured by `tiderec bench kernels` with independent tile products:
+{amx_peak}. Rerun: `python3 scripts/benchmarks.py --only bf16-torch`.
+""",
     "gru": """\
 ## GRU: split cell against the unsplit one
 
@@ -903,6 +916,44 @@ def section_bf16(run):
                          "bf16 / fp32", "per round"], rows, right=range(0, 6))
 
 
+def section_bf16_torch(run):
+    workers = run.args.workers
+    flags = cpu_flags()
+    model_name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                       if line.startswith("model name")), "an unknown CPU")
+    cpu = f"{model_name}, {logical_cpus()} logical CPUs, amx_bf16 {'yes' if 'amx_bf16' in flags else 'no'}"
+    prose_args = {"workers": workers, "cpu": cpu, "amx_peak": "not measured (this CPU has no usable AMX-BF16)"}
+    if not ({"avx512_bf16", "amx_bf16"} & flags):
+        return PROSE["bf16-torch"].format(**prose_args), table(["what", "result"], [[
+            "`--precision bf16` vs PyTorch bf16", "not run: this CPU has neither avx512_bf16 nor AMX"]])
+    rows = []
+    for model, batch in (("dlrm", 128), ("dlrm", 2048), ("deepfm", 2048), ("dien", 2048)):
+        common = ["--model", model, "--batch-size", str(batch), "--workers", str(workers), "--rounds",
+                  str(run.rounds), "--steps", str(run.steps(batch)), "--warmup", str(run.s.warmup), "--tiderec",
+                  run.args.tiderec, "--python", run.args.python, "--timeout", str(run.args.timeout)]
+        bf16 = bench_vs_torch.parse_args(common + ["--precision", "bf16"])
+        fp32 = bench_vs_torch.parse_args(common)
+        sides = {"tiderec": bench_vs_torch.tiderec_command(bf16), "torch": bench_vs_torch.torch_command(bf16),
+                 "fp32": bench_vs_torch.tiderec_command(fp32)}
+        if model == "dlrm" and batch == 2048:
+            sides["peak"] = peak_command(run, batch)
+        rounds = run.alternate(sides)
+        t, p, r, rs = compare(rounds, "tiderec", "torch")
+        _, f, rf, rfs = compare(rounds, "tiderec", "fp32")
+        if "peak" in sides:
+            peaks = [x["peak"].get("amx_peak_gflops") for x in rounds]
+            if all(peaks):
+                prose_args["amx_peak"] = f"{statistics.median(peaks):,.0f} GFLOP/s (median of the rounds)"
+        rows.append([{"dlrm": "DLRM", "deepfm": "DeepFM", "dien": "DIEN"}[model], num(batch), workers, bf16.steps,
+                     num(t), num(p), f"**{ratio(r)}**", span(rs), num(f), f"**{ratio(rf)}**", span(rfs),
+                     span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
+    return PROSE["bf16-torch"].format(**prose_args), table(
+        ["model", "batch", "workers = threads", "timed steps", "tiderec bf16 samples/s (median)",
+         "PyTorch bf16 autocast samples/s (median)", "tiderec / PyTorch", "per round",
+         "tiderec fp32 samples/s (median), same rounds", "bf16 / fp32", "per round", "load (1 min) per round"],
+        rows, right=range(1, 12))
+
+
 def section_gru(run):
     rows = []
     for b, t, i, h, label in ((64, 20, 32, 32, "DIEN shape"), (256, 50, 36, 36, "the command's default")):
@@ -1409,6 +1460,7 @@ SECTIONS = [
     ("scaling", section_scaling),
     ("gemm", section_gemm),
     ("bf16", section_bf16),
+    ("bf16-torch", section_bf16_torch),
     ("gru", section_gru),
     ("features", section_features),
     ("replay", section_replay),
