@@ -81,7 +81,8 @@ impl Drop for Tiles {
 /// `q·ldb` (32 pairs, one per column), row `i` of `c` at byte `i·ldc`. `start`
 /// is zero when `start` is null, otherwise the 32 × 32 values with row `i` at
 /// byte `start + i·lds` (`lds = 0` repeats one row: a bias). `prefetch`, when
-/// not null, is the next panel of `b`, brought into L1 one block per block.
+/// not null, walks with `b`: each block brings the 2 KiB at it into L1 and
+/// moves it one block on (it may point past any buffer: a prefetch never faults).
 ///
 /// # Safety
 /// `tiles` configured as [`Tiles::configure`] does; `blocks ≥ 1`; every

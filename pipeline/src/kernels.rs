@@ -8,8 +8,8 @@
 use crate::data::micro_batch;
 use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
-    backward_shapes, choose_backward_kernels, choose_forward_kernels, cpu_features_line, cpu_model, summary,
-    BackwardChoice, ForwardShape, Measure, ShapeChoice,
+    backward_shapes, choose_backward_kernels, choose_forward_kernels, cpu_features_line, cpu_model, measure_bf16,
+    summary, BackwardChoice, ForwardShape, Measure, ShapeChoice,
 };
 use tiderec_operators::nn::{ModelConfig, Precision};
 
@@ -55,13 +55,68 @@ pub fn startup_line(k: &RunKernels) -> String {
 pub fn startup_line_for(model: &ModelConfig, batch: usize, workers: usize, precision: Precision) -> String {
     match precision {
         Precision::Fp32 => startup_line(&choose_for_run(model, batch, workers)),
-        Precision::Bf16 => format!(
-            "kernels ({}; {}): every MLP product {} (bf16 operands, fp32 accumulation)",
-            cpu_model(),
-            cpu_features_line(),
-            Bf16Kernel::best().name()
-        ),
+        Precision::Bf16 => bf16_line(""),
     }
+}
+
+fn bf16_line(note: &str) -> String {
+    format!(
+        "kernels ({}; {}): every MLP product {} (bf16 operands, fp32 accumulation{note})",
+        cpu_model(),
+        cpu_features_line(),
+        Bf16Kernel::best().name()
+    )
+}
+
+/// The precision a run trains in, and its start-up line: `requested`, except
+/// where bf16 would run on the AVX-512 BF16 kernel (a CPU without AMX) and is
+/// measured slower than fp32 on the run's own MLP products (alternating rounds
+/// at start-up, a fraction of a second): bf16 must pay for its rounding, so
+/// such a run trains in fp32 and the line says so. On AMX the tile products
+/// are several times fp32's speed, and nothing is measured.
+pub fn precision_for_run(
+    model: &ModelConfig,
+    batch: usize,
+    workers: usize,
+    requested: Precision,
+) -> (Precision, String) {
+    if requested == Precision::Fp32 || Bf16Kernel::best() != Bf16Kernel::Avx512Bf16 {
+        return (requested, startup_line_for(model, batch, workers, requested));
+    }
+    let kernels = choose_for_run(model, batch, workers);
+    let (fp32, bf16) = product_seconds(&kernels);
+    let ratio = fp32 / bf16;
+    if ratio >= 1.0 {
+        return (Precision::Bf16, bf16_line(&format!("; measured {ratio:.2}x fp32 on these products")));
+    }
+    let line = format!(
+        "{}; bf16 ({}) measured {ratio:.2}x fp32 on these products on this CPU, so this run trains in fp32",
+        startup_line(&kernels),
+        Bf16Kernel::best().name()
+    );
+    (Precision::Fp32, line)
+}
+
+/// Seconds of one pass over the run's MLP products on the chosen fp32 kernels
+/// and on the bf16 kernel (operands packed as in training), measured now.
+fn product_seconds(k: &RunKernels) -> (f64, f64) {
+    let chosen = |timings: &[tiderec_operators::nn::kernel_choice::Timing], c| {
+        timings.iter().find(|t| t.candidate == c).map_or(f64::INFINITY, |t| t.gflops)
+    };
+    let (mut fp32, mut bf16) = (0.0, 0.0);
+    for f in &k.forward {
+        let s = f.shape;
+        fp32 += s.flops() / (chosen(&f.timings, f.chosen) * 1e9);
+        bf16 += s.flops() / (measure_bf16(None, s.rows, s.input, s.output, Measure::STARTUP) * 1e9);
+    }
+    for b in &k.backward {
+        let s = b.shape;
+        let (m, n, kk) = s.mnk();
+        let flops = 2.0 * (m * n * kk) as f64;
+        fp32 += flops / (chosen(&b.timings, b.chosen) * 1e9);
+        bf16 += flops / (measure_bf16(Some(s.product), s.rows, s.input, s.output, Measure::STARTUP) * 1e9);
+    }
+    (fp32, bf16)
 }
 
 #[cfg(test)]

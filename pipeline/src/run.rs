@@ -302,15 +302,31 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     }
     trainer.exchange = exchange;
     crate::device::Devices::for_workers(&settings.cluster.device, settings.cluster.workers)?.preflight(&trainer)?;
-    let kernels = crate::kernels::startup_line_for(
-        &trainer.model,
-        settings.run.batch_size,
-        settings.cluster.workers,
-        settings.model.precision,
-    );
+    let (precision, kernels) = if settings.cluster.processes > 1 {
+        // Every process must train in one precision: no process measures its own way out of bf16.
+        let p = settings.model.precision;
+        (p, crate::kernels::startup_line_for(&trainer.model, settings.run.batch_size, settings.cluster.workers, p))
+    } else {
+        crate::kernels::precision_for_run(
+            &trainer.model,
+            settings.run.batch_size,
+            settings.cluster.workers,
+            settings.model.precision,
+        )
+    };
     if settings.cluster.process == 0 && settings.run.progress != crate::progress::ProgressMode::None {
         eprintln!("{kernels}");
     }
+    let adjusted;
+    let settings = if precision == settings.model.precision {
+        settings
+    } else {
+        eprintln!("warning: --precision bf16 is slower than fp32 on this CPU's bf16 kernel: training in fp32");
+        let mut s = settings.clone();
+        s.model.precision = precision;
+        adjusted = s;
+        &adjusted
+    };
     let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer, data_check(settings)?)?;
     let live = crate::live_metrics::start(settings.run.metrics_addr.as_deref(), settings.cluster.process)?;
     let context = Arc::new(Context {
