@@ -19,8 +19,8 @@
 //!   measures.
 //!
 //! [`measure_amx`] measures the bf16 ceiling of an AMX core the same way: four
-//! independent `TDPBF16PS` on tiles already loaded, nothing else
-//! ([`amx_tile`](super::amx_tile)), each 16 × 16 × 32 multiply-adds.
+//! independent `TDPBF16PS` on tiles already loaded, nothing else (the
+//! crate's tile assembly), each 16 × 16 × 32 multiply-adds.
 
 use std::time::Instant;
 use tiderec_records::cpu::{self, Feature};

@@ -1,7 +1,7 @@
 //! `c[m×n] (+)= op(a) · op(b)` on AMX tiles: the bf16 products of
 //! `--precision bf16` on CPUs with AMX-BF16.
 //!
-//! The operands are bf16-rounded pairs (as in [`bf16_pack`](super::bf16_pack))
+//! The operands are bf16-rounded pairs (as for [`gemm_bf16`](super::gemm_bf16))
 //! in the tiles' layouts: [`AmxLhs`] holds `op(a)` row by row, each row's pairs
 //! padded to a multiple of 16 (one tile row), the rows padded to a multiple of
 //! 32; [`AmxRhs`] holds `op(b)` as panels of 32 columns, each `⌈k/2⌉` rows of
@@ -11,8 +11,8 @@
 //! Every entry of `c` is one chain over the reduction in *blocks* of 16 pairs,
 //! from `c` (accumulating) or `+0`: `out ← out + (Σₑ + Σₒ)`, where `Σₑ` sums the
 //! block's even-step products in order and `Σₒ` its odd-step products, every
-//! addition rounded to `f32` — what one `TDPBF16PS` computes
-//! ([`amx_tile`](super::amx_tile)). [`gemm_amx_reference`] is that definition
+//! addition rounded to `f32` — what one `TDPBF16PS` computes (measured on the
+//! hardware; the crate's tile assembly documents it). [`gemm_amx_reference`] is that definition
 //! in scalar code from the `f32` operands; the kernel equals it bit for bit
 //! wherever no product or partial sum is a denormal (`tests`). The blocking of
 //! the loops (chunks of the reduction, rows, panels) never changes a chain:

@@ -2,8 +2,9 @@
 //!
 //! The model layer of tiderec: neural-network layers and models (MLP, FM,
 //! DeepFM and Wide&Deep, DLRM, DIEN with its GRU and attention), the GEMM
-//! kernels they run on and the run-time kernel choice, bf16 products, and the
-//! dense and sparse optimizers with their learning-rate schedules. It depends
+//! kernels they run on and the run-time kernel choice, bf16 products (AVX-512
+//! BF16 and AMX tiles), and the dense and sparse optimizers with their
+//! learning-rate schedules. It depends
 //! on the record layer (`tiderec-records`) only, and knows nothing of stores,
 //! exchanges or workers.
 //!

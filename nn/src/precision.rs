@@ -9,7 +9,8 @@
 //! gradients, activations, the interaction, the loss, embeddings and their
 //! optimizer, the exchange and checkpoints.
 //!
-//! bf16 runs on CPUs with AVX-512 BF16 (every CPU with AMX-BF16 has it too);
+//! bf16 runs on CPUs with AVX-512 BF16 (every CPU with AMX-BF16 has it too),
+//! on AMX tiles where the CPU has them ([`Bf16Kernel::best`](super::gemm_bf16::Bf16Kernel::best));
 //! [`Precision::check_cpu`] refuses it elsewhere, so no run falls back to a
 //! slow path silently.
 
