@@ -241,13 +241,13 @@ pub(crate) fn interleave_rows_portable(lo: &[f32], hi: Option<&[f32]>, out: &mut
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     /// The 16-bit lane permutation taking `[lo₀ … lo₁₅ | hi₀ … hi₁₅]` to `[lo₀ hi₀ lo₁ hi₁ …]`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn interleave_index() -> __m512i {
+    pub(crate) fn interleave_index() -> __m512i {
         let idx: [u16; 32] = std::array::from_fn(|i| if i % 2 == 0 { (i / 2) as u16 } else { 16 + (i / 2) as u16 });
         // SAFETY: 64 bytes read from a 64-byte array.
         unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) }
@@ -255,7 +255,7 @@ mod x86 {
 
     /// Mask of the first `n ≤ 16` lanes.
     #[inline]
-    fn mask(n: usize) -> u16 {
+    pub(crate) fn mask(n: usize) -> u16 {
         if n >= 16 {
             u16::MAX
         } else {
@@ -278,6 +278,15 @@ mod x86 {
         }
     }
 
+    /// The 16 pairs `(lo[j], hi[j])` of two vectors, rounded: `idx` is [`interleave_index`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(crate) fn pairs16(lo: __m512, hi: __m512, idx: __m512i) -> __m512i {
+        // SAFETY: a 512-bit vector of bf16 reinterpreted as one of integers.
+        let both: __m512i = unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) };
+        _mm512_permutexvar_epi16(idx, both)
+    }
+
     /// See [`super::interleave_rows`]: 16 pairs per step, the tail masked.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn interleave_rows(lo: *const f32, hi: Option<*const f32>, n: usize, out: *mut u32) {
@@ -290,8 +299,7 @@ mod x86 {
                 Some(h) => _mm512_maskz_loadu_ps(m, h.add(j)),
                 None => _mm512_setzero_ps(),
             };
-            let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(h, l));
-            _mm512_mask_storeu_epi32(out.add(j) as *mut i32, m, _mm512_permutexvar_epi16(idx, v));
+            _mm512_mask_storeu_epi32(out.add(j) as *mut i32, m, pairs16(l, h, idx));
             j += 16;
         }
     }

@@ -290,17 +290,9 @@ pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, c: &mut [f32], ld
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::amx_tile::{block_32x32, Tiles, BLOCK, TILE_PAIRS};
+    use super::super::bf16_pack::x86::{interleave_index, mask, pairs16};
     use super::{words, AmxLhs, AmxRhs, Start, CHUNK_PAIRS, PREFETCH_BLOCKS};
     use std::arch::x86_64::*;
-
-    /// Mask of the first `n ≤ 16` lanes.
-    fn mask(n: usize) -> u16 {
-        if n >= 16 {
-            u16::MAX
-        } else {
-            (1u16 << n) - 1
-        }
-    }
 
     /// [`super::AmxRhs::pack`] of `b` stored `k × n` ([`Op::N`](super::Op::N)):
     /// each pair of rows is converted 16 columns at a time, each 16 pairs
@@ -312,9 +304,7 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn pack_rows(b: &[f32], k: usize, n: usize, data: &mut [u32], kp: usize) {
         debug_assert!(b.len() >= k * n && data.len() >= n.div_ceil(BLOCK) * kp * BLOCK);
-        let interleave: [u16; 32] =
-            std::array::from_fn(|i| if i % 2 == 0 { (i / 2) as u16 } else { 16 + (i / 2) as u16 });
-        let interleave = _mm512_loadu_si512(interleave.as_ptr() as *const _);
+        let interleave = interleave_index();
         let (src, out) = (b.as_ptr(), data.as_mut_ptr());
         let pairs = k.div_ceil(2);
         let columns = n.div_ceil(BLOCK) * BLOCK;
@@ -332,8 +322,7 @@ mod x86 {
                 } else {
                     _mm512_setzero_ps()
                 };
-                let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                _mm512_storeu_si512(dst as *mut _, _mm512_permutexvar_epi16(interleave, both));
+                _mm512_storeu_si512(dst as *mut _, pairs16(lo, hi, interleave));
             }
         }
     }
@@ -349,9 +338,7 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn pack_transposed(a: &[f32], m: usize, k: usize, data: &mut [u32], kp: usize) {
         debug_assert!(a.len() >= k * m && data.len() >= m * kp);
-        let interleave: [u16; 32] =
-            std::array::from_fn(|i| if i % 2 == 0 { (i / 2) as u16 } else { 16 + (i / 2) as u16 });
-        let interleave = _mm512_loadu_si512(interleave.as_ptr() as *const _);
+        let interleave = interleave_index();
         // Round `b`: the lane indices of row `r` (low) and of row `r + b` (high).
         let index = |b: usize, high: bool| -> __m512i {
             let idx: [i32; 16] = std::array::from_fn(|l| match (l & b == 0, high) {
@@ -381,8 +368,7 @@ mod x86 {
                     } else {
                         _mm512_setzero_ps()
                     };
-                    let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                    *reg = _mm512_permutexvar_epi16(interleave, both);
+                    *reg = pairs16(lo, hi, interleave);
                 }
                 for &(b, low, high) in &rounds {
                     for r in 0..16 {
