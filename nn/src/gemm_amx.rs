@@ -23,6 +23,7 @@
 use super::amx_tile::{BLOCK, TILE_PAIRS};
 use super::bf16_pack::{bf16_to_f32, interleave_rows, round_bf16, round_row_pairs};
 use super::gemm::Op;
+use super::relu::{relu_backward_in_place, relu_in_place};
 
 /// Pairs per chunk of the reduction: a 32-row slice of `a` is reused by every
 /// panel of `b`, whose rows are prefetched [`PREFETCH_BLOCKS`] blocks ahead.
@@ -239,6 +240,31 @@ pub enum Start<'a> {
     Row(&'a [f32]),
 }
 
+/// What becomes of each entry of `c` once its chain is complete, while its
+/// block is still in L1: an activation's pass without a pass of its own.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Epilogue<'a> {
+    /// It is stored as summed.
+    None,
+    /// [`relu_in_place`].
+    Relu,
+    /// [`relu_backward_in_place`] against
+    /// the ReLU's output, laid out as `c` (`m` rows at stride `ldc`).
+    ReluBackward(&'a [f32]),
+}
+
+impl Epilogue<'_> {
+    /// Applies the epilogue to `cols` entries of row `r` of `c` from column `j`.
+    pub(crate) fn apply(&self, c: &mut [f32], ldc: usize, (r, j, cols): (usize, usize, usize)) {
+        let at = r * ldc + j;
+        match *self {
+            Epilogue::None => {}
+            Epilogue::Relu => relu_in_place(&mut c[at..at + cols]),
+            Epilogue::ReluBackward(out) => relu_backward_in_place(&mut c[at..at + cols], &out[at..at + cols]),
+        }
+    }
+}
+
 /// `c[m×n] = op(a)·op(b)` (`+ c` when `accumulate`) on AMX tiles; row `i` of
 /// `c` starts at `c[i·ldc]`.
 ///
@@ -246,19 +272,23 @@ pub enum Start<'a> {
 /// When the operands' shapes disagree, `c` is shorter than its shape requires,
 /// or AMX does not run here ([`amx_available`]).
 pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: usize) {
-    gemm_amx_from(a, b, if accumulate { Start::Output } else { Start::Zero }, c, ldc)
+    gemm_amx_from(a, b, if accumulate { Start::Output } else { Start::Zero }, Epilogue::None, c, ldc)
 }
 
-/// [`gemm_amx`] with every chain starting at `start`: with [`Start::Row`] the
-/// result is that of copying the row into every row of `c` and accumulating,
-/// without the copy.
+/// [`gemm_amx`] with every chain starting at `start` and finished by
+/// `epilogue`: with [`Start::Row`] the result is that of copying the row into
+/// every row of `c` and accumulating, without the copy; with
+/// [`Epilogue::Relu`], that of a ReLU pass over `c` afterwards, without the pass.
 ///
 /// # Panics
 /// As [`gemm_amx`], and when a start row holds fewer than `n` values.
-pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, c: &mut [f32], ldc: usize) {
+pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, epilogue: Epilogue<'_>, c: &mut [f32], ldc: usize) {
     assert!(amx_available(), "gemm_amx: AMX-BF16 does not run here");
     if let Start::Row(row) = start {
         assert!(row.len() >= b.n, "gemm_amx: a start row of {} values for {} columns", row.len(), b.n);
+    }
+    if let (Epilogue::ReluBackward(out), true) = (epilogue, a.m > 0 && b.n > 0) {
+        assert!(out.len() >= (a.m - 1) * ldc + b.n, "gemm_amx: a ReLU output of {} values", out.len());
     }
     let (m, n, kp) = (a.m, b.n, b.kp);
     assert_eq!(a.pairs, b.pairs, "gemm_amx: {} pairs on the left, {} on the right", a.pairs, b.pairs);
@@ -273,6 +303,7 @@ pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, c: &mut [f32], ld
                 Start::Output => {}
                 Start::Row(row) => c[r * ldc..r * ldc + n].copy_from_slice(&row[..n]),
             }
+            epilogue.apply(c, ldc, (r, 0, n));
         }
         return;
     }
@@ -281,7 +312,7 @@ pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, c: &mut [f32], ld
     // packed operands hold `a.m` rows padded to 32 and `b.n` columns padded to 32,
     // both over `kp` pairs.
     unsafe {
-        x86::gemm(a, b, start, c, ldc)
+        x86::gemm(a, b, start, epilogue, c, ldc)
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("AMX runs only on x86-64")
@@ -291,7 +322,7 @@ pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, c: &mut [f32], ld
 mod x86 {
     use super::super::amx_tile::{block_32x32, Tiles, BLOCK, TILE_PAIRS};
     use super::super::bf16_pack::x86::{interleave_index, mask, pairs16};
-    use super::{words, AmxLhs, AmxRhs, Start, CHUNK_PAIRS, PREFETCH_BLOCKS};
+    use super::{words, AmxLhs, AmxRhs, Epilogue, Start, CHUNK_PAIRS, PREFETCH_BLOCKS};
     use std::arch::x86_64::*;
 
     /// [`super::AmxRhs::pack`] of `b` stored `k × n` ([`Op::N`](super::Op::N)):
@@ -394,15 +425,31 @@ mod x86 {
     ///
     /// # Safety
     /// AMX runs here; `c` holds `m` rows of `n` at stride `ldc`; `kp ≥ 16`.
-    pub(super) unsafe fn gemm(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, c: &mut [f32], ldc: usize) {
+    pub(super) unsafe fn gemm(
+        a: &AmxLhs,
+        b: &AmxRhs,
+        start: Start<'_>,
+        epilogue: Epilogue<'_>,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
         let (m, n, kp) = (a.m, b.n, b.kp);
         let (a_words, b_words) = (words(&a.data), words(&b.data));
         let tiles = Tiles::configure();
         let mut edge = Edge([0.0; BLOCK * BLOCK]);
         for q0 in (0..kp).step_by(CHUNK_PAIRS) {
             let blocks = CHUNK_PAIRS.min(kp - q0) / TILE_PAIRS;
-            // The first chunk starts where asked; later ones continue from `c`.
+            // The first chunk starts where asked; later ones continue from `c`;
+            // the last one finishes each block while it is in L1.
             let start = if q0 == 0 { start } else { Start::Output };
+            let last = q0 + CHUNK_PAIRS >= kp;
+            let finish = |c: &mut [f32], i: usize, j: usize, rows: usize, cols: usize| {
+                if last {
+                    for r in i..i + rows {
+                        epilogue.apply(c, ldc, (r, j, cols));
+                    }
+                }
+            };
             for i in (0..m).step_by(BLOCK) {
                 let a_ptr = a_words.as_ptr().add(i * kp + q0);
                 for j in (0..n).step_by(BLOCK) {
@@ -421,6 +468,7 @@ mod x86 {
                             Start::Output => run(out, ldc, (out, ldc * 4)),
                             Start::Row(row) => run(out, ldc, (row.as_ptr().add(j), 0)),
                         }
+                        finish(c, i, j, rows, cols);
                         continue;
                     }
                     let from = match start {
@@ -442,6 +490,7 @@ mod x86 {
                     for r in 0..rows {
                         c[(i + r) * ldc + j..][..cols].copy_from_slice(&edge.0[r * BLOCK..r * BLOCK + cols]);
                     }
+                    finish(c, i, j, rows, cols);
                 }
             }
         }
@@ -597,7 +646,8 @@ mod tests {
     }
 
     /// Starting every chain at a bias row equals copying the row into `c` and
-    /// accumulating, bit for bit, on shapes with edges and past one chunk.
+    /// accumulating, and the ReLU epilogue a ReLU pass afterwards, bit for bit,
+    /// on shapes with edges and past one chunk.
     #[test]
     fn a_start_row_equals_a_copied_bias() {
         if !amx_available() {
@@ -605,6 +655,7 @@ mod tests {
             return;
         }
         let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
+        let mut cut = 0;
         for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
             let (a, b, _) = operands(m, n, k, 50 + s as u64);
             let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.37 - 3.0).collect();
@@ -613,9 +664,47 @@ mod tests {
             let mut want: Vec<f32> = (0..m).flat_map(|_| bias.iter().copied()).collect();
             gemm_amx_reference(Op::N, Op::T, m, n, k, &a, &b, true, &mut want);
             let mut got = vec![f32::NAN; m * n];
-            gemm_amx_from(&lhs, &rhs, Start::Row(&bias), &mut got, n);
+            gemm_amx_from(&lhs, &rhs, Start::Row(&bias), Epilogue::None, &mut got, n);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k}");
+            cut += want.iter().filter(|&&v| v < 0.0).count();
+            relu_in_place(&mut want);
+            gemm_amx_from(&lhs, &rhs, Start::Row(&bias), Epilogue::Relu, &mut got, n);
+            assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k} with the ReLU epilogue");
+        }
+        assert!(cut > 1000, "only {cut} entries were negative: the ReLU was hardly tested");
+    }
+
+    /// The ReLU-backward epilogue equals the product followed by
+    /// `relu_backward_in_place` against the output, bit for bit, at a stride.
+    #[test]
+    fn the_relu_backward_epilogue_equals_a_pass_afterwards() {
+        if !amx_available() {
+            eprintln!("skipped: this CPU has no usable AMX-BF16");
+            return;
+        }
+        let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
+        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+            let ldc = n + 3;
+            let (a, b, _) = operands(m, n, k, 70 + s as u64);
+            let out: Vec<f32> = (0..m * ldc).map(|i| if i % 3 == 0 { 0.0 } else { (i % 7) as f32 - 3.0 }).collect();
+            lhs.pack(Op::N, m, k, &a);
+            rhs.pack(Op::N, k, n, &b);
+            let mut want = vec![0.0f32; m * n];
+            gemm_amx_reference(Op::N, Op::N, m, n, k, &a, &b, false, &mut want);
+            let mut got = vec![f32::NAN; m * ldc];
+            gemm_amx_from(&lhs, &rhs, Start::Zero, Epilogue::ReluBackward(&out), &mut got, ldc);
+            for i in 0..m {
+                relu_backward_in_place(&mut want[i * n..(i + 1) * n], &out[i * ldc..i * ldc + n]);
+                for j in 0..ldc {
+                    let g = got[i * ldc + j];
+                    if j < n {
+                        assert_eq!(g.to_bits(), want[i * n + j].to_bits(), "{m}x{n}x{k} [{i}][{j}]");
+                    } else {
+                        assert!(g.is_nan(), "{m}x{n}x{k} [{i}][{j}] written");
+                    }
+                }
+            }
         }
     }
 

@@ -22,7 +22,7 @@
 use super::bf16_pack::{bf16_to_f32, round_bf16};
 use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
 use super::gemm::Op;
-use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_reference, AmxLhs, AmxRhs, Start};
+use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_reference, AmxLhs, AmxRhs, Epilogue, Start};
 
 /// Pairs (two reduction steps each) per run of the sums: a 32-column panel's
 /// run is 16 KiB, so it stays in L1 while a group of rows passes.
@@ -150,13 +150,31 @@ impl Bf16Scratch {
         ldc: usize,
     ) {
         let start = if accumulate { Start::Output } else { Start::Zero };
-        self.run(kernel, (op_a, a), (op_b, b), (m, n, k), start, c, ldc)
+        self.run(kernel, (op_a, a), (op_b, b), (m, n, k), start, Epilogue::None, c, ldc)
+    }
+
+    /// [`product`](Self::product) (not accumulating) finished by `epilogue`
+    /// on the best kernel: the product, then the epilogue's pass over `c`.
+    ///
+    /// # Panics
+    /// As [`product`](Self::product), and when the epilogue's ReLU output is shorter than `c`.
+    pub fn product_then(
+        &mut self,
+        a: (Op, &[f32]),
+        b: (Op, &[f32]),
+        (m, n, k): (usize, usize, usize),
+        epilogue: Epilogue<'_>,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        self.run(Bf16Kernel::best(), a, b, (m, n, k), Start::Zero, epilogue, c, ldc)
     }
 
     /// `c[m×n] = row + op(a)·op(b)` with `row` (`n` values) added to every row
-    /// of `c`, on the best kernel: the result of copying `row` into each row of
-    /// `c` and calling [`product`](Self::product) accumulating (the AMX kernel
-    /// starts its sums at the row instead of copying it).
+    /// of `c`, on the best kernel, then `epilogue`: the result of copying `row`
+    /// into each row of `c`, calling [`product`](Self::product) accumulating and
+    /// applying the epilogue to `c` (the AMX kernel starts its sums at the row
+    /// instead of copying it, and applies the epilogue to each block in L1).
     ///
     /// # Panics
     /// As [`product`](Self::product), and when `row` holds fewer than `n` values.
@@ -166,11 +184,11 @@ impl Bf16Scratch {
         a: (Op, &[f32]),
         b: (Op, &[f32]),
         (m, n, k): (usize, usize, usize),
-        row: &[f32],
+        (row, epilogue): (&[f32], Epilogue<'_>),
         c: &mut [f32],
         ldc: usize,
     ) {
-        self.run(Bf16Kernel::best(), a, b, (m, n, k), Start::Row(row), c, ldc)
+        self.run(Bf16Kernel::best(), a, b, (m, n, k), Start::Row(row), epilogue, c, ldc)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -181,13 +199,14 @@ impl Bf16Scratch {
         (op_b, b): (Op, &[f32]),
         (m, n, k): (usize, usize, usize),
         start: Start<'_>,
+        epilogue: Epilogue<'_>,
         c: &mut [f32],
         ldc: usize,
     ) {
         if kernel == Bf16Kernel::Amx {
             self.amx_lhs.pack(op_a, m, k, a);
             self.amx_rhs.pack(op_b, k, n, b);
-            gemm_amx_from(&self.amx_lhs, &self.amx_rhs, start, c, ldc);
+            gemm_amx_from(&self.amx_lhs, &self.amx_rhs, start, epilogue, c, ldc);
             return;
         }
         let accumulate = match start {
@@ -204,6 +223,9 @@ impl Bf16Scratch {
         self.lhs.pack(op_a, m, k, a);
         self.rhs.pack(op_b, k, n, b);
         gemm_bf16_with(kernel, &self.lhs, &self.rhs, accumulate, c, ldc);
+        for r in 0..m {
+            epilogue.apply(c, ldc, (r, 0, n));
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! parameter buffer, followed by `b` (`output` values).
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
+use super::gemm_amx::Epilogue;
 use super::gemm_bf16::Bf16Scratch;
 use super::gemm_packed::{gemm_packed_with, PackedRhs};
 pub use super::kernel_choice::ForwardClass;
@@ -171,18 +172,30 @@ impl Linear {
 impl Linear {
     /// [`forward`](Self::forward) under `--precision bf16`: `x` and `W` rounded to
     /// bf16, products accumulated in `f32` onto the `f32` bias on the best bf16
-    /// kernel ([`Bf16Scratch::product`]); `W` is rounded from its current `f32`
-    /// values on every call.
-    pub fn forward_bf16(&self, params: &[f32], x: &[f32], batch: usize, y: &mut [f32], scratch: &mut Bf16Scratch) {
+    /// kernel ([`Bf16Scratch::product_onto_row`]), then the ReLU when `relu` (as
+    /// [`relu_in_place`](super::relu::relu_in_place) over `y`); `W` is rounded
+    /// from its current `f32` values on every call.
+    pub fn forward_bf16(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        batch: usize,
+        (y, relu): (&mut [f32], bool),
+        scratch: &mut Bf16Scratch,
+    ) {
         let w = &params[self.offset..self.offset + self.output * self.input];
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
         let y = &mut y[..batch * self.output];
         let shape = (batch, self.output, self.input);
-        scratch.product_onto_row((Op::N, &x[..batch * self.input]), (Op::T, w), shape, b, y, self.output);
+        let epilogue = if relu { Epilogue::Relu } else { Epilogue::None };
+        scratch.product_onto_row((Op::N, &x[..batch * self.input]), (Op::T, w), shape, (b, epilogue), y, self.output);
     }
 
     /// [`backward`](Self::backward) under `--precision bf16`: `dW = dyᵀ·x` and
-    /// `dx = dy·W` on bf16-rounded operands with `f32` accumulation; `db = Σ dy` in `f32`.
+    /// `dx = dy·W` on bf16-rounded operands with `f32` accumulation; `db = Σ dy`
+    /// in `f32`. With `dx`'s second part, the output of the ReLU before this
+    /// layer (`batch × input`), `dx` is then passed back through that ReLU
+    /// ([`relu_backward_in_place`](super::relu::relu_backward_in_place)).
     #[allow(clippy::too_many_arguments)]
     pub fn backward_bf16(
         &self,
@@ -191,7 +204,7 @@ impl Linear {
         dy: &[f32],
         batch: usize,
         grads: &mut [f32],
-        dx: Option<&mut [f32]>,
+        dx: Option<(&mut [f32], Option<&[f32]>)>,
         scratch: &mut Bf16Scratch,
     ) {
         let nw = self.output * self.input;
@@ -205,9 +218,10 @@ impl Linear {
                 *g += d;
             }
         }
-        if let Some(dx) = dx {
+        if let Some((dx, relu_out)) = dx {
             let (w, shape) = (&params[self.offset..self.offset + nw], (batch, self.input, self.output));
-            scratch.product((Op::N, dy), (Op::N, w), shape, false, &mut dx[..batch * self.input], self.input);
+            let epilogue = relu_out.map_or(Epilogue::None, Epilogue::ReluBackward);
+            scratch.product_then((Op::N, dy), (Op::N, w), shape, epilogue, &mut dx[..batch * self.input], self.input);
         }
     }
 }
@@ -304,7 +318,7 @@ mod tests {
             let (w, b) = params[3..3 + lin.num_params()].split_at(output * input);
             let mut scratch = Bf16Scratch::default();
             let mut y = vec![f32::NAN; batch * output];
-            lin.forward_bf16(&params, &x, batch, &mut y, &mut scratch);
+            lin.forward_bf16(&params, &x, batch, (&mut y, false), &mut scratch);
             let mut want: Vec<f32> = (0..batch).flat_map(|_| b.iter().copied()).collect();
             gemm_bf16_reference(Op::N, Op::T, batch, output, input, &x, w, true, &mut want);
             assert_eq!(
@@ -312,9 +326,16 @@ mod tests {
                 want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 "forward {input}->{output} b{batch}"
             );
+            lin.forward_bf16(&params, &x, batch, (&mut y, true), &mut scratch);
+            crate::relu::relu_in_place(&mut want);
+            assert_eq!(
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "forward with ReLU {input}->{output} b{batch}"
+            );
             let mut grads = vec![f32::NAN; params.len()];
             let mut dx = vec![f32::NAN; batch * input];
-            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some(&mut dx), &mut scratch);
+            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some((&mut dx, None)), &mut scratch);
             let mut want_dw = vec![0.0f32; output * input];
             gemm_bf16_reference(Op::T, Op::N, output, input, batch, &dy, &x, false, &mut want_dw);
             let want_db: Vec<f32> =
@@ -326,6 +347,10 @@ mod tests {
             assert_eq!(bits(&grads[3 + output * input..3 + lin.num_params()]), bits(&want_db), "db");
             assert_eq!(bits(&dx), bits(&want_dx), "dx {input}->{output} b{batch}");
             assert!(grads[..3].iter().chain(&grads[3 + lin.num_params()..]).all(|g| g.is_nan()), "outside the layer");
+            // dx passed back through the ReLU before the layer (its output: x itself here).
+            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some((&mut dx, Some(&x))), &mut scratch);
+            crate::relu::relu_backward_in_place(&mut want_dx, &x);
+            assert_eq!(bits(&dx), bits(&want_dx), "dx through the ReLU {input}->{output} b{batch}");
         }
     }
 }

@@ -109,14 +109,18 @@ impl Mlp {
             let input: &[T] = if i == 0 { x } else { &done[i - 1] };
             let out = &mut rest[0];
             out.resize(batch * l.output, T::ZERO);
+            let relu = self.relu_after(i);
             match cache.precision {
-                Precision::Fp32 => l.forward(params, input, batch, out, &mut cache.packed),
-                Precision::Bf16 => {
-                    l.forward_bf16(f32_view(params), f32_view(input), batch, f32_view_mut(out), &mut cache.bf16);
+                Precision::Fp32 => {
+                    l.forward(params, input, batch, out, &mut cache.packed);
+                    if relu {
+                        relu_in_place(out);
+                    }
                 }
-            }
-            if self.relu_after(i) {
-                relu_in_place(out);
+                Precision::Bf16 => {
+                    let (p, x) = (f32_view(params), f32_view(input));
+                    l.forward_bf16(p, x, batch, (f32_view_mut(out), relu), &mut cache.bf16);
+                }
             }
         }
         &cache.outs[self.layers.len() - 1][..batch * self.output()]
@@ -143,11 +147,13 @@ impl Mlp {
         }
         douts[n - 1].copy_from_slice(&dout[..batch * self.output()]);
         let mut dx = dx;
+        // Under bf16 a layer's dx product applies the ReLU below it in its epilogue.
+        let mut through_relu = false;
         for i in (0..n).rev() {
             let l = &self.layers[i];
             let (below, rest) = douts.split_at_mut(i);
             let dy = &mut rest[0];
-            if self.relu_after(i) {
+            if self.relu_after(i) && !through_relu {
                 relu_backward_in_place(dy, &outs[i]);
             }
             let input: &[T] = if i == 0 { x } else { &outs[i - 1] };
@@ -156,7 +162,10 @@ impl Mlp {
                 Precision::Fp32 => l.backward(params, input, dy, batch, grads, layer_dx, packed),
                 Precision::Bf16 => {
                     let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(dy));
-                    l.backward_bf16(p, input, dy, batch, f32_view_mut(grads), layer_dx.map(f32_view_mut), bf16);
+                    let relu_out = (i > 0 && self.relu_after(i - 1)).then(|| f32_view(&outs[i - 1][..]));
+                    let layer_dx = layer_dx.map(|d| (f32_view_mut(d), if i > 0 { relu_out } else { None }));
+                    through_relu = layer_dx.as_ref().is_some_and(|(_, r)| r.is_some());
+                    l.backward_bf16(p, input, dy, batch, f32_view_mut(grads), layer_dx, bf16);
                 }
             }
         }
