@@ -442,9 +442,9 @@ mod x86 {
             // The first chunk starts where asked; later ones continue from `c`;
             // the last one finishes each block while it is in L1.
             let start = if q0 == 0 { start } else { Start::Output };
-            let last = q0 + CHUNK_PAIRS >= kp;
+            let finishing = q0 + CHUNK_PAIRS >= kp && !matches!(epilogue, Epilogue::None);
             let finish = |c: &mut [f32], i: usize, j: usize, rows: usize, cols: usize| {
-                if last {
+                if finishing {
                     for r in i..i + rows {
                         epilogue.apply(c, ldc, (r, j, cols));
                     }

@@ -163,7 +163,7 @@ impl Mlp {
                 Precision::Bf16 => {
                     let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(dy));
                     let relu_out = (i > 0 && self.relu_after(i - 1)).then(|| f32_view(&outs[i - 1][..]));
-                    let layer_dx = layer_dx.map(|d| (f32_view_mut(d), if i > 0 { relu_out } else { None }));
+                    let layer_dx = layer_dx.map(|d| (f32_view_mut(d), relu_out));
                     through_relu = layer_dx.as_ref().is_some_and(|(_, r)| r.is_some());
                     l.backward_bf16(p, input, dy, batch, f32_view_mut(grads), layer_dx, bf16);
                 }
