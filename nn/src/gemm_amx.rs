@@ -421,6 +421,46 @@ mod x86 {
     #[repr(C, align(64))]
     struct Edge([f32; BLOCK * BLOCK]);
 
+    /// [`Epilogue::apply`] to rows `i..i + rows` of `c`, `cols ≤ 32` entries
+    /// from column `j`, sixteen lanes at a time: the same comparisons and `+ 0`
+    /// as the scalar ReLU, so equal bit for bit (NaN kept, `-0` made `+0`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; the block lies inside `c` (and inside the ReLU's
+    /// output, laid out as `c`, for [`Epilogue::ReluBackward`]).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn finish_block(
+        epilogue: Epilogue<'_>,
+        c: &mut [f32],
+        ldc: usize,
+        (i, j): (usize, usize),
+        (rows, cols): (usize, usize),
+    ) {
+        let zero = _mm512_setzero_ps();
+        let halves = [(0, mask(cols)), (16, mask(cols.saturating_sub(16)))];
+        for r in i..i + rows {
+            let at = r * ldc + j;
+            for (lane, m) in halves {
+                if m == 0 {
+                    continue;
+                }
+                let to = c.as_mut_ptr().add(at + lane);
+                let x = _mm512_maskz_loadu_ps(m, to);
+                let y = match epilogue {
+                    Epilogue::None => return,
+                    // `x < 0` gives 0, anything else (NaN too) `x + 0`.
+                    Epilogue::Relu => _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, zero), x, zero),
+                    // `out <= 0` gives 0, anything else (NaN too) `grad + 0`.
+                    Epilogue::ReluBackward(out) => {
+                        let o = _mm512_maskz_loadu_ps(m, out.as_ptr().add(at + lane));
+                        _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLE_UQ>(o, zero), x, zero)
+                    }
+                };
+                _mm512_mask_storeu_ps(to, m, y);
+            }
+        }
+    }
+
     /// See [`super::gemm_amx`].
     ///
     /// # Safety
@@ -445,9 +485,7 @@ mod x86 {
             let finishing = q0 + CHUNK_PAIRS >= kp && !matches!(epilogue, Epilogue::None);
             let finish = |c: &mut [f32], i: usize, j: usize, rows: usize, cols: usize| {
                 if finishing {
-                    for r in i..i + rows {
-                        epilogue.apply(c, ldc, (r, j, cols));
-                    }
+                    finish_block(epilogue, c, ldc, (i, j), (rows, cols));
                 }
             };
             for i in (0..m).step_by(BLOCK) {
@@ -752,6 +790,36 @@ mod tests {
     }
 
     /// An empty reduction writes zeros (or leaves `c` when accumulating).
+    /// The vector epilogue equals the scalar ReLU passes on the values where a
+    /// vector select could differ: NaN, `±0`, `±∞`, and at every width 1..=32.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_vector_epilogue_equals_the_scalar_passes_on_special_values() {
+        if !amx_available() {
+            eprintln!("skipped: this CPU has no usable AMX-BF16");
+            return;
+        }
+        let special = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, -1.5, 2.5, -f32::MIN_POSITIVE];
+        let (rows, ldc) = (3, 37);
+        let value = |i: usize, shift: usize| special[(i * 7 + shift) % special.len()];
+        let out: Vec<f32> = (0..rows * ldc).map(|i| value(i, 3)).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for cols in 1..=32 {
+            for epilogue in [Epilogue::Relu, Epilogue::ReluBackward(&out)] {
+                let c: Vec<f32> = (0..rows * ldc).map(|i| value(i, cols)).collect();
+                let mut want = c.clone();
+                for r in 0..rows {
+                    epilogue.apply(&mut want, ldc, (r, 2, cols));
+                }
+                let mut got = c.clone();
+                // SAFETY: AMX implies AVX-512 F; the block (rows × cols from column
+                // 2) lies inside `got` and `out`.
+                unsafe { super::x86::finish_block(epilogue, &mut got, ldc, (0, 2), (rows, cols)) };
+                assert_eq!(bits(&got), bits(&want), "{cols} columns, {epilogue:?}");
+            }
+        }
+    }
+
     #[test]
     fn an_empty_reduction_is_zero() {
         if !amx_available() {
