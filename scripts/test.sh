@@ -12,7 +12,7 @@
 # pip for the GPU kernels' compile check, which needs no GPU), checks that no test
 # needs a module it does not install (scripts/prerequisites.py check), builds in
 # release mode (the tests spawn the release binary and train real models), checks that
-# every library crate packages for crates.io, packs the GPU check bundle
+# every library crate passes `cargo publish --dry-run`, packs the GPU check bundle
 # (scripts/gpu_bundle.sh), and runs every test of every crate, doc tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,11 +68,14 @@ fi
 echo "== cargo doc (workspace, warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --release --workspace --no-deps --quiet
 
-echo "== the library crates package for crates.io (metadata complete, no warning)"
-PACKAGE_LOG="$(cargo package --workspace --no-verify --allow-dirty \
+echo "== the library crates publish to crates.io (cargo publish --dry-run: metadata complete, no warning)"
+# The packages are not compiled again from their archives (--no-verify): the release build
+# below compiles the same sources. A dry run ends each crate with "aborting upload due to
+# dry run"; any other warning fails.
+PACKAGE_LOG="$(cargo publish --dry-run --workspace --no-verify --allow-dirty \
     --exclude tiderec-examples --exclude tiderec-tests --exclude tiderec-fuzz 2>&1)" || { echo "$PACKAGE_LOG" >&2; exit 1; }
-if echo "$PACKAGE_LOG" | grep -i "warning"; then
-    echo "cargo package warned about the crates above" >&2
+if echo "$PACKAGE_LOG" | grep -i "warning" | grep -v "aborting upload due to dry run"; then
+    echo "cargo publish --dry-run warned about the crates above" >&2
     exit 1
 fi
 
