@@ -47,6 +47,18 @@ fn checkpoint_resume_continues_bit_for_bit() {
 }
 
 #[test]
+fn export_score_scores_like_the_trainer() {
+    let dir = std::env::temp_dir().join(format!("tiderec-example-export-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = run("export_score", &[dir.to_str().unwrap()]);
+    assert!(out.contains("exported step 40") && out.contains("scored 400 held-out samples"), "{out}");
+    let model_json = std::fs::read_to_string(dir.join("serve/model.json")).unwrap();
+    assert!(model_json.contains("\"kind\": \"dlrm\"") || model_json.contains("\"kind\":\"dlrm\""), "{model_json}");
+    assert!(dir.join("serve/model.safetensors").is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn custom_model_learns() {
     let out = run("custom_model", &[]);
     assert!(out.contains("held-out AUC"), "{out}");

@@ -53,6 +53,8 @@ mod records;
 mod rows;
 mod score;
 mod watch;
+/// A checkpoint loaded as the scorer `serve` answers with: usable from a program of its own.
+pub use score::Loaded;
 
 use crate::error::DataflowFailure;
 use crate::PipelineError;
@@ -60,7 +62,6 @@ use batcher::{BatchLimits, Job, Reply, ServingState, Work};
 use budget::{Body, BodyBudget, Reservation};
 use http::{Head, HttpError, Transfer};
 use listen::Connections;
-use score::Loaded;
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
