@@ -195,50 +195,69 @@ fn gram_blocks<T: Scalar, const B: usize>(zi: &[T], zt: &[T], npad: usize, first
     }
 }
 
-/// `out[n×d] = s[n×n] · z[n×d]`: four rows of `out` at a time, eight columns
-/// per accumulator, so each `z_j` block is loaded once for four independent
-/// chains. Every element sums over `j` in ascending order.
+/// `out[n×d] = s[n×n] · z[n×d]`: four rows of `out` by two column blocks of
+/// eight at a time, so each `z_j` block is loaded once for four rows and eight
+/// independent chains keep the adders busy. Every element sums over `j` in
+/// ascending order.
 #[inline]
 fn sym_times<T: Scalar>(s: &[T], z: &[T], n: usize, d: usize, out: &mut [T]) {
+    let blocks = d / LANES;
     let mut first = 0;
     while first < n {
         let take = (n - first).min(4);
-        match take {
-            4 => sym_rows::<T, 4>(s, z, n, d, first, out),
-            3 => sym_rows::<T, 3>(s, z, n, d, first, out),
-            2 => sym_rows::<T, 2>(s, z, n, d, first, out),
-            _ => sym_rows::<T, 1>(s, z, n, d, first, out),
+        let mut cb = 0;
+        while cb < blocks {
+            let width = (blocks - cb).min(2);
+            match (take, width) {
+                (4, 2) => sym_block::<T, 4, 2>(s, z, (n, d), (first, cb), out),
+                (4, _) => sym_block::<T, 4, 1>(s, z, (n, d), (first, cb), out),
+                (3, 2) => sym_block::<T, 3, 2>(s, z, (n, d), (first, cb), out),
+                (3, _) => sym_block::<T, 3, 1>(s, z, (n, d), (first, cb), out),
+                (2, 2) => sym_block::<T, 2, 2>(s, z, (n, d), (first, cb), out),
+                (2, _) => sym_block::<T, 2, 1>(s, z, (n, d), (first, cb), out),
+                (_, 2) => sym_block::<T, 1, 2>(s, z, (n, d), (first, cb), out),
+                _ => sym_block::<T, 1, 1>(s, z, (n, d), (first, cb), out),
+            }
+            cb += width;
+        }
+        for r in first..first + take {
+            for c in blocks * LANES..d {
+                let mut acc = T::ZERO;
+                for j in 0..n {
+                    acc += s[r * n + j] * z[j * d + c];
+                }
+                out[r * d + c] = acc;
+            }
         }
         first += take;
     }
 }
 
-/// Rows `first..first + R` of [`sym_times`].
+/// Rows `first..first + R`, column blocks `cb..cb + B` of [`sym_times`].
 #[inline(always)]
-fn sym_rows<T: Scalar, const R: usize>(s: &[T], z: &[T], n: usize, d: usize, first: usize, out: &mut [T]) {
-    let blocks = d / LANES;
-    for cb in 0..blocks {
-        let mut acc = [[T::ZERO; LANES]; R];
-        for j in 0..n {
-            let zj = &z[j * d + cb * LANES..j * d + (cb + 1) * LANES];
-            for (r, a) in acc.iter_mut().enumerate() {
-                let sij = s[(first + r) * n + j];
+fn sym_block<T: Scalar, const R: usize, const B: usize>(
+    s: &[T],
+    z: &[T],
+    (n, d): (usize, usize),
+    (first, cb): (usize, usize),
+    out: &mut [T],
+) {
+    let mut acc = [[[T::ZERO; LANES]; B]; R];
+    for j in 0..n {
+        let zj = &z[j * d + cb * LANES..j * d + (cb + B) * LANES];
+        for (r, row) in acc.iter_mut().enumerate() {
+            let sij = s[(first + r) * n + j];
+            for (a, v) in row.iter_mut().zip(zj.chunks_exact(LANES)) {
                 for l in 0..LANES {
-                    a[l] += sij * zj[l];
+                    a[l] += sij * v[l];
                 }
             }
         }
-        for (r, a) in acc.iter().enumerate() {
-            out[(first + r) * d + cb * LANES..(first + r) * d + (cb + 1) * LANES].copy_from_slice(a);
-        }
     }
-    for r in first..first + R {
-        for c in blocks * LANES..d {
-            let mut acc = T::ZERO;
-            for j in 0..n {
-                acc += s[r * n + j] * z[j * d + c];
-            }
-            out[r * d + c] = acc;
+    for (r, row) in acc.iter().enumerate() {
+        let at = (first + r) * d + cb * LANES;
+        for (b, a) in row.iter().enumerate() {
+            out[at + b * LANES..at + (b + 1) * LANES].copy_from_slice(a);
         }
     }
 }
@@ -322,6 +341,68 @@ mod tests {
     #[test]
     fn backward_matches_finite_differences_on_wide_shapes() {
         check_against_finite_differences(&DotInteraction { num_sparse: 9, dim: 11, self_interaction: false }, 2, 7);
+    }
+
+    /// The blocked backward equals its definition bit for bit in `f32`: each
+    /// vector's gradient `Σ_j S[i][j]·z_j` summed over `j` in ascending order,
+    /// the dense vector's own gradient added last, on shapes with one to five
+    /// column blocks, partial row groups and dims that are not a multiple of eight.
+    #[test]
+    fn backward_equals_the_definition_bit_for_bit() {
+        for (num_sparse, dim) in [(1, 4), (3, 16), (7, 8), (8, 5), (26, 16), (39, 12), (4, 40)] {
+            for self_interaction in [false, true] {
+                let it = DotInteraction { num_sparse, dim, self_interaction };
+                let (batch, n) = (3, num_sparse + 1);
+                let value = |seed, i: usize| normal_f64(seed, 0, i as u64, 0) as f32;
+                let dense: Vec<f32> = (0..batch * dim).map(|i| value(5, i)).collect();
+                let pooled: Vec<f32> = (0..batch * num_sparse * dim).map(|i| value(6, i)).collect();
+                let dout: Vec<f32> = (0..batch * it.output_dim()).map(|i| value(7, i)).collect();
+                let (mut dd, mut dp) = (vec![f32::NAN; dense.len()], vec![f32::NAN; pooled.len()]);
+                it.backward(&dense, &pooled, &dout, batch, &mut dd, &mut dp);
+                for b in 0..batch {
+                    let z = |i: usize| {
+                        if i == 0 {
+                            &dense[b * dim..(b + 1) * dim]
+                        } else {
+                            &pooled[(b * num_sparse + i - 1) * dim..(b * num_sparse + i) * dim]
+                        }
+                    };
+                    let g = &dout[b * it.output_dim()..(b + 1) * it.output_dim()];
+                    // S from the pairs' order: rows 1.., j < i (then i itself), ⟨z₀, z₀⟩ last.
+                    let mut sym = vec![0.0f32; n * n];
+                    let mut k = dim;
+                    for i in 1..n {
+                        for j in 0..i {
+                            (sym[i * n + j], sym[j * n + i]) = (g[k], g[k]);
+                            k += 1;
+                        }
+                        if self_interaction {
+                            sym[i * n + i] = g[k] + g[k];
+                            k += 1;
+                        }
+                    }
+                    if self_interaction {
+                        sym[0] = g[k] + g[k];
+                    }
+                    for i in 0..n {
+                        for c in 0..dim {
+                            let mut want = (0..n).fold(0.0f32, |acc, j| acc + sym[i * n + j] * z(j)[c]);
+                            let got = if i == 0 {
+                                want += g[c];
+                                dd[b * dim + c]
+                            } else {
+                                dp[(b * num_sparse + i - 1) * dim + c]
+                            };
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{num_sparse}x{dim} {self_interaction} [{b}][{i}][{c}]"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
