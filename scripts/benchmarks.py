@@ -264,9 +264,10 @@ with AMX-BF16 the products run on AMX tiles, elsewhere on AVX-512 BF16) against
 `torch.autocast("cpu", dtype=torch.bfloat16)`, which oneDNN runs on AMX where the CPU has it;
 tiderec's fp32 run alternates in the same rounds as the second baseline. Measured on {cpu}
 (this section may come from another machine than the header's). {workers} worker(s) =
-PyTorch threads, the shapes, optimizers and step counts of the fp32 section above. The AMX
-bf16 peak of one core, measured by `tiderec bench kernels` with independent tile products:
-{amx_peak}. Rerun: `python3 scripts/benchmarks.py --only bf16-torch`.
+PyTorch threads, the shapes and optimizers of the fp32 section above, {samples:,} samples'
+worth of timed steps per run (the table gives the steps). The AMX bf16 peak of one core,
+measured by `tiderec bench kernels` with independent tile products: {amx_peak}. Rerun:
+`python3 scripts/benchmarks.py --only bf16-torch --samples {samples}`.
 """,
     "gru": """\
 ## GRU: split cell against the unsplit one
@@ -461,11 +462,12 @@ class Run:
         self.args = args
         self.s = QUICK if args.quick else FULL
         self.rounds = args.rounds or self.s.rounds
+        self.train_samples = args.samples or self.s.train_samples
         self.tmp = tempfile.mkdtemp(prefix="tiderec-benchmarks-")
         self.criteo = args.criteo
 
     def steps(self, batch):
-        return max(self.s.train_samples // batch, 2 if self.args.quick else 30)
+        return max(self.train_samples // batch, 2 if self.args.quick else 30)
 
     def json(self, cmd, timeout=None):
         """The JSON object `cmd` prints (bench_vs_torch's runner), or Failed."""
@@ -542,7 +544,7 @@ def section_torch(run):
             rows.append([model.upper() if model != "deepfm" else "DeepFM", num(batch), workers, a.steps,
                          num(t), num(p), f"**{ratio(r)}**", span(rs),
                          span([x["load"] for x in rounds], lambda v: f"{v:.1f}"), ceiling])
-    steps_note = (f"{run.s.warmup} warm-up steps, then {run.s.train_samples:,} samples' worth of timed steps "
+    steps_note = (f"{run.s.warmup} warm-up steps, then {run.train_samples:,} samples' worth of timed steps "
                   f"(at least {run.steps(10**9)}); torch {torch_version}")
     prose = PROSE["torch"].format(dlrm_params=params, workers=workers, rounds=run.rounds, steps_note=steps_note,
                                   mflops=mflops, peak=peak)
@@ -817,7 +819,7 @@ def section_scaling(run):
         findings.append(scaling_findings(label, ws, micro, breakdowns, tide, physical, others, logical)
                         + machine_finding(ws[-1], tide, free, micro, breakdowns, free_breakdowns))
     cores = f"{physical} physical cores" if physical else "physical cores unknown"
-    steps_note = (f"{run.s.warmup} warm-up steps, then {run.s.train_samples:,} samples' worth of timed steps "
+    steps_note = (f"{run.s.warmup} warm-up steps, then {run.train_samples:,} samples' worth of timed steps "
                   f"(at least {run.steps(10**9)}); "
                   + (f"torch {torch_version}." if with_torch else
                      f"**PyTorch was not run**: `{run.args.python}` cannot import torch, so its columns say "
@@ -922,7 +924,8 @@ def section_bf16_torch(run):
     model_name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                        if line.startswith("model name")), "an unknown CPU")
     cpu = f"{model_name}, {logical_cpus()} logical CPUs, amx_bf16 {'yes' if 'amx_bf16' in flags else 'no'}"
-    prose_args = {"workers": workers, "cpu": cpu, "amx_peak": "not measured (this CPU has no usable AMX-BF16)"}
+    prose_args = {"workers": workers, "cpu": cpu, "samples": run.train_samples,
+                  "amx_peak": "not measured (this CPU has no usable AMX-BF16)"}
     if not ({"avx512_bf16", "amx_bf16"} & flags):
         return PROSE["bf16-torch"].format(**prose_args), table(["what", "result"], [[
             "`--precision bf16` vs PyTorch bf16", "not run: this CPU has neither avx512_bf16 nor AMX"]])
@@ -1552,6 +1555,8 @@ def parse_args(argv=None):
     p.add_argument("--output", default=None,
                    help="file to write (default docs/benchmarks.md; standard output with --only); - for stdout")
     p.add_argument("--rounds", type=int, default=None, help="alternated rounds (default 3, --quick 1)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="samples' worth of timed steps per training run (default 100,000; --quick 4,096)")
     p.add_argument("--workers", type=int, default=1, help="tiderec workers = PyTorch threads of the training rows")
     p.add_argument("--max-workers", type=int, default=None,
                    help="largest W of the scaling section (default: the logical CPUs this process may use)")
