@@ -726,6 +726,22 @@ def sigmoid(x):
     return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
+def input_parts(names, dense, known, pooled):
+    """The parts of a model.json input list, in order: `dense`, a vector of `known`, or
+    `pooled(table)` for `pooled <table>` (`embeddings.C1` reads field `C1`)."""
+    parts = []
+    for name in names:
+        if name == "dense":
+            parts.append(dense)
+        elif name in known:
+            parts.append(known[name])
+        elif name.startswith("pooled "):
+            parts.append(pooled(name[len("pooled ") :]))
+        else:
+            raise ScorerError(f"unknown input {name!r} in model.json")
+    return parts
+
+
 class Model:
     """The forward pass `model.json` describes, in float64 over the exported float32 tensors."""
 
@@ -767,19 +783,11 @@ class Model:
         return x
 
     def inputs(self, names, dense, bags, known):
-        """The concatenation of `names`: `dense`, a vector in `known`, or `pooled <table>`."""
-        parts = []
-        for name in names:
-            if name == "dense":
-                parts.append(dense)
-            elif name in known:
-                parts.append(known[name])
-            elif name.startswith("pooled "):
-                table = name[len("pooled ") :]
-                parts.append(self.pooled(table, self.field_bags(bags, table.split(".", 1)[1])))
-            else:
-                raise ScorerError(f"unknown input {name!r} in model.json")
+        """The concatenation of `names` (see `input_parts`)."""
+        pooled = lambda table: self.pooled(table, self.field_bags(bags, table.split(".", 1)[1]))
+        parts = input_parts(names, dense, known, pooled)
         return np.concatenate(parts, axis=1) if parts else np.zeros((dense.shape[0], 0))
+
 
     def logits(self, dense, bags, seqs):
         dense = dense.astype(np.float64)

@@ -129,17 +129,8 @@ class TiderecModel(nn.Module):
         return x
 
     def _inputs(self, names, dense, sparse, known):
-        """The concatenation of `names`: `dense`, a vector of `known`, or `pooled <table>`."""
-        parts = []
-        for name in names:
-            if name == "dense":
-                parts.append(dense)
-            elif name in known:
-                parts.append(known[name])
-            elif name.startswith("pooled "):
-                parts.append(self._pooled(name[len("pooled ") :], sparse))
-            else:
-                raise ref.ScorerError(f"unknown input {name!r} in model.json")
+        """The concatenation of `names` (see `reference_scorer.input_parts`)."""
+        parts = ref.input_parts(names, dense, known, lambda table: self._pooled(table, sparse))
         return torch.cat(parts, dim=1) if parts else dense.new_zeros((dense.shape[0], 0))
 
     # ------------------------------------------------------------ forward
