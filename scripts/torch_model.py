@@ -50,20 +50,22 @@ def attach(root, dotted, item):
     making plain container modules for the path's inner names."""
     *parents, leaf = dotted.split(".")
     node = root
-    for name in parents + [leaf]:
-        if name not in node._modules and hasattr(node, name):
-            raise ref.ScorerError(f"tensor {dotted}: {name!r} names an attribute of the module")
-        if name == leaf:
-            break
-        child = node._modules.get(name)
-        if child is None:
-            child = nn.Module()
-            node.add_module(name, child)
-        node = child
+    for name in parents:
+        if name not in node._modules:
+            free(node, name, dotted)
+            node.add_module(name, nn.Module())
+        node = node._modules[name]
+    free(node, leaf, dotted)
     if isinstance(item, nn.Parameter):
         node.register_parameter(leaf, item)
     else:
         node.add_module(leaf, item)
+
+
+def free(node, name, dotted):
+    """Refuses a tensor name that would shadow an attribute (a method, say) of the module."""
+    if hasattr(node, name):
+        raise ref.ScorerError(f"tensor {dotted}: {name!r} names an attribute of the module")
 
 
 def lookup(root, dotted):
@@ -81,30 +83,22 @@ class TiderecModel(nn.Module):
         self.kind = config["kind"]
         self.spec = config["forward"]
         self.fields = list(config["sparse_fields"])
-        self.num_dense = len(config["dense_features"])
-        self.mlps = {}
-        for part in ("bottom", "top", "deep", "mlp"):
-            if part in self.spec:
-                self.mlps[part] = self.spec[part]
-        placed = set()
+        self.mlps = {part: self.spec[part] for part in ("bottom", "top", "deep", "mlp") if part in self.spec}
         for spec in self.mlps.values():
             for name in spec["layers"]:
                 out, inp = shapes[name + ".weight"]
                 attach(self, name, nn.Linear(inp, out))
-                placed.update({name + ".weight", name + ".bias"})
         self.dense_linear = "linear.weight" in shapes
         if self.dense_linear:
             attach(self, "linear", nn.Linear(shapes["linear.weight"][1], 1))
-            placed.update({"linear.weight", "linear.bias"})
         if "gru.weight_ih_l0" in shapes:
             width = shapes["gru.weight_hh_l0"][1]
             attach(self, "gru", nn.GRU(shapes["gru.weight_ih_l0"][1], width, batch_first=True))
-            placed.update(f"gru.{w}_{k}_l0" for w in ("weight", "bias") for k in ("ih", "hh"))
         if "attention.weight" in shapes:
             out, inp = shapes["attention.weight"]
             attach(self, "attention", nn.Linear(inp, out, bias=False))
-            placed.add("attention.weight")
         # Embedding tables, the bias of a model without dense inputs: plain parameters.
+        placed = set(self.state_dict())
         for name, shape in shapes.items():
             if name not in placed:
                 attach(self, name, nn.Parameter(torch.zeros(shape)))

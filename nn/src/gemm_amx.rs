@@ -437,26 +437,36 @@ mod x86 {
         (rows, cols): (usize, usize),
     ) {
         let zero = _mm512_setzero_ps();
+        let block = (c, ldc, (i, j), (rows, cols));
+        match epilogue {
+            Epilogue::None => {}
+            // `x < 0` gives 0, anything else (NaN too) `x + 0`.
+            Epilogue::Relu => {
+                each_half(block, |_, _, x| _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, zero), x, zero))
+            }
+            // `out <= 0` gives 0, anything else (NaN too) `grad + 0`.
+            Epilogue::ReluBackward(out) => each_half(block, |at, m, x| {
+                let o = _mm512_maskz_loadu_ps(m, out.as_ptr().add(at));
+                _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLE_UQ>(o, zero), x, zero)
+            }),
+        }
+    }
+
+    /// `c[at] ← f(at, lanes, c[at])` over the sixteen-lane halves of the block's
+    /// rows, the lanes past its `cols` masked off.
+    #[inline(always)]
+    unsafe fn each_half(
+        (c, ldc, (i, j), (rows, cols)): (&mut [f32], usize, (usize, usize), (usize, usize)),
+        mut f: impl FnMut(usize, u16, __m512) -> __m512,
+    ) {
         let halves = [(0, mask(cols)), (16, mask(cols.saturating_sub(16)))];
         for r in i..i + rows {
-            let at = r * ldc + j;
             for (lane, m) in halves {
-                if m == 0 {
-                    continue;
+                if m != 0 {
+                    let at = r * ldc + j + lane;
+                    let to = c.as_mut_ptr().add(at);
+                    _mm512_mask_storeu_ps(to, m, f(at, m, _mm512_maskz_loadu_ps(m, to)));
                 }
-                let to = c.as_mut_ptr().add(at + lane);
-                let x = _mm512_maskz_loadu_ps(m, to);
-                let y = match epilogue {
-                    Epilogue::None => return,
-                    // `x < 0` gives 0, anything else (NaN too) `x + 0`.
-                    Epilogue::Relu => _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, zero), x, zero),
-                    // `out <= 0` gives 0, anything else (NaN too) `grad + 0`.
-                    Epilogue::ReluBackward(out) => {
-                        let o = _mm512_maskz_loadu_ps(m, out.as_ptr().add(at + lane));
-                        _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLE_UQ>(o, zero), x, zero)
-                    }
-                };
-                _mm512_mask_storeu_ps(to, m, y);
             }
         }
     }
@@ -789,7 +799,6 @@ mod tests {
         }
     }
 
-    /// An empty reduction writes zeros (or leaves `c` when accumulating).
     /// The vector epilogue equals the scalar ReLU passes on the values where a
     /// vector select could differ: NaN, `±0`, `±∞`, and at every width 1..=32.
     #[cfg(target_arch = "x86_64")]
@@ -820,6 +829,7 @@ mod tests {
         }
     }
 
+    /// An empty reduction writes zeros (or leaves `c` when accumulating).
     #[test]
     fn an_empty_reduction_is_zero() {
         if !amx_available() {
