@@ -37,8 +37,9 @@ def parse_args(argv=None):
     p.add_argument("--tiderec", default=os.path.join(ROOT, "target", "release", "tiderec"))
     p.add_argument("--python", default=sys.executable, help="interpreter with torch")
     p.add_argument("--compile", action="store_true", help="torch.compile the PyTorch side (default: eager)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16: tiderec --precision bf16 against PyTorch's forward under torch.autocast(bfloat16)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "tf32"), default="fp32",
+                   help="bf16: tiderec --precision bf16 against PyTorch's forward under torch.autocast(bfloat16); "
+                        "tf32 (GPU): tiderec --precision tf32 against PyTorch with TF32 matrix products")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per run")
     a = p.parse_args(argv)
     if a.rounds < 1 or a.batch_size < 1 or a.workers < 1:
@@ -140,8 +141,9 @@ def main(argv=None):
     print(f"**{a.model}**, batch {a.batch_size}, {a.workers} tiderec workers / {a.workers} PyTorch threads, "
           f"device `{a.device}`, {a.warmup} warm-up + {a.steps} timed steps, dense optimizer {a.optimizer}, "
           f"embeddings row-wise Adagrad" +
-          (", precision bf16 (tiderec `--precision bf16`; PyTorch `torch.autocast(bfloat16)` on the dense model)"
-           if a.precision == "bf16" else ""))
+          {"fp32": "",
+           "bf16": ", precision bf16 (tiderec `--precision bf16`; PyTorch `torch.autocast(bfloat16)` on the dense model)",
+           "tf32": ", precision tf32 (tiderec `--precision tf32`; PyTorch with TF32 matrix products)"}[a.precision])
     print()
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)" +
           (f"; device: {torch_info['device_name']}" if a.device != "cpu" and torch_info else "") +

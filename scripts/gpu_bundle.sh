@@ -7,7 +7,8 @@
 #
 # DIR then holds the stripped release binary `tiderec`, the stripped GPU test
 # executables under `tests/`, the PyTorch reference and benchmark scripts under
-# `scripts/`, and `run`, which does the whole check there:
+# `scripts/`, the Criteo sample under `data/` where `../shared` has it, and `run`,
+# which does the whole check there:
 #
 #   DIR/run OUTDIR [SECONDS]
 #
@@ -49,6 +50,15 @@ for s in bench_vs_torch.py torch_reference.py benchmarks.py gemm_roofline.py gpu
     cp "scripts/$s" "$DIR/scripts/$s"
 done
 cp scripts/gpu_bundle_run.sh "$DIR/run"
+# The Criteo sample for the AUC of step 3c, where `../shared` has it (a GPU machine
+# has no copy of it; the bundle is a build output, never part of the repository).
+SAMPLE="../shared/data/criteo/sample.train"
+if [ -s "$SAMPLE" ]; then
+    mkdir -p "$DIR/data"
+    cp "$SAMPLE" "$DIR/data/criteo-sample.train"
+else
+    echo "warning: $SAMPLE not found: step 3c of run will skip the Criteo sample's AUC" >&2
+fi
 chmod +x "$DIR/run" "$DIR/tiderec" "$DIR"/tests/*
 git rev-parse --short HEAD >"$DIR/VERSION" 2>/dev/null || echo unknown >"$DIR/VERSION"
 

@@ -5,8 +5,9 @@
 #
 #   run OUTDIR [SECONDS]     # SECONDS: the time budget, default 600
 #
-# BENCHES (environment): which benchmarks of step 3 to run, a space-separated
-# subset of "dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048" (default: all).
+# BENCHES (environment): which benchmarks of steps 3 and 3c to run, a space-separated
+# subset of "dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048 dlrm-16384-tf32
+# dlrm-16384-bf16" (default: all).
 # TESTS (environment): which test executables of steps 1 and 2 to run, by
 # name (default: all). CPU=0 (environment) skips step 3b, SCALING=0 step 4.
 #
@@ -16,6 +17,8 @@
 #   2. the GPU-worker equivalence tests against the bundle's binary;
 #   3. `tiderec bench` against the PyTorch reference on the same GPU,
 #      alternated: DLRM at batch 2,048, 16,384 and 65,536, DeepFM and DIEN;
+#   3c. tf32 and bf16 on the GPU: DLRM against PyTorch's, and the AUC of each
+#      precision on the Criteo sample (when the bundle holds it) and on synthetic data;
 #   3b. the host CPU against PyTorch at one thread, DLRM at 2,048, fp32 and bf16
 #      (PyTorch's bf16 autocast runs on AMX where the CPU has it; CPU=0 skips it);
 #   4. if the budget allows, the CPU scaling section of benchmarks.py, W = 1..16.
@@ -148,7 +151,7 @@ bench() {
     say "$tag (exit $rc):"
     grep -E '^\| median|^Failed' "$OUT/bench-$tag.md" | head -3 | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
 }
-BENCHES="${BENCHES:-dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048}"
+BENCHES="${BENCHES:-dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048 dlrm-16384-tf32 dlrm-16384-bf16}"
 wanted() { case " $BENCHES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # One device-resident worker, and where a host-rows worker's step goes (its stage clock).
 for run in 16384 65536 host-16384; do
@@ -161,11 +164,48 @@ for run in 16384 65536 host-16384; do
 d = json.load(open(sys.argv[1])); s = d["stage_ms"][0]
 print(round(d["samples_per_sec"]), "samples/s, rows on device:", d.get("rows_on_device"), ";", ", ".join(f"{k} {v:.1f}" for k, v in s.items()))' "$OUT/stages-dlrm-$run.json" 2>/dev/null || echo "no result, see stages-dlrm-$run.err")"
 done
-wanted dlrm-2048 && bench dlrm-2048 --model dlrm --batch-size 2048 --steps 100 --warmup 10 --rounds 2
-wanted dlrm-16384 && bench dlrm-16384 --model dlrm --batch-size 16384 --steps 30 --warmup 5 --rounds 2
-wanted dlrm-65536 && bench dlrm-65536 --model dlrm --batch-size 65536 --steps 10 --warmup 3 --rounds 2
-wanted deepfm-16384 && bench deepfm-16384 --model deepfm --batch-size 16384 --steps 20 --warmup 5 --rounds 2
-wanted dien-2048 && bench dien-2048 --model dien --batch-size 2048 --steps 20 --warmup 5 --rounds 2
+# Timed steps: about half a second of tiderec's steps or more, so that clocks and the
+# first steps' costs weigh little (the process start and the tables' set-up are never timed).
+wanted dlrm-2048 && bench dlrm-2048 --model dlrm --batch-size 2048 --steps 400 --warmup 20 --rounds 2
+wanted dlrm-16384 && bench dlrm-16384 --model dlrm --batch-size 16384 --steps 200 --warmup 20 --rounds 3
+wanted dlrm-65536 && bench dlrm-65536 --model dlrm --batch-size 65536 --steps 60 --warmup 5 --rounds 2
+wanted deepfm-16384 && bench deepfm-16384 --model deepfm --batch-size 16384 --steps 100 --warmup 10 --rounds 2
+wanted dien-2048 && bench dien-2048 --model dien --batch-size 2048 --steps 40 --warmup 5 --rounds 2
+
+# ---- 3c. GPU precisions: tf32 and bf16 products, speed and AUC ----------
+# tiderec `--precision tf32|bf16` (cuBLAS tensor-core GEMMs on fp32 buffers) against
+# PyTorch with TF32 matrix products and under bf16 autocast; then the AUC of each
+# precision on the Criteo sample (8,000 rows train, 2,000 eval, three seeds) and on the
+# synthetic teacher stream, one device-resident worker.
+say "== 3c. GPU precisions ($(elapsed) s)"
+for p in tf32 bf16; do
+    wanted "dlrm-16384-$p" && bench "dlrm-16384-$p" --model dlrm --batch-size 16384 --steps 200 --warmup 20 \
+        --rounds 2 --precision $p
+done
+auc_of() { python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+a, l, s = d["auc"], d["logloss"], d["samples_per_sec"]
+print(f"AUC {a:.4f}, logloss {l:.4f}, {s:.0f} samples/s")' "$1" 2>/dev/null || echo "no result"; }
+for p in fp32 tf32 bf16; do
+    if [ "$(left)" -lt 60 ]; then
+        say "auc $p: skipped, budget spent"
+        continue
+    fi
+    if [ -s "$HERE/data/criteo-sample.train" ]; then
+        for seed in 42 1 2; do
+            (cd "$OUT" && timeout -k 5 60 "$HERE/tiderec" train --data "criteo:$HERE/data/criteo-sample.train" \
+                --eval-fraction 0.2 --epochs 1 --workers 1 --device cuda:0 --precision $p --seed $seed \
+                --progress none --dead-letters "$OUT/dead-letters-$p-$seed.tsv" \
+                --metrics-json "$OUT/auc-criteo-$p-$seed.json" >"$OUT/auc-criteo-$p-$seed.log" 2>&1) || FAILED=1
+        done
+        say "criteo sample $p, seed 42: $(auc_of "$OUT/auc-criteo-$p-42.json")"
+    else
+        say "criteo sample $p: skipped, the bundle holds no data/criteo-sample.train"
+    fi
+    (cd "$OUT" && timeout -k 5 90 "$HERE/tiderec" train --workers 1 --device cuda:0 --precision $p --batch-size 2048 \
+        --progress none --metrics-json "$OUT/auc-synthetic-$p.json" >"$OUT/auc-synthetic-$p.log" 2>&1) || FAILED=1
+    say "synthetic $p: $(auc_of "$OUT/auc-synthetic-$p.json")"
+done
 
 # ---- 3b. the host CPU against PyTorch, fp32 and bf16 --------------------
 # One worker / one thread, DLRM at batch 2,048: tiderec's CPU kernels against PyTorch

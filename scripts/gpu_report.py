@@ -8,7 +8,7 @@ Several OUTDIRs (calls of `run` on one machine, e.g. with different `BENCHES`) a
 order; a file present in more than one is taken from the last. Reads `machine.txt`,
 `test-*.log` (run with `--nocapture`, so the passing tests' printed figures are there),
 `bench-*.md` (from `scripts/bench_vs_torch.py`) and `stages-dlrm-*.json` (`tiderec bench
-dlrm --json`). Prints nothing it did not find in the logs, except the published fp32 peak
+dlrm --json`), `auc-*.json` (`tiderec train --metrics-json`). Prints nothing it did not find in the logs, except the published fp32 peak
 of the GPU named in the GEMM bound, which it says is published, not measured.
 """
 
@@ -109,13 +109,48 @@ def benches(found):
         if not head:
             continue
         model, batch = head.group(1), int(head.group(2))
+        prec = re.search(r", precision (\w+) \(tiderec", text)
+        precision = prec.group(1) if prec else "fp32"
+        key = (model, batch, ["fp32", "tf32", "bf16"].index(precision) if precision in ("fp32", "tf32", "bf16") else 9)
         if med:
-            rows.append((model, batch, [model, f"{batch:,}", med.group(1), med.group(2),
-                                        f"**{med.group(3)}×** ({med.group(4)}–{med.group(5)})", rounds]))
+            rows.append((key, [model, f"{batch:,}", precision, med.group(1), med.group(2),
+                               f"**{med.group(3)}×** ({med.group(4)}–{med.group(5)})", rounds]))
         else:
-            rows.append((model, batch, [model, f"{batch:,}", "failed: see the log", "", "", rounds]))
-    rows.sort(key=lambda r: (r[0], r[1]))
-    return [r[2] for r in rows]
+            rows.append((key, [model, f"{batch:,}", precision, "failed: see the log", "", "", rounds]))
+    rows.sort(key=lambda r: r[0])
+    return [r[1] for r in rows]
+
+
+def aucs(found):
+    """Rows of step 3c's `auc-criteo-<precision>-<seed>.json` and `auc-synthetic-<precision>.json`
+    (`tiderec train --metrics-json` on one GPU worker): per precision, the Criteo sample's AUC and
+    logloss per seed and their mean, and the synthetic stream's AUC beside its teacher's."""
+    rows = []
+    for p in ("fp32", "tf32", "bf16"):
+        crit = []
+        for name in sorted(n for n in found if re.match(rf"auc-criteo-{p}-\d+\.json$", n)):
+            try:
+                d = json.loads(read(found[name]))
+                crit.append((int(re.search(r"-(\d+)\.json$", name).group(1)), d["auc"], d["logloss"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        syn = None
+        if f"auc-synthetic-{p}.json" in found:
+            try:
+                syn = json.loads(read(found[f"auc-synthetic-{p}.json"]))
+            except ValueError:
+                syn = None
+        if not crit and not syn:
+            continue
+        crit.sort()
+        mean = (sum(a for _, a, _ in crit) / len(crit)) if crit else None
+        rows.append([p,
+                     f"**{mean:.4f}**" if mean is not None else "",
+                     ", ".join(f"{a:.4f}" for _, a, _ in crit),
+                     f"{sum(lo for _, _, lo in crit) / len(crit):.4f}" if crit else "",
+                     f"{syn['auc']:.4f} (teacher {syn['teacher_auc']:.4f})" if syn and syn.get("teacher_auc") else "",
+                     f"{syn['samples_per_sec']:,.0f}" if syn else ""])
+    return rows
 
 
 def cpu_benches(found):
@@ -252,8 +287,22 @@ def main(argv):
               "models without behaviour sequences the device-resident worker, rows, pooling, model and optimizers on "
               "the GPU; for DIEN the host-rows worker. PyTorch eager with the same model, row-wise Adagrad rows and "
               "Adagrad dense, fp32), medians over the alternated rounds.\n")
-        print(table(["model", "batch", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch", "rounds"],
-                    rows) + "\n")
+        print(table(["model", "batch", "precision", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch",
+                     "rounds"], rows) + "\n")
+        if any(r[2] != "fp32" for r in rows):
+            print("Precision tf32: tiderec `--precision tf32` (cuBLAS `32F_FAST_TF32`: TF32 tensor cores on fp32 "
+                  "buffers) against PyTorch with `torch.backends.cuda.matmul.allow_tf32`; bf16: tiderec "
+                  "`--precision bf16` (cuBLAS `32F_FAST_16BF`: operands rounded to bf16, fp32 accumulation and "
+                  "storage) against PyTorch's dense model under `torch.autocast(bfloat16)`.\n")
+    au = aucs(found)
+    if au:
+        print("## AUC by precision on the GPU\n")
+        print("`tiderec train --workers 1 --device cuda:0 --precision P` (one device-resident worker, the default "
+              "optimizers). Criteo sample: `sample.train`, 8,000 rows train and 2,000 eval (`--eval-fraction "
+              "0.2`), one epoch, batch 128, one run per seed; synthetic: the built-in stream (300,000 samples, "
+              "batch 2,048), its teacher's AUC the best reachable.\n")
+        print(table(["precision", "Criteo AUC, mean", "per seed (1, 2, 42)", "Criteo logloss, mean",
+                     "synthetic AUC", "synthetic samples/s"], au) + "\n")
     for model, name, cmd in [("dlrm", "DLRM", "dlrm"), ("deepfm", "DeepFM", "model --model deepfm")]:
         log = f"ncu-{model}-16384.csv"
         ks = kernel_times(found[log]) if log in found else []

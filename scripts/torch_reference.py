@@ -112,9 +112,11 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=("adagrad", "adam", "sgd"), default="adagrad",
                    help="dense optimizer (default adagrad, as tiderec bench)")
     p.add_argument("--compile", action="store_true", help="torch.compile the dense part (default: eager)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    p.add_argument("--precision", choices=("fp32", "bf16", "tf32"), default="fp32",
                    help="bf16: the dense model's forward under torch.autocast(bfloat16), which oneDNN runs on "
-                        "AMX where the CPU has it; the loss and every parameter stay fp32 (default fp32)")
+                        "AMX where the CPU has it; the loss and every parameter stay fp32. tf32 (GPU only): "
+                        "fp32 matrix products on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32) "
+                        "(default fp32)")
     p.add_argument("--omp-wait-policy", choices=("passive", "active"), default=None,
                    help="OMP_WAIT_POLICY for torch's OpenMP threads (default: the environment's, else passive)")
     p.add_argument("--fused-optimizer", choices=("on", "off"), default="on",
@@ -138,6 +140,8 @@ def parse_args(argv=None):
         p.error("--rows must be positive")
     if a.pool < 1:
         p.error("--pool must be positive")
+    if a.precision == "tf32" and not a.device.startswith("cuda"):
+        p.error("--precision tf32 runs on a GPU (--device cuda[:N]) only")
     if not (a.device == "cpu" or a.device.startswith("cuda")):
         p.error(f"--device must be cpu or cuda[:N], got {a.device!r}")
     if a.steps is None:
@@ -386,6 +390,9 @@ def run(a):
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {a.device}: torch {torch.__version__} sees no CUDA device")
+    # Exact fp32 products unless tf32 is asked for (PyTorch's default, stated here).
+    torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     shape = model_shape(a.model, a.rows)
     dense_model, weight = build(torch, a.model, shape, a.seed)
     dense_model.to(device)

@@ -1,4 +1,4 @@
-// DLRM's dot interaction, one block per sample.
+// DLRM's dot interaction, one warp per sample, blockDim.x / 32 samples a block.
 //
 // Per sample the vectors are z_0 = dense[b] (the bottom MLP's output) and
 // z_1..z_F = pooled[b, f] (the pooled embeddings), n = F + 1 vectors of width
@@ -8,33 +8,39 @@
 // self-interaction, <z_0, z_0> last). Each dot product sums c = 0..d-1 in
 // order, as the CPU's definition does.
 //
-// Shared memory: z (n rows of d floats, d | 1 apart, so that the threads of a
-// warp reading different rows at one column hit different banks) in the
-// forward; z (n * d floats) and the symmetric pair gradient S (n * n floats)
-// in the backward. The host checks that it fits.
+// Each warp owns a slice of shared memory: z (n rows of d floats, d | 1
+// apart, so that the lanes reading different rows at one column hit
+// different banks) in the forward; z (n * d floats) and the symmetric pair
+// gradient S (n * n floats) in the backward. The host sizes the block so that
+// every warp's slice fits. A warp past the batch returns at once; the others
+// synchronise with __syncwarp only, so no warp waits for another.
 
 extern "C" __global__ void interaction_forward(const float* dense, const float* pooled, const unsigned int* pair_i,
                                                const unsigned int* pair_j, unsigned int batch, unsigned int num_sparse,
                                                unsigned int d, unsigned int num_pairs, float* out) {
-    extern __shared__ float z[];
-    const unsigned int b = blockIdx.x;
+    extern __shared__ float smem[];
+    const unsigned int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const unsigned int b = blockIdx.x * (blockDim.x >> 5) + warp;
     if (b >= batch) return;
     const unsigned int n = num_sparse + 1;
+    const unsigned int ld = d | 1;
+    float* z = smem + (unsigned long long)warp * n * ld;
     const unsigned long long od = (unsigned long long)d + num_pairs;
     const unsigned long long fd = (unsigned long long)num_sparse * d;
-    const unsigned int ld = d | 1;
-    for (unsigned int k = threadIdx.x; k < n * d; k += blockDim.x) {
+    const float* zd = dense + (unsigned long long)b * d;
+    const float* zp = pooled + (unsigned long long)b * fd;
+    for (unsigned int k = lane; k < n * d; k += 32) {
         const unsigned int r = k / d, c = k - r * d;
-        z[r * ld + c] = k < d ? dense[(unsigned long long)b * d + k] : pooled[(unsigned long long)b * fd + (k - d)];
+        z[r * ld + c] = k < d ? zd[k] : zp[k - d];
     }
-    __syncthreads();
+    __syncwarp();
     float* row = out + (unsigned long long)b * od;
-    for (unsigned int k = threadIdx.x; k < d; k += blockDim.x) {
+    for (unsigned int k = lane; k < d; k += 32) {
         row[k] = z[k];
     }
-    for (unsigned int p = threadIdx.x; p < num_pairs; p += blockDim.x) {
-        const float* zi = z + (unsigned long long)pair_i[p] * ld;
-        const float* zj = z + (unsigned long long)pair_j[p] * ld;
+    for (unsigned int p = lane; p < num_pairs; p += 32) {
+        const float* zi = z + pair_i[p] * ld;
+        const float* zj = z + pair_j[p] * ld;
         float acc = 0.0f;
         for (unsigned int c = 0; c < d; ++c) {
             acc += zi[c] * zj[c];
@@ -52,22 +58,25 @@ extern "C" __global__ void interaction_backward(const float* dense, const float*
                                                 unsigned int batch, unsigned int num_sparse, unsigned int d,
                                                 unsigned int num_pairs, float* ddense, float* dpooled) {
     extern __shared__ float smem[];
-    const unsigned int b = blockIdx.x;
+    const unsigned int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const unsigned int b = blockIdx.x * (blockDim.x >> 5) + warp;
     if (b >= batch) return;
     const unsigned int n = num_sparse + 1;
-    float* z = smem;
-    float* s = smem + (unsigned long long)n * d;
+    float* z = smem + (unsigned long long)warp * (n * d + n * n);
+    float* s = z + n * d;
     const unsigned long long od = (unsigned long long)d + num_pairs;
     const unsigned long long fd = (unsigned long long)num_sparse * d;
     const float* g = dout + (unsigned long long)b * od;
-    for (unsigned int k = threadIdx.x; k < n * d; k += blockDim.x) {
-        z[k] = k < d ? dense[(unsigned long long)b * d + k] : pooled[(unsigned long long)b * fd + (k - d)];
+    const float* zd = dense + (unsigned long long)b * d;
+    const float* zp = pooled + (unsigned long long)b * fd;
+    for (unsigned int k = lane; k < n * d; k += 32) {
+        z[k] = k < d ? zd[k] : zp[k - d];
     }
-    for (unsigned int k = threadIdx.x; k < n * n; k += blockDim.x) {
+    for (unsigned int k = lane; k < n * n; k += 32) {
         s[k] = 0.0f;
     }
-    __syncthreads();
-    for (unsigned int p = threadIdx.x; p < num_pairs; p += blockDim.x) {
+    __syncwarp();
+    for (unsigned int p = lane; p < num_pairs; p += 32) {
         const unsigned int i = pair_i[p], j = pair_j[p];
         const float v = g[d + p];
         if (i == j) {
@@ -77,17 +86,20 @@ extern "C" __global__ void interaction_backward(const float* dense, const float*
             s[j * n + i] = v;
         }
     }
-    __syncthreads();
-    for (unsigned int k = threadIdx.x; k < n * d; k += blockDim.x) {
-        const unsigned int r = k / d, c = k % d;
+    __syncwarp();
+    float* gd = ddense + (unsigned long long)b * d;
+    float* gp = dpooled + (unsigned long long)b * fd;
+    for (unsigned int k = lane; k < n * d; k += 32) {
+        const unsigned int r = k / d, c = k - r * d;
+        const float* sr = s + r * n;
         float acc = 0.0f;
         for (unsigned int j = 0; j < n; ++j) {
-            acc += s[r * n + j] * z[j * d + c];
+            acc += sr[j] * z[j * d + c];
         }
         if (r == 0) {
-            ddense[(unsigned long long)b * d + c] = acc + g[c];
+            gd[c] = acc + g[c];
         } else {
-            dpooled[(unsigned long long)b * fd + (k - d)] = acc;
+            gp[k - d] = acc;
         }
     }
 }

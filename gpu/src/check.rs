@@ -74,5 +74,18 @@ pub(crate) fn warp_per_item(op: &'static str, n: usize, smem_per_warp: usize) ->
     block_per_item(op, blocks, (WARPS_PER_BLOCK * 32) as u32, smem_per_warp * WARPS_PER_BLOCK)
 }
 
+/// One warp per item, as many warps a block (up to `max_warps`) as leave each
+/// its `smem_per_warp` bytes of shared memory within [`MAX_SHARED`]; the
+/// kernel finds its warps per block as `blockDim.x / 32`.
+pub(crate) fn warps_sharing_memory(
+    op: &'static str,
+    n: usize,
+    smem_per_warp: usize,
+    max_warps: usize,
+) -> Result<LaunchConfig, GpuError> {
+    let warps = (MAX_SHARED / smem_per_warp.max(1)).clamp(1, max_warps.max(1));
+    block_per_item(op, n.div_ceil(warps), (warps * 32) as u32, smem_per_warp * warps)
+}
+
 /// Warps per block of the warp-per-row kernels.
 pub(crate) const WARPS_PER_BLOCK: usize = 4;

@@ -8,6 +8,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRep
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use tiderec_operators::nn::Precision;
 
 /// The file names cudarc tries for library `name` (`cuda`, `nvrtc`, `cublas`).
 /// Each name once, in the order cudarc tries them.
@@ -88,13 +89,15 @@ fn kernel_cache() -> &'static Mutex<HashMap<usize, Arc<Kernels>>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// An open CUDA device: its context, a stream of its own, a cuBLAS handle in
-/// exact fp32 on that stream, and the compiled kernels. Every operation of
-/// this crate runs on the device's stream in the order it is called.
+/// An open CUDA device: its context, a stream of its own, a cuBLAS handle on
+/// that stream (exact fp32 unless [`with_precision`](Device::with_precision)
+/// says otherwise), and the compiled kernels. Every operation of this crate
+/// runs on the device's stream in the order it is called.
 #[derive(Clone, Debug)]
 pub struct Device {
     ordinal: usize,
     capability: (i32, i32),
+    pub(crate) precision: Precision,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: Arc<CudaBlas>,
     pub(crate) kernels: Arc<Kernels>,
@@ -157,7 +160,43 @@ impl Device {
         }
         .result()
         .map_err(GpuError::blas("setting the fp32 math mode"))?;
-        Ok(Device { ordinal, capability: (major, minor), stream, blas: Arc::new(blas), kernels })
+        Ok(Device {
+            ordinal,
+            capability: (major, minor),
+            precision: Precision::Fp32,
+            stream,
+            blas: Arc::new(blas),
+            kernels,
+        })
+    }
+
+    /// This device with its GEMMs in `precision`: `fp32` (the default) is
+    /// exact fp32 in pedantic math; `tf32` and `bf16` let cuBLAS round both
+    /// operands of every GEMM to TF32 or bf16 for the tensor cores, with fp32
+    /// accumulation, inputs and outputs (`cublasGemmEx`, compute types
+    /// `32F_FAST_TF32` and `32F_FAST_16BF`). Every other kernel, the loss,
+    /// the optimizers and the rows stay fp32. A reduced precision gets a cuBLAS
+    /// handle of its own in default math on the same stream, so the devices it
+    /// was cloned from keep exact fp32.
+    pub fn with_precision(self, precision: Precision) -> Result<Device, GpuError> {
+        if precision == self.precision {
+            return Ok(self);
+        }
+        let blas = CudaBlas::new(self.stream.clone()).map_err(GpuError::blas("creating the cuBLAS handle"))?;
+        let mode = match precision {
+            Precision::Fp32 => cudarc::cublas::sys::cublasMath_t::CUBLAS_PEDANTIC_MATH,
+            Precision::Tf32 | Precision::Bf16 => cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
+        };
+        // SAFETY: the handle is valid (just created) and used by this device only.
+        unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
+            .result()
+            .map_err(GpuError::blas("setting the math mode"))?;
+        Ok(Device { precision, blas: Arc::new(blas), ..self })
+    }
+
+    /// The precision of the device's GEMMs (see [`with_precision`](Self::with_precision)).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Number of visible devices: 0 without a driver (or when the driver

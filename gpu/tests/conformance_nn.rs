@@ -271,3 +271,51 @@ fn bad_shapes_are_errors_not_panics() {
     let (mut s, mut o) = (dev.zeros::<f32>(64).unwrap(), dev.zeros::<f32>(4).unwrap());
     assert!(fm.forward(&dev, &rows, 2, &mut s, &mut o).unwrap_err().to_string().contains("does not fit rows"));
 }
+
+/// `Device::with_precision`: exact fp32 stays exact; tf32 and bf16 products
+/// carry the error of rounding their operands to 10 and 7 mantissa bits
+/// (unit roundoffs 2⁻¹¹ and 2⁻⁸), which shows they ran on the tensor cores,
+/// and no more; and the device a reduced one was made from stays exact.
+#[test]
+fn reduced_precision_gemms_round_their_operands_and_nothing_else() {
+    use tiderec_operators::nn::Precision;
+    let Some(dev) = device() else { return };
+    let (m, n, k) = (257, 130, 512);
+    let (a, b) = (normal(41, m * k), normal(42, k * n));
+    let mut exact = vec![0.0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            exact[i * n + j] = (0..k).map(|c| f64::from(a[i * k + c]) * f64::from(b[c * n + j])).sum();
+        }
+    }
+    let run = |d: &tiderec_gpu::Device| {
+        let (ad, bd) = (put(d, &a), put(d, &b));
+        let mut cd = d.zeros::<f32>(m * n).unwrap();
+        tiderec_gpu::gemm(
+            d,
+            "test",
+            (tiderec_gpu::Op::N, tiderec_gpu::Op::N),
+            (m, n, k),
+            &ad,
+            k,
+            &bd,
+            n,
+            0.0,
+            &mut cd,
+            n,
+        )
+        .unwrap();
+        common::rel_err_exact(&get(d, &cd, m * n), &exact)
+    };
+    let tf32 = dev.clone().with_precision(Precision::Tf32).unwrap();
+    let bf16 = dev.clone().with_precision(Precision::Bf16).unwrap();
+    let (e32, etf, ebf, again) = (run(&dev), run(&tf32), run(&bf16), run(&dev));
+    println!("gemm {m}x{k}x{n}: normwise error fp32 {e32:.2e}, tf32 {etf:.2e}, bf16 {ebf:.2e}");
+    assert_eq!(
+        (tf32.precision(), bf16.precision(), dev.precision()),
+        (Precision::Tf32, Precision::Bf16, Precision::Fp32)
+    );
+    assert!(e32 <= 1e-6 && again == e32, "fp32: {e32:.2e}, after the others {again:.2e}");
+    assert!(etf > 2e-5 && etf < 2e-3, "tf32: {etf:.2e} is not a TF32 product's error");
+    assert!(ebf > 2e-4 && ebf < 1.6e-2 && ebf > 2.0 * etf, "bf16: {ebf:.2e} is not a bf16 product's error");
+}

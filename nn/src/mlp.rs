@@ -111,7 +111,8 @@ impl Mlp {
             out.resize(batch * l.output, T::ZERO);
             let relu = self.relu_after(i);
             match cache.precision {
-                Precision::Fp32 => {
+                // `set_precision` admits fp32 and bf16 only (tf32 is a GPU worker's).
+                Precision::Fp32 | Precision::Tf32 => {
                     l.forward(params, input, batch, out, &mut cache.packed);
                     if relu {
                         relu_in_place(out);
@@ -159,7 +160,7 @@ impl Mlp {
             let input: &[T] = if i == 0 { x } else { &outs[i - 1] };
             let layer_dx = if i == 0 { dx.as_deref_mut() } else { Some(&mut below[i - 1][..]) };
             match precision {
-                Precision::Fp32 => l.backward(params, input, dy, batch, grads, layer_dx, packed),
+                Precision::Fp32 | Precision::Tf32 => l.backward(params, input, dy, batch, grads, layer_dx, packed),
                 Precision::Bf16 => {
                     let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(dy));
                     let relu_out = (i > 0 && self.relu_after(i - 1)).then(|| f32_view(&outs[i - 1][..]));

@@ -74,6 +74,7 @@ pub trait Model<T: Scalar>: Send {
                 "precision",
                 "bf16 applies to the products of a model's MLPs on the CPU; this model has none",
             )),
+            Precision::Tf32 => precision.check_cpu(),
         }
     }
 }

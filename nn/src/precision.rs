@@ -13,6 +13,12 @@
 //! on AMX tiles where the CPU has them ([`Bf16Kernel::best`](super::gemm_bf16::Bf16Kernel::best));
 //! [`Precision::check_cpu`] refuses it elsewhere, so no run falls back to a
 //! slow path silently.
+//!
+//! `tf32` exists for GPU workers only: their GEMMs run on TF32 tensor cores
+//! (operands rounded to 10-bit mantissas, `f32` accumulation). On a GPU worker
+//! `bf16` likewise rounds the GEMMs' operands to bf16 inside cuBLAS, with `f32`
+//! storage and accumulation (`tiderec_gpu::Device::with_precision`). A CPU
+//! worker refuses `tf32` ([`Precision::check_cpu`]).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -20,7 +26,7 @@ use std::str::FromStr;
 use tiderec_records::cpu::Feature;
 use tiderec_records::OperatorError;
 
-/// `fp32` or `bf16` (see the module docs).
+/// `fp32`, `bf16` or `tf32` (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
@@ -29,20 +35,29 @@ pub enum Precision {
     Fp32,
     /// The MLPs' products on bf16 operands, `f32` accumulation and master weights.
     Bf16,
+    /// A GPU worker's GEMMs on TF32 tensor cores; refused on the CPU.
+    Tf32,
 }
 
 impl Precision {
-    /// The setting's name (`fp32`, `bf16`).
+    /// The setting's name (`fp32`, `bf16`, `tf32`).
     pub fn name(&self) -> &'static str {
         match self {
             Precision::Fp32 => "fp32",
             Precision::Bf16 => "bf16",
+            Precision::Tf32 => "tf32",
         }
     }
 
     /// Whether this CPU runs the precision's products; the error names the
     /// key `precision`, what bf16 needs and what this CPU is.
     pub fn check_cpu(&self) -> Result<(), OperatorError> {
+        if *self == Precision::Tf32 {
+            return Err(OperatorError::config(
+                "precision",
+                "tf32 runs on GPU workers only (--device cuda:N); on the CPU use fp32 or bf16",
+            ));
+        }
         if *self == Precision::Fp32 || super::bf16_pack::bf16_vector_available() {
             return Ok(());
         }
@@ -78,7 +93,8 @@ impl FromStr for Precision {
         match s {
             "fp32" => Ok(Precision::Fp32),
             "bf16" => Ok(Precision::Bf16),
-            other => Err(OperatorError::config("precision", format!("`{other}` is not fp32 or bf16"))),
+            "tf32" => Ok(Precision::Tf32),
+            other => Err(OperatorError::config("precision", format!("`{other}` is not fp32, bf16 or tf32"))),
         }
     }
 }
@@ -89,7 +105,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_bad_names_are_refused() {
-        for p in [Precision::Fp32, Precision::Bf16] {
+        for p in [Precision::Fp32, Precision::Bf16, Precision::Tf32] {
             assert_eq!(p.name().parse::<Precision>().unwrap(), p);
             assert_eq!(serde_json::to_string(&p).unwrap(), format!("\"{p}\""));
         }
@@ -100,5 +116,7 @@ mod tests {
             Ok(()) => assert!(crate::bf16_pack::bf16_vector_available()),
             Err(e) => assert!(e.to_string().contains("AVX-512 BF16"), "{e}"),
         }
+        let e = Precision::Tf32.check_cpu().unwrap_err().to_string();
+        assert!(e.contains("`precision`") && e.contains("GPU workers"), "{e}");
     }
 }

@@ -107,8 +107,6 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         "precision" => {
             if !(dien || kind == ModelKind::Dlrm || kind.has_deep_part()) {
                 on_model(false, "the MLPs of dlrm, deepfm, wdl, dien and dien-sum")
-            } else if s.cluster.device.split(',').any(|d| d.trim() != "cpu") {
-                Some(format!("applies to the MLPs' products on cpu workers, not --device {}", s.cluster.device))
             } else {
                 None
             }
@@ -240,14 +238,16 @@ mod tests {
             For::Train,
         );
         assert!(e.contains("`precision` applies to the MLPs of dlrm"), "{e}");
-        let e = refused(
-            |s| {
-                s.cluster.device = "cuda:0".into();
-                s.model.precision = tiderec_operators::nn::Precision::Bf16;
-            },
-            For::Train,
-        );
-        assert!(e.contains("`precision` applies to the MLPs' products on cpu workers, not --device cuda:0"), "{e}");
+        for precision in [tiderec_operators::nn::Precision::Bf16, tiderec_operators::nn::Precision::Tf32] {
+            let e = refused(
+                |s| {
+                    s.cluster.device = "cuda:0".into();
+                    s.model.precision = precision;
+                },
+                For::Train,
+            );
+            assert!(!e.contains("`precision`"), "{precision} on a GPU worker: {e}");
+        }
         for model in [ModelKind::Dlrm, ModelKind::DeepFm, ModelKind::Wdl, ModelKind::Dien] {
             let e = refused(
                 |s| {

@@ -419,8 +419,9 @@ impl TrainSettings {
             ));
         }
         self.data.records.validate()?;
-        crate::device::Devices::for_workers(&self.cluster.device, self.cluster.workers)?;
-        self.model.precision.check_cpu()?;
+        if crate::device::Devices::for_workers(&self.cluster.device, self.cluster.workers)?.any_cpu() {
+            self.model.precision.check_cpu()?;
+        }
         if self.cluster.process >= self.cluster.processes {
             return Err(PipelineError::config(
                 "process",

@@ -107,6 +107,11 @@ impl Devices {
         self.list.iter().any(|d| *d != WorkerDevice::Cpu)
     }
 
+    /// Whether any worker computes on the CPU.
+    pub fn any_cpu(&self) -> bool {
+        self.list.contains(&WorkerDevice::Cpu)
+    }
+
     /// Opens every CUDA device named and builds the model on it once, so a
     /// missing driver or device, or a model without a device form, fails
     /// before any worker starts; refuses the partial exchange with a GPU worker.
@@ -123,7 +128,7 @@ impl Devices {
             if let WorkerDevice::Cuda(n) = d {
                 if !seen.contains(&n) {
                     seen.push(n);
-                    build_on(n, config)?;
+                    build_on(n, config, Precision::Fp32)?;
                 }
             }
         }
@@ -131,7 +136,8 @@ impl Devices {
     }
 
     /// Builds this worker's trainer with its model on its device, its MLP
-    /// products in `precision` (a CPU model; a device model refuses bf16).
+    /// products in `precision` (a CPU model's MLPs; every GEMM of a GPU
+    /// worker, see `tiderec_gpu::Device::with_precision`).
     ///
     /// Should the device model fail here after a successful [`preflight`](Self::preflight),
     /// the worker still joins the dataflow with a host model and fails its
@@ -150,19 +156,15 @@ impl Devices {
                 model.set_precision(precision)?;
                 Ok(Trainer::with_model(worker, config, model)?)
             }
-            WorkerDevice::Cuda(n) if worker.peers() == 1 && !self.host_rows && resident_eligible(config, precision) => {
+            WorkerDevice::Cuda(n) if worker.peers() == 1 && !self.host_rows && resident_eligible(config) => {
                 let engine = Device::open(n)
+                    .and_then(|dev| dev.with_precision(precision))
                     .and_then(|dev| tiderec_gpu::resident::ResidentWorker::new(&dev, config))
                     .map_err(|e| PipelineError::config("device", format!("cuda:{n}: {e}")))?;
                 let mirror = config.model.build::<f32>(config.seed)?;
                 Ok(Trainer::with_engine(worker, config, mirror, Box::new(engine))?)
             }
-            WorkerDevice::Cuda(n) => match build_on(n, config).and_then(|mut model| {
-                model
-                    .set_precision(precision)
-                    .map_err(|e| PipelineError::config("precision", format!("cuda:{n}: {e}")))?;
-                Ok(model)
-            }) {
+            WorkerDevice::Cuda(n) => match build_on(n, config, precision) {
                 Ok(model) => Ok(Trainer::with_model(worker, config, model)?),
                 Err(e) => {
                     let mut trainer = Trainer::new(worker, config)?;
@@ -192,15 +194,17 @@ fn rows_on_host() -> Result<bool, PipelineError> {
 }
 
 /// Whether a GPU worker that trains alone can keep everything on its device
-/// (`tiderec_gpu::resident`): fp32, and a configuration that path trains.
-fn resident_eligible(config: &TrainerConfig, precision: Precision) -> bool {
-    precision == Precision::Fp32 && tiderec_gpu::resident::ResidentWorker::supports(config).is_ok()
+/// (`tiderec_gpu::resident`): a configuration that path trains.
+fn resident_eligible(config: &TrainerConfig) -> bool {
+    tiderec_gpu::resident::ResidentWorker::supports(config).is_ok()
 }
 
-/// Opens CUDA device `n` and builds `config`'s model on it.
-fn build_on(n: usize, config: &TrainerConfig) -> Result<Box<dyn Model<f32>>, PipelineError> {
+/// Opens CUDA device `n` with its GEMMs in `precision` and builds `config`'s model on it.
+fn build_on(n: usize, config: &TrainerConfig, precision: Precision) -> Result<Box<dyn Model<f32>>, PipelineError> {
     let device = WorkerDevice::Cuda(n);
-    let dev = Device::open(n).map_err(|e| PipelineError::config("device", format!("{device}: {e}")))?;
+    let dev = Device::open(n)
+        .and_then(|d| d.with_precision(precision))
+        .map_err(|e| PipelineError::config("device", format!("{device}: {e}")))?;
     tiderec_gpu::model::build(&config.model, config.seed, &dev)
         .map_err(|e| PipelineError::config("device", format!("{device}: {e}")))
 }

@@ -56,7 +56,18 @@ pub fn startup_line_for(model: &ModelConfig, batch: usize, workers: usize, preci
     match precision {
         Precision::Fp32 => startup_line(&choose_for_run(model, batch, workers)),
         Precision::Bf16 => bf16_line(""),
+        Precision::Tf32 => gpu_line(precision),
     }
+}
+
+/// The start-up line of a run whose workers are all GPU workers: what their GEMMs compute in.
+pub fn gpu_line(precision: Precision) -> String {
+    let how = match precision {
+        Precision::Fp32 => "exact fp32 (cuBLAS pedantic math)",
+        Precision::Tf32 => "tf32 operands on tensor cores, fp32 accumulation and storage",
+        Precision::Bf16 => "bf16 operands on tensor cores, fp32 accumulation and storage",
+    };
+    format!("kernels (GPU workers): every GEMM in {} ({how})", precision.name())
 }
 
 fn bf16_line(note: &str) -> String {

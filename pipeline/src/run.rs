@@ -301,8 +301,11 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         eprintln!("exchange plan ({}):\n{}", settings.exchange.strategy, plan.describe());
     }
     trainer.exchange = exchange;
-    crate::device::Devices::for_workers(&settings.cluster.device, settings.cluster.workers)?.preflight(&trainer)?;
-    let (precision, kernels) = if settings.cluster.processes > 1 {
+    let devices = crate::device::Devices::for_workers(&settings.cluster.device, settings.cluster.workers)?;
+    devices.preflight(&trainer)?;
+    let (precision, kernels) = if !devices.any_cpu() {
+        (settings.model.precision, crate::kernels::gpu_line(settings.model.precision))
+    } else if settings.cluster.processes > 1 {
         // Every process must train in one precision: no process measures its own way out of bf16.
         let p = settings.model.precision;
         (p, crate::kernels::startup_line_for(&trainer.model, settings.run.batch_size, settings.cluster.workers, p))

@@ -1,7 +1,8 @@
 //! `--precision bf16` end to end on the real Criteo sample (first 8,000 rows
 //! train, last 2,000 eval, one epoch, two workers): DLRM's AUC stays within
 //! 0.002 of fp32's, a bf16 run is deterministic, and the setting is refused
-//! where it does not apply.
+//! where it does not apply (tf32 on a CPU worker among them; GPU workers'
+//! tf32 and bf16 are checked in `gpu_workers.rs`).
 //!
 //! The AUC is compared as the mean over five seeds. On 2,000 eval rows one
 //! run's AUC moves by up to ±0.004 under any perturbation of the arithmetic:
@@ -112,11 +113,14 @@ fn precision_is_refused_where_it_does_not_apply() {
         )
     };
     let e = train(&["--precision", "fp16"]);
-    assert!(e.contains("`precision`") && e.contains("`fp16` is not fp32 or bf16"), "{e}");
+    assert!(e.contains("`precision`") && e.contains("`fp16` is not fp32, bf16 or tf32"), "{e}");
     let e = train(&["--model", "lr", "--precision", "bf16"]);
     assert!(e.contains("`precision` applies to the MLPs of dlrm, deepfm, wdl, dien and dien-sum"), "{e}");
-    let e = train(&["--device", "cuda:0", "--precision", "bf16"]);
-    assert!(e.contains("`precision`") && e.contains("cpu workers"), "{e}");
+    // tf32 is a GPU worker's precision: refused wherever a worker is a CPU worker.
+    for devices in [&["--workers", "1"][..], &["--workers", "2", "--device", "cuda:0,cpu"]] {
+        let e = train(&[devices, &["--precision", "tf32"]].concat());
+        assert!(e.contains("`precision`") && e.contains("tf32 runs on GPU workers only"), "{devices:?}: {e}");
+    }
     let e = run_err(tiderec().args(["bench", "dlrm", "--steps", "2", "--warmup", "1", "--precision", "half"]));
     assert!(e.contains("`precision`") && e.contains("`half`"), "{e}");
 }

@@ -8,6 +8,10 @@ use crate::check;
 use crate::{Device, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
+/// Samples (one warp each) per block of the interaction kernels, where their
+/// shared memory fits: enough resident warps per SM to hide the loads' latency.
+const SAMPLES_PER_BLOCK: usize = 8;
+
 /// The interaction of one dense vector with `num_sparse` pooled embeddings,
 /// with its pair table on the device.
 #[derive(Debug)]
@@ -112,8 +116,8 @@ impl DotInteraction {
             return Ok(());
         }
         let n = self.num_sparse + 1;
-        // Rows `dim | 1` floats apart (see interaction.cu).
-        let cfg = check::block_per_item(OP, batch, 128, n * (self.dim | 1) * 4)?;
+        // One warp per sample, rows `dim | 1` floats apart (see interaction.cu).
+        let cfg = check::warps_sharing_memory(OP, batch, n * (self.dim | 1) * 4, SAMPLES_PER_BLOCK)?;
         let (b, f, d, p) = (batch as u32, self.num_sparse as u32, self.dim as u32, self.num_pairs as u32);
         let mut launch = dev.stream.launch_builder(dev.function("interaction_forward"));
         launch.arg(dense).arg(pooled).arg(&self.pair_i).arg(&self.pair_j).arg(&b).arg(&f).arg(&d).arg(&p).arg(out);
@@ -148,7 +152,7 @@ impl DotInteraction {
             return Ok(());
         }
         let n = self.num_sparse + 1;
-        let cfg = check::block_per_item(OP, batch, 128, (n * d + n * n) * 4)?;
+        let cfg = check::warps_sharing_memory(OP, batch, (n * d + n * n) * 4, SAMPLES_PER_BLOCK)?;
         let (b, f, dd, p) = (batch as u32, self.num_sparse as u32, d as u32, self.num_pairs as u32);
         let mut launch = dev.stream.launch_builder(dev.function("interaction_backward"));
         launch

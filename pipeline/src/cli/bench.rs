@@ -153,7 +153,18 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     }
     let setup = Arc::new(Setup::new(bench)?);
     let embedding_params = setup.config.table_sizes.iter().sum::<u64>() * setup.config.model.embedding_dim() as u64;
-    eprintln!("{}", tiderec::kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision));
+    let gpu_only = tiderec::device::Devices::parse(&bench.device).is_ok_and(|d| !d.any_cpu());
+    if !gpu_only {
+        bench.precision.check_cpu()?;
+    }
+    eprintln!(
+        "{}",
+        if gpu_only {
+            tiderec::kernels::gpu_line(bench.precision)
+        } else {
+            tiderec::kernels::startup_line_for(&bench.model, bench.batch_size, bench.workers, bench.precision)
+        }
+    );
     let resident = resident_device(bench, &setup.config);
     let mut phase_ms = None;
     let timed = if let Some(n) = resident {
@@ -195,17 +206,15 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
 }
 
 /// The GPU of a run that trains on one device-resident worker: one worker on
-/// one `cuda:N`, fp32, a model and configuration the device path takes, and
-/// rows not asked to stay on the host.
+/// one `cuda:N`, a model and configuration the device path takes, and rows
+/// not asked to stay on the host.
 fn resident_device(bench: &DlrmBench, config: &TrainerConfig) -> Option<usize> {
     let one_gpu = match tiderec::device::Devices::parse(&bench.device).ok()?.worker(0) {
         tiderec::device::WorkerDevice::Cuda(n) => Some(n),
         tiderec::device::WorkerDevice::Cpu => None,
     };
-    let eligible = bench.workers == 1
-        && !bench.host_rows
-        && bench.precision == Precision::Fp32
-        && tiderec_gpu::resident::ResidentWorker::supports(config).is_ok();
+    let eligible =
+        bench.workers == 1 && !bench.host_rows && tiderec_gpu::resident::ResidentWorker::supports(config).is_ok();
     one_gpu.filter(|_| eligible)
 }
 
@@ -218,7 +227,7 @@ fn timed_resident(
     n: usize,
 ) -> Result<(Timed, Option<tiderec_gpu::resident::PhaseTimes>), PipelineError> {
     let fail = |e: tiderec_gpu::GpuError| PipelineError::config("device", format!("cuda:{n}: {e}"));
-    let dev = tiderec_gpu::Device::open(n).map_err(fail)?;
+    let dev = tiderec_gpu::Device::open(n).and_then(|d| d.with_precision(bench.precision)).map_err(fail)?;
     let mut worker = tiderec_gpu::resident::ResidentWorker::new(&dev, config).map_err(fail)?;
     let pool: Vec<Batch> = (0..8u64).map(|k| random_batch(bench.batch_size, bench.rows, k)).collect();
     // Untimed phases: the next batch is built and uploaded while the device runs the step before.

@@ -41,8 +41,9 @@ pub struct ModelSettings {
     #[arg(long, value_delimiter = ',', value_name = "A:B,…")]
     pub crosses: Vec<String>,
     /// Precision of the MLPs' products: fp32, or bf16 (bf16 operands, fp32 accumulation and fp32
-    /// master weights; needs a CPU with AVX-512 BF16).
-    #[arg(long, required = false, value_name = "fp32|bf16", value_parser = super::parse::<Precision>)]
+    /// master weights; on a CPU worker it needs AVX-512 BF16), or tf32 (GPU workers only). On a GPU
+    /// worker bf16 and tf32 apply to every GEMM, on tensor cores.
+    #[arg(long, required = false, value_name = "fp32|bf16|tf32", value_parser = super::parse::<Precision>)]
     pub precision: Precision,
 }
 

@@ -260,8 +260,9 @@ pub(crate) struct DlrmArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Precision of the MLPs' products: fp32 or bf16 (needs a CPU with AVX-512 BF16).
-    #[arg(long, default_value = "fp32", value_name = "fp32|bf16")]
+    /// Precision of the MLPs' products: fp32, bf16 (on a CPU, needs AVX-512 BF16) or tf32 (GPU
+    /// workers only); on a GPU worker bf16 and tf32 apply to every GEMM.
+    #[arg(long, default_value = "fp32", value_name = "fp32|bf16|tf32")]
     precision: String,
     /// Run the workers as independent single-worker trainers (own model and tables,
     /// nothing exchanged), timed together: the machine's ceiling for that many workers.
