@@ -9,7 +9,8 @@
 # subset of "dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048 dlrm-16384-tf32
 # dlrm-16384-bf16" (default: all).
 # TESTS (environment): which test executables of steps 1 and 2 to run, by
-# name (default: all). CPU=0 (environment) skips step 3b, SCALING=0 step 4.
+# name (default: all); WORKERS_FILTER runs only the GPU-worker tests whose names hold it.
+# PROFILE=0 skips the phase clock and ncu, CPU=0 step 3b, SCALING=0 step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -110,10 +111,15 @@ done
 
 # ---- 2. GPU workers against CPU workers ---------------------------------
 say "== 2. GPU-worker equivalence ($(elapsed) s)"
-[ -x "$HERE/tests/gpu_workers" ] && wanted_test gpu_workers && run_test gpu_workers 300 --test-threads=4 --nocapture
+# WORKERS_FILTER (environment): run only the GPU-worker tests whose names contain it.
+[ -x "$HERE/tests/gpu_workers" ] && wanted_test gpu_workers &&
+    run_test gpu_workers 300 --test-threads=4 --nocapture ${WORKERS_FILTER:+"$WORKERS_FILTER"}
 
-# Where a device-resident worker's step goes: each phase timed (the device waited for after each).
+# Where a device-resident worker's step goes: each phase timed (the device waited for after
+# each), then kernel by kernel. PROFILE=0 (environment) skips both.
+[ "${PROFILE:-1}" = 0 ] && say "phases and kernels skipped: PROFILE=0"
 for b in 16384 65536; do
+    [ "${PROFILE:-1}" = 0 ] && break
     timeout -k 5 120 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b --steps 20 --warmup 3 --json --phases \
         >"$OUT/phases-dlrm-$b.json" 2>"$OUT/phases-dlrm-$b.err" || FAILED=1
     say "dlrm batch $b, phases (ms): $(python3 -c 'import json, sys
@@ -123,7 +129,7 @@ done
 
 # Kernel by kernel (Nsight Compute, one launch each, in a steady-state step), while time allows.
 for m in dlrm deepfm; do
-    if command -v ncu >/dev/null && [ "$(left)" -gt 200 ]; then
+    if [ "${PROFILE:-1}" != 0 ] && command -v ncu >/dev/null && [ "$(left)" -gt 200 ]; then
         sub="$m"
         [ "$m" = dlrm ] || sub="model --model $m"
         # shellcheck disable=SC2086

@@ -3,12 +3,12 @@
 //! cuBLAS is column-major; a row-major `C[m×n] = op(A)·op(B)` is the
 //! column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`, so B goes first and `m`, `n` swap. The
 //! handle is in pedantic fp32 math mode (no TF32) unless the device was given
-//! a reduced precision ([`Device::with_precision`]): then every product goes
-//! through `cublasGemmEx` with fp32 buffers and a tensor-core compute type.
+//! a reduced precision ([`Device::with_precision`]): then every product runs
+//! on the tensor cores ([`crate::tensor_core`]).
 
 use crate::check;
 use crate::{Device, GpuError};
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{Gemm, GemmConfig};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use tiderec_operators::nn::Precision;
@@ -79,55 +79,15 @@ pub fn gemm<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
         beta,
         ldc: int("ldc", ldc.max(1))?,
     };
-    let compute = match dev.precision {
+    if dev.precision == Precision::Fp32 {
         // SAFETY: the spans of A, B and C were checked against their buffers above,
         // and all three are on the device's stream (cuBLAS orders them there).
-        Precision::Fp32 => return unsafe { dev.blas.gemm(cfg, b, a, c) }.map_err(GpuError::blas(op)),
-        Precision::Tf32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-        Precision::Bf16 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
-    };
-    // SAFETY: as above; the pointers are read on the device's stream only, and
-    // alpha and beta are host values that outlive the (host-synchronous) call.
-    unsafe { gemm_ex(dev, &cfg, b, a, c, compute) }.map_err(GpuError::blas(op))
-}
-
-/// `cublasGemmEx` on fp32 buffers with `compute` (a tensor-core type).
-///
-/// # Safety
-/// `a`, `b` and `c` hold the spans `cfg` describes, on the device's stream.
-unsafe fn gemm_ex<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
-    dev: &Device,
-    cfg: &GemmConfig<f32>,
-    a: &A,
-    b: &B,
-    c: &mut C,
-    compute: cublasComputeType_t,
-) -> Result<(), cudarc::cublas::result::CublasError> {
+        return unsafe { dev.blas.gemm(cfg, b, a, c) }.map_err(GpuError::blas(op));
+    }
     let stream = &dev.stream;
-    let (a, _ra) = a.device_ptr(stream);
-    let (b, _rb) = b.device_ptr(stream);
-    let (c, _rc) = c.device_ptr_mut(stream);
-    let f32t = cudaDataType::CUDA_R_32F;
-    cudarc::cublas::sys::cublasGemmEx(
-        *dev.blas.handle(),
-        cfg.transa,
-        cfg.transb,
-        cfg.m,
-        cfg.n,
-        cfg.k,
-        (&cfg.alpha as *const f32).cast(),
-        a as *const std::ffi::c_void,
-        f32t,
-        cfg.lda,
-        b as *const std::ffi::c_void,
-        f32t,
-        cfg.ldb,
-        (&cfg.beta as *const f32).cast(),
-        c as *mut std::ffi::c_void,
-        f32t,
-        cfg.ldc,
-        compute,
-        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-    )
-    .result()
+    let ((pa, _ga), (pb, _gb), (pc, _gc)) = (a.device_ptr(stream), b.device_ptr(stream), c.device_ptr_mut(stream));
+    let shape = crate::tensor_core::Shape { ta, tb, m, n, k, lda, ldb, ldc, beta };
+    // SAFETY: as above: the three spans were checked, and the pointers stay
+    // valid while their guards live (to the end of this function).
+    unsafe { crate::tensor_core::gemm(dev, op, &shape, pa, pb, pc) }
 }

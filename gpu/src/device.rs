@@ -98,6 +98,7 @@ pub struct Device {
     ordinal: usize,
     capability: (i32, i32),
     pub(crate) precision: Precision,
+    pub(crate) staging: Arc<Mutex<crate::tensor_core::Staging>>,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: Arc<CudaBlas>,
     pub(crate) kernels: Arc<Kernels>,
@@ -164,6 +165,7 @@ impl Device {
             ordinal,
             capability: (major, minor),
             precision: Precision::Fp32,
+            staging: Arc::default(),
             stream,
             blas: Arc::new(blas),
             kernels,
@@ -171,13 +173,15 @@ impl Device {
     }
 
     /// This device with its GEMMs in `precision`: `fp32` (the default) is
-    /// exact fp32 in pedantic math; `tf32` and `bf16` let cuBLAS round both
-    /// operands of every GEMM to TF32 or bf16 for the tensor cores, with fp32
-    /// accumulation, inputs and outputs (`cublasGemmEx`, compute types
-    /// `32F_FAST_TF32` and `32F_FAST_16BF`). Every other kernel, the loss,
-    /// the optimizers and the rows stay fp32. A reduced precision gets a cuBLAS
-    /// handle of its own in default math on the same stream, so the devices it
-    /// was cloned from keep exact fp32.
+    /// exact fp32 in pedantic math; `tf32` and `bf16` run every GEMM on the
+    /// tensor cores with both operands rounded to TF32 or bf16, fp32
+    /// accumulation and fp32 results: bf16 operands are rounded to nearest
+    /// (ties to even) into staging buffers, tf32 ones by cuBLAS, and operands
+    /// or results whose rows are not 16-byte aligned are staged in aligned
+    /// rows, so odd widths stay on the tensor cores. Every other
+    /// kernel, the loss, the optimizers and the rows stay fp32. A reduced
+    /// precision gets a cuBLAS handle and staging buffers of its own on the
+    /// same stream, so the devices it was cloned from keep exact fp32.
     pub fn with_precision(self, precision: Precision) -> Result<Device, GpuError> {
         if precision == self.precision {
             return Ok(self);
@@ -191,7 +195,7 @@ impl Device {
         unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
             .result()
             .map_err(GpuError::blas("setting the math mode"))?;
-        Ok(Device { precision, blas: Arc::new(blas), ..self })
+        Ok(Device { precision, blas: Arc::new(blas), staging: Arc::default(), ..self })
     }
 
     /// The precision of the device's GEMMs (see [`with_precision`](Self::with_precision)).

@@ -31,6 +31,11 @@ pub const SOURCES: &[KernelSource] = &[
         functions: &["bias_act_rows", "relu_backward", "column_reduce_chunks", "column_reduce_finish"],
     },
     KernelSource {
+        file: "blas.cu",
+        source: include_str!("../kernels/blas.cu"),
+        functions: &["copy_rows_f32", "pack_rows_bf16"],
+    },
+    KernelSource {
         file: "interaction.cu",
         source: include_str!("../kernels/interaction.cu"),
         functions: &["interaction_forward", "interaction_backward"],

@@ -59,6 +59,7 @@ pub mod optim;
 pub mod resident;
 mod sort;
 pub mod sparse;
+mod tensor_core;
 
 pub use blas::{gemm, Op};
 /// The CUDA bindings the buffers and streams of this crate come from.

@@ -275,42 +275,53 @@ fn bad_shapes_are_errors_not_panics() {
 /// `Device::with_precision`: exact fp32 stays exact; tf32 and bf16 products
 /// carry the error of rounding their operands to 10 and 7 mantissa bits
 /// (unit roundoffs 2⁻¹¹ and 2⁻⁸), which shows they ran on the tensor cores,
-/// and no more; and the device a reduced one was made from stays exact.
+/// and no more; a bf16 product is the exact product of the operands rounded
+/// to nearest bf16 (ties to even), up to fp32 accumulation; odd row strides
+/// (staged into aligned rows) give the same; and the device a reduced one
+/// was made from stays exact.
 #[test]
 fn reduced_precision_gemms_round_their_operands_and_nothing_else() {
     use tiderec_operators::nn::Precision;
     let Some(dev) = device() else { return };
     let (m, n, k) = (257, 130, 512);
     let (a, b) = (normal(41, m * k), normal(42, k * n));
-    let mut exact = vec![0.0f64; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            exact[i * n + j] = (0..k).map(|c| f64::from(a[i * k + c]) * f64::from(b[c * n + j])).sum();
+    let product = |round: fn(f32) -> f32| {
+        let mut c = vec![0.0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| f64::from(round(a[i * k + p])) * f64::from(round(b[p * n + j]))).sum();
+            }
         }
-    }
-    let run = |d: &tiderec_gpu::Device| {
-        let (ad, bd) = (put(d, &a), put(d, &b));
-        let mut cd = d.zeros::<f32>(m * n).unwrap();
-        tiderec_gpu::gemm(
-            d,
-            "test",
-            (tiderec_gpu::Op::N, tiderec_gpu::Op::N),
-            (m, n, k),
-            &ad,
-            k,
-            &bd,
-            n,
-            0.0,
-            &mut cd,
-            n,
-        )
-        .unwrap();
-        common::rel_err_exact(&get(d, &cd, m * n), &exact)
+        c
     };
+    let (exact, of_bf16) = (product(|x| x), product(common::round_bf16));
+    // C = A·B with the operands stored at row strides `lda`, `ldb` (odd ones are staged).
+    let run = |d: &tiderec_gpu::Device, (lda, ldb): (usize, usize)| {
+        let widen = |v: &[f32], rows: usize, cols: usize, ld: usize| {
+            let mut w = vec![0.0f32; rows * ld];
+            for r in 0..rows {
+                w[r * ld..r * ld + cols].copy_from_slice(&v[r * cols..(r + 1) * cols]);
+            }
+            w
+        };
+        let (ad, bd) = (put(d, &widen(&a, m, k, lda)), put(d, &widen(&b, k, n, ldb)));
+        let mut cd = d.zeros::<f32>(m * n).unwrap();
+        let ops = (tiderec_gpu::Op::N, tiderec_gpu::Op::N);
+        tiderec_gpu::gemm(d, "test", ops, (m, n, k), &ad, lda, &bd, ldb, 0.0, &mut cd, n).unwrap();
+        get(d, &cd, m * n)
+    };
+    let err = |c: &[f32]| common::rel_err_exact(c, &exact);
     let tf32 = dev.clone().with_precision(Precision::Tf32).unwrap();
     let bf16 = dev.clone().with_precision(Precision::Bf16).unwrap();
-    let (e32, etf, ebf, again) = (run(&dev), run(&tf32), run(&bf16), run(&dev));
-    println!("gemm {m}x{k}x{n}: normwise error fp32 {e32:.2e}, tf32 {etf:.2e}, bf16 {ebf:.2e}");
+    let plain = (k, n);
+    let (e32, etf, ebf) = (err(&run(&dev, plain)), err(&run(&tf32, plain)), err(&run(&bf16, plain)));
+    let again = err(&run(&dev, plain));
+    let (etf_odd, bf16_odd) = (err(&run(&tf32, (k + 1, n + 3))), run(&bf16, (k + 3, n + 1)));
+    let ebf_exact = common::rel_err_exact(&run(&bf16, plain), &of_bf16);
+    println!(
+        "gemm {m}x{k}x{n}: normwise error fp32 {e32:.2e}, tf32 {etf:.2e} (odd strides {etf_odd:.2e}), bf16 {ebf:.2e}; \
+         bf16 against the product of bf16-rounded operands {ebf_exact:.2e}"
+    );
     assert_eq!(
         (tf32.precision(), bf16.precision(), dev.precision()),
         (Precision::Tf32, Precision::Bf16, Precision::Fp32)
@@ -318,4 +329,7 @@ fn reduced_precision_gemms_round_their_operands_and_nothing_else() {
     assert!(e32 <= 1e-6 && again == e32, "fp32: {e32:.2e}, after the others {again:.2e}");
     assert!(etf > 2e-5 && etf < 2e-3, "tf32: {etf:.2e} is not a TF32 product's error");
     assert!(ebf > 2e-4 && ebf < 1.6e-2 && ebf > 2.0 * etf, "bf16: {ebf:.2e} is not a bf16 product's error");
+    assert!(ebf_exact <= 1e-5, "bf16: {ebf_exact:.2e} from the product of bf16-rounded operands");
+    assert!(etf_odd > 2e-5 && etf_odd < 2e-3, "tf32 with odd strides: {etf_odd:.2e}");
+    assert_eq!(bf16_odd, run(&bf16, plain), "bf16: staged odd strides change the product");
 }

@@ -148,3 +148,11 @@ pub fn get(dev: &Device, buf: &CudaSlice<f32>, n: usize) -> Vec<f32> {
 pub fn put<T: DeviceRepr + ValidAsZeroBits + Copy>(dev: &Device, host: &[T]) -> CudaSlice<T> {
     dev.upload(host).expect("upload")
 }
+
+/// `x` rounded to the nearest bf16, ties to even, as an `f32` (the definition
+/// the device's bf16 operands follow; finite, normal values only).
+#[allow(dead_code)]
+pub fn round_bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    f32::from_bits((bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
+}

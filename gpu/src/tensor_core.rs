@@ -1,0 +1,230 @@
+//! The reduced-precision GEMMs of [`Device::with_precision`]: tf32 and bf16
+//! products on the tensor cores, fp32 accumulation and fp32 results.
+//!
+//! * **bf16**: both operands are rounded to bf16 (to nearest, ties to even,
+//!   as the CPU's `round_bf16`) into staging buffers, then `cublasGemmEx`
+//!   multiplies them with `CUBLAS_COMPUTE_32F`.
+//! * **tf32**: the operands stay fp32 and cuBLAS rounds them
+//!   (`CUBLAS_COMPUTE_32F_FAST_TF32`).
+//!
+//! Tensor-core kernels need 16-byte aligned rows: an operand or a result
+//! whose pointer or row stride is not is staged in a buffer whose rows are
+//! (padded with zeros past the row), and a staged result is copied back. So
+//! the odd widths of a model (13 dense features, DLRM's 367-wide interaction,
+//! a 1-wide output) do not push cuBLAS onto its SIMT fp32 kernels.
+//!
+//! Invariants: the staging buffers belong to one device (one stream), only
+//! grow, and are used between two calls on that stream only, so stream order
+//! keeps one product's staging from the next's.
+
+use crate::blas::Op;
+use crate::check::grid_for;
+use crate::{Device, GpuError};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use tiderec_operators::nn::Precision;
+
+/// Bytes a tensor-core operand's rows and pointer are aligned to.
+const ALIGN_BYTES: usize = 16;
+
+/// The staging buffers of one device's reduced-precision products.
+#[derive(Debug, Default)]
+pub(crate) struct Staging {
+    a16: Option<CudaSlice<u16>>,
+    b16: Option<CudaSlice<u16>>,
+    a32: Option<CudaSlice<f32>>,
+    b32: Option<CudaSlice<f32>>,
+    c32: Option<CudaSlice<f32>>,
+}
+
+/// A row-major product's shape, as [`crate::gemm`] takes it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    pub ta: Op,
+    pub tb: Op,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+    pub beta: f32,
+}
+
+/// `n` rounded up to a multiple of `to`.
+fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+/// Whether rows at `ptr`, `ld` values of `bytes` apart, are tensor-core aligned.
+fn aligned(ptr: u64, ld: usize, bytes: usize) -> bool {
+    ptr.is_multiple_of(ALIGN_BYTES as u64) && (ld * bytes).is_multiple_of(ALIGN_BYTES)
+}
+
+/// `slot`, grown to at least `len` values; its device pointer.
+fn grown<T: DeviceRepr + ValidAsZeroBits>(
+    dev: &Device,
+    slot: &mut Option<CudaSlice<T>>,
+    len: usize,
+) -> Result<u64, GpuError> {
+    if slot.as_ref().is_none_or(|s| s.len() < len) {
+        *slot = Some(dev.zeros::<T>(len)?);
+    }
+    let buf = slot.as_ref().expect("just grown");
+    Ok(buf.device_ptr(&dev.stream).0)
+}
+
+/// One launch of a staging kernel over `items` values.
+fn launch_staging(dev: &Device, name: &'static str, items: usize, args: Args) -> Result<(), GpuError> {
+    let mut launch = dev.stream.launch_builder(dev.function(name));
+    launch.arg(&args.src).arg(&args.ld_src).arg(&args.rows).arg(&args.cols).arg(&args.ld_dst);
+    if let Some(pad) = &args.pad {
+        launch.arg(pad);
+    }
+    launch.arg(&args.dst);
+    // SAFETY: `src` holds `rows` rows of `ld_src` (at least `cols` values used
+    // each) and `dst` `rows` rows of `ld_dst` (checked by the callers); the
+    // kernel stays below both.
+    unsafe { launch.launch(grid_for(items)) }.map_err(GpuError::driver("launching a staging kernel"))?;
+    Ok(())
+}
+
+/// A staging kernel's arguments.
+struct Args {
+    src: u64,
+    ld_src: u64,
+    rows: u32,
+    cols: u32,
+    ld_dst: u64,
+    pad: Option<i32>,
+    dst: u64,
+}
+
+/// A stored `rows × cols` operand at `ptr` (row stride `ld`) made ready for
+/// the tensor cores: its pointer, row stride and data type.
+fn operand(
+    dev: &Device,
+    slot16: &mut Option<CudaSlice<u16>>,
+    slot32: &mut Option<CudaSlice<f32>>,
+    (ptr, ld): (u64, usize),
+    (rows, cols): (usize, usize),
+) -> Result<(u64, usize, cudaDataType), GpuError> {
+    let as_u32 = |v: usize| crate::check::u32_of("tensor-core staging", "rows or cols", v);
+    match dev.precision {
+        Precision::Bf16 => {
+            let ld2 = round_up(cols, ALIGN_BYTES / 2);
+            let dst = grown(dev, slot16, rows * ld2)?;
+            let args = Args {
+                src: ptr,
+                ld_src: ld as u64,
+                rows: as_u32(rows)?,
+                cols: as_u32(cols)?,
+                ld_dst: ld2 as u64,
+                pad: None,
+                dst,
+            };
+            launch_staging(dev, "pack_rows_bf16", rows * ld2, args)?;
+            Ok((dst, ld2, cudaDataType::CUDA_R_16BF))
+        }
+        _ if aligned(ptr, ld, 4) => Ok((ptr, ld, cudaDataType::CUDA_R_32F)),
+        _ => {
+            let ld2 = round_up(cols, ALIGN_BYTES / 4);
+            let dst = grown(dev, slot32, rows * ld2)?;
+            let args = Args {
+                src: ptr,
+                ld_src: ld as u64,
+                rows: as_u32(rows)?,
+                cols: as_u32(cols)?,
+                ld_dst: ld2 as u64,
+                pad: Some(1),
+                dst,
+            };
+            launch_staging(dev, "copy_rows_f32", rows * ld2, args)?;
+            Ok((dst, ld2, cudaDataType::CUDA_R_32F))
+        }
+    }
+}
+
+/// The product of [`crate::gemm`] in the device's reduced precision.
+///
+/// # Safety
+/// `a`, `b` and `c` point to buffers on the device's stream holding the spans
+/// `s` describes (checked by the caller), valid until this call returns.
+pub(crate) unsafe fn gemm(dev: &Device, op: &'static str, s: &Shape, a: u64, b: u64, c: u64) -> Result<(), GpuError> {
+    let mut guard = dev.staging.lock().unwrap_or_else(|p| p.into_inner());
+    let st = &mut *guard;
+    let stored = |t: Op, rows: usize, cols: usize| if t == Op::N { (rows, cols) } else { (cols, rows) };
+    let (pa, lda, ta_type) = operand(dev, &mut st.a16, &mut st.a32, (a, s.lda), stored(s.ta, s.m, s.k))?;
+    let (pb, ldb, tb_type) = operand(dev, &mut st.b16, &mut st.b32, (b, s.ldb), stored(s.tb, s.k, s.n))?;
+    let as_u32 = |v: usize| crate::check::u32_of(op, "m or n", v);
+    // A result whose rows are not aligned is computed into padded rows and copied back.
+    let staged_c = !aligned(c, s.ldc, 4);
+    let (pc, ldc) = if staged_c {
+        let ld2 = round_up(s.n, ALIGN_BYTES / 4);
+        let dst = grown(dev, &mut st.c32, s.m * ld2)?;
+        if s.beta != 0.0 {
+            let args = Args {
+                src: c,
+                ld_src: s.ldc as u64,
+                rows: as_u32(s.m)?,
+                cols: as_u32(s.n)?,
+                ld_dst: ld2 as u64,
+                pad: Some(1),
+                dst,
+            };
+            launch_staging(dev, "copy_rows_f32", s.m * ld2, args)?;
+        }
+        (dst, ld2)
+    } else {
+        (c, s.ldc)
+    };
+    let compute = match dev.precision {
+        Precision::Tf32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        _ => cublasComputeType_t::CUBLAS_COMPUTE_32F,
+    };
+    let trans = |o: Op| if o == Op::N { cublasOperation_t::CUBLAS_OP_N } else { cublasOperation_t::CUBLAS_OP_T };
+    let int =
+        |v: usize| i32::try_from(v).map_err(|_| GpuError::shape(op, format!("{v} exceeds cuBLAS's 32-bit sizes")));
+    let (alpha, beta) = (1.0f32, s.beta);
+    // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B first, m and n swapped.
+    // SAFETY: every pointer holds its span (the caller's, or a staging buffer
+    // grown to it above); alpha and beta outlive the call, which only queues work.
+    unsafe {
+        cudarc::cublas::sys::cublasGemmEx(
+            *dev.blas.handle(),
+            trans(s.tb),
+            trans(s.ta),
+            int(s.n)?,
+            int(s.m)?,
+            int(s.k)?,
+            (&alpha as *const f32).cast(),
+            pb as *const std::ffi::c_void,
+            tb_type,
+            int(ldb.max(1))?,
+            pa as *const std::ffi::c_void,
+            ta_type,
+            int(lda.max(1))?,
+            (&beta as *const f32).cast(),
+            pc as *mut std::ffi::c_void,
+            cudaDataType::CUDA_R_32F,
+            int(ldc.max(1))?,
+            compute,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+        )
+    }
+    .result()
+    .map_err(GpuError::blas(op))?;
+    if staged_c {
+        let args = Args {
+            src: pc,
+            ld_src: ldc as u64,
+            rows: as_u32(s.m)?,
+            cols: as_u32(s.n)?,
+            ld_dst: s.ldc as u64,
+            pad: Some(0),
+            dst: c,
+        };
+        launch_staging(dev, "copy_rows_f32", s.m * s.n, args)?;
+    }
+    Ok(())
+}
