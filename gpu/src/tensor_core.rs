@@ -21,7 +21,7 @@ use crate::blas::Op;
 use crate::check::grid_for;
 use crate::{Device, GpuError};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use tiderec_operators::nn::Precision;
 
 /// Bytes a tensor-core operand's rows and pointer are aligned to.
@@ -75,8 +75,8 @@ fn grown<T: DeviceRepr + ValidAsZeroBits>(
 }
 
 /// One launch of a staging kernel over `items` values.
-fn launch_staging(dev: &Device, name: &'static str, items: usize, args: Args) -> Result<(), GpuError> {
-    let mut launch = dev.stream.launch_builder(dev.function(name));
+fn launch_staging(dev: &Device, kernel: &CudaFunction, items: usize, args: Args) -> Result<(), GpuError> {
+    let mut launch = dev.stream.launch_builder(kernel);
     launch.arg(&args.src).arg(&args.ld_src).arg(&args.rows).arg(&args.cols).arg(&args.ld_dst);
     if let Some(pad) = &args.pad {
         launch.arg(pad);
@@ -123,7 +123,7 @@ fn operand(
                 pad: None,
                 dst,
             };
-            launch_staging(dev, "pack_rows_bf16", rows * ld2, args)?;
+            launch_staging(dev, dev.function("pack_rows_bf16"), rows * ld2, args)?;
             Ok((dst, ld2, cudaDataType::CUDA_R_16BF))
         }
         _ if aligned(ptr, ld, 4) => Ok((ptr, ld, cudaDataType::CUDA_R_32F)),
@@ -139,7 +139,7 @@ fn operand(
                 pad: Some(1),
                 dst,
             };
-            launch_staging(dev, "copy_rows_f32", rows * ld2, args)?;
+            launch_staging(dev, dev.function("copy_rows_f32"), rows * ld2, args)?;
             Ok((dst, ld2, cudaDataType::CUDA_R_32F))
         }
     }
@@ -172,7 +172,7 @@ pub(crate) unsafe fn gemm(dev: &Device, op: &'static str, s: &Shape, a: u64, b: 
                 pad: Some(1),
                 dst,
             };
-            launch_staging(dev, "copy_rows_f32", s.m * ld2, args)?;
+            launch_staging(dev, dev.function("copy_rows_f32"), s.m * ld2, args)?;
         }
         (dst, ld2)
     } else {
@@ -224,7 +224,7 @@ pub(crate) unsafe fn gemm(dev: &Device, op: &'static str, s: &Shape, a: u64, b: 
             pad: Some(0),
             dst: c,
         };
-        launch_staging(dev, "copy_rows_f32", s.m * s.n, args)?;
+        launch_staging(dev, dev.function("copy_rows_f32"), s.m * s.n, args)?;
     }
     Ok(())
 }
