@@ -286,14 +286,16 @@ def main(argv):
         print("`scripts/bench_vs_torch.py --device cuda:0` (one tiderec GPU worker: for DLRM, DeepFM and the other "
               "models without behaviour sequences the device-resident worker, rows, pooling, model and optimizers on "
               "the GPU; for DIEN the host-rows worker. PyTorch eager with the same model, row-wise Adagrad rows and "
-              "Adagrad dense, fp32), medians over the alternated rounds.\n")
+              "Adagrad dense; fp32 unless the precision column says otherwise), medians over the alternated "
+              "rounds.\n")
         print(table(["model", "batch", "precision", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch",
                      "rounds"], rows) + "\n")
         if any(r[2] != "fp32" for r in rows):
-            print("Precision tf32: tiderec `--precision tf32` (cuBLAS `32F_FAST_TF32`: TF32 tensor cores on fp32 "
-                  "buffers) against PyTorch with `torch.backends.cuda.matmul.allow_tf32`; bf16: tiderec "
-                  "`--precision bf16` (cuBLAS `32F_FAST_16BF`: operands rounded to bf16, fp32 accumulation and "
-                  "storage) against PyTorch's dense model under `torch.autocast(bfloat16)`.\n")
+            print("Precision tf32: tiderec `--precision tf32` (cuBLAS `CUBLAS_COMPUTE_32F_FAST_TF32`: TF32 tensor "
+                  "cores on fp32 buffers) against PyTorch with `torch.backends.cuda.matmul.allow_tf32`; bf16: "
+                  "tiderec `--precision bf16` (every GEMM's operands rounded to bf16, to nearest even, then "
+                  "multiplied on the tensor cores with fp32 accumulation and fp32 results) against PyTorch's dense "
+                  "model under `torch.autocast(bfloat16)`.\n")
     au = aucs(found)
     if au:
         print("## AUC by precision on the GPU\n")
@@ -343,8 +345,8 @@ def main(argv):
         big = [r for r in st if r[0] == "65,536" and r[1] == "device"] or [r for r in st if r[0] == "65,536"]
         if peak and big:
             bound = peak * 1e12 / (DLRM_MFLOP * 1e6)
-            torch_row = [r for r in rows if r[0] == "dlrm" and r[1] == "65,536" and r[3]]
-            torch_share = (f", PyTorch eager {float(torch_row[0][3].replace(',', '')) / bound:.1%} in the benchmark "
+            torch_row = [r for r in rows if r[0] == "dlrm" and r[1] == "65,536" and r[2] == "fp32" and r[4]]
+            torch_share = (f", PyTorch eager {float(torch_row[0][4].replace(',', '')) / bound:.1%} in the benchmark "
                            "above" if torch_row else "")
             print(f"At batch 65,536 the fp32 GEMM bound of DLRM ({DLRM_MFLOP} MFLOP per sample at the "
                   f"{gpu}'s published {peak:.0f} TFLOP/s fp32 peak, not measured here) is {bound / 1e6:.1f} M "
