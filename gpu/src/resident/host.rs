@@ -129,14 +129,17 @@ struct Field<'a> {
 
 impl Field<'_> {
     fn fill(&mut self) -> Result<(), GpuError> {
-        if self.ids.iter().copied().max().is_some_and(|m| m >= self.size) {
+        // One pass converts and finds the largest id; a batch with an id past
+        // its table is refused after it (its rows are never uploaded).
+        let (base, mut largest) = (self.base, 0u64);
+        for (r, &id) in self.rows.iter_mut().zip(self.ids) {
+            largest = largest.max(id);
+            *r = base.wrapping_add(id) as u32;
+        }
+        if !self.ids.is_empty() && largest >= self.size {
             let id = self.ids.iter().copied().find(|&id| id >= self.size).unwrap_or_default();
             let (t, n) = (self.t, self.size);
             return Err(GpuError::Index { op: OP, message: format!("field {t}: id {id} is not below {n}") });
-        }
-        let base = self.base;
-        for (r, &id) in self.rows.iter_mut().zip(self.ids) {
-            *r = (base + id) as u32;
         }
         let start = self.start;
         for (o, &x) in self.offsets.iter_mut().zip(self.bags) {
