@@ -74,22 +74,9 @@ fn grown<T: DeviceRepr + ValidAsZeroBits>(
     Ok(buf.device_ptr(&dev.stream).0)
 }
 
-/// One launch of a staging kernel over `items` values.
-fn launch_staging(dev: &Device, kernel: &CudaFunction, items: usize, args: Args) -> Result<(), GpuError> {
-    let mut launch = dev.stream.launch_builder(kernel);
-    launch.arg(&args.src).arg(&args.ld_src).arg(&args.rows).arg(&args.cols).arg(&args.ld_dst);
-    if let Some(pad) = &args.pad {
-        launch.arg(pad);
-    }
-    launch.arg(&args.dst);
-    // SAFETY: `src` holds `rows` rows of `ld_src` (at least `cols` values used
-    // each) and `dst` `rows` rows of `ld_dst` (checked by the callers); the
-    // kernel stays below both.
-    unsafe { launch.launch(grid_for(items)) }.map_err(GpuError::driver("launching a staging kernel"))?;
-    Ok(())
-}
-
-/// A staging kernel's arguments.
+/// One staging copy: `rows × cols` values from `src` (row stride `ld_src`)
+/// to `dst` (row stride `ld_dst`); `pad` for `copy_rows_f32` (1: zero the
+/// columns past `cols`, 0: leave them), none for `pack_rows_bf16`.
 struct Args {
     src: u64,
     ld_src: u64,
@@ -98,6 +85,42 @@ struct Args {
     ld_dst: u64,
     pad: Option<i32>,
     dst: u64,
+}
+
+impl Args {
+    fn new(
+        (src, ld_src): (u64, usize),
+        (rows, cols): (usize, usize),
+        (dst, ld_dst): (u64, usize),
+        pad: Option<i32>,
+    ) -> Result<Args, GpuError> {
+        let u32_of = |v: usize| crate::check::u32_of("tensor-core staging", "rows or cols", v);
+        Ok(Args {
+            src,
+            ld_src: ld_src as u64,
+            rows: u32_of(rows)?,
+            cols: u32_of(cols)?,
+            ld_dst: ld_dst as u64,
+            pad,
+            dst,
+        })
+    }
+
+    /// Launches `kernel` (one of the two staging kernels) on these arguments.
+    fn launch(&self, dev: &Device, kernel: &CudaFunction) -> Result<(), GpuError> {
+        let mut launch = dev.stream.launch_builder(kernel);
+        launch.arg(&self.src).arg(&self.ld_src).arg(&self.rows).arg(&self.cols).arg(&self.ld_dst);
+        if let Some(pad) = &self.pad {
+            launch.arg(pad);
+        }
+        launch.arg(&self.dst);
+        let items = self.rows as usize * self.ld_dst as usize;
+        // SAFETY: `src` holds `rows` rows of `ld_src` (at least `cols` values used
+        // each) and `dst` `rows` rows of `ld_dst` (checked by the callers); the
+        // kernel stays below both.
+        unsafe { launch.launch(grid_for(items)) }.map_err(GpuError::driver("launching a staging kernel"))?;
+        Ok(())
+    }
 }
 
 /// A stored `rows × cols` operand at `ptr` (row stride `ld`) made ready for
@@ -109,37 +132,18 @@ fn operand(
     (ptr, ld): (u64, usize),
     (rows, cols): (usize, usize),
 ) -> Result<(u64, usize, cudaDataType), GpuError> {
-    let as_u32 = |v: usize| crate::check::u32_of("tensor-core staging", "rows or cols", v);
     match dev.precision {
         Precision::Bf16 => {
             let ld2 = round_up(cols, ALIGN_BYTES / 2);
             let dst = grown(dev, slot16, rows * ld2)?;
-            let args = Args {
-                src: ptr,
-                ld_src: ld as u64,
-                rows: as_u32(rows)?,
-                cols: as_u32(cols)?,
-                ld_dst: ld2 as u64,
-                pad: None,
-                dst,
-            };
-            launch_staging(dev, dev.function("pack_rows_bf16"), rows * ld2, args)?;
+            Args::new((ptr, ld), (rows, cols), (dst, ld2), None)?.launch(dev, dev.function("pack_rows_bf16"))?;
             Ok((dst, ld2, cudaDataType::CUDA_R_16BF))
         }
         _ if aligned(ptr, ld, 4) => Ok((ptr, ld, cudaDataType::CUDA_R_32F)),
         _ => {
             let ld2 = round_up(cols, ALIGN_BYTES / 4);
             let dst = grown(dev, slot32, rows * ld2)?;
-            let args = Args {
-                src: ptr,
-                ld_src: ld as u64,
-                rows: as_u32(rows)?,
-                cols: as_u32(cols)?,
-                ld_dst: ld2 as u64,
-                pad: Some(1),
-                dst,
-            };
-            launch_staging(dev, dev.function("copy_rows_f32"), rows * ld2, args)?;
+            Args::new((ptr, ld), (rows, cols), (dst, ld2), Some(1))?.launch(dev, dev.function("copy_rows_f32"))?;
             Ok((dst, ld2, cudaDataType::CUDA_R_32F))
         }
     }
@@ -156,23 +160,13 @@ pub(crate) unsafe fn gemm(dev: &Device, op: &'static str, s: &Shape, a: u64, b: 
     let stored = |t: Op, rows: usize, cols: usize| if t == Op::N { (rows, cols) } else { (cols, rows) };
     let (pa, lda, ta_type) = operand(dev, &mut st.a16, &mut st.a32, (a, s.lda), stored(s.ta, s.m, s.k))?;
     let (pb, ldb, tb_type) = operand(dev, &mut st.b16, &mut st.b32, (b, s.ldb), stored(s.tb, s.k, s.n))?;
-    let as_u32 = |v: usize| crate::check::u32_of(op, "m or n", v);
     // A result whose rows are not aligned is computed into padded rows and copied back.
     let staged_c = !aligned(c, s.ldc, 4);
     let (pc, ldc) = if staged_c {
         let ld2 = round_up(s.n, ALIGN_BYTES / 4);
         let dst = grown(dev, &mut st.c32, s.m * ld2)?;
         if s.beta != 0.0 {
-            let args = Args {
-                src: c,
-                ld_src: s.ldc as u64,
-                rows: as_u32(s.m)?,
-                cols: as_u32(s.n)?,
-                ld_dst: ld2 as u64,
-                pad: Some(1),
-                dst,
-            };
-            launch_staging(dev, dev.function("copy_rows_f32"), s.m * ld2, args)?;
+            Args::new((c, s.ldc), (s.m, s.n), (dst, ld2), Some(1))?.launch(dev, dev.function("copy_rows_f32"))?;
         }
         (dst, ld2)
     } else {
@@ -215,16 +209,7 @@ pub(crate) unsafe fn gemm(dev: &Device, op: &'static str, s: &Shape, a: u64, b: 
     .result()
     .map_err(GpuError::blas(op))?;
     if staged_c {
-        let args = Args {
-            src: pc,
-            ld_src: ldc as u64,
-            rows: as_u32(s.m)?,
-            cols: as_u32(s.n)?,
-            ld_dst: s.ldc as u64,
-            pad: Some(0),
-            dst: c,
-        };
-        launch_staging(dev, dev.function("copy_rows_f32"), s.m * s.n, args)?;
+        Args::new((pc, ldc), (s.m, s.n), (c, s.ldc), Some(0))?.launch(dev, dev.function("copy_rows_f32"))?;
     }
     Ok(())
 }
