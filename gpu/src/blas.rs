@@ -86,7 +86,7 @@ pub fn gemm<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
     }
     let stream = &dev.stream;
     let ((pa, _ga), (pb, _gb), (pc, _gc)) = (a.device_ptr(stream), b.device_ptr(stream), c.device_ptr_mut(stream));
-    let shape = crate::tensor_core::Shape { ta, tb, m, n, k, lda, ldb, ldc, beta };
+    let shape = crate::tensor_core::Shape { ta: ta == Op::T, tb: tb == Op::T, m, n, k, lda, ldb, ldc, beta };
     // SAFETY: as above: the three spans were checked, and the pointers stay
     // valid while their guards live (to the end of this function).
     unsafe { crate::tensor_core::gemm(dev, op, &shape, pa, pb, pc) }

@@ -17,7 +17,6 @@
 //! grow, and are used between two calls on that stream only, so stream order
 //! keeps one product's staging from the next's.
 
-use crate::blas::Op;
 use crate::check::grid_for;
 use crate::{Device, GpuError};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -37,11 +36,12 @@ pub(crate) struct Staging {
     c32: Option<CudaSlice<f32>>,
 }
 
-/// A row-major product's shape, as [`crate::gemm`] takes it.
+/// A row-major product's shape, as [`crate::gemm`] takes it (`ta`, `tb`:
+/// whether A and B are used transposed).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Shape {
-    pub ta: Op,
-    pub tb: Op,
+    pub ta: bool,
+    pub tb: bool,
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -157,7 +157,7 @@ fn operand(
 pub(crate) unsafe fn gemm(dev: &Device, op: &'static str, s: &Shape, a: u64, b: u64, c: u64) -> Result<(), GpuError> {
     let mut guard = dev.staging.lock().unwrap_or_else(|p| p.into_inner());
     let st = &mut *guard;
-    let stored = |t: Op, rows: usize, cols: usize| if t == Op::N { (rows, cols) } else { (cols, rows) };
+    let stored = |t: bool, rows: usize, cols: usize| if t { (cols, rows) } else { (rows, cols) };
     let (pa, lda, ta_type) = operand(dev, &mut st.a16, &mut st.a32, (a, s.lda), stored(s.ta, s.m, s.k))?;
     let (pb, ldb, tb_type) = operand(dev, &mut st.b16, &mut st.b32, (b, s.ldb), stored(s.tb, s.k, s.n))?;
     // A result whose rows are not aligned is computed into padded rows and copied back.
@@ -176,7 +176,7 @@ pub(crate) unsafe fn gemm(dev: &Device, op: &'static str, s: &Shape, a: u64, b: 
         Precision::Tf32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
         _ => cublasComputeType_t::CUBLAS_COMPUTE_32F,
     };
-    let trans = |o: Op| if o == Op::N { cublasOperation_t::CUBLAS_OP_N } else { cublasOperation_t::CUBLAS_OP_T };
+    let trans = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
     let int =
         |v: usize| i32::try_from(v).map_err(|_| GpuError::shape(op, format!("{v} exceeds cuBLAS's 32-bit sizes")));
     let (alpha, beta) = (1.0f32, s.beta);
