@@ -24,6 +24,8 @@ from benchmarks import table  # the same markdown tables as docs/benchmarks.md
 DLRM_MFLOP = 2.84
 # Published dense fp32 (non-tensor-core) peaks, TFLOP/s, of the SXM parts.
 FP32_PEAK_TFLOPS = {"H100": 67.0, "H200": 67.0}
+# The precisions of the bundle's runs, in the order the tables list them.
+PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 def files(dirs):
@@ -111,7 +113,7 @@ def benches(found):
         model, batch = head.group(1), int(head.group(2))
         prec = re.search(r", precision (\w+) \(tiderec", text)
         precision = prec.group(1) if prec else "fp32"
-        key = (model, batch, ["fp32", "tf32", "bf16"].index(precision) if precision in ("fp32", "tf32", "bf16") else 9)
+        key = (model, batch, PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS))
         if med:
             rows.append((key, [model, f"{batch:,}", precision, med.group(1), med.group(2),
                                f"**{med.group(3)}×** ({med.group(4)}–{med.group(5)})", rounds]))
@@ -126,7 +128,7 @@ def aucs(found):
     (`tiderec train --metrics-json` on one GPU worker): per precision, the Criteo sample's AUC and
     logloss per seed and their mean, and the synthetic stream's AUC beside its teacher's."""
     rows = []
-    for p in ("fp32", "tf32", "bf16"):
+    for p in PRECISIONS:
         crit = []
         for name in sorted(n for n in found if re.match(rf"auc-criteo-{p}-\d+\.json$", n)):
             try:

@@ -16,9 +16,10 @@
 //!
 //! `tf32` exists for GPU workers only: their GEMMs run on TF32 tensor cores
 //! (operands rounded to 10-bit mantissas, `f32` accumulation). On a GPU worker
-//! `bf16` likewise rounds the GEMMs' operands to bf16 inside cuBLAS, with `f32`
-//! storage and accumulation (`tiderec_gpu::Device::with_precision`). A CPU
-//! worker refuses `tf32` ([`Precision::check_cpu`]).
+//! `bf16` rounds every GEMM's operands to bf16 as the CPU's bf16 operands are
+//! (to nearest, ties to even), then the tensor cores multiply them into `f32`; storage stays `f32`
+//! (`tiderec_gpu::Device::with_precision`). A CPU worker refuses `tf32`
+//! ([`Precision::check_cpu`]).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
