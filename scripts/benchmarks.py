@@ -117,7 +117,7 @@ compute every entry as the same chain of fused multiply-adds and give results eq
 for bit (property tests `gemm_packed::tests::vector_kernels_agree_bit_for_bit` and
 `wide_kernel_equals_the_one_panel_kernels_bit_for_bit`). So two runs on one machine, and W
 workers against one, train the same numbers whichever kernel won, and the default run
-still prints `params L2 93.513989`. Nothing is cached between runs.
+still prints `params L2 93.295514`. Nothing is cached between runs.
 
 The backward products (`dW = dyᵀ·x`, `dx = dy·W`) add in matrixmultiply's order: their
 candidates are matrixmultiply itself (which picks its own AVX2 or AVX-512 kernel) and the

@@ -9,6 +9,9 @@
 
 use super::Scalar;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 /// Dot interaction of one dense vector and `num_sparse` pooled embeddings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DotInteraction {
@@ -48,8 +51,24 @@ impl DotInteraction {
     /// triangle, `⟨zᵢ, z_j⟩` for `j < i`, is `Σ_c zᵢ[c]·Zᵀ[c][j]`: eight pairs per
     /// vector and up to four independent accumulators (`gram_row`) instead of
     /// one horizontal reduction per pair. Row `i`'s pairs are contiguous in the
-    /// output, so each row is one copy.
+    /// output, so each row is one copy. Every pair is one chain of fused
+    /// multiply-adds over the vector's components in order, from zero
+    /// ([`forward_reference`](Self::forward_reference) is that definition); on
+    /// a CPU with AVX-512F the `f32` products run on the kernel of
+    /// `interaction/avx512.rs`, which computes the same chains.
     pub fn forward<T: Scalar>(&self, dense: &[T], pooled: &[T], batch: usize, out: &mut [T]) {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            if let (Some(dense), Some(pooled), Some(out)) = (T::as_f32(dense), T::as_f32(pooled), T::as_f32_mut(out)) {
+                return avx512::forward(self, dense, pooled, batch, out);
+            }
+        }
+        self.forward_portable(dense, pooled, batch, out)
+    }
+
+    /// [`forward`](Self::forward) in portable code (the fallback, and the
+    /// oracle of the vector kernel).
+    pub(crate) fn forward_portable<T: Scalar>(&self, dense: &[T], pooled: &[T], batch: usize, out: &mut [T]) {
         let (d, od, n) = (self.dim, self.output_dim(), self.num_vectors());
         let fd = self.num_sparse * d;
         let npad = n.div_ceil(LANES) * LANES;
@@ -98,12 +117,12 @@ impl DotInteraction {
             for i in 1..n {
                 let upto = if self.self_interaction { i + 1 } else { i };
                 for j in 0..upto {
-                    row[k] = vector(i).iter().zip(vector(j)).fold(T::ZERO, |acc, (&x, &y)| acc + x * y);
+                    row[k] = vector(i).iter().zip(vector(j)).fold(T::ZERO, |acc, (&x, &y)| x.mul_add(y, acc));
                     k += 1;
                 }
             }
             if self.self_interaction {
-                row[k] = vector(0).iter().fold(T::ZERO, |acc, &x| acc + x * x);
+                row[k] = vector(0).iter().fold(T::ZERO, |acc, &x| x.mul_add(x, acc));
             }
         }
     }
@@ -112,8 +131,35 @@ impl DotInteraction {
     ///
     /// Per sample the pair gradients form a symmetric matrix `S` (`S[i][j] =
     /// S[j][i] = ∂L/∂⟨zᵢ,zⱼ⟩`, `S[i][i] = 2·∂L/∂⟨zᵢ,zᵢ⟩`), and `dZ = S·Z`,
-    /// computed row by row with the accumulators in registers.
+    /// computed row by row with the accumulators in registers: each entry one
+    /// chain of fused multiply-adds over `j` in ascending order from zero, the
+    /// dense vector's own gradient added last. On a CPU with AVX-512F the `f32`
+    /// products run on the kernel of `interaction/avx512.rs`, which computes
+    /// the same chains.
     pub fn backward<T: Scalar>(
+        &self,
+        dense: &[T],
+        pooled: &[T],
+        dout: &[T],
+        batch: usize,
+        ddense: &mut [T],
+        dpooled: &mut [T],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            let inputs = (T::as_f32(dense), T::as_f32(pooled), T::as_f32(dout));
+            if let ((Some(dense), Some(pooled), Some(dout)), Some(ddense), Some(dpooled)) =
+                (inputs, T::as_f32_mut(ddense), T::as_f32_mut(dpooled))
+            {
+                return avx512::backward(self, (dense, pooled, dout), batch, ddense, dpooled);
+            }
+        }
+        self.backward_portable(dense, pooled, dout, batch, ddense, dpooled)
+    }
+
+    /// [`backward`](Self::backward) in portable code (the fallback, and the
+    /// oracle of the vector kernel).
+    pub(crate) fn backward_portable<T: Scalar>(
         &self,
         dense: &[T],
         pooled: &[T],
@@ -186,7 +232,7 @@ fn gram_blocks<T: Scalar, const B: usize>(zi: &[T], zt: &[T], npad: usize, first
         let col = &zt[c * npad + first * LANES..c * npad + (first + B) * LANES];
         for (a, v) in acc.iter_mut().zip(col.chunks_exact(LANES)) {
             for l in 0..LANES {
-                a[l] += x * v[l];
+                a[l] = x.mul_add(v[l], a[l]);
             }
         }
     }
@@ -224,7 +270,7 @@ fn sym_times<T: Scalar>(s: &[T], z: &[T], n: usize, d: usize, out: &mut [T]) {
             for c in blocks * LANES..d {
                 let mut acc = T::ZERO;
                 for j in 0..n {
-                    acc += s[r * n + j] * z[j * d + c];
+                    acc = s[r * n + j].mul_add(z[j * d + c], acc);
                 }
                 out[r * d + c] = acc;
             }
@@ -249,7 +295,7 @@ fn sym_block<T: Scalar, const R: usize, const B: usize>(
             let sij = s[(first + r) * n + j];
             for (a, v) in row.iter_mut().zip(zj.chunks_exact(LANES)) {
                 for l in 0..LANES {
-                    a[l] += sij * v[l];
+                    a[l] = sij.mul_add(v[l], a[l]);
                 }
             }
         }
@@ -386,7 +432,7 @@ mod tests {
                     }
                     for i in 0..n {
                         for c in 0..dim {
-                            let mut want = (0..n).fold(0.0f32, |acc, j| acc + sym[i * n + j] * z(j)[c]);
+                            let mut want = (0..n).fold(0.0f32, |acc, j| sym[i * n + j].mul_add(z(j)[c], acc));
                             let got = if i == 0 {
                                 want += g[c];
                                 dd[b * dim + c]
@@ -401,6 +447,53 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The AVX-512 kernels equal the portable ones bit for bit, forward and
+    /// backward, on shapes with one to three 16-column blocks, a partial row
+    /// group, dims below, at and past one vector, and both self-interaction
+    /// settings; the forward also equals the pairwise definition bit for bit.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_kernels_equal_the_portable_ones_bit_for_bit() {
+        if !avx512::available() {
+            eprintln!("skipped: this CPU has no AVX-512F (or TIDEREC_MAX_ISA caps it), so the kernels cannot run");
+            return;
+        }
+        let shapes =
+            [(1, 4), (3, 16), (7, 8), (8, 5), (15, 16), (16, 16), (26, 16), (39, 12), (4, 40), (33, 17), (26, 64)];
+        for (num_sparse, dim) in shapes {
+            for self_interaction in [false, true] {
+                let it = DotInteraction { num_sparse, dim, self_interaction };
+                let batch = 5;
+                let value = |seed, i: usize| normal_f64(seed, 0, i as u64, 0) as f32;
+                let dense: Vec<f32> = (0..batch * dim).map(|i| value(5, i)).collect();
+                let pooled: Vec<f32> = (0..batch * num_sparse * dim).map(|i| value(6, i)).collect();
+                let od = it.output_dim();
+                let what = format!("{num_sparse}x{dim} self {self_interaction}");
+                // One value past the outputs, so a store past them shows.
+                let (mut fast, mut portable, mut reference) =
+                    (vec![f32::NAN; batch * od + 1], vec![f32::NAN; batch * od], vec![f32::NAN; batch * od]);
+                avx512::forward(&it, &dense, &pooled, batch, &mut fast);
+                it.forward_portable(&dense, &pooled, batch, &mut portable);
+                it.forward_reference(&dense, &pooled, batch, &mut reference);
+                assert!(fast[batch * od].is_nan(), "{what}: forward wrote past its output");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast[..batch * od]), bits(&portable), "{what}: forward");
+                assert_eq!(bits(&portable), bits(&reference), "{what}: forward against the definition");
+                let dout: Vec<f32> = (0..batch * od).map(|i| value(7, i)).collect();
+                let (mut dd, mut dp) = (vec![f32::NAN; dense.len() + 1], vec![f32::NAN; pooled.len() + 1]);
+                let (mut pd, mut pp) = (vec![f32::NAN; dense.len()], vec![f32::NAN; pooled.len()]);
+                avx512::backward(&it, (&dense, &pooled, &dout), batch, &mut dd, &mut dp);
+                it.backward_portable(&dense, &pooled, &dout, batch, &mut pd, &mut pp);
+                assert!(
+                    dd[dense.len()].is_nan() && dp[pooled.len()].is_nan(),
+                    "{what}: backward wrote past its output"
+                );
+                assert_eq!(bits(&dd[..dense.len()]), bits(&pd), "{what}: dense gradient");
+                assert_eq!(bits(&dp[..pooled.len()]), bits(&pp), "{what}: pooled gradients");
             }
         }
     }

@@ -37,6 +37,10 @@ pub trait Scalar:
     fn abs(self) -> Self;
     /// The larger of two values.
     fn max(self, other: Self) -> Self;
+    /// `self · a + b` rounded once (a fused multiply-add: one instruction on
+    /// every CPU tiderec targets, so a vector kernel's lane and this scalar
+    /// oracle agree bit for bit).
+    fn mul_add(self, a: Self, b: Self) -> Self;
     /// `e^self` computed with arithmetic only, so loops over it vectorise:
     /// a Cephes-style polynomial for `f32` (relative error about 2e-7, input
     /// clamped to ±88), the exact `exp` for `f64`.
@@ -141,6 +145,10 @@ macro_rules! impl_scalar {
             #[inline]
             fn max(self, other: Self) -> Self {
                 <$t>::max(self, other)
+            }
+            #[inline(always)]
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                <$t>::mul_add(self, a, b)
             }
             #[inline(always)]
             fn exp_fast(self) -> Self {
