@@ -163,6 +163,7 @@ PyTorch's own random numbers); a test keeps its parameter counts equal to tidere
 `scripts/bench_vs_torch.py`; PyTorch's intra-op threads = tiderec's workers
 ({workers}), `OMP_WAIT_POLICY=PASSIVE`; fp32; {steps_note}. Rerun one row with
 `python3 scripts/bench_vs_torch.py --model M --batch-size B --workers {workers} --rounds {rounds}`.
+Measured on {cpu} (this section may come from another machine than the header's).
 
 **What fp32 allows.** No fp32 implementation of a step can run faster than its MLP
 products (forward, `dW`, `dx`: {mflops} MFLOP per DLRM sample) at the core's fused
@@ -238,8 +239,9 @@ machine's own ceiling: the same products at the core's fp32 fused multiply-add p
 fp32 implementation can pass. The second table is the last round's
 `tiderec bench kernels --rows 2048`: each product's chosen kernel against matrixmultiply,
 the general-purpose baseline that every product can run on (median GFLOP/s over its own
-alternating rounds), and the bf16 kernel where the CPU has one. Rerun: `python3
-scripts/benchmarks.py --only gemm`.
+alternating rounds), its share of the widest FMA peak of the same run, and the bf16 kernel
+where the CPU has one. Measured on {cpu} (this section may come from another machine than
+the header's). Rerun: `python3 scripts/benchmarks.py --only gemm`.
 
 Where the rest of the time goes (perf, 2 workers, batch 2048): the backward products
 dominate, then the forward products; row updates and gathers, the dot interaction,
@@ -547,7 +549,7 @@ def section_torch(run):
     steps_note = (f"{run.s.warmup} warm-up steps, then {run.train_samples:,} samples' worth of timed steps "
                   f"(at least {run.steps(10**9)}); torch {torch_version}")
     prose = PROSE["torch"].format(dlrm_params=params, workers=workers, rounds=run.rounds, steps_note=steps_note,
-                                  mflops=mflops, peak=peak)
+                                  mflops=mflops, peak=peak, cpu=cpu_description())
     return prose, table(["model", "batch", "workers = threads", "timed steps", "tiderec samples/s (median)",
                          "PyTorch eager samples/s (median)", "tiderec / PyTorch", "per round",
                          "load (1 min) per round", "fp32 ceiling: FMA-peak bound / PyTorch"], rows,
@@ -883,21 +885,24 @@ def section_gemm(run):
                  f"the FMA-peak bound: {num(pb)}", f"**{tpr:.0%}** of the peak", span(tprs, lambda v: f"{v:.0%}")])
     bound = table(["what", "command", "samples/s per core (median)", "baseline, same rounds",
                    "ratio of medians", "per round"], rows, right=(2, 4, 5))
-    return PROSE["gemm"], bound + "\n\n" + product_table(rounds[-1]["kernels"])
+    return PROSE["gemm"].format(cpu=cpu_description()), bound + "\n\n" + product_table(rounds[-1]["kernels"])
 
 
 def product_table(k):
     """Each product of one `bench kernels` run: the chosen kernel against matrixmultiply (and bf16)."""
     rows = []
+    peak = max((x["gflops"] for x in k.get("fma_peak", [])), default=None)
     for p in k["products"]:
         by = {c["kernel"]: c for c in p["candidates"]}
         mm = by.get("matrixmultiply", {}).get("gflops")
         bf16 = next((c["gflops"] for c in p["candidates"] if c["kernel"].startswith("bf16")), None)
         rows.append([p["product"], p["layer"].replace("->", "→"), p["mnk"], p["chosen"], num(p["chosen_gflops"], 1),
+                     f"{p['chosen_gflops'] / peak:.0%}" if peak else "n/a",
                      num(mm, 1), ratio(p["chosen_gflops"] / mm) if mm else "n/a",
                      num(bf16, 1) if bf16 is not None else "not run"])
-    return table(["product", "layer", "m × n × k", "chosen kernel", "GFLOP/s", "matrixmultiply GFLOP/s (baseline)",
-                  "chosen / matrixmultiply", "bf16 GFLOP/s"], rows, right=(4, 5, 6, 7))
+    return table(["product", "layer", "m × n × k", "chosen kernel", "GFLOP/s", "share of the FMA peak",
+                  "matrixmultiply GFLOP/s (baseline)", "chosen / matrixmultiply", "bf16 GFLOP/s"], rows,
+                 right=(4, 5, 6, 7, 8))
 
 
 def section_bf16(run):
@@ -918,12 +923,19 @@ def section_bf16(run):
                          "bf16 / fp32", "per round"], rows, right=range(0, 6))
 
 
-def section_bf16_torch(run):
-    workers = run.args.workers
+def cpu_description():
+    """The CPU a section ran on, for sections that may be spliced in from another machine."""
     flags = cpu_flags()
     model_name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                        if line.startswith("model name")), "an unknown CPU")
-    cpu = f"{model_name}, {logical_cpus()} logical CPUs, amx_bf16 {'yes' if 'amx_bf16' in flags else 'no'}"
+    return (f"{model_name}, {logical_cpus()} logical CPUs, avx512f {'yes' if 'avx512f' in flags else 'no'}, "
+            f"amx_bf16 {'yes' if 'amx_bf16' in flags else 'no'}")
+
+
+def section_bf16_torch(run):
+    workers = run.args.workers
+    flags = cpu_flags()
+    cpu = cpu_description()
     prose_args = {"workers": workers, "cpu": cpu, "samples": run.train_samples,
                   "amx_peak": "not measured (this CPU has no usable AMX-BF16)"}
     if not ({"avx512_bf16", "amx_bf16"} & flags):
