@@ -28,8 +28,9 @@ pub struct EmbeddingShard {
     /// Logical rows per table.
     pub table_sizes: Vec<u64>,
     rows: Vec<HugeBuffer>,
-    /// Per table, `state_width` optimizer values per local row.
-    state: Vec<Vec<f32>>,
+    /// Per table, `state_width` optimizer values per local row (huge pages too:
+    /// an update reads and writes its row's state at a random place, as the row).
+    state: Vec<HugeBuffer>,
     state_width: usize,
     optimizer: SparseOptimizerKind,
     hp: OptimizerParams,
@@ -83,14 +84,7 @@ impl EmbeddingShard {
                 }
             }
             rows.push(table);
-            let mut table_state = Vec::new();
-            table_state.try_reserve_exact(state_floats).map_err(|e| {
-                OperatorError::memory(
-                    format!("optimizer state of embedding table {t}"),
-                    format!("{state_floats} floats: {e}"),
-                )
-            })?;
-            table_state.resize(state_floats, 0.0f32);
+            let mut table_state = HugeBuffer::zeroed(state_floats, &format!("optimizer state of embedding table {t}"))?;
             for row_state in table_state.chunks_exact_mut(state_width.max(1)) {
                 optimizer.init_state(&hp, row_state);
             }

@@ -78,9 +78,14 @@ impl EmbeddingStore for FixedStore {
     fn set_lr(&mut self, lr: f32) {
         self.shard.set_lr(lr);
     }
+    /// The row, its optimizer state and its word of marks (read and written by `apply`).
     #[inline]
     fn prefetch_row(&self, table: usize, id: u64) {
         self.shard.prefetch_row(table, id);
+        let l = (id / self.shard.workers as u64) as usize;
+        if let Some(word) = self.bits[table].get(l / ROWS_PER_WORD) {
+            crate::huge::prefetch(word);
+        }
     }
     fn end_step(&mut self, _completed: u64) {}
     /// The updated rows only: every other row holds its seeded initial values.
