@@ -5,8 +5,9 @@
 // d. The output row is z_0 followed by the dot products <z_i, z_j> in the
 // order of the pair table (`pair_i`, `pair_j`, built on the host in the CPU's
 // order: lower triangle row by row, the diagonal inside each row with
-// self-interaction, <z_0, z_0> last). Each dot product sums c = 0..d-1 in
-// order, as the CPU's definition does.
+// self-interaction, <z_0, z_0> last). Each dot product is a chain of fused
+// multiply-adds over c = 0..d-1 in order, as the CPU's definition is (fmaf:
+// the kernels are compiled with --fmad=false, so nothing else is fused).
 //
 // Each warp owns a slice of shared memory: z (n rows of d floats, d | 1
 // apart, so that the lanes reading different rows at one column hit
@@ -43,7 +44,7 @@ extern "C" __global__ void interaction_forward(const float* dense, const float* 
         const float* zj = z + pair_j[p] * ld;
         float acc = 0.0f;
         for (unsigned int c = 0; c < d; ++c) {
-            acc += zi[c] * zj[c];
+            acc = fmaf(zi[c], zj[c], acc);
         }
         row[d + p] = acc;
     }
@@ -94,7 +95,7 @@ extern "C" __global__ void interaction_backward(const float* dense, const float*
         const float* sr = s + r * n;
         float acc = 0.0f;
         for (unsigned int j = 0; j < n; ++j) {
-            acc += sr[j] * z[j * d + c];
+            acc = fmaf(sr[j], z[j * d + c], acc);
         }
         if (r == 0) {
             gd[c] = acc + g[c];
