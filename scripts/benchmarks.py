@@ -926,10 +926,8 @@ def section_bf16(run):
 def cpu_description():
     """The CPU a section ran on, for sections that may be spliced in from another machine."""
     flags = cpu_flags()
-    model_name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                       if line.startswith("model name")), "an unknown CPU")
-    return (f"{model_name}, {logical_cpus()} logical CPUs, avx512f {'yes' if 'avx512f' in flags else 'no'}, "
-            f"amx_bf16 {'yes' if 'amx_bf16' in flags else 'no'}")
+    return (f"{bench_vs_torch.cpu_model()}, {logical_cpus()} logical CPUs, "
+            f"avx512f {'yes' if 'avx512f' in flags else 'no'}, amx_bf16 {'yes' if 'amx_bf16' in flags else 'no'}")
 
 
 def section_bf16_torch(run):
