@@ -77,6 +77,23 @@ pub fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
+/// Bytes per cache line on the CPUs this prefetches for.
+const LINE: usize = 64;
+
+/// Hints the CPU to fetch every cache line `values` touches: a row whose
+/// bytes are not a multiple of a line (a DeepFM row of 17 floats, 68 bytes)
+/// starts anywhere in its first line and always reaches into the next.
+#[inline(always)]
+pub fn prefetch_lines<T>(values: &[T]) {
+    let first = values.as_ptr() as usize & !(LINE - 1);
+    let end = values.as_ptr() as usize + std::mem::size_of_val(values);
+    let mut line = first;
+    while line < end {
+        prefetch(line as *const u8);
+        line += LINE;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@
 //! Rows are initialised from `(seed, table, id)` alone, so the initial model
 //! is the same for every worker count.
 
-use crate::huge::{prefetch, HugeBuffer};
+use crate::huge::{prefetch_lines, HugeBuffer};
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
 use crate::rng::row_uniform;
 use crate::snapshot::TableRows;
@@ -146,8 +146,8 @@ impl EmbeddingShard {
         for (k, &id) in ids.iter().enumerate() {
             if let Some(&ahead) = ids.get(k + Self::PREFETCH_AHEAD) {
                 let l = (ahead / w) as usize * d;
-                if l < rows.len() {
-                    prefetch(rows[l..].as_ptr());
+                if let Some(row) = rows.get(l..l + d) {
+                    prefetch_lines(row);
                 }
             }
             let l = (id / w) as usize;
@@ -159,11 +159,11 @@ impl EmbeddingShard {
     #[inline]
     pub fn prefetch_row(&self, table: usize, id: u64) {
         let local = (id / self.workers as u64) as usize;
-        if let Some(r) = self.rows[table].get(local * self.dim..) {
-            prefetch(r.as_ptr());
+        if let Some(r) = self.rows[table].get(local * self.dim..(local + 1) * self.dim) {
+            prefetch_lines(r);
         }
-        if let Some(a) = self.state[table].get(local * self.state_width..) {
-            prefetch(a.as_ptr());
+        if let Some(a) = self.state[table].get(local * self.state_width..(local + 1) * self.state_width) {
+            prefetch_lines(a);
         }
     }
 
