@@ -320,12 +320,10 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
                 &mut self.grads,
                 Some(&mut self.d_deep_in),
             );
-            for b in 0..batch {
-                for fi in 0..fd {
-                    let dst = (b * f + fi) * e + 1;
-                    let src = b * width + nd + fi * k;
-                    for c in 0..k {
-                        dpooled[dst + c] += self.d_deep_in[src + c];
+            for (rows, d_in) in dpooled.chunks_exact_mut(f * e).zip(self.d_deep_in.chunks_exact(width)) {
+                for (row, d) in rows.chunks_exact_mut(e).zip(d_in[nd..].chunks_exact(k)).take(fd) {
+                    for (r, &v) in row[1..].iter_mut().zip(d) {
+                        *r += v;
                     }
                 }
             }

@@ -57,8 +57,9 @@ impl FmInteraction {
             }
             for f in 0..self.num_fields {
                 let base = (b * self.num_fields + f) * self.stride + self.offset;
-                for c in 0..self.dim {
-                    drows[base + c] += g * (sum[c] - rows[base + c]);
+                let (d, v) = (&mut drows[base..base + self.dim], &rows[base..base + self.dim]);
+                for ((d, &v), &s) in d.iter_mut().zip(v).zip(&sum) {
+                    *d += g * (s - v);
                 }
             }
         }
