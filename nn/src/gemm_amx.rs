@@ -80,7 +80,21 @@ impl AmxLhs {
     /// # Panics
     /// When `a` is shorter than its shape requires.
     pub fn pack(&mut self, op: Op, m: usize, k: usize, a: &[f32]) {
+        self.pack_summing(op, m, k, a, None)
+    }
+
+    /// [`pack`](Self::pack), and with `sums` (`m` values) also
+    /// `sums[i] = Σ_p op(a)[i][p]`, one `f32` chain per row over `p` in order
+    /// from `+0` ([`row_sums`]'s result bit for bit): for `dW = dyᵀ·x`, the
+    /// bias gradient `Σ_b dy[b]` without another pass over `dy`.
+    ///
+    /// # Panics
+    /// When `a` is shorter than its shape requires or `sums` holds fewer than `m` values.
+    pub fn pack_summing(&mut self, op: Op, m: usize, k: usize, a: &[f32], sums: Option<&mut [f32]>) {
         assert!(a.len() >= m * k, "AmxLhs: a has {} values, needs {}", a.len(), m * k);
+        if let Some(s) = &sums {
+            assert!(s.len() >= m, "AmxLhs: {} sums for {m} rows", s.len());
+        }
         let pairs = k.div_ceil(2);
         let kp = round_up(pairs, TILE_PAIRS);
         let rows = round_up(m, BLOCK);
@@ -100,8 +114,9 @@ impl AmxLhs {
                 #[cfg(target_arch = "x86_64")]
                 if super::bf16_pack::bf16_vector_available() {
                     // SAFETY: the CPU has AVX-512 F, BW and BF16 (checked); `a` holds
-                    // `k × m` values (asserted) and `data` `m` rows of `kp` pairs.
-                    unsafe { x86::pack_transposed(a, m, k, data, kp) };
+                    // `k × m` values and `sums`, if any, `m` (asserted); `data` `m`
+                    // rows of `kp` pairs.
+                    unsafe { x86::pack_transposed(a, m, k, data, kp, sums) };
                     data[m * kp..].fill(0);
                     return;
                 }
@@ -109,6 +124,9 @@ impl AmxLhs {
             }
         }
         data[m * kp..].fill(0);
+        if let Some(s) = sums {
+            row_sums(op, m, k, a, s);
+        }
     }
 
     /// Rows of `op(a)`.
@@ -119,6 +137,31 @@ impl AmxLhs {
     /// Pairs per row (`⌈k/2⌉`).
     pub fn pairs(&self) -> usize {
         self.pairs
+    }
+}
+
+/// `sums[i] = Σ_p op(a)[i][p]` for the `m` rows of `op(a)` (`m × k`; `a`
+/// stored `m × k` for [`Op::N`], `k × m` for [`Op::T`]): one `f32` chain per
+/// row over `p` in order, from `+0`.
+///
+/// # Panics
+/// When `a` or `sums` is shorter than the shape requires.
+pub fn row_sums(op: Op, m: usize, k: usize, a: &[f32], sums: &mut [f32]) {
+    let sums = &mut sums[..m];
+    sums.fill(0.0);
+    match op {
+        Op::N => {
+            for (s, row) in sums.iter_mut().zip(a.chunks_exact(k.max(1))) {
+                *s = row.iter().fold(0.0, |acc, &v| acc + v);
+            }
+        }
+        Op::T => {
+            for step in a[..m * k].chunks_exact(m.max(1)) {
+                for (s, &v) in sums.iter_mut().zip(step) {
+                    *s += v;
+                }
+            }
+        }
     }
 }
 
@@ -364,11 +407,26 @@ mod x86 {
     /// transposed by four rounds of two-source permutes (blocks of 8, 4, 2
     /// and 1 exchanged across the diagonal).
     ///
+    /// With `sums`, each row's values are also summed as they are read (the
+    /// steps in order, as [`super::row_sums`]).
+    ///
     /// # Safety
-    /// AVX-512 F, BW and BF16; `a` holds `k × m` values; `data` holds `m` rows of `kp ≥ ⌈k/2⌉` pairs, `kp` a multiple of 16.
+    /// AVX-512 F, BW and BF16; `a` holds `k × m` values; `data` holds `m` rows of
+    /// `kp ≥ ⌈k/2⌉` pairs, `kp` a multiple of 16; `sums`, if any, `m` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn pack_transposed(a: &[f32], m: usize, k: usize, data: &mut [u32], kp: usize) {
+    pub(super) unsafe fn pack_transposed(
+        a: &[f32],
+        m: usize,
+        k: usize,
+        data: &mut [u32],
+        kp: usize,
+        mut sums: Option<&mut [f32]>,
+    ) {
         debug_assert!(a.len() >= k * m && data.len() >= m * kp);
+        debug_assert!(sums.as_ref().is_none_or(|s| s.len() >= m));
+        if let Some(s) = sums.as_deref_mut() {
+            s[..m].fill(0.0);
+        }
         let interleave = interleave_index();
         // Round `b`: the lane indices of row `r` (low) and of row `r + b` (high).
         let index = |b: usize, high: bool| -> __m512i {
@@ -388,18 +446,26 @@ mod x86 {
                 let rows = 16.min(m - i0);
                 let lanes = mask(rows);
                 let mut v = [_mm512_setzero_si512(); 16];
+                let sum_at = sums.as_deref_mut().map(|s| s.as_mut_ptr().add(i0));
+                let mut sum = sum_at.map_or(_mm512_setzero_ps(), |p| _mm512_maskz_loadu_ps(lanes, p));
                 for (dq, reg) in v.iter_mut().enumerate() {
                     let step = 2 * (q0 + dq);
                     if step >= k {
                         break;
                     }
                     let lo = _mm512_maskz_loadu_ps(lanes, src.add(step * m + i0));
+                    sum = _mm512_add_ps(sum, lo);
                     let hi = if step + 1 < k {
-                        _mm512_maskz_loadu_ps(lanes, src.add((step + 1) * m + i0))
+                        let hi = _mm512_maskz_loadu_ps(lanes, src.add((step + 1) * m + i0));
+                        sum = _mm512_add_ps(sum, hi);
+                        hi
                     } else {
                         _mm512_setzero_ps()
                     };
                     *reg = pairs16(lo, hi, interleave);
+                }
+                if let Some(p) = sum_at {
+                    _mm512_mask_storeu_ps(p, lanes, sum);
                 }
                 for &(b, low, high) in &rounds {
                     for r in 0..16 {
@@ -648,6 +714,32 @@ mod tests {
         }
     }
 
+    /// Packing while summing leaves the packing as it was, and its sums equal
+    /// [`row_sums`] bit for bit (and that, each row's chain in order), on both
+    /// layouts: the transposed one sums in the packing kernel where the CPU has
+    /// AVX-512 BF16, elsewhere in `row_sums`.
+    #[test]
+    fn packing_while_summing_equals_the_row_sums() {
+        let (mut plain, mut summing) = (AmxLhs::default(), AmxLhs::default());
+        for (s, &(m, _, k)) in SHAPES.iter().enumerate() {
+            let (a, _, _) = operands(m, 1, k, 100 + s as u64);
+            for op in [Op::T, Op::N] {
+                let at = |i: usize, p: usize| if op == Op::N { a[i * k + p] } else { a[p * m + i] };
+                let want: Vec<u32> = (0..m).map(|i| (0..k).fold(0.0f32, |acc, p| acc + at(i, p)).to_bits()).collect();
+                let mut sums = vec![f32::NAN; m + 3];
+                row_sums(op, m, k, &a, &mut sums);
+                assert_eq!(sums[..m].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "row_sums {op:?} {m}x{k}");
+                assert!(sums[m..].iter().all(|v| v.is_nan()), "row_sums wrote past m");
+                plain.pack(op, m, k, &a);
+                let mut fused = vec![f32::NAN; m + 3];
+                summing.pack_summing(op, m, k, &a, Some(&mut fused));
+                assert_eq!(fused[..m].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "fused {op:?} {m}x{k}");
+                assert!(fused[m..].iter().all(|v| v.is_nan()), "the fused sums wrote past m");
+                assert_eq!(words(&plain.data), words(&summing.data), "packing {op:?} {m}x{k}");
+            }
+        }
+    }
+
     /// The oracle's order is the hardware's and no other: the same products
     /// summed as one chain in order differ from it on these operands, so the
     /// bit-for-bit test above could fail.
@@ -792,7 +884,7 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the features were checked; the buffers have the documented sizes.
             unsafe {
-                x86::pack_transposed(&a, m, k, &mut got, kp)
+                x86::pack_transposed(&a, m, k, &mut got, kp, None)
             };
             pack_transposed_portable(&a, m, k, &mut want, kp, &mut Vec::new());
             assert_eq!(got, want, "{m}x{k}");

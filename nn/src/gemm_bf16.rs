@@ -153,6 +153,31 @@ impl Bf16Scratch {
         self.run(kernel, (op_a, a), (op_b, b), (m, n, k), start, Epilogue::None, c, ldc)
     }
 
+    /// [`product`](Self::product) (not accumulating) on the best kernel, and
+    /// `sums[i] = Σ_p op(a)[i][p]` as [`row_sums`](super::gemm_amx::row_sums)
+    /// computes it, bit for bit (the AMX packing of a transposed `a` sums its
+    /// values as it reads them): `dW = dyᵀ·x` with the bias gradient `Σ_b dy[b]`.
+    ///
+    /// # Panics
+    /// As [`product`](Self::product), and when `sums` holds fewer than `m` values.
+    pub fn product_summing_lhs(
+        &mut self,
+        (op_a, a): (Op, &[f32]),
+        (op_b, b): (Op, &[f32]),
+        (m, n, k): (usize, usize, usize),
+        (c, ldc): (&mut [f32], usize),
+        sums: &mut [f32],
+    ) {
+        if Bf16Kernel::best() == Bf16Kernel::Amx {
+            self.amx_lhs.pack_summing(op_a, m, k, a, Some(sums));
+            self.amx_rhs.pack(op_b, k, n, b);
+            gemm_amx_from(&self.amx_lhs, &self.amx_rhs, Start::Zero, Epilogue::None, c, ldc);
+            return;
+        }
+        self.product((op_a, a), (op_b, b), (m, n, k), false, c, ldc);
+        super::gemm_amx::row_sums(op_a, m, k, a, sums);
+    }
+
     /// [`product`](Self::product) (not accumulating) finished by `epilogue`
     /// on the best kernel: the product, then the epilogue's pass over `c`.
     ///

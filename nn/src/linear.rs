@@ -211,13 +211,7 @@ impl Linear {
         let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
         let dy = &dy[..batch * self.output];
         let shape = (self.output, self.input, batch);
-        scratch.product((Op::T, dy), (Op::N, &x[..batch * self.input]), shape, false, gw, self.input);
-        gb.fill(0.0);
-        for row in dy.chunks_exact(self.output) {
-            for (g, &d) in gb.iter_mut().zip(row) {
-                *g += d;
-            }
-        }
+        scratch.product_summing_lhs((Op::T, dy), (Op::N, &x[..batch * self.input]), shape, (gw, self.input), gb);
         if let Some((dx, relu_out)) = dx {
             let (w, shape) = (&params[self.offset..self.offset + nw], (batch, self.input, self.output));
             let epilogue = relu_out.map_or(Epilogue::None, Epilogue::ReluBackward);
