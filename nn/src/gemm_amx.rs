@@ -129,6 +129,17 @@ impl AmxLhs {
         }
     }
 
+    /// Sizes this buffer for an `m × k` operand that a product's epilogue
+    /// writes ([`gemm_amx_packing`]); the padding rows are zeroed there.
+    fn prepare(&mut self, m: usize, k: usize) {
+        let pairs = k.div_ceil(2);
+        let kp = round_up(pairs, TILE_PAIRS);
+        self.m = m;
+        self.pairs = pairs;
+        self.kp = kp;
+        self.data.resize(round_up(m, BLOCK) * kp / 16, Line::default());
+    }
+
     /// Rows of `op(a)`.
     pub fn m(&self) -> usize {
         self.m
@@ -326,7 +337,38 @@ pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: us
 /// # Panics
 /// As [`gemm_amx`], and when a start row holds fewer than `n` values.
 pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, epilogue: Epilogue<'_>, c: &mut [f32], ldc: usize) {
+    product(a, b, start, epilogue, (c, ldc), None)
+}
+
+/// [`gemm_amx_from`], and `next` packed from the finished `c` as the left
+/// operand of a product over `c`'s columns: what `next.pack(Op::N, m, n, c)`
+/// afterwards packs, bit for bit, written while each block of `c` is in L1
+/// (a layer's output, rounded once for the next layer's product).
+///
+/// # Panics
+/// As [`gemm_amx_from`].
+pub fn gemm_amx_packing(
+    a: &AmxLhs,
+    b: &AmxRhs,
+    (start, epilogue): (Start<'_>, Epilogue<'_>),
+    (c, ldc): (&mut [f32], usize),
+    next: &mut AmxLhs,
+) {
+    product(a, b, start, epilogue, (c, ldc), Some(next))
+}
+
+fn product(
+    a: &AmxLhs,
+    b: &AmxRhs,
+    start: Start<'_>,
+    epilogue: Epilogue<'_>,
+    (c, ldc): (&mut [f32], usize),
+    mut next: Option<&mut AmxLhs>,
+) {
     assert!(amx_available(), "gemm_amx: AMX-BF16 does not run here");
+    if let Some(next) = next.as_deref_mut() {
+        next.prepare(a.m, b.n);
+    }
     if let Start::Row(row) = start {
         assert!(row.len() >= b.n, "gemm_amx: a start row of {} values for {} columns", row.len(), b.n);
     }
@@ -336,6 +378,9 @@ pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, epilogue: Epilogu
     let (m, n, kp) = (a.m, b.n, b.kp);
     assert_eq!(a.pairs, b.pairs, "gemm_amx: {} pairs on the left, {} on the right", a.pairs, b.pairs);
     if m == 0 || n == 0 {
+        if let Some(next) = next {
+            next.data.fill(Line::default());
+        }
         return;
     }
     assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_amx: c has {} values for {m} rows of {n}", c.len());
@@ -348,14 +393,24 @@ pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, epilogue: Epilogu
             }
             epilogue.apply(c, ldc, (r, 0, n));
         }
+        if let Some(next) = next {
+            let rows: Vec<f32> = (0..m).flat_map(|r| c[r * ldc..r * ldc + n].iter().copied()).collect();
+            next.pack(Op::N, m, n, &rows);
+        }
         return;
     }
+    let pack_to = next.map(|next| {
+        // The padding rows; every pair of the rows below `m` is written by the blocks.
+        let kp_next = next.kp;
+        words_mut(&mut next.data)[m * kp_next..].fill(0);
+        (words_mut(&mut next.data).as_mut_ptr(), kp_next)
+    });
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AMX runs here (asserted); the shapes were checked above and the
     // packed operands hold `a.m` rows padded to 32 and `b.n` columns padded to 32,
-    // both over `kp` pairs.
+    // both over `kp` pairs; `pack_to`, if any, `m` rows of `⌈n/32⌉·16` pairs.
     unsafe {
-        x86::gemm(a, b, start, epilogue, c, ldc)
+        x86::gemm(a, b, (start, epilogue), (c, ldc), pack_to)
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("AMX runs only on x86-64")
@@ -495,44 +550,72 @@ mod x86 {
     /// The CPU has AVX-512 F; the block lies inside `c` (and inside the ReLU's
     /// output, laid out as `c`, for [`Epilogue::ReluBackward`]).
     #[target_feature(enable = "avx512f")]
+    ///
+    /// With `pack` (`(rows of pairs, pairs per row)`), each finished row of the
+    /// block is also rounded to bf16 into its 16 pairs there: the 32 values in
+    /// order (zeros past `cols`), as [`round_row_pairs`](super::round_row_pairs) packs them.
+    ///
+    /// # Safety
+    /// As above, and `pack`'s rows hold pairs `j/2 .. j/2 + 16` of rows `i .. i + rows`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn finish_block(
         epilogue: Epilogue<'_>,
-        c: &mut [f32],
-        ldc: usize,
+        (c, ldc): (&mut [f32], usize),
         (i, j): (usize, usize),
         (rows, cols): (usize, usize),
+        pack: Option<(*mut u32, usize)>,
     ) {
         let zero = _mm512_setzero_ps();
-        let block = (c, ldc, (i, j), (rows, cols));
+        let block = (c, ldc, (i, j), (rows, cols), pack);
         match epilogue {
-            Epilogue::None => {}
+            Epilogue::None => each_row(block, false, |_, _, x| x),
             // `x < 0` gives 0, anything else (NaN too) `x + 0`.
-            Epilogue::Relu => {
-                each_half(block, |_, _, x| _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, zero), x, zero))
-            }
+            Epilogue::Relu => each_row(block, true, |_, _, x| {
+                _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, zero), x, zero)
+            }),
             // `out <= 0` gives 0, anything else (NaN too) `grad + 0`.
-            Epilogue::ReluBackward(out) => each_half(block, |at, m, x| {
+            Epilogue::ReluBackward(out) => each_row(block, true, |at, m, x| {
                 let o = _mm512_maskz_loadu_ps(m, out.as_ptr().add(at));
                 _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLE_UQ>(o, zero), x, zero)
             }),
         }
     }
 
-    /// `c[at] ← f(at, lanes, c[at])` over the sixteen-lane halves of the block's
-    /// rows, the lanes past its `cols` masked off.
+    /// `c[at] ← f(at, lanes, c[at])` over the two sixteen-lane halves of each
+    /// of the block's rows, the lanes past its `cols` masked off (stored when
+    /// `store`), then the row's 32 values rounded into `pack`'s row.
     #[inline(always)]
-    unsafe fn each_half(
-        (c, ldc, (i, j), (rows, cols)): (&mut [f32], usize, (usize, usize), (usize, usize)),
+    #[allow(clippy::type_complexity)]
+    unsafe fn each_row(
+        (c, ldc, (i, j), (rows, cols), pack): (
+            &mut [f32],
+            usize,
+            (usize, usize),
+            (usize, usize),
+            Option<(*mut u32, usize)>,
+        ),
+        store: bool,
         mut f: impl FnMut(usize, u16, __m512) -> __m512,
     ) {
-        let halves = [(0, mask(cols)), (16, mask(cols.saturating_sub(16)))];
+        if !store && pack.is_none() {
+            return;
+        }
+        let (m0, m1) = (mask(cols), mask(cols.saturating_sub(16)));
         for r in i..i + rows {
-            for (lane, m) in halves {
-                if m != 0 {
-                    let at = r * ldc + j + lane;
-                    let to = c.as_mut_ptr().add(at);
-                    _mm512_mask_storeu_ps(to, m, f(at, m, _mm512_maskz_loadu_ps(m, to)));
+            let at = r * ldc + j;
+            let to = c.as_mut_ptr().add(at);
+            let lo = f(at, m0, _mm512_maskz_loadu_ps(m0, to));
+            let hi = if m1 != 0 { f(at + 16, m1, _mm512_maskz_loadu_ps(m1, to.add(16))) } else { _mm512_setzero_ps() };
+            if store {
+                _mm512_mask_storeu_ps(to, m0, lo);
+                if m1 != 0 {
+                    _mm512_mask_storeu_ps(to.add(16), m1, hi);
                 }
+            }
+            if let Some((out, kp)) = pack {
+                // The first operand fills the upper 16 lanes: memory order is kept.
+                let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_storeu_si512(out.add(r * kp + j / 2) as *mut _, v);
             }
         }
     }
@@ -541,13 +624,14 @@ mod x86 {
     ///
     /// # Safety
     /// AMX runs here; `c` holds `m` rows of `n` at stride `ldc`; `kp ≥ 16`.
+    ///
+    /// With `pack`, the finished blocks are also packed there ([`finish_block`]).
     pub(super) unsafe fn gemm(
         a: &AmxLhs,
         b: &AmxRhs,
-        start: Start<'_>,
-        epilogue: Epilogue<'_>,
-        c: &mut [f32],
-        ldc: usize,
+        (start, epilogue): (Start<'_>, Epilogue<'_>),
+        (c, ldc): (&mut [f32], usize),
+        pack: Option<(*mut u32, usize)>,
     ) {
         let (m, n, kp) = (a.m, b.n, b.kp);
         let (a_words, b_words) = (words(&a.data), words(&b.data));
@@ -558,10 +642,10 @@ mod x86 {
             // The first chunk starts where asked; later ones continue from `c`;
             // the last one finishes each block while it is in L1.
             let start = if q0 == 0 { start } else { Start::Output };
-            let finishing = q0 + CHUNK_PAIRS >= kp && !matches!(epilogue, Epilogue::None);
+            let finishing = q0 + CHUNK_PAIRS >= kp && (pack.is_some() || !matches!(epilogue, Epilogue::None));
             let finish = |c: &mut [f32], i: usize, j: usize, rows: usize, cols: usize| {
                 if finishing {
-                    finish_block(epilogue, c, ldc, (i, j), (rows, cols));
+                    finish_block(epilogue, (c, ldc), (i, j), (rows, cols), pack);
                 }
             };
             for i in (0..m).step_by(BLOCK) {
@@ -710,6 +794,42 @@ mod tests {
                         "{op_a:?}{op_b:?} {m}x{n}x{k} acc {accumulate} [{i}]: {x:e} vs {y:e}"
                     );
                 }
+            }
+        }
+    }
+
+    /// A product that packs its output for the next one writes the same `c`
+    /// as one that does not, and the packed output equals `c` packed
+    /// afterwards, padding included, bit for bit: on every shape, start and
+    /// epilogue, into a buffer left from a larger shape.
+    #[test]
+    fn packing_the_output_equals_packing_it_afterwards() {
+        if !amx_available() {
+            eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
+            return;
+        }
+        let (mut lhs, mut rhs, mut want_next) = (AmxLhs::default(), AmxRhs::default(), AmxLhs::default());
+        let mut next = AmxLhs::default();
+        let (big, _, _) = operands(70, 1, 600, 1);
+        next.pack(Op::N, 70, 600, &big);
+        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+            let (a, b, c0) = operands(m, n, k, 200 + s as u64);
+            let bias: Vec<f32> = c0[..n].to_vec();
+            let relu_out: Vec<f32> = c0.iter().rev().copied().collect();
+            lhs.pack(Op::N, m, k, &a);
+            rhs.pack(Op::T, k, n, &b);
+            let starts = [Start::Zero, Start::Output, Start::Row(&bias)];
+            let epilogues = [Epilogue::None, Epilogue::Relu, Epilogue::ReluBackward(&relu_out)];
+            for (start, epilogue) in starts.iter().flat_map(|&s| epilogues.iter().map(move |&e| (s, e))) {
+                let mut want = c0.clone();
+                gemm_amx_from(&lhs, &rhs, start, epilogue, &mut want, n);
+                want_next.pack(Op::N, m, n, &want);
+                let mut got = c0.clone();
+                gemm_amx_packing(&lhs, &rhs, (start, epilogue), (&mut got, n), &mut next);
+                let case = format!("{m}x{n}x{k} {start:?} {epilogue:?}");
+                assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "c differs: {case}");
+                assert_eq!((next.m, next.pairs, next.kp), (want_next.m, want_next.pairs, want_next.kp), "{case}");
+                assert_eq!(words(&next.data), words(&want_next.data), "packed output differs: {case}");
             }
         }
     }
@@ -905,18 +1025,36 @@ mod tests {
         let value = |i: usize, shift: usize| special[(i * 7 + shift) % special.len()];
         let out: Vec<f32> = (0..rows * ldc).map(|i| value(i, 3)).collect();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let kp = 32;
         for cols in 1..=32 {
-            for epilogue in [Epilogue::Relu, Epilogue::ReluBackward(&out)] {
+            for epilogue in [Epilogue::None, Epilogue::Relu, Epilogue::ReluBackward(&out)] {
                 let c: Vec<f32> = (0..rows * ldc).map(|i| value(i, cols)).collect();
                 let mut want = c.clone();
+                let mut want_pairs = vec![0u32; rows * kp];
                 for r in 0..rows {
                     epilogue.apply(&mut want, ldc, (r, 2, cols));
+                    let row = &want[r * ldc + 2..r * ldc + 2 + cols];
+                    round_row_pairs(row, &mut want_pairs[r * kp + 1..r * kp + 17]);
                 }
-                let mut got = c.clone();
-                // SAFETY: AMX implies AVX-512 F; the block (rows × cols from column
-                // 2) lies inside `got` and `out`.
-                unsafe { super::x86::finish_block(epilogue, &mut got, ldc, (0, 2), (rows, cols)) };
-                assert_eq!(bits(&got), bits(&want), "{cols} columns, {epilogue:?}");
+                for pack in [false, true] {
+                    let mut got = c.clone();
+                    let mut pairs = vec![u32::MAX; rows * kp];
+                    let to = pack.then_some((pairs.as_mut_ptr(), kp));
+                    // SAFETY: AMX implies AVX-512 F, BW and BF16; the block (rows × cols
+                    // from column 2) lies inside `got` and `out`, its pairs (1 to 16) in `pairs`.
+                    unsafe { super::x86::finish_block(epilogue, (&mut got, ldc), (0, 2), (rows, cols), to) };
+                    assert_eq!(bits(&got), bits(&want), "{cols} columns, {epilogue:?}, packing {pack}");
+                    if pack {
+                        for r in 0..rows {
+                            let (got, want) = (&pairs[r * kp..(r + 1) * kp], &want_pairs[r * kp..(r + 1) * kp]);
+                            assert_eq!(got[1..17], want[1..17], "{cols} columns, {epilogue:?}: row {r}'s pairs");
+                            assert!(
+                                got[..1].iter().chain(&got[17..]).all(|&p| p == u32::MAX),
+                                "written past the block"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

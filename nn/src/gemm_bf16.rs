@@ -22,7 +22,8 @@
 use super::bf16_pack::{bf16_to_f32, round_bf16};
 use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
 use super::gemm::Op;
-use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_reference, AmxLhs, AmxRhs, Epilogue, Start};
+use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_packing, gemm_amx_reference};
+use super::gemm_amx::{AmxLhs, AmxRhs, Epilogue, Start};
 
 /// Pairs (two reduction steps each) per run of the sums: a 32-column panel's
 /// run is 16 KiB, so it stays in L1 while a group of rows passes.
@@ -111,6 +112,21 @@ pub struct Bf16Scratch {
     pub amx_lhs: AmxLhs,
     /// The right operand (AMX).
     pub amx_rhs: AmxRhs,
+    /// The output the last chained product packed for the next one (AMX).
+    amx_next: AmxLhs,
+    /// The shape `(m, k)` of `amx_next` as the next product's left operand,
+    /// while it holds the last chained product's output.
+    next_shape: Option<(usize, usize)>,
+}
+
+/// The left operand of [`Bf16Scratch::product_onto_row_chained`].
+#[derive(Clone, Copy, Debug)]
+pub enum Chained<'a> {
+    /// `a`, stored `m × k`, packed by the call.
+    Rows(&'a [f32]),
+    /// The output of the previous chained call, which it packed (it returned
+    /// `true`), unchanged since: an `m × k` operand.
+    Packed,
 }
 
 impl Bf16Scratch {
@@ -214,6 +230,62 @@ impl Bf16Scratch {
         ldc: usize,
     ) {
         self.run(Bf16Kernel::best(), a, b, (m, n, k), Start::Row(row), epilogue, c, ldc)
+    }
+
+    /// [`product_onto_row`](Self::product_onto_row) with `a` ([`Op::N`]) from
+    /// `a`, and with `pack_output`, `c` also packed as the next call's
+    /// [`Chained::Packed`] while each of its blocks is in L1, where the AMX
+    /// kernel runs: the result says whether it was (elsewhere the next call
+    /// packs `c` from its values). The results are those of
+    /// `product_onto_row` bit for bit.
+    ///
+    /// # Panics
+    /// As [`product_onto_row`](Self::product_onto_row), and for
+    /// [`Chained::Packed`] when the previous chained call packed no `m × k` output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn product_onto_row_chained(
+        &mut self,
+        a: Chained<'_>,
+        b: (Op, &[f32]),
+        (m, n, k): (usize, usize, usize),
+        (row, epilogue): (&[f32], Epilogue<'_>),
+        (c, ldc): (&mut [f32], usize),
+        pack_output: bool,
+    ) -> bool {
+        let packed = self.next_shape.take();
+        let a = match a {
+            Chained::Rows(a) => a,
+            Chained::Packed => {
+                assert_eq!(packed, Some((m, k)), "product_onto_row_chained: no packed {m}x{k} output to read");
+                std::mem::swap(&mut self.amx_lhs, &mut self.amx_next);
+                self.amx_rhs.pack(b.0, k, n, b.1);
+                return self.finish_chained((m, n), (row, epilogue), (c, ldc), pack_output);
+            }
+        };
+        if Bf16Kernel::best() != Bf16Kernel::Amx {
+            self.run(Bf16Kernel::best(), (Op::N, a), b, (m, n, k), Start::Row(row), epilogue, c, ldc);
+            return false;
+        }
+        self.amx_lhs.pack(Op::N, m, k, a);
+        self.amx_rhs.pack(b.0, k, n, b.1);
+        self.finish_chained((m, n), (row, epilogue), (c, ldc), pack_output)
+    }
+
+    /// The AMX product of the packed operands onto `row`, packing `c` into `amx_next` when asked.
+    fn finish_chained(
+        &mut self,
+        (m, n): (usize, usize),
+        (row, epilogue): (&[f32], Epilogue<'_>),
+        (c, ldc): (&mut [f32], usize),
+        pack_output: bool,
+    ) -> bool {
+        if !pack_output {
+            gemm_amx_from(&self.amx_lhs, &self.amx_rhs, Start::Row(row), epilogue, c, ldc);
+            return false;
+        }
+        gemm_amx_packing(&self.amx_lhs, &self.amx_rhs, (Start::Row(row), epilogue), (c, ldc), &mut self.amx_next);
+        self.next_shape = Some((m, n));
+        true
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -5,7 +5,7 @@
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
 use super::gemm_amx::Epilogue;
-use super::gemm_bf16::Bf16Scratch;
+use super::gemm_bf16::{Bf16Scratch, Chained};
 use super::gemm_packed::{gemm_packed_with, PackedRhs};
 pub use super::kernel_choice::ForwardClass;
 use super::kernel_choice::{backward_kernel_for, forward_class, panel_kernel_for, Backward};
@@ -183,12 +183,29 @@ impl Linear {
         (y, relu): (&mut [f32], bool),
         scratch: &mut Bf16Scratch,
     ) {
+        self.forward_bf16_chained(params, Chained::Rows(&x[..batch * self.input]), batch, (y, relu), scratch, false);
+    }
+
+    /// [`forward_bf16`](Self::forward_bf16) with the input as
+    /// [`Bf16Scratch::product_onto_row_chained`] takes it (the previous layer's
+    /// output packed by its product, or values), and with `pack_output` the
+    /// output packed for the next layer where the kernel can: the result says
+    /// whether it was. The same values as `forward_bf16`, bit for bit.
+    pub fn forward_bf16_chained(
+        &self,
+        params: &[f32],
+        x: Chained<'_>,
+        batch: usize,
+        (y, relu): (&mut [f32], bool),
+        scratch: &mut Bf16Scratch,
+        pack_output: bool,
+    ) -> bool {
         let w = &params[self.offset..self.offset + self.output * self.input];
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
         let y = &mut y[..batch * self.output];
         let shape = (batch, self.output, self.input);
         let epilogue = if relu { Epilogue::Relu } else { Epilogue::None };
-        scratch.product_onto_row((Op::N, &x[..batch * self.input]), (Op::T, w), shape, (b, epilogue), y, self.output);
+        scratch.product_onto_row_chained(x, (Op::T, w), shape, (b, epilogue), (y, self.output), pack_output)
     }
 
     /// [`backward`](Self::backward) under `--precision bf16`: `dW = dyᵀ·x` and
