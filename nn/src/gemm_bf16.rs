@@ -252,38 +252,55 @@ impl Bf16Scratch {
         (c, ldc): (&mut [f32], usize),
         pack_output: bool,
     ) -> bool {
-        let packed = self.next_shape.take();
-        let a = match a {
-            Chained::Rows(a) => a,
-            Chained::Packed => {
-                assert_eq!(packed, Some((m, k)), "product_onto_row_chained: no packed {m}x{k} output to read");
-                std::mem::swap(&mut self.amx_lhs, &mut self.amx_next);
-                self.amx_rhs.pack(b.0, k, n, b.1);
-                return self.finish_chained((m, n), (row, epilogue), (c, ldc), pack_output);
-            }
-        };
-        if Bf16Kernel::best() != Bf16Kernel::Amx {
-            self.run(Bf16Kernel::best(), (Op::N, a), b, (m, n, k), Start::Row(row), epilogue, c, ldc);
-            return false;
-        }
-        self.amx_lhs.pack(Op::N, m, k, a);
-        self.amx_rhs.pack(b.0, k, n, b.1);
-        self.finish_chained((m, n), (row, epilogue), (c, ldc), pack_output)
+        self.chained(a, b, (m, n, k), (Start::Row(row), epilogue), (c, ldc), pack_output)
     }
 
-    /// The AMX product of the packed operands onto `row`, packing `c` into `amx_next` when asked.
-    fn finish_chained(
+    /// [`product_then`](Self::product_then) with `a` and `pack_output` as
+    /// [`product_onto_row_chained`](Self::product_onto_row_chained) takes them:
+    /// a layer's `dx = dy·W`, packed as the left operand of the `dx` product
+    /// of the layer below.
+    ///
+    /// # Panics
+    /// As [`product_onto_row_chained`](Self::product_onto_row_chained).
+    pub fn product_then_chained(
         &mut self,
-        (m, n): (usize, usize),
-        (row, epilogue): (&[f32], Epilogue<'_>),
+        a: Chained<'_>,
+        b: (Op, &[f32]),
+        (m, n, k): (usize, usize, usize),
+        epilogue: Epilogue<'_>,
         (c, ldc): (&mut [f32], usize),
         pack_output: bool,
     ) -> bool {
+        self.chained(a, b, (m, n, k), (Start::Zero, epilogue), (c, ldc), pack_output)
+    }
+
+    fn chained(
+        &mut self,
+        a: Chained<'_>,
+        (op_b, b): (Op, &[f32]),
+        (m, n, k): (usize, usize, usize),
+        (start, epilogue): (Start<'_>, Epilogue<'_>),
+        (c, ldc): (&mut [f32], usize),
+        pack_output: bool,
+    ) -> bool {
+        let packed = self.next_shape.take();
+        match a {
+            Chained::Packed => {
+                assert_eq!(packed, Some((m, k)), "a chained bf16 product: no packed {m}x{k} output to read");
+                std::mem::swap(&mut self.amx_lhs, &mut self.amx_next);
+            }
+            Chained::Rows(a) if Bf16Kernel::best() == Bf16Kernel::Amx => self.amx_lhs.pack(Op::N, m, k, a),
+            Chained::Rows(a) => {
+                self.run(Bf16Kernel::best(), (Op::N, a), (op_b, b), (m, n, k), start, epilogue, c, ldc);
+                return false;
+            }
+        }
+        self.amx_rhs.pack(op_b, k, n, b);
         if !pack_output {
-            gemm_amx_from(&self.amx_lhs, &self.amx_rhs, Start::Row(row), epilogue, c, ldc);
+            gemm_amx_from(&self.amx_lhs, &self.amx_rhs, start, epilogue, c, ldc);
             return false;
         }
-        gemm_amx_packing(&self.amx_lhs, &self.amx_rhs, (Start::Row(row), epilogue), (c, ldc), &mut self.amx_next);
+        gemm_amx_packing(&self.amx_lhs, &self.amx_rhs, (start, epilogue), (c, ldc), &mut self.amx_next);
         self.next_shape = Some((m, n));
         true
     }

@@ -224,16 +224,38 @@ impl Linear {
         dx: Option<(&mut [f32], Option<&[f32]>)>,
         scratch: &mut Bf16Scratch,
     ) {
+        self.backward_bf16_chained(params, (x, dy), batch, grads, dx, scratch, (false, false));
+    }
+
+    /// [`backward_bf16`](Self::backward_bf16) where `dy_packed` says the
+    /// product that wrote `dy` packed it ([`Bf16Scratch::product_then_chained`]),
+    /// so the `dx` product reads it packed, and with `pack_dx` `dx` is packed for
+    /// the layer below: the result says whether it was. The same values as
+    /// `backward_bf16`, bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_bf16_chained(
+        &self,
+        params: &[f32],
+        (x, dy): (&[f32], &[f32]),
+        batch: usize,
+        grads: &mut [f32],
+        dx: Option<(&mut [f32], Option<&[f32]>)>,
+        scratch: &mut Bf16Scratch,
+        (dy_packed, pack_dx): (bool, bool),
+    ) -> bool {
         let nw = self.output * self.input;
         let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
         let dy = &dy[..batch * self.output];
         let shape = (self.output, self.input, batch);
         scratch.product_summing_lhs((Op::T, dy), (Op::N, &x[..batch * self.input]), shape, (gw, self.input), gb);
-        if let Some((dx, relu_out)) = dx {
-            let (w, shape) = (&params[self.offset..self.offset + nw], (batch, self.input, self.output));
-            let epilogue = relu_out.map_or(Epilogue::None, Epilogue::ReluBackward);
-            scratch.product_then((Op::N, dy), (Op::N, w), shape, epilogue, &mut dx[..batch * self.input], self.input);
-        }
+        let Some((dx, relu_out)) = dx else {
+            return false;
+        };
+        let (w, shape) = (&params[self.offset..self.offset + nw], (batch, self.input, self.output));
+        let epilogue = relu_out.map_or(Epilogue::None, Epilogue::ReluBackward);
+        let dy = if dy_packed { Chained::Packed } else { Chained::Rows(dy) };
+        let dx = (&mut dx[..batch * self.input], self.input);
+        scratch.product_then_chained(dy, (Op::N, w), shape, epilogue, dx, pack_dx)
     }
 }
 

@@ -152,14 +152,16 @@ impl Mlp {
         }
         douts[n - 1].copy_from_slice(&dout[..batch * self.output()]);
         let mut dx = dx;
-        // Under bf16 a layer's dx product applies the ReLU below it in its epilogue.
-        let mut through_relu = false;
+        // Under bf16 a layer's dx product applies the ReLU below it in its
+        // epilogue, and packs its output for the layer below's dx where it can.
+        let (mut through_relu, mut dy_packed) = (false, false);
         for i in (0..n).rev() {
             let l = &self.layers[i];
             let (below, rest) = douts.split_at_mut(i);
             let dy = &mut rest[0];
             if self.relu_after(i) && !through_relu {
                 relu_backward_in_place(dy, &outs[i]);
+                dy_packed = false;
             }
             let input: &[T] = if i == 0 { x } else { &outs[i - 1] };
             let layer_dx = if i == 0 { dx.as_deref_mut() } else { Some(&mut below[i - 1][..]) };
@@ -170,7 +172,9 @@ impl Mlp {
                     let relu_out = (i > 0 && self.relu_after(i - 1)).then(|| f32_view(&outs[i - 1][..]));
                     let layer_dx = layer_dx.map(|d| (f32_view_mut(d), relu_out));
                     through_relu = layer_dx.as_ref().is_some_and(|(_, r)| r.is_some());
-                    l.backward_bf16(p, input, dy, batch, f32_view_mut(grads), layer_dx, bf16);
+                    let chain = (dy_packed, i > 0);
+                    dy_packed =
+                        l.backward_bf16_chained(p, (input, dy), batch, f32_view_mut(grads), layer_dx, bf16, chain);
                 }
             }
         }
@@ -184,9 +188,11 @@ mod tests {
     use tiderec_records::rng::normal_f64;
 
     /// Under bf16 each layer's product packs its output for the next where the
-    /// AMX kernel runs: the stack's outputs equal those of the layers' own
-    /// [`Linear::forward_bf16`] calls, each packing its input from values, bit
-    /// for bit (odd widths, a batch not a multiple of 32, twice through one cache).
+    /// AMX kernel runs (forward: the layer above's input; backward: the layer
+    /// below's `dy`): the stack's outputs and gradients equal those of the
+    /// layers' own [`Linear::forward_bf16`] and [`Linear::backward_bf16`] calls,
+    /// each packing its operands from values, bit for bit (odd widths, a batch
+    /// not a multiple of 32, twice through one cache).
     #[test]
     fn a_bf16_stack_equals_its_layers_one_by_one() {
         let mut cache = MlpCache::<f32>::default();
@@ -199,17 +205,32 @@ mod tests {
             let mut params = vec![0.0f32; mlp.num_params()];
             mlp.init(&mut params, 3, 1);
             let x: Vec<f32> = (0..batch * widths[0]).map(|i| normal_f64(8, 0, i as u64, 0) as f32).collect();
-            let mut want = x.clone();
             let mut scratch = Bf16Scratch::default();
+            let mut outs: Vec<Vec<f32>> = Vec::new();
             for (i, l) in mlp.layers.iter().enumerate() {
                 let mut y = vec![0.0f32; batch * l.output];
-                l.forward_bf16(&params, &want, batch, (&mut y, mlp.relu_after(i)), &mut scratch);
-                want = y;
+                let input = outs.last().unwrap_or(&x);
+                l.forward_bf16(&params, input, batch, (&mut y, mlp.relu_after(i)), &mut scratch);
+                outs.push(y);
             }
+            // The backward: each layer's dx product applies the ReLU below it.
+            let r: Vec<f32> = (0..batch * mlp.output()).map(|i| normal_f64(9, 0, i as u64, 0) as f32).collect();
+            let (mut want_grads, mut dy) = (vec![0.0f32; params.len()], r.clone());
+            for (i, l) in mlp.layers.iter().enumerate().rev() {
+                let input = if i == 0 { &x } else { &outs[i - 1] };
+                let relu_out = (i > 0 && mlp.relu_after(i - 1)).then(|| &outs[i - 1][..]);
+                let mut dx = vec![0.0f32; batch * l.input];
+                l.backward_bf16(&params, input, &dy, batch, &mut want_grads, Some((&mut dx, relu_out)), &mut scratch);
+                dy = dx;
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for _ in 0..2 {
                 let got = mlp.forward(&params, &x, batch, &mut cache);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(got), bits(&want), "{widths:?} batch {batch}");
+                assert_eq!(bits(got), bits(outs.last().unwrap()), "{widths:?} batch {batch}");
+                let (mut grads, mut dx) = (vec![0.0f32; params.len()], vec![0.0f32; x.len()]);
+                mlp.backward(&params, &x, batch, &mut cache, &r, &mut grads, Some(&mut dx));
+                assert_eq!(bits(&grads), bits(&want_grads), "gradients: {widths:?} batch {batch}");
+                assert_eq!(bits(&dx), bits(&dy), "input gradient: {widths:?} batch {batch}");
             }
         }
     }
