@@ -251,7 +251,7 @@ copies, table set-up and timely's polling are a few percent each.
 ## `--precision bf16` against fp32
 
 `tiderec bench dlrm --precision bf16` runs every MLP product on bf16 operands (rounded and
-packed on every call, as in training) with fp32 accumulation and fp32 master weights; the
+packed on every step, as in training) with fp32 accumulation and fp32 master weights; the
 fp32 run alternates with it in the same rounds, {workers} worker(s). At small micro-batches
 the MLP products are a small part of a step, so the gain is smaller there. Needs a CPU with
 AVX-512 BF16 (or AMX); elsewhere the row says why it was not run. Rerun:
