@@ -50,6 +50,16 @@ fn words_mut(lines: &mut [Line]) -> &mut [u32] {
     unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u32, lines.len() * 16) }
 }
 
+/// The first `lines` of `data`, which grows to hold them: a buffer reused for
+/// products of several shapes keeps its largest length, and the packing that
+/// follows writes every line it uses, so a shorter shape clears nothing.
+fn grow(data: &mut Vec<Line>, lines: usize) -> &mut [Line] {
+    if data.len() < lines {
+        data.resize(lines, Line::default());
+    }
+    &mut data[..lines]
+}
+
 /// `x` rounded up to a multiple of `to`.
 fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to
@@ -101,8 +111,7 @@ impl AmxLhs {
         self.m = m;
         self.pairs = pairs;
         self.kp = kp;
-        self.data.resize(rows * kp / 16, Line::default());
-        let data = words_mut(&mut self.data);
+        let data = words_mut(grow(&mut self.data, rows * kp / 16));
         match op {
             Op::N => {
                 for (i, out) in data.chunks_exact_mut(kp.max(1)).enumerate().take(m) {
@@ -137,7 +146,19 @@ impl AmxLhs {
         self.m = m;
         self.pairs = pairs;
         self.kp = kp;
-        self.data.resize(round_up(m, BLOCK) * kp / 16, Line::default());
+        grow(&mut self.data, round_up(m, BLOCK) * kp / 16);
+    }
+
+    /// The lines of the layout (the buffer may hold more, from a larger shape).
+    #[cfg(test)]
+    fn used(&self) -> &[Line] {
+        &self.data[..round_up(self.m, BLOCK) * self.kp / 16]
+    }
+
+    /// [`used`](Self::used), writable.
+    fn used_mut(&mut self) -> &mut [Line] {
+        let lines = round_up(self.m, BLOCK) * self.kp / 16;
+        &mut self.data[..lines]
     }
 
     /// Rows of `op(a)`.
@@ -260,13 +281,17 @@ impl AmxRhs {
         self.n = n;
         self.pairs = pairs;
         self.kp = kp;
-        self.data.resize(n.div_ceil(BLOCK) * kp * BLOCK / 16, Line::default());
-        let data = words_mut(&mut self.data);
+        let data = words_mut(grow(&mut self.data, n.div_ceil(BLOCK) * kp * BLOCK / 16));
         #[cfg(target_arch = "x86_64")]
-        if op == Op::N && super::bf16_pack::bf16_vector_available() {
+        if super::bf16_pack::bf16_vector_available() {
             // SAFETY: the CPU has AVX-512 F, BW and BF16 (checked); `b` holds `k × n`
             // values (asserted) and `data` the panels of `kp` pair rows.
-            unsafe { x86::pack_rows(b, k, n, data, kp) };
+            unsafe {
+                match op {
+                    Op::N => x86::pack_rows(b, k, n, data, kp),
+                    Op::T => x86::pack_columns(b, k, n, data, kp),
+                }
+            };
             return;
         }
         pack_rhs_portable(op, b, k, n, data, kp, &mut self.column);
@@ -379,7 +404,7 @@ fn product(
     assert_eq!(a.pairs, b.pairs, "gemm_amx: {} pairs on the left, {} on the right", a.pairs, b.pairs);
     if m == 0 || n == 0 {
         if let Some(next) = next {
-            next.data.fill(Line::default());
+            words_mut(next.used_mut()).fill(0);
         }
         return;
     }
@@ -402,8 +427,9 @@ fn product(
     let pack_to = next.map(|next| {
         // The padding rows; every pair of the rows below `m` is written by the blocks.
         let kp_next = next.kp;
-        words_mut(&mut next.data)[m * kp_next..].fill(0);
-        (words_mut(&mut next.data).as_mut_ptr(), kp_next)
+        let data = words_mut(next.used_mut());
+        data[m * kp_next..].fill(0);
+        (data.as_mut_ptr(), kp_next)
     });
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AMX runs here (asserted); the shapes were checked above and the
@@ -456,6 +482,83 @@ mod x86 {
         }
     }
 
+    /// The permutes of [`transpose16`]: per round `b` (8, 4, 2, 1), the lane
+    /// indices of row `r` (low) and of row `r + b` (high).
+    type Rounds = [(usize, __m512i, __m512i); 4];
+
+    #[target_feature(enable = "avx512f")]
+    fn transpose_rounds() -> Rounds {
+        let index = |b: usize, high: bool| -> __m512i {
+            let idx: [i32; 16] = std::array::from_fn(|l| match (l & b == 0, high) {
+                (true, false) => l as i32,
+                (false, false) => (16 + l - b) as i32,
+                (true, true) => (l + b) as i32,
+                (false, true) => (16 + l) as i32,
+            });
+            // SAFETY: 64 bytes read from a 64-byte array.
+            unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) }
+        };
+        [8, 4, 2, 1].map(|b| (b, index(b, false), index(b, true)))
+    }
+
+    /// Transposes the 16 × 16 words of `v` in place: four rounds of two-source
+    /// permutes exchanging blocks of 8, 4, 2 and 1 across the diagonal.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F (the caller's features are inlined into it).
+    #[inline(always)]
+    unsafe fn transpose16(v: &mut [__m512i; 16], rounds: &Rounds) {
+        for &(b, low, high) in rounds {
+            for r in 0..16 {
+                if r & b == 0 {
+                    let (x, y) = (v[r], v[r + b]);
+                    v[r] = _mm512_permutex2var_epi32(x, low, y);
+                    v[r + b] = _mm512_permutex2var_epi32(x, high, y);
+                }
+            }
+        }
+    }
+
+    /// [`super::AmxRhs::pack`] of `b` stored `n × k` ([`Op::T`](super::Op::T),
+    /// a layer's `Wᵀ`): for 16 columns and 16 pairs at a time, each column's
+    /// 32 values are rounded in order into its 16 pairs (one register per
+    /// column, as [`round_row_pairs`](super::round_row_pairs) rounds them), and
+    /// the 16 × 16 block is transposed into 16 pair rows of 16 columns.
+    /// Padding columns and pair rows are zero.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and BF16; `b` holds `n × k` values; `data` holds
+    /// `⌈n/32⌉` panels of `kp` rows of 32 pairs, `kp ≥ ⌈k/2⌉` a multiple of 16.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn pack_columns(b: &[f32], k: usize, n: usize, data: &mut [u32], kp: usize) {
+        debug_assert!(b.len() >= k * n && data.len() >= n.div_ceil(BLOCK) * kp * BLOCK);
+        let rounds = transpose_rounds();
+        let (src, out) = (b.as_ptr(), data.as_mut_ptr());
+        for j0 in (0..n.div_ceil(BLOCK) * BLOCK).step_by(16) {
+            let panel = out.add(j0 / BLOCK * kp * BLOCK + j0 % BLOCK);
+            for q0 in (0..kp).step_by(TILE_PAIRS) {
+                // Values `2·q0 ..` of each column, at most 32.
+                let count = k.saturating_sub(2 * q0).min(32);
+                let mut v = [_mm512_setzero_si512(); 16];
+                for (dj, reg) in v.iter_mut().enumerate() {
+                    let j = j0 + dj;
+                    if j >= n || count == 0 {
+                        break;
+                    }
+                    let at = src.add(j * k + 2 * q0);
+                    let lo = _mm512_maskz_loadu_ps(mask(count), at);
+                    let hi = _mm512_maskz_loadu_ps(mask(count.saturating_sub(16)), at.add(16));
+                    // The first operand fills the upper 16 lanes: memory order is kept.
+                    *reg = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+                }
+                transpose16(&mut v, &rounds);
+                for (dq, reg) in v.iter().enumerate() {
+                    _mm512_storeu_si512(panel.add((q0 + dq) * BLOCK) as *mut _, *reg);
+                }
+            }
+        }
+    }
+
     /// [`super::pack_transposed_portable`] in registers: for 16 rows and 16
     /// pairs at a time, each pair step is converted from two rows of `a`
     /// (16 pairs of the 16 rows in one register), and the 16 × 16 block is
@@ -483,17 +586,7 @@ mod x86 {
             s[..m].fill(0.0);
         }
         let interleave = interleave_index();
-        // Round `b`: the lane indices of row `r` (low) and of row `r + b` (high).
-        let index = |b: usize, high: bool| -> __m512i {
-            let idx: [i32; 16] = std::array::from_fn(|l| match (l & b == 0, high) {
-                (true, false) => l as i32,
-                (false, false) => (16 + l - b) as i32,
-                (true, true) => (l + b) as i32,
-                (false, true) => (16 + l) as i32,
-            });
-            _mm512_loadu_si512(idx.as_ptr() as *const _)
-        };
-        let rounds = [8, 4, 2, 1].map(|b| (b, index(b, false), index(b, true)));
+        let rounds = transpose_rounds();
         let src = a.as_ptr();
         // Pair steps outer: the 32 rows of `a` a step reads are read front to back.
         for q0 in (0..kp).step_by(TILE_PAIRS) {
@@ -522,15 +615,7 @@ mod x86 {
                 if let Some(p) = sum_at {
                     _mm512_mask_storeu_ps(p, lanes, sum);
                 }
-                for &(b, low, high) in &rounds {
-                    for r in 0..16 {
-                        if r & b == 0 {
-                            let (x, y) = (v[r], v[r + b]);
-                            v[r] = _mm512_permutex2var_epi32(x, low, y);
-                            v[r + b] = _mm512_permutex2var_epi32(x, high, y);
-                        }
-                    }
-                }
+                transpose16(&mut v, &rounds);
                 for (r, reg) in v.iter().enumerate().take(rows) {
                     _mm512_storeu_si512(data.as_mut_ptr().add((i0 + r) * kp + q0) as *mut _, *reg);
                 }
@@ -829,7 +914,7 @@ mod tests {
                 let case = format!("{m}x{n}x{k} {start:?} {epilogue:?}");
                 assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "c differs: {case}");
                 assert_eq!((next.m, next.pairs, next.kp), (want_next.m, want_next.pairs, want_next.kp), "{case}");
-                assert_eq!(words(&next.data), words(&want_next.data), "packed output differs: {case}");
+                assert_eq!(words(next.used()), words(want_next.used()), "packed output differs: {case}");
             }
         }
     }
@@ -855,7 +940,7 @@ mod tests {
                 summing.pack_summing(op, m, k, &a, Some(&mut fused));
                 assert_eq!(fused[..m].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "fused {op:?} {m}x{k}");
                 assert!(fused[m..].iter().all(|v| v.is_nan()), "the fused sums wrote past m");
-                assert_eq!(words(&plain.data), words(&summing.data), "packing {op:?} {m}x{k}");
+                assert_eq!(words(plain.used()), words(summing.used()), "packing {op:?} {m}x{k}");
             }
         }
     }
@@ -986,6 +1071,29 @@ mod tests {
                 x86::pack_rows(&b, k, n, &mut got, kp)
             };
             pack_rhs_portable(Op::N, &b, k, n, &mut want, kp, &mut Vec::new());
+            assert_eq!(got, want, "{k}x{n}");
+        }
+    }
+
+    /// The vector packing of columns of `b` (stored `n × k`, a layer's `Wᵀ`)
+    /// writes the portable packing's bits, padding included.
+    #[test]
+    fn column_packing_equals_portable() {
+        if !crate::bf16_pack::bf16_vector_available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16 (only the portable packing runs)");
+            return;
+        }
+        for (k, n) in [(1, 1), (2, 3), (32, 16), (33, 17), (7, 40), (64, 33), (100, 5), (31, 70), (367, 512)] {
+            let (b, _, _) = operands(n, 1, k, 13);
+            let kp = round_up(k.div_ceil(2), TILE_PAIRS);
+            let len = n.div_ceil(BLOCK) * kp * BLOCK;
+            let (mut got, mut want) = (vec![7u32; len], vec![9u32; len]);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the features were checked; the buffers have the documented sizes.
+            unsafe {
+                x86::pack_columns(&b, k, n, &mut got, kp)
+            };
+            pack_rhs_portable(Op::T, &b, k, n, &mut want, kp, &mut Vec::new());
             assert_eq!(got, want, "{k}x{n}");
         }
     }
