@@ -105,13 +105,9 @@ impl AmxLhs {
         if let Some(s) = &sums {
             assert!(s.len() >= m, "AmxLhs: {} sums for {m} rows", s.len());
         }
-        let pairs = k.div_ceil(2);
-        let kp = round_up(pairs, TILE_PAIRS);
-        let rows = round_up(m, BLOCK);
-        self.m = m;
-        self.pairs = pairs;
-        self.kp = kp;
-        let data = words_mut(grow(&mut self.data, rows * kp / 16));
+        self.prepare(m, k);
+        let (pairs, kp, lines) = (self.pairs, self.kp, self.lines());
+        let data = words_mut(&mut self.data[..lines]);
         match op {
             Op::N => {
                 for (i, out) in data.chunks_exact_mut(kp.max(1)).enumerate().take(m) {
@@ -138,26 +134,31 @@ impl AmxLhs {
         }
     }
 
-    /// Sizes this buffer for an `m × k` operand that a product's epilogue
-    /// writes ([`gemm_amx_packing`]); the padding rows are zeroed there.
+    /// Sizes this buffer for an `m × k` operand (the rows padded to 32, the
+    /// pairs to 16), without clearing it: [`pack_summing`](Self::pack_summing)
+    /// or a product's epilogue ([`gemm_amx_packing`]) writes every line used.
     fn prepare(&mut self, m: usize, k: usize) {
-        let pairs = k.div_ceil(2);
-        let kp = round_up(pairs, TILE_PAIRS);
         self.m = m;
-        self.pairs = pairs;
-        self.kp = kp;
-        grow(&mut self.data, round_up(m, BLOCK) * kp / 16);
+        self.pairs = k.div_ceil(2);
+        self.kp = round_up(self.pairs, TILE_PAIRS);
+        let lines = self.lines();
+        grow(&mut self.data, lines);
     }
 
-    /// The lines of the layout (the buffer may hold more, from a larger shape).
+    /// Lines of the layout (the buffer may hold more, from a larger shape).
+    fn lines(&self) -> usize {
+        round_up(self.m, BLOCK) * self.kp / 16
+    }
+
+    /// The lines of the layout.
     #[cfg(test)]
     fn used(&self) -> &[Line] {
-        &self.data[..round_up(self.m, BLOCK) * self.kp / 16]
+        &self.data[..self.lines()]
     }
 
     /// [`used`](Self::used), writable.
     fn used_mut(&mut self) -> &mut [Line] {
-        let lines = round_up(self.m, BLOCK) * self.kp / 16;
+        let lines = self.lines();
         &mut self.data[..lines]
     }
 
