@@ -45,6 +45,15 @@ if [ ! -d ../shared/data ]; then
     echo "      (under CI=true they fail instead)" >&2
 fi
 
+# The release build with its test executables takes about 6 GiB; a disk that fills while
+# linking shows up as the linker's "Bus error", so a low disk is named before it.
+BUILD_DIR="${CARGO_TARGET_DIR:-target}"
+FREE_KIB="$( (df -Pk "$BUILD_DIR" 2>/dev/null || df -Pk .) | awk 'NR == 2 { print $4 }')"
+if [ "${FREE_KIB:-0}" -lt $((8 * 1024 * 1024)) ]; then
+    echo "warning: only $((FREE_KIB / 1024)) MiB free for $BUILD_DIR; the build and its tests need about 8 GiB" >&2
+    echo "         (a linker that dies with 'Bus error' below means the disk filled)" >&2
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 
