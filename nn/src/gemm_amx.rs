@@ -277,12 +277,9 @@ impl AmxRhs {
     /// When `b` is shorter than its shape requires.
     pub fn pack(&mut self, op: Op, k: usize, n: usize, b: &[f32]) {
         assert!(b.len() >= k * n, "AmxRhs: b has {} values, needs {}", b.len(), k * n);
-        let pairs = k.div_ceil(2);
-        let kp = round_up(pairs, TILE_PAIRS);
-        self.n = n;
-        self.pairs = pairs;
-        self.kp = kp;
-        let data = words_mut(grow(&mut self.data, n.div_ceil(BLOCK) * kp * BLOCK / 16));
+        self.prepare(k, n);
+        let (kp, lines) = (self.kp, self.lines());
+        let data = words_mut(&mut self.data[..lines]);
         #[cfg(target_arch = "x86_64")]
         if super::bf16_pack::bf16_vector_available() {
             // SAFETY: the CPU has AVX-512 F, BW and BF16 (checked); `b` holds `k × n`
@@ -296,6 +293,34 @@ impl AmxRhs {
             return;
         }
         pack_rhs_portable(op, b, k, n, data, kp, &mut self.column);
+    }
+
+    /// Sizes this buffer for a `k × n` operand (the pairs padded to 16, the
+    /// columns to 32), without clearing it: [`pack`](Self::pack) or a
+    /// product's epilogue ([`gemm_amx_packing`]) writes every line used.
+    fn prepare(&mut self, k: usize, n: usize) {
+        self.n = n;
+        self.pairs = k.div_ceil(2);
+        self.kp = round_up(self.pairs, TILE_PAIRS);
+        let lines = self.lines();
+        grow(&mut self.data, lines);
+    }
+
+    /// Lines of the layout (the buffer may hold more, from a larger shape).
+    fn lines(&self) -> usize {
+        self.n.div_ceil(BLOCK) * self.kp * BLOCK / 16
+    }
+
+    /// The lines of the layout.
+    #[cfg(test)]
+    fn used(&self) -> &[Line] {
+        &self.data[..self.lines()]
+    }
+
+    /// [`used`](Self::used), writable.
+    fn used_mut(&mut self) -> &mut [Line] {
+        let lines = self.lines();
+        &mut self.data[..lines]
     }
 
     /// Columns of `op(b)`.
@@ -363,13 +388,16 @@ pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: us
 /// # Panics
 /// As [`gemm_amx`], and when a start row holds fewer than `n` values.
 pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, epilogue: Epilogue<'_>, c: &mut [f32], ldc: usize) {
-    product(a, b, start, epilogue, (c, ldc), None)
+    product(a, b, start, epilogue, (c, ldc), (None, None))
 }
 
 /// [`gemm_amx_from`], and `next` packed from the finished `c` as the left
 /// operand of a product over `c`'s columns: what `next.pack(Op::N, m, n, c)`
 /// afterwards packs, bit for bit, written while each block of `c` is in L1
-/// (a layer's output, rounded once for the next layer's product).
+/// (a layer's output, rounded once for the next layer's product). With
+/// `rows`, `c` is also packed there as the right operand of a product over
+/// `c`'s rows, what `rows.pack(Op::N, m, n, c)` packs (the next layer's input
+/// for its `dW = dyᵀ·x`).
 ///
 /// # Panics
 /// As [`gemm_amx_from`].
@@ -379,9 +407,13 @@ pub fn gemm_amx_packing(
     (start, epilogue): (Start<'_>, Epilogue<'_>),
     (c, ldc): (&mut [f32], usize),
     next: &mut AmxLhs,
+    rows: Option<&mut AmxRhs>,
 ) {
-    product(a, b, start, epilogue, (c, ldc), Some(next))
+    product(a, b, start, epilogue, (c, ldc), (Some(next), rows))
 }
+
+/// The buffers a product packs its output into.
+type Outputs<'a> = (Option<&'a mut AmxLhs>, Option<&'a mut AmxRhs>);
 
 fn product(
     a: &AmxLhs,
@@ -389,11 +421,14 @@ fn product(
     start: Start<'_>,
     epilogue: Epilogue<'_>,
     (c, ldc): (&mut [f32], usize),
-    mut next: Option<&mut AmxLhs>,
+    (mut next, mut rows): Outputs<'_>,
 ) {
     assert!(amx_available(), "gemm_amx: AMX-BF16 does not run here");
     if let Some(next) = next.as_deref_mut() {
         next.prepare(a.m, b.n);
+    }
+    if let Some(rows) = rows.as_deref_mut() {
+        rows.prepare(a.m, b.n);
     }
     if let Start::Row(row) = start {
         assert!(row.len() >= b.n, "gemm_amx: a start row of {} values for {} columns", row.len(), b.n);
@@ -407,6 +442,9 @@ fn product(
         if let Some(next) = next {
             words_mut(next.used_mut()).fill(0);
         }
+        if let Some(rows) = rows {
+            words_mut(rows.used_mut()).fill(0);
+        }
         return;
     }
     assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_amx: c has {} values for {m} rows of {n}", c.len());
@@ -419,25 +457,33 @@ fn product(
             }
             epilogue.apply(c, ldc, (r, 0, n));
         }
-        if let Some(next) = next {
-            let rows: Vec<f32> = (0..m).flat_map(|r| c[r * ldc..r * ldc + n].iter().copied()).collect();
-            next.pack(Op::N, m, n, &rows);
+        if next.is_some() || rows.is_some() {
+            let values: Vec<f32> = (0..m).flat_map(|r| c[r * ldc..r * ldc + n].iter().copied()).collect();
+            if let Some(next) = next {
+                next.pack(Op::N, m, n, &values);
+            }
+            if let Some(rows) = rows {
+                rows.pack(Op::N, m, n, &values);
+            }
         }
         return;
     }
-    let pack_to = next.map(|next| {
+    let lhs_to = next.map(|next| {
         // The padding rows; every pair of the rows below `m` is written by the blocks.
         let kp_next = next.kp;
         let data = words_mut(next.used_mut());
         data[m * kp_next..].fill(0);
         (data.as_mut_ptr(), kp_next)
     });
+    // Every line of this layout is written by the blocks (their padding rows and columns as zeros).
+    let rows_to = rows.map(|rows| (words_mut(rows.used_mut()).as_mut_ptr(), rows.kp));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AMX runs here (asserted); the shapes were checked above and the
     // packed operands hold `a.m` rows padded to 32 and `b.n` columns padded to 32,
-    // both over `kp` pairs; `pack_to`, if any, `m` rows of `⌈n/32⌉·16` pairs.
+    // both over `kp` pairs; `lhs_to`, if any, `m` rows of `⌈n/32⌉·16` pairs;
+    // `rows_to`, if any, `⌈n/32⌉` panels of `⌈m/32⌉·16` pair rows.
     unsafe {
-        x86::gemm(a, b, (start, epilogue), (c, ldc), pack_to)
+        x86::gemm(a, b, (start, epilogue), (c, ldc), x86::PackTo { lhs: lhs_to, rows: rows_to })
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("AMX runs only on x86-64")
@@ -628,28 +674,46 @@ mod x86 {
     #[repr(C, align(64))]
     struct Edge([f32; BLOCK * BLOCK]);
 
+    /// Where the finished blocks of a product are packed: `lhs` as
+    /// `(rows of pairs, pairs per row)` of an [`AmxLhs`](super::AmxLhs),
+    /// `rows` as `(panels of 32 columns, pair rows per panel)` of an
+    /// [`AmxRhs`](super::AmxRhs) over `c`'s rows.
+    #[derive(Clone, Copy)]
+    pub(super) struct PackTo {
+        pub(super) lhs: Option<(*mut u32, usize)>,
+        pub(super) rows: Option<(*mut u32, usize)>,
+    }
+
+    impl PackTo {
+        fn any(&self) -> bool {
+            self.lhs.is_some() || self.rows.is_some()
+        }
+    }
+
     /// [`Epilogue::apply`] to rows `i..i + rows` of `c`, `cols ≤ 32` entries
     /// from column `j`, sixteen lanes at a time: the same comparisons and `+ 0`
     /// as the scalar ReLU, so equal bit for bit (NaN kept, `-0` made `+0`).
     ///
-    /// # Safety
-    /// The CPU has AVX-512 F; the block lies inside `c` (and inside the ReLU's
-    /// output, laid out as `c`, for [`Epilogue::ReluBackward`]).
-    #[target_feature(enable = "avx512f")]
-    ///
-    /// With `pack` (`(rows of pairs, pairs per row)`), each finished row of the
-    /// block is also rounded to bf16 into its 16 pairs there: the 32 values in
-    /// order (zeros past `cols`), as [`round_row_pairs`](super::round_row_pairs) packs them.
+    /// Each finished row of the block is also rounded to bf16 into `pack.lhs`:
+    /// its 32 values in order (zeros past `cols`) as 16 pairs, as
+    /// [`round_row_pairs`](super::round_row_pairs) packs them; and into
+    /// `pack.rows`: rows `2q` and `2q + 1` as the 32 pairs of pair row `q` of
+    /// panel `j/32` (zeros past `cols` and past the block's `rows`), as
+    /// [`pack_rows`] packs them.
     ///
     /// # Safety
-    /// As above, and `pack`'s rows hold pairs `j/2 .. j/2 + 16` of rows `i .. i + rows`.
+    /// The CPU has AVX-512 F, BW and BF16; `i` is a multiple of 32 and `j` of
+    /// 32; the block lies inside `c` (and inside the ReLU's output, laid out as
+    /// `c`, for [`Epilogue::ReluBackward`]); `pack.lhs`'s rows hold pairs
+    /// `j/2 .. j/2 + 16` of rows `i .. i + rows`; `pack.rows`' panel `j/32`
+    /// holds pair rows `i/2 .. i/2 + 16`.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn finish_block(
         epilogue: Epilogue<'_>,
         (c, ldc): (&mut [f32], usize),
         (i, j): (usize, usize),
         (rows, cols): (usize, usize),
-        pack: Option<(*mut u32, usize)>,
+        pack: PackTo,
     ) {
         let zero = _mm512_setzero_ps();
         let block = (c, ldc, (i, j), (rows, cols), pack);
@@ -669,40 +733,53 @@ mod x86 {
 
     /// `c[at] ← f(at, lanes, c[at])` over the two sixteen-lane halves of each
     /// of the block's rows, the lanes past its `cols` masked off (stored when
-    /// `store`), then the row's 32 values rounded into `pack`'s row.
+    /// `store`), then each row's 32 values rounded into `pack.lhs`'s row and
+    /// each pair of rows into `pack.rows`' pair row (see [`finish_block`]).
     #[inline(always)]
     #[allow(clippy::type_complexity)]
     unsafe fn each_row(
-        (c, ldc, (i, j), (rows, cols), pack): (
-            &mut [f32],
-            usize,
-            (usize, usize),
-            (usize, usize),
-            Option<(*mut u32, usize)>,
-        ),
+        (c, ldc, (i, j), (rows, cols), pack): (&mut [f32], usize, (usize, usize), (usize, usize), PackTo),
         store: bool,
         mut f: impl FnMut(usize, u16, __m512) -> __m512,
     ) {
-        if !store && pack.is_none() {
+        if !store && !pack.any() {
             return;
         }
         let (m0, m1) = (mask(cols), mask(cols.saturating_sub(16)));
-        for r in i..i + rows {
-            let at = r * ldc + j;
-            let to = c.as_mut_ptr().add(at);
-            let lo = f(at, m0, _mm512_maskz_loadu_ps(m0, to));
-            let hi = if m1 != 0 { f(at + 16, m1, _mm512_maskz_loadu_ps(m1, to.add(16))) } else { _mm512_setzero_ps() };
-            if store {
-                _mm512_mask_storeu_ps(to, m0, lo);
-                if m1 != 0 {
-                    _mm512_mask_storeu_ps(to.add(16), m1, hi);
+        let interleave = interleave_index();
+        // Two rows at a time: a pair row of `pack.rows` takes both.
+        for r in (i..i + BLOCK).step_by(2) {
+            let mut pair = [[_mm512_setzero_ps(); 2]; 2];
+            for (t, halves) in pair.iter_mut().enumerate().take((i + rows).saturating_sub(r)) {
+                let at = (r + t) * ldc + j;
+                let to = c.as_mut_ptr().add(at);
+                let lo = f(at, m0, _mm512_maskz_loadu_ps(m0, to));
+                let hi =
+                    if m1 != 0 { f(at + 16, m1, _mm512_maskz_loadu_ps(m1, to.add(16))) } else { _mm512_setzero_ps() };
+                if store {
+                    _mm512_mask_storeu_ps(to, m0, lo);
+                    if m1 != 0 {
+                        _mm512_mask_storeu_ps(to.add(16), m1, hi);
+                    }
                 }
+                if let Some((out, kp)) = pack.lhs {
+                    // The first operand fills the upper 16 lanes: memory order is kept.
+                    let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                    _mm512_storeu_si512(out.add((r + t) * kp + j / 2) as *mut _, v);
+                }
+                *halves = [lo, hi];
             }
-            if let Some((out, kp)) = pack {
-                // The first operand fills the upper 16 lanes: memory order is kept.
-                let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                _mm512_storeu_si512(out.add(r * kp + j / 2) as *mut _, v);
-            }
+            let Some((panels, kp)) = pack.rows else {
+                if r + 2 >= i + rows {
+                    return;
+                }
+                continue;
+            };
+            // Past the block's rows the pairs are zero, as the padding of the layout.
+            let dst = panels.add((j / BLOCK * kp + r / 2) * BLOCK);
+            let [[lo0, hi0], [lo1, hi1]] = pair;
+            _mm512_storeu_si512(dst as *mut _, pairs16(lo0, lo1, interleave));
+            _mm512_storeu_si512(dst.add(16) as *mut _, pairs16(hi0, hi1, interleave));
         }
     }
 
@@ -717,7 +794,7 @@ mod x86 {
         b: &AmxRhs,
         (start, epilogue): (Start<'_>, Epilogue<'_>),
         (c, ldc): (&mut [f32], usize),
-        pack: Option<(*mut u32, usize)>,
+        pack: PackTo,
     ) {
         let (m, n, kp) = (a.m, b.n, b.kp);
         let (a_words, b_words) = (words(&a.data), words(&b.data));
@@ -728,7 +805,7 @@ mod x86 {
             // The first chunk starts where asked; later ones continue from `c`;
             // the last one finishes each block while it is in L1.
             let start = if q0 == 0 { start } else { Start::Output };
-            let finishing = q0 + CHUNK_PAIRS >= kp && (pack.is_some() || !matches!(epilogue, Epilogue::None));
+            let finishing = q0 + CHUNK_PAIRS >= kp && (pack.any() || !matches!(epilogue, Epilogue::None));
             let finish = |c: &mut [f32], i: usize, j: usize, rows: usize, cols: usize| {
                 if finishing {
                     finish_block(epilogue, (c, ldc), (i, j), (rows, cols), pack);
@@ -886,8 +963,9 @@ mod tests {
 
     /// A product that packs its output for the next one writes the same `c`
     /// as one that does not, and the packed output equals `c` packed
-    /// afterwards, padding included, bit for bit: on every shape, start and
-    /// epilogue, into a buffer left from a larger shape.
+    /// afterwards, padding included, bit for bit, as a left operand and as a
+    /// right one: on every shape, start and epilogue, into buffers left from a
+    /// larger shape.
     #[test]
     fn packing_the_output_equals_packing_it_afterwards() {
         if !amx_available() {
@@ -895,9 +973,10 @@ mod tests {
             return;
         }
         let (mut lhs, mut rhs, mut want_next) = (AmxLhs::default(), AmxRhs::default(), AmxLhs::default());
-        let mut next = AmxLhs::default();
+        let (mut next, mut rows, mut want_rows) = (AmxLhs::default(), AmxRhs::default(), AmxRhs::default());
         let (big, _, _) = operands(70, 1, 600, 1);
         next.pack(Op::N, 70, 600, &big);
+        rows.pack(Op::N, 70, 600, &big);
         for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
             let (a, b, c0) = operands(m, n, k, 200 + s as u64);
             let bias: Vec<f32> = c0[..n].to_vec();
@@ -910,12 +989,15 @@ mod tests {
                 let mut want = c0.clone();
                 gemm_amx_from(&lhs, &rhs, start, epilogue, &mut want, n);
                 want_next.pack(Op::N, m, n, &want);
+                want_rows.pack(Op::N, m, n, &want);
                 let mut got = c0.clone();
-                gemm_amx_packing(&lhs, &rhs, (start, epilogue), (&mut got, n), &mut next);
+                gemm_amx_packing(&lhs, &rhs, (start, epilogue), (&mut got, n), &mut next, Some(&mut rows));
                 let case = format!("{m}x{n}x{k} {start:?} {epilogue:?}");
                 assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "c differs: {case}");
                 assert_eq!((next.m, next.pairs, next.kp), (want_next.m, want_next.pairs, want_next.kp), "{case}");
                 assert_eq!(words(next.used()), words(want_next.used()), "packed output differs: {case}");
+                assert_eq!((rows.n, rows.pairs, rows.kp), (want_rows.n, want_rows.pairs, want_rows.kp), "{case}");
+                assert_eq!(words(rows.used()), words(want_rows.used()), "output packed as rows differs: {case}");
             }
         }
     }
@@ -1148,7 +1230,7 @@ mod tests {
                 for pack in [false, true] {
                     let mut got = c.clone();
                     let mut pairs = vec![u32::MAX; rows * kp];
-                    let to = pack.then_some((pairs.as_mut_ptr(), kp));
+                    let to = super::x86::PackTo { lhs: pack.then_some((pairs.as_mut_ptr(), kp)), rows: None };
                     // SAFETY: AMX implies AVX-512 F, BW and BF16; the block (rows × cols
                     // from column 2) lies inside `got` and `out`, its pairs (1 to 16) in `pairs`.
                     unsafe { super::x86::finish_block(epilogue, (&mut got, ldc), (0, 2), (rows, cols), to) };

@@ -119,6 +119,16 @@ pub struct Bf16Scratch {
     next_shape: Option<(usize, usize)>,
 }
 
+/// The right operand of [`Bf16Scratch::product_summing_lhs`].
+#[derive(Clone, Copy, Debug)]
+pub enum Right<'a> {
+    /// `op(b)` from its values (`b` stored `k × n` for [`Op::N`], `n × k` for [`Op::T`]).
+    Values(Op, &'a [f32]),
+    /// `op(b)` already packed for AMX, as a chained product packs its output
+    /// ([`Bf16Scratch::product_onto_row_chained`]): only where the AMX kernel runs.
+    Packed(&'a AmxRhs),
+}
+
 /// The left operand of [`Bf16Scratch::product_onto_row_chained`].
 #[derive(Clone, Copy, Debug)]
 pub enum Chained<'a> {
@@ -175,21 +185,36 @@ impl Bf16Scratch {
     /// values as it reads them): `dW = dyᵀ·x` with the bias gradient `Σ_b dy[b]`.
     ///
     /// # Panics
-    /// As [`product`](Self::product), and when `sums` holds fewer than `m` values.
+    /// As [`product`](Self::product), when `sums` holds fewer than `m` values,
+    /// and for [`Right::Packed`] when the AMX kernel does not run here or the
+    /// packed operand is not `k × n`.
     pub fn product_summing_lhs(
         &mut self,
         (op_a, a): (Op, &[f32]),
-        (op_b, b): (Op, &[f32]),
+        b: Right<'_>,
         (m, n, k): (usize, usize, usize),
         (c, ldc): (&mut [f32], usize),
         sums: &mut [f32],
     ) {
         if Bf16Kernel::best() == Bf16Kernel::Amx {
             self.amx_lhs.pack_summing(op_a, m, k, a, Some(sums));
-            self.amx_rhs.pack(op_b, k, n, b);
-            gemm_amx_from(&self.amx_lhs, &self.amx_rhs, Start::Zero, Epilogue::None, c, ldc);
+            let rhs = match b {
+                Right::Values(op_b, b) => {
+                    self.amx_rhs.pack(op_b, k, n, b);
+                    &self.amx_rhs
+                }
+                Right::Packed(rhs) => {
+                    let shape = (rhs.pairs(), rhs.n());
+                    assert_eq!(shape, (k.div_ceil(2), n), "product_summing_lhs: a packed operand of another shape");
+                    rhs
+                }
+            };
+            gemm_amx_from(&self.amx_lhs, rhs, Start::Zero, Epilogue::None, c, ldc);
             return;
         }
+        let Right::Values(op_b, b) = b else {
+            panic!("product_summing_lhs: a packed AMX operand where AMX does not run");
+        };
         self.product((op_a, a), (op_b, b), (m, n, k), false, c, ldc);
         super::gemm_amx::row_sums(op_a, m, k, a, sums);
     }
@@ -236,7 +261,9 @@ impl Bf16Scratch {
     /// `a`, and with `pack_output`, `c` also packed as the next call's
     /// [`Chained::Packed`] while each of its blocks is in L1, where the AMX
     /// kernel runs: the result says whether it was (elsewhere the next call
-    /// packs `c` from its values). The results are those of
+    /// packs `c` from its values). When it was, `c` is also packed into `rows`,
+    /// if given, as the [`Right::Packed`] operand of a product over `c`'s rows
+    /// (the next layer's `dW = dyᵀ·x`). The results are those of
     /// `product_onto_row` bit for bit.
     ///
     /// # Panics
@@ -250,9 +277,9 @@ impl Bf16Scratch {
         (m, n, k): (usize, usize, usize),
         (row, epilogue): (&[f32], Epilogue<'_>),
         (c, ldc): (&mut [f32], usize),
-        pack_output: bool,
+        (pack_output, rows): (bool, Option<&mut AmxRhs>),
     ) -> bool {
-        self.chained(a, b, (m, n, k), (Start::Row(row), epilogue), (c, ldc), pack_output)
+        self.chained(a, b, (m, n, k), (Start::Row(row), epilogue), (c, ldc), (pack_output, rows))
     }
 
     /// [`product_then`](Self::product_then) with `a` and `pack_output` as
@@ -271,7 +298,7 @@ impl Bf16Scratch {
         (c, ldc): (&mut [f32], usize),
         pack_output: bool,
     ) -> bool {
-        self.chained(a, b, (m, n, k), (Start::Zero, epilogue), (c, ldc), pack_output)
+        self.chained(a, b, (m, n, k), (Start::Zero, epilogue), (c, ldc), (pack_output, None))
     }
 
     fn chained(
@@ -281,7 +308,7 @@ impl Bf16Scratch {
         (m, n, k): (usize, usize, usize),
         (start, epilogue): (Start<'_>, Epilogue<'_>),
         (c, ldc): (&mut [f32], usize),
-        pack_output: bool,
+        (pack_output, rows): (bool, Option<&mut AmxRhs>),
     ) -> bool {
         let packed = self.next_shape.take();
         match a {
@@ -300,7 +327,7 @@ impl Bf16Scratch {
             gemm_amx_from(&self.amx_lhs, &self.amx_rhs, start, epilogue, c, ldc);
             return false;
         }
-        gemm_amx_packing(&self.amx_lhs, &self.amx_rhs, (start, epilogue), (c, ldc), &mut self.amx_next);
+        gemm_amx_packing(&self.amx_lhs, &self.amx_rhs, (start, epilogue), (c, ldc), &mut self.amx_next, rows);
         self.next_shape = Some((m, n));
         true
     }

@@ -4,8 +4,8 @@
 //! parameter buffer, followed by `b` (`output` values).
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
-use super::gemm_amx::Epilogue;
-use super::gemm_bf16::{Bf16Scratch, Chained};
+use super::gemm_amx::{AmxRhs, Epilogue};
+use super::gemm_bf16::{Bf16Scratch, Chained, Right};
 use super::gemm_packed::{gemm_packed_with, PackedRhs};
 pub use super::kernel_choice::ForwardClass;
 use super::kernel_choice::{backward_kernel_for, forward_class, panel_kernel_for, Backward};
@@ -183,14 +183,17 @@ impl Linear {
         (y, relu): (&mut [f32], bool),
         scratch: &mut Bf16Scratch,
     ) {
-        self.forward_bf16_chained(params, Chained::Rows(&x[..batch * self.input]), batch, (y, relu), scratch, false);
+        let x = Chained::Rows(&x[..batch * self.input]);
+        self.forward_bf16_chained(params, x, batch, (y, relu), scratch, (false, None));
     }
 
     /// [`forward_bf16`](Self::forward_bf16) with the input as
     /// [`Bf16Scratch::product_onto_row_chained`] takes it (the previous layer's
     /// output packed by its product, or values), and with `pack_output` the
     /// output packed for the next layer where the kernel can: the result says
-    /// whether it was. The same values as `forward_bf16`, bit for bit.
+    /// whether it was, and when it was, `rows` (if given) holds the output packed
+    /// as the next layer's input for its `dW` ([`Right::Packed`]). The same
+    /// values as `forward_bf16`, bit for bit.
     pub fn forward_bf16_chained(
         &self,
         params: &[f32],
@@ -198,7 +201,7 @@ impl Linear {
         batch: usize,
         (y, relu): (&mut [f32], bool),
         scratch: &mut Bf16Scratch,
-        pack_output: bool,
+        pack_output: (bool, Option<&mut AmxRhs>),
     ) -> bool {
         let w = &params[self.offset..self.offset + self.output * self.input];
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
@@ -224,19 +227,21 @@ impl Linear {
         dx: Option<(&mut [f32], Option<&[f32]>)>,
         scratch: &mut Bf16Scratch,
     ) {
-        self.backward_bf16_chained(params, (x, dy), batch, grads, dx, scratch, (false, false));
+        self.backward_bf16_chained(params, (x, None, dy), batch, grads, dx, scratch, (false, false));
     }
 
     /// [`backward_bf16`](Self::backward_bf16) where `dy_packed` says the
     /// product that wrote `dy` packed it ([`Bf16Scratch::product_then_chained`]),
     /// so the `dx` product reads it packed, and with `pack_dx` `dx` is packed for
-    /// the layer below: the result says whether it was. The same values as
-    /// `backward_bf16`, bit for bit.
+    /// the layer below: the result says whether it was. `x_packed`, if given,
+    /// is `x` as the previous layer's forward packed it (`rows` of
+    /// [`forward_bf16_chained`](Self::forward_bf16_chained)), which `dW` reads
+    /// instead of packing `x`. The same values as `backward_bf16`, bit for bit.
     #[allow(clippy::too_many_arguments)]
     pub fn backward_bf16_chained(
         &self,
         params: &[f32],
-        (x, dy): (&[f32], &[f32]),
+        (x, x_packed, dy): (&[f32], Option<&AmxRhs>, &[f32]),
         batch: usize,
         grads: &mut [f32],
         dx: Option<(&mut [f32], Option<&[f32]>)>,
@@ -247,7 +252,8 @@ impl Linear {
         let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
         let dy = &dy[..batch * self.output];
         let shape = (self.output, self.input, batch);
-        scratch.product_summing_lhs((Op::T, dy), (Op::N, &x[..batch * self.input]), shape, (gw, self.input), gb);
+        let x = x_packed.map_or(Right::Values(Op::N, &x[..batch * self.input]), Right::Packed);
+        scratch.product_summing_lhs((Op::T, dy), x, shape, (gw, self.input), gb);
         let Some((dx, relu_out)) = dx else {
             return false;
         };

@@ -1,5 +1,6 @@
 //! A stack of [`Linear`] layers with ReLU between them.
 
+use super::gemm_amx::AmxRhs;
 use super::gemm_bf16::{Bf16Scratch, Chained};
 use super::gemm_packed::PackedRhs;
 use super::linear::Linear;
@@ -31,6 +32,9 @@ pub struct MlpCache<T> {
     precision: Precision,
     /// The bf16 operands under [`Precision::Bf16`] (scratch shared by the layers).
     bf16: Bf16Scratch,
+    /// Under bf16 on AMX, per layer, its input as the layer below's forward
+    /// packed it for this layer's `dW`, and whether the last forward did.
+    inputs: Vec<(AmxRhs, bool)>,
 }
 
 impl<T: Scalar> MlpCache<T> {
@@ -104,6 +108,8 @@ impl Mlp {
     /// Runs the stack on `x[batch × input]`; the result is `[batch × output]`.
     pub fn forward<'c, T: Scalar>(&self, params: &[T], x: &[T], batch: usize, cache: &'c mut MlpCache<T>) -> &'c [T] {
         cache.outs.resize_with(self.layers.len(), Vec::new);
+        cache.inputs.resize_with(self.layers.len(), Default::default);
+        cache.inputs.iter_mut().for_each(|(_, packed)| *packed = false);
         // Under bf16, whether the previous layer's product packed its output for this one.
         let mut packed = false;
         for (i, l) in self.layers.iter().enumerate() {
@@ -123,8 +129,12 @@ impl Mlp {
                 Precision::Bf16 => {
                     let p = f32_view(params);
                     let x = if packed { Chained::Packed } else { Chained::Rows(&f32_view(input)[..batch * l.input]) };
-                    let next = i + 1 < self.layers.len();
+                    let rows = cache.inputs.get_mut(i + 1).map(|(rows, _)| rows);
+                    let next = (rows.is_some(), rows);
                     packed = l.forward_bf16_chained(p, x, batch, (f32_view_mut(out), relu), &mut cache.bf16, next);
+                    if let Some((_, input_packed)) = cache.inputs.get_mut(i + 1) {
+                        *input_packed = packed;
+                    }
                 }
             }
         }
@@ -145,7 +155,7 @@ impl Mlp {
         dx: Option<&mut [T]>,
     ) {
         let n = self.layers.len();
-        let MlpCache { outs, douts, packed, precision, bf16 } = cache;
+        let MlpCache { outs, douts, packed, precision, bf16, inputs } = cache;
         douts.resize_with(n, Vec::new);
         for (d, l) in douts.iter_mut().zip(&self.layers) {
             d.resize(batch * l.output, T::ZERO);
@@ -173,8 +183,9 @@ impl Mlp {
                     let layer_dx = layer_dx.map(|d| (f32_view_mut(d), relu_out));
                     through_relu = layer_dx.as_ref().is_some_and(|(_, r)| r.is_some());
                     let chain = (dy_packed, i > 0);
-                    dy_packed =
-                        l.backward_bf16_chained(p, (input, dy), batch, f32_view_mut(grads), layer_dx, bf16, chain);
+                    let x_packed = inputs.get(i).and_then(|(rows, packed)| packed.then_some(rows));
+                    let x = (input, x_packed, dy);
+                    dy_packed = l.backward_bf16_chained(p, x, batch, f32_view_mut(grads), layer_dx, bf16, chain);
                 }
             }
         }
