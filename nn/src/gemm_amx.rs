@@ -71,14 +71,53 @@ pub fn amx_available() -> bool {
     tiderec_records::cpu::has(tiderec_records::cpu::Feature::AmxBf16)
 }
 
+/// The buffer of a packed operand: `count` rows of `op(a)` ([`AmxLhs`]) or
+/// columns of `op(b)` ([`AmxRhs`]), each of `kp` pairs (`⌈k/2⌉` padded to 16),
+/// the count padded to 32.
+#[derive(Clone, Debug, Default)]
+struct Layout {
+    count: usize,
+    pairs: usize,
+    kp: usize,
+    data: Vec<Line>,
+}
+
+impl Layout {
+    /// Sizes the buffer for `count` rows or columns over a reduction of `k`,
+    /// without clearing it: the packing or a product's epilogue
+    /// ([`gemm_amx_packing`]) writes every line used.
+    fn prepare(&mut self, count: usize, k: usize) {
+        self.count = count;
+        self.pairs = k.div_ceil(2);
+        self.kp = round_up(self.pairs, TILE_PAIRS);
+        let lines = self.lines();
+        grow(&mut self.data, lines);
+    }
+
+    /// Lines of the layout (the buffer may hold more, from a larger shape).
+    fn lines(&self) -> usize {
+        round_up(self.count, BLOCK) * self.kp / 16
+    }
+
+    /// The lines of the layout.
+    #[cfg(test)]
+    fn used(&self) -> &[Line] {
+        &self.data[..self.lines()]
+    }
+
+    /// [`used`](Self::used), writable.
+    fn used_mut(&mut self) -> &mut [Line] {
+        let lines = self.lines();
+        &mut self.data[..lines]
+    }
+}
+
 /// `op(a)` (`m × k`) in rows of pairs: pair `q` of row `i` at `i·kp + q`, with
 /// `kp` the pairs padded to 16 and the rows to 32.
 #[derive(Clone, Debug, Default)]
 pub struct AmxLhs {
-    m: usize,
-    pairs: usize,
-    kp: usize,
-    data: Vec<Line>,
+    /// `m` rows.
+    layout: Layout,
     /// Sixteen pair rows of the transposed packing.
     strip: Vec<u32>,
 }
@@ -105,9 +144,9 @@ impl AmxLhs {
         if let Some(s) = &sums {
             assert!(s.len() >= m, "AmxLhs: {} sums for {m} rows", s.len());
         }
-        self.prepare(m, k);
-        let (pairs, kp, lines) = (self.pairs, self.kp, self.lines());
-        let data = words_mut(&mut self.data[..lines]);
+        self.layout.prepare(m, k);
+        let (pairs, kp) = (self.layout.pairs, self.layout.kp);
+        let data = words_mut(self.layout.used_mut());
         match op {
             Op::N => {
                 for (i, out) in data.chunks_exact_mut(kp.max(1)).enumerate().take(m) {
@@ -134,42 +173,14 @@ impl AmxLhs {
         }
     }
 
-    /// Sizes this buffer for an `m × k` operand (the rows padded to 32, the
-    /// pairs to 16), without clearing it: [`pack_summing`](Self::pack_summing)
-    /// or a product's epilogue ([`gemm_amx_packing`]) writes every line used.
-    fn prepare(&mut self, m: usize, k: usize) {
-        self.m = m;
-        self.pairs = k.div_ceil(2);
-        self.kp = round_up(self.pairs, TILE_PAIRS);
-        let lines = self.lines();
-        grow(&mut self.data, lines);
-    }
-
-    /// Lines of the layout (the buffer may hold more, from a larger shape).
-    fn lines(&self) -> usize {
-        round_up(self.m, BLOCK) * self.kp / 16
-    }
-
-    /// The lines of the layout.
-    #[cfg(test)]
-    fn used(&self) -> &[Line] {
-        &self.data[..self.lines()]
-    }
-
-    /// [`used`](Self::used), writable.
-    fn used_mut(&mut self) -> &mut [Line] {
-        let lines = self.lines();
-        &mut self.data[..lines]
-    }
-
     /// Rows of `op(a)`.
     pub fn m(&self) -> usize {
-        self.m
+        self.layout.count
     }
 
     /// Pairs per row (`⌈k/2⌉`).
     pub fn pairs(&self) -> usize {
-        self.pairs
+        self.layout.pairs
     }
 }
 
@@ -261,10 +272,8 @@ fn pack_rhs_portable(op: Op, b: &[f32], k: usize, n: usize, data: &mut [u32], kp
 /// `(p·kp + q)·32`, one pair per column, with `kp` the pairs padded to 16.
 #[derive(Clone, Debug, Default)]
 pub struct AmxRhs {
-    n: usize,
-    pairs: usize,
-    kp: usize,
-    data: Vec<Line>,
+    /// `n` columns.
+    layout: Layout,
     /// One column's pairs (the transposed packing's scratch).
     column: Vec<u32>,
 }
@@ -277,9 +286,9 @@ impl AmxRhs {
     /// When `b` is shorter than its shape requires.
     pub fn pack(&mut self, op: Op, k: usize, n: usize, b: &[f32]) {
         assert!(b.len() >= k * n, "AmxRhs: b has {} values, needs {}", b.len(), k * n);
-        self.prepare(k, n);
-        let (kp, lines) = (self.kp, self.lines());
-        let data = words_mut(&mut self.data[..lines]);
+        self.layout.prepare(n, k);
+        let kp = self.layout.kp;
+        let data = words_mut(self.layout.used_mut());
         #[cfg(target_arch = "x86_64")]
         if super::bf16_pack::bf16_vector_available() {
             // SAFETY: the CPU has AVX-512 F, BW and BF16 (checked); `b` holds `k × n`
@@ -295,42 +304,14 @@ impl AmxRhs {
         pack_rhs_portable(op, b, k, n, data, kp, &mut self.column);
     }
 
-    /// Sizes this buffer for a `k × n` operand (the pairs padded to 16, the
-    /// columns to 32), without clearing it: [`pack`](Self::pack) or a
-    /// product's epilogue ([`gemm_amx_packing`]) writes every line used.
-    fn prepare(&mut self, k: usize, n: usize) {
-        self.n = n;
-        self.pairs = k.div_ceil(2);
-        self.kp = round_up(self.pairs, TILE_PAIRS);
-        let lines = self.lines();
-        grow(&mut self.data, lines);
-    }
-
-    /// Lines of the layout (the buffer may hold more, from a larger shape).
-    fn lines(&self) -> usize {
-        self.n.div_ceil(BLOCK) * self.kp * BLOCK / 16
-    }
-
-    /// The lines of the layout.
-    #[cfg(test)]
-    fn used(&self) -> &[Line] {
-        &self.data[..self.lines()]
-    }
-
-    /// [`used`](Self::used), writable.
-    fn used_mut(&mut self) -> &mut [Line] {
-        let lines = self.lines();
-        &mut self.data[..lines]
-    }
-
     /// Columns of `op(b)`.
     pub fn n(&self) -> usize {
-        self.n
+        self.layout.count
     }
 
     /// Pairs per column (`⌈k/2⌉`).
     pub fn pairs(&self) -> usize {
-        self.pairs
+        self.layout.pairs
     }
 }
 
@@ -425,25 +406,25 @@ fn product(
 ) {
     assert!(amx_available(), "gemm_amx: AMX-BF16 does not run here");
     if let Some(next) = next.as_deref_mut() {
-        next.prepare(a.m, b.n);
+        next.layout.prepare(a.m(), b.n());
     }
     if let Some(rows) = rows.as_deref_mut() {
-        rows.prepare(a.m, b.n);
+        rows.layout.prepare(b.n(), a.m());
     }
+    let (m, n, kp) = (a.m(), b.n(), b.layout.kp);
     if let Start::Row(row) = start {
-        assert!(row.len() >= b.n, "gemm_amx: a start row of {} values for {} columns", row.len(), b.n);
+        assert!(row.len() >= n, "gemm_amx: a start row of {} values for {n} columns", row.len());
     }
-    if let (Epilogue::ReluBackward(out), true) = (epilogue, a.m > 0 && b.n > 0) {
-        assert!(out.len() >= (a.m - 1) * ldc + b.n, "gemm_amx: a ReLU output of {} values", out.len());
+    if let (Epilogue::ReluBackward(out), true) = (epilogue, m > 0 && n > 0) {
+        assert!(out.len() >= (m - 1) * ldc + n, "gemm_amx: a ReLU output of {} values", out.len());
     }
-    let (m, n, kp) = (a.m, b.n, b.kp);
-    assert_eq!(a.pairs, b.pairs, "gemm_amx: {} pairs on the left, {} on the right", a.pairs, b.pairs);
+    assert_eq!(a.pairs(), b.pairs(), "gemm_amx: {} pairs on the left, {} on the right", a.pairs(), b.pairs());
     if m == 0 || n == 0 {
         if let Some(next) = next {
-            words_mut(next.used_mut()).fill(0);
+            words_mut(next.layout.used_mut()).fill(0);
         }
         if let Some(rows) = rows {
-            words_mut(rows.used_mut()).fill(0);
+            words_mut(rows.layout.used_mut()).fill(0);
         }
         return;
     }
@@ -470,16 +451,16 @@ fn product(
     }
     let lhs_to = next.map(|next| {
         // The padding rows; every pair of the rows below `m` is written by the blocks.
-        let kp_next = next.kp;
-        let data = words_mut(next.used_mut());
+        let kp_next = next.layout.kp;
+        let data = words_mut(next.layout.used_mut());
         data[m * kp_next..].fill(0);
         (data.as_mut_ptr(), kp_next)
     });
     // Every line of this layout is written by the blocks (their padding rows and columns as zeros).
-    let rows_to = rows.map(|rows| (words_mut(rows.used_mut()).as_mut_ptr(), rows.kp));
+    let rows_to = rows.map(|rows| (words_mut(rows.layout.used_mut()).as_mut_ptr(), rows.layout.kp));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AMX runs here (asserted); the shapes were checked above and the
-    // packed operands hold `a.m` rows padded to 32 and `b.n` columns padded to 32,
+    // packed operands hold `m` rows padded to 32 and `n` columns padded to 32,
     // both over `kp` pairs; `lhs_to`, if any, `m` rows of `⌈n/32⌉·16` pairs;
     // `rows_to`, if any, `⌈n/32⌉` panels of `⌈m/32⌉·16` pair rows.
     unsafe {
@@ -796,8 +777,8 @@ mod x86 {
         (c, ldc): (&mut [f32], usize),
         pack: PackTo,
     ) {
-        let (m, n, kp) = (a.m, b.n, b.kp);
-        let (a_words, b_words) = (words(&a.data), words(&b.data));
+        let (m, n, kp) = (a.m(), b.n(), b.layout.kp);
+        let (a_words, b_words) = (words(&a.layout.data), words(&b.layout.data));
         let tiles = Tiles::configure();
         let mut edge = Edge([0.0; BLOCK * BLOCK]);
         for q0 in (0..kp).step_by(CHUNK_PAIRS) {
@@ -994,10 +975,15 @@ mod tests {
                 gemm_amx_packing(&lhs, &rhs, (start, epilogue), (&mut got, n), &mut next, Some(&mut rows));
                 let case = format!("{m}x{n}x{k} {start:?} {epilogue:?}");
                 assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "c differs: {case}");
-                assert_eq!((next.m, next.pairs, next.kp), (want_next.m, want_next.pairs, want_next.kp), "{case}");
-                assert_eq!(words(next.used()), words(want_next.used()), "packed output differs: {case}");
-                assert_eq!((rows.n, rows.pairs, rows.kp), (want_rows.n, want_rows.pairs, want_rows.kp), "{case}");
-                assert_eq!(words(rows.used()), words(want_rows.used()), "output packed as rows differs: {case}");
+                let shape = |l: &Layout| (l.count, l.pairs, l.kp);
+                assert_eq!(shape(&next.layout), shape(&want_next.layout), "{case}");
+                assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "packed output differs: {case}");
+                assert_eq!(shape(&rows.layout), shape(&want_rows.layout), "{case}");
+                assert_eq!(
+                    words(rows.layout.used()),
+                    words(want_rows.layout.used()),
+                    "output packed as rows differs: {case}"
+                );
             }
         }
     }
@@ -1023,7 +1009,7 @@ mod tests {
                 summing.pack_summing(op, m, k, &a, Some(&mut fused));
                 assert_eq!(fused[..m].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "fused {op:?} {m}x{k}");
                 assert!(fused[m..].iter().all(|v| v.is_nan()), "the fused sums wrote past m");
-                assert_eq!(words(plain.used()), words(summing.used()), "packing {op:?} {m}x{k}");
+                assert_eq!(words(plain.layout.used()), words(summing.layout.used()), "packing {op:?} {m}x{k}");
             }
         }
     }
