@@ -184,16 +184,17 @@ impl Linear {
         scratch: &mut Bf16Scratch,
     ) {
         let x = Chained::Rows(&x[..batch * self.input]);
-        self.forward_bf16_chained(params, x, batch, (y, relu), scratch, (false, None));
+        self.forward_bf16_chained(params, x, batch, (y, relu), scratch, None);
     }
 
     /// [`forward_bf16`](Self::forward_bf16) with the input as
     /// [`Bf16Scratch::product_onto_row_chained`] takes it (the previous layer's
-    /// output packed by its product, or values), and with `pack_output` the
-    /// output packed for the next layer where the kernel can: the result says
-    /// whether it was, and when it was, `rows` (if given) holds the output packed
-    /// as the next layer's input for its `dW` ([`Right::Packed`]). The same
-    /// values as `forward_bf16`, bit for bit.
+    /// output packed by its product, or values), and with `next` the output
+    /// packed for the next layer where the kernel can: the result says whether
+    /// it was. When it was, the output is packed both as the next layer's
+    /// input to its forward (the scratch's [`Chained::Packed`]) and into `next`
+    /// as its input to `dW` ([`Right::Packed`]). The same values as
+    /// `forward_bf16`, bit for bit.
     pub fn forward_bf16_chained(
         &self,
         params: &[f32],
@@ -201,14 +202,14 @@ impl Linear {
         batch: usize,
         (y, relu): (&mut [f32], bool),
         scratch: &mut Bf16Scratch,
-        pack_output: (bool, Option<&mut AmxRhs>),
+        next: Option<&mut AmxRhs>,
     ) -> bool {
         let w = &params[self.offset..self.offset + self.output * self.input];
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
         let y = &mut y[..batch * self.output];
         let shape = (batch, self.output, self.input);
         let epilogue = if relu { Epilogue::Relu } else { Epilogue::None };
-        scratch.product_onto_row_chained(x, (Op::T, w), shape, (b, epilogue), (y, self.output), pack_output)
+        scratch.product_onto_row_chained(x, (Op::T, w), shape, (b, epilogue), (y, self.output), (next.is_some(), next))
     }
 
     /// [`backward`](Self::backward) under `--precision bf16`: `dW = dyᵀ·x` and

@@ -129,8 +129,7 @@ impl Mlp {
                 Precision::Bf16 => {
                     let p = f32_view(params);
                     let x = if packed { Chained::Packed } else { Chained::Rows(&f32_view(input)[..batch * l.input]) };
-                    let rows = cache.inputs.get_mut(i + 1).map(|(rows, _)| rows);
-                    let next = (rows.is_some(), rows);
+                    let next = cache.inputs.get_mut(i + 1).map(|(rows, _)| rows);
                     packed = l.forward_bf16_chained(p, x, batch, (f32_view_mut(out), relu), &mut cache.bf16, next);
                     if let Some((_, input_packed)) = cache.inputs.get_mut(i + 1) {
                         *input_packed = packed;
