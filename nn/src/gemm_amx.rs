@@ -313,6 +313,16 @@ impl AmxRhs {
     pub fn pairs(&self) -> usize {
         self.layout.pairs
     }
+
+    /// Entry `(row, col)` of `op(b)` as packed: its bf16 rounding, widened.
+    ///
+    /// # Panics
+    /// Outside the `k × n` packed.
+    pub fn value(&self, row: usize, col: usize) -> f32 {
+        assert!(row < 2 * self.layout.pairs && col < self.n(), "AmxRhs: no entry ({row}, {col})");
+        let pair = words(&self.layout.data)[(col / BLOCK * self.layout.kp + row / 2) * BLOCK + col % BLOCK];
+        bf16_to_f32((pair >> (16 * (row % 2))) as u16)
+    }
 }
 
 /// Where the chain of every entry of `c` starts.
@@ -328,7 +338,7 @@ pub enum Start<'a> {
 
 /// What becomes of each entry of `c` once its chain is complete, while its
 /// block is still in L1: an activation's pass without a pass of its own.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Epilogue<'a> {
     /// It is stored as summed.
     None,
@@ -337,6 +347,12 @@ pub enum Epilogue<'a> {
     /// [`relu_backward_in_place`] against
     /// the ReLU's output, laid out as `c` (`m` rows at stride `ldc`).
     ReluBackward(&'a [f32]),
+    /// [`relu_backward_in_place`] against the ReLU's output rounded to bf16,
+    /// as `rows` of [`gemm_amx_packing`] holds it (the `m × n` output as the
+    /// right operand of a product over its rows): the values the layer above
+    /// multiplied. The same as [`Epilogue::ReluBackward`] against the `f32`
+    /// output wherever no output is a positive denormal (which rounds to `+0`).
+    ReluBackwardPacked(&'a AmxRhs),
 }
 
 impl Epilogue<'_> {
@@ -347,6 +363,10 @@ impl Epilogue<'_> {
             Epilogue::None => {}
             Epilogue::Relu => relu_in_place(&mut c[at..at + cols]),
             Epilogue::ReluBackward(out) => relu_backward_in_place(&mut c[at..at + cols], &out[at..at + cols]),
+            Epilogue::ReluBackwardPacked(out) => {
+                let out: Vec<f32> = (j..j + cols).map(|col| out.value(r, col)).collect();
+                relu_backward_in_place(&mut c[at..at + cols], &out);
+            }
         }
     }
 }
@@ -369,7 +389,7 @@ pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: us
 /// # Panics
 /// As [`gemm_amx`], and when a start row holds fewer than `n` values.
 pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, epilogue: Epilogue<'_>, c: &mut [f32], ldc: usize) {
-    product(a, b, start, epilogue, (c, ldc), (None, None))
+    product(a, b, start, epilogue, (c, ldc, true), (None, None))
 }
 
 /// [`gemm_amx_from`], and `next` packed from the finished `c` as the left
@@ -390,7 +410,27 @@ pub fn gemm_amx_packing(
     next: &mut AmxLhs,
     rows: Option<&mut AmxRhs>,
 ) {
-    product(a, b, start, epilogue, (c, ldc), (Some(next), rows))
+    product(a, b, start, epilogue, (c, ldc, true), (Some(next), rows))
+}
+
+/// [`gemm_amx_packing`] with both packings, for a product whose output is
+/// read only as packed (a hidden layer's, under bf16): where the reduction
+/// fits one chunk (`k ≤ 1,024`), each finished block goes from the tiles
+/// through an L1 buffer to the packings, and `c` is left as it was; beyond,
+/// `c` is written as [`gemm_amx_packing`] writes it. The packings are the same
+/// bit for bit.
+///
+/// # Panics
+/// As [`gemm_amx_packing`].
+pub fn gemm_amx_packing_only(
+    a: &AmxLhs,
+    b: &AmxRhs,
+    (start, epilogue): (Start<'_>, Epilogue<'_>),
+    (c, ldc): (&mut [f32], usize),
+    next: &mut AmxLhs,
+    rows: &mut AmxRhs,
+) {
+    product(a, b, start, epilogue, (c, ldc, false), (Some(next), Some(rows)))
 }
 
 /// The buffers a product packs its output into.
@@ -401,7 +441,7 @@ fn product(
     b: &AmxRhs,
     start: Start<'_>,
     epilogue: Epilogue<'_>,
-    (c, ldc): (&mut [f32], usize),
+    (c, ldc, store): (&mut [f32], usize, bool),
     (mut next, mut rows): Outputs<'_>,
 ) {
     assert!(amx_available(), "gemm_amx: AMX-BF16 does not run here");
@@ -415,8 +455,17 @@ fn product(
     if let Start::Row(row) = start {
         assert!(row.len() >= n, "gemm_amx: a start row of {} values for {n} columns", row.len());
     }
-    if let (Epilogue::ReluBackward(out), true) = (epilogue, m > 0 && n > 0) {
-        assert!(out.len() >= (m - 1) * ldc + n, "gemm_amx: a ReLU output of {} values", out.len());
+    match (epilogue, m > 0 && n > 0) {
+        (Epilogue::ReluBackward(out), true) => {
+            assert!(out.len() >= (m - 1) * ldc + n, "gemm_amx: a ReLU output of {} values", out.len())
+        }
+        (Epilogue::ReluBackwardPacked(out), _) => assert!(
+            out.n() >= n && 2 * out.pairs() >= m,
+            "gemm_amx: a packed ReLU output of {} x {} for {m} x {n}",
+            2 * out.pairs(),
+            out.n()
+        ),
+        _ => {}
     }
     assert_eq!(a.pairs(), b.pairs(), "gemm_amx: {} pairs on the left, {} on the right", a.pairs(), b.pairs());
     if m == 0 || n == 0 {
@@ -464,7 +513,7 @@ fn product(
     // both over `kp` pairs; `lhs_to`, if any, `m` rows of `⌈n/32⌉·16` pairs;
     // `rows_to`, if any, `⌈n/32⌉` panels of `⌈m/32⌉·16` pair rows.
     unsafe {
-        x86::gemm(a, b, (start, epilogue), (c, ldc), x86::PackTo { lhs: lhs_to, rows: rows_to })
+        x86::gemm(a, b, (start, epilogue), (c, ldc), x86::PackTo { lhs: lhs_to, rows: rows_to }, store)
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("AMX runs only on x86-64")
@@ -674,6 +723,9 @@ mod x86 {
     /// [`Epilogue::apply`] to rows `i..i + rows` of `c`, `cols ≤ 32` entries
     /// from column `j`, sixteen lanes at a time: the same comparisons and `+ 0`
     /// as the scalar ReLU, so equal bit for bit (NaN kept, `-0` made `+0`).
+    /// The block's entries are read at `block` (its first entry; rows `stride`
+    /// apart) and, with `store`, written back there; `ldc` is `c`'s stride,
+    /// which [`Epilogue::ReluBackward`]'s output shares.
     ///
     /// Each finished row of the block is also rounded to bf16 into `pack.lhs`:
     /// its 32 values in order (zeros past `cols`) as 16 pairs, as
@@ -684,44 +736,64 @@ mod x86 {
     ///
     /// # Safety
     /// The CPU has AVX-512 F, BW and BF16; `i` is a multiple of 32 and `j` of
-    /// 32; the block lies inside `c` (and inside the ReLU's output, laid out as
-    /// `c`, for [`Epilogue::ReluBackward`]); `pack.lhs`'s rows hold pairs
+    /// 32; `block` holds 32 rows of 32 entries at `stride`; the block lies
+    /// inside the ReLU's output (laid out as `c`) for
+    /// [`Epilogue::ReluBackward`], inside the packed output for
+    /// [`Epilogue::ReluBackwardPacked`]; `pack.lhs`'s rows hold pairs
     /// `j/2 .. j/2 + 16` of rows `i .. i + rows`; `pack.rows`' panel `j/32`
     /// holds pair rows `i/2 .. i/2 + 16`.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn finish_block(
         epilogue: Epilogue<'_>,
-        (c, ldc): (&mut [f32], usize),
+        (block, stride): (*mut f32, usize),
+        ldc: usize,
         (i, j): (usize, usize),
         (rows, cols): (usize, usize),
         pack: PackTo,
+        store: bool,
     ) {
         let zero = _mm512_setzero_ps();
-        let block = (c, ldc, (i, j), (rows, cols), pack);
+        let at = (block, stride, (i, j), (rows, cols), pack);
         match epilogue {
-            Epilogue::None => each_row(block, false, |_, _, x| x),
+            Epilogue::None => each_row(at, false, |_, _, _, x| x),
             // `x < 0` gives 0, anything else (NaN too) `x + 0`.
-            Epilogue::Relu => each_row(block, true, |_, _, x| {
+            Epilogue::Relu => each_row(at, store, |_, _, _, x| {
                 _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, zero), x, zero)
             }),
             // `out <= 0` gives 0, anything else (NaN too) `grad + 0`.
-            Epilogue::ReluBackward(out) => each_row(block, true, |at, m, x| {
-                let o = _mm512_maskz_loadu_ps(m, out.as_ptr().add(at));
+            Epilogue::ReluBackward(out) => each_row(at, store, |r, half, m, x| {
+                let o = _mm512_maskz_loadu_ps(m, out.as_ptr().add(r * ldc + j + 16 * half));
                 _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLE_UQ>(o, zero), x, zero)
             }),
+            // The same, the output widened from its bf16 half of pair row `r/2`.
+            Epilogue::ReluBackwardPacked(out) => {
+                let (panels, kp) = (words(&out.layout.data).as_ptr(), out.layout.kp);
+                each_row(at, store, |r, half, m, x| {
+                    let pairs =
+                        _mm512_maskz_loadu_epi32(m, panels.add((j / BLOCK * kp + r / 2) * BLOCK + 16 * half) as _);
+                    let bits = if r % 2 == 0 {
+                        _mm512_slli_epi32::<16>(pairs)
+                    } else {
+                        _mm512_and_si512(pairs, _mm512_set1_epi32(0xffff_0000u32 as i32))
+                    };
+                    let o = _mm512_castsi512_ps(bits);
+                    _mm512_maskz_add_ps(_mm512_cmp_ps_mask::<_CMP_NLE_UQ>(o, zero), x, zero)
+                })
+            }
         }
     }
 
-    /// `c[at] ← f(at, lanes, c[at])` over the two sixteen-lane halves of each
+    /// `x ← f(row, half, lanes, x)` over the two sixteen-lane halves of each
     /// of the block's rows, the lanes past its `cols` masked off (stored when
     /// `store`), then each row's 32 values rounded into `pack.lhs`'s row and
     /// each pair of rows into `pack.rows`' pair row (see [`finish_block`]).
     #[inline(always)]
     #[allow(clippy::type_complexity)]
     unsafe fn each_row(
-        (c, ldc, (i, j), (rows, cols), pack): (&mut [f32], usize, (usize, usize), (usize, usize), PackTo),
+        (block, stride, (i, j), (rows, cols), pack): (*mut f32, usize, (usize, usize), (usize, usize), PackTo),
         store: bool,
-        mut f: impl FnMut(usize, u16, __m512) -> __m512,
+        mut f: impl FnMut(usize, usize, u16, __m512) -> __m512,
     ) {
         if !store && !pack.any() {
             return;
@@ -732,11 +804,10 @@ mod x86 {
         for r in (i..i + BLOCK).step_by(2) {
             let mut pair = [[_mm512_setzero_ps(); 2]; 2];
             for (t, halves) in pair.iter_mut().enumerate().take((i + rows).saturating_sub(r)) {
-                let at = (r + t) * ldc + j;
-                let to = c.as_mut_ptr().add(at);
-                let lo = f(at, m0, _mm512_maskz_loadu_ps(m0, to));
+                let to = block.add((r - i + t) * stride);
+                let lo = f(r + t, 0, m0, _mm512_maskz_loadu_ps(m0, to));
                 let hi =
-                    if m1 != 0 { f(at + 16, m1, _mm512_maskz_loadu_ps(m1, to.add(16))) } else { _mm512_setzero_ps() };
+                    if m1 != 0 { f(r + t, 1, m1, _mm512_maskz_loadu_ps(m1, to.add(16))) } else { _mm512_setzero_ps() };
                 if store {
                     _mm512_mask_storeu_ps(to, m0, lo);
                     if m1 != 0 {
@@ -769,16 +840,21 @@ mod x86 {
     /// # Safety
     /// AMX runs here; `c` holds `m` rows of `n` at stride `ldc`; `kp ≥ 16`.
     ///
-    /// With `pack`, the finished blocks are also packed there ([`finish_block`]).
+    /// With `pack`, the finished blocks are also packed there ([`finish_block`]);
+    /// without `store`, where one chunk holds the whole reduction, they are
+    /// packed only: each block goes from the tiles through an L1 buffer to the
+    /// packings, and `c` is not written.
     pub(super) unsafe fn gemm(
         a: &AmxLhs,
         b: &AmxRhs,
         (start, epilogue): (Start<'_>, Epilogue<'_>),
         (c, ldc): (&mut [f32], usize),
         pack: PackTo,
+        store: bool,
     ) {
         let (m, n, kp) = (a.m(), b.n(), b.layout.kp);
         let (a_words, b_words) = (words(&a.layout.data), words(&b.layout.data));
+        let through_edge = !store && pack.any() && kp <= CHUNK_PAIRS;
         let tiles = Tiles::configure();
         let mut edge = Edge([0.0; BLOCK * BLOCK]);
         for q0 in (0..kp).step_by(CHUNK_PAIRS) {
@@ -787,11 +863,6 @@ mod x86 {
             // the last one finishes each block while it is in L1.
             let start = if q0 == 0 { start } else { Start::Output };
             let finishing = q0 + CHUNK_PAIRS >= kp && (pack.any() || !matches!(epilogue, Epilogue::None));
-            let finish = |c: &mut [f32], i: usize, j: usize, rows: usize, cols: usize| {
-                if finishing {
-                    finish_block(epilogue, (c, ldc), (i, j), (rows, cols), pack);
-                }
-            };
             for i in (0..m).step_by(BLOCK) {
                 let a_ptr = a_words.as_ptr().add(i * kp + q0);
                 for j in (0..n).step_by(BLOCK) {
@@ -803,18 +874,21 @@ mod x86 {
                     let run = |c: *mut f32, ldc: usize, from: (*const f32, usize)| {
                         block_32x32(&tiles, a_ptr, kp * 4, b_ptr, BLOCK * 4, blocks, c, ldc * 4, from, prefetch)
                     };
-                    if rows == BLOCK && cols == BLOCK {
+                    if rows == BLOCK && cols == BLOCK && !through_edge {
                         let out = c.as_mut_ptr().add(i * ldc + j);
                         match start {
                             Start::Zero => run(out, ldc, (std::ptr::null(), 0)),
                             Start::Output => run(out, ldc, (out, ldc * 4)),
                             Start::Row(row) => run(out, ldc, (row.as_ptr().add(j), 0)),
                         }
-                        finish(c, i, j, rows, cols);
+                        if finishing {
+                            finish_block(epilogue, (out, ldc), ldc, (i, j), (rows, cols), pack, true);
+                        }
                         continue;
                     }
                     let from = match start {
                         Start::Zero => (std::ptr::null(), 0),
+                        Start::Row(row) if cols == BLOCK => (row.as_ptr().add(j), 0),
                         Start::Output => {
                             for r in 0..rows {
                                 edge.0[r * BLOCK..r * BLOCK + cols].copy_from_slice(&c[(i + r) * ldc + j..][..cols]);
@@ -829,10 +903,17 @@ mod x86 {
                         }
                     };
                     run(edge.0.as_mut_ptr(), BLOCK, from);
+                    if through_edge {
+                        finish_block(epilogue, (edge.0.as_mut_ptr(), BLOCK), ldc, (i, j), (rows, cols), pack, false);
+                        continue;
+                    }
                     for r in 0..rows {
                         c[(i + r) * ldc + j..][..cols].copy_from_slice(&edge.0[r * BLOCK..r * BLOCK + cols]);
                     }
-                    finish(c, i, j, rows, cols);
+                    if finishing {
+                        let out = c.as_mut_ptr().add(i * ldc + j);
+                        finish_block(epilogue, (out, ldc), ldc, (i, j), (rows, cols), pack, true);
+                    }
                 }
             }
         }
@@ -1219,7 +1300,10 @@ mod tests {
                     let to = super::x86::PackTo { lhs: pack.then_some((pairs.as_mut_ptr(), kp)), rows: None };
                     // SAFETY: AMX implies AVX-512 F, BW and BF16; the block (rows × cols
                     // from column 2) lies inside `got` and `out`, its pairs (1 to 16) in `pairs`.
-                    unsafe { super::x86::finish_block(epilogue, (&mut got, ldc), (0, 2), (rows, cols), to) };
+                    unsafe {
+                        let block = (got.as_mut_ptr().add(2), ldc);
+                        super::x86::finish_block(epilogue, block, ldc, (0, 2), (rows, cols), to, true)
+                    };
                     assert_eq!(bits(&got), bits(&want), "{cols} columns, {epilogue:?}, packing {pack}");
                     if pack {
                         for r in 0..rows {
@@ -1232,6 +1316,102 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The ReLU-backward epilogue reading the packed output equals the scalar
+    /// pass against that output rounded to bf16, bit for bit, on special values
+    /// (NaN, `±0`, `±∞`, denormals), at every width 1..=32 of the first and of
+    /// the second panel; against the `f32` output it differs only where that is
+    /// a positive denormal, which rounds to `+0`.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_packed_relu_backward_reads_the_rounded_output() {
+        if !amx_available() {
+            eprintln!("skipped: this CPU has no usable AMX-BF16");
+            return;
+        }
+        let tiny = f32::from_bits(1);
+        let special = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, -1.5, 2.5, tiny, -tiny, 1e-39, 3.0];
+        let (rows, ldc) = (5, 64);
+        let value = |i: usize, shift: usize| special[(i * 7 + shift) % special.len()];
+        let out: Vec<f32> = (0..rows * ldc).map(|i| value(i, 3)).collect();
+        let rounded: Vec<f32> = out.iter().map(|&x| bf16_to_f32(round_bf16(x))).collect();
+        let mut packed = AmxRhs::default();
+        packed.pack(Op::N, rows, ldc, &out);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let none = super::x86::PackTo { lhs: None, rows: None };
+        for (j, cols) in [0, 32].into_iter().flat_map(|j| (1..=32).map(move |cols| (j, cols))) {
+            let c: Vec<f32> = (0..rows * ldc).map(|i| value(i, cols) * 0.5 + 1.0).collect();
+            let (mut want, mut exact) = (c.clone(), c.clone());
+            for r in 0..rows {
+                Epilogue::ReluBackward(&rounded).apply(&mut want, ldc, (r, j, cols));
+                Epilogue::ReluBackward(&out).apply(&mut exact, ldc, (r, j, cols));
+            }
+            let mut scalar = c.clone();
+            let mut got = c.clone();
+            for r in 0..rows {
+                Epilogue::ReluBackwardPacked(&packed).apply(&mut scalar, ldc, (r, j, cols));
+            }
+            // SAFETY: AMX implies AVX-512 F, BW and BF16; the block (rows × cols from
+            // column j, a multiple of 32) lies inside `got` and the packed output.
+            unsafe {
+                let block = (got.as_mut_ptr().add(j), ldc);
+                super::x86::finish_block(
+                    Epilogue::ReluBackwardPacked(&packed),
+                    block,
+                    ldc,
+                    (0, j),
+                    (rows, cols),
+                    none,
+                    true,
+                )
+            };
+            assert_eq!(bits(&scalar), bits(&want), "scalar: {cols} columns from {j}");
+            assert_eq!(bits(&got), bits(&want), "vector: {cols} columns from {j}");
+            for (at, (&g, &e)) in got.iter().zip(&exact).enumerate() {
+                let inside = (j..j + cols).contains(&(at % ldc));
+                let positive_denormal = out[at] > 0.0 && out[at].is_subnormal();
+                let differs = inside && positive_denormal && e != 0.0;
+                assert_eq!(g.to_bits() != e.to_bits(), differs, "at {at}: {g} against {e}");
+            }
+        }
+    }
+
+    /// Packing only leaves `c` as it was where one chunk holds the reduction
+    /// (elsewhere it writes `c` as [`gemm_amx_packing`] does) and packs the
+    /// same bits as [`gemm_amx_packing`], on every shape, start and epilogue,
+    /// the ReLU's backward reading its output packed included.
+    #[test]
+    fn packing_only_packs_the_same_and_leaves_c() {
+        if !amx_available() {
+            eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
+            return;
+        }
+        let (mut lhs, mut rhs, mut relu_out) = (AmxLhs::default(), AmxRhs::default(), AmxRhs::default());
+        let (mut next, mut rows, mut want_next, mut want_rows) =
+            (AmxLhs::default(), AmxRhs::default(), AmxLhs::default(), AmxRhs::default());
+        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+            let (a, b, c0) = operands(m, n, k, 300 + s as u64);
+            let bias: Vec<f32> = c0[..n].to_vec();
+            let out: Vec<f32> = c0.iter().rev().copied().collect();
+            lhs.pack(Op::N, m, k, &a);
+            rhs.pack(Op::T, k, n, &b);
+            relu_out.pack(Op::N, m, n, &out);
+            let starts = [Start::Zero, Start::Output, Start::Row(&bias)];
+            let epilogues = [Epilogue::None, Epilogue::Relu, Epilogue::ReluBackwardPacked(&relu_out)];
+            for (start, epilogue) in starts.iter().flat_map(|&s| epilogues.iter().map(move |&e| (s, e))) {
+                let case = format!("{m}x{n}x{k} {start:?} {epilogue:?}");
+                let mut want = c0.clone();
+                gemm_amx_packing(&lhs, &rhs, (start, epilogue), (&mut want, n), &mut want_next, Some(&mut want_rows));
+                let mut got = c0.clone();
+                gemm_amx_packing_only(&lhs, &rhs, (start, epilogue), (&mut got, n), &mut next, &mut rows);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let one_chunk = k.div_ceil(2).div_ceil(TILE_PAIRS) * TILE_PAIRS <= CHUNK_PAIRS;
+                assert_eq!(bits(&got), bits(if one_chunk { &c0 } else { &want }), "c: {case}");
+                assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "packed output: {case}");
+                assert_eq!(words(rows.layout.used()), words(want_rows.layout.used()), "output as rows: {case}");
             }
         }
     }

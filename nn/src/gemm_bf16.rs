@@ -22,7 +22,7 @@
 use super::bf16_pack::{bf16_to_f32, round_bf16};
 use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
 use super::gemm::Op;
-use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_packing, gemm_amx_reference};
+use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_packing, gemm_amx_packing_only, gemm_amx_reference};
 use super::gemm_amx::{AmxLhs, AmxRhs, Epilogue, Start};
 
 /// Pairs (two reduction steps each) per run of the sums: a 32-column panel's
@@ -263,8 +263,10 @@ impl Bf16Scratch {
     /// kernel runs: the result says whether it was (elsewhere the next call
     /// packs `c` from its values). When it was, `c` is also packed into `rows`,
     /// if given, as the [`Right::Packed`] operand of a product over `c`'s rows
-    /// (the next layer's `dW = dyᵀ·x`). The results are those of
-    /// `product_onto_row` bit for bit.
+    /// (the next layer's `dW = dyᵀ·x`), and then, without `write_c`, `c` is
+    /// not written where the reduction fits one chunk of the kernel
+    /// ([`gemm_amx_packing_only`]): its packings are all that is read. The
+    /// results are those of `product_onto_row` bit for bit.
     ///
     /// # Panics
     /// As [`product_onto_row`](Self::product_onto_row), and for
@@ -276,10 +278,10 @@ impl Bf16Scratch {
         b: (Op, &[f32]),
         (m, n, k): (usize, usize, usize),
         (row, epilogue): (&[f32], Epilogue<'_>),
-        (c, ldc): (&mut [f32], usize),
+        (c, ldc, write_c): (&mut [f32], usize, bool),
         (pack_output, rows): (bool, Option<&mut AmxRhs>),
     ) -> bool {
-        self.chained(a, b, (m, n, k), (Start::Row(row), epilogue), (c, ldc), (pack_output, rows))
+        self.chained(a, b, (m, n, k), (Start::Row(row), epilogue), (c, ldc, write_c), (pack_output, rows))
     }
 
     /// [`product_then`](Self::product_then) with `a` and `pack_output` as
@@ -298,7 +300,7 @@ impl Bf16Scratch {
         (c, ldc): (&mut [f32], usize),
         pack_output: bool,
     ) -> bool {
-        self.chained(a, b, (m, n, k), (Start::Zero, epilogue), (c, ldc), (pack_output, None))
+        self.chained(a, b, (m, n, k), (Start::Zero, epilogue), (c, ldc, true), (pack_output, None))
     }
 
     fn chained(
@@ -307,7 +309,7 @@ impl Bf16Scratch {
         (op_b, b): (Op, &[f32]),
         (m, n, k): (usize, usize, usize),
         (start, epilogue): (Start<'_>, Epilogue<'_>),
-        (c, ldc): (&mut [f32], usize),
+        (c, ldc, write_c): (&mut [f32], usize, bool),
         (pack_output, rows): (bool, Option<&mut AmxRhs>),
     ) -> bool {
         let packed = self.next_shape.take();
@@ -327,7 +329,19 @@ impl Bf16Scratch {
             gemm_amx_from(&self.amx_lhs, &self.amx_rhs, start, epilogue, c, ldc);
             return false;
         }
-        gemm_amx_packing(&self.amx_lhs, &self.amx_rhs, (start, epilogue), (c, ldc), &mut self.amx_next, rows);
+        match rows {
+            Some(rows) if !write_c => gemm_amx_packing_only(
+                &self.amx_lhs,
+                &self.amx_rhs,
+                (start, epilogue),
+                (c, ldc),
+                &mut self.amx_next,
+                rows,
+            ),
+            rows => {
+                gemm_amx_packing(&self.amx_lhs, &self.amx_rhs, (start, epilogue), (c, ldc), &mut self.amx_next, rows)
+            }
+        }
         self.next_shape = Some((m, n));
         true
     }

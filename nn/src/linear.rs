@@ -193,8 +193,10 @@ impl Linear {
     /// packed for the next layer where the kernel can: the result says whether
     /// it was. When it was, the output is packed both as the next layer's
     /// input to its forward (the scratch's [`Chained::Packed`]) and into `next`
-    /// as its input to `dW` ([`Right::Packed`]). The same values as
-    /// `forward_bf16`, bit for bit.
+    /// as its input to `dW` ([`Right::Packed`]), and `y` is then left
+    /// unwritten where one chunk of the kernel holds the reduction (the layer
+    /// above reads only the packings). The same values as `forward_bf16`, bit
+    /// for bit.
     pub fn forward_bf16_chained(
         &self,
         params: &[f32],
@@ -209,13 +211,21 @@ impl Linear {
         let y = &mut y[..batch * self.output];
         let shape = (batch, self.output, self.input);
         let epilogue = if relu { Epilogue::Relu } else { Epilogue::None };
-        scratch.product_onto_row_chained(x, (Op::T, w), shape, (b, epilogue), (y, self.output), (next.is_some(), next))
+        let write_y = next.is_none();
+        scratch.product_onto_row_chained(
+            x,
+            (Op::T, w),
+            shape,
+            (b, epilogue),
+            (y, self.output, write_y),
+            (!write_y, next),
+        )
     }
 
     /// [`backward`](Self::backward) under `--precision bf16`: `dW = dyᵀ·x` and
     /// `dx = dy·W` on bf16-rounded operands with `f32` accumulation; `db = Σ dy`
-    /// in `f32`. With `dx`'s second part, the output of the ReLU before this
-    /// layer (`batch × input`), `dx` is then passed back through that ReLU
+    /// in `f32`. With `dx`'s second part `true`, `x` is the output of a ReLU
+    /// before this layer, and `dx` is then passed back through that ReLU
     /// ([`relu_backward_in_place`](super::relu::relu_backward_in_place)).
     #[allow(clippy::too_many_arguments)]
     pub fn backward_bf16(
@@ -225,7 +235,7 @@ impl Linear {
         dy: &[f32],
         batch: usize,
         grads: &mut [f32],
-        dx: Option<(&mut [f32], Option<&[f32]>)>,
+        dx: Option<(&mut [f32], bool)>,
         scratch: &mut Bf16Scratch,
     ) {
         self.backward_bf16_chained(params, (x, None, dy), batch, grads, dx, scratch, (false, false));
@@ -237,7 +247,9 @@ impl Linear {
     /// the layer below: the result says whether it was. `x_packed`, if given,
     /// is `x` as the previous layer's forward packed it (`rows` of
     /// [`forward_bf16_chained`](Self::forward_bf16_chained)), which `dW` reads
-    /// instead of packing `x`. The same values as `backward_bf16`, bit for bit.
+    /// instead of packing `x`, and from which the ReLU's pass reads its output
+    /// ([`Epilogue::ReluBackwardPacked`]). The same values as `backward_bf16`,
+    /// bit for bit, wherever no output of that ReLU is a positive denormal.
     #[allow(clippy::too_many_arguments)]
     pub fn backward_bf16_chained(
         &self,
@@ -245,7 +257,7 @@ impl Linear {
         (x, x_packed, dy): (&[f32], Option<&AmxRhs>, &[f32]),
         batch: usize,
         grads: &mut [f32],
-        dx: Option<(&mut [f32], Option<&[f32]>)>,
+        dx: Option<(&mut [f32], bool)>,
         scratch: &mut Bf16Scratch,
         (dy_packed, pack_dx): (bool, bool),
     ) -> bool {
@@ -253,13 +265,18 @@ impl Linear {
         let (gw, gb) = grads[self.offset..self.offset + nw + self.output].split_at_mut(nw);
         let dy = &dy[..batch * self.output];
         let shape = (self.output, self.input, batch);
-        let x = x_packed.map_or(Right::Values(Op::N, &x[..batch * self.input]), Right::Packed);
-        scratch.product_summing_lhs((Op::T, dy), x, shape, (gw, self.input), gb);
-        let Some((dx, relu_out)) = dx else {
+        let x = &x[..batch * self.input];
+        let right = x_packed.map_or(Right::Values(Op::N, x), Right::Packed);
+        scratch.product_summing_lhs((Op::T, dy), right, shape, (gw, self.input), gb);
+        let Some((dx, relu_below)) = dx else {
             return false;
         };
         let (w, shape) = (&params[self.offset..self.offset + nw], (batch, self.input, self.output));
-        let epilogue = relu_out.map_or(Epilogue::None, Epilogue::ReluBackward);
+        let epilogue = match (relu_below, x_packed) {
+            (false, _) => Epilogue::None,
+            (true, Some(packed)) => Epilogue::ReluBackwardPacked(packed),
+            (true, None) => Epilogue::ReluBackward(x),
+        };
         let dy = if dy_packed { Chained::Packed } else { Chained::Rows(dy) };
         let dx = (&mut dx[..batch * self.input], self.input);
         scratch.product_then_chained(dy, (Op::N, w), shape, epilogue, dx, pack_dx)
@@ -375,7 +392,7 @@ mod tests {
             );
             let mut grads = vec![f32::NAN; params.len()];
             let mut dx = vec![f32::NAN; batch * input];
-            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some((&mut dx, None)), &mut scratch);
+            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some((&mut dx, false)), &mut scratch);
             let mut want_dw = vec![0.0f32; output * input];
             gemm_bf16_reference(Op::T, Op::N, output, input, batch, &dy, &x, false, &mut want_dw);
             let want_db: Vec<f32> =
@@ -388,7 +405,7 @@ mod tests {
             assert_eq!(bits(&dx), bits(&want_dx), "dx {input}->{output} b{batch}");
             assert!(grads[..3].iter().chain(&grads[3 + lin.num_params()..]).all(|g| g.is_nan()), "outside the layer");
             // dx passed back through the ReLU before the layer (its output: x itself here).
-            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some((&mut dx, Some(&x))), &mut scratch);
+            lin.backward_bf16(&params, &x, &dy, batch, &mut grads, Some((&mut dx, true)), &mut scratch);
             crate::relu::relu_backward_in_place(&mut want_dx, &x);
             assert_eq!(bits(&dx), bits(&want_dx), "dx through the ReLU {input}->{output} b{batch}");
         }

@@ -21,6 +21,10 @@ pub struct Mlp {
 /// Activations kept from `forward` for `backward`, and scratch space.
 #[derive(Clone, Debug, Default)]
 pub struct MlpCache<T> {
+    /// Per layer, its output; under bf16 on AMX a layer whose product packed
+    /// its output for the layer above (`inputs`) may leave it unwritten, since
+    /// the forward, `dW` and the ReLU's backward of the layer above read it
+    /// packed.
     outs: Vec<Vec<T>>,
     /// Per layer, the gradient with respect to its output (then its
     /// pre-activation): each keeps its size from step to step, so no step
@@ -178,9 +182,9 @@ impl Mlp {
                 Precision::Fp32 | Precision::Tf32 => l.backward(params, input, dy, batch, grads, layer_dx, packed),
                 Precision::Bf16 => {
                     let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(dy));
-                    let relu_out = (i > 0 && self.relu_after(i - 1)).then(|| f32_view(&outs[i - 1][..]));
-                    let layer_dx = layer_dx.map(|d| (f32_view_mut(d), relu_out));
-                    through_relu = layer_dx.as_ref().is_some_and(|(_, r)| r.is_some());
+                    let relu_below = i > 0 && self.relu_after(i - 1);
+                    let layer_dx = layer_dx.map(|d| (f32_view_mut(d), relu_below));
+                    through_relu = layer_dx.as_ref().is_some_and(|&(_, r)| r);
                     let chain = (dy_packed, i > 0);
                     let x_packed = inputs.get(i).and_then(|(rows, packed)| packed.then_some(rows));
                     let x = (input, x_packed, dy);
@@ -228,9 +232,9 @@ mod tests {
             let (mut want_grads, mut dy) = (vec![0.0f32; params.len()], r.clone());
             for (i, l) in mlp.layers.iter().enumerate().rev() {
                 let input = if i == 0 { &x } else { &outs[i - 1] };
-                let relu_out = (i > 0 && mlp.relu_after(i - 1)).then(|| &outs[i - 1][..]);
+                let relu_below = i > 0 && mlp.relu_after(i - 1);
                 let mut dx = vec![0.0f32; batch * l.input];
-                l.backward_bf16(&params, input, &dy, batch, &mut want_grads, Some((&mut dx, relu_out)), &mut scratch);
+                l.backward_bf16(&params, input, &dy, batch, &mut want_grads, Some((&mut dx, relu_below)), &mut scratch);
                 dy = dx;
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
