@@ -389,7 +389,8 @@ pub fn gemm_amx(a: &AmxLhs, b: &AmxRhs, accumulate: bool, c: &mut [f32], ldc: us
 /// # Panics
 /// As [`gemm_amx`], and when a start row holds fewer than `n` values.
 pub fn gemm_amx_from(a: &AmxLhs, b: &AmxRhs, start: Start<'_>, epilogue: Epilogue<'_>, c: &mut [f32], ldc: usize) {
-    product(a, b, start, epilogue, (c, ldc, true), (None, None))
+    let packings = Packings { lhs: None, rows: None, transposed: None, write_c: true };
+    product(a, b, start, epilogue, (c, ldc), packings)
 }
 
 /// [`gemm_amx_from`], and `next` packed from the finished `c` as the left
@@ -410,39 +411,53 @@ pub fn gemm_amx_packing(
     next: &mut AmxLhs,
     rows: Option<&mut AmxRhs>,
 ) {
-    product(a, b, start, epilogue, (c, ldc, true), (Some(next), rows))
+    let packings = Packings { lhs: Some(next), rows, transposed: None, write_c: true };
+    gemm_amx_into(a, b, (start, epilogue), (c, ldc), packings)
 }
 
-/// [`gemm_amx_packing`] with both packings, for a product whose output is
-/// read only as packed (a hidden layer's, under bf16): where the reduction
-/// fits one chunk (`k ≤ 1,024`), each finished block goes from the tiles
-/// through an L1 buffer to the packings, and `c` is left as it was; beyond,
-/// `c` is written as [`gemm_amx_packing`] writes it. The packings are the same
-/// bit for bit.
+/// Where [`gemm_amx_into`] packs the finished `c` (`m × n`), each block while
+/// it is in L1; each packing is what packing `c` afterwards writes, bit for bit.
+#[derive(Debug)]
+pub struct Packings<'a> {
+    /// `c` as the left operand of a product over its columns:
+    /// `lhs.pack(Op::N, m, n, c)` (a layer's output for the next layer's forward,
+    /// a `dy` for the `dx` product of the layer below).
+    pub lhs: Option<&'a mut AmxLhs>,
+    /// `c` as the right operand of a product over its rows:
+    /// `rows.pack(Op::N, m, n, c)` (a layer's output for the next layer's `dW`).
+    pub rows: Option<&'a mut AmxRhs>,
+    /// `cᵀ` as the left operand of a product over `c`'s rows, and `c`'s column
+    /// sums (`n` values): `t.pack_summing(Op::T, n, m, c, Some(sums))` (a `dy`
+    /// for the `dW = dyᵀ·x` of the layer below, with its bias gradient).
+    pub transposed: Option<(&'a mut AmxLhs, &'a mut [f32])>,
+    /// Whether `c` is written. Without, where one chunk holds the reduction
+    /// (`k ≤ 1,024`) and something is packed, each finished block goes from the
+    /// tiles through an L1 buffer to the packings only and `c` is left as it
+    /// was (elsewhere `c` is written as usual).
+    pub write_c: bool,
+}
+
+/// [`gemm_amx_from`] with its finished blocks also packed as `packings` asks.
 ///
 /// # Panics
-/// As [`gemm_amx_packing`].
-pub fn gemm_amx_packing_only(
+/// As [`gemm_amx_from`], and when the column sums hold fewer than `n` values.
+pub fn gemm_amx_into(
     a: &AmxLhs,
     b: &AmxRhs,
     (start, epilogue): (Start<'_>, Epilogue<'_>),
     (c, ldc): (&mut [f32], usize),
-    next: &mut AmxLhs,
-    rows: &mut AmxRhs,
+    packings: Packings<'_>,
 ) {
-    product(a, b, start, epilogue, (c, ldc, false), (Some(next), Some(rows)))
+    product(a, b, start, epilogue, (c, ldc), packings)
 }
-
-/// The buffers a product packs its output into.
-type Outputs<'a> = (Option<&'a mut AmxLhs>, Option<&'a mut AmxRhs>);
 
 fn product(
     a: &AmxLhs,
     b: &AmxRhs,
     start: Start<'_>,
     epilogue: Epilogue<'_>,
-    (c, ldc, store): (&mut [f32], usize, bool),
-    (mut next, mut rows): Outputs<'_>,
+    (c, ldc): (&mut [f32], usize),
+    Packings { lhs: mut next, mut rows, mut transposed, write_c }: Packings<'_>,
 ) {
     assert!(amx_available(), "gemm_amx: AMX-BF16 does not run here");
     if let Some(next) = next.as_deref_mut() {
@@ -450,6 +465,11 @@ fn product(
     }
     if let Some(rows) = rows.as_deref_mut() {
         rows.layout.prepare(b.n(), a.m());
+    }
+    if let Some((t, sums)) = transposed.as_mut() {
+        assert!(sums.len() >= b.n(), "gemm_amx: {} column sums for {} columns", sums.len(), b.n());
+        t.layout.prepare(b.n(), a.m());
+        sums[..b.n()].fill(0.0);
     }
     let (m, n, kp) = (a.m(), b.n(), b.layout.kp);
     if let Start::Row(row) = start {
@@ -475,6 +495,9 @@ fn product(
         if let Some(rows) = rows {
             words_mut(rows.layout.used_mut()).fill(0);
         }
+        if let Some((t, _)) = transposed {
+            words_mut(t.layout.used_mut()).fill(0);
+        }
         return;
     }
     assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_amx: c has {} values for {m} rows of {n}", c.len());
@@ -487,13 +510,16 @@ fn product(
             }
             epilogue.apply(c, ldc, (r, 0, n));
         }
-        if next.is_some() || rows.is_some() {
+        if next.is_some() || rows.is_some() || transposed.is_some() {
             let values: Vec<f32> = (0..m).flat_map(|r| c[r * ldc..r * ldc + n].iter().copied()).collect();
             if let Some(next) = next {
                 next.pack(Op::N, m, n, &values);
             }
             if let Some(rows) = rows {
                 rows.pack(Op::N, m, n, &values);
+            }
+            if let Some((t, sums)) = transposed {
+                t.pack_summing(Op::T, n, m, &values, Some(sums));
             }
         }
         return;
@@ -505,15 +531,21 @@ fn product(
         data[m * kp_next..].fill(0);
         (data.as_mut_ptr(), kp_next)
     });
-    // Every line of this layout is written by the blocks (their padding rows and columns as zeros).
+    // Every line of these layouts is written by the blocks (their padding rows and columns as zeros).
     let rows_to = rows.map(|rows| (words_mut(rows.layout.used_mut()).as_mut_ptr(), rows.layout.kp));
+    let transposed_to = transposed.map(|(t, sums)| {
+        let kp_t = t.layout.kp;
+        (words_mut(t.layout.used_mut()).as_mut_ptr(), kp_t, sums.as_mut_ptr())
+    });
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AMX runs here (asserted); the shapes were checked above and the
     // packed operands hold `m` rows padded to 32 and `n` columns padded to 32,
     // both over `kp` pairs; `lhs_to`, if any, `m` rows of `⌈n/32⌉·16` pairs;
-    // `rows_to`, if any, `⌈n/32⌉` panels of `⌈m/32⌉·16` pair rows.
+    // `rows_to`, if any, `⌈n/32⌉` panels of `⌈m/32⌉·16` pair rows;
+    // `transposed_to`, if any, `n` rows padded to 32 of `⌈m/32⌉·16` pairs and `n` sums.
     unsafe {
-        x86::gemm(a, b, (start, epilogue), (c, ldc), x86::PackTo { lhs: lhs_to, rows: rows_to }, store)
+        let pack = x86::PackTo { lhs: lhs_to, rows: rows_to, transposed: transposed_to };
+        x86::gemm(a, b, (start, epilogue), (c, ldc), pack, write_c)
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("AMX runs only on x86-64")
@@ -563,19 +595,30 @@ mod x86 {
     /// indices of row `r` (low) and of row `r + b` (high).
     type Rounds = [(usize, __m512i, __m512i); 4];
 
+    /// The lane indices of [`transpose_rounds`], built at compile time: per
+    /// round `b` (8, 4, 2, 1), those of row `r` (low) and of row `r + b` (high).
+    const ROUND_INDICES: [[[i32; 16]; 2]; 4] = {
+        let mut t = [[[0i32; 16]; 2]; 4];
+        let mut r = 0;
+        while r < 4 {
+            let b = 8 >> r;
+            let mut l = 0;
+            while l < 16 {
+                let low = l & b == 0;
+                t[r][0][l] = if low { l as i32 } else { (16 + l - b) as i32 };
+                t[r][1][l] = if low { (l + b) as i32 } else { (16 + l) as i32 };
+                l += 1;
+            }
+            r += 1;
+        }
+        t
+    };
+
     #[target_feature(enable = "avx512f")]
     fn transpose_rounds() -> Rounds {
-        let index = |b: usize, high: bool| -> __m512i {
-            let idx: [i32; 16] = std::array::from_fn(|l| match (l & b == 0, high) {
-                (true, false) => l as i32,
-                (false, false) => (16 + l - b) as i32,
-                (true, true) => (l + b) as i32,
-                (false, true) => (16 + l) as i32,
-            });
-            // SAFETY: 64 bytes read from a 64-byte array.
-            unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) }
-        };
-        [8, 4, 2, 1].map(|b| (b, index(b, false), index(b, true)))
+        // SAFETY: 64 bytes read from a 64-byte array.
+        let load = |idx: &[i32; 16]| unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
+        std::array::from_fn(|r| (8 >> r, load(&ROUND_INDICES[r][0]), load(&ROUND_INDICES[r][1])))
     }
 
     /// Transposes the 16 × 16 words of `v` in place: four rounds of two-source
@@ -707,16 +750,19 @@ mod x86 {
     /// Where the finished blocks of a product are packed: `lhs` as
     /// `(rows of pairs, pairs per row)` of an [`AmxLhs`](super::AmxLhs),
     /// `rows` as `(panels of 32 columns, pair rows per panel)` of an
-    /// [`AmxRhs`](super::AmxRhs) over `c`'s rows.
+    /// [`AmxRhs`](super::AmxRhs) over `c`'s rows, `transposed` as
+    /// `(rows of pairs, pairs per row, column sums)` of an
+    /// [`AmxLhs`](super::AmxLhs) of `cᵀ` ([`super::Packings`]).
     #[derive(Clone, Copy)]
     pub(super) struct PackTo {
         pub(super) lhs: Option<(*mut u32, usize)>,
         pub(super) rows: Option<(*mut u32, usize)>,
+        pub(super) transposed: Option<(*mut u32, usize, *mut f32)>,
     }
 
     impl PackTo {
         fn any(&self) -> bool {
-            self.lhs.is_some() || self.rows.is_some()
+            self.lhs.is_some() || self.rows.is_some() || self.transposed.is_some()
         }
     }
 
@@ -786,8 +832,9 @@ mod x86 {
 
     /// `x ← f(row, half, lanes, x)` over the two sixteen-lane halves of each
     /// of the block's rows, the lanes past its `cols` masked off (stored when
-    /// `store`), then each row's 32 values rounded into `pack.lhs`'s row and
-    /// each pair of rows into `pack.rows`' pair row (see [`finish_block`]).
+    /// `store`), then each row's 32 values rounded into `pack.lhs`'s row, each
+    /// pair of rows into `pack.rows`' pair row, and the block transposed into
+    /// `pack.transposed` (see [`finish_block`]).
     #[inline(always)]
     #[allow(clippy::type_complexity)]
     unsafe fn each_row(
@@ -800,6 +847,12 @@ mod x86 {
         }
         let (m0, m1) = (mask(cols), mask(cols.saturating_sub(16)));
         let interleave = interleave_index();
+        let pairs_wanted = pack.rows.is_some() || pack.transposed.is_some();
+        // The block's 16 pair rows of 32 pairs as two halves of 16, for the transposed packing.
+        let mut strip = [[_mm512_setzero_si512(); 16]; 2];
+        let mut sums = pack
+            .transposed
+            .map(|(_, _, s)| [_mm512_maskz_loadu_ps(m0, s.add(j)), _mm512_maskz_loadu_ps(m1, s.add(j + 16))]);
         // Two rows at a time: a pair row of `pack.rows` takes both.
         for r in (i..i + BLOCK).step_by(2) {
             let mut pair = [[_mm512_setzero_ps(); 2]; 2];
@@ -819,19 +872,46 @@ mod x86 {
                     let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
                     _mm512_storeu_si512(out.add((r + t) * kp + j / 2) as *mut _, v);
                 }
+                // Each column's chain over the rows in order (lanes past `cols` are never stored).
+                if let Some([s0, s1]) = sums.as_mut() {
+                    *s0 = _mm512_add_ps(*s0, lo);
+                    *s1 = _mm512_add_ps(*s1, hi);
+                }
                 *halves = [lo, hi];
             }
-            let Some((panels, kp)) = pack.rows else {
+            if !pairs_wanted {
                 if r + 2 >= i + rows {
                     return;
                 }
                 continue;
-            };
-            // Past the block's rows the pairs are zero, as the padding of the layout.
-            let dst = panels.add((j / BLOCK * kp + r / 2) * BLOCK);
+            }
+            // Past the block's rows the pairs are zero, as the padding of the layouts.
             let [[lo0, hi0], [lo1, hi1]] = pair;
-            _mm512_storeu_si512(dst as *mut _, pairs16(lo0, lo1, interleave));
-            _mm512_storeu_si512(dst.add(16) as *mut _, pairs16(hi0, hi1, interleave));
+            let both = [pairs16(lo0, lo1, interleave), pairs16(hi0, hi1, interleave)];
+            if let Some((panels, kp)) = pack.rows {
+                let dst = panels.add((j / BLOCK * kp + r / 2) * BLOCK);
+                _mm512_storeu_si512(dst as *mut _, both[0]);
+                _mm512_storeu_si512(dst.add(16) as *mut _, both[1]);
+            }
+            strip[0][(r - i) / 2] = both[0];
+            strip[1][(r - i) / 2] = both[1];
+        }
+        let Some((out, kp, s)) = pack.transposed else {
+            return;
+        };
+        if let Some([s0, s1]) = sums {
+            _mm512_mask_storeu_ps(s.add(j), m0, s0);
+            _mm512_mask_storeu_ps(s.add(j + 16), m1, s1);
+        }
+        // Pair row `q` of column `j + 16h + l` is lane `l` of `strip[h][q]`:
+        // transposed, register `l` holds that column's 16 pairs from pair `i/2`.
+        let rounds = transpose_rounds();
+        for (h, half) in strip.iter().enumerate() {
+            let mut v = *half;
+            transpose16(&mut v, &rounds);
+            for (l, reg) in v.iter().enumerate() {
+                _mm512_storeu_si512(out.add((j + 16 * h + l) * kp + i / 2) as *mut _, *reg);
+            }
         }
     }
 
@@ -1297,7 +1377,11 @@ mod tests {
                 for pack in [false, true] {
                     let mut got = c.clone();
                     let mut pairs = vec![u32::MAX; rows * kp];
-                    let to = super::x86::PackTo { lhs: pack.then_some((pairs.as_mut_ptr(), kp)), rows: None };
+                    let to = super::x86::PackTo {
+                        lhs: pack.then_some((pairs.as_mut_ptr(), kp)),
+                        rows: None,
+                        transposed: None,
+                    };
                     // SAFETY: AMX implies AVX-512 F, BW and BF16; the block (rows × cols
                     // from column 2) lies inside `got` and `out`, its pairs (1 to 16) in `pairs`.
                     unsafe {
@@ -1341,7 +1425,7 @@ mod tests {
         let mut packed = AmxRhs::default();
         packed.pack(Op::N, rows, ldc, &out);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let none = super::x86::PackTo { lhs: None, rows: None };
+        let none = super::x86::PackTo { lhs: None, rows: None, transposed: None };
         for (j, cols) in [0, 32].into_iter().flat_map(|j| (1..=32).map(move |cols| (j, cols))) {
             let c: Vec<f32> = (0..rows * ldc).map(|i| value(i, cols) * 0.5 + 1.0).collect();
             let (mut want, mut exact) = (c.clone(), c.clone());
@@ -1379,19 +1463,27 @@ mod tests {
         }
     }
 
-    /// Packing only leaves `c` as it was where one chunk holds the reduction
-    /// (elsewhere it writes `c` as [`gemm_amx_packing`] does) and packs the
-    /// same bits as [`gemm_amx_packing`], on every shape, start and epilogue,
-    /// the ReLU's backward reading its output packed included.
+    /// [`gemm_amx_into`] packs the finished `c` as packing it afterwards does,
+    /// bit for bit, padding included: as a left operand, as a right one, and
+    /// transposed with its column sums ([`AmxLhs::pack_summing`]); without
+    /// `write_c` it leaves `c` as it was where one chunk holds the reduction
+    /// (elsewhere it writes `c`): on every shape, start and epilogue (the
+    /// ReLU's backward reading its output packed included), into buffers left
+    /// from a larger shape.
     #[test]
-    fn packing_only_packs_the_same_and_leaves_c() {
+    fn every_packing_equals_packing_afterwards_with_or_without_c() {
         if !amx_available() {
             eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
             return;
         }
         let (mut lhs, mut rhs, mut relu_out) = (AmxLhs::default(), AmxRhs::default(), AmxRhs::default());
-        let (mut next, mut rows, mut want_next, mut want_rows) =
-            (AmxLhs::default(), AmxRhs::default(), AmxLhs::default(), AmxRhs::default());
+        let (mut next, mut rows, mut t) = (AmxLhs::default(), AmxRhs::default(), AmxLhs::default());
+        let (mut want_next, mut want_rows, mut want_t) = (AmxLhs::default(), AmxRhs::default(), AmxLhs::default());
+        let (big, _, _) = operands(70, 1, 600, 1);
+        next.pack(Op::N, 70, 600, &big);
+        rows.pack(Op::N, 70, 600, &big);
+        t.pack(Op::T, 600, 70, &big);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
             let (a, b, c0) = operands(m, n, k, 300 + s as u64);
             let bias: Vec<f32> = c0[..n].to_vec();
@@ -1402,16 +1494,34 @@ mod tests {
             let starts = [Start::Zero, Start::Output, Start::Row(&bias)];
             let epilogues = [Epilogue::None, Epilogue::Relu, Epilogue::ReluBackwardPacked(&relu_out)];
             for (start, epilogue) in starts.iter().flat_map(|&s| epilogues.iter().map(move |&e| (s, e))) {
-                let case = format!("{m}x{n}x{k} {start:?} {epilogue:?}");
                 let mut want = c0.clone();
-                gemm_amx_packing(&lhs, &rhs, (start, epilogue), (&mut want, n), &mut want_next, Some(&mut want_rows));
-                let mut got = c0.clone();
-                gemm_amx_packing_only(&lhs, &rhs, (start, epilogue), (&mut got, n), &mut next, &mut rows);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                let one_chunk = k.div_ceil(2).div_ceil(TILE_PAIRS) * TILE_PAIRS <= CHUNK_PAIRS;
-                assert_eq!(bits(&got), bits(if one_chunk { &c0 } else { &want }), "c: {case}");
-                assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "packed output: {case}");
-                assert_eq!(words(rows.layout.used()), words(want_rows.layout.used()), "output as rows: {case}");
+                gemm_amx_from(&lhs, &rhs, start, epilogue, &mut want, n);
+                let mut want_sums = vec![f32::NAN; n];
+                want_next.pack(Op::N, m, n, &want);
+                want_rows.pack(Op::N, m, n, &want);
+                want_t.pack_summing(Op::T, n, m, &want, Some(&mut want_sums));
+                for write_c in [false, true] {
+                    let case = format!("{m}x{n}x{k} {start:?} {epilogue:?} write_c {write_c}");
+                    let (mut got, mut sums) = (c0.clone(), vec![f32::NAN; n + 1]);
+                    let packings = Packings {
+                        lhs: Some(&mut next),
+                        rows: Some(&mut rows),
+                        transposed: Some((&mut t, &mut sums[..n])),
+                        write_c,
+                    };
+                    gemm_amx_into(&lhs, &rhs, (start, epilogue), (&mut got, n), packings);
+                    let one_chunk = k.div_ceil(2).div_ceil(TILE_PAIRS) * TILE_PAIRS <= CHUNK_PAIRS;
+                    assert_eq!(bits(&got), bits(if one_chunk && !write_c { &c0 } else { &want }), "c: {case}");
+                    let shape = |l: &Layout| (l.count, l.pairs, l.kp);
+                    assert_eq!(shape(&next.layout), shape(&want_next.layout), "{case}");
+                    assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "as a left operand: {case}");
+                    assert_eq!(shape(&rows.layout), shape(&want_rows.layout), "{case}");
+                    assert_eq!(words(rows.layout.used()), words(want_rows.layout.used()), "as rows: {case}");
+                    assert_eq!(shape(&t.layout), shape(&want_t.layout), "{case}");
+                    assert_eq!(words(t.layout.used()), words(want_t.layout.used()), "transposed: {case}");
+                    assert_eq!(bits(&sums[..n]), bits(&want_sums), "column sums: {case}");
+                    assert!(sums[n].is_nan(), "a sum past n written: {case}");
+                }
             }
         }
     }

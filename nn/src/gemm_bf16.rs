@@ -22,8 +22,8 @@
 use super::bf16_pack::{bf16_to_f32, round_bf16};
 use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
 use super::gemm::Op;
-use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_packing, gemm_amx_packing_only, gemm_amx_reference};
-use super::gemm_amx::{AmxLhs, AmxRhs, Epilogue, Start};
+use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_into, gemm_amx_reference};
+use super::gemm_amx::{AmxLhs, AmxRhs, Epilogue, Packings, Start};
 
 /// Pairs (two reduction steps each) per run of the sums: a 32-column panel's
 /// run is 16 KiB, so it stays in L1 while a group of rows passes.
@@ -117,6 +117,13 @@ pub struct Bf16Scratch {
     /// The shape `(m, k)` of `amx_next` as the next product's left operand,
     /// while it holds the last chained product's output.
     next_shape: Option<(usize, usize)>,
+    /// The transpose of the output the last chained `dx` product packed for
+    /// the layer below's `dW` (AMX), and the output's column sums.
+    amx_next_t: AmxLhs,
+    next_sums: Vec<f32>,
+    /// The shape `(m, n)` of the output in `amx_next_t`, while it holds the
+    /// last chained product's.
+    transposed_shape: Option<(usize, usize)>,
 }
 
 /// The right operand of [`Bf16Scratch::product_summing_lhs`].
@@ -127,6 +134,18 @@ pub enum Right<'a> {
     /// `op(b)` already packed for AMX, as a chained product packs its output
     /// ([`Bf16Scratch::product_onto_row_chained`]): only where the AMX kernel runs.
     Packed(&'a AmxRhs),
+}
+
+/// The left operand of [`Bf16Scratch::product_summing_lhs`].
+#[derive(Clone, Copy, Debug)]
+pub enum Left<'a> {
+    /// `op(a)` from its values (`a` stored `m × k` for [`Op::N`], `k × m` for [`Op::T`]).
+    Values(Op, &'a [f32]),
+    /// The transpose of the output of the last chained product, as it packed
+    /// it with its column sums ([`Bf16Scratch::product_then_chained`]
+    /// returned `true`), unchanged since: `dyᵀ` for `dW = dyᵀ·x`, with the
+    /// bias gradient. Only where the AMX kernel runs.
+    Transposed,
 }
 
 /// The left operand of [`Bf16Scratch::product_onto_row_chained`].
@@ -190,14 +209,25 @@ impl Bf16Scratch {
     /// packed operand is not `k × n`.
     pub fn product_summing_lhs(
         &mut self,
-        (op_a, a): (Op, &[f32]),
+        a: Left<'_>,
         b: Right<'_>,
         (m, n, k): (usize, usize, usize),
         (c, ldc): (&mut [f32], usize),
         sums: &mut [f32],
     ) {
         if Bf16Kernel::best() == Bf16Kernel::Amx {
-            self.amx_lhs.pack_summing(op_a, m, k, a, Some(sums));
+            let lhs = match a {
+                Left::Values(op_a, a) => {
+                    self.amx_lhs.pack_summing(op_a, m, k, a, Some(sums));
+                    &self.amx_lhs
+                }
+                Left::Transposed => {
+                    let shape = self.transposed_shape.take();
+                    assert_eq!(shape, Some((k, m)), "product_summing_lhs: no packed transpose of a {k}x{m} output");
+                    sums[..m].copy_from_slice(&self.next_sums[..m]);
+                    &self.amx_next_t
+                }
+            };
             let rhs = match b {
                 Right::Values(op_b, b) => {
                     self.amx_rhs.pack(op_b, k, n, b);
@@ -209,10 +239,10 @@ impl Bf16Scratch {
                     rhs
                 }
             };
-            gemm_amx_from(&self.amx_lhs, rhs, Start::Zero, Epilogue::None, c, ldc);
+            gemm_amx_from(lhs, rhs, Start::Zero, Epilogue::None, c, ldc);
             return;
         }
-        let Right::Values(op_b, b) = b else {
+        let (Left::Values(op_a, a), Right::Values(op_b, b)) = (a, b) else {
             panic!("product_summing_lhs: a packed AMX operand where AMX does not run");
         };
         self.product((op_a, a), (op_b, b), (m, n, k), false, c, ldc);
@@ -265,7 +295,7 @@ impl Bf16Scratch {
     /// if given, as the [`Right::Packed`] operand of a product over `c`'s rows
     /// (the next layer's `dW = dyᵀ·x`), and then, without `write_c`, `c` is
     /// not written where the reduction fits one chunk of the kernel
-    /// ([`gemm_amx_packing_only`]): its packings are all that is read. The
+    /// ([`Packings::write_c`]): its packings are all that is read. The
     /// results are those of `product_onto_row` bit for bit.
     ///
     /// # Panics
@@ -281,13 +311,15 @@ impl Bf16Scratch {
         (c, ldc, write_c): (&mut [f32], usize, bool),
         (pack_output, rows): (bool, Option<&mut AmxRhs>),
     ) -> bool {
-        self.chained(a, b, (m, n, k), (Start::Row(row), epilogue), (c, ldc, write_c), (pack_output, rows))
+        self.chained(a, b, (m, n, k), (Start::Row(row), epilogue), (c, ldc, write_c), (pack_output, rows, false))
     }
 
     /// [`product_then`](Self::product_then) with `a` and `pack_output` as
     /// [`product_onto_row_chained`](Self::product_onto_row_chained) takes them:
-    /// a layer's `dx = dy·W`, packed as the left operand of the `dx` product
-    /// of the layer below.
+    /// a layer's `dx = dy·W`, packed as the `dy` of the layer below: the left
+    /// operand of its `dx` product ([`Chained::Packed`]) and, transposed with
+    /// its column sums, of its `dW` ([`Left::Transposed`]). When it was packed,
+    /// `c` is not written where the reduction fits one chunk of the kernel.
     ///
     /// # Panics
     /// As [`product_onto_row_chained`](Self::product_onto_row_chained).
@@ -300,7 +332,8 @@ impl Bf16Scratch {
         (c, ldc): (&mut [f32], usize),
         pack_output: bool,
     ) -> bool {
-        self.chained(a, b, (m, n, k), (Start::Zero, epilogue), (c, ldc, true), (pack_output, None))
+        let (start, write_c) = (Start::Zero, !pack_output);
+        self.chained(a, b, (m, n, k), (start, epilogue), (c, ldc, write_c), (pack_output, None, pack_output))
     }
 
     fn chained(
@@ -310,9 +343,10 @@ impl Bf16Scratch {
         (m, n, k): (usize, usize, usize),
         (start, epilogue): (Start<'_>, Epilogue<'_>),
         (c, ldc, write_c): (&mut [f32], usize, bool),
-        (pack_output, rows): (bool, Option<&mut AmxRhs>),
+        (pack_output, rows, transposed): (bool, Option<&mut AmxRhs>, bool),
     ) -> bool {
         let packed = self.next_shape.take();
+        self.transposed_shape = None;
         match a {
             Chained::Packed => {
                 assert_eq!(packed, Some((m, k)), "a chained bf16 product: no packed {m}x{k} output to read");
@@ -329,20 +363,16 @@ impl Bf16Scratch {
             gemm_amx_from(&self.amx_lhs, &self.amx_rhs, start, epilogue, c, ldc);
             return false;
         }
-        match rows {
-            Some(rows) if !write_c => gemm_amx_packing_only(
-                &self.amx_lhs,
-                &self.amx_rhs,
-                (start, epilogue),
-                (c, ldc),
-                &mut self.amx_next,
-                rows,
-            ),
-            rows => {
-                gemm_amx_packing(&self.amx_lhs, &self.amx_rhs, (start, epilogue), (c, ldc), &mut self.amx_next, rows)
-            }
+        if transposed {
+            self.next_sums.resize(n, 0.0);
         }
+        let transposed_to = transposed.then_some((&mut self.amx_next_t, &mut self.next_sums[..]));
+        let packings = Packings { lhs: Some(&mut self.amx_next), rows, transposed: transposed_to, write_c };
+        gemm_amx_into(&self.amx_lhs, &self.amx_rhs, (start, epilogue), (c, ldc), packings);
         self.next_shape = Some((m, n));
+        if transposed {
+            self.transposed_shape = Some((m, n));
+        }
         true
     }
 

@@ -5,7 +5,7 @@
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
 use super::gemm_amx::{AmxRhs, Epilogue};
-use super::gemm_bf16::{Bf16Scratch, Chained, Right};
+use super::gemm_bf16::{Bf16Scratch, Chained, Left, Right};
 use super::gemm_packed::{gemm_packed_with, PackedRhs};
 pub use super::kernel_choice::ForwardClass;
 use super::kernel_choice::{backward_kernel_for, forward_class, panel_kernel_for, Backward};
@@ -243,8 +243,10 @@ impl Linear {
 
     /// [`backward_bf16`](Self::backward_bf16) where `dy_packed` says the
     /// product that wrote `dy` packed it ([`Bf16Scratch::product_then_chained`]),
-    /// so the `dx` product reads it packed, and with `pack_dx` `dx` is packed for
-    /// the layer below: the result says whether it was. `x_packed`, if given,
+    /// so `dW` (with the bias gradient) and the `dx` product read it packed
+    /// (`dy` itself need not hold the values then), and with `pack_dx` `dx` is
+    /// packed for the layer below, and then left unwritten where one chunk of
+    /// the kernel holds the reduction: the result says whether it was. `x_packed`, if given,
     /// is `x` as the previous layer's forward packed it (`rows` of
     /// [`forward_bf16_chained`](Self::forward_bf16_chained)), which `dW` reads
     /// instead of packing `x`, and from which the ReLU's pass reads its output
@@ -267,7 +269,8 @@ impl Linear {
         let shape = (self.output, self.input, batch);
         let x = &x[..batch * self.input];
         let right = x_packed.map_or(Right::Values(Op::N, x), Right::Packed);
-        scratch.product_summing_lhs((Op::T, dy), right, shape, (gw, self.input), gb);
+        let left = if dy_packed { Left::Transposed } else { Left::Values(Op::T, dy) };
+        scratch.product_summing_lhs(left, right, shape, (gw, self.input), gb);
         let Some((dx, relu_below)) = dx else {
             return false;
         };

@@ -28,7 +28,9 @@ pub struct MlpCache<T> {
     outs: Vec<Vec<T>>,
     /// Per layer, the gradient with respect to its output (then its
     /// pre-activation): each keeps its size from step to step, so no step
-    /// clears memory that the next product overwrites anyway.
+    /// clears memory that the next product overwrites anyway. Under bf16 on
+    /// AMX a layer's `dx` product that packed its output for the layer below
+    /// may leave that layer's unwritten: the layer below reads it packed.
     douts: Vec<Vec<T>>,
     /// A layer's packed weight during its forward (scratch shared by the layers).
     packed: PackedRhs<T>,
