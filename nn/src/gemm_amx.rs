@@ -848,8 +848,9 @@ mod x86 {
         let (m0, m1) = (mask(cols), mask(cols.saturating_sub(16)));
         let interleave = interleave_index();
         let pairs_wanted = pack.rows.is_some() || pack.transposed.is_some();
-        // The block's 16 pair rows of 32 pairs as two halves of 16, for the transposed packing.
-        let mut strip = [[_mm512_setzero_si512(); 16]; 2];
+        // The block's 16 pair rows of 32 pairs as two halves of 16, for the
+        // transposed packing: all written below before it is read (not zeroed first).
+        let mut strip = [[std::mem::MaybeUninit::<__m512i>::uninit(); 16]; 2];
         let mut sums = pack
             .transposed
             .map(|(_, _, s)| [_mm512_maskz_loadu_ps(m0, s.add(j)), _mm512_maskz_loadu_ps(m1, s.add(j + 16))]);
@@ -893,8 +894,8 @@ mod x86 {
                 _mm512_storeu_si512(dst as *mut _, both[0]);
                 _mm512_storeu_si512(dst.add(16) as *mut _, both[1]);
             }
-            strip[0][(r - i) / 2] = both[0];
-            strip[1][(r - i) / 2] = both[1];
+            strip[0][(r - i) / 2].write(both[0]);
+            strip[1][(r - i) / 2].write(both[1]);
         }
         let Some((out, kp, s)) = pack.transposed else {
             return;
@@ -907,7 +908,8 @@ mod x86 {
         // transposed, register `l` holds that column's 16 pairs from pair `i/2`.
         let rounds = transpose_rounds();
         for (h, half) in strip.iter().enumerate() {
-            let mut v = *half;
+            // With a transposed packing, every pair row of the block was written above.
+            let mut v = half.map(|q| q.assume_init());
             transpose16(&mut v, &rounds);
             for (l, reg) in v.iter().enumerate() {
                 _mm512_storeu_si512(out.add((j + 16 * h + l) * kp + i / 2) as *mut _, *reg);

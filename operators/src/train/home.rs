@@ -292,10 +292,14 @@ impl Home {
                     self.partial_replies[o] = r.partial;
                 }
                 let f = batch.sparse.len();
-                self.pooled.clear();
+                // Every slot is written below, so it is not cleared first: pooled
+                // from its table's rows, or zero for a table exchanged as partial sums.
                 self.pooled.resize(b * f * d, 0.0);
                 for (t, plan) in self.plans[..f].iter().enumerate() {
                     if self.exchange.table(t) == TableExchange::Partial {
+                        for slot in self.pooled.chunks_exact_mut(d.max(1)).skip(t).step_by(f) {
+                            slot.fill(0.0);
+                        }
                         continue;
                     }
                     self.unique_rows.clear();
