@@ -236,7 +236,11 @@ gathers and row updates, the interaction, activations, the optimizer, the datafl
 costs. The three alternate in each round. The last two rows put both against the
 machine's own ceiling: the same products at the core's fp32 fused multiply-add peak
 (`tiderec bench kernels` measures it with independent FMA chains in registers), which no
-fp32 implementation can pass. The second table is the last round's
+fp32 implementation can pass. The `--precision bf16` rows time the products one by one
+(each packing both operands from values) and then as training runs them: each MLP forward
+and backward with its layers chained (on AMX each product packs its output for the
+products that read it next), against the same products at the core's AMX bf16 peak
+(independent tile products). The second table is the last round's
 `tiderec bench kernels --rows 2048`: each product's chosen kernel against matrixmultiply,
 the general-purpose baseline that every product can run on (median GFLOP/s over its own
 alternating rounds), its share of the widest FMA peak of the same run, and the bf16 kernel
@@ -870,6 +874,20 @@ def section_gemm(run):
         bb, _, br, brs = compare(rounds, "bf16", "kernels")
         rows.append(["GEMM bound under `--precision bf16`", "`tiderec bench kernels --rows 2048`", num(bb),
                      f"the fp32 bound above: {num(kb)}", f"**{ratio(br)}**", span(brs)])
+        if all("mlp_samples_per_sec_bf16" in r["kernels"] for r in rounds):
+            for r in rounds:
+                r["chained"] = {"samples_per_sec": r["kernels"]["mlp_samples_per_sec_bf16"]}
+            cb, _, cr, crs = compare(rounds, "chained", "bf16")
+            rows.append(["The MLPs under `--precision bf16`, layers chained as training runs them",
+                         "`tiderec bench kernels --rows 2048`", num(cb), f"the bf16 products one by one: {num(bb)}",
+                         f"**{ratio(cr)}**", span(crs)])
+            if all(r["kernels"].get("amx_peak_bound_samples_per_sec") for r in rounds):
+                for r in rounds:
+                    r["amx"] = {"samples_per_sec": r["kernels"]["amx_peak_bound_samples_per_sec"]}
+                _, ab, ar, ars = compare(rounds, "chained", "amx")
+                rows.append(["The MLPs under `--precision bf16`, chained", "`tiderec bench kernels --rows 2048`",
+                             num(cb), f"the same products at the core's AMX bf16 peak: {num(ab)}",
+                             f"**{ar:.0%}** of the peak", span(ars, lambda v: f"{v:.0%}")])
     rows.append(["DLRM training, batch 2,048, 1 worker", "`tiderec bench dlrm --batch-size 2048`", num(tr),
                  f"tiderec's fp32 GEMM bound: {num(kb)}", f"**{fr:.0%}** of the bound",
                  span(frs, lambda v: f"{v:.0%}")])

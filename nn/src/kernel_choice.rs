@@ -425,8 +425,10 @@ pub fn backward_winner(timings: &[Timing]) -> Candidate {
 
 /// GFLOP/s of one product of the layer `input → output` at `rows` rows under
 /// `--precision bf16` (`None`: the forward `x·Wᵀ`; `Some`: a backward product),
-/// on the best bf16 kernel, both operands rounded and packed on every call as
-/// in training. For reports: bf16 is a precision, not a candidate of an `f32` class.
+/// on the best bf16 kernel, both operands rounded and packed from values on
+/// every call (as training packs the first layer of each MLP; the layers after
+/// it read operands their neighbours' products packed where AMX runs). For
+/// reports: bf16 is a precision, not a candidate of an `f32` class.
 pub fn measure_bf16(product: Option<Backward>, rows: usize, input: usize, output: usize, measure: Measure) -> f64 {
     let val = |i: usize| ((i.wrapping_mul(7919) % 1000) as f32) * 1e-3 - 0.5;
     let x: Vec<f32> = (0..rows * input).map(val).collect();
@@ -447,7 +449,7 @@ pub fn measure_bf16(product: Option<Backward>, rows: usize, input: usize, output
 
 /// Calls of `f` per second of this thread's CPU time (wall time where the
 /// system does not report it), over at least `seconds` and one call.
-fn calls_per_second(seconds: f64, f: &mut impl FnMut()) -> f64 {
+pub fn calls_per_second(seconds: f64, f: &mut impl FnMut()) -> f64 {
     let start = thread_seconds();
     let mut calls = 0u64;
     loop {

@@ -79,7 +79,7 @@ pub use dien::{Dien, DienConfig, Interest};
 pub use dlrm::{Dlrm, DlrmConfig};
 pub use fm_partial::FmPartial;
 pub use model::{Model, PartialModel, SequenceInput};
-pub use model_config::{ModelConfig, ModelInputs};
+pub use model_config::{MlpStack, ModelConfig, ModelInputs};
 pub use named::ParamTensor;
 pub use precision::Precision;
 pub use scalar::Scalar;

@@ -14,6 +14,16 @@ use crate::Scalar;
 use serde::{Deserialize, Serialize};
 use tiderec_records::OperatorError;
 
+/// One MLP of a model ([`ModelConfig::mlp_stacks`]): layers
+/// `widths[0] → widths[1] → …`, a ReLU after each but (unless `relu_last`) the last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MlpStack {
+    /// The widths, input first.
+    pub widths: Vec<usize>,
+    /// Whether a ReLU follows the last layer too.
+    pub relu_last: bool,
+}
+
 /// Which model to train, with its shape.
 ///
 /// Serialized with a `kind` tag naming the model: `dlrm`, `dien`, and for the
@@ -207,12 +217,12 @@ impl ModelConfig {
         }
     }
 
-    /// `(input, output)` of every fully connected layer of the model's MLPs, in
-    /// order (the shapes of its GEMMs, for [`kernel_choice`](super::kernel_choice)).
-    pub fn mlp_layers(&self) -> Vec<(usize, usize)> {
-        let chain = |first: usize, rest: &[usize], last: Option<usize>| {
-            let widths: Vec<usize> = std::iter::once(first).chain(rest.iter().copied()).chain(last).collect();
-            widths.windows(2).map(|w| (w[0], w[1])).collect::<Vec<_>>()
+    /// The model's MLPs as training runs them, in order: each a stack of fully
+    /// connected layers chained through ReLUs.
+    pub fn mlp_stacks(&self) -> Vec<MlpStack> {
+        let stack = |first: usize, rest: &[usize], last: Option<usize>, relu_last: bool| MlpStack {
+            widths: std::iter::once(first).chain(rest.iter().copied()).chain(last).collect(),
+            relu_last,
         };
         match self {
             ModelConfig::Dlrm(c) => {
@@ -221,18 +231,25 @@ impl ModelConfig {
                     dim: c.dim,
                     self_interaction: c.self_interaction,
                 };
-                let mut layers = chain(c.num_dense, &c.bottom, None);
-                layers.extend(chain(interaction.output_dim(), &c.top, None));
-                layers
+                vec![stack(c.num_dense, &c.bottom, None, true), stack(interaction.output_dim(), &c.top, None, false)]
             }
             ModelConfig::Fm(c) if !c.deep.is_empty() => {
-                chain(c.num_dense + (c.num_sparse - c.wide_only.min(c.num_sparse)) * c.dim, &c.deep, Some(1))
+                let input = c.num_dense + (c.num_sparse - c.wide_only.min(c.num_sparse)) * c.dim;
+                vec![stack(input, &c.deep, Some(1), false)]
             }
             ModelConfig::Fm(_) => Vec::new(),
-            ModelConfig::Dien(c) => chain(c.num_dense + c.num_sparse * c.dim + 2 * c.interest_dim(), &c.mlp, Some(1)),
+            ModelConfig::Dien(c) => {
+                vec![stack(c.num_dense + c.num_sparse * c.dim + 2 * c.interest_dim(), &c.mlp, Some(1), false)]
+            }
             // Its products are its own: no kernel is chosen for them.
             ModelConfig::Custom(_) => Vec::new(),
         }
+    }
+
+    /// `(input, output)` of every fully connected layer of the model's MLPs, in
+    /// order (the shapes of its GEMMs, for [`kernel_choice`](super::kernel_choice)).
+    pub fn mlp_layers(&self) -> Vec<(usize, usize)> {
+        self.mlp_stacks().iter().flat_map(|s| s.widths.windows(2).map(|w| (w[0], w[1]))).collect()
     }
 
     /// Whether training computes the input gradient `dx` of layer `layer` of
@@ -336,6 +353,10 @@ mod tests {
         let config = ModelConfig::Dlrm(DlrmConfig::kaggle());
         let layers = config.mlp_layers();
         assert_eq!(layers, vec![(13, 512), (512, 256), (256, 64), (64, 16), (367, 512), (512, 256), (256, 1)]);
+        // As two stacks: the bottom MLP keeps its last ReLU, the top one ends at the logit.
+        let stacks = config.mlp_stacks();
+        let want = [(vec![13, 512, 256, 64, 16], true), (vec![367, 512, 256, 1], false)];
+        assert_eq!(stacks.iter().map(|s| (s.widths.clone(), s.relu_last)).collect::<Vec<_>>(), want);
         let model = config.build::<f32>(1).unwrap();
         let listed: usize = layers.iter().map(|&(i, o)| i * o + o).sum();
         assert_eq!(listed, model.params().len());

@@ -7,10 +7,11 @@ use tiderec_operators::cpu;
 use tiderec_operators::nn::fma_peak;
 use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
-    cpu_features, cpu_features_line, cpu_model, measure_backward, measure_bf16, measure_shape, Backward, BackwardShape,
-    ForwardShape, Measure,
+    calls_per_second, cpu_features, cpu_features_line, cpu_model, measure_backward, measure_bf16, measure_shape,
+    Backward, BackwardShape, ForwardShape, Measure,
 };
-use tiderec_operators::nn::ModelConfig;
+use tiderec_operators::nn::mlp::{Mlp, MlpCache};
+use tiderec_operators::nn::{MlpStack, ModelConfig, Precision};
 
 /// One candidate on one product in `tiderec bench kernels`.
 #[derive(Clone, Debug, Serialize)]
@@ -59,9 +60,16 @@ pub struct KernelsReport {
     pub products: Vec<ProductReport>,
     /// Samples/s that one core could train if the step were only these products on the chosen kernels.
     pub gemm_bound_samples_per_sec: f64,
-    /// The same bound under `--precision bf16` (where the CPU runs it).
+    /// The same bound under `--precision bf16` (where the CPU runs it), each
+    /// product packing both operands from values.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gemm_bound_samples_per_sec_bf16: Option<f64>,
+    /// Samples/s one core could train if the step were only the model's MLPs,
+    /// forward and backward, under `--precision bf16` with their layers chained
+    /// as training runs them (on AMX each product packs its output for the
+    /// products that read it next; packing and epilogues included).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mlp_samples_per_sec_bf16: Option<f64>,
     /// Flops of the MLP products training computes (forward, dW, and dx where
     /// the layer's input needs a gradient) per sample.
     pub mlp_flops_per_sample: f64,
@@ -169,12 +177,52 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         products,
         gemm_bound_samples_per_sec: rows as f64 / step_seconds,
         gemm_bound_samples_per_sec_bf16: bf16.then(|| rows as f64 / bf16_seconds),
+        mlp_samples_per_sec_bf16: bf16.then(|| rows as f64 / bf16_mlp_seconds(model, rows, measure)),
         mlp_flops_per_sample,
         fma_peak,
         peak_bound_samples_per_sec: peak * 1e9 / mlp_flops_per_sample,
         amx_peak_gflops,
         amx_peak_bound_samples_per_sec: amx_peak_gflops.map(|g| g * 1e9 / mlp_flops_per_sample),
     }
+}
+
+/// Seconds of one forward and backward pass through every MLP of `model` at
+/// `rows` rows under `--precision bf16`, as training chains each MLP's layers
+/// (the median of the rounds per MLP).
+fn bf16_mlp_seconds(model: &ModelConfig, rows: usize, measure: Measure) -> f64 {
+    let mut first_layer = 0;
+    let mut seconds = 0.0;
+    for stack in model.mlp_stacks() {
+        let input_gradient = model.mlp_layer_computes_dx(first_layer);
+        first_layer += stack.widths.len() - 1;
+        seconds += bf16_stack_seconds(&stack, rows, input_gradient, measure);
+    }
+    seconds
+}
+
+/// Seconds of one forward and backward pass through `stack` under bf16, the
+/// input gradient only with `input_gradient`.
+fn bf16_stack_seconds(stack: &MlpStack, rows: usize, input_gradient: bool, measure: Measure) -> f64 {
+    let mlp = Mlp::new(&stack.widths, 0, stack.relu_last);
+    let mut params = vec![0.0f32; mlp.num_params()];
+    mlp.init(&mut params, 1, 0);
+    let val = |i: usize| ((i.wrapping_mul(7919) % 1000) as f32) * 1e-3 - 0.5;
+    let x: Vec<f32> = (0..rows * mlp.input()).map(val).collect();
+    let dout: Vec<f32> = (0..rows * mlp.output()).map(|i| val(i + 5)).collect();
+    let mut cache = MlpCache::default();
+    if cache.set_precision(Precision::Bf16).is_err() {
+        // Only called where bf16 runs (the report's `bf16` condition).
+        return f64::NAN;
+    }
+    let (mut grads, mut dx) = (vec![0.0f32; params.len()], vec![0.0f32; x.len()]);
+    let mut pass = || {
+        mlp.forward(&params, &x, rows, &mut cache);
+        mlp.backward(&params, &x, rows, &mut cache, &dout, &mut grads, input_gradient.then_some(&mut dx[..]));
+    };
+    let mut rates: Vec<f64> =
+        (0..measure.rounds.max(1)).map(|_| calls_per_second(measure.seconds, &mut pass)).collect();
+    rates.sort_by(f64::total_cmp);
+    1.0 / rates[rates.len() / 2]
 }
 
 /// The report as a table: one row per product, one column per candidate.
@@ -230,10 +278,19 @@ pub fn print_kernels(r: &KernelsReport) {
             bf16 / r.gemm_bound_samples_per_sec
         );
     }
+    if let (Some(mlp), Some(bf16)) = (r.mlp_samples_per_sec_bf16, r.gemm_bound_samples_per_sec_bf16) {
+        println!(
+            "The MLPs under --precision bf16 as training chains their layers (forward and backward, packing and \
+             epilogues included): {mlp:.0} samples/s ({:.2}x the products one by one)",
+            mlp / bf16
+        );
+    }
     if let (Some(gflops), Some(bound)) = (r.amx_peak_gflops, r.amx_peak_bound_samples_per_sec) {
         let share = r.gemm_bound_samples_per_sec_bf16.map_or(String::new(), |b| {
             format!("; the bf16 kernels' bound (packing included) is {:.0}% of it", 100.0 * b / bound)
-        });
+        }) + &r
+            .mlp_samples_per_sec_bf16
+            .map_or(String::new(), |m| format!(", the chained MLPs {:.0}%", 100.0 * m / bound));
         println!(
             "AMX bf16 peak of one core: {gflops:.1} GFLOP/s; the MLP products at that peak: {bound:.0} samples/s{share}"
         );
