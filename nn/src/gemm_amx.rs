@@ -1105,6 +1105,32 @@ mod tests {
         }
     }
 
+    /// Every shape of [`SHAPES`] with every start and epilogue (the ReLU's
+    /// backward against its output as values and as packed), each handed to
+    /// `f` with the packed operands, `c`'s starting values and the case's name.
+    fn each_case(seed: u64, mut f: impl FnMut(&str, (&AmxLhs, &AmxRhs), (Start<'_>, Epilogue<'_>), &[f32], usize)) {
+        let (mut lhs, mut rhs, mut relu_packed) = (AmxLhs::default(), AmxRhs::default(), AmxRhs::default());
+        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+            let (a, b, c0) = operands(m, n, k, seed + s as u64);
+            let bias: Vec<f32> = c0[..n].to_vec();
+            let relu_out: Vec<f32> = c0.iter().rev().copied().collect();
+            lhs.pack(Op::N, m, k, &a);
+            rhs.pack(Op::T, k, n, &b);
+            relu_packed.pack(Op::N, m, n, &relu_out);
+            let starts = [Start::Zero, Start::Output, Start::Row(&bias)];
+            let epilogues = [
+                Epilogue::None,
+                Epilogue::Relu,
+                Epilogue::ReluBackward(&relu_out),
+                Epilogue::ReluBackwardPacked(&relu_packed),
+            ];
+            for (start, epilogue) in starts.iter().flat_map(|&s| epilogues.iter().map(move |&e| (s, e))) {
+                let case = format!("{m}x{n}x{k} {start:?} {epilogue:?}");
+                f(&case, (&lhs, &rhs), (start, epilogue), &c0, k);
+            }
+        }
+    }
+
     /// A product that packs its output for the next one writes the same `c`
     /// as one that does not, and the packed output equals `c` packed
     /// afterwards, padding included, bit for bit, as a left operand and as a
@@ -1116,39 +1142,30 @@ mod tests {
             eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
             return;
         }
-        let (mut lhs, mut rhs, mut want_next) = (AmxLhs::default(), AmxRhs::default(), AmxLhs::default());
+        let want_next = &mut AmxLhs::default();
         let (mut next, mut rows, mut want_rows) = (AmxLhs::default(), AmxRhs::default(), AmxRhs::default());
         let (big, _, _) = operands(70, 1, 600, 1);
         next.pack(Op::N, 70, 600, &big);
         rows.pack(Op::N, 70, 600, &big);
-        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
-            let (a, b, c0) = operands(m, n, k, 200 + s as u64);
-            let bias: Vec<f32> = c0[..n].to_vec();
-            let relu_out: Vec<f32> = c0.iter().rev().copied().collect();
-            lhs.pack(Op::N, m, k, &a);
-            rhs.pack(Op::T, k, n, &b);
-            let starts = [Start::Zero, Start::Output, Start::Row(&bias)];
-            let epilogues = [Epilogue::None, Epilogue::Relu, Epilogue::ReluBackward(&relu_out)];
-            for (start, epilogue) in starts.iter().flat_map(|&s| epilogues.iter().map(move |&e| (s, e))) {
-                let mut want = c0.clone();
-                gemm_amx_from(&lhs, &rhs, start, epilogue, &mut want, n);
-                want_next.pack(Op::N, m, n, &want);
-                want_rows.pack(Op::N, m, n, &want);
-                let mut got = c0.clone();
-                gemm_amx_packing(&lhs, &rhs, (start, epilogue), (&mut got, n), &mut next, Some(&mut rows));
-                let case = format!("{m}x{n}x{k} {start:?} {epilogue:?}");
-                assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "c differs: {case}");
-                let shape = |l: &Layout| (l.count, l.pairs, l.kp);
-                assert_eq!(shape(&next.layout), shape(&want_next.layout), "{case}");
-                assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "packed output differs: {case}");
-                assert_eq!(shape(&rows.layout), shape(&want_rows.layout), "{case}");
-                assert_eq!(
-                    words(rows.layout.used()),
-                    words(want_rows.layout.used()),
-                    "output packed as rows differs: {case}"
-                );
-            }
-        }
+        each_case(200, |case, (lhs, rhs), (start, epilogue), c0, _| {
+            let (m, n) = (lhs.m(), rhs.n());
+            let mut want = c0.to_vec();
+            gemm_amx_from(lhs, rhs, start, epilogue, &mut want, n);
+            want_next.pack(Op::N, m, n, &want);
+            want_rows.pack(Op::N, m, n, &want);
+            let mut got = c0.to_vec();
+            gemm_amx_packing(lhs, rhs, (start, epilogue), (&mut got, n), &mut next, Some(&mut rows));
+            assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "c differs: {case}");
+            let shape = |l: &Layout| (l.count, l.pairs, l.kp);
+            assert_eq!(shape(&next.layout), shape(&want_next.layout), "{case}");
+            assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "packed output differs: {case}");
+            assert_eq!(shape(&rows.layout), shape(&want_rows.layout), "{case}");
+            assert_eq!(
+                words(rows.layout.used()),
+                words(want_rows.layout.used()),
+                "output packed as rows differs: {case}"
+            );
+        });
     }
 
     /// Packing while summing leaves the packing as it was, and its sums equal
@@ -1469,16 +1486,14 @@ mod tests {
     /// bit for bit, padding included: as a left operand, as a right one, and
     /// transposed with its column sums ([`AmxLhs::pack_summing`]); without
     /// `write_c` it leaves `c` as it was where one chunk holds the reduction
-    /// (elsewhere it writes `c`): on every shape, start and epilogue (the
-    /// ReLU's backward reading its output packed included), into buffers left
-    /// from a larger shape.
+    /// (elsewhere it writes `c`): on every shape, start and epilogue, into
+    /// buffers left from a larger shape.
     #[test]
     fn every_packing_equals_packing_afterwards_with_or_without_c() {
         if !amx_available() {
             eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
             return;
         }
-        let (mut lhs, mut rhs, mut relu_out) = (AmxLhs::default(), AmxRhs::default(), AmxRhs::default());
         let (mut next, mut rows, mut t) = (AmxLhs::default(), AmxRhs::default(), AmxLhs::default());
         let (mut want_next, mut want_rows, mut want_t) = (AmxLhs::default(), AmxRhs::default(), AmxLhs::default());
         let (big, _, _) = operands(70, 1, 600, 1);
@@ -1486,46 +1501,37 @@ mod tests {
         rows.pack(Op::N, 70, 600, &big);
         t.pack(Op::T, 600, 70, &big);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
-            let (a, b, c0) = operands(m, n, k, 300 + s as u64);
-            let bias: Vec<f32> = c0[..n].to_vec();
-            let out: Vec<f32> = c0.iter().rev().copied().collect();
-            lhs.pack(Op::N, m, k, &a);
-            rhs.pack(Op::T, k, n, &b);
-            relu_out.pack(Op::N, m, n, &out);
-            let starts = [Start::Zero, Start::Output, Start::Row(&bias)];
-            let epilogues = [Epilogue::None, Epilogue::Relu, Epilogue::ReluBackwardPacked(&relu_out)];
-            for (start, epilogue) in starts.iter().flat_map(|&s| epilogues.iter().map(move |&e| (s, e))) {
-                let mut want = c0.clone();
-                gemm_amx_from(&lhs, &rhs, start, epilogue, &mut want, n);
-                let mut want_sums = vec![f32::NAN; n];
-                want_next.pack(Op::N, m, n, &want);
-                want_rows.pack(Op::N, m, n, &want);
-                want_t.pack_summing(Op::T, n, m, &want, Some(&mut want_sums));
-                for write_c in [false, true] {
-                    let case = format!("{m}x{n}x{k} {start:?} {epilogue:?} write_c {write_c}");
-                    let (mut got, mut sums) = (c0.clone(), vec![f32::NAN; n + 1]);
-                    let packings = Packings {
-                        lhs: Some(&mut next),
-                        rows: Some(&mut rows),
-                        transposed: Some((&mut t, &mut sums[..n])),
-                        write_c,
-                    };
-                    gemm_amx_into(&lhs, &rhs, (start, epilogue), (&mut got, n), packings);
-                    let one_chunk = k.div_ceil(2).div_ceil(TILE_PAIRS) * TILE_PAIRS <= CHUNK_PAIRS;
-                    assert_eq!(bits(&got), bits(if one_chunk && !write_c { &c0 } else { &want }), "c: {case}");
-                    let shape = |l: &Layout| (l.count, l.pairs, l.kp);
-                    assert_eq!(shape(&next.layout), shape(&want_next.layout), "{case}");
-                    assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "as a left operand: {case}");
-                    assert_eq!(shape(&rows.layout), shape(&want_rows.layout), "{case}");
-                    assert_eq!(words(rows.layout.used()), words(want_rows.layout.used()), "as rows: {case}");
-                    assert_eq!(shape(&t.layout), shape(&want_t.layout), "{case}");
-                    assert_eq!(words(t.layout.used()), words(want_t.layout.used()), "transposed: {case}");
-                    assert_eq!(bits(&sums[..n]), bits(&want_sums), "column sums: {case}");
-                    assert!(sums[n].is_nan(), "a sum past n written: {case}");
-                }
+        each_case(300, |case, (lhs, rhs), (start, epilogue), c0, k| {
+            let (m, n) = (lhs.m(), rhs.n());
+            let mut want = c0.to_vec();
+            gemm_amx_from(lhs, rhs, start, epilogue, &mut want, n);
+            let mut want_sums = vec![f32::NAN; n];
+            want_next.pack(Op::N, m, n, &want);
+            want_rows.pack(Op::N, m, n, &want);
+            want_t.pack_summing(Op::T, n, m, &want, Some(&mut want_sums));
+            for write_c in [false, true] {
+                let case = format!("{case} write_c {write_c}");
+                let (mut got, mut sums) = (c0.to_vec(), vec![f32::NAN; n + 1]);
+                let packings = Packings {
+                    lhs: Some(&mut next),
+                    rows: Some(&mut rows),
+                    transposed: Some((&mut t, &mut sums[..n])),
+                    write_c,
+                };
+                gemm_amx_into(lhs, rhs, (start, epilogue), (&mut got, n), packings);
+                let one_chunk = k.div_ceil(2).div_ceil(TILE_PAIRS) * TILE_PAIRS <= CHUNK_PAIRS;
+                assert_eq!(bits(&got), bits(if one_chunk && !write_c { c0 } else { &want }), "c: {case}");
+                let shape = |l: &Layout| (l.count, l.pairs, l.kp);
+                assert_eq!(shape(&next.layout), shape(&want_next.layout), "{case}");
+                assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "as a left operand: {case}");
+                assert_eq!(shape(&rows.layout), shape(&want_rows.layout), "{case}");
+                assert_eq!(words(rows.layout.used()), words(want_rows.layout.used()), "as rows: {case}");
+                assert_eq!(shape(&t.layout), shape(&want_t.layout), "{case}");
+                assert_eq!(words(t.layout.used()), words(want_t.layout.used()), "transposed: {case}");
+                assert_eq!(bits(&sums[..n]), bits(&want_sums), "column sums: {case}");
+                assert!(sums[n].is_nan(), "a sum past n written: {case}");
             }
-        }
+        });
     }
 
     /// An empty reduction writes zeros (or leaves `c` when accumulating).
