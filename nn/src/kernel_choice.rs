@@ -442,14 +442,17 @@ pub fn measure_bf16(product: Option<Backward>, rows: usize, input: usize, output
         Some(Backward::Dw) => s.product((Op::T, &dy), (Op::N, &x), (output, input, rows), false, &mut out, input),
         Some(Backward::Dx) => s.product((Op::N, &dy), (Op::N, &w), (rows, input, output), false, &mut out, input),
     };
-    let rates: Vec<f64> =
-        (0..measure.rounds.max(1)).map(|_| flops * calls_per_second(measure.seconds, &mut run) / 1e9).collect();
-    median(rates)
+    flops * median_calls_per_second(measure, &mut run) / 1e9
+}
+
+/// The median over `measure`'s rounds of [`calls_per_second`] for `measure.seconds` each.
+pub fn median_calls_per_second(measure: Measure, f: &mut impl FnMut()) -> f64 {
+    median((0..measure.rounds.max(1)).map(|_| calls_per_second(measure.seconds, f)).collect())
 }
 
 /// Calls of `f` per second of this thread's CPU time (wall time where the
 /// system does not report it), over at least `seconds` and one call.
-pub fn calls_per_second(seconds: f64, f: &mut impl FnMut()) -> f64 {
+fn calls_per_second(seconds: f64, f: &mut impl FnMut()) -> f64 {
     let start = thread_seconds();
     let mut calls = 0u64;
     loop {

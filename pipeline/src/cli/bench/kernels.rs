@@ -7,7 +7,7 @@ use tiderec_operators::cpu;
 use tiderec_operators::nn::fma_peak;
 use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
-    calls_per_second, cpu_features, cpu_features_line, cpu_model, measure_backward, measure_bf16, measure_shape,
+    cpu_features, cpu_features_line, cpu_model, measure_backward, measure_bf16, measure_shape, median_calls_per_second,
     Backward, BackwardShape, ForwardShape, Measure,
 };
 use tiderec_operators::nn::mlp::{Mlp, MlpCache};
@@ -219,10 +219,7 @@ fn bf16_stack_seconds(stack: &MlpStack, rows: usize, input_gradient: bool, measu
         mlp.forward(&params, &x, rows, &mut cache);
         mlp.backward(&params, &x, rows, &mut cache, &dout, &mut grads, input_gradient.then_some(&mut dx[..]));
     };
-    let mut rates: Vec<f64> =
-        (0..measure.rounds.max(1)).map(|_| calls_per_second(measure.seconds, &mut pass)).collect();
-    rates.sort_by(f64::total_cmp);
-    1.0 / rates[rates.len() / 2]
+    1.0 / median_calls_per_second(measure, &mut pass)
 }
 
 /// The report as a table: one row per product, one column per candidate.
