@@ -445,7 +445,9 @@ pub fn measure_bf16(product: Option<Backward>, rows: usize, input: usize, output
     flops * median_calls_per_second(measure, &mut run) / 1e9
 }
 
-/// The median over `measure`'s rounds of [`calls_per_second`] for `measure.seconds` each.
+/// Calls of `f` per second of this thread's CPU time (wall time where the
+/// system does not report it): the median over `measure`'s rounds of
+/// `measure.seconds` (and at least one call) each.
 pub fn median_calls_per_second(measure: Measure, f: &mut impl FnMut()) -> f64 {
     median((0..measure.rounds.max(1)).map(|_| calls_per_second(measure.seconds, f)).collect())
 }
