@@ -20,10 +20,7 @@ fn linear_forward_and_backward_match_the_cpu() {
             let x = normal(3, batch * input);
             let dy = normal(4, batch * output);
             let mut y = vec![0.0f32; batch * output];
-            shape.forward(&params, &x, batch, &mut y, &mut cpu::gemm_packed::PackedRhs::default());
-            if relu {
-                cpu::relu::relu_in_place(&mut y);
-            }
+            shape.forward(&params, &x, batch, (&mut y, relu), &mut cpu::gemm_packed::PackedRhs::default());
             let mut grads = vec![0.0f32; total];
             let mut dx = vec![0.0f32; batch * input];
             shape.backward(
@@ -32,7 +29,7 @@ fn linear_forward_and_backward_match_the_cpu() {
                 &dy,
                 batch,
                 &mut grads,
-                Some(&mut dx),
+                Some((&mut dx, false)),
                 &mut cpu::gemm_packed::PackedRhs::default(),
             );
 

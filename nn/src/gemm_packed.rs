@@ -172,12 +172,127 @@ pub(crate) fn gemm_packed_with<T: Scalar>(
     accumulate: bool,
     c: &mut [T],
     ldc: usize,
+    span_product: impl FnMut(PanelSpan<'_, T>),
+) {
+    gemm_packed_finish_with(m, a, lda, b, (accumulate, Finish::NONE), c, ldc, span_product)
+}
+
+/// [`gemm_packed_with`] with `finish` done as each block of `c` is written
+/// (a forward's bias and ReLU): the same values as writing the bias row into
+/// every row of `c`, accumulating the product onto it and then applying the
+/// ReLU, bit for bit, without the passes over `c`.
+///
+/// # Panics
+/// As [`gemm_packed_with`], when `finish` names both a row and `accumulate`,
+/// or when its row or mask is shorter than `c`'s columns or rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_packed_finish_with<T: Scalar>(
+    m: usize,
+    a: &[T],
+    lda: usize,
+    b: &PackedRhs<T>,
+    (accumulate, finish): (bool, Finish<'_, T>),
+    c: &mut [T],
+    ldc: usize,
     mut span_product: impl FnMut(PanelSpan<'_, T>),
 ) {
     let k = b.k;
     assert!(m == 0 || b.n == 0 || lda >= k, "gemm_packed: stride {lda} shorter than a row of {k}");
     let chunk = k.div_ceil(k.max(1).div_ceil(K_CHUNK_MAX)).max(1);
-    gemm_packed_chunks(m, a, lda, 1, Panels::Packed(b), accumulate, c, ldc, chunk, &mut span_product)
+    let operands = (Panels::Packed(b), accumulate, finish);
+    gemm_packed_chunks(m, a, lda, 1, operands, c, ldc, chunk, &mut span_product)
+}
+
+/// What a product does to each entry of `c` beside its sum, as the block is
+/// written: a forward's bias and ReLU, a backward's ReLU mask. Kernels that do
+/// not do it in registers get it done around them, panel by panel
+/// ([`finish_around`]), with the same values.
+#[derive(Debug)]
+pub(crate) struct Finish<'a, T> {
+    /// Added to every row in place of `c`'s old values: `c[i][j] = Σ + row[j]`
+    /// (the bias: the same value as `row[j] + Σ`, the order training used when
+    /// it wrote the bias into `c` first).
+    pub row: Option<&'a [T]>,
+    /// Then `c ← max(c, 0)` as [`relu_in_place`](super::relu::relu_in_place) does.
+    pub relu: bool,
+    /// Then `c[i][j] ← c[i][j]·[mask[i·ldc + j] > 0]` as
+    /// [`relu_backward_in_place`](super::relu::relu_backward_in_place) does
+    /// (`mask` laid out as `c`: the ReLU's output below a layer's `dx`).
+    pub mask: Option<&'a [T]>,
+}
+
+impl<T> Clone for Finish<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Finish<'_, T> {}
+
+impl<'a, T> Finish<'a, T> {
+    /// The plain sum.
+    pub const NONE: Self = Finish { row: None, relu: false, mask: None };
+
+    /// What the chunk of the reduction from `k0` to `end` (of `k`) does, for
+    /// the row group starting at row `g` of `c`: the row on the first chunk,
+    /// the ReLU and the mask on the last.
+    fn of_chunk(self, (k0, end, k): (usize, usize, usize), g: usize, ldc: usize) -> Self {
+        let last = end == k;
+        Finish {
+            row: if k0 == 0 { self.row } else { None },
+            relu: last && self.relu,
+            mask: if last { self.mask.map(|mask| &mask[g * ldc..]) } else { None },
+        }
+    }
+}
+
+/// `finish` done on `rows` rows of `width` columns of `c` (rows `ldc` apart),
+/// the block at column `first` of the rows `finish`'s row and mask describe:
+/// before the product (`before`: the row copied in, so the product
+/// accumulates onto it) or after it (the ReLU, the mask).
+fn finish_block<T: Scalar>(
+    before: bool,
+    c: &mut [T],
+    (rows, width, ldc): (usize, usize, usize),
+    first: usize,
+    finish: Finish<'_, T>,
+) {
+    for r in 0..rows {
+        let out = &mut c[r * ldc..r * ldc + width];
+        if before {
+            if let Some(row) = finish.row {
+                out.copy_from_slice(&row[first..first + width]);
+            }
+            continue;
+        }
+        if finish.relu {
+            super::relu::relu_in_place(out);
+        }
+        if let Some(mask) = finish.mask {
+            super::relu::relu_backward_in_place(out, &mask[r * ldc + first..r * ldc + first + width]);
+        }
+    }
+}
+
+/// A panel's product on a kernel that writes plain sums, with `finish` done
+/// around it: the row copied into `c` first (then accumulated onto), the ReLU
+/// and mask applied to the block after; the panel starts at column `first`.
+pub(super) fn finish_around<T: Scalar>(
+    mut p: PanelProduct<'_, T>,
+    first: usize,
+    finish: Finish<'_, T>,
+    run: impl FnOnce(PanelProduct<'_, T>),
+) {
+    let c = std::mem::take(&mut p.c);
+    let shape = (p.rows, p.width, p.ldc);
+    if finish.row.is_some() {
+        finish_block(true, c, shape, first, finish);
+        p.accumulate = true;
+    }
+    run(PanelProduct { c: &mut *c, ..p });
+    if finish.relu || finish.mask.is_some() {
+        finish_block(false, c, shape, first, finish);
+    }
 }
 
 /// Reduction steps per pass of matrixmultiply's `f32` kernels (its `kc`, 256
@@ -188,7 +303,10 @@ pub(crate) const MM_KC: usize = 256;
 /// `c[m×n] = op(a) · b` (overwriting `c`) in the summation order of
 /// matrixmultiply's fused multiply-add kernels: every entry is a chain of
 /// fused multiply-adds from zero over each run of [`MM_KC`] reduction steps,
-/// the runs' sums added to `c` in order. `b` (`k × n`, rows `ldb` apart) is
+/// the runs' sums added to `c` in order; then, with a `mask` (laid out as
+/// `c`), each entry zeroed where the mask is not positive, as
+/// [`relu_backward_in_place`](super::relu::relu_backward_in_place) does (a
+/// `dx` passed back through the ReLU below the layer). `b` (`k × n`, rows `ldb` apart) is
 /// read where it lies, with no copy (a layer's weight in the backward
 /// `dx = dy·W`, its input in `dW = dyᵀ·x`): every full panel is read in
 /// place; a last panel narrower than its width (`n` not a multiple of eight)
@@ -213,7 +331,7 @@ pub(crate) fn gemm_mm_order_in_place(
     a_step: usize,
     (k, n, b, ldb): (usize, usize, &[f32], usize),
     tail: &mut PackedRhs<f32>,
-    c: &mut [f32],
+    (c, mask): (&mut [f32], Option<&[f32]>),
     ldc: usize,
 ) {
     assert!(ldb >= n, "gemm_mm_order_in_place: stride {ldb} shorter than a row of {n}");
@@ -225,8 +343,8 @@ pub(crate) fn gemm_mm_order_in_place(
     } else {
         n
     };
-    let panels = Panels::InPlace { k, n, b, ldb, tail, tail_first };
-    gemm_packed_chunks(m, a, lda, a_step, panels, false, c, ldc, MM_KC, &mut |s| packed_span_f32_with(kernel, s))
+    let operands = (Panels::InPlace { k, n, b, ldb, tail, tail_first }, false, Finish { mask, ..Finish::NONE });
+    gemm_packed_chunks(m, a, lda, a_step, operands, c, ldc, MM_KC, &mut |s| packed_span_f32_with(kernel, s))
 }
 
 /// The right-hand operand of [`gemm_packed_chunks`]: where each panel's rows are.
@@ -271,8 +389,7 @@ fn gemm_packed_chunks<T: Scalar>(
     a: &[T],
     lda: usize,
     a_step: usize,
-    b: Panels<'_, T>,
-    accumulate: bool,
+    (b, accumulate, finish): (Panels<'_, T>, bool, Finish<'_, T>),
     c: &mut [T],
     ldc: usize,
     chunk: usize,
@@ -288,12 +405,17 @@ fn gemm_packed_chunks<T: Scalar>(
         assert!(a.len() >= need, "gemm_packed: a has {} values, needs {}", a.len(), need);
     }
     assert!(c.len() >= (m - 1) * ldc + n, "gemm_packed: c has {} values, needs {}", c.len(), (m - 1) * ldc + n);
+    assert!(!(accumulate && finish.row.is_some()), "gemm_packed: a row to add and accumulate both");
+    assert!(finish.row.is_none_or(|row| row.len() >= n), "gemm_packed: row shorter than {n}");
+    assert!(finish.mask.is_none_or(|mask| mask.len() >= (m - 1) * ldc + n), "gemm_packed: mask shorter than c");
     if k == 0 {
         if !accumulate {
             for i in 0..m {
                 c[i * ldc..i * ldc + n].fill(T::ZERO);
             }
         }
+        finish_block(true, c, (m, n, ldc), 0, finish);
+        finish_block(false, c, (m, n, ldc), 0, finish);
         return;
     }
     // Chunks of the reduction outside (a long `k` would push a panel out of
@@ -305,6 +427,7 @@ fn gemm_packed_chunks<T: Scalar>(
         let accumulate = accumulate || k0 > 0;
         for g in (0..m).step_by(GROUP_ROWS) {
             let group = GROUP_ROWS.min(m - g);
+            let finish = finish.of_chunk((k0, k0 + kc, k), g, ldc);
             span_product(PanelSpan {
                 rows: group,
                 k: kc,
@@ -316,6 +439,7 @@ fn gemm_packed_chunks<T: Scalar>(
                 c: &mut c[g * ldc..],
                 ldc,
                 accumulate,
+                finish,
             });
         }
     }
@@ -338,16 +462,19 @@ pub struct PanelSpan<'a, T> {
     c: &'a mut [T],
     ldc: usize,
     accumulate: bool,
+    /// This chunk's part of the product's [`Finish`] (its mask from the group's first row).
+    finish: Finish<'a, T>,
 }
 
-impl<T> PanelSpan<'_, T> {
-    /// Each panel's product, in column order.
+impl<T: Scalar> PanelSpan<'_, T> {
+    /// Each panel's product, in column order, the span's [`Finish`] done
+    /// around each ([`finish_around`]).
     pub(crate) fn each(self, mut panel_product: impl FnMut(PanelProduct<'_, T>)) {
-        let PanelSpan { rows, k, a, lda, a_step, panels: b, k0, c, ldc, accumulate } = self;
+        let PanelSpan { rows, k, a, lda, a_step, panels: b, k0, c, ldc, accumulate, finish } = self;
         let (_, n) = b.shape();
         for (first, pw) in panels(n) {
             let (panel, panel_rs) = b.rows(first, pw, k0, k);
-            panel_product(PanelProduct {
+            let p = PanelProduct {
                 rows,
                 k,
                 a,
@@ -360,7 +487,8 @@ impl<T> PanelSpan<'_, T> {
                 ldc,
                 width: pw.min(n - first),
                 accumulate,
-            });
+            };
+            finish_around(p, first, finish, &mut panel_product);
         }
     }
 }
@@ -995,6 +1123,17 @@ mod tests {
     use crate::gemm::gemm_reference;
     use proptest::prelude::*;
 
+    /// Every seventh index a value a ReLU or its mask treats apart (NaN, ±∞,
+    /// ±0, ± denormals, one exactly), else `v`.
+    fn special_or(i: usize, v: f32) -> f32 {
+        const SPECIAL: [f32; 9] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, -1e-40, 1.0, -1.0];
+        if i % 7 == 3 {
+            SPECIAL[(i / 7) % SPECIAL.len()]
+        } else {
+            v
+        }
+    }
+
     fn check<T: Scalar>(m: usize, n: usize, k: usize, transposed: bool, accumulate: bool, seed: u64, tol: f64) {
         let val = |i: usize| T::from_f64(tiderec_records::rng::unit_f64(seed, i as u64, 0, 0) - 0.5);
         let a: Vec<T> = (0..m * k).map(val).collect();
@@ -1167,6 +1306,9 @@ mod tests {
                 let a: Vec<f32> = (0..m * k).map(val).collect();
                 let mut want = vec![f32::NAN; m * n];
                 crate::gemm::gemm(op, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut want);
+                let relu_out: Vec<f32> = (0..m * n).map(|i| special_or(i, val(i + 9_000_000))).collect();
+                let mut want_masked = want.clone();
+                crate::relu::relu_backward_in_place(&mut want_masked, &relu_out);
                 let (lda, a_step) = if op == Op::N { (k, 1) } else { (1, m) };
                 for gap in [0, 5] {
                     let ldb = n + gap;
@@ -1175,23 +1317,28 @@ mod tests {
                         strided[p * ldb..p * ldb + n].copy_from_slice(&b[p * n..(p + 1) * n]);
                     }
                     for &kernel in PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable) {
-                        let mut got = vec![f32::NAN; m * n];
-                        gemm_mm_order_in_place(
-                            kernel,
-                            m,
-                            &a,
-                            lda,
-                            a_step,
-                            (k, n, &strided, ldb),
-                            &mut tail,
-                            &mut got,
-                            n,
-                        );
-                        for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-                            assert!(
-                                x.to_bits() == y.to_bits(),
-                                "{kernel:?} {op:?} {m}x{n}x{k} ldb {ldb} [{i}]: {x} vs {y}"
+                        // Without a mask, then through a ReLU's backward whose output is `relu_out`.
+                        for (mask, want) in [(None, &want), (Some(&relu_out[..]), &want_masked)] {
+                            let mut got = vec![f32::NAN; m * n];
+                            let operands = (k, n, &strided[..], ldb);
+                            gemm_mm_order_in_place(
+                                kernel,
+                                m,
+                                &a,
+                                lda,
+                                a_step,
+                                operands,
+                                &mut tail,
+                                (&mut got, mask),
+                                n,
                             );
+                            for (i, (x, y)) in got.iter().zip(want).enumerate() {
+                                assert!(
+                                    x.to_bits() == y.to_bits(),
+                                    "{kernel:?} {op:?} {m}x{n}x{k} ldb {ldb} mask {} [{i}]: {x} vs {y}",
+                                    mask.is_some()
+                                );
+                            }
                         }
                     }
                 }
@@ -1274,6 +1421,41 @@ mod tests {
                             prop_assert!(x.to_bits() == y.to_bits(), "{:?} {}x{}x{} c[{}] {} vs {}", kernel, m, n, k, i, x, y);
                         }
                     }
+                }
+            }
+        }
+
+        /// A product with a [`Finish`] (a bias row and the ReLU, or a ReLU's
+        /// backward mask) equals the plain product on the same kernel with the
+        /// bias written into `c` first and the ReLU or mask applied after, bit
+        /// for bit (NaN payloads aside), on every kernel: the wide kernel does
+        /// it in registers, the others around each panel. Inputs include NaN,
+        /// infinities, zeros of both signs and denormals.
+        #[test]
+        fn finish_in_registers_equals_finish_around(m in 1usize..60, n in 1usize..150, k in 0usize..420, relu in any::<bool>(), masked in any::<bool>(), seed in any::<u64>()) {
+            let val = |i: usize| special_or(i.wrapping_mul(2_654_435_761) >> 7, (tiderec_records::rng::unit_f64(seed, i as u64, 0, 0) - 0.5) as f32);
+            let a: Vec<f32> = (0..m * k).map(val).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| val(i + 1_000_000)).collect();
+            let row: Vec<f32> = (0..n).map(|i| val(i + 2_000_000)).collect();
+            let mask: Vec<f32> = (0..m * n).map(|i| special_or(i, val(i + 3_000_000))).collect();
+            let packed = PackedRhs::new(Op::T, k, n, &b);
+            let finish = Finish { row: Some(&row[..]), relu, mask: masked.then_some(&mask[..]) };
+            for &kernel in PanelKernel::available() {
+                let mut want: Vec<f32> = (0..m).flat_map(|_| row.iter().copied()).collect();
+                gemm_packed_with(m, &a, k, &packed, true, &mut want, n, |s| packed_span_f32_with(kernel, s));
+                if relu {
+                    crate::relu::relu_in_place(&mut want);
+                }
+                if masked {
+                    crate::relu::relu_backward_in_place(&mut want, &mask);
+                }
+                let mut got = vec![f32::NAN; m * n];
+                gemm_packed_finish_with(m, &a, k, &packed, (false, finish), &mut got, n, |s| packed_span_f32_with(kernel, s));
+                for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                    // Which NaN's payload a NaN + NaN keeps is not defined in
+                    // Rust (the compiler may swap an addition's operands).
+                    let same = x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
+                    prop_assert!(same, "{:?} {}x{}x{} relu {} mask {} c[{}] {} vs {}", kernel, m, n, k, relu, masked, i, x, y);
                 }
             }
         }

@@ -389,7 +389,7 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
         for (cand, rate) in candidates.iter().zip(&mut rates) {
             let mut run = || match *cand {
                 Candidate::PackedMmOrder(kernel) => {
-                    gemm_mm_order_in_place(kernel, m, &a, lda, a_step, (k, n, &b, n), &mut packed, &mut c, n)
+                    gemm_mm_order_in_place(kernel, m, &a, lda, a_step, (k, n, &b, n), &mut packed, (&mut c, None), n)
                 }
                 _ => gemm(op_a, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut c),
             };

@@ -6,9 +6,10 @@
 use super::gemm::{gemm, gemm_nt_acc, Op};
 use super::gemm_amx::{AmxRhs, Epilogue};
 use super::gemm_bf16::{Bf16Scratch, Chained, Left, Right};
-use super::gemm_packed::{gemm_packed_with, PackedRhs};
+use super::gemm_packed::{gemm_packed_finish_with, Finish, PackedRhs};
 pub use super::kernel_choice::ForwardClass;
 use super::kernel_choice::{backward_kernel_for, forward_class, panel_kernel_for, Backward};
+use super::relu::{relu_backward_in_place, relu_in_place};
 use super::Scalar;
 use tiderec_records::rng::normal_f64;
 
@@ -48,8 +49,9 @@ impl Linear {
         }
     }
 
-    /// `y[batch × output] = x[batch × input] · Wᵀ + b`; `packed` is scratch
-    /// space for `Wᵀ` (reused across calls, no allocation once large enough).
+    /// `y[batch × output] = x[batch × input] · Wᵀ + b`, then the ReLU when
+    /// `relu` (as [`relu_in_place`] over `y`); `packed` is scratch space for
+    /// `Wᵀ` (reused across calls, no allocation once large enough).
     ///
     /// The product runs in one of three summation classes, chosen by shape from measurements
     /// (`benches/linear_forward.rs`, `benches/dlrm_gemm_shapes.rs`,
@@ -60,25 +62,41 @@ impl Linear {
     /// rows into a wide output go to the `gemm` crate ([`gemm_nt_acc`], 1.1–1.25×
     /// matrixmultiply at 1,024 rows on DLRM's 367→512 and 512→256) on CPUs
     /// without AVX-512; the rest (narrow inputs, `f64` without a vector packed
-    /// kernel) to matrixmultiply.
+    /// kernel) to matrixmultiply. The packed kernels add the bias and apply
+    /// the ReLU as they write each block of `y` (the same values as writing
+    /// the bias first and the ReLU after, bit for bit).
     #[inline(never)]
-    pub fn forward<T: Scalar>(&self, params: &[T], x: &[T], batch: usize, y: &mut [T], packed: &mut PackedRhs<T>) {
+    pub fn forward<T: Scalar>(
+        &self,
+        params: &[T],
+        x: &[T],
+        batch: usize,
+        (y, relu): (&mut [T], bool),
+        packed: &mut PackedRhs<T>,
+    ) {
         let w = &params[self.offset..self.offset + self.output * self.input];
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
         let y = &mut y[..batch * self.output];
+        let class = self.forward_class::<T>(batch);
+        if class == ForwardClass::Packed {
+            packed.pack(Op::T, self.input, self.output, w);
+            let kernel = panel_kernel_for(batch, self.input, self.output);
+            let finish = Finish { row: Some(b), relu, mask: None };
+            gemm_packed_finish_with(batch, x, self.input, packed, (false, finish), y, self.output, |span| {
+                T::packed_span_with(kernel, span)
+            });
+            return;
+        }
         for row in y.chunks_exact_mut(self.output) {
             row.copy_from_slice(b);
         }
-        match self.forward_class::<T>(batch) {
-            ForwardClass::Packed => {
-                packed.pack(Op::T, self.input, self.output, w);
-                let kernel = panel_kernel_for(batch, self.input, self.output);
-                gemm_packed_with(batch, x, self.input, packed, true, y, self.output, |span| {
-                    T::packed_span_with(kernel, span)
-                });
-            }
-            ForwardClass::Wide => gemm_nt_acc(batch, self.output, self.input, x, w, y),
-            ForwardClass::General => gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y),
+        if class == ForwardClass::Wide {
+            gemm_nt_acc(batch, self.output, self.input, x, w, y);
+        } else {
+            gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y);
+        }
+        if relu {
+            relu_in_place(y);
         }
     }
 
@@ -92,9 +110,12 @@ impl Linear {
         forward_class::<T>(batch, self.input, self.output)
     }
 
-    /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when asked;
-    /// `packed` is scratch space (the packed kernel reads `x` and `W` where they
-    /// lie; it packs only their last `input mod 8` columns).
+    /// Writes `dW = dyᵀ·x` and `db = Σ dy` into `grads`, and `dx = dy·W` when
+    /// asked, passed back through the ReLU whose output `x` is when its flag
+    /// says so (as [`relu_backward_in_place`] against `x`; the packed kernel
+    /// does it as it writes each block of `dx`); `packed` is scratch space (the
+    /// packed kernel reads `x` and `W` where they lie; it packs only their last
+    /// `input mod 8` columns).
     ///
     /// Both products are matrixmultiply's sums: where a vector packed kernel runs
     /// and both dimensions of the result exceed one, on whichever the start-up
@@ -110,7 +131,7 @@ impl Linear {
         dy: &[T],
         batch: usize,
         grads: &mut [T],
-        dx: Option<&mut [T]>,
+        dx: Option<(&mut [T], bool)>,
         packed: &mut PackedRhs<T>,
     ) {
         let nw = self.output * self.input;
@@ -131,7 +152,7 @@ impl Linear {
                 self.output,
                 (batch, self.input, x, self.input),
                 packed,
-                gw,
+                (gw, None),
                 self.input,
             );
         } else {
@@ -143,8 +164,10 @@ impl Linear {
                 *g += d;
             }
         }
-        if let Some(dx) = dx {
+        if let Some((dx, relu_below)) = dx {
             let w = &params[self.offset..self.offset + nw];
+            let dx = &mut dx[..batch * self.input];
+            let mask = relu_below.then_some(&x[..batch * self.input]);
             let dx_kernel = if packable && batch > 1 && self.output > 0 {
                 backward_kernel_for(Backward::Dx, batch, self.input, self.output)
             } else {
@@ -159,11 +182,14 @@ impl Linear {
                     1,
                     (self.output, self.input, w, self.input),
                     packed,
-                    dx,
+                    (dx, mask),
                     self.input,
                 );
             } else {
                 gemm(Op::N, Op::N, batch, self.input, self.output, T::ONE, dy, w, T::ZERO, dx);
+                if let Some(x) = mask {
+                    relu_backward_in_place(dx, x);
+                }
             }
         }
     }
@@ -302,12 +328,12 @@ mod tests {
         // loss = Σ r ⊙ y, so dy = r.
         let loss = |p: &[f64], x: &[f64]| {
             let mut y = vec![0.0; batch * 3];
-            lin.forward(p, x, batch, &mut y, &mut PackedRhs::default());
+            lin.forward(p, x, batch, (&mut y, false), &mut PackedRhs::default());
             y.iter().zip(&r).map(|(a, b)| a * b).sum::<f64>()
         };
         let mut grads = vec![0.0; params.len()];
         let mut dx = vec![0.0; x.len()];
-        lin.backward(&params, &x, &r, batch, &mut grads, Some(&mut dx), &mut PackedRhs::default());
+        lin.backward(&params, &x, &r, batch, &mut grads, Some((&mut dx, false)), &mut PackedRhs::default());
         check_gradients(&params[2..], &grads[2..], |p| {
             let mut full = params.clone();
             full[2..].copy_from_slice(p);
@@ -323,6 +349,7 @@ mod tests {
     #[test]
     fn forward_kernels_agree_with_the_definition() {
         use crate::gemm_packed::PanelKernel;
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         use ForwardClass::*;
         let wide = if PanelKernel::wide_available() { Packed } else { Wide };
         let cases = [
@@ -344,7 +371,7 @@ mod tests {
             let x: Vec<f32> =
                 (0..batch * input).map(|i| tiderec_records::rng::normal_f64(8, 0, i as u64, 0) as f32).collect();
             let mut y = vec![0.0f32; batch * output];
-            lin.forward(&params, &x, batch, &mut y, &mut PackedRhs::default());
+            lin.forward(&params, &x, batch, (&mut y, false), &mut PackedRhs::default());
             for b in 0..batch {
                 for j in 0..output {
                     let want = params[input * output + j] as f64
@@ -356,6 +383,21 @@ mod tests {
                     );
                 }
             }
+            // With the ReLU: the same as applying it after, bit for bit (the
+            // packed kernels apply it as they write).
+            let mut y_relu = vec![f32::NAN; batch * output];
+            lin.forward(&params, &x, batch, (&mut y_relu, true), &mut PackedRhs::default());
+            crate::relu::relu_in_place(&mut y);
+            assert_eq!(bits(&y_relu), bits(&y), "{input}->{output} b{batch} with the ReLU");
+            // dx through the ReLU whose output `x` is: the same as masking after.
+            let dy: Vec<f32> =
+                (0..batch * output).map(|i| tiderec_records::rng::normal_f64(9, 0, i as u64, 0) as f32).collect();
+            let mut grads = vec![0.0f32; lin.num_params()];
+            let (mut dx, mut dx_relu) = (vec![f32::NAN; batch * input], vec![f32::NAN; batch * input]);
+            lin.backward(&params, &x, &dy, batch, &mut grads, Some((&mut dx, false)), &mut PackedRhs::default());
+            lin.backward(&params, &x, &dy, batch, &mut grads, Some((&mut dx_relu, true)), &mut PackedRhs::default());
+            crate::relu::relu_backward_in_place(&mut dx, &x);
+            assert_eq!(bits(&dx_relu), bits(&dx), "{input}->{output} b{batch} dx through the ReLU");
         }
     }
 

@@ -5,7 +5,7 @@ use super::gemm_bf16::{Bf16Scratch, Chained};
 use super::gemm_packed::PackedRhs;
 use super::linear::Linear;
 use super::precision::Precision;
-use super::relu::{relu_backward_in_place, relu_in_place};
+use super::relu::relu_backward_in_place;
 use super::Scalar;
 
 /// Layers `widths[0] → widths[1] → … → widths[n]`, ReLU after each layer
@@ -126,12 +126,7 @@ impl Mlp {
             let relu = self.relu_after(i);
             match cache.precision {
                 // `set_precision` admits fp32 and bf16 only (tf32 is a GPU worker's).
-                Precision::Fp32 | Precision::Tf32 => {
-                    l.forward(params, input, batch, out, &mut cache.packed);
-                    if relu {
-                        relu_in_place(out);
-                    }
-                }
+                Precision::Fp32 | Precision::Tf32 => l.forward(params, input, batch, (out, relu), &mut cache.packed),
                 Precision::Bf16 => {
                     let p = f32_view(params);
                     let x = if packed { Chained::Packed } else { Chained::Rows(&f32_view(input)[..batch * l.input]) };
@@ -167,8 +162,8 @@ impl Mlp {
         }
         douts[n - 1].copy_from_slice(&dout[..batch * self.output()]);
         let mut dx = dx;
-        // Under bf16 a layer's dx product applies the ReLU below it in its
-        // epilogue, and packs its output for the layer below's dx where it can.
+        // A layer's dx product applies the ReLU below it as it writes (under
+        // bf16 it also packs its output for the layer below's dx where it can).
         let (mut through_relu, mut dy_packed) = (false, false);
         for i in (0..n).rev() {
             let l = &self.layers[i];
@@ -180,13 +175,15 @@ impl Mlp {
             }
             let input: &[T] = if i == 0 { x } else { &outs[i - 1] };
             let layer_dx = if i == 0 { dx.as_deref_mut() } else { Some(&mut below[i - 1][..]) };
+            let relu_below = i > 0 && self.relu_after(i - 1);
+            through_relu = layer_dx.is_some() && relu_below;
             match precision {
-                Precision::Fp32 | Precision::Tf32 => l.backward(params, input, dy, batch, grads, layer_dx, packed),
+                Precision::Fp32 | Precision::Tf32 => {
+                    l.backward(params, input, dy, batch, grads, layer_dx.map(|d| (d, relu_below)), packed)
+                }
                 Precision::Bf16 => {
                     let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(dy));
-                    let relu_below = i > 0 && self.relu_after(i - 1);
                     let layer_dx = layer_dx.map(|d| (f32_view_mut(d), relu_below));
-                    through_relu = layer_dx.as_ref().is_some_and(|&(_, r)| r);
                     let chain = (dy_packed, i > 0);
                     let x_packed = inputs.get(i).and_then(|(rows, packed)| packed.then_some(rows));
                     let x = (input, x_packed, dy);

@@ -81,7 +81,8 @@ pub trait Scalar:
     fn packed_span_with(kernel: super::gemm_packed::PanelKernel, span: super::gemm_packed::PanelSpan<'_, Self>);
 
     /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel,
-    /// `b` (`k × n`, rows `ldb` apart) read where it lies (`gemm_mm_order_in_place`;
+    /// then, with a mask laid out as `c`, zeroed where the mask is not positive
+    /// (a ReLU's backward), `b` (`k × n`, rows `ldb` apart) read where it lies (`gemm_mm_order_in_place`;
     /// `tail` is scratch for a last narrow panel; `f32` only: callers ask
     /// [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
     ///
@@ -96,7 +97,7 @@ pub trait Scalar:
         a_step: usize,
         b: (usize, usize, &[Self], usize),
         tail: &mut super::gemm_packed::PackedRhs<Self>,
-        c: &mut [Self],
+        c: (&mut [Self], Option<&[Self]>),
         ldc: usize,
     );
 
@@ -193,7 +194,7 @@ macro_rules! impl_scalar {
                 a_step: usize,
                 b: (usize, usize, &[Self], usize),
                 tail: &mut super::gemm_packed::PackedRhs<Self>,
-                c: &mut [Self],
+                c: (&mut [Self], Option<&[Self]>),
                 ldc: usize,
             ) {
                 $mm_order(kernel, m, a, lda, a_step, b, tail, c, ldc)
@@ -243,7 +244,7 @@ impl_scalar!(
      _,
      _: (usize, usize, &[f64], usize),
      _: &mut super::gemm_packed::PackedRhs<f64>,
-     _: &mut [f64],
+     _: (&mut [f64], Option<&[f64]>),
      _| { panic!("gemm_mm_order: f64 has no vector packed kernel") },
     false,
     super::gemm_packed::pack_transposed_portable::<f64>,

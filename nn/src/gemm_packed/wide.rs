@@ -16,9 +16,11 @@
 //! (`tests::wide_kernel_equals_the_one_panel_kernels_bit_for_bit`). Only the
 //! span's `width` columns of each panel are written (the last vector of the
 //! last panel under a mask); a last panel a whole number of vectors does not
-//! fill (8, 24 or 40 wide) runs on the one-panel AVX-512 kernel.
+//! fill (8, 24 or 40 wide) runs on the one-panel AVX-512 kernel. The span's
+//! [`Finish`] is done in registers as each block is written, with the
+//! values of the scalar definitions (`tests::finish_in_registers_equals_finish_around`).
 
-use super::{panels, run_panel_f32, PanelKernel, PanelProduct, PanelSpan};
+use super::{finish_around, panels, run_panel_f32, Finish, PanelKernel, PanelProduct, PanelSpan};
 use std::arch::x86_64::*;
 
 /// Columns per 512-bit vector.
@@ -46,12 +48,17 @@ struct Rows {
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    /// The span's [`Finish`]: the row added in place of `c` (null: none), the
+    /// ReLU, the mask laid out as `c` (null: none).
+    row: *const f32,
+    relu: bool,
+    mask: *const f32,
 }
 
 /// [`PanelSpan`]'s product on the wide kernel (the CPU runs AVX-512F: the
 /// caller checked [`PanelKernel::available`](super::PanelKernel::available)).
 pub(super) fn span_product(span: PanelSpan<'_, f32>) {
-    let PanelSpan { rows, k, a, lda, a_step, panels: b, k0, c, ldc, accumulate } = span;
+    let PanelSpan { rows, k, a, lda, a_step, panels: b, k0, c, ldc, accumulate, finish } = span;
     let (_, n) = b.shape();
     if rows == 0 || k == 0 || n == 0 {
         // The driver never hands out an empty span; nothing to write if it did.
@@ -59,7 +66,11 @@ pub(super) fn span_product(span: PanelSpan<'_, f32>) {
     }
     assert!(a.len() > (rows - 1) * lda + (k - 1) * a_step, "wide kernel: a too short");
     assert!(c.len() >= (rows - 1) * ldc + n, "wide kernel: c too short");
-    let ops = Rows { k, a: a.as_ptr(), lda, a_step, c: c.as_mut_ptr(), ldc, accumulate };
+    assert!(finish.row.is_none_or(|row| row.len() >= n), "wide kernel: row too short");
+    assert!(finish.mask.is_none_or(|mask| mask.len() >= (rows - 1) * ldc + n), "wide kernel: mask too short");
+    let Finish { row, relu, mask } = finish;
+    let (row, mask) = (row.map_or(std::ptr::null(), <[f32]>::as_ptr), mask.map_or(std::ptr::null(), <[f32]>::as_ptr));
+    let ops = Rows { k, a: a.as_ptr(), lda, a_step, c: c.as_mut_ptr(), ldc, accumulate, row, relu, mask };
     let mut group = Group { vectors: [(std::ptr::null(), 0); MAX_Z], count: 0, first: 0, last_lanes: VECTOR };
     // A panel 8, 24 or 40 wide is not whole vectors: only the last panel can be.
     let mut ragged = None;
@@ -92,7 +103,7 @@ pub(super) fn span_product(span: PanelSpan<'_, f32>) {
         let c = &mut c[first..];
         let width = pw.min(n - first);
         let p = PanelProduct { rows, k, a, lda, a_step, panel, panel_rs, pw, c, ldc, width, accumulate };
-        run_panel_f32(PanelKernel::Avx512, p);
+        finish_around(p, first, finish, |p| run_panel_f32(PanelKernel::Avx512, p));
     }
 }
 
@@ -159,7 +170,7 @@ unsafe fn step<const R: usize, const Z: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
 unsafe fn block<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: usize) {
-    let Rows { k, lda, a_step, ldc, accumulate, .. } = *ops;
+    let Rows { k, lda, a_step, .. } = *ops;
     let a = ops.a.add(i * lda);
     let mut acc = [[_mm512_setzero_ps(); Z]; R];
     let strides = (lda, a_step);
@@ -175,19 +186,58 @@ unsafe fn block<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: us
         step::<R, Z>(&mut acc, a, strides, &group.vectors, p);
         p += 1;
     }
-    let mask: __mmask16 = if group.last_lanes == VECTOR { !0 } else { (1u16 << group.last_lanes) - 1 };
-    let c = ops.c.add(i * ldc + group.first);
-    for (r, row) in acc.iter().enumerate() {
-        let out = c.add(r * ldc);
-        for (z, &x) in row.iter().enumerate() {
-            let o = out.add(VECTOR * z);
-            if z + 1 < Z || mask == !0 {
-                let x = if accumulate { _mm512_add_ps(x, _mm512_loadu_ps(o)) } else { x };
+    write(ops, group, i, acc);
+}
+
+/// Writes a block's sums into `c` (rows from `i`), with the span's
+/// accumulation and [`Finish`]. Apart from [`block`], and never inlined into
+/// it: the epilogue's values would otherwise take registers the reduction
+/// loop needs (spilling accumulators there cost two thirds of its speed).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn write<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: usize, acc: [[__m512; Z]; R]) {
+    let Rows { ldc, accumulate, .. } = *ops;
+    let lanes: __mmask16 = if group.last_lanes == VECTOR { !0 } else { (1u16 << group.last_lanes) - 1 };
+    let at = i * ldc + group.first;
+    let zero = _mm512_setzero_ps();
+    for (r, acc_row) in acc.iter().enumerate() {
+        for (z, &x) in acc_row.iter().enumerate() {
+            let o = ops.c.add(at + r * ldc + VECTOR * z);
+            // Every vector but a last one under `lanes` loads and stores whole.
+            let lanes = if z + 1 < Z { !0 } else { lanes };
+            let mut x = if accumulate {
+                _mm512_add_ps(x, load(o, lanes))
+            } else if !ops.row.is_null() {
+                _mm512_add_ps(x, load(ops.row.add(group.first + VECTOR * z), lanes))
+            } else {
+                x
+            };
+            if ops.relu {
+                // `(0 > x) ? 0 : x` keeps NaN, then `+ 0` turns -0 into +0: `relu_in_place`.
+                x = _mm512_add_ps(_mm512_max_ps(zero, x), zero);
+            }
+            if !ops.mask.is_null() {
+                // Kept where the mask is not `<= 0` (NaN included), as `x + 0`: `relu_backward_in_place`.
+                let keep =
+                    _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(load(ops.mask.add(at + r * ldc + VECTOR * z), lanes), zero);
+                x = _mm512_maskz_add_ps(keep, x, zero);
+            }
+            if lanes == !0 {
                 _mm512_storeu_ps(o, x);
             } else {
-                let x = if accumulate { _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, o)) } else { x };
-                _mm512_mask_storeu_ps(o, mask, x);
+                _mm512_mask_storeu_ps(o, lanes, x);
             }
         }
+    }
+}
+
+/// The 16 values at `p`, or those of `lanes` (the rest zero, never read).
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn load(p: *const f32, lanes: __mmask16) -> __m512 {
+    if lanes == !0 {
+        _mm512_loadu_ps(p)
+    } else {
+        _mm512_maskz_loadu_ps(lanes, p)
     }
 }
