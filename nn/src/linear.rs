@@ -199,7 +199,7 @@ impl Linear {
     /// [`forward`](Self::forward) under `--precision bf16`: `x` and `W` rounded to
     /// bf16, products accumulated in `f32` onto the `f32` bias on the best bf16
     /// kernel ([`Bf16Scratch::product_onto_row`]), then the ReLU when `relu` (as
-    /// [`relu_in_place`](super::relu::relu_in_place) over `y`); `W` is rounded
+    /// [`relu_in_place`] over `y`); `W` is rounded
     /// from its current `f32` values on every call.
     pub fn forward_bf16(
         &self,
@@ -252,7 +252,7 @@ impl Linear {
     /// `dx = dy·W` on bf16-rounded operands with `f32` accumulation; `db = Σ dy`
     /// in `f32`. With `dx`'s second part `true`, `x` is the output of a ReLU
     /// before this layer, and `dx` is then passed back through that ReLU
-    /// ([`relu_backward_in_place`](super::relu::relu_backward_in_place)).
+    /// ([`relu_backward_in_place`]).
     #[allow(clippy::too_many_arguments)]
     pub fn backward_bf16(
         &self,
