@@ -210,8 +210,8 @@ pub(crate) fn gemm_packed_finish_with<T: Scalar>(
 #[derive(Debug)]
 pub(crate) struct Finish<'a, T> {
     /// Added to every row in place of `c`'s old values: `c[i][j] = Σ + row[j]`
-    /// (the bias: the same value as `row[j] + Σ`, the order training used when
-    /// it wrote the bias into `c` first).
+    /// (the bias; addition commutes, so this equals writing the bias into `c`
+    /// and accumulating the product onto it).
     pub row: Option<&'a [T]>,
     /// Then `c ← max(c, 0)` as [`relu_in_place`](super::relu::relu_in_place) does.
     pub relu: bool,
