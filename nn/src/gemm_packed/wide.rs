@@ -170,7 +170,7 @@ unsafe fn step<const R: usize, const Z: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
 unsafe fn block<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: usize) {
-    let Rows { k, lda, a_step, .. } = *ops;
+    let Rows { k, lda, a_step, ldc, accumulate, .. } = *ops;
     let a = ops.a.add(i * lda);
     let mut acc = [[_mm512_setzero_ps(); Z]; R];
     let strides = (lda, a_step);
@@ -186,13 +186,33 @@ unsafe fn block<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: us
         step::<R, Z>(&mut acc, a, strides, &group.vectors, p);
         p += 1;
     }
-    write(ops, group, i, acc);
+    if !ops.row.is_null() || ops.relu || !ops.mask.is_null() {
+        return write(ops, group, i, acc);
+    }
+    // A plain sum (no finish on this chunk) is written inline: handing the
+    // accumulators to `write` copies them through memory, one more pass per
+    // block that a short reduction (a recurrence's products) would feel.
+    let mask: __mmask16 = if group.last_lanes == VECTOR { !0 } else { (1u16 << group.last_lanes) - 1 };
+    let c = ops.c.add(i * ldc + group.first);
+    for (r, row) in acc.iter().enumerate() {
+        let out = c.add(r * ldc);
+        for (z, &x) in row.iter().enumerate() {
+            let o = out.add(VECTOR * z);
+            if z + 1 < Z || mask == !0 {
+                let x = if accumulate { _mm512_add_ps(x, _mm512_loadu_ps(o)) } else { x };
+                _mm512_storeu_ps(o, x);
+            } else {
+                let x = if accumulate { _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, o)) } else { x };
+                _mm512_mask_storeu_ps(o, mask, x);
+            }
+        }
+    }
 }
 
-/// Writes a block's sums into `c` (rows from `i`), with the span's
+/// Writes a block's sums into `c` (rows from `i`) with the span's
 /// accumulation and [`Finish`]. Apart from [`block`], and never inlined into
-/// it: the epilogue's values would otherwise take registers the reduction
-/// loop needs (spilling accumulators there cost two thirds of its speed).
+/// it: the finish's values would otherwise take registers the reduction loop
+/// needs (spilling accumulators there cost two thirds of its speed).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
 unsafe fn write<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: usize, acc: [[__m512; Z]; R]) {
