@@ -883,23 +883,35 @@ mod x86 {
         pub accumulate: bool,
     }
 
+    /// How a block's values of `a` lie, a kernel's `L`: a row's values next
+    /// to each other (`a_step = 1`, `a` as stored), the rows next to each other
+    /// (`lda = 1`, `a` transposed), or neither. Each is its own loop, so that
+    /// the addresses of a step are constant displacements from one register.
+    pub(super) const UNIT_STEP: u8 = 0;
+    pub(super) const UNIT_ROW: u8 = 1;
+    pub(super) const STRIDED: u8 = 2;
+
     /// One module of register-blocked kernels compiled for `$features`, with
     /// `$r1 … $r5` rows per block for panels of one to five vectors.
     macro_rules! kernels {
         ($module:ident, $features:literal, $r1:literal, $r2:literal, $r3:literal, $r4:literal, $r5:literal) => {
             pub(super) mod $module {
                 use super::super::LANES;
-                use super::Raw;
+                use super::{Raw, STRIDED, UNIT_ROW, UNIT_STEP};
                 use std::arch::x86_64::*;
 
                 /// `R × 8V` block: `R` rows of `a` from row `i` times the panel of `V`
                 /// vectors, into `c` from row `i`, the first `width` columns.
                 #[inline]
                 #[target_feature(enable = $features)]
-                unsafe fn block<const R: usize, const V: usize>(raw: &Raw, i: usize) {
+                unsafe fn block<const R: usize, const V: usize, const L: u8>(raw: &Raw, i: usize) {
                     let Raw { k, lda, a_step, panel, panel_rs, ldc, width, accumulate, .. } = *raw;
                     let (a, c) = (raw.a.add(i * lda), raw.c.add(i * ldc));
                     let mut acc = [[_mm256_setzero_ps(); V]; R];
+                    // Each row's start, opaque to the optimiser, which would otherwise
+                    // derive every row's address from the one before it, a serial add
+                    // per value loaded.
+                    let starts: [*const f32; R] = std::hint::black_box(std::array::from_fn(|r| a.add(r * lda)));
                     // One step of the k loop: row p of the panel times column p of the rows.
                     let step = |acc: &mut [[__m256; V]; R], p: usize| {
                         let mut bv = [_mm256_setzero_ps(); V];
@@ -907,7 +919,12 @@ mod x86 {
                             *b = _mm256_loadu_ps(panel.add(p * panel_rs + LANES * v));
                         }
                         for (r, row) in acc.iter_mut().enumerate() {
-                            let av = _mm256_broadcast_ss(&*a.add(r * lda + p * a_step));
+                            let at = match L {
+                                UNIT_STEP => starts[r].add(p),
+                                UNIT_ROW => a.add(p * a_step + r),
+                                _ => a.add(r * lda + p * a_step),
+                            };
+                            let av = _mm256_broadcast_ss(&*at);
                             for (x, &b) in row.iter_mut().zip(&bv) {
                                 *x = _mm256_fmadd_ps(av, b, *x);
                             }
@@ -954,10 +971,10 @@ mod x86 {
                 /// `R` rows, then blocks of the rows left (at most one per size).
                 #[inline]
                 #[target_feature(enable = $features)]
-                unsafe fn panel<const R: usize, const V: usize>(p: &Raw) {
+                unsafe fn panel<const R: usize, const V: usize, const L: u8>(p: &Raw) {
                     let mut i = 0;
                     while i + R <= p.rows {
-                        block::<R, V>(p, i);
+                        block::<R, V, L>(p, i);
                         i += R;
                     }
                     // The tail, as a sum of powers of two below R.
@@ -965,10 +982,10 @@ mod x86 {
                     for size in [8, 4, 2, 1] {
                         if size < R && rest >= size {
                             match size {
-                                8 => block::<8, V>(p, i),
-                                4 => block::<4, V>(p, i),
-                                2 => block::<2, V>(p, i),
-                                _ => block::<1, V>(p, i),
+                                8 => block::<8, V, L>(p, i),
+                                4 => block::<4, V, L>(p, i),
+                                2 => block::<2, V, L>(p, i),
+                                _ => block::<1, V, L>(p, i),
                             }
                             i += size;
                             rest -= size;
@@ -979,12 +996,22 @@ mod x86 {
                 /// A panel of `vectors` vectors (1 to 5) with this module's block rows.
                 #[target_feature(enable = $features)]
                 pub(in super::super) unsafe fn panel_of(vectors: usize, p: &Raw) {
+                    match (p.a_step == 1, p.lda == 1) {
+                        (true, _) => panel_laid::<UNIT_STEP>(vectors, p),
+                        (false, true) => panel_laid::<UNIT_ROW>(vectors, p),
+                        _ => panel_laid::<STRIDED>(vectors, p),
+                    }
+                }
+
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn panel_laid<const L: u8>(vectors: usize, p: &Raw) {
                     match vectors {
-                        1 => panel::<$r1, 1>(p),
-                        2 => panel::<$r2, 2>(p),
-                        3 => panel::<$r3, 3>(p),
-                        4 => panel::<$r4, 4>(p),
-                        _ => panel::<$r5, 5>(p),
+                        1 => panel::<$r1, 1, L>(p),
+                        2 => panel::<$r2, 2, L>(p),
+                        3 => panel::<$r3, 3, L>(p),
+                        4 => panel::<$r4, 4, L>(p),
+                        _ => panel::<$r5, 5, L>(p),
                     }
                 }
             }
@@ -1392,6 +1419,44 @@ mod tests {
                             prop_assert!(x.to_bits() == y.to_bits(), "{:?} c[{}] {} vs {}", kernel, i, x, y);
                         }
                     }
+                }
+            }
+        }
+
+        /// Every vector kernel against the scalar oracle of its chain (a fused
+        /// multiply-add per step from zero, then one add to `c`), bit for bit,
+        /// for each way the values of `a` can lie: a row's values next to each
+        /// other, the rows next to each other, or neither.
+        #[test]
+        fn vector_kernels_equal_their_chain_in_every_layout(rows in 1usize..30, k in 1usize..200, vectors in 1usize..6, layout in 0usize..3, cut in 0usize..8, pad in 0usize..3, acc in any::<bool>(), seed in any::<u64>()) {
+            let pw = vectors * LANES;
+            let width = pw - cut.min(pw - 1);
+            let ldc = pw + pad;
+            let (lda, a_step) = match layout {
+                0 => (k + pad, 1),
+                1 => (1, rows + pad),
+                _ => (2 * k + pad + 1, 2),
+            };
+            let val = |i: usize| (tiderec_records::rng::unit_f64(seed, i as u64, 0, 0) - 0.5) as f32;
+            let a: Vec<f32> = (0..(rows - 1) * lda + (k - 1) * a_step + 1).map(val).collect();
+            let panel: Vec<f32> = (0..k * pw).map(|i| val(i + 1_000_000)).collect();
+            let c0: Vec<f32> = (0..rows * ldc).map(|i| val(i + 2_000_000)).collect();
+            let mut want = c0.clone();
+            for r in 0..rows {
+                for j in 0..width {
+                    let chain = (0..k).fold(0.0f32, |x, p| a[r * lda + p * a_step].mul_add(panel[p * pw + j], x));
+                    let o = &mut want[r * ldc + j];
+                    *o = if acc { *o + chain } else { chain };
+                }
+            }
+            for &kernel in PanelKernel::available().iter().filter(|&&kernel| kernel != PanelKernel::Portable) {
+                let mut c = c0.clone();
+                packed_panel_f32_with(
+                    kernel,
+                    PanelProduct { rows, k, a: &a, lda, a_step, panel: &panel, panel_rs: pw, pw, c: &mut c, ldc, width, accumulate: acc },
+                );
+                for (i, (x, y)) in c.iter().zip(&want).enumerate() {
+                    prop_assert!(x.to_bits() == y.to_bits(), "{:?} layout {} c[{}] {} vs {}", kernel, layout, i, x, y);
                 }
             }
         }
