@@ -392,15 +392,17 @@ scripts/benchmarks.py --only fp32 --previous-bin PATH --splice docs/benchmarks.m
 ## AVX2-only kernels against the build before runtime kernel selection
 
 Whether an AVX2-only CPU trains as fast as it did before the kernels were chosen at run
-time. Both builds run here with their AVX-512 kernels off: this build under
+time. Measured on {cpu} (this section may come from another machine than the header's).
+Both builds run with no AVX-512 kernel: this build under
 `TIDEREC_MAX_ISA=avx2` (see [training.md](training.md), *Vector extensions*), the baseline
 — the build before runtime kernel selection, whose packed GEMM had AVX2 and AVX-512VL
-kernels chosen by CPU feature — with its AVX-512 detection patched to answer no. Make the
-baseline from that commit's tree in a plain directory (`git archive <commit> | tar -x -C
-DIR`), replace each `is_x86_feature_detected!("avx512…")` by `false`, `cargo build
---release -p tiderec` there, and pass `--baseline-bin DIR/target/release/tiderec`. Neither
-flag reaches matrixmultiply, which runs its own AVX-512F kernel on an AVX-512 CPU in both
-builds. The two binaries alternate, the first of each round rotating, with the same flags:
+kernels chosen by CPU feature — built from that commit's tree in a plain directory (`git
+archive <commit> | tar -x -C DIR`, `cargo build --release -p tiderec` there) and passed as
+`--baseline-bin DIR/target/release/tiderec`. On a CPU without AVX-512 (an AMD Zen 3, say)
+that plain build is the baseline and the cap changes nothing; on an AVX-512 CPU, first
+replace each `is_x86_feature_detected!("avx512…")` of the baseline's tree by `false`.
+Neither flag reaches matrixmultiply, which runs its own AVX-512F kernel on an AVX-512 CPU
+in both builds. The two binaries alternate, the first of each round rotating, with the same flags:
 `tiderec bench dlrm --batch-size B` and `tiderec bench model --model M`, {workers}
 worker(s), {warmup} warm-up steps, then {samples:,} samples' worth of timed steps (at
 least {min_steps}). A ratio below 1 is a regression. Rerun: `python3 scripts/benchmarks.py
@@ -1479,7 +1481,7 @@ def section_avx2(run):
             raise Failed(f"this build did not report the cap in force: cpu_features {features!r}")
         rows.append([name, num(batch), f"`tiderec bench {' '.join(bench)} --batch-size {batch}`", num(n), num(o),
                      f"**{ratio(r)}**", span(rs), span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
-    prose = PROSE["avx2"].format(workers=workers, warmup=run.s.warmup, samples=run.s.avx2_samples,
+    prose = PROSE["avx2"].format(cpu=cpu_description(), workers=workers, warmup=run.s.warmup, samples=run.s.avx2_samples,
                                  min_steps=avx2_steps(run, 10**9))
     return prose, table(["model", "batch", "command", "this build, avx2 cap: samples/s (median)",
                          "build before (baseline), AVX-512 off: samples/s (median)", "this / before",
