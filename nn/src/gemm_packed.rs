@@ -886,7 +886,9 @@ mod x86 {
     /// How a block's values of `a` lie, a kernel's `L`: a row's values next
     /// to each other (`a_step = 1`, `a` as stored), the rows next to each other
     /// (`lda = 1`, `a` transposed), or neither. Each is its own loop, so that
-    /// the addresses of a step are constant displacements from one register.
+    /// in the first two every address a step loads is a constant displacement
+    /// from registers that stay fixed through the loop (the row starts and the
+    /// step's offset, or the step's start).
     pub(super) const UNIT_STEP: u8 = 0;
     pub(super) const UNIT_ROW: u8 = 1;
     pub(super) const STRIDED: u8 = 2;
