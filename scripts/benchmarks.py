@@ -122,8 +122,8 @@ still prints `params L2 93.295514`. Nothing is cached between runs.
 The backward products (`dW = dyᵀ·x`, `dx = dy·W`) add in matrixmultiply's order: their
 candidates are matrixmultiply itself (which picks its own AVX2 or AVX-512 kernel) and the
 packed kernels run in matrixmultiply's summation order (`gemm_packed::gemm_mm_order_in_place`,
-reading `x` and `W` where they lie, with no per-step copy:
-each entry a chain of fused multiply-adds from zero over runs of 256 reduction steps, the
+copying `x` and `W` in blocks of at most 128 KiB, or reading them where they lie for
+fewer than 64 rows: each entry a chain of fused multiply-adds from zero over runs of 256 reduction steps, the
 runs added to the output in order), so the measurement picks among results equal bit for
 bit (test `gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`); a packed
 kernel replaces matrixmultiply only when measured at least 5% faster, so a close call (a
@@ -387,6 +387,26 @@ chooses, one core) as a share of the AVX-512 FMA peak the same command measures;
 warm-up steps, then {samples:,} samples' worth of timed steps). The second table is the last
 round's: each wide product of DLRM on the kernel each build chose. Rerun: `python3
 scripts/benchmarks.py --only fp32 --previous-bin PATH --splice docs/benchmarks.md`.
+""",
+    "fp32-avx2": """\
+## fp32 kernels on AVX2 against the build before them
+
+What the AVX2 kernel's last changes do on this CPU, **{cpu}**: a panel of 24 or 32 columns
+runs as a 16-column panel beside a narrower one, and a backward product of at least 64 rows
+copies `x` or `W` into panels in blocks of at most 128 KiB instead of reading them in place
+(see [training.md](training.md), *The GEMM kernels*). Both builds run with
+`TIDEREC_MAX_ISA=avx2`, so an AVX-512 CPU runs the same kernels as an AVX2-only one (on an
+AVX2-only CPU the cap changes nothing). This build and `--previous-bin` (the build before
+those changes) alternate, the first of each round rotating. `tiderec bench kernels --rows R`
+gives each build's GEMM bound (DLRM's MLP products alone, on the kernels each build
+chooses, one core) as a share of the AVX2 FMA peak the same command measures; `tiderec bench
+dlrm --batch-size B` gives training samples/s ({workers} worker(s), {warmup} warm-up steps,
+then {samples:,} samples' worth of timed steps). The second table gives each of DLRM's
+products with both widths of at least 64 (the bottom MLP's 512→256 first) the median over
+the rounds of the chosen kernel's GFLOP/s in each build, and the kernel chosen in most
+rounds; a product whose kernel is the same code in both builds (the `gemm` crate,
+matrixmultiply) shows how far this machine's rounds scatter. Rerun: `python3 scripts/benchmarks.py --only fp32-avx2 --previous-bin PATH --splice
+docs/benchmarks.md`.
 """,
     "avx2": """\
 ## AVX2-only kernels against the build before runtime kernel selection
@@ -1466,6 +1486,60 @@ def section_fp32(run):
     return prose, first + "\n\n" + second
 
 
+def product_medians(rounds, side):
+    """`(product, layer) -> (most chosen kernel, median GFLOP/s, mnk)` over the rounds' kernel reports
+    (the first of two products of one layer, as `wide_products` keeps)."""
+    found = {}
+    for r in rounds:
+        seen = set()
+        for p in r[side]["products"]:
+            key = (p["product"], p["layer"])
+            if key not in seen:
+                seen.add(key)
+                found.setdefault(key, []).append(p)
+    return {key: (statistics.mode(p["chosen"] for p in ps), statistics.median(p["chosen_gflops"] for p in ps),
+                  ps[0]["mnk"]) for key, ps in found.items()}
+
+
+def section_fp32_avx2(run):
+    """This build's AVX2 fp32 kernels against `--previous-bin`, both under `TIDEREC_MAX_ISA=avx2`."""
+    workers, prev = run.args.workers, run.args.previous_bin
+    env = ["env", "TIDEREC_MAX_ISA=avx2"]
+    rows, products = [], []
+    for batch in (128, 2048):
+        kernels = ["bench", "kernels", "--rows", str(batch), "--seconds", str(run.s.kernel_seconds),
+                   "--rounds", str(run.s.kernel_rounds), "--json"]
+        train = ["bench", "dlrm", "--batch-size", str(batch), "--workers", str(workers),
+                 "--steps", str(avx2_steps(run, batch)), "--warmup", str(run.s.warmup), "--json"]
+        rounds = run.alternate({"kernels": [*env, run.args.tiderec, *kernels], "kernels_before": [*env, prev, *kernels],
+                                "new": [*env, run.args.tiderec, *train], "old": [*env, prev, *train]})
+        if rounds[0]["kernels"].get("max_isa") != "avx2":
+            raise Failed(f"bench kernels did not report the cap in force: max_isa {rounds[0]['kernels'].get('max_isa')!r}")
+        share = statistics.median(peak_share(r["kernels"]) for r in rounds)
+        share_before = statistics.median(peak_share(r["kernels_before"]) for r in rounds)
+        n, o, r, rs = compare(rounds, "new", "old")
+        rows.append([num(batch), f"{100 * share:.0f}%", f"{100 * share_before:.0f}%", num(n), num(o),
+                     f"**{ratio(r)}**", span(rs), span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
+        peak = statistics.median(max(p["gflops"] for p in r["kernels"]["fma_peak"]) for r in rounds)
+        new, old = product_medians(rounds, "kernels"), product_medians(rounds, "kernels_before")
+        for key, (kernel, gflops, mnk) in new.items():
+            if min(int(w) for w in key[1].split("->")) < 64 or key not in old:
+                continue
+            o_kernel, o_gflops, _ = old[key]
+            products.append([num(batch), key[0], key[1], mnk, f"`{kernel}`", num(gflops),
+                             f"**{100 * gflops / peak:.0f}%**", f"`{o_kernel}`", num(o_gflops),
+                             f"{100 * o_gflops / peak:.0f}%", f"**{ratio(gflops / o_gflops)}**"])
+    prose = PROSE["fp32-avx2"].format(cpu=cpu_description(), workers=workers, warmup=run.s.warmup,
+                                      samples=run.s.avx2_samples)
+    first = table(["batch", "GEMM bound, this build: share of the AVX2 FMA peak", "build before",
+                   "DLRM samples/s, this build (median)", "build before (baseline)", "this / before", "per round",
+                   "load (1 min) per round"], rows, right=range(0, 8))
+    second = table(["rows", "product", "layer", "m x n x k", "this build: kernel", "GFLOP/s", "share of peak",
+                    "build before: kernel", "GFLOP/s", "share of peak", "this / before"], products,
+                   right=(0, 5, 6, 8, 9, 10))
+    return prose, first + "\n\n" + second
+
+
 def section_avx2(run):
     """This build under `TIDEREC_MAX_ISA=avx2` against `--baseline-bin` (its AVX-512 turned off by its builder)."""
     workers = run.args.workers
@@ -1504,6 +1578,7 @@ SECTIONS = [
     ("freshness", section_freshness),
     ("serve", section_serve),
     ("fp32", section_fp32),
+    ("fp32-avx2", section_fp32_avx2),
     ("avx2", section_avx2),
 ]
 
@@ -1616,11 +1691,12 @@ def parse_args(argv=None):
             p.error("section avx2 needs --baseline-bin (the older binary it compares with)")
         a.sections.remove("avx2")
         print("avx2: left out (no --baseline-bin)", file=sys.stderr)
-    if a.previous_bin is None and "fp32" in a.sections:
-        if a.only is not None:
-            p.error("section fp32 needs --previous-bin (the older binary it compares with)")
-        a.sections.remove("fp32")
-        print("fp32: left out (no --previous-bin)", file=sys.stderr)
+    for name in ("fp32", "fp32-avx2"):
+        if a.previous_bin is None and name in a.sections:
+            if a.only is not None:
+                p.error(f"section {name} needs --previous-bin (the older binary it compares with)")
+            a.sections.remove(name)
+            print(f"{name}: left out (no --previous-bin)", file=sys.stderr)
     if a.splice is not None and (a.only is None or a.output is not None):
         p.error("--splice rewrites sections of an existing document: give it with --only, without --output")
     if a.output is None:
