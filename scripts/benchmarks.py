@@ -122,8 +122,8 @@ still prints `params L2 93.295514`. Nothing is cached between runs.
 The backward products (`dW = dyᵀ·x`, `dx = dy·W`) add in matrixmultiply's order: their
 candidates are matrixmultiply itself (which picks its own AVX2 or AVX-512 kernel) and the
 packed kernels run in matrixmultiply's summation order (`gemm_packed::gemm_mm_order_in_place`,
-copying `x` and `W` in blocks of at most 128 KiB, or reading them where they lie for
-fewer than 64 rows: each entry a chain of fused multiply-adds from zero over runs of 256 reduction steps, the
+reading `x` and `W` where they lie, with no per-step copy:
+each entry a chain of fused multiply-adds from zero over runs of 256 reduction steps, the
 runs added to the output in order), so the measurement picks among results equal bit for
 bit (test `gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`); a packed
 kernel replaces matrixmultiply only when measured at least 5% faster, so a close call (a
@@ -391,10 +391,9 @@ scripts/benchmarks.py --only fp32 --previous-bin PATH --splice docs/benchmarks.m
     "fp32-avx2": """\
 ## fp32 kernels on AVX2 against the build before them
 
-What the AVX2 kernel's last changes do on this CPU, **{cpu}**: a panel of 24 or 32 columns
-runs as a 16-column panel beside a narrower one, and a backward product of at least 64 rows
-copies `x` or `W` into panels in blocks of at most 128 KiB instead of reading them in place
-(see [training.md](training.md), *The GEMM kernels*). Both builds run with
+What the AVX2 kernel's last change does on this CPU, **{cpu}**: a panel of 24 or 32 columns
+runs as a 16-column panel beside a narrower one (see [training.md](training.md), *The GEMM
+kernels*). Both builds run with
 `TIDEREC_MAX_ISA=avx2`, so an AVX-512 CPU runs the same kernels as an AVX2-only one (on an
 AVX2-only CPU the cap changes nothing). This build and `--previous-bin` (the build before
 those changes) alternate, the first of each round rotating. `tiderec bench kernels --rows R`

@@ -306,15 +306,12 @@ pub(crate) const MM_KC: usize = 256;
 /// the runs' sums added to `c` in order; then, with a `mask` (laid out as
 /// `c`), each entry zeroed where the mask is not positive, as
 /// [`relu_backward_in_place`](super::relu::relu_backward_in_place) does (a
-/// `dx` passed back through the ReLU below the layer). `b` (`k × n`, rows
-/// `ldb` apart: a layer's weight in the backward `dx = dy·W`, its input in
-/// `dW = dyᵀ·x`) is never copied whole. From [`PACK_MIN_ROWS`] rows of `a` on,
-/// each chunk of the reduction is copied into `tail`'s panels one block of
-/// columns at a time (at most [`BLOCK_BYTES`], so it stays in L2 while
-/// every row passes over it). With fewer rows, every full panel is read in
-/// place, and a last panel narrower than its width (`n` not a multiple of
-/// eight) is packed into `tail` (`k` rows of at most 40 values), since reading
-/// it in place would read past the end of `b`. `op(a)` is `m × k`, read where it
+/// `dx` passed back through the ReLU below the layer). `b` (`k × n`, rows `ldb` apart) is
+/// read where it lies, with no copy (a layer's weight in the backward
+/// `dx = dy·W`, its input in `dW = dyᵀ·x`): every full panel is read in
+/// place; a last panel narrower than its width (`n` not a multiple of eight)
+/// is packed into `tail` (`k` rows of at most 40 values), since reading it in
+/// place would read past the end of `b`. `op(a)` is `m × k`, read where it
 /// lies: row `i`, step `p` at `a[i·lda + p·a_step]` (`lda = k, a_step = 1`
 /// for `a` stored `m × k`; `lda = 1, a_step = m` for `a` stored `k × m`, a
 /// weight gradient's `dyᵀ`).
@@ -339,9 +336,6 @@ pub(crate) fn gemm_mm_order_in_place(
 ) {
     assert!(ldb >= n, "gemm_mm_order_in_place: stride {ldb} shorter than a row of {n}");
     assert!(k == 0 || n == 0 || b.len() >= (k - 1) * ldb + n, "gemm_mm_order_in_place: b too short");
-    if m >= PACK_MIN_ROWS && k > 0 && n > 0 {
-        return mm_order_by_packed_blocks(kernel, m, (a, lda, a_step), (k, n, b, ldb), tail, (c, mask), ldc);
-    }
     let (last_first, last_pw) = panels(n).last().unwrap_or((0, 0));
     let tail_first = if n - last_first < last_pw {
         tail.pack_columns(k, last_first, n - last_first, b, ldb);
@@ -351,62 +345,6 @@ pub(crate) fn gemm_mm_order_in_place(
     };
     let operands = (Panels::InPlace { k, n, b, ldb, tail, tail_first }, false, Finish { mask, ..Finish::NONE });
     gemm_packed_chunks(m, a, lda, a_step, operands, c, ldc, MM_KC, &mut |s| packed_span_f32_with(kernel, s))
-}
-
-/// Rows of `a` from which [`gemm_mm_order_in_place`] copies each block of `b`
-/// into panels before the row groups pass over it: enough rows to repay the
-/// copy, whose rows lie side by side in L1 (`b` read in place has its block's
-/// rows `ldb` apart, a power of two in most layers, so they fall into a few
-/// L1 sets and evict each other).
-const PACK_MIN_ROWS: usize = 64;
-
-/// [`gemm_mm_order_in_place`] from [`PACK_MIN_ROWS`] rows on: each chunk of
-/// the reduction copied into `scratch`'s panels one block of [`column_blocks`]
-/// at a time, then every row group over that block. The same chains, from
-/// the same values, as reading `b` in place (a chain does not depend on
-/// which columns share a panel).
-fn mm_order_by_packed_blocks(
-    kernel: PanelKernel,
-    m: usize,
-    (a, lda, a_step): (&[f32], usize, usize),
-    (k, n, b, ldb): (usize, usize, &[f32], usize),
-    scratch: &mut PackedRhs<f32>,
-    (c, mask): (&mut [f32], Option<&[f32]>),
-    ldc: usize,
-) {
-    let need = (m - 1) * lda + (k - 1) * a_step + 1;
-    assert!(a.len() >= need, "gemm_mm_order_in_place: a has {} values, needs {}", a.len(), need);
-    assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_mm_order_in_place: c too short");
-    assert!(mask.is_none_or(|mask| mask.len() >= (m - 1) * ldc + n), "gemm_mm_order_in_place: mask shorter than c");
-    for k0 in (0..k).step_by(MM_KC) {
-        let kc = MM_KC.min(k - k0);
-        let finish = Finish { mask, ..Finish::NONE };
-        for cols in column_blocks(n, kc * std::mem::size_of::<f32>()) {
-            let width = cols.len();
-            scratch.pack_columns(kc, cols.start, width, &b[k0 * ldb..], ldb);
-            for g in (0..m).step_by(GROUP_ROWS) {
-                let group = GROUP_ROWS.min(m - g);
-                let finish = finish.of_chunk((k0, k0 + kc, k), g, ldc);
-                let finish = Finish { mask: finish.mask.map(|mask| &mask[cols.start..]), ..finish };
-                packed_span_f32_with(
-                    kernel,
-                    PanelSpan {
-                        rows: group,
-                        k: kc,
-                        a: &a[g * lda + k0 * a_step..(g + group - 1) * lda + (k0 + kc - 1) * a_step + 1],
-                        lda,
-                        a_step,
-                        panels: Panels::Packed(scratch),
-                        k0: 0,
-                        c: &mut c[g * ldc + cols.start..],
-                        ldc,
-                        accumulate: k0 > 0,
-                        finish,
-                    },
-                );
-            }
-        }
-    }
 }
 
 /// The right-hand operand of [`gemm_packed_chunks`]: where each panel's rows are.
@@ -505,30 +443,6 @@ fn gemm_packed_chunks<T: Scalar>(
             });
         }
     }
-}
-
-/// Bytes of a chunk's panels that the row groups pass over before the next
-/// block of columns: within a core's L2 (512 KiB on a Zen 3, the smallest
-/// of the CPUs this runs on) beside the rows of `a` streaming past.
-const BLOCK_BYTES: usize = 128 * 1024;
-
-/// The panels of `n` columns in blocks whose chunk (`column_bytes` per
-/// column) stays within [`BLOCK_BYTES`]: each block the columns from one
-/// panel's first column to the next block's (the last to `n`), at least one panel.
-pub(super) fn column_blocks(n: usize, column_bytes: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    let per_block = (BLOCK_BYTES / column_bytes.max(1)).max(1);
-    let mut each = panels(n).peekable();
-    std::iter::from_fn(move || {
-        let (first, _) = each.next()?;
-        // Take the next panel while the block, with it, stays within budget.
-        while let Some(&(next, pw)) = each.peek() {
-            if (next + pw).min(n) - first > per_block {
-                return Some(first..next);
-            }
-            each.next();
-        }
-        Some(first..n)
-    })
 }
 
 /// A group of rows of `a` times every panel of one chunk of the reduction,
@@ -976,7 +890,7 @@ mod x86 {
         /// Each entry's chain of multiply-adds does not depend on which columns
         /// share a block, so a panel run in parts gives the whole panel's values.
         pub(super) fn columns(&self, first: usize, width: usize) -> Raw {
-            debug_assert!(first % super::LANES == 0 && first + width <= self.width);
+            debug_assert!(first.is_multiple_of(super::LANES) && first + width <= self.width);
             // SAFETY (of the offsets): `first` is inside the panel's row and `c`'s block.
             unsafe { Raw { panel: self.panel.add(first), c: self.c.add(first), width, ..*self } }
         }
@@ -1422,27 +1336,6 @@ mod tests {
     /// where its last row ends (a read past it panics), and one `tail` buffer
     /// reused across shapes.
     #[test]
-    fn column_blocks_cover_the_panels_in_order_within_their_budget() {
-        for n in [1, 8, 15, 16, 40, 41, 64, 256, 367, 512, 1000] {
-            for column_bytes in [1, 4 * 64, 4 * 171, 4 * 256, 4 * 5000, BLOCK_BYTES * 2] {
-                let starts: Vec<usize> = panels(n).map(|(first, _)| first).collect();
-                let per_block = (BLOCK_BYTES / column_bytes).max(1);
-                let mut next = 0;
-                for block in column_blocks(n, column_bytes) {
-                    assert_eq!(block.start, next, "n {n}: blocks leave a gap or overlap");
-                    assert!(starts.contains(&block.start), "n {n}: block {block:?} starts inside a panel");
-                    let panels_in = starts.iter().filter(|s| block.contains(s)).count();
-                    assert!(panels_in >= 1, "n {n}: block {block:?} holds no panel");
-                    // Over budget only when one panel alone is wider than it.
-                    assert!(block.len() <= per_block || panels_in == 1, "n {n}, {column_bytes} B: {block:?}");
-                    next = block.end;
-                }
-                assert_eq!(next, n, "n {n}: the blocks end before the last column");
-            }
-        }
-    }
-
-    #[test]
     fn mm_order_equals_matrixmultiply_bit_for_bit() {
         if !f32::packed_panel_is_vectorized() {
             eprintln!("no vector packed kernel on this CPU: the packed backward products are not used");
@@ -1459,7 +1352,6 @@ mod tests {
             (5, 16, 700),
             (9, 47, 30),
             (128, 367, 64),
-            (70, 367, 300),
         ] {
             let val = |i: usize| (tiderec_records::rng::unit_f64(21, i as u64, 0, 0) - 0.5) as f32;
             let b: Vec<f32> = (0..k * n).map(|i| val(i + 7_000_000)).collect();

@@ -114,9 +114,8 @@ impl Linear {
     /// asked, passed back through the ReLU whose output `x` is when its flag
     /// says so (as [`relu_backward_in_place`] against `x`; the packed kernel
     /// does it as it writes each block of `dx`); `packed` is scratch space (the
-    /// packed kernel copies `x` and `W` in blocks of at most 128 KiB, or, for a
-    /// product of fewer than 64 rows, reads them where they lie and packs only
-    /// their last `input mod 8` columns).
+    /// packed kernel reads `x` and `W` where they lie; it packs only their last
+    /// `input mod 8` columns).
     ///
     /// Both products are matrixmultiply's sums: where a vector packed kernel runs
     /// and both dimensions of the result exceed one, on whichever the start-up

@@ -82,8 +82,8 @@ pub trait Scalar:
 
     /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel,
     /// then, with a mask laid out as `c`, zeroed where the mask is not positive
-    /// (a ReLU's backward), `b` (`k × n`, rows `ldb` apart) read in place or in
-    /// blocks copied into `tail` (`gemm_mm_order_in_place`; `f32` only: callers ask
+    /// (a ReLU's backward), `b` (`k × n`, rows `ldb` apart) read where it lies (`gemm_mm_order_in_place`;
+    /// `tail` is scratch for a last narrow panel; `f32` only: callers ask
     /// [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
     ///
     /// # Panics
