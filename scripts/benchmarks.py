@@ -1458,22 +1458,34 @@ def wide_products(new, old):
     return rows
 
 
+def kernel_rounds(run, batch, env=()):
+    """Alternated rounds of `bench kernels --rows batch` and `bench dlrm --batch-size batch`, this build
+    (`kernels`, `new`) and `--previous-bin` (`kernels_before`, `old`), each command after `env`."""
+    kernels = ["bench", "kernels", "--rows", str(batch), "--seconds", str(run.s.kernel_seconds),
+               "--rounds", str(run.s.kernel_rounds), "--json"]
+    train = ["bench", "dlrm", "--batch-size", str(batch), "--workers", str(run.args.workers),
+             "--steps", str(avx2_steps(run, batch)), "--warmup", str(run.s.warmup), "--json"]
+    this, before = [*env, run.args.tiderec], [*env, run.args.previous_bin]
+    return run.alternate({"kernels": [*this, *kernels], "kernels_before": [*before, *kernels],
+                          "new": [*this, *train], "old": [*before, *train]})
+
+
+def bound_row(batch, rounds):
+    """A row of the GEMM-bound table: each build's median share of its FMA peak, and DLRM samples/s."""
+    share = statistics.median(peak_share(r["kernels"]) for r in rounds)
+    share_before = statistics.median(peak_share(r["kernels_before"]) for r in rounds)
+    n, o, r, rs = compare(rounds, "new", "old")
+    return [num(batch), f"{100 * share:.0f}%", f"{100 * share_before:.0f}%", num(n), num(o),
+            f"**{ratio(r)}**", span(rs), span([x["load"] for x in rounds], lambda v: f"{v:.1f}")]
+
+
 def section_fp32(run):
     """This build's fp32 kernels against `--previous-bin`: GEMM bound against the FMA peak, DLRM training samples/s."""
-    workers, prev = run.args.workers, run.args.previous_bin
+    workers = run.args.workers
     rows, wide = [], []
     for batch in (128, 2048):
-        kernels = ["bench", "kernels", "--rows", str(batch), "--seconds", str(run.s.kernel_seconds),
-                   "--rounds", str(run.s.kernel_rounds), "--json"]
-        train = ["bench", "dlrm", "--batch-size", str(batch), "--workers", str(workers),
-                 "--steps", str(avx2_steps(run, batch)), "--warmup", str(run.s.warmup), "--json"]
-        rounds = run.alternate({"kernels": [run.args.tiderec, *kernels], "kernels_before": [prev, *kernels],
-                                "new": [run.args.tiderec, *train], "old": [prev, *train]})
-        share = statistics.median(peak_share(r["kernels"]) for r in rounds)
-        share_before = statistics.median(peak_share(r["kernels_before"]) for r in rounds)
-        n, o, r, rs = compare(rounds, "new", "old")
-        rows.append([num(batch), f"{100 * share:.0f}%", f"{100 * share_before:.0f}%", num(n), num(o),
-                     f"**{ratio(r)}**", span(rs), span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
+        rounds = kernel_rounds(run, batch)
+        rows.append(bound_row(batch, rounds))
         wide += [[num(batch), *w] for w in wide_products(rounds[-1]["kernels"], rounds[-1]["kernels_before"])]
     prose = PROSE["fp32"].format(cpu=bench_vs_torch.cpu_model(), workers=workers, warmup=run.s.warmup,
                                  samples=run.s.avx2_samples)
@@ -1502,23 +1514,13 @@ def product_medians(rounds, side):
 
 def section_fp32_avx2(run):
     """This build's AVX2 fp32 kernels against `--previous-bin`, both under `TIDEREC_MAX_ISA=avx2`."""
-    workers, prev = run.args.workers, run.args.previous_bin
-    env = ["env", "TIDEREC_MAX_ISA=avx2"]
+    workers = run.args.workers
     rows, products = [], []
     for batch in (128, 2048):
-        kernels = ["bench", "kernels", "--rows", str(batch), "--seconds", str(run.s.kernel_seconds),
-                   "--rounds", str(run.s.kernel_rounds), "--json"]
-        train = ["bench", "dlrm", "--batch-size", str(batch), "--workers", str(workers),
-                 "--steps", str(avx2_steps(run, batch)), "--warmup", str(run.s.warmup), "--json"]
-        rounds = run.alternate({"kernels": [*env, run.args.tiderec, *kernels], "kernels_before": [*env, prev, *kernels],
-                                "new": [*env, run.args.tiderec, *train], "old": [*env, prev, *train]})
+        rounds = kernel_rounds(run, batch, env=["env", "TIDEREC_MAX_ISA=avx2"])
         if rounds[0]["kernels"].get("max_isa") != "avx2":
             raise Failed(f"bench kernels did not report the cap in force: max_isa {rounds[0]['kernels'].get('max_isa')!r}")
-        share = statistics.median(peak_share(r["kernels"]) for r in rounds)
-        share_before = statistics.median(peak_share(r["kernels_before"]) for r in rounds)
-        n, o, r, rs = compare(rounds, "new", "old")
-        rows.append([num(batch), f"{100 * share:.0f}%", f"{100 * share_before:.0f}%", num(n), num(o),
-                     f"**{ratio(r)}**", span(rs), span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
+        rows.append(bound_row(batch, rounds))
         peak = statistics.median(max(p["gflops"] for p in r["kernels"]["fma_peak"]) for r in rounds)
         new, old = product_medians(rounds, "kernels"), product_medians(rounds, "kernels_before")
         for key, (kernel, gflops, mnk) in new.items():
