@@ -179,6 +179,52 @@ fn the_fp32_section_compares_the_gemm_bound_with_the_fma_peak() {
     assert!(wide.iter().all(|r| r[4].starts_with('`') && r[7].starts_with('`')), "{doc}");
 }
 
+/// The AVX2 fp32 comparison against an older build, here this same binary, both
+/// under `TIDEREC_MAX_ISA=avx2` (the section checks that the cap was in force):
+/// both batches hold GEMM-bound shares and a finite ratio, and the product
+/// table gives each wide product at both batches with each build's kernel and
+/// a finite ratio.
+#[test]
+fn the_fp32_avx2_section_compares_both_builds_under_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("benchmarks.md");
+    let bin = binary();
+    let Some((run, doc)) = generate(&["--only", "fp32-avx2", "--previous-bin", bin.to_str().unwrap()], &out) else {
+        return;
+    };
+    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+    assert!(doc.contains("## fp32 kernels on AVX2 against the build before them"), "{doc}");
+    let (_, rows) = table_rows(&doc, "share of the AVX2 FMA peak");
+    assert_eq!(rows.len(), 2, "batches 128 and 2,048:\n{doc}");
+    for row in &rows {
+        for share in [number(row[1]), number(row[2])] {
+            assert!(share.is_finite() && share > 0.0, "a GEMM bound share that is no share: {row:?}");
+        }
+        let ratio = number(row[5]);
+        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
+    }
+    let (_, products) = table_rows(&doc, "build before: kernel");
+    for batch in ["128", "2,048"] {
+        let at = |r: &&Vec<&str>| r[0] == batch && r[1] == "forward" && r[2] == "512->256";
+        assert!(products.iter().any(|r| at(&r)), "no forward 512->256 at {batch} rows:\n{doc}");
+    }
+    for row in &products {
+        assert!(row[4].starts_with('`') && row[7].starts_with('`'), "{row:?}");
+        let ratio = number(row[10]);
+        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
+    }
+}
+
+/// Without `--previous-bin` the section is refused when asked for by name.
+#[test]
+fn the_fp32_avx2_section_needs_a_previous_binary() {
+    let Some(mut py) = python3() else { return };
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/benchmarks.py");
+    let out = py.arg(script).args(["--only", "fp32-avx2"]).output().expect("python3 starts");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("section fp32-avx2 needs --previous-bin"));
+}
+
 /// `--splice` rewrites the sections it runs in an existing document and leaves
 /// every other line as it was; a section the document lacks is appended.
 #[test]
