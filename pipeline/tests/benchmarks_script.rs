@@ -140,14 +140,45 @@ fn the_avx2_section_compares_two_binaries_under_the_cap() {
     assert_eq!(rows, 4, "DLRM at 128 and 2,048, DeepFM, DIEN:\n{doc}");
 }
 
+/// Asking for `section` by name without the binary it compares with is
+/// refused with a usage error naming the flag.
+fn assert_refused_without(section: &str, flag: &str) {
+    let Some(mut py) = python3() else { return };
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/benchmarks.py");
+    let out = py.arg(script).args(["--only", section]).output().expect("python3 starts");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("section {section} needs {flag}")));
+}
+
 /// Without `--baseline-bin` the section is refused when asked for by name.
 #[test]
 fn the_avx2_section_needs_a_baseline_binary() {
-    let Some(mut py) = python3() else { return };
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/benchmarks.py");
-    let out = py.arg(script).args(["--only", "avx2"]).output().expect("python3 starts");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("section avx2 needs --baseline-bin"));
+    assert_refused_without("avx2", "--baseline-bin");
+}
+
+/// `section`, a comparison with `--previous-bin`, run against this same binary
+/// (`None` where it cannot run); it must exit 0.
+fn against_this_binary(section: &str) -> Option<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("benchmarks.md");
+    let bin = binary();
+    let (run, doc) = generate(&["--only", section, "--previous-bin", bin.to_str().unwrap()], &out)?;
+    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+    Some(doc)
+}
+
+/// The GEMM-bound table (found by its `column`): one row per batch, 128 and
+/// 2,048, each with two positive shares and a finite ratio.
+fn assert_gemm_bound_rows(doc: &str, column: &str) {
+    let (_, rows) = table_rows(doc, column);
+    assert_eq!(rows.len(), 2, "batches 128 and 2,048:\n{doc}");
+    for row in &rows {
+        for share in [number(row[1]), number(row[2])] {
+            assert!(share.is_finite() && share > 0.0, "a GEMM bound share that is no share: {row:?}");
+        }
+        let ratio = number(row[5]);
+        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
+    }
 }
 
 /// The fp32 comparison against an older build, here this same binary: both
@@ -157,23 +188,9 @@ fn the_avx2_section_needs_a_baseline_binary() {
 /// build's kernel.
 #[test]
 fn the_fp32_section_compares_the_gemm_bound_with_the_fma_peak() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("benchmarks.md");
-    let bin = binary();
-    let Some((run, doc)) = generate(&["--only", "fp32", "--previous-bin", bin.to_str().unwrap()], &out) else {
-        return;
-    };
-    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+    let Some(doc) = against_this_binary("fp32") else { return };
     assert!(doc.contains("## fp32 kernels on two-FMA-port cores against the build before them"), "{doc}");
-    let (_, rows) = table_rows(&doc, "this / before");
-    assert_eq!(rows.len(), 2, "batches 128 and 2,048:\n{doc}");
-    for row in &rows {
-        for share in [number(row[1]), number(row[2])] {
-            assert!(share.is_finite() && share > 0.0, "a GEMM bound share that is no share: {row:?}");
-        }
-        let ratio = number(row[5]);
-        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
-    }
+    assert_gemm_bound_rows(&doc, "this / before");
     let (_, wide) = table_rows(&doc, "build before: kernel");
     assert!(wide.iter().any(|r| r[1] == "forward" && r[2] == "512->256"), "{doc}");
     assert!(wide.iter().all(|r| r[4].starts_with('`') && r[7].starts_with('`')), "{doc}");
@@ -186,23 +203,9 @@ fn the_fp32_section_compares_the_gemm_bound_with_the_fma_peak() {
 /// a finite ratio.
 #[test]
 fn the_fp32_avx2_section_compares_both_builds_under_the_cap() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("benchmarks.md");
-    let bin = binary();
-    let Some((run, doc)) = generate(&["--only", "fp32-avx2", "--previous-bin", bin.to_str().unwrap()], &out) else {
-        return;
-    };
-    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+    let Some(doc) = against_this_binary("fp32-avx2") else { return };
     assert!(doc.contains("## fp32 kernels on AVX2 against the build before them"), "{doc}");
-    let (_, rows) = table_rows(&doc, "share of the AVX2 FMA peak");
-    assert_eq!(rows.len(), 2, "batches 128 and 2,048:\n{doc}");
-    for row in &rows {
-        for share in [number(row[1]), number(row[2])] {
-            assert!(share.is_finite() && share > 0.0, "a GEMM bound share that is no share: {row:?}");
-        }
-        let ratio = number(row[5]);
-        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
-    }
+    assert_gemm_bound_rows(&doc, "share of the AVX2 FMA peak");
     let (_, products) = table_rows(&doc, "build before: kernel");
     for batch in ["128", "2,048"] {
         let at = |r: &&Vec<&str>| r[0] == batch && r[1] == "forward" && r[2] == "512->256";
@@ -218,11 +221,7 @@ fn the_fp32_avx2_section_compares_both_builds_under_the_cap() {
 /// Without `--previous-bin` the section is refused when asked for by name.
 #[test]
 fn the_fp32_avx2_section_needs_a_previous_binary() {
-    let Some(mut py) = python3() else { return };
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/benchmarks.py");
-    let out = py.arg(script).args(["--only", "fp32-avx2"]).output().expect("python3 starts");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("section fp32-avx2 needs --previous-bin"));
+    assert_refused_without("fp32-avx2", "--previous-bin");
 }
 
 /// `--splice` rewrites the sections it runs in an existing document and leaves
