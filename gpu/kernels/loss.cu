@@ -57,3 +57,9 @@ extern "C" __global__ void sum_f64(const double* parts, unsigned int m, double* 
     const double total = block_sum_256(acc, part);
     if (threadIdx.x == 0) out[0] = total;
 }
+
+// flag[0] = 1 when x[0] (a summed loss) is not finite, else 0: the updates of
+// a step read it and skip themselves, so the host need not wait for the loss.
+extern "C" __global__ void loss_guard(const double* x, unsigned int* flag) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) flag[0] = isfinite(x[0]) ? 0u : 1u;
+}

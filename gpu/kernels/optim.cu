@@ -4,17 +4,21 @@
 // so each product and sum rounds as on the CPU). `g` is the gradient before
 // averaging; `scale` averages it inside the update. Adam's bias corrections
 // come from the host (`step = lr / (1 - beta1^t)`, `bc2_sqrt = sqrt(1 - beta2^t)`),
-// computed there exactly as the CPU computes them.
+// computed there exactly as the CPU computes them. Each kernel first reads
+// `skip[0]`: when it is not zero (the step's loss was not finite) nothing is updated.
 
-extern "C" __global__ void sgd_update(float* p, const float* g, unsigned long long n, float lr, float scale) {
+extern "C" __global__ void sgd_update(const unsigned int* skip, float* p, const float* g, unsigned long long n,
+                                      float lr, float scale) {
+    if (skip[0] != 0u) return;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
         p[i] -= lr * (g[i] * scale);
     }
 }
 
-extern "C" __global__ void adagrad_update(float* p, const float* g, float* v, unsigned long long n, float lr,
-                                          float eps, float scale) {
+extern "C" __global__ void adagrad_update(const unsigned int* skip, float* p, const float* g, float* v,
+                                          unsigned long long n, float lr, float eps, float scale) {
+    if (skip[0] != 0u) return;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
         const float gi = g[i] * scale;
@@ -24,9 +28,10 @@ extern "C" __global__ void adagrad_update(float* p, const float* g, float* v, un
     }
 }
 
-extern "C" __global__ void adam_update(float* p, const float* g, float* m, float* v, unsigned long long n,
-                                       float beta1, float beta2, float one_minus_beta1, float one_minus_beta2,
-                                       float step, float bc2_sqrt, float eps, float scale) {
+extern "C" __global__ void adam_update(const unsigned int* skip, float* p, const float* g, float* m, float* v,
+                                       unsigned long long n, float beta1, float beta2, float one_minus_beta1,
+                                       float one_minus_beta2, float step, float bc2_sqrt, float eps, float scale) {
+    if (skip[0] != 0u) return;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
         const float gi = g[i] * scale;

@@ -83,7 +83,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "loss.cu",
         source: include_str!("../kernels/loss.cu"),
-        functions: &["bce_grad", "bce_sum", "sum_f64"],
+        functions: &["bce_grad", "bce_sum", "sum_f64", "loss_guard"],
     },
     KernelSource {
         file: "wide.cu",

@@ -52,6 +52,8 @@ pub struct DenseOptimizer {
     m: Option<CudaSlice<f32>>,
     v: Option<CudaSlice<f32>>,
     t: u64,
+    /// A zero word: the skip flag of updates that nothing may skip.
+    never: CudaSlice<u32>,
 }
 
 impl DenseOptimizer {
@@ -63,7 +65,7 @@ impl DenseOptimizer {
             DenseKind::Adagrad => (None, Some(dev.upload(&vec![hp.initial_accumulator; len])?)),
             DenseKind::Adam => (Some(dev.zeros(len)?), Some(dev.zeros(len)?)),
         };
-        Ok(DenseOptimizer { kind, hp, len, m, v, t: 0 })
+        Ok(DenseOptimizer { kind, hp, len, m, v, t: 0, never: dev.zeros(1)? })
     }
 
     /// Continues from a host optimizer's `state` over all `state.len` parameters
@@ -78,6 +80,7 @@ impl DenseOptimizer {
             m: some(&state.m)?,
             v: some(&state.v)?,
             t: state.t,
+            never: dev.zeros(1)?,
         })
     }
 
@@ -112,6 +115,13 @@ impl DenseOptimizer {
         self.t
     }
 
+    /// Takes back the count of the last update, which the device skipped
+    /// (see [`apply_scaled_unless`](Self::apply_scaled_unless)): the next
+    /// update's bias correction is the one it would have had.
+    pub(crate) fn forget_step(&mut self) {
+        self.t = self.t.saturating_sub(1);
+    }
+
     /// The first moments (Adam) and second moments or accumulators, on the device.
     pub fn moments(&self) -> (Option<&CudaSlice<f32>>, Option<&CudaSlice<f32>>) {
         (self.m.as_ref(), self.v.as_ref())
@@ -125,7 +135,23 @@ impl DenseOptimizer {
         grads: &CudaSlice<f32>,
         scale: f32,
     ) -> Result<(), GpuError> {
+        self.apply_scaled_unless(dev, params, grads, scale, None)
+    }
+
+    /// [`apply_scaled`](Self::apply_scaled) that the device skips while
+    /// `skip[0]` is not zero when the update runs (a step whose loss was not
+    /// finite): the host need not wait for the flag. It counts the step as
+    /// applied either way; [`forget_step`](Self::forget_step) takes a skipped one back.
+    pub(crate) fn apply_scaled_unless(
+        &mut self,
+        dev: &Device,
+        params: &mut CudaSlice<f32>,
+        grads: &CudaSlice<f32>,
+        scale: f32,
+        skip: Option<&CudaSlice<u32>>,
+    ) -> Result<(), GpuError> {
         const OP: &str = "dense optimizer";
+        let skip = skip.unwrap_or(&self.never);
         let n = self.len;
         check::len(OP, "params", params, n, || format!("a slice of {n}"))?;
         check::len(OP, "grads", grads, n, || format!("a slice of {n}"))?;
@@ -139,14 +165,14 @@ impl DenseOptimizer {
         match (self.kind, self.m.as_mut(), self.v.as_mut()) {
             (DenseKind::Sgd, _, _) => {
                 let mut launch = dev.stream.launch_builder(dev.function("sgd_update"));
-                launch.arg(params).arg(grads).arg(&n64).arg(&lr).arg(&scale);
-                // SAFETY: both buffers hold at least n values.
+                launch.arg(skip).arg(params).arg(grads).arg(&n64).arg(&lr).arg(&scale);
+                // SAFETY: both buffers hold at least n values, `skip` one word.
                 unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching sgd_update"))?;
             }
             (DenseKind::Adagrad, _, Some(v)) => {
                 let mut launch = dev.stream.launch_builder(dev.function("adagrad_update"));
-                launch.arg(params).arg(grads).arg(v).arg(&n64).arg(&lr).arg(&eps).arg(&scale);
-                // SAFETY: the three buffers hold at least n values.
+                launch.arg(skip).arg(params).arg(grads).arg(v).arg(&n64).arg(&lr).arg(&eps).arg(&scale);
+                // SAFETY: the three buffers hold at least n values, `skip` one word.
                 unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching adagrad_update"))?;
             }
             (DenseKind::Adam, Some(m), Some(v)) => {
@@ -159,6 +185,7 @@ impl DenseOptimizer {
                 let (omb1, omb2) = (1.0 - beta1, 1.0 - beta2);
                 let mut launch = dev.stream.launch_builder(dev.function("adam_update"));
                 launch
+                    .arg(skip)
                     .arg(params)
                     .arg(grads)
                     .arg(m)
@@ -172,7 +199,7 @@ impl DenseOptimizer {
                     .arg(&bc2_sqrt)
                     .arg(&eps)
                     .arg(&scale);
-                // SAFETY: the four buffers hold at least n values.
+                // SAFETY: the four buffers hold at least n values, `skip` one word.
                 unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching adam_update"))?;
             }
             _ => return Err(GpuError::shape(OP, "optimizer state missing for its kind")),

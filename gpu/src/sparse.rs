@@ -45,6 +45,8 @@ pub struct RowTable {
     pub num_rows: usize,
     /// Row width.
     pub dim: usize,
+    /// A zero word: the skip flag of updates that nothing may skip.
+    never: CudaSlice<u32>,
 }
 
 impl RowTable {
@@ -58,7 +60,8 @@ impl RowTable {
                 format!("{} values are not {} rows of width {dim}", rows.len(), state.len()),
             ));
         }
-        Ok(RowTable { rows: dev.upload(rows)?, state: dev.upload(state)?, num_rows: state.len(), dim })
+        let never = dev.zeros(1)?;
+        Ok(RowTable { rows: dev.upload(rows)?, state: dev.upload(state)?, num_rows: state.len(), dim, never })
     }
 
     /// Applies one step: `ids[k]` (`entries` row numbers, duplicates allowed)
@@ -77,19 +80,20 @@ impl RowTable {
         const OP: &str = "sparse row update";
         check::len(OP, "ids", ids, entries, || format!("{entries} entries"))?;
         check_below(dev, OP, "row", ids, entries, self.num_rows)?;
-        self.apply_in_range(dev, rule, ids, grads, entries, scale)
+        self.apply_in_range(dev, rule, (ids, grads, entries), scale, None)
     }
 
     /// [`apply`](Self::apply) for row numbers the caller has checked to be
     /// below `num_rows` (on the host, say): no check on the device, no wait.
+    /// With `skip`, the device updates nothing while `skip[0]` is not zero when
+    /// the update runs (a step whose loss was not finite).
     pub(crate) fn apply_in_range(
         &mut self,
         dev: &Device,
         rule: SparseRule,
-        ids: &CudaSlice<u32>,
-        grads: &CudaSlice<f32>,
-        entries: usize,
+        (ids, grads, entries): (&CudaSlice<u32>, &CudaSlice<f32>, usize),
         scale: f32,
+        skip: Option<&CudaSlice<u32>>,
     ) -> Result<(), GpuError> {
         const OP: &str = "sparse row update";
         let d = self.dim;
@@ -114,6 +118,7 @@ impl RowTable {
         let cfg = check::warp_per_item(OP, entries.div_ceil(32), d * 4)?;
         let mut launch = dev.stream.launch_builder(dev.function("sparse_update_rows"));
         launch
+            .arg(skip.unwrap_or(&self.never))
             .arg(&sorted.keys)
             .arg(&sorted.pos)
             .arg(&n32)
@@ -127,7 +132,7 @@ impl RowTable {
             .arg(&mut self.rows)
             .arg(&mut self.state);
         // SAFETY: every sorted row is below num_rows (checked), every position below entries;
-        // the shared memory holds dim floats per warp.
+        // the shared memory holds dim floats per warp; `skip` holds one word.
         unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching sparse_update_rows"))?;
         Ok(())
     }

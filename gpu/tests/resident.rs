@@ -10,7 +10,9 @@
 //! the GPU are equal bit for bit, and the difference to the CPU is printed.
 //! A device checkpoint restores on a CPU worker with the same parameters.
 //! Steps staged ahead (the next batch built and uploaded while the device runs
-//! the step before) equal steps taken one at a time, bit for bit.
+//! the step before) equal steps taken one at a time, bit for bit. A step whose
+//! loss is not finite (the device skips its updates, the host does not wait for
+//! the loss) changes nothing and does not count, staged or not.
 
 mod common;
 
@@ -204,6 +206,40 @@ fn a_device_checkpoint_restores_on_a_cpu_worker() {
     assert!(rel(cpu_l2, l2) <= 1e-12, "restored params L2 {cpu_l2} vs {l2}");
     for (g, c) in gpu_losses.iter().zip(&cpu_losses) {
         assert!(rel(*g, *c) <= TOLERANCE, "loss after the restore: device {g} vs CPU {c}");
+    }
+}
+
+#[test]
+fn a_non_finite_loss_updates_nothing_and_does_not_count() {
+    let Some(dev) = device() else { return };
+    let good: Vec<Batch> = (0..4).map(|s| batch(s, 256, s == 1)).collect();
+    // A NaN label makes the loss NaN under every model.
+    let mut bad = batch(50, 256, false);
+    bad.labels[7] = f32::NAN;
+    let mixed = [&good[0], &good[1], &bad, &good[2], &good[3]];
+    for (name, model) in models() {
+        // Adaptive optimizers: Adam's bias correction counts the steps applied.
+        let c = config(model, true);
+        let mut clean = ResidentWorker::new(&dev, &c).unwrap();
+        let want: Vec<_> = good.iter().map(|b| clean.train(b, false).unwrap()).collect();
+        let mut one = ResidentWorker::new(&dev, &c).unwrap();
+        let singles: Vec<_> = mixed.iter().map(|b| one.train(b, false).unwrap()).collect();
+        let mut ahead = ResidentWorker::new(&dev, &c).unwrap();
+        let staged = ahead.train_all(mixed.iter().copied()).unwrap();
+        for (how, outs, w) in [("one at a time", &singles, &one), ("staged", &staged, &ahead)] {
+            let skipped = outs[2];
+            assert!(
+                skipped.non_finite && skipped.loss_sum.is_nan() && skipped.samples == 256,
+                "{name} {how}: {skipped:?}"
+            );
+            let rest: Vec<_> = outs.iter().enumerate().filter(|&(i, _)| i != 2).map(|(_, s)| *s).collect();
+            assert_eq!(rest, want, "{name} {how}: the finite steps' outcomes");
+            assert_eq!(w.train_steps(), clean.train_steps(), "{name} {how}: training steps");
+            assert_eq!(w.dense_params().unwrap(), clean.dense_params().unwrap(), "{name} {how}: dense parameters");
+            for t in 0..SIZES.len() {
+                assert_eq!(w.table(t).unwrap(), clean.table(t).unwrap(), "{name} {how}: table {t}");
+            }
+        }
     }
 }
 

@@ -3,10 +3,12 @@
 //! with its gradients and optimizer state.
 //!
 //! Per training step the host uploads the batch (global row numbers, bag
-//! offsets, entry weights, dense values, labels) and reads back two numbers:
-//! the loss sum (the step's result, and the guard before any update) and a
-//! flag that some entry gradient or updated dense parameter is not finite.
-//! Nothing else crosses PCIe between checkpoints.
+//! offsets, entry weights, dense values, labels) and reads back three numbers
+//! once the step is done: the loss sum (the step's result), the guard the
+//! device set from it (a non-finite loss skips every update, on the device,
+//! so the host queues the whole step without waiting) and a flag that some
+//! entry gradient or updated dense parameter is not finite. Nothing else
+//! crosses PCIe between checkpoints.
 //!
 //! ## Invariants
 //!
@@ -79,8 +81,12 @@ pub struct ResidentWorker {
     optimizer: DenseOptimizer,
     train_steps: u64,
     staging: Staging,
-    /// The step launched and not yet finished.
-    pending: Option<ResidentStep>,
+    /// The step launched and not yet finished: its samples and where its loss lies in `d_loss`.
+    pending: Option<(u64, usize)>,
+    /// The loss's partial sums and total (`bce_sum_queued`).
+    d_loss: CudaSlice<f64>,
+    /// Set on the device when the step's loss is not finite: its updates skip themselves.
+    d_skip: CudaSlice<u32>,
     d_pooled: Buffer,
     d_dpooled: Buffer,
     d_logits: Buffer,
@@ -155,6 +161,8 @@ impl ResidentWorker {
             d_dlogits: Buffer::new(dev)?,
             d_entry_grads: Buffer::new(dev)?,
             d_flag: dev.zeros(1)?,
+            d_loss: dev.zeros(1)?,
+            d_skip: dev.zeros(1)?,
             no_seq: (dev.zeros(1)?, dev.zeros(1)?, dev.zeros(1)?),
             logits: Vec::new(),
             clock: None,
@@ -233,9 +241,9 @@ impl ResidentWorker {
         Ok(())
     }
 
-    /// Queues the staged batch's training step on the device; the host waits
-    /// only for its loss (a non-finite loss updates nothing). [`finish`](Self::finish)
-    /// gives the outcome.
+    /// Queues the staged batch's whole training step on the device without
+    /// waiting for it (a non-finite loss updates nothing: the device skips the
+    /// updates). [`finish`](Self::finish) gives the outcome.
     pub fn launch(&mut self, keep_logits: bool) -> Result<(), GpuError> {
         self.pending = None;
         let shape = self.take()?;
@@ -247,38 +255,54 @@ impl ResidentWorker {
 
     /// [`launch`](Self::launch) once the staged batch is the current one.
     fn queue_step(&mut self, shape: Shape, keep_logits: bool) -> Result<(), GpuError> {
+        use crate::nn::loss::{bce_sum_len, bce_sum_queued, loss_guard};
         let b = shape.batch;
         if b == 0 {
             self.logits.clear();
-            self.pending = Some(ResidentStep::default());
+            self.pending = Some((0, 0));
             return Ok(());
         }
         self.forward(shape)?;
+        if self.d_loss.len() < bce_sum_len(b) {
+            self.d_loss = self.dev.zeros(bce_sum_len(b))?;
+        }
         let labels = &self.staging.current().labels.0;
-        let loss_sum = crate::nn::loss::bce_sum(&self.dev, &self.d_logits.0, labels, b)?;
+        let at = bce_sum_queued(&self.dev, &self.d_logits.0, labels, b, &mut self.d_loss)?;
+        loss_guard(&self.dev, &self.d_loss, at, &mut self.d_skip)?;
         if keep_logits {
             self.download_logits(b)?;
         }
         self.mark(Phase::Loss)?;
-        if !loss_sum.is_finite() {
-            self.pending = Some(ResidentStep { samples: b as u64, loss_sum, non_finite: true });
-            return Ok(());
-        }
         self.backward(shape)?;
         self.update(shape)?;
+        // Counted now, so the next step's schedules follow; `finish` takes it back if the device skipped it.
         self.train_steps += 1;
-        self.pending = Some(ResidentStep { samples: b as u64, loss_sum, non_finite: false });
+        self.pending = Some((b as u64, at));
         Ok(())
     }
 
     /// Waits for the step [`launch`](Self::launch) queued and gives its outcome.
     pub fn finish(&mut self) -> Result<ResidentStep, GpuError> {
-        let mut step = self.pending.take().ok_or_else(|| GpuError::shape("resident step", "no step is running"))?;
-        if step.samples > 0 && !step.non_finite {
-            step.non_finite = self.dev.download(&self.d_flag, 1)?[0] != 0;
-            self.mark(Phase::Dense)?;
+        let (samples, at) =
+            self.pending.take().ok_or_else(|| GpuError::shape("resident step", "no step is running"))?;
+        if samples == 0 {
+            return Ok(ResidentStep::default());
         }
-        Ok(step)
+        let (mut loss, mut skip, mut flag) = ([0f64], [0u32], [0u32]);
+        let stream = &self.dev.stream;
+        let read = GpuError::driver("reading the step's outcome");
+        stream.memcpy_dtoh(&self.d_loss.slice(at..at + 1), &mut loss).map_err(read)?;
+        stream.memcpy_dtoh(&self.d_skip, &mut skip).map_err(GpuError::driver("reading the loss guard"))?;
+        stream.memcpy_dtoh(&self.d_flag, &mut flag).map_err(GpuError::driver("reading the finiteness flag"))?;
+        self.dev.synchronize()?;
+        self.mark(Phase::Dense)?;
+        let skipped = skip[0] != 0;
+        if skipped {
+            // The device updated nothing: the step does not count.
+            self.train_steps -= 1;
+            self.optimizer.forget_step();
+        }
+        Ok(ResidentStep { samples, loss_sum: loss[0], non_finite: skipped || flag[0] != 0 })
     }
 
     /// The logits of `batch` under the current parameters (an evaluation step).
@@ -399,8 +423,9 @@ impl ResidentWorker {
     }
 
     /// Queues the step's updates for the current batch: rows, then the dense
-    /// optimizer, and the flag that an entry gradient or an updated dense
-    /// parameter is not finite (read by [`finish`](Self::finish)).
+    /// optimizer (both skipped by the device when the loss guard is set), and
+    /// the flag that an entry gradient or an updated dense parameter is not
+    /// finite (read by [`finish`](Self::finish)).
     fn update(&mut self, shape: Shape) -> Result<(), GpuError> {
         let (d, entries, b) = (self.dim, shape.entries, shape.batch);
         let dev = &self.dev;
@@ -414,11 +439,12 @@ impl ResidentWorker {
             _ => SparseRule::RowwiseAdagrad { lr, eps: hp.eps },
         };
         let slot = self.staging.current();
-        self.rows.apply_in_range(dev, rule, &slot.rows.0, &self.d_entry_grads.0, entries, scale)?;
+        let skip = Some(&self.d_skip);
+        self.rows.apply_in_range(dev, rule, (&slot.rows.0, &self.d_entry_grads.0, entries), scale, skip)?;
         self.mark(Phase::Rows)?;
         let dev = &self.dev;
         self.optimizer.set_lr(self.dense_hp.lr * self.dense_hp.schedule.factor(self.train_steps));
-        self.optimizer.apply_scaled(dev, &mut self.params, &self.grads, scale)?;
+        self.optimizer.apply_scaled_unless(dev, &mut self.params, &self.grads, scale, Some(&self.d_skip))?;
         flag_nonfinite(dev, &self.params, self.params.len(), &mut self.d_flag)
     }
 
