@@ -1,5 +1,6 @@
 //! Device-side checks of index buffers and the stable radix sort that groups
-//! duplicate rows (`gpu/kernels/sort.cu`).
+//! duplicate rows (`gpu/kernels/sort.cu`). A caller that sorts every step keeps
+//! a [`SortScratch`]: once its buffers fit the step, a sort allocates nothing.
 
 use crate::check::{self, grid_for, THREADS};
 use crate::{Device, GpuError};
@@ -97,45 +98,100 @@ pub(crate) fn sort_keys(
     n: usize,
     bound: usize,
 ) -> Result<Sorted, GpuError> {
+    let mut scratch = SortScratch::default();
+    let result = sort_keys_with(dev, op, (keys, n, bound), &mut scratch)?;
+    let Some(Buffers { keys: [k0, k1], pos: [p0, p1], .. }) = scratch.buffers else {
+        return Ok(Sorted { keys: dev.zeros(0)?, pos: dev.zeros(0)? });
+    };
+    Ok(if result == 0 { Sorted { keys: k0, pos: p0 } } else { Sorted { keys: k1, pos: p1 } })
+}
+
+/// The buffers of [`sort_keys_with`], kept between calls: once they have
+/// grown to a step's size, a sort allocates and clears nothing (every value
+/// a pass reads was written by that pass or the one before).
+#[derive(Debug, Default)]
+pub(crate) struct SortScratch {
+    buffers: Option<Buffers>,
+}
+
+#[derive(Debug)]
+struct Buffers {
+    /// Keys and positions, read from one of each pair and written to the other in turn.
+    keys: [CudaSlice<u32>; 2],
+    pos: [CudaSlice<u32>; 2],
+    /// `256 × tiles` digit counts, then first positions.
+    hist: CudaSlice<u32>,
+    /// The 256 digits' totals.
+    totals: CudaSlice<u32>,
+}
+
+impl SortScratch {
+    /// Buffers for `n` keys in `tiles` tiles, grown (zeroed once) when too small.
+    fn reserve(&mut self, dev: &Device, n: usize, tiles: usize) -> Result<&mut Buffers, GpuError> {
+        let fits = self.buffers.as_ref().is_some_and(|b| b.keys[0].len() >= n && b.hist.len() >= 256 * tiles);
+        if !fits {
+            self.buffers = Some(Buffers {
+                keys: [dev.zeros(n)?, dev.zeros(n)?],
+                pos: [dev.zeros(n)?, dev.zeros(n)?],
+                hist: dev.zeros(256 * tiles)?,
+                totals: dev.zeros(256)?,
+            });
+        }
+        Ok(self.buffers.as_mut().expect("reserved above"))
+    }
+
+    /// The sorted keys and positions of the last [`sort_keys_with`] (the pair
+    /// it named; the first `n` values of each).
+    pub(crate) fn sorted(&self, pair: usize) -> Option<(&CudaSlice<u32>, &CudaSlice<u32>)> {
+        self.buffers.as_ref().map(|b| (&b.keys[pair], &b.pos[pair]))
+    }
+}
+
+/// [`sort_keys`] in `scratch`'s buffers: the first `n` of `keys` (every key
+/// below `bound`) sorted stably; gives the pair of `scratch` that holds the
+/// result ([`SortScratch::sorted`]). Nothing is allocated once the buffers fit.
+pub(crate) fn sort_keys_with(
+    dev: &Device,
+    op: &'static str,
+    (keys, n, bound): (&CudaSlice<u32>, usize, usize),
+    scratch: &mut SortScratch,
+) -> Result<usize, GpuError> {
     let n32 = check::u32_of(op, "entries", n)?;
-    let mut ka = dev.zeros::<u32>(n)?;
-    let mut va = dev.zeros::<u32>(n)?;
     if n == 0 {
-        return Ok(Sorted { keys: ka, pos: va });
+        return Ok(0);
     }
-    dev.stream.memcpy_dtod(&keys.slice(..n), &mut ka).map_err(GpuError::driver("copying keys"))?;
-    {
-        let mut launch = dev.stream.launch_builder(dev.function("iota_u32"));
-        launch.arg(&mut va).arg(&n32);
-        // SAFETY: `va` holds n values.
-        unsafe { launch.launch(grid_for(n)) }.map_err(GpuError::driver("launching iota_u32"))?;
-    }
+    check::len(op, "keys", keys, n, || format!("{n} keys"))?;
     let bits = usize::BITS - bound.saturating_sub(1).leading_zeros();
-    let passes = bits.div_ceil(8).max(1);
+    let passes = bits.div_ceil(8).max(1) as usize;
     let tiles = n.div_ceil(TILE);
     let tiles32 = check::u32_of(op, "tiles", tiles)?;
     check::u32_of(op, "histogram", 256 * tiles)?;
     let tile32 = TILE as u32;
-    let mut hist = dev.zeros::<u32>(256 * tiles)?;
-    let mut digit_totals = dev.zeros::<u32>(256)?;
-    let mut kb = dev.zeros::<u32>(n)?;
-    let mut vb = dev.zeros::<u32>(n)?;
+    let Buffers { keys: ks, pos: ps, hist, totals } = scratch.reserve(dev, n, tiles)?;
+    dev.stream.memcpy_dtod(&keys.slice(..n), &mut ks[0].slice_mut(..n)).map_err(GpuError::driver("copying keys"))?;
+    {
+        let mut launch = dev.stream.launch_builder(dev.function("iota_u32"));
+        launch.arg(&mut ps[0]).arg(&n32);
+        // SAFETY: `ps[0]` holds at least n values.
+        unsafe { launch.launch(grid_for(n)) }.map_err(GpuError::driver("launching iota_u32"))?;
+    }
     let per_tile = LaunchConfig { grid_dim: (tiles32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     for pass in 0..passes {
-        let shift = 8 * pass;
+        let shift = 8 * pass as u32;
+        // Pass p reads pair p mod 2 and writes the other.
+        let ([k0, k1], [p0, p1]) = (&mut *ks, &mut *ps);
+        let ((ka, kb), (va, vb)) = if pass % 2 == 0 { ((k0, k1), (p0, p1)) } else { ((k1, k0), (p1, p0)) };
         let mut h = dev.stream.launch_builder(dev.function("radix_histogram"));
-        h.arg(&ka).arg(&n32).arg(&shift).arg(&tile32).arg(&tiles32).arg(&mut hist);
-        // SAFETY: `ka` holds n keys, `hist` 256 × tiles counts; one block per tile.
+        h.arg(&*ka).arg(&n32).arg(&shift).arg(&tile32).arg(&tiles32).arg(&mut *hist);
+        // SAFETY: `ka` holds n keys, `hist` at least 256 × tiles counts; one block per tile.
         unsafe { h.launch(per_tile) }.map_err(GpuError::driver("launching radix_histogram"))?;
-        scan_histogram(dev, &mut hist, tiles32, &mut digit_totals)?;
+        scan_histogram(dev, hist, tiles32, totals)?;
         let mut sc = dev.stream.launch_builder(dev.function("radix_scatter"));
-        sc.arg(&ka).arg(&va).arg(&n32).arg(&shift).arg(&tile32).arg(&tiles32).arg(&hist).arg(&mut kb).arg(&mut vb);
+        sc.arg(&*ka).arg(&*va).arg(&n32).arg(&shift).arg(&tile32).arg(&tiles32).arg(&*hist).arg(kb).arg(vb);
         // SAFETY: the scanned histogram places every key of every tile inside [0, n) of kb and vb.
         unsafe { sc.launch(per_tile) }.map_err(GpuError::driver("launching radix_scatter"))?;
-        std::mem::swap(&mut ka, &mut kb);
-        std::mem::swap(&mut va, &mut vb);
     }
-    Ok(Sorted { keys: ka, pos: va })
+    Ok(passes % 2)
 }
 
 /// Turns a pass's `256 × tiles` digit-major counts into each (digit, tile)'s

@@ -10,7 +10,7 @@
 //! touch a value, so a step gives the same table on every run.
 
 use crate::check;
-use crate::sort::{check_below, sort_keys};
+use crate::sort::{check_below, sort_keys_with, SortScratch};
 use crate::{Device, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
@@ -47,6 +47,8 @@ pub struct RowTable {
     pub dim: usize,
     /// A zero word: the skip flag of updates that nothing may skip.
     never: CudaSlice<u32>,
+    /// The sort's buffers, kept from step to step.
+    sort: SortScratch,
 }
 
 impl RowTable {
@@ -61,7 +63,14 @@ impl RowTable {
             ));
         }
         let never = dev.zeros(1)?;
-        Ok(RowTable { rows: dev.upload(rows)?, state: dev.upload(state)?, num_rows: state.len(), dim, never })
+        Ok(RowTable {
+            rows: dev.upload(rows)?,
+            state: dev.upload(state)?,
+            num_rows: state.len(),
+            dim,
+            never,
+            sort: SortScratch::default(),
+        })
     }
 
     /// Applies one step: `ids[k]` (`entries` row numbers, duplicates allowed)
@@ -104,7 +113,8 @@ impl RowTable {
         if entries == 0 {
             return Ok(());
         }
-        let sorted = sort_keys(dev, OP, ids, entries, self.num_rows)?;
+        let pair = sort_keys_with(dev, OP, (ids, entries, self.num_rows), &mut self.sort)?;
+        let (sorted_keys, sorted_pos) = self.sort.sorted(pair).ok_or_else(|| GpuError::shape(OP, "nothing sorted"))?;
         let (kind, lr, eps) = match rule {
             SparseRule::Sgd { lr } => (0i32, lr, 0.0f32),
             SparseRule::RowwiseAdagrad { lr, eps } => (1, lr, eps),
@@ -119,8 +129,8 @@ impl RowTable {
         let mut launch = dev.stream.launch_builder(dev.function("sparse_update_rows"));
         launch
             .arg(skip.unwrap_or(&self.never))
-            .arg(&sorted.keys)
-            .arg(&sorted.pos)
+            .arg(sorted_keys)
+            .arg(sorted_pos)
             .arg(&n32)
             .arg(grads)
             .arg(&d32)
