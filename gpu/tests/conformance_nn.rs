@@ -77,12 +77,19 @@ fn mlp_forward_and_backward_match_the_cpu() {
         assert_eq!(dmlp.num_params(), mlp.num_params());
         let (p, xd, dd) = (put(&dev, &params), put(&dev, &x), put(&dev, &dout));
         let mut dcache = nn::linear::MlpCache::default();
+        // The cache serves a larger batch first: the pass below reuses its buffers,
+        // which then hold that batch's values.
+        let big = 3 * batch + 1;
+        let (xb, db) = (put(&dev, &normal(11, big * widths[0])), put(&dev, &normal(12, big * out_w)));
+        dmlp.forward(&dev, &p, &xb, big, &mut dcache).unwrap();
+        let mut gb = dev.zeros::<f32>(total).unwrap();
+        dmlp.backward(&dev, &p, &xb, &mut dcache, &db, &mut gb, None).unwrap();
         dmlp.forward(&dev, &p, &xd, batch, &mut dcache).unwrap();
         let what = format!("mlp {widths:?} batch {batch}");
         assert_close(&format!("{what} y"), &get(&dev, dcache.output().unwrap(), batch * out_w), &y);
         let mut gd = dev.zeros::<f32>(total).unwrap();
         let mut dxd = dev.zeros::<f32>(x.len()).unwrap();
-        dmlp.backward(&dev, &p, &xd, &dcache, &dd, &mut gd, Some(&mut dxd)).unwrap();
+        dmlp.backward(&dev, &p, &xd, &mut dcache, &dd, &mut gd, Some(&mut dxd)).unwrap();
         let parts = tensor_parts(&cpu::named::mlp_tensors("mlp", &mlp));
         assert_close_tensors(&what, &get(&dev, &gd, total), &grads, &parts);
         assert_close(&format!("{what} dx"), &get(&dev, &dxd, x.len()), &dx);

@@ -203,7 +203,7 @@ impl DeviceNet for DeviceDien {
         let (nd, fd) = (self.num_dense as u32, (self.num_sparse * self.dim) as u32);
         let width = self.width();
         let dx = self.dx.reserve(dev, batch * width)?;
-        self.mlp.backward(dev, params, &self.mlp_in.0, &self.mlp_cache, dlogits, grads, Some(dx))?;
+        self.mlp.backward(dev, params, &self.mlp_in.0, &mut self.mlp_cache, dlogits, grads, Some(dx))?;
         {
             let mut l = dev.stream.launch_builder(dev.function("dien_dx_pooled"));
             l.arg(&self.dx.0).arg(&b).arg(&nd).arg(&fd).arg(&eu).arg(&mut *dpooled);

@@ -85,10 +85,10 @@ impl DeviceNet for DeviceDlrm {
     ) -> Result<(), GpuError> {
         let batch = self.batch;
         let d_inter = self.d_inter.reserve(dev, batch * self.interaction.output_dim())?;
-        self.top.backward(dev, params, &self.inter_out.0, &self.top_cache, dlogits, grads, Some(d_inter))?;
+        self.top.backward(dev, params, &self.inter_out.0, &mut self.top_cache, dlogits, grads, Some(d_inter))?;
         let bottom_out = self.bottom_cache.output().ok_or_else(|| missing("bottom output"))?;
         let d_bottom = self.d_bottom.reserve(dev, batch * self.dim)?;
         self.interaction.backward(dev, bottom_out, pooled, &self.d_inter.0, batch, d_bottom, dpooled)?;
-        self.bottom.backward(dev, params, dense, &self.bottom_cache, &self.d_bottom.0, grads, None)
+        self.bottom.backward(dev, params, dense, &mut self.bottom_cache, &self.d_bottom.0, grads, None)
     }
 }

@@ -122,7 +122,7 @@ impl DeviceNet for DeviceFm {
             let deep_in =
                 self.deep_in.as_ref().ok_or_else(|| GpuError::shape("device fm", "backward without a forward"))?;
             let d_in = grow(dev, &mut self.d_deep_in, batch * self.wide.deep_width())?;
-            mlp.backward(dev, params, deep_in, &self.cache, dlogits, grads, Some(d_in))?;
+            mlp.backward(dev, params, deep_in, &mut self.cache, dlogits, grads, Some(d_in))?;
             self.wide.scatter_deep_grad(dev, d_in, batch, dpooled)?;
         }
         Ok(())

@@ -257,6 +257,9 @@ pub struct Mlp {
 pub struct MlpCache {
     outs: Vec<CudaSlice<f32>>,
     batch: usize,
+    /// The backward's two gradient buffers, taking turns layer by layer; kept
+    /// from step to step and grown when a batch needs more.
+    dgrads: Vec<CudaSlice<f32>>,
 }
 
 impl MlpCache {
@@ -317,14 +320,16 @@ impl Mlp {
     }
 
     /// Back-propagates `dout` through the last forward: layer gradients into
-    /// `grads` (overwritten), the input gradient into `dx` when asked.
+    /// `grads` (overwritten), the input gradient into `dx` when asked. The
+    /// gradients between layers live in `cache`'s buffers, which a backward
+    /// allocates only when a batch is larger than any before.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         dev: &Device,
         params: &CudaSlice<f32>,
         x: &CudaSlice<f32>,
-        cache: &MlpCache,
+        cache: &mut MlpCache,
         dout: &CudaSlice<f32>,
         grads: &mut CudaSlice<f32>,
         dx: Option<&mut CudaSlice<f32>>,
@@ -338,23 +343,32 @@ impl Mlp {
         let last = &self.layers[n - 1];
         let size = check::product(OP, &[batch, last.output])?;
         check::len(OP, "dout", dout, size, || format!("batch {batch} × {}", last.output))?;
-        let mut grad = dev.zeros::<f32>(size)?;
-        dev.stream
-            .memcpy_dtod(&dout.slice(..size.max(1).min(dout.len())), &mut grad)
-            .map_err(GpuError::driver("copying the output gradient"))?;
+        // Every layer's output gradient, and every input gradient but the first layer's.
+        let widest = self.layers.iter().map(|l| l.output).max().unwrap_or(0);
+        let need = check::product(OP, &[batch, widest])?.max(1);
+        if cache.dgrads.len() < 2 || cache.dgrads[0].len() < need {
+            cache.dgrads = vec![dev.zeros(need)?, dev.zeros(need)?];
+        }
+        let MlpCache { outs, dgrads, .. } = cache;
+        let (first, second) = dgrads.split_at_mut(1);
+        let (mut grad, mut below) = (&mut first[0], &mut second[0]);
+        if size > 0 {
+            dev.stream
+                .memcpy_dtod(&dout.slice(..size), &mut grad.slice_mut(..size))
+                .map_err(GpuError::driver("copying the output gradient"))?;
+        }
         let mut dx = dx;
         for i in (0..n).rev() {
             let l = &self.layers[i];
             if self.relu_after(i) {
-                relu_backward(dev, &mut grad, &cache.outs[i], batch * l.output)?;
+                relu_backward(dev, grad, &outs[i], batch * l.output)?;
             }
-            let input = if i == 0 { x } else { &cache.outs[i - 1] };
+            let input = if i == 0 { x } else { &outs[i - 1] };
             if i == 0 {
-                l.backward(dev, params, input, &grad, batch, grads, dx.as_deref_mut())?;
+                l.backward(dev, params, input, grad, batch, grads, dx.as_deref_mut())?;
             } else {
-                let mut below = dev.zeros::<f32>(batch * l.input)?;
-                l.backward(dev, params, input, &grad, batch, grads, Some(&mut below))?;
-                grad = below;
+                l.backward(dev, params, input, grad, batch, grads, Some(&mut *below))?;
+                std::mem::swap(&mut grad, &mut below);
             }
         }
         Ok(())
