@@ -178,6 +178,11 @@ fn staged_steps_equal_one_step_at_a_time() {
         assert_eq!(all.predict(&probe).unwrap(), &before[..], "{name}: predictions");
         assert_eq!(all.train(&batches[1], false).unwrap(), one.train(&batches[1], false).unwrap(), "{name}");
         assert!(all.finish().is_err(), "{name}: finishing twice");
+        // The logits a training step keeps are its forward's, before its update.
+        let before = one.predict(&probe).unwrap().to_vec();
+        one.train(&probe, true).unwrap();
+        assert_eq!(one.logits(), &before[..], "{name}: the logits kept by a training step");
+        assert_ne!(one.predict(&probe).unwrap(), &before[..], "{name}: the step changed the model");
     }
 }
 

@@ -7,8 +7,9 @@
 //! once the step is done: the loss sum (the step's result), the guard the
 //! device set from it (a non-finite loss skips every update, on the device,
 //! so the host queues the whole step without waiting) and a flag that some
-//! entry gradient or updated dense parameter is not finite. Nothing else
-//! crosses PCIe between checkpoints.
+//! entry gradient or updated dense parameter is not finite (and the logits,
+//! when a prequential score keeps them). Nothing else crosses PCIe between
+//! checkpoints.
 //!
 //! ## Invariants
 //!
@@ -63,6 +64,16 @@ pub struct ResidentStep {
     pub non_finite: bool,
 }
 
+/// A step [`ResidentWorker::launch`] queued, for [`ResidentWorker::finish`].
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    samples: u64,
+    /// Where the step's loss lies in `d_loss`.
+    loss_at: usize,
+    /// Read the step's logits back once it is done.
+    keep_logits: bool,
+}
+
 /// One worker's whole model on one GPU (see the module docs).
 pub struct ResidentWorker {
     dev: Device,
@@ -81,8 +92,8 @@ pub struct ResidentWorker {
     optimizer: DenseOptimizer,
     train_steps: u64,
     staging: Staging,
-    /// The step launched and not yet finished: its samples and where its loss lies in `d_loss`.
-    pending: Option<(u64, usize)>,
+    /// The step launched and not yet finished.
+    pending: Option<Pending>,
     /// The loss's partial sums and total (`bce_sum_queued`).
     d_loss: CudaSlice<f64>,
     /// Set on the device when the step's loss is not finite: its updates skip themselves.
@@ -243,7 +254,8 @@ impl ResidentWorker {
 
     /// Queues the staged batch's whole training step on the device without
     /// waiting for it (a non-finite loss updates nothing: the device skips the
-    /// updates). [`finish`](Self::finish) gives the outcome.
+    /// updates). [`finish`](Self::finish) gives the outcome, and with
+    /// `keep_logits` reads back the logits the step made before its update.
     pub fn launch(&mut self, keep_logits: bool) -> Result<(), GpuError> {
         self.pending = None;
         let shape = self.take()?;
@@ -259,7 +271,7 @@ impl ResidentWorker {
         let b = shape.batch;
         if b == 0 {
             self.logits.clear();
-            self.pending = Some((0, 0));
+            self.pending = Some(Pending { samples: 0, loss_at: 0, keep_logits });
             return Ok(());
         }
         self.forward(shape)?;
@@ -269,21 +281,19 @@ impl ResidentWorker {
         let labels = &self.staging.current().labels.0;
         let at = bce_sum_queued(&self.dev, &self.d_logits.0, labels, b, &mut self.d_loss)?;
         loss_guard(&self.dev, &self.d_loss, at, &mut self.d_skip)?;
-        if keep_logits {
-            self.download_logits(b)?;
-        }
         self.mark(Phase::Loss)?;
         self.backward(shape)?;
         self.update(shape)?;
         // Counted now, so the next step's schedules follow; `finish` takes it back if the device skipped it.
         self.train_steps += 1;
-        self.pending = Some((b as u64, at));
+        // The logits stay in `d_logits` (nothing in the step writes it again): `finish` reads them.
+        self.pending = Some(Pending { samples: b as u64, loss_at: at, keep_logits });
         Ok(())
     }
 
     /// Waits for the step [`launch`](Self::launch) queued and gives its outcome.
     pub fn finish(&mut self) -> Result<ResidentStep, GpuError> {
-        let (samples, at) =
+        let Pending { samples, loss_at: at, keep_logits } =
             self.pending.take().ok_or_else(|| GpuError::shape("resident step", "no step is running"))?;
         if samples == 0 {
             return Ok(ResidentStep::default());
@@ -296,6 +306,9 @@ impl ResidentWorker {
         stream.memcpy_dtoh(&self.d_flag, &mut flag).map_err(GpuError::driver("reading the finiteness flag"))?;
         self.dev.synchronize()?;
         self.mark(Phase::Dense)?;
+        if keep_logits {
+            self.download_logits(samples as usize)?;
+        }
         let skipped = skip[0] != 0;
         if skipped {
             // The device updated nothing: the step does not count.
