@@ -60,6 +60,10 @@ extern "C" __global__ void sum_f64(const double* parts, unsigned int m, double* 
 
 // flag[0] = 1 when x[0] (a summed loss) is not finite, else 0: the updates of
 // a step read it and skip themselves, so the host need not wait for the loss.
-extern "C" __global__ void loss_guard(const double* x, unsigned int* flag) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) flag[0] = isfinite(x[0]) ? 0u : 1u;
+// cleared[0] = 0: a flag the rest of the step may set (no memset of its own).
+extern "C" __global__ void loss_guard(const double* x, unsigned int* flag, unsigned int* cleared) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        flag[0] = isfinite(x[0]) ? 0u : 1u;
+        cleared[0] = 0u;
+    }
 }

@@ -99,6 +99,9 @@ pub struct Device {
     capability: (i32, i32),
     pub(crate) precision: Precision,
     pub(crate) staging: Arc<Mutex<crate::tensor_core::Staging>>,
+    /// The column reductions' partial sums (`nn::linear::column_reduce`),
+    /// kept between calls: every use is queued on `stream`, in order.
+    pub(crate) reduce_scratch: Arc<Mutex<Option<CudaSlice<f32>>>>,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: Arc<CudaBlas>,
     pub(crate) kernels: Arc<Kernels>,
@@ -166,6 +169,7 @@ impl Device {
             capability: (major, minor),
             precision: Precision::Fp32,
             staging: Arc::default(),
+            reduce_scratch: Arc::default(),
             stream,
             blas: Arc::new(blas),
             kernels,

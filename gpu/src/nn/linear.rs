@@ -226,18 +226,25 @@ pub(crate) fn column_reduce(
     let chunks = rows.div_ceil(chunk_rows).max(1);
     let (r, c) = (check::u32_of(OP, "rows", rows)?, check::u32_of(OP, "cols", cols)?);
     let (k32, chunk32) = (check::u32_of(OP, "chunks", chunks)?, check::u32_of(OP, "chunk rows", chunk_rows)?);
-    let mut partial = dev.zeros::<f32>(chunks * cols)?;
+    // The partial sums live in the device's scratch, grown when too small: every
+    // value the finish reads, the chunks kernel writes first, and both are
+    // queued on the device's one stream while the lock is held.
+    let mut scratch = dev.reduce_scratch.lock().unwrap_or_else(|p| p.into_inner());
+    if scratch.as_ref().is_none_or(|s| s.len() < chunks * cols) {
+        *scratch = Some(dev.zeros::<f32>(chunks * cols)?);
+    }
+    let partial = scratch.as_mut().expect("grown above");
     let weighted = w.is_some() as i32;
     let cfg = LaunchConfig { grid_dim: (c.div_ceil(32), k32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
     let mut launch = dev.stream.launch_builder(dev.function("column_reduce_chunks"));
-    launch.arg(a).arg(w.unwrap_or(a)).arg(&weighted).arg(&r).arg(&c).arg(&chunk32).arg(&mut partial);
-    // SAFETY: `a` holds rows × cols values, `w` (when used) rows, `partial` chunks × cols
-    // (checked above); the block is the (32, 8) the kernel assumes.
+    launch.arg(a).arg(w.unwrap_or(a)).arg(&weighted).arg(&r).arg(&c).arg(&chunk32).arg(&mut *partial);
+    // SAFETY: `a` holds rows × cols values, `w` (when used) rows, `partial` at least
+    // chunks × cols (checked above); the block is the (32, 8) the kernel assumes.
     unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching column_reduce_chunks"))?;
     let mut sums = out.slice_mut(at..at + cols);
     let mut launch = dev.stream.launch_builder(dev.function("column_reduce_finish"));
-    launch.arg(&partial).arg(&k32).arg(&c).arg(&mut sums);
-    // SAFETY: `partial` holds chunks × cols values, `sums` cols.
+    launch.arg(&*partial).arg(&k32).arg(&c).arg(&mut sums);
+    // SAFETY: `partial` holds at least chunks × cols values, `sums` cols.
     unsafe { launch.launch(grid_for(cols)) }.map_err(GpuError::driver("launching column_reduce_finish"))?;
     Ok(())
 }

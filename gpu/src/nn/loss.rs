@@ -90,21 +90,23 @@ pub(crate) fn bce_sum_queued(
 
 /// Sets `flag[0]` to 1 when `sums[at]` (a loss [`bce_sum_queued`] left there)
 /// is not finite, else to 0, without waiting: the updates that read the flag
-/// skip themselves after a non-finite loss.
+/// skip themselves after a non-finite loss. Also sets `cleared[0]` to 0 (a
+/// flag the rest of the step may set), saving the step a memset.
 pub(crate) fn loss_guard(
     dev: &Device,
-    sums: &CudaSlice<f64>,
-    at: usize,
+    (sums, at): (&CudaSlice<f64>, usize),
     flag: &mut CudaSlice<u32>,
+    cleared: &mut CudaSlice<u32>,
 ) -> Result<(), GpuError> {
     const OP: &str = "loss guard";
     check::len(OP, "sums", sums, at + 1, || format!("a loss at {at}"))?;
     check::len(OP, "flag", flag, 1, || "one word".to_string())?;
+    check::len(OP, "cleared", cleared, 1, || "one word".to_string())?;
     let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
     let loss = sums.slice(at..at + 1);
     let mut launch = dev.stream.launch_builder(dev.function("loss_guard"));
-    launch.arg(&loss).arg(flag);
-    // SAFETY: `loss` is one value inside `sums`, `flag` holds a word; one thread.
+    launch.arg(&loss).arg(flag).arg(cleared);
+    // SAFETY: `loss` is one value inside `sums`, `flag` and `cleared` hold a word each; one thread.
     unsafe { launch.launch(one) }.map_err(GpuError::driver("launching loss_guard"))?;
     Ok(())
 }

@@ -280,7 +280,8 @@ impl ResidentWorker {
         }
         let labels = &self.staging.current().labels.0;
         let at = bce_sum_queued(&self.dev, &self.d_logits.0, labels, b, &mut self.d_loss)?;
-        loss_guard(&self.dev, &self.d_loss, at, &mut self.d_skip)?;
+        // The guard also clears the finiteness flag the updates set.
+        loss_guard(&self.dev, (&self.d_loss, at), &mut self.d_skip, &mut self.d_flag)?;
         self.mark(Phase::Loss)?;
         self.backward(shape)?;
         self.update(shape)?;
@@ -442,7 +443,6 @@ impl ResidentWorker {
     fn update(&mut self, shape: Shape) -> Result<(), GpuError> {
         let (d, entries, b) = (self.dim, shape.entries, shape.batch);
         let dev = &self.dev;
-        dev.stream.memset_zeros(&mut self.d_flag).map_err(GpuError::driver("clearing the finiteness flag"))?;
         flag_nonfinite(dev, &self.d_entry_grads.0, entries * d, &mut self.d_flag)?;
         let scale = 1.0 / b as f32;
         let (kind, hp) = self.sparse;
