@@ -102,6 +102,9 @@ pub struct Device {
     /// The column reductions' partial sums (`nn::linear::column_reduce`),
     /// kept between calls: every use is queued on `stream`, in order.
     pub(crate) reduce_scratch: Arc<Mutex<Option<CudaSlice<f32>>>>,
+    /// A word that stays zero: the skip flag of updates nothing may skip
+    /// (`sparse_update_rows` and the dense optimizers take one).
+    pub(crate) never: Arc<CudaSlice<u32>>,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: Arc<CudaBlas>,
     pub(crate) kernels: Arc<Kernels>,
@@ -164,12 +167,14 @@ impl Device {
         }
         .result()
         .map_err(GpuError::blas("setting the fp32 math mode"))?;
+        let never = stream.alloc_zeros::<u32>(1).map_err(GpuError::driver("allocating device memory"))?;
         Ok(Device {
             ordinal,
             capability: (major, minor),
             precision: Precision::Fp32,
             staging: Arc::default(),
             reduce_scratch: Arc::default(),
+            never: Arc::new(never),
             stream,
             blas: Arc::new(blas),
             kernels,

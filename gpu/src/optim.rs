@@ -52,8 +52,6 @@ pub struct DenseOptimizer {
     m: Option<CudaSlice<f32>>,
     v: Option<CudaSlice<f32>>,
     t: u64,
-    /// A zero word: the skip flag of updates that nothing may skip.
-    never: CudaSlice<u32>,
 }
 
 impl DenseOptimizer {
@@ -65,7 +63,7 @@ impl DenseOptimizer {
             DenseKind::Adagrad => (None, Some(dev.upload(&vec![hp.initial_accumulator; len])?)),
             DenseKind::Adam => (Some(dev.zeros(len)?), Some(dev.zeros(len)?)),
         };
-        Ok(DenseOptimizer { kind, hp, len, m, v, t: 0, never: dev.zeros(1)? })
+        Ok(DenseOptimizer { kind, hp, len, m, v, t: 0 })
     }
 
     /// Continues from a host optimizer's `state` over all `state.len` parameters
@@ -80,7 +78,6 @@ impl DenseOptimizer {
             m: some(&state.m)?,
             v: some(&state.v)?,
             t: state.t,
-            never: dev.zeros(1)?,
         })
     }
 
@@ -151,7 +148,7 @@ impl DenseOptimizer {
         skip: Option<&CudaSlice<u32>>,
     ) -> Result<(), GpuError> {
         const OP: &str = "dense optimizer";
-        let skip = skip.unwrap_or(&self.never);
+        let skip = skip.unwrap_or(&dev.never);
         let n = self.len;
         check::len(OP, "params", params, n, || format!("a slice of {n}"))?;
         check::len(OP, "grads", grads, n, || format!("a slice of {n}"))?;

@@ -45,8 +45,6 @@ pub struct RowTable {
     pub num_rows: usize,
     /// Row width.
     pub dim: usize,
-    /// A zero word: the skip flag of updates that nothing may skip.
-    never: CudaSlice<u32>,
     /// The sort's buffers, kept from step to step.
     sort: SortScratch,
 }
@@ -62,13 +60,11 @@ impl RowTable {
                 format!("{} values are not {} rows of width {dim}", rows.len(), state.len()),
             ));
         }
-        let never = dev.zeros(1)?;
         Ok(RowTable {
             rows: dev.upload(rows)?,
             state: dev.upload(state)?,
             num_rows: state.len(),
             dim,
-            never,
             sort: SortScratch::default(),
         })
     }
@@ -128,7 +124,7 @@ impl RowTable {
         let cfg = check::warp_per_item(OP, entries.div_ceil(32), d * 4)?;
         let mut launch = dev.stream.launch_builder(dev.function("sparse_update_rows"));
         launch
-            .arg(skip.unwrap_or(&self.never))
+            .arg(skip.unwrap_or(&dev.never))
             .arg(sorted_keys)
             .arg(sorted_pos)
             .arg(&n32)
