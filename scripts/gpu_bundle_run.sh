@@ -10,7 +10,7 @@
 # dlrm-16384-bf16" (default: all).
 # TESTS (environment): which test executables of steps 1 and 2 to run, by
 # name (default: all); WORKERS_FILTER runs only the GPU-worker tests whose names hold it.
-# PROFILE=0 skips the phase clock and ncu, CPU=0 step 3b, SCALING=0 step 4.
+# PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, CPU=0 step 3b, SCALING=0 step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -129,7 +129,7 @@ done
 
 # Kernel by kernel (Nsight Compute, one launch each, in a steady-state step), while time allows.
 for m in dlrm deepfm; do
-    if [ "${PROFILE:-1}" != 0 ] && command -v ncu >/dev/null && [ "$(left)" -gt 200 ]; then
+    if [ "${PROFILE:-1}" != 0 ] && [ "${NCU:-1}" != 0 ] && command -v ncu >/dev/null && [ "$(left)" -gt 200 ]; then
         sub="$m"
         [ "$m" = dlrm ] || sub="model --model $m"
         # shellcheck disable=SC2086
