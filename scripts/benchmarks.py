@@ -846,7 +846,9 @@ def section_scaling(run):
         findings.append(scaling_findings(label, ws, micro, breakdowns, tide, physical, others, logical)
                         + machine_finding(ws[-1], tide, free, micro, breakdowns, free_breakdowns))
     cores = f"{physical} physical cores" if physical else "physical cores unknown"
-    steps_note = (f"{run.s.warmup} warm-up steps, then {run.train_samples:,} samples' worth of timed steps "
+    # The section may be spliced in from a machine with more cores, so it names its own.
+    steps_note = (f"Measured on {cpu_description()}; {run.rounds} alternated round{'s' if run.rounds > 1 else ''}, "
+                  f"{run.s.warmup} warm-up steps, then {run.train_samples:,} samples' worth of timed steps "
                   f"(at least {run.steps(10**9)}); "
                   + (f"torch {torch_version}." if with_torch else
                      f"**PyTorch was not run**: `{run.args.python}` cannot import torch, so its columns say "

@@ -285,6 +285,16 @@ fn the_scaling_section_reports_speed_up_efficiency_and_the_stage_breakdown() {
     let Some((run, doc)) = generate(&["--only", "scaling", "--max-workers", "2"], &out) else { return };
     assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
     assert!(doc.contains("## Scaling: W workers against PyTorch with W threads"), "{doc}");
+    // The section names its CPU and rounds: it may be spliced in from a larger machine.
+    let scripts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts");
+    let cpu = Command::new("python3")
+        .args(["-c", "import bench_vs_torch; print(bench_vs_torch.cpu_model())"])
+        .current_dir(scripts)
+        .output()
+        .expect("python3 starts");
+    let cpu = String::from_utf8_lossy(&cpu.stdout);
+    assert!(doc.contains(&format!("Measured on {}, ", cpu.trim())), "the CPU `{cpu}` is not named:\n{doc}");
+    assert!(doc.contains("; 1 alternated round, "), "the round count is not named:\n{doc}");
 
     let (header, rows) = table_rows(&doc, "tiderec efficiency");
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no `{name}`: {header:?}"));
