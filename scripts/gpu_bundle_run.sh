@@ -10,7 +10,8 @@
 # dlrm-16384-bf16" (default: all).
 # TESTS (environment): which test executables of steps 1 and 2 to run, by
 # name (default: all); WORKERS_FILTER runs only the GPU-worker tests whose names hold it.
-# PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, CPU=0 step 3b, SCALING=0 step 4.
+# PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, HOTROWS=0 step 3d, CPU=0 step 3b,
+# SCALING=0 step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -20,6 +21,7 @@
 #      alternated: DLRM at batch 2,048, 16,384 and 65,536, DeepFM and DIEN;
 #   3c. tf32 and bf16 on the GPU: DLRM against PyTorch's, and the AUC of each
 #      precision on the Criteo sample (when the bundle holds it) and on synthetic data;
+#   3d. DLRM on Zipf-skewed ids, hot rows split against summed by one warp;
 #   3b. the host CPU against PyTorch at one thread, DLRM at 2,048, fp32 and bf16
 #      (PyTorch's bf16 autocast runs on AMX where the CPU has it; CPU=0 skips it);
 #   4. if the budget allows, the CPU scaling section of benchmarks.py, W = 1..16.
@@ -212,6 +214,28 @@ for p in fp32 tf32 bf16; do
         --progress none --metrics-json "$OUT/auc-synthetic-$p.json" >"$OUT/auc-synthetic-$p.log" 2>&1) || FAILED=1
     say "synthetic $p: $(auc_of "$OUT/auc-synthetic-$p.json")"
 done
+
+# ---- 3d. hot rows: a run of duplicates split into chunks, or on one warp --
+# DLRM on Zipf(1.1)-skewed ids (a table's top id in about 1 of 10 samples), one
+# device-resident worker, the row update's hot runs split (the default) against
+# summed by one warp (TIDEREC_GPU_HOT_ROWS=one-warp), alternated, HOT_ROUNDS rounds
+# (default 2). HOTROWS=0 skips it.
+if [ "${HOTROWS:-1}" = 0 ]; then
+    say "== 3d. hot rows skipped: HOTROWS=0"
+else
+    say "== 3d. hot rows, split against one warp ($(elapsed) s)"
+    for b in 16384 65536; do
+        for round in $(seq 1 "${HOT_ROUNDS:-2}"); do
+            for mode in split one-warp; do
+                [ "$(left)" -lt 40 ] && break 3
+                TIDEREC_GPU_HOT_ROWS=$mode timeout -k 5 60 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b \
+                    --zipf 1.1 --steps $((1600000 / b)) --warmup 5 --json \
+                    >"$OUT/hotrows-dlrm-$b-$mode-$round.json" 2>"$OUT/hotrows-dlrm-$b-$mode-$round.err" || FAILED=1
+            done
+        done
+        say "dlrm batch $b, zipf 1.1 (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --hot-rows "$OUT" $b 2>&1 | head -1)"
+    done
+fi
 
 # ---- 3b. the host CPU against PyTorch, fp32 and bf16 --------------------
 # One worker / one thread, DLRM at batch 2,048: tiderec's CPU kernels against PyTorch

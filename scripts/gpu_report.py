@@ -8,7 +8,7 @@ Several OUTDIRs (calls of `run` on one machine, e.g. with different `BENCHES`) a
 order; a file present in more than one is taken from the last. Reads `machine.txt`,
 `test-*.log` (run with `--nocapture`, so the passing tests' printed figures are there),
 `bench-*.md` (from `scripts/bench_vs_torch.py`) and `stages-dlrm-*.json` (`tiderec bench
-dlrm --json`), `auc-*.json` (`tiderec train --metrics-json`). Prints nothing it did not find in the logs, except the published fp32 peak
+dlrm --json`), `hotrows-dlrm-*.json` (the same with `--zipf`), `auc-*.json` (`tiderec train --metrics-json`). Prints nothing it did not find in the logs, except the published fp32 peak
 of the GPU named in the GEMM bound, which it says is published, not measured.
 """
 
@@ -48,7 +48,7 @@ def runs(dirs, found):
     rows = []
     for k, d in enumerate(dirs, 1):
         used = sorted(n for n, p in found.items() if os.path.dirname(p) == d and
-                      re.match(r"(test-|bench-|stages-|phases-|ncu-).*\.(log|md|json|csv)$", n))
+                      re.match(r"(test-|bench-|stages-|phases-|ncu-|hotrows-).*\.(log|md|json|csv)$", n))
         if used:
             same = build(d) is not None and build(d) == last
             rows.append([f"{k}", "the last call's" if same else "an earlier one", ", ".join(f"`{u}`" for u in used)])
@@ -205,6 +205,33 @@ def phases(found):
     return rows
 
 
+def hot_rows(found):
+    """[batch, zipf, split samples/s, one-warp samples/s, split / one-warp, rounds] from
+    `hotrows-dlrm-BATCH-MODE-ROUND.json`, medians over the rounds."""
+    import statistics
+    runs = {}
+    for name in found:
+        m = re.match(r"hotrows-dlrm-(\d+)-(split|one-warp)-(\d+)\.json$", name)
+        if not m:
+            continue
+        try:
+            d = json.loads(read(found[name]))
+        except ValueError:
+            continue
+        runs.setdefault(int(m.group(1)), {}).setdefault(m.group(2), {})[int(m.group(3))] = d
+    rows = []
+    for batch, modes in sorted(runs.items()):
+        split, serial = modes.get("split", {}), modes.get("one-warp", {})
+        paired = sorted(set(split) & set(serial))
+        if not paired:
+            continue
+        ratios = [split[r]["samples_per_sec"] / serial[r]["samples_per_sec"] for r in paired]
+        med = lambda side: statistics.median(side[r]["samples_per_sec"] for r in paired)
+        rows.append([f"{batch:,}", f"{split[paired[0]].get('zipf', 0):g}", f"{med(split):,.0f}", f"{med(serial):,.0f}",
+                     f"**{statistics.median(ratios):.2f}×** ({min(ratios):.2f}–{max(ratios):.2f})", f"{len(paired)}"])
+    return rows
+
+
 def kernel_times(path):
     """(kernel, launches, total µs) from an `ncu --csv --metrics gpu__time_duration.sum` log, largest first."""
     import csv
@@ -232,6 +259,10 @@ def main(argv):
         total = sum(r[2] for r in rows)
         print(f"{sum(r[1] for r in rows)} launches, {total:.0f} us; " +
               ", ".join(f"{k} {t:.0f} us ({n})" for k, n, t in rows[:6]))
+        return
+    if argv[:1] == ["--hot-rows"]:
+        rows = [r for r in hot_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
+        print(f"split {rows[0][2]}, one warp {rows[0][3]}, split / one warp {rows[0][4]}" if rows else "no result")
         return
     if not argv or any(not os.path.isdir(d) for d in argv):
         sys.exit("usage: gpu_report.py OUTDIR [OUTDIR ...] (folders written by the bundle's `run`)")
@@ -327,6 +358,15 @@ def main(argv):
               "`torch.autocast(bfloat16)` on the dense model (oneDNN, on AMX where the CPU has it).\n")
         print(table(["model", "batch", "precision", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch"],
                     cpu) + "\n")
+    hot = hot_rows(found)
+    if hot:
+        print("## Hot rows: a run of duplicates split into chunks against summed by one warp\n")
+        print("`tiderec bench dlrm --device cuda:0 --zipf S --json`, one device-resident worker, every table's ids "
+              "Zipf(S)-skewed (id 0 the most frequent), with the row update's long runs of duplicates split into "
+              "chunks summed in parallel (the default) against every run summed in entry order by one warp "
+              "(`TIDEREC_GPU_HOT_ROWS=one-warp`), alternated; medians over the rounds.\n")
+        print(table(["batch", "zipf", "split samples/s", "one warp samples/s", "split / one warp", "rounds"], hot)
+              + "\n")
     ph = phases(found)
     if ph:
         print("## Where a device-resident worker's step goes\n")

@@ -21,6 +21,17 @@
 //     lane 0 adds the squares in column order.
 // Either way every sum is taken in the same order with the same operations, so
 // the table does not depend on which way a row went, nor on the run.
+//
+// A hot row (a run of at least split_min entries) is not summed by one warp
+// alone: `chunk_partial_sums` first sums every chunk of `chunk` sorted positions
+// (chunk k: positions [k chunk, (k + 1) chunk)) that lies inside one row's run,
+// one warp per chunk, in entry order. The warp of the run then adds, from 0, its
+// entries before the first whole chunk, the whole chunks' sums in chunk order,
+// and its entries after the last one. That order is fixed by the sorted
+// positions alone, so every run of a step gives the same table, but it is not
+// the CPU's order (the sums agree to rounding). split_min >= 2 chunk, so such a
+// run always holds a whole chunk; split_min = UINT_MAX sums every run in entry
+// order.
 
 #define SHORT_RUN 8
 
@@ -59,6 +70,36 @@ __device__ __forceinline__ float run_grad(const unsigned int* sorted_pos, const 
     return acc * scale;
 }
 
+// The scaled gradient of column c of a hot row's run [i, end) from the whole chunks' sums.
+__device__ __forceinline__ float split_run_grad(const unsigned int* sorted_pos, const float* grads,
+                                                const float* partial, unsigned int dim, unsigned int chunk,
+                                                unsigned int i, unsigned int end, unsigned int c, float scale) {
+    const unsigned int a = (i + chunk - 1) / chunk, b = end / chunk;  // whole chunks [a, b)
+    float acc = 0.0f;
+    for (unsigned int j = i; j < a * chunk; ++j) acc += grads[(unsigned long long)sorted_pos[j] * dim + c];
+    for (unsigned int k = a; k < b; ++k) acc += partial[(unsigned long long)k * dim + c];
+    for (unsigned int j = b * chunk; j < end; ++j) acc += grads[(unsigned long long)sorted_pos[j] * dim + c];
+    return acc * scale;
+}
+
+// One warp per chunk of `chunk` sorted positions (the whole ones, n / chunk of them): a
+// chunk inside one row's run gets its gradients' sum per column, in entry order.
+extern "C" __global__ void chunk_partial_sums(const unsigned int* sorted_rows, const unsigned int* sorted_pos,
+                                             unsigned int num_entries, const float* grads, unsigned int dim,
+                                             unsigned int chunk, float* partial) {
+    const unsigned long long k = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned int lane = threadIdx.x & 31;
+    if (k >= num_entries / chunk) return;
+    const unsigned long long first = k * chunk, last = first + chunk - 1;
+    // Sorted, so a chunk whose ends hold one row holds only that row.
+    if (sorted_rows[first] != sorted_rows[last]) return;
+    for (unsigned int c = lane; c < dim; c += 32) {
+        float acc = grads[(unsigned long long)sorted_pos[first] * dim + c];
+        for (unsigned long long j = first + 1; j <= last; ++j) acc += grads[(unsigned long long)sorted_pos[j] * dim + c];
+        partial[k * dim + c] = acc;
+    }
+}
+
 // One thread updates row u from its entries [i, end).
 __device__ void update_alone(const unsigned int* sorted_pos, const float* grads, unsigned int dim, float scale,
                              int kind, float lr, float eps, unsigned int i, unsigned int end, float* w,
@@ -79,10 +120,16 @@ __device__ void update_alone(const unsigned int* sorted_pos, const float* grads,
 }
 
 // The whole warp updates row u from its entries [i, end); g: dim floats of shared memory.
-__device__ void update_by_warp(const unsigned int* sorted_pos, const float* grads, unsigned int dim, float scale,
-                               int kind, float lr, float eps, unsigned int i, unsigned int end, float* w,
-                               float* acc_state, float* g, unsigned int lane) {
-    for (unsigned int c = lane; c < dim; c += 32) g[c] = run_grad(sorted_pos, grads, dim, i, end, c, scale);
+// A run of at least split_min entries is summed from the chunks' sums (`partial`).
+__device__ void update_by_warp(const unsigned int* sorted_pos, const float* grads, const float* partial,
+                               unsigned int dim, unsigned int chunk, unsigned int split_min, float scale, int kind,
+                               float lr, float eps, unsigned int i, unsigned int end, float* w, float* acc_state,
+                               float* g, unsigned int lane) {
+    const bool split = end - i >= split_min;
+    for (unsigned int c = lane; c < dim; c += 32) {
+        g[c] = split ? split_run_grad(sorted_pos, grads, partial, dim, chunk, i, end, c, scale)
+                     : run_grad(sorted_pos, grads, dim, i, end, c, scale);
+    }
     __syncwarp();
     float step = lr;
     if (kind != 0) {
@@ -102,7 +149,8 @@ __device__ void update_by_warp(const unsigned int* sorted_pos, const float* grad
 // Nothing is updated while skip[0] is not zero (the step's loss was not finite).
 extern "C" __global__ void sparse_update_rows(const unsigned int* skip, const unsigned int* sorted_rows,
                                               const unsigned int* sorted_pos, unsigned int num_entries,
-                                              const float* grads, unsigned int dim, float scale, int kind,
+                                              const float* grads, const float* partial, unsigned int dim,
+                                              unsigned int chunk, unsigned int split_min, float scale, int kind,
                                               float lr, float eps, unsigned int num_rows, float* rows,
                                               float* state) {
     extern __shared__ float sums[];
@@ -130,7 +178,7 @@ extern "C" __global__ void sparse_update_rows(const unsigned int* skip, const un
         const unsigned int l = __ffs(longs) - 1;
         const unsigned int e = __shfl_sync(0xffffffffu, end, l);
         const unsigned int r = __shfl_sync(0xffffffffu, u, l);
-        update_by_warp(sorted_pos, grads, dim, scale, kind, lr, eps, (unsigned int)first + l, e,
-                       rows + (unsigned long long)r * dim, state + r, g, lane);
+        update_by_warp(sorted_pos, grads, partial, dim, chunk, split_min, scale, kind, lr, eps,
+                       (unsigned int)first + l, e, rows + (unsigned long long)r * dim, state + r, g, lane);
     }
 }

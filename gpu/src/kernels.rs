@@ -63,7 +63,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "sparse.cu",
         source: include_str!("../kernels/sparse.cu"),
-        functions: &["sparse_update_rows"],
+        functions: &["chunk_partial_sums", "sparse_update_rows"],
     },
     KernelSource {
         file: "gru.cu",

@@ -6,8 +6,14 @@
 //! The duplicates are grouped on the device by a stable radix sort of the row
 //! numbers; then each distinct row's entries are summed in entry order (the
 //! first copied, the others added) by one thread for a short run of
-//! duplicates, by a warp for a long one, and the row is updated once. No atomics
-//! touch a value, so a step gives the same table on every run.
+//! duplicates, by a warp for a long one, and the row is updated once. A hot
+//! row — a run of at least [`HotRows::Split`]'s `min_run` duplicates — is
+//! split: whole chunks of [`CHUNK`] sorted positions are summed in parallel,
+//! one warp each, and the run's warp adds the chunks' sums in chunk order, so
+//! a row repeated thousands of times does not serialise the update on one
+//! warp. That order is fixed by the sorted positions, so it does not change
+//! between runs, but it is not the CPU's (the two agree to rounding).
+//! No atomics touch a value, so a step gives the same table on every run.
 
 use crate::check;
 use crate::sort::{check_below, sort_keys_with, SortScratch};
@@ -31,6 +37,33 @@ pub enum SparseRule {
     },
 }
 
+/// Sorted positions per chunk of a hot row's run summed by one warp.
+pub const CHUNK: usize = 64;
+
+/// How the update sums the duplicates of a hot row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HotRows {
+    /// A run of at least `min_run` duplicates (at least 2 [`CHUNK`]s) is summed
+    /// from its whole chunks' sums, computed in parallel (the default, with
+    /// `min_run` [`DEFAULT_SPLIT_RUN`]).
+    Split {
+        /// The shortest run that is split.
+        min_run: usize,
+    },
+    /// Every run is summed in entry order by one warp (the CPU's order; a
+    /// baseline: a row repeated 20,000 times is 20,000 additions in a row).
+    OneWarp,
+}
+
+/// The shortest run of duplicates [`HotRows::Split`] splits by default.
+pub const DEFAULT_SPLIT_RUN: usize = 4 * CHUNK;
+
+impl Default for HotRows {
+    fn default() -> Self {
+        HotRows::Split { min_run: DEFAULT_SPLIT_RUN }
+    }
+}
+
 /// A dense table of `num_rows × dim` embedding rows on the device with one
 /// optimizer value per row (row-wise Adagrad's accumulator; unused by SGD),
 /// addressed by row number. The table the update kernels work on, not an
@@ -47,6 +80,10 @@ pub struct RowTable {
     pub dim: usize,
     /// The sort's buffers, kept from step to step.
     sort: SortScratch,
+    /// How hot rows are summed.
+    hot_rows: HotRows,
+    /// The whole chunks' sums of hot rows (`entries / CHUNK × dim`), kept from step to step.
+    partial: Option<CudaSlice<f32>>,
 }
 
 impl RowTable {
@@ -66,7 +103,29 @@ impl RowTable {
             num_rows: state.len(),
             dim,
             sort: SortScratch::default(),
+            hot_rows: HotRows::default(),
+            partial: None,
         })
+    }
+
+    /// Sets how the update sums a hot row's duplicates. A split below two
+    /// chunks is refused: the run must hold a whole chunk wherever it starts.
+    pub fn set_hot_rows(&mut self, hot_rows: HotRows) -> Result<(), GpuError> {
+        if let HotRows::Split { min_run } = hot_rows {
+            if min_run < 2 * CHUNK || u32::try_from(min_run).is_err() {
+                return Err(GpuError::shape(
+                    "row table",
+                    format!("a hot row's run of {min_run} is not between {} and {}", 2 * CHUNK, u32::MAX),
+                ));
+            }
+        }
+        self.hot_rows = hot_rows;
+        Ok(())
+    }
+
+    /// How the update sums a hot row's duplicates.
+    pub fn hot_rows(&self) -> HotRows {
+        self.hot_rows
     }
 
     /// Applies one step: `ids[k]` (`entries` row numbers, duplicates allowed)
@@ -120,16 +179,38 @@ impl RowTable {
             check::u32_of(OP, "dim", d)?,
             check::u32_of(OP, "num_rows", self.num_rows)?,
         );
+        let chunk32 = CHUNK as u32;
+        let split_min = match self.hot_rows {
+            HotRows::Split { min_run } if entries >= min_run => min_run as u32,
+            _ => u32::MAX,
+        };
+        let chunks = entries / CHUNK;
+        if split_min != u32::MAX {
+            let need = chunks * d;
+            if self.partial.as_ref().is_none_or(|p| p.len() < need) {
+                self.partial = Some(dev.zeros(need)?);
+            }
+            let partial = self.partial.as_mut().expect("sized above");
+            let mut launch = dev.stream.launch_builder(dev.function("chunk_partial_sums"));
+            launch.arg(sorted_keys).arg(sorted_pos).arg(&n32).arg(grads).arg(&d32).arg(&chunk32).arg(partial);
+            // SAFETY: one warp per whole chunk; every sorted position is below entries, and the
+            // partial sums hold entries / CHUNK × dim floats.
+            unsafe { launch.launch(check::warp_per_item(OP, chunks, 0)?) }
+                .map_err(GpuError::driver("launching chunk_partial_sums"))?;
+        }
         // One warp per 32 sorted entries, dim floats of shared memory each.
         let cfg = check::warp_per_item(OP, entries.div_ceil(32), d * 4)?;
         let mut launch = dev.stream.launch_builder(dev.function("sparse_update_rows"));
+        launch.arg(skip.unwrap_or(&dev.never)).arg(sorted_keys).arg(sorted_pos).arg(&n32).arg(grads);
+        // Without a split the kernel never reads the chunks' sums; it still takes a pointer.
+        match &self.partial {
+            Some(p) if split_min != u32::MAX => launch.arg(p),
+            _ => launch.arg(&*dev.never),
+        };
         launch
-            .arg(skip.unwrap_or(&dev.never))
-            .arg(sorted_keys)
-            .arg(sorted_pos)
-            .arg(&n32)
-            .arg(grads)
             .arg(&d32)
+            .arg(&chunk32)
+            .arg(&split_min)
             .arg(&scale)
             .arg(&kind)
             .arg(&lr)
@@ -138,7 +219,8 @@ impl RowTable {
             .arg(&mut self.rows)
             .arg(&mut self.state);
         // SAFETY: every sorted row is below num_rows (checked), every position below entries;
-        // the shared memory holds dim floats per warp; `skip` holds one word.
+        // the shared memory holds dim floats per warp; `skip` holds one word; with a split the
+        // chunks' sums were queued above on the same stream.
         unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching sparse_update_rows"))?;
         Ok(())
     }

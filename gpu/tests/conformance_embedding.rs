@@ -1,13 +1,14 @@
 //! Embedding-bag pooling and sparse row updates on the device against the
 //! CPU (`nn::embedding_bag`, `optim::apply_row` through `EmbeddingShard`),
 //! with empty bags, one-row batches, batch 65,536, many duplicate ids and one
-//! row with 10,000 duplicates. Without a GPU every test prints why it skips.
+//! row with 10,000 duplicates, its run split into chunks and summed by one
+//! warp. Without a GPU every test prints why it skips.
 
 mod common;
 
 use common::{assert_close, below, device, get, normal, put, uniform};
 use tiderec_gpu::nn::embedding_bag::{pool_backward, pool_forward, Bags, PoolShape, Pooling};
-use tiderec_gpu::sparse::{RowTable, SparseRule};
+use tiderec_gpu::sparse::{HotRows, RowTable, SparseRule, CHUNK};
 use tiderec_gpu::GpuError;
 use tiderec_operators::nn::embedding_bag as cpu;
 use tiderec_operators::optim::{OptimizerParams, SparseOptimizerKind};
@@ -153,6 +154,14 @@ fn one_hot_row(step: u64, entries: usize, hot: usize, num_rows: usize) -> Vec<u3
 #[test]
 fn sparse_updates_with_many_duplicate_ids_match_the_cpu() {
     let Some(dev) = device() else { return };
+    // Hot rows split at the default length, at the shortest, and summed by one warp.
+    for hot_rows in [HotRows::default(), HotRows::Split { min_run: 2 * CHUNK }, HotRows::OneWarp] {
+        sparse_updates_match_the_cpu(&dev, hot_rows);
+    }
+}
+
+fn sparse_updates_match_the_cpu(dev: &tiderec_gpu::Device, hot_rows: HotRows) {
+    let dev = dev.clone();
     // `hot`: 0 for skewed ids, else how many of the entries are one row.
     for (kind, num_rows, dim, entries, hot) in [
         (SparseOptimizerKind::Sgd, 50, 16, 4000, 0),
@@ -170,6 +179,7 @@ fn sparse_updates_with_many_duplicate_ids_match_the_cpu() {
         // SGD keeps no per-row state; the device table still has its (unused) column.
         let state = if start.state.is_empty() { vec![0.0; num_rows] } else { start.state.clone() };
         let mut table = RowTable::upload(&dev, &start.rows, &state, dim).unwrap();
+        table.set_hot_rows(hot_rows).unwrap();
         let rule = match kind {
             SparseOptimizerKind::Sgd => SparseRule::Sgd { lr: hp.lr },
             _ => SparseRule::RowwiseAdagrad { lr: hp.lr, eps: hp.eps },
@@ -184,13 +194,78 @@ fn sparse_updates_with_many_duplicate_ids_match_the_cpu() {
             let (idd, gd) = (put(&dev, &ids), put(&dev, &grads));
             table.apply(&dev, rule, &idd, &gd, entries, scale).unwrap();
             let want = shard.export_table(0);
-            let what = format!("{kind:?} rows {num_rows} d{dim} entries {entries} hot {hot} step {step}");
+            let what = format!("{kind:?} {hot_rows:?} rows {num_rows} d{dim} entries {entries} hot {hot} step {step}");
             assert_close(&format!("{what} rows"), &get(&dev, &table.rows, num_rows * dim), &want.rows);
             if kind == SparseOptimizerKind::RowwiseAdagrad {
                 assert_close(&format!("{what} accumulators"), &get(&dev, &table.state, num_rows), &want.state);
             }
         }
     }
+}
+
+/// Ids with row `r` repeated `n` times for each `(r, n)` of `runs`, the rest of
+/// the `entries` spread over rows past them, all in a scrambled order.
+fn runs_of(runs: &[(u32, usize)], entries: usize, num_rows: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = runs.iter().flat_map(|&(r, n)| std::iter::repeat_n(r, n)).collect();
+    let first_free = runs.iter().map(|&(r, _)| r as usize + 1).max().unwrap_or(0);
+    for k in ids.len()..entries {
+        ids.push((first_free + below(51, k, num_rows - first_free)) as u32);
+    }
+    let mut keyed: Vec<(usize, u32)> = ids.into_iter().enumerate().map(|(k, id)| (below(52, k, 1 << 30), id)).collect();
+    keyed.sort_unstable();
+    keyed.into_iter().map(|(_, id)| id).collect()
+}
+
+#[test]
+fn hot_rows_split_into_chunks_agree_with_one_warp_and_are_the_same_every_run() {
+    let Some(dev) = device() else { return };
+    let (num_rows, dim, entries) = (5_000, 16, 65_536);
+    // Runs around the thresholds (one short of a split, the shortest split, two
+    // chunks and one more) and one row holding most of the batch.
+    let min_run = 2 * CHUNK;
+    let runs = [(0u32, min_run - 1), (1, min_run), (2, 2 * CHUNK + 1), (3, 40_000), (4, 3 * CHUNK - 7)];
+    let ids = runs_of(&runs, entries, num_rows);
+    for (r, n) in runs {
+        assert_eq!(ids.iter().filter(|&&i| i == r).count(), n, "row {r} appears {n} times");
+    }
+    let grads = normal(53, entries * dim);
+    let (idd, gd) = (put(&dev, &ids), put(&dev, &grads));
+    let start = normal(54, num_rows * dim);
+    let rule = SparseRule::RowwiseAdagrad { lr: 0.05, eps: 1e-8 };
+    let run = |hot_rows: HotRows| {
+        let mut table = RowTable::upload(&dev, &start, &vec![0.1; num_rows], dim).unwrap();
+        table.set_hot_rows(hot_rows).unwrap();
+        for _ in 0..2 {
+            table.apply(&dev, rule, &idd, &gd, entries, 1.0 / 1024.0).unwrap();
+        }
+        (get(&dev, &table.rows, num_rows * dim), get(&dev, &table.state, num_rows))
+    };
+    let split = HotRows::Split { min_run };
+    let (rows, state) = run(split);
+    assert_eq!(run(split), (rows.clone(), state.clone()), "a split update is the same on every run");
+    let (serial_rows, serial_state) = run(HotRows::OneWarp);
+    for (r, _) in runs {
+        let row = r as usize * dim..(r as usize + 1) * dim;
+        assert_close(&format!("row {r} split vs one warp"), &rows[row.clone()], &serial_rows[row]);
+        assert_close(
+            &format!("row {r}'s accumulator"),
+            &state[r as usize..=r as usize],
+            &serial_state[r as usize..=r as usize],
+        );
+    }
+    assert_close("every row", &rows, &serial_rows);
+    // Rows of short runs take the same path either way: equal bit for bit.
+    let cold = runs.len() * dim;
+    assert_eq!(rows[cold..], serial_rows[cold..], "rows below the split are summed as before");
+}
+
+#[test]
+fn a_hot_row_split_shorter_than_two_chunks_is_refused() {
+    let Some(dev) = device() else { return };
+    let mut table = RowTable::upload(&dev, &[0.0; 8], &[0.0; 2], 4).unwrap();
+    let err = table.set_hot_rows(HotRows::Split { min_run: 2 * CHUNK - 1 }).unwrap_err();
+    assert!(err.to_string().contains("is not between"), "{err}");
+    assert_eq!(table.hot_rows(), HotRows::default(), "the setting is unchanged");
 }
 
 #[test]

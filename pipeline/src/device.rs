@@ -11,7 +11,9 @@
 //! everything on its device: rows, pooling, the
 //! model and both optimizers (`tiderec_gpu::resident`, as the trainer's step
 //! engine); the host mirrors its state for reports and checkpoints
-//! (`TIDEREC_GPU_ROWS=host` keeps its rows on the host instead, as a baseline).
+//! (`TIDEREC_GPU_ROWS=host` keeps its rows on the host instead, as a baseline;
+//! `TIDEREC_GPU_HOT_ROWS=one-warp` sums a hot row's duplicates on one warp
+//! instead of splitting the run, another baseline).
 //! Any other GPU worker runs its
 //! model's forward and backward on the device (see `tiderec_gpu::model`);
 //! everything else — the embedding stores, the exchange, the dense optimizer,
@@ -25,6 +27,7 @@
 
 use crate::PipelineError;
 use std::fmt;
+use tiderec_gpu::sparse::HotRows;
 use tiderec_gpu::Device;
 use tiderec_operators::nn::{Model, Precision};
 use tiderec_operators::train::{Trainer, TrainerConfig};
@@ -54,6 +57,8 @@ pub struct Devices {
     list: Vec<WorkerDevice>,
     /// A GPU worker that trains alone keeps its rows on the host too.
     host_rows: bool,
+    /// How a device-resident worker sums a hot row's duplicates.
+    hot_rows: HotRows,
 }
 
 impl Devices {
@@ -68,7 +73,7 @@ impl Devices {
             }
         };
         let list = s.split(',').map(entry).collect::<Result<Vec<_>, _>>()?;
-        Ok(Devices { list, host_rows: rows_on_host()? })
+        Ok(Devices { list, host_rows: rows_on_host()?, hot_rows: hot_rows()? })
     }
 
     /// Parses the setting and checks it against this process's `workers`.
@@ -160,6 +165,7 @@ impl Devices {
                 let engine = Device::open(n)
                     .and_then(|dev| dev.with_precision(precision))
                     .and_then(|dev| tiderec_gpu::resident::ResidentWorker::new(&dev, config))
+                    .and_then(|mut engine| engine.set_hot_rows(self.hot_rows).map(|()| engine))
                     .map_err(|e| PipelineError::config("device", format!("cuda:{n}: {e}")))?;
                 let mirror = config.model.build::<f32>(config.seed)?;
                 Ok(Trainer::with_engine(worker, config, mirror, Box::new(engine))?)
@@ -190,6 +196,24 @@ fn rows_on_host() -> Result<bool, PipelineError> {
         Ok(v) if v == "host" => Ok(true),
         Ok(v) => Err(PipelineError::config(GPU_ROWS_ENV, format!("`{v}` is not device or host"))),
         Err(e) => Err(PipelineError::config(GPU_ROWS_ENV, e.to_string())),
+    }
+}
+
+/// The environment variable that says how a device-resident worker's row
+/// update sums a hot row's duplicates: `split` (the default: whole chunks of
+/// the run summed in parallel, then their sums in order) or `one-warp` (every
+/// run summed in entry order by one warp; a baseline).
+pub const GPU_HOT_ROWS_ENV: &str = "TIDEREC_GPU_HOT_ROWS";
+
+/// The hot-row setting `TIDEREC_GPU_HOT_ROWS` asks for; any value but `split`
+/// and `one-warp` is an error naming the variable.
+pub fn hot_rows() -> Result<HotRows, PipelineError> {
+    match std::env::var(GPU_HOT_ROWS_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(HotRows::default()),
+        Ok(v) if v == "split" => Ok(HotRows::default()),
+        Ok(v) if v == "one-warp" => Ok(HotRows::OneWarp),
+        Ok(v) => Err(PipelineError::config(GPU_HOT_ROWS_ENV, format!("`{v}` is not split or one-warp"))),
+        Err(e) => Err(PipelineError::config(GPU_HOT_ROWS_ENV, e.to_string())),
     }
 }
 

@@ -39,7 +39,7 @@ mod staging;
 
 use crate::model::{net, Buffer, DeviceNet, Sequences};
 use crate::optim::{kind_of, DenseHyper, DenseOptimizer};
-use crate::sparse::{RowTable, SparseRule};
+use crate::sparse::{HotRows, RowTable, SparseRule};
 use crate::{check, Device, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 pub use phases::PhaseTimes;
@@ -179,6 +179,11 @@ impl ResidentWorker {
             clock: None,
             dev: dev.clone(),
         })
+    }
+
+    /// Sets how the row update sums a hot row's duplicates (kept across a restore).
+    pub fn set_hot_rows(&mut self, hot_rows: HotRows) -> Result<(), GpuError> {
+        self.rows.set_hot_rows(hot_rows)
     }
 
     /// Training steps applied so far.
@@ -562,7 +567,9 @@ impl ResidentWorker {
                 format!("dense optimizer state of {} for {n} parameters", optimizer.len()),
             ));
         }
+        let hot_rows = self.rows.hot_rows();
         self.rows = RowTable::upload(&self.dev, &rows, &state, d)?;
+        self.rows.set_hot_rows(hot_rows)?;
         self.params = self.dev.upload(&part.dense_params)?;
         self.optimizer = optimizer;
         self.train_steps = part.step;

@@ -2,7 +2,7 @@
 //! the real multi-worker path (timely exchanges included).
 //!
 //! 26 tables × 100,000 rows; every sample has one uniformly random id per
-//! table and random dense values. `dlrm` is the Kaggle shape (dim 16, bottom
+//! table (`--zipf S`: Zipf(S)-skewed ids) and random dense values. `dlrm` is the Kaggle shape (dim 16, bottom
 //! 13-512-256-64-16, top 512-256-1); `model` takes any `--model` with the
 //! CLI's default shapes. Batches are generated before timing starts and
 //! reused, so the figure measures training, not data generation. Models
@@ -76,6 +76,8 @@ pub struct DlrmBench {
     /// A device-resident worker times each phase of its steps (waiting for the
     /// device after each, so the step itself is slower).
     pub phases: bool,
+    /// The ids' skew: 0 for uniform ids, else a Zipf exponent ([`random_batch`]).
+    pub zipf: f64,
 }
 
 /// Result of a training benchmark.
@@ -89,6 +91,8 @@ pub struct DlrmBenchResult {
     pub ms_per_step: f64,
     /// Global batch size.
     pub batch_size: usize,
+    /// The ids' Zipf exponent (0: uniform).
+    pub zipf: f64,
     /// Worker threads.
     pub workers: usize,
     /// Whether the workers were independent single-worker trainers (`--independent`).
@@ -122,8 +126,19 @@ pub struct DlrmBenchResult {
     pub gru: Option<GruBenchResult>,
 }
 
-/// A micro-batch of `n` samples with one random id per table, seeded by `seed`.
-pub fn random_batch(n: usize, rows: u64, seed: u64) -> Batch {
+/// A Zipf(`s`)-like rank in `1..=n` by inverting the continuous power law
+/// (`s` = 1 is its limit, `n^u`).
+pub fn power_law_rank(n: u64, s: f64, u: f64) -> u64 {
+    let a = 1.0 - s;
+    let x = if a.abs() < 1e-9 { (n as f64).powf(u) } else { (((n as f64).powf(a) - 1.0) * u + 1.0).powf(1.0 / a) };
+    (x as u64).clamp(1, n)
+}
+
+/// A micro-batch of `n` samples with one random id per table, seeded by `seed`:
+/// uniform over the `rows` when `zipf` is 0, else Zipf(`zipf`)-like (id 0 the
+/// most frequent, as in real click logs, where a field's top values fill a
+/// large share of the samples).
+pub fn random_batch(n: usize, rows: u64, seed: u64, zipf: f64) -> Batch {
     let mut b = Batch::new(13, 26);
     for i in 0..n as u64 {
         b.labels.push((unit_f64(seed, i, 0, 0) < 0.25) as u8 as f32);
@@ -131,7 +146,13 @@ pub fn random_batch(n: usize, rows: u64, seed: u64) -> Batch {
             b.dense.push((unit_f64(seed, i, 1, j) * 5.0) as f32);
         }
         for (t, f) in b.sparse.iter_mut().enumerate() {
-            f.ids.push(mix64(seed ^ mix64(i * 31 + t as u64)) % rows);
+            let h = mix64(seed ^ mix64(i * 31 + t as u64));
+            let id = if zipf == 0.0 {
+                h % rows
+            } else {
+                power_law_rank(rows, zipf, (h >> 11) as f64 / (1u64 << 53) as f64) - 1
+            };
+            f.ids.push(id);
             f.close_bag();
         }
     }
@@ -183,6 +204,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         samples_per_sec: samples as f64 / secs,
         ms_per_step: secs * 1e3 / bench.steps as f64,
         batch_size: bench.batch_size,
+        zipf: bench.zipf,
         workers: bench.workers,
         independent: bench.independent,
         precision: bench.precision.name().into(),
@@ -229,7 +251,8 @@ fn timed_resident(
     let fail = |e: tiderec_gpu::GpuError| PipelineError::config("device", format!("cuda:{n}: {e}"));
     let dev = tiderec_gpu::Device::open(n).and_then(|d| d.with_precision(bench.precision)).map_err(fail)?;
     let mut worker = tiderec_gpu::resident::ResidentWorker::new(&dev, config).map_err(fail)?;
-    let pool: Vec<Batch> = (0..8u64).map(|k| random_batch(bench.batch_size, bench.rows, k)).collect();
+    worker.set_hot_rows(tiderec::device::hot_rows()?).map_err(fail)?;
+    let pool: Vec<Batch> = (0..8u64).map(|k| random_batch(bench.batch_size, bench.rows, k, bench.zipf)).collect();
     // Untimed phases: the next batch is built and uploaded while the device runs the step before.
     let run = |worker: &mut tiderec_gpu::resident::ResidentWorker, steps: u64| {
         let batches = (0..steps as usize).map(|s| &pool[s % pool.len()]);
@@ -404,7 +427,7 @@ fn timed_trainer(
                     g.fill(start..start + micro as u64, &mut b);
                     b
                 }
-                None => random_batch(micro, bench.rows, me as u64 * 1000 + k),
+                None => random_batch(micro, bench.rows, me as u64 * 1000 + k, bench.zipf),
             })
             .collect();
         let mut trainer = devices.trainer(worker, config, bench.workers, bench.precision)?;

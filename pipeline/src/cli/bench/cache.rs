@@ -18,6 +18,7 @@
 //! number of distinct ids grows without bound. Rows held and resident memory
 //! (`/proc/self/statm`) are sampled as the stream goes.
 
+use super::power_law_rank;
 use serde::Serialize;
 use std::time::Instant;
 use tiderec::PipelineError;
@@ -259,13 +260,6 @@ pub fn rss_mib() -> f64 {
         .ok()
         .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
         .map_or(0.0, |pages| pages as f64 * 4096.0 / (1024.0 * 1024.0))
-}
-
-/// A Zipf(`s`)-like rank in `1..=n` by inverting the continuous power law.
-fn power_law_rank(n: u64, s: f64, u: f64) -> u64 {
-    let a = 1.0 - s;
-    let x = (((n as f64).powf(a) - 1.0) * u + 1.0).powf(1.0 / a);
-    (x as u64).clamp(1, n)
 }
 
 /// Streams `records` records with a growing id space through a dynamic store.

@@ -276,6 +276,9 @@ pub(crate) struct DlrmArgs {
     /// (waiting for the device after each phase, so steps run slower).
     #[arg(long)]
     phases: bool,
+    /// Skew the ids: Zipf(S)-like per table, id 0 the most frequent (0: uniform).
+    #[arg(long, default_value_t = 0.0, value_name = "S", value_parser = Range::<f64>::closed("zipf", 0.0, 100.0))]
+    zipf: f64,
 }
 
 fn print_features(r: &super::FeaturesBenchResult) {
@@ -583,6 +586,7 @@ fn run_training(model: ModelConfig, a: DlrmArgs) -> anyhow::Result<()> {
         independent: a.independent,
         host_rows: a.host_rows,
         phases: a.phases,
+        zipf: a.zipf,
     };
     let r = run_dlrm(&bench)?;
     if a.json {
