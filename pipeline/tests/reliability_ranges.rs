@@ -90,6 +90,7 @@ fn out_of_range_flags_are_refused_naming_flag_value_and_range() {
         // `bench` flags: a zero or non-finite measuring time, no workers, a replicated share over 1.
         (vec!["bench", "gru", "--seconds", "nan"], "--seconds", "NaN is outside the allowed range (0, 1e6]"),
         (vec!["bench", "dlrm", "--workers", "0"], "--workers", "0 is outside the allowed range [1, 1024]"),
+        (vec!["bench", "dlrm", "--zipf=-1"], "--zipf", "-1 is outside the allowed range [0, 100]"),
         (vec!["bench", "exchange", "--replicate", "2"], "--replicate", "2 is outside the allowed range [0, 1]"),
         (vec!["bench", "cache", "--hot-rows", "1024,0"], "--hot-rows", "0 is outside the allowed range [1, "),
         (vec!["bench", "kernels", "--rounds", "0"], "--rounds", "0 is outside the allowed range [1, 1000]"),

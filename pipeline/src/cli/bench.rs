@@ -951,7 +951,40 @@ pub fn run_features(seconds: f64, criteo: &std::path::Path) -> FeaturesBenchResu
 
 #[cfg(test)]
 mod tests {
-    use super::StartLine;
+    use super::{power_law_rank, random_batch, StartLine};
+
+    /// The largest share of the samples one id takes in any table of `b`.
+    fn top_share(b: &tiderec_operators::Batch) -> f64 {
+        let n = b.labels.len() as f64;
+        b.sparse
+            .iter()
+            .map(|f| {
+                let mut counts = std::collections::HashMap::new();
+                f.ids.iter().for_each(|&id| *counts.entry(id).or_insert(0usize) += 1);
+                *counts.values().max().unwrap() as f64 / n
+            })
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn zipf_ids_make_hot_rows_and_stay_in_the_table() {
+        let rows = 100_000;
+        let skewed = random_batch(16_384, rows, 3, 1.1);
+        let uniform = random_batch(16_384, rows, 3, 0.0);
+        for b in [&skewed, &uniform] {
+            assert!(b.sparse.iter().all(|f| f.ids.iter().all(|&id| id < rows)), "every id inside its table");
+        }
+        // Zipf(1.1) over 100,000 ranks by the continuous inversion: rank 1 for
+        // u < (1 - 2^-0.1) / (1 - 100,000^-0.1) = 0.098; uniform ids repeat a few times at most.
+        let hot = top_share(&skewed);
+        assert!((0.08..0.12).contains(&hot), "id 0 takes {hot:.3} of a skewed table");
+        assert!(top_share(&uniform) < 0.001, "uniform ids: {}", top_share(&uniform));
+        // The s = 1 limit is the power n^u, not a division by zero.
+        assert_eq!(power_law_rank(100, 1.0, 0.0), 1);
+        assert_eq!(power_law_rank(100, 1.0, 0.5), 10);
+        assert_eq!(power_law_rank(100, 1.0, 1.0), 100);
+    }
+
     use std::sync::Arc;
     use std::thread::JoinHandle;
 
