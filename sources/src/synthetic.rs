@@ -78,6 +78,10 @@ pub struct SyntheticCriteo {
     dense_weights: [f64; NUM_DENSE],
     dense_mu: [f64; NUM_DENSE],
     bias: f64,
+    /// `effect(f, r)` at `f · (EFFECT_RANKS + 1) + r`, for ranks up to `EFFECT_RANKS`.
+    effects: Vec<f64>,
+    /// `teacher_vector(f, r, k)` at `(f · (EFFECT_RANKS + 1) + r) · TEACHER_DIM + k`.
+    teacher: Vec<f64>,
 }
 
 impl SyntheticCriteo {
@@ -107,7 +111,42 @@ impl SyntheticCriteo {
             dense_weights[j] = normal_f64(s, 1, j as u64, 0) * 0.35;
             dense_mu[j] = 0.5 + 2.5 * tiderec_records::rng::unit_f64(s, 2, j as u64, 0);
         }
-        Ok(SyntheticCriteo { config, zipfs, seeds, dense_weights, dense_mu, bias: -1.6 })
+        let mut g = SyntheticCriteo {
+            config,
+            zipfs,
+            seeds,
+            dense_weights,
+            dense_mu,
+            bias: -1.6,
+            effects: Vec::new(),
+            teacher: Vec::new(),
+        };
+        // The teacher's per-rank terms, computed once: a sample reads them instead of
+        // drawing the same normals again (the stream is unchanged).
+        let ranks = (0..NUM_SPARSE as u64).flat_map(|f| (0..=EFFECT_RANKS).map(move |r| (f as usize, r)));
+        g.effects = ranks.clone().map(|(f, r)| g.effect(f, r)).collect();
+        g.teacher = ranks
+            .flat_map(|(f, r)| (0..TEACHER_DIM).map(move |k| (f, r, k)))
+            .map(|(f, r, k)| g.teacher_vector(f, r, k))
+            .collect();
+        Ok(g)
+    }
+
+    /// `effect(field, rank)` from the table.
+    fn effect_of(&self, field: usize, rank: u64) -> f64 {
+        if rank > EFFECT_RANKS {
+            return 0.0;
+        }
+        self.effects[field * (EFFECT_RANKS as usize + 1) + rank as usize]
+    }
+
+    /// `teacher_vector(field, rank, 0..TEACHER_DIM)` from the table (zeros past `EFFECT_RANKS`).
+    fn teacher_of(&self, field: usize, rank: u64) -> [f64; TEACHER_DIM] {
+        if rank > EFFECT_RANKS {
+            return [0.0; TEACHER_DIM];
+        }
+        let at = (field * (EFFECT_RANKS as usize + 1) + rank as usize) * TEACHER_DIM;
+        self.teacher[at..at + TEACHER_DIM].try_into().expect("TEACHER_DIM values")
     }
 
     /// The configuration.
@@ -156,15 +195,14 @@ impl SyntheticCriteo {
                 let id =
                     if KAGGLE_CARDINALITIES[f] <= size { rank - 1 } else { hash_bucket(self.seeds[f], rank, size) };
                 field.ids.push(id);
-                logit += self.effect(f, rank);
+                logit += self.effect_of(f, rank);
             }
             field.close_bag();
         }
         for &(f, g) in &PAIRS {
             if ranks[f] > 0 && ranks[g] > 0 {
-                logit += (0..TEACHER_DIM)
-                    .map(|k| self.teacher_vector(f, ranks[f], k) * self.teacher_vector(g, ranks[g], k))
-                    .sum::<f64>();
+                let (u, v) = (self.teacher_of(f, ranks[f]), self.teacher_of(g, ranks[g]));
+                logit += u.iter().zip(&v).map(|(a, b)| a * b).sum::<f64>();
             }
         }
         let p = 1.0 / (1.0 + (-logit).exp());
@@ -200,6 +238,20 @@ mod tests {
         // Field 22 is absent in about 76% of samples: an empty bag, not a fake id.
         let empty = (0..a.len()).filter(|&i| a.sparse[22].bag(i).is_empty()).count();
         assert!(empty > 300, "{empty}");
+    }
+
+    #[test]
+    fn the_teacher_tables_hold_the_terms_bit_for_bit() {
+        let g = SyntheticCriteo::new(SyntheticConfig::kaggle_like(5, 1000)).unwrap();
+        for f in 0..NUM_SPARSE {
+            for rank in 0..EFFECT_RANKS + 3 {
+                assert_eq!(g.effect_of(f, rank).to_bits(), g.effect(f, rank).to_bits(), "field {f} rank {rank}");
+                let want: Vec<u64> = (0..TEACHER_DIM).map(|k| g.teacher_vector(f, rank, k).to_bits()).collect();
+                let got: Vec<u64> = g.teacher_of(f, rank).iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "field {f} rank {rank}");
+            }
+        }
+        assert!(g.effect_of(0, 1) != 0.0 && g.effect_of(0, EFFECT_RANKS + 1) == 0.0, "effects end at EFFECT_RANKS");
     }
 
     #[test]
