@@ -93,6 +93,8 @@ pub enum WorkerData {
         worker: u64,
         /// All workers.
         workers: u64,
+        /// Threads that generate a micro-batch ([`fill_in_parallel`]).
+        threads: usize,
     },
     /// This worker's byte ranges of Criteo files.
     Criteo {
@@ -174,6 +176,51 @@ impl CriteoOptions {
     }
 }
 
+/// Samples a generator thread makes at least: fewer would spend more on starting it than it saves.
+const MIN_SAMPLES_PER_THREAD: u64 = 1024;
+
+/// The threads each of `workers` workers may generate indexed samples on: this
+/// machine's share of the cores per worker, at least 1 (the worker's own). A worker
+/// generates its micro-batch before its step, while its core would otherwise wait,
+/// so a worker with cores to spare (a GPU worker training alone) is not held to
+/// one core's generating speed.
+fn generator_threads(workers: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / workers.max(1)).max(1)
+}
+
+/// Appends samples `range` of `generator` to `out`, made on up to `threads`
+/// threads (the caller's one of them), each making a contiguous part of at least
+/// [`MIN_SAMPLES_PER_THREAD`] samples. A sample depends only on its index, so the
+/// batch is the one a single thread makes.
+fn fill_in_parallel(generator: &IndexedSamples, range: std::ops::Range<u64>, out: &mut Batch, threads: usize) {
+    let len = range.end - range.start;
+    let parts = (threads as u64).min(len / MIN_SAMPLES_PER_THREAD).max(1);
+    if parts == 1 {
+        generator.fill(range, out);
+        return;
+    }
+    let bound = |k: u64| range.start + len * k / parts;
+    let mut empty = out.clone();
+    empty.clear();
+    let tails: Vec<Batch> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (1..parts)
+            .map(|k| {
+                let mut part = empty.clone();
+                scope.spawn(move || {
+                    generator.fill(bound(k)..bound(k + 1), &mut part);
+                    part
+                })
+            })
+            .collect();
+        generator.fill(bound(0)..bound(1), out);
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    for part in &tails {
+        out.extend_from(part);
+    }
+}
+
 impl WorkerData {
     /// This worker's share of the synthetic samples `range`, in global batches of `batch`.
     pub fn synthetic(
@@ -190,6 +237,7 @@ impl WorkerData {
             batch: batch as u64,
             worker: worker as u64,
             workers: workers as u64,
+            threads: generator_threads(workers),
         }
     }
 
@@ -288,7 +336,7 @@ impl WorkerData {
     pub fn next_micro_batch(&mut self, out: &mut Batch) -> Result<usize, PipelineError> {
         out.clear();
         match self {
-            WorkerData::Synthetic { generator, range, cursor, batch, worker, workers } => {
+            WorkerData::Synthetic { generator, range, cursor, batch, worker, workers, threads } => {
                 if *cursor >= range.end {
                     return Ok(0);
                 }
@@ -297,7 +345,7 @@ impl WorkerData {
                 *cursor = hi;
                 let len = hi - lo;
                 let mine = lo + len * *worker / *workers..lo + len * (*worker + 1) / *workers;
-                generator.fill(mine, out);
+                fill_in_parallel(generator, mine, out, *threads);
                 Ok(out.len())
             }
             WorkerData::Criteo { reader, micro } => Ok(reader.next_batch(out, *micro)?),
@@ -419,5 +467,34 @@ impl WorkerData {
             })?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fill_in_parallel, IndexedSamples, MIN_SAMPLES_PER_THREAD};
+    use tiderec_operators::Batch;
+    use tiderec_sources::synthetic::{SyntheticConfig, SyntheticCriteo, NUM_DENSE, NUM_SPARSE};
+    use tiderec_sources::synthetic_behavior::{BehaviorConfig, SyntheticBehavior};
+
+    #[test]
+    fn samples_made_on_several_threads_equal_those_made_on_one() {
+        let criteo = SyntheticCriteo::new(SyntheticConfig::kaggle_like(9, 1000)).unwrap();
+        let behavior = SyntheticBehavior::new(BehaviorConfig::standard(9, 20)).unwrap();
+        for (generator, empty) in [
+            (IndexedSamples::Criteo(criteo), Batch::new(NUM_DENSE, NUM_SPARSE)),
+            (IndexedSamples::Behavior(behavior), Batch::with_sequences(0, 3, 2)),
+        ] {
+            // Parts of uneven length, a remainder, and a range too short to split.
+            for range in [17..17 + 3 * MIN_SAMPLES_PER_THREAD + 5, 3..3 + MIN_SAMPLES_PER_THREAD + 1] {
+                let mut one = empty.clone();
+                generator.fill(range.clone(), &mut one);
+                for threads in [2, 3, 7] {
+                    let mut many = empty.clone();
+                    fill_in_parallel(&generator, range.clone(), &mut many, threads);
+                    assert_eq!(many, one, "{threads} threads, samples {range:?}");
+                }
+            }
+        }
     }
 }
