@@ -93,7 +93,7 @@ pub enum WorkerData {
         worker: u64,
         /// All workers.
         workers: u64,
-        /// Threads that generate a micro-batch ([`fill_in_parallel`]).
+        /// Threads that generate a micro-batch (the worker's share of the cores).
         threads: usize,
     },
     /// This worker's byte ranges of Criteo files.
