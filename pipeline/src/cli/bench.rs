@@ -2,10 +2,11 @@
 //! the real multi-worker path (timely exchanges included).
 //!
 //! 26 tables × 100,000 rows; every sample has one uniformly random id per
-//! table (`--zipf S`: Zipf(S)-skewed ids) and random dense values. `dlrm` is the Kaggle shape (dim 16, bottom
-//! 13-512-256-64-16, top 512-256-1); `model` takes any `--model` with the
-//! CLI's default shapes. Batches are generated before timing starts and
-//! reused, so the figure measures training, not data generation. Models
+//! table (`--zipf S`: Zipf(S)-skewed ids) and random dense values. `dlrm` is
+//! the Kaggle shape (dim 16, bottom 13-512-256-64-16, top 512-256-1); `model`
+//! takes any `--model` with the CLI's default shapes. Batches are generated
+//! before timing starts and reused, so the figure measures training, not data
+//! generation. Models
 //! over behaviour sequences (`dien`, `dien-sum`) train on the synthetic
 //! behaviour stream instead (user, item and category tables, histories of up
 //! to `max_len` events), and `dien` also times its GRU's split cell against
@@ -952,6 +953,8 @@ pub fn run_features(seconds: f64, criteo: &std::path::Path) -> FeaturesBenchResu
 #[cfg(test)]
 mod tests {
     use super::{power_law_rank, random_batch, StartLine};
+    use std::sync::Arc;
+    use std::thread::JoinHandle;
 
     /// The largest share of the samples one id takes in any table of `b`.
     fn top_share(b: &tiderec_operators::Batch) -> f64 {
@@ -984,9 +987,6 @@ mod tests {
         assert_eq!(power_law_rank(100, 1.0, 0.5), 10);
         assert_eq!(power_law_rank(100, 1.0, 1.0), 100);
     }
-
-    use std::sync::Arc;
-    use std::thread::JoinHandle;
 
     /// `n` threads arriving at `line`, each returning what `arrive` said.
     fn arrivals(line: &Arc<StartLine>, n: usize) -> Vec<JoinHandle<bool>> {
