@@ -265,7 +265,7 @@ if [ "${SCALING:-1}" = 0 ]; then
     say "== 4. CPU scaling skipped: SCALING=0"
 elif [ "$(left)" -gt 150 ]; then
     say "== 4. CPU scaling, W = 1..$(nproc) ($(elapsed) s)"
-    timeout -k 5 $(( $(left) - 20 )) python3 "$HERE/scripts/benchmarks.py" --only scaling --quick \
+    timeout -k 5 $(( $(left) - 20 )) python3 "$HERE/scripts/benchmarks.py" --only scaling --quick --samples 32768 \
         --max-workers 16 --tiderec "$HERE/tiderec" --output "$OUT/scaling.md" >"$OUT/scaling.log" 2>&1
     say "scaling: exit $?"
 else
