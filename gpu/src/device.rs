@@ -257,6 +257,21 @@ impl Device {
         self.stream.alloc_zeros::<T>(len.max(1)).map_err(GpuError::driver("allocating device memory"))
     }
 
+    /// `slot` holding at least `len` values: a zeroed buffer when it is empty or
+    /// too short, else the buffer it holds, contents kept. Step workspaces live
+    /// in such slots, so a step allocates only when a batch is larger than any before.
+    pub(crate) fn grown<'a, T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        slot: &'a mut Option<CudaSlice<T>>,
+        len: usize,
+    ) -> Result<&'a mut CudaSlice<T>, GpuError> {
+        if slot.as_ref().is_none_or(|s| s.len() < len) {
+            *slot = None;
+            *slot = Some(self.zeros::<T>(len)?);
+        }
+        Ok(slot.as_mut().expect("filled above"))
+    }
+
     /// Copies the first `len` values of `dev` to the host (waits for the stream).
     pub fn download<T: DeviceRepr + Default + Clone>(
         &self,

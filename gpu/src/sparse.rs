@@ -187,10 +187,7 @@ impl RowTable {
         let chunks = entries / CHUNK;
         if split_min != u32::MAX {
             let need = chunks * d;
-            if self.partial.as_ref().is_none_or(|p| p.len() < need) {
-                self.partial = Some(dev.zeros(need)?);
-            }
-            let partial = self.partial.as_mut().expect("sized above");
+            let partial = dev.grown(&mut self.partial, need)?;
             let mut launch = dev.stream.launch_builder(dev.function("chunk_partial_sums"));
             launch.arg(sorted_keys).arg(sorted_pos).arg(&n32).arg(grads).arg(&d32).arg(&chunk32).arg(partial);
             // SAFETY: one warp per whole chunk; every sorted position is below entries, and the

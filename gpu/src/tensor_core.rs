@@ -67,11 +67,7 @@ fn grown<T: DeviceRepr + ValidAsZeroBits>(
     slot: &mut Option<CudaSlice<T>>,
     len: usize,
 ) -> Result<u64, GpuError> {
-    if slot.as_ref().is_none_or(|s| s.len() < len) {
-        *slot = Some(dev.zeros::<T>(len)?);
-    }
-    let buf = slot.as_ref().expect("just grown");
-    Ok(buf.device_ptr(&dev.stream).0)
+    Ok(dev.grown(slot, len)?.device_ptr(&dev.stream).0)
 }
 
 /// One staging copy: `rows × cols` values from `src` (row stride `ld_src`)

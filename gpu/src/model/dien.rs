@@ -240,7 +240,7 @@ impl DeviceNet for DeviceDien {
                     &self.keys.0,
                     seq.lengths,
                     &self.dinterest.0,
-                    &self.att_cache,
+                    &mut self.att_cache,
                     grads,
                     dq_att,
                     dkeys,
@@ -252,7 +252,7 @@ impl DeviceNet for DeviceDien {
                     l.arg(&self.dkeys.0).arg(&b).arg(&t).arg(&eu).arg(&mut *dstates);
                     go(l, "dien_keys_to_states", batch * steps * e)?;
                 }
-                gru.backward(dev, params, seq.rows, seq.lengths, &self.gru_cache, &self.dstates.0, grads, dseq)?;
+                gru.backward(dev, params, seq.rows, seq.lengths, &mut self.gru_cache, &self.dstates.0, grads, dseq)?;
                 {
                     let mut l = dev.stream.launch_builder(dev.function("dien_residual"));
                     l.arg(&self.dkeys.0).arg(seq.lengths).arg(&b).arg(&t).arg(&eu).arg(&mut *dseq);

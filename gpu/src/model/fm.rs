@@ -27,18 +27,6 @@ pub struct DeviceFm {
     batch: usize,
 }
 
-/// `slot` as a buffer of at least `len` values (grown, never shrunk).
-fn grow<'a>(
-    dev: &Device,
-    slot: &'a mut Option<CudaSlice<f32>>,
-    len: usize,
-) -> Result<&'a mut CudaSlice<f32>, GpuError> {
-    if slot.as_ref().is_none_or(|b| b.len() < len) {
-        *slot = Some(dev.zeros(len)?);
-    }
-    Ok(slot.as_mut().expect("allocated above"))
-}
-
 impl DeviceFm {
     /// The parts of `config`, in the CPU model's parameter layout.
     pub fn new(config: &FmConfig) -> Self {
@@ -83,16 +71,16 @@ impl DeviceNet for DeviceFm {
         batch: usize,
     ) -> Result<&CudaSlice<f32>, GpuError> {
         self.batch = batch;
-        let logits = grow(dev, &mut self.logits, batch)?;
+        let logits = dev.grown(&mut self.logits, batch)?;
         self.wide.forward(dev, dense, pooled, params, batch, logits)?;
         if let Some(fm) = &self.fm {
-            let scratch = grow(dev, &mut self.fm_scratch, batch * fm.dim)?;
-            let out = grow(dev, &mut self.fm_out, batch)?;
+            let scratch = dev.grown(&mut self.fm_scratch, batch * fm.dim)?;
+            let out = dev.grown(&mut self.fm_out, batch)?;
             fm.forward(dev, pooled, batch, scratch, out)?;
             add_assign(dev, logits, out, batch)?;
         }
         if let Some(mlp) = &self.deep {
-            let deep_in = grow(dev, &mut self.deep_in, batch * self.wide.deep_width())?;
+            let deep_in = dev.grown(&mut self.deep_in, batch * self.wide.deep_width())?;
             self.wide.gather_deep_input(dev, dense, pooled, batch, deep_in)?;
             mlp.forward(dev, params, deep_in, batch, &mut self.cache)?;
             let out = self.cache.output().ok_or_else(|| GpuError::shape("device fm", "the deep part has no output"))?;
@@ -121,7 +109,7 @@ impl DeviceNet for DeviceFm {
         if let Some(mlp) = &self.deep {
             let deep_in =
                 self.deep_in.as_ref().ok_or_else(|| GpuError::shape("device fm", "backward without a forward"))?;
-            let d_in = grow(dev, &mut self.d_deep_in, batch * self.wide.deep_width())?;
+            let d_in = dev.grown(&mut self.d_deep_in, batch * self.wide.deep_width())?;
             mlp.backward(dev, params, deep_in, &mut self.cache, dlogits, grads, Some(d_in))?;
             self.wide.scatter_deep_grad(dev, d_in, batch, dpooled)?;
         }

@@ -23,11 +23,14 @@ pub struct AttentionPooling {
     pub offset: usize,
 }
 
-/// The softmax weights (`[B × T]`) and `W q` (`[B × D]`) kept for backward.
+/// The softmax weights (`[B × T]`) and `W q` (`[B × D]`) kept for backward,
+/// and the backward's `k̄` (`[B × D]`). The buffers grow when a batch needs
+/// more and are never cleared: the kernels write every value they later read.
 #[derive(Debug, Default)]
 pub struct AttentionCache {
     alpha: Option<CudaSlice<f32>>,
     wq: Option<CudaSlice<f32>>,
+    kbar: Option<CudaSlice<f32>>,
     batch: usize,
     steps: usize,
 }
@@ -79,28 +82,19 @@ impl AttentionPooling {
         let smem = self.check(OP, params, query, keys, lengths, batch, steps)?;
         let d = self.dim;
         check::len(OP, "out", out, batch * d, || format!("batch {batch} × {d}"))?;
-        let mut alpha = dev.zeros::<f32>(batch * steps)?;
-        let mut wq = dev.zeros::<f32>(batch * d)?;
+        cache.batch = batch;
+        cache.steps = steps;
+        let alpha = dev.grown(&mut cache.alpha, batch * steps)?;
+        let wq = dev.grown(&mut cache.wq, batch * d)?;
         if batch > 0 {
             let cfg = check::block_per_item(OP, batch, 128, smem)?;
             let w = params.slice(self.offset..self.offset + d * d);
             let (b32, t32, d32) = (batch as u32, steps as u32, d as u32);
             let mut launch = dev.stream.launch_builder(dev.function("attention_forward"));
-            launch
-                .arg(&w)
-                .arg(query)
-                .arg(keys)
-                .arg(lengths)
-                .arg(&b32)
-                .arg(&t32)
-                .arg(&d32)
-                .arg(out)
-                .arg(&mut alpha)
-                .arg(&mut wq);
+            launch.arg(&w).arg(query).arg(keys).arg(lengths).arg(&b32).arg(&t32).arg(&d32).arg(out).arg(alpha).arg(wq);
             // SAFETY: shapes checked above; the shared memory holds D + T floats.
             unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching attention_forward"))?;
         }
-        *cache = AttentionCache { alpha: Some(alpha), wq: Some(wq), batch, steps };
         Ok(())
     }
 
@@ -114,7 +108,7 @@ impl AttentionPooling {
         keys: &CudaSlice<f32>,
         lengths: &CudaSlice<u32>,
         dout: &CudaSlice<f32>,
-        cache: &AttentionCache,
+        cache: &mut AttentionCache,
         grads: &mut CudaSlice<f32>,
         dquery: &mut CudaSlice<f32>,
         dkeys: &mut CudaSlice<f32>,
@@ -122,7 +116,8 @@ impl AttentionPooling {
         const OP: &str = "attention backward";
         let (batch, steps) = (cache.batch, cache.steps);
         self.check(OP, params, query, keys, lengths, batch, steps)?;
-        let (Some(alpha), Some(wq)) = (&cache.alpha, &cache.wq) else {
+        let AttentionCache { alpha, wq, kbar, .. } = cache;
+        let (Some(alpha), Some(wq)) = (&*alpha, &*wq) else {
             return Err(GpuError::shape(OP, "backward without a forward"));
         };
         let d = self.dim;
@@ -135,7 +130,7 @@ impl AttentionPooling {
             let mut g = grads.slice_mut(wrange);
             return dev.stream.memset_zeros(&mut g).map_err(GpuError::driver("zeroing the attention gradient"));
         }
-        let mut kbar = dev.zeros::<f32>(batch * d)?;
+        let kbar = dev.grown(kbar, batch * d)?;
         let cfg = check::block_per_item(OP, batch, 128, (steps + SLACK) * 4)?;
         let (b32, t32, d32) = (batch as u32, steps as u32, d as u32);
         let mut launch = dev.stream.launch_builder(dev.function("attention_backward"));
@@ -149,12 +144,12 @@ impl AttentionPooling {
             .arg(&t32)
             .arg(&d32)
             .arg(dkeys)
-            .arg(&mut kbar);
+            .arg(&mut *kbar);
         // SAFETY: shapes checked above; the shared memory holds T floats.
         unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching attention_backward"))?;
         let w = params.slice(wrange.clone());
-        gemm(dev, OP, (Op::N, Op::N), (batch, d, d), &kbar, d, &w, d, 0.0, dquery, d)?;
+        gemm(dev, OP, (Op::N, Op::N), (batch, d, d), &*kbar, d, &w, d, 0.0, dquery, d)?;
         let mut g = grads.slice_mut(wrange);
-        gemm(dev, OP, (Op::T, Op::N), (d, d, batch), &kbar, d, query, d, 0.0, &mut g, d)
+        gemm(dev, OP, (Op::T, Op::N), (d, d, batch), &*kbar, d, query, d, 0.0, &mut g, d)
     }
 }

@@ -26,15 +26,26 @@ pub struct Gru {
     pub offset: usize,
 }
 
-/// Activations kept from `forward` for `backward`.
+/// Activations kept from `forward` for `backward`, and both passes'
+/// workspaces. Every buffer is grown when a batch needs more and never
+/// shrunk or cleared, so a layer allocates only for a batch larger than any
+/// before: each value a pass reads it or the pass before it wrote first
+/// (the first step writes `h_0 = 0`; the last step of the backward starts
+/// from a zero `dh` without reading it).
 #[derive(Debug, Default)]
 pub struct GruCache {
-    /// `h_0 … h_T`, each `[B × H]`, time-major (`h_0` = 0).
+    /// `h_0 … h_T`, each `[B × H]`, time-major (`h_0` = 0), at the front of the buffer.
     pub states: Option<CudaSlice<f32>>,
     r: Option<CudaSlice<f32>>,
     z: Option<CudaSlice<f32>>,
     n: Option<CudaSlice<f32>>,
     hn: Option<CudaSlice<f32>>,
+    gx: Option<CudaSlice<f32>>,
+    gh: Option<CudaSlice<f32>>,
+    dh: Option<CudaSlice<f32>>,
+    dh_prev: Option<CudaSlice<f32>>,
+    dgx: Option<CudaSlice<f32>>,
+    dgh: Option<CudaSlice<f32>>,
     batch: usize,
     steps: usize,
 }
@@ -100,13 +111,16 @@ impl Gru {
         self.check(OP, params, x, lengths, batch, steps)?;
         let (h, h3) = (self.hidden, 3 * self.hidden);
         let bh = batch * h;
-        let mut states = dev.zeros::<f32>((steps + 1) * bh)?;
-        let mut gx = dev.zeros::<f32>(batch * steps * h3)?;
-        let mut gh = dev.zeros::<f32>(bh * 3)?;
-        let mut r = dev.zeros::<f32>(steps * bh)?;
-        let mut z = dev.zeros::<f32>(steps * bh)?;
-        let mut n = dev.zeros::<f32>(steps * bh)?;
-        let mut hn = dev.zeros::<f32>(steps * bh)?;
+        cache.batch = batch;
+        cache.steps = steps;
+        let GruCache { states, r, z, n, hn, gx, gh, .. } = cache;
+        let states = dev.grown(states, (steps + 1) * bh)?;
+        let gx = dev.grown(gx, batch * steps * h3)?;
+        let gh = dev.grown(gh, bh * 3)?;
+        let r = dev.grown(r, steps * bh)?;
+        let z = dev.grown(z, steps * bh)?;
+        let n = dev.grown(n, steps * bh)?;
+        let hn = dev.grown(hn, steps * bh)?;
         if batch > 0 && steps > 0 {
             let w_ih = params.slice(self.w_ih());
             let w_hh = params.slice(self.w_hh());
@@ -121,20 +135,23 @@ impl Gru {
                 &w_ih,
                 self.input,
                 0.0,
-                &mut gx,
+                gx,
                 h3,
             )?;
             let (t32, b32, h32) = (steps as u32, batch as u32, h as u32);
             for t in 0..steps {
-                let (done, mut rest) = states.split_at_mut((t + 1) * bh);
-                let prev = done.slice(t * bh..);
-                gemm(dev, OP, (Op::N, Op::T), (batch, h3, h), &prev, h, &w_hh, h, 0.0, &mut gh, h3)?;
+                let (mut done, mut rest) = states.split_at_mut((t + 1) * bh);
+                let mut prev = done.slice_mut(t * bh..);
+                // The first step reads no `h_0 · W_hhᵀ`: its kernel writes h_0 = 0 and takes gh as zero.
+                if t > 0 {
+                    gemm(dev, OP, (Op::N, Op::T), (batch, h3, h), &prev, h, &w_hh, h, 0.0, gh, h3)?;
+                }
                 let mut out = rest.slice_mut(..bh);
                 let tt = t as u32;
                 let mut launch = dev.stream.launch_builder(dev.function("gru_step_forward"));
                 launch
-                    .arg(&gx)
-                    .arg(&gh)
+                    .arg(&*gx)
+                    .arg(&*gh)
                     .arg(&b_ih)
                     .arg(&b_hh)
                     .arg(lengths)
@@ -142,17 +159,16 @@ impl Gru {
                     .arg(&t32)
                     .arg(&b32)
                     .arg(&h32)
-                    .arg(&prev)
+                    .arg(&mut prev)
                     .arg(&mut out)
-                    .arg(&mut r)
-                    .arg(&mut z)
-                    .arg(&mut n)
-                    .arg(&mut hn);
+                    .arg(&mut *r)
+                    .arg(&mut *z)
+                    .arg(&mut *n)
+                    .arg(&mut *hn);
                 // SAFETY: gx holds B·T rows of 3H, gh B rows, the planes T·B·H values, prev and out B·H.
                 unsafe { launch.launch(grid_for(bh)) }.map_err(GpuError::driver("launching gru_step_forward"))?;
             }
         }
-        *cache = GruCache { states: Some(states), r: Some(r), z: Some(z), n: Some(n), hn: Some(hn), batch, steps };
         Ok(())
     }
 
@@ -166,7 +182,7 @@ impl Gru {
         params: &CudaSlice<f32>,
         x: &CudaSlice<f32>,
         lengths: &CudaSlice<u32>,
-        cache: &GruCache,
+        cache: &mut GruCache,
         dstates: &CudaSlice<f32>,
         grads: &mut CudaSlice<f32>,
         dx: &mut CudaSlice<f32>,
@@ -174,9 +190,8 @@ impl Gru {
         const OP: &str = "gru backward";
         let (batch, steps) = (cache.batch, cache.steps);
         self.check(OP, params, x, lengths, batch, steps)?;
-        let (Some(states), Some(r), Some(z), Some(n), Some(hn)) =
-            (&cache.states, &cache.r, &cache.z, &cache.n, &cache.hn)
-        else {
+        let GruCache { states, r, z, n, hn, dh, dh_prev, dgx, dgh, .. } = cache;
+        let (Some(states), Some(r), Some(z), Some(n), Some(hn)) = (&*states, &*r, &*z, &*n, &*hn) else {
             return Err(GpuError::shape(OP, "backward without a forward"));
         };
         let (h, h3, i) = (self.hidden, 3 * self.hidden, self.input);
@@ -190,10 +205,10 @@ impl Gru {
         }
         let w_ih = params.slice(self.w_ih());
         let w_hh = params.slice(self.w_hh());
-        let mut dh = dev.zeros::<f32>(bh)?;
-        let mut dh_prev = dev.zeros::<f32>(bh)?;
-        let mut dgx = dev.zeros::<f32>(batch * steps * h3)?;
-        let mut dgh = dev.zeros::<f32>(steps * batch * h3)?;
+        let mut dh = dev.grown(dh, bh)?;
+        let mut dh_prev = dev.grown(dh_prev, bh)?;
+        let dgx = dev.grown(dgx, batch * steps * h3)?;
+        let dgh = dev.grown(dgh, steps * batch * h3)?;
         let (t32, b32, h32) = (steps as u32, batch as u32, h as u32);
         for t in (0..steps).rev() {
             let tt = t as u32;
@@ -201,7 +216,7 @@ impl Gru {
             let prev = states.slice(t * bh..(t + 1) * bh);
             let mut launch = dev.stream.launch_builder(dev.function("gru_step_backward"));
             launch
-                .arg(&dh)
+                .arg(&*dh)
                 .arg(&ds)
                 .arg(r)
                 .arg(z)
@@ -213,27 +228,27 @@ impl Gru {
                 .arg(&t32)
                 .arg(&b32)
                 .arg(&h32)
-                .arg(&mut dgx)
-                .arg(&mut dgh)
-                .arg(&mut dh_prev);
+                .arg(&mut *dgx)
+                .arg(&mut *dgh)
+                .arg(&mut *dh_prev);
             // SAFETY: as in `forward`; dgx holds B·T rows of 3H, dgh T·B rows.
             unsafe { launch.launch(grid_for(bh)) }.map_err(GpuError::driver("launching gru_step_backward"))?;
             let dgh_t = dgh.slice(t * batch * h3..(t + 1) * batch * h3);
-            gemm(dev, OP, (Op::N, Op::N), (batch, h, h3), &dgh_t, h3, &w_hh, h, 1.0, &mut dh_prev, h)?;
+            gemm(dev, OP, (Op::N, Op::N), (batch, h, h3), &dgh_t, h3, &w_hh, h, 1.0, dh_prev, h)?;
             std::mem::swap(&mut dh, &mut dh_prev);
         }
         {
             let hprev = states.slice(..steps * bh);
             let mut g = grads.slice_mut(self.w_hh());
-            gemm(dev, OP, (Op::T, Op::N), (h3, h, steps * batch), &dgh, h3, &hprev, h, 0.0, &mut g, h)?;
+            gemm(dev, OP, (Op::T, Op::N), (h3, h, steps * batch), &*dgh, h3, &hprev, h, 0.0, &mut g, h)?;
         }
         {
             let mut g = grads.slice_mut(self.w_ih());
-            gemm(dev, OP, (Op::T, Op::N), (h3, i, batch * steps), &dgx, h3, x, i, 0.0, &mut g, i)?;
+            gemm(dev, OP, (Op::T, Op::N), (h3, i, batch * steps), &*dgx, h3, x, i, 0.0, &mut g, i)?;
         }
-        gemm(dev, OP, (Op::N, Op::N), (batch * steps, i, h3), &dgx, h3, &w_ih, i, 0.0, dx, i)?;
-        column_sum(dev, &dgh, steps * batch, h3, grads, self.b_hh().start)?;
-        column_sum(dev, &dgx, batch * steps, h3, grads, self.b_ih().start)?;
+        gemm(dev, OP, (Op::N, Op::N), (batch * steps, i, h3), &*dgx, h3, &w_ih, i, 0.0, dx, i)?;
+        column_sum(dev, dgh, steps * batch, h3, grads, self.b_hh().start)?;
+        column_sum(dev, dgx, batch * steps, h3, grads, self.b_ih().start)?;
         Ok(())
     }
 }

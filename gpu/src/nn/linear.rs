@@ -230,10 +230,7 @@ pub(crate) fn column_reduce(
     // value the finish reads, the chunks kernel writes first, and both are
     // queued on the device's one stream while the lock is held.
     let mut scratch = dev.reduce_scratch.lock().unwrap_or_else(|p| p.into_inner());
-    if scratch.as_ref().is_none_or(|s| s.len() < chunks * cols) {
-        *scratch = Some(dev.zeros::<f32>(chunks * cols)?);
-    }
-    let partial = scratch.as_mut().expect("grown above");
+    let partial = dev.grown(&mut scratch, chunks * cols)?;
     let weighted = w.is_some() as i32;
     let cfg = LaunchConfig { grid_dim: (c.div_ceil(32), k32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
     let mut launch = dev.stream.launch_builder(dev.function("column_reduce_chunks"));
