@@ -105,10 +105,10 @@ chose on this machine for DLRM's products:
 {kernels}
 
 **The choice never changes a result.** A forward product belongs to one of three
-*summation classes*, fixed by its shape and by whether the CPU runs the wide AVX-512
-kernel (`Linear::forward_class`: the packed kernel up to 256 rows, for outputs of at most
-64, or at any batch where the wide kernel runs; the `gemm` crate for more rows into wider
-outputs otherwise; matrixmultiply for inputs under 16 or outputs under 8); the classes add
+*summation classes*, fixed by its shape and by whether the CPU runs a vector packed kernel
+(`Linear::forward_class`: the packed kernel at any batch where AVX2 or AVX-512 runs it; the
+`gemm` crate for more than 256 rows into outputs wider than 64 where neither does;
+matrixmultiply for inputs under 16 or outputs under 8); the classes add
 in different orders, so the class is never measured. The measurement chooses only inside
 the packed class, among the vector kernels the CPU runs — AVX2 (16 registers), AVX-512VL
 (256-bit vectors, 32 registers), AVX-512F (512-bit vectors, one panel of 16 columns at a
@@ -391,9 +391,12 @@ scripts/benchmarks.py --only fp32 --previous-bin PATH --splice docs/benchmarks.m
     "fp32-avx2": """\
 ## fp32 kernels on AVX2 against the build before them
 
-What the AVX2 kernel's last change does on this CPU, **{cpu}**: a panel of 24 or 32 columns
-runs as a 16-column panel beside a narrower one (see [training.md](training.md), *The GEMM
-kernels*). Both builds run with
+What the packed kernels' last change does on this CPU, **{cpu}**: a product whose result
+is larger than 1 MiB runs each group of rows through every chunk of the reduction (instead
+of each chunk through every group), and the forward of a wide layer at more than 256 rows
+runs on the packed kernel (before: the `gemm` crate) wherever AVX2 runs it (see
+[training.md](training.md), *The GEMM kernels*); at 128 rows nothing changes, so that row
+shows how far this machine's rounds scatter. Both builds run with
 `TIDEREC_MAX_ISA=avx2`, so an AVX-512 CPU runs the same kernels as an AVX2-only one (on an
 AVX2-only CPU the cap changes nothing). This build and `--previous-bin` (the build before
 those changes) alternate, the first of each round rotating. `tiderec bench kernels --rows R`

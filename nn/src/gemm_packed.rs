@@ -33,6 +33,12 @@ const LAST_MAX: usize = 5 * LANES;
 /// every block's rows (AVX2: 8, 6, 4, 3 or 2 for panels of 1 to 5 vectors;
 /// AVX-512VL: 12, 12, 8, 6 or 4).
 const GROUP_ROWS: usize = 24;
+/// The largest `c` (bytes) whose product runs the reduction's chunks
+/// outside its row groups (see `gemm_packed_chunks`): twice a Zen 3 core's
+/// 512 KiB L2, half a Sapphire Rapids core's.
+/// Past it each group runs through every chunk (on a Zen 3, 1.1–1.2× on
+/// DLRM's wide forward products at 2,048 rows, alike at 128).
+const C_CHUNKS_OUTSIDE_MAX: usize = 1 << 20;
 /// Most reduction steps per pass: a 40-wide panel's chunk is at most 30 KiB of
 /// `f32`, so it stays in L1 or close (every GRU product is one chunk; an MLP's
 /// `k = 512` is three).
@@ -418,29 +424,43 @@ fn gemm_packed_chunks<T: Scalar>(
         finish_block(false, c, (m, n, ldc), 0, finish);
         return;
     }
-    // Chunks of the reduction outside (a long `k` would push a panel out of
-    // L1; a chunk of a panel is a contiguous part of it), then groups of rows,
-    // panels inside: a group's rows of `a` stay in L1 while every panel passes
-    // (the panels of a recurrence's weight fit in L1 too).
-    for k0 in (0..k).step_by(chunk) {
+    // A long `k` runs in chunks (a chunk of a panel is a contiguous part of
+    // it, and stays in L1), a group's rows of `a` stay in L1 while every panel
+    // of a chunk passes (the panels of a recurrence's weight fit in L1 too).
+    // While `c` is small each chunk runs through every group, so the chunk's
+    // panels are read from L2 by each group; a large `c` would be read and
+    // written once per chunk, pushing the panels out of L2, so each group
+    // runs through every chunk instead while its block of `c` stays near.
+    // Either way each entry of `c` gets its chunks in order, so the order
+    // changes no value.
+    let mut run = |k0: usize, g: usize| {
         let kc = chunk.min(k - k0);
-        let accumulate = accumulate || k0 > 0;
+        let group = GROUP_ROWS.min(m - g);
+        span_product(PanelSpan {
+            rows: group,
+            k: kc,
+            a: &a[g * lda + k0 * a_step..(g + group - 1) * lda + (k0 + kc - 1) * a_step + 1],
+            lda,
+            a_step,
+            panels: b,
+            k0,
+            c: &mut c[g * ldc..],
+            ldc,
+            accumulate: accumulate || k0 > 0,
+            finish: finish.of_chunk((k0, k0 + kc, k), g, ldc),
+        });
+    };
+    if m * n * std::mem::size_of::<T>() > C_CHUNKS_OUTSIDE_MAX {
         for g in (0..m).step_by(GROUP_ROWS) {
-            let group = GROUP_ROWS.min(m - g);
-            let finish = finish.of_chunk((k0, k0 + kc, k), g, ldc);
-            span_product(PanelSpan {
-                rows: group,
-                k: kc,
-                a: &a[g * lda + k0 * a_step..(g + group - 1) * lda + (k0 + kc - 1) * a_step + 1],
-                lda,
-                a_step,
-                panels: b,
-                k0,
-                c: &mut c[g * ldc..],
-                ldc,
-                accumulate,
-                finish,
-            });
+            for k0 in (0..k).step_by(chunk) {
+                run(k0, g);
+            }
+        }
+    } else {
+        for k0 in (0..k).step_by(chunk) {
+            for g in (0..m).step_by(GROUP_ROWS) {
+                run(k0, g);
+            }
         }
     }
 }
@@ -1229,6 +1249,38 @@ mod tests {
             let (i, j) = (idx / ldc, idx % ldc);
             let want = if j < n { was + (0..k).map(|p| a[i * lda + p] * b[p * n + j]).sum::<f64>() } else { was };
             assert!((got - want).abs() < 1e-12, "c[{i}][{j}]: {got} vs {want}");
+        }
+    }
+
+    /// A product whose `c` is past `C_CHUNKS_OUTSIDE_MAX` runs each row group
+    /// through every chunk of the reduction; the same rows in slices small
+    /// enough to run each chunk through every group give it bit for bit, with
+    /// a forward's bias and ReLU finished as the blocks are written, on every
+    /// kernel this CPU runs.
+    #[test]
+    fn both_loop_orders_give_equal_sums() {
+        let (m, n, k, slice) = (1100, 256, 400, 100);
+        assert!(m * n * 4 > C_CHUNKS_OUTSIDE_MAX && slice * n * 4 <= C_CHUNKS_OUTSIDE_MAX && k > K_CHUNK_MAX);
+        let val = |i: usize| (tiderec_records::rng::unit_f64(5, i as u64, 0, 0) - 0.5) as f32;
+        let a: Vec<f32> = (0..m * k).map(val).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| val(i + (1 << 24))).collect();
+        let bias: Vec<f32> = (0..n).map(|i| val(i + (1 << 26))).collect();
+        let packed = PackedRhs::new(Op::T, k, n, &w);
+        for &kernel in PanelKernel::available() {
+            let run = |rows: usize, a: &[f32], c: &mut [f32]| {
+                let finish = Finish { row: Some(&bias), relu: true, mask: None };
+                gemm_packed_finish_with(rows, a, k, &packed, (false, finish), c, n, |s| {
+                    packed_span_f32_with(kernel, s)
+                });
+            };
+            let mut whole = vec![f32::NAN; m * n];
+            run(m, &a, &mut whole);
+            let mut sliced = vec![f32::NAN; m * n];
+            for (a, c) in a.chunks(slice * k).zip(sliced.chunks_mut(slice * n)) {
+                run(c.len() / n, a, c);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&whole) == bits(&sliced), "{kernel:?}: the loop orders differ");
         }
     }
 

@@ -48,20 +48,19 @@ pub enum ForwardClass {
 }
 
 /// The summation class of a `batch × input → output` forward product: the
-/// packed kernel where its vector panels run and the batch is small or the
-/// layer narrow, or at any batch where the wide AVX-512 kernel runs
-/// ([`PanelKernel::wide_available`]: it beats the `gemm` crate there, about
-/// 2× on DLRM's wide layers at 2,048 rows); the `gemm` crate for wide layers
-/// on large batches otherwise; matrixmultiply for the rest.
+/// packed kernel wherever its vector panels run (AVX2 or AVX-512) and the
+/// layer is not narrow, at any batch (it beats the `gemm` crate on DLRM's wide
+/// layers at 2,048 rows: about 2× with the wide AVX-512 kernel, 1.1× with
+/// AVX2 on a Zen 3); elsewhere the `gemm` crate for wide layers on large
+/// batches and matrixmultiply for the rest.
 ///
 /// The class depends on the shape and on whether this CPU (under
-/// `TIDEREC_MAX_ISA`) runs the wide kernel, never on a measurement: two runs on
-/// one machine train the same numbers, and a cap below AVX-512 changes them
-/// only for wide layers at more than 256 rows.
+/// `TIDEREC_MAX_ISA`) runs a vector packed kernel, never on a measurement: two
+/// runs on one machine train the same numbers, and so do an AVX2 and an
+/// AVX-512 CPU, whose packed kernels give equal sums.
 pub fn forward_class<T: Scalar>(batch: usize, input: usize, output: usize) -> ForwardClass {
     let packable = input >= 16 && output >= 8;
-    let packed_shape = batch <= 256 || output <= 64 || PanelKernel::wide_available();
-    if packable && T::packed_panel_is_vectorized() && packed_shape {
+    if packable && T::packed_panel_is_vectorized() {
         ForwardClass::Packed
     } else if input >= 16 && batch > 256 && output > 64 {
         ForwardClass::Wide
@@ -627,12 +626,12 @@ mod tests {
 
     /// With `all`, the other classes are timed too but marked ineligible, and
     /// the choice is still the fastest eligible one: 300 rows into 100 outputs
-    /// are the gemm crate's unless the wide AVX-512 kernel runs here.
+    /// are the packed kernels' where a vector one runs, the gemm crate's elsewhere.
     #[test]
     fn reports_time_every_class_but_choose_within_one() {
         let shape = ForwardShape { rows: 300, input: 40, output: 100 };
         let class = forward_class::<f32>(shape.rows, shape.input, shape.output);
-        let expected = if PanelKernel::wide_available() { ForwardClass::Packed } else { ForwardClass::Wide };
+        let expected = if f32::packed_panel_is_vectorized() { ForwardClass::Packed } else { ForwardClass::Wide };
         assert_eq!(class, expected);
         let c = measure_shape(shape, Measure { seconds: 0.0005, rounds: 1, all: true });
         assert_eq!(c.chosen.class(), class, "chosen {:?}", c.chosen);

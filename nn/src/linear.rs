@@ -102,9 +102,8 @@ impl Linear {
 
     /// Which class [`forward`](Self::forward) uses for `batch` rows: the packed
     /// kernel where it runs vectorized (not in `f64` or without AVX2), for an
-    /// input of at least 16 and an output of 8 or more, at up to 256 rows, for
-    /// outputs of at most 64, or at any batch where the wide AVX-512 kernel
-    /// runs; the `gemm` crate for more rows into a wider output (input ≥ 16);
+    /// input of at least 16 and an output of 8 or more; elsewhere the `gemm`
+    /// crate for more than 256 rows into an output wider than 64 (input ≥ 16),
     /// matrixmultiply otherwise.
     pub fn forward_class<T: Scalar>(&self, batch: usize) -> ForwardClass {
         forward_class::<T>(batch, self.input, self.output)
@@ -342,16 +341,15 @@ mod tests {
         check_gradients(&x, &dx, |xx| loss(&params, xx));
     }
 
-    /// All three forward kernels (packed: small batches and narrow outputs, or
-    /// any batch with the wide AVX-512 kernel; the `gemm` crate: many rows into
-    /// a wide output without it; matrixmultiply: narrow inputs or outputs) agree
-    /// with the plain definition.
+    /// All three forward kernels (packed: any batch where a vector packed
+    /// kernel runs; the `gemm` crate: many rows into a wide output where none
+    /// does; matrixmultiply: narrow inputs or outputs) agree with the plain
+    /// definition.
     #[test]
     fn forward_kernels_agree_with_the_definition() {
-        use crate::gemm_packed::PanelKernel;
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         use ForwardClass::*;
-        let wide = if PanelKernel::wide_available() { Packed } else { Wide };
+        let wide = if f32::packed_panel_is_vectorized() { Packed } else { Wide };
         let cases = [
             (40, 24, 5, Packed),
             (40, 24, 300, Packed),
