@@ -286,25 +286,62 @@ fn an_engine_trains_alone() {
     }
 }
 
-#[test]
-fn a_trainer_with_an_engine_writes_whole_checkpoints() {
-    let c = config(false);
-    let marks = |with_engine: bool| {
-        let c = c.clone();
-        timely::execute_directly(move |worker| {
-            let mut trainer = trainer(worker, &c, with_engine);
-            let mut seen = Vec::new();
-            for s in 0..4 {
-                trainer.step(worker, StepKind::Train, batch(s, 24)).unwrap();
-                let parent = trainer.checkpoint_mark();
-                let part = trainer.checkpoint_snapshot(parent).unwrap();
-                seen.push((parent, part.delta_of));
+/// Checkpoint parts after each step, each a delta of the one before where the
+/// trainer offers a parent, with a restore before the fifth step; and the
+/// whole snapshot beside each.
+fn checkpoints(c: &TrainerConfig, with_engine: bool) -> Vec<(Option<u64>, WorkerSnapshot, WorkerSnapshot)> {
+    let c = c.clone();
+    timely::execute_directly(move |worker| {
+        let mut trainer = trainer(worker, &c, with_engine);
+        let mut seen = Vec::new();
+        for s in 0..7 {
+            if s == 4 {
+                let whole = trainer.snapshot().unwrap();
+                trainer.restore(&[whole]).unwrap();
             }
-            seen
-        })
-    };
-    // Without an engine each checkpoint after the first is a delta of the one before.
-    assert_eq!(marks(false), [(None, None), (Some(1), Some(1)), (Some(2), Some(2)), (Some(3), Some(3))]);
-    // The engine tracks no changed rows: the trainer offers no parent, every checkpoint is whole.
-    assert_eq!(marks(true), [(None, None); 4]);
+            trainer.step(worker, StepKind::Train, batch(s, if s == 2 { 0 } else { 24 })).unwrap();
+            trainer.step(worker, StepKind::Eval, batch(100 + s, 10)).unwrap();
+            let parent = trainer.checkpoint_mark();
+            let part = trainer.checkpoint_snapshot(parent).unwrap();
+            seen.push((parent, part, trainer.snapshot().unwrap()));
+        }
+        seen
+    })
+}
+
+/// A trainer with an engine writes the deltas a trainer without one writes:
+/// the same parents, the same rows of every table (values to 1e-6), and its
+/// chain of deltas applied onto its last whole checkpoint gives its whole state.
+#[test]
+fn a_trainer_with_an_engine_writes_the_deltas_of_one_without() {
+    for adaptive in [false, true] {
+        let c = config(adaptive);
+        let (engine, host) = (checkpoints(&c, true), checkpoints(&c, false));
+        let parents: Vec<_> = engine.iter().map(|(p, part, _)| (*p, part.delta_of)).collect();
+        let want = [(None, None), (Some(1), Some(1)), (Some(2), Some(2)), (Some(2), Some(2))];
+        assert_eq!(parents[..4], want, "adaptive {adaptive}: a delta of each checkpoint");
+        // The restore starts a new chain: whole, then deltas again.
+        assert_eq!(parents[4..], [(None, None), (Some(4), Some(4)), (Some(5), Some(5))], "adaptive {adaptive}");
+        let host_parents: Vec<_> = host.iter().map(|(p, part, _)| (*p, part.delta_of)).collect();
+        assert_eq!(parents, host_parents, "adaptive {adaptive}: parents with and without an engine");
+        let mut chain: Option<WorkerSnapshot> = None;
+        for (k, ((_, e, e_whole), (_, h, _))) in engine.iter().zip(&host).enumerate() {
+            if e.delta_of.is_some() {
+                for (t, (te, th)) in e.tables.iter().zip(&h.tables).enumerate() {
+                    assert_eq!(te.ids, th.ids, "adaptive {adaptive}, checkpoint {k}: rows of table {t}");
+                    assert!(te.rows.iter().zip(&th.rows).all(|(a, b)| (a - b).abs() <= 1e-6), "checkpoint {k}");
+                    assert!(te.state.iter().zip(&th.state).all(|(a, b)| (a - b).abs() <= 1e-6), "checkpoint {k}");
+                }
+                let rows = |p: &WorkerSnapshot| p.tables.iter().map(|t| t.ids.len()).sum::<usize>();
+                assert!(rows(e) < rows(e_whole), "checkpoint {k}: a delta lists fewer rows than the whole state");
+                let base = chain.as_mut().expect("a delta follows a whole checkpoint");
+                tiderec_operators::snapshot::apply_delta(std::slice::from_mut(base), vec![e.clone()]).unwrap();
+            } else {
+                chain = Some(e.clone());
+            }
+            let merged = chain.as_ref().unwrap();
+            assert_eq!(merged.tables, e_whole.tables, "adaptive {adaptive}, checkpoint {k}: the chain's rows");
+            assert_eq!(merged.dense_params, e_whole.dense_params, "checkpoint {k}: dense");
+        }
+    }
 }

@@ -15,12 +15,17 @@
 //!   step, [`Trainer::dense_params`], a snapshot. A restore sets the host state
 //!   and hands it to the engine ([`StepEngine::load`]). So checkpoints do not
 //!   depend on the engine that wrote them.
-//! * **Whole checkpoints.** The engine does not track which rows changed, so
-//!   [`Trainer::checkpoint_mark`] offers no parent and every checkpoint is whole.
+//! * **Delta checkpoints as without an engine.** The host notes the rows each
+//!   batch handed to the engine reads ([`super::changed_rows`]); a checkpoint
+//!   snapshot with a parent keeps those rows of the mirror's whole state, so
+//!   [`Trainer::checkpoint_mark`] and [`Trainer::checkpoint_snapshot`] behave
+//!   as on a trainer without one (the engine's whole state is still read to
+//!   bring the mirror up to date).
 //! * **The same step.** An engine's training step is the one-worker step of
 //!   this module: its loss sum before the update, no update on a non-finite
 //!   loss, row and dense updates scaled by `1 / batch`.
 
+use super::changed_rows::ChangedRows;
 use super::{clock, StepKind, StepStats, Trainer};
 use crate::batch::Batch;
 use crate::metrics::EvalSet;
@@ -56,15 +61,38 @@ pub trait StepEngine {
     fn load(&mut self, part: &WorkerSnapshot) -> Result<(), String>;
 }
 
-/// A trainer's engine and whether the host mirror is older than it.
+/// A trainer's engine, whether the host mirror is older than it, and the
+/// rows its training changed since the last checkpoint snapshot.
 pub(super) struct Engine {
     engine: Box<dyn StepEngine>,
     host_stale: bool,
+    changed: ChangedRows,
 }
 
 impl Engine {
-    pub(super) fn new(engine: Box<dyn StepEngine>) -> Self {
-        Engine { engine, host_stale: false }
+    /// `engine` for tables of `table_sizes` rows.
+    pub(super) fn new(engine: Box<dyn StepEngine>, table_sizes: &[u64]) -> Self {
+        Engine { engine, host_stale: false, changed: ChangedRows::new(table_sizes) }
+    }
+
+    /// The step of the checkpoint a delta could follow (see [`ChangedRows::marked`]).
+    pub(super) fn marked(&self) -> Option<u64> {
+        self.changed.marked()
+    }
+
+    /// `whole`, this trainer's whole snapshot taken now, as the next
+    /// checkpoint's part: reduced to the delta since `parent` when one is
+    /// given; changes count from it on.
+    pub(super) fn checkpoint_part(
+        &mut self,
+        mut whole: WorkerSnapshot,
+        parent: Option<u64>,
+    ) -> Result<WorkerSnapshot, OperatorError> {
+        if let Some(p) = parent {
+            self.changed.delta(&mut whole, p)?;
+        }
+        self.changed.mark(Some(whole.step));
+        Ok(whole)
     }
 }
 
@@ -96,6 +124,7 @@ impl Trainer {
         };
         let mut guard = cell.borrow_mut();
         let state: &mut Engine = &mut guard;
+        let sequence_tables = &self.config.sequence_tables;
         let eval = clock::timed_step(&clock, || -> Result<bool, OperatorError> {
             if batch.is_empty() {
                 return Ok(false);
@@ -104,6 +133,7 @@ impl Trainer {
             if kind == StepKind::Train {
                 let step = engine.train(&batch, score).map_err(device)?;
                 state.host_stale = true;
+                state.changed.note(&batch, sequence_tables);
                 stats.loss_sum = step.loss_sum;
                 stats.non_finite = step.non_finite as u64;
                 Ok(score)
@@ -153,6 +183,7 @@ impl Trainer {
         };
         state.engine.load(&part).map_err(|message| OperatorError::Device { worker: 0, message })?;
         state.host_stale = false;
+        state.changed.mark(None);
         Ok(())
     }
 }

@@ -73,6 +73,7 @@ use std::rc::Rc;
 use timely::worker::Worker;
 
 mod builder;
+mod changed_rows;
 mod clock;
 mod dataflow;
 mod engine;
@@ -329,7 +330,7 @@ impl Trainer {
             ));
         }
         let mut trainer = Self::with_model(worker, config, model)?;
-        trainer.engine = Some(RefCell::new(engine::Engine::new(engine)));
+        trainer.engine = Some(RefCell::new(engine::Engine::new(engine, &config.table_sizes)));
         trainer.load_engine()?;
         Ok(trainer)
     }
@@ -517,20 +518,24 @@ impl Trainer {
     /// changed since the checkpoint of step `parent` (the previous checkpoint
     /// snapshot of this trainer, see [`checkpoint_mark`](Self::checkpoint_mark)),
     /// with the whole dense state. A consistent cut like `snapshot`.
+    /// With a [`StepEngine`] the rows are those of the batches trained on it
+    /// since `parent`, taken from its whole state.
     pub fn checkpoint_snapshot(&self, parent: Option<u64>) -> Result<WorkerSnapshot, OperatorError> {
         self.sync_host()?;
         let dense = self.shared.dense.borrow();
         let writer = (self.config.seed, &self.config.table_sizes[..]);
+        if let Some(cell) = &self.engine {
+            let whole = self.shared.owner.borrow().snapshot(&dense, self.train_steps, writer);
+            return cell.borrow_mut().checkpoint_part(whole, parent);
+        }
         self.shared.owner.borrow_mut().checkpoint_snapshot(&dense, self.train_steps, writer, parent)
     }
 
     /// The step of the last [`checkpoint_snapshot`](Self::checkpoint_snapshot)
     /// (`None` before the first one and after a restore): a delta can follow it.
-    /// Always `None` with a [`StepEngine`]: the engine does not track which rows
-    /// changed, so every checkpoint of such a trainer is whole.
     pub fn checkpoint_mark(&self) -> Option<u64> {
-        if self.engine.is_some() {
-            return None;
+        if let Some(cell) = &self.engine {
+            return cell.borrow().marked();
         }
         self.shared.owner.borrow().marked()
     }

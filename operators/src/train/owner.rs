@@ -207,10 +207,7 @@ impl Owner {
         let mut part = self.snapshot(dense, step, writer);
         if let Some(p) = parent {
             if self.marked != Some(p) {
-                return Err(OperatorError::config(
-                    "checkpoint",
-                    format!("a delta since step {p} was asked for; this worker's changes count from {:?}", self.marked),
-                ));
+                return Err(super::changed_rows::not_the_mark(p, self.marked));
             }
             part.tables = (0..num_tables).map(|t| self.store.export_changes(t)).collect();
             part.delta_of = Some(p);
