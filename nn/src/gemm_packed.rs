@@ -36,8 +36,8 @@ const GROUP_ROWS: usize = 24;
 /// The largest `c` (bytes) whose product runs the reduction's chunks
 /// outside its row groups (see `gemm_packed_chunks`): twice a Zen 3 core's
 /// 512 KiB L2, half a Sapphire Rapids core's.
-/// Past it each group runs through every chunk (on a Zen 3, 1.1–1.2× on
-/// DLRM's wide forward products at 2,048 rows, alike at 128).
+/// Past it each group runs through every chunk (on a Zen 3 the AVX2 kernel
+/// runs DLRM's wide forward products at 2,048 rows 1.1–1.2× faster so).
 const C_CHUNKS_OUTSIDE_MAX: usize = 1 << 20;
 /// Most reduction steps per pass: a 40-wide panel's chunk is at most 30 KiB of
 /// `f32`, so it stays in L1 or close (every GRU product is one chunk; an MLP's

@@ -50,8 +50,8 @@ pub enum ForwardClass {
 /// The summation class of a `batch × input → output` forward product: the
 /// packed kernel wherever its vector panels run (AVX2 or AVX-512) and the
 /// layer is not narrow, at any batch (it beats the `gemm` crate on DLRM's wide
-/// layers at 2,048 rows: about 2× with the wide AVX-512 kernel, 1.1× with
-/// AVX2 on a Zen 3); elsewhere the `gemm` crate for wide layers on large
+/// layers at 2,048 rows: about 2× with the wide AVX-512 kernel, 1.16–1.20×
+/// with AVX2 on a Zen 3); elsewhere the `gemm` crate for wide layers on large
 /// batches and matrixmultiply for the rest.
 ///
 /// The class depends on the shape and on whether this CPU (under
