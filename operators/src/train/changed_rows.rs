@@ -14,7 +14,8 @@
 //!   trainer refuses such a batch before the engine sees it).
 //! * A mark names the checkpoint the bits count from: set by each checkpoint
 //!   snapshot, cleared by a restore, so a delta always follows the snapshot
-//!   taken just before it on this trainer.
+//!   taken just before it on this trainer. Without a mark nothing is noted:
+//!   the next checkpoint is whole, and a run that writes none pays nothing.
 
 use crate::batch::Batch;
 use crate::snapshot::{TableRows, WorkerSnapshot};
@@ -33,9 +34,12 @@ impl ChangedRows {
         ChangedRows { bits, marked: None }
     }
 
-    /// Marks every row `batch` reads: field `t` reads table `t`, sequence `s`
-    /// table `sequence_tables[s]`.
+    /// Marks every row `batch` reads (field `t` reads table `t`, sequence `s`
+    /// table `sequence_tables[s]`), once a checkpoint has set the mark.
     pub(super) fn note(&mut self, batch: &Batch, sequence_tables: &[usize]) {
+        if self.marked.is_none() {
+            return;
+        }
         let fields = batch.sparse.iter().enumerate();
         let sequences = batch.sequences.iter().zip(sequence_tables).map(|(f, &t)| (t, f));
         for (t, field) in fields.chain(sequences) {
