@@ -353,6 +353,90 @@ pub(crate) fn gemm_mm_order_in_place(
     gemm_packed_chunks(m, a, lda, a_step, operands, c, ldc, MM_KC, &mut |s| packed_span_f32_with(kernel, s))
 }
 
+/// [`gemm_mm_order_in_place`]'s product with `b` copied into `panels` one run
+/// of [`MM_KC`] rows at a time (every column of the run, as zero-padded
+/// panels) and each run's panels read from there: the same chains of fused
+/// multiply-adds and the same adds to `c` as reading `b` in place, so equal
+/// bit for bit, and to matrixmultiply (`tests::mm_order_equals_matrixmultiply_bit_for_bit`).
+///
+/// Reading in place, a 64-column block of `b`'s rows lies on lines one row
+/// stride apart; with a stride of a power of two (a layer 512 wide is 2 KiB) a
+/// run's lines fall into a few sets of the L1 cache and evict each other, so
+/// every step reads `b` from L2. The copied panels are contiguous and stay
+/// in L1; the copy is one pass over `b` per product, worth it when many rows
+/// of `a` reuse each run (1.1–1.3× on DLRM's wide `dW` and `dx` at 2,048 rows
+/// on a Sapphire Rapids core; slower where few rows do, as a `dW` into 64
+/// outputs or a `dx` at 128 rows): the start-up measurement chooses.
+///
+/// # Panics
+/// As [`gemm_mm_order_in_place`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_mm_order_copied(
+    kernel: PanelKernel,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    a_step: usize,
+    (k, n, b, ldb): (usize, usize, &[f32], usize),
+    panels: &mut PackedRhs<f32>,
+    (c, mask): (&mut [f32], Option<&[f32]>),
+    ldc: usize,
+) {
+    assert!(ldb >= n, "gemm_mm_order_copied: stride {ldb} shorter than a row of {n}");
+    assert!(k == 0 || n == 0 || b.len() >= (k - 1) * ldb + n, "gemm_mm_order_copied: b too short");
+    if k == 0 {
+        // No run to copy: the in-place product writes the zeros (and the mask).
+        return gemm_mm_order_in_place(kernel, m, a, lda, a_step, (k, n, b, ldb), panels, (c, mask), ldc);
+    }
+    for k0 in (0..k).step_by(MM_KC) {
+        let kc = MM_KC.min(k - k0);
+        panels.pack_columns(kc, 0, n, &b[k0 * ldb..], ldb);
+        // Each run's chains from zero, added to `c` after the first run; the
+        // mask on the last, as the in-place product's chunks do.
+        let last = k0 + kc == k;
+        let finish = Finish { mask: mask.filter(|_| last), ..Finish::NONE };
+        let a = &a[k0 * a_step..];
+        let operands = (Panels::Packed(panels), k0 > 0, finish);
+        gemm_packed_chunks(m, a, lda, a_step, operands, &mut *c, ldc, kc, &mut |s| packed_span_f32_with(kernel, s));
+    }
+}
+
+/// How a backward product in matrixmultiply's order runs on the packed
+/// kernels: the panel kernel, and whether `b` is read in place
+/// ([`gemm_mm_order_in_place`]) or copied a run at a time ([`gemm_mm_order_copied`]).
+/// Every choice gives the same sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmOrderKernel {
+    /// The panel kernel.
+    pub kernel: PanelKernel,
+    /// Whether `b` is copied into panels a run at a time.
+    pub copy_b: bool,
+}
+
+/// [`gemm_mm_order_in_place`] or [`gemm_mm_order_copied`], as `choice` says
+/// (`scratch` holds the narrow last panel, or the copied runs).
+///
+/// # Panics
+/// As those do.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_mm_order_f32(
+    choice: MmOrderKernel,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    a_step: usize,
+    b: (usize, usize, &[f32], usize),
+    scratch: &mut PackedRhs<f32>,
+    c: (&mut [f32], Option<&[f32]>),
+    ldc: usize,
+) {
+    if choice.copy_b {
+        gemm_mm_order_copied(choice.kernel, m, a, lda, a_step, b, scratch, c, ldc)
+    } else {
+        gemm_mm_order_in_place(choice.kernel, m, a, lda, a_step, b, scratch, c, ldc)
+    }
+}
+
 /// The right-hand operand of [`gemm_packed_chunks`]: where each panel's rows are.
 #[derive(Clone, Copy)]
 pub(super) enum Panels<'a, T> {
@@ -1421,22 +1505,17 @@ mod tests {
                     for p in 0..k {
                         strided[p * ldb..p * ldb + n].copy_from_slice(&b[p * n..(p + 1) * n]);
                     }
-                    for &kernel in PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable) {
+                    let kernels = PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable);
+                    // Each kernel reading `b` in place, then copying it a run at a time.
+                    let choices =
+                        kernels.flat_map(|&kernel| [false, true].map(|copy_b| MmOrderKernel { kernel, copy_b }));
+                    for choice in choices {
+                        let kernel = (choice.kernel, if choice.copy_b { "copied" } else { "in place" });
                         // Without a mask, then through a ReLU's backward whose output is `relu_out`.
                         for (mask, want) in [(None, &want), (Some(&relu_out[..]), &want_masked)] {
                             let mut got = vec![f32::NAN; m * n];
                             let operands = (k, n, &strided[..], ldb);
-                            gemm_mm_order_in_place(
-                                kernel,
-                                m,
-                                &a,
-                                lda,
-                                a_step,
-                                operands,
-                                &mut tail,
-                                (&mut got, mask),
-                                n,
-                            );
+                            gemm_mm_order_f32(choice, m, &a, lda, a_step, operands, &mut tail, (&mut got, mask), n);
                             for (i, (x, y)) in got.iter().zip(want).enumerate() {
                                 assert!(
                                     x.to_bits() == y.to_bits(),

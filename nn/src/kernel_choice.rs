@@ -17,7 +17,9 @@
 //! The backward products (`dW = dyᵀ·x`, `dx = dy·W`) are matrixmultiply's
 //! sums. Their candidates are matrixmultiply itself and the packed kernels run
 //! in matrixmultiply's summation order (`gemm_mm_order_in_place`: the same
-//! chains of fused multiply-adds over the same runs of 256 steps), equal to it
+//! chains of fused multiply-adds over the same runs of 256 steps; and the
+//! widest kernel once more with its vector operand copied a run at a time,
+//! `gemm_mm_order_copied`), equal to it
 //! bit for bit (`gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`);
 //! [`choose_backward_kernels`] picks the fastest, keeping matrixmultiply unless
 //! a packed kernel beats it by [`BACKWARD_MARGIN`] ([`backward_winner`]).
@@ -28,7 +30,9 @@
 
 use super::gemm::{gemm, gemm_nt_acc, Op};
 use super::gemm_bf16::Bf16Scratch;
-use super::gemm_packed::{gemm_mm_order_in_place, gemm_packed_with, packed_span_f32_with, PackedRhs, PanelKernel};
+use super::gemm_packed::{
+    gemm_mm_order_f32, gemm_packed_with, packed_span_f32_with, MmOrderKernel, PackedRhs, PanelKernel,
+};
 use super::Scalar;
 use std::sync::RwLock;
 use std::time::Instant;
@@ -104,6 +108,8 @@ pub enum Candidate {
     MatrixMultiply,
     /// A backward product on the packed kernel in matrixmultiply's order (`gemm_mm_order_in_place`).
     PackedMmOrder(PanelKernel),
+    /// The same with `b` copied into panels a run at a time (`gemm_mm_order_copied`).
+    CopiedMmOrder(PanelKernel),
 }
 
 impl Candidate {
@@ -112,7 +118,9 @@ impl Candidate {
         match self {
             Candidate::Packed(_) => ForwardClass::Packed,
             Candidate::GemmCrate => ForwardClass::Wide,
-            Candidate::MatrixMultiply | Candidate::PackedMmOrder(_) => ForwardClass::General,
+            Candidate::MatrixMultiply | Candidate::PackedMmOrder(_) | Candidate::CopiedMmOrder(_) => {
+                ForwardClass::General
+            }
         }
     }
 
@@ -131,6 +139,21 @@ impl Candidate {
             Candidate::PackedMmOrder(PanelKernel::Avx512Vl) => "packed-mm-avx512vl",
             Candidate::PackedMmOrder(PanelKernel::Avx512) => "packed-mm-avx512",
             Candidate::PackedMmOrder(PanelKernel::Avx512Wide) => "packed-mm-avx512w",
+            Candidate::CopiedMmOrder(PanelKernel::Portable) => "copied-mm-portable",
+            Candidate::CopiedMmOrder(PanelKernel::Avx2) => "copied-mm-avx2",
+            Candidate::CopiedMmOrder(PanelKernel::Avx512Vl) => "copied-mm-avx512vl",
+            Candidate::CopiedMmOrder(PanelKernel::Avx512) => "copied-mm-avx512",
+            Candidate::CopiedMmOrder(PanelKernel::Avx512Wide) => "copied-mm-avx512w",
+        }
+    }
+
+    /// The packed kernel of a backward candidate in matrixmultiply's order
+    /// (`None`: matrixmultiply itself, or a forward candidate).
+    pub fn mm_order_kernel(&self) -> Option<MmOrderKernel> {
+        match *self {
+            Candidate::PackedMmOrder(kernel) => Some(MmOrderKernel { kernel, copy_b: false }),
+            Candidate::CopiedMmOrder(kernel) => Some(MmOrderKernel { kernel, copy_b: true }),
+            _ => None,
         }
     }
 }
@@ -234,7 +257,7 @@ pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
                     gemm_packed_with(m, &x, k, &packed, true, &mut y, n, |s| packed_span_f32_with(kernel, s));
                 }
                 Candidate::GemmCrate => gemm_nt_acc(m, n, k, &x, &w, &mut y),
-                Candidate::MatrixMultiply | Candidate::PackedMmOrder(_) => {
+                Candidate::MatrixMultiply | Candidate::PackedMmOrder(_) | Candidate::CopiedMmOrder(_) => {
                     gemm(Op::N, Op::T, m, n, k, 1.0, &x, &w, 1.0, &mut y)
                 }
             };
@@ -317,12 +340,12 @@ pub struct BackwardChoice {
 }
 
 /// The installed backward choices: `None` is matrixmultiply.
-static CHOSEN_BACKWARD: RwLock<Vec<(BackwardShape, Option<PanelKernel>)>> = RwLock::new(Vec::new());
+static CHOSEN_BACKWARD: RwLock<Vec<(BackwardShape, Option<MmOrderKernel>)>> = RwLock::new(Vec::new());
 
 /// The kernel of a backward product: the measured choice, `None` (matrixmultiply)
 /// for a product never measured.
 #[inline]
-pub fn backward_kernel_for(product: Backward, rows: usize, input: usize, output: usize) -> Option<PanelKernel> {
+pub fn backward_kernel_for(product: Backward, rows: usize, input: usize, output: usize) -> Option<MmOrderKernel> {
     let shape = BackwardShape { product, rows, input, output };
     CHOSEN_BACKWARD.read().ok().and_then(|chosen| chosen.iter().find(|(s, _)| *s == shape).and_then(|&(_, k)| k))
 }
@@ -352,7 +375,7 @@ pub fn choose_backward_kernels(shapes: &[BackwardShape], measure: Measure) -> Ve
     if let Ok(mut chosen) = CHOSEN_BACKWARD.write() {
         for c in &choices {
             chosen.retain(|(s, _)| *s != c.shape);
-            if let Candidate::PackedMmOrder(kernel) = c.chosen {
+            if let Some(kernel) = c.chosen.mm_order_kernel() {
                 chosen.push((c.shape, Some(kernel)));
             }
         }
@@ -371,6 +394,8 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
                 .filter(|&&k| k != PanelKernel::Portable)
                 .map(|&k| Candidate::PackedMmOrder(k)),
         );
+        // `b` copied a run at a time, on the widest kernel only (start-up time).
+        candidates.push(Candidate::CopiedMmOrder(PanelKernel::best()));
     }
     let val = |i: usize| ((i.wrapping_mul(104_729) % 1000) as f32) * 1e-3 - 0.5;
     // `a` as the layer stores it (dy: rows × output), `b` stored k × n (x or W).
@@ -387,8 +412,9 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
     for _ in 0..measure.rounds.max(1) {
         for (cand, rate) in candidates.iter().zip(&mut rates) {
             let mut run = || match *cand {
-                Candidate::PackedMmOrder(kernel) => {
-                    gemm_mm_order_in_place(kernel, m, &a, lda, a_step, (k, n, &b, n), &mut packed, (&mut c, None), n)
+                Candidate::PackedMmOrder(_) | Candidate::CopiedMmOrder(_) => {
+                    let kernel = cand.mm_order_kernel().expect("a backward packed candidate");
+                    gemm_mm_order_f32(kernel, m, &a, lda, a_step, (k, n, &b, n), &mut packed, (&mut c, None), n)
                 }
                 _ => gemm(op_a, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut c),
             };
@@ -593,12 +619,16 @@ mod tests {
         let by = |s: BackwardShape| choices.iter().find(|c| c.shape == s).expect("measured");
         let installed = backward_kernel_for(Backward::Dx, 24, 40, 32);
         match by(dx).chosen {
-            Candidate::PackedMmOrder(kernel) => assert_eq!(installed, Some(kernel)),
             Candidate::MatrixMultiply => assert_eq!(installed, None),
-            other => panic!("backward chose {other:?}"),
+            chosen => {
+                let kernel = chosen.mm_order_kernel().unwrap_or_else(|| panic!("backward chose {chosen:?}"));
+                assert_eq!(installed, Some(kernel));
+            }
         }
         if f32::packed_panel_is_vectorized() {
-            assert!(by(dx).timings.len() >= 2, "matrixmultiply and at least one packed kernel");
+            let names: Vec<&str> = by(dx).timings.iter().map(|t| t.candidate.name()).collect();
+            assert!(names.len() >= 3, "matrixmultiply, a packed kernel and the copied one: {names:?}");
+            assert!(names.iter().any(|n| n.starts_with("copied-mm-")), "{names:?}");
         }
         assert_eq!(by(vector).timings.len(), 1);
         assert_eq!(by(vector).chosen, Candidate::MatrixMultiply);

@@ -82,15 +82,16 @@ pub trait Scalar:
 
     /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel,
     /// then, with a mask laid out as `c`, zeroed where the mask is not positive
-    /// (a ReLU's backward), `b` (`k × n`, rows `ldb` apart) read where it lies (`gemm_mm_order_in_place`;
-    /// `tail` is scratch for a last narrow panel; `f32` only: callers ask
+    /// (a ReLU's backward), `b` (`k × n`, rows `ldb` apart) read where it lies
+    /// (`gemm_mm_order_in_place`) or copied a run at a time (`gemm_mm_order_copied`),
+    /// as `kernel` says; `tail` is scratch for a last narrow panel or the copied runs; `f32` only: callers ask
     /// [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
     ///
     /// # Panics
     /// For `f64`, which has no vector packed kernel.
     #[allow(clippy::too_many_arguments)]
     fn gemm_mm_order(
-        kernel: super::gemm_packed::PanelKernel,
+        kernel: super::gemm_packed::MmOrderKernel,
         m: usize,
         a: &[Self],
         lda: usize,
@@ -187,7 +188,7 @@ macro_rules! impl_scalar {
             }
             #[inline]
             fn gemm_mm_order(
-                kernel: super::gemm_packed::PanelKernel,
+                kernel: super::gemm_packed::MmOrderKernel,
                 m: usize,
                 a: &[Self],
                 lda: usize,
@@ -225,7 +226,7 @@ impl_scalar!(
     exp_f32_poly,
     super::gemm_packed::packed_panel_f32,
     super::gemm_packed::packed_span_f32_with,
-    super::gemm_packed::gemm_mm_order_in_place,
+    super::gemm_packed::gemm_mm_order_f32,
     super::gemm_packed::PanelKernel::best() != super::gemm_packed::PanelKernel::Portable,
     super::gemm_packed::pack_transposed_f32,
     Some,
