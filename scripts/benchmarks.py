@@ -378,19 +378,24 @@ state) × 4 bytes, from the shards' own metadata, plus the dense file, per check
 Rerun: `python3 scripts/benchmarks.py --only freshness`.
 """,
     "fp32": """\
-## fp32 kernels on two-FMA-port cores against the build before them
+## fp32 kernels on AVX-512 against the build before them
 
-What the wide AVX-512 kernel (`packed-avx512w` and, in matrixmultiply's order,
-`packed-mm-avx512w`: six rows × 64 columns across four panels, see
-[training.md](training.md), *Vector extensions*) changes on this CPU, **{cpu}**. This build
-and `--previous-bin` (a build without that kernel, whose wide layers at more than 256 rows ran
-on the `gemm` crate) alternate, the first of each round rotating. `tiderec bench kernels
---rows R` gives each build's GEMM bound (DLRM's MLP products alone, on the kernels each build
-chooses, one core) as a share of the AVX-512 FMA peak the same command measures;
+What the packed kernels' last change does on this CPU, **{cpu}**: a backward product
+(`dW = dyᵀ·x`, `dx = dy·W`) may copy the operand its kernel reads as vectors (`x`, `W`) into
+contiguous panels, 256 of its rows at a time, instead of reading it in place, where rows a
+power-of-two stride apart crowd a few sets of the L1 cache (`copied-mm-avx512w`, a candidate
+of the start-up measurement with the same sums, see [training.md](training.md), *The GEMM
+kernels*). The forward products did not change, so their rows show how far this machine's
+rounds scatter. This build and `--previous-bin` (the build before that change) alternate,
+the first of each round rotating, with no cap (every kernel the CPU runs). `tiderec bench
+kernels --rows R` gives each build's GEMM bound (DLRM's MLP products alone, on the kernels
+each build chooses, one core) as a share of the widest FMA peak the same command measures;
 `tiderec bench dlrm --batch-size B` gives training samples/s ({workers} worker(s), {warmup}
-warm-up steps, then {samples:,} samples' worth of timed steps). The second table is the last
-round's: each wide product of DLRM on the kernel each build chose. Rerun: `python3
-scripts/benchmarks.py --only fp32 --previous-bin PATH --splice docs/benchmarks.md`.
+warm-up steps, then {samples:,} samples' worth of timed steps). The second table gives each of
+DLRM's products with both widths of at least 64 (the bottom MLP's 512→256 first) the median
+over the rounds of the chosen kernel's GFLOP/s in each build, and the kernel chosen in most
+rounds. Rerun: `python3 scripts/benchmarks.py --only fp32 --previous-bin PATH --splice
+docs/benchmarks.md`.
 """,
     "fp32-avx2": """\
 ## fp32 kernels on AVX2 against the build before them
@@ -1449,24 +1454,6 @@ def peak_share(k):
     return k["gemm_bound_samples_per_sec"] / k["peak_bound_samples_per_sec"]
 
 
-def wide_products(new, old):
-    """Rows of the wide-product table: DLRM's products with both widths above 64, in model order."""
-    peak = {side: max(p["gflops"] for p in k["fma_peak"]) for side, k in (("new", new), ("old", old))}
-    before = {(p["product"], p["layer"]): p for p in old["products"]}
-    rows, seen = [], set()
-    for p in new["products"]:
-        key = (p["product"], p["layer"])
-        widths = [int(w) for w in p["layer"].split("->")]
-        if min(widths) < 64 or key in seen or key not in before:
-            continue
-        seen.add(key)
-        o = before[key]
-        rows.append([p["product"], p["layer"], p["mnk"], f"`{p['chosen']}`", num(p["chosen_gflops"]),
-                     f"**{100 * p['chosen_gflops'] / peak['new']:.0f}%**", f"`{o['chosen']}`", num(o["chosen_gflops"]),
-                     f"{100 * o['chosen_gflops'] / peak['old']:.0f}%"])
-    return rows
-
-
 def kernel_rounds(run, batch, env=()):
     """Alternated rounds of `bench kernels --rows batch` and `bench dlrm --batch-size batch`, this build
     (`kernels`, `new`) and `--previous-bin` (`kernels_before`, `old`), each command after `env`."""
@@ -1488,27 +1475,9 @@ def bound_row(batch, rounds):
             f"**{ratio(r)}**", span(rs), span([x["load"] for x in rounds], lambda v: f"{v:.1f}")]
 
 
-def section_fp32(run):
-    """This build's fp32 kernels against `--previous-bin`: GEMM bound against the FMA peak, DLRM training samples/s."""
-    workers = run.args.workers
-    rows, wide = [], []
-    for batch in (128, 2048):
-        rounds = kernel_rounds(run, batch)
-        rows.append(bound_row(batch, rounds))
-        wide += [[num(batch), *w] for w in wide_products(rounds[-1]["kernels"], rounds[-1]["kernels_before"])]
-    prose = PROSE["fp32"].format(cpu=bench_vs_torch.cpu_model(), workers=workers, warmup=run.s.warmup,
-                                 samples=run.s.avx2_samples)
-    first = table(["batch", "GEMM bound, this build: share of the FMA peak", "build before",
-                   "DLRM samples/s, this build (median)", "build before (baseline)", "this / before", "per round",
-                   "load (1 min) per round"], rows, right=range(0, 8))
-    second = table(["rows", "product", "layer", "m x n x k", "this build: kernel", "GFLOP/s", "share of peak",
-                    "build before: kernel", "GFLOP/s", "share of peak"], wide, right=(0, 5, 6, 8, 9))
-    return prose, first + "\n\n" + second
-
-
 def product_medians(rounds, side):
     """`(product, layer) -> (most chosen kernel, median GFLOP/s, mnk)` over the rounds' kernel reports
-    (the first of two products of one layer, as `wide_products` keeps)."""
+    (the first of two products of one layer: the bottom MLP's 512→256 before the top one's)."""
     found = {}
     for r in rounds:
         seen = set()
@@ -1521,14 +1490,12 @@ def product_medians(rounds, side):
                   ps[0]["mnk"]) for key, ps in found.items()}
 
 
-def section_fp32_avx2(run):
-    """This build's AVX2 fp32 kernels against `--previous-bin`, both under `TIDEREC_MAX_ISA=avx2`."""
-    workers = run.args.workers
+def kernel_comparison(run, env, peak_name):
+    """This build's fp32 kernels against `--previous-bin`, each command after `env`: the GEMM-bound table
+    (share of the FMA peak, DLRM samples/s) and the per-product table (medians over the rounds)."""
     rows, products = [], []
     for batch in (128, 2048):
-        rounds = kernel_rounds(run, batch, env=["env", "TIDEREC_MAX_ISA=avx2"])
-        if rounds[0]["kernels"].get("max_isa") != "avx2":
-            raise Failed(f"bench kernels did not report the cap in force: max_isa {rounds[0]['kernels'].get('max_isa')!r}")
+        rounds = kernel_rounds(run, batch, env=env)
         rows.append(bound_row(batch, rounds))
         peak = statistics.median(max(p["gflops"] for p in r["kernels"]["fma_peak"]) for r in rounds)
         new, old = product_medians(rounds, "kernels"), product_medians(rounds, "kernels_before")
@@ -1539,15 +1506,29 @@ def section_fp32_avx2(run):
             products.append([num(batch), key[0], key[1], mnk, f"`{kernel}`", num(gflops),
                              f"**{100 * gflops / peak:.0f}%**", f"`{o_kernel}`", num(o_gflops),
                              f"{100 * o_gflops / peak:.0f}%", f"**{ratio(gflops / o_gflops)}**"])
-    prose = PROSE["fp32-avx2"].format(cpu=cpu_description(), workers=workers, warmup=run.s.warmup,
-                                      samples=run.s.avx2_samples)
-    first = table(["batch", "GEMM bound, this build: share of the AVX2 FMA peak", "build before",
+        if env and rounds[0]["kernels"].get("max_isa") != "avx2":
+            raise Failed(f"bench kernels did not report the cap in force: max_isa {rounds[0]['kernels'].get('max_isa')!r}")
+    first = table(["batch", f"GEMM bound, this build: share of the {peak_name} FMA peak", "build before",
                    "DLRM samples/s, this build (median)", "build before (baseline)", "this / before", "per round",
                    "load (1 min) per round"], rows, right=range(0, 8))
     second = table(["rows", "product", "layer", "m x n x k", "this build: kernel", "GFLOP/s", "share of peak",
                     "build before: kernel", "GFLOP/s", "share of peak", "this / before"], products,
                    right=(0, 5, 6, 8, 9, 10))
-    return prose, first + "\n\n" + second
+    return first + "\n\n" + second
+
+
+def section_fp32(run):
+    """This build's fp32 kernels against `--previous-bin`, every kernel the CPU runs."""
+    prose = PROSE["fp32"].format(cpu=cpu_description(), workers=run.args.workers, warmup=run.s.warmup,
+                                 samples=run.s.avx2_samples)
+    return prose, kernel_comparison(run, [], "widest")
+
+
+def section_fp32_avx2(run):
+    """This build's AVX2 fp32 kernels against `--previous-bin`, both under `TIDEREC_MAX_ISA=avx2`."""
+    prose = PROSE["fp32-avx2"].format(cpu=cpu_description(), workers=run.args.workers, warmup=run.s.warmup,
+                                      samples=run.s.avx2_samples)
+    return prose, kernel_comparison(run, ["env", "TIDEREC_MAX_ISA=avx2"], "AVX2")
 
 
 def section_avx2(run):
@@ -1679,8 +1660,8 @@ def parse_args(argv=None):
     p.add_argument("--baseline-bin", default=None,
                    help="the older tiderec binary the avx2 section compares with (without it, avx2 is left out)")
     p.add_argument("--previous-bin", default=None,
-                   help="a tiderec build before the wide AVX-512 kernel, for the fp32 section (without it, fp32 is "
-                        "left out)")
+                   help="the tiderec build before the packed kernels' last change, for the fp32 and fp32-avx2 "
+                        "sections (without it, both are left out)")
     p.add_argument("--splice", default=None, metavar="FILE",
                    help="write each section run into FILE in place of its namesake (appended if FILE has none), "
                         "leaving the rest of FILE as it is")

@@ -363,10 +363,10 @@ pub(crate) fn gemm_mm_order_in_place(
 /// stride apart; with a stride of a power of two (a layer 512 wide is 2 KiB) a
 /// run's lines fall into a few sets of the L1 cache and evict each other, so
 /// every step reads `b` from L2. The copied panels are contiguous and stay
-/// in L1; the copy is one pass over `b` per product, worth it when many rows
-/// of `a` reuse each run (1.1–1.3× on DLRM's wide `dW` and `dx` at 2,048 rows
-/// on a Sapphire Rapids core; slower where few rows do, as a `dW` into 64
-/// outputs or a `dx` at 128 rows): the start-up measurement chooses.
+/// in L1; the copy is one pass over `b` per product, worth it where many rows
+/// of `a` reuse each run (DLRM's top MLP at 2,048 rows on a Sapphire Rapids
+/// core, `docs/benchmarks.md`) and not where few do (a `dW` into 64 outputs,
+/// a `dx` at 128 rows): the start-up measurement chooses.
 ///
 /// # Panics
 /// As [`gemm_mm_order_in_place`].

@@ -184,16 +184,23 @@ fn assert_gemm_bound_rows(doc: &str, column: &str) {
 /// The fp32 comparison against an older build, here this same binary: both
 /// batches hold a finite ratio and GEMM bounds given as shares of the FMA peak
 /// (positive; a `--quick` run under the test suite's load measures the peak
-/// too briefly to bound them by 100%), and the wide-product table names each
-/// build's kernel.
+/// too briefly to bound them by 100%), and the product table gives each wide
+/// product at both batches with each build's kernel and a finite ratio.
 #[test]
 fn the_fp32_section_compares_the_gemm_bound_with_the_fma_peak() {
     let Some(doc) = against_this_binary("fp32") else { return };
-    assert!(doc.contains("## fp32 kernels on two-FMA-port cores against the build before them"), "{doc}");
-    assert_gemm_bound_rows(&doc, "this / before");
-    let (_, wide) = table_rows(&doc, "build before: kernel");
-    assert!(wide.iter().any(|r| r[1] == "forward" && r[2] == "512->256"), "{doc}");
-    assert!(wide.iter().all(|r| r[4].starts_with('`') && r[7].starts_with('`')), "{doc}");
+    assert!(doc.contains("## fp32 kernels on AVX-512 against the build before them"), "{doc}");
+    assert_gemm_bound_rows(&doc, "share of the widest FMA peak");
+    let (_, products) = table_rows(&doc, "build before: kernel");
+    for batch in ["128", "2,048"] {
+        let at = |r: &&Vec<&str>| r[0] == batch && r[1] == "dW" && r[2] == "512->256";
+        assert!(products.iter().any(|r| at(&r)), "no dW 512->256 at {batch} rows:\n{doc}");
+    }
+    for row in &products {
+        assert!(row[4].starts_with('`') && row[7].starts_with('`'), "{row:?}");
+        let ratio = number(row[10]);
+        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
+    }
 }
 
 /// The AVX2 fp32 comparison against an older build, here this same binary, both
