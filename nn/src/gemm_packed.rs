@@ -403,7 +403,7 @@ pub(crate) fn gemm_mm_order_copied(
 
 /// How a backward product in matrixmultiply's order runs on the packed
 /// kernels: the panel kernel, and whether `b` is read in place
-/// ([`gemm_mm_order_in_place`]) or copied a run at a time ([`gemm_mm_order_copied`]).
+/// (`gemm_mm_order_in_place`) or copied a run at a time (`gemm_mm_order_copied`).
 /// Every choice gives the same sums.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmOrderKernel {
