@@ -126,7 +126,7 @@ reading `x` and `W` where they lie, with no per-step copy:
 each entry a chain of fused multiply-adds from zero over runs of 256 reduction steps, the
 runs added to the output in order), and the widest of them once more with `x` or `W`
 copied into contiguous panels one run of 256 rows at a time (`copied-mm-…`,
-`gemm_mm_order_copied`: rows read in place lie a power-of-two stride apart, so their lines
+`gemm_mm_order_f32`: rows read in place lie a power-of-two stride apart, so their lines
 crowd a few L1 sets; the copy pays where many rows reuse each run, as at 2,048 rows), so the
 measurement picks among results equal bit for
 bit (test `gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`); a packed

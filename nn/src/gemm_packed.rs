@@ -353,11 +353,23 @@ pub(crate) fn gemm_mm_order_in_place(
     gemm_packed_chunks(m, a, lda, a_step, operands, c, ldc, MM_KC, &mut |s| packed_span_f32_with(kernel, s))
 }
 
-/// [`gemm_mm_order_in_place`]'s product with `b` copied into `panels` one run
-/// of [`MM_KC`] rows at a time (every column of the run, as zero-padded
-/// panels) and each run's panels read from there: the same chains of fused
-/// multiply-adds and the same adds to `c` as reading `b` in place, so equal
-/// bit for bit, and to matrixmultiply (`tests::mm_order_equals_matrixmultiply_bit_for_bit`).
+/// How a backward product in matrixmultiply's order runs on the packed
+/// kernels: the panel kernel, and whether `b` is read in place or copied a
+/// run at a time ([`gemm_mm_order_f32`]). Every choice gives the same sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmOrderKernel {
+    /// The panel kernel.
+    pub kernel: PanelKernel,
+    /// Whether `b` is copied into panels a run at a time.
+    pub copy_b: bool,
+}
+
+/// [`gemm_mm_order_in_place`]'s product on `choice.kernel`; with
+/// `choice.copy_b`, `b` is copied into `scratch` one run of [`MM_KC`] rows
+/// at a time (every column of the run, as zero-padded panels) and each run's
+/// panels are read from there: the same chains of fused multiply-adds and the
+/// same adds to `c` as reading `b` in place, so equal bit for bit, and to
+/// matrixmultiply (`tests::mm_order_equals_matrixmultiply_bit_for_bit`).
 ///
 /// Reading in place, a 64-column block of `b`'s rows lies on lines one row
 /// stride apart; with a stride of a power of two (a layer 512 wide is 2 KiB) a
@@ -371,69 +383,34 @@ pub(crate) fn gemm_mm_order_in_place(
 /// # Panics
 /// As [`gemm_mm_order_in_place`].
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_mm_order_copied(
-    kernel: PanelKernel,
-    m: usize,
-    a: &[f32],
-    lda: usize,
-    a_step: usize,
-    (k, n, b, ldb): (usize, usize, &[f32], usize),
-    panels: &mut PackedRhs<f32>,
-    (c, mask): (&mut [f32], Option<&[f32]>),
-    ldc: usize,
-) {
-    assert!(ldb >= n, "gemm_mm_order_copied: stride {ldb} shorter than a row of {n}");
-    assert!(k == 0 || n == 0 || b.len() >= (k - 1) * ldb + n, "gemm_mm_order_copied: b too short");
-    if k == 0 {
-        // No run to copy: the in-place product writes the zeros (and the mask).
-        return gemm_mm_order_in_place(kernel, m, a, lda, a_step, (k, n, b, ldb), panels, (c, mask), ldc);
-    }
-    for k0 in (0..k).step_by(MM_KC) {
-        let kc = MM_KC.min(k - k0);
-        panels.pack_columns(kc, 0, n, &b[k0 * ldb..], ldb);
-        // Each run's chains from zero, added to `c` after the first run; the
-        // mask on the last, as the in-place product's chunks do.
-        let last = k0 + kc == k;
-        let finish = Finish { mask: mask.filter(|_| last), ..Finish::NONE };
-        let a = &a[k0 * a_step..];
-        let operands = (Panels::Packed(panels), k0 > 0, finish);
-        gemm_packed_chunks(m, a, lda, a_step, operands, &mut *c, ldc, kc, &mut |s| packed_span_f32_with(kernel, s));
-    }
-}
-
-/// How a backward product in matrixmultiply's order runs on the packed
-/// kernels: the panel kernel, and whether `b` is read in place
-/// (`gemm_mm_order_in_place`) or copied a run at a time (`gemm_mm_order_copied`).
-/// Every choice gives the same sums.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MmOrderKernel {
-    /// The panel kernel.
-    pub kernel: PanelKernel,
-    /// Whether `b` is copied into panels a run at a time.
-    pub copy_b: bool,
-}
-
-/// [`gemm_mm_order_in_place`] or [`gemm_mm_order_copied`], as `choice` says
-/// (`scratch` holds the narrow last panel, or the copied runs).
-///
-/// # Panics
-/// As those do.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_mm_order_f32(
     choice: MmOrderKernel,
     m: usize,
     a: &[f32],
     lda: usize,
     a_step: usize,
-    b: (usize, usize, &[f32], usize),
+    (k, n, b, ldb): (usize, usize, &[f32], usize),
     scratch: &mut PackedRhs<f32>,
-    c: (&mut [f32], Option<&[f32]>),
+    (c, mask): (&mut [f32], Option<&[f32]>),
     ldc: usize,
 ) {
-    if choice.copy_b {
-        gemm_mm_order_copied(choice.kernel, m, a, lda, a_step, b, scratch, c, ldc)
-    } else {
-        gemm_mm_order_in_place(choice.kernel, m, a, lda, a_step, b, scratch, c, ldc)
+    let kernel = choice.kernel;
+    if !choice.copy_b || k == 0 {
+        // In place (with no run to copy, the in-place product writes the zeros and the mask).
+        return gemm_mm_order_in_place(kernel, m, a, lda, a_step, (k, n, b, ldb), scratch, (c, mask), ldc);
+    }
+    assert!(ldb >= n, "gemm_mm_order: stride {ldb} shorter than a row of {n}");
+    assert!(n == 0 || b.len() >= (k - 1) * ldb + n, "gemm_mm_order: b too short");
+    for k0 in (0..k).step_by(MM_KC) {
+        let kc = MM_KC.min(k - k0);
+        scratch.pack_columns(kc, 0, n, &b[k0 * ldb..], ldb);
+        // Each run's chains from zero, added to `c` after the first run; the
+        // mask on the last, as the in-place product's chunks do.
+        let last = k0 + kc == k;
+        let finish = Finish { mask: mask.filter(|_| last), ..Finish::NONE };
+        let a = &a[k0 * a_step..];
+        let operands = (Panels::Packed(scratch), k0 > 0, finish);
+        gemm_packed_chunks(m, a, lda, a_step, operands, &mut *c, ldc, kc, &mut |s| packed_span_f32_with(kernel, s));
     }
 }
 

@@ -19,7 +19,7 @@
 //! in matrixmultiply's summation order (`gemm_mm_order_in_place`: the same
 //! chains of fused multiply-adds over the same runs of 256 steps; and the
 //! widest kernel once more with its vector operand copied a run at a time,
-//! `gemm_mm_order_copied`), equal to it
+//! `gemm_mm_order_f32`), equal to it
 //! bit for bit (`gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`);
 //! [`choose_backward_kernels`] picks the fastest, keeping matrixmultiply unless
 //! a packed kernel beats it by [`BACKWARD_MARGIN`] ([`backward_winner`]).
@@ -108,7 +108,7 @@ pub enum Candidate {
     MatrixMultiply,
     /// A backward product on the packed kernel in matrixmultiply's order (`gemm_mm_order_in_place`).
     PackedMmOrder(PanelKernel),
-    /// The same with `b` copied into panels a run at a time (`gemm_mm_order_copied`).
+    /// The same with `b` copied into panels a run at a time (`gemm_mm_order_f32`).
     CopiedMmOrder(PanelKernel),
 }
 

@@ -83,7 +83,7 @@ pub trait Scalar:
     /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel,
     /// then, with a mask laid out as `c`, zeroed where the mask is not positive
     /// (a ReLU's backward), `b` (`k × n`, rows `ldb` apart) read where it lies
-    /// (`gemm_mm_order_in_place`) or copied a run at a time (`gemm_mm_order_copied`),
+    /// (`gemm_mm_order_in_place`) or copied a run at a time (`gemm_mm_order_f32`),
     /// as `kernel` says; `tail` is scratch for a last narrow panel or the copied runs; `f32` only: callers ask
     /// [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
     ///

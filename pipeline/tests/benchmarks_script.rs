@@ -191,16 +191,7 @@ fn the_fp32_section_compares_the_gemm_bound_with_the_fma_peak() {
     let Some(doc) = against_this_binary("fp32") else { return };
     assert!(doc.contains("## fp32 kernels on AVX-512 against the build before them"), "{doc}");
     assert_gemm_bound_rows(&doc, "share of the widest FMA peak");
-    let (_, products) = table_rows(&doc, "build before: kernel");
-    for batch in ["128", "2,048"] {
-        let at = |r: &&Vec<&str>| r[0] == batch && r[1] == "dW" && r[2] == "512->256";
-        assert!(products.iter().any(|r| at(&r)), "no dW 512->256 at {batch} rows:\n{doc}");
-    }
-    for row in &products {
-        assert!(row[4].starts_with('`') && row[7].starts_with('`'), "{row:?}");
-        let ratio = number(row[10]);
-        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
-    }
+    assert_product_rows(&doc, "dW");
 }
 
 /// The AVX2 fp32 comparison against an older build, here this same binary, both
@@ -213,10 +204,17 @@ fn the_fp32_avx2_section_compares_both_builds_under_the_cap() {
     let Some(doc) = against_this_binary("fp32-avx2") else { return };
     assert!(doc.contains("## fp32 kernels on AVX2 against the build before them"), "{doc}");
     assert_gemm_bound_rows(&doc, "share of the AVX2 FMA peak");
-    let (_, products) = table_rows(&doc, "build before: kernel");
+    assert_product_rows(&doc, "forward");
+}
+
+/// The per-product table of a comparison with an older build: `product` of the
+/// 512→256 layer at both batches, and every row with each build's kernel and a
+/// finite ratio.
+fn assert_product_rows(doc: &str, product: &str) {
+    let (_, products) = table_rows(doc, "build before: kernel");
     for batch in ["128", "2,048"] {
-        let at = |r: &&Vec<&str>| r[0] == batch && r[1] == "forward" && r[2] == "512->256";
-        assert!(products.iter().any(|r| at(&r)), "no forward 512->256 at {batch} rows:\n{doc}");
+        let at = |r: &&Vec<&str>| r[0] == batch && r[1] == product && r[2] == "512->256";
+        assert!(products.iter().any(|r| at(&r)), "no {product} 512->256 at {batch} rows:\n{doc}");
     }
     for row in &products {
         assert!(row[4].starts_with('`') && row[7].starts_with('`'), "{row:?}");
