@@ -355,7 +355,7 @@ pub(crate) fn gemm_mm_order_in_place(
 
 /// How a backward product in matrixmultiply's order runs on the packed
 /// kernels: the panel kernel, and whether `b` is read in place or copied a
-/// run at a time ([`gemm_mm_order_f32`]). Every choice gives the same sums.
+/// run at a time (`gemm_mm_order_f32`). Every choice gives the same sums.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmOrderKernel {
     /// The panel kernel.
