@@ -17,6 +17,8 @@ use memmap2::MmapMut;
 /// A fixed-length, zero-initialised `f32` buffer.
 pub struct HugeBuffer {
     map: Option<MmapMut>,
+    /// Bytes from the start of `map` to the first value.
+    offset: usize,
     len: usize,
 }
 
@@ -26,21 +28,32 @@ impl std::fmt::Debug for HugeBuffer {
     }
 }
 
+/// The transparent huge page size of x86-64 and most aarch64 kernels.
+pub const HUGE_PAGE: usize = 2 << 20;
+
 impl HugeBuffer {
     /// `len` zeros, for `what` (named in errors). Falls back to a plain anonymous map if huge
     /// pages are refused; errors when the byte size overflows or the system refuses the map.
+    ///
+    /// A buffer of at least [`HUGE_PAGE`] bytes starts on a huge-page boundary, so
+    /// every whole huge page of it can be one: the map is one huge page longer than
+    /// the buffer, and only the buffer's own range is advised (the unused head
+    /// and tail of the map are never touched and take no memory).
     pub fn zeroed(len: usize, what: &str) -> Result<Self, OperatorError> {
         if len == 0 {
-            return Ok(HugeBuffer { map: None, len });
+            return Ok(HugeBuffer { map: None, offset: 0, len });
         }
-        let bytes = len.checked_mul(std::mem::size_of::<f32>()).ok_or_else(|| {
-            OperatorError::memory(what, format!("{len} floats do not fit in this machine's address space"))
-        })?;
-        let map = MmapMut::map_anon(bytes)
-            .map_err(|e| OperatorError::memory(what, format!("cannot map {bytes} bytes: {e}")))?;
+        let too_big =
+            || OperatorError::memory(what, format!("{len} floats do not fit in this machine's address space"));
+        let bytes = len.checked_mul(std::mem::size_of::<f32>()).ok_or_else(too_big)?;
+        let aligned = bytes >= HUGE_PAGE;
+        let mapped = if aligned { bytes.checked_add(HUGE_PAGE).ok_or_else(too_big)? } else { bytes };
+        let map = MmapMut::map_anon(mapped)
+            .map_err(|e| OperatorError::memory(what, format!("cannot map {mapped} bytes: {e}")))?;
+        let offset = if aligned { map.as_ptr().align_offset(HUGE_PAGE) } else { 0 };
         #[cfg(target_os = "linux")]
-        let _ = map.advise(memmap2::Advice::HugePage);
-        Ok(HugeBuffer { map: Some(map), len })
+        let _ = map.advise_range(memmap2::Advice::HugePage, offset, bytes);
+        Ok(HugeBuffer { map: Some(map), offset, len })
     }
 }
 
@@ -48,8 +61,9 @@ impl std::ops::Deref for HugeBuffer {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
         match &self.map {
-            // SAFETY: the map is page-aligned, holds `len` f32s and zero bytes are a valid f32.
-            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr() as *const f32, self.len) },
+            // SAFETY: the map is page-aligned, holds `offset` bytes and then `len` f32s
+            // (`zeroed`), and zero bytes are a valid f32.
+            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr().add(self.offset) as *const f32, self.len) },
             None => &[],
         }
     }
@@ -59,9 +73,63 @@ impl std::ops::DerefMut for HugeBuffer {
     fn deref_mut(&mut self) -> &mut [f32] {
         match &mut self.map {
             // SAFETY: as above, and the map is uniquely borrowed.
-            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut f32, self.len) },
+            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr().add(self.offset) as *mut f32, self.len) },
             None => &mut [],
         }
+    }
+}
+
+/// Values per cache line: every table of [`HugeTables`] starts on one, so a row
+/// of a line's size (a 16-wide `f32` row) is one line, not two.
+const LINE_FLOATS: usize = LINE / std::mem::size_of::<f32>();
+
+/// Several zeroed `f32` tables back to back in one [`HugeBuffer`], each
+/// starting on a cache line.
+///
+/// One map for all of them: a small table shares huge pages with its
+/// neighbours instead of taking 4 KiB pages of its own, and only the last
+/// table's tail can miss a huge page (one map per table leaves a partial huge
+/// page at both ends of every table).
+#[derive(Debug)]
+pub struct HugeTables {
+    buffer: HugeBuffer,
+    /// Per table, its first value and its length.
+    spans: Vec<(usize, usize)>,
+}
+
+impl HugeTables {
+    /// Tables of `lens[t]` zeros, for `what` (named in errors). Errors when the
+    /// total byte size overflows or the system refuses the map.
+    pub fn zeroed(lens: &[usize], what: &str) -> Result<Self, OperatorError> {
+        let mut spans = Vec::with_capacity(lens.len());
+        let mut end = 0usize;
+        for &len in lens {
+            let start = end.checked_next_multiple_of(LINE_FLOATS);
+            end = start.and_then(|s| s.checked_add(len)).ok_or_else(|| {
+                OperatorError::memory(what, format!("{} tables do not fit in this machine's address space", lens.len()))
+            })?;
+            spans.push((end - len, len));
+        }
+        Ok(HugeTables { buffer: HugeBuffer::zeroed(end, what)?, spans })
+    }
+
+    /// Table `t`.
+    #[inline]
+    pub fn table(&self, t: usize) -> &[f32] {
+        let (start, len) = self.spans[t];
+        &self.buffer[start..start + len]
+    }
+
+    /// Table `t`, writable.
+    #[inline]
+    pub fn table_mut(&mut self, t: usize) -> &mut [f32] {
+        let (start, len) = self.spans[t];
+        &mut self.buffer[start..start + len]
+    }
+
+    /// The tables in order.
+    pub fn tables(&self) -> impl Iterator<Item = &[f32]> + '_ {
+        (0..self.spans.len()).map(|t| self.table(t))
     }
 }
 
@@ -105,6 +173,30 @@ mod tests {
         b[12345] = 2.5;
         assert_eq!(b[12345], 2.5);
         assert_eq!(HugeBuffer::zeroed(0, "t").unwrap().len(), 0);
+    }
+
+    #[test]
+    fn large_buffers_start_on_a_huge_page() {
+        let b = HugeBuffer::zeroed(HUGE_PAGE / 4 + 3, "t").unwrap();
+        assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0);
+        assert_eq!(b.len(), HUGE_PAGE / 4 + 3);
+        assert!(b.iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn tables_start_on_cache_lines_and_do_not_overlap() {
+        let lens = [3usize, 0, 16, 17, 1];
+        let mut t = HugeTables::zeroed(&lens, "t").unwrap();
+        for (k, &n) in lens.iter().enumerate() {
+            assert_eq!(t.table(k).len(), n);
+            assert_eq!(t.table(k).as_ptr() as usize % LINE, 0, "table {k}");
+            t.table_mut(k).iter_mut().for_each(|v| *v = k as f32);
+        }
+        for (k, table) in t.tables().enumerate() {
+            assert!(table.iter().all(|&v| v == k as f32), "table {k} was overwritten");
+        }
+        let e = HugeTables::zeroed(&[usize::MAX - 8, 16], "rows").unwrap_err().to_string();
+        assert!(e.contains("rows") && e.contains("address space"), "{e}");
     }
 
     #[test]

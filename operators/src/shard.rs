@@ -8,7 +8,7 @@
 //! Rows are initialised from `(seed, table, id)` alone, so the initial model
 //! is the same for every worker count.
 
-use crate::huge::{prefetch_lines, HugeBuffer};
+use crate::huge::{prefetch_lines, HugeTables};
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
 use crate::rng::row_uniform;
 use crate::snapshot::TableRows;
@@ -27,10 +27,11 @@ pub struct EmbeddingShard {
     pub dim: usize,
     /// Logical rows per table.
     pub table_sizes: Vec<u64>,
-    rows: Vec<HugeBuffer>,
+    /// Per table, `dim` values per local row.
+    rows: HugeTables,
     /// Per table, `state_width` optimizer values per local row (huge pages too:
     /// an update reads and writes its row's state at a random place, as the row).
-    state: Vec<HugeBuffer>,
+    state: HugeTables,
     state_width: usize,
     optimizer: SparseOptimizerKind,
     hp: OptimizerParams,
@@ -44,8 +45,12 @@ impl EmbeddingShard {
     /// Allocates and initialises this worker's rows: `U(−1/√n, 1/√n)` for a table of `n` rows
     /// (the DLRM reference initialisation).
     ///
+    /// All tables' rows share one huge-page map, and all their optimizer states another
+    /// (see [`HugeTables`]).
+    ///
     /// Errors: [`OperatorError::Memory`] naming the table when its rows or optimizer state do
-    /// not fit in the address space or cannot be allocated.
+    /// not fit in the address space, or naming the rows or the state when the system cannot
+    /// allocate them.
     pub fn new(
         worker: usize,
         workers: usize,
@@ -55,9 +60,8 @@ impl EmbeddingShard {
         optimizer: SparseOptimizerKind,
         hp: OptimizerParams,
     ) -> Result<Self, OperatorError> {
-        let mut rows = Vec::with_capacity(table_sizes.len());
-        let mut state = Vec::with_capacity(table_sizes.len());
         let state_width = optimizer.state_width(dim);
+        let (mut row_lens, mut state_lens) = (Vec::new(), Vec::new());
         for (t, &n) in table_sizes.iter().enumerate() {
             let too_big = |what: &str| {
                 OperatorError::memory(
@@ -69,13 +73,18 @@ impl EmbeddingShard {
                 )
             };
             let local = usize::try_from(n.div_ceil(workers as u64)).map_err(|_| too_big("rows"))?;
-            let floats = local.checked_mul(dim).ok_or_else(|| too_big(&format!("dim {dim}")))?;
-            let state_floats = local
-                .checked_mul(state_width)
-                .ok_or_else(|| too_big(&format!("optimizer state width {state_width}")))?;
+            row_lens.push(local.checked_mul(dim).ok_or_else(|| too_big(&format!("dim {dim}")))?);
+            state_lens.push(
+                local
+                    .checked_mul(state_width)
+                    .ok_or_else(|| too_big(&format!("optimizer state width {state_width}")))?,
+            );
+        }
+        let mut rows = HugeTables::zeroed(&row_lens, "embedding tables")?;
+        let mut state = HugeTables::zeroed(&state_lens, "optimizer state of the embedding tables")?;
+        for (t, &n) in table_sizes.iter().enumerate() {
             let bound = crate::rng::init_bound(n);
-            let mut table = HugeBuffer::zeroed(floats, &format!("embedding table {t}"))?;
-            for (l, row) in table.chunks_exact_mut(dim).enumerate() {
+            for (l, row) in rows.table_mut(t).chunks_exact_mut(dim).enumerate() {
                 let id = Self::id_of(t, l, worker, workers);
                 if id < n {
                     for (c, v) in row.iter_mut().enumerate() {
@@ -83,12 +92,9 @@ impl EmbeddingShard {
                     }
                 }
             }
-            rows.push(table);
-            let mut table_state = HugeBuffer::zeroed(state_floats, &format!("optimizer state of embedding table {t}"))?;
-            for row_state in table_state.chunks_exact_mut(state_width.max(1)) {
+            for row_state in state.table_mut(t).chunks_exact_mut(state_width.max(1)) {
                 optimizer.init_state(&hp, row_state);
             }
-            state.push(table_state);
         }
         let mut initial_state = vec![0.0; state_width];
         if state_width > 0 {
@@ -126,7 +132,7 @@ impl EmbeddingShard {
     #[inline]
     pub fn row(&self, table: usize, id: u64) -> &[f32] {
         let l = self.local(table, id);
-        &self.rows[table][l * self.dim..(l + 1) * self.dim]
+        &self.rows.table(table)[l * self.dim..(l + 1) * self.dim]
     }
 
     /// Rows prefetched ahead of the one being copied or updated. Rows sit at
@@ -140,7 +146,7 @@ impl EmbeddingShard {
     /// Appends the rows of `ids` to `out`, prefetching a few rows ahead.
     pub fn gather(&self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
         let d = self.dim;
-        let rows = &self.rows[table];
+        let rows = self.rows.table(table);
         let w = self.workers as u64;
         out.reserve(ids.len() * d);
         for (k, &id) in ids.iter().enumerate() {
@@ -159,10 +165,10 @@ impl EmbeddingShard {
     #[inline]
     pub fn prefetch_row(&self, table: usize, id: u64) {
         let local = (id / self.workers as u64) as usize;
-        if let Some(r) = self.rows[table].get(local * self.dim..(local + 1) * self.dim) {
+        if let Some(r) = self.rows.table(table).get(local * self.dim..(local + 1) * self.dim) {
             prefetch_lines(r);
         }
-        if let Some(a) = self.state[table].get(local * self.state_width..(local + 1) * self.state_width) {
+        if let Some(a) = self.state.table(table).get(local * self.state_width..(local + 1) * self.state_width) {
             prefetch_lines(a);
         }
     }
@@ -175,7 +181,7 @@ impl EmbeddingShard {
 
     /// Local rows of `table` held here (the length of a per-row scratch array).
     pub fn local_len(&self, table: usize) -> usize {
-        self.rows[table].len() / self.dim.max(1)
+        self.rows.table(table).len() / self.dim.max(1)
     }
 
     /// Sets the row optimizer's learning rate for the next updates.
@@ -188,16 +194,16 @@ impl EmbeddingShard {
     pub fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         let l = self.local(table, id);
         let d = self.dim;
-        let row = &mut self.rows[table][l * d..(l + 1) * d];
+        let row = &mut self.rows.table_mut(table)[l * d..(l + 1) * d];
         let w = self.state_width;
-        let state = &mut self.state[table][l * w..(l + 1) * w];
+        let state = &mut self.state.table_mut(table)[l * w..(l + 1) * w];
         apply_row(self.optimizer, &self.hp, row, grad, state);
     }
 
     /// Σ of squares of every row this worker owns, in f64.
     pub fn sum_of_squares(&self) -> f64 {
         let mut s = 0.0f64;
-        for (t, table) in self.rows.iter().enumerate() {
+        for (t, table) in self.rows.tables().enumerate() {
             for (l, row) in table.chunks_exact(self.dim).enumerate() {
                 if Self::id_of(t, l, self.worker, self.workers) < self.table_sizes[t] {
                     s += row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>();
@@ -209,7 +215,7 @@ impl EmbeddingShard {
 
     /// Number of rows (over all tables) held here.
     pub fn num_rows(&self) -> usize {
-        self.rows.iter().map(|r| r.len() / self.dim.max(1)).sum()
+        self.rows.tables().map(|r| r.len() / self.dim.max(1)).sum()
     }
 
     /// Optimizer state values per row.
@@ -234,8 +240,8 @@ impl EmbeddingShard {
                 break; // ids grow with the local index
             }
             out.ids.push(id);
-            out.rows.extend_from_slice(&self.rows[table][l * d..(l + 1) * d]);
-            out.state.extend_from_slice(&self.state[table][l * w..(l + 1) * w]);
+            out.rows.extend_from_slice(&self.rows.table(table)[l * d..(l + 1) * d]);
+            out.state.extend_from_slice(&self.state.table(table)[l * w..(l + 1) * w]);
         }
         out
     }
@@ -246,8 +252,8 @@ impl EmbeddingShard {
         let (d, w) = (self.dim, self.state_width);
         let l = self.local(table, id);
         let bound = crate::rng::init_bound(self.table_sizes[table]);
-        crate::rng::init_row(self.seed, table, id, bound, &mut self.rows[table][l * d..(l + 1) * d]);
-        self.state[table][l * w..(l + 1) * w].copy_from_slice(&self.initial_state);
+        crate::rng::init_row(self.seed, table, id, bound, &mut self.rows.table_mut(table)[l * d..(l + 1) * d]);
+        self.state.table_mut(table)[l * w..(l + 1) * w].copy_from_slice(&self.initial_state);
     }
 
     /// The global id stored at local index `local` of `table` here.
@@ -260,8 +266,8 @@ impl EmbeddingShard {
         let (d, w) = (self.dim, self.state_width);
         let l = self.local(table, id);
         out.ids.push(id);
-        out.rows.extend_from_slice(&self.rows[table][l * d..(l + 1) * d]);
-        out.state.extend_from_slice(&self.state[table][l * w..(l + 1) * w]);
+        out.rows.extend_from_slice(&self.rows.table(table)[l * d..(l + 1) * d]);
+        out.state.extend_from_slice(&self.state.table(table)[l * w..(l + 1) * w]);
     }
 
     /// Overwrites row `id` of `table` and its optimizer state (restoring a
@@ -270,8 +276,8 @@ impl EmbeddingShard {
         let (d, w) = (self.dim, self.state_width);
         crate::snapshot::check_row((self.worker, self.workers, d, w), &self.table_sizes, table, id, row, state)?;
         let l = (id / self.workers as u64) as usize;
-        self.rows[table][l * d..(l + 1) * d].copy_from_slice(row);
-        self.state[table][l * w..(l + 1) * w].copy_from_slice(state);
+        self.rows.table_mut(table)[l * d..(l + 1) * d].copy_from_slice(row);
+        self.state.table_mut(table)[l * w..(l + 1) * w].copy_from_slice(state);
         Ok(())
     }
 }
