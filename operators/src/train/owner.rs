@@ -32,6 +32,9 @@ pub(super) struct Owner {
     train_steps: u64,
     /// The table of each lookup slot: sparse field `f` reads table `f`; sequence field `s` reads `sequence_tables[s]`.
     slot_tables: Vec<usize>,
+    /// No two lookup slots read one table: then one sender's ids are distinct
+    /// within each table (its home de-duplicates each slot's ids).
+    distinct_tables: bool,
     dense_optimizer: DenseOptimizer,
     /// The base hyper-parameters (learning rates before their schedules).
     dense_hp: OptimizerParams,
@@ -115,6 +118,7 @@ impl Owner {
             store,
             train_steps: 0,
             marked: None,
+            distinct_tables: distinct(&slot_tables),
             slot_tables,
             dense_optimizer: DenseOptimizer::new(config.dense_optimizer, config.dense_hp, slice.len()),
             dense_hp: config.dense_hp,
@@ -417,6 +421,108 @@ impl Owner {
         }
     }
 
+    /// The row gradients of one sender whose rows are distinct per table: each
+    /// row's sum is its own gradient, applied where it lies in the message (the
+    /// same values as [`sum_and_apply`](Self::sum_and_apply) without gathering
+    /// them into `scratch`). Returns whether every gradient is finite.
+    fn apply_one_sender(&mut self, m: &GradientMessage, scale: f32, d: usize) -> bool {
+        let request = &self.pending[m.from as usize];
+        let request_ids = &self.pending_ids[m.from as usize];
+        let pgrads = &self.pgrads[m.from as usize];
+        let (mut start, mut row_at, mut prow_at) = (0usize, 0usize, 0usize);
+        let mut segments = Vec::with_capacity(request.table_lens.len());
+        for (k, &n) in request.table_lens.iter().enumerate() {
+            let n = n as usize;
+            let grads: &[f32] = if self.exchange.table(k) == TableExchange::Partial {
+                prow_at += n;
+                &pgrads[(prow_at - n) * d..prow_at * d]
+            } else {
+                row_at += n;
+                &m.sparse[(row_at - n) * d..row_at * d]
+            };
+            segments.push((self.slot_tables[k], &request_ids[start..start + n], grads));
+            start += n;
+        }
+        let finite = segments.iter().all(|(_, _, g)| all_finite(g));
+        self.scratch.clear();
+        self.scratch.resize(d, 0.0);
+        match &mut self.store {
+            Store::Fixed(s) => apply_segments(s, &segments, &mut self.scratch, scale),
+            Store::Dynamic(s) => apply_segments(s, &segments, &mut self.scratch, scale),
+            Store::Tiered(s) => apply_segments(s, &segments, &mut self.scratch, scale),
+        }
+        finite
+    }
+
+    /// Sums each row's gradients over the senders in `scratch` (in sender
+    /// order), then applies each sum once. Returns whether every sum is finite.
+    fn sum_and_apply(&mut self, messages: &[GradientMessage], scale: f32, d: usize) -> bool {
+        self.scratch.clear();
+        self.order.clear();
+        for m in messages {
+            let request = &self.pending[m.from as usize];
+            let request_ids = &self.pending_ids[m.from as usize];
+            let pgrads = &self.pgrads[m.from as usize];
+            let (mut start, mut row_at, mut prow_at) = (0usize, 0usize, 0usize);
+            for (k, &n) in request.table_lens.iter().enumerate() {
+                let t = self.slot_tables[k];
+                let n = n as usize;
+                let ids = &request_ids[start..start + n];
+                let grads: &[f32] = if self.exchange.table(k) == TableExchange::Partial {
+                    prow_at += n;
+                    &pgrads[(prow_at - n) * d..prow_at * d]
+                } else {
+                    row_at += n;
+                    &m.sparse[(row_at - n) * d..row_at * d]
+                };
+                match &mut self.slots {
+                    Slots::Dense { workers, slots } => {
+                        let (w, slots) = (*workers, &mut slots[t]);
+                        for (k, &id) in ids.iter().enumerate() {
+                            if let Some(&ahead) = ids.get(k + 8) {
+                                if let Some(sl) = slots.get((ahead / w) as usize..) {
+                                    crate::huge::prefetch(sl.as_ptr());
+                                }
+                            }
+                            add_row(
+                                t,
+                                id,
+                                &grads[k * d..(k + 1) * d],
+                                &mut slots[(id / w) as usize],
+                                &mut self.order,
+                                &mut self.scratch,
+                            );
+                        }
+                    }
+                    Slots::Hashed(maps) => {
+                        let map = &mut maps[t];
+                        for (k, &id) in ids.iter().enumerate() {
+                            let cell = map.entry(id).or_insert(u32::MAX);
+                            add_row(t, id, &grads[k * d..(k + 1) * d], cell, &mut self.order, &mut self.scratch);
+                        }
+                    }
+                }
+                start += n;
+            }
+        }
+        // The summed row gradients, one pass over the rows this step touched.
+        let rows_finite = all_finite(&self.scratch);
+        match &mut self.store {
+            Store::Fixed(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
+            Store::Dynamic(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
+            Store::Tiered(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
+        }
+        match &mut self.slots {
+            Slots::Dense { workers, slots } => {
+                for &(t, id) in &self.order {
+                    slots[t as usize][(id / *workers) as usize] = u32::MAX;
+                }
+            }
+            Slots::Hashed(maps) => maps.iter_mut().for_each(|m| m.clear()),
+        }
+        rows_finite
+    }
+
     /// Applies the step's gradients this worker owns and returns its dense slice for every worker.
     #[inline(never)]
     pub(super) fn apply(
@@ -444,72 +550,14 @@ impl Owner {
             let scale = 1.0 / stats.samples as f32;
             self.set_learning_rates();
             // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
-            self.scratch.clear();
-            self.order.clear();
             if !self.pgrads_ready {
                 self.partial_row_grads(messages);
             }
-            for m in messages {
-                let request = &self.pending[m.from as usize];
-                let request_ids = &self.pending_ids[m.from as usize];
-                let pgrads = &self.pgrads[m.from as usize];
-                let (mut start, mut row_at, mut prow_at) = (0usize, 0usize, 0usize);
-                for (k, &n) in request.table_lens.iter().enumerate() {
-                    let t = self.slot_tables[k];
-                    let n = n as usize;
-                    let ids = &request_ids[start..start + n];
-                    let grads: &[f32] = if self.exchange.table(k) == TableExchange::Partial {
-                        prow_at += n;
-                        &pgrads[(prow_at - n) * d..prow_at * d]
-                    } else {
-                        row_at += n;
-                        &m.sparse[(row_at - n) * d..row_at * d]
-                    };
-                    match &mut self.slots {
-                        Slots::Dense { workers, slots } => {
-                            let (w, slots) = (*workers, &mut slots[t]);
-                            for (k, &id) in ids.iter().enumerate() {
-                                if let Some(&ahead) = ids.get(k + 8) {
-                                    if let Some(sl) = slots.get((ahead / w) as usize..) {
-                                        crate::huge::prefetch(sl.as_ptr());
-                                    }
-                                }
-                                add_row(
-                                    t,
-                                    id,
-                                    &grads[k * d..(k + 1) * d],
-                                    &mut slots[(id / w) as usize],
-                                    &mut self.order,
-                                    &mut self.scratch,
-                                );
-                            }
-                        }
-                        Slots::Hashed(maps) => {
-                            let map = &mut maps[t];
-                            for (k, &id) in ids.iter().enumerate() {
-                                let cell = map.entry(id).or_insert(u32::MAX);
-                                add_row(t, id, &grads[k * d..(k + 1) * d], cell, &mut self.order, &mut self.scratch);
-                            }
-                        }
-                    }
-                    start += n;
-                }
-            }
-            // The summed row gradients, one pass over the rows this step touched.
-            let rows_finite = all_finite(&self.scratch);
-            match &mut self.store {
-                Store::Fixed(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
-                Store::Dynamic(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
-                Store::Tiered(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
-            }
-            match &mut self.slots {
-                Slots::Dense { workers, slots } => {
-                    for &(t, id) in &self.order {
-                        slots[t as usize][(id / *workers) as usize] = u32::MAX;
-                    }
-                }
-                Slots::Hashed(maps) => maps.iter_mut().for_each(|m| m.clear()),
-            }
+            let rows_finite = if messages.len() == 1 && self.distinct_tables {
+                self.apply_one_sender(&messages[0], scale, d)
+            } else {
+                self.sum_and_apply(messages, scale, d)
+            };
             // Replicated rows: every worker sums every sender's gradients in worker order and
             // applies them to its replica; the owner also writes the result into its store.
             if !self.replicas.is_empty() {
@@ -558,6 +606,12 @@ impl Owner {
     }
 }
 
+/// Whether every table appears once in `tables`.
+fn distinct(tables: &[usize]) -> bool {
+    let mut seen = vec![false; tables.iter().max().map_or(0, |&t| t + 1)];
+    tables.iter().all(|&t| !std::mem::replace(&mut seen[t], true))
+}
+
 /// Adds the gradient `g` of row `id` of table `t` into `scratch`: a new slot
 /// (recorded in `cell` and `order`) the first time the row appears in this
 /// step, else onto its slot. `cell` is `u32::MAX` while the row has no slot.
@@ -587,5 +641,83 @@ fn apply_rows<S: EmbeddingStore>(store: &mut S, order: &[(u32, u64)], scratch: &
             *v *= scale;
         }
         store.apply(t as usize, id, g);
+    }
+}
+
+/// Applies each segment's `(table, ids, gradients)` row by row, each gradient
+/// scaled by `scale` into `row` first, prefetching a few rows ahead (into the
+/// next segment at a segment's end).
+fn apply_segments<S: EmbeddingStore>(store: &mut S, segments: &[(usize, &[u64], &[f32])], row: &mut [f32], scale: f32) {
+    let d = row.len();
+    const AHEAD: usize = EmbeddingShard::PREFETCH_AHEAD;
+    for (s, &(t, ids, grads)) in segments.iter().enumerate() {
+        for (k, &id) in ids.iter().enumerate() {
+            match ids.get(k + AHEAD) {
+                Some(&ahead) => store.prefetch_row(t, ahead),
+                None => {
+                    if let Some(&(tn, next, _)) = segments.get(s + 1) {
+                        if let Some(&ahead) = next.get(k + AHEAD - ids.len()) {
+                            store.prefetch_row(tn, ahead);
+                        }
+                    }
+                }
+            }
+            for (r, &g) in row.iter_mut().zip(&grads[k * d..(k + 1) * d]) {
+                *r = g * scale;
+            }
+            store.apply(t, id, row);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::optim::SparseOptimizerKind;
+    use crate::store::FixedStore;
+
+    fn store() -> FixedStore {
+        let hp = OptimizerParams::with_lr(0.3);
+        FixedStore::new(
+            EmbeddingShard::new(0, 1, 4, &[50, 7, 90], 11, SparseOptimizerKind::RowwiseAdagrad, hp).unwrap(),
+        )
+    }
+
+    /// One sender's rows applied in place equal them gathered into `scratch` and
+    /// applied from there, bit for bit, across segment ends and prefetches.
+    #[test]
+    fn rows_applied_in_place_equal_rows_applied_from_their_sums() {
+        let d = 4;
+        let ids: [Vec<u64>; 3] = [(0..40).map(|i| (i * 7) % 50).collect(), vec![3, 0, 6], (0..60).rev().collect()];
+        let grads: Vec<Vec<f32>> = ids
+            .iter()
+            .map(|ids| (0..ids.len() * d).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect())
+            .collect();
+        let segments: Vec<(usize, &[u64], &[f32])> =
+            ids.iter().zip(&grads).enumerate().map(|(t, (i, g))| (t, &i[..], &g[..])).collect();
+        let (mut direct, mut summed) = (store(), store());
+        apply_segments(&mut direct, &segments, &mut [0.0; 4], 0.25);
+        let (mut order, mut scratch) = (Vec::new(), Vec::new());
+        for &(t, ids, grads) in &segments {
+            for (k, &id) in ids.iter().enumerate() {
+                add_row(t, id, &grads[k * d..(k + 1) * d], &mut u32::MAX, &mut order, &mut scratch);
+            }
+        }
+        apply_rows(&mut summed, &order, &mut scratch, 0.25, d);
+        for t in 0..3 {
+            let (a, b) = (direct.export_table(t), summed.export_table(t));
+            assert_eq!(a.ids.len(), ids[t].len(), "table {t}: every row updated");
+            assert_eq!(a.ids, b.ids);
+            assert!(a.rows.iter().zip(&b.rows).all(|(x, y)| x.to_bits() == y.to_bits()), "table {t} rows");
+            assert!(a.state.iter().zip(&b.state).all(|(x, y)| x.to_bits() == y.to_bits()), "table {t} state");
+        }
+    }
+
+    #[test]
+    fn tables_read_by_two_slots_are_not_distinct() {
+        assert!(distinct(&[0, 1, 2]));
+        assert!(distinct(&[]));
+        assert!(!distinct(&[0, 1, 1]));
+        assert!(!distinct(&[2, 0, 2]));
     }
 }
