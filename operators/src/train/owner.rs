@@ -426,23 +426,8 @@ impl Owner {
     /// same values as [`sum_and_apply`](Self::sum_and_apply) without gathering
     /// them into `scratch`). Returns whether every gradient is finite.
     fn apply_one_sender(&mut self, m: &GradientMessage, scale: f32, d: usize) -> bool {
-        let request = &self.pending[m.from as usize];
-        let request_ids = &self.pending_ids[m.from as usize];
-        let pgrads = &self.pgrads[m.from as usize];
-        let (mut start, mut row_at, mut prow_at) = (0usize, 0usize, 0usize);
-        let mut segments = Vec::with_capacity(request.table_lens.len());
-        for (k, &n) in request.table_lens.iter().enumerate() {
-            let n = n as usize;
-            let grads: &[f32] = if self.exchange.table(k) == TableExchange::Partial {
-                prow_at += n;
-                &pgrads[(prow_at - n) * d..prow_at * d]
-            } else {
-                row_at += n;
-                &m.sparse[(row_at - n) * d..row_at * d]
-            };
-            segments.push((self.slot_tables[k], &request_ids[start..start + n], grads));
-            start += n;
-        }
+        let segments =
+            segments(m, (&self.pending, &self.pending_ids, &self.pgrads), (&self.exchange, &self.slot_tables), d);
         let finite = segments.iter().all(|(_, _, g)| all_finite(g));
         self.scratch.clear();
         self.scratch.resize(d, 0.0);
@@ -460,21 +445,9 @@ impl Owner {
         self.scratch.clear();
         self.order.clear();
         for m in messages {
-            let request = &self.pending[m.from as usize];
-            let request_ids = &self.pending_ids[m.from as usize];
-            let pgrads = &self.pgrads[m.from as usize];
-            let (mut start, mut row_at, mut prow_at) = (0usize, 0usize, 0usize);
-            for (k, &n) in request.table_lens.iter().enumerate() {
-                let t = self.slot_tables[k];
-                let n = n as usize;
-                let ids = &request_ids[start..start + n];
-                let grads: &[f32] = if self.exchange.table(k) == TableExchange::Partial {
-                    prow_at += n;
-                    &pgrads[(prow_at - n) * d..prow_at * d]
-                } else {
-                    row_at += n;
-                    &m.sparse[(row_at - n) * d..row_at * d]
-                };
+            let segments =
+                segments(m, (&self.pending, &self.pending_ids, &self.pgrads), (&self.exchange, &self.slot_tables), d);
+            for (t, ids, grads) in segments {
                 match &mut self.slots {
                     Slots::Dense { workers, slots } => {
                         let (w, slots) = (*workers, &mut slots[t]);
@@ -502,7 +475,6 @@ impl Owner {
                         }
                     }
                 }
-                start += n;
             }
         }
         // The summed row gradients, one pass over the rows this step touched.
@@ -549,7 +521,8 @@ impl Owner {
         if is_train && stats.samples > 0 && loss_finite {
             let scale = 1.0 / stats.samples as f32;
             self.set_learning_rates();
-            // Sparse rows: sum each row's gradient over workers (in worker order), then update once.
+            // Sparse rows: sum each row's gradient over workers (in worker order), then update
+            // once; a lone sender's rows are each its own sum, applied where they lie.
             if !self.pgrads_ready {
                 self.partial_row_grads(messages);
             }
@@ -604,6 +577,35 @@ impl Owner {
             })
             .collect()
     }
+}
+
+/// The rows of `m` as `(table, ids, gradients)` per lookup slot of the
+/// request it answers (`pending`, `pending_ids` and `pgrads` indexed by
+/// sender); a partial slot's gradients are in `pgrads`, the others in the message.
+#[allow(clippy::type_complexity)]
+fn segments<'a>(
+    m: &'a GradientMessage,
+    (pending, pending_ids, pgrads): (&[LookupRequest], &'a [Vec<u64>], &'a [Vec<f32>]),
+    (exchange, slot_tables): (&ExchangeConfig, &[usize]),
+    d: usize,
+) -> Vec<(usize, &'a [u64], &'a [f32])> {
+    let from = m.from as usize;
+    let (request_ids, pgrads) = (&pending_ids[from], &pgrads[from]);
+    let (mut start, mut row_at, mut prow_at) = (0usize, 0usize, 0usize);
+    let mut out = Vec::with_capacity(pending[from].table_lens.len());
+    for (k, &n) in pending[from].table_lens.iter().enumerate() {
+        let n = n as usize;
+        let grads: &[f32] = if exchange.table(k) == TableExchange::Partial {
+            prow_at += n;
+            &pgrads[(prow_at - n) * d..prow_at * d]
+        } else {
+            row_at += n;
+            &m.sparse[(row_at - n) * d..row_at * d]
+        };
+        out.push((slot_tables[k], &request_ids[start..start + n], grads));
+        start += n;
+    }
+    out
 }
 
 /// Whether every table appears once in `tables`.
