@@ -1,11 +1,16 @@
 //! Zeroed `f32` buffers backed by anonymous memory that asks for 2 MiB
-//! transparent huge pages.
+//! transparent huge pages, and tables packed into one such buffer.
 //!
 //! Embedding lookups are random row gathers from tables far larger than the
 //! caches; with 4 KiB pages nearly every row costs a TLB miss as well as a
 //! cache miss. Huge pages (where the kernel grants them; `madvise` mode is
 //! the common default) remove most TLB misses. Without them this is an
 //! ordinary zeroed allocation.
+//!
+//! Invariants: a buffer of at least [`HUGE_PAGE`] bytes starts on a huge-page
+//! boundary (the kernel backs only whole, aligned huge pages inside an advised
+//! range, so an unaligned start loses the partial pages at both ends); every
+//! table of [`HugeTables`] starts on a cache line.
 //!
 //! Sizes are checked: a length whose byte size does not fit in `usize`, or a
 //! mapping the system refuses, is an [`OperatorError::Memory`] naming what was

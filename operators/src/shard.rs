@@ -46,7 +46,7 @@ impl EmbeddingShard {
     /// (the DLRM reference initialisation).
     ///
     /// All tables' rows share one huge-page map, and all their optimizer states another
-    /// (see [`HugeTables`]).
+    /// (the crate-private `HugeTables`, each starting on a 2 MiB boundary).
     ///
     /// Errors: [`OperatorError::Memory`] naming the table when its rows or optimizer state do
     /// not fit in the address space, or naming the rows or the state when the system cannot
