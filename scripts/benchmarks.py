@@ -234,10 +234,13 @@ The seven DLRM layers' forward, `dW` and `dx` products at 2,048 rows on one core
 else: the samples/s one core could train if a step were only these products.
 `tiderec bench kernels --rows 2048` times them on the kernels training chooses;
 `scripts/gemm_roofline.py` times the same products with NumPy's BLAS on one thread (the
-roofline of a plain BLAS); `tiderec bench dlrm --batch-size 2048` (one worker) is the
+roofline of a plain BLAS) and with PyTorch's (`torch.matmul` on one thread, which runs
+Intel's MKL or oneDNN in PyTorch's x86 builds: the vendor's tuned kernels, and what the
+PyTorch reference trains on; its `dW` is `xᵀ·dy` where tiderec's is `dyᵀ·x`, the same
+multiply-adds); `tiderec bench dlrm --batch-size 2048` (one worker) is the
 whole training step, so its fraction of the bound is what the rest of a step (embedding
 gathers and row updates, the interaction, activations, the optimizer, the dataflow)
-costs. The three alternate in each round. The last two rows put both against the
+costs. All alternate in each round. The last rows put them against the
 machine's own ceiling: the same products at the core's fp32 fused multiply-add peak
 (`tiderec bench kernels` measures it with independent FMA chains in registers), which no
 fp32 implementation can pass. The `--precision bf16` rows time the products one by one
@@ -247,8 +250,9 @@ products that read it next), against the same products at the core's AMX bf16 pe
 (independent tile products). The second table is the last round's
 `tiderec bench kernels --rows 2048`: each product's chosen kernel against matrixmultiply,
 the general-purpose baseline that every product can run on (median GFLOP/s over its own
-alternating rounds), its share of the widest FMA peak of the same run, and the bf16 kernel
-where the CPU has one. Measured on {cpu} (this section may come from another machine than
+alternating rounds), its share of the widest FMA peak of the same run, PyTorch's BLAS on
+the same product in the same round, and the bf16 kernel where the CPU has one; the third
+is the same at 128 rows. Measured on {cpu} (this section may come from another machine than
 the header's). Rerun: `python3 scripts/benchmarks.py --only gemm`.
 
 Where the rest of the time goes (perf, 2 workers, batch 2048): the backward products
@@ -880,10 +884,13 @@ def section_scaling(run):
     return prose, scaling + "\n\n" + stages
 
 
-def roofline_command(run, rows):
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import gemm_roofline, numpy; "
-            f"g, s = gemm_roofline.bound({rows}, {run.s.roofline_repeats}); "
-            "print(json.dumps({'gflops': float(g), 'samples_per_sec': float(s), 'numpy': numpy.__version__}))")
+def roofline_command(run, rows, library="numpy"):
+    """`scripts/gemm_roofline.py` on `library`'s BLAS: the bound, each product and the library's version."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import gemm_roofline as g; "
+            f"p = g.products({rows}, {run.s.roofline_repeats}, {library!r}); "
+            f"s = sum(x['seconds'] for x in p); f = sum(6 * {rows} * k * n for k, n in g.LAYERS); "
+            "print(json.dumps({'gflops': f / s / 1e9, 'samples_per_sec': " + str(rows) + " / s, "
+            f"'products': p, 'version': g.version({library!r})}}))")
     return [run.args.python, "-c", code, SCRIPTS]
 
 
@@ -893,18 +900,32 @@ def section_gemm(run):
                "--rounds", str(run.s.kernel_rounds), "--json"]
     train = [t, "bench", "dlrm", "--batch-size", "2048", "--workers", "1", "--steps", str(run.steps(2048)),
              "--warmup", str(run.s.warmup), "--json"]
-    rounds = run.alternate({"kernels": kernels, "numpy": roofline_command(run, 2048), "train": train})
+    kernels_128 = [t, "bench", "kernels", "--rows", "128", "--seconds", str(run.s.kernel_seconds),
+                   "--rounds", str(run.s.kernel_rounds), "--json"]
+    sides = {"kernels": kernels, "numpy": roofline_command(run, 2048), "train": train}
+    if run.has_torch():
+        sides.update({"torch": roofline_command(run, 2048, "torch"), "kernels_128": kernels_128,
+                      "torch_128": roofline_command(run, 128, "torch")})
+    rounds = run.alternate(sides)
     for r in rounds:
-        r["kernels"]["samples_per_sec"] = r["kernels"]["gemm_bound_samples_per_sec"]
+        for side in ("kernels", "kernels_128"):
+            if side in r:
+                r[side]["samples_per_sec"] = r[side]["gemm_bound_samples_per_sec"]
         if "gemm_bound_samples_per_sec_bf16" in r["kernels"]:
             r["bf16"] = {"samples_per_sec": r["kernels"]["gemm_bound_samples_per_sec_bf16"]}
     kb, nb, kr, krs = compare(rounds, "kernels", "numpy")
     tr, _, fr, frs = compare(rounds, "train", "kernels")
-    numpy_version = rounds[0]["numpy"]["numpy"]
     rows = [
         ["GEMM bound, tiderec's chosen kernels", "`tiderec bench kernels --rows 2048`", num(kb),
-         f"NumPy {numpy_version} BLAS, one thread: {num(nb)}", f"**{ratio(kr)}**", span(krs)],
+         f"{rounds[0]['numpy']['version']} BLAS, one thread: {num(nb)}", f"**{ratio(kr)}**", span(krs)],
     ]
+    if "torch" in sides:
+        for at, kernels_side, torch_side in ((2048, "kernels", "torch"), (128, "kernels_128", "torch_128")):
+            b, pb, pr, prs = compare(rounds, kernels_side, torch_side)
+            rows.append([f"GEMM bound at {num(at)} rows, tiderec's chosen kernels",
+                         f"`tiderec bench kernels --rows {at}`", num(b),
+                         f"{rounds[0][torch_side]['version']} (`torch.matmul`, one thread): {num(pb)}",
+                         f"**{ratio(pr)}**", span(prs)])
     if all("bf16" in r for r in rounds):
         bb, _, br, brs = compare(rounds, "bf16", "kernels")
         rows.append(["GEMM bound under `--precision bf16`", "`tiderec bench kernels --rows 2048`", num(bb),
@@ -936,26 +957,49 @@ def section_gemm(run):
                  f"**{pr:.0%}** of the peak", span(prs, lambda v: f"{v:.0%}")])
     rows.append(["DLRM training, batch 2,048, 1 worker", "`tiderec bench dlrm --batch-size 2048`", num(tr),
                  f"the FMA-peak bound: {num(pb)}", f"**{tpr:.0%}** of the peak", span(tprs, lambda v: f"{v:.0%}")])
+    if "torch" in sides:
+        for r in rounds:
+            r["torch_peak"] = {"samples_per_sec": r["kernels"]["peak_bound_samples_per_sec"]}
+        tb, _, tr_, trs = compare(rounds, "torch", "torch_peak")
+        rows.append(["PyTorch's GEMM bound (the baseline above)", "`scripts/gemm_roofline.py --library torch 2048`",
+                     num(tb), f"the FMA-peak bound: {num(pb)}", f"**{tr_:.0%}** of the peak",
+                     span(trs, lambda v: f"{v:.0%}")])
     bound = table(["what", "command", "samples/s per core (median)", "baseline, same rounds",
                    "ratio of medians", "per round"], rows, right=(2, 4, 5))
-    return PROSE["gemm"].format(cpu=cpu_description()), bound + "\n\n" + product_table(rounds[-1]["kernels"])
+    last = rounds[-1]
+    tables = [bound, product_table(last["kernels"], last.get("torch"))]
+    if "torch" in sides:
+        tables.append("At 128 rows (one worker's micro-batch of 128), the same run's last round:\n\n"
+                      + product_table(last["kernels_128"], last["torch_128"]))
+    return PROSE["gemm"].format(cpu=cpu_description()), "\n\n".join(tables)
 
 
-def product_table(k):
-    """Each product of one `bench kernels` run: the chosen kernel against matrixmultiply (and bf16)."""
+def product_table(k, torch=None):
+    """Each product of one `bench kernels` run: the chosen kernel against matrixmultiply (and bf16), and
+    against PyTorch's BLAS on the same product in the same round where `torch` (its roofline run) is given."""
     rows = []
     peak = max((x["gflops"] for x in k.get("fma_peak", [])), default=None)
+    share = (lambda g: f"{g / peak:.0%}") if peak else (lambda g: "n/a")
+    # The same (product, layer) pairs in the same order: DLRM has two 512→256 layers.
+    theirs = {}
+    for p in (torch or {}).get("products", []):
+        theirs.setdefault((p["product"], p["layer"]), []).append(p["gflops"])
     for p in k["products"]:
         by = {c["kernel"]: c for c in p["candidates"]}
         mm = by.get("matrixmultiply", {}).get("gflops")
         bf16 = next((c["gflops"] for c in p["candidates"] if c["kernel"].startswith("bf16")), None)
-        rows.append([p["product"], p["layer"].replace("->", "→"), p["mnk"], p["chosen"], num(p["chosen_gflops"], 1),
-                     f"{p['chosen_gflops'] / peak:.0%}" if peak else "n/a",
-                     num(mm, 1), ratio(p["chosen_gflops"] / mm) if mm else "n/a",
-                     num(bf16, 1) if bf16 is not None else "not run"])
-    return table(["product", "layer", "m × n × k", "chosen kernel", "GFLOP/s", "share of the FMA peak",
-                  "matrixmultiply GFLOP/s (baseline)", "chosen / matrixmultiply", "bf16 GFLOP/s"], rows,
-                 right=(4, 5, 6, 7, 8))
+        row = [p["product"], p["layer"].replace("->", "→"), p["mnk"], p["chosen"], num(p["chosen_gflops"], 1),
+               share(p["chosen_gflops"]), num(mm, 1), ratio(p["chosen_gflops"] / mm) if mm else "n/a"]
+        if torch is not None:
+            queue = theirs.get((p["product"], p["layer"]), [])
+            g = queue.pop(0) if queue else None
+            row += [num(g, 1), share(g), ratio(p["chosen_gflops"] / g)] if g else ["n/a"] * 3
+        rows.append(row + [num(bf16, 1) if bf16 is not None else "not run"])
+    head = ["product", "layer", "m × n × k", "chosen kernel", "GFLOP/s", "share of the FMA peak",
+            "matrixmultiply GFLOP/s (baseline)", "chosen / matrixmultiply"]
+    if torch is not None:
+        head += ["PyTorch GFLOP/s (baseline)", "PyTorch's share of the FMA peak", "chosen / PyTorch"]
+    return table(head + ["bf16 GFLOP/s"], rows, right=range(4, len(head) + 1))
 
 
 def section_bf16(run):

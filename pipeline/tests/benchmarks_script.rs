@@ -223,6 +223,52 @@ fn assert_product_rows(doc: &str, product: &str) {
     }
 }
 
+/// The GEMM-bound section: tiderec's bound against NumPy's BLAS and, where
+/// python3 has torch (the test command installs it), against PyTorch's BLAS at
+/// 2,048 and 128 rows with a finite ratio each, PyTorch's bound as a share of
+/// the FMA peak, and a product table per batch whose every product with a
+/// PyTorch figure has a positive one and a finite ratio, the wide 512→256
+/// forward among them. Without torch the section runs without those rows.
+#[test]
+fn the_gemm_section_compares_each_product_with_pytorchs_blas() {
+    let has_torch = Command::new("python3").args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("benchmarks.md");
+    let Some((run, doc)) = generate(&["--only", "gemm"], &out) else { return };
+    assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
+    assert!(doc.contains("## The fp32 GEMM bound at batch 2,048"), "{doc}");
+    let (_, bound) = table_rows(&doc, "baseline, same rounds");
+    let against_torch: Vec<&Vec<&str>> = bound.iter().filter(|r| r[3].contains("`torch.matmul`, one thread")).collect();
+    if !has_torch {
+        assert!(against_torch.is_empty() && !doc.contains("PyTorch GFLOP/s"), "{doc}");
+        return;
+    }
+    assert_eq!(against_torch.len(), 2, "2,048 and 128 rows:\n{doc}");
+    let torch_share = bound.iter().find(|r| r[0].starts_with("PyTorch's GEMM bound"));
+    for row in against_torch.into_iter().chain(torch_share) {
+        // `**1.02×**`, or `**67%** of the peak`.
+        let ratio = number(row[4].split_whitespace().next().unwrap_or_default());
+        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
+    }
+    assert!(torch_share.is_some(), "no share of the FMA peak for PyTorch's bound:\n{doc}");
+    let tables: Vec<&str> =
+        doc.split("\n\n").filter(|t| t.starts_with("| product |") && t.contains("PyTorch GFLOP/s")).collect();
+    assert_eq!(tables.len(), 2, "a product table at 2,048 and at 128 rows:\n{doc}");
+    for (table, rows) in tables.iter().zip(["2048", "128"]) {
+        let (header, products) = table_rows(table, "PyTorch GFLOP/s");
+        let col =
+            |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no `{name}`: {header:?}"));
+        let (theirs, ours) = (col("PyTorch GFLOP/s (baseline)"), col("chosen / PyTorch"));
+        assert!(
+            products.iter().any(|r| r[0] == "forward" && r[1] == "512→256" && r[2] == format!("{rows}x256x512")),
+            "no forward 512→256 at {rows} rows:\n{table}"
+        );
+        for row in products.iter().filter(|r| r[theirs] != "n/a") {
+            assert!(number(row[theirs]) > 0.0 && number(row[ours]).is_finite() && number(row[ours]) > 0.0, "{row:?}");
+        }
+    }
+}
+
 /// Without `--previous-bin` the section is refused when asked for by name.
 #[test]
 fn the_fp32_avx2_section_needs_a_previous_binary() {
