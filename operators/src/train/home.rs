@@ -28,6 +28,19 @@ struct TablePlan {
     place: Vec<(u32, u32)>,
 }
 
+impl TablePlan {
+    /// `(owner, first position)` when every unique id's row lies in one owner's
+    /// reply, in first-seen order and one after another (one worker without
+    /// replicas always plans so): the rows are then that reply's slice, read
+    /// and written in place instead of through a copy per row.
+    fn one_run(&self) -> Option<(usize, usize)> {
+        let &(owner, first) = self.place.first()?;
+        let run = owner != HOT
+            && self.place.iter().enumerate().all(|(u, &(o, pos))| o == owner && pos as usize == first as usize + u);
+        run.then_some((owner as usize, first as usize))
+    }
+}
+
 /// The owner marker of a replicated row in [`TablePlan::place`].
 const HOT: u32 = u32::MAX;
 
@@ -302,12 +315,18 @@ impl Home {
                         }
                         continue;
                     }
-                    self.unique_rows.clear();
-                    for &place in &plan.place {
-                        self.unique_rows.extend_from_slice(placed_row(&self.replies, replicas, place, d));
-                    }
+                    let rows: &[f32] = match plan.one_run() {
+                        Some((o, first)) => &self.replies[o][first * d..(first + plan.place.len()) * d],
+                        None => {
+                            self.unique_rows.clear();
+                            for &place in &plan.place {
+                                self.unique_rows.extend_from_slice(placed_row(&self.replies, replicas, place, d));
+                            }
+                            &self.unique_rows
+                        }
+                    };
                     let (field, weights) = (&batch.sparse[t], batch.sparse[t].weights.as_deref());
-                    pool_sum(&self.unique_rows, d, &field.offsets, &plan.index, weights, t, f, &mut self.pooled);
+                    pool_sum(rows, d, &field.offsets, &plan.index, weights, t, f, &mut self.pooled);
                 }
                 let steps = self.gather_sequences(batch, replicas);
                 let logits = match self.partial {
@@ -359,18 +378,18 @@ impl Home {
                         if self.exchange.table(t) == TableExchange::Partial {
                             continue;
                         }
+                        let field = &batch.sparse[t];
+                        let (offsets, weights) = (&field.offsets, field.weights.as_deref());
+                        if let Some((o, first)) = plan.one_run() {
+                            // The owner's row gradients, zero until now, summed where they are sent.
+                            let rows = first * d..(first + plan.place.len()) * d;
+                            let dunique = &mut messages[o].sparse[rows];
+                            pool_sum_backward(&self.dpooled, d, offsets, &plan.index, weights, t, f, dunique);
+                            continue;
+                        }
                         self.dunique.clear();
                         self.dunique.resize(plan.unique.len() * d, 0.0);
-                        pool_sum_backward(
-                            &self.dpooled,
-                            d,
-                            &batch.sparse[t].offsets,
-                            &plan.index,
-                            batch.sparse[t].weights.as_deref(),
-                            t,
-                            f,
-                            &mut self.dunique,
-                        );
+                        pool_sum_backward(&self.dpooled, d, offsets, &plan.index, weights, t, f, &mut self.dunique);
                         for (u, &place) in plan.place.iter().enumerate() {
                             send_row_grad(&mut messages, place, &self.dunique[u * d..(u + 1) * d]);
                         }
@@ -496,5 +515,28 @@ fn send_row_grad(messages: &mut [GradientMessage], place: (u32, u32), g: &[f32])
             let p = pos as usize * g.len();
             messages[o as usize].sparse[p..p + g.len()].copy_from_slice(g);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(place: &[(u32, u32)]) -> TablePlan {
+        TablePlan { unique: vec![0; place.len()], index: Vec::new(), place: place.to_vec() }
+    }
+
+    /// Only rows one after another in one owner's reply are one run; a
+    /// replica, a second owner or a gap sends the rows through the copy.
+    #[test]
+    fn one_run_is_one_owners_rows_one_after_another() {
+        assert_eq!(plan(&[(0, 7), (0, 8), (0, 9)]).one_run(), Some((0, 7)));
+        assert_eq!(plan(&[(2, 0)]).one_run(), Some((2, 0)));
+        assert_eq!(plan(&[]).one_run(), None);
+        assert_eq!(plan(&[(0, 7), (0, 9)]).one_run(), None);
+        assert_eq!(plan(&[(0, 8), (0, 7)]).one_run(), None);
+        assert_eq!(plan(&[(0, 7), (1, 8)]).one_run(), None);
+        assert_eq!(plan(&[(0, 7), (HOT, 8)]).one_run(), None);
+        assert_eq!(plan(&[(HOT, 0), (HOT, 1)]).one_run(), None);
     }
 }
