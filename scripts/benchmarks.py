@@ -886,11 +886,8 @@ def section_scaling(run):
 
 def roofline_command(run, rows, library="numpy"):
     """`scripts/gemm_roofline.py` on `library`'s BLAS: the bound, each product and the library's version."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import gemm_roofline as g; "
-            f"p = g.products({rows}, {run.s.roofline_repeats}, {library!r}); "
-            f"s = sum(x['seconds'] for x in p); f = sum(6 * {rows} * k * n for k, n in g.LAYERS); "
-            "print(json.dumps({'gflops': f / s / 1e9, 'samples_per_sec': " + str(rows) + " / s, "
-            f"'products': p, 'version': g.version({library!r})}}))")
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import gemm_roofline; "
+            f"print(json.dumps(gemm_roofline.summary({rows}, {run.s.roofline_repeats}, {library!r})))")
     return [run.args.python, "-c", code, SCRIPTS]
 
 

@@ -52,12 +52,19 @@ def products(rows, repeats=200, library="numpy"):
     return out
 
 
-def bound(rows, repeats=200, library="numpy"):
-    """(GFLOP/s, samples/s) of all the products together."""
+def summary(rows, repeats=200, library="numpy"):
+    """All the products together (GFLOP/s, samples/s), each product, and the library's version."""
     timed = products(rows, repeats, library)
     seconds = sum(p["seconds"] for p in timed)
     flops = sum(3 * 2 * rows * k * n for k, n in LAYERS)
-    return flops / seconds / 1e9, rows / seconds
+    return {"gflops": flops / seconds / 1e9, "samples_per_sec": rows / seconds, "products": timed,
+            "version": version(library)}
+
+
+def bound(rows, repeats=200, library="numpy"):
+    """(GFLOP/s, samples/s) of all the products together."""
+    s = summary(rows, repeats, library)
+    return s["gflops"], s["samples_per_sec"]
 
 
 def version(library):

@@ -52,6 +52,8 @@ pub(super) struct Home {
     slot_tables: Vec<usize>,
     command: Option<Command>,
     plans: Vec<TablePlan>,
+    /// Each plan's [`TablePlan::one_run`], found once as the plan is made.
+    runs: Vec<Option<(usize, usize)>>,
     replies: Vec<Vec<f32>>,
     unique_rows: Vec<f32>,
     dunique: Vec<f32>,
@@ -91,6 +93,7 @@ impl Home {
         Home {
             dim: config.model.embedding_dim(),
             plans: slot_tables.iter().map(|_| TablePlan::default()).collect(),
+            runs: vec![None; slot_tables.len()],
             slot_tables,
             command: None,
             replies: vec![Vec::new(); workers],
@@ -173,6 +176,7 @@ impl Home {
                     ids[o].push(id);
                     requests[o].table_lens[k] += 1;
                 }
+                self.runs[k] = plan.one_run();
                 if partial {
                     let mut slots: Vec<PartialSlot> = requests
                         .iter()
@@ -315,7 +319,7 @@ impl Home {
                         }
                         continue;
                     }
-                    let rows: &[f32] = match plan.one_run() {
+                    let rows: &[f32] = match self.runs[t] {
                         Some((o, first)) => &self.replies[o][first * d..(first + plan.place.len()) * d],
                         None => {
                             self.unique_rows.clear();
@@ -380,7 +384,7 @@ impl Home {
                         }
                         let field = &batch.sparse[t];
                         let (offsets, weights) = (&field.offsets, field.weights.as_deref());
-                        if let Some((o, first)) = plan.one_run() {
+                        if let Some((o, first)) = self.runs[t] {
                             // The owner's row gradients, zero until now, summed where they are sent.
                             let rows = first * d..(first + plan.place.len()) * d;
                             let dunique = &mut messages[o].sparse[rows];
