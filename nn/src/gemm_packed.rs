@@ -20,6 +20,7 @@
 //! (padding is zero and never reaches `c`); [`gemm_packed`] writes only the
 //! `m × n` entries of `c`. The oracle is [`gemm_reference`](super::gemm::gemm_reference).
 
+use super::aligned::AlignedVec;
 use super::gemm::Op;
 use super::Scalar;
 
@@ -63,7 +64,9 @@ pub(super) fn panels(n: usize) -> impl Iterator<Item = (usize, usize)> {
 pub struct PackedRhs<T> {
     k: usize,
     n: usize,
-    panels: Vec<T>,
+    /// Panel after panel, starting on a cache line: each 64-byte row of a
+    /// 16-wide `f32` panel is one line, never two.
+    panels: AlignedVec<T>,
 }
 
 impl<T: Scalar> PackedRhs<T> {
@@ -104,10 +107,7 @@ impl<T: Scalar> PackedRhs<T> {
         self.k = k;
         self.n = n;
         let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
-        if self.panels.len() < total {
-            self.panels.resize(total, T::ZERO);
-        }
-        self.panels.truncate(total);
+        self.panels.resize(total, T::ZERO);
         let mut rest = &mut self.panels[..];
         panels(n).map(move |(first, pw)| {
             let (panel, tail) = std::mem::take(&mut rest).split_at_mut(k * pw);
@@ -1356,7 +1356,7 @@ mod tests {
             let b: Vec<f32> = (0..k * n).map(|i| i as f32 + 1.0).collect();
             packed.pack(op, k, n, &b);
             let fresh = PackedRhs::new(op, k, n, &b);
-            assert_eq!(packed.panels, fresh.panels, "{op:?} {k}x{n}");
+            assert_eq!(&packed.panels[..], &fresh.panels[..], "{op:?} {k}x{n}");
             let mut start = 0;
             for (first, pw) in panels(n) {
                 let width = pw.min(n - first);
@@ -1519,7 +1519,11 @@ mod tests {
             let block: Vec<f32> = (0..k).flat_map(|p| b[p * ldb + first..p * ldb + first + n].to_vec()).collect();
             packed.pack_columns(k, first, n, &b, ldb);
             let want = PackedRhs::new(Op::N, k, n, &block);
-            assert_eq!((packed.k, packed.n, &packed.panels), (want.k, want.n, &want.panels), "columns {first}+{n}");
+            assert_eq!(
+                (packed.k, packed.n, &packed.panels[..]),
+                (want.k, want.n, &want.panels[..]),
+                "columns {first}+{n}"
+            );
         }
     }
 

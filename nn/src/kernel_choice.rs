@@ -28,6 +28,7 @@
 //! the packed class and only a kernel the CPU runs; a forward shape never
 //! measured runs [`PanelKernel::best`], a backward one matrixmultiply.
 
+use super::aligned::AlignedVec;
 use super::gemm::{gemm, gemm_nt_acc, Op};
 use super::gemm_bf16::Bf16Scratch;
 use super::gemm_packed::{
@@ -244,9 +245,10 @@ pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
     candidates.retain(|c| measure.all || c.class() == class);
     let (m, n, k) = (shape.rows, shape.output, shape.input);
     let val = |i: usize| ((i.wrapping_mul(7919) % 1000) as f32) * 1e-3 - 0.5;
-    let x: Vec<f32> = (0..m * k).map(val).collect();
-    let w: Vec<f32> = (0..n * k).map(|i| val(i + 17)).collect();
-    let mut y = vec![0.0f32; m * n];
+    // Aligned as training's activations are (`MlpCache`), so the rates are training's.
+    let x = AlignedVec::from_slice(&(0..m * k).map(val).collect::<Vec<f32>>());
+    let w = AlignedVec::from_slice(&(0..n * k).map(|i| val(i + 17)).collect::<Vec<f32>>());
+    let mut y = AlignedVec::from_slice(&vec![0.0f32; m * n]);
     let mut packed = PackedRhs::default();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
     for _ in 0..measure.rounds.max(1) {
@@ -398,10 +400,11 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
         candidates.push(Candidate::CopiedMmOrder(PanelKernel::best()));
     }
     let val = |i: usize| ((i.wrapping_mul(104_729) % 1000) as f32) * 1e-3 - 0.5;
-    // `a` as the layer stores it (dy: rows × output), `b` stored k × n (x or W).
-    let a: Vec<f32> = (0..m * k).map(val).collect();
-    let b: Vec<f32> = (0..k * n).map(|i| val(i + 3)).collect();
-    let mut c = vec![0.0f32; m * n];
+    // `a` as the layer stores it (dy: rows × output), `b` stored k × n (x or W),
+    // aligned as training's activations and dense parameters are.
+    let a = AlignedVec::from_slice(&(0..m * k).map(val).collect::<Vec<f32>>());
+    let b = AlignedVec::from_slice(&(0..k * n).map(|i| val(i + 3)).collect::<Vec<f32>>());
+    let mut c = AlignedVec::from_slice(&vec![0.0f32; m * n]);
     let mut packed = PackedRhs::default();
     let (op_a, lda, a_step) = match shape.product {
         Backward::Dw => (Op::T, 1, m),

@@ -40,6 +40,7 @@ macro_rules! flat_buffer_accessors {
     };
 }
 
+pub mod aligned;
 mod amx_tile;
 pub mod attention;
 mod bf16_pack;

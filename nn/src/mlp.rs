@@ -1,5 +1,6 @@
 //! A stack of [`Linear`] layers with ReLU between them.
 
+use super::aligned::AlignedVec;
 use super::gemm_amx::AmxRhs;
 use super::gemm_bf16::{Bf16Scratch, Chained};
 use super::gemm_packed::PackedRhs;
@@ -25,13 +26,13 @@ pub struct MlpCache<T> {
     /// its output for the layer above (`inputs`) may leave it unwritten, since
     /// the forward, `dW` and the ReLU's backward of the layer above read it
     /// packed.
-    outs: Vec<Vec<T>>,
+    outs: Vec<AlignedVec<T>>,
     /// Per layer, the gradient with respect to its output (then its
     /// pre-activation): each keeps its size from step to step, so no step
     /// clears memory that the next product overwrites anyway. Under bf16 on
     /// AMX a layer's `dx` product that packed its output for the layer below
     /// may leave that layer's unwritten: the layer below reads it packed.
-    douts: Vec<Vec<T>>,
+    douts: Vec<AlignedVec<T>>,
     /// A layer's packed weight during its forward (scratch shared by the layers).
     packed: PackedRhs<T>,
     /// The precision of the layers' products (see [`MlpCache::set_precision`]).
@@ -113,7 +114,7 @@ impl Mlp {
 
     /// Runs the stack on `x[batch × input]`; the result is `[batch × output]`.
     pub fn forward<'c, T: Scalar>(&self, params: &[T], x: &[T], batch: usize, cache: &'c mut MlpCache<T>) -> &'c [T] {
-        cache.outs.resize_with(self.layers.len(), Vec::new);
+        cache.outs.resize_with(self.layers.len(), AlignedVec::new);
         cache.inputs.resize_with(self.layers.len(), Default::default);
         cache.inputs.iter_mut().for_each(|(_, packed)| *packed = false);
         // Under bf16, whether the previous layer's product packed its output for this one.
@@ -156,7 +157,7 @@ impl Mlp {
     ) {
         let n = self.layers.len();
         let MlpCache { outs, douts, packed, precision, bf16, inputs } = cache;
-        douts.resize_with(n, Vec::new);
+        douts.resize_with(n, AlignedVec::new);
         for (d, l) in douts.iter_mut().zip(&self.layers) {
             d.resize(batch * l.output, T::ZERO);
         }
