@@ -98,7 +98,7 @@ better.
 Every `tiderec train` and `tiderec bench dlrm|model` measures, before the first step, each
 candidate kernel of every MLP product of the model at each worker's micro-batch (three
 alternating rounds of 3 ms each; a fraction of a second in all) and prints one line on
-stderr, `kernels (CPU; extensions): 64x13->512 matrixmultiply, 64x64->16 packed-avx512, …`.
+stderr, `kernels (CPU; extensions): 64x13->512 packed-avx512w, 64x256->1 matrixmultiply, …`.
 The kernels `tiderec bench kernels --rows R --seconds {kernel_seconds} --rounds {kernel_rounds}`
 chose on this machine for DLRM's products:
 
@@ -115,7 +115,13 @@ the packed class, among the vector kernels the CPU runs — AVX2 (16 registers),
 time) and the wide AVX-512F kernel (six rows × 64 columns across four panels) — which
 compute every entry as the same chain of fused multiply-adds and give results equal bit
 for bit (property tests `gemm_packed::tests::vector_kernels_agree_bit_for_bit` and
-`wide_kernel_equals_the_one_panel_kernels_bit_for_bit`). So two runs on one machine, and W
+`wide_kernel_equals_the_one_panel_kernels_bit_for_bit`). An input under 16 (DLRM's
+13→512) is one chunk of the packed kernels' reduction, so there they add matrixmultiply's
+sums (each entry one chain of fused multiply-adds from zero, added to the bias) and are
+candidates of its class beside it (`kernel_choice::packed_computes_general`, test
+`linear::tests::narrow_inputs_run_matrixmultiplys_sums_on_the_packed_kernels`); they
+also write the bias and the ReLU with the block, where matrixmultiply's product takes a
+pass to copy the bias in and another for the ReLU. So two runs on one machine, and W
 workers against one, train the same numbers whichever kernel won, and the default run
 still prints `params L2 93.295514`. Nothing is cached between runs.
 

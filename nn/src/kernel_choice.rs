@@ -12,7 +12,10 @@
 //! as the same chain of fused multiply-adds and so give results equal bit for
 //! bit (`gemm_packed::tests::vector_kernels_agree_bit_for_bit`). The measurement
 //! picks among those only: two runs on one machine, or W workers against one,
-//! train the same numbers whichever kernel won.
+//! train the same numbers whichever kernel won. A product of the matrixmultiply
+//! class whose input is under 16 has the vector packed kernels as candidates
+//! too ([`packed_computes_general`]): its reduction is one chunk of theirs, so
+//! they add its sums in matrixmultiply's order.
 //!
 //! The backward products (`dW = dyᵀ·x`, `dx = dy·W`) are matrixmultiply's
 //! sums. Their candidates are matrixmultiply itself and the packed kernels run
@@ -25,8 +28,10 @@
 //! a packed kernel beats it by [`BACKWARD_MARGIN`] ([`backward_winner`]).
 //!
 //! Invariants: [`choose_forward_kernels`] installs a choice only for a shape in
-//! the packed class and only a kernel the CPU runs; a forward shape never
-//! measured runs [`PanelKernel::best`], a backward one matrixmultiply.
+//! the packed class, or in the general class where [`packed_computes_general`]
+//! holds, and only a kernel the CPU runs; a forward shape never measured runs
+//! [`PanelKernel::best`] in the packed class and matrixmultiply in the general
+//! one, a backward one matrixmultiply.
 
 use super::aligned::AlignedVec;
 use super::gemm::{gemm, gemm_nt_acc, Op};
@@ -72,6 +77,22 @@ pub fn forward_class<T: Scalar>(batch: usize, input: usize, output: usize) -> Fo
     } else {
         ForwardClass::General
     }
+}
+
+/// Whether the vector packed kernels compute matrixmultiply's sums for the
+/// `batch × input → output` forward, and so are candidates of its class
+/// ([`ForwardClass::General`]) beside matrixmultiply: an input under 16 is one
+/// chunk of the packed reduction, so each entry is one chain of fused
+/// multiply-adds from zero added to the bias, as matrixmultiply computes it
+/// after the bias is copied into the output (`linear::tests::narrow_inputs_run_matrixmultiplys_sums_on_the_packed_kernels`).
+/// Needs an output of at least 8 and two rows or more (one row is
+/// `gemm`'s matrix–vector loop, another order).
+pub fn packed_computes_general<T: Scalar>(batch: usize, input: usize, output: usize) -> bool {
+    T::packed_panel_is_vectorized()
+        && forward_class::<T>(batch, input, output) == ForwardClass::General
+        && (1..16).contains(&input)
+        && output >= 8
+        && batch >= 2
 }
 
 /// A forward product `rows × input → output` (`x·Wᵀ` with `W` `output × input`).
@@ -201,6 +222,16 @@ impl Measure {
 /// The installed choices (a handful of shapes: a linear scan).
 static CHOSEN: RwLock<Vec<(ForwardShape, PanelKernel)>> = RwLock::new(Vec::new());
 
+/// The packed kernel a [`ForwardClass::General`] product `rows × input →
+/// output` runs on instead of matrixmultiply: the measured choice where it was
+/// a packed kernel ([`packed_computes_general`]); `None` (matrixmultiply) where
+/// matrixmultiply was faster or the shape was never measured.
+pub fn general_packed_kernel(rows: usize, input: usize, output: usize) -> Option<PanelKernel> {
+    let shape = ForwardShape { rows, input, output };
+    let chosen = CHOSEN.read().ok()?;
+    chosen.iter().find(|(s, _)| *s == shape).map(|&(_, kernel)| kernel)
+}
+
 /// The panel kernel of the packed product `rows × input → output`: the measured
 /// choice, or [`PanelKernel::best`] for a shape never measured.
 #[inline]
@@ -215,8 +246,10 @@ pub fn panel_kernel_for(rows: usize, input: usize, output: usize) -> PanelKernel
 }
 
 /// Measures every distinct shape in `shapes` and installs, for each shape of
-/// the packed class, its fastest vector kernel. Returns one entry per distinct
-/// shape (sorted), the chosen candidate of the other classes being their only one.
+/// the packed class, its fastest vector kernel, and for each narrow shape of
+/// the general class ([`packed_computes_general`]) the fastest vector kernel
+/// where one beat matrixmultiply. Returns one entry per distinct shape
+/// (sorted), the chosen candidate of the other classes being their only one.
 pub fn choose_forward_kernels(shapes: &[ForwardShape], measure: Measure) -> Vec<ShapeChoice> {
     let mut distinct = shapes.to_vec();
     distinct.sort();
@@ -224,8 +257,8 @@ pub fn choose_forward_kernels(shapes: &[ForwardShape], measure: Measure) -> Vec<
     let choices: Vec<ShapeChoice> = distinct.iter().map(|&shape| measure_shape(shape, measure)).collect();
     if let Ok(mut chosen) = CHOSEN.write() {
         for c in &choices {
+            chosen.retain(|(s, _)| *s != c.shape);
             if let Candidate::Packed(kernel) = c.chosen {
-                chosen.retain(|(s, _)| *s != c.shape);
                 chosen.push((c.shape, kernel));
             }
         }
@@ -242,7 +275,12 @@ pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
         .map(|&k| Candidate::Packed(k))
         .collect();
     candidates.extend([Candidate::GemmCrate, Candidate::MatrixMultiply]);
-    candidates.retain(|c| measure.all || c.class() == class);
+    // The vector packed kernels also compute the general class's sums for a narrow input.
+    let general_packed = packed_computes_general::<f32>(shape.rows, shape.input, shape.output);
+    let eligible = |c: &Candidate| {
+        c.class() == class || (general_packed && matches!(c, Candidate::Packed(k) if *k != PanelKernel::Portable))
+    };
+    candidates.retain(|c| measure.all || eligible(c));
     let (m, n, k) = (shape.rows, shape.output, shape.input);
     let val = |i: usize| ((i.wrapping_mul(7919) % 1000) as f32) * 1e-3 - 0.5;
     // Aligned as training's activations are (`MlpCache`), so the rates are training's.
@@ -269,7 +307,7 @@ pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
     let timings: Vec<Timing> = candidates
         .iter()
         .zip(rates)
-        .map(|(&candidate, r)| Timing { candidate, gflops: median(r), eligible: candidate.class() == class })
+        .map(|(&candidate, r)| Timing { candidate, gflops: median(r), eligible: eligible(&candidate) })
         .collect();
     let chosen = timings
         .iter()
@@ -567,10 +605,11 @@ mod tests {
     #[test]
     fn choices_stay_inside_the_summation_class() {
         let packed = ForwardShape { rows: 24, input: 40, output: 24 };
-        let general = ForwardShape { rows: 24, input: 5, output: 24 };
-        let choices =
-            choose_forward_kernels(&[packed, general, packed], Measure { seconds: 0.0005, rounds: 1, all: false });
-        assert_eq!(choices.len(), 2, "one entry per distinct shape");
+        let general = ForwardShape { rows: 24, input: 40, output: 3 };
+        let narrow = ForwardShape { rows: 24, input: 5, output: 24 };
+        let shapes = [packed, general, narrow, packed];
+        let choices = choose_forward_kernels(&shapes, Measure { seconds: 0.0005, rounds: 1, all: false });
+        assert_eq!(choices.len(), 3, "one entry per distinct shape");
         let by = |s: ForwardShape| choices.iter().find(|c| c.shape == s).expect("measured");
         let p = by(packed);
         if !f32::packed_panel_is_vectorized() {
@@ -591,6 +630,18 @@ mod tests {
         let g = by(general);
         assert_eq!(g.chosen, Candidate::MatrixMultiply);
         assert_eq!(g.timings.len(), 1);
+        assert_eq!(general_packed_kernel(24, 40, 3), None);
+        // A narrow input: matrixmultiply and the vector packed kernels, whose sums are its.
+        let n = by(narrow);
+        assert!(n.timings.iter().all(|t| t.eligible));
+        assert!(n.timings.iter().any(|t| t.candidate == Candidate::MatrixMultiply));
+        assert!(n.timings.iter().any(|t| matches!(t.candidate, Candidate::Packed(_))));
+        let installed = match n.chosen {
+            Candidate::Packed(kernel) => Some(kernel),
+            Candidate::MatrixMultiply => None,
+            other => panic!("narrow shape chose {other:?}"),
+        };
+        assert_eq!(general_packed_kernel(24, 5, 24), installed);
     }
 
     /// The measurements' clock resolves far below a scheduler tick (4 ms at

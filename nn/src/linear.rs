@@ -8,7 +8,9 @@ use super::gemm_amx::{AmxRhs, Epilogue};
 use super::gemm_bf16::{Bf16Scratch, Chained, Left, Right};
 use super::gemm_packed::{gemm_packed_finish_with, Finish, PackedRhs};
 pub use super::kernel_choice::ForwardClass;
-use super::kernel_choice::{backward_kernel_for, forward_class, panel_kernel_for, Backward};
+use super::kernel_choice::{
+    backward_kernel_for, forward_class, general_packed_kernel, packed_computes_general, panel_kernel_for, Backward,
+};
 use super::relu::{relu_backward_in_place, relu_in_place};
 use super::Scalar;
 use tiderec_records::rng::normal_f64;
@@ -62,9 +64,12 @@ impl Linear {
     /// rows into a wide output go to the `gemm` crate ([`gemm_nt_acc`], 1.1–1.25×
     /// matrixmultiply at 1,024 rows on DLRM's 367→512 and 512→256) on CPUs
     /// without AVX-512; the rest (narrow inputs, `f64` without a vector packed
-    /// kernel) to matrixmultiply. The packed kernels add the bias and apply
-    /// the ReLU as they write each block of `y` (the same values as writing
-    /// the bias first and the ReLU after, bit for bit).
+    /// kernel) to matrixmultiply. A narrow input's product runs on a vector
+    /// packed kernel instead where the start-up measurement found one faster:
+    /// its sums are matrixmultiply's ([`packed_computes_general`]). The packed
+    /// kernels add the bias and apply the ReLU as they write each block of `y`
+    /// (the same values as writing the bias first and the ReLU after, bit for
+    /// bit).
     #[inline(never)]
     pub fn forward<T: Scalar>(
         &self,
@@ -78,9 +83,15 @@ impl Linear {
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
         let y = &mut y[..batch * self.output];
         let class = self.forward_class::<T>(batch);
-        if class == ForwardClass::Packed {
+        let kernel = match class {
+            ForwardClass::Packed => Some(panel_kernel_for(batch, self.input, self.output)),
+            ForwardClass::General if packed_computes_general::<T>(batch, self.input, self.output) => {
+                general_packed_kernel(batch, self.input, self.output)
+            }
+            _ => None,
+        };
+        if let Some(kernel) = kernel {
             packed.pack(Op::T, self.input, self.output, w);
-            let kernel = panel_kernel_for(batch, self.input, self.output);
             let finish = Finish { row: Some(b), relu, mask: None };
             gemm_packed_finish_with(batch, x, self.input, packed, (false, finish), y, self.output, |span| {
                 T::packed_span_with(kernel, span)
@@ -397,6 +408,64 @@ mod tests {
             crate::relu::relu_backward_in_place(&mut dx, &x);
             assert_eq!(bits(&dx_relu), bits(&dx), "{input}->{output} b{batch} dx through the ReLU");
         }
+    }
+
+    /// A narrow input's forward (under 16 values, the matrixmultiply class) on
+    /// every vector packed kernel equals matrixmultiply's bit for bit: bias
+    /// copied in, `x·Wᵀ` added with `beta = 1`, then the ReLU; and
+    /// [`Linear::forward`] runs a measured packed choice there with the same
+    /// values. One row stays matrixmultiply's (its matrix–vector loop).
+    #[test]
+    fn narrow_inputs_run_matrixmultiplys_sums_on_the_packed_kernels() {
+        use crate::gemm_packed::{packed_span_f32_with, PanelKernel};
+        use crate::kernel_choice::{choose_forward_kernels, ForwardShape, Measure};
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let kernels: Vec<PanelKernel> =
+            PanelKernel::available().iter().copied().filter(|&k| k != PanelKernel::Portable).collect();
+        if kernels.is_empty() || !f32::packed_panel_is_vectorized() {
+            eprintln!("skipped: this CPU (or TIDEREC_MAX_ISA) runs no vector packed kernel");
+            return;
+        }
+        let val = |i: usize, s: u64| tiderec_records::rng::normal_f64(s, 0, i as u64, 0) as f32;
+        for input in 1..16 {
+            for (output, batch) in [(8, 2), (13, 5), (16, 64), (33, 130), (100, 7), (512, 300)] {
+                assert!(crate::kernel_choice::packed_computes_general::<f32>(batch, input, output));
+                assert!(!crate::kernel_choice::packed_computes_general::<f32>(1, input, output));
+                let lin = Linear { input, output, offset: 0 };
+                let mut params = vec![0.0f32; lin.num_params()];
+                lin.init(&mut params, 3, input as u64);
+                let (w, b) = params.split_at(input * output);
+                let x: Vec<f32> = (0..batch * input).map(|i| val(i, 5)).collect();
+                let mut want = vec![0.0f32; batch * output];
+                want.chunks_exact_mut(output).for_each(|row| row.copy_from_slice(b));
+                gemm(Op::N, Op::T, batch, output, input, 1.0, &x, w, 1.0, &mut want);
+                relu_in_place(&mut want);
+                let mut packed = PackedRhs::default();
+                packed.pack(Op::T, input, output, w);
+                for &kernel in &kernels {
+                    let mut got = vec![f32::NAN; batch * output];
+                    let finish = Finish { row: Some(b), relu: true, mask: None };
+                    gemm_packed_finish_with(batch, &x, input, &packed, (false, finish), &mut got, output, |s| {
+                        packed_span_f32_with(kernel, s)
+                    });
+                    assert_eq!(bits(&got), bits(&want), "{kernel:?} {input}->{output} b{batch}");
+                }
+            }
+        }
+        // Through the layer once a measurement has chosen a kernel for the shape.
+        let (input, output, batch) = (13, 64, 40);
+        choose_forward_kernels(&[ForwardShape { rows: batch, input, output }], Measure::STARTUP);
+        let lin = Linear { input, output, offset: 0 };
+        let mut params = vec![0.0f32; lin.num_params()];
+        lin.init(&mut params, 4, 0);
+        let x: Vec<f32> = (0..batch * input).map(|i| val(i, 6)).collect();
+        let mut want = vec![0.0f32; batch * output];
+        want.chunks_exact_mut(output).for_each(|row| row.copy_from_slice(&params[input * output..]));
+        gemm(Op::N, Op::T, batch, output, input, 1.0, &x, &params[..input * output], 1.0, &mut want);
+        relu_in_place(&mut want);
+        let mut got = vec![f32::NAN; batch * output];
+        lin.forward(&params, &x, batch, (&mut got, true), &mut PackedRhs::default());
+        assert_eq!(bits(&got), bits(&want), "Linear::forward {input}->{output} b{batch}");
     }
 
     /// The bf16 forward and backward equal their definitions on the bf16 oracle
