@@ -439,7 +439,7 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
     }
     let val = |i: usize| ((i.wrapping_mul(104_729) % 1000) as f32) * 1e-3 - 0.5;
     // `a` as the layer stores it (dy: rows × output), `b` stored k × n (x or W),
-    // aligned as training's activations and dense parameters are.
+    // starting on a cache line as training's activations do (`MlpCache`).
     let a = AlignedVec::from_slice(&(0..m * k).map(val).collect::<Vec<f32>>());
     let b = AlignedVec::from_slice(&(0..k * n).map(|i| val(i + 3)).collect::<Vec<f32>>());
     let mut c = AlignedVec::from_slice(&vec![0.0f32; m * n]);
