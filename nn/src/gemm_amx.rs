@@ -20,6 +20,7 @@
 //!
 //! Invariant: only the `m × n` entries of `c` are written.
 
+use super::aligned::AlignedVec;
 use super::amx_tile::{BLOCK, TILE_PAIRS};
 use super::bf16_pack::{bf16_to_f32, interleave_rows, round_bf16, round_row_pairs};
 use super::gemm::Op;
@@ -34,31 +35,9 @@ const CHUNK_PAIRS: usize = 512;
 /// Blocks of 16 pair rows of `b` between a block's tile loads and its prefetch.
 const PREFETCH_BLOCKS: usize = 4;
 
-/// A 64-byte line of pairs: the packed buffers are 64-byte aligned, so every tile row is one line.
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C, align(64))]
-struct Line([u32; 16]);
-
-/// Pairs in `lines` as one slice.
-fn words(lines: &[Line]) -> &[u32] {
-    // SAFETY: `Line` is 16 `u32` with no padding.
-    unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u32, lines.len() * 16) }
-}
-
-fn words_mut(lines: &mut [Line]) -> &mut [u32] {
-    // SAFETY: as in `words`.
-    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u32, lines.len() * 16) }
-}
-
-/// The first `lines` of `data`, which grows to hold them: a buffer reused for
-/// products of several shapes keeps its largest length, and the packing that
-/// follows writes every line it uses, so a shorter shape clears nothing.
-fn grow(data: &mut Vec<Line>, lines: usize) -> &mut [Line] {
-    if data.len() < lines {
-        data.resize(lines, Line::default());
-    }
-    &mut data[..lines]
-}
+/// Pairs per 64-byte line: the packed buffers start on a line
+/// ([`AlignedVec`]), so every tile row of 16 pairs is one line.
+const LINE_PAIRS: usize = 16;
 
 /// `x` rounded up to a multiple of `to`.
 fn round_up(x: usize, to: usize) -> usize {
@@ -79,7 +58,10 @@ struct Layout {
     count: usize,
     pairs: usize,
     kp: usize,
-    data: Vec<Line>,
+    /// Lines of pairs; a buffer reused for products of several shapes keeps
+    /// its largest length, and the packing that follows writes every line it
+    /// uses, so a shorter shape clears nothing.
+    data: AlignedVec<u32>,
 }
 
 impl Layout {
@@ -90,25 +72,27 @@ impl Layout {
         self.count = count;
         self.pairs = k.div_ceil(2);
         self.kp = round_up(self.pairs, TILE_PAIRS);
-        let lines = self.lines();
-        grow(&mut self.data, lines);
+        let words = self.lines() * LINE_PAIRS;
+        if self.data.len() < words {
+            self.data.resize(words, 0);
+        }
     }
 
     /// Lines of the layout (the buffer may hold more, from a larger shape).
     fn lines(&self) -> usize {
-        round_up(self.count, BLOCK) * self.kp / 16
+        round_up(self.count, BLOCK) * self.kp / LINE_PAIRS
     }
 
-    /// The lines of the layout.
+    /// The pairs of the layout's lines.
     #[cfg(test)]
-    fn used(&self) -> &[Line] {
-        &self.data[..self.lines()]
+    fn used(&self) -> &[u32] {
+        &self.data[..self.lines() * LINE_PAIRS]
     }
 
     /// [`used`](Self::used), writable.
-    fn used_mut(&mut self) -> &mut [Line] {
-        let lines = self.lines();
-        &mut self.data[..lines]
+    fn used_mut(&mut self) -> &mut [u32] {
+        let words = self.lines() * LINE_PAIRS;
+        &mut self.data[..words]
     }
 }
 
@@ -146,7 +130,7 @@ impl AmxLhs {
         }
         self.layout.prepare(m, k);
         let (pairs, kp) = (self.layout.pairs, self.layout.kp);
-        let data = words_mut(self.layout.used_mut());
+        let data = self.layout.used_mut();
         match op {
             Op::N => {
                 for (i, out) in data.chunks_exact_mut(kp.max(1)).enumerate().take(m) {
@@ -288,7 +272,7 @@ impl AmxRhs {
         assert!(b.len() >= k * n, "AmxRhs: b has {} values, needs {}", b.len(), k * n);
         self.layout.prepare(n, k);
         let kp = self.layout.kp;
-        let data = words_mut(self.layout.used_mut());
+        let data = self.layout.used_mut();
         #[cfg(target_arch = "x86_64")]
         if super::bf16_pack::bf16_vector_available() {
             // SAFETY: the CPU has AVX-512 F, BW and BF16 (checked); `b` holds `k × n`
@@ -320,7 +304,7 @@ impl AmxRhs {
     /// Outside the `k × n` packed.
     pub fn value(&self, row: usize, col: usize) -> f32 {
         assert!(row < 2 * self.layout.pairs && col < self.n(), "AmxRhs: no entry ({row}, {col})");
-        let pair = words(&self.layout.data)[(col / BLOCK * self.layout.kp + row / 2) * BLOCK + col % BLOCK];
+        let pair = self.layout.data[(col / BLOCK * self.layout.kp + row / 2) * BLOCK + col % BLOCK];
         bf16_to_f32((pair >> (16 * (row % 2))) as u16)
     }
 }
@@ -490,13 +474,13 @@ fn product(
     assert_eq!(a.pairs(), b.pairs(), "gemm_amx: {} pairs on the left, {} on the right", a.pairs(), b.pairs());
     if m == 0 || n == 0 {
         if let Some(next) = next {
-            words_mut(next.layout.used_mut()).fill(0);
+            next.layout.used_mut().fill(0);
         }
         if let Some(rows) = rows {
-            words_mut(rows.layout.used_mut()).fill(0);
+            rows.layout.used_mut().fill(0);
         }
         if let Some((t, _)) = transposed {
-            words_mut(t.layout.used_mut()).fill(0);
+            t.layout.used_mut().fill(0);
         }
         return;
     }
@@ -527,15 +511,15 @@ fn product(
     let lhs_to = next.map(|next| {
         // The padding rows; every pair of the rows below `m` is written by the blocks.
         let kp_next = next.layout.kp;
-        let data = words_mut(next.layout.used_mut());
+        let data = next.layout.used_mut();
         data[m * kp_next..].fill(0);
         (data.as_mut_ptr(), kp_next)
     });
     // Every line of these layouts is written by the blocks (their padding rows and columns as zeros).
-    let rows_to = rows.map(|rows| (words_mut(rows.layout.used_mut()).as_mut_ptr(), rows.layout.kp));
+    let rows_to = rows.map(|rows| (rows.layout.used_mut().as_mut_ptr(), rows.layout.kp));
     let transposed_to = transposed.map(|(t, sums)| {
         let kp_t = t.layout.kp;
-        (words_mut(t.layout.used_mut()).as_mut_ptr(), kp_t, sums.as_mut_ptr())
+        (t.layout.used_mut().as_mut_ptr(), kp_t, sums.as_mut_ptr())
     });
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AMX runs here (asserted); the shapes were checked above and the
@@ -555,7 +539,7 @@ fn product(
 mod x86 {
     use super::super::amx_tile::{block_32x32, Tiles, BLOCK, TILE_PAIRS};
     use super::super::bf16_pack::x86::{interleave_index, mask, pairs16};
-    use super::{words, AmxLhs, AmxRhs, Epilogue, Start, CHUNK_PAIRS, PREFETCH_BLOCKS};
+    use super::{AmxLhs, AmxRhs, Epilogue, Start, CHUNK_PAIRS, PREFETCH_BLOCKS};
     use std::arch::x86_64::*;
 
     /// [`super::AmxRhs::pack`] of `b` stored `k × n` ([`Op::N`](super::Op::N)):
@@ -814,7 +798,7 @@ mod x86 {
             }),
             // The same, the output widened from its bf16 half of pair row `r/2`.
             Epilogue::ReluBackwardPacked(out) => {
-                let (panels, kp) = (words(&out.layout.data).as_ptr(), out.layout.kp);
+                let (panels, kp) = (out.layout.data.as_ptr(), out.layout.kp);
                 each_row(at, store, |r, half, m, x| {
                     let pairs =
                         _mm512_maskz_loadu_epi32(m, panels.add((j / BLOCK * kp + r / 2) * BLOCK + 16 * half) as _);
@@ -935,7 +919,7 @@ mod x86 {
         store: bool,
     ) {
         let (m, n, kp) = (a.m(), b.n(), b.layout.kp);
-        let (a_words, b_words) = (words(&a.layout.data), words(&b.layout.data));
+        let (a_words, b_words) = (&a.layout.data[..], &b.layout.data[..]);
         let through_edge = !store && pack.any() && kp <= CHUNK_PAIRS;
         let tiles = Tiles::configure();
         let mut edge = Edge([0.0; BLOCK * BLOCK]);
@@ -1158,13 +1142,9 @@ mod tests {
             assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "c differs: {case}");
             let shape = |l: &Layout| (l.count, l.pairs, l.kp);
             assert_eq!(shape(&next.layout), shape(&want_next.layout), "{case}");
-            assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "packed output differs: {case}");
+            assert_eq!(next.layout.used(), want_next.layout.used(), "packed output differs: {case}");
             assert_eq!(shape(&rows.layout), shape(&want_rows.layout), "{case}");
-            assert_eq!(
-                words(rows.layout.used()),
-                words(want_rows.layout.used()),
-                "output packed as rows differs: {case}"
-            );
+            assert_eq!(rows.layout.used(), want_rows.layout.used(), "output packed as rows differs: {case}");
         });
     }
 
@@ -1189,7 +1169,7 @@ mod tests {
                 summing.pack_summing(op, m, k, &a, Some(&mut fused));
                 assert_eq!(fused[..m].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "fused {op:?} {m}x{k}");
                 assert!(fused[m..].iter().all(|v| v.is_nan()), "the fused sums wrote past m");
-                assert_eq!(words(plain.layout.used()), words(summing.layout.used()), "packing {op:?} {m}x{k}");
+                assert_eq!(plain.layout.used(), summing.layout.used(), "packing {op:?} {m}x{k}");
             }
         }
     }
@@ -1523,11 +1503,11 @@ mod tests {
                 assert_eq!(bits(&got), bits(if one_chunk && !write_c { c0 } else { &want }), "c: {case}");
                 let shape = |l: &Layout| (l.count, l.pairs, l.kp);
                 assert_eq!(shape(&next.layout), shape(&want_next.layout), "{case}");
-                assert_eq!(words(next.layout.used()), words(want_next.layout.used()), "as a left operand: {case}");
+                assert_eq!(next.layout.used(), want_next.layout.used(), "as a left operand: {case}");
                 assert_eq!(shape(&rows.layout), shape(&want_rows.layout), "{case}");
-                assert_eq!(words(rows.layout.used()), words(want_rows.layout.used()), "as rows: {case}");
+                assert_eq!(rows.layout.used(), want_rows.layout.used(), "as rows: {case}");
                 assert_eq!(shape(&t.layout), shape(&want_t.layout), "{case}");
-                assert_eq!(words(t.layout.used()), words(want_t.layout.used()), "transposed: {case}");
+                assert_eq!(t.layout.used(), want_t.layout.used(), "transposed: {case}");
                 assert_eq!(bits(&sums[..n]), bits(&want_sums), "column sums: {case}");
                 assert!(sums[n].is_nan(), "a sum past n written: {case}");
             }

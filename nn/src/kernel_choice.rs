@@ -286,7 +286,8 @@ pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
     // Aligned as training's activations are (`MlpCache`), so the rates are training's.
     let x = AlignedVec::from_slice(&(0..m * k).map(val).collect::<Vec<f32>>());
     let w = AlignedVec::from_slice(&(0..n * k).map(|i| val(i + 17)).collect::<Vec<f32>>());
-    let mut y = AlignedVec::from_slice(&vec![0.0f32; m * n]);
+    let mut y = AlignedVec::new();
+    y.resize(m * n, 0.0f32);
     let mut packed = PackedRhs::default();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
     for _ in 0..measure.rounds.max(1) {
@@ -442,7 +443,8 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
     // starting on a cache line as training's activations do (`MlpCache`).
     let a = AlignedVec::from_slice(&(0..m * k).map(val).collect::<Vec<f32>>());
     let b = AlignedVec::from_slice(&(0..k * n).map(|i| val(i + 3)).collect::<Vec<f32>>());
-    let mut c = AlignedVec::from_slice(&vec![0.0f32; m * n]);
+    let mut c = AlignedVec::new();
+    c.resize(m * n, 0.0f32);
     let mut packed = PackedRhs::default();
     let (op_a, lda, a_step) = match shape.product {
         Backward::Dw => (Op::T, 1, m),
