@@ -45,6 +45,16 @@ const C_CHUNKS_OUTSIDE_MAX: usize = 1 << 20;
 /// `k = 512` is three).
 const K_CHUNK_MAX: usize = 192;
 
+/// Copies `W` values of successive rows of `b` (rows `ldb` apart, the
+/// first from `start`) into the `W`-value rows of `panel`.
+fn copy_rows<T: Copy, const W: usize>(panel: &mut [T], b: &[T], start: usize, ldb: usize) {
+    for (p, row) in panel.chunks_exact_mut(W).enumerate() {
+        let at = p * ldb + start;
+        let row: &mut [T; W] = row.try_into().expect("chunks of W values");
+        *row = b[at..at + W].try_into().expect("a row of W values");
+    }
+}
+
 /// `(first column, panel width)` of each panel for `n` columns.
 pub(super) fn panels(n: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut first = 0;
@@ -126,8 +136,16 @@ impl<T: Scalar> PackedRhs<T> {
         assert!(first + n <= ldb, "PackedRhs: columns {first}..{} past a row of {ldb}", first + n);
         assert!(k == 0 || b.len() >= (k - 1) * ldb + first + n, "PackedRhs: b too short");
         for (f, width, pw, panel) in self.reshape(k, n) {
+            let start = first + f;
+            if width == WIDE && pw == WIDE {
+                // A full panel's rows are copied as fixed-size arrays: a
+                // copy of a length known only at run time is a call to
+                // `memcpy` per 64-byte row, which cost more than the copying.
+                copy_rows::<T, WIDE>(panel, b, start, ldb);
+                continue;
+            }
             for (p, row) in panel.chunks_exact_mut(pw).enumerate() {
-                let at = p * ldb + first + f;
+                let at = p * ldb + start;
                 row[..width].copy_from_slice(&b[at..at + width]);
                 row[width..].fill(T::ZERO);
             }
@@ -1525,6 +1543,9 @@ mod tests {
                 "columns {first}+{n}"
             );
         }
+        // No rows: nothing is read, however many columns.
+        packed.pack_columns(0, 16, 32, &[], ldb);
+        assert_eq!((packed.k, packed.n, packed.panels.len()), (0, 32, 0));
     }
 
     proptest! {
