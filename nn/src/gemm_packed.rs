@@ -23,6 +23,7 @@
 use super::aligned::AlignedVec;
 use super::gemm::Op;
 use super::Scalar;
+use std::cell::Cell;
 
 /// Values per vector (one AVX2 register of `f32`); panel widths are multiples of it.
 pub(crate) const LANES: usize = 8;
@@ -231,7 +232,6 @@ pub(crate) fn gemm_packed_finish_with<T: Scalar>(
 /// written: a forward's bias and ReLU, a backward's ReLU mask. Kernels that do
 /// not do it in registers get it done around them, panel by panel
 /// ([`finish_around`]), with the same values.
-#[derive(Debug)]
 pub(crate) struct Finish<'a, T> {
     /// Added to every row in place of `c`'s old values: `c[i][j] = Σ + row[j]`
     /// (the bias; addition commutes, so this equals writing the bias into `c`
@@ -243,6 +243,23 @@ pub(crate) struct Finish<'a, T> {
     /// [`relu_backward_in_place`](super::relu::relu_backward_in_place) does
     /// (`mask` laid out as `c`: the ReLU's output below a layer's `dx`).
     pub mask: Option<&'a [T]>,
+    /// Then each finished row of `c` added to `sums` (`n` values), the rows in
+    /// order: from zero, `sums` ends as the column sums of `c` that
+    /// `for row in c { sums += row }` computes, bit for bit (a `dx`'s column
+    /// sums are the bias gradient of the layer below). The drivers finish the
+    /// rows of every column in increasing order, on the last chunk only.
+    pub sums: Option<&'a [Cell<T>]>,
+}
+
+impl<T: Copy + std::fmt::Debug> std::fmt::Debug for Finish<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Finish")
+            .field("row", &self.row)
+            .field("relu", &self.relu)
+            .field("mask", &self.mask)
+            .field("sums", &self.sums)
+            .finish()
+    }
 }
 
 impl<T> Clone for Finish<'_, T> {
@@ -255,7 +272,7 @@ impl<T> Copy for Finish<'_, T> {}
 
 impl<'a, T> Finish<'a, T> {
     /// The plain sum.
-    pub const NONE: Self = Finish { row: None, relu: false, mask: None };
+    pub const NONE: Self = Finish { row: None, relu: false, mask: None, sums: None };
 
     /// What the chunk of the reduction from `k0` to `end` (of `k`) does, for
     /// the row group starting at row `g` of `c`: the row on the first chunk,
@@ -266,6 +283,7 @@ impl<'a, T> Finish<'a, T> {
             row: if k0 == 0 { self.row } else { None },
             relu: last && self.relu,
             mask: if last { self.mask.map(|mask| &mask[g * ldc..]) } else { None },
+            sums: if last { self.sums } else { None },
         }
     }
 }
@@ -295,6 +313,11 @@ fn finish_block<T: Scalar>(
         if let Some(mask) = finish.mask {
             super::relu::relu_backward_in_place(out, &mask[r * ldc + first..r * ldc + first + width]);
         }
+        if let Some(sums) = finish.sums {
+            for (sum, &x) in sums[first..first + width].iter().zip(&*out) {
+                sum.set(sum.get() + x);
+            }
+        }
     }
 }
 
@@ -314,7 +337,7 @@ pub(super) fn finish_around<T: Scalar>(
         p.accumulate = true;
     }
     run(PanelProduct { c: &mut *c, ..p });
-    if finish.relu || finish.mask.is_some() {
+    if finish.relu || finish.mask.is_some() || finish.sums.is_some() {
         finish_block(false, c, shape, first, finish);
     }
 }
@@ -330,7 +353,9 @@ pub(crate) const MM_KC: usize = 256;
 /// the runs' sums added to `c` in order; then, with a `mask` (laid out as
 /// `c`), each entry zeroed where the mask is not positive, as
 /// [`relu_backward_in_place`](super::relu::relu_backward_in_place) does (a
-/// `dx` passed back through the ReLU below the layer). `b` (`k × n`, rows `ldb` apart) is
+/// `dx` passed back through the ReLU below the layer); then, with `sums`,
+/// each finished row added to it, rows in order ([`Finish::sums`]: from
+/// zero, the column sums of `c`). `b` (`k × n`, rows `ldb` apart) is
 /// read where it lies, with no copy (a layer's weight in the backward
 /// `dx = dy·W`, its input in `dW = dyᵀ·x`): every full panel is read in
 /// place; a last panel narrower than its width (`n` not a multiple of eight)
@@ -355,7 +380,7 @@ pub(crate) fn gemm_mm_order_in_place(
     a_step: usize,
     (k, n, b, ldb): (usize, usize, &[f32], usize),
     tail: &mut PackedRhs<f32>,
-    (c, mask): (&mut [f32], Option<&[f32]>),
+    (c, mask, sums): MmOrderCells<'_>,
     ldc: usize,
 ) {
     assert!(ldb >= n, "gemm_mm_order_in_place: stride {ldb} shorter than a row of {n}");
@@ -367,9 +392,17 @@ pub(crate) fn gemm_mm_order_in_place(
     } else {
         n
     };
-    let operands = (Panels::InPlace { k, n, b, ldb, tail, tail_first }, false, Finish { mask, ..Finish::NONE });
+    let operands = (Panels::InPlace { k, n, b, ldb, tail, tail_first }, false, Finish { mask, sums, ..Finish::NONE });
     gemm_packed_chunks(m, a, lda, a_step, operands, c, ldc, MM_KC, &mut |s| packed_span_f32_with(kernel, s))
 }
+
+/// What a backward product in matrixmultiply's order writes: `c`, the ReLU
+/// mask laid out as `c` that zeroes it (if any), and where the column sums
+/// of `c` as written are added, rows in order (if anywhere).
+pub type MmOrderOut<'a, T> = (&'a mut [T], Option<&'a [T]>, Option<&'a mut [T]>);
+
+/// [`MmOrderOut`] with the sums as cells, as a [`Finish`] holds them.
+type MmOrderCells<'a> = (&'a mut [f32], Option<&'a [f32]>, Option<&'a [Cell<f32>]>);
 
 /// How a backward product in matrixmultiply's order runs on the packed
 /// kernels: the panel kernel, and whether `b` is read in place or copied a
@@ -409,13 +442,14 @@ pub(crate) fn gemm_mm_order_f32(
     a_step: usize,
     (k, n, b, ldb): (usize, usize, &[f32], usize),
     scratch: &mut PackedRhs<f32>,
-    (c, mask): (&mut [f32], Option<&[f32]>),
+    (c, mask, sums): MmOrderOut<'_, f32>,
     ldc: usize,
 ) {
     let kernel = choice.kernel;
+    let sums = sums.map(|sums| Cell::from_mut(sums).as_slice_of_cells());
     if !choice.copy_b || k == 0 {
-        // In place (with no run to copy, the in-place product writes the zeros and the mask).
-        return gemm_mm_order_in_place(kernel, m, a, lda, a_step, (k, n, b, ldb), scratch, (c, mask), ldc);
+        // In place (with no run to copy, the in-place product writes the zeros, the mask and the sums).
+        return gemm_mm_order_in_place(kernel, m, a, lda, a_step, (k, n, b, ldb), scratch, (c, mask, sums), ldc);
     }
     assert!(ldb >= n, "gemm_mm_order: stride {ldb} shorter than a row of {n}");
     assert!(n == 0 || b.len() >= (k - 1) * ldb + n, "gemm_mm_order: b too short");
@@ -423,9 +457,9 @@ pub(crate) fn gemm_mm_order_f32(
         let kc = MM_KC.min(k - k0);
         scratch.pack_columns(kc, 0, n, &b[k0 * ldb..], ldb);
         // Each run's chains from zero, added to `c` after the first run; the
-        // mask on the last, as the in-place product's chunks do.
+        // mask and the sums on the last, as the in-place product's chunks do.
         let last = k0 + kc == k;
-        let finish = Finish { mask: mask.filter(|_| last), ..Finish::NONE };
+        let finish = Finish { mask: mask.filter(|_| last), sums: sums.filter(|_| last), ..Finish::NONE };
         let a = &a[k0 * a_step..];
         let operands = (Panels::Packed(scratch), k0 > 0, finish);
         gemm_packed_chunks(m, a, lda, a_step, operands, &mut *c, ldc, kc, &mut |s| packed_span_f32_with(kernel, s));
@@ -493,6 +527,7 @@ fn gemm_packed_chunks<T: Scalar>(
     assert!(!(accumulate && finish.row.is_some()), "gemm_packed: a row to add and accumulate both");
     assert!(finish.row.is_none_or(|row| row.len() >= n), "gemm_packed: row shorter than {n}");
     assert!(finish.mask.is_none_or(|mask| mask.len() >= (m - 1) * ldc + n), "gemm_packed: mask shorter than c");
+    assert!(finish.sums.is_none_or(|sums| sums.len() >= n), "gemm_packed: sums shorter than {n}");
     if k == 0 {
         if !accumulate {
             for i in 0..m {
@@ -1334,8 +1369,8 @@ mod tests {
     /// A product whose `c` is past `C_CHUNKS_OUTSIDE_MAX` runs each row group
     /// through every chunk of the reduction; the same rows in slices small
     /// enough to run each chunk through every group give it bit for bit, with
-    /// a forward's bias and ReLU finished as the blocks are written, on every
-    /// kernel this CPU runs.
+    /// a forward's bias and ReLU finished as the blocks are written and the
+    /// column sums added (rows in order either way), on every kernel this CPU runs.
     #[test]
     fn both_loop_orders_give_equal_sums() {
         let (m, n, k, slice) = (1100, 256, 400, 100);
@@ -1346,20 +1381,23 @@ mod tests {
         let bias: Vec<f32> = (0..n).map(|i| val(i + (1 << 26))).collect();
         let packed = PackedRhs::new(Op::T, k, n, &w);
         for &kernel in PanelKernel::available() {
-            let run = |rows: usize, a: &[f32], c: &mut [f32]| {
-                let finish = Finish { row: Some(&bias), relu: true, mask: None };
+            let run = |rows: usize, a: &[f32], c: &mut [f32], sums: &[Cell<f32>]| {
+                let finish = Finish { row: Some(&bias), relu: true, mask: None, sums: Some(sums) };
                 gemm_packed_finish_with(rows, a, k, &packed, (false, finish), c, n, |s| {
                     packed_span_f32_with(kernel, s)
                 });
             };
+            let (whole_sums, sliced_sums) = (vec![Cell::new(0.0f32); n], vec![Cell::new(0.0f32); n]);
             let mut whole = vec![f32::NAN; m * n];
-            run(m, &a, &mut whole);
+            run(m, &a, &mut whole, &whole_sums);
             let mut sliced = vec![f32::NAN; m * n];
             for (a, c) in a.chunks(slice * k).zip(sliced.chunks_mut(slice * n)) {
-                run(c.len() / n, a, c);
+                run(c.len() / n, a, c, &sliced_sums);
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert!(bits(&whole) == bits(&sliced), "{kernel:?}: the loop orders differ");
+            let sums = |v: &[Cell<f32>]| v.iter().map(|x| x.get().to_bits()).collect::<Vec<_>>();
+            assert!(sums(&whole_sums) == sums(&sliced_sums), "{kernel:?}: the loop orders' column sums differ");
         }
     }
 
@@ -1507,10 +1545,12 @@ mod tests {
                     for choice in choices {
                         let kernel = (choice.kernel, if choice.copy_b { "copied" } else { "in place" });
                         // Without a mask, then through a ReLU's backward whose output is `relu_out`.
+                        // The column sums added as the rows are written, from zero.
                         for (mask, want) in [(None, &want), (Some(&relu_out[..]), &want_masked)] {
-                            let mut got = vec![f32::NAN; m * n];
+                            let (mut got, mut sums) = (vec![f32::NAN; m * n], vec![0.0f32; n]);
                             let operands = (k, n, &strided[..], ldb);
-                            gemm_mm_order_f32(choice, m, &a, lda, a_step, operands, &mut tail, (&mut got, mask), n);
+                            let out = (&mut got[..], mask, Some(&mut sums[..]));
+                            gemm_mm_order_f32(choice, m, &a, lda, a_step, operands, &mut tail, out, n);
                             for (i, (x, y)) in got.iter().zip(want).enumerate() {
                                 assert!(
                                     x.to_bits() == y.to_bits(),
@@ -1518,6 +1558,17 @@ mod tests {
                                     mask.is_some()
                                 );
                             }
+                            let mut want_sums = vec![0.0f32; n];
+                            for row in want.chunks_exact(n) {
+                                for (s, &x) in want_sums.iter_mut().zip(row) {
+                                    *s += x;
+                                }
+                            }
+                            assert!(
+                                sums.iter().zip(&want_sums).all(|(x, y)| x.to_bits() == y.to_bits()),
+                                "{kernel:?} {op:?} {m}x{n}x{k} ldb {ldb} mask {}: the column sums",
+                                mask.is_some()
+                            );
                         }
                     }
                 }
@@ -1650,21 +1701,23 @@ mod tests {
         }
 
         /// A product with a [`Finish`] (a bias row and the ReLU, or a ReLU's
-        /// backward mask) equals the plain product on the same kernel with the
-        /// bias written into `c` first and the ReLU or mask applied after, bit
-        /// for bit (NaN payloads aside), on every kernel: the wide kernel does
-        /// it in registers, the others around each panel. Inputs include NaN,
+        /// backward mask, and the column sums) equals the plain product on the
+        /// same kernel with the bias written into `c` first, the ReLU or mask
+        /// applied after and the rows summed after that, bit for bit (NaN
+        /// payloads aside), on every kernel: the wide kernel does it in
+        /// registers, the others around each panel. Inputs include NaN,
         /// infinities, zeros of both signs and denormals.
         #[test]
-        fn finish_in_registers_equals_finish_around(m in 1usize..60, n in 1usize..150, k in 0usize..420, relu in any::<bool>(), masked in any::<bool>(), seed in any::<u64>()) {
+        fn finish_in_registers_equals_finish_around(m in 1usize..60, n in 1usize..150, k in 0usize..420, relu in any::<bool>(), masked in any::<bool>(), summed in any::<bool>(), seed in any::<u64>()) {
             let val = |i: usize| special_or(i.wrapping_mul(2_654_435_761) >> 7, (tiderec_records::rng::unit_f64(seed, i as u64, 0, 0) - 0.5) as f32);
             let a: Vec<f32> = (0..m * k).map(val).collect();
             let b: Vec<f32> = (0..k * n).map(|i| val(i + 1_000_000)).collect();
             let row: Vec<f32> = (0..n).map(|i| val(i + 2_000_000)).collect();
             let mask: Vec<f32> = (0..m * n).map(|i| special_or(i, val(i + 3_000_000))).collect();
             let packed = PackedRhs::new(Op::T, k, n, &b);
-            let finish = Finish { row: Some(&row[..]), relu, mask: masked.then_some(&mask[..]) };
             for &kernel in PanelKernel::available() {
+                let sums = vec![Cell::new(0.0f32); n];
+                let finish = Finish { row: Some(&row[..]), relu, mask: masked.then_some(&mask[..]), sums: summed.then_some(&sums[..]) };
                 let mut want: Vec<f32> = (0..m).flat_map(|_| row.iter().copied()).collect();
                 gemm_packed_with(m, &a, k, &packed, true, &mut want, n, |s| packed_span_f32_with(kernel, s));
                 if relu {
@@ -1680,6 +1733,18 @@ mod tests {
                     // Rust (the compiler may swap an addition's operands).
                     let same = x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
                     prop_assert!(same, "{:?} {}x{}x{} relu {} mask {} c[{}] {} vs {}", kernel, m, n, k, relu, masked, i, x, y);
+                }
+                let mut want_sums = vec![0.0f32; n];
+                if summed {
+                    for out in want.chunks_exact(n) {
+                        for (s, &x) in want_sums.iter_mut().zip(out) {
+                            *s += x;
+                        }
+                    }
+                }
+                for (j, (x, y)) in sums.iter().map(Cell::get).zip(&want_sums).enumerate() {
+                    let same = x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
+                    prop_assert!(same, "{:?} {}x{}x{} relu {} mask {} sums[{}] {} vs {}", kernel, m, n, k, relu, masked, j, x, y);
                 }
             }
         }

@@ -424,6 +424,14 @@ pub fn choose_backward_kernels(shapes: &[BackwardShape], measure: Measure) -> Ve
     choices
 }
 
+/// Installs `kernel` for `shape` (tests: a chosen kernel without a measurement).
+#[cfg(test)]
+pub(crate) fn install_backward(shape: BackwardShape, kernel: Option<MmOrderKernel>) {
+    let mut chosen = CHOSEN_BACKWARD.write().expect("the backward choices");
+    chosen.retain(|(s, _)| *s != shape);
+    chosen.push((shape, kernel));
+}
+
 /// Times the candidates of one backward product without installing anything.
 pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoice {
     let (m, n, k) = shape.mnk();
@@ -457,7 +465,7 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
             let mut run = || match *cand {
                 Candidate::PackedMmOrder(_) | Candidate::CopiedMmOrder(_) => {
                     let kernel = cand.mm_order_kernel().expect("a backward packed candidate");
-                    gemm_mm_order_f32(kernel, m, &a, lda, a_step, (k, n, &b, n), &mut packed, (&mut c, None), n)
+                    gemm_mm_order_f32(kernel, m, &a, lda, a_step, (k, n, &b, n), &mut packed, (&mut c, None, None), n)
                 }
                 _ => gemm(op_a, Op::N, m, n, k, 1.0, &a, &b, 0.0, &mut c),
             };

@@ -92,7 +92,7 @@ impl Linear {
         };
         if let Some(kernel) = kernel {
             packed.pack(Op::T, self.input, self.output, w);
-            let finish = Finish { row: Some(b), relu, mask: None };
+            let finish = Finish { row: Some(b), relu, mask: None, sums: None };
             gemm_packed_finish_with(batch, x, self.input, packed, (false, finish), y, self.output, |span| {
                 T::packed_span_with(kernel, span)
             });
@@ -132,7 +132,6 @@ impl Linear {
     /// measurement chose ([`backward_kernel_for`]) of matrixmultiply and the packed
     /// kernel in matrixmultiply's summation order ([`T::gemm_mm_order`](Scalar::gemm_mm_order),
     /// equal to it bit for bit); on matrixmultiply otherwise.
-    #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Scalar>(
         &self,
@@ -142,6 +141,29 @@ impl Linear {
         batch: usize,
         grads: &mut [T],
         dx: Option<(&mut [T], bool)>,
+        packed: &mut PackedRhs<T>,
+    ) {
+        let dx = dx.map(|(dx, relu_below)| (dx, relu_below, None));
+        self.backward_summed(params, x, dy, batch, grads, (dx, None), packed)
+    }
+
+    /// [`backward`](Self::backward) with the bias gradients summed by the
+    /// `dx` products: `db`, when given, is this layer's (the column sums of
+    /// `dy`, which the layer above's `dx` product added up as it wrote `dy`),
+    /// copied instead of summing `dy` again; the third part of `dx`, when
+    /// given, is overwritten with the column sums of `dx` as written (after
+    /// the ReLU), the layer below's. The values equal summing the rows
+    /// afterwards, bit for bit, without one more pass over each `dy`.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    pub(crate) fn backward_summed<T: Scalar>(
+        &self,
+        params: &[T],
+        x: &[T],
+        dy: &[T],
+        batch: usize,
+        grads: &mut [T],
+        (dx, db): (Option<(&mut [T], bool, Option<&mut [T]>)>, Option<&[T]>),
         packed: &mut PackedRhs<T>,
     ) {
         let nw = self.output * self.input;
@@ -162,19 +184,17 @@ impl Linear {
                 self.output,
                 (batch, self.input, x, self.input),
                 packed,
-                (gw, None),
+                (gw, None, None),
                 self.input,
             );
         } else {
             gemm(Op::T, Op::N, self.output, self.input, batch, T::ONE, dy, x, T::ZERO, gw);
         }
-        gb.fill(T::ZERO);
-        for row in dy[..batch * self.output].chunks_exact(self.output) {
-            for (g, &d) in gb.iter_mut().zip(row) {
-                *g += d;
-            }
+        match db {
+            Some(db) => gb.copy_from_slice(&db[..self.output]),
+            None => column_sums(&dy[..batch * self.output], gb),
         }
-        if let Some((dx, relu_below)) = dx {
+        if let Some((dx, relu_below, sums)) = dx {
             let w = &params[self.offset..self.offset + nw];
             let dx = &mut dx[..batch * self.input];
             let mask = relu_below.then_some(&x[..batch * self.input]);
@@ -183,7 +203,12 @@ impl Linear {
             } else {
                 None
             };
+            let sums = sums.map(|sums| &mut sums[..self.input]);
             if let Some(kernel) = dx_kernel {
+                let mut sums = sums;
+                if let Some(sums) = sums.as_deref_mut() {
+                    sums.fill(T::ZERO);
+                }
                 T::gemm_mm_order(
                     kernel,
                     batch,
@@ -192,7 +217,7 @@ impl Linear {
                     1,
                     (self.output, self.input, w, self.input),
                     packed,
-                    (dx, mask),
+                    (dx, mask, sums),
                     self.input,
                 );
             } else {
@@ -200,7 +225,21 @@ impl Linear {
                 if let Some(x) = mask {
                     relu_backward_in_place(dx, x);
                 }
+                if let Some(sums) = sums {
+                    column_sums(dx, sums);
+                }
             }
+        }
+    }
+}
+
+/// `sums ← Σ rows`: the rows of `values` (each `sums.len()` wide) added
+/// one after another from zero (a bias gradient from its `dy`).
+fn column_sums<T: Scalar>(values: &[T], sums: &mut [T]) {
+    sums.fill(T::ZERO);
+    for row in values.chunks_exact(sums.len().max(1)) {
+        for (s, &v) in sums.iter_mut().zip(row) {
+            *s += v;
         }
     }
 }
@@ -444,7 +483,7 @@ mod tests {
                 packed.pack(Op::T, input, output, w);
                 for &kernel in &kernels {
                     let mut got = vec![f32::NAN; batch * output];
-                    let finish = Finish { row: Some(b), relu: true, mask: None };
+                    let finish = Finish { row: Some(b), relu: true, mask: None, sums: None };
                     gemm_packed_finish_with(batch, &x, input, &packed, (false, finish), &mut got, output, |s| {
                         packed_span_f32_with(kernel, s)
                     });

@@ -42,6 +42,10 @@ pub struct MlpCache<T> {
     /// Under bf16 on AMX, per layer, its input as the layer below's forward
     /// packed it for this layer's `dW`, and whether the last forward did.
     inputs: Vec<(AmxRhs, bool)>,
+    /// In `f32` and `f64`: a layer's bias gradient as the layer above's `dx`
+    /// product summed it, and the one this layer's `dx` product sums for the
+    /// layer below.
+    sums: (Vec<T>, Vec<T>),
 }
 
 impl<T: Scalar> MlpCache<T> {
@@ -156,7 +160,7 @@ impl Mlp {
         dx: Option<&mut [T]>,
     ) {
         let n = self.layers.len();
-        let MlpCache { outs, douts, packed, precision, bf16, inputs } = cache;
+        let MlpCache { outs, douts, packed, precision, bf16, inputs, sums } = cache;
         douts.resize_with(n, AlignedVec::new);
         for (d, l) in douts.iter_mut().zip(&self.layers) {
             d.resize(batch * l.output, T::ZERO);
@@ -166,6 +170,8 @@ impl Mlp {
         // A layer's dx product applies the ReLU below it as it writes (under
         // bf16 it also packs its output for the layer below's dx where it can).
         let (mut through_relu, mut dy_packed) = (false, false);
+        // Whether `sums.0` holds this layer's bias gradient, summed by the `dx` product above.
+        let mut summed = false;
         for i in (0..n).rev() {
             let l = &self.layers[i];
             let (below, rest) = douts.split_at_mut(i);
@@ -180,7 +186,16 @@ impl Mlp {
             through_relu = layer_dx.is_some() && relu_below;
             match precision {
                 Precision::Fp32 | Precision::Tf32 => {
-                    l.backward(params, input, dy, batch, grads, layer_dx.map(|d| (d, relu_below)), packed)
+                    let (db, below) = (&mut sums.0, &mut sums.1);
+                    let db = summed.then_some(&db[..]);
+                    let below = (i > 0).then(|| {
+                        below.resize(self.layers[i - 1].output, T::ZERO);
+                        &mut below[..]
+                    });
+                    summed = i > 0 && layer_dx.is_some();
+                    let dx = layer_dx.map(|d| (d, relu_below, below));
+                    l.backward_summed(params, input, dy, batch, grads, (dx, db), packed);
+                    std::mem::swap(&mut sums.0, &mut sums.1);
                 }
                 Precision::Bf16 => {
                     let (p, input, dy) = (f32_view(params), f32_view(input), f32_view(dy));
@@ -246,6 +261,50 @@ mod tests {
                 assert_eq!(bits(&grads), bits(&want_grads), "gradients: {widths:?} batch {batch}");
                 assert_eq!(bits(&dx), bits(&dy), "input gradient: {widths:?} batch {batch}");
             }
+        }
+    }
+
+    /// Each layer's bias gradient, summed by the `dx` product of the layer
+    /// above as it writes `dy` (on every kernel the start-up measurement can
+    /// choose, and on matrixmultiply), equals the sums of `dy`'s rows taken
+    /// afterwards, bit for bit; the other gradients are those of the
+    /// layers' own backward calls.
+    #[test]
+    fn bias_gradients_summed_by_the_products_equal_the_rows_summed() {
+        use crate::gemm_packed::{MmOrderKernel, PanelKernel};
+        use crate::kernel_choice::{install_backward, Backward, BackwardShape};
+        // Shapes no other test measures: the installed choices are global.
+        let (widths, batch) = ([13, 41, 37, 25, 1], 61);
+        let mlp = Mlp::new(&widths, 0, false);
+        let mut params = vec![0.0f32; mlp.num_params()];
+        mlp.init(&mut params, 4, 1);
+        let x: Vec<f32> = (0..batch * widths[0]).map(|i| normal_f64(10, 0, i as u64, 0) as f32).collect();
+        let r: Vec<f32> = (0..batch).map(|i| normal_f64(11, 0, i as u64, 0) as f32).collect();
+        let mut choices = vec![None];
+        for &kernel in PanelKernel::available().iter().filter(|&&k| k != PanelKernel::Portable) {
+            choices.extend([false, true].map(|copy_b| Some(MmOrderKernel { kernel, copy_b })));
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for choice in choices {
+            for l in &mlp.layers {
+                let shape = BackwardShape { product: Backward::Dx, rows: batch, input: l.input, output: l.output };
+                install_backward(shape, choice);
+            }
+            let mut cache = MlpCache::default();
+            let outs = mlp.forward(&params, &x, batch, &mut cache).to_vec();
+            assert_eq!(outs.len(), batch);
+            let (mut grads, mut dx) = (vec![0.0f32; params.len()], vec![0.0f32; x.len()]);
+            mlp.backward(&params, &x, batch, &mut cache, &r, &mut grads, Some(&mut dx));
+            // The layers one by one, each summing its own `dy` (the final one,
+            // after the ReLU, kept in the cache).
+            let mut want = vec![0.0f32; params.len()];
+            for (i, l) in mlp.layers.iter().enumerate() {
+                let input = if i == 0 { &x[..] } else { &cache.outs[i - 1][..] };
+                l.backward(&params, input, &cache.douts[i], batch, &mut want, None, &mut PackedRhs::default());
+                let bias = l.offset + l.input * l.output..l.offset + l.num_params();
+                assert_eq!(bits(&grads[bias.clone()]), bits(&want[bias]), "{choice:?}: layer {i}'s bias gradient");
+            }
+            assert_eq!(bits(&grads), bits(&want), "{choice:?}: the gradients");
         }
     }
 

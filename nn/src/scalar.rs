@@ -82,7 +82,8 @@ pub trait Scalar:
 
     /// `c[m×n] = op(a)·b` in matrixmultiply's summation order on the packed kernel,
     /// then, with a mask laid out as `c`, zeroed where the mask is not positive
-    /// (a ReLU's backward), `b` (`k × n`, rows `ldb` apart) read where it lies
+    /// (a ReLU's backward), and its column sums added to the third part of `c` if given
+    /// ([`MmOrderOut`](super::gemm_packed::MmOrderOut)), `b` (`k × n`, rows `ldb` apart) read where it lies
     /// (`gemm_mm_order_in_place`) or copied a run at a time (`gemm_mm_order_f32`),
     /// as `kernel` says; `tail` is scratch for a last narrow panel or the copied runs; `f32` only: callers ask
     /// [`packed_panel_is_vectorized`](Self::packed_panel_is_vectorized) first).
@@ -98,7 +99,7 @@ pub trait Scalar:
         a_step: usize,
         b: (usize, usize, &[Self], usize),
         tail: &mut super::gemm_packed::PackedRhs<Self>,
-        c: (&mut [Self], Option<&[Self]>),
+        c: super::gemm_packed::MmOrderOut<'_, Self>,
         ldc: usize,
     );
 
@@ -195,7 +196,7 @@ macro_rules! impl_scalar {
                 a_step: usize,
                 b: (usize, usize, &[Self], usize),
                 tail: &mut super::gemm_packed::PackedRhs<Self>,
-                c: (&mut [Self], Option<&[Self]>),
+                c: super::gemm_packed::MmOrderOut<'_, Self>,
                 ldc: usize,
             ) {
                 $mm_order(kernel, m, a, lda, a_step, b, tail, c, ldc)
@@ -245,7 +246,7 @@ impl_scalar!(
      _,
      _: (usize, usize, &[f64], usize),
      _: &mut super::gemm_packed::PackedRhs<f64>,
-     _: (&mut [f64], Option<&[f64]>),
+     _: super::gemm_packed::MmOrderOut<'_, f64>,
      _| { panic!("gemm_mm_order: f64 has no vector packed kernel") },
     false,
     super::gemm_packed::pack_transposed_portable::<f64>,

@@ -18,7 +18,9 @@
 //! last panel under a mask); a last panel a whole number of vectors does not
 //! fill (8, 24 or 40 wide) runs on the one-panel AVX-512 kernel. The span's
 //! [`Finish`] is done in registers as each block is written, with the
-//! values of the scalar definitions (`tests::finish_in_registers_equals_finish_around`).
+//! values of the scalar definitions (`tests::finish_in_registers_equals_finish_around`);
+//! its column sums are added as each row of a block is written, and the
+//! blocks of a column come in row order.
 
 use super::{finish_around, panels, run_panel_f32, Finish, PanelKernel, PanelProduct, PanelSpan};
 use std::arch::x86_64::*;
@@ -49,10 +51,12 @@ struct Rows {
     ldc: usize,
     accumulate: bool,
     /// The span's [`Finish`]: the row added in place of `c` (null: none), the
-    /// ReLU, the mask laid out as `c` (null: none).
+    /// ReLU, the mask laid out as `c` (null: none), the column sums (null: none;
+    /// `Cell`s, so written through a pointer from a shared slice).
     row: *const f32,
     relu: bool,
     mask: *const f32,
+    sums: *mut f32,
 }
 
 /// [`PanelSpan`]'s product on the wide kernel (the CPU runs AVX-512F: the
@@ -68,9 +72,11 @@ pub(super) fn span_product(span: PanelSpan<'_, f32>) {
     assert!(c.len() >= (rows - 1) * ldc + n, "wide kernel: c too short");
     assert!(finish.row.is_none_or(|row| row.len() >= n), "wide kernel: row too short");
     assert!(finish.mask.is_none_or(|mask| mask.len() >= (rows - 1) * ldc + n), "wide kernel: mask too short");
-    let Finish { row, relu, mask } = finish;
+    assert!(finish.sums.is_none_or(|sums| sums.len() >= n), "wide kernel: sums too short");
+    let Finish { row, relu, mask, sums } = finish;
     let (row, mask) = (row.map_or(std::ptr::null(), <[f32]>::as_ptr), mask.map_or(std::ptr::null(), <[f32]>::as_ptr));
-    let ops = Rows { k, a: a.as_ptr(), lda, a_step, c: c.as_mut_ptr(), ldc, accumulate, row, relu, mask };
+    let sums = sums.map_or(std::ptr::null_mut(), |sums| sums.as_ptr().cast::<f32>().cast_mut());
+    let ops = Rows { k, a: a.as_ptr(), lda, a_step, c: c.as_mut_ptr(), ldc, accumulate, row, relu, mask, sums };
     let mut group = Group { vectors: [(std::ptr::null(), 0); MAX_Z], count: 0, first: 0, last_lanes: VECTOR };
     // A panel 8, 24 or 40 wide is not whole vectors: only the last panel can be.
     let mut ragged = None;
@@ -186,7 +192,7 @@ unsafe fn block<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: us
         step::<R, Z>(&mut acc, a, strides, &group.vectors, p);
         p += 1;
     }
-    if !ops.row.is_null() || ops.relu || !ops.mask.is_null() {
+    if !ops.row.is_null() || ops.relu || !ops.mask.is_null() || !ops.sums.is_null() {
         return write(ops, group, i, acc);
     }
     // A plain sum (no finish on this chunk) is written inline: handing the
@@ -220,11 +226,20 @@ unsafe fn write<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: us
     let lanes: __mmask16 = if group.last_lanes == VECTOR { !0 } else { (1u16 << group.last_lanes) - 1 };
     let at = i * ldc + group.first;
     let zero = _mm512_setzero_ps();
+    // Every vector but a last one under `lanes` loads and stores whole.
+    let lanes_of = |z: usize| if z + 1 < Z { !0 } else { lanes };
+    // The column sums stay in registers over the block's rows, added row after
+    // row as `sums += row` over the finished rows adds them.
+    let mut sums = [zero; Z];
+    if !ops.sums.is_null() {
+        for (z, s) in sums.iter_mut().enumerate() {
+            *s = load(ops.sums.add(group.first + VECTOR * z), lanes_of(z));
+        }
+    }
     for (r, acc_row) in acc.iter().enumerate() {
         for (z, &x) in acc_row.iter().enumerate() {
             let o = ops.c.add(at + r * ldc + VECTOR * z);
-            // Every vector but a last one under `lanes` loads and stores whole.
-            let lanes = if z + 1 < Z { !0 } else { lanes };
+            let lanes = lanes_of(z);
             let mut x = if accumulate {
                 _mm512_add_ps(x, load(o, lanes))
             } else if !ops.row.is_null() {
@@ -242,12 +257,27 @@ unsafe fn write<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: us
                     _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(load(ops.mask.add(at + r * ldc + VECTOR * z), lanes), zero);
                 x = _mm512_maskz_add_ps(keep, x, zero);
             }
-            if lanes == !0 {
-                _mm512_storeu_ps(o, x);
-            } else {
-                _mm512_mask_storeu_ps(o, lanes, x);
+            store(o, x, lanes);
+            if !ops.sums.is_null() {
+                sums[z] = _mm512_add_ps(sums[z], x);
             }
         }
+    }
+    if !ops.sums.is_null() {
+        for (z, &s) in sums.iter().enumerate() {
+            store(ops.sums.add(group.first + VECTOR * z), s, lanes_of(z));
+        }
+    }
+}
+
+/// Stores the 16 values at `p`, or those of `lanes`.
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn store(p: *mut f32, x: __m512, lanes: __mmask16) {
+    if lanes == !0 {
+        _mm512_storeu_ps(p, x);
+    } else {
+        _mm512_mask_storeu_ps(p, lanes, x);
     }
 }
 
