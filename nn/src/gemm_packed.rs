@@ -251,17 +251,6 @@ pub(crate) struct Finish<'a, T> {
     pub sums: Option<&'a [Cell<T>]>,
 }
 
-impl<T: Copy + std::fmt::Debug> std::fmt::Debug for Finish<'_, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Finish")
-            .field("row", &self.row)
-            .field("relu", &self.relu)
-            .field("mask", &self.mask)
-            .field("sums", &self.sums)
-            .finish()
-    }
-}
-
 impl<T> Clone for Finish<'_, T> {
     fn clone(&self) -> Self {
         *self

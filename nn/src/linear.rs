@@ -203,9 +203,9 @@ impl Linear {
             } else {
                 None
             };
-            let sums = sums.map(|sums| &mut sums[..self.input]);
+            let mut sums = sums.map(|sums| &mut sums[..self.input]);
             if let Some(kernel) = dx_kernel {
-                let mut sums = sums;
+                // The product adds its rows onto the sums.
                 if let Some(sums) = sums.as_deref_mut() {
                     sums.fill(T::ZERO);
                 }

@@ -170,8 +170,6 @@ impl Mlp {
         // A layer's dx product applies the ReLU below it as it writes (under
         // bf16 it also packs its output for the layer below's dx where it can).
         let (mut through_relu, mut dy_packed) = (false, false);
-        // Whether `sums.0` holds this layer's bias gradient, summed by the `dx` product above.
-        let mut summed = false;
         for i in (0..n).rev() {
             let l = &self.layers[i];
             let (below, rest) = douts.split_at_mut(i);
@@ -186,13 +184,15 @@ impl Mlp {
             through_relu = layer_dx.is_some() && relu_below;
             match precision {
                 Precision::Fp32 | Precision::Tf32 => {
+                    // Below the top, the layer above's `dx` product summed this
+                    // layer's bias gradient into `sums.0`; above the first
+                    // layer, this one's sums the layer below's into `sums.1`.
                     let (db, below) = (&mut sums.0, &mut sums.1);
-                    let db = summed.then_some(&db[..]);
+                    let db = (i + 1 < n).then_some(&db[..]);
                     let below = (i > 0).then(|| {
                         below.resize(self.layers[i - 1].output, T::ZERO);
                         &mut below[..]
                     });
-                    summed = i > 0 && layer_dx.is_some();
                     let dx = layer_dx.map(|d| (d, relu_below, below));
                     l.backward_summed(params, input, dy, batch, grads, (dx, db), packed);
                     std::mem::swap(&mut sums.0, &mut sums.1);
