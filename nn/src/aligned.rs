@@ -47,6 +47,20 @@ impl<T: Clone> AlignedVec<T> {
         SLACK_BYTES.div_ceil(std::mem::size_of::<T>().max(1))
     }
 
+    /// Resizes to `len` values that the caller overwrites whole: within the
+    /// allocation the values past the old length are left as an earlier use
+    /// wrote them (initialized, not meaningful) rather than set to `value`, so
+    /// a buffer that shrinks and grows again between uses (scratch shared by
+    /// products of several shapes) is not filled each time. Past the
+    /// allocation it grows as [`resize`](Self::resize) does.
+    pub fn resize_to_overwrite(&mut self, len: usize, value: T) {
+        if self.start + len > self.buffer.len() {
+            self.resize(len, value);
+        } else {
+            self.len = len;
+        }
+    }
+
     /// Resizes to `len` values as `Vec::resize` does: the first
     /// `min(len, self.len())` values are kept, new ones are `value`. Grows
     /// the allocation only when it is too small.
@@ -128,6 +142,29 @@ mod tests {
                 prop_assert_eq!(&v[..], &want[..]);
                 prop_assert!(v.is_empty() || aligned(&v));
                 prop_assert_eq!(&v.clone()[..], &want[..]);
+            }
+        }
+
+        /// The kept values stay, the length is the one asked for, the contents
+        /// stay aligned, and only a grow past the allocation fills with `value`
+        /// (within it the values are an earlier use's: the caller overwrites them).
+        #[test]
+        fn resizing_to_overwrite_keeps_the_kept_values(steps in proptest::collection::vec((0usize..400, any::<i16>()), 1..12)) {
+            let mut v = AlignedVec::<f64>::new();
+            for (len, fill) in steps {
+                let before: Vec<f64> = v.to_vec();
+                let capacity = v.buffer.len() - v.start;
+                v.resize_to_overwrite(len, fill as f64);
+                prop_assert_eq!(v.len(), len);
+                let kept = before.len().min(len);
+                prop_assert_eq!(&v[..kept], &before[..kept]);
+                if len > capacity {
+                    prop_assert!(v[before.len().min(len)..].iter().all(|&x| x == fill as f64));
+                }
+                prop_assert!(v.is_empty() || aligned(&v));
+                for (i, x) in v.iter_mut().enumerate() {
+                    *x = i as f64;
+                }
             }
         }
     }

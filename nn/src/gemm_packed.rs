@@ -118,7 +118,9 @@ impl<T: Scalar> PackedRhs<T> {
         self.k = k;
         self.n = n;
         let total: usize = panels(n).map(|(_, pw)| k * pw).sum();
-        self.panels.resize(total, T::ZERO);
+        // Every value is written by the packing: a scratch shared by products
+        // of several shapes is not cleared each time it grows again.
+        self.panels.resize_to_overwrite(total, T::ZERO);
         let mut rest = &mut self.panels[..];
         panels(n).map(move |(first, pw)| {
             let (panel, tail) = std::mem::take(&mut rest).split_at_mut(k * pw);
