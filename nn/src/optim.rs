@@ -22,6 +22,7 @@ mod dense_kernels;
 use crate::schedule::LrSchedule;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
+use tiderec_records::finite::all_finite;
 use tiderec_records::{OperatorError, RestoreError};
 
 /// Dense optimizer kinds.
@@ -345,11 +346,42 @@ impl DenseOptimizer {
     /// reducing and updating block by block so the summed gradient never
     /// leaves the L1 cache. The result equals summing into a buffer first.
     pub fn apply_sum_scaled(&mut self, params: &mut [f32], parts: &[&[f32]], scale: f32) {
+        self.apply_parts(params, parts, scale, false);
+    }
+
+    /// [`apply_sum_scaled`](Self::apply_sum_scaled), and whether every updated
+    /// parameter is finite (a finite gradient that an extreme learning rate
+    /// turns into an infinite parameter). Each block is checked right after its
+    /// update, while it is still in cache, instead of in a pass of its own
+    /// over the slice; the updates are the same.
+    pub fn apply_sum_scaled_finite(&mut self, params: &mut [f32], parts: &[&[f32]], scale: f32) -> bool {
+        self.apply_parts(params, parts, scale, true)
+    }
+
+    /// The update from `scale · Σ parts`, block by block; with `check`,
+    /// whether every updated parameter is finite (else `true`).
+    fn apply_parts(&mut self, params: &mut [f32], parts: &[&[f32]], scale: f32, check: bool) -> bool {
         const BLOCK: usize = 512;
+        /// Values per block of a lone part's update checked while in cache (64 KiB).
+        const CHECKED_BLOCK: usize = 16_384;
         assert!(parts.iter().all(|p| p.len() == params.len()), "gradient parts must match the slice");
-        let Some((first, rest)) = parts.split_first() else { return };
+        let Some((first, rest)) = parts.split_first() else { return true };
+        let finite_at = |params: &[f32], range: std::ops::Range<usize>| !check || all_finite(&params[range]);
+        let mut finite = true;
         if rest.is_empty() {
-            return self.apply_scaled(params, first, scale);
+            if !check {
+                self.apply_scaled(params, first, scale);
+                return true;
+            }
+            // Each parameter's update reads only its own values: blocks give the same updates.
+            self.t += 1;
+            let t = self.t;
+            for start in (0..params.len()).step_by(CHECKED_BLOCK) {
+                let end = (start + CHECKED_BLOCK).min(params.len());
+                self.update_range(params, start, &first[start..end], scale, t);
+                finite = finite && finite_at(params, start..end);
+            }
+            return finite;
         }
         self.t += 1;
         let t = self.t;
@@ -370,8 +402,10 @@ impl DenseOptimizer {
                 }
             }
             self.update_range(params, start, g, scale, t);
+            finite = finite && finite_at(params, start..end);
             start = end;
         }
+        finite
     }
 
     /// Updates `params` in place from the gradient `scale · grads` (the
@@ -593,6 +627,39 @@ mod tests {
                 b.apply_sum_scaled(&mut pb, &refs, 0.25);
             }
             assert_eq!(pa, pb, "{kind:?}");
+        }
+    }
+
+    /// The checked update is the unchecked one, bit for bit, one part or
+    /// several, over blocks and a partial one; it says whether any updated
+    /// parameter is not finite, wherever that parameter lies (first value,
+    /// inside a later block, last value).
+    #[test]
+    fn checked_update_equals_the_update_and_finds_any_non_finite_parameter() {
+        let n = 40_000; // past two checked blocks of a lone part
+        let value = |k: u64, i: usize| tiderec_records::rng::unit_f64(k, i as u64, 0, 0) as f32 - 0.5;
+        for kind in [DenseOptimizerKind::Sgd, DenseOptimizerKind::Adagrad, DenseOptimizerKind::Adam] {
+            for parts in [1, 3] {
+                let grads: Vec<Vec<f32>> = (0..parts).map(|k| (0..n).map(|i| value(k, i)).collect()).collect();
+                let refs: Vec<&[f32]> = grads.iter().map(|g| &g[..]).collect();
+                let hp = OptimizerParams::with_lr(0.01);
+                let (mut a, mut b) = (DenseOptimizer::new(kind, hp, n), DenseOptimizer::new(kind, hp, n));
+                let (mut pa, mut pb): (Vec<f32>, Vec<f32>) = ((0..n).map(|i| value(9, i)).collect(), vec![0.0; n]);
+                pb.copy_from_slice(&pa);
+                for _ in 0..2 {
+                    a.apply_sum_scaled(&mut pa, &refs, 0.5);
+                    assert!(b.apply_sum_scaled_finite(&mut pb, &refs, 0.5), "{kind:?}, {parts} part(s)");
+                }
+                assert_eq!(pa, pb, "{kind:?}, {parts} part(s)");
+                for at in [0, 20_000, n - 1] {
+                    for bad in [f32::NAN, f32::INFINITY] {
+                        let mut params = pb.clone();
+                        params[at] = bad;
+                        let mut opt = DenseOptimizer::new(kind, hp, n);
+                        assert!(!opt.apply_sum_scaled_finite(&mut params, &refs, 0.5), "{kind:?}: {bad} at {at}");
+                    }
+                }
+            }
         }
     }
 

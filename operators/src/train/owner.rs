@@ -555,10 +555,10 @@ impl Owner {
             let own = &grads[slice.clone()];
             let parts: Vec<&[f32]> =
                 messages.iter().map(|m| if m.from as usize == me { own } else { &m.dense[..] }).collect();
-            self.dense_optimizer.apply_sum_scaled(&mut params[slice.clone()], &parts, scale);
-            // The updated slice, one pass: catches a finite gradient that an extreme
-            // learning rate turns into an infinite parameter.
-            if !rows_finite || !all_finite(&params[slice.clone()]) {
+            // The updated slice checked as it is updated: catches a finite gradient that an
+            // extreme learning rate turns into an infinite parameter.
+            let dense_finite = self.dense_optimizer.apply_sum_scaled_finite(&mut params[slice.clone()], &parts, scale);
+            if !rows_finite || !dense_finite {
                 stats.non_finite = 1;
             }
             changed = true;
