@@ -246,7 +246,10 @@ PyTorch reference trains on; its `dW` is `xᵀ·dy` where tiderec's is `dyᵀ·x
 multiply-adds); `tiderec bench dlrm --batch-size 2048` (one worker) is the
 whole training step, so its fraction of the bound is what the rest of a step (embedding
 gathers and row updates, the interaction, activations, the optimizer, the dataflow)
-costs. All alternate in each round. The last rows put them against the
+costs; between them, the MLPs chained as training runs them (each MLP's forward and
+backward on the same kernels, with their epilogues, the ReLUs' masks, the bias gradients
+and the products' packing) split that cost into what the MLPs themselves add to the
+products and what the rest of the step adds. All alternate in each round. The last rows put them against the
 machine's own ceiling: the same products at the core's fp32 fused multiply-add peak
 (`tiderec bench kernels` measures it with independent FMA chains in registers), which no
 fp32 implementation can pass. The `--precision bf16` rows time the products one by one
@@ -947,6 +950,16 @@ def section_gemm(run):
                 rows.append(["The MLPs under `--precision bf16`, chained", "`tiderec bench kernels --rows 2048`",
                              num(cb), f"the same products at the core's AMX bf16 peak: {num(ab)}",
                              f"**{ar:.0%}** of the peak", span(ars, lambda v: f"{v:.0%}")])
+    if all("mlp_samples_per_sec" in r["kernels"] for r in rounds):
+        for r in rounds:
+            r["chained_fp32"] = {"samples_per_sec": r["kernels"]["mlp_samples_per_sec"]}
+        cb32, _, cr32, crs32 = compare(rounds, "chained_fp32", "kernels")
+        rows.append(["The MLPs in fp32, layers chained as training runs them", "`tiderec bench kernels --rows 2048`",
+                     num(cb32), f"the fp32 products one by one: {num(kb)}", f"**{cr32:.0%}** of the bound",
+                     span(crs32, lambda v: f"{v:.0%}")])
+        tc, _, tcr, tcrs = compare(rounds, "train", "chained_fp32")
+        rows.append(["DLRM training, batch 2,048, 1 worker", "`tiderec bench dlrm --batch-size 2048`", num(tc),
+                     f"the fp32 MLPs chained: {num(cb32)}", f"**{tcr:.0%}** of them", span(tcrs, lambda v: f"{v:.0%}")])
     rows.append(["DLRM training, batch 2,048, 1 worker", "`tiderec bench dlrm --batch-size 2048`", num(tr),
                  f"tiderec's fp32 GEMM bound: {num(kb)}", f"**{fr:.0%}** of the bound",
                  span(frs, lambda v: f"{v:.0%}")])

@@ -255,15 +255,21 @@ pub fn choose_forward_kernels(shapes: &[ForwardShape], measure: Measure) -> Vec<
     distinct.sort();
     distinct.dedup();
     let choices: Vec<ShapeChoice> = distinct.iter().map(|&shape| measure_shape(shape, measure)).collect();
+    install_forward(&choices);
+    choices
+}
+
+/// Installs each measured forward choice as [`choose_forward_kernels`] does
+/// (a report that measured with [`measure_shape`] and then runs the model).
+pub fn install_forward(choices: &[ShapeChoice]) {
     if let Ok(mut chosen) = CHOSEN.write() {
-        for c in &choices {
+        for c in choices {
             chosen.retain(|(s, _)| *s != c.shape);
             if let Candidate::Packed(kernel) = c.chosen {
                 chosen.push((c.shape, kernel));
             }
         }
     }
-    choices
 }
 
 /// Times the candidates of one shape (see [`Measure`]) without installing anything.
@@ -413,15 +419,20 @@ pub fn choose_backward_kernels(shapes: &[BackwardShape], measure: Measure) -> Ve
     distinct.sort();
     distinct.dedup();
     let choices: Vec<BackwardChoice> = distinct.iter().map(|&shape| measure_backward(shape, measure)).collect();
+    install_backward_choices(&choices);
+    choices
+}
+
+/// Installs each measured backward choice as [`choose_backward_kernels`] does.
+pub fn install_backward_choices(choices: &[BackwardChoice]) {
     if let Ok(mut chosen) = CHOSEN_BACKWARD.write() {
-        for c in &choices {
+        for c in choices {
             chosen.retain(|(s, _)| *s != c.shape);
             if let Some(kernel) = c.chosen.mm_order_kernel() {
                 chosen.push((c.shape, Some(kernel)));
             }
         }
     }
-    choices
 }
 
 /// Installs `kernel` for `shape` (tests: a chosen kernel without a measurement).

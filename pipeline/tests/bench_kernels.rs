@@ -52,6 +52,9 @@ fn no_kernel_and_no_bound_passes_the_measured_fma_peak() {
         let g = p["chosen_gflops"].as_f64().unwrap();
         assert!(g > 0.0 && g <= peak, "{} {} at {g} GFLOP/s passes the {peak} GFLOP/s peak", p["product"], p["layer"]);
     }
+    // The fp32 MLPs chained as training runs them: timed on every CPU, and no faster than the peak allows.
+    let chained = r["mlp_samples_per_sec"].as_f64().expect("the chained fp32 MLPs");
+    assert!(chained > 0.0 && chained <= peak_bound, "chained fp32 MLPs {chained} above the peak bound {peak_bound}");
     // The AMX bf16 peak: measured exactly where the CPU has AMX-BF16, and no
     // bf16 product or bound passes it.
     let amx = has("amx_tile") && has("amx_bf16");

@@ -238,6 +238,15 @@ fn the_gemm_section_compares_each_product_with_pytorchs_blas() {
     assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
     assert!(doc.contains("## The fp32 GEMM bound at batch 2,048"), "{doc}");
     let (_, bound) = table_rows(&doc, "baseline, same rounds");
+    // The fp32 MLPs chained, against the products one by one, and training against them.
+    for what in ["The MLPs in fp32, layers chained", "DLRM training"] {
+        let row = bound
+            .iter()
+            .find(|r| r[0].starts_with(what) && (r[3].starts_with("the fp32") || r[3].contains("chained")))
+            .unwrap_or_else(|| panic!("no `{what}` row against the chained MLPs or the products:\n{doc}"));
+        let share = number(row[4].split_whitespace().next().unwrap_or_default());
+        assert!(share.is_finite() && share > 0.0, "{row:?}");
+    }
     let against_torch: Vec<&Vec<&str>> = bound.iter().filter(|r| r[3].contains("`torch.matmul`, one thread")).collect();
     if !has_torch {
         assert!(against_torch.is_empty() && !doc.contains("PyTorch GFLOP/s"), "{doc}");

@@ -7,8 +7,8 @@ use tiderec_operators::cpu;
 use tiderec_operators::nn::fma_peak;
 use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
-    cpu_features, cpu_features_line, cpu_model, measure_backward, measure_bf16, measure_shape, median_calls_per_second,
-    Backward, BackwardShape, ForwardShape, Measure,
+    cpu_features, cpu_features_line, cpu_model, install_backward_choices, install_forward, measure_backward,
+    measure_bf16, measure_shape, median_calls_per_second, Backward, BackwardShape, ForwardShape, Measure,
 };
 use tiderec_operators::nn::mlp::{Mlp, MlpCache};
 use tiderec_operators::nn::{MlpStack, ModelConfig, Precision};
@@ -65,6 +65,11 @@ pub struct KernelsReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gemm_bound_samples_per_sec_bf16: Option<f64>,
     /// Samples/s one core could train if the step were only the model's MLPs,
+    /// forward and backward in fp32 with their layers chained as training runs
+    /// them, on the kernels measured here (epilogues, the ReLUs' masks, the
+    /// bias gradients and the products' packing included).
+    pub mlp_samples_per_sec: f64,
+    /// Samples/s one core could train if the step were only the model's MLPs,
     /// forward and backward, under `--precision bf16` with their layers chained
     /// as training runs them (on AMX each product packs its output for the
     /// products that read it next; packing and epilogues included).
@@ -116,6 +121,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
     for (layer, &(input, output)) in model.mlp_layers().iter().enumerate() {
         let shape = ForwardShape { rows, input, output };
         let c = measure_shape(shape, measure);
+        install_forward(std::slice::from_ref(&c));
         let chosen_gflops = c.timings.iter().find(|t| t.candidate == c.chosen).map_or(0.0, |t| t.gflops);
         step_seconds += shape.flops() / (chosen_gflops * 1e9);
         flops += shape.flops();
@@ -137,6 +143,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         let dx = model.mlp_layer_computes_dx(layer);
         for product in [Backward::Dw, Backward::Dx].into_iter().filter(|&p| p == Backward::Dw || dx) {
             let b = measure_backward(BackwardShape { product, rows, input, output }, measure);
+            install_backward_choices(std::slice::from_ref(&b));
             let (m, n, k) = b.shape.mnk();
             let chosen_gflops = b.timings.iter().find(|t| t.candidate == b.chosen).map_or(0.0, |t| t.gflops);
             step_seconds += 2.0 * (m * n * k) as f64 / (chosen_gflops * 1e9);
@@ -177,7 +184,9 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         products,
         gemm_bound_samples_per_sec: rows as f64 / step_seconds,
         gemm_bound_samples_per_sec_bf16: bf16.then(|| rows as f64 / bf16_seconds),
-        mlp_samples_per_sec_bf16: bf16.then(|| rows as f64 / bf16_mlp_seconds(model, rows, measure)),
+        // The fp32 chain runs on the kernels installed above, as training would choose them.
+        mlp_samples_per_sec: rows as f64 / mlp_seconds(model, rows, Precision::Fp32, measure),
+        mlp_samples_per_sec_bf16: bf16.then(|| rows as f64 / mlp_seconds(model, rows, Precision::Bf16, measure)),
         mlp_flops_per_sample,
         fma_peak,
         peak_bound_samples_per_sec: peak * 1e9 / mlp_flops_per_sample,
@@ -187,22 +196,22 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
 }
 
 /// Seconds of one forward and backward pass through every MLP of `model` at
-/// `rows` rows under `--precision bf16`, as training chains each MLP's layers
-/// (the median of the rounds per MLP).
-fn bf16_mlp_seconds(model: &ModelConfig, rows: usize, measure: Measure) -> f64 {
+/// `rows` rows in `precision`, as training chains each MLP's layers (the
+/// median of the rounds per MLP).
+fn mlp_seconds(model: &ModelConfig, rows: usize, precision: Precision, measure: Measure) -> f64 {
     let mut first_layer = 0;
     let mut seconds = 0.0;
     for stack in model.mlp_stacks() {
         let input_gradient = model.mlp_layer_computes_dx(first_layer);
         first_layer += stack.widths.len() - 1;
-        seconds += bf16_stack_seconds(&stack, rows, input_gradient, measure);
+        seconds += stack_seconds(&stack, rows, input_gradient, precision, measure);
     }
     seconds
 }
 
-/// Seconds of one forward and backward pass through `stack` under bf16, the
-/// input gradient only with `input_gradient`.
-fn bf16_stack_seconds(stack: &MlpStack, rows: usize, input_gradient: bool, measure: Measure) -> f64 {
+/// Seconds of one forward and backward pass through `stack` in `precision`,
+/// the input gradient only with `input_gradient`.
+fn stack_seconds(stack: &MlpStack, rows: usize, input_gradient: bool, precision: Precision, measure: Measure) -> f64 {
     let mlp = Mlp::new(&stack.widths, 0, stack.relu_last);
     let mut params = vec![0.0f32; mlp.num_params()];
     mlp.init(&mut params, 1, 0);
@@ -210,8 +219,8 @@ fn bf16_stack_seconds(stack: &MlpStack, rows: usize, input_gradient: bool, measu
     let x: Vec<f32> = (0..rows * mlp.input()).map(val).collect();
     let dout: Vec<f32> = (0..rows * mlp.output()).map(|i| val(i + 5)).collect();
     let mut cache = MlpCache::default();
-    if cache.set_precision(Precision::Bf16).is_err() {
-        // Only called where bf16 runs (the report's `bf16` condition).
+    if cache.set_precision(precision).is_err() {
+        // Only asked for where the precision runs (bf16: the report's `bf16` condition).
         return f64::NAN;
     }
     let (mut grads, mut dx) = (vec![0.0f32; params.len()], vec![0.0f32; x.len()]);
@@ -268,6 +277,12 @@ pub fn print_kernels(r: &KernelsReport) {
         r.mlp_flops_per_sample / 1e6,
         r.peak_bound_samples_per_sec,
         100.0 * r.gemm_bound_samples_per_sec / r.peak_bound_samples_per_sec
+    );
+    println!(
+        "The MLPs in fp32 as training chains their layers on these kernels (forward and backward, epilogues and \
+         packing included): {:.0} samples/s ({:.2}x the products one by one)",
+        r.mlp_samples_per_sec,
+        r.mlp_samples_per_sec / r.gemm_bound_samples_per_sec
     );
     if let Some(bf16) = r.gemm_bound_samples_per_sec_bf16 {
         println!(
