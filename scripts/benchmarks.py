@@ -920,11 +920,19 @@ def section_gemm(run):
         if "gemm_bound_samples_per_sec_bf16" in r["kernels"]:
             r["bf16"] = {"samples_per_sec": r["kernels"]["gemm_bound_samples_per_sec_bf16"]}
     kb, nb, kr, krs = compare(rounds, "kernels", "numpy")
-    tr, _, fr, frs = compare(rounds, "train", "kernels")
     rows = [
         ["GEMM bound, tiderec's chosen kernels", "`tiderec bench kernels --rows 2048`", num(kb),
          f"{rounds[0]['numpy']['version']} BLAS, one thread: {num(nb)}", f"**{ratio(kr)}**", span(krs)],
     ]
+
+    def share_row(what, command, a, b, baseline, unit):
+        """A row of `a` against `b` in the same rounds as a share (`unit`: of the bound, of the peak);
+        `baseline` words `b`'s median. Returns both medians."""
+        av, bv, r, rs = compare(rounds, a, b)
+        rows.append([what, command, num(av), baseline(bv), f"**{r:.0%}** {unit}", span(rs, lambda v: f"{v:.0%}")])
+        return av, bv
+
+    kernels_2048, dlrm_2048 = "`tiderec bench kernels --rows 2048`", "`tiderec bench dlrm --batch-size 2048`"
     if "torch" in sides:
         for at, kernels_side, torch_side in ((2048, "kernels", "torch"), (128, "kernels_128", "torch_128")):
             b, pb, pr, prs = compare(rounds, kernels_side, torch_side)
@@ -934,52 +942,41 @@ def section_gemm(run):
                          f"**{ratio(pr)}**", span(prs)])
     if all("bf16" in r for r in rounds):
         bb, _, br, brs = compare(rounds, "bf16", "kernels")
-        rows.append(["GEMM bound under `--precision bf16`", "`tiderec bench kernels --rows 2048`", num(bb),
+        rows.append(["GEMM bound under `--precision bf16`", kernels_2048, num(bb),
                      f"the fp32 bound above: {num(kb)}", f"**{ratio(br)}**", span(brs)])
         if all("mlp_samples_per_sec_bf16" in r["kernels"] for r in rounds):
             for r in rounds:
                 r["chained"] = {"samples_per_sec": r["kernels"]["mlp_samples_per_sec_bf16"]}
             cb, _, cr, crs = compare(rounds, "chained", "bf16")
             rows.append(["The MLPs under `--precision bf16`, layers chained as training runs them",
-                         "`tiderec bench kernels --rows 2048`", num(cb), f"the bf16 products one by one: {num(bb)}",
+                         kernels_2048, num(cb), f"the bf16 products one by one: {num(bb)}",
                          f"**{ratio(cr)}**", span(crs)])
             if all(r["kernels"].get("amx_peak_bound_samples_per_sec") for r in rounds):
                 for r in rounds:
                     r["amx"] = {"samples_per_sec": r["kernels"]["amx_peak_bound_samples_per_sec"]}
-                _, ab, ar, ars = compare(rounds, "chained", "amx")
-                rows.append(["The MLPs under `--precision bf16`, chained", "`tiderec bench kernels --rows 2048`",
-                             num(cb), f"the same products at the core's AMX bf16 peak: {num(ab)}",
-                             f"**{ar:.0%}** of the peak", span(ars, lambda v: f"{v:.0%}")])
+                share_row("The MLPs under `--precision bf16`, chained", kernels_2048, "chained", "amx",
+                          lambda v: f"the same products at the core's AMX bf16 peak: {num(v)}", "of the peak")
     if all("mlp_samples_per_sec" in r["kernels"] for r in rounds):
         for r in rounds:
             r["chained_fp32"] = {"samples_per_sec": r["kernels"]["mlp_samples_per_sec"]}
-        cb32, _, cr32, crs32 = compare(rounds, "chained_fp32", "kernels")
-        rows.append(["The MLPs in fp32, layers chained as training runs them", "`tiderec bench kernels --rows 2048`",
-                     num(cb32), f"the fp32 products one by one: {num(kb)}", f"**{cr32:.0%}** of the bound",
-                     span(crs32, lambda v: f"{v:.0%}")])
-        tc, _, tcr, tcrs = compare(rounds, "train", "chained_fp32")
-        rows.append(["DLRM training, batch 2,048, 1 worker", "`tiderec bench dlrm --batch-size 2048`", num(tc),
-                     f"the fp32 MLPs chained: {num(cb32)}", f"**{tcr:.0%}** of them", span(tcrs, lambda v: f"{v:.0%}")])
-    rows.append(["DLRM training, batch 2,048, 1 worker", "`tiderec bench dlrm --batch-size 2048`", num(tr),
-                 f"tiderec's fp32 GEMM bound: {num(kb)}", f"**{fr:.0%}** of the bound",
-                 span(frs, lambda v: f"{v:.0%}")])
+        share_row("The MLPs in fp32, layers chained as training runs them", kernels_2048, "chained_fp32", "kernels",
+                  lambda v: f"the fp32 products one by one: {num(v)}", "of the bound")
+        share_row("DLRM training, batch 2,048, 1 worker", dlrm_2048, "train", "chained_fp32",
+                  lambda v: f"the fp32 MLPs chained: {num(v)}", "of them")
+    share_row("DLRM training, batch 2,048, 1 worker", dlrm_2048, "train", "kernels",
+              lambda v: f"tiderec's fp32 GEMM bound: {num(v)}", "of the bound")
     for r in rounds:
         r["peak"] = {"samples_per_sec": r["kernels"]["peak_bound_samples_per_sec"]}
-    _, pb, pr, prs = compare(rounds, "kernels", "peak")
-    _, _, tpr, tprs = compare(rounds, "train", "peak")
     widths = ", ".join(f"{x['width']} {x['gflops']:.0f} GFLOP/s" for x in rounds[-1]["kernels"]["fma_peak"])
-    rows.append(["GEMM bound, tiderec's chosen kernels", "`tiderec bench kernels --rows 2048`", num(kb),
-                 f"the same products at the core's fp32 FMA peak ({widths}): {num(pb)}",
-                 f"**{pr:.0%}** of the peak", span(prs, lambda v: f"{v:.0%}")])
-    rows.append(["DLRM training, batch 2,048, 1 worker", "`tiderec bench dlrm --batch-size 2048`", num(tr),
-                 f"the FMA-peak bound: {num(pb)}", f"**{tpr:.0%}** of the peak", span(tprs, lambda v: f"{v:.0%}")])
+    _, pb = share_row("GEMM bound, tiderec's chosen kernels", kernels_2048, "kernels", "peak",
+                      lambda v: f"the same products at the core's fp32 FMA peak ({widths}): {num(v)}", "of the peak")
+    share_row("DLRM training, batch 2,048, 1 worker", dlrm_2048, "train", "peak",
+              lambda v: f"the FMA-peak bound: {num(v)}", "of the peak")
     if "torch" in sides:
         for r in rounds:
             r["torch_peak"] = {"samples_per_sec": r["kernels"]["peak_bound_samples_per_sec"]}
-        tb, _, tr_, trs = compare(rounds, "torch", "torch_peak")
-        rows.append(["PyTorch's GEMM bound (the baseline above)", "`scripts/gemm_roofline.py --library torch 2048`",
-                     num(tb), f"the FMA-peak bound: {num(pb)}", f"**{tr_:.0%}** of the peak",
-                     span(trs, lambda v: f"{v:.0%}")])
+        share_row("PyTorch's GEMM bound (the baseline above)", "`scripts/gemm_roofline.py --library torch 2048`",
+                  "torch", "torch_peak", lambda v: f"the FMA-peak bound: {num(pb)}", "of the peak")
     bound = table(["what", "command", "samples/s per core (median)", "baseline, same rounds",
                    "ratio of medians", "per round"], rows, right=(2, 4, 5))
     last = rounds[-1]
