@@ -159,7 +159,7 @@ mod tests {
                 let kept = before.len().min(len);
                 prop_assert_eq!(&v[..kept], &before[..kept]);
                 if len > capacity {
-                    prop_assert!(v[before.len().min(len)..].iter().all(|&x| x == fill as f64));
+                    prop_assert!(v[kept..].iter().all(|&x| x == fill as f64));
                 }
                 prop_assert!(v.is_empty() || aligned(&v));
                 for (i, x) in v.iter_mut().enumerate() {

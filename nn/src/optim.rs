@@ -358,8 +358,8 @@ impl DenseOptimizer {
         self.apply_parts(params, parts, scale, true)
     }
 
-    /// The update from `scale · Σ parts`, block by block; with `check`,
-    /// whether every updated parameter is finite (else `true`).
+    /// The update from `scale · Σ parts`, block by block. With `check` it
+    /// returns whether every updated parameter is finite; without, `true`.
     fn apply_parts(&mut self, params: &mut [f32], parts: &[&[f32]], scale: f32, check: bool) -> bool {
         const BLOCK: usize = 512;
         /// Values per block of a lone part's update checked while in cache (64 KiB).
