@@ -43,3 +43,14 @@ fn settings_with_non_finite_or_out_of_range_numbers() {
         assert!(e.reason.contains("is outside the allowed range"), "{text}: {e}");
     }
 }
+
+/// A settings table named by the empty key (`[""]`) was refused with a blank
+/// key: "unknown setting ``".
+#[test]
+fn settings_with_an_empty_key() {
+    for text in ["[\"\"]\n", "\"\" = 1\n"] {
+        run("train_settings_toml", text.as_bytes());
+        let e = tiderec::TrainSettings::from_toml_str(text).expect_err(text);
+        assert_eq!(e.key, "\"\"", "{text}: {e}");
+    }
+}

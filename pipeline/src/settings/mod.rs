@@ -107,7 +107,8 @@ impl TrainSettings {
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
         let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::new("settings", e.to_string()))?;
         let known = Self::keys();
-        let unknown: Vec<&String> = table.keys().filter(|k| !known.contains(k)).collect();
+        // Named as the file writes them: an empty or spaced key (`[""]`) is quoted, not blank.
+        let unknown: Vec<String> = table.keys().filter(|k| !known.contains(k)).map(|k| toml_key(k)).collect();
         if let Some(first) = unknown.first() {
             let list = unknown.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
             return Err(ConfigError::new(
@@ -177,6 +178,18 @@ where
 pub fn default_learning_rates(model: ModelKind) -> (f32, f32) {
     tiderec_operators::nn::model_config::default_learning_rates(model.name())
         .expect("every model kind has default learning rates")
+}
+
+/// `key` as a TOML file writes it: bare where TOML allows a bare key (ASCII
+/// letters, digits, `_` and `-`), otherwise quoted as the `toml` crate writes
+/// a string (`"batch size"`, `'a"b'`), so an empty key reads `""` rather than nothing.
+fn toml_key(key: &str) -> String {
+    let bare = !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if bare {
+        key.to_string()
+    } else {
+        toml::Value::String(key.to_string()).to_string()
+    }
 }
 
 #[cfg(test)]
@@ -307,6 +320,14 @@ mod tests {
     fn unknown_keys_and_bad_values_name_the_key() {
         let e = TrainSettings::from_toml_str("dimm = 3\nbatch_size = 4").unwrap_err().to_string();
         assert!(e.contains("unknown setting `dimm`"), "{e}");
+        // Keys no bare TOML key spells are quoted as TOML writes them.
+        for (text, shown) in
+            [("[\"\"]", "`\"\"`"), ("\"batch size\" = 4", "`\"batch size\"`"), ("\"a\\\"b\" = 1", "`'a\"b'`")]
+        {
+            let e = TrainSettings::from_toml_str(text).unwrap_err();
+            assert_eq!(format!("`{}`", e.key), shown, "{text}");
+            assert!(e.to_string().contains(&format!("unknown setting {shown}")), "{text}: {e}");
+        }
         let e = TrainSettings::from_toml_str("batch_size = \"big\"").unwrap_err().to_string();
         assert!(e.contains("`batch_size`"), "{e}");
         for (key, value) in [
