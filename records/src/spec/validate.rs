@@ -1,10 +1,11 @@
 //! [`FeatureSpec::validate`] and its checks: every key of a spec is checked before any
 //! data is read, and an error names the offending key (`dense[2].column`, `list[0].target`, …).
 //!
-//! Invariants: a valid spec reads only the columns it declares, each declared once; its
-//! delimiters are one byte; its tables have rows; each encoding has exactly the settings it
-//! uses; and it fits the per-line parser's fixed arrays (`MAX_COLUMNS` columns, dense and
-//! categorical features each, at most `MAX_SEQUENCES` sequence lists).
+//! Invariants: a valid spec reads only the columns it declares, each declared once by a
+//! non-empty name; its delimiters are one byte; its tables have rows; each encoding has
+//! exactly the settings it uses; and it fits the per-line parser's fixed arrays
+//! (`MAX_COLUMNS` columns, dense and categorical features each, at most `MAX_SEQUENCES`
+//! sequence lists).
 
 use super::{numeric, CategoricalSpec, DenseSpec, Encoding, FeatureSpec, ListSpec, Pooling};
 use crate::OperatorError;
@@ -74,6 +75,13 @@ impl FeatureSpec {
         one_byte("delimiter", &self.delimiter)?;
         let mut seen = std::collections::HashSet::new();
         for (i, c) in self.columns.iter().enumerate() {
+            // An empty name would match every line as the header and read as a blank in errors.
+            if c.is_empty() {
+                return Err(OperatorError::config(
+                    format!("columns[{i}]"),
+                    "a column needs a name (a column no feature reads can have any name, e.g. `unused`)",
+                ));
+            }
             if !seen.insert(c.as_str()) {
                 return Err(OperatorError::config(format!("columns[{i}]"), format!("column `{c}` appears twice")));
             }
@@ -240,6 +248,7 @@ mod tests {
             ("list[0].max_len", Box::new(|s| s.list[0].max_len = 0)),
             ("categorical[0].buckets", Box::new(|s| s.categorical[0].buckets = 0)),
             ("columns[1]", Box::new(|s| s.columns[1] = "y".into())),
+            ("columns[0]", Box::new(|s| s.columns[0] = String::new())),
             ("user", Box::new(|s| s.user = Some("nope".into()))),
         ];
         for (key, mutate) in cases {
