@@ -135,7 +135,15 @@ impl TrainSettings {
             Err(whole) => Err(table
                 .into_iter()
                 .find_map(|(key, v)| {
-                    read(toml::Table::from_iter([(key.clone(), v)])).err().map(|e| ConfigError::new(key, e.message()))
+                    // No setting takes a table: `[optimizer]` over `lr = …` reads as a value of
+                    // `optimizer`, and serde's message alone ("unknown variant `lr`") misleads.
+                    let nested = if v.is_table() {
+                        " (the settings are top-level keys, the long flags with _ for -: no setting takes a table)"
+                    } else {
+                        ""
+                    };
+                    let fails = read(toml::Table::from_iter([(key.clone(), v)])).err();
+                    fails.map(|e| ConfigError::new(key, format!("{}{nested}", e.message())))
                 })
                 .unwrap_or_else(|| ConfigError::new("settings", whole.message()))),
         }
@@ -330,6 +338,13 @@ mod tests {
         }
         let e = TrainSettings::from_toml_str("batch_size = \"big\"").unwrap_err().to_string();
         assert!(e.contains("`batch_size`"), "{e}");
+        // A table where a setting is (a nested section) says that settings are flat.
+        for text in ["[optimizer]\nlr = 0.1\n", "batch_size = { value = 4 }\n"] {
+            let e = TrainSettings::from_toml_str(text).unwrap_err();
+            assert!(e.reason.contains("no setting takes a table"), "{text}: {e}");
+        }
+        let e = TrainSettings::from_toml_str("optimizer = \"lbfgs\"").unwrap_err();
+        assert!(!e.reason.contains("table"), "a plain bad value gets no table hint: {e}");
         for (key, value) in [
             ("optimizer", "lbfgs"),
             ("best_metric", "accuracy"),
