@@ -75,10 +75,20 @@ pub struct RecordError {
 impl std::fmt::Display for RecordError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.field {
+            // A key no plain name spells (empty, spaced, a control character) is shown as
+            // its JSON string, so the message shows what was sent rather than a blank.
+            Some(field) if !plain_name(field) => {
+                write!(f, "{} in `{}`", self.reason, serde_json::Value::from(field.as_str()))
+            }
             Some(field) => write!(f, "{} in `{field}`", self.reason),
             None => f.write_str(&self.reason),
         }
     }
+}
+
+/// Whether `field` reads as itself between backticks: ASCII letters, digits, `_`, `-` and `.`, not empty.
+fn plain_name(field: &str) -> bool {
+    !field.is_empty() && field.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 fn blame(field: &str, reason: impl Into<String>) -> RecordError {
@@ -475,6 +485,8 @@ mod tests {
             (r#"{"site_id": true}"#, "a boolean where a string or number belongs in `site_id`"),
             (r#"{"site_id": {}}"#, "an object where a string or number belongs in `site_id`"),
             (r#"{"site": "a"}"#, "unknown field (the avazu fields are listed by GET /schema) in `site`"),
+            (r#"{"": "a"}"#, "unknown field (the avazu fields are listed by GET /schema) in `\"\"`"),
+            (r#"{"site\nid": "a"}"#, "unknown field (the avazu fields are listed by GET /schema) in `\"site\\nid\"`"),
             (r#"{"C1": "1", "C1": "2"}"#, "a field given twice in `C1`"),
             (
                 r#"{"line": "a", "C1": "2"}"#,
