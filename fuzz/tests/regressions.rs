@@ -1,7 +1,12 @@
 //! Inputs that crashed a fuzz target, rebuilt by code (no data copied), run
 //! through the same targets: each must now pass.
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
+use std::sync::Arc;
 use tiderec_fuzz::checkpoint::manifest_seeds;
+use tiderec_fuzz::seeds::{default_data_dir, seeds};
 use tiderec_fuzz::{replay, target};
 
 fn run(name: &str, input: &[u8]) {
@@ -53,4 +58,36 @@ fn settings_with_an_empty_key() {
         let e = tiderec::TrainSettings::from_toml_str(text).expect_err(text);
         assert_eq!(e.key, "\"\"", "{text}: {e}");
     }
+}
+
+/// A Parquet file whose footer declares 63 rows for a row group holding 4 read
+/// to its end as if it had ended early: 12 rows of the 71 its metadata counts,
+/// with no error and no bad record. The footer's row count of the DIEN seed's
+/// second row group (written as the zigzag varint `8`) is set to 63 (`126`).
+#[test]
+fn parquet_footer_declaring_more_rows_than_its_data() {
+    use tiderec_sources::parquet::{ParquetDataset, ParquetReader};
+    let Some(data) = skip::existing(default_data_dir()) else { return };
+    let mut file = seeds("parquet", &data).expect("parquet seeds").remove(1);
+    const AT: usize = 3579;
+    assert_eq!(file[AT], 8, "the DIEN seed changed: find the byte holding its second row group's row count");
+    file[AT] = 126;
+    run("parquet", &file);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("part-00000.parquet"), &file).unwrap();
+    let dataset = ParquetDataset::open_dir(dir.path()).expect("the footer itself reads");
+    let sizes = dataset.description().table_sizes();
+    let (d, s) = dataset.description().shape();
+    let mut reader = ParquetReader::new(Arc::new(dataset), (0.0, 1.0), 0, 1, 7, sizes).unwrap();
+    assert_eq!(reader.rows_this_epoch(), 71);
+    let mut batch = tiderec_operators::Batch::with_sequences(d, s, 2);
+    let error = loop {
+        batch.clear();
+        match reader.next_batch(&mut batch, 512) {
+            Ok(0) => panic!("the damaged row group read to its end without an error"),
+            Ok(_) => {}
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(error.contains("(row group 1)") && error.contains("metadata declares rows up to 67"), "{error}");
 }

@@ -60,6 +60,8 @@ struct Current {
     row: usize,
     /// Row of the file (0-based) of the first row of `chunk`, or of the next chunk.
     file_row: u64,
+    /// Row of the file after the group's last row to read, as its metadata declares.
+    end_row: u64,
 }
 
 /// Reads one worker's row groups of a dataset; see the [module docs](self).
@@ -295,7 +297,19 @@ impl ParquetReader {
                     Ok(Some(Err(source))) => {
                         return Err(SourceError::Arrow { path: self.dataset.group_name(cur.group), source });
                     }
-                    Ok(None) => self.current = None,
+                    Ok(None) => {
+                        // Fewer rows than the footer declares: a damaged file, not an early end.
+                        let ended = cur.file_row + cur.chunk.as_ref().map_or(0, |c| c.num_rows() as u64);
+                        if ended != cur.end_row {
+                            let (path, end) = (self.dataset.group_name(cur.group), cur.end_row);
+                            self.current = None;
+                            return Err(SourceError::schema(
+                                path,
+                                format!("its data ends at row {ended} of the file, its metadata declares rows up to {end} (a damaged file)"),
+                            ));
+                        }
+                        self.current = None
+                    }
                     Err(reason) => {
                         let path = self.dataset.group_name(cur.group);
                         self.current = None;
@@ -337,7 +351,8 @@ impl ParquetReader {
                 .build()
                 .map_err(|source| SourceError::Parquet { path: self.dataset.group_name(index), source })?;
             let file_row = self.dataset.first_row_in_file(index) + rows.start;
-            self.current = Some(Current { group: index, reader, chunk: None, row: 0, file_row });
+            let end_row = self.dataset.first_row_in_file(index) + rows.end;
+            self.current = Some(Current { group: index, reader, chunk: None, row: 0, file_row, end_row });
             return Ok(true);
         }
         Ok(false)
