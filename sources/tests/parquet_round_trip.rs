@@ -334,3 +334,126 @@ fn a_line_source_replays_the_shuffled_blocks_of_the_raw_files() {
         }
     }
 }
+
+/// A writer of a line source over one input file of `input_bytes` bytes.
+fn line_writer(
+    dir: &std::path::Path,
+    input_bytes: u64,
+    row_group_rows: usize,
+) -> tiderec_sources::parquet::ParquetWriter {
+    use tiderec_sources::parquet::schema::LineSource;
+    let mut description = SchemaDescription::criteo(&[100; NUM_SPARSE], SEED);
+    description.lines = Some(LineSource { file_bytes: vec![input_bytes] });
+    tiderec_sources::parquet::ParquetWriter::create(dir, description, options(row_group_rows, None)).unwrap()
+}
+
+/// `rows` Criteo-shaped rows, one id per field.
+fn criteo_rows(rows: usize) -> tiderec_records::Batch {
+    let mut b = tiderec_records::Batch::new(NUM_DENSE, NUM_SPARSE);
+    for r in 0..rows {
+        b.labels.push((r % 2) as f32);
+        b.dense.extend((0..NUM_DENSE).map(|j| (r + j) as f32));
+        for (f, field) in b.sparse.iter_mut().enumerate() {
+            field.ids.push(((r * 7 + f) % 100) as u64);
+            field.close_bag();
+        }
+    }
+    b
+}
+
+#[test]
+fn the_writer_refuses_line_starts_that_decrease_or_lie_past_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = line_writer(dir.path(), 1000, 8);
+    w.write_with_line_starts(&criteo_rows(3), &[0, 10, 20]).unwrap();
+    // Below the previous batch's last position.
+    let e = err_text(w.write_with_line_starts(&criteo_rows(2), &[30, 15]).unwrap_err());
+    assert!(e.contains("line start 15 of sample 1") && e.contains("previous sample's 30"), "{e}");
+    let e = err_text(w.write_with_line_starts(&criteo_rows(1), &[19]).unwrap_err());
+    assert!(e.contains("line start 19 of sample 0") && e.contains("previous sample's 20"), "{e}");
+    let e = err_text(w.write_with_line_starts(&criteo_rows(2), &[40, 1000]).unwrap_err());
+    assert!(e.contains("line start 1000 of sample 1") && e.contains("input's 1000 bytes"), "{e}");
+    // Nothing of a refused batch was written; equal positions are allowed.
+    assert_eq!(w.rows(), 3);
+    w.write_with_line_starts(&criteo_rows(2), &[20, 999]).unwrap();
+    assert_eq!(w.finish().unwrap().rows, 5);
+}
+
+/// Rewrites the one file of `dir` with the parquet crate, its `_line_start`
+/// column changed by `change` (row groups, schema and metadata kept).
+fn rewrite_line_starts(dir: &std::path::Path, row_group_rows: usize, change: impl Fn(&mut Vec<u64>)) {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::UInt64Type;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use tiderec_sources::parquet::schema::LINE_START_COLUMN;
+    let path = std::fs::read_dir(dir).unwrap().next().unwrap().unwrap().path();
+    let builder = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap()).unwrap();
+    let metadata = builder.metadata().file_metadata().key_value_metadata().cloned();
+    let batches: Vec<RecordBatch> = builder.build().unwrap().map(Result::unwrap).collect();
+    let schema = batches[0].schema();
+    let at = schema.index_of(LINE_START_COLUMN).unwrap();
+    let mut starts: Vec<u64> =
+        batches.iter().flat_map(|b| b.column(at).as_primitive::<UInt64Type>().values().to_vec()).collect();
+    change(&mut starts);
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(metadata)
+        .set_max_row_group_row_count(Some(row_group_rows))
+        .build();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema.clone(), Some(props)).unwrap();
+    let mut used = 0;
+    for b in &batches {
+        let mut columns = b.columns().to_vec();
+        let values = starts[used..used + b.num_rows()].to_vec();
+        columns[at] = Arc::new(arrow_array::UInt64Array::from(values)) as ArrayRef;
+        used += b.num_rows();
+        w.write(&RecordBatch::try_new(schema.clone(), columns).unwrap()).unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn a_line_start_column_that_decreases_is_an_error_naming_the_row_group() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two workers split the 5,000 bytes at 2,500: a byte inside row group 1.
+    let mut w = line_writer(dir.path(), 5_000, 16);
+    let starts: Vec<u64> = (0..48).map(|r| r * 100).collect();
+    w.write_with_line_starts(&criteo_rows(48), &starts).unwrap();
+    w.finish().unwrap();
+    let open = |workers: usize| {
+        let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+        let sizes = dataset.description().table_sizes();
+        ParquetReader::new(dataset, (0.0, 1.0), 0, workers, SEED, sizes).map(|_| ())
+    };
+    open(2).unwrap();
+    // Rows 20 and 21 of row group 1 swapped: its first position and minimum stay.
+    rewrite_line_starts(dir.path(), 16, |s| s.swap(20, 21));
+    let e = err_text(open(2).unwrap_err());
+    assert!(e.contains("part-00000.parquet (row group 1)"), "{e}");
+    assert!(e.contains("decreases at row 5 of the row group (2000 after 2100)"), "{e}");
+}
+
+#[test]
+fn line_start_statistics_that_disagree_with_the_column_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = line_writer(dir.path(), 5_000, 16);
+    let starts: Vec<u64> = (0..48).map(|r| r * 100).collect();
+    w.write_with_line_starts(&criteo_rows(48), &starts).unwrap();
+    w.finish().unwrap();
+    // Row group 1's minimum, 1,600, changed to 1,500 wherever the footer holds it.
+    let path = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let footer_len = u32::from_le_bytes(bytes[bytes.len() - 8..bytes.len() - 4].try_into().unwrap()) as usize;
+    let footer = bytes.len() - 8 - footer_len..bytes.len() - 8;
+    let (from, to) = (1600i64.to_le_bytes(), 1500i64.to_le_bytes());
+    let at: Vec<usize> = (footer.start..footer.end - 8).filter(|&i| bytes[i..i + 8] == from).collect();
+    assert!(!at.is_empty(), "the footer holds the statistics");
+    for i in at {
+        bytes[i..i + 8].copy_from_slice(&to);
+    }
+    std::fs::write(&path, bytes).unwrap();
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    let sizes = dataset.description().table_sizes();
+    let e = err_text(ParquetReader::new(dataset, (0.0, 1.0), 0, 2, SEED, sizes).map(|_| ()).unwrap_err());
+    assert!(e.contains("part-00000.parquet (row group 1)"), "{e}");
+    assert!(e.contains("give 1500 as its first position, the column holds 1600"), "{e}");
+}

@@ -315,7 +315,9 @@ impl ParquetDataset {
                 continue;
             };
             if held.as_ref().is_none_or(|(h, _)| *h != g) {
-                held = Some((g, self.line_starts(g, 0..self.groups[g].rows)?));
+                let starts = self.line_starts(g, 0..self.groups[g].rows)?;
+                self.check_first_line_start(g, starts.first().copied())?;
+                held = Some((g, starts));
             }
             let starts = held.as_ref().map_or(&[][..], |(_, starts)| starts.as_slice());
             let i = starts.partition_point(|&s| s < target) as u64;
@@ -347,6 +349,24 @@ impl ParquetDataset {
         Ok((0..lo).rev().find(|&g| self.groups[g].rows > 0))
     }
 
+    /// The search for the row group of a byte ([`Self::group_below`]) reads row-group
+    /// statistics: their minimum must be the first position the column holds.
+    fn check_first_line_start(&self, g: usize, first: Option<u64>) -> Result<(), SourceError> {
+        let declared = self.first_line_start(g)?;
+        if declared == first {
+            return Ok(());
+        }
+        let r = self.groups[g];
+        let show = |v: Option<u64>| v.map_or_else(|| "none".to_string(), |v| v.to_string());
+        let reason = format!(
+            "the statistics of `{LINE_START_COLUMN}` give {} as its first position, the column holds {} (a damaged \
+             file)",
+            show(declared),
+            show(first)
+        );
+        Err(SourceError::schema(format!("{} (row group {})", self.files[r.file].path.display(), r.group), reason))
+    }
+
     /// The first line start of row group `g`: its statistics' minimum (the column is
     /// non-decreasing), else its first value; `None` for an empty row group.
     fn first_line_start(&self, g: usize) -> Result<Option<u64>, SourceError> {
@@ -365,7 +385,10 @@ impl ParquetDataset {
         Ok(self.line_starts(g, 0..1)?.first().copied())
     }
 
-    /// Line starts of rows `rows` of row group `g`.
+    /// Line starts of rows `rows` of row group `g`. A column that gives fewer rows
+    /// than asked for, or positions that decrease, is an error naming the file and
+    /// the row group: mapping byte ranges to rows searches these positions, so a
+    /// damaged column would silently read some rows twice and skip others.
     fn line_starts(&self, g: usize, rows: std::ops::Range<u64>) -> Result<Vec<u64>, SourceError> {
         use arrow_array::cast::AsArray;
         use parquet::arrow::arrow_reader::{ParquetRecordBatchReaderBuilder, RowSelection, RowSelector};
@@ -394,6 +417,19 @@ impl ParquetDataset {
                 .as_primitive_opt::<arrow_array::types::UInt64Type>()
                 .ok_or_else(|| SourceError::schema(name(), format!("column `{LINE_START_COLUMN}` is not UInt64")))?;
             out.extend_from_slice(col.values());
+        }
+        let wanted = rows.end - rows.start;
+        if out.len() as u64 != wanted {
+            let reason = format!("its `{LINE_START_COLUMN}` column gave {} of the {wanted} rows asked for", out.len());
+            return Err(SourceError::schema(name(), format!("{reason} (a damaged file)")));
+        }
+        if let Some(i) = out.windows(2).position(|w| w[1] < w[0]) {
+            let (row, a, b) = (rows.start + i as u64 + 1, out[i], out[i + 1]);
+            let reason = format!(
+                "`{LINE_START_COLUMN}` decreases at row {row} of the row group ({b} after {a}): source positions \
+                 never decrease in a file that `tiderec convert` wrote (a damaged or rewritten file)"
+            );
+            return Err(SourceError::schema(name(), reason));
         }
         Ok(out)
     }

@@ -81,6 +81,8 @@ pub struct ParquetWriter {
     summary: WriteSummary,
     /// Whether [`Self::create`] made `dir` (then a failed conversion removes it).
     created_dir: bool,
+    /// The last source position written (line sources): positions never decrease.
+    last_line_start: Option<u64>,
 }
 
 impl ParquetWriter {
@@ -119,6 +121,7 @@ impl ParquetWriter {
             current: None,
             summary: WriteSummary::default(),
             created_dir,
+            last_line_start: None,
         })
     }
 
@@ -163,6 +166,9 @@ impl ParquetWriter {
                 ),
             ));
         }
+        if let Some(starts) = line_starts {
+            self.check_line_starts(starts)?;
+        }
         let (num_dense, num_sparse) = self.description.shape();
         let num_sequences = self.description.sequences.len();
         if batch.num_dense != num_dense || batch.sparse.len() != num_sparse || batch.sequences.len() != num_sequences {
@@ -203,6 +209,31 @@ impl ParquetWriter {
             }
             start = end;
         }
+        Ok(())
+    }
+
+    /// Line starts must not decrease (the rows of a line source are written in the
+    /// order of its input: readers map byte ranges to rows by searching them) and
+    /// must lie inside the input. Checked before anything of the batch is written.
+    fn check_line_starts(&mut self, starts: &[u64]) -> Result<(), SourceError> {
+        let total: u64 = self.description.lines.as_ref().map_or(0, |l| l.file_bytes.iter().sum());
+        let mut last = self.last_line_start;
+        for (i, &start) in starts.iter().enumerate() {
+            let reason = if start >= total {
+                format!("line start {start} of sample {i} lies past the input's {total} bytes")
+            } else if last.is_some_and(|l| start < l) {
+                format!(
+                    "line start {start} of sample {i} comes before the previous sample's {}: the rows of a line \
+                     source are written in the order of the input",
+                    last.unwrap_or(0)
+                )
+            } else {
+                last = Some(start);
+                continue;
+            };
+            return Err(SourceError::config("line_starts", reason));
+        }
+        self.last_line_start = last;
         Ok(())
     }
 
