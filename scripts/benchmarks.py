@@ -452,6 +452,29 @@ worker(s), {warmup} warm-up steps, then {samples:,} samples' worth of timed step
 least {min_steps}). A ratio below 1 is a regression. Rerun: `python3 scripts/benchmarks.py
 --only avx2 --baseline-bin PATH`.
 """,
+    "mca": """\
+## The wide kernel's loops: llvm-mca's prediction against the measurement
+
+How far the fp32 products are from the FMA peak, split into what the instruction schedule
+allows and what the rest costs, on this CPU, **{cpu}**. `scripts/mca_loops.py` finds every
+loop of fused multiply-adds in the release binary's GEMM kernels (with `objdump`), groups
+equal register blocks (`R` rows of `a` broadcast × `Z` vectors of `b` loaded per reduction
+step, `R·Z` fused multiply-adds) and runs each block's loop through `llvm-mca
+-mcpu={mcpu}` (LLVM {llvm}): the cycles per step when every load hits L1 and nothing else
+runs. {model} The first table gives the blocks of the wide AVX-512 kernel and of
+matrixmultiply's AVX-512 kernel (the general-purpose baseline), the prediction as a share of
+the core's peak of two 512-bit fused multiply-adds per cycle. The second puts each DLRM
+product that training runs on the wide kernel (at 128 and 2,048 rows) beside its prediction:
+the blocks the kernel runs for that shape (rows in groups of 24; six rows × four vectors
+where four are left, then eight × three, twelve × two or one; smaller blocks for the last
+rows of a group), each at its predicted cycles, as a share of the FMA peak; against the
+product's GFLOP/s over the FMA peak that `tiderec bench kernels --rows R` measures in the
+same run (median over {rounds} runs). The prediction leaves out everything outside the
+loops (each block's writes, the epilogue, packing or copying an operand), assumes every load
+hits L1 and trusts the model's timing of each instruction: what separates the two columns
+is that work, the caches and what the model does not see of the core. Rerun: `python3 scripts/benchmarks.py --only mca`, or `python3
+scripts/mca_loops.py` for every kernel's loops.
+""",
     "serve": """\
 ## Serving
 
@@ -1574,6 +1597,62 @@ def kernel_comparison(run, env, peak_name):
     return first + "\n\n" + second
 
 
+def mca_model_sentence(resources):
+    """What llvm-mca's report says about the scheduling model it used."""
+    prefix = os.path.commonprefix(resources) if len(resources) > 1 else ""
+    if prefix.startswith("SKX"):
+        return ("This LLVM has no Sapphire Rapids scheduling model: its report names the resources of the "
+                "Skylake-server model (`SKXPort0`…), which has the same two 512-bit FMA ports and counts a "
+                "broadcast from memory as two micro-ops, so it predicts blocks with many broadcasts per "
+                "vector load (twelve × two, twelve × one) below the six × four block.")
+    return f"The report names the model's resources `{', '.join(resources[:3])}`…."
+
+
+def section_mca(run):
+    """llvm-mca's prediction of the wide kernel's loops beside the products' measured share of the FMA peak."""
+    import mca_loops
+    mcpu = "sapphirerapids"
+    try:
+        llvm, resources = mca_loops.model(mcpu)
+        loops = mca_loops.analyse(run.args.tiderec, mcpu)
+    except mca_loops.Missing as e:
+        raise Failed(str(e)) from None
+    shown = [r for r in loops if r["kernel"] in ("avx512w", "matrixmultiply") and r["rows"]]
+    shown.sort(key=lambda r: (r["kernel"] != "avx512w", -r["fmas"] / r["steps_per_iteration"], -r["vectors"]))
+    first = table(["kernel", "block (R × Z)", "multiply-adds per step", "vector loads per step",
+                   "broadcasts per step", "predicted cycles per step", "predicted share of the FMA peak"],
+                  [[f"`{r['kernel']}`", r["block"], num(r["fmas"] / r["steps_per_iteration"]),
+                    num(r["vector_loads"] / r["steps_per_iteration"]),
+                    num(r["broadcasts"] / r["steps_per_iteration"]),
+                    f"{r['cycles_per_iteration'] / r['steps_per_iteration']:.2f}",
+                    f"{100 * r['share_of_peak']:.0f}%"] for r in shown], right=range(2, 7))
+    argv = ["bench", "kernels", "--seconds", str(run.s.kernel_seconds), "--rounds", str(run.s.kernel_rounds), "--json"]
+    rows = []
+    for batch in (128, 2048):
+        rounds = run.alternate({"kernels": [run.args.tiderec, *argv, "--rows", str(batch)]})
+        peak = statistics.median(max(p["gflops"] for p in r["kernels"]["fma_peak"]) for r in rounds)
+        for (product, layer), (kernel, gflops, mnk) in product_medians(rounds, "kernels").items():
+            if "avx512w" not in kernel:
+                continue
+            m, n, k = map(int, mnk.split("x"))
+            predicted = mca_loops.wide_prediction(loops, m, n, k)
+            measured = gflops / peak
+            rows.append([num(batch), product, layer.replace("->", "→"), mnk.replace("x", " × "), f"`{kernel}`",
+                         num(gflops, 1), f"**{100 * measured:.0f}%**",
+                         "not modelled" if predicted is None else f"{100 * predicted:.0f}%",
+                         "" if predicted is None else f"{ratio(measured / predicted)}"])
+    if not rows:
+        return (PROSE["mca"].format(cpu=cpu_description(), mcpu=mcpu, llvm=llvm, model=mca_model_sentence(resources),
+                                    rounds=run.rounds),
+                first + "\n\nNo DLRM product runs on the wide kernel on this CPU (it needs AVX-512F).")
+    second = table(["rows", "product", "layer", "m × n × k", "chosen kernel", "GFLOP/s (median)",
+                    "measured share of the FMA peak", "llvm-mca: the loops' share of the peak",
+                    "measured / predicted"], rows, right=(0, 5, 6, 7, 8))
+    prose = PROSE["mca"].format(cpu=cpu_description(), mcpu=mcpu, llvm=llvm, model=mca_model_sentence(resources),
+                                rounds=run.rounds)
+    return prose, first + "\n\n" + second
+
+
 def section_fp32(run):
     """This build's fp32 kernels against `--previous-bin`, every kernel the CPU runs."""
     prose = PROSE["fp32"].format(cpu=cpu_description(), workers=run.args.workers, warmup=run.s.warmup,
@@ -1625,6 +1704,7 @@ SECTIONS = [
     ("deltas", section_deltas),
     ("freshness", section_freshness),
     ("serve", section_serve),
+    ("mca", section_mca),
     ("fp32", section_fp32),
     ("fp32-avx2", section_fp32_avx2),
     ("avx2", section_avx2),
@@ -1745,6 +1825,10 @@ def parse_args(argv=None):
                 p.error(f"section {name} needs --previous-bin (the older binary it compares with)")
             a.sections.remove(name)
             print(f"{name}: left out (no --previous-bin)", file=sys.stderr)
+    if "mca" in a.sections and (shutil.which("llvm-mca") is None or shutil.which("objdump") is None):
+        if a.only is None:
+            a.sections.remove("mca")
+            print("mca: left out (llvm-mca or objdump not found: Debian's llvm and binutils)", file=sys.stderr)
     if a.splice is not None and (a.only is None or a.output is not None):
         p.error("--splice rewrites sections of an existing document: give it with --only, without --output")
     if a.output is None:
