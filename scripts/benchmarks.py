@@ -96,8 +96,10 @@ better.
 ## Kernel selection
 
 Every `tiderec train` and `tiderec bench dlrm|model` measures, before the first step, each
-candidate kernel of every MLP product of the model at each worker's micro-batch (three
-alternating rounds of 3 ms each; a fraction of a second in all) and prints one line on
+candidate kernel of every MLP product of the model at each worker's micro-batch (two
+alternating rounds of 2 ms each, or one call where a call takes longer; six rounds more for
+the two fastest of a backward product of a millisecond or more per call when they come
+within 10% of each other; under a second in all) and prints one line on
 stderr, `kernels (CPU; extensions): 64x13->512 packed-avx512w, 64x256->1 matrixmultiply, …`.
 The kernels `tiderec bench kernels --rows R --seconds {kernel_seconds} --rounds {kernel_rounds}`
 chose on this machine for DLRM's products:

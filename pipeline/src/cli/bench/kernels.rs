@@ -104,7 +104,7 @@ pub struct PeakRate {
 /// Times every forward candidate and the backward products of `model`'s
 /// layers at `rows` rows, `rounds` alternating rounds of `seconds` each.
 pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize) -> KernelsReport {
-    let measure = Measure { seconds, rounds, all: true };
+    let measure = Measure { seconds, rounds, all: true, settle: 0 };
     let mut products = Vec::new();
     let mut step_seconds = 0.0;
     let bf16 = Bf16Kernel::best() != Bf16Kernel::Portable;
