@@ -411,14 +411,20 @@ fn rewrite_line_starts(dir: &std::path::Path, row_group_rows: usize, change: imp
     w.close().unwrap();
 }
 
-#[test]
-fn a_line_start_column_that_decreases_is_an_error_naming_the_row_group() {
+/// A line source of 48 rows, lines 100 bytes apart, in row groups of 16, over an
+/// input of 5,000 bytes: two workers split it at byte 2,500, inside row group 1.
+fn three_row_groups_of_lines() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    // Two workers split the 5,000 bytes at 2,500: a byte inside row group 1.
     let mut w = line_writer(dir.path(), 5_000, 16);
     let starts: Vec<u64> = (0..48).map(|r| r * 100).collect();
     w.write_with_line_starts(&criteo_rows(48), &starts).unwrap();
     w.finish().unwrap();
+    dir
+}
+
+#[test]
+fn a_line_start_column_that_decreases_is_an_error_naming_the_row_group() {
+    let dir = three_row_groups_of_lines();
     let open = |workers: usize| {
         let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
         let sizes = dataset.description().table_sizes();
@@ -434,11 +440,7 @@ fn a_line_start_column_that_decreases_is_an_error_naming_the_row_group() {
 
 #[test]
 fn line_start_statistics_that_disagree_with_the_column_are_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut w = line_writer(dir.path(), 5_000, 16);
-    let starts: Vec<u64> = (0..48).map(|r| r * 100).collect();
-    w.write_with_line_starts(&criteo_rows(48), &starts).unwrap();
-    w.finish().unwrap();
+    let dir = three_row_groups_of_lines();
     // Row group 1's minimum, 1,600, changed to 1,500 wherever the footer holds it.
     let path = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
     let mut bytes = std::fs::read(&path).unwrap();
