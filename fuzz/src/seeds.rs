@@ -108,32 +108,50 @@ fn json_seeds(data: &Path) -> Result<Vec<Vec<u8>>, String> {
 }
 
 /// Parquet files written by the crate's writer: Criteo samples (several row
-/// groups) and DIEN samples (sequence columns).
+/// groups), DIEN samples (sequence columns) and the Criteo samples as a line
+/// source (each row's `_line_start`, as `convert` writes it).
 fn parquet_seeds(data: &Path) -> Result<Vec<Vec<u8>>, String> {
     use tiderec_operators::format::LineFormat;
     use tiderec_operators::Batch;
+    use tiderec_sources::parquet::schema::LineSource;
     use tiderec_sources::parquet::{ParquetWriter, SchemaDescription, WriterOptions};
     let mut seeds = Vec::new();
     let criteo = tiderec_sources::criteo::CriteoFormat::new(tiderec_sources::criteo::CriteoFeatures::uniform(1000, 7))
         .map_err(|e| e.to_string())?;
     let amazon =
         tiderec_sources::amazon::AmazonDienFormat::new(&[1000, 5000, 100], 7, 20).map_err(|e| e.to_string())?;
-    let cases: [(&dyn LineFormat, &str, SchemaDescription); 2] = [
-        (&criteo, "criteo/sample_train.txt", SchemaDescription::criteo(&[1000; 26], 7)),
-        (&amazon, "amazon_dien/local_test", SchemaDescription::behavior("amazon-dien", &[1000, 5000, 100], 7)),
+    let cases: [(&dyn LineFormat, &str, SchemaDescription, bool); 3] = [
+        (&criteo, "criteo/sample_train.txt", SchemaDescription::criteo(&[1000; 26], 7), false),
+        (&amazon, "amazon_dien/local_test", SchemaDescription::behavior("amazon-dien", &[1000, 5000, 100], 7), false),
+        (&criteo, "criteo/sample_train.txt", SchemaDescription::criteo(&[1000; 26], 7), true),
     ];
-    for (format, rel, description) in cases {
+    for (format, rel, mut description, lines) in cases {
         let (d, s) = format.shape();
         let mut batch = Batch::with_sequences(d, s, format.num_sequences());
+        // Each parsed row's line start in the chunks as one input.
+        let (mut starts, mut at) = (Vec::new(), 0u64);
         for chunk in file_seeds(data, rel)?.iter().take(3) {
-            for line in chunk.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-                let _ = format.parse(line, &mut batch);
+            for line in chunk.split_inclusive(|&b| b == b'\n') {
+                let before = batch.len();
+                let text = line.strip_suffix(b"\n").unwrap_or(line);
+                if !text.is_empty() {
+                    let _ = format.parse(text, &mut batch);
+                }
+                starts.extend(std::iter::repeat_n(at, batch.len() - before));
+                at += line.len() as u64;
             }
+        }
+        if lines {
+            description.lines = Some(LineSource { file_bytes: vec![at] });
         }
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let options = WriterOptions { row_group_rows: 4, rows_per_file: None, zstd_level: 1 };
         let mut writer = ParquetWriter::create(dir.path(), description, options).map_err(|e| e.to_string())?;
-        writer.write(&batch).map_err(|e| e.to_string())?;
+        match lines {
+            true => writer.write_with_line_starts(&batch, &starts),
+            false => writer.write(&batch),
+        }
+        .map_err(|e| e.to_string())?;
         writer.finish().map_err(|e| e.to_string())?;
         for entry in std::fs::read_dir(dir.path()).map_err(|e| e.to_string())? {
             let path = entry.map_err(|e| e.to_string())?.path();

@@ -91,3 +91,46 @@ fn parquet_footer_declaring_more_rows_than_its_data() {
     };
     assert!(error.contains("(row group 1)") && error.contains("metadata declares rows up to 67"), "{error}");
 }
+
+/// A line source whose `_line_start` chunk starts with a dictionary-encoded
+/// data page and no dictionary page before it made the parquet crate panic
+/// ("Decoder for dict should have been set") while the workers looked up their
+/// rows: that lookup decoded the column without the reader's panic guard. The
+/// line-source seed's first row group's data page of that column (30 bytes at
+/// 3,016) is copied over its dictionary page (at 2,969).
+#[test]
+fn line_source_column_chunk_without_its_dictionary_page() {
+    use tiderec_sources::parquet::{ParquetDataset, ParquetReader};
+    let Some(data) = skip::existing(default_data_dir()) else { return };
+    let mut file = seeds("parquet", &data).expect("parquet seeds").remove(2);
+    const DICTIONARY: usize = 2969;
+    const DATA: usize = 3016;
+    // Page headers begin with the page type (thrift field 1): a dictionary page, then a data page.
+    assert_eq!(
+        (&file[DICTIONARY..DICTIONARY + 2], &file[DATA..DATA + 2]),
+        (&[0x15, 0x04][..], &[0x15, 0x00][..]),
+        "the line-source seed changed: find its first `_line_start` dictionary and data pages"
+    );
+    file.copy_within(DATA..DATA + 30, DICTIONARY);
+    run("parquet", &file);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("part-00000.parquet"), &file).unwrap();
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).expect("the footer itself reads"));
+    assert!(dataset.line_source().is_some());
+    let (sizes, (d, s)) = (dataset.description().table_sizes(), dataset.description().shape());
+    // The second epoch of worker 0 of 2, in shuffled blocks of 256 bytes, looks
+    // rows up in every row group: an error, not a panic.
+    let read = || -> Result<(), tiderec_sources::SourceError> {
+        let shuffle = tiderec_sources::shuffle::BlockShuffle::new(3, Some(256))?;
+        let mut reader =
+            ParquetReader::new(dataset.clone(), (0.0, 1.0), 0, 2, 7, sizes.clone())?.with_shuffle(Some(shuffle));
+        let mut batch = tiderec_operators::Batch::new(d, s);
+        for _ in 0..2 {
+            while reader.next_batch(&mut batch, 512)? > 0 {}
+            reader.rewind();
+        }
+        Ok(())
+    };
+    let error = read().expect_err("a damaged column").to_string();
+    assert!(error.contains("part-00000.parquet (row group 0)") && error.contains("Parquet decoder failed"), "{error}");
+}

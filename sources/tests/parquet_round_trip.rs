@@ -436,6 +436,14 @@ fn a_line_start_column_that_decreases_is_an_error_naming_the_row_group() {
     let e = err_text(open(2).unwrap_err());
     assert!(e.contains("part-00000.parquet (row group 1)"), "{e}");
     assert!(e.contains("decreases at row 5 of the row group (2000 after 2100)"), "{e}");
+    // Row group 1's last row past the 5,000 bytes of the input: in no worker's range.
+    let dir = three_row_groups_of_lines();
+    rewrite_line_starts(dir.path(), 16, |s| s[31] = 9_999);
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    let sizes = dataset.description().table_sizes();
+    let e = err_text(ParquetReader::new(dataset, (0.0, 1.0), 0, 2, SEED, sizes).map(|_| ()).unwrap_err());
+    assert!(e.contains("part-00000.parquet (row group 1)"), "{e}");
+    assert!(e.contains("holds 9999, past the 5000 bytes of the input"), "{e}");
 }
 
 #[test]

@@ -42,6 +42,7 @@
 //!   do. That is how `--eval-fraction` holds out data.
 //! * Files are used in the order given; [`list_parquet_files`] sorts by name.
 
+use super::decode::decode_next;
 use super::schema::{LineSource, SchemaDescription, SparseKind, GROUP_COLUMN, LINE_START_COLUMN, METADATA_KEY};
 use crate::error::SourceError;
 use crate::shuffle::{permutation, share_start, worker_ranges, ByteRange};
@@ -386,9 +387,10 @@ impl ParquetDataset {
     }
 
     /// Line starts of rows `rows` of row group `g`. A column that gives fewer rows
-    /// than asked for, or positions that decrease, is an error naming the file and
-    /// the row group: mapping byte ranges to rows searches these positions, so a
-    /// damaged column would silently read some rows twice and skip others.
+    /// than asked for, positions that decrease, or a position past the input is an
+    /// error naming the file and the row group: mapping byte ranges to rows searches
+    /// these positions, so a damaged column would silently read some rows twice and
+    /// skip others (a row past the input is in no worker's range).
     fn line_starts(&self, g: usize, rows: std::ops::Range<u64>) -> Result<Vec<u64>, SourceError> {
         use arrow_array::cast::AsArray;
         use parquet::arrow::arrow_reader::{ParquetRecordBatchReaderBuilder, RowSelection, RowSelector};
@@ -410,7 +412,8 @@ impl ParquetDataset {
             .build()
             .map_err(|source| SourceError::Parquet { path: name(), source })?;
         let mut out = Vec::with_capacity((rows.end - rows.start) as usize);
-        for chunk in reader {
+        let mut reader = reader;
+        while let Some(chunk) = decode_next(&mut reader).map_err(|what| SourceError::schema(name(), what))? {
             let chunk = chunk.map_err(|source| SourceError::Arrow { path: name(), source })?;
             let col = chunk
                 .column(0)
@@ -428,6 +431,14 @@ impl ParquetDataset {
             let reason = format!(
                 "`{LINE_START_COLUMN}` decreases at row {row} of the row group ({b} after {a}): source positions \
                  never decrease in a file that `tiderec convert` wrote (a damaged or rewritten file)"
+            );
+            return Err(SourceError::schema(name(), reason));
+        }
+        let input: u64 = self.line_source().map_or(u64::MAX, |l| l.file_bytes.iter().sum());
+        if let Some(&last) = out.last().filter(|&&last| last >= input) {
+            let reason = format!(
+                "`{LINE_START_COLUMN}` holds {last}, past the {input} bytes of the input its metadata describes (a \
+                 damaged file)"
             );
             return Err(SourceError::schema(name(), reason));
         }

@@ -10,11 +10,14 @@
 //!   workers per epoch (as the raw files were split, for converted line files).
 //! * [`reader`]: [`ParquetReader`] decodes one worker's rows, reading
 //!   only the columns the schema names, into `Batch`es.
+//! * `decode`: the parquet crate's decoder behind a panic guard, which every
+//!   read of a file's data goes through.
 //! * [`scores`]: [`ScoreWriter`](scores::ScoreWriter) writes `tiderec predict`'s scores.
 //! * [`json_row`]: rows given as JSON objects (`tiderec serve`'s records), appended by the
 //!   reader's own row decoding.
 
 pub mod dataset;
+mod decode;
 pub mod json_row;
 pub mod reader;
 pub mod schema;

@@ -32,6 +32,7 @@
 //!   never appended.
 
 use super::dataset::{ParquetDataset, Segment};
+use super::decode::decode_next;
 use super::schema::{SchemaDescription, SparseKind, GROUP_COLUMN};
 use crate::error::SourceError;
 use crate::lines::RecordPosition;
@@ -357,23 +358,6 @@ impl ParquetReader {
         }
         Ok(false)
     }
-}
-
-/// The decoder's next chunk, or why it failed on corrupt data: the parquet
-/// crate panics on some malformed pages (definition levels claiming more
-/// values than the page holds, a negative offset), and such a panic becomes
-/// this error instead of taking the process down.
-fn decode_next(
-    reader: &mut ParquetRecordBatchReader,
-) -> Result<Option<Result<RecordBatch, arrow_schema::ArrowError>>, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())).map_err(|payload| {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        format!("corrupt data: the Parquet decoder failed ({what})")
-    })
 }
 
 impl ParquetDataset {
