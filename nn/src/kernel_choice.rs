@@ -521,18 +521,13 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
 /// they are a close call ([`CLOSE_CALL`]), matrixmultiply held to
 /// [`BACKWARD_MARGIN`] as [`backward_winner`] holds it.
 fn close_call(candidates: &[Candidate], rates: &[Vec<f64>]) -> Option<(usize, usize)> {
-    let effective = |i: usize| {
-        let rate = median(rates[i].clone());
-        if candidates[i] == Candidate::MatrixMultiply {
-            rate * BACKWARD_MARGIN
-        } else {
-            rate
-        }
-    };
+    let effective: Vec<f64> = (candidates.iter().zip(rates))
+        .map(|(&c, r)| median(r.clone()) * if c == Candidate::MatrixMultiply { BACKWARD_MARGIN } else { 1.0 })
+        .collect();
     let mut order: Vec<usize> = (0..candidates.len()).collect();
-    order.sort_by(|&x, &y| effective(y).total_cmp(&effective(x)));
+    order.sort_by(|&x, &y| effective[y].total_cmp(&effective[x]));
     let (&first, &second) = (order.first()?, order.get(1)?);
-    (effective(first) <= effective(second) * CLOSE_CALL).then_some((first, second))
+    (effective[first] <= effective[second] * CLOSE_CALL).then_some((first, second))
 }
 
 /// How much faster than matrixmultiply a packed kernel must be measured to

@@ -405,14 +405,13 @@ impl ParquetDataset {
             RowSelector::select((rows.end - rows.start) as usize),
             RowSelector::skip((r.rows - rows.end) as usize),
         ]);
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.meta.clone())
+        let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.meta.clone())
             .with_projection(projection)
             .with_row_groups(vec![r.group])
             .with_row_selection(selection)
             .build()
             .map_err(|source| SourceError::Parquet { path: name(), source })?;
         let mut out = Vec::with_capacity((rows.end - rows.start) as usize);
-        let mut reader = reader;
         while let Some(chunk) = decode_next(&mut reader).map_err(|what| SourceError::schema(name(), what))? {
             let chunk = chunk.map_err(|source| SourceError::Arrow { path: name(), source })?;
             let col = chunk
