@@ -474,7 +474,12 @@ product's GFLOP/s over the FMA peak that `tiderec bench kernels --rows R` measur
 same run (median over {rounds} runs). The prediction leaves out everything outside the
 loops (each block's writes, the epilogue, packing or copying an operand), assumes every load
 hits L1 and trusts the model's timing of each instruction: what separates the two columns
-is that work, the caches and what the model does not see of the core. Rerun: `python3 scripts/benchmarks.py --only mca`, or `python3
+is that work, the caches and what the model does not see of the core. The last two columns
+split that gap: `tiderec bench kernels` also times the same kernel on a small product whose
+operands never leave the caches ({in_cache}, called over and over; median over the
+same runs), so the in-cache share below the prediction is what the core does not give the
+loops as the model expects, and a product below the in-cache share loses the rest to its
+memory traffic and the work around the loops. Rerun: `python3 scripts/benchmarks.py --only mca`, or `python3
 scripts/mca_loops.py` for every kernel's loops.
 """,
     "serve": """\
@@ -1629,10 +1634,13 @@ def section_mca(run):
                     f"{r['cycles_per_iteration'] / r['steps_per_iteration']:.2f}",
                     f"{100 * r['share_of_peak']:.0f}%"] for r in shown], right=range(2, 7))
     argv = ["bench", "kernels", "--seconds", str(run.s.kernel_seconds), "--rounds", str(run.s.kernel_rounds), "--json"]
-    rows = []
+    rows, in_cache_shapes = [], set()
     for batch in (128, 2048):
         rounds = run.alternate({"kernels": [run.args.tiderec, *argv, "--rows", str(batch)]})
         peak = statistics.median(max(p["gflops"] for p in r["kernels"]["fma_peak"]) for r in rounds)
+        in_cache = statistics.median(r["kernels"]["in_cache"]["gflops"] for r in rounds) / peak
+        cached = rounds[0]["kernels"]["in_cache"]
+        in_cache_shapes.add((cached["kernel"], cached["mnk"].replace("x", " × ")))
         for (product, layer), (kernel, gflops, mnk) in product_medians(rounds, "kernels").items():
             if "avx512w" not in kernel:
                 continue
@@ -1642,16 +1650,23 @@ def section_mca(run):
             rows.append([num(batch), product, layer.replace("->", "→"), mnk.replace("x", " × "), f"`{kernel}`",
                          num(gflops, 1), f"**{100 * measured:.0f}%**",
                          "not modelled" if predicted is None else f"{100 * predicted:.0f}%",
-                         "" if predicted is None else f"{ratio(measured / predicted)}"])
+                         "" if predicted is None else f"{ratio(measured / predicted)}",
+                         f"{100 * in_cache:.0f}%", ratio(measured / in_cache)])
+    if len(in_cache_shapes) != 1:
+        raise Failed(f"the runs of bench kernels timed different in-cache products: {sorted(in_cache_shapes)}")
+    (cached_kernel, cached_mnk), = in_cache_shapes
+    m, n, k = (int(v) for v in cached_mnk.split(" × "))
+    # a, b packed in panels of 16 columns, and c, in f32.
+    footprint = 4 * (m * k + k * -(-n // 16) * 16 + m * n)
+    prose = PROSE["mca"].format(cpu=cpu_description(), mcpu=mcpu, llvm=llvm, model=mca_model_sentence(resources),
+                                rounds=run.rounds, in_cache=f"{cached_mnk}, {footprint / 1024:.0f} KB")
     if not rows:
-        return (PROSE["mca"].format(cpu=cpu_description(), mcpu=mcpu, llvm=llvm, model=mca_model_sentence(resources),
-                                    rounds=run.rounds),
+        return (prose,
                 first + "\n\nNo DLRM product runs on the wide kernel on this CPU (it needs AVX-512F).")
     second = table(["rows", "product", "layer", "m × n × k", "chosen kernel", "GFLOP/s (median)",
                     "measured share of the FMA peak", "llvm-mca: the loops' share of the peak",
-                    "measured / predicted"], rows, right=(0, 5, 6, 7, 8))
-    prose = PROSE["mca"].format(cpu=cpu_description(), mcpu=mcpu, llvm=llvm, model=mca_model_sentence(resources),
-                                rounds=run.rounds)
+                    "measured / predicted", f"`{cached_kernel}` in cache ({cached_mnk}): share of the peak",
+                    "measured / in cache"], rows, right=(0, 5, 6, 7, 8, 9, 10))
     return prose, first + "\n\n" + second
 
 

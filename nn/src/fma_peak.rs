@@ -21,7 +21,16 @@
 //! [`measure_amx`] measures the bf16 ceiling of an AMX core the same way: four
 //! independent `TDPBF16PS` on tiles already loaded, nothing else (the
 //! crate's tile assembly), each 16 × 16 × 32 multiply-adds.
+//!
+//! [`measure_in_cache`] measures what lies between the FMA peak and a
+//! training step's products: the packed GEMM kernel on a small product whose
+//! operands never leave the caches ([`IN_CACHE_SHAPE`]). A product of a step
+//! below that rate loses to its memory traffic and the work around the
+//! kernel's loops; the in-cache rate below the peak is the loops' own cost on
+//! this core.
 
+use super::gemm::Op;
+use super::gemm_packed::{gemm_packed, PackedRhs, PanelKernel};
 use std::time::Instant;
 use tiderec_records::cpu::{self, Feature};
 
@@ -115,37 +124,45 @@ pub fn fma_chains(width: FmaWidth, starts: &[f32], a: f32, b: f32, steps: usize)
 /// virtual machine's speed swings) would be passed by the kernels it bounds.
 pub const MIN_SECONDS: f64 = 0.25;
 
+/// The fastest rate, in GFLOP/s, of calls of about a millisecond, repeated
+/// for `seconds`: `call(n)` does `n` units of `flops_per_unit` flops each and
+/// returns its seconds; `n` doubles from `first` until a call takes a
+/// millisecond. Interference (another process, an interrupt) only ever slows
+/// a call down, so the fastest call is the closest estimate of the rate.
+fn fastest(seconds: f64, first: u64, flops_per_unit: f64, mut call: impl FnMut(u64) -> f64) -> f64 {
+    let mut n = first.max(1);
+    while call(n) < 1e-3 && n < 1 << 30 {
+        n *= 2;
+    }
+    let flops = n as f64 * flops_per_unit;
+    let mut best = 0.0_f64;
+    let start = Instant::now();
+    loop {
+        best = best.max(flops / call(n) / 1e9);
+        if start.elapsed().as_secs_f64() >= seconds {
+            return best;
+        }
+    }
+}
+
 /// The core's fp32 FMA throughput at every width it runs: calls of about a
 /// millisecond repeated for about `seconds` (at least [`MIN_SECONDS`]) per width
 /// in each of `rounds` alternating rounds, the fastest call per width.
-/// Interference (another process, an interrupt) only ever slows a call down,
-/// so the fastest call is the closest estimate of the peak.
 pub fn measure(seconds: f64, rounds: usize) -> Vec<FmaRate> {
     let seconds = seconds.max(MIN_SECONDS);
     let widths = FmaWidth::available();
     let mut best = vec![0.0_f64; widths.len()];
     let (a, b) = (0.999_999_9_f32, 1e-7_f32);
-    let call = |width: FmaWidth, steps: usize| {
-        let starts: Vec<f32> = (0..ACCUMULATORS * width.lanes()).map(|i| 1.0 + i as f32 * 1e-3).collect();
-        let t = Instant::now();
-        std::hint::black_box(fma_chains(width, &starts, a, b, steps));
-        t.elapsed().as_secs_f64()
-    };
     for _ in 0..rounds.max(1) {
         for (w, &width) in widths.iter().enumerate() {
-            // Steps for a call of about a millisecond.
-            let mut steps = 1 << 10;
-            while call(width, steps) < 1e-3 && steps < 1 << 30 {
-                steps *= 2;
-            }
-            let flops = 2.0 * (steps * ACCUMULATORS * width.lanes()) as f64;
-            let start = Instant::now();
-            loop {
-                best[w] = best[w].max(flops / call(width, steps) / 1e9);
-                if start.elapsed().as_secs_f64() >= seconds {
-                    break;
-                }
-            }
+            let starts: Vec<f32> = (0..ACCUMULATORS * width.lanes()).map(|i| 1.0 + i as f32 * 1e-3).collect();
+            let call = |steps: u64| {
+                let t = Instant::now();
+                std::hint::black_box(fma_chains(width, &starts, a, b, steps as usize));
+                t.elapsed().as_secs_f64()
+            };
+            let flops_per_step = 2.0 * (ACCUMULATORS * width.lanes()) as f64;
+            best[w] = best[w].max(fastest(seconds, 1 << 10, flops_per_step, call));
         }
     }
     widths.into_iter().zip(best).map(|(width, gflops)| FmaRate { width, gflops }).collect()
@@ -161,7 +178,6 @@ pub fn measure_amx(seconds: f64, rounds: usize) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
         use super::amx_tile::{dot_products, Tiles, MACS_PER_ITERATION};
-        let seconds = seconds.max(MIN_SECONDS);
         let call = |iterations: u64| {
             let t = Instant::now();
             // SAFETY: AMX runs here (checked above); at least one iteration.
@@ -171,25 +187,53 @@ pub fn measure_amx(seconds: f64, rounds: usize) -> Option<f64> {
             }
             t.elapsed().as_secs_f64()
         };
-        let mut best = 0.0_f64;
-        for _ in 0..rounds.max(1) {
-            let mut iterations = 1 << 8;
-            while call(iterations) < 1e-3 && iterations < 1 << 30 {
-                iterations *= 2;
-            }
-            let flops = 2.0 * (iterations * MACS_PER_ITERATION) as f64;
-            let start = Instant::now();
-            loop {
-                best = best.max(flops / call(iterations) / 1e9);
-                if start.elapsed().as_secs_f64() >= seconds {
-                    break;
-                }
-            }
-        }
-        Some(best)
+        let flops_per_iteration = 2.0 * MACS_PER_ITERATION as f64;
+        let rates = (0..rounds.max(1)).map(|_| fastest(seconds.max(MIN_SECONDS), 1 << 8, flops_per_iteration, call));
+        Some(rates.fold(0.0, f64::max))
     }
     #[cfg(not(target_arch = "x86_64"))]
     None
+}
+
+/// The product [`measure_in_cache`] repeats, `m × n × k` as the GEMM reports
+/// write it: 24 rows (one row group of the packed kernels) × 64 columns (four
+/// 16-wide panels) × a depth of 128 (one chunk of the reduction). Its operands,
+/// 12 KB of `a`, 32 KB of packed `b` and 6 KB of `c`, stay in a core's L1 and
+/// L2 caches from call to call.
+pub const IN_CACHE_SHAPE: (usize, usize, usize) = (24, 64, 128);
+
+/// The packed GEMM kernel's rate on a product that stays in cache.
+#[derive(Clone, Copy, Debug)]
+pub struct InCacheRate {
+    /// The kernel [`gemm_packed`] runs on this CPU ([`PanelKernel::best`]).
+    pub kernel: PanelKernel,
+    /// GFLOP/s of the fastest timed call.
+    pub gflops: f64,
+}
+
+/// The fp32 rate of the packed kernel this CPU runs best on
+/// [`IN_CACHE_SHAPE`], a product whose operands stay in cache, called over and
+/// over (measured as [`measure`] measures a width): what the kernel's loops
+/// reach when they never wait on memory, between the FMA peak above it and
+/// the products of a training step below it.
+pub fn measure_in_cache(seconds: f64, rounds: usize) -> InCacheRate {
+    let (m, n, k) = IN_CACHE_SHAPE;
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i % 11) as f32 * 0.01 - 0.05).collect();
+    let rhs = PackedRhs::new(Op::N, k, n, &b);
+    let mut c = vec![0.0_f32; m * n];
+    let mut call = |calls: u64| {
+        let t = Instant::now();
+        for _ in 0..calls {
+            gemm_packed(m, std::hint::black_box(&a), k, &rhs, false, &mut c, n);
+        }
+        std::hint::black_box(&c);
+        t.elapsed().as_secs_f64()
+    };
+    let flops_per_call = 2.0 * (m * n * k) as f64;
+    let rates: Vec<f64> =
+        (0..rounds.max(1)).map(|_| fastest(seconds.max(MIN_SECONDS), 1, flops_per_call, &mut call)).collect();
+    InCacheRate { kernel: PanelKernel::best(), gflops: rates.into_iter().fold(0.0, f64::max) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -270,6 +314,14 @@ mod tests {
         for rate in measure(0.002, 1) {
             assert!(rate.gflops.is_finite() && rate.gflops > 0.0, "{rate:?}");
         }
+    }
+
+    /// The in-cache rate is the best packed kernel's, and a rate.
+    #[test]
+    fn the_in_cache_rate_is_the_best_packed_kernels() {
+        let rate = measure_in_cache(0.002, 1);
+        assert_eq!(rate.kernel, PanelKernel::best());
+        assert!(rate.gflops.is_finite() && rate.gflops > 0.0, "{rate:?}");
     }
 
     /// The AMX peak is measured exactly where AMX runs, and is a rate.

@@ -1,7 +1,8 @@
 //! `tiderec bench kernels --json` end to end: the MLP products' flop count is
 //! DLRM's, the core's fused multiply-add peak is measured at every vector
 //! width the CPU runs, and no product, and no bound built from them, passes
-//! that peak (nor, under bf16, the AMX peak: the chained MLPs included).
+//! that peak (nor, under bf16, the AMX peak: the chained MLPs included); the
+//! best packed kernel's in-cache rate is reported beside it.
 
 mod common;
 
@@ -55,6 +56,15 @@ fn no_kernel_and_no_bound_passes_the_measured_fma_peak() {
     // The fp32 MLPs chained as training runs them: timed on every CPU, and no faster than the peak allows.
     let chained = r["mlp_samples_per_sec"].as_f64().expect("the chained fp32 MLPs");
     assert!(chained > 0.0 && chained <= peak_bound, "chained fp32 MLPs {chained} above the peak bound {peak_bound}");
+    // The best packed kernel on a product that stays in cache: named as the
+    // products' candidates are, and among the packed kernels they were timed on.
+    let in_cache = &r["in_cache"];
+    assert_eq!(in_cache["mnk"], "24x64x128", "{r}");
+    let g = in_cache["gflops"].as_f64().expect("the in-cache rate");
+    assert!(g.is_finite() && g > 0.0, "{r}");
+    let kernel = in_cache["kernel"].as_str().unwrap();
+    let mut timed = r["products"].as_array().unwrap().iter().flat_map(|p| p["candidates"].as_array().unwrap().iter());
+    assert!(kernel.starts_with("packed-") && timed.any(|c| c["kernel"] == kernel), "{kernel}: {r}");
     // The AMX bf16 peak: measured exactly where the CPU has AMX-BF16, and no
     // bf16 product or bound passes it.
     let amx = has("amx_tile") && has("amx_bf16");

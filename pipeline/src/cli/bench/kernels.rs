@@ -8,7 +8,7 @@ use tiderec_operators::nn::fma_peak;
 use tiderec_operators::nn::gemm_bf16::Bf16Kernel;
 use tiderec_operators::nn::kernel_choice::{
     cpu_features, cpu_features_line, cpu_model, install_backward_choices, install_forward, measure_backward,
-    measure_bf16, measure_shape, median_calls_per_second, Backward, BackwardShape, ForwardShape, Measure,
+    measure_bf16, measure_shape, median_calls_per_second, Backward, BackwardShape, Candidate, ForwardShape, Measure,
 };
 use tiderec_operators::nn::mlp::{Mlp, MlpCache};
 use tiderec_operators::nn::{MlpStack, ModelConfig, Precision};
@@ -83,6 +83,9 @@ pub struct KernelsReport {
     /// Samples/s one core could train if the MLP products ran at the best
     /// width's FMA peak: no fp32 implementation of the step can pass it.
     pub peak_bound_samples_per_sec: f64,
+    /// The best packed kernel on a product that stays in cache
+    /// ([`fma_peak::IN_CACHE_SHAPE`]): what its loops reach without waiting on memory.
+    pub in_cache: InCacheReport,
     /// The core's measured AMX bf16 throughput (GFLOP/s), where AMX runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amx_peak_gflops: Option<f64>,
@@ -97,6 +100,17 @@ pub struct KernelsReport {
 pub struct PeakRate {
     /// `avx2` or `avx512`.
     pub width: String,
+    /// GFLOP/s of the fastest timed call.
+    pub gflops: f64,
+}
+
+/// The packed kernel's rate on a product that stays in cache.
+#[derive(Clone, Debug, Serialize)]
+pub struct InCacheReport {
+    /// The kernel, named as the products' candidates are (`packed-avx512w`, …).
+    pub kernel: String,
+    /// `m x n x k` of the product, written as the products write theirs.
+    pub mnk: String,
     /// GFLOP/s of the fastest timed call.
     pub gflops: f64,
 }
@@ -173,6 +187,8 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         .collect();
     let peak = fma_peak.iter().map(|r| r.gflops).fold(0.0, f64::max);
     let amx_peak_gflops = fma_peak::measure_amx(seconds, rounds);
+    let in_cache = fma_peak::measure_in_cache(seconds, rounds);
+    let (m, n, k) = fma_peak::IN_CACHE_SHAPE;
     let mlp_flops_per_sample = flops / rows as f64;
     KernelsReport {
         cpu: cpu_model(),
@@ -190,6 +206,11 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         mlp_flops_per_sample,
         fma_peak,
         peak_bound_samples_per_sec: peak * 1e9 / mlp_flops_per_sample,
+        in_cache: InCacheReport {
+            kernel: Candidate::Packed(in_cache.kernel).name().into(),
+            mnk: format!("{m}x{n}x{k}"),
+            gflops: in_cache.gflops,
+        },
         amx_peak_gflops,
         amx_peak_bound_samples_per_sec: amx_peak_gflops.map(|g| g * 1e9 / mlp_flops_per_sample),
     }
@@ -277,6 +298,15 @@ pub fn print_kernels(r: &KernelsReport) {
         r.mlp_flops_per_sample / 1e6,
         r.peak_bound_samples_per_sec,
         100.0 * r.gemm_bound_samples_per_sec / r.peak_bound_samples_per_sec
+    );
+    let peak = r.fma_peak.iter().map(|p| p.gflops).fold(0.0, f64::max);
+    println!(
+        "{} on a {} product that stays in cache: {:.1} GFLOP/s, {:.0}% of the FMA peak (its loops without waiting \
+         on memory)",
+        r.in_cache.kernel,
+        r.in_cache.mnk,
+        r.in_cache.gflops,
+        100.0 * r.in_cache.gflops / peak
     );
     println!(
         "The MLPs in fp32 as training chains their layers on these kernels (forward and backward, epilogues and \
