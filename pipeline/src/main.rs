@@ -1,6 +1,8 @@
 //! The `tiderec` command line.
 
 mod cli;
+#[cfg(test)]
+mod documented_commands;
 
 use anyhow::Context;
 
@@ -17,7 +19,7 @@ use tiderec::settings::range::{self, Range};
 use tiderec::settings::{ConvertFlags, TrainFlags};
 use tiderec::TrainSettings;
 
-/// Copies each `Some` flag over the same key of the settings.
+/// The command line: one subcommand and its flags.
 #[derive(Parser)]
 #[command(name = "tiderec", version, about = "Streaming CTR training on timely dataflow")]
 struct Cli {
