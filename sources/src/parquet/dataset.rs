@@ -351,10 +351,11 @@ impl ParquetDataset {
     }
 
     /// The search for the row group of a byte ([`Self::group_below`]) reads row-group
-    /// statistics: their minimum must be the first position the column holds.
+    /// statistics: their minimum, where they give one, must be the first position the
+    /// column holds.
     fn check_first_line_start(&self, g: usize, first: Option<u64>) -> Result<(), SourceError> {
-        let declared = self.first_line_start(g)?;
-        if declared == first {
+        let declared = self.statistics_min(g);
+        if declared.is_none() || declared == first {
             return Ok(());
         }
         let r = self.groups[g];
@@ -371,19 +372,25 @@ impl ParquetDataset {
     /// The first line start of row group `g`: its statistics' minimum (the column is
     /// non-decreasing), else its first value; `None` for an empty row group.
     fn first_line_start(&self, g: usize) -> Result<Option<u64>, SourceError> {
-        let r = self.groups[g];
-        if r.rows == 0 {
+        if self.groups[g].rows == 0 {
             return Ok(None);
         }
+        match self.statistics_min(g) {
+            Some(min) => Ok(Some(min)),
+            None => Ok(self.line_starts(g, 0..1)?.first().copied()),
+        }
+    }
+
+    /// The minimum of row group `g`'s `_line_start` statistics, where the footer gives
+    /// one (never for an empty row group).
+    fn statistics_min(&self, g: usize) -> Option<u64> {
+        let r = self.groups[g];
         let file = &self.files[r.file];
         let leaf = file.line_start.as_ref().map(|(_, leaf)| *leaf).expect("line sources have the column");
-        let stats = file.meta.metadata().row_group(r.group).column(leaf).statistics();
-        if let Some(parquet::file::statistics::Statistics::Int64(s)) = stats {
-            if let Some(&min) = s.min_opt() {
-                return Ok(Some(min as u64));
-            }
+        match file.meta.metadata().row_group(r.group).column(leaf).statistics() {
+            Some(parquet::file::statistics::Statistics::Int64(s)) if r.rows > 0 => s.min_opt().map(|&min| min as u64),
+            _ => None,
         }
-        Ok(self.line_starts(g, 0..1)?.first().copied())
     }
 
     /// Line starts of rows `rows` of row group `g`. A column that gives fewer rows
