@@ -1634,13 +1634,12 @@ def section_mca(run):
                     f"{r['cycles_per_iteration'] / r['steps_per_iteration']:.2f}",
                     f"{100 * r['share_of_peak']:.0f}%"] for r in shown], right=range(2, 7))
     argv = ["bench", "kernels", "--seconds", str(run.s.kernel_seconds), "--rounds", str(run.s.kernel_rounds), "--json"]
-    rows, in_cache_shapes = [], set()
+    rows = []
     for batch in (128, 2048):
         rounds = run.alternate({"kernels": [run.args.tiderec, *argv, "--rows", str(batch)]})
         peak = statistics.median(max(p["gflops"] for p in r["kernels"]["fma_peak"]) for r in rounds)
         in_cache = statistics.median(r["kernels"]["in_cache"]["gflops"] for r in rounds) / peak
         cached = rounds[0]["kernels"]["in_cache"]
-        in_cache_shapes.add((cached["kernel"], cached["mnk"].replace("x", " × ")))
         for (product, layer), (kernel, gflops, mnk) in product_medians(rounds, "kernels").items():
             if "avx512w" not in kernel:
                 continue
@@ -1652,20 +1651,15 @@ def section_mca(run):
                          "not modelled" if predicted is None else f"{100 * predicted:.0f}%",
                          "" if predicted is None else f"{ratio(measured / predicted)}",
                          f"{100 * in_cache:.0f}%", ratio(measured / in_cache)])
-    if len(in_cache_shapes) != 1:
-        raise Failed(f"the runs of bench kernels timed different in-cache products: {sorted(in_cache_shapes)}")
-    (cached_kernel, cached_mnk), = in_cache_shapes
-    m, n, k = (int(v) for v in cached_mnk.split(" × "))
-    # a, b packed in panels of 16 columns, and c, in f32.
-    footprint = 4 * (m * k + k * -(-n // 16) * 16 + m * n)
+    cached_mnk = cached["mnk"].replace("x", " × ")
     prose = PROSE["mca"].format(cpu=cpu_description(), mcpu=mcpu, llvm=llvm, model=mca_model_sentence(resources),
-                                rounds=run.rounds, in_cache=f"{cached_mnk}, {footprint / 1024:.0f} KB")
+                                rounds=run.rounds, in_cache=f"{cached_mnk}, {cached['bytes'] / 1024:.0f} KB")
     if not rows:
         return (prose,
                 first + "\n\nNo DLRM product runs on the wide kernel on this CPU (it needs AVX-512F).")
     second = table(["rows", "product", "layer", "m × n × k", "chosen kernel", "GFLOP/s (median)",
                     "measured share of the FMA peak", "llvm-mca: the loops' share of the peak",
-                    "measured / predicted", f"`{cached_kernel}` in cache ({cached_mnk}): share of the peak",
+                    "measured / predicted", f"`{cached['kernel']}` in cache ({cached_mnk}): share of the peak",
                     "measured / in cache"], rows, right=(0, 5, 6, 7, 8, 9, 10))
     return prose, first + "\n\n" + second
 

@@ -198,9 +198,16 @@ pub fn measure_amx(seconds: f64, rounds: usize) -> Option<f64> {
 /// The product [`measure_in_cache`] repeats, `m × n × k` as the GEMM reports
 /// write it: 24 rows (one row group of the packed kernels) × 64 columns (four
 /// 16-wide panels) × a depth of 128 (one chunk of the reduction). Its operands,
-/// 12 KB of `a`, 32 KB of packed `b` and 6 KB of `c`, stay in a core's L1 and
-/// L2 caches from call to call.
+/// 12 KB of `a`, 32 KB of packed `b` and 6 KB of `c` ([`IN_CACHE_BYTES`]),
+/// stay in a core's L1 and L2 caches from call to call.
 pub const IN_CACHE_SHAPE: (usize, usize, usize) = (24, 64, 128);
+
+/// Bytes of [`IN_CACHE_SHAPE`]'s operands: `a`, `b` (its 64 columns are four
+/// whole panels, so packing adds no padding) and `c`, in `f32`.
+pub const IN_CACHE_BYTES: usize = {
+    let (m, n, k) = IN_CACHE_SHAPE;
+    4 * (m * k + k * n + m * n)
+};
 
 /// The packed GEMM kernel's rate on a product that stays in cache.
 #[derive(Clone, Copy, Debug)]
@@ -231,9 +238,9 @@ pub fn measure_in_cache(seconds: f64, rounds: usize) -> InCacheRate {
         t.elapsed().as_secs_f64()
     };
     let flops_per_call = 2.0 * (m * n * k) as f64;
-    let rates: Vec<f64> =
-        (0..rounds.max(1)).map(|_| fastest(seconds.max(MIN_SECONDS), 1, flops_per_call, &mut call)).collect();
-    InCacheRate { kernel: PanelKernel::best(), gflops: rates.into_iter().fold(0.0, f64::max) }
+    let gflops = (0..rounds.max(1))
+        .fold(0.0, |best: f64, _| best.max(fastest(seconds.max(MIN_SECONDS), 1, flops_per_call, &mut call)));
+    InCacheRate { kernel: PanelKernel::best(), gflops }
 }
 
 #[cfg(target_arch = "x86_64")]

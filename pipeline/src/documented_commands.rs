@@ -41,26 +41,31 @@ fn documents() -> Vec<PathBuf> {
     files
 }
 
+/// Each line of `text` that is not a fence, with its number and the info
+/// string of the fenced block it stands in (`None` in prose).
+fn lines_in_blocks(text: &str) -> Vec<(usize, &str, Option<&str>)> {
+    let mut block = None;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        match line.trim_start().strip_prefix("```") {
+            Some(info) => block = if block.is_none() { Some(info.trim()) } else { None },
+            None => out.push((i + 1, line, block)),
+        }
+    }
+    out
+}
+
 /// The shell lines of `text`'s fenced `sh`/`bash`/`shell` blocks, continuations
 /// joined, each with its first line's number.
 fn shell_lines(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
-    // Inside a fence: whether its block is a shell's.
-    let mut fence: Option<bool> = None;
     // A line ending in `\`: where it started and the words so far.
     let mut pending: Option<(usize, String)> = None;
-    for (i, line) in text.lines().enumerate() {
-        if let Some(info) = line.trim_start().strip_prefix("```") {
-            fence = match fence {
-                None => Some(matches!(info.trim(), "sh" | "bash" | "shell")),
-                Some(_) => None,
-            };
+    for (number, line, block) in lines_in_blocks(text) {
+        if !matches!(block, Some("sh" | "bash" | "shell")) {
             continue;
         }
-        if fence != Some(true) {
-            continue;
-        }
-        let (start, mut joined) = pending.take().unwrap_or((i + 1, String::new()));
+        let (start, mut joined) = pending.take().unwrap_or((number, String::new()));
         match line.trim_end().strip_suffix('\\') {
             Some(head) => {
                 joined.push_str(head);
@@ -99,7 +104,7 @@ fn commands(line: &str) -> Vec<Vec<String>> {
         if args.contains(&"...") {
             continue;
         }
-        found.push(args.iter().map(|w| w.trim_start_matches('[').trim_end_matches(']').to_string()).collect());
+        found.push(args.iter().map(|w| unbracket(w)).collect());
     }
     found
 }
@@ -115,27 +120,24 @@ fn is_assignment(word: &str) -> bool {
 /// number, cut where an alternative, an ellipsis or a redirection begins.
 fn inline_spans(text: &str) -> Vec<(usize, Vec<String>)> {
     let mut out = Vec::new();
-    let mut fenced = false;
-    for (i, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for (number, line, _) in lines_in_blocks(text).into_iter().filter(|(_, _, block)| block.is_none()) {
         // Between the backticks of `a`b`c`: the odd-numbered pieces are code.
         for code in line.split('`').skip(1).step_by(2) {
             let Some(rest) = code.strip_prefix("tiderec ") else { continue };
-            let words: Vec<String> = rest
+            let words = rest
                 .split_whitespace()
                 .take_while(|w| !w.contains('|') && !w.contains('…') && !w.starts_with('>'))
-                .map(|w| w.trim_start_matches('[').trim_end_matches(']').to_string())
+                .map(unbracket)
                 .collect();
-            out.push((i + 1, words));
+            out.push((number, words));
         }
     }
     out
+}
+
+/// A word of `[--flag value]`, the brackets that mark it optional taken off.
+fn unbracket(word: &str) -> String {
+    word.trim_start_matches('[').trim_end_matches(']').to_string()
 }
 
 fn documented() -> Vec<Documented> {

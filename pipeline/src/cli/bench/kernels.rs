@@ -111,6 +111,8 @@ pub struct InCacheReport {
     pub kernel: String,
     /// `m x n x k` of the product, written as the products write theirs.
     pub mnk: String,
+    /// Bytes of its operands (`a`, packed `b`, `c`).
+    pub bytes: usize,
     /// GFLOP/s of the fastest timed call.
     pub gflops: f64,
 }
@@ -209,6 +211,7 @@ pub fn run_kernels(model: &ModelConfig, rows: usize, seconds: f64, rounds: usize
         in_cache: InCacheReport {
             kernel: Candidate::Packed(in_cache.kernel).name().into(),
             mnk: format!("{m}x{n}x{k}"),
+            bytes: fma_peak::IN_CACHE_BYTES,
             gflops: in_cache.gflops,
         },
         amx_peak_gflops,
