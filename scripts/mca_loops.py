@@ -7,9 +7,11 @@ AVX-512 kernel as the baseline), groups equal loop shapes, and runs each shape's
 body through `llvm-mca` for a CPU model (`-mcpu`, default `sapphirerapids`).
 A loop's shape is its register block: `R` rows of `a` broadcast times `Z`
 vectors of `b` loaded per reduction step, `R·Z` fused multiply-adds per step.
-The prediction assumes every load hits L1, so the gap between it and a product's
-measured share of the FMA peak (`tiderec bench kernels`) is what the memory
-system costs, not the instruction schedule.
+The prediction assumes every load hits L1 and trusts the model's timing of each
+instruction. The gap between it and a product's measured share of the FMA peak
+(`tiderec bench kernels`) is what the memory system costs plus what the model
+does not see of the core; the in-cache rate that `bench kernels` also reports
+(the kernel on operands that never leave the caches) separates the two.
 
 Needs `objdump` and `nm` (binutils) and `llvm-mca` (Debian's `llvm`).
 
