@@ -18,7 +18,7 @@
 //! number of distinct ids grows without bound. Rows held and resident memory
 //! (`/proc/self/statm`) are sampled as the stream goes.
 
-use super::power_law_rank;
+use super::dlrm::power_law_rank;
 use serde::Serialize;
 use std::time::Instant;
 use tiderec::PipelineError;

@@ -1,6 +1,6 @@
 //! The `tiderec bench` subcommands: their flags, and each one's run and report.
 
-use super::{run_dlrm, DlrmBench};
+use super::dlrm::{kaggle_dlrm, run_dlrm, DlrmBench};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use tiderec::settings::range::{self, Range};
@@ -281,7 +281,7 @@ pub(crate) struct DlrmArgs {
     zipf: f64,
 }
 
-fn print_features(r: &super::FeaturesBenchResult) {
+fn print_features(r: &super::features::FeaturesBenchResult) {
     println!(
         "feature kernels: avx2 {}, {} s per measurement x 2, criteo {}",
         r.avx2,
@@ -294,7 +294,7 @@ fn print_features(r: &super::FeaturesBenchResult) {
         "dataset", "records", "B/rec", "fused", "unfused", "str::split", "for_each_token", "fus/unf", "tok/str"
     );
     for p in &r.pipelines {
-        let t = |t: &super::Throughput| format!("{:7.0} {:9.0}", t.mb_per_sec, t.records_per_sec);
+        let t = |t: &super::features::Throughput| format!("{:7.0} {:9.0}", t.mb_per_sec, t.records_per_sec);
         println!(
             "  {:<11} {:>7} {:>8.0} | {} | {} | {} | {} | {:>7.2}x {:>7.2}x",
             p.dataset,
@@ -314,7 +314,7 @@ fn print_features(r: &super::FeaturesBenchResult) {
         "fields", "count", "B/field", "delims", "split_positions", "byte loop", "memchr_iter", "vs byte", "vs memchr"
     );
     for f in &r.field_splits {
-        let t = |t: &super::Throughput| format!("{:7.0} {:10.0}", t.mb_per_sec, t.records_per_sec);
+        let t = |t: &super::features::Throughput| format!("{:7.0} {:10.0}", t.mb_per_sec, t.records_per_sec);
         println!(
             "  {:<19} {:>7} {:>7.1} {:>6.1} | {} | {} | {} | {:>7.2}x {:>8.2}x",
             f.fields,
@@ -349,7 +349,7 @@ fn bench_model(name: &str) -> anyhow::Result<tiderec_operators::nn::ModelConfig>
 /// Runs one `tiderec bench` command and prints its report (text, or one JSON object with `--json`).
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
-        BenchCommand::Dlrm(a) => run_training(super::kaggle_dlrm(), a)?,
+        BenchCommand::Dlrm(a) => run_training(kaggle_dlrm(), a)?,
         BenchCommand::Model(m) => run_training(bench_model(&m.model)?, m.common)?,
         BenchCommand::Serve(a) => {
             let bench = super::serve::ServeBench {
@@ -373,7 +373,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             }
         }
         BenchCommand::Gru(g) => {
-            let r = super::run_gru(g.batch_size, g.steps, g.input, g.hidden, g.seconds);
+            let r = super::gru::run_gru(g.batch_size, g.steps, g.input, g.hidden, g.seconds);
             if g.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -550,7 +550,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             if k.rows == 0 || k.rounds == 0 || !k.seconds.is_finite() || k.seconds <= 0.0 {
                 anyhow::bail!("--rows, --rounds and --seconds must be positive");
             }
-            let model = if k.model == "dlrm" { super::kaggle_dlrm() } else { bench_model(&k.model)? };
+            let model = if k.model == "dlrm" { kaggle_dlrm() } else { bench_model(&k.model)? };
             let r = super::kernels::run_kernels(&model, k.rows, k.seconds, k.rounds);
             if k.json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -559,7 +559,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             }
         }
         BenchCommand::Features(f) => {
-            let r = super::run_features(f.seconds, &f.criteo);
+            let r = super::features::run_features(f.seconds, &f.criteo);
             if f.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
