@@ -3,10 +3,10 @@
 
 Trains, in PyTorch eager mode, the models `tiderec bench` trains, on inputs of
 the same shapes, with the same optimizers and hyper-parameters, and prints
-training samples per second. `scripts/bench_vs_torch.sh` runs it alternated
+training samples per second. `scripts/bench_vs_torch.py` runs it alternated
 with `tiderec bench` and prints the ratio.
 
-What is the same as `tiderec bench` (pipeline/src/cli/bench.rs):
+What is the same as `tiderec bench` (pipeline/src/cli/bench/dlrm.rs):
 
 * dlrm: 26 tables x `--rows` (100,000) rows, dim 16, one id per table per
   sample, 13 dense features; bottom MLP 13-512-256-64-16 with ReLU after
