@@ -29,7 +29,7 @@ struct Documented {
 }
 
 /// The README and every Markdown file of `docs/`.
-fn documents() -> Vec<PathBuf> {
+pub(super) fn documents() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .expect("docs/ is readable")

@@ -3,6 +3,8 @@
 mod cli;
 #[cfg(test)]
 mod documented_commands;
+#[cfg(test)]
+mod documented_paths;
 
 use anyhow::Context;
 
