@@ -89,7 +89,7 @@ impl Layout {
         &self.data[..self.lines() * LINE_PAIRS]
     }
 
-    /// [`used`](Self::used), writable.
+    /// The pairs of the layout's lines, writable.
     fn used_mut(&mut self) -> &mut [u32] {
         let words = self.lines() * LINE_PAIRS;
         &mut self.data[..words]

@@ -16,6 +16,10 @@
 //! so a product of a few dozen columns pays neither the packing of both
 //! operands nor the edge handling that a general GEMM pays on every call.
 //!
+//! Beside this file: `finish` (a block's bias, ReLU, mask and column sums as
+//! it is written), `mm_order` (the backward products in matrixmultiply's
+//! summation order), `wide` and `x86` (the AVX-512 and AVX2 kernels).
+//!
 //! Invariants: a `PackedRhs` built from `b` holds exactly `op(b)`'s values
 //! (padding is zero and never reaches `c`); [`gemm_packed`] writes only the
 //! `m × n` entries of `c`. The oracle is [`gemm_reference`](super::gemm::gemm_reference).
@@ -23,7 +27,6 @@
 use super::aligned::AlignedVec;
 use super::gemm::Op;
 use super::Scalar;
-use std::cell::Cell;
 
 /// Values per vector (one AVX2 register of `f32`); panel widths are multiples of it.
 pub(crate) const LANES: usize = 8;
@@ -131,7 +134,7 @@ impl<T: Scalar> PackedRhs<T> {
 
     /// Packs columns `first .. first + n` of the `k` rows of `b`, rows `ldb`
     /// apart ([`Op::N`]'s packing of a block of a stored matrix: the last
-    /// columns that [`gemm_mm_order_in_place`] cannot read in place).
+    /// columns that [`gemm_mm_order_in_place`](mm_order::gemm_mm_order_in_place) cannot read in place).
     ///
     /// # Panics
     /// When `b` is shorter than its shape requires or `first + n > ldb`.
@@ -228,233 +231,6 @@ pub(crate) fn gemm_packed_finish_with<T: Scalar>(
     let chunk = k.div_ceil(k.max(1).div_ceil(K_CHUNK_MAX)).max(1);
     let operands = (Panels::Packed(b), accumulate, finish);
     gemm_packed_chunks(m, a, lda, 1, operands, c, ldc, chunk, &mut span_product)
-}
-
-/// What a product does to each entry of `c` beside its sum, as the block is
-/// written: a forward's bias and ReLU, a backward's ReLU mask. Kernels that do
-/// not do it in registers get it done around them, panel by panel
-/// ([`finish_around`]), with the same values.
-pub(crate) struct Finish<'a, T> {
-    /// Added to every row in place of `c`'s old values: `c[i][j] = Σ + row[j]`
-    /// (the bias; addition commutes, so this equals writing the bias into `c`
-    /// and accumulating the product onto it).
-    pub row: Option<&'a [T]>,
-    /// Then `c ← max(c, 0)` as [`relu_in_place`](super::relu::relu_in_place) does.
-    pub relu: bool,
-    /// Then `c[i][j] ← c[i][j]·[mask[i·ldc + j] > 0]` as
-    /// [`relu_backward_in_place`](super::relu::relu_backward_in_place) does
-    /// (`mask` laid out as `c`: the ReLU's output below a layer's `dx`).
-    pub mask: Option<&'a [T]>,
-    /// Then each finished row of `c` added to `sums` (`n` values), the rows in
-    /// order: from zero, `sums` ends as the column sums of `c` that
-    /// `for row in c { sums += row }` computes, bit for bit (a `dx`'s column
-    /// sums are the bias gradient of the layer below). The drivers finish the
-    /// rows of every column in increasing order, on the last chunk only.
-    pub sums: Option<&'a [Cell<T>]>,
-}
-
-impl<T> Clone for Finish<'_, T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for Finish<'_, T> {}
-
-impl<'a, T> Finish<'a, T> {
-    /// The plain sum.
-    pub const NONE: Self = Finish { row: None, relu: false, mask: None, sums: None };
-
-    /// What the chunk of the reduction from `k0` to `end` (of `k`) does, for
-    /// the row group starting at row `g` of `c`: the row on the first chunk,
-    /// the ReLU and the mask on the last.
-    fn of_chunk(self, (k0, end, k): (usize, usize, usize), g: usize, ldc: usize) -> Self {
-        let last = end == k;
-        Finish {
-            row: if k0 == 0 { self.row } else { None },
-            relu: last && self.relu,
-            mask: if last { self.mask.map(|mask| &mask[g * ldc..]) } else { None },
-            sums: if last { self.sums } else { None },
-        }
-    }
-}
-
-/// `finish` done on `rows` rows of `width` columns of `c` (rows `ldc` apart),
-/// the block at column `first` of the rows `finish`'s row and mask describe:
-/// before the product (`before`: the row copied in, so the product
-/// accumulates onto it) or after it (the ReLU, the mask).
-fn finish_block<T: Scalar>(
-    before: bool,
-    c: &mut [T],
-    (rows, width, ldc): (usize, usize, usize),
-    first: usize,
-    finish: Finish<'_, T>,
-) {
-    for r in 0..rows {
-        let out = &mut c[r * ldc..r * ldc + width];
-        if before {
-            if let Some(row) = finish.row {
-                out.copy_from_slice(&row[first..first + width]);
-            }
-            continue;
-        }
-        if finish.relu {
-            super::relu::relu_in_place(out);
-        }
-        if let Some(mask) = finish.mask {
-            super::relu::relu_backward_in_place(out, &mask[r * ldc + first..r * ldc + first + width]);
-        }
-        if let Some(sums) = finish.sums {
-            for (sum, &x) in sums[first..first + width].iter().zip(&*out) {
-                sum.set(sum.get() + x);
-            }
-        }
-    }
-}
-
-/// A panel's product on a kernel that writes plain sums, with `finish` done
-/// around it: the row copied into `c` first (then accumulated onto), the ReLU
-/// and mask applied to the block after; the panel starts at column `first`.
-pub(super) fn finish_around<T: Scalar>(
-    mut p: PanelProduct<'_, T>,
-    first: usize,
-    finish: Finish<'_, T>,
-    run: impl FnOnce(PanelProduct<'_, T>),
-) {
-    let c = std::mem::take(&mut p.c);
-    let shape = (p.rows, p.width, p.ldc);
-    if finish.row.is_some() {
-        finish_block(true, c, shape, first, finish);
-        p.accumulate = true;
-    }
-    run(PanelProduct { c: &mut *c, ..p });
-    if finish.relu || finish.mask.is_some() || finish.sums.is_some() {
-        finish_block(false, c, shape, first, finish);
-    }
-}
-
-/// Reduction steps per pass of matrixmultiply's `f32` kernels (its `kc`, 256
-/// unless the crate was built with `MATMUL_SGEMM_KC` set):
-/// [`gemm_mm_order_in_place`] splits the sums where matrixmultiply does.
-pub(crate) const MM_KC: usize = 256;
-
-/// `c[m×n] = op(a) · b` (overwriting `c`) in the summation order of
-/// matrixmultiply's fused multiply-add kernels: every entry is a chain of
-/// fused multiply-adds from zero over each run of [`MM_KC`] reduction steps,
-/// the runs' sums added to `c` in order; then, with a `mask` (laid out as
-/// `c`), each entry zeroed where the mask is not positive, as
-/// [`relu_backward_in_place`](super::relu::relu_backward_in_place) does (a
-/// `dx` passed back through the ReLU below the layer); then, with `sums`,
-/// each finished row added to it, rows in order ([`Finish::sums`]: from
-/// zero, the column sums of `c`). `b` (`k × n`, rows `ldb` apart) is
-/// read where it lies, with no copy (a layer's weight in the backward
-/// `dx = dy·W`, its input in `dW = dyᵀ·x`): every full panel is read in
-/// place; a last panel narrower than its width (`n` not a multiple of eight)
-/// is packed into `tail` (`k` rows of at most 40 values), since reading it in
-/// place would read past the end of `b`. `op(a)` is `m × k`, read where it
-/// lies: row `i`, step `p` at `a[i·lda + p·a_step]` (`lda = k, a_step = 1`
-/// for `a` stored `m × k`; `lda = 1, a_step = m` for `a` stored `k × m`, a
-/// weight gradient's `dyᵀ`).
-///
-/// The results equal `gemm(op, Op::N, …, beta = 0)` bit for bit wherever
-/// matrixmultiply runs an FMA kernel (x86-64 with FMA or AVX-512) and
-/// `m, n > 1` (`tests::mm_order_equals_matrixmultiply_bit_for_bit`).
-///
-/// # Panics
-/// When an operand is shorter than its shape requires, `ldb < n`, or the CPU does not run `kernel`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_mm_order_in_place(
-    kernel: PanelKernel,
-    m: usize,
-    a: &[f32],
-    lda: usize,
-    a_step: usize,
-    (k, n, b, ldb): (usize, usize, &[f32], usize),
-    tail: &mut PackedRhs<f32>,
-    (c, mask, sums): MmOrderCells<'_>,
-    ldc: usize,
-) {
-    assert!(ldb >= n, "gemm_mm_order_in_place: stride {ldb} shorter than a row of {n}");
-    assert!(k == 0 || n == 0 || b.len() >= (k - 1) * ldb + n, "gemm_mm_order_in_place: b too short");
-    let (last_first, last_pw) = panels(n).last().unwrap_or((0, 0));
-    let tail_first = if n - last_first < last_pw {
-        tail.pack_columns(k, last_first, n - last_first, b, ldb);
-        last_first
-    } else {
-        n
-    };
-    let operands = (Panels::InPlace { k, n, b, ldb, tail, tail_first }, false, Finish { mask, sums, ..Finish::NONE });
-    gemm_packed_chunks(m, a, lda, a_step, operands, c, ldc, MM_KC, &mut |s| packed_span_f32_with(kernel, s))
-}
-
-/// What a backward product in matrixmultiply's order writes: `c`, the ReLU
-/// mask laid out as `c` that zeroes it (if any), and where the column sums
-/// of `c` as written are added, rows in order (if anywhere).
-pub type MmOrderOut<'a, T> = (&'a mut [T], Option<&'a [T]>, Option<&'a mut [T]>);
-
-/// [`MmOrderOut`] with the sums as cells, as a [`Finish`] holds them.
-type MmOrderCells<'a> = (&'a mut [f32], Option<&'a [f32]>, Option<&'a [Cell<f32>]>);
-
-/// How a backward product in matrixmultiply's order runs on the packed
-/// kernels: the panel kernel, and whether `b` is read in place or copied a
-/// run at a time (`gemm_mm_order_f32`). Every choice gives the same sums.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MmOrderKernel {
-    /// The panel kernel.
-    pub kernel: PanelKernel,
-    /// Whether `b` is copied into panels a run at a time.
-    pub copy_b: bool,
-}
-
-/// [`gemm_mm_order_in_place`]'s product on `choice.kernel`; with
-/// `choice.copy_b`, `b` is copied into `scratch` one run of [`MM_KC`] rows
-/// at a time (every column of the run, as zero-padded panels) and each run's
-/// panels are read from there: the same chains of fused multiply-adds and the
-/// same adds to `c` as reading `b` in place, so equal bit for bit, and to
-/// matrixmultiply (`tests::mm_order_equals_matrixmultiply_bit_for_bit`).
-///
-/// Reading in place, a 64-column block of `b`'s rows lies on lines one row
-/// stride apart; with a stride of a power of two (a layer 512 wide is 2 KiB) a
-/// run's lines fall into a few sets of the L1 cache and evict each other, so
-/// every step reads `b` from L2. The copied panels are contiguous and stay
-/// in L1; the copy is one pass over `b` per product, worth it where many rows
-/// of `a` reuse each run (DLRM's top MLP at 2,048 rows on a Sapphire Rapids
-/// core, `docs/benchmarks.md`) and not where few do (a `dW` into 64 outputs,
-/// a `dx` at 128 rows): the start-up measurement chooses.
-///
-/// # Panics
-/// As [`gemm_mm_order_in_place`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_mm_order_f32(
-    choice: MmOrderKernel,
-    m: usize,
-    a: &[f32],
-    lda: usize,
-    a_step: usize,
-    (k, n, b, ldb): (usize, usize, &[f32], usize),
-    scratch: &mut PackedRhs<f32>,
-    (c, mask, sums): MmOrderOut<'_, f32>,
-    ldc: usize,
-) {
-    let kernel = choice.kernel;
-    let sums = sums.map(|sums| Cell::from_mut(sums).as_slice_of_cells());
-    if !choice.copy_b || k == 0 {
-        // In place (with no run to copy, the in-place product writes the zeros, the mask and the sums).
-        return gemm_mm_order_in_place(kernel, m, a, lda, a_step, (k, n, b, ldb), scratch, (c, mask, sums), ldc);
-    }
-    assert!(ldb >= n, "gemm_mm_order: stride {ldb} shorter than a row of {n}");
-    assert!(n == 0 || b.len() >= (k - 1) * ldb + n, "gemm_mm_order: b too short");
-    for k0 in (0..k).step_by(MM_KC) {
-        let kc = MM_KC.min(k - k0);
-        scratch.pack_columns(kc, 0, n, &b[k0 * ldb..], ldb);
-        // Each run's chains from zero, added to `c` after the first run; the
-        // mask and the sums on the last, as the in-place product's chunks do.
-        let last = k0 + kc == k;
-        let finish = Finish { mask: mask.filter(|_| last), sums: sums.filter(|_| last), ..Finish::NONE };
-        let a = &a[k0 * a_step..];
-        let operands = (Panels::Packed(scratch), k0 > 0, finish);
-        gemm_packed_chunks(m, a, lda, a_step, operands, &mut *c, ldc, kc, &mut |s| packed_span_f32_with(kernel, s));
-    }
 }
 
 /// The right-hand operand of [`gemm_packed_chunks`]: where each panel's rows are.
@@ -913,7 +689,7 @@ pub(crate) fn packed_span_f32_with(kernel: PanelKernel, span: PanelSpan<'_, f32>
     span.each(|p| run_panel_f32(kernel, p))
 }
 
-/// [`packed_panel_f32_with`] for a kernel known to run here.
+/// One panel's product on `kernel`, which the caller checked this CPU runs.
 #[inline]
 fn run_panel_f32(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
     if kernel == PanelKernel::Portable {
@@ -948,6 +724,14 @@ fn run_panel_f32(kernel: PanelKernel, p: PanelProduct<'_, f32>) {
         }
     }
 }
+
+mod finish;
+mod mm_order;
+
+pub(crate) use finish::Finish;
+use finish::{finish_around, finish_block};
+pub(crate) use mm_order::gemm_mm_order_f32;
+pub use mm_order::{MmOrderKernel, MmOrderOut};
 
 #[cfg(target_arch = "x86_64")]
 mod wide;

@@ -1,6 +1,7 @@
 use super::*;
 use crate::gemm::gemm_reference;
 use proptest::prelude::*;
+use std::cell::Cell;
 
 /// Every seventh index a value a ReLU or its mask treats apart (NaN, ±∞,
 /// ±0, ± denormals, one exactly), else `v`.
