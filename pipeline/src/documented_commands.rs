@@ -28,9 +28,14 @@ struct Documented {
     whole: bool,
 }
 
+/// The repository's root.
+pub(super) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 /// The README and every Markdown file of `docs/`.
 pub(super) fn documents() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = root();
     let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .expect("docs/ is readable")
         .map(|e| e.expect("a docs/ entry").path())

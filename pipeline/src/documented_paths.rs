@@ -7,13 +7,8 @@
 //! extension or a `/` (a directory). Units such as `records/s` and prefixes
 //! such as `gpu/tests/conformance_` end in neither, so they are not paths.
 
-use super::documented_commands::documents;
-use std::path::{Path, PathBuf};
-
-/// The repository's root.
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use super::documented_commands::{documents, root};
+use std::path::PathBuf;
 
 /// The top-level directories a documented path may start with.
 fn top_directories() -> Vec<String> {
