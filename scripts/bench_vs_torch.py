@@ -98,14 +98,22 @@ def run_json(cmd, timeout):
 
 
 def cpu_model():
+    """The first CPU's model name with its family and model numbers, which tell CPU generations apart where a
+    virtual machine shows only the vendor's product line (`AMD EPYC (family 25, model 17)`)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return "unknown"
+    name = fields.get("model name", "unknown")
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def fmt(x):

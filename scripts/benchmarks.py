@@ -20,9 +20,10 @@ script exits with status 1.
 
 With `--only` the output defaults to standard output (a partial document
 never replaces docs/benchmarks.md unless `--output` names it). The sections
-are run in the order of SECTIONS; `--list` prints their names. The `avx2`
-section needs `--baseline-bin` (an older build to compare with; see its prose)
-and is left out of the document without it.
+are run in the order of SECTIONS; `--list` prints their names. Four sections
+compare with an older build named by an option (see their prose), and are left
+out of the document without it: `avx2` needs `--baseline-bin`, `fp32` and
+`fp32-avx2` need `--previous-bin`, `since-wide` needs `--before-wide-bin`.
 
 Reuses `scripts/bench_vs_torch.py` (its commands, JSON runner and alternated
 rounds) for PyTorch and `scripts/gemm_roofline.py` (its `bound`) for the
@@ -411,6 +412,27 @@ DLRM's products with both widths of at least 64 (the bottom MLP's 512→256 firs
 over the rounds of the chosen kernel's GFLOP/s in each build, and the kernel chosen in most
 rounds. Rerun: `python3 scripts/benchmarks.py --only fp32 --previous-bin PATH --splice
 docs/benchmarks.md`.
+""",
+    "since-wide": """\
+## This CPU against the build before the kernels for two-FMA-port cores
+
+Whether the kernels written for cores with two 512-bit FMA ports (Intel Xeon: the wide
+AVX-512 panel kernel, backward operands copied into panels, the AMX products) cost anything
+on this CPU, **{cpu}**. The baseline is the build just before the wide kernel: the parent
+of the commit `git log --grep '^Wide AVX-512 panel kernel'` names, built from its tree in a
+plain directory (`git archive <commit> | tar -x -C DIR`, `cargo build --release -p tiderec`
+there) and passed as `--before-wide-bin DIR/target/release/tiderec`. The two binaries
+alternate, the first of each round rotating, with no cap (every kernel the CPU runs). The
+first table gives each build's GEMM bound (`tiderec bench kernels --rows R`: DLRM's MLP
+products alone, on the kernels each build chooses, one core) as a share of the widest FMA
+peak the same command measures, and DLRM training samples/s (`tiderec bench dlrm
+--batch-size B`); the second gives each of DLRM's products with both widths of at least 64
+(the bottom MLP's 512→256 first) the median over the rounds of the chosen kernel's GFLOP/s;
+the third the other models, and bf16 (`--precision bf16` trains in bf16 in both builds; this
+build's fp32 run alternates in the same rounds). Training runs: {workers} worker(s),
+{warmup} warm-up steps, then {samples:,} samples' worth of timed steps. A ratio below 1 is a
+regression. Rerun: `python3 scripts/benchmarks.py --only since-wide --before-wide-bin PATH
+--splice docs/benchmarks.md`.
 """,
     "fp32-avx2": """\
 ## fp32 kernels on AVX2 against the build before them
@@ -1541,14 +1563,14 @@ def peak_share(k):
     return k["gemm_bound_samples_per_sec"] / k["peak_bound_samples_per_sec"]
 
 
-def kernel_rounds(run, batch, env=()):
+def kernel_rounds(run, batch, before, env=()):
     """Alternated rounds of `bench kernels --rows batch` and `bench dlrm --batch-size batch`, this build
-    (`kernels`, `new`) and `--previous-bin` (`kernels_before`, `old`), each command after `env`."""
+    (`kernels`, `new`) and the binary `before` (`kernels_before`, `old`), each command after `env`."""
     kernels = ["bench", "kernels", "--rows", str(batch), "--seconds", str(run.s.kernel_seconds),
                "--rounds", str(run.s.kernel_rounds), "--json"]
     train = ["bench", "dlrm", "--batch-size", str(batch), "--workers", str(run.args.workers),
              "--steps", str(avx2_steps(run, batch)), "--warmup", str(run.s.warmup), "--json"]
-    this, before = [*env, run.args.tiderec], [*env, run.args.previous_bin]
+    this, before = [*env, run.args.tiderec], [*env, before]
     return run.alternate({"kernels": [*this, *kernels], "kernels_before": [*before, *kernels],
                           "new": [*this, *train], "old": [*before, *train]})
 
@@ -1577,12 +1599,12 @@ def product_medians(rounds, side):
                   ps[0]["mnk"]) for key, ps in found.items()}
 
 
-def kernel_comparison(run, env, peak_name):
-    """This build's fp32 kernels against `--previous-bin`, each command after `env`: the GEMM-bound table
+def kernel_comparison(run, before, env, peak_name):
+    """This build's fp32 kernels against the binary `before`, each command after `env`: the GEMM-bound table
     (share of the FMA peak, DLRM samples/s) and the per-product table (medians over the rounds)."""
     rows, products = [], []
     for batch in (128, 2048):
-        rounds = kernel_rounds(run, batch, env=env)
+        rounds = kernel_rounds(run, batch, before, env=env)
         rows.append(bound_row(batch, rounds))
         peak = statistics.median(max(p["gflops"] for p in r["kernels"]["fma_peak"]) for r in rounds)
         new, old = product_medians(rounds, "kernels"), product_medians(rounds, "kernels_before")
@@ -1668,14 +1690,54 @@ def section_fp32(run):
     """This build's fp32 kernels against `--previous-bin`, every kernel the CPU runs."""
     prose = PROSE["fp32"].format(cpu=cpu_description(), workers=run.args.workers, warmup=run.s.warmup,
                                  samples=run.s.avx2_samples)
-    return prose, kernel_comparison(run, [], "widest")
+    return prose, kernel_comparison(run, run.args.previous_bin, [], "widest")
 
 
 def section_fp32_avx2(run):
     """This build's AVX2 fp32 kernels against `--previous-bin`, both under `TIDEREC_MAX_ISA=avx2`."""
     prose = PROSE["fp32-avx2"].format(cpu=cpu_description(), workers=run.args.workers, warmup=run.s.warmup,
                                       samples=run.s.avx2_samples)
-    return prose, kernel_comparison(run, ["env", "TIDEREC_MAX_ISA=avx2"], "AVX2")
+    return prose, kernel_comparison(run, run.args.previous_bin, ["env", "TIDEREC_MAX_ISA=avx2"], "AVX2")
+
+
+SINCE_WIDE_BENCHES = [("DeepFM", ["model", "--model", "deepfm"], 128, []),
+                      ("DIEN", ["model", "--model", "dien"], 128, []),
+                      ("DLRM", ["dlrm"], 2048, ["--precision", "bf16"])]
+
+
+def section_since_wide(run):
+    """This build against `--before-wide-bin` (the build before the wide AVX-512 kernel), every kernel the CPU runs:
+    the fp32 kernel tables, then other models and bf16 (with this build's fp32 in the same rounds)."""
+    before = run.args.before_wide_bin
+    workers = run.args.workers
+    rows = []
+    has_bf16 = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    for name, bench, batch, precision in SINCE_WIDE_BENCHES:
+        command = f"`tiderec bench {' '.join([*bench, *precision])} --batch-size {batch}`"
+        if precision and not has_bf16:
+            rows.append([name, precision[-1], num(batch), command, "not run: this CPU has neither avx512_bf16 nor AMX",
+                         "", "", "", "", ""])
+            continue
+        argv = ["bench", *bench, "--batch-size", str(batch), "--workers", str(workers),
+                "--steps", str(avx2_steps(run, batch)), "--warmup", str(run.s.warmup), "--json"]
+        sides = {"new": [run.args.tiderec, *argv, *precision], "old": [before, *argv, *precision]}
+        if precision:
+            sides["fp32"] = [run.args.tiderec, *argv]
+        rounds = run.alternate(sides)
+        n, o, r, rs = compare(rounds, "new", "old")
+        vs_fp32 = ""
+        if precision:
+            _, _, f, fs = compare(rounds, "new", "fp32")
+            vs_fp32 = f"**{ratio(f)}** ({span(fs)})"
+        rows.append([name, precision[-1] if precision else "fp32", num(batch), command, num(n), num(o),
+                     f"**{ratio(r)}**", span(rs), vs_fp32, span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
+    prose = PROSE["since-wide"].format(cpu=cpu_description(), workers=workers, warmup=run.s.warmup,
+                                       samples=run.s.avx2_samples)
+    models = table(["model", "precision", "batch", "command", "this build: samples/s (median)",
+                    "build before the wide kernel (baseline)", "this / before", "per round",
+                    "this build: bf16 / fp32, same rounds (per round)", "load (1 min) per round"],
+                   rows, right=(2, 4, 5, 6, 7, 8, 9))
+    return prose, kernel_comparison(run, before, [], "widest") + "\n\n" + models
 
 
 def section_avx2(run):
@@ -1718,6 +1780,7 @@ SECTIONS = [
     ("mca", section_mca),
     ("fp32", section_fp32),
     ("fp32-avx2", section_fp32_avx2),
+    ("since-wide", section_since_wide),
     ("avx2", section_avx2),
 ]
 
@@ -1810,6 +1873,9 @@ def parse_args(argv=None):
     p.add_argument("--previous-bin", default=None,
                    help="the tiderec build before the packed kernels' last change, for the fp32 and fp32-avx2 "
                         "sections (without it, both are left out)")
+    p.add_argument("--before-wide-bin", default=None,
+                   help="the tiderec build before the wide AVX-512 kernel, for the since-wide section (without it, "
+                        "that section is left out)")
     p.add_argument("--splice", default=None, metavar="FILE",
                    help="write each section run into FILE in place of its namesake (appended if FILE has none), "
                         "leaving the rest of FILE as it is")
@@ -1830,12 +1896,13 @@ def parse_args(argv=None):
             p.error("section avx2 needs --baseline-bin (the older binary it compares with)")
         a.sections.remove("avx2")
         print("avx2: left out (no --baseline-bin)", file=sys.stderr)
-    for name in ("fp32", "fp32-avx2"):
-        if a.previous_bin is None and name in a.sections:
+    for name, flag in (("fp32", "previous_bin"), ("fp32-avx2", "previous_bin"), ("since-wide", "before_wide_bin")):
+        option = "--" + flag.replace("_", "-")
+        if getattr(a, flag) is None and name in a.sections:
             if a.only is not None:
-                p.error(f"section {name} needs --previous-bin (the older binary it compares with)")
+                p.error(f"section {name} needs {option} (the older binary it compares with)")
             a.sections.remove(name)
-            print(f"{name}: left out (no --previous-bin)", file=sys.stderr)
+            print(f"{name}: left out (no {option})", file=sys.stderr)
     if "mca" in a.sections and (shutil.which("llvm-mca") is None or shutil.which("objdump") is None):
         if a.only is None:
             a.sections.remove("mca")

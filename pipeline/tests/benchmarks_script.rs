@@ -56,12 +56,15 @@ fn a_quick_section_writes_the_machine_header_and_a_finite_ratio() {
     let Some((run, doc)) = generate(&["--only", "gru"], &out) else { return };
     assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
 
-    // The machine header: the CPU model of /proc/cpuinfo, the extensions, the kernels chosen.
+    // The machine header: the CPU model of /proc/cpuinfo with its family and model
+    // numbers, the extensions, the kernels chosen.
     assert!(doc.starts_with("# Benchmarks\n"), "{doc}");
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|c| {
-        c.lines().find(|l| l.starts_with("model name")).map(|l| l.split_once(':').unwrap().1.trim().to_owned())
-    });
-    if let Some(cpu) = cpu {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == name).map(|(_, v)| v.trim()))
+    };
+    if let (Some(name), Some(family), Some(model)) = (field("model name"), field("cpu family"), field("model")) {
+        let cpu = format!("{name} (family {family}, model {model})");
         assert!(doc.contains(&format!("| CPU | {cpu}, ")), "CPU `{cpu}` missing from the header:\n{doc}");
     }
     for row in ["| vector extensions | avx2 ", "| tiderec | ", "| load average (1 min) | ", "| rounds | 1"] {
@@ -156,13 +159,13 @@ fn the_avx2_section_needs_a_baseline_binary() {
     assert_refused_without("avx2", "--baseline-bin");
 }
 
-/// `section`, a comparison with `--previous-bin`, run against this same binary
-/// (`None` where it cannot run); it must exit 0.
-fn against_this_binary(section: &str) -> Option<String> {
+/// `section`, a comparison with the older build `flag` names, run against this
+/// same binary (`None` where it cannot run); it must exit 0.
+fn against_this_binary(section: &str, flag: &str) -> Option<String> {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("benchmarks.md");
     let bin = binary();
-    let (run, doc) = generate(&["--only", section, "--previous-bin", bin.to_str().unwrap()], &out)?;
+    let (run, doc) = generate(&["--only", section, flag, bin.to_str().unwrap()], &out)?;
     assert!(run.status.success(), "exit {:?}; stderr: {}\n{doc}", run.status, String::from_utf8_lossy(&run.stderr));
     Some(doc)
 }
@@ -188,7 +191,7 @@ fn assert_gemm_bound_rows(doc: &str, column: &str) {
 /// product at both batches with each build's kernel and a finite ratio.
 #[test]
 fn the_fp32_section_compares_the_gemm_bound_with_the_fma_peak() {
-    let Some(doc) = against_this_binary("fp32") else { return };
+    let Some(doc) = against_this_binary("fp32", "--previous-bin") else { return };
     assert!(doc.contains("## fp32 kernels on AVX-512 against the build before them"), "{doc}");
     assert_gemm_bound_rows(&doc, "share of the widest FMA peak");
     assert_product_rows(&doc, "dW");
@@ -201,10 +204,49 @@ fn the_fp32_section_compares_the_gemm_bound_with_the_fma_peak() {
 /// a finite ratio.
 #[test]
 fn the_fp32_avx2_section_compares_both_builds_under_the_cap() {
-    let Some(doc) = against_this_binary("fp32-avx2") else { return };
+    let Some(doc) = against_this_binary("fp32-avx2", "--previous-bin") else { return };
     assert!(doc.contains("## fp32 kernels on AVX2 against the build before them"), "{doc}");
     assert_gemm_bound_rows(&doc, "share of the AVX2 FMA peak");
     assert_product_rows(&doc, "forward");
+}
+
+/// Everything since the wide kernel, against this same binary: the GEMM-bound
+/// and per-product tables of the fp32 comparison, then DeepFM and DIEN in fp32
+/// and DLRM in bf16, each with a finite ratio; the bf16 row also gives bf16
+/// against fp32, or says it was not run where the CPU has no bf16 products.
+#[test]
+fn the_since_wide_section_compares_every_model_with_the_build_before_the_wide_kernel() {
+    let Some(doc) = against_this_binary("since-wide", "--before-wide-bin") else { return };
+    assert!(doc.contains("## This CPU against the build before the kernels for two-FMA-port cores"), "{doc}");
+    assert_gemm_bound_rows(&doc, "share of the widest FMA peak");
+    assert_product_rows(&doc, "forward");
+    let (header, rows) = table_rows(&doc, "build before the wide kernel (baseline)");
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no `{name}`: {header:?}"));
+    let models: Vec<(&str, &str)> = rows.iter().map(|r| (r[0], r[col("precision")])).collect();
+    assert_eq!(models, [("DeepFM", "fp32"), ("DIEN", "fp32"), ("DLRM", "bf16")], "{doc}");
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let has_bf16 = flags.contains(" avx512_bf16") || flags.contains(" amx_bf16");
+    for row in &rows {
+        let vs_fp32 = row[col("this build: bf16 / fp32, same rounds (per round)")];
+        if row[1] == "bf16" && !has_bf16 {
+            assert!(row[col("this build: samples/s (median)")].starts_with("not run"), "{row:?}");
+            continue;
+        }
+        let ratio = number(row[col("this / before")]);
+        assert!(ratio.is_finite() && ratio > 0.0, "{row:?}");
+        if row[1] == "bf16" {
+            let bf16_vs_fp32 = number(vs_fp32.split(' ').next().unwrap());
+            assert!(bf16_vs_fp32.is_finite() && bf16_vs_fp32 > 0.0, "{row:?}");
+        } else {
+            assert!(vs_fp32.is_empty(), "{row:?}");
+        }
+    }
+}
+
+/// Without `--before-wide-bin` the section is refused when asked for by name.
+#[test]
+fn the_since_wide_section_needs_the_build_before_the_wide_kernel() {
+    assert_refused_without("since-wide", "--before-wide-bin");
 }
 
 /// The per-product table of a comparison with an older build: `product` of the
