@@ -422,7 +422,7 @@ on this CPU, **{cpu}**. The baseline is the build just before the wide kernel: t
 of the commit `git log --grep '^Wide AVX-512 panel kernel'` names, built from its tree in a
 plain directory (`git archive <commit> | tar -x -C DIR`, `cargo build --release -p tiderec`
 there) and passed as `--before-wide-bin DIR/target/release/tiderec`. The two binaries
-alternate, the first of each round rotating, with no cap (every kernel the CPU runs). The
+alternate over {rounds} rounds, the first of each rotating, with no cap (every kernel the CPU runs). The
 first table gives each build's GEMM bound (`tiderec bench kernels --rows R`: DLRM's MLP
 products alone, on the kernels each build chooses, one core) as a share of the widest FMA
 peak the same command measures, and DLRM training samples/s (`tiderec bench dlrm
@@ -1732,7 +1732,7 @@ def section_since_wide(run):
         rows.append([name, precision[-1] if precision else "fp32", num(batch), command, num(n), num(o),
                      f"**{ratio(r)}**", span(rs), vs_fp32, span([x["load"] for x in rounds], lambda v: f"{v:.1f}")])
     prose = PROSE["since-wide"].format(cpu=cpu_description(), workers=workers, warmup=run.s.warmup,
-                                       samples=run.s.avx2_samples)
+                                       samples=run.s.avx2_samples, rounds=run.rounds)
     models = table(["model", "precision", "batch", "command", "this build: samples/s (median)",
                     "build before the wide kernel (baseline)", "this / before", "per round",
                     "this build: bf16 / fp32, same rounds (per round)", "load (1 min) per round"],
