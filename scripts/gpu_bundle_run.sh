@@ -10,8 +10,8 @@
 # dlrm-16384-bf16" (default: all).
 # TESTS (environment): which test executables of steps 1 and 2 to run, by
 # name (default: all); WORKERS_FILTER runs only the GPU-worker tests whose names hold it.
-# PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, HOTROWS=0 step 3d, CPU=0 step 3b,
-# SCALING=0 step 4.
+# PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, HOTROWS=0 step 3d, GRAPHS=0 step 3e,
+# CPU=0 step 3b, SCALING=0 step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -22,6 +22,7 @@
 #   3c. tf32 and bf16 on the GPU: DLRM against PyTorch's, and the AUC of each
 #      precision on the Criteo sample (when the bundle holds it) and on synthetic data;
 #   3d. DLRM on Zipf-skewed ids, hot rows split against summed by one warp;
+#   3e. DLRM with each training step replayed as a CUDA graph against launched kernel by kernel;
 #   3b. the host CPU against PyTorch at one thread, DLRM at 2,048, fp32 and bf16
 #      (PyTorch's bf16 autocast runs on AMX where the CPU has it; CPU=0 skips it);
 #   4. if the budget allows, the CPU scaling section of benchmarks.py, W = 1..16.
@@ -234,6 +235,26 @@ else
             done
         done
         say "dlrm batch $b, zipf 1.1 (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --hot-rows "$OUT" $b 2>&1 | head -1)"
+    done
+fi
+
+# ---- 3e. CUDA graphs: a step replayed as one graph, or launched kernel by kernel --
+# DLRM on uniform ids, one device-resident worker, TIDEREC_GPU_GRAPHS=on against off (the
+# default), alternated, GRAPH_ROUNDS rounds (default 2). GRAPHS=0 skips it.
+if [ "${GRAPHS:-1}" = 0 ]; then
+    say "== 3e. CUDA graphs skipped: GRAPHS=0"
+else
+    say "== 3e. CUDA graphs, on against off ($(elapsed) s)"
+    for b in 2048 16384; do
+        for round in $(seq 1 "${GRAPH_ROUNDS:-2}"); do
+            for mode in on off; do
+                [ "$(left)" -lt 40 ] && break 3
+                TIDEREC_GPU_GRAPHS=$mode timeout -k 5 60 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b \
+                    --steps $((1600000 / b)) --warmup 5 --json \
+                    >"$OUT/graphs-dlrm-$b-$mode-$round.json" 2>"$OUT/graphs-dlrm-$b-$mode-$round.err" || FAILED=1
+            done
+        done
+        say "dlrm batch $b (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --graphs "$OUT" $b 2>&1 | head -1)"
     done
 fi
 

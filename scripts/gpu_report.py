@@ -8,7 +8,7 @@ Several OUTDIRs (calls of `run` on one machine, e.g. with different `BENCHES`) a
 order; a file present in more than one is taken from the last. Reads `machine.txt`,
 `test-*.log` (run with `--nocapture`, so the passing tests' printed figures are there),
 `bench-*.md` (from `scripts/bench_vs_torch.py`) and `stages-dlrm-*.json` (`tiderec bench
-dlrm --json`), `hotrows-dlrm-*.json` (the same with `--zipf`), `auc-*.json` (`tiderec train --metrics-json`). Prints nothing it did not find in the logs, except the published fp32 peak
+dlrm --json`), `hotrows-dlrm-*.json` (the same with `--zipf`), `graphs-dlrm-*.json` (with and without CUDA graphs), `auc-*.json` (`tiderec train --metrics-json`). Prints nothing it did not find in the logs, except the published fp32 peak
 of the GPU named in the GEMM bound, which it says is published, not measured.
 """
 
@@ -48,7 +48,7 @@ def runs(dirs, found):
     rows = []
     for k, d in enumerate(dirs, 1):
         used = sorted(n for n, p in found.items() if os.path.dirname(p) == d and
-                      re.match(r"(test-|bench-|stages-|phases-|ncu-|hotrows-).*\.(log|md|json|csv)$", n))
+                      re.match(r"(test-|bench-|stages-|phases-|ncu-|hotrows-|graphs-).*\.(log|md|json|csv)$", n))
         if used:
             same = build(d) is not None and build(d) == last
             rows.append([f"{k}", "the last call's" if same else "an earlier one", ", ".join(f"`{u}`" for u in used)])
@@ -205,13 +205,15 @@ def phases(found):
     return rows
 
 
-def hot_rows(found):
-    """[batch, zipf, split samples/s, one-warp samples/s, split / one-warp, rounds] from
-    `hotrows-dlrm-BATCH-MODE-ROUND.json`, medians over the rounds."""
+def alternated(found, prefix, modes):
+    """[batch, zipf, A samples/s, B samples/s, A / B, rounds] from `PREFIX-dlrm-BATCH-MODE-ROUND.json`
+    for the two `modes` (A, B), medians over the rounds both ran; each row ends with the parsed runs of
+    mode A (a dict by round), which the caller drops or reads."""
     import statistics
     runs = {}
+    pattern = re.compile(rf"{re.escape(prefix)}-dlrm-(\d+)-({'|'.join(map(re.escape, modes))})-(\d+)\.json$")
     for name in found:
-        m = re.match(r"hotrows-dlrm-(\d+)-(split|one-warp)-(\d+)\.json$", name)
+        m = pattern.match(name)
         if not m:
             continue
         try:
@@ -220,15 +222,35 @@ def hot_rows(found):
             continue
         runs.setdefault(int(m.group(1)), {}).setdefault(m.group(2), {})[int(m.group(3))] = d
     rows = []
-    for batch, modes in sorted(runs.items()):
-        split, serial = modes.get("split", {}), modes.get("one-warp", {})
-        paired = sorted(set(split) & set(serial))
+    for batch, by_mode in sorted(runs.items()):
+        a, b = by_mode.get(modes[0], {}), by_mode.get(modes[1], {})
+        paired = sorted(set(a) & set(b))
         if not paired:
             continue
-        ratios = [split[r]["samples_per_sec"] / serial[r]["samples_per_sec"] for r in paired]
+        ratios = [a[r]["samples_per_sec"] / b[r]["samples_per_sec"] for r in paired]
         med = lambda side: statistics.median(side[r]["samples_per_sec"] for r in paired)
-        rows.append([f"{batch:,}", f"{split[paired[0]].get('zipf', 0):g}", f"{med(split):,.0f}", f"{med(serial):,.0f}",
-                     f"**{statistics.median(ratios):.2f}×** ({min(ratios):.2f}–{max(ratios):.2f})", f"{len(paired)}"])
+        rows.append([f"{batch:,}", f"{a[paired[0]].get('zipf', 0):g}", f"{med(a):,.0f}", f"{med(b):,.0f}",
+                     f"**{statistics.median(ratios):.2f}×** ({min(ratios):.2f}–{max(ratios):.2f})", f"{len(paired)}",
+                     {r: a[r] for r in paired}])
+    return rows
+
+
+def hot_rows(found):
+    """[batch, zipf, split samples/s, one-warp samples/s, split / one-warp, rounds] from
+    `hotrows-dlrm-BATCH-MODE-ROUND.json`, medians over the rounds."""
+    return [r[:-1] for r in alternated(found, "hotrows", ("split", "one-warp"))]
+
+
+def graph_rows(found):
+    """[batch, graphs samples/s, launches samples/s, graphs / launches, rounds, graph steps] from
+    `graphs-dlrm-BATCH-MODE-ROUND.json` (MODE `on` or `off`), medians over the rounds; the last column
+    gives the graphs the first `on` run captured and the steps it ran as graphs, warm-up included."""
+    rows = []
+    for r in alternated(found, "graphs", ("on", "off")):
+        first = next(iter(r[-1].values()))
+        counts = first.get("cuda_graphs") or {}
+        rows.append([r[0]] + r[2:6] + [f"{counts.get('captured', 0)} captured, {counts.get('replayed', 0)} steps "
+                                       f"replayed (of {first.get('steps', 0)} timed and the warm-up)"])
     return rows
 
 
@@ -263,6 +285,11 @@ def main(argv):
     if argv[:1] == ["--hot-rows"]:
         rows = [r for r in hot_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
         print(f"split {rows[0][2]}, one warp {rows[0][3]}, split / one warp {rows[0][4]}" if rows else "no result")
+        return
+    if argv[:1] == ["--graphs"]:
+        rows = [r for r in graph_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
+        print(f"graphs {rows[0][1]}, launches {rows[0][2]}, graphs / launches {rows[0][3]}; {rows[0][5]}"
+              if rows else "no result")
         return
     if not argv or any(not os.path.isdir(d) for d in argv):
         sys.exit("usage: gpu_report.py OUTDIR [OUTDIR ...] (folders written by the bundle's `run`)")
@@ -367,6 +394,15 @@ def main(argv):
               "(`TIDEREC_GPU_HOT_ROWS=one-warp`), alternated; medians over the rounds.\n")
         print(table(["batch", "zipf", "split samples/s", "one warp samples/s", "split / one warp", "rounds"], hot)
               + "\n")
+    graphs = graph_rows(found)
+    if graphs:
+        print("## CUDA graphs: a training step replayed as one graph against launched kernel by kernel\n")
+        print("`tiderec bench dlrm --device cuda:0 --json`, one device-resident worker, uniform ids, with "
+              "`TIDEREC_GPU_GRAPHS=on` (each staging slot's step captured once per batch shape, then replayed) "
+              "against `off` (the default: the step's kernels launched one by one), alternated; medians over "
+              "the rounds. Both give the same steps bit for bit (`graph_steps_equal_launched_steps_bit_for_bit`).\n")
+        print(table(["batch", "graphs samples/s", "launches samples/s", "graphs / launches", "rounds",
+                     "graphs used"], graphs) + "\n")
     ph = phases(found)
     if ph:
         print("## Where a device-resident worker's step goes\n")

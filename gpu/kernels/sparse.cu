@@ -147,14 +147,17 @@ __device__ void update_by_warp(const unsigned int* sorted_pos, const float* grad
 }
 
 // Nothing is updated while skip[0] is not zero (the step's loss was not finite).
-extern "C" __global__ void sparse_update_rows(const unsigned int* skip, const unsigned int* sorted_rows,
-                                              const unsigned int* sorted_pos, unsigned int num_entries,
-                                              const float* grads, const float* partial, unsigned int dim,
-                                              unsigned int chunk, unsigned int split_min, float scale, int kind,
-                                              float lr, float eps, unsigned int num_rows, float* rows,
+// The learning rate is read from `hyper[0]` (written by `write_scalars` before
+// the update is queued, so a captured CUDA graph replays with each step's rate).
+extern "C" __global__ void sparse_update_rows(const unsigned int* skip, const float* hyper,
+                                              const unsigned int* sorted_rows, const unsigned int* sorted_pos,
+                                              unsigned int num_entries, const float* grads, const float* partial,
+                                              unsigned int dim, unsigned int chunk, unsigned int split_min,
+                                              float scale, int kind, float eps, unsigned int num_rows, float* rows,
                                               float* state) {
     extern __shared__ float sums[];
     if (skip[0] != 0u) return;
+    const float lr = hyper[0];
     const unsigned int lane = threadIdx.x & 31;
     float* g = sums + (unsigned long long)(threadIdx.x >> 5) * dim;
     // The warp's first sorted position (the same in every lane, so whole warps leave).

@@ -7,6 +7,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use tiderec_operators::nn::Precision;
 
@@ -105,6 +106,13 @@ pub struct Device {
     /// A word that stays zero: the skip flag of updates nothing may skip
     /// (`sparse_update_rows` and the dense optimizers take one).
     pub(crate) never: Arc<CudaSlice<u32>>,
+    /// Device buffers allocated so far through this device and its clones: a
+    /// CUDA graph captured before the count last changed may name a buffer
+    /// since freed (see [`allocations`](Device::allocations)).
+    allocations: Arc<AtomicU64>,
+    /// The cuBLAS handle's own workspace, set before a CUDA graph is captured
+    /// ([`fix_blas_workspace`](Device::fix_blas_workspace)).
+    blas_workspace: Arc<Mutex<Option<CudaSlice<u8>>>>,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: Arc<CudaBlas>,
     pub(crate) kernels: Arc<Kernels>,
@@ -175,6 +183,8 @@ impl Device {
             staging: Arc::default(),
             reduce_scratch: Arc::default(),
             never: Arc::new(never),
+            allocations: Arc::default(),
+            blas_workspace: Arc::default(),
             stream,
             blas: Arc::new(blas),
             kernels,
@@ -204,7 +214,7 @@ impl Device {
         unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
             .result()
             .map_err(GpuError::blas("setting the math mode"))?;
-        Ok(Device { precision, blas: Arc::new(blas), staging: Arc::default(), ..self })
+        Ok(Device { precision, blas: Arc::new(blas), staging: Arc::default(), blas_workspace: Arc::default(), ..self })
     }
 
     /// The precision of the device's GEMMs (see [`with_precision`](Self::with_precision)).
@@ -254,7 +264,37 @@ impl Device {
 
     /// A zeroed device buffer of `len` values (at least one, as in [`upload`](Self::upload)).
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>, GpuError> {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
         self.stream.alloc_zeros::<T>(len.max(1)).map_err(GpuError::driver("allocating device memory"))
+    }
+
+    /// How many device buffers this device and its clones have allocated.
+    /// Every buffer of this crate is allocated through [`zeros`](Self::zeros),
+    /// so while the count stays the same no buffer was replaced, and a CUDA
+    /// graph captured since still names live buffers.
+    pub(crate) fn allocations(&self) -> u64 {
+        self.allocations.load(Ordering::Relaxed)
+    }
+
+    /// Gives the cuBLAS handle a workspace of its own (once), so a GEMM
+    /// captured in a CUDA graph uses memory this device owns and allocates
+    /// nothing while the stream captures.
+    pub(crate) fn fix_blas_workspace(&self) -> Result<(), GpuError> {
+        /// cuBLAS's recommended workspace on Hopper, more than enough elsewhere.
+        const BYTES: usize = 32 << 20;
+        let mut slot = self.blas_workspace.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return Ok(());
+        }
+        let buf = self.zeros::<u8>(BYTES)?;
+        let ptr = cudarc::driver::DevicePtr::device_ptr(&buf, &self.stream).0;
+        // SAFETY: the handle is valid and used on this device's stream only; the
+        // buffer holds BYTES bytes and lives as long as the handle (kept beside it).
+        unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*self.blas.handle(), ptr as *mut std::ffi::c_void, BYTES) }
+            .result()
+            .map_err(GpuError::blas("setting the cuBLAS workspace"))?;
+        *slot = Some(buf);
+        Ok(())
     }
 
     /// `slot` holding at least `len` values: a zeroed buffer when it is empty or

@@ -78,7 +78,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "optim.cu",
         source: include_str!("../kernels/optim.cu"),
-        functions: &["sgd_update", "adagrad_update", "adam_update"],
+        functions: &["write_scalars", "sgd_update", "adagrad_update", "adam_update"],
     },
     KernelSource {
         file: "loss.cu",

@@ -2,6 +2,16 @@
 //! `tiderec_operators::optim::DenseOptimizer`: the same update rules,
 //! epsilons, initial accumulator and Adam bias correction (computed on the
 //! host in fp32 exactly as the CPU computes it), one elementwise kernel per step.
+//!
+//! ## Invariants
+//!
+//! * **What changes per step is in device memory.** The learning rate (a
+//!   schedule's value) and Adam's bias corrections are written to a small
+//!   device buffer by one launch (`DenseOptimizer::stage_step`) before the
+//!   update that reads them is queued (`DenseOptimizer::queue_update`); every
+//!   other argument of the update is fixed for a slice. So the update can be
+//!   captured once in a CUDA graph and replayed step after step, each replay
+//!   reading the values staged for its step.
 
 use crate::check::{self, grid_for};
 use crate::{Device, GpuError};
@@ -52,6 +62,8 @@ pub struct DenseOptimizer {
     m: Option<CudaSlice<f32>>,
     v: Option<CudaSlice<f32>>,
     t: u64,
+    /// The next update's per-step values (see the module docs).
+    hyper: CudaSlice<f32>,
 }
 
 impl DenseOptimizer {
@@ -63,7 +75,7 @@ impl DenseOptimizer {
             DenseKind::Adagrad => (None, Some(dev.upload(&vec![hp.initial_accumulator; len])?)),
             DenseKind::Adam => (Some(dev.zeros(len)?), Some(dev.zeros(len)?)),
         };
-        Ok(DenseOptimizer { kind, hp, len, m, v, t: 0 })
+        Ok(DenseOptimizer { kind, hp, len, m, v, t: 0, hyper: dev.zeros(2)? })
     }
 
     /// Continues from a host optimizer's `state` over all `state.len` parameters
@@ -78,6 +90,7 @@ impl DenseOptimizer {
             m: some(&state.m)?,
             v: some(&state.v)?,
             t: state.t,
+            hyper: dev.zeros(2)?,
         })
     }
 
@@ -147,42 +160,73 @@ impl DenseOptimizer {
         scale: f32,
         skip: Option<&CudaSlice<u32>>,
     ) -> Result<(), GpuError> {
+        self.stage_step(dev)?;
+        self.queue_update(dev, params, grads, scale, skip)
+    }
+
+    /// Counts the next update and queues the write of its per-step values
+    /// (the learning rate set last, Adam's bias corrections for the new count)
+    /// into the device buffer [`queue_update`](Self::queue_update) reads.
+    pub(crate) fn stage_step(&mut self, dev: &Device) -> Result<(), GpuError> {
+        self.t += 1;
+        let DenseHyper { lr, beta1, beta2, .. } = self.hp;
+        let values = match self.kind {
+            DenseKind::Sgd | DenseKind::Adagrad => [lr, 0.0],
+            DenseKind::Adam => {
+                // The CPU's bias correction, in fp32, term for term.
+                let t = self.t.min(i32::MAX as u64) as i32;
+                let bc1 = 1.0 - beta1.powi(t);
+                let bc2 = 1.0 - beta2.powi(t);
+                [lr / bc1, bc2.sqrt()]
+            }
+        };
+        write_scalars(dev, &mut self.hyper, values)
+    }
+
+    /// Queues the update of the first `len` values of `params` from the
+    /// gradient `scale · grads` with the values [`stage_step`](Self::stage_step)
+    /// wrote last; skipped by the device while `skip[0]` is not zero. Its
+    /// launch depends only on the buffers, `scale` and the hyper-parameters
+    /// that stay fixed, so it may be captured in a CUDA graph.
+    pub(crate) fn queue_update(
+        &self,
+        dev: &Device,
+        params: &mut CudaSlice<f32>,
+        grads: &CudaSlice<f32>,
+        scale: f32,
+        skip: Option<&CudaSlice<u32>>,
+    ) -> Result<(), GpuError> {
         const OP: &str = "dense optimizer";
         let skip = skip.unwrap_or(&dev.never);
         let n = self.len;
         check::len(OP, "params", params, n, || format!("a slice of {n}"))?;
         check::len(OP, "grads", grads, n, || format!("a slice of {n}"))?;
-        self.t += 1;
         if n == 0 {
             return Ok(());
         }
         let n64 = n as u64;
-        let DenseHyper { lr, beta1, beta2, eps, .. } = self.hp;
+        let DenseHyper { beta1, beta2, eps, .. } = self.hp;
+        let hyper = &self.hyper;
         let cfg = grid_for(n);
-        match (self.kind, self.m.as_mut(), self.v.as_mut()) {
+        match (self.kind, self.m.as_ref(), self.v.as_ref()) {
             (DenseKind::Sgd, _, _) => {
                 let mut launch = dev.stream.launch_builder(dev.function("sgd_update"));
-                launch.arg(skip).arg(params).arg(grads).arg(&n64).arg(&lr).arg(&scale);
-                // SAFETY: both buffers hold at least n values, `skip` one word.
+                launch.arg(skip).arg(hyper).arg(params).arg(grads).arg(&n64).arg(&scale);
+                // SAFETY: both buffers hold at least n values, `skip` one word, `hyper` two.
                 unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching sgd_update"))?;
             }
             (DenseKind::Adagrad, _, Some(v)) => {
                 let mut launch = dev.stream.launch_builder(dev.function("adagrad_update"));
-                launch.arg(skip).arg(params).arg(grads).arg(v).arg(&n64).arg(&lr).arg(&eps).arg(&scale);
-                // SAFETY: the three buffers hold at least n values, `skip` one word.
+                launch.arg(skip).arg(hyper).arg(params).arg(grads).arg(v).arg(&n64).arg(&eps).arg(&scale);
+                // SAFETY: the three buffers hold at least n values, `skip` one word, `hyper` two.
                 unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching adagrad_update"))?;
             }
             (DenseKind::Adam, Some(m), Some(v)) => {
-                // The CPU's bias correction, in fp32, term for term.
-                let t = self.t.min(i32::MAX as u64) as i32;
-                let bc1 = 1.0 - beta1.powi(t);
-                let bc2 = 1.0 - beta2.powi(t);
-                let step = lr / bc1;
-                let bc2_sqrt = bc2.sqrt();
                 let (omb1, omb2) = (1.0 - beta1, 1.0 - beta2);
                 let mut launch = dev.stream.launch_builder(dev.function("adam_update"));
                 launch
                     .arg(skip)
+                    .arg(hyper)
                     .arg(params)
                     .arg(grads)
                     .arg(m)
@@ -192,15 +236,25 @@ impl DenseOptimizer {
                     .arg(&beta2)
                     .arg(&omb1)
                     .arg(&omb2)
-                    .arg(&step)
-                    .arg(&bc2_sqrt)
                     .arg(&eps)
                     .arg(&scale);
-                // SAFETY: the four buffers hold at least n values, `skip` one word.
+                // SAFETY: the four buffers hold at least n values, `skip` one word, `hyper` two.
                 unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching adam_update"))?;
             }
             _ => return Err(GpuError::shape(OP, "optimizer state missing for its kind")),
         }
         Ok(())
     }
+}
+
+/// Queues the write of `values` into the first two values of `out` (at least
+/// two long) on the device's stream: the per-step values an update reads.
+pub(crate) fn write_scalars(dev: &Device, out: &mut CudaSlice<f32>, [a, b]: [f32; 2]) -> Result<(), GpuError> {
+    check::len("step values", "out", out, 2, || "two values".into())?;
+    let mut launch = dev.stream.launch_builder(dev.function("write_scalars"));
+    launch.arg(out).arg(&a).arg(&b);
+    let one = cudarc::driver::LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: `out` holds at least two values (checked); one thread writes them.
+    unsafe { launch.launch(one) }.map_err(GpuError::driver("launching write_scalars"))?;
+    Ok(())
 }

@@ -14,6 +14,11 @@
 //! warp. That order is fixed by the sorted positions, so it does not change
 //! between runs, but it is not the CPU's (the two agree to rounding).
 //! No atomics touch a value, so a step gives the same table on every run.
+//!
+//! The learning rate, a schedule's value that changes from step to step, is
+//! written to device memory before the update is queued
+//! (`RowTable::stage_rule`, then the queued update reads it), so the queued
+//! update can be captured in a CUDA graph and replayed with each step's rate.
 
 use crate::check;
 use crate::sort::{check_below, sort_keys_with, SortScratch};
@@ -84,6 +89,10 @@ pub struct RowTable {
     hot_rows: HotRows,
     /// The whole chunks' sums of hot rows (`entries / CHUNK × dim`), kept from step to step.
     partial: Option<CudaSlice<f32>>,
+    /// The rule of the next update ([`stage_rule`](Self::stage_rule)); its
+    /// learning rate is in `lr`, on the device.
+    rule: Option<SparseRule>,
+    lr: CudaSlice<f32>,
 }
 
 impl RowTable {
@@ -105,6 +114,8 @@ impl RowTable {
             sort: SortScratch::default(),
             hot_rows: HotRows::default(),
             partial: None,
+            rule: None,
+            lr: dev.zeros(2)?,
         })
     }
 
@@ -155,6 +166,34 @@ impl RowTable {
         &mut self,
         dev: &Device,
         rule: SparseRule,
+        step: (&CudaSlice<u32>, &CudaSlice<f32>, usize),
+        scale: f32,
+        skip: Option<&CudaSlice<u32>>,
+    ) -> Result<(), GpuError> {
+        self.stage_rule(dev, rule)?;
+        self.queue_in_range(dev, step, scale, skip)
+    }
+
+    /// Sets the rule of the next update and queues the write of its learning
+    /// rate to the device, where [`queue_in_range`](Self::queue_in_range)'s
+    /// kernel reads it.
+    pub(crate) fn stage_rule(&mut self, dev: &Device, rule: SparseRule) -> Result<(), GpuError> {
+        let lr = match rule {
+            SparseRule::Sgd { lr } | SparseRule::RowwiseAdagrad { lr, .. } => lr,
+        };
+        crate::optim::write_scalars(dev, &mut self.lr, [lr, 0.0])?;
+        self.rule = Some(rule);
+        Ok(())
+    }
+
+    /// Queues [`apply_in_range`](Self::apply_in_range)'s update under the rule
+    /// [`stage_rule`](Self::stage_rule) set, reading the learning rate it wrote
+    /// from the device: the launches depend only on the buffers, the entries,
+    /// `scale`, the rule's kind and epsilon, and the hot-row setting, so they may
+    /// be captured in a CUDA graph.
+    pub(crate) fn queue_in_range(
+        &mut self,
+        dev: &Device,
         (ids, grads, entries): (&CudaSlice<u32>, &CudaSlice<f32>, usize),
         scale: f32,
         skip: Option<&CudaSlice<u32>>,
@@ -170,9 +209,9 @@ impl RowTable {
         }
         let pair = sort_keys_with(dev, OP, (ids, entries, self.num_rows), &mut self.sort)?;
         let (sorted_keys, sorted_pos) = self.sort.sorted(pair).ok_or_else(|| GpuError::shape(OP, "nothing sorted"))?;
-        let (kind, lr, eps) = match rule {
-            SparseRule::Sgd { lr } => (0i32, lr, 0.0f32),
-            SparseRule::RowwiseAdagrad { lr, eps } => (1, lr, eps),
+        let (kind, eps) = match self.rule.ok_or_else(|| GpuError::shape(OP, "no rule was staged"))? {
+            SparseRule::Sgd { .. } => (0i32, 0.0f32),
+            SparseRule::RowwiseAdagrad { eps, .. } => (1, eps),
         };
         let (n32, d32, rows32) = (
             check::u32_of(OP, "entries", entries)?,
@@ -198,7 +237,7 @@ impl RowTable {
         // One warp per 32 sorted entries, dim floats of shared memory each.
         let cfg = check::warp_per_item(OP, entries.div_ceil(32), d * 4)?;
         let mut launch = dev.stream.launch_builder(dev.function("sparse_update_rows"));
-        launch.arg(skip.unwrap_or(&dev.never)).arg(sorted_keys).arg(sorted_pos).arg(&n32).arg(grads);
+        launch.arg(skip.unwrap_or(&dev.never)).arg(&self.lr).arg(sorted_keys).arg(sorted_pos).arg(&n32).arg(grads);
         // Without a split the kernel never reads the chunks' sums; it still takes a pointer.
         match &self.partial {
             Some(p) if split_min != u32::MAX => launch.arg(p),
@@ -210,13 +249,12 @@ impl RowTable {
             .arg(&split_min)
             .arg(&scale)
             .arg(&kind)
-            .arg(&lr)
             .arg(&eps)
             .arg(&rows32)
             .arg(&mut self.rows)
             .arg(&mut self.state);
         // SAFETY: every sorted row is below num_rows (checked), every position below entries;
-        // the shared memory holds dim floats per warp; `skip` holds one word; with a split the
+        // the shared memory holds dim floats per warp; `skip` holds one word, `lr` two; with a split the
         // chunks' sums were queued above on the same stream.
         unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching sparse_update_rows"))?;
         Ok(())

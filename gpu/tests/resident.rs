@@ -12,7 +12,9 @@
 //! Steps staged ahead (the next batch built and uploaded while the device runs
 //! the step before) equal steps taken one at a time, bit for bit. A step whose
 //! loss is not finite (the device skips its updates, the host does not wait for
-//! the loss) changes nothing and does not count, staged or not.
+//! the loss) changes nothing and does not count, staged or not. Steps replayed
+//! as CUDA graphs equal steps launched kernel by kernel, bit for bit, through
+//! new batch shapes, a non-finite loss, an evaluation and a restore.
 
 mod common;
 
@@ -245,6 +247,82 @@ fn a_non_finite_loss_updates_nothing_and_does_not_count() {
                 assert_eq!(w.table(t).unwrap(), clean.table(t).unwrap(), "{name} {how}: table {t}");
             }
         }
+    }
+}
+
+/// `b` with other labels, dense values and ids in the same bags: the same shape, other data.
+fn same_shape_other_data(b: &Batch, step: u64) -> Batch {
+    let mut o = b.clone();
+    for (i, l) in o.labels.iter_mut().enumerate() {
+        *l = (unit_f64(step, i as u64, 0, 0) < 0.5) as u8 as f32;
+    }
+    for (i, x) in o.dense.iter_mut().enumerate() {
+        *x = (unit_f64(step, i as u64, 1, 0) * 3.0 - 1.5) as f32;
+    }
+    for (t, f) in o.sparse.iter_mut().enumerate() {
+        for id in f.ids.iter_mut() {
+            *id = (*id + 1 + step) % SIZES[t];
+        }
+    }
+    o
+}
+
+#[test]
+fn graph_steps_equal_launched_steps_bit_for_bit() {
+    let Some(dev) = device() else { return };
+    let a = batch(0, 256, false);
+    let a2 = same_shape_other_data(&a, 1);
+    let hot = batch(1, 2000, true);
+    let hot2 = same_shape_other_data(&hot, 2);
+    let mut bad = same_shape_other_data(&a, 3);
+    bad.labels[7] = f32::NAN;
+    let large = batch(2, 3000, false);
+    // Shapes that repeat (the two staging slots take turns, so a shape's
+    // graphs are captured at its fourth and fifth steps, then replayed on the
+    // other batch of that shape), a non-finite loss on a replayed graph, and a
+    // larger batch that grows the buffers (every graph dropped, then captured again).
+    let first: Vec<&Batch> =
+        vec![&a, &a2, &a, &a2, &a, &a, &a2, &bad, &a2, &a, &hot, &hot2, &hot, &hot2, &hot, &hot, &hot2, &a2, &a];
+    let second: Vec<&Batch> = vec![&large, &a, &a2, &a, &a2, &a, &a2, &a2, &a, &hot, &hot2, &hot, &hot2, &hot];
+    let probe = batch(9, 77, false);
+    for (name, model) in models() {
+        let c = config(model, true);
+        let mut plain = ResidentWorker::new(&dev, &c).unwrap();
+        let mut one = ResidentWorker::new(&dev, &c).unwrap();
+        let mut ahead = ResidentWorker::new(&dev, &c).unwrap();
+        one.set_graphs(true);
+        ahead.set_graphs(true);
+        let want: Vec<_> = first.iter().map(|b| plain.train(b, false).unwrap()).collect();
+        let singles: Vec<_> = first.iter().map(|b| one.train(b, false).unwrap()).collect();
+        let staged = ahead.train_all(first.iter().copied()).unwrap();
+        assert!(want[7].non_finite, "{name}: the NaN label's step");
+        assert_eq!(singles, want, "{name}: graph steps one at a time");
+        assert_eq!(staged, want, "{name}: graph steps staged ahead");
+        // An evaluation of a new size (buffers grow) and a restore between steps.
+        let logits = plain.predict(&probe).unwrap().to_vec();
+        let part = plain.snapshot().unwrap();
+        for (how, w) in [("one at a time", &mut one), ("staged", &mut ahead)] {
+            assert_eq!(w.predict(&probe).unwrap(), &logits[..], "{name} {how}: predictions");
+            w.load(&part).unwrap();
+        }
+        plain.load(&part).unwrap();
+        let want: Vec<_> = second.iter().map(|b| plain.train(b, true).unwrap()).collect();
+        let singles: Vec<_> = second.iter().map(|b| one.train(b, true).unwrap()).collect();
+        assert_eq!(one.logits(), plain.logits(), "{name}: the logits a graph step keeps");
+        let staged = ahead.train_all(second.iter().copied()).unwrap();
+        assert_eq!(singles, want, "{name}: graph steps one at a time after the restore");
+        assert_eq!(staged, want, "{name}: graph steps staged ahead after the restore");
+        for (how, w) in [("one at a time", &one), ("staged", &ahead)] {
+            assert_eq!(w.train_steps(), plain.train_steps(), "{name} {how}: training steps");
+            assert_eq!(w.dense_params().unwrap(), plain.dense_params().unwrap(), "{name} {how}: dense parameters");
+            for t in 0..SIZES.len() {
+                assert_eq!(w.table(t).unwrap(), plain.table(t).unwrap(), "{name} {how}: table {t}");
+            }
+            let counts = w.graph_counts();
+            println!("{name} {how}: {counts:?} over {} steps", first.len() + second.len());
+            assert!(counts.captured >= 4 && counts.replayed >= 10, "{name} {how}: graphs barely used: {counts:?}");
+        }
+        assert_eq!(plain.graph_counts(), Default::default(), "{name}: graphs are off by default");
     }
 }
 

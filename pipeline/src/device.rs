@@ -13,7 +13,8 @@
 //! engine); the host mirrors its state for reports and checkpoints
 //! (`TIDEREC_GPU_ROWS=host` keeps its rows on the host instead, as a baseline;
 //! `TIDEREC_GPU_HOT_ROWS=one-warp` sums a hot row's duplicates on one warp
-//! instead of splitting the run, another baseline).
+//! instead of splitting the run, another baseline; `TIDEREC_GPU_GRAPHS=on`
+//! replays each training step as a CUDA graph).
 //! Any other GPU worker runs its
 //! model's forward and backward on the device (see `tiderec_gpu::model`);
 //! everything else — the embedding stores, the exchange, the dense optimizer,
@@ -59,6 +60,8 @@ pub struct Devices {
     host_rows: bool,
     /// How a device-resident worker sums a hot row's duplicates.
     hot_rows: HotRows,
+    /// A device-resident worker replays its training steps as CUDA graphs.
+    graphs: bool,
 }
 
 impl Devices {
@@ -73,7 +76,7 @@ impl Devices {
             }
         };
         let list = s.split(',').map(entry).collect::<Result<Vec<_>, _>>()?;
-        Ok(Devices { list, host_rows: rows_on_host()?, hot_rows: hot_rows()? })
+        Ok(Devices { list, host_rows: rows_on_host()?, hot_rows: hot_rows()?, graphs: graphs()? })
     }
 
     /// Parses the setting and checks it against this process's `workers`.
@@ -167,6 +170,8 @@ impl Devices {
                     .and_then(|dev| tiderec_gpu::resident::ResidentWorker::new(&dev, config))
                     .and_then(|mut engine| engine.set_hot_rows(self.hot_rows).map(|()| engine))
                     .map_err(|e| PipelineError::config("device", format!("cuda:{n}: {e}")))?;
+                let mut engine = engine;
+                engine.set_graphs(self.graphs);
                 let mirror = config.model.build::<f32>(config.seed)?;
                 Ok(Trainer::with_engine(worker, config, mirror, Box::new(engine))?)
             }
@@ -214,6 +219,24 @@ pub fn hot_rows() -> Result<HotRows, PipelineError> {
         Ok(v) if v == "one-warp" => Ok(HotRows::OneWarp),
         Ok(v) => Err(PipelineError::config(GPU_HOT_ROWS_ENV, format!("`{v}` is not split or one-warp"))),
         Err(e) => Err(PipelineError::config(GPU_HOT_ROWS_ENV, e.to_string())),
+    }
+}
+
+/// The environment variable that says whether a device-resident worker runs
+/// each training step as a CUDA graph: `off` (the default: the step's kernels
+/// launched one by one) or `on` (captured once per batch shape, then replayed;
+/// the same steps bit for bit).
+pub const GPU_GRAPHS_ENV: &str = "TIDEREC_GPU_GRAPHS";
+
+/// Whether `TIDEREC_GPU_GRAPHS` asks for CUDA graphs; any value but `on` and
+/// `off` is an error naming the variable.
+pub fn graphs() -> Result<bool, PipelineError> {
+    match std::env::var(GPU_GRAPHS_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Ok(v) if v == "off" => Ok(false),
+        Ok(v) if v == "on" => Ok(true),
+        Ok(v) => Err(PipelineError::config(GPU_GRAPHS_ENV, format!("`{v}` is not on or off"))),
+        Err(e) => Err(PipelineError::config(GPU_GRAPHS_ENV, e.to_string())),
     }
 }
 

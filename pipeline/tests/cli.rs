@@ -121,6 +121,10 @@ fn bad_settings_fail_before_work_naming_the_key() {
     let out = tiderec().env("TIDEREC_GPU_ROWS", "gpu").args(["train", "--steps", "1"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("TIDEREC_GPU_ROWS") && err.contains("`gpu`"), "{err}");
+    // So is whether it replays its steps as CUDA graphs: `on` or `off`.
+    let out = tiderec().env("TIDEREC_GPU_GRAPHS", "yes").args(["train", "--steps", "1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("TIDEREC_GPU_GRAPHS") && err.contains("`yes`"), "{err}");
 }
 
 #[test]

@@ -9,8 +9,9 @@
 //! worker together (and two GPU workers on one GPU) train as one CPU worker,
 //! checkpoints move between the two — all under plain SGD, where a rounding
 //! difference stays one (see [`SGD`]) — the default adaptive optimizers train
-//! the same numbers on every GPU run, `--precision tf32` and `bf16` train
-//! near fp32 on a GPU worker, and `bench` takes the same flag.
+//! the same numbers on every GPU run, and with each step replayed as a CUDA
+//! graph (`TIDEREC_GPU_GRAPHS=on`) as without, `--precision tf32` and `bf16`
+//! train near fp32 on a GPU worker, and `bench` takes the same flag.
 
 mod common;
 #[path = "../../gpu/tests/common/mod.rs"]
@@ -204,6 +205,38 @@ fn adaptive_optimizers_train_deterministically_on_a_gpu() {
             rel_diff(l2(&a), l2(&cpu)),
             rel_diff(l2(&portable), l2(&cpu))
         );
+    }
+}
+
+#[test]
+fn cuda_graphs_train_the_same_numbers_through_the_trainer() {
+    if gpu::device().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for model in ["dlrm", "deepfm"] {
+        let ck = tmp.path().join(format!("ck-{model}"));
+        let mut runs = Vec::new();
+        for graphs in ["off", "on"] {
+            let m = tmp.path().join(format!("{model}-graphs-{graphs}.json"));
+            let dir = ck.join(graphs);
+            run_ok(
+                tiderec()
+                    .env("TIDEREC_GPU_ROWS", "device")
+                    .env("TIDEREC_GPU_GRAPHS", graphs)
+                    .args(BASE)
+                    .args(["--steps", "50", "--workers", "1", "--device", "cuda:0", "--checkpoint-every", "20"])
+                    .args(model_args(model))
+                    .arg("--checkpoint-dir")
+                    .arg(&dir)
+                    .arg("--metrics-json")
+                    .arg(&m),
+            );
+            runs.push(metrics(&m));
+        }
+        for key in ["params_l2", "train_loss", "train_loss_mean", "steps"] {
+            assert_eq!(runs[0][key], runs[1][key], "{model}: {key} with CUDA graphs against without");
+        }
     }
 }
 

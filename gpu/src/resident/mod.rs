@@ -32,7 +32,13 @@
 //!   DeepFM, Wide & Deep), SGD or row-wise Adagrad rows, no L2 penalty, every
 //!   table in one `u32` row space. [`ResidentWorker::supports`] says why a
 //!   configuration is refused; such a run trains through the host path.
+//! * **A step's launches depend on its batch's shape only.** What changes
+//!   with the step's count (the learning rates, Adam's bias corrections) is
+//!   written to device memory before the step is queued, so the step may be
+//!   captured as a CUDA graph and replayed ([`ResidentWorker::set_graphs`];
+//!   the `graphs` module states when).
 
+mod graphs;
 mod host;
 mod phases;
 mod staging;
@@ -42,6 +48,8 @@ use crate::optim::{kind_of, DenseHyper, DenseOptimizer};
 use crate::sparse::{HotRows, RowTable, SparseRule};
 use crate::{check, Device, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
+pub use graphs::GraphCounts;
+use graphs::{Graphs, Plan};
 pub use phases::PhaseTimes;
 use phases::{Phase, PhaseClock};
 use staging::{Shape, Staging};
@@ -109,6 +117,8 @@ pub struct ResidentWorker {
     logits: Vec<f32>,
     /// Phase timing, when asked for.
     clock: Option<PhaseClock>,
+    /// The training step's CUDA graphs, when on.
+    graphs: Graphs,
 }
 
 impl ResidentWorker {
@@ -144,6 +154,8 @@ impl ResidentWorker {
         let cpu = config.model.build::<f32>(config.seed).map_err(|e| GpuError::Unsupported(format!("model: {e}")))?;
         let dim = config.model.embedding_dim();
         let sparse = (config.sparse_optimizer, config.sparse_hp);
+        // A workspace of the worker's own for cuBLAS, with or without graphs, so both pick the same GEMMs.
+        dev.fix_blas_workspace()?;
         let Seeded { rows, state, bases } = seeded_rows(dim, &config.table_sizes, config.seed, sparse)?;
         let table = RowTable::upload(dev, &rows, &state, dim)?;
         drop((rows, state));
@@ -177,13 +189,30 @@ impl ResidentWorker {
             no_seq: (dev.zeros(1)?, dev.zeros(1)?, dev.zeros(1)?),
             logits: Vec::new(),
             clock: None,
+            graphs: Graphs::default(),
             dev: dev.clone(),
         })
     }
 
     /// Sets how the row update sums a hot row's duplicates (kept across a restore).
     pub fn set_hot_rows(&mut self, hot_rows: HotRows) -> Result<(), GpuError> {
+        self.graphs.clear();
         self.rows.set_hot_rows(hot_rows)
+    }
+
+    /// Runs each training step as a CUDA graph (`on`), or as the kernel
+    /// launches it is made of (the default). Both give the same steps bit for
+    /// bit. A graph is captured for each staging slot and batch shape once
+    /// that shape has run without one; it is replayed while no device buffer
+    /// is allocated (a larger batch, a restore, an evaluation batch of a new
+    /// size drop every graph). The phase clock runs steps without graphs.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_on(on);
+    }
+
+    /// Steps run as CUDA graphs and graphs captured so far.
+    pub fn graph_counts(&self) -> GraphCounts {
+        self.graphs.counts()
     }
 
     /// Training steps applied so far.
@@ -272,13 +301,68 @@ impl ResidentWorker {
 
     /// [`launch`](Self::launch) once the staged batch is the current one.
     fn queue_step(&mut self, shape: Shape, keep_logits: bool) -> Result<(), GpuError> {
-        use crate::nn::loss::{bce_sum_len, bce_sum_queued, loss_guard};
         let b = shape.batch;
         if b == 0 {
             self.logits.clear();
             self.pending = Some(Pending { samples: 0, loss_at: 0, keep_logits });
             return Ok(());
         }
+        self.stage_updates()?;
+        let at = if self.graphs.on() && self.clock.is_none() {
+            self.queue_by_graph(shape)?
+        } else {
+            self.queue_launches(shape)?
+        };
+        // Counted now, so the next step's schedules follow; `finish` takes it back if the device skipped it.
+        self.train_steps += 1;
+        // The logits stay in `d_logits` (nothing in the step writes it again): `finish` reads them.
+        self.pending = Some(Pending { samples: b as u64, loss_at: at, keep_logits });
+        Ok(())
+    }
+
+    /// Queues the writes of this step's learning rates (and Adam's bias
+    /// corrections) to the device, where the updates read them: the only
+    /// values of a step that change with its count rather than its batch.
+    fn stage_updates(&mut self) -> Result<(), GpuError> {
+        let (kind, hp) = self.sparse;
+        let lr = hp.lr * hp.schedule.factor(self.train_steps);
+        let rule = match kind {
+            SparseOptimizerKind::Sgd => SparseRule::Sgd { lr },
+            _ => SparseRule::RowwiseAdagrad { lr, eps: hp.eps },
+        };
+        self.rows.stage_rule(&self.dev, rule)?;
+        self.optimizer.set_lr(self.dense_hp.lr * self.dense_hp.schedule.factor(self.train_steps));
+        self.optimizer.stage_step(&self.dev)
+    }
+
+    /// The step's launches as one CUDA graph: replayed when this slot and
+    /// shape have one, captured when they ran before without one, queued as
+    /// they are otherwise (see `graphs`). Where the step leaves its loss.
+    fn queue_by_graph(&mut self, shape: Shape) -> Result<usize, GpuError> {
+        let key = (self.staging.current_slot(), shape);
+        match self.graphs.plan(&self.dev, key)? {
+            Plan::Launched(at) => Ok(at),
+            Plan::Capture => {
+                let started = self.graphs.begin_capture(&self.dev)?;
+                let queued = self.queue_launches(shape);
+                self.graphs.end_capture(&self.dev, key, started, queued)
+            }
+            Plan::Queue => {
+                let at = self.queue_launches(shape)?;
+                self.graphs.ran(&self.dev, key);
+                Ok(at)
+            }
+        }
+    }
+
+    /// Queues every launch of a training step on the current batch (the
+    /// step's per-step values staged before): pooling, forward, loss and its
+    /// guard, backward, the row and dense updates. Where the step leaves its
+    /// loss in `d_loss`. It changes nothing on the host but the sizes of
+    /// buffers, so its launches can be captured and replayed.
+    fn queue_launches(&mut self, shape: Shape) -> Result<usize, GpuError> {
+        use crate::nn::loss::{bce_sum_len, bce_sum_queued, loss_guard};
+        let b = shape.batch;
         self.forward(shape)?;
         if self.d_loss.len() < bce_sum_len(b) {
             self.d_loss = self.dev.zeros(bce_sum_len(b))?;
@@ -290,11 +374,7 @@ impl ResidentWorker {
         self.mark(Phase::Loss)?;
         self.backward(shape)?;
         self.update(shape)?;
-        // Counted now, so the next step's schedules follow; `finish` takes it back if the device skipped it.
-        self.train_steps += 1;
-        // The logits stay in `d_logits` (nothing in the step writes it again): `finish` reads them.
-        self.pending = Some(Pending { samples: b as u64, loss_at: at, keep_logits });
-        Ok(())
+        Ok(at)
     }
 
     /// Waits for the step [`launch`](Self::launch) queued and gives its outcome.
@@ -441,7 +521,8 @@ impl ResidentWorker {
         Ok(())
     }
 
-    /// Queues the step's updates for the current batch: rows, then the dense
+    /// Queues the step's updates for the current batch with the values
+    /// [`stage_updates`](Self::stage_updates) wrote: rows, then the dense
     /// optimizer (both skipped by the device when the loss guard is set), and
     /// the flag that an entry gradient or an updated dense parameter is not
     /// finite (read by [`finish`](Self::finish)).
@@ -450,19 +531,12 @@ impl ResidentWorker {
         let dev = &self.dev;
         flag_nonfinite(dev, &self.d_entry_grads.0, entries * d, &mut self.d_flag)?;
         let scale = 1.0 / b as f32;
-        let (kind, hp) = self.sparse;
-        let lr = hp.lr * hp.schedule.factor(self.train_steps);
-        let rule = match kind {
-            SparseOptimizerKind::Sgd => SparseRule::Sgd { lr },
-            _ => SparseRule::RowwiseAdagrad { lr, eps: hp.eps },
-        };
         let slot = self.staging.current();
         let skip = Some(&self.d_skip);
-        self.rows.apply_in_range(dev, rule, (&slot.rows.0, &self.d_entry_grads.0, entries), scale, skip)?;
+        self.rows.queue_in_range(dev, (&slot.rows.0, &self.d_entry_grads.0, entries), scale, skip)?;
         self.mark(Phase::Rows)?;
         let dev = &self.dev;
-        self.optimizer.set_lr(self.dense_hp.lr * self.dense_hp.schedule.factor(self.train_steps));
-        self.optimizer.apply_scaled_unless(dev, &mut self.params, &self.grads, scale, Some(&self.d_skip))?;
+        self.optimizer.queue_update(dev, &mut self.params, &self.grads, scale, Some(&self.d_skip))?;
         flag_nonfinite(dev, &self.params, self.params.len(), &mut self.d_flag)
     }
 
@@ -567,6 +641,7 @@ impl ResidentWorker {
                 format!("dense optimizer state of {} for {n} parameters", optimizer.len()),
             ));
         }
+        self.graphs.clear();
         let hot_rows = self.rows.hot_rows();
         self.rows = RowTable::upload(&self.dev, &rows, &state, d)?;
         self.rows.set_hot_rows(hot_rows)?;

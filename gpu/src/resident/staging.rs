@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tiderec_operators::Batch;
 
 /// The shape of a staged batch.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(super) struct Shape {
     /// Samples.
     pub(super) batch: usize,
@@ -172,6 +172,11 @@ impl Staging {
     /// The current slot (the last one taken).
     pub(super) fn current(&self) -> &Slot {
         &self.slots[self.current]
+    }
+
+    /// Which of the two slots is the current one.
+    pub(super) fn current_slot(&self) -> usize {
+        self.current
     }
 
     /// Marks the current slot free once the work queued so far on the compute stream is done.

@@ -18,6 +18,7 @@ use std::time::Instant;
 use tiderec::error::DataflowFailure;
 use tiderec::run::timely_config;
 use tiderec::{PipelineError, TrainSettings};
+use tiderec_gpu::resident::{GraphCounts, PhaseTimes};
 use tiderec_operators::features::mix64;
 use tiderec_operators::nn::{DlrmConfig, Interest, ModelConfig, Precision};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
@@ -107,7 +108,11 @@ pub struct DlrmBenchResult {
     pub rows_on_device: bool,
     /// With `phases` on a device-resident worker: milliseconds per step in each phase.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub phase_ms: Option<tiderec_gpu::resident::PhaseTimes>,
+    pub phase_ms: Option<PhaseTimes>,
+    /// A device-resident worker with `TIDEREC_GPU_GRAPHS=on`: the graphs it
+    /// captured and the steps (warm-up and timed) it ran as graphs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_graphs: Option<GraphCounts>,
     /// DIEN only: the GRU cell of this model's shape, split vs unsplit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gru: Option<GruBenchResult>,
@@ -174,10 +179,10 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         }
     );
     let resident = resident_device(bench, &setup.config);
-    let mut phase_ms = None;
+    let (mut phase_ms, mut cuda_graphs) = (None, None);
     let timed = if let Some(n) = resident {
-        let (timed, phases) = timed_resident(bench, &setup.config, n)?;
-        phase_ms = phases;
+        let (timed, phases, graphs) = timed_resident(bench, &setup.config, n)?;
+        (phase_ms, cuda_graphs) = (phases, graphs);
         vec![timed]
     } else if bench.independent && bench.workers > 1 {
         independent_trainers(bench, &setup)?
@@ -203,6 +208,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         embedding_params,
         rows_on_device: resident.is_some(),
         phase_ms,
+        cuda_graphs,
         gru: match &bench.model {
             ModelConfig::Dien(c) if c.interest == Interest::GruAttention => {
                 let e = c.interest_dim();
@@ -229,16 +235,19 @@ fn resident_device(bench: &DlrmBench, config: &TrainerConfig) -> Option<usize> {
 
 /// Trains the warm-up and timed steps of `bench` on one device-resident GPU
 /// worker driven directly (no trainer around it), on the batches worker 0 of a
-/// trainer would see; with `--phases` timing each phase.
+/// trainer would see; with `--phases` timing each phase; with CUDA graphs on
+/// (`TIDEREC_GPU_GRAPHS=on`) their counts.
 fn timed_resident(
     bench: &DlrmBench,
     config: &TrainerConfig,
     n: usize,
-) -> Result<(Timed, Option<tiderec_gpu::resident::PhaseTimes>), PipelineError> {
+) -> Result<(Timed, Option<PhaseTimes>, Option<GraphCounts>), PipelineError> {
     let fail = |e: tiderec_gpu::GpuError| PipelineError::config("device", format!("cuda:{n}: {e}"));
     let dev = tiderec_gpu::Device::open(n).and_then(|d| d.with_precision(bench.precision)).map_err(fail)?;
     let mut worker = tiderec_gpu::resident::ResidentWorker::new(&dev, config).map_err(fail)?;
     worker.set_hot_rows(tiderec::device::hot_rows()?).map_err(fail)?;
+    let graphs = tiderec::device::graphs()?;
+    worker.set_graphs(graphs);
     let pool: Vec<Batch> = (0..8u64).map(|k| random_batch(bench.batch_size, bench.rows, k, bench.zipf)).collect();
     // Untimed phases: the next batch is built and uploaded while the device runs the step before.
     let run = |worker: &mut tiderec_gpu::resident::ResidentWorker, steps: u64| {
@@ -262,7 +271,8 @@ fn timed_resident(
     let stages = StepTimes { total: secs * 1e3 / bench.steps as f64, ..StepTimes::default() };
     let phases = bench.phases.then(|| worker.phase_ms().scaled(1.0 / bench.steps as f64));
     let dense_params = config.model.build::<f32>(config.seed)?.params().len() as u64;
-    Ok((Timed { secs, bytes: 0, dense_params, stages }, phases))
+    let counts = graphs.then(|| worker.graph_counts());
+    Ok((Timed { secs, bytes: 0, dense_params, stages }, phases, counts))
 }
 
 /// What every trainer of a benchmark shares, built and checked once: the
