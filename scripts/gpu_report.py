@@ -343,11 +343,10 @@ def main(argv):
     rows = benches(found)
     if rows:
         print("## Speed against PyTorch eager on the same GPU\n")
-        print("`scripts/bench_vs_torch.py --device cuda:0` (one tiderec GPU worker: for DLRM, DeepFM and the other "
-              "models without behaviour sequences the device-resident worker, rows, pooling, model and optimizers on "
-              "the GPU; for DIEN the host-rows worker. PyTorch eager with the same model, row-wise Adagrad rows and "
-              "Adagrad dense; fp32 unless the precision column says otherwise), medians over the alternated "
-              "rounds.\n")
+        print("`scripts/bench_vs_torch.py --device cuda:0` (one tiderec GPU worker, the device-resident worker: "
+              "rows, pooling, model and optimizers on the GPU, DIEN's behaviour sequences included. PyTorch eager "
+              "with the same model, row-wise Adagrad rows and Adagrad dense; fp32 unless the precision column says "
+              "otherwise), medians over the alternated rounds.\n")
         print(table(["model", "batch", "precision", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch",
                      "rounds"], rows) + "\n")
         if any(r[2] != "fp32" for r in rows):

@@ -14,17 +14,20 @@
 //! loss is not finite (the device skips its updates, the host does not wait for
 //! the loss) changes nothing and does not count, staged or not. Steps replayed
 //! as CUDA graphs equal steps launched kernel by kernel, bit for bit, through
-//! new batch shapes, a non-finite loss, an evaluation and a restore.
+//! new batch shapes, a non-finite loss, an evaluation and a restore. DIEN
+//! (GRU and attention, or sum pooling) over behaviour sequences of every
+//! length from none to its longest, on a batch whose sequences are all empty
+//! too, trains as on one CPU worker, with and without CUDA graphs.
 
 mod common;
 
 use common::device;
 use tiderec_gpu::resident::ResidentWorker;
-use tiderec_operators::nn::{DlrmConfig, FmConfig, ModelConfig};
+use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::rng::unit_f64;
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
-use tiderec_operators::Batch;
+use tiderec_operators::{Batch, SparseField};
 
 const TOLERANCE: f64 = 1e-4;
 const SIZES: [u64; 4] = [97, 1, 1000, 13];
@@ -143,6 +146,83 @@ fn one_resident_worker_trains_as_one_cpu_worker() {
         let cpu = cpu_run(&c, &batches);
         println!("{name}, adaptive: params L2 relative difference to the CPU {:.2e} (deterministic)", rel(a.1, cpu.1));
     }
+}
+
+/// The sequences' tables of [`dien_models`]: the tables of sparse fields 2 and 3.
+const SEQUENCE_TABLES: [usize; 2] = [2, 3];
+
+fn dien_models() -> Vec<(&'static str, ModelConfig)> {
+    let dien = |interest| {
+        ModelConfig::Dien(DienConfig {
+            num_dense: 3,
+            num_sparse: SIZES.len(),
+            dim: 6,
+            num_sequences: SEQUENCE_TABLES.len(),
+            target_fields: SEQUENCE_TABLES.to_vec(),
+            max_len: 7,
+            interest,
+            mlp: vec![20, 10],
+        })
+    };
+    vec![("dien", dien(Interest::GruAttention)), ("dien-sum", dien(Interest::SumPooling))]
+}
+
+fn dien_config(model: ModelConfig, adaptive: bool) -> TrainerConfig {
+    let mut c = config(model, adaptive);
+    c.sequence_tables = SEQUENCE_TABLES.to_vec();
+    c
+}
+
+/// [`batch`] with two behaviour sequences over the tables of fields 2 and 3,
+/// of lengths 0 to 7 (all empty with `empty`).
+fn sequence_batch(step: u64, n: usize, empty: bool) -> Batch {
+    let mut b = batch(step, n, false);
+    b.sequences = vec![SparseField::new(), SparseField::new()];
+    for i in 0..n {
+        let len = if empty { 0 } else { (i as u64 + step) % 8 };
+        for t in 0..len {
+            for (j, seq) in b.sequences.iter_mut().enumerate() {
+                let size = SIZES[SEQUENCE_TABLES[j]];
+                seq.ids.push(((unit_f64(step, i as u64, 20 + j as u64, t) * size as f64) as u64).min(size - 1));
+            }
+        }
+        b.sequences.iter_mut().for_each(SparseField::close_bag);
+    }
+    b
+}
+
+#[test]
+fn dien_on_one_resident_worker_trains_as_on_one_cpu_worker() {
+    let Some(dev) = device() else { return };
+    let batches: Vec<Batch> = (0..50).map(|s| sequence_batch(s, if s == 3 { 1 } else { 64 }, s == 7)).collect();
+    for (name, model) in dien_models() {
+        let c = dien_config(model.clone(), false);
+        assert_same(&format!("{name}, sgd"), &gpu_run(&dev, &c, &batches), &cpu_run(&c, &batches));
+        let c = dien_config(model, true);
+        let (a, b) = (gpu_run(&dev, &c, &batches), gpu_run(&dev, &c, &batches));
+        assert_eq!(a, b, "{name}: two adaptive runs on the device differ");
+        // CUDA graphs: the same steps, bit for bit, on repeated shapes (captured, then replayed).
+        let again: Vec<&Batch> = [0, 1, 0, 1, 0, 1, 0, 1, 2, 2, 2, 2].iter().map(|&k| &batches[10 + k]).collect();
+        let mut plain = ResidentWorker::new(&dev, &c).unwrap();
+        let mut graphs = ResidentWorker::new(&dev, &c).unwrap();
+        graphs.set_graphs(true);
+        let want: Vec<_> = again.iter().map(|b| plain.train(b, false).unwrap()).collect();
+        assert_eq!(graphs.train_all(again.iter().copied()).unwrap(), want, "{name}: graph steps");
+        assert_eq!(graphs.dense_params().unwrap(), plain.dense_params().unwrap(), "{name}: dense parameters");
+        assert!(graphs.graph_counts().replayed > 0, "{name}: no step ran as a graph");
+    }
+    // A sequence past the model's longest is refused, naming the sample.
+    let (_, model) = dien_models().swap_remove(0);
+    let mut w = ResidentWorker::new(&dev, &dien_config(model, true)).unwrap();
+    let mut long = sequence_batch(0, 2, false);
+    long.sequences = vec![SparseField::new(), SparseField::new()];
+    for seq in long.sequences.iter_mut() {
+        seq.close_bag();
+        seq.ids.extend([0; 8]);
+        seq.close_bag();
+    }
+    let e = w.train(&long, false).unwrap_err().to_string();
+    assert!(e.contains("sample 1") && e.contains("8 steps"), "{e}");
 }
 
 #[test]

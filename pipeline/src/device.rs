@@ -6,8 +6,8 @@
 //! process takes entry `i` (`cuda:0,cpu`: worker 0 on GPU 0, worker 1 on the
 //! CPU). Several workers may name the same GPU.
 //!
-//! A GPU worker that trains alone (one worker in all, fp32, a model without
-//! behaviour sequences, the fixed store, SGD or row-wise Adagrad rows) keeps
+//! A GPU worker that trains alone (one worker in all, a built-in model, the
+//! fixed store, SGD or row-wise Adagrad rows, no L2 penalty) keeps
 //! everything on its device: rows, pooling, the
 //! model and both optimizers (`tiderec_gpu::resident`, as the trainer's step
 //! engine); the host mirrors its state for reports and checkpoints

@@ -108,13 +108,13 @@ pub fn build(config: &ModelConfig, seed: u64, dev: &Device) -> Result<Box<dyn Mo
 }
 
 /// The device computation of `config`'s model, for a worker that owns its
-/// parameters on the device (see [`crate::resident`]); `None` for a model
-/// over behaviour sequences or a custom model.
+/// parameters on the device (see [`crate::resident`]); `None` for a custom model.
 pub(crate) fn net(config: &ModelConfig, dev: &Device) -> Result<Option<Box<dyn DeviceNet>>, GpuError> {
     Ok(match config {
         ModelConfig::Dlrm(c) => Some(Box::new(DeviceDlrm::new(dev, c)?)),
         ModelConfig::Fm(c) => Some(Box::new(DeviceFm::new(c))),
-        ModelConfig::Dien(_) | ModelConfig::Custom(_) => None,
+        ModelConfig::Dien(c) => Some(Box::new(DeviceDien::new(dev, c)?)),
+        ModelConfig::Custom(_) => None,
     })
 }
 

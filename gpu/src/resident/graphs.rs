@@ -212,7 +212,7 @@ mod tests {
     use super::*;
 
     fn shape(batch: usize) -> Shape {
-        Shape { batch, fields: 4, entries: batch * 4, weighted: false }
+        Shape { batch, fields: 4, entries: batch * 4, ..Shape::default() }
     }
 
     /// Steps of `(slot, batch, allocation count after the step's staging,

@@ -1,10 +1,12 @@
 //! The host side of a device-resident step: a batch's global row numbers,
 //! field-major bag offsets and entry weights, built in parallel over the
-//! fields for large batches.
+//! fields for large batches; and its behaviour sequences' row numbers as bags
+//! of one step each, after the fields' entries.
 //!
 //! Invariants: every row number is below its table's size (checked here, so
-//! the device never checks); the offsets start at 0, never decrease and end at
-//! the number of entries (the batch is checked first).
+//! the device never checks); the fields' offsets start at 0, never decrease
+//! and end at the number of field entries (the batch is checked first); the
+//! sequences' offsets continue from there to the number of all entries.
 
 use crate::GpuError;
 use tiderec_operators::Batch;
@@ -24,16 +26,96 @@ pub(super) struct Layout {
     pub(super) entries: usize,
     /// Some field has entry weights.
     pub(super) weighted: bool,
+    /// Ids over every behaviour sequence.
+    pub(super) seq_entries: usize,
+    /// The longest sequence of the batch (every sequence field has the same lengths).
+    pub(super) steps: usize,
 }
 
 /// Checks `batch` and says how large its upload is.
 pub(super) fn layout(batch: &Batch) -> Result<Layout, GpuError> {
     batch.check().map_err(|e| GpuError::shape(OP, e.to_string()))?;
     let entries: usize = batch.sparse.iter().map(|s| s.ids.len()).sum();
-    if entries > u32::MAX as usize {
-        return Err(GpuError::shape(OP, format!("{entries} entries in one batch exceed 32-bit offsets")));
+    let seq_entries: usize = batch.sequences.iter().map(|s| s.ids.len()).sum();
+    if entries + seq_entries > u32::MAX as usize {
+        return Err(GpuError::shape(
+            OP,
+            format!("{entries} entries and {seq_entries} sequence steps in one batch exceed 32-bit offsets"),
+        ));
     }
-    Ok(Layout { entries, weighted: batch.sparse.iter().any(|s| s.weights.is_some()) })
+    let steps = batch.sequences.first().map_or(0, |s| (0..batch.len()).map(|i| s.bag(i).len()).max().unwrap_or(0));
+    Ok(Layout { entries, weighted: batch.sparse.iter().any(|s| s.weights.is_some()), seq_entries, steps })
+}
+
+/// Where [`fill_sequences`] writes: the sequences' row numbers (`seq_entries`),
+/// `steps · sequences · batch + 1` offsets, and each sample's sequence length.
+pub(super) struct SeqOut<'a> {
+    pub(super) rows: &'a mut [u32],
+    pub(super) offsets: &'a mut [u32],
+    pub(super) lengths: &'a mut [u32],
+}
+
+/// The behaviour sequences of `batch` (sequence `j` over table
+/// `tables[j]`) as bags of one row or none, so the fields' pooling lays them
+/// out as the models read them (`[batch × steps × sequences · dim]`, zeros
+/// past a sample's length): bag `(t · S + j) · batch + i` holds step `t` of
+/// sample `i`'s sequence `j` when `t` is below its length. The rows follow the
+/// fields' `start` entries, in bag order; fails naming the sequence and the id
+/// for an id outside its table. Writes `out` front to back only.
+pub(super) fn fill_sequences(
+    batch: &Batch,
+    (tables, sizes, bases): (&[usize], &[u64], &[u64]),
+    (start, steps): (usize, usize),
+    out: SeqOut<'_>,
+) -> Result<(), GpuError> {
+    let (b, seqs) = (batch.len(), &batch.sequences);
+    let Some(first) = seqs.first() else { return Ok(()) };
+    if tables.len() != seqs.len() || out.offsets.len() != steps * seqs.len() * b + 1 || out.lengths.len() != b {
+        return Err(GpuError::shape(
+            OP,
+            format!(
+                "an upload of {} sequence offsets for {} sequences × {steps} steps × {b}",
+                out.offsets.len(),
+                seqs.len()
+            ),
+        ));
+    }
+    for (len, i) in out.lengths.iter_mut().zip(0..b) {
+        *len = first.bag(i).len() as u32;
+    }
+    let mut at = start;
+    out.offsets[0] = at as u32;
+    let mut offsets = out.offsets[1..].iter_mut();
+    for t in 0..steps {
+        for (j, seq) in seqs.iter().enumerate() {
+            let table = tables[j];
+            let (&size, &base) = sizes.get(table).zip(bases.get(table)).ok_or_else(|| {
+                GpuError::shape(OP, format!("sequence {j} reads table {table}, past the {} tables", sizes.len()))
+            })?;
+            for i in 0..b {
+                let bag = seq.bag(i);
+                if let Some(&id) = bag.get(t) {
+                    if id >= size {
+                        return Err(GpuError::Index {
+                            op: OP,
+                            message: format!("sequence {j}: id {id} is not below {size}"),
+                        });
+                    }
+                    let slot = out
+                        .rows
+                        .get_mut(at - start)
+                        .ok_or_else(|| GpuError::shape(OP, "too few sequence rows in the upload"))?;
+                    *slot = (base + id) as u32;
+                    at += 1;
+                }
+                *offsets.next().ok_or_else(|| GpuError::shape(OP, "too few sequence offsets"))? = at as u32;
+            }
+        }
+    }
+    if at - start != out.rows.len() {
+        return Err(GpuError::shape(OP, format!("{} sequence rows for an upload of {}", at - start, out.rows.len())));
+    }
+    Ok(())
 }
 
 /// Where [`fill`] writes: `entries` row numbers, `fields · batch + 1` offsets,
@@ -172,7 +254,7 @@ mod tests {
 
     /// The upload of `b`.
     fn filled(b: &Batch, sizes: &[u64], bases: &[u64]) -> Result<Upload, GpuError> {
-        let Layout { entries, weighted } = layout(b)?;
+        let Layout { entries, weighted, .. } = layout(b)?;
         let mut rows = vec![0; entries];
         let mut offsets = vec![0; b.sparse.len() * b.len() + 1];
         let mut weights = vec![0.0; if weighted { entries } else { 0 }];
@@ -187,6 +269,63 @@ mod tests {
         assert_eq!(offsets, [0, 2, 2, 3, 4, 7, 7]);
         assert!(weighted);
         assert_eq!(weights, [1.0, 1.0, 1.0, 1.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]);
+    }
+
+    /// Three samples over two tables of 5 and 3 rows (bases 0 and 5): one
+    /// field, and two sequences (over tables 1 and 0) of lengths 2, 0 and 3.
+    fn with_sequences() -> Batch {
+        let mut b = Batch::new(0, 1);
+        b.sequences = vec![tiderec_operators::SparseField::new(), tiderec_operators::SparseField::new()];
+        for (i, len) in [2usize, 0, 3].into_iter().enumerate() {
+            b.labels.push(0.0);
+            b.sparse[0].ids.push(i as u64);
+            b.sparse[0].close_bag();
+            for t in 0..len {
+                b.sequences[0].ids.push(((i + t) % 3) as u64);
+                b.sequences[1].ids.push((4 - t) as u64);
+            }
+            b.sequences[0].close_bag();
+            b.sequences[1].close_bag();
+        }
+        b
+    }
+
+    /// A sequences' upload: rows, offsets, lengths.
+    type SeqUpload = (Vec<u32>, Vec<u32>, Vec<u32>);
+
+    /// The sequences' upload of `b` after `start` field entries.
+    fn sequences_of(b: &Batch, start: usize) -> Result<SeqUpload, GpuError> {
+        let Layout { seq_entries, steps, .. } = layout(b)?;
+        let (mut rows, mut offsets, mut lengths) =
+            (vec![0; seq_entries], vec![0; steps * b.sequences.len() * b.len() + 1], vec![0; b.len()]);
+        let out = SeqOut { rows: &mut rows, offsets: &mut offsets, lengths: &mut lengths };
+        fill_sequences(b, (&[1, 0], &[5, 3], &[0, 5]), (start, steps), out)?;
+        Ok((rows, offsets, lengths))
+    }
+
+    #[test]
+    fn sequence_steps_are_bags_of_one_row_by_step_then_sequence_then_sample() {
+        let b = with_sequences();
+        assert_eq!(layout(&b).unwrap(), Layout { entries: 3, weighted: false, seq_entries: 10, steps: 3 });
+        let (rows, offsets, lengths) = sequences_of(&b, 3).unwrap();
+        assert_eq!(lengths, [2, 0, 3]);
+        // Bag (t · 2 + j) · 3 + i: sequence 0 over table 1 (base 5), sequence 1 over table 0.
+        // t = 0: seq 0 of samples 0, 2 -> ids 0, 2; seq 1 -> ids 4, 4. t = 1: ids 1, 0 and 3, 3.
+        // t = 2: sample 2 only: id 1 and 2.
+        assert_eq!(rows, [5, 7, 4, 4, 6, 5, 3, 3, 6, 2]);
+        assert_eq!(offsets, [3, 4, 4, 5, 6, 6, 7, 8, 8, 9, 10, 10, 11, 11, 11, 12, 12, 12, 13]);
+        // The models' layout: pooling bag (f', i) lands at (i · 6 + f') · dim = ((i · 3 + t) · 2 + j) · dim.
+        let (t, j, i) = (1, 1, 2);
+        let bag = (t * 2 + j) * 3 + i;
+        assert_eq!(rows[(offsets[bag] - 3) as usize], 3, "step 1 of sample 2's sequence 1 is id 3 of table 0");
+    }
+
+    #[test]
+    fn a_sequence_id_outside_its_table_names_the_sequence_and_the_id() {
+        let mut b = with_sequences();
+        b.sequences[0].ids[3] = 3;
+        let e = sequences_of(&b, 3).unwrap_err().to_string();
+        assert!(e.contains("sequence 0") && e.contains("id 3") && e.contains("below 3"), "{e}");
     }
 
     #[test]

@@ -28,10 +28,20 @@
 //!   back as the fixed store of one worker holds it.
 //! * **Checked on the host.** Row numbers are checked against their tables
 //!   while the host builds them; the device never needs a flag read for them.
-//! * **What it trains.** Models without behaviour sequences (DLRM, LR, FM,
-//!   DeepFM, Wide & Deep), SGD or row-wise Adagrad rows, no L2 penalty, every
-//!   table in one `u32` row space. [`ResidentWorker::supports`] says why a
-//!   configuration is refused; such a run trains through the host path.
+//! * **What it trains.** Every built-in model (DLRM, LR, FM, DeepFM, Wide &
+//!   Deep, and DIEN over its behaviour sequences), SGD or row-wise Adagrad
+//!   rows, no L2 penalty, every table in one `u32` row space.
+//!   [`ResidentWorker::supports`] says why a configuration is refused; such a
+//!   run trains through the host path.
+//! * **Sequences are bags of one step.** Step `t` of a sample's sequence `j`
+//!   is a bag of one row (none past the sample's length) pooled by the
+//!   fields' kernel into the `[batch × steps × sequences · dim]` layout the
+//!   models read; its gradient comes back through the same bags, after the
+//!   fields' entries, and each row's entries — fields' first, then the
+//!   sequences' in step order — are summed in that order and the row updated
+//!   once. Where a row repeats within a sequence or across fields and
+//!   sequences the CPU trainer sums it in another order, so the two agree to
+//!   rounding there, not bit for bit.
 //! * **A step's launches depend on its batch's shape only.** What changes
 //!   with the step's count (the learning rates, Adam's bias corrections) is
 //!   written to device memory before the step is queued, so the step may be
@@ -112,8 +122,13 @@ pub struct ResidentWorker {
     d_dlogits: Buffer,
     d_entry_grads: Buffer,
     d_flag: CudaSlice<u32>,
-    /// The empty sequence input of a model without sequences, and its gradient.
-    no_seq: (CudaSlice<f32>, CudaSlice<u32>, CudaSlice<f32>),
+    /// The table each behaviour sequence reads (none for a model without them).
+    seq_tables: Vec<usize>,
+    /// The longest sequence the model takes.
+    max_steps: usize,
+    /// The sequences' rows (`[batch × steps × sequences · dim]`) and their gradient.
+    d_seq: Buffer,
+    d_dseq: Buffer,
     logits: Vec<f32>,
     /// Phase timing, when asked for.
     clock: Option<PhaseClock>,
@@ -124,8 +139,12 @@ pub struct ResidentWorker {
 impl ResidentWorker {
     /// Why `config` cannot train on one device-resident worker, if it cannot.
     pub fn supports(config: &TrainerConfig) -> Result<(), String> {
-        if config.model.num_sequences() > 0 {
-            return Err("a model over behaviour sequences keeps its rows on the host".into());
+        if config.sequence_tables.len() != config.model.num_sequences() {
+            return Err(format!(
+                "{} sequence tables for a model of {} behaviour sequences",
+                config.sequence_tables.len(),
+                config.model.num_sequences()
+            ));
         }
         if config.store.kind != StoreKind::Fixed {
             return Err("only the fixed store lives on the device".into());
@@ -186,7 +205,10 @@ impl ResidentWorker {
             d_flag: dev.zeros(1)?,
             d_loss: dev.zeros(1)?,
             d_skip: dev.zeros(1)?,
-            no_seq: (dev.zeros(1)?, dev.zeros(1)?, dev.zeros(1)?),
+            seq_tables: config.sequence_tables.clone(),
+            max_steps: config.model.max_sequence_len(),
+            d_seq: Buffer::new(dev)?,
+            d_dseq: Buffer::new(dev)?,
             logits: Vec::new(),
             clock: None,
             graphs: Graphs::default(),
@@ -262,11 +284,13 @@ impl ResidentWorker {
     /// still be running the step before.
     pub fn stage(&mut self, batch: &Batch) -> Result<(), GpuError> {
         let (f, nd) = (batch.sparse.len(), self.num_dense);
-        if batch.num_dense != nd || f != self.table_sizes.len() || !batch.sequences.is_empty() {
+        let seqs = self.seq_tables.len();
+        if batch.num_dense != nd || f != self.table_sizes.len() || batch.sequences.len() != seqs {
             return Err(GpuError::shape(
                 "resident batch",
                 format!(
-                    "a batch of {} dense values, {f} sparse and {} sequence fields for a model of {nd} dense and {} sparse",
+                    "a batch of {} dense values, {f} sparse and {} sequence fields for a model of {nd} dense, {} \
+                     sparse and {seqs} sequence fields",
                     batch.num_dense,
                     batch.sequences.len(),
                     self.table_sizes.len()
@@ -277,7 +301,19 @@ impl ResidentWorker {
             self.dev.synchronize()?;
             clock.start();
         }
-        self.staging.stage(&self.dev, batch, &self.table_sizes, &self.bases)?;
+        if let Some(first) = batch.sequences.first() {
+            if let Some(i) = (0..batch.len()).find(|&i| first.bag(i).len() > self.max_steps) {
+                let len = first.bag(i).len();
+                return Err(GpuError::shape(
+                    "resident batch",
+                    format!(
+                        "sample {i}'s behaviour sequence of {len} steps is longer than the model's {}",
+                        self.max_steps
+                    ),
+                ));
+            }
+        }
+        self.staging.stage(&self.dev, batch, (&self.table_sizes, &self.bases, &self.seq_tables))?;
         if let Some(clock) = &mut self.clock {
             clock.book(Phase::Host);
             self.staging.synchronize()?;
@@ -442,33 +478,25 @@ impl ResidentWorker {
         Ok(())
     }
 
-    /// Pooling and the forward pass over the current batch; the logits stay
-    /// on the device (the first `batch` values of `d_logits`).
+    /// Pooling (of the fields, and of the sequences' steps) and the forward
+    /// pass over the current batch; the logits stay on the device (the first
+    /// `batch` values of `d_logits`).
     fn forward(&mut self, shape: Shape) -> Result<(), GpuError> {
         const OP: &str = "resident forward";
         let (b, f, d) = (shape.batch, shape.fields, self.dim);
         let dev = &self.dev;
-        let BagArgs { d32, b32, f32_, weighted } = bag_args(OP, d, shape)?;
         let slot = self.staging.current();
         let pooled = self.d_pooled.reserve(dev, b * f * d)?;
-        let mut launch = dev.stream.launch_builder(dev.function("resident_pool"));
-        launch
-            .arg(&self.rows.rows)
-            .arg(&d32)
-            .arg(&slot.offsets.0)
-            .arg(&slot.rows.0)
-            .arg(&slot.weights.0)
-            .arg(&weighted)
-            .arg(&b32)
-            .arg(&f32_)
-            .arg(&mut *pooled);
-        // SAFETY: every row number was checked below its table on the host, the offsets
-        // (f·b + 1, ascending, ending at the entries) were built there; pooled holds b·f·d.
-        unsafe { launch.launch(check::grid_for(b * f * d)) }.map_err(GpuError::driver("launching resident_pool"))?;
+        pool(dev, (&self.rows.rows, d), &slot.rows.0, field_bags(slot, shape), pooled)?;
+        let seq_len = b * shape.steps * shape.sequences * d;
+        let seq_rows = self.d_seq.reserve(dev, seq_len)?;
+        if seq_len > 0 {
+            pool(dev, (&self.rows.rows, d), &slot.rows.0, sequence_bags(slot, shape), seq_rows)?;
+        }
         self.mark(Phase::Pool)?;
         let dev = &self.dev;
         let slot = self.staging.current();
-        let seq = Sequences { rows: &self.no_seq.0, lengths: &self.no_seq.1, steps: 0 };
+        let seq = Sequences { rows: &self.d_seq.0, lengths: &slot.lengths.0, steps: shape.steps };
         let out = self.net.forward(dev, &self.params, &slot.dense.0, &self.d_pooled.0, seq, b)?;
         check::len(OP, "logits", out, b, || format!("batch {b}"))?;
         let logits = self.d_logits.reserve(dev, b)?;
@@ -478,16 +506,17 @@ impl ResidentWorker {
         self.mark(Phase::Forward)
     }
 
-    /// The BCE gradient (scale 1), the model's backward, and the gradient of every entry of the batch.
+    /// The BCE gradient (scale 1), the model's backward, and the gradient of
+    /// every entry of the batch: the fields' entries, then the sequences'.
     fn backward(&mut self, shape: Shape) -> Result<(), GpuError> {
-        const OP: &str = "resident backward";
-        let (b, f, d, entries) = (shape.batch, shape.fields, self.dim, shape.entries);
+        let (b, f, d) = (shape.batch, shape.fields, self.dim);
         let dev = &self.dev;
         let slot = self.staging.current();
         let dlogits = self.d_dlogits.reserve(dev, b)?;
         crate::nn::loss::bce_grad(dev, &self.d_logits.0, &slot.labels.0, b, 1.0, dlogits)?;
         self.d_dpooled.reserve(dev, b * f * d)?;
-        let seq = Sequences { rows: &self.no_seq.0, lengths: &self.no_seq.1, steps: 0 };
+        self.d_dseq.reserve(dev, b * shape.steps * shape.sequences * d)?;
+        let seq = Sequences { rows: &self.d_seq.0, lengths: &slot.lengths.0, steps: shape.steps };
         self.net.backward(
             dev,
             &self.params,
@@ -497,27 +526,16 @@ impl ResidentWorker {
             &self.d_dlogits.0,
             &mut self.grads,
             &mut self.d_dpooled.0,
-            &mut self.no_seq.2,
+            &mut self.d_dseq.0,
         )?;
         self.mark(Phase::Backward)?;
         let dev = &self.dev;
-        let BagArgs { d32, b32, f32_, weighted } = bag_args(OP, d, shape)?;
         let slot = self.staging.current();
-        let grads = self.d_entry_grads.reserve(dev, entries.max(1) * d)?;
-        let mut launch = dev.stream.launch_builder(dev.function("resident_entry_grads"));
-        launch
-            .arg(&self.d_dpooled.0)
-            .arg(&d32)
-            .arg(&slot.offsets.0)
-            .arg(&slot.weights.0)
-            .arg(&weighted)
-            .arg(&b32)
-            .arg(&f32_)
-            .arg(&mut *grads);
-        // SAFETY: dpooled holds b·f·d values, the offsets f·b + 1 ending at `entries`,
-        // the weights `entries` when weighted, the gradients entries·d.
-        unsafe { launch.launch(check::grid_for(b * f * d)) }
-            .map_err(GpuError::driver("launching resident_entry_grads"))?;
+        let grads = self.d_entry_grads.reserve(dev, (shape.entries + shape.seq_entries).max(1) * d)?;
+        entry_grads(dev, (&self.d_dpooled.0, d), field_bags(slot, shape), grads)?;
+        if shape.seq_entries > 0 {
+            entry_grads(dev, (&self.d_dseq.0, d), sequence_bags(slot, shape), grads)?;
+        }
         Ok(())
     }
 
@@ -527,7 +545,7 @@ impl ResidentWorker {
     /// the flag that an entry gradient or an updated dense parameter is not
     /// finite (read by [`finish`](Self::finish)).
     fn update(&mut self, shape: Shape) -> Result<(), GpuError> {
-        let (d, entries, b) = (self.dim, shape.entries, shape.batch);
+        let (d, entries, b) = (self.dim, shape.entries + shape.seq_entries, shape.batch);
         let dev = &self.dev;
         flag_nonfinite(dev, &self.d_entry_grads.0, entries * d, &mut self.d_flag)?;
         let scale = 1.0 / b as f32;
@@ -677,22 +695,103 @@ impl ResidentWorker {
     }
 }
 
-/// Row width, batch, fields and whether entries are weighted, as the pooling kernels take them.
-struct BagArgs {
-    d32: u32,
-    b32: u32,
-    f32_: u32,
-    weighted: i32,
+/// One set of bags of a staged batch, as the pooling kernels read them:
+/// `fields · batch` bags (field-major) of entries of the slot's `rows`.
+struct Bags<'a> {
+    offsets: &'a CudaSlice<u32>,
+    weights: &'a CudaSlice<f32>,
+    weighted: bool,
+    batch: usize,
+    fields: usize,
 }
 
-/// The shape arguments of the pooling kernels for rows of `dim` and a batch of `shape`.
-fn bag_args(op: &'static str, dim: usize, shape: Shape) -> Result<BagArgs, GpuError> {
-    Ok(BagArgs {
-        d32: check::u32_of(op, "dim", dim)?,
-        b32: check::u32_of(op, "batch", shape.batch)?,
-        f32_: check::u32_of(op, "fields", shape.fields)?,
-        weighted: shape.weighted as i32,
-    })
+/// The sparse fields' bags of `slot`, a batch of `shape`.
+fn field_bags(slot: &staging::Slot, shape: Shape) -> Bags<'_> {
+    Bags {
+        offsets: &slot.offsets.0,
+        weights: &slot.weights.0,
+        weighted: shape.weighted,
+        batch: shape.batch,
+        fields: shape.fields,
+    }
+}
+
+/// The sequences' bags of `slot`: one per step and sequence (`steps · sequences`
+/// fields, none weighted), so pooling lays the steps' rows out as the models
+/// read them (see `host::fill_sequences`).
+fn sequence_bags(slot: &staging::Slot, shape: Shape) -> Bags<'_> {
+    Bags {
+        offsets: &slot.seq_offsets.0,
+        weights: &slot.weights.0,
+        weighted: false,
+        batch: shape.batch,
+        fields: shape.steps * shape.sequences,
+    }
+}
+
+impl Bags<'_> {
+    /// Row width, batch, fields and whether entries are weighted, as the kernels take them.
+    fn args(&self, op: &'static str, dim: usize) -> Result<(u32, u32, u32, i32), GpuError> {
+        Ok((
+            check::u32_of(op, "dim", dim)?,
+            check::u32_of(op, "batch", self.batch)?,
+            check::u32_of(op, "fields", self.fields)?,
+            self.weighted as i32,
+        ))
+    }
+}
+
+/// Pools `bags` of rows `rows_of` of `table` (rows of `dim`) into `pooled`,
+/// sample-major (`[batch × fields × dim]`).
+fn pool(
+    dev: &Device,
+    (table, dim): (&CudaSlice<f32>, usize),
+    rows_of: &CudaSlice<u32>,
+    bags: Bags<'_>,
+    pooled: &mut CudaSlice<f32>,
+) -> Result<(), GpuError> {
+    const OP: &str = "resident pooling";
+    let (d32, b32, f32_, weighted) = bags.args(OP, dim)?;
+    let n = check::product(OP, &[bags.batch, bags.fields, dim])?;
+    check::len(OP, "pooled", pooled, n, || format!("{} bags × {dim}", bags.batch * bags.fields))?;
+    let mut launch = dev.stream.launch_builder(dev.function("resident_pool"));
+    launch
+        .arg(table)
+        .arg(&d32)
+        .arg(bags.offsets)
+        .arg(rows_of)
+        .arg(bags.weights)
+        .arg(&weighted)
+        .arg(&b32)
+        .arg(&f32_)
+        .arg(pooled);
+    // SAFETY: every row number was checked below its table on the host, the offsets
+    // (fields·batch + 1, ascending, into `rows_of`) were built there with the weights
+    // (one per entry when weighted); `pooled` holds batch·fields·dim values (checked).
+    unsafe { launch.launch(check::grid_for(n)) }.map_err(GpuError::driver("launching resident_pool"))?;
+    Ok(())
+}
+
+/// The gradient of every entry of `bags` from the pooled gradient `dpooled`
+/// (rows of `dim`, laid out as [`pool`] writes), into `grads` at the entries'
+/// places (entry `k` at `k · dim`).
+fn entry_grads(
+    dev: &Device,
+    (dpooled, dim): (&CudaSlice<f32>, usize),
+    bags: Bags<'_>,
+    grads: &mut CudaSlice<f32>,
+) -> Result<(), GpuError> {
+    const OP: &str = "resident entry gradients";
+    let (d32, b32, f32_, weighted) = bags.args(OP, dim)?;
+    let n = check::product(OP, &[bags.batch, bags.fields, dim])?;
+    check::len(OP, "dpooled", dpooled, n, || format!("{} bags × {dim}", bags.batch * bags.fields))?;
+    let mut launch = dev.stream.launch_builder(dev.function("resident_entry_grads"));
+    launch.arg(dpooled).arg(&d32).arg(bags.offsets).arg(bags.weights).arg(&weighted).arg(&b32).arg(&f32_).arg(grads);
+    // SAFETY: dpooled holds batch·fields·dim values (checked); the offsets (fields·batch
+    // + 1, ascending) end at most at the entries `grads` holds rows for (sized by the
+    // caller for the fields' and the sequences' entries), with one weight per entry when weighted.
+    unsafe { launch.launch(check::grid_for(n)) }.map_err(GpuError::driver("launching resident_entry_grads"))?;
+    Ok(())
 }
 
 /// Every table's rows and optimizer state, one after the other, and the first row of each table.

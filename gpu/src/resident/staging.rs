@@ -32,12 +32,18 @@ pub(super) struct Shape {
     pub(super) entries: usize,
     /// Some field has entry weights (the weights buffer holds one per entry).
     pub(super) weighted: bool,
+    /// Behaviour sequences (0 for a model without them).
+    pub(super) sequences: usize,
+    /// Steps of the longest sequence.
+    pub(super) steps: usize,
+    /// Ids over every sequence (their rows follow the fields' `entries`).
+    pub(super) seq_entries: usize,
 }
 
 /// One staged batch on the device.
 pub(super) struct Slot {
     pinned: PinnedBatch,
-    /// Global row numbers, field-major.
+    /// Global row numbers, field-major, then the sequences' in bag order.
     pub(super) rows: Buffer<u32>,
     /// `fields · batch + 1` bag offsets into `rows`.
     pub(super) offsets: Buffer<u32>,
@@ -45,6 +51,10 @@ pub(super) struct Slot {
     pub(super) weights: Buffer,
     pub(super) dense: Buffer,
     pub(super) labels: Buffer,
+    /// `steps · sequences · batch + 1` offsets of the sequences' one-step bags into `rows`.
+    pub(super) seq_offsets: Buffer<u32>,
+    /// Each sample's sequence length.
+    pub(super) lengths: Buffer<u32>,
     pub(super) shape: Shape,
     uploaded: CudaEvent,
     consumed: CudaEvent,
@@ -58,6 +68,8 @@ struct PinnedBatch {
     weights: Pinned<f32>,
     dense: Pinned<f32>,
     labels: Pinned<f32>,
+    seq_offsets: Pinned<u32>,
+    lengths: Pinned<u32>,
 }
 
 /// Two slots and the copy stream that fills them (see the module docs).
@@ -87,6 +99,8 @@ impl Staging {
                 weights: Buffer::new(dev)?,
                 dense: Buffer::new(dev)?,
                 labels: Buffer::new(dev)?,
+                seq_offsets: Buffer::new(dev)?,
+                lengths: Buffer::new(dev)?,
                 shape: Shape::default(),
                 uploaded: event()?,
                 consumed: event()?,
@@ -96,38 +110,65 @@ impl Staging {
     }
 
     /// Builds `batch`'s upload in the next slot's pinned memory (global rows
-    /// from `bases`, each id checked below its table's size) and starts copying
-    /// it on the copy stream. A batch staged before and not taken is dropped.
+    /// from `bases`, each id checked below its table's size; sequence `j` over
+    /// table `seq_tables[j]`) and starts copying it on the copy stream. A batch
+    /// staged before and not taken is dropped.
     pub(super) fn stage(
         &mut self,
         dev: &Device,
         batch: &Batch,
-        sizes: &[u64],
-        bases: &[u64],
+        (sizes, bases, seq_tables): (&[u64], &[u64], &[usize]),
     ) -> Result<Shape, GpuError> {
         let layout = host::layout(batch)?;
         let (b, f, nd) = (batch.len(), batch.sparse.len(), batch.num_dense);
-        let shape = Shape { batch: b, fields: f, entries: layout.entries, weighted: layout.weighted };
+        let shape = Shape {
+            batch: b,
+            fields: f,
+            entries: layout.entries,
+            weighted: layout.weighted,
+            sequences: batch.sequences.len(),
+            steps: layout.steps,
+            seq_entries: layout.seq_entries,
+        };
+        let all = shape.entries + shape.seq_entries;
+        let (seq_offsets_len, lengths_len) =
+            if shape.sequences > 0 { (shape.steps * shape.sequences * b + 1, b) } else { (0, 0) };
         let k = self.next;
         let slot = &mut self.slots[k];
         slot.uploaded.synchronize().map_err(GpuError::driver("waiting for a slot's last upload"))?;
         let p = &mut slot.pinned;
         let n_weights = if shape.weighted { shape.entries } else { 0 };
         let offsets_len = f * b + 1;
+        let (field_rows, seq_rows) = p.rows.front(dev, all)?.split_at_mut(shape.entries);
         host::fill(
             batch,
             sizes,
             bases,
             host::Out {
-                rows: p.rows.front(dev, shape.entries)?,
+                rows: field_rows,
                 offsets: p.offsets.front(dev, offsets_len)?,
                 weights: p.weights.front(dev, n_weights)?,
+            },
+        )?;
+        host::fill_sequences(
+            batch,
+            (seq_tables, sizes, bases),
+            (shape.entries, shape.steps),
+            host::SeqOut {
+                rows: seq_rows,
+                offsets: p.seq_offsets.front(dev, seq_offsets_len)?,
+                lengths: p.lengths.front(dev, lengths_len)?,
             },
         )?;
         p.dense.front(dev, b * nd)?.copy_from_slice(&batch.dense[..b * nd]);
         p.labels.front(dev, b)?.copy_from_slice(&batch.labels[..b]);
         let mut grew = false;
-        for (buf, len) in [(&mut slot.rows, shape.entries.max(1)), (&mut slot.offsets, offsets_len)] {
+        for (buf, len) in [
+            (&mut slot.rows, all.max(1)),
+            (&mut slot.offsets, offsets_len),
+            (&mut slot.seq_offsets, seq_offsets_len.max(1)),
+            (&mut slot.lengths, lengths_len.max(1)),
+        ] {
             grew |= grow(buf, dev, len)?;
         }
         for (buf, len) in
@@ -143,8 +184,10 @@ impl Staging {
         let copy = &self.copy;
         copy.wait(&slot.consumed).map_err(GpuError::driver("ordering the copy stream"))?;
         let p = &slot.pinned;
-        up(copy, p.rows.first(shape.entries), &mut slot.rows.0)?;
+        up(copy, p.rows.first(all), &mut slot.rows.0)?;
         up(copy, p.offsets.first(offsets_len), &mut slot.offsets.0)?;
+        up(copy, p.seq_offsets.first(seq_offsets_len), &mut slot.seq_offsets.0)?;
+        up(copy, p.lengths.first(lengths_len), &mut slot.lengths.0)?;
         up(copy, p.weights.first(n_weights), &mut slot.weights.0)?;
         up(copy, p.dense.first(b * nd), &mut slot.dense.0)?;
         up(copy, p.labels.first(b), &mut slot.labels.0)?;

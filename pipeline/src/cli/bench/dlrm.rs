@@ -181,7 +181,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
     let resident = resident_device(bench, &setup.config);
     let (mut phase_ms, mut cuda_graphs) = (None, None);
     let timed = if let Some(n) = resident {
-        let (timed, phases, graphs) = timed_resident(bench, &setup.config, n)?;
+        let (timed, phases, graphs) = timed_resident(bench, &setup, n)?;
         (phase_ms, cuda_graphs) = (phases, graphs);
         vec![timed]
     } else if bench.independent && bench.workers > 1 {
@@ -239,16 +239,17 @@ fn resident_device(bench: &DlrmBench, config: &TrainerConfig) -> Option<usize> {
 /// (`TIDEREC_GPU_GRAPHS=on`) their counts.
 fn timed_resident(
     bench: &DlrmBench,
-    config: &TrainerConfig,
+    setup: &Setup,
     n: usize,
 ) -> Result<(Timed, Option<PhaseTimes>, Option<GraphCounts>), PipelineError> {
+    let config = &setup.config;
     let fail = |e: tiderec_gpu::GpuError| PipelineError::config("device", format!("cuda:{n}: {e}"));
     let dev = tiderec_gpu::Device::open(n).and_then(|d| d.with_precision(bench.precision)).map_err(fail)?;
     let mut worker = tiderec_gpu::resident::ResidentWorker::new(&dev, config).map_err(fail)?;
     worker.set_hot_rows(tiderec::device::hot_rows()?).map_err(fail)?;
     let graphs = tiderec::device::graphs()?;
     worker.set_graphs(graphs);
-    let pool: Vec<Batch> = (0..8u64).map(|k| random_batch(bench.batch_size, bench.rows, k, bench.zipf)).collect();
+    let pool = batch_pool(bench, setup.behavior.as_ref(), bench.batch_size, 0);
     // Untimed phases: the next batch is built and uploaded while the device runs the step before.
     let run = |worker: &mut tiderec_gpu::resident::ResidentWorker, steps: u64| {
         let batches = (0..steps as usize).map(|s| &pool[s % pool.len()]);
@@ -273,6 +274,23 @@ fn timed_resident(
     let dense_params = config.model.build::<f32>(config.seed)?.params().len() as u64;
     let counts = graphs.then(|| worker.graph_counts());
     Ok((Timed { secs, bytes: 0, dense_params, stages }, phases, counts))
+}
+
+/// The eight batches worker `me` of `bench` trains on in turn, `micro`
+/// samples each: from the synthetic behaviour stream for a model over
+/// sequences, else [`random_batch`]es.
+fn batch_pool(bench: &DlrmBench, behavior: Option<&SyntheticBehavior>, micro: usize, me: usize) -> Vec<Batch> {
+    (0..8u64)
+        .map(|k| match behavior {
+            Some(g) => {
+                let mut b = Batch::with_sequences(0, 3, 2);
+                let start = (me as u64 * 8 + k) * micro as u64;
+                g.fill(start..start + micro as u64, &mut b);
+                b
+            }
+            None => random_batch(micro, bench.rows, me as u64 * 1000 + k, bench.zipf),
+        })
+        .collect()
 }
 
 /// What every trainer of a benchmark shares, built and checked once: the
@@ -416,17 +434,7 @@ fn timed_trainer(
         let (index, w) = (worker.index(), worker.peers());
         let me = first + index;
         let micro = tiderec::data::micro_batch(bench.batch_size, index, w);
-        let pool: Vec<Batch> = (0..8u64)
-            .map(|k| match behavior {
-                Some(g) => {
-                    let mut b = Batch::with_sequences(0, 3, 2);
-                    let start = (me as u64 * 8 + k) * micro as u64;
-                    g.fill(start..start + micro as u64, &mut b);
-                    b
-                }
-                None => random_batch(micro, bench.rows, me as u64 * 1000 + k, bench.zipf),
-            })
-            .collect();
+        let pool = batch_pool(&bench, behavior.as_ref(), micro, me);
         let mut trainer = devices.trainer(worker, config, bench.workers, bench.precision)?;
         let run = |steps: u64, trainer: &mut Trainer, worker: &mut timely::worker::Worker| {
             for s in 0..steps {
