@@ -216,6 +216,22 @@ for p in fp32 tf32 bf16; do
     say "synthetic $p: $(auc_of "$OUT/auc-synthetic-$p.json")"
 done
 
+# Alternated `bench dlrm` runs of two settings of one environment variable:
+#   alternate PREFIX VAR "MODE_A MODE_B" ROUNDS BATCH [bench args...]
+# writes OUT/PREFIX-dlrm-BATCH-MODE-ROUND.json (and .err); stops when the budget runs low.
+alternate() {
+    local prefix=$1 var=$2 modes=$3 rounds=$4 b=$5
+    shift 5
+    for round in $(seq 1 "$rounds"); do
+        for mode in $modes; do
+            [ "$(left)" -lt 40 ] && return 1
+            env "$var=$mode" timeout -k 5 60 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size "$b" \
+                --steps $((1600000 / b)) --warmup 5 --json "$@" \
+                >"$OUT/$prefix-dlrm-$b-$mode-$round.json" 2>"$OUT/$prefix-dlrm-$b-$mode-$round.err" || FAILED=1
+        done
+    done
+}
+
 # ---- 3d. hot rows: a run of duplicates split into chunks, or on one warp --
 # DLRM on Zipf(1.1)-skewed ids (a table's top id in about 1 of 10 samples), one
 # device-resident worker, the row update's hot runs split (the default) against
@@ -226,14 +242,7 @@ if [ "${HOTROWS:-1}" = 0 ]; then
 else
     say "== 3d. hot rows, split against one warp ($(elapsed) s)"
     for b in 16384 65536; do
-        for round in $(seq 1 "${HOT_ROUNDS:-2}"); do
-            for mode in split one-warp; do
-                [ "$(left)" -lt 40 ] && break 3
-                TIDEREC_GPU_HOT_ROWS=$mode timeout -k 5 60 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b \
-                    --zipf 1.1 --steps $((1600000 / b)) --warmup 5 --json \
-                    >"$OUT/hotrows-dlrm-$b-$mode-$round.json" 2>"$OUT/hotrows-dlrm-$b-$mode-$round.err" || FAILED=1
-            done
-        done
+        alternate hotrows TIDEREC_GPU_HOT_ROWS "split one-warp" "${HOT_ROUNDS:-2}" $b --zipf 1.1 || break
         say "dlrm batch $b, zipf 1.1 (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --hot-rows "$OUT" $b 2>&1 | head -1)"
     done
 fi
@@ -246,14 +255,7 @@ if [ "${GRAPHS:-1}" = 0 ]; then
 else
     say "== 3e. CUDA graphs, on against off ($(elapsed) s)"
     for b in 2048 16384; do
-        for round in $(seq 1 "${GRAPH_ROUNDS:-2}"); do
-            for mode in on off; do
-                [ "$(left)" -lt 40 ] && break 3
-                TIDEREC_GPU_GRAPHS=$mode timeout -k 5 60 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b \
-                    --steps $((1600000 / b)) --warmup 5 --json \
-                    >"$OUT/graphs-dlrm-$b-$mode-$round.json" 2>"$OUT/graphs-dlrm-$b-$mode-$round.err" || FAILED=1
-            done
-        done
+        alternate graphs TIDEREC_GPU_GRAPHS "on off" "${GRAPH_ROUNDS:-2}" $b || break
         say "dlrm batch $b (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --graphs "$OUT" $b 2>&1 | head -1)"
     done
 fi

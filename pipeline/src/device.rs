@@ -195,13 +195,7 @@ pub const GPU_ROWS_ENV: &str = "TIDEREC_GPU_ROWS";
 /// Whether `TIDEREC_GPU_ROWS` asks for rows on the host; any value but
 /// `device` and `host` is an error naming the variable.
 fn rows_on_host() -> Result<bool, PipelineError> {
-    match std::env::var(GPU_ROWS_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(false),
-        Ok(v) if v == "device" => Ok(false),
-        Ok(v) if v == "host" => Ok(true),
-        Ok(v) => Err(PipelineError::config(GPU_ROWS_ENV, format!("`{v}` is not device or host"))),
-        Err(e) => Err(PipelineError::config(GPU_ROWS_ENV, e.to_string())),
-    }
+    env_choice(GPU_ROWS_ENV, &[("device", false), ("host", true)])
 }
 
 /// The environment variable that says how a device-resident worker's row
@@ -213,13 +207,7 @@ pub const GPU_HOT_ROWS_ENV: &str = "TIDEREC_GPU_HOT_ROWS";
 /// The hot-row setting `TIDEREC_GPU_HOT_ROWS` asks for; any value but `split`
 /// and `one-warp` is an error naming the variable.
 pub fn hot_rows() -> Result<HotRows, PipelineError> {
-    match std::env::var(GPU_HOT_ROWS_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(HotRows::default()),
-        Ok(v) if v == "split" => Ok(HotRows::default()),
-        Ok(v) if v == "one-warp" => Ok(HotRows::OneWarp),
-        Ok(v) => Err(PipelineError::config(GPU_HOT_ROWS_ENV, format!("`{v}` is not split or one-warp"))),
-        Err(e) => Err(PipelineError::config(GPU_HOT_ROWS_ENV, e.to_string())),
-    }
+    env_choice(GPU_HOT_ROWS_ENV, &[("split", HotRows::default()), ("one-warp", HotRows::OneWarp)])
 }
 
 /// The environment variable that says whether a device-resident worker runs
@@ -231,12 +219,20 @@ pub const GPU_GRAPHS_ENV: &str = "TIDEREC_GPU_GRAPHS";
 /// Whether `TIDEREC_GPU_GRAPHS` asks for CUDA graphs; any value but `on` and
 /// `off` is an error naming the variable.
 pub fn graphs() -> Result<bool, PipelineError> {
-    match std::env::var(GPU_GRAPHS_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(false),
-        Ok(v) if v == "off" => Ok(false),
-        Ok(v) if v == "on" => Ok(true),
-        Ok(v) => Err(PipelineError::config(GPU_GRAPHS_ENV, format!("`{v}` is not on or off"))),
-        Err(e) => Err(PipelineError::config(GPU_GRAPHS_ENV, e.to_string())),
+    env_choice(GPU_GRAPHS_ENV, &[("off", false), ("on", true)])
+}
+
+/// The value of the environment variable `var` among `choices` (name, value):
+/// the first one's when `var` is not set; any other name is an error naming
+/// the variable and the names it takes.
+fn env_choice<T: Copy>(var: &str, choices: &[(&str, T)]) -> Result<T, PipelineError> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(choices[0].1),
+        Ok(v) => choices.iter().find(|(name, _)| *name == v).map(|&(_, value)| value).ok_or_else(|| {
+            let names: Vec<&str> = choices.iter().map(|&(name, _)| name).collect();
+            PipelineError::config(var, format!("`{v}` is not {}", names.join(" or ")))
+        }),
+        Err(e) => Err(PipelineError::config(var, e.to_string())),
     }
 }
 
