@@ -1,7 +1,7 @@
 //! Finding a device, probing the CUDA libraries first, and the per-process
 //! cache of compiled kernels.
 
-use crate::kernels::{compile_to, nvrtc_version, real_arch, Output, MIN_CAPABILITY, SOURCES};
+use crate::kernels::{nvrtc_version, real_arch, MIN_CAPABILITY, SOURCES};
 use crate::GpuError;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -53,14 +53,16 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    /// Compiles every source to a cubin for the device's own `sm_XY` and
-    /// loads it. A module the driver refuses is reported with NVRTC's and
-    /// the driver's CUDA versions, the usual cause.
+    /// Compiles every source to a cubin for the device's own `sm_XY` (all at
+    /// once, each on a thread of its own, or from the cache of compiled
+    /// kernels, [`crate::cubin_cache`]) and loads it. A module the driver
+    /// refuses is reported with NVRTC's and the driver's CUDA versions, the
+    /// usual cause.
     fn build(ctx: &Arc<CudaContext>, major: i32, minor: i32) -> Result<Kernels, GpuError> {
         let arch = real_arch(major, minor);
+        let cubins = crate::cubin_cache::cubins(&arch, crate::cubin_cache::cache_dir().as_deref())?;
         let mut functions = HashMap::new();
-        for source in SOURCES {
-            let cubin = compile_to(source, &arch, Output::Cubin)?;
+        for (source, cubin) in SOURCES.iter().zip(cubins) {
             let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| GpuError::Driver {
                 during: "loading a compiled kernel module",
                 message: format!("{}: {e:?} ({})", source.file, versions()),

@@ -50,6 +50,7 @@
 
 mod blas;
 mod check;
+pub mod cubin_cache;
 mod device;
 mod error;
 pub mod kernels;

@@ -3,10 +3,13 @@
 //! available — assembles for `sm_90` without register spills. Needs NVRTC
 //! only, no driver and no GPU (`scripts/test.sh` installs both from pip).
 //! Without NVRTC the test prints why it skips; under `CI=true` it fails.
+//! The cache of compiled kernels gives back what NVRTC compiled, and replaces
+//! a damaged file.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
+use tiderec_gpu::cubin_cache::{cubin, cubins};
 use tiderec_gpu::kernels::{compile, compile_to, Output, SOURCES};
 
 /// Spilled bytes (stores or loads) any one kernel may have on `sm_90`.
@@ -125,4 +128,49 @@ fn every_kernel_compiles_for_hopper_and_assembles_without_spills() {
         assert_eq!(total, listed, "every kernel assembled");
         println!("{total} kernels in {} files assembled for sm_90", SOURCES.len());
     }
+}
+
+#[test]
+fn the_kernel_cache_gives_back_what_nvrtc_compiled_and_replaces_a_damaged_file() {
+    if !tiderec_gpu::nvrtc_available() {
+        skip(&tiderec_gpu::nvrtc_missing().to_string());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kernels");
+    let source = SOURCES.iter().find(|s| s.file == "optim.cu").expect("optim.cu is a kernel file");
+    let compiled = compile_to(source, "sm_90", Output::Cubin).unwrap();
+    // Without a folder nothing is written.
+    assert_eq!(cubin(source, "sm_90", None).unwrap(), compiled);
+    assert!(!dir.exists());
+    // The first call compiles and stores one file, whole; the next reads it.
+    assert_eq!(cubin(source, "sm_90", Some(&dir)).unwrap(), compiled);
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().to_string();
+    assert!(name.starts_with("optim-sm_90-") && name.ends_with(".cubin"), "{name}");
+    let stored = std::fs::read(&files[0]).unwrap();
+    assert!(stored.len() > compiled.len() && stored.ends_with(&compiled), "the file holds the cubin after a header");
+    assert_eq!(cubin(source, "sm_90", Some(&dir)).unwrap(), compiled);
+    // A damaged file is compiled again and replaced; another target is another file.
+    std::fs::write(&files[0], &stored[..stored.len() / 2]).unwrap();
+    assert_eq!(cubin(source, "sm_90", Some(&dir)).unwrap(), compiled);
+    assert_eq!(std::fs::read(&files[0]).unwrap(), stored, "the damaged file is replaced");
+    let other = cubin(source, "sm_80", Some(&dir)).unwrap();
+    assert!(other.starts_with(b"\x7fELF"));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "sm_80 is cached beside sm_90, nothing else left");
+    // Every file at once, on threads: what NVRTC compiles one by one; then from the cache.
+    let all = tmp.path().join("all");
+    let serial: Vec<Vec<u8>> = SOURCES.iter().map(|s| compile_to(s, "sm_90", Output::Cubin).unwrap()).collect();
+    let started = std::time::Instant::now();
+    assert_eq!(cubins("sm_90", Some(&all)).unwrap(), serial);
+    let cold = started.elapsed();
+    let started = std::time::Instant::now();
+    assert_eq!(cubins("sm_90", Some(&all)).unwrap(), serial);
+    println!(
+        "{} kernel files: compiled on threads in {cold:?}, read from the cache in {:?}",
+        SOURCES.len(),
+        started.elapsed()
+    );
+    assert_eq!(std::fs::read_dir(&all).unwrap().count(), SOURCES.len());
 }

@@ -1,0 +1,149 @@
+//! Compiled kernels kept on disk between processes: NVRTC takes about two
+//! seconds of CPU time to compile every kernel file for a device, which each
+//! `tiderec` process opening a GPU would otherwise pay again.
+//!
+//! ## Invariants
+//!
+//! * **A cubin is found only by everything that made it.** Its file name holds
+//!   a 128-bit hash of the source, the file's name, the target `sm_XY`, the
+//!   NVRTC options and NVRTC's version, so a changed kernel, option or NVRTC
+//!   never finds an old cubin.
+//! * **A damaged file is never loaded.** Each file starts with a magic word,
+//!   the payload's length and its hash; a file that does not check out is
+//!   compiled again and replaced.
+//! * **The cache never fails a run.** A cache that cannot be read or written
+//!   (no home folder, a read-only disk) only means compiling; files appear
+//!   whole or not at all (written under a temporary name, then renamed), so
+//!   processes sharing the cache never read half a file.
+//! * **Where.** `TIDEREC_KERNEL_CACHE` names the folder (`off` turns the cache
+//!   off); else `$XDG_CACHE_HOME/tiderec/kernels`, else
+//!   `$HOME/.cache/tiderec/kernels`. Nothing outside that folder is written.
+
+use crate::kernels::{compile_options, compile_to, nvrtc_version, KernelSource, Output, SOURCES};
+use crate::GpuError;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::xxh3_128;
+
+/// The environment variable naming the cache's folder, or `off`.
+pub const CACHE_ENV: &str = "TIDEREC_KERNEL_CACHE";
+
+/// The first bytes of every cache file.
+const MAGIC: &[u8; 8] = b"TDRCUBN1";
+
+/// Bytes before the payload: the magic word, its length (u64) and its hash (u128), little-endian.
+const HEADER: usize = 8 + 8 + 16;
+
+/// The cache folder, if there is one (see the module docs).
+pub fn cache_dir() -> Option<PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    dir_from(var(CACHE_ENV), var("XDG_CACHE_HOME"), var("HOME"))
+}
+
+/// The cache folder for the values of `TIDEREC_KERNEL_CACHE`, `XDG_CACHE_HOME`
+/// and `HOME` (unset or empty: `None`).
+fn dir_from(named: Option<OsString>, xdg: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    if let Some(v) = named {
+        return (v != "off").then(|| PathBuf::from(v));
+    }
+    let base = xdg.map(PathBuf::from).or_else(|| home.map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("tiderec").join("kernels"))
+}
+
+/// `source` compiled to a cubin for `arch` (`sm_XY`): from the cache in `dir`
+/// when it holds it, else compiled by NVRTC and stored there.
+pub fn cubin(source: &KernelSource, arch: &str, dir: Option<&Path>) -> Result<Vec<u8>, GpuError> {
+    let Some(dir) = dir else { return compile_to(source, arch, Output::Cubin) };
+    let path = dir.join(file_name(source, arch)?);
+    if let Some(payload) = std::fs::read(&path).ok().and_then(|bytes| unpack(&bytes)) {
+        return Ok(payload);
+    }
+    let compiled = compile_to(source, arch, Output::Cubin)?;
+    store(dir, &path, &compiled);
+    Ok(compiled)
+}
+
+/// Every kernel file's cubin for `arch`, in [`SOURCES`]' order, each compiled
+/// (or read from the cache in `dir`) on a thread of its own: NVRTC compiles
+/// independent programs at once.
+pub fn cubins(arch: &str, dir: Option<&Path>) -> Result<Vec<Vec<u8>>, GpuError> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = SOURCES.iter().map(|source| scope.spawn(move || cubin(source, arch, dir))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
+}
+
+/// `<file stem>-<arch>-<hash>.cubin` for what makes `source`'s cubin.
+fn file_name(source: &KernelSource, arch: &str) -> Result<String, GpuError> {
+    let (major, minor) = nvrtc_version()?;
+    let mut key = format!("{}\0{arch}\0nvrtc {major}.{minor}\0", source.file);
+    for option in compile_options(arch) {
+        key.push_str(&option);
+        key.push('\0');
+    }
+    key.push_str(source.source);
+    let stem = source.file.strip_suffix(".cu").unwrap_or(source.file);
+    Ok(format!("{stem}-{arch}-{:032x}.cubin", xxh3_128(key.as_bytes())))
+}
+
+/// A cache file's bytes for `payload`.
+fn pack(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&xxh3_128(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The payload of a cache file's `bytes`, if they check out.
+fn unpack(bytes: &[u8]) -> Option<Vec<u8>> {
+    let (header, payload) = bytes.split_at_checked(HEADER)?;
+    let len = u64::from_le_bytes(header[8..16].try_into().ok()?);
+    let hash = u128::from_le_bytes(header[16..32].try_into().ok()?);
+    (&header[..8] == MAGIC && len == payload.len() as u64 && hash == xxh3_128(payload)).then(|| payload.to_vec())
+}
+
+/// Writes `payload` to `path` in `dir` whole or not at all; a failure only
+/// leaves the cache without it.
+fn store(dir: &Path, path: &Path, payload: &[u8]) {
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let tmp = path.with_extension(format!("tmp.{}.{nanos}", std::process::id()));
+    if std::fs::write(&tmp, pack(payload)).is_ok() && std::fs::rename(&tmp, path).is_ok() {
+        return;
+    }
+    let _ = std::fs::remove_file(&tmp);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_packed_payload_unpacks_and_any_damage_is_refused() {
+        let payload: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let bytes = pack(&payload);
+        assert_eq!(unpack(&bytes).as_deref(), Some(&payload[..]));
+        assert_eq!(unpack(&bytes[..bytes.len() - 1]), None, "a truncated file");
+        assert_eq!(unpack(&bytes[..HEADER - 1]), None, "a header cut short");
+        for at in [0, 9, 20, HEADER, bytes.len() - 1] {
+            let mut bad = bytes.clone();
+            bad[at] ^= 1;
+            assert_eq!(unpack(&bad), None, "byte {at} flipped");
+        }
+        assert_eq!(unpack(&pack(&[])).as_deref(), Some(&[][..]), "an empty payload");
+    }
+
+    #[test]
+    fn the_folder_comes_from_the_variable_then_xdg_then_home() {
+        let s = |v: &str| Some(OsString::from(v));
+        assert_eq!(dir_from(s("/tmp/k"), s("/x"), s("/h")), Some(PathBuf::from("/tmp/k")));
+        assert_eq!(dir_from(s("off"), s("/x"), s("/h")), None);
+        assert_eq!(dir_from(None, s("/x"), s("/h")), Some(PathBuf::from("/x/tiderec/kernels")));
+        assert_eq!(dir_from(None, None, s("/h")), Some(PathBuf::from("/h/.cache/tiderec/kernels")));
+        assert_eq!(dir_from(None, None, None), None);
+    }
+}
