@@ -189,7 +189,7 @@ impl DenseOptimizer {
     /// launch depends only on the buffers, `scale` and the hyper-parameters
     /// that stay fixed, so it may be captured in a CUDA graph.
     pub(crate) fn queue_update(
-        &self,
+        &mut self,
         dev: &Device,
         params: &mut CudaSlice<f32>,
         grads: &CudaSlice<f32>,
@@ -208,7 +208,7 @@ impl DenseOptimizer {
         let DenseHyper { beta1, beta2, eps, .. } = self.hp;
         let hyper = &self.hyper;
         let cfg = grid_for(n);
-        match (self.kind, self.m.as_ref(), self.v.as_ref()) {
+        match (self.kind, self.m.as_mut(), self.v.as_mut()) {
             (DenseKind::Sgd, _, _) => {
                 let mut launch = dev.stream.launch_builder(dev.function("sgd_update"));
                 launch.arg(skip).arg(hyper).arg(params).arg(grads).arg(&n64).arg(&scale);
