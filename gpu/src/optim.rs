@@ -63,7 +63,7 @@ pub struct DenseOptimizer {
     v: Option<CudaSlice<f32>>,
     t: u64,
     /// The next update's per-step values (see the module docs).
-    hyper: CudaSlice<f32>,
+    hyper: StepValues,
 }
 
 impl DenseOptimizer {
@@ -75,7 +75,7 @@ impl DenseOptimizer {
             DenseKind::Adagrad => (None, Some(dev.upload(&vec![hp.initial_accumulator; len])?)),
             DenseKind::Adam => (Some(dev.zeros(len)?), Some(dev.zeros(len)?)),
         };
-        Ok(DenseOptimizer { kind, hp, len, m, v, t: 0, hyper: dev.zeros(2)? })
+        Ok(DenseOptimizer { kind, hp, len, m, v, t: 0, hyper: StepValues::new(dev)? })
     }
 
     /// Continues from a host optimizer's `state` over all `state.len` parameters
@@ -90,7 +90,7 @@ impl DenseOptimizer {
             m: some(&state.m)?,
             v: some(&state.v)?,
             t: state.t,
-            hyper: dev.zeros(2)?,
+            hyper: StepValues::new(dev)?,
         })
     }
 
@@ -126,7 +126,7 @@ impl DenseOptimizer {
     }
 
     /// Takes back the count of the last update, which the device skipped
-    /// (see [`apply_scaled_unless`](Self::apply_scaled_unless)): the next
+    /// (see [`queue_update`](Self::queue_update)): the next
     /// update's bias correction is the one it would have had.
     pub(crate) fn forget_step(&mut self) {
         self.t = self.t.saturating_sub(1);
@@ -145,23 +145,8 @@ impl DenseOptimizer {
         grads: &CudaSlice<f32>,
         scale: f32,
     ) -> Result<(), GpuError> {
-        self.apply_scaled_unless(dev, params, grads, scale, None)
-    }
-
-    /// [`apply_scaled`](Self::apply_scaled) that the device skips while
-    /// `skip[0]` is not zero when the update runs (a step whose loss was not
-    /// finite): the host need not wait for the flag. It counts the step as
-    /// applied either way; [`forget_step`](Self::forget_step) takes a skipped one back.
-    pub(crate) fn apply_scaled_unless(
-        &mut self,
-        dev: &Device,
-        params: &mut CudaSlice<f32>,
-        grads: &CudaSlice<f32>,
-        scale: f32,
-        skip: Option<&CudaSlice<u32>>,
-    ) -> Result<(), GpuError> {
         self.stage_step(dev)?;
-        self.queue_update(dev, params, grads, scale, skip)
+        self.queue_update(dev, params, grads, scale, None)
     }
 
     /// Counts the next update and queues the write of its per-step values
@@ -180,14 +165,17 @@ impl DenseOptimizer {
                 [lr / bc1, bc2.sqrt()]
             }
         };
-        write_scalars(dev, &mut self.hyper, values)
+        self.hyper.set(dev, values)
     }
 
     /// Queues the update of the first `len` values of `params` from the
     /// gradient `scale · grads` with the values [`stage_step`](Self::stage_step)
-    /// wrote last; skipped by the device while `skip[0]` is not zero. Its
-    /// launch depends only on the buffers, `scale` and the hyper-parameters
-    /// that stay fixed, so it may be captured in a CUDA graph.
+    /// wrote last; skipped by the device while `skip[0]` is not zero when the
+    /// update runs (a step whose loss was not finite), so the host need not wait
+    /// for the flag. The step counts as applied either way;
+    /// [`forget_step`](Self::forget_step) takes a skipped one back. Its launch
+    /// depends only on the buffers, `scale` and the hyper-parameters that stay
+    /// fixed, so it may be captured in a CUDA graph.
     pub(crate) fn queue_update(
         &mut self,
         dev: &Device,
@@ -206,7 +194,7 @@ impl DenseOptimizer {
         }
         let n64 = n as u64;
         let DenseHyper { beta1, beta2, eps, .. } = self.hp;
-        let hyper = &self.hyper;
+        let hyper = &self.hyper.buf;
         let cfg = grid_for(n);
         match (self.kind, self.m.as_mut(), self.v.as_mut()) {
             (DenseKind::Sgd, _, _) => {
@@ -247,14 +235,34 @@ impl DenseOptimizer {
     }
 }
 
-/// Queues the write of `values` into the first two values of `out` (at least
-/// two long) on the device's stream: the per-step values an update reads.
-pub(crate) fn write_scalars(dev: &Device, out: &mut CudaSlice<f32>, [a, b]: [f32; 2]) -> Result<(), GpuError> {
-    check::len("step values", "out", out, 2, || "two values".into())?;
-    let mut launch = dev.stream.launch_builder(dev.function("write_scalars"));
-    launch.arg(out).arg(&a).arg(&b);
-    let one = cudarc::driver::LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: `out` holds at least two values (checked); one thread writes them.
-    unsafe { launch.launch(one) }.map_err(GpuError::driver("launching write_scalars"))?;
-    Ok(())
+/// Two per-step values an update kernel reads from device memory, and what
+/// was written there last: a step whose values are those of the step before
+/// (a constant learning rate) queues no write.
+#[derive(Debug)]
+pub(crate) struct StepValues {
+    /// The two values, on the device.
+    pub(crate) buf: CudaSlice<f32>,
+    written: Option<[u32; 2]>,
+}
+
+impl StepValues {
+    pub(crate) fn new(dev: &Device) -> Result<Self, GpuError> {
+        Ok(StepValues { buf: dev.zeros(2)?, written: None })
+    }
+
+    /// Queues the write of `values` on the device's stream (one thread),
+    /// unless they are the values written last, bit for bit.
+    pub(crate) fn set(&mut self, dev: &Device, [a, b]: [f32; 2]) -> Result<(), GpuError> {
+        let bits = [a.to_bits(), b.to_bits()];
+        if self.written == Some(bits) {
+            return Ok(());
+        }
+        let mut launch = dev.stream.launch_builder(dev.function("write_scalars"));
+        launch.arg(&mut self.buf).arg(&a).arg(&b);
+        let one = cudarc::driver::LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `buf` holds two values (allocated so); one thread writes them.
+        unsafe { launch.launch(one) }.map_err(GpuError::driver("launching write_scalars"))?;
+        self.written = Some(bits);
+        Ok(())
+    }
 }

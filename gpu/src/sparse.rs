@@ -92,7 +92,7 @@ pub struct RowTable {
     /// The rule of the next update ([`stage_rule`](Self::stage_rule)); its
     /// learning rate is in `lr`, on the device.
     rule: Option<SparseRule>,
-    lr: CudaSlice<f32>,
+    lr: crate::optim::StepValues,
 }
 
 impl RowTable {
@@ -115,7 +115,7 @@ impl RowTable {
             hot_rows: HotRows::default(),
             partial: None,
             rule: None,
-            lr: dev.zeros(2)?,
+            lr: crate::optim::StepValues::new(dev)?,
         })
     }
 
@@ -155,23 +155,8 @@ impl RowTable {
         const OP: &str = "sparse row update";
         check::len(OP, "ids", ids, entries, || format!("{entries} entries"))?;
         check_below(dev, OP, "row", ids, entries, self.num_rows)?;
-        self.apply_in_range(dev, rule, (ids, grads, entries), scale, None)
-    }
-
-    /// [`apply`](Self::apply) for row numbers the caller has checked to be
-    /// below `num_rows` (on the host, say): no check on the device, no wait.
-    /// With `skip`, the device updates nothing while `skip[0]` is not zero when
-    /// the update runs (a step whose loss was not finite).
-    pub(crate) fn apply_in_range(
-        &mut self,
-        dev: &Device,
-        rule: SparseRule,
-        step: (&CudaSlice<u32>, &CudaSlice<f32>, usize),
-        scale: f32,
-        skip: Option<&CudaSlice<u32>>,
-    ) -> Result<(), GpuError> {
         self.stage_rule(dev, rule)?;
-        self.queue_in_range(dev, step, scale, skip)
+        self.queue_in_range(dev, (ids, grads, entries), scale, None)
     }
 
     /// Sets the rule of the next update and queues the write of its learning
@@ -181,14 +166,17 @@ impl RowTable {
         let lr = match rule {
             SparseRule::Sgd { lr } | SparseRule::RowwiseAdagrad { lr, .. } => lr,
         };
-        crate::optim::write_scalars(dev, &mut self.lr, [lr, 0.0])?;
+        self.lr.set(dev, [lr, 0.0])?;
         self.rule = Some(rule);
         Ok(())
     }
 
-    /// Queues [`apply_in_range`](Self::apply_in_range)'s update under the rule
-    /// [`stage_rule`](Self::stage_rule) set, reading the learning rate it wrote
-    /// from the device: the launches depend only on the buffers, the entries,
+    /// Queues [`apply`](Self::apply)'s update, for row numbers the caller has
+    /// checked to be below `num_rows` (on the host, say: no check on the device,
+    /// no wait), under the rule [`stage_rule`](Self::stage_rule) set, reading the
+    /// learning rate it wrote from the device. With `skip`, the device updates
+    /// nothing while `skip[0]` is not zero when the update runs (a step whose
+    /// loss was not finite). The launches depend only on the buffers, the entries,
     /// `scale`, the rule's kind and epsilon, and the hot-row setting, so they may
     /// be captured in a CUDA graph.
     pub(crate) fn queue_in_range(
@@ -237,7 +225,7 @@ impl RowTable {
         // One warp per 32 sorted entries, dim floats of shared memory each.
         let cfg = check::warp_per_item(OP, entries.div_ceil(32), d * 4)?;
         let mut launch = dev.stream.launch_builder(dev.function("sparse_update_rows"));
-        launch.arg(skip.unwrap_or(&dev.never)).arg(&self.lr).arg(sorted_keys).arg(sorted_pos).arg(&n32).arg(grads);
+        launch.arg(skip.unwrap_or(&dev.never)).arg(&self.lr.buf).arg(sorted_keys).arg(sorted_pos).arg(&n32).arg(grads);
         // Without a split the kernel never reads the chunks' sums; it still takes a pointer.
         match &self.partial {
             Some(p) if split_min != u32::MAX => launch.arg(p),
