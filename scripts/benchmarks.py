@@ -62,13 +62,14 @@ FULL = SimpleNamespace(
     cache_hot=[1024, 16384, 65536, 262144, 1048576], growing=2_000_000, growing_budget=500_000,
     exchange_steps=20, checkpoint_steps=300, checkpoint_every=30, serve_seconds=5.0,
     serve_loads=[(1, 1), (16, 1), (16, 16), (64, 16)], avx2_samples=200_000, fresh_repeat=3,
+    read_ahead_samples=400_000,
 )
 QUICK = SimpleNamespace(
     rounds=1, train_samples=4_096, warmup=2, kernel_seconds=0.003, kernel_rounds=1, roofline_repeats=5,
     gru_seconds=0.3, features_seconds=0.02, replay_seconds=0.05, replay_steps=8, cache_steps=12, cache_warmup=4,
     cache_hot=[1024, 65536], growing=100_000, growing_budget=20_000,
     exchange_steps=2, checkpoint_steps=20, checkpoint_every=10, serve_seconds=1.0,
-    serve_loads=[(1, 1), (8, 4)], avx2_samples=4_096, fresh_repeat=1,
+    serve_loads=[(1, 1), (8, 4)], avx2_samples=4_096, fresh_repeat=1, read_ahead_samples=8_192,
 )
 
 INTRO = """\
@@ -331,6 +332,22 @@ reader (each measured twice, alternating, best pass kept), then trains `{model}`
 {batch} on {workers} worker(s) from each ({steps} steps, each source twice, alternating).
 Ratios are Parquet over TSV. Every row group pays fixed set-up (zstd decoder contexts per
 page), so small row groups decode slower: keep the default of 65,536 rows.
+""",
+    "read-ahead": """\
+## Reading ahead against reading in place
+
+`tiderec train` (the default DLRM, batch 2,048, on the built-in synthetic stream, {samples:,}
+samples, no evaluation) with every worker reading its next micro-batch on a thread of its
+own while the step runs (`--read-ahead on`), alternated with the same run reading each
+micro-batch when its step starts (`--read-ahead off`: the baseline), {rounds} rounds, the
+first of each alternating, once with one worker and once with as many workers as the
+machine has cores. The batches and the trained model
+are the same either way (`pipeline/tests/read_ahead.rs`); what changes is whether making the
+next batch overlaps the step. With a core to spare it does; where every core runs a worker's
+synchronous step, the reading thread takes a core from a step that every other worker waits
+for. The default, `--read-ahead auto`, reads ahead on GPU workers and on CPU workers when
+the process has more cores than CPU workers: the last column. Rerun: `python3
+scripts/benchmarks.py --only read-ahead`.
 """,
     "exchange": """\
 ## Exchange
@@ -1176,6 +1193,43 @@ def section_replay(run):
                          "baseline, same run", "Parquet / TSV"], rows, right=(1, 3))
 
 
+def section_read_ahead(run):
+    def train(mode, workers):
+        m = os.path.join(run.tmp, f"read-ahead-{mode}-{workers}.json")
+        if os.path.exists(m):
+            os.remove(m)  # an earlier round's; tiderec never replaces a file unasked
+        cmd = [run.args.tiderec, "train", "--progress", "none", "--workers", str(workers), "--batch-size", "2048",
+               "--samples", str(run.s.read_ahead_samples), "--eval-fraction", "0", "--read-ahead", mode,
+               "--dead-letters", os.path.join(run.tmp, "dl.tsv"), "--metrics-json", m]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=run.args.timeout)
+        if out.returncode != 0:
+            raise Failed(f"`tiderec train --read-ahead {mode} --workers {workers}`: exit {out.returncode}: "
+                         f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+        with open(m) as f:
+            return json.load(f)
+
+    cores = logical_cpus()
+    rows = []
+    for workers in sorted({1, cores}):
+        rounds = []
+        for r in range(run.rounds):
+            row = {"load": os.getloadavg()[0]}
+            for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                row[mode] = train(mode, workers)
+            rounds.append(row)
+        on, off, rt, rs = compare(rounds, "on", "off")
+        if rounds[0]["on"]["params_l2"] != rounds[0]["off"]["params_l2"]:
+            raise Failed(f"{workers} workers: params L2 {rounds[0]['on']['params_l2']} reading ahead, "
+                         f"{rounds[0]['off']['params_l2']} in place")
+        auto = "on" if cores > workers else "off"
+        rows.append([workers, num(on), num(off), f"**{ratio(rt)}**", span(rs),
+                     span([r["load"] for r in rounds], lambda x: f"{x:.1f}"), f"`{auto}`"])
+    return PROSE["read-ahead"].format(samples=run.s.read_ahead_samples, rounds=run.rounds), table(
+        ["workers (CPU)", "`--read-ahead on` samples/s", "`off` samples/s (baseline)", "on / off", "per round",
+         "load (1 min) per round", "`auto` chooses"], rows, right=range(0, 6)) + \
+        f"\n\nMeasured on {cpu_description()} (this section may come from another machine than the header's)."
+
+
 def section_exchange(run):
     rows = []
     cases = [("fm", "zipf", "Zipf(1.05)"), ("fm", f"criteo:{run.require_criteo()}", "Criteo sample"),
@@ -1771,6 +1825,7 @@ SECTIONS = [
     ("gru", section_gru),
     ("features", section_features),
     ("replay", section_replay),
+    ("read-ahead", section_read_ahead),
     ("exchange", section_exchange),
     ("cache", section_cache),
     ("checkpoints", section_checkpoints),

@@ -11,7 +11,7 @@
 # TESTS (environment): which test executables of steps 1 and 2 to run, by
 # name (default: all); WORKERS_FILTER runs only the GPU-worker tests whose names hold it.
 # PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, HOTROWS=0 step 3d, GRAPHS=0 step 3e,
-# CPU=0 step 3b, SCALING=0 step 4.
+# READAHEAD=0 step 3f, CPU=0 step 3b, SCALING=0 step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -23,6 +23,7 @@
 #      precision on the Criteo sample (when the bundle holds it) and on synthetic data;
 #   3d. DLRM on Zipf-skewed ids, hot rows split against summed by one warp;
 #   3e. DLRM with each training step replayed as a CUDA graph against launched kernel by kernel;
+#   3f. `tiderec train` on the GPU reading its next micro-batch during the step against at its start;
 #   3b. the host CPU against PyTorch at one thread, DLRM at 2,048, fp32 and bf16
 #      (PyTorch's bf16 autocast runs on AMX where the CPU has it; CPU=0 skips it);
 #   4. if the budget allows, the CPU scaling section of benchmarks.py, W = 1..16.
@@ -258,6 +259,28 @@ else
         alternate graphs TIDEREC_GPU_GRAPHS "on off" "${GRAPH_ROUNDS:-2}" $b || break
         say "dlrm batch $b (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --graphs "$OUT" $b 2>&1 | head -1)"
     done
+fi
+
+# ---- 3f. reading ahead: the trainer's next micro-batch made during the step, or at its start --
+# `tiderec train` (not `bench`: the trainer's own step, its data made by the synthetic stream)
+# with one device-resident worker, DLRM at batch 16,384, `--read-ahead on` against `off`,
+# alternated, READ_ROUNDS rounds (default 2). READAHEAD=0 skips it.
+if [ "${READAHEAD:-1}" = 0 ]; then
+    say "== 3f. reading ahead skipped: READAHEAD=0"
+else
+    say "== 3f. tiderec train, reading ahead against in place ($(elapsed) s)"
+    b=16384
+    for round in $(seq 1 "${READ_ROUNDS:-2}"); do
+        for mode in on off; do
+            [ "$(left)" -lt 40 ] && break 2
+            run_name="readahead-dlrm-$b-$mode-$round"
+            (cd "$OUT" && timeout -k 5 60 "$HERE/tiderec" train --workers 1 --device cuda:0 --batch-size $b \
+                --samples $((b * 120)) --eval-fraction 0 --read-ahead $mode --progress none \
+                --dead-letters "$OUT/dead-letters-$run_name.tsv" --metrics-json "$OUT/$run_name.json" \
+                >"$OUT/$run_name.log" 2>&1) || FAILED=1
+        done
+    done
+    say "tiderec train, dlrm batch $b (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --read-ahead "$OUT" $b 2>&1 | head -1)"
 fi
 
 # ---- 3b. the host CPU against PyTorch, fp32 and bf16 --------------------

@@ -8,7 +8,7 @@ Several OUTDIRs (calls of `run` on one machine, e.g. with different `BENCHES`) a
 order; a file present in more than one is taken from the last. Reads `machine.txt`,
 `test-*.log` (run with `--nocapture`, so the passing tests' printed figures are there),
 `bench-*.md` (from `scripts/bench_vs_torch.py`) and `stages-dlrm-*.json` (`tiderec bench
-dlrm --json`), `hotrows-dlrm-*.json` (the same with `--zipf`), `graphs-dlrm-*.json` (with and without CUDA graphs), `auc-*.json` (`tiderec train --metrics-json`). Prints nothing it did not find in the logs, except the published fp32 peak
+dlrm --json`), `hotrows-dlrm-*.json` (the same with `--zipf`), `graphs-dlrm-*.json` (with and without CUDA graphs), `readahead-dlrm-*.json` (`tiderec train --metrics-json`, reading ahead or in place), `auc-*.json` (`tiderec train --metrics-json`). Prints nothing it did not find in the logs, except the published fp32 peak
 of the GPU named in the GEMM bound, which it says is published, not measured.
 """
 
@@ -48,7 +48,7 @@ def runs(dirs, found):
     rows = []
     for k, d in enumerate(dirs, 1):
         used = sorted(n for n, p in found.items() if os.path.dirname(p) == d and
-                      re.match(r"(test-|bench-|stages-|phases-|ncu-|hotrows-|graphs-).*\.(log|md|json|csv)$", n))
+                      re.match(r"(test-|bench-|stages-|phases-|ncu-|hotrows-|graphs-|readahead-).*\.(log|md|json|csv)$", n))
         if used:
             same = build(d) is not None and build(d) == last
             rows.append([f"{k}", "the last call's" if same else "an earlier one", ", ".join(f"`{u}`" for u in used)])
@@ -254,6 +254,12 @@ def graph_rows(found):
     return rows
 
 
+def read_ahead_rows(found):
+    """[batch, reading ahead samples/s, in place samples/s, ahead / in place, rounds] from
+    `readahead-dlrm-BATCH-MODE-ROUND.json` (`tiderec train --metrics-json`, MODE `on` or `off`)."""
+    return [r[:1] + r[2:6] for r in alternated(found, "readahead", ("on", "off"))]
+
+
 def kernel_times(path):
     """(kernel, launches, total µs) from an `ncu --csv --metrics gpu__time_duration.sum` log, largest first."""
     import csv
@@ -289,6 +295,11 @@ def main(argv):
     if argv[:1] == ["--graphs"]:
         rows = [r for r in graph_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
         print(f"graphs {rows[0][1]}, launches {rows[0][2]}, graphs / launches {rows[0][3]}; {rows[0][5]}"
+              if rows else "no result")
+        return
+    if argv[:1] == ["--read-ahead"]:
+        rows = [r for r in read_ahead_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
+        print(f"reading ahead {rows[0][1]}, in place {rows[0][2]}, ahead / in place {rows[0][3]}"
               if rows else "no result")
         return
     if not argv or any(not os.path.isdir(d) for d in argv):
@@ -402,6 +413,16 @@ def main(argv):
               "the rounds. Both give the same steps bit for bit (`graph_steps_equal_launched_steps_bit_for_bit`).\n")
         print(table(["batch", "graphs samples/s", "launches samples/s", "graphs / launches", "rounds",
                      "graphs used"], graphs) + "\n")
+    ahead = read_ahead_rows(found)
+    if ahead:
+        print("## The trainer reading its next micro-batch during the step\n")
+        print("`tiderec train --device cuda:0 --workers 1` (one device-resident worker, DLRM, the synthetic "
+              "stream made on the host's cores), each micro-batch made while the step before it runs "
+              "(`--read-ahead on`, what `auto` chooses for a GPU worker) against made when its step starts "
+              "(`--read-ahead off`), alternated; medians over the rounds. Samples/s over the run's training "
+              "time, the trainer's whole step (not `bench`'s).\n")
+        print(table(["batch", "reading ahead samples/s", "in place samples/s", "ahead / in place", "rounds"],
+                    ahead) + "\n")
     ph = phases(found)
     if ph:
         print("## Where a device-resident worker's step goes\n")

@@ -47,6 +47,7 @@ pub mod online;
 pub mod paths;
 pub mod predict;
 pub mod progress;
+pub mod read_ahead;
 pub mod run;
 pub mod run_files;
 #[cfg(feature = "serve")]

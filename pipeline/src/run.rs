@@ -41,6 +41,7 @@ use crate::checkpointing::{self, CheckpointOptions, Checkpointer, DataCheck};
 use crate::cluster::{fingerprint, Cluster};
 use crate::config::{DataSpec, Resolved};
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData, SYNTHETIC_EVAL_BASE};
+use crate::device::Devices;
 use crate::error::{DataflowFailure, Divergence};
 use crate::evaluation::{BestKeeper, Tracker};
 use crate::exchange_plan::{resolve_exchange, PlanSource};
@@ -48,6 +49,7 @@ use crate::feature_pipeline::FeaturePipeline;
 use crate::live_metrics::LiveMetrics;
 use crate::metrics_log::{MetricsLog, MetricsRecord};
 use crate::progress::{Progress, Unit};
+use crate::read_ahead::{reads_ahead, MicroBatches};
 use crate::{PipelineError, TrainSettings};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -562,13 +564,22 @@ fn dead_letters(ctx: &Context) -> Option<Box<dyn DeadLetterSink>> {
     Some(Box::new(ctx.dead_letters.clone()))
 }
 
+/// Whether worker `me` reads its micro-batches ahead on this machine, as `--read-ahead`
+/// says ([`reads_ahead`]).
+fn read_ahead(ctx: &Context, me: usize) -> bool {
+    let s = &ctx.settings;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Devices::for_workers(&s.cluster.device, s.cluster.workers)
+        .is_ok_and(|devices| reads_ahead(s.data.read_ahead, &devices, s.cluster.workers, me, cores))
+}
+
 /// Runs one collective step; a data error turns into a failed step that stops every worker.
 #[allow(clippy::too_many_arguments)]
 fn step_with(
     trainer: &mut Trainer,
     worker: &mut timely::worker::Worker,
     kind: StepKind,
-    data: &mut WorkerData,
+    data: &mut MicroBatches,
     batch: &mut Batch,
     bad: &BadRecordCounts,
     resolved: &Resolved,
@@ -662,19 +673,23 @@ fn open_train_data(
     worker: &mut timely::worker::Worker,
     trainer: &mut Trainer,
     ctx: &Context,
-) -> Result<WorkerData, PipelineError> {
-    let opened = WorkerData::for_spec(
-        &ctx.resolved.data,
-        ctx.generator.as_ref().map(|g| (g, ctx.train_range.clone())),
-        ctx.train_span,
-        &ctx.criteo,
-        ctx.settings.run.batch_size,
-        worker.index(),
-        worker.peers(),
-        dead_letters(ctx),
-    );
+) -> Result<MicroBatches, PipelineError> {
+    let (me, peers) = (worker.index(), worker.peers());
+    let opened = MicroBatches::open(read_ahead(ctx, me), dead_letters(ctx), ctx.new_batch(), me, |sink| {
+        let data = WorkerData::for_spec(
+            &ctx.resolved.data,
+            ctx.generator.as_ref().map(|g| (g, ctx.train_range.clone())),
+            ctx.train_span,
+            &ctx.criteo,
+            ctx.settings.run.batch_size,
+            me,
+            peers,
+            sink,
+        );
+        Ok(data?.with_shuffle(ctx.criteo.shuffle))
+    });
     match opened {
-        Ok(d) => Ok(d.with_shuffle(ctx.criteo.shuffle)),
+        Ok(d) => Ok(d),
         Err(e) => {
             trainer.step_failed(worker);
             Err(e)
@@ -714,15 +729,13 @@ fn derived_bad(me: usize, resumed: Option<&Manifest>, ctx: &Context) -> BadRecor
 fn skip_to_position(
     worker: &mut timely::worker::Worker,
     trainer: &mut Trainer,
-    data: &mut WorkerData,
+    data: &mut MicroBatches,
     batch: &mut Batch,
     epoch: u64,
     steps_in_epoch: u64,
 ) -> Result<(), PipelineError> {
-    for _ in 0..epoch {
-        data.rewind();
-    }
-    if let Err(e) = data.skip_steps(steps_in_epoch, batch) {
+    let skipped = (0..epoch).try_for_each(|_| data.rewind()).and_then(|()| data.skip_steps(steps_in_epoch, batch));
+    if let Err(e) = skipped {
         trainer.step_failed(worker);
         return Err(e);
     }

@@ -6,6 +6,7 @@ use crate::budget::{self, Split, Tally};
 use crate::data::WorkerData;
 use crate::evaluation::{self, Tracker, Verdict};
 use crate::progress::Progress;
+use crate::read_ahead::MicroBatches;
 use crate::PipelineError;
 use std::time::Instant;
 use tiderec_operators::bad_record::BadRecordCounts;
@@ -114,16 +115,19 @@ fn evaluate(
     let s = &ctx.settings;
     let eval_spec = ctx.resolved.eval.as_ref().unwrap_or(&ctx.resolved.data);
     let sink = if dead_letters { super::dead_letters(ctx) } else { None };
-    let opened = WorkerData::for_spec(
-        eval_spec,
-        ctx.generator.as_ref().map(|g| (g, ctx.eval_range.clone())),
-        ctx.eval_span,
-        &ctx.criteo,
-        s.run.eval_batch_size,
-        worker.index(),
-        worker.peers(),
-        sink,
-    );
+    let (me, peers) = (worker.index(), worker.peers());
+    let opened = MicroBatches::open(super::read_ahead(ctx, me), sink, ctx.new_batch(), me, |sink| {
+        WorkerData::for_spec(
+            eval_spec,
+            ctx.generator.as_ref().map(|g| (g, ctx.eval_range.clone())),
+            ctx.eval_span,
+            &ctx.criteo,
+            s.run.eval_batch_size,
+            me,
+            peers,
+            sink,
+        )
+    });
     let mut eval_data = match opened {
         Ok(d) => d,
         Err(e) => {

@@ -9,10 +9,10 @@ use super::{
 };
 use crate::budget::{self, Split, Tally};
 use crate::checkpointing::{Checkpointer, Position};
-use crate::data::WorkerData;
 use crate::evaluation::Verdict;
 use crate::metrics_log::{MetricsLog, MetricsRecord};
 use crate::progress::Progress;
+use crate::read_ahead::MicroBatches;
 use crate::settings::BestMetric;
 use crate::PipelineError;
 use std::collections::VecDeque;
@@ -43,7 +43,7 @@ pub(super) struct TrainRun<'a> {
     checkpointer: Checkpointer,
     /// The manifest of the checkpoint the run resumed from.
     resumed: Option<Manifest>,
-    train_data: WorkerData,
+    train_data: MicroBatches,
     progress: Progress,
     batch: Batch,
     /// The malformed records counted before the first step ([`derived_bad`]).
@@ -346,7 +346,7 @@ impl<'a> TrainRun<'a> {
         self.check_train()?;
         self.epochs += 1;
         self.steps_in_epoch = 0;
-        self.train_data.rewind();
+        self.train_data.rewind()?;
         let mut verdict = Verdict { improved: false, stop: false };
         if self.has_eval && !self.interrupted && self.evals.tracker.last().map(|e| e.step) != Some(self.steps) {
             verdict = self.evaluation(worker)?;

@@ -45,6 +45,11 @@ pub struct DataSettings {
     #[arg(long, value_name = "BYTES", value_parser = shuffle_block_bytes::RANGE)]
     #[serde(deserialize_with = "shuffle_block_bytes::deserialize")]
     pub shuffle_block_bytes: Option<u64>,
+    /// Whether a thread of each worker reads its next micro-batch while the current step runs (the same
+    /// batches, bad-record counts and dead letters as reading it when the step starts): on, off, or auto
+    /// (GPU workers, and CPU workers when the process has more cores than CPU workers).
+    #[arg(long, required = false, value_name = "auto|on|off", value_parser = super::parse::<ReadAheadMode>)]
+    pub read_ahead: ReadAheadMode,
     /// Synthetic training samples per epoch.
     #[arg(long, required = false, value_name = "N", value_parser = samples::RANGE)]
     #[serde(deserialize_with = "samples::deserialize")]
@@ -69,6 +74,20 @@ pub struct DataSettings {
     #[command(flatten)]
     #[serde(flatten)]
     pub records: RecordPolicy,
+}
+
+super::named::named_setting! {
+    /// Whether workers read their next micro-batch while a step runs (`--read-ahead`).
+    pub enum ReadAheadMode for "read_ahead" {
+        /// GPU workers read ahead; CPU workers when the process has more cores than CPU
+        /// workers (otherwise the reading thread would take a core from a step the
+        /// other workers wait for).
+        Auto = "auto",
+        /// Every worker reads ahead.
+        On = "on",
+        /// Every worker reads its micro-batch when its step starts.
+        Off = "off",
+    }
 }
 
 /// Rows per embedding table when neither `table_sizes` nor a spec's field says otherwise
@@ -158,6 +177,7 @@ impl Default for DataSettings {
             eval_fraction: 0.1,
             no_shuffle: false,
             shuffle_block_bytes: None,
+            read_ahead: ReadAheadMode::Auto,
             samples: 300_000,
             buckets: DEFAULT_BUCKETS,
             table_sizes: None,

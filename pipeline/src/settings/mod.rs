@@ -35,7 +35,7 @@ mod store;
 
 pub use checkpoints::CheckpointSettings;
 pub use cluster::{default_workers, ClusterSettings};
-pub use data::{DataSettings, RecordPolicy, DEFAULT_BUCKETS, DEFAULT_HASH_SEED, DEFAULT_MAX_LEN};
+pub use data::{DataSettings, ReadAheadMode, RecordPolicy, DEFAULT_BUCKETS, DEFAULT_HASH_SEED, DEFAULT_MAX_LEN};
 pub use exchange::{ExchangeChoice, ExchangeSettings};
 pub use flags::{All, ConvertFlags, Featurizing, Flags, OverDefaults, Subset, TrainFlags};
 pub use model::{ModelKind, ModelSettings};
@@ -217,6 +217,7 @@ mod tests {
         assert_eq!(placeholder("model"), join(ModelKind::ALL.iter().map(|k| k.name()).collect()));
         assert_eq!(placeholder("lr_decay"), join(DecayKind::ALL.iter().map(|k| k.name()).collect()));
         assert_eq!(placeholder("progress"), join(ProgressMode::ALL.iter().map(|k| k.name()).collect()));
+        assert_eq!(placeholder("read_ahead"), join(ReadAheadMode::ALL.iter().map(|k| k.name()).collect()));
     }
 
     #[test]
