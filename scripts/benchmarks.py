@@ -600,6 +600,21 @@ class Run:
     def tiderec(self, *argv):
         return self.json([self.args.tiderec, *map(str, argv), "--json"])
 
+    def train_metrics(self, name, args, what):
+        """The `--metrics-json` of `tiderec train --progress none ARGS` (written as NAME.json in
+        the run's folder, an earlier round's removed first); Failed naming `what` if it fails."""
+        m = os.path.join(self.tmp, f"{name}.json")
+        if os.path.exists(m):
+            os.remove(m)  # an earlier round's; tiderec never replaces a file unasked
+        cmd = [self.args.tiderec, "train", "--progress", "none", *map(str, args),
+               "--dead-letters", os.path.join(self.tmp, "dl.tsv"), "--metrics-json", m]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.timeout)
+        if out.returncode != 0:
+            raise Failed(f"`tiderec train {what}`: exit {out.returncode}: "
+                         f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+        with open(m) as f:
+            return json.load(f)
+
     def alternate(self, sides):
         """`self.rounds` alternated rounds of `sides` (name -> command); Failed if any run failed."""
         a = SimpleNamespace(rounds=self.rounds, timeout=self.args.timeout)
@@ -1195,18 +1210,9 @@ def section_replay(run):
 
 def section_read_ahead(run):
     def train(mode, workers):
-        m = os.path.join(run.tmp, f"read-ahead-{mode}-{workers}.json")
-        if os.path.exists(m):
-            os.remove(m)  # an earlier round's; tiderec never replaces a file unasked
-        cmd = [run.args.tiderec, "train", "--progress", "none", "--workers", str(workers), "--batch-size", "2048",
-               "--samples", str(run.s.read_ahead_samples), "--eval-fraction", "0", "--read-ahead", mode,
-               "--dead-letters", os.path.join(run.tmp, "dl.tsv"), "--metrics-json", m]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=run.args.timeout)
-        if out.returncode != 0:
-            raise Failed(f"`tiderec train --read-ahead {mode} --workers {workers}`: exit {out.returncode}: "
-                         f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}")
-        with open(m) as f:
-            return json.load(f)
+        args = ["--workers", workers, "--batch-size", 2048, "--samples", run.s.read_ahead_samples,
+                "--eval-fraction", 0, "--read-ahead", mode]
+        return run.train_metrics(f"read-ahead-{mode}-{workers}", args, f"--read-ahead {mode} --workers {workers}")
 
     cores = logical_cpus()
     rows = []
@@ -1275,21 +1281,12 @@ def section_cache(run):
 
 def section_checkpoints(run):
     def train(sync):
-        d = os.path.join(run.tmp, "ckpt-sync" if sync else "ckpt-background")
-        m = d + ".json"
+        name = "ckpt-sync" if sync else "ckpt-background"
+        d = os.path.join(run.tmp, name)
         shutil.rmtree(d, ignore_errors=True)
-        if os.path.exists(m):
-            os.remove(m)  # an earlier round's; tiderec never replaces a file unasked
-        cmd = [run.args.tiderec, "train", "--progress", "none", "--workers", "2", "--steps",
-               str(run.s.checkpoint_steps), "--checkpoint-every", str(run.s.checkpoint_every), "--checkpoint-dir", d,
-               "--dead-letters", os.path.join(run.tmp, "dl.tsv"), "--metrics-json", m]
-        out = subprocess.run(cmd + (["--checkpoint-sync"] if sync else []), capture_output=True, text=True,
-                             timeout=run.args.timeout)
-        if out.returncode != 0:
-            raise Failed(f"`tiderec train ... {'--checkpoint-sync' if sync else ''}`: exit {out.returncode}: "
-                         f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}")
-        with open(m) as f:
-            metrics = json.load(f)
+        args = ["--workers", 2, "--steps", run.s.checkpoint_steps, "--checkpoint-every", run.s.checkpoint_every,
+                "--checkpoint-dir", d] + (["--checkpoint-sync"] if sync else [])
+        metrics = run.train_metrics(name, args, f"... {'--checkpoint-sync' if sync else ''}")
         n = metrics.get("checkpoints_written", 0)
         if n < 1:
             raise Failed(f"`tiderec train --checkpoint-every {run.s.checkpoint_every}` wrote no checkpoint")
@@ -1334,20 +1331,10 @@ def dir_bytes(path):
 def section_deltas(run):
     def train(deltas):
         d = os.path.join(run.tmp, f"deltas-{deltas}")
-        m = d + ".json"
         shutil.rmtree(d, ignore_errors=True)
-        if os.path.exists(m):
-            os.remove(m)
-        cmd = [run.args.tiderec, "train", "--progress", "none", "--workers", "2", "--steps",
-               str(run.s.checkpoint_steps), "--checkpoint-every", str(run.s.checkpoint_every), "--checkpoint-dir", d,
-               "--keep-checkpoints", "1000", "--checkpoint-deltas", str(deltas),
-               "--dead-letters", os.path.join(run.tmp, "dl.tsv"), "--metrics-json", m]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=run.args.timeout)
-        if out.returncode != 0:
-            raise Failed(f"`tiderec train --checkpoint-deltas {deltas}`: exit {out.returncode}: "
-                         f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}")
-        with open(m) as f:
-            metrics = json.load(f)
+        args = ["--workers", 2, "--steps", run.s.checkpoint_steps, "--checkpoint-every", run.s.checkpoint_every,
+                "--checkpoint-dir", d, "--keep-checkpoints", 1000, "--checkpoint-deltas", deltas]
+        metrics = run.train_metrics(f"deltas-{deltas}", args, f"--checkpoint-deltas {deltas}")
         whole, delta = [], []
         for e in os.scandir(d):
             if e.name.startswith("ckpt-"):

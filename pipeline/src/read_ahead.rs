@@ -395,6 +395,15 @@ mod tests {
         WorkerData::criteo(&[path], (0.0, 1.0), &options, 10, 0, 1, sink).unwrap()
     }
 
+    /// Worker 0's micro-batches of [`criteo`] in `dir`, read ahead or in place, and the
+    /// dead letters they write.
+    fn open_criteo(dir: &std::path::Path, ahead: bool) -> (MicroBatches, Letters) {
+        let letters = Letters::new(MemoryDeadLetters::default());
+        let sink: Box<dyn DeadLetterSink> = Box::new(letters.clone());
+        let data = MicroBatches::open(ahead, Some(sink), empty(), 0, |sink| Ok(criteo(dir, sink))).unwrap();
+        (data, letters)
+    }
+
     /// Every micro-batch `data` gives over `script` (`n`: read n; `r`: rewind; `s<n>`: skip
     /// n steps) with the bad-record counts after it.
     fn run(mut data: MicroBatches, script: &[&str]) -> Vec<(Batch, BadRecordCounts)> {
@@ -453,10 +462,7 @@ mod tests {
         let lines = |letters: &Letters| -> Vec<u64> { letters.lock().records.iter().map(|r| r.line).collect() };
         let mut runs = Vec::new();
         for ahead in [true, false] {
-            let letters = Letters::new(MemoryDeadLetters::default());
-            let sink: Box<dyn DeadLetterSink> = Box::new(letters.clone());
-            let mut data =
-                MicroBatches::open(ahead, Some(sink), empty(), 0, |sink| Ok(criteo(dir.path(), sink))).unwrap();
+            let (mut data, letters) = open_criteo(dir.path(), ahead);
             let mut out = empty();
             let mut seen = Vec::new();
             // The first batch (lines 1–10, line 8 malformed) reads up to line 11; the one
@@ -483,10 +489,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut runs = Vec::new();
         for ahead in [true, false] {
-            let letters = Letters::new(MemoryDeadLetters::default());
-            let sink: Box<dyn DeadLetterSink> = Box::new(letters.clone());
-            let mut data =
-                MicroBatches::open(ahead, Some(sink), empty(), 0, |sink| Ok(criteo(dir.path(), sink))).unwrap();
+            let (mut data, letters) = open_criteo(dir.path(), ahead);
             let mut out = empty();
             data.skip_steps(3, &mut out).unwrap();
             let after_skip = (data.bad_counts().total(), letters.lock().records.len());
