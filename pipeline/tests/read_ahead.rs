@@ -1,7 +1,7 @@
 //! Reading micro-batches ahead (`--read-ahead on`) trains, counts and writes dead letters as
 //! reading them in place (`--read-ahead off`) does: over epochs, several workers, a held-out
-//! split, a run cut short by `--steps` with a malformed record in the batch read ahead, and
-//! a resumed run.
+//! split, a run cut short by `--steps` with a malformed record in the batch read ahead, a
+//! resumed run, and a record that fails the run under `--on-bad-record fail`.
 
 mod common;
 
@@ -125,4 +125,31 @@ fn a_resumed_run_reads_and_writes_as_the_whole_run() {
     }
     assert_eq!(letters, whole_letters, "the skipped epoch's and step's dead letters, and the rest");
     assert_eq!(whole["bad_records"], 6, "three per epoch: {whole}");
+}
+
+#[test]
+fn a_failing_record_read_ahead_fails_the_run_as_read_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(data) = corrupt_sample(dir.path(), true) else { return };
+    // Lines 10 and 20 fail the first step under `fail` unless they come later: drop them.
+    let text = std::fs::read_to_string(&data).unwrap();
+    let lines: Vec<&str> = text.lines().enumerate().filter(|(i, _)| *i != 9 && *i != 19).map(|(_, l)| l).collect();
+    let late = dir.path().join("late-only.txt");
+    std::fs::write(&late, lines.join("\n") + "\n").unwrap();
+    let mut errors = Vec::new();
+    for read in ["on", "off"] {
+        let err = common::run_err(
+            tiderec()
+                .args(["train", "--progress", "none", "--workers", "1", "--batch-size", "32", "--eval-fraction", "0"])
+                .args(["--on-bad-record", "fail", "--read-ahead", read, "--data"])
+                .arg(format!("criteo:{}", late.display()))
+                .arg("--dead-letters")
+                .arg(dir.path().join(format!("dead-{read}.tsv"))),
+        );
+        // Line 48 of the file (line 50 of the sample) lies in the second micro-batch: the run
+        // fails naming it, whether that batch was read during the first step or after it.
+        let line = err.lines().find(|l| l.contains("late-only.txt:48")).unwrap_or_else(|| panic!("{read}: {err}"));
+        errors.push(line.to_string());
+    }
+    assert_eq!(errors[0], errors[1]);
 }
