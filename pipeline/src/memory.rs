@@ -23,7 +23,8 @@
 //! memory ([`crate::evaluation::BestKeeper`]): rows, their optimizer state and
 //! the dense part count twice.
 //!
-//! It does not cover message queues between workers, reader buffers, the
+//! It does not cover message queues between workers, reader buffers (with
+//! `--read-ahead`, one more raw micro-batch per worker reading ahead), the
 //! evaluation predictions gathered on worker 0, checkpoint snapshots written
 //! in the background (a copy of the worker's rows while one is in flight) or
 //! the allocator's slack.
