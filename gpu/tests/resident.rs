@@ -268,6 +268,45 @@ fn staged_steps_equal_one_step_at_a_time() {
     }
 }
 
+/// Each step handed the next batch to stage while it runs trains as one step at a time:
+/// where the next step's batch is the prepared one, another one (the preparation
+/// dropped), nothing, a batch that cannot be staged (left to its own step, which refuses
+/// it), and an evaluation between two steps.
+#[test]
+fn steps_preparing_the_next_batch_equal_one_step_at_a_time() {
+    let Some(dev) = device() else { return };
+    let sizes = [64, 1, 0, 3000, 64, 20_000, 5, 64, 64, 70_000, 2];
+    let batches: Vec<Batch> = sizes.iter().enumerate().map(|(s, &n)| batch(s as u64, n, s == 5)).collect();
+    let mut bad = batch(50, 8, false);
+    bad.sparse[1].ids[0] = SIZES[1];
+    let probe = batch(99, 300, false);
+    for (name, model) in models() {
+        let c = config(model, true);
+        let mut one = ResidentWorker::new(&dev, &c).unwrap();
+        let mut ahead = ResidentWorker::new(&dev, &c).unwrap();
+        for (s, b) in batches.iter().enumerate() {
+            let expected = one.train(b, false).unwrap();
+            let mut next = || match s {
+                3 => Some(batch(77, 64, false)),
+                6 => None,
+                7 => Some(bad.clone()),
+                _ => batches.get(s + 1).cloned(),
+            };
+            let got = ahead.train_then_prepare(b, false, &mut next).unwrap();
+            assert_eq!(got, expected, "{name}: step {s}");
+            if s == 4 {
+                assert_eq!(ahead.predict(&probe).unwrap(), one.predict(&probe).unwrap(), "{name}: predictions");
+            }
+        }
+        assert!(ahead.train(&bad, false).is_err() && one.train(&bad, false).is_err(), "{name}: an id past its table");
+        assert_eq!(ahead.dense_params().unwrap(), one.dense_params().unwrap(), "{name}: dense parameters");
+        for t in 0..SIZES.len() {
+            assert_eq!(ahead.table(t).unwrap(), one.table(t).unwrap(), "{name}: table {t}");
+        }
+        assert_eq!(ahead.train_steps(), one.train_steps(), "{name}: training steps");
+    }
+}
+
 #[test]
 fn a_device_checkpoint_restores_on_a_cpu_worker() {
     let Some(dev) = device() else { return };

@@ -7,6 +7,8 @@
 //! step counts — and the engine contract a GPU engine implements.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use tiderec_operators::nn::embedding_bag::pool_sum;
 use tiderec_operators::nn::loss::{bce_with_logits_grad, bce_with_logits_sum};
 use tiderec_operators::nn::{DlrmConfig, Model, ModelConfig};
@@ -14,7 +16,7 @@ use tiderec_operators::optim::{DenseOptimizer, DenseOptimizerKind, SparseOptimiz
 use tiderec_operators::rng::unit_f64;
 use tiderec_operators::shard::EmbeddingShard;
 use tiderec_operators::snapshot::WorkerSnapshot;
-use tiderec_operators::train::{EngineStep, StepEngine, StepKind, Trainer, TrainerConfig};
+use tiderec_operators::train::{EngineStep, NextBatch, StepEngine, StepKind, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 
 const SIZES: [u64; 3] = [40, 7, 300];
@@ -28,6 +30,13 @@ struct CpuEngine {
     steps: u64,
     logits: Vec<f32>,
     pooled: Vec<f32>,
+    /// The batch the last step was handed for the next one.
+    prepared: Option<Batch>,
+}
+
+thread_local! {
+    /// Training steps whose batch the step before had prepared, on this thread.
+    static PREPARED_HITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 impl CpuEngine {
@@ -42,6 +51,7 @@ impl CpuEngine {
             steps: 0,
             logits: Vec::new(),
             pooled: Vec::new(),
+            prepared: None,
         }
     }
 
@@ -101,7 +111,18 @@ impl StepEngine for CpuEngine {
         Ok(EngineStep { loss_sum, non_finite: !loss_sum.is_finite() })
     }
 
+    fn train_then_prepare(&mut self, batch: &Batch, keep: bool, next: NextBatch<'_>) -> Result<EngineStep, String> {
+        if self.prepared.take().as_ref() == Some(batch) {
+            PREPARED_HITS.with(|h| h.set(h.get() + 1));
+        }
+        let step = self.train(batch, keep)?;
+        self.prepared = next();
+        Ok(step)
+    }
+
     fn predict(&mut self, batch: &Batch) -> Result<(), String> {
+        // An evaluation step drops what was prepared, as a GPU's staging does.
+        self.prepared = None;
         self.forward(batch);
         Ok(())
     }
@@ -183,6 +204,15 @@ fn batch(step: u64, n: usize) -> Batch {
     b
 }
 
+/// The size of training batch `s` of [`run`]: step 4's is empty.
+fn train_len(s: u64) -> usize {
+    if s == 4 {
+        0
+    } else {
+        24
+    }
+}
+
 /// One worker's trainer for `config`, with the CPU engine or without one.
 fn trainer(worker: &mut timely::worker::Worker, config: &TrainerConfig, with_engine: bool) -> Trainer {
     if with_engine {
@@ -199,12 +229,21 @@ type Seen = (Vec<f64>, Vec<f32>, f64, WorkerSnapshot, (u64, u64));
 /// 20 training steps, an evaluation, a report, 10 more steps and a snapshot;
 /// with `resume`, the second stretch starts from `resume` instead.
 fn run(config: &TrainerConfig, with_engine: bool, resume: Option<WorkerSnapshot>) -> Seen {
+    run_with(config, with_engine, resume, Arc::new(|_| None))
+}
+
+/// What training step `s` is handed as the batch to prepare.
+type Next = Arc<dyn Fn(u64) -> Option<Batch> + Send + Sync>;
+
+/// [`run`], each of the first 20 training steps handed `next(s)` as the batch to prepare.
+fn run_with(config: &TrainerConfig, with_engine: bool, resume: Option<WorkerSnapshot>, next: Next) -> Seen {
     let config = config.clone();
     timely::execute_directly(move |worker| {
         let mut trainer = trainer(worker, &config, with_engine);
         let mut losses = Vec::new();
         for s in 0..20 {
-            losses.push(trainer.step(worker, StepKind::Train, batch(s, if s == 4 { 0 } else { 24 })).unwrap().loss_sum);
+            let step = trainer.step_then_prepare(worker, StepKind::Train, batch(s, train_len(s)), || next(s));
+            losses.push(step.unwrap().loss_sum);
         }
         losses.push(trainer.step(worker, StepKind::Eval, batch(100, 30)).unwrap().loss_sum);
         let probs = trainer.take_eval().probs;
@@ -256,6 +295,37 @@ fn a_trainer_with_an_engine_trains_as_the_trainer_without() {
         let what = if adaptive { "adaptive" } else { "sgd" };
         assert_same(what, &run(&c, true, None), &run(&c, false, None));
     }
+}
+
+/// Every training step handed its successor to prepare (a wrong one at step 9, nothing at
+/// step 12) trains as without: the engine starts from the prepared batch where it equals
+/// the step's, and never after an evaluation step or a wrong one.
+#[test]
+fn preparing_the_next_batch_changes_no_step() {
+    let c = config(true);
+    let next = |s: u64| match s {
+        9 => Some(batch(77, 24)),
+        12 => None,
+        _ => Some(batch(s + 1, train_len(s + 1))),
+    };
+    PREPARED_HITS.with(|h| h.set(0));
+    let prepared = run_with(&c, true, None, Arc::new(next));
+    let hits = PREPARED_HITS.with(|h| h.get());
+    assert_same("prepared", &prepared, &run(&c, false, None));
+    // Steps 1–19 start from the batch the step before prepared, but for step 4 (empty:
+    // no engine step, so step 5's batch was not prepared either), step 10 (step 9 prepared
+    // another) and step 13 (step 12 prepared none). Step 20's batch, prepared by step 19,
+    // is dropped by the evaluation step in between.
+    assert_eq!(hits, 19 - 4, "steps that started from the prepared batch");
+    // Without an engine, `next` is never asked.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let counting = move |s: u64| {
+        counter.fetch_add(1, Ordering::Relaxed);
+        next(s)
+    };
+    assert_same("no engine", &run_with(&c, false, None, Arc::new(counting)), &run(&c, false, None));
+    assert_eq!(asked.load(Ordering::Relaxed), 0);
 }
 
 #[test]

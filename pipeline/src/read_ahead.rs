@@ -117,6 +117,15 @@ impl MicroBatches {
         }
     }
 
+    /// The next micro-batch without taking it, when one is read ahead (see
+    /// [`ReadAhead::peek`]); `None` when reading in place.
+    pub fn peek(&mut self) -> Option<&Batch> {
+        match self {
+            MicroBatches::InPlace(_) => None,
+            MicroBatches::Ahead(ahead) => ahead.peek(),
+        }
+    }
+
     /// Passes over this worker's share of the next `steps` global steps, as if they had
     /// been read (see [`WorkerData::skip_steps`]; `scratch` is a buffer).
     pub fn skip_steps(&mut self, steps: u64, scratch: &mut Batch) -> Result<(), PipelineError> {
@@ -148,8 +157,10 @@ pub struct ReadAhead {
     requests: Option<Sender<Request>>,
     reads: Receiver<Read>,
     thread: Option<JoinHandle<()>>,
-    /// A `Next` request is out: its read is the worker's next micro-batch.
+    /// A `Next` request is out (or its read is `ready`): the worker's next micro-batch.
     pending: bool,
+    /// The read that is out, received by [`peek`](Self::peek) and not yet taken.
+    ready: Option<Read>,
     /// The bad-record counts as of the last micro-batch taken.
     bad: BadRecordCounts,
     /// The run's dead-letter sink, if it writes dead letters.
@@ -189,6 +200,7 @@ impl ReadAhead {
             reads,
             thread: Some(thread),
             pending: false,
+            ready: None,
             bad,
             sink,
             spare: None,
@@ -218,6 +230,22 @@ impl ReadAhead {
             self.ask_next()?;
         }
         Ok(samples)
+    }
+
+    /// The next micro-batch, read ahead, without taking it: its samples, bad records and
+    /// dead letters count only once [`next_micro_batch`](Self::next_micro_batch) takes it.
+    /// Waits for its reading. `None` when none is read ahead (before the first micro-batch,
+    /// after an empty one) or when its reading failed (the error comes when it is taken).
+    pub fn peek(&mut self) -> Option<&Batch> {
+        if !self.pending {
+            return None;
+        }
+        if self.ready.is_none() {
+            // A reading thread that is gone leaves nothing ready: taking the batch says why.
+            self.ready = Some(self.reads.recv().ok()?);
+        }
+        let read = self.ready.as_ref()?;
+        matches!(read.result, Ok(n) if n > 0).then_some(&read.batch)
     }
 
     /// Starts the split over. A micro-batch read ahead is dropped first, though the bad
@@ -281,8 +309,12 @@ impl ReadAhead {
         }
     }
 
+    /// The read that is out: the one [`peek`](Self::peek) received, else the next to arrive.
     fn receive(&mut self) -> Result<Read, PipelineError> {
-        self.reads.recv().map_err(|_| self.stopped())
+        match self.ready.take() {
+            Some(read) => Ok(read),
+            None => self.reads.recv().map_err(|_| self.stopped()),
+        }
     }
 
     /// The error of a reading thread that is gone (it panicked).
@@ -381,7 +413,10 @@ mod tests {
                 line
             })
             .collect();
-        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        if !path.exists() {
+            // Written once: a reader open on it would see it change.
+            std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        }
         let options = CriteoOptions {
             seed: 1,
             shuffle_seed: 1,
@@ -482,6 +517,38 @@ mod tests {
         assert_eq!(runs[0][0], (10, 1, vec![8]));
         assert_eq!(runs[0][1], (10, 1, vec![8]), "the second batch has lines 12–21");
         assert_eq!(runs[0][2].2, vec![8], "the batch read ahead and dropped writes nothing");
+    }
+
+    #[test]
+    fn a_peeked_batch_is_the_next_one_and_counts_only_once_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ahead, letters) = open_criteo(dir.path(), true);
+        let (mut in_place, _) = open_criteo(dir.path(), false);
+        let (mut out, mut expected) = (empty(), empty());
+        assert!(ahead.peek().is_none(), "nothing is read ahead before the first micro-batch");
+        assert!(in_place.peek().is_none(), "reading in place peeks at nothing");
+        for step in 0..7 {
+            in_place.next_micro_batch(&mut expected).unwrap();
+            if step > 0 {
+                let peeked = ahead.peek().cloned();
+                // The third micro-batch (lines 23–34) holds lines 25 and 26: peeked, not counted.
+                assert_eq!(ahead.bad_counts().total(), if step <= 2 { 1 } else { 3 }, "step {step}");
+                assert_eq!(letters.lock().records.len() as u64, ahead.bad_counts().total(), "step {step}");
+                assert_eq!(peeked.as_ref(), (!expected.is_empty()).then_some(&expected), "step {step}");
+                // Peeking twice waits for nothing and gives the same batch.
+                assert_eq!(ahead.peek().cloned(), peeked, "step {step}");
+            }
+            ahead.next_micro_batch(&mut out).unwrap();
+            assert_eq!(out, expected, "step {step}");
+            assert_eq!(ahead.bad_counts(), in_place.bad_counts(), "step {step}");
+        }
+        assert!(out.is_empty() && ahead.peek().is_none(), "nothing is read past the end");
+        ahead.rewind().unwrap();
+        ahead.next_micro_batch(&mut out).unwrap();
+        in_place.rewind().unwrap();
+        in_place.next_micro_batch(&mut expected).unwrap();
+        assert_eq!(ahead.peek().cloned().map(|b| b.len()), Some(10));
+        assert_eq!(out, expected);
     }
 
     #[test]

@@ -486,12 +486,18 @@ fn data_check(settings: &TrainSettings) -> Result<DataCheck, PipelineError> {
 /// crosses of the run are appended.
 pub(crate) fn take_for_model(batch: &mut Batch, config: &TrainerConfig, resolved: &Resolved, hash_seed: u64) -> Batch {
     let empty = Batch::with_sequences(batch.num_dense, batch.sparse.len(), batch.sequences.len());
-    let mut taken = std::mem::replace(batch, empty);
-    taken.sequences.truncate(config.model.num_sequences());
+    let taken = std::mem::replace(batch, empty);
+    for_model(taken, config.model.num_sequences(), resolved, hash_seed)
+}
+
+/// `batch` as a model of `sequences` sequence fields reads it: the sequences it does not
+/// read dropped, the run's crosses appended.
+fn for_model(mut batch: Batch, sequences: usize, resolved: &Resolved, hash_seed: u64) -> Batch {
+    batch.sequences.truncate(sequences);
     if !resolved.crosses.is_empty() {
-        append_crosses(&mut taken, &resolved.crosses, hash_seed, resolved.cross_buckets());
+        append_crosses(&mut batch, &resolved.crosses, hash_seed, resolved.cross_buckets());
     }
-    taken
+    batch
 }
 
 /// The checkpoint options of these settings and, with `--resume`, the checkpoint to resume
@@ -594,7 +600,10 @@ fn step_with(
     let stats = match read {
         Ok(_) => {
             let taken = take_for_model(batch, trainer.config(), resolved, hash_seed);
-            trainer.step(worker, kind, taken)?
+            // A step engine prepares the micro-batch read ahead while it trains this one.
+            let sequences = trainer.config().model.num_sequences();
+            let next = || data.peek().map(|b| for_model(b.clone(), sequences, resolved, hash_seed));
+            trainer.step_then_prepare(worker, kind, taken, next)?
         }
         Err(e) => {
             trainer.step_failed(worker);

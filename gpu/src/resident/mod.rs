@@ -67,7 +67,7 @@ use tiderec_operators::optim::{DenseOptimizerState, OptimizerParams, SparseOptim
 use tiderec_operators::shard::EmbeddingShard;
 use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
 use tiderec_operators::store::StoreKind;
-use tiderec_operators::train::{EngineStep, StepEngine, TrainerConfig};
+use tiderec_operators::train::{EngineStep, NextBatch, StepEngine, TrainerConfig};
 use tiderec_operators::Batch;
 
 /// The outcome of one training step.
@@ -112,6 +112,9 @@ pub struct ResidentWorker {
     staging: Staging,
     /// The step launched and not yet finished.
     pending: Option<Pending>,
+    /// The batch staged by [`train_then_prepare`](ResidentWorker::train_then_prepare)
+    /// for the next step, while nothing else has been staged since.
+    prepared: Option<Batch>,
     /// The loss's partial sums and total (`bce_sum_queued`).
     d_loss: CudaSlice<f64>,
     /// Set on the device when the step's loss is not finite: its updates skip themselves.
@@ -197,6 +200,7 @@ impl ResidentWorker {
             train_steps: 0,
             staging: Staging::new(dev)?,
             pending: None,
+            prepared: None,
             d_pooled: Buffer::new(dev)?,
             d_dpooled: Buffer::new(dev)?,
             d_logits: Buffer::new(dev)?,
@@ -250,8 +254,30 @@ impl ResidentWorker {
     /// Trains one step on `batch`; with `keep_logits` the logits made before
     /// the update are kept for [`logits`](Self::logits) (prequential scoring).
     pub fn train(&mut self, batch: &Batch, keep_logits: bool) -> Result<ResidentStep, GpuError> {
-        self.stage(batch)?;
+        self.train_then_prepare(batch, keep_logits, &mut || None)
+    }
+
+    /// [`train`](Self::train) on `batch` and, once its step is queued, stages the batch
+    /// `next` gives (built on the host and uploaded while the device runs the step), so
+    /// that a following step on an equal batch starts at once. That step compares the
+    /// batches: any other batch is staged as `train` stages it. A batch `next` gives that
+    /// cannot be staged is left to the step that trains it, which reports why. The same
+    /// steps as `train` on each batch.
+    pub fn train_then_prepare(
+        &mut self,
+        batch: &Batch,
+        keep_logits: bool,
+        next: NextBatch<'_>,
+    ) -> Result<ResidentStep, GpuError> {
+        if self.prepared.take().as_ref() != Some(batch) {
+            self.stage(batch)?;
+        }
         self.launch(keep_logits)?;
+        if let Some(batch) = next() {
+            if self.stage(&batch).is_ok() {
+                self.prepared = Some(batch);
+            }
+        }
         self.finish()
     }
 
@@ -283,6 +309,8 @@ impl ResidentWorker {
     /// (a batch staged before and not launched is dropped). The device may
     /// still be running the step before.
     pub fn stage(&mut self, batch: &Batch) -> Result<(), GpuError> {
+        // Whatever was prepared is dropped with the slot it was staged in.
+        self.prepared = None;
         let (f, nd) = (batch.sparse.len(), self.num_dense);
         let seqs = self.seq_tables.len();
         if batch.num_dense != nd || f != self.table_sizes.len() || batch.sequences.len() != seqs {
@@ -829,6 +857,10 @@ fn seeded_rows(
 impl StepEngine for ResidentWorker {
     fn train(&mut self, batch: &Batch, keep_logits: bool) -> Result<EngineStep, String> {
         let r = ResidentWorker::train(self, batch, keep_logits).map_err(|e| self.named(e))?;
+        Ok(EngineStep { loss_sum: r.loss_sum, non_finite: r.non_finite })
+    }
+    fn train_then_prepare(&mut self, batch: &Batch, keep: bool, next: NextBatch<'_>) -> Result<EngineStep, String> {
+        let r = ResidentWorker::train_then_prepare(self, batch, keep, next).map_err(|e| self.named(e))?;
         Ok(EngineStep { loss_sum: r.loss_sum, non_finite: r.non_finite })
     }
     fn predict(&mut self, batch: &Batch) -> Result<(), String> {

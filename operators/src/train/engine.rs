@@ -24,6 +24,11 @@
 //! * **The same step.** An engine's training step is the one-worker step of
 //!   this module: its loss sum before the update, no update on a non-finite
 //!   loss, row and dense updates scaled by `1 / batch`.
+//! * **Preparing the next batch changes no step.** A training step may be
+//!   handed the batch that probably comes next
+//!   ([`Trainer::step_then_prepare`]), which the engine prepares while the
+//!   step runs; a step on an equal batch starts from that, any other batch is
+//!   prepared as without it.
 
 use super::changed_rows::ChangedRows;
 use super::{clock, StepKind, StepStats, Trainer};
@@ -43,12 +48,28 @@ pub struct EngineStep {
     pub non_finite: bool,
 }
 
+/// What a training step asks (at most once) for the batch to prepare for the next step
+/// (see [`StepEngine::train_then_prepare`]).
+pub type NextBatch<'a> = &'a mut dyn FnMut() -> Option<Batch>;
+
 /// A worker's whole training step computed in one place (see the module docs).
 /// Errors are the backend's description of a failure, naming its device.
 pub trait StepEngine {
     /// Trains one step on `batch` (not empty); with `keep_logits` the logits
     /// made before the update are kept for [`logits`](Self::logits).
     fn train(&mut self, batch: &Batch, keep_logits: bool) -> Result<EngineStep, String>;
+    /// Trains one step on `batch` as [`train`](Self::train) does (`keep` as its
+    /// `keep_logits`) and, while that step runs, asks `next` (at most once) for the batch
+    /// the next training step is likely to be given, and prepares it (a GPU builds and
+    /// uploads it). A later training step on an equal batch starts from what was
+    /// prepared; a step on any other batch, or an evaluation step in between, prepares
+    /// its own as `train` does. A batch that cannot be prepared is left to the step that
+    /// trains it, which reports why. The same steps as `train` on each batch. By default
+    /// `train`, without calling `next`.
+    fn train_then_prepare(&mut self, batch: &Batch, keep: bool, next: NextBatch<'_>) -> Result<EngineStep, String> {
+        let _ = next;
+        self.train(batch, keep)
+    }
     /// The logits of `batch` under the current parameters, kept for [`logits`](Self::logits).
     fn predict(&mut self, batch: &Batch) -> Result<(), String>;
     /// The logits of the last `predict`, or of the last `train` that kept them.
@@ -104,6 +125,7 @@ impl Trainer {
         worker: &mut timely::worker::Worker,
         kind: StepKind,
         batch: Batch,
+        next: NextBatch<'_>,
     ) -> Result<StepStats, OperatorError> {
         if kind == StepKind::Report {
             self.sync_host()?;
@@ -131,7 +153,7 @@ impl Trainer {
             }
             let engine = &mut state.engine;
             if kind == StepKind::Train {
-                let step = engine.train(&batch, score).map_err(device)?;
+                let step = engine.train_then_prepare(&batch, score, next).map_err(device)?;
                 state.host_stale = true;
                 state.changed.note(&batch, sequence_tables);
                 stats.loss_sum = step.loss_sum;

@@ -89,7 +89,7 @@ pub use crate::routing::dense_slice;
 pub use builder::{TrainerConfigBuilder, DEFAULT_SEED, DENSE_INITIAL_ACCUMULATOR, SPARSE_INITIAL_ACCUMULATOR};
 pub use clock::StepTimes;
 use dataflow::{CommandInput, Shared};
-pub use engine::{EngineStep, StepEngine};
+pub use engine::{EngineStep, NextBatch, StepEngine};
 use home::Home;
 pub use messages::{GradientMessage, LookupReply, LookupRequest, ParamUpdate};
 pub use online::{OnlineStep, OnlineSummary};
@@ -343,12 +343,27 @@ impl Trainer {
     /// for every other worker ([`StepStats::failed_workers`]), so no worker
     /// waits forever for this one.
     pub fn step(&mut self, worker: &mut Worker, kind: StepKind, batch: Batch) -> Result<StepStats, OperatorError> {
+        self.step_then_prepare(worker, kind, batch, || None)
+    }
+
+    /// [`step`](Self::step), and while a training step runs on a [`StepEngine`], `next`
+    /// gives the batch the next training step is likely to be given, which the engine
+    /// prepares (a GPU builds and uploads it while the device trains). The same steps as
+    /// `step` whatever `next` gives; `next` is called at most once, and only for a
+    /// training step on an engine.
+    pub fn step_then_prepare(
+        &mut self,
+        worker: &mut Worker,
+        kind: StepKind,
+        batch: Batch,
+        mut next: impl FnMut() -> Option<Batch>,
+    ) -> Result<StepStats, OperatorError> {
         if let Err(e) = self.check_batch(&batch) {
             self.step_failed(worker);
             return Err(e);
         }
         if self.engine.is_some() {
-            let stats = self.engine_step(worker, kind, batch)?;
+            let stats = self.engine_step(worker, kind, batch, &mut next)?;
             if kind == StepKind::Train && stats.samples > 0 {
                 self.train_steps += 1;
             }
