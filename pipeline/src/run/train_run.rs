@@ -346,7 +346,11 @@ impl<'a> TrainRun<'a> {
         self.check_train()?;
         self.epochs += 1;
         self.steps_in_epoch = 0;
-        self.train_data.rewind()?;
+        if let Err(e) = self.train_data.rewind() {
+            // Its reading thread is gone: the other workers stop with this one.
+            self.trainer.step_failed(worker);
+            return Err(e);
+        }
         let mut verdict = Verdict { improved: false, stop: false };
         if self.has_eval && !self.interrupted && self.evals.tracker.last().map(|e| e.step) != Some(self.steps) {
             verdict = self.evaluation(worker)?;
