@@ -217,20 +217,37 @@ for p in fp32 tf32 bf16; do
     say "synthetic $p: $(auc_of "$OUT/auc-synthetic-$p.json")"
 done
 
-# Alternated `bench dlrm` runs of two settings of one environment variable:
-#   alternate PREFIX VAR "MODE_A MODE_B" ROUNDS BATCH [bench args...]
-# writes OUT/PREFIX-dlrm-BATCH-MODE-ROUND.json (and .err); stops when the budget runs low.
+# Alternated runs of two modes, ROUNDS rounds:
+#   alternate PREFIX "MODE_A MODE_B" ROUNDS BATCH RUN [args...]
+# calls `RUN MODE BATCH BASE args...` for each, which writes BASE.json (BASE is
+# OUT/PREFIX-dlrm-BATCH-MODE-ROUND); stops when the budget runs low.
 alternate() {
-    local prefix=$1 var=$2 modes=$3 rounds=$4 b=$5
+    local prefix=$1 modes=$2 rounds=$3 b=$4 run=$5
     shift 5
     for round in $(seq 1 "$rounds"); do
         for mode in $modes; do
             [ "$(left)" -lt 40 ] && return 1
-            env "$var=$mode" timeout -k 5 60 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size "$b" \
-                --steps $((1600000 / b)) --warmup 5 --json "$@" \
-                >"$OUT/$prefix-dlrm-$b-$mode-$round.json" 2>"$OUT/$prefix-dlrm-$b-$mode-$round.err" || FAILED=1
+            "$run" "$mode" "$b" "$OUT/$prefix-dlrm-$b-$mode-$round" "$@" || FAILED=1
         done
     done
+}
+
+# A run of `alternate`: `bench dlrm` with the environment variable VAR set to MODE.
+#   bench_with MODE BATCH BASE VAR [bench args...]
+bench_with() {
+    local mode=$1 b=$2 base=$3 var=$4
+    shift 4
+    env "$var=$mode" timeout -k 5 60 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size "$b" \
+        --steps $((1600000 / b)) --warmup 5 --json "$@" >"$base.json" 2>"$base.err"
+}
+
+# A run of `alternate`: `tiderec train` with `--read-ahead MODE`, one device-resident worker.
+#   train_read_ahead MODE BATCH BASE
+train_read_ahead() {
+    local mode=$1 b=$2 base=$3
+    (cd "$OUT" && timeout -k 5 60 "$HERE/tiderec" train --workers 1 --device cuda:0 --batch-size "$b" \
+        --samples $((b * 120)) --eval-fraction 0 --read-ahead "$mode" --progress none \
+        --dead-letters "$OUT/dead-letters-$(basename "$base").tsv" --metrics-json "$base.json" >"$base.log" 2>&1)
 }
 
 # ---- 3d. hot rows: a run of duplicates split into chunks, or on one warp --
@@ -243,7 +260,7 @@ if [ "${HOTROWS:-1}" = 0 ]; then
 else
     say "== 3d. hot rows, split against one warp ($(elapsed) s)"
     for b in 16384 65536; do
-        alternate hotrows TIDEREC_GPU_HOT_ROWS "split one-warp" "${HOT_ROUNDS:-2}" $b --zipf 1.1 || break
+        alternate hotrows "split one-warp" "${HOT_ROUNDS:-2}" $b bench_with TIDEREC_GPU_HOT_ROWS --zipf 1.1 || break
         say "dlrm batch $b, zipf 1.1 (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --hot-rows "$OUT" $b 2>&1 | head -1)"
     done
 fi
@@ -256,7 +273,7 @@ if [ "${GRAPHS:-1}" = 0 ]; then
 else
     say "== 3e. CUDA graphs, on against off ($(elapsed) s)"
     for b in 2048 16384; do
-        alternate graphs TIDEREC_GPU_GRAPHS "on off" "${GRAPH_ROUNDS:-2}" $b || break
+        alternate graphs "on off" "${GRAPH_ROUNDS:-2}" $b bench_with TIDEREC_GPU_GRAPHS || break
         say "dlrm batch $b (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --graphs "$OUT" $b 2>&1 | head -1)"
     done
 fi
@@ -270,16 +287,7 @@ if [ "${READAHEAD:-1}" = 0 ]; then
 else
     say "== 3f. tiderec train, reading ahead against in place ($(elapsed) s)"
     b=16384
-    for round in $(seq 1 "${READ_ROUNDS:-2}"); do
-        for mode in on off; do
-            [ "$(left)" -lt 40 ] && break 2
-            run_name="readahead-dlrm-$b-$mode-$round"
-            (cd "$OUT" && timeout -k 5 60 "$HERE/tiderec" train --workers 1 --device cuda:0 --batch-size $b \
-                --samples $((b * 120)) --eval-fraction 0 --read-ahead $mode --progress none \
-                --dead-letters "$OUT/dead-letters-$run_name.tsv" --metrics-json "$OUT/$run_name.json" \
-                >"$OUT/$run_name.log" 2>&1) || FAILED=1
-        done
-    done
+    alternate readahead "on off" "${READ_ROUNDS:-2}" $b train_read_ahead
     say "tiderec train, dlrm batch $b (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --read-ahead "$OUT" $b 2>&1 | head -1)"
 fi
 
