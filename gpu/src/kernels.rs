@@ -93,7 +93,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "resident.cu",
         source: include_str!("../kernels/resident.cu"),
-        functions: &["resident_pool", "resident_entry_grads", "flag_nonfinite"],
+        functions: &["resident_pool", "resident_entry_grads", "flag_nonfinite", "gather_rows", "mark_rows"],
     },
     KernelSource {
         file: "dien.cu",

@@ -8,7 +8,9 @@
 //! mean-pooled (weighted) bags, at batch 1 and 65,536 and with one row
 //! repeated 20,000 times (twice in each of 10,000 samples). Under the default adaptive optimizers two runs on
 //! the GPU are equal bit for bit, and the difference to the CPU is printed.
-//! A device checkpoint restores on a CPU worker with the same parameters.
+//! A device checkpoint restores on a CPU worker with the same parameters, and
+//! the rows a host mirror reads back (those trained since it last did) are the
+//! checkpoint's rows bit for bit.
 //! Steps staged ahead (the next batch built and uploaded while the device runs
 //! the step before) equal steps taken one at a time, bit for bit. A step whose
 //! loss is not finite (the device skips its updates, the host does not wait for
@@ -332,6 +334,67 @@ fn a_device_checkpoint_restores_on_a_cpu_worker() {
     assert!(rel(cpu_l2, l2) <= 1e-12, "restored params L2 {cpu_l2} vs {l2}");
     for (g, c) in gpu_losses.iter().zip(&cpu_losses) {
         assert!(rel(*g, *c) <= TOLERANCE, "loss after the restore: device {g} vs CPU {c}");
+    }
+}
+
+/// The rows a host mirror reads back (`snapshot_rows`, gathered on the device) are
+/// the whole snapshot's rows at those ids, bit for bit, with its optimizer state, its
+/// dense state and its step count, under SGD and row-wise Adagrad; an id past its
+/// table is an error naming both. `snapshot_trained` lists the rows of the batches
+/// trained since it was last called (none right after, none after a load).
+#[test]
+fn rows_read_back_are_the_whole_snapshots_rows_bit_for_bit() {
+    let Some(dev) = device() else { return };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for adaptive in [false, true] {
+        let (_, model) = models().swap_remove(3);
+        let mut w = ResidentWorker::new(&dev, &config(model, adaptive)).unwrap();
+        for s in 0..5 {
+            w.train(&batch(s, 32, false), false).unwrap();
+        }
+        let whole = w.snapshot().unwrap();
+        let asked: Vec<Vec<u64>> = SIZES.iter().map(|&n| (0..n).filter(|id| id % 3 != 1).collect()).collect();
+        let part = w.snapshot_rows(&asked).unwrap();
+        assert!(part.updated_only && !whole.updated_only, "adaptive {adaptive}");
+        assert_eq!(part.step, whole.step);
+        assert_eq!(bits(&part.dense_params), bits(&whole.dense_params), "adaptive {adaptive}: dense");
+        assert_eq!(part.dense_optimizer, whole.dense_optimizer, "adaptive {adaptive}: dense optimizer");
+        let (d, sw) = (whole.dim, whole.state_width);
+        for (t, ids) in asked.iter().enumerate() {
+            let (p, all) = (&part.tables[t], &whole.tables[t]);
+            assert_eq!(&p.ids, ids, "adaptive {adaptive}: table {t}");
+            for (k, &id) in ids.iter().enumerate() {
+                let i = id as usize;
+                assert_eq!(bits(&p.rows[k * d..(k + 1) * d]), bits(&all.rows[i * d..(i + 1) * d]), "row {t}/{id}");
+                assert_eq!(bits(&p.state[k * sw..(k + 1) * sw]), bits(&all.state[i * sw..(i + 1) * sw]), "{t}/{id}");
+            }
+        }
+        let mut past = asked.clone();
+        past[2].push(SIZES[2]);
+        let e = w.snapshot_rows(&past).unwrap_err().to_string();
+        assert!(e.contains("table 2") && e.contains(&format!("id {}", SIZES[2])), "{e}");
+        // The rows the steps trained, marked on the device: those of the five batches.
+        let trained = w.snapshot_trained().unwrap();
+        let ids_of = |batches: &[Batch]| -> Vec<Vec<u64>> {
+            let mut ids = vec![std::collections::BTreeSet::new(); SIZES.len()];
+            for b in batches {
+                b.sparse.iter().enumerate().for_each(|(t, f)| ids[t].extend(f.ids.iter().copied()));
+            }
+            ids.into_iter().map(|s| s.into_iter().collect()).collect()
+        };
+        let five: Vec<Batch> = (0..5).map(|s| batch(s, 32, false)).collect();
+        let want = w.snapshot_rows(&ids_of(&five)).unwrap();
+        assert_eq!(trained.tables, want.tables, "adaptive {adaptive}: the rows trained");
+        let none = w.snapshot_trained().unwrap();
+        assert!(none.tables.iter().all(|t| t.ids.is_empty()), "adaptive {adaptive}: read twice");
+        let sixth = batch(5, 32, false);
+        w.train(&sixth, false).unwrap();
+        let trained = w.snapshot_trained().unwrap();
+        assert_eq!(trained.tables, w.snapshot_rows(&ids_of(&[sixth])).unwrap().tables, "after one more step");
+        w.train(&batch(6, 32, false), false).unwrap();
+        w.load(&whole).unwrap();
+        let none = w.snapshot_trained().unwrap();
+        assert!(none.tables.iter().all(|t| t.ids.is_empty()), "adaptive {adaptive}: after a load");
     }
 }
 

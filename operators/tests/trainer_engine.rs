@@ -6,7 +6,7 @@
 //! host mirror brought up to date, a restore handed back to the engine, the
 //! step counts — and the engine contract a GPU engine implements.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tiderec_operators::nn::embedding_bag::pool_sum;
@@ -15,7 +15,7 @@ use tiderec_operators::nn::{DlrmConfig, Model, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizer, DenseOptimizerKind, SparseOptimizerKind};
 use tiderec_operators::rng::unit_f64;
 use tiderec_operators::shard::EmbeddingShard;
-use tiderec_operators::snapshot::WorkerSnapshot;
+use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
 use tiderec_operators::train::{EngineStep, NextBatch, StepEngine, StepKind, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 
@@ -32,11 +32,17 @@ struct CpuEngine {
     pooled: Vec<f32>,
     /// The batch the last step was handed for the next one.
     prepared: Option<Batch>,
+    /// Per table, the rows trained since the last `save_changed` or `load`.
+    trained: Vec<BTreeSet<u64>>,
 }
 
 thread_local! {
     /// Training steps whose batch the step before had prepared, on this thread.
     static PREPARED_HITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The rows each `save_changed` on this thread read back.
+    static ASKED: std::cell::RefCell<Vec<Vec<Vec<u64>>>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Build engines without their own `save_changed` ([`WholeReads`]) on this thread.
+    static WHOLE_READS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl CpuEngine {
@@ -52,6 +58,7 @@ impl CpuEngine {
             logits: Vec::new(),
             pooled: Vec::new(),
             prepared: None,
+            trained: vec![BTreeSet::new(); config.table_sizes.len()],
         }
     }
 
@@ -99,6 +106,7 @@ impl StepEngine for CpuEngine {
                     }
                 }
             }
+            self.trained[t].extend(order.iter().copied());
             for id in order {
                 let mut g = sums.remove(&id).unwrap();
                 g.iter_mut().for_each(|v| *v *= scale);
@@ -149,7 +157,22 @@ impl StepEngine for CpuEngine {
         })
     }
 
+    /// Reads only the rows trained since, as an engine that keeps its rows elsewhere does.
+    fn save_changed(&mut self) -> Result<WorkerSnapshot, String> {
+        let rows: Vec<Vec<u64>> =
+            self.trained.iter_mut().map(|ids| std::mem::take(ids).into_iter().collect()).collect();
+        ASKED.with(|a| a.borrow_mut().push(rows.clone()));
+        let mut part = WorkerSnapshot { tables: Vec::new(), updated_only: true, ..self.save()? };
+        for (t, ids) in rows.iter().enumerate() {
+            let mut table = TableRows::default();
+            ids.iter().for_each(|&id| self.shard.push_row(t, id, &mut table));
+            part.tables.push(table);
+        }
+        Ok(part)
+    }
+
     fn load(&mut self, part: &WorkerSnapshot) -> Result<(), String> {
+        self.trained.iter_mut().for_each(BTreeSet::clear);
         self.shard = shard(&self.config);
         let (d, w) = (part.dim, part.state_width);
         for (t, table) in part.tables.iter().enumerate() {
@@ -163,6 +186,30 @@ impl StepEngine for CpuEngine {
             DenseOptimizer::from_state(self.config.dense_hp, &part.dense_optimizer).map_err(|e| e.to_string())?;
         self.steps = part.step;
         Ok(())
+    }
+}
+
+/// The CPU engine with the contract's default `save_changed`: every row, every time.
+struct WholeReads(CpuEngine);
+
+impl StepEngine for WholeReads {
+    fn train(&mut self, batch: &Batch, keep_logits: bool) -> Result<EngineStep, String> {
+        self.0.train(batch, keep_logits)
+    }
+    fn train_then_prepare(&mut self, batch: &Batch, keep: bool, next: NextBatch<'_>) -> Result<EngineStep, String> {
+        self.0.train_then_prepare(batch, keep, next)
+    }
+    fn predict(&mut self, batch: &Batch) -> Result<(), String> {
+        self.0.predict(batch)
+    }
+    fn logits(&self) -> &[f32] {
+        self.0.logits()
+    }
+    fn save(&mut self) -> Result<WorkerSnapshot, String> {
+        self.0.save()
+    }
+    fn load(&mut self, part: &WorkerSnapshot) -> Result<(), String> {
+        self.0.load(part)
     }
 }
 
@@ -217,7 +264,11 @@ fn train_len(s: u64) -> usize {
 fn trainer(worker: &mut timely::worker::Worker, config: &TrainerConfig, with_engine: bool) -> Trainer {
     if with_engine {
         let model = config.model.build::<f32>(config.seed).unwrap();
-        Trainer::with_engine(worker, config, model, Box::new(CpuEngine::new(config))).unwrap()
+        let engine: Box<dyn StepEngine> = match WHOLE_READS.with(|w| w.get()) {
+            true => Box::new(WholeReads(CpuEngine::new(config))),
+            false => Box::new(CpuEngine::new(config)),
+        };
+        Trainer::with_engine(worker, config, model, engine).unwrap()
     } else {
         Trainer::new(worker, config).unwrap()
     }
@@ -273,18 +324,16 @@ fn assert_same(what: &str, engine: &Seen, host: &Seen) {
     assert!(close(engine.2, host.2), "{what}: params L2 {} vs {}", engine.2, host.2);
     assert_eq!(engine.4, host.4, "{what}: steps and training steps");
     assert_eq!(engine.3.step, host.3.step, "{what}: the snapshot's step");
-    // The host trainer's snapshot lists the rows training changed; the engine's
-    // mirror, filled from the engine's whole state, lists every row: the rows
-    // both list agree, and so do the dense parameters.
+    // Both snapshots list the rows training changed (the engine's mirror holds
+    // the rows read back from the engine over the seeded rest), with the same
+    // values, and the same dense parameters.
     let (e, h) = (&engine.3, &host.3);
     assert!(e.dense_params.iter().zip(&h.dense_params).all(|(a, b)| (a - b).abs() <= 1e-6), "{what}: dense");
-    let d = h.dim;
+    assert_eq!(e.updated_only, h.updated_only, "{what}: updated rows only");
     for (t, (te, th)) in e.tables.iter().zip(&h.tables).enumerate() {
-        for (k, id) in th.ids.iter().enumerate() {
-            let at = te.ids.iter().position(|x| x == id).unwrap_or_else(|| panic!("{what}: table {t} lacks row {id}"));
-            let (a, b) = (&te.rows[at * d..(at + 1) * d], &th.rows[k * d..(k + 1) * d]);
-            assert!(a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-6), "{what}: table {t}, row {id}");
-        }
+        assert_eq!(te.ids, th.ids, "{what}: the rows of table {t}");
+        assert!(te.rows.iter().zip(&th.rows).all(|(x, y)| (x - y).abs() <= 1e-6), "{what}: table {t}'s rows");
+        assert!(te.state.iter().zip(&th.state).all(|(x, y)| (x - y).abs() <= 1e-6), "{what}: table {t}'s state");
     }
 }
 
@@ -295,6 +344,31 @@ fn a_trainer_with_an_engine_trains_as_the_trainer_without() {
         let what = if adaptive { "adaptive" } else { "sgd" };
         assert_same(what, &run(&c, true, None), &run(&c, false, None));
     }
+}
+
+/// An engine that reads back every row each time (the default `save_changed`) keeps
+/// the mirror as one that reads back the rows it trained: the mirror then lists every row.
+#[test]
+fn an_engine_reading_back_every_row_trains_as_the_trainer_without() {
+    let c = config(true);
+    WHOLE_READS.with(|w| w.set(true));
+    let whole = run(&c, true, None);
+    WHOLE_READS.with(|w| w.set(false));
+    let host = run(&c, false, None);
+    let rows = |s: &Seen| s.3.tables.iter().map(|t| t.ids.len() as u64).sum::<u64>();
+    assert_eq!(rows(&whole), SIZES.iter().sum::<u64>(), "the mirror lists every row read back");
+    assert!(rows(&host) < rows(&whole));
+    // The rows both list agree; `assert_same` wants the same rows listed.
+    let mut trimmed = whole.clone();
+    for (te, th) in trimmed.3.tables.iter_mut().zip(&host.3.tables) {
+        let (d, w) = (c.model.embedding_dim(), whole.3.state_width);
+        let keep: Vec<usize> = th.ids.iter().map(|id| te.ids.iter().position(|x| x == id).unwrap()).collect();
+        te.rows = keep.iter().flat_map(|&k| te.rows[k * d..(k + 1) * d].to_vec()).collect();
+        te.state = keep.iter().flat_map(|&k| te.state[k * w..(k + 1) * w].to_vec()).collect();
+        te.ids = th.ids.clone();
+    }
+    trimmed.3.updated_only = host.3.updated_only;
+    assert_same("whole reads", &trimmed, &host);
 }
 
 /// Every training step handed its successor to prepare (a wrong one at step 9, nothing at
@@ -339,6 +413,40 @@ fn a_restore_reaches_the_engine_and_its_snapshot_restores_without_one() {
     let resumed = run(&c, false, Some(from_engine.clone()));
     let direct = run(&c, false, Some(run(&c, false, None).3));
     assert_same("resumed from an engine's snapshot", &resumed, &direct);
+}
+
+/// The host mirror is brought up to date once per read after training (not again
+/// while nothing trained), each time from the rows the engine trained since, and
+/// then trains on as the trainer without an engine (see the tests above).
+#[test]
+fn the_mirror_reads_back_only_the_rows_trained_since_it_was_last_read() {
+    let c = config(true);
+    let (asked, expected) = timely::execute_directly(move |worker| {
+        ASKED.with(|a| a.borrow_mut().clear());
+        let mut trainer = trainer(worker, &c, true);
+        let mut expected: Vec<Vec<Vec<u64>>> = Vec::new();
+        let mut since = vec![BTreeSet::new(); SIZES.len()];
+        for s in 0..7 {
+            let b = batch(s, 24);
+            for (t, field) in b.sparse.iter().enumerate() {
+                since[t].extend(field.ids.iter().copied());
+            }
+            trainer.step(worker, StepKind::Train, b).unwrap();
+            if s % 3 == 2 {
+                // A report step reads the mirror; a snapshot right after reads nothing more.
+                trainer.params_l2(worker).unwrap();
+                trainer.snapshot().unwrap();
+                expected.push(since.iter_mut().map(|ids| std::mem::take(ids).into_iter().collect()).collect());
+            }
+        }
+        trainer.checkpoint_snapshot(None).unwrap();
+        expected.push(since.into_iter().map(|ids| ids.into_iter().collect()).collect());
+        (ASKED.with(|a| a.take()), expected)
+    });
+    assert_eq!(asked.len(), 3, "one read per report after training, and one for the checkpoint");
+    assert_eq!(asked, expected);
+    // The rows of a table of 300 trained in three steps are few of them: that is the point.
+    assert!(asked[0][2].len() < SIZES[2] as usize / 2, "{} rows", asked[0][2].len());
 }
 
 #[test]

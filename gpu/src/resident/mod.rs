@@ -9,7 +9,9 @@
 //! so the host queues the whole step without waiting) and a flag that some
 //! entry gradient or updated dense parameter is not finite (and the logits,
 //! when a prequential score keeps them). Nothing else crosses PCIe between
-//! checkpoints.
+//! checkpoints, and a checkpoint (or any read of the state by the host) reads
+//! the rows trained since the last read, marked on the device by each step
+//! (see `readback`).
 //!
 //! ## Invariants
 //!
@@ -51,6 +53,7 @@
 mod graphs;
 mod host;
 mod phases;
+mod readback;
 mod staging;
 
 use crate::model::{net, Buffer, DeviceNet, Sequences};
@@ -125,6 +128,9 @@ pub struct ResidentWorker {
     d_dlogits: Buffer,
     d_entry_grads: Buffer,
     d_flag: CudaSlice<u32>,
+    /// One bit per global row: the rows training steps updated since the host
+    /// last read them back (`readback`) or the worker was loaded.
+    d_trained: CudaSlice<u32>,
     /// The table each behaviour sequence reads (none for a model without them).
     seq_tables: Vec<usize>,
     /// The longest sequence the model takes.
@@ -179,6 +185,7 @@ impl ResidentWorker {
         // A workspace of the worker's own for cuBLAS, with or without graphs, so both pick the same GEMMs.
         dev.fix_blas_workspace()?;
         let Seeded { rows, state, bases } = seeded_rows(dim, &config.table_sizes, config.seed, sparse)?;
+        let total_rows = state.len();
         let table = RowTable::upload(dev, &rows, &state, dim)?;
         drop((rows, state));
         let params = dev.upload(cpu.params())?;
@@ -207,6 +214,7 @@ impl ResidentWorker {
             d_dlogits: Buffer::new(dev)?,
             d_entry_grads: Buffer::new(dev)?,
             d_flag: dev.zeros(1)?,
+            d_trained: dev.zeros(readback::trained_words(total_rows))?,
             d_loss: dev.zeros(1)?,
             d_skip: dev.zeros(1)?,
             seq_tables: config.sequence_tables.clone(),
@@ -580,6 +588,7 @@ impl ResidentWorker {
         let slot = self.staging.current();
         let skip = Some(&self.d_skip);
         self.rows.queue_in_range(dev, (&slot.rows.0, &self.d_entry_grads.0, entries), scale, skip)?;
+        readback::mark_rows(dev, &slot.rows.0, entries, &mut self.d_trained)?;
         self.mark(Phase::Rows)?;
         let dev = &self.dev;
         self.optimizer.queue_update(dev, &mut self.params, &self.grads, scale, Some(&self.d_skip))?;
@@ -694,6 +703,7 @@ impl ResidentWorker {
         self.params = self.dev.upload(&part.dense_params)?;
         self.optimizer = optimizer;
         self.train_steps = part.step;
+        self.forget_trained()?;
         Ok(())
     }
 
@@ -705,6 +715,12 @@ impl ResidentWorker {
             let (rows, state) = self.table(t)?;
             tables.push(TableRows { ids: (0..self.table_sizes[t]).collect(), rows, state, ..TableRows::default() });
         }
+        self.part(tables, false)
+    }
+
+    /// A one-worker checkpoint part of `tables` (every row, or with
+    /// `updated_only` some) with the whole dense state and the step count.
+    fn part(&self, tables: Vec<TableRows>, updated_only: bool) -> Result<WorkerSnapshot, GpuError> {
         let dense_optimizer: DenseOptimizerState = self.optimizer.to_host(&self.dev, 0)?;
         Ok(WorkerSnapshot {
             worker: 0,
@@ -715,7 +731,7 @@ impl ResidentWorker {
             dense_params: self.dense_params()?,
             dense_optimizer,
             tables,
-            updated_only: false,
+            updated_only,
             delta_of: None,
             seed: self.seed,
             table_sizes: self.table_sizes.clone(),
@@ -871,6 +887,9 @@ impl StepEngine for ResidentWorker {
     }
     fn save(&mut self) -> Result<WorkerSnapshot, String> {
         self.snapshot().map_err(|e| self.named(e))
+    }
+    fn save_changed(&mut self) -> Result<WorkerSnapshot, String> {
+        self.snapshot_trained().map_err(|e| self.named(e))
     }
     fn load(&mut self, part: &WorkerSnapshot) -> Result<(), String> {
         ResidentWorker::load(self, part).map_err(|e| self.named(e))

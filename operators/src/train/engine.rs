@@ -10,17 +10,23 @@
 //! * **The engine holds the model; the host mirrors it on demand.** Training
 //!   and evaluation steps run on the engine only; the host's rows, dense
 //!   parameters and optimizer state (the owner and the dense replica, as a
-//!   one-worker trainer keeps them) are brought up to date from the engine's
-//!   whole state ([`StepEngine::save`]) before anything reads them: a report
-//!   step, [`Trainer::dense_params`], a snapshot. A restore sets the host state
-//!   and hands it to the engine ([`StepEngine::load`]). So checkpoints do not
-//!   depend on the engine that wrote them.
+//!   one-worker trainer keeps them) are brought up to date from the engine
+//!   before anything reads them: a report step, [`Trainer::dense_params`], a
+//!   snapshot. A restore sets the host state and hands it to the engine
+//!   ([`StepEngine::load`]). So checkpoints do not depend on the engine that
+//!   wrote them.
+//! * **Only what changed comes back.** Bringing the mirror up to date reads
+//!   from the engine the rows its training steps changed since the last such
+//!   read or [`StepEngine::load`], with the whole dense state
+//!   ([`StepEngine::save_changed`]; the engine keeps that list where its rows
+//!   are, so a step pays nothing on the host for it), and overwrites those
+//!   rows of the mirror; every other row already holds the engine's value. So
+//!   the read costs the rows trained since, not the tables.
 //! * **Delta checkpoints as without an engine.** The host notes the rows each
 //!   batch handed to the engine reads ([`super::changed_rows`]); a checkpoint
 //!   snapshot with a parent keeps those rows of the mirror's whole state, so
 //!   [`Trainer::checkpoint_mark`] and [`Trainer::checkpoint_snapshot`] behave
-//!   as on a trainer without one (the engine's whole state is still read to
-//!   bring the mirror up to date).
+//!   as on a trainer without one.
 //! * **The same step.** An engine's training step is the one-worker step of
 //!   this module: its loss sum before the update, no update on a non-finite
 //!   loss, row and dense updates scaled by `1 / batch`.
@@ -77,6 +83,15 @@ pub trait StepEngine {
     /// The whole state (every row, the dense parameters and optimizer state,
     /// the training steps) as the part of a one-worker checkpoint.
     fn save(&mut self) -> Result<WorkerSnapshot, String>;
+    /// The state as [`save`](Self::save) gives it, but listing only the rows
+    /// training steps may have changed since the last `save_changed` or
+    /// [`load`](Self::load) (every row a step updated, each with its values and
+    /// optimizer state; `updated_only` set), with the dense parameters and
+    /// optimizer state and the training steps whole. By default `save`, which
+    /// lists every row.
+    fn save_changed(&mut self) -> Result<WorkerSnapshot, String> {
+        self.save()
+    }
     /// Continues from the part of a one-worker checkpoint (rows it does not
     /// list, when it lists updated rows only, start as the seed makes them).
     fn load(&mut self, part: &WorkerSnapshot) -> Result<(), String>;
@@ -178,18 +193,19 @@ impl Trainer {
         Ok(stats)
     }
 
-    /// Brings the host mirror up to date from the engine, if it is older.
+    /// Brings the host mirror up to date from the engine, if it is older:
+    /// the rows trained since the last time and the whole dense state.
     pub(super) fn sync_host(&self) -> Result<(), OperatorError> {
         let Some(cell) = &self.engine else { return Ok(()) };
         let mut state = cell.borrow_mut();
         if !state.host_stale {
             return Ok(());
         }
-        let part = state.engine.save().map_err(|message| OperatorError::Device { worker: 0, message })?;
+        let part = state.engine.save_changed().map_err(|message| OperatorError::Device { worker: 0, message })?;
         let mut dense = self.shared.dense.borrow_mut();
         let mut owner = self.shared.owner.borrow_mut();
         let writer = (self.config.seed, &self.config.table_sizes[..]);
-        owner.restore(&mut dense, &[part], writer, self.config.dense_optimizer)?;
+        owner.patch(&mut dense, &part, writer, self.config.dense_optimizer)?;
         state.host_stale = false;
         Ok(())
     }

@@ -534,7 +534,7 @@ impl Trainer {
     /// snapshot of this trainer, see [`checkpoint_mark`](Self::checkpoint_mark)),
     /// with the whole dense state. A consistent cut like `snapshot`.
     /// With a [`StepEngine`] the rows are those of the batches trained on it
-    /// since `parent`, taken from its whole state.
+    /// since `parent`, as the engine holds them.
     pub fn checkpoint_snapshot(&self, parent: Option<u64>) -> Result<WorkerSnapshot, OperatorError> {
         self.sync_host()?;
         let dense = self.shared.dense.borrow();

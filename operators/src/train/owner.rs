@@ -228,8 +228,38 @@ impl Owner {
         &mut self,
         dense: &mut Dense,
         parts: &[WorkerSnapshot],
+        writer: (u64, &[u64]),
+        dense_kind: DenseOptimizerKind,
+    ) -> Result<u64, OperatorError> {
+        let step = self.set_state(dense, parts, writer, dense_kind, true)?;
+        self.replicas.restore(parts);
+        Ok(step)
+    }
+
+    /// Overwrites the rows `part` lists (a one-worker part of updated rows, as a
+    /// step engine reads the rows it trained since the last read) and the whole
+    /// dense state and step count; every other row keeps its value. Checked like
+    /// [`restore`](Self::restore) first; on error nothing is changed.
+    pub(super) fn patch(
+        &mut self,
+        dense: &mut Dense,
+        part: &WorkerSnapshot,
+        writer: (u64, &[u64]),
+        dense_kind: DenseOptimizerKind,
+    ) -> Result<u64, OperatorError> {
+        self.set_state(dense, std::slice::from_ref(part), writer, dense_kind, false)
+    }
+
+    /// Checks `parts`, sets the dense state and step count from them and each
+    /// row they list that this worker owns; with `reset`, every other row goes
+    /// back to its initial state first. Returns the training step count.
+    fn set_state(
+        &mut self,
+        dense: &mut Dense,
+        parts: &[WorkerSnapshot],
         (seed, table_sizes): (u64, &[u64]),
         dense_kind: DenseOptimizerKind,
+        reset: bool,
     ) -> Result<u64, OperatorError> {
         let (me, w) = (dense.me(), dense.workers());
         let expected = Expected {
@@ -246,8 +276,10 @@ impl Owner {
         let dense_optimizer = DenseOptimizer::from_state(self.dense_hp, &mine)?;
         dense.write(0, checked.dense_params);
         self.dense_optimizer = dense_optimizer;
-        self.store.reset(checked.step);
-        self.marked = None;
+        if reset {
+            self.store.reset(checked.step);
+            self.marked = None;
+        }
         self.train_steps = checked.step;
         let (d, sw) = (expected.dim, expected.state_width);
         for part in parts {
@@ -262,7 +294,6 @@ impl Owner {
                 }
             }
         }
-        self.replicas.restore(parts);
         Ok(checked.step)
     }
 
