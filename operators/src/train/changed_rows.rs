@@ -1,23 +1,25 @@
-//! The rows a step engine's training steps may have changed since the last
-//! checkpoint snapshot, kept on the host from the batches handed to the
-//! engine, so that a trainer with an engine writes delta checkpoints as one
+//! The rows a step engine's training steps changed since the last checkpoint
+//! snapshot, kept on the host from what the engine reads back into the host
+//! mirror, so that a trainer with an engine writes delta checkpoints as one
 //! without does (see [`super::engine`]).
 //!
 //! ## Invariants
 //!
-//! * **Every changed row is listed.** Each id of every field and sequence of
-//!   a batch trained since the mark is; these are the rows the one-worker step
-//!   updates (a row whose summed gradient is zero is updated, and listed, as
-//!   the host owner lists it; a step that updated nothing after a non-finite
-//!   loss still lists its rows, whose values a delta then repeats).
-//! * One bit per row of each table. Ids past a table are never marked (the
-//!   trainer refuses such a batch before the engine sees it).
+//! * **Every changed row is listed.** Each read of the engine lists the rows
+//!   its training steps updated since the read before
+//!   ([`StepEngine::save_changed`](super::StepEngine::save_changed)), and a
+//!   checkpoint snapshot reads first; so the rows of the reads since the mark
+//!   are those of the batches trained since (a row whose summed gradient is
+//!   zero is updated, and listed, as the host owner lists it; a step that
+//!   updated nothing after a non-finite loss still lists its rows, whose
+//!   values a delta then repeats). An engine that reads back every row makes
+//!   every delta list every row. Nothing is noted per step.
+//! * One bit per row of each table. Ids past a table are never marked.
 //! * A mark names the checkpoint the bits count from: set by each checkpoint
 //!   snapshot, cleared by a restore, so a delta always follows the snapshot
 //!   taken just before it on this trainer. Without a mark nothing is noted:
 //!   the next checkpoint is whole, and a run that writes none pays nothing.
 
-use crate::batch::Batch;
 use crate::snapshot::{TableRows, WorkerSnapshot};
 use crate::OperatorError;
 
@@ -34,17 +36,14 @@ impl ChangedRows {
         ChangedRows { bits, marked: None }
     }
 
-    /// Marks every row `batch` reads (field `t` reads table `t`, sequence `s`
-    /// table `sequence_tables[s]`), once a checkpoint has set the mark.
-    pub(super) fn note(&mut self, batch: &Batch, sequence_tables: &[usize]) {
+    /// Marks every row `read`, a part the engine read back, lists, once a
+    /// checkpoint has set the mark.
+    pub(super) fn note(&mut self, read: &WorkerSnapshot) {
         if self.marked.is_none() {
             return;
         }
-        let fields = batch.sparse.iter().enumerate();
-        let sequences = batch.sequences.iter().zip(sequence_tables).map(|(f, &t)| (t, f));
-        for (t, field) in fields.chain(sequences) {
-            let Some(words) = self.bits.get_mut(t) else { continue };
-            for &id in &field.ids {
+        for (words, table) in self.bits.iter_mut().zip(&read.tables) {
+            for &id in &table.ids {
                 if let Some(w) = words.get_mut((id / 64) as usize) {
                     *w |= 1 << (id % 64);
                 }

@@ -23,8 +23,9 @@
 //!   rows of the mirror; every other row already holds the engine's value. So
 //!   the read costs the rows trained since, not the tables.
 //! * **Delta checkpoints as without an engine.** The host notes the rows each
-//!   batch handed to the engine reads ([`super::changed_rows`]); a checkpoint
-//!   snapshot with a parent keeps those rows of the mirror's whole state, so
+//!   read of the engine lists ([`super::changed_rows`]): since a checkpoint
+//!   reads first, those are the rows trained since the last checkpoint; a
+//!   checkpoint snapshot with a parent keeps those rows of the mirror, so
 //!   [`Trainer::checkpoint_mark`] and [`Trainer::checkpoint_snapshot`] behave
 //!   as on a trainer without one.
 //! * **The same step.** An engine's training step is the one-worker step of
@@ -161,7 +162,6 @@ impl Trainer {
         };
         let mut guard = cell.borrow_mut();
         let state: &mut Engine = &mut guard;
-        let sequence_tables = &self.config.sequence_tables;
         let eval = clock::timed_step(&clock, || -> Result<bool, OperatorError> {
             if batch.is_empty() {
                 return Ok(false);
@@ -170,7 +170,6 @@ impl Trainer {
             if kind == StepKind::Train {
                 let step = engine.train_then_prepare(&batch, score, next).map_err(device)?;
                 state.host_stale = true;
-                state.changed.note(&batch, sequence_tables);
                 stats.loss_sum = step.loss_sum;
                 stats.non_finite = step.non_finite as u64;
                 Ok(score)
@@ -206,6 +205,7 @@ impl Trainer {
         let mut owner = self.shared.owner.borrow_mut();
         let writer = (self.config.seed, &self.config.table_sizes[..]);
         owner.patch(&mut dense, &part, writer, self.config.dense_optimizer)?;
+        state.changed.note(&part);
         state.host_stale = false;
         Ok(())
     }
