@@ -12,7 +12,8 @@
 //! the rows a host mirror reads back (those trained since it last did) are the
 //! checkpoint's rows bit for bit.
 //! Steps staged ahead (the next batch built and uploaded while the device runs
-//! the step before) equal steps taken one at a time, bit for bit. A step whose
+//! the step before, a training or an evaluation step) equal steps taken one at a
+//! time, bit for bit. A step whose
 //! loss is not finite (the device skips its updates, the host does not wait for
 //! the loss) changes nothing and does not count, staged or not. Steps replayed
 //! as CUDA graphs equal steps launched kernel by kernel, bit for bit, through
@@ -306,6 +307,49 @@ fn steps_preparing_the_next_batch_equal_one_step_at_a_time() {
             assert_eq!(ahead.table(t).unwrap(), one.table(t).unwrap(), "{name}: table {t}");
         }
         assert_eq!(ahead.train_steps(), one.train_steps(), "{name}: training steps");
+    }
+}
+
+/// Evaluation steps that stage the next batch while the device computes the logits
+/// give the logits of evaluations one at a time, bit for bit, and the training steps
+/// around them (one starting from a batch an evaluation staged) the same steps: through
+/// an evaluation staging another evaluation's batch, a training step's, a wrong one,
+/// nothing, an empty batch and one that cannot be staged.
+#[test]
+fn evaluations_preparing_the_next_batch_equal_evaluations_one_at_a_time() {
+    let Some(dev) = device() else { return };
+    let evals: Vec<Batch> =
+        [40, 3000, 0, 1, 512].iter().enumerate().map(|(k, &n)| batch(300 + k as u64, n, false)).collect();
+    let trains: Vec<Batch> = (0..3).map(|s| batch(s, 256, false)).collect();
+    let mut bad = batch(51, 8, false);
+    bad.sparse[1].ids[0] = SIZES[1];
+    for (name, model) in models() {
+        let c = config(model, true);
+        let mut one = ResidentWorker::new(&dev, &c).unwrap();
+        let mut ahead = ResidentWorker::new(&dev, &c).unwrap();
+        let train = |k: usize, next: Option<Batch>, one: &mut ResidentWorker, ahead: &mut ResidentWorker| {
+            let expected = one.train(&trains[k], false).unwrap();
+            let got = ahead.train_then_prepare(&trains[k], false, &mut || next.clone()).unwrap();
+            assert_eq!(got, expected, "{name}: training step {k}");
+        };
+        train(0, Some(evals[0].clone()), &mut one, &mut ahead);
+        // What evaluation k hands on to prepare.
+        let nexts = [Some(evals[1].clone()), Some(evals[2].clone()), Some(bad.clone()), None, Some(trains[1].clone())];
+        for (k, b) in evals.iter().enumerate() {
+            let expected = one.predict(b).unwrap().to_vec();
+            let got = ahead.predict_then_prepare(b, &mut || nexts[k].clone()).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(got), bits(&expected), "{name}: evaluation {k}");
+            if k == 2 {
+                train(2, Some(batch(77, 64, false)), &mut one, &mut ahead);
+            }
+        }
+        train(1, None, &mut one, &mut ahead);
+        assert!(ahead.predict(&bad).is_err() && one.predict(&bad).is_err(), "{name}: an id past its table");
+        assert_eq!(ahead.dense_params().unwrap(), one.dense_params().unwrap(), "{name}: dense parameters");
+        for t in 0..SIZES.len() {
+            assert_eq!(ahead.table(t).unwrap(), one.table(t).unwrap(), "{name}: table {t}");
+        }
     }
 }
 

@@ -129,9 +129,16 @@ impl StepEngine for CpuEngine {
     }
 
     fn predict(&mut self, batch: &Batch) -> Result<(), String> {
-        // An evaluation step drops what was prepared, as a GPU's staging does.
-        self.prepared = None;
+        self.predict_then_prepare(batch, &mut || None)
+    }
+
+    fn predict_then_prepare(&mut self, batch: &Batch, next: NextBatch<'_>) -> Result<(), String> {
+        // A step on another batch drops what was prepared, as a GPU's staging does.
+        if self.prepared.take().as_ref() == Some(batch) {
+            PREPARED_HITS.with(|h| h.set(h.get() + 1));
+        }
         self.forward(batch);
+        self.prepared = next();
         Ok(())
     }
 
@@ -400,6 +407,47 @@ fn preparing_the_next_batch_changes_no_step() {
     };
     assert_same("no engine", &run_with(&c, false, None, Arc::new(counting)), &run(&c, false, None));
     assert_eq!(asked.load(Ordering::Relaxed), 0);
+}
+
+/// Evaluation steps prepare the next batch too, and start from one a step before
+/// prepared, whatever the kinds on either side: the same losses and predictions as
+/// steps handed nothing to prepare.
+#[test]
+fn evaluation_steps_prepare_and_start_from_prepared_batches() {
+    let c = config(true);
+    // (kind, batch, the batch handed to prepare)
+    let e = |k: u64| batch(200 + k, 9);
+    let t = |k: u64| batch(k, 24);
+    let plan = [
+        (StepKind::Train, t(0), Some(e(0))),
+        (StepKind::Eval, e(0), Some(e(1))),
+        (StepKind::Eval, e(1), Some(t(1))),
+        (StepKind::Train, t(1), Some(e(9))),
+        (StepKind::Eval, e(2), None),
+        (StepKind::Eval, e(3), Some(e(3))),
+        (StepKind::Eval, e(3), None),
+    ];
+    let steps = |prepare: bool| {
+        let (c, plan) = (c.clone(), plan.clone());
+        timely::execute_directly(move |worker| {
+            PREPARED_HITS.with(|h| h.set(0));
+            let mut trainer = trainer(worker, &c, true);
+            let mut seen = Vec::new();
+            for (kind, b, next) in plan {
+                let n = if prepare { next } else { None };
+                seen.push(trainer.step_then_prepare(worker, kind, b, move || n.clone()).unwrap().loss_sum);
+                if kind == StepKind::Eval {
+                    seen.extend(trainer.take_eval().probs.iter().map(|&p| f64::from(p)));
+                }
+            }
+            (seen, PREPARED_HITS.with(|h| h.get()))
+        })
+    };
+    let ((prepared, hits), (plain, none)) = (steps(true), steps(false));
+    assert_eq!(prepared, plain, "the same losses and predictions, bit for bit");
+    // e(0), e(1), t(1) and the second e(3) start from what the step before prepared;
+    // e(2) does not (t(1) prepared e(9)).
+    assert_eq!((hits, none), (4, 0));
 }
 
 #[test]

@@ -478,13 +478,33 @@ impl ResidentWorker {
 
     /// The logits of `batch` under the current parameters (an evaluation step).
     pub fn predict(&mut self, batch: &Batch) -> Result<&[f32], GpuError> {
+        self.predict_then_prepare(batch, &mut || None)
+    }
+
+    /// [`predict`](Self::predict), and while the device runs the forward pass, stages
+    /// the batch `next` gives for the step after, as
+    /// [`train_then_prepare`](Self::train_then_prepare) does: a following step (an
+    /// evaluation or a training step) on an equal batch starts from it. An evaluation
+    /// step on the batch a step before prepared starts from that one. The same logits
+    /// as `predict`.
+    pub fn predict_then_prepare(&mut self, batch: &Batch, next: NextBatch<'_>) -> Result<&[f32], GpuError> {
         self.logits.clear();
-        self.stage(batch)?;
+        if self.prepared.take().as_ref() != Some(batch) {
+            self.stage(batch)?;
+        }
         let shape = self.take()?;
-        let done =
-            if shape.batch > 0 { self.forward(shape).and_then(|()| self.download_logits(shape.batch)) } else { Ok(()) };
+        let queued = if shape.batch > 0 { self.forward(shape) } else { Ok(()) };
+        // The slot is free once the forward pass is done, even when queueing it failed.
         let released = self.staging.release(&self.dev);
-        done.and(released)?;
+        queued.and(released)?;
+        if let Some(batch) = next() {
+            if self.stage(&batch).is_ok() {
+                self.prepared = Some(batch);
+            }
+        }
+        if shape.batch > 0 {
+            self.download_logits(shape.batch)?;
+        }
         Ok(&self.logits)
     }
 
@@ -881,6 +901,9 @@ impl StepEngine for ResidentWorker {
     }
     fn predict(&mut self, batch: &Batch) -> Result<(), String> {
         ResidentWorker::predict(self, batch).map(|_| ()).map_err(|e| self.named(e))
+    }
+    fn predict_then_prepare(&mut self, batch: &Batch, next: NextBatch<'_>) -> Result<(), String> {
+        ResidentWorker::predict_then_prepare(self, batch, next).map(|_| ()).map_err(|e| self.named(e))
     }
     fn logits(&self) -> &[f32] {
         &self.logits

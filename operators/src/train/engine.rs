@@ -31,8 +31,8 @@
 //! * **The same step.** An engine's training step is the one-worker step of
 //!   this module: its loss sum before the update, no update on a non-finite
 //!   loss, row and dense updates scaled by `1 / batch`.
-//! * **Preparing the next batch changes no step.** A training step may be
-//!   handed the batch that probably comes next
+//! * **Preparing the next batch changes no step.** A training or evaluation
+//!   step may be handed the batch that probably comes next
 //!   ([`Trainer::step_then_prepare`]), which the engine prepares while the
 //!   step runs; a step on an equal batch starts from that, any other batch is
 //!   prepared as without it.
@@ -67,18 +67,27 @@ pub trait StepEngine {
     fn train(&mut self, batch: &Batch, keep_logits: bool) -> Result<EngineStep, String>;
     /// Trains one step on `batch` as [`train`](Self::train) does (`keep` as its
     /// `keep_logits`) and, while that step runs, asks `next` (at most once) for the batch
-    /// the next training step is likely to be given, and prepares it (a GPU builds and
-    /// uploads it). A later training step on an equal batch starts from what was
-    /// prepared; a step on any other batch, or an evaluation step in between, prepares
-    /// its own as `train` does. A batch that cannot be prepared is left to the step that
-    /// trains it, which reports why. The same steps as `train` on each batch. By default
-    /// `train`, without calling `next`.
+    /// the next step is likely to be given, and prepares it (a GPU builds and uploads
+    /// it). A later step (training or evaluation) on an equal batch starts from what was
+    /// prepared; a step on any other batch prepares its own as `train` does, and what
+    /// was prepared is dropped. A batch that cannot be prepared is left to the step
+    /// that takes it, which reports why. The same steps as `train` on each batch. By
+    /// default `train`, without calling `next`.
     fn train_then_prepare(&mut self, batch: &Batch, keep: bool, next: NextBatch<'_>) -> Result<EngineStep, String> {
         let _ = next;
         self.train(batch, keep)
     }
     /// The logits of `batch` under the current parameters, kept for [`logits`](Self::logits).
     fn predict(&mut self, batch: &Batch) -> Result<(), String>;
+    /// [`predict`](Self::predict), and while the engine computes the logits, asks
+    /// `next` (at most once) for the batch the next step is likely to be given and
+    /// prepares it, as [`train_then_prepare`](Self::train_then_prepare) does. An
+    /// evaluation step on a batch the step before prepared starts from it. The same
+    /// logits as `predict`. By default `predict`, without calling `next`.
+    fn predict_then_prepare(&mut self, batch: &Batch, next: NextBatch<'_>) -> Result<(), String> {
+        let _ = next;
+        self.predict(batch)
+    }
     /// The logits of the last `predict`, or of the last `train` that kept them.
     fn logits(&self) -> &[f32];
     /// The whole state (every row, the dense parameters and optimizer state,
@@ -174,7 +183,7 @@ impl Trainer {
                 stats.non_finite = step.non_finite as u64;
                 Ok(score)
             } else {
-                engine.predict(&batch).map_err(device)?;
+                engine.predict_then_prepare(&batch, next).map_err(device)?;
                 stats.loss_sum = bce_with_logits_sum(engine.logits(), &batch.labels);
                 Ok(true)
             }

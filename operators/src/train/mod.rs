@@ -346,11 +346,11 @@ impl Trainer {
         self.step_then_prepare(worker, kind, batch, || None)
     }
 
-    /// [`step`](Self::step), and while a training step runs on a [`StepEngine`], `next`
-    /// gives the batch the next training step is likely to be given, which the engine
-    /// prepares (a GPU builds and uploads it while the device trains). The same steps as
-    /// `step` whatever `next` gives; `next` is called at most once, and only for a
-    /// training step on an engine.
+    /// [`step`](Self::step), and while a training or evaluation step runs on a
+    /// [`StepEngine`], `next` gives the batch the next step is likely to be given, which
+    /// the engine prepares (a GPU builds and uploads it while the device computes). The
+    /// same steps as `step` whatever `next` gives; `next` is called at most once, and
+    /// only for a training or evaluation step on an engine.
     pub fn step_then_prepare(
         &mut self,
         worker: &mut Worker,
