@@ -205,3 +205,39 @@ fn a_checkpoint_of_another_shape_is_refused_and_changes_nothing() {
     })
     .unwrap();
 }
+
+/// A restore between two steps on every worker (not collective: each restores on its
+/// own) is what every later step sees, whichever worker restores first: a worker that
+/// finished its step and restored early sends its next requests while another is still
+/// finishing the step before; that owner answers them only once it has begun the next
+/// step, so after its own restore. Repeated, since the order of the workers varies from
+/// run to run; the same losses and parameters as restoring before the first step.
+#[test]
+fn a_restore_between_steps_is_seen_by_every_later_step() {
+    let c = config(9, SparseOptimizerKind::RowwiseAdagrad);
+    let parts = Arc::new(run(3, c.clone(), None, 0, 6, 6).snapshots);
+    // Restored before any step (nothing in flight): the reference.
+    let fresh = run(3, c.clone(), Some(parts.clone()), 6, 9, 9);
+    for round in 0..30 {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (out, c, parts) = (seen.clone(), c.clone(), parts.clone());
+        timely::execute(timely::Config::process(3), move |worker| {
+            let mut trainer = Trainer::new(worker, &c).unwrap();
+            for step in 0..3 {
+                trainer.step(worker, StepKind::Train, micro_batch(step, worker.index(), 3)).unwrap();
+            }
+            trainer.restore(&parts).unwrap();
+            for step in 6..9 {
+                trainer.step(worker, StepKind::Train, micro_batch(step, worker.index(), 3)).unwrap();
+            }
+            let l2 = trainer.params_l2(worker).unwrap();
+            out.lock().unwrap().push((trainer.snapshot().unwrap(), l2));
+        })
+        .unwrap();
+        let mut seen = std::mem::take(&mut *seen.lock().unwrap());
+        seen.sort_by_key(|(s, _)| s.worker);
+        let snapshots: Vec<WorkerSnapshot> = seen.iter().map(|(s, _)| s.clone()).collect();
+        assert_eq!(merge(&snapshots), merge(&fresh.snapshots), "round {round}: the state after the restore");
+        assert_eq!(seen[0].1.to_bits(), fresh.l2.to_bits(), "round {round}: params L2");
+    }
+}

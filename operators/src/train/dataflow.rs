@@ -70,8 +70,8 @@ pub(super) fn stages<'scope>(
     deep_partial: bool,
     workers: usize,
 ) -> Messages<'scope, StepStats> {
-    let requests = plan_lookups(commands, shared);
     let serve_waker: Rc<RefCell<Option<Activator>>> = Rc::default();
+    let requests = plan_lookups(commands, shared, serve_waker.clone());
     let replies = serve_lookups(requests, shared, deep_partial, serve_waker.clone());
 
     let s = shared.clone();
@@ -103,8 +103,13 @@ pub(super) fn stages<'scope>(
     gather_params(updates, shared, workers, serve_waker)
 }
 
-/// Each command becomes one lookup request per owner.
-fn plan_lookups<'scope>(commands: Messages<'scope, Command>, s: &Shared) -> Messages<'scope, LookupRequest> {
+/// Each command becomes one lookup request per owner; the step has begun on
+/// this worker, and the serve stage may answer its requests (`serve_waker`).
+fn plan_lookups<'scope>(
+    commands: Messages<'scope, Command>,
+    s: &Shared,
+    serve_waker: Rc<RefCell<Option<Activator>>>,
+) -> Messages<'scope, LookupRequest> {
     let s = s.clone();
     commands.unary::<CapacityContainerBuilder<Vec<LookupRequest>>, _, _, _>(
         Pipeline,
@@ -121,6 +126,10 @@ fn plan_lookups<'scope>(commands: Messages<'scope, Command>, s: &Shared) -> Mess
                         });
                         s.bytes.borrow_mut().count(t, &requests);
                         session.give_iterator(requests.into_iter());
+                    }
+                    s.outcome.borrow_mut().start(t);
+                    if let Some(waker) = serve_waker.borrow().as_ref() {
+                        waker.activate();
                     }
                 });
             }
@@ -156,9 +165,17 @@ fn serve_lookups<'scope>(
                     s.bytes.borrow_mut().count(t, &replies);
                     replies
                 };
+                // A request is answered once this worker has begun its step (a restore
+                // between steps has then happened), and for a deep model's partial
+                // exchange once its step before is complete (its dense replica then
+                // holds the weights of the step).
+                let ready = |t: u64| {
+                    let outcome = s.outcome.borrow();
+                    outcome.started() > t && (!deep_partial || outcome.completed() >= t)
+                };
                 input.for_each(|cap, data| {
                     let t = *cap.least().expect("a message has a time");
-                    if deep_partial && s.outcome.borrow().completed() < t {
+                    if !ready(t) {
                         let cap = cap.retain_least(0).expect("a message has a time");
                         deferred.extend(data.drain(..).map(|r| (cap.clone(), r)));
                         return;
@@ -166,10 +183,8 @@ fn serve_lookups<'scope>(
                     output.session(&cap).give_iterator(serve(t, std::mem::take(data)).into_iter());
                 });
                 if !deferred.is_empty() {
-                    let completed = s.outcome.borrow().completed();
-                    let (ready, waiting) = std::mem::take(&mut deferred)
-                        .into_iter()
-                        .partition::<Vec<_>, _>(|(cap, _)| *cap.time() <= completed);
+                    let (ready, waiting) =
+                        std::mem::take(&mut deferred).into_iter().partition::<Vec<_>, _>(|(cap, _)| ready(*cap.time()));
                     deferred = waiting;
                     for (cap, request) in ready {
                         output.session(&cap).give_iterator(serve(*cap.time(), vec![request]).into_iter());

@@ -73,14 +73,26 @@ impl<M: Routed> Rendezvous<M> {
     }
 }
 
-/// The outcome of the last completed step on this worker.
+/// The outcome of the last completed step on this worker, and how many steps it has begun.
 #[derive(Default)]
 pub(super) struct Outcome {
     completed: u64,
+    started: u64,
     stats: StepStats,
 }
 
 impl Outcome {
+    /// Records that this worker began step `t` (its command reached the plan stage).
+    pub(super) fn start(&mut self, t: u64) {
+        self.started = self.started.max(t + 1);
+    }
+
+    /// Number of steps this worker has begun: the owner serves no request of a
+    /// later step, whose rows a change between steps (a restore) may still replace.
+    pub(super) fn started(&self) -> u64 {
+        self.started
+    }
+
     /// Records that step `t` (the timestamp; steps count from 1) completed with `stats`.
     pub(super) fn complete(&mut self, t: u64, stats: StepStats) {
         self.completed = t + 1;
