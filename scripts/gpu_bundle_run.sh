@@ -163,16 +163,19 @@ bench() {
 }
 BENCHES="${BENCHES:-dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048 dlrm-16384-tf32 dlrm-16384-bf16}"
 wanted() { case " $BENCHES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-# One device-resident worker, and where a host-rows worker's step goes (its stage clock).
-for run in 16384 65536 host-16384; do
-    b="${run#host-}"
+# One device-resident worker, where a host-rows worker's step goes (its stage clock), and
+# two GPU workers on one GPU with the rows each owns on the device (`two-`) or on the host.
+for run in 16384 65536 host-16384 two-16384 two-host-16384; do
+    b="${run##*-}"
     flags=""
-    [ "$run" = "$b" ] || flags="--host-rows"
+    case "$run" in two-*) flags="--workers 2" ;; esac
+    case "$run" in *host-*) flags="$flags --host-rows" ;; esac
+    flags="${flags# }"
     timeout -k 5 120 "$HERE/tiderec" bench dlrm --device cuda:0 --batch-size $b --steps 20 --warmup 3 --json $flags \
         >"$OUT/stages-dlrm-$run.json" 2>"$OUT/stages-dlrm-$run.err" || FAILED=1
     say "dlrm batch $b${flags:+ $flags} (ms): $(python3 -c 'import json, sys
 d = json.load(open(sys.argv[1])); s = d["stage_ms"][0]
-print(round(d["samples_per_sec"]), "samples/s, rows on device:", d.get("rows_on_device"), ";", ", ".join(f"{k} {v:.1f}" for k, v in s.items()))' "$OUT/stages-dlrm-$run.json" 2>/dev/null || echo "no result, see stages-dlrm-$run.err")"
+print(round(d["samples_per_sec"]), "samples/s, rows on device:", d.get("rows_on_device"), ", owned rows on device:", d.get("owned_rows_on_device"), ";", ", ".join(f"{k} {v:.1f}" for k, v in s.items()))' "$OUT/stages-dlrm-$run.json" 2>/dev/null || echo "no result, see stages-dlrm-$run.err")"
 done
 # Timed steps: about half a second of tiderec's steps or more, so that clocks and the
 # first steps' costs weigh little (the process start and the tables' set-up are never timed).

@@ -186,9 +186,11 @@ def stages(found):
             stage = ["", "", "", ""]
         else:
             stage = [f"{s[k]:.1f}" for k in ("plan", "serve", "forward_backward", "apply")]
-        rows.append([f"{d['batch_size']:,}", "device" if d.get("rows_on_device") else "host",
+        rows_at = "device" if d.get("rows_on_device") else "own rows on device" if d.get("owned_rows_on_device") \
+            else "host"
+        rows.append([f"{d['batch_size']:,}", str(d.get("workers", 1)), rows_at,
                      f"{d['samples_per_sec']:,.0f}", f"{s['total']:.2f}"] + stage)
-    rows.sort(key=lambda r: (int(r[0].replace(",", "")), r[1]))
+    rows.sort(key=lambda r: (int(r[0].replace(",", "")), r[1], r[2]))
     return rows
 
 
@@ -435,12 +437,16 @@ def main(argv):
         print("## Where a GPU worker's step goes\n")
         print("`tiderec bench dlrm --device cuda:0 --json` (ms per step). Rows *device*: one device-resident "
               "worker (`tiderec_gpu::resident`: rows, pooling, the model and both optimizers on the GPU; only "
-              "the step's total is timed). Rows *host* (`--host-rows`): the GPU worker of a multi-worker run, "
-              "timed by the trainer's stage clock: planning, serving rows and applying row and dense updates run "
-              "on the host; forward/backward includes the host's pooling and the copies to and from the device.\n")
-        print(table(["batch", "rows", "samples/s", "step", "plan", "serve", "forward/backward", "apply"], st) + "\n")
+              "the step's total is timed). Rows *host* (`--host-rows`): GPU workers with their rows on the host, "
+              "timed by the trainer's stage clock (worker 0's): planning, serving rows and applying row and dense updates run "
+              "on the host; forward/backward includes the host's pooling and the copies to and from the device. "
+              "Rows *own rows on device* (`--workers 2`, two GPU workers on one GPU): each serves and updates the "
+              "rows it owns on the device (`tiderec_gpu::device_shard`), worker 0's stage clock; samples/s are both "
+              "workers'.\n")
+        print(table(["batch", "GPU workers", "rows", "samples/s", "step", "plan", "serve", "forward/backward",
+                     "apply"], st) + "\n")
         peak = next((v for k, v in FP32_PEAK_TFLOPS.items() if k in gpu), None)
-        big = [r for r in st if r[0] == "65,536" and r[1] == "device"] or [r for r in st if r[0] == "65,536"]
+        big = [r for r in st if r[0] == "65,536" and r[2] == "device"] or [r for r in st if r[0] == "65,536"]
         if peak and big:
             bound = peak * 1e12 / (DLRM_MFLOP * 1e6)
             torch_row = [r for r in rows if r[0] == "dlrm" and r[1] == "65,536" and r[2] == "fp32" and r[4]]
@@ -448,7 +454,7 @@ def main(argv):
                            "above" if torch_row else "")
             print(f"At batch 65,536 the fp32 GEMM bound of DLRM ({DLRM_MFLOP} MFLOP per sample at the "
                   f"{gpu}'s published {peak:.0f} TFLOP/s fp32 peak, not measured here) is {bound / 1e6:.1f} M "
-                  f"samples/s; tiderec reaches {float(big[0][2].replace(',', '')) / bound:.1%} of it"
+                  f"samples/s; tiderec reaches {float(big[0][3].replace(',', '')) / bound:.1%} of it"
                   f"{torch_share}.\n")
 
 

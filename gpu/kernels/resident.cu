@@ -72,19 +72,6 @@ extern "C" __global__ void flag_nonfinite(const float* x, unsigned long long n, 
     }
 }
 
-// out[i * width + c] = src[rows_of[i] * width + c] for i < n, c < width: the
-// rows (width dim) or their optimizer state (width 1) a host mirror reads
-// back, copied bit for bit. The host has checked every row number.
-extern "C" __global__ void gather_rows(const float* src, unsigned int width, const unsigned int* rows_of,
-                                       unsigned long long n, float* out) {
-    const unsigned long long total = n * width;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        const unsigned long long r = i / width, c = i - r * width;
-        out[i] = src[(unsigned long long)rows_of[r] * width + c];
-    }
-}
-
 // Sets bit r % 32 of bits[r / 32] for each of the n row numbers r of rows_of:
 // the rows a training step updates, remembered on the device until the host
 // reads them back (the bits are only ever set, so the order does not matter).

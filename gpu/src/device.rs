@@ -314,6 +314,23 @@ impl Device {
         Ok(slot.as_mut().expect("filled above"))
     }
 
+    /// `slot` grown to hold `host` (see [`grown`](Self::grown)), with `host` copied
+    /// to its front on the stream: a reused buffer, so a call allocates only when
+    /// it is larger than any before.
+    pub(crate) fn upload_into<'a, T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        slot: &'a mut Option<CudaSlice<T>>,
+        host: &[T],
+    ) -> Result<&'a mut CudaSlice<T>, GpuError> {
+        let buf = self.grown(slot, host.len())?;
+        if !host.is_empty() {
+            self.stream
+                .memcpy_htod(host, &mut buf.slice_mut(..host.len()))
+                .map_err(GpuError::driver("copying to the device"))?;
+        }
+        Ok(buf)
+    }
+
     /// Copies the first `len` values of `dev` to the host (waits for the stream).
     pub fn download<T: DeviceRepr + Default + Clone>(
         &self,

@@ -93,7 +93,12 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "resident.cu",
         source: include_str!("../kernels/resident.cu"),
-        functions: &["resident_pool", "resident_entry_grads", "flag_nonfinite", "gather_rows", "mark_rows"],
+        functions: &["resident_pool", "resident_entry_grads", "flag_nonfinite", "mark_rows"],
+    },
+    KernelSource {
+        file: "rows.cu",
+        source: include_str!("../kernels/rows.cu"),
+        functions: &["gather_rows", "scatter_rows"],
     },
     KernelSource {
         file: "dien.cu",

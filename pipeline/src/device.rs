@@ -16,8 +16,11 @@
 //! instead of splitting the run, another baseline; `TIDEREC_GPU_GRAPHS=on`
 //! replays each training step as a CUDA graph).
 //! Any other GPU worker runs its
-//! model's forward and backward on the device (see `tiderec_gpu::model`);
-//! everything else — the embedding stores, the exchange, the dense optimizer,
+//! model's forward and backward on the device (see `tiderec_gpu::model`) and,
+//! under the fixed store, the `rows` exchange and SGD or row-wise Adagrad rows,
+//! keeps the rows it owns there too (`tiderec_gpu::device_shard`: served and
+//! updated on the device; `TIDEREC_GPU_ROWS=host` keeps them on the host);
+//! everything else — the pooling, the exchange, the dense optimizer,
 //! checkpoints — stays on the host and is the same for every worker, so a CPU
 //! and a GPU worker train one model together.
 //! Every CUDA device named is opened, and the model built on it, before any
@@ -28,9 +31,11 @@
 
 use crate::PipelineError;
 use std::fmt;
+use tiderec_gpu::device_shard::DeviceShard;
 use tiderec_gpu::sparse::HotRows;
 use tiderec_gpu::Device;
 use tiderec_operators::nn::{Model, Precision};
+use tiderec_operators::store::DeviceStore;
 use tiderec_operators::train::{Trainer, TrainerConfig};
 use timely::worker::Worker;
 
@@ -110,6 +115,12 @@ impl Devices {
         self
     }
 
+    /// Whether the GPU workers of a trainer of `workers` workers among several
+    /// keep the rows they own on their devices ([`DeviceShard`]) under `config`.
+    pub fn owned_rows_on_device(&self, config: &TrainerConfig, workers: usize) -> bool {
+        self.any_cuda() && !self.host_rows && DeviceShard::supports(config, workers).is_ok()
+    }
+
     /// Whether any worker computes on a GPU.
     pub fn any_cuda(&self) -> bool {
         self.list.iter().any(|d| *d != WorkerDevice::Cpu)
@@ -175,8 +186,9 @@ impl Devices {
                 let mirror = config.model.build::<f32>(config.seed)?;
                 Ok(Trainer::with_engine(worker, config, mirror, Box::new(engine))?)
             }
-            WorkerDevice::Cuda(n) => match build_on(n, config, precision) {
-                Ok(model) => Ok(Trainer::with_model(worker, config, model)?),
+            WorkerDevice::Cuda(n) => match self.among_several(n, worker, config, precision) {
+                Ok((model, Some(rows))) => Ok(Trainer::with_model_and_store(worker, config, model, rows)?),
+                Ok((model, None)) => Ok(Trainer::with_model(worker, config, model)?),
                 Err(e) => {
                     let mut trainer = Trainer::new(worker, config)?;
                     trainer.step_failed(worker);
@@ -185,11 +197,38 @@ impl Devices {
             },
         }
     }
+
+    /// A GPU worker among several (or one whose configuration the device-resident
+    /// worker does not train): its model on device `n` and, unless `TIDEREC_GPU_ROWS=host`
+    /// or the configuration keeps them on the host ([`DeviceShard::supports`]), the
+    /// rows it owns on the same device.
+    fn among_several(
+        &self,
+        n: usize,
+        worker: &Worker,
+        config: &TrainerConfig,
+        precision: Precision,
+    ) -> Result<GpuParts, PipelineError> {
+        let device = WorkerDevice::Cuda(n);
+        let named = |e: tiderec_gpu::GpuError| PipelineError::config("device", format!("{device}: {e}"));
+        let dev = Device::open(n).and_then(|d| d.with_precision(precision)).map_err(named)?;
+        let model = tiderec_gpu::model::build(&config.model, config.seed, &dev).map_err(named)?;
+        let (me, peers) = (worker.index(), worker.peers());
+        if self.host_rows || DeviceShard::supports(config, peers).is_err() {
+            return Ok((model, None));
+        }
+        let rows = DeviceShard::new(&dev, config, (me, peers)).map_err(named)?;
+        Ok((model, Some(Box::new(rows))))
+    }
 }
 
-/// The environment variable that says where a GPU worker training alone
-/// keeps its rows: `device` (the default: the device-resident path) or `host`
-/// (as a GPU worker among several does; a baseline).
+/// A GPU worker's model on its device, and the rows it owns there when they are.
+type GpuParts = (Box<dyn Model<f32>>, Option<Box<dyn DeviceStore>>);
+
+/// The environment variable that says where a GPU worker keeps its rows:
+/// `device` (the default: one training alone keeps everything on its device,
+/// one among several the rows it owns) or `host` (rows, pooling and row
+/// updates on the host; a baseline).
 pub const GPU_ROWS_ENV: &str = "TIDEREC_GPU_ROWS";
 
 /// Whether `TIDEREC_GPU_ROWS` asks for rows on the host; any value but

@@ -12,7 +12,7 @@
 //!   ([`ResidentWorker::snapshot_trained`]) and by a load.
 //! * **A step pays one small kernel for it.** The host notes nothing per step.
 //! * **Bit for bit.** A row and its optimizer state come back as the device
-//!   holds them (`gather_rows` copies, it computes nothing), so a part read
+//!   holds them (`crate::row_copy` copies, it computes nothing), so a part read
 //!   here lists, for each row it names, the values of the whole snapshot.
 //! * **Checked on the host.** Every id is checked against its table before a
 //!   row number reaches the device.
@@ -104,8 +104,8 @@ impl ResidentWorker {
             let at = dev.upload(chunk)?;
             let mut rows_out = dev.zeros::<f32>(n * d)?;
             let mut state_out = dev.zeros::<f32>(n)?;
-            gather_rows(dev, (&self.rows.rows, d), &at, n, &mut rows_out)?;
-            gather_rows(dev, (&self.rows.state, 1), &at, n, &mut state_out)?;
+            crate::row_copy::gather_rows(dev, (&self.rows.rows, d), &at, n, &mut rows_out)?;
+            crate::row_copy::gather_rows(dev, (&self.rows.state, 1), &at, n, &mut state_out)?;
             values.extend(dev.download(&rows_out, n * d)?);
             state.extend(dev.download(&state_out, n)?);
         }
@@ -152,29 +152,6 @@ pub(super) fn mark_rows(
     // SAFETY: `rows_of` holds n row numbers (checked above), each a global row
     // (checked by the host as it built them), and `bits` one bit per global row.
     unsafe { launch.launch(check::grid_for(n.min(1 << 22))) }.map_err(GpuError::driver("launching mark_rows"))?;
-    Ok(())
-}
-
-/// `out[i · width + c] = src[rows_of[i] · width + c]` for the first `n` row
-/// numbers of `rows_of` (each a row of `src`, checked by the caller).
-fn gather_rows(
-    dev: &Device,
-    (src, width): (&CudaSlice<f32>, usize),
-    rows_of: &CudaSlice<u32>,
-    n: usize,
-    out: &mut CudaSlice<f32>,
-) -> Result<(), GpuError> {
-    if n == 0 {
-        return Ok(());
-    }
-    check::len("gather_rows", "out", out, n * width, || format!("{n} rows of width {width}"))?;
-    let (w32, n64) = (width as u32, n as u64);
-    let mut launch = dev.stream.launch_builder(dev.function("gather_rows"));
-    launch.arg(src).arg(&w32).arg(rows_of).arg(&n64).arg(out);
-    // SAFETY: `rows_of` holds n row numbers, each a row of `src` (checked by the
-    // caller); `out` holds n × width values (checked above).
-    unsafe { launch.launch(check::grid_for((n * width).min(1 << 22))) }
-        .map_err(GpuError::driver("launching gather_rows"))?;
     Ok(())
 }
 

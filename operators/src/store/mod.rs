@@ -396,6 +396,24 @@ pub struct StoreParams<'a> {
     pub hp: OptimizerParams,
 }
 
+/// A store whose rows live in another memory (a GPU's): the owner hands it a
+/// step's row updates at once, and it reports a failure of that memory after
+/// the step instead of failing a call.
+///
+/// Contracts, beyond [`EmbeddingStore`]'s: [`apply_rows`](Self::apply_rows)
+/// updates each row as [`EmbeddingStore::apply`] would, in the order given; a
+/// call that fails (the device is lost, say) leaves its results undefined
+/// and records the failure for [`take_error`](Self::take_error), which the
+/// trainer reads after every step, failing the step on every worker. A gather
+/// that fails still appends its `ids.len() · dim` values (zeros).
+pub trait DeviceStore: EmbeddingStore + std::fmt::Debug {
+    /// Applies `grads[k·dim ..][..dim]`, the summed and averaged gradient of
+    /// row `rows[k]` (table, id; all distinct), to each row.
+    fn apply_rows(&mut self, rows: &[(u32, u64)], grads: &[f32]);
+    /// The first failure since the last call, if any, naming the device.
+    fn take_error(&mut self) -> Option<String>;
+}
+
 /// One of the stores, dispatched by `match` so the fixed arm stays a direct call.
 // One per worker, built once and never moved on a hot path: boxing the larger
 // variants would only add an indirection to every lookup.
@@ -408,6 +426,8 @@ pub enum Store {
     Dynamic(DynamicStore),
     /// Hot tier over a hash table.
     Tiered(TieredStore),
+    /// Rows in another memory (a GPU worker's rows on its device).
+    Device(Box<dyn DeviceStore>),
 }
 
 impl Store {
@@ -436,6 +456,7 @@ macro_rules! dispatch {
             Store::Fixed($s) => $e,
             Store::Dynamic($s) => $e,
             Store::Tiered($s) => $e,
+            Store::Device($s) => $e,
         }
     };
 }

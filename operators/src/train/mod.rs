@@ -65,7 +65,7 @@ use crate::metrics::EvalSet;
 use crate::nn::{FmPartial, Model, ModelConfig};
 use crate::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use crate::snapshot::WorkerSnapshot;
-use crate::store::{StoreConfig, StoreStats};
+use crate::store::{DeviceStore, StoreConfig, StoreStats};
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
@@ -296,7 +296,31 @@ impl Trainer {
         config: &TrainerConfig,
         model: Box<dyn Model<f32>>,
     ) -> Result<Self, OperatorError> {
-        let (shared, deep_partial) = prepare((worker.index(), worker.peers()), config, model)?;
+        Self::build(worker, config, model, None)
+    }
+
+    /// As [`Trainer::with_model`], with the rows this worker owns in `store`, which
+    /// holds them in another memory (a GPU worker's rows on its device, see
+    /// [`DeviceStore`]) instead of the store `config.store` names. The store must
+    /// hold every row this worker owns (`shard_of`), each starting as the fixed
+    /// store starts it for the seed, under the configured row optimizer; a failure
+    /// it reports after a step fails that step on every worker.
+    pub fn with_model_and_store(
+        worker: &mut Worker,
+        config: &TrainerConfig,
+        model: Box<dyn Model<f32>>,
+        store: Box<dyn DeviceStore>,
+    ) -> Result<Self, OperatorError> {
+        Self::build(worker, config, model, Some(store))
+    }
+
+    fn build(
+        worker: &mut Worker,
+        config: &TrainerConfig,
+        model: Box<dyn Model<f32>>,
+        store: Option<Box<dyn DeviceStore>>,
+    ) -> Result<Self, OperatorError> {
+        let (shared, deep_partial) = prepare((worker.index(), worker.peers()), config, model, store)?;
         let input = dataflow::build(worker, &shared, deep_partial);
         Ok(Trainer {
             input,
@@ -370,7 +394,8 @@ impl Trainer {
             return Ok(stats);
         }
         let stats = self.run_dataflow(worker, kind, batch);
-        let device_error = self.shared.dense.borrow_mut().model_mut().take_error();
+        let model_error = self.shared.dense.borrow_mut().model_mut().take_error();
+        let device_error = model_error.or_else(|| self.shared.owner.borrow_mut().take_store_error());
         if let Some(e) = device_error {
             self.step_failed(worker);
             return Err(OperatorError::Device { worker: worker.index(), message: e });
@@ -525,7 +550,18 @@ impl Trainer {
     pub fn snapshot(&self) -> Result<WorkerSnapshot, OperatorError> {
         self.sync_host()?;
         let dense = self.shared.dense.borrow();
-        Ok(self.shared.owner.borrow().snapshot(&dense, self.train_steps, (self.config.seed, &self.config.table_sizes)))
+        let part =
+            self.shared.owner.borrow().snapshot(&dense, self.train_steps, (self.config.seed, &self.config.table_sizes));
+        self.store_failed()?;
+        Ok(part)
+    }
+
+    /// The failure a store in another memory recorded (reading its rows back, say), as an error.
+    fn store_failed(&self) -> Result<(), OperatorError> {
+        match self.shared.owner.borrow_mut().take_store_error() {
+            Some(message) => Err(OperatorError::Device { worker: self.shared.dense.borrow().me(), message }),
+            None => Ok(()),
+        }
     }
 
     /// This worker's share of a checkpoint, from which the next delta counts:
@@ -543,7 +579,9 @@ impl Trainer {
             let whole = self.shared.owner.borrow().snapshot(&dense, self.train_steps, writer);
             return cell.borrow_mut().checkpoint_part(whole, parent);
         }
-        self.shared.owner.borrow_mut().checkpoint_snapshot(&dense, self.train_steps, writer, parent)
+        let part = self.shared.owner.borrow_mut().checkpoint_snapshot(&dense, self.train_steps, writer, parent)?;
+        self.store_failed()?;
+        Ok(part)
     }
 
     /// The step of the last [`checkpoint_snapshot`](Self::checkpoint_snapshot)
@@ -634,6 +672,7 @@ fn prepare(
     (me, workers): (usize, usize),
     config: &TrainerConfig,
     mut model: Box<dyn Model<f32>>,
+    store: Option<Box<dyn DeviceStore>>,
 ) -> Result<(Shared, bool), OperatorError> {
     config.validate()?;
     // An invalid `TIDEREC_MAX_ISA` is refused, not run under a cap it did not name.
@@ -641,7 +680,7 @@ fn prepare(
     check_model(config, model.as_mut())?;
     let partial = partial_form(config);
     let deep_partial = partial.is_some_and(|p| p.deep.is_some());
-    Ok((shared_state((me, workers), config, partial, model)?, deep_partial))
+    Ok((shared_state((me, workers), config, partial, model, store)?, deep_partial))
 }
 
 fn check_model(config: &TrainerConfig, model: &mut dyn Model<f32>) -> Result<(), OperatorError> {
@@ -682,8 +721,10 @@ fn shared_state(
     config: &TrainerConfig,
     partial: Option<FmPartial>,
     model: Box<dyn Model<f32>>,
+    store: Option<Box<dyn DeviceStore>>,
 ) -> Result<Shared, OperatorError> {
-    let owner = Owner::new(config, slot_tables(config), partial, (me, workers), model.params().len())?;
+    let dense_len = model.params().len();
+    let owner = Owner::new(config, slot_tables(config), partial, (me, workers), dense_len, store)?;
     let home = Home::new(config, slot_tables(config), partial, workers);
     Ok(Shared {
         home: Rc::new(RefCell::new(home)),

@@ -118,7 +118,7 @@ impl<'scope> Train<'scope> for StreamVec<'scope, u64, Batch> {
     ) -> Result<(StreamVec<'scope, u64, StepStats>, TrainHandle), OperatorError> {
         let scope = self.scope();
         let workers = scope.peers();
-        let (shared, deep_partial) = prepare((scope.index(), workers), config, model)?;
+        let (shared, deep_partial) = prepare((scope.index(), workers), config, model, None)?;
         let errors: Rc<RefCell<Vec<(u64, OperatorError)>>> = Rc::default();
         let commands = commands(self, config.clone(), &shared, errors.clone());
         let stats = dataflow::stages(commands, &shared, deep_partial, workers);

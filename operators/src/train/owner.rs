@@ -13,7 +13,7 @@ use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams};
 use crate::routing::shard_of;
 use crate::shard::EmbeddingShard;
 use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
-use crate::store::{EmbeddingStore, Store, StoreParams, StoreStats};
+use crate::store::{DeviceStore, EmbeddingStore, Store, StoreParams, StoreStats};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 
@@ -98,20 +98,24 @@ impl Owner {
         partial: Option<FmPartial>,
         (me, workers): (usize, usize),
         dense_len: usize,
+        device_store: Option<Box<dyn DeviceStore>>,
     ) -> Result<Self, OperatorError> {
         let dim = config.model.embedding_dim();
-        let store = Store::new(
-            &config.store,
-            &StoreParams {
-                worker: me,
-                workers,
-                dim,
-                table_sizes: &config.table_sizes,
-                seed: config.seed,
-                optimizer: config.sparse_optimizer,
-                hp: config.sparse_hp,
-            },
-        )?;
+        let store = match device_store {
+            Some(store) => Store::Device(store),
+            None => Store::new(
+                &config.store,
+                &StoreParams {
+                    worker: me,
+                    workers,
+                    dim,
+                    table_sizes: &config.table_sizes,
+                    seed: config.seed,
+                    optimizer: config.sparse_optimizer,
+                    hp: config.sparse_hp,
+                },
+            )?,
+        };
         let slice = super::dense_slice(dense_len, me, workers);
         Ok(Owner {
             slots: Slots::for_store(&store, &config.table_sizes, workers),
@@ -169,6 +173,14 @@ impl Owner {
     /// The store's counters.
     pub(super) fn store_stats(&self) -> StoreStats {
         self.store.stats()
+    }
+
+    /// The first failure of a store in another memory since the last call (see [`DeviceStore`]).
+    pub(super) fn take_store_error(&mut self) -> Option<String> {
+        match &mut self.store {
+            Store::Device(s) => s.take_error(),
+            _ => None,
+        }
     }
 
     /// This worker's share of a checkpoint after `step` training steps: the dense
@@ -466,6 +478,16 @@ impl Owner {
             Store::Fixed(s) => apply_segments(s, &segments, &mut self.scratch, scale),
             Store::Dynamic(s) => apply_segments(s, &segments, &mut self.scratch, scale),
             Store::Tiered(s) => apply_segments(s, &segments, &mut self.scratch, scale),
+            Store::Device(s) => {
+                // Every row at once: the segments' rows in order, each gradient scaled.
+                self.order.clear();
+                self.scratch.clear();
+                for &(t, ids, grads) in &segments {
+                    self.order.extend(ids.iter().map(|&id| (t as u32, id)));
+                    self.scratch.extend(grads.iter().map(|&g| g * scale));
+                }
+                s.apply_rows(&self.order, &self.scratch);
+            }
         }
         finite
     }
@@ -514,6 +536,10 @@ impl Owner {
             Store::Fixed(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
             Store::Dynamic(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
             Store::Tiered(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
+            Store::Device(s) => {
+                self.scratch.iter_mut().for_each(|v| *v *= scale);
+                s.apply_rows(&self.order, &self.scratch);
+            }
         }
         match &mut self.slots {
             Slots::Dense { workers, slots } => {

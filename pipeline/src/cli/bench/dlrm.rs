@@ -106,6 +106,9 @@ pub struct DlrmBenchResult {
     /// (`tiderec_gpu::resident`, driven directly); `stage_ms` then holds only
     /// the step's total.
     pub rows_on_device: bool,
+    /// The GPU workers of a trainer kept the rows they own on their devices
+    /// (`tiderec_gpu::device_shard`); the pooling and the dense optimizer on the host.
+    pub owned_rows_on_device: bool,
     /// With `phases` on a device-resident worker: milliseconds per step in each phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase_ms: Option<PhaseTimes>,
@@ -207,6 +210,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         dense_params: timed.first().map_or(0, |t| t.dense_params),
         embedding_params,
         rows_on_device: resident.is_some(),
+        owned_rows_on_device: resident.is_none() && setup.devices.owned_rows_on_device(&setup.config, bench.workers),
         phase_ms,
         cuda_graphs,
         gru: match &bench.model {

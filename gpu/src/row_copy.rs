@@ -1,0 +1,68 @@
+//! Rows of a device table copied to or from a list of row numbers, bit for
+//! bit: the rows a host reads back (a checkpoint, a mirror) and the rows a
+//! restore writes, so that only those rows cross PCIe.
+//!
+//! Invariants: the callers check every row number against the table on the
+//! host before it reaches the device; a scatter's row numbers are distinct.
+
+use crate::{check, Device, GpuError};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+/// `out[i · width + c] = src[rows_of[i] · width + c]` for the first `n` row
+/// numbers of `rows_of`.
+pub(crate) fn gather_rows(
+    dev: &Device,
+    (src, width): (&CudaSlice<f32>, usize),
+    rows_of: &CudaSlice<u32>,
+    n: usize,
+    out: &mut CudaSlice<f32>,
+) -> Result<(), GpuError> {
+    const OP: &str = "gather_rows";
+    let Some((cfg, w32, n64)) = shape(OP, rows_of, n, width, out.len())? else { return Ok(()) };
+    let mut launch = dev.stream.launch_builder(dev.function(OP));
+    launch.arg(src).arg(&w32).arg(rows_of).arg(&n64).arg(out);
+    // SAFETY: `rows_of` holds n row numbers, each a row of `src` (checked by the
+    // caller); `out` holds n × width values (checked by `shape`).
+    unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching gather_rows"))?;
+    Ok(())
+}
+
+/// `dst[rows_of[i] · width + c] = values[i · width + c]` for the first `n`
+/// (distinct) row numbers of `rows_of`.
+pub(crate) fn scatter_rows(
+    dev: &Device,
+    (dst, width): (&mut CudaSlice<f32>, usize),
+    rows_of: &CudaSlice<u32>,
+    n: usize,
+    values: &CudaSlice<f32>,
+) -> Result<(), GpuError> {
+    const OP: &str = "scatter_rows";
+    let Some((cfg, w32, n64)) = shape(OP, rows_of, n, width, values.len())? else { return Ok(()) };
+    let mut launch = dev.stream.launch_builder(dev.function(OP));
+    launch.arg(dst).arg(&w32).arg(rows_of).arg(&n64).arg(values);
+    // SAFETY: `rows_of` holds n distinct row numbers, each a row of `dst` (checked
+    // by the caller); `values` holds n × width values (checked by `shape`).
+    unsafe { launch.launch(cfg) }.map_err(GpuError::driver("launching scatter_rows"))?;
+    Ok(())
+}
+
+/// The launch of a copy of `n` rows of `width` whose packed side holds
+/// `packed_len` values, with the width and count as the kernel takes them;
+/// `None` when there is nothing to copy.
+fn shape(
+    op: &'static str,
+    rows_of: &CudaSlice<u32>,
+    n: usize,
+    width: usize,
+    packed_len: usize,
+) -> Result<Option<(LaunchConfig, u32, u64)>, GpuError> {
+    if n == 0 {
+        return Ok(None);
+    }
+    check::len(op, "row numbers", rows_of, n, || format!("{n} rows"))?;
+    let packed = check::product(op, &[n, width])?;
+    if packed_len < packed {
+        return Err(GpuError::shape(op, format!("{packed_len} values for {n} rows of width {width}")));
+    }
+    Ok(Some((check::grid_for(packed.min(1 << 22)), check::u32_of(op, "width", width)?, n as u64)))
+}

@@ -1,0 +1,228 @@
+//! `Trainer::with_model_and_store`: the rows a worker owns in a store of the
+//! caller's (`DeviceStore`, as a GPU worker keeps its rows on its device). The
+//! store here keeps them on the host, behind the batched interface, so what is
+//! tested is the trainer's side: any mix of such workers and plain ones trains
+//! bit for bit as plain workers do (losses, parameters, checkpoints, a restore
+//! from one to the other, the single-sender and the summing update paths), and
+//! a failure the store reports after a step fails that step on its worker and
+//! stops every other.
+
+use std::sync::{Arc, Mutex};
+use tiderec_operators::optim::SparseOptimizerKind;
+use tiderec_operators::shard::EmbeddingShard;
+use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
+use tiderec_operators::store::{DeviceStore, EmbeddingStore, FixedStore, StoreStats};
+use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+use tiderec_operators::{Batch, OperatorError};
+
+mod common;
+
+use common::{config, dlrm};
+
+/// The fixed store behind the batched interface; it reports a failure after
+/// `fail_after` batched updates (and its gathers then give zeros).
+#[derive(Debug)]
+struct HostBacked {
+    inner: FixedStore,
+    applied: usize,
+    fail_after: Option<usize>,
+    failed: bool,
+    reported: bool,
+}
+
+impl HostBacked {
+    fn new(config: &TrainerConfig, (me, workers): (usize, usize), fail_after: Option<usize>) -> Self {
+        let dim = config.model.embedding_dim();
+        let (kind, hp) = (config.sparse_optimizer, config.sparse_hp);
+        let shard = EmbeddingShard::new(me, workers, dim, &config.table_sizes, config.seed, kind, hp).unwrap();
+        HostBacked { inner: FixedStore::new(shard), applied: 0, fail_after, failed: false, reported: false }
+    }
+}
+
+impl EmbeddingStore for HostBacked {
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+    fn state_width(&self) -> usize {
+        self.inner.state_width()
+    }
+    fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
+        if self.failed {
+            out.resize(out.len() + ids.len() * self.dim(), 0.0);
+        } else {
+            self.inner.gather(table, ids, out)
+        }
+    }
+    fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
+        self.inner.apply(table, id, grad)
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.inner.set_lr(lr)
+    }
+    fn end_step(&mut self, completed: u64) {
+        self.inner.end_step(completed)
+    }
+    fn export_table(&self, table: usize) -> TableRows {
+        self.inner.export_table(table)
+    }
+    fn exports_updated_only(&self) -> bool {
+        self.inner.exports_updated_only()
+    }
+    fn mark_checkpoint(&mut self) {
+        self.inner.mark_checkpoint()
+    }
+    fn export_changes(&self, table: usize) -> TableRows {
+        self.inner.export_changes(table)
+    }
+    fn reset(&mut self, completed: u64) {
+        self.inner.reset(completed)
+    }
+    fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
+        self.inner.set_row(table, id, row, state)
+    }
+    fn stats(&self) -> StoreStats {
+        self.inner.stats()
+    }
+    fn num_rows(&self) -> usize {
+        self.inner.num_rows()
+    }
+    fn sum_of_squares(&self) -> f64 {
+        self.inner.sum_of_squares()
+    }
+    fn holds_every_row(&self) -> bool {
+        self.inner.holds_every_row()
+    }
+}
+
+impl DeviceStore for HostBacked {
+    fn apply_rows(&mut self, rows: &[(u32, u64)], grads: &[f32]) {
+        self.applied += 1;
+        if self.fail_after.is_some_and(|n| self.applied > n) {
+            self.failed = true;
+            return;
+        }
+        let d = self.dim();
+        for (k, &(t, id)) in rows.iter().enumerate() {
+            self.inner.apply(t as usize, id, &grads[k * d..(k + 1) * d]);
+        }
+    }
+    fn take_error(&mut self) -> Option<String> {
+        (self.failed && !std::mem::replace(&mut self.reported, true))
+            .then(|| "CUDA device 3: an injected failure".to_string())
+    }
+}
+
+/// Worker `me`'s micro-batch of step `s`: the fixtures' batches, with every
+/// third one repeating an id across the workers so that owners sum senders.
+fn batch(me: usize, s: u64) -> Batch {
+    common::batch(if s.is_multiple_of(3) { 0 } else { me }, s, 4)
+}
+
+/// What a run shows: per worker, its losses (bits), params L2 (bits) and final snapshot.
+type Seen = Vec<(usize, Vec<u64>, u64, WorkerSnapshot)>;
+
+/// `workers` workers, those in `boxed` with their rows behind the batched
+/// store, 8 training steps and an evaluation step; with `resume`, restored
+/// from those parts after step 4.
+fn run(config: &TrainerConfig, workers: usize, boxed: &'static [usize], resume: Option<Vec<WorkerSnapshot>>) -> Seen {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (out, config) = (seen.clone(), config.clone());
+    timely::execute(timely::Config::process(workers), move |worker| {
+        let (me, model) = (worker.index(), config.model.build(config.seed).unwrap());
+        let mut trainer = if boxed.contains(&me) {
+            let store = Box::new(HostBacked::new(&config, (me, workers), None));
+            Trainer::with_model_and_store(worker, &config, model, store).unwrap()
+        } else {
+            Trainer::with_model(worker, &config, model).unwrap()
+        };
+        let mut losses = Vec::new();
+        for s in 0..8 {
+            if s == 4 {
+                if let Some(parts) = &resume {
+                    trainer.restore(parts).unwrap();
+                }
+            }
+            losses.push(trainer.step(worker, StepKind::Train, batch(me, s)).unwrap().loss_sum.to_bits());
+        }
+        losses.push(trainer.step(worker, StepKind::Eval, batch(me, 50)).unwrap().loss_sum.to_bits());
+        let l2 = trainer.params_l2(worker).unwrap().to_bits();
+        let part = trainer.checkpoint_snapshot(None).unwrap();
+        out.lock().unwrap().push((me, losses, l2, part));
+    })
+    .unwrap();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_by_key(|s| s.0);
+    seen
+}
+
+fn configs() -> Vec<(&'static str, TrainerConfig)> {
+    let sgd = config(dlrm());
+    let mut adagrad = config(dlrm());
+    adagrad.sparse_optimizer = SparseOptimizerKind::RowwiseAdagrad;
+    vec![("sgd rows", sgd), ("row-wise adagrad", adagrad)]
+}
+
+#[test]
+fn workers_with_their_rows_in_a_device_store_train_as_plain_workers() {
+    for (name, c) in configs() {
+        for (workers, boxed) in [(1, &[0][..]), (2, &[1][..]), (2, &[0, 1][..]), (3, &[0, 2][..])] {
+            let (got, want) = (run(&c, workers, boxed, None), run(&c, workers, &[], None));
+            assert_eq!(got, want, "{name}: {workers} workers, {boxed:?} in device stores");
+        }
+    }
+}
+
+#[test]
+fn checkpoints_move_between_device_stores_and_plain_workers() {
+    for (name, c) in configs() {
+        let parts: Vec<WorkerSnapshot> = run(&c, 2, &[], None).into_iter().map(|s| s.3).collect();
+        let boxed_parts: Vec<WorkerSnapshot> = run(&c, 2, &[0, 1], None).into_iter().map(|s| s.3).collect();
+        assert_eq!(boxed_parts, parts, "{name}: the same checkpoint");
+        // Resumed on three workers, one of them plain, from either side's parts.
+        let from_plain = run(&c, 3, &[0, 1], Some(parts.clone()));
+        assert_eq!(from_plain, run(&c, 3, &[], Some(parts)), "{name}: resumed");
+        assert_eq!(run(&c, 3, &[2], Some(boxed_parts.clone())), run(&c, 3, &[], Some(boxed_parts)), "{name}");
+    }
+}
+
+#[test]
+fn a_failing_device_store_fails_its_step_and_stops_every_worker() {
+    let c = config(dlrm());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let out = seen.clone();
+    timely::execute(timely::Config::process(2), move |worker| {
+        let (me, model) = (worker.index(), c.model.build(c.seed).unwrap());
+        let mut trainer = if me == 1 {
+            let store = Box::new(HostBacked::new(&c, (me, 2), Some(2)));
+            Trainer::with_model_and_store(worker, &c, model, store).unwrap()
+        } else {
+            Trainer::with_model(worker, &c, model).unwrap()
+        };
+        let mut outcome = String::new();
+        for s in 0..6 {
+            match trainer.step(worker, StepKind::Train, batch(me, s)) {
+                Ok(stats) if stats.failed_workers > 0 => {
+                    outcome = format!("step {s}: {} failed", stats.failed_workers);
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let device =
+                        matches!(&e, OperatorError::Device { worker: 1, message } if message.contains("CUDA device 3"));
+                    assert!(device, "{e:?}");
+                    outcome = format!("step {s}: error: {e}");
+                    break;
+                }
+            }
+        }
+        out.lock().unwrap().push((me, outcome));
+    })
+    .unwrap();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(
+        seen[1],
+        (1, "step 2: error: compute device error on worker 1: CUDA device 3: an injected failure".into())
+    );
+    assert_eq!(seen[0], (0, "step 3: 1 failed".into()), "{seen:?}");
+}
