@@ -19,7 +19,7 @@ pub(crate) fn gather_rows(
 ) -> Result<(), GpuError> {
     const OP: &str = "gather_rows";
     let Some((cfg, w32, n64)) = shape(OP, rows_of, n, width, out.len())? else { return Ok(()) };
-    let mut launch = dev.stream.launch_builder(dev.function(OP));
+    let mut launch = dev.stream.launch_builder(dev.function("gather_rows"));
     launch.arg(src).arg(&w32).arg(rows_of).arg(&n64).arg(out);
     // SAFETY: `rows_of` holds n row numbers, each a row of `src` (checked by the
     // caller); `out` holds n × width values (checked by `shape`).
@@ -38,7 +38,7 @@ pub(crate) fn scatter_rows(
 ) -> Result<(), GpuError> {
     const OP: &str = "scatter_rows";
     let Some((cfg, w32, n64)) = shape(OP, rows_of, n, width, values.len())? else { return Ok(()) };
-    let mut launch = dev.stream.launch_builder(dev.function(OP));
+    let mut launch = dev.stream.launch_builder(dev.function("scatter_rows"));
     launch.arg(dst).arg(&w32).arg(rows_of).arg(&n64).arg(values);
     // SAFETY: `rows_of` holds n distinct row numbers, each a row of `dst` (checked
     // by the caller); `values` holds n × width values (checked by `shape`).
