@@ -198,31 +198,11 @@ fn a_failing_device_store_fails_its_step_and_stops_every_worker() {
         } else {
             Trainer::with_model(worker, &c, model).unwrap()
         };
-        let mut outcome = String::new();
-        for s in 0..6 {
-            match trainer.step(worker, StepKind::Train, batch(me, s)) {
-                Ok(stats) if stats.failed_workers > 0 => {
-                    outcome = format!("step {s}: {} failed", stats.failed_workers);
-                    break;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    let device =
-                        matches!(&e, OperatorError::Device { worker: 1, message } if message.contains("CUDA device 3"));
-                    assert!(device, "{e:?}");
-                    outcome = format!("step {s}: error: {e}");
-                    break;
-                }
-            }
-        }
-        out.lock().unwrap().push((me, outcome));
+        let failure = common::first_failure(worker, &mut trainer, 6, |s| batch(me, s));
+        let device = |e: &OperatorError| matches!(e, OperatorError::Device { worker: 1, message } if message.contains("CUDA device 3"));
+        out.lock().unwrap().push((me, common::failure_line(failure, device)));
     })
     .unwrap();
     let mut seen = seen.lock().unwrap().clone();
-    seen.sort();
-    assert_eq!(
-        seen[1],
-        (1, "step 2: error: compute device error on worker 1: CUDA device 3: an injected failure".into())
-    );
-    assert_eq!(seen[0], (0, "step 3: 1 failed".into()), "{seen:?}");
+    common::assert_worker_1_failed_in_step_2(&mut seen, "CUDA device 3: an injected failure");
 }

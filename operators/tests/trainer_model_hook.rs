@@ -108,31 +108,13 @@ fn a_failing_compute_backend_fails_its_step_and_stops_every_worker() {
             model
         };
         let mut trainer = Trainer::with_model(worker, &config, model).unwrap();
-        let mut outcome = String::new();
-        for step in 0..6 {
-            match trainer.step(worker, StepKind::Train, batch(me, step)) {
-                Ok(stats) if stats.failed_workers > 0 => {
-                    outcome = format!("step {step}: {} failed", stats.failed_workers);
-                    break;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    assert!(matches!(&e, OperatorError::Device { worker: 1, message } if message.starts_with("CUDA device 7")), "{e:?}");
-                    outcome = format!("step {step}: error: {e}");
-                    break;
-                }
-            }
-        }
-        out.lock().unwrap().push((me, outcome));
+        let failure = common::first_failure(worker, &mut trainer, 6, |s| batch(me, s));
+        let device = |e: &OperatorError| matches!(e, OperatorError::Device { worker: 1, message } if message.starts_with("CUDA device 7"));
+        out.lock().unwrap().push((me, common::failure_line(failure, device)));
     })
     .unwrap();
     let mut seen = seen.lock().unwrap().clone();
-    seen.sort();
-    assert_eq!(
-        seen[1],
-        (1, "step 2: error: compute device error on worker 1: CUDA device 7: an injected failure".into())
-    );
-    assert_eq!(seen[0], (0, "step 3: 1 failed".into()), "{seen:?}");
+    common::assert_worker_1_failed_in_step_2(&mut seen, "CUDA device 7: an injected failure");
 }
 
 /// A model without a partial form (as a device model).

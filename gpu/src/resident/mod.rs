@@ -69,7 +69,6 @@ use staging::{Shape, Staging};
 use tiderec_operators::optim::{DenseOptimizerState, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::shard::EmbeddingShard;
 use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
-use tiderec_operators::store::StoreKind;
 use tiderec_operators::train::{EngineStep, NextBatch, StepEngine, TrainerConfig};
 use tiderec_operators::Batch;
 
@@ -155,21 +154,10 @@ impl ResidentWorker {
                 config.model.num_sequences()
             ));
         }
-        if config.store.kind != StoreKind::Fixed {
-            return Err("only the fixed store lives on the device".into());
-        }
-        if config.exchange.any_partial() || config.exchange.replicated_rows() > 0 {
-            return Err("only the rows exchange runs on the device".into());
-        }
-        if !matches!(config.sparse_optimizer, SparseOptimizerKind::Sgd | SparseOptimizerKind::RowwiseAdagrad) {
-            return Err(format!("the {} row optimizer runs on the host", config.sparse_optimizer));
-        }
-        if config.sparse_hp.l2_penalty != 0.0 || config.dense_hp.l2_penalty != 0.0 {
-            return Err("an L2 penalty is applied on the host".into());
-        }
-        let total: u64 = config.table_sizes.iter().sum();
-        if total > u32::MAX as u64 {
-            return Err(format!("{total} rows in all exceed the device's 32-bit row numbers"));
+        // The rows as one worker's device shard holds them: every row, here.
+        crate::device_shard::DeviceShard::supports(config, 1)?;
+        if config.dense_hp.l2_penalty != 0.0 {
+            return Err("an L2 penalty on the dense parameters is applied on the host".into());
         }
         Ok(())
     }

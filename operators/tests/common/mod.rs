@@ -5,8 +5,8 @@
 
 use tiderec_operators::nn::{DlrmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
-use tiderec_operators::train::TrainerConfig;
-use tiderec_operators::Batch;
+use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+use tiderec_operators::{Batch, OperatorError};
 
 /// `model` with 10-row tables, Adam on the dense weights and SGD on the rows.
 pub fn config(model: ModelConfig) -> TrainerConfig {
@@ -49,4 +49,47 @@ pub fn batch(me: usize, step: u64, samples: u64) -> Batch {
         }
     }
     b
+}
+
+/// Trains `trainer` on `batch(s)` for steps `0..steps` until a step fails: on this
+/// worker (`Err`) or on another (`Ok`, how many failed); the step, or `None` when
+/// none failed.
+pub fn first_failure(
+    worker: &mut timely::worker::Worker,
+    trainer: &mut Trainer,
+    steps: u64,
+    batch: impl Fn(u64) -> Batch,
+) -> Option<(u64, Result<u64, OperatorError>)> {
+    for s in 0..steps {
+        match trainer.step(worker, StepKind::Train, batch(s)) {
+            Ok(stats) if stats.failed_workers > 0 => return Some((s, Ok(stats.failed_workers))),
+            Ok(_) => {}
+            Err(e) => return Some((s, Err(e))),
+        }
+    }
+    None
+}
+
+/// [`first_failure`] as one line (`step S: N failed`, `step S: error: E`, or empty),
+/// an error first checked by `expected`.
+pub fn failure_line(
+    failure: Option<(u64, Result<u64, OperatorError>)>,
+    expected: impl Fn(&OperatorError) -> bool,
+) -> String {
+    match failure {
+        Some((s, Ok(n))) => format!("step {s}: {n} failed"),
+        Some((s, Err(e))) => {
+            assert!(expected(&e), "{e:?}");
+            format!("step {s}: error: {e}")
+        }
+        None => String::new(),
+    }
+}
+
+/// Two workers' lines of [`failure_line`] when worker 1's compute backend failed in
+/// step 2 with `message`: the error there, and worker 0 told in step 3.
+pub fn assert_worker_1_failed_in_step_2(seen: &mut [(usize, String)], message: &str) {
+    seen.sort();
+    assert_eq!(seen[1], (1, format!("step 2: error: compute device error on worker 1: {message}")), "{seen:?}");
+    assert_eq!(seen[0], (0, "step 3: 1 failed".into()), "{seen:?}");
 }
