@@ -26,10 +26,9 @@
 //!   the first one, naming the device; the trainer fails the step (or the
 //!   checkpoint) on it.
 
-use crate::row_copy::{gather_rows, scatter_rows};
+use crate::row_copy::{read_rows, scatter_rows, RowScratch, CHUNK_ROWS};
 use crate::sparse::{RowTable, SparseRule};
 use crate::{Device, GpuError};
-use cudarc::driver::CudaSlice;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use tiderec_operators::optim::{OptimizerParams, SparseOptimizerKind};
@@ -39,21 +38,10 @@ use tiderec_operators::store::{DeviceStore, EmbeddingStore, StoreKind, StoreStat
 use tiderec_operators::train::TrainerConfig;
 use tiderec_operators::OperatorError;
 
-/// Rows copied to or from the device per launch.
-const CHUNK_ROWS: usize = 1 << 22;
-
 /// Mark of a row updated since the start (or the last reset).
 const UPDATED: u8 = 1;
 /// Mark of a row changed since the last checkpoint.
 const CHANGED: u8 = 2;
-
-/// Device buffers reused from call to call (grown, never shrunk).
-#[derive(Debug, Default)]
-struct Scratch {
-    at: Option<CudaSlice<u32>>,
-    values: Option<CudaSlice<f32>>,
-    state: Option<CudaSlice<f32>>,
-}
 
 /// Rows a restore wrote, not yet on the device: device row → values.
 #[derive(Debug, Default)]
@@ -84,7 +72,7 @@ pub struct DeviceShard {
     /// Per owned row, [`UPDATED`] and [`CHANGED`].
     marks: Vec<u8>,
     pending: RefCell<Pending>,
-    scratch: RefCell<Scratch>,
+    scratch: RefCell<RowScratch>,
     lookups: u64,
     error: RefCell<Option<String>>,
 }
@@ -189,28 +177,15 @@ impl DeviceShard {
     /// The rows (`at.len() × dim`) and states (one each) of the device rows `at`.
     fn read(&self, at: &[u32]) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
         self.flush()?;
-        let (d, dev, table) = (self.dim, &self.dev, self.table.borrow());
-        let mut scratch = self.scratch.borrow_mut();
-        let s = &mut *scratch;
-        let (mut rows, mut state) = (Vec::with_capacity(at.len() * d), Vec::with_capacity(at.len()));
-        for chunk in at.chunks(CHUNK_ROWS) {
-            let n = chunk.len();
-            let d_at = dev.upload_into(&mut s.at, chunk)?;
-            let r = dev.grown(&mut s.values, n * d)?;
-            gather_rows(dev, (&table.rows, d), d_at, n, r)?;
-            rows.extend(dev.download(r, n * d)?);
-            let st = dev.grown(&mut s.state, n)?;
-            gather_rows(dev, (&table.state, 1), d_at, n, st)?;
-            state.extend(dev.download(st, n)?);
-        }
-        Ok((rows, state))
+        read_rows(&self.dev, &self.table.borrow(), at, &mut self.scratch.borrow_mut())
     }
 
     /// The rows of `table` whose marks include `mark`, ids ascending, with their state.
     fn export_marked(&self, table: usize, mark: u8) -> TableRows {
         let (base, count) = (self.bases[table], self.counts[table]);
         let locals: Vec<usize> = (0..count).filter(|&l| self.marks[base + l] & mark != 0).collect();
-        let ids: Vec<u64> = locals.iter().map(|&l| self.id_at(table, l)).collect();
+        let ids: Vec<u64> =
+            locals.iter().map(|&l| EmbeddingShard::id_of(table, l, self.worker, self.workers)).collect();
         let at: Vec<u32> = locals.iter().map(|&l| (base + l) as u32).collect();
         match self.read(&at) {
             Ok((rows, state)) => {
@@ -222,13 +197,6 @@ impl DeviceShard {
                 TableRows::default()
             }
         }
-    }
-
-    /// The id at local index `local` of `table` on this worker.
-    fn id_at(&self, table: usize, local: usize) -> u64 {
-        let w = self.workers as u64;
-        let residue = (self.worker as u64 + w - table as u64 % w) % w;
-        local as u64 * w + residue
     }
 
     /// [`DeviceStore::apply_rows`] with its failure returned.

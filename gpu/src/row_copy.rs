@@ -5,8 +5,45 @@
 //! Invariants: the callers check every row number against the table on the
 //! host before it reaches the device; a scatter's row numbers are distinct.
 
+use crate::sparse::RowTable;
 use crate::{check, Device, GpuError};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+/// Rows copied per launch (16 MiB of row numbers and, at width 16, 256 MiB of
+/// rows at most).
+pub(crate) const CHUNK_ROWS: usize = 1 << 22;
+
+/// Device buffers a read or write of rows reuses from call to call (grown, never shrunk).
+#[derive(Debug, Default)]
+pub(crate) struct RowScratch {
+    pub(crate) at: Option<CudaSlice<u32>>,
+    pub(crate) values: Option<CudaSlice<f32>>,
+    pub(crate) state: Option<CudaSlice<f32>>,
+}
+
+/// The rows (`at.len() × dim`) and optimizer states (one each) of `table`'s rows
+/// `at` (each below its row count, checked by the caller), in their order,
+/// [`CHUNK_ROWS`] at a time. Waits for the device.
+pub(crate) fn read_rows(
+    dev: &Device,
+    table: &RowTable,
+    at: &[u32],
+    s: &mut RowScratch,
+) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
+    let d = table.dim;
+    let (mut rows, mut state) = (Vec::with_capacity(at.len() * d), Vec::with_capacity(at.len()));
+    for chunk in at.chunks(CHUNK_ROWS) {
+        let n = chunk.len();
+        let d_at = dev.upload_into(&mut s.at, chunk)?;
+        let r = dev.grown(&mut s.values, n * d)?;
+        gather_rows(dev, (&table.rows, d), d_at, n, r)?;
+        rows.extend(dev.download(r, n * d)?);
+        let st = dev.grown(&mut s.state, n)?;
+        gather_rows(dev, (&table.state, 1), d_at, n, st)?;
+        state.extend(dev.download(st, n)?);
+    }
+    Ok((rows, state))
+}
 
 /// `out[i · width + c] = src[rows_of[i] · width + c]` for the first `n` row
 /// numbers of `rows_of`.

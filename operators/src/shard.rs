@@ -115,8 +115,9 @@ impl EmbeddingShard {
         })
     }
 
-    /// The global id stored at local index `local` of `table` on `worker`.
-    fn id_of(table: usize, local: usize, worker: usize, workers: usize) -> u64 {
+    /// The global id stored at local index `local` of `table` on `worker` of
+    /// `workers` (the inverse of `shard_of` and the local index `id / workers`).
+    pub fn id_of(table: usize, local: usize, worker: usize, workers: usize) -> u64 {
         let w = workers as u64;
         let residue = (worker as u64 + w - table as u64 % w) % w;
         local as u64 * w + residue

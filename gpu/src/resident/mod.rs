@@ -130,6 +130,8 @@ pub struct ResidentWorker {
     /// One bit per global row: the rows training steps updated since the host
     /// last read them back (`readback`) or the worker was loaded.
     d_trained: CudaSlice<u32>,
+    /// The buffers reading rows back reuses.
+    read_scratch: crate::row_copy::RowScratch,
     /// The table each behaviour sequence reads (none for a model without them).
     seq_tables: Vec<usize>,
     /// The longest sequence the model takes.
@@ -203,6 +205,7 @@ impl ResidentWorker {
             d_entry_grads: Buffer::new(dev)?,
             d_flag: dev.zeros(1)?,
             d_trained: dev.zeros(readback::trained_words(total_rows))?,
+            read_scratch: Default::default(),
             d_loss: dev.zeros(1)?,
             d_skip: dev.zeros(1)?,
             seq_tables: config.sequence_tables.clone(),

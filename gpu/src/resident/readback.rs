@@ -16,8 +16,8 @@
 //!   here lists, for each row it names, the values of the whole snapshot.
 //! * **Checked on the host.** Every id is checked against its table before a
 //!   row number reaches the device.
-//! * **Bounded.** Rows are gathered [`GATHER_ROWS`] at a time into buffers of
-//!   that size, allocated per read (a read is not a training step).
+//! * **Bounded.** Rows are gathered a bounded number at a time
+//!   (`crate::row_copy::read_rows`) into buffers kept for the next read.
 
 use super::ResidentWorker;
 use crate::Device;
@@ -25,10 +25,6 @@ use crate::{check, GpuError};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use tiderec_operators::optim::SparseOptimizerKind;
 use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
-
-/// Rows gathered on the device per launch (16 MiB of row numbers and, at
-/// width 16, 256 MiB of rows at most).
-const GATHER_ROWS: usize = 1 << 22;
 
 /// The `u32` words of a bit set of `rows` rows.
 pub(super) fn trained_words(rows: usize) -> usize {
@@ -60,7 +56,7 @@ impl ResidentWorker {
     /// so that only these rows are copied; the dense parameters and optimizer
     /// state and the training steps whole. What a host mirror reads after some steps: the rows those
     /// steps trained.
-    pub fn snapshot_rows(&self, rows: &[Vec<u64>]) -> Result<WorkerSnapshot, GpuError> {
+    pub fn snapshot_rows(&mut self, rows: &[Vec<u64>]) -> Result<WorkerSnapshot, GpuError> {
         const OP: &str = "resident snapshot_rows";
         if rows.len() != self.table_sizes.len() {
             let tables = self.table_sizes.len();
@@ -95,21 +91,8 @@ impl ResidentWorker {
 
     /// The rows (`numbers.len() × dim`) and optimizer states (one per row) of
     /// the global row numbers `numbers`, in their order.
-    fn gather(&self, numbers: &[u32]) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
-        let d = self.dim;
-        let (mut values, mut state) = (Vec::with_capacity(numbers.len() * d), Vec::with_capacity(numbers.len()));
-        for chunk in numbers.chunks(GATHER_ROWS) {
-            let dev = &self.dev;
-            let n = chunk.len();
-            let at = dev.upload(chunk)?;
-            let mut rows_out = dev.zeros::<f32>(n * d)?;
-            let mut state_out = dev.zeros::<f32>(n)?;
-            crate::row_copy::gather_rows(dev, (&self.rows.rows, d), &at, n, &mut rows_out)?;
-            crate::row_copy::gather_rows(dev, (&self.rows.state, 1), &at, n, &mut state_out)?;
-            values.extend(dev.download(&rows_out, n * d)?);
-            state.extend(dev.download(&state_out, n)?);
-        }
-        Ok((values, state))
+    fn gather(&mut self, numbers: &[u32]) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
+        crate::row_copy::read_rows(&self.dev, &self.rows, numbers, &mut self.read_scratch)
     }
 }
 
