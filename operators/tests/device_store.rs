@@ -5,13 +5,18 @@
 //! bit for bit as plain workers do (losses, parameters, checkpoints, a restore
 //! from one to the other, the single-sender and the summing update paths), and
 //! a failure the store reports after a step fails that step on its worker and
-//! stops every other.
+//! stops every other. The tiered store with its hot tier in another memory
+//! (`OffloadedTieredStore`, here over `HostHotTier`) trains as plain tiered
+//! workers do, checkpoints included.
 
 use std::sync::{Arc, Mutex};
 use tiderec_operators::optim::SparseOptimizerKind;
 use tiderec_operators::shard::EmbeddingShard;
-use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
-use tiderec_operators::store::{DeviceStore, EmbeddingStore, FixedStore, StoreStats};
+use tiderec_operators::snapshot::{TableRows, WorkerSnapshot, COLD};
+use tiderec_operators::store::{
+    DeviceStore, EmbeddingStore, FixedStore, HostHotTier, OffloadedTieredStore, StoreConfig, StoreKind, StoreParams,
+    StoreStats, TieredStore,
+};
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 use tiderec_operators::{Batch, OperatorError};
 
@@ -121,17 +126,45 @@ fn batch(me: usize, s: u64) -> Batch {
 /// What a run shows: per worker, its losses (bits), params L2 (bits) and final snapshot.
 type Seen = Vec<(usize, Vec<u64>, u64, WorkerSnapshot)>;
 
+/// Builds worker `me` of `workers`'s store behind the batched interface.
+type MakeStore = fn(&TrainerConfig, (usize, usize)) -> Box<dyn DeviceStore>;
+
+/// The fixed store behind the batched interface.
+fn fixed(config: &TrainerConfig, at: (usize, usize)) -> Box<dyn DeviceStore> {
+    Box::new(HostBacked::new(config, at, None))
+}
+
+/// The tiered store with its hot tier in a memory of its own.
+fn tiered(config: &TrainerConfig, (worker, workers): (usize, usize)) -> Box<dyn DeviceStore> {
+    let (dim, optimizer) = (config.model.embedding_dim(), config.sparse_optimizer);
+    let p = StoreParams {
+        worker,
+        workers,
+        dim,
+        table_sizes: &config.table_sizes,
+        seed: config.seed,
+        optimizer,
+        hp: config.sparse_hp,
+    };
+    let memory = HostHotTier::new(dim, optimizer.state_width(dim));
+    Box::new(OffloadedTieredStore::new(TieredStore::new(&config.store, &p), memory).unwrap())
+}
+
 /// `workers` workers, those in `boxed` with their rows behind the batched
-/// store, 8 training steps and an evaluation step; with `resume`, restored
-/// from those parts after step 4.
-fn run(config: &TrainerConfig, workers: usize, boxed: &'static [usize], resume: Option<Vec<WorkerSnapshot>>) -> Seen {
+/// store `make` builds, 8 training steps and an evaluation step; with
+/// `resume`, restored from those parts after step 4.
+fn run(
+    (config, make): (&TrainerConfig, MakeStore),
+    workers: usize,
+    boxed: &'static [usize],
+    resume: Option<Vec<WorkerSnapshot>>,
+) -> Seen {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (out, config) = (seen.clone(), config.clone());
     timely::execute(timely::Config::process(workers), move |worker| {
         let (me, model) = (worker.index(), config.model.build(config.seed).unwrap());
         let mut trainer = if boxed.contains(&me) {
-            let store = Box::new(HostBacked::new(&config, (me, workers), None));
-            Trainer::with_model_and_store(worker, &config, model, store).unwrap()
+            Trainer::with_model_and_store(worker, &config, model, make(&config, (me, workers))).unwrap()
         } else {
             Trainer::with_model(worker, &config, model).unwrap()
         };
@@ -155,33 +188,48 @@ fn run(config: &TrainerConfig, workers: usize, boxed: &'static [usize], resume: 
     seen
 }
 
-fn configs() -> Vec<(&'static str, TrainerConfig)> {
-    let sgd = config(dlrm());
-    let mut adagrad = config(dlrm());
-    adagrad.sparse_optimizer = SparseOptimizerKind::RowwiseAdagrad;
-    vec![("sgd rows", sgd), ("row-wise adagrad", adagrad)]
+/// SGD and row-wise Adagrad rows, each under the fixed store behind the
+/// batched interface and under the tiered store with its hot tier elsewhere
+/// (re-planned every other step from the second, so that rows move in and out
+/// of the hot tier within the run).
+fn configs() -> Vec<(String, TrainerConfig, MakeStore)> {
+    let mut out = Vec::new();
+    for rows in [SparseOptimizerKind::Sgd, SparseOptimizerKind::RowwiseAdagrad] {
+        let mut c = config(dlrm());
+        c.sparse_optimizer = rows;
+        out.push((format!("{rows} rows, fixed store"), c.clone(), fixed as MakeStore));
+        c.store =
+            StoreConfig { kind: StoreKind::Tiered, hot_rows: 6, warmup: 2, flush_every: 2, ..StoreConfig::default() };
+        out.push((format!("{rows} rows, hot tier elsewhere"), c, tiered as MakeStore));
+    }
+    out
 }
 
 #[test]
 fn workers_with_their_rows_in_a_device_store_train_as_plain_workers() {
-    for (name, c) in configs() {
+    for (name, c, make) in configs() {
         for (workers, boxed) in [(1, &[0][..]), (2, &[1][..]), (2, &[0, 1][..]), (3, &[0, 2][..])] {
-            let (got, want) = (run(&c, workers, boxed, None), run(&c, workers, &[], None));
+            let (got, want) = (run((&c, make), workers, boxed, None), run((&c, make), workers, &[], None));
             assert_eq!(got, want, "{name}: {workers} workers, {boxed:?} in device stores");
+            if c.store.kind == StoreKind::Tiered {
+                let hot = got.iter().flat_map(|s| &s.3.tables).flat_map(|t| &t.hot).filter(|&&h| h != COLD).count();
+                assert!(hot > 0 && hot <= 6 * workers, "{name}: {hot} hot rows on {workers} workers");
+            }
         }
     }
 }
 
 #[test]
 fn checkpoints_move_between_device_stores_and_plain_workers() {
-    for (name, c) in configs() {
-        let parts: Vec<WorkerSnapshot> = run(&c, 2, &[], None).into_iter().map(|s| s.3).collect();
-        let boxed_parts: Vec<WorkerSnapshot> = run(&c, 2, &[0, 1], None).into_iter().map(|s| s.3).collect();
+    for (name, c, make) in configs() {
+        let parts: Vec<WorkerSnapshot> = run((&c, make), 2, &[], None).into_iter().map(|s| s.3).collect();
+        let boxed_parts: Vec<WorkerSnapshot> = run((&c, make), 2, &[0, 1], None).into_iter().map(|s| s.3).collect();
         assert_eq!(boxed_parts, parts, "{name}: the same checkpoint");
         // Resumed on three workers, one of them plain, from either side's parts.
-        let from_plain = run(&c, 3, &[0, 1], Some(parts.clone()));
-        assert_eq!(from_plain, run(&c, 3, &[], Some(parts)), "{name}: resumed");
-        assert_eq!(run(&c, 3, &[2], Some(boxed_parts.clone())), run(&c, 3, &[], Some(boxed_parts)), "{name}");
+        let from_plain = run((&c, make), 3, &[0, 1], Some(parts.clone()));
+        assert_eq!(from_plain, run((&c, make), 3, &[], Some(parts)), "{name}: resumed");
+        let from_boxed = run((&c, make), 3, &[2], Some(boxed_parts.clone()));
+        assert_eq!(from_boxed, run((&c, make), 3, &[], Some(boxed_parts)), "{name}");
     }
 }
 

@@ -18,7 +18,8 @@
 //!   cold tier; after `warmup` training steps the `hot_rows` most frequent ids
 //!   move into a dense, contiguous hot tier (hottest first) found through one
 //!   small id → hot-slot map, and the split is re-planned every `flush_every`
-//!   steps.
+//!   steps. [`OffloadedTieredStore`] keeps that hot tier in another memory
+//!   (a GPU worker's device) behind [`HotTierMemory`].
 //!
 //! Invariants every store keeps (the tests check each):
 //! * **Values never depend on placement.** Moving a row between tiers moves its
@@ -42,12 +43,14 @@
 pub mod differential;
 mod dynamic;
 mod fixed;
+pub mod offloaded;
 mod sketch;
 pub mod tiered;
 
 pub use differential::DifferentialFrequencies;
 pub use dynamic::DynamicStore;
 pub use fixed::FixedStore;
+pub use offloaded::{HostHotTier, HotTierMemory, OffloadedTieredStore};
 pub use sketch::CountMinSketch;
 pub use tiered::TieredStore;
 

@@ -20,7 +20,7 @@ use super::{
     CountMinSketch, DifferentialFrequencies, DynamicStore, EmbeddingStore, FrequencySource, StoreConfig, StoreParams,
     StoreStats,
 };
-use crate::optim::apply_row;
+use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
 use crate::snapshot::{TableRows, COLD};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
@@ -180,9 +180,10 @@ impl TieredStore {
     /// collide after re-sharding), at most `hot_rows` of them; values, state
     /// and counts move unchanged. With the writer's worker count this is the
     /// writer's hot tier exactly.
-    fn settle_restore(&mut self) {
+    /// Returns whether any row moved.
+    pub(crate) fn settle_restore(&mut self) -> bool {
         if self.restored_hot.is_empty() {
-            return;
+            return false;
         }
         let mut order: Vec<(u32, u32, u64)> = self.restored_hot.drain().map(|((t, id), h)| (h, t, id)).collect();
         order.sort_unstable();
@@ -199,6 +200,7 @@ impl TieredStore {
                 self.hot_index[t as usize].insert(id, slot);
             }
         }
+        true
     }
 
     /// `cold` (rows of the cold tier, ids ascending) merged with the hot rows of
@@ -245,8 +247,83 @@ impl TieredStore {
     }
 
     /// True at the steps that re-plan: `warmup`, then every `flush_every` steps.
-    fn plans_at(&self, completed: u64) -> bool {
+    pub(crate) fn plans_at(&self, completed: u64) -> bool {
         completed >= self.warmup && (completed - self.warmup).is_multiple_of(self.flush_every)
+    }
+
+    /// True when [`end_step`](EmbeddingStore::end_step)`(completed)` may move
+    /// rows between the tiers or between hot slots (a re-plan, or a restore's
+    /// hot rows still to settle); other steps change only the cold tier.
+    pub(crate) fn relays_at(&self, completed: u64) -> bool {
+        self.plans_at(completed) || !self.restored_hot.is_empty()
+    }
+
+    /// The hot rows' values and optimizer state, in slot order.
+    pub(crate) fn hot_values(&self) -> (&[f32], &[f32]) {
+        (&self.hot_rows, &self.hot_state)
+    }
+
+    /// The hot rows' values and optimizer state, in slot order, to overwrite.
+    pub(crate) fn hot_values_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        (&mut self.hot_rows, &mut self.hot_state)
+    }
+
+    /// The row optimizer both tiers update with, at its current learning rate.
+    pub(crate) fn row_optimizer(&self) -> (SparseOptimizerKind, OptimizerParams) {
+        self.cold.optimizer()
+    }
+
+    /// [`gather`](EmbeddingStore::gather) of the cold rows only: appends
+    /// `ids.len() × dim` values to `out`, zeros in the places of hot rows,
+    /// and pushes `(place in ids, hot slot)` of each hot row to `hot`. Counts
+    /// the lookups as `gather` does.
+    pub(crate) fn gather_cold(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>, hot: &mut Vec<(usize, u32)>) {
+        self.settle_restore();
+        let d = self.dim;
+        out.reserve(ids.len() * d);
+        self.lookups += ids.len() as u64;
+        let index = &self.hot_index[table];
+        for (k, &id) in ids.iter().enumerate() {
+            match index.get(&id) {
+                Some(&h) => {
+                    self.hot_hits += 1;
+                    hot.push((k, h));
+                    out.resize(out.len() + d, 0.0);
+                }
+                None => self.cold.gather_one(table, id, out),
+            }
+        }
+    }
+
+    /// Counts an update of row `id` of `table` (its frequency, and a hot
+    /// row's count and last step) and returns its hot slot; `None` for a cold
+    /// row, which is left to the cold tier's `apply`.
+    fn note_update(&mut self, table: usize, id: u64) -> Option<usize> {
+        self.settle_restore();
+        match &mut self.freq {
+            Frequencies::Exact => {}
+            Frequencies::Sketch(sketch) => {
+                sketch.add(CountMinSketch::key(table, id));
+            }
+            Frequencies::Differential(dd) => dd.record(table, id),
+        }
+        let h = *self.hot_index[table].get(&id)? as usize;
+        let m = &mut self.hot_meta[h];
+        m.count = m.count.saturating_add(1);
+        m.last_seen = self.cold.step();
+        Some(h)
+    }
+
+    /// [`apply`](EmbeddingStore::apply) of a cold row; a hot row's update is
+    /// counted and its slot returned, its values left to the caller.
+    pub(crate) fn apply_cold(&mut self, table: usize, id: u64, grad: &[f32]) -> Option<u32> {
+        match self.note_update(table, id) {
+            Some(h) => Some(h as u32),
+            None => {
+                self.cold.apply(table, id, grad);
+                None
+            }
+        }
     }
 }
 
@@ -279,20 +356,9 @@ impl EmbeddingStore for TieredStore {
         self.cold.set_lr(lr);
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
-        self.settle_restore();
-        match &mut self.freq {
-            Frequencies::Exact => {}
-            Frequencies::Sketch(sketch) => {
-                sketch.add(CountMinSketch::key(table, id));
-            }
-            Frequencies::Differential(dd) => dd.record(table, id),
-        }
-        match self.hot_index[table].get(&id) {
-            Some(&h) => {
-                let (d, w, h) = (self.dim, self.state_width, h as usize);
-                let m = &mut self.hot_meta[h];
-                m.count = m.count.saturating_add(1);
-                m.last_seen = self.cold.step();
+        match self.note_update(table, id) {
+            Some(h) => {
+                let (d, w) = (self.dim, self.state_width);
                 let (kind, hp) = self.cold.optimizer();
                 apply_row(
                     kind,
