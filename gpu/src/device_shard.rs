@@ -83,15 +83,7 @@ impl DeviceShard {
         if config.store.kind != StoreKind::Fixed {
             return Err("only the fixed store lives on the device".into());
         }
-        if config.exchange.any_partial() || config.exchange.replicated_rows() > 0 {
-            return Err("only the rows exchange serves rows from the device".into());
-        }
-        if !matches!(config.sparse_optimizer, SparseOptimizerKind::Sgd | SparseOptimizerKind::RowwiseAdagrad) {
-            return Err(format!("the {} row optimizer runs on the host", config.sparse_optimizer));
-        }
-        if config.sparse_hp.l2_penalty != 0.0 {
-            return Err("an L2 penalty on the rows is applied on the host".into());
-        }
+        rows_update_on_device(config)?;
         let owned: u64 = config.table_sizes.iter().map(|&n| n.div_ceil(workers.max(1) as u64)).sum();
         if owned > u32::MAX as u64 {
             return Err(format!("{owned} rows on one worker exceed the device's 32-bit row numbers"));
@@ -216,10 +208,7 @@ impl DeviceShard {
         let s = &mut *scratch;
         let d_at = dev.upload_into(&mut s.at, &at).map_err(on_device)?;
         let d_grads = dev.upload_into(&mut s.values, grads).map_err(on_device)?;
-        let rule = match self.kind {
-            SparseOptimizerKind::Sgd => SparseRule::Sgd { lr: self.hp.lr },
-            _ => SparseRule::RowwiseAdagrad { lr: self.hp.lr, eps: self.hp.eps },
-        };
+        let rule = row_rule(self.kind, &self.hp).map_err(on_device)?;
         let mut table = self.table.borrow_mut();
         table.stage_rule(dev, rule).map_err(on_device)?;
         table.queue_in_range(dev, (d_at, d_grads, at.len()), 1.0, None).map_err(on_device)?;
@@ -228,6 +217,32 @@ impl DeviceShard {
             self.marks[r as usize] |= UPDATED | CHANGED;
         }
         Ok(())
+    }
+}
+
+/// Why `config`'s rows cannot be served and updated on a GPU worker's device
+/// under any store, if they cannot: only the `rows` exchange serves them from
+/// there, and the device's row update is SGD or row-wise Adagrad without an L2 penalty.
+pub(crate) fn rows_update_on_device(config: &TrainerConfig) -> Result<(), String> {
+    if config.exchange.any_partial() || config.exchange.replicated_rows() > 0 {
+        return Err("only the rows exchange serves rows from the device".into());
+    }
+    if !matches!(config.sparse_optimizer, SparseOptimizerKind::Sgd | SparseOptimizerKind::RowwiseAdagrad) {
+        return Err(format!("the {} row optimizer runs on the host", config.sparse_optimizer));
+    }
+    if config.sparse_hp.l2_penalty != 0.0 {
+        return Err("an L2 penalty on the rows is applied on the host".into());
+    }
+    Ok(())
+}
+
+/// The device row update of `kind` at `hp`'s learning rate and epsilon (no L2
+/// penalty: [`rows_update_on_device`] refuses one).
+pub(crate) fn row_rule(kind: SparseOptimizerKind, hp: &OptimizerParams) -> Result<SparseRule, GpuError> {
+    match kind {
+        SparseOptimizerKind::Sgd => Ok(SparseRule::Sgd { lr: hp.lr }),
+        SparseOptimizerKind::RowwiseAdagrad => Ok(SparseRule::RowwiseAdagrad { lr: hp.lr, eps: hp.eps }),
+        other => Err(GpuError::Unsupported(format!("the {other} row optimizer runs on the host"))),
     }
 }
 

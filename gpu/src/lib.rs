@@ -52,6 +52,7 @@ mod blas;
 mod check;
 pub mod cubin_cache;
 mod device;
+pub mod device_hot_tier;
 pub mod device_shard;
 mod error;
 pub mod kernels;

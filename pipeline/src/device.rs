@@ -17,10 +17,12 @@
 //! replays each training step as a CUDA graph).
 //! Any other GPU worker runs its
 //! model's forward and backward on the device (see `tiderec_gpu::model`) and,
-//! under the fixed store, the `rows` exchange and SGD or row-wise Adagrad rows,
-//! keeps the rows it owns there too (`tiderec_gpu::device_shard`: served and
-//! updated on the device; `TIDEREC_GPU_ROWS=host` keeps them on the host);
-//! everything else — the pooling, the exchange, the dense optimizer,
+//! under the `rows` exchange and SGD or row-wise Adagrad rows, keeps the rows
+//! it owns there too: all of them under the fixed store
+//! (`tiderec_gpu::device_shard`), the hot tier under the tiered store, whose
+//! plan and cold tier stay on the host (`tiderec_gpu::device_hot_tier`);
+//! served and updated on the device (`TIDEREC_GPU_ROWS=host` keeps them on
+//! the host). Everything else — the pooling, the exchange, the dense optimizer,
 //! checkpoints — stays on the host and is the same for every worker, so a CPU
 //! and a GPU worker train one model together.
 //! Every CUDA device named is opened, and the model built on it, before any
@@ -31,6 +33,7 @@
 
 use crate::PipelineError;
 use std::fmt;
+use tiderec_gpu::device_hot_tier::{self, device_tiered_store};
 use tiderec_gpu::device_shard::DeviceShard;
 use tiderec_gpu::sparse::HotRows;
 use tiderec_gpu::Device;
@@ -116,9 +119,10 @@ impl Devices {
     }
 
     /// Whether the GPU workers of a trainer of `workers` workers among several
-    /// keep the rows they own on their devices ([`DeviceShard`]) under `config`.
+    /// keep the rows they own on their devices under `config` (all of them, or
+    /// the tiered store's hot tier; see [`owned_rows`]).
     pub fn owned_rows_on_device(&self, config: &TrainerConfig, workers: usize) -> bool {
-        self.any_cuda() && !self.host_rows && DeviceShard::supports(config, workers).is_ok()
+        self.any_cuda() && !self.host_rows && rows_fit_the_device(config, workers)
     }
 
     /// Whether any worker computes on a GPU.
@@ -200,7 +204,7 @@ impl Devices {
 
     /// A GPU worker among several (or one whose configuration the device-resident
     /// worker does not train): its model on device `n` and, unless `TIDEREC_GPU_ROWS=host`
-    /// or the configuration keeps them on the host ([`DeviceShard::supports`]), the
+    /// or the configuration keeps them on the host ([`owned_rows`]), the
     /// rows it owns on the same device.
     fn among_several(
         &self,
@@ -214,12 +218,35 @@ impl Devices {
         let dev = Device::open(n).and_then(|d| d.with_precision(precision)).map_err(named)?;
         let model = tiderec_gpu::model::build(&config.model, config.seed, &dev).map_err(named)?;
         let (me, peers) = (worker.index(), worker.peers());
-        if self.host_rows || DeviceShard::supports(config, peers).is_err() {
+        if self.host_rows {
             return Ok((model, None));
         }
-        let rows = DeviceShard::new(&dev, config, (me, peers)).map_err(named)?;
-        Ok((model, Some(Box::new(rows))))
+        let rows = owned_rows(&dev, config, (me, peers)).map_err(named)?;
+        Ok((model, rows))
     }
+}
+
+/// Whether a GPU worker among `workers` keeps rows it owns on its device under `config`.
+fn rows_fit_the_device(config: &TrainerConfig, workers: usize) -> bool {
+    DeviceShard::supports(config, workers).is_ok() || device_hot_tier::supports(config).is_ok()
+}
+
+/// The store of the rows worker `me` of `peers` owns on `dev`: every row
+/// ([`DeviceShard`]) under the fixed store, the hot tier
+/// ([`device_tiered_store`]) under the tiered store; `None` where `config`
+/// keeps them on the host (another store, another exchange, another row optimizer).
+fn owned_rows(
+    dev: &Device,
+    config: &TrainerConfig,
+    (me, peers): (usize, usize),
+) -> Result<Option<Box<dyn DeviceStore>>, tiderec_gpu::GpuError> {
+    if DeviceShard::supports(config, peers).is_ok() {
+        return Ok(Some(Box::new(DeviceShard::new(dev, config, (me, peers))?)));
+    }
+    if device_hot_tier::supports(config).is_ok() {
+        return Ok(Some(Box::new(device_tiered_store(dev, config, (me, peers))?)));
+    }
+    Ok(None)
 }
 
 /// A GPU worker's model on its device, and the rows it owns there when they are.
@@ -317,5 +344,46 @@ mod tests {
         assert!(two.any_cuda() && !Devices::parse("cpu").unwrap().any_cuda());
         let e = Devices::for_workers("cuda:0,cpu", 3).unwrap_err().to_string();
         assert!(e.contains("`device`") && e.contains("2 entries for 3 workers"), "{e}");
+    }
+
+    /// The fixed store keeps every owned row on the device, the tiered store
+    /// its hot tier; the other stores, row optimizers and exchanges keep them on the host.
+    #[test]
+    fn which_rows_a_gpu_worker_keeps_on_its_device() {
+        use tiderec_operators::nn::{DlrmConfig, ModelConfig};
+        use tiderec_operators::optim::SparseOptimizerKind;
+        use tiderec_operators::store::StoreKind;
+        let model = ModelConfig::Dlrm(DlrmConfig {
+            num_dense: 2,
+            num_sparse: 2,
+            dim: 4,
+            bottom: vec![4],
+            top: vec![2, 1],
+            self_interaction: false,
+        });
+        let base = TrainerConfig::builder(model, vec![50, 60]).build().unwrap();
+        let with = |f: &dyn Fn(&mut TrainerConfig)| {
+            let mut c = base.clone();
+            f(&mut c);
+            c
+        };
+        let tiered = with(&|c| c.store.kind = StoreKind::Tiered);
+        for (c, on_device) in [
+            (base.clone(), true),
+            (tiered.clone(), true),
+            (with(&|c| c.sparse_optimizer = SparseOptimizerKind::RowwiseAdagrad), true),
+            (with(&|c| c.store.kind = StoreKind::Dynamic), false),
+            (with(&|c| c.sparse_optimizer = SparseOptimizerKind::LazyAdam), false),
+            (with(&|c| c.sparse_hp.l2_penalty = 1e-4), false),
+            (with(&|c| c.exchange.replicated = vec![vec![1, 2], vec![]]), false),
+        ] {
+            let what = format!("{} store, {} rows", c.store.kind, c.sparse_optimizer);
+            assert_eq!(rows_fit_the_device(&c, 2), on_device, "{what}");
+            let gpu = Devices::parse("cuda:0").unwrap();
+            assert_eq!(gpu.owned_rows_on_device(&c, 2), on_device, "{what}");
+            assert!(!gpu.keep_rows_on_host().owned_rows_on_device(&c, 2), "{what}: TIDEREC_GPU_ROWS=host");
+            assert!(!Devices::parse("cpu").unwrap().owned_rows_on_device(&c, 2), "{what}: no GPU worker");
+        }
+        assert!(device_hot_tier::supports(&tiered).is_ok() && device_hot_tier::supports(&base).is_err());
     }
 }

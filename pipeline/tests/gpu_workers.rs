@@ -11,7 +11,9 @@
 //! difference stays one (see [`SGD`]) — the default adaptive optimizers train
 //! the same numbers on every GPU run, and with each step replayed as a CUDA
 //! graph (`TIDEREC_GPU_GRAPHS=on`) as without, `--precision tf32` and `bf16`
-//! train near fp32 on a GPU worker, and `bench` takes the same flag.
+//! train near fp32 on a GPU worker, GPU workers keep the tiered store's hot
+//! tier on their devices and train its model (the same store counters as one
+//! CPU worker), and `bench` takes the same flag.
 
 mod common;
 #[path = "../../gpu/tests/common/mod.rs"]
@@ -282,6 +284,45 @@ fn checkpoints_move_between_gpu_and_cpu_workers() {
             assert_eq!(resumed["resumed_from_step"], 30, "{what}");
             assert_close(&straight, &resumed, &what);
         }
+    }
+}
+
+/// The tiered store with re-plans every 5 steps from step 5 (so rows move in
+/// and out of the hot tier during a run), a small hot tier and a row budget.
+const TIERED: [&str; 10] =
+    ["--store", "tiered", "--hot-rows", "512", "--warmup", "5", "--flush-every", "5", "--max-rows", "12000"];
+
+#[test]
+fn gpu_workers_keep_the_tiered_stores_hot_tier_on_their_devices() {
+    if gpu::device().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for model in ["dlrm", "deepfm"] {
+        // The row budget is per worker: each worker count is compared with CPU workers as many.
+        for (workers, list) in [("1", "cuda:0"), ("2", "cuda:0"), ("2", "cuda:0,cpu")] {
+            let run = [&sgd_run("50", workers, model)[..], &TIERED].concat();
+            let cpu = train(&run, tmp.path(), &format!("{model}-tiered-cpu"));
+            let on_gpu = [&run[..], &["--device", list]].concat();
+            let gpu = train_rows(&on_gpu, tmp.path(), &format!("{model}-tiered"), "device");
+            let what = format!("{model}, tiered store: {workers} worker(s) on {list} vs on cpu");
+            assert_close(&cpu, &gpu, &what);
+            for key in ["hot_rows", "replans", "moves", "lookups", "hot_hits", "evictions"] {
+                assert_eq!(gpu["store"][key], cpu["store"][key], "{what}: the store's {key}");
+            }
+            assert!(cpu["store"]["moves"].as_u64().unwrap() > 0 && cpu["store"]["evictions"].as_u64().unwrap() > 0);
+        }
+        let one = train(&[&sgd_run("50", "1", model)[..], &TIERED].concat(), tmp.path(), "one");
+        // Checkpoints move between a GPU worker's device tier and a CPU worker.
+        let ck = tmp.path().join(format!("ck-{model}-tiered"));
+        let ck = ck.to_str().unwrap();
+        let common = [&["--workers", "1", "--checkpoint-dir", ck, "--checkpoint-every", "10"][..], &TIERED].concat();
+        let first = [&common[..], &model_args(model), &SGD, &["--steps", "30", "--device", "cuda:0"]].concat();
+        train_rows(&first, tmp.path(), "tiered-first", "device");
+        let again = [&common[..], &model_args(model), &SGD, &["--steps", "50", "--resume"]].concat();
+        let resumed = train(&again, tmp.path(), "tiered-resumed");
+        assert_eq!(resumed["resumed_from_step"], 30, "{model}");
+        assert_close(&one, &resumed, &format!("{model}, tiered store: 30 steps on cuda:0, 20 on cpu"));
     }
 }
 

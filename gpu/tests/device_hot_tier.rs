@@ -1,0 +1,159 @@
+//! The tiered store with its hot tier on a GPU worker's device
+//! (`tiderec_gpu::device_hot_tier`) against the CPU's tiered store of the
+//! same worker: the same hot tier after every step (re-plans move rows in and
+//! out of it), the same rows served (normwise 1e-5: hot rows are updated on
+//! the device), the same checkpoint exports (ids, counts and hot slots
+//! exactly; values normwise 1e-5), and a checkpoint of the CPU's store
+//! restored into a device tier going on as the CPU's store; under SGD and
+//! row-wise Adagrad, on one worker and as worker 1 of 2.
+
+mod common;
+
+use common::{assert_close, device, normal};
+use tiderec_gpu::device_hot_tier::{device_tiered_store, supports, DeviceHotTier};
+use tiderec_operators::nn::{DlrmConfig, ModelConfig};
+use tiderec_operators::optim::SparseOptimizerKind;
+use tiderec_operators::shard::shard_of;
+use tiderec_operators::snapshot::TableRows;
+use tiderec_operators::store::{
+    DeviceStore, EmbeddingStore, OffloadedTieredStore, StoreConfig, StoreKind, StoreParams, TieredStore,
+};
+
+/// A tiered store with its hot tier on the device.
+type OnDevice = OffloadedTieredStore<DeviceHotTier>;
+use tiderec_operators::train::TrainerConfig;
+
+const SIZES: [u64; 3] = [500, 3, 2000];
+const DIM: usize = 8;
+
+fn config(kind: SparseOptimizerKind) -> TrainerConfig {
+    let model = ModelConfig::Dlrm(DlrmConfig {
+        num_dense: 3,
+        num_sparse: SIZES.len(),
+        dim: DIM,
+        bottom: vec![DIM],
+        top: vec![4, 1],
+        self_interaction: false,
+    });
+    let store =
+        StoreConfig { kind: StoreKind::Tiered, hot_rows: 40, warmup: 2, flush_every: 3, ..StoreConfig::default() };
+    let mut c =
+        TrainerConfig::builder(model, SIZES.to_vec()).seed(5).sparse_optimizer(kind).sparse_lr(0.1).build().unwrap();
+    c.store = store;
+    c
+}
+
+fn cpu(c: &TrainerConfig, (worker, workers): (usize, usize)) -> TieredStore {
+    let p = StoreParams {
+        worker,
+        workers,
+        dim: DIM,
+        table_sizes: &c.table_sizes,
+        seed: c.seed,
+        optimizer: c.sparse_optimizer,
+        hp: c.sparse_hp,
+    };
+    TieredStore::new(&c.store, &p)
+}
+
+/// Step `s`'s distinct ids of table `t` that worker `me` of `workers` owns, skewed towards small ids.
+fn ids(t: usize, s: u64, (me, workers): (usize, usize)) -> Vec<u64> {
+    let n = SIZES[t];
+    let mut ids: Vec<u64> = (0..60u64)
+        .map(|k| {
+            let u = tiderec_operators::rng::unit_f64(3, s * 31 + t as u64, k, 0);
+            ((n as f64).powf(u) as u64).saturating_sub(1).min(n - 1)
+        })
+        .filter(|&id| shard_of(t, id, workers) == me)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Asserts two exports list the same rows, counts and hot slots, with values within 1e-5.
+fn assert_same_export(what: &str, got: &TableRows, want: &TableRows) {
+    assert_eq!((&got.ids, &got.counts, &got.hot), (&want.ids, &want.counts, &want.hot), "{what}: rows");
+    assert_close(&format!("{what}: values"), &got.rows, &want.rows);
+    assert_close(&format!("{what}: state"), &got.state, &want.state);
+}
+
+/// One step on both: lookups compared, the same updates, maintenance; the hot tiers compared.
+fn step(what: &str, (gpu, host): (&mut OnDevice, &mut TieredStore), s: u64, at: (usize, usize)) {
+    let (mut rows, mut grads) = (Vec::new(), Vec::new());
+    for t in 0..SIZES.len() {
+        let ids = ids(t, s, at);
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        gpu.gather(t, &ids, &mut got);
+        host.gather(t, &ids, &mut want);
+        assert_close(&format!("{what}: table {t} served in step {s}"), &got, &want);
+        let g = normal(s * 7 + t as u64, ids.len() * DIM);
+        for (k, &id) in ids.iter().enumerate() {
+            host.apply(t, id, &g[k * DIM..(k + 1) * DIM]);
+            rows.push((t as u32, id));
+        }
+        grads.extend_from_slice(&g);
+    }
+    gpu.apply_rows(&rows, &grads);
+    gpu.end_step(s + 1);
+    host.end_step(s + 1);
+    assert_eq!(gpu.take_error(), None, "{what}: step {s}");
+    assert_eq!(gpu.hot_ids(), host.hot_ids(), "{what}: the hot tier after step {s}");
+}
+
+#[test]
+fn a_hot_tier_on_the_device_trains_as_the_cpu_tiered_store() {
+    let Some(dev) = device() else { return };
+    for kind in [SparseOptimizerKind::Sgd, SparseOptimizerKind::RowwiseAdagrad] {
+        let c = config(kind);
+        assert_eq!(supports(&c), Ok(()));
+        for at in [(0, 1), (1, 2)] {
+            let what = format!("{kind} rows, worker {} of {}", at.0, at.1);
+            let mut gpu = device_tiered_store(&dev, &c, at).unwrap();
+            let mut host = cpu(&c, at);
+            for s in 0..14u64 {
+                let lr = 0.1 / (s + 1) as f32;
+                gpu.set_lr(lr);
+                host.set_lr(lr);
+                step(&what, (&mut gpu, &mut host), s, at);
+                if s % 4 == 3 {
+                    for t in 0..SIZES.len() {
+                        let w = format!("{what}: table {t} after step {s}");
+                        assert_same_export(&format!("{w}, changes"), &gpu.export_changes(t), &host.export_changes(t));
+                        assert_same_export(&w, &gpu.export_table(t), &host.export_table(t));
+                    }
+                    gpu.mark_checkpoint();
+                    host.mark_checkpoint();
+                }
+            }
+            let (g, h) = (gpu.stats(), host.stats());
+            assert_eq!(g, h, "{what}: counters");
+            assert!(h.replans >= 4 && h.moves > 0 && h.hot_hits > 0, "{what}: {h:?}");
+            let (g, h) = (gpu.sum_of_squares(), host.sum_of_squares());
+            assert!((g - h).abs() <= 1e-5 * h, "{what}: Σ squares {g} vs {h}");
+            // The CPU's checkpoint restored into a fresh device tier goes on as the CPU's store.
+            let parts: Vec<TableRows> = (0..SIZES.len()).map(|t| host.export_table(t)).collect();
+            let mut resumed = device_tiered_store(&dev, &c, at).unwrap();
+            resumed.reset(14);
+            let sw = host.state_width();
+            for (t, part) in parts.iter().enumerate() {
+                for (i, &id) in part.ids.iter().enumerate() {
+                    let (row, state) = (&part.rows[i * DIM..][..DIM], &part.state[i * sw..][..sw]);
+                    resumed.set_row(t, id, row, state).unwrap();
+                    let (count, hot) = part.frequency(i).unwrap();
+                    resumed.set_frequency(t, id, count, hot);
+                }
+            }
+            for s in 14..20u64 {
+                step(&format!("{what}, resumed"), (&mut resumed, &mut host), s, at);
+            }
+            for t in 0..SIZES.len() {
+                assert_same_export(
+                    &format!("{what}, resumed: table {t}"),
+                    &resumed.export_table(t),
+                    &host.export_table(t),
+                );
+            }
+        }
+    }
+}
