@@ -65,8 +65,8 @@ git rev-parse --short HEAD >"$DIR/VERSION" 2>/dev/null || echo unknown >"$DIR/VE
 # What `run` needs, all of it.
 for f in tiderec run VERSION scripts/bench_vs_torch.py scripts/torch_reference.py scripts/benchmarks.py \
     scripts/gemm_roofline.py scripts/gpu_report.py tests/compile_kernels tests/conformance_embedding \
-    tests/conformance_nn tests/conformance_optim tests/device_models tests/device_shard tests/device_hot_tier \
-    tests/resident tests/gpu_workers; do
+    tests/conformance_nn tests/conformance_optim tests/device_models tests/device_shard tests/resident \
+    tests/gpu_workers; do
     if [ ! -s "$DIR/$f" ]; then
         echo "the bundle lacks $f" >&2
         exit 1

@@ -5,9 +5,12 @@
 //! checkpoint exports (updated rows, then the changes since a mark), a restore
 //! (rows written, sent up together) and a reset to the seeded rows; an id the
 //! worker does not own, or past its table, is recorded as a failure naming it
-//! and changes nothing.
+//! and changes nothing. The tiered store's hot tier on the device is checked
+//! against the CPU's tiered store in `hot_tier` (one test executable for both).
 
 mod common;
+#[path = "device_shard/hot_tier.rs"]
+mod hot_tier;
 
 use common::{assert_close, device, normal};
 use tiderec_gpu::device_shard::DeviceShard;

@@ -113,6 +113,30 @@ impl HotTierMemory for HostHotTier {
 }
 
 /// A tiered store whose hot tier lives in `M` (see the module docs).
+///
+/// ```
+/// use tiderec_operators::optim::{OptimizerParams, SparseOptimizerKind};
+/// use tiderec_operators::store::{
+///     DeviceStore, EmbeddingStore, HostHotTier, OffloadedTieredStore, StoreConfig, StoreKind, StoreParams,
+///     TieredStore,
+/// };
+///
+/// let config = StoreConfig { kind: StoreKind::Tiered, hot_rows: 2, warmup: 1, flush_every: 1, ..StoreConfig::default() };
+/// let (optimizer, hp) = (SparseOptimizerKind::Sgd, OptimizerParams::with_lr(0.1));
+/// let p = StoreParams { worker: 0, workers: 1, dim: 4, table_sizes: &[100], seed: 1, optimizer, hp };
+/// let mut store = OffloadedTieredStore::new(TieredStore::new(&config, &p), HostHotTier::new(4, 0))?;
+/// for step in 0..3 {
+///     let mut rows = Vec::new();
+///     store.gather(0, &[7, 9, 40], &mut rows);
+///     store.apply_rows(&[(0, 7), (0, 9)], &[0.5; 8]);
+///     store.end_step(step + 1);
+/// }
+/// // Rows 7 and 9, updated in two steps, were planned into the hot tier after the second.
+/// assert_eq!(store.hot_ids(), [(0, 7), (0, 9)]);
+/// assert_eq!(store.stats().hot_hits, 2);
+/// assert_eq!(store.take_error(), None);
+/// # Ok::<(), tiderec_operators::OperatorError>(())
+/// ```
 #[derive(Debug)]
 pub struct OffloadedTieredStore<M: HotTierMemory> {
     host: RefCell<TieredStore>,

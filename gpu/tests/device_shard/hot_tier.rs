@@ -7,9 +7,7 @@
 //! restored into a device tier going on as the CPU's store; under SGD and
 //! row-wise Adagrad, on one worker and as worker 1 of 2.
 
-mod common;
-
-use common::{assert_close, device, normal};
+use crate::common::{assert_close, device, normal};
 use tiderec_gpu::device_hot_tier::{device_tiered_store, supports, DeviceHotTier};
 use tiderec_operators::nn::{DlrmConfig, ModelConfig};
 use tiderec_operators::optim::SparseOptimizerKind;
