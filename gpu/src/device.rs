@@ -265,7 +265,14 @@ impl Device {
     }
 
     /// A zeroed device buffer of `len` values (at least one, as in [`upload`](Self::upload)).
+    /// Refused while the stream captures a CUDA graph: a buffer allocated in a
+    /// capture exists only in that graph, and one kept after a capture that is
+    /// thrown away would point at nothing.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>, GpuError> {
+        use cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        if matches!(self.stream.capture_status(), Ok(CU_STREAM_CAPTURE_STATUS_ACTIVE)) {
+            return Err(GpuError::shape("device memory", "a buffer was asked for while a CUDA graph was captured"));
+        }
         self.allocations.fetch_add(1, Ordering::Relaxed);
         self.stream.alloc_zeros::<T>(len.max(1)).map_err(GpuError::driver("allocating device memory"))
     }

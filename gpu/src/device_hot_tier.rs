@@ -19,7 +19,7 @@
 //!   reach the device.
 
 use crate::device_shard::row_rule;
-use crate::row_copy::{read_rows, RowScratch};
+use crate::row_copy::{read_values, RowScratch};
 use crate::sparse::RowTable;
 use crate::{Device, GpuError};
 use tiderec_operators::optim::{OptimizerParams, SparseOptimizerKind};
@@ -89,9 +89,8 @@ impl DeviceHotTier {
         if state_width > 1 {
             return Err(GpuError::Unsupported(format!("{state_width} optimizer values per row on the device")));
         }
-        let rows = vec![0.0; crate::check::product("hot tier", &[capacity, dim])?];
         Ok(DeviceHotTier {
-            table: RowTable::upload(dev, &rows, &vec![0.0; capacity], dim)?,
+            table: RowTable::zeros(dev, capacity, dim)?,
             dev: dev.clone(),
             len: 0,
             state_width,
@@ -167,8 +166,7 @@ impl DeviceHotTier {
 
     fn try_read(&mut self, slots: &[u32], out: &mut Vec<f32>) -> Result<(), GpuError> {
         self.check_slots("serving hot rows", slots)?;
-        let (rows, _) = read_rows(&self.dev, &self.table, slots, &mut self.scratch)?;
-        out.extend_from_slice(&rows);
+        out.extend_from_slice(&read_values(&self.dev, &self.table, slots, &mut self.scratch)?);
         Ok(())
     }
 

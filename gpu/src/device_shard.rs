@@ -26,7 +26,7 @@
 //!   the first one, naming the device; the trainer fails the step (or the
 //!   checkpoint) on it.
 
-use crate::row_copy::{read_rows, scatter_rows, RowScratch, CHUNK_ROWS};
+use crate::row_copy::{chunk_rows, read_rows, read_values, scatter_rows, RowScratch};
 use crate::sparse::{RowTable, SparseRule};
 use crate::{Device, GpuError};
 use rustc_hash::FxHashMap;
@@ -153,8 +153,9 @@ impl DeviceShard {
         let (d, dev) = (self.dim, &self.dev);
         let (mut table, mut scratch) = (self.table.borrow_mut(), self.scratch.borrow_mut());
         let s = &mut *scratch;
-        for (k, at) in pending.at.chunks(CHUNK_ROWS).enumerate() {
-            let first = k * CHUNK_ROWS;
+        let per = chunk_rows(d);
+        for (k, at) in pending.at.chunks(per).enumerate() {
+            let first = k * per;
             let n = at.len();
             let d_at = dev.upload_into(&mut s.at, at)?;
             let rows = dev.upload_into(&mut s.values, &pending.rows[first * d..(first + n) * d])?;
@@ -170,6 +171,12 @@ impl DeviceShard {
     fn read(&self, at: &[u32]) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
         self.flush()?;
         read_rows(&self.dev, &self.table.borrow(), at, &mut self.scratch.borrow_mut())
+    }
+
+    /// The rows (`at.len() × dim`) of the device rows `at`, without their states (a lookup's).
+    fn read_served(&self, at: &[u32]) -> Result<Vec<f32>, GpuError> {
+        self.flush()?;
+        read_values(&self.dev, &self.table.borrow(), at, &mut self.scratch.borrow_mut())
     }
 
     /// The rows of `table` whose marks include `mark`, ids ascending, with their state.
@@ -286,9 +293,9 @@ impl EmbeddingStore for DeviceShard {
             .iter()
             .map(|&id| self.device_row(table, id))
             .collect::<Result<Vec<u32>, _>>()
-            .and_then(|at| self.read(&at).map_err(|e| e.to_string()));
+            .and_then(|at| self.read_served(&at).map_err(|e| e.to_string()));
         match read {
-            Ok((rows, _)) => out.extend_from_slice(&rows),
+            Ok(rows) => out.extend_from_slice(&rows),
             Err(e) => {
                 self.fail(format!("serving rows: {e}"));
                 out.resize(out.len() + ids.len() * d, 0.0);

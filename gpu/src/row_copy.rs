@@ -9,9 +9,14 @@ use crate::sparse::RowTable;
 use crate::{check, Device, GpuError};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-/// Rows copied per launch (16 MiB of row numbers and, at width 16, 256 MiB of
-/// rows at most).
-pub(crate) const CHUNK_ROWS: usize = 1 << 22;
+/// Values (rows × width) copied per launch at most: 64 MiB of rows, whatever
+/// their width, so a read's scratch stays small beside the table.
+const CHUNK_VALUES: usize = 1 << 24;
+
+/// Rows of width `dim` copied per launch (see [`CHUNK_VALUES`]; at least one).
+pub(crate) fn chunk_rows(dim: usize) -> usize {
+    (CHUNK_VALUES / dim.max(1)).max(1)
+}
 
 /// Device buffers a read or write of rows reuses from call to call (grown, never shrunk).
 #[derive(Debug, Default)]
@@ -23,26 +28,52 @@ pub(crate) struct RowScratch {
 
 /// The rows (`at.len() × dim`) and optimizer states (one each) of `table`'s rows
 /// `at` (each below its row count, checked by the caller), in their order,
-/// [`CHUNK_ROWS`] at a time. Waits for the device.
+/// [`chunk_rows`] at a time. Waits for the device.
 pub(crate) fn read_rows(
     dev: &Device,
     table: &RowTable,
     at: &[u32],
     s: &mut RowScratch,
 ) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
+    let mut state = Vec::with_capacity(at.len());
+    let rows = read(dev, table, at, s, Some(&mut state))?;
+    Ok((rows, state))
+}
+
+/// The rows (`at.len() × dim`) of `table`'s rows `at`, as [`read_rows`]
+/// without their states (a lookup's). Waits for the device.
+pub(crate) fn read_values(
+    dev: &Device,
+    table: &RowTable,
+    at: &[u32],
+    s: &mut RowScratch,
+) -> Result<Vec<f32>, GpuError> {
+    read(dev, table, at, s, None)
+}
+
+/// [`read_rows`], the states into `state` when given.
+fn read(
+    dev: &Device,
+    table: &RowTable,
+    at: &[u32],
+    s: &mut RowScratch,
+    mut state: Option<&mut Vec<f32>>,
+) -> Result<Vec<f32>, GpuError> {
     let d = table.dim;
-    let (mut rows, mut state) = (Vec::with_capacity(at.len() * d), Vec::with_capacity(at.len()));
-    for chunk in at.chunks(CHUNK_ROWS) {
+    let mut rows = Vec::with_capacity(at.len() * d);
+    for chunk in at.chunks(chunk_rows(d)) {
         let n = chunk.len();
         let d_at = dev.upload_into(&mut s.at, chunk)?;
         let r = dev.grown(&mut s.values, n * d)?;
         gather_rows(dev, (&table.rows, d), d_at, n, r)?;
+        if let Some(state) = state.as_deref_mut() {
+            let st = dev.grown(&mut s.state, n)?;
+            gather_rows(dev, (&table.state, 1), d_at, n, st)?;
+            state.extend(dev.download(st, n)?);
+        }
         rows.extend(dev.download(r, n * d)?);
-        let st = dev.grown(&mut s.state, n)?;
-        gather_rows(dev, (&table.state, 1), d_at, n, st)?;
-        state.extend(dev.download(st, n)?);
     }
-    Ok((rows, state))
+    Ok(rows)
 }
 
 /// `out[i · width + c] = src[rows_of[i] · width + c]` for the first `n` row

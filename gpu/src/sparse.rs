@@ -119,6 +119,23 @@ impl RowTable {
         })
     }
 
+    /// A table of `num_rows` rows of width `dim`, every value and state zero.
+    pub fn zeros(dev: &Device, num_rows: usize, dim: usize) -> Result<RowTable, GpuError> {
+        const OP: &str = "row table";
+        check::positive(OP, "dim", dim)?;
+        Ok(RowTable {
+            rows: dev.zeros(check::product(OP, &[num_rows, dim])?)?,
+            state: dev.zeros(num_rows)?,
+            num_rows,
+            dim,
+            sort: SortScratch::default(),
+            hot_rows: HotRows::default(),
+            partial: None,
+            rule: None,
+            lr: crate::optim::StepValues::new(dev)?,
+        })
+    }
+
     /// Sets how the update sums a hot row's duplicates. A split below two
     /// chunks is refused: the run must hold a whole chunk wherever it starts.
     pub fn set_hot_rows(&mut self, hot_rows: HotRows) -> Result<(), GpuError> {

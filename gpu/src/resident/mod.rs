@@ -295,7 +295,11 @@ impl ResidentWorker {
             self.launch(false)?;
             let next = batches.next();
             if let Some(batch) = next {
-                self.stage(batch)?;
+                if let Err(e) = self.stage(batch) {
+                    // The launched step is finished (and its count settled) before the failure is told.
+                    self.finish()?;
+                    return Err(e);
+                }
             }
             out.push(self.finish()?);
             if next.is_none() {
@@ -308,8 +312,9 @@ impl ResidentWorker {
     /// (a batch staged before and not launched is dropped). The device may
     /// still be running the step before.
     pub fn stage(&mut self, batch: &Batch) -> Result<(), GpuError> {
-        // Whatever was prepared is dropped with the slot it was staged in.
+        // Whatever was prepared or staged is dropped, so a batch that fails here leaves none.
         self.prepared = None;
+        self.staging.unstage();
         let (f, nd) = (batch.sparse.len(), self.num_dense);
         let seqs = self.seq_tables.len();
         if batch.num_dense != nd || f != self.table_sizes.len() || batch.sequences.len() != seqs {
@@ -370,11 +375,20 @@ impl ResidentWorker {
             self.pending = Some(Pending { samples: 0, loss_at: 0, keep_logits });
             return Ok(());
         }
-        self.stage_updates()?;
-        let at = if self.graphs.on() && self.clock.is_none() {
-            self.queue_by_graph(shape)?
-        } else {
-            self.queue_launches(shape)?
+        let queued = self.stage_updates().and_then(|()| {
+            if self.graphs.on() && self.clock.is_none() {
+                self.queue_by_graph(shape)
+            } else {
+                self.queue_launches(shape)
+            }
+        });
+        let at = match queued {
+            Ok(at) => at,
+            Err(e) => {
+                // The step is not counted: the dense optimizer's step count goes back too.
+                self.optimizer.forget_step();
+                return Err(e);
+            }
         };
         // Counted now, so the next step's schedules follow; `finish` takes it back if the device skipped it.
         self.train_steps += 1;
@@ -408,7 +422,18 @@ impl ResidentWorker {
             Plan::Capture => {
                 let started = self.graphs.begin_capture(&self.dev)?;
                 let queued = self.queue_launches(shape);
-                self.graphs.end_capture(&self.dev, key, started, queued)
+                match self.graphs.end_capture(&self.dev, key, started, queued) {
+                    Ok(at) => Ok(at),
+                    // Nothing of the capture ran and it changed nothing on the host but
+                    // buffer sizes: the step's launches are queued as they are (a buffer
+                    // the capture refused is allocated now), and a failure they meet again
+                    // is the step's.
+                    Err(_) => {
+                        let at = self.queue_launches(shape)?;
+                        self.graphs.ran(&self.dev, key);
+                        Ok(at)
+                    }
+                }
             }
             Plan::Queue => {
                 let at = self.queue_launches(shape)?;

@@ -119,6 +119,7 @@ impl Staging {
         batch: &Batch,
         (sizes, bases, seq_tables): (&[u64], &[u64], &[usize]),
     ) -> Result<Shape, GpuError> {
+        self.unstage();
         let layout = host::layout(batch)?;
         let (b, f, nd) = (batch.len(), batch.sparse.len(), batch.num_dense);
         let shape = Shape {
@@ -196,6 +197,11 @@ impl Staging {
         self.staged = Some(k);
         self.next = 1 - k;
         Ok(shape)
+    }
+
+    /// Drops the batch staged and not taken, if any (its slot is staged again later).
+    pub(super) fn unstage(&mut self) {
+        self.staged = None;
     }
 
     /// Waits for the copy stream (for timing the upload).

@@ -76,8 +76,13 @@ fn assert_same_export(what: &str, got: &TableRows, want: &TableRows) {
     assert_close(&format!("{what}: state"), &got.state, &want.state);
 }
 
-/// One step on both: lookups compared, the same updates, maintenance; the hot tiers compared.
+/// One step on both at a learning rate that falls with the step (a schedule's, as the
+/// trainer sets it before each step): lookups compared, the same updates, maintenance;
+/// the hot tiers compared.
 fn step(what: &str, (gpu, host): (&mut OnDevice, &mut TieredStore), s: u64, at: (usize, usize)) {
+    let lr = 0.1 / (s + 1) as f32;
+    gpu.set_lr(lr);
+    host.set_lr(lr);
     let (mut rows, mut grads) = (Vec::new(), Vec::new());
     for t in 0..SIZES.len() {
         let ids = ids(t, s, at);
@@ -110,9 +115,6 @@ fn a_hot_tier_on_the_device_trains_as_the_cpu_tiered_store() {
             let mut gpu = device_tiered_store(&dev, &c, at).unwrap();
             let mut host = cpu(&c, at);
             for s in 0..14u64 {
-                let lr = 0.1 / (s + 1) as f32;
-                gpu.set_lr(lr);
-                host.set_lr(lr);
                 step(&what, (&mut gpu, &mut host), s, at);
                 if s % 4 == 3 {
                     for t in 0..SIZES.len() {
