@@ -133,8 +133,9 @@ def aucs(found):
         for name in sorted(n for n in found if re.match(rf"auc-criteo-{p}-\d+\.json$", n)):
             try:
                 d = json.loads(read(found[name]))
-                crit.append((int(re.search(r"-(\d+)\.json$", name).group(1)), d["auc"], d["logloss"]))
-            except (ValueError, KeyError, TypeError):
+                auc, logloss = float(d["auc"]), float(d["logloss"])
+                crit.append((int(re.search(r"-(\d+)\.json$", name).group(1)), auc, logloss))
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         syn = None
         if f"auc-synthetic-{p}.json" in found:
@@ -142,6 +143,9 @@ def aucs(found):
                 syn = json.loads(read(found[f"auc-synthetic-{p}.json"]))
             except ValueError:
                 syn = None
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not isinstance(syn, dict) or not all(number(syn.get(k)) for k in ("auc", "samples_per_sec")):
+            syn = None
         if not crit and not syn:
             continue
         crit.sort()
@@ -150,7 +154,7 @@ def aucs(found):
                      f"**{mean:.4f}**" if mean is not None else "",
                      ", ".join(f"{a:.4f}" for _, a, _ in crit),
                      f"{sum(lo for _, _, lo in crit) / len(crit):.4f}" if crit else "",
-                     f"{syn['auc']:.4f} (teacher {syn['teacher_auc']:.4f})" if syn and syn.get("teacher_auc") else "",
+                     f"{syn['auc']:.4f} (teacher {syn['teacher_auc']:.4f})" if syn and number(syn.get("teacher_auc")) else "",
                      f"{syn['samples_per_sec']:,.0f}" if syn else ""])
     return rows
 
@@ -262,6 +266,16 @@ def read_ahead_rows(found):
     return [r[:1] + r[2:6] for r in alternated(found, "readahead", ("on", "off"))]
 
 
+def safe(build, found):
+    """The rows `build(found)` gives, or none (and a warning on stderr naming the section) when an
+    output it reads is not what it expects: one odd file never costs the rest of the report."""
+    try:
+        return build(found)
+    except Exception as e:  # noqa: BLE001 - any malformed output
+        print(f"warning: section {build.__name__} left out: {type(e).__name__}: {e}", file=sys.stderr)
+        return []
+
+
 def kernel_times(path):
     """(kernel, launches, total µs) from an `ncu --csv --metrics gpu__time_duration.sum` log, largest first."""
     import csv
@@ -275,9 +289,9 @@ def kernel_times(path):
             continue
         try:
             ns = float(row["Metric Value"].replace(",", ""))
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, TypeError, AttributeError):
             continue
-        name = row.get("Kernel Name", "?").split("(")[0]
+        name = (row.get("Kernel Name") or "?").split("(")[0]
         n, t = totals.get(name, (0, 0.0))
         totals[name] = (n + 1, t + ns / 1e3)
     return sorted(((k, n, t) for k, (n, t) in totals.items()), key=lambda r: -r[2])
@@ -353,7 +367,7 @@ def main(argv):
               "against a CPU worker, and beside two CPU kernel choices of the same CPU "
               "(`TIDEREC_MAX_ISA=portable` against the default), params L2 after 50 steps differs by:\n")
         print(table(["model", "GPU vs CPU", "CPU portable kernels vs CPU"], adaptive) + "\n")
-    rows = benches(found)
+    rows = safe(benches, found)
     if rows:
         print("## Speed against PyTorch eager on the same GPU\n")
         print("`scripts/bench_vs_torch.py --device cuda:0` (one tiderec GPU worker, the device-resident worker: "
@@ -368,7 +382,7 @@ def main(argv):
                   "tiderec `--precision bf16` (every GEMM's operands rounded to bf16, to nearest even, then "
                   "multiplied on the tensor cores with fp32 accumulation and fp32 results) against PyTorch's dense "
                   "model under `torch.autocast(bfloat16)`.\n")
-    au = aucs(found)
+    au = safe(aucs, found)
     if au:
         print("## AUC by precision on the GPU\n")
         print("`tiderec train --workers 1 --device cuda:0 --precision P` (one device-resident worker, the default "
@@ -389,7 +403,7 @@ def main(argv):
               f"alone: {total:,.0f} µs in all.\n")
         print(table(["kernel", "launches", "µs", "share"],
                     [[f"`{k}`", str(n), f"{t:,.0f}", f"{t / total:.0%}"] for k, n, t in ks]) + "\n")
-    cpu = cpu_benches(found)
+    cpu = safe(cpu_benches, found)
     if cpu:
         print("## The host CPU against PyTorch\n")
         print("`scripts/bench_vs_torch.py --device cpu` on the GPU machine's host CPU, one tiderec worker against "
@@ -397,7 +411,7 @@ def main(argv):
               "`torch.autocast(bfloat16)` on the dense model (oneDNN, on AMX where the CPU has it).\n")
         print(table(["model", "batch", "precision", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch"],
                     cpu) + "\n")
-    hot = hot_rows(found)
+    hot = safe(hot_rows, found)
     if hot:
         print("## Hot rows: a run of duplicates split into chunks against summed by one warp\n")
         print("`tiderec bench dlrm --device cuda:0 --zipf S --json`, one device-resident worker, every table's ids "
@@ -406,7 +420,7 @@ def main(argv):
               "(`TIDEREC_GPU_HOT_ROWS=one-warp`), alternated; medians over the rounds.\n")
         print(table(["batch", "zipf", "split samples/s", "one warp samples/s", "split / one warp", "rounds"], hot)
               + "\n")
-    graphs = graph_rows(found)
+    graphs = safe(graph_rows, found)
     if graphs:
         print("## CUDA graphs: a training step replayed as one graph against launched kernel by kernel\n")
         print("`tiderec bench dlrm --device cuda:0 --json`, one device-resident worker, uniform ids, with "
@@ -415,7 +429,7 @@ def main(argv):
               "the rounds. Both give the same steps bit for bit (`graph_steps_equal_launched_steps_bit_for_bit`).\n")
         print(table(["batch", "graphs samples/s", "launches samples/s", "graphs / launches", "rounds",
                      "graphs used"], graphs) + "\n")
-    ahead = read_ahead_rows(found)
+    ahead = safe(read_ahead_rows, found)
     if ahead:
         print("## The trainer reading its next micro-batch during the step\n")
         print("`tiderec train --device cuda:0 --workers 1` (one device-resident worker, DLRM, the synthetic "
@@ -425,14 +439,14 @@ def main(argv):
               "time, the trainer's whole step (not `bench`'s).\n")
         print(table(["batch", "reading ahead samples/s", "in place samples/s", "ahead / in place", "rounds"],
                     ahead) + "\n")
-    ph = phases(found)
+    ph = safe(phases, found)
     if ph:
         print("## Where a device-resident worker's step goes\n")
         print("`tiderec bench dlrm --device cuda:0 --phases --json`: ms per step in each phase, the host waiting "
               "for the device after each phase (so the sum exceeds an untimed step).\n")
         print(table(["batch", "sum", "host", "upload", "pool", "forward", "loss", "backward", "rows", "dense"], ph)
               + "\n")
-    st = stages(found)
+    st = safe(stages, found)
     if st:
         print("## Where a GPU worker's step goes\n")
         print("`tiderec bench dlrm --device cuda:0 --json` (ms per step). Rows *device*: one device-resident "

@@ -7,7 +7,9 @@
 //!   the CSV feature-spec reader with each preset, the Taobao readers, the
 //!   Amazon DIEN reader, JSON records, Parquet, feature-spec TOML) and
 //!   [`checkpoint`] (manifest and safetensors files under the checkpoint
-//!   loader), each asserting its reader's invariants.
+//!   loader), each asserting its reader's invariants; and [`stores`], a
+//!   differential target running the tiered store beside the tiered store
+//!   with its hot tier in another memory.
 //! * [`seeds`]: seed corpora from the data samples in `../shared/data` and
 //!   from the code itself.
 //! * [`mutate`]: the deterministic mutator; [`driver`]: the loop that runs
@@ -21,6 +23,7 @@ pub mod checkpoint;
 pub mod driver;
 pub mod mutate;
 pub mod seeds;
+pub mod stores;
 pub mod targets;
 
 pub use driver::{replay, run, Budget, Crash, Report};

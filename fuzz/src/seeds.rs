@@ -251,6 +251,7 @@ pub fn seeds(name: &str, data: &Path) -> Result<Vec<Vec<u8>>, String> {
         "checkpoint_tensors" => Ok(crate::checkpoint::tensor_seeds()),
         "feature_spec_toml" => Ok(spec_seeds()),
         "train_settings_toml" => Ok(settings_seeds()),
+        "tiered_hot_tier" => Ok(crate::stores::seeds()),
         other => Err(format!("no target `{other}`")),
     }
 }
@@ -265,6 +266,7 @@ pub fn needs_data(name: &str) -> bool {
             | "serve_chunked_body"
             | "checkpoint_manifest"
             | "checkpoint_tensors"
+            | "tiered_hot_tier"
             | "feature_spec_toml"
             | "train_settings_toml"
     )

@@ -525,6 +525,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "checkpoint_tensors", run: checkpoint_tensors },
     Target { name: "feature_spec_toml", run: feature_spec_toml },
     Target { name: "train_settings_toml", run: train_settings_toml },
+    Target { name: "tiered_hot_tier", run: crate::stores::tiered_hot_tier },
 ];
 
 /// The target called `name`.

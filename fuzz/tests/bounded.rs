@@ -58,6 +58,7 @@ bounded!(
     checkpoint_tensors,
     feature_spec_toml,
     train_settings_toml,
+    tiered_hot_tier,
 );
 
 #[test]

@@ -10,7 +10,8 @@
 //!   never finds an old cubin.
 //! * **A damaged file is never loaded.** Each file starts with a magic word,
 //!   the payload's length and its hash; a file that does not check out is
-//!   compiled again and replaced.
+//!   compiled again and replaced, and so is one whose module the driver
+//!   refuses to load ([`recompile`]).
 //! * **The cache never fails a run.** A cache that cannot be read or written
 //!   (no home folder, a read-only disk) only means compiling; files appear
 //!   whole or not at all (written under a temporary name, then renamed), so
@@ -60,6 +61,16 @@ pub fn cubin(source: &KernelSource, arch: &str, dir: Option<&Path>) -> Result<Ve
     }
     let compiled = compile_to(source, arch, Output::Cubin)?;
     store(dir, &path, &compiled);
+    Ok(compiled)
+}
+
+/// `source` compiled again by NVRTC for `arch`, replacing its file in the
+/// cache in `dir` (a cached cubin the driver refused to load).
+pub fn recompile(source: &KernelSource, arch: &str, dir: Option<&Path>) -> Result<Vec<u8>, GpuError> {
+    let compiled = compile_to(source, arch, Output::Cubin)?;
+    if let Some(dir) = dir {
+        store(dir, &dir.join(file_name(source, arch)?), &compiled);
+    }
     Ok(compiled)
 }
 

@@ -60,13 +60,23 @@ impl Kernels {
     /// usual cause.
     fn build(ctx: &Arc<CudaContext>, major: i32, minor: i32) -> Result<Kernels, GpuError> {
         let arch = real_arch(major, minor);
-        let cubins = crate::cubin_cache::cubins(&arch, crate::cubin_cache::cache_dir().as_deref())?;
+        let dir = crate::cubin_cache::cache_dir();
+        let cubins = crate::cubin_cache::cubins(&arch, dir.as_deref())?;
         let mut functions = HashMap::new();
         for (source, cubin) in SOURCES.iter().zip(cubins) {
-            let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| GpuError::Driver {
+            let refused = |e: cudarc::driver::DriverError| GpuError::Driver {
                 during: "loading a compiled kernel module",
                 message: format!("{}: {e:?} ({})", source.file, versions()),
-            })?;
+            };
+            let module = match ctx.load_module(Ptx::from_binary(cubin)) {
+                Ok(module) => module,
+                // A cubin from the cache the driver refuses is compiled again once and replaced there.
+                Err(_) if dir.is_some() => {
+                    let fresh = crate::cubin_cache::recompile(source, &arch, dir.as_deref())?;
+                    ctx.load_module(Ptx::from_binary(fresh)).map_err(refused)?
+                }
+                Err(e) => return Err(refused(e)),
+            };
             for &name in source.functions {
                 let f = module.load_function(name).map_err(GpuError::driver("finding a kernel in its module"))?;
                 functions.insert(name, f);

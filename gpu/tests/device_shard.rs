@@ -53,6 +53,17 @@ fn owned(me: usize, workers: usize, step: u64) -> Vec<(u32, u64)> {
     rows
 }
 
+/// The configurations of these tests keep their rows on the device (checked
+/// without a GPU, so that the GPU run meets no configuration error).
+#[test]
+fn the_configurations_here_keep_their_rows_on_the_device() {
+    for kind in [SparseOptimizerKind::Sgd, SparseOptimizerKind::RowwiseAdagrad] {
+        for workers in 1..=3 {
+            assert_eq!(DeviceShard::supports(&config(kind), workers), Ok(()), "{kind}, {workers} workers");
+        }
+    }
+}
+
 #[test]
 fn a_worker_s_rows_on_the_device_train_as_its_fixed_store() {
     let Some(dev) = device() else { return };

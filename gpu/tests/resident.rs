@@ -59,11 +59,34 @@ fn models() -> Vec<(&'static str, ModelConfig)> {
 }
 
 fn config(model: ModelConfig, adaptive: bool) -> TrainerConfig {
+    config_with(model, adaptive, Vec::new())
+}
+
+/// [`config`] with behaviour sequences over `sequence_tables` (the builder
+/// checks them against the model, so they are given before it builds).
+fn config_with(model: ModelConfig, adaptive: bool, sequence_tables: Vec<usize>) -> TrainerConfig {
     let mut b = TrainerConfig::builder(model, SIZES.to_vec()).seed(11).lr(0.05).sparse_lr(0.05);
     if !adaptive {
         b = b.dense_optimizer(DenseOptimizerKind::Sgd).sparse_optimizer(SparseOptimizerKind::Sgd);
     }
-    b.build().unwrap()
+    b.sequence_tables(sequence_tables).build().unwrap()
+}
+
+/// Every configuration these tests train builds, and the device-resident
+/// worker takes it (checked without a GPU, so that the GPU run meets no
+/// configuration error).
+#[test]
+fn every_configuration_of_these_tests_is_one_the_resident_worker_takes() {
+    for adaptive in [false, true] {
+        for (name, model) in models() {
+            let c = config(model, adaptive);
+            assert_eq!(ResidentWorker::supports(&c), Ok(()), "{name}");
+        }
+        for (name, model) in dien_models() {
+            let c = dien_config(model, adaptive);
+            assert_eq!(ResidentWorker::supports(&c), Ok(()), "{name}");
+        }
+    }
 }
 
 /// Batch `step` of `n` samples: field 0 holds 0–3 ids per bag (some empty),
@@ -171,9 +194,7 @@ fn dien_models() -> Vec<(&'static str, ModelConfig)> {
 }
 
 fn dien_config(model: ModelConfig, adaptive: bool) -> TrainerConfig {
-    let mut c = config(model, adaptive);
-    c.sequence_tables = SEQUENCE_TABLES.to_vec();
-    c
+    config_with(model, adaptive, SEQUENCE_TABLES.to_vec())
 }
 
 /// [`batch`] with two behaviour sequences over the tables of fields 2 and 3,

@@ -111,8 +111,9 @@ impl Devices {
         }
     }
 
-    /// A GPU worker that trains alone keeps its rows, pooling and optimizers
-    /// on the host, as a GPU worker among several does (a baseline for benchmarks).
+    /// Every GPU worker keeps its rows on the host: one that trains alone also its
+    /// pooling and optimizers, one among several the rows it owns (a baseline for
+    /// benchmarks, as `TIDEREC_GPU_ROWS=host`).
     pub fn keep_rows_on_host(mut self) -> Self {
         self.host_rows = true;
         self

@@ -334,8 +334,10 @@ impl ResidentWorker {
             clock.start();
         }
         if let Some(first) = batch.sequences.first() {
-            if let Some(i) = (0..batch.len()).find(|&i| first.bag(i).len() > self.max_steps) {
-                let len = first.bag(i).len();
+            // From the offsets alone, so that a malformed batch reaches the staging's check, not a panic.
+            let len_of = |w: &[u32]| w[1].saturating_sub(w[0]) as usize;
+            if let Some((i, w)) = first.offsets.windows(2).enumerate().find(|(_, w)| len_of(w) > self.max_steps) {
+                let len = len_of(w);
                 return Err(GpuError::shape(
                     "resident batch",
                     format!(

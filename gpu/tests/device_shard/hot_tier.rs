@@ -104,6 +104,18 @@ fn step(what: &str, (gpu, host): (&mut OnDevice, &mut TieredStore), s: u64, at: 
     assert_eq!(gpu.hot_ids(), host.hot_ids(), "{what}: the hot tier after step {s}");
 }
 
+/// The configurations of this test keep their hot tier on the device (checked
+/// without a GPU, so that the GPU run meets no configuration error).
+#[test]
+fn the_configurations_here_keep_their_hot_tier_on_the_device() {
+    for kind in [SparseOptimizerKind::Sgd, SparseOptimizerKind::RowwiseAdagrad] {
+        let c = config(kind);
+        c.store.validate().unwrap();
+        assert_eq!(supports(&c), Ok(()), "{kind}");
+    }
+    assert!(supports(&config(SparseOptimizerKind::LazyAdam)).is_err());
+}
+
 #[test]
 fn a_hot_tier_on_the_device_trains_as_the_cpu_tiered_store() {
     let Some(dev) = device() else { return };

@@ -268,8 +268,9 @@ pub(crate) struct DlrmArgs {
     /// nothing exchanged), timed together: the machine's ceiling for that many workers.
     #[arg(long)]
     independent: bool,
-    /// With one GPU worker: keep its rows, pooling and optimizers on the host,
-    /// as a GPU worker among several does (by default they live on the device).
+    /// Keep the GPU workers' rows on the host: one training alone also keeps its pooling
+    /// and optimizers there, one among several the rows it owns (by default they live
+    /// on the device; a baseline, as TIDEREC_GPU_ROWS=host).
     #[arg(long)]
     host_rows: bool,
     /// With one device-resident GPU worker: time each phase of its steps
