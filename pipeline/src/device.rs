@@ -121,7 +121,7 @@ impl Devices {
 
     /// Whether the GPU workers of a trainer of `workers` workers among several
     /// keep the rows they own on their devices under `config` (all of them, or
-    /// the tiered store's hot tier; see [`owned_rows`]).
+    /// the tiered store's hot tier).
     pub fn owned_rows_on_device(&self, config: &TrainerConfig, workers: usize) -> bool {
         self.any_cuda() && !self.host_rows && rows_fit_the_device(config, workers)
     }
