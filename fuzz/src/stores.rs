@@ -86,13 +86,18 @@ pub fn tiered_hot_tier(data: &[u8]) {
         match b.next() % 8 {
             0..=3 => {
                 // A training step: lookups of up to 7 ids per table, then each distinct id updated.
+                // The plain store looks up table by table, the other every table at once.
                 let (mut rows, mut grads) = (Vec::new(), Vec::new());
-                for (t, &n) in SIZES.iter().enumerate() {
-                    let ids: Vec<u64> = (0..b.next() % 8).map(|_| u64::from(b.next()) % n).collect();
-                    let (mut x, mut y) = (Vec::new(), Vec::new());
-                    plain.gather(t, &ids, &mut x);
-                    other.gather(t, &ids, &mut y);
-                    assert_eq!(bits(&x), bits(&y), "lookups of table {t} in step {completed}");
+                let lookups: Vec<Vec<u64>> =
+                    SIZES.iter().map(|&n| (0..b.next() % 8).map(|_| u64::from(b.next()) % n).collect()).collect();
+                let (mut x, mut y) = (Vec::new(), Vec::new());
+                for (t, ids) in lookups.iter().enumerate() {
+                    plain.gather(t, ids, &mut x);
+                }
+                let all: Vec<(usize, &[u64])> = lookups.iter().enumerate().map(|(t, ids)| (t, &ids[..])).collect();
+                other.gather_many(&all, &mut y);
+                assert_eq!(bits(&x), bits(&y), "lookups in step {completed}");
+                for (t, ids) in lookups.iter().enumerate() {
                     let mut distinct = ids.clone();
                     distinct.sort_unstable();
                     distinct.dedup();
@@ -162,11 +167,14 @@ pub fn seeds() -> Vec<Vec<u8>> {
         for optimizer in 0u8..4 {
             let mut s = vec![source, optimizer, 3 * k as u8, 1, 6, 1, 2];
             for step in 0u8..12 {
-                // Op 0, then per table: the ids, then a gradient per distinct id.
+                // Op 0, each table's ids, then a gradient per distinct id of each table.
                 s.push(0);
-                for ids in [vec![1, 2, 3, step % 5], vec![0, 7]] {
+                let tables = [vec![1, 2, 3, step % 5], vec![0, 7]];
+                for ids in &tables {
                     s.push(ids.len() as u8);
-                    s.extend(&ids);
+                    s.extend(ids);
+                }
+                for ids in &tables {
                     let mut distinct = ids.clone();
                     distinct.sort_unstable();
                     distinct.dedup();

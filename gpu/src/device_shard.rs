@@ -287,20 +287,7 @@ impl EmbeddingStore for DeviceShard {
         self.kind.state_width(self.dim)
     }
     fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
-        self.lookups += ids.len() as u64;
-        let d = self.dim;
-        let read = ids
-            .iter()
-            .map(|&id| self.device_row(table, id))
-            .collect::<Result<Vec<u32>, _>>()
-            .and_then(|at| self.read_served(&at).map_err(|e| e.to_string()));
-        match read {
-            Ok(rows) => out.extend_from_slice(&rows),
-            Err(e) => {
-                self.fail(format!("serving rows: {e}"));
-                out.resize(out.len() + ids.len() * d, 0.0);
-            }
-        }
+        self.gather_many(&[(table, ids)], out);
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         self.apply_rows(&[(table as u32, id)], grad);
@@ -391,6 +378,24 @@ impl EmbeddingStore for DeviceShard {
 }
 
 impl DeviceStore for DeviceShard {
+    /// Every lookup's rows in one gather and one copy down.
+    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
+        let n: usize = lookups.iter().map(|(_, ids)| ids.len()).sum();
+        self.lookups += n as u64;
+        let read = lookups
+            .iter()
+            .flat_map(|&(table, ids)| ids.iter().map(move |&id| (table, id)))
+            .map(|(table, id)| self.device_row(table, id))
+            .collect::<Result<Vec<u32>, _>>()
+            .and_then(|at| self.read_served(&at).map_err(|e| e.to_string()));
+        match read {
+            Ok(rows) => out.extend_from_slice(&rows),
+            Err(e) => {
+                self.fail(format!("serving rows: {e}"));
+                out.resize(out.len() + n * self.dim, 0.0);
+            }
+        }
+    }
     fn apply_rows(&mut self, rows: &[(u32, u64)], grads: &[f32]) {
         if let Err(e) = self.try_apply_rows(rows, grads) {
             self.fail(format!("updating rows: {e}"));

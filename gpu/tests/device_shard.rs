@@ -103,6 +103,20 @@ fn a_worker_s_rows_on_the_device_train_as_its_fixed_store() {
                     assert_close(&format!("{what}: table {t}'s state"), &g.state, &h.state);
                 }
             }
+            // Every table's rows at once (one request's lookups, some repeated), bit for bit as one by one.
+            let ids: Vec<Vec<u64>> = (0..SIZES.len())
+                .map(|t| {
+                    owned(me, workers, 9).into_iter().filter(|&(u, _)| u as usize == t).map(|(_, id)| id).collect()
+                })
+                .collect();
+            let lookups: Vec<(usize, &[u64])> = ids.iter().enumerate().map(|(t, ids)| (t, &ids[..])).collect();
+            let (mut together, mut apart) = (Vec::new(), Vec::new());
+            gpu.gather_many(&lookups, &mut together);
+            for &(t, ids) in lookups.iter().chain(&lookups[..1]) {
+                gpu.gather(t, ids, &mut apart);
+            }
+            gpu.gather_many(&lookups[..1], &mut together);
+            assert_eq!(together, apart, "{what}: every table's rows at once");
             let (g, h) = (gpu.sum_of_squares(), host.sum_of_squares());
             assert!((g - h).abs() <= 1e-5 * h, "{what}: Σ squares {g} vs {h}");
         }

@@ -84,12 +84,16 @@ fn step(what: &str, (gpu, host): (&mut OnDevice, &mut TieredStore), s: u64, at: 
     gpu.set_lr(lr);
     host.set_lr(lr);
     let (mut rows, mut grads) = (Vec::new(), Vec::new());
-    for t in 0..SIZES.len() {
-        let ids = ids(t, s, at);
-        let (mut got, mut want) = (Vec::new(), Vec::new());
-        gpu.gather(t, &ids, &mut got);
-        host.gather(t, &ids, &mut want);
-        assert_close(&format!("{what}: table {t} served in step {s}"), &got, &want);
+    // Every table's rows at once on the device (as the owner asks for a request's rows), one by one on the CPU.
+    let all: Vec<Vec<u64>> = (0..SIZES.len()).map(|t| ids(t, s, at)).collect();
+    let lookups: Vec<(usize, &[u64])> = all.iter().enumerate().map(|(t, ids)| (t, &ids[..])).collect();
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    gpu.gather_many(&lookups, &mut got);
+    for &(t, ids) in &lookups {
+        host.gather(t, ids, &mut want);
+    }
+    assert_close(&format!("{what}: rows served in step {s}"), &got, &want);
+    for (t, ids) in all.iter().enumerate() {
         let g = normal(s * 7 + t as u64, ids.len() * DIM);
         for (k, &id) in ids.iter().enumerate() {
             host.apply(t, id, &g[k * DIM..(k + 1) * DIM]);

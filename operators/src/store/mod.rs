@@ -410,6 +410,14 @@ pub struct StoreParams<'a> {
 /// trainer reads after every step, failing the step on every worker. A gather
 /// that fails still appends its `ids.len() · dim` values (zeros).
 pub trait DeviceStore: EmbeddingStore + std::fmt::Debug {
+    /// Appends the rows of every lookup `(table, ids)` in turn, as
+    /// [`gather`](EmbeddingStore::gather) of each would: one request's rows at
+    /// once, so a store in another memory reads them in one round trip.
+    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
+        for &(table, ids) in lookups {
+            self.gather(table, ids, out);
+        }
+    }
     /// Applies `grads[k·dim ..][..dim]`, the summed and averaged gradient of
     /// row `rows[k]` (table, id; all distinct), to each row.
     fn apply_rows(&mut self, rows: &[(u32, u64)], grads: &[f32]);

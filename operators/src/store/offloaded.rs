@@ -231,25 +231,7 @@ impl<M: HotTierMemory> EmbeddingStore for OffloadedTieredStore<M> {
         self.host.borrow().state_width()
     }
     fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
-        self.push();
-        let start = out.len();
-        self.places.clear();
-        self.host.get_mut().gather_cold(table, ids, out, &mut self.places);
-        if self.places.is_empty() {
-            return;
-        }
-        let d = self.host.get_mut().dim();
-        self.slots.clear();
-        self.slots.extend(self.places.iter().map(|&(_, h)| h));
-        self.values.clear();
-        match self.memory.get_mut().read(&self.slots, &mut self.values) {
-            Ok(()) => {
-                for (k, &(at, _)) in self.places.iter().enumerate() {
-                    out[start + at * d..][..d].copy_from_slice(&self.values[k * d..][..d]);
-                }
-            }
-            Err(e) => self.fail("serving hot rows", e),
-        }
+        self.gather_many(&[(table, ids)], out);
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         self.apply_rows(&[(table as u32, id)], grad);
@@ -303,6 +285,34 @@ impl<M: HotTierMemory> EmbeddingStore for OffloadedTieredStore<M> {
 }
 
 impl<M: HotTierMemory> DeviceStore for OffloadedTieredStore<M> {
+    /// Every lookup's cold rows from the host, then all their hot rows in one read of the memory.
+    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
+        self.push();
+        let (start, d) = (out.len(), self.host.get_mut().dim());
+        self.places.clear();
+        let mut before = 0;
+        for &(table, ids) in lookups {
+            let first = self.places.len();
+            self.host.get_mut().gather_cold(table, ids, out, &mut self.places);
+            // Places count from the first lookup's first row.
+            self.places[first..].iter_mut().for_each(|(at, _)| *at += before);
+            before += ids.len();
+        }
+        if self.places.is_empty() {
+            return;
+        }
+        self.slots.clear();
+        self.slots.extend(self.places.iter().map(|&(_, h)| h));
+        self.values.clear();
+        match self.memory.get_mut().read(&self.slots, &mut self.values) {
+            Ok(()) => {
+                for (k, &(at, _)) in self.places.iter().enumerate() {
+                    out[start + at * d..][..d].copy_from_slice(&self.values[k * d..][..d]);
+                }
+            }
+            Err(e) => self.fail("serving hot rows", e),
+        }
+    }
     fn apply_rows(&mut self, rows: &[(u32, u64)], grads: &[f32]) {
         self.push();
         let host = self.host.get_mut();

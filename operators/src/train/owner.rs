@@ -334,25 +334,40 @@ impl Owner {
             self.shares[from].reset(l, batch_len);
         }
         let (mut start, mut pj) = (0usize, 0usize);
-        for (k, &n) in request.table_lens.iter().enumerate() {
-            let t = self.slot_tables[k];
-            let ids = &all_ids[start..start + n as usize];
-            if self.exchange.table(k) == TableExchange::Partial {
-                let first = partial_rows.len();
-                self.store.gather(t, ids, &mut partial_rows);
-                let slot = request.partial.as_ref().and_then(|p| p.slots.get(pj).map(|s| (p.batch_len as usize, s)));
-                if let (Some(part), Some((b, slot))) = (self.partial, slot) {
-                    if !slot.index.is_empty() {
-                        partial.resize(b * part.width(), 0.0);
-                        let shares = deep.map(|_| &mut self.shares[from]);
-                        accumulate_slot(part, k, slot, &partial_rows[first..], e, &mut partial, shares);
-                    }
-                }
-                pj += 1;
-            } else {
-                self.store.gather(t, ids, &mut rows);
+        match (&mut self.store, self.exchange.any_partial()) {
+            (Store::Device(store), false) => {
+                // Every table as rows from a store in another memory: the request's rows in one read.
+                let lookups: Vec<(usize, &[u64])> = (request.table_lens.iter().enumerate())
+                    .map(|(k, &n)| {
+                        start += n as usize;
+                        (self.slot_tables[k], &all_ids[start - n as usize..start])
+                    })
+                    .collect();
+                store.gather_many(&lookups, &mut rows);
             }
-            start += n as usize;
+            _ => {
+                for (k, &n) in request.table_lens.iter().enumerate() {
+                    let t = self.slot_tables[k];
+                    let ids = &all_ids[start..start + n as usize];
+                    if self.exchange.table(k) == TableExchange::Partial {
+                        let first = partial_rows.len();
+                        self.store.gather(t, ids, &mut partial_rows);
+                        let slot =
+                            request.partial.as_ref().and_then(|p| p.slots.get(pj).map(|s| (p.batch_len as usize, s)));
+                        if let (Some(part), Some((b, slot))) = (self.partial, slot) {
+                            if !slot.index.is_empty() {
+                                partial.resize(b * part.width(), 0.0);
+                                let shares = deep.map(|_| &mut self.shares[from]);
+                                accumulate_slot(part, k, slot, &partial_rows[first..], e, &mut partial, shares);
+                            }
+                        }
+                        pj += 1;
+                    } else {
+                        self.store.gather(t, ids, &mut rows);
+                    }
+                    start += n as usize;
+                }
+            }
         }
         if let (Some(l), Some(part)) = (&deep, self.partial) {
             if !partial.is_empty() {

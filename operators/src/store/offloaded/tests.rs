@@ -46,6 +46,14 @@ fn step_both(a: &mut TieredStore, b: &mut OffloadedTieredStore<HostHotTier>, siz
         b.gather(*t, ids, &mut y);
         assert_eq!(x, y, "{what}: lookups of table {t} in step {s}");
     }
+    // Every table at once, as the owner asks for one request's rows.
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    for (t, ids) in &ids {
+        a.gather(*t, ids, &mut x);
+    }
+    let all: Vec<(usize, &[u64])> = ids.iter().map(|(t, ids)| (*t, &ids[..])).collect();
+    b.gather_many(&all, &mut y);
+    assert_eq!(x, y, "{what}: the lookups of every table at once in step {s}");
     let (mut rows, mut grads) = (Vec::new(), Vec::new());
     for (t, ids) in &ids {
         for &id in ids {
