@@ -165,7 +165,12 @@ impl DenseOptimizer {
                 [lr / bc1, bc2.sqrt()]
             }
         };
-        self.hyper.set(dev, values)
+        let written = self.hyper.set(dev, values);
+        if written.is_err() {
+            // Not counted: the step's values never reached the device.
+            self.t -= 1;
+        }
+        written
     }
 
     /// Queues the update of the first `len` values of `params` from the

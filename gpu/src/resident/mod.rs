@@ -377,13 +377,13 @@ impl ResidentWorker {
             self.pending = Some(Pending { samples: 0, loss_at: 0, keep_logits });
             return Ok(());
         }
-        let queued = self.stage_updates().and_then(|()| {
-            if self.graphs.on() && self.clock.is_none() {
-                self.queue_by_graph(shape)
-            } else {
-                self.queue_launches(shape)
-            }
-        });
+        // A failure here counts nothing (the dense optimizer's count included: `stage_step` takes back its own).
+        self.stage_updates()?;
+        let queued = if self.graphs.on() && self.clock.is_none() {
+            self.queue_by_graph(shape)
+        } else {
+            self.queue_launches(shape)
+        };
         let at = match queued {
             Ok(at) => at,
             Err(e) => {
