@@ -23,7 +23,7 @@ use crate::row_copy::{read_values, RowScratch};
 use crate::sparse::RowTable;
 use crate::{Device, GpuError};
 use tiderec_operators::optim::{OptimizerParams, SparseOptimizerKind};
-use tiderec_operators::store::{HotTierMemory, OffloadedTieredStore, StoreKind, StoreParams, TieredStore};
+use tiderec_operators::store::{HotTierMemory, OffloadedTieredStore, StoreKind, TieredStore};
 use tiderec_operators::train::TrainerConfig;
 
 /// A failure of the hot tier's device, naming it.
@@ -68,17 +68,8 @@ pub fn device_tiered_store(
     supports(config).map_err(GpuError::Unsupported)?;
     config.store.validate().map_err(|e| GpuError::Unsupported(format!("the tiered store: {e}")))?;
     let (dim, optimizer) = (config.model.embedding_dim(), config.sparse_optimizer);
-    let p = StoreParams {
-        worker,
-        workers,
-        dim,
-        table_sizes: &config.table_sizes,
-        seed: config.seed,
-        optimizer,
-        hp: config.sparse_hp,
-    };
     let memory = DeviceHotTier::new(dev, dim, optimizer.state_width(dim), config.store.hot_rows)?;
-    OffloadedTieredStore::new(TieredStore::new(&config.store, &p), memory)
+    OffloadedTieredStore::new(TieredStore::new(&config.store, &config.store_params((worker, workers))), memory)
         .map_err(|e| GpuError::Unsupported(format!("the tiered store: {e}")))
 }
 

@@ -106,26 +106,28 @@ impl RowTable {
                 format!("{} values are not {} rows of width {dim}", rows.len(), state.len()),
             ));
         }
-        Ok(RowTable {
-            rows: dev.upload(rows)?,
-            state: dev.upload(state)?,
-            num_rows: state.len(),
-            dim,
-            sort: SortScratch::default(),
-            hot_rows: HotRows::default(),
-            partial: None,
-            rule: None,
-            lr: crate::optim::StepValues::new(dev)?,
-        })
+        Self::holding(dev, (dev.upload(rows)?, dev.upload(state)?), state.len(), dim)
     }
 
     /// A table of `num_rows` rows of width `dim`, every value and state zero.
     pub fn zeros(dev: &Device, num_rows: usize, dim: usize) -> Result<RowTable, GpuError> {
         const OP: &str = "row table";
         check::positive(OP, "dim", dim)?;
+        let buffers = (dev.zeros(check::product(OP, &[num_rows, dim])?)?, dev.zeros(num_rows)?);
+        Self::holding(dev, buffers, num_rows, dim)
+    }
+
+    /// The table of `num_rows` rows of width `dim` in `(rows, state)`, with the
+    /// update's buffers still to size.
+    fn holding(
+        dev: &Device,
+        (rows, state): (CudaSlice<f32>, CudaSlice<f32>),
+        num_rows: usize,
+        dim: usize,
+    ) -> Result<RowTable, GpuError> {
         Ok(RowTable {
-            rows: dev.zeros(check::product(OP, &[num_rows, dim])?)?,
-            state: dev.zeros(num_rows)?,
+            rows,
+            state,
             num_rows,
             dim,
             sort: SortScratch::default(),

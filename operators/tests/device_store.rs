@@ -14,8 +14,8 @@ use tiderec_operators::optim::SparseOptimizerKind;
 use tiderec_operators::shard::EmbeddingShard;
 use tiderec_operators::snapshot::{TableRows, WorkerSnapshot, COLD};
 use tiderec_operators::store::{
-    DeviceStore, EmbeddingStore, FixedStore, HostHotTier, OffloadedTieredStore, StoreConfig, StoreKind, StoreParams,
-    StoreStats, TieredStore,
+    DeviceStore, EmbeddingStore, FixedStore, HostHotTier, OffloadedTieredStore, StoreConfig, StoreKind, StoreStats,
+    TieredStore,
 };
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 use tiderec_operators::{Batch, OperatorError};
@@ -137,17 +137,9 @@ fn fixed(config: &TrainerConfig, at: (usize, usize)) -> Box<dyn DeviceStore> {
 /// The tiered store with its hot tier in a memory of its own.
 fn tiered(config: &TrainerConfig, (worker, workers): (usize, usize)) -> Box<dyn DeviceStore> {
     let (dim, optimizer) = (config.model.embedding_dim(), config.sparse_optimizer);
-    let p = StoreParams {
-        worker,
-        workers,
-        dim,
-        table_sizes: &config.table_sizes,
-        seed: config.seed,
-        optimizer,
-        hp: config.sparse_hp,
-    };
     let memory = HostHotTier::new(dim, optimizer.state_width(dim));
-    Box::new(OffloadedTieredStore::new(TieredStore::new(&config.store, &p), memory).unwrap())
+    let store = TieredStore::new(&config.store, &config.store_params((worker, workers)));
+    Box::new(OffloadedTieredStore::new(store, memory).unwrap())
 }
 
 /// `workers` workers, those in `boxed` with their rows behind the batched

@@ -14,7 +14,7 @@ use tiderec_operators::optim::SparseOptimizerKind;
 use tiderec_operators::shard::shard_of;
 use tiderec_operators::snapshot::TableRows;
 use tiderec_operators::store::{
-    DeviceStore, EmbeddingStore, OffloadedTieredStore, StoreConfig, StoreKind, StoreParams, TieredStore,
+    DeviceStore, EmbeddingStore, OffloadedTieredStore, StoreConfig, StoreKind, TieredStore,
 };
 
 /// A tiered store with its hot tier on the device.
@@ -41,17 +41,8 @@ fn config(kind: SparseOptimizerKind) -> TrainerConfig {
     c
 }
 
-fn cpu(c: &TrainerConfig, (worker, workers): (usize, usize)) -> TieredStore {
-    let p = StoreParams {
-        worker,
-        workers,
-        dim: DIM,
-        table_sizes: &c.table_sizes,
-        seed: c.seed,
-        optimizer: c.sparse_optimizer,
-        hp: c.sparse_hp,
-    };
-    TieredStore::new(&c.store, &p)
+fn cpu(c: &TrainerConfig, at: (usize, usize)) -> TieredStore {
+    TieredStore::new(&c.store, &c.store_params(at))
 }
 
 /// Step `s`'s distinct ids of table `t` that worker `me` of `workers` owns, skewed towards small ids.

@@ -65,7 +65,7 @@ use crate::metrics::EvalSet;
 use crate::nn::{FmPartial, Model, ModelConfig};
 use crate::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use crate::snapshot::WorkerSnapshot;
-use crate::store::{DeviceStore, StoreConfig, StoreStats};
+use crate::store::{DeviceStore, StoreConfig, StoreParams, StoreStats};
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
@@ -127,6 +127,19 @@ pub struct TrainerConfig {
 }
 
 impl TrainerConfig {
+    /// What worker `worker` of `workers` builds the store of the rows it owns from.
+    pub fn store_params(&self, (worker, workers): (usize, usize)) -> StoreParams<'_> {
+        StoreParams {
+            worker,
+            workers,
+            dim: self.model.embedding_dim(),
+            table_sizes: &self.table_sizes,
+            seed: self.seed,
+            optimizer: self.sparse_optimizer,
+            hp: self.sparse_hp,
+        }
+    }
+
     /// Checks the configuration; errors name the key.
     pub fn validate(&self) -> Result<(), OperatorError> {
         self.model.validate()?;

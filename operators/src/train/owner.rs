@@ -13,7 +13,7 @@ use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams};
 use crate::routing::shard_of;
 use crate::shard::EmbeddingShard;
 use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
-use crate::store::{DeviceStore, EmbeddingStore, Store, StoreParams, StoreStats};
+use crate::store::{DeviceStore, EmbeddingStore, Store, StoreStats};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 
@@ -103,18 +103,7 @@ impl Owner {
         let dim = config.model.embedding_dim();
         let store = match device_store {
             Some(store) => Store::Device(store),
-            None => Store::new(
-                &config.store,
-                &StoreParams {
-                    worker: me,
-                    workers,
-                    dim,
-                    table_sizes: &config.table_sizes,
-                    seed: config.seed,
-                    optimizer: config.sparse_optimizer,
-                    hp: config.sparse_hp,
-                },
-            )?,
+            None => Store::new(&config.store, &config.store_params((me, workers)))?,
         };
         let slice = super::dense_slice(dense_len, me, workers);
         Ok(Owner {
