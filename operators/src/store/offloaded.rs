@@ -178,7 +178,7 @@ impl<M: HotTierMemory> OffloadedTieredStore<M> {
         self.host.borrow().hot_ids()
     }
 
-    /// Records `message` as this store's failure (the first one is kept).
+    /// Records `what` failing with `e` as this store's failure (the first one is kept).
     fn fail(&self, what: &str, e: impl fmt::Display) {
         let mut error = self.error.borrow_mut();
         if error.is_none() {
