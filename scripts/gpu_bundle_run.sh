@@ -166,12 +166,16 @@ bench() {
         skip "$tag"
         return
     fi
-    local limit
+    local limit rounds=3 prev=""
     limit=$(cap 150)
-    # Each of the (two or three rounds of) two runs gets a quarter of the time, so one slow
-    # run fails alone and the others still make the table.
+    for a in "$@"; do
+        [ "$prev" = --rounds ] && rounds=$a
+        prev=$a
+    done
+    # Each of the rounds' two runs gets its share of the time, so one slow run fails
+    # alone and the others still make the table.
     timeout -k 5 "$limit" python3 "$HERE/scripts/bench_vs_torch.py" --tiderec "$HERE/tiderec" --device cuda:0 \
-        --timeout $((limit / 4)) "$@" >"$OUT/bench-$tag.md" 2>&1
+        --timeout $((limit / (2 * rounds + 1))) "$@" >"$OUT/bench-$tag.md" 2>&1
     local rc=$?
     [ $rc -eq 0 ] || FAILED=1
     say "$tag (exit $rc):"

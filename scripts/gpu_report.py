@@ -255,8 +255,9 @@ def graph_rows(found):
     for r in alternated(found, "graphs", ("on", "off")):
         first = next(iter(r[-1].values()))
         counts = first.get("cuda_graphs") or {}
+        failed = f", {counts['failed']} captures failed (graphs then off)" if counts.get("failed") else ""
         rows.append([r[0]] + r[2:6] + [f"{counts.get('captured', 0)} captured, {counts.get('replayed', 0)} steps "
-                                       f"replayed (of {first.get('steps', 0)} timed and the warm-up)"])
+                                       f"replayed (of {first.get('steps', 0)} timed and the warm-up){failed}"])
     return rows
 
 

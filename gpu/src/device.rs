@@ -279,12 +279,23 @@ impl Device {
     /// capture exists only in that graph, and one kept after a capture that is
     /// thrown away would point at nothing.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>, GpuError> {
-        use cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
-        if matches!(self.stream.capture_status(), Ok(CU_STREAM_CAPTURE_STATUS_ACTIVE)) {
-            return Err(GpuError::shape("device memory", "a buffer was asked for while a CUDA graph was captured"));
-        }
+        self.refuse_while_capturing()?;
         self.allocations.fetch_add(1, Ordering::Relaxed);
         self.stream.alloc_zeros::<T>(len.max(1)).map_err(GpuError::driver("allocating device memory"))
+    }
+
+    /// An error while the stream captures a CUDA graph: no buffer may be
+    /// allocated or freed then (see [`zeros`](Self::zeros)). Asks the stream
+    /// directly, so an error the context recorded earlier is left for the next
+    /// call that checks it.
+    fn refuse_while_capturing(&self) -> Result<(), GpuError> {
+        use cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        // SAFETY: the stream is this device's own and lives as long as `self`.
+        let status = unsafe { cudarc::driver::result::stream::is_capturing(self.stream.cu_stream()) };
+        if matches!(status, Ok(CU_STREAM_CAPTURE_STATUS_ACTIVE)) {
+            return Err(GpuError::shape("device memory", "a buffer was asked for while a CUDA graph was captured"));
+        }
+        Ok(())
     }
 
     /// How many device buffers this device and its clones have allocated.
@@ -325,6 +336,8 @@ impl Device {
         len: usize,
     ) -> Result<&'a mut CudaSlice<T>, GpuError> {
         if slot.as_ref().is_none_or(|s| s.len() < len) {
+            // Refused before the old buffer is freed: a free is no more allowed in a capture.
+            self.refuse_while_capturing()?;
             *slot = None;
             *slot = Some(self.zeros::<T>(len)?);
         }

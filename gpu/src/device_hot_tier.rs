@@ -7,10 +7,10 @@
 //!
 //! ## Invariants
 //!
-//! * **One allocation.** The device holds `hot_rows` rows (the tier's
-//!   capacity) from the start; a load (after a re-plan or a restore) copies
-//!   the `n ≤ hot_rows` rows of the new layout over its front, so nothing is
-//!   allocated between steps.
+//! * **The rows allocated once.** The device holds `hot_rows` rows (the
+//!   tier's capacity) from the start; a load (after a re-plan or a restore)
+//!   copies the `n ≤ hot_rows` rows of the new layout over its front. Only the
+//!   buffers of reads and updates grow, when a call is larger than any before.
 //! * **The fixed store's row update.** An update is the device row update
 //!   with each slot once, its gradient summed over the senders and averaged
 //!   on the host, as [`DeviceShard`](crate::device_shard::DeviceShard)'s: SGD

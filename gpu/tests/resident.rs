@@ -568,6 +568,7 @@ fn graph_steps_equal_launched_steps_bit_for_bit() {
             let counts = w.graph_counts();
             println!("{name} {how}: {counts:?} over {} steps", first.len() + second.len());
             assert!(counts.captured >= 4 && counts.replayed >= 10, "{name} {how}: graphs barely used: {counts:?}");
+            assert_eq!(counts.failed, 0, "{name} {how}: a capture failed");
         }
         assert_eq!(plain.graph_counts(), Default::default(), "{name}: graphs are off by default");
     }

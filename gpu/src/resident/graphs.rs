@@ -37,6 +37,8 @@ pub struct GraphCounts {
     pub captured: u64,
     /// Steps run by launching a graph, the capturing steps included.
     pub replayed: u64,
+    /// Captures that failed; the first turns graphs off (the step ran its launches instead).
+    pub failed: u64,
 }
 
 /// A captured step: its graph and where it leaves the step's loss in `d_loss`.
@@ -134,6 +136,13 @@ impl Graphs {
     /// Steps run as graphs and graphs captured so far.
     pub(super) fn counts(&self) -> GraphCounts {
         self.counts
+    }
+
+    /// A capture failed: counted, and graphs turn off, so no later step
+    /// captures (and launches) its work twice.
+    pub(super) fn capture_failed(&mut self) {
+        self.counts.failed += 1;
+        self.set_on(false);
     }
 
     /// Drops every graph and forgets which shapes ran (the buffers they name may change).

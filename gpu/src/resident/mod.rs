@@ -429,11 +429,10 @@ impl ResidentWorker {
                     // Nothing of the capture ran and it changed nothing on the host but
                     // buffer sizes: the step's launches are queued as they are (a buffer
                     // the capture refused is allocated now), and a failure they meet again
-                    // is the step's.
+                    // is the step's. Graphs stay off from here (`GraphCounts::failed`).
                     Err(_) => {
-                        let at = self.queue_launches(shape)?;
-                        self.graphs.ran(&self.dev, key);
-                        Ok(at)
+                        self.graphs.capture_failed();
+                        self.queue_launches(shape)
                     }
                 }
             }

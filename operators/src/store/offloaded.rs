@@ -23,7 +23,8 @@
 //!   steps), a restore, a reset.
 //! * **Failures are recorded, not raised** ([`DeviceStore::take_error`]): a
 //!   lookup that fails gives zeros for its hot rows, an export that fails gives
-//!   the host copy; the trainer fails the step or the checkpoint on the error.
+//!   the host copy, and while the memory cannot be loaded the host copy serves
+//!   and is updated; the trainer fails the step or the checkpoint on the error.
 
 use super::{DeviceStore, EmbeddingStore, StoreStats, TieredStore};
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
@@ -197,7 +198,11 @@ impl<M: HotTierMemory> OffloadedTieredStore<M> {
         }
         let (rows, state) = host.hot_values();
         match self.memory.borrow_mut().load(rows, state) {
-            Ok(()) => self.memory_current.set(true),
+            Ok(()) => {
+                // Both copies now hold the same values.
+                self.memory_current.set(true);
+                self.host_current.set(true);
+            }
             Err(e) => self.fail("loading the hot rows", e),
         }
     }
@@ -301,6 +306,14 @@ impl<M: HotTierMemory> DeviceStore for OffloadedTieredStore<M> {
         if self.places.is_empty() {
             return;
         }
+        if !self.memory_current.get() {
+            // The memory could not be loaded (a failure is recorded): the host copy serves.
+            let (rows, _) = self.host.get_mut().hot_values();
+            for &(at, h) in &self.places {
+                out[start + at * d..][..d].copy_from_slice(&rows[h as usize * d..][..d]);
+            }
+            return;
+        }
         self.slots.clear();
         self.slots.extend(self.places.iter().map(|&(_, h)| h));
         self.values.clear();
@@ -334,6 +347,16 @@ impl<M: HotTierMemory> DeviceStore for OffloadedTieredStore<M> {
             return;
         }
         let (kind, hp) = host.row_optimizer();
+        if !self.memory_current.get() {
+            // The memory could not be loaded (a failure is recorded): the host copy is updated.
+            let w = host.state_width();
+            let (rows, state) = host.hot_values_mut();
+            for (k, &h) in self.slots.iter().enumerate() {
+                let h = h as usize;
+                apply_row(kind, &hp, &mut rows[h * d..][..d], &self.values[k * d..][..d], &mut state[h * w..][..w]);
+            }
+            return;
+        }
         self.host_current.set(false);
         if let Err(e) = self.memory.get_mut().update(&self.slots, &self.values, kind, &hp) {
             self.fail("updating hot rows", e);

@@ -217,6 +217,11 @@ impl Owner {
             part.tables = (0..num_tables).map(|t| self.store.export_changes(t)).collect();
             part.delta_of = Some(p);
         }
+        // A store in another memory that failed to give its rows back fails the
+        // checkpoint before the mark moves, so the next delta still counts from the last good one.
+        if let Some(message) = self.take_store_error() {
+            return Err(OperatorError::Device { worker: dense.me(), message });
+        }
         self.store.mark_checkpoint();
         self.marked = Some(step);
         Ok(part)

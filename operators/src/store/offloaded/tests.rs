@@ -176,15 +176,22 @@ fn checkpoints_move_between_the_tiered_store_and_a_hot_tier_elsewhere() {
     assert_eq!(exports(&again, sizes.len()), now);
 }
 
-/// A memory that fails every call after the first `works` ones.
+/// A memory that fails every call (every load, with `loads_only`) after the first `works` ones.
 #[derive(Debug)]
 struct Failing {
     inner: HostHotTier,
     works: usize,
+    loads_only: bool,
 }
 
 impl Failing {
     fn check(&mut self) -> Result<(), String> {
+        if self.loads_only {
+            return Ok(());
+        }
+        self.count()
+    }
+    fn count(&mut self) -> Result<(), String> {
         match self.works.checked_sub(1) {
             Some(n) => {
                 self.works = n;
@@ -201,7 +208,7 @@ impl HotTierMemory for Failing {
         DIM
     }
     fn load(&mut self, rows: &[f32], state: &[f32]) -> Result<(), String> {
-        self.check()?;
+        self.count()?;
         self.inner.load(rows, state).map_err(|e| match e {})
     }
     fn read_all(&mut self, rows: &mut [f32], state: &mut [f32]) -> Result<(), String> {
@@ -232,7 +239,7 @@ fn a_failing_memory_is_reported_with_what_failed() {
     let cfg =
         StoreConfig { kind: StoreKind::Tiered, hot_rows: 8, warmup: 2, flush_every: 100, ..StoreConfig::default() };
     let p = params(&sizes, SparseOptimizerKind::Sgd);
-    let memory = Failing { inner: HostHotTier::new(DIM, 0), works: 4 };
+    let memory = Failing { inner: HostHotTier::new(DIM, 0), works: 4, loads_only: false };
     let mut store = OffloadedTieredStore::new(TieredStore::new(&cfg, &p), memory).unwrap();
     let ids: Vec<u64> = (0..10).collect();
     let g = vec![0.5; ids.len() * DIM];
@@ -259,4 +266,46 @@ fn a_failing_memory_is_reported_with_what_failed() {
     let _ = store.export_table(0);
     assert_eq!(store.take_error().as_deref(), Some("updating hot rows: the device fell off the bus"));
     assert_eq!(store.take_error(), None);
+}
+
+/// A memory the hot tier cannot be loaded into: the failure is reported once,
+/// and the host copy serves and is updated meanwhile, so lookups and exports
+/// stay the tiered store's (nothing reads the memory's old contents).
+#[test]
+fn while_the_memory_cannot_be_loaded_the_host_copy_serves() {
+    let sizes = [400u64, 90, 1500];
+    let cfg =
+        StoreConfig { kind: StoreKind::Tiered, hot_rows: 24, warmup: 3, flush_every: 5, ..StoreConfig::default() };
+    let p = params(&sizes, SparseOptimizerKind::RowwiseAdagrad);
+    let (mut a, mut b) = (TieredStore::new(&cfg, &p), offloaded(&cfg, &p));
+    // Loaded empty (1), loaded after the first plan (2), then no load succeeds.
+    let memory = Failing { inner: HostHotTier::new(DIM, p.optimizer.state_width(DIM)), works: 2, loads_only: true };
+    let mut c = OffloadedTieredStore::new(TieredStore::new(&cfg, &p), memory).unwrap();
+    for s in 0..12 {
+        let ids = step_ids(&sizes, s);
+        let mut want = Vec::new();
+        for (t, ids) in &ids {
+            b.gather(*t, ids, &mut want);
+        }
+        step_both(&mut a, &mut b, &sizes, s, "a working memory");
+        let (mut x, mut rows, mut grads) = (Vec::new(), Vec::new(), Vec::new());
+        for (t, ids) in &ids {
+            c.gather(*t, ids, &mut x);
+            for &id in ids {
+                rows.push((*t as u32, id));
+                grads.extend(grad(s, *t, id));
+            }
+        }
+        c.apply_rows(&rows, &grads);
+        c.end_step(s + 1);
+        assert_eq!(x, want, "lookups of step {s}");
+        if s < 8 {
+            assert_eq!(c.take_error(), None, "step {s}");
+        } else if s == 8 {
+            let e = c.take_error().expect("the load after the plan of step 8 failed");
+            assert!(e.starts_with("loading the hot rows: the device fell off the bus"), "{e}");
+        }
+        assert_eq!(c.hot_ids(), a.hot_ids(), "step {s}");
+    }
+    assert_eq!(exports(&c, sizes.len()), exports(&a, sizes.len()));
 }
