@@ -9,6 +9,8 @@
 //! (`OffloadedTieredStore`, here over `HostHotTier`) trains as plain tiered
 //! workers do, checkpoints included.
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use tiderec_operators::optim::SparseOptimizerKind;
 use tiderec_operators::shard::EmbeddingShard;
@@ -33,6 +35,9 @@ struct HostBacked {
     fail_after: Option<usize>,
     failed: bool,
     reported: bool,
+    /// Set by a test: the next read of changed rows fails, and the failure is reported.
+    lose_changes: Rc<Cell<bool>>,
+    lost: Cell<bool>,
 }
 
 impl HostBacked {
@@ -40,7 +45,16 @@ impl HostBacked {
         let dim = config.model.embedding_dim();
         let (kind, hp) = (config.sparse_optimizer, config.sparse_hp);
         let shard = EmbeddingShard::new(me, workers, dim, &config.table_sizes, config.seed, kind, hp).unwrap();
-        HostBacked { inner: FixedStore::new(shard), applied: 0, fail_after, failed: false, reported: false }
+        let (lose_changes, lost) = (Rc::default(), Cell::new(false));
+        HostBacked {
+            inner: FixedStore::new(shard),
+            applied: 0,
+            fail_after,
+            failed: false,
+            reported: false,
+            lose_changes,
+            lost,
+        }
     }
 }
 
@@ -77,6 +91,10 @@ impl EmbeddingStore for HostBacked {
         self.inner.mark_checkpoint()
     }
     fn export_changes(&self, table: usize) -> TableRows {
+        if self.lose_changes.replace(false) || self.lost.get() {
+            self.lost.set(true);
+            return TableRows::default();
+        }
         self.inner.export_changes(table)
     }
     fn reset(&mut self, completed: u64) {
@@ -112,6 +130,9 @@ impl DeviceStore for HostBacked {
         }
     }
     fn take_error(&mut self) -> Option<String> {
+        if self.lost.replace(false) {
+            return Some("CUDA device 3: the changed rows could not be read back".into());
+        }
         (self.failed && !std::mem::replace(&mut self.reported, true))
             .then(|| "CUDA device 3: an injected failure".to_string())
     }
@@ -245,4 +266,47 @@ fn a_failing_device_store_fails_its_step_and_stops_every_worker() {
     .unwrap();
     let mut seen = seen.lock().unwrap().clone();
     common::assert_worker_1_failed_in_step_2(&mut seen, "CUDA device 3: an injected failure");
+}
+
+/// A checkpoint whose rows a store in another memory could not read back fails
+/// with the device's message and leaves the delta mark where it was: the next
+/// delta still counts from the last good checkpoint, and equals the plain
+/// worker's.
+#[test]
+fn a_checkpoint_the_store_could_not_read_back_leaves_the_mark() {
+    let c = config(dlrm());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let out = seen.clone();
+    timely::execute(timely::Config::process(1), move |worker| {
+        let mut runs = Vec::new();
+        for boxed in [false, true] {
+            let model = c.model.build(c.seed).unwrap();
+            let store = HostBacked::new(&c, (0, 1), None);
+            let lose = store.lose_changes.clone();
+            let mut trainer = if boxed {
+                Trainer::with_model_and_store(worker, &c, model, Box::new(store)).unwrap()
+            } else {
+                Trainer::with_model(worker, &c, model).unwrap()
+            };
+            let mut parts = Vec::new();
+            for s in 0..6 {
+                trainer.step(worker, StepKind::Train, batch(0, s)).unwrap();
+                if s == 1 {
+                    parts.push(trainer.checkpoint_snapshot(None).unwrap());
+                }
+                if s == 4 && boxed {
+                    lose.set(true);
+                    let e = trainer.checkpoint_snapshot(Some(2)).unwrap_err();
+                    assert!(e.to_string().contains("could not be read back"), "{e}");
+                    assert_eq!(trainer.checkpoint_mark(), Some(2), "the mark stays at the last good checkpoint");
+                }
+            }
+            parts.push(trainer.checkpoint_snapshot(Some(2)).unwrap());
+            runs.push(parts);
+        }
+        out.lock().unwrap().push(runs);
+    })
+    .unwrap();
+    let runs = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(runs[0], runs[1], "the delta after a failed one equals the plain worker's");
 }
