@@ -183,12 +183,14 @@ bench() {
 }
 BENCHES="${BENCHES:-dlrm-2048 dlrm-16384 dlrm-65536 deepfm-16384 dien-2048 dlrm-16384-tf32 dlrm-16384-bf16}"
 wanted() { case " $BENCHES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-# One device-resident worker, where a host-rows worker's step goes (its stage clock), and
-# two GPU workers on one GPU with the rows each owns on the device (`two-`) or on the host.
-for run in 16384 65536 host-16384 two-16384 two-host-16384; do
+# One device-resident worker, where a host-rows worker's step goes (its stage clock), two
+# GPU workers on one GPU with the rows each owns on the device (`two-`) or on the host, and
+# one GPU worker under the tiered store on Zipf(1.1) ids, its hot tier on the device or not.
+for run in 16384 65536 host-16384 two-16384 two-host-16384 tiered-16384 tiered-host-16384; do
     b="${run##*-}"
     flags=""
     case "$run" in two-*) flags="--workers 2" ;; esac
+    case "$run" in tiered-*) flags="--hot-rows 65536 --zipf 1.1" ;; esac
     case "$run" in *host-*) flags="$flags --host-rows" ;; esac
     flags="${flags# }"
     if [ "$(left)" -lt 60 ]; then

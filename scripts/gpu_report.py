@@ -190,8 +190,10 @@ def stages(found):
             stage = ["", "", "", ""]
         else:
             stage = [f"{s[k]:.1f}" for k in ("plan", "serve", "forward_backward", "apply")]
-        rows_at = "device" if d.get("rows_on_device") else "own rows on device" if d.get("owned_rows_on_device") \
-            else "host"
+        tiered = d.get("store") == "tiered"
+        rows_at = "device" if d.get("rows_on_device") else \
+            ("hot tier on device" if tiered else "own rows on device") if d.get("owned_rows_on_device") else \
+            ("host (tiered)" if tiered else "host")
         rows.append([f"{d['batch_size']:,}", str(d.get("workers", 1)), rows_at,
                      f"{d['samples_per_sec']:,.0f}", f"{s['total']:.2f}"] + stage)
     rows.sort(key=lambda r: (int(r[0].replace(",", "")), r[1], r[2]))
@@ -457,7 +459,9 @@ def main(argv):
               "on the host; forward/backward includes the host's pooling and the copies to and from the device. "
               "Rows *own rows on device* (`--workers 2`, two GPU workers on one GPU): each serves and updates the "
               "rows it owns on the device (`tiderec_gpu::device_shard`), worker 0's stage clock; samples/s are both "
-              "workers'.\n")
+              "workers'. Rows *hot tier on device* (`--hot-rows 65536 --zipf 1.1`): one GPU worker under the tiered "
+              "store on Zipf(1.1)-skewed ids, its hot tier on the device (`tiderec_gpu::device_hot_tier`) and the "
+              "cold tier on the host; *host (tiered)* the same with every row on the host.\n")
         print(table(["batch", "GPU workers", "rows", "samples/s", "step", "plan", "serve", "forward/backward",
                      "apply"], st) + "\n")
         peak = next((v for k, v in FP32_PEAK_TFLOPS.items() if k in gpu), None)

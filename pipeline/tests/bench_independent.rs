@@ -1,7 +1,8 @@
 //! `tiderec bench dlrm --independent`: W single-worker trainers side by side,
 //! the machine's ceiling that the scaling benchmark sets the synchronous run
 //! against. They exchange nothing, each reports its own stages, together they
-//! train the global batch, and a device list is refused.
+//! train the global batch, and a device list is refused. And `--hot-rows K`,
+//! which trains the benchmark under the tiered store.
 
 mod common;
 
@@ -41,4 +42,18 @@ fn independent_trainers_exchange_nothing_and_each_reports_its_stages() {
 fn independent_trainers_refuse_a_device_list() {
     let err = run_err(tiderec().args(["bench", "dlrm", "--workers", "2", "--independent", "--device", "cpu,cpu"]));
     assert!(err.contains("`device`") && err.contains("independent"), "{err}");
+}
+
+#[test]
+fn hot_rows_train_the_benchmark_under_the_tiered_store() {
+    let fixed = bench(&["--workers", "2"]);
+    let tiered = bench(&["--workers", "2", "--hot-rows", "64", "--zipf", "1.1"]);
+    assert_eq!(fixed["store"], "fixed", "{fixed}");
+    assert!(fixed.get("hot_rows").is_none(), "{fixed}");
+    assert_eq!(tiered["store"], "tiered", "{tiered}");
+    assert_eq!(tiered["hot_rows"], 64, "{tiered}");
+    assert_eq!(tiered["owned_rows_on_device"], false, "CPU workers: {tiered}");
+    assert!(tiered["samples_per_sec"].as_f64().unwrap() > 0.0, "{tiered}");
+    let err = run_err(tiderec().args(["bench", "dlrm", "--hot-rows", "0"]));
+    assert!(err.contains("hot_rows"), "{err}");
 }

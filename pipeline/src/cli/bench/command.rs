@@ -280,6 +280,11 @@ pub(crate) struct DlrmArgs {
     /// Skew the ids: Zipf(S)-like per table, id 0 the most frequent (0: uniform).
     #[arg(long, default_value_t = 0.0, value_name = "S", value_parser = Range::<f64>::closed("zipf", 0.0, 100.0))]
     zipf: f64,
+    /// Train under the tiered store with K hot rows per worker (planned during the warm-up,
+    /// re-planned every 50 steps) instead of the fixed table; a GPU worker keeps its hot tier
+    /// on the device.
+    #[arg(long, value_name = "K", value_parser = Range::<usize>::closed("hot_rows", 1, u32::MAX as usize / 2))]
+    hot_rows: Option<usize>,
 }
 
 fn print_features(r: &super::features::FeaturesBenchResult) {
@@ -588,6 +593,7 @@ fn run_training(model: ModelConfig, a: DlrmArgs) -> anyhow::Result<()> {
         host_rows: a.host_rows,
         phases: a.phases,
         zipf: a.zipf,
+        hot_rows: a.hot_rows,
     };
     let r = run_dlrm(&bench)?;
     if a.json {

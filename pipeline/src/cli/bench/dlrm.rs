@@ -23,6 +23,7 @@ use tiderec_operators::features::mix64;
 use tiderec_operators::nn::{DlrmConfig, Interest, ModelConfig, Precision};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::rng::unit_f64;
+use tiderec_operators::store::{StoreConfig, StoreKind};
 use tiderec_operators::train::{StepKind, StepTimes, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 use tiderec_sources::synthetic_behavior::{BehaviorConfig, SyntheticBehavior, SEQUENCE_TABLES};
@@ -66,6 +67,23 @@ pub struct DlrmBench {
     pub phases: bool,
     /// The ids' skew: 0 for uniform ids, else a Zipf exponent ([`random_batch`]).
     pub zipf: f64,
+    /// Train under the tiered store with this many hot rows per worker (see
+    /// [`tiered_store`]) instead of the fixed table.
+    pub hot_rows: Option<usize>,
+}
+
+/// The tiered store of a benchmark with `hot_rows` hot rows per worker: planned
+/// during the warm-up (after at most 10 steps; rows updated in fewer than two
+/// steps never qualify) and again every 50 steps, so the timed steps run on a
+/// hot tier and pay for its re-plans.
+pub fn tiered_store(hot_rows: usize, warmup_steps: u64) -> StoreConfig {
+    StoreConfig {
+        kind: StoreKind::Tiered,
+        hot_rows,
+        warmup: warmup_steps.clamp(2, 10),
+        flush_every: 50,
+        ..StoreConfig::default()
+    }
 }
 
 /// Result of a training benchmark.
@@ -107,8 +125,14 @@ pub struct DlrmBenchResult {
     /// the step's total.
     pub rows_on_device: bool,
     /// The GPU workers of a trainer kept the rows they own on their devices
-    /// (`tiderec_gpu::device_shard`); the pooling and the dense optimizer on the host.
+    /// (`tiderec_gpu::device_shard`, or the tiered store's hot tier:
+    /// `tiderec_gpu::device_hot_tier`); the pooling and the dense optimizer on the host.
     pub owned_rows_on_device: bool,
+    /// The store: `fixed`, or `tiered` with `--hot-rows`.
+    pub store: String,
+    /// The tiered store's hot rows per worker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hot_rows: Option<usize>,
     /// With `phases` on a device-resident worker: milliseconds per step in each phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase_ms: Option<PhaseTimes>,
@@ -211,6 +235,8 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         embedding_params,
         rows_on_device: resident.is_some(),
         owned_rows_on_device: resident.is_none() && setup.devices.owned_rows_on_device(&setup.config, bench.workers),
+        store: setup.config.store.kind.to_string(),
+        hot_rows: bench.hot_rows,
         phase_ms,
         cuda_graphs,
         gru: match &bench.model {
@@ -321,7 +347,7 @@ impl Setup {
             sparse_optimizer: SparseOptimizerKind::RowwiseAdagrad,
             sparse_hp: OptimizerParams::with_lr(0.01),
             sequence_tables: if behavior.is_some() { SEQUENCE_TABLES.to_vec() } else { Vec::new() },
-            store: Default::default(),
+            store: bench.hot_rows.map_or_else(StoreConfig::default, |k| tiered_store(k, bench.warmup_steps)),
             exchange: Default::default(),
         };
         let mut devices = tiderec::device::Devices::for_workers(&bench.device, bench.workers)?;
