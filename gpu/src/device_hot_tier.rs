@@ -180,12 +180,7 @@ impl DeviceHotTier {
         if slots.is_empty() {
             return Ok(());
         }
-        let rule = row_rule(kind, hp)?;
-        let (dev, s) = (&self.dev, &mut self.scratch);
-        let d_at = dev.upload_into(&mut s.at, slots)?;
-        let d_grads = dev.upload_into(&mut s.values, grads)?;
-        self.table.stage_rule(dev, rule)?;
-        self.table.queue_in_range(dev, (d_at, d_grads, slots.len()), 1.0, None)
+        self.table.update_listed(&self.dev, &mut self.scratch, (slots, grads), row_rule(kind, hp)?)
     }
 }
 

@@ -210,16 +210,9 @@ impl DeviceShard {
         }
         let on_device = |e: GpuError| e.to_string();
         self.flush().map_err(on_device)?;
-        let dev = &self.dev;
-        let mut scratch = self.scratch.borrow_mut();
-        let s = &mut *scratch;
-        let d_at = dev.upload_into(&mut s.at, &at).map_err(on_device)?;
-        let d_grads = dev.upload_into(&mut s.values, grads).map_err(on_device)?;
         let rule = row_rule(self.kind, &self.hp).map_err(on_device)?;
-        let mut table = self.table.borrow_mut();
-        table.stage_rule(dev, rule).map_err(on_device)?;
-        table.queue_in_range(dev, (d_at, d_grads, at.len()), 1.0, None).map_err(on_device)?;
-        drop((table, scratch));
+        let scratch = &mut self.scratch.borrow_mut();
+        self.table.get_mut().update_listed(&self.dev, scratch, (&at, grads), rule).map_err(on_device)?;
         for &r in &at {
             self.marks[r as usize] |= UPDATED | CHANGED;
         }
@@ -288,6 +281,24 @@ impl EmbeddingStore for DeviceShard {
     }
     fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
         self.gather_many(&[(table, ids)], out);
+    }
+    /// Every lookup's rows in one gather and one copy down.
+    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
+        let n: usize = lookups.iter().map(|(_, ids)| ids.len()).sum();
+        self.lookups += n as u64;
+        let read = lookups
+            .iter()
+            .flat_map(|&(table, ids)| ids.iter().map(move |&id| (table, id)))
+            .map(|(table, id)| self.device_row(table, id))
+            .collect::<Result<Vec<u32>, _>>()
+            .and_then(|at| self.read_served(&at).map_err(|e| e.to_string()));
+        match read {
+            Ok(rows) => out.extend_from_slice(&rows),
+            Err(e) => {
+                self.fail(format!("serving rows: {e}"));
+                out.resize(out.len() + n * self.dim, 0.0);
+            }
+        }
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         self.apply_rows(&[(table as u32, id)], grad);
@@ -378,24 +389,6 @@ impl EmbeddingStore for DeviceShard {
 }
 
 impl DeviceStore for DeviceShard {
-    /// Every lookup's rows in one gather and one copy down.
-    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
-        let n: usize = lookups.iter().map(|(_, ids)| ids.len()).sum();
-        self.lookups += n as u64;
-        let read = lookups
-            .iter()
-            .flat_map(|&(table, ids)| ids.iter().map(move |&id| (table, id)))
-            .map(|(table, id)| self.device_row(table, id))
-            .collect::<Result<Vec<u32>, _>>()
-            .and_then(|at| self.read_served(&at).map_err(|e| e.to_string()));
-        match read {
-            Ok(rows) => out.extend_from_slice(&rows),
-            Err(e) => {
-                self.fail(format!("serving rows: {e}"));
-                out.resize(out.len() + n * self.dim, 0.0);
-            }
-        }
-    }
     fn apply_rows(&mut self, rows: &[(u32, u64)], grads: &[f32]) {
         if let Err(e) = self.try_apply_rows(rows, grads) {
             self.fail(format!("updating rows: {e}"));

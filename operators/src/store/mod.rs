@@ -342,6 +342,14 @@ pub trait EmbeddingStore {
     fn state_width(&self) -> usize;
     /// Appends the rows of `ids` of `table` to `out`.
     fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>);
+    /// Appends the rows of every lookup `(table, ids)` in turn, as
+    /// [`gather`](Self::gather) of each would: one request's rows at once, so
+    /// a store in another memory reads them in one round trip.
+    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
+        for &(table, ids) in lookups {
+            self.gather(table, ids, out);
+        }
+    }
     /// Applies the averaged gradient `grad` to row `id` of `table`.
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]);
     /// Sets the row optimizer's learning rate for the next updates (a schedule's value).
@@ -410,14 +418,6 @@ pub struct StoreParams<'a> {
 /// trainer reads after every step, failing the step on every worker. A gather
 /// that fails still appends its `ids.len() · dim` values (zeros).
 pub trait DeviceStore: EmbeddingStore + std::fmt::Debug {
-    /// Appends the rows of every lookup `(table, ids)` in turn, as
-    /// [`gather`](EmbeddingStore::gather) of each would: one request's rows at
-    /// once, so a store in another memory reads them in one round trip.
-    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
-        for &(table, ids) in lookups {
-            self.gather(table, ids, out);
-        }
-    }
     /// Applies `grads[k·dim ..][..dim]`, the summed and averaged gradient of
     /// row `rows[k]` (table, id; all distinct), to each row.
     fn apply_rows(&mut self, rows: &[(u32, u64)], grads: &[f32]);
@@ -481,6 +481,9 @@ impl EmbeddingStore for Store {
     }
     fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
         dispatch!(self, s => s.gather(table, ids, out))
+    }
+    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
+        dispatch!(self, s => s.gather_many(lookups, out))
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         dispatch!(self, s => s.apply(table, id, grad))

@@ -103,13 +103,22 @@ impl HotTierMemory for HostHotTier {
         kind: SparseOptimizerKind,
         hp: &OptimizerParams,
     ) -> Result<(), Self::Error> {
-        let (d, w) = (self.dim, self.state_width);
-        for (k, &h) in slots.iter().enumerate() {
-            let h = h as usize;
-            let (row, state) = (&mut self.rows[h * d..][..d], &mut self.state[h * w..][..w]);
-            apply_row(kind, hp, row, &grads[k * d..][..d], state);
-        }
+        update_at((&mut self.rows, &mut self.state), (self.dim, self.state_width), (slots, grads), (kind, hp));
         Ok(())
+    }
+}
+
+/// Updates the rows `slots` of `rows` (width `d`) and `state` (width `w`) with
+/// `grads[k · d ..][..d]` as [`apply_row`] does.
+fn update_at(
+    (rows, state): (&mut [f32], &mut [f32]),
+    (d, w): (usize, usize),
+    (slots, grads): (&[u32], &[f32]),
+    (kind, hp): (SparseOptimizerKind, &OptimizerParams),
+) {
+    for (k, &h) in slots.iter().enumerate() {
+        let h = h as usize;
+        apply_row(kind, hp, &mut rows[h * d..][..d], &grads[k * d..][..d], &mut state[h * w..][..w]);
     }
 }
 
@@ -147,7 +156,7 @@ pub struct OffloadedTieredStore<M: HotTierMemory> {
     /// The host copy of the hot rows holds their values as they are now.
     host_current: Cell<bool>,
     error: RefCell<Option<String>>,
-    /// Per call: the hot rows' places and slots, and their values or gradients.
+    /// Per call: the hot rows' offsets in the output and slots, and their values or gradients.
     places: Vec<(usize, u32)>,
     slots: Vec<u32>,
     values: Vec<f32>,
@@ -238,6 +247,37 @@ impl<M: HotTierMemory> EmbeddingStore for OffloadedTieredStore<M> {
     fn gather(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>) {
         self.gather_many(&[(table, ids)], out);
     }
+    /// Every lookup's cold rows from the host, then all their hot rows in one read of the memory.
+    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
+        self.push();
+        let d = self.host.get_mut().dim();
+        self.places.clear();
+        for &(table, ids) in lookups {
+            self.host.get_mut().gather_cold(table, ids, out, &mut self.places);
+        }
+        if self.places.is_empty() {
+            return;
+        }
+        if !self.memory_current.get() {
+            // The memory could not be loaded (a failure is recorded): the host copy serves.
+            let (rows, _) = self.host.get_mut().hot_values();
+            for &(at, h) in &self.places {
+                out[at..][..d].copy_from_slice(&rows[h as usize * d..][..d]);
+            }
+            return;
+        }
+        self.slots.clear();
+        self.slots.extend(self.places.iter().map(|&(_, h)| h));
+        self.values.clear();
+        match self.memory.get_mut().read(&self.slots, &mut self.values) {
+            Ok(()) => {
+                for (k, &(at, _)) in self.places.iter().enumerate() {
+                    out[at..][..d].copy_from_slice(&self.values[k * d..][..d]);
+                }
+            }
+            Err(e) => self.fail("serving hot rows", e),
+        }
+    }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
         self.apply_rows(&[(table as u32, id)], grad);
     }
@@ -290,42 +330,6 @@ impl<M: HotTierMemory> EmbeddingStore for OffloadedTieredStore<M> {
 }
 
 impl<M: HotTierMemory> DeviceStore for OffloadedTieredStore<M> {
-    /// Every lookup's cold rows from the host, then all their hot rows in one read of the memory.
-    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
-        self.push();
-        let (start, d) = (out.len(), self.host.get_mut().dim());
-        self.places.clear();
-        let mut before = 0;
-        for &(table, ids) in lookups {
-            let first = self.places.len();
-            self.host.get_mut().gather_cold(table, ids, out, &mut self.places);
-            // Places count from the first lookup's first row.
-            self.places[first..].iter_mut().for_each(|(at, _)| *at += before);
-            before += ids.len();
-        }
-        if self.places.is_empty() {
-            return;
-        }
-        if !self.memory_current.get() {
-            // The memory could not be loaded (a failure is recorded): the host copy serves.
-            let (rows, _) = self.host.get_mut().hot_values();
-            for &(at, h) in &self.places {
-                out[start + at * d..][..d].copy_from_slice(&rows[h as usize * d..][..d]);
-            }
-            return;
-        }
-        self.slots.clear();
-        self.slots.extend(self.places.iter().map(|&(_, h)| h));
-        self.values.clear();
-        match self.memory.get_mut().read(&self.slots, &mut self.values) {
-            Ok(()) => {
-                for (k, &(at, _)) in self.places.iter().enumerate() {
-                    out[start + at * d..][..d].copy_from_slice(&self.values[k * d..][..d]);
-                }
-            }
-            Err(e) => self.fail("serving hot rows", e),
-        }
-    }
     fn apply_rows(&mut self, rows: &[(u32, u64)], grads: &[f32]) {
         self.push();
         let host = self.host.get_mut();
@@ -350,11 +354,7 @@ impl<M: HotTierMemory> DeviceStore for OffloadedTieredStore<M> {
         if !self.memory_current.get() {
             // The memory could not be loaded (a failure is recorded): the host copy is updated.
             let w = host.state_width();
-            let (rows, state) = host.hot_values_mut();
-            for (k, &h) in self.slots.iter().enumerate() {
-                let h = h as usize;
-                apply_row(kind, &hp, &mut rows[h * d..][..d], &self.values[k * d..][..d], &mut state[h * w..][..w]);
-            }
+            update_at(host.hot_values_mut(), (d, w), (&self.slots, &self.values), (kind, &hp));
             return;
         }
         self.host_current.set(false);

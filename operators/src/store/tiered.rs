@@ -275,7 +275,7 @@ impl TieredStore {
 
     /// [`gather`](EmbeddingStore::gather) of the cold rows only: appends
     /// `ids.len() × dim` values to `out`, zeros in the places of hot rows,
-    /// and pushes `(place in ids, hot slot)` of each hot row to `hot`. Counts
+    /// and pushes `(its offset in out, hot slot)` of each hot row to `hot`. Counts
     /// the lookups as `gather` does.
     pub(crate) fn gather_cold(&mut self, table: usize, ids: &[u64], out: &mut Vec<f32>, hot: &mut Vec<(usize, u32)>) {
         self.settle_restore();
@@ -283,11 +283,11 @@ impl TieredStore {
         out.reserve(ids.len() * d);
         self.lookups += ids.len() as u64;
         let index = &self.hot_index[table];
-        for (k, &id) in ids.iter().enumerate() {
+        for &id in ids {
             match index.get(&id) {
                 Some(&h) => {
                     self.hot_hits += 1;
-                    hot.push((k, h));
+                    hot.push((out.len(), h));
                     out.resize(out.len() + d, 0.0);
                 }
                 None => self.cold.gather_one(table, id, out),

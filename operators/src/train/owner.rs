@@ -328,18 +328,18 @@ impl Owner {
             self.shares[from].reset(l, batch_len);
         }
         let (mut start, mut pj) = (0usize, 0usize);
-        match (&mut self.store, self.exchange.any_partial()) {
-            (Store::Device(store), false) => {
-                // Every table as rows from a store in another memory: the request's rows in one read.
+        match self.exchange.any_partial() {
+            false => {
+                // Every table as rows: the request's rows in one call (one read of a store in another memory).
                 let lookups: Vec<(usize, &[u64])> = (request.table_lens.iter().enumerate())
                     .map(|(k, &n)| {
                         start += n as usize;
                         (self.slot_tables[k], &all_ids[start - n as usize..start])
                     })
                     .collect();
-                store.gather_many(&lookups, &mut rows);
+                self.store.gather_many(&lookups, &mut rows);
             }
-            _ => {
+            true => {
                 for (k, &n) in request.table_lens.iter().enumerate() {
                     let t = self.slot_tables[k];
                     let ids = &all_ids[start..start + n as usize];
