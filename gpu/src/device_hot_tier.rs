@@ -19,7 +19,7 @@
 //!   reach the device.
 
 use crate::device_shard::row_rule;
-use crate::row_copy::{read_values, RowScratch};
+use crate::row_copy::{read_values, update_rows, RowScratch};
 use crate::sparse::RowTable;
 use crate::{Device, GpuError};
 use tiderec_operators::optim::{OptimizerParams, SparseOptimizerKind};
@@ -180,7 +180,7 @@ impl DeviceHotTier {
         if slots.is_empty() {
             return Ok(());
         }
-        self.table.update_listed(&self.dev, &mut self.scratch, (slots, grads), row_rule(kind, hp)?)
+        update_rows(&self.dev, &mut self.table, &mut self.scratch, (slots, grads), row_rule(kind, hp)?)
     }
 }
 

@@ -26,7 +26,7 @@
 //!   the first one, naming the device; the trainer fails the step (or the
 //!   checkpoint) on it.
 
-use crate::row_copy::{chunk_rows, read_rows, read_values, scatter_rows, RowScratch};
+use crate::row_copy::{chunk_rows, read_rows, read_values, scatter_rows, update_rows, RowScratch};
 use crate::sparse::{RowTable, SparseRule};
 use crate::{Device, GpuError};
 use rustc_hash::FxHashMap;
@@ -212,7 +212,7 @@ impl DeviceShard {
         self.flush().map_err(on_device)?;
         let rule = row_rule(self.kind, &self.hp).map_err(on_device)?;
         let scratch = &mut self.scratch.borrow_mut();
-        self.table.get_mut().update_listed(&self.dev, scratch, (&at, grads), rule).map_err(on_device)?;
+        update_rows(&self.dev, self.table.get_mut(), scratch, (&at, grads), rule).map_err(on_device)?;
         for &r in &at {
             self.marks[r as usize] |= UPDATED | CHANGED;
         }

@@ -1,11 +1,12 @@
 //! Rows of a device table copied to or from a list of row numbers, bit for
 //! bit: the rows a host reads back (a checkpoint, a mirror) and the rows a
-//! restore writes, so that only those rows cross PCIe.
+//! restore writes, so that only those rows cross PCIe; and a list of rows
+//! updated from the host's gradients ([`update_rows`]).
 //!
 //! Invariants: the callers check every row number against the table on the
 //! host before it reaches the device; a scatter's row numbers are distinct.
 
-use crate::sparse::RowTable;
+use crate::sparse::{RowTable, SparseRule};
 use crate::{check, Device, GpuError};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -74,6 +75,23 @@ fn read(
         rows.extend(dev.download(r, n * d)?);
     }
     Ok(rows)
+}
+
+/// Uploads the distinct row numbers `at` (each below the table's row count,
+/// checked by the caller) and their gradients `grads` (`at.len() × dim`)
+/// through `s`, and queues their update under `rule`: a batch of rows a host
+/// store updates on the device, each once.
+pub(crate) fn update_rows(
+    dev: &Device,
+    table: &mut RowTable,
+    s: &mut RowScratch,
+    (at, grads): (&[u32], &[f32]),
+    rule: SparseRule,
+) -> Result<(), GpuError> {
+    let d_at = dev.upload_into(&mut s.at, at)?;
+    let d_grads = dev.upload_into(&mut s.values, grads)?;
+    table.stage_rule(dev, rule)?;
+    table.queue_in_range(dev, (d_at, d_grads, at.len()), 1.0, None)
 }
 
 /// `out[i · width + c] = src[rows_of[i] · width + c]` for the first `n` row

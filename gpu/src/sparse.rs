@@ -190,23 +190,6 @@ impl RowTable {
         Ok(())
     }
 
-    /// Uploads the distinct row numbers `at` (each below `num_rows`, checked by
-    /// the caller) and their gradients `grads` (`at.len() × dim`) through
-    /// `scratch`, and queues their update under `rule`: a batch of rows a host
-    /// store updates on the device, each once.
-    pub(crate) fn update_listed(
-        &mut self,
-        dev: &Device,
-        scratch: &mut crate::row_copy::RowScratch,
-        (at, grads): (&[u32], &[f32]),
-        rule: SparseRule,
-    ) -> Result<(), GpuError> {
-        let d_at = dev.upload_into(&mut scratch.at, at)?;
-        let d_grads = dev.upload_into(&mut scratch.values, grads)?;
-        self.stage_rule(dev, rule)?;
-        self.queue_in_range(dev, (d_at, d_grads, at.len()), 1.0, None)
-    }
-
     /// Queues [`apply`](Self::apply)'s update, for row numbers the caller has
     /// checked to be below `num_rows` (on the host, say: no check on the device,
     /// no wait), under the rule [`stage_rule`](Self::stage_rule) set, reading the
