@@ -91,6 +91,11 @@ pub const SOURCES: &[KernelSource] = &[
         functions: &["wide_forward", "first_order_grad", "deep_input_gather", "deep_input_scatter_add", "add_assign"],
     },
     KernelSource {
+        file: "fm_partial.cu",
+        source: include_str!("../kernels/fm_partial.cu"),
+        functions: &["fm_partial_logit", "fm_partial_grad", "shares_plus_bias", "relu_rows", "shares_grad"],
+    },
+    KernelSource {
         file: "resident.cu",
         source: include_str!("../kernels/resident.cu"),
         functions: &["resident_pool", "resident_entry_grads", "flag_nonfinite", "mark_rows"],

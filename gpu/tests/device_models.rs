@@ -4,7 +4,9 @@
 //! logits, every parameter gradient and the pooled vectors' gradient, over
 //! several steps with the parameters changed in between (the host copy is
 //! uploaded again) and batches of different sizes; DIEN also with behaviour
-//! sequences of every length from empty to the padded length.
+//! sequences of every length from empty to the padded length. The DES
+//! partial forms (LR, FM, DeepFM, Wide & Deep) are compared the same way on
+//! random summed partial results.
 
 mod common;
 
@@ -112,7 +114,12 @@ fn device_models_match_the_cpu_models() {
         let mut gpu = model::build(&config, 9, &dev).unwrap();
         assert_eq!(gpu.params(), cpu.params(), "{what}: the same initial parameters");
         assert_eq!(gpu.embedding_dim(), cpu.embedding_dim());
-        assert!(gpu.partial_model().is_none(), "{what}: no partial form on the device");
+        let partial = cpu.partial_model().is_some();
+        assert_eq!(
+            gpu.partial_model().is_some(),
+            partial,
+            "{what}: a partial form on the device where the CPU has one"
+        );
         // 65,536: the largest batch the benchmarks train, grids far past one wave.
         for (step, batch) in [37usize, 1, 128, 65_536, 5].into_iter().enumerate() {
             compare_step(what, cpu.as_mut(), gpu.as_mut(), exact.as_mut(), &config, batch, 100 + step as u64);
@@ -127,6 +134,80 @@ fn device_models_match_the_cpu_models() {
             }
             assert_eq!(gpu.params(), cpu.params());
         }
+    }
+}
+
+/// One forward and backward of both models' DES partial forms on the same
+/// random dense values and summed partial results, measured against the CPU
+/// model in fp64 as [`compare_step`] does: the logits, every parameter
+/// gradient (the first layer's factor columns zero on every side) and the
+/// partial results' gradient, which must be overwritten whole.
+fn compare_partial_step(
+    what: &str,
+    cpu: &mut dyn Model<f32>,
+    gpu: &mut dyn Model<f32>,
+    exact: &mut dyn Model<f64>,
+    c: &ModelConfig,
+    batch: usize,
+    seed: u64,
+) {
+    for (x, &p) in exact.params_mut().iter_mut().zip(cpu.params()) {
+        *x = f64::from(p);
+    }
+    let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+    let width = cpu.partial_model().unwrap().shape().width();
+    assert_eq!(gpu.partial_model().unwrap().shape(), cpu.partial_model().unwrap().shape(), "{what}");
+    let dense = uniform(seed, batch * c.num_dense(), 0.0, 3.0);
+    let partial: Vec<f32> = normal(seed + 1, batch * width).iter().map(|v| v * 0.3).collect();
+    let want = cpu.partial_model().unwrap().forward_partial(&dense, &partial, batch).to_vec();
+    let got = gpu.partial_model().unwrap().forward_partial(&dense, &partial, batch).to_vec();
+    let exact_logits = exact.partial_model().unwrap().forward_partial(&wide(&dense), &wide(&partial), batch).to_vec();
+    let all = |n: usize| vec![("all".to_string(), 0..n)];
+    assert_as_accurate(&format!("{what}, batch {batch}: partial logits"), &got, &want, &exact_logits, &all(batch));
+    let dlogits: Vec<f32> = normal(seed + 2, batch).iter().map(|v| v * 0.5).collect();
+    let mut dp_cpu = vec![0.0; partial.len()];
+    let mut dp_gpu = vec![7.0; partial.len()];
+    let mut dp_exact = vec![0.0; partial.len()];
+    cpu.partial_model().unwrap().backward_partial(&dense, &partial, &dlogits, &mut dp_cpu);
+    gpu.partial_model().unwrap().backward_partial(&dense, &partial, &dlogits, &mut dp_gpu);
+    exact.partial_model().unwrap().backward_partial(&wide(&dense), &wide(&partial), &wide(&dlogits), &mut dp_exact);
+    let at = format!("{what}, batch {batch}: partial form's gradient");
+    assert_as_accurate(&at, gpu.grads(), cpu.grads(), exact.grads(), &layer_parts(&c.param_tensors()));
+    let at = format!("{what}, batch {batch}: partial results' gradients");
+    assert_as_accurate(&at, &dp_gpu, &dp_cpu, &dp_exact, &all(dp_cpu.len()));
+    assert!(gpu.take_error().is_none(), "{what}: no device error");
+}
+
+#[test]
+fn device_partial_forms_match_the_cpu_partial_forms() {
+    let Some(dev) = device() else { return };
+    for (what, config) in models() {
+        let mut cpu = config.build::<f32>(9).unwrap();
+        if cpu.partial_model().is_none() {
+            continue;
+        }
+        let mut exact = config.build::<f64>(9).unwrap();
+        let mut gpu = model::build(&config, 9, &dev).unwrap();
+        for (step, batch) in [37usize, 1, 128, 65_536, 5].into_iter().enumerate() {
+            compare_partial_step(what, cpu.as_mut(), gpu.as_mut(), exact.as_mut(), &config, batch, 300 + step as u64);
+            // A pass of the pooled form between two partial ones: each leaves the other's inputs alone.
+            compare_step(what, cpu.as_mut(), gpu.as_mut(), exact.as_mut(), &config, 3, 400 + step as u64);
+            let delta = normal(600 + step as u64, cpu.params().len());
+            for (p, d) in cpu.params_mut().iter_mut().zip(&delta) {
+                *p -= 0.01 * d;
+            }
+            let (params, _) = gpu.params_and_grads();
+            for (p, d) in params.iter_mut().zip(&delta) {
+                *p -= 0.01 * d;
+            }
+        }
+        // An empty batch: no logits, and the gradients of no samples.
+        assert!(gpu.partial_model().unwrap().forward_partial(&[], &[], 0).is_empty(), "{what}");
+        gpu.partial_model().unwrap().backward_partial(&[], &[], &[], &mut []);
+        cpu.partial_model().unwrap().forward_partial(&[], &[], 0);
+        cpu.partial_model().unwrap().backward_partial(&[], &[], &[], &mut []);
+        assert_eq!(gpu.grads(), cpu.grads(), "{what}: partial form's gradients of an empty batch");
+        assert!(gpu.take_error().is_none(), "{what}");
     }
 }
 

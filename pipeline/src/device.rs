@@ -24,12 +24,14 @@
 //! served and updated on the device (`TIDEREC_GPU_ROWS=host` keeps them on
 //! the host). Everything else — the pooling, the exchange, the dense optimizer,
 //! checkpoints — stays on the host and is the same for every worker, so a CPU
-//! and a GPU worker train one model together.
+//! and a GPU worker train one model together. Under the DES partial exchange
+//! a GPU worker's model runs its partial form on the device (the home's
+//! forward and backward from the summed partial results) and its rows stay on
+//! the host, where the owners compute their shares.
 //! Every CUDA device named is opened, and the model built on it, before any
 //! worker starts ([`Devices::preflight`]): a machine without a driver, a
 //! missing device or a model without a device form fails at once with the
-//! device and the reason. The DES partial exchange computes on the host
-//! only; it is refused with a GPU worker.
+//! device and the reason.
 
 use crate::PipelineError;
 use std::fmt;
@@ -138,15 +140,8 @@ impl Devices {
 
     /// Opens every CUDA device named and builds the model on it once, so a
     /// missing driver or device, or a model without a device form, fails
-    /// before any worker starts; refuses the partial exchange with a GPU worker.
+    /// before any worker starts.
     pub fn preflight(&self, config: &TrainerConfig) -> Result<(), PipelineError> {
-        if self.any_cuda() && config.exchange.any_partial() {
-            return Err(PipelineError::config(
-                "device",
-                "the partial exchange (DES partial results) computes on the host: with a GPU worker use \
-                 --exchange rows (or replicated), or train on cpu",
-            ));
-        }
         let mut seen = Vec::new();
         for &d in &self.list {
             if let WorkerDevice::Cuda(n) = d {

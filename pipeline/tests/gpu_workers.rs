@@ -13,7 +13,9 @@
 //! graph (`TIDEREC_GPU_GRAPHS=on`) as without, `--precision tf32` and `bf16`
 //! train near fp32 on a GPU worker, GPU workers keep the tiered store's hot
 //! tier on their devices and train its model (the same store counters as one
-//! CPU worker), and `bench` takes the same flag.
+//! CPU worker), GPU workers train under the DES partial exchange (their
+//! models' partial forms on the device) as one CPU worker, and `bench` takes
+//! the same flag.
 
 mod common;
 #[path = "../../gpu/tests/common/mod.rs"]
@@ -93,18 +95,40 @@ fn a_malformed_device_names_the_key() {
 }
 
 #[test]
-fn the_partial_exchange_is_refused_with_a_gpu_worker() {
-    let err = run_err(tiderec().args(BASE).args([
-        "--steps",
-        "5",
-        "--model",
-        "fm",
-        "--exchange",
-        "partial",
-        "--device",
-        "cuda:0",
-    ]));
-    assert!(err.contains("`device`") && err.contains("partial exchange"), "{err}");
+fn the_partial_exchange_takes_gpu_workers() {
+    // Without a GPU the run stops at the missing device, not at the exchange.
+    let (n, reason) = missing_device();
+    let device = format!("cuda:{n}");
+    let partial = ["--steps", "5", "--model", "deepfm", "--exchange", "partial", "--device", &device];
+    let err = run_err(tiderec().args(BASE).args(partial));
+    assert!(err.contains(&format!("cuda:{n}: {reason}")), "the device and the reason from Device::open: {err}");
+    assert!(!err.contains("exchange"), "the exchange is not refused: {err}");
+}
+
+/// The models with a DES partial form, by their `--model` names.
+const PARTIAL_MODELS: [&str; 4] = ["lr", "fm", "deepfm", "wdl"];
+
+#[test]
+fn gpu_workers_train_under_the_partial_exchange() {
+    if gpu::device().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for model in PARTIAL_MODELS {
+        // On this data `auto` plans partial for most of LR's tables and all of FM's, rows
+        // with replicated hot ids for DeepFM's and Wide & Deep's.
+        for exchange in ["partial", "auto"] {
+            let run = |workers| [&sgd_run("50", workers, model)[..], &["--exchange", exchange]].concat();
+            let one = train(&run("1"), tmp.path(), &format!("{model}-{exchange}-cpu"));
+            let alone = train(&[&run("1")[..], &["--device", "cuda:0"]].concat(), tmp.path(), "alone");
+            assert_close(&one, &alone, &format!("{model}, --exchange {exchange}: cuda:0 vs 1 cpu worker"));
+            for list in ["cuda:0,cpu", "cpu,cuda:0", "cuda:0"] {
+                let pair = train(&[&run("2")[..], &["--device", list]].concat(), tmp.path(), "pair");
+                let what = format!("{model}, --exchange {exchange}: 2 workers on {list} vs 1 cpu worker");
+                assert_close(&one, &pair, &what);
+            }
+        }
+    }
 }
 
 #[test]

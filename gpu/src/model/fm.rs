@@ -3,9 +3,10 @@
 //! the rows' first-order weights), the FM term over the factors, and the
 //! deep MLP (from offset `1 + num_dense`) over the dense values and the
 //! factors of the fields that are not wide-only crosses; the logit is their
-//! sum, added in that order.
+//! sum, added in that order. Its DES partial-result form is in `fm_partial`.
 
-use super::{DeviceNet, Sequences};
+use super::fm_partial::FmPartialForm;
+use super::{DeviceNet, DevicePartialNet, Sequences};
 use crate::nn::fm::FmInteraction;
 use crate::nn::linear::{Mlp, MlpCache};
 use crate::nn::wide::{add_assign, WideShape};
@@ -25,6 +26,8 @@ pub struct DeviceFm {
     deep_in: Option<CudaSlice<f32>>,
     d_deep_in: Option<CudaSlice<f32>>,
     batch: usize,
+    /// The DES partial-result form, where the CPU model has one.
+    partial: Option<FmPartialForm>,
 }
 
 impl DeviceFm {
@@ -56,6 +59,7 @@ impl DeviceFm {
             deep_in: None,
             d_deep_in: None,
             batch: 0,
+            partial: FmPartialForm::new(config),
         }
     }
 }
@@ -114,5 +118,9 @@ impl DeviceNet for DeviceFm {
             self.wide.scatter_deep_grad(dev, d_in, batch, dpooled)?;
         }
         Ok(())
+    }
+
+    fn partial(&mut self) -> Option<&mut dyn DevicePartialNet> {
+        self.partial.as_mut().map(|p| p as &mut dyn DevicePartialNet)
     }
 }

@@ -21,16 +21,21 @@
 //!   errors: the first device error is kept, the logits of that and every
 //!   later pass are NaN and gradients zero, and [`Model::take_error`] hands
 //!   the error to the trainer, which fails the step.
-//! * No DES partial form ([`Model::partial_model`] is `None`): the partial
-//!   exchange computes on the host only.
+//! * **The DES partial form where the CPU model has one** (LR, FM, DeepFM,
+//!   Wide & Deep without wide-only crosses; [`Model::partial_model`]): the
+//!   home's forward and backward from the summed partial results run on the
+//!   device with the same round trip (the partial results up in place of the
+//!   pooled vectors, their gradient down); the owners' shares and their row
+//!   gradients are computed on the host, as for a CPU worker.
 
 mod dien;
 mod dlrm;
 mod fm;
+mod fm_partial;
 
 use crate::{Device, GpuError};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
-use tiderec_operators::nn::{Model, ModelConfig, SequenceInput};
+use tiderec_operators::nn::{FmPartial, Model, ModelConfig, PartialModel, SequenceInput};
 
 pub use dien::DeviceDien;
 pub use dlrm::DeviceDlrm;
@@ -82,6 +87,45 @@ pub trait DeviceNet: Send {
         grads: &mut CudaSlice<f32>,
         dpooled: &mut CudaSlice<f32>,
         dseq: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError>;
+
+    /// The model's DES partial-result form, where the CPU model has one.
+    fn partial(&mut self) -> Option<&mut dyn DevicePartialNet> {
+        None
+    }
+}
+
+/// The device side of a model's DES partial-result form (see
+/// `tiderec_operators::nn::PartialModel`): a sample's input is its dense
+/// values and its summed partial result (`[batch × shape().width()]`).
+pub trait DevicePartialNet: Send {
+    /// The partial result's shape.
+    fn shape(&self) -> FmPartial;
+
+    /// Runs the forward pass from the partial results; the logits (`[batch]`)
+    /// are the returned buffer's first values.
+    fn forward_partial(
+        &mut self,
+        dev: &Device,
+        params: &CudaSlice<f32>,
+        dense: &CudaSlice<f32>,
+        partial: &CudaSlice<f32>,
+        batch: usize,
+    ) -> Result<&CudaSlice<f32>, GpuError>;
+
+    /// Back-propagates `dlogits` through the last `forward_partial` (same
+    /// inputs): overwrites every parameter gradient in `grads` (the first
+    /// layer's factor columns with zeros: the owners add theirs) and `dpartial`.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_partial(
+        &mut self,
+        dev: &Device,
+        params: &CudaSlice<f32>,
+        dense: &CudaSlice<f32>,
+        partial: &CudaSlice<f32>,
+        dlogits: &CudaSlice<f32>,
+        grads: &mut CudaSlice<f32>,
+        dpartial: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError>;
 }
 
@@ -184,6 +228,8 @@ pub struct DeviceModel<N: DeviceNet> {
     /// The host parameters may differ from the device's copy.
     stale: bool,
     batch: usize,
+    /// The net's partial-result form's shape, when it has one.
+    partial: Option<FmPartial>,
     /// A device call has failed: every later pass is skipped.
     failed: bool,
     /// That failure, until the trainer takes it.
@@ -194,7 +240,7 @@ impl<N: DeviceNet> DeviceModel<N> {
     /// Wraps `net` with the host parameters `params` (uploaded at the first forward).
     pub fn new(
         dev: &Device,
-        net: N,
+        mut net: N,
         params: Vec<f32>,
         num_dense: usize,
         num_sparse: usize,
@@ -214,6 +260,7 @@ impl<N: DeviceNet> DeviceModel<N> {
             lengths: Vec::new(),
             steps: 0,
             dev: dev.clone(),
+            partial: net.partial().map(|p| p.shape()),
             net,
             num_dense,
             num_sparse,
@@ -258,13 +305,8 @@ impl<N: DeviceNet> DeviceModel<N> {
                 ),
             ));
         }
+        self.upload_params()?;
         let dev = &self.dev;
-        if self.stale {
-            dev.stream
-                .memcpy_htod(&self.params[..], &mut self.d_params)
-                .map_err(GpuError::driver("copying the parameters to the device"))?;
-            self.stale = false;
-        }
         self.d_dense.upload(dev, &dense[..batch * nd])?;
         self.d_pooled.upload(dev, &pooled[..batch * f * e])?;
         self.steps = steps;
@@ -327,18 +369,91 @@ impl<N: DeviceNet> DeviceModel<N> {
         dev.synchronize()
     }
 
-    fn run_forward(&mut self, dense: &[f32], pooled: &[f32], seq: Option<&SequenceInput<f32>>, batch: usize) {
+    /// Uploads what changed, the dense values and the summed partial results,
+    /// runs the partial form's forward, downloads the logits.
+    fn try_forward_partial(&mut self, dense: &[f32], partial: &[f32], batch: usize) -> Result<(), GpuError> {
+        let width = self.partial_width()?;
+        let nd = self.num_dense;
+        if dense.len() < batch * nd || partial.len() < batch * width {
+            return Err(GpuError::shape(
+                "device model partial forward",
+                format!("{} dense and {} partial values for a batch of {batch}", dense.len(), partial.len()),
+            ));
+        }
+        self.upload_params()?;
+        let dev = &self.dev;
+        self.d_dense.upload(dev, &dense[..batch * nd])?;
+        // The partial results take the pooled vectors' buffer: a step has one or the other.
+        self.d_pooled.upload(dev, &partial[..batch * width])?;
+        let net = self.net.partial().ok_or_else(|| GpuError::Unsupported("this model has no partial form".into()))?;
+        let out = net.forward_partial(dev, &self.d_params, &self.d_dense.0, &self.d_pooled.0, batch)?;
+        download_into(dev, out, &mut self.logits)?;
+        dev.synchronize()
+    }
+
+    /// Uploads the logits' gradient, runs the partial form's backward,
+    /// downloads the gradients and the partial results' gradient.
+    fn try_backward_partial(&mut self, dlogits: &[f32], dpartial: &mut [f32]) -> Result<(), GpuError> {
+        let (batch, width) = (self.batch, self.partial_width()?);
+        let n = batch * width;
+        if dlogits.len() < batch || dpartial.len() < n {
+            return Err(GpuError::shape(
+                "device model partial backward",
+                format!("{} logit and {} partial gradients for a batch of {batch}", dlogits.len(), dpartial.len()),
+            ));
+        }
+        let dev = &self.dev;
+        self.d_dlogits.upload(dev, &dlogits[..batch])?;
+        self.d_dpooled.reserve(dev, n.max(1))?;
+        let net = self.net.partial().ok_or_else(|| GpuError::Unsupported("this model has no partial form".into()))?;
+        net.backward_partial(
+            dev,
+            &self.d_params,
+            &self.d_dense.0,
+            &self.d_pooled.0,
+            &self.d_dlogits.0,
+            &mut self.d_grads,
+            &mut self.d_dpooled.0,
+        )?;
+        download_into(dev, &self.d_grads, &mut self.grads)?;
+        download_into(dev, &self.d_dpooled.0, &mut dpartial[..n])?;
+        dev.synchronize()
+    }
+
+    fn partial_width(&self) -> Result<usize, GpuError> {
+        self.partial.map(|p| p.width()).ok_or_else(|| GpuError::Unsupported("this model has no partial form".into()))
+    }
+
+    /// Uploads the host parameters when they may have changed since the last upload.
+    fn upload_params(&mut self) -> Result<(), GpuError> {
+        if self.stale {
+            self.dev
+                .stream
+                .memcpy_htod(&self.params[..], &mut self.d_params)
+                .map_err(GpuError::driver("copying the parameters to the device"))?;
+            self.stale = false;
+        }
+        Ok(())
+    }
+
+    /// Runs `pass` unless the model has failed; a failure is kept and the
+    /// logits of this and every later pass are NaN.
+    fn run_forward_with(&mut self, batch: usize, pass: impl FnOnce(&mut Self) -> Result<(), GpuError>) {
         self.batch = batch;
         self.logits.clear();
         self.logits.resize(batch, 0.0);
         if !self.failed {
-            if let Err(e) = self.try_forward(dense, pooled, seq, batch) {
+            if let Err(e) = pass(self) {
                 self.fail(e);
             }
         }
         if self.failed {
             self.logits.fill(f32::NAN);
         }
+    }
+
+    fn run_forward(&mut self, dense: &[f32], pooled: &[f32], seq: Option<&SequenceInput<f32>>, batch: usize) {
+        self.run_forward_with(batch, |m| m.try_forward(dense, pooled, seq, batch));
     }
 
     fn run_backward(&mut self, dlogits: &[f32], dpooled: &mut [f32], dseq: &mut [f32]) {
@@ -351,6 +466,29 @@ impl<N: DeviceNet> DeviceModel<N> {
             self.grads.fill(0.0);
             dpooled.fill(0.0);
             dseq.fill(0.0);
+        }
+    }
+}
+
+impl<N: DeviceNet> PartialModel<f32> for DeviceModel<N> {
+    fn shape(&self) -> FmPartial {
+        self.partial.expect("partial_model hands out only a model with a partial form")
+    }
+
+    fn forward_partial(&mut self, dense: &[f32], partial: &[f32], batch: usize) -> &[f32] {
+        self.run_forward_with(batch, |m| m.try_forward_partial(dense, partial, batch));
+        &self.logits
+    }
+
+    fn backward_partial(&mut self, _dense: &[f32], _partial: &[f32], dlogits: &[f32], dpartial: &mut [f32]) {
+        if !self.failed {
+            if let Err(e) = self.try_backward_partial(dlogits, dpartial) {
+                self.fail(e);
+            }
+        }
+        if self.failed {
+            self.grads.fill(0.0);
+            dpartial.fill(0.0);
         }
     }
 }
@@ -397,6 +535,9 @@ impl<N: DeviceNet> Model<f32> for DeviceModel<N> {
         dseq: &mut [f32],
     ) {
         self.run_backward(dlogits, dpooled, dseq)
+    }
+    fn partial_model(&mut self) -> Option<&mut dyn PartialModel<f32>> {
+        self.partial.is_some().then_some(self as &mut dyn PartialModel<f32>)
     }
     fn take_error(&mut self) -> Option<String> {
         self.error.take().map(|e| format!("CUDA device {}: {e}", self.dev.ordinal()))

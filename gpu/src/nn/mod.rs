@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod embedding_bag;
 pub mod fm;
+pub mod fm_partial;
 pub mod gru;
 pub mod interaction;
 pub mod linear;
