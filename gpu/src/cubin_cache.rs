@@ -19,6 +19,11 @@
 //! * **Where.** `TIDEREC_KERNEL_CACHE` names the folder (`off` turns the cache
 //!   off); else `$XDG_CACHE_HOME/tiderec/kernels`, else
 //!   `$HOME/.cache/tiderec/kernels`. Nothing outside that folder is written.
+//! * **Only a private folder.** A cubin runs as this user's code on the GPU,
+//!   and its hash proves it whole, not who wrote it; so on Unix the cache is
+//!   used only in a folder owned by this process's user that no one else may
+//!   write to ([`private`]). A missing folder is created so (mode 0700); any
+//!   other folder means compiling, as with no cache.
 
 use crate::kernels::{compile_options, compile_to, nvrtc_version, KernelSource, Output, SOURCES};
 use crate::GpuError;
@@ -35,10 +40,35 @@ const MAGIC: &[u8; 8] = b"TDRCUBN1";
 /// Bytes before the payload: the magic word, its length (u64) and its hash (u128), little-endian.
 const HEADER: usize = 8 + 8 + 16;
 
-/// The cache folder, if there is one (see the module docs).
+/// The cache folder, if there is one this process may trust (see the module docs).
 pub fn cache_dir() -> Option<PathBuf> {
     let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    dir_from(var(CACHE_ENV), var("XDG_CACHE_HOME"), var("HOME"))
+    dir_from(var(CACHE_ENV), var("XDG_CACHE_HOME"), var("HOME")).filter(|dir| private(dir))
+}
+
+/// Whether `dir` is a folder only this process's user may write to: owned by
+/// the effective user, without write permission for its group or others.
+/// A missing `dir` is created first, with its missing parents, mode 0700.
+#[cfg(unix)]
+pub fn private(dir: &Path) -> bool {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if !dir.exists() {
+        // A failure (a read-only disk) shows in the check below.
+        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+    }
+    let Ok(meta) = std::fs::metadata(dir) else { return false };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    meta.is_dir() && meta.uid() == me && meta.mode() & 0o022 == 0
+}
+
+/// Elsewhere a folder's permissions are not checked.
+#[cfg(not(unix))]
+pub fn private(dir: &Path) -> bool {
+    if !dir.exists() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    dir.is_dir()
 }
 
 /// The cache folder for the values of `TIDEREC_KERNEL_CACHE`, `XDG_CACHE_HOME`
@@ -146,6 +176,35 @@ mod tests {
             assert_eq!(unpack(&bad), None, "byte {at} flipped");
         }
         assert_eq!(unpack(&pack(&[])).as_deref(), Some(&[][..]), "an empty payload");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn only_a_folder_no_one_else_may_write_to_holds_the_cache() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let set = |p: &Path, mode: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // A missing folder is created private, with its missing parents.
+        let fresh = tmp.path().join("a").join("kernels");
+        assert!(private(&fresh));
+        assert_eq!((mode(&fresh), mode(fresh.parent().unwrap())), (0o700, 0o700));
+        // Readable by others is fine; writable by the group or by others is not.
+        for (m, ok) in [(0o700, true), (0o755, true), (0o770, false), (0o702, false), (0o777, false)] {
+            set(&fresh, m);
+            assert_eq!(private(&fresh), ok, "mode {m:o}");
+        }
+        set(&fresh, 0o700);
+        // A file is no folder.
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(!private(&file));
+        // A folder that cannot be made (its parent is a file).
+        assert!(!private(&file.join("kernels")));
+        // Another user's folder: the root folder, unless this runs as root.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(!private(Path::new("/")));
+        }
     }
 
     #[test]
