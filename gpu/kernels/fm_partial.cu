@@ -15,9 +15,9 @@
 
 extern "C" __global__ void fm_partial_logit(const float* partial, unsigned int batch, unsigned int width,
                                             unsigned int dim, float* logits) {
-    const unsigned int b = blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long b = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= batch) return;
-    const float* p = partial + (unsigned long long)b * width;
+    const float* p = partial + b * width;
     float l = p[0];
     if (dim > 0) {
         float total = 0.0f;

@@ -212,6 +212,32 @@ fn device_partial_forms_match_the_cpu_partial_forms() {
 }
 
 #[test]
+fn a_backward_of_the_other_form_is_a_reported_error() {
+    let Some(dev) = device() else { return };
+    let config = fm(8, vec![40, 20], true, 0);
+    let (nd, f, e) = (config.num_dense(), config.num_sparse(), config.embedding_dim());
+    let batch = 2;
+    let width = config.build::<f32>(1).unwrap().partial_model().unwrap().shape().width();
+    let (dense, pooled, partial) = (vec![0.5; batch * nd], vec![0.1; batch * f * e], vec![0.1; batch * width]);
+    // A pooled forward, then the partial form's backward.
+    let mut gpu = model::build(&config, 1, &dev).unwrap();
+    gpu.forward(&dense, &pooled, batch);
+    let mut dpartial = vec![7.0; partial.len()];
+    gpu.partial_model().unwrap().backward_partial(&dense, &partial, &[0.1, 0.2], &mut dpartial);
+    let err = gpu.take_error().expect("the unpaired backward is reported");
+    assert!(err.contains("without a forward of it"), "{err}");
+    assert!(dpartial.iter().all(|&v| v == 0.0) && gpu.grads().iter().all(|&v| v == 0.0));
+    // A partial forward, then the pooled form's backward.
+    let mut gpu = model::build(&config, 1, &dev).unwrap();
+    gpu.partial_model().unwrap().forward_partial(&dense, &partial, batch);
+    let mut dpooled = vec![7.0; pooled.len()];
+    gpu.backward(&dense, &pooled, &[0.1, 0.2], &mut dpooled);
+    let err = gpu.take_error().expect("the unpaired backward is reported");
+    assert!(err.contains("without a forward of it"), "{err}");
+    assert!(dpooled.iter().all(|&v| v == 0.0) && gpu.grads().iter().all(|&v| v == 0.0));
+}
+
+#[test]
 fn an_empty_batch_gives_no_logits_and_zero_gradients() {
     let Some(dev) = device() else { return };
     for (what, config) in models() {

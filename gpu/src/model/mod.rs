@@ -230,6 +230,9 @@ pub struct DeviceModel<N: DeviceNet> {
     batch: usize,
     /// The net's partial-result form's shape, when it has one.
     partial: Option<FmPartial>,
+    /// Which form's forward ran last (`true`: the partial form): a backward
+    /// of the other form is refused, not run on the other form's inputs.
+    last_partial: Option<bool>,
     /// A device call has failed: every later pass is skipped.
     failed: bool,
     /// That failure, until the trainer takes it.
@@ -261,6 +264,7 @@ impl<N: DeviceNet> DeviceModel<N> {
             steps: 0,
             dev: dev.clone(),
             partial: net.partial().map(|p| p.shape()),
+            last_partial: None,
             net,
             num_dense,
             num_sparse,
@@ -306,6 +310,7 @@ impl<N: DeviceNet> DeviceModel<N> {
             ));
         }
         self.upload_params()?;
+        self.last_partial = Some(false);
         let dev = &self.dev;
         self.d_dense.upload(dev, &dense[..batch * nd])?;
         self.d_pooled.upload(dev, &pooled[..batch * f * e])?;
@@ -343,6 +348,7 @@ impl<N: DeviceNet> DeviceModel<N> {
                 ),
             ));
         }
+        self.check_last_forward(false, "device model backward")?;
         let dev = &self.dev;
         self.d_dlogits.upload(dev, &dlogits[..batch])?;
         self.d_dpooled.reserve(dev, n)?;
@@ -381,6 +387,7 @@ impl<N: DeviceNet> DeviceModel<N> {
             ));
         }
         self.upload_params()?;
+        self.last_partial = Some(true);
         let dev = &self.dev;
         self.d_dense.upload(dev, &dense[..batch * nd])?;
         // The partial results take the pooled vectors' buffer: a step has one or the other.
@@ -402,6 +409,7 @@ impl<N: DeviceNet> DeviceModel<N> {
                 format!("{} logit and {} partial gradients for a batch of {batch}", dlogits.len(), dpartial.len()),
             ));
         }
+        self.check_last_forward(true, "device model partial backward")?;
         let dev = &self.dev;
         self.d_dlogits.upload(dev, &dlogits[..batch])?;
         self.d_dpooled.reserve(dev, n.max(1))?;
@@ -418,6 +426,15 @@ impl<N: DeviceNet> DeviceModel<N> {
         download_into(dev, &self.d_grads, &mut self.grads)?;
         download_into(dev, &self.d_dpooled.0, &mut dpartial[..n])?;
         dev.synchronize()
+    }
+
+    /// Fails unless the last forward was of the form this backward belongs to.
+    fn check_last_forward(&self, partial: bool, op: &'static str) -> Result<(), GpuError> {
+        if self.last_partial == Some(partial) {
+            return Ok(());
+        }
+        let form = |p: bool| if p { "the partial form" } else { "the pooled form" };
+        Err(GpuError::shape(op, format!("a backward of {} without a forward of it", form(partial))))
     }
 
     fn partial_width(&self) -> Result<usize, GpuError> {
