@@ -50,6 +50,27 @@ fn fm_config(dim: usize, deep: Vec<usize>, fm: bool) -> FmConfig {
     FmConfig { num_dense: 13, num_sparse: 26, dim, deep, fm, wide_only: 0 }
 }
 
+/// Gives the fp64 model the fp32 model's parameters.
+fn exact_params_from(cpu: &dyn Model<f32>, exact: &mut dyn Model<f64>) {
+    for (x, &p) in exact.params_mut().iter_mut().zip(cpu.params()) {
+        *x = f64::from(p);
+    }
+}
+
+/// A host-side update, as the trainer's all-gather does: both models move by
+/// the same random step, and the device model uploads its parameters again.
+fn move_both(cpu: &mut dyn Model<f32>, gpu: &mut dyn Model<f32>, seed: u64) {
+    let delta = normal(seed, cpu.params().len());
+    for (p, d) in cpu.params_mut().iter_mut().zip(&delta) {
+        *p -= 0.01 * d;
+    }
+    let (params, _) = gpu.params_and_grads();
+    for (p, d) in params.iter_mut().zip(&delta) {
+        *p -= 0.01 * d;
+    }
+    assert_eq!(gpu.params(), cpu.params());
+}
+
 /// One forward and backward of both models on the same random inputs,
 /// measured against the CPU model in fp64 (`exact`, given the same parameters)
 /// layer by layer (see `assert_as_accurate` and `layer_parts`).
@@ -63,9 +84,7 @@ fn compare_step(
     seed: u64,
 ) {
     let (nd, f, e) = (c.num_dense(), c.num_sparse(), c.embedding_dim());
-    for (x, &p) in exact.params_mut().iter_mut().zip(cpu.params()) {
-        *x = f64::from(p);
-    }
+    exact_params_from(cpu, exact);
     let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
     let dense = uniform(seed, batch * nd, 0.0, 3.0);
     let pooled: Vec<f32> = normal(seed + 1, batch * f * e).iter().map(|v| v * 0.3).collect();
@@ -123,16 +142,7 @@ fn device_models_match_the_cpu_models() {
         // 65,536: the largest batch the benchmarks train, grids far past one wave.
         for (step, batch) in [37usize, 1, 128, 65_536, 5].into_iter().enumerate() {
             compare_step(what, cpu.as_mut(), gpu.as_mut(), exact.as_mut(), &config, batch, 100 + step as u64);
-            // A host-side update, as the trainer's all-gather does: both models move.
-            let delta = normal(500 + step as u64, cpu.params().len());
-            for (p, d) in cpu.params_mut().iter_mut().zip(&delta) {
-                *p -= 0.01 * d;
-            }
-            let (params, _) = gpu.params_and_grads();
-            for (p, d) in params.iter_mut().zip(&delta) {
-                *p -= 0.01 * d;
-            }
-            assert_eq!(gpu.params(), cpu.params());
+            move_both(cpu.as_mut(), gpu.as_mut(), 500 + step as u64);
         }
     }
 }
@@ -151,9 +161,7 @@ fn compare_partial_step(
     batch: usize,
     seed: u64,
 ) {
-    for (x, &p) in exact.params_mut().iter_mut().zip(cpu.params()) {
-        *x = f64::from(p);
-    }
+    exact_params_from(cpu, exact);
     let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
     let width = cpu.partial_model().unwrap().shape().width();
     assert_eq!(gpu.partial_model().unwrap().shape(), cpu.partial_model().unwrap().shape(), "{what}");
@@ -192,14 +200,7 @@ fn device_partial_forms_match_the_cpu_partial_forms() {
             compare_partial_step(what, cpu.as_mut(), gpu.as_mut(), exact.as_mut(), &config, batch, 300 + step as u64);
             // A pass of the pooled form between two partial ones: each leaves the other's inputs alone.
             compare_step(what, cpu.as_mut(), gpu.as_mut(), exact.as_mut(), &config, 3, 400 + step as u64);
-            let delta = normal(600 + step as u64, cpu.params().len());
-            for (p, d) in cpu.params_mut().iter_mut().zip(&delta) {
-                *p -= 0.01 * d;
-            }
-            let (params, _) = gpu.params_and_grads();
-            for (p, d) in params.iter_mut().zip(&delta) {
-                *p -= 0.01 * d;
-            }
+            move_both(cpu.as_mut(), gpu.as_mut(), 600 + step as u64);
         }
         // An empty batch: no logits, and the gradients of no samples.
         assert!(gpu.partial_model().unwrap().forward_partial(&[], &[], 0).is_empty(), "{what}");
