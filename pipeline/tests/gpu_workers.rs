@@ -116,13 +116,14 @@ fn gpu_workers_train_under_the_partial_exchange() {
     let tmp = tempfile::tempdir().unwrap();
     for model in PARTIAL_MODELS {
         // On this data `auto` plans partial for most of LR's tables and all of FM's, rows
-        // with replicated hot ids for DeepFM's and Wide & Deep's.
+        // with replicated hot ids for DeepFM's and Wide & Deep's (which a GPU worker
+        // among several serves from the host).
         for exchange in ["partial", "auto"] {
             let run = |workers| [&sgd_run("50", workers, model)[..], &["--exchange", exchange]].concat();
             let one = train(&run("1"), tmp.path(), &format!("{model}-{exchange}-cpu"));
             let alone = train(&[&run("1")[..], &["--device", "cuda:0"]].concat(), tmp.path(), "alone");
             assert_close(&one, &alone, &format!("{model}, --exchange {exchange}: cuda:0 vs 1 cpu worker"));
-            for list in ["cuda:0,cpu", "cpu,cuda:0", "cuda:0"] {
+            for list in ["cuda:0,cpu", "cuda:0"] {
                 let pair = train(&[&run("2")[..], &["--device", list]].concat(), tmp.path(), "pair");
                 let what = format!("{model}, --exchange {exchange}: 2 workers on {list} vs 1 cpu worker");
                 assert_close(&one, &pair, &what);
