@@ -19,8 +19,9 @@
 
 // out[i] = i for i < n.
 extern "C" __global__ void iota_u32(unsigned int* out, unsigned int n) {
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        out[i] = i;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        out[i] = (unsigned int)i;
     }
 }
 
@@ -29,8 +30,9 @@ extern "C" __global__ void iota_u32(unsigned int* out, unsigned int n) {
 // independent of the order threads run in.
 extern "C" __global__ void check_below(const unsigned int* keys, unsigned int n, unsigned int bound,
                                        unsigned int* first_bad) {
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        if (keys[i] >= bound) atomicMin(first_bad, i);
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if (keys[i] >= bound) atomicMin(first_bad, (unsigned int)i);
     }
 }
 
@@ -38,9 +40,10 @@ extern "C" __global__ void check_below(const unsigned int* keys, unsigned int n,
 // (offsets[b] > offsets[b + 1]) or run past `len` entries; offsets has batch + 1 values.
 extern "C" __global__ void check_offsets(const unsigned int* offsets, unsigned int batch, unsigned int len,
                                          unsigned int* first_bad) {
-    for (unsigned int b = blockIdx.x * blockDim.x + threadIdx.x; b < batch; b += gridDim.x * blockDim.x) {
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long b = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; b < batch; b += stride) {
         const unsigned int lo = offsets[b], hi = offsets[b + 1];
-        if (lo > hi || hi > len || (b == 0 && lo != 0)) atomicMin(first_bad, b);
+        if (lo > hi || hi > len || (b == 0 && lo != 0)) atomicMin(first_bad, (unsigned int)b);
     }
 }
 

@@ -204,12 +204,11 @@ fn sparse_updates_match_the_cpu(dev: &tiderec_gpu::Device, hot_rows: HotRows) {
 }
 
 /// Ids with row `r` repeated `n` times for each `(r, n)` of `runs`, the rest of
-/// the `entries` spread over rows past them, all in a scrambled order.
-fn runs_of(runs: &[(u32, usize)], entries: usize, num_rows: usize) -> Vec<u32> {
+/// the `entries` spread over the rows of `others`, all in a scrambled order.
+fn runs_of(runs: &[(u32, usize)], entries: usize, others: std::ops::Range<usize>) -> Vec<u32> {
     let mut ids: Vec<u32> = runs.iter().flat_map(|&(r, n)| std::iter::repeat_n(r, n)).collect();
-    let first_free = runs.iter().map(|&(r, _)| r as usize + 1).max().unwrap_or(0);
     for k in ids.len()..entries {
-        ids.push((first_free + below(51, k, num_rows - first_free)) as u32);
+        ids.push((others.start + below(51, k, others.len())) as u32);
     }
     let mut keyed: Vec<(usize, u32)> = ids.into_iter().enumerate().map(|(k, id)| (below(52, k, 1 << 30), id)).collect();
     keyed.sort_unstable();
@@ -224,7 +223,7 @@ fn hot_rows_split_into_chunks_agree_with_one_warp_and_are_the_same_every_run() {
     // chunks and one more) and one row holding most of the batch.
     let min_run = 2 * CHUNK;
     let runs = [(0u32, min_run - 1), (1, min_run), (2, 2 * CHUNK + 1), (3, 40_000), (4, 3 * CHUNK - 7)];
-    let ids = runs_of(&runs, entries, num_rows);
+    let ids = runs_of(&runs, entries, runs.len()..num_rows);
     for (r, n) in runs {
         assert_eq!(ids.iter().filter(|&&i| i == r).count(), n, "row {r} appears {n} times");
     }
@@ -257,6 +256,54 @@ fn hot_rows_split_into_chunks_agree_with_one_warp_and_are_the_same_every_run() {
     // Rows of short runs take the same path either way: equal bit for bit.
     let cold = runs.len() * dim;
     assert_eq!(rows[cold..], serial_rows[cold..], "rows below the split are summed as before");
+}
+
+/// The default split at its threshold (a run one short of `min_run` and one
+/// exactly as long), a split run of the largest id (the last of the sorted
+/// ids) and entries that are no whole number of chunks: with one warp per run
+/// (nothing split) every row and accumulator is the CPU owner's step bit for
+/// bit, as the kernels sum in its order; split, the two split rows agree with
+/// it to rounding and every other row is the one-warp row bit for bit.
+#[test]
+fn split_runs_at_the_default_threshold_and_at_the_end_of_the_sorted_ids() {
+    let Some(dev) = device() else { return };
+    let HotRows::Split { min_run } = HotRows::default() else { panic!("the default splits hot rows") };
+    let (num_rows, dim, entries) = (3_000usize, 8usize, 20_037usize);
+    assert_ne!(entries % CHUNK, 0);
+    let last = num_rows - 1;
+    let runs = [(0u32, min_run - 1), (1, min_run), (last as u32, min_run + 3 * CHUNK + 5)];
+    let ids = runs_of(&runs, entries, 2..last);
+    let mut hp = OptimizerParams::with_lr(0.05);
+    hp.initial_accumulator = 0.1;
+    let kind = SparseOptimizerKind::RowwiseAdagrad;
+    let mut shard = EmbeddingShard::new(0, 1, dim, &[num_rows as u64], 61, kind, hp).expect("the table fits");
+    let start = shard.export_table(0);
+    let grads = normal(56, entries * dim);
+    let (idd, gd, scale) = (put(&dev, &ids), put(&dev, &grads), 1.0 / 256.0);
+    let rule = SparseRule::RowwiseAdagrad { lr: hp.lr, eps: hp.eps };
+    let run = |hot_rows: HotRows| {
+        let mut table = RowTable::upload(&dev, &start.rows, &start.state, dim).unwrap();
+        table.set_hot_rows(hot_rows).unwrap();
+        for _ in 0..2 {
+            table.apply(&dev, rule, &idd, &gd, entries, scale).unwrap();
+        }
+        (get(&dev, &table.rows, num_rows * dim), get(&dev, &table.state, num_rows))
+    };
+    for _ in 0..2 {
+        cpu_step(&mut shard, &ids, &grads, dim, scale);
+    }
+    let want = shard.export_table(0);
+    let (one_rows, one_state) = run(HotRows::OneWarp);
+    assert!(one_rows == want.rows, "one warp per run: every row as the CPU's, bit for bit");
+    assert!(one_state == want.state, "one warp per run: every accumulator as the CPU's, bit for bit");
+    let (rows, state) = run(HotRows::default());
+    assert_close("split rows vs the CPU", &rows, &want.rows);
+    assert_close("split accumulators vs the CPU", &state, &want.state);
+    for r in (0..num_rows).filter(|&r| r != 1 && r != last) {
+        let at = r * dim..(r + 1) * dim;
+        assert_eq!(rows[at.clone()], one_rows[at], "row {r} is not split: the same as one warp's");
+        assert_eq!(state[r], one_state[r], "row {r}'s accumulator");
+    }
 }
 
 #[test]
