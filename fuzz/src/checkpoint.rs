@@ -50,6 +50,7 @@ fn parts() -> Vec<WorkerSnapshot> {
                         state: ids.iter().map(|&id| id as f32 * 0.25).collect(),
                         counts: ids.iter().map(|&id| id as u32).collect(),
                         hot: ids.iter().map(|_| tiderec_operators::snapshot::COLD).collect(),
+                        last_seen: ids.iter().map(|&id| STEP - 1 - id % 3).collect(),
                         ids,
                         removed: Vec::new(),
                     }

@@ -49,6 +49,10 @@ pub struct TableRows {
     pub counts: Vec<u32>,
     /// Empty, or per row its slot in the writer's hot tier ([`COLD`] when cold).
     pub hot: Vec<u32>,
+    /// Empty, or per row the step clock of its last update (or of its
+    /// admission): what TTL eviction and the ties of LFU eviction read, so a
+    /// resumed store evicts the rows the uninterrupted one would.
+    pub last_seen: Vec<u64>,
     /// In a delta's part only: ids the store dropped (evicted) since the
     /// checkpoint the delta follows, ascending; a row both dropped and held
     /// again since is listed here and among `ids`.
@@ -59,6 +63,11 @@ pub struct TableRows {
 pub const COLD: u32 = u32::MAX;
 
 impl TableRows {
+    /// Row `i`'s last-use step, when the part carries them.
+    pub fn last_seen_of(&self, i: usize) -> Option<u64> {
+        self.last_seen.get(i).copied()
+    }
+
     /// Row `i`'s `(count, hot slot)`, when the part carries frequencies.
     pub fn frequency(&self, i: usize) -> Option<(u32, Option<u32>)> {
         let count = *self.counts.get(i)?;
@@ -226,13 +235,15 @@ fn check_rows(parts: &[WorkerSnapshot], expected: Expected<'_>) -> Result<(), Op
         for p in parts {
             let rows = &p.tables[t];
             let k = rows.ids.len();
-            if (!rows.counts.is_empty() && rows.counts.len() != k) || (!rows.hot.is_empty() && rows.hot.len() != k) {
+            let partial = |n: usize| n != 0 && n != k;
+            if partial(rows.counts.len()) || partial(rows.hot.len()) || partial(rows.last_seen.len()) {
                 return Err(RestoreError::FrequencyCount {
                     table: t,
                     worker: p.worker,
                     ids: k,
                     counts: rows.counts.len(),
                     hot: rows.hot.len(),
+                    last_seen: rows.last_seen.len(),
                 }
                 .into());
             }
@@ -389,16 +400,21 @@ fn merge_rows(
     // Frequencies are kept when either side has them; then both must (or have no rows).
     let with_counts = !base.counts.is_empty() || !delta.counts.is_empty();
     let with_hot = !base.hot.is_empty() || !delta.hot.is_empty();
+    let with_last_seen = !base.last_seen.is_empty() || !delta.last_seen.is_empty();
     for rows in [base, delta] {
         let k = rows.ids.len();
-        let bad = |v: &[u32], wanted: bool| if wanted { v.len() != k } else { !v.is_empty() };
-        if bad(&rows.counts, with_counts) || bad(&rows.hot, with_hot) {
+        let bad = |n: usize, wanted: bool| if wanted { n != k } else { n != 0 };
+        if bad(rows.counts.len(), with_counts)
+            || bad(rows.hot.len(), with_hot)
+            || bad(rows.last_seen.len(), with_last_seen)
+        {
             return Err(RestoreError::FrequencyCount {
                 table,
                 worker,
                 ids: k,
                 counts: rows.counts.len(),
                 hot: rows.hot.len(),
+                last_seen: rows.last_seen.len(),
             });
         }
     }
@@ -412,6 +428,9 @@ fn merge_rows(
         }
         if with_hot {
             out.hot.push(from.hot[i]);
+        }
+        if with_last_seen {
+            out.last_seen.push(from.last_seen[i]);
         }
     };
     let (mut i, mut j, mut r) = (0, 0, 0);
@@ -551,7 +570,12 @@ mod tests {
             (
                 "1 counts",
                 Box::new(|p| p[1].tables[0].counts = vec![1]),
-                RestoreError::FrequencyCount { table: 0, worker: 1, ids: 2, counts: 1, hot: 0 },
+                RestoreError::FrequencyCount { table: 0, worker: 1, ids: 2, counts: 1, hot: 0, last_seen: 0 },
+            ),
+            (
+                "3 last-use steps",
+                Box::new(|p| p[1].tables[0].last_seen = vec![4, 4, 4]),
+                RestoreError::FrequencyCount { table: 0, worker: 1, ids: 2, counts: 0, hot: 0, last_seen: 3 },
             ),
             (
                 "of its 130 rows",
@@ -638,6 +662,7 @@ mod tests {
             rows: ids.iter().flat_map(|&id| [id as f32, 0.5]).collect(),
             state: ids.iter().map(|&id| id as f32).collect(),
             counts: ids.iter().map(|&id| id as u32 + 1).collect(),
+            last_seen: ids.iter().map(|&id| 10 * id).collect(),
             removed: removed.to_vec(),
             ..TableRows::default()
         }
@@ -671,6 +696,7 @@ mod tests {
         assert_eq!(got.ids, oracle.keys().copied().collect::<Vec<_>>());
         assert_eq!(got.rows, oracle.values().flatten().copied().collect::<Vec<_>>());
         assert_eq!(got.counts, vec![1, 2, 4, 7, 9]);
+        assert_eq!(got.last_seen, vec![0, 10, 30, 60, 80], "last-use steps travel with their rows");
         assert_eq!((base[0].step, base[0].dense_params[0]), (9, 2.0));
     }
 

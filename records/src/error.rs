@@ -253,8 +253,8 @@ pub enum RestoreError {
         /// Tables of the model.
         expected: usize,
     },
-    /// A table of a part has per-row frequencies or hot slots for some rows only.
-    #[error("table {table} of worker {worker}: {ids} ids but {counts} counts and {hot} hot slots")]
+    /// A table of a part has per-row frequencies, hot slots or last-use steps for some rows only.
+    #[error("table {table} of worker {worker}: {ids} ids but {counts} counts, {hot} hot slots and {last_seen} last-use steps")]
     FrequencyCount {
         /// The table.
         table: usize,
@@ -266,6 +266,8 @@ pub enum RestoreError {
         counts: usize,
         /// Hot-tier slots.
         hot: usize,
+        /// Last-use steps.
+        last_seen: usize,
     },
     /// A table of a part has other value or slot counts than its ids need.
     #[error("table {table} of worker {worker}: {ids} ids but {values} values and {slots} optimizer slots")]

@@ -5,7 +5,9 @@
 //! has an `FxHashMap<u64, u32>` from id to slot. Evicted slots go to a free
 //! list and are reused, so the slab and the maps never grow past the most rows
 //! ever held at once: at most `max_rows` plus the rows admitted within one
-//! maintenance interval (`flush_every` steps).
+//! maintenance interval (`flush_every` steps). Each row's count and last-use
+//! step travel in checkpoints ([`TableRows::counts`], [`TableRows::last_seen`]),
+//! so a restored store evicts the rows the store it was taken from would.
 
 use super::{init_row, CountMinSketch, EmbeddingStore, StoreConfig, StoreParams, StoreStats};
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
@@ -199,6 +201,13 @@ impl DynamicStore {
         }
     }
 
+    /// Sets the last-use step of row `id` of `table`, if held.
+    pub(crate) fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
+        if let Some(s) = self.slot(table, id) {
+            self.meta[s as usize].last_seen = step;
+        }
+    }
+
     /// Every held row's bookkeeping.
     pub(crate) fn live_meta(&self) -> impl Iterator<Item = &Meta> + '_ {
         self.meta.iter().filter(|m| m.table != FREE)
@@ -262,7 +271,7 @@ impl DynamicStore {
         self.mark
     }
 
-    /// The rows of `table` held here that `keep` selects, ids ascending, with their counts.
+    /// The rows of `table` held here that `keep` selects, ids ascending, with their counts and last-use steps.
     pub(crate) fn export_where(&self, table: usize, keep: impl Fn(&Meta) -> bool) -> TableRows {
         let (d, w) = (self.dim, self.state_width);
         let mut held: Vec<(u64, u32)> =
@@ -273,11 +282,13 @@ impl DynamicStore {
             rows: Vec::with_capacity(held.len() * d),
             state: Vec::with_capacity(held.len() * w),
             counts: Vec::with_capacity(held.len()),
+            last_seen: Vec::with_capacity(held.len()),
             ..TableRows::default()
         };
         for (id, s) in held {
             let s = s as usize;
             out.counts.push(self.meta[s].count);
+            out.last_seen.push(self.meta[s].last_seen);
             out.ids.push(id);
             out.rows.extend_from_slice(&self.rows[s * d..(s + 1) * d]);
             out.state.extend_from_slice(&self.state[s * w..(s + 1) * w]);
@@ -394,8 +405,10 @@ impl EmbeddingStore for DynamicStore {
         self.mark = Some(self.step);
         self.evicted.clear();
     }
-    /// Rows updated, admitted or restored since the mark: their `last_seen` is
-    /// the step clock of then, which is at least the clock at the mark.
+    /// Rows updated or admitted since the mark: their `last_seen` is the step
+    /// clock of then, which is at least the clock at the mark. (A restore clears
+    /// the mark, so its rows, which keep the checkpoint's last-use steps, are all
+    /// changes until the next one.)
     fn export_changes(&self, table: usize) -> TableRows {
         let since = self.mark.unwrap_or(0);
         let mut out = self.export_where(table, |m| m.last_seen >= since);
@@ -432,6 +445,9 @@ impl EmbeddingStore for DynamicStore {
     }
     fn set_frequency(&mut self, table: usize, id: u64, count: u32, _hot: Option<u32>) {
         self.set_count(table, id, count);
+    }
+    fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
+        DynamicStore::set_last_seen(self, table, id, step);
     }
     fn stats(&self) -> StoreStats {
         StoreStats { cold_rows: self.num_rows() as u64, ..self.stats }

@@ -378,6 +378,10 @@ pub trait EmbeddingStore {
     /// when it was hot, its slot in the writer's hot tier. Stores that keep no
     /// frequencies ignore it.
     fn set_frequency(&mut self, _table: usize, _id: u64, _count: u32, _hot: Option<u32>) {}
+    /// Restores the last-use step of row `id` of `table` (set just before by
+    /// [`set_row`](Self::set_row)), which TTL and LFU eviction read. Stores
+    /// that evict nothing ignore it.
+    fn set_last_seen(&mut self, _table: usize, _id: u64, _step: u64) {}
     /// Counters and sizes.
     fn stats(&self) -> StoreStats;
     /// Rows held.
@@ -386,6 +390,27 @@ pub trait EmbeddingStore {
     fn sum_of_squares(&self) -> f64;
     /// True when the store holds every id below the table sizes (a checkpoint must then hold all of them).
     fn holds_every_row(&self) -> bool;
+}
+
+/// Restores row `i` of `part`, a checkpoint's rows of `table`, into `store`:
+/// its values and optimizer state, then its frequency and hot slot and its
+/// last-use step where the part carries them (a restore's order: after
+/// [`reset`](EmbeddingStore::reset), each row once).
+pub fn restore_row<S: EmbeddingStore + ?Sized>(
+    store: &mut S,
+    table: usize,
+    part: &TableRows,
+    i: usize,
+) -> Result<(), OperatorError> {
+    let (d, w, id) = (store.dim(), store.state_width(), part.ids[i]);
+    store.set_row(table, id, &part.rows[i * d..(i + 1) * d], &part.state[i * w..(i + 1) * w])?;
+    if let Some((count, hot)) = part.frequency(i) {
+        store.set_frequency(table, id, count, hot);
+    }
+    if let Some(step) = part.last_seen_of(i) {
+        store.set_last_seen(table, id, step);
+    }
+    Ok(())
 }
 
 /// Everything a store is built from.
@@ -517,6 +542,9 @@ impl EmbeddingStore for Store {
     }
     fn set_frequency(&mut self, table: usize, id: u64, count: u32, hot: Option<u32>) {
         dispatch!(self, s => s.set_frequency(table, id, count, hot))
+    }
+    fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
+        dispatch!(self, s => s.set_last_seen(table, id, step))
     }
     fn stats(&self) -> StoreStats {
         dispatch!(self, s => s.stats())

@@ -314,6 +314,10 @@ impl<M: HotTierMemory> EmbeddingStore for OffloadedTieredStore<M> {
         self.edit_on_host();
         self.host.get_mut().set_frequency(table, id, count, hot);
     }
+    fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
+        self.edit_on_host();
+        self.host.get_mut().set_last_seen(table, id, step);
+    }
     fn stats(&self) -> StoreStats {
         self.host.borrow().stats()
     }

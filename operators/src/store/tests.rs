@@ -629,10 +629,8 @@ fn a_restored_tiered_store_keeps_its_hot_plan_and_frequencies() {
         resumed.reset(10);
         let sw = first.state_width();
         for (t, part) in parts.iter().enumerate() {
-            for (i, &id) in part.ids.iter().enumerate() {
-                resumed.set_row(t, id, &part.rows[i * DIM..(i + 1) * DIM], &part.state[i * sw..(i + 1) * sw]).unwrap();
-                let (count, hot) = part.frequency(i).unwrap();
-                resumed.set_frequency(t, id, count, hot);
+            for i in 0..part.ids.len() {
+                super::restore_row(&mut resumed, t, part, i).unwrap();
             }
         }
         assert_eq!(export_all(&resumed, sizes.len()), parts, "{source:?}: the export before any step");
@@ -750,12 +748,12 @@ fn changes_since_a_mark_applied_onto_the_export_at_the_mark_give_the_export_of_n
         let mut again = Store::new(&cfg, &p).unwrap();
         again.reset(40);
         for (t, rows) in whole.iter().enumerate() {
-            for (i, &id) in rows.ids.iter().enumerate() {
-                again.set_row(t, id, &rows.rows[i * DIM..(i + 1) * DIM], &rows.state[i * sw..(i + 1) * sw]).unwrap();
+            for i in 0..rows.ids.len() {
+                restore_row(&mut again, t, rows, i).unwrap();
             }
         }
-        let strip = |tables: Vec<TableRows>| -> Vec<(Vec<u64>, Vec<f32>, Vec<f32>)> {
-            tables.into_iter().map(|t| (t.ids, t.rows, t.state)).collect()
+        let strip = |tables: Vec<TableRows>| -> Vec<TableRows> {
+            tables.into_iter().map(|t| TableRows { hot: Vec::new(), ..t }).collect()
         };
         assert_eq!(strip(export_all(&again, sizes.len())), strip(export_all(&store, sizes.len())), "{:?}", cfg.kind);
     }
@@ -790,4 +788,56 @@ fn the_fixed_store_exports_updated_rows_and_a_reset_reseeds_them() {
         assert_eq!(&f.shard.export_table(t), want, "table {t}");
     }
     assert_eq!(export_all(&trained, sizes.len()), compact);
+}
+
+/// A store restored from a checkpoint evicts the rows the uninterrupted store
+/// evicts: the checkpoint carries each row's count and last-use step, which
+/// TTL eviction and the ties of LFU eviction read (restored rows otherwise
+/// look used at the restore's step). The same exports, counters and lookups.
+#[test]
+fn a_resumed_store_evicts_the_rows_the_uninterrupted_one_evicts() {
+    let sizes = [300u64, 37, 900];
+    let work = workload(&sizes, 40, 30);
+    let evicting = StoreConfig { max_rows: Some(120), ttl_steps: Some(6), ..config(StoreKind::Dynamic) };
+    let tiered = StoreConfig { max_rows: Some(150), ttl_steps: Some(7), ..config(StoreKind::Tiered) };
+    for cfg in [evicting, tiered] {
+        let p = params(0, 1, &sizes, SparseOptimizerKind::RowwiseAdagrad);
+        let (mut straight, mut first) = (Store::new(&cfg, &p).unwrap(), Store::new(&cfg, &p).unwrap());
+        let at = 17;
+        run(&mut straight, &work[..at]);
+        run(&mut first, &work[..at]);
+        let parts = export_all(&first, sizes.len());
+        assert!(
+            parts.iter().all(|t| t.last_seen.len() == t.ids.len()),
+            "{:?}: the export has last-use steps",
+            cfg.kind
+        );
+        let mut resumed = Store::new(&cfg, &p).unwrap();
+        resumed.reset(at as u64);
+        for (t, part) in parts.iter().enumerate() {
+            for i in 0..part.ids.len() {
+                restore_row(&mut resumed, t, part, i).unwrap();
+            }
+        }
+        let before = straight.stats().evictions;
+        for (s, step) in work.iter().enumerate().skip(at) {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for (t, ids) in step {
+                straight.gather(*t, ids, &mut a);
+                resumed.gather(*t, ids, &mut b);
+            }
+            assert_eq!(a, b, "{:?}: lookups of step {s}", cfg.kind);
+            for (t, ids) in step {
+                for &id in ids {
+                    straight.apply(*t, id, &grad(s as u64, *t, id));
+                    resumed.apply(*t, id, &grad(s as u64, *t, id));
+                }
+            }
+            straight.end_step(s as u64 + 1);
+            resumed.end_step(s as u64 + 1);
+        }
+        assert!(straight.stats().evictions > before, "{:?}: rows are evicted after the restore", cfg.kind);
+        assert_eq!(straight.stats().evictions - before, resumed.stats().evictions, "{:?}", cfg.kind);
+        assert_eq!(export_all(&resumed, sizes.len()), export_all(&straight, sizes.len()), "{:?}", cfg.kind);
+    }
 }

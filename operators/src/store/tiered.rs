@@ -204,7 +204,7 @@ impl TieredStore {
     }
 
     /// `cold` (rows of the cold tier, ids ascending) merged with the hot rows of
-    /// `table` that `keep` selects, with every row's count and hot slot.
+    /// `table` that `keep` selects, with every row's count, hot slot and last-use step.
     fn merge_tiers(&self, table: usize, cold: TableRows, keep: impl Fn(&Meta) -> bool) -> TableRows {
         let (d, w) = (self.dim, self.state_width);
         let mut hot: Vec<(u64, u32)> = self.hot_index[table]
@@ -220,6 +220,7 @@ impl TieredStore {
             state: Vec::with_capacity(n * w),
             counts: Vec::with_capacity(n),
             hot: Vec::with_capacity(n),
+            last_seen: Vec::with_capacity(n),
             removed: Vec::new(),
         };
         let (mut i, mut j) = (0, 0);
@@ -230,6 +231,7 @@ impl TieredStore {
                 out.rows.extend_from_slice(&cold.rows[i * d..(i + 1) * d]);
                 out.state.extend_from_slice(&cold.state[i * w..(i + 1) * w]);
                 out.counts.push(cold.counts[i]);
+                out.last_seen.push(cold.last_seen[i]);
                 // A restored hot row not yet moved back keeps its slot.
                 out.hot.push(self.restored_hot.get(&(table as u32, id)).copied().unwrap_or(COLD));
                 i += 1;
@@ -239,6 +241,7 @@ impl TieredStore {
                 out.rows.extend_from_slice(&self.hot_rows[h * d..(h + 1) * d]);
                 out.state.extend_from_slice(&self.hot_state[h * w..(h + 1) * w]);
                 out.counts.push(self.hot_meta[h].count);
+                out.last_seen.push(self.hot_meta[h].last_seen);
                 out.hot.push(h as u32);
                 j += 1;
             }
@@ -447,6 +450,12 @@ impl EmbeddingStore for TieredStore {
         }
         if let Some(slot) = hot {
             self.restored_hot.insert((table as u32, id), slot);
+        }
+    }
+    fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
+        match self.hot_index.get(table).and_then(|m| m.get(&id)) {
+            Some(&h) => self.hot_meta[h as usize].last_seen = step,
+            None => self.cold.set_last_seen(table, id, step),
         }
     }
     fn stats(&self) -> StoreStats {

@@ -91,7 +91,7 @@ pub(super) fn not_the_mark(parent: u64, marked: Option<u64>) -> OperatorError {
 }
 
 /// The rows of `rows` whose ids `keep` accepts, in order, each with its values,
-/// optimizer state and frequency.
+/// optimizer state, frequency and last-use step.
 fn kept(rows: TableRows, dim: usize, width: usize, keep: impl Fn(u64) -> bool) -> TableRows {
     let mut out = TableRows { removed: rows.removed, ..TableRows::default() };
     for (i, &id) in rows.ids.iter().enumerate().filter(|&(_, &id)| keep(id)) {
@@ -100,6 +100,7 @@ fn kept(rows: TableRows, dim: usize, width: usize, keep: impl Fn(u64) -> bool) -
         out.state.extend_from_slice(&rows.state[i * width..(i + 1) * width]);
         out.counts.extend(rows.counts.get(i));
         out.hot.extend(rows.hot.get(i));
+        out.last_seen.extend(rows.last_seen.get(i));
     }
     out
 }

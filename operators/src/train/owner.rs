@@ -13,7 +13,7 @@ use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams};
 use crate::routing::shard_of;
 use crate::shard::EmbeddingShard;
 use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
-use crate::store::{DeviceStore, EmbeddingStore, Store, StoreStats};
+use crate::store::{restore_row, DeviceStore, EmbeddingStore, Store, StoreStats};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 
@@ -287,15 +287,11 @@ impl Owner {
             self.marked = None;
         }
         self.train_steps = checked.step;
-        let (d, sw) = (expected.dim, expected.state_width);
         for part in parts {
             for (t, rows) in part.tables.iter().enumerate() {
                 for (i, &id) in rows.ids.iter().enumerate() {
                     if shard_of(t, id, w) == me {
-                        self.store.set_row(t, id, &rows.rows[i * d..(i + 1) * d], &rows.state[i * sw..(i + 1) * sw])?;
-                        if let Some((count, hot)) = rows.frequency(i) {
-                            self.store.set_frequency(t, id, count, hot);
-                        }
+                        restore_row(&mut self.store, t, rows, i)?;
                     }
                 }
             }

@@ -337,6 +337,14 @@ fn removed(r: &Reader<'_>, name: &str) -> Result<Vec<u64>, TensorError> {
     r.u64s(name, &[one_dim(r, name)?])
 }
 
+/// The U64 `[n]` tensor `name`, or nothing where the checkpoint predates it.
+fn optional_u64s(r: &Reader<'_>, name: &str, n: usize) -> Result<Vec<u64>, TensorError> {
+    if r.shape(name).is_err() {
+        return Ok(Vec::new());
+    }
+    r.u64s(name, &[n])
+}
+
 struct ShardTables {
     seed: Option<u64>,
     table_sizes: Vec<u64>,
@@ -381,6 +389,7 @@ fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTable
             state: r.f32s(&format!("table.{t}.state"), &[n, state_width])?,
             counts: narrow(format!("table.{t}.counts"))?,
             hot: narrow(format!("table.{t}.hot"))?,
+            last_seen: optional_u64s(&r, &format!("table.{t}.last_seen"), n)?,
             removed: removed(&r, &format!("table.{t}.removed"))?,
         });
     }

@@ -32,6 +32,7 @@ fn parts(step: u64) -> Vec<WorkerSnapshot> {
                             .iter()
                             .map(|&id| if id < 3 { id as u32 } else { tiderec_operators::snapshot::COLD })
                             .collect(),
+                        last_seen: ids.iter().map(|&id| step.saturating_sub(id % 5)).collect(),
                         ids,
                         removed: Vec::new(),
                     }
@@ -123,7 +124,8 @@ fn written_checkpoint_reads_back_identically() {
 }
 
 /// Shards without frequency tensors (checkpoints written before the stores
-/// kept them, or of the fixed table) load with empty counts and hot slots.
+/// kept them, or of the fixed table) load with empty counts, hot slots and
+/// last-use steps; shards written before the last-use steps load with the rest.
 #[test]
 fn shards_without_frequencies_still_load() {
     let dir = tempfile::tempdir().unwrap();
@@ -132,12 +134,22 @@ fn shards_without_frequencies_still_load() {
         for t in &mut p.tables {
             t.counts.clear();
             t.hot.clear();
+            t.last_seen.clear();
         }
     }
     write_checkpoint(dir.path(), &old, manifest(4), 3).unwrap();
     let c = find_latest(dir.path()).unwrap().found.unwrap();
     assert_eq!(c.parts, old);
-    assert!(parts(4)[0].tables[2].counts.iter().any(|&c| c > 0), "the other tests carry counts");
+    let mut before_last_seen = parts(6);
+    for p in &mut before_last_seen {
+        p.tables.iter_mut().for_each(|t| t.last_seen.clear());
+    }
+    write_checkpoint(dir.path(), &before_last_seen, manifest(6), 3).unwrap();
+    let c = find_latest(dir.path()).unwrap().found.unwrap();
+    assert_eq!(c.parts, before_last_seen);
+    let all = parts(4);
+    assert!(all[0].tables[2].counts.iter().any(|&c| c > 0), "the other tests carry counts");
+    assert!(all[0].tables[2].last_seen.iter().any(|&s| s != 4), "and last-use steps");
 }
 
 /// Rewrites the manifest of checkpoint `p` with another worker count.
@@ -283,6 +295,7 @@ fn write_delta(dir: &Path, step: u64, parent: u64, base: u64) -> Vec<WorkerSnaps
                 state: pick(&rows.state, 1),
                 counts: keep.iter().map(|&i| rows.counts[i]).collect(),
                 hot: keep.iter().map(|&i| rows.hot[i]).collect(),
+                last_seen: keep.iter().map(|&i| rows.last_seen[i]).collect(),
                 ids: keep.iter().map(|&i| rows.ids[i]).collect(),
                 removed: if t == 0 && shard_of(0, 3, 2) == p.worker { vec![3] } else { Vec::new() },
             };

@@ -54,8 +54,9 @@ fn meta(pairs: &[(&str, String)]) -> HashMap<String, String> {
 /// Writes `shard-<k>.safetensors` of `part` into `tmp`: per table `t`,
 /// `table.<t>.ids` (U64 `[n]`), `table.<t>.rows` (F32 `[n, dim]`) and
 /// `table.<t>.state` (F32 `[n, state_width]`), and where the store keeps
-/// them `table.<t>.counts` and `table.<t>.hot` (U64 `[n]`: frequencies and
-/// hot-tier slots, `u32::MAX` for cold rows; older checkpoints lack them);
+/// them `table.<t>.counts`, `table.<t>.hot` and `table.<t>.last_seen` (U64
+/// `[n]`: frequencies, hot-tier slots, `u32::MAX` for cold rows, and the step
+/// of each row's last update; older checkpoints lack them);
 /// a delta's part adds `table.<t>.removed` (U64 `[r]`: the ids removed since its parent).
 pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEntry), SinkError> {
     let name = shard_file(part.worker);
@@ -84,6 +85,13 @@ pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEnt
         }
         if !hot.is_empty() {
             list.push(Tensor { name: format!("table.{t}.hot"), shape: vec![n], values: Values::U64(hot) });
+        }
+        if !table.last_seen.is_empty() {
+            list.push(Tensor {
+                name: format!("table.{t}.last_seen"),
+                shape: vec![n],
+                values: Values::U64(&table.last_seen),
+            });
         }
         if part.delta_of.is_some() {
             list.push(Tensor {

@@ -128,14 +128,11 @@ fn checkpoints_move_between_the_tiered_store_and_a_hot_tier_elsewhere() {
     let cfg =
         StoreConfig { kind: StoreKind::Tiered, hot_rows: 12, warmup: 3, flush_every: 5, ..StoreConfig::default() };
     let p = params(&sizes, SparseOptimizerKind::RowwiseAdagrad);
-    let sw = p.optimizer.state_width(DIM);
-    let restore = |into: &mut dyn EmbeddingStore, parts: &[TableRows]| {
-        into.reset(10);
+    let restore = |into: &mut dyn EmbeddingStore, parts: &[TableRows], step: u64| {
+        into.reset(step);
         for (t, part) in parts.iter().enumerate() {
-            for (i, &id) in part.ids.iter().enumerate() {
-                into.set_row(t, id, &part.rows[i * DIM..][..DIM], &part.state[i * sw..][..sw]).unwrap();
-                let (count, hot) = part.frequency(i).unwrap();
-                into.set_frequency(t, id, count, hot);
+            for i in 0..part.ids.len() {
+                crate::store::restore_row(into, t, part, i).unwrap();
             }
         }
     };
@@ -151,7 +148,7 @@ fn checkpoints_move_between_the_tiered_store_and_a_hot_tier_elsewhere() {
     for s in 40..50 {
         step_both(&mut other, &mut resumed, &sizes, s, "other rows");
     }
-    restore(&mut resumed, &parts);
+    restore(&mut resumed, &parts, 10);
     assert_eq!(exports(&resumed, sizes.len()), parts, "the export before any step");
     // Then on; after three steps the other memory's export goes into a tiered
     // store, which goes on as the two others.
@@ -159,7 +156,7 @@ fn checkpoints_move_between_the_tiered_store_and_a_hot_tier_elsewhere() {
     for s in 10..13 {
         step_both(&mut straight, &mut resumed, &sizes, s, "after the restore");
     }
-    restore(&mut again, &exports(&resumed, sizes.len()));
+    restore(&mut again, &exports(&resumed, sizes.len()), 13);
     assert_eq!(exports(&again, sizes.len()), exports(&straight, sizes.len()), "the tiered store restored");
     for s in 13..24 {
         step_both(&mut straight, &mut resumed, &sizes, s, "after the restore");
