@@ -7,7 +7,8 @@
 //! every model trains on one GPU worker as on one CPU worker (its rows on the
 //! host, and with `TIDEREC_GPU_ROWS=device` on the device), a CPU and a GPU
 //! worker together (and two GPU workers on one GPU) train as one CPU worker,
-//! checkpoints move between the two — all under plain SGD, where a rounding
+//! the rows a GPU worker owns on the host and on its device, checkpoints move
+//! between the two (one worker, and two with the GPU workers' rows on their devices) — all under plain SGD, where a rounding
 //! difference stays one (see [`SGD`]) — the default adaptive optimizers train
 //! the same numbers on every GPU run, and with each step replayed as a CUDA
 //! graph (`TIDEREC_GPU_GRAPHS=on`) as without, `--precision tf32` and `bf16`
@@ -241,6 +242,24 @@ fn cuda_graphs_train_the_same_numbers_through_the_trainer() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
+    // The graphs engage: a benchmark of the same worker reports what it captured and replayed.
+    let out = run_ok(tiderec().env("TIDEREC_GPU_GRAPHS", "on").args([
+        "bench",
+        "dlrm",
+        "--device",
+        "cuda:0",
+        "--batch-size",
+        "2048",
+        "--steps",
+        "10",
+        "--warmup",
+        "3",
+        "--json",
+    ]));
+    let bench: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --json prints one JSON object");
+    let counts = &bench["cuda_graphs"];
+    let count = |k: &str| counts[k].as_u64().unwrap_or_else(|| panic!("cuda_graphs.{k} in {bench}"));
+    assert!(count("captured") > 0 && count("replayed") > 0 && count("failed") == 0, "{counts}");
     for model in ["dlrm", "deepfm"] {
         let ck = tmp.path().join(format!("ck-{model}"));
         let mut runs = Vec::new();
@@ -276,12 +295,17 @@ fn a_cpu_and_a_gpu_worker_train_as_one_cpu_worker() {
     for model in MODELS {
         let one = train(&sgd_run("50", "1", model), tmp.path(), "one");
         for list in ["cuda:0,cpu", "cpu,cuda:0", "cuda:0"] {
-            let pair = train(
-                &[&sgd_run("50", "2", model)[..], &["--device", list]].concat(),
-                tmp.path(),
-                &format!("{model}-pair"),
-            );
-            assert_close(&one, &pair, &format!("{model}: 2 workers on {list} vs 1 cpu worker"));
+            let on = [&sgd_run("50", "2", model)[..], &["--device", list]].concat();
+            // The rows a GPU worker owns on the host (the baseline), then on its
+            // device (the default: the device shard serves and updates them).
+            for rows in ["host", "device"] {
+                let pair = train_rows(&on, tmp.path(), &format!("{model}-pair"), rows);
+                assert_close(
+                    &one,
+                    &pair,
+                    &format!("{model}: 2 workers on {list} (rows on the {rows}) vs 1 cpu worker"),
+                );
+            }
         }
     }
 }
@@ -306,6 +330,23 @@ fn checkpoints_move_between_gpu_and_cpu_workers() {
             let again = [&common[..], &["--steps", "60", "--resume", "--device", then]].concat();
             let resumed = train_rows(&again, tmp.path(), "resumed", rows);
             let what = format!("{model}: 30 steps on {first}, 30 on {then} (GPU rows on the {rows}), vs 60 on cpu");
+            assert_eq!(resumed["resumed_from_step"], 30, "{what}");
+            assert_close(&straight, &resumed, &what);
+        }
+        // Two workers, each GPU worker's own rows on its device: the device shard's
+        // checkpoint export and its restore.
+        for (first, then) in [("cuda:0,cpu", "cpu"), ("cpu", "cuda:0")] {
+            let ck = tmp.path().join(format!("ck-{model}-two-{first}-{then}"));
+            let ck = ck.to_str().unwrap();
+            let common =
+                [&["--workers", "2", "--checkpoint-dir", ck, "--checkpoint-every", "10"][..], &model_args(model), &SGD]
+                    .concat();
+            train_rows(&[&common[..], &["--steps", "30", "--device", first]].concat(), tmp.path(), "first", "device");
+            let again = [&common[..], &["--steps", "60", "--resume", "--device", then]].concat();
+            let resumed = train_rows(&again, tmp.path(), "resumed", "device");
+            let what = format!(
+                "{model}: 2 workers, 30 steps on {first}, 30 on {then} (GPU rows on the device), vs 60 on 1 cpu worker"
+            );
             assert_eq!(resumed["resumed_from_step"], 30, "{what}");
             assert_close(&straight, &resumed, &what);
         }
