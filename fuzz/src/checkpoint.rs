@@ -77,6 +77,7 @@ fn parts() -> Vec<WorkerSnapshot> {
                 delta_of: None,
                 seed: 1,
                 table_sizes: Vec::new(),
+                admission: Vec::new(),
             }
         })
         .collect()

@@ -108,6 +108,9 @@ pub struct WorkerSnapshot {
     pub seed: u64,
     /// The writer's table sizes (empty where not recorded: older checkpoints).
     pub table_sizes: Vec<u64>,
+    /// The counters of the writer's admission sketch (`--admit-count`: ids
+    /// seen but not yet admitted), empty without one (and in older checkpoints).
+    pub admission: Vec<u32>,
 }
 
 /// What the trainer expects a checkpoint to hold.
@@ -371,8 +374,33 @@ pub fn apply_delta(base: &mut [WorkerSnapshot], delta: Vec<WorkerSnapshot>) -> R
         b.step = d.step;
         b.dense_params = d.dense_params;
         b.dense_optimizer = d.dense_optimizer;
+        // A delta carries the whole admission sketch of its step, as the dense state.
+        b.admission = d.admission;
     }
     Ok(())
+}
+
+/// The admission-sketch counters worker `me` of `workers` restores from `parts`:
+/// with the writer's worker count its own part's (the sketch it had); with
+/// another, the largest of every part's counter in each cell. A sketch counted
+/// only the ids its worker owned, so for any id that maximum is at least what
+/// the id's old owner counted: count-min's guarantee (never below the true
+/// count) holds. Parts without counters, or with another number of them than
+/// the first part that has some, are left out; empty when none has any.
+pub fn admission_for(parts: &[WorkerSnapshot], me: usize, workers: usize) -> Vec<u32> {
+    let with: Vec<&WorkerSnapshot> = parts.iter().filter(|p| !p.admission.is_empty()).collect();
+    let Some(first) = with.first() else { return Vec::new() };
+    if first.workers == workers {
+        return parts.iter().find(|p| p.worker == me).map_or_else(Vec::new, |p| p.admission.clone());
+    }
+    let n = first.admission.len();
+    let mut out = vec![0u32; n];
+    for p in with.iter().filter(|p| p.admission.len() == n) {
+        for (o, &c) in out.iter_mut().zip(&p.admission) {
+            *o = (*o).max(c);
+        }
+    }
+    out
 }
 
 /// One table of [`apply_delta`]: a merge of two ascending id lists.
@@ -495,6 +523,7 @@ mod tests {
             delta_of: None,
             seed: 1,
             table_sizes: Vec::new(),
+            admission: Vec::new(),
         }
     }
 
@@ -668,6 +697,26 @@ mod tests {
         }
     }
 
+    /// The admission counters a worker restores: its own part's with the
+    /// writer's worker count; with another, the largest counter of every part
+    /// in each cell (parts without counters, or with another number, left out).
+    #[test]
+    fn admission_counters_restore_from_the_own_part_or_the_largest_of_all() {
+        let mut p = parts();
+        assert!(admission_for(&p, 1, 2).is_empty(), "none written");
+        p[0].admission = vec![3, 0, 7, 1];
+        p[1].admission = vec![1, 5, 2, 1];
+        assert_eq!(admission_for(&p, 0, 2), vec![3, 0, 7, 1]);
+        assert_eq!(admission_for(&p, 1, 2), vec![1, 5, 2, 1]);
+        for (me, workers) in [(0, 1), (2, 3)] {
+            assert_eq!(admission_for(&p, me, workers), vec![3, 5, 7, 1], "resharded to {workers}");
+        }
+        p[1].admission = vec![9; 3];
+        assert_eq!(admission_for(&p, 0, 3), vec![3, 0, 7, 1], "another length is left out");
+        p[0].admission.clear();
+        assert_eq!(admission_for(&p, 0, 3), vec![9; 3], "the first part with counters sets the length");
+    }
+
     /// A delta replaces changed rows, adds new ones, drops removed ones (unless
     /// held again), and brings its step and dense state; the scalar oracle is a
     /// map from id to row.
@@ -675,7 +724,9 @@ mod tests {
     fn a_delta_applies_onto_its_parent() {
         let mut base = vec![part(0, 1, &[], vec![1.0; 4])];
         base[0].tables = vec![rows(&[1, 3, 5, 8], &[])];
+        base[0].admission = vec![1, 1];
         let mut delta = vec![part(0, 1, &[], vec![2.0; 4])];
+        delta[0].admission = vec![4, 2];
         delta[0].step = 9;
         delta[0].delta_of = Some(7);
         let mut changed = rows(&[0, 3, 6, 8], &[5, 6, 8]);
@@ -692,6 +743,7 @@ mod tests {
             oracle.insert(id, changed.rows[2 * i..2 * i + 2].to_vec());
         }
         apply_delta(&mut base, delta).unwrap();
+        assert_eq!(base[0].admission, vec![4, 2], "the delta's admission counters, as its dense state");
         let got = &base[0].tables[0];
         assert_eq!(got.ids, oracle.keys().copied().collect::<Vec<_>>());
         assert_eq!(got.rows, oracle.values().flatten().copied().collect::<Vec<_>>());

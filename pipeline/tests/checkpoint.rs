@@ -120,29 +120,34 @@ fn a_resumed_tiered_store_keeps_its_hot_plan() {
     assert!(hits(&resumed, "hot_hits") > 0 && hits(&resumed, "hot_rows") == hits(&straight, "hot_rows"));
 }
 
-/// A checkpoint carries each row's last-use step: a resumed store evicts by TTL and
-/// by row budget exactly the rows the uninterrupted run evicts (restored rows would
-/// otherwise look used at the restore), so the two runs train the same parameters
-/// bit for bit and their evictions and misses add up.
+/// A checkpoint carries each row's last-use step and the admission sketch: a
+/// resumed store evicts by TTL and by row budget, and admits by count, exactly the
+/// rows the uninterrupted run does (restored rows would otherwise look used at the
+/// restore, and ids seen before it unseen), so the two runs train the same
+/// parameters bit for bit and their evictions, admissions and misses add up.
 #[test]
-fn a_resumed_store_evicts_the_rows_the_uninterrupted_one_evicts() {
-    let stores: [&[&str]; 2] = [
-        &["--store", "dynamic", "--ttl-steps", "8", "--flush-every", "5"],
-        &["--store", "tiered", "--hot-rows", "512", "--warmup", "5", "--flush-every", "5", "--max-rows", "6000"],
+fn a_resumed_store_evicts_and_admits_the_rows_the_uninterrupted_one_does() {
+    let stores: [(&[&str], &str); 3] = [
+        (&["--store", "dynamic", "--ttl-steps", "8", "--flush-every", "5"], "evictions"),
+        (
+            &["--store", "tiered", "--hot-rows", "512", "--warmup", "5", "--flush-every", "5", "--max-rows", "6000"],
+            "evictions",
+        ),
+        (&["--store", "dynamic", "--admit-count", "3"], "rejections"),
     ];
-    for store in stores {
+    for (store, happens) in stores {
         let tmp = tempfile::tempdir().unwrap();
         let ck_arg = dir_arg(&tmp.path().join("ck"));
         let (straight, _) = train(SYNTHETIC, 2, 60, store, tmp.path());
         let (first, _) = train(SYNTHETIC, 2, 30, &[store, &["--checkpoint-dir", &ck_arg]].concat(), tmp.path());
         let (resumed, _) =
             train(SYNTHETIC, 2, 60, &[store, &["--checkpoint-dir", &ck_arg, "--resume"]].concat(), tmp.path());
-        let what = store[1];
+        let what = store.join(" ");
         assert_eq!(resumed["resumed_from_step"], 30, "{what}");
         assert_eq!(resumed["params_l2"], straight["params_l2"], "{what}: the same parameters bit for bit");
         let count = |v: &serde_json::Value, k: &str| v["store"][k].as_u64().unwrap();
-        assert!(count(&resumed, "evictions") > 0, "{what}: rows are evicted after the resume");
-        for k in ["evictions", "misses", "lookups"] {
+        assert!(count(&resumed, happens) > 0, "{what}: {happens} after the resume");
+        for k in ["evictions", "admissions", "misses", "lookups"] {
             assert_eq!(count(&first, k) + count(&resumed, k), count(&straight, k), "{what}: {k}");
         }
     }

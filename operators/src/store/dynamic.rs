@@ -449,6 +449,14 @@ impl EmbeddingStore for DynamicStore {
     fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
         DynamicStore::set_last_seen(self, table, id, step);
     }
+    fn admission_counters(&self) -> Vec<u32> {
+        self.admission.as_ref().map_or_else(Vec::new, |a| a.counters().to_vec())
+    }
+    fn set_admission_counters(&mut self, counters: &[u32]) {
+        if let Some(a) = &mut self.admission {
+            a.set_counters(counters);
+        }
+    }
     fn stats(&self) -> StoreStats {
         StoreStats { cold_rows: self.num_rows() as u64, ..self.stats }
     }

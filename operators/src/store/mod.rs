@@ -382,6 +382,14 @@ pub trait EmbeddingStore {
     /// [`set_row`](Self::set_row)), which TTL and LFU eviction read. Stores
     /// that evict nothing ignore it.
     fn set_last_seen(&mut self, _table: usize, _id: u64, _step: u64) {}
+    /// The counters of the store's admission sketch (`--admit-count`: ids
+    /// seen but not yet admitted), empty without one; a checkpoint keeps them.
+    fn admission_counters(&self) -> Vec<u32> {
+        Vec::new()
+    }
+    /// Restores the admission sketch's counters (a checkpoint's); ignored by a
+    /// store without a sketch or with one of another size.
+    fn set_admission_counters(&mut self, _counters: &[u32]) {}
     /// Counters and sizes.
     fn stats(&self) -> StoreStats;
     /// Rows held.
@@ -545,6 +553,12 @@ impl EmbeddingStore for Store {
     }
     fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
         dispatch!(self, s => s.set_last_seen(table, id, step))
+    }
+    fn admission_counters(&self) -> Vec<u32> {
+        dispatch!(self, s => s.admission_counters())
+    }
+    fn set_admission_counters(&mut self, counters: &[u32]) {
+        dispatch!(self, s => s.set_admission_counters(counters))
     }
     fn stats(&self) -> StoreStats {
         dispatch!(self, s => s.stats())

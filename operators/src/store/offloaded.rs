@@ -318,6 +318,12 @@ impl<M: HotTierMemory> EmbeddingStore for OffloadedTieredStore<M> {
         self.edit_on_host();
         self.host.get_mut().set_last_seen(table, id, step);
     }
+    fn admission_counters(&self) -> Vec<u32> {
+        self.host.borrow().admission_counters()
+    }
+    fn set_admission_counters(&mut self, counters: &[u32]) {
+        self.host.get_mut().set_admission_counters(counters);
+    }
     fn stats(&self) -> StoreStats {
         self.host.borrow().stats()
     }

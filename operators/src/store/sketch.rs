@@ -59,6 +59,21 @@ impl CountMinSketch {
         next
     }
 
+    /// The counters, row by row (`depth × width`): what a checkpoint keeps.
+    pub fn counters(&self) -> &[u32] {
+        &self.counters
+    }
+
+    /// Replaces the counters with `counters` (a checkpoint's); false, with
+    /// nothing changed, when there are not `depth × width` of them.
+    pub fn set_counters(&mut self, counters: &[u32]) -> bool {
+        if counters.len() != self.counters.len() {
+            return false;
+        }
+        self.counters.copy_from_slice(counters);
+        true
+    }
+
     /// Adds `n` occurrences of `key` at once (a restore), conservatively.
     pub fn add_n(&mut self, key: u64, n: u32) {
         let h = self.hashes(key);

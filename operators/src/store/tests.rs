@@ -692,6 +692,7 @@ fn as_part(tables: Vec<TableRows>, sw: usize, step: u64, delta_of: Option<u64>) 
         delta_of,
         seed: 9,
         table_sizes: Vec::new(),
+        admission: Vec::new(),
     }
 }
 
@@ -790,17 +791,21 @@ fn the_fixed_store_exports_updated_rows_and_a_reset_reseeds_them() {
     assert_eq!(export_all(&trained, sizes.len()), compact);
 }
 
-/// A store restored from a checkpoint evicts the rows the uninterrupted store
-/// evicts: the checkpoint carries each row's count and last-use step, which
-/// TTL eviction and the ties of LFU eviction read (restored rows otherwise
-/// look used at the restore's step). The same exports, counters and lookups.
+/// A store restored from a checkpoint evicts and admits the rows the
+/// uninterrupted store does: the checkpoint carries each row's count and
+/// last-use step, which TTL eviction and the ties of LFU eviction read
+/// (restored rows otherwise look used at the restore's step), and the
+/// admission sketch's counters (ids seen but not yet admitted). The same
+/// exports, counters and lookups.
 #[test]
 fn a_resumed_store_evicts_the_rows_the_uninterrupted_one_evicts() {
     let sizes = [300u64, 37, 900];
     let work = workload(&sizes, 40, 30);
     let evicting = StoreConfig { max_rows: Some(120), ttl_steps: Some(6), ..config(StoreKind::Dynamic) };
     let tiered = StoreConfig { max_rows: Some(150), ttl_steps: Some(7), ..config(StoreKind::Tiered) };
-    for cfg in [evicting, tiered] {
+    let admitting = StoreConfig { admit_count: 3, sketch_width: 1 << 10, ..config(StoreKind::Dynamic) };
+    let tiered_admitting = StoreConfig { admit_count: 2, sketch_width: 1 << 10, ..tiered };
+    for cfg in [evicting, tiered, admitting, tiered_admitting] {
         let p = params(0, 1, &sizes, SparseOptimizerKind::RowwiseAdagrad);
         let (mut straight, mut first) = (Store::new(&cfg, &p).unwrap(), Store::new(&cfg, &p).unwrap());
         let at = 17;
@@ -819,7 +824,10 @@ fn a_resumed_store_evicts_the_rows_the_uninterrupted_one_evicts() {
                 restore_row(&mut resumed, t, part, i).unwrap();
             }
         }
-        let before = straight.stats().evictions;
+        let admission = first.admission_counters();
+        assert_eq!(admission.is_empty(), cfg.admit_count < 2, "{:?}: an admission sketch to keep", cfg.kind);
+        resumed.set_admission_counters(&admission);
+        let (before, admitted) = (straight.stats().evictions, straight.stats().admissions);
         for (s, step) in work.iter().enumerate().skip(at) {
             let (mut a, mut b) = (Vec::new(), Vec::new());
             for (t, ids) in step {
@@ -836,8 +844,14 @@ fn a_resumed_store_evicts_the_rows_the_uninterrupted_one_evicts() {
             straight.end_step(s as u64 + 1);
             resumed.end_step(s as u64 + 1);
         }
-        assert!(straight.stats().evictions > before, "{:?}: rows are evicted after the restore", cfg.kind);
-        assert_eq!(straight.stats().evictions - before, resumed.stats().evictions, "{:?}", cfg.kind);
+        let (st, rs) = (straight.stats(), resumed.stats());
+        if cfg.admit_count < 2 {
+            assert!(st.evictions > before, "{:?}: rows are evicted after the restore", cfg.kind);
+        } else {
+            assert!(st.rejections > 0, "{:?}: ids wait for admission", cfg.kind);
+        }
+        assert_eq!(st.evictions - before, rs.evictions, "{:?}", cfg.kind);
+        assert_eq!(st.admissions - admitted, rs.admissions, "{:?}", cfg.kind);
         assert_eq!(export_all(&resumed, sizes.len()), export_all(&straight, sizes.len()), "{:?}", cfg.kind);
     }
 }

@@ -458,6 +458,12 @@ impl EmbeddingStore for TieredStore {
             None => self.cold.set_last_seen(table, id, step),
         }
     }
+    fn admission_counters(&self) -> Vec<u32> {
+        self.cold.admission_counters()
+    }
+    fn set_admission_counters(&mut self, counters: &[u32]) {
+        self.cold.set_admission_counters(counters);
+    }
     fn stats(&self) -> StoreStats {
         let cold = self.cold.raw_stats();
         StoreStats {

@@ -12,7 +12,7 @@ use crate::nn::{DeepShares, DeepWeights, FmPartial};
 use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams};
 use crate::routing::shard_of;
 use crate::shard::EmbeddingShard;
-use crate::snapshot::{check_parts, Expected, WorkerSnapshot};
+use crate::snapshot::{admission_for, check_parts, Expected, WorkerSnapshot};
 use crate::store::{restore_row, DeviceStore, EmbeddingStore, Store, StoreStats};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
@@ -190,6 +190,7 @@ impl Owner {
             delta_of: None,
             seed,
             table_sizes: table_sizes.to_vec(),
+            admission: self.store.admission_counters(),
         }
     }
 
@@ -295,6 +296,9 @@ impl Owner {
                     }
                 }
             }
+        }
+        if reset {
+            self.store.set_admission_counters(&admission_for(parts, me, w));
         }
         Ok(checked.step)
     }

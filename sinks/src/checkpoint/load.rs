@@ -283,6 +283,7 @@ pub fn load_link(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
             delta_of: manifest.delta.map(|d| d.parent),
             seed: tables.seed.unwrap_or(manifest.seed),
             table_sizes: tables.table_sizes,
+            admission: tables.admission,
         });
     }
     Ok(Checkpoint { path: path.to_path_buf(), manifest, parts, chain: vec![step] })
@@ -346,6 +347,7 @@ fn optional_u64s(r: &Reader<'_>, name: &str, n: usize) -> Result<Vec<u64>, Tenso
 }
 
 struct ShardTables {
+    admission: Vec<u32>,
     seed: Option<u64>,
     table_sizes: Vec<u64>,
     dim: usize,
@@ -400,5 +402,11 @@ fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTable
         Err(_) => Vec::new(),
     };
     let seed = r.number("seed").ok();
-    Ok(ShardTables { seed, table_sizes, dim, state_width, tables })
+    // Absent without an admission sketch, and in older checkpoints.
+    let admission = match r.shape("admission") {
+        Ok(shape) if shape.len() == 1 => r.u32s("admission", &shape)?,
+        Ok(_) => r.u32s("admission", &[0])?,
+        Err(_) => Vec::new(),
+    };
+    Ok(ShardTables { admission, seed, table_sizes, dim, state_width, tables })
 }

@@ -25,6 +25,8 @@ pub enum Values<'a> {
     F32(&'a [f32]),
     /// Row ids and counts.
     U64(&'a [u64]),
+    /// Sketch counters.
+    U32(&'a [u32]),
 }
 
 impl Values<'_> {
@@ -32,6 +34,7 @@ impl Values<'_> {
         match self {
             Values::F32(_) => Dtype::F32,
             Values::U64(_) => Dtype::U64,
+            Values::U32(_) => Dtype::U32,
         }
     }
 
@@ -40,6 +43,7 @@ impl Values<'_> {
         match self {
             Values::F32(v) => v.len(),
             Values::U64(v) => v.len(),
+            Values::U32(v) => v.len(),
         }
     }
 
@@ -52,6 +56,7 @@ impl Values<'_> {
         match self {
             Values::F32(v) => v.len() * 4,
             Values::U64(v) => v.len() * 8,
+            Values::U32(v) => v.len() * 4,
         }
     }
 }
@@ -131,6 +136,13 @@ pub(crate) fn write(
                 }
             }
             Values::U64(v) => {
+                for chunk in v.chunks(CHUNK) {
+                    buf.clear();
+                    buf.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+                    out.write_all(&buf).map_err(io)?;
+                }
+            }
+            Values::U32(v) => {
                 for chunk in v.chunks(CHUNK) {
                     buf.clear();
                     buf.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
@@ -287,6 +299,12 @@ impl<'a> Reader<'a> {
     pub fn u64s(&self, name: &str, shape: &[usize]) -> Result<Vec<u64>, TensorError> {
         let raw = self.raw(name, Dtype::U64, shape)?;
         Ok(raw.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect())
+    }
+
+    /// Tensor `name`, which must be U32 of `shape`.
+    pub fn u32s(&self, name: &str, shape: &[usize]) -> Result<Vec<u32>, TensorError> {
+        let raw = self.raw(name, Dtype::U32, shape)?;
+        Ok(raw.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
     }
 
     /// The shape of tensor `name`.

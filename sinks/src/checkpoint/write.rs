@@ -57,7 +57,9 @@ fn meta(pairs: &[(&str, String)]) -> HashMap<String, String> {
 /// them `table.<t>.counts`, `table.<t>.hot` and `table.<t>.last_seen` (U64
 /// `[n]`: frequencies, hot-tier slots, `u32::MAX` for cold rows, and the step
 /// of each row's last update; older checkpoints lack them);
-/// a delta's part adds `table.<t>.removed` (U64 `[r]`: the ids removed since its parent).
+/// a delta's part adds `table.<t>.removed` (U64 `[r]`: the ids removed since its parent);
+/// a store that admits ids by count adds `admission` (U32: its count-min
+/// sketch's counters, row by row).
 pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEntry), SinkError> {
     let name = shard_file(part.worker);
     let mut list = Vec::with_capacity(5 * part.tables.len());
@@ -100,6 +102,10 @@ pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEnt
                 values: Values::U64(&table.removed),
             });
         }
+    }
+    if !part.admission.is_empty() {
+        let n = part.admission.len();
+        list.push(Tensor { name: "admission".into(), shape: vec![n], values: Values::U32(&part.admission) });
     }
     let metadata = meta(&[
         ("format", "tiderec-shard".into()),
