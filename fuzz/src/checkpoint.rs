@@ -77,7 +77,12 @@ fn parts() -> Vec<WorkerSnapshot> {
                 delta_of: None,
                 seed: 1,
                 table_sizes: Vec::new(),
-                admission: Vec::new(),
+                // Worker 0's admission sketch is written whole, worker 1's as its non-zero counters.
+                admission: tiderec_operators::snapshot::SketchCounters::from_dense(
+                    &(0..8 + 24 * k as u32)
+                        .map(|c| if k == 0 { c % 3 + 1 } else { u32::from(c % 6 == 0) * c })
+                        .collect::<Vec<_>>(),
+                ),
             }
         })
         .collect()

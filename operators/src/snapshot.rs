@@ -110,7 +110,49 @@ pub struct WorkerSnapshot {
     pub table_sizes: Vec<u64>,
     /// The counters of the writer's admission sketch (`--admit-count`: ids
     /// seen but not yet admitted), empty without one (and in older checkpoints).
-    pub admission: Vec<u32>,
+    pub admission: SketchCounters,
+}
+
+/// A count-min sketch's counters as a checkpoint holds them: `len` counters,
+/// those at `index` (ascending) holding `value` and every other one zero. Only
+/// the non-zero ones are kept, so a file's claim of `len` costs no memory
+/// until a sketch of that size takes them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SketchCounters {
+    /// Counters in the sketch (depth × width).
+    pub len: usize,
+    /// Positions of the non-zero counters, ascending.
+    pub index: Vec<u32>,
+    /// Their values.
+    pub value: Vec<u32>,
+}
+
+impl SketchCounters {
+    /// The non-zero counters of `dense` (empty for an empty slice; a sketch
+    /// has fewer than 2³² counters, as its width is at most 2³⁰).
+    pub fn from_dense(dense: &[u32]) -> Self {
+        let (index, value) = dense.iter().enumerate().filter(|(_, &c)| c != 0).map(|(i, &c)| (i as u32, c)).unzip();
+        SketchCounters { len: dense.len(), index, value }
+    }
+
+    /// True when there is no sketch.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Overwrites `dense` with these counters; false, with `dense` unchanged,
+    /// when it is not `len` long or a position lies past it.
+    pub fn write_into(&self, dense: &mut [u32]) -> bool {
+        let fits = dense.len() == self.len && self.index.len() == self.value.len();
+        if !fits || self.index.iter().any(|&i| i as usize >= self.len) {
+            return false;
+        }
+        dense.fill(0);
+        for (&i, &v) in self.index.iter().zip(&self.value) {
+            dense[i as usize] = v;
+        }
+        true
+    }
 }
 
 /// What the trainer expects a checkpoint to hold.
@@ -387,20 +429,22 @@ pub fn apply_delta(base: &mut [WorkerSnapshot], delta: Vec<WorkerSnapshot>) -> R
 /// the id's old owner counted: count-min's guarantee (never below the true
 /// count) holds. Parts without counters, or with another number of them than
 /// the first part that has some, are left out; empty when none has any.
-pub fn admission_for(parts: &[WorkerSnapshot], me: usize, workers: usize) -> Vec<u32> {
+pub fn admission_for(parts: &[WorkerSnapshot], me: usize, workers: usize) -> SketchCounters {
     let with: Vec<&WorkerSnapshot> = parts.iter().filter(|p| !p.admission.is_empty()).collect();
-    let Some(first) = with.first() else { return Vec::new() };
+    let Some(first) = with.first() else { return SketchCounters::default() };
     if first.workers == workers {
-        return parts.iter().find(|p| p.worker == me).map_or_else(Vec::new, |p| p.admission.clone());
+        return parts.iter().find(|p| p.worker == me).map(|p| p.admission.clone()).unwrap_or_default();
     }
-    let n = first.admission.len();
-    let mut out = vec![0u32; n];
-    for p in with.iter().filter(|p| p.admission.len() == n) {
-        for (o, &c) in out.iter_mut().zip(&p.admission) {
-            *o = (*o).max(c);
+    let len = first.admission.len;
+    let mut largest: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+    for p in with.iter().filter(|p| p.admission.len == len) {
+        for (&i, &v) in p.admission.index.iter().zip(&p.admission.value) {
+            let c = largest.entry(i).or_insert(0);
+            *c = (*c).max(v);
         }
     }
-    out
+    let (index, value) = largest.into_iter().unzip();
+    SketchCounters { len, index, value }
 }
 
 /// One table of [`apply_delta`]: a merge of two ascending id lists.
@@ -523,7 +567,7 @@ mod tests {
             delta_of: None,
             seed: 1,
             table_sizes: Vec::new(),
-            admission: Vec::new(),
+            admission: Default::default(),
         }
     }
 
@@ -702,19 +746,27 @@ mod tests {
     /// in each cell (parts without counters, or with another number, left out).
     #[test]
     fn admission_counters_restore_from_the_own_part_or_the_largest_of_all() {
+        let dense = |v: &[u32]| SketchCounters::from_dense(v);
         let mut p = parts();
         assert!(admission_for(&p, 1, 2).is_empty(), "none written");
-        p[0].admission = vec![3, 0, 7, 1];
-        p[1].admission = vec![1, 5, 2, 1];
-        assert_eq!(admission_for(&p, 0, 2), vec![3, 0, 7, 1]);
-        assert_eq!(admission_for(&p, 1, 2), vec![1, 5, 2, 1]);
+        p[0].admission = dense(&[3, 0, 7, 1]);
+        p[1].admission = dense(&[1, 5, 2, 1]);
+        assert_eq!(admission_for(&p, 0, 2), dense(&[3, 0, 7, 1]));
+        assert_eq!(admission_for(&p, 1, 2), dense(&[1, 5, 2, 1]));
         for (me, workers) in [(0, 1), (2, 3)] {
-            assert_eq!(admission_for(&p, me, workers), vec![3, 5, 7, 1], "resharded to {workers}");
+            assert_eq!(admission_for(&p, me, workers), dense(&[3, 5, 7, 1]), "resharded to {workers}");
         }
-        p[1].admission = vec![9; 3];
-        assert_eq!(admission_for(&p, 0, 3), vec![3, 0, 7, 1], "another length is left out");
-        p[0].admission.clear();
-        assert_eq!(admission_for(&p, 0, 3), vec![9; 3], "the first part with counters sets the length");
+        p[1].admission = dense(&[9; 3]);
+        assert_eq!(admission_for(&p, 0, 3), dense(&[3, 0, 7, 1]), "another length is left out");
+        p[0].admission = SketchCounters::default();
+        assert_eq!(admission_for(&p, 0, 3), dense(&[9; 3]), "the first part with counters sets the length");
+        // Into a sketch: only of its own size, every position inside it.
+        let mut sketch = vec![5u32; 4];
+        assert!(dense(&[0, 2, 0, 4]).write_into(&mut sketch));
+        assert_eq!(sketch, [0, 2, 0, 4]);
+        assert!(!dense(&[1, 1, 1]).write_into(&mut sketch), "another size");
+        let past = SketchCounters { len: 4, index: vec![1, 4], value: vec![1, 1] };
+        assert!(!past.write_into(&mut sketch) && sketch == [0, 2, 0, 4], "a position past the end changes nothing");
     }
 
     /// A delta replaces changed rows, adds new ones, drops removed ones (unless
@@ -724,9 +776,9 @@ mod tests {
     fn a_delta_applies_onto_its_parent() {
         let mut base = vec![part(0, 1, &[], vec![1.0; 4])];
         base[0].tables = vec![rows(&[1, 3, 5, 8], &[])];
-        base[0].admission = vec![1, 1];
+        base[0].admission = SketchCounters::from_dense(&[1, 1]);
         let mut delta = vec![part(0, 1, &[], vec![2.0; 4])];
-        delta[0].admission = vec![4, 2];
+        delta[0].admission = SketchCounters::from_dense(&[4, 2]);
         delta[0].step = 9;
         delta[0].delta_of = Some(7);
         let mut changed = rows(&[0, 3, 6, 8], &[5, 6, 8]);
@@ -743,7 +795,11 @@ mod tests {
             oracle.insert(id, changed.rows[2 * i..2 * i + 2].to_vec());
         }
         apply_delta(&mut base, delta).unwrap();
-        assert_eq!(base[0].admission, vec![4, 2], "the delta's admission counters, as its dense state");
+        assert_eq!(
+            base[0].admission,
+            SketchCounters::from_dense(&[4, 2]),
+            "the delta's admission counters, as its dense state"
+        );
         let got = &base[0].tables[0];
         assert_eq!(got.ids, oracle.keys().copied().collect::<Vec<_>>());
         assert_eq!(got.rows, oracle.values().flatten().copied().collect::<Vec<_>>());

@@ -161,7 +161,7 @@ impl StepEngine for CpuEngine {
             delta_of: None,
             seed: c.seed,
             table_sizes: c.table_sizes.clone(),
-            admission: Vec::new(),
+            admission: Default::default(),
         })
     }
 

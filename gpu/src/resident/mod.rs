@@ -772,7 +772,7 @@ impl ResidentWorker {
             delta_of: None,
             seed: self.seed,
             table_sizes: self.table_sizes.clone(),
-            admission: Vec::new(),
+            admission: Default::default(),
         })
     }
 }

@@ -12,7 +12,7 @@
 use super::{init_row, CountMinSketch, EmbeddingStore, StoreConfig, StoreParams, StoreStats};
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
 use crate::rng::unit_f64;
-use crate::snapshot::{check_row, TableRows};
+use crate::snapshot::{check_row, SketchCounters, TableRows};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 
@@ -449,10 +449,10 @@ impl EmbeddingStore for DynamicStore {
     fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
         DynamicStore::set_last_seen(self, table, id, step);
     }
-    fn admission_counters(&self) -> Vec<u32> {
-        self.admission.as_ref().map_or_else(Vec::new, |a| a.counters().to_vec())
+    fn admission_counters(&self) -> SketchCounters {
+        self.admission.as_ref().map(|a| SketchCounters::from_dense(a.counters())).unwrap_or_default()
     }
-    fn set_admission_counters(&mut self, counters: &[u32]) {
+    fn set_admission_counters(&mut self, counters: &SketchCounters) {
         if let Some(a) = &mut self.admission {
             a.set_counters(counters);
         }

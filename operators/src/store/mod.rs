@@ -56,7 +56,7 @@ pub use tiered::TieredStore;
 
 use crate::optim::{OptimizerParams, SparseOptimizerKind};
 use crate::shard::EmbeddingShard;
-use crate::snapshot::TableRows;
+use crate::snapshot::{SketchCounters, TableRows};
 use crate::OperatorError;
 use serde::{Deserialize, Serialize};
 
@@ -384,12 +384,12 @@ pub trait EmbeddingStore {
     fn set_last_seen(&mut self, _table: usize, _id: u64, _step: u64) {}
     /// The counters of the store's admission sketch (`--admit-count`: ids
     /// seen but not yet admitted), empty without one; a checkpoint keeps them.
-    fn admission_counters(&self) -> Vec<u32> {
-        Vec::new()
+    fn admission_counters(&self) -> SketchCounters {
+        SketchCounters::default()
     }
     /// Restores the admission sketch's counters (a checkpoint's); ignored by a
     /// store without a sketch or with one of another size.
-    fn set_admission_counters(&mut self, _counters: &[u32]) {}
+    fn set_admission_counters(&mut self, _counters: &SketchCounters) {}
     /// Counters and sizes.
     fn stats(&self) -> StoreStats;
     /// Rows held.
@@ -554,10 +554,10 @@ impl EmbeddingStore for Store {
     fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
         dispatch!(self, s => s.set_last_seen(table, id, step))
     }
-    fn admission_counters(&self) -> Vec<u32> {
+    fn admission_counters(&self) -> SketchCounters {
         dispatch!(self, s => s.admission_counters())
     }
-    fn set_admission_counters(&mut self, counters: &[u32]) {
+    fn set_admission_counters(&mut self, counters: &SketchCounters) {
         dispatch!(self, s => s.set_admission_counters(counters))
     }
     fn stats(&self) -> StoreStats {

@@ -28,7 +28,7 @@
 
 use super::{DeviceStore, EmbeddingStore, StoreStats, TieredStore};
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
-use crate::snapshot::TableRows;
+use crate::snapshot::{SketchCounters, TableRows};
 use crate::OperatorError;
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -318,10 +318,10 @@ impl<M: HotTierMemory> EmbeddingStore for OffloadedTieredStore<M> {
         self.edit_on_host();
         self.host.get_mut().set_last_seen(table, id, step);
     }
-    fn admission_counters(&self) -> Vec<u32> {
+    fn admission_counters(&self) -> SketchCounters {
         self.host.borrow().admission_counters()
     }
-    fn set_admission_counters(&mut self, counters: &[u32]) {
+    fn set_admission_counters(&mut self, counters: &SketchCounters) {
         self.host.get_mut().set_admission_counters(counters);
     }
     fn stats(&self) -> StoreStats {

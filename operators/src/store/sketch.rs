@@ -1,6 +1,7 @@
 //! A count-min sketch: approximate occurrence counts in fixed memory.
 
 use crate::features::mix64;
+use crate::snapshot::SketchCounters;
 
 /// `depth` rows of `width` saturating `u32` counters. An estimate is never
 /// below the true count and exceeds it by at most `e·N/width` with
@@ -65,13 +66,9 @@ impl CountMinSketch {
     }
 
     /// Replaces the counters with `counters` (a checkpoint's); false, with
-    /// nothing changed, when there are not `depth × width` of them.
-    pub fn set_counters(&mut self, counters: &[u32]) -> bool {
-        if counters.len() != self.counters.len() {
-            return false;
-        }
-        self.counters.copy_from_slice(counters);
-        true
+    /// nothing changed, when they are not this sketch's `depth × width`.
+    pub fn set_counters(&mut self, counters: &SketchCounters) -> bool {
+        counters.write_into(&mut self.counters)
     }
 
     /// Adds `n` occurrences of `key` at once (a restore), conservatively.

@@ -692,7 +692,7 @@ fn as_part(tables: Vec<TableRows>, sw: usize, step: u64, delta_of: Option<u64>) 
         delta_of,
         seed: 9,
         table_sizes: Vec::new(),
-        admission: Vec::new(),
+        admission: Default::default(),
     }
 }
 
@@ -825,7 +825,7 @@ fn a_resumed_store_evicts_the_rows_the_uninterrupted_one_evicts() {
             }
         }
         let admission = first.admission_counters();
-        assert_eq!(admission.is_empty(), cfg.admit_count < 2, "{:?}: an admission sketch to keep", cfg.kind);
+        assert_eq!(admission.value.is_empty(), cfg.admit_count < 2, "{:?}: an admission sketch to keep", cfg.kind);
         resumed.set_admission_counters(&admission);
         let (before, admitted) = (straight.stats().evictions, straight.stats().admissions);
         for (s, step) in work.iter().enumerate().skip(at) {

@@ -21,7 +21,7 @@ use super::{
     StoreStats,
 };
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
-use crate::snapshot::{TableRows, COLD};
+use crate::snapshot::{SketchCounters, TableRows, COLD};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
@@ -458,10 +458,10 @@ impl EmbeddingStore for TieredStore {
             None => self.cold.set_last_seen(table, id, step),
         }
     }
-    fn admission_counters(&self) -> Vec<u32> {
+    fn admission_counters(&self) -> SketchCounters {
         self.cold.admission_counters()
     }
-    fn set_admission_counters(&mut self, counters: &[u32]) {
+    fn set_admission_counters(&mut self, counters: &SketchCounters) {
         self.cold.set_admission_counters(counters);
     }
     fn stats(&self) -> StoreStats {

@@ -21,7 +21,7 @@ use crate::SinkError;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use tiderec_operators::optim::{DenseOptimizerKind, DenseOptimizerState};
-use tiderec_operators::snapshot::{apply_delta, TableRows, WorkerSnapshot};
+use tiderec_operators::snapshot::{apply_delta, SketchCounters, TableRows, WorkerSnapshot};
 use tiderec_operators::train::dense_slice;
 use tiderec_operators::RestoreError;
 
@@ -338,6 +338,25 @@ fn removed(r: &Reader<'_>, name: &str) -> Result<Vec<u64>, TensorError> {
     r.u64s(name, &[one_dim(r, name)?])
 }
 
+/// The admission sketch's counters of a shard, dense (`admission`) or as its
+/// non-zero ones (`admission.index`, `admission.value`, `admission_len`);
+/// empty without a sketch, and in older checkpoints. The store that takes them
+/// checks their number and positions against its own sketch.
+fn admission(r: &Reader<'_>) -> Result<SketchCounters, TensorError> {
+    if r.shape("admission").is_ok() {
+        return Ok(SketchCounters::from_dense(&r.u32s("admission", &[one_dim(r, "admission")?])?));
+    }
+    if r.shape("admission.index").is_err() {
+        return Ok(SketchCounters::default());
+    }
+    let k = one_dim(r, "admission.index")?;
+    Ok(SketchCounters {
+        len: r.number("admission_len")? as usize,
+        index: r.u32s("admission.index", &[k])?,
+        value: r.u32s("admission.value", &[k])?,
+    })
+}
+
 /// The U64 `[n]` tensor `name`, or nothing where the checkpoint predates it.
 fn optional_u64s(r: &Reader<'_>, name: &str, n: usize) -> Result<Vec<u64>, TensorError> {
     if r.shape(name).is_err() {
@@ -347,7 +366,7 @@ fn optional_u64s(r: &Reader<'_>, name: &str, n: usize) -> Result<Vec<u64>, Tenso
 }
 
 struct ShardTables {
-    admission: Vec<u32>,
+    admission: SketchCounters,
     seed: Option<u64>,
     table_sizes: Vec<u64>,
     dim: usize,
@@ -402,11 +421,6 @@ fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTable
         Err(_) => Vec::new(),
     };
     let seed = r.number("seed").ok();
-    // Absent without an admission sketch, and in older checkpoints.
-    let admission = match r.shape("admission") {
-        Ok(shape) if shape.len() == 1 => r.u32s("admission", &shape)?,
-        Ok(_) => r.u32s("admission", &[0])?,
-        Err(_) => Vec::new(),
-    };
+    let admission = admission(&r)?;
     Ok(ShardTables { admission, seed, table_sizes, dim, state_width, tables })
 }

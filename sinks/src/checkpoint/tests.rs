@@ -59,8 +59,19 @@ fn parts(step: u64) -> Vec<WorkerSnapshot> {
                 delta_of: None,
                 seed: 1,
                 table_sizes: Vec::new(),
-                // An admission sketch's counters, of another length per worker: they travel as they are.
-                admission: (0..16 + k as u32).map(|c| c * step as u32 % 5).collect(),
+                // An admission sketch's counters: worker 0's mostly non-zero (written
+                // whole), worker 1's mostly zero (written as its non-zero ones).
+                admission: tiderec_operators::snapshot::SketchCounters::from_dense(
+                    &(0..16 + 49 * k as u64)
+                        .map(|c| {
+                            if k == 0 {
+                                (c * step % 5 + 1) as u32
+                            } else {
+                                u32::from(c % 8 == 0) * (c * step % 7 + 1) as u32
+                            }
+                        })
+                        .collect::<Vec<_>>(),
+                ),
             }
         })
         .collect()
@@ -138,7 +149,7 @@ fn shards_without_frequencies_still_load() {
             t.hot.clear();
             t.last_seen.clear();
         }
-        p.admission.clear();
+        p.admission = Default::default();
     }
     write_checkpoint(dir.path(), &old, manifest(4), 3).unwrap();
     let c = find_latest(dir.path()).unwrap().found.unwrap();
@@ -153,7 +164,7 @@ fn shards_without_frequencies_still_load() {
     let all = parts(4);
     assert!(all[0].tables[2].counts.iter().any(|&c| c > 0), "the other tests carry counts");
     assert!(all[0].tables[2].last_seen.iter().any(|&s| s != 4), "and last-use steps");
-    assert!(all[1].admission.iter().any(|&c| c > 0), "and admission counters");
+    assert!(!all[1].admission.value.is_empty(), "and admission counters");
 }
 
 /// Rewrites the manifest of checkpoint `p` with another worker count.

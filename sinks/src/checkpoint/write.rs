@@ -58,8 +58,10 @@ fn meta(pairs: &[(&str, String)]) -> HashMap<String, String> {
 /// `[n]`: frequencies, hot-tier slots, `u32::MAX` for cold rows, and the step
 /// of each row's last update; older checkpoints lack them);
 /// a delta's part adds `table.<t>.removed` (U64 `[r]`: the ids removed since its parent);
-/// a store that admits ids by count adds `admission` (U32: its count-min
-/// sketch's counters, row by row).
+/// a store that admits ids by count adds its count-min sketch's counters, row
+/// by row: `admission` (U32 `[n]`), or, where fewer than half are non-zero,
+/// `admission.index` and `admission.value` (U32 `[k]`: the non-zero ones) with
+/// the metadata `admission_len` (`n`).
 pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEntry), SinkError> {
     let name = shard_file(part.worker);
     let mut list = Vec::with_capacity(5 * part.tables.len());
@@ -103,11 +105,25 @@ pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEnt
             });
         }
     }
-    if !part.admission.is_empty() {
-        let n = part.admission.len();
-        list.push(Tensor { name: "admission".into(), shape: vec![n], values: Values::U32(&part.admission) });
+    // The admission sketch: its non-zero counters where they are fewer than half, else all of them.
+    let counters = &part.admission;
+    let dense_counters = (counters.index.len() * 2 >= counters.len).then(|| {
+        let mut dense = vec![0u32; counters.len];
+        counters.write_into(&mut dense);
+        dense
+    });
+    match &dense_counters {
+        _ if counters.is_empty() => {}
+        Some(dense) => {
+            list.push(Tensor { name: "admission".into(), shape: vec![dense.len()], values: Values::U32(dense) });
+        }
+        None => {
+            let k = counters.index.len();
+            list.push(Tensor { name: "admission.index".into(), shape: vec![k], values: Values::U32(&counters.index) });
+            list.push(Tensor { name: "admission.value".into(), shape: vec![k], values: Values::U32(&counters.value) });
+        }
     }
-    let metadata = meta(&[
+    let mut metadata = vec![
         ("format", "tiderec-shard".into()),
         ("worker", part.worker.to_string()),
         ("workers", part.workers.to_string()),
@@ -117,8 +133,11 @@ pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEnt
         ("tables", part.tables.len().to_string()),
         ("seed", part.seed.to_string()),
         ("table_sizes", serde_json::to_string(&part.table_sizes).unwrap_or_default()),
-    ]);
-    let entry = tensors::write(&tmp.join(&name), &list, metadata)?;
+    ];
+    if !counters.is_empty() && dense_counters.is_none() {
+        metadata.push(("admission_len", counters.len.to_string()));
+    }
+    let entry = tensors::write(&tmp.join(&name), &list, meta(&metadata))?;
     Ok((name, entry))
 }
 
