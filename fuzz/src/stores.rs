@@ -12,8 +12,8 @@
 use tiderec_operators::optim::{OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::snapshot::TableRows;
 use tiderec_operators::store::{
-    DeviceStore, EmbeddingStore, FrequencySource, HostHotTier, OffloadedTieredStore, StoreConfig, StoreKind,
-    StoreParams, TieredStore,
+    restore_row, DeviceStore, EmbeddingStore, FrequencySource, HostHotTier, OffloadedTieredStore, StoreConfig,
+    StoreKind, StoreParams, TieredStore,
 };
 
 /// Row width.
@@ -127,15 +127,12 @@ pub fn tiered_hot_tier(data: &[u8]) {
                 // A restore of the plain store's export into both, after a reset.
                 let parts = exports(&plain);
                 assert_eq!(parts, exports(&other), "the export before a restore");
-                let sw = plain.state_width();
+                assert!(parts.iter().all(|p| p.counts.len() == p.ids.len() && p.last_seen.len() == p.ids.len()));
                 for store in [&mut plain as &mut dyn EmbeddingStore, &mut other] {
                     store.reset(completed);
                     for (t, part) in parts.iter().enumerate() {
-                        for (i, &id) in part.ids.iter().enumerate() {
-                            let (row, state) = (&part.rows[i * DIM..][..DIM], &part.state[i * sw..][..sw]);
-                            store.set_row(t, id, row, state).expect("a row of the store's own export");
-                            let (count, hot) = part.frequency(i).expect("a tiered export carries frequencies");
-                            store.set_frequency(t, id, count, hot);
+                        for i in 0..part.ids.len() {
+                            restore_row(store, t, part, i).expect("a row of the store's own export");
                         }
                     }
                 }

@@ -34,8 +34,9 @@ use crate::{OperatorError, RestoreError};
 
 /// One table's rows held by one worker: `ids.len()` rows of `dim` values and
 /// `state_width` optimizer slots each, row `i` of both belonging to `ids[i]`;
-/// dynamic and tiered stores add each row's frequency and hot-tier slot
-/// (both empty where a store keeps none, or in checkpoints older than them).
+/// dynamic and tiered stores add each row's frequency, hot-tier slot and
+/// last-use step (each empty where a store keeps none, or in checkpoints older
+/// than them).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TableRows {
     /// Global row ids.
@@ -108,8 +109,8 @@ pub struct WorkerSnapshot {
     pub seed: u64,
     /// The writer's table sizes (empty where not recorded: older checkpoints).
     pub table_sizes: Vec<u64>,
-    /// The counters of the writer's admission sketch (`--admit-count`: ids
-    /// seen but not yet admitted), empty without one (and in older checkpoints).
+    /// The counters of the writer's admission sketch (`--admit-count`:
+    /// sightings of ids not held), empty without one (and in older checkpoints).
     pub admission: SketchCounters,
 }
 
@@ -141,10 +142,11 @@ impl SketchCounters {
     }
 
     /// Overwrites `dense` with these counters; false, with `dense` unchanged,
-    /// when it is not `len` long or a position lies past it.
+    /// when it is not `len` long or the positions are not ascending inside it.
     pub fn write_into(&self, dense: &mut [u32]) -> bool {
         let fits = dense.len() == self.len && self.index.len() == self.value.len();
-        if !fits || self.index.iter().any(|&i| i as usize >= self.len) {
+        let ascending = self.index.windows(2).all(|w| w[0] < w[1]);
+        if !fits || !ascending || self.index.last().is_some_and(|&i| i as usize >= self.len) {
             return false;
         }
         dense.fill(0);
@@ -292,6 +294,10 @@ fn check_rows(parts: &[WorkerSnapshot], expected: Expected<'_>) -> Result<(), Op
                 }
                 .into());
             }
+            if let Some((i, &last_seen)) = rows.last_seen.iter().enumerate().find(|&(_, &s)| s > p.step) {
+                let (table, worker, id, step) = (t, p.worker, rows.ids[i], p.step);
+                return Err(RestoreError::LastSeenAfterStep { table, worker, id, last_seen, step }.into());
+            }
             if rows.rows.len() != k * d || rows.state.len() != k * w {
                 return Err(RestoreError::PartTableWidths {
                     table: t,
@@ -436,14 +442,21 @@ pub fn admission_for(parts: &[WorkerSnapshot], me: usize, workers: usize) -> Ske
         return parts.iter().find(|p| p.worker == me).map(|p| p.admission.clone()).unwrap_or_default();
     }
     let len = first.admission.len;
-    let mut largest: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
-    for p in with.iter().filter(|p| p.admission.len == len) {
-        for (&i, &v) in p.admission.index.iter().zip(&p.admission.value) {
-            let c = largest.entry(i).or_insert(0);
-            *c = (*c).max(v);
+    let mut cells: Vec<(u32, u32)> = with
+        .iter()
+        .filter(|p| p.admission.len == len)
+        .flat_map(|p| p.admission.index.iter().copied().zip(p.admission.value.iter().copied()))
+        .collect();
+    cells.sort_unstable();
+    // Sorted by position, then value: the last of each position is its largest.
+    cells.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1 = later.1;
         }
-    }
-    let (index, value) = largest.into_iter().unzip();
+        same
+    });
+    let (index, value) = cells.into_iter().unzip();
     SketchCounters { len, index, value }
 }
 
@@ -651,6 +664,11 @@ mod tests {
                 RestoreError::FrequencyCount { table: 0, worker: 1, ids: 2, counts: 0, hot: 0, last_seen: 3 },
             ),
             (
+                "after the checkpoint's step 7",
+                Box::new(|p| p[1].tables[0].last_seen = vec![7, 8]),
+                RestoreError::LastSeenAfterStep { table: 0, worker: 1, id: 3, last_seen: 8, step: 7 },
+            ),
+            (
                 "of its 130 rows",
                 Box::new(|p| {
                     let t = &mut p[1].tables[1];
@@ -767,6 +785,8 @@ mod tests {
         assert!(!dense(&[1, 1, 1]).write_into(&mut sketch), "another size");
         let past = SketchCounters { len: 4, index: vec![1, 4], value: vec![1, 1] };
         assert!(!past.write_into(&mut sketch) && sketch == [0, 2, 0, 4], "a position past the end changes nothing");
+        let twice = SketchCounters { len: 4, index: vec![2, 2], value: vec![1, 3] };
+        assert!(!twice.write_into(&mut sketch) && sketch == [0, 2, 0, 4], "nor positions out of order");
     }
 
     /// A delta replaces changed rows, adds new ones, drops removed ones (unless

@@ -269,6 +269,20 @@ pub enum RestoreError {
         /// Last-use steps.
         last_seen: usize,
     },
+    /// A row's last-use step lies after the step of the checkpoint that holds it.
+    #[error("table {table} of worker {worker}: row {id} was last used at step {last_seen}, after the checkpoint's step {step}")]
+    LastSeenAfterStep {
+        /// The table.
+        table: usize,
+        /// The writer of the part.
+        worker: usize,
+        /// The row.
+        id: u64,
+        /// Its last-use step.
+        last_seen: u64,
+        /// The checkpoint's step.
+        step: u64,
+    },
     /// A table of a part has other value or slot counts than its ids need.
     #[error("table {table} of worker {worker}: {ids} ids but {values} values and {slots} optimizer slots")]
     PartTableWidths {

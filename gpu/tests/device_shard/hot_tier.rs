@@ -142,13 +142,9 @@ fn a_hot_tier_on_the_device_trains_as_the_cpu_tiered_store() {
             let parts: Vec<TableRows> = (0..SIZES.len()).map(|t| host.export_table(t)).collect();
             let mut resumed = device_tiered_store(&dev, &c, at).unwrap();
             resumed.reset(14);
-            let sw = host.state_width();
             for (t, part) in parts.iter().enumerate() {
-                for (i, &id) in part.ids.iter().enumerate() {
-                    let (row, state) = (&part.rows[i * DIM..][..DIM], &part.state[i * sw..][..sw]);
-                    resumed.set_row(t, id, row, state).unwrap();
-                    let (count, hot) = part.frequency(i).unwrap();
-                    resumed.set_frequency(t, id, count, hot);
+                for i in 0..part.ids.len() {
+                    tiderec_operators::store::restore_row(&mut resumed, t, part, i).unwrap();
                 }
             }
             for s in 14..20u64 {

@@ -239,7 +239,9 @@ impl DynamicStore {
         if let Some(ttl) = self.ttl {
             let step = self.step;
             let stale: Vec<usize> = (0..self.meta.len())
-                .filter(|&s| self.meta[s].table != FREE && step.saturating_sub(self.meta[s].last_seen + 1) > ttl)
+                .filter(|&s| {
+                    self.meta[s].table != FREE && step.saturating_sub(self.meta[s].last_seen.saturating_add(1)) > ttl
+                })
                 .collect();
             for s in stale {
                 self.evict_slot(s);
@@ -426,6 +428,10 @@ impl EmbeddingStore for DynamicStore {
         self.step = completed;
         self.mark = None;
         self.evicted.clear();
+        // A restore's counters replace it; a checkpoint without them starts it empty.
+        if let Some(a) = &mut self.admission {
+            a.clear();
+        }
     }
     fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
         check_row(self.owner(), &self.table_sizes, table, id, row, state)?;

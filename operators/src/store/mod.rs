@@ -328,8 +328,9 @@ impl StoreStats {
 /// * [`export_table`](Self::export_table) lists every row held, ids ascending,
 ///   with its optimizer state (a store that [exports updated rows
 ///   only](Self::exports_updated_only) leaves out the rows still at their seeded
-///   values); [`reset`](Self::reset) followed by [`set_row`](Self::set_row) for
-///   each exported row rebuilds the same state.
+///   values); [`reset`](Self::reset) followed by [`restore_row`] for each
+///   exported row and [`set_admission_counters`](Self::set_admission_counters)
+///   rebuilds the same state.
 /// * [`export_changes`](Self::export_changes) lists, ids ascending, every row
 ///   whose values, optimizer state or frequency changed since the last
 ///   [`mark_checkpoint`](Self::mark_checkpoint), and in `removed` the ids
@@ -382,8 +383,8 @@ pub trait EmbeddingStore {
     /// [`set_row`](Self::set_row)), which TTL and LFU eviction read. Stores
     /// that evict nothing ignore it.
     fn set_last_seen(&mut self, _table: usize, _id: u64, _step: u64) {}
-    /// The counters of the store's admission sketch (`--admit-count`: ids
-    /// seen but not yet admitted), empty without one; a checkpoint keeps them.
+    /// The counters of the store's admission sketch (`--admit-count`:
+    /// sightings of ids not held), empty without one; a checkpoint keeps them.
     fn admission_counters(&self) -> SketchCounters {
         SketchCounters::default()
     }
