@@ -201,13 +201,6 @@ impl DynamicStore {
         }
     }
 
-    /// Sets the last-use step of row `id` of `table`, if held.
-    pub(crate) fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
-        if let Some(s) = self.slot(table, id) {
-            self.meta[s as usize].last_seen = step;
-        }
-    }
-
     /// Every held row's bookkeeping.
     pub(crate) fn live_meta(&self) -> impl Iterator<Item = &Meta> + '_ {
         self.meta.iter().filter(|m| m.table != FREE)
@@ -453,7 +446,9 @@ impl EmbeddingStore for DynamicStore {
         self.set_count(table, id, count);
     }
     fn set_last_seen(&mut self, table: usize, id: u64, step: u64) {
-        DynamicStore::set_last_seen(self, table, id, step);
+        if let Some(s) = self.slot(table, id) {
+            self.meta[s as usize].last_seen = step;
+        }
     }
     fn admission_counters(&self) -> SketchCounters {
         self.admission.as_ref().map(|a| SketchCounters::from_dense(a.counters())).unwrap_or_default()

@@ -396,10 +396,7 @@ fn parse_shard(bytes: &[u8], k: usize, manifest: &Manifest) -> Result<ShardTable
         let n = one_dim(&r, &ids_name)?;
         // Frequencies and hot slots are optional: checkpoints older than them still load.
         let narrow = |name: String| -> Result<Vec<u32>, TensorError> {
-            if r.shape(&name).is_err() {
-                return Ok(Vec::new());
-            }
-            r.u64s(&name, &[n])?
+            optional_u64s(&r, &name, n)?
                 .into_iter()
                 .map(|value| u32::try_from(value).map_err(|_| TensorError::AboveU32 { name: name.clone(), value }))
                 .collect()
