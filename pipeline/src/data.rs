@@ -185,8 +185,7 @@ const MIN_SAMPLES_PER_THREAD: u64 = 1024;
 /// so a worker with cores to spare (a GPU worker training alone) is not held to
 /// one core's generating speed.
 fn generator_threads(workers: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / workers.max(1)).max(1)
+    crate::device::cores_per_worker(workers)
 }
 
 /// Appends samples `range` of `generator` to `out`, made on up to `threads`

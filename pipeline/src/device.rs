@@ -156,12 +156,25 @@ impl Devices {
 
     /// Builds this worker's trainer with its model on its device, its MLP
     /// products in `precision` (a CPU model's MLPs; every GEMM of a GPU
-    /// worker, see `tiderec_gpu::Device::with_precision`).
+    /// worker, see `tiderec_gpu::Device::with_precision`), planning and pooling
+    /// its batches on its share of the cores ([`cores_per_worker`]).
     ///
     /// Should the device model fail here after a successful [`preflight`](Self::preflight),
     /// the worker still joins the dataflow with a host model and fails its
     /// first step, so that its peers stop instead of waiting for it.
     pub fn trainer(
+        &self,
+        worker: &mut Worker,
+        config: &TrainerConfig,
+        workers: usize,
+        precision: Precision,
+    ) -> Result<Trainer, PipelineError> {
+        let mut trainer = self.trainer_on_device(worker, config, workers, precision)?;
+        trainer.set_host_threads(cores_per_worker(workers));
+        Ok(trainer)
+    }
+
+    fn trainer_on_device(
         &self,
         worker: &mut Worker,
         config: &TrainerConfig,
@@ -312,6 +325,14 @@ fn build_on(n: usize, config: &TrainerConfig, precision: Precision) -> Result<Bo
         .map_err(|e| PipelineError::config("device", format!("{device}: {e}")))?;
     tiderec_gpu::model::build(&config.model, config.seed, &dev)
         .map_err(|e| PipelineError::config("device", format!("{device}: {e}")))
+}
+
+/// This machine's share of the cores for each of a process's `workers` workers, at
+/// least 1 (the worker's own): what a worker may spread its host work over while
+/// its core, or its GPU, would otherwise wait.
+pub fn cores_per_worker(workers: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / workers.max(1)).max(1)
 }
 
 #[cfg(test)]

@@ -478,6 +478,15 @@ impl Trainer {
         check_batch(&self.config, batch)
     }
 
+    /// Lets this worker plan its lookups, pool its rows and sum its rows' gradients
+    /// on up to `threads` threads, its own among them (1, the default, starts none;
+    /// a step needs 8,192 entries a thread): a worker with cores to spare, such as a
+    /// GPU worker whose model runs on its device, keeps up with large batches. A
+    /// step's results do not depend on it.
+    pub fn set_host_threads(&mut self, threads: usize) {
+        self.shared.home.borrow_mut().set_threads(threads);
+    }
+
     /// Whether training steps also gather their predictions (made before the step's update)
     /// on worker 0, for [`Trainer::take_eval`]: prequential evaluation of a stream.
     pub fn set_score_training(&mut self, score: bool) {

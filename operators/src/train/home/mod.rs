@@ -2,17 +2,27 @@
 //! forward and backward pass on the worker's dense replica ([`Dense`], passed
 //! in) and the gradients it sends. What it reads of the owner side comes in as
 //! [`LocalRows`].
+//!
+//! Invariant: a step's plan, pooled vectors and row gradients do not depend on
+//! the threads the home may use ([`Home::set_threads`]): each slot is planned
+//! and its rows' gradients summed on one thread in the one-thread order, and each
+//! bag is pooled on one thread, so the messages are the same bit for bit.
 
+mod dedup;
+mod pool;
+mod threads;
+
+use self::dedup::SlotJob;
+use self::threads::HostThreads;
 use super::shared::{Dense, LocalRows};
 use super::{Command, GradientMessage, LookupReply, LookupRequest, StepKind, StepStats, TrainerConfig};
-use crate::batch::Batch;
+use crate::batch::{Batch, SparseField};
 use crate::exchange::narrow_ids;
 use crate::exchange::{ExchangeConfig, PartialLookup, PartialSlot, Replicas, TableExchange, WireIds};
 use crate::metrics::EvalSet;
-use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
 use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
 use crate::nn::{DeepShares, DeepWeights, FmPartial, Model, SequenceInput};
-use crate::routing::shard_of;
+use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 /// Lookup plan of one slot (a sparse or a sequence field) of the current micro-batch.
@@ -41,6 +51,11 @@ impl TablePlan {
     }
 }
 
+thread_local! {
+    /// Scratch of the dedup on a home's pool thread.
+    static SEEN: std::cell::RefCell<FxHashMap<u64, u32>> = std::cell::RefCell::default();
+}
+
 /// The owner marker of a replicated row in [`TablePlan::place`].
 const HOT: u32 = u32::MAX;
 
@@ -63,7 +78,14 @@ pub(super) struct Home {
     dseq: Vec<f32>,
     seq_lengths: Vec<usize>,
     dlogits: Vec<f32>,
+    /// Scratch of the dedup on the worker's thread.
     seen: FxHashMap<u64, u32>,
+    /// The threads this home may plan, pool and sum gradients on.
+    host: HostThreads,
+    /// Each field's distinct rows, one after another (where pooled on several threads).
+    field_rows: Vec<Vec<f32>>,
+    /// Each field's distinct rows' gradients (where summed on several threads).
+    field_grads: Vec<Vec<f32>>,
     exchange: ExchangeConfig,
     /// The model's partial form when any field travels as partial results.
     partial: Option<FmPartial>,
@@ -106,6 +128,9 @@ impl Home {
             seq_lengths: Vec::new(),
             dlogits: Vec::new(),
             seen: FxHashMap::default(),
+            host: HostThreads::new(1),
+            field_rows: Vec::new(),
+            field_grads: Vec::new(),
             exchange: config.exchange.clone(),
             partial,
             partial_replies: vec![Vec::new(); workers],
@@ -138,41 +163,29 @@ impl Home {
         let mut ids: Vec<Vec<u64>> = vec![Vec::new(); w];
         if command.kind != StepKind::Report {
             let num_sparse = command.batch.sparse.len();
+            let fields: Vec<&SparseField> = command.batch.sparse.iter().chain(&command.batch.sequences).collect();
+            self.dedup(&fields, num_sparse, replicas, w);
             let mut rows_at = vec![0u32; w];
             let mut segment = vec![0u32; w];
-            for (k, field) in command.batch.sparse.iter().chain(&command.batch.sequences).enumerate() {
-                let t = self.slot_tables[k];
+            for (k, field) in fields.iter().enumerate() {
                 let partial = k < num_sparse && self.exchange.table(k) == TableExchange::Partial;
                 let plan = &mut self.plans[k];
-                plan.unique.clear();
-                plan.index.clear();
-                plan.place.clear();
-                self.seen.clear();
-                for &id in &field.ids {
-                    let next = plan.unique.len() as u32;
-                    let u = *self.seen.entry(id).or_insert_with(|| {
-                        plan.unique.push(id);
-                        next
-                    });
-                    plan.index.push(u);
-                }
                 for (s, owned) in segment.iter_mut().zip(&ids) {
                     *s = owned.len() as u32;
                 }
-                for &id in &plan.unique {
-                    if !partial {
-                        if let Some(h) = replicas.find(t, id) {
-                            plan.place.push((HOT, h));
-                            continue;
-                        }
+                // Each owned id's position: in its owner's reply (`rows`), or among
+                // the slot's ids in its owner's request (`partial`).
+                for (place, &id) in plan.place.iter_mut().zip(&plan.unique) {
+                    if place.0 == HOT {
+                        continue;
                     }
-                    let o = shard_of(t, id, w);
-                    if partial {
-                        plan.place.push((o as u32, ids[o].len() as u32 - segment[o]));
+                    let o = place.0 as usize;
+                    place.1 = if partial {
+                        ids[o].len() as u32 - segment[o]
                     } else {
-                        plan.place.push((o as u32, rows_at[o]));
                         rows_at[o] += 1;
-                    }
+                        rows_at[o] - 1
+                    };
                     ids[o].push(id);
                     requests[o].table_lens[k] += 1;
                 }
@@ -203,6 +216,35 @@ impl Home {
         }
         self.command = Some(command);
         requests
+    }
+
+    /// Lets the home plan, pool and sum gradients on up to `threads` threads (at
+    /// least 1; see [`HostThreads`]).
+    pub(super) fn set_threads(&mut self, threads: usize) {
+        self.host = HostThreads::new(threads);
+    }
+
+    /// Each slot's distinct ids, their indices and their owners or replicas
+    /// ([`SlotJob`]): slot by slot, or on the home's threads for a large batch.
+    fn dedup(&mut self, fields: &[&SparseField], num_sparse: usize, replicas: &Replicas, workers: usize) {
+        let entries = fields.iter().map(|f| f.ids.len()).sum();
+        let (exchange, slot_tables) = (&self.exchange, &self.slot_tables);
+        let jobs = self.plans.iter_mut().zip(fields).enumerate().map(|(k, (plan, field))| SlotJob {
+            plan,
+            ids: &field.ids,
+            table: slot_tables[k],
+            partial: k < num_sparse && exchange.table(k) == TableExchange::Partial,
+        });
+        match self.host.for_entries(entries) {
+            Some(pool) => {
+                let mut jobs: Vec<SlotJob<'_>> = jobs.collect();
+                // Each pool thread keeps its own map, warm from one step to the next.
+                pool.install(|| {
+                    jobs.par_iter_mut().for_each(|job| SEEN.with_borrow_mut(|seen| job.run(seen, replicas, workers)))
+                });
+            }
+            None => jobs.for_each(|mut job| job.run(&mut self.seen, replicas, workers)),
+        }
     }
 
     /// Lays the rows of the batch's sequence fields out as `[B × T × S·d]` in
@@ -309,29 +351,7 @@ impl Home {
                     self.partial_replies[o] = r.partial;
                 }
                 let f = batch.sparse.len();
-                // Every slot is written below, so it is not cleared first: pooled
-                // from its table's rows, or zero for a table exchanged as partial sums.
-                self.pooled.resize(b * f * d, 0.0);
-                for (t, plan) in self.plans[..f].iter().enumerate() {
-                    if self.exchange.table(t) == TableExchange::Partial {
-                        for slot in self.pooled.chunks_exact_mut(d.max(1)).skip(t).step_by(f) {
-                            slot.fill(0.0);
-                        }
-                        continue;
-                    }
-                    let rows: &[f32] = match self.runs[t] {
-                        Some((o, first)) => &self.replies[o][first * d..(first + plan.place.len()) * d],
-                        None => {
-                            self.unique_rows.clear();
-                            for &place in &plan.place {
-                                self.unique_rows.extend_from_slice(placed_row(&self.replies, replicas, place, d));
-                            }
-                            &self.unique_rows
-                        }
-                    };
-                    let (field, weights) = (&batch.sparse[t], batch.sparse[t].weights.as_deref());
-                    pool_sum(rows, d, &field.offsets, &plan.index, weights, t, f, &mut self.pooled);
-                }
+                self.pool(batch, replicas);
                 let steps = self.gather_sequences(batch, replicas);
                 let logits = match self.partial {
                     Some(part) => {
@@ -378,26 +398,7 @@ impl Home {
                         let len = self.replies[m.to as usize].len();
                         m.sparse.resize(len, 0.0);
                     }
-                    for (t, plan) in self.plans[..f].iter().enumerate() {
-                        if self.exchange.table(t) == TableExchange::Partial {
-                            continue;
-                        }
-                        let field = &batch.sparse[t];
-                        let (offsets, weights) = (&field.offsets, field.weights.as_deref());
-                        if let Some((o, first)) = self.runs[t] {
-                            // The owner's row gradients, zero until now, summed where they are sent.
-                            let rows = first * d..(first + plan.place.len()) * d;
-                            let dunique = &mut messages[o].sparse[rows];
-                            pool_sum_backward(&self.dpooled, d, offsets, &plan.index, weights, t, f, dunique);
-                            continue;
-                        }
-                        self.dunique.clear();
-                        self.dunique.resize(plan.unique.len() * d, 0.0);
-                        pool_sum_backward(&self.dpooled, d, offsets, &plan.index, weights, t, f, &mut self.dunique);
-                        for (u, &place) in plan.place.iter().enumerate() {
-                            send_row_grad(&mut messages, place, &self.dunique[u * d..(u + 1) * d]);
-                        }
-                    }
+                    self.pool_backward(batch, &mut messages);
                     self.scatter_sequence_grads(batch, steps, &mut messages);
                     // The receiver's slice of the dense gradient; the sender's own slice stays in
                     // `model.grads`, where its owner (this worker) reads it without a copy. (A deep
