@@ -324,6 +324,20 @@ else
     say "tiderec train, dlrm batch $b (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --read-ahead "$OUT" $b 2>&1 | head -1)"
 fi
 
+# ---- 3g. a GPU worker among several: its host work on its share of the cores, or on one thread --
+# `bench dlrm --workers 2 --device cuda:0` (two GPU workers on one GPU, each keeping its own
+# rows on the device; planning, pooling and the rows' gradient sums on the host) at a global
+# batch of 32,768, TIDEREC_HOST_THREADS=auto (the default: cores / workers each) against 1,
+# alternated, HOST_ROUNDS rounds (default 2). HOSTTHREADS=0 skips it.
+if [ "${HOSTTHREADS:-1}" = 0 ]; then
+    say "== 3g. host threads skipped: HOSTTHREADS=0"
+else
+    say "== 3g. two GPU workers, host work on the cores' share against one thread ($(elapsed) s)"
+    b=32768
+    alternate hostthreads "auto 1" "${HOST_ROUNDS:-2}" $b bench_with TIDEREC_HOST_THREADS --workers 2
+    say "dlrm batch $b, 2 GPU workers (samples/s): $(python3 "$HERE/scripts/gpu_report.py" --host-threads "$OUT" $b 2>&1 | head -1)"
+fi
+
 # ---- 3b. the host CPU against PyTorch, fp32 and bf16 --------------------
 # One worker / one thread, DLRM at batch 2,048: tiderec's CPU kernels against PyTorch
 # eager, and tiderec `--precision bf16` against PyTorch's bf16 autocast (oneDNN's AMX

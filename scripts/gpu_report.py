@@ -8,7 +8,7 @@ Several OUTDIRs (calls of `run` on one machine, e.g. with different `BENCHES`) a
 order; a file present in more than one is taken from the last. Reads `machine.txt`,
 `test-*.log` (run with `--nocapture`, so the passing tests' printed figures are there),
 `bench-*.md` (from `scripts/bench_vs_torch.py`) and `stages-dlrm-*.json` (`tiderec bench
-dlrm --json`), `hotrows-dlrm-*.json` (the same with `--zipf`), `graphs-dlrm-*.json` (with and without CUDA graphs), `readahead-dlrm-*.json` (`tiderec train --metrics-json`, reading ahead or in place), `auc-*.json` (`tiderec train --metrics-json`). Prints nothing it did not find in the logs, except the published fp32 peak
+dlrm --json`), `hotrows-dlrm-*.json` (the same with `--zipf`), `graphs-dlrm-*.json` (with and without CUDA graphs), `readahead-dlrm-*.json` (`tiderec train --metrics-json`, reading ahead or in place), `hostthreads-dlrm-*.json` (two GPU workers, their host work on the cores' share or one thread), `auc-*.json` (`tiderec train --metrics-json`). Prints nothing it did not find in the logs, except the published fp32 peak
 of the GPU named in the GEMM bound, which it says is published, not measured.
 """
 
@@ -48,7 +48,7 @@ def runs(dirs, found):
     rows = []
     for k, d in enumerate(dirs, 1):
         used = sorted(n for n, p in found.items() if os.path.dirname(p) == d and
-                      re.match(r"(test-|bench-|stages-|phases-|ncu-|hotrows-|graphs-|readahead-).*\.(log|md|json|csv)$", n))
+                      re.match(r"(test-|bench-|stages-|phases-|ncu-|hotrows-|graphs-|readahead-|hostthreads-).*\.(log|md|json|csv)$", n))
         if used:
             same = build(d) is not None and build(d) == last
             rows.append([f"{k}", "the last call's" if same else "an earlier one", ", ".join(f"`{u}`" for u in used)])
@@ -269,6 +269,21 @@ def read_ahead_rows(found):
     return [r[:1] + r[2:6] for r in alternated(found, "readahead", ("on", "off"))]
 
 
+def host_thread_rows(found):
+    """[batch, share samples/s, one thread samples/s, share / one thread, rounds, threads, plan ms,
+    forward/backward ms] from `hostthreads-dlrm-BATCH-MODE-ROUND.json` (MODE `auto` or `1`); the stage
+    times are worker 0's in the first round both ran, the cores' share first."""
+    rows = []
+    for r in alternated(found, "hostthreads", ("auto", "1")):
+        share = r[-1]
+        first = min(share)
+        one = json.loads(read(found[f"hostthreads-dlrm-{r[0].replace(',', '')}-1-{first}.json"]))
+        ms = lambda key: f"{share[first]['stage_ms'][0][key]:.1f} / {one['stage_ms'][0][key]:.1f}"
+        rows.append([r[0]] + r[2:6] + [str(share[first].get("host_threads", "")), ms("plan"),
+                                       ms("forward_backward")])
+    return rows
+
+
 def safe(build, found):
     """The rows `build(found)` gives, or none (and a warning on stderr naming the section) when an
     output it reads is not what it expects: one odd file never costs the rest of the report."""
@@ -315,6 +330,11 @@ def main(argv):
         rows = [r for r in graph_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
         print(f"graphs {rows[0][1]}, launches {rows[0][2]}, graphs / launches {rows[0][3]}; {rows[0][5]}"
               if rows else "no result")
+        return
+    if argv[:1] == ["--host-threads"]:
+        rows = [r for r in host_thread_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
+        print(f"{rows[0][5]} threads {rows[0][1]}, one thread {rows[0][2]}, share / one {rows[0][3]}; plan ms "
+              f"{rows[0][6]}, forward/backward ms {rows[0][7]}" if rows else "no result")
         return
     if argv[:1] == ["--read-ahead"]:
         rows = [r for r in read_ahead_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
@@ -442,6 +462,16 @@ def main(argv):
               "time, the trainer's whole step (not `bench`'s).\n")
         print(table(["batch", "reading ahead samples/s", "in place samples/s", "ahead / in place", "rounds"],
                     ahead) + "\n")
+    hosts = safe(host_thread_rows, found)
+    if hosts:
+        print("## Two GPU workers' host work on their share of the cores against on one thread\n")
+        print("`tiderec bench dlrm --device cuda:0 --workers 2 --json` (two GPU workers on one GPU, each "
+              "keeping the rows it owns on the device), the planning, pooling and row-gradient sums on each "
+              "worker's share of the host's cores (`TIDEREC_HOST_THREADS=auto`, the default) against on one "
+              "thread (`1`), alternated; medians over the rounds. Plan and forward/backward: ms per step of "
+              "worker 0 in the first round, the share's / one thread's.\n")
+        print(table(["batch", "share samples/s", "one thread samples/s", "share / one thread", "rounds",
+                     "threads", "plan ms", "forward/backward ms"], hosts) + "\n")
     ph = safe(phases, found)
     if ph:
         print("## Where a device-resident worker's step goes\n")

@@ -72,6 +72,8 @@ pub struct Devices {
     hot_rows: HotRows,
     /// A device-resident worker replays its training steps as CUDA graphs.
     graphs: bool,
+    /// `TIDEREC_HOST_THREADS` (`None`: `auto`, see [`Devices::host_threads`]).
+    host_threads: Option<usize>,
 }
 
 impl Devices {
@@ -86,7 +88,13 @@ impl Devices {
             }
         };
         let list = s.split(',').map(entry).collect::<Result<Vec<_>, _>>()?;
-        Ok(Devices { list, host_rows: rows_on_host()?, hot_rows: hot_rows()?, graphs: graphs()? })
+        Ok(Devices {
+            list,
+            host_rows: rows_on_host()?,
+            hot_rows: hot_rows()?,
+            graphs: graphs()?,
+            host_threads: host_threads_env()?,
+        })
     }
 
     /// Parses the setting and checks it against this process's `workers`.
@@ -119,6 +127,19 @@ impl Devices {
     pub fn keep_rows_on_host(mut self) -> Self {
         self.host_rows = true;
         self
+    }
+
+    /// The threads local worker `i` of a process's `workers` plans its lookups, pools
+    /// its bags and sums its rows' gradients on: `TIDEREC_HOST_THREADS`, or else its
+    /// share of the cores for a GPU worker (its model runs on the device, so the
+    /// host's work is its step's) and one for a CPU worker (whose step is mostly
+    /// its model's products: spreading the rest cost it 2–3% on two cores).
+    pub fn host_threads(&self, i: usize, workers: usize) -> usize {
+        match (self.host_threads, self.worker(i)) {
+            (Some(n), _) => n,
+            (None, WorkerDevice::Cpu) => 1,
+            (None, WorkerDevice::Cuda(_)) => cores_per_worker(workers),
+        }
     }
 
     /// Whether the GPU workers of a trainer of `workers` workers among several
@@ -157,7 +178,7 @@ impl Devices {
     /// Builds this worker's trainer with its model on its device, its MLP
     /// products in `precision` (a CPU model's MLPs; every GEMM of a GPU
     /// worker, see `tiderec_gpu::Device::with_precision`), planning and pooling
-    /// its batches on its share of the cores ([`cores_per_worker`]).
+    /// its batches on [`host_threads`](Self::host_threads).
     ///
     /// Should the device model fail here after a successful [`preflight`](Self::preflight),
     /// the worker still joins the dataflow with a host model and fails its
@@ -170,7 +191,7 @@ impl Devices {
         precision: Precision,
     ) -> Result<Trainer, PipelineError> {
         let mut trainer = self.trainer_on_device(worker, config, workers, precision)?;
-        trainer.set_host_threads(cores_per_worker(workers));
+        trainer.set_host_threads(self.host_threads(worker.index() % workers, workers));
         Ok(trainer)
     }
 
@@ -295,6 +316,30 @@ pub const GPU_GRAPHS_ENV: &str = "TIDEREC_GPU_GRAPHS";
 /// `off` is an error naming the variable.
 pub fn graphs() -> Result<bool, PipelineError> {
     env_choice(GPU_GRAPHS_ENV, &[("off", false), ("on", true)])
+}
+
+/// The environment variable that sets the threads each worker plans its lookups,
+/// pools its bags and sums its rows' gradients on: `auto` (the default: a GPU
+/// worker's share of the cores, [`cores_per_worker`], and one for a CPU worker) or a
+/// number of threads for every worker (1: none but its own; a baseline). Results do
+/// not depend on it.
+pub const HOST_THREADS_ENV: &str = "TIDEREC_HOST_THREADS";
+
+/// The threads `TIDEREC_HOST_THREADS` asks for (`None`: `auto`); anything but
+/// `auto` and a whole number from 1 to 1,024 is an error naming the variable.
+pub fn host_threads_env() -> Result<Option<usize>, PipelineError> {
+    match std::env::var(HOST_THREADS_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(v) if v == "auto" => Ok(None),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(Some(n)),
+            _ => Err(PipelineError::config(
+                HOST_THREADS_ENV,
+                format!("`{v}` is not auto or a number of threads from 1 to 1024"),
+            )),
+        },
+        Err(e) => Err(PipelineError::config(HOST_THREADS_ENV, e.to_string())),
+    }
 }
 
 /// The value of the environment variable `var` among `choices` (name, value):

@@ -125,6 +125,31 @@ fn bad_settings_fail_before_work_naming_the_key() {
     let out = tiderec().env("TIDEREC_GPU_GRAPHS", "yes").args(["train", "--steps", "1"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("TIDEREC_GPU_GRAPHS") && err.contains("`yes`"), "{err}");
+    // And the threads a worker plans and pools on: `auto` or 1 to 1,024.
+    for bad in ["0", "many", "-2", "1025"] {
+        let out = tiderec().env("TIDEREC_HOST_THREADS", bad).args(["train", "--steps", "1"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let named = err.contains("TIDEREC_HOST_THREADS") && err.contains(&format!("`{bad}`"));
+        assert!(!out.status.success() && named, "{bad}: {err}");
+    }
+}
+
+/// A worker that plans and pools its batches on two threads trains the model it
+/// trains on one (batches of 2,048 samples have enough entries for two threads).
+#[test]
+fn host_threads_change_no_result() {
+    let run = |threads: &str| {
+        let out = tiderec()
+            .env("TIDEREC_HOST_THREADS", threads)
+            .args(["train", "--workers", "1", "--batch-size", "2048", "--samples", "20480", "--progress", "none"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{threads}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = |key: &str| text.lines().find(|l| l.trim_start().starts_with(key)).map(str::to_owned);
+        (line("params L2").expect("a params L2 line"), line("eval AUC").expect("an eval AUC line"))
+    };
+    assert_eq!(run("1"), run("2"));
 }
 
 #[test]
