@@ -11,7 +11,7 @@
 # TESTS (environment): which test executables of steps 1 and 2 to run, by
 # name (default: all); WORKERS_FILTER runs only the GPU-worker tests whose names hold it.
 # PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, HOTROWS=0 step 3d, GRAPHS=0 step 3e,
-# READAHEAD=0 step 3f, CPU=0 step 3b, SCALING=0 step 4.
+# READAHEAD=0 step 3f, HOSTTHREADS=0 step 3g, CPU=0 step 3b, SCALING=0 step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -24,6 +24,7 @@
 #   3d. DLRM on Zipf-skewed ids, hot rows split against summed by one warp;
 #   3e. DLRM with each training step replayed as a CUDA graph against launched kernel by kernel;
 #   3f. `tiderec train` on the GPU reading its next micro-batch during the step against at its start;
+#   3g. two GPU workers on one GPU, their host work on their share of the cores against one thread;
 #   3b. the host CPU against PyTorch at one thread, DLRM at 2,048, fp32 and bf16
 #      (PyTorch's bf16 autocast runs on AMX where the CPU has it; CPU=0 skips it);
 #   4. if the budget allows, the CPU scaling section of benchmarks.py, W = 1..16.

@@ -114,6 +114,16 @@ struct Outcome {
     probs: Vec<u32>,
     l2: u64,
     snapshots: Vec<WorkerSnapshot>,
+    /// Every row, optimizer state and dense value of the snapshots, as bits (`==` on
+    /// floats would take −0 for +0).
+    bits: Vec<u32>,
+}
+
+fn bits(parts: &[WorkerSnapshot]) -> Vec<u32> {
+    let tables = parts.iter().flat_map(|p| &p.tables).flat_map(|t| t.rows.iter().chain(&t.state));
+    let dense =
+        parts.iter().flat_map(|p| p.dense_params.iter().chain(&p.dense_optimizer.m).chain(&p.dense_optimizer.v));
+    tables.chain(dense).map(|v| v.to_bits()).collect()
 }
 
 fn run(workers: usize, threads: usize, config: &TrainerConfig) -> Outcome {
@@ -137,7 +147,8 @@ fn run(workers: usize, threads: usize, config: &TrainerConfig) -> Outcome {
     let mut parts = std::mem::take(&mut *out.lock().unwrap());
     parts.sort_by_key(|p| p.0);
     let (losses, probs, l2) = (parts[0].1.clone(), parts[0].2.clone(), parts[0].3);
-    Outcome { losses, probs, l2, snapshots: parts.into_iter().map(|p| p.4).collect() }
+    let snapshots: Vec<WorkerSnapshot> = parts.into_iter().map(|p| p.4).collect();
+    Outcome { losses, probs, l2, bits: bits(&snapshots), snapshots }
 }
 
 #[test]

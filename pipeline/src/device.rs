@@ -384,6 +384,18 @@ pub fn cores_per_worker(workers: usize) -> usize {
 mod tests {
     use super::*;
 
+    /// A GPU worker spreads its host work over its share of the cores, a CPU worker
+    /// keeps it on its thread, unless `TIDEREC_HOST_THREADS` sets every worker's.
+    #[test]
+    fn gpu_workers_take_their_share_of_the_cores_and_cpu_workers_one() {
+        let set = host_threads_env().unwrap();
+        let d = Devices::parse("cuda:0,cpu").unwrap();
+        assert_eq!(d.host_threads(0, 2), set.unwrap_or(cores_per_worker(2)));
+        assert_eq!(d.host_threads(1, 2), set.unwrap_or(1));
+        assert_eq!(Devices::parse("cuda:1").unwrap().host_threads(0, 1), set.unwrap_or(cores_per_worker(1)));
+        assert!(cores_per_worker(1) >= cores_per_worker(2) && cores_per_worker(1_000_000) == 1);
+    }
+
     #[test]
     fn parses_lists_and_names_the_key() {
         assert_eq!(Devices::parse("cpu").unwrap().list, [WorkerDevice::Cpu]);

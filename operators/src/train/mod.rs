@@ -22,7 +22,7 @@
 //!
 //! Who owns what, and how the two sides meet. A worker's state has three
 //! parts, each behind its own `Rc<RefCell<…>>` that the trainer owns and
-//! hands to the stages: the home side (`Home`, in `home.rs`: the current
+//! hands to the stages: the home side (`Home`, in `home/`: the current
 //! micro-batch's lookup plan and the buffers of its forward and backward
 //! pass), the owner side (`Owner`, in `owner.rs`: the embedding store, the
 //! replicated rows, the dense optimizer of this worker's slice and what it
@@ -479,11 +479,14 @@ impl Trainer {
     }
 
     /// Lets this worker plan its lookups, pool its rows and sum its rows' gradients
-    /// on up to `threads` threads, its own among them (1, the default, starts none;
-    /// a step needs 8,192 entries a thread): a worker with cores to spare, such as a
-    /// GPU worker whose model runs on its device, keeps up with large batches. A
-    /// step's results do not depend on it.
+    /// on a pool of `threads` threads of its own while its thread waits (1, the
+    /// default, starts none and keeps the work on its thread; a step takes one
+    /// thread per 8,192 ids): a worker with cores to spare, such as a GPU worker
+    /// whose model runs on its device, keeps up with large batches. A step's
+    /// results do not depend on it. A trainer whose steps an engine computes
+    /// ([`Trainer::with_engine`]) starts none.
     pub fn set_host_threads(&mut self, threads: usize) {
+        let threads = if self.engine.is_some() { 1 } else { threads };
         self.shared.home.borrow_mut().set_threads(threads);
     }
 

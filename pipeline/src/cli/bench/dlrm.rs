@@ -128,10 +128,12 @@ pub struct DlrmBenchResult {
     /// (`tiderec_gpu::device_shard`, or the tiered store's hot tier:
     /// `tiderec_gpu::device_hot_tier`); the pooling and the dense optimizer on the host.
     pub owned_rows_on_device: bool,
-    /// The threads worker 0 planned, pooled and summed its rows' gradients on
+    /// The threads worker 0 may plan, pool and sum its rows' gradients on
     /// (`TIDEREC_HOST_THREADS`, by default a GPU worker's share of the cores, one
-    /// for a CPU worker).
-    pub host_threads: usize,
+    /// for a CPU worker; a step of fewer than 16,384 ids takes fewer); absent
+    /// for a device-resident worker, which does none of it on the host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_threads: Option<usize>,
     /// The store: `fixed`, or `tiered` with `--hot-rows`.
     pub store: String,
     /// The tiered store's hot rows per worker.
@@ -239,7 +241,7 @@ pub fn run_dlrm(bench: &DlrmBench) -> Result<DlrmBenchResult, PipelineError> {
         embedding_params,
         rows_on_device: resident.is_some(),
         owned_rows_on_device: resident.is_none() && setup.devices.owned_rows_on_device(&setup.config, bench.workers),
-        host_threads: setup.devices.host_threads(0, bench.workers),
+        host_threads: resident.is_none().then(|| setup.devices.host_threads(0, bench.workers)),
         store: setup.config.store.kind.to_string(),
         hot_rows: bench.hot_rows,
         phase_ms,
