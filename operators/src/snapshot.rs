@@ -117,7 +117,10 @@ pub struct WorkerSnapshot {
 /// A count-min sketch's counters as a checkpoint holds them: `len` counters,
 /// those at `index` (ascending) holding `value` and every other one zero. Only
 /// the non-zero ones are kept, so a file's claim of `len` costs no memory
-/// until a sketch of that size takes them.
+/// until a sketch of that size takes them. A delta may hold only the counters
+/// that changed since its parent (`changes_only`), which [`apply_delta`] lays
+/// over the parent's: the admission sketch's counters only grow between two
+/// checkpoints.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SketchCounters {
     /// Counters in the sketch (depth × width).
@@ -126,6 +129,9 @@ pub struct SketchCounters {
     pub index: Vec<u32>,
     /// Their values.
     pub value: Vec<u32>,
+    /// Only the counters changed since the parent checkpoint (a delta's), every
+    /// other one as the parent holds it; otherwise the whole sketch.
+    pub changes_only: bool,
 }
 
 impl SketchCounters {
@@ -133,7 +139,38 @@ impl SketchCounters {
     /// has fewer than 2³² counters, as its width is at most 2³⁰).
     pub fn from_dense(dense: &[u32]) -> Self {
         let (index, value) = dense.iter().enumerate().filter(|(_, &c)| c != 0).map(|(i, &c)| (i as u32, c)).unzip();
-        SketchCounters { len: dense.len(), index, value }
+        SketchCounters { len: dense.len(), index, value, changes_only: false }
+    }
+
+    /// Lays `changes` (a delta's counters changed since these) over these
+    /// counters: the changed ones take its values, the rest keep theirs. Counters
+    /// of another length (a chain does not change its sketch) are replaced whole.
+    pub fn overlay(&mut self, changes: &SketchCounters) {
+        if changes.len != self.len {
+            *self = SketchCounters { changes_only: false, ..changes.clone() };
+            return;
+        }
+        let (old, new) = (&*self, changes);
+        let (mut index, mut value) = (Vec::with_capacity(old.index.len()), Vec::with_capacity(old.value.len()));
+        let (mut a, mut b) = (0, 0);
+        while a < old.index.len() || b < new.index.len() {
+            let take_new = match (old.index.get(a), new.index.get(b)) {
+                (Some(&i), Some(&j)) => j <= i,
+                (None, Some(_)) => true,
+                _ => false,
+            };
+            if take_new {
+                a += usize::from(old.index.get(a) == Some(&new.index[b]));
+                index.push(new.index[b]);
+                value.push(new.value[b]);
+                b += 1;
+            } else {
+                index.push(old.index[a]);
+                value.push(old.value[a]);
+                a += 1;
+            }
+        }
+        (self.index, self.value) = (index, value);
     }
 
     /// True when there is no sketch.
@@ -422,8 +459,13 @@ pub fn apply_delta(base: &mut [WorkerSnapshot], delta: Vec<WorkerSnapshot>) -> R
         b.step = d.step;
         b.dense_params = d.dense_params;
         b.dense_optimizer = d.dense_optimizer;
-        // A delta carries the whole admission sketch of its step, as the dense state.
-        b.admission = d.admission;
+        // A delta carries the admission counters changed since its parent (or, written
+        // before those were tracked, the whole sketch).
+        if d.admission.changes_only {
+            b.admission.overlay(&d.admission);
+        } else {
+            b.admission = d.admission;
+        }
     }
     Ok(())
 }
@@ -457,7 +499,7 @@ pub fn admission_for(parts: &[WorkerSnapshot], me: usize, workers: usize) -> Ske
         same
     });
     let (index, value) = cells.into_iter().unzip();
-    SketchCounters { len, index, value }
+    SketchCounters { len, index, value, changes_only: false }
 }
 
 /// One table of [`apply_delta`]: a merge of two ascending id lists.
@@ -783,10 +825,50 @@ mod tests {
         assert!(dense(&[0, 2, 0, 4]).write_into(&mut sketch));
         assert_eq!(sketch, [0, 2, 0, 4]);
         assert!(!dense(&[1, 1, 1]).write_into(&mut sketch), "another size");
-        let past = SketchCounters { len: 4, index: vec![1, 4], value: vec![1, 1] };
+        let past = SketchCounters { len: 4, index: vec![1, 4], value: vec![1, 1], changes_only: false };
         assert!(!past.write_into(&mut sketch) && sketch == [0, 2, 0, 4], "a position past the end changes nothing");
-        let twice = SketchCounters { len: 4, index: vec![2, 2], value: vec![1, 3] };
+        let twice = SketchCounters { len: 4, index: vec![2, 2], value: vec![1, 3], changes_only: false };
         assert!(!twice.write_into(&mut sketch) && sketch == [0, 2, 0, 4], "nor positions out of order");
+    }
+
+    /// A delta's changed counters laid over its parent's equal the whole counters
+    /// of its step; whole counters (a delta written before changes were tracked)
+    /// replace the parent's.
+    #[test]
+    fn a_deltas_changed_counters_lie_over_its_parents() {
+        let whole = |v: &[u32]| SketchCounters::from_dense(v);
+        let changed = |len: usize, cells: &[(u32, u32)]| SketchCounters {
+            len,
+            index: cells.iter().map(|c| c.0).collect(),
+            value: cells.iter().map(|c| c.1).collect(),
+            changes_only: true,
+        };
+        // (the parent's counters, the changed ones, the counters now)
+        type Case<'a> = (&'a [u32], &'a [(u32, u32)], &'a [u32]);
+        let cases: [Case<'_>; 5] = [
+            (&[0, 3, 0, 1, 0, 0], &[(0, 2), (1, 4), (5, 1)], &[2, 4, 0, 1, 0, 1]),
+            (&[0, 0, 0], &[(2, 7)], &[0, 0, 7]),
+            (&[5, 5, 5], &[], &[5, 5, 5]),
+            (&[0, 0, 0, 0], &[(0, 1), (1, 1), (2, 1), (3, 1)], &[1, 1, 1, 1]),
+            (&[9, 0, 0, 2], &[(3, 3)], &[9, 0, 0, 3]),
+        ];
+        for (parent, cells, now) in cases {
+            let mut counters = whole(parent);
+            counters.overlay(&changed(parent.len(), cells));
+            assert_eq!(counters, whole(now), "{parent:?} + {cells:?}");
+        }
+        let mut base = vec![part(0, 1, &[], vec![1.0; 4])];
+        base[0].tables = vec![rows(&[1], &[])];
+        base[0].admission = whole(&[1, 0, 2, 0]);
+        let mut delta = base.clone();
+        (delta[0].step, delta[0].delta_of) = (base[0].step + 1, Some(base[0].step));
+        delta[0].admission = changed(4, &[(1, 3), (2, 5)]);
+        let mut merged = base.clone();
+        apply_delta(&mut merged, delta.clone()).unwrap();
+        assert_eq!(merged[0].admission, whole(&[1, 3, 5, 0]), "laid over");
+        delta[0].admission = whole(&[0, 3, 5, 0]);
+        apply_delta(&mut base, delta).unwrap();
+        assert_eq!(base[0].admission, whole(&[0, 3, 5, 0]), "replaced");
     }
 
     /// A delta replaces changed rows, adds new ones, drops removed ones (unless

@@ -136,13 +136,19 @@ fn a_resumed_store_evicts_and_admits_the_rows_the_uninterrupted_one_does() {
         (&["--store", "dynamic", "--admit-count", "3"], "rejections"),
     ];
     for (store, happens) in stores {
+        let what = store.join(" ");
         let tmp = tempfile::tempdir().unwrap();
         let ck_arg = dir_arg(&tmp.path().join("ck"));
         let (straight, _) = train(SYNTHETIC, 2, 60, store, tmp.path());
-        let (first, _) = train(SYNTHETIC, 2, 30, &[store, &["--checkpoint-dir", &ck_arg]].concat(), tmp.path());
+        // Checkpoints at 10 (whole), 20 and 30 (deltas, however many rows they hold): the
+        // resume reads the chain.
+        let every = ["--checkpoint-dir", &ck_arg, "--checkpoint-every", "10", "--checkpoint-delta-share", "100"];
+        let (first, _) = train(SYNTHETIC, 2, 30, &[store, &every].concat(), tmp.path());
+        let manifest = std::fs::read_to_string(tmp.path().join("ck/ckpt-30/manifest.json")).unwrap();
+        let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+        assert_eq!(manifest["delta"]["parent"], 20, "{what}: ckpt-30 is a delta");
         let (resumed, _) =
             train(SYNTHETIC, 2, 60, &[store, &["--checkpoint-dir", &ck_arg, "--resume"]].concat(), tmp.path());
-        let what = store.join(" ");
         assert_eq!(resumed["resumed_from_step"], 30, "{what}");
         assert_eq!(resumed["params_l2"], straight["params_l2"], "{what}: the same parameters bit for bit");
         let count = |v: &serde_json::Value, k: &str| v["store"][k].as_u64().unwrap();

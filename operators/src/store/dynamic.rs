@@ -93,7 +93,8 @@ impl DynamicStore {
             free: Vec::new(),
             admit_count,
             admit_prob: config.admit_prob,
-            admission: (admit_count > 1).then(|| CountMinSketch::new(config.sketch_width, 4, p.seed ^ ADMIT_STREAM)),
+            admission: (admit_count > 1)
+                .then(|| CountMinSketch::new(config.sketch_width, 4, p.seed ^ ADMIT_STREAM).track_changes()),
             ttl: config.ttl_steps,
             max_rows: config.max_rows,
             flush_every: config.flush_every.max(1),
@@ -399,6 +400,9 @@ impl EmbeddingStore for DynamicStore {
     fn mark_checkpoint(&mut self) {
         self.mark = Some(self.step);
         self.evicted.clear();
+        if let Some(a) = &mut self.admission {
+            a.mark();
+        }
     }
     /// Rows updated or admitted since the mark: their `last_seen` is the step
     /// clock of then, which is at least the clock at the mark. (A restore clears
@@ -452,6 +456,9 @@ impl EmbeddingStore for DynamicStore {
     }
     fn admission_counters(&self) -> SketchCounters {
         self.admission.as_ref().map(|a| SketchCounters::from_dense(a.counters())).unwrap_or_default()
+    }
+    fn admission_changes(&self) -> Option<SketchCounters> {
+        self.admission.as_ref().and_then(CountMinSketch::changes)
     }
     fn set_admission_counters(&mut self, counters: &SketchCounters) {
         if let Some(a) = &mut self.admission {

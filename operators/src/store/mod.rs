@@ -388,6 +388,13 @@ pub trait EmbeddingStore {
     fn admission_counters(&self) -> SketchCounters {
         SketchCounters::default()
     }
+    /// The admission sketch's counters that changed since the last
+    /// [`mark_checkpoint`](Self::mark_checkpoint) (`changes_only`), for a delta;
+    /// `None` where the store cannot tell, and the delta carries
+    /// [`admission_counters`](Self::admission_counters) whole.
+    fn admission_changes(&self) -> Option<SketchCounters> {
+        None
+    }
     /// Restores the admission sketch's counters (a checkpoint's); ignored by a
     /// store without a sketch or with one of another size.
     fn set_admission_counters(&mut self, _counters: &SketchCounters) {}
@@ -557,6 +564,9 @@ impl EmbeddingStore for Store {
     }
     fn admission_counters(&self) -> SketchCounters {
         dispatch!(self, s => s.admission_counters())
+    }
+    fn admission_changes(&self) -> Option<SketchCounters> {
+        dispatch!(self, s => s.admission_changes())
     }
     fn set_admission_counters(&mut self, counters: &SketchCounters) {
         dispatch!(self, s => s.set_admission_counters(counters))

@@ -321,6 +321,9 @@ impl<M: HotTierMemory> EmbeddingStore for OffloadedTieredStore<M> {
     fn admission_counters(&self) -> SketchCounters {
         self.host.borrow().admission_counters()
     }
+    fn admission_changes(&self) -> Option<SketchCounters> {
+        self.host.borrow().admission_changes()
+    }
     fn set_admission_counters(&mut self, counters: &SketchCounters) {
         self.host.get_mut().set_admission_counters(counters);
     }

@@ -8,12 +8,21 @@ use crate::snapshot::SketchCounters;
 /// probability `1 − e^−depth` (`N` = total count). Updates are conservative
 /// (only the minimal counters grow), which tightens the estimates of rare ids
 /// under skew.
+///
+/// With [`track_changes`](Self::track_changes) the sketch also knows which
+/// counters grew since its last [`mark`](Self::mark), so a checkpoint delta
+/// holds only those ([`changes`](Self::changes)).
 #[derive(Clone, Debug)]
 pub struct CountMinSketch {
     width: usize,
     depth: usize,
     seed: u64,
     counters: Vec<u32>,
+    /// One bit per counter, set where it grew since the mark (with change tracking).
+    changed: Option<Vec<u64>>,
+    /// Counters were cleared, halved or replaced since the mark: a lower value
+    /// cannot travel as a change, so the whole sketch must.
+    rewritten: bool,
 }
 
 impl CountMinSketch {
@@ -21,7 +30,48 @@ impl CountMinSketch {
     pub fn new(width: usize, depth: usize, seed: u64) -> Self {
         let width = width.max(1).next_power_of_two();
         let depth = depth.max(1);
-        CountMinSketch { width, depth, seed, counters: vec![0; width * depth] }
+        CountMinSketch { width, depth, seed, counters: vec![0; width * depth], changed: None, rewritten: false }
+    }
+
+    /// This sketch, noting from now on which counters grow (see [`changes`](Self::changes)).
+    pub fn track_changes(mut self) -> Self {
+        self.changed = Some(vec![0; self.counters.len().div_ceil(64)]);
+        self
+    }
+
+    /// Changes count from here (a checkpoint was taken).
+    pub fn mark(&mut self) {
+        if let Some(bits) = &mut self.changed {
+            bits.fill(0);
+        }
+        self.rewritten = false;
+    }
+
+    /// The counters that grew since the [`mark`](Self::mark), with their values
+    /// now (`changes_only`); `None` without change tracking, or when counters
+    /// were cleared, halved or replaced since (the whole sketch must travel).
+    pub fn changes(&self) -> Option<SketchCounters> {
+        let bits = self.changed.as_ref().filter(|_| !self.rewritten)?;
+        let (mut index, mut value) = (Vec::new(), Vec::new());
+        for (w, &word) in bits.iter().enumerate() {
+            let mut word = word;
+            while word != 0 {
+                let c = w * 64 + word.trailing_zeros() as usize;
+                index.push(c as u32);
+                value.push(self.counters[c]);
+                word &= word - 1;
+            }
+        }
+        Some(SketchCounters { len: self.counters.len(), index, value, changes_only: true })
+    }
+
+    /// Sets counter `c` to `next`, noting the change.
+    #[inline]
+    fn raise(&mut self, c: usize, next: u32) {
+        self.counters[c] = next;
+        if let Some(bits) = &mut self.changed {
+            bits[c / 64] |= 1 << (c % 64);
+        }
     }
 
     /// Counters per row.
@@ -54,7 +104,7 @@ impl CountMinSketch {
         for r in 0..self.depth {
             let c = self.cell(h, r);
             if self.counters[c] < next {
-                self.counters[c] = next;
+                self.raise(c, next);
             }
         }
         next
@@ -68,6 +118,7 @@ impl CountMinSketch {
     /// Replaces the counters with `counters` (a checkpoint's); false, with
     /// nothing changed, when they are not this sketch's `depth × width`.
     pub fn set_counters(&mut self, counters: &SketchCounters) -> bool {
+        self.rewritten = true;
         counters.write_into(&mut self.counters)
     }
 
@@ -78,7 +129,7 @@ impl CountMinSketch {
         for r in 0..self.depth {
             let c = self.cell(h, r);
             if self.counters[c] < next {
-                self.counters[c] = next;
+                self.raise(c, next);
             }
         }
     }
@@ -93,6 +144,7 @@ impl CountMinSketch {
     /// Zeroes every counter.
     pub fn clear(&mut self) {
         self.counters.fill(0);
+        self.rewritten = true;
     }
 
     /// Halves every counter (ages old counts).
@@ -100,6 +152,7 @@ impl CountMinSketch {
         for c in &mut self.counters {
             *c >>= 1;
         }
+        self.rewritten = true;
     }
 
     /// Bytes of counters.

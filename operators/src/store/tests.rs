@@ -855,3 +855,54 @@ fn a_resumed_store_evicts_the_rows_the_uninterrupted_one_evicts() {
         assert_eq!(export_all(&resumed, sizes.len()), export_all(&straight, sizes.len()), "{:?}", cfg.kind);
     }
 }
+
+/// A sketch tracking changes lists, after a mark, exactly the counters that grew
+/// since, with their values now; counters cleared, halved or replaced since the
+/// mark make it give none (the whole sketch must travel) until the next mark. The
+/// dynamic store's admission sketch tracks its changes, and a checkpoint mark
+/// restarts them.
+#[test]
+fn a_tracking_sketch_lists_the_counters_that_grew_since_its_mark() {
+    let mut sketch = CountMinSketch::new(64, 4, 5).track_changes();
+    assert!(CountMinSketch::new(64, 4, 5).changes().is_none(), "not tracking");
+    for key in 0..40u64 {
+        sketch.add(key % 13);
+    }
+    sketch.mark();
+    assert_eq!(sketch.changes().unwrap().index, Vec::<u32>::new(), "nothing since the mark");
+    let before = sketch.counters().to_vec();
+    for key in [3u64, 3, 90, 91, 3] {
+        sketch.add(key);
+    }
+    sketch.add_n(7, 4);
+    let changes = sketch.changes().unwrap();
+    let grew: Vec<u32> = (0..before.len()).filter(|&c| sketch.counters()[c] != before[c]).map(|c| c as u32).collect();
+    assert!(!grew.is_empty() && changes.changes_only && changes.len == before.len());
+    assert_eq!(changes.index, grew, "exactly the counters that grew");
+    assert!(changes.index.iter().zip(&changes.value).all(|(&c, &v)| sketch.counters()[c as usize] == v));
+    let mut laid = SketchCounters::from_dense(&before);
+    laid.overlay(&changes);
+    assert_eq!(laid, SketchCounters::from_dense(sketch.counters()), "laid over the mark's counters: now's");
+    for rewrite in [CountMinSketch::halve, CountMinSketch::clear] {
+        let mut s = sketch.clone();
+        rewrite(&mut s);
+        assert!(s.changes().is_none(), "lowered counters travel whole");
+        s.mark();
+        assert!(s.changes().is_some_and(|c| c.index.is_empty()), "until the next mark");
+    }
+    let cfg = StoreConfig { kind: StoreKind::Dynamic, admit_count: 3, ..StoreConfig::default() };
+    let mut store = DynamicStore::new(&cfg, &params(0, 1, &[1000], SparseOptimizerKind::Sgd));
+    let mut out = Vec::new();
+    store.gather(0, &[5, 6], &mut out);
+    store.apply(0, 5, &[1.0; DIM]);
+    assert!(store.admission_changes().is_some_and(|c| !c.index.is_empty()), "sightings since the start");
+    store.mark_checkpoint();
+    assert!(store.admission_changes().is_some_and(|c| c.index.is_empty()), "none since the mark");
+    store.apply(0, 6, &[1.0; DIM]);
+    assert!(store.admission_changes().is_some_and(|c| !c.index.is_empty()));
+    assert!(FixedStore::new(
+        EmbeddingShard::new(0, 1, DIM, &[10], 1, SparseOptimizerKind::Sgd, OptimizerParams::with_lr(0.1)).unwrap()
+    )
+    .admission_changes()
+    .is_none());
+}

@@ -461,6 +461,9 @@ impl EmbeddingStore for TieredStore {
     fn admission_counters(&self) -> SketchCounters {
         self.cold.admission_counters()
     }
+    fn admission_changes(&self) -> Option<SketchCounters> {
+        self.cold.admission_changes()
+    }
     fn set_admission_counters(&mut self, counters: &SketchCounters) {
         self.cold.set_admission_counters(counters);
     }

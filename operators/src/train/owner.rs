@@ -216,6 +216,9 @@ impl Owner {
                 return Err(super::changed_rows::not_the_mark(p, self.marked));
             }
             part.tables = (0..num_tables).map(|t| self.store.export_changes(t)).collect();
+            if let Some(changes) = self.store.admission_changes() {
+                part.admission = changes;
+            }
             part.delta_of = Some(p);
         }
         // A store in another memory that failed to give its rows back fails the

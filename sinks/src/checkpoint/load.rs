@@ -339,12 +339,15 @@ fn removed(r: &Reader<'_>, name: &str) -> Result<Vec<u64>, TensorError> {
 }
 
 /// The admission sketch's counters of a shard, dense (`admission`) or as its
-/// non-zero ones (`admission.index`, `admission.value`, `admission_len`);
-/// empty without a sketch, and in older checkpoints. The store that takes them
-/// checks their number and positions against its own sketch.
+/// non-zero ones (`admission.index`, `admission.value`, `admission_len`), and
+/// whether they are only a delta's changed ones (`admission_changes`); empty
+/// without a sketch, and in older checkpoints. The store that takes them checks
+/// their number and positions against its own sketch.
 fn admission(r: &Reader<'_>) -> Result<SketchCounters, TensorError> {
+    let changes_only = r.text("admission_changes").is_ok_and(|v| v == "true");
     if r.shape("admission").is_ok() {
-        return Ok(SketchCounters::from_dense(&r.u32s("admission", &[one_dim(r, "admission")?])?));
+        let dense = SketchCounters::from_dense(&r.u32s("admission", &[one_dim(r, "admission")?])?);
+        return Ok(SketchCounters { changes_only, ..dense });
     }
     if r.shape("admission.index").is_err() {
         return Ok(SketchCounters::default());
@@ -354,6 +357,7 @@ fn admission(r: &Reader<'_>) -> Result<SketchCounters, TensorError> {
         len: r.number("admission_len")? as usize,
         index: r.u32s("admission.index", &[k])?,
         value: r.u32s("admission.value", &[k])?,
+        changes_only,
     })
 }
 

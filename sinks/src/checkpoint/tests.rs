@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use tiderec_operators::optim::{DenseOptimizerKind, DenseOptimizerState};
 use tiderec_operators::shard::shard_of;
-use tiderec_operators::snapshot::{TableRows, WorkerSnapshot};
+use tiderec_operators::snapshot::{SketchCounters, TableRows, WorkerSnapshot};
 use tiderec_operators::train::dense_slice;
 
 const SIZES: [u64; 3] = [9, 1, 30];
@@ -61,11 +61,11 @@ fn parts(step: u64) -> Vec<WorkerSnapshot> {
                 table_sizes: Vec::new(),
                 // An admission sketch's counters: worker 0's mostly non-zero (written
                 // whole), worker 1's mostly zero (written as its non-zero ones).
-                admission: tiderec_operators::snapshot::SketchCounters::from_dense(
+                admission: SketchCounters::from_dense(
                     &(0..16 + 49 * k as u64)
                         .map(|c| {
                             if k == 0 {
-                                (c * step % 5 + 1) as u32
+                                (c * step % 7 + 1) as u32
                             } else {
                                 u32::from(c % 8 == 0) * (c * step % 7 + 1) as u32
                             }
@@ -296,12 +296,29 @@ fn unwritable_directory_is_an_error_naming_the_path() {
 }
 
 /// A delta at `step` after `parent` of a chain from `base`: rows of ids ≡ step (mod 3) of
-/// table 2 take the values of `parts(step)`, id 3 of table 0 is removed.
+/// table 2 take the values of `parts(step)`, id 3 of table 0 is removed, and the
+/// admission counters that differ from `parts(parent)`'s travel with their values of
+/// `parts(step)` (worker 0's most of them, written dense; worker 1's a few, written as
+/// they are).
 fn write_delta(dir: &Path, step: u64, parent: u64, base: u64) -> Vec<WorkerSnapshot> {
     let whole = parts(step);
     let mut delta = whole.clone();
-    for p in &mut delta {
+    for (p, before) in delta.iter_mut().zip(parts(parent)) {
         p.delta_of = Some(parent);
+        let (now, before) = (&p.admission, &before.admission);
+        let changed: Vec<(u32, u32)> = now
+            .index
+            .iter()
+            .zip(&now.value)
+            .filter(|&(i, v)| before.index.binary_search(i).map_or(true, |at| before.value[at] != *v))
+            .map(|(&i, &v)| (i, v))
+            .collect();
+        p.admission = SketchCounters {
+            len: now.len,
+            index: changed.iter().map(|c| c.0).collect(),
+            value: changed.iter().map(|c| c.1).collect(),
+            changes_only: true,
+        };
         for (t, rows) in p.tables.iter_mut().enumerate() {
             let keep: Vec<usize> = (0..rows.ids.len()).filter(|&i| t == 2 && rows.ids[i] % 3 == step % 3).collect();
             let pick = |v: &[f32], w: usize| keep.iter().flat_map(|&i| v[i * w..(i + 1) * w].to_vec()).collect();
@@ -365,6 +382,12 @@ fn a_delta_chain_reads_whole_falls_back_past_a_damaged_link_and_prunes_as_one() 
     }
     assert_eq!(got, oracle);
     assert_eq!(c.parts[0].dense_params, parts(30)[0].dense_params);
+    // The deltas' changed admission counters, laid over the base's, are the last step's.
+    let changed = |k: usize| d30[k].admission.index.len();
+    assert!(changed(0) * 2 >= d30[0].admission.len && changed(1) * 2 < d30[1].admission.len && changed(1) > 0);
+    for (p, expected) in c.parts.iter().zip(parts(30)) {
+        assert_eq!(p.admission, expected.admission, "worker {}", p.worker);
+    }
 
     // Pruning to one checkpoint keeps the whole chain of ckpt-30.
     assert!(prune(dir.path(), 30, 1).is_empty());

@@ -61,7 +61,9 @@ fn meta(pairs: &[(&str, String)]) -> HashMap<String, String> {
 /// a store that admits ids by count adds its count-min sketch's counters, row
 /// by row: `admission` (U32 `[n]`), or, where fewer than half are non-zero,
 /// `admission.index` and `admission.value` (U32 `[k]`: the non-zero ones) with
-/// the metadata `admission_len` (`n`).
+/// the metadata `admission_len` (`n`); a delta's part holds only the counters
+/// that grew since its parent (the others zero in the dense form), marked by the
+/// metadata `admission_changes` (`true`).
 pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEntry), SinkError> {
     let name = shard_file(part.worker);
     let mut list = Vec::with_capacity(5 * part.tables.len());
@@ -136,6 +138,9 @@ pub fn write_shard(tmp: &Path, part: &WorkerSnapshot) -> Result<(String, FileEnt
     ];
     if !counters.is_empty() && dense_counters.is_none() {
         metadata.push(("admission_len", counters.len.to_string()));
+    }
+    if !counters.is_empty() && counters.changes_only {
+        metadata.push(("admission_changes", "true".into()));
     }
     let entry = tensors::write(&tmp.join(&name), &list, meta(&metadata))?;
     Ok((name, entry))
