@@ -110,7 +110,9 @@ pub struct WorkerSnapshot {
     /// The writer's table sizes (empty where not recorded: older checkpoints).
     pub table_sizes: Vec<u64>,
     /// The counters of the writer's admission sketch (`--admit-count`:
-    /// sightings of ids not held), empty without one (and in older checkpoints).
+    /// sightings of ids not held), empty without one (and in older checkpoints);
+    /// in a delta, possibly only those that grew since its parent
+    /// ([`SketchCounters::changes_only`]).
     pub admission: SketchCounters,
 }
 
@@ -142,14 +144,10 @@ impl SketchCounters {
         SketchCounters { len: dense.len(), index, value, changes_only: false }
     }
 
-    /// Lays `changes` (a delta's counters changed since these) over these
-    /// counters: the changed ones take its values, the rest keep theirs. Counters
-    /// of another length (a chain does not change its sketch) are replaced whole.
+    /// Lays `changes` (a delta's counters changed since these, of a sketch of the
+    /// same length: [`apply_delta`] checks it) over these counters: the changed
+    /// ones take its values, the rest keep theirs.
     pub fn overlay(&mut self, changes: &SketchCounters) {
-        if changes.len != self.len {
-            *self = SketchCounters { changes_only: false, ..changes.clone() };
-            return;
-        }
         let (old, new) = (&*self, changes);
         let (mut index, mut value) = (Vec::with_capacity(old.index.len()), Vec::with_capacity(old.value.len()));
         let (mut a, mut b) = (0, 0);
@@ -441,6 +439,10 @@ pub fn apply_delta(base: &mut [WorkerSnapshot], delta: Vec<WorkerSnapshot>) -> R
         }
         if d.tables.len() != b.tables.len() {
             return Err(RestoreError::TableCount { worker: k, tables: d.tables.len(), expected: b.tables.len() });
+        }
+        if d.admission.changes_only && d.admission.len != b.admission.len {
+            let (len, expected) = (d.admission.len, b.admission.len);
+            return Err(RestoreError::AdmissionLength { worker: k, len, expected });
         }
     }
     let mut merged = Vec::with_capacity(base.len());
@@ -866,6 +868,9 @@ mod tests {
         let mut merged = base.clone();
         apply_delta(&mut merged, delta.clone()).unwrap();
         assert_eq!(merged[0].admission, whole(&[1, 3, 5, 0]), "laid over");
+        delta[0].admission = changed(5, &[(1, 3)]);
+        let e = apply_delta(&mut base.clone(), delta.clone()).unwrap_err();
+        assert!(matches!(e, RestoreError::AdmissionLength { worker: 0, len: 5, expected: 4 }), "{e:?}");
         delta[0].admission = whole(&[0, 3, 5, 0]);
         apply_delta(&mut base, delta).unwrap();
         assert_eq!(base[0].admission, whole(&[0, 3, 5, 0]), "replaced");

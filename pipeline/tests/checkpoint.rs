@@ -48,6 +48,14 @@ fn rand_suffix() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The metadata of a safetensors file (its header's `__metadata__`).
+fn shard_metadata(path: &Path) -> serde_json::Value {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header["__metadata__"].clone()
+}
+
 fn dir_arg(dir: &Path) -> String {
     dir.to_str().expect("utf-8 temp path").to_string()
 }
@@ -147,6 +155,9 @@ fn a_resumed_store_evicts_and_admits_the_rows_the_uninterrupted_one_does() {
         let manifest = std::fs::read_to_string(tmp.path().join("ck/ckpt-30/manifest.json")).unwrap();
         let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
         assert_eq!(manifest["delta"]["parent"], 20, "{what}: ckpt-30 is a delta");
+        let shard = shard_metadata(&tmp.path().join("ck/ckpt-30/shard-0.safetensors"));
+        let admits = store.contains(&"--admit-count");
+        assert_eq!(shard["admission_changes"].as_str(), admits.then_some("true"), "{what}: the sketch's changes only");
         let (resumed, _) =
             train(SYNTHETIC, 2, 60, &[store, &["--checkpoint-dir", &ck_arg, "--resume"]].concat(), tmp.path());
         assert_eq!(resumed["resumed_from_step"], 30, "{what}");

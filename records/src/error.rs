@@ -361,6 +361,18 @@ pub enum RestoreError {
         /// Workers of the run that wrote those parts.
         base_workers: usize,
     },
+    /// A delta's changed admission counters are of another sketch than its parent's.
+    #[error(
+        "part of worker {worker} holds changes of an admission sketch of {len} counters, its parent one of {expected}"
+    )]
+    AdmissionLength {
+        /// The writer of the delta's part.
+        worker: usize,
+        /// Counters in the delta's sketch.
+        len: usize,
+        /// Counters in the parent's.
+        expected: usize,
+    },
     /// A part was written by a trainer with other table sizes.
     #[error("part of worker {worker} is of tables of {sizes:?} rows, the model has {expected:?}")]
     TableSizes {

@@ -883,7 +883,9 @@ fn a_tracking_sketch_lists_the_counters_that_grew_since_its_mark() {
     let mut laid = SketchCounters::from_dense(&before);
     laid.overlay(&changes);
     assert_eq!(laid, SketchCounters::from_dense(sketch.counters()), "laid over the mark's counters: now's");
-    for rewrite in [CountMinSketch::halve, CountMinSketch::clear] {
+    let replace = |s: &mut CountMinSketch| assert!(s.set_counters(&SketchCounters::from_dense(&before)));
+    let rewrites: [&dyn Fn(&mut CountMinSketch); 3] = [&CountMinSketch::halve, &CountMinSketch::clear, &replace];
+    for rewrite in rewrites {
         let mut s = sketch.clone();
         rewrite(&mut s);
         assert!(s.changes().is_none(), "lowered counters travel whole");

@@ -12,7 +12,7 @@ use crate::nn::{DeepShares, DeepWeights, FmPartial};
 use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams};
 use crate::routing::shard_of;
 use crate::shard::EmbeddingShard;
-use crate::snapshot::{admission_for, check_parts, Expected, WorkerSnapshot};
+use crate::snapshot::{admission_for, check_parts, Expected, SketchCounters, WorkerSnapshot};
 use crate::store::{restore_row, DeviceStore, EmbeddingStore, Store, StoreStats};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
@@ -175,7 +175,18 @@ impl Owner {
     /// This worker's share of a checkpoint after `step` training steps: the dense
     /// parameters, the dense-optimizer state of its slice and every row of its
     /// `num_tables` tables with their optimizer slots.
-    pub(super) fn snapshot(&self, dense: &Dense, step: u64, (seed, table_sizes): (u64, &[u64])) -> WorkerSnapshot {
+    pub(super) fn snapshot(&self, dense: &Dense, step: u64, writer: (u64, &[u64])) -> WorkerSnapshot {
+        self.snapshot_with(dense, step, writer, self.store.admission_counters())
+    }
+
+    /// [`snapshot`](Self::snapshot) with the admission counters given.
+    fn snapshot_with(
+        &self,
+        dense: &Dense,
+        step: u64,
+        (seed, table_sizes): (u64, &[u64]),
+        admission: SketchCounters,
+    ) -> WorkerSnapshot {
         let num_tables = table_sizes.len();
         WorkerSnapshot {
             worker: dense.me(),
@@ -190,7 +201,7 @@ impl Owner {
             delta_of: None,
             seed,
             table_sizes: table_sizes.to_vec(),
-            admission: self.store.admission_counters(),
+            admission,
         }
     }
 
@@ -210,15 +221,15 @@ impl Owner {
         parent: Option<u64>,
     ) -> Result<WorkerSnapshot, OperatorError> {
         let num_tables = writer.1.len();
-        let mut part = self.snapshot(dense, step, writer);
+        // A delta's admission counters: those that grew since the mark, where the store tells.
+        let changes = parent.and_then(|_| self.store.admission_changes());
+        let admission = changes.unwrap_or_else(|| self.store.admission_counters());
+        let mut part = self.snapshot_with(dense, step, writer, admission);
         if let Some(p) = parent {
             if self.marked != Some(p) {
                 return Err(super::changed_rows::not_the_mark(p, self.marked));
             }
             part.tables = (0..num_tables).map(|t| self.store.export_changes(t)).collect();
-            if let Some(changes) = self.store.admission_changes() {
-                part.admission = changes;
-            }
             part.delta_of = Some(p);
         }
         // A store in another memory that failed to give its rows back fails the

@@ -28,8 +28,10 @@ use tiderec_operators::train::TrainerConfig;
 /// Version of the checkpoint layout written by this build: 2 adds deltas
 /// ([`Manifest::delta`]) and checkpoints of updated rows only
 /// ([`Manifest::updated_only`]), which a reader of version 1 must not take for
-/// whole checkpoints.
-pub const FORMAT_VERSION: u32 = 2;
+/// whole checkpoints; 3 lets a delta hold only the admission-sketch counters
+/// that grew since its parent (`admission_changes`), which a reader of version 2
+/// would take for the whole sketch.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The oldest layout this build reads (version 1: whole checkpoints only).
 pub const OLDEST_READABLE_VERSION: u32 = 1;
