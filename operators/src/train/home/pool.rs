@@ -7,7 +7,7 @@
 //! field's row gradients are summed over all its entries on one thread, in the
 //! one-thread order: the same values bit for bit.
 
-use super::{placed_row, send_row_grad, Home};
+use super::{placed_row, send_row_grad, Home, TablePlan};
 use crate::batch::Batch;
 use crate::exchange::{Replicas, TableExchange};
 use crate::nn::embedding_bag::{pool_sum, pool_sum_backward};
@@ -37,12 +37,7 @@ impl Home {
         let mut layouts: Vec<(usize, &mut Vec<f32>)> =
             self.field_rows.iter_mut().enumerate().filter(|&(t, _)| rows_fields[t] && runs[t].is_none()).collect();
         pool.install(|| {
-            layouts.par_iter_mut().for_each(|(t, rows)| {
-                rows.clear();
-                for &place in &plans[*t].place {
-                    rows.extend_from_slice(placed_row(replies, replicas, place, d));
-                }
-            })
+            layouts.par_iter_mut().for_each(|(t, rows)| distinct_rows(&plans[*t], replies, replicas, d, rows))
         });
         let field_rows = &self.field_rows;
         let rows: Vec<Option<&[f32]>> = (0..f)
@@ -75,7 +70,7 @@ impl Home {
     fn pool_on_one_thread(&mut self, batch: &Batch, replicas: &Replicas) {
         let (f, d) = (batch.sparse.len(), self.dim);
         for (t, plan) in self.plans[..f].iter().enumerate() {
-            if self.exchange.table(t) == TableExchange::Partial {
+            if !self.rows_field(t) {
                 for slot in self.pooled.chunks_exact_mut(d.max(1)).skip(t).step_by(f) {
                     slot.fill(0.0);
                 }
@@ -84,10 +79,7 @@ impl Home {
             let rows: &[f32] = match self.runs[t] {
                 Some((o, first)) => &self.replies[o][first * d..(first + plan.place.len()) * d],
                 None => {
-                    self.unique_rows.clear();
-                    for &place in &plan.place {
-                        self.unique_rows.extend_from_slice(placed_row(&self.replies, replicas, place, d));
-                    }
+                    distinct_rows(plan, &self.replies, replicas, d, &mut self.unique_rows);
                     &self.unique_rows
                 }
             };
@@ -121,11 +113,7 @@ impl Home {
             let grads = &self.field_grads[t];
             match self.runs[t] {
                 Some((o, first)) => messages[o].sparse[first * d..first * d + grads.len()].copy_from_slice(grads),
-                None => {
-                    for (u, &place) in self.plans[t].place.iter().enumerate() {
-                        send_row_grad(messages, place, &grads[u * d..(u + 1) * d]);
-                    }
-                }
+                None => send_field_grads(messages, &self.plans[t], grads, d),
             }
         }
     }
@@ -133,7 +121,7 @@ impl Home {
     fn pool_backward_on_one_thread(&mut self, batch: &Batch, messages: &mut [GradientMessage]) {
         let (f, d) = (batch.sparse.len(), self.dim);
         for (t, plan) in self.plans[..f].iter().enumerate() {
-            if self.exchange.table(t) == TableExchange::Partial {
+            if !self.rows_field(t) {
                 continue;
             }
             let field = &batch.sparse[t];
@@ -148,10 +136,25 @@ impl Home {
             self.dunique.clear();
             self.dunique.resize(plan.unique.len() * d, 0.0);
             pool_sum_backward(&self.dpooled, d, offsets, &plan.index, weights, t, f, &mut self.dunique);
-            for (u, &place) in plan.place.iter().enumerate() {
-                send_row_grad(messages, place, &self.dunique[u * d..(u + 1) * d]);
-            }
+            send_field_grads(messages, plan, &self.dunique, d);
         }
+    }
+}
+
+/// `out` = the rows of `plan`'s distinct ids, one after another (from the
+/// owners' replies or the local replicas).
+fn distinct_rows(plan: &TablePlan, replies: &[Vec<f32>], replicas: &Replicas, d: usize, out: &mut Vec<f32>) {
+    out.clear();
+    for &place in &plan.place {
+        out.extend_from_slice(placed_row(replies, replicas, place, d));
+    }
+}
+
+/// Puts each of `plan`'s distinct rows' summed gradient (`grads`, one after
+/// another) into the messages.
+fn send_field_grads(messages: &mut [GradientMessage], plan: &TablePlan, grads: &[f32], d: usize) {
+    for (u, &place) in plan.place.iter().enumerate() {
+        send_row_grad(messages, place, &grads[u * d..(u + 1) * d]);
     }
 }
 
