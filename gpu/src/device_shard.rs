@@ -21,7 +21,9 @@
 //!   failure (a gather gives zeros in its place).
 //! * **Writes go up together.** [`set_row`](EmbeddingStore::set_row) (a restore)
 //!   collects rows on the host; they go up in one copy before the next read or
-//!   update, so a restore of millions of rows is not millions of copies.
+//!   update, so a restore of millions of rows is not millions of copies. A
+//!   reset sends the updated rows' seeded values up the same way, into the
+//!   table already there.
 //! * **Failures are recorded, not raised.** [`DeviceStore::take_error`] gives
 //!   the first one, naming the device; the trainer fails the step (or the
 //!   checkpoint) on it.
@@ -320,21 +322,31 @@ impl EmbeddingStore for DeviceShard {
     fn export_changes(&self, table: usize) -> TableRows {
         self.export_marked(table, CHANGED)
     }
-    /// Every row back to its seeded initial values.
+    /// Every row back to its seeded initial values: the rows updated since the
+    /// start (the others still hold them) go up as a restore's rows do, into
+    /// the table the device already holds, so a reset needs no second table's
+    /// memory. On a failure the marks stay and the failure is recorded.
     fn reset(&mut self, _completed: u64) {
-        *self.pending.borrow_mut() = Pending::default();
-        self.marks.fill(0);
         let dim = self.dim;
-        let seeded = seeded((dim, &self.table_sizes, self.seed), (self.kind, self.hp), (self.worker, self.workers));
-        let hot_rows = self.table.borrow().hot_rows();
-        match seeded.and_then(|(rows, state, _)| {
-            let mut fresh = RowTable::upload(&self.dev, &rows, &state, dim)?;
-            fresh.set_hot_rows(hot_rows)?;
-            Ok(fresh)
-        }) {
-            Ok(fresh) => *self.table.get_mut() = fresh,
-            Err(e) => self.fail(format!("setting the rows back to their initial values: {e}")),
+        let updated: Vec<u32> =
+            (0..self.marks.len()).filter(|&at| self.marks[at] & UPDATED != 0).map(|at| at as u32).collect();
+        let mut pending = Pending::default();
+        if !updated.is_empty() {
+            let seeded = seeded((dim, &self.table_sizes, self.seed), (self.kind, self.hp), (self.worker, self.workers));
+            let (rows, state) = match seeded {
+                Ok((rows, state, _)) => (rows, state),
+                Err(e) => return self.fail(format!("setting the rows back to their initial values: {e}")),
+            };
+            for at in updated {
+                let a = at as usize;
+                pending.index.insert(at, pending.at.len());
+                pending.at.push(at);
+                pending.rows.extend_from_slice(&rows[a * dim..(a + 1) * dim]);
+                pending.state.push(state[a]);
+            }
         }
+        *self.pending.borrow_mut() = pending;
+        self.marks.fill(0);
     }
     fn set_row(&mut self, table: usize, id: u64, row: &[f32], state: &[f32]) -> Result<(), OperatorError> {
         let (d, w) = (self.dim, self.state_width());
@@ -366,22 +378,36 @@ impl EmbeddingStore for DeviceShard {
         StoreStats {
             lookups: self.lookups,
             hot_hits: self.lookups,
-            hot_rows: self.marks.len() as u64,
+            hot_rows: self.num_rows() as u64,
             ..StoreStats::default()
         }
     }
+    /// The fixed store's count: every table's `⌈rows / W⌉` local rows, the
+    /// last of a table past its end included.
     fn num_rows(&self) -> usize {
-        self.marks.len()
+        let w = self.workers.max(1) as u64;
+        self.table_sizes.iter().map(|&n| n.div_ceil(w) as usize).sum()
     }
+    /// Summed a chunk of rows at a time, so the host never holds the shard.
     fn sum_of_squares(&self) -> f64 {
-        let all: Vec<u32> = (0..self.marks.len() as u32).collect();
-        match self.read(&all) {
-            Ok((rows, _)) => rows.iter().map(|&v| f64::from(v) * f64::from(v)).sum(),
-            Err(e) => {
-                self.fail(format!("reading the rows back: {e}"));
-                f64::NAN
+        let per = chunk_rows(self.dim);
+        let mut sum = 0.0;
+        for first in (0..self.marks.len()).step_by(per) {
+            let at: Vec<u32> = (first..self.marks.len().min(first + per)).map(|a| a as u32).collect();
+            match self.read_served(&at) {
+                // Row by row, as the CPU shard adds them.
+                Ok(rows) => {
+                    for row in rows.chunks_exact(self.dim.max(1)) {
+                        sum += row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>();
+                    }
+                }
+                Err(e) => {
+                    self.fail(format!("reading the rows back: {e}"));
+                    return f64::NAN;
+                }
             }
         }
+        sum
     }
     fn holds_every_row(&self) -> bool {
         true

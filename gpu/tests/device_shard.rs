@@ -119,6 +119,8 @@ fn a_worker_s_rows_on_the_device_train_as_its_fixed_store() {
             assert_eq!(together, apart, "{what}: every table's rows at once");
             let (g, h) = (gpu.sum_of_squares(), host.sum_of_squares());
             assert!((g - h).abs() <= 1e-5 * h, "{what}: Σ squares {g} vs {h}");
+            assert_eq!(gpu.num_rows(), host.num_rows(), "{what}: rows counted as the fixed store counts them");
+            assert_eq!(gpu.stats().hot_rows, host.stats().hot_rows, "{what}: rows reported");
         }
     }
 }
@@ -154,6 +156,17 @@ fn a_restore_and_a_reset_reach_the_device() {
     fresh.gather(2, &ids, &mut seeded);
     assert_eq!(got, seeded, "a reset gives the seeded rows back");
     assert!(gpu.export_table(2).ids.is_empty(), "and no row is updated");
+    // The accumulators went back too: an update after the reset equals the fresh store's.
+    let rows: Vec<(u32, u64)> = ids.iter().map(|&id| (2, id)).collect();
+    let grads = normal(7, rows.len() * 8);
+    gpu.apply_rows(&rows, &grads);
+    for (k, &(t, id)) in rows.iter().enumerate() {
+        fresh.apply(t as usize, id, &grads[k * 8..(k + 1) * 8]);
+    }
+    let (g, h) = (gpu.export_table(2), fresh.export_table(2));
+    assert_eq!(g.ids, h.ids, "the rows updated after the reset");
+    assert_close("rows updated after the reset", &g.rows, &h.rows);
+    assert_close("accumulators after the reset", &g.state, &h.state);
     assert_eq!(gpu.take_error(), None);
 }
 
