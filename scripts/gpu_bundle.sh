@@ -60,7 +60,7 @@ else
     echo "warning: $SAMPLE not found: step 3c of run will skip the Criteo sample's AUC" >&2
 fi
 chmod +x "$DIR/run" "$DIR/tiderec" "$DIR"/tests/*
-git rev-parse --short HEAD >"$DIR/VERSION" 2>/dev/null || echo unknown >"$DIR/VERSION"
+git describe --always --dirty >"$DIR/VERSION" 2>/dev/null || echo unknown >"$DIR/VERSION"
 
 # What `run` needs, all of it.
 for f in tiderec run VERSION scripts/bench_vs_torch.py scripts/torch_reference.py scripts/benchmarks.py \

@@ -10,8 +10,11 @@
 # dlrm-16384-bf16" (default: all).
 # TESTS (environment): which test executables of steps 1 and 2 to run, by
 # name (default: all); WORKERS_FILTER runs only the GPU-worker tests whose names hold it.
-# PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, HOTROWS=0 step 3d, GRAPHS=0 step 3e,
-# READAHEAD=0 step 3f, HOSTTHREADS=0 step 3g, CPU=0 step 3b, SCALING=0 step 4.
+# BENCHES=none runs none of them (any word naming no benchmark does).
+# PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, STAGES=0 the stage clocks of step 3,
+# AUC=0 the AUC runs of step 3c,
+# HOTROWS=0 step 3d, GRAPHS=0 step 3e, READAHEAD=0 step 3f, HOSTTHREADS=0 step 3g, CPU=0 step 3b,
+# SCALING=0 step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -31,7 +34,11 @@
 # and OUTDIR/summary.txt, one screen, and OUTDIR/report.md (scripts/gpu_report.py),
 # the page docs/benchmarks-gpu.md is made of. Every step's time limit is capped by what
 # is left of the budget, so the summary and the report are written within it; give a
-# budget below the caller's own limit (540 s of a 600 s call). Use a fresh OUTDIR.
+# budget below the caller's own limit (540 s of a 600 s call, and wrap the call in
+# `timeout -k 10 570`: a process the kernel cannot kill still ends the call in time).
+# summary.txt is written line by line, so what ran is there even if the call is killed.
+# A test executable that fails runs again under compute-sanitizer's memcheck after step 2
+# (only its failed tests), while 240 s of the budget are left. Use a fresh OUTDIR.
 # Exit status: 0 when every test passed and every benchmark that ran succeeded; the
 # last line counts what the budget skipped.
 set -u
@@ -90,10 +97,17 @@ need_dir libcublas.so
     ldconfig -p | grep -E 'libcuda\.so|nvrtc|cublas' || true
 } >>"$OUT/machine.txt"
 
+# Test executables that failed (not by a timeout), and their failed tests, for memcheck.
+MEMCHECK=()
 # Runs one test executable with a time limit; records its result line.
 run_test() {
     local name="$1" limit="$2"
     shift 2
+    if [ "$(left)" -lt 30 ]; then
+        skip "test $name"
+        FAILED=1
+        return
+    fi
     local log="$OUT/test-$name.log"
     TIDEREC_REQUIRE_GPU=1 TIDEREC_BIN="$HERE/tiderec" RUST_BACKTRACE=1 \
         timeout -k 5 "$(cap "$limit")" "$HERE/tests/$name" "$@" >"$log" 2>&1
@@ -104,12 +118,28 @@ run_test() {
     [ $rc -eq 0 ] || FAILED=1
     say "$(printf '%-24s exit %-3s %s' "$name" "$rc" "$result")"
     grep -E '^test .* FAILED$|panicked at' "$log" | head -5 | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
-    # A failed device suite runs again under compute-sanitizer's memcheck, while time allows.
-    if [ $rc -ne 0 ] && [ "$name" != gpu_workers ] && command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 240 ]; then
-        TIDEREC_REQUIRE_GPU=1 timeout -k 5 "$(cap 90)" compute-sanitizer --tool memcheck --error-exitcode 9 \
-            "$HERE/tests/$name" --test-threads=1 >"$OUT/memcheck-$name.log" 2>&1
-        say "    memcheck of $name: exit $? ($(grep -c 'Invalid' "$OUT/memcheck-$name.log") invalid accesses), memcheck-$name.log"
+    # A timeout would most likely hang again under memcheck; gpu_workers runs the binary, not kernels.
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] && [ "$name" != gpu_workers ]; then
+        MEMCHECK+=("$name")
     fi
+}
+
+# Runs the failed tests of each failed executable again under compute-sanitizer's memcheck.
+memcheck_failed() {
+    local name tests
+    command -v compute-sanitizer >/dev/null || return 0
+    for name in "${MEMCHECK[@]+"${MEMCHECK[@]}"}"; do
+        if [ "$(left)" -le 240 ]; then
+            say "    memcheck of $name: skipped, $(left) s of the budget left (it needs 240)"
+            continue
+        fi
+        # The failed tests by name (`test NAME ... FAILED`); none named: the whole executable.
+        tests="$(sed -nE 's/^test (.+) \.\.\. FAILED$/\1/p' "$OUT/test-$name.log" | head -8 | xargs)"
+        # shellcheck disable=SC2086
+        TIDEREC_REQUIRE_GPU=1 timeout -k 5 "$(cap 90)" compute-sanitizer --tool memcheck --error-exitcode 9 \
+            "$HERE/tests/$name" --test-threads=1 ${tests:+--exact $tests} >"$OUT/memcheck-$name.log" 2>&1
+        say "    memcheck of $name${tests:+ ($tests)}: exit $? ($(grep -c 'Invalid' "$OUT/memcheck-$name.log") invalid accesses), memcheck-$name.log"
+    done
 }
 
 # ---- 1. kernel conformance and device models ----------------------------
@@ -126,8 +156,15 @@ done
 # ---- 2. GPU workers against CPU workers ---------------------------------
 say "== 2. GPU-worker equivalence ($(elapsed) s)"
 # WORKERS_FILTER (environment): run only the GPU-worker tests whose names contain it.
-[ -x "$HERE/tests/gpu_workers" ] && wanted_test gpu_workers &&
+if ! wanted_test gpu_workers; then
+    say "gpu_workers: not among TESTS"
+elif [ -x "$HERE/tests/gpu_workers" ]; then
     run_test gpu_workers 300 --test-threads=4 --nocapture ${WORKERS_FILTER:+"$WORKERS_FILTER"}
+else
+    FAILED=1
+    say "gpu_workers: the bundle's tests/gpu_workers is missing or not executable"
+fi
+memcheck_failed
 
 # Where a device-resident worker's step goes: each phase timed (the device waited for after
 # each), then kernel by kernel. PROFILE=0 (environment) skips both.
@@ -187,7 +224,9 @@ wanted() { case " $BENCHES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # One device-resident worker, where a host-rows worker's step goes (its stage clock), two
 # GPU workers on one GPU with the rows each owns on the device (`two-`) or on the host, and
 # one GPU worker under the tiered store on Zipf(1.1) ids, its hot tier on the device or not.
+[ "${STAGES:-1}" = 0 ] && say "stage clocks skipped: STAGES=0"
 for run in 16384 65536 host-16384 two-16384 two-host-16384 tiered-16384 tiered-host-16384; do
+    [ "${STAGES:-1}" = 0 ] && break
     b="${run##*-}"
     flags=""
     case "$run" in two-*) flags="--workers 2" ;; esac
@@ -226,7 +265,9 @@ auc_of() { python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 a, l, s = d["auc"], d["logloss"], d["samples_per_sec"]
 print(f"AUC {a:.4f}, logloss {l:.4f}, {s:.0f} samples/s")' "$1" 2>/dev/null || echo "no result"; }
+[ "${AUC:-1}" = 0 ] && say "AUC runs skipped: AUC=0"
 for p in fp32 tf32 bf16; do
+    [ "${AUC:-1}" = 0 ] && break
     if [ "$(left)" -lt 60 ]; then
         skip "auc $p"
         continue

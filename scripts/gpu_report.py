@@ -228,6 +228,10 @@ def alternated(found, prefix, modes):
             d = json.loads(read(found[name]))
         except ValueError:
             continue
+        # A run that failed or timed nothing pairs with no other: its round is left out alone.
+        speed = d.get("samples_per_sec") if isinstance(d, dict) else None
+        if not isinstance(speed, (int, float)) or speed <= 0:
+            continue
         runs.setdefault(int(m.group(1)), {}).setdefault(m.group(2), {})[int(m.group(3))] = d
     rows = []
     for batch, by_mode in sorted(runs.items()):
@@ -316,6 +320,18 @@ def kernel_times(path):
 
 
 def main(argv):
+    try:
+        one_line(argv)
+    except Exception as e:  # noqa: BLE001 - a summary line, never a traceback
+        print(f"no result ({type(e).__name__}: {e})")
+        return
+    if argv[:1] in (["--kernels"], ["--hot-rows"], ["--graphs"], ["--host-threads"], ["--read-ahead"]):
+        return
+    page(argv)
+
+
+def one_line(argv):
+    """The summary line of a `--MODE OUTDIR [BATCH]` call of `run`, or nothing for the page's call."""
     if argv[:1] == ["--kernels"]:
         rows = kernel_times(argv[1])
         total = sum(r[2] for r in rows)
@@ -340,7 +356,10 @@ def main(argv):
         rows = [r for r in read_ahead_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
         print(f"reading ahead {rows[0][1]}, in place {rows[0][2]}, ahead / in place {rows[0][3]}"
               if rows else "no result")
-        return
+
+
+def page(argv):
+    """The page docs/benchmarks-gpu.md, from the folders `run` wrote."""
     if not argv or any(not os.path.isdir(d) for d in argv):
         sys.exit("usage: gpu_report.py OUTDIR [OUTDIR ...] (folders written by the bundle's `run`)")
     found = files(argv)
