@@ -235,6 +235,12 @@ pub(crate) fn rows_update_on_device(config: &TrainerConfig) -> Result<(), String
     if config.sparse_hp.l2_penalty != 0.0 {
         return Err("an L2 penalty on the rows is applied on the host".into());
     }
+    // The row update holds a row per warp in shared memory.
+    let dim = config.model.embedding_dim();
+    let most = crate::check::MAX_SHARED / (crate::check::WARPS_PER_BLOCK * 4);
+    if dim > most {
+        return Err(format!("rows of {dim} values are wider than the device's row update takes ({most})"));
+    }
     Ok(())
 }
 

@@ -30,6 +30,14 @@ use std::collections::{HashMap, HashSet};
 /// A staging slot and the shape of its batch: what one graph replays.
 pub(super) type Key = (usize, Shape);
 
+/// Graphs kept at most: each holds its launches' parameters in device
+/// memory, and batches whose shapes seldom repeat (behaviour sequences of
+/// varying lengths, multi-hot fields) would otherwise capture one per shape.
+/// Past it a new shape's steps run their launches as they are.
+const MAX_GRAPHS: usize = 16;
+/// Shapes remembered as ready for a capture at most (past it the list starts over).
+const MAX_WARM: usize = 1024;
+
 /// How many steps ran as graphs, and how many graphs were captured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GraphCounts {
@@ -89,7 +97,7 @@ impl<G> Book<G> {
         self.at(generation);
         if self.captured.contains_key(&key) {
             Decision::Replay
-        } else if self.warm.contains(&key) {
+        } else if self.warm.contains(&key) && self.captured.len() < MAX_GRAPHS {
             Decision::Capture
         } else {
             Decision::Queue
@@ -99,6 +107,9 @@ impl<G> Book<G> {
     /// `key` ran uncaptured, leaving the allocation count at `generation`.
     fn ran(&mut self, generation: u64, key: Key) {
         self.at(generation);
+        if self.warm.len() >= MAX_WARM {
+            self.warm.clear();
+        }
         self.warm.insert(key);
     }
 }
@@ -266,6 +277,20 @@ mod tests {
         // An allocation between steps (an evaluation, a restore) too, even for a captured key.
         assert_eq!(book.decide(8, (1, shape(64))), Queue);
         assert!(book.captured.is_empty() && book.warm.is_empty());
+    }
+
+    #[test]
+    fn past_the_most_graphs_new_shapes_run_their_launches() {
+        use Decision::*;
+        let mut book = Book::default();
+        let steps: Vec<_> = (0..MAX_GRAPHS + 3).flat_map(|b| [(0, b + 1, 1, 1), (0, b + 1, 1, 1)]).collect();
+        let d = walk(&mut book, &steps);
+        let captures = d.iter().filter(|&d| *d == Capture).count();
+        assert_eq!(captures, MAX_GRAPHS, "{d:?}");
+        assert_eq!(book.captured.len(), MAX_GRAPHS);
+        // A captured shape still replays; a shape past the cap keeps running its launches.
+        assert_eq!(book.decide(1, (0, shape(1))), Replay);
+        assert_eq!(book.decide(1, (0, shape(MAX_GRAPHS + 2))), Queue);
     }
 
     #[test]

@@ -526,7 +526,10 @@ impl ResidentWorker {
     }
 
     /// The staged batch becomes the current one (the compute stream waits for its upload).
+    /// Whatever batch was prepared is the one taken now (or none is staged):
+    /// none is left prepared for a later step.
     fn take(&mut self) -> Result<Shape, GpuError> {
+        self.prepared = None;
         Ok(self.staging.take(&self.dev)?.shape)
     }
 

@@ -185,14 +185,21 @@ impl Staging {
         let copy = &self.copy;
         copy.wait(&slot.consumed).map_err(GpuError::driver("ordering the copy stream"))?;
         let p = &slot.pinned;
-        up(copy, p.rows.first(all), &mut slot.rows.0)?;
-        up(copy, p.offsets.first(offsets_len), &mut slot.offsets.0)?;
-        up(copy, p.seq_offsets.first(seq_offsets_len), &mut slot.seq_offsets.0)?;
-        up(copy, p.lengths.first(lengths_len), &mut slot.lengths.0)?;
-        up(copy, p.weights.first(n_weights), &mut slot.weights.0)?;
-        up(copy, p.dense.first(b * nd), &mut slot.dense.0)?;
-        up(copy, p.labels.first(b), &mut slot.labels.0)?;
-        slot.uploaded.record(copy).map_err(GpuError::driver("recording a slot's upload"))?;
+        let queued = up(copy, p.rows.first(all), &mut slot.rows.0)
+            .and_then(|()| up(copy, p.offsets.first(offsets_len), &mut slot.offsets.0))
+            .and_then(|()| up(copy, p.seq_offsets.first(seq_offsets_len), &mut slot.seq_offsets.0))
+            .and_then(|()| up(copy, p.lengths.first(lengths_len), &mut slot.lengths.0))
+            .and_then(|()| up(copy, p.weights.first(n_weights), &mut slot.weights.0))
+            .and_then(|()| up(copy, p.dense.first(b * nd), &mut slot.dense.0))
+            .and_then(|()| up(copy, p.labels.first(b), &mut slot.labels.0));
+        // Recorded even after a failed copy: the host rewrites this slot's pinned
+        // memory only once the copies queued before the failure are done (where
+        // the event cannot be recorded, it waits for them here).
+        let recorded = slot.uploaded.record(copy).map_err(GpuError::driver("recording a slot's upload"));
+        if recorded.is_err() {
+            let _ = copy.synchronize();
+        }
+        queued.and(recorded)?;
         slot.shape = shape;
         self.staged = Some(k);
         self.next = 1 - k;
