@@ -116,7 +116,8 @@ matrixmultiply for inputs under 16 or outputs under 8); the classes add
 in different orders, so the class is never measured. The measurement chooses only inside
 the packed class, among the vector kernels the CPU runs — AVX2 (16 registers), AVX-512VL
 (256-bit vectors, 32 registers), AVX-512F (512-bit vectors, one panel of 16 columns at a
-time) and the wide AVX-512F kernel (six rows × 64 columns across four panels) — which
+time) and the wide AVX-512F kernel (six rows × 64 columns across four panels), whole or
+with each chunk of the reduction run in parts of 64 steps that stay in L1 (`…-avx512ws`) — which
 compute every entry as the same chain of fused multiply-adds and give results equal bit
 for bit (property tests `gemm_packed::tests::vector_kernels_agree_bit_for_bit` and
 `wide_kernel_equals_the_one_panel_kernels_bit_for_bit`). An input under 16 (DLRM's

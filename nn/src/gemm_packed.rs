@@ -48,6 +48,9 @@ const C_CHUNKS_OUTSIDE_MAX: usize = 1 << 20;
 /// `f32`, so it stays in L1 or close (every GRU product is one chunk; an MLP's
 /// `k = 512` is three).
 const K_CHUNK_MAX: usize = 192;
+/// Reduction steps per part of [`PanelKernel::Avx512WideSplit`]'s chunks:
+/// four 16-wide panels' part is 16 KiB.
+const SPLIT_STEPS: usize = 64;
 
 /// Copies `W` values of successive rows of `b` (rows `ldb` apart, the
 /// first from `start`) into the `W`-value rows of `panel`.
@@ -622,6 +625,13 @@ pub enum PanelKernel {
     /// kernel's twelve rows × 16 columns load as much as they multiply).
     /// Runs whole [`PanelSpan`]s; the same chains as the other kernels.
     Avx512Wide,
+    /// [`Avx512Wide`](Self::Avx512Wide) with each chunk of the reduction run
+    /// in parts of 64 steps, every row block of the span through one part
+    /// before the next, the accumulators kept in between: a part of four
+    /// panels stays in L1 while the span's rows read it, where a whole chunk
+    /// may not beside the rows of `a` (a Sapphire Rapids core's 48 KiB). The
+    /// same chains, continued where they stopped, so the same results.
+    Avx512WideSplit,
 }
 
 impl PanelKernel {
@@ -630,6 +640,16 @@ impl PanelKernel {
     pub fn best() -> Self {
         static BEST: std::sync::OnceLock<PanelKernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| *Self::available().last().unwrap_or(&PanelKernel::Portable))
+    }
+
+    /// The vector kernels worth timing for a product of `k` reduction steps:
+    /// every one this CPU runs but the portable one, and the split wide
+    /// kernel only where its chunks are longer than a part (elsewhere it runs
+    /// the wide kernel's very loops).
+    pub fn candidates(k: usize) -> impl Iterator<Item = PanelKernel> {
+        Self::available().iter().copied().filter(move |&kernel| {
+            kernel != PanelKernel::Portable && (kernel != PanelKernel::Avx512WideSplit || k > SPLIT_STEPS)
+        })
     }
 
     /// Whether this CPU runs [`PanelKernel::Avx512Wide`] (under `TIDEREC_MAX_ISA`).
@@ -650,6 +670,8 @@ impl PanelKernel {
                 if has(Feature::Avx512F) && has(Feature::Avx512Vl) {
                     kernels.push(PanelKernel::Avx512Vl);
                     kernels.push(PanelKernel::Avx512);
+                    // Before the wide kernel, which stays the default of a product never measured.
+                    kernels.push(PanelKernel::Avx512WideSplit);
                     kernels.push(PanelKernel::Avx512Wide);
                 }
             }
@@ -683,8 +705,10 @@ pub(crate) fn packed_panel_f32_with(kernel: PanelKernel, p: PanelProduct<'_, f32
 pub(crate) fn packed_span_f32_with(kernel: PanelKernel, span: PanelSpan<'_, f32>) {
     assert!(PanelKernel::available().contains(&kernel), "packed_panel: this CPU does not run {kernel:?}");
     #[cfg(target_arch = "x86_64")]
-    if kernel == PanelKernel::Avx512Wide {
-        return wide::span_product(span);
+    match kernel {
+        PanelKernel::Avx512Wide => return wide::span_product(span, usize::MAX),
+        PanelKernel::Avx512WideSplit => return wide::span_product(span, SPLIT_STEPS),
+        _ => {}
     }
     span.each(|p| run_panel_f32(kernel, p))
 }

@@ -154,6 +154,7 @@ impl Candidate {
             Candidate::Packed(PanelKernel::Avx512Vl) => "packed-avx512vl",
             Candidate::Packed(PanelKernel::Avx512) => "packed-avx512",
             Candidate::Packed(PanelKernel::Avx512Wide) => "packed-avx512w",
+            Candidate::Packed(PanelKernel::Avx512WideSplit) => "packed-avx512ws",
             Candidate::GemmCrate => "gemm-crate",
             Candidate::MatrixMultiply => "matrixmultiply",
             Candidate::PackedMmOrder(PanelKernel::Portable) => "packed-mm-portable",
@@ -161,11 +162,13 @@ impl Candidate {
             Candidate::PackedMmOrder(PanelKernel::Avx512Vl) => "packed-mm-avx512vl",
             Candidate::PackedMmOrder(PanelKernel::Avx512) => "packed-mm-avx512",
             Candidate::PackedMmOrder(PanelKernel::Avx512Wide) => "packed-mm-avx512w",
+            Candidate::PackedMmOrder(PanelKernel::Avx512WideSplit) => "packed-mm-avx512ws",
             Candidate::CopiedMmOrder(PanelKernel::Portable) => "copied-mm-portable",
             Candidate::CopiedMmOrder(PanelKernel::Avx2) => "copied-mm-avx2",
             Candidate::CopiedMmOrder(PanelKernel::Avx512Vl) => "copied-mm-avx512vl",
             Candidate::CopiedMmOrder(PanelKernel::Avx512) => "copied-mm-avx512",
             Candidate::CopiedMmOrder(PanelKernel::Avx512Wide) => "copied-mm-avx512w",
+            Candidate::CopiedMmOrder(PanelKernel::Avx512WideSplit) => "copied-mm-avx512ws",
         }
     }
 
@@ -289,11 +292,7 @@ pub fn install_forward(choices: &[ShapeChoice]) {
 /// Times the candidates of one shape (see [`Measure`]) without installing anything.
 pub fn measure_shape(shape: ForwardShape, measure: Measure) -> ShapeChoice {
     let class = forward_class::<f32>(shape.rows, shape.input, shape.output);
-    let mut candidates: Vec<Candidate> = PanelKernel::available()
-        .iter()
-        .filter(|&&k| k != PanelKernel::Portable)
-        .map(|&k| Candidate::Packed(k))
-        .collect();
+    let mut candidates: Vec<Candidate> = PanelKernel::candidates(shape.input).map(Candidate::Packed).collect();
     candidates.extend([Candidate::GemmCrate, Candidate::MatrixMultiply]);
     // The vector packed kernels also compute the general class's sums for a narrow input.
     let general_packed = packed_computes_general::<f32>(shape.rows, shape.input, shape.output);
@@ -462,14 +461,13 @@ pub fn measure_backward(shape: BackwardShape, measure: Measure) -> BackwardChoic
     let (m, n, k) = shape.mnk();
     let mut candidates = vec![Candidate::MatrixMultiply];
     if shape.packable() {
-        candidates.extend(
-            PanelKernel::available()
-                .iter()
-                .filter(|&&k| k != PanelKernel::Portable)
-                .map(|&k| Candidate::PackedMmOrder(k)),
-        );
-        // `b` copied a run at a time, on the widest kernel only (start-up time).
+        candidates.extend(PanelKernel::candidates(k).map(Candidate::PackedMmOrder));
+        // `b` copied a run at a time, on the widest kernel only (start-up
+        // time), whole and split where the wide kernel runs.
         candidates.push(Candidate::CopiedMmOrder(PanelKernel::best()));
+        if PanelKernel::candidates(k).any(|kernel| kernel == PanelKernel::Avx512WideSplit) {
+            candidates.push(Candidate::CopiedMmOrder(PanelKernel::Avx512WideSplit));
+        }
     }
     let val = |i: usize| ((i.wrapping_mul(104_729) % 1000) as f32) * 1e-3 - 0.5;
     // `a` as the layer stores it (dy: rows × output), `b` stored k × n (x or W),

@@ -10,6 +10,15 @@
 //! ten loads per 24 FMAs, where the one-panel kernel's twelve × one loads
 //! thirteen per twelve and so cannot keep two FMA ports busy.
 //!
+//! The split form ([`PanelKernel::Avx512WideSplit`](super::PanelKernel::Avx512WideSplit))
+//! runs a chunk in parts of [`SPLIT_STEPS`](super::SPLIT_STEPS) steps, every block of the span
+//! through one part before the next: a part of four panels (16 KiB) stays in
+//! L1 while the span's row blocks read it, where a whole chunk's (up to 48
+//! KiB) is read again from L2 by each block on a core whose L1 it overflows
+//! beside the rows of `a`. Between parts a block's accumulators wait in a
+//! scratch block of the span, stored and loaded whole, so each chain goes on
+//! where it stopped.
+//!
 //! Invariants: every entry of `c` is one chain of fused multiply-adds over the
 //! chunk's steps from zero, then one add to `c` when accumulating, exactly as
 //! in the other vector kernels, so the results equal theirs bit for bit
@@ -29,9 +38,30 @@ use std::arch::x86_64::*;
 const VECTOR: usize = 16;
 /// Vectors per register block at most.
 const MAX_Z: usize = 4;
+/// Rows of a span at most (the drivers' row groups).
+const SPAN_ROWS: usize = super::GROUP_ROWS;
+
+/// A span's accumulators between the parts of the split form: row `r`'s
+/// vector `z` of the group at `r · MAX_Z · VECTOR + z · VECTOR`.
+#[repr(align(64))]
+struct Carried([f32; SPAN_ROWS * MAX_Z * VECTOR]);
+
+/// Where a block's chains start and end within a chunk: from zero or from
+/// the carried accumulators, into `c` or into them for the next part.
+#[derive(Clone, Copy)]
+struct Part {
+    from: *const f32,
+    to: *mut f32,
+}
+
+impl Part {
+    /// A whole chunk: from zero into `c`.
+    const WHOLE: Part = Part { from: std::ptr::null(), to: std::ptr::null_mut() };
+}
 
 /// Up to four 16-column vectors of consecutive columns, each read from its
 /// panel: `(first value of the chunk's first step, stride between steps)`.
+#[derive(Clone, Copy)]
 struct Group {
     vectors: [(*const f32, usize); MAX_Z],
     count: usize,
@@ -42,6 +72,7 @@ struct Group {
 }
 
 /// The span's operands as pointers, bounds checked by the span's driver.
+#[derive(Clone, Copy)]
 struct Rows {
     k: usize,
     a: *const f32,
@@ -57,11 +88,14 @@ struct Rows {
     relu: bool,
     mask: *const f32,
     sums: *mut f32,
+    /// Steps per part of a chunk (the chunk's length: not split).
+    split: usize,
 }
 
 /// [`PanelSpan`]'s product on the wide kernel (the CPU runs AVX-512F: the
-/// caller checked [`PanelKernel::available`](super::PanelKernel::available)).
-pub(super) fn span_product(span: PanelSpan<'_, f32>) {
+/// caller checked [`PanelKernel::available`](super::PanelKernel::available)),
+/// its chunk in parts of `split` steps (`usize::MAX`: whole).
+pub(super) fn span_product(span: PanelSpan<'_, f32>, split: usize) {
     let PanelSpan { rows, k, a, lda, a_step, panels: b, k0, c, ldc, accumulate, finish } = span;
     let (_, n) = b.shape();
     if rows == 0 || k == 0 || n == 0 {
@@ -73,10 +107,11 @@ pub(super) fn span_product(span: PanelSpan<'_, f32>) {
     assert!(finish.row.is_none_or(|row| row.len() >= n), "wide kernel: row too short");
     assert!(finish.mask.is_none_or(|mask| mask.len() >= (rows - 1) * ldc + n), "wide kernel: mask too short");
     assert!(finish.sums.is_none_or(|sums| sums.len() >= n), "wide kernel: sums too short");
+    assert!(rows <= SPAN_ROWS && split > 0, "wide kernel: a span of {rows} rows, parts of {split} steps");
     let Finish { row, relu, mask, sums } = finish;
     let (row, mask) = (row.map_or(std::ptr::null(), <[f32]>::as_ptr), mask.map_or(std::ptr::null(), <[f32]>::as_ptr));
     let sums = sums.map_or(std::ptr::null_mut(), |sums| sums.as_ptr().cast::<f32>().cast_mut());
-    let ops = Rows { k, a: a.as_ptr(), lda, a_step, c: c.as_mut_ptr(), ldc, accumulate, row, relu, mask, sums };
+    let ops = Rows { k, a: a.as_ptr(), lda, a_step, c: c.as_mut_ptr(), ldc, accumulate, row, relu, mask, sums, split };
     let mut group = Group { vectors: [(std::ptr::null(), 0); MAX_Z], count: 0, first: 0, last_lanes: VECTOR };
     // A panel 8, 24 or 40 wide is not whole vectors: only the last panel can be.
     let mut ragged = None;
@@ -113,36 +148,62 @@ pub(super) fn span_product(span: PanelSpan<'_, f32>) {
     }
 }
 
-/// Runs the collected vectors over every row of the span and empties the group.
+/// Runs the collected vectors over every row of the span and empties the
+/// group: the whole chunk, or its parts in order (every row block through
+/// one part before the next).
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
 unsafe fn flush(ops: &Rows, rows: usize, group: &mut Group) {
-    match group.count {
-        0 => {}
-        1 => by_rows::<12, 1>(ops, rows, group),
-        2 => by_rows::<12, 2>(ops, rows, group),
-        3 => by_rows::<8, 3>(ops, rows, group),
-        _ => by_rows::<6, 4>(ops, rows, group),
+    if ops.k <= ops.split {
+        blocks(ops, rows, group, Part::WHOLE);
+    } else {
+        let mut carried = Carried([0.0; SPAN_ROWS * MAX_Z * VECTOR]);
+        let at = carried.0.as_mut_ptr();
+        let mut first = 0;
+        while first < ops.k {
+            let steps = ops.split.min(ops.k - first);
+            let part = Rows { k: steps, a: ops.a.add(first * ops.a_step), ..*ops };
+            let mut vectors = *group;
+            for (base, rs) in vectors.vectors.iter_mut().take(vectors.count) {
+                *base = base.add(first * *rs);
+            }
+            let from = if first == 0 { std::ptr::null() } else { at.cast_const() };
+            let to = if first + steps < ops.k { at } else { std::ptr::null_mut() };
+            blocks(&part, rows, &vectors, Part { from, to });
+            first += steps;
+        }
     }
     group.count = 0;
+}
+
+/// Every row block of the span, for the group's vectors and one part.
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn blocks(ops: &Rows, rows: usize, group: &Group, part: Part) {
+    match group.count {
+        0 => {}
+        1 => by_rows::<12, 1>(ops, rows, group, part),
+        2 => by_rows::<12, 2>(ops, rows, group, part),
+        3 => by_rows::<8, 3>(ops, rows, group, part),
+        _ => by_rows::<6, 4>(ops, rows, group, part),
+    }
 }
 
 /// Blocks of `R` rows, then the rest as blocks of 8, 4, 2 and 1.
 #[inline]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
-unsafe fn by_rows<const R: usize, const Z: usize>(ops: &Rows, rows: usize, group: &Group) {
+unsafe fn by_rows<const R: usize, const Z: usize>(ops: &Rows, rows: usize, group: &Group, part: Part) {
     let mut i = 0;
     while i + R <= rows {
-        block::<R, Z>(ops, group, i);
+        block::<R, Z>(ops, group, i, part);
         i += R;
     }
     let mut rest = rows - i;
     for size in [8, 4, 2, 1] {
         if size < R && rest >= size {
             match size {
-                8 => block::<8, Z>(ops, group, i),
-                4 => block::<4, Z>(ops, group, i),
-                2 => block::<2, Z>(ops, group, i),
-                _ => block::<1, Z>(ops, group, i),
+                8 => block::<8, Z>(ops, group, i, part),
+                4 => block::<4, Z>(ops, group, i, part),
+                2 => block::<2, Z>(ops, group, i, part),
+                _ => block::<1, Z>(ops, group, i, part),
             }
             i += size;
             rest -= size;
@@ -172,13 +233,21 @@ unsafe fn step<const R: usize, const Z: usize>(
     }
 }
 
-/// `R` rows from row `i` times the group's `Z` vectors, into `c`.
+/// `R` rows from row `i` times the group's `Z` vectors, into `c` (or, for a
+/// part before the last, into the carried accumulators).
 #[inline]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
-unsafe fn block<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: usize) {
+unsafe fn block<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: usize, part: Part) {
     let Rows { k, lda, a_step, ldc, accumulate, .. } = *ops;
     let a = ops.a.add(i * lda);
     let mut acc = [[_mm512_setzero_ps(); Z]; R];
+    if !part.from.is_null() {
+        for (r, row) in acc.iter_mut().enumerate() {
+            for (z, x) in row.iter_mut().enumerate() {
+                *x = _mm512_load_ps(part.from.add(((i + r) * MAX_Z + z) * VECTOR));
+            }
+        }
+    }
     let strides = (lda, a_step);
     let mut p = 0;
     while p + 4 <= k {
@@ -191,6 +260,14 @@ unsafe fn block<const R: usize, const Z: usize>(ops: &Rows, group: &Group, i: us
     while p < k {
         step::<R, Z>(&mut acc, a, strides, &group.vectors, p);
         p += 1;
+    }
+    if !part.to.is_null() {
+        for (r, row) in acc.iter().enumerate() {
+            for (z, &x) in row.iter().enumerate() {
+                _mm512_store_ps(part.to.add(((i + r) * MAX_Z + z) * VECTOR), x);
+            }
+        }
+        return;
     }
     if !ops.row.is_null() || ops.relu || !ops.mask.is_null() || !ops.sums.is_null() {
         return write(ops, group, i, acc);
