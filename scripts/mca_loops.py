@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (kernel, as `tiderec bench kernels` names its candidates; pattern of its mangled symbols).
 KERNELS = [
-    ("avx512w", r"gemm_packed4wide5flush"),
+    ("avx512w", r"gemm_packed4wide(5flush|6blocks|5block)"),
     ("avx512", r"gemm_packed3x866avx5128panel_of"),
     ("avx512vl", r"gemm_packed3x868avx512vl10panel_laid"),
     ("avx2", r"gemm_packed3x864avx25panel|gemm_packed3x864avx210panel_laid"),
@@ -164,7 +164,7 @@ def analyse(binary, mcpu):
 
 
 # How the wide kernel covers a product, mirrored from the Rust sources (`nn/src/gemm_packed.rs`:
-# `GROUP_ROWS`, `panels`; `nn/src/gemm_packed/wide.rs`: `flush`, `by_rows`). A block shape this
+# `GROUP_ROWS`, `panels`; `nn/src/gemm_packed/wide.rs`: `blocks`, `by_rows`). A block shape this
 # model uses that the binary lacks is an error, so the mirror cannot drift silently.
 GROUP_ROWS = 24
 MAIN_ROWS = {1: 12, 2: 12, 3: 8, 4: 6}

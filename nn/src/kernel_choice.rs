@@ -8,7 +8,9 @@
 //! never measured, and a run's numbers do not depend on how fast anything
 //! was. Inside the packed class the candidates are the vector kernels this CPU
 //! runs ([`PanelKernel::available`]: AVX2, AVX-512VL on 256-bit vectors,
-//! AVX-512F on 512-bit vectors one panel or four panels at a time), which compute every entry
+//! AVX-512F on 512-bit vectors one panel or four panels at a time, the latter
+//! also with each chunk of the reduction run in parts that stay in L1 where a
+//! product's reduction is longer than a part: [`PanelKernel::candidates`]), which compute every entry
 //! as the same chain of fused multiply-adds and so give results equal bit for
 //! bit (`gemm_packed::tests::vector_kernels_agree_bit_for_bit`). The measurement
 //! picks among those only: two runs on one machine, or W workers against one,
@@ -21,8 +23,8 @@
 //! sums. Their candidates are matrixmultiply itself and the packed kernels run
 //! in matrixmultiply's summation order (`gemm_mm_order_in_place`: the same
 //! chains of fused multiply-adds over the same runs of 256 steps; and the
-//! widest kernel once more with its vector operand copied a run at a time,
-//! `gemm_mm_order_f32`), equal to it
+//! wide kernel, whole and split, once more with its vector operand copied a
+//! run at a time, `gemm_mm_order_f32`), equal to it
 //! bit for bit (`gemm_packed::tests::mm_order_equals_matrixmultiply_bit_for_bit`);
 //! [`choose_backward_kernels`] picks the fastest, keeping matrixmultiply unless
 //! a packed kernel beats it by [`BACKWARD_MARGIN`] ([`backward_winner`]).
@@ -225,7 +227,8 @@ impl Measure {
     /// The start-up measurement: two rounds of 2 ms (or one call, if longer) per
     /// eligible candidate, and six rounds more for the two fastest of a backward
     /// product of a millisecond or more per call where they are close; about
-    /// 0.4 s of CPU for DLRM's products at batch 128, 0.9 s at 2,048.
+    /// 0.4 s of CPU for DLRM's products at batch 128, 0.9 s at 2,048 (the split
+    /// wide kernel's candidates add about 0.1 s at 2,048 on a Zen 4 core).
     pub const STARTUP: Measure = Measure { seconds: 0.002, rounds: 2, all: false, settle: 6 };
 }
 

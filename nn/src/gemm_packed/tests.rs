@@ -482,3 +482,47 @@ fn recurrence_shapes_match_reference() {
         check::<f32>(m, n, k, false, false, 8, 1e-4);
     }
 }
+
+/// The split wide kernel against the whole one on fixed shapes that run it
+/// (reductions past one part and one chunk, a short last part, whole and
+/// partial row groups, every count of vectors a group takes, a ragged last
+/// panel), with a bias row, the ReLU, a mask and column sums: equal bit for
+/// bit, so the property tests' random draws are not all that covers it.
+#[test]
+fn split_wide_kernel_equals_the_whole_one_on_fixed_shapes() {
+    if !PanelKernel::wide_available() {
+        eprintln!("this CPU does not run the wide AVX-512 kernel: nothing to compare");
+        return;
+    }
+    for (m, n, k) in [(24, 150, 130), (23, 150, 193), (48, 64, 65), (7, 40, 400), (30, 512, 367), (25, 16, 129)] {
+        let val = |i: usize| {
+            special_or(
+                i.wrapping_mul(2_654_435_761) >> 9,
+                (tiderec_records::rng::unit_f64(11, i as u64, 0, 0) - 0.5) as f32,
+            )
+        };
+        let a: Vec<f32> = (0..m * k).map(val).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| val(i + 1_000_000)).collect();
+        let row: Vec<f32> = (0..n).map(|i| val(i + 2_000_000)).collect();
+        let mask: Vec<f32> = (0..m * n).map(|i| val(i + 3_000_000)).collect();
+        let packed = PackedRhs::new(Op::T, k, n, &b);
+        let run = |kernel: PanelKernel| {
+            let sums = vec![Cell::new(0.5f32); n];
+            let finish = Finish { row: Some(&row[..]), relu: true, mask: Some(&mask[..]), sums: Some(&sums[..]) };
+            let mut c = vec![f32::NAN; m * n];
+            gemm_packed_finish_with(m, &a, k, &packed, (false, finish), &mut c, n, |s| packed_span_f32_with(kernel, s));
+            let mut plain: Vec<f32> = (0..m * n).map(|i| val(i + 4_000_000)).collect();
+            gemm_packed_with(m, &a, k, &packed, true, &mut plain, n, |s| packed_span_f32_with(kernel, s));
+            (c, sums.iter().map(Cell::get).collect::<Vec<f32>>(), plain)
+        };
+        let (whole, split) = (run(PanelKernel::Avx512Wide), run(PanelKernel::Avx512WideSplit));
+        for (what, x, y) in
+            [("c", &whole.0, &split.0), ("sums", &whole.1, &split.1), ("accumulated", &whole.2, &split.2)]
+        {
+            for (i, (p, q)) in x.iter().zip(y.iter()).enumerate() {
+                let same = p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan());
+                assert!(same, "{m}x{n}x{k} {what}[{i}]: whole {p} vs split {q}");
+            }
+        }
+    }
+}

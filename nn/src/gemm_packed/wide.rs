@@ -44,7 +44,7 @@ const SPAN_ROWS: usize = super::GROUP_ROWS;
 /// A span's accumulators between the parts of the split form: row `r`'s
 /// vector `z` of the group at `r · MAX_Z · VECTOR + z · VECTOR`.
 #[repr(align(64))]
-struct Carried([f32; SPAN_ROWS * MAX_Z * VECTOR]);
+struct Carried(std::mem::MaybeUninit<[f32; SPAN_ROWS * MAX_Z * VECTOR]>);
 
 /// Where a block's chains start and end within a chunk: from zero or from
 /// the carried accumulators, into `c` or into them for the next part.
@@ -153,11 +153,16 @@ pub(super) fn span_product(span: PanelSpan<'_, f32>, split: usize) {
 /// one part before the next).
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
 unsafe fn flush(ops: &Rows, rows: usize, group: &mut Group) {
+    if group.count == 0 {
+        return;
+    }
     if ops.k <= ops.split {
         blocks(ops, rows, group, Part::WHOLE);
     } else {
-        let mut carried = Carried([0.0; SPAN_ROWS * MAX_Z * VECTOR]);
-        let at = carried.0.as_mut_ptr();
+        // Not cleared: every part splits the rows into the same blocks, and a
+        // block reads back only what it stored in the part before.
+        let mut carried = Carried(std::mem::MaybeUninit::uninit());
+        let at = carried.0.as_mut_ptr().cast::<f32>();
         let mut first = 0;
         while first < ops.k {
             let steps = ops.split.min(ops.k - first);
