@@ -159,7 +159,7 @@ say "== 2. GPU-worker equivalence ($(elapsed) s)"
 if ! wanted_test gpu_workers; then
     say "gpu_workers: not among TESTS"
 elif [ -x "$HERE/tests/gpu_workers" ]; then
-    run_test gpu_workers 300 --test-threads=4 --nocapture ${WORKERS_FILTER:+"$WORKERS_FILTER"}
+    run_test gpu_workers 420 --test-threads=4 --nocapture ${WORKERS_FILTER:+"$WORKERS_FILTER"}
 else
     FAILED=1
     say "gpu_workers: the bundle's tests/gpu_workers is missing or not executable"

@@ -98,7 +98,14 @@ mod tests {
     fn every_launched_kernel_is_listed_in_the_sources() {
         let listed: Vec<&str> = kernels::SOURCES.iter().flat_map(|s| s.functions.iter().copied()).collect();
         let mut launched = Vec::new();
-        let mut dirs = vec![std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+        let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+        if !src.is_dir() {
+            // A test executable copied to another machine (the GPU check bundle) without the sources.
+            assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "the sources are not at {}", src.display());
+            eprintln!("skipping: the crate's sources are not at {} (the test command checks them)", src.display());
+            return;
+        }
+        let mut dirs = vec![src];
         while let Some(dir) = dirs.pop() {
             for entry in std::fs::read_dir(&dir).unwrap() {
                 let path = entry.unwrap().path();
