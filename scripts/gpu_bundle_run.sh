@@ -97,6 +97,10 @@ need_dir libcublas.so
     ldconfig -p | grep -E 'libcuda\.so|nvrtc|cublas' || true
 } >>"$OUT/machine.txt"
 
+# Compiled kernels kept for every process of the run (each would otherwise compile them,
+# about two seconds of CPU), in a private folder whatever the home folder's permissions.
+export TIDEREC_KERNEL_CACHE="${TIDEREC_KERNEL_CACHE:-${TMPDIR:-/tmp}/tiderec-kernels-$(id -u)}"
+
 # Test executables that failed (not by a timeout), and their failed tests, for memcheck.
 MEMCHECK=()
 # Runs one test executable with a time limit; records its result line.

@@ -22,8 +22,12 @@
 //! * **Only a private folder.** A cubin runs as this user's code on the GPU,
 //!   and its hash proves it whole, not who wrote it; so on Unix the cache is
 //!   used only in a folder owned by this process's user that no one else may
-//!   write to ([`private`]). A missing folder is created so (mode 0700); any
-//!   other folder means compiling, as with no cache.
+//!   write to, itself no symbolic link, inside folders no one else may
+//!   rename it out of (each not writable by others, or sticky) ([`private`]).
+//!   A missing folder is created so (mode 0700); any other folder means
+//!   compiling, as with no cache. Files are written mode 0600, and a file is
+//!   read only when it is this user's, no one else may write to it and it is
+//!   no symbolic link; a folder gone since the check is not made again.
 
 use crate::kernels::{compile_options, compile_to, nvrtc_version, KernelSource, Output, SOURCES};
 use crate::GpuError;
@@ -47,7 +51,9 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 /// Whether `dir` is a folder only this process's user may write to: owned by
-/// the effective user, without write permission for its group or others.
+/// the effective user, without write permission for its group or others, no
+/// symbolic link, and inside folders where no one else may replace it (each
+/// not writable by its group or others, or sticky, as `/tmp`).
 /// A missing `dir` is created first, with its missing parents, mode 0700.
 #[cfg(unix)]
 pub fn private(dir: &Path) -> bool {
@@ -56,10 +62,21 @@ pub fn private(dir: &Path) -> bool {
         // A failure (a read-only disk) shows in the check below.
         let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
     }
-    let Ok(meta) = std::fs::metadata(dir) else { return false };
+    let Ok(meta) = std::fs::symlink_metadata(dir) else { return false };
+    if !(meta.is_dir() && meta.uid() == effective_user() && meta.mode() & 0o022 == 0) {
+        return false;
+    }
+    let Ok(full) = std::fs::canonicalize(dir) else { return false };
+    full.ancestors()
+        .skip(1)
+        .all(|parent| std::fs::metadata(parent).is_ok_and(|m| m.mode() & 0o022 == 0 || m.mode() & 0o1000 != 0))
+}
+
+/// This process's effective user.
+#[cfg(unix)]
+fn effective_user() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    meta.is_dir() && meta.uid() == me && meta.mode() & 0o022 == 0
+    unsafe { libc::geteuid() }
 }
 
 /// Elsewhere a folder's permissions are not checked.
@@ -86,7 +103,7 @@ fn dir_from(named: Option<OsString>, xdg: Option<OsString>, home: Option<OsStrin
 pub fn cubin(source: &KernelSource, arch: &str, dir: Option<&Path>) -> Result<Vec<u8>, GpuError> {
     let Some(dir) = dir else { return compile_to(source, arch, Output::Cubin) };
     let path = dir.join(file_name(source, arch)?);
-    if let Some(payload) = std::fs::read(&path).ok().and_then(|bytes| unpack(&bytes)) {
+    if let Some(payload) = read_trusted(&path).and_then(|bytes| unpack(&bytes)) {
         return Ok(payload);
     }
     let compiled = compile_to(source, arch, Output::Cubin)?;
@@ -145,15 +162,49 @@ fn unpack(bytes: &[u8]) -> Option<Vec<u8>> {
     (&header[..8] == MAGIC && len == payload.len() as u64 && hash == xxh3_128(payload)).then(|| payload.to_vec())
 }
 
-/// Writes `payload` to `path` in `dir` whole or not at all; a failure only
-/// leaves the cache without it.
+/// The bytes of the cache file at `path`, if it is one to trust: on Unix a
+/// regular file (no symbolic link) of this user that no one else may write to.
+#[cfg(unix)]
+fn read_trusted(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    if !(meta.is_file() && meta.uid() == effective_user() && meta.mode() & 0o022 == 0) {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// Elsewhere a file's owner is not checked.
+#[cfg(not(unix))]
+fn read_trusted(path: &Path) -> Option<Vec<u8>> {
+    std::fs::read(path).ok()
+}
+
+/// Writes `bytes` to the new file `path` (on Unix mode 0600, never through a
+/// file or link already there).
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(bytes)
+}
+
+/// Writes `payload` to `path` in `dir` whole or not at all; a failure (or a
+/// folder gone since it was checked, which is not made again) only leaves
+/// the cache without it.
 fn store(dir: &Path, path: &Path, payload: &[u8]) {
-    if std::fs::create_dir_all(dir).is_err() {
+    if !dir.is_dir() {
         return;
     }
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let tmp = path.with_extension(format!("tmp.{}.{nanos}", std::process::id()));
-    if std::fs::write(&tmp, pack(payload)).is_ok() && std::fs::rename(&tmp, path).is_ok() {
+    if write_new(&tmp, &pack(payload)).is_ok() && std::fs::rename(&tmp, path).is_ok() {
         return;
     }
     let _ = std::fs::remove_file(&tmp);
@@ -205,6 +256,37 @@ mod tests {
         if unsafe { libc::geteuid() } != 0 {
             assert!(!private(Path::new("/")));
         }
+        // A symbolic link to a private folder, and a private folder inside one others may write to.
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&fresh, &link).unwrap();
+        assert!(!private(&link), "a symbolic link");
+        let open = tmp.path().join("open");
+        let inner = open.join("kernels");
+        assert!(private(&inner));
+        set(&open, 0o777);
+        assert!(!private(&inner), "inside a folder others may write to");
+        set(&open, 0o1777);
+        assert!(private(&inner), "inside a sticky one");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn only_a_private_regular_file_is_read_and_files_are_written_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("k.cubin");
+        store(tmp.path(), &file, b"payload");
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(read_trusted(&file).and_then(|b| unpack(&b)).as_deref(), Some(&b"payload"[..]));
+        let link = tmp.path().join("link.cubin");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_trusted(&link), None, "a symbolic link");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o620)).unwrap();
+        assert_eq!(read_trusted(&file), None, "writable by the group");
+        // A folder removed since its check is not made again.
+        let gone = tmp.path().join("gone");
+        store(&gone, &gone.join("k.cubin"), b"payload");
+        assert!(!gone.exists());
     }
 
     #[test]

@@ -289,10 +289,12 @@ impl Device {
     /// directly, so an error the context recorded earlier is left for the next
     /// call that checks it.
     fn refuse_while_capturing(&self) -> Result<(), GpuError> {
-        use cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        use cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: the stream is this device's own and lives as long as `self`.
         let status = unsafe { cudarc::driver::result::stream::is_capturing(self.stream.cu_stream()) };
-        if matches!(status, Ok(CU_STREAM_CAPTURE_STATUS_ACTIVE)) {
+        // An active capture, or one a failed call invalidated and not yet ended: a free
+        // then would fail and leave its error in the context for an unrelated call.
+        if matches!(status, Ok(s) if s != CU_STREAM_CAPTURE_STATUS_NONE) {
             return Err(GpuError::shape("device memory", "a buffer was asked for while a CUDA graph was captured"));
         }
         Ok(())

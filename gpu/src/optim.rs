@@ -146,7 +146,12 @@ impl DenseOptimizer {
         scale: f32,
     ) -> Result<(), GpuError> {
         self.stage_step(dev)?;
-        self.queue_update(dev, params, grads, scale, None)
+        let queued = self.queue_update(dev, params, grads, scale, None);
+        if queued.is_err() {
+            // Not applied: the next update's bias correction is the one this one would have had.
+            self.forget_step();
+        }
+        queued
     }
 
     /// Counts the next update and queues the write of its per-step values

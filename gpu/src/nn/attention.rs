@@ -121,6 +121,9 @@ impl AttentionPooling {
             return Err(GpuError::shape(OP, "backward without a forward"));
         };
         let d = self.dim;
+        // A forward whose buffers failed to grow leaves its shape with the smaller buffers.
+        check::len(OP, "alpha", alpha, batch * steps, || format!("the forward's batch {batch} × {steps} steps"))?;
+        check::len(OP, "wq", wq, batch * d, || format!("the forward's batch {batch} × {d}"))?;
         check::len(OP, "dout", dout, batch * d, || format!("batch {batch} × {d}"))?;
         check::len(OP, "grads", grads, self.offset + d * d, || format!("W {d}×{d} at offset {}", self.offset))?;
         check::len(OP, "dquery", dquery, batch * d, || format!("batch {batch} × {d}"))?;

@@ -196,6 +196,12 @@ impl Gru {
         };
         let (h, h3, i) = (self.hidden, 3 * self.hidden, self.input);
         let bh = batch * h;
+        // A forward whose buffers failed to grow leaves its shape with the smaller buffers.
+        let kept = || format!("the forward's {steps} steps × batch {batch} × {h}");
+        check::len(OP, "states", states, (steps + 1) * bh, kept)?;
+        for (name, buf) in [("r", r), ("z", z), ("n", n), ("hn", hn)] {
+            check::len(OP, name, buf, steps * bh, kept)?;
+        }
         check::len(OP, "dstates", dstates, steps * bh, || format!("{steps} steps × batch {batch} × {h}"))?;
         check::len(OP, "grads", grads, self.offset + self.num_params(), || "the GRU's parameters".into())?;
         check::len(OP, "dx", dx, batch * steps * i, || format!("batch {batch} × {steps} steps × {i}"))?;
