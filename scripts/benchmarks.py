@@ -101,7 +101,7 @@ Every `tiderec train` and `tiderec bench dlrm|model` measures, before the first 
 candidate kernel of every MLP product of the model at each worker's micro-batch (two
 alternating rounds of 2 ms each, or one call where a call takes longer; six rounds more for
 the two fastest of a backward product of a millisecond or more per call when they come
-within 10% of each other; under a second in all) and prints one line on
+within 10% of each other; about a second in all) and prints one line on
 stderr, `kernels (CPU; extensions): 64x13->512 packed-avx512w, 64x256->1 matrixmultiply, …`.
 The kernels `tiderec bench kernels --rows R --seconds {kernel_seconds} --rounds {kernel_rounds}`
 chose on this machine for DLRM's products:
@@ -135,8 +135,8 @@ candidates are matrixmultiply itself (which picks its own AVX2 or AVX-512 kernel
 packed kernels run in matrixmultiply's summation order (`gemm_packed::gemm_mm_order_in_place`,
 reading `x` and `W` where they lie, with no per-step copy:
 each entry a chain of fused multiply-adds from zero over runs of 256 reduction steps, the
-runs added to the output in order), and the widest of them once more with `x` or `W`
-copied into contiguous panels one run of 256 rows at a time (`copied-mm-…`,
+runs added to the output in order), and the wide kernel, whole and split, once more with
+`x` or `W` copied into contiguous panels one run of 256 rows at a time (`copied-mm-…`,
 `gemm_mm_order_f32`: rows read in place lie a power-of-two stride apart, so their lines
 crowd a few L1 sets; the copy pays where many rows reuse each run, as at 2,048 rows), so the
 measurement picks among results equal bit for

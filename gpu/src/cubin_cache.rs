@@ -23,7 +23,8 @@
 //!   and its hash proves it whole, not who wrote it; so on Unix the cache is
 //!   used only in a folder owned by this process's user that no one else may
 //!   write to, itself no symbolic link, inside folders no one else may
-//!   rename it out of (each not writable by others, or sticky) ([`private`]).
+//!   rename it out of (each owned by root or this user, and not writable by
+//!   others unless sticky) ([`private`]), used by its resolved path.
 //!   A missing folder is created so (mode 0700); any other folder means
 //!   compiling, as with no cache. Files are written mode 0600, and a file is
 //!   read only when it is this user's, no one else may write to it and it is
@@ -47,13 +48,17 @@ const HEADER: usize = 8 + 8 + 16;
 /// The cache folder, if there is one this process may trust (see the module docs).
 pub fn cache_dir() -> Option<PathBuf> {
     let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    dir_from(var(CACHE_ENV), var("XDG_CACHE_HOME"), var("HOME")).filter(|dir| private(dir))
+    // The path checked, as the files are then opened: no link along it can be swapped since.
+    dir_from(var(CACHE_ENV), var("XDG_CACHE_HOME"), var("HOME"))
+        .filter(|dir| private(dir))
+        .and_then(|dir| std::fs::canonicalize(dir).ok())
 }
 
 /// Whether `dir` is a folder only this process's user may write to: owned by
 /// the effective user, without write permission for its group or others, no
 /// symbolic link, and inside folders where no one else may replace it (each
-/// not writable by its group or others, or sticky, as `/tmp`).
+/// owned by root or this user, and not writable by its group or others
+/// unless sticky, as `/tmp`).
 /// A missing `dir` is created first, with its missing parents, mode 0700.
 #[cfg(unix)]
 pub fn private(dir: &Path) -> bool {
@@ -67,9 +72,11 @@ pub fn private(dir: &Path) -> bool {
         return false;
     }
     let Ok(full) = std::fs::canonicalize(dir) else { return false };
-    full.ancestors()
-        .skip(1)
-        .all(|parent| std::fs::metadata(parent).is_ok_and(|m| m.mode() & 0o022 == 0 || m.mode() & 0o1000 != 0))
+    let me = effective_user();
+    full.ancestors().skip(1).all(|parent| {
+        std::fs::metadata(parent)
+            .is_ok_and(|m| (m.uid() == 0 || m.uid() == me) && (m.mode() & 0o022 == 0 || m.mode() & 0o1000 != 0))
+    })
 }
 
 /// This process's effective user.
@@ -267,6 +274,15 @@ mod tests {
         assert!(!private(&inner), "inside a folder others may write to");
         set(&open, 0o1777);
         assert!(private(&inner), "inside a sticky one");
+        // Inside a folder of another user (not root), who may rename it: only root can make one.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = tmp.path().join("theirs");
+            let inside = theirs.join("kernels");
+            assert!(private(&inside));
+            std::os::unix::fs::chown(&theirs, Some(65_534), None).unwrap();
+            set(&theirs, 0o755);
+            assert!(!private(&inside), "inside another user's folder");
+        }
     }
 
     #[cfg(unix)]

@@ -38,14 +38,14 @@ use tiderec_operators::shard::{shard_of, EmbeddingShard};
 use tiderec_operators::snapshot::TableRows;
 use tiderec_operators::store::{DeviceStore, EmbeddingStore, StoreKind, StoreStats};
 use tiderec_operators::train::TrainerConfig;
-use tiderec_operators::OperatorError;
+use tiderec_operators::{rng, OperatorError};
 
 /// Mark of a row updated since the start (or the last reset).
 const UPDATED: u8 = 1;
 /// Mark of a row changed since the last checkpoint.
 const CHANGED: u8 = 2;
 
-/// Rows a restore wrote, not yet on the device: device row → values.
+/// Rows a restore (or a reset) wrote, not yet on the device: device row → values.
 #[derive(Debug, Default)]
 struct Pending {
     at: Vec<u32>,
@@ -146,7 +146,7 @@ impl DeviceShard {
         }
     }
 
-    /// Sends the rows a restore wrote to the device.
+    /// Sends the rows a restore or a reset wrote to the device.
     fn flush(&self) -> Result<(), GpuError> {
         let mut pending = self.pending.borrow_mut();
         if pending.at.is_empty() {
@@ -167,6 +167,15 @@ impl DeviceShard {
         }
         *pending = Pending::default();
         Ok(())
+    }
+
+    /// The table and id of device row `at` (one this worker owns).
+    fn table_and_id(&self, at: u32) -> (usize, u64) {
+        let at = at as usize;
+        // The last table starting at or before `at`: a table owning no row here
+        // starts where the next one does.
+        let table = self.bases.partition_point(|&base| base <= at) - 1;
+        (table, EmbeddingShard::id_of(table, at - self.bases[table], self.worker, self.workers))
     }
 
     /// The rows (`at.len() × dim`) and states (one each) of the device rows `at`.
@@ -329,27 +338,32 @@ impl EmbeddingStore for DeviceShard {
         self.export_marked(table, CHANGED)
     }
     /// Every row back to its seeded initial values: the rows updated since the
-    /// start (the others still hold them) go up as a restore's rows do, into
-    /// the table the device already holds, so a reset needs no second table's
-    /// memory. On a failure the marks stay and the failure is recorded.
+    /// start and the rows written and not yet sent up (the others still hold
+    /// them) get their seeded values (as the fixed store's reset makes them
+    /// again, row by row), which go up as a restore's rows do, into the table
+    /// the device already holds: a reset needs no second table, on the device
+    /// or on the host.
     fn reset(&mut self, _completed: u64) {
-        let dim = self.dim;
-        let updated: Vec<u32> =
-            (0..self.marks.len()).filter(|&at| self.marks[at] & UPDATED != 0).map(|at| at as u32).collect();
+        let (d, w) = (self.dim, self.state_width());
+        let queued = std::mem::take(&mut *self.pending.borrow_mut()).at;
+        let mut rows: Vec<u32> = (0..self.marks.len())
+            .filter(|&at| self.marks[at] & UPDATED != 0)
+            .map(|at| at as u32)
+            .chain(queued)
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        let mut initial_state = vec![0.0; w];
+        self.kind.init_state(&self.hp, &mut initial_state);
         let mut pending = Pending::default();
-        if !updated.is_empty() {
-            let seeded = seeded((dim, &self.table_sizes, self.seed), (self.kind, self.hp), (self.worker, self.workers));
-            let (rows, state) = match seeded {
-                Ok((rows, state, _)) => (rows, state),
-                Err(e) => return self.fail(format!("setting the rows back to their initial values: {e}")),
-            };
-            for at in updated {
-                let a = at as usize;
-                pending.index.insert(at, pending.at.len());
-                pending.at.push(at);
-                pending.rows.extend_from_slice(&rows[a * dim..(a + 1) * dim]);
-                pending.state.push(state[a]);
-            }
+        let mut row = vec![0.0; d];
+        for at in rows {
+            let (table, id) = self.table_and_id(at);
+            rng::init_row(self.seed, table, id, rng::init_bound(self.table_sizes[table]), &mut row);
+            pending.index.insert(at, pending.at.len());
+            pending.at.push(at);
+            pending.rows.extend_from_slice(&row);
+            pending.state.push(initial_state.first().copied().unwrap_or(0.0));
         }
         *self.pending.borrow_mut() = pending;
         self.marks.fill(0);

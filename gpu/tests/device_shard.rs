@@ -167,6 +167,28 @@ fn a_restore_and_a_reset_reach_the_device() {
     assert_eq!(g.ids, h.ids, "the rows updated after the reset");
     assert_close("rows updated after the reset", &g.rows, &h.rows);
     assert_close("accumulators after the reset", &g.state, &h.state);
+    // Resets one after another, and a row written between two, before anything goes up:
+    // every row seeded again, none updated.
+    let fresh_rows = |store: &mut FixedStore| {
+        store.reset(0);
+        let mut rows = Vec::new();
+        store.gather(2, &ids, &mut rows);
+        rows
+    };
+    let seeded_again = fresh_rows(&mut fresh);
+    assert_eq!(seeded_again, seeded, "the fixed store's reset");
+    for between in [false, true] {
+        gpu.apply_rows(&rows, &grads);
+        gpu.reset(0);
+        if between {
+            gpu.set_row(2, ids[1], &[3.0; 8], &[2.0]).unwrap();
+        }
+        gpu.reset(0);
+        let mut got = Vec::new();
+        gpu.gather(2, &ids, &mut got);
+        assert_eq!(got, seeded, "two resets (a row written between: {between})");
+        assert!(gpu.export_table(2).ids.is_empty(), "no row updated (a row written between: {between})");
+    }
     assert_eq!(gpu.take_error(), None);
 }
 

@@ -1,6 +1,7 @@
 //! CUDA graphs of the device-resident worker's training step: the step's
-//! launches captured once per staging slot and batch shape, then replayed as
-//! one graph launch instead of some seventy kernel launches.
+//! launches captured once per staging slot and batch shape (at most
+//! [`MAX_GRAPHS`] graphs kept), then replayed as one graph launch instead of
+//! some seventy kernel launches.
 //!
 //! ## Invariants
 //!
