@@ -2,11 +2,13 @@
 //! replication train the model of the plain `rows` exchange, on one worker and
 //! on several, and checkpoints do not depend on the strategy.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use tiderec_operators::exchange::{ExchangeConfig, TableExchange};
+use tiderec_operators::exchange::ExchangeConfig;
 use tiderec_operators::metrics::EvalSet;
-use tiderec_operators::nn::{DlrmConfig, FmConfig, ModelConfig};
+use tiderec_operators::nn::{FmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::snapshot::WorkerSnapshot;
 use tiderec_operators::store::{StoreConfig, StoreKind};
@@ -40,17 +42,7 @@ fn deep_config(exchange: ExchangeConfig, fm: bool) -> TrainerConfig {
 }
 
 fn dlrm_config(exchange: ExchangeConfig) -> TrainerConfig {
-    TrainerConfig {
-        model: ModelConfig::Dlrm(DlrmConfig {
-            num_dense: 2,
-            num_sparse: 4,
-            dim: 4,
-            bottom: vec![8, 4],
-            top: vec![8, 1],
-            self_interaction: false,
-        }),
-        ..fm_config(exchange, SparseOptimizerKind::RowwiseAdagrad)
-    }
+    TrainerConfig { model: common::dlrm_four_fields(), ..fm_config(exchange, SparseOptimizerKind::RowwiseAdagrad) }
 }
 
 /// Worker `w`'s share of step `step`: skewed one-hot ids, some empty bags, a
@@ -169,16 +161,12 @@ fn assert_same(what: &str, a: &Outcome, b: &Outcome, tol: f64) {
 }
 
 fn partial(tables: &[usize]) -> ExchangeConfig {
-    let mut t = vec![TableExchange::Rows; SIZES.len()];
-    for &f in tables {
-        t[f] = TableExchange::Partial;
-    }
-    ExchangeConfig { tables: t, replicated: vec![] }
+    common::partial_exchange(SIZES.len(), tables)
 }
 
 /// The five hottest ids of every table replicated.
 fn replicated() -> ExchangeConfig {
-    ExchangeConfig { tables: vec![], replicated: SIZES.iter().map(|&n| (0..5.min(n)).collect()).collect() }
+    common::replicated_exchange(&SIZES)
 }
 
 #[test]

@@ -5,9 +5,11 @@
 //! replicated hot rows), with weighted, empty and multi-id bags and behaviour
 //! sequences, on one worker and on two.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
-use tiderec_operators::exchange::{ExchangeConfig, TableExchange};
-use tiderec_operators::nn::{DienConfig, DlrmConfig, FmConfig, Interest, ModelConfig};
+use tiderec_operators::exchange::ExchangeConfig;
+use tiderec_operators::nn::{DienConfig, FmConfig, Interest, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::snapshot::WorkerSnapshot;
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
@@ -35,14 +37,7 @@ fn config(model: ModelConfig, exchange: ExchangeConfig) -> TrainerConfig {
 }
 
 fn dlrm() -> ModelConfig {
-    ModelConfig::Dlrm(DlrmConfig {
-        num_dense: 2,
-        num_sparse: 4,
-        dim: 4,
-        bottom: vec![8, 4],
-        top: vec![8, 1],
-        self_interaction: false,
-    })
+    common::dlrm_four_fields()
 }
 
 fn deepfm() -> ModelConfig {
@@ -63,16 +58,12 @@ fn dien() -> ModelConfig {
 }
 
 fn partial(tables: &[usize]) -> ExchangeConfig {
-    let mut t = vec![TableExchange::Rows; SIZES.len()];
-    for &f in tables {
-        t[f] = TableExchange::Partial;
-    }
-    ExchangeConfig { tables: t, replicated: vec![] }
+    common::partial_exchange(SIZES.len(), tables)
 }
 
 /// The five hottest ids of every table replicated.
 fn replicated() -> ExchangeConfig {
-    ExchangeConfig { tables: vec![], replicated: SIZES.iter().map(|&n| (0..5.min(n)).collect()).collect() }
+    common::replicated_exchange(&SIZES)
 }
 
 /// Worker `w`'s micro-batch of step `step`: skewed ids, empty bags (an absent

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use tiderec_operators::exchange::{ExchangeConfig, TableExchange};
 use tiderec_operators::nn::{DlrmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
@@ -32,6 +33,18 @@ pub fn dlrm() -> ModelConfig {
         dim: 4,
         bottom: vec![4],
         top: vec![3, 1],
+        self_interaction: false,
+    })
+}
+
+/// A DLRM on 2 dense features and 4 sparse fields of width 4 (the exchange tests' shape).
+pub fn dlrm_four_fields() -> ModelConfig {
+    ModelConfig::Dlrm(DlrmConfig {
+        num_dense: 2,
+        num_sparse: 4,
+        dim: 4,
+        bottom: vec![8, 4],
+        top: vec![8, 1],
         self_interaction: false,
     })
 }
@@ -92,4 +105,19 @@ pub fn assert_worker_1_failed_in_step_2(seen: &mut [(usize, String)], message: &
     seen.sort();
     assert_eq!(seen[1], (1, format!("step 2: error: compute device error on worker 1: {message}")), "{seen:?}");
     assert_eq!(seen[0], (0, "step 3: 1 failed".into()), "{seen:?}");
+}
+
+/// `fields` sparse fields exchanging rows, but those in `partial`, which
+/// exchange partial results.
+pub fn partial_exchange(fields: usize, partial: &[usize]) -> ExchangeConfig {
+    let mut tables = vec![TableExchange::Rows; fields];
+    for &f in partial {
+        tables[f] = TableExchange::Partial;
+    }
+    ExchangeConfig { tables, replicated: vec![] }
+}
+
+/// The five hottest ids (the lowest, under the tests' skewed ids) of every table of `sizes` replicated.
+pub fn replicated_exchange(sizes: &[u64]) -> ExchangeConfig {
+    ExchangeConfig { tables: vec![], replicated: sizes.iter().map(|&n| (0..5.min(n)).collect()).collect() }
 }
