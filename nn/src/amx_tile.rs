@@ -11,9 +11,13 @@
 //! `c ← c + (Σₑ + Σₒ)`. Products of two bf16 values are exact in `f32`.
 //! The instruction treats denormals as zero and ignores `MXCSR`.
 //!
+//! [`emulated`] computes the block in software, for a CPU without AMX
+//! (`TIDEREC_AMX_EMULATE=1`, [`TileUnit::Emulated`]).
+//!
 //! # Invariants
-//! * Every function here runs only where [`Feature::AmxBf16`] is usable
-//!   ([`tiderec_records::cpu::has`]): the callers check it.
+//! * Every function here but [`emulated`]'s runs only where
+//!   [`Feature::AmxBf16`] is usable ([`tiderec_records::cpu::has`]; the
+//!   callers check it); [`emulated`]'s runs anywhere.
 //! * Tiles are configured by a [`Tiles`] guard and released when it drops, so
 //!   no tile state outlives a product (a thread holding tile state makes each
 //!   context switch save 8 KiB more).
@@ -21,6 +25,9 @@
 //!   values, a bf16 tile 16 rows of 16 pairs.
 //!
 //! [`Feature::AmxBf16`]: tiderec_records::cpu::Feature::AmxBf16
+//! [`TileUnit::Emulated`]: tiderec_records::cpu::TileUnit::Emulated
+
+pub(crate) mod emulated;
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::asm;

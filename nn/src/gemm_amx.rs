@@ -25,6 +25,7 @@ use super::amx_tile::{BLOCK, TILE_PAIRS};
 use super::bf16_pack::{bf16_to_f32, interleave_rows, round_bf16, round_row_pairs};
 use super::gemm::Op;
 use super::relu::{relu_backward_in_place, relu_in_place};
+use tiderec_records::cpu::TileUnit;
 
 /// Pairs per chunk of the reduction: a 32-row slice of `a` is reused by every
 /// panel of `b`, whose rows are prefetched [`PREFETCH_BLOCKS`] blocks ahead.
@@ -45,9 +46,22 @@ fn round_up(x: usize, to: usize) -> usize {
 }
 
 /// Whether the AMX products run here: the CPU has AMX-BF16, the process may use
-/// it and `TIDEREC_MAX_ISA` allows it ([`tiderec_records::cpu`]).
+/// it and `TIDEREC_MAX_ISA` allows it, or its tiles are emulated
+/// ([`tile_unit`]).
 pub fn amx_available() -> bool {
-    tiderec_records::cpu::has(tiderec_records::cpu::Feature::AmxBf16)
+    tile_unit().is_some()
+}
+
+/// Where the AMX products run ([`tiderec_records::cpu::tile_unit`]): on the
+/// CPU's tiles, emulated (`TIDEREC_AMX_EMULATE=1` on a CPU without usable AMX),
+/// or nowhere. In this crate's tests a thread may also ask for emulated tiles
+/// ([`tests::on_tiles`]).
+pub fn tile_unit() -> Option<TileUnit> {
+    #[cfg(test)]
+    if tests::emulating_here() {
+        return Some(TileUnit::Emulated);
+    }
+    tiderec_records::cpu::tile_unit()
 }
 
 /// The buffer of a packed operand: `count` rows of `op(a)` ([`AmxLhs`]) or
@@ -443,7 +457,7 @@ fn product(
     (c, ldc): (&mut [f32], usize),
     Packings { lhs: mut next, mut rows, mut transposed, write_c }: Packings<'_>,
 ) {
-    assert!(amx_available(), "gemm_amx: AMX-BF16 does not run here");
+    let unit = tile_unit().expect("gemm_amx: AMX-BF16 does not run here");
     if let Some(next) = next.as_deref_mut() {
         next.layout.prepare(a.m(), b.n());
     }
@@ -529,10 +543,10 @@ fn product(
     // `transposed_to`, if any, `n` rows padded to 32 of `⌈m/32⌉·16` pairs and `n` sums.
     unsafe {
         let pack = x86::PackTo { lhs: lhs_to, rows: rows_to, transposed: transposed_to };
-        x86::gemm(a, b, (start, epilogue), (c, ldc), pack, write_c)
+        x86::gemm(a, b, (start, epilogue), (c, ldc), pack, write_c, unit)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("AMX runs only on x86-64")
+    unreachable!("AMX runs only on x86-64 ({unit:?})")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -575,4 +589,4 @@ pub fn gemm_amx_reference(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -22,8 +22,9 @@
 use super::bf16_pack::{bf16_to_f32, round_bf16};
 use super::bf16_pack::{bf16_vector_available, panels, Bf16Lhs, Bf16Rhs, VECTOR};
 use super::gemm::Op;
-use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_into, gemm_amx_reference};
+use super::gemm_amx::{amx_available, gemm_amx_from, gemm_amx_into, gemm_amx_reference, tile_unit};
 use super::gemm_amx::{AmxLhs, AmxRhs, Epilogue, Packings, Start};
+use tiderec_records::cpu::TileUnit;
 
 /// Pairs (two reduction steps each) per run of the sums: a 32-column panel's
 /// run is 16 KiB, so it stays in L1 while a group of rows passes.
@@ -70,11 +71,13 @@ impl Bf16Kernel {
         }
     }
 
-    /// A short name (`bf16-portable`, `bf16-avx512`, `bf16-amx`).
+    /// A short name (`bf16-portable`, `bf16-avx512`, `bf16-amx`;
+    /// `bf16-amx-emulated` on emulated tiles).
     pub fn name(&self) -> &'static str {
         match self {
             Bf16Kernel::Portable => "bf16-portable",
             Bf16Kernel::Avx512Bf16 => "bf16-avx512",
+            Bf16Kernel::Amx if tile_unit() == Some(TileUnit::Emulated) => "bf16-amx-emulated",
             Bf16Kernel::Amx => "bf16-amx",
         }
     }

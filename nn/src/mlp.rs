@@ -224,6 +224,19 @@ mod tests {
     /// not a multiple of 32, twice through one cache).
     #[test]
     fn a_bf16_stack_equals_its_layers_one_by_one() {
+        a_bf16_stack_equals_its_layers();
+    }
+
+    /// [`a_bf16_stack_equals_its_layers_one_by_one`] on AMX tiles, emulated
+    /// where the CPU has none: the chained packings of every layer.
+    #[test]
+    fn a_bf16_stack_on_amx_tiles_equals_its_layers_one_by_one() {
+        let Some(tiles) = crate::gemm_amx::tests::on_tiles() else { return };
+        assert_eq!(crate::gemm_bf16::Bf16Kernel::best(), crate::gemm_bf16::Bf16Kernel::Amx, "{:?}", tiles.unit);
+        a_bf16_stack_equals_its_layers();
+    }
+
+    fn a_bf16_stack_equals_its_layers() {
         let mut cache = MlpCache::<f32>::default();
         if let Err(e) = cache.set_precision(Precision::Bf16) {
             eprintln!("skipped: {e}");

@@ -269,6 +269,7 @@ fn main() -> anyhow::Result<()> {
     let cli = parse_cli();
     // An invalid cap on the vector extensions is refused before any kernel runs.
     tiderec_operators::cpu::check()?;
+    tiderec_operators::cpu::check_amx_emulation()?;
     match cli.command {
         Command::Train(args) => run_train(*args)?,
         Command::Online(args) => run_online(*args)?,

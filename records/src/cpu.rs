@@ -27,6 +27,19 @@
 //! first question). [`amx_note`] says which of these failed on a CPU that has
 //! AMX but may not use it.
 //!
+//! # Emulated tiles
+//! `TIDEREC_AMX_EMULATE=1` runs the AMX products on a CPU without usable AMX
+//! ([`tile_unit`] is then [`TileUnit::Emulated`]): the same packing, blocking,
+//! epilogues and packings of the finished blocks, with each 32 × 32 tile block
+//! computed in software as `TDPBF16PS` computes it (see `tiderec_nn`'s
+//! `gemm_amx`). It is for checking the AMX path where no AMX CPU is at hand,
+//! like Intel's Software Development Emulator, and it is slow: a product runs
+//! several times slower than on the AVX-512 BF16 kernel. It needs AVX-512 BF16
+//! (the packing and the epilogues use it) and a cap that allows `amx`; a CPU
+//! with usable AMX runs its tiles whatever the variable says. Unset, empty and
+//! `0` leave it off; any other value but `1` is refused as the cap's invalid
+//! values are ([`check_amx_emulation`]).
+//!
 //! # What the cap does not reach
 //! * Code the compiler generates: the build targets x86-64-v3, so AVX2 and FMA
 //!   run everywhere outside the hand-written kernels, whatever the cap.
@@ -61,6 +74,10 @@ use thiserror::Error;
 
 /// The environment variable that caps the extensions (see the module docs).
 pub const MAX_ISA_VAR: &str = "TIDEREC_MAX_ISA";
+
+/// The environment variable that runs the AMX products on emulated tiles
+/// (see the module docs).
+pub const AMX_EMULATE_VAR: &str = "TIDEREC_AMX_EMULATE";
 
 /// A vector extension a tiderec kernel may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -234,20 +251,75 @@ impl From<MaxIsaError> for crate::ConfigError {
     }
 }
 
-/// What the process found: the CPU's features and the cap, read once.
+/// What the process found: the CPU's features, the cap and whether tiles are
+/// emulated, read once.
 struct Cpu {
     /// Features the CPU has (bits of [`Feature::bit`]).
     detected: u32,
     /// The cap as set.
     cap: Result<MaxIsa, MaxIsaError>,
+    /// `TIDEREC_AMX_EMULATE` as set: on or off, or its invalid value.
+    emulate: Result<bool, String>,
 }
 
 fn cpu() -> &'static Cpu {
     static CPU: OnceLock<Cpu> = OnceLock::new();
     CPU.get_or_init(|| {
         let detected = Feature::ALL.iter().filter(|f| f.probe()).fold(0, |m, f| m | f.bit());
-        let value = std::env::var_os(MAX_ISA_VAR).map(|v| v.to_string_lossy().into_owned());
-        Cpu { detected, cap: MaxIsa::from_var(value.as_deref()) }
+        let var = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+        let cap = MaxIsa::from_var(var(MAX_ISA_VAR).as_deref());
+        Cpu { detected, cap, emulate: emulation_from_var(var(AMX_EMULATE_VAR).as_deref()) }
+    })
+}
+
+/// Whether a value of `TIDEREC_AMX_EMULATE` turns emulation on: unset, empty
+/// and `0` are off, `1` on, anything else the value as an error.
+fn emulation_from_var(value: Option<&str>) -> Result<bool, String> {
+    match value {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(v.to_string()),
+    }
+}
+
+/// Where the AMX tile products run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileUnit {
+    /// The CPU's own tiles.
+    Hardware,
+    /// Tile blocks computed in software (`TIDEREC_AMX_EMULATE=1`; see the module docs).
+    Emulated,
+}
+
+impl TileUnit {
+    /// `amx` or `amx (emulated)`, for reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TileUnit::Hardware => "amx",
+            TileUnit::Emulated => "amx (emulated: TIDEREC_AMX_EMULATE=1)",
+        }
+    }
+}
+
+/// Where the AMX products run: on the CPU's tiles where [`has`]`(AmxBf16)`;
+/// emulated where `TIDEREC_AMX_EMULATE=1`, the cap allows `amx` and the CPU has
+/// usable AVX-512 BF16; nowhere (`None`) otherwise.
+pub fn tile_unit() -> Option<TileUnit> {
+    if has(Feature::AmxBf16) {
+        Some(TileUnit::Hardware)
+    } else if cpu().emulate == Ok(true) && max_isa().allows(Feature::AmxBf16) && has(Feature::Avx512Bf16) {
+        Some(TileUnit::Emulated)
+    } else {
+        None
+    }
+}
+
+/// Whether `TIDEREC_AMX_EMULATE` asks for emulated tiles, or the error naming
+/// its invalid value. The binary calls it at start and `Trainer` when it is
+/// built, beside [`check`].
+pub fn check_amx_emulation() -> Result<bool, crate::ConfigError> {
+    cpu().emulate.clone().map_err(|value| {
+        crate::ConfigError::new(AMX_EMULATE_VAR, format!("{value:?} is not one of 1 (emulate AMX tiles), 0 or empty"))
     })
 }
 
@@ -312,8 +384,13 @@ pub fn cap_note() -> Option<String> {
 /// The extensions for a report line: `avx2 fma avx512f …` without a cap;
 /// with one, the cap and what it turns off:
 /// `avx2 fma (TIDEREC_MAX_ISA=avx2; off: avx512f avx512bw …)`.
+/// Emulated tiles add `amx-bf16 (emulated: TIDEREC_AMX_EMULATE=1)`.
 pub fn describe() -> String {
-    describe_with(&usable(), &turned_off(), cap_note().as_deref())
+    let line = describe_with(&usable(), &turned_off(), cap_note().as_deref());
+    match tile_unit() {
+        Some(TileUnit::Emulated) => format!("{line}; amx-bf16 (emulated: {AMX_EMULATE_VAR}=1)"),
+        _ => line,
+    }
 }
 
 fn describe_with(usable: &[Feature], off: &[Feature], note: Option<&str>) -> String {
@@ -478,6 +555,33 @@ mod tests {
             assert_eq!(usable().contains(&f), has(f), "{f}");
         }
         assert_eq!(cap_note().is_none(), check() == Ok(MaxIsa::Native));
+    }
+
+    /// `1` turns emulation on; unset, empty and `0` leave it off; anything
+    /// else is refused with its value.
+    #[test]
+    fn emulation_values_parse_and_bad_ones_are_refused() {
+        assert_eq!(emulation_from_var(None), Ok(false));
+        assert_eq!(emulation_from_var(Some("")), Ok(false));
+        assert_eq!(emulation_from_var(Some("0")), Ok(false));
+        assert_eq!(emulation_from_var(Some("1")), Ok(true));
+        for bad in ["yes", "true", " 1", "2"] {
+            assert_eq!(emulation_from_var(Some(bad)), Err(bad.to_string()));
+        }
+    }
+
+    /// Tiles are emulated only where the hardware has none and emulation was
+    /// asked for, with the bf16 instructions the packing needs.
+    #[test]
+    fn the_tile_unit_agrees_with_the_answers() {
+        let emulated = cpu().emulate == Ok(true) && max_isa().allows(Feature::AmxBf16) && has(Feature::Avx512Bf16);
+        let expected = match (has(Feature::AmxBf16), emulated) {
+            (true, _) => Some(TileUnit::Hardware),
+            (false, true) => Some(TileUnit::Emulated),
+            (false, false) => None,
+        };
+        assert_eq!(tile_unit(), expected);
+        assert_eq!(check_amx_emulation().is_ok(), cpu().emulate.is_ok());
     }
 
     /// The report names the cap and what it turns off, and only then.

@@ -1,4 +1,48 @@
 use super::*;
+use std::cell::Cell;
+use tiderec_records::cpu::{self, Feature};
+
+thread_local! {
+    /// Whether this test thread runs the AMX products on emulated tiles.
+    static EMULATE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread asked for emulated tiles ([`on_tiles`]).
+pub(super) fn emulating_here() -> bool {
+    EMULATE.with(Cell::get)
+}
+
+/// The AMX products of this test thread run on [`OnTiles::unit`] while it lives.
+pub(crate) struct OnTiles {
+    pub(crate) unit: TileUnit,
+}
+
+impl Drop for OnTiles {
+    fn drop(&mut self) {
+        EMULATE.with(|e| e.set(false));
+    }
+}
+
+/// Tiles for this test thread: the CPU's where it has usable AMX (or the
+/// process asked for emulated ones), emulated ones where it has AVX-512 BF16
+/// (which the packing and the epilogues need) and the cap allows `amx`;
+/// `None`, saying why, elsewhere. Emulated tiles check everything but the
+/// tile instructions themselves ([`emulated`](crate::amx_tile::emulated)).
+pub(crate) fn on_tiles() -> Option<OnTiles> {
+    if let Some(unit) = cpu::tile_unit() {
+        return Some(OnTiles { unit });
+    }
+    if cpu::has(Feature::Avx512Bf16) && cpu::max_isa().allows(Feature::AmxBf16) {
+        eprintln!("this CPU has no usable AMX-BF16: the AMX products run on emulated tiles");
+        EMULATE.with(|e| e.set(true));
+        return Some(OnTiles { unit: TileUnit::Emulated });
+    }
+    eprintln!(
+        "skipped: this CPU has neither usable AMX-BF16 nor AVX-512 BF16 for emulated tiles ({})",
+        cpu::describe()
+    );
+    None
+}
 
 fn operands(m: usize, n: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     // Normal values scaled over a wide range of exponents, so the order of
@@ -36,10 +80,7 @@ const SHAPES: [(usize, usize, usize); 13] = [
 /// equals [`gemm_amx_reference`] bit for bit.
 #[test]
 fn kernel_equals_the_oracle_bit_for_bit() {
-    if !amx_available() {
-        eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
-        return;
-    }
+    let Some(_tiles) = on_tiles() else { return };
     let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
     for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
         let (a, b, c0) = operands(m, n, k, s as u64);
@@ -95,10 +136,7 @@ fn each_case(seed: u64, mut f: impl FnMut(&str, (&AmxLhs, &AmxRhs), (Start<'_>, 
 /// larger shape.
 #[test]
 fn packing_the_output_equals_packing_it_afterwards() {
-    if !amx_available() {
-        eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
-        return;
-    }
+    let Some(_tiles) = on_tiles() else { return };
     let want_next = &mut AmxLhs::default();
     let (mut next, mut rows, mut want_rows) = (AmxLhs::default(), AmxRhs::default(), AmxRhs::default());
     let (big, _, _) = operands(70, 1, 600, 1);
@@ -166,10 +204,7 @@ fn the_oracle_is_not_a_plain_chain() {
 /// buffers reused for smaller shapes are fully rewritten.
 #[test]
 fn only_the_product_entries_are_written() {
-    if !amx_available() {
-        eprintln!("skipped: this CPU has no usable AMX-BF16");
-        return;
-    }
+    let Some(_tiles) = on_tiles() else { return };
     let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
     let (big_a, big_b, _) = operands(70, 70, 90, 9);
     lhs.pack(Op::N, 70, 90, &big_a);
@@ -197,10 +232,7 @@ fn only_the_product_entries_are_written() {
 /// on shapes with edges and past one chunk.
 #[test]
 fn a_start_row_equals_a_copied_bias() {
-    if !amx_available() {
-        eprintln!("skipped: this CPU has no usable AMX-BF16");
-        return;
-    }
+    let Some(_tiles) = on_tiles() else { return };
     let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
     let mut cut = 0;
     for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
@@ -226,10 +258,7 @@ fn a_start_row_equals_a_copied_bias() {
 /// `relu_backward_in_place` against the output, bit for bit, at a stride.
 #[test]
 fn the_relu_backward_epilogue_equals_a_pass_afterwards() {
-    if !amx_available() {
-        eprintln!("skipped: this CPU has no usable AMX-BF16");
-        return;
-    }
+    let Some(_tiles) = on_tiles() else { return };
     let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
     for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
         let ldc = n + 3;
@@ -326,10 +355,7 @@ fn transposed_packing_equals_portable() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_vector_epilogue_equals_the_scalar_passes_on_special_values() {
-    if !amx_available() {
-        eprintln!("skipped: this CPU has no usable AMX-BF16");
-        return;
-    }
+    let Some(_tiles) = on_tiles() else { return };
     let special = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, -1.5, 2.5, -f32::MIN_POSITIVE];
     let (rows, ldc) = (3, 37);
     let value = |i: usize, shift: usize| special[(i * 7 + shift) % special.len()];
@@ -378,10 +404,7 @@ fn the_vector_epilogue_equals_the_scalar_passes_on_special_values() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_packed_relu_backward_reads_the_rounded_output() {
-    if !amx_available() {
-        eprintln!("skipped: this CPU has no usable AMX-BF16");
-        return;
-    }
+    let Some(_tiles) = on_tiles() else { return };
     let tiny = f32::from_bits(1);
     let special = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, -1.5, 2.5, tiny, -tiny, 1e-39, 3.0];
     let (rows, ldc) = (5, 64);
@@ -437,10 +460,7 @@ fn the_packed_relu_backward_reads_the_rounded_output() {
 /// buffers left from a larger shape.
 #[test]
 fn every_packing_equals_packing_afterwards_with_or_without_c() {
-    if !amx_available() {
-        eprintln!("skipped: this CPU has no usable AMX-BF16 ({})", tiderec_records::cpu::describe());
-        return;
-    }
+    let Some(_tiles) = on_tiles() else { return };
     let (mut next, mut rows, mut t) = (AmxLhs::default(), AmxRhs::default(), AmxLhs::default());
     let (mut want_next, mut want_rows, mut want_t) = (AmxLhs::default(), AmxRhs::default(), AmxLhs::default());
     let (big, _, _) = operands(70, 1, 600, 1);
@@ -484,10 +504,7 @@ fn every_packing_equals_packing_afterwards_with_or_without_c() {
 /// An empty reduction writes zeros (or leaves `c` when accumulating).
 #[test]
 fn an_empty_reduction_is_zero() {
-    if !amx_available() {
-        eprintln!("skipped: this CPU has no usable AMX-BF16");
-        return;
-    }
+    let Some(_tiles) = on_tiles() else { return };
     let (mut lhs, mut rhs) = (AmxLhs::default(), AmxRhs::default());
     lhs.pack(Op::N, 3, 0, &[]);
     rhs.pack(Op::N, 0, 4, &[]);

@@ -1,7 +1,8 @@
-use super::super::amx_tile::{block_32x32, Tiles, BLOCK, TILE_PAIRS};
+use super::super::amx_tile::{block_32x32, emulated, Tiles, BLOCK, TILE_PAIRS};
 use super::super::bf16_pack::x86::{interleave_index, mask, pairs16};
 use super::{AmxLhs, AmxRhs, Epilogue, Start, CHUNK_PAIRS, PREFETCH_BLOCKS};
 use std::arch::x86_64::*;
+use tiderec_records::cpu::TileUnit;
 
 /// [`super::AmxRhs::pack`] of `b` stored `k × n` ([`Op::N`](super::Op::N)):
 /// each pair of rows is converted 16 columns at a time, each 16 pairs
@@ -363,7 +364,8 @@ unsafe fn each_row(
 /// See [`super::gemm_amx`].
 ///
 /// # Safety
-/// AMX runs here; `c` holds `m` rows of `n` at stride `ldc`; `kp ≥ 16`.
+/// AMX runs here on `unit` (for [`TileUnit::Emulated`], AVX-512 BF16 runs
+/// here); `c` holds `m` rows of `n` at stride `ldc`; `kp ≥ 16`.
 ///
 /// With `pack`, the finished blocks are also packed there ([`finish_block`]);
 /// without `store`, where one chunk holds the whole reduction, they are
@@ -376,11 +378,16 @@ pub(super) unsafe fn gemm(
     (c, ldc): (&mut [f32], usize),
     pack: PackTo,
     store: bool,
+    unit: TileUnit,
 ) {
     let (m, n, kp) = (a.m(), b.n(), b.layout.kp);
     let (a_words, b_words) = (&a.layout.data[..], &b.layout.data[..]);
     let through_edge = !store && pack.any() && kp <= CHUNK_PAIRS;
-    let tiles = Tiles::configure();
+    // The hardware's tiles are configured for the product and released after it.
+    let tiles = match unit {
+        TileUnit::Hardware => Some(Tiles::configure()),
+        TileUnit::Emulated => None,
+    };
     let mut edge = Edge([0.0; BLOCK * BLOCK]);
     for q0 in (0..kp).step_by(CHUNK_PAIRS) {
         let blocks = CHUNK_PAIRS.min(kp - q0) / TILE_PAIRS;
@@ -396,8 +403,11 @@ pub(super) unsafe fn gemm(
                 // the next block reads (a prefetch never faults, even past the buffer).
                 let prefetch = b_ptr.wrapping_add(PREFETCH_BLOCKS * TILE_PAIRS * BLOCK);
                 let (rows, cols) = (BLOCK.min(m - i), BLOCK.min(n - j));
-                let run = |c: *mut f32, ldc: usize, from: (*const f32, usize)| {
-                    block_32x32(&tiles, a_ptr, kp * 4, b_ptr, BLOCK * 4, blocks, c, ldc * 4, from, prefetch)
+                let run = |c: *mut f32, ldc: usize, from: (*const f32, usize)| match &tiles {
+                    Some(tiles) => {
+                        block_32x32(tiles, a_ptr, kp * 4, b_ptr, BLOCK * 4, blocks, c, ldc * 4, from, prefetch)
+                    }
+                    None => emulated::block_32x32(a_ptr, kp * 4, b_ptr, BLOCK * 4, blocks, c, ldc * 4, from),
                 };
                 if rows == BLOCK && cols == BLOCK && !through_edge {
                     let out = c.as_mut_ptr().add(i * ldc + j);

@@ -702,6 +702,7 @@ fn prepare(
     config.validate()?;
     // An invalid `TIDEREC_MAX_ISA` is refused, not run under a cap it did not name.
     crate::cpu::check().map_err(crate::ConfigError::from)?;
+    crate::cpu::check_amx_emulation()?;
     check_model(config, model.as_mut())?;
     let partial = partial_form(config);
     let deep_partial = partial.is_some_and(|p| p.deep.is_some());
