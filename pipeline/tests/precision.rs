@@ -171,3 +171,87 @@ fn bf16_trains_in_fp32_where_it_is_measured_slower() {
         eprintln!("bf16-avx512 measured {ratio:.2}x fp32 here: trained in bf16");
     }
 }
+
+/// Whether this CPU has AMX-BF16 tiles (`/proc/cpuinfo`'s `amx_bf16`).
+fn cpu_has_amx() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|s| s.split_whitespace().any(|f| f == "amx_bf16"))
+}
+
+/// On a CPU with AVX-512 BF16 and no AMX, `TIDEREC_AMX_EMULATE=1` trains
+/// through the whole AMX path (its packing, chained packings and epilogues,
+/// each tile block computed in software): the start-up line names the
+/// emulated kernel, the numbers are the AMX summation's (not the AVX-512
+/// BF16 kernel's), a run is deterministic, and DLRM's mean AUC over the
+/// seeds stays within 0.002 of fp32's, as on the hardware's tiles. An invalid
+/// value is refused before the run starts.
+#[test]
+fn bf16_on_emulated_amx_tiles_auc_is_within_0_002_of_fp32() {
+    let e = run_err(tiderec().env("TIDEREC_AMX_EMULATE", "yes").args(["train", "--progress", "none"]));
+    assert!(e.contains("`TIDEREC_AMX_EMULATE`") && e.contains("\"yes\""), "{e}");
+    if cpu_has_amx() || !cpu_has_bf16() {
+        eprintln!(
+            "skipped: {}",
+            if cpu_has_amx() {
+                "this CPU has AMX-BF16, whose tiles run instead of emulated ones (the AUC test checks them)"
+            } else {
+                "this CPU has no AVX-512 BF16, which emulated tiles need for their packing"
+            }
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some((train, eval)) = split(dir.path()) else { return };
+    let run = |name: &str, precision: &str, seed: &str, emulate: bool| {
+        let m = dir.path().join(format!("{name}.json"));
+        let mut cmd = tiderec();
+        if emulate {
+            cmd.env("TIDEREC_AMX_EMULATE", "1");
+        }
+        let out = common::run_ok(
+            cmd.args(["train", "--progress", "lines", "--data", &train, "--eval", &eval, "--workers", "2"])
+                .args(["--precision", precision, "--seed", seed, "--metrics-json"])
+                .arg(&m)
+                .arg("--dead-letters")
+                .arg(dir.path().join(format!("{name}-dead.tsv"))),
+        );
+        (String::from_utf8_lossy(&out.stderr).into_owned(), common::metrics(&m))
+    };
+    let auc = |m: &serde_json::Value| m["auc"].as_f64().expect("an AUC");
+    let l2 = |m: &serde_json::Value| m["params_l2"].as_f64().expect("params_l2");
+    let (mut fp32_sum, mut amx_sum) = (0.0, 0.0);
+    let seeds = ["42", "1", "2", "3", "4"];
+    for seed in seeds {
+        let (_, fp32) = run(&format!("fp32-{seed}"), "fp32", seed, false);
+        let (log, amx) = run(&format!("amx-{seed}"), "bf16", seed, true);
+        let line = log.lines().find(|l| l.starts_with("kernels (")).expect("the start-up kernels line");
+        assert!(
+            line.contains("every MLP product bf16-amx-emulated") && line.contains("TIDEREC_AMX_EMULATE=1"),
+            "{line}"
+        );
+        assert_eq!(amx["config"]["settings"]["precision"], "bf16");
+        eprintln!(
+            "seed {seed}: AUC fp32 {:.5}, bf16 on emulated tiles {:.5} ({:+.5})",
+            auc(&fp32),
+            auc(&amx),
+            auc(&amx) - auc(&fp32)
+        );
+        assert_ne!(l2(&amx), l2(&fp32), "seed {seed}: the bf16 products ran");
+        if seed == "42" {
+            let (_, vector) = run("avx512-42", "bf16", seed, false);
+            if vector["config"]["settings"]["precision"] == "bf16" {
+                assert_ne!(l2(&amx), l2(&vector), "the AMX summation, not the AVX-512 BF16 kernel's");
+            }
+            let (_, again) = run("amx-42-again", "bf16", seed, true);
+            assert_eq!((auc(&again), l2(&again)), (auc(&amx), l2(&amx)), "a run on emulated tiles is deterministic");
+        }
+        fp32_sum += auc(&fp32);
+        amx_sum += auc(&amx);
+    }
+    let (fp32_mean, amx_mean) = (fp32_sum / seeds.len() as f64, amx_sum / seeds.len() as f64);
+    eprintln!(
+        "mean AUC over {} seeds: fp32 {fp32_mean:.5}, bf16 on emulated AMX tiles {amx_mean:.5} ({:+.5})",
+        seeds.len(),
+        amx_mean - fp32_mean
+    );
+    assert!((amx_mean - fp32_mean).abs() <= 0.002, "mean AUC bf16 on emulated AMX {amx_mean} vs fp32 {fp32_mean}");
+}
