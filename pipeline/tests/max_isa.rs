@@ -90,11 +90,17 @@ fn bench_kernels_report_names_the_cap() {
 
 /// The `amx` level: under `avx512` an AMX CPU's bf16 products run on
 /// AVX-512 BF16 and no AMX peak is measured; uncapped (or under `amx`) they run
-/// on AMX tiles. Without AMX the test says so and checks the capped half only.
+/// on AMX tiles. Without AMX the test says so and checks the capped half,
+/// and where the CPU has AVX-512 BF16 the same on emulated tiles
+/// (`TIDEREC_AMX_EMULATE=1`): uncapped the products run on them and no AMX
+/// peak is measured; under `avx512` they are off.
 #[test]
 fn the_amx_level_turns_the_tile_products_on_and_off() {
-    let kernels = |cap: Option<&str>| {
+    let kernels_on = |cap: Option<&str>, emulate: bool| {
         let mut cmd = tiderec();
+        if emulate {
+            cmd.env("TIDEREC_AMX_EMULATE", "1");
+        }
         match cap {
             Some(cap) => cmd.env("TIDEREC_MAX_ISA", cap),
             None => cmd.env_remove("TIDEREC_MAX_ISA"),
@@ -110,13 +116,24 @@ fn the_amx_level_turns_the_tile_products_on_and_off() {
             .collect();
         (v, names)
     };
+    let kernels = |cap: Option<&str>| kernels_on(cap, false);
     let (capped, names) = kernels(Some("avx512"));
     assert!(!names.iter().any(|n| n.contains("amx")), "an AMX kernel under avx512: {names:?}");
     assert!(capped.get("amx_peak_gflops").is_none(), "an AMX peak under avx512: {capped}");
     let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let flag = |f: &str| cpu.split_whitespace().any(|x| x == f);
     if !(flag("amx_tile") && flag("amx_bf16")) {
-        eprintln!("skipped the AMX half: this CPU has no AMX-BF16 (a missing instruction set, not a missing install)");
+        if flag("avx512_bf16") {
+            let (v, names) = kernels_on(None, true);
+            assert!(names.iter().any(|n| n == "bf16-amx-emulated"), "{names:?}");
+            assert!(v.get("amx_peak_gflops").is_none(), "an AMX peak on emulated tiles: {v}");
+            let (_, names) = kernels_on(Some("avx512"), true);
+            assert!(!names.iter().any(|n| n.contains("amx")), "an AMX kernel under avx512: {names:?}");
+        }
+        eprintln!(
+            "skipped the AMX half on the CPU's tiles: this CPU has no AMX-BF16 (a missing instruction set, not a missing install){}",
+            if flag("avx512_bf16") { "; checked it on emulated tiles" } else { "" }
+        );
         return;
     }
     assert!(capped["features_off"].as_array().unwrap().iter().any(|f| f == "amx-bf16"), "{capped}");
