@@ -512,6 +512,20 @@ mod tests {
     /// `f32`, and nothing outside the layer's ranges is written.
     #[test]
     fn bf16_products_equal_the_oracle() {
+        bf16_products_equal_the_best_kernels_oracle();
+    }
+
+    /// [`bf16_products_equal_the_oracle`] on AMX tiles, emulated where the
+    /// CPU has none: the bias start row, the ReLU epilogues, the `dW` product
+    /// summing `db` as it packs `dy`, against the AMX oracle.
+    #[test]
+    fn bf16_products_on_amx_tiles_equal_the_oracle() {
+        let Some(tiles) = crate::gemm_amx::tests::on_tiles() else { return };
+        assert_eq!(crate::gemm_bf16::Bf16Kernel::best(), crate::gemm_bf16::Bf16Kernel::Amx, "{:?}", tiles.unit);
+        bf16_products_equal_the_best_kernels_oracle();
+    }
+
+    fn bf16_products_equal_the_best_kernels_oracle() {
         let kernel = crate::gemm_bf16::Bf16Kernel::best();
         let gemm_bf16_reference = |op_a, op_b, m, n, k, a: &[f32], b: &[f32], acc, c: &mut [f32]| {
             kernel.reference(op_a, op_b, m, n, k, a, b, acc, c)

@@ -34,8 +34,8 @@
 //! computed in software as `TDPBF16PS` computes it (see `tiderec_nn`'s
 //! `gemm_amx`). It is for checking the AMX path where no AMX CPU is at hand,
 //! like Intel's Software Development Emulator, and it is slow: a product runs
-//! several times slower than on the AVX-512 BF16 kernel. It needs AVX-512 BF16
-//! (the packing and the epilogues use it) and a cap that allows `amx`; a CPU
+//! several times slower than on the AVX-512 BF16 kernel. It needs AVX-512 F,
+//! BW and BF16 (the packing and the epilogues use them) and a cap that allows `amx`; a CPU
 //! with usable AMX runs its tiles whatever the variable says. Unset, empty and
 //! `0` leave it off; any other value but `1` is refused as the cap's invalid
 //! values are ([`check_amx_emulation`]).
@@ -291,23 +291,21 @@ pub enum TileUnit {
     Emulated,
 }
 
-impl TileUnit {
-    /// `amx` or `amx (emulated)`, for reports.
-    pub fn describe(self) -> &'static str {
-        match self {
-            TileUnit::Hardware => "amx",
-            TileUnit::Emulated => "amx (emulated: TIDEREC_AMX_EMULATE=1)",
-        }
-    }
+/// Where the AMX products run: on the CPU's tiles where [`has`]`(AmxBf16)`;
+/// emulated where `TIDEREC_AMX_EMULATE=1`, the cap allows `amx` and the
+/// packing's and epilogues' AVX-512 F, BW and BF16 are usable; nowhere
+/// (`None`) otherwise.
+pub fn tile_unit() -> Option<TileUnit> {
+    let vector = [Feature::Avx512F, Feature::Avx512Bw, Feature::Avx512Bf16].into_iter().all(has);
+    unit_for(has(Feature::AmxBf16), cpu().emulate == Ok(true), max_isa(), vector)
 }
 
-/// Where the AMX products run: on the CPU's tiles where [`has`]`(AmxBf16)`;
-/// emulated where `TIDEREC_AMX_EMULATE=1`, the cap allows `amx` and the CPU has
-/// usable AVX-512 BF16; nowhere (`None`) otherwise.
-pub fn tile_unit() -> Option<TileUnit> {
-    if has(Feature::AmxBf16) {
+/// [`tile_unit`]'s answer from the usable AMX tiles, the emulation asked for,
+/// the cap and whether the AVX-512 instructions emulated tiles need are usable.
+fn unit_for(tiles: bool, emulate: bool, cap: MaxIsa, vector: bool) -> Option<TileUnit> {
+    if tiles {
         Some(TileUnit::Hardware)
-    } else if cpu().emulate == Ok(true) && max_isa().allows(Feature::AmxBf16) && has(Feature::Avx512Bf16) {
+    } else if emulate && cap.allows(Feature::AmxBf16) && vector {
         Some(TileUnit::Emulated)
     } else {
         None
@@ -570,17 +568,19 @@ mod tests {
         }
     }
 
-    /// Tiles are emulated only where the hardware has none and emulation was
-    /// asked for, with the bf16 instructions the packing needs.
+    /// The CPU's tiles run wherever they are usable; tiles are emulated only
+    /// where they are not, emulation was asked for, the cap allows `amx` and
+    /// the vector instructions the packing needs are usable.
     #[test]
-    fn the_tile_unit_agrees_with_the_answers() {
-        let emulated = cpu().emulate == Ok(true) && max_isa().allows(Feature::AmxBf16) && has(Feature::Avx512Bf16);
-        let expected = match (has(Feature::AmxBf16), emulated) {
-            (true, _) => Some(TileUnit::Hardware),
-            (false, true) => Some(TileUnit::Emulated),
-            (false, false) => None,
-        };
-        assert_eq!(tile_unit(), expected);
+    fn tiles_are_emulated_only_where_asked_allowed_and_possible() {
+        for cap in MaxIsa::ALL {
+            for (emulate, vector) in [(false, false), (false, true), (true, false), (true, true)] {
+                assert_eq!(unit_for(true, emulate, cap, vector), Some(TileUnit::Hardware), "{cap} {emulate} {vector}");
+                let emulated = emulate && vector && cap >= MaxIsa::Amx;
+                let want = emulated.then_some(TileUnit::Emulated);
+                assert_eq!(unit_for(false, emulate, cap, vector), want, "{cap} {emulate} {vector}");
+            }
+        }
         assert_eq!(check_amx_emulation().is_ok(), cpu().emulate.is_ok());
     }
 

@@ -6,11 +6,14 @@
 //! definition (the parent module's docs): per entry, the even-step products
 //! summed in order from the first one, the odd-step products likewise, the
 //! two sums added and that added to the entry, every addition rounded to
-//! `f32`. A product of two bf16 values is exact in `f32`, so multiplying and
-//! then adding rounds as the instruction does. Unlike the hardware, denormal
-//! inputs and sums are not flushed to zero: the emulation equals
-//! [`gemm_amx_reference`](crate::gemm_amx::gemm_amx_reference) everywhere,
-//! the hardware wherever no product or partial sum is a denormal.
+//! `f32`. A product of two finite bf16 values is exact in `f32` unless it
+//! overflows or falls below the normal range, so multiplying and then adding
+//! rounds as the instruction does on normal values. The emulation equals
+//! [`gemm_amx_reference`](crate::gemm_amx::gemm_amx_reference) everywhere;
+//! the hardware only where every operand, start value, product and partial
+//! sum is a normal finite number (the hardware treats a denormal operand as
+//! zero, and what it makes of denormals elsewhere, overflows and NaN payloads
+//! was not compared with this emulation).
 //!
 //! Invariant: the block reads every operand before it writes `c`, so `start`
 //! may be `c` itself (a chain continued from the output).

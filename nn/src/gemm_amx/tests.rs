@@ -24,15 +24,19 @@ impl Drop for OnTiles {
 }
 
 /// Tiles for this test thread: the CPU's where it has usable AMX (or the
-/// process asked for emulated ones), emulated ones where it has AVX-512 BF16
-/// (which the packing and the epilogues need) and the cap allows `amx`;
-/// `None`, saying why, elsewhere. Emulated tiles check everything but the
-/// tile instructions themselves ([`emulated`](crate::amx_tile::emulated)).
+/// process asked for emulated ones), emulated ones where it has the AVX-512
+/// F, BW and BF16 the packing and the epilogues need and the cap allows
+/// `amx`; `None`, saying why, elsewhere. Emulated tiles check everything but
+/// the tile instructions themselves ([`emulated`](crate::amx_tile::emulated)).
 pub(crate) fn on_tiles() -> Option<OnTiles> {
     if let Some(unit) = cpu::tile_unit() {
         return Some(OnTiles { unit });
     }
-    if cpu::has(Feature::Avx512Bf16) && cpu::max_isa().allows(Feature::AmxBf16) {
+    if !cpu::max_isa().allows(Feature::AmxBf16) {
+        eprintln!("skipped: the cap turns AMX off, emulated tiles too ({})", cpu::describe());
+        return None;
+    }
+    if [Feature::Avx512F, Feature::Avx512Bw, Feature::Avx512Bf16].into_iter().all(cpu::has) {
         eprintln!("this CPU has no usable AMX-BF16: the AMX products run on emulated tiles");
         EMULATE.with(|e| e.set(true));
         return Some(OnTiles { unit: TileUnit::Emulated });
@@ -377,7 +381,7 @@ fn the_vector_epilogue_equals_the_scalar_passes_on_special_values() {
                 let mut pairs = vec![u32::MAX; rows * kp];
                 let to =
                     super::x86::PackTo { lhs: pack.then_some((pairs.as_mut_ptr(), kp)), rows: None, transposed: None };
-                // SAFETY: AMX implies AVX-512 F, BW and BF16; the block (rows × cols
+                // SAFETY: AMX, emulated or not, runs only with AVX-512 F, BW and BF16; the block (rows × cols
                 // from column 2) lies inside `got` and `out`, its pairs (1 to 16) in `pairs`.
                 unsafe {
                     let block = (got.as_mut_ptr().add(2), ldc);
@@ -427,7 +431,7 @@ fn the_packed_relu_backward_reads_the_rounded_output() {
         for r in 0..rows {
             Epilogue::ReluBackwardPacked(&packed).apply(&mut scalar, ldc, (r, j, cols));
         }
-        // SAFETY: AMX implies AVX-512 F, BW and BF16; the block (rows × cols from
+        // SAFETY: AMX, emulated or not, runs only with AVX-512 F, BW and BF16; the block (rows × cols from
         // column j, a multiple of 32) lies inside `got` and the packed output.
         unsafe {
             let block = (got.as_mut_ptr().add(j), ldc);

@@ -421,23 +421,26 @@ pub(super) unsafe fn gemm(
                     }
                     continue;
                 }
+                // `None`: the block starts from the edge buffer, filled here.
                 let from = match start {
-                    Start::Zero => (std::ptr::null(), 0),
-                    Start::Row(row) if cols == BLOCK => (row.as_ptr().add(j), 0),
+                    Start::Zero => Some((std::ptr::null(), 0)),
+                    Start::Row(row) if cols == BLOCK => Some((row.as_ptr().add(j), 0)),
                     Start::Output => {
                         for r in 0..rows {
                             edge.0[r * BLOCK..r * BLOCK + cols].copy_from_slice(&c[(i + r) * ldc + j..][..cols]);
                         }
-                        (edge.0.as_ptr(), BLOCK * 4)
+                        None
                     }
                     Start::Row(row) => {
                         for r in 0..rows {
                             edge.0[r * BLOCK..r * BLOCK + cols].copy_from_slice(&row[j..j + cols]);
                         }
-                        (edge.0.as_ptr(), BLOCK * 4)
+                        None
                     }
                 };
-                run(edge.0.as_mut_ptr(), BLOCK, from);
+                // One pointer both reads the start from the buffer and writes the block there.
+                let edge_ptr = edge.0.as_mut_ptr();
+                run(edge_ptr, BLOCK, from.unwrap_or((edge_ptr as *const f32, BLOCK * 4)));
                 if through_edge {
                     finish_block(epilogue, (edge.0.as_mut_ptr(), BLOCK), ldc, (i, j), (rows, cols), pack, false);
                     continue;
