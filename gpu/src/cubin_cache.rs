@@ -10,8 +10,9 @@
 //!   never finds an old cubin.
 //! * **A damaged file is never loaded.** Each file starts with a magic word,
 //!   the payload's length and its hash; a file that does not check out is
-//!   compiled again and replaced, and so is one whose module the driver
-//!   refuses to load ([`recompile`]).
+//!   compiled again and replaced, and so is a cached one whose module the
+//!   driver refuses to load ([`recompile`]; a cubin just compiled that the
+//!   driver refuses is an error at once).
 //! * **The cache never fails a run.** A cache that cannot be read or written
 //!   (no home folder, a read-only disk) only means compiling; files appear
 //!   whole or not at all (written under a temporary name, then renamed), so
@@ -108,14 +109,20 @@ fn dir_from(named: Option<OsString>, xdg: Option<OsString>, home: Option<OsStrin
 /// `source` compiled to a cubin for `arch` (`sm_XY`): from the cache in `dir`
 /// when it holds it, else compiled by NVRTC and stored there.
 pub fn cubin(source: &KernelSource, arch: &str, dir: Option<&Path>) -> Result<Vec<u8>, GpuError> {
-    let Some(dir) = dir else { return compile_to(source, arch, Output::Cubin) };
+    cubin_and_origin(source, arch, dir).map(|(cubin, _)| cubin)
+}
+
+/// [`cubin`], and whether it was read from the cache (`true`) rather than
+/// compiled now.
+fn cubin_and_origin(source: &KernelSource, arch: &str, dir: Option<&Path>) -> Result<(Vec<u8>, bool), GpuError> {
+    let Some(dir) = dir else { return Ok((compile_to(source, arch, Output::Cubin)?, false)) };
     let path = dir.join(file_name(source, arch)?);
     if let Some(payload) = read_trusted(&path).and_then(|bytes| unpack(&bytes)) {
-        return Ok(payload);
+        return Ok((payload, true));
     }
     let compiled = compile_to(source, arch, Output::Cubin)?;
     store(dir, &path, &compiled);
-    Ok(compiled)
+    Ok((compiled, false))
 }
 
 /// `source` compiled again by NVRTC for `arch`, replacing its file in the
@@ -130,10 +137,12 @@ pub fn recompile(source: &KernelSource, arch: &str, dir: Option<&Path>) -> Resul
 
 /// Every kernel file's cubin for `arch`, in [`SOURCES`]' order, each compiled
 /// (or read from the cache in `dir`) on a thread of its own: NVRTC compiles
-/// independent programs at once.
-pub fn cubins(arch: &str, dir: Option<&Path>) -> Result<Vec<Vec<u8>>, GpuError> {
+/// independent programs at once. Each comes with whether it was read from the
+/// cache (only such a cubin is worth compiling again when the driver refuses it).
+pub fn cubins(arch: &str, dir: Option<&Path>) -> Result<Vec<(Vec<u8>, bool)>, GpuError> {
     std::thread::scope(|scope| {
-        let handles: Vec<_> = SOURCES.iter().map(|source| scope.spawn(move || cubin(source, arch, dir))).collect();
+        let handles: Vec<_> =
+            SOURCES.iter().map(|source| scope.spawn(move || cubin_and_origin(source, arch, dir))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
     })
 }

@@ -63,15 +63,16 @@ impl Kernels {
         let dir = crate::cubin_cache::cache_dir();
         let cubins = crate::cubin_cache::cubins(&arch, dir.as_deref())?;
         let mut functions = HashMap::new();
-        for (source, cubin) in SOURCES.iter().zip(cubins) {
+        for (source, (cubin, cached)) in SOURCES.iter().zip(cubins) {
             let refused = |e: cudarc::driver::DriverError| GpuError::Driver {
                 during: "loading a compiled kernel module",
                 message: format!("{}: {e:?} ({})", source.file, versions()),
             };
             let module = match ctx.load_module(Ptx::from_binary(cubin)) {
                 Ok(module) => module,
-                // A cubin from the cache the driver refuses is compiled again once and replaced there.
-                Err(_) if dir.is_some() => {
+                // A cubin from the cache the driver refuses is compiled again once and
+                // replaced there; one compiled just now would only be refused again.
+                Err(_) if cached => {
                     let fresh = crate::cubin_cache::recompile(source, &arch, dir.as_deref())?;
                     ctx.load_module(Ptx::from_binary(fresh)).map_err(refused)?
                 }
