@@ -195,6 +195,20 @@ fn malformed_records_go_to_the_dead_letter_file() {
     // Under `fail` the same topic stops the run, naming the partition and offset.
     let err = run_err(&mut online_cmd(&broker, "bad", &dir.path().join("fail"), 1, &["--on-bad-record", "fail"]));
     assert!(err.contains("kafka:bad/1:5"), "{err}");
+    // Read as another format, every record is malformed: the run fails at its first
+    // checkpoint, naming the budget, and writes none.
+    let other = dir.path().join("json");
+    let err = run_err(&mut online_cmd(&broker, "bad", &other, 1, &["--format", "json", "--checkpoint-every", "4"]));
+    assert!(
+        err.contains("kafka:bad") && err.contains("records (100.00%) are malformed") && err.contains("--max-bad-fraction"),
+        "{err}"
+    );
+    let kept = std::fs::read_dir(other.join("ckpt"))
+        .map_or(0, |d| d.filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("ckpt-")).count());
+    assert_eq!(kept, 0, "no checkpoint of a run over its bad-record budget");
+    // A step waits for its quota from every partition, so the buffer cap must hold one.
+    let err = run_err(&mut online_cmd(&broker, "bad", &dir.path().join("cap"), 1, &["--max-buffered", "31"]));
+    assert!(err.contains("`max_buffered`") && err.contains("32 records each step takes from a partition"), "{err}");
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use super::prequential::PrequentialWindow;
 use super::{OnlineSettings, OnlineSummary, RecordFormat};
+use crate::budget::{self, Split, Tally};
 use crate::checkpointing::{CheckpointOptions, Checkpointer, Position};
 use crate::cluster::Cluster;
 use crate::config::Resolved;
@@ -17,7 +18,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tiderec_operators::bad_record::{BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink};
+use tiderec_operators::bad_record::{BadRecord, BadRecordCounts, BadRecordPolicy, DeadLetterSink, ReasonCounts};
 use tiderec_operators::collective::Collective;
 use tiderec_operators::format::LineFormat;
 use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
@@ -99,6 +100,19 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         ));
     }
     let quotas = step_quotas(s.run.batch_size, partitions);
+    // A partition is paused at --max-buffered records and a step waits for its quota: a
+    // quota above the cap would wait for ever.
+    let largest = quotas.iter().copied().max().unwrap_or(0);
+    if settings.max_buffered < largest {
+        return Err(PipelineError::config(
+            "max_buffered",
+            format!(
+                "{} is below the {largest} records each step takes from a partition (--batch-size {} over {partitions} \
+                 partitions): raise --max-buffered or lower --batch-size",
+                settings.max_buffered, s.run.batch_size
+            ),
+        ));
+    }
     let mut trainer = trainer_config(s, &resolved);
     // A stream has no length: a decay's horizon is --lr-decay-steps (or --steps).
     crate::hygiene::apply_schedule(crate::hygiene::lr_schedule(s, s.run.steps)?, &mut trainer);
@@ -252,7 +266,8 @@ struct OnlineRun<'a> {
     /// A step was taken since the last report.
     unreported: bool,
     /// The malformed records over all workers as of the last step.
-    last_bad: u64,
+    /// Malformed records since this run started, over every worker, by reason.
+    bad_global: ReasonCounts,
 }
 
 impl<'a> OnlineRun<'a> {
@@ -315,7 +330,7 @@ impl<'a> OnlineRun<'a> {
             steps_reported: steps,
             samples_reported: samples,
             unreported: false,
-            last_bad: 0,
+            bad_global: ReasonCounts::default(),
         })
     }
 
@@ -369,7 +384,7 @@ impl<'a> OnlineRun<'a> {
             loss: mean_loss(&self.loss_window),
             lag: ctx.metrics.total_lag(),
             checkpoint_age_s: self.last_checkpoint.map(|t| t.elapsed().as_secs_f64()),
-            bad_records: self.last_bad,
+            bad_records: self.bad_global.iter().sum(),
             ..Default::default()
         };
         r.set_window(Some(&self.window.summary()));
@@ -504,14 +519,29 @@ impl<'a> OnlineRun<'a> {
             self.window.extend(&self.trainer.take_eval());
         }
         self.checkpointer.poll(worker)?;
+        self.bad_global = stats.bad_records;
         if self.checkpointer.due_every(self.steps) || all.iter().any(|v| v.checkpoint) {
+            self.check_budget()?;
             self.checkpoint(worker)?;
             self.last_checkpoint = Some(Instant::now());
         }
         commit_durable(worker.index(), &mut self.checkpointer, &self.reader, ctx);
-        self.last_bad = stats.bad_records.iter().sum();
         self.unreported = true;
         Ok(())
+    }
+
+    /// Holds the records read since this run started to the bad-record budget
+    /// (`--max-bad-fraction`), as a file run's training input is held to it
+    /// ([`budget::check`]); a run that has read nothing yet has nothing to judge. The
+    /// counts are global, so every worker reaches the same verdict after the same step.
+    fn check_budget(&self) -> Result<(), PipelineError> {
+        let s = &self.ctx.settings.train;
+        let tally = Tally { good: self.samples - self.samples_at_start, bad: self.bad_global };
+        if tally.good == 0 && tally.bad_total() == 0 {
+            return Ok(());
+        }
+        let input = format!("kafka:{}", self.ctx.endpoint.topic);
+        budget::check(Split::Train, &input, tally, s.data.records.max_bad_fraction, &dead_letters_path(s))
     }
 
     /// Begins a checkpoint of the current step with every partition's offsets
@@ -532,6 +562,12 @@ impl<'a> OnlineRun<'a> {
     /// Collective.
     fn finish(mut self, worker: &mut timely::worker::Worker) -> Result<Option<OnlineSummary>, PipelineError> {
         let train_seconds = self.start.elapsed().as_secs_f64();
+        // A mostly malformed topic fails the run before its last checkpoint; the write in
+        // flight (of an earlier step, within the budget then) still becomes durable.
+        if let Err(e) = self.check_budget() {
+            self.checkpointer.finish(worker)?;
+            return Err(e);
+        }
         if self.checkpointer.due_at_boundary(self.steps) {
             self.checkpoint(worker)?;
         }
