@@ -200,7 +200,9 @@ fn malformed_records_go_to_the_dead_letter_file() {
     let other = dir.path().join("json");
     let err = run_err(&mut online_cmd(&broker, "bad", &other, 1, &["--format", "json", "--checkpoint-every", "4"]));
     assert!(
-        err.contains("kafka:bad") && err.contains("records (100.00%) are malformed") && err.contains("--max-bad-fraction"),
+        err.contains("kafka:bad")
+            && err.contains("records (100.00%) are malformed")
+            && err.contains("--max-bad-fraction"),
         "{err}"
     );
     let kept = std::fs::read_dir(other.join("ckpt"))
@@ -209,6 +211,48 @@ fn malformed_records_go_to_the_dead_letter_file() {
     // A step waits for its quota from every partition, so the buffer cap must hold one.
     let err = run_err(&mut online_cmd(&broker, "bad", &dir.path().join("cap"), 1, &["--max-buffered", "31"]));
     assert!(err.contains("`max_buffered`") && err.contains("32 records each step takes from a partition"), "{err}");
+}
+
+/// The dead-letter file of a run killed after a checkpoint and resumed holds every bad
+/// record once, as an undisturbed run's does: the records dead-lettered before the
+/// checkpoint are durable with it and kept, those after it are read again and not doubled.
+#[test]
+fn dead_letters_survive_a_sigkill_and_resume_without_loss_or_doubles() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(sample).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    for i in (7..lines.len()).step_by(331) {
+        lines[i] = format!("bad record {i}");
+    }
+    let file = dir.path().join("some-bad.tsv");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    produce(&broker, "some-bad", &file, &["--partitions", "2", "--repeat", "2"]);
+    let sorted = |path: &std::path::Path| {
+        let mut l: Vec<String> = std::fs::read_to_string(path).unwrap().lines().map(String::from).collect();
+        l.sort();
+        l
+    };
+    let whole = dir.path().join("whole");
+    run_ok(&mut online_cmd(&broker, "some-bad", &whole, 2, &["--checkpoint-every", "20"]));
+    let reference = sorted(&whole.join("dead.tsv"));
+    assert_eq!(reference.len(), 2 * lines.iter().filter(|l| l.starts_with("bad record")).count());
+    let killed = dir.path().join("killed");
+    let mut child = online_cmd(&broker, "some-bad", &killed, 2, &["--checkpoint-every", "20"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_checkpoint(&killed, &mut child);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    std::thread::sleep(Duration::from_millis(20 + (nanos % 200) as u64));
+    Command::new("kill").args(["-KILL", &child.id().to_string()]).status().unwrap();
+    child.wait().unwrap();
+    let interrupted = final_model(&killed);
+    run_ok(&mut online_cmd(&broker, "some-bad", &killed, 2, &["--checkpoint-every", "20", "--resume"]));
+    assert_eq!(summary(&killed)["samples"], summary(&whole)["samples"]);
+    assert_eq!(sorted(&killed.join("dead.tsv")), reference, "killed after step {}", interrupted.step);
 }
 
 #[test]

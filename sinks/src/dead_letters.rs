@@ -18,7 +18,7 @@
 
 use crate::error::SinkError;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tiderec_operators::bad_record::{BadRecord, DeadLetterSink};
@@ -79,20 +79,57 @@ pub fn format_record(record: &BadRecord, out: &mut Vec<u8>) {
 }
 
 /// A dead-letter file, created (truncating any previous one) when the first
-/// record arrives. Buffered: call [`DeadLetterSink::flush`] to make the
-/// records durable; dropping the sink flushes the buffer but not to disk.
+/// record arrives, or continued from a checkpoint's length of it
+/// ([`FileDeadLetters::continue_at`]). Buffered: call [`DeadLetterSink::flush`]
+/// to make the records durable; dropping the sink flushes the buffer but not to disk.
 #[derive(Debug)]
 pub struct FileDeadLetters {
     path: PathBuf,
     writer: Option<BufWriter<File>>,
     written: u64,
+    /// The file's length once the buffer is written: bytes kept plus lines written.
+    len: u64,
     line: Vec<u8>,
 }
 
 impl FileDeadLetters {
     /// A sink writing to `path`; nothing is created until the first record.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        FileDeadLetters { path: path.into(), writer: None, written: 0, line: Vec::new() }
+        FileDeadLetters { path: path.into(), writer: None, written: 0, len: 0, line: Vec::new() }
+    }
+
+    /// Continues the file of an interrupted run whose checkpoint found it `kept` bytes
+    /// long: those bytes (the records dead-lettered before the checkpoint) stay, anything
+    /// after them (records after it, which the resumed run reads again) is cut, and new
+    /// records are appended. A file shorter than `kept`, or missing, was changed since:
+    /// it is continued as it is, and the returned warning says so. Call before any write.
+    pub fn continue_at(&mut self, kept: u64) -> Result<Option<String>, SinkError> {
+        let named = |source| SinkError::Io { path: self.path.display().to_string(), source };
+        let file = OpenOptions::new().write(true).create(true).truncate(false).open(&self.path).map_err(named)?;
+        let found = file.metadata().map_err(named)?.len();
+        let warning = if found < kept {
+            self.len = found;
+            Some(format!(
+                "the dead-letter file {} holds {found} bytes, the checkpoint counted {kept}: it was changed since; \
+                 new records are appended to it",
+                self.path.display()
+            ))
+        } else {
+            file.set_len(kept).map_err(named)?;
+            self.len = kept;
+            None
+        };
+        let mut writer = BufWriter::new(file);
+        writer.seek(SeekFrom::Start(self.len)).map_err(named)?;
+        self.writer = Some(writer);
+        Ok(warning)
+    }
+
+    /// Makes every record written so far durable and returns the file's length
+    /// (0 while no file was created): what a checkpoint records.
+    pub fn durable_len(&mut self) -> Result<u64, SinkError> {
+        self.finish()?;
+        Ok(self.len)
     }
 
     /// The file this sink writes to.
@@ -136,6 +173,7 @@ impl DeadLetterSink for FileDeadLetters {
         let result = self.writer.as_mut().expect("created above").write_all(&self.line);
         result.map_err(|e| self.named(e))?;
         self.written += 1;
+        self.len += self.line.len() as u64;
         Ok(())
     }
 
@@ -218,6 +256,36 @@ mod tests {
         assert_eq!(unescape(b"a\\"), None);
         assert_eq!(unescape(b"\\q"), None);
         assert_eq!(unescape(b"\\x4"), None);
+    }
+
+    /// A continued file keeps the checkpoint's bytes, drops what came after them and
+    /// appends; its durable length counts both. A file shorter than the checkpoint's
+    /// count is continued as it is, with a warning.
+    #[test]
+    fn a_continued_file_keeps_the_checkpoints_bytes_and_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dead.tsv");
+        let mut first = FileDeadLetters::new(&path);
+        assert_eq!(first.durable_len().unwrap(), 0);
+        first.write(&record(1, b"one")).unwrap();
+        let kept = first.durable_len().unwrap();
+        assert_eq!(kept, std::fs::metadata(&path).unwrap().len());
+        first.write(&record(2, b"after the checkpoint")).unwrap();
+        first.finish().unwrap();
+        let mut again = FileDeadLetters::new(&path);
+        assert_eq!(again.continue_at(kept).unwrap(), None);
+        again.write(&record(2, b"read again")).unwrap();
+        let len = again.durable_len().unwrap();
+        let text = String::from_utf8(std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(len, text.len() as u64);
+        let raws: Vec<&str> = text.lines().map(|l| l.rsplit('\t').next().unwrap()).collect();
+        assert_eq!(raws, ["one", "read again"]);
+        let mut changed = FileDeadLetters::new(&path);
+        let warning = changed.continue_at(len + 10).unwrap().expect("a warning");
+        assert!(warning.contains("changed since"), "{warning}");
+        changed.write(&record(3, b"three")).unwrap();
+        assert_eq!(changed.durable_len().unwrap(), std::fs::metadata(&path).unwrap().len());
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3, "nothing cut");
     }
 
     #[test]

@@ -82,6 +82,7 @@ impl Commit {
                 kafka_last_records: position.kafka_last_records,
                 inputs: options.inputs.clone(),
                 shuffle: options.shuffle.clone(),
+                dead_letter_bytes: position.dead_letter_bytes,
             },
             progress: position.progress,
             files,

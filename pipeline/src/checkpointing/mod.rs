@@ -121,6 +121,8 @@ pub struct Position {
     pub kafka_offsets: std::collections::BTreeMap<String, i64>,
     /// `topic/partition` → fingerprint of the record before the next offset (hex).
     pub kafka_last_records: std::collections::BTreeMap<String, String>,
+    /// Dead-letter file → its durable length at this position (a Kafka source).
+    pub dead_letter_bytes: std::collections::BTreeMap<String, u64>,
 }
 
 /// What a worker reports after writing its shard file.

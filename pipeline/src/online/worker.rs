@@ -131,6 +131,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         );
     }
     crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?.preflight(&trainer)?;
+    let dead_letters = continued_dead_letters(s, resume.as_ref())?;
     let shared = Arc::new(Shared {
         settings: settings.clone(),
         resolved: resolved.clone(),
@@ -143,7 +144,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         resume_pending: AtomicUsize::new(s.cluster.workers),
         stop,
         metrics,
-        dead_letters: SharedDeadLetters::file(dead_letters_path(s)),
+        dead_letters,
         cluster: Cluster::new(s, &resolved),
     });
     let ctx = shared.clone();
@@ -157,6 +158,24 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         s.workers = workers_total;
     }
     Ok(summary)
+}
+
+/// This process's dead-letter file: continued where the resumed checkpoint counted it
+/// (the records dead-lettered before its offsets kept, those after them, read again,
+/// dropped), else started afresh at the first bad record.
+fn continued_dead_letters(
+    s: &crate::settings::TrainSettings,
+    resume: Option<&Checkpoint>,
+) -> Result<SharedDeadLetters, PipelineError> {
+    let path = dead_letters_path(s);
+    let dead_letters = SharedDeadLetters::file(&path);
+    let kept = resume.and_then(|c| c.manifest.data_position.dead_letter_bytes.get(&path.display().to_string()));
+    if let Some(&kept) = kept.filter(|&&k| k > 0) {
+        if let Some(warning) = dead_letters.lock().continue_at(kept)? {
+            eprintln!("warning: {warning}");
+        }
+    }
+    Ok(dead_letters)
 }
 
 fn record_format(settings: &OnlineSettings, resolved: &Resolved) -> Result<Box<dyn LineFormat>, PipelineError> {
@@ -239,7 +258,7 @@ struct OnlineRun<'a> {
     trainer: Trainer,
     checkpointer: Checkpointer,
     votes: Collective<Vote>,
-    offsets_channel: Collective<Vec<OffsetEntry>>,
+    offsets_channel: Collective<Cut>,
     /// The step of the checkpoint the run resumed from.
     resumed_from_step: Option<u64>,
     reader: PartitionReader,
@@ -283,7 +302,7 @@ impl<'a> OnlineRun<'a> {
         trainer.set_score_training(me == 0);
         let mut checkpointer = Checkpointer::new(worker, ctx.checkpoint.clone(), &ctx.trainer, s.run.batch_size as u64);
         let mut votes: Collective<Vote> = Collective::new(worker);
-        let offsets_channel: Collective<Vec<OffsetEntry>> = Collective::new(worker);
+        let offsets_channel: Collective<Cut> = Collective::new(worker);
         let resumed = restore_shared(worker, &mut trainer, &mut checkpointer, &ctx.resume, &ctx.resume_pending)?
             .map(|c| c.manifest.clone());
         let (reader, format) = open_partitions(worker, ctx, &mut votes, resumed.as_ref())?;
@@ -552,7 +571,7 @@ impl<'a> OnlineRun<'a> {
             &mut self.checkpointer,
             &mut self.offsets_channel,
             &self.trainer,
-            &self.reader,
+            (&self.reader, &self.dead_letters),
             position_at(self.steps, self.samples, self.loss_total, &self.loss_window, &self.bad),
         )
     }
@@ -584,9 +603,9 @@ impl<'a> OnlineRun<'a> {
         let report = self.trainer.step(worker, StepKind::Report, empty)?;
         let offsets: BTreeMap<String, i64> = self
             .offsets_channel
-            .all_gather(worker, self.reader.offset_entries())
+            .all_gather(worker, (self.reader.offset_entries(), Ok((String::new(), 0))))
             .into_iter()
-            .flatten()
+            .flat_map(|(entries, _)| entries)
             .map(|(key, offset, _)| (key, offset))
             .collect();
         if self.me != 0 {
@@ -663,11 +682,16 @@ fn position_at(
         },
         kafka_offsets: BTreeMap::new(),
         kafka_last_records: BTreeMap::new(),
+        dead_letter_bytes: BTreeMap::new(),
     }
 }
 
 /// A partition's manifest key, next offset and the fingerprint of the record before it.
 type OffsetEntry = (String, i64, Option<u64>);
+
+/// What a worker contributes to a checkpoint's position: its partitions' entries, and
+/// its process's dead-letter file with the file's durable length, or why that failed.
+type Cut = (Vec<OffsetEntry>, Result<(String, u64), String>);
 
 /// Where the checkpoint's `position` left partition `p` of `topic`.
 fn resume_of(position: &DataPosition, topic: &str, p: i32) -> Option<Resume> {
@@ -682,16 +706,37 @@ fn resume_of(position: &DataPosition, topic: &str, p: i32) -> Option<Resume> {
 fn write_checkpoint(
     worker: &mut timely::worker::Worker,
     checkpointer: &mut Checkpointer,
-    offsets_channel: &mut Collective<Vec<OffsetEntry>>,
+    offsets_channel: &mut Collective<Cut>,
     trainer: &Trainer,
-    reader: &PartitionReader,
+    (reader, dead_letters): (&PartitionReader, &SharedDeadLetters),
     mut position: Position,
 ) -> Result<(), PipelineError> {
-    for (key, offset, last) in offsets_channel.all_gather(worker, reader.offset_entries()).into_iter().flatten() {
-        if let Some(fp) = last {
-            position.kafka_last_records.insert(key.clone(), fingerprint_hex(fp));
+    // Every record of this step was read (and dead-lettered) before the step, and no
+    // worker reads the next one before this gather: the lengths are those at the cut.
+    let dead = {
+        let mut file = dead_letters.lock();
+        let name = file.path().display().to_string();
+        file.durable_len().map(|len| (name, len)).map_err(|e| e.to_string())
+    };
+    // A failure on any process fails every worker here, before the collective write.
+    let mut failed = None;
+    for (entries, dead) in offsets_channel.all_gather(worker, (reader.offset_entries(), dead)) {
+        for (key, offset, last) in entries {
+            if let Some(fp) = last {
+                position.kafka_last_records.insert(key.clone(), fingerprint_hex(fp));
+            }
+            position.kafka_offsets.insert(key, offset);
         }
-        position.kafka_offsets.insert(key, offset);
+        match dead {
+            Ok((file, len)) => _ = position.dead_letter_bytes.insert(file, len),
+            Err(e) => failed = Some(e),
+        }
+    }
+    if let Some(e) = failed {
+        return Err(PipelineError::dataflow(
+            DataflowFailure::Output,
+            format!("cannot write the dead-letter file: {e}"),
+        ));
     }
     checkpointer.write(worker, trainer, &position)
 }

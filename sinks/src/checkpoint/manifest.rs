@@ -14,7 +14,9 @@
 //! * `data_position` is where the data readers resume: for file and generated
 //!   data the epoch and the number of global steps taken in it; a Kafka
 //!   source records its per-partition offsets in `kafka_offsets`, and in
-//!   `kafka_last_records` a fingerprint of the record before each offset;
+//!   `kafka_last_records` a fingerprint of the record before each offset, and
+//!   in `dead_letter_bytes` how much of each dead-letter file holds the records
+//!   dead-lettered before them;
 //!   `inputs` lists the data files a file position counts in.
 
 use crate::SinkError;
@@ -111,6 +113,12 @@ pub struct DataPosition {
     /// generated data, Kafka, and checkpoints written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shuffle: Option<String>,
+    /// Dead-letter file (as the run named it) → its length in bytes at the checkpoint,
+    /// for a Kafka source: the records dead-lettered before the offsets, made durable
+    /// with the checkpoint. A resumed run keeps those bytes and drops the rest (records
+    /// after the offsets, read again). Empty for files and older checkpoints.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dead_letter_bytes: BTreeMap<String, u64>,
 }
 
 /// Running statistics of the training loop at the checkpoint.
