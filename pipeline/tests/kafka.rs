@@ -255,6 +255,47 @@ fn dead_letters_survive_a_sigkill_and_resume_without_loss_or_doubles() {
     assert_eq!(sorted(&killed.join("dead.tsv")), reference, "killed after step {}", interrupted.step);
 }
 
+/// `--until-end` on a topic a producer keeps writing to still finds an end and stops
+/// (the end probe took records for as long as they kept coming, so it never returned).
+#[test]
+fn until_end_stops_while_a_producer_keeps_writing() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    produce(&broker, "busy", &sample, &["--partitions", "2", "--limit", "2000"]);
+    let mut producer = tiderec()
+        .args(["produce", "--brokers", &broker.addr(), "--topic", "busy", "--progress", "none"])
+        .arg("--from")
+        .arg(format!("criteo:{}", sample.display()))
+        .args(["--rate", "3000", "--repeat", "100"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let dir = tempfile::tempdir().unwrap();
+    let mut child =
+        online_cmd(&broker, "busy", dir.path(), 1, &[]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = producer.kill();
+    let _ = producer.wait();
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("--until-end did not stop within 90 s while records kept coming");
+    };
+    assert!(status.success(), "{status}");
+    let samples = summary(dir.path())["samples"].as_u64().unwrap();
+    assert!(samples >= 2000, "trained {samples}, fewer than the topic held before the run");
+}
+
 #[test]
 fn dead_broker_and_bad_flags_fail_clearly() {
     let dir = tempfile::tempdir().unwrap();

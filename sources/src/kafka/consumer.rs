@@ -194,20 +194,34 @@ pub fn topic_partitions(endpoint: &KafkaEndpoint) -> Result<usize, SourceError> 
     Ok(n)
 }
 
+/// The longest [`probe_end`] takes records after the first: a record batch arrives
+/// in one fetch, well within it.
+const PROBE_WINDOW: Duration = Duration::from_secs(1);
+
 /// The end of partition `p` (one past its last offset) when the broker reports `high`.
 ///
 /// A Kafka broker's high watermark is exact; some Kafka-protocol brokers (tansu 0.6)
 /// report one past the *first* offset of the last record batch instead. Reading the
 /// record batch that holds offset `high − 1` and taking one past its last record gives
-/// the end with both: fetches return whole batches, which arrive together.
+/// the end with both: fetches return whole batches, which arrive together. Records
+/// are taken until none came for 200 ms, or for at most [`PROBE_WINDOW`] after the
+/// first: under steady production records of later batches keep coming, and the end
+/// found is then a little past the end at the call (never before it) instead of a
+/// probe that never returns.
 fn probe_end(endpoint: &KafkaEndpoint, group: &str, p: i32, high: i64) -> Result<i64, SourceError> {
     let consumer = consumer_at(endpoint, group, p, high - 1)?;
     let start = Instant::now();
     let mut end = None::<i64>;
-    let mut last_seen = Instant::now();
+    let (mut first_seen, mut last_seen) = (Instant::now(), Instant::now());
     loop {
+        if end.is_some() && first_seen.elapsed() > PROBE_WINDOW {
+            break;
+        }
         match consumer.poll(Duration::from_millis(20)) {
             Some(Ok(m)) if m.partition() == p => {
+                if end.is_none() {
+                    first_seen = Instant::now();
+                }
                 end = Some(end.unwrap_or(high).max(m.offset() + 1));
                 last_seen = Instant::now();
             }
