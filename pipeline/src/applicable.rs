@@ -29,7 +29,6 @@ pub const NOT_ONLINE: &[(&str, &str)] = &[
     ("no_shuffle", "online reads the topic's records in their order, once"),
     ("shuffle_block_bytes", "online reads the topic's records in their order, once"),
     ("read_ahead", "online reads the topic's records as its steps ask for them"),
-    ("new_data", "a re-created topic is accepted with --on-offset-reset"),
     ("epochs", "online trains until stopped or, with --until-end, until the topic's end"),
     ("steps", "online trains until stopped or, with --until-end, until the topic's end"),
     ("metrics_json", "online writes its summary with --summary-json"),

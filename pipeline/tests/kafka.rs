@@ -296,6 +296,25 @@ fn until_end_stops_while_a_producer_keeps_writing() {
     assert!(samples >= 2000, "trained {samples}, fewer than the topic held before the run");
 }
 
+/// A model trained on one topic is not resumed on another by mistake: the run is refused,
+/// naming both; `--new-data` keeps the model and reads the new topic from its start.
+#[test]
+fn a_resume_on_another_topic_is_refused_unless_new_data_is_asked_for() {
+    let Some(sample) = criteo_sample() else { return };
+    let broker = Broker::start();
+    for topic in ["first", "second"] {
+        produce(&broker, topic, &sample, &["--partitions", "2", "--limit", "1000"]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    run_ok(&mut online_cmd(&broker, "first", dir.path(), 1, &[]));
+    let err = run_err(&mut online_cmd(&broker, "second", dir.path(), 1, &["--resume"]));
+    assert!(err.contains("`topic`") && err.contains("trained on topic first") && err.contains("--new-data"), "{err}");
+    run_ok(&mut online_cmd(&broker, "second", dir.path(), 1, &["--resume", "--new-data"]));
+    let s = summary(dir.path());
+    assert_eq!(s["samples"], 2000, "the model goes on with every record of the new topic: {s}");
+    assert_eq!(s["offsets"]["second/0"].as_i64().unwrap() + s["offsets"]["second/1"].as_i64().unwrap(), 1000, "{s}");
+}
+
 #[test]
 fn dead_broker_and_bad_flags_fail_clearly() {
     let dir = tempfile::tempdir().unwrap();

@@ -117,7 +117,11 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     // A stream has no length: a decay's horizon is --lr-decay-steps (or --steps).
     crate::hygiene::apply_schedule(crate::hygiene::lr_schedule(s, s.run.steps)?, &mut trainer);
     trainer.exchange = exchange;
-    let (checkpoint, resume) = checkpoint_setup(s, &resolved, &trainer, Default::default())?;
+    let data = crate::checkpointing::DataCheck { new_data: s.checkpoints.new_data, ..Default::default() };
+    let (checkpoint, resume) = checkpoint_setup(s, &resolved, &trainer, data)?;
+    if let Some(found) = &resume {
+        check_topic(found, &settings.topic, s.checkpoints.new_data)?;
+    }
     let stop = crate::stop::stop_flag()?;
     // Every process keeps the figures (the lag report reads them); process 0 may serve them.
     let metrics = crate::live_metrics::start(s.run.metrics_addr.as_deref(), s.cluster.process)?
@@ -131,7 +135,8 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         );
     }
     crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?.preflight(&trainer)?;
-    let dead_letters = continued_dead_letters(s, resume.as_ref())?;
+    // Under --new-data the dead letters start afresh, as the data does.
+    let dead_letters = continued_dead_letters(s, resume.as_ref().filter(|_| !s.checkpoints.new_data))?;
     let shared = Arc::new(Shared {
         settings: settings.clone(),
         resolved: resolved.clone(),
@@ -158,6 +163,28 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         s.workers = workers_total;
     }
     Ok(summary)
+}
+
+/// Refuses to resume a model trained on other topics (its checkpoint holds offsets of
+/// them and none of `topic`) unless `--new-data` asks for it; a model trained on files
+/// (no offsets at all) goes on with the topic from `--start`, as `--new-data` does.
+fn check_topic(found: &Checkpoint, topic: &str, new_data: bool) -> Result<(), PipelineError> {
+    let offsets = &found.manifest.data_position.kafka_offsets;
+    let ours = offsets.keys().any(|k| k.rsplit_once('/').is_some_and(|(t, _)| t == topic));
+    if new_data || ours || offsets.is_empty() {
+        return Ok(());
+    }
+    let mut topics: Vec<&str> = offsets.keys().filter_map(|k| k.rsplit_once('/').map(|(t, _)| t)).collect();
+    topics.dedup();
+    Err(PipelineError::config(
+        "topic",
+        format!(
+            "{} was trained on topic {} and holds no offsets of `{topic}`: resume on the topic it was \
+             trained on, or give --new-data to keep its model and read `{topic}` from --start",
+            found.path.display(),
+            topics.join(", ")
+        ),
+    ))
 }
 
 /// This process's dead-letter file: continued where the resumed checkpoint counted it
@@ -210,15 +237,14 @@ fn open_partitions(
     let (me, peers) = (worker.index(), worker.peers());
     let os = &ctx.settings;
     // This worker's partitions, starting where the checkpoint says.
-    let start_offsets = resumed.map(|m| m.data_position.clone()).unwrap_or_default();
+    // `--new-data` keeps the model and reads the topic from --start.
+    let start_offsets =
+        resumed.filter(|_| !os.train.checkpoints.new_data).map(|m| m.data_position.clone()).unwrap_or_default();
     let mine: Vec<i32> = (0..ctx.partitions as i32).filter(|&p| partition_owner(p, peers) == me).collect();
     let topic = &ctx.endpoint.topic;
     if me == 0 && resumed.is_some() && start_offsets.kafka_offsets.keys().all(|k| !k.starts_with(&format!("{topic}/")))
     {
-        eprintln!(
-            "warning: the checkpoint holds no offsets of topic {topic}; its partitions start at --start {}",
-            os.start
-        );
+        eprintln!("the checkpoint holds no offsets of topic {topic}: its partitions start at --start {}", os.start);
     }
     let start_at = if os.start == "latest" { StartAt::Latest } else { StartAt::Earliest };
     let opened = PartitionReader::open(

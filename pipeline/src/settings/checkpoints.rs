@@ -39,8 +39,9 @@ pub struct CheckpointSettings {
     /// Continue from the newest valid checkpoint in --checkpoint-dir (starts fresh, with a warning, if none).
     #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub resume: bool,
-    /// With --resume: keep the checkpoint's model but read --data from its start (epoch 0), for data
-    /// other than the checkpoint was trained on (without it such a resume is refused).
+    /// With --resume: keep the checkpoint's model but read --data from its start (epoch 0), or online
+    /// the topic from --start, for data other than the checkpoint was trained on (without it such a
+    /// resume is refused).
     #[arg(long, required = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub new_data: bool,
 }
