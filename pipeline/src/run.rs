@@ -549,7 +549,8 @@ pub(crate) fn behavior_table(
     sink: &SharedDeadLetters,
 ) -> Result<(Batch, BadRecordCounts), PipelineError> {
     let mut sink = sink.clone();
-    let (events, bad) = taobao::read_user_behavior(paths, resolved.policy, Some(&mut sink))?;
+    let (events, bad) =
+        taobao::read_user_behavior(paths, resolved.policy, settings.data.records.max_line_bytes, Some(&mut sink))?;
     if settings.run.progress != crate::progress::ProgressMode::None && settings.cluster.process == 0 {
         eprintln!("deriving DIEN samples from {} behaviour events (differential dataflow)", events.len());
     }

@@ -1,8 +1,9 @@
 //! Criteo TSV reader: Kaggle DAC `train.txt` and the 1TB click-log day files.
 //!
 //! Each line is `label, I1..I13, C1..C26`, TAB separated (40 fields). The
-//! reader memory-maps every file and parses lines in place: no copy per line,
-//! no allocation per field, no UTF-8 validation.
+//! reader reads each file through a window of positioned reads
+//! ([`LineReader`](crate::lines::LineReader), not a memory map) and parses lines
+//! in place: no copy per line, no allocation per field, no UTF-8 validation.
 //!
 //! # Invariants
 //!
@@ -140,7 +141,7 @@ impl LineReader<CriteoFormat> {
     /// Opens `paths` for worker `worker` of `workers` (see [`LineReader::open_span`]).
     ///
     /// Errors: [`SourceError::Io`] naming the path if a file cannot be opened
-    /// or mapped; [`SourceError::Config`] for `workers == 0`,
+    /// or read; [`SourceError::Config`] for `workers == 0`,
     /// `worker >= workers` or invalid features. An empty file yields no records.
     pub fn open(
         paths: &[PathBuf],

@@ -6,8 +6,11 @@
 //! with the wrong number of fields (such as the truncated last line of the
 //! sample in `../shared/data`) is a [`BadReason::FieldCount`], a non-numeric
 //! id or timestamp a [`BadReason::BadInteger`], and a behaviour other than
-//! `pv`, `buy`, `cart` or `fav` a [`BadReason::BadLabel`]; each is counted
-//! and goes to the dead-letter sink (or stops the read under `fail`).
+//! `pv`, `buy`, `cart` or `fav` a [`BadReason::BadLabel`], and a line longer
+//! than the limit a [`BadReason::TooLong`] (read no further than the limit, so
+//! a file without line breaks cannot fill the memory); each is counted and
+//! goes to the dead-letter sink (or stops the read under `fail`). Empty lines,
+//! `\r\n` ones too, are skipped.
 //!
 //! [`derive_samples`] feeds the events, in chunks, through the
 //! differential [`BehaviorSamples`] operator and lays the resulting samples
@@ -45,10 +48,39 @@ pub fn parse_behavior_row(line: &[u8], seq: u64) -> Result<BehaviorEvent, (BadRe
     Ok(BehaviorEvent { time, seq, user, item, category })
 }
 
-/// Reads UserBehavior CSV files into events, skipping (or failing on) malformed rows.
+/// Reads the next line of `reader` into `line` (without its `\n`), keeping at most
+/// `max` bytes of it: the bytes the line took in the file, and whether it was longer
+/// than `max` (the rest of it read and dropped). 0 bytes: the end of the file.
+fn read_line_bounded(reader: &mut impl BufRead, line: &mut Vec<u8>, max: usize) -> std::io::Result<(u64, bool)> {
+    line.clear();
+    let (mut taken, mut too_long) = (0u64, false);
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok((taken, too_long));
+        }
+        let (chunk, newline) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], true),
+            None => (buf, false),
+        };
+        let room = max.saturating_sub(line.len());
+        too_long |= chunk.len() > room;
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let used = chunk.len() + usize::from(newline);
+        reader.consume(used);
+        taken += used as u64;
+        if newline {
+            return Ok((taken, too_long));
+        }
+    }
+}
+
+/// Reads UserBehavior CSV files into events, skipping (or failing on) malformed rows;
+/// a line longer than `max_line_bytes` is a [`BadReason::TooLong`].
 pub fn read_user_behavior(
     paths: &[PathBuf],
     policy: BadRecordPolicy,
+    max_line_bytes: usize,
     mut dead_letters: Option<&mut dyn DeadLetterSink>,
 ) -> Result<(Vec<BehaviorEvent>, BadRecordCounts), SourceError> {
     let mut events = Vec::new();
@@ -59,15 +91,19 @@ pub fn read_user_behavior(
         let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
         let (mut line, mut number, mut offset) = (Vec::new(), 0u64, 0u64);
         loop {
-            line.clear();
-            let n = reader.read_until(b'\n', &mut line).map_err(io_err)?;
+            let (n, too_long) = read_line_bounded(&mut reader, &mut line, max_line_bytes).map_err(io_err)?;
             if n == 0 {
                 break;
             }
             number += 1;
-            let body = line.strip_suffix(b"\n").unwrap_or(&line);
-            if !body.is_empty() {
-                match parse_behavior_row(body, events.len() as u64) {
+            let body = line.strip_suffix(b"\r").unwrap_or(&line);
+            if !body.is_empty() || too_long {
+                let parsed = if too_long {
+                    Err((BadReason::TooLong, None))
+                } else {
+                    parse_behavior_row(body, events.len() as u64)
+                };
+                match parsed {
                     Ok(e) => events.push(e),
                     Err((reason, field)) => {
                         let record = BadRecord {
@@ -88,7 +124,7 @@ pub fn read_user_behavior(
                     }
                 }
             }
-            offset += n as u64;
+            offset += n;
         }
     }
     Ok((events, counts))
@@ -164,6 +200,27 @@ pub fn samples_to_batch(samples: &[BehaviorSample], table_sizes: &[u64], seed: u
 mod tests {
     use super::*;
     use tiderec_records::behavior::samples_from_scratch;
+
+    /// A line over the limit is one `too_long` record, read no further than the limit,
+    /// and the lines after it are read as usual; an empty `\r\n` line is skipped.
+    #[test]
+    fn an_over_long_line_is_one_bad_record_and_blank_crlf_lines_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("behavior.csv");
+        let long = "9".repeat(5000);
+        let text = format!("1,2,3,pv,5\r\n\r\n{long},2,3,pv,5\n\n7,8,9,buy,10\n{long}");
+        std::fs::write(&path, &text).unwrap();
+        let mut dead = tiderec_records::bad_record::MemoryDeadLetters::default();
+        let (events, counts) =
+            read_user_behavior(std::slice::from_ref(&path), BadRecordPolicy::Skip, 100, Some(&mut dead)).unwrap();
+        assert_eq!(events.iter().map(|e| e.user).collect::<Vec<_>>(), [1, 7]);
+        assert_eq!(counts.total(), 2);
+        let got: Vec<(u64, u64, BadReason, usize)> =
+            dead.records.iter().map(|r| (r.line, r.byte_offset, r.reason, r.raw.len())).collect();
+        let second = (text.find(&long).unwrap()) as u64;
+        let last = text.rfind(&long).unwrap() as u64;
+        assert_eq!(got, [(3, second, BadReason::TooLong, 100), (6, last, BadReason::TooLong, 100)]);
+    }
 
     #[test]
     fn rows_parse_and_bad_rows_name_their_reason() {

@@ -106,7 +106,7 @@ fn taobao_user_behavior_reads_every_complete_row_and_reports_the_truncated_one()
     let Some(path) = data("taobao_user_behavior/UserBehavior.csv") else { return };
     let mut dead = MemoryDeadLetters::default();
     let (events, counts) =
-        read_user_behavior(std::slice::from_ref(&path), BadRecordPolicy::Skip, Some(&mut dead)).unwrap();
+        read_user_behavior(std::slice::from_ref(&path), BadRecordPolicy::Skip, 65_536, Some(&mut dead)).unwrap();
     let newlines = std::fs::read(&path).unwrap().iter().filter(|&&b| b == b'\n').count();
     assert_eq!(events.len(), newlines, "every complete line is an event");
     assert_eq!(counts.total(), 1);
@@ -118,7 +118,7 @@ fn taobao_user_behavior_reads_every_complete_row_and_reports_the_truncated_one()
     assert_eq!(events[0].time, 1511544070);
     assert!(events.iter().enumerate().all(|(i, e)| e.seq == i as u64));
     // Under `fail` the same row stops the read, naming its line.
-    let e = read_user_behavior(&[path], BadRecordPolicy::Fail, None).unwrap_err().to_string();
+    let e = read_user_behavior(&[path], BadRecordPolicy::Fail, 65_536, None).unwrap_err().to_string();
     assert!(e.contains(&format!(":{}", newlines + 1)) && e.contains("field_count"), "{e}");
 }
 
