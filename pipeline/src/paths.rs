@@ -194,15 +194,27 @@ fn inode(_m: &std::fs::Metadata) -> Option<(u64, u64)> {
     None
 }
 
-/// `path` canonicalized as far as it exists.
+/// `path` canonicalized as far as it exists; a symbolic link to a path that does
+/// not exist (yet) stands for its target, which writing through it creates.
 fn canonical(path: &Path) -> PathBuf {
+    canonical_within(path, 40)
+}
+
+/// [`canonical`], following at most `links` dangling symbolic links (a loop of them
+/// ends as the last link's own path).
+fn canonical_within(path: &Path, links: u32) -> PathBuf {
     if let Ok(c) = std::fs::canonicalize(path) {
         return c;
+    }
+    let dangling = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if let (true, Some(target), true) = (dangling, std::fs::read_link(path).ok(), links > 0) {
+        let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        return canonical_within(&base.join(target), links - 1);
     }
     match (path.parent(), path.file_name()) {
         (Some(parent), Some(name)) => {
             let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
-            canonical(parent).join(name)
+            canonical_within(parent, links).join(name)
         }
         _ => std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
     }
@@ -349,6 +361,27 @@ mod tests {
         assert!(e.to_string().contains("--dead-letters") && e.to_string().contains("--metrics-log"), "{e}");
         let c = dir.path().join("other.tsv");
         check_outputs(&[], &[named("--dead-letters", &a), named("--metrics-log", &c)]).unwrap();
+    }
+
+    /// A symbolic link to a file not written yet is the file it will write: two outputs
+    /// through it, or through a chain or loop of such links, are refused.
+    #[cfg(unix)]
+    #[test]
+    fn a_dangling_link_is_the_output_it_points_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = dir.path().join("metrics.json");
+        let link = dir.path().join("dl.tsv");
+        std::os::unix::fs::symlink("metrics.json", &link).unwrap();
+        let e = check_outputs(&[], &[named("--dead-letters", &link), named("--metrics-json", &metrics)]);
+        assert!(matches!(e, Err(PathError::SharedOutput { .. })), "{e:?}");
+        let chained = dir.path().join("chained.tsv");
+        std::os::unix::fs::symlink(&link, &chained).unwrap();
+        let e = check_outputs(&[], &[named("--dead-letters", &chained), named("--metrics-json", &metrics)]);
+        assert!(matches!(e, Err(PathError::SharedOutput { .. })), "{e:?}");
+        let (x, y) = (dir.path().join("x"), dir.path().join("y"));
+        std::os::unix::fs::symlink(&y, &x).unwrap();
+        std::os::unix::fs::symlink(&x, &y).unwrap();
+        check_outputs(&[], &[named("--dead-letters", &x), named("--metrics-json", &metrics)]).unwrap();
     }
 
     #[cfg(unix)]
