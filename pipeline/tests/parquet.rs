@@ -167,7 +167,13 @@ fn malformed_rows_go_to_the_dead_letters_and_the_good_ones_are_converted() {
     let err =
         run_err(convert(&from, &out2, &["--on-bad-record", "fail"]).arg("--dead-letters").arg(dir.path().join("d2")));
     assert!(err.contains("corrupt.txt:10"), "the error names file and line: {err}");
+    assert!(!out2.exists(), "the directory it made is removed again");
+    // Into a directory that was there, the failure leaves it as it was.
+    std::fs::create_dir(&out2).unwrap();
+    std::fs::write(out2.join("notes.txt"), "mine").unwrap();
+    run_err(convert(&from, &out2, &["--on-bad-record", "fail"]).arg("--dead-letters").arg(dir.path().join("d3")));
     assert!(parquet_files(&out2).is_empty());
+    assert_eq!(std::fs::read_to_string(out2.join("notes.txt")).unwrap(), "mine");
 }
 
 #[test]
