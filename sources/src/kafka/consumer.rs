@@ -99,6 +99,10 @@ pub struct PartitionReader {
     on_reset: OnOffsetReset,
     /// The partitions' bounds should be checked (a duplicate or an out-of-range fetch was seen).
     check_due: bool,
+    /// They must be checked before any record is handed out: records arrive again after
+    /// an outage (the broker behind the address may have changed), or a check could not
+    /// reach every partition.
+    check_now: bool,
     /// When the bounds were last checked, and when a record last arrived.
     last_check: Instant,
     last_record: Instant,
@@ -110,7 +114,8 @@ const STALL_CHECK: Duration = Duration::from_secs(10);
 /// The least time between two checks triggered by duplicates or out-of-range fetches.
 const CHECK_GAP: Duration = Duration::from_secs(1);
 /// The longest time between two checks while records flow: a topic re-created with more
-/// records than the reader's position sends records without any other sign.
+/// records than the reader's position sends records without any other sign (such a
+/// topic is noticed only while the record before the position is still the old log's).
 const PERIODIC_CHECK: Duration = Duration::from_secs(30);
 
 fn kafka_error(endpoint: &KafkaEndpoint, what: &str, e: impl std::fmt::Display) -> SourceError {
@@ -396,6 +401,7 @@ impl PartitionReader {
             group: group.to_string(),
             on_reset,
             check_due: false,
+            check_now: false,
             last_check: Instant::now(),
             last_record: Instant::now(),
         })
@@ -432,7 +438,8 @@ impl PartitionReader {
     /// while records are still missing.
     pub fn fill(&mut self, quota: impl Fn(i32) -> usize, stop: impl Fn() -> bool) -> Result<Fill, SourceError> {
         loop {
-            if self.is_ready(&quota) {
+            // Records are handed out only once a check they are owed has run.
+            if self.is_ready(&quota) && !self.check_now {
                 return Ok(Fill::Ready);
             }
             if stop() {
@@ -504,7 +511,7 @@ impl PartitionReader {
                     since.elapsed().as_secs_f64()
                 );
                 // The broker behind the address may have changed: check before training on.
-                self.check_due = true;
+                self.check_now = true;
             }
         } else if let Some((at, reason)) = self.errors.0.lock().ok().and_then(|mut e| e.take()) {
             if at.elapsed() < Duration::from_secs(5) {
@@ -517,7 +524,7 @@ impl PartitionReader {
         }
         let stalled = self.last_record.elapsed() >= STALL_CHECK && self.last_check.elapsed() >= STALL_CHECK;
         let periodic = self.last_check.elapsed() >= PERIODIC_CHECK;
-        if (self.check_due && self.last_check.elapsed() >= CHECK_GAP) || stalled || periodic {
+        if self.check_now || (self.check_due && self.last_check.elapsed() >= CHECK_GAP) || stalled || periodic {
             self.check_positions()?;
         }
         self.apply_backpressure();
@@ -530,10 +537,12 @@ impl PartitionReader {
     /// cannot answer is left to the outage handling.
     fn check_positions(&mut self) -> Result<(), SourceError> {
         self.check_due = false;
+        let mut unchecked = false;
         for i in 0..self.parts.len() {
             let position = self.parts[i].expect;
             let (p, timeout) = (self.parts[i].partition, Duration::from_secs(2));
             let Ok((low, high)) = self.consumer.fetch_watermarks(&self.endpoint.topic, p, timeout) else {
+                unchecked = true;
                 continue;
             };
             let end = end_from(&self.endpoint, &self.group, p, (low, high), position)?;
@@ -551,6 +560,8 @@ impl PartitionReader {
             }
         }
         self.last_check = Instant::now();
+        // A check owed before records are handed out stays owed until every partition answered.
+        self.check_now &= unchecked;
         Ok(())
     }
 
