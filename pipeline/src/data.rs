@@ -147,7 +147,8 @@ pub struct CriteoOptions {
     pub spec: Option<tiderec_operators::spec::FeatureSpec>,
     /// Hashing into tables.
     pub features: CriteoFeatures,
-    /// Longest behaviour history kept (sequence formats).
+    /// Longest behaviour history kept (sequence formats), and read from Parquet rows: the
+    /// model's, when it reads sequences.
     pub max_len: usize,
     /// Longest accepted line.
     pub max_line_bytes: usize,
@@ -165,7 +166,10 @@ impl CriteoOptions {
         };
         Ok(CriteoOptions {
             features: CriteoFeatures { table_sizes: resolved.data_table_sizes().to_vec(), seed },
-            max_len: settings.data.max_len,
+            max_len: match resolved.model.max_sequence_len() {
+                0 => settings.data.max_len,
+                n => n,
+            },
             max_line_bytes: settings.data.records.max_line_bytes,
             policy: resolved.policy,
             seed,
@@ -302,7 +306,8 @@ impl WorkerData {
             DataSpec::Parquet(data) => {
                 let sizes = options.features.table_sizes.clone();
                 let reader = ParquetReader::new(data.0.clone(), span, worker, workers, options.shuffle_seed, sizes)?
-                    .with_bad_records(options.policy, dead_letters);
+                    .with_bad_records(options.policy, dead_letters)
+                    .with_max_len(options.max_len);
                 Ok(WorkerData::Parquet { reader: Box::new(reader), micro: micro_batch(batch, worker, workers) })
             }
         }

@@ -511,11 +511,10 @@ fn parquet_rows(dir: &Path) -> Vec<String> {
     out
 }
 
-#[test]
-fn rows_of_a_model_trained_on_parquet_score_as_predict_does() {
-    let Some(src) = shared_data("amazon_dien/local_test") else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let pq = dir.path().join("pq");
+/// The Amazon records of `src` converted to Parquet files in `dir/pq` (tables of 500 rows),
+/// and a DIEN model trained on them (histories of at most 20 ids, the default `--max-len`).
+fn amazon_parquet_model(src: &Path, dir: &Path) -> (PathBuf, PathBuf) {
+    let pq = dir.join("pq");
     run_ok(
         tiderec()
             .args(["convert", "--progress", "none", "--buckets", "500", "--row-group-rows", "10", "--from"])
@@ -523,8 +522,16 @@ fn rows_of_a_model_trained_on_parquet_score_as_predict_does() {
             .arg("--to")
             .arg(format!("parquet:{}", pq.display())),
     );
+    let ckpt = train_epoch(dir, "ckpt", &format!("parquet:{}", pq.display()), &["--model", "dien"]);
+    (pq, ckpt)
+}
+
+#[test]
+fn rows_of_a_model_trained_on_parquet_score_as_predict_does() {
+    let Some(src) = shared_data("amazon_dien/local_test") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (pq, ckpt) = amazon_parquet_model(&src, dir.path());
     let data = format!("parquet:{}", pq.display());
-    let ckpt = train_epoch(dir.path(), "ckpt", &data, &["--model", "dien"]);
     let want = predicted(&ckpt, &data, dir.path());
     let server = serve(&ckpt, &[]);
     assert!(server.records.contains("parquet (from amazon-dien)"), "{}", server.records);
@@ -540,6 +547,40 @@ fn rows_of_a_model_trained_on_parquet_score_as_predict_does() {
     assert!(e.contains("record 1: id 500 is not below the table size 500 in `item`"), "{e}");
     let e = post_error(&mut c, r#"{"history_items": "a"}"#);
     assert!(e.contains("record 0: \"a\" is not an array of ids in `history_items`"), "{e}");
+}
+
+/// A row whose histories are far longer than the model reads is cut as the line format cuts
+/// them (the last `max_len` ids, the most recent): it scores as the row holding only those,
+/// and the scorer never pads a batch to the long one.
+#[test]
+fn a_long_history_in_a_row_is_cut_to_the_models_max_len() {
+    let Some(src) = shared_data("amazon_dien/local_test") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (pq, ckpt) = amazon_parquet_model(&src, dir.path());
+    let server = serve(&ckpt, &[]);
+    let mut c = Client::connect(&server.addr, Duration::from_secs(60)).unwrap();
+    let base: serde_json::Value = serde_json::from_str(&parquet_rows(&pq)[0]).unwrap();
+    let with = |items: &[u64], categories: &[u64]| {
+        let mut row = base.clone();
+        (row["history_items"], row["history_categories"]) = (serde_json::json!(items), serde_json::json!(categories));
+        row.to_string()
+    };
+    let n = 200_000u64;
+    let items: Vec<u64> = (0..n).map(|k| k * 7 % 500).collect();
+    let categories: Vec<u64> = (0..n).map(|k| k * 13 % 500).collect();
+    let last = (n - 20) as usize;
+    let rows =
+        [with(&items, &categories), with(&items[last..], &categories[last..]), with(&items[..20], &categories[..20])];
+    let r = c.post("/score", format!("[{}]", rows.join(",")).as_bytes()).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (_, s) = scores(&r.body);
+    assert_eq!(s[0], s[1], "the long history scores as its last 20 ids");
+    assert_ne!(s[1], s[2], "the first 20 ids are another history");
+    // An id beyond its table is refused also where the history is cut off.
+    let mut bad = items[..30].to_vec();
+    bad[0] = 500;
+    let e = post_error(&mut c, &with(&bad, &categories[..30]));
+    assert!(e.contains("record 0: id 500 is not below the table size 500 in `history_items`"), "{e}");
 }
 
 /// `n` empty records as one JSON array.
@@ -637,20 +678,66 @@ fn slow_clients_are_cut_off_and_health_answers_meanwhile() {
         assert_eq!(status_within(s, Duration::from_secs(8)), 408);
     }
     assert!(started.elapsed() < Duration::from_secs(8), "{:?}", started.elapsed());
-
-    // Connections over the bound per client address are refused at once; /health still answers.
-    let capped = serve(&ckpt, &["--max-connections-per-ip", "4", "--read-timeout", "1"]);
-    let _held: Vec<_> = (0..4).map(|_| slow_client(&capped.addr)).collect();
-    std::thread::sleep(Duration::from_millis(200));
-    let mut over = slow_client(&capped.addr);
-    assert_eq!(status_within(&mut over, Duration::from_millis(500)), 429);
-    let r = Client::connect(&capped.addr, Duration::from_secs(2)).unwrap().get("/health").unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
     let out =
         tiderec().args(["serve", "--addr", "127.0.0.1:0", "--read-timeout", "0", "--checkpoint"]).arg(&ckpt).output();
     let out = out.unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("read_timeout"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The response to a connection that sent nothing, read to its end within `within`.
+fn unasked_response(addr: &str, within: Duration) -> Raw {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap_or_else(|e| panic!("no response within {within:?}: {e}"));
+    let text = String::from_utf8(out).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no response head: {text:?}"));
+    Raw { status: head[9..12].parse().unwrap(), head: head.to_string(), body: body.to_string() }
+}
+
+/// Connections over the bound per client address are answered `429` at once, without being
+/// read (they send nothing here), and take no place among the `--threads` open ones: many of
+/// them neither wait for the read timeout nor crowd out the connections admitted.
+#[test]
+fn connections_over_the_per_address_bound_are_refused_at_once_and_not_counted() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let flags = ["--max-connections-per-ip", "4", "--threads", "6", "--read-timeout", "10"];
+    let server = serve(&ckpt, &flags);
+    // Four silent connections hold the address's places (accepted in order, before the others).
+    let mut held: Vec<_> = (0..4).map(|_| std::net::TcpStream::connect(&server.addr).unwrap()).collect();
+    let started = Instant::now();
+    for _ in 0..20 {
+        let r = unasked_response(&server.addr, Duration::from_secs(2));
+        assert_eq!(r.status, 429, "{}", r.body);
+        assert!(r.error().contains("more than 4 connections from 127.0.0.1"), "{}", r.body);
+        assert!(r.head.contains("Connection: close"), "{}", r.head);
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "refused at once: {:?}", started.elapsed());
+    // The held connections are served, and once one closes, the address has a place again.
+    let r = exchange_on(&mut held[0], b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while health_status(&server.addr) != Some(200) {
+        assert!(Instant::now() < deadline, "no place given back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(held);
+}
+
+/// The status of `GET /health` on a new connection; `None` when the connection was closed
+/// before a response could be read (a refusal that did not read the request).
+fn health_status(addr: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    std::str::from_utf8(out.get(9..12)?).ok()?.parse().ok()
 }
 
 /// Polls `/health` until `done` holds for it (at most `within`).
@@ -755,6 +842,100 @@ fn deltas_following_the_served_checkpoint_are_applied_live() {
     let fresh = serve(&chain.join("ckpt-30"), &[]);
     let r = Client::connect(&fresh.addr, Duration::from_secs(10)).unwrap().post("/score", body.as_bytes()).unwrap();
     assert_eq!(scores(&r.body), (30, last), "the live deltas give the model of the whole chain");
+}
+
+/// A delta that cannot be applied onto the served model (here the delta of another run, of
+/// another shape, at the step after the served one) leaves the model as it was, and the next
+/// look loads the newest checkpoint whole: the newest that loads (the failed delta's chain does
+/// not, its base being of another run), so the served checkpoint again. The served chain's own
+/// delta is then applied onto it.
+#[test]
+fn a_delta_that_cannot_be_applied_makes_the_next_look_load_whole() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (x, z) = (dir.path().join("x"), dir.path().join("z"));
+    let deltas = ["--steps", "20", "--checkpoint-every", "10", "--checkpoint-delta-share", "1000"];
+    std::fs::create_dir_all(&x).unwrap();
+    std::fs::create_dir_all(&z).unwrap();
+    let chain = train(&data, &x, &deltas);
+    let other = train(&data, &z, &[&deltas[..], &["--bottom", "64,16"]].concat());
+    for ckpt in [&chain, &other] {
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(ckpt.join("ckpt-20/manifest.json")).unwrap()).unwrap();
+        assert_eq!(m["delta"]["parent"], 10, "{} is a delta", ckpt.display());
+    }
+    let served_dir = dir.path().join("served");
+    std::fs::create_dir(&served_dir).unwrap();
+    publish(&chain.join("ckpt-10"), &served_dir);
+    let server = serve(&served_dir, &["--reload-every", "0.05"]);
+    let (records, _) = records(&data, 16);
+    let body = format!("[{}]", records.join(","));
+    let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
+    let ten = scores(&c.post("/score", body.as_bytes()).unwrap().body);
+    assert_eq!(ten.0, 10);
+    publish(&other.join("ckpt-20"), &served_dir);
+    let h = health_until(&server.addr, Duration::from_secs(15), |h| h["reloads"] == 1);
+    assert_eq!((h["step"].as_u64(), h["deltas"].as_u64()), (Some(10), Some(0)), "{h}");
+    assert!(h["checkpoint"].as_str().unwrap().ends_with("ckpt-10"), "{h}");
+    assert_eq!(scores(&c.post("/score", body.as_bytes()).unwrap().body), ten);
+    // The run's own delta of step 20 takes the failed one's place: applied onto the model.
+    std::fs::remove_dir_all(served_dir.join("ckpt-20")).unwrap();
+    publish(&chain.join("ckpt-20"), &served_dir);
+    let h = health_until(&server.addr, Duration::from_secs(15), |h| h["step"] == 20);
+    assert_eq!((h["deltas"].as_u64(), h["reloads"].as_u64()), (Some(1), Some(1)), "{h}");
+    let twenty = scores(&c.post("/score", body.as_bytes()).unwrap().body);
+    let fresh = serve(&chain.join("ckpt-20"), &[]);
+    let r = Client::connect(&fresh.addr, Duration::from_secs(10)).unwrap().post("/score", body.as_bytes()).unwrap();
+    assert_eq!(scores(&r.body), twenty, "the model of the whole chain");
+}
+
+/// A response taken slowly (a client reading a little at a time, so that every write makes
+/// progress) is given up `--read-timeout` after it started: the connection closes and its
+/// place is given back, instead of being held for as long as the client keeps reading.
+#[test]
+fn a_response_not_taken_within_the_read_timeout_closes_the_connection() {
+    use std::io::{Read, Write};
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    // One connection at a time: /health answers 200 only once the slow one's place is free.
+    let n = 1_500_000;
+    let flags = ["--threads", "1", "--read-timeout", "2", "--max-records", "1500000", "--max-batch", "4096"];
+    let server = serve(&ckpt, &flags);
+    // About 16 MB of scores: far more than the socket buffers of both ends hold, so the
+    // response is written as the client reads it, 128 KiB every 100 ms (many seconds).
+    let body = empty_records(n);
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    s.write_all(post_head(&format!("Content-Length: {}\r\n", body.len())).as_bytes()).unwrap();
+    s.write_all(&body).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let reading = stop.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 128 << 10];
+        let mut got = 0;
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        while !reading.load(Ordering::SeqCst) {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) if got == 0 => {
+                    got += k;
+                    let _ = started_tx.send(Instant::now());
+                }
+                Ok(k) => got += k,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        got
+    });
+    let first_byte = started.recv_timeout(Duration::from_secs(60)).expect("the response starts");
+    while health_status(&server.addr) != Some(200) {
+        let waited = first_byte.elapsed();
+        assert!(waited < Duration::from_millis(3500), "the slow response still holds its place after {waited:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::SeqCst);
+    assert!(reader.join().unwrap() > 0);
 }
 
 /// A response read from a raw connection: its status, head and body.
@@ -905,6 +1086,60 @@ fn the_body_memory_budget_answers_503_while_full_and_health_still_answers() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("max_body_memory") && err.contains("max_body_bytes"), "{err}");
+}
+
+/// A model trained on Criteo rows converted to Parquet (`dir/pq`), whose records take dense
+/// values as they are (no transform at serving).
+fn criteo_parquet_model(data: &Path, dir: &Path) -> PathBuf {
+    let subset = dir.join("subset.tsv");
+    let text = std::fs::read_to_string(data).unwrap();
+    std::fs::write(&subset, text.lines().take(2000).collect::<Vec<_>>().join("\n")).unwrap();
+    let pq = dir.join("pq");
+    run_ok(
+        tiderec()
+            .args(["convert", "--progress", "none", "--buckets", "500", "--from"])
+            .arg(format!("criteo:{}", subset.display()))
+            .arg("--to")
+            .arg(format!("parquet:{}", pq.display())),
+    );
+    let data = format!("parquet:{}", pq.display());
+    train_epoch(dir, "ckpt", &data, &["--bottom", "32,16", "--top", "32,1"])
+}
+
+/// A score that overflows to a non-finite value (huge finite dense values, as a row's dense
+/// values are taken as given) is answered with an error naming its record, in valid JSON,
+/// never `NaN` in a `200`.
+#[test]
+fn a_non_finite_score_is_an_error_naming_its_record() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = criteo_parquet_model(&data, dir.path());
+    let server = serve(&ckpt, &[]);
+    let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
+    let huge = |sign: &dyn Fn(usize) -> f32| {
+        let fields: Vec<String> = (1..=13).map(|i| format!("\"I{i}\": {:e}", 3.0e38 * sign(i))).collect();
+        format!("{{{}}}", fields.join(", "))
+    };
+    let patterns = [huge(&|_| 1.0), huge(&|i| if i % 2 == 0 { 1.0 } else { -1.0 }), huge(&|_| -1.0)];
+    let mut refused = 0;
+    for record in &patterns {
+        let r = c.post("/score", format!(r#"[{{"I1": 1, "C3": 4}}, {record}]"#).as_bytes()).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", r.text()));
+        match r.status {
+            200 => assert_eq!(v["scores"].as_array().map(Vec::len), Some(2), "{v}"),
+            422 => {
+                let e = v["error"].as_str().unwrap();
+                assert!(e.starts_with("record 1: the model's score is NaN, not a finite number"), "{e}");
+                refused += 1;
+            }
+            s => panic!("status {s}: {v}"),
+        }
+    }
+    assert!(refused > 0, "none of the huge records overflowed the model");
+    // The connection and the server are still fine.
+    let r = c.post("/score", br#"{"I1": 1, "C3": 4}"#).unwrap();
+    assert_eq!((r.status, scores(&r.body).1.len()), (200, 1), "{}", r.text());
 }
 
 #[test]

@@ -190,6 +190,10 @@ fn open(
             let sink: Box<dyn DeadLetterSink> = Box::new(sink.clone());
             let mut reader = ParquetReader::new(p.0.clone(), options.span, 0, 1, 0, sizes)?
                 .with_bad_records(options.records.on_bad_record, Some(sink));
+            let max_len = model.config.model.max_sequence_len();
+            if max_len > 0 {
+                reader = reader.with_max_len(max_len);
+            }
             reader.record_positions();
             (Records::Parquet(reader), names)
         }

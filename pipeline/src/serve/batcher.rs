@@ -13,7 +13,9 @@
 //!   first job arrived.
 //! * A delta ([`Work::Delta`]) is applied whole between two batches, or not at
 //!   all (then [`ServingState::stale`] asks the watcher for a whole load), so no
-//!   request is ever scored by a half-applied one.
+//!   request is ever scored by a half-applied one; it is applied only onto the
+//!   model of the step it follows, so after one that failed, none is applied
+//!   until a whole load.
 //! * A batch is counted in [`ServingState`] before its answers are sent, so
 //!   a client holding its answer sees its records counted.
 

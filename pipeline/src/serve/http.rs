@@ -8,6 +8,9 @@
 //!   time cannot stretch a request past it ([`HttpError::Timeout`]). A
 //!   chunked body, its size lines and its trailers are read under the same
 //!   deadline as a `Content-Length` body.
+//! * Every write is done before a deadline the same way (the socket's write
+//!   timeout set to the time left before each write), so a client taking a
+//!   response a few bytes at a time cannot stretch it past the deadline.
 //! * A head is at most [`MAX_HEAD`] bytes; a `Content-Length` body is read
 //!   only once its announced length is known to be within the caller's
 //!   limit, into one buffer of exactly that length.
@@ -493,6 +496,7 @@ fn reason(status: u16) -> &'static str {
         408 => "Request Timeout",
         411 => "Length Required",
         413 => "Content Too Large",
+        422 => "Unprocessable Content",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
@@ -501,19 +505,42 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Writes `100 Continue`.
-pub fn write_continue(stream: &mut TcpStream) -> std::io::Result<()> {
-    stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+/// Writes all of `bytes` before `deadline` (else a `TimedOut` error, the rest unwritten):
+/// the socket's write timeout is set to the time left before each write, so progress,
+/// however slow, does not stretch the write past it.
+fn write_before(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind};
+    while !bytes.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::new(ErrorKind::TimedOut, "the response was not taken before its deadline"));
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(bytes) {
+            Ok(0) => return Err(Error::from(ErrorKind::WriteZero)),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
-/// Writes a JSON response; `close` announces that the connection closes after it, and
-/// `retry_after` adds a `Retry-After` header of that many seconds.
+/// Writes `100 Continue` before `deadline`.
+pub fn write_continue(stream: &mut TcpStream, deadline: Instant) -> std::io::Result<()> {
+    write_before(stream, b"HTTP/1.1 100 Continue\r\n\r\n", deadline)
+}
+
+/// Writes a JSON response, all of it before `deadline` (else an error, the rest unwritten);
+/// `close` announces that the connection closes after it, and `retry_after` adds a
+/// `Retry-After` header of that many seconds.
 pub fn write_json(
     stream: &mut TcpStream,
     status: u16,
     body: &[u8],
     close: bool,
     retry_after: Option<u32>,
+    deadline: Instant,
 ) -> std::io::Result<()> {
     let connection = if close { "Connection: close\r\n" } else { "" };
     let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
@@ -525,8 +552,7 @@ pub fn write_json(
     let mut out = Vec::with_capacity(head.len() + body.len());
     out.extend_from_slice(head.as_bytes());
     out.extend_from_slice(body);
-    stream.write_all(&out)?;
-    stream.flush()
+    write_before(stream, &out, deadline)
 }
 
 #[cfg(test)]

@@ -14,12 +14,17 @@
 //! * At most `max_connections` connections are open; one more is answered
 //!   `503` by the accept loop, without reading it, and closed.
 //! * A client address holds at most `max_connections_per_ip` of them; one
-//!   more is read once (its head, within the read timeout): `GET /health` is
-//!   answered, anything else gets `429`, and it is closed.
+//!   more is answered `429` by the accept loop, without reading it, and
+//!   closed: it gets no thread and is not counted among the open ones, so
+//!   one address cannot take the places of others, however many
+//!   connections it opens.
 //! * A request is received within `read_timeout` of its first byte (head and
 //!   body), or answered `408` and closed; a kept-alive connection idle for
-//!   `read_timeout` is closed; a response not taken by the client within
-//!   `read_timeout` closes the connection.
+//!   `read_timeout` is closed; a response not taken whole by the client
+//!   within `read_timeout` from the start of its writing closes the
+//!   connection, however slowly the client keeps reading it.
+//! * A refusal by the accept loop is written within [`REFUSAL_WRITE`], so a
+//!   client that does not read cannot hold the accept loop.
 
 use super::batcher::Work;
 use super::http::{self, HttpError};
@@ -45,30 +50,32 @@ struct Open {
     per_ip: HashMap<IpAddr, usize>,
 }
 
+/// The longest time the accept loop spends writing a refusal.
+const REFUSAL_WRITE: Duration = Duration::from_millis(100);
+
 /// What a new connection gets.
 enum Admission {
-    /// Its own thread, for as many requests as it sends.
+    /// Its own thread, for as many requests as it sends (counted until it closes).
     Served,
-    /// Its own thread for one request: `GET /health`, or `429`.
+    /// `429` at once: its address holds `max_per_ip` connections already (not counted).
     OverPerIp,
-    /// `503` at once.
+    /// `503` at once: `max_total` connections are open (not counted).
     Refused,
 }
 
 impl Connections {
+    /// Admits a connection from `ip`, counting it, or says why not (counting nothing).
     fn admit(&self, ip: IpAddr, max_total: usize, max_per_ip: usize) -> Admission {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.per_ip.get(&ip).is_some_and(|&n| n >= max_per_ip) {
+            return Admission::OverPerIp;
+        }
         if open.total >= max_total {
             return Admission::Refused;
         }
         open.total += 1;
-        let n = open.per_ip.entry(ip).or_insert(0);
-        *n += 1;
-        if *n > max_per_ip {
-            Admission::OverPerIp
-        } else {
-            Admission::Served
-        }
+        *open.per_ip.entry(ip).or_insert(0) += 1;
+        Admission::Served
     }
 
     fn release(&self, ip: IpAddr) {
@@ -119,22 +126,25 @@ pub fn accept(listener: TcpListener, ctx: Arc<Context>, work: Sender<Work>) {
         let Ok(peer) = stream.peer_addr() else { continue };
         let ip = peer.ip();
         let options = &ctx.options;
-        let over = match ctx.connections.admit(ip, options.threads, options.max_connections_per_ip) {
+        match ctx.connections.admit(ip, options.threads, options.max_connections_per_ip) {
+            Admission::Served => {}
             Admission::Refused => {
-                let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
                 let message = format!("more than {} connections are open; try again", options.threads);
-                let _ = http::write_json(&mut stream, 503, &error_body(&message), true, Some(1));
+                refuse(&mut stream, 503, &message);
                 continue;
             }
-            Admission::OverPerIp => true,
-            Admission::Served => false,
-        };
+            Admission::OverPerIp => {
+                let message = format!("more than {} connections from {ip}; try again", options.max_connections_per_ip);
+                refuse(&mut stream, 429, &message);
+                continue;
+            }
+        }
         let place = Place { ctx: ctx.clone(), ip };
         let work = work.clone();
         let spawned = std::thread::Builder::new()
             .name("serve-conn".into())
             .stack_size(256 << 10)
-            .spawn(move || connection(stream, over, &place, &work));
+            .spawn(move || connection(stream, &place, &work));
         if let Err(e) = spawned {
             eprintln!("warning: serve: cannot start a connection thread: {e}");
         }
@@ -145,12 +155,18 @@ fn error_body(message: &str) -> Vec<u8> {
     serde_json::json!({ "error": message }).to_string().into_bytes()
 }
 
+/// Answers a connection that is not admitted with `status` (and `Retry-After: 1`), without
+/// reading it; it closes when `stream` is dropped.
+fn refuse(stream: &mut TcpStream, status: u16, message: &str) {
+    let deadline = Instant::now() + REFUSAL_WRITE;
+    let _ = http::write_json(stream, status, &error_body(message), true, Some(1), deadline);
+}
+
 /// One connection: its requests, in order, until it closes, breaks a bound or the server stops.
-fn connection(stream: TcpStream, over: bool, place: &Place, work: &Sender<Work>) {
+fn connection(stream: TcpStream, place: &Place, work: &Sender<Work>) {
     let ctx = &place.ctx;
     let timeout = ctx.options.read_timeout;
     let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(timeout));
     let Ok(read_half) = stream.try_clone() else { return };
     let mut reader = BufReader::new(read_half);
     let mut writer = stream;
@@ -169,20 +185,17 @@ fn connection(stream: TcpStream, over: bool, place: &Place, work: &Sender<Work>)
                     HttpError::HeadTooLarge => 431,
                     _ => 400,
                 };
-                let _ = http::write_json(&mut writer, status, &error_body(&e.to_string()), true, None);
+                let deadline = Instant::now() + timeout;
+                let _ = http::write_json(&mut writer, status, &error_body(&e.to_string()), true, None, deadline);
                 return;
             }
         };
-        let response = if over && !(head.method == "GET" && head.path == "/health") {
-            let message =
-                format!("more than {} connections from {}; try again", ctx.options.max_connections_per_ip, place.ip);
-            Some(Response::closing(429, error_body(&message)))
-        } else {
-            route(&head, &mut reader, &mut writer, deadline, ctx, work)
-        };
+        let response = route(&head, &mut reader, &mut writer, deadline, ctx, work);
         let Some(Response { status, body, close, retry_after }) = response else { return };
-        let close = close || over || head.close || stopping();
-        if http::write_json(&mut writer, status, &body, close, retry_after).is_err() || close {
+        let close = close || head.close || stopping();
+        // The response is taken whole within the timeout from now, or the connection closes.
+        let deadline = Instant::now() + timeout;
+        if http::write_json(&mut writer, status, &body, close, retry_after, deadline).is_err() || close {
             return;
         }
     }

@@ -33,6 +33,8 @@
 //!   offset of its first bad byte.
 //! * One answer comes from one model: when a model is swapped between two
 //!   jobs of a request, the request is scored again by the new one.
+//! * Every answer's body is valid JSON: a score that is not finite (a model
+//!   overflowing on extreme values) answers `422` naming its record.
 //! * Connections, slow clients and the bounds on them: `listen.rs`.
 //!
 //! Records of concurrent requests are scored together (see `batcher.rs`).
@@ -321,11 +323,6 @@ impl Response {
     fn error(status: u16, message: impl Into<String>) -> Response {
         Response::json(status, serde_json::json!({ "error": message.into() }).to_string())
     }
-
-    /// A response after which the connection closes (its request was not read whole).
-    fn closing(status: u16, body: Vec<u8>) -> Response {
-        Response { status, body, close: true, retry_after: None }
-    }
 }
 
 const ROUTES: &str = "use POST /score, GET /schema or GET /health";
@@ -393,7 +390,7 @@ fn score_request(
     if length.is_some_and(|n| !held.grow(n)) {
         return Some(busy(ctx));
     }
-    if head.expect_continue && http::write_continue(writer).is_err() {
+    if head.expect_continue && http::write_continue(writer, deadline).is_err() {
         return None;
     }
     let body = match length {
@@ -468,10 +465,53 @@ fn score(body: Body, ctx: &Context, work: &Sender<Work>) -> Response {
             }
         }
         if let (Some((step, _)), true) = (model, scores.len() == ranges.len()) {
-            // Each score in the shortest text that reads back as the same f32.
-            let list: Vec<String> = scores.iter().map(f32::to_string).collect();
-            return Response::json(200, format!("{{\"step\":{step},\"scores\":[{}]}}", list.join(",")));
+            return match scores_body(step, &scores) {
+                Ok(body) => Response::json(200, body),
+                Err(e) => Response::error(422, e.to_string()),
+            };
         }
     }
     Response::error(503, "the model changed while the request was scored, three times; try again")
+}
+
+/// A score that no JSON number can hold: the model gave `NaN` (or an infinity) for a record,
+/// as it can for values far outside those it was trained on (a float overflow in its layers).
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error(
+    "record {index}: the model's score is {value}, not a finite number (its values may be far outside those \
+     the model was trained on)"
+)]
+struct NonFiniteScore {
+    /// The record's index in the request.
+    index: usize,
+    /// The score.
+    value: f32,
+}
+
+/// The body of a `200` answer: `{"step": S, "scores": [...]}`, each score in the shortest text
+/// that reads back as the same f32. Invariant: the body is valid JSON; a score that is not finite
+/// is an error naming the first such record instead, never written.
+fn scores_body(step: u64, scores: &[f32]) -> Result<String, NonFiniteScore> {
+    if let Some(index) = scores.iter().position(|s| !s.is_finite()) {
+        return Err(NonFiniteScore { index, value: scores[index] });
+    }
+    let list: Vec<String> = scores.iter().map(f32::to_string).collect();
+    Ok(format!("{{\"step\":{step},\"scores\":[{}]}}", list.join(",")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_scores_name_their_record_and_finite_ones_are_json() {
+        let body = scores_body(7, &[0.25, 1.0e-8, 1.0]).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!((v["step"].as_u64(), v["scores"][1].as_f64().map(|x| x as f32)), (Some(7), Some(1.0e-8)));
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let e = scores_body(7, &[0.5, 0.5, bad, f32::NAN]).unwrap_err();
+            assert_eq!(e.index, 2);
+            assert!(e.to_string().starts_with("record 2: the model's score is "), "{e}");
+        }
+    }
 }

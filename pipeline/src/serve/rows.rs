@@ -55,12 +55,15 @@ pub fn summary(d: &SchemaDescription) -> String {
     )
 }
 
-/// Appends the row `record` to `out`; the error names the bad field.
+/// Appends the row `record` to `out`, its sequences cut to the `max_len` the model reads (as
+/// its format cuts them); the error names the bad field.
 pub fn featurize(
     d: &SchemaDescription,
     table_sizes: &[u64],
+    max_len: Option<usize>,
     record: &[u8],
     out: &mut tiderec_operators::Batch,
 ) -> Result<(), RecordError> {
-    json_row::append_json_row(d, table_sizes, record, out).map_err(|e| RecordError { field: e.field, reason: e.reason })
+    json_row::append_json_row(d, table_sizes, max_len, record, out)
+        .map_err(|e| RecordError { field: e.field, reason: e.reason })
 }

@@ -46,6 +46,8 @@ pub struct Delta {
     pub path: std::path::PathBuf,
     /// Its step.
     pub step: u64,
+    /// The step of the checkpoint it follows: the model it is applied onto must be that one.
+    pub parent: u64,
     /// Its parts: the rows changed since the parent, the ids removed since, the dense parameters.
     pub parts: Vec<tiderec_operators::snapshot::WorkerSnapshot>,
 }
@@ -54,8 +56,9 @@ pub struct Delta {
 enum Records {
     /// Records of a line format: made into a line, parsed by the pipeline's format.
     Lines(Box<LineRecords>),
-    /// Featurized rows of a Parquet schema.
-    Rows { description: SchemaDescription, table_sizes: Vec<u64> },
+    /// Featurized rows of a Parquet schema; `max_len` is the longest sequence the model reads
+    /// (each is cut to it as `predict` cuts the files' rows).
+    Rows { description: Box<SchemaDescription>, table_sizes: Vec<u64>, max_len: Option<usize> },
 }
 
 /// Records of a line format.
@@ -101,9 +104,11 @@ impl Loaded {
             })?,
         };
         let records = match (&pipeline.parquet, RecordShape::of(&pipeline)?, pipeline.line_format(true)?) {
-            (Some(description), _, _) => {
-                Records::Rows { description: description.clone(), table_sizes: pipeline.table_sizes.clone() }
-            }
+            (Some(description), _, _) => Records::Rows {
+                description: Box::new(description.clone()),
+                table_sizes: pipeline.table_sizes.clone(),
+                max_len: Some(served.config.model.max_sequence_len()).filter(|&n| n > 0),
+            },
             (None, Some(shape), Some(format)) => Records::Lines(Box::new(LineRecords {
                 shape,
                 format,
@@ -135,8 +140,15 @@ impl Loaded {
     }
 
     /// Takes the delta of `step` at `path` (its parts as stored, see
-    /// [`Scorer::apply_changes`]): on error the model is unchanged.
+    /// [`Scorer::apply_changes`]), which must follow this model's step (a delta sent after
+    /// one that could not be applied does not): on error the model is unchanged.
     pub fn apply_delta(&mut self, delta: &Delta) -> Result<(), PipelineError> {
+        if delta.parent != self.step {
+            return Err(PipelineError::config(
+                "checkpoint",
+                format!("the delta follows step {}, the model served is step {}", delta.parent, self.step),
+            ));
+        }
         self.scorer.apply_changes(&delta.parts)?;
         (self.path, self.step) = (delta.path.clone(), delta.step);
         Ok(())
@@ -162,8 +174,8 @@ impl Loaded {
     pub fn featurize(&self, record: &[u8], out: &mut Batch) -> Result<(), RecordError> {
         let LineRecords { shape, format, criteo, line_key, line } = match &self.records {
             Records::Lines(r) => &**r,
-            Records::Rows { description, table_sizes } => {
-                return rows::featurize(description, table_sizes, record, out)
+            Records::Rows { description, table_sizes, max_len } => {
+                return rows::featurize(description, table_sizes, *max_len, record, out)
             }
         };
         let mut line = line.borrow_mut();

@@ -17,8 +17,11 @@
 //! * A delta whose parent is the checkpoint served (same path and identity)
 //!   is read alone and applied onto the served model ([`Work::Delta`]); any
 //!   other checkpoint, a delta included, is loaded whole with its chain. A
-//!   delta the scoring thread could not apply marks the state stale, and the
-//!   next look loads the newest checkpoint whole.
+//!   delta the scoring thread could not apply marks the state stale: from the
+//!   next look on, the newest checkpoint that loads is loaded whole (the one
+//!   that failed to apply included, with its chain), whatever the watcher
+//!   last sent, until one is taken; no delta is sent meanwhile, and the one
+//!   that failed is never sent as a delta again.
 
 use super::batcher::{ServingState, Work};
 use super::score::Delta;
@@ -68,6 +71,18 @@ struct Served {
     path: PathBuf,
     /// Its deletion was reported.
     reported: bool,
+    /// A delta sent could not be applied: the model is not this checkpoint's, and the next
+    /// checkpoint taken must be loaded whole.
+    stale: bool,
+}
+
+/// What the watcher remembers of checkpoints that failed.
+#[derive(Default)]
+struct Failed {
+    /// Checkpoints that could not be loaded (tried again after the next load).
+    loads: HashSet<Identity>,
+    /// Deltas the scoring thread could not apply: only ever loaded whole.
+    deltas: HashSet<Identity>,
 }
 
 /// Follows `dir` every `every` until `stop`, sending each checkpoint loaded to `work`.
@@ -83,8 +98,8 @@ pub fn run(
         let s = state.lock().unwrap_or_else(|e| e.into_inner());
         (s.step, PathBuf::from(&s.checkpoint))
     };
-    let mut served = Served { identity: first, step, path, reported: false };
-    let mut failed = HashSet::new();
+    let mut served = Served { identity: first, step, path, reported: false, stale: false };
+    let mut failed = Failed::default();
     while !stop.load(Ordering::SeqCst) {
         let mut slept = Duration::ZERO;
         while slept < every && !stop.load(Ordering::SeqCst) {
@@ -102,11 +117,16 @@ pub fn run(
 fn look(
     dir: &Path,
     served: &mut Served,
-    failed: &mut HashSet<Identity>,
+    failed: &mut Failed,
     work: &Sender<Work>,
     state: &Mutex<ServingState>,
 ) -> Result<(), ()> {
-    let stale = std::mem::take(&mut state.lock().unwrap_or_else(|e| e.into_inner()).stale);
+    if std::mem::take(&mut state.lock().unwrap_or_else(|e| e.into_inner()).stale) {
+        // The last delta sent (or one before it) was not applied.
+        failed.deltas.extend(served.identity.clone());
+        served.stale = true;
+    }
+    let stale = served.stale;
     let gone = served.identity.is_none() || Identity::of(&served.path) != served.identity;
     if gone && !served.reported {
         let warning = format!(
@@ -126,22 +146,23 @@ fn look(
             break;
         }
         let Some(identity) = Identity::of(&path) else { continue };
-        if Some(&identity) == served.identity.as_ref() {
+        if !stale && Some(&identity) == served.identity.as_ref() {
             break;
         }
-        if failed.contains(&identity) {
+        if failed.loads.contains(&identity) {
             continue;
         }
         if !gone
             && !stale
+            && !failed.deltas.contains(&identity)
             && parent_of(&path) == Some(served.step)
             && served.path == path.with_file_name(checkpoint_name(served.step))
         {
             if let Ok(link) = load::load_link(&path, step) {
                 eprintln!("serve: applying the delta of step {step} from {}", path.display());
-                work.send(Work::Delta(Box::new(Delta { path: path.clone(), step, parts: link.parts })))
-                    .map_err(|_| ())?;
-                *served = Served { identity: Some(identity), step, path, reported: false };
+                let delta = Delta { path: path.clone(), step, parent: served.step, parts: link.parts };
+                work.send(Work::Delta(Box::new(delta))).map_err(|_| ())?;
+                *served = Served { identity: Some(identity), step, path, reported: false, stale: false };
                 return Ok(());
             }
         }
@@ -149,15 +170,15 @@ fn look(
             Ok(model) => {
                 eprintln!("serve: loaded step {step} from {}", path.display());
                 work.send(Work::Swap(Box::new(model))).map_err(|_| ())?;
-                *served = Served { identity: Some(identity), step, path, reported: false };
-                failed.clear();
+                *served = Served { identity: Some(identity), step, path, reported: false, stale: false };
+                failed.loads.clear();
                 return Ok(());
             }
             Err(e) => {
                 // A checkpoint pruned while being read is no news; any other failure is reported once.
                 if Identity::of(&path).as_ref() == Some(&identity) {
                     eprintln!("warning: serve: cannot load {}: {e}; trying an older one", path.display());
-                    failed.insert(identity);
+                    failed.loads.insert(identity);
                 }
             }
         }

@@ -8,8 +8,9 @@
 //! column and each behaviour sequence an array of ids (oldest first). A
 //! missing key or `null` is a null value. The rows become one Arrow batch of
 //! the description's columns, which [`append_chunk`] appends as the reader
-//! appends a file's rows (the same null handling, id bounds and label
-//! checks); only the JSON-to-Arrow typing is done here.
+//! appends a file's rows (the same null handling, id bounds, label checks and
+//! cut of sequences longer than the model reads); only the JSON-to-Arrow
+//! typing is done here.
 //!
 //! Invariant: a key that names no column and a value of the wrong JSON type
 //! are errors naming the key, never a null.
@@ -60,11 +61,13 @@ fn columns(description: &SchemaDescription) -> Vec<(&str, Kind)> {
 }
 
 /// Appends the row `record` (a JSON object) to `out` (of the description's shape); ids are
-/// bounded by `table_sizes`. The error names the key; after an error the contents of `out`
-/// are unspecified.
+/// bounded by `table_sizes`, and each sequence is cut for a model reading at most `max_len`
+/// ids of it (see [`SequenceColumn::cut`](super::schema::SequenceColumn::cut)). The error
+/// names the key; after an error the contents of `out` are unspecified.
 pub fn append_json_row(
     description: &SchemaDescription,
     table_sizes: &[u64],
+    max_len: Option<usize>,
     record: &[u8],
     out: &mut Batch,
 ) -> Result<(), RowError> {
@@ -124,7 +127,7 @@ pub fn append_json_row(
         cols.iter().zip(&arrays).map(|(&(name, _), array)| Field::new(name, array.data_type().clone(), true)).collect();
     let chunk = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
         .map_err(|e| RowError { field: None, reason: e.to_string() })?;
-    append_chunk(description, table_sizes, &chunk, "the record", out).map_err(row_error)
+    append_chunk(description, table_sizes, max_len, &chunk, "the record", out).map_err(row_error)
 }
 
 /// The reader's error on a chunk of JSON rows, with the column it names as the field.
@@ -156,7 +159,7 @@ mod tests {
             br#"{"label": 1, "item": null, "history_items": [], "history_categories": []}"#,
         ];
         for row in rows {
-            append_json_row(&d, &d.table_sizes(), row, &mut out).unwrap();
+            append_json_row(&d, &d.table_sizes(), Some(20), row, &mut out).unwrap();
         }
         out.check().unwrap();
         assert_eq!(out.labels, [0.0, 1.0]);
@@ -167,7 +170,7 @@ mod tests {
     #[test]
     fn bad_rows_name_the_field() {
         let d = SchemaDescription::criteo(&[10; 26], 1);
-        let bad = |row: &[u8]| append_json_row(&d, &d.table_sizes(), row, &mut batch(&d)).unwrap_err();
+        let bad = |row: &[u8]| append_json_row(&d, &d.table_sizes(), None, row, &mut batch(&d)).unwrap_err();
         assert_eq!(bad(br#"{"C3": -1}"#), blame("C3", "-1 is not an id (a non-negative integer)"));
         assert_eq!(bad(br#"{"I2": "x"}"#), blame("I2", "\"x\" is not a number"));
         assert_eq!(bad(br#"{"C3": [1]}"#), blame("C3", "[1] is not an id (a non-negative integer)"));
@@ -178,6 +181,32 @@ mod tests {
         assert!(bad(b"[1]").reason.starts_with("not a JSON object"));
         assert_eq!(bad(br#"{"_group": -3}"#), blame("_group", "-3 is not a group key (a non-negative integer)"));
         // A row as converted files hold it, with its user's group key: read, not scored.
-        append_json_row(&d, &d.table_sizes(), br#"{"_group": 77, "C3": 1}"#, &mut batch(&d)).unwrap();
+        append_json_row(&d, &d.table_sizes(), None, br#"{"_group": 77, "C3": 1}"#, &mut batch(&d)).unwrap();
+    }
+
+    #[test]
+    fn sequences_longer_than_the_model_reads_are_cut_as_their_format_cuts_them() {
+        // Behaviour histories keep their most recent (last) ids, as `amazon-dien` lines do.
+        let d = SchemaDescription::behavior("amazon-dien", &[10, 20, 5], 1);
+        let mut out = batch(&d);
+        let row = br#"{"history_items": [1, 2, null, 3, 4, 5], "history_categories": [0, 1, 2, 3, 4]}"#;
+        append_json_row(&d, &d.table_sizes(), Some(3), row, &mut out).unwrap();
+        assert_eq!((out.sequences[0].bag(0), out.sequences[1].bag(0)), (&[3u64, 4, 5][..], &[2u64, 3, 4][..]));
+        // An id cut off is still checked against its table.
+        let row = br#"{"history_items": [99, 2], "history_categories": [0, 1]}"#;
+        let e = append_json_row(&d, &d.table_sizes(), Some(1), row, &mut batch(&d)).unwrap_err();
+        assert_eq!(e, blame("history_items", "id 99 is not below the table size 20"));
+        // A spec list's sequence keeps its first `max_len` ids, as the spec's line parser does.
+        let mut d = SchemaDescription::behavior("csv", &[10, 20, 5], 1);
+        d.sequences.iter_mut().for_each(|s| s.max_len = Some(2));
+        let mut out = batch(&d);
+        let row = br#"{"history_items": [1, 2, 3], "history_categories": [4, 3, 2]}"#;
+        append_json_row(&d, &d.table_sizes(), Some(2), row, &mut out).unwrap();
+        assert_eq!((out.sequences[0].bag(0), out.sequences[1].bag(0)), (&[1u64, 2][..], &[4u64, 3][..]));
+        // Without a bound, a sequence is read whole.
+        let mut out = batch(&d);
+        d.sequences.iter_mut().for_each(|s| s.max_len = None);
+        append_json_row(&d, &d.table_sizes(), None, row, &mut out).unwrap();
+        assert_eq!(out.sequences[0].bag(0), &[1u64, 2, 3][..]);
     }
 }

@@ -30,10 +30,16 @@
 //!   line, the column as the field): counted and dead-lettered under
 //!   [`BadRecordPolicy::Skip`], an error under [`BadRecordPolicy::Fail`],
 //!   never appended.
+//! * With a bound on sequences ([`ParquetReader::with_max_len`], and for
+//!   [`append_chunk`] its `max_len`), a behaviour sequence longer than its
+//!   column's cut ([`SequenceColumn::cut`]) is cut as the line format the rows
+//!   were made from cuts it (a spec list keeps its first ids, a behaviour
+//!   history its last, the most recent), so no row holds a sequence longer
+//!   than the model reads; the ids cut off are still checked against the table.
 
 use super::dataset::{ParquetDataset, Segment};
 use super::decode::decode_next;
-use super::schema::{SchemaDescription, SparseKind, GROUP_COLUMN};
+use super::schema::{Keep, SchemaDescription, SequenceColumn, SparseKind, GROUP_COLUMN};
 use crate::error::SourceError;
 use crate::lines::RecordPosition;
 use crate::shuffle::{epoch_ranges, BlockShuffle};
@@ -93,6 +99,8 @@ pub struct ParquetReader {
     /// With [`record_positions`](Self::record_positions): the file and 0-based row of
     /// every row appended since the last [`take_positions`](Self::take_positions).
     positions: Option<Vec<RecordPosition>>,
+    /// The longest sequence the model reads ([`with_max_len`](Self::with_max_len)).
+    max_len: Option<usize>,
 }
 
 impl ParquetReader {
@@ -140,7 +148,16 @@ impl ParquetReader {
             dead_letters: None,
             counts: BadRecordCounts::default(),
             positions: None,
+            max_len: None,
         })
+    }
+
+    /// Cuts every behaviour sequence to what a model whose sequences hold at most `max_len`
+    /// ids reads, as the rows' line format cuts it ([`SequenceColumn::cut`]); without this
+    /// call, sequences are read whole (only a recorded `max_len` bounds them).
+    pub fn with_max_len(mut self, max_len: usize) -> Self {
+        self.max_len = Some(max_len);
+        self
     }
 
     /// What to do with rows holding a non-finite dense value, and where to send them
@@ -260,7 +277,12 @@ impl ParquetReader {
                     let k = (chunk.num_rows() - cur.row).min(max - appended);
                     let (dataset, group) = (&self.dataset, cur.group);
                     let place = || dataset.group_name(group);
-                    let ctx = Ctx { description: dataset.description(), table_sizes: &self.table_sizes, place: &place };
+                    let ctx = Ctx {
+                        description: dataset.description(),
+                        table_sizes: &self.table_sizes,
+                        max_len: self.max_len,
+                        place: &place,
+                    };
                     let rows = cur.row..cur.row + k;
                     let mut from = rows.start;
                     let (file, file_row) = (self.dataset.row_groups()[cur.group].file, cur.file_row);
@@ -373,6 +395,8 @@ impl ParquetDataset {
 struct Ctx<'a> {
     description: &'a SchemaDescription,
     table_sizes: &'a [u64],
+    /// The longest sequence the model reads, if known.
+    max_len: Option<usize>,
     place: &'a dyn Fn() -> String,
 }
 
@@ -440,19 +464,22 @@ fn bad_row(ctx: &Ctx, path: &std::path::Path, chunk: &RecordBatch, r: usize, j: 
 }
 
 /// Appends every row of `chunk` (columns of `description`, matched by name; ids bounded by
-/// `table_sizes`) to `out` as [`ParquetReader`] appends the rows of a file: the rows of a
-/// featurized dataset that come from elsewhere (`tiderec serve`'s records). `source` names
-/// them in errors. A row with a non-finite dense value is an error, not a bad record to skip;
-/// after an error the contents of `out` are unspecified.
+/// `table_sizes`) to `out` as [`ParquetReader`] appends the rows of a file, its sequences cut
+/// for a model reading at most `max_len` ids of each (see
+/// [`ParquetReader::with_max_len`]): the rows of a featurized dataset that come from
+/// elsewhere (`tiderec serve`'s records). `source` names them in errors. A row with a
+/// non-finite dense value is an error, not a bad record to skip; after an error the contents
+/// of `out` are unspecified.
 pub fn append_chunk(
     description: &SchemaDescription,
     table_sizes: &[u64],
+    max_len: Option<usize>,
     chunk: &RecordBatch,
     source: &str,
     out: &mut Batch,
 ) -> Result<(), SourceError> {
     let place = || source.to_string();
-    let ctx = Ctx { description, table_sizes, place: &place };
+    let ctx = Ctx { description, table_sizes, max_len, place: &place };
     let rows = 0..chunk.num_rows();
     if let Some(&(r, j)) = non_finite_rows(&ctx, chunk, rows.clone())?.first() {
         let at = if rows.end > 1 { format!(" in row {r}") } else { String::new() };
@@ -518,13 +545,16 @@ fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut B
                     field.close_bag();
                 }
             }
-            SparseKind::List => append_list(ctx, col, name, f, rows.clone(), field)?,
+            SparseKind::List => append_list(ctx, col, name, f, rows.clone(), None, field)?,
         }
     }
-    // Sequences: lists in their table's id space, of equal lengths within a row.
+    // Sequences: lists in their table's id space, cut as their format cuts them, of equal
+    // lengths within a row.
     let firsts: Vec<usize> = out.sequences.iter().map(|s| s.offsets.len() - 1).collect();
     for (spec, field) in d.sequences.iter().zip(out.sequences.iter_mut()) {
-        append_list(ctx, ctx.column(chunk, &spec.name)?, &spec.name, spec.table, rows.clone(), field)?;
+        let SequenceColumn { name, table, .. } = spec;
+        let cut = spec.cut(ctx.max_len);
+        append_list(ctx, ctx.column(chunk, name)?, name, *table, rows.clone(), cut, field)?;
     }
     if d.sequences.len() > 1 {
         for (i, r) in rows.enumerate() {
@@ -545,24 +575,38 @@ fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut B
 }
 
 /// Appends rows `rows` of the `List<UInt64>` column `col` (named `name`, ids
-/// bounded by field `f`'s table) to `field`, one bag per row.
+/// bounded by field `f`'s table) to `field`, one bag per row; with a `cut`, at most
+/// that many ids of each row, the first or the last (null items do not count). Every
+/// id is checked, kept or not.
 fn append_list(
     ctx: &Ctx,
     col: &Arc<dyn Array>,
     name: &str,
     f: usize,
     rows: std::ops::Range<usize>,
+    cut: Option<(usize, Keep)>,
     field: &mut SparseField,
 ) -> Result<(), SourceError> {
     let list = col.as_list_opt::<i32>().ok_or_else(|| ctx.err(name, "not List<UInt64>"))?;
     let items = list.values().as_primitive_opt::<UInt64Type>().ok_or_else(|| ctx.err(name, "not List<UInt64>"))?;
     let offsets = list.value_offsets();
     let item_nulls = items.null_count() > 0;
+    let present = |i: &usize| !(item_nulls && items.is_null(*i));
     for r in rows {
         if !list.is_null(r) {
-            for i in offsets[r] as usize..offsets[r + 1] as usize {
-                if !(item_nulls && items.is_null(i)) {
-                    field.ids.push(ctx.check_id(name, f, items.value(i))?);
+            let all = offsets[r] as usize..offsets[r + 1] as usize;
+            let kept = match cut {
+                None => 0..usize::MAX,
+                Some((n, Keep::First)) => 0..n,
+                Some((n, Keep::Last)) => {
+                    let len = if item_nulls { all.clone().filter(present).count() } else { all.len() };
+                    len.saturating_sub(n)..len
+                }
+            };
+            for (k, i) in all.filter(present).enumerate() {
+                let id = ctx.check_id(name, f, items.value(i))?;
+                if kept.contains(&k) {
+                    field.ids.push(id);
                 }
             }
         }

@@ -99,6 +99,30 @@ pub struct SequenceColumn {
     pub max_len: Option<usize>,
 }
 
+/// Which ids of a behaviour sequence longer than its bound are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// The first ones, as a spec list's line parser keeps its first `max_len` tokens.
+    First,
+    /// The last ones (the most recent), as the behaviour formats keep a history's latest events.
+    Last,
+}
+
+impl SequenceColumn {
+    /// How many ids of this column a model whose sequences hold at most `model_max_len` reads,
+    /// and which of a longer sequence, as the line format the rows were made from cuts it: a
+    /// column with a recorded `max_len` (a spec list) keeps its first ids, at most that many
+    /// (and at most `model_max_len`); one without (a behaviour history: `amazon-dien`, …) keeps
+    /// its last `model_max_len`. `None`: nothing bounds it.
+    pub fn cut(&self, model_max_len: Option<usize>) -> Option<(usize, Keep)> {
+        match (self.max_len, model_max_len) {
+            (Some(n), m) => Some((m.map_or(n, |m| n.min(m)), Keep::First)),
+            (None, Some(m)) => Some((m, Keep::Last)),
+            (None, None) => None,
+        }
+    }
+}
+
 /// What a featurized Parquet dataset holds; stored as JSON under [`METADATA_KEY`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchemaDescription {
