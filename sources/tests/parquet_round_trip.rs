@@ -183,7 +183,7 @@ fn unusable_inputs_are_errors_naming_file_and_column() {
     let mut r = ParquetReader::new(dataset, (0.0, 1.0), 0, 1, SEED, vec![100; 26]).unwrap();
     let mut b = tiderec_records::Batch::new(NUM_DENSE, NUM_SPARSE);
     let e = err_text(r.next_batch(&mut b, 10).unwrap_err());
-    assert!(e.contains("big.parquet (row group 0)") && e.contains("`C7`: id 500"), "{e}");
+    assert!(e.contains("big.parquet (row group 0)") && e.contains("`C7`: row 2: id 500"), "{e}");
 
     // A file without tiderec metadata.
     let plain = dir.path().join("plain.parquet");
@@ -260,10 +260,11 @@ fn behaviour_histories_round_trip_as_sequence_columns() {
 fn unequal_histories_and_out_of_range_history_ids_are_errors() {
     let description = SchemaDescription::behavior("amazon-dien", &[7, 7, 5], SEED);
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), description.clone(), &[behavior_batch(10, Some(6))], options(100, None));
+    // Row groups of 4: the bad row (the 7th) is the 3rd of its group, named by its row in the file.
+    write(dir.path(), description.clone(), &[behavior_batch(10, Some(6))], options(4, None));
     let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
     let e = read_behavior(&dataset, 4).unwrap_err().to_string();
-    assert!(e.contains("history_categories") && e.contains("equal lengths") && e.contains("row 6: 1 ids"), "{e}");
+    assert!(e.contains("history_categories") && e.contains("equal lengths") && e.contains("row 7: 1 ids"), "{e}");
     // An item-history id beyond the item table (the category table is smaller).
     let dir = tempfile::tempdir().unwrap();
     let mut small = description;

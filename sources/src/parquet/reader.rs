@@ -282,6 +282,7 @@ impl ParquetReader {
                         table_sizes: &self.table_sizes,
                         max_len: self.max_len,
                         place: &place,
+                        first_row: Some(cur.file_row),
                     };
                     let rows = cur.row..cur.row + k;
                     let mut from = rows.start;
@@ -398,6 +399,9 @@ struct Ctx<'a> {
     /// The longest sequence the model reads, if known.
     max_len: Option<usize>,
     place: &'a dyn Fn() -> String,
+    /// The file row (0-based) of the chunk's first row; `None` for rows from elsewhere
+    /// ([`append_chunk`]), which their caller names.
+    first_row: Option<u64>,
 }
 
 impl Ctx<'_> {
@@ -409,11 +413,20 @@ impl Ctx<'_> {
         chunk.column_by_name(name).ok_or_else(|| self.err(name, "missing"))
     }
 
-    fn check_id(&self, column: &str, field: usize, id: u64) -> Result<u64, SourceError> {
+    /// [`err`](Self::err) about chunk row `r`, named `row N` (1-based, in its file); rows
+    /// from elsewhere are named by their caller.
+    fn err_at(&self, column: &str, r: usize, reason: impl std::fmt::Display) -> SourceError {
+        match self.first_row {
+            Some(first) => self.err(column, format!("row {}: {reason}", first + r as u64 + 1)),
+            None => self.err(column, reason),
+        }
+    }
+
+    fn check_id(&self, column: &str, field: usize, id: u64, r: usize) -> Result<u64, SourceError> {
         if id < self.table_sizes[field] {
             Ok(id)
         } else {
-            Err(self.err(column, format!("id {id} is not below the table size {}", self.table_sizes[field])))
+            Err(self.err_at(column, r, format!("id {id} is not below the table size {}", self.table_sizes[field])))
         }
     }
 }
@@ -479,7 +492,7 @@ pub fn append_chunk(
     out: &mut Batch,
 ) -> Result<(), SourceError> {
     let place = || source.to_string();
-    let ctx = Ctx { description, table_sizes, max_len, place: &place };
+    let ctx = Ctx { description, table_sizes, max_len, place: &place, first_row: None };
     let rows = 0..chunk.num_rows();
     if let Some(&(r, j)) = non_finite_rows(&ctx, chunk, rows.clone())?.first() {
         let at = if rows.end > 1 { format!(" in row {r}") } else { String::new() };
@@ -497,12 +510,12 @@ fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut B
         .column(chunk, &d.label)?
         .as_primitive_opt::<Float32Type>()
         .ok_or_else(|| ctx.err(&d.label, "not Float32"))?;
-    if labels.null_count() > 0 && rows.clone().any(|r| labels.is_null(r)) {
-        return Err(ctx.err(&d.label, "null label"));
+    if let Some(r) = rows.clone().find(|&r| labels.null_count() > 0 && labels.is_null(r)) {
+        return Err(ctx.err_at(&d.label, r, "null label"));
     }
     let values = &labels.values()[rows.clone()];
-    if let Some(bad) = values.iter().find(|v| !(0.0..=1.0).contains(*v)) {
-        return Err(ctx.err(&d.label, format!("label {bad} is not in [0, 1]")));
+    if let Some(i) = values.iter().position(|v| !(0.0..=1.0).contains(v)) {
+        return Err(ctx.err_at(&d.label, rows.start + i, format!("label {} is not in [0, 1]", values[i])));
     }
     out.labels.extend_from_slice(values);
     // User groups (not a feature).
@@ -511,8 +524,8 @@ fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut B
             .column(chunk, GROUP_COLUMN)?
             .as_primitive_opt::<UInt64Type>()
             .ok_or_else(|| ctx.err(GROUP_COLUMN, "not UInt64"))?;
-        if keys.null_count() > 0 && rows.clone().any(|r| keys.is_null(r)) {
-            return Err(ctx.err(GROUP_COLUMN, "null group"));
+        if let Some(r) = rows.clone().find(|&r| keys.null_count() > 0 && keys.is_null(r)) {
+            return Err(ctx.err_at(GROUP_COLUMN, r, "null group"));
         }
         out.groups.extend_from_slice(&keys.values()[rows.clone()]);
     }
@@ -540,7 +553,7 @@ fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut B
                 let has_nulls = ids.null_count() > 0;
                 for r in rows.clone() {
                     if !(has_nulls && ids.is_null(r)) {
-                        field.ids.push(ctx.check_id(name, f, vals[r])?);
+                        field.ids.push(ctx.check_id(name, f, vals[r], r)?);
                     }
                     field.close_bag();
                 }
@@ -561,10 +574,11 @@ fn append_rows(ctx: &Ctx, chunk: &RecordBatch, row: usize, k: usize, out: &mut B
             let lens: Vec<u32> =
                 out.sequences.iter().zip(&firsts).map(|(s, &b)| s.offsets[b + i + 1] - s.offsets[b + i]).collect();
             if let Some(k) = lens.iter().position(|&l| l != lens[0]) {
-                return Err(ctx.err(
+                return Err(ctx.err_at(
                     &d.sequences[k].name,
+                    r,
                     format!(
-                        "row {r}: {} ids, but `{}` has {} (the sequences of a row have equal lengths)",
+                        "{} ids, but `{}` has {} (the sequences of a row have equal lengths)",
                         lens[k], d.sequences[0].name, lens[0]
                     ),
                 ));
@@ -604,7 +618,7 @@ fn append_list(
                 }
             };
             for (k, i) in all.filter(present).enumerate() {
-                let id = ctx.check_id(name, f, items.value(i))?;
+                let id = ctx.check_id(name, f, items.value(i), r)?;
                 if kept.contains(&k) {
                     field.ids.push(id);
                 }
