@@ -334,6 +334,19 @@ fn a_line_source_replays_the_shuffled_blocks_of_the_raw_files() {
             }
         }
     }
+    // The files given in another order than written: refused, naming both row groups.
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "{files:?}");
+    files.reverse();
+    let reversed = Arc::new(ParquetDataset::open(&files).unwrap());
+    let sizes = reversed.description().table_sizes();
+    let e = ParquetReader::new(reversed, (0.0, 1.0), 0, 1, SEED, sizes).err().expect("refused").to_string();
+    assert!(e.contains("in the order `tiderec convert` wrote them") && e.contains("part-"), "{e}");
 }
 
 /// A writer of a line source over one input file of `input_bytes` bytes.

@@ -308,6 +308,7 @@ impl ParquetDataset {
     /// starts at or after that byte of the input, or the number of rows when there is none.
     /// Reads row-group statistics, and the line-start column of each row group needed once.
     fn first_rows_at(&self, targets: &[u64]) -> Result<Vec<u64>, SourceError> {
+        self.check_group_order()?;
         let mut held: Option<(usize, Vec<u64>)> = None;
         let mut rows = Vec::with_capacity(targets.len());
         for &target in targets {
@@ -325,6 +326,33 @@ impl ParquetDataset {
             rows.push(self.starts[g] + i.min(self.groups[g].rows));
         }
         Ok(rows)
+    }
+
+    /// `path (row group g)` of an entry of the global list, for messages.
+    pub(super) fn group_name(&self, index: usize) -> String {
+        let g = self.row_groups()[index];
+        format!("{} (row group {})", self.files[g.file].path.display(), g.group)
+    }
+
+    /// The search over row groups ([`Self::group_below`]) needs their first line starts to
+    /// rise through the dataset, as `tiderec convert` writes them: files given in another
+    /// order (or row groups whose statistics say otherwise) are refused, naming both groups.
+    fn check_group_order(&self) -> Result<(), SourceError> {
+        let mut before: Option<(usize, u64)> = None;
+        for g in 0..self.groups.len() {
+            let Some(first) = self.first_line_start(g)? else { continue };
+            if let Some((p, prev)) = before.filter(|&(_, prev)| first < prev) {
+                let reason = format!(
+                    "its rows start at byte {first} of the input, before those of {} (byte {prev}): the files of \
+                     converted line data are read in the order `tiderec convert` wrote them (give the directory, or \
+                     the files in that order)",
+                    self.group_name(p)
+                );
+                return Err(SourceError::schema(self.group_name(g), reason));
+            }
+            before = Some((g, first));
+        }
+        Ok(())
     }
 
     /// The last non-empty row group whose first line start is below byte `target` (the

@@ -383,14 +383,6 @@ impl ParquetReader {
     }
 }
 
-impl ParquetDataset {
-    /// `path (row group g)` of an entry of the global list, for messages.
-    fn group_name(&self, index: usize) -> String {
-        let g = self.row_groups()[index];
-        format!("{} (row group {})", self.files[g.file].path.display(), g.group)
-    }
-}
-
 /// What decoding rows needs: their schema, the table sizes that bound their ids, and where
 /// they come from (for messages).
 struct Ctx<'a> {
