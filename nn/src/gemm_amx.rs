@@ -55,7 +55,7 @@ pub fn amx_available() -> bool {
 /// Where the AMX products run ([`tiderec_records::cpu::tile_unit`]): on the
 /// CPU's tiles, emulated (`TIDEREC_AMX_EMULATE=1` on a CPU without usable AMX),
 /// or nowhere. In this crate's tests a thread may also ask for emulated tiles
-/// ([`tests::on_tiles`]).
+/// (`tests::on_tiles`).
 pub fn tile_unit() -> Option<TileUnit> {
     #[cfg(test)]
     if tests::emulating_here() {

@@ -2,7 +2,7 @@
 //!
 //! Each line is `label, I1..I13, C1..C26`, TAB separated (40 fields). The
 //! reader reads each file through a window of positioned reads
-//! ([`LineReader`](crate::lines::LineReader), not a memory map) and parses lines
+//! ([`LineReader`], not a memory map) and parses lines
 //! in place: no copy per line, no allocation per field, no UTF-8 validation.
 //!
 //! # Invariants
