@@ -145,8 +145,14 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
     let lock = DirLock::acquire(&settings.out, LOCK_FILE, "tiderec convert")?;
     let converted = convert_locked(settings, &input, &resolved, description, start);
     if converted.is_err() && lock.created_dir() {
-        // The directory did not exist before this run took its lock: nothing of it is left.
-        let _ = std::fs::remove_dir_all(&settings.out);
+        // The directory did not exist before this run took its lock, and the writer removed
+        // its files: the lock file goes, then the directory if nothing else is in it (a
+        // dead-letter file the user put there stays, and the directory with it).
+        // (Unlinked while still held: a run that locks the directory meanwhile makes a
+        // new lock file, and the directory is then not empty and stays.)
+        let _ = std::fs::remove_file(lock.path());
+        let _ = std::fs::remove_dir(&settings.out);
+        drop(lock);
     }
     converted
 }

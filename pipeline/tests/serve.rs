@@ -931,7 +931,7 @@ fn a_response_not_taken_within_the_read_timeout_closes_the_connection() {
     let first_byte = started.recv_timeout(Duration::from_secs(60)).expect("the response starts");
     while health_status(&server.addr) != Some(200) {
         let waited = first_byte.elapsed();
-        assert!(waited < Duration::from_millis(3500), "the slow response still holds its place after {waited:?}");
+        assert!(waited < Duration::from_millis(6000), "the slow response still holds its place after {waited:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
     stop.store(true, Ordering::SeqCst);

@@ -103,8 +103,16 @@ impl FileDeadLetters {
     /// after them (records after it, which the resumed run reads again) is cut, and new
     /// records are appended. A file shorter than `kept`, or missing, was changed since:
     /// it is continued as it is, and the returned warning says so. Call before any write.
+    /// With `kept` 0 no file is created: one that is there is emptied, and the first
+    /// record creates it as usual.
     pub fn continue_at(&mut self, kept: u64) -> Result<Option<String>, SinkError> {
         let named = |source| SinkError::Io { path: self.path.display().to_string(), source };
+        if kept == 0 {
+            if std::fs::symlink_metadata(&self.path).is_ok() {
+                OpenOptions::new().write(true).open(&self.path).and_then(|f| f.set_len(0)).map_err(named)?;
+            }
+            return Ok(None);
+        }
         let file = OpenOptions::new().write(true).create(true).truncate(false).open(&self.path).map_err(named)?;
         let found = file.metadata().map_err(named)?.len();
         let warning = if found < kept {
@@ -286,6 +294,14 @@ mod tests {
         changed.write(&record(3, b"three")).unwrap();
         assert_eq!(changed.durable_len().unwrap(), std::fs::metadata(&path).unwrap().len());
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3, "nothing cut");
+        // A checkpoint that counted none: what came after it goes, and no file is made.
+        assert_eq!(FileDeadLetters::new(&path).continue_at(0).unwrap(), None);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        let missing = dir.path().join("missing.tsv");
+        let mut none = FileDeadLetters::new(&missing);
+        assert_eq!(none.continue_at(0).unwrap(), None);
+        assert_eq!(none.durable_len().unwrap(), 0);
+        assert!(!missing.exists());
     }
 
     #[test]

@@ -166,8 +166,8 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
 }
 
 /// Refuses to resume a model trained on other topics (its checkpoint holds offsets of
-/// them and none of `topic`) unless `--new-data` asks for it; a model trained on files
-/// (no offsets at all) goes on with the topic from `--start`, as `--new-data` does.
+/// them and none of `topic`) unless `--new-data` asks for it. (A model trained on files
+/// is refused before, as other data, unless `--new-data` is given.)
 fn check_topic(found: &Checkpoint, topic: &str, new_data: bool) -> Result<(), PipelineError> {
     let offsets = &found.manifest.data_position.kafka_offsets;
     let ours = offsets.keys().any(|k| k.rsplit_once('/').is_some_and(|(t, _)| t == topic));
@@ -197,7 +197,7 @@ fn continued_dead_letters(
     let path = dead_letters_path(s);
     let dead_letters = SharedDeadLetters::file(&path);
     let kept = resume.and_then(|c| c.manifest.data_position.dead_letter_bytes.get(&path.display().to_string()));
-    if let Some(&kept) = kept.filter(|&&k| k > 0) {
+    if let Some(&kept) = kept {
         if let Some(warning) = dead_letters.lock().continue_at(kept)? {
             eprintln!("warning: {warning}");
         }
@@ -242,9 +242,15 @@ fn open_partitions(
         resumed.filter(|_| !os.train.checkpoints.new_data).map(|m| m.data_position.clone()).unwrap_or_default();
     let mine: Vec<i32> = (0..ctx.partitions as i32).filter(|&p| partition_owner(p, peers) == me).collect();
     let topic = &ctx.endpoint.topic;
-    if me == 0 && resumed.is_some() && start_offsets.kafka_offsets.keys().all(|k| !k.starts_with(&format!("{topic}/")))
-    {
-        eprintln!("the checkpoint holds no offsets of topic {topic}: its partitions start at --start {}", os.start);
+    let none_of_topic = start_offsets.kafka_offsets.keys().all(|k| !k.starts_with(&format!("{topic}/")));
+    if me == 0 && resumed.is_some() && none_of_topic {
+        match os.train.checkpoints.new_data {
+            true => eprintln!("--new-data: the partitions of topic {topic} start at --start {}", os.start),
+            false => eprintln!(
+                "warning: the checkpoint holds no offsets of topic {topic}; its partitions start at --start {}",
+                os.start
+            ),
+        }
     }
     let start_at = if os.start == "latest" { StartAt::Latest } else { StartAt::Earliest };
     let opened = PartitionReader::open(
@@ -313,6 +319,10 @@ struct OnlineRun<'a> {
     /// The malformed records over all workers as of the last step.
     /// Malformed records since this run started, over every worker, by reason.
     bad_global: ReasonCounts,
+    /// What the bad-record budget counts from: the samples before the data it judges
+    /// (those of other data, after `--new-data`), and the malformed records of this data
+    /// before this run (from the resumed checkpoint).
+    budget_from: (u64, ReasonCounts),
 }
 
 impl<'a> OnlineRun<'a> {
@@ -331,6 +341,7 @@ impl<'a> OnlineRun<'a> {
         let offsets_channel: Collective<Cut> = Collective::new(worker);
         let resumed = restore_shared(worker, &mut trainer, &mut checkpointer, &ctx.resume, &ctx.resume_pending)?
             .map(|c| c.manifest.clone());
+        let resumed_manifest = resumed.clone();
         let (reader, format) = open_partitions(worker, ctx, &mut votes, resumed.as_ref())?;
         let dead_letters = ctx.dead_letters.clone();
 
@@ -376,6 +387,7 @@ impl<'a> OnlineRun<'a> {
             samples_reported: samples,
             unreported: false,
             bad_global: ReasonCounts::default(),
+            budget_from: budget_from(resumed_manifest.as_ref(), s.checkpoints.new_data),
         })
     }
 
@@ -566,7 +578,11 @@ impl<'a> OnlineRun<'a> {
         self.checkpointer.poll(worker)?;
         self.bad_global = stats.bad_records;
         if self.checkpointer.due_every(self.steps) || all.iter().any(|v| v.checkpoint) {
-            self.check_budget()?;
+            if let Err(e) = self.check_budget() {
+                // The write in flight (of an earlier step, within the budget then) stays.
+                self.checkpointer.finish(worker)?;
+                return Err(e);
+            }
             self.checkpoint(worker)?;
             self.last_checkpoint = Some(Instant::now());
         }
@@ -575,13 +591,20 @@ impl<'a> OnlineRun<'a> {
         Ok(())
     }
 
-    /// Holds the records read since this run started to the bad-record budget
-    /// (`--max-bad-fraction`), as a file run's training input is held to it
-    /// ([`budget::check`]); a run that has read nothing yet has nothing to judge. The
-    /// counts are global, so every worker reaches the same verdict after the same step.
+    /// Malformed records of the data the budget judges, over every worker: before this
+    /// run and since it started.
+    fn bad_so_far(&self) -> ReasonCounts {
+        std::array::from_fn(|i| self.budget_from.1[i] + self.bad_global[i])
+    }
+
+    /// Holds the records of the topic read so far, across resumes (as an uninterrupted
+    /// run would count them), to the bad-record budget (`--max-bad-fraction`), as a file
+    /// run's training input is held to it ([`budget::check`]); nothing read yet has
+    /// nothing to judge. The counts are global, so every worker reaches the same verdict
+    /// after the same step.
     fn check_budget(&self) -> Result<(), PipelineError> {
         let s = &self.ctx.settings.train;
-        let tally = Tally { good: self.samples - self.samples_at_start, bad: self.bad_global };
+        let tally = Tally { good: self.samples - self.budget_from.0, bad: self.bad_so_far() };
         if tally.good == 0 && tally.bad_total() == 0 {
             return Ok(());
         }
@@ -592,13 +615,14 @@ impl<'a> OnlineRun<'a> {
     /// Begins a checkpoint of the current step with every partition's offsets
     /// ([`write_checkpoint`]). Collective.
     fn checkpoint(&mut self, worker: &mut timely::worker::Worker) -> Result<(), PipelineError> {
+        let bad = self.bad_so_far();
         write_checkpoint(
             worker,
             &mut self.checkpointer,
             &mut self.offsets_channel,
             &self.trainer,
             (&self.reader, &self.dead_letters),
-            position_at(self.steps, self.samples, self.loss_total, &self.loss_window, &self.bad),
+            position_at(self.steps, self.samples, self.loss_total, &self.loss_window, &bad),
         )
     }
 
@@ -693,7 +717,7 @@ fn position_at(
     samples: u64,
     loss_total: f64,
     loss_window: &VecDeque<(f64, u64)>,
-    bad: &BadRecordCounts,
+    bad: &ReasonCounts,
 ) -> Position {
     Position {
         step: steps,
@@ -703,13 +727,29 @@ fn position_at(
         progress: TrainingProgress {
             loss_total,
             loss_window: loss_window.iter().copied().collect(),
-            bad_records_before_epoch: bad.to_array().to_vec(),
+            // Over every worker, across resumes: what the bad-record budget goes on from.
+            bad_records_before_epoch: bad.to_vec(),
             ..Default::default()
         },
         kafka_offsets: BTreeMap::new(),
         kafka_last_records: BTreeMap::new(),
         dead_letter_bytes: BTreeMap::new(),
     }
+}
+
+/// Where the bad-record budget counts from in a run resuming `resumed` (see
+/// `OnlineRun::budget_from`): this data's malformed records before it, or under
+/// `--new-data` nothing, and the samples of the other data.
+fn budget_from(resumed: Option<&Manifest>, new_data: bool) -> (u64, ReasonCounts) {
+    let Some(m) = resumed else { return (0, ReasonCounts::default()) };
+    if new_data {
+        return (m.samples, ReasonCounts::default());
+    }
+    let mut bad = ReasonCounts::default();
+    for (b, &n) in bad.iter_mut().zip(&m.progress.bad_records_before_epoch) {
+        *b = n;
+    }
+    (0, bad)
 }
 
 /// A partition's manifest key, next offset and the fingerprint of the record before it.

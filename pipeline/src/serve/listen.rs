@@ -52,6 +52,8 @@ struct Open {
 
 /// The longest time the accept loop spends writing a refusal.
 const REFUSAL_WRITE: Duration = Duration::from_millis(100);
+/// The most bytes of a refused connection's request the accept loop reads and drops.
+const REFUSAL_DRAIN: usize = 64 << 10;
 
 /// What a new connection gets.
 enum Admission {
@@ -156,10 +158,24 @@ fn error_body(message: &str) -> Vec<u8> {
 }
 
 /// Answers a connection that is not admitted with `status` (and `Retry-After: 1`), without
-/// reading it; it closes when `stream` is dropped.
+/// waiting to read it; it closes when `stream` is dropped. Its write half is shut first and
+/// what the client has sent already (up to [`REFUSAL_DRAIN`]) is read and dropped without
+/// waiting: a socket closed with unread bytes is reset, and a reset can take the answer
+/// from a client before it reads it.
 fn refuse(stream: &mut TcpStream, status: u16, message: &str) {
     let deadline = Instant::now() + REFUSAL_WRITE;
     let _ = http::write_json(stream, status, &error_body(message), true, Some(1), deadline);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    if stream.set_nonblocking(true).is_ok() {
+        let mut buf = [0u8; 16 << 10];
+        let mut left = REFUSAL_DRAIN;
+        while left > 0 {
+            match std::io::Read::read(stream, &mut buf) {
+                Ok(n) if n > 0 => left = left.saturating_sub(n),
+                _ => break,
+            }
+        }
+    }
 }
 
 /// One connection: its requests, in order, until it closes, breaks a bound or the server stops.

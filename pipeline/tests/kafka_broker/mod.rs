@@ -247,6 +247,8 @@ pub struct Model {
     pub rows: BTreeMap<(usize, u64), Vec<f32>>,
     pub offsets: BTreeMap<String, i64>,
     pub samples: u64,
+    /// Malformed records the checkpoint counts (over every worker and every run before it).
+    pub bad_records: u64,
 }
 
 pub fn final_model(dir: &Path) -> Model {
@@ -275,6 +277,7 @@ pub fn final_model(dir: &Path) -> Model {
         rows,
         offsets: c.manifest.data_position.kafka_offsets.clone(),
         samples: c.manifest.samples,
+        bad_records: c.manifest.progress.bad_records_before_epoch.iter().sum(),
     }
 }
 
@@ -301,6 +304,18 @@ pub fn criteo_sample() -> Option<PathBuf> {
 }
 
 /// Waits for `dir/ckpt` to hold a `ckpt-*` directory.
+/// Starts `cmd` (an online run writing checkpoints under `dir`), sends it `signal`
+/// (`-KILL`, `-TERM`) at a pseudo-random moment after its first checkpoint, and waits
+/// for it to exit.
+pub fn signal_after_first_checkpoint(cmd: &mut Command, dir: &Path, signal: &str) -> std::process::ExitStatus {
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_for_checkpoint(dir, &mut child);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    std::thread::sleep(Duration::from_millis(20 + (nanos % 200) as u64));
+    Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap();
+    child.wait().unwrap()
+}
+
 pub fn wait_for_checkpoint(dir: &Path, child: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {

@@ -99,10 +99,10 @@ pub struct PartitionReader {
     on_reset: OnOffsetReset,
     /// The partitions' bounds should be checked (a duplicate or an out-of-range fetch was seen).
     check_due: bool,
-    /// They must be checked before any record is handed out: records arrive again after
-    /// an outage (the broker behind the address may have changed), or a check could not
-    /// reach every partition.
-    check_now: bool,
+    /// Since when they must be checked before any record is handed out: records arrived
+    /// again after an outage (the broker behind the address may have changed), and until
+    /// every partition has answered. Past `broker_timeout` unanswered, the run fails.
+    check_owed: Option<Instant>,
     /// When the bounds were last checked, and when a record last arrived.
     last_check: Instant,
     last_record: Instant,
@@ -401,7 +401,7 @@ impl PartitionReader {
             group: group.to_string(),
             on_reset,
             check_due: false,
-            check_now: false,
+            check_owed: None,
             last_check: Instant::now(),
             last_record: Instant::now(),
         })
@@ -439,7 +439,7 @@ impl PartitionReader {
     pub fn fill(&mut self, quota: impl Fn(i32) -> usize, stop: impl Fn() -> bool) -> Result<Fill, SourceError> {
         loop {
             // Records are handed out only once a check they are owed has run.
-            if self.is_ready(&quota) && !self.check_now {
+            if self.is_ready(&quota) && self.check_owed.is_none() {
                 return Ok(Fill::Ready);
             }
             if stop() {
@@ -511,7 +511,7 @@ impl PartitionReader {
                     since.elapsed().as_secs_f64()
                 );
                 // The broker behind the address may have changed: check before training on.
-                self.check_now = true;
+                self.check_owed.get_or_insert_with(Instant::now);
             }
         } else if let Some((at, reason)) = self.errors.0.lock().ok().and_then(|mut e| e.take()) {
             if at.elapsed() < Duration::from_secs(5) {
@@ -524,7 +524,11 @@ impl PartitionReader {
         }
         let stalled = self.last_record.elapsed() >= STALL_CHECK && self.last_check.elapsed() >= STALL_CHECK;
         let periodic = self.last_check.elapsed() >= PERIODIC_CHECK;
-        if self.check_now || (self.check_due && self.last_check.elapsed() >= CHECK_GAP) || stalled || periodic {
+        if self.check_owed.is_some()
+            || (self.check_due && self.last_check.elapsed() >= CHECK_GAP)
+            || stalled
+            || periodic
+        {
             self.check_positions()?;
         }
         self.apply_backpressure();
@@ -561,8 +565,21 @@ impl PartitionReader {
         }
         self.last_check = Instant::now();
         // A check owed before records are handed out stays owed until every partition answered.
-        self.check_now &= unchecked;
-        Ok(())
+        match self.check_owed {
+            Some(since) if unchecked && since.elapsed() > self.endpoint.broker_timeout => Err(kafka_error(
+                &self.endpoint,
+                "checking the partitions after an outage",
+                format!(
+                    "not every partition answered for {:.0} s (--broker-timeout); no record since the outage was trained",
+                    since.elapsed().as_secs_f64()
+                ),
+            )),
+            Some(_) if unchecked => Ok(()),
+            _ => {
+                self.check_owed = None;
+                Ok(())
+            }
+        }
     }
 
     /// Restarts partition `i`, found not to hold `position`, where `--on-offset-reset`
