@@ -142,37 +142,15 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         }
     };
     // Held until the conversion returns: no other conversion writes the directory meanwhile.
-    let lock = DirLock::acquire(&settings.out, LOCK_FILE, "tiderec convert")?;
-    let converted = convert_locked(settings, &input, &resolved, description, start);
-    if converted.is_err() && lock.created_dir() {
-        // The directory did not exist before this run took its lock, and the writer removed
-        // its files: the lock file goes, then the directory if nothing else is in it (a
-        // dead-letter file the user put there stays, and the directory with it).
-        // (Unlinked while still held: a run that locks the directory meanwhile makes a
-        // new lock file, and the directory is then not empty and stays.)
-        let _ = std::fs::remove_file(lock.path());
-        let _ = std::fs::remove_dir(&settings.out);
-        drop(lock);
-    }
-    converted
-}
-
-/// [`convert`] once the output directory is locked.
-fn convert_locked(
-    settings: &ConvertSettings,
-    input: &crate::settings::TrainSettings,
-    resolved: &crate::config::Resolved,
-    description: SchemaDescription,
-    start: Instant,
-) -> Result<ConvertSummary, PipelineError> {
-    let options = CriteoOptions::for_run(resolved, input)?;
+    let _lock = DirLock::acquire(&settings.out, LOCK_FILE, "tiderec convert")?;
+    let options = CriteoOptions::for_run(&resolved, &input)?;
     let dead = SharedDeadLetters::file(input.data.records.dead_letters.clone());
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());
     // Taobao behaviour logs become samples all at once (as in training); they are then
     // read back in chunks like any indexed data.
     let (derived, derived_bad) = match &resolved.data {
         DataSpec::TaobaoBehavior(paths) => {
-            let (table, bad) = crate::run::behavior_table(paths, input, resolved, &dead)?;
+            let (table, bad) = crate::run::behavior_table(paths, &input, &resolved, &dead)?;
             let rows = table.len() as u64;
             (Some((IndexedSamples::Table(Arc::new(table)), rows)), bad)
         }

@@ -154,8 +154,6 @@ pub struct DirLock {
     /// Open for as long as the lock is held: closing it releases the lock.
     _file: File,
     path: PathBuf,
-    /// Whether [`DirLock::acquire`] created the directory.
-    created: bool,
 }
 
 impl DirLock {
@@ -164,15 +162,7 @@ impl DirLock {
     /// process's pid and host). Never waits: a lock held elsewhere is
     /// [`LockError::Held`].
     pub fn acquire(dir: &Path, name: &str, command: &str) -> Result<DirLock, LockError> {
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(io_error(parent))?;
-        }
-        // Whether this call made the directory, decided by one atomic `mkdir`.
-        let created = match std::fs::create_dir(dir) {
-            Ok(()) => true,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => false,
-            Err(e) => return Err(io_error(dir)(e)),
-        };
+        std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let path = dir.join(name);
         let mut file = OpenOptions::new()
             .read(true)
@@ -190,18 +180,12 @@ impl DirLock {
             Err(TryLockError::Error(e)) => return Err(io_error(&path)(e)),
         }
         write_holder(&mut file, &Holder::current(command)).map_err(io_error(&path))?;
-        Ok(DirLock { _file: file, path, created })
+        Ok(DirLock { _file: file, path })
     }
 
     /// The lock file.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// Whether [`DirLock::acquire`] created the directory (it did not exist before):
-    /// then nothing but this lock's holder wrote into it.
-    pub fn created_dir(&self) -> bool {
-        self.created
     }
 }
 
