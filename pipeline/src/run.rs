@@ -662,6 +662,7 @@ fn training_progress(
         bad_records_before_epoch: bad.to_vec(),
         evaluations: tracker.history().to_vec(),
         best_step: tracker.best().map(|b| b.step),
+        samples_before_data: 0,
     }
 }
 

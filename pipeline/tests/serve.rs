@@ -717,6 +717,13 @@ fn connections_over_the_per_address_bound_are_refused_at_once_and_not_counted() 
         assert!(r.head.contains("Connection: close"), "{}", r.head);
     }
     assert!(started.elapsed() < Duration::from_secs(5), "refused at once: {:?}", started.elapsed());
+    // Clients that send their request (with a body) at once read the refusal too: what they
+    // sent is read and dropped, so the close does not reset the answer away.
+    let body = format!("[{}]", vec!["{}"; 2000].join(","));
+    let request = format!("POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    for _ in 0..20 {
+        assert_eq!(status_after(&server.addr, request.as_bytes()), Some(429));
+    }
     // The held connections are served, and once one closes, the address has a place again.
     let r = exchange_on(&mut held[0], b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     assert_eq!(r.status, 200, "{}", r.body);
@@ -731,10 +738,16 @@ fn connections_over_the_per_address_bound_are_refused_at_once_and_not_counted() 
 /// The status of `GET /health` on a new connection; `None` when the connection was closed
 /// before a response could be read (a refusal that did not read the request).
 fn health_status(addr: &str) -> Option<u16> {
+    status_after(addr, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+}
+
+/// The status of the response to `request` sent on a new connection; `None` when the
+/// connection was closed before a response could be read.
+fn status_after(addr: &str, request: &[u8]) -> Option<u16> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    s.write_all(request).ok()?;
     let mut out = Vec::new();
     s.read_to_end(&mut out).ok()?;
     std::str::from_utf8(out.get(9..12)?).ok()?.parse().ok()

@@ -108,7 +108,8 @@ impl FileDeadLetters {
     pub fn continue_at(&mut self, kept: u64) -> Result<Option<String>, SinkError> {
         let named = |source| SinkError::Io { path: self.path.display().to_string(), source };
         if kept == 0 {
-            if std::fs::symlink_metadata(&self.path).is_ok() {
+            // Only a regular file is emptied (not a device, a pipe or a missing link target).
+            if std::fs::metadata(&self.path).is_ok_and(|m| m.is_file()) {
                 OpenOptions::new().write(true).open(&self.path).and_then(|f| f.set_len(0)).map_err(named)?;
             }
             return Ok(None);

@@ -581,6 +581,7 @@ impl<'a> OnlineRun<'a> {
             if let Err(e) = self.check_budget() {
                 // The write in flight (of an earlier step, within the budget then) stays.
                 self.checkpointer.finish(worker)?;
+                commit_durable(self.me, &mut self.checkpointer, &self.reader, ctx);
                 return Err(e);
             }
             self.checkpoint(worker)?;
@@ -622,7 +623,7 @@ impl<'a> OnlineRun<'a> {
             &mut self.offsets_channel,
             &self.trainer,
             (&self.reader, &self.dead_letters),
-            position_at(self.steps, self.samples, self.loss_total, &self.loss_window, &bad),
+            position_at((self.steps, self.samples, self.budget_from.0), self.loss_total, &self.loss_window, &bad),
         )
     }
 
@@ -635,6 +636,7 @@ impl<'a> OnlineRun<'a> {
         // flight (of an earlier step, within the budget then) still becomes durable.
         if let Err(e) = self.check_budget() {
             self.checkpointer.finish(worker)?;
+            commit_durable(self.me, &mut self.checkpointer, &self.reader, self.ctx);
             return Err(e);
         }
         if self.checkpointer.due_at_boundary(self.steps) {
@@ -713,8 +715,7 @@ fn mean_loss(window: &VecDeque<(f64, u64)>) -> f64 {
 
 /// Where training stands after `steps` steps (the offsets are added when writing).
 fn position_at(
-    steps: u64,
-    samples: u64,
+    (steps, samples, samples_before_data): (u64, u64, u64),
     loss_total: f64,
     loss_window: &VecDeque<(f64, u64)>,
     bad: &ReasonCounts,
@@ -729,6 +730,7 @@ fn position_at(
             loss_window: loss_window.iter().copied().collect(),
             // Over every worker, across resumes: what the bad-record budget goes on from.
             bad_records_before_epoch: bad.to_vec(),
+            samples_before_data,
             ..Default::default()
         },
         kafka_offsets: BTreeMap::new(),
@@ -749,7 +751,7 @@ fn budget_from(resumed: Option<&Manifest>, new_data: bool) -> (u64, ReasonCounts
     for (b, &n) in bad.iter_mut().zip(&m.progress.bad_records_before_epoch) {
         *b = n;
     }
-    (0, bad)
+    (m.progress.samples_before_data.min(m.samples), bad)
 }
 
 /// A partition's manifest key, next offset and the fingerprint of the record before it.

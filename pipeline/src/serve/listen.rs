@@ -12,19 +12,19 @@
 //!   accept to close, so `GET /health` and `GET /schema` are answered while
 //!   any number of other connections are slow or scoring.
 //! * At most `max_connections` connections are open; one more is answered
-//!   `503` by the accept loop, without reading it, and closed.
+//!   `503` without its request being parsed, and closed.
 //! * A client address holds at most `max_connections_per_ip` of them; one
-//!   more is answered `429` by the accept loop, without reading it, and
-//!   closed: it gets no thread and is not counted among the open ones, so
-//!   one address cannot take the places of others, however many
-//!   connections it opens.
+//!   more is answered `429` the same way: it gets no thread of its own and
+//!   is not counted among the open ones, so one address cannot take the
+//!   places of others, however many connections it opens.
 //! * A request is received within `read_timeout` of its first byte (head and
 //!   body), or answered `408` and closed; a kept-alive connection idle for
 //!   `read_timeout` is closed; a response not taken whole by the client
 //!   within `read_timeout` from the start of its writing closes the
 //!   connection, however slowly the client keeps reading it.
-//! * A refusal by the accept loop is written within [`REFUSAL_WRITE`], so a
-//!   client that does not read cannot hold the accept loop.
+//! * A refusal by the accept loop is answered by one thread of its own, each
+//!   within twice [`REFUSAL_WRITE`], from a queue of [`REFUSALS_QUEUED`] (more are
+//!   closed unanswered), so clients that do not read cannot hold the accept loop.
 
 use super::batcher::Work;
 use super::http::{self, HttpError};
@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::io::BufReader;
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{sync_channel, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,8 +52,10 @@ struct Open {
 
 /// The longest time the accept loop spends writing a refusal.
 const REFUSAL_WRITE: Duration = Duration::from_millis(100);
-/// The most bytes of a refused connection's request the accept loop reads and drops.
+/// The most bytes of a refused connection's request that are read and dropped.
 const REFUSAL_DRAIN: usize = 64 << 10;
+/// Refused connections waiting for their answer; more are closed unanswered.
+const REFUSALS_QUEUED: usize = 64;
 
 /// What a new connection gets.
 enum Admission {
@@ -120,11 +122,12 @@ impl Drop for Place {
 
 /// Accepts connections until `ctx.stop` is set (and a connection wakes the loop).
 pub fn accept(listener: TcpListener, ctx: Arc<Context>, work: Sender<Work>) {
+    let refusals = refusal_thread();
     for stream in listener.incoming() {
         if ctx.stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(mut stream) = stream else { continue };
+        let Ok(stream) = stream else { continue };
         let Ok(peer) = stream.peer_addr() else { continue };
         let ip = peer.ip();
         let options = &ctx.options;
@@ -132,12 +135,12 @@ pub fn accept(listener: TcpListener, ctx: Arc<Context>, work: Sender<Work>) {
             Admission::Served => {}
             Admission::Refused => {
                 let message = format!("more than {} connections are open; try again", options.threads);
-                refuse(&mut stream, 503, &message);
+                hand_over(&refusals, stream, 503, message);
                 continue;
             }
             Admission::OverPerIp => {
                 let message = format!("more than {} connections from {ip}; try again", options.max_connections_per_ip);
-                refuse(&mut stream, 429, &message);
+                hand_over(&refusals, stream, 429, message);
                 continue;
             }
         }
@@ -157,23 +160,55 @@ fn error_body(message: &str) -> Vec<u8> {
     serde_json::json!({ "error": message }).to_string().into_bytes()
 }
 
-/// Answers a connection that is not admitted with `status` (and `Retry-After: 1`), without
-/// waiting to read it; it closes when `stream` is dropped. Its write half is shut first and
-/// what the client has sent already (up to [`REFUSAL_DRAIN`]) is read and dropped without
-/// waiting: a socket closed with unread bytes is reset, and a reset can take the answer
-/// from a client before it reads it.
+/// A connection refused by the accept loop: its stream, the status and the message.
+type Refusal = (TcpStream, u16, String);
+
+/// The one thread that answers refused connections, fed by a queue of
+/// [`REFUSALS_QUEUED`]; `None` where it cannot start (refused connections are then
+/// closed unanswered).
+fn refusal_thread() -> Option<SyncSender<Refusal>> {
+    let (send, receive) = sync_channel::<Refusal>(REFUSALS_QUEUED);
+    let spawned = std::thread::Builder::new().name("serve-refuse".into()).stack_size(256 << 10).spawn(move || {
+        for (mut stream, status, message) in receive {
+            refuse(&mut stream, status, &message);
+        }
+    });
+    match spawned {
+        Ok(_) => Some(send),
+        Err(e) => {
+            eprintln!("warning: serve: cannot start the thread answering refused connections: {e}");
+            None
+        }
+    }
+}
+
+/// Queues a refused connection for its answer without waiting; with the queue full it is
+/// closed unanswered (the accept loop never waits on a refused client).
+fn hand_over(refusals: &Option<SyncSender<Refusal>>, stream: TcpStream, status: u16, message: String) {
+    if let Some(queue) = refusals {
+        let _ = queue.try_send((stream, status, message));
+    }
+}
+
+/// Answers a connection that is not admitted with `status` (and `Retry-After: 1`) and
+/// closes it, within [`REFUSAL_WRITE`] for the answer and as long again for the rest: its
+/// write half is shut and what the client sends meanwhile (up to [`REFUSAL_DRAIN`]) is
+/// read and dropped, since a socket closed with unread bytes is reset, and a reset can
+/// take the answer from a client before it reads it.
 fn refuse(stream: &mut TcpStream, status: u16, message: &str) {
     let deadline = Instant::now() + REFUSAL_WRITE;
     let _ = http::write_json(stream, status, &error_body(message), true, Some(1), deadline);
     let _ = stream.shutdown(std::net::Shutdown::Write);
-    if stream.set_nonblocking(true).is_ok() {
-        let mut buf = [0u8; 16 << 10];
-        let mut left = REFUSAL_DRAIN;
-        while left > 0 {
-            match std::io::Read::read(stream, &mut buf) {
-                Ok(n) if n > 0 => left = left.saturating_sub(n),
-                _ => break,
-            }
+    let (deadline, mut left) = (Instant::now() + REFUSAL_WRITE, REFUSAL_DRAIN);
+    let mut buf = [0u8; 16 << 10];
+    while left > 0 {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        if wait.is_zero() || stream.set_read_timeout(Some(wait)).is_err() {
+            break;
+        }
+        match std::io::Read::read(stream, &mut buf) {
+            Ok(n) if n > 0 => left = left.saturating_sub(n),
+            _ => break,
         }
     }
 }

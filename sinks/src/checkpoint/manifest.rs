@@ -136,6 +136,14 @@ pub struct TrainingProgress {
     /// The step of the best evaluation so far; a checkpoint of that step is the one `DIR/best` names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_step: Option<u64>,
+    /// Samples trained on other data before the data the run reads now (a `--new-data`
+    /// resume of a Kafka source): the bad-record budget counts from there.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub samples_before_data: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Size and checksum of one file.
