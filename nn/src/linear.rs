@@ -520,9 +520,7 @@ mod tests {
     /// summing `db` as it packs `dy`, against the AMX oracle.
     #[test]
     fn bf16_products_on_amx_tiles_equal_the_oracle() {
-        let Some(tiles) = crate::gemm_amx::tests::on_tiles() else { return };
-        assert_eq!(crate::gemm_bf16::Bf16Kernel::best(), crate::gemm_bf16::Bf16Kernel::Amx, "{:?}", tiles.unit);
-        bf16_products_equal_the_best_kernels_oracle();
+        crate::gemm_amx::tests::on_amx_tiles(bf16_products_equal_the_best_kernels_oracle);
     }
 
     fn bf16_products_equal_the_best_kernels_oracle() {

@@ -48,6 +48,14 @@ pub(crate) fn on_tiles() -> Option<OnTiles> {
     None
 }
 
+/// Runs `check` with the bf16 products on AMX tiles ([`on_tiles`]; skipped, saying why,
+/// where there are none), after checking that the best bf16 kernel is then the AMX one.
+pub(crate) fn on_amx_tiles(check: impl FnOnce()) {
+    let Some(tiles) = on_tiles() else { return };
+    assert_eq!(crate::gemm_bf16::Bf16Kernel::best(), crate::gemm_bf16::Bf16Kernel::Amx, "{:?}", tiles.unit);
+    check();
+}
+
 fn operands(m: usize, n: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     // Normal values scaled over a wide range of exponents, so the order of
     // the sums shows in the last bits.
