@@ -69,7 +69,7 @@ fn main() {
         }
         assert!(handle.take_errors().is_empty(), "every batch fits the model");
         if me == 0 {
-            let snapshot = handle.snapshot();
+            let snapshot = handle.snapshot().expect("no step found a non-finite value");
             println!(
                 "trained {} steps; worker 0 holds {} dense parameters",
                 handle.trained_steps(),

@@ -38,5 +38,5 @@ pub use tiderec_records::{
     bad_record, batch, behavior, cpu, error, features, finite, format, metrics, rng, spec, stream,
 };
 
-pub use batch::{Batch, BatchError, BatchField, SparseField};
+pub use batch::{Batch, BatchError, BatchField, BatchValue, SparseField};
 pub use error::{ConfigError, DataflowError, OperatorError, RestoreError, ShapeError};

@@ -80,7 +80,7 @@ impl Tracker {
         if improved {
             self.best = Some(self.history.len() - 1);
         }
-        Verdict { improved, stop: self.patience.is_some_and(|p| self.since_best() >= p) }
+        Verdict { improved, stop: self.patience_spent() }
     }
 
     /// Evaluations since the best one (all of them when none was best).
@@ -105,7 +105,14 @@ impl Tracker {
 
     /// True when early stopping has already ended training (a resumed run of a stopped one).
     pub fn stopped(&self) -> bool {
-        self.patience.is_some_and(|p| !self.history.is_empty() && self.since_best() >= p)
+        self.patience_spent()
+    }
+
+    /// Whether `patience` evaluations have passed since the best one. Never before a best:
+    /// there is nothing to go back to, and an undefined figure (one class only) is no
+    /// reason to stop.
+    fn patience_spent(&self) -> bool {
+        self.best.is_some() && self.patience.is_some_and(|p| self.since_best() >= p)
     }
 }
 
@@ -273,10 +280,14 @@ mod tests {
     #[test]
     fn an_undefined_figure_never_improves() {
         let mut t = Tracker::new(BestMetric::Auc, Some(1), &[]);
-        let none = Evaluation { step: 5, auc: None, ..at(5, 0.0, 0.0) };
-        assert_eq!(t.record(none), Verdict { improved: false, stop: true });
-        assert!(t.best().is_none());
+        let none = |step| Evaluation { step, auc: None, ..at(step, 0.0, 0.0) };
+        // Without a best there is nothing to go back to: no stop, however many.
+        assert_eq!(t.record(none(5)), Verdict { improved: false, stop: false });
+        assert_eq!(t.record(none(6)), Verdict { improved: false, stop: false });
+        assert!(t.best().is_none() && !t.stopped());
         assert!(t.record(at(10, 0.5, 0.7)).improved);
+        assert_eq!(t.record(none(15)), Verdict { improved: false, stop: true });
+        assert!(t.stopped());
         let mut no_patience = Tracker::new(BestMetric::Auc, None, &[]);
         no_patience.record(at(10, 0.7, 0.5));
         assert!(!no_patience.record(at(20, 0.6, 0.5)).stop && !no_patience.stopped());

@@ -15,6 +15,10 @@
 //! each sample's user ([`group_key`](crate::metrics::group_key)), for
 //! per-user metrics; otherwise it is empty. It is either empty or has one
 //! entry per sample.
+//!
+//! Labels, dense values and bag weights are finite numbers: one NaN or infinity
+//! would ruin every parameter it reaches, so [`Batch::check`] refuses it, naming
+//! the sample and the value.
 
 use serde::{Deserialize, Serialize};
 
@@ -192,7 +196,8 @@ impl Batch {
     }
 
     /// Checks the invariants of the [module docs](self): dense length, offsets, weights,
-    /// equal sequence lengths per sample and groups (none, or one per sample). Used by tests,
+    /// equal sequence lengths per sample, groups (none, or one per sample) and finite
+    /// labels, dense values and weights. Used by tests,
     /// readers in debug builds and `Trainer::step` (in `tiderec-operators`) on every batch it
     /// is handed.
     pub fn check(&self) -> Result<(), BatchError> {
@@ -202,6 +207,15 @@ impl Batch {
         }
         if !self.groups.is_empty() && self.groups.len() != b {
             return Err(BatchError::Groups { groups: self.groups.len(), samples: b });
+        }
+        if let Some(i) = self.labels.iter().position(|y| !y.is_finite()) {
+            return Err(BatchError::NonFinite { sample: i, value: BatchValue::Label });
+        }
+        if let Some(k) = self.dense.iter().position(|v| !v.is_finite()) {
+            return Err(BatchError::NonFinite {
+                sample: k / self.num_dense,
+                value: BatchValue::Dense(k % self.num_dense),
+            });
         }
         let named = self.sparse.iter().enumerate().map(|(f, s)| (BatchField::Sparse(f), s));
         let sequences = self.sequences.iter().enumerate().map(|(f, s)| (BatchField::Sequence(f), s));
@@ -215,6 +229,10 @@ impl Batch {
             if let Some(w) = &s.weights {
                 if w.len() != s.ids.len() {
                     return Err(BatchError::Weights { field, weights: w.len(), ids: s.ids.len() });
+                }
+                if let Some(k) = w.iter().position(|v| !v.is_finite()) {
+                    let sample = s.offsets.partition_point(|&o| o as usize <= k) - 1;
+                    return Err(BatchError::NonFinite { sample, value: BatchValue::Weight(field) });
                 }
             }
         }
@@ -256,6 +274,27 @@ impl std::fmt::Display for BatchField {
         match self {
             BatchField::Sparse(i) => write!(f, "field {i}"),
             BatchField::Sequence(i) => write!(f, "sequence {i}"),
+        }
+    }
+}
+
+/// A value of a sample of a [`Batch`], as named in [`BatchError::NonFinite`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchValue {
+    /// The label.
+    Label,
+    /// Dense feature `i`.
+    Dense(usize),
+    /// A bag weight of a field.
+    Weight(BatchField),
+}
+
+impl std::fmt::Display for BatchValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BatchValue::Label => write!(f, "the label"),
+            BatchValue::Dense(i) => write!(f, "dense feature {i}"),
+            BatchValue::Weight(field) => write!(f, "a weight of {field}"),
         }
     }
 }
@@ -319,6 +358,14 @@ pub enum BatchError {
         /// Sequence 0's items in this sample.
         first: usize,
     },
+    /// A label, dense value or bag weight is NaN or infinite: it would ruin the model.
+    #[error("sample {sample}: {value} is not a finite number")]
+    NonFinite {
+        /// The sample.
+        sample: usize,
+        /// Which of its values.
+        value: BatchValue,
+    },
 }
 
 #[cfg(test)]
@@ -345,6 +392,34 @@ mod tests {
         let mut short = b.clone();
         short.sparse[0].ids.pop();
         assert!(matches!(short.check(), Err(BatchError::Bags { field: BatchField::Sparse(0), .. })));
+    }
+
+    #[test]
+    fn a_value_that_is_not_finite_is_refused_naming_its_sample() {
+        let mut b = Batch::new(3, 1);
+        for i in 0..4u64 {
+            b.labels.push((i % 2) as f32);
+            b.dense.extend([0.5, 1.5, 2.5]);
+            b.sparse[0].ids.extend([i, i + 1]);
+            b.sparse[0].close_bag();
+        }
+        b.sparse[0].weights = Some(vec![1.0; 8]);
+        b.check().unwrap();
+        let nonfinite = |sample, value| Err(BatchError::NonFinite { sample, value });
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut label = b.clone();
+            label.labels[2] = bad;
+            assert_eq!(label.check(), nonfinite(2, BatchValue::Label));
+            let mut dense = b.clone();
+            dense.dense[3 * 3 + 1] = bad;
+            assert_eq!(dense.check(), nonfinite(3, BatchValue::Dense(1)));
+            let mut weight = b.clone();
+            weight.sparse[0].weights.as_mut().unwrap()[5] = bad;
+            assert_eq!(weight.check(), nonfinite(2, BatchValue::Weight(BatchField::Sparse(0))));
+        }
+        let mut dense = b.clone();
+        dense.dense[0] = f32::NAN;
+        assert_eq!(dense.check().unwrap_err().to_string(), "sample 0: dense feature 0 is not a finite number");
     }
 
     #[test]

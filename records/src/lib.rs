@@ -36,5 +36,5 @@ pub mod rng;
 pub mod spec;
 pub mod stream;
 
-pub use batch::{Batch, BatchError, BatchField, SparseField};
+pub use batch::{Batch, BatchError, BatchField, BatchValue, SparseField};
 pub use error::{ConfigError, DataflowError, OperatorError, RestoreError, ShapeError};

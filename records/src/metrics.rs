@@ -11,7 +11,8 @@
 //! * A label above 0.5 is a positive. Scores, labels (and groups) are paired
 //!   by position; entries of a longer slice beyond the shortest are ignored.
 //! * A metric that is undefined for the data (one class only, no positives,
-//!   no samples) is `None`, never NaN or a made-up value.
+//!   no samples, a NaN score among the ranked ones) is `None`, never NaN or a
+//!   made-up value.
 //! * Rankings are exact: samples are sorted by score, and tied scores are one
 //!   threshold (AUC gives them their average rank, PR-AUC counts them
 //!   together), as scikit-learn's `roc_auc_score` and
@@ -29,13 +30,21 @@ fn is_positive(y: f32) -> bool {
     y > 0.5
 }
 
-/// Exact ROC AUC; `None` when the labels contain only one class.
+/// Whether a score of the first `n` is NaN: NaN has no rank, so no ranking metric is defined.
+fn any_nan(scores: &[f32], n: usize) -> bool {
+    scores[..n].iter().any(|s| s.is_nan())
+}
+
+/// Exact ROC AUC; `None` when the labels contain only one class or a score is NaN.
 ///
 /// Sorts by score and gives tied scores their average rank (the
 /// Mann–Whitney statistic): the probability that a random positive scores
 /// above a random negative, ties counting one half.
 pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
     let n = paired(scores, labels);
+    if any_nan(scores, n) {
+        return None;
+    }
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_unstable_by(|&a, &b| scores[a as usize].total_cmp(&scores[b as usize]));
     auc_of_sorted(&order, scores, labels)
@@ -136,9 +145,13 @@ pub fn calibration(probs: &[f32], labels: &[f32]) -> Option<f64> {
 /// scikit-learn's `average_precision_score`: `Σₙ (Rₙ − Rₙ₋₁) Pₙ` over the
 /// thresholds `n`, which are the distinct scores in descending order (tied
 /// scores are one threshold), `Pₙ` and `Rₙ` the precision and recall of
-/// predicting positive at and above it, and `R₀ = 0`. `None` without positives.
+/// predicting positive at and above it, and `R₀ = 0`. `None` without positives or
+/// with a NaN score.
 pub fn average_precision(scores: &[f32], labels: &[f32]) -> Option<f64> {
     let n = paired(scores, labels);
+    if any_nan(scores, n) {
+        return None;
+    }
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_unstable_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]));
     let positives = order.iter().filter(|&&k| is_positive(labels[k as usize])).count() as f64;
@@ -158,9 +171,13 @@ pub fn average_precision(scores: &[f32], labels: &[f32]) -> Option<f64> {
 
 /// Group AUC: the mean of each user's [`auc`] over the users whose samples hold both
 /// classes, weighted by the user's number of samples (impressions). `groups[i]` is
-/// sample `i`'s user ([`group_key`]); `None` when no user has both classes.
+/// sample `i`'s user ([`group_key`]); `None` when no user has both classes or a score
+/// is NaN.
 pub fn gauc(scores: &[f32], labels: &[f32], groups: &[u64]) -> Option<f64> {
     let n = paired(scores, labels).min(groups.len());
+    if any_nan(scores, n) {
+        return None;
+    }
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_unstable_by(|&a, &b| {
         let (a, b) = (a as usize, b as usize);
@@ -238,7 +255,7 @@ impl EvalSet {
         EvalSummary {
             auc: finite(auc(p, y)),
             logloss: finite((n > 0).then(|| logloss(p, y))),
-            accuracy: finite((n > 0).then(|| accuracy(p, y))),
+            accuracy: finite((n > 0 && !any_nan(p, n)).then(|| accuracy(p, y))),
             ne: finite(normalized_entropy(p, y)),
             calibration: finite(calibration(p, y)),
             pr_auc: finite(average_precision(p, y)),
@@ -430,6 +447,19 @@ mod tests {
         assert!((gauc(&s, &y, &g).unwrap() - want).abs() < 1e-12);
         assert_eq!(gauc(&s[5..], &y[5..], &g[5..]), None, "no user has both classes");
         assert_eq!(gauc(&[], &[], &[]), None);
+    }
+
+    #[test]
+    fn a_nan_score_leaves_every_metric_over_it_undefined() {
+        for nan in [f32::NAN, -f32::NAN] {
+            let (s, y, g) = ([nan, 0.1, 0.7, 0.2], [1.0, 0.0, 1.0, 0.0], [1, 1, 1, 1]);
+            assert_eq!((auc(&s, &y), average_precision(&s, &y), gauc(&s, &y, &g)), (None, None, None));
+            let set = EvalSet { probs: s.to_vec(), labels: y.to_vec(), groups: g.to_vec() };
+            let summary = set.summary();
+            assert_eq!((summary.auc, summary.pr_auc, summary.gauc), (None, None, None));
+            assert_eq!((summary.logloss, summary.accuracy, summary.ne, summary.calibration), (None, None, None, None));
+            assert_eq!(summary.samples, 4);
+        }
     }
 
     #[test]

@@ -199,7 +199,8 @@ pub struct StepStats {
     pub bytes_sent: u64,
     /// Σ of squares of all parameters (only in `Report` steps).
     pub sum_squares: f64,
-    /// Workers that reported a fatal error in this step; every worker stops when it is non-zero.
+    /// Workers that reported a fatal error in this step (then no parameter was updated in
+    /// it); the imperative trainer's callers stop every worker when it is non-zero.
     pub failed_workers: u64,
     /// Malformed records skipped so far, by [`BadReason::index`](crate::bad_record::BadReason::index) (cumulative).
     pub bad_records: [u64; BadReason::COUNT],
@@ -215,6 +216,13 @@ pub struct StepStats {
 }
 
 impl StepStats {
+    /// Whether a training step with these statistics updated the parameters: it had
+    /// samples, no worker failed in it and its loss was finite (otherwise every owner
+    /// left every parameter as it was).
+    pub fn updates_parameters(&self) -> bool {
+        self.samples > 0 && self.failed_workers == 0 && self.loss_sum.is_finite()
+    }
+
     fn add(&mut self, o: &StepStats) {
         self.samples += o.samples;
         self.loss_sum += o.loss_sum;
@@ -401,7 +409,7 @@ impl Trainer {
         }
         if self.engine.is_some() {
             let stats = self.engine_step(worker, kind, batch, &mut next)?;
-            if kind == StepKind::Train && stats.samples > 0 {
+            if kind == StepKind::Train && stats.updates_parameters() {
                 self.train_steps += 1;
             }
             return Ok(stats);
@@ -413,7 +421,7 @@ impl Trainer {
             self.step_failed(worker);
             return Err(OperatorError::Device { worker: worker.index(), message: e });
         }
-        if kind == StepKind::Train && stats.samples > 0 {
+        if kind == StepKind::Train && stats.updates_parameters() {
             self.train_steps += 1;
         }
         Ok(stats)
@@ -715,6 +723,20 @@ fn check_model(config: &TrainerConfig, model: &mut dyn Model<f32>) -> Result<(),
         return Err(OperatorError::config(
             "model",
             format!("the worker's model reads rows of width {}, the shape {dim}", model.embedding_dim()),
+        ));
+    }
+    // A built-in shape names every dense parameter: a model of another shape (other dense
+    // inputs, layers or fields) has another count, and would misread every batch.
+    let tensors = config.model.param_tensors();
+    let expected: usize = tensors.iter().map(|t| t.len()).sum();
+    if !tensors.is_empty() && model.params().len() != expected {
+        return Err(OperatorError::config(
+            "model",
+            format!(
+                "the worker's model has {} dense parameters, the configured {} shape {expected}",
+                model.params().len(),
+                config.model.name()
+            ),
         ));
     }
     if config.exchange.any_partial() && config.model.partial().is_some() && model.partial_model().is_none() {

@@ -8,18 +8,24 @@
 //!   (its frontier passed `t`) gets an empty micro-batch from it, so no worker ever
 //!   waits for a batch that will not come, and a gap in the times costs one empty
 //!   step per missing time. Several batches of one worker at one time are one
-//!   micro-batch, in arrival order. A closed input's steps end at the last time its
-//!   frontier reached (or after its last batch): every worker must advance its input
-//!   to the same time before closing it, as every worker of a
-//!   [`Trainer`](super::Trainer) calls `step` equally often.
+//!   micro-batch, in arrival order.
+//! * **The steps end together.** Each worker's command of a step says whether it has
+//!   anything after it (its input closed, no later batch); the steps end after the
+//!   first step in which no worker has, on every worker, whenever each closed its
+//!   input and whatever of each other's frontiers they saw. A step in which no worker
+//!   had a batch and every input was closed ends the steps and is not reported.
 //! * **One step at a time.** Step `t + 1` enters the stages once step `t` has
 //!   completed on this worker, as with the imperative trainer.
 //! * **The same steps as the imperative trainer.** Each step is a
 //!   [`StepKind::Train`] step of the stages [`Trainer`](super::Trainer) runs: the
 //!   same micro-batches give the same parameters (tested).
 //! * **A bad batch fails its step everywhere.** A batch that does not fit the model
-//!   makes its step a failed one for every worker (`failed_workers` in that step's
-//!   statistics, nothing trained) and its error is kept in the [`TrainHandle`].
+//!   (checked before it joins the step's other batches) makes its step a failed one
+//!   for every worker (`failed_workers` in that step's statistics, nothing trained on
+//!   any worker) and its error is kept in the [`TrainHandle`].
+//! * **Never on a ruined model.** A step that found a non-finite loss, gradient or
+//!   parameter ([`StepStats::non_finite`]) is the last on every worker, and each keeps a
+//!   [`DataflowError::NonFinite`] error.
 //! * The output holds each completed step's [`StepStats`], summed over all workers,
 //!   once per worker, at the step's time.
 
@@ -30,9 +36,9 @@ use crate::batch::Batch;
 use crate::metrics::EvalSet;
 use crate::nn::Model;
 use crate::snapshot::WorkerSnapshot;
-use crate::OperatorError;
-use std::cell::RefCell;
-use std::collections::BTreeMap;
+use crate::{DataflowError, OperatorError};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Pipeline;
@@ -43,11 +49,12 @@ use timely::dataflow::{Stream, StreamVec};
 ///
 /// A batch at time `t` is this worker's micro-batch of step `t`. Every worker takes part
 /// in every step up to its input's frontier, with an empty micro-batch where it has
-/// none, so every worker must advance its input to the same time before closing it.
+/// none, until no worker has anything more: a worker may close its input at any time.
 /// Steps enter the training stages one at a time, the stages of
 /// [`Trainer::step`](super::Trainer::step), with the same results for the same
 /// micro-batches. A batch that does not fit the model fails its step on every worker
-/// (`failed_workers`, nothing trained); its error is kept in the [`TrainHandle`].
+/// (`failed_workers`, nothing trained); its error is kept in the [`TrainHandle`]. A
+/// non-finite step is the last one (its error is kept too).
 pub trait Train<'scope> {
     /// Trains `config.model` (initialised from `config.seed`) on this worker's batches.
     /// Returns the statistics of every completed step and a handle on the trainer's state.
@@ -122,13 +129,19 @@ impl<'scope> Train<'scope> for StreamVec<'scope, u64, Batch> {
         let errors: Rc<RefCell<Vec<(u64, OperatorError)>>> = Rc::default();
         let commands = commands(self, config.clone(), &shared, errors.clone());
         let stats = dataflow::stages(commands, &shared, deep_partial, workers);
-        let handle = TrainHandle { shared, config: config.clone(), errors, trained: Rc::default() };
-        let trained = handle.trained.clone();
+        let handle =
+            TrainHandle { shared, config: config.clone(), errors, trained: Rc::default(), ruined: Rc::default() };
+        let (trained, ruined) = (handle.trained.clone(), handle.ruined.clone());
         let stats = stats.unary::<CapacityContainerBuilder<Vec<StepStats>>, _, _, _>(Pipeline, "Trained", |_, _| {
             move |input, output| {
                 input.for_each(|cap, data: &mut Vec<StepStats>| {
-                    *trained.borrow_mut() +=
-                        data.iter().filter(|s| s.samples > 0 && s.failed_workers == 0).count() as u64;
+                    *trained.borrow_mut() += data.iter().filter(|s| s.updates_parameters()).count() as u64;
+                    if data.iter().any(|s| s.non_finite > 0) && ruined.get().is_none() {
+                        ruined.set(Some(*cap.least().expect("a message has a time") + 1));
+                    }
+                    // The step in which every worker said it had nothing more and none sent
+                    // anything only ends the steps: it is no step of the caller's.
+                    data.retain(|s| !(s.stop_requests == workers as u64 && s.samples == 0 && s.failed_workers == 0));
                     output.session(&cap).give_container(data);
                 });
             }
@@ -139,6 +152,12 @@ impl<'scope> Train<'scope> for StreamVec<'scope, u64, Batch> {
 
 /// This worker's step commands: its batches of each step merged into one, an empty
 /// one for each step it has no batch of, a failed one for a batch that does not fit.
+///
+/// Each command tells every worker whether this one has anything after it (its input
+/// closed, no later batch): the steps end after the first step in which no worker has,
+/// or after a step that found a non-finite value (every worker sees the same summed
+/// statistics, so all of them end after the same step whatever they saw of each
+/// other's frontiers).
 fn commands<'scope>(
     batches: StreamVec<'scope, u64, Batch>,
     config: TrainerConfig,
@@ -146,60 +165,99 @@ fn commands<'scope>(
     errors: Rc<RefCell<Vec<(u64, OperatorError)>>>,
 ) -> Stream<'scope, u64, Vec<Command>> {
     let (scope, outcome, waker) = (batches.scope(), shared.outcome.clone(), shared.next_step.clone());
+    let workers = scope.peers() as u64;
     batches.unary_frontier::<CapacityContainerBuilder<Vec<Command>>, _, _, _>(Pipeline, "Steps", move |cap, info| {
         // Woken when a step completes: the stages take one step at a time.
         *waker.borrow_mut() = Some(scope.activator_for(info.address.clone()));
         let mut next = Some(cap);
-        let mut pending: BTreeMap<u64, Batch> = BTreeMap::new();
-        // The last time the frontier stood at: where this worker's steps end once it is closed.
-        let mut end = 0u64;
+        let mut steps = Steps::default();
         move |(input, frontier), output| {
             input.for_each(|cap, data: &mut Vec<Batch>| {
                 let t = *cap.least().expect("a message has a time");
                 for batch in data.drain(..) {
-                    match pending.get_mut(&t) {
-                        Some(merged) if same_shape(merged, &batch) => merged.extend_from(&batch),
-                        Some(_) => errors
-                            .borrow_mut()
-                            .push((t, OperatorError::config("batch", "batches of one step differ in shape"))),
-                        None => {
-                            pending.insert(t, batch);
-                        }
+                    if let Err(e) = steps.add(&config, t, batch) {
+                        errors.borrow_mut().push((t, e));
                     }
                 }
             });
-            if let Some(&t) = frontier.frontier().iter().min() {
-                end = end.max(t);
-            }
-            // Every step before the frontier is complete here: send it, with or without data.
             while let Some(cap) = next.as_mut() {
                 let t = *cap.time();
+                // One step at a time: the step before has completed here.
+                if outcome.borrow().completed() < t {
+                    break;
+                }
+                if t > 0 {
+                    let last = outcome.borrow().stats();
+                    if last.non_finite > 0 {
+                        errors.borrow_mut().push((t - 1, DataflowError::NonFinite { step: t }.into()));
+                    }
+                    if last.non_finite > 0 || last.stop_requests == workers {
+                        next = None;
+                        break;
+                    }
+                }
                 let closed = frontier.is_empty();
                 if !closed && frontier.less_equal(&t) {
                     break;
                 }
-                if closed && t >= end.max(pending.keys().next_back().map_or(0, |p| p + 1)) {
-                    next = None;
-                    break;
-                }
-                if outcome.borrow().completed() < t {
-                    break;
-                }
-                let batch = pending.remove(&t).unwrap_or_else(|| empty_batch(&config));
-                let failed_merge = errors.borrow().iter().any(|(at, _)| *at == t);
-                let command = match check_batch(&config, &batch) {
-                    Ok(()) if !failed_merge => step_command(batch, false),
-                    Ok(()) => step_command(empty_batch(&config), true),
-                    Err(e) => {
-                        errors.borrow_mut().push((t, e));
-                        step_command(empty_batch(&config), true)
-                    }
-                };
+                let (batch, failed) = steps.take(&config, t);
+                let mut command = step_command(batch, failed);
+                command.stop = closed && steps.is_empty();
                 output.session(&*cap).give(command);
                 cap.downgrade(&(t + 1));
             }
         }
     })
+}
+
+/// This worker's batches of the steps it has not sent yet, and the steps a batch
+/// that did not fit has failed.
+#[derive(Default)]
+struct Steps {
+    pending: BTreeMap<u64, Batch>,
+    failed: BTreeSet<u64>,
+}
+
+impl Steps {
+    /// Adds a batch of step `t` (after those of `t` before it), or fails the step when it
+    /// does not fit the model or the step's other batches; checked before it is merged.
+    fn add(&mut self, config: &TrainerConfig, t: u64, batch: Batch) -> Result<(), OperatorError> {
+        if self.failed.contains(&t) {
+            return Ok(());
+        }
+        let fits = check_batch(config, &batch).and_then(|()| match self.pending.get(&t) {
+            Some(merged) if !same_shape(merged, &batch) => {
+                Err(OperatorError::config("batch", "batches of one step differ in shape"))
+            }
+            _ => Ok(()),
+        });
+        match fits {
+            Ok(()) => match self.pending.get_mut(&t) {
+                Some(merged) => merged.extend_from(&batch),
+                None => {
+                    self.pending.insert(t, batch);
+                }
+            },
+            Err(e) => {
+                self.pending.remove(&t);
+                self.failed.insert(t);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Step `t`'s micro-batch (empty where there is none) and whether the step failed here.
+    fn take(&mut self, config: &TrainerConfig, t: u64) -> (Batch, bool) {
+        let failed = self.failed.remove(&t);
+        let batch = self.pending.remove(&t).filter(|_| !failed).unwrap_or_else(|| empty_batch(config));
+        (batch, failed)
+    }
+
+    /// Whether no later step has a batch or a failure here.
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty() && self.failed.is_empty()
+    }
 }
 
 /// Whether two batches have the same features (so one extends the other).
@@ -220,15 +278,23 @@ pub struct TrainHandle {
     config: TrainerConfig,
     errors: Rc<RefCell<Vec<(u64, OperatorError)>>>,
     trained: Rc<RefCell<u64>>,
+    /// The step (1-based) that found a non-finite value, once one has.
+    ruined: Rc<Cell<Option<u64>>>,
 }
 
 impl TrainHandle {
     /// This worker's share of the model, as [`Trainer::snapshot`](super::Trainer::snapshot)
     /// (for `tiderec-sinks`' checkpoints).
-    pub fn snapshot(&self) -> WorkerSnapshot {
+    ///
+    /// Errors: [`DataflowError::NonFinite`] once a step has found a non-finite loss,
+    /// gradient or parameter: a ruined model is never handed out to be kept.
+    pub fn snapshot(&self) -> Result<WorkerSnapshot, OperatorError> {
+        if let Some(step) = self.ruined.get() {
+            return Err(DataflowError::NonFinite { step }.into());
+        }
         let dense = self.shared.dense.borrow();
         let writer = (self.config.seed, &self.config.table_sizes[..]);
-        self.shared.owner.borrow().snapshot(&dense, *self.trained.borrow(), writer)
+        Ok(self.shared.owner.borrow().snapshot(&dense, *self.trained.borrow(), writer))
     }
 
     /// This worker's copy of the dense parameters.
@@ -241,7 +307,7 @@ impl TrainHandle {
         std::mem::take(&mut *self.errors.borrow_mut())
     }
 
-    /// Steps completed with samples and without a failed worker.
+    /// Steps that updated the parameters ([`StepStats::updates_parameters`]).
     pub fn trained_steps(&self) -> u64 {
         *self.trained.borrow()
     }

@@ -592,13 +592,14 @@ impl Owner {
         let mut changed = false;
         let is_train = messages.first().is_some_and(|m| m.kind == StepKind::Train);
         // A non-finite loss (the same sum on every owner) leaves every parameter as it was;
-        // the step reports it and the caller stops (see `StepStats::non_finite`).
+        // the step reports it and the caller stops (see `StepStats::non_finite`). So does a
+        // failed worker: a failed step trains nothing on any worker.
         let loss_finite = stats.loss_sum.is_finite();
         stats.non_finite = 0;
         if is_train && stats.samples > 0 && !loss_finite {
             stats.non_finite = 1;
         }
-        if is_train && stats.samples > 0 && loss_finite {
+        if is_train && stats.updates_parameters() {
             let scale = 1.0 / stats.samples as f32;
             self.set_learning_rates();
             // Sparse rows: sum each row's gradient over workers (in worker order), then update
