@@ -1,6 +1,6 @@
 //! Cluster runs that go wrong, with real processes on 127.0.0.1: processes
-//! started with different settings, a process that never starts, and one
-//! killed mid-run. Every process must stop on its own, non-zero, within a
+//! started with different settings, a process that never starts, one killed
+//! mid-run, and a worker that fails where no step tells the others. Every process must stop on its own, non-zero, within a
 //! bounded time, with an error that names what went wrong — never a hang or
 //! one of timely's internal panics.
 
@@ -231,4 +231,36 @@ fn three_processes_name_the_one_that_differs() {
         let err = p.fails_clearly(Duration::from_secs(60));
         assert!(err.contains("eval_batch_size: processes 0, 1 have 4096; process 2 has 1024"), "process {i}:\n{err}");
     }
+}
+
+#[test]
+fn a_process_whose_worker_fails_outside_a_step_stops_the_other_naming_it() {
+    // Only process 0 writes the metrics log, and /dev/full refuses it: its worker fails
+    // where no step tells the other process's worker, which would wait for it forever.
+    let dir = tempfile::tempdir().unwrap();
+    let (hosts, addresses) = hosts_file(dir.path(), 2);
+    let mut p0 = Proc::start(dir.path(), &hosts, 0, 2, RUN, &["--metrics-log", "/dev/full"]);
+    let mut p1 = Proc::start(dir.path(), &hosts, 1, 2, RUN, &[]);
+    let err = p0.fails_clearly(Duration::from_secs(60));
+    assert!(err.contains("cannot write the metrics log /dev/full"), "{err}");
+    let err = p1.fails_clearly(Duration::from_secs(60));
+    assert!(err.contains(&format!("lost process 0 ({})", addresses[0])), "{err}");
+    assert!(err.contains("it stopped with an error of its own"), "{err}");
+}
+
+#[test]
+fn a_worker_failing_outside_a_step_stops_its_process_with_its_error() {
+    // One process, two workers: worker 0 alone writes the metrics log.
+    let dir = tempfile::tempdir().unwrap();
+    let child = tiderec()
+        .current_dir(dir.path())
+        .args(RUN.iter().map(|a| if *a == "1" { "2" } else { a }))
+        .args(["--metrics-log", "/dev/full"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("stderr.txt")).unwrap())
+        .spawn()
+        .expect("tiderec starts");
+    let mut p = Proc { child, stderr: dir.path().join("stderr.txt") };
+    let err = p.fails_clearly(Duration::from_secs(60));
+    assert!(err.contains("cannot write the metrics log /dev/full"), "{err}");
 }

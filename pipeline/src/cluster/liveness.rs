@@ -6,9 +6,14 @@
 //! every pair of processes keeps a second connection ([`super::handshake`])
 //! on which each side writes one byte every [`interval`] and reads with a
 //! timeout: a peer silent for the whole timeout is reported through
-//! `on_silence` (which ends the run). The end of a heartbeat stream, or
+//! `on_lost` (which ends the run). The end of a heartbeat stream, or
 //! an error on it, is not a verdict: a peer that finished its run closes it
 //! normally, and a dead one is reported by timely.
+//!
+//! The byte says how the writer stands: [`ALIVE`], or [`FAILED`] once one of its
+//! workers failed with an error of its own ([`super::failure`]), which its peers'
+//! workers may never learn of through the dataflow: a reader that sees it reports
+//! the writer through `on_lost` at once.
 //!
 //! The threads are detached; they stop on their own once `done` is set (a
 //! reader within one timeout, a writer within one interval) or their
@@ -20,41 +25,74 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::failure::Failure;
+
 /// Time between two heartbeats for a silence `timeout`: a quarter of it, at most one second.
 pub fn interval(timeout: Duration) -> Duration {
     (timeout / 4).min(Duration::from_secs(1))
 }
 
+/// The heartbeat of a process whose workers have not failed.
+pub const ALIVE: u8 = 1;
+/// The heartbeat of a process one of whose workers failed with its own error.
+pub const FAILED: u8 = 2;
+
+/// What the heartbeat threads of a process share.
+#[derive(Clone)]
+pub struct Beats {
+    /// A peer silent this long is lost.
+    pub timeout: Duration,
+    /// Set once the local workers are joined.
+    pub done: Arc<AtomicBool>,
+    /// This process's workers' first error: the byte written says whether there is one.
+    pub failure: Arc<Failure>,
+}
+
 /// Starts a writer and a reader thread for the heartbeat connection to every process in
-/// `beats`; `on_silence(p)` runs when process `p` sent nothing for `timeout` while `done`
-/// is unset.
+/// `streams`; `on_lost(p, cause)` runs when process `p` sent nothing for the timeout while
+/// `done` is unset, or sent [`FAILED`].
 pub fn watch(
-    beats: Vec<Option<TcpStream>>,
-    timeout: Duration,
-    done: Arc<AtomicBool>,
-    on_silence: Arc<dyn Fn(usize) + Send + Sync>,
+    streams: Vec<Option<TcpStream>>,
+    beats: Beats,
+    on_lost: Arc<dyn Fn(usize, String) + Send + Sync>,
 ) -> std::io::Result<()> {
-    for (p, stream) in beats.into_iter().enumerate() {
+    for (p, stream) in streams.into_iter().enumerate() {
         let Some(stream) = stream else { continue };
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
+        stream.set_read_timeout(Some(beats.timeout))?;
+        stream.set_write_timeout(Some(beats.timeout))?;
         let mut writer = stream.try_clone()?;
-        let writer_done = done.clone();
+        let mine = beats.clone();
         std::thread::Builder::new().name(format!("tiderec:beat-to-{p}")).spawn(move || {
-            while !writer_done.load(Ordering::Relaxed) && writer.write_all(&[1]).is_ok() {
-                std::thread::sleep(interval(timeout));
+            let beat = || if mine.failure.failed() { FAILED } else { ALIVE };
+            while !mine.done.load(Ordering::Relaxed) && writer.write_all(&[beat()]).is_ok() {
+                std::thread::sleep(interval(mine.timeout));
+            }
+            // The last word of a failed process, should it end before the next beat.
+            if mine.failure.failed() {
+                let _ = writer.write_all(&[FAILED]);
             }
         })?;
-        let (mut reader, done, on_silence) = (stream, done.clone(), on_silence.clone());
+        let (mut reader, beats, on_lost) = (stream, beats.clone(), on_lost.clone());
         std::thread::Builder::new().name(format!("tiderec:beat-from-{p}")).spawn(move || {
             let mut buf = [0u8; 64];
             loop {
                 match reader.read(&mut buf) {
                     Ok(0) => return,
+                    Ok(n) if buf[..n].contains(&FAILED) => {
+                        on_lost(p, "it stopped with an error of its own (its output names it)".into());
+                        return;
+                    }
                     Ok(_) => {}
                     Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                        if !done.load(Ordering::Relaxed) {
-                            on_silence(p);
+                        if !beats.done.load(Ordering::Relaxed) {
+                            let secs = beats.timeout.as_secs_f64();
+                            on_lost(
+                                p,
+                                format!(
+                                    "it sent no heartbeat for {secs} s (--connect-timeout): it is stopped, hung or \
+                                     cut off"
+                                ),
+                            );
                         }
                         return;
                     }

@@ -18,8 +18,16 @@
 //!   and [`join`] returns the same error, instead of the workers waiting for
 //!   it forever.
 //!
-//! A one-process run goes through `timely::execute` unchanged.
+//! * **A worker's own error** ([`failure`]): a worker that fails outside a
+//!   step tells no other worker; the process ends a bounded time after it
+//!   (or after another process was recorded as lost) without waiting for the
+//!   others, with that error, and its heartbeats tell the other processes,
+//!   which then end naming it.
+//!
+//! A one-process run goes through `timely::execute`, with its workers' errors
+//! kept as above.
 
+pub mod failure;
 pub mod fingerprint;
 pub mod handshake;
 pub mod liveness;
@@ -60,6 +68,8 @@ pub struct Cluster {
     pub step: Arc<AtomicU64>,
     /// Set once the local workers are joined: heartbeats no longer matter.
     pub done: Arc<AtomicBool>,
+    /// The first error of a local worker.
+    pub failure: Arc<failure::Failure>,
 }
 
 impl Cluster {
@@ -73,6 +83,7 @@ impl Cluster {
             checkpoint_dir: settings.checkpoints.checkpoint_dir.clone(),
             step: Arc::new(AtomicU64::new(0)),
             done: Arc::new(AtomicBool::new(false)),
+            failure: Arc::default(),
         }
     }
 
@@ -82,13 +93,25 @@ impl Cluster {
     }
 }
 
+/// What each worker returns: worker 0's summary, or an error.
+pub type Outcome<T> = Result<Option<T>, PipelineError>;
+
 /// Starts the workers running `func`: for several processes, after the handshake on
-/// `print` (an error names every setting that differs).
-pub fn start<T, F>(cluster: &Cluster, print: &Fingerprint, func: F) -> Result<WorkerGuards<T>, PipelineError>
+/// `print` (an error names every setting that differs). A worker's own error (not
+/// "another worker failed") goes to `cluster.failure` the moment it returns.
+pub fn start<T, F>(cluster: &Cluster, print: &Fingerprint, func: F) -> Result<WorkerGuards<Outcome<T>>, PipelineError>
 where
     T: Send + 'static,
-    F: Fn(&mut Worker) -> T + Send + Sync + 'static,
+    F: Fn(&mut Worker) -> Outcome<T> + Send + Sync + 'static,
 {
+    let failure = cluster.failure.clone();
+    let func = move |worker: &mut Worker| match func(worker) {
+        Err(e) if !e.is_peer_failure() => {
+            failure.report(e);
+            Err(PipelineError::dataflow(DataflowFailure::PeerFailed, "this worker's error is the process's"))
+        }
+        outcome => outcome,
+    };
     let start_error =
         |e: String| PipelineError::dataflow(DataflowFailure::Start, "cannot start timely workers").with_source(e);
     if cluster.addresses.len() <= 1 {
@@ -97,21 +120,19 @@ where
     }
     lost_peer::install();
     let links = handshake::connect_and_agree(cluster.process, &cluster.addresses, print, cluster.connect_timeout)?;
-    // A silent process is recorded as lost and its data connection shut down here, so
+    // A silent or failed process is recorded as lost and its data connection shut down here, so
     // timely's threads fail as if it had died and the run ends through `join`.
     let switches =
         links.data.iter().map(|s| s.as_ref().map(TcpStream::try_clone).transpose()).collect::<Result<Vec<_>, _>>();
     let switches = switches.map_err(|e| start_error(e.to_string()))?;
-    let secs = cluster.connect_timeout.as_secs_f64();
-    let on_silence = Arc::new(move |p: usize| {
-        let cause = format!("it sent no heartbeat for {secs} s (--connect-timeout): it is stopped, hung or cut off");
+    let on_lost = Arc::new(move |p: usize, cause: String| {
         lost_peer::record(lost_peer::Lost { process: p, cause });
         if let Some(s) = &switches[p] {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     });
-    liveness::watch(links.beats, cluster.connect_timeout, cluster.done.clone(), on_silence)
-        .map_err(|e| start_error(format!("cannot start the heartbeats: {e}")))?;
+    let beats = liveness::Beats { timeout: cluster.connect_timeout, done: cluster.done.clone(), failure: cluster.failure.clone() };
+    liveness::watch(links.beats, beats, on_lost).map_err(|e| start_error(format!("cannot start the heartbeats: {e}")))?;
     let sockets = links.data;
     let hooks = Hooks::default();
     let local = ProcessBuilder::new_typed_vector(cluster.threads, hooks.refill.clone(), hooks.spill.clone());
@@ -123,21 +144,52 @@ where
 
 /// Waits for every local worker (the failing worker's own error first, not its peers'); when a connection to
 /// another process broke, the error names that process, the last finished step and the
-/// newest checkpoint instead of timely's panics.
-pub fn join<T: Send + 'static>(
-    cluster: &Cluster,
-    guards: WorkerGuards<Result<Option<T>, PipelineError>>,
-) -> Result<Option<T>, PipelineError> {
-    // Joining timely's communication threads panics once one of them has.
-    let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| join_workers(guards)));
+/// newest checkpoint instead of timely's panics. Waits at most [`failure::GRACE`] after a
+/// local worker's own error or a lost process: workers that still wait then wait for a
+/// worker that will not come, and the process ends without them.
+pub fn join<T: Send + 'static>(cluster: &Cluster, guards: WorkerGuards<Outcome<T>>) -> Outcome<T> {
+    let (sender, joined) = std::sync::mpsc::channel();
+    let joiner = std::thread::Builder::new().name("tiderec:join".into()).spawn(move || {
+        // Joining timely's communication threads panics once one of them has.
+        let _ = sender.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| join_workers(guards))));
+    });
+    let joined = match joiner {
+        Ok(_) => wait_for(&joined, &cluster.failure),
+        Err(e) => Some(Ok(Err(PipelineError::dataflow(DataflowFailure::Thread, "cannot start the joining thread")
+            .with_source(e.to_string())))),
+    };
     cluster.done.store(true, Ordering::Relaxed);
+    if let Some(own) = cluster.failure.take() {
+        return Err(own);
+    }
     if let Some(lost) = lost_peer::lost() {
         return Err(PipelineError::cluster(ClusterFailure::Lost, Some(lost.process), lost_message(cluster, &lost)));
     }
     match joined {
-        Ok(outcome) => outcome,
-        Err(panic) => Err(PipelineError::dataflow(DataflowFailure::Communication, "a communication thread failed")
+        Some(Ok(outcome)) => outcome,
+        Some(Err(panic)) => Err(PipelineError::dataflow(DataflowFailure::Communication, "a communication thread failed")
             .with_source(lost_peer::payload(panic.as_ref()))),
+        None => Err(PipelineError::dataflow(DataflowFailure::Incomplete, "the workers did not end")),
+    }
+}
+
+/// The joined workers, or `None` when they did not end within [`failure::GRACE`] of a
+/// local worker's own error or of a process recorded as lost.
+fn wait_for<J>(joined: &std::sync::mpsc::Receiver<J>, failure: &failure::Failure) -> Option<J> {
+    const POLL: Duration = Duration::from_millis(100);
+    let mut lost_since = None;
+    loop {
+        match joined.recv_timeout(POLL) {
+            Ok(j) => return Some(j),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if lost_since.is_none() && lost_peer::lost().is_some() {
+            lost_since = Some(std::time::Instant::now());
+        }
+        if failure.since().into_iter().chain(lost_since).any(|t| t.elapsed() >= failure::GRACE) {
+            return None;
+        }
     }
 }
 
