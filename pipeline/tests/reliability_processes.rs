@@ -264,3 +264,32 @@ fn a_worker_failing_outside_a_step_stops_its_process_with_its_error() {
     let err = p.fails_clearly(Duration::from_secs(60));
     assert!(err.contains("cannot write the metrics log /dev/full"), "{err}");
 }
+
+#[test]
+fn processes_reading_different_copies_of_a_file_stop_naming_it() {
+    let Some(sample) = common::shared_data("criteo/sample.train") else { return };
+    let lines: Vec<String> = std::fs::read_to_string(sample).unwrap().lines().take(2000).map(String::from).collect();
+    let dir = tempfile::tempdir().unwrap();
+    // The same name and size on both "hosts", the lines shuffled differently.
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(a.join("day.txt"), lines.join("\n") + "\n").unwrap();
+    std::fs::write(b.join("day.txt"), lines.iter().rev().cloned().collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    let (hosts, _) = hosts_file(dir.path(), 2);
+    let run = |data: &Path| {
+        let data = format!("criteo:{}", data.join("day.txt").display());
+        let args = ["train", "--data", &data, "--batch-size", "128", "--buckets", "2000", "--workers", "1"];
+        args.iter().map(|s| s.to_string()).chain(["--progress".into(), "none".into()]).collect::<Vec<String>>()
+    };
+    let (run_a, run_b) = (run(&a), run(&b));
+    let (run_a, run_b): (Vec<&str>, Vec<&str>) =
+        (run_a.iter().map(String::as_str).collect(), run_b.iter().map(String::as_str).collect());
+    let mut procs =
+        [Proc::start(dir.path(), &hosts, 0, 2, &run_a, &[]), Proc::start(dir.path(), &hosts, 1, 2, &run_b, &[])];
+    for (i, p) in procs.iter_mut().enumerate() {
+        let err = p.fails_clearly(Duration::from_secs(60));
+        assert!(err.contains("the processes disagree on"), "process {i}:\n{err}");
+        assert!(err.contains("day.txt") && err.contains("contents"), "process {i} should name the file:\n{err}");
+    }
+}

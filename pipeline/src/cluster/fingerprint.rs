@@ -101,14 +101,16 @@ fn describe_data(spec: &DataSpec) -> String {
     }
 }
 
-/// `name (N bytes)` of each file, comma-separated.
+/// `name (N bytes, contents H)` of each file, comma-separated: `H` is the start of the
+/// hash of the file's first and last MiB and its size (the checkpoints' input
+/// fingerprint), so copies of one file that differ (shuffled lines, another day) differ.
 fn describe_files(files: &[PathBuf]) -> String {
     files
         .iter()
         .map(|p| {
             let name = p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
-            match std::fs::metadata(p) {
-                Ok(m) => format!("{name} ({} bytes)", m.len()),
+            match tiderec_sinks::checkpoint::InputFile::of(p) {
+                Ok(f) => format!("{name} ({} bytes, contents {})", f.bytes, &f.fingerprint[..12]),
                 Err(_) => name,
             }
         })

@@ -131,8 +131,13 @@ where
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     });
-    let beats = liveness::Beats { timeout: cluster.connect_timeout, done: cluster.done.clone(), failure: cluster.failure.clone() };
-    liveness::watch(links.beats, beats, on_lost).map_err(|e| start_error(format!("cannot start the heartbeats: {e}")))?;
+    let beats = liveness::Beats {
+        timeout: cluster.connect_timeout,
+        done: cluster.done.clone(),
+        failure: cluster.failure.clone(),
+    };
+    liveness::watch(links.beats, beats, on_lost)
+        .map_err(|e| start_error(format!("cannot start the heartbeats: {e}")))?;
     let sockets = links.data;
     let hooks = Hooks::default();
     let local = ProcessBuilder::new_typed_vector(cluster.threads, hooks.refill.clone(), hooks.spill.clone());
@@ -167,8 +172,10 @@ pub fn join<T: Send + 'static>(cluster: &Cluster, guards: WorkerGuards<Outcome<T
     }
     match joined {
         Some(Ok(outcome)) => outcome,
-        Some(Err(panic)) => Err(PipelineError::dataflow(DataflowFailure::Communication, "a communication thread failed")
-            .with_source(lost_peer::payload(panic.as_ref()))),
+        Some(Err(panic)) => {
+            Err(PipelineError::dataflow(DataflowFailure::Communication, "a communication thread failed")
+                .with_source(lost_peer::payload(panic.as_ref())))
+        }
         None => Err(PipelineError::dataflow(DataflowFailure::Incomplete, "the workers did not end")),
     }
 }
