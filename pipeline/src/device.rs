@@ -220,14 +220,12 @@ impl Devices {
                 let mirror = config.model.build::<f32>(config.seed)?;
                 Ok(Trainer::with_engine(worker, config, mirror, Box::new(engine))?)
             }
-            WorkerDevice::Cuda(n) => match self.among_several(n, worker, config, precision) {
-                Ok((model, Some(rows))) => Ok(Trainer::with_model_and_store(worker, config, model, rows)?),
-                Ok((model, None)) => Ok(Trainer::with_model(worker, config, model)?),
-                Err(e) => {
-                    let mut trainer = Trainer::new(worker, config)?;
-                    trainer.step_failed(worker);
-                    Err(e)
-                }
+            // A failure is this worker's error alone, not a failed step: the other workers
+            // are in the restore's collective by now. Its process ends with it (see
+            // `cluster::failure`).
+            WorkerDevice::Cuda(n) => match self.among_several(n, worker, config, precision)? {
+                (model, Some(rows)) => Ok(Trainer::with_model_and_store(worker, config, model, rows)?),
+                (model, None) => Ok(Trainer::with_model(worker, config, model)?),
             },
         }
     }
