@@ -154,7 +154,11 @@ for t in "$HERE"/tests/*; do
     n="$(basename "$t")"
     [ "$n" = gpu_workers ] && continue
     wanted_test "$n" || continue
-    run_test "$n" 240 --test-threads=4 --nocapture
+    # The resident worker's tests capture CUDA graphs: one test at a time, so that no
+    # other thread's frees or handles can invalidate a capture.
+    threads=4
+    [ "$n" = resident ] && threads=1
+    run_test "$n" 240 --test-threads=$threads --nocapture
 done
 
 # ---- 2. GPU workers against CPU workers ---------------------------------
