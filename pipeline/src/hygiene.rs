@@ -44,6 +44,18 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
             ),
         ));
     }
+    let scheduled = s.optimizer.lr_warmup > 0 || s.optimizer.lr_decay != DecayKind::None;
+    if scheduled && matches!(sparse, SparseOptimizerKind::Ftrl | SparseOptimizerKind::FtrlAdagrad) {
+        let key = if s.optimizer.lr_warmup > 0 { "lr_warmup" } else { "lr_decay" };
+        return Err(PipelineError::config(
+            key,
+            format!(
+                "{} computes each weight from its sums divided by --sparse-lr (FTRL's alpha, not a step size): a \
+                 schedule would scale the weights, and a decay to 0 would ruin them; keep the rate constant",
+                s.optimizer.sparse
+            ),
+        ));
+    }
     let has_eval = s.data.eval.is_some() || s.data.eval_fraction > 0.0;
     for (key, set) in [("early_stop", s.run.early_stop.is_some()), ("eval_every", s.run.eval_every.is_some())] {
         if set && !has_eval {
@@ -135,6 +147,23 @@ mod tests {
         );
         refused(|s| s.optimizer.lr_decay = DecayKind::Step, "lr_decay_steps");
         refused(|s| s.optimizer.ftrl_l2 = 1.0, "ftrl");
+        for sparse in [SparseOptimizerKind::Ftrl, SparseOptimizerKind::FtrlAdagrad] {
+            refused(
+                |s| {
+                    s.optimizer.sparse = sparse;
+                    s.optimizer.lr_decay = DecayKind::Cosine;
+                    s.optimizer.lr_decay_steps = Some(100);
+                },
+                "lr_decay",
+            );
+            refused(
+                |s| {
+                    s.optimizer.sparse = sparse;
+                    s.optimizer.lr_warmup = 10;
+                },
+                "lr_warmup",
+            );
+        }
         refused(
             |s| {
                 s.data.eval_fraction = 0.0;

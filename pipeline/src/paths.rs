@@ -147,8 +147,11 @@ pub fn check_outputs(inputs: &[Named], outputs: &[Named]) -> Result<(), PathErro
 }
 
 /// Refuses an existing `output` unless `overwrite` (a dangling symbolic link exists too).
+/// A device or a pipe (`/dev/stdout`, a FIFO) holds nothing to lose: writing to it is
+/// no overwrite.
 pub fn check_new(output: &Named, overwrite: bool) -> Result<(), PathError> {
-    if !overwrite && std::fs::symlink_metadata(&output.path).is_ok() {
+    let special = std::fs::metadata(&output.path).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    if !overwrite && !special && std::fs::symlink_metadata(&output.path).is_ok() {
         return Err(PathError::Exists { flag: output.flag.clone(), path: output.path.clone() });
     }
     Ok(())
@@ -263,14 +266,16 @@ pub fn dir_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>, PathError> {
 }
 
 /// Every file under `dir` (a checkpoint directory or one `ckpt-<step>`), named by `flag`; `dir`
-/// itself when it is a file, nothing when it does not exist. Symbolic links to directories
-/// (a checkpoint directory's `best`) are not followed: their targets are listed anyway.
+/// itself when it is a file, nothing when it does not exist. `dir` itself may be a symbolic
+/// link (`--checkpoint DIR/best`); symbolic links to directories inside it (a checkpoint
+/// directory's `best`) are not followed: their targets are listed anyway.
 pub fn tree_files(flag: &str, dir: &Path) -> Result<Vec<Named>, PathError> {
     const MAX_DEPTH: usize = 4;
     let mut files = Vec::new();
     let mut pending = vec![(dir.to_path_buf(), 0)];
     while let Some((path, depth)) = pending.pop() {
-        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+        let meta = if depth == 0 { std::fs::metadata(&path) } else { std::fs::symlink_metadata(&path) };
+        let Ok(meta) = meta else { continue };
         if !meta.is_dir() {
             if path.is_file() {
                 files.push(Named::new(flag, path));
@@ -436,6 +441,11 @@ mod tests {
         let files = tree_files("--checkpoint", dir.path()).unwrap();
         assert_eq!(files, vec![named("--checkpoint", &ckpt.join("manifest.json"))]);
         assert!(tree_files("--checkpoint", &dir.path().join("missing")).unwrap().is_empty());
+        // Given as a link (`DIR/best`), the directory's files are still inputs.
+        let best = dir.path().join("best");
+        std::os::unix::fs::symlink(&ckpt, &best).unwrap();
+        let files = tree_files("--checkpoint", &best).unwrap();
+        assert_eq!(files, vec![named("--checkpoint", &best.join("manifest.json"))]);
     }
 
     #[test]

@@ -43,13 +43,14 @@ pub fn train_outputs(settings: &TrainSettings) -> Vec<Named> {
     outputs
 }
 
-/// Refuses an existing `--metrics-json` (and `summary`, `online`'s `--summary-json`) unless
-/// `overwrite` (`--overwrite`) or `--resume`: a resumed run continues the run that wrote it
-/// and replaces its summary.
+/// Refuses an existing `--metrics-json`, `--metrics-log` (and `summary`, `online`'s
+/// `--summary-json`) unless `overwrite` (`--overwrite`) or `--resume`: a resumed run
+/// continues the run that wrote them, replaces its summary and appends to its log.
 pub fn check_replaced(settings: &TrainSettings, summary: Option<Named>, overwrite: bool) -> Result<(), PathError> {
     let replace = overwrite || settings.checkpoints.resume;
     let metrics = settings.run.metrics_json.as_ref().map(|p| Named::new("--metrics-json", p));
-    for output in metrics.into_iter().chain(summary) {
+    let log = settings.run.metrics_log.as_ref().map(|p| Named::new("--metrics-log", p));
+    for output in metrics.into_iter().chain(log).chain(summary) {
         check_new(&output, replace)?;
     }
     Ok(())

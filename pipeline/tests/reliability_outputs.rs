@@ -237,6 +237,26 @@ fn an_existing_metrics_json_is_replaced_only_with_overwrite_or_by_a_resumed_run(
 }
 
 #[test]
+fn an_existing_metrics_log_is_kept_without_overwrite_or_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let log = d.join("runs.jsonl");
+    std::fs::write(&log, "keep me\n").unwrap();
+    let train = |log: &Path, extra: &[&str]| {
+        let mut cmd = tiderec();
+        cmd.current_dir(d).arg("train").args(QUICK).arg("--metrics-log").arg(log).args(extra);
+        cmd
+    };
+    let e = run_err(&mut train(&log, &[]));
+    kept_without_overwrite(&e, "--metrics-log", &log);
+    run_ok(&mut train(&log, &["--overwrite"]));
+    let lines = std::fs::read_to_string(&log).unwrap();
+    assert!(!lines.contains("keep me") && lines.lines().count() >= 2, "{lines}");
+    // A device holds nothing to lose.
+    run_ok(&mut train(Path::new("/dev/null"), &[]));
+}
+
+#[test]
 fn an_existing_summary_json_is_refused_before_the_broker_is_asked() {
     let dir = tempfile::tempdir().unwrap();
     let summary = dir.path().join("summary.json");

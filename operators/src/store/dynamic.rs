@@ -329,6 +329,12 @@ impl DynamicStore {
     }
 
     /// The values in slot `s` of the slab.
+    /// Every row held, with its `(table, id)`, in no particular order.
+    pub(crate) fn keyed_rows(&self) -> Vec<((u32, u64), &[f32])> {
+        let rows = self.index.iter().enumerate().flat_map(|(t, m)| m.iter().map(move |(&id, &s)| ((t as u32, id), s)));
+        rows.map(|(key, s)| (key, self.row_at(s as usize))).collect()
+    }
+
     pub(crate) fn row_at(&self, s: usize) -> &[f32] {
         &self.rows[s * self.dim..(s + 1) * self.dim]
     }
@@ -472,13 +478,17 @@ impl EmbeddingStore for DynamicStore {
         self.index.iter().map(|m| m.len()).sum()
     }
     fn sum_of_squares(&self) -> f64 {
-        self.index
-            .iter()
-            .flat_map(|m| m.values())
-            .map(|&s| self.row_at(s as usize).iter().map(|&v| v as f64 * v as f64).sum::<f64>())
-            .sum()
+        sum_of_squares_by_key(self.keyed_rows())
     }
     fn holds_every_row(&self) -> bool {
         false
     }
+}
+
+/// The sum of the squares of `rows`' values, summed in `(table, id)` order: the same
+/// figure whatever order the rows were admitted, evicted or restored in (a hash map's
+/// order depends on that history, and f64 sums on their order).
+pub(crate) fn sum_of_squares_by_key(mut rows: Vec<((u32, u64), &[f32])>) -> f64 {
+    rows.sort_unstable_by_key(|&(key, _)| key);
+    rows.iter().map(|(_, row)| row.iter().map(|&v| v as f64 * v as f64).sum::<f64>()).sum()
 }

@@ -31,7 +31,11 @@
 //!   step clock advance once per training step per distinct row, from the
 //!   owner's de-duplicated, worker-ordered update list; a probabilistic
 //!   admission hashes `(seed, table, id, step)`. So W workers make the same
-//!   admission decisions as one.
+//!   probabilistic admission decisions as one. Admission by count is the
+//!   exception: each owner counts its ids in a count-min sketch of its own,
+//!   whose collisions (over-counts that admit an id early) depend on which
+//!   ids share it, so they may differ between worker counts (deterministic
+//!   for one worker count).
 //! * **Structural changes happen only at step boundaries.** Admission inserts a
 //!   row during the update of the step that admits it; eviction and re-planning
 //!   run only in [`EmbeddingStore::end_step`], after every update of a step and

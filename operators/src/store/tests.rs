@@ -908,3 +908,28 @@ fn a_tracking_sketch_lists_the_counters_that_grew_since_its_mark() {
     .admission_changes()
     .is_none());
 }
+
+/// The sum of squares (a run's `params_l2`) is a function of the rows held, not of the
+/// order they came in: a resumed store inserts its rows in id order, a running one in the
+/// order it met them.
+#[test]
+fn the_sum_of_squares_does_not_depend_on_the_order_rows_came_in() {
+    let sizes = [1u64 << 40];
+    let ids: Vec<u64> = (0..20_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 24).collect();
+    let value = |id: u64| [(id % 997) as f32 * 1e-3, 1.0 + (id % 13) as f32, 1e-4 * (id % 7) as f32, 3.0e3];
+    for kind in [StoreKind::Dynamic, StoreKind::Tiered] {
+        let sums: Vec<u64> = [false, true]
+            .into_iter()
+            .map(|reversed| {
+                let mut store =
+                    Store::new(&config(kind), &params(0, 1, &sizes, SparseOptimizerKind::RowwiseAdagrad)).unwrap();
+                let order: Vec<u64> = if reversed { ids.iter().rev().copied().collect() } else { ids.clone() };
+                for id in order {
+                    store.set_row(0, id, &value(id), &[0.0]).unwrap();
+                }
+                store.sum_of_squares().to_bits()
+            })
+            .collect();
+        assert_eq!(sums[0], sums[1], "{kind:?}");
+    }
+}

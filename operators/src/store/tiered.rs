@@ -483,7 +483,15 @@ impl EmbeddingStore for TieredStore {
         self.hot_len() + self.cold.num_rows()
     }
     fn sum_of_squares(&self) -> f64 {
-        self.hot_rows.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + self.cold.sum_of_squares()
+        let mut rows = self.cold.keyed_rows();
+        for (t, m) in self.hot_index.iter().enumerate() {
+            rows.extend(
+                m.iter().map(|(&id, &s)| {
+                    ((t as u32, id), &self.hot_rows[s as usize * self.dim..(s as usize + 1) * self.dim])
+                }),
+            );
+        }
+        super::dynamic::sum_of_squares_by_key(rows)
     }
     fn holds_every_row(&self) -> bool {
         false
