@@ -78,7 +78,7 @@ impl MemoryEstimate {
 }
 
 /// `bytes` in GiB with two decimals.
-fn gib(bytes: u64) -> String {
+pub(crate) fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 

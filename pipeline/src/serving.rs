@@ -2,9 +2,11 @@
 //! and `serve`) and `tiderec export`.
 //!
 //! Both read a checkpoint (a `ckpt-<step>` directory, or a checkpoint directory whose
-//! newest valid checkpoint is taken), merge every worker's embedding rows into whole
-//! tables by id, and rebuild the model from the configuration in its manifest, so
-//! neither needs the flags of the run that wrote it. Scoring records is
+//! newest valid checkpoint is taken), check its parts as a resume does, merge every
+//! worker's embedding rows into one table per field by id (whole for the fixed store,
+//! the rows held for a store that holds only the rows it sees: [`embedding`]), and
+//! rebuild the model from the configuration in its manifest, so neither needs the flags
+//! of the run that wrote it. Scoring records is
 //! `crate::predict`'s, which builds on this module (never the other way round).
 //!
 //! `export` writes a self-describing serving snapshot (`docs/export.md`): the
@@ -16,6 +18,7 @@
 
 pub mod compact;
 pub mod describe;
+pub mod embedding;
 pub mod features;
 pub mod names;
 pub mod tables;
@@ -23,9 +26,12 @@ pub mod tables;
 use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::PipelineError;
+use embedding::{Table, TooLarge};
 use serde::Serialize;
 use std::path::Path;
 use tiderec_operators::nn::ModelConfig;
+use tiderec_operators::snapshot::{self, Expected};
+use tiderec_operators::store::StoreKind;
 use tiderec_operators::train::TrainerConfig;
 use tiderec_sinks::checkpoint::export::{write_serving, Tensor, Values};
 use tiderec_sinks::checkpoint::{self, Checkpoint};
@@ -38,8 +44,9 @@ pub struct ServedModel {
     pub step: u64,
     /// Flat dense parameters.
     pub dense: Vec<f32>,
-    /// Per table, `rows × dim` values (row `i` = id `i`).
-    pub tables: Vec<Vec<f32>>,
+    /// Per table, its rows ([`Table::Whole`] for a store that holds every row, the rows the
+    /// checkpoint lists for one that does not).
+    pub tables: Vec<Table>,
     /// How the run made features (`None`: the manifest records none, an older checkpoint).
     pub pipeline: Option<FeaturePipeline>,
     /// Per table, the sorted ids of the rows the checkpoint lists (those training changed,
@@ -74,20 +81,43 @@ pub fn load_listed(path: &Path) -> Result<ServedModel, PipelineError> {
 }
 
 fn load_with(path: &Path, keep_ids: bool) -> Result<ServedModel, PipelineError> {
-    let found: Checkpoint = if path.join(checkpoint::layout::MANIFEST_FILE).is_file() {
+    let found = find(path)?;
+    let config = config_of(&found)?;
+    let pipeline = FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)?;
+    if let Some(p) = &pipeline {
+        p.check_model(&config).map_err(|differences| {
+            checkpoint_error(
+                &found.path,
+                format!("its manifest's pipeline does not make its model's inputs: {}", differences.join("; ")),
+            )
+        })?;
+    }
+    let dense = check_parts(&found, &config)?;
+    let (tables, unlisted) = tables_of(&found, &config)?;
+    let listed = keep_ids.then(|| listed_ids(&found, config.table_sizes.len()));
+    Ok(ServedModel { config, step: found.manifest.step, dense, tables, pipeline, listed, unlisted })
+}
+
+/// The checkpoint at `path`: the one there, or the newest valid one of the directory.
+fn find(path: &Path) -> Result<Checkpoint, PipelineError> {
+    if path.join(checkpoint::layout::MANIFEST_FILE).is_file() {
         let text = std::fs::read_to_string(path.join(checkpoint::layout::MANIFEST_FILE))
             .map_err(|e| checkpoint_error(path, "cannot read its manifest").with_source(e))?;
         let manifest: checkpoint::Manifest = serde_json::from_str(&text)
             .map_err(|e| checkpoint_error(path, "its manifest is not valid").with_source(e))?;
-        checkpoint::load::load(path, manifest.step)
-            .map_err(|e| checkpoint_error(path, "its files cannot be loaded").with_source(e))?
-    } else {
-        let search = checkpoint::find_latest(path)?;
-        for s in &search.skipped {
-            eprintln!("warning: skipping checkpoint {}: {}", s.path.display(), s.reason);
-        }
-        search.found.ok_or_else(|| checkpoint_error(path, "holds no valid checkpoint"))?
-    };
+        return checkpoint::load::load(path, manifest.step)
+            .map_err(|e| checkpoint_error(path, "its files cannot be loaded").with_source(e));
+    }
+    let search = checkpoint::find_latest(path)?;
+    for s in &search.skipped {
+        eprintln!("warning: skipping checkpoint {}: {}", s.path.display(), s.reason);
+    }
+    search.found.ok_or_else(|| checkpoint_error(path, "holds no valid checkpoint"))
+}
+
+/// The trainer configuration of `found`'s manifest (its config with its seed), checked as
+/// a run's settings are.
+fn config_of(found: &Checkpoint) -> Result<TrainerConfig, PipelineError> {
     let mut config_json = found.manifest.config.clone();
     if let Some(map) = config_json.as_object_mut() {
         map.insert("seed".into(), found.manifest.seed.into());
@@ -101,92 +131,87 @@ fn load_with(path: &Path, keep_ids: bool) -> Result<ServedModel, PipelineError> 
             "its model is a program's own (kind `custom`): that program builds it to score (Trainer::with_model)",
         ));
     }
-    let dense = check_parts(&found, &config)?;
-    let pipeline = FeaturePipeline::from_manifest(found.manifest.pipeline.as_ref(), &found.path)?;
-    if let Some(p) = &pipeline {
-        p.check_model(&config).map_err(|differences| {
-            checkpoint_error(
-                &found.path,
-                format!("its manifest's pipeline does not make its model's inputs: {}", differences.join("; ")),
-            )
-        })?;
-    }
+    Ok(config)
+}
+
+/// Checks that the parts of `found` hold the model `config` and the manifest's seed
+/// describe, as a resume checks them ([`snapshot::check_parts`]: every part's tables, their
+/// sizes and row widths, the seed the rows a part leaves out are re-created from, ids
+/// inside their tables, the dense parameters and their optimizer state), and returns the
+/// dense parameters. A hand-edited manifest that no longer describes its files is refused
+/// here, for every reader alike.
+fn check_parts(found: &Checkpoint, config: &TrainerConfig) -> Result<Vec<f32>, PipelineError> {
+    let dim = config.model.embedding_dim();
+    let expected = Expected {
+        table_sizes: &config.table_sizes,
+        dim,
+        state_width: config.sparse_optimizer.state_width(dim),
+        dense_len: config.model.param_tensors().last().map_or(0, |t| t.range().end),
+        dense_kind: config.dense_optimizer,
+        every_row: config.store.kind == StoreKind::Fixed,
+        seed: config.seed,
+    };
+    let checked = snapshot::check_parts(&found.parts, expected).map_err(|e| {
+        checkpoint_error(
+            &found.path,
+            format!("its files do not hold the model its manifest describes (config and seed {})", config.seed),
+        )
+        .with_source(e)
+    })?;
+    Ok(checked.dense_params.to_vec())
+}
+
+/// The tables of `found`'s model of `config`, each row the checkpoint lists set (see
+/// [`embedding`]), and what the other rows hold.
+fn tables_of(found: &Checkpoint, config: &TrainerConfig) -> Result<(Vec<Table>, Unlisted), PipelineError> {
     let dim = config.model.embedding_dim();
     // A checkpoint of updated rows only leaves the others at their seeded values.
     let seeded = found.parts.iter().any(|p| p.updated_only);
-    let mut tables: Vec<Vec<f32>> = config
-        .table_sizes
-        .iter()
-        .enumerate()
-        .map(|(t, &n)| if seeded { seeded_table(config.seed, t, n, dim) } else { vec![0.0; n as usize * dim] })
-        .collect();
-    let mut listed = keep_ids.then(|| vec![Vec::new(); tables.len()]);
+    let too_large = |e: TooLarge| checkpoint_error(&found.path, "its tables do not fit in memory").with_source(e);
+    let mut tables = Vec::with_capacity(config.table_sizes.len());
+    for (t, &n) in config.table_sizes.iter().enumerate() {
+        tables.push(if seeded {
+            Table::Whole(seeded_table(config.seed, t, n, dim).map_err(too_large)?)
+        } else if config.store.kind == StoreKind::Fixed {
+            Table::Whole(embedding::zeroed(t, n, dim).map_err(too_large)?)
+        } else {
+            Table::held()
+        });
+    }
     for part in &found.parts {
-        for (t, (rows, table)) in part.tables.iter().zip(&mut tables).enumerate() {
-            for (&id, row) in rows.ids.iter().zip(rows.rows.chunks_exact(dim)) {
-                table[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(row);
-            }
-            if let Some(ids) = listed.as_mut() {
-                ids[t].extend_from_slice(&rows.ids);
+        for (rows, table) in part.tables.iter().zip(&mut tables) {
+            for (&id, row) in rows.ids.iter().zip(rows.rows.chunks_exact(dim.max(1))) {
+                table.set_row(id, row);
             }
         }
     }
-    for ids in listed.iter_mut().flatten() {
+    Ok((tables, if seeded { Unlisted::Seeded } else { Unlisted::Zero }))
+}
+
+/// Per table (of `tables`), the sorted ids of the rows the parts of `found` list.
+fn listed_ids(found: &Checkpoint, tables: usize) -> Vec<Vec<u64>> {
+    let mut listed = vec![Vec::new(); tables];
+    for part in &found.parts {
+        for (ids, rows) in listed.iter_mut().zip(&part.tables) {
+            ids.extend_from_slice(&rows.ids);
+        }
+    }
+    for ids in &mut listed {
         ids.sort_unstable();
         ids.dedup();
     }
-    let unlisted = if seeded { Unlisted::Seeded } else { Unlisted::Zero };
-    Ok(ServedModel { config, step: found.manifest.step, dense, tables, pipeline, listed, unlisted })
-}
-
-/// Checks that the parts of `found` hold what `config`'s model reads (one set of dense
-/// parameters of the model's size; per table, rows of the model's width with ids inside
-/// the table) and returns the dense parameters. A hand-edited manifest whose config no
-/// longer describes its files is refused here, for every reader alike.
-fn check_parts(found: &Checkpoint, config: &TrainerConfig) -> Result<Vec<f32>, PipelineError> {
-    let bad = |what: String| Err(checkpoint_error(&found.path, what));
-    let needed = config.model.param_tensors().last().map_or(0, |t| t.range().end);
-    let dense = found.parts.iter().rev().find(|p| !p.dense_params.is_empty()).map(|p| p.dense_params.clone());
-    let dense = dense.unwrap_or_default();
-    if dense.len() != needed {
-        return bad(format!("it holds {} dense parameters, its model needs {needed}", dense.len()));
-    }
-    let dim = config.model.embedding_dim();
-    for part in &found.parts {
-        if part.tables.len() > config.table_sizes.len() {
-            return bad(format!(
-                "worker {}'s part has {} tables, the config {}",
-                part.worker,
-                part.tables.len(),
-                config.table_sizes.len()
-            ));
-        }
-        for (t, (rows, &n)) in part.tables.iter().zip(&config.table_sizes).enumerate() {
-            if rows.rows.len() != rows.ids.len() * dim {
-                return bad(format!(
-                    "worker {}'s table {t} holds {} values for {} rows of {dim}",
-                    part.worker,
-                    rows.rows.len(),
-                    rows.ids.len()
-                ));
-            }
-            if let Some(id) = rows.ids.iter().find(|&&id| id >= n) {
-                return bad(format!("worker {}'s table {t} holds id {id}, beyond its {n} rows", part.worker));
-            }
-        }
-    }
-    Ok(dense)
+    listed
 }
 
 /// Every row of table `t` (`n` rows of `dim`) at its seeded initial values, as a
 /// new fixed store holds them.
-fn seeded_table(seed: u64, t: usize, n: u64, dim: usize) -> Vec<f32> {
+fn seeded_table(seed: u64, t: usize, n: u64, dim: usize) -> Result<Vec<f32>, TooLarge> {
     let bound = tiderec_operators::store::init_bound(n);
-    let mut table = vec![0.0; n as usize * dim];
+    let mut table = embedding::zeroed(t, n, dim)?;
     for (id, row) in table.chunks_exact_mut(dim.max(1)).enumerate() {
         tiderec_operators::store::init_row(seed, t, id as u64, bound, row);
     }
-    table
+    Ok(table)
 }
 
 /// What `export` wrote.
@@ -232,18 +257,16 @@ pub fn export(checkpoint: &Path, out: &Path, layout: TableLayout) -> Result<Expo
     let table_rows = m.config.table_sizes.iter().sum();
     // The ids each table's tensors keep (all of them where `listed` is `None`).
     let kept: Option<&Vec<Vec<u64>>> = m.listed.as_ref();
-    let tables = tables::table_tensors(model, &names, m.tables);
-    let gathered: Vec<Vec<f32>> = match &kept {
-        Some(ids) => tables.iter().map(|t| t.gather(&ids[t.table])).collect(),
-        None => Vec::new(),
-    };
+    let tables = tables::table_tensors(model, &names, table_values(checkpoint, &m.config, m.tables, kept)?);
     let mut tensors: Vec<Tensor> = params
         .iter()
         .map(|t| Tensor { name: t.name.clone(), shape: t.shape.clone(), values: Values::F32(&m.dense[t.range()]) })
         .collect();
     let mut shapes: serde_json::Map<String, serde_json::Value> =
         tensors.iter().map(|t| (t.name.clone(), serde_json::json!(t.shape))).collect();
-    shapes.extend(tables.iter().map(|t| (t.name.clone(), serde_json::json!(t.shape))));
+    // A table tensor's whole shape, whatever rows it keeps.
+    let whole_shape = |t: &tables::TableTensor| serde_json::json!([m.config.table_sizes[t.table], t.shape[1]]);
+    shapes.extend(tables.iter().map(|t| (t.name.clone(), whole_shape(t))));
     match &kept {
         None => tensors.extend(tables.iter().map(|t| Tensor {
             name: t.name.clone(),
@@ -251,7 +274,7 @@ pub fn export(checkpoint: &Path, out: &Path, layout: TableLayout) -> Result<Expo
             values: Values::F32(&t.values),
         })),
         Some(ids) => {
-            for (t, rows) in tables.iter().zip(&gathered) {
+            for t in &tables {
                 let ids = &ids[t.table];
                 tensors.push(Tensor {
                     name: format!("{}.ids", t.name),
@@ -261,7 +284,7 @@ pub fn export(checkpoint: &Path, out: &Path, layout: TableLayout) -> Result<Expo
                 tensors.push(Tensor {
                     name: format!("{}.rows", t.name),
                     shape: vec![ids.len(), t.shape[1]],
-                    values: Values::F32(rows),
+                    values: Values::F32(&t.values),
                 });
             }
         }
@@ -290,4 +313,29 @@ pub fn export(checkpoint: &Path, out: &Path, layout: TableLayout) -> Result<Expo
     write_serving(out, &tensors, &config)?;
     let embedding_rows = kept.map_or(table_rows, |ids| ids.iter().map(|v| v.len() as u64).sum());
     Ok(ExportSummary { step: m.step, dense_params: m.dense.len(), embedding_rows, table_rows })
+}
+
+/// The values of each of `tables` (of a model of `config`, from `checkpoint`) as `export`
+/// writes them: every row, row `i` = id `i`, or with `kept`, the rows of each table's kept
+/// ids in their order. A table too large to be held whole is an error naming it.
+fn table_values(
+    checkpoint: &Path,
+    config: &TrainerConfig,
+    tables: Vec<Table>,
+    kept: Option<&Vec<Vec<u64>>>,
+) -> Result<Vec<Vec<f32>>, PipelineError> {
+    let dim = config.model.embedding_dim();
+    if let Some(ids) = kept {
+        return Ok(tables.iter().zip(ids).map(|(table, ids)| table.rows_of(ids, dim)).collect());
+    }
+    let whole = |(t, table): (usize, Table)| {
+        table.into_whole(t, config.table_sizes[t], dim).map_err(|e| {
+            checkpoint_error(
+                checkpoint,
+                "its tables cannot be exported whole (--compact writes only the rows it lists)",
+            )
+            .with_source(e)
+        })
+    };
+    tables.into_iter().enumerate().map(whole).collect()
 }

@@ -199,7 +199,7 @@ fn l2_penalties_shrink_the_weights() {
 /// Exact zeros among the embedding values of `ckpt`'s newest checkpoint.
 fn zeros(ckpt: &Path) -> usize {
     let model = tiderec::serving::load(ckpt).unwrap();
-    model.tables.iter().map(|t| t.iter().filter(|&&v| v == 0.0).count()).sum()
+    model.tables.iter().map(|t| t.values().iter().filter(|&&v| v == 0.0).count()).sum()
 }
 
 #[test]

@@ -189,3 +189,78 @@ fn a_diverging_run_names_its_last_good_checkpoint_and_writes_none_after_it() {
         }
     }
 }
+
+/// A record the model scores `NaN` or infinite stops `predict` and `eval` with an error
+/// naming its file and line, never a `NaN` row in a scores file or a metric of a ruined
+/// pass: dense values of `±3e38` are finite, taken as given by a spec without transforms,
+/// and overflow the layers of a model trained on values in [0, 1].
+#[test]
+fn a_non_finite_score_stops_predict_and_eval_naming_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let columns: Vec<String> = (0..8).map(|k| format!("d{k}")).collect();
+    let quoted: Vec<String> = columns.iter().map(|c| format!("\"{c}\"")).collect();
+    let dense: Vec<String> = columns.iter().map(|c| format!("{{ column = \"{c}\" }}")).collect();
+    let spec = write(
+        &d.join("spec.toml"),
+        &format!(
+            "delimiter = \",\"\nheader = true\ncolumns = [\"y\", {}, \"user\"]\nlabel = {{ column = \"y\" }}\n\
+             dense = [{}]\ncategorical = [{{ column = \"user\", buckets = 50 }}]\n",
+            quoted.join(", "),
+            dense.join(", ")
+        ),
+    );
+    let header = format!("y,{},user\n", columns.join(","));
+    let row = |label: usize, values: &[String], user: usize| format!("{label},{},u{user}\n", values.join(","));
+    let rows: String = (0..400)
+        .map(|i| {
+            let v: Vec<f32> = (0..8).map(|k| ((i * (37 + 6 * k)) % 100) as f32 / 100.0).collect();
+            row(usize::from(v[0] + v[1] > 1.0), &v.iter().map(f32::to_string).collect::<Vec<_>>(), i % 31)
+        })
+        .collect();
+    let train = write(&d.join("train.csv"), &format!("{header}{rows}"));
+    let ck = d.join("ck");
+    run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--workers", "2", "--steps", "30", "--batch-size", "16", "--spec"])
+            .arg(&spec)
+            .arg("--data")
+            .arg(format!("csv:{}", train.display()))
+            .arg("--checkpoint-dir")
+            .arg(&ck)
+            .arg("--dead-letters")
+            .arg(d.join("train-dead.tsv")),
+    );
+    // Line 2 is an ordinary record; lines 3 to 18 hold ±3e38 in every column, the signs
+    // mixed in 16 ways.
+    let huge: String = (0..16u64)
+        .map(|p| {
+            let sign = |k: u64| if ((p * 2_654_435_761 + k * 40_503) >> 7) & 1 == 1 { "3e38" } else { "-3e38" };
+            row(p as usize % 2, &(0..8).map(|k| sign(k).to_string()).collect::<Vec<_>>(), p as usize)
+        })
+        .collect();
+    let ordinary = row(1, &vec!["0.5".to_string(); 8], 1);
+    let huge = write(&d.join("huge.csv"), &format!("{header}{ordinary}{huge}"));
+    let data = format!("csv:{}", huge.display());
+    let named = |err: &str| {
+        let at = (3..=18).find(|l| err.contains(&format!("{} line {l}: the model's score is ", huge.display())));
+        assert!(at.is_some() && err.contains("not a finite number"), "the file and line are named: {err}");
+    };
+    let out = d.join("scores.csv");
+    let score = |command: &str| {
+        let mut c = tiderec();
+        c.args([command, "--data", &data, "--checkpoint"]).arg(&ck).arg("--dead-letters").arg(d.join("dead.tsv"));
+        c
+    };
+    named(&run_err(score("predict").arg("--out").arg(&out)));
+    let left: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("scores.csv"))
+        .collect();
+    assert!(left.is_empty(), "no scores file, not even a temporary one: {left:?}");
+    let o = score("eval").output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(!o.status.success() && !stdout.contains("logloss"), "no metrics of a ruined pass: {stdout}");
+    named(&stderr);
+}

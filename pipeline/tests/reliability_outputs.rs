@@ -1,8 +1,9 @@
 //! Outputs that would overwrite inputs, through the release binary: every such run is refused
 //! before anything is written, naming the flag and the path, and the input keeps its bytes;
-//! an existing `predict --out`, `plot --out`, `generate --out`, `train --metrics-json` or
-//! `online --summary-json` is replaced only with `--overwrite` (the last two also by a
-//! `--resume` run).
+//! an existing `predict --out`, `export --out`'s files, `plot --out`, `generate --out`,
+//! `train --metrics-json` or `online --summary-json` is replaced only with `--overwrite`
+//! (the last two also by a `--resume` run); `eval` and `predict` never empty a training
+//! run's dead letters.
 
 mod common;
 
@@ -318,4 +319,86 @@ fn plot_and_generate_replace_an_existing_out_only_with_overwrite() {
     kept_without_overwrite(&e, "--out", &png);
     run_ok(&mut plot(&["--overwrite"]));
     assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"), "a PNG replaced the file");
+}
+
+/// An existing export is replaced only with `--overwrite`: without it `export` stops before
+/// writing, naming the flag and the existing file (either of the two), and both files keep
+/// their bytes; with it both are replaced and no temporary file stays.
+#[test]
+fn export_replaces_an_existing_export_only_with_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (data, _) = records_file(d, "train.txt");
+    let ck = checkpoint(d, &data);
+    let out = d.join("serve");
+    let export = |extra: &[&str]| {
+        let mut cmd = tiderec();
+        cmd.args(["export", "--checkpoint"]).arg(&ck).arg("--out").arg(&out).args(extra);
+        cmd
+    };
+    run_ok(&mut export(&[]));
+    let files = [out.join("model.safetensors"), out.join("model.json")];
+    let bytes = files.clone().map(|f| std::fs::read(f).unwrap());
+    let kept = |err: &str, named: &Path| {
+        assert!(err.contains(&format!("--out {} already exists", named.display())), "{err}");
+        assert!(err.contains("pass --overwrite"), "{err}");
+        for (f, b) in files.iter().zip(&bytes) {
+            assert_eq!(&std::fs::read(f).unwrap(), b, "{} was changed", f.display());
+        }
+    };
+    for extra in [&[][..], &["--compact"]] {
+        kept(&run_err(&mut export(extra)), &files[0]);
+    }
+    // The description alone is refused too.
+    let tensors = d.join("tensors");
+    std::fs::rename(&files[0], &tensors).unwrap();
+    let e = run_err(&mut export(&[]));
+    std::fs::rename(&tensors, &files[0]).unwrap();
+    kept(&e, &files[1]);
+    run_ok(&mut export(&["--compact", "--overwrite"]));
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(&files[1]).unwrap()).unwrap();
+    assert!(config["compact_tables"].is_object(), "the compact export replaced the whole one");
+    assert_ne!(std::fs::read(&files[0]).unwrap(), bytes[0], "the tensors were replaced");
+    let mut names: Vec<String> =
+        std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["model.json", "model.safetensors"], "no temporary file stays");
+}
+
+/// `eval` and `predict` never empty a dead-letter file they were not given: without
+/// `--dead-letters` their malformed records go to files of their own (`eval`'s
+/// `tiderec-eval-dead-letters.tsv`, `predict`'s beside its scores file), and the one a
+/// training run wrote in the same directory keeps its bytes; named, it is replaced.
+#[test]
+fn scoring_commands_keep_a_training_runs_dead_letters_unless_given_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // One malformed line among 64 records.
+    let (data, _) = records_file(d, "records.txt");
+    let ck = checkpoint(d, &data);
+    let training = d.join("tiderec-dead-letters.tsv");
+    let kept = "train.txt\t7\t512\tbad_label\t0\tx\n";
+    std::fs::write(&training, kept).unwrap();
+    let score = |command: &str, extra: &[&str]| {
+        let mut cmd = tiderec();
+        cmd.current_dir(d)
+            .args([command, "--max-bad-fraction", "0.5", "--data", &criteo(&data), "--checkpoint"])
+            .arg(&ck)
+            .args(extra);
+        cmd
+    };
+    let one_dead_letter = |file: &str| {
+        let text = std::fs::read_to_string(d.join(file)).unwrap();
+        assert!(text.lines().count() == 1 && text.contains("not a record"), "{file}: {text}");
+    };
+    run_ok(&mut score("eval", &[]));
+    assert_eq!(std::fs::read_to_string(&training).unwrap(), kept, "eval emptied the training run's dead letters");
+    one_dead_letter("tiderec-eval-dead-letters.tsv");
+    let o = run_ok(&mut score("predict", &["--out", "scores.csv"]));
+    assert_eq!(std::fs::read_to_string(&training).unwrap(), kept, "predict emptied the training run's dead letters");
+    one_dead_letter("scores.csv.dead-letters.tsv");
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("(listed in scores.csv.dead-letters.tsv)"), "{said}");
+    run_ok(&mut score("eval", &["--dead-letters", "tiderec-dead-letters.tsv"]));
+    one_dead_letter("tiderec-dead-letters.tsv");
 }

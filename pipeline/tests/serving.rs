@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{metrics, run_err, run_ok, shared_data, tiderec};
+use common::{metrics, refused, run_err, run_ok, shared_data, tiderec};
 
 #[test]
 fn eval_reproduces_the_training_runs_evaluation_and_export_writes_the_model() {
@@ -120,8 +120,10 @@ fn a_hand_edited_manifest_is_refused_by_export_and_eval_alike() {
             .arg(&ckpt),
     );
     let step = ckpt.join("ckpt-20");
-    let edits: [(&str, Edit); 3] = [
+    let edits: [(&str, Edit); 4] = [
         ("table_sizes[3]", |m| m["config"]["table_sizes"][3] = 501.into()),
+        // The rows no step changed are re-created from the seed: another seed scores other rows.
+        ("seeded with 42", |m| m["seed"] = 7.into()),
         ("pipeline.dense", |m| {
             m["pipeline"]["dense"].as_array_mut().unwrap().pop();
         }),
@@ -142,4 +144,70 @@ fn a_hand_edited_manifest_is_refused_by_export_and_eval_alike() {
         let err = run_err(tiderec().args(["eval", "--checkpoint"]).arg(&copy).args(["--data", &data]));
         assert!(err.contains(named), "{named}: {err}");
     }
+}
+
+/// A dynamic store holds only the rows it sees, so its tables may have far more rows than
+/// memory holds: `eval` and `predict` score with the rows the checkpoint lists (the same
+/// probabilities), `export --compact` writes them with the tables' whole shapes, and a
+/// whole `export` is refused naming the table and the memory it would need, an exit status
+/// and not a signal, before anything is written.
+#[test]
+fn a_dynamic_store_of_huge_tables_scores_without_holding_them_whole() {
+    let Some(train) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = std::fs::read_to_string(&train).unwrap();
+    let lines: Vec<&str> = text.lines().take(3000).collect();
+    let (head, tail) = lines.split_at(2000);
+    let (train_file, eval_file) = (d.join("train.tsv"), d.join("eval.tsv"));
+    std::fs::write(&train_file, head.join("\n")).unwrap();
+    std::fs::write(&eval_file, tail.join("\n")).unwrap();
+    let ckpt = d.join("ckpt");
+    run_ok(
+        tiderec()
+            .args(["train", "--store", "dynamic", "--buckets", "4000000000", "--max-rows", "100000"])
+            .args(["--steps", "20", "--batch-size", "64", "--progress", "none"])
+            .arg("--data")
+            .arg(format!("criteo:{}", train_file.display()))
+            .arg("--checkpoint-dir")
+            .arg(&ckpt)
+            .arg("--dead-letters")
+            .arg(d.join("train-dead.tsv")),
+    );
+    let data = format!("criteo:{}", eval_file.display());
+    let out = run_ok(
+        tiderec()
+            .args(["eval", "--json", "--data", &data, "--checkpoint"])
+            .arg(&ckpt)
+            .arg("--dead-letters")
+            .arg(d.join("eval-dead.tsv")),
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["samples"], 1000);
+    let scores = d.join("scores.csv");
+    run_ok(tiderec().args(["predict", "--data", &data, "--checkpoint"]).arg(&ckpt).arg("--out").arg(&scores));
+    let (probs, labels): (Vec<f32>, Vec<f32>) = std::fs::read_to_string(&scores)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[2].parse::<f32>().unwrap(), f[3].parse::<f32>().unwrap())
+        })
+        .unzip();
+    assert_eq!(probs.len(), 1000);
+    let auc = tiderec_operators::metrics::auc(&probs, &labels).unwrap();
+    assert!(auc > 0.55 && r["auc"].as_f64() == Some(auc), "predict's AUC {auc}, eval's {}", r["auc"]);
+
+    let whole = d.join("whole");
+    let err = refused(tiderec().args(["export", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&whole));
+    assert!(err.contains("table 0 has 4000000000 rows of 16 values") && err.contains("--compact"), "{err}");
+    assert!(err.contains("256000000000 bytes"), "{err}");
+    assert!(!whole.exists(), "export wrote {}", whole.display());
+    let compact = d.join("compact");
+    run_ok(tiderec().args(["export", "--compact", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&compact));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(compact.join("model.json")).unwrap()).unwrap();
+    assert_eq!(config["tensors"]["embeddings.C1"], serde_json::json!([4000000000u64, 16]));
+    assert_eq!(config["compact_tables"]["others"], "zero");
 }

@@ -7,6 +7,7 @@ use clap::Args;
 use std::path::PathBuf;
 use tiderec::paths::{self, Named};
 use tiderec::settings::range::{self, Range};
+use tiderec::settings::{OverDefaults, RecordPolicy};
 
 #[derive(Args)]
 pub(crate) struct ExportArgs {
@@ -21,6 +22,9 @@ pub(crate) struct ExportArgs {
     /// values re-created from the seed (docs/export.md).
     #[arg(long)]
     compact: bool,
+    /// Replace model.safetensors and model.json when --out holds them (refused otherwise).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 #[derive(Args)]
@@ -79,7 +83,46 @@ pub(crate) struct ScoreArgs {
     batch_size: usize,
     /// The malformed-record settings, as in `train`.
     #[command(flatten)]
-    records: tiderec::settings::OverDefaults<tiderec::settings::RecordPolicy>,
+    records: RecordFlags,
+}
+
+/// The malformed-record flags of `eval` and `predict`, as in `train`, and whether
+/// `--dead-letters` was given: without it, a scoring command writes a dead-letter file of
+/// its own, never the one a training run in the same directory wrote.
+struct RecordFlags {
+    policy: RecordPolicy,
+    dead_letters_given: bool,
+}
+
+const DEAD_LETTERS_HELP: &str = "Dead-letter file for malformed records [default: predict: beside --out, \
+                                 OUT.dead-letters.tsv; eval: tiderec-eval-dead-letters.tsv]";
+
+impl Args for RecordFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        OverDefaults::<RecordPolicy>::augment_args(cmd).mut_arg("dead_letters", |a| a.help(DEAD_LETTERS_HELP))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        OverDefaults::<RecordPolicy>::augment_args_for_update(cmd)
+            .mut_arg("dead_letters", |a| a.help(DEAD_LETTERS_HELP))
+    }
+}
+
+impl clap::FromArgMatches for RecordFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let OverDefaults(policy) = OverDefaults::from_arg_matches(matches)?;
+        Ok(RecordFlags { policy, dead_letters_given: dead_letters_given(matches) })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.policy.update_from_arg_matches(matches)?;
+        self.dead_letters_given |= dead_letters_given(matches);
+        Ok(())
+    }
+}
+
+fn dead_letters_given(matches: &clap::ArgMatches) -> bool {
+    matches.value_source("dead_letters") == Some(clap::parser::ValueSource::CommandLine)
 }
 
 impl ScoreArgs {
@@ -90,14 +133,20 @@ impl ScoreArgs {
         Ok(inputs)
     }
 
-    fn options(&self, labeled: bool) -> anyhow::Result<tiderec::predict::ScoreOptions> {
-        self.records.0.validate()?;
+    /// The options of a scoring pass, its dead letters in `dead_letters` unless
+    /// `--dead-letters` was given.
+    fn options(&self, labeled: bool, dead_letters: PathBuf) -> anyhow::Result<tiderec::predict::ScoreOptions> {
+        self.records.policy.validate()?;
+        let mut records = self.records.policy.clone();
+        if !self.records.dead_letters_given {
+            records.dead_letters = dead_letters;
+        }
         Ok(tiderec::predict::ScoreOptions {
             checkpoint: self.checkpoint.clone(),
             data: self.data.clone(),
             batch_size: self.batch_size,
             labeled,
-            records: self.records.0.clone(),
+            records,
             span: (0.0, 1.0),
         })
     }
@@ -140,6 +189,9 @@ pub(crate) fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     use tiderec_sinks::checkpoint::export::{CONFIG_FILE, MODEL_FILE};
     let outputs = [&a.out, &a.out.join(MODEL_FILE), &a.out.join(CONFIG_FILE)].map(|p| Named::new("--out", p));
     paths::check_outputs(&paths::tree_files("--checkpoint", &a.checkpoint)?, &outputs)?;
+    for file in &outputs[1..] {
+        paths::check_new(file, a.overwrite)?;
+    }
     let layout = if a.compact { TableLayout::Listed } else { TableLayout::Whole };
     let s = tiderec::serving::export(&a.checkpoint, &a.out, layout).context("export failed")?;
     let rows = match layout {
@@ -170,9 +222,9 @@ pub(crate) fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
 
 /// `tiderec eval`: scores labeled records and prints the metrics.
 pub(crate) fn run_eval(a: EvalArgs) -> anyhow::Result<()> {
-    let dead_letters = Named::new("--dead-letters", &a.score.records.0.dead_letters);
+    let mut options = a.score.options(true, tiderec::predict::EVAL_DEAD_LETTERS.into())?;
+    let dead_letters = Named::new("--dead-letters", &options.records.dead_letters);
     paths::check_outputs(&a.score.inputs()?, &[dead_letters])?;
-    let mut options = a.score.options(true)?;
     if let Some(f) = a.eval_fraction {
         options = options.held_out(f);
     }
@@ -181,12 +233,12 @@ pub(crate) fn run_eval(a: EvalArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&r)?);
     } else {
         println!(
-            "step {}: {} samples, AUC {}, logloss {:.4}, accuracy {}, NE {}, calibration {}, PR-AUC {}, GAUC \
-             {}, {} bad records",
+            "step {}: {} samples, AUC {}, logloss {}, accuracy {}, NE {}, calibration {}, PR-AUC {}, GAUC {}, \
+             {} bad records",
             r.step,
             r.samples,
             fmt_opt(r.auc),
-            r.logloss,
+            fmt_opt(r.logloss),
             fmt_opt(r.accuracy),
             fmt_opt(r.ne),
             fmt_opt(r.calibration),
@@ -201,10 +253,10 @@ pub(crate) fn run_eval(a: EvalArgs) -> anyhow::Result<()> {
 /// `tiderec predict`: writes one score per record.
 pub(crate) fn run_predict(a: PredictArgs) -> anyhow::Result<()> {
     let out = Named::new("--out", &a.out);
-    let dead_letters = Named::new("--dead-letters", &a.score.records.0.dead_letters);
+    let options = a.score.options(!a.unlabeled, tiderec::predict::dead_letters_beside(&a.out))?;
+    let dead_letters = Named::new("--dead-letters", &options.records.dead_letters);
     paths::check_outputs(&a.score.inputs()?, &[out.clone(), dead_letters])?;
     paths::check_new(&out, a.overwrite)?;
-    let options = a.score.options(!a.unlabeled)?;
     let r = tiderec::predict::predict(&options, &a.out).context("predict failed")?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);

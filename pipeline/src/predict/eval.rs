@@ -16,8 +16,8 @@ pub struct EvalReport {
     pub samples: u64,
     /// Exact AUC (`None` with one class only).
     pub auc: Option<f64>,
-    /// Mean log loss.
-    pub logloss: f64,
+    /// Mean log loss (`None` without records).
+    pub logloss: Option<f64>,
     /// Accuracy at 0.5 (`None` without records).
     pub accuracy: Option<f64>,
     /// Normalized entropy: log loss over the entropy of the records' CTR (`None` with one
@@ -47,7 +47,7 @@ pub fn eval(options: &ScoreOptions) -> Result<EvalReport, PipelineError> {
         step: summary.step,
         samples: summary.records,
         auc: m.auc,
-        logloss: m.logloss.unwrap_or(0.0),
+        logloss: m.logloss,
         accuracy: m.accuracy,
         ne: m.ne,
         calibration: m.calibration,

@@ -13,6 +13,9 @@
 //! * Nothing is silently dropped: every record of the input is scored or is a
 //!   bad record (counted, written to the dead-letter file, held to
 //!   `--max-bad-fraction`); header and empty lines are neither.
+//! * Every score is a finite probability: a record the model scores `NaN` or infinite
+//!   (values far outside those it was trained on overflow its layers) stops the run with
+//!   an error naming its file and position.
 //! * The output is written under a temporary name and renamed only when the
 //!   run succeeded, so a failed run leaves no partial output file.
 //! * Deterministic: one thread, records in file order, batches of a fixed size.
@@ -27,6 +30,7 @@ pub use scorer::Scorer;
 
 use crate::budget::{self, Split, Tally};
 use crate::config::DataSpec;
+use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::settings::RecordPolicy;
 use crate::PipelineError;
@@ -60,8 +64,21 @@ pub struct ScoreOptions {
     pub span: (f64, f64),
 }
 
+/// Where `eval` (and a pass of [`ScoreOptions::new`]) writes malformed records unless told:
+/// a file of its own, never the one a training run in the same directory writes.
+pub const EVAL_DEAD_LETTERS: &str = "tiderec-eval-dead-letters.tsv";
+
+/// Where `predict` writes the malformed records of its scores file `out` unless told:
+/// beside it, `OUT.dead-letters.tsv` (`scores.csv.dead-letters.tsv`).
+pub fn dead_letters_beside(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(".dead-letters.tsv");
+    out.with_file_name(name)
+}
+
 impl ScoreOptions {
-    /// Defaults for everything but the checkpoint and the data.
+    /// Defaults for everything but the checkpoint and the data; the dead letters go to
+    /// [`EVAL_DEAD_LETTERS`].
     pub fn new(checkpoint: &Path, data: &str) -> Self {
         let d = crate::TrainSettings::default();
         ScoreOptions {
@@ -69,7 +86,7 @@ impl ScoreOptions {
             data: data.to_string(),
             batch_size: d.run.eval_batch_size,
             labeled: true,
-            records: d.data.records,
+            records: RecordPolicy { dead_letters: EVAL_DEAD_LETTERS.into(), ..d.data.records },
             span: (0.0, 1.0),
         }
     }
@@ -100,6 +117,16 @@ impl Records {
             Records::Lines(r) => r.take_positions(),
             Records::Parquet(r) => r.take_positions(),
         }
+    }
+
+    /// A record's file and position in words: `FILE line N` of a text file, `FILE row N` of
+    /// a Parquet file (`names` are the files).
+    fn locate(&self, p: &RecordPosition, names: &[String]) -> String {
+        let unit = match self {
+            Records::Lines(_) => "line",
+            Records::Parquet(_) => "row",
+        };
+        format!("{} {unit} {}", names[p.file], p.position)
     }
 
     fn bad_counts(&self) -> BadRecordCounts {
@@ -280,6 +307,9 @@ pub fn score(
         let groups = std::mem::take(&mut batch.groups);
         let probs = scorer.probabilities(&mut batch)?;
         debug_assert_eq!(positions.len(), probs.len());
+        if let Some(k) = probs.iter().position(|p| !p.is_finite()) {
+            return Err(non_finite(options, step, records.locate(&positions[k], &names), probs[k]));
+        }
         on_batch(Scored { names: &names, positions: &positions, probs: &probs, labels: &labels, groups: &groups })?;
         scored += probs.len() as u64;
     }
@@ -296,6 +326,21 @@ pub fn score(
         seconds,
         records_per_sec: scored as f64 / seconds.max(1e-9),
     })
+}
+
+/// The error of the record at `at` whose probability `score` is not finite.
+fn non_finite(options: &ScoreOptions, step: u64, at: String, score: f32) -> PipelineError {
+    PipelineError::Checkpoint {
+        action: CheckpointAction::Score,
+        path: Some(options.checkpoint.clone()),
+        step: Some(step),
+        worker: None,
+        reason: format!(
+            "{at}: the model's score is {score}, not a finite number (its values may be far outside those the model \
+             was trained on)"
+        ),
+        source: None,
+    }
 }
 
 /// Scores `options.data` into `out` (`.csv` or `.parquet`); see the [module docs](self).

@@ -10,6 +10,7 @@
 use crate::PipelineError;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use tiderec_sinks::checkpoint::write::sync_dir;
 use tiderec_sources::parquet::scores::ScoreWriter;
 
 /// The output file's format, from its extension.
@@ -104,8 +105,9 @@ impl ScoreSink {
         }
     }
 
-    /// Finishes the file, syncs it and renames it to its name; on error the temporary
-    /// file is removed (a full disk leaves nothing behind).
+    /// Finishes the file, syncs it, renames it to its name and syncs its directory, so the
+    /// new name survives a crash; on error the temporary file is removed (a full disk leaves
+    /// nothing behind).
     pub fn commit(self) -> Result<(), PipelineError> {
         let finished = match self.writer {
             Writer::Csv(w) => w
@@ -118,7 +120,9 @@ impl ScoreSink {
             |_| {
                 let _ = std::fs::remove_file(&self.tmp);
             },
-        )
+        )?;
+        let dir = self.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Ok(sync_dir(dir)?)
     }
 
     /// Removes the temporary file (after a failed run).

@@ -11,6 +11,7 @@
 
 use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
+use crate::serving::embedding::Table;
 use crate::serving::ServedModel;
 use crate::PipelineError;
 use rustc_hash::FxHashMap;
@@ -24,7 +25,7 @@ use tiderec_operators::{Batch, SparseField};
 /// A loaded model ready to score batches; see the [module docs](self).
 pub struct Scorer {
     model: Box<dyn Model<f32>>,
-    tables: Vec<Vec<f32>>,
+    tables: Vec<Table>,
     table_sizes: Vec<u64>,
     dim: usize,
     num_sequences: usize,
@@ -113,11 +114,10 @@ impl Scorer {
             for (t, rows) in p.tables.iter().enumerate() {
                 let table = &mut self.tables[t];
                 for &id in &rows.removed {
-                    table[id as usize * dim..(id as usize + 1) * dim].fill(0.0);
+                    table.clear_row(id, dim);
                 }
-                for (k, &id) in rows.ids.iter().enumerate() {
-                    table[id as usize * dim..(id as usize + 1) * dim]
-                        .copy_from_slice(&rows.rows[k * dim..(k + 1) * dim]);
+                for (&id, row) in rows.ids.iter().zip(rows.rows.chunks_exact(dim.max(1))) {
+                    table.set_row(id, row);
                 }
             }
         }
@@ -139,7 +139,7 @@ impl Scorer {
             }
             let next = seen.len() as u32;
             let k = *seen.entry(id).or_insert_with(|| {
-                self.unique.extend_from_slice(&self.tables[t][id as usize * dim..(id as usize + 1) * dim]);
+                self.tables[t].append_row(id, dim, &mut self.unique);
                 next
             });
             self.index.push(k);

@@ -16,7 +16,7 @@ use tiderec_operators::nn::ModelConfig;
 pub struct TableTensor {
     /// Name in `model.safetensors`.
     pub name: String,
-    /// `[rows, width]`.
+    /// `[rows, width]`: the rows it holds (a whole table's, or the rows a compact export keeps).
     pub shape: Vec<usize>,
     /// `rows × width` values.
     pub values: Vec<f32>,
@@ -26,17 +26,9 @@ pub struct TableTensor {
     pub columns: std::ops::Range<usize>,
 }
 
-impl TableTensor {
-    /// The rows of `ids` (each below the row count), in that order: `ids.len() × width` values.
-    pub fn gather(&self, ids: &[u64]) -> Vec<f32> {
-        let width = self.shape[1];
-        ids.iter().flat_map(|&id| &self.values[id as usize * width..(id as usize + 1) * width]).copied().collect()
-    }
-}
-
 /// Splits (or renames) `tables` (one per sparse field, `rows × embedding_dim`
-/// each) into the tensors of the module docs, consuming them one at a time so
-/// that at most one table is held twice.
+/// each: every row of the table, or the rows a compact export keeps) into the tensors of
+/// the module docs, consuming them one at a time so that at most one table is held twice.
 pub fn table_tensors(model: &ModelConfig, names: &InputNames, tables: Vec<Vec<f32>>) -> Vec<TableTensor> {
     let e = model.embedding_dim().max(1);
     let first_wide_only = model.num_sparse() - crosses(model);
@@ -107,6 +99,5 @@ mod tests {
                 ("first_order.cross_0", &[1, 1][..], &[7.][..], 1, 0..1),
             ]
         );
-        assert_eq!(t[1].gather(&[1, 0]), [5., 6., 2., 3.]);
     }
 }

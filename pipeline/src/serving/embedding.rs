@@ -1,0 +1,193 @@
+//! A served model's embedding tables in memory.
+//!
+//! A table of a store that holds every row (the fixed store) is held whole, row `i` at
+//! id `i`. A table of a store that holds only the rows it sees (dynamic, tiered) is held
+//! as its rows by id: such a table may have far more rows than any memory holds (its
+//! `--buckets` only bound the ids), and only the rows the checkpoint lists are stored.
+//!
+//! Invariants:
+//! * A row a [`Table::Held`] does not list reads as zeros, as a dynamic store's absent
+//!   rows do.
+//! * A table is made whole ([`zeroed`], [`Table::into_whole`]) only after its size is
+//!   checked: a row count times a width that overflows, or that exceeds the memory
+//!   available, is a [`TooLarge`] error naming the table, its rows and the bytes it
+//!   needs, never an abort or a wrapped size.
+
+use rustc_hash::FxHashMap;
+use std::collections::hash_map::Entry;
+
+/// One embedding table of a served model (see the [module docs](self)).
+#[derive(Clone, Debug)]
+pub enum Table {
+    /// Every row: `rows × dim` values, row `i` = id `i`.
+    Whole(Vec<f32>),
+    /// The rows listed: row `id` is `rows[index[id] · dim ..][..dim]`; every other row is zeros.
+    Held {
+        /// Each listed id's place in `rows`.
+        index: FxHashMap<u64, usize>,
+        /// The listed rows, `dim` values each.
+        rows: Vec<f32>,
+    },
+}
+
+/// A table that cannot be held whole in memory.
+#[derive(Debug, thiserror::Error)]
+#[error("table {table} has {rows} rows of {dim} values: held whole, it needs {}", needs(*.bytes, *.available))]
+pub struct TooLarge {
+    /// The table.
+    pub table: usize,
+    /// Its rows.
+    pub rows: u64,
+    /// Values per row.
+    pub dim: usize,
+    /// Bytes it needs whole (`None`: more than 64 bits count, or than this machine addresses).
+    pub bytes: Option<u64>,
+    /// The memory available and where that figure comes from, when known.
+    pub available: Option<(u64, &'static str)>,
+}
+
+fn needs(bytes: Option<u64>, available: Option<(u64, &'static str)>) -> String {
+    match (bytes, available) {
+        (None, _) => "more bytes than this machine can address".into(),
+        (Some(b), Some((a, from))) => {
+            format!("{b} bytes ({}), more than the {} available ({from})", crate::memory::gib(b), crate::memory::gib(a))
+        }
+        (Some(b), None) => format!("{b} bytes ({}), more than could be allocated", crate::memory::gib(b)),
+    }
+}
+
+/// `rows × dim` zeros for table `table`, its size checked against the address space and
+/// the memory available before anything is allocated.
+pub fn zeroed(table: usize, rows: u64, dim: usize) -> Result<Vec<f32>, TooLarge> {
+    let len = usize::try_from(rows).ok().and_then(|n| n.checked_mul(dim));
+    let bytes = len.and_then(|l| u64::try_from(l).ok()).and_then(|l| l.checked_mul(4));
+    let available = crate::memory::available();
+    let too_large = || TooLarge { table, rows, dim, bytes, available };
+    let (Some(len), Some(b)) = (len, bytes) else { return Err(too_large()) };
+    if available.is_some_and(|(a, _)| b > a) {
+        return Err(too_large());
+    }
+    let mut values = Vec::new();
+    values.try_reserve_exact(len).map_err(|_| too_large())?;
+    values.resize(len, 0.0);
+    Ok(values)
+}
+
+impl Table {
+    /// A table of no rows yet, holding only the rows [set](Self::set_row) later.
+    pub fn held() -> Self {
+        Table::Held { index: FxHashMap::default(), rows: Vec::new() }
+    }
+
+    /// Row `id` (`dim` values); `None` for a row a held table does not list (zeros). The
+    /// id must be below the table's rows.
+    pub fn row(&self, id: u64, dim: usize) -> Option<&[f32]> {
+        match self {
+            Table::Whole(values) => Some(&values[id as usize * dim..(id as usize + 1) * dim]),
+            Table::Held { index, rows } => index.get(&id).map(|&k| &rows[k * dim..(k + 1) * dim]),
+        }
+    }
+
+    /// Appends row `id` (`dim` values) to `out`.
+    pub fn append_row(&self, id: u64, dim: usize, out: &mut Vec<f32>) {
+        match self.row(id, dim) {
+            Some(row) => out.extend_from_slice(row),
+            None => out.resize(out.len() + dim, 0.0),
+        }
+    }
+
+    /// Sets row `id` to `values` (a row's width of them).
+    pub fn set_row(&mut self, id: u64, values: &[f32]) {
+        let dim = values.len();
+        match self {
+            Table::Whole(whole) => whole[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(values),
+            Table::Held { index, rows } => match index.entry(id) {
+                Entry::Occupied(e) => rows[e.get() * dim..(e.get() + 1) * dim].copy_from_slice(values),
+                Entry::Vacant(e) => {
+                    e.insert(rows.len() / dim.max(1));
+                    rows.extend_from_slice(values);
+                }
+            },
+        }
+    }
+
+    /// Sets row `id` to zeros (a row its store dropped).
+    pub fn clear_row(&mut self, id: u64, dim: usize) {
+        match self {
+            Table::Whole(whole) => whole[id as usize * dim..(id as usize + 1) * dim].fill(0.0),
+            Table::Held { index, rows } => {
+                if let Some(&k) = index.get(&id) {
+                    rows[k * dim..(k + 1) * dim].fill(0.0);
+                }
+            }
+        }
+    }
+
+    /// The values stored: every row of a whole table, the listed rows of a held one.
+    pub fn values(&self) -> &[f32] {
+        match self {
+            Table::Whole(values) | Table::Held { rows: values, .. } => values,
+        }
+    }
+
+    /// The rows of `ids` (each below the table's rows), in that order: `ids.len() × dim` values.
+    pub fn rows_of(&self, ids: &[u64], dim: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(ids.len() * dim);
+        for &id in ids {
+            self.append_row(id, dim, &mut out);
+        }
+        out
+    }
+
+    /// Every row of this table, table `table` of `rows` rows of `dim`: `rows × dim` values,
+    /// row `i` = id `i`. A held table is made whole by [`zeroed`], so one too large for
+    /// memory is an error.
+    pub fn into_whole(self, table: usize, rows: u64, dim: usize) -> Result<Vec<f32>, TooLarge> {
+        match self {
+            Table::Whole(values) => Ok(values),
+            Table::Held { index, rows: held } => {
+                let mut whole = zeroed(table, rows, dim)?;
+                for (&id, &k) in &index {
+                    whole[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(&held[k * dim..(k + 1) * dim]);
+                }
+                Ok(whole)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A held table reads its listed rows as a whole table does and every other row as
+    /// zeros; set, cleared and re-set rows read alike in both.
+    #[test]
+    fn held_and_whole_tables_read_the_same_rows() {
+        let dim = 2;
+        let mut whole = Table::Whole(zeroed(0, 5, dim).unwrap());
+        let mut held = Table::held();
+        for table in [&mut whole, &mut held] {
+            table.set_row(3, &[1.0, 2.0]);
+            table.set_row(0, &[3.0, 4.0]);
+            table.set_row(4, &[5.0, 6.0]);
+            table.clear_row(4, dim);
+            table.set_row(3, &[7.0, 8.0]);
+        }
+        let ids = [0, 1, 2, 3, 4, 3];
+        assert_eq!(whole.rows_of(&ids, dim), held.rows_of(&ids, dim));
+        assert_eq!(held.rows_of(&ids, dim), [3., 4., 0., 0., 0., 0., 7., 8., 0., 0., 7., 8.]);
+        assert_eq!(held.values().len(), 3 * dim, "only the listed rows are stored");
+        assert_eq!(held.into_whole(0, 5, dim).unwrap(), whole.into_whole(0, 5, dim).unwrap());
+    }
+
+    /// A table too large for memory, or whose size overflows, is an error naming it.
+    #[test]
+    fn a_table_too_large_is_an_error_naming_it() {
+        let e = zeroed(3, u64::MAX, 16).unwrap_err();
+        assert_eq!((e.table, e.rows, e.bytes), (3, u64::MAX, None));
+        assert!(e.to_string().starts_with("table 3 has 18446744073709551615 rows of 16 values"), "{e}");
+        let e = Table::held().into_whole(7, 1 << 60, 8).unwrap_err();
+        assert!(e.to_string().contains("table 7 has 1152921504606846976 rows"), "{e}");
+    }
+}
