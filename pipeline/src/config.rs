@@ -428,15 +428,13 @@ impl TrainSettings {
                 format!("process {} is not below processes {}", self.cluster.process, self.cluster.processes),
             ));
         }
-        if self.run.batch_size < self.cluster.workers * self.cluster.processes {
-            return Err(PipelineError::config(
-                "batch_size",
-                format!(
-                    "{} is smaller than the {} workers",
-                    self.run.batch_size,
-                    self.cluster.workers * self.cluster.processes
-                ),
-            ));
+        // Every worker reads its share of each batch: one with a share of 0 would read none
+        // of its part of the data.
+        let workers = self.cluster.workers * self.cluster.processes;
+        for (key, size) in [("batch_size", self.run.batch_size), ("eval_batch_size", self.run.eval_batch_size)] {
+            if size < workers {
+                return Err(PipelineError::config(key, format!("{size} is smaller than the {workers} workers")));
+            }
         }
         let optimizer = self.optimizer.dense;
         crate::hygiene::validate(self)?;
@@ -736,6 +734,13 @@ mod tests {
         type Mutation = Box<dyn Fn(&mut TrainSettings)>;
         let cases: Vec<(&str, Mutation)> = vec![
             ("batch_size", Box::new(|s| s.run.batch_size = 0)),
+            (
+                "eval_batch_size",
+                Box::new(|s| {
+                    s.cluster.workers = 4;
+                    s.run.eval_batch_size = 2;
+                }),
+            ),
             ("data", Box::new(|s| s.data.source = "criteo:/no/such/file".into())),
             ("data", Box::new(|s| s.data.source = "parquet".into())),
             ("eval_fraction", Box::new(|s| s.data.eval_fraction = 1.5)),

@@ -74,8 +74,9 @@ pub fn micro_batch(batch: usize, worker: usize, workers: usize) -> usize {
     batch * (worker + 1) / workers - batch * worker / workers
 }
 
-/// First index of the synthetic evaluation split (disjoint from any training range).
-pub const SYNTHETIC_EVAL_BASE: u64 = 1 << 40;
+/// First index of the synthetic evaluation split (disjoint from any training range:
+/// `--samples` is at most this many).
+pub const SYNTHETIC_EVAL_BASE: u64 = crate::settings::MAX_SAMPLES;
 
 /// One worker's reader over a training or evaluation split.
 pub enum WorkerData {

@@ -214,7 +214,7 @@ pub fn model_summary(settings: &TrainSettings, resolved: &Resolved) -> Result<St
         _ => String::new(),
     };
     let dim = resolved.model.embedding_dim() as u64;
-    let rows: u64 = resolved.table_sizes.iter().sum();
+    let rows = resolved.table_sizes.iter().fold(0u64, |a, &b| a.saturating_add(b));
     Ok(format!(
         "model: {}{}{}; {} dense parameters; {} tables, {} rows x {} = {} embedding values; lr {} dense, {} rows",
         settings.model.kind,
@@ -277,15 +277,17 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     let total_steps = match &generator {
         Some(_) => {
             let per_epoch = (train_range.end - train_range.start).div_ceil(settings.run.batch_size as u64);
-            Some(settings.run.steps.map_or(per_epoch * settings.run.epochs, |s| s.min(per_epoch * settings.run.epochs)))
+            let all = per_epoch.saturating_mul(settings.run.epochs);
+            Some(settings.run.steps.map_or(all, |s| s.min(all)))
         }
         None => settings.run.steps,
     };
     // Parquet files know their rows: the bar counts samples and shows an ETA.
     let total_samples = match &resolved.data {
         DataSpec::Parquet(p) => {
-            let all = p.0.rows_in_span(if holdout { (0.0, split) } else { (0.0, 1.0) }) * settings.run.epochs;
-            Some(settings.run.steps.map_or(all, |s| all.min(s * settings.run.batch_size as u64)))
+            let all =
+                p.0.rows_in_span(if holdout { (0.0, split) } else { (0.0, 1.0) }).saturating_mul(settings.run.epochs);
+            Some(settings.run.steps.map_or(all, |s| all.min(s.saturating_mul(settings.run.batch_size as u64))))
         }
         _ => None,
     };

@@ -101,10 +101,14 @@ pub const DEFAULT_MAX_LEN: usize = 20;
 /// runs with different seeds (and a Parquet file converted under any seed) share their features.
 pub const DEFAULT_HASH_SEED: u64 = 42;
 
+/// The most samples a synthetic stream gives: its evaluation split starts there
+/// ([`SYNTHETIC_EVAL_BASE`](crate::data::SYNTHETIC_EVAL_BASE)), so the two never overlap.
+pub const MAX_SAMPLES: u64 = 1 << 40;
+
 // The ranges of the numeric settings above, one per setting.
 ranged!(eval_fraction: f64, below(0.0, 1.0));
 ranged!(shuffle_block_bytes: u64, closed(4096, 1 << 40));
-ranged!(samples: u64, closed(1, MAX_STEPS));
+ranged!(samples: u64, closed(1, MAX_SAMPLES));
 ranged!(buckets: u64, closed(1, MAX_ROWS));
 ranged!(table_sizes: u64, closed(1, MAX_ROWS));
 ranged!(max_len: usize, closed(1, 1 << 20));

@@ -35,7 +35,9 @@ mod store;
 
 pub use checkpoints::CheckpointSettings;
 pub use cluster::{default_workers, ClusterSettings};
-pub use data::{DataSettings, ReadAheadMode, RecordPolicy, DEFAULT_BUCKETS, DEFAULT_HASH_SEED, DEFAULT_MAX_LEN};
+pub use data::{
+    DataSettings, ReadAheadMode, RecordPolicy, DEFAULT_BUCKETS, DEFAULT_HASH_SEED, DEFAULT_MAX_LEN, MAX_SAMPLES,
+};
 pub use exchange::{ExchangeChoice, ExchangeSettings};
 pub use flags::{All, ConvertFlags, Featurizing, Flags, OverDefaults, Subset, TrainFlags};
 pub use model::{ModelKind, ModelSettings};
