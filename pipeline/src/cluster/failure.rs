@@ -10,10 +10,12 @@
 //! lost, and ends with the first error; and the heartbeats tell the other
 //! processes that this one failed ([`super::liveness`]).
 //!
-//! Invariant: the error kept is the first one reported; later ones are dropped
-//! (they are the first one's consequences or came at the same time).
+//! Invariant: the error given out is that of the lowest local worker that reported
+//! one, so a run whose workers fail together (through a step) names the same error
+//! whichever worker's thread came first; the time kept is that of the first report.
 
 use crate::PipelineError;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -22,23 +24,20 @@ use std::time::{Duration, Instant};
 /// without them: enough for workers that learnt of it through a step to finish theirs.
 pub const GRACE: Duration = Duration::from_secs(5);
 
-/// The first error of a local worker, and when it came.
+/// The local workers' own errors, and when the first came.
 #[derive(Debug, Default)]
 pub struct Failure {
-    error: Mutex<Option<PipelineError>>,
+    errors: Mutex<BTreeMap<usize, PipelineError>>,
     at: OnceLock<Instant>,
     failed: AtomicBool,
 }
 
 impl Failure {
-    /// Keeps `error` unless one is kept already.
-    pub fn report(&self, error: PipelineError) {
-        let mut kept = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        if kept.is_none() {
-            *kept = Some(error);
-            let _ = self.at.set(Instant::now());
-            self.failed.store(true, Ordering::Release);
-        }
+    /// Keeps worker `worker`'s `error`.
+    pub fn report(&self, worker: usize, error: PipelineError) {
+        self.errors.lock().unwrap_or_else(|e| e.into_inner()).entry(worker).or_insert(error);
+        let _ = self.at.set(Instant::now());
+        self.failed.store(true, Ordering::Release);
     }
 
     /// Whether a local worker has failed.
@@ -51,9 +50,9 @@ impl Failure {
         self.at.get().copied()
     }
 
-    /// The error kept, once.
+    /// The error of the lowest worker that reported one, once.
     pub fn take(&self) -> Option<PipelineError> {
-        self.error.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.errors.lock().unwrap_or_else(|e| e.into_inner()).pop_first().map(|(_, e)| e)
     }
 }
 
@@ -63,13 +62,15 @@ mod tests {
     use crate::error::DataflowFailure;
 
     #[test]
-    fn the_first_error_is_kept() {
+    fn the_lowest_workers_error_is_given_out() {
         let f = Failure::default();
         assert!(!f.failed() && f.since().is_none() && f.take().is_none());
-        f.report(PipelineError::dataflow(DataflowFailure::Start, "first"));
-        f.report(PipelineError::dataflow(DataflowFailure::Start, "second"));
-        assert!(f.failed() && f.since().is_some());
-        assert!(f.take().unwrap().to_string().contains("first"));
-        assert!(f.take().is_none() && f.failed(), "taken once; the process still failed");
+        f.report(3, PipelineError::dataflow(DataflowFailure::Start, "worker 3"));
+        let first = f.since();
+        f.report(1, PipelineError::dataflow(DataflowFailure::Start, "worker 1"));
+        assert!(f.failed() && first.is_some() && f.since() == first, "the time of the first report");
+        assert!(f.take().unwrap().to_string().contains("worker 1"));
+        assert!(f.take().unwrap().to_string().contains("worker 3"));
+        assert!(f.take().is_none() && f.failed(), "each taken once; the process still failed");
     }
 }

@@ -107,7 +107,7 @@ where
     let failure = cluster.failure.clone();
     let func = move |worker: &mut Worker| match func(worker) {
         Err(e) if !e.is_peer_failure() => {
-            failure.report(e);
+            failure.report(worker.index(), e);
             Err(PipelineError::dataflow(DataflowFailure::PeerFailed, "this worker's error is the process's"))
         }
         outcome => outcome,
