@@ -210,23 +210,51 @@ impl RunSummary {
         self
     }
 
-    /// Writes the summary as one pretty-printed JSON object to `path`, atomically.
+    /// Writes the summary as one pretty-printed JSON object to `path`: a file atomically,
+    /// through a temporary file of this process's own beside it (`NAME.tmp-PID`, which no
+    /// other file or run shares); a device or pipe (`/dev/stdout`) directly.
     pub fn write_json(&self, path: &Path) -> Result<(), SinkError> {
         let io = |source| SinkError::Io { path: path.display().to_string(), source };
         let json = serde_json::to_string_pretty(&self.clone().normalized()).expect("summary serialises");
-        let tmp = path.with_extension("json.tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(json.as_bytes()).map_err(io)?;
-        f.write_all(b"\n").map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)?;
-        Ok(())
+        let text = json + "\n";
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+            return std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .map_err(io);
+        }
+        let mut name = path.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".tmp-{}", std::process::id()));
+        let tmp = path.with_file_name(name);
+        let written = std::fs::File::create(&tmp)
+            .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map_err(io)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_temporary_file_of_its_own_and_devices_written_directly() {
+        let dir = tempfile::tempdir().unwrap();
+        // `results.txt`'s old temporary name was `results.json.tmp`: someone else's file.
+        let theirs = dir.path().join("results.json.tmp");
+        std::fs::write(&theirs, "keep me").unwrap();
+        let path = dir.path().join("results.txt");
+        let s = RunSummary { params_l2: 1.5, ..Default::default() };
+        s.write_json(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "keep me");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "no temporary file left: {names:?}");
+        s.write_json(Path::new("/dev/null")).unwrap();
+    }
 
     #[test]
     fn writes_valid_json_without_nan() {
