@@ -174,7 +174,9 @@ fn run_train(a: TrainArgs) -> anyhow::Result<()> {
     let settings = a.train.settings()?;
     tiderec::applicable::check(&settings, tiderec::applicable::For::Train)?;
     let inputs = run_files::train_inputs(&settings, a.train.config_path())?;
-    paths::check_outputs(&inputs, &run_files::train_outputs(&settings))?;
+    let outputs = run_files::train_outputs(&settings);
+    paths::check_outputs(&inputs, &outputs)?;
+    paths::check_outside(&run_files::train_data_dirs(&settings), &outputs)?;
     run_files::check_replaced(&settings, None, a.overwrite)?;
     let data = settings.data.source.clone();
     let workers = settings.cluster.workers * settings.cluster.processes;

@@ -55,6 +55,23 @@ pub enum PathError {
         /// The input file.
         input_path: PathBuf,
     },
+    /// An output would be written into a directory read as data.
+    #[error(
+        "{output} {} would be written into {}, which {input} reads as data: the next run on that directory would \
+         read it as records; nothing was written",
+        .output_path.display(),
+        .dir.display()
+    )]
+    OutputInDataDir {
+        /// The output's flag.
+        output: String,
+        /// The output as given.
+        output_path: PathBuf,
+        /// The input's flag.
+        input: String,
+        /// The data directory.
+        dir: PathBuf,
+    },
     /// Two outputs are the same file.
     #[error(
         "{first} {} and {second} {} are the same file: one output would overwrite the other; nothing was \
@@ -240,6 +257,33 @@ pub fn data_files(flag: &str, value: &str) -> Result<Vec<Named>, PathError> {
         }
     }
     Ok(files)
+}
+
+/// The directories among a data value's paths (`criteo:DIR`), named by `flag`.
+pub fn data_dirs(flag: &str, value: &str) -> Vec<Named> {
+    let Some((_, paths)) = value.split_once(':') else { return Vec::new() };
+    paths.split(',').filter(|p| !p.is_empty() && Path::new(p).is_dir()).map(|p| Named::new(flag, p)).collect()
+}
+
+/// Refuses an output file directly in one of `dirs` (directories read as data, whose
+/// every file is a data file).
+pub fn check_outside(dirs: &[Named], outputs: &[Named]) -> Result<(), PathError> {
+    for output in outputs {
+        let id = Identity::of(&output.path);
+        if id.special {
+            continue;
+        }
+        let Some(parent) = id.canonical.parent() else { continue };
+        if let Some(dir) = dirs.iter().find(|d| canonical(&d.path) == parent) {
+            return Err(PathError::OutputInDataDir {
+                output: output.flag.clone(),
+                output_path: output.path.clone(),
+                input: dir.flag.clone(),
+                dir: dir.path.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The files directly in `dir` (symbolic links followed), sorted: what a directory given
@@ -446,6 +490,23 @@ mod tests {
         std::os::unix::fs::symlink(&ckpt, &best).unwrap();
         let files = tree_files("--checkpoint", &best).unwrap();
         assert_eq!(files, vec![named("--checkpoint", &best.join("manifest.json"))]);
+    }
+
+    #[test]
+    fn an_output_in_a_data_directory_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("days");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("day0.txt"), "1\t2\n").unwrap();
+        let value = format!("criteo:{},{}", data.display(), data.join("day0.txt").display());
+        let dirs = data_dirs("--data", &value);
+        assert_eq!(dirs, vec![named("--data", &data)]);
+        // Spelled through `..`, and as a file that does not exist yet.
+        let inside = data.join("..").join("days").join("dead.tsv");
+        let e = check_outside(&dirs, &[named("--dead-letters", &inside)]).unwrap_err().to_string();
+        assert!(e.contains("--dead-letters") && e.contains(&data.display().to_string()) && e.contains("--data"), "{e}");
+        check_outside(&dirs, &[named("--dead-letters", &dir.path().join("dead.tsv"))]).unwrap();
+        check_outside(&dirs, &[named("--metrics-log", Path::new("/dev/null"))]).unwrap();
     }
 
     #[test]

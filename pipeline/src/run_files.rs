@@ -5,7 +5,7 @@
 //! Kept apart from [`crate::paths`], which depends on nothing else of the crate,
 //! so that the error type can name the checker's errors without a module cycle.
 
-use crate::paths::{check_new, data_files, spec_files, tree_files, Named, PathError};
+use crate::paths::{check_new, data_dirs, data_files, spec_files, tree_files, Named, PathError};
 use crate::TrainSettings;
 use std::path::Path;
 
@@ -28,6 +28,16 @@ pub fn train_inputs(settings: &TrainSettings, config: Option<&Path>) -> Result<V
         inputs.extend(tree_files("--checkpoint-dir", dir)?);
     }
     Ok(inputs)
+}
+
+/// The directories a `train` run reads as data (`--data`, `--eval`): no output may go
+/// into one ([`crate::paths::check_outside`]).
+pub fn train_data_dirs(settings: &TrainSettings) -> Vec<Named> {
+    let mut dirs = data_dirs("--data", &settings.data.source);
+    if let Some(eval) = &settings.data.eval {
+        dirs.extend(data_dirs("--eval", eval));
+    }
+    dirs
 }
 
 /// The files a `train` or `online` run with `settings` writes besides checkpoints: this

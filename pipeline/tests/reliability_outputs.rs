@@ -258,6 +258,26 @@ fn an_existing_metrics_log_is_kept_without_overwrite_or_resume() {
 }
 
 #[test]
+fn no_output_goes_into_a_directory_read_as_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let days = dir.path().join("days");
+    std::fs::create_dir_all(&days).unwrap();
+    records_file(&days, "day0.txt");
+    // Run inside it, the default dead-letter file would become the next run's data.
+    let e = run_err(tiderec().current_dir(&days).args(["train", "--data", "criteo:."]).args(QUICK));
+    assert!(e.contains("--dead-letters") && e.contains("reads as data"), "{e}");
+    let e = run_err(
+        tiderec()
+            .current_dir(dir.path())
+            .args(["train", "--data", "criteo:days", "--metrics-log", "days/log.jsonl"])
+            .args(QUICK),
+    );
+    assert!(e.contains("--metrics-log") && e.contains("reads as data"), "{e}");
+    let names: Vec<_> = std::fs::read_dir(&days).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["day0.txt"], "nothing was written");
+}
+
+#[test]
 fn an_existing_summary_json_is_refused_before_the_broker_is_asked() {
     let dir = tempfile::tempdir().unwrap();
     let summary = dir.path().join("summary.json");
