@@ -44,15 +44,14 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
             ),
         ));
     }
-    let scheduled = s.optimizer.lr_warmup > 0 || s.optimizer.lr_decay != DecayKind::None;
-    if scheduled && matches!(sparse, SparseOptimizerKind::Ftrl | SparseOptimizerKind::FtrlAdagrad) {
-        let key = if s.optimizer.lr_warmup > 0 { "lr_warmup" } else { "lr_decay" };
+    let to_zero = matches!(s.optimizer.lr_decay, DecayKind::Linear | DecayKind::Cosine);
+    if to_zero && matches!(sparse, SparseOptimizerKind::Ftrl | SparseOptimizerKind::FtrlAdagrad) {
         return Err(PipelineError::config(
-            key,
+            "lr_decay",
             format!(
-                "{} computes each weight from its sums divided by --sparse-lr (FTRL's alpha, not a step size): a \
-                 schedule would scale the weights, and a decay to 0 would ruin them; keep the rate constant",
-                s.optimizer.sparse
+                "{} divides each weight's sums by --sparse-lr (FTRL's alpha): a {} decay reaches 0 and would make \
+                 every weight NaN; use `step` decay or none",
+                s.optimizer.sparse, s.optimizer.lr_decay
             ),
         ));
     }
@@ -148,21 +147,19 @@ mod tests {
         refused(|s| s.optimizer.lr_decay = DecayKind::Step, "lr_decay_steps");
         refused(|s| s.optimizer.ftrl_l2 = 1.0, "ftrl");
         for sparse in [SparseOptimizerKind::Ftrl, SparseOptimizerKind::FtrlAdagrad] {
-            refused(
-                |s| {
-                    s.optimizer.sparse = sparse;
-                    s.optimizer.lr_decay = DecayKind::Cosine;
-                    s.optimizer.lr_decay_steps = Some(100);
-                },
-                "lr_decay",
-            );
-            refused(
-                |s| {
-                    s.optimizer.sparse = sparse;
-                    s.optimizer.lr_warmup = 10;
-                },
-                "lr_warmup",
-            );
+            for decay in [DecayKind::Linear, DecayKind::Cosine] {
+                refused(
+                    |s| {
+                        s.optimizer.sparse = sparse;
+                        s.optimizer.lr_decay = decay;
+                        s.optimizer.lr_decay_steps = Some(100);
+                    },
+                    "lr_decay",
+                );
+            }
+            let mut warm = TrainSettings::default();
+            (warm.optimizer.sparse, warm.optimizer.lr_warmup) = (sparse, 10);
+            assert!(validate(&warm).is_ok(), "a warm-up never reaches 0");
         }
         refused(
             |s| {

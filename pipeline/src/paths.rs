@@ -164,14 +164,18 @@ pub fn check_outputs(inputs: &[Named], outputs: &[Named]) -> Result<(), PathErro
 }
 
 /// Refuses an existing `output` unless `overwrite` (a dangling symbolic link exists too).
-/// A device or a pipe (`/dev/stdout`, a FIFO) holds nothing to lose: writing to it is
-/// no overwrite.
 pub fn check_new(output: &Named, overwrite: bool) -> Result<(), PathError> {
-    let special = std::fs::metadata(&output.path).is_ok_and(|m| !m.is_file() && !m.is_dir());
-    if !overwrite && !special && std::fs::symlink_metadata(&output.path).is_ok() {
+    if !overwrite && std::fs::symlink_metadata(&output.path).is_ok() {
         return Err(PathError::Exists { flag: output.flag.clone(), path: output.path.clone() });
     }
     Ok(())
+}
+
+/// [`check_new`] for an output written in place, never renamed over: a device or a pipe
+/// (`/dev/stdout`, a FIFO) holds nothing to lose, so writing to it is no overwrite.
+pub fn check_new_in_place(output: &Named, overwrite: bool) -> Result<(), PathError> {
+    let special = std::fs::metadata(&output.path).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    check_new(output, overwrite || special)
 }
 
 /// What makes two paths the same file.

@@ -362,8 +362,8 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         live,
     });
     let ctx = context.clone();
-    let print = fingerprint::of_train(settings, &resolved);
-    let guards = crate::cluster::start(&context.cluster, &print, move |worker| worker_main(worker, &ctx))?;
+    let print = || fingerprint::of_train(settings, &resolved);
+    let guards = crate::cluster::start(&context.cluster, print, move |worker| worker_main(worker, &ctx))?;
     let outcome = crate::cluster::join(&context.cluster, guards);
     context.dead_letters.lock().finish()?;
     let summary = outcome?;

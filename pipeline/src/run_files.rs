@@ -5,7 +5,7 @@
 //! Kept apart from [`crate::paths`], which depends on nothing else of the crate,
 //! so that the error type can name the checker's errors without a module cycle.
 
-use crate::paths::{check_new, data_dirs, data_files, spec_files, tree_files, Named, PathError};
+use crate::paths::{check_new_in_place, data_dirs, data_files, spec_files, tree_files, Named, PathError};
 use crate::TrainSettings;
 use std::path::Path;
 
@@ -60,8 +60,9 @@ pub fn check_replaced(settings: &TrainSettings, summary: Option<Named>, overwrit
     let replace = overwrite || settings.checkpoints.resume;
     let metrics = settings.run.metrics_json.as_ref().map(|p| Named::new("--metrics-json", p));
     let log = settings.run.metrics_log.as_ref().map(|p| Named::new("--metrics-log", p));
+    // The metrics JSON and the summary go to a device directly, the log always.
     for output in metrics.into_iter().chain(log).chain(summary) {
-        check_new(&output, replace)?;
+        check_new_in_place(&output, replace)?;
     }
     Ok(())
 }

@@ -253,6 +253,11 @@ fn an_existing_metrics_log_is_kept_without_overwrite_or_resume() {
     run_ok(&mut train(&log, &["--overwrite"]));
     let lines = std::fs::read_to_string(&log).unwrap();
     assert!(!lines.contains("keep me") && lines.lines().count() >= 2, "{lines}");
+    // `--resume` continues the log even with no checkpoint to resume yet.
+    let ck = d.join("ck").display().to_string();
+    run_ok(&mut train(&log, &["--resume", "--checkpoint-dir", &ck]));
+    let resumed = std::fs::read_to_string(&log).unwrap();
+    assert!(resumed.starts_with(&lines) && resumed.len() > lines.len(), "appended:\n{resumed}");
     // A device holds nothing to lose.
     run_ok(&mut train(Path::new("/dev/null"), &[]));
 }

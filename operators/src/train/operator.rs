@@ -174,6 +174,11 @@ fn commands<'scope>(
         move |(input, frontier), output| {
             input.for_each(|cap, data: &mut Vec<Batch>| {
                 let t = *cap.least().expect("a message has a time");
+                // Once the steps have ended, later batches have no step to join.
+                if next.is_none() {
+                    data.clear();
+                    return;
+                }
                 for batch in data.drain(..) {
                     if let Err(e) = steps.add(&config, t, batch) {
                         errors.borrow_mut().push((t, e));

@@ -13,7 +13,8 @@
 //! The byte says how the writer stands: [`ALIVE`], or [`FAILED`] once one of its
 //! workers failed with an error of its own ([`super::failure`]), which its peers'
 //! workers may never learn of through the dataflow: a reader that sees it reports
-//! the writer through `on_lost` at once.
+//! the writer through `on_lost` unless its own workers have ended within a short
+//! grace (a failure inside a step reaches them through the step).
 //!
 //! The threads are detached; they stop on their own once `done` is set (a
 //! reader within one timeout, a writer within one interval) or their
@@ -36,6 +37,9 @@ pub fn interval(timeout: Duration) -> Duration {
 pub const ALIVE: u8 = 1;
 /// The heartbeat of a process one of whose workers failed with its own error.
 pub const FAILED: u8 = 2;
+
+/// How long after a peer's [`FAILED`] this process's workers may take to end on their own.
+const FAILED_GRACE: Duration = Duration::from_secs(2);
 
 /// What the heartbeat threads of a process share.
 #[derive(Clone)]
@@ -79,7 +83,13 @@ pub fn watch(
                 match reader.read(&mut buf) {
                     Ok(0) => return,
                     Ok(n) if buf[..n].contains(&FAILED) => {
-                        on_lost(p, "it stopped with an error of its own (its output names it)".into());
+                        // A failure inside a step reaches this process's workers through the
+                        // step, and they end on their own: only one they never learn of
+                        // (they are still running after a while) makes the peer lost.
+                        std::thread::sleep(FAILED_GRACE);
+                        if !beats.done.load(Ordering::Relaxed) {
+                            on_lost(p, "it stopped with an error of its own (its output names it)".into());
+                        }
                         return;
                     }
                     Ok(_) => {}

@@ -96,10 +96,15 @@ impl Cluster {
 /// What each worker returns: worker 0's summary, or an error.
 pub type Outcome<T> = Result<Option<T>, PipelineError>;
 
-/// Starts the workers running `func`: for several processes, after the handshake on
-/// `print` (an error names every setting that differs). A worker's own error (not
+/// Starts the workers running `func`: for several processes, after the handshake on the
+/// fingerprint `print` makes (an error names every setting that differs; one process
+/// makes none: it reads the data files' first and last MiB). A worker's own error (not
 /// "another worker failed") goes to `cluster.failure` the moment it returns.
-pub fn start<T, F>(cluster: &Cluster, print: &Fingerprint, func: F) -> Result<WorkerGuards<Outcome<T>>, PipelineError>
+pub fn start<T, F>(
+    cluster: &Cluster,
+    print: impl FnOnce() -> Fingerprint,
+    func: F,
+) -> Result<WorkerGuards<Outcome<T>>, PipelineError>
 where
     T: Send + 'static,
     F: Fn(&mut Worker) -> Outcome<T> + Send + Sync + 'static,
@@ -119,7 +124,7 @@ where
         return timely::execute(role.timely_config(cluster.threads), func).map_err(start_error);
     }
     lost_peer::install();
-    let links = handshake::connect_and_agree(cluster.process, &cluster.addresses, print, cluster.connect_timeout)?;
+    let links = handshake::connect_and_agree(cluster.process, &cluster.addresses, &print(), cluster.connect_timeout)?;
     // A silent or failed process is recorded as lost and its data connection shut down here, so
     // timely's threads fail as if it had died and the run ends through `join`.
     let switches =

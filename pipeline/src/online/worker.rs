@@ -153,9 +153,11 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         cluster: Cluster::new(s, &resolved),
     });
     let ctx = shared.clone();
-    let guards = crate::cluster::start(&shared.cluster, &settings.fingerprint(&resolved), move |worker| {
-        worker_main(worker, &ctx)
-    })?;
+    let guards = crate::cluster::start(
+        &shared.cluster,
+        || settings.fingerprint(&resolved),
+        move |worker| worker_main(worker, &ctx),
+    )?;
     let outcome = crate::cluster::join(&shared.cluster, guards);
     shared.dead_letters.lock().finish()?;
     let mut summary = outcome?;
@@ -354,7 +356,7 @@ impl<'a> OnlineRun<'a> {
         }
         let progress = if me == 0 { Progress::new(s.run.progress, None) } else { Progress::None };
         let log = match (me, s.cluster.process) {
-            (0, 0) => MetricsLog::for_run(&s.run, resumed.is_some(), true)?,
+            (0, 0) => MetricsLog::for_run(&s.run, resumed.is_some() || s.checkpoints.resume, true)?,
             _ => None,
         };
         let batch = Batch::with_sequences(ctx.resolved.shape.0, ctx.resolved.shape.1, format.num_sequences());

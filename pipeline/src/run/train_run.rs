@@ -90,7 +90,9 @@ impl<'a> TrainRun<'a> {
         let (mut steps, mut samples, mut epochs, mut loss_total) = (0u64, 0u64, 0u64, 0.0f64);
         let reports = match me {
             0 => {
-                let log = MetricsLog::for_run(&s.run, resumed.is_some(), false)?;
+                // `--resume` appends even when there was no checkpoint to resume: the file
+                // was let through as the log of the run it continues.
+                let log = MetricsLog::for_run(&s.run, resumed.is_some() || s.checkpoints.resume, false)?;
                 Reports::new(log, ctx.live.clone())
             }
             _ => Reports::new(None, None),

@@ -21,10 +21,14 @@ use std::collections::hash_map::Entry;
 pub enum Table {
     /// Every row: `rows × dim` values, row `i` = id `i`.
     Whole(Vec<f32>),
-    /// The rows listed: row `id` is `rows[index[id] · dim ..][..dim]`; every other row is zeros.
+    /// The rows listed: row `id` is `rows[index[id] · dim ..][..dim]`; every other row is
+    /// zeros. A cleared row is removed (the last row takes its place), so memory follows
+    /// the rows listed, not every id ever listed.
     Held {
         /// Each listed id's place in `rows`.
         index: FxHashMap<u64, usize>,
+        /// The id of each place of `rows`.
+        ids: Vec<u64>,
         /// The listed rows, `dim` values each.
         rows: Vec<f32>,
     },
@@ -76,7 +80,7 @@ pub fn zeroed(table: usize, rows: u64, dim: usize) -> Result<Vec<f32>, TooLarge>
 impl Table {
     /// A table of no rows yet, holding only the rows [set](Self::set_row) later.
     pub fn held() -> Self {
-        Table::Held { index: FxHashMap::default(), rows: Vec::new() }
+        Table::Held { index: FxHashMap::default(), ids: Vec::new(), rows: Vec::new() }
     }
 
     /// Row `id` (`dim` values); `None` for a row a held table does not list (zeros). The
@@ -84,7 +88,7 @@ impl Table {
     pub fn row(&self, id: u64, dim: usize) -> Option<&[f32]> {
         match self {
             Table::Whole(values) => Some(&values[id as usize * dim..(id as usize + 1) * dim]),
-            Table::Held { index, rows } => index.get(&id).map(|&k| &rows[k * dim..(k + 1) * dim]),
+            Table::Held { index, rows, .. } => index.get(&id).map(|&k| &rows[k * dim..(k + 1) * dim]),
         }
     }
 
@@ -101,24 +105,31 @@ impl Table {
         let dim = values.len();
         match self {
             Table::Whole(whole) => whole[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(values),
-            Table::Held { index, rows } => match index.entry(id) {
+            Table::Held { index, ids, rows } => match index.entry(id) {
                 Entry::Occupied(e) => rows[e.get() * dim..(e.get() + 1) * dim].copy_from_slice(values),
                 Entry::Vacant(e) => {
-                    e.insert(rows.len() / dim.max(1));
+                    e.insert(ids.len());
+                    ids.push(id);
                     rows.extend_from_slice(values);
                 }
             },
         }
     }
 
-    /// Sets row `id` to zeros (a row its store dropped).
+    /// Sets row `id` to zeros (a row its store dropped); a held table forgets it.
     pub fn clear_row(&mut self, id: u64, dim: usize) {
         match self {
             Table::Whole(whole) => whole[id as usize * dim..(id as usize + 1) * dim].fill(0.0),
-            Table::Held { index, rows } => {
-                if let Some(&k) = index.get(&id) {
-                    rows[k * dim..(k + 1) * dim].fill(0.0);
+            Table::Held { index, ids, rows } => {
+                let Some(k) = index.remove(&id) else { return };
+                let last = ids.len() - 1;
+                if k != last {
+                    rows.copy_within(last * dim..(last + 1) * dim, k * dim);
+                    ids[k] = ids[last];
+                    index.insert(ids[k], k);
                 }
+                ids.pop();
+                rows.truncate(last * dim);
             }
         }
     }
@@ -145,7 +156,7 @@ impl Table {
     pub fn into_whole(self, table: usize, rows: u64, dim: usize) -> Result<Vec<f32>, TooLarge> {
         match self {
             Table::Whole(values) => Ok(values),
-            Table::Held { index, rows: held } => {
+            Table::Held { index, rows: held, .. } => {
                 let mut whole = zeroed(table, rows, dim)?;
                 for (&id, &k) in &index {
                     whole[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(&held[k * dim..(k + 1) * dim]);
@@ -177,7 +188,18 @@ mod tests {
         let ids = [0, 1, 2, 3, 4, 3];
         assert_eq!(whole.rows_of(&ids, dim), held.rows_of(&ids, dim));
         assert_eq!(held.rows_of(&ids, dim), [3., 4., 0., 0., 0., 0., 7., 8., 0., 0., 7., 8.]);
-        assert_eq!(held.values().len(), 3 * dim, "only the listed rows are stored");
+        assert_eq!(held.values().len(), 2 * dim, "only the listed rows are stored, a cleared one forgotten");
+        for table in [&mut whole, &mut held] {
+            table.clear_row(0, dim);
+            table.clear_row(1, dim);
+            table.set_row(4, &[9.0, 9.5]);
+            table.set_row(2, &[1.5, 2.5]);
+            // Not the last row: the last one takes its place.
+            table.clear_row(3, dim);
+        }
+        assert_eq!(whole.rows_of(&ids, dim), held.rows_of(&ids, dim));
+        assert_eq!(held.rows_of(&[2, 4], dim), [1.5, 2.5, 9.0, 9.5]);
+        assert_eq!(held.values().len(), 2 * dim);
         assert_eq!(held.into_whole(0, 5, dim).unwrap(), whole.into_whole(0, 5, dim).unwrap());
     }
 

@@ -50,14 +50,7 @@ pub fn write_serving(dir: &Path, tensors: &[Tensor<'_>], config: &serde_json::Va
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let tmp_model = dir.join(format!(".{MODEL_FILE}.tmp"));
     let tmp_config = dir.join(format!(".{CONFIG_FILE}.tmp"));
-    // A directory this call made is made durable in its parent too.
-    let written = write_both(dir, tensors, config, &tmp_model, &tmp_config).and_then(|()| {
-        if created {
-            sync_dir(parent(dir))
-        } else {
-            Ok(())
-        }
-    });
+    let written = write_both(dir, tensors, config, &tmp_model, &tmp_config);
     if written.is_err() {
         // Nothing half-written stays: the temporary files, and the directory if this call made it.
         let _ = std::fs::remove_file(&tmp_model);
@@ -65,8 +58,14 @@ pub fn write_serving(dir: &Path, tensors: &[Tensor<'_>], config: &serde_json::Va
         if created {
             let _ = std::fs::remove_dir_all(dir);
         }
+        return written;
     }
-    written
+    // A directory this call made is made durable in its parent too; the export in it is
+    // complete, so a failure here leaves it in place.
+    if created {
+        sync_dir(parent(dir))?;
+    }
+    Ok(())
 }
 
 /// The writes of [`write_serving`]: both files under their temporary names, then renamed.
