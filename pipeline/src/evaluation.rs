@@ -80,7 +80,7 @@ impl Tracker {
         if improved {
             self.best = Some(self.history.len() - 1);
         }
-        Verdict { improved, stop: self.patience_spent() }
+        Verdict { improved, stop: self.stopped() }
     }
 
     /// Evaluations since the best one (all of them when none was best).
@@ -103,15 +103,11 @@ impl Tracker {
         self.history.last()
     }
 
-    /// True when early stopping has already ended training (a resumed run of a stopped one).
-    pub fn stopped(&self) -> bool {
-        self.patience_spent()
-    }
-
-    /// Whether `patience` evaluations have passed since the best one. Never before a best:
+    /// True when early stopping has ended training: `patience` evaluations have passed since
+    /// the best one (also read by a resumed run of a stopped one). Never before a best:
     /// there is nothing to go back to, and an undefined figure (one class only) is no
     /// reason to stop.
-    fn patience_spent(&self) -> bool {
+    pub fn stopped(&self) -> bool {
         self.best.is_some() && self.patience.is_some_and(|p| self.since_best() >= p)
     }
 }

@@ -174,8 +174,13 @@ pub fn check_new(output: &Named, overwrite: bool) -> Result<(), PathError> {
 /// [`check_new`] for an output written in place, never renamed over: a device or a pipe
 /// (`/dev/stdout`, a FIFO) holds nothing to lose, so writing to it is no overwrite.
 pub fn check_new_in_place(output: &Named, overwrite: bool) -> Result<(), PathError> {
-    let special = std::fs::metadata(&output.path).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    let special = std::fs::metadata(&output.path).is_ok_and(|m| is_special(&m));
     check_new(output, overwrite || special)
+}
+
+/// Whether a path is neither a file nor a directory (a device, a FIFO, a socket).
+fn is_special(meta: &std::fs::Metadata) -> bool {
+    !meta.is_file() && !meta.is_dir()
 }
 
 /// What makes two paths the same file.
@@ -195,7 +200,7 @@ impl Identity {
         Identity {
             inode: meta.as_ref().and_then(inode),
             canonical: canonical(path),
-            special: meta.is_some_and(|m| !m.is_file() && !m.is_dir()),
+            special: meta.as_ref().is_some_and(is_special),
         }
     }
 

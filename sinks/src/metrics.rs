@@ -224,9 +224,7 @@ impl RunSummary {
                 .and_then(|mut f| f.write_all(text.as_bytes()))
                 .map_err(io);
         }
-        let mut name = path.file_name().unwrap_or_default().to_os_string();
-        name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = path.with_file_name(name);
+        let tmp = crate::checkpoint::write::temp_beside(path);
         let written = std::fs::File::create(&tmp)
             .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
             .and_then(|()| std::fs::rename(&tmp, path));

@@ -10,7 +10,7 @@
 use crate::PipelineError;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use tiderec_sinks::checkpoint::write::sync_dir;
+use tiderec_sinks::checkpoint::write::{sync_parent, temp_beside};
 use tiderec_sources::parquet::scores::ScoreWriter;
 
 /// The output file's format, from its extension.
@@ -66,9 +66,7 @@ fn csv_field(field: &str) -> std::borrow::Cow<'_, str> {
 impl ScoreSink {
     /// Creates the temporary file beside `out`; `labeled` adds the `label` column.
     pub fn create(out: &Path, format: ScoreFormat, labeled: bool) -> Result<Self, PipelineError> {
-        let mut name = out.file_name().unwrap_or_default().to_os_string();
-        name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = out.with_file_name(name);
+        let tmp = temp_beside(out);
         let writer = Self::open(&tmp, format, labeled).inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
         })?;
@@ -121,8 +119,7 @@ impl ScoreSink {
                 let _ = std::fs::remove_file(&self.tmp);
             },
         )?;
-        let dir = self.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        Ok(sync_dir(dir)?)
+        Ok(sync_parent(&self.out)?)
     }
 
     /// Removes the temporary file (after a failed run).

@@ -19,7 +19,7 @@
 //! directory is fsynced after the renames.
 
 use super::tensors::write;
-use super::write::sync_dir;
+use super::write::{sync_dir, sync_parent};
 use crate::SinkError;
 use std::collections::HashMap;
 use std::io::Write;
@@ -63,7 +63,7 @@ pub fn write_serving(dir: &Path, tensors: &[Tensor<'_>], config: &serde_json::Va
     // A directory this call made is made durable in its parent too; the export in it is
     // complete, so a failure here leaves it in place.
     if created {
-        sync_dir(parent(dir))?;
+        sync_parent(dir)?;
     }
     Ok(())
 }
@@ -87,11 +87,6 @@ fn write_both(
     let mut f = std::fs::File::create(tmp_config).map_err(io(tmp_config))?;
     f.write_all(text.as_bytes()).and_then(|_| f.sync_all()).map_err(io(tmp_config))?;
     replace(dir, tmp_model, tmp_config)
-}
-
-/// The directory `path` is in (`.` for a bare name).
-fn parent(path: &Path) -> &Path {
-    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
 /// Renames the written temporary files into place in `dir`, `model.json` last, after an
