@@ -5,6 +5,7 @@
 //! * [`checkpoint`]: checkpoint directories (safetensors + manifest), written durably, verified on load.
 //! * [`dead_letters`]: files of malformed input records, one per line.
 //! * [`metrics`]: the run summary written by `--metrics-json`.
+//! * [`temp`]: temporary names for files written whole, then renamed into place.
 //! * [`error`]: the crate's error type, [`SinkError`].
 
 #![deny(missing_docs)]
@@ -14,5 +15,6 @@ pub mod checkpoint;
 pub mod dead_letters;
 pub mod error;
 pub mod metrics;
+pub mod temp;
 
 pub use error::SinkError;

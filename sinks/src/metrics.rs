@@ -224,7 +224,7 @@ impl RunSummary {
                 .and_then(|mut f| f.write_all(text.as_bytes()))
                 .map_err(io);
         }
-        let tmp = crate::checkpoint::write::temp_beside(path);
+        let tmp = crate::temp::temp_beside(path);
         let written = std::fs::File::create(&tmp)
             .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
             .and_then(|()| std::fs::rename(&tmp, path));

@@ -10,7 +10,8 @@
 use crate::PipelineError;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use tiderec_sinks::checkpoint::write::{sync_parent, temp_beside};
+use tiderec_sinks::checkpoint::write::sync_parent;
+use tiderec_sinks::temp::temp_beside;
 use tiderec_sources::parquet::scores::ScoreWriter;
 
 /// The output file's format, from its extension.

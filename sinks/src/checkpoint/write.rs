@@ -41,14 +41,6 @@ pub fn sync_parent(path: &Path) -> Result<(), SinkError> {
     sync_dir(path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
 }
 
-/// A temporary name beside `path` that is this process's own (`NAME.tmp-PID`): no other
-/// file or run uses it, so writing it and renaming it over `path` replaces nothing else.
-pub fn temp_beside(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".tmp-{}", std::process::id()));
-    path.with_file_name(name)
-}
-
 /// Creates the empty temporary directory of the checkpoint of `step` in `dir`
 /// (`.tmp-ckpt-<step>-<pid>`, replacing a leftover of the same name).
 pub fn create_temp(dir: &Path, step: u64) -> Result<PathBuf, SinkError> {
