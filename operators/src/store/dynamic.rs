@@ -226,16 +226,19 @@ impl DynamicStore {
         }
     }
 
+    /// True when a row last updated by `m.last_seen` has outlived the TTL once
+    /// `completed` steps are done: no update in more than `ttl` steps.
+    pub(crate) fn expired(&self, m: &Meta, completed: u64) -> bool {
+        self.ttl.is_some_and(|ttl| completed.saturating_sub(m.last_seen.saturating_add(1)) > ttl)
+    }
+
     /// Eviction: rows not updated for more than `ttl` steps, then the least
     /// frequently used rows (ties: least recently used, then table and id)
     /// beyond `budget`.
     pub(crate) fn evict(&mut self, budget: Option<u64>) {
-        if let Some(ttl) = self.ttl {
-            let step = self.step;
+        if self.ttl.is_some() {
             let stale: Vec<usize> = (0..self.meta.len())
-                .filter(|&s| {
-                    self.meta[s].table != FREE && step.saturating_sub(self.meta[s].last_seen.saturating_add(1)) > ttl
-                })
+                .filter(|&s| self.meta[s].table != FREE && self.expired(&self.meta[s], self.step))
                 .collect();
             for s in stale {
                 self.evict_slot(s);

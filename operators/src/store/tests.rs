@@ -286,6 +286,50 @@ fn ttl_evicts_rows_not_seen_for_ttl_steps() {
     assert_eq!(row, init);
 }
 
+/// A hot row outlives the TTL like a cold one: it leaves the hot tier and the
+/// store, and comes back as its seeded initial row; the rows still updated stay
+/// hot. Both ways out: a re-plan that skips it, and an eviction step between re-plans.
+#[test]
+fn ttl_evicts_hot_rows_too() {
+    let sizes = [1000u64];
+    // (warmup, flush_every, ttl_steps, the first step after which row 1 is gone)
+    for (warmup, flush_every, ttl, gone_after) in [(2u64, 1u64, 3u64, 5u64), (3, 4, 4, 7)] {
+        let cfg = StoreConfig {
+            kind: StoreKind::Tiered,
+            hot_rows: 4,
+            warmup,
+            flush_every,
+            ttl_steps: Some(ttl),
+            ..StoreConfig::default()
+        };
+        let mut store = TieredStore::new(&cfg, &params(0, 1, &sizes, SparseOptimizerKind::Sgd));
+        let g = [0.1f32; DIM];
+        for s in 0..warmup {
+            for id in 1..=4 {
+                store.apply(0, id, &g);
+            }
+            store.end_step(s + 1);
+        }
+        assert_eq!(store.hot_len(), 4, "rows 1..=4 are hot after the warmup");
+        for s in warmup..12 {
+            for id in 2..=4 {
+                store.apply(0, id, &g);
+            }
+            assert_eq!(store.relays_at(s + 1), store.plans_at(s + 1) || s == gone_after, "step {s}");
+            store.end_step(s + 1);
+            let held = store.export_table(0).ids;
+            assert_eq!(held.contains(&1), s < gone_after, "warmup {warmup}: row 1 after step {s}");
+        }
+        assert_eq!(store.hot_ids(), vec![(0, 2), (0, 3), (0, 4)]);
+        assert_eq!((store.num_rows(), store.stats().evictions), (3, 1));
+        let mut row = Vec::new();
+        store.gather(0, &[1], &mut row);
+        let mut init = vec![0.0; DIM];
+        init_row(9, 0, 1, 1.0 / (1000f32).sqrt(), &mut init);
+        assert_eq!(row, init);
+    }
+}
+
 #[test]
 fn admission_by_count_admits_exactly_the_ids_seen_n_times() {
     let sizes = [10_000u64, 10_000];
@@ -705,7 +749,8 @@ fn changes_since_a_mark_applied_onto_the_export_at_the_mark_give_the_export_of_n
     let work = workload(&sizes, 40, 30);
     let evicting = StoreConfig { max_rows: Some(120), ttl_steps: Some(6), ..config(StoreKind::Dynamic) };
     let replanning = StoreConfig { max_rows: Some(200), ..config(StoreKind::Tiered) };
-    for cfg in [config(StoreKind::Fixed), evicting, replanning, config(StoreKind::Tiered)] {
+    let expiring = StoreConfig { ttl_steps: Some(2), flush_every: 1, ..config(StoreKind::Tiered) };
+    for cfg in [config(StoreKind::Fixed), evicting, replanning, expiring, config(StoreKind::Tiered)] {
         let p = params(0, 1, &sizes, SparseOptimizerKind::RowwiseAdagrad);
         let mut store = Store::new(&cfg, &p).unwrap();
         let sw = store.state_width();

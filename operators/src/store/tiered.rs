@@ -15,6 +15,10 @@
 //! entries and stays in cache; a hit then reads the dense hot array with no
 //! further hashing. A move copies values, state and counts bit for bit, so a
 //! re-plan never changes the model.
+//!
+//! With `ttl_steps`, a row that outlived the TTL is never planned hot, and at
+//! each eviction step (every `flush_every` steps) an expired hot row moves
+//! back to the cold tier, which evicts it: the TTL holds in both tiers.
 
 use super::{
     CountMinSketch, DifferentialFrequencies, DynamicStore, EmbeddingStore, FrequencySource, StoreConfig, StoreParams,
@@ -67,7 +71,9 @@ pub struct TieredStore {
     hot_hits: u64,
     replans: u64,
     moves: u64,
-    /// At the last checkpoint mark: the re-plan count and the hot rows `(table, id)`.
+    /// Changes of the hot tier's layout: re-plans and expiries.
+    relayouts: u64,
+    /// At the last checkpoint mark: the layout count and the hot rows `(table, id)`.
     marked_layout: (u64, Vec<(u32, u64)>),
 }
 
@@ -99,6 +105,7 @@ impl TieredStore {
             hot_hits: 0,
             replans: 0,
             moves: 0,
+            relayouts: 0,
             marked_layout: (0, Vec::new()),
         }
     }
@@ -129,10 +136,12 @@ impl TieredStore {
             dd.settle();
         }
         let (d, w) = (self.dim, self.state_width);
+        let step = self.cold.step();
         let mut ranked: Vec<(Reverse<u32>, u32, u64)> = self
             .hot_meta
             .iter()
             .chain(self.cold.live_meta())
+            .filter(|m| !self.cold.expired(m, step))
             .map(|m| (Reverse(self.score(m)), m.table, m.id))
             .filter(|&(Reverse(score), ..)| score >= HOT_MIN_COUNT)
             .collect();
@@ -173,6 +182,48 @@ impl TieredStore {
         self.hot_meta = meta;
         self.hot_index = index;
         self.replans += 1;
+        self.relayouts += 1;
+    }
+
+    /// True when [`end_step`](EmbeddingStore::end_step)`(completed)` evicts.
+    fn evicts_at(&self, completed: u64) -> bool {
+        completed.is_multiple_of(self.cold.flush_every())
+    }
+
+    /// True when `end_step(completed)` moves an expired hot row to the cold tier.
+    fn expires_hot_at(&self, completed: u64) -> bool {
+        self.evicts_at(completed) && self.hot_meta.iter().any(|m| self.cold.expired(m, completed))
+    }
+
+    /// Moves the hot rows that outlived the TTL back to the cold tier as they
+    /// are (its eviction then drops them); the other hot rows keep their order.
+    fn expire_hot(&mut self) {
+        let step = self.cold.step();
+        if !self.hot_meta.iter().any(|m| self.cold.expired(m, step)) {
+            return;
+        }
+        let (d, w) = (self.dim, self.state_width);
+        let mut rows = Vec::with_capacity(self.hot_rows.len());
+        let mut state = Vec::with_capacity(self.hot_state.len());
+        let mut meta = Vec::with_capacity(self.hot_meta.len());
+        let mut index: Vec<FxHashMap<u64, u32>> = self.hot_index.iter().map(|_| FxHashMap::default()).collect();
+        for (h, m) in self.hot_meta.iter().enumerate() {
+            let (row, st) = (&self.hot_rows[h * d..(h + 1) * d], &self.hot_state[h * w..(h + 1) * w]);
+            if self.cold.expired(m, step) {
+                self.cold.insert_raw(*m, row, st);
+                self.moves += 1;
+            } else {
+                index[m.table as usize].insert(m.id, meta.len() as u32);
+                rows.extend_from_slice(row);
+                state.extend_from_slice(st);
+                meta.push(*m);
+            }
+        }
+        self.hot_rows = rows;
+        self.hot_state = state;
+        self.hot_meta = meta;
+        self.hot_index = index;
+        self.relayouts += 1;
     }
 
     /// Moves the hot rows of a restored checkpoint into the hot tier, in the
@@ -255,10 +306,11 @@ impl TieredStore {
     }
 
     /// True when [`end_step`](EmbeddingStore::end_step)`(completed)` may move
-    /// rows between the tiers or between hot slots (a re-plan, or a restore's
-    /// hot rows still to settle); other steps change only the cold tier.
+    /// rows between the tiers or between hot slots (a re-plan, an expired hot
+    /// row, or a restore's hot rows still to settle); other steps change only
+    /// the cold tier.
     pub(crate) fn relays_at(&self, completed: u64) -> bool {
-        self.plans_at(completed) || !self.restored_hot.is_empty()
+        self.plans_at(completed) || !self.restored_hot.is_empty() || self.expires_hot_at(completed)
     }
 
     /// The hot rows' values and optimizer state, in slot order.
@@ -383,7 +435,8 @@ impl EmbeddingStore for TieredStore {
         if self.plans_at(completed) {
             self.replan();
         }
-        if completed.is_multiple_of(self.cold.flush_every()) {
+        if self.evicts_at(completed) {
+            self.expire_hot();
             let budget = self.cold.max_rows().map(|b| b.saturating_sub(self.hot_len() as u64));
             self.cold.evict(budget);
         }
@@ -393,14 +446,14 @@ impl EmbeddingStore for TieredStore {
     }
     fn mark_checkpoint(&mut self) {
         self.cold.mark_checkpoint();
-        self.marked_layout = (self.replans, self.hot_meta.iter().map(|m| (m.table, m.id)).collect());
+        self.marked_layout = (self.relayouts, self.hot_meta.iter().map(|m| (m.table, m.id)).collect());
     }
     /// Rows changed since the mark; after a re-plan since, also every row hot
     /// now or at the mark, so that each row's hot slot is current.
     fn export_changes(&self, table: usize) -> TableRows {
         let since = self.cold.mark().unwrap_or(0);
-        let (replans, was_hot) = &self.marked_layout;
-        let relaid = *replans != self.replans;
+        let (layouts, was_hot) = &self.marked_layout;
+        let relaid = *layouts != self.relayouts;
         let moved: rustc_hash::FxHashSet<u64> = if relaid {
             was_hot.iter().filter(|&&(t, _)| t as usize == table).map(|&(_, id)| id).collect()
         } else {
@@ -420,7 +473,7 @@ impl EmbeddingStore for TieredStore {
         self.hot_meta.clear();
         self.cold.reset(completed);
         self.restored_hot.clear();
-        self.marked_layout = (self.replans, Vec::new());
+        self.marked_layout = (self.relayouts, Vec::new());
         match &mut self.freq {
             Frequencies::Exact => {}
             Frequencies::Sketch(sketch) => sketch.clear(),
