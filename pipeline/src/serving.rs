@@ -26,7 +26,7 @@ pub mod tables;
 use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::PipelineError;
-use embedding::{Table, TooLarge};
+use embedding::{Absent, Table, TooLarge};
 use serde::Serialize;
 use std::path::Path;
 use tiderec_operators::nn::ModelConfig;
@@ -53,7 +53,8 @@ pub struct ServedModel {
     /// or those a dynamic store held); kept only where asked for ([`load_listed`]).
     pub listed: Option<Vec<Vec<u64>>>,
     /// What the rows it does not list hold: their seeded initial values (a checkpoint of
-    /// updated rows only) or zeros (a dynamic store's absent rows).
+    /// updated rows only, or a dynamic store's absent rows when it admits an id at its
+    /// first sighting) or zeros (a dynamic store's absent rows when it admits later).
     pub unlisted: Unlisted,
 }
 
@@ -162,20 +163,27 @@ fn check_parts(found: &Checkpoint, config: &TrainerConfig) -> Result<Vec<f32>, P
 }
 
 /// The tables of `found`'s model of `config`, each row the checkpoint lists set (see
-/// [`embedding`]), and what the other rows hold.
+/// [`embedding`]), and what the other rows hold: what the trainer read for them.
 fn tables_of(found: &Checkpoint, config: &TrainerConfig) -> Result<(Vec<Table>, Unlisted), PipelineError> {
     let dim = config.model.embedding_dim();
     // A checkpoint of updated rows only leaves the others at their seeded values.
     let seeded = found.parts.iter().any(|p| p.updated_only);
+    let fixed = config.store.kind == StoreKind::Fixed;
+    // A dynamic store reads a row it does not hold as the row it would admit: the seeded
+    // one when it admits at the first sighting, zeros when it admits later.
+    let unlisted = if seeded || (!fixed && config.store.admits_at_once()) { Unlisted::Seeded } else { Unlisted::Zero };
     let too_large = |e: TooLarge| checkpoint_error(&found.path, "its tables do not fit in memory").with_source(e);
     let mut tables = Vec::with_capacity(config.table_sizes.len());
     for (t, &n) in config.table_sizes.iter().enumerate() {
+        let bound = tiderec_operators::store::init_bound(n);
         tables.push(if seeded {
             Table::Whole(seeded_table(config.seed, t, n, dim).map_err(too_large)?)
-        } else if config.store.kind == StoreKind::Fixed {
+        } else if fixed {
             Table::Whole(embedding::zeroed(t, n, dim).map_err(too_large)?)
+        } else if unlisted == Unlisted::Seeded {
+            Table::held(Absent::Init { seed: config.seed, table: t, bound })
         } else {
-            Table::held()
+            Table::held(Absent::Zero)
         });
     }
     for part in &found.parts {
@@ -185,7 +193,7 @@ fn tables_of(found: &Checkpoint, config: &TrainerConfig) -> Result<(Vec<Table>, 
             }
         }
     }
-    Ok((tables, if seeded { Unlisted::Seeded } else { Unlisted::Zero }))
+    Ok((tables, unlisted))
 }
 
 /// Per table (of `tables`), the sorted ids of the rows the parts of `found` list.

@@ -862,7 +862,8 @@ fn the_reference_xxh3_equals_the_token_hash_for_every_length_branch() {
 /// rebuilds the whole tables from them and the seed bit for bit (every tensor equal to
 /// the whole export's, rows no record reached included): DLRM on the fixed store, and
 /// Wide & Deep with crosses (first-order weights and factors split from one row) on the
-/// dynamic store.
+/// dynamic store, whose absent rows are seeded (admitted at the first sighting) or zeros
+/// (admitted at the second).
 #[test]
 fn a_compact_export_rebuilds_the_whole_tables_bit_for_bit() {
     let Some(sample) = shared_data("criteo/sample.train") else { return };
@@ -876,9 +877,13 @@ fn a_compact_export_rebuilds_the_whole_tables_bit_for_bit() {
     let head = d.join("head.tsv");
     std::fs::write(&head, text.lines().take(1000).collect::<Vec<_>>().join("\n")).unwrap();
     let quick = ["--steps", "20", "--batch-size", "128", "--buckets", "100000"];
-    let runs =
-        [("dlrm", vec!["--model", "dlrm"]), ("wdl", vec!["--model", "wdl", "--crosses", "0:1", "--store", "dynamic"])];
-    for (kind, flags) in runs {
+    let wdl = ["--model", "wdl", "--crosses", "0:1", "--store", "dynamic"];
+    let runs = [
+        ("dlrm", vec!["--model", "dlrm"], "init"),
+        ("wdl", wdl.to_vec(), "init"),
+        ("wdl-admitted", [&wdl[..], &["--admit-count", "2"]].concat(), "zero"),
+    ];
+    for (kind, flags, others) in runs {
         let (ckpt, whole) = train_and_export(d, kind, &data, &[&quick[..], &flags].concat());
         let compact = d.join(format!("compact-{kind}"));
         let out = run_ok(tiderec().args(["export", "--compact", "--checkpoint"]).arg(&ckpt).arg("--out").arg(&compact));
@@ -887,7 +892,9 @@ fn a_compact_export_rebuilds_the_whole_tables_bit_for_bit() {
         let size = |p: &Path| std::fs::metadata(p.join("model.safetensors")).unwrap().len();
         let (w, c) = (size(&whole), size(&compact));
         assert!(c * 10 < w, "{kind}: the compact export ({c} bytes) is not a tenth of the whole one ({w})");
-        assert!(model_json(&compact)["compact_tables"]["tensors"].as_object().is_some_and(|t| !t.is_empty()));
+        let tables = &model_json(&compact)["compact_tables"];
+        assert!(tables["tensors"].as_object().is_some_and(|t| !t.is_empty()));
+        assert_eq!(tables["others"], others, "{kind}");
         let script = "import sys; sys.path.insert(0, sys.argv[1]); import numpy as np, reference_scorer as r\n\
                       a, b = r.load(sys.argv[2])[1], r.load(sys.argv[3])[1]\n\
                       assert sorted(a) == sorted(b), (sorted(a), sorted(b))\n\

@@ -170,6 +170,15 @@ pub struct StoreConfig {
     pub sketch_width: usize,
 }
 
+impl StoreConfig {
+    /// True when a dynamic or tiered store admits an unseen id at its first
+    /// sighting: it then reads a row it does not hold as the seeded row it
+    /// would admit ([`init_row`]); otherwise as zeros.
+    pub fn admits_at_once(&self) -> bool {
+        self.admit_count <= 1 && self.admit_prob.is_none()
+    }
+}
+
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {

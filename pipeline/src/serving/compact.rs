@@ -7,8 +7,8 @@
 //! the rows it held). Every other row holds what the checkpoint's loader gives it:
 //! either the value every store gives a row no step changed, a counter-based hash
 //! of the seed, the table, the id and the column
-//! ([`tiderec_operators::store::init_row`]), or zeros (a dynamic store's absent
-//! rows). This section says which, spelling the formula out with its constants, so
+//! ([`tiderec_operators::store::init_row`]), or zeros (the absent rows of a dynamic
+//! store that admits ids only after their first sighting). This section says which, spelling the formula out with its constants, so
 //! that the whole table is exactly (bit for bit) the one a whole export writes.
 //! `model.json`'s `tensors` keeps each table tensor's whole shape.
 

@@ -6,8 +6,10 @@
 //! `--buckets` only bound the ids), and only the rows the checkpoint lists are stored.
 //!
 //! Invariants:
-//! * A row a [`Table::Held`] does not list reads as zeros, as a dynamic store's absent
-//!   rows do.
+//! * A row a [`Table::Held`] does not list reads as its [`Absent`] says, as the store
+//!   that trained it reads a row it does not hold: the row's seeded initial value for a
+//!   dynamic store that admits an id at its first sighting, zeros for one that admits
+//!   later (the rows the checkpoint loader gives them: [`crate::serving`]).
 //! * A table is made whole ([`zeroed`], [`Table::into_whole`]) only after its size is
 //!   checked: a row count times a width that overflows, or that exceeds the memory
 //!   available, is a [`TooLarge`] error naming the table, its rows and the bytes it
@@ -21,9 +23,9 @@ use std::collections::hash_map::Entry;
 pub enum Table {
     /// Every row: `rows × dim` values, row `i` = id `i`.
     Whole(Vec<f32>),
-    /// The rows listed: row `id` is `rows[index[id] · dim ..][..dim]`; every other row is
-    /// zeros. A cleared row is removed (the last row takes its place), so memory follows
-    /// the rows listed, not every id ever listed.
+    /// The rows listed: row `id` is `rows[index[id] · dim ..][..dim]`; every other row
+    /// reads as `absent` says. A cleared row is removed (the last row takes its place), so
+    /// memory follows the rows listed, not every id ever listed.
     Held {
         /// Each listed id's place in `rows`.
         index: FxHashMap<u64, usize>,
@@ -31,7 +33,36 @@ pub enum Table {
         ids: Vec<u64>,
         /// The listed rows, `dim` values each.
         rows: Vec<f32>,
+        /// What every other row reads as.
+        absent: Absent,
     },
+}
+
+/// What a row a [`Table::Held`] does not list reads as.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Absent {
+    /// Zeros.
+    Zero,
+    /// Its seeded initial value ([`tiderec_operators::store::init_row`]) in table `table`.
+    Init {
+        /// The trainer's seed.
+        seed: u64,
+        /// The table.
+        table: usize,
+        /// The table's initialisation bound ([`tiderec_operators::store::init_bound`]).
+        bound: f32,
+    },
+}
+
+impl Absent {
+    /// Appends the value of absent row `id` (`dim` values) to `out`.
+    fn append(self, id: u64, dim: usize, out: &mut Vec<f32>) {
+        let start = out.len();
+        out.resize(start + dim, 0.0);
+        if let Absent::Init { seed, table, bound } = self {
+            tiderec_operators::store::init_row(seed, table, id, bound, &mut out[start..]);
+        }
+    }
 }
 
 /// A table that cannot be held whole in memory.
@@ -78,13 +109,14 @@ pub fn zeroed(table: usize, rows: u64, dim: usize) -> Result<Vec<f32>, TooLarge>
 }
 
 impl Table {
-    /// A table of no rows yet, holding only the rows [set](Self::set_row) later.
-    pub fn held() -> Self {
-        Table::Held { index: FxHashMap::default(), ids: Vec::new(), rows: Vec::new() }
+    /// A table of no rows yet, holding only the rows [set](Self::set_row) later; every
+    /// other row reads as `absent`.
+    pub fn held(absent: Absent) -> Self {
+        Table::Held { index: FxHashMap::default(), ids: Vec::new(), rows: Vec::new(), absent }
     }
 
-    /// Row `id` (`dim` values); `None` for a row a held table does not list (zeros). The
-    /// id must be below the table's rows.
+    /// Row `id` (`dim` values); `None` for a row a held table does not list (see
+    /// [`append_row`](Self::append_row) for its value). The id must be below the table's rows.
     pub fn row(&self, id: u64, dim: usize) -> Option<&[f32]> {
         match self {
             Table::Whole(values) => Some(&values[id as usize * dim..(id as usize + 1) * dim]),
@@ -92,11 +124,13 @@ impl Table {
         }
     }
 
-    /// Appends row `id` (`dim` values) to `out`.
+    /// Appends row `id` (`dim` values) to `out`: a row a held table does not list as its
+    /// [`Absent`] says.
     pub fn append_row(&self, id: u64, dim: usize, out: &mut Vec<f32>) {
-        match self.row(id, dim) {
-            Some(row) => out.extend_from_slice(row),
-            None => out.resize(out.len() + dim, 0.0),
+        match (self.row(id, dim), self) {
+            (Some(row), _) => out.extend_from_slice(row),
+            (None, Table::Held { absent, .. }) => absent.append(id, dim, out),
+            (None, Table::Whole(_)) => unreachable!("a whole table has every row"),
         }
     }
 
@@ -105,7 +139,7 @@ impl Table {
         let dim = values.len();
         match self {
             Table::Whole(whole) => whole[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(values),
-            Table::Held { index, ids, rows } => match index.entry(id) {
+            Table::Held { index, ids, rows, .. } => match index.entry(id) {
                 Entry::Occupied(e) => rows[e.get() * dim..(e.get() + 1) * dim].copy_from_slice(values),
                 Entry::Vacant(e) => {
                     e.insert(ids.len());
@@ -116,11 +150,12 @@ impl Table {
         }
     }
 
-    /// Sets row `id` to zeros (a row its store dropped); a held table forgets it.
+    /// Forgets row `id` (a row its store dropped): a held table reads it as absent again,
+    /// a whole one as zeros.
     pub fn clear_row(&mut self, id: u64, dim: usize) {
         match self {
             Table::Whole(whole) => whole[id as usize * dim..(id as usize + 1) * dim].fill(0.0),
-            Table::Held { index, ids, rows } => {
+            Table::Held { index, ids, rows, .. } => {
                 let Some(k) = index.remove(&id) else { return };
                 let last = ids.len() - 1;
                 if k != last {
@@ -156,8 +191,13 @@ impl Table {
     pub fn into_whole(self, table: usize, rows: u64, dim: usize) -> Result<Vec<f32>, TooLarge> {
         match self {
             Table::Whole(values) => Ok(values),
-            Table::Held { index, rows: held, .. } => {
+            Table::Held { index, rows: held, absent, .. } => {
                 let mut whole = zeroed(table, rows, dim)?;
+                if let Absent::Init { seed, table, bound } = absent {
+                    for (id, row) in whole.chunks_exact_mut(dim.max(1)).enumerate() {
+                        tiderec_operators::store::init_row(seed, table, id as u64, bound, row);
+                    }
+                }
                 for (&id, &k) in &index {
                     whole[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(&held[k * dim..(k + 1) * dim]);
                 }
@@ -177,7 +217,7 @@ mod tests {
     fn held_and_whole_tables_read_the_same_rows() {
         let dim = 2;
         let mut whole = Table::Whole(zeroed(0, 5, dim).unwrap());
-        let mut held = Table::held();
+        let mut held = Table::held(Absent::Zero);
         for table in [&mut whole, &mut held] {
             table.set_row(3, &[1.0, 2.0]);
             table.set_row(0, &[3.0, 4.0]);
@@ -203,13 +243,38 @@ mod tests {
         assert_eq!(held.into_whole(0, 5, dim).unwrap(), whole.into_whole(0, 5, dim).unwrap());
     }
 
+    /// A held table whose absent rows are seeded reads every row it does not list, and
+    /// every row it cleared, as its initial value, and is made whole alike.
+    #[test]
+    fn a_seeded_held_table_reads_absent_rows_as_their_initial_values() {
+        let (dim, n, seed) = (3, 6u64, 11);
+        let bound = tiderec_operators::store::init_bound(n);
+        let mut init = vec![0.0; n as usize * dim];
+        for (id, row) in init.chunks_exact_mut(dim).enumerate() {
+            tiderec_operators::store::init_row(seed, 2, id as u64, bound, row);
+        }
+        assert!(init.iter().all(|v| *v != 0.0 && v.abs() <= bound));
+        let mut whole = Table::Whole(init.clone());
+        let mut held = Table::held(Absent::Init { seed, table: 2, bound });
+        for table in [&mut whole, &mut held] {
+            table.set_row(4, &[1.0, 2.0, 3.0]);
+            table.set_row(1, &[4.0, 5.0, 6.0]);
+        }
+        held.clear_row(1, dim);
+        whole.set_row(1, &init[dim..2 * dim]);
+        let ids = [0, 1, 2, 3, 4, 5, 4];
+        assert_eq!(held.rows_of(&ids, dim), whole.rows_of(&ids, dim));
+        assert_eq!(held.rows_of(&[5], dim), &init[5 * dim..]);
+        assert_eq!(held.into_whole(2, n, dim).unwrap(), whole.into_whole(2, n, dim).unwrap());
+    }
+
     /// A table too large for memory, or whose size overflows, is an error naming it.
     #[test]
     fn a_table_too_large_is_an_error_naming_it() {
         let e = zeroed(3, u64::MAX, 16).unwrap_err();
         assert_eq!((e.table, e.rows, e.bytes), (3, u64::MAX, None));
         assert!(e.to_string().starts_with("table 3 has 18446744073709551615 rows of 16 values"), "{e}");
-        let e = Table::held().into_whole(7, 1 << 60, 8).unwrap_err();
+        let e = Table::held(Absent::Zero).into_whole(7, 1 << 60, 8).unwrap_err();
         assert!(e.to_string().contains("table 7 has 1152921504606846976 rows"), "{e}");
     }
 }
