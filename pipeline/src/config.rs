@@ -369,7 +369,19 @@ impl TrainSettings {
             }
             (DataSpec::TaobaoAd(_), None) => Some(FeatureSpec::taobao_ad(self.data.buckets, self.data.max_len)),
             (_, None) => None,
-            (_, Some(s)) => Some(resolve_spec(s, self.data.buckets, self.data.max_len)?),
+            (DataSpec::Csv(_) | DataSpec::TaobaoAd(_), Some(s)) => {
+                Some(resolve_spec(s, self.data.buckets, self.data.max_len)?)
+            }
+            // Never silently unused: other formats make their features their own way.
+            (other, Some(_)) => {
+                return Err(PipelineError::config(
+                    "spec",
+                    format!(
+                        "describes `csv:` and `taobao-ad:` records; `{}` data makes its features without one",
+                        other.format()
+                    ),
+                ))
+            }
         };
         let mut spec = spec;
         if let Some(spec) = &mut spec {
@@ -382,6 +394,15 @@ impl TrainSettings {
             }
         }
         let shape = data.shape(spec.as_ref());
+        if let (DataSpec::TaobaoBehavior(_), Some(_)) = (&data, &eval) {
+            // Its samples come from the whole log at once, split in time order: other
+            // files would never be read, and the training split would still lose its tail.
+            return Err(PipelineError::config(
+                "eval",
+                "taobao-behavior samples are made from the training log and held out in time order: evaluate \
+                 on its latest samples with --eval-fraction F, not on other files",
+            ));
+        }
         if let Some(e) = &eval {
             if e.shape(spec.as_ref()) != shape || std::mem::discriminant(e) != std::mem::discriminant(&data) {
                 return Err(PipelineError::config("eval", "eval data must have the training data's format"));
@@ -720,6 +741,25 @@ mod tests {
         s.data.spec = Some("preset:nope".into());
         assert!(s.validate().unwrap_err().to_string().contains("no preset"));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Settings that would be silently unused are refused: a spec for a format that reads
+    /// none, evaluation files for samples derived from the training log.
+    #[test]
+    fn settings_that_data_would_not_read_are_refused() {
+        let mut s = TrainSettings::default();
+        s.data.source = "taobao-behavior:Cargo.toml".into();
+        s.data.eval = Some("taobao-behavior:Cargo.toml".into());
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("`eval`") && e.contains("--eval-fraction"), "{e}");
+        for source in ["synthetic", "synthetic-behavior", "criteo:Cargo.toml", "avazu:Cargo.toml"] {
+            let mut s = TrainSettings::default();
+            s.data.source = source.into();
+            s.data.spec = Some("preset:criteo".into());
+            let e = s.validate().unwrap_err().to_string();
+            let format = source.split(':').next().unwrap();
+            assert!(e.contains("`spec`") && e.contains(&format!("`{format}` data")), "{source}: {e}");
+        }
     }
 
     #[test]

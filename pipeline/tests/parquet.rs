@@ -168,6 +168,25 @@ fn malformed_rows_go_to_the_dead_letters_and_the_good_ones_are_converted() {
         run_err(convert(&from, &out2, &["--on-bad-record", "fail"]).arg("--dead-letters").arg(dir.path().join("d2")));
     assert!(err.contains("corrupt.txt:10"), "the error names file and line: {err}");
     assert!(parquet_files(&out2).is_empty());
+
+    // Unless told, the dead letters go beside the output, never over a training run's file.
+    let training_letters = dir.path().join("tiderec-dead-letters.tsv");
+    std::fs::write(&training_letters, "a training run's dead letters\n").unwrap();
+    let out3 = dir.path().join("pq3");
+    run_ok(convert(&from, &out3, &flags).current_dir(dir.path()));
+    assert_eq!(std::fs::read_to_string(&training_letters).unwrap(), "a training run's dead letters\n");
+    let beside = std::fs::read_to_string(dir.path().join("pq3.dead-letters.tsv")).unwrap();
+    assert_eq!(beside.lines().count(), 2, "{beside}");
+    // A feature spec describes csv records: with Criteo files it is refused, not ignored.
+    let err = run_err(&mut convert(&from, &dir.path().join("pq4"), &["--spec", "preset:criteo"]));
+    assert!(err.contains("`spec`") && err.contains("`criteo` data"), "{err}");
+    // Nothing is written into a directory read as data.
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir(&data_dir).unwrap();
+    std::fs::copy(&data, data_dir.join("corrupt.txt")).unwrap();
+    let err = run_err(&mut convert(&format!("criteo:{}", data_dir.display()), &data_dir, &[]));
+    assert!(err.contains("--to") && err.contains("--from"), "{err}");
+    assert_eq!(std::fs::read_dir(&data_dir).unwrap().count(), 1, "nothing was written there");
 }
 
 #[test]

@@ -89,12 +89,21 @@ impl ConvertArgs {
         let mut s = args.settings.settings()?;
         s.data.source = args.from;
         let out = tiderec::convert::parse_target("to", &args.to)?;
+        // Unless told, beside the output: never the file a training run in the same directory writes.
+        let default_dead = tiderec::settings::RecordPolicy::default().dead_letters;
+        if !args.settings.given("dead_letters") && s.data.records.dead_letters == default_dead {
+            s.data.records.dead_letters = tiderec::predict::dead_letters_beside(&out);
+        }
         let mut inputs: Vec<Named> =
             args.settings.config_path().map(|c| Named::new("--config", c)).into_iter().collect();
         inputs.extend(paths::data_files("--from", &s.data.source)?);
         inputs.extend(s.data.spec.as_deref().map(paths::spec_files).unwrap_or_default());
         let outputs = [Named::new("--to", &out), Named::new("--dead-letters", &s.data.records.dead_letters)];
         paths::check_outputs(&inputs, &outputs)?;
+        // Nothing is written into a directory read as data: not the Parquet files (nor the
+        // lock beside them), not the dead letters.
+        let written = [Named::new("--to", out.join(tiderec::dir_lock::LOCK_FILE)), outputs[1].clone()];
+        paths::check_outside(&paths::data_dirs("--from", &s.data.source), &written)?;
         let writer = tiderec_sources::parquet::WriterOptions {
             row_group_rows: args.row_group_rows,
             rows_per_file: args.rows_per_file,

@@ -74,6 +74,11 @@ impl<S: Subset> Flags<S> {
         Ok(Flags { matches: cmd.try_get_matches_from(args)?, subset: PhantomData })
     }
 
+    /// True when setting `key`'s flag was given on the command line.
+    pub fn given(&self, key: &str) -> bool {
+        self.matches.value_source(key) == Some(ValueSource::CommandLine)
+    }
+
     /// The `--config` file, when one was given.
     pub fn config_path(&self) -> Option<&std::path::Path> {
         self.matches.get_one::<PathBuf>("config").map(PathBuf::as_path)
