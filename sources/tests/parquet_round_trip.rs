@@ -208,6 +208,44 @@ fn writer_refuses_a_directory_that_already_holds_parquet() {
     assert!(e.err().unwrap().to_string().contains("already holds Parquet files"));
 }
 
+/// Files cut by `rows_per_file` keep their hidden temporary names until the writer
+/// finishes: a writer that never finishes (a killed conversion) leaves no `*.parquet`
+/// file, so no dataset that looks complete with only its first files' rows.
+#[test]
+fn files_get_their_names_only_when_the_writer_finishes() {
+    let Some(src) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let batches = criteo_batches(&src, 1000);
+    let description = SchemaDescription::criteo(&criteo_features().table_sizes, SEED);
+    let mut w =
+        tiderec_sources::parquet::ParquetWriter::create(dir.path(), description, options(500, Some(1000))).unwrap();
+    for b in &batches[..3] {
+        w.write(b).unwrap();
+    }
+    let names = |dir: &std::path::Path| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(dir.path()), [".part-00000.parquet.tmp", ".part-00001.parquet.tmp", ".part-00002.parquet.tmp"]);
+    assert!(ParquetDataset::open_dir(dir.path()).is_err(), "no dataset before the end");
+    // Dropped without finishing (as a killed process leaves it): still no `*.parquet` file.
+    drop(w);
+    assert!(names(dir.path()).iter().all(|n| n.starts_with('.')));
+
+    let done = tempfile::tempdir().unwrap();
+    let files = write(
+        done.path(),
+        SchemaDescription::criteo(&criteo_features().table_sizes, SEED),
+        &batches[..3],
+        options(500, Some(1000)),
+    );
+    assert_eq!(names(done.path()), ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]);
+    assert_eq!(files.len(), 3);
+    assert_eq!(ParquetDataset::open_dir(done.path()).unwrap().total_rows(), 3000);
+}
+
 /// A behaviour batch: user, item, category and two histories per row; the
 /// category history of `short_row` (if any) has one id fewer than its item history.
 fn behavior_batch(rows: usize, short_row: Option<usize>) -> tiderec_records::Batch {

@@ -9,9 +9,12 @@
 //!   … in the order they were written; a new file starts after
 //!   `rows_per_file` rows (when set). Sorting the file names gives the rows
 //!   back in order.
-//! * **No half files.** A file is written under a hidden temporary name
-//!   (`.part-00000.parquet.tmp`) and renamed when it is complete, so readers
-//!   listing `*.parquet` never see a partial file.
+//! * **No half files, no half datasets.** A file is written under a hidden
+//!   temporary name (`.part-00000.parquet.tmp`) and keeps it when complete;
+//!   [`ParquetWriter::finish`] renames every file at the end. Readers listing
+//!   `*.parquet` never see a partial file, and a writer killed before it
+//!   finishes (SIGKILL, out of memory) leaves no `*.parquet` file, so no
+//!   dataset that looks complete but holds only the first files' rows.
 //! * **No partial dataset.** [`ParquetWriter::abort`], and a
 //!   [`ParquetWriter::finish`] that fails (a full disk), remove every file the
 //!   writer made, complete or not, and the directory when the writer created it.
@@ -78,6 +81,8 @@ pub struct ParquetWriter {
     props: WriterProperties,
     options: WriterOptions,
     current: Option<OpenFile>,
+    /// Complete files still under their temporary names: `(temporary, final)`.
+    complete: Vec<(PathBuf, PathBuf)>,
     summary: WriteSummary,
     /// Whether [`Self::create`] made `dir` (then a failed conversion removes it).
     created_dir: bool,
@@ -119,6 +124,7 @@ impl ParquetWriter {
             props,
             options,
             current: None,
+            complete: Vec::new(),
             summary: WriteSummary::default(),
             created_dir,
             last_line_start: None,
@@ -237,10 +243,10 @@ impl ParquetWriter {
         Ok(())
     }
 
-    /// Closes the last file and returns what was written; on error, nothing of the
-    /// dataset stays (see [`Self::abort`]).
+    /// Closes the last file, gives every file its final name and returns what was
+    /// written; on error, nothing of the dataset stays (see [`Self::abort`]).
     pub fn finish(mut self) -> Result<WriteSummary, SourceError> {
-        match self.close_file() {
+        match self.close_file().and_then(|()| self.publish()) {
             Ok(()) => Ok(std::mem::take(&mut self.summary)),
             Err(e) => {
                 self.abort();
@@ -249,12 +255,27 @@ impl ParquetWriter {
         }
     }
 
+    /// Renames the complete files from their temporary names, in order.
+    fn publish(&mut self) -> Result<(), SourceError> {
+        for (tmp, path) in std::mem::take(&mut self.complete) {
+            if let Err(source) = std::fs::rename(&tmp, &path) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(SourceError::Io { path: tmp.display().to_string(), source });
+            }
+            self.summary.files.push(path);
+        }
+        Ok(())
+    }
+
     /// Removes every file written so far, complete or not, and the directory when
     /// [`Self::create`] made it: a failed conversion leaves no partial dataset.
     pub fn abort(mut self) {
         if let Some(f) = self.current.take() {
             drop(f.writer);
             let _ = std::fs::remove_file(&f.tmp);
+        }
+        for (tmp, _) in &self.complete {
+            let _ = std::fs::remove_file(tmp);
         }
         for path in &self.summary.files {
             let _ = std::fs::remove_file(path);
@@ -267,7 +288,7 @@ impl ParquetWriter {
 
     fn open_file(&mut self) -> Result<&mut OpenFile, SourceError> {
         if self.current.is_none() {
-            let name = format!("part-{:05}.parquet", self.summary.files.len());
+            let name = format!("part-{:05}.parquet", self.complete.len());
             let path = self.dir.join(&name);
             let tmp = self.dir.join(format!(".{name}.tmp"));
             let file =
@@ -281,19 +302,13 @@ impl ParquetWriter {
 
     fn close_file(&mut self) -> Result<(), SourceError> {
         let Some(f) = self.current.take() else { return Ok(()) };
-        let tmp_name = f.tmp.display().to_string();
-        let closed = f.writer.close().map_err(|source| SourceError::Parquet { path: tmp_name.clone(), source });
-        let meta = closed
-            .and_then(|meta| {
-                std::fs::rename(&f.tmp, &f.path)
-                    .map(|_| meta)
-                    .map_err(|source| SourceError::Io { path: tmp_name, source })
-            })
-            .inspect_err(|_| {
-                let _ = std::fs::remove_file(&f.tmp);
-            })?;
+        let closed =
+            f.writer.close().map_err(|source| SourceError::Parquet { path: f.tmp.display().to_string(), source });
+        let meta = closed.inspect_err(|_| {
+            let _ = std::fs::remove_file(&f.tmp);
+        })?;
         self.summary.row_groups += meta.num_row_groups();
-        self.summary.files.push(f.path);
+        self.complete.push((f.tmp, f.path));
         Ok(())
     }
 
