@@ -306,6 +306,29 @@ fn generated_elm_lines_train_with_the_elm_preset() {
     assert_eq!(v["bad_records"], 0);
 }
 
+/// `generate elm --overwrite` replaces its file only once the new one is whole: a write
+/// that fails (here the file-size limit, `ulimit -f`, with SIGXFSZ ignored) leaves the
+/// old file as it was and no temporary file.
+#[test]
+fn a_failed_generate_keeps_the_file_it_would_replace() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("elm.csv");
+    run_ok(tiderec().args(["generate", "elm", "--rows", "10", "--out"]).arg(&data));
+    let before = std::fs::read(&data).unwrap();
+    let bin = tiderec().get_program().to_owned();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 64; exec \"$0\" generate elm --rows 100000 --overwrite --out \"$1\"")
+        .arg(&bin)
+        .arg(&data)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("cannot write"), "{stderr}");
+    assert_eq!(std::fs::read(&data).unwrap(), before, "the old file is untouched");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file is left");
+}
+
 #[test]
 fn dien_trains_on_elm_histories_kept_as_sequences() {
     let dir = tempfile::tempdir().unwrap();

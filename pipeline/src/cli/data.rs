@@ -158,16 +158,28 @@ pub(crate) fn run_spec_check(a: SpecShowArgs) -> anyhow::Result<()> {
 pub(crate) fn run_generate_elm(a: ElmArgs) -> anyhow::Result<()> {
     use std::io::Write;
     paths::check_new(&Named::new("--out", &a.out), a.overwrite)?;
-    let file = std::fs::File::create(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
-    let mut w = std::io::BufWriter::new(file);
-    let mut line = Vec::new();
-    for i in 0..a.rows {
-        line.clear();
-        tiderec_sources::elm::elm_line(a.seed, i, a.list_scale, &mut line);
-        line.push(b'\n');
-        w.write_all(&line).with_context(|| format!("cannot write {}", a.out.display()))?;
+    // Written whole beside it, then renamed over it: a full disk or an interrupt leaves
+    // the file given (or its absence) as it was, never a shorter file that looks valid.
+    let tmp = tiderec_sinks::temp::temp_beside(&a.out);
+    let written = (|| -> anyhow::Result<()> {
+        let file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        let mut w = std::io::BufWriter::new(file);
+        let mut line = Vec::new();
+        for i in 0..a.rows {
+            line.clear();
+            tiderec_sources::elm::elm_line(a.seed, i, a.list_scale, &mut line);
+            line.push(b'\n');
+            w.write_all(&line).with_context(|| format!("cannot write {}", tmp.display()))?;
+        }
+        let file =
+            w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("cannot write {}", tmp.display()))?;
+        file.sync_all().with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &a.out).with_context(|| format!("cannot rename {} to {}", tmp.display(), a.out.display()))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    w.flush().with_context(|| format!("cannot write {}", a.out.display()))?;
+    written?;
     eprintln!("wrote {} elm-shaped lines (list scale {}) to {}", a.rows, a.list_scale, a.out.display());
     Ok(())
 }
