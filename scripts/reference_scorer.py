@@ -491,9 +491,24 @@ class SpecFeaturizer:
 
     @staticmethod
     def list_ids(l, raw):
-        """The first max_len non-empty tokens of the list, hashed into its table."""
+        """The first max_len non-empty tokens of a pooled list, hashed into its table."""
         tokens = [t for t in raw.split(l["delimiter"].encode()[:1]) if t][: int(l["max_len"])]
         return [reduce_bucket(xxh3_64(t, l["_seed"]), int(l["rows"])) for t in tokens]
+
+    @staticmethod
+    def sequence_ids(lists, parts):
+        """The `none` lists read together, position by position (model.json's list_rules),
+        or a reason string for a malformed record."""
+        def split(l):
+            raw = parts[l["column"]]
+            return raw.split(l["delimiter"].encode()[:1]) if raw else []
+
+        positions = [split(l) for l in lists]
+        if len({len(p) for p in positions}) > 1:
+            return "the sequence lists have different lengths"
+        kept = [k for k in range(len(positions[0])) if all(p[k] for p in positions)][: int(lists[0]["max_len"])]
+        hashed = zip(lists, positions)
+        return [[reduce_bucket(xxh3_64(p[k], l["_seed"]), int(l["rows"])) for k in kept] for l, p in hashed]
 
     def parse(self, line):
         if line.endswith(b"\r"):
@@ -552,13 +567,16 @@ class SpecFeaturizer:
         seqs = [None] * self.num_sequences
         pooled = [None] * self.num_pooled
         for l in self.lists:
-            ids = self.list_ids(l, parts[l["column"]])
-            if l["pooling"] == "none":
-                seqs[l["slot"]] = ids
-            else:
+            if l["pooling"] != "none":
+                ids = self.list_ids(l, parts[l["column"]])
                 pooled[l["slot"] - len(self.fields)] = MeanBag(ids) if l["pooling"] == "mean" else ids
-        if len({len(q) for q in seqs}) > 1:
-            return "the sequence lists have different lengths"
+        sequence_lists = [l for l in self.lists if l["pooling"] == "none"]
+        if sequence_lists:
+            ids = self.sequence_ids(sequence_lists, parts)
+            if isinstance(ids, str):
+                return ids
+            for l, q in zip(sequence_lists, ids):
+                seqs[l["slot"]] = q
         return label, np.array(dense, dtype=np.float32), bags + pooled, seqs
 
 

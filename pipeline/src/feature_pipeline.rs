@@ -389,10 +389,7 @@ impl FeaturePipeline {
                 let label = (!labeled)
                     .then(|| {
                         let column = fields.columns.iter().position(|c| *c == fields.label.column)?;
-                        let delimiter = match fields.delimiter.as_str() {
-                            "\\t" => b'\t',
-                            d => *d.as_bytes().first()?,
-                        };
+                        let delimiter = tiderec_operators::spec::delimiter_byte(&fields.delimiter)?;
                         Some((column, delimiter))
                     })
                     .flatten();
@@ -477,5 +474,29 @@ mod tests {
         assert_eq!(back, Some(csv));
         assert_eq!(criteo.dense.len(), 13);
         assert_eq!(criteo.dense[0].transform, "log1p(max(x, 0)); empty = 0");
+    }
+
+    /// A spec's numbers (clamp, scale, boundaries) come back from the manifest's JSON, which
+    /// has no infinity: a spec with an infinite clamp bound is refused before a run starts,
+    /// naming the key, instead of writing a manifest no later command can read.
+    #[test]
+    fn spec_numbers_round_trip_through_the_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spec.toml");
+        let text = r#"
+delimiter = ","
+columns = ["y", "x", "h"]
+label = { column = "y" }
+dense = [{ column = "x", clamp = [-1.5, 1e30], scale = "standardize", center = 0.25, width = 3.0 }]
+categorical = [{ column = "h", buckets = 4, encoding = "bucketize", boundaries = [6.0, 12.0, 18.0] }]
+"#;
+        std::fs::write(&path, text).unwrap();
+        let p = pipeline_of("csv:Cargo.toml", Some(path.to_str().unwrap()), None);
+        assert_eq!(p.spec.as_ref().unwrap().fields.dense[0].clamp, Some((-1.5, 1e30)));
+        let back = FeaturePipeline::from_manifest(Some(&p.to_value()), std::path::Path::new("m")).unwrap();
+        assert_eq!(back, Some(p));
+        std::fs::write(&path, text.replace("1e30", "inf")).unwrap();
+        let e = crate::config::resolve_spec(path.to_str().unwrap(), 100, 10).unwrap_err().to_string();
+        assert!(e.contains("spec.dense[0].clamp") && e.contains("spec.toml"), "{e}");
     }
 }

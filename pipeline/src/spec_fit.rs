@@ -2,9 +2,10 @@
 //! boundaries of each quantile column — taken from the first records of the training files.
 //!
 //! Invariants:
-//! * The sample is the first [`FIT_LINES`] lines of the files, in their order; the header,
-//!   empty lines, lines without the spec's columns and values that are no finite numbers
-//!   are passed over. Every process and every run on the same files learns the same
+//! * The sample is the first [`FIT_LINES`] lines of the files, in their order; each file's
+//!   header (its first line, when it is one, as the readers of the data skip it), empty
+//!   lines, lines without the spec's columns and values that are no finite numbers are
+//!   passed over. Every process and every run on the same files learns the same
 //!   values, whatever the worker count, and a resumed run learns what its checkpoint holds.
 //! * A line longer than `max_line_bytes` is passed over without being held in memory.
 //! * Values the spec gives are kept; the learned ones are recorded in the run's checkpoints
@@ -36,7 +37,7 @@ pub fn fit(spec: &mut FeatureSpec, paths: &[PathBuf], max_line_bytes: usize) -> 
         ));
     }
     let lines = first_lines(paths, FIT_LINES, max_line_bytes)?;
-    let sample = spec.sample_values(lines.iter().map(Vec::as_slice));
+    let sample = spec.sample_values(lines.iter().map(|(first, l)| (*first, l.as_slice())));
     fit_sample(spec, &sample, lines.len()).map(Some)
 }
 
@@ -67,7 +68,7 @@ pub fn check_ranges(
 ) -> Result<(Option<String>, Vec<String>), PipelineError> {
     let lines = first_lines(paths, FIT_LINES, max_line_bytes)?;
     // The sample holds the values before any scale, which fitting does not change.
-    let sample = spec.sample_values(lines.iter().map(Vec::as_slice));
+    let sample = spec.sample_values(lines.iter().map(|(first, l)| (*first, l.as_slice())));
     let learned = match spec.unfitted().is_empty() {
         true => None,
         false => Some(fit_sample(spec, &sample, lines.len())?),
@@ -106,14 +107,15 @@ fn describe(spec: &FeatureSpec, rows: u64) -> String {
     format!("spec: learned from {rows} records: {}", learned.join("; "))
 }
 
-/// Up to `limit` lines of `paths` in order, without their line ends; longer lines than
-/// `max_line_bytes` are skipped.
-fn first_lines(paths: &[PathBuf], limit: usize, max_line_bytes: usize) -> Result<Vec<Vec<u8>>, PipelineError> {
+/// Up to `limit` lines of `paths` in order, without their line ends, each with whether it
+/// is its file's first line; longer lines than `max_line_bytes` are skipped.
+fn first_lines(paths: &[PathBuf], limit: usize, max_line_bytes: usize) -> Result<Vec<(bool, Vec<u8>)>, PipelineError> {
     let mut lines = Vec::new();
     for path in paths {
         let io = |e: std::io::Error| PipelineError::config("data", format!("cannot read {}: {e}", path.display()));
         let mut reader = BufReader::new(std::fs::File::open(path).map_err(io)?);
         let mut line = Vec::new();
+        let mut first = true;
         while lines.len() < limit {
             line.clear();
             let n = reader.by_ref().take(max_line_bytes as u64 + 1).read_until(b'\n', &mut line).map_err(io)?;
@@ -121,6 +123,7 @@ fn first_lines(paths: &[PathBuf], limit: usize, max_line_bytes: usize) -> Result
                 break;
             }
             let ended = line.last() == Some(&b'\n');
+            let is_first = std::mem::replace(&mut first, false);
             if !ended && line.len() > max_line_bytes {
                 reader.skip_until(b'\n').map_err(io)?;
                 continue;
@@ -128,7 +131,7 @@ fn first_lines(paths: &[PathBuf], limit: usize, max_line_bytes: usize) -> Result
             if ended {
                 line.pop();
             }
-            lines.push(line.clone());
+            lines.push((is_first, line.clone()));
         }
     }
     Ok(lines)
@@ -145,7 +148,8 @@ mod tests {
         std::fs::write(&a, format!("1,2\n{}\n3,4", "9".repeat(100))).unwrap();
         std::fs::write(&b, "5,6\r\n7,8\n").unwrap();
         let lines = first_lines(&[a.clone(), b.clone()], 10, 50).unwrap();
-        assert_eq!(lines, [b"1,2".to_vec(), b"3,4".to_vec(), b"5,6\r".to_vec(), b"7,8".to_vec()]);
+        let want = [(true, &b"1,2"[..]), (false, b"3,4"), (true, b"5,6\r"), (false, b"7,8")];
+        assert_eq!(lines, want.map(|(first, l)| (first, l.to_vec())));
         assert_eq!(first_lines(&[a, b], 2, 50).unwrap().len(), 2);
         let e = first_lines(&[dir.path().join("none")], 1, 50).unwrap_err().to_string();
         assert!(e.contains("none"), "{e}");

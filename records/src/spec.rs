@@ -25,8 +25,10 @@ mod fit;
 #[cfg(test)]
 mod fixtures;
 mod format;
+mod keys;
 pub mod numeric;
 mod presets;
+mod sequence;
 mod validate;
 mod vocabulary;
 
@@ -34,6 +36,7 @@ pub use fit::SampleValues;
 pub use format::SpecFormat;
 pub use numeric::Scale;
 pub use presets::{AVAZU_COLUMNS, CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE, ELM_COLUMNS, TAOBAO_AD_COLUMNS};
+pub use validate::delimiter_byte;
 pub use vocabulary::{Vocabulary, VocabularyMap, MAX_TOKEN_BYTES, MAX_VOCABULARY_BYTES};
 
 /// The label column.
@@ -53,8 +56,8 @@ pub struct DenseSpec {
     /// Apply `ln(1 + max(x, 0))` after clamping.
     #[serde(default)]
     pub log1p: bool,
-    /// Clamp to `[lo, hi]` first.
-    #[serde(default)]
+    /// Clamp to `[lo, hi]` first: two finite bounds, `lo ≤ hi`.
+    #[serde(default, deserialize_with = "clamp_bounds")]
     pub clamp: Option<(f32, f32)>,
     /// Scale last, to `(v − center) / width` ([`numeric`]): `standardize` or `min_max`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,6 +69,17 @@ pub struct DenseSpec {
     /// The scale's width (the standard deviation, or the range); learned with `center`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub width: Option<f32>,
+}
+
+/// Reads a clamp as exactly two bounds (a tuple would take the first two of `[0, 1, 2]`).
+fn clamp_bounds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<(f32, f32)>, D::Error> {
+    match Option::<Vec<f32>>::deserialize(d)? {
+        None => Ok(None),
+        Some(v) => match v[..] {
+            [lo, hi] => Ok(Some((lo, hi))),
+            _ => Err(serde::de::Error::invalid_length(v.len(), &"two bounds, [lo, hi]")),
+        },
+    }
 }
 
 impl DenseSpec {
@@ -131,9 +145,12 @@ pub enum Pooling {
     /// The rows are averaged (each id weighted `1/n`; an empty bag pools to zeros).
     Mean,
     /// Not pooled: the list is kept, in order, as a behaviour sequence field
-    /// (`Batch::sequences`) for models with sequence inputs. All `none` lists of
-    /// a spec must have the same number of items on every line (they describe
-    /// the same events); a line where they differ is malformed.
+    /// (`Batch::sequences`) for models with sequence inputs. The `none` lists of a
+    /// spec describe the same events, item `k` of each being event `k`: they share
+    /// `max_len`, and on every line they must have the same number of items, counted
+    /// before any cut (`k` delimiters, `k + 1` items; an empty field none), else the
+    /// line is malformed (`field_count`). An event with an empty item in any list is
+    /// skipped in all of them.
     None,
 }
 
@@ -298,8 +315,9 @@ impl FeatureSpec {
         self.list.iter().enumerate().filter(|(_, l)| l.pooling == Pooling::None)
     }
 
-    /// Parses a TOML spec and validates it; errors name the key (TOML errors
-    /// also give the line and column).
+    /// Parses a TOML spec and validates it; errors name the key path
+    /// (`categorical[0].buckets`, TOML type errors included, which also give the line and
+    /// column).
     pub fn from_toml(text: &str) -> Result<Self, OperatorError> {
         Self::from_toml_in(text, None)
     }
@@ -307,16 +325,8 @@ impl FeatureSpec {
     /// As [`FeatureSpec::from_toml`], with relative vocabulary file paths
     /// taken relative to `base` (the spec file's folder).
     pub fn from_toml_in(text: &str, base: Option<&std::path::Path>) -> Result<Self, OperatorError> {
-        let mut spec: FeatureSpec = toml::from_str(text).map_err(|e| {
-            let msg = e.message().to_string();
-            let key = msg
-                .split('`')
-                .nth(1)
-                .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"))
-                .unwrap_or("spec")
-                .to_string();
-            OperatorError::config(key, e.to_string())
-        })?;
+        let mut spec: FeatureSpec =
+            toml::from_str(text).map_err(|e| OperatorError::config(keys::error_key(text, &e), e.to_string()))?;
         if let Some(base) = base {
             for c in &mut spec.categorical {
                 if let Some(Vocabulary::File(path)) = &mut c.vocabulary {

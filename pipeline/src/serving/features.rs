@@ -28,7 +28,7 @@ use crate::TrainSettings;
 use serde_json::{json, Value};
 use tiderec_operators::features::cross::{CROSS_ROTATE, CROSS_SALT, MAX_PAIRS};
 use tiderec_operators::features::field_seed;
-use tiderec_operators::spec::{Encoding, FeatureSpec, Pooling, AVAZU_COLUMNS};
+use tiderec_operators::spec::{delimiter_byte, Encoding, FeatureSpec, Pooling, AVAZU_COLUMNS};
 use tiderec_operators::train::TrainerConfig;
 use tiderec_sources::amazon::{HISTORY_DELIMITER, NUM_COLUMNS, SEQUENCE_TABLES};
 use tiderec_sources::criteo::{MIN_FIELDS, NUM_FIELDS};
@@ -40,6 +40,12 @@ const MIX64_M1: u64 = 0xff51_afd7_ed55_8ccd;
 const MIX64_M2: u64 = 0xc4ce_b9fe_1a85_ec53;
 /// The constant of `field_seed`.
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The byte a spec's delimiter stands for, as a one-character string (`"\\t"` as written in
+/// a spec is a TAB); a validated spec has no other.
+fn delimiter_text(written: &str) -> String {
+    delimiter_byte(written).map_or_else(|| written.to_string(), |b| char::from(b).to_string())
+}
 
 fn hex(v: u64) -> String {
     format!("{v:#018x}")
@@ -246,7 +252,7 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
             json!({
                 "name": names.dense[spec.dense.len() + k],
                 "column": column(&n.column),
-                "delimiter": n.delimiter,
+                "delimiter": delimiter_text(&n.delimiter),
                 "reduce": n.reduce,
             })
         })
@@ -306,7 +312,7 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
             json!({
                 "name": name,
                 "column": column(&l.column),
-                "delimiter": l.delimiter,
+                "delimiter": delimiter_text(&l.delimiter),
                 "max_len": l.max_len,
                 "rows": l.buckets,
                 "pooling": l.pooling,
@@ -317,7 +323,7 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
             })
         })
         .collect();
-    let separator = if spec.delimiter == "\\t" { "\t" } else { spec.delimiter.as_str() };
+    let separator = delimiter_text(&spec.delimiter);
     json!({
         "format": format,
         "record": {
@@ -351,12 +357,15 @@ fn spec_records(format: &str, spec: &FeatureSpec, hash_seed: u64, names: &InputN
                               `bucketize` and `quantile`: the value parsed as a float32 as dense values are (not a \
                               finite number: the record is malformed); row = the number of `boundaries` at or below it",
         "lists": lists,
-        "list_rules": "the column split on its one-byte delimiter, empty tokens dropped, the first max_len tokens \
-                       kept, each hashed: row = bucket(token, seed, rows). `sum` and `mean` lists are sparse fields \
-                       after the categorical ones (`slot`: the field's index); a `mean` list weighs each of its n \
-                       rows float32(1 / n). `none` lists are sequences (`slot`: the sequence's index), hashed like \
-                       their `target` field (its seed and rows: one table); all of them must have one length on a \
-                       line, else the record is malformed",
+        "list_rules": "`sum` and `mean` lists: the column split on its one-byte delimiter, empty tokens \
+                       dropped, the first max_len tokens kept, each hashed: row = bucket(token, seed, rows); they \
+                       are sparse fields after the categorical ones (`slot`: the field's index); a `mean` list \
+                       weighs each of its n rows float32(1 / n). `none` lists are sequences (`slot`: the \
+                       sequence's index), hashed like their `target` field (its seed and rows: one table), and are \
+                       read together, position by position: each column split on its delimiter into positions (k \
+                       delimiters give k + 1, an empty column none); all of them must have one number of \
+                       positions, else the record is malformed; a position where any of them has an empty token is \
+                       skipped in all; the first max_len positions left are kept",
         "hash": token_hash(hash_seed),
         "bucket": "bucket(token, seed, n) = (XXH3_64bits_withSeed(token, seed) * n) >> 64; each item's seed is \
                    field_seed(hash_seed, seed_index)",

@@ -16,10 +16,12 @@ pub mod cross;
 pub mod fused;
 pub mod split;
 
-/// `ln(1 + max(x, 0))`: the dense transform of the DLRM Criteo setup.
+/// `ln(1 + max(x, 0))`: the dense transform of the DLRM Criteo setup. Every zero and NaN
+/// becomes `+0.0` (not `f32::max`, which may keep the sign of `-0.0`), so the result's bits
+/// depend only on the value, whatever the CPU or the compiler's constant folding.
 #[inline]
 pub fn log1p_clamped(x: f32) -> f32 {
-    x.max(0.0).ln_1p()
+    (if x > 0.0 { x } else { 0.0 }).ln_1p()
 }
 
 /// Applies [`log1p_clamped`] in place.

@@ -28,10 +28,12 @@ impl FeatureSpec {
     }
 
     /// The values of every dense column, after its clamp and `log1p` (before any scale), and
-    /// of every categorical column, read as numbers, in the lines given: what fitting
-    /// learns from. A line without exactly the spec's columns, the header and a value that
-    /// is not a finite number are passed over.
-    pub fn sample_values<'a>(&self, lines: impl IntoIterator<Item = &'a [u8]>) -> SampleValues {
+    /// of every categorical column, read as numbers, in the lines given, each with whether
+    /// it is its file's first line: what fitting learns from. A line without exactly the
+    /// spec's columns, a value that is not a finite number and a file's first line when it
+    /// is the header ([`FeatureSpec::is_header`]) are passed over, as the readers of the
+    /// data pass them over; any other line is a record, whatever it starts with.
+    pub fn sample_values<'a>(&self, lines: impl IntoIterator<Item = (bool, &'a [u8])>) -> SampleValues {
         let delimiter = self.delimiter_byte();
         let index = |c: &str| self.columns.iter().position(|x| x == c);
         let dense: Vec<Option<usize>> = self.dense.iter().map(|d| index(&d.column)).collect();
@@ -43,9 +45,9 @@ impl FeatureSpec {
         };
         let n = self.columns.len();
         let mut fields: Vec<&[u8]> = Vec::with_capacity(n);
-        for line in lines {
+        for (first, line) in lines {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
-            if line.is_empty() || self.is_header(line) {
+            if line.is_empty() || (first && self.is_header(line)) {
                 continue;
             }
             fields.clear();
@@ -125,7 +127,7 @@ mod tests {
         let e = SpecFormat::new(spec.clone(), 1).unwrap_err().to_string();
         assert!(e.contains("dense[0].center") && e.contains("learned from the training data"), "{e}");
         let lines = ["y,age,price,hour", "0,20,0,1", "1,30,e,7", "0,40,3,13", "1,50,7,23", "0,bad,1,", "too,few"];
-        let sample = spec.sample_values(lines.iter().map(|l| l.as_bytes()));
+        let sample = spec.sample_values(lines.iter().enumerate().map(|(i, l)| (i == 0, l.as_bytes())));
         assert_eq!(sample.rows, 5, "the header and the short line are passed over");
         assert_eq!(sample.dense[0], [20.0, 30.0, 40.0, 50.0], "`bad` is no number");
         spec.fit(&sample).unwrap();
@@ -153,5 +155,23 @@ mod tests {
             Err((BadReason::NonFinite, Some(3))),
             "the dense hour sees it first"
         );
+    }
+
+    /// With `header = true` only a file's first line can be its header: a record whose
+    /// first value starts with the first column's name (`id_0001` under `id`) is sampled.
+    #[test]
+    fn only_a_files_first_line_is_its_header() {
+        let text = NUMERIC.replace("[\"y\", \"age\"", "[\"a\", \"y\", \"age\"");
+        let mut spec = FeatureSpec::from_toml(&text).unwrap();
+        let files = [
+            ["a,y,age,price,hour", "a1,0,20,1,1", "a2,1,40,1,1"],
+            ["b3,0,60,1,1", "a,y,age,price,hour", "a4,1,80,1,1"],
+        ];
+        let lines = files.iter().flat_map(|f| f.iter().enumerate().map(|(i, l)| (i == 0, l.as_bytes())));
+        let sample = spec.sample_values(lines);
+        assert_eq!(sample.rows, 5, "the first file's header is passed over; the other lines are records");
+        assert_eq!(sample.dense[0], [20.0, 40.0, 60.0, 80.0], "the header inside a file is no number");
+        spec.fit(&sample).unwrap();
+        assert_eq!(spec.dense[0].center, Some(50.0));
     }
 }

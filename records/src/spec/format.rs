@@ -2,10 +2,13 @@
 //! [`LineFormat`] parse of one line into a [`Batch`].
 //!
 //! Invariants: a line is split once into fixed arrays (`MAX_COLUMNS` entries), with no
-//! allocation per field; a bad line appends nothing to the batch; an absent value is an
-//! empty bag, never a fake id; hashing seeds derive from the format's seed and the field's
-//! index, and a sequence list hashes with its target's seed into its target's table.
+//! allocation per field; every delimiter is decoded by [`super::delimiter_byte`]; a bad
+//! line appends nothing to the batch; an absent value is an empty bag, never a fake id;
+//! hashing seeds derive from the format's seed and the field's index, and a sequence list
+//! hashes with its target's seed into its target's table; the sequence lists of a line are
+//! read together, position by position ([`super::sequence`]).
 
+use super::sequence::{push_sequences, SequenceList};
 use super::validate::{one_byte, MAX_COLUMNS};
 use super::{numeric, Encoding, FeatureSpec, ListReduce, Pooling, VocabularyMap};
 use crate::bad_record::BadReason;
@@ -59,7 +62,7 @@ impl CategoricalColumn {
     }
 }
 
-/// A list column compiled.
+/// A pooled list column compiled (`sum` or `mean`).
 #[derive(Clone, Debug)]
 struct ListColumn {
     col: usize,
@@ -68,7 +71,7 @@ struct ListColumn {
     buckets: u64,
     max_len: usize,
     pooling: Pooling,
-    /// Index of its field in `Batch::sparse` (pooled) or `Batch::sequences` (`none`).
+    /// Index of its field in `Batch::sparse`.
     slot: usize,
 }
 
@@ -76,8 +79,8 @@ struct ListColumn {
 ///
 /// Lists with `pooling = "mean"` carry per-id weights `1/n`
 /// ([`crate::SparseField::weights`]); lists with `pooling = "none"` go to
-/// `Batch::sequences`, in spec order, and the format reports them through
-/// [`LineFormat::num_sequences`].
+/// `Batch::sequences`, in spec order, read together position by position (see
+/// [`Pooling::None`]), and the format reports them through [`LineFormat::num_sequences`].
 #[derive(Clone, Debug)]
 pub struct SpecFormat {
     spec: FeatureSpec,
@@ -87,9 +90,75 @@ pub struct SpecFormat {
     numeric: Vec<(usize, u8, Reduce)>,
     categorical: Vec<CategoricalColumn>,
     lists: Vec<ListColumn>,
-    num_sequences: usize,
+    /// The `pooling = "none"` lists, in spec order, and the `max_len` they share.
+    sequences: Vec<SequenceList>,
+    sequence_len: usize,
     /// The user column (`spec.user`), whose value's key goes to `Batch::groups`.
     user: Option<usize>,
+}
+
+/// The index of column `name` in a validated spec.
+fn column(spec: &FeatureSpec, name: &str) -> usize {
+    spec.columns.iter().position(|x| x == name).expect("validated")
+}
+
+/// The categorical columns of a validated spec, vocabularies loaded.
+fn categorical_columns(spec: &FeatureSpec, seed: u64) -> Result<Vec<CategoricalColumn>, OperatorError> {
+    let mut out = Vec::with_capacity(spec.categorical.len());
+    for (f, c) in spec.categorical.iter().enumerate() {
+        let vocabulary = match &c.vocabulary {
+            Some(v) => Some(std::sync::Arc::new(v.load(&format!("categorical[{f}].vocabulary"))?)),
+            None => None,
+        };
+        out.push(CategoricalColumn {
+            col: column(spec, &c.column),
+            seed: field_seed(seed, f),
+            buckets: c.buckets,
+            encoding: c.encoding,
+            vocabulary,
+            oov_buckets: c.oov_buckets,
+            boundaries: c.boundaries.clone().unwrap_or_default(),
+        });
+    }
+    Ok(out)
+}
+
+/// The pooled lists and the sequence lists of a validated spec. Pooled lists keep the seeds
+/// they had before sequences existed (after the categorical fields); a sequence hashes like
+/// its target, whose table it shares.
+fn list_columns(spec: &FeatureSpec, seed: u64) -> Result<(Vec<ListColumn>, Vec<SequenceList>), OperatorError> {
+    let nc = spec.categorical.len();
+    let (mut pooled, mut sequences) = (Vec::new(), Vec::new());
+    for (i, l) in spec.list.iter().enumerate() {
+        let delimiter = one_byte(&format!("list[{i}].delimiter"), &l.delimiter)?;
+        let col = column(spec, &l.column);
+        match &l.target {
+            Some(t) if l.pooling == Pooling::None => {
+                let target = spec.categorical.iter().position(|c| &c.column == t).expect("validated");
+                sequences.push(SequenceList { col, delimiter, seed: field_seed(seed, target), buckets: l.buckets });
+            }
+            _ => pooled.push(ListColumn {
+                col,
+                delimiter,
+                seed: field_seed(seed, nc + pooled.len()),
+                buckets: l.buckets,
+                max_len: l.max_len,
+                pooling: l.pooling,
+                slot: nc + pooled.len(),
+            }),
+        }
+    }
+    Ok((pooled, sequences))
+}
+
+/// The numeric lists of a validated spec: column, item delimiter, reduction.
+fn numeric_columns(spec: &FeatureSpec) -> Result<Vec<(usize, u8, Reduce)>, OperatorError> {
+    let compile = |(i, n): (usize, &super::NumericListSpec)| {
+        let delimiter = one_byte(&format!("numeric_list[{i}].delimiter"), &n.delimiter)?;
+        let reduce = if n.reduce == ListReduce::Mean { Reduce::Mean } else { Reduce::Sum };
+        Ok((column(spec, &n.column), delimiter, reduce))
+    };
+    spec.numeric_list.iter().enumerate().map(compile).collect()
 }
 
 impl SpecFormat {
@@ -103,67 +172,18 @@ impl SpecFormat {
                  or given in the spec",
             ));
         }
-        let index = |c: &str| spec.columns.iter().position(|x| x == c).expect("validated");
-        let delimiter = one_byte("delimiter", &spec.delimiter)?;
-        let nc = spec.categorical.len();
-        let mut categorical = Vec::with_capacity(nc);
-        for (f, c) in spec.categorical.iter().enumerate() {
-            let vocabulary = match &c.vocabulary {
-                Some(v) => Some(std::sync::Arc::new(v.load(&format!("categorical[{f}].vocabulary"))?)),
-                None => None,
-            };
-            categorical.push(CategoricalColumn {
-                col: index(&c.column),
-                seed: field_seed(seed, f),
-                buckets: c.buckets,
-                encoding: c.encoding,
-                vocabulary,
-                oov_buckets: c.oov_buckets,
-                boundaries: c.boundaries.clone().unwrap_or_default(),
-            });
-        }
-        let (mut pooled, mut sequences) = (0, 0);
-        let lists = spec
-            .list
-            .iter()
-            .map(|l| {
-                let slot = if l.pooling == Pooling::None { &mut sequences } else { &mut pooled };
-                let here = *slot;
-                *slot += 1;
-                ListColumn {
-                    col: index(&l.column),
-                    delimiter: l.delimiter.as_bytes()[0],
-                    // Pooled lists keep the seeds they had before sequences existed;
-                    // sequences hash like their target, whose table they share.
-                    seed: match &l.target {
-                        Some(t) => {
-                            field_seed(seed, spec.categorical.iter().position(|c| &c.column == t).expect("validated"))
-                        }
-                        None => field_seed(seed, nc + here),
-                    },
-                    buckets: l.buckets,
-                    max_len: l.max_len,
-                    pooling: l.pooling,
-                    slot: if l.pooling == Pooling::None { here } else { nc + here },
-                }
-            })
-            .collect();
+        let (lists, sequences) = list_columns(&spec, seed)?;
+        let sequence_len = spec.sequence_lists().map(|(_, l)| l.max_len).next().unwrap_or(0);
         Ok(SpecFormat {
-            delimiter,
-            label: index(&spec.label.column),
-            dense: spec.dense.iter().map(|d| index(&d.column)).collect(),
-            numeric: spec
-                .numeric_list
-                .iter()
-                .map(|n| {
-                    let r = if n.reduce == ListReduce::Mean { Reduce::Mean } else { Reduce::Sum };
-                    (index(&n.column), n.delimiter.as_bytes()[0], r)
-                })
-                .collect(),
-            categorical,
+            delimiter: one_byte("delimiter", &spec.delimiter)?,
+            label: column(&spec, &spec.label.column),
+            dense: spec.dense.iter().map(|d| column(&spec, &d.column)).collect(),
+            numeric: numeric_columns(&spec)?,
+            categorical: categorical_columns(&spec, seed)?,
             lists,
-            num_sequences: sequences,
-            user: spec.user.as_deref().map(index),
+            sequence_len,
+            sequences,
+            user: spec.user.as_deref().map(|u| column(&spec, u)),
             spec,
         })
     }
@@ -176,7 +196,31 @@ impl SpecFormat {
     /// An empty batch of this format's shape (sequence fields included).
     pub fn empty_batch(&self) -> Batch {
         let (d, s) = self.spec.shape();
-        Batch::with_sequences(d, s, self.num_sequences)
+        Batch::with_sequences(d, s, self.sequences.len())
+    }
+
+    /// The dense values of a line (`dense`, then the numeric lists) into `out`; the error
+    /// names the reason and the column.
+    fn dense_values(&self, fields: &[&[u8]], out: &mut [f32]) -> Result<(), (BadReason, Option<usize>)> {
+        for (k, (&col, d)) in self.dense.iter().zip(&self.spec.dense).enumerate() {
+            let mut v = d.unscaled(fields[col]).map_err(|reason| (reason, Some(col)))?;
+            if let Some((center, width)) = d.fitted_scale() {
+                v = numeric::scaled(v, center, width);
+            }
+            if !v.is_finite() {
+                return Err((BadReason::NonFinite, Some(col)));
+            }
+            out[k] = v;
+        }
+        for (k, &(col, delim, reduce)) in self.numeric.iter().enumerate() {
+            let v = split_parse_reduce(fields[col], delim, reduce, usize::MAX)
+                .map_err(|_| (BadReason::BadInteger, Some(col)))?;
+            if v.is_some_and(|v| !v.is_finite()) {
+                return Err((BadReason::NonFinite, Some(col)));
+            }
+            out[self.dense.len() + k] = v.unwrap_or(0.0);
+        }
+        Ok(())
     }
 }
 
@@ -186,7 +230,7 @@ impl LineFormat for SpecFormat {
     }
 
     fn num_sequences(&self) -> usize {
-        self.num_sequences
+        self.sequences.len()
     }
 
     fn is_header(&self, line: &[u8]) -> bool {
@@ -218,24 +262,7 @@ impl LineFormat for SpecFormat {
         // Parse every dense value before appending anything, so a bad line appends nothing.
         let nd = self.dense.len() + self.numeric.len();
         let mut dense = [0.0f32; MAX_COLUMNS];
-        for (k, (&col, d)) in self.dense.iter().zip(&self.spec.dense).enumerate() {
-            let mut v = d.unscaled(fields[col]).map_err(|reason| (reason, Some(col)))?;
-            if let Some((center, width)) = d.fitted_scale() {
-                v = numeric::scaled(v, center, width);
-            }
-            if !v.is_finite() {
-                return Err((BadReason::NonFinite, Some(col)));
-            }
-            dense[k] = v;
-        }
-        for (k, &(col, delim, reduce)) in self.numeric.iter().enumerate() {
-            let v = split_parse_reduce(fields[col], delim, reduce, usize::MAX)
-                .map_err(|_| (BadReason::BadInteger, Some(col)))?;
-            if v.is_some_and(|v| !v.is_finite()) {
-                return Err((BadReason::NonFinite, Some(col)));
-            }
-            dense[self.dense.len() + k] = v.unwrap_or(0.0);
-        }
+        self.dense_values(&fields[..n], &mut dense)?;
         let mut ids = [0u64; MAX_COLUMNS];
         for (f, c) in self.categorical.iter().enumerate() {
             let raw = fields[c.col];
@@ -246,27 +273,12 @@ impl LineFormat for SpecFormat {
             };
         }
         // Sequence lists first: they are the last thing that can reject the line.
-        if self.num_sequences > 0 {
-            if out.sequences.len() != self.num_sequences {
+        if !self.sequences.is_empty() {
+            if out.sequences.len() != self.sequences.len() {
                 return Err((BadReason::FieldCount, None));
             }
-            let mut len = None;
-            for l in self.lists.iter().filter(|l| l.pooling == Pooling::None) {
-                let seq = &mut out.sequences[l.slot];
-                let start = seq.ids.len();
-                split_hash_bucket(fields[l.col], l.delimiter, l.seed, l.buckets, l.max_len, true, &mut seq.ids);
-                let n = seq.ids.len() - start;
-                if *len.get_or_insert(n) != n {
-                    for s in out.sequences.iter_mut() {
-                        let closed = *s.offsets.last().unwrap() as usize;
-                        s.ids.truncate(closed);
-                    }
-                    return Err((BadReason::FieldCount, Some(l.col)));
-                }
-            }
-            for s in out.sequences.iter_mut() {
-                s.close_bag();
-            }
+            push_sequences(&self.sequences, &fields[..n], self.sequence_len, &mut out.sequences)
+                .map_err(|col| (BadReason::FieldCount, Some(col)))?;
         }
         out.labels.push(label);
         if let Some(col) = self.user {
@@ -280,7 +292,7 @@ impl LineFormat for SpecFormat {
             }
             close(bag);
         }
-        for l in self.lists.iter().filter(|l| l.pooling != Pooling::None) {
+        for l in &self.lists {
             let bag = &mut out.sparse[l.slot];
             split_hash_bucket(fields[l.col], l.delimiter, l.seed, l.buckets, l.max_len, true, &mut bag.ids);
             if l.pooling == Pooling::Mean {
@@ -389,13 +401,19 @@ mod tests {
         assert_eq!(FeatureSpec::from_toml(&spec.to_toml()).unwrap(), spec);
     }
 
-    #[test]
-    fn sequence_lists_must_agree_in_length() {
+    /// The TOML spec with `items` a second sequence list (sharing `cats`' `max_len` of 3).
+    fn two_sequences() -> SpecFormat {
         let mut spec = FeatureSpec::from_toml(TOML).unwrap();
         spec.list[0].pooling = Pooling::None;
         spec.list[0].target = Some("cat".into());
         spec.list[0].buckets = 20;
-        let f = SpecFormat::new(spec, 1).unwrap();
+        spec.list[0].max_len = 3;
+        SpecFormat::new(spec, 1).unwrap()
+    }
+
+    #[test]
+    fn sequence_lists_must_agree_in_length() {
+        let f = two_sequences();
         assert_eq!(f.shape(), (0, 2));
         assert_eq!(f.num_sequences(), 2);
         let mut b = f.empty_batch();
@@ -404,5 +422,67 @@ mod tests {
         b.check().unwrap();
         assert_eq!(b.len(), 1, "the bad line appended nothing");
         assert_eq!(b.sequences[0].bag(0).len(), 2);
+    }
+
+    /// Lengths are compared as written, before `max_len` cuts them and before empty items
+    /// are skipped; an empty item skips its event in every list, keeping the pairs aligned.
+    #[test]
+    fn sequence_lengths_count_raw_items_and_keep_pairs_aligned() {
+        let f = two_sequences();
+        let mut b = f.empty_batch();
+        for (items, cats) in [("a;b;c;d", "x;y;z"), ("a;b;c;d;e;f", "x;y;z;w"), ("a;;c", "x;y"), ("a;b;", "x;y")] {
+            let line = format!("1,lyon,{items},{cats},c");
+            assert_eq!(f.parse(line.as_bytes(), &mut b), Err((BadReason::FieldCount, Some(3))), "{line}");
+        }
+        assert_eq!(b.len(), 0, "bad lines append nothing");
+        f.parse(b"1,lyon,a;;c;d;e,x;y;z;w;v,c", &mut b).unwrap();
+        f.parse(b"1,lyon,a;b;c;d,x;y;z;,c", &mut b).unwrap();
+        b.check().unwrap();
+        let ids = |tokens: &[&str]| -> Vec<u64> {
+            tokens.iter().map(|t| token_bucket(field_seed(1, 1), t.as_bytes(), 20)).collect()
+        };
+        assert_eq!(b.sequences[0].bag(0), ids(&["a", "c", "d"]), "the event with an empty item is skipped");
+        assert_eq!(b.sequences[1].bag(0), ids(&["x", "z", "w"]), "`y` is skipped with it, `z` pairs with `c`");
+        assert_eq!(b.sequences[0].bag(1), ids(&["a", "b", "c"]), "cut at max_len 3");
+        assert_eq!(b.sequences[1].bag(1), ids(&["x", "y", "z"]));
+    }
+
+    /// A list delimiter written `"\\t"` (a backslash and a `t`, as `spec show` prints the
+    /// line's) is a TAB for lists, numeric lists and sequences alike, as validation reads it.
+    #[test]
+    fn escaped_tab_list_delimiters_split_on_tab() {
+        let text = r#"
+delimiter = ","
+columns = ["y", "items", "prices", "cat", "cats"]
+label = { column = "y" }
+categorical = [{ column = "cat", buckets = 30 }]
+numeric_list = [{ column = "prices", delimiter = "\\t", reduce = "sum" }]
+list = [
+  { column = "items", delimiter = "\\t", max_len = 5, buckets = 100 },
+  { column = "cats", delimiter = "\\t", max_len = 5, buckets = 30, pooling = "none", target = "cat" },
+]
+"#;
+        let spec = FeatureSpec::from_toml(text).unwrap();
+        assert_eq!(spec.list[0].delimiter, "\\t", "two characters");
+        let f = SpecFormat::new(spec, 3).unwrap();
+        let mut b = f.empty_batch();
+        f.parse(b"1,a\tb,1\t2.5,c,x\\y\tz", &mut b).unwrap();
+        b.check().unwrap();
+        assert_eq!(b.dense, [3.5]);
+        let (items, cats) = (field_seed(3, 1), field_seed(3, 0));
+        assert_eq!(b.sparse[1].bag(0), [token_bucket(items, b"a", 100), token_bucket(items, b"b", 100)]);
+        assert_eq!(b.sequences[0].bag(0), [token_bucket(cats, b"x\\y", 30), token_bucket(cats, b"z", 30)]);
+    }
+
+    /// The sequence lists of a line are cut at one `max_len`: lists that differ in it are
+    /// refused when the spec is validated, not on every long line.
+    #[test]
+    fn sequence_lists_share_max_len() {
+        let mut spec = two_sequences().spec().clone();
+        spec.list[0].max_len = 4;
+        let e = spec.validate().unwrap_err().to_string();
+        assert!(e.contains("list[1].max_len") && e.contains("3 differs from the 4 of list[0]"), "{e}");
+        let text = TOML.replace("max_len = 3", "max_len = 2");
+        FeatureSpec::from_toml(&text).unwrap();
     }
 }

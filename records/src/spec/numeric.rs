@@ -80,17 +80,31 @@ pub fn bucket_of_scalar(boundaries: &[f32], v: f32) -> u64 {
 /// about equal count: the values at ranks `⌊k·n / buckets⌋` of the sorted sample for
 /// `k = 1 … buckets − 1`, repeated values kept once (a value cannot split its own
 /// group) and the smallest value dropped (nothing lies below it). Empty without values.
+///
+/// Time and memory are `O(n log n)` in the `n` values, whatever `buckets` (up to
+/// `u64::MAX`): only the at most `n` distinct ranks are visited.
 pub fn quantile_boundaries(values: &[f32], buckets: u64) -> Vec<f32> {
     let mut sorted: Vec<f32> = values.iter().copied().filter(|v| v.is_finite()).collect();
     if sorted.is_empty() || buckets < 2 {
         return Vec::new();
     }
     sorted.sort_by(f32::total_cmp);
-    let n = sorted.len() as u128;
-    let mut cuts: Vec<f32> = (1..buckets as u128).map(|k| sorted[(k * n / buckets as u128) as usize]).collect();
+    let mut cuts: Vec<f32> = quantile_ranks(sorted.len(), buckets).map(|r| sorted[r]).collect();
     cuts.dedup();
     cuts.retain(|&b| b > sorted[0]);
     cuts
+}
+
+/// The distinct ranks `⌊k·n / buckets⌋` for `k = 1 … buckets − 1`, ascending (`n ≥ 1`,
+/// `buckets ≥ 2`). Rank `r < n` is one exactly when the least `k` reaching it,
+/// `max(1, ⌈r·buckets / n⌉)`, is below `buckets` and does not overshoot it; so at most `n`
+/// ranks are looked at, not `buckets − 1` (which may be 10¹²).
+fn quantile_ranks(n: usize, buckets: u64) -> impl Iterator<Item = usize> {
+    let (n128, b) = (n as u128, buckets as u128);
+    (0..n).filter(move |&r| {
+        let k = (r as u128 * b).div_ceil(n128).max(1);
+        k < b && k * n128 / b == r as u128
+    })
 }
 
 /// Checks boundaries given or learned: finite and strictly ascending; the error says why.
@@ -151,5 +165,44 @@ mod tests {
         assert!(check_boundaries(&quantile_boundaries(&v, 7)).is_ok());
         assert!(check_boundaries(&[1.0, 1.0]).unwrap_err().contains("ascending"));
         assert!(check_boundaries(&[f32::NAN]).unwrap_err().contains("finite"));
+    }
+
+    /// The old formula, `buckets − 1` ranks then dedup: the oracle for small bucket counts.
+    fn quantile_oracle(values: &[f32], buckets: u64) -> Vec<f32> {
+        let mut sorted: Vec<f32> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        if sorted.is_empty() || buckets < 2 {
+            return Vec::new();
+        }
+        sorted.sort_by(f32::total_cmp);
+        let n = sorted.len() as u128;
+        let mut cuts: Vec<f32> = (1..buckets as u128).map(|k| sorted[(k * n / buckets as u128) as usize]).collect();
+        cuts.dedup();
+        cuts.retain(|&b| b > sorted[0]);
+        cuts
+    }
+
+    /// A huge bucket count (`buckets = 1000000000000` in a spec) visits only the sample's
+    /// ranks: it returns at once, with every value above the smallest as a boundary, as a
+    /// bucket count just above the sample's size gives.
+    #[test]
+    fn huge_bucket_counts_cost_only_the_sample() {
+        let start = std::time::Instant::now();
+        assert_eq!(quantile_boundaries(&[1.0, 2.0, 3.0], 1 << 40), vec![2.0, 3.0]);
+        assert_eq!(quantile_boundaries(&[3.0, 1.0, 2.0], u64::MAX), quantile_oracle(&[1.0, 2.0, 3.0], 4));
+        assert_eq!(quantile_boundaries(&[5.0; 7], 1_000_000_000_000), Vec::<f32>::new());
+        assert!(start.elapsed() < std::time::Duration::from_secs(1), "{:?}", start.elapsed());
+        let mut state = 11u64;
+        for n in [1usize, 2, 3, 7, 10, 64, 100] {
+            let values: Vec<f32> = (0..n)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((state >> 40) % 13) as f32
+                })
+                .collect();
+            for buckets in [2u64, 3, 4, 5, 9, 10, 11, 63, 64, 65, 99, 100, 101, 250] {
+                let want = quantile_oracle(&values, buckets);
+                assert_eq!(quantile_boundaries(&values, buckets), want, "n {n} buckets {buckets}");
+            }
+        }
     }
 }

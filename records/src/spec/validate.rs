@@ -2,26 +2,55 @@
 //! data is read, and an error names the offending key (`dense[2].column`, `list[0].target`, …).
 //!
 //! Invariants: a valid spec reads only the columns it declares, each declared once by a
-//! non-empty name; its delimiters are one byte; its tables have rows; each encoding has
-//! exactly the settings it uses; and it fits the per-line parser's fixed arrays
-//! (`MAX_COLUMNS` columns, dense and categorical features each, at most `MAX_SEQUENCES`
-//! sequence lists).
+//! non-empty name; its delimiters are one byte, decoded by [`delimiter_byte`] alone (so
+//! TOML's `"\\t"`, a backslash and a `t`, is a TAB wherever a delimiter is used); its
+//! tables have rows; each encoding has exactly the settings it uses; every number it holds
+//! is finite (a checkpoint records the spec as JSON, which has no infinity or NaN); its
+//! `pooling = "none"` lists share one `max_len`; and it fits the per-line parser's fixed
+//! arrays (`MAX_COLUMNS` columns, dense and categorical features each, at most
+//! `MAX_SEQUENCES` sequence lists).
 
+use super::sequence::MAX_SEQUENCES;
 use super::{numeric, CategoricalSpec, DenseSpec, Encoding, FeatureSpec, ListSpec, Pooling};
 use crate::OperatorError;
 
 /// Most columns a spec line may have.
 pub(super) const MAX_COLUMNS: usize = 256;
-/// Most `pooling = "none"` lists in one spec.
-const MAX_SEQUENCES: usize = 16;
 
-/// The byte of delimiter `s` (`\t` written as two characters is a tab); errors name `key`.
-pub(super) fn one_byte(key: &str, s: &str) -> Result<u8, OperatorError> {
-    match s.as_bytes() {
-        [b] => Ok(*b),
-        b"\\t" => Ok(b'\t'),
-        _ => Err(OperatorError::config(key, format!("`{s}` is not a single-byte delimiter"))),
+/// The byte a spec's delimiter text stands for: one byte as written, or TAB for `\t`
+/// written as two characters, a backslash and a `t` (TOML `"\\t"`, as `tiderec spec show`
+/// prints it); `None` for anything else.
+/// Every reader of a spec's delimiters (the line, its lists, its numeric lists) decodes
+/// them here.
+pub fn delimiter_byte(text: &str) -> Option<u8> {
+    match text.as_bytes() {
+        [b] => Some(*b),
+        b"\\t" => Some(b'\t'),
+        _ => None,
     }
+}
+
+/// [`delimiter_byte`] of `s`; the error names `key`.
+pub(super) fn one_byte(key: &str, s: &str) -> Result<u8, OperatorError> {
+    delimiter_byte(s).ok_or_else(|| OperatorError::config(key, format!("`{s}` is not a single-byte delimiter")))
+}
+
+/// A dense column's clamp: finite bounds (`inf`, `nan` and values beyond `f32` such as
+/// `1e39` are refused: a checkpoint records the spec as JSON, which has no infinity), `lo`
+/// at most `hi`.
+fn check_clamp(i: usize, d: &DenseSpec) -> Result<(), OperatorError> {
+    let Some((lo, hi)) = d.clamp else { return Ok(()) };
+    let key = format!("dense[{i}].clamp");
+    if let Some(b) = [lo, hi].into_iter().find(|b| !b.is_finite()) {
+        return Err(OperatorError::config(
+            key,
+            format!("bound {b} is not a finite number (for no bound on a side, give ±{:e})", f32::MAX),
+        ));
+    }
+    if lo > hi {
+        return Err(OperatorError::config(key, format!("{lo} > {hi}")));
+    }
+    Ok(())
 }
 
 /// A dense column's scale: `center` and `width` both or neither, only with `scale`, finite,
@@ -99,11 +128,7 @@ impl FeatureSpec {
         }
         for (i, d) in self.dense.iter().enumerate() {
             find(format!("dense[{i}].column"), &d.column)?;
-            if let Some((lo, hi)) = d.clamp {
-                if lo.partial_cmp(&hi) != Some(std::cmp::Ordering::Less) && lo != hi {
-                    return Err(OperatorError::config(format!("dense[{i}].clamp"), format!("{lo} > {hi}")));
-                }
-            }
+            check_clamp(i, d)?;
             check_scale(i, d)?;
         }
         for (i, n) in self.numeric_list.iter().enumerate() {
@@ -171,10 +196,29 @@ impl FeatureSpec {
                 format!("at most {MAX_SEQUENCES} lists may be kept as sequences"),
             ));
         }
+        self.check_sequence_lengths()?;
         if self.shape().1 == 0 && self.shape().0 == 0 {
             return Err(OperatorError::config("dense/categorical", "the spec defines no feature"));
         }
         Ok(())
+    }
+
+    /// The `pooling = "none"` lists of a line are one history of events, cut at one length:
+    /// they must share `max_len` (else lines longer than the smaller one would all differ).
+    fn check_sequence_lengths(&self) -> Result<(), OperatorError> {
+        let mut lists = self.sequence_lists();
+        let Some((first, head)) = lists.next() else { return Ok(()) };
+        match lists.find(|(_, l)| l.max_len != head.max_len) {
+            Some((i, l)) => Err(OperatorError::config(
+                format!("list[{i}].max_len"),
+                format!(
+                    "{} differs from the {} of list[{first}]: the `pooling = \"none\"` lists of a line are one \
+                     history, kept to one length",
+                    l.max_len, head.max_len
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Checks list `i`'s `target` against its pooling (see [`ListSpec::target`]).
@@ -235,6 +279,48 @@ mod tests {
             let e = FeatureSpec::from_toml(&text).unwrap_err().to_string();
             assert!(e.contains(key), "{to}: {e}");
         }
+    }
+
+    /// A clamp bound that is no finite number (`inf`, `nan`, or `1e39`, which reads as
+    /// `inf` in `f32`) is refused: the manifest's JSON would hold `null` for it, which no
+    /// later reader of the checkpoint could load.
+    #[test]
+    fn non_finite_clamp_bounds_are_refused_naming_the_key() {
+        for clamp in ["[0.0, inf]", "[-inf, 0.0]", "[nan, 1.0]", "[1e39, 2e39]", "[-1e39, 0.0]"] {
+            let text = NUMERIC.replacen("{ column = \"age\",", &format!("{{ column = \"age\", clamp = {clamp},"), 1);
+            assert_ne!(text, NUMERIC);
+            let e = FeatureSpec::from_toml(&text).unwrap_err().to_string();
+            assert!(e.contains("dense[0].clamp") && e.contains("not a finite number"), "{clamp}: {e}");
+        }
+        for clamp in [(0.0, f32::INFINITY), (f32::NEG_INFINITY, 1.0), (f32::NAN, f32::NAN)] {
+            let mut s = tiny();
+            s.dense[0].clamp = Some(clamp);
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains("dense[0].clamp"), "{clamp:?}: {e}");
+        }
+        let widest =
+            NUMERIC.replacen("{ column = \"age\",", "{ column = \"age\", clamp = [-3.4028235e38, 3.4028235e38],", 1);
+        let spec = FeatureSpec::from_toml(&widest).unwrap();
+        assert_eq!(spec.dense[0].clamp, Some((f32::MIN, f32::MAX)), "the hint's bounds are valid");
+    }
+
+    /// A valid spec, fitted values and all, survives the JSON of a checkpoint's manifest
+    /// (`pipeline.spec.fields`): every number in it is finite.
+    #[test]
+    fn a_valid_spec_round_trips_through_manifest_json() {
+        let mut spec = FeatureSpec::from_toml(NUMERIC).unwrap();
+        spec.dense[0].clamp = Some((f32::MIN, 1e30));
+        spec.dense[0].center = Some(1.5);
+        spec.dense[0].width = Some(2.0);
+        spec.dense[1].center = Some(-0.25);
+        spec.dense[1].width = Some(3.0e38);
+        spec.categorical[0].boundaries = Some(vec![-1e-30, 0.5, 1e20]);
+        spec.validate().unwrap();
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(serde_json::from_value::<FeatureSpec>(json).unwrap(), spec);
+        // What validation keeps out: an infinite bound is written as `null` and never read back.
+        spec.dense[0].clamp = Some((0.0, f32::INFINITY));
+        assert!(serde_json::from_value::<FeatureSpec>(serde_json::to_value(&spec).unwrap()).is_err());
     }
 
     #[test]
