@@ -322,6 +322,17 @@ fn dead_broker_and_bad_flags_fail_clearly() {
             .current_dir(dir.path()),
     );
     assert!(err.contains(&format!("127.0.0.1:{port}")) && err.contains("topic `t`"), "{err}");
+    // A librdkafka property the exactly-once reader depends on is refused, naming it, before
+    // the broker is asked (it would otherwise make the reader skip or stall silently).
+    for option in ["auto.offset.reset=earliest", "enable.partition.eof=true", "enable.auto.commit=true", "group.id=g"] {
+        let brokers = format!("127.0.0.1:{port}");
+        let args = ["online", "--brokers", &brokers, "--topic", "t", "--broker-timeout", "30", "--progress", "none"];
+        let started = Instant::now();
+        let err = run_err(tiderec().args(args).args(["--kafka-option", option]).current_dir(dir.path()));
+        let key = option.split('=').next().unwrap();
+        assert!(err.contains("`kafka_option`") && err.contains(&format!("`{key}` is the reader's own")), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(20), "refused only after {:?}", started.elapsed());
+    }
     let err = run_err(tiderec().args(["online", "--topic", "t", "--start", "middle"]));
     assert!(err.contains("`start`"), "{err}");
     let err = run_err(tiderec().args(["online", "--topic", "t", "--checkpoint-seconds", "5"]));

@@ -18,6 +18,11 @@
 //! topic holds more records than the trainer's offset, only the record before that
 //! offset differs; the check after the outage finds it before B's records are trained.
 //!
+//! Two more cases: two workers resuming where partition 0's offset is past its end while
+//! partition 1 is quiet end at once naming partition 0 (the failing worker tells the one
+//! waiting for records); and a quiet trainer behind the proxy survives two short outages
+//! further apart than `--broker-timeout` (an outage ends once every partition answers).
+//!
 //! librdkafka 2.12 sometimes crashes (SIGSEGV) right after such a switch, before any
 //! check runs: a fetch response from B carries a "current leader" tag under a zero
 //! topic id, and librdkafka's handling of that tag (`rd_kafka_metadata_update_op`)
@@ -77,6 +82,50 @@ fn a_resumed_run_on_a_recreated_topic_stops_unless_a_reset_is_accepted() {
     let s = summary(&dir);
     assert_eq!(s["samples_this_run"], 10_000, "{s}");
     assert_eq!(final_model(&dir).offsets.values().sum::<i64>(), 10_000);
+}
+
+/// A worker whose partition fails the check on `--resume` ends the run at once, naming the
+/// partition, even while another worker waits for records of a quiet partition.
+#[test]
+fn a_failed_partition_ends_the_run_while_another_worker_waits_for_records() {
+    let Some(sample) = criteo_sample() else { return };
+    let mut broker = Broker::start();
+    // 4,001 records: 2,001 in partition 0 (read by worker 0), 2,000 in partition 1 (worker 1).
+    produce(&broker, "clicks", &sample, &["--partitions", "2", "--limit", "4001"]);
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("run");
+    run_ok(&mut online_cmd(&broker, "clicks", &dir, 2, &[]));
+    assert_eq!(final_model(&dir).offsets, [("clicks/0".to_string(), 2001), ("clicks/1".to_string(), 2000)].into());
+
+    // Re-created with the first 4,000 of the same records: partition 1 holds what was trained
+    // on (the same record before offset 2,000) and nothing after it; partition 0 ends at 2,000.
+    broker.restart(Duration::from_millis(200));
+    produce(&broker, "clicks", &sample, &["--partitions", "2", "--limit", "4000"]);
+    std::fs::create_dir_all(&dir).unwrap();
+    let stderr = dir.join("stderr.txt");
+    let started = Instant::now();
+    // No --until-end: worker 1 would wait for records of partition 1 for ever.
+    let child = running_online_cmd(&broker.addr(), "clicks", &dir, 2, &["--resume"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut trainer = Trainer { child, stderr, metrics_port: 0 };
+    let status = loop {
+        if let Some(status) = trainer.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "still running after 30 s: {}", trainer.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = trainer.stderr();
+    assert!(started.elapsed() < Duration::from_secs(20), "ended only after {:?}: {err}", started.elapsed());
+    assert!(status.code().is_some_and(|c| c != 0), "a clear failure, not {status}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for part in ["topic `clicks` partition 0", "offset 2001 is past the partition's end, 2000", "--on-offset-reset"] {
+        assert!(err.contains(part), "missing `{part}` in: {err}");
+    }
+    assert_eq!(final_model(&dir).offsets.values().sum::<i64>(), 4001, "nothing was trained or checkpointed");
 }
 
 /// A TCP proxy on 127.0.0.1 in front of the brokers, which advertise its port: every
@@ -375,6 +424,56 @@ fn a_running_trainer_on_a_recreated_topic_stops_unless_a_reset_is_accepted() {
     let last = final_model(&run.dir);
     assert_eq!((last.step, last.samples), (96, 6144));
     assert_eq!(last.offsets, both_at(1024));
+}
+
+/// An outage is over once the broker answers again, records or not: a trainer on a quiet
+/// topic that sees two short outages further apart than `--broker-timeout` goes on.
+#[test]
+fn a_quiet_trainer_survives_short_outages_further_apart_than_the_broker_timeout() {
+    let Some(sample) = criteo_sample() else { return };
+    let proxy = Proxy::start();
+    let broker = Broker::start_advertising(proxy.port);
+    proxy.switch(broker.port());
+    produce(&broker, "clicks", &sample, &["--partitions", "2", "--limit", "2048"]);
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stderr = dir.join("stderr.txt");
+    let metrics_port = free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let flags = ["--broker-timeout", "6", "--metrics-addr", &metrics];
+    let child = running_online_cmd(&proxy.addr(), "clicks", &dir, 1, &flags)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut trainer = Trainer { child, stderr, metrics_port };
+    if let Some(status) = trainer.wait_for_samples(2048) {
+        panic!("the trainer exited ({status}) before training 2048 samples: {}", trainer.stderr());
+    }
+    // Two outages of 1 s (every connection closed, new ones refused), 15 s apart: each
+    // alone is well within --broker-timeout, but not the time from the first to the second.
+    for _ in 0..2 {
+        proxy.switch(0);
+        std::thread::sleep(Duration::from_secs(1));
+        proxy.switch(broker.port());
+        std::thread::sleep(Duration::from_secs(15));
+        if let Ok(Some(status)) = trainer.child.try_wait() {
+            panic!("the trainer exited ({status}) after a 1 s outage: {}", trainer.stderr());
+        }
+    }
+    let err = trainer.stderr();
+    assert!(err.contains("retrying"), "the outages were seen: {err}");
+    // Still training: new records are trained on, and SIGTERM ends the run cleanly.
+    produce(&broker, "clicks", &sample, &["--limit", "2048"]);
+    if let Some(status) = trainer.wait_for_samples(4096) {
+        panic!("the trainer exited ({status}) before training 4096 samples: {}", trainer.stderr());
+    }
+    let pid = trainer.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = trainer.wait();
+    assert!(status.success(), "SIGTERM exits 0, not {status}: {}", trainer.stderr());
+    assert_eq!(final_model(&dir).offsets, both_at(2048));
 }
 
 #[test]

@@ -64,7 +64,9 @@ pub(crate) struct OnlineArgs {
     /// Replace --summary-json when it exists (refused otherwise, unless --resume).
     #[arg(long)]
     overwrite: bool,
-    /// A librdkafka consumer property, KEY=VALUE (repeatable), set after tiderec's own.
+    /// A librdkafka consumer property, KEY=VALUE (repeatable), set after tiderec's own; those
+    /// the exactly-once reader depends on (group.id, bootstrap.servers, auto.offset.reset,
+    /// enable.partition.eof, enable.auto.commit, enable.auto.offset.store) are refused.
     #[arg(long, value_name = "KEY=VALUE")]
     kafka_option: Vec<String>,
     #[command(flatten)]

@@ -26,6 +26,13 @@
 //! * **Stopping.** SIGINT or SIGTERM: the workers agree to stop before the
 //!   next step, write a checkpoint and exit 0. `--until-end` stops when every
 //!   partition reaches the end it had when the run started.
+//! * **Failing.** A worker whose reader fails (a partition that no longer
+//!   holds its offset, an unreachable broker) reports its error to its process
+//!   before it votes, and workers waiting for records stop waiting on such an
+//!   error: the run ends promptly with the error naming the partition, never
+//!   waiting on a quiet partition (see the worker module).
+//! * **Agreement.** The processes of a cluster compare their settings and the
+//!   topic's partition count at start ([`OnlineSettings::fingerprint`]).
 // Without `kafka` the Kafka items these docs link to do not exist.
 #![cfg_attr(not(feature = "kafka"), allow(rustdoc::broken_intra_doc_links))]
 
@@ -169,14 +176,23 @@ impl Default for OnlineSettings {
 }
 
 impl OnlineSettings {
-    /// What the processes of an online cluster run must agree on: the training settings
-    /// and the stream's (brokers may be reached by different addresses; reporting, metrics
-    /// and buffering are per process).
-    pub fn fingerprint(&self, resolved: &crate::config::Resolved) -> crate::cluster::fingerprint::Fingerprint {
+    /// What the processes of an online cluster run must agree on: the training settings,
+    /// the stream's (brokers may be reached by different addresses; reporting, metrics
+    /// and buffering are per process) and the number of `partitions` of the topic each
+    /// process found at start. Every process reads the count itself; the quotas of a step
+    /// and which worker reads which partition follow from it, so processes that see
+    /// different counts (partitions added between their starts) would take different
+    /// records per step and leave a partition to nobody: the handshake refuses them.
+    pub fn fingerprint(
+        &self,
+        resolved: &crate::config::Resolved,
+        partitions: usize,
+    ) -> crate::cluster::fingerprint::Fingerprint {
         let mut print = crate::cluster::fingerprint::of_train(&self.train, resolved);
         print.extend(
             [
                 ("topic", self.topic.clone()),
+                ("(broker) partitions of the topic", partitions.to_string()),
                 ("group", self.group.clone()),
                 ("format", format!("{:?}", self.format)),
                 ("start", self.start.clone()),
@@ -309,4 +325,20 @@ pub fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>, Pipeli
 #[cfg(not(feature = "kafka"))]
 pub fn online(_settings: &OnlineSettings) -> Result<Option<OnlineSummary>, PipelineError> {
     Err(PipelineError::config("online", "this tiderec was built without Kafka support (cargo feature `kafka`)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::fingerprint::differences;
+
+    #[test]
+    fn processes_that_count_different_partitions_are_refused_naming_the_count() {
+        let settings = OnlineSettings { topic: "clicks".into(), ..OnlineSettings::default() };
+        let resolved = settings.train.validate().unwrap();
+        let (four, five) = (settings.fingerprint(&resolved, 4), settings.fingerprint(&resolved, 5));
+        assert!(differences(&[(0, &four), (1, &settings.fingerprint(&resolved, 4))]).is_empty());
+        let lines = differences(&[(0, &four), (1, &five)]);
+        assert_eq!(lines, vec!["(broker) partitions of the topic: process 0 has 4; process 1 has 5".to_string()]);
+    }
 }

@@ -1,10 +1,24 @@
 //! The online trainer's workers (see the [module docs](super)).
+//!
+//! Before every step each worker fills its partitions with the step's records and then
+//! votes ([`Vote`]); the step runs only when no worker stops or failed. A worker whose
+//! reader fails (a partition that no longer holds its checkpointed offset under
+//! `--on-offset-reset fail`, a broker unreachable past `--broker-timeout`) may be the
+//! only one to know: the others wait for records, and on a quiet partition would wait
+//! for ever. Invariant: such a worker reports its error to its process
+//! ([`crate::cluster::failure::Failure::report`]) *before* it votes, and a worker
+//! waiting for records stops waiting once its process holds a worker's error or has
+//! recorded another process as lost. So its process's other workers stop waiting at
+//! once and vote, every worker ends, and the process ends with that error (naming the
+//! partition); the other processes learn of it from the heartbeats
+//! ([`crate::cluster::liveness`]) and end naming the process. A run never hangs on a
+//! failed reader.
 
 use super::prequential::PrequentialWindow;
 use super::{OnlineSettings, OnlineSummary, RecordFormat};
 use crate::budget::{self, Split, Tally};
 use crate::checkpointing::{CheckpointOptions, Checkpointer, Position};
-use crate::cluster::Cluster;
+use crate::cluster::{lost_peer, Cluster};
 use crate::config::Resolved;
 use crate::error::DataflowFailure;
 use crate::feature_pipeline::FeaturePipeline;
@@ -27,7 +41,7 @@ use tiderec_sinks::checkpoint::{Checkpoint, DataPosition, Manifest, TrainingProg
 use tiderec_sinks::dead_letters::SharedDeadLetters;
 use tiderec_sources::criteo::{CriteoFeatures, CriteoFormat};
 use tiderec_sources::json::CriteoJsonFormat;
-use tiderec_sources::kafka::consumer::{topic_partitions, Fill, PartitionReader, StartAt};
+use tiderec_sources::kafka::consumer::{check_options, topic_partitions, Fill, PartitionReader, StartAt};
 use tiderec_sources::kafka::reset::{fingerprint_hex, parse_fingerprint, Resume};
 use tiderec_sources::kafka::{offset_key, partition_owner, step_quotas, KafkaEndpoint};
 use tiderec_sources::SourceError;
@@ -67,6 +81,9 @@ struct Shared {
 
 pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>, PipelineError> {
     settings.validate_stream()?;
+    // A `--kafka-option` that would change what the reader depends on is refused before
+    // anything else (naming the property).
+    check_options(&settings.kafka_options)?;
     let s = &settings.train;
     let resolved = s.resolve(settings.data())?;
     // Held until the run returns: no other run writes the checkpoint directory meanwhile.
@@ -155,7 +172,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     let ctx = shared.clone();
     let guards = crate::cluster::start(
         &shared.cluster,
-        || settings.fingerprint(&resolved),
+        || settings.fingerprint(&resolved, partitions),
         move |worker| worker_main(worker, &ctx),
     )?;
     let outcome = crate::cluster::join(&shared.cluster, guards);
@@ -268,15 +285,37 @@ fn open_partitions(
     let format = record_format(os, &ctx.resolved);
     match (opened, format) {
         (Ok(r), Ok(f)) => Ok((r, f)),
-        (Err(e), _) => {
-            votes.all_gather(worker, Vote { failed: Some(e.to_string()), ..Vote::default() });
-            Err(e.into())
-        }
-        (_, Err(e)) => {
-            votes.all_gather(worker, Vote { failed: Some(e.to_string()), ..Vote::default() });
-            Err(e)
-        }
+        (Err(e), _) => Err(fail_and_vote(worker, ctx, votes, e.into())),
+        (_, Err(e)) => Err(fail_and_vote(worker, ctx, votes, e)),
     }
+}
+
+/// This worker's own `error`, which the other workers would learn of only from its vote:
+/// reported to the process first, so that the workers waiting for records stop waiting
+/// ([`peer_failed`]) and vote too, and the heartbeats tell the other processes; then
+/// gathered as this worker's failed vote. Returns what the worker ends with (the process
+/// ends with `error`). Collective.
+fn fail_and_vote(
+    worker: &mut timely::worker::Worker,
+    ctx: &Shared,
+    votes: &mut Collective<Vote>,
+    error: PipelineError,
+) -> PipelineError {
+    let message = error.to_string();
+    report_own(worker.index(), ctx, error);
+    votes.all_gather(worker, Vote { failed: Some(message), ..Vote::default() });
+    PipelineError::dataflow(DataflowFailure::PeerFailed, "this worker's error is the process's")
+}
+
+/// Keeps worker `me`'s own `error` as its process's ([`crate::cluster::failure`]), at once.
+fn report_own(me: usize, ctx: &Shared, error: PipelineError) {
+    ctx.cluster.failure.report(me, error);
+}
+
+/// Whether a worker of this process failed with an error of its own, or another process
+/// was recorded as lost: a worker waiting for records then stops waiting.
+fn peer_failed(ctx: &Shared) -> bool {
+    ctx.cluster.failure.failed() || lost_peer::lost().is_some()
 }
 
 /// The number of records each step takes from a partition.
@@ -475,20 +514,34 @@ impl<'a> OnlineRun<'a> {
     fn vote(&mut self, worker: &mut timely::worker::Worker) -> Result<Option<Vec<Vote>>, PipelineError> {
         let ctx = self.ctx;
         let os = &ctx.settings;
-        let filled = self.reader.fill(quota_of(ctx), || ctx.stop.load(Ordering::Relaxed));
+        // Waits for records until a signal, or a worker's failure the step would not tell.
+        let filled = self.reader.fill(quota_of(ctx), || ctx.stop.load(Ordering::Relaxed) || peer_failed(ctx));
         let due_by_time = self.me == 0
             && os
                 .checkpoint_seconds
                 .is_some_and(|t| self.last_checkpoint.unwrap_or(self.start).elapsed() >= Duration::from_secs_f64(t));
+        let stopped = matches!(filled, Ok(Fill::Stopped));
+        let (failed, own_error) = match filled {
+            // This worker's own error goes to the process before the vote (see the module docs).
+            Err(e) => {
+                let message = e.to_string();
+                report_own(self.me, ctx, e.into());
+                (Some(message), true)
+            }
+            Ok(Fill::Stopped) if peer_failed(ctx) => {
+                (Some("stopped waiting for records: another worker failed".into()), false)
+            }
+            Ok(_) => (None, false),
+        };
         let vote = Vote {
-            stop: ctx.stop.load(Ordering::Relaxed) || matches!(filled, Ok(Fill::Stopped)),
+            stop: ctx.stop.load(Ordering::Relaxed) || stopped,
             at_end: os.until_end && self.reader.at_end(),
-            failed: filled.as_ref().err().map(ToString::to_string),
+            failed,
             checkpoint: due_by_time,
         };
         let all = self.votes.all_gather(worker, vote);
-        if let Err(e) = filled {
-            return Err(e.into());
+        if own_error {
+            return Err(PipelineError::dataflow(DataflowFailure::PeerFailed, "this worker's error is the process's"));
         }
         if let Some((k, e)) = all.iter().enumerate().find_map(|(k, v)| v.failed.as_ref().map(|e| (k, e))) {
             return Err(PipelineError::Dataflow {

@@ -82,6 +82,24 @@ impl Part {
     fn done(&self) -> bool {
         self.exhausted() && self.queue.is_empty()
     }
+
+    /// Fetches the partition again from `restart` (the partition's bounded end becomes at
+    /// least `end`). With `keep_buffered` the records buffered so far stay and are
+    /// consumed first: they were fetched from the same log and are not trained on yet
+    /// (only records from the fetch position on are gone). Otherwise the log itself
+    /// changed: they are dropped, and the partition's position is `restart` with no
+    /// record known before it.
+    fn restart(&mut self, restart: i64, end: i64, keep_buffered: bool) {
+        if keep_buffered && !self.queue.is_empty() {
+            self.expect = restart;
+        } else {
+            self.queue.clear();
+            (self.next, self.expect, self.last) = (restart, restart, None);
+        }
+        if self.end.is_some() {
+            self.end = Some(end.max(restart));
+        }
+    }
 }
 
 /// The partitions of one topic that one worker owns (see the [module docs](super)).
@@ -124,6 +142,44 @@ fn kafka_error(endpoint: &KafkaEndpoint, what: &str, e: impl std::fmt::Display) 
         topic: endpoint.topic.clone(),
         reason: format!("{what}: {e}"),
     }
+}
+
+/// The librdkafka properties the reader sets itself and depends on, each with why
+/// `--kafka-option` may not change it (see [`check_options`]).
+pub const OWN_OPTIONS: &[(&str, &str)] = &[
+    ("group.id", "tiderec sets it from --group"),
+    ("bootstrap.servers", "tiderec sets it from --brokers"),
+    ("metadata.broker.list", "tiderec sets it from --brokers"),
+    (
+        "auto.offset.reset",
+        "it must stay `error`: a position the broker no longer holds is then seen and handled as \
+         --on-offset-reset says, instead of librdkafka moving the position silently",
+    ),
+    (
+        "enable.partition.eof",
+        "it must stay false: the reader waits at a partition's end, and an end-of-partition event would \
+         count as a broker error",
+    ),
+    ("enable.auto.commit", "it must stay false: offsets are committed only once a checkpoint holding them is durable"),
+    ("auto.commit.enable", "it must stay false: offsets are committed only once a checkpoint holding them is durable"),
+    (
+        "enable.auto.offset.store",
+        "it must stay false: offsets are committed only once a checkpoint holding them is durable",
+    ),
+];
+
+/// Refuses `--kafka-option`s that set one of [`OWN_OPTIONS`] (a configuration error of
+/// `kafka_option` naming the property and why); any other property is left to librdkafka.
+pub fn check_options(options: &[(String, String)]) -> Result<(), SourceError> {
+    for (key, value) in options {
+        if let Some((_, why)) = OWN_OPTIONS.iter().find(|(own, _)| *own == key.trim()) {
+            return Err(SourceError::config(
+                "kafka_option",
+                format!("`{key}={value}` is refused: `{}` is the reader's own ({why})", key.trim()),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn client_config(endpoint: &KafkaEndpoint, group: &str) -> ClientConfig {
@@ -358,6 +414,7 @@ impl PartitionReader {
         until_end: bool,
         max_buffered: usize,
     ) -> Result<Self, SourceError> {
+        check_options(&endpoint.options)?;
         let errors = ErrorLog::default();
         let consumer: BaseConsumer<ErrorLog> = client_config(endpoint, group)
             .create_with_context(errors.clone())
@@ -520,7 +577,7 @@ impl PartitionReader {
             }
         }
         if let Some((i, reason)) = changed {
-            self.reset_partition(i, self.parts[i].expect, reason)?;
+            self.reset_partition(i, self.parts[i].expect, reason, false)?;
         }
         let stalled = self.last_record.elapsed() >= STALL_CHECK && self.last_check.elapsed() >= STALL_CHECK;
         let periodic = self.last_check.elapsed() >= PERIODIC_CHECK;
@@ -538,7 +595,8 @@ impl PartitionReader {
     /// Checks that every partition still holds the position the reader stands at, and
     /// the record consumed last (its fingerprint; see [`reset`]); a partition that does
     /// not is restarted or fails the run, as `--on-offset-reset` says. A broker that
-    /// cannot answer is left to the outage handling.
+    /// cannot answer is left to the outage handling; once every partition has answered,
+    /// an outage noted before is over (a quiet topic sends no record to say so).
     fn check_positions(&mut self) -> Result<(), SourceError> {
         self.check_due = false;
         let mut unchecked = false;
@@ -551,7 +609,10 @@ impl PartitionReader {
             };
             let end = end_from(&self.endpoint, &self.group, p, (low, high), position)?;
             if let Some(reason) = reset::mismatch(position, Bounds { low, end }, None, None) {
-                self.reset_partition(i, position, reason)?;
+                // Below the oldest record: retention deleted records from the fetch position
+                // on, and those buffered before it are still the log's. Past the end: the
+                // broker no longer holds what was fetched.
+                self.reset_partition(i, position, reason, position < low)?;
                 continue;
             }
             // The record before the first one not consumed yet: still the one trained on?
@@ -559,11 +620,14 @@ impl PartitionReader {
             if let Some(expected) = last.filter(|_| next > low && next <= end) {
                 let found = fingerprint_at(&self.endpoint, &self.group, p, next - 1)?;
                 if let Some(reason) = reset::mismatch(next, Bounds { low, end }, Some(expected), found) {
-                    self.reset_partition(i, next, reason)?;
+                    self.reset_partition(i, next, reason, false)?;
                 }
             }
         }
         self.last_check = Instant::now();
+        if !unchecked {
+            self.broker_answered();
+        }
         // A check owed before records are handed out stays owed until every partition answered.
         match self.check_owed {
             Some(since) if unchecked && since.elapsed() > self.endpoint.broker_timeout => Err(kafka_error(
@@ -583,8 +647,17 @@ impl PartitionReader {
     }
 
     /// Restarts partition `i`, found not to hold `position`, where `--on-offset-reset`
-    /// says (or fails the run): its buffered records are dropped and it is fetched again.
-    fn reset_partition(&mut self, i: usize, position: i64, reason: String) -> Result<(), SourceError> {
+    /// says (or fails the run), and fetches it again from there. Its buffered records
+    /// are kept with `keep_buffered` (records were deleted from the fetch position on:
+    /// those buffered are still valid and not trained on) and dropped otherwise (the log
+    /// changed); see [`Part::restart`].
+    fn reset_partition(
+        &mut self,
+        i: usize,
+        position: i64,
+        reason: String,
+        keep_buffered: bool,
+    ) -> Result<(), SourceError> {
         let p = self.parts[i].partition;
         let timeout = Duration::from_secs(5).min(self.endpoint.broker_timeout);
         let (low, high) = with_retries(&self.endpoint, &format!("reading the offsets of partition {p}"), || {
@@ -592,12 +665,7 @@ impl PartitionReader {
         })?;
         let end = end_from(&self.endpoint, &self.group, p, (low, high), i64::MAX)?;
         let restart = reset::decide(self.on_reset, &self.endpoint, p, position, Bounds { low, end }, reason)?;
-        let part = &mut self.parts[i];
-        part.queue.clear();
-        (part.next, part.expect, part.last) = (restart, restart, None);
-        if part.end.is_some() {
-            part.end = Some(end.max(restart));
-        }
+        self.parts[i].restart(restart, end, keep_buffered);
         let mut assignment = TopicPartitionList::new();
         for part in &mut self.parts {
             part.paused = false;
@@ -606,6 +674,20 @@ impl PartitionReader {
                 .map_err(|e| kafka_error(&self.endpoint, "cannot assign partitions", e))?;
         }
         self.consumer.assign(&assignment).map_err(|e| kafka_error(&self.endpoint, "cannot assign partitions", e))
+    }
+
+    /// The broker answered for every partition: an outage noted before is over, so a
+    /// later error starts a new one rather than failing the run for the time between.
+    fn broker_answered(&mut self) {
+        if let Some(since) = self.outage_since.take() {
+            eprintln!(
+                "kafka {}: the broker answers again after {:.1} s",
+                self.endpoint.brokers,
+                since.elapsed().as_secs_f64()
+            );
+            // (This check, answered for every partition, is also the one records that come
+            // back after an outage owe before they are trained on.)
+        }
     }
 
     fn note_error(&mut self, reason: &str) -> Result<(), SourceError> {
@@ -705,5 +787,59 @@ impl PartitionReader {
     /// [`fingerprint`] of the record before each offset when known.
     pub fn offset_entries(&self) -> Vec<(String, i64, Option<u64>)> {
         self.parts.iter().map(|p| (offset_key(&self.endpoint.topic, p.partition), p.next, p.last)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(next: i64, expect: i64, end: Option<i64>) -> Part {
+        let queue = (next..expect).map(|o| (o, o.to_string().into_bytes())).collect();
+        Part { partition: 0, next, expect, end, queue, paused: false, last: Some(7) }
+    }
+
+    #[test]
+    fn records_buffered_before_deleted_ones_are_kept_and_the_fetch_goes_on_at_the_oldest() {
+        // Buffered 100..150, fetching at 150; retention deleted everything below 170.
+        let mut p = part(100, 150, None);
+        p.restart(170, 400, true);
+        assert_eq!((p.next, p.expect, p.last), (100, 170, Some(7)), "the buffered records come first");
+        assert_eq!(p.queue.iter().map(|(o, _)| *o).collect::<Vec<_>>(), (100..150).collect::<Vec<_>>());
+        // Nothing buffered: the position itself moves, with no record known before it.
+        let mut p = part(150, 150, Some(300));
+        p.restart(170, 400, true);
+        assert_eq!((p.next, p.expect, p.last, p.queue.len(), p.end), (170, 170, None, 0, Some(400)));
+    }
+
+    #[test]
+    fn a_changed_log_drops_the_buffered_records() {
+        let mut p = part(100, 150, Some(150));
+        p.restart(0, 80, false);
+        assert_eq!((p.next, p.expect, p.last, p.queue.len(), p.end), (0, 0, None, 0, Some(80)));
+    }
+
+    #[test]
+    fn options_the_reader_depends_on_are_refused_naming_the_key() {
+        let opts = |k: &str, v: &str| vec![("socket.timeout.ms".to_string(), "5000".to_string()), (k.into(), v.into())];
+        for (key, value) in [
+            ("auto.offset.reset", "earliest"),
+            ("enable.partition.eof", "true"),
+            ("enable.auto.offset.store", "true"),
+            ("enable.auto.commit", "true"),
+            ("group.id", "other"),
+            ("bootstrap.servers", "10.0.0.1:9092"),
+        ] {
+            let e = check_options(&opts(key, value)).unwrap_err().to_string();
+            assert!(e.contains("`kafka_option`") && e.contains(&format!("`{key}={value}`")), "{e}");
+        }
+        assert!(check_options(&opts("auto.offset.reset", "latest"))
+            .unwrap_err()
+            .to_string()
+            .contains("--on-offset-reset"));
+        assert!(check_options(&opts("group.id", "g")).unwrap_err().to_string().contains("--group"));
+        // What tiderec leaves to the user, such as the isolation level, is accepted.
+        assert!(check_options(&opts("isolation.level", "read_committed")).is_ok());
+        assert!(check_options(&[]).is_ok());
     }
 }

@@ -27,7 +27,15 @@
 //! A broker that is down or restarting is retried with backoff by librdkafka
 //! and by the reader, which logs each outage once; no record is skipped or
 //! read twice, because the reader checks every record's offset against the
-//! one it expects.
+//! one it expects. An outage lasts from the first error until records arrive
+//! or every partition answers a check of its position (a quiet topic gets one
+//! every 10 s); only an outage longer than the endpoint's `broker_timeout`
+//! fails the reader, never errors that far apart.
+//!
+//! The reader depends on some librdkafka properties of its own
+//! ([`consumer::OWN_OPTIONS`]: no automatic offset reset, commit or store, no
+//! end-of-partition events, its group and brokers); a user's option that sets
+//! one is refused ([`consumer::check_options`]).
 
 pub mod consumer;
 pub mod producer;
