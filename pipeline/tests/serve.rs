@@ -34,8 +34,13 @@ impl Drop for Served {
 }
 
 fn serve(checkpoint: &Path, extra: &[&str]) -> Served {
+    serve_on("127.0.0.1:0", checkpoint, extra)
+}
+
+/// `serve` listening on `addr`.
+fn serve_on(addr: &str, checkpoint: &Path, extra: &[&str]) -> Served {
     let mut child = tiderec()
-        .args(["serve", "--addr", "127.0.0.1:0", "--checkpoint"])
+        .args(["serve", "--addr", addr, "--checkpoint"])
         .arg(checkpoint)
         .args(extra)
         .stdout(Stdio::piped())
@@ -47,6 +52,8 @@ fn serve(checkpoint: &Path, extra: &[&str]) -> Served {
     out.read_line(&mut records).unwrap();
     let addr = line.rsplit("http://").next().unwrap().trim().to_string();
     assert!(line.starts_with("serving "), "{line}");
+    // The rest of its output (the counts it prints when stopped) is read, so it can print them.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     Served { child, addr, records }
 }
 
@@ -1041,6 +1048,11 @@ fn chunked_bodies_are_scored_and_bounded_like_content_length_ones() {
     let r = exchange(&server.addr, post_head("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n").as_bytes());
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.error().contains("both Content-Length and Transfer-Encoding"), "{}", r.body);
+    // A head a proxy could read another way: 400, never read as chunked or as Content-Length.
+    for smuggled in ["Transfer-Encoding : chunked\r\n", "X-A: b\r\n chunked\r\n", "Content-Length: +5\r\n"] {
+        let r = exchange(&server.addr, format!("{}5\r\nhello\r\n0\r\n\r\n", post_head(smuggled)).as_bytes());
+        assert_eq!(r.status, 400, "{smuggled:?}: {}", r.body);
+    }
     // Another coding is not read.
     let r = exchange(&server.addr, post_head("Transfer-Encoding: gzip, chunked\r\n").as_bytes());
     assert_eq!(r.status, 501, "{}", r.body);
@@ -1053,8 +1065,10 @@ fn the_body_memory_budget_answers_503_while_full_and_health_still_answers() {
     let Some(data) = shared_data("criteo/sample.train") else { return };
     let dir = tempfile::tempdir().unwrap();
     let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    // One address may take every connection, so it may hold the whole budget (its share is that
+    // of --max-connections-per-ip in --threads): this test is about the budget of all of them.
     let flags = ["--max-body-bytes", "1000", "--max-body-memory", "1500", "--read-timeout", "30"];
-    let server = serve(&ckpt, &flags);
+    let server = serve(&ckpt, &[&flags[..], &["--max-connections-per-ip", "256"]].concat());
     let padded = |n: usize| format!("{:<n$}", r#"{"I1": 3}"#);
     // One connection holds 1000 bytes: its head and part of its body are sent.
     let mut held = std::net::TcpStream::connect(&server.addr).unwrap();
@@ -1168,6 +1182,9 @@ fn nan_and_non_utf8_bodies_are_refused_saying_so() {
     assert!(e.starts_with("record 1: not valid JSON: NaN/Infinity are not JSON numbers (`-Infinity` in `I2`"), "{e}");
     let e = post_error(&mut c, r#"[{"I1": 1}, {"I3": NaN}]"#);
     assert!(e.contains("not valid JSON: NaN/Infinity are not JSON numbers (`NaN` in `I3`"), "{e}");
+    // A pretty-printed object is one value: its NaN is named, not a line of it refused.
+    let e = post_error(&mut c, "{\n  \"I1\": NaN,\n  \"C1\": \"68fd1e64\"\n}\n");
+    assert!(e.contains("not valid JSON: NaN/Infinity are not JSON numbers (`NaN` in `I1`"), "{e}");
     let r = c.post("/score", b"{\"C1\": \"\xff\"}").unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("the body is not UTF-8 (byte offset 8)"), "{}", r.text());
@@ -1231,5 +1248,240 @@ fn serve_following_a_running_online_trainer_answers_from_whole_checkpoints_only(
         std::fs::create_dir(&scored).unwrap();
         let want = predicted(&d.join(format!("ckpt/ckpt-{step}")), &criteo, &scored);
         assert_close(answers[0], &want, &format!("step {step}"));
+    }
+}
+
+/// Opens a connection that sends `prefix`, then one byte every 500 ms until the server closes
+/// it or `stop` is set; the thread sending is returned with it.
+fn trickle(addr: &str, prefix: &[u8], stop: &Arc<AtomicBool>) -> (std::net::TcpStream, std::thread::JoinHandle<()>) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(prefix).unwrap();
+    let (mut w, stop) = (s.try_clone().unwrap(), stop.clone());
+    let sender = std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(500));
+            if w.write_all(b"a").is_err() {
+                return;
+            }
+        }
+    });
+    (s, sender)
+}
+
+/// Waits until `server` exits (at most `within`), which must be a success.
+fn exits_within(server: &mut Served, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "serve exits 0 on SIGTERM: {status}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A head trickled a byte every 500 ms, never ending its line, must still arrive whole within
+/// the read timeout: it is answered `408` at the timeout (not when one read waits longer than
+/// the time left), and a server stopped meanwhile stops without waiting for it.
+#[test]
+fn a_head_trickled_a_byte_at_a_time_is_cut_off_at_the_read_timeout() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let mut server = serve(&ckpt, &["--read-timeout", "1"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let prefix = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    let started = Instant::now();
+    let (mut slow, sender) = trickle(&server.addr, prefix, &stop);
+    assert_eq!(status_within(&mut slow, Duration::from_secs(2)), 408);
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    sender.join().unwrap();
+    // SIGTERM while a head trickles: serve answers it 408 at the timeout and exits.
+    let (_slow, sender) = trickle(&server.addr, prefix, &stop);
+    std::thread::sleep(Duration::from_millis(200));
+    std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    exits_within(&mut server, Duration::from_secs(4));
+    stop.store(true, Ordering::SeqCst);
+    sender.join().unwrap();
+}
+
+/// The port of an address `host:port` as `serve` prints it.
+fn port_of(addr: &str) -> &str {
+    addr.rsplit(':').next().unwrap()
+}
+
+/// One client address sending only heads that announce the largest body, on every connection
+/// it may open, holds at most its share of `--max-body-memory` (with the defaults, a quarter:
+/// 64 of 256 connections): a request from another address is still scored.
+#[test]
+fn one_client_address_cannot_hold_the_whole_body_memory() {
+    use std::io::{Read, Write};
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        common::skip::cannot_run("no IPv6 loopback (::1): a second client address is needed");
+        return;
+    }
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    // The defaults: 1 GiB of body memory, bodies of 16 MiB, 64 connections per address of 256;
+    // the heads holding their share wait for their bodies longer than this test takes.
+    let server = serve_on("[::]:0", &ckpt, &["--read-timeout", "30"]);
+    let port = port_of(&server.addr);
+    let (first, other) = (format!("127.0.0.1:{port}"), format!("[::1]:{port}"));
+    let (body, share) = (16usize << 20, 256usize << 20);
+    let head = post_head(&format!("Content-Length: {body}\r\n"));
+    let mut heads: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&first).unwrap();
+            s.write_all(head.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    health_until(&other, Duration::from_secs(10), |h| h["body_bytes"].as_u64() >= Some(share as u64));
+    std::thread::sleep(Duration::from_millis(300));
+    let r = Client::connect(&other, Duration::from_secs(10)).unwrap().post("/score", br#"{"I1": 3}"#).unwrap();
+    assert_eq!(r.status, 200, "another address is scored: {}", r.text());
+    assert_eq!(health(&other)["body_bytes"], share, "the first address holds its share, no more");
+    // The heads over the share were answered 503 at once, naming the address and its share.
+    let mut refused = 0;
+    for s in &mut heads {
+        s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let mut out = Vec::new();
+        if s.read_to_end(&mut out).is_ok() {
+            let text = String::from_utf8_lossy(&out);
+            assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+            let want = format!("request bodies from 127.0.0.1 hold {share} of the {share} bytes");
+            assert!(text.contains(&want), "{text}");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 64 - share / body);
+}
+
+/// Answers that leave a request's body unread (`503` with the body memory spent, `413`, `501`)
+/// reach a client that sent its head and body in one write, every time: the connection is
+/// not reset under them by a close with unread bytes.
+#[test]
+fn answers_that_leave_a_body_unread_reach_the_client() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let flags = ["--max-body-bytes", "20000", "--max-body-memory", "20000", "--read-timeout", "30"];
+    let server = serve(&ckpt, &flags);
+    let padded = |n: usize| format!("{:<n$}", r#"{"I1": 3}"#);
+    // One connection holds the whole budget.
+    let mut held = std::net::TcpStream::connect(&server.addr).unwrap();
+    let head = post_head("Content-Length: 20000\r\n");
+    std::io::Write::write_all(&mut held, format!("{head}{}", &padded(20000)[..10]).as_bytes()).unwrap();
+    health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"] == 20000);
+    // Bodies past what the server reads with the head (its buffer is 8 KiB).
+    let body = padded(12000);
+    let requests = [
+        (format!("{}{body}", post_head("Content-Length: 12000\r\n")), 503),
+        (format!("{}{:x}\r\n{body}\r\n0\r\n\r\n", post_head("Transfer-Encoding: chunked\r\n"), body.len()), 503),
+        (format!("{}{}", post_head("Content-Length: 20001\r\n"), padded(20001)), 413),
+        (format!("{}{body}", post_head("Transfer-Encoding: gzip\r\n")), 501),
+    ];
+    for (request, status) in &requests {
+        for k in 0..20 {
+            assert_eq!(status_after(&server.addr, request.as_bytes()), Some(*status), "try {k} of {status}");
+        }
+    }
+    drop(held);
+}
+
+/// A checkpoint newer than the one served that cannot be loaded is named by `/health`'s
+/// `warning` while the older model keeps answering; the warning goes once it is deleted, and
+/// once a newer checkpoint is served.
+#[test]
+fn a_newer_checkpoint_that_cannot_be_loaded_is_named_in_health() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let server = serve(&ckpt, &["--reload-every", "0.1"]);
+    assert!(health(&server.addr)["warning"].is_null());
+    // A damaged checkpoint of step 9, written atomically (a temporary name, then a rename).
+    let corrupt = |step: u64| {
+        let tmp = ckpt.join(format!(".tmp-ckpt-{step}"));
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::write(tmp.join("manifest.json"), "{ not a manifest").unwrap();
+        let path = ckpt.join(format!("ckpt-{step}"));
+        std::fs::rename(&tmp, &path).unwrap();
+        path
+    };
+    let bad = corrupt(9);
+    let h = health_until(&server.addr, Duration::from_secs(10), |h| h["warning"].is_string());
+    let warning = h["warning"].as_str().unwrap();
+    assert!(warning.contains(&format!("cannot load the checkpoint {} (step 9)", bad.display())), "{h}");
+    assert_eq!((h["step"].as_u64(), h["reloads"].as_u64()), (Some(5), Some(0)), "{h}");
+    let mut c = Client::connect(&server.addr, Duration::from_secs(10)).unwrap();
+    assert_eq!(scores(&c.post("/score", br#"{"I1": 3}"#).unwrap().body).0, 5);
+    std::fs::remove_dir_all(&bad).unwrap();
+    health_until(&server.addr, Duration::from_secs(10), |h| h["warning"].is_null());
+    // Damaged again; a resumed run then writes step 12, which is served and clears it.
+    corrupt(9);
+    health_until(&server.addr, Duration::from_secs(10), |h| h["warning"].is_string());
+    train(&data, dir.path(), &["--steps", "12", "--resume"]);
+    let h = health_until(&server.addr, Duration::from_secs(60), |h| h["step"] == 12);
+    assert!(h["warning"].is_null(), "{h}");
+}
+
+/// Seconds of CPU the process `pid` has used.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    let out = std::process::Command::new("getconf").arg("CLK_TCK").output().ok();
+    let per_second = out.and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok()).unwrap_or(100.0);
+    ticks / per_second
+}
+
+/// Sets the soft limit of open files of the process `pid` (with `prlimit`).
+fn limit_open_files(pid: u32, limit: usize) {
+    let mut set = std::process::Command::new("prlimit");
+    assert!(set.arg(format!("--pid={pid}")).arg(format!("--nofile={limit}:")).status().unwrap().success());
+}
+
+/// With no file descriptor left (its limit lowered under it with `prlimit`), every accept
+/// fails at once: the accept loop pauses between tries instead of spinning, and serves
+/// connections again once descriptors are given back.
+#[test]
+fn failed_accepts_pause_the_accept_loop_instead_of_spinning() {
+    use std::io::Read;
+    if std::process::Command::new("prlimit").arg("--version").output().is_err() {
+        common::skip::cannot_run("prlimit (util-linux) not found");
+        return;
+    }
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    // One checkpoint: no watcher opening files of its own.
+    let server = serve(&ckpt.join("ckpt-5"), &["--read-timeout", "30"]);
+    let pid = server.child.id();
+    let open: std::collections::HashSet<usize> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    // No new descriptor: the limit is the lowest one not open.
+    limit_open_files(pid, (0..).find(|fd| !open.contains(fd)).unwrap());
+    // An accept already waiting holds the descriptor of the next connection, which is then
+    // closed as it cannot be cloned (or, had none been waiting, stays queued); every accept
+    // after it fails at once.
+    let mut first = std::net::TcpStream::connect(&server.addr).unwrap();
+    first.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let _closed_or_queued = first.read(&mut [0; 16]);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_seconds(pid) - before;
+    assert!(used < 0.25, "the server used {used} s of CPU in 1 s with accepts failing");
+    // Descriptors given back: connections are served again.
+    limit_open_files(pid, 1024);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while health_status(&server.addr) != Some(200) {
+        assert!(Instant::now() < deadline, "no connection served once descriptors were given back");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

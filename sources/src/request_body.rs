@@ -10,12 +10,15 @@
 //!   `max_records + 1` ranges and never copies a record.
 //! * Any bytes give a typed [`BodyError`] or records, never a panic: a body
 //!   that is not UTF-8 is refused with the offset of its first bad byte
-//!   ([`BodyError::NotUtf8`]); one that is not JSON is read as lines, and
-//!   each line is a record for the record format to accept or refuse.
+//!   ([`BodyError::NotUtf8`]); one that is not JSON is read as lines, each
+//!   line a record for the record format to accept or refuse, when its first
+//!   line is a whole JSON value or broken before its end (a `NaN` in a line
+//!   of NDJSON); one whose first line ends inside a value (a pretty-printed
+//!   object) is one value, refused whole ([`BodyError::NotJson`]).
 //! * `NaN` and `Infinity` (JSON numbers in some encoders, not in JSON) are
-//!   named as such: an array holding one is refused with
-//!   [`BodyError::NonFinite`], and [`non_finite`] finds one in a refused
-//!   record so that its refusal can say so.
+//!   named as such: an array or a value of several lines holding one is
+//!   refused with [`BodyError::NonFinite`], and [`non_finite`] finds one in
+//!   a refused record so that its refusal can say so.
 
 use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -37,6 +40,9 @@ pub enum BodyError {
     /// A body starting with `[` that is not a JSON array.
     #[error("the body is not a JSON array of records: {0}")]
     NotAnArray(String),
+    /// A body that is not JSON, as one value (its first line ends inside it), nor lines.
+    #[error("the body is not valid JSON: {0}")]
+    NotJson(String),
     /// A JSON value that is neither an object nor an array.
     #[error("the body is neither a record object nor an array of them")]
     NotRecords,
@@ -46,7 +52,7 @@ pub enum BodyError {
         /// The offset of the first byte that is not.
         offset: usize,
     },
-    /// A JSON array holding `NaN` or `Infinity`.
+    /// A JSON array, or a value of several lines, holding `NaN` or `Infinity`.
     #[error("the body is {0}")]
     NonFinite(NonFinite),
 }
@@ -87,14 +93,17 @@ pub fn split_records(body: &[u8], max_records: usize) -> Result<Records, BodyErr
     let Some(first) = body.iter().position(|b| !b.is_ascii_whitespace()) else { return Err(BodyError::Empty) };
     let ranges = match body[first] {
         b'[' => array(body, max_records)?,
-        _ if serde_json::from_slice::<IgnoredAny>(body).is_ok() => {
-            if body[first] != b'{' {
-                return Err(BodyError::NotRecords);
+        _ => match serde_json::from_slice::<IgnoredAny>(body) {
+            Ok(_) if body[first] != b'{' => return Err(BodyError::NotRecords),
+            Ok(_) => {
+                let end = body.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(body.len(), |e| e + 1);
+                std::iter::once(first..end).collect()
             }
-            let end = body.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(body.len(), |e| e + 1);
-            std::iter::once(first..end).collect()
-        }
-        _ => lines(body, max_records)?,
+            Err(e) if first_line_is_cut(&body[first..]) => {
+                return Err(non_finite(body).map_or_else(|| BodyError::NotJson(e.to_string()), BodyError::NonFinite))
+            }
+            Err(_) => lines(body, max_records)?,
+        },
     };
     if ranges.is_empty() {
         return Err(BodyError::Empty);
@@ -136,6 +145,15 @@ fn array(body: &[u8], max_records: usize) -> Result<Vec<Range<usize>>, BodyError
         Err(_) if over => Err(BodyError::TooMany { max: max_records }),
         Err(e) => Err(non_finite(body).map_or_else(|| BodyError::NotAnArray(e.to_string()), BodyError::NonFinite)),
     }
+}
+
+/// Whether the first line of `text` (which starts with its first non-blank byte) ends inside
+/// a JSON value that goes on in the lines after it: the body is then one value written on
+/// several lines, not one record per line. Not when that line is a whole value, or is broken
+/// before its end (each line is then a record, for the record format to refuse or not).
+fn first_line_is_cut(text: &[u8]) -> bool {
+    let line = &text[..memchr::memchr(b'\n', text).unwrap_or(text.len())];
+    line.len() < text.len() && serde_json::from_slice::<IgnoredAny>(line).is_err_and(|e| e.is_eof())
 }
 
 /// The non-blank lines of `body` (one trailing `\r` dropped), counted against the cap.
@@ -245,6 +263,28 @@ mod tests {
         assert_eq!(e, "the body is not valid JSON: NaN/Infinity are not JSON numbers (`NaN` in `I1`, byte offset 18)");
         // An object or lines holding NaN are records, refused by the record format.
         assert_eq!(split("{\"I1\": NaN}\n{}", 10).unwrap(), ["{\"I1\": NaN}", "{}"]);
+    }
+
+    /// A pretty-printed object is one value, not lines: what is wrong in it is named, never
+    /// a line of it (`{`) refused as a record.
+    #[test]
+    fn a_value_of_several_lines_is_refused_whole_naming_what_is_wrong() {
+        let e = split("{\n  \"I1\": NaN\n}", 10).unwrap_err();
+        let n = NonFinite { token: "NaN".into(), offset: 10, key: Some("I1".into()) };
+        assert_eq!(e, BodyError::NonFinite(n));
+        assert_eq!(
+            e.to_string(),
+            "the body is not valid JSON: NaN/Infinity are not JSON numbers (`NaN` in `I1`, byte offset 10)"
+        );
+        let e = split("\r\n {\r\n  \"I1\": 1,\r\n  \"I2\": -Infinity\r\n}\r\n", 10).unwrap_err().to_string();
+        assert!(e.contains("(`-Infinity` in `I2`"), "{e}");
+        let e = split("{\n  \"I1\": 1,\n}", 10).unwrap_err();
+        assert_eq!(e.to_string(), "the body is not valid JSON: key must be a string at line 3 column 1");
+        // Pretty-printed and valid: one record.
+        assert_eq!(split("{\n  \"I1\": 1\n}\n", 10).unwrap(), ["{\n  \"I1\": 1\n}"]);
+        // A first line broken before its end is a line of NDJSON: each line is a record.
+        assert_eq!(split("{\"I1\": NaN\n{}", 10).unwrap(), ["{\"I1\": NaN", "{}"]);
+        assert_eq!(split("{\"I1\": NaN,\n\"I2\": 1}", 10).unwrap(), ["{\"I1\": NaN,", "\"I2\": 1}"]);
     }
 
     #[test]

@@ -93,12 +93,25 @@ pub struct ServingState {
     /// A delta could not be applied: the watcher must load the newest checkpoint whole.
     #[serde(skip)]
     pub stale: bool,
-    /// Why the model served may be out of date (its checkpoint was deleted).
+    /// Why the model served may be out of date (its checkpoint was deleted, or a delta could
+    /// not be applied); cleared when a checkpoint is loaded whole.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// A checkpoint newer than the one served that cannot be loaded, set and cleared by the
+    /// watcher alone (`/health` shows it in `warning`, see [`ServingState::warnings`]).
+    #[serde(skip)]
+    pub load_failure: Option<String>,
     /// The model's records, as `GET /schema` describes them.
     #[serde(skip)]
     pub schema: Arc<serde_json::Value>,
+}
+
+impl ServingState {
+    /// Every warning of the state in one line (`None` when there is none).
+    pub fn warnings(&self) -> Option<String> {
+        let all: Vec<&str> = self.warning.iter().chain(&self.load_failure).map(String::as_str).collect();
+        (!all.is_empty()).then(|| all.join("; "))
+    }
 }
 
 /// Batching limits.

@@ -1,79 +1,135 @@
-//! The memory of request bodies, bounded across all connections.
+//! The memory of request bodies, bounded across all connections and per
+//! client address.
 //!
 //! Invariants:
-//! * The bytes reserved never exceed the budget's limit: a reservation is
-//!   taken whole or not at all ([`Reservation::grow`]), by one atomic
-//!   compare-and-swap, so concurrent requests cannot overshoot it together.
+//! * The bytes reserved never exceed the budget's limit, and the bytes
+//!   reserved by the requests of one client address never exceed its share
+//!   ([`BodyBudget::new`]): a reservation is taken whole or not at all
+//!   ([`Reservation::grow`]), both counts checked and updated under one lock,
+//!   so concurrent requests cannot overshoot either together. With a share
+//!   below the limit, one address (however many connections it opens, with
+//!   heads alone announcing the largest body) cannot hold the whole budget.
 //! * A body's bytes are reserved before they are read: a `Content-Length`
 //!   body's whole length before its first byte, a chunked body's buffer
 //!   before each time it grows.
 //! * A reservation is released when it is dropped, however its request
 //!   ends: with the [`Body`] that holds it once the body is read (after the
 //!   last job scoring it lets go of it), or on the error path that gave up
-//!   reading.
+//!   reading. An address holding nothing is forgotten.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use thiserror::Error;
 
-/// Bytes of request bodies held at once, in all connections.
+/// Bytes of request bodies held at once, in all connections and per client address.
 #[derive(Debug)]
 pub struct BodyBudget {
     limit: usize,
-    used: AtomicUsize,
+    share: usize,
+    used: Mutex<Used>,
+}
+
+/// The bytes reserved, in all and per client address.
+#[derive(Debug, Default)]
+struct Used {
+    total: usize,
+    by_address: HashMap<IpAddr, usize>,
+}
+
+/// Why a reservation was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Full {
+    /// The budget is spent.
+    #[error("request bodies hold {held} of the {limit} bytes of --max-body-memory")]
+    Total {
+        /// The bytes reserved when refused.
+        held: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The address's share is spent.
+    #[error(
+        "request bodies from {ip} hold {held} of the {share} bytes of --max-body-memory one client address may hold \
+         (its share is that of --max-connections-per-ip in --threads)"
+    )]
+    Address {
+        /// The client address.
+        ip: IpAddr,
+        /// The bytes it held when refused.
+        held: usize,
+        /// Its share.
+        share: usize,
+    },
 }
 
 impl BodyBudget {
-    /// A budget of `limit` bytes.
-    pub fn new(limit: usize) -> Arc<BodyBudget> {
-        Arc::new(BodyBudget { limit, used: AtomicUsize::new(0) })
+    /// A budget of `limit` bytes, of which one client address may hold at most `share`.
+    pub fn new(limit: usize, share: usize) -> Arc<BodyBudget> {
+        Arc::new(BodyBudget { limit, share: share.min(limit), used: Mutex::default() })
+    }
+
+    fn used(&self) -> std::sync::MutexGuard<'_, Used> {
+        self.used.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The bytes reserved now.
     pub fn in_use(&self) -> usize {
-        self.used.load(Ordering::SeqCst)
+        self.used().total
     }
 
-    /// Takes `n` more bytes if they fit under the limit.
-    fn take(&self, n: usize) -> bool {
-        self.used
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-                used.checked_add(n).filter(|&total| total <= self.limit)
-            })
-            .is_ok()
+    /// Takes `n` more bytes for `ip` if they fit under the limit and its share.
+    fn take(&self, ip: IpAddr, n: usize) -> Result<(), Full> {
+        let mut used = self.used();
+        let held = used.by_address.get(&ip).copied().unwrap_or(0);
+        if held.checked_add(n).is_none_or(|h| h > self.share) {
+            return Err(Full::Address { ip, held, share: self.share });
+        }
+        let total = used.total.checked_add(n).filter(|&t| t <= self.limit);
+        let Some(total) = total else { return Err(Full::Total { held: used.total, limit: self.limit }) };
+        used.total = total;
+        *used.by_address.entry(ip).or_insert(0) += n;
+        Ok(())
     }
 
-    fn give_back(&self, n: usize) {
-        self.used.fetch_sub(n, Ordering::SeqCst);
+    fn give_back(&self, ip: IpAddr, n: usize) {
+        let mut used = self.used();
+        used.total = used.total.saturating_sub(n);
+        if let Some(held) = used.by_address.get_mut(&ip) {
+            *held = held.saturating_sub(n);
+            if *held == 0 {
+                used.by_address.remove(&ip);
+            }
+        }
     }
 }
 
-/// Bytes of a [`BodyBudget`] held by one request, given back when dropped.
+/// Bytes of a [`BodyBudget`] held by one request of a client address, given back when dropped.
 #[derive(Debug)]
 pub struct Reservation {
     budget: Arc<BodyBudget>,
+    ip: IpAddr,
     bytes: usize,
 }
 
 impl Reservation {
-    /// A reservation of no bytes yet.
-    pub fn empty(budget: &Arc<BodyBudget>) -> Reservation {
-        Reservation { budget: budget.clone(), bytes: 0 }
+    /// A reservation of no bytes yet, for a request from `ip`.
+    pub fn empty(budget: &Arc<BodyBudget>, ip: IpAddr) -> Reservation {
+        Reservation { budget: budget.clone(), ip, bytes: 0 }
     }
 
-    /// Reserves `n` more bytes; `false` (and nothing more reserved) when they do not fit.
-    pub fn grow(&mut self, n: usize) -> bool {
-        let taken = self.budget.take(n);
-        if taken {
-            self.bytes += n;
-        }
-        taken
+    /// Reserves `n` more bytes; refused (and nothing more reserved) when they do not fit.
+    pub fn grow(&mut self, n: usize) -> Result<(), Full> {
+        self.budget.take(self.ip, n)?;
+        self.bytes += n;
+        Ok(())
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.budget.give_back(self.bytes);
+        self.budget.give_back(self.ip, self.bytes);
     }
 }
 
@@ -103,35 +159,65 @@ impl Deref for Body {
 mod tests {
     use super::*;
 
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+
     #[test]
     fn reservations_stay_under_the_limit_and_are_given_back_on_drop() {
-        let budget = BodyBudget::new(100);
-        let mut a = Reservation::empty(&budget);
-        assert!(a.grow(60) && a.grow(40));
+        let budget = BodyBudget::new(100, 100);
+        let mut a = Reservation::empty(&budget, A);
+        assert!(a.grow(60).is_ok() && a.grow(40).is_ok());
         assert_eq!(budget.in_use(), 100);
-        let mut b = Reservation::empty(&budget);
-        assert!(!b.grow(1), "nothing is left");
-        assert!(!b.grow(usize::MAX), "an overflowing request is refused, not wrapped");
+        let mut b = Reservation::empty(&budget, B);
+        assert_eq!(b.grow(1), Err(Full::Total { held: 100, limit: 100 }), "nothing is left");
+        assert!(b.grow(usize::MAX).is_err(), "an overflowing request is refused, not wrapped");
         let body = Body::new(b"abc".to_vec(), a);
         assert_eq!(&*body, b"abc");
         drop(body);
         assert_eq!(budget.in_use(), 0, "the body's reservation went with it");
-        assert!(b.grow(100));
+        assert!(b.grow(100).is_ok());
         drop(b);
         assert_eq!(budget.in_use(), 0);
     }
 
     #[test]
-    fn concurrent_reservations_never_overshoot() {
-        let budget = BodyBudget::new(1000);
-        let threads: Vec<_> = (0..8)
+    fn one_address_holds_at_most_its_share() {
+        let budget = BodyBudget::new(100, 40);
+        let held: Vec<Reservation> = (0..4)
             .map(|_| {
+                let mut r = Reservation::empty(&budget, A);
+                assert!(r.grow(10).is_ok());
+                r
+            })
+            .collect();
+        let mut more = Reservation::empty(&budget, A);
+        let refused = more.grow(1).unwrap_err();
+        assert_eq!(refused, Full::Address { ip: A, held: 40, share: 40 });
+        assert!(refused.to_string().contains("from 127.0.0.1 hold 40 of the 40 bytes"), "{refused}");
+        // Another address still has the rest of the budget.
+        let mut other = Reservation::empty(&budget, B);
+        assert!(other.grow(40).is_ok());
+        drop(held);
+        assert!(more.grow(40).is_ok(), "the address's share is given back with its reservations");
+        assert_eq!(budget.in_use(), 80);
+        drop((more, other));
+        assert_eq!(budget.in_use(), 0);
+        assert!(budget.used().by_address.is_empty(), "addresses holding nothing are forgotten");
+    }
+
+    #[test]
+    fn concurrent_reservations_never_overshoot() {
+        let budget = BodyBudget::new(1000, 600);
+        let threads: Vec<_> = (0..8u8)
+            .map(|k| {
                 let budget = budget.clone();
+                let ip = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, k % 2));
                 std::thread::spawn(move || {
                     for _ in 0..10_000 {
-                        let mut r = Reservation::empty(&budget);
-                        if r.grow(300) {
-                            assert!(budget.in_use() <= 1000);
+                        let mut r = Reservation::empty(&budget, ip);
+                        if r.grow(300).is_ok() {
+                            let used = budget.used();
+                            assert!(used.total <= 1000 && used.by_address[&ip] <= 600);
                         }
                     }
                 })

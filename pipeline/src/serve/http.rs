@@ -5,9 +5,10 @@
 //! Invariants:
 //! * Every read happens before a deadline: the socket's read timeout is set
 //!   to the time left before each read, so a client sending one byte at a
-//!   time cannot stretch a request past it ([`HttpError::Timeout`]). A
-//!   chunked body, its size lines and its trailers are read under the same
-//!   deadline as a `Content-Length` body.
+//!   time cannot stretch a request past it ([`HttpError::Timeout`]). The
+//!   head (each read within a line included), a chunked body, its size
+//!   lines and its trailers are read under the same deadline as a
+//!   `Content-Length` body.
 //! * Every write is done before a deadline the same way (the socket's write
 //!   timeout set to the time left before each write), so a client taking a
 //!   response a few bytes at a time cannot stretch it past the deadline.
@@ -21,6 +22,11 @@
 //!   the bytes it adds. A size line is at most [`MAX_CHUNK_LINE`] bytes and
 //!   the trailers (read and ignored) at most [`MAX_HEAD`]; every line ends
 //!   in CRLF. Any bytes give a body or a typed error, never a panic.
+//! * A head is read one way only (RFC 9112 §5, against request smuggling):
+//!   a header line starting with white space (obsolete folding), a field
+//!   name that is not a token (white space before its `:` included), a bare
+//!   CR, and a `Content-Length` that is not decimal digits alone (a sign, a
+//!   list) are refused (`400`), never read past.
 //! * A request gives its body's length one way: `Content-Length` and a
 //!   `Transfer-Encoding` together are refused (`400`), as is a
 //!   `Transfer-Encoding` other than `chunked` (`identity` aside), which is
@@ -149,15 +155,25 @@ pub fn wait_for_request(
     }
 }
 
-/// Reads one request head before `deadline`.
+/// Reads one request head before `deadline`: every read of it, however few bytes each brings,
+/// waits at most the time left, so a head trickled a byte at a time ends at the deadline.
 pub fn read_head(reader: &mut BufReader<TcpStream>, deadline: Instant) -> Result<Head, HttpError> {
+    let (head, lines) = read_head_lines(&mut Timed { reader, deadline })?;
+    parse_head(&head, &lines)
+}
+
+/// A head's bytes and the range of each of its lines in them.
+type HeadLines = (Vec<u8>, Vec<(usize, usize)>);
+
+/// The bytes of one request head from `input` and the range of each of its lines (the blank
+/// line that ends it left out, as are blank lines before the request line).
+fn read_head_lines(input: &mut impl BufRead) -> Result<HeadLines, HttpError> {
     let mut head = Vec::new();
     let mut lines: Vec<(usize, usize)> = Vec::new();
     loop {
         let start = head.len();
         let room = (MAX_HEAD + 1).saturating_sub(start) as u64;
-        arm(reader, deadline)?;
-        match reader.by_ref().take(room).read_until(b'\n', &mut head) {
+        match input.by_ref().take(room).read_until(b'\n', &mut head) {
             Ok(0) if start == 0 => return Err(HttpError::Closed),
             Ok(0) => return Err(HttpError::Bad("the connection closed inside the request head".into())),
             Ok(_) => {}
@@ -169,26 +185,67 @@ pub fn read_head(reader: &mut BufReader<TcpStream>, deadline: Instant) -> Result
             return Err(HttpError::HeadTooLarge);
         }
         if head.last() != Some(&b'\n') {
-            // A timeout or the end of the stream cut the line: read on.
+            // The end of the stream cut the line: the next read says so.
             continue;
         }
         let line = &head[start..];
         let blank = line == b"\r\n" || line == b"\n";
         match (blank, lines.is_empty()) {
             (true, true) => head.truncate(start), // empty lines before a request line
-            (true, false) => break,
+            (true, false) => return Ok((head, lines)),
             (false, _) => lines.push((start, head.len())),
         }
     }
-    parse_head(&head, &lines)
+}
+
+/// A line of a head without its line end (LF, or CRLF); a CR anywhere else is refused, as
+/// RFC 9112 asks (a bare CR is read as a line end by some and not by others).
+fn head_line(bytes: &[u8]) -> Result<&str, HttpError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| HttpError::Bad("a request head that is not UTF-8".into()))?;
+    let text = text.strip_suffix('\n').unwrap_or(text);
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    if text.contains('\r') {
+        return Err(HttpError::Bad(format!("the head line {text:?} holds a bare CR")));
+    }
+    Ok(text)
+}
+
+/// A character of a token (RFC 9110 §5.6.2), which a field name is.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// The name and value (without the white space around it) of a header line. Refused with
+/// [`HttpError::Bad`], as RFC 9112 §5 asks, where a proxy could read the line otherwise: a line
+/// starting with white space (obsolete line folding, the rest of the line before), and a name
+/// that is not a token, white space before the `:` included.
+fn header(line: &str) -> Result<(&str, &str), HttpError> {
+    if line.starts_with([' ', '\t']) {
+        return Err(HttpError::Bad(format!(
+            "the header line {line:?} starts with white space (obsolete line folding is not accepted)"
+        )));
+    }
+    let Some((name, value)) = line.split_once(':') else {
+        return Err(HttpError::Bad(format!("the header line {line:?} has no `:`")));
+    };
+    if name.is_empty() || !name.bytes().all(is_tchar) {
+        return Err(HttpError::Bad(format!(
+            "the header name {name:?} is not a token (no white space is allowed before the `:`)"
+        )));
+    }
+    Ok((name, value.trim_matches([' ', '\t'])))
+}
+
+/// A `Content-Length` value: decimal digits only (no sign, no white space inside, no list).
+fn content_length(value: &str) -> Result<usize, HttpError> {
+    let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+    digits.then(|| value.parse().ok()).flatten().ok_or_else(|| {
+        HttpError::Bad(format!("the Content-Length {value:?} is not a number of bytes (decimal digits only)"))
+    })
 }
 
 fn parse_head(head: &[u8], lines: &[(usize, usize)]) -> Result<Head, HttpError> {
-    let text = |&(a, b): &(usize, usize)| {
-        std::str::from_utf8(&head[a..b])
-            .map(|s| s.trim_end_matches(['\r', '\n']))
-            .map_err(|_| HttpError::Bad("a request head that is not UTF-8".into()))
-    };
+    let text = |&(a, b): &(usize, usize)| head_line(&head[a..b]);
     let request = text(&lines[0])?;
     let mut parts = request.split(' ');
     let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
@@ -208,13 +265,9 @@ fn parse_head(head: &[u8], lines: &[(usize, usize)]) -> Result<Head, HttpError> 
     };
     let mut codings = Vec::new();
     for line in &lines[1..] {
-        let line = text(line)?;
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(HttpError::Bad(format!("the header line {line:?} has no `:`")));
-        };
-        let value = value.trim();
+        let (name, value) = header(text(line)?)?;
         if name.eq_ignore_ascii_case("content-length") {
-            let n = value.parse().map_err(|_| HttpError::Bad(format!("Content-Length {value:?}")))?;
+            let n = content_length(value)?;
             if out.content_length.is_some_and(|m| m != n) {
                 return Err(HttpError::Bad("two different Content-Length headers".into()));
             }
@@ -586,6 +639,76 @@ mod tests {
         }
         let two = parse("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n");
         assert!(matches!(two, Err(HttpError::Bad(_))));
+    }
+
+    /// RFC 9112 §5: what a proxy could read another way is refused, never read past.
+    #[test]
+    fn heads_a_proxy_could_read_otherwise_are_refused() {
+        let bad = |header: &str| match parse(&format!("POST / HTTP/1.1\r\n{header}\r\nHost: x\r\n")) {
+            Err(HttpError::Bad(m)) => m,
+            other => panic!("{header:?}: {other:?}"),
+        };
+        let e = bad("Transfer-Encoding : chunked");
+        assert!(e.contains("\"Transfer-Encoding \" is not a token (no white space is allowed before the `:`)"), "{e}");
+        assert!(bad("Content-Length\t: 5").contains("not a token"));
+        assert!(bad(": 5").contains("not a token"));
+        for folded in [" chunked", "\tchunked"] {
+            let e = bad(&format!("Transfer-Encoding: identity\r\n{folded}"));
+            assert!(e.contains("starts with white space (obsolete line folding"), "{e}");
+        }
+        for length in ["+5", "-5", "5 5", "5,5", "0x5", "", " ", "99999999999999999999999"] {
+            let e = bad(&format!("Content-Length: {length}"));
+            assert!(e.contains("is not a number of bytes"), "{length:?}: {e}");
+        }
+        assert!(bad("X-A: 1\r2").contains("a bare CR"));
+        // Optional white space around a value is no part of it.
+        let h = parse("POST / HTTP/1.1\r\nContent-Length:\t 7 \t\r\nConnection:close\r\n").unwrap();
+        assert_eq!((h.content_length, h.close), (Some(7), true));
+    }
+
+    /// A head sent one byte every 100 ms, never ending its line, on a real socket: refused as
+    /// late at the deadline, not when a read waits longer than the time left.
+    #[test]
+    fn a_trickled_head_ends_at_the_deadline() {
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"GET /health HTTP/1.1\r\nX-Slow: ").unwrap();
+            // Until the server closes (or 10 s, far past the deadline).
+            for _ in 0..100 {
+                std::thread::sleep(Duration::from_millis(100));
+                if s.write_all(b"a").is_err() {
+                    break;
+                }
+            }
+        });
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(stream);
+        let started = Instant::now();
+        let head = read_head(&mut reader, started + Duration::from_millis(600));
+        let took = started.elapsed();
+        assert!(matches!(head, Err(HttpError::Timeout)), "{head:?}");
+        assert!(took < Duration::from_millis(1200), "refused after {took:?}, not at the deadline");
+        drop(reader);
+        client.join().unwrap();
+    }
+
+    /// Lines are read up to the blank line; what follows stays unread.
+    #[test]
+    fn head_lines_end_at_the_blank_line() {
+        let mut input = &b"\r\nGET / HTTP/1.1\r\nA: 1\n\r\nbody"[..];
+        let (head, lines) = read_head_lines(&mut input).unwrap();
+        assert_eq!(
+            (head.as_slice(), lines.as_slice()),
+            (&b"GET / HTTP/1.1\r\nA: 1\n\r\n"[..], &[(0, 16), (16, 21)][..])
+        );
+        assert_eq!(input, b"body");
+        assert!(matches!(read_head_lines(&mut &b""[..]), Err(HttpError::Closed)));
+        assert!(matches!(read_head_lines(&mut &b"GET / HTTP/1.1\r\nA"[..]), Err(HttpError::Bad(_))));
+        let long = vec![b'a'; MAX_HEAD + 1];
+        assert!(matches!(read_head_lines(&mut &long[..]), Err(HttpError::HeadTooLarge)));
     }
 
     #[test]

@@ -25,6 +25,14 @@
 //! * A refusal by the accept loop is answered by one thread of its own, each
 //!   within twice [`REFUSAL_WRITE`], from a queue of [`REFUSALS_QUEUED`] (more are
 //!   closed unanswered), so clients that do not read cannot hold the accept loop.
+//! * A connection closed by the server after an answer (a refusal, an error
+//!   that leaves a body unread, `Connection: close`) is closed by [`linger`]:
+//!   its write half shut, then what the client still sends read and dropped
+//!   for a bounded time and number of bytes, so that the close does not reset
+//!   the connection while the answer is on its way.
+//! * An accept that fails (no file descriptor left, …) pauses the accept
+//!   loop, from [`ACCEPT_PAUSE_MIN`] doubling to [`ACCEPT_PAUSE_MAX`] while
+//!   accepts keep failing, reported once per such run: the loop never spins.
 
 use super::batcher::Work;
 use super::http::{self, HttpError};
@@ -56,6 +64,10 @@ const REFUSAL_WRITE: Duration = Duration::from_millis(100);
 const REFUSAL_DRAIN: usize = 64 << 10;
 /// Refused connections waiting for their answer; more are closed unanswered.
 const REFUSALS_QUEUED: usize = 64;
+/// The first pause of the accept loop after a failed accept.
+const ACCEPT_PAUSE_MIN: Duration = Duration::from_millis(10);
+/// The longest pause of the accept loop after failed accepts.
+const ACCEPT_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 /// What a new connection gets.
 enum Admission {
@@ -120,16 +132,55 @@ impl Drop for Place {
     }
 }
 
+/// The pause of the accept loop after failed accepts ([`ACCEPT_PAUSE_MIN`] doubling to
+/// [`ACCEPT_PAUSE_MAX`]), and whether a run of failures is under way.
+#[derive(Default)]
+struct Backoff {
+    pause: Option<Duration>,
+}
+
+impl Backoff {
+    /// Pauses after the failed accept `e`, longer than after the last one of the same run;
+    /// the first failure of a run is reported.
+    fn failed(&mut self, e: &std::io::Error) {
+        let pause = match self.pause {
+            None => {
+                eprintln!("warning: serve: cannot accept a connection: {e}; pausing the accept loop while this lasts");
+                ACCEPT_PAUSE_MIN
+            }
+            Some(p) => (p * 2).min(ACCEPT_PAUSE_MAX),
+        };
+        self.pause = Some(pause);
+        std::thread::sleep(pause);
+    }
+
+    /// Ends a run of failures with an accepted connection.
+    fn accepted(&mut self) {
+        if self.pause.take().is_some() {
+            eprintln!("serve: accepting connections again");
+        }
+    }
+}
+
 /// Accepts connections until `ctx.stop` is set (and a connection wakes the loop).
 pub fn accept(listener: TcpListener, ctx: Arc<Context>, work: Sender<Work>) {
     let refusals = refusal_thread();
+    let mut backoff = Backoff::default();
     for stream in listener.incoming() {
         if ctx.stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(stream) = stream else { continue };
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                backoff.failed(&e);
+                continue;
+            }
+        };
+        backoff.accepted();
         let Ok(peer) = stream.peer_addr() else { continue };
-        let ip = peer.ip();
+        // An IPv4 client of a dual-stack listener is counted, and named, by its IPv4 address.
+        let ip = peer.ip().to_canonical();
         let options = &ctx.options;
         match ctx.connections.admit(ip, options.threads, options.max_connections_per_ip) {
             Admission::Served => {}
@@ -191,13 +242,20 @@ fn hand_over(refusals: &Option<SyncSender<Refusal>>, stream: TcpStream, status: 
 }
 
 /// Answers a connection that is not admitted with `status` (and `Retry-After: 1`) and
-/// closes it, within [`REFUSAL_WRITE`] for the answer and as long again for the rest: its
-/// write half is shut and what the client sends meanwhile (up to [`REFUSAL_DRAIN`]) is
-/// read and dropped, since a socket closed with unread bytes is reset, and a reset can
-/// take the answer from a client before it reads it.
+/// closes it, within [`REFUSAL_WRITE`] for the answer and as long again for the rest
+/// ([`linger`]).
 fn refuse(stream: &mut TcpStream, status: u16, message: &str) {
     let deadline = Instant::now() + REFUSAL_WRITE;
-    let _ = http::write_json(stream, status, &error_body(message), true, Some(1), deadline);
+    if http::write_json(stream, status, &error_body(message), true, Some(1), deadline).is_ok() {
+        linger(stream);
+    }
+}
+
+/// Closes the write half of `stream`, whose answer is written, then reads and drops what
+/// the client sends for at most [`REFUSAL_WRITE`] (up to [`REFUSAL_DRAIN`] bytes, or until it
+/// closes), since a socket closed with unread bytes is reset, and a reset can take the
+/// answer from a client before it reads it.
+fn linger(stream: &mut TcpStream) {
     let _ = stream.shutdown(std::net::Shutdown::Write);
     let (deadline, mut left) = (Instant::now() + REFUSAL_WRITE, REFUSAL_DRAIN);
     let mut buf = [0u8; 16 << 10];
@@ -236,18 +294,31 @@ fn connection(stream: TcpStream, place: &Place, work: &Sender<Work>) {
                     HttpError::HeadTooLarge => 431,
                     _ => 400,
                 };
-                let deadline = Instant::now() + timeout;
-                let _ = http::write_json(&mut writer, status, &error_body(&e.to_string()), true, None, deadline);
+                let response = Response { close: true, ..Response::error(status, e.to_string()) };
+                answer(&mut writer, response, timeout);
                 return;
             }
         };
-        let response = route(&head, &mut reader, &mut writer, deadline, ctx, work);
-        let Some(Response { status, body, close, retry_after }) = response else { return };
-        let close = close || head.close || stopping();
-        // The response is taken whole within the timeout from now, or the connection closes.
-        let deadline = Instant::now() + timeout;
-        if http::write_json(&mut writer, status, &body, close, retry_after, deadline).is_err() || close {
+        let response = route(&head, &mut reader, &mut writer, deadline, place.ip, ctx, work);
+        let Some(response) = response else { return };
+        let close = response.close || head.close || stopping();
+        if !answer(&mut writer, Response { close, ..response }, timeout) {
             return;
         }
     }
+}
+
+/// Writes `response`, taken whole by the client within `timeout` from now or not at all;
+/// `true` when the connection stays open for the next request. A connection that closes
+/// after its answer is closed by [`linger`] (the request's body may be left unread).
+fn answer(writer: &mut TcpStream, response: Response, timeout: Duration) -> bool {
+    let Response { status, body, close, retry_after } = response;
+    let deadline = Instant::now() + timeout;
+    if http::write_json(writer, status, &body, close, retry_after, deadline).is_err() {
+        return false;
+    }
+    if close {
+        linger(writer);
+    }
+    !close
 }

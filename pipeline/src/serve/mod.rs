@@ -13,7 +13,8 @@
 //!   its JSON type and the feature it becomes.
 //! * `GET /health` answers the model served (step, checkpoint, model),
 //!   counts of records, batches and reloads, and a `warning` while the
-//!   served checkpoint is deleted.
+//!   served checkpoint is deleted, or while a newer checkpoint than the one
+//!   served cannot be loaded (naming it).
 //!
 //! Invariants:
 //! * A request holds at most `max_records` records (more: `413`, counted
@@ -24,10 +25,13 @@
 //!   is bounded by `max_body_bytes` and `max_records`, whatever arrives, and
 //!   chunked or not.
 //! * The bodies of all requests together hold at most `max_body_memory`
-//!   bytes (`budget.rs`): a body's bytes are reserved before they are read
-//!   and given back when its last holder drops it; a request that cannot
-//!   reserve them is answered `503` with `Retry-After` and its body is not
-//!   read. `GET /health` reserves nothing and shows the bytes held.
+//!   bytes, and those of one client address at most its share of them, the
+//!   share of `max_connections_per_ip` in `threads` (but at least one body of
+//!   `max_body_bytes`; `budget.rs`): a body's bytes are reserved before they
+//!   are read and given back when its last holder drops it; a request that
+//!   cannot reserve them is answered `503` with `Retry-After`, saying which
+//!   bound it met, and its body is not read. `GET /health` reserves nothing
+//!   and shows the bytes held.
 //! * A refused record holding `NaN` or `Infinity` is answered saying so,
 //!   whatever the record format saw; a body that is not UTF-8 names the
 //!   offset of its first bad byte.
@@ -61,11 +65,11 @@ pub use score::Loaded;
 use crate::error::DataflowFailure;
 use crate::PipelineError;
 use batcher::{BatchLimits, Job, Reply, ServingState, Work};
-use budget::{Body, BodyBudget, Reservation};
+use budget::{Body, BodyBudget, Full, Reservation};
 use http::{Head, HttpError, Transfer};
 use listen::Connections;
 use std::io::BufReader;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
@@ -128,6 +132,15 @@ impl ServeOptions {
             max_records: 65_536,
             read_timeout: Duration::from_secs(5),
         }
+    }
+
+    /// The bytes of request bodies one client address may hold at once: the share of
+    /// `max_body_memory` that `max_connections_per_ip` is of `threads`, so that one address
+    /// cannot hold more of the body memory than of the connections, but at least one body
+    /// of `max_body_bytes` (and at most `max_body_memory`).
+    pub fn body_memory_per_address(&self) -> usize {
+        let share = self.max_body_memory as u128 * self.max_connections_per_ip as u128 / self.threads.max(1) as u128;
+        usize::try_from(share).unwrap_or(usize::MAX).max(self.max_body_bytes).min(self.max_body_memory)
     }
 
     /// Refuses settings the server cannot run with, naming the setting.
@@ -211,6 +224,7 @@ impl Server {
             deltas: 0,
             stale: false,
             warning: None,
+            load_failure: None,
             schema: Arc::new(model.describe()),
         }));
         let records = model.summary();
@@ -224,7 +238,7 @@ impl Server {
             state: state.clone(),
             stop: AtomicBool::new(false),
             connections: Connections::default(),
-            budget: BodyBudget::new(options.max_body_memory),
+            budget: BodyBudget::new(options.max_body_memory, options.body_memory_per_address()),
         });
         let stop_watch = Arc::new(AtomicBool::new(false));
         let (work_tx, work_rx) = mpsc::channel::<Work>();
@@ -327,22 +341,20 @@ impl Response {
 
 const ROUTES: &str = "use POST /score, GET /schema or GET /health";
 
-/// The response to one request whose head is read; `None` when the client went away.
+/// The response to one request whose head is read, from a client at `ip`; `None` when the
+/// client went away.
 fn route(
     head: &Head,
     reader: &mut BufReader<TcpStream>,
     writer: &mut TcpStream,
     deadline: Instant,
+    ip: IpAddr,
     ctx: &Context,
     work: &Sender<Work>,
 ) -> Option<Response> {
     let has_body = head.transfer != Transfer::Identity || head.content_length.unwrap_or(0) > 0;
     let response = match (head.method.as_str(), head.path.as_str()) {
-        ("GET", "/health") => {
-            let mut health = serde_json::to_value(ctx.state()).unwrap_or_default();
-            health["body_bytes"] = ctx.budget.in_use().into();
-            Response::json(200, health.to_string())
-        }
+        ("GET", "/health") => health(ctx),
         ("GET", "/schema") => {
             let s = ctx.state();
             let mut body = (*s.schema).clone();
@@ -350,7 +362,7 @@ fn route(
             body["model"] = s.model.into();
             Response::json(200, body.to_string())
         }
-        ("POST", "/score") => return score_request(head, reader, writer, deadline, ctx, work),
+        ("POST", "/score") => return score_request(head, reader, writer, deadline, ip, ctx, work),
         (_, "/score" | "/health" | "/schema") => Response::error(405, ROUTES),
         _ => Response::error(404, ROUTES),
     };
@@ -358,12 +370,24 @@ fn route(
     Some(Response { close: response.close || has_body, ..response })
 }
 
-/// Reads a `POST /score` body and scores it.
+/// The answer to `GET /health`: the state, its warnings and the body bytes held.
+fn health(ctx: &Context) -> Response {
+    let state = ctx.state();
+    let mut health = serde_json::to_value(&state).unwrap_or_default();
+    if let Some(warning) = state.warnings() {
+        health["warning"] = warning.into();
+    }
+    health["body_bytes"] = ctx.budget.in_use().into();
+    Response::json(200, health.to_string())
+}
+
+/// Reads a `POST /score` body from a client at `ip` and scores it.
 fn score_request(
     head: &Head,
     reader: &mut BufReader<TcpStream>,
     writer: &mut TcpStream,
     deadline: Instant,
+    ip: IpAddr,
     ctx: &Context,
     work: &Sender<Work>,
 ) -> Option<Response> {
@@ -386,20 +410,26 @@ fn score_request(
         }
     };
     // Reserved before `100 Continue`, so a client that waits for it sends no body to refuse.
-    let mut held = Reservation::empty(&ctx.budget);
-    if length.is_some_and(|n| !held.grow(n)) {
-        return Some(busy(ctx));
+    let mut held = Reservation::empty(&ctx.budget, ip);
+    if let Some(Err(full)) = length.map(|n| held.grow(n)) {
+        return Some(busy(&full));
     }
     if head.expect_continue && http::write_continue(writer, deadline).is_err() {
         return None;
     }
+    let mut refused = None;
     let body = match length {
         Some(n) => http::read_body(reader, n, deadline),
-        None => http::read_chunked_body(reader, max_body, deadline, |n| held.grow(n)),
+        None => http::read_chunked_body(reader, max_body, deadline, |n| {
+            held.grow(n).map_err(|full| refused = Some(full)).is_ok()
+        }),
     };
     match body {
         Ok(body) => Some(score(Body::new(body, held), ctx, work)),
-        Err(HttpError::Refused) => Some(busy(ctx)),
+        Err(HttpError::Refused) => {
+            let full = refused.unwrap_or(Full::Total { held: ctx.budget.in_use(), limit: ctx.options.max_body_memory });
+            Some(busy(&full))
+        }
         Err(HttpError::Timeout) => closing(
             408,
             format!("the request body was not received within {:?} (--read-timeout)", ctx.options.read_timeout),
@@ -410,14 +440,11 @@ fn score_request(
     }
 }
 
-/// The answer to a request whose body does not fit in what is left of `--max-body-memory`; the
-/// connection closes, as the body is not read.
-fn busy(ctx: &Context) -> Response {
-    let message = format!(
-        "the server is busy: request bodies hold {} of the {} bytes of --max-body-memory; retry",
-        ctx.budget.in_use(),
-        ctx.options.max_body_memory
-    );
+/// The answer to a request whose body does not fit in what is left of `--max-body-memory` (in
+/// all, or of its address's share: `full` says which); the connection closes, as the body is
+/// not read.
+fn busy(full: &Full) -> Response {
+    let message = format!("the server is busy: {full}; retry");
     Response { close: true, retry_after: Some(1), ..Response::error(503, message) }
 }
 

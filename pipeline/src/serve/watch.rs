@@ -14,6 +14,12 @@
 //!   memory until another checkpoint loads.
 //! * A checkpoint that cannot be loaded is reported once per identity and
 //!   the next older one is tried; nothing is loaded on the scoring thread.
+//!   While such a checkpoint is there (same identity) and would be served if
+//!   it loaded (newer than the one served, or the one served is gone),
+//!   `/health`'s `warning` names the newest of them
+//!   ([`ServingState::load_failure`], which only the watcher sets); the
+//!   warning goes once a checkpoint of its step or newer is served, and
+//!   while it is deleted or replaced.
 //! * A delta whose parent is the checkpoint served (same path and identity)
 //!   is read alone and applied onto the served model ([`Work::Delta`]); any
 //!   other checkpoint, a delta included, is loaded whole with its chain. A
@@ -26,7 +32,7 @@
 use super::batcher::{ServingState, Work};
 use super::score::Delta;
 use super::score::Loaded;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -83,6 +89,43 @@ struct Failed {
     loads: HashSet<Identity>,
     /// Deltas the scoring thread could not apply: only ever loaded whole.
     deltas: HashSet<Identity>,
+    /// Checkpoints that could not be loaded, while one of them may be wanted (see
+    /// [`Failed::publish`]), with the warning that says so.
+    failures: HashMap<Identity, LoadFailure>,
+}
+
+/// A checkpoint that could not be loaded: its step and the warning that says so.
+struct LoadFailure {
+    step: u64,
+    warning: String,
+}
+
+impl Failed {
+    /// Remembers that the checkpoint `identity` of `step` could not be loaded, for `error`.
+    fn load(&mut self, step: u64, identity: Identity, error: &dyn std::fmt::Display) {
+        let warning = format!(
+            "cannot load the checkpoint {} (step {step}): {error}; the model served keeps answering",
+            identity.path.display()
+        );
+        eprintln!("warning: serve: {warning}; trying an older one");
+        self.failures.insert(identity.clone(), LoadFailure { step, warning });
+        self.loads.insert(identity);
+    }
+
+    /// Publishes in `state` the warning of the newest checkpoint that could not be loaded and
+    /// would be served if it loaded (it is newer than the one served, or the one served is
+    /// gone) and is there now (same identity: one deleted may come back); none when there is
+    /// no such checkpoint. Failures at or below the step of a served checkpoint that is there
+    /// are forgotten (they are tried again, and reported, if it goes).
+    fn publish(&mut self, served: &Served, state: &Mutex<ServingState>) {
+        let gone = served.identity.is_none() || Identity::of(&served.path) != served.identity;
+        if !gone {
+            self.failures.retain(|_, f| f.step > served.step);
+        }
+        let there = self.failures.iter().filter(|(id, _)| Identity::of(&id.path).as_ref() == Some(*id));
+        let warning = there.max_by_key(|(_, f)| f.step).map(|(_, f)| f.warning.clone());
+        state.lock().unwrap_or_else(|e| e.into_inner()).load_failure = warning;
+    }
 }
 
 /// Follows `dir` every `every` until `stop`, sending each checkpoint loaded to `work`.
@@ -110,6 +153,7 @@ pub fn run(
         if look(dir, &mut served, &mut failed, work, state).is_err() {
             return;
         }
+        failed.publish(&served, state);
     }
 }
 
@@ -177,8 +221,7 @@ fn look(
             Err(e) => {
                 // A checkpoint pruned while being read is no news; any other failure is reported once.
                 if Identity::of(&path).as_ref() == Some(&identity) {
-                    eprintln!("warning: serve: cannot load {}: {e}; trying an older one", path.display());
-                    failed.loads.insert(identity);
+                    failed.load(step, identity, &e);
                 }
             }
         }

@@ -12,8 +12,10 @@
 //! cut of sequences longer than the model reads); only the JSON-to-Arrow
 //! typing is done here.
 //!
-//! Invariant: a key that names no column and a value of the wrong JSON type
-//! are errors naming the key, never a null.
+//! Invariants: a key that names no column and a value of the wrong JSON type
+//! are errors naming the key, never a null; a key given twice in one row is an
+//! error naming it (as in the line formats' records), never one value taken
+//! over the other.
 
 use super::reader::append_chunk;
 use super::schema::{SchemaDescription, SparseKind};
@@ -21,7 +23,9 @@ use crate::error::SourceError;
 use arrow_array::builder::{ListBuilder, UInt64Builder};
 use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch, UInt64Array};
 use arrow_schema::{Field, Schema};
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::Value;
+use std::collections::HashSet;
 use std::sync::Arc;
 use tiderec_records::Batch;
 
@@ -72,10 +76,8 @@ pub fn append_json_row(
     out: &mut Batch,
 ) -> Result<(), RowError> {
     let cols = columns(description);
-    let object: serde_json::Map<String, Value> = serde_json::from_slice(record)
-        .map_err(|e| RowError { field: None, reason: format!("not a JSON object: {e}") })?;
     let mut row = vec![Value::Null; cols.len()];
-    for (key, value) in object {
+    for (key, value) in object_pairs(record)? {
         // The user's group key of a row as converted files hold it (a description recorded
         // without it reads such rows too): checked, not a feature.
         if key == super::schema::GROUP_COLUMN {
@@ -130,6 +132,35 @@ pub fn append_json_row(
     append_chunk(description, table_sizes, max_len, &chunk, "the record", out).map_err(row_error)
 }
 
+/// The key/value pairs of the JSON object `record`, in order; a key given twice is an error
+/// naming it.
+fn object_pairs(record: &[u8]) -> Result<Vec<(String, Value)>, RowError> {
+    struct Pairs;
+    impl<'de> Visitor<'de> for Pairs {
+        type Value = Vec<(String, Value)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(pair) = map.next_entry::<String, Value>()? {
+                out.push(pair);
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(record);
+    let pairs = (&mut de)
+        .deserialize_map(Pairs)
+        .and_then(|p| de.end().map(|()| p))
+        .map_err(|e| RowError { field: None, reason: format!("not a JSON object: {e}") })?;
+    let mut seen = HashSet::with_capacity(pairs.len());
+    match pairs.iter().find(|(key, _)| !seen.insert(key.as_str())) {
+        Some((key, _)) => Err(blame(key, "a field given twice")),
+        None => Ok(pairs),
+    }
+}
+
 /// The reader's error on a chunk of JSON rows, with the column it names as the field.
 fn row_error(e: SourceError) -> RowError {
     match e {
@@ -180,6 +211,11 @@ mod tests {
         assert_eq!(bad(br#"{"X": 1}"#).field.as_deref(), Some("X"));
         assert!(bad(b"[1]").reason.starts_with("not a JSON object"));
         assert_eq!(bad(br#"{"_group": -3}"#), blame("_group", "-3 is not a group key (a non-negative integer)"));
+        // A key given twice is refused, whichever value would have been kept.
+        assert_eq!(bad(br#"{"C3": 3, "C3": 4}"#), blame("C3", "a field given twice"));
+        assert_eq!(bad(br#"{"I1": null, "C1": 1, "I1": 2}"#), blame("I1", "a field given twice"));
+        assert_eq!(bad(br#"{"_group": 1, "_group": 1}"#), blame("_group", "a field given twice"));
+        assert!(bad(br#"{"C3": 3} x"#).reason.starts_with("not a JSON object"));
         // A row as converted files hold it, with its user's group key: read, not scored.
         append_json_row(&d, &d.table_sizes(), None, br#"{"_group": 77, "C3": 1}"#, &mut batch(&d)).unwrap();
     }
