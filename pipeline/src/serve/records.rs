@@ -32,7 +32,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use tiderec_operators::bad_record::BadReason;
-use tiderec_operators::spec::{Encoding, Pooling, AVAZU_COLUMNS};
+use tiderec_operators::spec::{delimiter_byte, Encoding, Pooling, AVAZU_COLUMNS};
 use tiderec_sources::amazon::HISTORY_DELIMITER;
 
 /// The key of a record given as one line of the training files.
@@ -110,13 +110,6 @@ fn column(name: &str, kind: &'static str, feature: &str) -> Column {
 
 fn label(name: &str) -> Column {
     column(name, "0 or 1", "label")
-}
-
-fn delimiter_byte(d: &str) -> Option<u8> {
-    match d {
-        "\\t" => Some(b'\t'),
-        d => d.as_bytes().first().copied(),
-    }
 }
 
 impl RecordShape {
