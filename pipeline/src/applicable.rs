@@ -60,7 +60,7 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         "dim" => on_model(model != "lr", "every model but lr (one weight per id)"),
         // Online records take a spec with `--format csv`, which the stream settings check.
         "spec" if command == For::Online => None,
-        "spec" => (data_format != "csv").then(|| format!("describes `csv:` data, not `{data_format}`")),
+        "spec" => (!crate::config::reads_spec(data_format)).then(|| crate::config::spec_unread(data_format)),
         "samples" => (!matches!(data_format, "synthetic" | "synthetic-behavior"))
             .then(|| "sets the size of the synthetic streams; files are read whole".to_string()),
         "eval_fraction" => {

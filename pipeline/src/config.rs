@@ -205,6 +205,17 @@ impl DataSpec {
     }
 }
 
+/// Whether data of `format` ([`DataSpec::format`]) reads a feature spec (`--spec`): only
+/// `csv`; `taobao-ad` data reads its own preset.
+pub fn reads_spec(format: &str) -> bool {
+    format == "csv"
+}
+
+/// Why `--spec` does not apply to data of `format`.
+pub fn spec_unread(format: &str) -> String {
+    format!("describes `csv:` data, not `{format}`")
+}
+
 /// A `--spec` value: `preset:NAME`, a bare preset name (`elm`, `taobao-ad`, …)
 /// or the path of a TOML file (validated; relative vocabulary paths are
 /// taken relative to the file's folder, and the files read into the spec, so that
@@ -369,19 +380,11 @@ impl TrainSettings {
             }
             (DataSpec::TaobaoAd(_), None) => Some(FeatureSpec::taobao_ad(self.data.buckets, self.data.max_len)),
             (_, None) => None,
-            (DataSpec::Csv(_) | DataSpec::TaobaoAd(_), Some(s)) => {
-                Some(resolve_spec(s, self.data.buckets, self.data.max_len)?)
-            }
             // Never silently unused: other formats make their features their own way.
-            (other, Some(_)) => {
-                return Err(PipelineError::config(
-                    "spec",
-                    format!(
-                        "describes `csv:` and `taobao-ad:` records; `{}` data makes its features without one",
-                        other.format()
-                    ),
-                ))
+            (other, Some(_)) if !reads_spec(other.format()) => {
+                return Err(PipelineError::config("spec", spec_unread(other.format())))
             }
+            (_, Some(s)) => Some(resolve_spec(s, self.data.buckets, self.data.max_len)?),
         };
         let mut spec = spec;
         if let Some(spec) = &mut spec {
@@ -752,13 +755,15 @@ mod tests {
         s.data.eval = Some("taobao-behavior:Cargo.toml".into());
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("`eval`") && e.contains("--eval-fraction"), "{e}");
-        for source in ["synthetic", "synthetic-behavior", "criteo:Cargo.toml", "avazu:Cargo.toml"] {
+        for source in
+            ["synthetic", "synthetic-behavior", "criteo:Cargo.toml", "avazu:Cargo.toml", "taobao-ad:Cargo.toml"]
+        {
             let mut s = TrainSettings::default();
             s.data.source = source.into();
             s.data.spec = Some("preset:criteo".into());
             let e = s.validate().unwrap_err().to_string();
             let format = source.split(':').next().unwrap();
-            assert!(e.contains("`spec`") && e.contains(&format!("`{format}` data")), "{source}: {e}");
+            assert!(e.contains("`spec`") && e.contains(&format!("not `{format}`")), "{source}: {e}");
         }
     }
 

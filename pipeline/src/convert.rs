@@ -27,11 +27,11 @@
 //! output is closed as after the last input line, so the directory holds
 //! complete Parquet files with the first [`ConvertSummary::rows`] samples of
 //! the input (a valid dataset, reported as interrupted), and no temporary
-//! file. A second signal exits at once with status 130, and a killed
-//! conversion ends where it is: either leaves every file under its hidden
-//! temporary name (files get their names only when the conversion ends), so
-//! no `*.parquet` file, never a dataset that looks complete with only the
-//! first files' rows.
+//! file. A second signal exits at once with status 130. Files get their
+//! names only when the conversion ends, so a conversion that exits that way,
+//! or is killed, leaves its files under hidden temporary names and no
+//! `*.parquet` file: never a dataset that looks complete with only its first
+//! files' rows. The next conversion into the directory removes them.
 
 use crate::config::DataSpec;
 use crate::data::{CriteoOptions, IndexedSamples, WorkerData};

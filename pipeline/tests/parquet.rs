@@ -179,7 +179,7 @@ fn malformed_rows_go_to_the_dead_letters_and_the_good_ones_are_converted() {
     assert_eq!(beside.lines().count(), 2, "{beside}");
     // A feature spec describes csv records: with Criteo files it is refused, not ignored.
     let err = run_err(&mut convert(&from, &dir.path().join("pq4"), &["--spec", "preset:criteo"]));
-    assert!(err.contains("`spec`") && err.contains("`criteo` data"), "{err}");
+    assert!(err.contains("`spec`") && err.contains("not `criteo`"), "{err}");
     // Nothing is written into a directory read as data.
     let data_dir = dir.path().join("data");
     std::fs::create_dir(&data_dir).unwrap();

@@ -53,6 +53,8 @@ pub struct DynamicStore {
     free: Vec<u32>,
     admit_count: u32,
     admit_prob: Option<f64>,
+    /// [`StoreConfig::admits_at_once`].
+    at_once: bool,
     admission: Option<CountMinSketch>,
     ttl: Option<u64>,
     max_rows: Option<u64>,
@@ -93,6 +95,7 @@ impl DynamicStore {
             free: Vec::new(),
             admit_count,
             admit_prob: config.admit_prob,
+            at_once: config.admits_at_once(),
             admission: (admit_count > 1)
                 .then(|| CountMinSketch::new(config.sketch_width, 4, p.seed ^ ADMIT_STREAM).track_changes()),
             ttl: config.ttl_steps,
@@ -109,7 +112,7 @@ impl DynamicStore {
     /// True when an unseen id gets its row (and its first update) at once.
     #[inline]
     fn admits_at_once(&self) -> bool {
-        self.admit_count <= 1 && self.admit_prob.is_none()
+        self.at_once
     }
 
     /// The slot of row `id` of `table`, if held.

@@ -62,6 +62,7 @@ pub(crate) struct ElmArgs {
 
 /// Flags of `tiderec convert`; the feature flags mean what they mean for `tiderec train`.
 #[derive(Args)]
+#[command(mut_arg("dead_letters", |a| a.help(CONVERT_DEAD_LETTERS_HELP)))]
 pub(crate) struct ConvertArgs {
     /// Input: `criteo:PATH[,PATH…]`, `avazu:PATH[,PATH…]` or `csv:PATH[,PATH…]` with --spec (files or directories).
     #[arg(long, value_name = "FORMAT:PATH,…")]
@@ -83,6 +84,9 @@ pub(crate) struct ConvertArgs {
     settings: ConvertFlags,
 }
 
+const CONVERT_DEAD_LETTERS_HELP: &str =
+    "Dead-letter file for malformed records [default: beside the output directory, DIR.dead-letters.tsv]";
+
 impl ConvertArgs {
     fn into_settings(self) -> anyhow::Result<tiderec::convert::ConvertSettings> {
         let args = self;
@@ -92,7 +96,9 @@ impl ConvertArgs {
         // Unless told, beside the output: never the file a training run in the same directory writes.
         let default_dead = tiderec::settings::RecordPolicy::default().dead_letters;
         if !args.settings.given("dead_letters") && s.data.records.dead_letters == default_dead {
-            s.data.records.dead_letters = tiderec::predict::dead_letters_beside(&out);
+            // Named by the directory itself, also when given as `.` or `dir/..`.
+            let named = if out.file_name().is_some() { out.clone() } else { out.canonicalize().unwrap_or(out.clone()) };
+            s.data.records.dead_letters = tiderec::predict::dead_letters_beside(&named);
         }
         let mut inputs: Vec<Named> =
             args.settings.config_path().map(|c| Named::new("--config", c)).into_iter().collect();

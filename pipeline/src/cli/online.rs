@@ -65,8 +65,8 @@ pub(crate) struct OnlineArgs {
     #[arg(long)]
     overwrite: bool,
     /// A librdkafka consumer property, KEY=VALUE (repeatable), set after tiderec's own; those
-    /// the exactly-once reader depends on (group.id, bootstrap.servers, auto.offset.reset,
-    /// enable.partition.eof, enable.auto.commit, enable.auto.offset.store) are refused.
+    /// the exactly-once reader depends on (group.id, auto.offset.reset, … docs/online.md
+    /// lists them) are refused, naming the property.
     #[arg(long, value_name = "KEY=VALUE")]
     kafka_option: Vec<String>,
     #[command(flatten)]

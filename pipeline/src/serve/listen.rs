@@ -139,6 +139,14 @@ struct Backoff {
     pause: Option<Duration>,
 }
 
+/// Whether a failed accept means the process or the system ran out of something (file
+/// descriptors, buffers, memory), which only a pause can wait out; another error (a
+/// client that reset its connection before it was accepted) concerns one connection.
+fn exhausted(e: &std::io::Error) -> bool {
+    // EMFILE, ENFILE, ENOBUFS, ENOMEM on Linux.
+    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
+}
+
 impl Backoff {
     /// Pauses after the failed accept `e`, longer than after the last one of the same run;
     /// the first failure of a run is reported.
@@ -172,10 +180,11 @@ pub fn accept(listener: TcpListener, ctx: Arc<Context>, work: Sender<Work>) {
         }
         let stream = match stream {
             Ok(stream) => stream,
-            Err(e) => {
+            Err(e) if exhausted(&e) => {
                 backoff.failed(&e);
                 continue;
             }
+            Err(_) => continue,
         };
         backoff.accepted();
         let Ok(peer) = stream.peer_addr() else { continue };
