@@ -14,7 +14,8 @@
 //!   [`ParquetWriter::finish`] renames every file at the end. Readers listing
 //!   `*.parquet` never see a partial file, and a writer killed before it
 //!   finishes (SIGKILL, out of memory) leaves no `*.parquet` file, so no
-//!   dataset that looks complete but holds only the first files' rows.
+//!   dataset that looks complete but holds only the first files' rows; the
+//!   next writer into the directory removes such temporaries when created.
 //! * **No partial dataset.** [`ParquetWriter::abort`], and a
 //!   [`ParquetWriter::finish`] that fails (a full disk), remove every file the
 //!   writer made, complete or not, and the directory when the writer created it.
@@ -73,6 +74,25 @@ struct OpenFile {
     rows: u64,
 }
 
+/// Whether `name` is one of the temporary names a writer gives its files
+/// (`.part-NNNNN.parquet.tmp`).
+fn is_temporary(name: &str) -> bool {
+    name.strip_prefix(".part-")
+        .and_then(|rest| rest.strip_suffix(".parquet.tmp"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Removes the temporary files a writer killed before it finished left in `dir`: the
+/// names a new writer uses, so no file of an earlier run stays beside the new dataset.
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if entry.file_name().to_str().is_some_and(is_temporary) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Streams batches into `part-NNNNN.parquet` files; see the [module docs](self).
 pub struct ParquetWriter {
     dir: PathBuf,
@@ -112,6 +132,7 @@ impl ParquetWriter {
                 format!("already holds Parquet files ({}); convert into an empty directory", existing.display()),
             ));
         }
+        remove_stale_temporaries(dir);
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(zstd))
             .set_max_row_group_row_count(Some(options.row_group_rows))
@@ -255,15 +276,15 @@ impl ParquetWriter {
         }
     }
 
-    /// Renames the complete files from their temporary names, in order.
+    /// Renames the complete files from their temporary names, in order; on error the
+    /// files renamed so far are in the summary and the others still listed as complete,
+    /// so [`Self::abort`] removes them all.
     fn publish(&mut self) -> Result<(), SourceError> {
-        for (tmp, path) in std::mem::take(&mut self.complete) {
-            if let Err(source) = std::fs::rename(&tmp, &path) {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(SourceError::Io { path: tmp.display().to_string(), source });
-            }
-            self.summary.files.push(path);
+        for (tmp, path) in &self.complete {
+            std::fs::rename(tmp, path).map_err(|source| SourceError::Io { path: tmp.display().to_string(), source })?;
+            self.summary.files.push(path.clone());
         }
+        self.complete.clear();
         Ok(())
     }
 
