@@ -15,16 +15,21 @@
 //! * Values are hashed from their raw bytes with a seeded per-table hash.
 //! * The user column is also each sample's group ([`group_key`] in
 //!   `Batch::groups`), for per-user metrics.
-//! * Only the most recent `max_len` history events are kept.
-//! * An empty history field is an empty sequence. Histories of different
-//!   lengths are a [`BadReason::FieldCount`] in the category field.
+//! * The two histories are one list of events (item `k` and category `k` are
+//!   event `k`). Histories of different lengths (counted as written: `k`
+//!   delimiters make `k + 1` items) are a [`BadReason::FieldCount`] in the
+//!   category field; an empty history field is an empty sequence.
+//! * An event with an empty item or category (`a\x02\x02b` beside
+//!   `x\x02y\x02z`) is skipped in both histories, so they stay aligned and an
+//!   absent value never becomes an id (as `none` lists of a CSV spec do).
+//! * Of the events left, only the most recent `max_len` are kept.
 
 use crate::error::SourceError;
 use crate::lines::{LineFormat, LineReader};
 use tiderec_records::bad_record::BadReason;
 use tiderec_records::features::field_seed;
 use tiderec_records::features::fused::token_bucket;
-use tiderec_records::features::split::{for_each_token, split_exact};
+use tiderec_records::features::split::split_exact;
 use tiderec_records::metrics::group_key;
 use tiderec_records::Batch;
 
@@ -62,22 +67,24 @@ impl AmazonDienFormat {
         token_bucket(self.seeds[table], token, self.table_sizes[table])
     }
 
-    /// Appends the last `max_len` items of `history` hashed into `table`; returns how many.
-    fn push_history(&self, history: &[u8], table: usize, out: &mut Vec<u64>) -> usize {
-        if history.is_empty() {
-            return 0;
+    /// Appends the last `max_len` events of the aligned histories `items` and `categories`
+    /// to the two sequences of the sample being written, and closes their bags.
+    fn push_histories(&self, items: &[u8], categories: &[u8], out: &mut Batch) {
+        let skip = events(items, categories).count().saturating_sub(self.max_len);
+        for (item, category) in events(items, categories).skip(skip) {
+            out.sequences[0].ids.push(self.bucket(SEQUENCE_TABLES[0], item));
+            out.sequences[1].ids.push(self.bucket(SEQUENCE_TABLES[1], category));
         }
-        let total = memchr::memchr_iter(HISTORY_DELIMITER, history).count() + 1;
-        let skip = total.saturating_sub(self.max_len);
-        let mut i = 0;
-        for_each_token(history, HISTORY_DELIMITER, usize::MAX, |t| {
-            if i >= skip {
-                out.push(self.bucket(table, t));
-            }
-            i += 1;
-        });
-        total - skip
+        out.sequences[0].close_bag();
+        out.sequences[1].close_bag();
     }
+}
+
+/// The `(item, category)` events of two histories of as many items, oldest first, without
+/// those with an empty item or category.
+fn events<'a>(items: &'a [u8], categories: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+    let split = |history: &'a [u8]| history.split(|&b| b == HISTORY_DELIMITER);
+    split(items).zip(split(categories)).filter(|(item, category)| !item.is_empty() && !category.is_empty())
 }
 
 impl LineFormat for AmazonDienFormat {
@@ -111,11 +118,7 @@ impl LineFormat for AmazonDienFormat {
             }
             out.sparse[f].close_bag();
         }
-        for (s, value) in fields[4..6].iter().enumerate() {
-            let seq = &mut out.sequences[s];
-            self.push_history(value, SEQUENCE_TABLES[s], &mut seq.ids);
-            seq.close_bag();
-        }
+        self.push_histories(fields[4], fields[5], out);
         Ok(())
     }
 }
@@ -157,6 +160,28 @@ mod tests {
         f.parse(b"1\tu\ti\tc\t\t", &mut b).unwrap();
         assert!(b.sequences[0].bag(1).is_empty());
         b.check().unwrap();
+    }
+
+    /// An event with an empty item or category is skipped in both histories (never a
+    /// shared "empty" id), so they stay aligned; `max_len` counts the events kept.
+    #[test]
+    fn an_event_with_an_empty_token_is_skipped_in_both_histories() {
+        let f = AmazonDienFormat::new(&[10, 100, 10], 3, 2).unwrap();
+        let items = |b: &Batch, i| b.sequences[0].bag(i).to_vec();
+        let categories = |b: &Batch, i| b.sequences[1].bag(i).to_vec();
+        let ids = |table, tokens: &[&[u8]]| tokens.iter().map(|t| f.bucket(table, t)).collect::<Vec<_>>();
+        let mut b = batch();
+        f.parse(b"1\tu\ti\tc\ta\x02\x02b\tx\x02\x02y", &mut b).unwrap();
+        f.parse(b"1\tu\ti\tc\ta\x02\x02b\tx\x02z\x02y", &mut b).unwrap();
+        f.parse(b"0\tu\ti\tc\ta\x02b\x02\x02c\tw\x02x\x02y\x02z", &mut b).unwrap();
+        f.parse(b"0\tu\ti\tc\t\x02a\x02\tx\x02y\x02", &mut b).unwrap();
+        b.check().unwrap();
+        for i in 0..2 {
+            assert_eq!(items(&b, i), ids(1, &[b"a", b"b"]), "line {i}");
+            assert_eq!(categories(&b, i), ids(2, &[b"x", b"y"]), "line {i}");
+        }
+        assert_eq!((items(&b, 2), categories(&b, 2)), (ids(1, &[b"b", b"c"]), ids(2, &[b"x", b"z"])));
+        assert_eq!((items(&b, 3), categories(&b, 3)), (ids(1, &[b"a"]), ids(2, &[b"y"])));
     }
 
     #[test]

@@ -29,8 +29,9 @@
 //! # Format rules
 //!
 //! * The label must be exactly `0` or `1`.
-//! * `I1..I13`: empty → `0.0` (missing); otherwise a decimal integer (negative
-//!   allowed, no decimal point) transformed with [`log1p_clamped`].
+//! * `I1..I13`: empty → `0.0` (missing); otherwise a decimal integer (an
+//!   optional `+` or `-` and 1 to 18 digits, no decimal point:
+//!   [`parse_dense_integer`]) transformed with [`log1p_clamped`].
 //! * `C1..C26`: empty → empty bag; otherwise up to 16 hex digits, bucketed with
 //!   [`hash_bucket`] under the field's seed ([`field_seed`]) into
 //!   `table_sizes[f]` rows — a single-id bag.
@@ -319,17 +320,13 @@ pub fn parse_line(
         &line[start..ends[k]]
     };
 
-    let label = match field(0) {
-        b"0" => 0.0f32,
-        b"1" => 1.0f32,
-        _ => return Err((BadReason::BadLabel, Some(0))),
-    };
+    let label = parse_label(field(0)).ok_or((BadReason::BadLabel, Some(0)))?;
     let log_table = log1p_table();
     let mut dense = [0.0f32; NUM_DENSE];
     for (j, d) in dense.iter_mut().enumerate() {
         let s = field(1 + j);
         if !s.is_empty() {
-            match parse_i64(s) {
+            match parse_dense_integer(s) {
                 Some(v) => *d = dense_feature_with(log_table, v),
                 None => return Err((BadReason::BadInteger, Some(1 + j))),
             }
@@ -351,6 +348,23 @@ pub fn parse_line(
 
     push_sample(out, label, &dense, &ids);
     Ok(())
+}
+
+/// The label of a line: exactly `0` or `1` (not `+1`, `01`, `-0`).
+#[inline]
+pub fn parse_label(field: &[u8]) -> Option<f32> {
+    match field {
+        b"0" => Some(0.0),
+        b"1" => Some(1.0),
+        _ => None,
+    }
+}
+
+/// The integer of a non-empty `I` field: an optional sign and 1 to 18 decimal digits
+/// ([`parse_i64`]); `None` for anything else (then the line is [`BadReason::BadInteger`]).
+#[inline]
+pub fn parse_dense_integer(field: &[u8]) -> Option<i64> {
+    parse_i64(field)
 }
 
 /// Appends one Criteo sample; `u64::MAX` in `ids` marks an absent value (an empty bag).

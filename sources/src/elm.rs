@@ -17,7 +17,14 @@
 //! uniform in `0..=50 · list_scale` (`list_scale` 1 is AtRec's "elm", 8 its
 //! "elm_y_long"); a zero-length list is an empty field. A line depends only on
 //! `(seed, index)`.
+//!
+//! A line is at most [`max_elm_line_bytes`]`(list_scale)` bytes (every value at
+//! its widest, the lists at their longest), about 72 bytes per history item:
+//! [`MAX_LIST_SCALE`] is the largest scale whose every line fits in the
+//! readers' default line limit ([`DEFAULT_MAX_LINE_BYTES`], 64 KiB), so that
+//! generated data trains with the default `--max-line-bytes`.
 
+use crate::lines::DEFAULT_MAX_LINE_BYTES;
 use tiderec_records::features::mix64;
 
 /// The 39 column names, in order (shared with the `elm` feature-spec preset).
@@ -34,6 +41,13 @@ pub const ELM_NUMERIC_LIST_COLUMNS: [usize; 2] = [27, 30];
 pub const TIME_TYPES: [&str; 5] = ["lunch", "night", "dinner", "tea", "breakfast"];
 
 const GEOHASH_ALPHABET: &[u8; 32] = b"0123456789bcdefghjkmnpqrstuvwxyz";
+
+/// Longest history per unit of `list_scale`.
+pub const HISTORY_PER_SCALE: usize = 50;
+
+/// The largest `list_scale` whose lines all fit in [`DEFAULT_MAX_LINE_BYTES`] (the cap of
+/// `tiderec generate elm --list-scale`).
+pub const MAX_LIST_SCALE: usize = max_list_scale(DEFAULT_MAX_LINE_BYTES);
 
 /// What one column holds.
 #[derive(Clone, Copy)]
@@ -92,6 +106,61 @@ const KINDS: [Kind; 39] = [
     Kind::Geohash(12),                  // geohash12
 ];
 
+/// Number of decimal digits of `v`.
+const fn decimal_digits(mut v: u64) -> usize {
+    let mut n = 1;
+    while v >= 10 {
+        v /= 10;
+        n += 1;
+    }
+    n
+}
+
+/// The most bytes one value of `kind` takes ([`push_value`]); for a list, one item's.
+const fn widest(kind: &Kind) -> usize {
+    match *kind {
+        Kind::Int(n) => decimal_digits(n - 1),
+        Kind::Dec(n, d) => decimal_digits(n - 1) + 1 + d as usize,
+        Kind::Geohash(len) => len,
+        Kind::TimeType => {
+            let (mut i, mut most) = (0, 0);
+            while i < TIME_TYPES.len() {
+                if TIME_TYPES[i].len() > most {
+                    most = TIME_TYPES[i].len();
+                }
+                i += 1;
+            }
+            most
+        }
+        Kind::List(item) => widest(item),
+    }
+}
+
+/// The longest line [`elm_line`] writes with `list_scale`: every value at its widest, the
+/// lists at their longest (`50 · list_scale` items), the 38 commas; no line terminator.
+pub const fn max_elm_line_bytes(list_scale: usize) -> usize {
+    let history = HISTORY_PER_SCALE * list_scale;
+    let mut bytes = KINDS.len() - 1;
+    let mut c = 0;
+    while c < KINDS.len() {
+        bytes += match KINDS[c] {
+            Kind::List(item) => history * widest(item) + history.saturating_sub(1),
+            kind => widest(&kind),
+        };
+        c += 1;
+    }
+    bytes
+}
+
+/// The largest `list_scale` (at least 1) whose lines all fit in `max_line_bytes`.
+pub const fn max_list_scale(max_line_bytes: usize) -> usize {
+    let mut scale = 1;
+    while max_elm_line_bytes(scale + 1) <= max_line_bytes {
+        scale += 1;
+    }
+    scale
+}
+
 /// A counter-based stream of 64-bit words keyed by `(seed, index)`.
 struct Stream(u64);
 
@@ -146,10 +215,11 @@ fn push_value(out: &mut Vec<u8>, kind: Kind, rng: &mut Stream) {
 /// Appends line `index` of the elm-shaped stream `seed` to `out`: the 39
 /// columns of [`ELM_COLUMNS`] separated by `,`, with no line terminator.
 /// `list_scale` sets the longest history, `50 · list_scale` items (1: "elm",
-/// 8: "elm_y_long"). See the module docs for the value formats.
+/// 8: "elm_y_long"); the line is at most [`max_elm_line_bytes`]`(list_scale)` bytes.
+/// See the module docs for the value formats.
 pub fn elm_line(seed: u64, index: u64, list_scale: usize, out: &mut Vec<u8>) {
     let mut rng = Stream(mix64(seed ^ mix64(index ^ 0x656c_6d5f_6c69_6e65)));
-    let history = rng.below(50 * list_scale as u64 + 1) as usize;
+    let history = rng.below((HISTORY_PER_SCALE * list_scale) as u64 + 1) as usize;
     for (c, &kind) in KINDS.iter().enumerate() {
         if c > 0 {
             out.push(b',');
@@ -212,5 +282,53 @@ mod tests {
         elm_line(1, 0, 1, &mut a);
         elm_line(2, 0, 1, &mut b);
         assert_ne!(a, b, "the seed matters");
+    }
+
+    /// The widest value of each kind is what [`widest`] says: reached, never exceeded.
+    #[test]
+    fn values_are_at_most_as_wide_as_the_bound_says() {
+        let mut rng = Stream(3);
+        for kind in KINDS {
+            let kind = match kind {
+                Kind::List(item) => *item,
+                kind => kind,
+            };
+            let most = (0..5000)
+                .map(|_| {
+                    let mut out = Vec::new();
+                    push_value(&mut out, kind, &mut rng);
+                    out.len()
+                })
+                .max();
+            assert_eq!(most, Some(widest(&kind)));
+        }
+    }
+
+    /// Lines at [`MAX_LIST_SCALE`] fit in the default 64 KiB line limit, the longest of
+    /// them too (the bound holds for every line); one scale more, they need not. At the
+    /// old `--list-scale` cap of 64 most lines were over the limit.
+    #[test]
+    fn lines_at_the_largest_list_scale_fit_in_the_default_line_limit() {
+        assert_eq!(DEFAULT_MAX_LINE_BYTES, 64 * 1024);
+        let bound = max_elm_line_bytes(MAX_LIST_SCALE);
+        assert!(bound <= DEFAULT_MAX_LINE_BYTES && max_elm_line_bytes(MAX_LIST_SCALE + 1) > DEFAULT_MAX_LINE_BYTES);
+        assert_eq!(MAX_LIST_SCALE, 18);
+        let mut line = Vec::new();
+        let mut longest = 0;
+        for index in 0..2000 {
+            line.clear();
+            elm_line(11, index, MAX_LIST_SCALE, &mut line);
+            assert!(line.len() <= bound, "line {index}: {} bytes, bound {bound}", line.len());
+            longest = longest.max(line.len());
+        }
+        assert!(longest > bound * 9 / 10, "the bound is close: longest {longest} of {bound}");
+        let over = (0..200)
+            .filter(|&index| {
+                line.clear();
+                elm_line(11, index, 64, &mut line);
+                line.len() > DEFAULT_MAX_LINE_BYTES
+            })
+            .count();
+        assert!(over > 100, "{over} of 200 lines at scale 64 are over 64 KiB");
     }
 }

@@ -187,6 +187,19 @@ pub enum DescriptionError {
         /// The sparse column.
         column: String,
     },
+    /// A line source's input sizes (`lines.file_bytes`) add up past [`MAX_INPUT_BYTES`](crate::parquet::schema::MAX_INPUT_BYTES).
+    #[error(
+        "lines.file_bytes: the {files} input file(s) add up to {total} bytes; an input has at most {max} (a \
+         damaged description)"
+    )]
+    InputBytes {
+        /// Their sum, as text (it may overflow 64 bits).
+        total: String,
+        /// Number of input files.
+        files: usize,
+        /// The most bytes allowed.
+        max: u64,
+    },
     /// A sequence column names a sparse field that does not exist.
     #[error(
         "sequence column `{column}` names sparse field {table} as its table and {target} as its target, but there are {fields}"

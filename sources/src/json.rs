@@ -19,8 +19,19 @@
 //! index (0 = label, 1..=13 = `I1..I13`, 14..=39 = `C1..C26`); a number beyond
 //! `f32` in an `I` field (`1e40`) as [`BadReason::NonFinite`]. (JSON has no
 //! `NaN` or `Infinity`: such a record is not JSON.)
+//!
+//! Labels and integers are those of the TSV format: the label is the number
+//! `0` or `1`, and an `I` value an integer that the TSV format's
+//! [`parse_dense_integer`] reads when written in decimal (at most 18 digits),
+//! so a 19-digit integer is a [`BadReason::BadInteger`] in both.
+//! [`criteo_line_to_json`] writes a TSV label or integer as a JSON number only
+//! when the TSV format accepts it (`+1`, `01` or `-0` as a label, `1.5` as an
+//! integer stay strings, which the JSON format refuses for the same reason):
+//! a line and its JSON object train the same or are refused alike.
 
-use crate::criteo::{dense_feature, push_sample, sparse_feature, CriteoFeatures, NUM_DENSE, NUM_SPARSE};
+use crate::criteo::{
+    dense_feature, parse_dense_integer, parse_label, push_sample, sparse_feature, CriteoFeatures, NUM_DENSE, NUM_SPARSE,
+};
 use crate::lines::LineFormat;
 use crate::SourceError;
 use simd_json::prelude::*;
@@ -128,7 +139,7 @@ impl CriteoJsonFormat {
                 None if refuse_unknown => return Err(JsonRecordError::UnknownKey(key.to_string())),
                 None => {}
             }
-            if v.is_null() {
+            if v.is_null() || v.as_str() == Some("") {
                 continue;
             }
             if key == "label" {
@@ -139,7 +150,8 @@ impl CriteoJsonFormat {
                 };
             } else if let Some(j) = column(key, b'I', NUM_DENSE) {
                 match v.as_i64() {
-                    Some(x) => dense[j] = dense_feature(x),
+                    Some(x) if is_tsv_integer(x) => dense[j] = dense_feature(x),
+                    Some(_) => return Err((BadReason::BadInteger, Some(1 + j)).into()),
                     // A number beyond f32 (`1e40`) is non-finite as a feature; other non-integers are not integers.
                     None if v.as_f64().is_some_and(|x| !(x as f32).is_finite()) => {
                         return Err((BadReason::NonFinite, Some(1 + j)).into())
@@ -165,6 +177,25 @@ impl CriteoJsonFormat {
     }
 }
 
+/// Whether the TSV format reads `x`, written in decimal, as `x` ([`parse_dense_integer`]).
+fn is_tsv_integer(x: i64) -> bool {
+    use std::io::Write;
+    let mut buf = [0u8; 24];
+    let mut rest = &mut buf[..];
+    // 24 bytes hold every i64 ("-9223372036854775808" is 20).
+    let written = write!(rest, "{x}").map(|()| 24 - rest.len());
+    written.is_ok_and(|n| parse_dense_integer(&buf[..n]) == Some(x))
+}
+
+/// The JSON value of a TSV field: the number `number` gives of it, else its text (a string
+/// the JSON format refuses where a number is expected).
+fn json_value(field: &[u8], number: impl Fn(&[u8]) -> Option<i64>) -> serde_json::Value {
+    match number(field) {
+        Some(v) => v.into(),
+        None => String::from_utf8_lossy(field).into_owned().into(),
+    }
+}
+
 /// The JSON object of one Criteo TSV line (for `tiderec produce --format json`), or
 /// `None` when the line has fewer than 37 or more than 40 fields.
 pub fn criteo_line_to_json(line: &[u8]) -> Option<String> {
@@ -174,24 +205,17 @@ pub fn criteo_line_to_json(line: &[u8]) -> Option<String> {
         return None;
     }
     let mut object = serde_json::Map::new();
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    let label: serde_json::Value = match std::str::from_utf8(fields[0]).ok().and_then(|s| s.parse::<i64>().ok()) {
-        Some(v) => v.into(),
-        None => text(fields[0]).into(),
-    };
+    // The label and integers as the TSV format reads them: `+1`, `01` are no label there.
+    let label = json_value(fields[0], |f| parse_label(f).map(|l| l as i64));
     object.insert("label".into(), label);
     for (k, f) in fields.iter().enumerate().skip(1) {
         if f.is_empty() {
             continue;
         }
         let (name, value) = if k <= NUM_DENSE {
-            let v: serde_json::Value = match std::str::from_utf8(f).ok().and_then(|s| s.parse::<i64>().ok()) {
-                Some(v) => v.into(),
-                None => text(f).into(),
-            };
-            (format!("I{k}"), v)
+            (format!("I{k}"), json_value(f, parse_dense_integer))
         } else {
-            (format!("C{}", k - NUM_DENSE), text(f).into())
+            (format!("C{}", k - NUM_DENSE), json_value(f, |_| None))
         };
         object.insert(name, value);
     }
@@ -227,6 +251,68 @@ mod tests {
             assert_eq!(x.ids, y.ids);
             assert_eq!(x.offsets, y.offsets);
         }
+    }
+
+    /// A valid Criteo TSV line with `label` and `I3` replaced.
+    fn tsv_line(label: &str, i3: &str) -> String {
+        let mut f = vec![label.to_string()];
+        f.extend((1..=13).map(|i| if i == 3 { i3.to_string() } else { (i * 7).to_string() }));
+        f.extend((1..=26).map(|c| format!("{:08x}", c * 7919)));
+        f.join("\t")
+    }
+
+    /// Edge labels and integers: the TSV line and its JSON object (`tiderec produce`) are
+    /// accepted alike, with the same sample, or refused alike, for the same reason and field.
+    #[test]
+    fn tsv_lines_and_their_json_accept_the_same_labels_and_integers() {
+        let (tsv, json) = (CriteoFormat::new(features()).unwrap(), CriteoJsonFormat::new(features()).unwrap());
+        let labels = ["0", "1", "+1", "01", "-0", "+0", "00", "2", "-1", "1.0", " 1", "true", ""];
+        let integers = [
+            "0",
+            "-0",
+            "+5",
+            "007",
+            "-12",
+            "999999999999999999",
+            "-999999999999999999",
+            "1000000000000000000",
+            "1234567890123456789",
+            "9223372036854775807",
+            "-9223372036854775808",
+            "18446744073709551616",
+            "1.5",
+            "1e3",
+            "+",
+            "-",
+            "0x10",
+            "",
+        ];
+        let cases = labels.iter().map(|l| (*l, "4")).chain(integers.iter().map(|i| ("1", *i)));
+        let (mut accepted, mut refused) = (0, 0);
+        for (label, i3) in cases {
+            let line = tsv_line(label, i3);
+            let (mut a, mut b) = (Batch::new(NUM_DENSE, NUM_SPARSE), Batch::new(NUM_DENSE, NUM_SPARSE));
+            let object = criteo_line_to_json(line.as_bytes()).unwrap();
+            let (t, j) = (tsv.parse(line.as_bytes(), &mut a), json.parse(object.as_bytes(), &mut b));
+            assert_eq!(t, j, "label {label:?}, I3 {i3:?}: {object}");
+            assert_eq!((&a.labels, &a.dense), (&b.labels, &b.dense), "label {label:?}, I3 {i3:?}");
+            if t.is_ok() {
+                accepted += 1
+            } else {
+                refused += 1
+            }
+        }
+        assert_eq!((accepted, refused), (10, 21));
+        // JSON records take the integers a TSV line may hold, no more: 18 digits.
+        let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
+        for x in ["1000000000000000000", "-1000000000000000000", "9223372036854775807", "-9223372036854775808"] {
+            let record = format!(r#"{{"label": 1, "I3": {x}}}"#);
+            assert_eq!(json.parse(record.as_bytes(), &mut b), Err((BadReason::BadInteger, Some(3))), "{record}");
+        }
+        json.parse(br#"{"label": 1, "I3": -999999999999999999, "I4": 999999999999999999}"#, &mut b).unwrap();
+        // `""` is an absent value in every field (a zero dense feature), as documented.
+        json.parse(br#"{"label": 0, "I3": ""}"#, &mut b).unwrap();
+        assert_eq!(b.dense[NUM_DENSE + 2], 0.0);
     }
 
     #[test]

@@ -33,10 +33,18 @@
 //!   Files are read with positioned reads (`pread`) into a window of
 //!   [`WINDOW_BYTES`], not memory-mapped: a mapped file truncated by another
 //!   process would kill the reader with `SIGBUS`. Every refill of the window
-//!   checks the file against its length and modification time at open; a
-//!   short read, a smaller file or a new modification time is
-//!   [`SourceError::Changed`] naming the file. (Bytes already in the window
-//!   when the file changes are parsed as they were read.)
+//!   checks the file against its length and modification time at the first
+//!   open, and so does every reopening (below), which also checks that the
+//!   name still leads to the same file (device and inode on Unix); a short
+//!   read, a smaller or larger file, a new modification time, a file removed
+//!   or replaced is [`SourceError::Changed`] naming the file. (Bytes already in
+//!   the window when the file changes are parsed as they were read.)
+//! * **One input file open at a time.** [`LineReader::open_format`] opens each
+//!   file once, to learn its length and align its range, and closes it; a file
+//!   is reopened when one of its ranges is entered and closed when a range of
+//!   another file is entered or the epoch ends. So a reader holds at most one
+//!   descriptor of its inputs, however many files a directory has, and a
+//!   process with many workers and readers stays far below the open-file limit.
 
 use crate::error::SourceError;
 use crate::shuffle::{epoch_ranges, worker_bytes, BlockShuffle, ByteRange};
@@ -71,44 +79,111 @@ impl Default for ReaderOptions {
     }
 }
 
-/// One open file, its length and modification time when opened.
-struct Source {
+/// An input file as this reader first saw it: the reference every later handle on it is
+/// checked against.
+struct FileInfo {
+    /// Where it is (reopened from there for each of its ranges).
+    path: PathBuf,
     /// Name used in bad records and errors.
     name: String,
-    file: File,
-    /// Length at open; bytes beyond it (appended later) are not read.
+    /// Length at the first open; bytes beyond it (appended later) are not read.
     len: usize,
     modified: Option<SystemTime>,
+    /// Device and inode (Unix), so that a file replaced under its name is noticed.
+    identity: Option<(u64, u64)>,
 }
 
-impl Source {
-    fn open(path: &Path) -> Result<Self, SourceError> {
+impl FileInfo {
+    /// Opens `path` and records what the file is; returns the open handle too.
+    fn open(path: &Path) -> Result<(Self, File), SourceError> {
         let io_err = |source| SourceError::Io { path: path.display().to_string(), source };
         let file = File::open(path).map_err(io_err)?;
         let meta = file.metadata().map_err(io_err)?;
         let len = usize::try_from(meta.len()).map_err(|_| {
             SourceError::config("data", format!("{} is larger than this machine's address space", path.display()))
         })?;
-        Ok(Source { name: path.display().to_string(), file, len, modified: meta.modified().ok() })
+        let info = FileInfo {
+            path: path.to_path_buf(),
+            name: path.display().to_string(),
+            len,
+            modified: meta.modified().ok(),
+            identity: identity(&meta),
+        };
+        Ok((info, file))
+    }
+
+    /// Opens the file again; [`SourceError::Changed`] when it is gone or no longer the file
+    /// first opened (another length, modification time or inode).
+    fn reopen(&self) -> Result<File, SourceError> {
+        let changed = |reason: String| SourceError::Changed { path: self.name.clone(), reason };
+        let io_err = |source| SourceError::Io { path: self.name.clone(), source };
+        let file = File::open(&self.path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => changed("it was removed or renamed".into()),
+            _ => io_err(e),
+        })?;
+        let meta = file.metadata().map_err(io_err)?;
+        let len = meta.len();
+        if len < self.len as u64 {
+            return Err(changed(format!("it shrank from {} to {len} bytes", self.len)));
+        }
+        if len > self.len as u64 {
+            return Err(changed(format!("it was modified (it grew from {} to {len} bytes)", self.len)));
+        }
+        if identity(&meta) != self.identity {
+            return Err(changed("it was replaced by another file".into()));
+        }
+        if meta.modified().ok() != self.modified {
+            return Err(changed("it was modified".into()));
+        }
+        Ok(file)
+    }
+}
+
+/// The device and inode of a file (Unix only).
+fn identity(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some((meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        None
+    }
+}
+
+/// An open handle on an input file, read against what the file was at the first open.
+#[derive(Clone, Copy)]
+struct Source<'a> {
+    info: &'a FileInfo,
+    file: &'a File,
+}
+
+impl Source<'_> {
+    /// The file's length at the first open.
+    fn len(&self) -> usize {
+        self.info.len
     }
 
     /// Fills `buf` with the bytes at `offset` (all of them below `len`); a short read or
     /// a file that no longer has its length or modification time is [`SourceError::Changed`].
     fn read_exact_at(&self, buf: &mut [u8], offset: usize) -> Result<(), SourceError> {
-        let changed = |reason: String| SourceError::Changed { path: self.name.clone(), reason };
-        read_at(&self.file, buf, offset as u64).map_err(|e| match e.kind() {
+        let name = &self.info.name;
+        let changed = |reason: String| SourceError::Changed { path: name.clone(), reason };
+        read_at(self.file, buf, offset as u64).map_err(|e| match e.kind() {
             std::io::ErrorKind::UnexpectedEof => changed(format!(
                 "it ended before byte {} of the {} it had when opened (truncated?)",
                 offset + buf.len(),
-                self.len
+                self.len()
             )),
-            _ => SourceError::Io { path: self.name.clone(), source: e },
+            _ => SourceError::Io { path: name.clone(), source: e },
         })?;
-        let meta = self.file.metadata().map_err(|source| SourceError::Io { path: self.name.clone(), source })?;
-        if (meta.len() as usize) < self.len {
-            return Err(changed(format!("it shrank from {} to {} bytes", self.len, meta.len())));
+        let meta = self.file.metadata().map_err(|source| SourceError::Io { path: name.clone(), source })?;
+        if (meta.len() as usize) < self.len() {
+            return Err(changed(format!("it shrank from {} to {} bytes", self.len(), meta.len())));
         }
-        if meta.modified().ok() != self.modified {
+        if meta.modified().ok() != self.info.modified {
             return Err(changed("it was modified".into()));
         }
         Ok(())
@@ -117,18 +192,18 @@ impl Source {
     /// The first line start at or after `pos`: `pos` itself if it is 0, the end of the file, or
     /// just after a `\n`; otherwise the byte after the next `\n`. Reads as needed.
     fn align_to_line(&self, pos: usize, scratch: &mut Vec<u8>) -> Result<usize, SourceError> {
-        if pos == 0 || pos >= self.len {
-            return Ok(pos.min(self.len));
+        if pos == 0 || pos >= self.len() {
+            return Ok(pos.min(self.len()));
         }
-        Ok(self.find_newline(pos - 1, scratch)?.map_or(self.len, |i| i + 1))
+        Ok(self.find_newline(pos - 1, scratch)?.map_or(self.len(), |i| i + 1))
     }
 
     /// Offset of the first `\n` at or after `from`, if any. Reads 4 KiB first, then twice
     /// as much each time up to [`WINDOW_BYTES`] (a line is usually found in the first read).
     fn find_newline(&self, mut from: usize, scratch: &mut Vec<u8>) -> Result<Option<usize>, SourceError> {
         let mut chunk = 4096;
-        while from < self.len {
-            let n = (self.len - from).min(chunk);
+        while from < self.len() {
+            let n = (self.len() - from).min(chunk);
             scratch.resize(n, 0);
             self.read_exact_at(scratch, from)?;
             if let Some(i) = memchr::memchr(b'\n', scratch) {
@@ -168,6 +243,21 @@ impl Source {
     }
 }
 
+/// The handle `held` keeps, made that of file `index` (described by `info`): the one held
+/// when it is that file's, else — after the one held is closed — the file reopened and
+/// checked against `info` ([`FileInfo::reopen`]). So a reader holds at most one file open.
+fn hold<'a>(held: &'a mut Option<(usize, File)>, index: usize, info: &'a FileInfo) -> Result<Source<'a>, SourceError> {
+    let file = match held.take() {
+        Some((i, file)) if i == index => file,
+        previous => {
+            drop(previous);
+            info.reopen()?
+        }
+    };
+    let (_, file) = held.insert((index, file));
+    Ok(Source { info, file })
+}
+
 /// Positioned read of all of `buf` at `offset`; `UnexpectedEof` when the file ends first.
 fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
     #[cfg(unix)]
@@ -185,10 +275,8 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
 
 /// One file and this reader's byte range in it.
 struct FileRange {
-    /// The file; `None` for an empty one.
-    source: Option<Source>,
-    /// Name used in bad records.
-    name: String,
+    /// The file as first opened (it is open only while one of its ranges is read).
+    info: FileInfo,
     /// First byte of the first line of the range.
     start: usize,
     /// One past the last byte at which a line of this range may start.
@@ -214,7 +302,7 @@ struct Entered {
 impl FileRange {
     /// The whole file's length in bytes.
     fn len(&self) -> usize {
-        self.source.as_ref().map_or(0, |s| s.len)
+        self.info.len
     }
 }
 
@@ -229,8 +317,8 @@ struct Window {
 impl Window {
     /// Makes the window hold `[pos, min(pos + want, len))` of `source` (file number `file`),
     /// keeping the bytes it already holds from `pos` on.
-    fn fill(&mut self, file: usize, source: &Source, pos: usize, want: usize) -> Result<(), SourceError> {
-        let upto = source.len.min(pos.saturating_add(want));
+    fn fill(&mut self, file: usize, source: Source<'_>, pos: usize, want: usize) -> Result<(), SourceError> {
+        let upto = source.len().min(pos.saturating_add(want));
         let held_end = self.offset + self.buf.len();
         let keep = if self.file == file && self.offset <= pos && pos <= held_end {
             self.buf.copy_within(pos - self.offset.., 0);
@@ -286,6 +374,9 @@ pub struct LineReader<F> {
     plan: Vec<ByteRange>,
     /// Index into `plan` of the range being read.
     cur: usize,
+    /// The open handle of the file of the range being read (or last read), with the file's
+    /// index: the only input file this reader holds open.
+    held: Option<(usize, File)>,
     /// The range `plan[cur]` line-aligned, once reading it began.
     entered: Option<Entered>,
     /// Byte position of the next line in the current range's file.
@@ -364,6 +455,7 @@ impl<F: LineFormat> LineReader<F> {
             epoch: 0,
             plan: Vec::new(),
             cur: 0,
+            held: None,
             entered: None,
             pos: 0,
             lines_in_range: 0,
@@ -392,14 +484,14 @@ impl<F: LineFormat> LineReader<F> {
         workers: usize,
         scratch: &mut Vec<u8>,
     ) -> Result<FileRange, SourceError> {
-        let source = Source::open(path)?;
-        let len = source.len;
-        let bytes = worker_bytes(len as u64, span, worker, workers);
+        let (info, file) = FileInfo::open(path)?;
+        let source = Source { info: &info, file: &file };
+        let bytes = worker_bytes(info.len as u64, span, worker, workers);
         let start = source.align_to_line(bytes.start as usize, scratch)?;
         let end = source.align_to_line(bytes.end as usize, scratch)?;
-        let name = source.name.clone();
-        let newlines = BTreeMap::new();
-        Ok(FileRange { source: (len > 0).then_some(source), name, start, end, newlines, base: 0 })
+        // Closed until one of its ranges is read: a reader holds one input file open at a time.
+        drop(file);
+        Ok(FileRange { info, start, end, newlines: BTreeMap::new(), base: 0 })
     }
 
     /// Starts over from the beginning of this reader's ranges in the next epoch (shuffled
@@ -420,6 +512,7 @@ impl<F: LineFormat> LineReader<F> {
         self.epoch = epoch;
         self.plan = epoch_ranges(&sizes, self.span, self.worker, self.workers, epoch, self.shuffle);
         self.cur = 0;
+        self.held = None;
         self.entered = None;
         self.pos = 0;
         self.lines_in_range = 0;
@@ -432,12 +525,15 @@ impl<F: LineFormat> LineReader<F> {
             return Ok(entered);
         }
         let range = &self.plan[self.cur];
-        let (start, end) = match &self.files[range.file].source {
-            Some(s) => (
+        let info = &self.files[range.file].info;
+        let (start, end) = if info.len == 0 {
+            (0, 0)
+        } else {
+            let s = hold(&mut self.held, range.file, info)?;
+            (
                 s.align_to_line(range.bytes.start as usize, &mut self.scratch)?,
                 s.align_to_line(range.bytes.end as usize, &mut self.scratch)?,
-            ),
-            None => (0, 0),
+            )
         };
         self.pos = start;
         self.lines_in_range = 0;
@@ -452,7 +548,8 @@ impl<F: LineFormat> LineReader<F> {
         self.cur += 1;
         self.lines_in_range = 0;
         if self.cur == self.plan.len() {
-            // End of the epoch: make the dead letters durable.
+            // End of the epoch: close the last file, make the dead letters durable.
+            self.held = None;
             if let Some(sink) = self.dead_letters.as_deref_mut() {
                 sink.flush().map_err(|source| SourceError::DeadLetter { source })?;
             }
@@ -558,6 +655,7 @@ impl<F: LineFormat> LineReader<F> {
             lines_read,
             plan,
             cur,
+            held,
             pos,
             lines_in_range,
             window,
@@ -567,9 +665,12 @@ impl<F: LineFormat> LineReader<F> {
             ..
         } = self;
         let file_index = plan[*cur].file;
-        let file = &mut files[file_index];
-        let Some(source) = file.source.as_ref() else { return Ok(0) };
-        let (len, end) = (source.len, range.end);
+        let FileRange { info, newlines, base: file_base, .. } = &mut files[file_index];
+        if info.len == 0 {
+            return Ok(0);
+        }
+        let source = hold(held, file_index, info)?;
+        let (len, end) = (source.len(), range.end);
         let max_line = options.max_line_bytes;
         // A line is found within `need` bytes of its start (+1 for a '\r', +1 for the '\n').
         let need = max_line.saturating_add(2);
@@ -618,16 +719,15 @@ impl<F: LineFormat> LineReader<F> {
             }
             let result = if too_long { Err((BadReason::TooLong, None)) } else { format.parse(line, out) };
             let start = range.start;
-            let newlines = &mut file.newlines;
             let mut base = |known: &mut Option<u64>, scratch: &mut Vec<u8>| match *known {
                 Some(n) => Ok(n),
-                None => source.newlines_before(start, newlines, scratch).map(|n| *known.insert(n)),
+                None => source.newlines_before(start, &mut *newlines, scratch).map(|n| *known.insert(n)),
             };
             let Err((reason, field)) = result else {
                 appended += 1;
                 good += 1;
                 if let Some(starts) = line_starts.as_mut() {
-                    starts.push(file.base + line_start as u64);
+                    starts.push(*file_base + line_start as u64);
                 }
                 if let Some(positions) = positions.as_mut() {
                     match base(&mut range.newlines_before, scratch) {
@@ -646,7 +746,7 @@ impl<F: LineFormat> LineReader<F> {
             };
             let raw_len = if too_long { line.len().min(MAX_RAW_BYTES) } else { line.len() };
             let record = BadRecord {
-                source: file.name.clone(),
+                source: info.name.clone(),
                 line: base + lines,
                 byte_offset: line_start as u64,
                 reason,
@@ -789,7 +889,8 @@ mod tests {
         let data = b"ab\ncd\n\nef\r\nlonger line\n\n\nz";
         let path = dir.path().join("a.txt");
         std::fs::write(&path, data).unwrap();
-        let source = Source::open(&path).unwrap();
+        let (info, file) = FileInfo::open(&path).unwrap();
+        let source = Source { info: &info, file: &file };
         let mut scratch = Vec::new();
         for pos in 0..=data.len() + 2 {
             assert_eq!(source.align_to_line(pos, &mut scratch).unwrap(), align_to_line(data, pos), "at {pos}");
@@ -886,5 +987,91 @@ mod tests {
         std::io::Write::write_all(&mut f, line(7).as_bytes()).unwrap();
         let e = read_all(&mut reader).unwrap_err().to_string();
         assert!(e.contains("modified"), "an append changes the file too: {e}");
+    }
+
+    /// Descriptors this process holds open on files under `dir` (`None` without `/proc`).
+    fn open_under(dir: &Path) -> Option<usize> {
+        let fds = std::fs::read_dir("/proc/self/fd").ok()?;
+        Some(fds.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok()).filter(|t| t.starts_with(dir)).count())
+    }
+
+    /// Writes `count` one-line Criteo files `part-NNNNN` into `dir`; returns their paths.
+    fn part_files(dir: &Path, count: usize) -> Vec<PathBuf> {
+        let path = |i: usize| dir.join(format!("part-{i:05}"));
+        (0..count).map(|i| std::fs::write(path(i), line(i) + "\n").map(|()| path(i)).unwrap()).collect()
+    }
+
+    /// A directory of 300 part files read by up to 3 workers (a process would need a
+    /// descriptor per file and reader if readers kept their files open): each reader
+    /// holds at most one of them open, at any point of a plain or a shuffled epoch,
+    /// and the workers read every line exactly once per epoch.
+    #[test]
+    fn a_reader_holds_one_input_file_open_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let paths = part_files(&root, 300);
+        let Some(before) = open_under(&root) else { return };
+        assert_eq!(before, 0);
+        let sizes: Vec<u64> = paths.iter().map(|p| std::fs::metadata(p).unwrap().len()).collect();
+        let want: Vec<u64> = sizes.iter().scan(0, |at, &len| Some(std::mem::replace(at, *at + len))).collect();
+        let shuffle = BlockShuffle::new(5, Some(4096)).unwrap();
+        let config = || CriteoConfig::new(CriteoFeatures::uniform(1000, 3));
+        for workers in 1..=3 {
+            let mut readers: Vec<CriteoReader> = (0..workers)
+                .map(|w| CriteoReader::open(&paths, w, workers, config(), None).unwrap().with_shuffle(Some(shuffle)))
+                .collect();
+            assert_eq!(open_under(&root), Some(0), "opening a reader leaves no file open");
+            for epoch in 0..3 {
+                let mut starts = Vec::new();
+                let mut out = Batch::new(NUM_DENSE, NUM_SPARSE);
+                for reader in &mut readers {
+                    reader.record_line_starts();
+                    while reader.next_batch(&mut out, 1).unwrap() > 0 {
+                        let open = open_under(&root).unwrap();
+                        assert!(open <= workers, "{workers} readers hold {open} files open (epoch {epoch})");
+                    }
+                    starts.extend(reader.take_line_starts());
+                    reader.rewind();
+                }
+                assert_eq!(open_under(&root), Some(0), "a finished epoch leaves no file open");
+                assert_eq!(sorted(starts), want, "{workers} workers, epoch {epoch}: every line once");
+            }
+        }
+    }
+
+    /// A file is reopened for each of its ranges: removed, replaced under its name (same
+    /// length and modification time) or appended to since it was first opened is an error
+    /// naming it, as a change under an open handle is.
+    #[test]
+    fn a_file_changed_while_closed_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = part_files(dir.path(), 3);
+        let open = || CriteoReader::open(&paths, 0, 1, CriteoConfig::new(CriteoFeatures::uniform(1000, 3)), None);
+        let text = std::fs::read(&paths[1]).unwrap();
+        // Every version of the file gets this modification time.
+        let modified = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let replace = |with: &[u8]| {
+            let tmp = dir.path().join("tmp");
+            std::fs::write(&tmp, with).unwrap();
+            std::fs::File::options().write(true).open(&tmp).unwrap().set_modified(modified).unwrap();
+            std::fs::rename(&tmp, &paths[1]).unwrap();
+        };
+        let other: Vec<u8> = text.iter().map(|&b| if b == b'0' { b'1' } else { b }).collect();
+        for what in ["removed", "replaced", "modified"] {
+            replace(&text);
+            let mut reader = open().unwrap();
+            match what {
+                "removed" => std::fs::remove_file(&paths[1]).unwrap(),
+                "replaced" => replace(&other),
+                _ => {
+                    let mut f = std::fs::OpenOptions::new().append(true).open(&paths[1]).unwrap();
+                    std::io::Write::write_all(&mut f, b"1\n").unwrap();
+                }
+            }
+            let e = read_all(&mut reader).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, SourceError::Changed { .. }), "{what}: {msg}");
+            assert!(msg.contains("part-00001") && msg.contains(what), "{what}: {msg}");
+        }
     }
 }

@@ -5,7 +5,8 @@
 //! first byte lies. Epoch 0 reads these ranges in file order. With a
 //! [`BlockShuffle`], every epoch after the first cuts each of the worker's ranges
 //! into blocks of [`BlockShuffle::block_bytes`] bytes, or of [`auto_block_bytes`] of the
-//! worker's share when not given (the last one of a range may
+//! worker's share when not given, longer when the share would have more than
+//! [`MAX_BLOCKS`] of them ([`share_block_bytes`]; the last one of a range may
 //! be shorter) and visits all of the worker's blocks, over all its files, in a
 //! permutation of the shuffle's seed, the epoch and the worker ([`epoch_ranges`]).
 //!
@@ -24,6 +25,9 @@
 //!   read it.
 //! * **Epoch 0 is file order**, shuffle or not: the same ranges, in the same
 //!   order, as without a shuffle.
+//! * **Bounded plans.** An epoch's plan has at most [`MAX_BLOCKS`] blocks plus
+//!   one per file, whatever the file sizes say (a damaged size in a converted
+//!   file's metadata must not make a plan larger than memory).
 
 use crate::error::SourceError;
 use std::ops::Range;
@@ -41,10 +45,24 @@ pub const MIN_AUTO_BLOCK_BYTES: u64 = 64 * 1024;
 /// shuffled epoch of large files near the replay speed of file order.
 pub const MAX_AUTO_BLOCK_BYTES: u64 = 16 << 20;
 
+/// The most blocks a worker's share is cut into (plus one per file, for the last, shorter
+/// block of each range): a share that would have more gets longer blocks. Some 25 MB of
+/// plan at most; 4 KiB blocks reach it at a 4 GiB share, the automatic size at 16 TiB.
+pub const MAX_BLOCKS: u64 = 1 << 20;
+
 /// The automatic block size of a share of `share_bytes`: `share_bytes / AUTO_BLOCKS`
 /// within [`MIN_AUTO_BLOCK_BYTES`, `MAX_AUTO_BLOCK_BYTES`].
 pub fn auto_block_bytes(share_bytes: u64) -> u64 {
     (share_bytes / AUTO_BLOCKS).clamp(MIN_AUTO_BLOCK_BYTES, MAX_AUTO_BLOCK_BYTES)
+}
+
+/// The block size of a share of `share_bytes` cut into blocks of `block_bytes` (`None`: the
+/// [automatic size](auto_block_bytes)): that size, or `⌈share_bytes / MAX_BLOCKS⌉` when longer.
+/// (`share_bytes` is wide enough for the sum of any ranges.)
+pub fn share_block_bytes(share_bytes: u128, block_bytes: Option<u64>) -> u64 {
+    let wanted = block_bytes.unwrap_or_else(|| auto_block_bytes(u64::try_from(share_bytes).unwrap_or(u64::MAX)));
+    let least = u64::try_from(share_bytes.div_ceil(u128::from(MAX_BLOCKS))).unwrap_or(u64::MAX);
+    wanted.max(least)
 }
 
 /// The shuffle of the epochs after the first: blocks of `block_bytes` (or of
@@ -161,8 +179,8 @@ pub fn epoch_ranges(
     let ranges = worker_ranges(file_bytes, span, worker, workers);
     match shuffle {
         Some(s) if epoch > 0 => {
-            let share: u64 = ranges.iter().map(|r| r.bytes.end.saturating_sub(r.bytes.start)).sum();
-            let blocks = cut_blocks(&ranges, s.block_bytes.unwrap_or_else(|| auto_block_bytes(share)));
+            let share: u128 = ranges.iter().map(|r| u128::from(r.bytes.end - r.bytes.start)).sum();
+            let blocks = cut_blocks(&ranges, share_block_bytes(share, s.block_bytes));
             block_order(blocks.len(), epoch, s.seed, worker).into_iter().map(|i| blocks[i].clone()).collect()
         }
         _ => ranges,
@@ -232,6 +250,33 @@ mod tests {
             assert_ne!(e1, cut_blocks(&ranges, 1000), "epoch 1 is shuffled");
             e1.sort_by_key(|b| (b.file, b.bytes.start));
             assert_eq!(e1, cut_blocks(&ranges, 1000), "and visits every block once");
+        }
+    }
+
+    /// However large the files say they are, a shuffled epoch has at most `MAX_BLOCKS`
+    /// blocks (plus one per file) that still partition the worker's ranges; below that
+    /// the block size is the one asked for.
+    #[test]
+    fn a_shuffled_plan_has_a_bounded_number_of_blocks() {
+        assert_eq!(share_block_bytes(4 << 30, Some(4096)), 4096, "a 4 GiB share of 4 KiB blocks");
+        assert_eq!(share_block_bytes((4 << 30) + 1, Some(4096)), 4097);
+        assert_eq!(share_block_bytes(16 << 40, None), MAX_AUTO_BLOCK_BYTES, "16 TiB of automatic blocks");
+        assert_eq!(share_block_bytes((16 << 40) + 1, None), MAX_AUTO_BLOCK_BYTES + 1);
+        assert_eq!(share_block_bytes(2_422_799, None), MIN_AUTO_BLOCK_BYTES);
+        let cases =
+            [(vec![1u64 << 60], 1, Some(4096)), (vec![1 << 50, 3, 1 << 40], 2, None), (vec![u64::MAX; 2], 3, None)];
+        for (files, workers, block) in cases {
+            let s = BlockShuffle::new(9, block).unwrap();
+            let ranges = worker_ranges(&files, (0.0, 1.0), 0, workers);
+            let mut plan = epoch_ranges(&files, (0.0, 1.0), 0, workers, 1, Some(s));
+            assert!(plan.len() as u64 <= MAX_BLOCKS + files.len() as u64, "{files:?}: {} blocks", plan.len());
+            plan.sort_by_key(|b| (b.file, b.bytes.start));
+            for r in ranges.iter().filter(|r| !r.bytes.is_empty()) {
+                let blocks: Vec<_> = plan.iter().filter(|b| b.file == r.file).collect();
+                assert_eq!(blocks.first().map(|b| b.bytes.start), Some(r.bytes.start));
+                assert_eq!(blocks.last().map(|b| b.bytes.end), Some(r.bytes.end));
+                assert!(blocks.windows(2).all(|p| p[0].bytes.end == p[1].bytes.start), "{files:?}");
+            }
         }
     }
 

@@ -7,10 +7,15 @@
 //! sample in `../shared/data`) is a [`BadReason::FieldCount`], a non-numeric
 //! id or timestamp a [`BadReason::BadInteger`], and a behaviour other than
 //! `pv`, `buy`, `cart` or `fav` a [`BadReason::BadLabel`], and a line longer
-//! than the limit a [`BadReason::TooLong`] (read no further than the limit, so
-//! a file without line breaks cannot fill the memory); each is counted and
-//! goes to the dead-letter sink (or stops the read under `fail`). Empty lines,
-//! `\r\n` ones too, are skipped.
+//! than the limit a [`BadReason::TooLong`] (kept no further than the limit or
+//! [`MAX_RAW_BYTES`], whichever is more, so a file without line breaks cannot
+//! fill the memory); each is counted and goes to the dead-letter sink (or
+//! stops the read under `fail`). Empty lines, `\r\n` ones too, are skipped.
+//!
+//! Lines are measured and kept as the line readers ([`crate::lines`]) do: the
+//! limit is on a line without its `\r\n` or `\n` (a CRLF line of exactly the
+//! limit is read), a bad line's raw bytes are the whole line without its
+//! terminator, and an over-long line's the first [`MAX_RAW_BYTES`] of it.
 //!
 //! [`derive_samples`] feeds the events, in chunks, through the
 //! differential [`BehaviorSamples`] operator and lays the resulting samples
@@ -19,6 +24,7 @@
 //! history categories]`, ids hashed into the user, item and category tables
 //! (history items share the item table, so they share rows with targets).
 
+use crate::lines::MAX_RAW_BYTES;
 use crate::SourceError;
 use differential_dataflow::input::InputSession;
 use std::io::BufRead;
@@ -48,30 +54,49 @@ pub fn parse_behavior_row(line: &[u8], seq: u64) -> Result<BehaviorEvent, (BadRe
     Ok(BehaviorEvent { time, seq, user, item, category })
 }
 
-/// Reads the next line of `reader` into `line` (without its `\n`), keeping at most
-/// `max` bytes of it: the bytes the line took in the file, and whether it was longer
-/// than `max` (the rest of it read and dropped). 0 bytes: the end of the file.
-fn read_line_bounded(reader: &mut impl BufRead, line: &mut Vec<u8>, max: usize) -> std::io::Result<(u64, bool)> {
+/// Reads the next line of `reader` into `line` (without its `\n`), keeping its first
+/// `keep` bytes (the rest read and dropped): returns the bytes the line took in the file
+/// (0: the end of the file) and its length without the `\n`.
+fn read_line_bounded(reader: &mut impl BufRead, line: &mut Vec<u8>, keep: usize) -> std::io::Result<(u64, u64)> {
     line.clear();
-    let (mut taken, mut too_long) = (0u64, false);
+    let (mut taken, mut len) = (0u64, 0u64);
     loop {
         let buf = reader.fill_buf()?;
         if buf.is_empty() {
-            return Ok((taken, too_long));
+            return Ok((taken, len));
         }
         let (chunk, newline) = match buf.iter().position(|&b| b == b'\n') {
             Some(i) => (&buf[..i], true),
             None => (buf, false),
         };
-        let room = max.saturating_sub(line.len());
-        too_long |= chunk.len() > room;
+        let room = keep.saturating_sub(line.len());
         line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        len += chunk.len() as u64;
         let used = chunk.len() + usize::from(newline);
         reader.consume(used);
         taken += used as u64;
         if newline {
-            return Ok((taken, too_long));
+            return Ok((taken, len));
         }
+    }
+}
+
+/// The line of `len` bytes (without its `\n`) whose first bytes are `head`, without a final
+/// `\r` when `head` is all of it: what the limit applies to, as in [`crate::lines`]. A line
+/// cut short is over the limit when `head` holds more than the limit plus a `\r`.
+fn line_body(head: &[u8], len: u64) -> (&[u8], u64) {
+    match head.strip_suffix(b"\r") {
+        Some(body) if head.len() as u64 == len => (body, len - 1),
+        _ => (head, len),
+    }
+}
+
+/// A bad line's raw bytes in its record: all of `body`, or the head of an over-long one.
+fn raw_bytes(body: &[u8], too_long: bool) -> &[u8] {
+    if too_long {
+        &body[..body.len().min(MAX_RAW_BYTES)]
+    } else {
+        body
     }
 }
 
@@ -85,18 +110,21 @@ pub fn read_user_behavior(
 ) -> Result<(Vec<BehaviorEvent>, BadRecordCounts), SourceError> {
     let mut events = Vec::new();
     let mut counts = BadRecordCounts::default();
+    // Enough to see whether a line is over the limit (its `\r` included), and a bad one's raw head.
+    let keep = max_line_bytes.saturating_add(1).max(MAX_RAW_BYTES);
     for path in paths {
         let io_err = |source| SourceError::Io { path: path.display().to_string(), source };
         let file = std::fs::File::open(path).map_err(io_err)?;
         let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
         let (mut line, mut number, mut offset) = (Vec::new(), 0u64, 0u64);
         loop {
-            let (n, too_long) = read_line_bounded(&mut reader, &mut line, max_line_bytes).map_err(io_err)?;
+            let (n, len) = read_line_bounded(&mut reader, &mut line, keep).map_err(io_err)?;
             if n == 0 {
                 break;
             }
             number += 1;
-            let body = line.strip_suffix(b"\r").unwrap_or(&line);
+            let (body, body_len) = line_body(&line, len);
+            let too_long = body_len > max_line_bytes as u64;
             if !body.is_empty() || too_long {
                 let parsed = if too_long {
                     Err((BadReason::TooLong, None))
@@ -112,7 +140,7 @@ pub fn read_user_behavior(
                             byte_offset: offset,
                             reason,
                             field,
-                            raw: body[..body.len().min(1024)].to_vec(),
+                            raw: raw_bytes(body, too_long).to_vec(),
                         };
                         if policy == BadRecordPolicy::Fail {
                             return Err(SourceError::BadRecord(record));
@@ -219,7 +247,39 @@ mod tests {
             dead.records.iter().map(|r| (r.line, r.byte_offset, r.reason, r.raw.len())).collect();
         let second = (text.find(&long).unwrap()) as u64;
         let last = text.rfind(&long).unwrap() as u64;
-        assert_eq!(got, [(3, second, BadReason::TooLong, 100), (6, last, BadReason::TooLong, 100)]);
+        let raw = MAX_RAW_BYTES;
+        assert_eq!(got, [(3, second, BadReason::TooLong, raw), (6, last, BadReason::TooLong, raw)]);
+    }
+
+    /// Reads `text` as one file with limit `max`: the good rows' users and the bad ones'
+    /// `(line, reason, raw length)`.
+    fn read_text(text: &[u8], max: usize) -> (Vec<u64>, Vec<(u64, BadReason, usize)>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("behavior.csv");
+        std::fs::write(&path, text).unwrap();
+        let mut dead = tiderec_records::bad_record::MemoryDeadLetters::default();
+        let (events, _) =
+            read_user_behavior(std::slice::from_ref(&path), BadRecordPolicy::Skip, max, Some(&mut dead)).unwrap();
+        let bad = dead.records.iter().map(|r| (r.line, r.reason, r.raw.len())).collect();
+        (events.iter().map(|e| e.user).collect(), bad)
+    }
+
+    /// As for the line readers: the limit is on a line without its `\r\n` (a CRLF row of
+    /// exactly the limit is read, also at the end of the file), a bad line keeps all its
+    /// bytes and an over-long one its first `MAX_RAW_BYTES`.
+    #[test]
+    fn the_limit_excludes_the_crlf_and_raw_bytes_are_kept_as_the_line_readers_keep_them() {
+        // Rows of exactly 10 bytes, one of 11, then one of 10 with a CR and no final newline.
+        let (users, bad) = read_text(b"1,2,3,pv,5\r\n2,2,3,pv,5\n3,2,3,pv,55\r\n4,2,3,pv,55\n5,2,3,pv,5\r", 10);
+        assert_eq!(users, [1, 2, 5]);
+        assert_eq!(bad, [(3, BadReason::TooLong, 11), (4, BadReason::TooLong, 11)]);
+        // A bad row longer than MAX_RAW_BYTES but within the limit keeps all of it; an
+        // over-long row its head.
+        let long_bad = format!("1,2,3,{},5\r\n", "x".repeat(6000));
+        let too_long = format!("1,2,3,pv,{}\r\n", "9".repeat(20_000));
+        let (users, bad) = read_text(format!("{long_bad}{too_long}").as_bytes(), 10_000);
+        assert!(users.is_empty());
+        assert_eq!(bad, [(1, BadReason::BadLabel, long_bad.len() - 2), (2, BadReason::TooLong, MAX_RAW_BYTES)]);
     }
 
     #[test]

@@ -233,6 +233,10 @@ fn files_get_their_names_only_when_the_writer_finishes() {
     // Dropped without finishing (as a killed process leaves it): still no `*.parquet` file.
     drop(w);
     assert!(names(dir.path()).iter().all(|n| n.starts_with('.')));
+    // The next writer into the directory removes what the killed one left.
+    let description = SchemaDescription::criteo(&criteo_features().table_sizes, SEED);
+    let files = write(dir.path(), description, &batches[..1], options(500, Some(1000)));
+    assert_eq!((names(dir.path()), files.len()), (vec!["part-00000.parquet".to_string()], 1));
 
     let done = tempfile::tempdir().unwrap();
     let files = write(
@@ -432,11 +436,13 @@ fn the_writer_refuses_line_starts_that_decrease_or_lie_past_the_input() {
 }
 
 /// Rewrites the one file of `dir` with the parquet crate, its `_line_start`
-/// column changed by `change` (row groups, schema and metadata kept).
-fn rewrite_line_starts(dir: &std::path::Path, row_group_rows: usize, change: impl Fn(&mut Vec<u64>)) {
+/// column changed by `change` (row groups, schema and metadata kept), with column
+/// statistics or without.
+fn rewrite_line_starts(dir: &std::path::Path, row_group_rows: usize, statistics: bool, change: impl Fn(&mut Vec<u64>)) {
     use arrow_array::cast::AsArray;
     use arrow_array::types::UInt64Type;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::properties::EnabledStatistics;
     use tiderec_sources::parquet::schema::LINE_START_COLUMN;
     let path = std::fs::read_dir(dir).unwrap().next().unwrap().unwrap().path();
     let builder = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap()).unwrap();
@@ -450,6 +456,7 @@ fn rewrite_line_starts(dir: &std::path::Path, row_group_rows: usize, change: imp
     let props = parquet::file::properties::WriterProperties::builder()
         .set_key_value_metadata(metadata)
         .set_max_row_group_row_count(Some(row_group_rows))
+        .set_statistics_enabled(if statistics { EnabledStatistics::Chunk } else { EnabledStatistics::None })
         .build();
     let mut w = ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema.clone(), Some(props)).unwrap();
     let mut used = 0;
@@ -474,6 +481,62 @@ fn three_row_groups_of_lines() -> tempfile::TempDir {
     dir
 }
 
+/// Rewrites the one file of `dir` with its description's `lines.file_bytes` set to
+/// `file_bytes` (rows, row groups of `row_group_rows` and the rest of the metadata kept),
+/// as a damaged or crafted file would have them.
+fn rewrite_file_bytes(dir: &std::path::Path, row_group_rows: usize, file_bytes: &[u64]) {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::metadata::KeyValue;
+    let path = std::fs::read_dir(dir).unwrap().next().unwrap().unwrap().path();
+    let builder = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap()).unwrap();
+    let text = builder.metadata().file_metadata().key_value_metadata().unwrap()[0].value.clone().unwrap();
+    let mut description: serde_json::Value = serde_json::from_str(&text).unwrap();
+    description["lines"]["file_bytes"] = serde_json::json!(file_bytes);
+    let batches: Vec<RecordBatch> = builder.build().unwrap().map(Result::unwrap).collect();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(Some(vec![KeyValue::new(METADATA_KEY.to_string(), description.to_string())]))
+        .set_max_row_group_row_count(Some(row_group_rows))
+        .build();
+    let schema = batches[0].schema();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, Some(props)).unwrap();
+    for b in &batches {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// Input sizes in a file's metadata that no input can have are refused when the dataset
+/// is opened, naming the file: past 1 PiB (a shuffled epoch would be cut into some 2^36
+/// blocks and abort), adding up past 2^64 (the split's byte arithmetic would wrap), or
+/// below the rows' own positions. At the bound, a shuffled epoch reads every row.
+#[test]
+fn line_source_sizes_that_no_input_has_are_refused_naming_the_file() {
+    use tiderec_sources::parquet::schema::MAX_INPUT_BYTES;
+    let cases: [(&[u64], &str); 3] = [
+        (&[1 << 60], "add up to 1152921504606846976 bytes"),
+        (&[u64::MAX, 5_000], "add up to over 2^64 bytes"),
+        (&[1_000], "(row group 0): the statistics of `_line_start` reach byte 1500, past the 1000 bytes"),
+    ];
+    for (file_bytes, want) in cases {
+        let dir = three_row_groups_of_lines();
+        rewrite_file_bytes(dir.path(), 16, file_bytes);
+        let e = err_text(ParquetDataset::open_dir(dir.path()).unwrap_err());
+        assert!(e.contains("part-00000.parquet") && e.contains(want), "{file_bytes:?}: {e}");
+    }
+    let dir = three_row_groups_of_lines();
+    rewrite_file_bytes(dir.path(), 16, &[MAX_INPUT_BYTES]);
+    let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
+    let shuffle = tiderec_sources::shuffle::BlockShuffle::new(3, Some(4096)).unwrap();
+    let mut r =
+        ParquetReader::new(dataset, (0.0, 1.0), 0, 1, SEED, vec![100; NUM_SPARSE]).unwrap().with_shuffle(Some(shuffle));
+    let mut b = tiderec_records::Batch::new(NUM_DENSE, NUM_SPARSE);
+    for epoch in 0..2 {
+        b.clear();
+        assert_eq!(r.next_batch(&mut b, 100).unwrap(), 48, "epoch {epoch}");
+        r.rewind();
+    }
+}
+
 #[test]
 fn a_line_start_column_that_decreases_is_an_error_naming_the_row_group() {
     let dir = three_row_groups_of_lines();
@@ -484,13 +547,18 @@ fn a_line_start_column_that_decreases_is_an_error_naming_the_row_group() {
     };
     open(2).unwrap();
     // Rows 20 and 21 of row group 1 swapped: its first position and minimum stay.
-    rewrite_line_starts(dir.path(), 16, |s| s.swap(20, 21));
+    rewrite_line_starts(dir.path(), 16, true, |s| s.swap(20, 21));
     let e = err_text(open(2).unwrap_err());
     assert!(e.contains("part-00000.parquet (row group 1)"), "{e}");
     assert!(e.contains("decreases at row 5 of the row group (2000 after 2100)"), "{e}");
-    // Row group 1's last row past the 5,000 bytes of the input: in no worker's range.
+    // Row group 1's last row past the 5,000 bytes of the input: in no worker's range. Its
+    // statistics say so when the dataset is opened; without them, the column when read.
     let dir = three_row_groups_of_lines();
-    rewrite_line_starts(dir.path(), 16, |s| s[31] = 9_999);
+    rewrite_line_starts(dir.path(), 16, true, |s| s[31] = 9_999);
+    let e = err_text(ParquetDataset::open_dir(dir.path()).unwrap_err());
+    assert!(e.contains("part-00000.parquet (row group 1)"), "{e}");
+    assert!(e.contains("reach byte 9999, past the 5000 bytes of the input"), "{e}");
+    rewrite_line_starts(dir.path(), 16, false, |s| s[31] = 9_999);
     let dataset = Arc::new(ParquetDataset::open_dir(dir.path()).unwrap());
     let sizes = dataset.description().table_sizes();
     let e = err_text(ParquetReader::new(dataset, (0.0, 1.0), 0, 2, SEED, sizes).map(|_| ()).unwrap_err());

@@ -53,7 +53,7 @@ pub(crate) struct ElmArgs {
     #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = Range::<u64>::closed("rows", 1, range::MAX_STEPS))]
     rows: u64,
     /// List length scale: 1 = elm, 8 = elm_y_long.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = Range::<usize>::closed("list_scale", 1, 64))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = Range::<usize>::closed("list_scale", 1, tiderec_sources::elm::MAX_LIST_SCALE))]
     list_scale: usize,
     /// Seed.
     #[arg(long, value_name = "SEED", default_value_t = 42)]

@@ -41,6 +41,14 @@
 //!   `n` rows; line sources split the input files' bytes as the line readers
 //!   do. That is how `--eval-fraction` holds out data.
 //! * Files are used in the order given; [`list_parquet_files`] sorts by name.
+//! * **A line source describes an input that can exist.** Its input sizes add
+//!   up, without overflow, to at most
+//!   [`MAX_INPUT_BYTES`](super::schema::MAX_INPUT_BYTES) (checked with the
+//!   description), and [`ParquetDataset::open`] refuses a file whose
+//!   `_line_start` statistics reach past them, naming the file and row group;
+//!   the positions themselves are checked when read. So a damaged size never
+//!   wraps the byte arithmetic of the split, nor cuts a shuffled epoch into
+//!   more blocks than memory holds ([`crate::shuffle::MAX_BLOCKS`] bounds them too).
 
 use super::decode::decode_next;
 use super::schema::{LineSource, SchemaDescription, SparseKind, GROUP_COLUMN, LINE_START_COLUMN, METADATA_KEY};
@@ -183,6 +191,9 @@ impl ParquetDataset {
         for (index, (path, meta)) in paths.iter().zip(metas).enumerate() {
             let projection = check_columns(path, &meta, &description)?;
             let line_start = line_start_column(path, &meta, &description)?;
+            if let (Some(lines), Some((_, leaf))) = (&description.lines, &line_start) {
+                check_line_start_statistics(path, &meta, *leaf, lines)?;
+            }
             for (g, rg) in meta.metadata().row_groups().iter().enumerate() {
                 // The decoder asserts on these (a corrupt footer): name the file instead.
                 for c in rg.columns() {
@@ -238,14 +249,19 @@ impl ParquetDataset {
         let Some(source) = self.line_source() else {
             return Err(SourceError::schema(self.name(), "its rows carry no source positions (`_line_start`)"));
         };
-        let bases: Vec<u64> =
-            source.file_bytes.iter().scan(0, |at, &len| Some(std::mem::replace(at, *at + len))).collect();
+        let bases = file_bases(&source.file_bytes)
+            .ok_or_else(|| SourceError::schema(self.name(), "the input sizes of its line source add up past 2^64"))?;
         let global = |r: &ByteRange| -> Result<std::ops::Range<u64>, SourceError> {
             let base = bases
                 .get(r.file)
                 .copied()
                 .ok_or_else(|| SourceError::schema(self.name(), format!("input file {} of {}", r.file, bases.len())))?;
-            Ok(base + r.bytes.start..base + r.bytes.end)
+            let at = |offset: u64| {
+                base.checked_add(offset).ok_or_else(|| {
+                    SourceError::schema(self.name(), format!("byte {offset} of input file {} is past 2^64", r.file))
+                })
+            };
+            Ok(at(r.bytes.start)?..at(r.bytes.end)?)
         };
         let bytes = ranges.iter().map(global).collect::<Result<Vec<_>, _>>()?;
         let mut targets: Vec<u64> = bytes.iter().flat_map(|b| [b.start, b.end]).collect();
@@ -468,7 +484,7 @@ impl ParquetDataset {
             );
             return Err(SourceError::schema(name(), reason));
         }
-        let input: u64 = self.line_source().map_or(u64::MAX, |l| l.file_bytes.iter().sum());
+        let input = self.line_source().and_then(LineSource::total_bytes).unwrap_or(u64::MAX);
         if let Some(&last) = out.last().filter(|&&last| last >= input) {
             let reason = format!(
                 "`{LINE_START_COLUMN}` holds {last}, past the {input} bytes of the input its metadata describes (a \
@@ -510,6 +526,47 @@ impl ParquetDataset {
     pub fn rows_in_span(&self, span: (f64, f64)) -> u64 {
         self.groups.iter().map(|g| span_rows(g.rows, span).count() as u64).sum()
     }
+}
+
+/// The offset of each input file in the concatenation of the files; `None` when they add
+/// up past `u64::MAX` (never for a valid description).
+fn file_bases(file_bytes: &[u64]) -> Option<Vec<u64>> {
+    let mut at = 0u64;
+    file_bytes
+        .iter()
+        .map(|&len| {
+            let base = at;
+            at = at.checked_add(len)?;
+            Some(base)
+        })
+        .collect()
+}
+
+/// Refuses a file whose [`LINE_START_COLUMN`] (leaf `leaf`) statistics give a row group a
+/// position at or past the end of the input `lines` describes, naming the file and row group.
+fn check_line_start_statistics(
+    path: &Path,
+    meta: &ArrowReaderMetadata,
+    leaf: usize,
+    lines: &LineSource,
+) -> Result<(), SourceError> {
+    let input = lines.total_bytes().unwrap_or(u64::MAX);
+    for (g, rg) in meta.metadata().row_groups().iter().enumerate() {
+        let max = match rg.columns().get(leaf).and_then(|c| c.statistics()) {
+            Some(parquet::file::statistics::Statistics::Int64(s)) if rg.num_rows() > 0 => {
+                s.max_opt().map(|&m| m as u64)
+            }
+            _ => None,
+        };
+        if let Some(max) = max.filter(|&max| max >= input) {
+            let reason = format!(
+                "the statistics of `{LINE_START_COLUMN}` reach byte {max}, past the {input} bytes of the input its \
+                 `lines.file_bytes` describe (a damaged file)"
+            );
+            return Err(SourceError::schema(format!("{} (row group {g})", path.display()), reason));
+        }
+    }
+    Ok(())
 }
 
 /// The projection on the file's [`LINE_START_COLUMN`] and its leaf index, when `d` has a

@@ -27,6 +27,10 @@
 //! * Every id stored in a sequence column is below its table's size, and the
 //!   sequences of one row have equal lengths (checked when reading).
 //! * Every id stored in a sparse column is below that field's `table_size`.
+//! * A line source's input ([`LineSource::file_bytes`]) adds up to at most
+//!   [`MAX_INPUT_BYTES`] (1 PiB, far beyond any real input, so a damaged size
+//!   is refused rather than cut into more shuffle blocks than memory holds),
+//!   computed without overflow; every `_line_start` lies below it.
 //! * Column order in a file does not matter: columns are matched by name, and
 //!   other columns are ignored.
 
@@ -49,6 +53,10 @@ pub const LABEL_COLUMN: &str = "label";
 /// Name of the column holding each row's [`LineSource`] position.
 pub const LINE_START_COLUMN: &str = "_line_start";
 
+/// The most bytes the input of a line source may have, over all its files: 1 PiB (a real
+/// input is a few terabytes; positions must also fit the `INT64` Parquet stores them as).
+pub const MAX_INPUT_BYTES: u64 = 1 << 50;
+
 /// Name of the column holding each row's user group key (`Batch::groups`), when the
 /// description has [`groups`](SchemaDescription::groups).
 pub const GROUP_COLUMN: &str = "_group";
@@ -62,6 +70,25 @@ pub const GROUP_COLUMN: &str = "_group";
 pub struct LineSource {
     /// Byte length of each input file, in reading order.
     pub file_bytes: Vec<u64>,
+}
+
+impl LineSource {
+    /// The bytes of all input files; `None` when they add up past `u64::MAX`.
+    pub fn total_bytes(&self) -> Option<u64> {
+        self.file_bytes.iter().try_fold(0u64, |total, &len| total.checked_add(len))
+    }
+
+    /// Checks that the input adds up to at most [`MAX_INPUT_BYTES`].
+    pub fn validate(&self) -> Result<(), DescriptionError> {
+        match self.total_bytes() {
+            Some(total) if total <= MAX_INPUT_BYTES => Ok(()),
+            total => Err(DescriptionError::InputBytes {
+                total: total.map_or_else(|| "over 2^64".to_string(), |t| t.to_string()),
+                files: self.file_bytes.len(),
+                max: MAX_INPUT_BYTES,
+            }),
+        }
+    }
 }
 
 /// How a sparse field is stored.
@@ -290,6 +317,9 @@ impl SchemaDescription {
                 return Err(DescriptionError::DuplicateColumn { column: name.clone() });
             }
         }
+        if let Some(lines) = &self.lines {
+            lines.validate()?;
+        }
         if let Some(s) = self.sparse.iter().find(|s| s.table_size == 0) {
             return Err(DescriptionError::EmptyTable { column: s.name.clone() });
         }
@@ -398,6 +428,22 @@ mod tests {
         let grouped = SchemaDescription { groups: true, ..b };
         assert_eq!(SchemaDescription::from_json(&grouped.to_json()).unwrap(), grouped);
         assert_eq!(grouped.arrow_schema().field(6).name(), GROUP_COLUMN);
+    }
+
+    /// A line source's input adds up, without overflow, to at most `MAX_INPUT_BYTES`.
+    #[test]
+    fn line_source_sizes_past_the_bound_or_overflowing_are_refused() {
+        let with = |file_bytes: Vec<u64>| {
+            let mut c = SchemaDescription::criteo(&[7; 26], 3);
+            c.lines = Some(LineSource { file_bytes });
+            c.validate().map_err(|e| e.to_string())
+        };
+        assert_eq!(with(vec![MAX_INPUT_BYTES - 5, 5]), Ok(()));
+        let e = with(vec![MAX_INPUT_BYTES, 1]).unwrap_err();
+        assert!(e.contains("lines.file_bytes") && e.contains(&(MAX_INPUT_BYTES + 1).to_string()), "{e}");
+        let e = with(vec![u64::MAX, 1, 2]).unwrap_err();
+        assert!(e.contains("3 input file(s) add up to over 2^64 bytes"), "{e}");
+        assert_eq!(LineSource { file_bytes: vec![u64::MAX, 1] }.total_bytes(), None);
     }
 
     #[test]
