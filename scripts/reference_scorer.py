@@ -356,10 +356,11 @@ class AmazonDienFeaturizer:
         for field in self.fields:
             value = parts[field["column"]]
             bags.append([self.tables.bucket(field["table"], value)] if value else [])
-        seqs = []
-        for s, history in zip(self.sequences, histories):
-            tokens = history.split(self.history_delimiter) if history else []
-            seqs.append([self.tables.bucket(s["table"], t) for t in tokens[max(len(tokens) - self.max_len, 0) :]])
+        # One list of events: an event with an empty token is skipped in every history.
+        split = [h.split(self.history_delimiter) if h else [] for h in histories]
+        events = [e for e in zip(*split) if all(e)]
+        events = events[max(len(events) - self.max_len, 0) :]
+        seqs = [[self.tables.bucket(s["table"], e[k]) for e in events] for k, s in enumerate(self.sequences)]
         return label, np.zeros(0, dtype=np.float32), bags, seqs
 
 

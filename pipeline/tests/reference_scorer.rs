@@ -478,6 +478,15 @@ fn the_reference_scorer_reproduces_dien_and_dien_sum_on_real_histories() {
     assert!(held.iter().any(|l| l.ends_with("\t\t")), "a record without history is held out");
     let bad = format!("{}\x021", held[1]); // one more category than items
     held.insert(2, bad);
+    // An event with an empty item (and its category beside it) is skipped in both histories.
+    let k = (4..held.len()).find(|&k| held[k].split('\t').nth(4).is_some_and(|h| h.contains('\x02'))).unwrap();
+    let mut f: Vec<String> = held[k].split('\t').map(String::from).collect();
+    // Among the most recent events, which the histories' cut to --max-len keeps.
+    let last = |h: &str| h.rfind('\x02').unwrap();
+    let (i, c) = (last(&f[4]), last(&f[5]));
+    f[4].insert(i, '\x02');
+    f[5].insert_str(c, "\x027");
+    held[k] = f.join("\t");
     let score_file = dir.path().join("score.dien");
     std::fs::write(&score_file, held.join("\n") + "\n").unwrap();
     let positions: Vec<usize> = (1..=401).filter(|&p| p != 3).collect();

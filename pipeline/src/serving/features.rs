@@ -402,9 +402,10 @@ fn amazon_dien(config: &TrainerConfig, p: &FeaturePipeline, names: &InputNames) 
         "categorical": categorical,
         "sequences": sequences,
         "max_len": max_len,
-        "histories": "a history is split on the delimiter byte as bytes (k delimiters give k + 1 tokens, empty tokens \
-                      included and hashed like any other); an empty history is an empty sequence; a history of n > \
-                      max_len tokens keeps its last max_len (the most recent), in order, oldest first",
+        "histories": "the two histories are one list of events (token k of each is event k): each is split on the \
+                      delimiter byte as bytes (k delimiters give k + 1 tokens); an event whose item or category token \
+                      is empty is skipped in both; an empty history is an empty sequence; of the n events left, the \
+                      last max_len (the most recent) are kept, in order, oldest first",
         "hash": token_hash(hash_seed),
         "missing": "an empty user, item or category value is an empty bag: it adds no row (its pooled vector is zero)",
         "pooling": "sum of the rows of a field's ids (a field has at most one id)",
