@@ -105,12 +105,7 @@ fn eval_of_a_dynamic_store_reproduces_the_training_runs_evaluation() {
     let Some(train) = shared_data("criteo/sample.train") else { return };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let text = std::fs::read_to_string(&train).unwrap();
-    let lines: Vec<&str> = text.lines().take(3000).collect();
-    let (head, tail) = lines.split_at(2000);
-    let (train_file, eval_file) = (d.join("train.tsv"), d.join("eval.tsv"));
-    std::fs::write(&train_file, head.join("\n")).unwrap();
-    std::fs::write(&eval_file, tail.join("\n")).unwrap();
+    let (train_file, eval_file) = split_sample(&train, d);
     let admissions: [&[&str]; 3] = [&[], &["--ttl-steps", "3", "--flush-every", "2"], &["--admit-count", "2"]];
     for (k, admission) in admissions.into_iter().enumerate() {
         let (ckpt, m) = (d.join(format!("ckpt-{k}")), d.join(format!("m-{k}.json")));
@@ -147,6 +142,18 @@ fn eval_of_a_dynamic_store_reproduces_the_training_runs_evaluation() {
         let (a, b) = (r["logloss"].as_f64().unwrap(), trained["logloss"].as_f64().unwrap());
         assert!((a - b).abs() < 1e-5, "{admission:?}: eval logloss {a} vs training's {b}");
     }
+}
+
+/// The first 2,000 lines of the Criteo sample `train` as `train.tsv` in `d`, the next 1,000
+/// as `eval.tsv`.
+fn split_sample(train: &std::path::Path, d: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let text = std::fs::read_to_string(train).unwrap();
+    let lines: Vec<&str> = text.lines().take(3000).collect();
+    let (head, tail) = lines.split_at(2000);
+    let (train_file, eval_file) = (d.join("train.tsv"), d.join("eval.tsv"));
+    std::fs::write(&train_file, head.join("\n")).unwrap();
+    std::fs::write(&eval_file, tail.join("\n")).unwrap();
+    (train_file, eval_file)
 }
 
 /// A change to a manifest's JSON.
@@ -209,12 +216,7 @@ fn a_dynamic_store_of_huge_tables_scores_without_holding_them_whole() {
     let Some(train) = shared_data("criteo/sample.train") else { return };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let text = std::fs::read_to_string(&train).unwrap();
-    let lines: Vec<&str> = text.lines().take(3000).collect();
-    let (head, tail) = lines.split_at(2000);
-    let (train_file, eval_file) = (d.join("train.tsv"), d.join("eval.tsv"));
-    std::fs::write(&train_file, head.join("\n")).unwrap();
-    std::fs::write(&eval_file, tail.join("\n")).unwrap();
+    let (train_file, eval_file) = split_sample(&train, d);
     let ckpt = d.join("ckpt");
     run_ok(
         tiderec()

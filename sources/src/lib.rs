@@ -29,6 +29,7 @@ pub mod criteo;
 pub mod elm;
 pub mod error;
 pub mod json;
+pub mod json_object;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod lines;

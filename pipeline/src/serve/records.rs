@@ -27,7 +27,6 @@
 use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::PipelineError;
-use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -411,26 +410,8 @@ fn shown(b: u8) -> String {
 
 /// The key/value pairs of a JSON object, in order, duplicates kept.
 fn parse_object(record: &[u8]) -> Result<Vec<(String, &RawValue)>, RecordError> {
-    struct Pairs;
-    impl<'de> Visitor<'de> for Pairs {
-        type Value = Vec<(String, &'de RawValue)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(pair) = map.next_entry::<String, &'de RawValue>()? {
-                out.push(pair);
-            }
-            Ok(out)
-        }
-    }
-    let mut de = serde_json::Deserializer::from_slice(record);
-    let pairs = (&mut de)
-        .deserialize_map(Pairs)
-        .and_then(|p| de.end().map(|()| p))
-        .map_err(|e| RecordError { field: None, reason: format!("not a JSON object: {e}") })?;
-    Ok(pairs)
+    tiderec_sources::json_object::object_pairs(record)
+        .map_err(|e| RecordError { field: None, reason: format!("not a JSON object: {e}") })
 }
 
 #[cfg(test)]

@@ -23,7 +23,6 @@ use crate::error::SourceError;
 use arrow_array::builder::{ListBuilder, UInt64Builder};
 use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch, UInt64Array};
 use arrow_schema::{Field, Schema};
-use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -135,24 +134,7 @@ pub fn append_json_row(
 /// The key/value pairs of the JSON object `record`, in order; a key given twice is an error
 /// naming it.
 fn object_pairs(record: &[u8]) -> Result<Vec<(String, Value)>, RowError> {
-    struct Pairs;
-    impl<'de> Visitor<'de> for Pairs {
-        type Value = Vec<(String, Value)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(pair) = map.next_entry::<String, Value>()? {
-                out.push(pair);
-            }
-            Ok(out)
-        }
-    }
-    let mut de = serde_json::Deserializer::from_slice(record);
-    let pairs = (&mut de)
-        .deserialize_map(Pairs)
-        .and_then(|p| de.end().map(|()| p))
+    let pairs = crate::json_object::object_pairs::<Value>(record)
         .map_err(|e| RowError { field: None, reason: format!("not a JSON object: {e}") })?;
     let mut seen = HashSet::with_capacity(pairs.len());
     match pairs.iter().find(|(key, _)| !seen.insert(key.as_str())) {
