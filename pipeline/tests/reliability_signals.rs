@@ -156,7 +156,8 @@ fn sigterm_to_convert_leaves_a_valid_partial_dataset() {
             .map(|d| d.map(|e| e.unwrap().file_name().into_string().unwrap()).collect())
             .unwrap_or_default()
     };
-    wait_until(&mut child, "a first complete file", || files(&out).iter().any(|f| f == "part-00001.parquet"));
+    // Files keep their temporary names until the conversion ends: the second one begun means the first is complete.
+    wait_until(&mut child, "a first complete file", || files(&out).iter().any(|f| f == ".part-00001.parquet.tmp"));
     signal(&child, "-TERM");
     let output = child.wait_with_output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
