@@ -45,11 +45,9 @@ pub const MIN_AUTO_BLOCK_BYTES: u64 = 64 * 1024;
 /// shuffled epoch of large files near the replay speed of file order.
 pub const MAX_AUTO_BLOCK_BYTES: u64 = 16 << 20;
 
-/// The most blocks of the automatic size a worker's share is cut into (plus one per file,
-/// for the last, shorter block of each range): a share that would have more gets longer
-/// blocks, some 25 MB of plan at most (the automatic size reaches it at a 16 TiB share). A
-/// size given (`shuffle_block_bytes`) is kept as given, so that the order a checkpoint
-/// records by that setting is the order its resume reads.
+/// The most blocks a worker's share is cut into (plus one per file, for the last, shorter
+/// block of each range): a share that would have more gets longer blocks. Some 25 MB of
+/// plan at most; 4 KiB blocks reach it at a 4 GiB share, the automatic size at 16 TiB.
 pub const MAX_BLOCKS: u64 = 1 << 20;
 
 /// The automatic block size of a share of `share_bytes`: `share_bytes / AUTO_BLOCKS`
@@ -58,15 +56,13 @@ pub fn auto_block_bytes(share_bytes: u64) -> u64 {
     (share_bytes / AUTO_BLOCKS).clamp(MIN_AUTO_BLOCK_BYTES, MAX_AUTO_BLOCK_BYTES)
 }
 
-/// The block size of a share of `share_bytes` cut into blocks of `block_bytes`: that size
-/// when given; else the [automatic size](auto_block_bytes), or `⌈share_bytes / MAX_BLOCKS⌉`
-/// when longer. (`share_bytes` is wide enough for the sum of any ranges.)
+/// The block size of a share of `share_bytes` cut into blocks of `block_bytes` (`None`: the
+/// [automatic size](auto_block_bytes)): that size, or `⌈share_bytes / MAX_BLOCKS⌉` when longer.
+/// (`share_bytes` is wide enough for the sum of any ranges.)
 pub fn share_block_bytes(share_bytes: u128, block_bytes: Option<u64>) -> u64 {
-    if let Some(given) = block_bytes {
-        return given;
-    }
+    let wanted = block_bytes.unwrap_or_else(|| auto_block_bytes(u64::try_from(share_bytes).unwrap_or(u64::MAX)));
     let least = u64::try_from(share_bytes.div_ceil(u128::from(MAX_BLOCKS))).unwrap_or(u64::MAX);
-    auto_block_bytes(u64::try_from(share_bytes).unwrap_or(u64::MAX)).max(least)
+    wanted.max(least)
 }
 
 /// The shuffle of the epochs after the first: blocks of `block_bytes` (or of
@@ -262,11 +258,13 @@ mod tests {
     /// the block size is the one asked for.
     #[test]
     fn a_shuffled_plan_has_a_bounded_number_of_blocks() {
-        assert_eq!(share_block_bytes(1 << 40, Some(4096)), 4096, "a size given is kept");
+        assert_eq!(share_block_bytes(4 << 30, Some(4096)), 4096, "a 4 GiB share of 4 KiB blocks");
+        assert_eq!(share_block_bytes((4 << 30) + 1, Some(4096)), 4097);
         assert_eq!(share_block_bytes(16 << 40, None), MAX_AUTO_BLOCK_BYTES, "16 TiB of automatic blocks");
         assert_eq!(share_block_bytes((16 << 40) + 1, None), MAX_AUTO_BLOCK_BYTES + 1);
         assert_eq!(share_block_bytes(2_422_799, None), MIN_AUTO_BLOCK_BYTES);
-        let cases = [(vec![1u64 << 60], 1, None), (vec![1 << 50, 3, 1 << 40], 2, None), (vec![u64::MAX; 2], 3, None)];
+        let cases =
+            [(vec![1u64 << 60], 1, Some(4096)), (vec![1 << 50, 3, 1 << 40], 2, None), (vec![u64::MAX; 2], 3, None)];
         for (files, workers, block) in cases {
             let s = BlockShuffle::new(9, block).unwrap();
             let ranges = worker_ranges(&files, (0.0, 1.0), 0, workers);

@@ -47,9 +47,8 @@
 //!   description), and [`ParquetDataset::open`] refuses a file whose
 //!   `_line_start` statistics reach past them, naming the file and row group;
 //!   the positions themselves are checked when read. So a damaged size never
-//!   wraps the byte arithmetic of the split, nor cuts a shuffled epoch of the
-//!   automatic block size into more blocks than memory holds
-//!   ([`crate::shuffle::MAX_BLOCKS`] bounds them too).
+//!   wraps the byte arithmetic of the split, nor cuts a shuffled epoch into
+//!   more blocks than memory holds ([`crate::shuffle::MAX_BLOCKS`] bounds them too).
 
 use super::decode::decode_next;
 use super::schema::{LineSource, SchemaDescription, SparseKind, GROUP_COLUMN, LINE_START_COLUMN, METADATA_KEY};
