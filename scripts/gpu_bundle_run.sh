@@ -349,8 +349,8 @@ else
 fi
 
 # ---- 3e. CUDA graphs: a step replayed as one graph, or launched kernel by kernel --
-# DLRM on uniform ids, one device-resident worker, TIDEREC_GPU_GRAPHS=on against off (the
-# default), alternated, GRAPH_ROUNDS rounds (default 2). GRAPHS=0 skips it.
+# DLRM on uniform ids, one device-resident worker, TIDEREC_GPU_GRAPHS=on (the default)
+# against off, alternated, GRAPH_ROUNDS rounds (default 2). GRAPHS=0 skips it.
 if [ "${GRAPHS:-1}" = 0 ]; then
     say "== 3e. CUDA graphs skipped: GRAPHS=0"
 else

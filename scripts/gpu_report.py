@@ -48,7 +48,7 @@ def runs(dirs, found):
     rows = []
     for k, d in enumerate(dirs, 1):
         used = sorted(n for n, p in found.items() if os.path.dirname(p) == d and
-                      re.match(r"(test-|bench-|stages-|phases-|ncu-|hotrows-|graphs-|readahead-|hostthreads-).*\.(log|md|json|csv)$", n))
+                      re.match(r"(test-|bench-|cpu-bench-|stages-|phases-|ncu-|hotrows-|graphs-|readahead-|hostthreads-).*\.(log|md|json|csv)$", n))
         if used:
             same = build(d) is not None and build(d) == last
             rows.append([f"{k}", "the last call's" if same else "an earlier one", ", ".join(f"`{u}`" for u in used)])
@@ -466,8 +466,8 @@ def page(argv):
     if graphs:
         print("## CUDA graphs: a training step replayed as one graph against launched kernel by kernel\n")
         print("`tiderec bench dlrm --device cuda:0 --json`, one device-resident worker, uniform ids, with "
-              "`TIDEREC_GPU_GRAPHS=on` (each staging slot's step captured once per batch shape, then replayed) "
-              "against `off` (the default: the step's kernels launched one by one), alternated; medians over "
+              "`TIDEREC_GPU_GRAPHS=on` (the default: each staging slot's step captured once per batch shape, then "
+              "replayed) against `off` (the step's kernels launched one by one), alternated; medians over "
               "the rounds. Both give the same steps bit for bit (`graph_steps_equal_launched_steps_bit_for_bit`).\n")
         print(table(["batch", "graphs samples/s", "launches samples/s", "graphs / launches", "rounds",
                      "graphs used"], graphs) + "\n")

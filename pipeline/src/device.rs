@@ -13,8 +13,8 @@
 //! engine); the host mirrors its state for reports and checkpoints
 //! (`TIDEREC_GPU_ROWS=host` keeps its rows on the host instead, as a baseline;
 //! `TIDEREC_GPU_HOT_ROWS=one-warp` sums a hot row's duplicates on one warp
-//! instead of splitting the run, another baseline; `TIDEREC_GPU_GRAPHS=on`
-//! replays each training step as a CUDA graph).
+//! instead of splitting the run, another baseline; each training step is
+//! replayed as a CUDA graph unless `TIDEREC_GPU_GRAPHS=off`).
 //! Any other GPU worker runs its
 //! model's forward and backward on the device (see `tiderec_gpu::model`) and,
 //! under the `rows` exchange and SGD or row-wise Adagrad rows, keeps the rows
@@ -305,15 +305,16 @@ pub fn hot_rows() -> Result<HotRows, PipelineError> {
 }
 
 /// The environment variable that says whether a device-resident worker runs
-/// each training step as a CUDA graph: `off` (the default: the step's kernels
-/// launched one by one) or `on` (captured once per batch shape, then replayed;
-/// the same steps bit for bit).
+/// each training step as a CUDA graph: `on` (the default: captured once per
+/// batch shape, then replayed; the same steps bit for bit, and faster where the
+/// host's launching bounds a step) or `off` (the step's kernels launched one by
+/// one, a baseline).
 pub const GPU_GRAPHS_ENV: &str = "TIDEREC_GPU_GRAPHS";
 
-/// Whether `TIDEREC_GPU_GRAPHS` asks for CUDA graphs; any value but `on` and
-/// `off` is an error naming the variable.
+/// Whether `TIDEREC_GPU_GRAPHS` asks for CUDA graphs (on when it is not set);
+/// any value but `on` and `off` is an error naming the variable.
 pub fn graphs() -> Result<bool, PipelineError> {
-    env_choice(GPU_GRAPHS_ENV, &[("off", false), ("on", true)])
+    env_choice(GPU_GRAPHS_ENV, &[("on", true), ("off", false)])
 }
 
 /// The environment variable that sets the threads each worker plans its lookups,

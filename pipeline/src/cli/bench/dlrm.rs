@@ -142,7 +142,7 @@ pub struct DlrmBenchResult {
     /// With `phases` on a device-resident worker: milliseconds per step in each phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase_ms: Option<PhaseTimes>,
-    /// A device-resident worker with `TIDEREC_GPU_GRAPHS=on`: the graphs it
+    /// A device-resident worker with CUDA graphs on (the default): the graphs it
     /// captured and the steps (warm-up and timed) it ran as graphs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_graphs: Option<GraphCounts>,
@@ -273,7 +273,7 @@ fn resident_device(bench: &DlrmBench, config: &TrainerConfig) -> Option<usize> {
 /// Trains the warm-up and timed steps of `bench` on one device-resident GPU
 /// worker driven directly (no trainer around it), on the batches worker 0 of a
 /// trainer would see; with `--phases` timing each phase; with CUDA graphs on
-/// (`TIDEREC_GPU_GRAPHS=on`) their counts.
+/// (the default; `TIDEREC_GPU_GRAPHS=off` turns them off) their counts.
 fn timed_resident(
     bench: &DlrmBench,
     setup: &Setup,
