@@ -324,13 +324,30 @@ bench_with() {
         --steps $((1600000 / b)) --warmup 5 --json "$@" >"$base.json" 2>"$base.err"
 }
 
-# A run of `alternate`: `tiderec train` with `--read-ahead MODE`, one device-resident worker.
+# A run of `alternate`: `tiderec train` with `--read-ahead MODE`, one device-resident worker,
+# twice: 20 steps, then 320. BASE.json is the longer run's metrics with `samples_per_sec` the
+# rate between the two (their samples' difference over their training times' difference), so
+# that the first steps' costs (workspaces sized, graphs captured, the first batch made) weigh
+# nothing, and `fixed_seconds` what the short run took beyond its steps at that rate.
 #   train_read_ahead MODE BATCH BASE
 train_read_ahead() {
-    local mode=$1 b=$2 base=$3
-    (cd "$OUT" && timeout -k 5 "$(cap 60)" "$HERE/tiderec" train --workers 1 --device cuda:0 --batch-size "$b" \
-        --samples $((b * 120)) --eval-fraction 0 --read-ahead "$mode" --progress none \
-        --dead-letters "$OUT/dead-letters-$(basename "$base").tsv" --metrics-json "$base.json" >"$base.log" 2>&1)
+    local mode=$1 b=$2 base=$3 steps
+    for steps in 20 320; do
+        (cd "$OUT" && timeout -k 5 "$(cap 60)" "$HERE/tiderec" train --workers 1 --device cuda:0 --batch-size "$b" \
+            --samples $((b * steps)) --eval-fraction 0 --read-ahead "$mode" --progress none \
+            --dead-letters "$OUT/dead-letters-$(basename "$base")-$steps.tsv" --metrics-json "$base-$steps.json" \
+            >"$base-$steps.log" 2>&1) || return 1
+    done
+    python3 - "$base" <<'PY'
+import json, sys
+base = sys.argv[1]
+short, long = (json.load(open(f"{base}-{n}.json")) for n in (20, 320))
+dt, ds = long["train_seconds"] - short["train_seconds"], long["samples"] - short["samples"]
+rate = ds / dt if dt > 0 and ds > 0 else 0.0
+out = dict(long, whole_run_samples_per_sec=long["samples_per_sec"], samples_per_sec=rate,
+           fixed_seconds=short["train_seconds"] - short["samples"] / rate if rate else None)
+json.dump(out, open(f"{base}.json", "w"))
+PY
 }
 
 # ---- 3d. hot rows: a run of duplicates split into chunks, or on one warp --
@@ -364,7 +381,8 @@ fi
 # ---- 3f. reading ahead: the trainer's next micro-batch made during the step, or at its start --
 # `tiderec train` (not `bench`: the trainer's own step, its data made by the synthetic stream)
 # with one device-resident worker, DLRM at batch 16,384, `--read-ahead on` against `off`,
-# alternated, READ_ROUNDS rounds (default 2). READAHEAD=0 skips it.
+# each the rate between a run of 20 steps and one of 320, alternated, READ_ROUNDS rounds
+# (default 2). READAHEAD=0 skips it.
 if [ "${READAHEAD:-1}" = 0 ]; then
     say "== 3f. reading ahead skipped: READAHEAD=0"
 else

@@ -268,9 +268,19 @@ def graph_rows(found):
 
 
 def read_ahead_rows(found):
-    """[batch, reading ahead samples/s, in place samples/s, ahead / in place, rounds] from
-    `readahead-dlrm-BATCH-MODE-ROUND.json` (`tiderec train --metrics-json`, MODE `on` or `off`)."""
-    return [r[:1] + r[2:6] for r in alternated(found, "readahead", ("on", "off"))]
+    """[batch, reading ahead samples/s, in place samples/s, ahead / in place, rounds, whole run samples/s,
+    fixed s] from `readahead-dlrm-BATCH-MODE-ROUND.json` (`tiderec train --metrics-json` of the longer
+    run, MODE `on` or `off`, its `samples_per_sec` the rate between a short and a long run); the last
+    two are reading ahead's, medians over the rounds (blank from a bundle that ran one length)."""
+    import statistics
+    rows = []
+    for r in alternated(found, "readahead", ("on", "off")):
+        runs = list(r[-1].values())
+        whole = [d["whole_run_samples_per_sec"] for d in runs if "whole_run_samples_per_sec" in d]
+        fixed = [d["fixed_seconds"] for d in runs if isinstance(d.get("fixed_seconds"), (int, float))]
+        rows.append(r[:1] + r[2:6] + [f"{statistics.median(whole):,.0f}" if whole else "",
+                                      f"{statistics.median(fixed):.2f}" if fixed else ""])
+    return rows
 
 
 def host_thread_rows(found):
@@ -477,10 +487,19 @@ def page(argv):
         print("`tiderec train --device cuda:0 --workers 1` (one device-resident worker, DLRM, the synthetic "
               "stream made on the host's cores), each micro-batch made while the step before it runs "
               "(`--read-ahead on`, what `auto` chooses for a GPU worker) against made when its step starts "
-              "(`--read-ahead off`), alternated; medians over the rounds. Samples/s over the run's training "
-              "time, the trainer's whole step (not `bench`'s).\n")
-        print(table(["batch", "reading ahead samples/s", "in place samples/s", "ahead / in place", "rounds"],
-                    ahead) + "\n")
+              "(`--read-ahead off`), alternated; medians over the rounds. The trainer's whole step (not "
+              "`bench`'s), ", end="")
+        if any(r[6] for r in ahead):
+            print("samples/s between a run of 20 steps and one of 320 (their samples' difference over their "
+                  "training times' difference), so that a run's first steps weigh nothing; beside them, reading "
+                  "ahead, the longer run's samples/s over its whole training time and what the short run took "
+                  "beyond its steps at the rate between the two (its first steps' extra cost).\n")
+            print(table(["batch", "reading ahead samples/s", "in place samples/s", "ahead / in place", "rounds",
+                         "ahead, whole run samples/s", "ahead, fixed s"], ahead) + "\n")
+        else:
+            print("samples/s over one run's whole training time, its first steps included.\n")
+            print(table(["batch", "reading ahead samples/s", "in place samples/s", "ahead / in place", "rounds"],
+                        [r[:5] for r in ahead]) + "\n")
     hosts = safe(host_thread_rows, found)
     if hosts:
         print("## Two GPU workers' host work on their share of the cores against on one thread\n")
