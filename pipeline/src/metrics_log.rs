@@ -6,15 +6,24 @@
 //! The `window_*` figures are the prequential window's (`online`) or the
 //! latest evaluation's of the held-out split (`train`). Fields added later
 //! default to `null`, so older logs still read.
+//!
+//! Invariant: the steps of a log's records increase strictly, across resumes too. A run
+//! resumed from the checkpoint of step `S` first cuts the log to the records of steps
+//! `≤ S` (what the interrupted run wrote after its checkpoint is done again, and written
+//! again, by the resumed run), rewriting it whole beside itself and renaming it over
+//! itself, then appends ([`MetricsLog::for_run`]). A line that is not a record is kept
+//! where it stands, with a warning; a log that is not a regular file (`/dev/null`) is
+//! only appended to.
 
 use crate::error::DataflowFailure;
 use crate::settings::RunSettings;
 use crate::tensorboard::EventFile;
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use tiderec_operators::metrics::EvalSummary;
+use tiderec_sinks::checkpoint::write::sync_parent;
 
 /// One line of the JSON-lines metrics log.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -97,12 +106,38 @@ impl MetricsLog {
         Ok(MetricsLog { file: Some((std::io::BufWriter::new(file), path.to_path_buf())), events: None })
     }
 
-    /// The reports of a run with `settings`, or `None` when it asks for none: the metrics
-    /// log appended to when `append` (a resumed run), a new TensorBoard event file.
-    pub fn for_run(settings: &RunSettings, append: bool, online: bool) -> Result<Option<Self>, PipelineError> {
-        let mut log = match &settings.metrics_log {
-            Some(path) => Self::create(path, append)?,
-            None => MetricsLog { file: None, events: None },
+    /// Opens `path` to continue the log of a run resumed from the checkpoint of step
+    /// `step`: the records of later steps are removed first ([`cut_after`]), then the
+    /// resumed run's records are appended.
+    pub fn resume(path: &Path, step: u64) -> Result<Self, PipelineError> {
+        let cut = cut_after(path, step)?;
+        if cut.dropped > 0 {
+            eprintln!(
+                "metrics log {}: removed {} record(s) after step {step}, which the resumed run writes again",
+                path.display(),
+                cut.dropped
+            );
+        }
+        for line in &cut.not_records {
+            eprintln!("warning: metrics log {}:{line} is not a record; kept as it is", path.display());
+        }
+        Self::create(path, true)
+    }
+
+    /// The reports of a run with `settings`, or `None` when it asks for none: a new
+    /// TensorBoard event file, and the metrics log, created, or continued when the run
+    /// resumes the checkpoint of step `resumed_step` ([`MetricsLog::resume`]), or appended
+    /// to as it is when `resume` (`--resume`) found no checkpoint.
+    pub fn for_run(
+        settings: &RunSettings,
+        resumed_step: Option<u64>,
+        resume: bool,
+        online: bool,
+    ) -> Result<Option<Self>, PipelineError> {
+        let mut log = match (&settings.metrics_log, resumed_step) {
+            (Some(path), Some(step)) => Self::resume(path, step)?,
+            (Some(path), None) => Self::create(path, resume)?,
+            (None, _) => MetricsLog { file: None, events: None },
         };
         if let Some(dir) = &settings.tensorboard {
             log.events = Some((EventFile::create(dir)?, online));
@@ -151,6 +186,83 @@ fn scalars(r: &MetricsRecord, online: bool) -> Vec<(&'static str, f64)> {
     out
 }
 
+/// What [`cut_after`] did to a log.
+#[derive(Debug, Default, PartialEq)]
+pub struct Cut {
+    /// Records removed (their step was after the cut).
+    pub dropped: u64,
+    /// The 1-based numbers of the non-blank lines that are not records, kept where they stand.
+    pub not_records: Vec<u64>,
+}
+
+/// Removes from the metrics log at `path` the records of steps after `step`, keeping
+/// every other line (records of steps `≤ step`, lines that are not records, blank lines)
+/// as it is, in order. The log is rewritten only when a record goes: whole, into a
+/// temporary file beside it that is synced and renamed over it (its directory synced
+/// too), so an interrupt or a full disk leaves the log as it was. A missing log, or one
+/// that is not a regular file (`/dev/null`, a pipe), is left alone.
+pub fn cut_after(path: &Path, step: u64) -> Result<Cut, PipelineError> {
+    let error = |what: &str, p: &Path, e: std::io::Error| {
+        PipelineError::config("metrics_log", format!("cannot {what} {}: {e}", p.display()))
+    };
+    // The file a link names is the one rewritten: the link stays.
+    let path = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Cut::default()),
+        Err(e) => return Err(error("read", path, e)),
+    };
+    let meta = std::fs::metadata(&path).map_err(|e| error("read", &path, e))?;
+    if !meta.is_file() {
+        return Ok(Cut::default());
+    }
+    let mut reader = std::io::BufReader::new(std::fs::File::open(&path).map_err(|e| error("read", &path, e))?);
+    let tmp = tiderec_sinks::temp::temp_beside(&path);
+    let rewritten = (|| -> Result<Cut, PipelineError> {
+        let file = std::fs::File::create(&tmp).map_err(|e| error("create", &tmp, e))?;
+        let mut out = std::io::BufWriter::new(file);
+        let (mut cut, mut line, mut number) = (Cut::default(), Vec::new(), 0u64);
+        loop {
+            line.clear();
+            if reader.read_until(b'\n', &mut line).map_err(|e| error("read", &path, e))? == 0 {
+                break;
+            }
+            number += 1;
+            if !line.trim_ascii().is_empty() {
+                match serde_json::from_slice::<MetricsRecord>(&line) {
+                    Ok(r) if r.step > step => {
+                        cut.dropped += 1;
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(_) => cut.not_records.push(number),
+                }
+            }
+            out.write_all(&line).map_err(|e| error("write", &tmp, e))?;
+            // A last line cut short (a killed writer) ends its line in the rewrite: appends start anew.
+            if !line.ends_with(b"\n") {
+                out.write_all(b"\n").map_err(|e| error("write", &tmp, e))?;
+            }
+        }
+        if cut.dropped > 0 {
+            let file = out.into_inner().map_err(|e| error("write", &tmp, e.into_error()))?;
+            file.set_permissions(meta.permissions()).map_err(|e| error("write", &tmp, e))?;
+            file.sync_all().map_err(|e| error("write", &tmp, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| error("replace", &path, e))?;
+        }
+        Ok(cut)
+    })();
+    match rewritten {
+        Ok(cut) if cut.dropped > 0 => {
+            sync_parent(&path)?;
+            Ok(cut)
+        }
+        other => {
+            let _ = std::fs::remove_file(&tmp);
+            other
+        }
+    }
+}
+
 /// Reads a JSON-lines metrics log; a malformed line is an error naming its number.
 pub fn read_log(path: &Path) -> Result<Vec<MetricsRecord>, PipelineError> {
     let text = std::fs::read_to_string(path)
@@ -188,5 +300,90 @@ mod tests {
         std::fs::write(&path, "{\"step\": 1}\nnot json\n").unwrap();
         let e = read_log(&path).unwrap_err().to_string();
         assert!(e.contains(":1:") || e.contains(":2:"), "{e}");
+    }
+
+    fn line(step: u64) -> String {
+        serde_json::to_string(&MetricsRecord { step, loss: 0.5, ..Default::default() }).unwrap()
+    }
+
+    fn steps(path: &Path) -> Vec<u64> {
+        read_log(path).unwrap().iter().map(|r| r.step).collect()
+    }
+
+    #[test]
+    fn a_resumed_log_keeps_the_records_up_to_its_checkpoint_then_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        // The interrupted run logged steps 1 to 8; its checkpoint is of step 5.
+        let old: String = [1, 3, 5, 6, 8].map(|s| line(s) + "\n").concat();
+        std::fs::write(&path, &old).unwrap();
+        let mut log = MetricsLog::resume(&path, 5).unwrap();
+        for step in [6, 7, 9] {
+            log.write(&MetricsRecord { step, ..Default::default() }).unwrap();
+        }
+        drop(log);
+        assert_eq!(steps(&path), [1, 3, 5, 6, 7, 9]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(&[1, 3, 5].map(|s| line(s) + "\n").concat()), "kept as written:\n{text}");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["m.jsonl"], "no temporary file left");
+    }
+
+    #[test]
+    fn cutting_keeps_lines_that_are_not_records_and_rewrites_only_to_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        // A line that is not a record, a blank one and a last line cut short by a kill.
+        let text = format!("{}\nnot json\n\n{}\n{}\n{{\"time_s\":1.0,\"st", line(1), line(4), line(7));
+        std::fs::write(&path, &text).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        }
+        // Nothing after step 7: the file is not touched (not even its last line).
+        assert_eq!(cut_after(&path, 7).unwrap(), Cut { dropped: 0, not_records: vec![2, 6] });
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        let cut = cut_after(&path, 4).unwrap();
+        assert_eq!(cut, Cut { dropped: 1, not_records: vec![2, 6] });
+        let want = format!("{}\nnot json\n\n{}\n{{\"time_s\":1.0,\"st\n", line(1), line(4));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640);
+        }
+        // No log yet, or a device: nothing to cut.
+        assert_eq!(cut_after(&dir.path().join("missing.jsonl"), 0).unwrap(), Cut::default());
+        #[cfg(unix)]
+        assert_eq!(cut_after(Path::new("/dev/null"), 0).unwrap(), Cut::default());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn cutting_a_linked_log_rewrites_the_file_and_keeps_the_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, link) = (dir.path().join("m.jsonl"), dir.path().join("link.jsonl"));
+        std::fs::write(&file, [1, 2, 3].map(|s| line(s) + "\n").concat()).unwrap();
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(cut_after(&link, 1).unwrap().dropped, 2);
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(steps(&file), [1]);
+    }
+
+    #[test]
+    fn for_run_cuts_only_a_resumed_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        let settings = RunSettings { metrics_log: Some(path.clone()), ..RunSettings::default() };
+        let old: String = [1, 5, 8].map(|s| line(s) + "\n").concat();
+        // `--resume` without a checkpoint appends to the log as it is.
+        std::fs::write(&path, &old).unwrap();
+        drop(MetricsLog::for_run(&settings, None, true, false).unwrap());
+        assert_eq!(steps(&path), [1, 5, 8]);
+        drop(MetricsLog::for_run(&settings, Some(5), true, false).unwrap());
+        assert_eq!(steps(&path), [1, 5]);
+        drop(MetricsLog::for_run(&settings, None, false, false).unwrap());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "", "a new run starts a new log");
     }
 }

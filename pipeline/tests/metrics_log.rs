@@ -87,3 +87,45 @@ fn tensorboard_reads_every_report_of_the_metrics_log_as_scalars() {
     );
     assert_eq!(std::fs::read_dir(&tb).unwrap().count(), 2);
 }
+
+/// The steps of the records of a metrics log, in order.
+fn logged_steps(log: &std::path::Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_resumed_run_logs_each_step_once_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, ck) = (dir.path().join("steps.jsonl"), dir.path().join("ck"));
+    let train = |steps: &str, extra: &[&str]| {
+        let mut cmd = tiderec();
+        cmd.current_dir(dir.path())
+            .args(["train", "--samples", "10240", "--batch-size", "256", "--eval-fraction", "0", "--buckets"])
+            .args(["20000", "--seed", "11", "--progress", "none", "--steps", steps, "--checkpoint-every", "5"])
+            .arg("--checkpoint-dir")
+            .arg(&ck)
+            .arg("--metrics-log")
+            .arg(&log)
+            .args(extra);
+        run_ok(&mut cmd)
+    };
+    // A run checkpointed at step 5 logs on to step 8 (its end); its checkpoint of step 8
+    // never made it (killed first, say), so the resumed run starts after step 5.
+    train("8", &[]);
+    let first = logged_steps(&log);
+    assert_eq!((first.first(), first.last()), (Some(&1), Some(&8)), "{first:?}");
+    std::fs::remove_dir_all(ck.join("ckpt-8")).unwrap();
+    // It redoes steps 6 to 8, and logs step 8 (its end) again.
+    let out = train("8", &["--resume"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("after step 5, which the resumed run writes again"), "{stderr}");
+    let steps = logged_steps(&log);
+    assert!(steps.windows(2).all(|w| w[0] < w[1]), "each step once, in order: {steps:?}");
+    let kept: Vec<u64> = first.iter().copied().filter(|&s| s <= 5).collect();
+    assert_eq!(steps[..kept.len()], kept[..], "the records up to the checkpoint stay: {steps:?}");
+    assert_eq!(steps.last(), Some(&8), "{steps:?}");
+}

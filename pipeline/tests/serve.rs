@@ -830,8 +830,13 @@ fn publish(from: &Path, dir: &Path) {
 fn deltas_following_the_served_checkpoint_are_applied_live() {
     let Some(data) = shared_data("criteo/sample.train") else { return };
     let dir = tempfile::tempdir().unwrap();
-    let chain =
-        train(&data, dir.path(), &["--steps", "30", "--checkpoint-every", "10", "--checkpoint-delta-share", "1000"]);
+    // No evaluation: the end of the run's would be an improvement, which rewrites the last
+    // step's checkpoint whole (a checkpoint of one step is never a delta of itself).
+    let chain = train(
+        &data,
+        dir.path(),
+        &["--steps", "30", "--checkpoint-every", "10", "--checkpoint-delta-share", "1000", "--eval-fraction", "0"],
+    );
     for step in [20, 30] {
         let m: serde_json::Value =
             serde_json::from_slice(&std::fs::read(chain.join(format!("ckpt-{step}/manifest.json"))).unwrap()).unwrap();
@@ -864,6 +869,56 @@ fn deltas_following_the_served_checkpoint_are_applied_live() {
     assert_eq!(scores(&r.body), (30, last), "the live deltas give the model of the whole chain");
 }
 
+/// A request scored in many jobs while the served model changes four times (whole
+/// checkpoints published one after the other, each taken up before the next) is answered
+/// `200` by the model it started with: every record, all of them alike, gets the score that
+/// model gives it alone, not one of the models taken meanwhile.
+#[test]
+fn a_request_is_scored_by_one_model_while_the_model_changes_several_times() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let whole = ["--checkpoint-every", "5", "--checkpoint-deltas", "0", "--keep-checkpoints", "10"];
+    let chain = train(&data, dir.path(), &[&["--steps", "25"][..], &whole].concat());
+    let served_dir = dir.path().join("served");
+    std::fs::create_dir(&served_dir).unwrap();
+    publish(&chain.join("ckpt-5"), &served_dir);
+    // One record a job: the request's records are scored one forward pass after the other,
+    // for seconds, while the checkpoints come.
+    let n = 200_000;
+    let flags = ["--reload-every", "0.05", "--max-batch", "1", "--max-records", "200000"];
+    let server = serve(&served_dir, &flags);
+    // A short record: 7 MB of them, under the 16 MiB of a body.
+    let record = r#"{"I1": 3, "I2": 7, "C1": "68fd1e64"}"#;
+    let body = format!("[{}]", vec![record; n].join(","));
+    let addr = server.addr.clone();
+    let request = std::thread::spawn(move || {
+        let r = Client::connect(&addr, Duration::from_secs(300)).unwrap().post("/score", body.as_bytes()).unwrap();
+        (r.status, r.body)
+    });
+    health_until(&server.addr, Duration::from_secs(30), |h| h["records"].as_u64() > Some(0));
+    for step in [10u64, 15, 20, 25] {
+        publish(&chain.join(format!("ckpt-{step}")), &served_dir);
+        health_until(&server.addr, Duration::from_secs(30), |h| h["step"].as_u64() == Some(step));
+    }
+    let h = health(&server.addr);
+    assert_eq!(h["reloads"], 4, "{h}");
+    let in_flight = !request.is_finished();
+    let (status, answer) = request.join().unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    assert!(in_flight, "the request must still be in flight after the reloads (make it longer): {h}");
+    let (step, got) = scores(&answer);
+    assert_eq!((step, got.len()), (5, n), "the model the request started with answers it");
+    assert!(got.iter().all(|p| *p == got[0]), "one model scored every record");
+    let one = format!("[{record}]");
+    let mut c = Client::connect(&server.addr, Duration::from_secs(10)).unwrap();
+    let now = scores(&c.post("/score", one.as_bytes()).unwrap().body);
+    assert_eq!(now.0, 25);
+    assert_ne!(now.1[0], got[0], "the models taken meanwhile score the record otherwise");
+    let fresh = serve(&chain.join("ckpt-5"), &[]);
+    let r = Client::connect(&fresh.addr, Duration::from_secs(10)).unwrap().post("/score", one.as_bytes()).unwrap();
+    assert_eq!(scores(&r.body), (5, vec![got[0]]), "the score of step 5's model");
+}
+
 /// A delta that cannot be applied onto the served model (here the delta of another run, of
 /// another shape, at the step after the served one) leaves the model as it was, and the next
 /// look loads the newest checkpoint whole: the newest that loads (the failed delta's chain does
@@ -874,7 +929,9 @@ fn a_delta_that_cannot_be_applied_makes_the_next_look_load_whole() {
     let Some(data) = shared_data("criteo/sample.train") else { return };
     let dir = tempfile::tempdir().unwrap();
     let (x, z) = (dir.path().join("x"), dir.path().join("z"));
-    let deltas = ["--steps", "20", "--checkpoint-every", "10", "--checkpoint-delta-share", "1000"];
+    // No evaluation, whose improvement at the end would rewrite ckpt-20 whole.
+    let deltas =
+        ["--steps", "20", "--checkpoint-every", "10", "--checkpoint-delta-share", "1000", "--eval-fraction", "0"];
     std::fs::create_dir_all(&x).unwrap();
     std::fs::create_dir_all(&z).unwrap();
     let chain = train(&data, &x, &deltas);
@@ -1070,27 +1127,32 @@ fn the_body_memory_budget_answers_503_while_full_and_health_still_answers() {
     let flags = ["--max-body-bytes", "1000", "--max-body-memory", "1500", "--read-timeout", "30"];
     let server = serve(&ckpt, &[&flags[..], &["--max-connections-per-ip", "256"]].concat());
     let padded = |n: usize| format!("{:<n$}", r#"{"I1": 3}"#);
-    // One connection holds 1000 bytes: its head and part of its body are sent.
+    // One connection holds 990 bytes of its 1000, its body stalled before its last 10: a body
+    // holds the bytes that arrived (its buffer doubles as they come, up to the length
+    // announced, so 1000 when they came in two reads).
     let mut held = std::net::TcpStream::connect(&server.addr).unwrap();
     let held_body = padded(1000);
     let head = post_head("Content-Length: 1000\r\n");
-    std::io::Write::write_all(&mut held, format!("{head}{}", &held_body[..10]).as_bytes()).unwrap();
-    health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"] == 1000);
+    std::io::Write::write_all(&mut held, format!("{head}{}", &held_body[..990]).as_bytes()).unwrap();
+    let h = health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"].as_u64() >= Some(990));
+    let holding = h["body_bytes"].as_u64().unwrap();
+    assert!(holding <= 1000, "{h}");
     // 600 more do not fit in 1500: 503 with Retry-After, before its body is sent.
     let r = exchange(&server.addr, post_head("Content-Length: 600\r\n").as_bytes());
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(r.head.ends_with("\r\nRetry-After: 1"), "{}", r.head);
     assert!(r.error().contains("busy") && r.error().contains("retry"), "{}", r.body);
-    // Nor as a chunked body, refused when it grows past what is left.
-    let r = exchange(&server.addr, format!("{}258\r\n", post_head("Transfer-Encoding: chunked\r\n")).as_bytes());
+    // Nor as a chunked body, refused when its data grows past what is left.
+    let chunk = format!("{}258\r\n{}", post_head("Transfer-Encoding: chunked\r\n"), padded(600));
+    let r = exchange(&server.addr, chunk.as_bytes());
     assert_eq!(r.status, 503, "{}", r.body);
     // 400 bytes fit, and /health answers meanwhile, counting the bytes held.
     let small = padded(400);
     let r = exchange(&server.addr, format!("{}{small}", post_head("Content-Length: 400\r\n")).as_bytes());
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(health(&server.addr)["body_bytes"], 1000);
+    assert_eq!(health(&server.addr)["body_bytes"], holding);
     // The held body arrives and is scored; its bytes are given back, and 600 now fit.
-    let r = exchange_on(&mut held, &held_body.as_bytes()[10..]);
+    let r = exchange_on(&mut held, &held_body.as_bytes()[990..]);
     assert_eq!((r.status, scores(r.body.as_bytes()).1.len()), (200, 1), "{}", r.body);
     health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"] == 0);
     let r = exchange(&server.addr, format!("{}{}", post_head("Content-Length: 600\r\n"), padded(600)).as_bytes());
@@ -1312,9 +1374,10 @@ fn port_of(addr: &str) -> &str {
     addr.rsplit(':').next().unwrap()
 }
 
-/// One client address sending only heads that announce the largest body, on every connection
-/// it may open, holds at most its share of `--max-body-memory` (with the defaults, a quarter:
-/// 64 of 256 connections): a request from another address is still scored.
+/// One client address sending bodies on every connection it may open, each stalled before its
+/// last byte, holds at most its share of `--max-body-memory` (the share of
+/// `--max-connections-per-ip` in `--threads`: with the defaults, 64 of 256, a quarter): the
+/// connections over it are answered `503`, and a request from another address is scored.
 #[test]
 fn one_client_address_cannot_hold_the_whole_body_memory() {
     use std::io::{Read, Write};
@@ -1325,39 +1388,74 @@ fn one_client_address_cannot_hold_the_whole_body_memory() {
     let Some(data) = shared_data("criteo/sample.train") else { return };
     let dir = tempfile::tempdir().unwrap();
     let ckpt = train(&data, dir.path(), &["--steps", "5"]);
-    // The defaults: 1 GiB of body memory, bodies of 16 MiB, 64 connections per address of 256;
-    // the heads holding their share wait for their bodies longer than this test takes.
-    let server = serve_on("[::]:0", &ckpt, &["--read-timeout", "30"]);
+    // A quarter of 400,000 bytes: 100,000, room for 25 of the 3,999 bytes each connection
+    // sends (in one write, read whole with its head: the server reads 8 KiB at a time); the
+    // bodies wait for their last byte longer than this test takes.
+    let (share, body) = (100_000usize, 4000usize);
+    let flags = ["--read-timeout", "30", "--max-body-bytes", "100000", "--max-body-memory", "400000"];
+    let server = serve_on("[::]:0", &ckpt, &flags);
     let port = port_of(&server.addr);
     let (first, other) = (format!("127.0.0.1:{port}"), format!("[::1]:{port}"));
-    let (body, share) = (16usize << 20, 256usize << 20);
-    let head = post_head(&format!("Content-Length: {body}\r\n"));
-    let mut heads: Vec<std::net::TcpStream> = (0..64)
+    let padded = format!("{:<body$}", r#"{"I1": 3}"#);
+    let request = format!("{}{}", post_head(&format!("Content-Length: {body}\r\n")), &padded[..body - 1]);
+    let mut bodies: Vec<std::net::TcpStream> = (0..64)
         .map(|_| {
             let mut s = std::net::TcpStream::connect(&first).unwrap();
-            s.write_all(head.as_bytes()).unwrap();
+            s.write_all(request.as_bytes()).unwrap();
             s
         })
         .collect();
-    health_until(&other, Duration::from_secs(10), |h| h["body_bytes"].as_u64() >= Some(share as u64));
+    let (fit, held) = (share / (body - 1), share / (body - 1) * (body - 1));
+    health_until(&other, Duration::from_secs(10), |h| h["body_bytes"].as_u64() >= Some(held as u64));
     std::thread::sleep(Duration::from_millis(300));
     let r = Client::connect(&other, Duration::from_secs(10)).unwrap().post("/score", br#"{"I1": 3}"#).unwrap();
     assert_eq!(r.status, 200, "another address is scored: {}", r.text());
-    assert_eq!(health(&other)["body_bytes"], share, "the first address holds its share, no more");
-    // The heads over the share were answered 503 at once, naming the address and its share.
+    assert_eq!(health(&other)["body_bytes"], held, "the first address holds its share, no more");
+    // The bodies over the share were answered 503, naming the address and its share.
     let mut refused = 0;
-    for s in &mut heads {
+    for s in &mut bodies {
         s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
         let mut out = Vec::new();
         if s.read_to_end(&mut out).is_ok() {
             let text = String::from_utf8_lossy(&out);
             assert!(text.starts_with("HTTP/1.1 503"), "{text}");
-            let want = format!("request bodies from 127.0.0.1 hold {share} of the {share} bytes");
+            let want = format!("request bodies from 127.0.0.1 hold {held} of the {share} bytes");
             assert!(text.contains(&want), "{text}");
             refused += 1;
         }
     }
-    assert_eq!(refused, 64 - share / body);
+    assert_eq!(refused, 64 - fit);
+}
+
+/// Heads announcing large bodies hold only the bytes they send: eight connections announcing
+/// half of `--max-body-memory` each, sending 10 bytes and stalling, hold 80 bytes, and an
+/// ordinary request is scored meanwhile, not refused for memory.
+#[test]
+fn bodies_announced_and_not_sent_hold_no_body_memory() {
+    use std::io::Write;
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let flags = ["--max-body-bytes", "1000000", "--max-body-memory", "1000000", "--read-timeout", "30"];
+    let server = serve(&ckpt, &[&flags[..], &["--max-connections-per-ip", "256"]].concat());
+    let head = post_head("Content-Length: 500000\r\n");
+    let stalled: Vec<std::net::TcpStream> = (0..8)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+            s.write_all(format!("{head}[{{\"I1\": 3}}").as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    let h = health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"].as_u64() >= Some(80));
+    assert_eq!(h["body_bytes"], 80, "the bytes sent, not the 4 MB announced: {h}");
+    let r = Client::connect(&server.addr, Duration::from_secs(10)).unwrap().post("/score", br#"{"I1": 3}"#).unwrap();
+    assert_eq!(r.status, 200, "an ordinary request is scored: {}", r.text());
+    // A body announced past what is left of the memory is still refused before it is sent.
+    let r = exchange(&server.addr, post_head("Content-Length: 999990\r\n").as_bytes());
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(health(&server.addr)["body_bytes"], 80);
+    drop(stalled);
+    health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"] == 0);
 }
 
 /// Answers that leave a request's body unread (`503` with the body memory spent, `413`, `501`)
@@ -1371,11 +1469,11 @@ fn answers_that_leave_a_body_unread_reach_the_client() {
     let flags = ["--max-body-bytes", "20000", "--max-body-memory", "20000", "--read-timeout", "30"];
     let server = serve(&ckpt, &flags);
     let padded = |n: usize| format!("{:<n$}", r#"{"I1": 3}"#);
-    // One connection holds the whole budget.
+    // One connection holds the whole budget (the bytes it sent, its last one held back).
     let mut held = std::net::TcpStream::connect(&server.addr).unwrap();
     let head = post_head("Content-Length: 20000\r\n");
-    std::io::Write::write_all(&mut held, format!("{head}{}", &padded(20000)[..10]).as_bytes()).unwrap();
-    health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"] == 20000);
+    std::io::Write::write_all(&mut held, format!("{head}{}", &padded(20000)[..19_999]).as_bytes()).unwrap();
+    health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"].as_u64() >= Some(19_999));
     // Bodies past what the server reads with the head (its buffer is 8 KiB).
     let body = padded(12000);
     let requests = [

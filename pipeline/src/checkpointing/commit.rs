@@ -3,6 +3,10 @@
 //! `ckpt-<step>`, the `best` link when the manifest records this step as the
 //! best evaluated one, and pruning to `--keep-checkpoints`.
 //!
+//! Invariant: once the rename made `ckpt-<step>` durable, the checkpoint counts
+//! as written; what fails after it (the `best` link, removing the directory it
+//! replaced, pruning) is a warning on stderr, never the checkpoint's error.
+//!
 //! Everything it needs is owned ([`Commit`]), so it runs on a background
 //! thread as well as on the worker's own.
 
@@ -93,11 +97,20 @@ impl Commit {
         // file is whole in every link).
         let bytes = manifest.files.iter().filter(|(name, _)| name.starts_with("shard-")).map(|(_, f)| f.bytes).sum();
         let best = manifest.progress.best_step == Some(manifest.step);
-        let path = write::commit(&options.dir, &tmp, &manifest).map_err(|e| e.to_string())?;
+        let (path, mut warnings) = write::commit(&options.dir, &tmp, &manifest).map_err(|e| e.to_string())?;
+        // From here the checkpoint is durable under its name: what fails now is a warning,
+        // so the run goes on and counts the checkpoint as written.
         if best {
-            write::mark_best(&options.dir, manifest.step).map_err(|e| e.to_string())?;
+            if let Err(e) = write::mark_best(&options.dir, manifest.step) {
+                warnings.push(format!(
+                    "{} is the best evaluated checkpoint, but {} could not be pointed at it: {e}",
+                    path.display(),
+                    options.dir.join(tiderec_sinks::checkpoint::layout::BEST_LINK).display()
+                ));
+            }
         }
-        for warning in write::prune(&options.dir, position.step, options.keep) {
+        warnings.extend(write::prune(&options.dir, position.step, options.keep));
+        for warning in warnings {
             eprintln!("warning: {warning}");
         }
         Ok((path, bytes))

@@ -35,8 +35,11 @@
 //!   the previous checkpoint this run wrote (durable before the delta begins),
 //!   and every worker's changes count from that checkpoint's snapshot. The first
 //!   checkpoint of a run, the first after any restore, the one after
-//!   `--checkpoint-deltas` deltas, and the one after deltas whose rows (shard
-//!   files) pass `--checkpoint-delta-share` of the last whole checkpoint's are whole.
+//!   `--checkpoint-deltas` deltas, the one after deltas whose rows (shard
+//!   files) pass `--checkpoint-delta-share` of the last whole checkpoint's, and
+//!   one that rewrites the step of the chain's newest link (an improving
+//!   evaluation after the step's checkpoint) are whole: a delta's parent is
+//!   always of an earlier step, never the directory the delta replaces.
 //! * **Durable before announced.** [`Checkpointer::take_durable`] hands out a
 //!   checkpoint's position only after round 3 reported the rename; the online
 //!   trainer commits Kafka offsets to the consumer group only then.
@@ -59,7 +62,11 @@
 //! directory and replacing its checkpoints.
 //!
 //! **Resuming**: each process reads the newest valid checkpoint once
-//! ([`load_for_resume`], skipping damaged ones with a warning) and every
+//! ([`load_for_resume`], skipping damaged ones with a warning; a newer one it
+//! cannot judge, of a newer format version or unreadable for another reason
+//! than damage, is an error naming it, since the run's first checkpoint would
+//! prune it; a checkpoint left as `.old-ckpt-<step>-<pid>` by an interrupted
+//! replacement is first renamed back to `ckpt-<step>`) and every
 //! worker restores its own rows and dense slice from it
 //! ([`Checkpointer::restore`]); the workers then agree, in one round, that
 //! all of them restored the same step.
@@ -71,6 +78,7 @@ mod writer;
 pub use writer::Checkpointer;
 
 use crate::dir_lock::{lock_file_name, DirLock};
+use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
@@ -209,7 +217,29 @@ pub fn load_for_resume(
     pipeline: &FeaturePipeline,
     data: &DataCheck,
 ) -> Result<Option<Checkpoint>, PipelineError> {
+    // A replacement that a crash interrupted left its checkpoint under `.old-ckpt-…`.
+    for note in checkpoint::write::restore_replaced(dir) {
+        eprintln!("warning: {note}");
+    }
     let search = checkpoint::find_latest(dir)?;
+    // The run's first checkpoint prunes every later step: refuse rather than remove one
+    // that may be valid (a newer build's, or unreadable for now).
+    let unjudged: Vec<&checkpoint::Skipped> = search.skipped.iter().filter(|s| !s.reason.is_damage()).collect();
+    if let Some(first) = unjudged.first() {
+        let list: Vec<String> = unjudged.iter().map(|s| format!("{} ({})", s.path.display(), s.reason)).collect();
+        return Err(PipelineError::checkpoint(
+            CheckpointAction::Restore,
+            Some(first.path.clone()),
+            format!(
+                "--resume would go back past {} newer checkpoint(s) that this build cannot judge, and the run's \
+                 first checkpoint would remove them: {}; resume with the build that wrote them, fix what keeps \
+                 them from being read, or move them out of {}",
+                unjudged.len(),
+                list.join("; "),
+                dir.display()
+            ),
+        ));
+    }
     for s in &search.skipped {
         eprintln!("warning: skipping checkpoint {}: {}", s.path.display(), s.reason);
     }

@@ -268,7 +268,7 @@ impl Checkpointer {
         self.advance(worker, true)?;
         let step = position.step;
         let begin = if worker.index() == 0 {
-            let delta = self.next_delta(trainer, options);
+            let delta = self.next_delta(trainer, options, step);
             write::create_temp(&options.dir, step).map(|tmp| (tmp, delta)).map_err(|e| e.to_string())
         } else {
             Err(String::new())
@@ -305,10 +305,15 @@ impl Checkpointer {
         Ok(())
     }
 
-    /// Worker 0's choice for the next checkpoint: a delta extending this run's
-    /// chain, or `None` for a whole one (see the module docs for when).
-    fn next_delta(&self, trainer: &Trainer, options: &CheckpointOptions) -> Option<DeltaLink> {
+    /// Worker 0's choice for the checkpoint of `step`: a delta extending this run's
+    /// chain, or `None` for a whole one (see the module docs for when). A checkpoint
+    /// that replaces the chain's newest link (the same step, written again after an
+    /// evaluation) is whole: as a delta its parent would be the directory it replaces.
+    fn next_delta(&self, trainer: &Trainer, options: &CheckpointOptions, step: u64) -> Option<DeltaLink> {
         let chain = self.chain?;
+        if chain.last >= step {
+            return None;
+        }
         let (base, base_bytes) = chain.base;
         let (deltas, delta_bytes) = chain.deltas;
         let within = deltas < options.deltas && (delta_bytes as f64) <= options.delta_share * base_bytes as f64;

@@ -395,7 +395,7 @@ impl<'a> OnlineRun<'a> {
         }
         let progress = if me == 0 { Progress::new(s.run.progress, None) } else { Progress::None };
         let log = match (me, s.cluster.process) {
-            (0, 0) => MetricsLog::for_run(&s.run, resumed.is_some() || s.checkpoints.resume, true)?,
+            (0, 0) => MetricsLog::for_run(&s.run, resumed.as_ref().map(|m| m.step), s.checkpoints.resume, true)?,
             _ => None,
         };
         let batch = Batch::with_sequences(ctx.resolved.shape.0, ctx.resolved.shape.1, format.num_sequences());

@@ -92,7 +92,7 @@ impl<'a> TrainRun<'a> {
             0 => {
                 // `--resume` appends even when there was no checkpoint to resume: the file
                 // was let through as the log of the run it continues.
-                let log = MetricsLog::for_run(&s.run, resumed.is_some() || s.checkpoints.resume, false)?;
+                let log = MetricsLog::for_run(&s.run, resumed.as_ref().map(|m| m.step), s.checkpoints.resume, false)?;
                 Reports::new(log, ctx.live.clone())
             }
             _ => Reports::new(None, None),
@@ -371,6 +371,7 @@ impl<'a> TrainRun<'a> {
     pub(super) fn end_of_run(&mut self, worker: &mut timely::worker::Worker) -> Result<(), PipelineError> {
         self.check_train()?;
         // The end of the run (`--steps`, mid-epoch): its evaluation, unless one of this step exists.
+        let mut improved = false;
         if self.has_eval
             && !self.interrupted
             && self.stopped_early.is_none()
@@ -380,11 +381,16 @@ impl<'a> TrainRun<'a> {
             if verdict.stop {
                 self.stopped_early = Some(self.steps);
             }
+            improved = verdict.improved;
         }
         self.reports.finish(self.evals.tracker.last(), self.evals.tracker.best().map(|e| e.step))?;
-        // The end of the run is a checkpoint too, unless one of this step exists; an early stop
-        // goes back to the best step's model instead, whose checkpoint `DIR/best` names.
-        if self.stopped_early.is_none() && self.checkpointer.due_at_boundary(self.steps) {
+        // The end of the run is a checkpoint too, unless one of this step exists; an improving
+        // last evaluation is checkpointed even then (replacing the step's checkpoint written
+        // before it), so `DIR/best` names the summary's best step. An early stop goes back to
+        // the best step's model instead, whose checkpoint `DIR/best` names.
+        if self.stopped_early.is_none()
+            && (self.checkpointer.due_at_boundary(self.steps) || (improved && self.checkpointer.enabled()))
+        {
             self.checkpoint(worker)?;
         }
         self.checkpointer.finish(worker)

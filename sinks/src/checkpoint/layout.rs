@@ -5,7 +5,8 @@
 //!                /dense.safetensors
 //!                /shard-<k>.safetensors        k = 0 … workers-1
 //! DIR/.tmp-ckpt-<step>-<pid>/                  a checkpoint being written
-//! DIR/.old-ckpt-<step>-<pid>/                  a replaced one, being removed
+//! DIR/.old-ckpt-<step>-<pid>/                  a replaced one, being removed (restored
+//!                                              if its replacement never got the name)
 //! DIR/best -> ckpt-<step>                      the best evaluated checkpoint (a relative symlink)
 //! ```
 //!
@@ -53,6 +54,13 @@ pub fn step_of(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The step of a replaced checkpoint's name (`.old-ckpt-<step>-<pid>`).
+pub fn replaced_step(name: &str) -> Option<u64> {
+    let (step, pid) = name.strip_prefix(OLD_PREFIX)?.split_once('-')?;
+    pid.parse::<u32>().ok()?;
+    step_of(&format!("ckpt-{step}"))
+}
+
 /// The process id in a temporary name (`.tmp-ckpt-<step>-<pid>`, `.old-ckpt-<step>-<pid>`).
 pub fn temp_pid(name: &str) -> Option<u32> {
     let rest = name.strip_prefix(TEMP_PREFIX).or_else(|| name.strip_prefix(OLD_PREFIX))?;
@@ -94,6 +102,10 @@ mod tests {
         assert_eq!(temp_pid(".tmp-ckpt-30-4411"), Some(4411));
         assert_eq!(temp_pid(".old-ckpt-30-12"), Some(12));
         assert_eq!(temp_pid("ckpt-30"), None);
+        assert_eq!(replaced_step(".old-ckpt-30-12"), Some(30));
+        for bad in [".old-ckpt-30", ".old-ckpt-x-12", ".tmp-ckpt-30-12", "ckpt-30"] {
+            assert_eq!(replaced_step(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -13,6 +13,10 @@
 //! count) and follow its parent's step; the deltas are then applied in order
 //! ([`apply_delta`]). So a damaged delta makes the later links of its chain
 //! unusable too, and [`find_latest`] falls back to the link before it.
+//!
+//! Not every checkpoint skipped is damaged: one of a newer format version, or
+//! one whose files could not be read for another reason than their absence, was
+//! not judged ([`LoadError::is_damage`]); a run must not remove it as damaged.
 
 use super::layout::{checkpoint_name, list_checkpoints, shard_file, DENSE_FILE, MANIFEST_FILE};
 use super::manifest::{Manifest, FORMAT_VERSION, OLDEST_READABLE_VERSION};
@@ -155,6 +159,24 @@ pub enum LoadError {
         #[source]
         source: TensorError,
     },
+}
+
+impl LoadError {
+    /// Whether the checkpoint was judged damaged (torn, altered, incomplete, or a delta
+    /// whose chain is). `false` when it could not be judged and may well be valid: written
+    /// by another format version (a newer build's), or a file that exists but could not be
+    /// read (permissions, an I/O error). A writer must never remove such a checkpoint as
+    /// damaged.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            LoadError::FormatVersion { .. } => false,
+            LoadError::Read { source, .. } => {
+                matches!(source.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidData)
+            }
+            LoadError::Chain { source, .. } => source.is_damage(),
+            _ => true,
+        }
+    }
 }
 
 /// The outcome of [`find_latest`].

@@ -402,3 +402,51 @@ fn a_delta_chain_reads_whole_falls_back_past_a_damaged_link_and_prunes_as_one() 
     let c = search.found.unwrap();
     assert_eq!((c.manifest.step, c.parts.clone()), (10, parts(10)));
 }
+
+/// A delta whose parent is its own step would replace the checkpoint it needs: the
+/// commit refuses it before renaming anything, and the checkpoint stays as it was.
+#[test]
+fn a_delta_of_its_own_step_is_refused_and_replaces_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), 10, 3);
+    let before = std::fs::read(dir.path().join("ckpt-10").join(MANIFEST_FILE)).unwrap();
+    let mut m = manifest(10);
+    m.delta = Some(DeltaLink { parent: 10, base: 10 });
+    let e = write_checkpoint(dir.path(), &parts(10), m, 3).unwrap_err().to_string();
+    assert!(e.contains("delta") && e.contains("ckpt-10"), "{e}");
+    assert_eq!(std::fs::read(dir.path().join("ckpt-10").join(MANIFEST_FILE)).unwrap(), before);
+    assert_eq!(find_latest(dir.path()).unwrap().found.unwrap().manifest.step, 10);
+}
+
+/// A replacement cut short between its two renames leaves `.old-ckpt-<step>-<pid>` and no
+/// `ckpt-<step>`: the next prune renames it back instead of removing it; a `.old-…` whose
+/// checkpoint exists is litter and goes.
+#[test]
+fn pruning_restores_a_replaced_checkpoint_whose_replacement_never_got_the_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for step in [10, 20] {
+        write(dir.path(), step, 3);
+    }
+    std::fs::rename(dir.path().join("ckpt-20"), dir.path().join(".old-ckpt-20-999999999")).unwrap();
+    std::fs::create_dir(dir.path().join(".old-ckpt-10-999999998")).unwrap();
+    let warnings = prune(dir.path(), 20, 3);
+    assert!(warnings.iter().any(|w| w.contains("restored") && w.contains(".old-ckpt-20-999999999")), "{warnings:?}");
+    let steps: Vec<u64> = list_checkpoints(dir.path()).unwrap().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(steps, vec![10, 20]);
+    assert!(!dir.path().join(".old-ckpt-10-999999998").exists());
+    assert_eq!(find_latest(dir.path()).unwrap().found.unwrap().manifest.step, 20);
+}
+
+/// Only damage is judged damage: a newer format version or a read failing for another
+/// reason than a missing file may be a valid checkpoint.
+#[test]
+fn skipped_checkpoints_tell_damage_from_what_could_not_be_judged() {
+    let io = |kind| LoadError::Read { file: "dense.safetensors".into(), source: std::io::Error::from(kind) };
+    assert!(!LoadError::FormatVersion { version: FORMAT_VERSION + 1 }.is_damage());
+    assert!(!io(std::io::ErrorKind::PermissionDenied).is_damage());
+    assert!(io(std::io::ErrorKind::NotFound).is_damage());
+    assert!(LoadError::NoManifest.is_damage());
+    let chain = |source| LoadError::Chain { step: 5, source: Box::new(source) };
+    assert!(!chain(LoadError::FormatVersion { version: FORMAT_VERSION + 1 }).is_damage());
+    assert!(chain(LoadError::NoManifest).is_damage());
+}

@@ -12,10 +12,15 @@
 //!
 //! A crash at any point leaves either a complete `ckpt-<step>` or none (a
 //! temporary directory, which loading ignores and the next prune removes).
+//! Replacing a checkpoint of the same step renames the old one to
+//! `.old-ckpt-<step>-<pid>` first; a crash before the new one takes the name
+//! leaves that as the only copy, which [`restore_replaced`] (on resume, and
+//! before every prune) renames back instead of removing. A delta never replaces
+//! the checkpoint it follows ([`commit`] refuses it).
 
 use super::layout::{
-    best_step, checkpoint_name, shard_file, step_of, temp_pid, BEST_LINK, DENSE_FILE, MANIFEST_FILE, OLD_PREFIX,
-    TEMP_PREFIX,
+    best_step, checkpoint_name, replaced_step, shard_file, step_of, temp_pid, BEST_LINK, DENSE_FILE, MANIFEST_FILE,
+    OLD_PREFIX, TEMP_PREFIX,
 };
 use super::manifest::{FileEntry, Manifest};
 use super::tensors::{self, Tensor, Values};
@@ -175,8 +180,26 @@ pub fn write_dense(
 
 /// Writes `manifest.json` into `tmp`, makes the directory durable and
 /// renames it to `dir/ckpt-<step>` (replacing an existing checkpoint of that
-/// step); returns the final path.
-pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<PathBuf, SinkError> {
+/// step); returns the final path, and a warning for each thing that went wrong
+/// only after the new checkpoint was durable under its name (the replaced
+/// directory could not be removed: it costs disk space, never correctness).
+///
+/// A delta must follow an earlier step: a manifest whose delta parent is its own
+/// step (or later) is refused before anything is renamed, since replacing
+/// `ckpt-<step>` would remove the very checkpoint the delta needs.
+pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<(PathBuf, Vec<String>), SinkError> {
+    if let Some(link) = manifest.delta.filter(|link| link.parent >= manifest.step) {
+        return Err(SinkError::Checkpoint {
+            path: tmp.display().to_string(),
+            reason: format!(
+                "the checkpoint of step {} is a delta of {}: a delta follows an earlier checkpoint (refusing to \
+                 replace {} with a delta of itself)",
+                manifest.step,
+                checkpoint_name(link.parent),
+                dir.join(checkpoint_name(manifest.step)).display()
+            ),
+        });
+    }
     let path = tmp.join(MANIFEST_FILE);
     let text = serde_json::to_string_pretty(manifest)
         .map_err(|e| SinkError::Checkpoint { path: path.display().to_string(), reason: e.to_string() })?;
@@ -190,12 +213,74 @@ pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<PathBuf, Si
     if replaced {
         std::fs::rename(&target, &old).map_err(io_error(&target))?;
     }
-    std::fs::rename(tmp, &target).map_err(io_error(&target))?;
-    sync_dir(dir)?;
-    if replaced {
-        std::fs::remove_dir_all(&old).map_err(io_error(&old))?;
+    if let Err(e) = std::fs::rename(tmp, &target) {
+        // Put the replaced checkpoint back under its name (a crash before this is
+        // undone by [`restore_replaced`]).
+        if replaced {
+            let _ = std::fs::rename(&old, &target);
+        }
+        return Err(io_error(&target)(e));
     }
-    Ok(target)
+    sync_dir(dir)?;
+    let mut warnings = Vec::new();
+    if replaced {
+        if let Err(e) = std::fs::remove_dir_all(&old) {
+            warnings.push(format!(
+                "{} is durable, but the checkpoint it replaced, {}, could not be removed: {e}",
+                target.display(),
+                old.display()
+            ));
+        }
+    }
+    Ok((target, warnings))
+}
+
+/// Undoes replacements of a checkpoint that a crash interrupted: a
+/// `.old-ckpt-<step>-<pid>` of another process whose `ckpt-<step>` is missing
+/// is the only copy of that checkpoint (its replacement never got the name), so
+/// it is renamed back to `ckpt-<step>`. One whose `ckpt-<step>` exists is left
+/// (the replacement is durable; [`prune`] removes it). Returns a line per
+/// checkpoint restored and per rename that failed. Only a writer that holds the
+/// directory (a run resuming, [`prune`]) may call it: renaming under a run that
+/// is replacing a checkpoint would make its rename fail.
+pub fn restore_replaced(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut notes = Vec::new();
+    let mut restored = false;
+    let mut olds: Vec<(u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let step = replaced_step(&name)?;
+            temp_pid(&name).is_some_and(|pid| pid != std::process::id()).then(|| (step, e.path()))
+        })
+        .collect();
+    olds.sort();
+    for (step, old) in olds {
+        let target = dir.join(checkpoint_name(step));
+        if target.exists() {
+            continue;
+        }
+        match std::fs::rename(&old, &target) {
+            Ok(()) => {
+                restored = true;
+                notes.push(format!(
+                    "restored {} from {}, left by a replacement that did not finish",
+                    target.display(),
+                    old.display()
+                ));
+            }
+            // Another process of the run restored it first.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && target.exists() => {}
+            Err(e) => notes.push(format!("cannot restore {} from {}: {e}", target.display(), old.display())),
+        }
+    }
+    if restored {
+        if let Err(e) = sync_dir(dir) {
+            notes.push(e.to_string());
+        }
+    }
+    notes
 }
 
 /// Points `dir/best` at the (durable) checkpoint of `step`: a relative symlink
@@ -219,7 +304,8 @@ pub fn mark_best(dir: &Path, step: u64) -> Result<(), SinkError> {
 /// delta's chain needs, back to its whole checkpoint. Returns a warning per entry that could
 /// not be removed; a leftover costs disk space, never correctness.
 pub fn prune(dir: &Path, step: u64, keep: usize) -> Vec<String> {
-    let mut warnings = Vec::new();
+    // A replaced checkpoint whose replacement never got its name is a checkpoint, not litter.
+    let mut warnings = restore_replaced(dir);
     let best = best_step(dir);
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -304,6 +390,7 @@ pub fn write_checkpoint(
     manifest.files.insert(name, entry);
     manifest.workers = parts.len();
     manifest.updated_only = parts.iter().any(|p| p.updated_only);
-    let path = commit(dir, &tmp, &manifest)?;
-    Ok((path, prune(dir, manifest.step, keep)))
+    let (path, mut warnings) = commit(dir, &tmp, &manifest)?;
+    warnings.extend(prune(dir, manifest.step, keep));
+    Ok((path, warnings))
 }
