@@ -3,6 +3,12 @@
 //! Invariants:
 //! * Every job gets exactly one reply: its scores, in record order, with the
 //!   step of the model that scored all of them; or the first bad record.
+//! * Every job is scored by the model of the generation its request pinned
+//!   when it started (`generations.rs`): a batch holds jobs of one
+//!   generation, so one request's records are all scored by one model,
+//!   whatever reloads happen meanwhile. A job of a generation not made yet
+//!   (its delta waits for the requests of the previous one) waits, and is
+//!   scored once it is made.
 //! * A reload never fails or drops a request: the new model is loaded off
 //!   this thread and taken between two batches, so each batch is scored by
 //!   one model; it is published in [`ServingState`] when taken, also when no
@@ -15,63 +21,20 @@
 //!   all (then [`ServingState::stale`] asks the watcher for a whole load), so no
 //!   request is ever scored by a half-applied one; it is applied only onto the
 //!   model of the step it follows, so after one that failed, none is applied
-//!   until a whole load.
+//!   until a whole load. It is applied only once no request holds the model it
+//!   changes, which is never changed under a request.
 //! * A batch is counted in [`ServingState`] before its answers are sent, so
 //!   a client holding its answer sees its records counted.
 
-use super::budget::Body;
+use super::generations::{Generations, Models};
 use super::score::{Delta, Loaded};
-use std::ops::Range;
+use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tiderec_operators::Batch;
 
-/// What the scoring thread is sent.
-pub enum Work {
-    /// Records to score.
-    Score(Job),
-    /// A newer model, taken between two batches.
-    Swap(Box<Loaded>),
-    /// The delta that follows the served checkpoint, applied between two batches.
-    Delta(Box<Delta>),
-}
-
-/// Records of one request (at most `max_batch` of them) and where their reply goes.
-pub struct Job {
-    /// The request's body (its budget is given back when the last job lets go of it).
-    pub body: Arc<Body>,
-    /// The records, as ranges of the body.
-    pub records: Vec<Range<usize>>,
-    /// The index in the request of the first of them.
-    pub first: usize,
-    /// The reply channel.
-    pub reply: Sender<Reply>,
-}
-
-/// What a request gets back.
-#[derive(Debug)]
-pub enum Reply {
-    /// Scores in record order, and the step of the model that gave them.
-    Scored {
-        /// Step of the checkpoint.
-        step: u64,
-        /// How many models were taken before the one that scored (a request scored in
-        /// several jobs checks that one model scored them all).
-        generation: u64,
-        /// Click probabilities.
-        scores: Vec<f32>,
-    },
-    /// The model could not score the batch (a shape the checkpoint does not fit); the message says why.
-    Failed(String),
-    /// A record could not be featurized; nothing of the request was scored.
-    BadRecord {
-        /// Index of the record in the request.
-        index: usize,
-        /// What was wrong.
-        reason: String,
-    },
-}
+pub use super::work::{Job, Reply, Work};
 
 /// The model currently served, as readers outside the scoring thread see it.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -123,66 +86,74 @@ pub struct BatchLimits {
     pub max_wait: Duration,
 }
 
-/// Runs until every sender of `work` is gone.
-pub fn run(mut model: Loaded, work: Receiver<Work>, state: Arc<Mutex<ServingState>>, limits: BatchLimits) {
-    let mut batch = model.batch();
-    let mut one = model.batch();
+/// Runs until every sender of `work` is gone, scoring each job with the model of its
+/// generation (`first` is generation 0 of `generations`).
+pub fn run(
+    first: Loaded,
+    generations: Arc<Generations>,
+    work: Receiver<Work>,
+    state: Arc<Mutex<ServingState>>,
+    limits: BatchLimits,
+) {
+    let mut models = Models::new(first, generations);
+    let mut buffers: Option<(u64, Batch, Batch)> = None;
     let mut scores = Vec::new();
     let mut taken: Vec<(Sender<Reply>, usize)> = Vec::new();
-    let mut generation = 0u64;
-    let mut carry = None;
-    while let Some(first) = carry.take().or_else(|| work.recv().ok()) {
+    // Work taken from the channel and not handled yet, then jobs whose model was made since.
+    let mut pending: VecDeque<Work> = VecDeque::new();
+    // Jobs of a generation whose delta waits.
+    let mut waiting: Vec<Job> = Vec::new();
+    while let Some(first) = pending.pop_front().or_else(|| work.recv().ok()) {
         let first = match first {
             Work::Swap(newer) => {
-                model = *newer;
-                batch = model.batch();
-                one = model.batch();
-                generation += 1;
-                swapped(&model, &state);
+                swapped(&newer, &state);
+                models.swap(*newer);
                 continue;
             }
             Work::Delta(delta) => {
-                match model.apply_delta(&delta) {
-                    Ok(()) => {
-                        generation += 1;
-                        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-                        (s.step, s.checkpoint) = (model.step, model.path.display().to_string());
-                        s.deltas += 1;
-                    }
-                    Err(e) => {
-                        let warning = format!("cannot apply the delta {}: {e}", delta.path.display());
-                        eprintln!("warning: serve: {warning}; loading the newest checkpoint whole");
-                        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-                        (s.warning, s.stale) = (Some(warning), true);
-                    }
-                }
+                models.delta(delta, |model, delta, current| apply(model, delta, current, &state));
+                wake(&mut models, &mut waiting, &mut pending);
+                continue;
+            }
+            Work::Released => {
+                models.released(|model, delta, current| apply(model, delta, current, &state));
+                wake(&mut models, &mut waiting, &mut pending);
                 continue;
             }
             Work::Score(job) => job,
         };
+        let generation = first.generation;
+        let Some(model) = models.get(generation) else {
+            waiting.push(first);
+            continue;
+        };
+        let (batch, one) = shaped(&mut buffers, generation, model);
         batch.clear();
         taken.clear();
         let deadline = Instant::now() + limits.max_wait;
         let mut next = Some(first);
         while let Some(job) = next.take() {
-            add(&model, job, &mut batch, &mut one, &mut taken);
+            add(model, job, batch, one, &mut taken);
             if batch.len() >= limits.max_batch {
                 break;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            // A timeout or a closed channel ends the batch; a swap, or a job that does not fit,
-            // ends it and starts the next.
-            match work.recv_timeout(left) {
-                Ok(Work::Score(job)) if batch.len() + job.records.len() <= limits.max_batch => next = Some(job),
-                Ok(other) => carry = Some(other),
-                Err(_) => {}
+            // A timeout or a closed channel ends the batch; a swap, a job of another generation
+            // or one that does not fit ends it and starts the next.
+            match next_work(&mut pending, &work, deadline) {
+                Some(Work::Score(job))
+                    if job.generation == generation && batch.len() + job.records.len() <= limits.max_batch =>
+                {
+                    next = Some(job)
+                }
+                Some(other) => pending.push_front(other),
+                None => {}
             }
         }
         if batch.is_empty() {
             continue;
         }
         scores.clear();
-        let scored = model.score(&mut batch, &mut scores);
+        let scored = model.score(batch, &mut scores);
         // Counted before the answers go out: a client that has its answer sees it counted.
         {
             let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
@@ -192,10 +163,60 @@ pub fn run(mut model: Loaded, work: Receiver<Work>, state: Arc<Mutex<ServingStat
         let mut at = 0;
         for (reply, n) in taken.drain(..) {
             let _ = reply.send(match &scored {
-                Ok(()) => Reply::Scored { step: model.step, generation, scores: scores[at..at + n].to_vec() },
+                Ok(()) => Reply::Scored { step: model.step, scores: scores[at..at + n].to_vec() },
                 Err(e) => Reply::Failed(e.to_string()),
             });
             at += n;
+        }
+    }
+}
+
+/// The next work of a batch being filled: what is pending, else what arrives on `work` before
+/// `deadline` (`None` past it, or once every sender is gone).
+fn next_work(pending: &mut VecDeque<Work>, work: &Receiver<Work>, deadline: Instant) -> Option<Work> {
+    pending.pop_front().or_else(|| work.recv_timeout(deadline.saturating_duration_since(Instant::now())).ok())
+}
+
+/// The batch buffers for records of `model`, of generation `generation` (made anew for
+/// another generation, whose records may have another shape).
+fn shaped<'b>(
+    buffers: &'b mut Option<(u64, Batch, Batch)>,
+    generation: u64,
+    model: &Loaded,
+) -> (&'b mut Batch, &'b mut Batch) {
+    if buffers.as_ref().is_some_and(|(made, _, _)| *made != generation) {
+        *buffers = None;
+    }
+    let (_, batch, one) = buffers.get_or_insert_with(|| (generation, model.batch(), model.batch()));
+    (batch, one)
+}
+
+/// Moves the waiting jobs whose model is made to `pending`, in the order they came.
+fn wake(models: &mut Models<Loaded>, waiting: &mut Vec<Job>, pending: &mut VecDeque<Work>) {
+    let (ready, still): (Vec<Job>, Vec<Job>) =
+        std::mem::take(waiting).into_iter().partition(|job| models.get(job.generation).is_some());
+    *waiting = still;
+    pending.extend(ready.into_iter().map(Work::Score));
+}
+
+/// Applies `delta` onto `model`, publishing the model in `state` when its generation is
+/// `current` (else a later one, already published, superseded it).
+fn apply(model: &mut Loaded, delta: &Delta, current: bool, state: &Mutex<ServingState>) {
+    match model.apply_delta(delta) {
+        Ok(()) => {
+            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+            if current {
+                (s.step, s.checkpoint) = (model.step, model.path.display().to_string());
+            }
+            s.deltas += 1;
+        }
+        Err(e) => {
+            let warning = format!("cannot apply the delta {}: {e}", delta.path.display());
+            eprintln!("warning: serve: {warning}; loading the newest checkpoint whole");
+            if current {
+                let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                (s.warning, s.stale) = (Some(warning), true);
+            }
         }
     }
 }

@@ -7,11 +7,14 @@
 //!   ([`BodyBudget::new`]): a reservation is taken whole or not at all
 //!   ([`Reservation::grow`]), both counts checked and updated under one lock,
 //!   so concurrent requests cannot overshoot either together. With a share
-//!   below the limit, one address (however many connections it opens, with
-//!   heads alone announcing the largest body) cannot hold the whole budget.
-//! * A body's bytes are reserved before they are read: a `Content-Length`
-//!   body's whole length before its first byte, a chunked body's buffer
-//!   before each time it grows.
+//!   below the limit, one address (however many connections it opens and
+//!   bodies it sends) cannot hold the whole budget.
+//! * A body's bytes are reserved as they arrive, never for a length only
+//!   announced: its buffer grows (by doubling) once bytes are there to fill
+//!   it, each growth reserved first (`http.rs`), so heads announcing large
+//!   bodies, and bodies that stall, hold only what they sent (at most about
+//!   twice). A length announced may be checked against what is left
+//!   ([`Reservation::fits`]), which reserves nothing.
 //! * A reservation is released when it is dropped, however its request
 //!   ends: with the [`Body`] that holds it once the body is read (after the
 //!   last job scoring it lets go of it), or on the error path that gave up
@@ -82,15 +85,21 @@ impl BodyBudget {
     /// Takes `n` more bytes for `ip` if they fit under the limit and its share.
     fn take(&self, ip: IpAddr, n: usize) -> Result<(), Full> {
         let mut used = self.used();
+        let total = self.room(&used, ip, n)?;
+        used.total = total;
+        *used.by_address.entry(ip).or_insert(0) += n;
+        Ok(())
+    }
+
+    /// The total reserved once `n` more bytes are for `ip`, if they fit under the limit and its
+    /// share in `used`.
+    fn room(&self, used: &Used, ip: IpAddr, n: usize) -> Result<usize, Full> {
         let held = used.by_address.get(&ip).copied().unwrap_or(0);
         if held.checked_add(n).is_none_or(|h| h > self.share) {
             return Err(Full::Address { ip, held, share: self.share });
         }
         let total = used.total.checked_add(n).filter(|&t| t <= self.limit);
-        let Some(total) = total else { return Err(Full::Total { held: used.total, limit: self.limit }) };
-        used.total = total;
-        *used.by_address.entry(ip).or_insert(0) += n;
-        Ok(())
+        total.ok_or(Full::Total { held: used.total, limit: self.limit })
     }
 
     fn give_back(&self, ip: IpAddr, n: usize) {
@@ -117,6 +126,12 @@ impl Reservation {
     /// A reservation of no bytes yet, for a request from `ip`.
     pub fn empty(budget: &Arc<BodyBudget>, ip: IpAddr) -> Reservation {
         Reservation { budget: budget.clone(), ip, bytes: 0 }
+    }
+
+    /// Whether `n` more bytes would fit now; nothing is reserved (another request may take
+    /// them first).
+    pub fn fits(&self, n: usize) -> Result<(), Full> {
+        self.budget.room(&self.budget.used(), self.ip, n).map(|_| ())
     }
 
     /// Reserves `n` more bytes; refused (and nothing more reserved) when they do not fit.
@@ -169,12 +184,15 @@ mod tests {
         assert!(a.grow(60).is_ok() && a.grow(40).is_ok());
         assert_eq!(budget.in_use(), 100);
         let mut b = Reservation::empty(&budget, B);
+        assert_eq!(b.fits(1), Err(Full::Total { held: 100, limit: 100 }));
         assert_eq!(b.grow(1), Err(Full::Total { held: 100, limit: 100 }), "nothing is left");
         assert!(b.grow(usize::MAX).is_err(), "an overflowing request is refused, not wrapped");
         let body = Body::new(b"abc".to_vec(), a);
         assert_eq!(&*body, b"abc");
         drop(body);
         assert_eq!(budget.in_use(), 0, "the body's reservation went with it");
+        assert!(b.fits(100).is_ok() && b.fits(101).is_err());
+        assert_eq!(budget.in_use(), 0, "a check reserves nothing");
         assert!(b.grow(100).is_ok());
         drop(b);
         assert_eq!(budget.in_use(), 0);

@@ -14,12 +14,17 @@
 //!   response a few bytes at a time cannot stretch it past the deadline.
 //! * A head is at most [`MAX_HEAD`] bytes; a `Content-Length` body is read
 //!   only once its announced length is known to be within the caller's
-//!   limit, into one buffer of exactly that length.
+//!   limit.
+//! * A body's buffer grows only with the bytes received, never for bytes
+//!   announced (a `Content-Length`, a chunk's size) and not sent: it grows
+//!   once bytes are there to fill it, by what they need or by doubling what
+//!   it holds (up to the announced length, or the limit for a chunked body),
+//!   and only after the caller's `grow` accepts the bytes it adds. Its
+//!   capacity is what `grow` accepted, at most about twice what arrived.
 //! * A chunked body ([`read_chunked`]) never holds more than the caller's
 //!   limit: each chunk's size is checked against it when its size line is
 //!   read, before its data (over it: [`ChunkedError::TooLarge`], the rest is
-//!   not read), and the buffer grows only after the caller's `grow` accepts
-//!   the bytes it adds. A size line is at most [`MAX_CHUNK_LINE`] bytes and
+//!   not read). A size line is at most [`MAX_CHUNK_LINE`] bytes and
 //!   the trailers (read and ignored) at most [`MAX_HEAD`]; every line ends
 //!   in CRLF. Any bytes give a body or a typed error, never a panic.
 //! * A head is read one way only (RFC 9112 §5, against request smuggling):
@@ -64,7 +69,7 @@ pub enum HttpError {
         /// The limit.
         max: usize,
     },
-    /// The caller's `grow` refused more bytes of a chunked body.
+    /// The caller's `grow` refused more bytes of a body.
     #[error("no memory left for the request body")]
     Refused,
     /// The connection failed.
@@ -293,21 +298,91 @@ fn parse_head(head: &[u8], lines: &[(usize, usize)]) -> Result<Head, HttpError> 
     Ok(out)
 }
 
-/// Reads a body of `length` bytes before `deadline`.
-pub fn read_body(reader: &mut BufReader<TcpStream>, length: usize, deadline: Instant) -> Result<Vec<u8>, HttpError> {
-    let mut body = vec![0; length];
-    let mut at = 0;
-    while at < length {
-        arm(reader, deadline)?;
-        match reader.read(&mut body[at..]) {
-            Ok(0) => return Err(HttpError::Closed),
-            Ok(n) => at += n,
-            Err(e) if timed_out(&e) => return Err(HttpError::Timeout),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(HttpError::Io(e)),
+/// Reads a body of `length` bytes (within the caller's limit) before `deadline`, its buffer
+/// growing with the bytes received (see [`read_sized`]).
+pub fn read_body(
+    reader: &mut BufReader<TcpStream>,
+    length: usize,
+    deadline: Instant,
+    grow: impl FnMut(usize) -> bool,
+) -> Result<Vec<u8>, HttpError> {
+    read_sized(&mut Timed { reader, deadline }, length, grow)
+}
+
+/// Reads a body of exactly `length` bytes from `input`. Its buffer grows only once bytes are
+/// there to fill it (by what they need, or by doubling, up to `length`), each time after
+/// `grow(n)` accepts the `n` bytes it adds: a body announced and not sent holds nothing.
+fn read_sized(
+    input: &mut impl BufRead,
+    length: usize,
+    mut grow: impl FnMut(usize) -> bool,
+) -> Result<Vec<u8>, HttpError> {
+    let mut body = Growing::new(length);
+    while body.len() < length {
+        let available = match input.fill_buf() {
+            Ok([]) => return Err(HttpError::Closed),
+            Ok(available) => available,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_error(e)),
+        };
+        let take = available.len().min(length - body.len());
+        if !body.append(&available[..take], &mut grow) {
+            return Err(HttpError::Refused);
         }
+        input.consume(take);
     }
-    Ok(body)
+    Ok(body.into_bytes())
+}
+
+/// A body read as its bytes arrive: its buffer grows to hold the bytes appended, by doubling
+/// (up to `max`), each growth accepted by the caller first; its capacity is what was accepted.
+struct Growing {
+    bytes: Vec<u8>,
+    /// The bytes `grow` accepted: the buffer's capacity.
+    reserved: usize,
+    max: usize,
+}
+
+impl Growing {
+    /// An empty body of at most `max` bytes, holding no buffer yet.
+    fn new(max: usize) -> Growing {
+        Growing { bytes: Vec::new(), reserved: 0, max }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Appends `more` (which must keep the body within `max`), growing the buffer first if it
+    /// is too small: to what it needs, or twice what it holds (up to `max`), once `grow`
+    /// accepts the bytes added; `false` (nothing appended) when it does not.
+    fn append(&mut self, more: &[u8], grow: &mut impl FnMut(usize) -> bool) -> bool {
+        let len = self.bytes.len() + more.len();
+        if len > self.reserved {
+            let target = len.max(self.reserved.saturating_mul(2).min(self.max));
+            if !grow(target - self.reserved) {
+                return false;
+            }
+            self.bytes.reserve_exact(target - self.bytes.len());
+            self.reserved = target;
+        }
+        self.bytes.extend_from_slice(more);
+        true
+    }
+
+    fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+/// The error of a failed read of a request's body: its deadline passed, the client closed the
+/// connection, or the connection failed.
+fn read_error(e: std::io::Error) -> HttpError {
+    match e.kind() {
+        _ if timed_out(&e) => HttpError::Timeout,
+        std::io::ErrorKind::UnexpectedEof => HttpError::Closed,
+        _ => HttpError::Io(e),
+    }
 }
 
 /// Why a chunked body could not be read ([`read_chunked`]).
@@ -332,33 +407,26 @@ pub enum ChunkedError {
 
 /// Reads one chunked body (RFC 9112 §7.1) from `input`: size lines in hex with optional
 /// extensions, each chunk's data and CRLF, the last (zero) chunk and the trailers, which
-/// are read and ignored. The body is at most `max` bytes; before its buffer grows by `n`
-/// bytes, `grow(n)` must accept them (the buffer's capacity is what was accepted).
+/// are read and ignored. The body is at most `max` bytes; its buffer grows only with the
+/// data received, not for a chunk's announced size, and before it grows by `n` bytes,
+/// `grow(n)` must accept them (the buffer's capacity is what was accepted).
 pub fn read_chunked(
     input: &mut impl BufRead,
     max: usize,
     mut grow: impl FnMut(usize) -> bool,
 ) -> Result<Vec<u8>, ChunkedError> {
-    let (mut body, mut reserved) = (Vec::new(), 0usize);
+    // Doubling (up to `max`) keeps a body of many small chunks from copying itself at every
+    // chunk.
+    let mut body = Growing::new(max);
     loop {
         let line = read_crlf_line(input, MAX_CHUNK_LINE, "a chunk size line")?;
         let size = chunk_size(&line)?;
         if size == 0 {
             read_trailers(input)?;
-            return Ok(body);
+            return Ok(body.into_bytes());
         }
-        let len = body.len().checked_add(size).filter(|&n| n <= max).ok_or(ChunkedError::TooLarge { max })?;
-        if len > reserved {
-            // Doubling (up to `max`) keeps a body of many small chunks from copying itself
-            // at every chunk; the buffer's capacity is what `grow` accepted.
-            let target = len.max(reserved.saturating_mul(2).min(max));
-            if !grow(target - reserved) {
-                return Err(ChunkedError::Refused);
-            }
-            body.reserve_exact(target - body.len());
-            reserved = target;
-        }
-        read_exact_into(input, &mut body, size)?;
+        body.len().checked_add(size).filter(|&n| n <= max).ok_or(ChunkedError::TooLarge { max })?;
+        read_chunk_data(input, &mut body, size, &mut grow)?;
         let mut end = [0u8; 2];
         read_exact_buf(input, &mut end)?;
         if end != *b"\r\n" {
@@ -458,8 +526,13 @@ fn fill(input: &mut impl BufRead) -> Result<&[u8], ChunkedError> {
     input.fill_buf().map_err(ChunkedError::Io)
 }
 
-/// Appends exactly `n` bytes of `input` to `out`.
-fn read_exact_into(input: &mut impl BufRead, out: &mut Vec<u8>, n: usize) -> Result<(), ChunkedError> {
+/// Appends exactly `n` bytes of `input` to `body` as they arrive (see [`Growing::append`]).
+fn read_chunk_data(
+    input: &mut impl BufRead,
+    body: &mut Growing,
+    n: usize,
+    grow: &mut impl FnMut(usize) -> bool,
+) -> Result<(), ChunkedError> {
     let mut left = n;
     while left > 0 {
         let available = fill(input)?;
@@ -467,7 +540,9 @@ fn read_exact_into(input: &mut impl BufRead, out: &mut Vec<u8>, n: usize) -> Res
             return Err(ChunkedError::Io(std::io::ErrorKind::UnexpectedEof.into()));
         }
         let take = available.len().min(left);
-        out.extend_from_slice(&available[..take]);
+        if !body.append(&available[..take], grow) {
+            return Err(ChunkedError::Refused);
+        }
         input.consume(take);
         left -= take;
     }
@@ -533,9 +608,7 @@ pub fn read_chunked_body(
         ChunkedError::Malformed(m) => HttpError::Bad(m),
         ChunkedError::TooLarge { max } => HttpError::TooLarge { max },
         ChunkedError::Refused => HttpError::Refused,
-        ChunkedError::Io(e) if timed_out(&e) => HttpError::Timeout,
-        ChunkedError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => HttpError::Closed,
-        ChunkedError::Io(e) => HttpError::Io(e),
+        ChunkedError::Io(e) => read_error(e),
     })
 }
 
@@ -732,6 +805,69 @@ mod tests {
             let e = parse(both).unwrap_err().to_string();
             assert!(e.contains("both Content-Length and Transfer-Encoding"), "{e}");
         }
+    }
+
+    /// Reads a `length`-byte body from `text`, delivered `piece` bytes at a time, with a budget
+    /// of `budget` bytes; the body and each growth `grow` was asked for.
+    fn sized(text: &[u8], length: usize, piece: usize, budget: usize) -> (Result<Vec<u8>, HttpError>, Vec<usize>) {
+        let mut asks = Vec::new();
+        let mut input = BufReader::with_capacity(piece, text);
+        let body = read_sized(&mut input, length, |n| {
+            asks.push(n);
+            asks.iter().sum::<usize>() <= budget
+        });
+        (body, asks)
+    }
+
+    /// A body's buffer grows with the bytes that arrive, by doubling up to the length
+    /// announced, never for the length alone: a client announcing 1 MiB and sending 5 bytes
+    /// makes the server hold 5.
+    #[test]
+    fn a_sized_body_grows_with_the_bytes_received_not_the_length_announced() {
+        let (body, asks) = sized(b"hello", 1 << 20, 4096, usize::MAX);
+        assert!(matches!(body, Err(HttpError::Closed)), "{body:?}");
+        assert_eq!(asks, [5], "only what arrived was asked for");
+        let text: Vec<u8> = (0..20).collect();
+        let (body, asks) = sized(&text, 20, 4, usize::MAX);
+        let body = body.unwrap();
+        assert_eq!(asks, [4, 4, 8, 4], "4, doubled to 8 and 16, then the 20 announced");
+        assert_eq!((body.as_slice(), body.capacity()), (&text[..], 20));
+        // A refused growth stops the read; what follows a body stays unread.
+        assert!(matches!(sized(&text, 20, 4, 10).0, Err(HttpError::Refused)));
+        let mut input = &b"abcGET /health"[..];
+        assert_eq!(read_sized(&mut input, 3, |_| true).unwrap(), b"abc");
+        assert_eq!(input, b"GET /health");
+        assert!(read_sized(&mut &b""[..], 0, |_| panic!("nothing to hold")).unwrap().is_empty());
+        // A chunk's announced size is no more held than a Content-Length.
+        let (body, grown) = decode(b"100000\r\nabc", 1 << 20, usize::MAX);
+        assert!(matches!(body, Err(ChunkedError::Io(_))), "{body:?}");
+        assert_eq!(grown, 3, "the 3 bytes of a 1 MiB chunk that arrived");
+    }
+
+    /// On a real socket: a head's announced 16 MiB, of which 10 bytes are sent before the
+    /// client stalls, reserve 10 bytes until the deadline ends the read.
+    #[test]
+    fn a_stalled_body_holds_only_the_bytes_it_sent() {
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (done, stalled) = std::sync::mpsc::channel::<()>();
+        let client = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"[{\"I1\": 3}").unwrap();
+            let _ = stalled.recv_timeout(Duration::from_secs(10));
+        });
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut asked = 0;
+        let body = read_body(&mut reader, 16 << 20, Instant::now() + Duration::from_millis(500), |n| {
+            asked += n;
+            true
+        });
+        assert!(matches!(body, Err(HttpError::Timeout)), "{body:?}");
+        assert_eq!(asked, 10, "the bytes sent, not the 16 MiB announced");
+        done.send(()).unwrap();
+        client.join().unwrap();
     }
 
     /// Decodes `text` with limit `max`, counting what `grow` accepted in `grown`.

@@ -27,16 +27,22 @@
 //! * The bodies of all requests together hold at most `max_body_memory`
 //!   bytes, and those of one client address at most its share of them, the
 //!   share of `max_connections_per_ip` in `threads` (but at least one body of
-//!   `max_body_bytes`; `budget.rs`): a body's bytes are reserved before they
-//!   are read and given back when its last holder drops it; a request that
-//!   cannot reserve them is answered `503` with `Retry-After`, saying which
-//!   bound it met, and its body is not read. `GET /health` reserves nothing
-//!   and shows the bytes held.
+//!   `max_body_bytes`; `budget.rs`): a body's bytes are reserved as they
+//!   arrive, before its buffer grows to hold them, never for a length only
+//!   announced, and given back when its last holder drops it. A request
+//!   whose announced length does not fit in what is left is answered `503`
+//!   with `Retry-After`, saying which bound it met, before its body is read;
+//!   one whose bytes stop fitting as they arrive is answered so then, and
+//!   the rest of its body is not read. `GET /health` reserves nothing and
+//!   shows the bytes held.
 //! * A refused record holding `NaN` or `Infinity` is answered saying so,
 //!   whatever the record format saw; a body that is not UTF-8 names the
 //!   offset of its first bad byte.
-//! * One answer comes from one model: when a model is swapped between two
-//!   jobs of a request, the request is scored again by the new one.
+//! * One answer comes from one model: a request pins the model generation
+//!   current when its body is split (`generations.rs`), and every job of it
+//!   is scored by that model, whatever reloads happen meanwhile; a request
+//!   never fails, nor is scored again, because the model changed. The pin
+//!   goes before the answer is written, so a slow reader holds no model.
 //! * Every answer's body is valid JSON: a score that is not finite (a model
 //!   overflowing on extreme values) answers `422` naming its record.
 //! * Connections, slow clients and the bounds on them: `listen.rs`.
@@ -51,6 +57,7 @@
 mod batcher;
 mod budget;
 pub mod client;
+mod generations;
 mod http;
 /// The chunked body decoder, for the fuzz target `serve_chunked_body`.
 pub use http::{read_chunked, ChunkedError};
@@ -59,6 +66,7 @@ mod records;
 mod rows;
 mod score;
 mod watch;
+mod work;
 /// A checkpoint loaded as the scorer `serve` answers with: usable from a program of its own.
 pub use score::Loaded;
 
@@ -66,6 +74,7 @@ use crate::error::DataflowFailure;
 use crate::PipelineError;
 use batcher::{BatchLimits, Job, Reply, ServingState, Work};
 use budget::{Body, BodyBudget, Full, Reservation};
+use generations::Generations;
 use http::{Head, HttpError, Transfer};
 use listen::Connections;
 use std::io::BufReader;
@@ -181,6 +190,8 @@ pub(crate) struct Context {
     stop: AtomicBool,
     connections: Connections,
     budget: Arc<BodyBudget>,
+    /// The model generations requests pin (see `generations.rs`).
+    generations: Arc<Generations>,
 }
 
 impl Context {
@@ -239,12 +250,13 @@ impl Server {
             stop: AtomicBool::new(false),
             connections: Connections::default(),
             budget: BodyBudget::new(options.max_body_memory, options.body_memory_per_address()),
+            generations: Generations::new(),
         });
         let stop_watch = Arc::new(AtomicBool::new(false));
         let (work_tx, work_rx) = mpsc::channel::<Work>();
         let limits = options.limits;
-        let st = state.clone();
-        let scorer = spawn("serve-score", move || batcher::run(model, work_rx, st, limits))?;
+        let (st, generations) = (state.clone(), ctx.generations.clone());
+        let scorer = spawn("serve-score", move || batcher::run(model, generations, work_rx, st, limits))?;
         let mut others = Vec::new();
         if let Some(every) = options.reload_every {
             let dir = options.checkpoint.clone();
@@ -409,20 +421,23 @@ fn score_request(
             return closing(411, message.into());
         }
     };
-    // Reserved before `100 Continue`, so a client that waits for it sends no body to refuse.
+    // Nothing is reserved for a length only announced: a body that cannot fit in what is left
+    // now is refused before `100 Continue` (a client that waits for it sends no body to
+    // refuse); one that may fit reserves its bytes as they arrive.
     let mut held = Reservation::empty(&ctx.budget, ip);
-    if let Some(Err(full)) = length.map(|n| held.grow(n)) {
+    if let Some(Err(full)) = length.map(|n| held.fits(n)) {
         return Some(busy(&full));
     }
     if head.expect_continue && http::write_continue(writer, deadline).is_err() {
         return None;
     }
     let mut refused = None;
-    let body = match length {
-        Some(n) => http::read_body(reader, n, deadline),
-        None => http::read_chunked_body(reader, max_body, deadline, |n| {
-            held.grow(n).map_err(|full| refused = Some(full)).is_ok()
-        }),
+    let body = {
+        let grow = |n| held.grow(n).map_err(|full| refused = Some(full)).is_ok();
+        match length {
+            Some(n) => http::read_body(reader, n, deadline, grow),
+            None => http::read_chunked_body(reader, max_body, deadline, grow),
+        }
     };
     match body {
         Ok(body) => Some(score(Body::new(body, held), ctx, work)),
@@ -441,64 +456,61 @@ fn score_request(
 }
 
 /// The answer to a request whose body does not fit in what is left of `--max-body-memory` (in
-/// all, or of its address's share: `full` says which); the connection closes, as the body is
-/// not read.
+/// all, or of its address's share: `full` says which); the connection closes, as the rest of
+/// the body is not read.
 fn busy(full: &Full) -> Response {
     let message = format!("the server is busy: {full}; retry");
     Response { close: true, retry_after: Some(1), ..Response::error(503, message) }
 }
 
-/// Scores the records of `body` in jobs of at most `max_batch` records.
+/// Scores the records of `body` in jobs of at most `max_batch` records, all by the model
+/// generation current now, whatever reloads happen meanwhile.
 fn score(body: Body, ctx: &Context, work: &Sender<Work>) -> Response {
     let ranges = match split_records(&body, ctx.options.max_records) {
         Ok(r) => r.ranges,
         Err(e @ BodyError::TooMany { .. }) => return Response::error(413, e.to_string()),
         Err(e) => return Response::error(400, e.to_string()),
     };
+    // Held until every job is answered, and let go of before the answer is written.
+    let pin = ctx.generations.pin(work);
     let body = Arc::new(body);
     let (reply, answer) = mpsc::channel();
     let stopping = || Response::error(503, "the server is stopping");
-    // A model swapped between two jobs: score the request again, with the new model.
-    for _attempt in 0..3 {
-        let mut scores = Vec::with_capacity(ranges.len());
-        let mut model: Option<(u64, u64)> = None;
-        for (k, chunk) in ranges.chunks(ctx.options.limits.max_batch).enumerate() {
-            let job = Job {
-                body: body.clone(),
-                records: chunk.to_vec(),
-                first: k * ctx.options.limits.max_batch,
-                reply: reply.clone(),
-            };
-            if work.send(Work::Score(job)).is_err() {
-                return stopping();
-            }
-            match answer.recv() {
-                Ok(Reply::Scored { step, generation, scores: s }) => {
-                    if model.is_some_and(|(_, g)| g != generation) {
-                        model = None;
-                        break;
-                    }
-                    model = Some((step, generation));
-                    scores.extend(s);
-                }
-                Ok(Reply::BadRecord { index, reason }) => {
-                    // A record refused for a NaN or Infinity says so, whatever the format saw.
-                    let record = ranges.get(index).and_then(|r| body.get(r.clone())).unwrap_or_default();
-                    let reason = non_finite(record).map_or(reason, |n| n.to_string());
-                    return Response::error(400, format!("record {index}: {reason}"));
-                }
-                Ok(Reply::Failed(reason)) => return Response::error(500, reason),
-                Err(_) => return stopping(),
-            }
+    let mut scores = Vec::with_capacity(ranges.len());
+    let mut step = None;
+    for (k, chunk) in ranges.chunks(ctx.options.limits.max_batch).enumerate() {
+        let job = Job {
+            body: body.clone(),
+            records: chunk.to_vec(),
+            first: k * ctx.options.limits.max_batch,
+            generation: pin.generation(),
+            reply: reply.clone(),
+        };
+        if work.send(Work::Score(job)).is_err() {
+            return stopping();
         }
-        if let (Some((step, _)), true) = (model, scores.len() == ranges.len()) {
-            return match scores_body(step, &scores) {
-                Ok(body) => Response::json(200, body),
-                Err(e) => Response::error(422, e.to_string()),
-            };
+        match answer.recv() {
+            Ok(Reply::Scored { step: s, scores: part }) => {
+                step = Some(s);
+                scores.extend(part);
+            }
+            Ok(Reply::BadRecord { index, reason }) => {
+                // A record refused for a NaN or Infinity says so, whatever the format saw.
+                let record = ranges.get(index).and_then(|r| body.get(r.clone())).unwrap_or_default();
+                let reason = non_finite(record).map_or(reason, |n| n.to_string());
+                return Response::error(400, format!("record {index}: {reason}"));
+            }
+            Ok(Reply::Failed(reason)) => return Response::error(500, reason),
+            Err(_) => return stopping(),
         }
     }
-    Response::error(503, "the model changed while the request was scored, three times; try again")
+    drop(pin);
+    match step.map(|step| scores_body(step, &scores)) {
+        Some(Ok(body)) => Response::json(200, body),
+        Some(Err(e)) => Response::error(422, e.to_string()),
+        // `split_records` gives at least one record, so at least one job was scored.
+        None => Response::error(500, "no record was scored"),
+    }
 }
 
 /// A score that no JSON number can hold: the model gave `NaN` (or an infinity) for a record,
