@@ -1,5 +1,6 @@
 //! Cluster runs that go wrong, with real processes on 127.0.0.1: processes
-//! started with different settings, a process that never starts, one killed
+//! started with different settings, builds or checkpoint directories, a
+//! process that never starts, one killed
 //! mid-run, and a worker that fails where no step tells the others. Every process must stop on its own, non-zero, within a
 //! bounded time, with an error that names what went wrong — never a hang or
 //! one of timely's internal panics.
@@ -7,9 +8,10 @@
 mod common;
 
 use common::tiderec;
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A small, quick DLRM run on the synthetic stream (one worker per process).
@@ -48,17 +50,36 @@ struct Proc {
 impl Proc {
     /// Starts process `i` of `n` of the run `args` with `extra` flags.
     fn start(dir: &Path, hosts: &Path, i: usize, n: usize, args: &[&str], extra: &[&str]) -> Proc {
+        Proc::launch(tiderec(), dir, hosts, i, n, args, extra)
+    }
+
+    /// [`Proc::start`] with the command `tiderec` (another executable, another working directory).
+    fn launch(
+        mut tiderec: Command,
+        dir: &Path,
+        hosts: &Path,
+        i: usize,
+        n: usize,
+        args: &[&str],
+        extra: &[&str],
+    ) -> Proc {
         let stderr = dir.join(format!("stderr-{i}.txt"));
-        let child = tiderec()
+        tiderec
             .args(args)
             .args(["--processes", &n.to_string(), "--process", &i.to_string(), "--hosts"])
             .arg(hosts)
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .expect("tiderec starts");
-        Proc { child, stderr }
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        // An executable copied a moment ago may still be open for writing in a child another
+        // test thread forked meanwhile (ETXTBSY, "Text file busy") until that child execs.
+        for _ in 0..50 {
+            match tiderec.spawn() {
+                Err(e) if e.raw_os_error() == Some(26) => std::thread::sleep(Duration::from_millis(100)),
+                spawned => return Proc { child: spawned.expect("tiderec starts"), stderr },
+            }
+        }
+        panic!("{:?} stayed busy", tiderec.get_program());
     }
 
     /// Waits at most `limit` for the exit (the process is killed and the test fails past it);
@@ -292,4 +313,89 @@ fn processes_reading_different_copies_of_a_file_stop_naming_it() {
         assert!(err.contains("the processes disagree on"), "process {i}:\n{err}");
         assert!(err.contains("day.txt") && err.contains("contents"), "process {i} should name the file:\n{err}");
     }
+}
+
+/// The checkpoints (`ckpt-*`) and temporary checkpoint directories in `dir`.
+fn checkpoints_in(dir: &Path) -> Vec<String> {
+    let names = std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+    names.map_or_else(|_| Vec::new(), |n| n.filter(|n| n.starts_with("ckpt-") || n.contains("tmp-ckpt")).collect())
+}
+
+#[test]
+fn processes_given_different_checkpoint_dirs_stop_naming_both() {
+    // Every worker writes its shard where process 0's path says: process 1's own directory
+    // would never hold a checkpoint to resume from.
+    let dir = tempfile::tempdir().unwrap();
+    let (hosts, _) = hosts_file(dir.path(), 2);
+    let (a, b) = (dir.path().join("ck-a"), dir.path().join("ck-b"));
+    let (a_arg, b_arg) = (a.display().to_string(), b.display().to_string());
+    let mut procs = [
+        Proc::start(dir.path(), &hosts, 0, 2, RUN, &["--checkpoint-dir", &a_arg]),
+        Proc::start(dir.path(), &hosts, 1, 2, RUN, &["--checkpoint-dir", &b_arg]),
+    ];
+    for (i, p) in procs.iter_mut().enumerate() {
+        let err = p.fails_clearly(Duration::from_secs(60));
+        assert!(err.contains("the processes disagree on 1 setting"), "process {i}:\n{err}");
+        assert!(err.contains(&format!("checkpoint_dir: process 0 has {a_arg}; process 1 has {b_arg}")), "{i}:\n{err}");
+    }
+    assert!(checkpoints_in(&a).is_empty() && checkpoints_in(&b).is_empty(), "refused before training");
+}
+
+#[test]
+fn processes_whose_checkpoint_dir_is_not_one_directory_stop_naming_it() {
+    // The same relative path from two working directories: one path, two directories, as
+    // the same path on two hosts without a shared file system.
+    let dir = tempfile::tempdir().unwrap();
+    let (hosts, addresses) = hosts_file(dir.path(), 2);
+    let cwd = [dir.path().join("host-0"), dir.path().join("host-1")];
+    let mut procs: Vec<Proc> = (0..2)
+        .map(|i| {
+            std::fs::create_dir_all(&cwd[i]).unwrap();
+            let mut cmd = tiderec();
+            cmd.current_dir(&cwd[i]);
+            Proc::launch(cmd, dir.path(), &hosts, i, 2, RUN, &["--checkpoint-dir", "ck", "--checkpoint-every", "5"])
+        })
+        .collect();
+    let (ck0, ck1) = (cwd[0].join("ck"), cwd[1].join("ck"));
+    for (i, p) in procs.iter_mut().enumerate() {
+        let err = p.fails_clearly(Duration::from_secs(60));
+        assert!(err.contains("--checkpoint-dir ck is not one directory shared by every process"), "{i}:\n{err}");
+        assert!(err.contains(&format!("process 0 ({}) wrote .tiderec-handshake-", addresses[0])), "{i}:\n{err}");
+        assert!(err.contains(&format!("into {}", ck0.display())), "process {i}:\n{err}");
+        let missing = format!("process 1 ({}) does not find it in {}: there is no", addresses[1], ck1.display());
+        assert!(err.contains(&missing), "process {i}:\n{err}");
+    }
+    assert!(checkpoints_in(&ck0).is_empty() && checkpoints_in(&ck1).is_empty(), "refused before training");
+    let left: Vec<_> = std::fs::read_dir(&ck0).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.iter().all(|n| !n.to_string_lossy().starts_with(".tiderec-handshake-")), "marker left: {left:?}");
+}
+
+#[test]
+fn processes_of_different_builds_stop_naming_each_build() {
+    // Process 1 runs a copy of the executable with one byte appended (it runs the same, as
+    // another build of the same version would): a build of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let (hosts, _) = hosts_file(dir.path(), 2);
+    let original = PathBuf::from(tiderec().get_program());
+    let copy = dir.path().join("tiderec-other-build");
+    std::fs::copy(&original, &copy).unwrap();
+    std::fs::OpenOptions::new().append(true).open(&copy).unwrap().write_all(&[0]).unwrap();
+    let mut procs = [
+        Proc::start(dir.path(), &hosts, 0, 2, RUN, &[]),
+        Proc::launch(Command::new(&copy), dir.path(), &hosts, 1, 2, RUN, &[]),
+    ];
+    let version = env!("CARGO_PKG_VERSION");
+    let mut seen = Vec::new();
+    for (i, p) in procs.iter_mut().enumerate() {
+        let err = p.fails_clearly(Duration::from_secs(60));
+        assert!(err.contains("the processes disagree on 1 setting"), "process {i}:\n{err}");
+        let line =
+            err.lines().find(|l| l.trim_start().starts_with("tiderec build: ")).unwrap_or_else(|| panic!("{err}"));
+        let (p0, p1) = line.trim_start().trim_start_matches("tiderec build: ").split_once("; ").unwrap();
+        assert!(p0.starts_with(&format!("process 0 runs {version} (executable ")), "{line}");
+        assert!(p1.starts_with(&format!("process 1 runs {version} (executable ")), "{line}");
+        assert_ne!(p0.rsplit(' ').next(), p1.rsplit(' ').next(), "two hashes: {line}");
+        seen.push(line.to_string());
+    }
+    assert_eq!(seen[0], seen[1], "both processes name the same builds");
 }

@@ -4,10 +4,16 @@
 //! A [`Fingerprint`] is an ordered list of `(setting, value)` pairs. It is
 //! built from every key of [`TrainSettings`] (so a setting added later is
 //! checked without being listed here) except [`MAY_DIFFER`], with the values
-//! that name files replaced by what the files are (format, file names and
+//! that name data files replaced by what the files are (format, file names and
 //! sizes), so the same data mounted at different paths still agrees; the
 //! resolved table sizes, the data's shape and the cluster's addresses are
-//! added.
+//! added. The handshake puts the tiderec build first ([`with_build`]).
+//!
+//! `checkpoint_dir` is compared by its path, not by what it holds: worker 0
+//! names the temporary directory of every checkpoint by its own path, and
+//! every worker writes its shard there (see [`crate::checkpointing`]), so
+//! every process must be given the same path; that the path is the same
+//! directory on every host is checked apart ([`super::shared_dir`]).
 
 use crate::config::{DataSpec, Resolved};
 use crate::TrainSettings;
@@ -26,8 +32,7 @@ pub const MAY_DIFFER: &[&str] = &[
     "metrics_addr",
     "dead_letters",
     "progress",
-    // The same checkpoint directory may be mounted at different paths; whether one
-    // is used is compared (as `checkpoint_dir` = set / none).
+    // Whether this process waits for each checkpoint's files; they are the same files.
     "checkpoint_sync",
     // How long this process waits for the others.
     "connect_timeout",
@@ -62,7 +67,12 @@ pub fn of_train(settings: &TrainSettings, resolved: &Resolved) -> Fingerprint {
                 Some(s) => s.clone(),
                 None => "none".into(),
             },
-            "checkpoint_dir" => if settings.checkpoints.checkpoint_dir.is_some() { "set" } else { "none" }.into(),
+            // Component by component, so `ck/` and `ck` agree.
+            "checkpoint_dir" => settings
+                .checkpoints
+                .checkpoint_dir
+                .as_ref()
+                .map_or("none".into(), |d| d.components().collect::<PathBuf>().display().to_string()),
             _ => compact(&v),
         };
         out.push((key, text));
@@ -71,6 +81,13 @@ pub fn of_train(settings: &TrainSettings, resolved: &Resolved) -> Fingerprint {
     out.push(("(resolved) table sizes".into(), format!("{:?}", resolved.table_sizes)));
     out.push(("(resolved) host addresses".into(), resolved.hosts.join(" ")));
     out
+}
+
+/// `print` with the build `identity` ([`super::build::identity`]) as its first entry, so
+/// that processes of different builds see that difference first.
+pub fn with_build(mut print: Fingerprint, identity: &str) -> Fingerprint {
+    print.insert(0, (super::build::KEY.to_string(), identity.to_string()));
+    print
 }
 
 /// A JSON value as one short line (strings without quotes).
@@ -119,8 +136,10 @@ fn describe_files(files: &[PathBuf]) -> String {
 }
 
 /// The settings on which `prints` (one per process, indexed by process) differ, one line
-/// each: `setting: process 0 has A, process 1 has B` (processes with the same value are
-/// grouped). Empty when all agree.
+/// each: `setting: process 0 has A; process 1 has B` (processes with the same value are
+/// grouped), and for the build `tiderec build: process 0 runs X; process 1 runs Y`, where a
+/// process of a build older than this check, whose fingerprint has no build, runs "an
+/// older build". Empty when all agree.
 pub fn differences(prints: &[(usize, &Fingerprint)]) -> Vec<String> {
     let mut keys: Vec<&str> = Vec::new();
     for (_, f) in prints {
@@ -134,8 +153,10 @@ pub fn differences(prints: &[(usize, &Fingerprint)]) -> Vec<String> {
     for key in keys {
         // Value → the processes that have it, in order of first appearance.
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        let build = key == super::build::KEY;
+        let absent = if build { "an older build (it names none)" } else { "(not set)" };
         for (process, f) in prints {
-            let v = f.iter().find(|(k, _)| k == key).map_or_else(|| "(not set)".to_string(), |(_, v)| v.clone());
+            let v = f.iter().find(|(k, _)| k == key).map_or_else(|| absent.to_string(), |(_, v)| v.clone());
             match groups.iter_mut().find(|(g, _)| *g == v) {
                 Some((_, ps)) => ps.push(*process),
                 None => groups.push((v, vec![*process])),
@@ -146,7 +167,12 @@ pub fn differences(prints: &[(usize, &Fingerprint)]) -> Vec<String> {
                 .iter()
                 .map(|(v, ps)| {
                     let who = ps.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
-                    let (noun, verb) = if ps.len() == 1 { ("process", "has") } else { ("processes", "have") };
+                    let (noun, verb) = match (ps.len() == 1, build) {
+                        (true, false) => ("process", "has"),
+                        (false, false) => ("processes", "have"),
+                        (true, true) => ("process", "runs"),
+                        (false, true) => ("processes", "run"),
+                    };
                     format!("{noun} {who} {verb} {v}")
                 })
                 .collect();
@@ -185,6 +211,49 @@ mod tests {
         assert!(lines.iter().any(|l| l == "seed: process 0 has 42; process 1 has 7"), "{lines:?}");
         // The seed also changes the synthetic stream's table sizes.
         assert!(lines.iter().all(|l| l.starts_with("lr:") || l.starts_with("seed:") || l.starts_with("(resolved)")));
+    }
+
+    #[test]
+    fn different_builds_are_named_first_with_what_each_process_runs() {
+        let a = TrainSettings::default();
+        let mut b = a.clone();
+        b.run.seed = 7;
+        let (pa, pb) = (print(&a), print(&b));
+        let (x, y) = ("0.1.0 (executable 00000000000000aa)", "0.1.0 (executable 00000000000000bb)");
+        let same = differences(&[(0, &with_build(pa.clone(), x)), (1, &with_build(pa.clone(), x))]);
+        assert!(same.is_empty(), "{same:?}");
+        let lines = differences(&[(0, &with_build(pa.clone(), x)), (1, &with_build(pb, y)), (2, &with_build(pa, y))]);
+        assert_eq!(
+            lines[0],
+            "tiderec build: process 0 runs 0.1.0 (executable 00000000000000aa); processes 1, 2 run 0.1.0 \
+             (executable 00000000000000bb)"
+        );
+        assert!(lines[1..].iter().any(|l| l.starts_with("seed: ")), "the settings follow: {lines:?}");
+    }
+
+    #[test]
+    fn a_process_of_a_build_without_the_check_runs_an_older_build() {
+        let p = print(&TrainSettings::default());
+        let lines = differences(&[(0, &with_build(p.clone(), "0.2.0 (executable 00000000000000aa)")), (1, &p)]);
+        assert_eq!(
+            lines,
+            ["tiderec build: process 0 runs 0.2.0 (executable 00000000000000aa); process 1 runs an older build (it \
+              names none)"]
+        );
+    }
+
+    #[test]
+    fn the_checkpoint_directory_is_compared_by_its_path() {
+        let mut a = TrainSettings::default();
+        a.checkpoints.checkpoint_dir = Some("/shared/ck".into());
+        let mut b = a.clone();
+        b.checkpoints.checkpoint_dir = Some("/shared/ck/".into());
+        assert!(differences(&[(0, &print(&a)), (1, &print(&b))]).is_empty(), "a trailing `/` is the same path");
+        b.checkpoints.checkpoint_dir = Some("/local/ck".into());
+        let mut none = a.clone();
+        none.checkpoints.checkpoint_dir = None;
+        let lines = differences(&[(0, &print(&a)), (1, &print(&b)), (2, &print(&none))]);
+        assert_eq!(lines, ["checkpoint_dir: process 0 has /shared/ck; process 1 has /local/ck; process 2 has none"]);
     }
 
     #[test]

@@ -11,24 +11,35 @@
 //! both sides write one frame — [`MAGIC`], a big-endian `u64` length, and
 //! the JSON of `(process, fingerprint)` — and read the other's with
 //! `read_exact`, so nothing past the frame is consumed and timely's stream
-//! starts clean.
+//! starts clean. Process 0 writes its frame first; every other process reads
+//! process 0's frame before it writes its own, so that with a checkpoint
+//! directory its frame can say whether it finds the marker process 0 wrote
+//! there ([`super::shared_dir`]). Fields a frame lacks read as absent, so an
+//! older build's frame still parses and the fingerprints' difference names
+//! the build ([`super::build`]).
 //!
 //! Invariants:
 //! * **Bounded.** Every connect, accept and read has the same deadline
 //!   (`--connect-timeout` from the start of the handshake); a process that is
 //!   missing or silent is named with its address when it passes.
 //! * **Same verdict everywhere.** The connections form a full mesh, so every
-//!   process holds every fingerprint and computes the same differences.
+//!   process holds every fingerprint (and every process's verdict on the
+//!   checkpoint directory) and computes the same differences.
+//! * **Settings first.** Differing fingerprints are reported before the
+//!   checkpoint directory's check, whose verdicts mean little when the
+//!   processes were given different directories or builds.
 //! * **Strangers ignored.** A connection that does not speak the handshake
 //!   (another program, a process of another run) is dropped with a warning
 //!   and the wait goes on.
 
 use super::fingerprint::{differences, Fingerprint};
+use super::shared_dir::{self, Found, Marker};
 use crate::error::ClusterFailure;
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The first bytes of a handshake frame (name and protocol version).
@@ -42,6 +53,13 @@ const MAX_FRAME: u64 = 1 << 20;
 struct Hello {
     process: usize,
     fingerprint: Fingerprint,
+    /// Process 0, with a checkpoint directory: the marker it wrote there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    marker: Option<Marker>,
+    /// Another process, when process 0 named a marker and it has a checkpoint directory:
+    /// what it found there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    found: Option<Found>,
 }
 
 /// The top bit of the index a connecting process sends: set on heartbeat connections.
@@ -56,11 +74,13 @@ pub struct Links {
 }
 
 /// Connects process `me` to every other process of `addresses` and checks that every
-/// fingerprint equals `mine`.
+/// fingerprint equals `mine` and, with a `checkpoint_dir` (`--checkpoint-dir`, the same
+/// path on every process when the fingerprints agree), that it is one directory for all.
 pub fn connect_and_agree(
     me: usize,
     addresses: &[String],
     mine: &Fingerprint,
+    checkpoint_dir: Option<&Path>,
     timeout: Duration,
 ) -> Result<Links, PipelineError> {
     let deadline = Instant::now() + timeout;
@@ -87,45 +107,59 @@ pub fn connect_and_agree(
     }
     accept(me, addresses, &listeners, [&mut sockets, &mut beats], deadline, secs)?;
     drop(listeners);
-    // Every side writes its frame, then reads the others'.
-    let hello = serde_json::to_vec(&Hello { process: me, fingerprint: mine.clone() }).map_err(|e| {
+    // Process 0 writes its marker (removed when `written` drops), then its frame; every
+    // other process reads process 0's frame first, so its own can say what it found.
+    let written = match (me, checkpoint_dir) {
+        (0, Some(dir)) => Some(Marker::write(dir)?),
+        _ => None,
+    };
+    let mut hello = Hello {
+        process: me,
+        fingerprint: mine.clone(),
+        marker: written.as_ref().map(|w| w.marker.clone()),
+        found: None,
+    };
+    let mut frames: Vec<(usize, Hello)> = Vec::with_capacity(addresses.len());
+    if me != 0 {
+        let first = read_hello(&mut sockets, 0, addresses, deadline)?;
+        hello.found = first.marker.as_ref().zip(checkpoint_dir).map(|(m, dir)| shared_dir::check(dir, m));
+        frames.push((0, first));
+    }
+    let encoded = serde_json::to_vec(&hello).map_err(|e| {
         PipelineError::cluster(ClusterFailure::Handshake, None, "cannot encode the handshake").with_source(e)
     })?;
     for (p, s) in sockets.iter_mut().enumerate() {
         if let Some(s) = s {
-            write_frame(s, &hello).map_err(|e| lost_during_handshake(p, &addresses[p], e))?;
+            write_frame(s, &encoded).map_err(|e| lost_during_handshake(p, &addresses[p], e))?;
         }
     }
-    let mut prints: Vec<(usize, Fingerprint)> = vec![(me, mine.clone())];
-    for (p, s) in sockets.iter_mut().enumerate() {
-        let Some(s) = s else { continue };
-        set_deadline(s, deadline);
-        let frame = read_frame(s).map_err(|e| lost_during_handshake(p, &addresses[p], e))?;
-        let theirs: Hello = serde_json::from_slice(&frame).map_err(|e| {
-            PipelineError::cluster(
-                ClusterFailure::Handshake,
-                Some(p),
-                format!("process {p} ({}) sent a bad handshake", addresses[p]),
-            )
-            .with_source(e)
-        })?;
-        prints.push((p, theirs.fingerprint));
+    for p in (0..addresses.len()).filter(|&p| p != me && (me == 0 || p != 0)) {
+        frames.push((p, read_hello(&mut sockets, p, addresses, deadline)?));
     }
-    prints.sort_by_key(|(p, _)| *p);
-    let refs: Vec<(usize, &Fingerprint)> = prints.iter().map(|(p, f)| (*p, f)).collect();
-    let lines = differences(&refs);
+    // Every process has looked for the marker by now.
+    drop(written);
+    frames.push((me, hello));
+    frames.sort_by_key(|(p, _)| *p);
+    let prints: Vec<(usize, &Fingerprint)> = frames.iter().map(|(p, h)| (*p, &h.fingerprint)).collect();
+    let lines = differences(&prints);
     if !lines.is_empty() {
         return Err(PipelineError::cluster(
             ClusterFailure::Disagree,
             None,
             format!(
-                "the processes disagree on {} setting{} (every process of a run must be started with the same \
-             settings):\n  {}",
+                "the processes disagree on {} setting{} (every process of a run must run the same tiderec build, \
+                 started with the same settings):\n  {}",
                 lines.len(),
                 if lines.len() == 1 { "" } else { "s" },
                 lines.join("\n  ")
             ),
         ));
+    }
+    if let (Some(dir), Some(marker)) = (checkpoint_dir, frames.first().and_then(|(_, h)| h.marker.as_ref())) {
+        let found: Vec<(usize, Found)> = frames.iter().filter_map(|(p, h)| Some((*p, h.found.clone()?))).collect();
+        if let Some(reason) = shared_dir::refusal(dir, marker, &found, addresses) {
+            return Err(PipelineError::cluster(ClusterFailure::Disagree, None, reason));
+        }
     }
     for s in sockets.iter_mut().flatten() {
         s.set_read_timeout(None).and_then(|_| s.set_write_timeout(None)).map_err(io_error)?;
@@ -251,6 +285,32 @@ fn accept(
         }
     }
     Ok(())
+}
+
+/// Reads the frame of process `p` from its data connection, within `deadline`.
+fn read_hello(
+    sockets: &mut [Option<TcpStream>],
+    p: usize,
+    addresses: &[String],
+    deadline: Instant,
+) -> Result<Hello, PipelineError> {
+    let Some(s) = sockets[p].as_mut() else {
+        return Err(PipelineError::cluster(
+            ClusterFailure::Handshake,
+            Some(p),
+            format!("no connection to process {p}"),
+        ));
+    };
+    set_deadline(s, deadline);
+    let frame = read_frame(s).map_err(|e| lost_during_handshake(p, &addresses[p], e))?;
+    serde_json::from_slice(&frame).map_err(|e| {
+        PipelineError::cluster(
+            ClusterFailure::Handshake,
+            Some(p),
+            format!("process {p} ({}) sent a bad handshake", addresses[p]),
+        )
+        .with_source(e)
+    })
 }
 
 fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {

@@ -4,9 +4,11 @@
 //!
 //! * **Handshake** ([`handshake`]): the processes connect (every pair, within
 //!   `--connect-timeout`), exchange a [`fingerprint`] of the settings that
-//!   must agree, and stop with an error naming every differing setting, its
-//!   values and which process has which. The connections then carry timely's
-//!   traffic ([`start`]).
+//!   must agree and of the tiderec [`build`] each runs, and stop with an error
+//!   naming every differing setting, its values and which process has which;
+//!   with `--checkpoint-dir` they also check that it is one directory shared
+//!   by all ([`shared_dir`]). The connections then carry timely's traffic
+//!   ([`start`]).
 //! * **Lost peer** ([`lost_peer`]): when a process dies mid-run, timely's
 //!   communication threads and then the workers panic; [`join`] waits for
 //!   every local worker, recognises the cascade and returns
@@ -27,12 +29,14 @@
 //! A one-process run goes through `timely::execute`, with its workers' errors
 //! kept as above.
 
+pub mod build;
 pub mod failure;
 pub mod fingerprint;
 pub mod handshake;
 pub mod liveness;
 pub mod lost_peer;
 mod role;
+pub mod shared_dir;
 
 pub use role::ProcessRole;
 
@@ -62,7 +66,8 @@ pub struct Cluster {
     pub threads: usize,
     /// How long to wait for the other processes at start-up.
     pub connect_timeout: Duration,
-    /// The checkpoint directory, if any (named in the lost-peer error).
+    /// The checkpoint directory, if any: checked to be one directory for every process at
+    /// the handshake ([`shared_dir`]), named in the lost-peer error.
     pub checkpoint_dir: Option<PathBuf>,
     /// The last training step finished (updated by the workers).
     pub step: Arc<AtomicU64>,
@@ -97,9 +102,11 @@ impl Cluster {
 pub type Outcome<T> = Result<Option<T>, PipelineError>;
 
 /// Starts the workers running `func`: for several processes, after the handshake on the
-/// fingerprint `print` makes (an error names every setting that differs; one process
-/// makes none: it reads the data files' first and last MiB). A worker's own error (not
-/// "another worker failed") goes to `cluster.failure` the moment it returns.
+/// fingerprint `print` makes, with this process's [`build::identity`] first (an error
+/// names every setting that differs; one process makes none: it reads the data files'
+/// first and last MiB, and the executable), and on `cluster.checkpoint_dir` being one
+/// directory for all. A worker's own error (not "another worker failed") goes to
+/// `cluster.failure` the moment it returns.
 pub fn start<T, F>(
     cluster: &Cluster,
     print: impl FnOnce() -> Fingerprint,
@@ -124,7 +131,14 @@ where
         return timely::execute(role.timely_config(cluster.threads), func).map_err(start_error);
     }
     lost_peer::install();
-    let links = handshake::connect_and_agree(cluster.process, &cluster.addresses, &print(), cluster.connect_timeout)?;
+    let mine = fingerprint::with_build(print(), build::identity());
+    let links = handshake::connect_and_agree(
+        cluster.process,
+        &cluster.addresses,
+        &mine,
+        cluster.checkpoint_dir.as_deref(),
+        cluster.connect_timeout,
+    )?;
     // A silent or failed process is recorded as lost and its data connection shut down here, so
     // timely's threads fail as if it had died and the run ends through `join`.
     let switches =
