@@ -17,6 +17,9 @@
 //!   threshold (AUC gives them their average rank, PR-AUC counts them
 //!   together), as scikit-learn's `roc_auc_score` and
 //!   `average_precision_score` do.
+//! * Every sample is ranked, however many: the sort orders indices of 32 bits
+//!   (half the memory and cache footprint) while they can name every sample
+//!   ([`narrow_indices`]), and of a machine word beyond, never truncated ones.
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
@@ -35,6 +38,52 @@ fn any_nan(scores: &[f32], n: usize) -> bool {
     scores[..n].iter().any(|s| s.is_nan())
 }
 
+/// The index of a sample in the orders the ranking metrics sort: `u32` or `usize`.
+trait SampleIndex: Copy {
+    /// The index `i`, which the caller checked fits ([`narrow_indices`] for `u32`).
+    fn of(i: usize) -> Self;
+    /// The index as a position in the slices.
+    fn at(self) -> usize;
+}
+
+impl SampleIndex for u32 {
+    fn of(i: usize) -> Self {
+        debug_assert!(u32::try_from(i).is_ok(), "sample {i} has no u32 index");
+        i as u32
+    }
+    fn at(self) -> usize {
+        self as usize
+    }
+}
+
+impl SampleIndex for usize {
+    fn of(i: usize) -> Self {
+        i
+    }
+    fn at(self) -> usize {
+        self
+    }
+}
+
+/// Whether `u32` indices name every one of `n` samples (`0..n`), so a ranking may sort
+/// those rather than `usize` ones: up to `u32::MAX` samples (one short of `2³²`, which
+/// keeps the test simple and loses nothing).
+fn narrow_indices(n: usize) -> bool {
+    u32::try_from(n).is_ok()
+}
+
+/// Calls `$f::<u32>` or `$f::<usize>` with `$args`, as [`narrow_indices`]`($n)` decides.
+macro_rules! by_index_width {
+    ($n:expr, $f:ident($($args:expr),*)) => {
+        if narrow_indices($n) { $f::<u32>($($args),*) } else { $f::<usize>($($args),*) }
+    };
+}
+
+/// The indices `0..n`, each of the type `I`.
+fn indices<I: SampleIndex>(n: usize) -> Vec<I> {
+    (0..n).map(I::of).collect()
+}
+
 /// Exact ROC AUC; `None` when the labels contain only one class or a score is NaN.
 ///
 /// Sorts by score and gives tied scores their average rank (the
@@ -45,14 +94,19 @@ pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
     if any_nan(scores, n) {
         return None;
     }
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    order.sort_unstable_by(|&a, &b| scores[a as usize].total_cmp(&scores[b as usize]));
+    by_index_width!(n, auc_with(scores, labels, n))
+}
+
+/// [`auc`] of the first `n` samples, sorting indices of type `I`.
+fn auc_with<I: SampleIndex>(scores: &[f32], labels: &[f32], n: usize) -> Option<f64> {
+    let mut order: Vec<I> = indices(n);
+    order.sort_unstable_by(|&a, &b| scores[a.at()].total_cmp(&scores[b.at()]));
     auc_of_sorted(&order, scores, labels)
 }
 
 /// AUC of the samples `order` names, which are sorted by ascending score.
-fn auc_of_sorted(order: &[u32], scores: &[f32], labels: &[f32]) -> Option<f64> {
-    let positives = order.iter().filter(|&&k| is_positive(labels[k as usize])).count() as f64;
+fn auc_of_sorted<I: SampleIndex>(order: &[I], scores: &[f32], labels: &[f32]) -> Option<f64> {
+    let positives = order.iter().filter(|&&k| is_positive(labels[k.at()])).count() as f64;
     let negatives = order.len() as f64 - positives;
     if positives == 0.0 || negatives == 0.0 {
         return None;
@@ -61,21 +115,21 @@ fn auc_of_sorted(order: &[u32], scores: &[f32], labels: &[f32]) -> Option<f64> {
     let mut rank_sum = 0.0f64;
     for (start, end) in tie_runs(order, scores) {
         let avg_rank = (start + end - 1) as f64 / 2.0 + 1.0;
-        let tied_positives = order[start..end].iter().filter(|&&k| is_positive(labels[k as usize])).count();
+        let tied_positives = order[start..end].iter().filter(|&&k| is_positive(labels[k.at()])).count();
         rank_sum += avg_rank * tied_positives as f64;
     }
     Some((rank_sum - positives * (positives + 1.0) / 2.0) / (positives * negatives))
 }
 
 /// The runs `start..end` of equal scores in `order` (sorted by score).
-fn tie_runs<'a>(order: &'a [u32], scores: &'a [f32]) -> impl Iterator<Item = (usize, usize)> + 'a {
+fn tie_runs<'a, I: SampleIndex>(order: &'a [I], scores: &'a [f32]) -> impl Iterator<Item = (usize, usize)> + 'a {
     let mut start = 0;
     std::iter::from_fn(move || {
         if start == order.len() {
             return None;
         }
-        let score = scores[order[start] as usize];
-        let len = order[start..].iter().take_while(|&&k| scores[k as usize] == score).count().max(1);
+        let score = scores[order[start].at()];
+        let len = order[start..].iter().take_while(|&&k| scores[k.at()] == score).count().max(1);
         let run = (start, start + len);
         start += len;
         Some(run)
@@ -152,15 +206,20 @@ pub fn average_precision(scores: &[f32], labels: &[f32]) -> Option<f64> {
     if any_nan(scores, n) {
         return None;
     }
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    order.sort_unstable_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]));
-    let positives = order.iter().filter(|&&k| is_positive(labels[k as usize])).count() as f64;
+    by_index_width!(n, average_precision_with(scores, labels, n))
+}
+
+/// [`average_precision`] of the first `n` samples, sorting indices of type `I`.
+fn average_precision_with<I: SampleIndex>(scores: &[f32], labels: &[f32], n: usize) -> Option<f64> {
+    let mut order: Vec<I> = indices(n);
+    order.sort_unstable_by(|&a, &b| scores[b.at()].total_cmp(&scores[a.at()]));
+    let positives = order.iter().filter(|&&k| is_positive(labels[k.at()])).count() as f64;
     if positives == 0.0 {
         return None;
     }
     let (mut true_positives, mut recall_before, mut sum) = (0.0f64, 0.0f64, 0.0f64);
     for (start, end) in tie_runs(&order, scores) {
-        true_positives += order[start..end].iter().filter(|&&k| is_positive(labels[k as usize])).count() as f64;
+        true_positives += order[start..end].iter().filter(|&&k| is_positive(labels[k.at()])).count() as f64;
         let precision = true_positives / end as f64;
         let recall = true_positives / positives;
         sum += (recall - recall_before) * precision;
@@ -178,13 +237,18 @@ pub fn gauc(scores: &[f32], labels: &[f32], groups: &[u64]) -> Option<f64> {
     if any_nan(scores, n) {
         return None;
     }
-    let mut order: Vec<u32> = (0..n as u32).collect();
+    by_index_width!(n, gauc_with(scores, labels, groups, n))
+}
+
+/// [`gauc`] of the first `n` samples, sorting indices of type `I`.
+fn gauc_with<I: SampleIndex>(scores: &[f32], labels: &[f32], groups: &[u64], n: usize) -> Option<f64> {
+    let mut order: Vec<I> = indices(n);
     order.sort_unstable_by(|&a, &b| {
-        let (a, b) = (a as usize, b as usize);
+        let (a, b) = (a.at(), b.at());
         groups[a].cmp(&groups[b]).then(scores[a].total_cmp(&scores[b]))
     });
     let (mut weighted, mut weight) = (0.0f64, 0.0f64);
-    for user in order.chunk_by(|&a, &b| groups[a as usize] == groups[b as usize]) {
+    for user in order.chunk_by(|&a, &b| groups[a.at()] == groups[b.at()]) {
         if let Some(a) = auc_of_sorted(user, scores, labels) {
             weighted += a * user.len() as f64;
             weight += user.len() as f64;
@@ -370,6 +434,14 @@ mod tests {
         }
 
         #[test]
+        fn wide_indices_rank_as_narrow_ones((s, y, g) in samples()) {
+            let n = s.len();
+            prop_assert_eq!(auc_with::<usize>(&s, &y, n), auc_with::<u32>(&s, &y, n));
+            prop_assert_eq!(average_precision_with::<usize>(&s, &y, n), average_precision_with::<u32>(&s, &y, n));
+            prop_assert_eq!(gauc_with::<usize>(&s, &y, &g, n), gauc_with::<u32>(&s, &y, &g, n));
+        }
+
+        #[test]
         fn one_user_gauc_is_auc((s, y, _) in samples()) {
             prop_assert!(close(gauc(&s, &y, &vec![7; s.len()]), auc(&s, &y)));
         }
@@ -392,6 +464,18 @@ mod tests {
             };
             prop_assert!(tol(normalized_entropy(&s, &y), ne), "{:?} vs {ne:?}", normalized_entropy(&s, &y));
             prop_assert!(tol(calibration(&s, &y), cal), "{:?} vs {cal:?}", calibration(&s, &y));
+        }
+    }
+
+    #[test]
+    fn u32_indices_only_while_they_name_every_sample() {
+        for n in [0, 1, 1 << 20, u32::MAX as usize] {
+            assert!(narrow_indices(n), "{n}");
+        }
+        // Beyond, a u32 index would wrap (n as u32 is n mod 2³²): word-sized ones rank them.
+        #[cfg(target_pointer_width = "64")]
+        for n in [u32::MAX as usize + 1, u32::MAX as usize + 2, 6_000_000_000, usize::MAX] {
+            assert!(!narrow_indices(n), "{n}");
         }
     }
 
