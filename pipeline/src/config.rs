@@ -216,6 +216,30 @@ pub fn spec_unread(format: &str) -> String {
     format!("describes `csv:` data, not `{format}`")
 }
 
+/// Whether `data`, with its feature spec `spec` (csv and taobao-ad data), reads the
+/// `max_len` setting (`--max-len`): whether it has behaviour sequences (`synthetic-behavior`,
+/// `amazon-dien`, `taobao-behavior`, Parquet files that store sequences, a spec's
+/// `pooling = "none"` lists, see [`DataSpec::sequences`]) or id lists to cut (any list of a
+/// spec, such as `taobao-ad`'s click sequence). Criteo, Avazu, the Criteo-shaped synthetic
+/// stream, specs without lists and Parquet files without sequences have nothing it cuts.
+///
+/// The one rule for `max_len`, as [`reads_spec`] is for `spec`: [`TrainSettings::resolve`]
+/// (`train`, `online`, `convert`) refuses a `max_len` that differs from its default (given
+/// as a flag or in a `--config` file; the default is no refusal) for data it returns false
+/// for, naming `max_len` and [`max_len_unread`].
+pub fn reads_max_len(data: &DataSpec, spec: Option<&FeatureSpec>) -> bool {
+    // `taobao-ad` data reads its preset, whose click sequence is a list (spec given or not).
+    matches!(data, DataSpec::TaobaoAd(_)) || data.sequences(spec).is_some() || spec.is_some_and(|s| !s.list.is_empty())
+}
+
+/// Why `--max-len` does not apply to data of `format`.
+pub fn max_len_unread(format: &str) -> String {
+    format!(
+        "--max-len keeps the most recent items of behaviour sequences and id lists, and this `{format}` data \
+         has no sequences (nor lists) to cut; remove it"
+    )
+}
+
 /// A `--spec` value: `preset:NAME`, a bare preset name (`elm`, `taobao-ad`, …)
 /// or the path of a TOML file (validated; relative vocabulary paths are
 /// taken relative to the file's folder, and the files read into the spec, so that
@@ -387,8 +411,15 @@ impl TrainSettings {
             (_, Some(s)) => Some(resolve_spec(s, self.data.buckets, self.data.max_len)?),
         };
         let mut spec = spec;
-        if let Some(spec) = &mut spec {
+        if let Some(spec) = &spec {
             spec.validate()?;
+        }
+        // Never silently unused either: a `max_len` given (other than its default) needs data
+        // with sequences or lists to cut.
+        if self.data.max_len != crate::settings::DEFAULT_MAX_LEN && !reads_max_len(&data, spec.as_ref()) {
+            return Err(PipelineError::config("max_len", max_len_unread(data.format())));
+        }
+        if let Some(spec) = &mut spec {
             // Files learn what the spec leaves to learn (and the fitted spec is validated again).
             if let DataSpec::Csv(paths) | DataSpec::TaobaoAd(paths) = &data {
                 if let Some(note) = crate::spec_fit::fit(spec, paths, self.data.records.max_line_bytes)? {
@@ -764,6 +795,85 @@ mod tests {
             let e = s.validate().unwrap_err().to_string();
             let format = source.split(':').next().unwrap();
             assert!(e.contains("`spec`") && e.contains(&format!("not `{format}`")), "{source}: {e}");
+        }
+    }
+
+    /// `--max-len` cuts sequences and lists: data without any refuses it when given (not
+    /// when left at its default), naming the setting and why; data with some takes it.
+    #[test]
+    fn max_len_is_refused_for_data_without_sequences_or_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("records.txt");
+        std::fs::write(&file, "").unwrap();
+        let at = |format: &str| format!("{format}:{}", file.display());
+        let settings = |source: &str, spec: Option<&str>, max_len: usize| {
+            let mut s = TrainSettings::default();
+            s.data.source = source.into();
+            s.data.spec = spec.map(String::from);
+            s.data.max_len = max_len;
+            s
+        };
+        let toml = dir.path().join("spec.toml");
+        std::fs::write(
+            &toml,
+            "delimiter = \",\"\ncolumns = [\"y\", \"c\", \"l\"]\nlabel = { column = \"y\" }\n\
+             categorical = [{ column = \"c\", buckets = 7 }]\n\
+             list = [{ column = \"l\", delimiter = \";\", max_len = 5, buckets = 7, pooling = \"sum\" }]\n",
+        )
+        .unwrap();
+        let toml = toml.display().to_string();
+        let none: [(String, Option<&str>); 5] = [
+            ("synthetic".into(), None),
+            (at("criteo"), None),
+            (at("avazu"), None),
+            (at("csv"), Some("preset:criteo")),
+            (at("csv"), Some("avazu")),
+        ];
+        for (source, spec) in &none {
+            let format = source.split(':').next().unwrap();
+            let e = settings(source, *spec, 7).validate().unwrap_err().to_string();
+            assert!(
+                e.contains("`max_len`")
+                    && e.contains("--max-len")
+                    && e.contains(&format!("`{format}` data has no sequences")),
+                "{source}: {e}"
+            );
+            // Left at its default, it is no refusal.
+            let ok = settings(source, *spec, crate::settings::DEFAULT_MAX_LEN).validate();
+            assert!(ok.as_ref().err().is_none_or(|e| !e.to_string().contains("max_len")), "{source}: {ok:?}");
+        }
+        // The run's data with sequences or lists takes it.
+        let mut s = settings("synthetic-behavior", None, 7);
+        s.model.kind = ModelKind::Dien;
+        match s.validate().unwrap().model {
+            ModelConfig::Dien(d) => assert_eq!(d.max_len, 7),
+            m => panic!("expected dien, got {}", m.name()),
+        }
+        let some: [(String, Option<&str>); 7] = [
+            ("synthetic-behavior".into(), None),
+            (at("amazon-dien"), None),
+            (at("taobao-behavior"), None),
+            (at("taobao-ad"), None),
+            (at("csv"), Some("preset:taobao_ad")),
+            (at("csv"), Some("elm-dien")),
+            (at("csv"), Some(toml.as_str())),
+        ];
+        for (source, spec) in &some {
+            let data = DataSpec::parse("data", source).unwrap();
+            let spec = spec.map(|s| resolve_spec(s, 100, 7).unwrap());
+            assert!(reads_max_len(&data, spec.as_ref()), "{source}");
+        }
+        for (source, spec) in &none {
+            let data = DataSpec::parse("data", source).unwrap();
+            let spec = spec.map(|s| resolve_spec(s, 100, 7).unwrap());
+            assert!(!reads_max_len(&data, spec.as_ref()), "{source}");
+        }
+        for (source, spec) in
+            [(at("amazon-dien"), None), (at("taobao-behavior"), None), (at("csv"), Some(toml.as_str()))]
+        {
+            let mut s = settings(&source, spec, 7);
+            s.model.kind = ModelKind::Lr;
+            s.validate().unwrap();
         }
     }
 

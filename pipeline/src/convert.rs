@@ -21,7 +21,15 @@
 //! One conversion at a time per output directory: before reading any input,
 //! `convert` locks `DIR/.lock` ([`crate::dir_lock`]) until it returns; a
 //! second conversion into the same directory is refused at start, naming the
-//! one that holds it, instead of replacing its files as it goes.
+//! one that holds it, instead of replacing its files as it goes. Taking the
+//! lock creates a missing `DIR`; a conversion that fails then removes the
+//! `DIR` it created (and the missing parents it created), lock file and all,
+//! when nothing but the lock file is left in it
+//! ([`DirLock::remove_created`]); in a `DIR` that was there before it removes
+//! only the files it wrote. The lock file stays beside a converted
+//! dataset (and in a `DIR` that existed), naming its last holder; readers of
+//! the dataset list only `*.parquet` files (see the [`crate::dir_lock`] docs
+//! for why it is not removed).
 //!
 //! SIGINT/SIGTERM ([`crate::stop`]) stops after the chunk being written: the
 //! output is closed as after the last input line, so the directory holds
@@ -145,15 +153,34 @@ pub fn convert(settings: &ConvertSettings) -> Result<ConvertSummary, PipelineErr
         }
     };
     // Held until the conversion returns: no other conversion writes the directory meanwhile.
-    let _lock = DirLock::acquire(&settings.out, LOCK_FILE, "tiderec convert")?;
-    let options = CriteoOptions::for_run(&resolved, &input)?;
+    // Taking it creates a missing directory, so the writer below always finds it there: the
+    // lock, not the writer, knows whether this conversion made it.
+    let lock = DirLock::acquire(&settings.out, LOCK_FILE, "tiderec convert")?;
+    let converted = write(settings, &input, &resolved, description, start);
+    if converted.is_err() {
+        // The writer removed every file it made; a directory made here goes too (lock file
+        // and all) when nothing else is in it.
+        lock.remove_created();
+    }
+    converted
+}
+
+/// The conversion once the directory is locked: reads the input and writes the files.
+fn write(
+    settings: &ConvertSettings,
+    input: &TrainSettings,
+    resolved: &crate::config::Resolved,
+    description: SchemaDescription,
+    start: Instant,
+) -> Result<ConvertSummary, PipelineError> {
+    let options = CriteoOptions::for_run(resolved, input)?;
     let dead = SharedDeadLetters::file(input.data.records.dead_letters.clone());
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());
     // Taobao behaviour logs become samples all at once (as in training); they are then
     // read back in chunks like any indexed data.
     let (derived, derived_bad) = match &resolved.data {
         DataSpec::TaobaoBehavior(paths) => {
-            let (table, bad) = crate::run::behavior_table(paths, &input, &resolved, &dead)?;
+            let (table, bad) = crate::run::behavior_table(paths, input, resolved, &dead)?;
             let rows = table.len() as u64;
             (Some((IndexedSamples::Table(Arc::new(table)), rows)), bad)
         }

@@ -10,8 +10,27 @@
 //! The kernel releases the lock when the holder's file is closed: when the
 //! `DirLock` is dropped, when the process exits, and when it is killed, even
 //! by SIGKILL. A lock file left behind therefore never blocks a later run; it
-//! only records its last holder. It is never removed: a run that removed it
-//! could let two later runs lock two different files of the same name.
+//! only records its last holder.
+//!
+//! **The lock file stays** in a directory the run leaves behind (a checkpoint
+//! directory, a converted dataset, a directory that existed before the run,
+//! whether or not the run succeeded): `DirLock` has no `Drop` that removes
+//! it. It names its last holder, and readers skip it ([`is_lock_file`];
+//! Parquet readers list `*.parquet` files only). Removing it on every release
+//! would be safe among runs that check what they locked (below), but not
+//! against a running binary of an earlier version, which does not; a file of
+//! a few bytes in a directory that stays anyway is not worth that.
+//!
+//! **One exception, and why it is safe.** A run that fails after
+//! [`DirLock::acquire`] created its directory removes that directory, lock
+//! file and all, when nothing else is in it ([`DirLock::remove_created`]): a
+//! failed `convert --to parquet:NEW` leaves no `NEW/` holding only `.lock`.
+//! Removing a lock file could otherwise let two later runs hold two locks:
+//! one that opened the old file before it went and locked it after, and one
+//! that made a new file. So the holder unlinks the file while it still holds
+//! it, and [`DirLock::acquire`], once it has locked a file, checks that the
+//! file at the lock's path is still the one it locked (same device and inode)
+//! and otherwise starts over; a lock on a removed file is never kept.
 //!
 //! The processes of one cluster run all write into the checkpoint directory
 //! (each its own workers' shards), so each locks its own file
@@ -152,40 +171,121 @@ fn host_name() -> Option<String> {
 #[derive(Debug)]
 pub struct DirLock {
     /// Open for as long as the lock is held: closing it releases the lock.
-    _file: File,
+    file: File,
     path: PathBuf,
+    /// The locked directory.
+    dir: PathBuf,
+    /// The directories [`DirLock::acquire`] created to make `dir`, outermost first
+    /// (empty when `dir` existed).
+    created: Vec<PathBuf>,
 }
+
+/// How often [`DirLock::acquire`] starts over when the file it locked was removed by
+/// its holder meanwhile (each time, another run has just given the directory up).
+const MAX_ATTEMPTS: usize = 64;
 
 impl DirLock {
     /// Creates `dir` if missing and locks its file `name` for `command` (a
     /// name such as `tiderec train`, written into the file with this
     /// process's pid and host). Never waits: a lock held elsewhere is
-    /// [`LockError::Held`].
+    /// [`LockError::Held`]. A file whose holder removed it before this lock took
+    /// hold is not kept: acquiring starts over (see the [module docs](self)).
     pub fn acquire(dir: &Path, name: &str, command: &str) -> Result<DirLock, LockError> {
-        std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let path = dir.join(name);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_error(&path))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                let holder = read_holder(&mut file);
-                return Err(LockError::Held { dir: dir.to_path_buf(), lock: path, holder });
+        for _ in 0..MAX_ATTEMPTS {
+            let created = create_dirs(dir).map_err(io_error(dir))?;
+            let opened = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
+            let mut file = match opened {
+                Ok(file) => file,
+                // Its holder removed the directory since it was made here: start over.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_error(&path)(e)),
+            };
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) => {
+                    let holder = read_holder(&mut file);
+                    return Err(LockError::Held { dir: dir.to_path_buf(), lock: path, holder });
+                }
+                Err(TryLockError::Error(e)) => return Err(io_error(&path)(e)),
             }
-            Err(TryLockError::Error(e)) => return Err(io_error(&path)(e)),
+            if !is_at(&file, &path).map_err(io_error(&path))? {
+                // Locked after its holder removed it: the lock guards nothing; start over.
+                continue;
+            }
+            write_holder(&mut file, &Holder::current(command)).map_err(io_error(&path))?;
+            return Ok(DirLock { file, path, dir: dir.to_path_buf(), created });
         }
-        write_holder(&mut file, &Holder::current(command)).map_err(io_error(&path))?;
-        Ok(DirLock { _file: file, path })
+        let gone = std::io::Error::other(format!("removed by its holders {MAX_ATTEMPTS} times while being locked"));
+        Err(io_error(&path)(gone))
     }
 
     /// The lock file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether [`Self::acquire`] created the directory (it did not exist before).
+    pub fn created_dir(&self) -> bool {
+        self.created.last() == Some(&self.dir)
+    }
+
+    /// Releases the lock, and gives up a directory that [`Self::acquire`] created when
+    /// it holds nothing but the lock file: removes the lock file (still holding it),
+    /// then, once the lock is released, the directories `acquire` created, innermost
+    /// first, each only while empty. For a run that failed: it leaves no directory it
+    /// made. A directory that existed before, or that holds anything else, keeps all
+    /// it holds, the lock file too. Returns whether the directory was removed.
+    pub fn remove_created(self) -> bool {
+        let DirLock { file, path, dir, created } = self;
+        let ours = created.last() == Some(&dir);
+        let only_the_lock = || {
+            std::fs::read_dir(&dir).is_ok_and(|mut entries| {
+                entries.all(|e| e.is_ok_and(|e| Some(e.file_name().as_os_str()) == path.file_name()))
+            })
+        };
+        // Unlinked while held: a run that opened it before locks it only after, sees it
+        // gone (`is_at`) and starts over.
+        if !ours || !only_the_lock() || std::fs::remove_file(&path).is_err() {
+            return false;
+        }
+        drop(file);
+        for d in created.iter().rev() {
+            if std::fs::remove_dir(d).is_err() {
+                break;
+            }
+        }
+        !dir.exists()
+    }
+}
+
+/// Creates `dir` and its missing ancestors; returns those this call created, outermost
+/// first (as `create_dir_all`, but saying what it made).
+fn create_dirs(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut missing: Vec<&Path> =
+        dir.ancestors().filter(|a| !a.as_os_str().is_empty()).take_while(|a| !a.is_dir()).collect();
+    missing.reverse();
+    let mut created = Vec::new();
+    for d in missing {
+        match std::fs::create_dir(d) {
+            Ok(()) => created.push(d.to_path_buf()),
+            // Made meanwhile by another run: not this one's.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(created)
+}
+
+/// Whether `file` (open) is the file at `path`: same device and inode. False when
+/// nothing is at `path` any more.
+fn is_at(file: &File, path: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let held = file.metadata()?;
+    match std::fs::metadata(path) {
+        Ok(at) => Ok((held.dev(), held.ino()) == (at.dev(), at.ino())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -261,6 +361,51 @@ mod tests {
         assert!(!is_lock_file(".locksmith") && !is_lock_file("ckpt-3") && !is_lock_file(".lock.x"));
         assert!(!is_lock_file(".lock.p") && !is_lock_file(".lock.p1x"));
         assert!(matches!(DirLock::acquire(dir.path(), ".lock.p1", "x"), Err(LockError::Held { .. })));
+    }
+
+    #[test]
+    fn a_created_directory_holding_only_the_lock_is_removed_and_others_are_kept() {
+        let root = tempfile::tempdir().unwrap();
+        // Made here, with a missing parent: both go, and nothing is left of them.
+        let nested = root.path().join("a/b");
+        let lock = DirLock::acquire(&nested, LOCK_FILE, "tiderec convert").unwrap();
+        assert!(lock.created_dir());
+        assert!(lock.remove_created());
+        assert!(!root.path().join("a").exists());
+        // Made here but holding something else: all of it stays.
+        let lock = DirLock::acquire(&nested, LOCK_FILE, "tiderec convert").unwrap();
+        std::fs::write(nested.join("dead-letters.tsv"), b"x").unwrap();
+        assert!(!lock.remove_created());
+        assert!(nested.join(LOCK_FILE).exists() && nested.join("dead-letters.tsv").exists());
+        // There before: never removed, the lock file stays.
+        let lock = DirLock::acquire(root.path(), LOCK_FILE, "tiderec convert").unwrap();
+        assert!(!lock.created_dir());
+        assert!(!lock.remove_created());
+        assert!(root.path().join(LOCK_FILE).exists());
+        // A plain release keeps the lock file (see the module docs).
+        let dir = root.path().join("c");
+        drop(DirLock::acquire(&dir, LOCK_FILE, "tiderec convert").unwrap());
+        assert!(dir.join(LOCK_FILE).exists());
+    }
+
+    /// A run that opened the lock file before its holder removed it holds nothing once it
+    /// locks it: `is_at` tells, and `acquire` starts over on a file of its own.
+    #[test]
+    fn a_lock_on_a_removed_file_is_not_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("out");
+        let held = DirLock::acquire(&dir, LOCK_FILE, "tiderec convert").unwrap();
+        let path = held.path().to_path_buf();
+        let early = File::open(&path).unwrap();
+        assert!(is_at(&early, &path).unwrap());
+        assert!(held.remove_created());
+        early.try_lock().expect("the removed file is locked by nobody");
+        assert!(!is_at(&early, &path).unwrap(), "nothing at the path");
+        let again = DirLock::acquire(&dir, LOCK_FILE, "tiderec train").unwrap();
+        assert!(!is_at(&early, again.path()).unwrap(), "another file at the path");
+        assert!(is_at(&again.file, again.path()).unwrap());
+        // The new file is locked, by `again` alone.
+        assert!(matches!(DirLock::acquire(&dir, LOCK_FILE, "x"), Err(LockError::Held { .. })));
     }
 
     #[test]

@@ -456,6 +456,54 @@ fn every_help_lists_what_its_command_takes_with_uniform_placeholders() {
     }
 }
 
+/// `--max-len` cuts behaviour sequences and id lists: given for data without any (as a flag
+/// or in a `--config` file), `train` and `convert` refuse it naming it and why, before any
+/// work; left at its default it is no refusal, and data with sequences takes it.
+#[test]
+fn max_len_is_refused_for_data_without_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let criteo = dir.path().join("day_0.txt");
+    let line = |i: usize| {
+        let ints = (1..=13).map(|j| (i * j % 50).to_string());
+        let cats = (0..26).map(|j| format!("{:08x}", (i * 31 + j * 7919) % 1000));
+        std::iter::once((i % 2).to_string()).chain(ints).chain(cats).collect::<Vec<_>>().join("\t")
+    };
+    std::fs::write(&criteo, (0..64).map(line).collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    let from = format!("criteo:{}", criteo.display());
+    let out = dir.path().join("pq");
+    let to = format!("parquet:{}", out.display());
+    let config = dir.path().join("run.toml");
+    std::fs::write(&config, "max_len = 5\n").unwrap();
+    let config = config.display().to_string();
+    let refused = |args: &[&str]| {
+        let o = tiderec().args(args).args(["--progress", "none"]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(!o.status.success(), "{args:?} should fail: {err}");
+        assert!(
+            err.contains("`max_len`") && err.contains("--max-len") && err.contains("has no sequences"),
+            "{args:?}: {err}"
+        );
+    };
+    refused(&["train", "--max-len", "5"]);
+    refused(&["train", "--config", &config]);
+    refused(&["train", "--data", &from, "--max-len", "5"]);
+    refused(&["convert", "--from", &from, "--to", &to, "--max-len", "5"]);
+    assert!(!out.exists(), "refused before the output directory is made");
+    // Left at its default: Criteo converts, and Parquet files without sequences refuse it too.
+    run_ok(tiderec().args(["convert", "--progress", "none", "--from", &from, "--to", &to]));
+    refused(&["train", "--data", &to, "--max-len", "5"]);
+    // Data with sequences takes it.
+    let m = dir.path().join("dien.json");
+    run_ok(
+        tiderec()
+            .args(["train", "--data", "synthetic-behavior", "--model", "dien", "--max-len", "5", "--progress", "none"])
+            .args(["--samples", "512", "--batch-size", "256", "--steps", "1", "--eval-fraction", "0"])
+            .arg("--metrics-json")
+            .arg(&m),
+    );
+    assert_eq!(metrics(&m)["steps"], 1);
+}
+
 #[test]
 fn one_default_per_setting_across_commands() {
     let default_of = |command: &[&str], flag: &str| -> String {

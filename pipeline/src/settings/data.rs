@@ -62,7 +62,8 @@ pub struct DataSettings {
     #[arg(long, value_delimiter = ',', value_name = "N,N,…", value_parser = table_sizes::RANGE)]
     #[serde(deserialize_with = "table_sizes::deserialize")]
     pub table_sizes: Option<Vec<u64>>,
-    /// Longest behaviour history kept per sample (sequence data; the most recent events).
+    /// Longest behaviour history or id list kept per sample (the most recent events); refused for
+    /// data with neither (synthetic, criteo, avazu, a spec without lists).
     #[arg(long, required = false, value_name = "N", value_parser = max_len::RANGE)]
     #[serde(deserialize_with = "max_len::deserialize")]
     pub max_len: usize,
