@@ -19,7 +19,7 @@
 //!   `average_precision_score` do.
 //! * Every sample is ranked, however many: the sort orders indices of 32 bits
 //!   (half the memory and cache footprint) while they can name every sample
-//!   ([`narrow_indices`]), and of a machine word beyond, never truncated ones.
+//!   (`narrow_indices`), and of a machine word beyond, never truncated ones.
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
