@@ -192,13 +192,18 @@ impl DirLock {
     /// hold is not kept: acquiring starts over (see the [module docs](self)).
     pub fn acquire(dir: &Path, name: &str, command: &str) -> Result<DirLock, LockError> {
         let path = dir.join(name);
+        // Why the last attempt started over, for the error when none holds.
+        let mut last = None;
         for _ in 0..MAX_ATTEMPTS {
             let created = create_dirs(dir).map_err(io_error(dir))?;
             let opened = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
             let mut file = match opened {
                 Ok(file) => file,
                 // Its holder removed the directory since it was made here: start over.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    last = Some(e);
+                    continue;
+                }
                 Err(e) => return Err(io_error(&path)(e)),
             };
             match file.try_lock() {
@@ -211,12 +216,16 @@ impl DirLock {
             }
             if !is_at(&file, &path).map_err(io_error(&path))? {
                 // Locked after its holder removed it: the lock guards nothing; start over.
+                last = None;
                 continue;
             }
             write_holder(&mut file, &Holder::current(command)).map_err(io_error(&path))?;
             return Ok(DirLock { file, path, dir: dir.to_path_buf(), created });
         }
-        let gone = std::io::Error::other(format!("removed by its holders {MAX_ATTEMPTS} times while being locked"));
+        // Opening kept failing (a link into a folder that does not exist, say): that error.
+        let gone = last.unwrap_or_else(|| {
+            std::io::Error::other(format!("removed by its holders {MAX_ATTEMPTS} times while being locked"))
+        });
         Err(io_error(&path)(gone))
     }
 
@@ -277,13 +286,17 @@ fn create_dirs(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(created)
 }
 
-/// Whether `file` (open) is the file at `path`: same device and inode. False when
-/// nothing is at `path` any more.
+/// Whether `file` (open) is still the file at `path`: false once it was
+/// unlinked (no name left: its holder removed it; a file at `path` now is
+/// another) or nothing is at `path`. Link counts, not inode numbers, tell: on
+/// some overlay filesystems an open file's inode differs from its path's.
 fn is_at(file: &File, path: &Path) -> std::io::Result<bool> {
     use std::os::unix::fs::MetadataExt;
-    let held = file.metadata()?;
-    match std::fs::metadata(path) {
-        Ok(at) => Ok((held.dev(), held.ino()) == (at.dev(), at.ino())),
+    if file.metadata()?.nlink() == 0 {
+        return Ok(false);
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
@@ -386,6 +399,19 @@ mod tests {
         let dir = root.path().join("c");
         drop(DirLock::acquire(&dir, LOCK_FILE, "tiderec convert").unwrap());
         assert!(dir.join(LOCK_FILE).exists());
+    }
+
+    /// A lock path that is a link into a folder that does not exist fails with the
+    /// open's own error, not as a lock removed by its holders.
+    #[test]
+    fn a_lock_file_that_cannot_be_opened_is_named_with_the_reason() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("out");
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(root.path().join("missing/lock"), dir.join(LOCK_FILE)).unwrap();
+        let e = DirLock::acquire(&dir, LOCK_FILE, "tiderec train").err().expect("no lock through a dangling link");
+        let text = e.to_string();
+        assert!(text.contains(LOCK_FILE) && !text.contains("removed by its holders"), "{text}");
     }
 
     /// A run that opened the lock file before its holder removed it holds nothing once it

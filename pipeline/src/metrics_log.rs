@@ -215,6 +215,10 @@ pub fn cut_after(path: &Path, step: u64) -> Result<Cut, PipelineError> {
     if !meta.is_file() {
         return Ok(Cut::default());
     }
+    // Read first: a log with nothing to drop is left as it is (no copy, nothing created beside it).
+    if let Some(cut) = nothing_after(&path, step).map_err(|e| error("read", &path, e))? {
+        return Ok(cut);
+    }
     let mut reader = std::io::BufReader::new(std::fs::File::open(&path).map_err(|e| error("read", &path, e))?);
     let tmp = tiderec_sinks::temp::temp_beside(&path);
     let rewritten = (|| -> Result<Cut, PipelineError> {
@@ -261,6 +265,25 @@ pub fn cut_after(path: &Path, step: u64) -> Result<Cut, PipelineError> {
             other
         }
     }
+}
+
+/// The log at `path` read without changing it: `Some` (its lines that are not
+/// records) when no record is after `step`, `None` when one is.
+fn nothing_after(path: &Path, step: u64) -> std::io::Result<Option<Cut>> {
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path)?);
+    let (mut cut, mut line, mut number) = (Cut::default(), Vec::new(), 0u64);
+    while reader.read_until(b'\n', &mut line)? > 0 {
+        number += 1;
+        if !line.trim_ascii().is_empty() {
+            match serde_json::from_slice::<MetricsRecord>(&line) {
+                Ok(r) if r.step > step => return Ok(None),
+                Ok(_) => {}
+                Err(_) => cut.not_records.push(number),
+            }
+        }
+        line.clear();
+    }
+    Ok(Some(cut))
 }
 
 /// Reads a JSON-lines metrics log; a malformed line is an error naming its number.

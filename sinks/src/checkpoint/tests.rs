@@ -2,7 +2,7 @@
 //! missing files fall back to the previous checkpoint; pruning.
 
 use super::layout::{list_checkpoints, shard_file, DENSE_FILE, MANIFEST_FILE};
-use super::write::{create_temp, prune, write_checkpoint};
+use super::write::{create_temp, prune, restore_replaced, write_checkpoint};
 use super::*;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -434,6 +434,27 @@ fn pruning_restores_a_replaced_checkpoint_whose_replacement_never_got_the_name()
     let steps: Vec<u64> = list_checkpoints(dir.path()).unwrap().into_iter().map(|(s, _)| s).collect();
     assert_eq!(steps, vec![10, 20]);
     assert!(!dir.path().join(".old-ckpt-10-999999998").exists());
+    assert_eq!(find_latest(dir.path()).unwrap().found.unwrap().manifest.step, 20);
+}
+
+/// A replacement interrupted by a crash of a process whose id this one has again (a
+/// container's trainer is often process 1 on every start) is restored all the same, and
+/// a leftover of that id beside its checkpoint does not stop the next replacement.
+#[test]
+fn a_replaced_checkpoint_left_under_this_process_id_is_restored_and_never_blocks_a_replacement() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), 10, 3);
+    let own = |step: u64| dir.path().join(format!(".old-ckpt-{step}-{}", std::process::id()));
+    std::fs::rename(dir.path().join("ckpt-10"), own(10)).unwrap();
+    let notes = restore_replaced(dir.path());
+    assert!(notes.iter().any(|n| n.contains("restored")), "{notes:?}");
+    assert_eq!(find_latest(dir.path()).unwrap().found.unwrap().manifest.step, 10);
+    // A stale copy of this id beside a durable ckpt-10, then ckpt-10 written again.
+    write(dir.path(), 20, 3);
+    std::fs::create_dir(own(20)).unwrap();
+    std::fs::write(own(20).join("stale"), b"x").unwrap();
+    write(dir.path(), 20, 3);
+    assert!(!own(20).exists(), "the stale copy and the replaced checkpoint are gone");
     assert_eq!(find_latest(dir.path()).unwrap().found.unwrap().manifest.step, 20);
 }
 

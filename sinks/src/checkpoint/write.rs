@@ -211,6 +211,12 @@ pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<(PathBuf, V
     let old = dir.join(format!("{OLD_PREFIX}{}-{}", manifest.step, std::process::id()));
     let replaced = target.exists();
     if replaced {
+        // A leftover of an earlier process of the same id (a container's trainer is often
+        // process 1 on every start), whose `ckpt-<step>` exists: a copy no one needs, in
+        // the way of the rename.
+        if old.exists() {
+            std::fs::remove_dir_all(&old).map_err(io_error(&old))?;
+        }
         std::fs::rename(&target, &old).map_err(io_error(&target))?;
     }
     if let Err(e) = std::fs::rename(tmp, &target) {
@@ -236,9 +242,11 @@ pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> Result<(PathBuf, V
 }
 
 /// Undoes replacements of a checkpoint that a crash interrupted: a
-/// `.old-ckpt-<step>-<pid>` of another process whose `ckpt-<step>` is missing
-/// is the only copy of that checkpoint (its replacement never got the name), so
-/// it is renamed back to `ckpt-<step>`. One whose `ckpt-<step>` exists is left
+/// `.old-ckpt-<step>-<pid>` whose `ckpt-<step>` is missing is the only copy of
+/// that checkpoint (its replacement never got the name), so it is renamed back
+/// to `ckpt-<step>`, whichever process id it names (an earlier process may have
+/// had this one's: a container's trainer is often process 1 on every start; no
+/// caller has a replacement of its own in flight). One whose `ckpt-<step>` exists is left
 /// (the replacement is durable; [`prune`] removes it). Returns a line per
 /// checkpoint restored and per rename that failed. Only a writer that holds the
 /// directory (a run resuming, [`prune`]) may call it: renaming under a run that
@@ -251,8 +259,7 @@ pub fn restore_replaced(dir: &Path) -> Vec<String> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let step = replaced_step(&name)?;
-            temp_pid(&name).is_some_and(|pid| pid != std::process::id()).then(|| (step, e.path()))
+            replaced_step(&name).map(|step| (step, e.path()))
         })
         .collect();
     olds.sort();
