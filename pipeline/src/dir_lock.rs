@@ -409,7 +409,7 @@ mod tests {
         let dir = root.path().join("out");
         std::fs::create_dir(&dir).unwrap();
         std::os::unix::fs::symlink(root.path().join("missing/lock"), dir.join(LOCK_FILE)).unwrap();
-        let e = DirLock::acquire(&dir, LOCK_FILE, "tiderec train").err().expect("no lock through a dangling link");
+        let e = DirLock::acquire(&dir, LOCK_FILE, "tiderec train").expect_err("no lock through a dangling link");
         let text = e.to_string();
         assert!(text.contains(LOCK_FILE) && !text.contains("removed by its holders"), "{text}");
     }

@@ -219,14 +219,15 @@ mod tests {
         let mut b = a.clone();
         b.run.seed = 7;
         let (pa, pb) = (print(&a), print(&b));
-        let (x, y) = ("0.1.0 (executable 00000000000000aa)", "0.1.0 (executable 00000000000000bb)");
+        let (x, y) =
+            ("0.1.0 (build 000000000000000000000000000000aa)", "0.1.0 (build 000000000000000000000000000000bb)");
         let same = differences(&[(0, &with_build(pa.clone(), x)), (1, &with_build(pa.clone(), x))]);
         assert!(same.is_empty(), "{same:?}");
         let lines = differences(&[(0, &with_build(pa.clone(), x)), (1, &with_build(pb, y)), (2, &with_build(pa, y))]);
         assert_eq!(
             lines[0],
-            "tiderec build: process 0 runs 0.1.0 (executable 00000000000000aa); processes 1, 2 run 0.1.0 \
-             (executable 00000000000000bb)"
+            "tiderec build: process 0 runs 0.1.0 (build 000000000000000000000000000000aa); processes 1, 2 run 0.1.0 \
+             (build 000000000000000000000000000000bb)"
         );
         assert!(lines[1..].iter().any(|l| l.starts_with("seed: ")), "the settings follow: {lines:?}");
     }
@@ -234,10 +235,11 @@ mod tests {
     #[test]
     fn a_process_of_a_build_without_the_check_runs_an_older_build() {
         let p = print(&TrainSettings::default());
-        let lines = differences(&[(0, &with_build(p.clone(), "0.2.0 (executable 00000000000000aa)")), (1, &p)]);
+        let lines =
+            differences(&[(0, &with_build(p.clone(), "0.2.0 (build 000000000000000000000000000000aa)")), (1, &p)]);
         assert_eq!(
             lines,
-            ["tiderec build: process 0 runs 0.2.0 (executable 00000000000000aa); process 1 runs an older build (it \
+            ["tiderec build: process 0 runs 0.2.0 (build 000000000000000000000000000000aa); process 1 runs an older build (it \
               names none)"]
         );
     }

@@ -104,7 +104,7 @@ pub type Outcome<T> = Result<Option<T>, PipelineError>;
 /// Starts the workers running `func`: for several processes, after the handshake on the
 /// fingerprint `print` makes, with this process's [`build::identity`] first (an error
 /// names every setting that differs; one process makes none: it reads the data files'
-/// first and last MiB, and the executable), and on `cluster.checkpoint_dir` being one
+/// first and last MiB), and on `cluster.checkpoint_dir` being one
 /// directory for all. A worker's own error (not "another worker failed") goes to
 /// `cluster.failure` the moment it returns.
 pub fn start<T, F>(
