@@ -67,12 +67,12 @@ pub fn of_train(settings: &TrainSettings, resolved: &Resolved) -> Fingerprint {
                 Some(s) => s.clone(),
                 None => "none".into(),
             },
-            // Component by component, so `ck/` and `ck` agree.
-            "checkpoint_dir" => settings
-                .checkpoints
-                .checkpoint_dir
-                .as_ref()
-                .map_or("none".into(), |d| d.components().collect::<PathBuf>().display().to_string()),
+            // Component by component and without `.`, so `ck/`, `./ck` and `ck` agree (whether
+            // a relative path is one directory everywhere is the handshake's marker check).
+            "checkpoint_dir" => settings.checkpoints.checkpoint_dir.as_ref().map_or("none".into(), |d| {
+                let parts = d.components().filter(|c| !matches!(c, std::path::Component::CurDir));
+                parts.collect::<PathBuf>().display().to_string()
+            }),
             _ => compact(&v),
         };
         out.push((key, text));
@@ -251,6 +251,10 @@ mod tests {
         let mut b = a.clone();
         b.checkpoints.checkpoint_dir = Some("/shared/ck/".into());
         assert!(differences(&[(0, &print(&a)), (1, &print(&b))]).is_empty(), "a trailing `/` is the same path");
+        let (mut here, mut dot) = (a.clone(), a.clone());
+        here.checkpoints.checkpoint_dir = Some("ck".into());
+        dot.checkpoints.checkpoint_dir = Some("./ck/.".into());
+        assert!(differences(&[(0, &print(&here)), (1, &print(&dot))]).is_empty(), "`./ck` is `ck`");
         b.checkpoints.checkpoint_dir = Some("/local/ck".into());
         let mut none = a.clone();
         none.checkpoints.checkpoint_dir = None;
