@@ -72,6 +72,17 @@ for f in tiderec run VERSION scripts/bench_vs_torch.py scripts/torch_reference.p
         exit 1
     fi
 done
+# `run` parses: its shell, and the report's reading of the packed binary's own JSON (a
+# short `bench kernels`, step 3h's command), so a changed field fails here, not on the GPU machine.
+bash -n "$DIR/run"
+KERNELS_JSON="$(mktemp)"
+"$DIR/tiderec" bench kernels --rows 16 --rounds 1 --seconds 0.002 --json >"$KERNELS_JSON"
+LINE="$(python3 "$DIR/scripts/gpu_report.py" --cpu-kernels "$KERNELS_JSON")"
+rm -f "$KERNELS_JSON"
+case "$LINE" in
+    "FMA peak "*) ;;
+    *) echo "gpu_report.py cannot read \`tiderec bench kernels --json\`: $LINE" >&2; exit 1 ;;
+esac
 SIZE=$(du -sb "$DIR" | cut -f1)
 echo "bundle: $DIR, $(ls "$DIR/tests" | wc -l) test executables, $SIZE bytes" >&2
 ls -l "$DIR" "$DIR/tests" >&2

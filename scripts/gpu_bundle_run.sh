@@ -14,7 +14,7 @@
 # PROFILE=0 skips the phase clock and ncu, NCU=0 ncu alone, STAGES=0 the stage clocks of step 3,
 # AUC=0 the AUC runs of step 3c,
 # HOTROWS=0 step 3d, GRAPHS=0 step 3e, READAHEAD=0 step 3f, HOSTTHREADS=0 step 3g, CPU=0 step 3b,
-# SCALING=0 step 4.
+# KERNELS=0 step 3h, SCALING=0 step 4.
 #
 # In order, each step's log in OUTDIR:
 #   0. the machine: GPU, driver, CPU (AMX or not), where the CUDA libraries are;
@@ -30,6 +30,8 @@
 #   3g. two GPU workers on one GPU, their host work on their share of the cores against one thread;
 #   3b. the host CPU against PyTorch at one thread, DLRM at 2,048, fp32 and bf16
 #      (PyTorch's bf16 autocast runs on AMX where the CPU has it; CPU=0 skips it);
+#   3h. the host CPU's GEMM kernels on one pinned core (`tiderec bench kernels` at 128 and
+#      2,048 rows) against the core's fp32 FMA peak and AMX bf16 peak (KERNELS=0 skips it);
 #   4. if the budget allows, the CPU scaling section of benchmarks.py, W = 1..16.
 # and OUTDIR/summary.txt, one screen, and OUTDIR/report.md (scripts/gpu_report.py),
 # the page docs/benchmarks-gpu.md is made of. Every step's time limit is capped by what
@@ -430,6 +432,28 @@ else
         [ $rc -eq 0 ] || FAILED=1
         say "cpu dlrm-2048 $p (exit $rc):"
         grep -E '^\| median|^Failed' "$OUT/cpu-bench-dlrm-2048-$p.md" | head -3 | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
+    done
+fi
+
+# ---- 3h. the host CPU's GEMM kernels against its FMA and AMX peaks --------
+# `tiderec bench kernels` at 128 and 2,048 rows (DLRM's MLP products, every candidate
+# kernel, the one training chooses, the core's fp32 FMA and AMX bf16 peaks), pinned to
+# the last core, as JSON for the report. KERNELS=0 (environment) skips it.
+if [ "${KERNELS:-1}" = 0 ]; then
+    say "== 3h. host CPU kernels skipped: KERNELS=0"
+else
+    say "== 3h. host CPU kernels against the core's peaks ($(elapsed) s)"
+    core=$(($(nproc) - 1))
+    for rows in 128 2048; do
+        if [ "$(left)" -lt 75 ]; then
+            skip "cpu kernels at $rows rows"
+            continue
+        fi
+        timeout -k 5 "$(cap 120)" taskset -c "$core" "$HERE/tiderec" bench kernels --rows $rows --rounds 3 --json \
+            >"$OUT/cpu-kernels-$rows.json" 2>"$OUT/cpu-kernels-$rows.err"
+        rc=$?
+        [ $rc -eq 0 ] || FAILED=1
+        say "cpu kernels at $rows rows (exit $rc): $(python3 "$HERE/scripts/gpu_report.py" --cpu-kernels "$OUT/cpu-kernels-$rows.json" 2>&1 | head -1)"
     done
 fi
 

@@ -48,7 +48,7 @@ def runs(dirs, found):
     rows = []
     for k, d in enumerate(dirs, 1):
         used = sorted(n for n, p in found.items() if os.path.dirname(p) == d and
-                      re.match(r"(test-|bench-|cpu-bench-|stages-|phases-|ncu-|hotrows-|graphs-|readahead-|hostthreads-).*\.(log|md|json|csv)$", n))
+                      re.match(r"(test-|bench-|cpu-bench-|cpu-kernels-|stages-|phases-|ncu-|hotrows-|graphs-|readahead-|hostthreads-).*\.(log|md|json|csv)$", n))
         if used:
             same = build(d) is not None and build(d) == last
             rows.append([f"{k}", "the last call's" if same else "an earlier one", ", ".join(f"`{u}`" for u in used)])
@@ -176,6 +176,34 @@ def cpu_benches(found):
         else:
             rows.append([model, f"{batch:,}", precision, "failed: see the log", "", ""])
     return rows
+
+
+def wide_layer(layer):
+    """Whether a product's layer (`"512->256"`) has both widths of at least 64: DLRM's wide layers."""
+    widths = [int(w) for w in layer.split("->")]
+    return min(widths) >= 64
+
+
+def cpu_kernels(path):
+    """One `tiderec bench kernels --json` run of step 3h: (rows, peak, amx peak, bound share, product rows)."""
+    d = json.loads(read(path))
+    peak = max((r["gflops"] for r in d.get("fma_peak", [])), default=0.0)
+    bound_share = d["gemm_bound_samples_per_sec"] / d["peak_bound_samples_per_sec"] if peak else 0.0
+    products = []
+    for p in d["products"]:
+        if not wide_layer(p["layer"]):
+            continue
+        mm = next((c["gflops"] for c in p["candidates"] if c["kernel"] == "matrixmultiply"), None)
+        products.append([f"{d['rows']:,}", p["product"], p["layer"].replace("->", "→"), p["mnk"], f"`{p['chosen']}`",
+                         f"{p['chosen_gflops']:.1f}", f"**{p['chosen_gflops'] / peak:.0%}**" if peak else "",
+                         f"{mm:.1f}" if mm else "", f"{p['chosen_gflops'] / mm:.2f}×" if mm else ""])
+    return d, peak, d.get("amx_peak_gflops"), bound_share, products
+
+
+def cpu_kernel_runs(found):
+    """Step 3h's runs, fewest rows first."""
+    names = [n for n in found if re.match(r"cpu-kernels-\d+\.json$", n)]
+    return [cpu_kernels(found[n]) for n in sorted(names, key=lambda n: int(re.findall(r"\d+", n)[0]))]
 
 
 def stages(found):
@@ -335,7 +363,7 @@ def main(argv):
     except Exception as e:  # noqa: BLE001 - a summary line, never a traceback
         print(f"no result ({type(e).__name__}: {e})")
         return
-    if argv[:1] in (["--kernels"], ["--hot-rows"], ["--graphs"], ["--host-threads"], ["--read-ahead"]):
+    if argv[:1] in (["--kernels"], ["--cpu-kernels"], ["--hot-rows"], ["--graphs"], ["--host-threads"], ["--read-ahead"]):
         return
     page(argv)
 
@@ -347,6 +375,13 @@ def one_line(argv):
         total = sum(r[2] for r in rows)
         print(f"{sum(r[1] for r in rows)} launches, {total:.0f} us; " +
               ", ".join(f"{k} {t:.0f} us ({n})" for k, n, t in rows[:6]))
+        return
+    if argv[:1] == ["--cpu-kernels"]:
+        _, peak, amx, share, products = cpu_kernels(argv[1])
+        low = min(products, key=lambda r: float(r[5]), default=None)
+        print(f"FMA peak {peak:.1f} GFLOP/s" + (f", AMX bf16 peak {amx:.0f}" if amx else "") +
+              f"; the chosen kernels' bound is {share:.0%} of the FMA peak" +
+              (f"; the slowest wide-layer product {low[1]} {low[2]} at {low[6].strip('*')}" if low else ""))
         return
     if argv[:1] == ["--hot-rows"]:
         rows = [r for r in hot_rows(files(argv[1:2])) if r[0] == f"{int(argv[2]):,}"]
@@ -463,6 +498,26 @@ def page(argv):
               "`torch.autocast(bfloat16)` on the dense model (oneDNN, on AMX where the CPU has it).\n")
         print(table(["model", "batch", "precision", "tiderec samples/s", "PyTorch samples/s", "tiderec / PyTorch"],
                     cpu) + "\n")
+    kernels = safe(cpu_kernel_runs, found)
+    if kernels:
+        d = kernels[0][0]
+        print("## The host CPU's GEMM kernels against the core's peaks\n")
+        print(f"`tiderec bench kernels --rows R --rounds 3 --json` pinned to one core of the host CPU "
+              f"({d['cpu']}; {d['features_line']}), the rest of the machine idle: DLRM's MLP products on every "
+              "candidate kernel, medians over the alternated rounds. The bound is the samples/s one core could "
+              "train if a step were only these products on the kernels training chooses, as a share of the same "
+              "products at the core's fp32 fused multiply-add peak (independent FMA chains in registers, measured "
+              "in the same run); the AMX peak is independent bf16 tile products.\n")
+        print(table(["rows", "fp32 FMA peak GFLOP/s", "AMX bf16 peak GFLOP/s", "chosen kernels' bound",
+                     "share of the FMA peak"],
+                    [[f"{r[0]['rows']:,}", f"{r[1]:.1f}", f"{r[2]:.0f}" if r[2] else "no AMX",
+                      f"{r[0]['gemm_bound_samples_per_sec']:,.0f} samples/s", f"**{r[3]:.0%}**"]
+                     for r in kernels]) + "\n")
+        print("The products of DLRM's wide layers (both widths at least 64): the chosen kernel's GFLOP/s, its "
+              "share of the FMA peak, and matrixmultiply (the general-purpose baseline) in the same rounds.\n")
+        print(table(["rows", "product", "layer", "m × n × k", "chosen kernel", "GFLOP/s", "share of the FMA peak",
+                     "matrixmultiply GFLOP/s", "chosen / matrixmultiply"],
+                    [p for r in kernels for p in r[4]]) + "\n")
     hot = safe(hot_rows, found)
     if hot:
         print("## Hot rows: a run of duplicates split into chunks against summed by one warp\n")
