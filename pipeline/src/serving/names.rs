@@ -13,6 +13,14 @@
 //! suffixed with its position; any other model gets positional names (`dense_<j>`, `field_<i>`,
 //! `sequence_<j>`, 0-based). Feature crosses (the last `wide_only` sparse
 //! fields of LR and Wide & Deep) are `cross_<i>`.
+//!
+//! The sparse fields' names are unique (the tables' tensors are named after them, and
+//! readers find a field by its name), and a cross's name is no other input's either: a
+//! name already taken (a spec column `cross_0`, or `cross_1`, the name of a column
+//! `cross` read twice) gets the first of `_1`, `_2`, … appended that is free. The data's
+//! names are taken first, so a collision renames the cross (`cross_0_1`), never a column.
+//! (A column both dense and categorical keeps its name in both lists: dense features
+//! have no tensors of their own and are read by position.)
 
 use tiderec_operators::nn::ModelConfig;
 use tiderec_operators::spec::FeatureSpec;
@@ -88,18 +96,35 @@ pub fn input_names(model: &ModelConfig, format: Option<&str>, spec: Option<&Feat
             (0..ns).map(|j| format!("sequence_{j}")).collect(),
         )
     });
-    sparse.extend((0..crosses(model)).map(|i| format!("cross_{i}")));
-    InputNames { dense, sparse, sequences: sequences.into_iter().take(ns).collect(), criteo }
+    let sequences: Vec<String> = sequences.into_iter().take(ns).collect();
+    for i in 0..crosses(model) {
+        let taken = |name: &str| dense.iter().chain(&sparse).chain(&sequences).any(|n| n == name);
+        let name = unused(format!("cross_{i}"), taken);
+        sparse.push(name);
+    }
+    InputNames { dense, sparse, sequences, criteo }
 }
 
-/// `names` as they are, a repeated one (a column a spec reads twice) suffixed with its position.
+/// `names` as they are, a repeated one (a column a spec reads twice) suffixed with its position
+/// (made unique by [`unused`] when that name is taken too).
 fn distinct<'a>(names: impl Iterator<Item = &'a String>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for (i, n) in names.enumerate() {
-        let name = if out.contains(n) { format!("{n}_{i}") } else { n.clone() };
+        let name = if out.contains(n) { unused(format!("{n}_{i}"), |m| out.iter().any(|o| o == m)) } else { n.clone() };
         out.push(name);
     }
     out
+}
+
+/// `name` if `taken` says it is free, else the first of `name_1`, `name_2`, … that is.
+fn unused(name: String, taken: impl Fn(&str) -> bool) -> String {
+    let mut candidate = name.clone();
+    let mut k = 0u64;
+    while taken(&candidate) {
+        k += 1;
+        candidate = format!("{name}_{k}");
+    }
+    candidate
 }
 
 #[cfg(test)]
@@ -152,5 +177,53 @@ mod tests {
         let n = input_names(&ModelConfig::Fm(lr), Some("amazon-dien"), None);
         assert_eq!(n.sparse, ["user", "item", "category", "cross_0"]);
         assert!(n.sequences.is_empty());
+    }
+
+    /// Spec columns named like crosses, or like a twice-read column's suffixed name, keep
+    /// their names; the crosses and the repeated column take the next free one.
+    #[test]
+    fn spec_columns_named_like_crosses_leave_every_sparse_name_distinct() {
+        let spec = FeatureSpec::from_toml(
+            r#"
+delimiter = ","
+columns = ["label", "x", "cross", "cross_0", "cross_1_1"]
+label = { column = "label" }
+dense = [{ column = "x" }]
+categorical = [
+  { column = "cross", buckets = 10 }, { column = "cross", buckets = 10 },
+  { column = "cross_0", buckets = 10 }, { column = "cross_1_1", buckets = 10 },
+]
+"#,
+        )
+        .unwrap();
+        // `cross` read twice is `cross`, `cross_1`; the crosses `cross_0` and `cross_1` are
+        // both taken, and so is `cross_1_1`.
+        let wdl = FmConfig { num_dense: 1, num_sparse: 4 + 3, dim: 4, deep: vec![8], fm: false, wide_only: 3 };
+        let n = input_names(&ModelConfig::Fm(wdl), Some("csv"), Some(&spec));
+        assert_eq!(n.dense, ["x"]);
+        assert_eq!(n.sparse, ["cross", "cross_1", "cross_0", "cross_1_1", "cross_0_1", "cross_1_2", "cross_2"]);
+        // Columns `label,x,cross_0,b` with one cross.
+        let spec = FeatureSpec::from_toml(
+            r#"
+delimiter = ","
+columns = ["label", "x", "cross_0", "b"]
+label = { column = "label" }
+dense = [{ column = "x" }]
+categorical = [{ column = "cross_0", buckets = 10 }, { column = "b", buckets = 10 }]
+"#,
+        )
+        .unwrap();
+        let wdl = FmConfig { num_dense: 1, num_sparse: 3, dim: 4, deep: vec![8], fm: false, wide_only: 1 };
+        let n = input_names(&ModelConfig::Fm(wdl), Some("csv"), Some(&spec));
+        assert_eq!(n.sparse, ["cross_0", "b", "cross_0_1"]);
+    }
+
+    /// A twice-read column's suffixed name never repeats a column's own name.
+    #[test]
+    fn a_repeated_column_never_takes_another_columns_name() {
+        let columns = ["a", "a_2", "a"].map(String::from);
+        assert_eq!(distinct(columns.iter()), ["a", "a_2", "a_2_1"]);
+        let columns = ["a", "a", "a_1"].map(String::from);
+        assert_eq!(distinct(columns.iter()), ["a", "a_1", "a_1_2"]);
     }
 }

@@ -96,7 +96,8 @@ impl<W: Write> Write for Hashing<W> {
 const CHUNK: usize = 1 << 14;
 
 /// Writes `tensors` (in this order) with string `metadata` to a new file at
-/// `path`, fsyncs it and returns its size and checksum.
+/// `path`, fsyncs it and returns its size and checksum. Names must be unique: a name given
+/// twice is a [`SinkError::Checkpoint`] naming it, before anything is written.
 pub(crate) fn write(
     path: &Path,
     tensors: &[Tensor<'_>],
@@ -104,6 +105,11 @@ pub(crate) fn write(
 ) -> Result<FileEntry, SinkError> {
     let io = |source| SinkError::Io { path: path.display().to_string(), source };
     let format = |reason: String| SinkError::Checkpoint { path: path.display().to_string(), reason };
+    let repeated = repeated_names(tensors);
+    if !repeated.is_empty() {
+        let names = repeated.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+        return Err(format(format!("tensor names given more than once: {names}")));
+    }
     let mut infos = Vec::with_capacity(tensors.len());
     let mut offset = 0usize;
     for t in tensors {
@@ -155,6 +161,19 @@ pub(crate) fn write(
     let file = inner.into_inner().map_err(|e| io(e.into_error()))?;
     file.sync_all().map_err(io)?;
     Ok(FileEntry { bytes, xxh3_128: format!("{:032x}", hasher.digest128()) })
+}
+
+/// The names that more than one of `tensors` has, each once, in the order of their first
+/// repetition.
+fn repeated_names<'a>(tensors: &'a [Tensor<'_>]) -> Vec<&'a str> {
+    let mut seen = std::collections::HashSet::with_capacity(tensors.len());
+    let mut repeated: Vec<&str> = Vec::new();
+    for t in tensors {
+        if !seen.insert(t.name.as_str()) && !repeated.contains(&t.name.as_str()) {
+            repeated.push(&t.name);
+        }
+    }
+    repeated
 }
 
 /// xxh3-128 of `bytes`, as written in manifests.
@@ -348,6 +367,25 @@ mod tests {
         assert!(Reader::new(&bytes[..bytes.len() - 1]).is_err());
         // Files are never overwritten.
         assert!(write(&path, &tensors, HashMap::new()).unwrap_err().to_string().contains("t.safetensors"));
+    }
+
+    /// Two tensors of one name are refused by name, without creating the file (the
+    /// `safetensors` crate takes them and then fails while serializing).
+    #[test]
+    fn a_repeated_tensor_name_is_refused_before_the_file_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        let (a, b) = ([1.0f32, 2.0], [3.0f32]);
+        let tensors = [
+            Tensor { name: "first_order.cross_0".into(), shape: vec![2, 1], values: Values::F32(&a) },
+            Tensor { name: "first_order.b".into(), shape: vec![1, 1], values: Values::F32(&b) },
+            Tensor { name: "first_order.cross_0".into(), shape: vec![1, 1], values: Values::F32(&b) },
+        ];
+        let e = write(&path, &tensors, HashMap::new()).unwrap_err();
+        assert!(matches!(e, SinkError::Checkpoint { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(text.contains("`first_order.cross_0`") && !text.contains("`first_order.b`"), "{text}");
+        assert!(!path.exists());
     }
 
     #[test]
