@@ -149,6 +149,27 @@ fn dense_of_spec(spec: &FeatureSpec) -> Vec<DenseTransform> {
     dense.chain(lists).collect()
 }
 
+/// The dense features of `data` of a format without a spec (criteo, avazu, amazon-dien,
+/// parquet), as [`FeaturePipeline::of_run`] records them.
+fn assumed_dense(data: &DataSpec) -> Vec<DenseTransform> {
+    match data {
+        DataSpec::Criteo(_) => (1..=13)
+            .map(|i| DenseTransform { name: format!("I{i}"), transform: "log1p(max(x, 0)); empty = 0".into() })
+            .collect(),
+        DataSpec::Avazu(_) => {
+            vec![DenseTransform { name: "hour".into(), transform: "hour of day (YYMMDDHH) / 23".into() }]
+        }
+        DataSpec::Parquet(p) => {
+            p.0.description()
+                .dense
+                .iter()
+                .map(|n| DenseTransform { name: n.clone(), transform: "as stored".into() })
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// What of a Parquet description decides the samples: not the input files' sizes (`lines`)
 /// nor whether rows carry user groups (no feature).
 fn featurization(d: &SchemaDescription) -> SchemaDescription {
@@ -407,7 +428,9 @@ impl FeaturePipeline {
 
     /// The pipeline assumed for a checkpoint that records none: `data`'s format with the
     /// checkpoint's seed as the hashing seed and its table sizes (only for formats that need
-    /// nothing else: criteo, avazu, amazon-dien, parquet).
+    /// nothing else: criteo, avazu, amazon-dien, parquet). The dense features and sequences
+    /// are those the data makes (a Parquet file's as its description says), so that
+    /// [`FeaturePipeline::check_model`] compares the data's shape with the model's.
     pub fn assumed(data: &DataSpec, seed: u64, table_sizes: &[u64], max_len: Option<usize>) -> Option<Self> {
         if !matches!(data, DataSpec::Criteo(_) | DataSpec::Avazu(_) | DataSpec::AmazonDien(_) | DataSpec::Parquet(_)) {
             return None;
@@ -420,8 +443,12 @@ impl FeaturePipeline {
             format,
             spec: None,
             table_sizes: table_sizes.get(..num_sparse)?.to_vec(),
-            dense: Vec::new(),
-            sequences: None,
+            dense: assumed_dense(data),
+            sequences: data.sequences(None).map(|q| SequenceRecord {
+                tables: q.tables,
+                targets: q.targets,
+                max_len: q.max_len,
+            }),
             max_len,
             crosses: Vec::new(),
             cross_buckets: None,
@@ -498,5 +525,35 @@ categorical = [{ column = "h", buckets = 4, encoding = "bucketize", boundaries =
         std::fs::write(&path, text.replace("1e30", "inf")).unwrap();
         let e = crate::config::resolve_spec(path.to_str().unwrap(), 100, 10).unwrap_err().to_string();
         assert!(e.contains("spec.dense[0].clamp") && e.contains("spec.toml"), "{e}");
+    }
+
+    /// The pipeline assumed for a checkpoint without one describes the data as a run on it
+    /// records it (dense features, sequences), so a model of another shape fails
+    /// `check_model`, naming the dense widths.
+    #[test]
+    fn an_assumed_pipeline_has_the_datas_shape() {
+        for data in ["criteo:Cargo.toml", "avazu:Cargo.toml"] {
+            let run = pipeline_of(data, None, None);
+            let spec = DataSpec::parse("data", data).unwrap();
+            let assumed = FeaturePipeline::assumed(&spec, 42, &run.table_sizes, None).unwrap();
+            assert_eq!(assumed.dense, run.dense, "{data}");
+            assert_eq!(assumed.differences(&run, "run"), Vec::<String>::new(), "{data}");
+        }
+        let amazon = DataSpec::parse("data", "amazon-dien:Cargo.toml").unwrap();
+        let assumed = FeaturePipeline::assumed(&amazon, 42, &[100; 5], Some(20)).unwrap();
+        assert!(assumed.dense.is_empty());
+        assert_eq!(assumed.sequences.as_ref().map(|q| q.tables.clone()), amazon.sequences(None).map(|q| q.tables));
+        // A Criteo-shaped model (13 dense features) and data of none.
+        let mut settings = TrainSettings::default();
+        settings.data.source = "criteo:Cargo.toml".into();
+        settings.data.buckets = 100;
+        let resolved = settings.validate().unwrap();
+        let config = crate::run::trainer_config(&settings, &resolved);
+        let criteo = DataSpec::parse("data", "criteo:Cargo.toml").unwrap();
+        let fits = FeaturePipeline::assumed(&criteo, 42, &config.table_sizes, None).unwrap();
+        assert_eq!(fits.check_model(&config), Ok(()));
+        let no_dense = FeaturePipeline { dense: Vec::new(), ..fits };
+        let e = no_dense.check_model(&config).unwrap_err();
+        assert_eq!(e, ["pipeline.dense: 0 dense features, the model reads 13"]);
     }
 }

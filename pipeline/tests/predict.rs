@@ -578,3 +578,125 @@ fn eval_with_the_training_eval_fraction_scores_exactly_the_held_out_records() {
     let err = String::from_utf8_lossy(&out.unwrap().stderr).into_owned();
     assert!(err.contains("eval_fraction") || err.contains("--eval-fraction"), "{err}");
 }
+
+/// The names of the entries of `dir` that start with `prefix`, sorted.
+fn entries(dir: &Path, prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort();
+    names
+}
+
+/// An older checkpoint (no pipeline in its manifest) of a 13-dense DLRM, asked to score
+/// Parquet files without dense columns: a clear error naming both widths and the input,
+/// a non-zero exit without a panic, and no scores file, temporary or not.
+#[test]
+fn an_older_checkpoint_refuses_records_without_its_dense_features() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let Some(path) = shared_data("criteo/sample_train.txt") else { return };
+    let data = format!("criteo:{}", path.display());
+    let ck = train(d, "ck", &data, &["--model", "dlrm"]);
+    let manifest = newest_checkpoint(&ck).join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    assert!(m.as_object_mut().unwrap().remove("pipeline").is_some());
+    std::fs::write(&manifest, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    // Criteo's spec without its dense features: the same 26 categorical fields of 1000 rows.
+    let shown = run_ok(tiderec().args(["spec", "show", "criteo", "--buckets", "1000"]));
+    let spec: String = String::from_utf8(shown.stdout)
+        .unwrap()
+        .split("\n\n")
+        .filter(|block| !block.starts_with("[[dense]]"))
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    assert!(!spec.contains("[[dense]]") && spec.contains("[[categorical]]"), "{spec}");
+    let spec_file = d.join("no-dense.toml");
+    std::fs::write(&spec_file, spec).unwrap();
+    let pq = d.join("pq");
+    run_ok(
+        tiderec()
+            .args(["convert", "--progress", "none", "--from", &format!("csv:{}", path.display())])
+            .arg("--spec")
+            .arg(&spec_file)
+            .arg("--to")
+            .arg(format!("parquet:{}", pq.display())),
+    );
+    let input = format!("parquet:{}", pq.display());
+    for cmd in [&["predict", "--out", "scores.csv"][..], &["eval"][..]] {
+        let o =
+            tiderec().current_dir(d).args(cmd).args(["--data", &input]).arg("--checkpoint").arg(&ck).output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && o.status.code() != Some(101), "{cmd:?}: a clean failure: {stderr}");
+        assert!(!stderr.contains("panicked"), "{cmd:?}: {stderr}");
+        assert!(
+            stderr.contains("0 dense features, the model reads 13") && stderr.contains(&input),
+            "{cmd:?}: {stderr}"
+        );
+        assert_eq!(entries(d, "scores.csv"), Vec::<String>::new(), "{cmd:?}: no scores file, not even a temporary one");
+    }
+}
+
+/// The dead-letter file `predict` and `eval` write unless told lists the malformed records
+/// of the last run: a clean rerun that replaces the scores (`--overwrite`) removes an
+/// earlier run's, as a clean `eval` removes its own. Without `--overwrite` an existing one is
+/// refused like an existing scores file; a file named with `--dead-letters` is left alone.
+#[test]
+fn a_clean_rerun_leaves_no_earlier_runs_dead_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let Some(path) = shared_data("criteo/sample_train.txt") else { return };
+    let data = format!("criteo:{}", path.display());
+    let ck = train(d, "ck", &data, &[]);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<String> = text.lines().take(40).map(String::from).collect();
+    let clean = d.join("clean.txt");
+    std::fs::write(&clean, lines.join("\n") + "\n").unwrap();
+    for k in [3, 17, 29] {
+        lines[k] = format!("x{}", &lines[k][1..]);
+    }
+    let tricky = d.join("tricky.txt");
+    std::fs::write(&tricky, lines.join("\n") + "\n").unwrap();
+    let score = |command: &str, input: &Path, extra: &[&str]| {
+        let mut cmd = tiderec();
+        cmd.current_dir(d)
+            .args([command, "--max-bad-fraction", "0.2", "--data", &format!("criteo:{}", input.display())])
+            .arg("--checkpoint")
+            .arg(&ck)
+            .args(extra);
+        cmd
+    };
+    let dead = d.join("st.csv.dead-letters.tsv");
+    let o = run_ok(&mut score("predict", &tricky, &["--out", "st.csv"]));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("3 bad records"));
+    assert_eq!(std::fs::read_to_string(&dead).unwrap().lines().count(), 3);
+    // Without --overwrite neither the scores nor their dead letters are replaced.
+    std::fs::remove_file(d.join("st.csv")).unwrap();
+    let e = run_err(&mut score("predict", &clean, &["--out", "st.csv"]));
+    assert!(e.contains("st.csv.dead-letters.tsv already exists") && e.contains("--overwrite"), "{e}");
+    assert_eq!(std::fs::read_to_string(&dead).unwrap().lines().count(), 3, "kept");
+    assert!(!d.join("st.csv").exists());
+    run_ok(&mut score("predict", &tricky, &["--out", "st.csv", "--overwrite"]));
+    let o = run_ok(&mut score("predict", &clean, &["--out", "st.csv", "--overwrite"]));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("scored 40 records")
+            && String::from_utf8_lossy(&o.stdout).contains("0 bad records")
+    );
+    assert!(!dead.exists(), "the earlier run's dead letters describe another input");
+    assert_eq!(entries(d, "st.csv"), ["st.csv"]);
+    // A file named with --dead-letters is the caller's: a clean run leaves it alone.
+    let named = d.join("named.tsv");
+    std::fs::write(&named, "kept\n").unwrap();
+    run_ok(&mut score("predict", &clean, &["--out", "st.csv", "--overwrite", "--dead-letters", "named.tsv"]));
+    assert_eq!(std::fs::read_to_string(&named).unwrap(), "kept\n");
+    // eval's own file likewise.
+    let eval_dead = d.join("tiderec-eval-dead-letters.tsv");
+    run_ok(&mut score("eval", &tricky, &[]));
+    assert_eq!(std::fs::read_to_string(&eval_dead).unwrap().lines().count(), 3);
+    run_ok(&mut score("eval", &clean, &["--dead-letters", "named.tsv"]));
+    assert_eq!(std::fs::read_to_string(&eval_dead).unwrap().lines().count(), 3, "another file was named");
+    run_ok(&mut score("eval", &clean, &[]));
+    assert!(!eval_dead.exists());
+}

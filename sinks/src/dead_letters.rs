@@ -13,7 +13,9 @@
 //! [`unescape`] gives the original bytes back.
 //!
 //! [`FileDeadLetters`] creates its file lazily, when the first record arrives:
-//! a run without bad records leaves no file behind. [`SharedDeadLetters`]
+//! a run without bad records leaves no file behind, and
+//! [`FileDeadLetters::remove_unwritten`] removes one an earlier run left at its path
+//! for a command whose file lists only its last run's records. [`SharedDeadLetters`]
 //! lets the worker threads of one process write to the same sink.
 
 use crate::error::SinkError;
@@ -78,10 +80,11 @@ pub fn format_record(record: &BadRecord, out: &mut Vec<u8>) {
     out.push(b'\n');
 }
 
-/// A dead-letter file, created (truncating any previous one) when the first
-/// record arrives, or continued from a checkpoint's length of it
-/// ([`FileDeadLetters::continue_at`]). Buffered: call [`DeadLetterSink::flush`]
-/// to make the records durable; dropping the sink flushes the buffer but not to disk.
+/// A dead-letter file, created (truncating any previous one, unless
+/// [`FileDeadLetters::never_replacing`]) when the first record arrives, or continued from a
+/// checkpoint's length of it ([`FileDeadLetters::continue_at`]). Buffered: call
+/// [`DeadLetterSink::flush`] to make the records durable; dropping the sink flushes the
+/// buffer but not to disk.
 #[derive(Debug)]
 pub struct FileDeadLetters {
     path: PathBuf,
@@ -90,12 +93,41 @@ pub struct FileDeadLetters {
     /// The file's length once the buffer is written: bytes kept plus lines written.
     len: u64,
     line: Vec<u8>,
+    /// Whether the first record may replace a file found at `path`.
+    replace: bool,
 }
 
 impl FileDeadLetters {
     /// A sink writing to `path`; nothing is created until the first record.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        FileDeadLetters { path: path.into(), writer: None, written: 0, len: 0, line: Vec::new() }
+        FileDeadLetters { path: path.into(), writer: None, written: 0, len: 0, line: Vec::new(), replace: true }
+    }
+
+    /// This sink, creating its file only where none is: when a file is at the path as the
+    /// first record arrives (one made after the caller checked), that record's write fails
+    /// with [`io::ErrorKind::AlreadyExists`], naming the path, and the file is left as it is.
+    pub fn never_replacing(self) -> Self {
+        FileDeadLetters { replace: false, ..self }
+    }
+
+    /// Removes the file at the path when this sink has created none: one an earlier run left
+    /// there, which lists other records than this run's. Only a regular file is removed (not
+    /// a device, a pipe or a symbolic link). Returns whether a file was removed.
+    pub fn remove_unwritten(&self) -> Result<bool, SinkError> {
+        let named = |source| SinkError::Io { path: self.path.display().to_string(), source };
+        if self.writer.is_some() {
+            return Ok(false);
+        }
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) if m.is_file() => match std::fs::remove_file(&self.path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(named(e)),
+            },
+            Ok(_) => Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(named(e)),
+        }
     }
 
     /// Continues the file of an interrupted run whose checkpoint found it `kept` bytes
@@ -169,12 +201,14 @@ impl FileDeadLetters {
 impl DeadLetterSink for FileDeadLetters {
     fn write(&mut self, record: &BadRecord) -> io::Result<()> {
         if self.writer.is_none() {
-            let file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&self.path)
-                .map_err(|e| self.named(e))?;
+            let mut options = OpenOptions::new();
+            options.write(true);
+            if self.replace {
+                options.create(true).truncate(true);
+            } else {
+                options.create_new(true);
+            }
+            let file = options.open(&self.path).map_err(|e| self.named(e))?;
             self.writer = Some(BufWriter::new(file));
         }
         self.line.clear();
@@ -362,6 +396,46 @@ mod tests {
         nums.sort_unstable();
         nums.dedup();
         assert_eq!(nums.len(), 1000);
+    }
+
+    /// A sink that wrote nothing removes the file an earlier run left at its path (a regular
+    /// file only); one that wrote keeps its own. A never-replacing sink refuses a file found
+    /// at its first record and leaves it as it is.
+    #[test]
+    fn an_earlier_runs_file_is_removed_or_kept_as_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dead.tsv");
+        std::fs::write(&path, "an earlier run's record\n").unwrap();
+        let mut own = FileDeadLetters::new(&path);
+        own.write(&record(1, b"this run's")).unwrap();
+        own.finish().unwrap();
+        assert!(!own.remove_unwritten().unwrap(), "a file this sink wrote stays");
+        assert!(std::fs::read_to_string(&path).unwrap().contains("this run's"));
+        let clean = FileDeadLetters::new(&path);
+        assert!(clean.remove_unwritten().unwrap());
+        assert!(!path.exists(), "the earlier run's file is gone");
+        assert!(!clean.remove_unwritten().unwrap(), "nothing to remove");
+        #[cfg(unix)]
+        {
+            let target = dir.path().join("target.tsv");
+            std::fs::write(&target, "kept\n").unwrap();
+            std::os::unix::fs::symlink(&target, &path).unwrap();
+            assert!(!FileDeadLetters::new(&path).remove_unwritten().unwrap(), "a link is no file of a run");
+            assert!(std::fs::symlink_metadata(&path).is_ok());
+            std::fs::remove_file(&path).unwrap();
+        }
+        std::fs::write(&path, "the user's file\n").unwrap();
+        let mut refusing = FileDeadLetters::new(&path).never_replacing();
+        let e = refusing.write(&record(2, b"x")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert!(e.to_string().contains("dead.tsv"), "{e}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "the user's file\n");
+        std::fs::remove_file(&path).unwrap();
+        let mut fresh = FileDeadLetters::new(&path).never_replacing();
+        fresh.write(&record(3, b"y")).unwrap();
+        fresh.write(&record(4, b"z")).unwrap();
+        fresh.finish().unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
     }
 
     #[test]

@@ -95,7 +95,9 @@ struct RecordFlags {
 }
 
 const DEAD_LETTERS_HELP: &str = "Dead-letter file for malformed records [default: predict: beside --out, \
-                                 OUT.dead-letters.tsv; eval: tiderec-eval-dead-letters.tsv]";
+                                 OUT.dead-letters.tsv; eval: tiderec-eval-dead-letters.tsv]. A default file \
+                                 lists the last run's malformed records: a run without any removes one an \
+                                 earlier run left (predict: only with --overwrite)";
 
 impl Args for RecordFlags {
     fn augment_args(cmd: clap::Command) -> clap::Command {
@@ -148,6 +150,7 @@ impl ScoreArgs {
             labeled,
             records,
             span: (0.0, 1.0),
+            own_dead_letters: !self.records.dead_letters_given,
         })
     }
 }
@@ -172,7 +175,8 @@ pub(crate) struct PredictArgs {
     /// Scores file: FILE.csv or FILE.parquet (columns file, position, score, and label for labeled input).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
-    /// Replace --out when it exists (refused otherwise).
+    /// Replace --out, and its default dead-letter file OUT.dead-letters.tsv, when they exist
+    /// (refused otherwise, also when one appears during the run).
     #[arg(long)]
     overwrite: bool,
     /// The records have no label column (test files such as Criteo's test.txt or Avazu's test).
@@ -186,14 +190,23 @@ pub(crate) struct PredictArgs {
 /// `tiderec export`: writes a checkpoint's model as a serving snapshot.
 pub(crate) fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     use tiderec::serving::TableLayout;
-    use tiderec_sinks::checkpoint::export::{CONFIG_FILE, MODEL_FILE};
+    use tiderec_sinks::checkpoint::export::{write_serving_staged, StagedError, CONFIG_FILE, MODEL_FILE};
     let outputs = [&a.out, &a.out.join(MODEL_FILE), &a.out.join(CONFIG_FILE)].map(|p| Named::new("--out", p));
     paths::check_outputs(&paths::tree_files("--checkpoint", &a.checkpoint)?, &outputs)?;
     for file in &outputs[1..] {
         paths::check_new(file, a.overwrite)?;
     }
     let layout = if a.compact { TableLayout::Listed } else { TableLayout::Whole };
-    let s = tiderec::serving::export(&a.checkpoint, &a.out, layout).context("export failed")?;
+    // Written whole into a staging directory in --out, then moved into place: without
+    // --overwrite over nothing, whenever a file appeared at its name.
+    let staged =
+        write_serving_staged(&a.out, a.overwrite, |staging| tiderec::serving::export(&a.checkpoint, staging, layout));
+    let s = match staged {
+        Ok(s) => s,
+        Err(StagedError::Exists { path }) => return Err(paths::PathError::Exists { flag: "--out".into(), path }.into()),
+        Err(StagedError::Write(e)) => return Err(anyhow::Error::new(e).context("export failed")),
+        Err(StagedError::Sink(e)) => return Err(anyhow::Error::new(e).context("export failed")),
+    };
     let rows = match layout {
         TableLayout::Whole => format!("{} embedding rows", s.embedding_rows),
         TableLayout::Listed => format!("{} listed embedding rows of {}", s.embedding_rows, s.table_rows),
@@ -257,7 +270,7 @@ pub(crate) fn run_predict(a: PredictArgs) -> anyhow::Result<()> {
     let dead_letters = Named::new("--dead-letters", &options.records.dead_letters);
     paths::check_outputs(&a.score.inputs()?, &[out.clone(), dead_letters])?;
     paths::check_new(&out, a.overwrite)?;
-    let r = tiderec::predict::predict(&options, &a.out).context("predict failed")?;
+    let r = tiderec::predict::predict(&options, &a.out, a.overwrite).context("predict failed")?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {

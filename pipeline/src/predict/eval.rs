@@ -2,10 +2,11 @@
 //! (the path `tiderec predict` takes, with the checkpoint's feature pipeline), the
 //! probabilities reduced to the evaluation metrics over all of them.
 
-use super::{score, ScoreOptions};
+use super::{pass, ScoreOptions};
 use crate::PipelineError;
 use serde::Serialize;
 use tiderec_operators::metrics::{EvalSet, EvalSummary};
+use tiderec_sinks::dead_letters::SharedDeadLetters;
 
 /// What `eval` measured.
 #[derive(Clone, Debug, Serialize)]
@@ -34,14 +35,21 @@ pub struct EvalReport {
     pub bad_records: u64,
 }
 
-/// Scores the labeled records of `options.data` with the checkpoint's model.
+/// Scores the labeled records of `options.data` with the checkpoint's model. With
+/// [`ScoreOptions::own_dead_letters`], a pass that dead-letters nothing removes the
+/// dead-letter file an earlier pass left, so the file lists the last pass's records or is
+/// absent.
 pub fn eval(options: &ScoreOptions) -> Result<EvalReport, PipelineError> {
     let options = ScoreOptions { labeled: true, ..options.clone() };
     let mut all = EvalSet::default();
-    let summary = score(&options, crate::budget::Split::Eval, |b| {
+    let sink = SharedDeadLetters::file(options.records.dead_letters.clone());
+    let summary = pass(&options, crate::budget::Split::Eval, &sink, |b| {
         all.extend_from(&EvalSet { probs: b.probs.to_vec(), labels: b.labels.to_vec(), groups: b.groups.to_vec() });
         Ok(())
     })?;
+    if options.own_dead_letters {
+        sink.lock().remove_unwritten()?;
+    }
     let m: EvalSummary = all.summary();
     Ok(EvalReport {
         step: summary.step,

@@ -17,7 +17,23 @@
 //!   (values far outside those it was trained on overflow its layers) stops the run with
 //!   an error naming its file and position.
 //! * The output is written under a temporary name and renamed only when the
-//!   run succeeded, so a failed run leaves no partial output file.
+//!   run succeeded, so a failed run (an error or a panic) leaves no partial output file.
+//! * Without `overwrite`, `predict` replaces no file: an existing scores file is refused
+//!   before anything is read, and one made while the run works is refused when the scores
+//!   are committed ([`PathError::Exists`] either way; the file found is kept). With it the
+//!   scores file is replaced.
+//! * Records of another shape than the model reads (dense features, sparse or sequence
+//!   fields) are refused before the first forward pass, with an error naming the input and
+//!   both shapes, also for a checkpoint that records no feature pipeline.
+//! * A command's own dead-letter file ([`ScoreOptions::own_dead_letters`]: `predict`'s
+//!   beside its scores file, `eval`'s [`EVAL_DEAD_LETTERS`]) lists the malformed records of
+//!   the last run that wrote its outputs, or is absent when that run had none: a run that
+//!   dead-letters nothing removes one an earlier run left (`predict` when its scores are
+//!   committed, `eval` when its pass succeeded). `predict` without `overwrite` treats it as
+//!   it treats the scores file: one that exists is refused before anything is read, and one
+//!   made during the run is neither truncated nor removed. A dead-letter file the caller
+//!   named is created when the first record arrives (truncating one that is there) and
+//!   otherwise left alone, as in training.
 //! * Deterministic: one thread, records in file order, batches of a fixed size.
 
 mod eval;
@@ -32,6 +48,7 @@ use crate::budget::{self, Split, Tally};
 use crate::config::DataSpec;
 use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
+use crate::paths::PathError;
 use crate::settings::RecordPolicy;
 use crate::PipelineError;
 use serde::Serialize;
@@ -40,7 +57,7 @@ use std::time::Instant;
 use tiderec_operators::bad_record::{BadRecordCounts, DeadLetterSink};
 use tiderec_operators::format::LineFormat;
 use tiderec_operators::Batch;
-use tiderec_sinks::dead_letters::SharedDeadLetters;
+use tiderec_sinks::dead_letters::{FileDeadLetters, SharedDeadLetters};
 use tiderec_sources::lines::{LineReader, ReaderOptions, RecordPosition};
 use tiderec_sources::parquet::ParquetReader;
 
@@ -62,6 +79,12 @@ pub struct ScoreOptions {
     /// the rows of every row group of other Parquet files. `(0, 1)` reads everything;
     /// [`ScoreOptions::held_out`] makes the part `train --eval-fraction F` evaluates on.
     pub span: (f64, f64),
+    /// `records.dead_letters` is the command's own file, not one the caller named:
+    /// `predict`'s beside its scores file ([`dead_letters_beside`]), `eval`'s
+    /// [`EVAL_DEAD_LETTERS`]. A run that dead-letters nothing removes one an earlier run left
+    /// there, and `predict` without `overwrite` refuses an existing one (see the
+    /// [module docs](self)).
+    pub own_dead_letters: bool,
 }
 
 /// Where `eval` (and a pass of [`ScoreOptions::new`]) writes malformed records unless told:
@@ -78,7 +101,7 @@ pub fn dead_letters_beside(out: &Path) -> PathBuf {
 
 impl ScoreOptions {
     /// Defaults for everything but the checkpoint and the data; the dead letters go to
-    /// [`EVAL_DEAD_LETTERS`].
+    /// [`EVAL_DEAD_LETTERS`], the scoring pass's own file.
     pub fn new(checkpoint: &Path, data: &str) -> Self {
         let d = crate::TrainSettings::default();
         ScoreOptions {
@@ -88,6 +111,7 @@ impl ScoreOptions {
             labeled: true,
             records: RecordPolicy { dead_letters: EVAL_DEAD_LETTERS.into(), ..d.data.records },
             span: (0.0, 1.0),
+            own_dead_letters: true,
         }
     }
 
@@ -192,6 +216,18 @@ fn open(
                         ),
                     )
                 })?;
+            assumed.check_model(&model.config).map_err(|differences| {
+                unfit(
+                    options,
+                    model.step,
+                    format!(
+                        "it records no feature pipeline (an older checkpoint), and the records of {} do not make \
+                         its model's inputs: {}",
+                        options.data,
+                        differences.join("; ")
+                    ),
+                )
+            })?;
             eprintln!(
                 "warning: {} records no feature pipeline (an older checkpoint): featurizing {} as `{}` with hash \
                  seed {} and the checkpoint's table sizes, unchecked",
@@ -275,15 +311,26 @@ pub struct Scored<'a> {
 }
 
 /// Reads and scores every record of `options.data`, handing each batch's records
-/// ([`Scored`]) to `on_batch`; the bad-record budget is checked at the end.
+/// ([`Scored`]) to `on_batch`; the bad-record budget is checked at the end. Malformed
+/// records go to `options.records.dead_letters`, created when the first one arrives; an
+/// earlier run's file there is left as it is when none does.
 pub fn score(
     options: &ScoreOptions,
     split: Split,
+    on_batch: impl FnMut(Scored<'_>) -> Result<(), PipelineError>,
+) -> Result<ScoreSummary, PipelineError> {
+    pass(options, split, &SharedDeadLetters::file(options.records.dead_letters.clone()), on_batch)
+}
+
+/// [`score`], its malformed records written to `sink`.
+fn pass(
+    options: &ScoreOptions,
+    split: Split,
+    sink: &SharedDeadLetters,
     mut on_batch: impl FnMut(Scored<'_>) -> Result<(), PipelineError>,
 ) -> Result<ScoreSummary, PipelineError> {
     let start = Instant::now();
-    let sink = SharedDeadLetters::file(options.records.dead_letters.clone());
-    let (step, mut scorer, mut records, names) = open(options, &sink)?;
+    let (step, mut scorer, mut records, names) = open(options, sink)?;
     let (dense, sparse, sequences) = match &records {
         Records::Lines(r) => {
             let (dense, sparse) = r.format().shape();
@@ -295,6 +342,9 @@ pub fn score(
             (dense, sparse, d.sequences.len())
         }
     };
+    if let Some(why) = scorer.shape_mismatch(dense, sparse, sequences) {
+        return Err(unfit(options, step, format!("{}: {why}", options.data)));
+    }
     let mut batch = Batch::with_sequences(dense, sparse, sequences);
     let mut scored = 0u64;
     loop {
@@ -328,6 +378,19 @@ pub fn score(
     })
 }
 
+/// The error of records of `options.data` that the model of the checkpoint of `step` does
+/// not read (`reason` says why).
+fn unfit(options: &ScoreOptions, step: u64, reason: String) -> PipelineError {
+    PipelineError::Checkpoint {
+        action: CheckpointAction::Score,
+        path: Some(options.checkpoint.clone()),
+        step: Some(step),
+        worker: None,
+        reason,
+        source: None,
+    }
+}
+
 /// The error of the record at `at` whose probability `score` is not finite.
 fn non_finite(options: &ScoreOptions, step: u64, at: String, score: f32) -> PipelineError {
     PipelineError::Checkpoint {
@@ -343,23 +406,37 @@ fn non_finite(options: &ScoreOptions, step: u64, at: String, score: f32) -> Pipe
     }
 }
 
-/// Scores `options.data` into `out` (`.csv` or `.parquet`); see the [module docs](self).
-pub fn predict(options: &ScoreOptions, out: &Path) -> Result<ScoreSummary, PipelineError> {
+/// Scores `options.data` into `out` (`.csv` or `.parquet`), replacing an existing `out`
+/// (and the run's own dead-letter file) only with `overwrite`; see the [module docs](self).
+pub fn predict(options: &ScoreOptions, out: &Path, overwrite: bool) -> Result<ScoreSummary, PipelineError> {
     let format = ScoreFormat::of_path(out)?;
-    let mut sink = ScoreSink::create(out, format, options.labeled)?;
-    let result = score(options, Split::Predict, |b| {
+    let mut scores = ScoreSink::create(out, format, options.labeled, overwrite)?;
+    let dead_letters = &options.records.dead_letters;
+    let keep_dead_letters = options.own_dead_letters && !overwrite;
+    if keep_dead_letters && std::fs::symlink_metadata(dead_letters).is_ok() {
+        return Err(PathError::Exists { flag: "--dead-letters".into(), path: dead_letters.clone() }.into());
+    }
+    let mut file = FileDeadLetters::new(dead_letters.clone());
+    if keep_dead_letters {
+        file = file.never_replacing();
+    }
+    let sink = SharedDeadLetters::new(file);
+    let result = pass(options, Split::Predict, &sink, |b| {
         for (k, (p, &score)) in b.positions.iter().zip(b.probs).enumerate() {
-            sink.push(&b.names[p.file], p.position, score, b.labels[k])?;
+            scores.push(&b.names[p.file], p.position, score, b.labels[k])?;
         }
         Ok(())
     });
     match result {
         Ok(summary) => {
-            sink.commit()?;
+            scores.commit()?;
+            if options.own_dead_letters && overwrite {
+                sink.lock().remove_unwritten()?;
+            }
             Ok(summary)
         }
         Err(e) => {
-            sink.abandon();
+            scores.abandon();
             Err(e)
         }
     }

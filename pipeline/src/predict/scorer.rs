@@ -29,6 +29,7 @@ pub struct Scorer {
     table_sizes: Vec<u64>,
     dim: usize,
     num_sequences: usize,
+    model_dense: usize,
     model_sparse: usize,
     sequence_tables: Vec<usize>,
     crosses: Vec<(usize, usize)>,
@@ -66,6 +67,7 @@ impl Scorer {
             model: net,
             dim: cfg.model.embedding_dim(),
             num_sequences: cfg.model.num_sequences(),
+            model_dense: cfg.model.num_dense(),
             model_sparse: cfg.model.num_sparse(),
             sequence_tables: cfg.sequence_tables.clone(),
             table_sizes: cfg.table_sizes.clone(),
@@ -147,13 +149,53 @@ impl Scorer {
         Ok(())
     }
 
-    /// The probabilities (sigmoid of the logits) of `batch`'s samples, in order. The crosses of
-    /// the pipeline are appended to the batch for the pass and removed after it, so the batch
-    /// keeps its records' shape and can be cleared and filled again; sequence fields the model
-    /// does not read are left unread.
+    /// What differs between records of `dense` dense features, `sparse` sparse fields (the
+    /// records' own, before the pipeline's crosses) and `sequences` sequence fields and what
+    /// the model reads, in words; `None` when the model reads such records (sequence fields
+    /// beyond those it reads are left unread).
+    pub fn shape_mismatch(&self, dense: usize, sparse: usize, sequences: usize) -> Option<String> {
+        let crosses = self.crosses.len();
+        let fits =
+            dense == self.model_dense && sparse + crosses == self.model_sparse && sequences >= self.num_sequences;
+        (!fits).then(|| {
+            let besides = match crosses {
+                0 => String::new(),
+                n => format!(" (besides the pipeline's {n} crosses)"),
+            };
+            format!(
+                "the records have {dense} dense features, {sparse} sparse and {sequences} sequence fields; the model \
+                 reads {} dense features, {} sparse{besides} and {} sequence fields",
+                self.model_dense,
+                self.model_sparse.saturating_sub(crosses),
+                self.num_sequences
+            )
+        })
+    }
+
+    /// The probabilities (sigmoid of the logits) of `batch`'s samples, in order. A batch of
+    /// another shape than the model reads ([`Scorer::shape_mismatch`], or dense values that
+    /// are not `num_dense` per sample) is an error. The crosses of the pipeline are appended
+    /// to the batch for the pass and removed after it, so the batch keeps its records' shape
+    /// and can be cleared and filled again; sequence fields the model does not read are left
+    /// unread.
     pub fn probabilities(&mut self, batch: &mut Batch) -> Result<Vec<f32>, PipelineError> {
         if batch.is_empty() {
             return Ok(Vec::new());
+        }
+        let mismatch = self.shape_mismatch(batch.num_dense, batch.sparse.len(), batch.sequences.len());
+        if let Some(what) = mismatch {
+            return Err(shape_error(CheckpointAction::Score, what));
+        }
+        if batch.dense.len() != batch.len() * self.model_dense {
+            return Err(shape_error(
+                CheckpointAction::Score,
+                format!(
+                    "the batch holds {} dense values for {} records of {} dense features",
+                    batch.dense.len(),
+                    batch.len(),
+                    self.model_dense
+                ),
+            ));
         }
         let fields = batch.sparse.len();
         if !self.crosses.is_empty() {
@@ -166,17 +208,6 @@ impl Scorer {
 
     fn forward(&mut self, batch: &Batch) -> Result<Vec<f32>, PipelineError> {
         let (b, f, d) = (batch.len(), batch.sparse.len(), self.dim);
-        if f != self.model_sparse || batch.sequences.len() < self.num_sequences {
-            return Err(shape_error(
-                CheckpointAction::Score,
-                format!(
-                    "the records have {f} sparse and {} sequence fields; the model reads {} and {}",
-                    batch.sequences.len(),
-                    self.model_sparse,
-                    self.num_sequences
-                ),
-            ));
-        }
         self.pooled.clear();
         self.pooled.resize(b * f * d, 0.0);
         for t in 0..f {
@@ -215,5 +246,71 @@ impl Scorer {
             }
         }
         Ok(steps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serving::Unlisted;
+    use crate::TrainSettings;
+
+    /// The scorer of an untrained DLRM of Criteo's shape (13 dense features, 26 sparse
+    /// fields of 50 rows).
+    fn criteo_scorer() -> Scorer {
+        let mut s = TrainSettings::default();
+        s.data.source = "criteo:Cargo.toml".into();
+        s.data.buckets = 50;
+        s.model.dim = 4;
+        s.model.bottom = vec![8, 4];
+        s.model.top = vec![8, 1];
+        let resolved = s.validate().unwrap();
+        let config = crate::run::trainer_config(&s, &resolved);
+        let params = config.model.build::<f32>(config.seed).unwrap().params().len();
+        let tables = config.table_sizes.iter().map(|&n| Table::Whole(vec![0.01; n as usize * 4])).collect();
+        let pipeline = FeaturePipeline::of_run(&s, &resolved);
+        let model = ServedModel {
+            config,
+            step: 0,
+            dense: vec![0.0; params],
+            tables,
+            pipeline: Some(pipeline.clone()),
+            listed: None,
+            unlisted: Unlisted::Seeded,
+        };
+        Scorer::new(model, &pipeline).unwrap()
+    }
+
+    /// `records` samples of `dense` dense features and 26 sparse fields, one id each.
+    fn batch(records: usize, dense: usize) -> Batch {
+        let mut b = Batch::new(dense, 26);
+        for i in 0..records {
+            b.labels.push(0.0);
+            b.dense.extend(std::iter::repeat_n(0.5, dense));
+            for f in &mut b.sparse {
+                f.ids.push(i as u64 % 50);
+                f.offsets.push(f.ids.len() as u32);
+            }
+        }
+        b
+    }
+
+    /// Records without the model's dense features are an error naming both widths, not a
+    /// panic of the forward pass; records of the model's shape score.
+    #[test]
+    fn records_of_another_dense_width_are_refused() {
+        let mut scorer = criteo_scorer();
+        assert_eq!(scorer.shape_mismatch(13, 26, 0), None);
+        let e = scorer.probabilities(&mut batch(3, 0)).unwrap_err().to_string();
+        assert!(e.contains("the records have 0 dense features") && e.contains("reads 13 dense features"), "{e}");
+        let mut wrong = batch(3, 13);
+        wrong.dense.pop();
+        let e = scorer.probabilities(&mut wrong).unwrap_err().to_string();
+        assert!(e.contains("38 dense values for 3 records of 13 dense features"), "{e}");
+        let why = scorer.shape_mismatch(13, 25, 0).expect("a missing sparse field");
+        assert!(why.contains("25 sparse") && why.contains("26 sparse"), "{why}");
+        let probs = scorer.probabilities(&mut batch(3, 13)).unwrap();
+        assert_eq!(probs.len(), 3);
+        assert!(probs.iter().all(|p| p.is_finite() && *p > 0.0 && *p < 1.0), "{probs:?}");
     }
 }
