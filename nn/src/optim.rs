@@ -504,6 +504,23 @@ pub fn apply_row(kind: SparseOptimizerKind, hp: &OptimizerParams, row: &mut [f32
     }
 }
 
+/// [`apply_row`], and whether the updated row and its optimizer state are
+/// finite (a finite gradient that an extreme learning rate, an overflowing
+/// accumulator or a row near `f32::MAX` turns into an infinity or NaN). The row
+/// is checked right after its update, while it is still in L1, instead of in
+/// a pass of its own; the values are those of [`apply_row`], bit for bit.
+#[inline]
+pub fn apply_row_finite(
+    kind: SparseOptimizerKind,
+    hp: &OptimizerParams,
+    row: &mut [f32],
+    grad: &[f32],
+    state: &mut [f32],
+) -> bool {
+    apply_row(kind, hp, row, grad, state);
+    all_finite(row) & all_finite(state)
+}
+
 /// The row update rules with the gradient `pen(g, w)` of a raw gradient `g` at weight `w`.
 #[inline(always)]
 fn row_rule(
@@ -795,6 +812,49 @@ mod tests {
             DenseOptimizer::new(kind, OptimizerParams::with_lr(0.1), 3).apply(&mut b, &folded);
             assert_eq!(a, b, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn a_row_update_reports_an_infinite_row_or_state_with_the_values_of_apply_row() {
+        let kinds = [
+            SparseOptimizerKind::Sgd,
+            SparseOptimizerKind::RowwiseAdagrad,
+            SparseOptimizerKind::LazyAdam,
+            SparseOptimizerKind::Ftrl,
+            SparseOptimizerKind::FtrlAdagrad,
+        ];
+        for kind in kinds {
+            let hp = OptimizerParams::with_lr(0.1);
+            let fresh = || {
+                let mut state = vec![0.0; kind.state_width(3)];
+                kind.init_state(&hp, &mut state);
+                (vec![0.3f32, -0.2, 0.7], state)
+            };
+            // Finite updates, then the same values as `apply_row`.
+            let ((mut a, mut sa), (mut b, mut sb)) = (fresh(), fresh());
+            for g in [[0.1f32, 0.4, -0.3], [-2.0, 0.5, 1.0]] {
+                assert!(apply_row_finite(kind, &hp, &mut a, &g, &mut sa), "{kind:?}");
+                apply_row(kind, &hp, &mut b, &g, &mut sb);
+            }
+            assert_eq!((bits(&a), bits(&sa)), (bits(&b), bits(&sb)), "{kind:?}");
+            // A finite gradient whose square overflows the accumulators (or, for
+            // SGD, whose step overflows the row).
+            let (mut row, mut state) = fresh();
+            let huge = OptimizerParams::with_lr(f32::MAX);
+            assert!(!apply_row_finite(kind, &huge, &mut row, &[3e38, 1.0, -1.0], &mut state), "{kind:?}");
+        }
+        // Row-wise Adagrad whose accumulator overflows leaves the row finite: the state tells.
+        let hp = OptimizerParams::with_lr(0.1);
+        let (mut row, mut acc) = (vec![0.5f32, 0.5], [0.0f32]);
+        assert!(!apply_row_finite(SparseOptimizerKind::RowwiseAdagrad, &hp, &mut row, &[3e38, 3e38], &mut acc));
+        assert!(row.iter().all(|v| v.is_finite()) && acc[0].is_infinite(), "{row:?} {acc:?}");
+        // A row near f32::MAX pushed past it by an ordinary step.
+        let (mut row, mut none) = (vec![f32::MAX, 0.0], []);
+        assert!(!apply_row_finite(SparseOptimizerKind::Sgd, &hp, &mut row, &[-1e33, 0.0], &mut none));
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! is the same for every worker count.
 
 use crate::huge::{prefetch_lines, HugeTables};
-use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
+use crate::optim::{apply_row, apply_row_finite, OptimizerParams, SparseOptimizerKind};
 use crate::rng::row_uniform;
 use crate::snapshot::TableRows;
 use crate::OperatorError;
@@ -193,12 +193,27 @@ impl EmbeddingShard {
     /// Applies the averaged gradient `grad` to row `id` of `table`.
     #[inline]
     pub fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
+        let (optimizer, hp) = (self.optimizer, self.hp);
+        let (row, state) = self.row_and_state(table, id);
+        apply_row(optimizer, &hp, row, grad, state);
+    }
+
+    /// [`apply`](Self::apply), and whether the updated row and its optimizer state are
+    /// all finite (checked while they are in L1; the values written are `apply`'s).
+    pub fn apply_finite(&mut self, table: usize, id: u64, grad: &[f32]) -> bool {
+        let (optimizer, hp) = (self.optimizer, self.hp);
+        let (row, state) = self.row_and_state(table, id);
+        apply_row_finite(optimizer, &hp, row, grad, state)
+    }
+
+    /// The row of `id` and its optimizer state, for an update.
+    #[inline]
+    fn row_and_state(&mut self, table: usize, id: u64) -> (&mut [f32], &mut [f32]) {
         let l = self.local(table, id);
-        let d = self.dim;
+        let (d, w) = (self.dim, self.state_width);
         let row = &mut self.rows.table_mut(table)[l * d..(l + 1) * d];
-        let w = self.state_width;
         let state = &mut self.state.table_mut(table)[l * w..(l + 1) * w];
-        apply_row(self.optimizer, &self.hp, row, grad, state);
+        (row, state)
     }
 
     /// Σ of squares of every row this worker owns, in f64.

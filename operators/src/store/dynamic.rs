@@ -9,8 +9,8 @@
 //! step travel in checkpoints ([`TableRows::counts`], [`TableRows::last_seen`]),
 //! so a restored store evicts the rows the store it was taken from would.
 
-use super::{init_row, CountMinSketch, EmbeddingStore, StoreConfig, StoreParams, StoreStats};
-use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
+use super::{init_row, CountMinSketch, EmbeddingStore, FiniteApply, StoreConfig, StoreParams, StoreStats};
+use crate::optim::{apply_row_finite, OptimizerParams, SparseOptimizerKind};
 use crate::rng::unit_f64;
 use crate::snapshot::{check_row, SketchCounters, TableRows};
 use crate::OperatorError;
@@ -321,17 +321,18 @@ impl DynamicStore {
         self.max_rows
     }
 
-    /// Applies `grad` to slot `s` (already touched).
+    /// Applies `grad` to slot `s` (already touched); returns whether the
+    /// updated row and its optimizer state are finite.
     #[inline]
-    fn update_slot(&mut self, s: usize, grad: &[f32]) {
+    fn update_slot(&mut self, s: usize, grad: &[f32]) -> bool {
         let (d, w) = (self.dim, self.state_width);
-        apply_row(
+        apply_row_finite(
             self.optimizer,
             &self.hp,
             &mut self.rows[s * d..(s + 1) * d],
             grad,
             &mut self.state[s * w..(s + 1) * w],
-        );
+        )
     }
 
     /// The values in slot `s` of the slab.
@@ -367,6 +368,24 @@ impl DynamicStore {
     }
 }
 
+impl FiniteApply for DynamicStore {
+    fn apply_finite(&mut self, table: usize, id: u64, grad: &[f32]) -> bool {
+        if let Some(s) = self.slot(table, id) {
+            self.touch(s as usize);
+            self.update_slot(s as usize, grad)
+        } else if self.admit(table, id) {
+            let s = self.insert_init(table, id) as usize;
+            self.stats.admissions += 1;
+            self.touch(s);
+            // The lookup served the initial row when it admits at once, so its gradient applies.
+            !self.admits_at_once() || self.update_slot(s, grad)
+        } else {
+            self.stats.rejections += 1;
+            true
+        }
+    }
+}
+
 impl EmbeddingStore for DynamicStore {
     fn dim(&self) -> usize {
         self.dim
@@ -385,20 +404,7 @@ impl EmbeddingStore for DynamicStore {
         DynamicStore::set_lr(self, lr);
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
-        if let Some(s) = self.slot(table, id) {
-            self.touch(s as usize);
-            self.update_slot(s as usize, grad);
-        } else if self.admit(table, id) {
-            let s = self.insert_init(table, id) as usize;
-            self.stats.admissions += 1;
-            self.touch(s);
-            if self.admits_at_once() {
-                // The lookup served the initial row, so its gradient applies.
-                self.update_slot(s, grad);
-            }
-        } else {
-            self.stats.rejections += 1;
-        }
+        self.apply_finite(table, id, grad);
     }
     fn end_step(&mut self, completed: u64) {
         self.step = completed;

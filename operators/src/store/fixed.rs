@@ -6,7 +6,7 @@
 //! checkpoint mark). A checkpoint lists only updated rows (the others are the
 //! seeded rows a new store starts with), a delta only changed ones.
 
-use super::{EmbeddingStore, StoreStats};
+use super::{EmbeddingStore, FiniteApply, StoreStats};
 use crate::shard::EmbeddingShard;
 use crate::snapshot::TableRows;
 use crate::OperatorError;
@@ -55,6 +55,16 @@ impl FixedStore {
             }
         }
         out
+    }
+}
+
+impl FiniteApply for FixedStore {
+    /// The row's values and its optimizer state are checked as the shard writes them.
+    #[inline]
+    fn apply_finite(&mut self, table: usize, id: u64, grad: &[f32]) -> bool {
+        let finite = self.shard.apply_finite(table, id, grad);
+        self.mark_row(table, id);
+        finite
     }
 }
 

@@ -43,6 +43,12 @@
 //!   always a consistent cut of rows, optimizer state and membership.
 //! * A non-admitted id reads as a zero row and its gradient is dropped; an
 //!   evicted id that comes back starts again from its seeded initial row.
+//! * **An update tells a ruined row.** [`FiniteApply::apply_finite`] updates
+//!   a row exactly as [`EmbeddingStore::apply`] does and returns `false` when
+//!   the updated row holds an infinity or NaN, or (dynamic and tiered stores)
+//!   its optimizer state does, checked while the row is still in L1. The
+//!   fixed store checks the row's values only: its shard keeps the optimizer
+//!   state out of reach.
 
 pub mod differential;
 mod dynamic;
@@ -419,6 +425,16 @@ pub trait EmbeddingStore {
     fn sum_of_squares(&self) -> f64;
     /// True when the store holds every id below the table sizes (a checkpoint must then hold all of them).
     fn holds_every_row(&self) -> bool;
+}
+
+/// A store in this process's memory whose row updates report whether the
+/// updated row stayed finite (the CPU stores; see the module docs).
+pub trait FiniteApply: EmbeddingStore {
+    /// [`EmbeddingStore::apply`], with the same values, and whether the updated
+    /// row (and, where the store reads it, its optimizer state) is finite. An
+    /// update that changes nothing (a rejected id, a row admitted without
+    /// its first gradient) reports `true`.
+    fn apply_finite(&mut self, table: usize, id: u64, grad: &[f32]) -> bool;
 }
 
 /// Restores row `i` of `part`, a checkpoint's rows of `table`, into `store`:

@@ -978,3 +978,108 @@ fn the_sum_of_squares_does_not_depend_on_the_order_rows_came_in() {
         assert_eq!(sums[0], sums[1], "{kind:?}");
     }
 }
+
+/// [`FiniteApply::apply_finite`] of whichever CPU store `store` is.
+fn apply_finite(store: &mut Store, table: usize, id: u64, grad: &[f32]) -> bool {
+    match store {
+        Store::Fixed(s) => s.apply_finite(table, id, grad),
+        Store::Dynamic(s) => s.apply_finite(table, id, grad),
+        Store::Tiered(s) => s.apply_finite(table, id, grad),
+        Store::Device(_) => unreachable!("the tests build CPU stores"),
+    }
+}
+
+/// [`run`]'s workload through the checked update, each finite update asserted to report so.
+fn run_checked(store: &mut Store, work: &[Vec<(usize, Vec<u64>)>]) {
+    let mut seen = Vec::new();
+    for (s, step) in work.iter().enumerate() {
+        for (t, ids) in step {
+            store.gather(*t, ids, &mut seen);
+        }
+        for (t, ids) in step {
+            for &id in ids {
+                assert!(apply_finite(store, *t, id, &grad(s as u64, *t, id)), "step {s}: row {id} of table {t}");
+            }
+        }
+        store.end_step(s as u64 + 1);
+    }
+}
+
+/// A row of table 0 of `store` in the hot tier and one outside it (any row
+/// when the store has no tiers), both updated by the workload.
+fn hot_and_cold_rows(store: &Store) -> (u64, u64) {
+    let rows = store.export_table(0);
+    let tier = |i: usize| rows.hot.get(i).copied();
+    let hot = (0..rows.ids.len()).find(|&i| tier(i).is_none_or(|h| h != crate::snapshot::COLD));
+    let cold = (0..rows.ids.len()).rev().find(|&i| tier(i).is_none_or(|h| h == crate::snapshot::COLD));
+    (rows.ids[hot.expect("a hot row")], rows.ids[cold.expect("a cold row")])
+}
+
+/// Every CPU store's checked update writes exactly the values of `apply`, bit for bit.
+#[test]
+fn a_checked_update_writes_the_values_of_apply() {
+    let sizes = [500u64, 37, 2000];
+    let work = workload(&sizes, 12, 40);
+    for optimizer in [SparseOptimizerKind::Sgd, SparseOptimizerKind::RowwiseAdagrad, SparseOptimizerKind::LazyAdam] {
+        let p = params(0, 1, &sizes, optimizer);
+        for kind in [StoreKind::Fixed, StoreKind::Dynamic, StoreKind::Tiered] {
+            let (mut plain, mut checked) =
+                (Store::new(&config(kind), &p).unwrap(), Store::new(&config(kind), &p).unwrap());
+            run(&mut plain, &work);
+            run_checked(&mut checked, &work);
+            assert_eq!(export_all(&checked, sizes.len()), export_all(&plain, sizes.len()), "{kind:?}/{optimizer:?}");
+        }
+    }
+}
+
+/// A finite gradient that the learning rate turns into an infinite row is
+/// reported by every CPU store, in either tier; the next finite update of
+/// another row reports a finite row again.
+#[test]
+fn a_checked_update_reports_a_row_that_a_finite_gradient_made_infinite() {
+    let sizes = [500u64, 37, 2000];
+    let work = workload(&sizes, 12, 40);
+    let p = params(0, 1, &sizes, SparseOptimizerKind::Sgd);
+    for kind in [StoreKind::Fixed, StoreKind::Dynamic, StoreKind::Tiered] {
+        let mut store = Store::new(&config(kind), &p).unwrap();
+        run_checked(&mut store, &work);
+        if kind == StoreKind::Tiered {
+            assert!(store.stats().hot_rows > 0, "the workload fills the hot tier");
+        }
+        let (hot, cold) = hot_and_cold_rows(&store);
+        assert_ne!(hot, cold);
+        // SGD at learning rate 4: w − 4 · f32::MAX overflows.
+        store.set_lr(4.0);
+        let huge = [f32::MAX, 0.0, 0.0, 0.0];
+        for id in [hot, cold] {
+            assert!(!apply_finite(&mut store, 0, id, &huge), "{kind:?}: row {id}");
+            let rows = store.export_table(0);
+            let i = rows.ids.binary_search(&id).unwrap();
+            assert!(rows.rows[i * DIM].is_infinite(), "{kind:?}: row {id} holds the update");
+        }
+        let finite_id = (0..500).find(|&id| id != hot && id != cold).unwrap();
+        assert!(apply_finite(&mut store, 0, finite_id, &[1e-3; DIM]), "{kind:?}");
+    }
+}
+
+/// Row-wise Adagrad whose accumulator a finite gradient overflows leaves the
+/// row finite (its step becomes 0): the dynamic and tiered stores, which read
+/// the optimizer state, report it, in either tier.
+#[test]
+fn a_checked_update_reports_an_optimizer_state_that_overflowed() {
+    let sizes = [500u64, 37, 2000];
+    let work = workload(&sizes, 12, 40);
+    let p = params(0, 1, &sizes, SparseOptimizerKind::RowwiseAdagrad);
+    for kind in [StoreKind::Dynamic, StoreKind::Tiered] {
+        let mut store = Store::new(&config(kind), &p).unwrap();
+        run_checked(&mut store, &work);
+        let (hot, cold) = hot_and_cold_rows(&store);
+        for id in [hot, cold] {
+            assert!(!apply_finite(&mut store, 0, id, &[3e38; DIM]), "{kind:?}: row {id}");
+            let rows = store.export_table(0);
+            let i = rows.ids.binary_search(&id).unwrap();
+            assert!(rows.rows[i * DIM..(i + 1) * DIM].iter().all(|v| v.is_finite()), "{kind:?}: the row stays finite");
+            assert!(rows.state[i].is_infinite(), "{kind:?}: the accumulator overflowed");
+        }
+    }
+}

@@ -21,10 +21,10 @@
 //! back to the cold tier, which evicts it: the TTL holds in both tiers.
 
 use super::{
-    CountMinSketch, DifferentialFrequencies, DynamicStore, EmbeddingStore, FrequencySource, StoreConfig, StoreParams,
-    StoreStats,
+    CountMinSketch, DifferentialFrequencies, DynamicStore, EmbeddingStore, FiniteApply, FrequencySource, StoreConfig,
+    StoreParams, StoreStats,
 };
-use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
+use crate::optim::{apply_row_finite, OptimizerParams, SparseOptimizerKind};
 use crate::snapshot::{SketchCounters, TableRows, COLD};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
@@ -382,6 +382,25 @@ impl TieredStore {
     }
 }
 
+impl FiniteApply for TieredStore {
+    fn apply_finite(&mut self, table: usize, id: u64, grad: &[f32]) -> bool {
+        match self.note_update(table, id) {
+            Some(h) => {
+                let (d, w) = (self.dim, self.state_width);
+                let (kind, hp) = self.cold.optimizer();
+                apply_row_finite(
+                    kind,
+                    &hp,
+                    &mut self.hot_rows[h * d..(h + 1) * d],
+                    grad,
+                    &mut self.hot_state[h * w..(h + 1) * w],
+                )
+            }
+            None => self.cold.apply_finite(table, id, grad),
+        }
+    }
+}
+
 impl EmbeddingStore for TieredStore {
     fn dim(&self) -> usize {
         self.dim
@@ -411,20 +430,7 @@ impl EmbeddingStore for TieredStore {
         self.cold.set_lr(lr);
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
-        match self.note_update(table, id) {
-            Some(h) => {
-                let (d, w) = (self.dim, self.state_width);
-                let (kind, hp) = self.cold.optimizer();
-                apply_row(
-                    kind,
-                    &hp,
-                    &mut self.hot_rows[h * d..(h + 1) * d],
-                    grad,
-                    &mut self.hot_state[h * w..(h + 1) * w],
-                );
-            }
-            None => self.cold.apply(table, id, grad),
-        }
+        self.apply_finite(table, id, grad);
     }
     fn end_step(&mut self, completed: u64) {
         self.settle_restore();

@@ -205,7 +205,9 @@ pub struct StepStats {
     /// Malformed records skipped so far, by [`BadReason::index`](crate::bad_record::BadReason::index) (cumulative).
     pub bad_records: [u64; BadReason::COUNT],
     /// Owners that found a non-finite value in this training step: the global loss (then
-    /// no parameter was updated), their summed row gradients or their updated dense slice.
+    /// no parameter was updated), their summed row gradients, the rows (values and
+    /// optimizer state) and replicated rows they updated in CPU memory, or their updated
+    /// dense slice.
     /// Every worker sees the same count; the model is ruined when it is non-zero.
     #[serde(default)]
     pub non_finite: u64,

@@ -2,6 +2,13 @@
 //! results), applying their gradients and its slice of the dense update on
 //! the worker's dense replica ([`Dense`], passed in). The home side reads its
 //! state only through [`Owner::rows`].
+//!
+//! A training step checks what it writes: the summed row gradients, each
+//! updated row as it is written ([`FiniteApply`]: values, and optimizer state
+//! where the store reads it), each updated replica and the dense slice. Any
+//! infinity or NaN among them marks the step non-finite
+//! ([`StepStats::non_finite`]). The rows of a store in another memory
+//! ([`Store::Device`]) are not read back; only their gradients are checked.
 
 use super::shared::{Dense, LocalRows};
 use super::{GradientMessage, LookupReply, LookupRequest, ParamUpdate, StepKind, StepStats, TrainerConfig};
@@ -13,7 +20,7 @@ use crate::optim::{DenseOptimizer, DenseOptimizerKind, OptimizerParams};
 use crate::routing::shard_of;
 use crate::shard::EmbeddingShard;
 use crate::snapshot::{admission_for, check_parts, Expected, SketchCounters, WorkerSnapshot};
-use crate::store::{restore_row, DeviceStore, EmbeddingStore, Store, StoreStats};
+use crate::store::{restore_row, DeviceStore, EmbeddingStore, FiniteApply, Store, StoreStats};
 use crate::OperatorError;
 use rustc_hash::FxHashMap;
 
@@ -490,14 +497,15 @@ impl Owner {
     /// The row gradients of one sender whose rows are distinct per table: each
     /// row's sum is its own gradient, applied where it lies in the message (the
     /// same values as [`sum_and_apply`](Self::sum_and_apply) without gathering
-    /// them into `scratch`). Returns whether every gradient is finite.
+    /// them into `scratch`). Returns whether every gradient and every updated
+    /// row is finite (see [`FiniteApply`]; a device store's rows are not read back).
     fn apply_one_sender(&mut self, m: &GradientMessage, scale: f32, d: usize) -> bool {
         let segments =
             segments(m, (&self.pending, &self.pending_ids, &self.pgrads), (&self.exchange, &self.slot_tables), d);
-        let finite = segments.iter().all(|(_, _, g)| all_finite(g));
+        let grads_finite = segments.iter().all(|(_, _, g)| all_finite(g));
         self.scratch.clear();
         self.scratch.resize(d, 0.0);
-        match &mut self.store {
+        let rows_finite = match &mut self.store {
             Store::Fixed(s) => apply_segments(s, &segments, &mut self.scratch, scale),
             Store::Dynamic(s) => apply_segments(s, &segments, &mut self.scratch, scale),
             Store::Tiered(s) => apply_segments(s, &segments, &mut self.scratch, scale),
@@ -510,13 +518,15 @@ impl Owner {
                     self.scratch.extend(grads.iter().map(|&g| g * scale));
                 }
                 s.apply_rows(&self.order, &self.scratch);
+                true
             }
-        }
-        finite
+        };
+        grads_finite && rows_finite
     }
 
     /// Sums each row's gradients over the senders in `scratch` (in sender
-    /// order), then applies each sum once. Returns whether every sum is finite.
+    /// order), then applies each sum once. Returns whether every sum and every
+    /// updated row is finite (see [`FiniteApply`]; a device store's rows are not read back).
     fn sum_and_apply(&mut self, messages: &[GradientMessage], scale: f32, d: usize) -> bool {
         self.scratch.clear();
         self.order.clear();
@@ -554,16 +564,17 @@ impl Owner {
             }
         }
         // The summed row gradients, one pass over the rows this step touched.
-        let rows_finite = all_finite(&self.scratch);
-        match &mut self.store {
+        let grads_finite = all_finite(&self.scratch);
+        let rows_finite = match &mut self.store {
             Store::Fixed(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
             Store::Dynamic(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
             Store::Tiered(s) => apply_rows(s, &self.order, &mut self.scratch, scale, d),
             Store::Device(s) => {
                 self.scratch.iter_mut().for_each(|v| *v *= scale);
                 s.apply_rows(&self.order, &self.scratch);
+                true
             }
-        }
+        };
         match &mut self.slots {
             Slots::Dense { workers, slots } => {
                 for &(t, id) in &self.order {
@@ -572,7 +583,30 @@ impl Owner {
             }
             Slots::Hashed(maps) => maps.iter_mut().for_each(|m| m.clear()),
         }
-        rows_finite
+        grads_finite && rows_finite
+    }
+
+    /// Sums the step's gradients of the replicated rows over `messages` (in
+    /// worker order), applies them to the replicas and writes each owned
+    /// result into the store. Returns whether every updated replica (values
+    /// and optimizer state) is finite.
+    fn apply_replicas(&mut self, messages: &[GradientMessage], scale: f32, (me, w, d): (usize, usize, usize)) -> bool {
+        for m in messages {
+            for (i, &h) in m.hot.iter().enumerate() {
+                self.replicas.add_grad(h, &m.hot_grads[i * d..(i + 1) * d]);
+            }
+        }
+        let mut finite = true;
+        for h in self.replicas.apply(scale) {
+            let (row, state) = (self.replicas.row(h), self.replicas.state(h));
+            finite &= all_finite(row) & all_finite(state);
+            let (t, id) = self.replicas.key(h);
+            if shard_of(t, id, w) == me {
+                // An owned id below the table size: the fixed store accepts it.
+                let _ = self.store.set_row(t, id, row, state);
+            }
+        }
+        finite
     }
 
     /// Applies the step's gradients this worker owns and returns its dense slice for every worker.
@@ -603,7 +637,8 @@ impl Owner {
             let scale = 1.0 / stats.samples as f32;
             self.set_learning_rates();
             // Sparse rows: sum each row's gradient over workers (in worker order), then update
-            // once; a lone sender's rows are each its own sum, applied where they lie.
+            // once; a lone sender's rows are each its own sum, applied where they lie. Each
+            // updated row is checked as it is written, as the dense slice is below.
             if !self.pgrads_ready {
                 self.partial_row_grads(messages);
             }
@@ -614,20 +649,7 @@ impl Owner {
             };
             // Replicated rows: every worker sums every sender's gradients in worker order and
             // applies them to its replica; the owner also writes the result into its store.
-            if !self.replicas.is_empty() {
-                for m in messages {
-                    for (i, &h) in m.hot.iter().enumerate() {
-                        self.replicas.add_grad(h, &m.hot_grads[i * d..(i + 1) * d]);
-                    }
-                }
-                for h in self.replicas.apply(scale) {
-                    let (t, id) = self.replicas.key(h);
-                    if shard_of(t, id, w) == me {
-                        // An owned id below the table size: the fixed store accepts it.
-                        let _ = self.store.set_row(t, id, self.replicas.row(h), self.replicas.state(h));
-                    }
-                }
-            }
+            let replicas_finite = self.replicas.is_empty() || self.apply_replicas(messages, scale, (me, w, d));
             self.train_steps += 1;
             self.store.end_step(self.train_steps);
             // Dense slice: reduce in worker order block by block, averaging inside the optimizer.
@@ -639,7 +661,7 @@ impl Owner {
             // The updated slice checked as it is updated: catches a finite gradient that an
             // extreme learning rate turns into an infinite parameter.
             let dense_finite = self.dense_optimizer.apply_sum_scaled_finite(&mut params[slice.clone()], &parts, scale);
-            if !rows_finite || !dense_finite {
+            if !rows_finite || !replicas_finite || !dense_finite {
                 stats.non_finite = 1;
             }
             changed = true;
@@ -712,9 +734,11 @@ fn add_row(t: usize, id: u64, g: &[f32], cell: &mut u32, order: &mut Vec<(u32, u
     }
 }
 
-/// Scales each summed row gradient by `scale` and applies it, prefetching a few rows ahead.
+/// Scales each summed row gradient by `scale` and applies it, prefetching a few
+/// rows ahead. Returns whether every updated row is finite (each checked as it is written).
 #[inline]
-fn apply_rows<S: EmbeddingStore>(store: &mut S, order: &[(u32, u64)], scratch: &mut [f32], scale: f32, d: usize) {
+fn apply_rows<S: FiniteApply>(store: &mut S, order: &[(u32, u64)], scratch: &mut [f32], scale: f32, d: usize) -> bool {
+    let mut finite = true;
     for (slot, &(t, id)) in order.iter().enumerate() {
         if let Some(&(ta, ida)) = order.get(slot + EmbeddingShard::PREFETCH_AHEAD) {
             store.prefetch_row(ta as usize, ida);
@@ -723,15 +747,23 @@ fn apply_rows<S: EmbeddingStore>(store: &mut S, order: &[(u32, u64)], scratch: &
         for v in g.iter_mut() {
             *v *= scale;
         }
-        store.apply(t as usize, id, g);
+        finite &= store.apply_finite(t as usize, id, g);
     }
+    finite
 }
 
 /// Applies each segment's `(table, ids, gradients)` row by row, each gradient
 /// scaled by `scale` into `row` first, prefetching a few rows ahead (into the
-/// next segment at a segment's end).
-fn apply_segments<S: EmbeddingStore>(store: &mut S, segments: &[(usize, &[u64], &[f32])], row: &mut [f32], scale: f32) {
+/// next segment at a segment's end). Returns whether every updated row is
+/// finite (each checked as it is written).
+fn apply_segments<S: FiniteApply>(
+    store: &mut S,
+    segments: &[(usize, &[u64], &[f32])],
+    row: &mut [f32],
+    scale: f32,
+) -> bool {
     let d = row.len();
+    let mut finite = true;
     const AHEAD: usize = EmbeddingShard::PREFETCH_AHEAD;
     for (s, &(t, ids, grads)) in segments.iter().enumerate() {
         for (k, &id) in ids.iter().enumerate() {
@@ -748,9 +780,10 @@ fn apply_segments<S: EmbeddingStore>(store: &mut S, segments: &[(usize, &[u64], 
             for (r, &g) in row.iter_mut().zip(&grads[k * d..(k + 1) * d]) {
                 *r = g * scale;
             }
-            store.apply(t, id, row);
+            finite &= store.apply_finite(t, id, row);
         }
     }
+    finite
 }
 
 #[cfg(test)]
@@ -779,7 +812,7 @@ mod tests {
         let segments: Vec<(usize, &[u64], &[f32])> =
             ids.iter().zip(&grads).enumerate().map(|(t, (i, g))| (t, &i[..], &g[..])).collect();
         let (mut direct, mut summed) = (store(), store());
-        apply_segments(&mut direct, &segments, &mut [0.0; 4], 0.25);
+        assert!(apply_segments(&mut direct, &segments, &mut [0.0; 4], 0.25), "finite rows");
         let (mut order, mut scratch) = (Vec::new(), Vec::new());
         for &(t, ids, grads) in &segments {
             for (k, &id) in ids.iter().enumerate() {
@@ -787,7 +820,7 @@ mod tests {
                 add_row(t, id, &grads[k * d..(k + 1) * d], &mut new_row, &mut order, &mut scratch);
             }
         }
-        apply_rows(&mut summed, &order, &mut scratch, 0.25, d);
+        assert!(apply_rows(&mut summed, &order, &mut scratch, 0.25, d), "finite rows");
         for (t, ids) in ids.iter().enumerate() {
             let (a, b) = (direct.export_table(t), summed.export_table(t));
             assert_eq!(a.ids.len(), ids.len(), "table {t}: every row updated");
