@@ -40,6 +40,12 @@ impl<T: Send + 'static> Job<T> {
         Job { inner }
     }
 
+    /// A job that already ended with `outcome`: work that failed before it could
+    /// start, whose error is reported in the round that collects every job's outcome.
+    pub(super) fn finished(outcome: Result<T, String>) -> Job<T> {
+        Job { inner: Inner::Done(outcome) }
+    }
+
     /// True when the work has finished (successfully or not); never blocks.
     pub(super) fn is_done(&self) -> bool {
         match &self.inner {
@@ -70,6 +76,9 @@ mod tests {
         assert_eq!(err.wait(), Err("disk full at /x".to_string()));
         let panics: Job<u32> = Job::spawn("t-panic", || panic!("boom"));
         assert!(panics.wait().unwrap_err().contains("panicked"));
+        let finished: Job<u32> = Job::finished(Err("the snapshot failed".into()));
+        assert!(finished.is_done());
+        assert_eq!(finished.wait(), Err("the snapshot failed".to_string()));
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!    hands it to a background thread that writes its `shard-<k>.safetensors`
 //!    there (in one pass, hashed, fsynced);
 //! 2. once every worker's thread is done, every worker sends worker 0 the
-//!    file's size and checksum and its dense-optimizer slice (or its error);
+//!    file's size and checksum and its dense-optimizer slice (or its error:
+//!    a failed write, or a snapshot that failed, for which no thread started);
 //! 3. worker 0, now knowing every shard file is on disk, writes
 //!    `dense.safetensors` and `manifest.json`, renames the directory to
 //!    `ckpt-<step>`, fsyncs `DIR` and prunes to `--keep-checkpoints` (on a
@@ -45,10 +46,12 @@
 //!   trainer commits Kafka offsets to the consumer group only then.
 //! * **Nothing lost at exit.** [`Checkpointer::finish`] waits for the write in
 //!   flight; runs call it at their end and after a SIGINT/SIGTERM stop.
-//! * **Errors surface.** A thread's error (or panic) comes back from the next
-//!   `poll`, `write` or `finish` on every worker in the same round, so all of
-//!   them stop together with a message naming the path; a failed checkpoint's
-//!   temporary directory is removed; nothing waits forever.
+//! * **Errors surface.** A thread's error (or panic), and a snapshot's, comes
+//!   back from the next `poll`, `write` or `finish` on every worker in the
+//!   same round, so all of them stop together with the same message naming
+//!   the step, the worker and (for a file) the path; worker 0 removes a failed
+//!   checkpoint's temporary directory once no worker writes into it, and the
+//!   checkpoints already written are left as they are; nothing waits forever.
 //!
 //! In a multi-process run each process writes its own workers' shards into
 //! `DIR`, so `DIR` must be the same directory for every process (one

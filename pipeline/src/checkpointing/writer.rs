@@ -7,10 +7,11 @@ use super::job::Job;
 use super::{CheckpointOptions, Note, Position, ShardWritten};
 use crate::error::CheckpointAction;
 use crate::PipelineError;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tiderec_operators::collective::Collective;
 use tiderec_operators::optim::DenseOptimizerState;
+use tiderec_operators::snapshot::WorkerSnapshot;
 use tiderec_operators::train::{Trainer, TrainerConfig};
 use tiderec_sinks::checkpoint::manifest::recorded_config;
 use tiderec_sinks::checkpoint::{write, Checkpoint, DeltaLink, FileEntry};
@@ -102,6 +103,22 @@ fn out_of_step(action: CheckpointAction, step: Option<u64>, worker: usize, note:
         reason: format!("the worker is out of step: {note:?}"),
         source: None,
     }
+}
+
+/// Starts worker `me`'s background write of `snapshot`, its shard file of the checkpoint
+/// of `step`, into `tmp`.
+fn shard_job(tmp: &Path, step: u64, me: usize, snapshot: WorkerSnapshot) -> Job<ShardDone> {
+    let tmp = tmp.to_path_buf();
+    Job::spawn(&format!("ckpt-{step}-w{me}"), move || {
+        let (name, entry) = write::write_shard(&tmp, &snapshot).map_err(|e| e.to_string())?;
+        Ok(ShardDone {
+            name,
+            updated_only: snapshot.updated_only,
+            entry,
+            dense_optimizer: snapshot.dense_optimizer,
+            dense_params: snapshot.dense_params,
+        })
+    })
 }
 
 impl Checkpointer {
@@ -257,6 +274,11 @@ impl Checkpointer {
     }
 
     /// Round 1 (worker 0's temporary directory), the snapshot, and the shard job.
+    ///
+    /// A snapshot that fails is this worker's shard error: it travels in round 2
+    /// like a failed write, so every worker abandons the checkpoint in the same
+    /// round with the same error, and worker 0 removes the temporary directory
+    /// only once no shard job writes into it any more.
     fn begin(
         &mut self,
         worker: &mut Worker,
@@ -279,26 +301,10 @@ impl Checkpointer {
             other => return Err(out_of_step(CheckpointAction::Write, Some(step), 0, &other)),
         };
         // The cut: weights, optimizer state and (in `position`) offsets of this step.
-        let snapshot = match trainer.checkpoint_snapshot(delta.map(|d| d.parent)) {
-            Ok(s) => s,
-            Err(e) => {
-                if worker.index() == 0 {
-                    let _ = std::fs::remove_dir_all(&tmp);
-                }
-                return Err(fail(step, worker.index(), e.to_string()));
-            }
+        let job = match trainer.checkpoint_snapshot(delta.map(|d| d.parent)) {
+            Ok(snapshot) => shard_job(&tmp, step, worker.index(), snapshot),
+            Err(e) => Job::finished(Err(format!("the snapshot failed: {e}"))),
         };
-        let shard_tmp = tmp.clone();
-        let job = Job::spawn(&format!("ckpt-{step}-w{}", worker.index()), move || {
-            let (name, entry) = write::write_shard(&shard_tmp, &snapshot).map_err(|e| e.to_string())?;
-            Ok(ShardDone {
-                name,
-                updated_only: snapshot.updated_only,
-                entry,
-                dense_optimizer: snapshot.dense_optimizer,
-                dense_params: snapshot.dense_params,
-            })
-        });
         self.in_flight =
             Some(InFlight { position: position.clone(), delta, tmp, began: Instant::now(), stage: Stage::Shards(job) });
         self.last_step = Some(step);
@@ -383,14 +389,17 @@ impl Checkpointer {
 
     /// Round 2: waits for this worker's shard file, tells every worker how it
     /// went (and worker 0 the dense-optimizer slice); worker 0 then starts
-    /// the commit job, which it returns.
+    /// the commit job, which it returns. Any worker's error (a failed write or
+    /// snapshot) fails the checkpoint on every worker, the first one in worker
+    /// order being the error of all; every shard job has ended by then, so
+    /// worker 0 removes the temporary directory.
     fn gather_shards(
         &mut self,
         worker: &mut Worker,
         job: Job<ShardDone>,
         position: &Position,
         delta: Option<DeltaLink>,
-        tmp: &std::path::Path,
+        tmp: &Path,
     ) -> Result<Option<Job<(PathBuf, u64)>>, PipelineError> {
         let (me, step) = (worker.index(), position.step);
         let done = job.wait();
