@@ -13,7 +13,14 @@ probability per record:
 The output is CSV with the header `file,position,score` (`,label` added when
 the records carry labels): `position` is the record's 1-based line number in
 its file, `score` the click probability `sigmoid(logit)`. A malformed record is
-not scored: it is reported on stderr with its file and line, and counted.
+not scored: it is reported on stderr with its file and line, and counted. When
+more than `--max-bad-fraction` of the records read are malformed (default 0.01,
+as `tiderec predict`), or no record is read, nothing is written.
+
+`--out` is written whole or not at all: to `NAME.tmp-PID` beside it, moved into
+place once every record is scored, removed on an error. An existing `--out` is
+replaced only with `--overwrite`; an `--out` that is one of the inputs (a record
+file, a file directly in a record directory, the model's files) is refused.
 
 Records are read in the format model.json spells out: Criteo TSV
 (`label, I1..I13, C1..C26`), Avazu CSV (`id, click, hour, C1, …, C21`, a
@@ -31,7 +38,8 @@ generated or Taobao behaviour-log data).
 
 Needs NumPy and safetensors (`pip install numpy safetensors`), and pyarrow for
 Parquet rows. Exit status:
-0 on success, 2 on a model or input it cannot score.
+0 on success, 2 on a model or input it cannot score (too many malformed records
+among them) or an `--out` it refuses to write.
 """
 
 import argparse
@@ -39,7 +47,10 @@ import csv
 import json
 import os
 import re
+import shutil
+import stat
 import sys
+import tempfile
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -968,9 +979,25 @@ def load(model_dir):
     return config, expand_compact(config, tensors)
 
 
+def bad_reason(reason):
+    """The kind of a malformed record's reason, named as `tiderec` counts them."""
+    if reason.startswith("label "):
+        return "bad_label"
+    if re.match(r"[0-9]+ fields, expected", reason):
+        return "field_count"
+    if reason.endswith("is not an integer"):
+        return "bad_integer"
+    if reason.endswith("hex digits"):
+        return "bad_hex"
+    if "finite" in reason:
+        return "non_finite"
+    return "other"
+
+
 def score_files(model, featurizer, paths, writer, batch_size, limit):
-    """Scores every record of `paths`, writing CSV rows; returns (scored, malformed)."""
-    scored = bad = 0
+    """Scores every record of `paths`, writing CSV rows; returns `(scored, malformed)`, the
+    malformed records counted by kind (`bad_reason`)."""
+    scored, bad = 0, {}
     if featurizer.parquet:
         paths = ParquetFeaturizer.files(paths)
     for path in paths:
@@ -993,7 +1020,8 @@ def score_files(model, featurizer, paths, writer, batch_size, limit):
                 break
             if isinstance(parsed, str):
                 print(f"{path}:{pos}: malformed record: {parsed}", file=sys.stderr)
-                bad += 1
+                kind = bad_reason(parsed)
+                bad[kind] = bad.get(kind, 0) + 1
                 continue
             pending.append((pos,) + parsed)
             if len(pending) == batch_size:
@@ -1004,39 +1032,217 @@ def score_files(model, featurizer, paths, writer, batch_size, limit):
     return scored, bad
 
 
+# `tiderec predict`'s default `--max-bad-fraction`.
+MAX_BAD_FRACTION = 0.01
+
+
+def check_bad(files, scored, bad, max_fraction, labeled):
+    """Refuses a run whose malformed records are more than `max_fraction` of the records
+    read, or that read no record at all, as `tiderec predict` does (with its hint at
+    unlabeled files when one kind of malformed record dominates)."""
+    malformed = sum(bad.values())
+    read = scored + malformed
+    where = ", ".join(files)
+    if malformed and (malformed / read > max_fraction or scored == 0):
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(bad.items()))
+        hint = ""
+        if bad.get("bad_label", 0) > malformed / 2:
+            hint = (
+                ". Most of them have no 0/1 label in the label column: the file may be unlabeled (a test file "
+                "without the label column, such as Kaggle's test.txt) or of another format"
+            )
+        elif bad.get("field_count", 0) > malformed / 2:
+            hint = (
+                ". Most of them have a number of fields the format does not allow: the file may be unlabeled "
+                "(one column short), of another format, or use another delimiter"
+            )
+        if hint and labeled:
+            hint += " (`--unlabeled` reads files without labels)"
+        raise ScorerError(
+            f"{where}: {malformed} of {read} records ({100.0 * malformed / read:.2f}%) are malformed ({kinds}), "
+            f"more than --max-bad-fraction {max_fraction:g} allows; each is reported above{hint}. "
+            "Nothing was written"
+        )
+    if read == 0:
+        raise ScorerError(f"{where}: no records were read: the input is empty. Nothing was written")
+
+
+def bad_fraction(text):
+    """An argparse type: a fraction in [0, 1]."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = None
+    if v is None or not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1]")
+    return v
+
+
+# ---------------------------------------------------------------- the output file
+
+
+def is_special(path):
+    """Whether `path` exists and is neither a file nor a directory (a device, a FIFO, a
+    socket: `/dev/stdout`), which writing to replaces nothing."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def same_file(a, b):
+    """Whether `a` and `b` are one file: the same device and inode when both exist (a hard
+    or symbolic link to a file is that file), the same resolved path otherwise."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_out(out, inputs, overwrite):
+    """Refuses `--out` before anything is written when it is one of `inputs` (`(path, what)`
+    pairs: the record files and directories, the model's files), a file directly in an
+    input directory, a directory, or (without `overwrite`) any existing path, a dangling
+    symbolic link included. A device or a pipe is written in place and never refused."""
+    if is_special(out):
+        return
+    for path, what in inputs:
+        if same_file(out, path):
+            raise ScorerError(
+                f"--out {out} is the same file as the input {path} (from {what}): writing it would destroy "
+                "the input; nothing was written, choose another path for --out"
+            )
+        if os.path.isdir(path) and os.path.dirname(os.path.realpath(out)) == os.path.realpath(path):
+            raise ScorerError(
+                f"--out {out} would be written into {path}, which is read as data (from {what}): the next run "
+                "on that directory would read it as records; nothing was written"
+            )
+    if os.path.isdir(out):
+        raise ScorerError(f"--out {out} is a directory: name a file to write the scores to")
+    if not overwrite and os.path.lexists(out):
+        raise ScorerError(f"--out {out} already exists: pass --overwrite to replace it")
+
+
+def temp_beside(path):
+    """A temporary name beside `path` that is this process's own (`NAME.tmp-PID`): writing it
+    truncates no other file and no other run's temporary file."""
+    return f"{path}.tmp-{os.getpid()}"
+
+
+def commit_new(tmp, path):
+    """Moves the finished `tmp` to `path` only if nothing is at `path` (a file made meanwhile
+    stays as it is): `path` is linked to `tmp`, which makes the whole file visible at once,
+    and the temporary name is removed. Where the file system cannot link, an existing `path`
+    is refused just before a plain rename."""
+    exists = ScorerError(
+        f"--out {path} already exists (it appeared while the records were scored): pass --overwrite to "
+        "replace it; it was left as it is"
+    )
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise exists
+    except OSError:
+        if os.path.lexists(path):
+            raise exists
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def write_whole(out, overwrite, write):
+    """Returns `write(f)`, `f` a text file whose contents end up at `out` only if `write`
+    returns: it writes `NAME.tmp-PID` beside `out`, then moves it to `out` (replacing it
+    only with `overwrite`), and removes it on any error, so that `out` is either untouched
+    or the whole CSV. `-` (stdout), a device or a pipe get the whole CSV copied from an
+    unnamed temporary file once `write` returns, nothing otherwise."""
+    if out == "-" or is_special(out):
+        with tempfile.TemporaryFile("w+", newline="") as f:
+            result = write(f)
+            f.seek(0)
+            if out == "-":
+                shutil.copyfileobj(f, sys.stdout)
+                sys.stdout.flush()
+            else:
+                try:
+                    with open(out, "w", newline="") as dest:
+                        shutil.copyfileobj(f, dest)
+                except OSError as e:
+                    raise ScorerError(f"--out {out}: {e}")
+        return result
+    tmp = temp_beside(out)
+    try:
+        try:
+            f = open(tmp, "w", newline="")
+        except OSError as e:
+            raise ScorerError(f"--out {out}: cannot write {tmp}: {e}")
+        with f:
+            result = write(f)
+        try:
+            if overwrite:
+                os.replace(tmp, out)
+            else:
+                commit_new(tmp, out)
+        except OSError as e:
+            raise ScorerError(f"--out {out}: {e}")
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return result
+
+
+# ---------------------------------------------------------------- the command
+
+
 def run(argv, prog, build, options):
     """The command of a scorer: `build(config, tensors, args)` makes the model (anything with
     `logits(dense, bags, sequences)`) of the export `--model`; `options` adds flags (name ->
     argparse keywords). Returns the exit status."""
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="directory written by `tiderec export`")
-    ap.add_argument("--out", required=True, help="CSV file to write (`-`: stdout)")
+    ap.add_argument("--out", required=True, help="CSV file to write (`-`: stdout); written whole or not at all")
+    ap.add_argument("--overwrite", action="store_true", help="replace --out when it exists (refused otherwise)")
     ap.add_argument("--unlabeled", action="store_true", help="records have no label column")
+    ap.add_argument(
+        "--max-bad-fraction",
+        type=bad_fraction,
+        default=MAX_BAD_FRACTION,
+        metavar="F",
+        help=f"fail, writing nothing, when more than this fraction of the records read is malformed "
+        f"(default {MAX_BAD_FRACTION}, as tiderec predict)",
+    )
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--limit", type=int, default=None, help="score at most this many records")
     for flag, keywords in options.items():
         ap.add_argument(flag, **keywords)
     ap.add_argument("files", nargs="+", help="record files (Parquet: files or directories), in the format model.json describes")
     args = ap.parse_args(argv)
+    inputs = [(path, "the records to score") for path in args.files]
+    inputs += [(os.path.join(args.model, name), "--model") for name in ("model.json", "model.safetensors")]
     try:
+        if args.out != "-":
+            check_out(args.out, inputs, args.overwrite)
         config, tensors = load(args.model)
         model = build(config, tensors, args)
         featurizer = Featurizer(config["features"], labeled=not args.unlabeled)
-        try:
-            out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")
-        except OSError as e:
-            raise ScorerError(f"{args.out}: {e}")
-        try:
+
+        def write(out):
             writer = csv.writer(out, lineterminator="\n")
             writer.writerow(["file", "position", "score"] + (["label"] if not args.unlabeled else []))
             scored, bad = score_files(model, featurizer, args.files, writer, max(args.batch_size, 1), args.limit)
-        finally:
-            if out is not sys.stdout:
-                out.close()
+            if args.limit != 0:
+                check_bad(args.files, scored, bad, args.max_bad_fraction, not args.unlabeled)
+            return scored, bad
+
+        scored, bad = write_whole(args.out, args.overwrite, write)
     except ScorerError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    print(f"scored {scored} records with a {config['kind']} model, {bad} malformed", file=sys.stderr)
+    print(f"scored {scored} records with a {config['kind']} model, {sum(bad.values())} malformed", file=sys.stderr)
     return 0
 
 

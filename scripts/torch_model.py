@@ -5,10 +5,13 @@
 tables made whole first) and returns a `TiderecModel`: an `nn.Module` whose
 `state_dict()` keys are the safetensors names (`bottom.0.weight`,
 `embeddings.C1`, `gru.weight_ih_l0`, …), filled with `load_state_dict(...,
-strict=True)`. Its layers are PyTorch's own (`nn.Linear` for every MLP layer,
-the attention and the dense linear part, `nn.GRU` for DIEN's interest
-extractor), so the module can be fine-tuned, traced or moved to a GPU like any
-other:
+strict=True)`. A field named like an attribute of `nn.Module` (`type`, `training`,
+`forward`, …) is an attribute with `_` appended (`model.embeddings.type_`); its
+`state_dict()` key is still the export name (`embeddings.type`). Its layers are
+PyTorch's own (`nn.Linear` for every MLP layer, the attention and the dense linear
+part, `nn.GRU` for DIEN's interest extractor), so the module can be fine-tuned
+or moved to a GPU like any other (`torch.jit.trace` does not take its inputs: a bag
+without weights is `None`):
 
     import torch, torch_model
     model = torch_model.load("serve/")                 # float32, on the CPU
@@ -31,8 +34,9 @@ predict`), with the same arguments and CSV:
     python3 scripts/torch_model.py --model serve/ --out scores.csv day_0.tsv
 
 Records are featurized by `reference_scorer.py`'s featurizers (the formats
-model.json spells out). Needs PyTorch, NumPy and safetensors. Exit status: 0 on
-success, 2 on a model or input it cannot score.
+model.json spells out); `--out` (written whole or not at all), `--overwrite` and
+`--max-bad-fraction` work as they do there. Needs PyTorch, NumPy and safetensors. Exit status: 0 on success, 2 on a
+model or input it cannot score or an `--out` it refuses to write.
 """
 
 import sys
@@ -46,33 +50,69 @@ import reference_scorer as ref
 
 
 def attach(root, dotted, item):
-    """Registers `item` (a module or a parameter) at the dotted path `dotted` under `root`,
-    making plain container modules for the path's inner names."""
+    """Registers `item` (a module or a parameter) under `root` at the export name `dotted`,
+    making plain container modules for the path's inner names; `root.paths` records the
+    attribute path of every name registered.
+
+    A name is registered as itself unless the module it goes in already has an attribute
+    of that name (`type`, `training`, `forward`, `to`, … of `nn.Module`, or a name taken
+    before): then `_` is appended until it is free (`embeddings.type` is the parameter
+    `embeddings.type_`). `state_dict()` and `load_state_dict()` still use the export
+    names (see `export_keys`)."""
     *parents, leaf = dotted.split(".")
-    node = root
-    for name in parents:
-        if name not in node._modules:
-            free(node, name, dotted)
-            node.add_module(name, nn.Module())
-        node = node._modules[name]
-    free(node, leaf, dotted)
+    node, real = root, []
+    for depth, name in enumerate(parents):
+        key = ".".join(parents[: depth + 1])
+        if key not in root.paths:
+            slot = free_name(node, name)
+            node.add_module(slot, nn.Module())
+            root.paths[key] = ".".join(real + [slot])
+        real = root.paths[key].split(".")
+        node = node._modules[real[-1]]
+    if dotted in root.paths:
+        raise ref.ScorerError(f"tensor {dotted} is named twice")
+    slot = free_name(node, leaf)
     if isinstance(item, nn.Parameter):
-        node.register_parameter(leaf, item)
+        node.register_parameter(slot, item)
     else:
-        node.add_module(leaf, item)
+        node.add_module(slot, item)
+    root.paths[dotted] = ".".join(real + [slot])
 
 
-def free(node, name, dotted):
-    """Refuses a tensor name that would shadow an attribute (a method, say) of the module."""
-    if hasattr(node, name):
-        raise ref.ScorerError(f"tensor {dotted}: {name!r} names an attribute of the module")
+def free_name(node, name):
+    """`name`, with as many `_` appended as make it no attribute of `node` (its class's
+    methods and properties, its own fields, the parameters and modules registered in it)."""
+    slot = name
+    while (
+        not slot
+        or hasattr(type(node), slot)
+        or slot in vars(node)
+        or slot in node._modules
+        or slot in node._parameters
+        or slot in node._buffers
+    ):
+        slot += "_"
+    return slot
 
 
-def lookup(root, dotted):
-    node = root
-    for name in dotted.split("."):
-        node = getattr(node, name)
-    return node
+def export_keys(module, state_dict, prefix, local_metadata):
+    """State-dict hook: the module's entries of `state_dict` renamed from attribute paths
+    to export names, in place and in order."""
+    items = list(state_dict.items())
+    state_dict.clear()
+    for key, value in items:
+        if key.startswith(prefix):
+            key = prefix + module.export_name(key[len(prefix) :])
+        state_dict[key] = value
+
+
+def attribute_keys(module, state_dict, prefix, *_):
+    """Load-state-dict pre-hook: the module's entries of `state_dict` renamed from export
+    names to attribute paths, in place."""
+    ours = [k for k in state_dict if k.startswith(prefix)]
+    # All taken out before any is put back: one tensor's attribute path may be another's export name.
+    moved = {prefix + module.attribute_path(k[len(prefix) :]): state_dict.pop(k) for k in ours}
+    state_dict.update(moved)
 
 
 class TiderecModel(nn.Module):
@@ -80,6 +120,16 @@ class TiderecModel(nn.Module):
 
     def __init__(self, config, shapes):
         super().__init__()
+        self.paths = {}  # export name -> attribute path (see `attach`)
+        # The public hook registrations where this PyTorch has them, the older private ones otherwise.
+        if hasattr(self, "register_state_dict_post_hook"):
+            self.register_state_dict_post_hook(export_keys)
+        else:
+            self._register_state_dict_hook(export_keys)
+        if hasattr(self, "register_load_state_dict_pre_hook"):
+            self.register_load_state_dict_pre_hook(attribute_keys)
+        else:
+            self._register_load_state_dict_pre_hook(attribute_keys, with_module=True)
         self.kind = config["kind"]
         self.spec = config["forward"]
         self.fields = list(config["sparse_fields"])
@@ -106,18 +156,49 @@ class TiderecModel(nn.Module):
         if unknown:
             raise ref.ScorerError(f"model.json does not name the module's tensors {sorted(unknown)}")
 
+    # ------------------------------------------------------------ names
+
+    def attribute_path(self, name):
+        """The attribute path of the export name `name` (a registered name, or one inside
+        a registered module: `linear.weight`); `name` itself when nothing registered holds it."""
+        head, rest = name, ""
+        while head not in self.paths:
+            if "." not in head:
+                return name
+            head, tail = head.rsplit(".", 1)
+            rest = "." + tail + rest
+        return self.paths[head] + rest
+
+    def export_name(self, path):
+        """The export name of the attribute path `path` (the inverse of `attribute_path`)."""
+        names = {real: name for name, real in self.paths.items()}
+        head, rest = path, ""
+        while head not in names:
+            if "." not in head:
+                return path
+            head, tail = head.rsplit(".", 1)
+            rest = "." + tail + rest
+        return names[head] + rest
+
+    def part(self, name):
+        """The parameter or module of the export name `name` (`embeddings.C1`, `bottom.0`)."""
+        node = self
+        for attribute in self.attribute_path(name).split("."):
+            node = getattr(node, attribute)
+        return node
+
     # ------------------------------------------------------------ parts
 
     def _pooled(self, table, sparse):
         """The bag of `table`'s field (`embeddings.C1` reads field `C1`) pooled by sum: [B, width]."""
         ids, offsets, weights = sparse[self.fields.index(table.split(".", 1)[1])]
-        return F.embedding_bag(ids, lookup(self, table), offsets, mode="sum", per_sample_weights=weights)
+        return F.embedding_bag(ids, self.part(table), offsets, mode="sum", per_sample_weights=weights)
 
     def _mlp(self, part, x):
         spec = self.mlps[part]
         layers = spec["layers"]
         for i, name in enumerate(layers):
-            x = lookup(self, name)(x)
+            x = self.part(name)(x)
             if i + 1 < len(layers) or spec["relu_after_last"]:
                 x = torch.relu(x)
         return x
@@ -140,10 +221,10 @@ class TiderecModel(nn.Module):
             x = torch.cat([z[:, 0], gram[:, pairs[:, 0], pairs[:, 1]]], dim=1)
             return self._mlp("top", x)[:, 0]
         if self.kind in ("lr", "fm", "deepfm", "wdl"):
-            bias = lookup(self, "linear.bias")
+            bias = self.part("linear.bias")
             logit = bias[0].expand(dense.shape[0]).clone()
             if self.dense_linear:
-                logit = logit + dense @ lookup(self, "linear.weight")[0]
+                logit = logit + dense @ self.part("linear.weight")[0]
             for term in fw["terms"]:
                 if term == "first_order":
                     for name in fw["first_order"]["fields"]:
@@ -170,7 +251,7 @@ class TiderecModel(nn.Module):
         seq_ids, lengths = sequences
         q = torch.cat([self._pooled("embeddings." + n, sparse) for n in fw["q"]["fields"]], dim=1)
         # Step t of a record is the concatenation of its sequence fields' rows of event t.
-        x = torch.cat([F.embedding(ids, lookup(self, t)) for ids, t in zip(seq_ids, tables)], dim=2)
+        x = torch.cat([F.embedding(ids, self.part(t)) for ids, t in zip(seq_ids, tables)], dim=2)
         if x.shape[2] != q.shape[1]:
             raise ref.ScorerError(f"the sequence steps are {x.shape[2]} wide, the target q {q.shape[1]}")
         valid = torch.arange(x.shape[1])[None, :] < lengths[:, None]  # [B, T]
@@ -192,11 +273,11 @@ class TiderecModel(nn.Module):
         states = []
         for t in range(steps):
             # One step of nn.GRU on the states of every record, kept where the step is past its end.
-            _, h_new = self.gru(x[:, t : t + 1], h[None])
+            _, h_new = self.part("gru")(x[:, t : t + 1], h[None])
             h = torch.where(valid[:, t, None], h_new[0], h)
             states.append(h)
         keys = (torch.stack(states, dim=1) if states else x) + x
-        scores = torch.einsum("bte,be->bt", keys, self.attention(q))
+        scores = torch.einsum("bte,be->bt", keys, self.part("attention")(q))
         scores = scores.masked_fill(~valid, float("-inf"))
         # A record without history pools to zeros.
         alpha = torch.nan_to_num(torch.softmax(scores, dim=1), nan=0.0)
