@@ -125,7 +125,8 @@ impl MetricsLog {
     }
 
     /// The reports of a run with `settings`, or `None` when it asks for none: a new
-    /// TensorBoard event file, and the metrics log, created, or continued when the run
+    /// TensorBoard event file (the events of earlier runs after `resumed_step` removed first,
+    /// [`EventFile::resume`]), and the metrics log, created, or continued when the run
     /// resumes the checkpoint of step `resumed_step` ([`MetricsLog::resume`]), or appended
     /// to as it is when `resume` (`--resume`) found no checkpoint.
     pub fn for_run(
@@ -140,7 +141,11 @@ impl MetricsLog {
             (None, _) => MetricsLog { file: None, events: None },
         };
         if let Some(dir) = &settings.tensorboard {
-            log.events = Some((EventFile::create(dir)?, online));
+            let events = match resumed_step {
+                Some(step) => EventFile::resume(dir, step)?,
+                None => EventFile::create(dir)?,
+            };
+            log.events = Some((events, online));
         }
         Ok((log.file.is_some() || log.events.is_some()).then_some(log))
     }
