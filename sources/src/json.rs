@@ -21,7 +21,8 @@
 //! `NaN` or `Infinity`: such a record is not JSON.)
 //!
 //! Labels and integers are those of the TSV format: the label is the number
-//! `0` or `1`, and an `I` value an integer that the TSV format's
+//! `0` or `1` as written (`-0`, `0.0` or `1e0` is a [`BadReason::BadLabel`]),
+//! and an `I` value an integer that the TSV format's
 //! [`parse_dense_integer`] reads when written in decimal (at most 18 digits),
 //! so a 19-digit integer is a [`BadReason::BadInteger`] in both.
 //! [`criteo_line_to_json`] writes a TSV label or integer as a JSON number only
@@ -35,7 +36,7 @@ use crate::criteo::{
 use crate::lines::LineFormat;
 use crate::SourceError;
 use simd_json::prelude::*;
-use simd_json::Buffers;
+use simd_json::{Buffers, ValueType};
 use std::cell::RefCell;
 use tiderec_records::bad_record::BadReason;
 use tiderec_records::Batch;
@@ -143,9 +144,12 @@ impl CriteoJsonFormat {
                 continue;
             }
             if key == "label" {
-                label = match v.as_i64() {
-                    Some(0) => Some(0.0f32),
-                    Some(1) => Some(1.0),
+                // The number `0` or `1` as written, like a TSV label: simd-json types an
+                // integer written with a minus sign as signed (`-0` is `I64(0)`, `0` is
+                // `U64(0)`) and one with a fraction or an exponent as a float (`0.0`, `1e0`).
+                label = match (v.value_type(), v.as_u64()) {
+                    (ValueType::U64, Some(0)) => Some(0.0f32),
+                    (ValueType::U64, Some(1)) => Some(1.0),
                     _ => return Err((BadReason::BadLabel, Some(0)).into()),
                 };
             } else if let Some(j) = column(key, b'I', NUM_DENSE) {
@@ -350,6 +354,35 @@ mod tests {
         assert!((b.dense[0] - 6f32.ln()).abs() < 1e-6);
         assert!(b.sparse[0].bag(0).is_empty() && b.sparse[2].bag(0).is_empty());
         assert_eq!(b.sparse[25].bag(0).len(), 1);
+    }
+
+    /// The label is the number `0` or `1` as written: a sign, a fraction or an exponent make
+    /// it another text (`-0`, `0.0`, `1e0`), refused as the TSV format refuses that text, in
+    /// both forms and naming the label's field (0).
+    #[test]
+    fn a_label_is_the_number_0_or_1_as_written() {
+        let (labeled, unlabeled) =
+            (CriteoJsonFormat::new(features()).unwrap(), CriteoJsonFormat::unlabeled(features()).unwrap());
+        let tsv = CriteoFormat::new(features()).unwrap();
+        let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
+        for label in ["-0", "-0.0", "0.0", "1.0", "-1", "1e0", "0e0", "-0e0", "10e-1", "0E1", "true", r#""0""#] {
+            let record = format!(r#"{{"I1": 5, "label": {label}, "C26": "0a"}}"#);
+            for format in [&labeled, &unlabeled] {
+                assert_eq!(format.parse(record.as_bytes(), &mut b), Err((BadReason::BadLabel, Some(0))), "{record}");
+                let refused = format.parse_record(record.as_bytes(), &mut b);
+                assert_eq!(refused, Err(JsonRecordError::Bad(BadReason::BadLabel, Some(0))), "{record}");
+            }
+            let line = tsv_line(label, "4");
+            assert_eq!(tsv.parse(line.as_bytes(), &mut b), Err((BadReason::BadLabel, Some(0))), "{line}");
+        }
+        assert!(b.is_empty(), "a refused record appends nothing");
+        // JSON whitespace around the number is no part of it.
+        for (label, want) in [("0", 0.0), ("1", 1.0), (" 0 ", 0.0), ("\n1\t", 1.0)] {
+            let record = format!(r#"{{"label":{label}, "I1": 5}}"#);
+            labeled.parse(record.as_bytes(), &mut b).unwrap();
+            unlabeled.parse_record(record.as_bytes(), &mut b).unwrap();
+            assert_eq!(b.labels[b.len() - 2..], [want, want], "{record}");
+        }
     }
 
     #[test]
