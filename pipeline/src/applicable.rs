@@ -9,6 +9,7 @@
 use crate::settings::ExchangeChoice;
 use crate::settings::{DecayKind, ModelKind};
 use crate::{PipelineError, TrainSettings};
+use tiderec_operators::spec::FeatureSpec;
 use tiderec_operators::store::StoreKind;
 
 /// The command the settings are for.
@@ -61,6 +62,7 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         // Online records take a spec with `--format csv`, which the stream settings check.
         "spec" if command == For::Online => None,
         "spec" => (!crate::config::reads_spec(data_format)).then(|| crate::config::spec_unread(data_format)),
+        "max_len" => max_len_unread(s, command),
         "samples" => (!matches!(data_format, "synthetic" | "synthetic-behavior"))
             .then(|| "sets the size of the synthetic streams; files are read whole".to_string()),
         "eval_fraction" => {
@@ -116,6 +118,34 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// Why `max_len` does not apply to the data of a run with `s`: the condition of
+/// [`crate::config::reads_max_len`], by which [`TrainSettings::resolve`] refuses a `max_len`
+/// given for data without behaviour sequences or id lists to cut. `online`'s records are
+/// Criteo-shaped (`--format criteo` or `json`) without a spec and read by it with one
+/// (`--format csv`); a spec the data does not read is none (it is refused as `spec`). `None`
+/// as well when the data or the spec cannot be read here: their own errors name them.
+fn max_len_unread(s: &TrainSettings, command: For) -> Option<String> {
+    use crate::config::{reads_max_len, reads_spec, resolve_spec, DataSpec};
+    let data = match command {
+        For::Online if s.data.spec.is_some() => DataSpec::Csv(Vec::new()),
+        For::Online => DataSpec::Criteo(Vec::new()),
+        For::Train => DataSpec::parse("data", &s.data.source).ok()?,
+    };
+    let spec = match (&data, s.data.spec.as_deref()) {
+        (DataSpec::TaobaoAd(_), None) => Some(FeatureSpec::taobao_ad(s.data.buckets, s.data.max_len)),
+        (other, Some(_)) if !reads_spec(other.format()) => None,
+        (_, Some(spec)) => Some(resolve_spec(spec, s.data.buckets, s.data.max_len).ok()?),
+        (_, None) => None,
+    };
+    (!reads_max_len(&data, spec.as_ref())).then(|| {
+        format!(
+            "(--max-len) keeps the most recent items of behaviour sequences and id lists, and this `{}` data has \
+             no sequences (nor lists) to cut",
+            data.format()
+        )
+    })
 }
 
 /// Refuses every setting of `settings` that differs from its default and does not apply (see the module docs).
@@ -257,6 +287,75 @@ mod tests {
                 For::Train,
             );
             assert!(!e.contains("`precision`"), "{model}: {e}");
+        }
+    }
+
+    /// `max_len` is listed for data without behaviour sequences or id lists to cut, on the
+    /// condition on which resolving the settings refuses it, and left alone at its default.
+    #[test]
+    fn max_len_is_listed_for_data_without_sequences_or_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("records.txt");
+        std::fs::write(&file, "").unwrap();
+        let at = |format: &str| format!("{format}:{}", file.display());
+        let cases: [(String, Option<&str>, bool); 10] = [
+            ("synthetic".into(), None, false),
+            (at("criteo"), None, false),
+            (at("avazu"), None, false),
+            (at("csv"), Some("preset:criteo"), false),
+            // A spec the data does not read (refused as `spec`) gives it no lists.
+            (at("criteo"), Some("elm-dien"), false),
+            ("synthetic-behavior".into(), None, true),
+            (at("amazon-dien"), None, true),
+            (at("taobao-ad"), None, true),
+            (at("csv"), Some("preset:taobao_ad"), true),
+            (at("csv"), Some("elm-dien"), true),
+        ];
+        let unused = |s: &TrainSettings| check(s, For::Train).err().map(|e| e.to_string()).unwrap_or_default();
+        for (source, spec, reads) in cases {
+            let settings = |max_len: usize| {
+                let mut s = TrainSettings::default();
+                s.data.source = source.clone();
+                s.data.spec = spec.map(String::from);
+                s.data.max_len = max_len;
+                s
+            };
+            let format = source.split(':').next().unwrap();
+            let e = unused(&settings(7));
+            let why = format!(
+                "`max_len` (--max-len) keeps the most recent items of behaviour sequences and id lists, and this \
+                 `{format}` data has no sequences (nor lists) to cut"
+            );
+            assert_eq!(e.contains(&why), !reads, "{source} {spec:?}: {e}");
+            assert_eq!(e.contains("`max_len`"), !reads, "{source} {spec:?}: {e}");
+            assert!(!unused(&settings(crate::settings::DEFAULT_MAX_LEN)).contains("`max_len`"), "{source}");
+            // The condition of the refusal of resolving the settings (the spec, refused first, left out).
+            let mut s = settings(7);
+            s.data.spec = s.data.spec.filter(|_| crate::config::reads_spec(format));
+            let resolved = s.validate();
+            let refused_there = matches!(&resolved, Err(PipelineError::Config(c)) if c.key == "max_len");
+            assert_eq!(refused_there, !reads, "{source} {spec:?}: {:?}", resolved.err());
+        }
+        // Listed with the other settings the run does not use, all at once.
+        let e = refused(
+            |s| {
+                s.data.max_len = 7;
+                s.store.hot_rows = 5;
+            },
+            For::Train,
+        );
+        assert!(e.contains("settings are given but unused"), "{e}");
+        assert!(e.contains("`max_len` (--max-len) keeps") && e.contains("`hot_rows` applies to --store tiered"), "{e}");
+        // `online`'s records are Criteo-shaped without a spec; with one (`--format csv`), its lists decide.
+        for (spec, reads) in [(None, false), (Some("preset:criteo"), false), (Some("elm-dien"), true)] {
+            let e = refused(
+                |s| {
+                    s.data.spec = spec.map(String::from);
+                    s.data.max_len = 7;
+                },
+                For::Online,
+            );
+            assert_eq!(e.contains("`max_len`"), !reads, "{spec:?}: {e}");
         }
     }
 
