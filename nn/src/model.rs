@@ -60,7 +60,8 @@ pub trait Model<T: Scalar>: Send {
     }
     /// The failure of the model's compute backend since the last call, if any
     /// (a device model's CUDA error; its passes since gave NaN logits and zero
-    /// gradients). Host models never fail. The trainer checks after every step.
+    /// gradients). Host models never fail. The trainer checks right after a step's
+    /// passes, so the step's owners learn of it before they update anything.
     fn take_error(&mut self) -> Option<String> {
         None
     }

@@ -49,6 +49,23 @@ pub enum LrDecay {
     },
 }
 
+impl LrDecay {
+    /// Whether the factor reaches 0 (at the horizon): `linear` and `cosine`.
+    pub fn reaches_zero(&self) -> bool {
+        matches!(self, LrDecay::Linear { .. } | LrDecay::Cosine { .. })
+    }
+
+    /// The decay's name, as a configuration writes its `kind`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LrDecay::None => "none",
+            LrDecay::Linear { .. } => "linear",
+            LrDecay::Cosine { .. } => "cosine",
+            LrDecay::Step { .. } => "step",
+        }
+    }
+}
+
 /// A warm-up and a decay (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LrSchedule {

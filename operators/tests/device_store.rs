@@ -27,12 +27,15 @@ mod common;
 use common::{config, dlrm};
 
 /// The fixed store behind the batched interface; it reports a failure after
-/// `fail_after` batched updates (and its gathers then give zeros).
+/// `fail_after` batched updates, or after `fail_serving_after` batched reads (and its
+/// gathers then give zeros).
 #[derive(Debug)]
 struct HostBacked {
     inner: FixedStore,
     applied: usize,
     fail_after: Option<usize>,
+    served: usize,
+    fail_serving_after: Option<usize>,
     failed: bool,
     reported: bool,
     /// Set by a test: the next read of changed rows fails, and the failure is reported.
@@ -50,6 +53,8 @@ impl HostBacked {
             inner: FixedStore::new(shard),
             applied: 0,
             fail_after,
+            served: 0,
+            fail_serving_after: None,
             failed: false,
             reported: false,
             lose_changes,
@@ -70,6 +75,15 @@ impl EmbeddingStore for HostBacked {
             out.resize(out.len() + ids.len() * self.dim(), 0.0);
         } else {
             self.inner.gather(table, ids, out)
+        }
+    }
+    fn gather_many(&mut self, lookups: &[(usize, &[u64])], out: &mut Vec<f32>) {
+        self.served += 1;
+        if self.fail_serving_after.is_some_and(|n| self.served > n) {
+            self.failed = true;
+        }
+        for &(table, ids) in lookups {
+            self.gather(table, ids, out);
         }
     }
     fn apply(&mut self, table: usize, id: u64, grad: &[f32]) {
@@ -266,6 +280,80 @@ fn a_failing_device_store_fails_its_step_and_stops_every_worker() {
     .unwrap();
     let mut seen = seen.lock().unwrap().clone();
     common::assert_worker_1_failed_in_step_2(&mut seen, "CUDA device 3: an injected failure");
+}
+
+/// Where worker 1's store fails in step 2, if it does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum StoreFailure {
+    None,
+    /// Serving the step's rows (its fifth batched read, two per step).
+    Serving,
+    /// Updating the step's rows (its third batched update).
+    Updating,
+}
+
+/// Two workers, worker 1 with its rows in a store that fails as `failure` says;
+/// every worker stops at its first step that did not train cleanly, as the pipeline
+/// does. Per worker: that step and its outcome as a line, its dense parameters and
+/// checkpoint share, and its training steps.
+fn stop_at_failure(
+    c: &TrainerConfig,
+    failure: StoreFailure,
+    steps: u64,
+) -> Vec<(usize, String, Vec<f32>, WorkerSnapshot, u64)> {
+    let c = c.clone();
+    common::within(60, move || {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let out = seen.clone();
+        timely::execute(timely::Config::process(2), move |worker| {
+            let (me, model) = (worker.index(), c.model.build(c.seed).unwrap());
+            let mut trainer = if me == 1 {
+                let fail_after = (failure == StoreFailure::Updating).then_some(2);
+                let mut store = HostBacked::new(&c, (me, 2), fail_after);
+                store.fail_serving_after = (failure == StoreFailure::Serving).then_some(4);
+                Trainer::with_model_and_store(worker, &c, model, Box::new(store)).unwrap()
+            } else {
+                Trainer::with_model(worker, &c, model).unwrap()
+            };
+            let line = match common::until_first_bad_step(worker, &mut trainer, steps, |s| batch(me, s)) {
+                None => String::new(),
+                Some((s, Ok(stats))) => format!("step {s}: {} failed", stats.failed_workers),
+                Some((s, Err(e))) => {
+                    assert!(matches!(&e, OperatorError::Device { worker: 1, .. }), "{e:?}");
+                    format!("step {s}: error: {e}")
+                }
+            };
+            let (params, part) = (trainer.dense_params().unwrap(), trainer.snapshot().unwrap());
+            out.lock().unwrap().push((me, line, params, part, trainer.train_steps()));
+        })
+        .unwrap();
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort_by_key(|s| s.0);
+        seen
+    })
+}
+
+/// A store that fails serving or updating the rows of step 2 fails that step on every
+/// worker: each returns from it (worker 1 with its device's error, worker 0 told of
+/// one failed worker), none waits for another step. One that failed serving its rows
+/// changed no parameter in it: each worker's dense parameters and checkpoint share
+/// equal those of a run that stopped before it.
+#[test]
+fn a_store_failing_in_a_step_fails_that_step_on_every_worker() {
+    let c = config(dlrm());
+    let clean = stop_at_failure(&c, StoreFailure::None, 2);
+    for failure in [StoreFailure::Serving, StoreFailure::Updating] {
+        let seen = stop_at_failure(&c, failure, 6);
+        assert_eq!(seen[0].1, "step 2: 1 failed", "{failure:?}");
+        let error = "step 2: error: compute device error on worker 1: CUDA device 3: an injected failure";
+        assert_eq!(seen[1].1, error, "{failure:?}");
+        for (s, c) in seen.iter().zip(&clean) {
+            assert_eq!(s.4, 2, "{failure:?}: worker {}: two training steps", s.0);
+            if failure == StoreFailure::Serving {
+                assert_eq!((&s.2, &s.3), (&c.2, &c.3), "worker {}: the failed step updated nothing", s.0);
+            }
+        }
+    }
 }
 
 /// A checkpoint whose rows a store in another memory could not read back fails

@@ -10,6 +10,8 @@ use tiderec_operators::snapshot::WorkerSnapshot;
 use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
 use tiderec_operators::Batch;
 
+mod common;
+
 const GLOBAL_BATCH: usize = 12;
 
 fn config(seed: u64, sparse: SparseOptimizerKind) -> TrainerConfig {
@@ -239,5 +241,53 @@ fn a_restore_between_steps_is_seen_by_every_later_step() {
         let snapshots: Vec<WorkerSnapshot> = seen.iter().map(|(s, _)| s.clone()).collect();
         assert_eq!(merge(&snapshots), merge(&fresh.snapshots), "round {round}: the state after the restore");
         assert_eq!(seen[0].1.to_bits(), fresh.l2.to_bits(), "round {round}: params L2");
+    }
+}
+
+/// A restore in place puts the replicated hot rows back too: after training steps that
+/// update them, a restore of the step-0 checkpoint (whose parts list no row, none
+/// having been trained) leaves every replica as a fresh trainer restored from the same
+/// parts holds it. An evaluation step on the hot ids, then a training step and the
+/// checkpoint after it, are the same bit for bit.
+#[test]
+fn a_restore_in_place_puts_the_replicated_rows_back() {
+    let mut c = common::config(common::dlrm());
+    c.sparse_optimizer = SparseOptimizerKind::RowwiseAdagrad;
+    c.exchange = common::replicated_exchange(&c.table_sizes);
+    let start = Arc::new(Mutex::new(Vec::new()));
+    let (out, config) = (start.clone(), c.clone());
+    timely::execute(timely::Config::process(2), move |worker| {
+        let part = Trainer::new(worker, &config).unwrap().snapshot().unwrap();
+        out.lock().unwrap().push(part);
+    })
+    .unwrap();
+    let parts = Arc::new(std::mem::take(&mut *start.lock().unwrap()));
+    assert!(parts.iter().all(|p| p.tables.iter().all(|t| t.ids.is_empty())), "no row trained at step 0");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let out = seen.clone();
+    timely::execute(timely::Config::process(2), move |worker| {
+        let me = worker.index();
+        let mut trained = Trainer::new(worker, &c).unwrap();
+        for s in 0..3 {
+            trained.step(worker, StepKind::Train, common::batch(me, s, 3)).unwrap();
+        }
+        trained.restore(&parts).unwrap();
+        let mut fresh = Trainer::new(worker, &c).unwrap();
+        fresh.restore(&parts).unwrap();
+        // Every id of both tables, the five hot ones among them.
+        let eval = common::batch(me, 7, 10);
+        let mut runs = Vec::new();
+        for trainer in [&mut trained, &mut fresh] {
+            let loss = trainer.step(worker, StepKind::Eval, eval.clone()).unwrap().loss_sum.to_bits();
+            let probs: Vec<u32> = trainer.take_eval().probs.iter().map(|p| p.to_bits()).collect();
+            trainer.step(worker, StepKind::Train, common::batch(me, 4, 3)).unwrap();
+            runs.push((loss, probs, trainer.snapshot().unwrap()));
+        }
+        out.lock().unwrap().push((me, runs));
+    })
+    .unwrap();
+    for (me, runs) in seen.lock().unwrap().iter() {
+        assert_eq!((runs[0].0, &runs[0].1), (runs[1].0, &runs[1].1), "worker {me}: the evaluation");
+        assert_eq!(runs[0].2, runs[1].2, "worker {me}: the checkpoint after a training step");
     }
 }

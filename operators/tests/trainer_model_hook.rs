@@ -117,6 +117,61 @@ fn a_failing_compute_backend_fails_its_step_and_stops_every_worker() {
     common::assert_worker_1_failed_in_step_2(&mut seen, "CUDA device 7: an injected failure");
 }
 
+/// Worker 1's model fails in step 2 (its third forward); every worker stops at its
+/// first step that did not train cleanly, as the pipeline does. Every worker returns
+/// from that same step (worker 1 with its device's error, worker 0 told of one failed
+/// worker), and the step changed no parameter: each worker's dense parameters and
+/// checkpoint share equal those of a run that stopped before it.
+#[test]
+fn a_failing_compute_backend_fails_the_same_step_everywhere_and_updates_nothing() {
+    let config = config(dlrm());
+    let run = |fail_at: Option<usize>, steps: u64| {
+        let config = config.clone();
+        common::within(60, move || {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let out = seen.clone();
+            timely::execute(timely::Config::process(2), move |worker| {
+                let me = worker.index();
+                let model = config.model.build(config.seed).unwrap();
+                let model: Box<dyn Model<f32>> = match fail_at {
+                    Some(fail_at) if me == 1 => Box::new(FailingBackend {
+                        inner: model,
+                        forwards: 0,
+                        fail_at,
+                        nan: Vec::new(),
+                        reported: false,
+                    }),
+                    _ => model,
+                };
+                let mut trainer = Trainer::with_model(worker, &config, model).unwrap();
+                let line = match common::until_first_bad_step(worker, &mut trainer, steps, |s| batch(me, s)) {
+                    None => String::new(),
+                    Some((s, Ok(stats))) => format!("step {s}: {} failed", stats.failed_workers),
+                    Some((s, Err(e))) => {
+                        let device = matches!(&e, OperatorError::Device { worker: 1, .. });
+                        assert!(device, "{e:?}");
+                        format!("step {s}: error: {e}")
+                    }
+                };
+                let state = (trainer.dense_params().unwrap(), trainer.snapshot().unwrap());
+                out.lock().unwrap().push((me, line, state, trainer.train_steps()));
+            })
+            .unwrap();
+            let mut seen = seen.lock().unwrap().clone();
+            seen.sort_by_key(|s| s.0);
+            seen
+        })
+    };
+    let failed = run(Some(3), 6);
+    assert_eq!(failed[0].1, "step 2: 1 failed");
+    assert_eq!(failed[1].1, "step 2: error: compute device error on worker 1: CUDA device 7: an injected failure");
+    let clean = run(None, 2);
+    for (f, c) in failed.iter().zip(&clean) {
+        assert_eq!(f.2, c.2, "worker {}: the failed step updated nothing", f.0);
+        assert_eq!(f.3, 2, "worker {}: two training steps", f.0);
+    }
+}
+
 /// A model without a partial form (as a device model).
 struct NoPartial(Box<dyn Model<f32>>);
 

@@ -10,6 +10,10 @@
 //!   and equal to what the owner would compute for a sharded row.
 //! * The trainer copies every updated replica back into its owner's store,
 //!   so checkpoints and norms read the store as before.
+//! * A restore puts every replica back to its initial state first
+//!   ([`Replicas::reset`]), then loads those the checkpoint lists, as the
+//!   owner's store does with its rows: a replica then holds what its owner's
+//!   store holds.
 
 use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
 use crate::snapshot::WorkerSnapshot;
@@ -155,6 +159,22 @@ impl Replicas {
         }
         self.scratch.clear();
         std::mem::take(&mut self.order)
+    }
+
+    /// Puts every replica back to its initial row and optimizer state, as [`new`](Self::new)
+    /// made it for `seed` and `table_sizes`, with no gradient pending (before a restore:
+    /// a checkpoint does not list the rows no step had updated before it).
+    pub fn reset(&mut self, seed: u64, table_sizes: &[u64]) {
+        let (d, w) = (self.dim, self.state_width);
+        for (h, &(t, id)) in self.keys.iter().enumerate() {
+            let t = t as usize;
+            let bound = crate::rng::init_bound(table_sizes[t]);
+            crate::store::init_row(seed, t, id, bound, &mut self.rows[h * d..(h + 1) * d]);
+            self.optimizer.init_state(&self.hp, &mut self.state[h * w..(h + 1) * w]);
+        }
+        self.slot.iter_mut().for_each(|s| *s = u32::MAX);
+        self.order.clear();
+        self.scratch.clear();
     }
 
     /// Loads every replicated row (and its state) found in the parts of a checkpoint.

@@ -485,7 +485,9 @@ pub struct StoreParams<'a> {
 /// updates each row as [`EmbeddingStore::apply`] would, in the order given; a
 /// call that fails (the device is lost, say) leaves its results undefined
 /// and records the failure for [`take_error`](Self::take_error), which the
-/// trainer reads after every step, failing the step on every worker. A gather
+/// trainer reads inside the step, after serving a request, after updating the
+/// rows and after reading them for a report, failing that step on every worker
+/// (a failure while serving before any owner updates anything). A gather
 /// that fails still appends its `ids.len() · dim` values (zeros).
 pub trait DeviceStore: EmbeddingStore + std::fmt::Debug {
     /// Applies `grads[k·dim ..][..dim]`, the summed and averaged gradient of

@@ -165,6 +165,43 @@ mod tests {
         assert!(e.contains("lr"), "{e}");
     }
 
+    /// FTRL divides by the sparse learning rate: a decay that reaches 0 is refused naming
+    /// `lr_decay`, with the command line's message; a step decay (never 0) is accepted,
+    /// and so is a decay to 0 under another row optimizer.
+    #[test]
+    fn ftrl_refuses_a_decay_that_reaches_zero() {
+        use crate::schedule::{LrDecay, LrSchedule};
+        let with = |sparse: SparseOptimizerKind, decay: LrDecay| {
+            let schedule = LrSchedule { warmup: 0, decay };
+            let hp = OptimizerParams { schedule, ..OptimizerParams::with_lr(0.05) };
+            TrainerConfig::builder(ModelConfig::Dlrm(DlrmConfig::kaggle()), vec![10; 26])
+                .sparse_optimizer(sparse)
+                .sparse_hp(hp)
+                .build()
+        };
+        let to_zero = [LrDecay::Linear { horizon: 100 }, LrDecay::Cosine { horizon: 100 }];
+        for (sparse, decay) in [SparseOptimizerKind::Ftrl, SparseOptimizerKind::FtrlAdagrad]
+            .into_iter()
+            .flat_map(|s| to_zero.map(|d| (s, d)))
+        {
+            match with(sparse, decay) {
+                Err(OperatorError::Config(e)) => {
+                    assert_eq!(e.key, "lr_decay", "{sparse} {decay:?}");
+                    let reason = format!(
+                        "{sparse} divides each weight's sums by --sparse-lr (FTRL's alpha): a {} decay reaches 0 \
+                         and would make every weight NaN; use `step` decay or none",
+                        decay.name()
+                    );
+                    assert_eq!(e.reason, reason);
+                }
+                other => panic!("{sparse} {decay:?}: {other:?}"),
+            }
+        }
+        assert!(with(SparseOptimizerKind::Ftrl, LrDecay::Step { every: 10, rate: 0.5 }).is_ok());
+        assert!(with(SparseOptimizerKind::Ftrl, LrDecay::None).is_ok());
+        assert!(with(SparseOptimizerKind::RowwiseAdagrad, LrDecay::Linear { horizon: 100 }).is_ok());
+    }
+
     fn fm(deep: Vec<usize>, fm: bool) -> crate::nn::FmConfig {
         crate::nn::FmConfig { num_dense: 13, num_sparse: 26, dim: 8, deep, fm, wide_only: 0 }
     }

@@ -7,6 +7,16 @@
 //! step are in, combines them in sender order and counts the bytes of what it
 //! sends to other workers. Every stage's work is timed on the worker's
 //! [`StepTimes`] clock.
+//!
+//! A worker's failure travels inside the step it happened in, so no worker
+//! needs another step to learn of it: a home whose model failed in its passes
+//! (or whose store failed reading its rows for a report) marks its gradient
+//! messages failed; an owner whose store failed serving rows marks the reply,
+//! and the requester's gradient messages carry the count; either way every
+//! owner learns of it before updating and updates nothing. An owner whose store
+//! fails while updating reports it in its parameter updates. Each owner counts
+//! its own worker at most once, and the gather sums the owners' counts into
+//! [`StepStats::failed_workers`], the same on every worker.
 
 use super::clock::{timed, Stage, StepTimes};
 use super::home::Home;
@@ -77,8 +87,16 @@ pub(super) fn stages<'scope>(
     let s = shared.clone();
     let mut gradients = rendezvous_stage(replies, Stage::ForwardBackward, workers, shared, move |t, replies| {
         let before = s.bytes.borrow().before(t);
-        let owner = s.owner.borrow();
-        s.home.borrow_mut().compute(&mut s.dense.borrow_mut(), replies, owner.rows(), before)
+        let mut messages = {
+            let owner = s.owner.borrow();
+            s.home.borrow_mut().compute(&mut s.dense.borrow_mut(), replies, owner.rows(), before)
+        };
+        // A store in another memory that failed reading its rows for a report fails the
+        // step on this worker, as a failed pass does (`Home::compute`).
+        if s.owner.borrow_mut().check_store() {
+            messages.iter_mut().for_each(|m| m.stats.failed_workers = 1);
+        }
+        messages
     });
 
     // A deep model's partial exchange: owners turn the partial results' gradients into
@@ -219,7 +237,7 @@ fn gather_params<'scope>(
 fn gather(s: &Shared, serve_waker: &Rc<RefCell<Option<Activator>>>, t: u64, updates: Vec<ParamUpdate>) -> StepStats {
     timed(&s.clock, Stage::Gather, || {
         let mut stats = StepStats::default();
-        let mut non_finite = 0;
+        let (mut non_finite, mut failed_workers) = (0, 0);
         let mut dense = s.dense.borrow_mut();
         for u in &updates {
             if !u.values.is_empty() {
@@ -229,8 +247,11 @@ fn gather(s: &Shared, serve_waker: &Rc<RefCell<Option<Activator>>>, t: u64, upda
                 stats = u.stats;
             }
             non_finite += u.stats.non_finite;
+            failed_workers += u.stats.failed_workers;
         }
+        // Each owner counts what it found itself (see `ParamUpdate::stats`).
         stats.non_finite = non_finite;
+        stats.failed_workers = failed_workers;
         s.bytes.borrow_mut().settle(t + 1);
         s.outcome.borrow_mut().complete(t, stats);
         if let Some(waker) = serve_waker.borrow().as_ref() {

@@ -154,7 +154,8 @@ impl Trainer {
     ) -> Result<StepStats, OperatorError> {
         if kind == StepKind::Report {
             self.sync_host()?;
-            return Ok(self.run_dataflow(worker, kind, batch));
+            let stats = self.run_dataflow(worker, kind, batch);
+            return self.dataflow_result(kind, stats);
         }
         let clock = self.shared.clock.clone();
         let score = self.score_train;

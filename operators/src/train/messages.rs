@@ -64,6 +64,10 @@ pub struct LookupReply {
     /// The owner's share of the partial results, `B × width` (`partial` exchange only).
     #[serde(default)]
     pub partial: Vec<f32>,
+    /// The owner's store (in another memory) failed serving these rows, which are then
+    /// zeros: the step fails on every worker.
+    #[serde(default)]
+    pub failed: bool,
 }
 
 routed!(LookupReply, |m| 4 * (m.rows.len() + m.partial.len()) as u64);
@@ -94,6 +98,10 @@ pub struct GradientMessage {
     /// … and their summed gradients, `dim` values each (unnormalised).
     #[serde(default)]
     pub hot_grads: Vec<f32>,
+    /// Replies to the sender whose owner's store failed serving them ([`LookupReply::failed`]):
+    /// then no owner updates anything in the step.
+    #[serde(default)]
+    pub failed_replies: u32,
 }
 
 // A fixed 32 bytes for the header and statistics, and the payload.
@@ -109,7 +117,10 @@ pub struct ParamUpdate {
     pub from: u32,
     /// Receiver.
     pub to: u32,
-    /// Global statistics of the step.
+    /// The step's statistics, summed over the homes' messages, except two counts that
+    /// are this owner's own and that the receiver sums over all owners:
+    /// `non_finite` (this owner found a non-finite value) and `failed_workers` (this
+    /// owner's worker failed in the step: its home, its model or its store).
     pub stats: StepStats,
     /// Offset of the slice in the flat dense buffer.
     pub offset: u64,

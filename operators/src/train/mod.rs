@@ -56,6 +56,10 @@
 //!   reassociation of float sums.
 //! * Gradients travel unnormalised; owners divide by the global batch size,
 //!   which they learn from the same messages.
+//! * A worker's failure is reported in the step it happened in (see
+//!   `dataflow.rs`): its trainer returns the error from that step and every
+//!   other worker sees [`StepStats::failed_workers`] in the same step's
+//!   statistics; no worker runs a step the others do not.
 
 use crate::bad_record::BadReason;
 use crate::batch::Batch;
@@ -172,6 +176,20 @@ impl TrainerConfig {
         self.exchange.validate(&self.model, &self.table_sizes, &self.store)?;
         self.dense_hp.validate("")?;
         self.sparse_hp.validate("sparse_")?;
+        // FTRL divides by its learning rate: a schedule that reaches 0 makes every row inf or NaN.
+        let decay = self.sparse_hp.schedule.decay;
+        let ftrl = matches!(self.sparse_optimizer, SparseOptimizerKind::Ftrl | SparseOptimizerKind::FtrlAdagrad);
+        if ftrl && decay.reaches_zero() {
+            return Err(OperatorError::config(
+                "lr_decay",
+                format!(
+                    "{} divides each weight's sums by --sparse-lr (FTRL's alpha): a {} decay reaches 0 and would make \
+                     every weight NaN; use `step` decay or none",
+                    self.sparse_optimizer,
+                    decay.name()
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -199,8 +217,11 @@ pub struct StepStats {
     pub bytes_sent: u64,
     /// Σ of squares of all parameters (only in `Report` steps).
     pub sum_squares: f64,
-    /// Workers that reported a fatal error in this step (then no parameter was updated in
-    /// it); the imperative trainer's callers stop every worker when it is non-zero.
+    /// Workers that reported a fatal error in this step, each counted once; the imperative
+    /// trainer's callers stop every worker when it is non-zero. A failure found before the
+    /// update (a batch that did not fit, a failed model pass, a store that failed serving
+    /// its rows) leaves every parameter as it was; a store in another memory that failed
+    /// updating its rows leaves them undefined, and the other owners' updates of the step stand.
     pub failed_workers: u64,
     /// Malformed records skipped so far, by [`BadReason::index`](crate::bad_record::BadReason::index) (cumulative).
     pub bad_records: [u64; BadReason::COUNT],
@@ -327,7 +348,7 @@ impl Trainer {
     /// [`DeviceStore`]) instead of the store `config.store` names. The store must
     /// hold every row this worker owns (`shard_of`), each starting as the fixed
     /// store starts it for the seed, under the configured row optimizer; a failure
-    /// it reports after a step fails that step on every worker.
+    /// it reports in a step fails that step on every worker.
     pub fn with_model_and_store(
         worker: &mut Worker,
         config: &TrainerConfig,
@@ -388,7 +409,11 @@ impl Trainer {
     ///
     /// A batch that does not fit the model is an error here and a failed step
     /// for every other worker ([`StepStats::failed_workers`]), so no worker
-    /// waits forever for this one.
+    /// waits forever for this one. So is a failure of this worker's device
+    /// found in the step (its model's backend in the passes, its store serving,
+    /// updating or reporting its rows): [`OperatorError::Device`] here, the same
+    /// step failed on every other worker, and no further step is needed for
+    /// them to learn of it.
     pub fn step(&mut self, worker: &mut Worker, kind: StepKind, batch: Batch) -> Result<StepStats, OperatorError> {
         self.step_then_prepare(worker, kind, batch, || None)
     }
@@ -417,11 +442,18 @@ impl Trainer {
             return Ok(stats);
         }
         let stats = self.run_dataflow(worker, kind, batch);
-        let model_error = self.shared.dense.borrow_mut().model_mut().take_error();
-        let device_error = model_error.or_else(|| self.shared.owner.borrow_mut().take_store_error());
-        if let Some(e) = device_error {
-            self.step_failed(worker);
-            return Err(OperatorError::Device { worker: worker.index(), message: e });
+        self.dataflow_result(kind, stats)
+    }
+
+    /// The result of a step this worker ran through the dataflow: the failure of its
+    /// device (its model's passes or its store) found in that step, which every other
+    /// worker saw in the same step's [`StepStats::failed_workers`], as its error; else
+    /// the statistics.
+    fn dataflow_result(&mut self, kind: StepKind, stats: StepStats) -> Result<StepStats, OperatorError> {
+        let model = self.shared.home.borrow_mut().take_failure();
+        let store = self.shared.owner.borrow_mut().take_failure();
+        if let Some(message) = model.or(store) {
+            return Err(OperatorError::Device { worker: self.shared.dense.borrow().me(), message });
         }
         if kind == StepKind::Train && stats.updates_parameters() {
             self.train_steps += 1;

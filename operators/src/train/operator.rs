@@ -22,7 +22,9 @@
 //! * **A bad batch fails its step everywhere.** A batch that does not fit the model
 //!   (checked before it joins the step's other batches) makes its step a failed one
 //!   for every worker (`failed_workers` in that step's statistics, nothing trained on
-//!   any worker) and its error is kept in the [`TrainHandle`].
+//!   any worker) and its error is kept in the [`TrainHandle`]. So does a failure of
+//!   the worker's model in its passes (a device model's; its loss is then not finite,
+//!   which also ends the steps).
 //! * **Never on a ruined model.** A step that found a non-finite loss, gradient or
 //!   parameter ([`StepStats::non_finite`]) is the last on every worker, and each keeps a
 //!   [`DataflowError::NonFinite`] error.
@@ -129,12 +131,23 @@ impl<'scope> Train<'scope> for StreamVec<'scope, u64, Batch> {
         let errors: Rc<RefCell<Vec<(u64, OperatorError)>>> = Rc::default();
         let commands = commands(self, config.clone(), &shared, errors.clone());
         let stats = dataflow::stages(commands, &shared, deep_partial, workers);
-        let handle =
-            TrainHandle { shared, config: config.clone(), errors, trained: Rc::default(), ruined: Rc::default() };
+        let handle = TrainHandle {
+            shared,
+            config: config.clone(),
+            errors: errors.clone(),
+            trained: Rc::default(),
+            ruined: Rc::default(),
+        };
         let (trained, ruined) = (handle.trained.clone(), handle.ruined.clone());
+        let (home, me) = (handle.shared.home.clone(), scope.index());
         let stats = stats.unary::<CapacityContainerBuilder<Vec<StepStats>>, _, _, _>(Pipeline, "Trained", |_, _| {
             move |input, output| {
                 input.for_each(|cap, data: &mut Vec<StepStats>| {
+                    // A failure of this worker's model in the step (the step failed everywhere).
+                    if let Some(message) = home.borrow_mut().take_failure() {
+                        let t = *cap.least().expect("a message has a time");
+                        errors.borrow_mut().push((t, OperatorError::Device { worker: me, message }));
+                    }
                     *trained.borrow_mut() += data.iter().filter(|s| s.updates_parameters()).count() as u64;
                     if data.iter().any(|s| s.non_finite > 0) && ruined.get().is_none() {
                         ruined.set(Some(*cap.least().expect("a message has a time") + 1));
@@ -307,7 +320,7 @@ impl TrainHandle {
         self.shared.dense.borrow().params().to_vec()
     }
 
-    /// The errors of this worker's batches so far, each with its step (each step failed).
+    /// The errors of this worker's batches and model so far, each with its step (each step failed).
     pub fn take_errors(&self) -> Vec<(u64, OperatorError)> {
         std::mem::take(&mut *self.errors.borrow_mut())
     }

@@ -9,6 +9,13 @@
 //! infinity or NaN among them marks the step non-finite
 //! ([`StepStats::non_finite`]). The rows of a store in another memory
 //! ([`Store::Device`]) are not read back; only their gradients are checked.
+//!
+//! A store in another memory is asked for its failures inside the step: after
+//! serving each request (the reply is then marked failed, and every owner
+//! learns of it from the requester's gradient messages before updating) and
+//! after updating its rows. The first failure is kept for the trainer, and the
+//! owner counts its worker once in its parameter updates' `failed_workers`
+//! when its home or its store failed in the step.
 
 use super::shared::{Dense, LocalRows};
 use super::{GradientMessage, LookupReply, LookupRequest, ParamUpdate, StepKind, StepStats, TrainerConfig};
@@ -80,6 +87,11 @@ pub(super) struct Owner {
     /// The step of the last checkpoint snapshot, which the store's changes count from
     /// (`None` since the owner was built or restored).
     marked: Option<u64>,
+    /// The first failure of a store in another memory found in a step (serving,
+    /// updating or reporting its rows), until the trainer takes it.
+    failure: Option<String>,
+    /// Whether the store failed in the current step (read and cleared by [`apply`](Self::apply)).
+    failed_in_step: bool,
 }
 
 impl Slots {
@@ -153,6 +165,8 @@ impl Owner {
             pgrads: vec![Vec::new(); workers],
             pgrads_ready: false,
             held: Vec::new(),
+            failure: None,
+            failed_in_step: false,
         })
     }
 
@@ -171,12 +185,30 @@ impl Owner {
         self.store.stats()
     }
 
-    /// The first failure of a store in another memory since the last call (see [`DeviceStore`]).
+    /// The first failure of a store in another memory since the last call (see
+    /// [`DeviceStore`]): found in a step, or recorded since (reading rows for a snapshot).
     pub(super) fn take_store_error(&mut self) -> Option<String> {
-        match &mut self.store {
+        self.failure.take().or_else(|| match &mut self.store {
             Store::Device(s) => s.take_error(),
             _ => None,
-        }
+        })
+    }
+
+    /// The failure of a store in another memory found in the last step, if any (that
+    /// step failed on every worker).
+    pub(super) fn take_failure(&mut self) -> Option<String> {
+        self.failure.take()
+    }
+
+    /// Whether a store in another memory recorded a failure since the last check: one
+    /// found in a step makes it this worker's failed step, and the first is kept for the
+    /// trainer ([`take_failure`](Self::take_failure)).
+    pub(super) fn check_store(&mut self) -> bool {
+        let Store::Device(s) = &mut self.store else { return false };
+        let Some(e) = s.take_error() else { return false };
+        self.failure.get_or_insert(e);
+        self.failed_in_step = true;
+        true
     }
 
     /// This worker's share of a checkpoint after `step` training steps: the dense
@@ -260,6 +292,9 @@ impl Owner {
         dense_kind: DenseOptimizerKind,
     ) -> Result<u64, OperatorError> {
         let step = self.set_state(dense, parts, writer, dense_kind, true)?;
+        // The replicas a checkpoint does not list (never trained before it) start as the
+        // store's rows do, not as this owner's training left them.
+        self.replicas.reset(writer.0, writer.1);
         self.replicas.restore(parts);
         Ok(step)
     }
@@ -391,7 +426,9 @@ impl Owner {
         }
         self.pending_rows[from] = partial_rows;
         self.pending_ids[from] = all_ids;
-        let reply = LookupReply { from: request.to, to: request.from, rows, partial };
+        // Its rows are zeros: the reply tells the requester, whose messages tell every owner.
+        let failed = self.check_store();
+        let reply = LookupReply { from: request.to, to: request.from, rows, partial, failed };
         self.pending[from] = request;
         reply
     }
@@ -464,6 +501,7 @@ impl Owner {
                 partial: Vec::new(),
                 hot: Vec::new(),
                 hot_grads: Vec::new(),
+                failed_replies: 0,
             })
             .collect()
     }
@@ -622,12 +660,19 @@ impl Owner {
         for m in messages {
             stats.add(&m.stats);
         }
+        // Whether this owner's worker failed before the update: its home (a batch that did
+        // not fit, a failed pass) or its store serving the step's rows. Every owner sees
+        // every such failure in the homes' messages (a failed serve in the replies' count).
+        let home_failed = messages.iter().any(|m| m.from as usize == me && m.stats.failed_workers > 0);
+        if messages.iter().any(|m| m.failed_replies > 0) {
+            stats.failed_workers = stats.failed_workers.max(1);
+        }
         let slice = dense.own_slice();
         let mut changed = false;
         let is_train = messages.first().is_some_and(|m| m.kind == StepKind::Train);
         // A non-finite loss (the same sum on every owner) leaves every parameter as it was;
         // the step reports it and the caller stops (see `StepStats::non_finite`). So does a
-        // failed worker: a failed step trains nothing on any worker.
+        // failed worker: a step that failed before the update trains nothing on any worker.
         let loss_finite = stats.loss_sum.is_finite();
         stats.non_finite = 0;
         if is_train && stats.samples > 0 && !loss_finite {
@@ -652,6 +697,9 @@ impl Owner {
             let replicas_finite = self.replicas.is_empty() || self.apply_replicas(messages, scale, (me, w, d));
             self.train_steps += 1;
             self.store.end_step(self.train_steps);
+            // A store in another memory that failed updating its rows fails the step on this
+            // worker (below); the other owners' updates of the step stand.
+            self.check_store();
             // Dense slice: reduce in worker order block by block, averaging inside the optimizer.
             // This worker's own part is read in place from its model's gradients.
             let (params, grads) = dense.model_mut().params_and_grads();
@@ -667,6 +715,9 @@ impl Owner {
             changed = true;
         }
         self.pgrads_ready = false;
+        // This owner's worker is counted once among the step's failed workers (the gather
+        // sums the owners' counts), whichever of its parts failed.
+        stats.failed_workers = u64::from(home_failed || std::mem::take(&mut self.failed_in_step));
         for m in messages {
             eval.extend_from(&m.eval);
         }

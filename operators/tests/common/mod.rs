@@ -6,7 +6,7 @@
 use tiderec_operators::exchange::{ExchangeConfig, TableExchange};
 use tiderec_operators::nn::{DlrmConfig, ModelConfig};
 use tiderec_operators::optim::{DenseOptimizerKind, OptimizerParams, SparseOptimizerKind};
-use tiderec_operators::train::{StepKind, Trainer, TrainerConfig};
+use tiderec_operators::train::{StepKind, StepStats, Trainer, TrainerConfig};
 use tiderec_operators::{Batch, OperatorError};
 
 /// `model` with 10-row tables, Adam on the dense weights and SGD on the rows.
@@ -83,6 +83,39 @@ pub fn first_failure(
     None
 }
 
+/// Trains `trainer` on `batch(s)` for steps `0..steps` and stops after the first step
+/// that did not train cleanly, as the pipeline's loops do: an error on this worker, or
+/// statistics with a failed worker or a non-finite value. That step and its result, or
+/// `None` when every step trained.
+pub fn until_first_bad_step(
+    worker: &mut timely::worker::Worker,
+    trainer: &mut Trainer,
+    steps: u64,
+    batch: impl Fn(u64) -> Batch,
+) -> Option<(u64, Result<StepStats, OperatorError>)> {
+    for s in 0..steps {
+        match trainer.step(worker, StepKind::Train, batch(s)) {
+            Ok(stats) if stats.failed_workers == 0 && stats.non_finite == 0 => {}
+            other => return Some((s, other)),
+        }
+    }
+    None
+}
+
+/// Runs `f` on a thread of its own and returns its result; panics when it has not
+/// returned within `secs` seconds (workers waiting for each other forever).
+pub fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(out) => out,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("no result within {secs} s: the workers hang"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the run panicked"),
+    }
+}
+
 /// [`first_failure`] as one line (`step S: N failed`, `step S: error: E`, or empty),
 /// an error first checked by `expected`.
 pub fn failure_line(
@@ -99,12 +132,12 @@ pub fn failure_line(
     }
 }
 
-/// Two workers' lines of [`failure_line`] when worker 1's compute backend failed in
-/// step 2 with `message`: the error there, and worker 0 told in step 3.
+/// Two workers' lines of [`failure_line`] when worker 1's device failed in step 2 with
+/// `message`: the error there, and worker 0 told in the same step.
 pub fn assert_worker_1_failed_in_step_2(seen: &mut [(usize, String)], message: &str) {
     seen.sort();
     assert_eq!(seen[1], (1, format!("step 2: error: compute device error on worker 1: {message}")), "{seen:?}");
-    assert_eq!(seen[0], (0, "step 3: 1 failed".into()), "{seen:?}");
+    assert_eq!(seen[0], (0, "step 2: 1 failed".into()), "{seen:?}");
 }
 
 /// `fields` sparse fields exchanging rows, but those in `partial`, which

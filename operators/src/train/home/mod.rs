@@ -101,6 +101,9 @@ pub(super) struct Home {
     shares: DeepShares<f32>,
     /// Ids travel in four bytes (every table has at most 2³² rows).
     narrow_ids: bool,
+    /// The first failure of the model's backend found in a step's passes, until the
+    /// trainer takes it ([`take_failure`](Self::take_failure)).
+    failure: Option<String>,
 }
 
 impl Home {
@@ -140,7 +143,14 @@ impl Home {
             dwt: Vec::new(),
             shares: DeepShares::default(),
             narrow_ids: narrow_ids(&config.table_sizes),
+            failure: None,
         }
+    }
+
+    /// The failure of the model's backend found in the last step's passes, if any
+    /// (that step failed on every worker).
+    pub(super) fn take_failure(&mut self) -> Option<String> {
+        self.failure.take()
     }
 
     /// De-duplicates the command's ids per table and builds one request per
@@ -325,10 +335,12 @@ impl Home {
                 partial: Vec::new(),
                 hot: Vec::new(),
                 hot_grads: Vec::new(),
+                failed_replies: 0,
             })
             .collect();
         let batch = &command.batch;
         let b = batch.len();
+        let failed_replies = replies.iter().filter(|r| r.failed).count() as u32;
         let mut stats = StepStats {
             samples: b as u64,
             bytes_sent,
@@ -410,8 +422,16 @@ impl Home {
                 }
             }
         }
+        // A failure of the model's backend in this step's passes (its logits are NaN, its
+        // gradients zero) is this worker's failure in the step: every owner sees it in
+        // these messages and updates nothing.
+        if let Some(e) = dense.model_mut().take_error() {
+            self.failure.get_or_insert(e);
+            stats.failed_workers = 1;
+        }
         for m in messages.iter_mut() {
             m.stats = stats;
+            m.failed_replies = failed_replies;
         }
         messages
     }
