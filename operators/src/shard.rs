@@ -200,6 +200,7 @@ impl EmbeddingShard {
 
     /// [`apply`](Self::apply), and whether the updated row and its optimizer state are
     /// all finite (checked while they are in L1; the values written are `apply`'s).
+    #[inline]
     pub fn apply_finite(&mut self, table: usize, id: u64, grad: &[f32]) -> bool {
         let (optimizer, hp) = (self.optimizer, self.hp);
         let (row, state) = self.row_and_state(table, id);
