@@ -13,6 +13,35 @@
 //! partition); the other processes learn of it from the heartbeats
 //! ([`crate::cluster::liveness`]) and end naming the process. A run never hangs on a
 //! failed reader.
+//!
+//! Dead letters: each process writes its own file (`--dead-letters`, suffixed
+//! `.p<process>` when the run has several processes). Every checkpoint records in
+//! `dead_letter_bytes` the durable length of each dead-letter file of its lineage (the run
+//! that wrote it and the runs it resumed from), keyed by [`file_key`]: the file's absolute
+//! path on the machine, the symbolic links, `.` and `..` of its directory resolved, so
+//! `dead.tsv`, `./dead.tsv` and `$PWD/dead.tsv` are one file. A relative `--dead-letters`
+//! is taken from each process's working directory: a run resumed from another directory
+//! writes another file, and the one the checkpoint lists stays one of the lineage's. On
+//! resume ([`open_dead_letters`]), with the entries of the resumed checkpoint:
+//!
+//! * a file this run writes that the checkpoint lists is cut back to its recorded length
+//!   and continued (records after the checkpoint's offsets are read again and appended);
+//! * every other listed file found on this machine is cut back to its recorded length and
+//!   not written; its entry is carried into every checkpoint this run writes, so that a
+//!   later run writing it again continues it;
+//! * a listed file shorter than recorded is left as it is, with a warning naming it (lines
+//!   of it were lost); a listed file is never truncated below its entry, and no file is
+//!   removed;
+//! * a file this run writes that the checkpoint does not list (nor, its entries being
+//!   carried, any checkpoint of the lineage) is started afresh at its first record.
+//!
+//! Invariant: after any sequence of kills and resumes from checkpoints, with any process
+//! counts and any spelling of `--dead-letters`, once the last run has ended the union of
+//! the dead-letter files holds each malformed record it read exactly once, as an
+//! undisturbed run's file does. (A killed run's files may also hold records after its last
+//! checkpoint until a resume cuts them. `--new-data` starts the dead letters afresh and
+//! carries no entry. Files are cut on the machines the resumed run's processes run on; a
+//! run that found no checkpoint to resume from starts afresh and lists no earlier file.)
 
 use super::prequential::PrequentialWindow;
 use super::{OnlineSettings, OnlineSummary, RecordFormat};
@@ -28,7 +57,8 @@ use crate::progress::Progress;
 use crate::run::{checkpoint_setup, dead_letters_path, lock_checkpoint_dir, restore_shared, trainer_config};
 use crate::PipelineError;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -74,7 +104,7 @@ struct Shared {
     resume_pending: AtomicUsize,
     stop: Arc<AtomicBool>,
     metrics: Arc<LiveMetrics>,
-    dead_letters: SharedDeadLetters,
+    dead_letters: DeadLetters,
     /// This process in its cluster (the last finished step, for a lost-peer error).
     cluster: Cluster,
 }
@@ -153,7 +183,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     }
     crate::device::Devices::for_workers(&s.cluster.device, s.cluster.workers)?.preflight(&trainer)?;
     // Under --new-data the dead letters start afresh, as the data does.
-    let dead_letters = continued_dead_letters(s, resume.as_ref().filter(|_| !s.checkpoints.new_data))?;
+    let dead_letters = open_dead_letters(s, resume.as_ref().filter(|_| !s.checkpoints.new_data))?;
     let shared = Arc::new(Shared {
         settings: settings.clone(),
         resolved: resolved.clone(),
@@ -176,7 +206,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         move |worker| worker_main(worker, &ctx),
     )?;
     let outcome = crate::cluster::join(&shared.cluster, guards);
-    shared.dead_letters.lock().finish()?;
+    shared.dead_letters.sink.lock().finish()?;
     let mut summary = outcome?;
     if let Some(s) = summary.as_mut() {
         s.workers = workers_total;
@@ -206,22 +236,132 @@ fn check_topic(found: &Checkpoint, topic: &str, new_data: bool) -> Result<(), Pi
     ))
 }
 
-/// This process's dead-letter file: continued where the resumed checkpoint counted it
-/// (the records dead-lettered before its offsets kept, those after them, read again,
-/// dropped), else started afresh at the first bad record.
-fn continued_dead_letters(
+/// This process's dead-letter file, its key in the checkpoints, and the entries of the
+/// lineage's other dead-letter files (see the module docs).
+struct DeadLetters {
+    /// This process's file.
+    sink: SharedDeadLetters,
+    /// This process's file in `dead_letter_bytes`: its [`file_key`].
+    key: String,
+    /// The resumed checkpoint's entries of the files no process of this run writes,
+    /// written into every checkpoint of this run.
+    carried: BTreeMap<String, u64>,
+}
+
+/// A dead-letter file's key in a checkpoint's `dead_letter_bytes`: its absolute path on
+/// this machine (a relative `path` is taken from the working directory), with the symbolic
+/// links, `.` and `..` of its directory resolved, and its name as given. Where the
+/// directory does not exist, `.` and `..` are resolved lexically. Idempotent: the key of a
+/// key is itself, so a key a checkpoint recorded and the path it names give the same key
+/// (as does a relative path an older checkpoint recorded, taken from the working
+/// directory).
+fn file_key(path: &Path) -> String {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let resolved = match (absolute.parent(), absolute.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir).ok().map(|dir| dir.join(name)),
+        _ => None,
+    };
+    resolved.unwrap_or_else(|| lexically_normal(&absolute)).display().to_string()
+}
+
+/// `path` without its `.` components and with each `..` removing the component before it.
+fn lexically_normal(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push(c);
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// The dead-letter files of every process of this run, by [`file_key`].
+fn files_of_run(s: &crate::settings::TrainSettings) -> BTreeSet<String> {
+    (0..s.cluster.processes.max(1))
+        .map(|process| {
+            let mut of_process = s.clone();
+            of_process.cluster.process = process;
+            file_key(&dead_letters_path(&of_process))
+        })
+        .collect()
+}
+
+/// This process's dead letters in a run resuming `resume` (`None`: a fresh run, or one
+/// under `--new-data`): its own file continued where the checkpoint counted it (the
+/// records dead-lettered before its offsets kept, those after them, read again, cut), or
+/// started afresh at the first bad record where the checkpoint lists none; and every other
+/// file the checkpoint lists, found on this machine, cut back to its count and carried
+/// into this run's checkpoints (see the module docs). Every process cuts the files no
+/// process of the run writes (cutting to the same length twice changes nothing); only its
+/// own of the run's files.
+fn open_dead_letters(
     s: &crate::settings::TrainSettings,
     resume: Option<&Checkpoint>,
-) -> Result<SharedDeadLetters, PipelineError> {
+) -> Result<DeadLetters, PipelineError> {
     let path = dead_letters_path(s);
-    let dead_letters = SharedDeadLetters::file(&path);
-    let kept = resume.and_then(|c| c.manifest.data_position.dead_letter_bytes.get(&path.display().to_string()));
-    if let Some(&kept) = kept {
-        if let Some(warning) = dead_letters.lock().continue_at(kept)? {
+    let key = file_key(&path);
+    let sink = SharedDeadLetters::file(&path);
+    let mut listed: BTreeMap<String, u64> = BTreeMap::new();
+    for (file, &len) in resume.map(|c| &c.manifest.data_position.dead_letter_bytes).into_iter().flatten() {
+        listed.insert(file_key(Path::new(file)), len);
+    }
+    if let Some(&kept) = listed.get(&key) {
+        if let Some(warning) = sink.lock().continue_at(kept)? {
             eprintln!("warning: {warning}");
         }
     }
-    Ok(dead_letters)
+    let written = files_of_run(s);
+    listed.retain(|file, _| !written.contains(file));
+    for (file, &kept) in &listed {
+        if let Some(warning) = cut_back(Path::new(file), kept)? {
+            eprintln!("warning: {warning}");
+        }
+    }
+    Ok(DeadLetters { sink, key, carried: listed })
+}
+
+/// Cuts the dead-letter file at `path`, which no process of this run writes, back to the
+/// `kept` bytes a checkpoint counted (the records after them are read again, and
+/// dead-lettered again in this run's files). A file shorter than `kept` is left as it is,
+/// and one missing is not created: the returned warning names it. Only a regular file is
+/// cut (not a device or a pipe).
+fn cut_back(path: &Path, kept: u64) -> Result<Option<String>, PipelineError> {
+    let named = |source| tiderec_sinks::SinkError::Io { path: path.display().to_string(), source };
+    let found = match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(_) => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((kept > 0).then(|| {
+                format!(
+                    "the checkpoint counts {kept} bytes of the dead-letter file {}, which is not on this machine \
+                     (written on another one, or removed): its records are not in this machine's dead-letter files",
+                    path.display()
+                )
+            }));
+        }
+        Err(e) => return Err(named(e).into()),
+    };
+    if found < kept {
+        return Ok(Some(format!(
+            "the dead-letter file {} holds {found} bytes, the checkpoint counted {kept}: lines of it were lost since; \
+             it is left as it is",
+            path.display()
+        )));
+    }
+    if found > kept {
+        let cut = std::fs::OpenOptions::new().write(true).open(path).and_then(|f| {
+            f.set_len(kept)?;
+            f.sync_all()
+        });
+        cut.map_err(named)?;
+    }
+    Ok(None)
 }
 
 fn record_format(settings: &OnlineSettings, resolved: &Resolved) -> Result<Box<dyn LineFormat>, PipelineError> {
@@ -384,7 +524,7 @@ impl<'a> OnlineRun<'a> {
             .map(|c| c.manifest.clone());
         let resumed_manifest = resumed.clone();
         let (reader, format) = open_partitions(worker, ctx, &mut votes, resumed.as_ref())?;
-        let dead_letters = ctx.dead_letters.clone();
+        let dead_letters = ctx.dead_letters.sink.clone();
 
         let (mut steps, mut samples, mut loss_total) = (0u64, 0u64, 0.0f64);
         let mut loss_window: VecDeque<(f64, u64)> = VecDeque::with_capacity(LOSS_WINDOW);
@@ -677,7 +817,7 @@ impl<'a> OnlineRun<'a> {
             &mut self.checkpointer,
             &mut self.offsets_channel,
             &self.trainer,
-            (&self.reader, &self.dead_letters),
+            (&self.reader, &self.ctx.dead_letters),
             position_at((self.steps, self.samples, self.budget_from.0), self.loss_total, &self.loss_window, &bad),
         )
     }
@@ -813,7 +953,8 @@ fn budget_from(resumed: Option<&Manifest>, new_data: bool) -> (u64, ReasonCounts
 type OffsetEntry = (String, i64, Option<u64>);
 
 /// What a worker contributes to a checkpoint's position: its partitions' entries, and
-/// its process's dead-letter file with the file's durable length, or why that failed.
+/// its process's dead-letter file (its [`file_key`]) with the file's durable length, or
+/// why that failed.
 type Cut = (Vec<OffsetEntry>, Result<(String, u64), String>);
 
 /// Where the checkpoint's `position` left partition `p` of `topic`.
@@ -824,23 +965,26 @@ fn resume_of(position: &DataPosition, topic: &str, p: i32) -> Option<Resume> {
     Some(Resume { next, last_record })
 }
 
-/// Begins a checkpoint of this step with every partition's next offset
-/// (written in the background; see [`commit_durable`]). Collective.
+/// Begins a checkpoint of this step with every partition's next offset and the length of
+/// every dead-letter file of the lineage: those of this run's processes, and those carried
+/// from the resumed checkpoint (written in the background; see [`commit_durable`]).
+/// Collective.
 fn write_checkpoint(
     worker: &mut timely::worker::Worker,
     checkpointer: &mut Checkpointer,
     offsets_channel: &mut Collective<Cut>,
     trainer: &Trainer,
-    (reader, dead_letters): (&PartitionReader, &SharedDeadLetters),
+    (reader, dead_letters): (&PartitionReader, &DeadLetters),
     mut position: Position,
 ) -> Result<(), PipelineError> {
     // Every record of this step was read (and dead-lettered) before the step, and no
     // worker reads the next one before this gather: the lengths are those at the cut.
     let dead = {
-        let mut file = dead_letters.lock();
-        let name = file.path().display().to_string();
-        file.durable_len().map(|len| (name, len)).map_err(|e| e.to_string())
+        let mut file = dead_letters.sink.lock();
+        file.durable_len().map(|len| (dead_letters.key.clone(), len)).map_err(|e| e.to_string())
     };
+    // The lineage's files no process of this run writes keep their entries.
+    position.dead_letter_bytes.extend(dead_letters.carried.iter().map(|(file, &len)| (file.clone(), len)));
     // A failure on any process fails every worker here, before the collective write.
     let mut failed = None;
     for (entries, dead) in offsets_channel.all_gather(worker, (reader.offset_entries(), dead)) {
@@ -883,5 +1027,58 @@ fn commit_durable(me: usize, checkpointer: &mut Checkpointer, reader: &Partition
     }
     if let Err(e) = reader.commit(&offsets) {
         eprintln!("warning: {e} (monitoring only; the checkpoint holds the offsets)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every spelling of one file has one key: relative or absolute, with `.`, `..` or a
+    /// symbolic link in its directory, and a key is its own key; where the directory does
+    /// not exist, `.` and `..` are resolved lexically.
+    #[test]
+    fn a_file_has_one_key_whatever_its_spelling() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = std::fs::canonicalize(tmp.path()).unwrap();
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        let key = file_key(&dir.join("dead.tsv"));
+        assert_eq!(key, dir.join("dead.tsv").display().to_string());
+        for spelled in [dir.join(".").join("dead.tsv"), dir.join("sub").join("..").join("dead.tsv")] {
+            assert_eq!(file_key(&spelled), key, "{}", spelled.display());
+        }
+        assert_eq!(file_key(Path::new(&key)), key);
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&dir, dir.join("sub").join("link")).unwrap();
+            assert_eq!(file_key(&dir.join("sub").join("link").join("dead.tsv")), key);
+        }
+        let missing = dir.join("missing").join(".").join("..").join("dead.tsv");
+        assert_eq!(file_key(&missing), key);
+        let cwd = std::env::current_dir().unwrap();
+        for relative in ["dead.tsv", "./dead.tsv"] {
+            assert_eq!(file_key(Path::new(relative)), file_key(&cwd.join("dead.tsv")), "{relative}");
+        }
+        assert_ne!(file_key(&dir.join("dead.tsv.p0")), key);
+    }
+
+    /// A listed file no process writes is cut back to the checkpoint's count; one shorter,
+    /// or missing, is left as it is (a missing one not created) with a warning naming it.
+    #[test]
+    fn a_file_of_the_lineage_is_cut_back_never_below_its_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dead.tsv.p1");
+        std::fs::write(&path, "kept 1\nkept 2\nread again\n").unwrap();
+        assert_eq!(cut_back(&path, 14).unwrap(), None);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept 1\nkept 2\n");
+        assert_eq!(cut_back(&path, 14).unwrap(), None, "cutting again changes nothing");
+        let warning = cut_back(&path, 100).unwrap().expect("a warning");
+        assert!(warning.contains("dead.tsv.p1") && warning.contains("lost"), "{warning}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept 1\nkept 2\n", "left as it is");
+        let missing = dir.path().join("dead.tsv.p2");
+        let warning = cut_back(&missing, 7).unwrap().expect("a warning");
+        assert!(warning.contains("dead.tsv.p2"), "{warning}");
+        assert_eq!(cut_back(&missing, 0).unwrap(), None);
+        assert!(!missing.exists());
     }
 }

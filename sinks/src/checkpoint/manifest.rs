@@ -113,10 +113,12 @@ pub struct DataPosition {
     /// generated data, Kafka, and checkpoints written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shuffle: Option<String>,
-    /// Dead-letter file (as the run named it) → its length in bytes at the checkpoint,
-    /// for a Kafka source: the records dead-lettered before the offsets, made durable
-    /// with the checkpoint. A resumed run keeps those bytes and drops the rest (records
-    /// after the offsets, read again). Empty for files and older checkpoints.
+    /// Dead-letter file (its absolute path on the machine, links resolved; older
+    /// checkpoints hold the name the run was given) → its length in bytes at the
+    /// checkpoint, for a Kafka source: the records dead-lettered before the offsets, made
+    /// durable with the checkpoint. It lists the files of every earlier run of the
+    /// lineage, not only those this run wrote. A resumed run keeps those bytes of each
+    /// and drops the rest (records after the offsets, read again). Empty for files.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub dead_letter_bytes: BTreeMap<String, u64>,
 }
