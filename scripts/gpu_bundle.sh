@@ -76,6 +76,7 @@ done
 # short `bench kernels`, step 3h's command), so a changed field fails here, not on the GPU machine.
 bash -n "$DIR/run"
 KERNELS_JSON="$(mktemp)"
+trap 'rm -f "$KERNELS_JSON"' EXIT
 "$DIR/tiderec" bench kernels --rows 16 --rounds 1 --seconds 0.002 --json >"$KERNELS_JSON"
 LINE="$(python3 "$DIR/scripts/gpu_report.py" --cpu-kernels "$KERNELS_JSON")"
 rm -f "$KERNELS_JSON"

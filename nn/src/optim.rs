@@ -117,6 +117,19 @@ impl FromStr for SparseOptimizerKind {
     }
 }
 
+impl SparseOptimizerKind {
+    /// Why this optimizer refuses a learning-rate decay that reaches 0 (`decay`, by name),
+    /// or `None` when it takes one: FTRL divides each weight's sums by its learning rate.
+    pub fn refuses_decay_to_zero(self, decay: &str) -> Option<String> {
+        matches!(self, Self::Ftrl | Self::FtrlAdagrad).then(|| {
+            format!(
+                "{self} divides each weight's sums by --sparse-lr (FTRL's alpha): a {decay} decay reaches 0 and \
+                 would make every weight NaN; use `step` decay or none"
+            )
+        })
+    }
+}
+
 impl std::fmt::Display for SparseOptimizerKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

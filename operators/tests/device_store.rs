@@ -4,8 +4,8 @@
 //! tested is the trainer's side: any mix of such workers and plain ones trains
 //! bit for bit as plain workers do (losses, parameters, checkpoints, a restore
 //! from one to the other, the single-sender and the summing update paths), and
-//! a failure the store reports after a step fails that step on its worker and
-//! stops every other. The tiered store with its hot tier in another memory
+//! a failure the store reports inside a step fails that step on its worker and
+//! on every other. The tiered store with its hot tier in another memory
 //! (`OffloadedTieredStore`, here over `HostHotTier`) trains as plain tiered
 //! workers do, checkpoints included.
 

@@ -127,25 +127,19 @@ fn needs(key: &str, s: &TrainSettings, command: For) -> Option<String> {
 /// (`--format csv`); a spec the data does not read is none (it is refused as `spec`). `None`
 /// as well when the data or the spec cannot be read here: their own errors name them.
 fn max_len_unread(s: &TrainSettings, command: For) -> Option<String> {
-    use crate::config::{reads_max_len, reads_spec, resolve_spec, DataSpec};
+    use crate::config::{max_len_reason, reads_max_len, reads_spec, resolve_spec, DataSpec};
     let data = match command {
         For::Online if s.data.spec.is_some() => DataSpec::Csv(Vec::new()),
         For::Online => DataSpec::Criteo(Vec::new()),
         For::Train => DataSpec::parse("data", &s.data.source).ok()?,
     };
+    // `taobao-ad` data reads its preset's lists with or without a spec (`reads_max_len`).
     let spec = match (&data, s.data.spec.as_deref()) {
-        (DataSpec::TaobaoAd(_), None) => Some(FeatureSpec::taobao_ad(s.data.buckets, s.data.max_len)),
         (other, Some(_)) if !reads_spec(other.format()) => None,
         (_, Some(spec)) => Some(resolve_spec(spec, s.data.buckets, s.data.max_len).ok()?),
         (_, None) => None,
     };
-    (!reads_max_len(&data, spec.as_ref())).then(|| {
-        format!(
-            "(--max-len) keeps the most recent items of behaviour sequences and id lists, and this `{}` data has \
-             no sequences (nor lists) to cut",
-            data.format()
-        )
-    })
+    (!reads_max_len(&data, spec.as_ref())).then(|| format!("(--max-len) {}", max_len_reason(data.format())))
 }
 
 /// Refuses every setting of `settings` that differs from its default and does not apply (see the module docs).

@@ -234,9 +234,15 @@ pub fn reads_max_len(data: &DataSpec, spec: Option<&FeatureSpec>) -> bool {
 
 /// Why `--max-len` does not apply to data of `format`.
 pub fn max_len_unread(format: &str) -> String {
+    format!("--max-len {}; remove it", max_len_reason(format))
+}
+
+/// What `max_len` does, and why data of `format` gives it nothing to do (the words of
+/// [`max_len_unread`], and of the settings a run lists as unused).
+pub fn max_len_reason(format: &str) -> String {
     format!(
-        "--max-len keeps the most recent items of behaviour sequences and id lists, and this `{format}` data \
-         has no sequences (nor lists) to cut; remove it"
+        "keeps the most recent items of behaviour sequences and id lists, and this `{format}` data has no \
+         sequences (nor lists) to cut"
     )
 }
 

@@ -186,26 +186,13 @@ impl FeaturePipeline {
             fields: fields.clone(),
         });
         let dense = match &resolved.data {
-            DataSpec::Criteo(_) => (1..=13)
-                .map(|i| DenseTransform { name: format!("I{i}"), transform: "log1p(max(x, 0)); empty = 0".into() })
-                .collect(),
             DataSpec::Synthetic => {
                 (1..=13).map(|i| DenseTransform { name: format!("I{i}"), transform: "generated".into() }).collect()
-            }
-            DataSpec::Avazu(_) => {
-                vec![DenseTransform { name: "hour".into(), transform: "hour of day (YYMMDDHH) / 23".into() }]
             }
             DataSpec::Csv(_) | DataSpec::TaobaoAd(_) => {
                 spec.as_ref().map(|s| dense_of_spec(&s.fields)).unwrap_or_default()
             }
-            DataSpec::Parquet(p) => {
-                p.0.description()
-                    .dense
-                    .iter()
-                    .map(|n| DenseTransform { name: n.clone(), transform: "as stored".into() })
-                    .collect()
-            }
-            DataSpec::AmazonDien(_) | DataSpec::TaobaoBehavior(_) | DataSpec::SyntheticBehavior => Vec::new(),
+            other => assumed_dense(other),
         };
         let behavior = matches!(
             resolved.data,

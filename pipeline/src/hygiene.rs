@@ -45,15 +45,8 @@ pub fn validate(s: &TrainSettings) -> Result<(), PipelineError> {
         ));
     }
     let to_zero = matches!(s.optimizer.lr_decay, DecayKind::Linear | DecayKind::Cosine);
-    if to_zero && matches!(sparse, SparseOptimizerKind::Ftrl | SparseOptimizerKind::FtrlAdagrad) {
-        return Err(PipelineError::config(
-            "lr_decay",
-            format!(
-                "{} divides each weight's sums by --sparse-lr (FTRL's alpha): a {} decay reaches 0 and would make \
-                 every weight NaN; use `step` decay or none",
-                s.optimizer.sparse, s.optimizer.lr_decay
-            ),
-        ));
+    if let Some(why) = sparse.refuses_decay_to_zero(&s.optimizer.lr_decay.to_string()).filter(|_| to_zero) {
+        return Err(PipelineError::config("lr_decay", why));
     }
     let has_eval = s.data.eval.is_some() || s.data.eval_fraction > 0.0;
     for (key, set) in [("early_stop", s.run.early_stop.is_some()), ("eval_every", s.run.eval_every.is_some())] {

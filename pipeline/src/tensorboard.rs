@@ -9,7 +9,8 @@
 //!
 //! Invariants:
 //! * Each run writes a file of its own, `events.out.tfevents.<seconds>.<host>.<pid>.<n>.tiderec`,
-//!   created new in `DIR` (made if missing): nothing of an earlier run is overwritten, and
+//!   created new in `DIR` (made if missing): a fresh run overwrites nothing of an earlier
+//!   run, a resumed one only cuts their events after its checkpoint (below), and
 //!   TensorBoard shows a resumed run's events after the interrupted run's.
 //! * Every event is flushed when written, so a reader sees each complete record of a run
 //!   still in progress.

@@ -8,28 +8,13 @@
 
 mod common;
 
-use common::{run_ok, shared_data, skip, tiderec};
+use common::{run_ok, scorer_python_ready, script, shared_data, skip, tiderec};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn scorer() -> PathBuf {
     script("reference_scorer.py")
-}
-
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(name)
-}
-
-/// Whether `python3` with NumPy, safetensors and PyTorch is here (a note, or a failure
-/// under CI, when not).
-fn python_ready() -> bool {
-    let import = "import numpy, safetensors, torch";
-    let ok = Command::new("python3").args(["-c", import]).output().is_ok_and(|o| o.status.success());
-    if !ok {
-        skip::cannot_run("python3 with numpy, safetensors and torch not found (scripts/prerequisites.py install)");
-    }
-    ok
 }
 
 /// `tiderec predict`'s rows for the Criteo records of `file` (malformed ones dead-lettered).
@@ -170,7 +155,7 @@ fn model_json(dir: &Path) -> serde_json::Value {
 #[test]
 fn the_reference_scorer_matches_the_library_for_every_model_kind() {
     let Some(train) = shared_data("criteo/sample.train") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -285,7 +270,7 @@ fn unlabeled_records_score_like_predict(ckpt: &Path, serve: &Path, dir: &Path) {
 /// message naming why, not scored wrongly: a malformed model.json version.
 #[test]
 fn the_reference_scorer_refuses_an_unknown_format_version() {
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -304,7 +289,7 @@ fn the_reference_scorer_refuses_an_unknown_format_version() {
 #[test]
 fn the_reference_scorer_rebuilds_the_feature_crosses_of_lr_and_wdl() {
     let Some(train) = shared_data("criteo/sample.train") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -376,7 +361,7 @@ fn the_reference_scorer_rebuilds_the_feature_crosses_of_lr_and_wdl() {
 fn the_reference_scorer_reproduces_avazu_models() {
     let Some(train) = shared_data("avazu/train") else { return };
     let Some(test) = shared_data("avazu/test") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -466,7 +451,7 @@ fn behaviour_lines(log: &Path, limit: usize) -> Vec<String> {
 fn the_reference_scorer_reproduces_dien_and_dien_sum_on_real_histories() {
     let Some(log) = shared_data("taobao_user_behavior/UserBehavior.csv") else { return };
     let Some(amazon) = shared_data("amazon_dien/local_test") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -646,7 +631,7 @@ list = [
 fn the_reference_scorer_reproduces_models_of_feature_spec_records() {
     let Some(train) = shared_data("taobao_ad/train_sample.csv") else { return };
     let Some(test) = shared_data("taobao_ad/test_sample.csv") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -747,7 +732,7 @@ fn the_reference_scorer_reproduces_models_of_feature_spec_records() {
 #[test]
 fn the_reference_scorer_refuses_records_model_json_does_not_spell_out() {
     let Some(part) = shared_data("criteo/part-0") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -782,7 +767,7 @@ fn the_reference_scorer_reads_the_rows_of_models_trained_on_parquet() {
     else {
         return;
     };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let pyarrow = Command::new("python3").args(["-c", "import pyarrow"]).output().is_ok_and(|o| o.status.success());
@@ -841,7 +826,7 @@ fn parquet_files(dir: &Path) -> usize {
 /// the long-input loop with a seeded secret included) and seeds 0, 1 and a large one.
 #[test]
 fn the_reference_xxh3_equals_the_token_hash_for_every_length_branch() {
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let seeds = [0u64, 1, 0x9e37_79b9_7f4a_7c15];
@@ -876,7 +861,7 @@ fn the_reference_xxh3_equals_the_token_hash_for_every_length_branch() {
 #[test]
 fn a_compact_export_rebuilds_the_whole_tables_bit_for_bit() {
     let Some(sample) = shared_data("criteo/sample.train") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

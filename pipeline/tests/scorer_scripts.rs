@@ -9,27 +9,12 @@
 
 mod common;
 
-use common::{run_ok, shared_data, skip, tiderec};
+use common::{run_ok, scorer_python_ready, script, shared_data, tiderec};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const SCRIPTS: [&str; 2] = ["reference_scorer.py", "torch_model.py"];
-
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(name)
-}
-
-/// Whether `python3` with NumPy, safetensors and PyTorch is here (a note, or a failure
-/// under CI, when not).
-fn python_ready() -> bool {
-    let import = "import numpy, safetensors, torch";
-    let ok = Command::new("python3").args(["-c", import]).output().is_ok_and(|o| o.status.success());
-    if !ok {
-        skip::cannot_run("python3 with numpy, safetensors and torch not found (scripts/prerequisites.py install)");
-    }
-    ok
-}
 
 /// Runs the script `name` on the export `model`, writing `out`, with `args` (flags, then files).
 fn score(name: &str, model: &Path, out: &Path, args: &[&OsStr]) -> Output {
@@ -88,7 +73,7 @@ fn criteo_export(dir: &Path, train: &Path) -> (PathBuf, PathBuf) {
 #[test]
 fn an_out_that_is_an_input_is_refused_and_the_input_kept() {
     let Some(train) = shared_data("criteo/sample.train") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -122,7 +107,7 @@ fn an_out_that_is_an_input_is_refused_and_the_input_kept() {
 #[test]
 fn an_existing_out_is_replaced_only_with_overwrite() {
     let Some(train) = shared_data("criteo/sample.train") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -173,7 +158,7 @@ fn an_existing_out_is_replaced_only_with_overwrite() {
 fn a_mostly_malformed_input_fails_and_leaves_no_output() {
     let Some(train) = shared_data("criteo/sample.train") else { return };
     let Some(test) = shared_data("criteo/sample.test") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -240,7 +225,7 @@ list = [
 fn torch_model_loads_fields_named_like_module_attributes() {
     let Some(train) = shared_data("taobao_ad/train_sample.csv") else { return };
     let Some(test) = shared_data("taobao_ad/test_sample.csv") else { return };
-    if !python_ready() {
+    if !scorer_python_ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

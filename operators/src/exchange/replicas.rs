@@ -61,23 +61,20 @@ impl Replicas {
             order: Vec::new(),
             scratch: Vec::new(),
         };
-        let mut row = vec![0.0f32; dim];
-        let mut st = vec![0.0f32; state_width];
         for (t, ids) in replicated.iter().enumerate() {
-            let bound = crate::rng::init_bound(table_sizes[t]);
             for &id in ids {
                 if r.index[t].contains_key(&id) {
                     continue;
                 }
                 r.index[t].insert(id, r.keys.len() as u32);
-                crate::store::init_row(seed, t, id, bound, &mut row);
-                optimizer.init_state(&hp, &mut st);
                 r.keys.push((t as u32, id));
-                r.rows.extend_from_slice(&row);
-                r.state.extend_from_slice(&st);
-                r.slot.push(u32::MAX);
             }
         }
+        r.rows = vec![0.0; r.keys.len() * dim];
+        r.state = vec![0.0; r.keys.len() * state_width];
+        r.slot = vec![u32::MAX; r.keys.len()];
+        // Every replica starts as its row starts in the store.
+        r.reset(seed, table_sizes);
         r
     }
 

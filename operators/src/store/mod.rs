@@ -45,10 +45,10 @@
 //!   evicted id that comes back starts again from its seeded initial row.
 //! * **An update tells a ruined row.** [`FiniteApply::apply_finite`] updates
 //!   a row exactly as [`EmbeddingStore::apply`] does and returns `false` when
-//!   the updated row holds an infinity or NaN, or (dynamic and tiered stores)
-//!   its optimizer state does, checked while the row is still in L1. The
-//!   fixed store checks the row's values only: its shard keeps the optimizer
-//!   state out of reach.
+//!   the updated row or its optimizer state holds an infinity or NaN, checked
+//!   while the row is still in L1 (every CPU store). The cold tier of a tiered
+//!   store whose hot tier lives in another memory is updated through the plain
+//!   [`EmbeddingStore::apply`], unchecked.
 
 pub mod differential;
 mod dynamic;
@@ -431,7 +431,7 @@ pub trait EmbeddingStore {
 /// updated row stayed finite (the CPU stores; see the module docs).
 pub trait FiniteApply: EmbeddingStore {
     /// [`EmbeddingStore::apply`], with the same values, and whether the updated
-    /// row (and, where the store reads it, its optimizer state) is finite. An
+    /// row and its optimizer state are finite. An
     /// update that changes nothing (a rejected id, a row admitted without
     /// its first gradient) reports `true`.
     fn apply_finite(&mut self, table: usize, id: u64, grad: &[f32]) -> bool;
@@ -478,8 +478,9 @@ pub struct StoreParams<'a> {
 }
 
 /// A store whose rows live in another memory (a GPU's): the owner hands it a
-/// step's row updates at once, and it reports a failure of that memory after
-/// the step instead of failing a call.
+/// step's row updates at once, and it reports a failure of that memory inside
+/// the step (the owner asks after serving and after updating) instead of
+/// failing a call.
 ///
 /// Contracts, beyond [`EmbeddingStore`]'s: [`apply_rows`](Self::apply_rows)
 /// updates each row as [`EmbeddingStore::apply`] would, in the order given; a

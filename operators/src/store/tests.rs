@@ -1070,7 +1070,7 @@ fn a_checked_update_reports_an_optimizer_state_that_overflowed() {
     let sizes = [500u64, 37, 2000];
     let work = workload(&sizes, 12, 40);
     let p = params(0, 1, &sizes, SparseOptimizerKind::RowwiseAdagrad);
-    for kind in [StoreKind::Dynamic, StoreKind::Tiered] {
+    for kind in [StoreKind::Fixed, StoreKind::Dynamic, StoreKind::Tiered] {
         let mut store = Store::new(&config(kind), &p).unwrap();
         run_checked(&mut store, &work);
         let (hot, cold) = hot_and_cold_rows(&store);

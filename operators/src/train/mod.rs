@@ -178,17 +178,8 @@ impl TrainerConfig {
         self.sparse_hp.validate("sparse_")?;
         // FTRL divides by its learning rate: a schedule that reaches 0 makes every row inf or NaN.
         let decay = self.sparse_hp.schedule.decay;
-        let ftrl = matches!(self.sparse_optimizer, SparseOptimizerKind::Ftrl | SparseOptimizerKind::FtrlAdagrad);
-        if ftrl && decay.reaches_zero() {
-            return Err(OperatorError::config(
-                "lr_decay",
-                format!(
-                    "{} divides each weight's sums by --sparse-lr (FTRL's alpha): a {} decay reaches 0 and would make \
-                     every weight NaN; use `step` decay or none",
-                    self.sparse_optimizer,
-                    decay.name()
-                ),
-            ));
+        if let Some(why) = self.sparse_optimizer.refuses_decay_to_zero(decay.name()).filter(|_| decay.reaches_zero()) {
+            return Err(OperatorError::config("lr_decay", why));
         }
         Ok(())
     }

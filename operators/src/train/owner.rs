@@ -4,11 +4,12 @@
 //! state only through [`Owner::rows`].
 //!
 //! A training step checks what it writes: the summed row gradients, each
-//! updated row as it is written ([`FiniteApply`]: values, and optimizer state
-//! where the store reads it), each updated replica and the dense slice. Any
+//! updated row as it is written ([`FiniteApply`]: values and optimizer state),
+//! each updated replica and the dense slice. Any
 //! infinity or NaN among them marks the step non-finite
 //! ([`StepStats::non_finite`]). The rows of a store in another memory
-//! ([`Store::Device`]) are not read back; only their gradients are checked.
+//! ([`Store::Device`]) are not read back, nor the cold rows of a tiered store
+//! whose hot tier is in another memory; only their gradients are checked.
 //!
 //! A store in another memory is asked for its failures inside the step: after
 //! serving each request (the reply is then marked failed, and every owner

@@ -36,6 +36,22 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// The repository's script `scripts/NAME`.
+pub fn script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(name)
+}
+
+/// Whether `python3` with NumPy, safetensors and PyTorch is here, as the export's reference
+/// scorers need (a note, or a failure under `CI=true`, when not).
+pub fn scorer_python_ready() -> bool {
+    let import = "import numpy, safetensors, torch";
+    let ok = Command::new("python3").args(["-c", import]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        skip::cannot_run("python3 with numpy, safetensors and torch not found (scripts/prerequisites.py install)");
+    }
+    ok
+}
+
 /// Whether `python3` has scikit-learn (saying why not, a failure under `CI=true`).
 pub fn sklearn_available() -> bool {
     let ok = Command::new("python3").args(["-c", "import sklearn"]).output().is_ok_and(|o| o.status.success());
