@@ -9,7 +9,6 @@
 use crate::settings::ExchangeChoice;
 use crate::settings::{DecayKind, ModelKind};
 use crate::{PipelineError, TrainSettings};
-use tiderec_operators::spec::FeatureSpec;
 use tiderec_operators::store::StoreKind;
 
 /// The command the settings are for.

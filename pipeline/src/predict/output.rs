@@ -49,7 +49,8 @@ enum Writer {
     Parquet(Box<ScoreWriter>),
 }
 
-/// An open scores file (CSV or Parquet; see [`crate::predict`] and the [module docs](self)).
+/// An open scores file (CSV or Parquet; see [`crate::predict`]): never over a file found at
+/// its path unless it replaces, and no temporary file left once dropped.
 pub struct ScoreSink {
     out: PathBuf,
     tmp: PathBuf,
