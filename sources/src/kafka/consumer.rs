@@ -73,6 +73,11 @@ struct Part {
     paused: bool,
     /// [`fingerprint`] of the record at `next − 1`, when known.
     last: Option<u64>,
+    /// The consumer's position in the partition may still be the one from before the
+    /// partition was assigned again at an earlier offset (see
+    /// [`PartitionReader::await_positions`]): it is not used until a record of the new
+    /// assignment arrives.
+    stale_position: bool,
 }
 
 impl Part {
@@ -100,6 +105,22 @@ impl Part {
             self.end = Some(end.max(restart));
         }
     }
+
+    /// Consumes the first `n` buffered records (at most all of them); returns how many.
+    /// Once none is left buffered, the position is the offset fetched next: the offsets
+    /// between hold no record (a transaction marker, a compacted tail, records deleted
+    /// after a restart that kept the buffered ones), and no record stands before it.
+    fn consume(&mut self, n: usize) -> usize {
+        let n = n.min(self.queue.len());
+        for (o, payload) in self.queue.drain(..n) {
+            self.next = o + 1;
+            self.last = Some(fingerprint(&payload));
+        }
+        if self.queue.is_empty() && self.expect > self.next {
+            (self.next, self.last) = (self.expect, None);
+        }
+        n
+    }
 }
 
 /// The partitions of one topic that one worker owns (see the [module docs](super)).
@@ -117,6 +138,12 @@ pub struct PartitionReader {
     on_reset: OnOffsetReset,
     /// The partitions' bounds should be checked (a duplicate or an out-of-range fetch was seen).
     check_due: bool,
+    /// librdkafka stopped fetching a partition: an out-of-range fetch (or a log truncation
+    /// found through leader epochs) under `auto.offset.reset=error` leaves it stopped until
+    /// it is assigned again, and the error does not say which partition. Once a check in
+    /// which every partition answered finds every position valid, every partition is
+    /// assigned again at the offset it expects next (see [`PartitionReader::check_positions`]).
+    refetch_due: bool,
     /// Since when they must be checked before any record is handed out: records arrived
     /// again after an outage (the broker behind the address may have changed), and until
     /// every partition has answered. Past `broker_timeout` unanswered, the run fails.
@@ -269,6 +296,12 @@ const PROBE_WINDOW: Duration = Duration::from_secs(1);
 /// first: under steady production records of later batches keep coming, and the end
 /// found is then a little past the end at the call (never before it) instead of a
 /// probe that never returns.
+///
+/// The last offset may hold no record the application sees: a transaction's commit or
+/// abort marker, which librdkafka reads and skips. The consumer's position (one past
+/// the last offset it read, marker included) then says how far the log goes: once it
+/// is past `high − 1`, the end is the larger of the two. A broker that sends neither
+/// fails the probe after `broker_timeout`.
 fn probe_end(endpoint: &KafkaEndpoint, group: &str, p: i32, high: i64) -> Result<i64, SourceError> {
     let consumer = consumer_at(endpoint, group, p, high - 1)?;
     let start = Instant::now();
@@ -288,17 +321,36 @@ fn probe_end(endpoint: &KafkaEndpoint, group: &str, p: i32, high: i64) -> Result
             }
             Some(_) => {}
             None if end.is_some() && last_seen.elapsed() > Duration::from_millis(200) => break,
-            None if end.is_none() && start.elapsed() > endpoint.broker_timeout => {
-                return Err(kafka_error(
-                    endpoint,
-                    &format!("partition {p}"),
-                    format!("the broker reports records up to offset {high} but sends none"),
-                ))
-            }
+            None if end.is_none() => match position(&consumer, &endpoint.topic, p) {
+                Some(pos) if pos > high - 1 => return Ok(pos.max(high)),
+                _ if start.elapsed() > endpoint.broker_timeout => {
+                    return Err(kafka_error(
+                        endpoint,
+                        &format!("partition {p}"),
+                        format!("the broker reports records up to offset {high} but sends none"),
+                    ))
+                }
+                _ => {}
+            },
             None => {}
         }
     }
-    Ok(end.unwrap_or(high))
+    // Records, then a marker after the last of them.
+    Ok(end.unwrap_or(high).max(position(&consumer, &endpoint.topic, p).unwrap_or(high)))
+}
+
+/// The consumer's position in partition `p` of `topic`: one past the last offset it has
+/// read (records handed out and markers skipped alike); `None` before it read any.
+fn position(consumer: &BaseConsumer<ErrorLog>, topic: &str, p: i32) -> Option<i64> {
+    offset_in(&consumer.position().ok()?, topic, p)
+}
+
+/// The offset `list` holds for partition `p` of `topic`, when it is one.
+fn offset_in(list: &TopicPartitionList, topic: &str, p: i32) -> Option<i64> {
+    match list.find_partition(topic, p)?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
 }
 
 /// A consumer of `group` reading partition `p` from `offset`.
@@ -429,21 +481,32 @@ impl PartitionReader {
             if std::env::var_os("TIDEREC_DEBUG_KAFKA").is_some() {
                 eprintln!("partition {p}: watermarks {low}..{high}");
             }
-            let (next, last) = match start(p) {
+            let resume = start(p);
+            // The partition's end as of now (probed: the watermark may fall short of it),
+            // for a bounded run and for a start at the end.
+            let end_now = match until_end || (resume.is_none() && start_at == StartAt::Latest) {
+                true => Some(end_from(endpoint, group, p, (low, high), i64::MAX)?),
+                false => None,
+            };
+            let (next, last) = match resume {
                 Some(resume) => resume_at(endpoint, &consumer, group, p, resume, on_reset)?,
                 None if start_at == StartAt::Earliest => (low, None),
-                None => (high, None),
+                None => (end_now.unwrap_or(high), None),
             };
             assignment
                 .add_partition_offset(&endpoint.topic, p, Offset::Offset(next))
                 .map_err(|e| kafka_error(endpoint, "cannot assign partitions", e))?;
-            let end = match until_end {
-                true if high > low => Some(probe_end(endpoint, group, p, high)?),
-                true => Some(high),
-                false => None,
-            };
-            let end = end.map(|e| e.max(next));
-            parts.push(Part { partition: p, next, expect: next, end, queue: VecDeque::new(), paused: false, last });
+            let end = end_now.filter(|_| until_end).map(|e| e.max(next));
+            parts.push(Part {
+                partition: p,
+                next,
+                expect: next,
+                end,
+                queue: VecDeque::new(),
+                paused: false,
+                last,
+                stale_position: false,
+            });
         }
         consumer.assign(&assignment).map_err(|e| kafka_error(endpoint, "cannot assign partitions", e))?;
         Ok(PartitionReader {
@@ -458,6 +521,7 @@ impl PartitionReader {
             group: group.to_string(),
             on_reset,
             check_due: false,
+            refetch_due: false,
             check_owed: None,
             last_check: Instant::now(),
             last_record: Instant::now(),
@@ -518,6 +582,8 @@ impl PartitionReader {
                     got += 1;
                     let Some(i) = self.parts.iter().position(|p| p.partition == m.partition()) else { continue };
                     let part = &mut self.parts[i];
+                    // librdkafka hands out no record of an assignment it has replaced.
+                    part.stale_position = false;
                     let offset = m.offset();
                     if offset < part.expect {
                         self.stats.duplicates_dropped += 1;
@@ -548,7 +614,7 @@ impl PartitionReader {
                         Some(RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset)
                     ) =>
                 {
-                    self.check_due = true;
+                    (self.check_due, self.refetch_due) = (true, true);
                 }
                 Err(e) => {
                     self.stats.broker_errors += 1;
@@ -578,6 +644,8 @@ impl PartitionReader {
         }
         if let Some((i, reason)) = changed {
             self.reset_partition(i, self.parts[i].expect, reason, false)?;
+        } else {
+            self.skip_to_position();
         }
         let stalled = self.last_record.elapsed() >= STALL_CHECK && self.last_check.elapsed() >= STALL_CHECK;
         let periodic = self.last_check.elapsed() >= PERIODIC_CHECK;
@@ -592,11 +660,34 @@ impl PartitionReader {
         Ok(())
     }
 
+    /// Moves the fetch offset of every bounded partition short of its end to the consumer's
+    /// position, up to the end: offsets librdkafka read without handing out a record (a
+    /// transaction marker) hold nothing to train on, and a partition whose log ends with
+    /// one is exhausted only once it is past it. Called once what was received is drained,
+    /// so the position is never past a record not yet buffered.
+    fn skip_to_position(&mut self) {
+        if !self.parts.iter().any(|p| p.end.is_some_and(|e| p.expect < e)) {
+            return;
+        }
+        let Ok(list) = self.consumer.position() else { return };
+        for part in self.parts.iter_mut().filter(|p| !p.stale_position) {
+            let Some(end) = part.end.filter(|&e| part.expect < e) else { continue };
+            let Some(pos) = offset_in(&list, &self.endpoint.topic, part.partition) else { continue };
+            part.expect = part.expect.max(pos.min(end));
+        }
+    }
+
     /// Checks that every partition still holds the position the reader stands at, and
     /// the record consumed last (its fingerprint; see [`reset`]); a partition that does
     /// not is restarted or fails the run, as `--on-offset-reset` says. A broker that
     /// cannot answer is left to the outage handling; once every partition has answered,
     /// an outage noted before is over (a quiet topic sends no record to say so).
+    ///
+    /// A partition librdkafka stopped fetching after an out-of-range fetch (`refetch_due`)
+    /// holds a valid position when the check finds nothing wrong (the leader caught up,
+    /// records arrived since): every partition is then assigned again where it stands,
+    /// once every partition has answered (a restart assigns them all anyway). Records the
+    /// broker sends again below those offsets are dropped as duplicates.
     fn check_positions(&mut self) -> Result<(), SourceError> {
         self.check_due = false;
         let mut unchecked = false;
@@ -627,7 +718,12 @@ impl PartitionReader {
         self.last_check = Instant::now();
         if !unchecked {
             self.broker_answered();
+            if self.refetch_due {
+                self.assign_all()?;
+            }
         }
+        // A stopped partition is checked again until every partition answers.
+        self.check_due |= self.refetch_due;
         // A check owed before records are handed out stays owed until every partition answered.
         match self.check_owed {
             Some(since) if unchecked && since.elapsed() > self.endpoint.broker_timeout => Err(kafka_error(
@@ -666,6 +762,14 @@ impl PartitionReader {
         let end = end_from(&self.endpoint, &self.group, p, (low, high), i64::MAX)?;
         let restart = reset::decide(self.on_reset, &self.endpoint, p, position, Bounds { low, end }, reason)?;
         self.parts[i].restart(restart, end, keep_buffered);
+        self.assign_all()
+    }
+
+    /// Assigns every partition again at the offset it expects next (resumed, and fetched
+    /// even where librdkafka had stopped fetching it).
+    fn assign_all(&mut self) -> Result<(), SourceError> {
+        self.refetch_due = false;
+        let before = self.consumer.position().ok();
         let mut assignment = TopicPartitionList::new();
         for part in &mut self.parts {
             part.paused = false;
@@ -673,7 +777,33 @@ impl PartitionReader {
                 .add_partition_offset(&self.endpoint.topic, part.partition, Offset::Offset(part.expect))
                 .map_err(|e| kafka_error(&self.endpoint, "cannot assign partitions", e))?;
         }
-        self.consumer.assign(&assignment).map_err(|e| kafka_error(&self.endpoint, "cannot assign partitions", e))
+        self.consumer.assign(&assignment).map_err(|e| kafka_error(&self.endpoint, "cannot assign partitions", e))?;
+        self.await_positions(before);
+        Ok(())
+    }
+
+    /// librdkafka forgets a partition's position when it stops fetching it for a new
+    /// assignment, which happens soon after `assign` returns; until then the position is
+    /// the one of the assignment before. Where that lies past the offset the partition is
+    /// now fetched from (a restart at an earlier offset), waits up to a second for it to
+    /// be forgotten (no record is handed out meanwhile, so nothing else moves it); a
+    /// partition still waiting is marked [`Part::stale_position`] until a record arrives.
+    fn await_positions(&mut self, before: Option<TopicPartitionList>) {
+        let topic = &self.endpoint.topic;
+        let ahead = |list: &TopicPartitionList, part: &Part| {
+            offset_in(list, topic, part.partition).is_some_and(|o| o > part.expect)
+        };
+        for part in &mut self.parts {
+            part.stale_position = before.as_ref().is_none_or(|list| ahead(list, part));
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.parts.iter().any(|p| p.stale_position) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+            let Ok(now) = self.consumer.position() else { return };
+            for part in self.parts.iter_mut().filter(|p| p.stale_position) {
+                part.stale_position = ahead(&now, part);
+            }
+        }
     }
 
     /// The broker answered for every partition: an outage noted before is over, so a
@@ -738,18 +868,7 @@ impl PartitionReader {
     /// Marks the records of [`Self::step_records`] (same `quota`) as trained on.
     pub fn consume_step(&mut self, quota: impl Fn(i32) -> usize) {
         for p in &mut self.parts {
-            let n = quota(p.partition).min(p.queue.len());
-            for _ in 0..n {
-                if let Some((o, payload)) = p.queue.pop_front() {
-                    p.next = o + 1;
-                    p.last = Some(fingerprint(&payload));
-                }
-            }
-            if p.queue.is_empty() && p.exhausted() && p.expect > p.next {
-                // Offsets past the last record (a transaction marker, a compacted tail):
-                // no record stands before the new position.
-                (p.next, p.last) = (p.expect, None);
-            }
+            let n = p.consume(quota(p.partition));
             self.stats.consumed += n as u64;
         }
         self.apply_backpressure();
@@ -796,7 +915,7 @@ mod tests {
 
     fn part(next: i64, expect: i64, end: Option<i64>) -> Part {
         let queue = (next..expect).map(|o| (o, o.to_string().into_bytes())).collect();
-        Part { partition: 0, next, expect, end, queue, paused: false, last: Some(7) }
+        Part { partition: 0, next, expect, end, queue, paused: false, last: Some(7), stale_position: false }
     }
 
     #[test]
@@ -810,6 +929,22 @@ mod tests {
         let mut p = part(150, 150, Some(300));
         p.restart(170, 400, true);
         assert_eq!((p.next, p.expect, p.last, p.queue.len(), p.end), (170, 170, None, 0, Some(400)));
+    }
+
+    #[test]
+    fn once_the_kept_records_are_consumed_the_position_is_the_restart() {
+        // Buffered 100..150, restarted at 170 keeping them: a checkpoint taken once they
+        // are consumed stores 170 (150..170 were deleted), with no record known before it.
+        let mut p = part(100, 150, None);
+        p.restart(170, 400, true);
+        assert_eq!(p.consume(30), 30);
+        assert_eq!((p.next, p.last.is_some()), (130, true), "records still buffered");
+        assert_eq!(p.consume(100), 20);
+        assert_eq!((p.next, p.expect, p.last, p.queue.len()), (170, 170, None, 0));
+        // Consumed up to the offset fetched next: the record before it is known.
+        let mut p = part(100, 150, None);
+        assert_eq!(p.consume(50), 50);
+        assert_eq!((p.next, p.last), (150, Some(fingerprint(b"149"))));
     }
 
     #[test]
