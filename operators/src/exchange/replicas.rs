@@ -15,7 +15,7 @@
 //!   owner's store does with its rows: a replica then holds what its owner's
 //!   store holds.
 
-use crate::optim::{apply_row, OptimizerParams, SparseOptimizerKind};
+use crate::optim::{apply_row_finite, OptimizerParams, SparseOptimizerKind};
 use crate::snapshot::WorkerSnapshot;
 use rustc_hash::FxHashMap;
 
@@ -140,9 +140,12 @@ impl Replicas {
     }
 
     /// Applies this step's summed gradients scaled by `scale` and returns the
-    /// replicas that changed, in first-seen order; clears the step's sums.
-    pub fn apply(&mut self, scale: f32) -> Vec<u32> {
+    /// replicas that changed, in first-seen order, and whether every updated
+    /// row and its optimizer state are finite (checked as each is written);
+    /// clears the step's sums.
+    pub fn apply(&mut self, scale: f32) -> (Vec<u32>, bool) {
         let d = self.dim;
+        let mut finite = true;
         for (k, &h) in self.order.iter().enumerate() {
             let g = &mut self.scratch[k * d..(k + 1) * d];
             for v in g.iter_mut() {
@@ -151,11 +154,11 @@ impl Replicas {
             let h = h as usize;
             let row = &mut self.rows[h * d..(h + 1) * d];
             let st = &mut self.state[h * self.state_width..(h + 1) * self.state_width];
-            apply_row(self.optimizer, &self.hp, row, g, st);
+            finite &= apply_row_finite(self.optimizer, &self.hp, row, g, st);
             self.slot[h] = u32::MAX;
         }
         self.scratch.clear();
-        std::mem::take(&mut self.order)
+        (std::mem::take(&mut self.order), finite)
     }
 
     /// Puts every replica back to its initial row and optimizer state, as [`new`](Self::new)

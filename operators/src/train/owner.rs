@@ -635,10 +635,9 @@ impl Owner {
                 self.replicas.add_grad(h, &m.hot_grads[i * d..(i + 1) * d]);
             }
         }
-        let mut finite = true;
-        for h in self.replicas.apply(scale) {
+        let (changed, finite) = self.replicas.apply(scale);
+        for h in changed {
             let (row, state) = (self.replicas.row(h), self.replicas.state(h));
-            finite &= all_finite(row) & all_finite(state);
             let (t, id) = self.replicas.key(h);
             if shard_of(t, id, w) == me {
                 // An owned id below the table size: the fixed store accepts it.
