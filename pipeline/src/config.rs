@@ -428,7 +428,10 @@ impl TrainSettings {
         if let Some(spec) = &mut spec {
             // Files learn what the spec leaves to learn (and the fitted spec is validated again).
             if let DataSpec::Csv(paths) | DataSpec::TaobaoAd(paths) = &data {
-                if let Some(note) = crate::spec_fit::fit(spec, paths, self.data.records.max_line_bytes)? {
+                // Never from the lines `--eval-fraction` holds out of the same files.
+                let holdout = eval.is_none() && self.data.eval_fraction > 0.0;
+                let span = if holdout { (0.0, 1.0 - self.data.eval_fraction) } else { (0.0, 1.0) };
+                if let Some(note) = crate::spec_fit::fit(spec, paths, span, self.data.records.max_line_bytes)? {
                     eprintln!("{note}");
                 }
             }

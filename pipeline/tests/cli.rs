@@ -557,3 +557,32 @@ fn spec_check_learns_scales_from_data_and_warns_about_unscaled_wide_columns() {
     assert!(scaled.contains("spec: learned from 100 records: price center "), "{scaled}");
     assert!(!scaled.contains("warning"), "{scaled}");
 }
+
+#[test]
+fn a_spec_learns_nothing_from_the_lines_held_out_for_evaluation() {
+    let dir = tempfile::tempdir().unwrap();
+    // The first half of the file (the trained part under --eval-fraction 0.5) has ages near
+    // 10, the held-out half near 1,000: learning from both would center near 500.
+    let data = dir.path().join("d.csv");
+    // Lines of equal length, so the byte split falls between lines 100 and 101.
+    let age = |i: usize| if i < 100 { 10 + (i % 2) * 2 } else { 1000 };
+    let lines: String = (0..200).map(|i| format!("{},{:04}\n", i % 2, age(i))).collect();
+    std::fs::write(&data, lines).unwrap();
+    let spec = dir.path().join("spec.toml");
+    std::fs::write(
+        &spec,
+        "delimiter = \",\"\ncolumns = [\"y\", \"age\"]\nlabel = { column = \"y\" }\n\
+         dense = [{ column = \"age\", scale = \"standardize\" }]\n",
+    )
+    .unwrap();
+    let out = run_ok(
+        tiderec()
+            .args(["train", "--progress", "none", "--model", "lr", "--steps", "1", "--batch-size", "8"])
+            .args(["--eval-fraction", "0.5", "--spec"])
+            .arg(&spec)
+            .arg("--data")
+            .arg(format!("csv:{}", data.display())),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("spec: learned from 100 records: age center 11 width 1"), "{err}");
+}
