@@ -39,6 +39,11 @@ fn serve(checkpoint: &Path, extra: &[&str]) -> Served {
 
 /// `serve` listening on `addr`.
 fn serve_on(addr: &str, checkpoint: &Path, extra: &[&str]) -> Served {
+    serve_with_output(addr, checkpoint, extra).0
+}
+
+/// `serve` listening on `addr`, and the rest of its output (after the start-up lines) once it exits.
+fn serve_with_output(addr: &str, checkpoint: &Path, extra: &[&str]) -> (Served, std::thread::JoinHandle<String>) {
     let mut child = tiderec()
         .args(["serve", "--addr", addr, "--checkpoint"])
         .arg(checkpoint)
@@ -53,8 +58,12 @@ fn serve_on(addr: &str, checkpoint: &Path, extra: &[&str]) -> Served {
     let addr = line.rsplit("http://").next().unwrap().trim().to_string();
     assert!(line.starts_with("serving "), "{line}");
     // The rest of its output (the counts it prints when stopped) is read, so it can print them.
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    Served { child, addr, records }
+    let rest = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+        rest
+    });
+    (Served { child, addr, records }, rest)
 }
 
 /// Trains a small DLRM on `lines` of the Criteo sample with checkpoints in `dir/ckpt`.
@@ -1582,4 +1591,185 @@ fn failed_accepts_pause_the_accept_loop_instead_of_spinning() {
         assert!(Instant::now() < deadline, "no connection served once descriptors were given back");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Both per-address bounds count an IPv6 client by its /64 and an IPv4 client by its address,
+/// also when it reaches a dual-stack listener as an IPv4-mapped IPv6 address.
+#[test]
+fn ipv6_clients_are_counted_by_their_prefix_and_mapped_ipv4_ones_by_their_address() {
+    use std::net::TcpStream;
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        common::skip::cannot_run("no IPv6 loopback (::1): a second client address is needed");
+        return;
+    }
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let server = serve_on("[::]:0", &ckpt, &["--max-connections-per-ip", "2", "--threads", "8"]);
+    let port = port_of(&server.addr);
+    let (v4, mapped, v6) = (format!("127.0.0.1:{port}"), format!("[::ffff:127.0.0.1]:{port}"), format!("[::1]:{port}"));
+    let held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(&v4).unwrap()).collect();
+    let r = unasked_response(&mapped, Duration::from_secs(2));
+    assert_eq!(r.status, 429, "an IPv4-mapped address is its IPv4 address: {}", r.body);
+    assert!(r.error().contains("more than 2 connections from 127.0.0.1;"), "{}", r.body);
+    // ::1 is another client; its /64 is held by two connections, then refused by its prefix.
+    assert_eq!(health_status(&v6), Some(200));
+    std::thread::sleep(Duration::from_millis(300));
+    let ipv6: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(&v6).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let r = unasked_response(&v6, Duration::from_secs(2));
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert!(r.error().contains("more than 2 connections from ::/64;"), "{}", r.body);
+    drop((held, ipv6));
+}
+
+/// Criteo objects are made into the TSV line and featurized as `line`s are: integers and
+/// hexadecimal values score alike as JSON numbers or strings, and bad values name the field
+/// with the cause the line's format gives.
+#[test]
+fn criteo_objects_score_as_their_lines_with_numbers_or_strings() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let server = serve(&ckpt, &[]);
+    let mut c = Client::connect(&server.addr, Duration::from_secs(30)).unwrap();
+    let text = std::fs::read_to_string(&data).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.is_empty()).take(60).collect();
+    let as_lines: Vec<String> = lines.iter().map(|l| serde_json::json!({ "line": l }).to_string()).collect();
+    let objects: Vec<serde_json::Value> =
+        lines.iter().map(|l| serde_json::from_str(&criteo_line_to_json(l.as_bytes()).unwrap()).unwrap()).collect();
+    // Every value as a string; and every value that can be one as a number (hex of digits alone).
+    let retyped = |to_string: bool| -> Vec<String> {
+        objects
+            .iter()
+            .map(|o| {
+                let mut o = o.clone();
+                for (k, v) in o.as_object_mut().unwrap() {
+                    let t = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                    let digits = !t.starts_with('0') && t.bytes().all(|b| b.is_ascii_digit());
+                    if to_string && k != "label" {
+                        *v = t.into();
+                    } else if !to_string && digits && !t.is_empty() {
+                        *v = serde_json::from_str(&t).unwrap();
+                    }
+                }
+                o.to_string()
+            })
+            .collect()
+    };
+    let (strings, numbers) = (retyped(true), retyped(false));
+    assert!(strings.iter().any(|s| s.contains(r#""I1":""#)), "integers sent as strings");
+    assert!(numbers.iter().any(|s| s.contains(r#""C"#) && s.contains(r#"":1"#)), "some hex sent as numbers");
+    let plain: Vec<String> = objects.iter().map(|o| o.to_string()).collect();
+    let want = served(&mut c, &as_lines);
+    for (what, records) in [("objects", &plain), ("strings", &strings), ("numbers", &numbers)] {
+        assert_eq!(served(&mut c, records), want, "{what} score as their lines");
+    }
+    let mut one = |record: &str| scores(&c.post("/score", record.as_bytes()).unwrap().body).1;
+    let line = |fields: &[(usize, &str)]| {
+        let mut columns = vec![""; 40];
+        columns[0] = "0";
+        fields.iter().for_each(|&(k, v)| columns[k] = v);
+        serde_json::json!({ "line": columns.join("\t") }).to_string()
+    };
+    let want = one(&line(&[(1, "3"), (14, "68")]));
+    assert_eq!(one(r#"{"I1": "3", "C1": 68}"#), want);
+    assert_eq!(one(r#"{"I1": 3, "C1": "68"}"#), want);
+    // Errors name the field and the cause.
+    let cases = [
+        (r#"{"I1": 3, "I1": 4}"#, "record 0: a field given twice in `I1`"),
+        (r#"{"I1": 1e400}"#, "record 0: bad_integer in `I1`"),
+        (r#"{"I1": 18446744073709551616}"#, "record 0: bad_integer in `I1`"),
+        (r#"{"C1": "not hex"}"#, "record 0: bad_hex in `C1`"),
+        (r#"{"C1": true}"#, "record 0: a boolean where a string or number belongs in `C1`"),
+        (r#"[[1, 2]]"#, "record 0: not a JSON object"),
+    ];
+    for (body, want) in cases {
+        let e = post_error(&mut c, body);
+        assert!(e.starts_with(want), "{body}: {e}");
+        assert!(!e.contains("field_count"), "{body}: {e}");
+    }
+}
+
+/// A request in flight when the server is stopped is answered, and counted in the line the
+/// server prints as it exits.
+#[test]
+fn a_request_answered_while_stopping_is_counted_at_exit() {
+    use std::io::{Read, Write};
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let (mut server, rest) = serve_with_output("127.0.0.1:0", &ckpt, &["--read-timeout", "10"]);
+    let body = r#"[{"I1": 3}, {"I2": 4}]"#;
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    let head = format!("POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len());
+    s.write_all(format!("{head}{}", &body[..body.len() - 1]).as_bytes()).unwrap();
+    health_until(&server.addr, Duration::from_secs(10), |h| h["body_bytes"].as_u64() > Some(0));
+    std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    s.write_all(&body.as_bytes()[body.len() - 1..]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    exits_within(&mut server, Duration::from_secs(10));
+    let rest = rest.join().unwrap();
+    assert!(rest.contains("stopped: 2 records in 1 batches"), "{rest}");
+}
+
+/// A checkpoint that failed to load for a reason that passes (here a file of it missing for a
+/// while, its identity unchanged) is tried again, and served once it loads.
+#[test]
+fn a_checkpoint_that_failed_to_load_is_tried_again() {
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let whole = ["--checkpoint-every", "5", "--checkpoint-deltas", "0", "--keep-checkpoints", "10"];
+    let chain = train(&data, dir.path(), &[&["--steps", "10"][..], &whole].concat());
+    let served_dir = dir.path().join("served");
+    std::fs::create_dir(&served_dir).unwrap();
+    publish(&chain.join("ckpt-5"), &served_dir);
+    let server = serve(&served_dir, &["--reload-every", "0.1"]);
+    // Step 10 published without its largest file.
+    let ten = chain.join("ckpt-10");
+    let largest = std::fs::read_dir(&ten)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name() != "manifest.json")
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap()
+        .file_name();
+    let aside = dir.path().join("aside");
+    publish(&ten, &served_dir);
+    std::fs::rename(served_dir.join("ckpt-10").join(&largest), &aside).unwrap();
+    let h = health_until(&server.addr, Duration::from_secs(10), |h| h["warning"].is_string());
+    assert!(h["warning"].as_str().unwrap().contains("(step 10)"), "{h}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(health(&server.addr)["step"], 5);
+    // The file is back: the checkpoint, the same one, loads at a later try.
+    std::fs::rename(&aside, served_dir.join("ckpt-10").join(&largest)).unwrap();
+    let h = health_until(&server.addr, Duration::from_secs(15), |h| h["step"] == 10);
+    assert!(h["warning"].is_null(), "{h}");
+}
+
+/// `Connection` is read as a list of options (`close` among them closes), and a request line
+/// of another HTTP version than 1.0 or 1.1 is refused.
+#[test]
+fn connection_options_and_http_versions_are_read_strictly() {
+    use std::io::Read;
+    let Some(data) = shared_data("criteo/sample.train") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = train(&data, dir.path(), &["--steps", "5"]);
+    let server = serve(&ckpt, &[]);
+    // The exchange reads to the end of the connection: it must close after the answer.
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    let r = exchange_on(&mut s, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, close\r\n\r\n");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.head.contains("Connection: close"), "{}", r.head);
+    assert_eq!(s.read(&mut [0; 8]).unwrap(), 0, "closed");
+    let r = exchange(&server.addr, b"GET /health HTTP/1.junk\r\nHost: x\r\n\r\n");
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.error().contains("\"HTTP/1.junk\" is not an HTTP version"), "{}", r.body);
+    let r = exchange(&server.addr, b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n");
+    assert_eq!(r.status, 505, "{}", r.body);
+    assert!(r.error().contains("not supported (send HTTP/1.1 or HTTP/1.0)"), "{}", r.body);
 }

@@ -3,7 +3,8 @@
 //!
 //! Invariants:
 //! * The bytes reserved never exceed the budget's limit, and the bytes
-//!   reserved by the requests of one client address never exceed its share
+//!   reserved by the requests of one client address (an IPv6 client's /64
+//!   prefix, [`ClientKey`]) never exceed its share
 //!   ([`BodyBudget::new`]): a reservation is taken whole or not at all
 //!   ([`Reservation::grow`]), both counts checked and updated under one lock,
 //!   so concurrent requests cannot overshoot either together. With a share
@@ -20,8 +21,8 @@
 //!   last job scoring it lets go of it), or on the error path that gave up
 //!   reading. An address holding nothing is forgotten.
 
+use super::address::ClientKey;
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
@@ -38,7 +39,7 @@ pub struct BodyBudget {
 #[derive(Debug, Default)]
 struct Used {
     total: usize,
-    by_address: HashMap<IpAddr, usize>,
+    by_address: HashMap<ClientKey, usize>,
 }
 
 /// Why a reservation was refused.
@@ -59,7 +60,7 @@ pub enum Full {
     )]
     Address {
         /// The client address.
-        ip: IpAddr,
+        ip: ClientKey,
         /// The bytes it held when refused.
         held: usize,
         /// Its share.
@@ -83,7 +84,7 @@ impl BodyBudget {
     }
 
     /// Takes `n` more bytes for `ip` if they fit under the limit and its share.
-    fn take(&self, ip: IpAddr, n: usize) -> Result<(), Full> {
+    fn take(&self, ip: ClientKey, n: usize) -> Result<(), Full> {
         let mut used = self.used();
         let total = self.room(&used, ip, n)?;
         used.total = total;
@@ -93,7 +94,7 @@ impl BodyBudget {
 
     /// The total reserved once `n` more bytes are for `ip`, if they fit under the limit and its
     /// share in `used`.
-    fn room(&self, used: &Used, ip: IpAddr, n: usize) -> Result<usize, Full> {
+    fn room(&self, used: &Used, ip: ClientKey, n: usize) -> Result<usize, Full> {
         let held = used.by_address.get(&ip).copied().unwrap_or(0);
         if held.checked_add(n).is_none_or(|h| h > self.share) {
             return Err(Full::Address { ip, held, share: self.share });
@@ -102,7 +103,7 @@ impl BodyBudget {
         total.ok_or(Full::Total { held: used.total, limit: self.limit })
     }
 
-    fn give_back(&self, ip: IpAddr, n: usize) {
+    fn give_back(&self, ip: ClientKey, n: usize) {
         let mut used = self.used();
         used.total = used.total.saturating_sub(n);
         if let Some(held) = used.by_address.get_mut(&ip) {
@@ -118,13 +119,13 @@ impl BodyBudget {
 #[derive(Debug)]
 pub struct Reservation {
     budget: Arc<BodyBudget>,
-    ip: IpAddr,
+    ip: ClientKey,
     bytes: usize,
 }
 
 impl Reservation {
     /// A reservation of no bytes yet, for a request from `ip`.
-    pub fn empty(budget: &Arc<BodyBudget>, ip: IpAddr) -> Reservation {
+    pub fn empty(budget: &Arc<BodyBudget>, ip: ClientKey) -> Reservation {
         Reservation { budget: budget.clone(), ip, bytes: 0 }
     }
 
@@ -174,16 +175,17 @@ impl Deref for Body {
 mod tests {
     use super::*;
 
-    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 1));
-    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+    fn key(text: &str) -> ClientKey {
+        ClientKey::of(text.parse().unwrap())
+    }
 
     #[test]
     fn reservations_stay_under_the_limit_and_are_given_back_on_drop() {
         let budget = BodyBudget::new(100, 100);
-        let mut a = Reservation::empty(&budget, A);
+        let mut a = Reservation::empty(&budget, key("127.0.0.1"));
         assert!(a.grow(60).is_ok() && a.grow(40).is_ok());
         assert_eq!(budget.in_use(), 100);
-        let mut b = Reservation::empty(&budget, B);
+        let mut b = Reservation::empty(&budget, key("127.0.0.2"));
         assert_eq!(b.fits(1), Err(Full::Total { held: 100, limit: 100 }));
         assert_eq!(b.grow(1), Err(Full::Total { held: 100, limit: 100 }), "nothing is left");
         assert!(b.grow(usize::MAX).is_err(), "an overflowing request is refused, not wrapped");
@@ -200,20 +202,21 @@ mod tests {
 
     #[test]
     fn one_address_holds_at_most_its_share() {
+        let (a, b) = (key("127.0.0.1"), key("127.0.0.2"));
         let budget = BodyBudget::new(100, 40);
         let held: Vec<Reservation> = (0..4)
             .map(|_| {
-                let mut r = Reservation::empty(&budget, A);
+                let mut r = Reservation::empty(&budget, a);
                 assert!(r.grow(10).is_ok());
                 r
             })
             .collect();
-        let mut more = Reservation::empty(&budget, A);
+        let mut more = Reservation::empty(&budget, a);
         let refused = more.grow(1).unwrap_err();
-        assert_eq!(refused, Full::Address { ip: A, held: 40, share: 40 });
+        assert_eq!(refused, Full::Address { ip: a, held: 40, share: 40 });
         assert!(refused.to_string().contains("from 127.0.0.1 hold 40 of the 40 bytes"), "{refused}");
         // Another address still has the rest of the budget.
-        let mut other = Reservation::empty(&budget, B);
+        let mut other = Reservation::empty(&budget, b);
         assert!(other.grow(40).is_ok());
         drop(held);
         assert!(more.grow(40).is_ok(), "the address's share is given back with its reservations");
@@ -223,13 +226,33 @@ mod tests {
         assert!(budget.used().by_address.is_empty(), "addresses holding nothing are forgotten");
     }
 
+    /// The addresses of one IPv6 /64 share one share; the next /64 has its own.
+    #[test]
+    fn the_addresses_of_one_ipv6_prefix_share_one_share() {
+        let budget = BodyBudget::new(100, 40);
+        let held: Vec<Reservation> = (1..=4)
+            .map(|k| {
+                let mut r = Reservation::empty(&budget, key(&format!("2001:db8:0:7::{k:x}")));
+                assert!(r.grow(10).is_ok());
+                r
+            })
+            .collect();
+        let mut more = Reservation::empty(&budget, key("2001:db8:0:7:ffff::1"));
+        let refused = more.grow(1).unwrap_err();
+        assert!(refused.to_string().contains("from 2001:db8:0:7::/64 hold 40 of the 40 bytes"), "{refused}");
+        let mut next = Reservation::empty(&budget, key("2001:db8:0:8::1"));
+        assert!(next.grow(40).is_ok(), "another /64 is another client");
+        drop((held, next));
+        assert_eq!(budget.in_use(), 0);
+    }
+
     #[test]
     fn concurrent_reservations_never_overshoot() {
         let budget = BodyBudget::new(1000, 600);
         let threads: Vec<_> = (0..8u8)
             .map(|k| {
                 let budget = budget.clone();
-                let ip = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, k % 2));
+                let ip = key(&format!("127.0.0.{}", k % 2));
                 std::thread::spawn(move || {
                     for _ in 0..10_000 {
                         let mut r = Reservation::empty(&budget, ip);

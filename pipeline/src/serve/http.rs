@@ -60,9 +60,12 @@ pub enum HttpError {
     /// A head over [`MAX_HEAD`] bytes.
     #[error("a request head over {MAX_HEAD} bytes")]
     HeadTooLarge,
-    /// A head that is not HTTP/1.x, or a malformed chunked body.
+    /// A malformed head, or a malformed chunked body.
     #[error("a bad request: {0}")]
     Bad(String),
+    /// A request of an HTTP version other than 1.0 and 1.1 (`505`).
+    #[error("the HTTP version {0:?} is not supported (send HTTP/1.1 or HTTP/1.0)")]
+    Version(String),
     /// A chunked body grew over the caller's limit.
     #[error("request body over {max} bytes")]
     TooLarge {
@@ -133,7 +136,8 @@ fn arm(reader: &BufReader<TcpStream>, deadline: Instant) -> Result<(), HttpError
 }
 
 /// Waits until a request's first byte arrives (`Ok(true)`), the client closes (`Ok(false)`),
-/// `idle` passes or `stop()` says so (`Ok(false)`), looking at `stop` every 100 ms.
+/// `idle` passes or `stop()` says so (`Ok(false)`), looking at `stop` every 100 ms. With `stop()`
+/// set, a request whose bytes have already arrived is still taken (`Ok(true)`).
 pub fn wait_for_request(
     reader: &mut BufReader<TcpStream>,
     idle: Duration,
@@ -145,7 +149,8 @@ pub fn wait_for_request(
             return Ok(true);
         }
         if stop() {
-            return Ok(false);
+            // A request already sent (its bytes in the socket's buffer) is still answered.
+            return ready_now(reader);
         }
         let slice = Duration::from_millis(100).min(deadline.saturating_duration_since(Instant::now()));
         if slice.is_zero() {
@@ -157,6 +162,19 @@ pub fn wait_for_request(
             Err(e) if timed_out(&e) || e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(HttpError::Io(e)),
         }
+    }
+}
+
+/// Whether bytes (or the client's close) wait on `reader`'s socket now, read into its buffer
+/// without waiting: `Ok(true)` when a request has started.
+fn ready_now(reader: &mut BufReader<TcpStream>) -> Result<bool, HttpError> {
+    reader.get_ref().set_nonblocking(true).map_err(HttpError::Io)?;
+    let filled = reader.fill_buf().map(|b| !b.is_empty());
+    reader.get_ref().set_nonblocking(false).map_err(HttpError::Io)?;
+    match filled {
+        Ok(started) => Ok(started),
+        Err(e) if timed_out(&e) || e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
+        Err(e) => Err(HttpError::Io(e)),
     }
 }
 
@@ -249,6 +267,22 @@ fn content_length(value: &str) -> Result<usize, HttpError> {
     })
 }
 
+/// Whether the version of a request line is `HTTP/1.0` (`true`) or `HTTP/1.1` (`false`); any
+/// other `HTTP/<digit>.<digit>` is [`HttpError::Version`] (`505`), anything else is
+/// [`HttpError::Bad`].
+fn http_version(version: &str) -> Result<bool, HttpError> {
+    match version {
+        "HTTP/1.0" => Ok(true),
+        "HTTP/1.1" => Ok(false),
+        _ => match version.strip_prefix("HTTP/").map(str::as_bytes) {
+            Some([major, b'.', minor]) if major.is_ascii_digit() && minor.is_ascii_digit() => {
+                Err(HttpError::Version(version.to_string()))
+            }
+            _ => Err(HttpError::Bad(format!("{version:?} is not an HTTP version (HTTP/1.1 or HTTP/1.0)"))),
+        },
+    }
+}
+
 fn parse_head(head: &[u8], lines: &[(usize, usize)]) -> Result<Head, HttpError> {
     let text = |&(a, b): &(usize, usize)| head_line(&head[a..b]);
     let request = text(&lines[0])?;
@@ -257,18 +291,17 @@ fn parse_head(head: &[u8], lines: &[(usize, usize)]) -> Result<Head, HttpError> 
     else {
         return Err(HttpError::Bad(format!("the request line {request:?} is not `METHOD TARGET HTTP/1.x`")));
     };
-    if !version.starts_with("HTTP/1.") {
-        return Err(HttpError::Bad(format!("{version:?} is not HTTP/1.x")));
-    }
+    let http10 = http_version(version)?;
     let mut out = Head {
         method: method.to_string(),
         path: target.split('?').next().unwrap_or(target).to_string(),
         content_length: None,
         transfer: Transfer::Identity,
-        close: version == "HTTP/1.0",
+        close: false,
         expect_continue: false,
     };
     let mut codings = Vec::new();
+    let (mut close, mut keep_alive) = (false, false);
     for line in &lines[1..] {
         let (name, value) = header(text(line)?)?;
         if name.eq_ignore_ascii_case("content-length") {
@@ -280,15 +313,18 @@ fn parse_head(head: &[u8], lines: &[(usize, usize)]) -> Result<Head, HttpError> 
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             codings.push(value.to_string());
         } else if name.eq_ignore_ascii_case("connection") {
-            if value.eq_ignore_ascii_case("close") {
-                out.close = true;
-            } else if value.eq_ignore_ascii_case("keep-alive") {
-                out.close = false;
+            // A list of options (RFC 9110 §7.6.1): `close` anywhere in it closes.
+            for option in value.split(',').map(|o| o.trim_matches([' ', '\t'])) {
+                close |= option.eq_ignore_ascii_case("close");
+                keep_alive |= option.eq_ignore_ascii_case("keep-alive");
             }
         } else if name.eq_ignore_ascii_case("expect") {
             out.expect_continue = value.eq_ignore_ascii_case("100-continue");
         }
     }
+    // HTTP/1.1 keeps the connection unless asked to close it, HTTP/1.0 closes it unless asked
+    // to keep it.
+    out.close = close || (http10 && !keep_alive);
     out.transfer = Transfer::of(&codings);
     if out.content_length.is_some() && out.transfer != Transfer::Identity {
         return Err(HttpError::Bad(
@@ -627,6 +663,7 @@ fn reason(status: u16) -> &'static str {
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         501 => "Not Implemented",
+        505 => "HTTP Version Not Supported",
         _ => "Service Unavailable",
     }
 }
@@ -712,6 +749,61 @@ mod tests {
         }
         let two = parse("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n");
         assert!(matches!(two, Err(HttpError::Bad(_))));
+    }
+
+    /// `Connection` is a list of options, `close` anywhere in it closing; only HTTP/1.0 and
+    /// HTTP/1.1 are read.
+    #[test]
+    fn connection_options_and_versions_are_read_strictly() {
+        let close = |version: &str, headers: &str| parse(&format!("GET / {version}\r\n{headers}")).unwrap().close;
+        assert!(close("HTTP/1.1", "Connection: keep-alive, close\r\n"));
+        assert!(close("HTTP/1.1", "Connection: Upgrade,CLOSE\r\n"));
+        assert!(close("HTTP/1.1", "Connection: keep-alive\r\nConnection: close\r\n"));
+        assert!(!close("HTTP/1.1", "Connection: keep-alive\r\n"));
+        assert!(!close("HTTP/1.1", "Connection: closed, x-close\r\n"), "options, not substrings");
+        assert!(!close("HTTP/1.0", "Connection: Keep-Alive\r\n"));
+        assert!(close("HTTP/1.0", "Connection: keep-alive, close\r\n"));
+        assert!(close("HTTP/1.0", ""));
+        for junk in ["HTTP/1.junk", "HTTP/1.", "HTTP/1.10", "http/1.1", "HTTP/11"] {
+            match parse(&format!("GET /health {junk}\r\n")) {
+                Err(HttpError::Bad(m)) => assert!(m.contains("is not an HTTP version"), "{junk}: {m}"),
+                other => panic!("{junk:?}: {other:?}"),
+            }
+        }
+        for other in ["HTTP/2.0", "HTTP/1.2", "HTTP/0.9"] {
+            let e = parse(&format!("GET /health {other}\r\n")).unwrap_err();
+            assert!(matches!(e, HttpError::Version(_)), "{other}: {e:?}");
+            assert!(e.to_string().contains("is not supported (send HTTP/1.1 or HTTP/1.0)"), "{e}");
+        }
+    }
+
+    /// A request whose bytes arrived before the server stops is still taken; a connection with
+    /// nothing sent is let go at once.
+    #[test]
+    fn a_request_already_sent_is_taken_when_stopping() {
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut sent = TcpStream::connect(addr).unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        let silent = TcpStream::connect(addr).unwrap();
+        let (quiet, _) = listener.accept().unwrap();
+        sent.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut reader = BufReader::new(stream);
+        let started = Instant::now();
+        assert!(wait_for_request(&mut reader, Duration::from_secs(5), || true).unwrap());
+        let head = read_head(&mut reader, Instant::now() + Duration::from_secs(1)).unwrap();
+        assert_eq!(head.path, "/health");
+        let mut quiet = BufReader::new(quiet);
+        assert!(!wait_for_request(&mut quiet, Duration::from_secs(5), || true).unwrap());
+        assert!(started.elapsed() < Duration::from_secs(1), "no wait when stopping: {:?}", started.elapsed());
+        // The socket blocks again: a read waits for its timeout rather than failing at once.
+        quiet.get_ref().set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let waited = Instant::now();
+        assert!(quiet.fill_buf().is_err());
+        assert!(waited.elapsed() >= Duration::from_millis(150), "{:?}", waited.elapsed());
+        drop(silent);
     }
 
     /// RFC 9112 §5: what a proxy could read another way is refused, never read past.

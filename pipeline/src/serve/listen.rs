@@ -13,7 +13,8 @@
 //!   any number of other connections are slow or scoring.
 //! * At most `max_connections` connections are open; one more is answered
 //!   `503` without its request being parsed, and closed.
-//! * A client address holds at most `max_connections_per_ip` of them; one
+//! * A client address (an IPv6 client's /64 prefix, [`ClientKey`]) holds at
+//!   most `max_connections_per_ip` of them; one
 //!   more is answered `429` the same way: it gets no thread of its own and
 //!   is not counted among the open ones, so one address cannot take the
 //!   places of others, however many connections it opens.
@@ -34,12 +35,13 @@
 //!   loop, from [`ACCEPT_PAUSE_MIN`] doubling to [`ACCEPT_PAUSE_MAX`] while
 //!   accepts keep failing, reported once per such run: the loop never spins.
 
+use super::address::ClientKey;
 use super::batcher::Work;
 use super::http::{self, HttpError};
 use super::{route, Context, Response};
 use std::collections::HashMap;
 use std::io::BufReader;
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -55,7 +57,7 @@ pub struct Connections {
 #[derive(Default)]
 struct Open {
     total: usize,
-    per_ip: HashMap<IpAddr, usize>,
+    per_ip: HashMap<ClientKey, usize>,
 }
 
 /// The longest time the accept loop spends writing a refusal.
@@ -80,8 +82,8 @@ enum Admission {
 }
 
 impl Connections {
-    /// Admits a connection from `ip`, counting it, or says why not (counting nothing).
-    fn admit(&self, ip: IpAddr, max_total: usize, max_per_ip: usize) -> Admission {
+    /// Admits a connection from the client `ip`, counting it, or says why not (counting nothing).
+    fn admit(&self, ip: ClientKey, max_total: usize, max_per_ip: usize) -> Admission {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if open.per_ip.get(&ip).is_some_and(|&n| n >= max_per_ip) {
             return Admission::OverPerIp;
@@ -94,7 +96,7 @@ impl Connections {
         Admission::Served
     }
 
-    fn release(&self, ip: IpAddr) {
+    fn release(&self, ip: ClientKey) {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         open.total = open.total.saturating_sub(1);
         if let Some(n) = open.per_ip.get_mut(&ip) {
@@ -123,7 +125,7 @@ impl Connections {
 /// Releases a connection's place when its thread ends, however it ends.
 struct Place {
     ctx: Arc<Context>,
-    ip: IpAddr,
+    ip: ClientKey,
 }
 
 impl Drop for Place {
@@ -188,8 +190,8 @@ pub fn accept(listener: TcpListener, ctx: Arc<Context>, work: Sender<Work>) {
         };
         backoff.accepted();
         let Ok(peer) = stream.peer_addr() else { continue };
-        // An IPv4 client of a dual-stack listener is counted, and named, by its IPv4 address.
-        let ip = peer.ip().to_canonical();
+        // The one key both per-address bounds count (connections here, body memory in `route`).
+        let ip = ClientKey::of(peer.ip());
         let options = &ctx.options;
         match ctx.connections.admit(ip, options.threads, options.max_connections_per_ip) {
             Admission::Served => {}
@@ -301,6 +303,7 @@ fn connection(stream: TcpStream, place: &Place, work: &Sender<Work>) {
                 let status = match e {
                     HttpError::Timeout => 408,
                     HttpError::HeadTooLarge => 431,
+                    HttpError::Version(_) => 505,
                     _ => 400,
                 };
                 let response = Response { close: true, ..Response::error(status, e.to_string()) };

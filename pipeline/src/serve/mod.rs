@@ -54,6 +54,7 @@
 //! thread takes each one loaded between two batches: no request fails or
 //! waits for a load.
 
+mod address;
 mod batcher;
 mod budget;
 pub mod client;
@@ -72,13 +73,14 @@ pub use score::Loaded;
 
 use crate::error::DataflowFailure;
 use crate::PipelineError;
+use address::ClientKey;
 use batcher::{BatchLimits, Job, Reply, ServingState, Work};
 use budget::{Body, BodyBudget, Full, Reservation};
 use generations::Generations;
 use http::{Head, HttpError, Transfer};
 use listen::Connections;
 use std::io::BufReader;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
@@ -223,8 +225,8 @@ impl Server {
     /// Loads the model, binds `options.addr` and starts the threads.
     pub fn start(options: &ServeOptions) -> Result<Server, PipelineError> {
         options.check()?;
-        let model = Loaded::load(&options.checkpoint)?;
-        let first = watch::Identity::of(&model.path);
+        // Its identity is taken before it is read, as the watcher takes a checkpoint's.
+        let (model, first) = watch::load_identified(&options.checkpoint, Loaded::load, |m| &m.path)?;
         let state = Arc::new(Mutex::new(ServingState {
             step: model.step,
             checkpoint: model.path.display().to_string(),
@@ -285,8 +287,9 @@ impl Server {
         self.ctx.state()
     }
 
-    /// Stops accepting requests, answers the ones in flight and joins every thread.
-    pub fn shutdown(mut self) {
+    /// Stops accepting requests, answers the ones in flight and joins every thread; the state
+    /// it ends in, the requests answered while stopping counted.
+    pub fn shutdown(mut self) -> ServingState {
         self.ctx.stop.store(true, Ordering::SeqCst);
         self.stop_watch.store(true, Ordering::SeqCst);
         // A connection wakes the accept loop, which then sees `stop`.
@@ -305,6 +308,7 @@ impl Server {
         if let Some(t) = self.scorer.take() {
             let _ = t.join();
         }
+        self.ctx.state()
     }
 }
 
@@ -326,8 +330,7 @@ pub fn run(options: &ServeOptions, stop: &AtomicBool) -> Result<ServingState, Pi
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let s = server.state();
-    server.shutdown();
+    let s = server.shutdown();
     println!("stopped: {} records in {} batches, {} reloads, last step {}", s.records, s.batches, s.reloads, s.step);
     Ok(s)
 }
@@ -360,7 +363,7 @@ fn route(
     reader: &mut BufReader<TcpStream>,
     writer: &mut TcpStream,
     deadline: Instant,
-    ip: IpAddr,
+    ip: ClientKey,
     ctx: &Context,
     work: &Sender<Work>,
 ) -> Option<Response> {
@@ -399,7 +402,7 @@ fn score_request(
     reader: &mut BufReader<TcpStream>,
     writer: &mut TcpStream,
     deadline: Instant,
-    ip: IpAddr,
+    ip: ClientKey,
     ctx: &Context,
     work: &Sender<Work>,
 ) -> Option<Response> {

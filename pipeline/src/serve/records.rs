@@ -259,16 +259,6 @@ impl RecordShape {
         Ok(LineOf::Columns)
     }
 
-    /// Writes the line of a record given as `{"line": …}` to `out` (`true`), or nothing when
-    /// `record` is not of that form (`false`): a record of columns, or not an object at all.
-    pub fn given_line(&self, record: &[u8], out: &mut Vec<u8>) -> Result<bool, RecordError> {
-        out.clear();
-        match parse_object(record) {
-            Ok(fields) => self.take_line(&fields, out),
-            Err(_) => Ok(false),
-        }
-    }
-
     /// The `line` of `fields` written to `out`, if they are of that form.
     fn take_line(&self, fields: &[(String, &RawValue)], out: &mut Vec<u8>) -> Result<bool, RecordError> {
         let line = fields.iter().find(|(k, _)| k == LINE_KEY).filter(|_| !self.index.contains_key(LINE_KEY));
@@ -322,6 +312,7 @@ impl RecordShape {
             Some(b'-' | b'0'..=b'9') => text.as_bytes().to_vec(),
             Some(b'n') => return Ok(None),
             Some(b't' | b'f') => return Err(blame(name, "a boolean where a string or number belongs")),
+            Some(b'[') => return Err(blame(name, "a list inside a list item")),
             _ => return Err(blame(name, "an object where a string or number belongs")),
         };
         if let Some(b) = value.iter().find(|&&b| b == self.delimiter || b == b'\n' || b == b'\r') {
@@ -484,6 +475,14 @@ mod tests {
             }
         );
         assert_eq!(line(&amazon, r#"{"user": "a\tb"}"#).unwrap_err().to_string(), "the value holds a tab in `user`");
+        assert_eq!(
+            line(&amazon, r#"{"history_items": [["a", "b"]]}"#).unwrap_err().to_string(),
+            "a list inside a list item in `history_items`"
+        );
+        assert_eq!(
+            line(&amazon, r#"{"history_items": ["a", {"b": 1}]}"#).unwrap_err().to_string(),
+            "an object where a string or number belongs in `history_items`"
+        );
         // A format's error names the column, also inside a `line`.
         let e = avazu.format_error((BadReason::BadLabel, Some(1)), LineOf::Columns);
         assert_eq!(e.to_string(), "bad_label in `click`");

@@ -6,14 +6,14 @@
 //!   always hashed for the tables that look it up, also across a reload that
 //!   changes them; it scores through the same [`Scorer`] as `eval` and
 //!   `predict`.
-//! * A record is featurized by the checkpoint's line format on the line
-//!   [`RecordShape`] makes of it, the format `predict` reads files with; a
-//!   Criteo object takes the `json` record format of Kafka topics
-//!   ([`CriteoJsonFormat`]) instead, whose features equal the TSV line's. A
+//! * A record of a line format (Criteo included) is featurized by the
+//!   checkpoint's line format on the line [`RecordShape`] makes of it, the
+//!   format `predict` reads files with: an object and the same `line` score
+//!   alike, and a value is read the same way as a JSON string or number. A
 //!   model trained on Parquet files scores featurized rows ([`rows`]),
 //!   decoded by the Parquet reader `predict` reads the files with.
 
-use super::records::{LineOf, RecordError, RecordShape};
+use super::records::{RecordError, RecordShape};
 use super::rows;
 use crate::config::DataSpec;
 use crate::feature_pipeline::FeaturePipeline;
@@ -23,8 +23,6 @@ use crate::PipelineError;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use tiderec_operators::Batch;
-use tiderec_sources::criteo::{CriteoFeatures, NUM_DENSE};
-use tiderec_sources::json::{CriteoJsonFormat, JsonRecordError};
 use tiderec_sources::lines::LineFormat;
 use tiderec_sources::parquet::SchemaDescription;
 
@@ -66,10 +64,6 @@ struct LineRecords {
     shape: RecordShape,
     /// The pipeline's line format of labeled lines (the training files' lines).
     format: Box<dyn LineFormat + Send>,
-    /// For Criteo checkpoints: the JSON form of their records.
-    criteo: Option<CriteoJsonFormat>,
-    /// Finds a record that may be `{"line": …}` before the Criteo JSON form reads it.
-    line_key: memchr::memmem::Finder<'static>,
     line: RefCell<Vec<u8>>,
 }
 
@@ -109,19 +103,9 @@ impl Loaded {
                 table_sizes: pipeline.table_sizes.clone(),
                 max_len: Some(served.config.model.max_sequence_len()).filter(|&n| n > 0),
             },
-            (None, Some(shape), Some(format)) => Records::Lines(Box::new(LineRecords {
-                shape,
-                format,
-                criteo: match pipeline.format.as_str() {
-                    "criteo" => Some(CriteoJsonFormat::unlabeled(CriteoFeatures {
-                        table_sizes: pipeline.table_sizes.clone(),
-                        seed: pipeline.hash.seed,
-                    })?),
-                    _ => None,
-                },
-                line_key: memchr::memmem::Finder::new(b"\"line\"").into_owned(),
-                line: RefCell::new(Vec::new()),
-            })),
+            (None, Some(shape), Some(format)) => {
+                Records::Lines(Box::new(LineRecords { shape, format, line: RefCell::new(Vec::new()) }))
+            }
             _ => {
                 return Err(PipelineError::config(
                     "checkpoint",
@@ -172,20 +156,13 @@ impl Loaded {
 
     /// Appends the features of one JSON record to `out`; the error names the bad field.
     pub fn featurize(&self, record: &[u8], out: &mut Batch) -> Result<(), RecordError> {
-        let LineRecords { shape, format, criteo, line_key, line } = match &self.records {
+        let LineRecords { shape, format, line } = match &self.records {
             Records::Lines(r) => &**r,
             Records::Rows { description, table_sizes, max_len } => {
                 return rows::featurize(description, table_sizes, *max_len, record, out)
             }
         };
         let mut line = line.borrow_mut();
-        if let Some(json) = criteo {
-            let maybe_line = line_key.find(record).is_some();
-            if !maybe_line || !shape.given_line(record, &mut line)? {
-                return criteo_json(json, record, out);
-            }
-            return format.parse(&line, out).map_err(|e| shape.format_error(e, LineOf::Line));
-        }
         let of = shape.line_of(record, &mut line)?;
         format.parse(&line, out).map_err(|e| shape.format_error(e, of))
     }
@@ -209,24 +186,4 @@ impl Loaded {
         out.extend(self.scorer.probabilities(batch)?);
         Ok(())
     }
-}
-
-/// A Criteo JSON object's features; the error names the bad field.
-fn criteo_json(format: &CriteoJsonFormat, record: &[u8], out: &mut Batch) -> Result<(), RecordError> {
-    format.parse_record(record, out).map_err(|e| {
-        let (reason, field) = match e {
-            JsonRecordError::Bad(reason, field) => (reason, field),
-            JsonRecordError::UnknownKey(key) => {
-                let reason = "unknown field (the criteo fields are listed by GET /schema)".to_string();
-                return RecordError { field: Some(key), reason };
-            }
-        };
-        let (field, reason) = match field {
-            Some(0) => (Some("label".to_string()), reason.to_string()),
-            Some(f) if f <= NUM_DENSE => (Some(format!("I{f}")), reason.to_string()),
-            Some(f) => (Some(format!("C{}", f - NUM_DENSE)), reason.to_string()),
-            None => (None, format!("{reason}: not a JSON object")),
-        };
-        RecordError { field, reason }
-    })
 }

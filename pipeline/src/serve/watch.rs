@@ -12,8 +12,13 @@
 //! * A deleted served checkpoint is reported once (a warning, and the
 //!   `warning` of `/health` at once), and its model keeps answering from
 //!   memory until another checkpoint loads.
-//! * A checkpoint that cannot be loaded is reported once per identity and
-//!   the next older one is tried; nothing is loaded on the scoring thread.
+//! * A checkpoint that cannot be loaded is reported (once per identity and
+//!   distinct error) and the next older one is tried; nothing is loaded on
+//!   the scoring thread. It is tried again after a pause, the watch interval
+//!   doubling up to [`RETRY_MAX`] while it keeps failing (and at the next
+//!   look once another checkpoint loads), so a failure that passes (no file
+//!   descriptor or memory left, a read error) never keeps the old model in
+//!   service.
 //!   While such a checkpoint is there (same identity) and would be served if
 //!   it loaded (newer than the one served, or the one served is gone),
 //!   `/health`'s `warning` names the newest of them
@@ -39,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tiderec_sinks::checkpoint::layout::{self, checkpoint_name};
 use tiderec_sinks::checkpoint::load;
 
@@ -49,6 +54,9 @@ fn parent_of(path: &Path) -> Option<u64> {
     let manifest: tiderec_sinks::checkpoint::Manifest = serde_json::from_str(&text).ok()?;
     manifest.delta.map(|d| d.parent)
 }
+
+/// The longest pause before a checkpoint that could not be loaded is tried again.
+pub const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// What tells one checkpoint from another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -70,6 +78,27 @@ impl Identity {
     }
 }
 
+/// Loads the checkpoint `path` names (one `ckpt-<step>` directory, or the newest valid one of
+/// a checkpoint directory) with `load`, with the identity of the one loaded (at `loaded_path`)
+/// as it was before the load began, as the watcher takes it: a checkpoint replaced while it
+/// loads is then seen as replaced at the next look, never its new contents taken for the
+/// model loaded. `None` when the one loaded was not there before the load began.
+pub fn load_identified<T, E>(
+    path: &Path,
+    load: impl FnOnce(&Path) -> Result<T, E>,
+    loaded_path: impl Fn(&T) -> &Path,
+) -> Result<(T, Option<Identity>), E> {
+    let before: Vec<Identity> = if path.join(layout::MANIFEST_FILE).is_file() {
+        Identity::of(path).into_iter().collect()
+    } else {
+        let list = layout::list_checkpoints(path).unwrap_or_default();
+        list.iter().filter_map(|(_, p)| Identity::of(p)).collect()
+    };
+    let model = load(path)?;
+    let identity = before.into_iter().find(|id| id.path == loaded_path(&model));
+    Ok((model, identity))
+}
+
 /// What the watcher knows of the checkpoint served.
 struct Served {
     identity: Option<Identity>,
@@ -85,8 +114,8 @@ struct Served {
 /// What the watcher remembers of checkpoints that failed.
 #[derive(Default)]
 struct Failed {
-    /// Checkpoints that could not be loaded (tried again after the next load).
-    loads: HashSet<Identity>,
+    /// Checkpoints that could not be loaded, and when each is tried again.
+    loads: HashMap<Identity, Retry>,
     /// Deltas the scoring thread could not apply: only ever loaded whole.
     deltas: HashSet<Identity>,
     /// Checkpoints that could not be loaded, while one of them may be wanted (see
@@ -100,16 +129,51 @@ struct LoadFailure {
     warning: String,
 }
 
+/// When a checkpoint that could not be loaded is tried again, and why it failed last.
+struct Retry {
+    /// Not before then.
+    at: Instant,
+    /// The pause before `at`: the next one is twice as long, up to [`RETRY_MAX`].
+    pause: Duration,
+    /// The last error, which is not reported again while it stays the same.
+    error: String,
+}
+
 impl Failed {
-    /// Remembers that the checkpoint `identity` of `step` could not be loaded, for `error`.
-    fn load(&mut self, step: u64, identity: Identity, error: &dyn std::fmt::Display) {
+    /// Remembers that the checkpoint `identity` of `step` could not be loaded, for `error`,
+    /// to be tried again after a pause: `every` after its first failure, twice the last pause
+    /// after each further one (at most [`RETRY_MAX`], or `every` when longer). The failure is
+    /// reported unless it failed last time for the same error; `true` when it was.
+    fn load(&mut self, step: u64, identity: Identity, error: &dyn std::fmt::Display, every: Duration) -> bool {
+        let error = error.to_string();
         let warning = format!(
             "cannot load the checkpoint {} (step {step}): {error}; the model served keeps answering",
             identity.path.display()
         );
-        eprintln!("warning: serve: {warning}; trying an older one");
+        let last = self.loads.get(&identity);
+        let pause = last.map_or(every, |r| r.pause.saturating_mul(2).min(RETRY_MAX.max(every)));
+        let report = last.is_none_or(|r| r.error != error);
+        if report {
+            eprintln!("warning: serve: {warning}; trying an older one, and this one again later");
+        }
         self.failures.insert(identity.clone(), LoadFailure { step, warning });
-        self.loads.insert(identity);
+        self.loads.insert(identity, Retry { at: Instant::now() + pause, pause, error });
+        report
+    }
+
+    /// Whether the checkpoint `identity` is to be tried now: it never failed, or its pause is
+    /// over.
+    fn due(&self, identity: &Identity) -> bool {
+        self.loads.get(identity).is_none_or(|r| Instant::now() >= r.at)
+    }
+
+    /// After a checkpoint loaded: those that failed are tried again at the next look (what
+    /// failed them may be what the load changed), their errors still remembered; those gone
+    /// (deleted or replaced) are forgotten.
+    fn loaded(&mut self) {
+        let now = Instant::now();
+        self.loads.retain(|id, _| Identity::of(&id.path).as_ref() == Some(id));
+        self.loads.values_mut().for_each(|r| r.at = now);
     }
 
     /// Publishes in `state` the warning of the newest checkpoint that could not be loaded and
@@ -150,16 +214,17 @@ pub fn run(
             std::thread::sleep(d);
             slept += d;
         }
-        if look(dir, &mut served, &mut failed, work, state).is_err() {
+        if look(dir, every, &mut served, &mut failed, work, state).is_err() {
             return;
         }
         failed.publish(&served, state);
     }
 }
 
-/// One look at `dir`; `Err` when the scoring thread is gone.
+/// One look at `dir` (watched every `every`); `Err` when the scoring thread is gone.
 fn look(
     dir: &Path,
+    every: Duration,
     served: &mut Served,
     failed: &mut Failed,
     work: &Sender<Work>,
@@ -193,7 +258,7 @@ fn look(
         if !stale && Some(&identity) == served.identity.as_ref() {
             break;
         }
-        if failed.loads.contains(&identity) {
+        if !failed.due(&identity) {
             continue;
         }
         if !gone
@@ -215,16 +280,84 @@ fn look(
                 eprintln!("serve: loaded step {step} from {}", path.display());
                 work.send(Work::Swap(Box::new(model))).map_err(|_| ())?;
                 *served = Served { identity: Some(identity), step, path, reported: false, stale: false };
-                failed.loads.clear();
+                failed.loaded();
                 return Ok(());
             }
             Err(e) => {
-                // A checkpoint pruned while being read is no news; any other failure is reported once.
+                // A checkpoint pruned while being read is no news; any other failure is
+                // reported, and tried again later.
                 if Identity::of(&path).as_ref() == Some(&identity) {
-                    failed.load(step, identity, &e);
+                    failed.load(step, identity, &e, every);
                 }
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint(dir: &Path, step: u64, manifest: &str) -> PathBuf {
+        let path = dir.join(checkpoint_name(step));
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::write(path.join(layout::MANIFEST_FILE), manifest).unwrap();
+        path
+    }
+
+    /// A checkpoint replaced while it loads keeps the identity it had before: the watcher then
+    /// sees it replaced, rather than taking the new contents for the model loaded.
+    #[test]
+    fn the_identity_of_a_checkpoint_is_taken_before_it_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        checkpoint(dir.path(), 3, "old 3");
+        let five = checkpoint(dir.path(), 5, "old 5");
+        let before = Identity::of(&five);
+        for named in [dir.path().to_path_buf(), five.clone()] {
+            checkpoint(dir.path(), 5, "old 5");
+            let replace = |_: &Path| -> Result<PathBuf, ()> {
+                checkpoint(dir.path(), 5, "new 5");
+                Ok(five.clone())
+            };
+            let (loaded, identity) = load_identified(&named, replace, |p| p.as_path()).unwrap();
+            assert_eq!(loaded, five);
+            assert!(identity.is_some() && identity == before, "{named:?}: {identity:?}");
+            assert_ne!(identity, Identity::of(&five), "the checkpoint changed during the load");
+        }
+        // One written during the load has no identity from before it.
+        let new = |_: &Path| -> Result<PathBuf, ()> { Ok(checkpoint(dir.path(), 8, "8")) };
+        assert_eq!(load_identified(dir.path(), new, |p| p.as_path()).unwrap().1, None);
+        assert_eq!(load_identified(dir.path(), |_| Err::<PathBuf, _>("no"), |p| p.as_path()).unwrap_err(), "no");
+    }
+
+    /// A checkpoint that fails to load is tried again after a pause doubling from the watch
+    /// interval up to a minute, reported once per distinct error, and due at the next look
+    /// once another checkpoint loads.
+    #[test]
+    fn a_failed_load_is_retried_after_a_growing_pause() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = Identity::of(&checkpoint(dir.path(), 7, "7")).unwrap();
+        let mut failed = Failed::default();
+        let every = Duration::from_secs(10);
+        assert!(failed.due(&identity));
+        let mut pauses = Vec::new();
+        let mut reported = Vec::new();
+        for error in ["too many open files", "too many open files", "too many open files", "bad", "bad", "bad"] {
+            reported.push(failed.load(7, identity.clone(), &error, every));
+            pauses.push(failed.loads[&identity].pause.as_secs());
+            assert!(!failed.due(&identity), "not tried again at once");
+        }
+        assert_eq!(pauses, [10, 20, 40, 60, 60, 60]);
+        assert_eq!(reported, [true, false, false, true, false, false]);
+        failed.loads.get_mut(&identity).unwrap().at = Instant::now();
+        assert!(failed.due(&identity), "tried again once its pause is over");
+        failed.load(7, identity.clone(), &"bad", every);
+        failed.loaded();
+        assert!(failed.due(&identity), "tried again at the next look after another loads");
+        assert!(!failed.load(7, identity.clone(), &"bad", every), "its error is still known");
+        std::fs::remove_dir_all(&identity.path).unwrap();
+        failed.loaded();
+        assert!(failed.loads.is_empty(), "a checkpoint gone is forgotten");
+    }
 }
