@@ -263,6 +263,11 @@ impl<T: Scalar> super::model::Model<T> for Fm<T> {
         }
         self.cache.set_precision(precision)
     }
+    /// The deep part's products (the linear term is one dot product per sample,
+    /// the FM term is computed sample by sample).
+    fn set_batch_invariant(&mut self, on: bool) {
+        self.cache.set_batch_invariant(on);
+    }
 
     fn forward(&mut self, dense: &[T], pooled: &[T], batch: usize) -> &[T] {
         self.batch = batch;

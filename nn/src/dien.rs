@@ -416,6 +416,12 @@ impl<T: Scalar> Model<T> for Dien<T> {
     fn set_precision(&mut self, precision: Precision) -> Result<(), OperatorError> {
         Dien::set_precision(self, precision)
     }
+    /// The MLP's products: the GRU's products sum each row on its own whatever
+    /// the rows (the packed kernel), the attention and the pooling run sample by
+    /// sample, and padding past a sample's length is never read.
+    fn set_batch_invariant(&mut self, on: bool) {
+        self.ws.mlp.set_batch_invariant(on);
+    }
 }
 
 #[cfg(test)]

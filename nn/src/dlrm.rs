@@ -199,6 +199,11 @@ impl<T: Scalar> Model<T> for Dlrm<T> {
     fn backward(&mut self, dense: &[T], pooled: &[T], dlogits: &[T], dpooled: &mut [T]) {
         Dlrm::backward(self, dense, pooled, dlogits, dpooled)
     }
+    /// Both MLPs' products (the interaction computes each sample on its own).
+    fn set_batch_invariant(&mut self, on: bool) {
+        self.ws.bottom.set_batch_invariant(on);
+        self.ws.top.set_batch_invariant(on);
+    }
     fn set_precision(&mut self, precision: Precision) -> Result<(), OperatorError> {
         Dlrm::set_precision(self, precision)
     }

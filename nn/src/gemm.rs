@@ -64,6 +64,31 @@ pub fn gemm<T: Scalar>(
     }
 }
 
+/// `c[m×n] = alpha · a[m×k] · bᵀ + beta · c` (`b` stored `n × k`, a layer's
+/// `x·Wᵀ`) where each row of `c` is the value [`gemm()`] gives it among two rows or
+/// more, whatever `m`: one row runs matrixmultiply too instead of [`gemm()`]'s
+/// dot products (another summation order), and `n == 1` runs [`gemm()`]'s
+/// per-row dot products at every `m`. So a row's entries do not depend on how
+/// many rows are computed with it, or where it lies among them.
+///
+/// # Panics
+/// When a slice is shorter than its shape requires.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nt_rows<T: Scalar>(m: usize, n: usize, k: usize, alpha: T, a: &[T], b: &[T], beta: T, c: &mut [T]) {
+    if m != 1 || n == 1 {
+        return gemm(Op::N, Op::T, m, n, k, alpha, a, b, beta, c);
+    }
+    assert!(a.len() >= k, "gemm_nt_rows: a has {} values, needs {k}", a.len());
+    assert!(b.len() >= k * n, "gemm_nt_rows: b has {} values, needs {}", b.len(), k * n);
+    assert!(c.len() >= n, "gemm_nt_rows: c has {} values, needs {n}", c.len());
+    // SAFETY: the asserts bound every index the strides reach: a is one row of k, op(b) = bᵀ
+    // is k × n read from b (n × k row-major: row stride 1, column stride k), c one row of n.
+    unsafe {
+        let (k_i, n_i) = (k as isize, n as isize);
+        T::gemm_raw(1, k, n, alpha, a.as_ptr(), k_i, 1, b.as_ptr(), 1, k_i, beta, c.as_mut_ptr(), n_i, 1);
+    }
+}
+
 /// `c[m×n] += a[m×k] · bᵀ`, with `b` stored `n × k` (a layer's `x·Wᵀ`), on
 /// the `gemm` crate's kernels, single-threaded. Same operands and result as
 /// `gemm(Op::N, Op::T, m, n, k, 1, a, b, 1, c)`, up to the order of the sums.

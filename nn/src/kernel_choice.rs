@@ -29,6 +29,11 @@
 //! [`choose_backward_kernels`] picks the fastest, keeping matrixmultiply unless
 //! a packed kernel beats it by [`BACKWARD_MARGIN`] ([`backward_winner`]).
 //!
+//! Scoring runs each forward product in the class of its shape alone
+//! ([`batch_invariant_class`]), so a sample's logit does not depend on the batch
+//! it is scored in; training keeps [`forward_class`], which its measurements and
+//! results were made with.
+//!
 //! Invariants: [`choose_forward_kernels`] installs a choice only for a shape in
 //! the packed class, or in the general class where [`packed_computes_general`]
 //! holds, and only a kernel the CPU runs; a forward shape never measured runs
@@ -78,6 +83,21 @@ pub fn forward_class<T: Scalar>(batch: usize, input: usize, output: usize) -> Fo
         ForwardClass::Wide
     } else {
         ForwardClass::General
+    }
+}
+
+/// The summation class of an `input → output` forward product whose rows must
+/// not depend on how many are computed together (scoring): fixed by the shape
+/// alone, as [`forward_class`] is for batches of at most 256 rows: the packed
+/// kernel where a vector one runs and the layer is not narrow, matrixmultiply
+/// elsewhere, never the `gemm` crate (it runs past 256 rows only, so a row's sums
+/// would change with the batch). Both
+/// sum each entry of a row the same way at any row count (one row through
+/// matrixmultiply as well: [`gemm_nt_rows`](super::gemm::gemm_nt_rows)).
+pub fn batch_invariant_class<T: Scalar>(input: usize, output: usize) -> ForwardClass {
+    match forward_class::<T>(1, input, output) {
+        ForwardClass::Wide => ForwardClass::General,
+        class => class,
     }
 }
 

@@ -3,13 +3,14 @@
 //! `W` is `[output × input]` row-major at `offset` in the model's flat
 //! parameter buffer, followed by `b` (`output` values).
 
-use super::gemm::{gemm, gemm_nt_acc, Op};
+use super::gemm::{gemm, gemm_nt_acc, gemm_nt_rows, Op};
 use super::gemm_amx::{AmxRhs, Epilogue};
 use super::gemm_bf16::{Bf16Scratch, Chained, Left, Right};
 use super::gemm_packed::{gemm_packed_finish_with, Finish, PackedRhs};
 pub use super::kernel_choice::ForwardClass;
 use super::kernel_choice::{
-    backward_kernel_for, forward_class, general_packed_kernel, packed_computes_general, panel_kernel_for, Backward,
+    backward_kernel_for, batch_invariant_class, forward_class, general_packed_kernel, packed_computes_general,
+    panel_kernel_for, Backward,
 };
 use super::relu::{relu_backward_in_place, relu_in_place};
 use super::Scalar;
@@ -76,13 +77,49 @@ impl Linear {
         params: &[T],
         x: &[T],
         batch: usize,
+        out: (&mut [T], bool),
+        packed: &mut PackedRhs<T>,
+    ) {
+        let class = self.forward_class::<T>(batch);
+        self.forward_in(class, false, params, (x, batch), out, packed)
+    }
+
+    /// [`forward`](Self::forward) with each row's output independent of how many
+    /// rows are computed with it and of its place among them (scoring): the
+    /// product runs in the class of the layer's shape alone
+    /// ([`batch_invariant_class`]), and a single row of the matrixmultiply class
+    /// through matrixmultiply too ([`gemm_nt_rows`]). Equal to
+    /// [`forward`](Self::forward) bit for bit wherever that runs the same class
+    /// on two rows or more (any batch of 2 to 256 rows, and any batch of two or
+    /// more where a vector packed kernel runs); within rounding of it elsewhere.
+    #[inline(never)]
+    pub fn forward_batch_invariant<T: Scalar>(
+        &self,
+        params: &[T],
+        x: &[T],
+        batch: usize,
+        out: (&mut [T], bool),
+        packed: &mut PackedRhs<T>,
+    ) {
+        let class = batch_invariant_class::<T>(self.input, self.output);
+        self.forward_in(class, true, params, (x, batch), out, packed)
+    }
+
+    /// The body of both forwards: the product in `class`, one row through
+    /// matrixmultiply when `one_row_general` (else through [`gemm()`]'s dot products).
+    #[inline(always)]
+    fn forward_in<T: Scalar>(
+        &self,
+        class: ForwardClass,
+        one_row_general: bool,
+        params: &[T],
+        (x, batch): (&[T], usize),
         (y, relu): (&mut [T], bool),
         packed: &mut PackedRhs<T>,
     ) {
         let w = &params[self.offset..self.offset + self.output * self.input];
         let b = &params[self.bias_offset()..self.bias_offset() + self.output];
         let y = &mut y[..batch * self.output];
-        let class = self.forward_class::<T>(batch);
         let kernel = match class {
             ForwardClass::Packed => Some(panel_kernel_for(batch, self.input, self.output)),
             ForwardClass::General if packed_computes_general::<T>(batch, self.input, self.output) => {
@@ -103,6 +140,8 @@ impl Linear {
         }
         if class == ForwardClass::Wide {
             gemm_nt_acc(batch, self.output, self.input, x, w, y);
+        } else if one_row_general {
+            gemm_nt_rows(batch, self.output, self.input, T::ONE, x, w, T::ONE, y);
         } else {
             gemm(Op::N, Op::T, batch, self.output, self.input, T::ONE, x, w, T::ONE, y);
         }
@@ -389,6 +428,70 @@ mod tests {
             loss(&full, &x)
         });
         check_gradients(&x, &dx, |xx| loss(&params, xx));
+    }
+
+    /// `layer`'s forward of `batch` rows of `x` in chunks of `chunk` rows,
+    /// batch-invariant or training's.
+    fn forward_in_chunks<T: Scalar>(lin: &Linear, params: &[T], x: &[T], chunk: usize, invariant: bool) -> Vec<T> {
+        let mut y = Vec::new();
+        let mut packed = PackedRhs::default();
+        for rows in x.chunks(chunk * lin.input) {
+            let n = rows.len() / lin.input;
+            let mut part = vec![T::ZERO; n * lin.output];
+            if invariant {
+                lin.forward_batch_invariant(params, rows, n, (&mut part, true), &mut packed);
+            } else {
+                lin.forward(params, rows, n, (&mut part, true), &mut packed);
+            }
+            y.extend(part);
+        }
+        y
+    }
+
+    /// The batch-invariant forward gives each row the same bits whether it is
+    /// computed alone, among 7 rows or among 300 (past the 256 rows where
+    /// training's class can change), and wherever it lies; it equals training's
+    /// forward bit for bit on 7 rows (the same class on two rows or more), and
+    /// within rounding on one row and on 300. In `f32` (the packed kernel where
+    /// a vector one runs) and `f64` (no packed kernel: matrixmultiply, where
+    /// training runs the `gemm` crate past 256 rows on wide layers).
+    #[test]
+    fn batch_invariant_forward_gives_each_row_its_bits_at_any_batch() {
+        batch_invariant_rows::<f32>(1e-5);
+        batch_invariant_rows::<f64>(1e-12);
+    }
+
+    fn batch_invariant_rows<T: Scalar>(tolerance: f64) {
+        let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
+        let batch = 300;
+        // Narrow inputs and outputs (matrixmultiply), a layer of width 1, wide layers.
+        for (input, output) in [(13, 100), (40, 3), (100, 4), (20, 1), (40, 100), (367, 130)] {
+            let lin = Linear { input, output, offset: 0 };
+            let mut params = vec![T::ZERO; lin.num_params()];
+            lin.init(&mut params, 7, input as u64);
+            let x: Vec<T> =
+                (0..batch * input).map(|i| T::from_f64(tiderec_records::rng::normal_f64(9, 1, i as u64, 0))).collect();
+            let what = format!("{}: {input}->{output}", std::any::type_name::<T>());
+            let all = forward_in_chunks(&lin, &params, &x, batch, true);
+            for chunk in [1, 7, 257] {
+                let got = forward_in_chunks(&lin, &params, &x, chunk, true);
+                assert_eq!(bits(&got), bits(&all), "{what}: in chunks of {chunk} rows");
+            }
+            // The rows in reverse order: each keeps its bits.
+            let reversed: Vec<T> = x.chunks(input).rev().flatten().copied().collect();
+            let back = forward_in_chunks(&lin, &params, &reversed, batch, true);
+            let back: Vec<T> = back.chunks(output).rev().flatten().copied().collect();
+            assert_eq!(bits(&back), bits(&all), "{what}: rows reversed");
+            let training_small = forward_in_chunks(&lin, &params, &x, 7, false);
+            assert_eq!(bits(&training_small), bits(&all), "{what}: training's forward on 7 rows");
+            for chunk in [1, batch] {
+                let training = forward_in_chunks(&lin, &params, &x, chunk, false);
+                for (k, (t, a)) in training.iter().zip(&all).enumerate() {
+                    let (t, a) = (t.to_f64(), a.to_f64());
+                    assert!((t - a).abs() <= tolerance * (1.0 + a.abs()), "{what} [{k}] chunks of {chunk}: {t} vs {a}");
+                }
+            }
+        }
     }
 
     /// All three forward kernels (packed: any batch where a vector packed

@@ -37,6 +37,9 @@ pub struct MlpCache<T> {
     packed: PackedRhs<T>,
     /// The precision of the layers' products (see [`MlpCache::set_precision`]).
     precision: Precision,
+    /// Whether the `f32`/`f64` forward runs [`Linear::forward_batch_invariant`]
+    /// (see [`MlpCache::set_batch_invariant`]).
+    batch_invariant: bool,
     /// The bf16 operands under [`Precision::Bf16`] (scratch shared by the layers).
     bf16: Bf16Scratch,
     /// Under bf16 on AMX, per layer, its input as the layer below's forward
@@ -64,6 +67,15 @@ impl<T: Scalar> MlpCache<T> {
     /// The precision of the layers' products.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// From the next `forward` on, runs each layer's product as
+    /// [`Linear::forward_batch_invariant`] (`true`: each row's output does not
+    /// depend on the batch it is computed in, as scoring needs) or as
+    /// [`Linear::forward`] (`false`, the default: training's). Applies to the
+    /// `f32` and `f64` products, not to bf16's.
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        self.batch_invariant = on;
     }
 }
 
@@ -131,6 +143,9 @@ impl Mlp {
             let relu = self.relu_after(i);
             match cache.precision {
                 // `set_precision` admits fp32 and bf16 only (tf32 is a GPU worker's).
+                Precision::Fp32 | Precision::Tf32 if cache.batch_invariant => {
+                    l.forward_batch_invariant(params, input, batch, (out, relu), &mut cache.packed)
+                }
                 Precision::Fp32 | Precision::Tf32 => l.forward(params, input, batch, (out, relu), &mut cache.packed),
                 Precision::Bf16 => {
                     let p = f32_view(params);
@@ -160,7 +175,7 @@ impl Mlp {
         dx: Option<&mut [T]>,
     ) {
         let n = self.layers.len();
-        let MlpCache { outs, douts, packed, precision, bf16, inputs, sums } = cache;
+        let MlpCache { outs, douts, packed, precision, bf16, inputs, sums, .. } = cache;
         douts.resize_with(n, AlignedVec::new);
         for (d, l) in douts.iter_mut().zip(&self.layers) {
             d.resize(batch * l.output, T::ZERO);

@@ -7,7 +7,13 @@
 //! shape, to be cleared and refilled), gathers each field's distinct rows, pools them
 //! with [`pool_sum`] (the trainer's kernel, with the fields' pooling weights),
 //! lays the sequences out padded to the batch's longest, and runs the model's
-//! forward. Single-threaded, so its output depends only on the batches.
+//! forward in its batch-invariant form ([`Model::set_batch_invariant`]).
+//!
+//! Invariant: a record's probability depends on the record alone (and the
+//! model, this machine's kernels and the build), never on the batch it is
+//! scored in or its place there: pooling and the padding of sequences are per
+//! record, and every product of the forward sums each row the same way at any
+//! row count. Single-threaded.
 
 use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
@@ -63,6 +69,7 @@ impl Scorer {
             ));
         }
         net.params_mut().copy_from_slice(&model.dense);
+        net.set_batch_invariant(true);
         Ok(Scorer {
             model: net,
             dim: cfg.model.embedding_dim(),
