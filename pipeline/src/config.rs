@@ -349,6 +349,43 @@ impl TableOverride {
     }
 }
 
+/// The addresses of a hosts file's `text` (read from `path`), one `host:port` per line
+/// (blank lines and `#` comments skipped): a line that is not `host:port` with a port
+/// from 1 to 65535, or that repeats an earlier one, is refused naming the file and line.
+fn host_lines(path: &std::path::Path, text: &str) -> Result<Vec<String>, PipelineError> {
+    let mut hosts: Vec<(usize, String)> = Vec::new();
+    for (n, line) in text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = || format!("{} line {n}: {line:?}", path.display());
+        // An IPv6 host is bracketed (`[::1]:2101`); a host has no blanks.
+        let host_ok = |h: &str| {
+            !h.is_empty()
+                && !h.contains(char::is_whitespace)
+                && (!h.contains(':') || (h.starts_with('[') && h.ends_with(']')))
+        };
+        let port = line.rsplit_once(':').filter(|(host, _)| host_ok(host)).map(|(_, port)| port.parse::<u16>());
+        match port {
+            Some(Ok(p)) if p > 0 => {}
+            _ => {
+                return Err(PipelineError::config(
+                    "hosts",
+                    format!("{} is not host:port with a port from 1 to 65535", at()),
+                ))
+            }
+        }
+        if let Some((first, _)) = hosts.iter().find(|(_, h)| h.eq_ignore_ascii_case(line)) {
+            return Err(PipelineError::config(
+                "hosts",
+                format!("{} repeats line {first}: every process needs an address of its own", at()),
+            ));
+        }
+        hosts.push((n, line.to_string()));
+    }
+    Ok(hosts.into_iter().map(|(_, h)| h).collect())
+}
+
 /// Parses `exchange_tables` entries `"T=STRATEGY"` for `tables` sparse fields; errors name the key and the entry.
 fn parse_exchange_tables(entries: &[String], tables: usize) -> Result<Vec<(usize, TableOverride)>, PipelineError> {
     let mut out: Vec<(usize, TableOverride)> = Vec::new();
@@ -557,12 +594,7 @@ impl TrainSettings {
                 })?;
             let text = std::fs::read_to_string(path)
                 .map_err(|e| PipelineError::config("hosts", format!("cannot read {}: {e}", path.display())))?;
-            let hosts: Vec<String> = text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                .map(String::from)
-                .collect();
+            let hosts = host_lines(path, &text)?;
             if hosts.len() != self.cluster.processes {
                 return Err(PipelineError::config(
                     "hosts",

@@ -35,8 +35,16 @@
 //! The processes of one cluster run all write into the checkpoint directory
 //! (each its own workers' shards), so each locks its own file
 //! ([`lock_file_name`]): `.lock` for process 0 (and every single-process
-//! run), `.lock.p<k>` for process `k`. Every run has a process 0, so two runs
-//! on one directory always meet at `.lock`; processes of one run never do.
+//! run), `.lock.p<k>` for process `k`. Processes of one run never meet. A
+//! process of another run always meets a holder ([`DirLock::acquire_for_process`]):
+//! each lock file records its run's process count, and after taking its own
+//! file a process `k > 0` refuses a `.lock` held by a run of another count (or
+//! by a single-process run), while process 0 (and a single-process run)
+//! refuses any `.lock.p<k>` held by a process `k` outside its run (`k` at or
+//! past its count, or another count). Each checks the other's file after
+//! taking its own, so of two runs starting at once the later check sees the
+//! earlier lock: one of them is refused. Two runs of the same count meet at
+//! every file both lock.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -103,12 +111,14 @@ pub struct Holder {
     pub pid: Option<u32>,
     /// The host it runs on.
     pub host: Option<String>,
+    /// The process count of its run (written by [`DirLock::acquire_for_process`]).
+    pub processes: Option<usize>,
 }
 
 impl Holder {
     /// This process, running `command`.
     pub fn current(command: &str) -> Holder {
-        Holder { command: Some(command.to_string()), pid: Some(std::process::id()), host: host_name() }
+        Holder { command: Some(command.to_string()), pid: Some(std::process::id()), host: host_name(), processes: None }
     }
 
     /// The lock file's text: one `key=value` line per field known.
@@ -123,6 +133,9 @@ impl Holder {
         if let Some(host) = &self.host {
             text.push_str(&format!("host={host}\n"));
         }
+        if let Some(n) = self.processes {
+            text.push_str(&format!("processes={n}\n"));
+        }
         text
     }
 
@@ -134,6 +147,7 @@ impl Holder {
                 "command" => holder.command = Some(value.to_string()),
                 "pid" => holder.pid = value.parse().ok(),
                 "host" => holder.host = Some(value.to_string()),
+                "processes" => holder.processes = value.parse().ok(),
                 _ => {}
             }
         }
@@ -191,6 +205,40 @@ impl DirLock {
     /// [`LockError::Held`]. A file whose holder removed it before this lock took
     /// hold is not kept: acquiring starts over (see the [module docs](self)).
     pub fn acquire(dir: &Path, name: &str, command: &str) -> Result<DirLock, LockError> {
+        Self::acquire_as(dir, name, &Holder::current(command))
+    }
+
+    /// Locks `dir` for process `process` of a run of `processes` (1: a single-process
+    /// run) running `command`: its own file ([`lock_file_name`]), then refuses, with
+    /// [`LockError::Held`] naming the holder, any process of another run holding the
+    /// directory (see the [module docs](self)).
+    pub fn acquire_for_process(
+        dir: &Path,
+        process: usize,
+        processes: usize,
+        command: &str,
+    ) -> Result<DirLock, LockError> {
+        let holder = Holder { processes: Some(processes), ..Holder::current(command) };
+        let lock = Self::acquire_as(dir, &lock_file_name(process), &holder)?;
+        let ours = |k: usize, h: &Holder| k < processes && h.processes == Some(processes);
+        if process > 0 {
+            check_held(dir, &dir.join(LOCK_FILE), |h| ours(0, h))?;
+        } else {
+            let entries = std::fs::read_dir(dir).map_err(io_error(dir))?;
+            for name in entries.flatten().map(|e| e.file_name()) {
+                let Some(k) = name.to_str().and_then(|n| n.strip_prefix(".lock.p")?.parse::<usize>().ok()) else {
+                    continue;
+                };
+                if k > 0 && name.to_str() == Some(lock_file_name(k).as_str()) {
+                    check_held(dir, &dir.join(name), |h| ours(k, h))?;
+                }
+            }
+        }
+        Ok(lock)
+    }
+
+    /// [`Self::acquire`], writing `holder` into the file.
+    fn acquire_as(dir: &Path, name: &str, holder: &Holder) -> Result<DirLock, LockError> {
         let path = dir.join(name);
         // Why the last attempt started over, for the error when none holds.
         let mut last = None;
@@ -219,7 +267,7 @@ impl DirLock {
                 last = None;
                 continue;
             }
-            write_holder(&mut file, &Holder::current(command)).map_err(io_error(&path))?;
+            write_holder(&mut file, holder).map_err(io_error(&path))?;
             return Ok(DirLock { file, path, dir: dir.to_path_buf(), created });
         }
         // Opening kept failing (a link into a folder that does not exist, say): that error.
@@ -265,6 +313,35 @@ impl DirLock {
             }
         }
         !dir.exists()
+    }
+}
+
+/// Refuses the lock file at `path` when a live process holds it and `ours` says its
+/// holder is not of this run. A holder that has not written itself yet is waited for
+/// briefly; one that never does is not of this run.
+fn check_held(dir: &Path, path: &Path, ours: impl Fn(&Holder) -> bool) -> Result<(), LockError> {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error(path)(e)),
+    };
+    match file.try_lock_shared() {
+        // Nobody holds it (this shared lock is released when `file` closes).
+        Ok(()) => return Ok(()),
+        Err(TryLockError::WouldBlock) => {}
+        Err(TryLockError::Error(e)) => return Err(io_error(path)(e)),
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut holder = read_holder(&mut file);
+    while holder.pid.is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let _ = file.seek(SeekFrom::Start(0));
+        holder = read_holder(&mut file);
+    }
+    if ours(&holder) {
+        Ok(())
+    } else {
+        Err(LockError::Held { dir: dir.to_path_buf(), lock: path.to_path_buf(), holder })
     }
 }
 
@@ -374,6 +451,38 @@ mod tests {
         assert!(!is_lock_file(".locksmith") && !is_lock_file("ckpt-3") && !is_lock_file(".lock.x"));
         assert!(!is_lock_file(".lock.p") && !is_lock_file(".lock.p1x"));
         assert!(matches!(DirLock::acquire(dir.path(), ".lock.p1", "x"), Err(LockError::Held { .. })));
+    }
+
+    #[test]
+    fn a_process_of_a_run_of_another_size_meets_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        // A two-process run, process 1 first: its processes never meet.
+        let one = DirLock::acquire_for_process(dir.path(), 1, 2, "tiderec train process 1 of 2").unwrap();
+        let zero = DirLock::acquire_for_process(dir.path(), 0, 2, "tiderec train process 0 of 2").unwrap();
+        assert_eq!(Holder::read(zero.path()).processes, Some(2));
+        // Process 2 of a three-process run has no file of the first run to meet but `.lock`.
+        let Err(LockError::Held { lock, holder, .. }) = DirLock::acquire_for_process(dir.path(), 2, 3, "x") else {
+            panic!("process 2 of another run must be refused");
+        };
+        assert_eq!(lock, dir.path().join(LOCK_FILE));
+        assert_eq!((holder.pid, holder.processes), (Some(std::process::id()), Some(2)));
+        drop((zero, one));
+        // The other way round: a stray process 2 is there first; process 0 of a
+        // two-process run (and a single-process run) meets it.
+        let stray = DirLock::acquire_for_process(dir.path(), 2, 3, "tiderec train process 2 of 3").unwrap();
+        for (process, processes) in [(0, 2), (0, 1)] {
+            let Err(LockError::Held { lock, .. }) = DirLock::acquire_for_process(dir.path(), process, processes, "y")
+            else {
+                panic!("process {process} of {processes} must meet the stray process");
+            };
+            assert_eq!(lock, stray.path());
+        }
+        // Its own run's process 0 does not.
+        drop(DirLock::acquire_for_process(dir.path(), 0, 3, "tiderec train process 0 of 3").unwrap());
+        drop(stray);
+        // Stale files of ended runs block nothing.
+        drop(DirLock::acquire_for_process(dir.path(), 0, 1, "tiderec train").unwrap());
+        drop(DirLock::acquire_for_process(dir.path(), 1, 4, "tiderec train").unwrap());
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub enum ClusterFailure {
     Disagree,
     /// A process was lost mid-run (it died, or sent no heartbeat).
     Lost,
+    /// A signal stopped this process while it waited for the others at start.
+    Stopped,
 }
 
 /// What failed in a [`PipelineError::Dataflow`].

@@ -80,7 +80,7 @@ mod writer;
 
 pub use writer::Checkpointer;
 
-use crate::dir_lock::{lock_file_name, DirLock};
+use crate::dir_lock::DirLock;
 use crate::error::CheckpointAction;
 use crate::feature_pipeline::FeaturePipeline;
 use crate::PipelineError;
@@ -171,7 +171,7 @@ pub fn lock_dir(dir: &Path, process: usize, processes: usize, command: &str) -> 
         1 => command.to_string(),
         n => format!("{command} process {process} of {n}"),
     };
-    Ok(DirLock::acquire(dir, &lock_file_name(process), &holder)?)
+    Ok(DirLock::acquire_for_process(dir, process, processes, &holder)?)
 }
 
 /// Creates the checkpoint directory `dir` if missing.

@@ -201,9 +201,17 @@ mod tests {
             .map(|(me, print)| {
                 let addresses = addresses.clone();
                 std::thread::spawn(move || {
-                    handshake::connect_and_agree(me, &addresses, &print, None, Duration::from_secs(20))
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
+                    let stop = std::sync::atomic::AtomicBool::new(false);
+                    handshake::connect_and_agree(handshake::Start {
+                        me,
+                        addresses: &addresses,
+                        mine: &print,
+                        checkpoint_dir: None,
+                        timeout: Duration::from_secs(20),
+                        stop: &stop,
+                    })
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
                 })
             })
             .collect();

@@ -4,8 +4,10 @@
 //! ([`super::lost_peer`]); one that is stopped (`SIGSTOP`), hung or cut off
 //! by the network closes nothing, and timely would wait for it forever. So
 //! every pair of processes keeps a second connection ([`super::handshake`])
-//! on which each side writes one byte every [`interval`] and reads with a
-//! timeout: a peer silent for the whole timeout is reported through
+//! on which each side writes one byte every [`interval`] of the shortest
+//! `--connect-timeout` of all processes (each tells the others its own in
+//! the handshake) and reads with its own timeout: a peer silent for the
+//! whole timeout is reported through
 //! `on_lost` (which ends the run). The end of a heartbeat stream, or
 //! an error on it, is not a verdict: a peer that finished its run closes it
 //! normally, and a dead one is reported by timely.
@@ -44,8 +46,11 @@ const FAILED_GRACE: Duration = Duration::from_secs(2);
 /// What the heartbeat threads of a process share.
 #[derive(Clone)]
 pub struct Beats {
-    /// A peer silent this long is lost.
+    /// A peer silent this long is lost (this process's `--connect-timeout`).
     pub timeout: Duration,
+    /// Time between two heartbeats this process writes: [`interval`] of the shortest
+    /// timeout of all processes, so that no peer's reader finds it silent.
+    pub interval: Duration,
     /// Set once the local workers are joined.
     pub done: Arc<AtomicBool>,
     /// This process's workers' first error: the byte written says whether there is one.
@@ -69,7 +74,7 @@ pub fn watch(
         std::thread::Builder::new().name(format!("tiderec:beat-to-{p}")).spawn(move || {
             let beat = || if mine.failure.failed() { FAILED } else { ALIVE };
             while !mine.done.load(Ordering::Relaxed) && writer.write_all(&[beat()]).is_ok() {
-                std::thread::sleep(interval(mine.timeout));
+                std::thread::sleep(mine.interval);
             }
             // The last word of a failed process, should it end before the next beat.
             if mine.failure.failed() {

@@ -15,10 +15,15 @@
 //!   [`PipelineError::Cluster`] naming the lost process, the last step and
 //!   the checkpoint to resume from.
 //! * **Silent peer** ([`liveness`]): a process that sends no heartbeat for
-//!   `--connect-timeout` seconds (stopped, hung, cut off) is recorded as lost
+//!   its reader's `--connect-timeout` seconds (stopped, hung, cut off) is recorded as lost
 //!   and its connection shut down, so timely's threads fail as for a dead one
 //!   and [`join`] returns the same error, instead of the workers waiting for
-//!   it forever.
+//!   it forever. The timeout may differ between processes: the handshake
+//!   carries each one's, and every process beats often enough for the
+//!   shortest.
+//! * **A signal at start**: SIGINT or SIGTERM while the processes wait for
+//!   each other ends the wait at once with [`ClusterFailure::Stopped`],
+//!   before any worker starts.
 //!
 //! * **A worker's own error** ([`failure`]): a worker that fails outside a
 //!   step tells no other worker; the process ends a bounded time after it
@@ -78,8 +83,12 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// The cluster of a `train` or `online` run with these settings.
+    /// The cluster of a `train` or `online` run with these settings. A process other than
+    /// 0 warns, in one line, of the outputs it was given that only process 0 writes.
     pub fn new(settings: &TrainSettings, resolved: &Resolved) -> Self {
+        if let Some(line) = ignored_outputs(settings) {
+            eprintln!("{line}");
+        }
         Cluster {
             process: settings.cluster.process,
             addresses: resolved.hosts.clone(),
@@ -96,6 +105,24 @@ impl Cluster {
     pub fn finished_step(&self, step: u64) {
         self.step.fetch_max(step, Ordering::Relaxed);
     }
+}
+
+/// The warning for the outputs given to a process other than 0 that only process 0
+/// writes (`--metrics-json`, `--metrics-log`, `--tensorboard`, `--metrics-addr`), if any.
+fn ignored_outputs(settings: &TrainSettings) -> Option<String> {
+    let run = &settings.run;
+    let given: Vec<&str> = [
+        ("--metrics-json", run.metrics_json.is_some()),
+        ("--metrics-log", run.metrics_log.is_some()),
+        ("--tensorboard", run.tensorboard.is_some()),
+        ("--metrics-addr", run.metrics_addr.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, set)| set.then_some(flag))
+    .collect();
+    let process = settings.cluster.process;
+    (process > 0 && !given.is_empty())
+        .then(|| format!("warning: process {process} ignores {}: only process 0 writes them", given.join(", ")))
 }
 
 /// What each worker returns: worker 0's summary, or an error.
@@ -132,13 +159,17 @@ where
     }
     lost_peer::install();
     let mine = fingerprint::with_build(print(), build::identity());
-    let links = handshake::connect_and_agree(
-        cluster.process,
-        &cluster.addresses,
-        &mine,
-        cluster.checkpoint_dir.as_deref(),
-        cluster.connect_timeout,
-    )?;
+    // The process's SIGINT/SIGTERM flag (installed by the run already): a signal while the
+    // processes wait for each other ends this one at once.
+    let stop = crate::stop::stop_flag()?;
+    let links = handshake::connect_and_agree(handshake::Start {
+        me: cluster.process,
+        addresses: &cluster.addresses,
+        mine: &mine,
+        checkpoint_dir: cluster.checkpoint_dir.as_deref(),
+        timeout: cluster.connect_timeout,
+        stop: &stop,
+    })?;
     // A silent or failed process is recorded as lost and its data connection shut down here, so
     // timely's threads fail as if it had died and the run ends through `join`.
     let switches =
@@ -152,6 +183,7 @@ where
     });
     let beats = liveness::Beats {
         timeout: cluster.connect_timeout,
+        interval: liveness::interval(links.shortest_timeout),
         done: cluster.done.clone(),
         failure: cluster.failure.clone(),
     };

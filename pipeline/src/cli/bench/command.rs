@@ -108,6 +108,10 @@ pub(crate) struct ExchangeArgs {
     /// Set by a multi-process run for the processes it starts.
     #[arg(long, hide = true, requires = "process")]
     hosts: Option<std::path::PathBuf>,
+    /// With --processes: seconds the processes may run in all before they are stopped and
+    /// the run fails (a process that never connects leaves the others waiting).
+    #[arg(long, default_value_t = 1800.0, value_parser = Range::<f64>::closed("timeout", 0.1, 86_400.0))]
+    timeout: f64,
     /// Timed steps per strategy.
     #[arg(long, default_value_t = 20, value_parser = Range::<u64>::closed("steps", 1, range::MAX_STEPS))]
     steps: u64,
@@ -473,7 +477,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Exchange(a) if a.processes > 1 && a.process.is_none() => {
             // Start the processes with this command's own arguments; process 0 prints the report.
             let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-            let out = super::processes::run_local(a.processes, &args)?;
+            let out = super::processes::run_local(a.processes, &args, std::time::Duration::from_secs_f64(a.timeout))?;
             std::io::Write::write_all(&mut std::io::stdout(), &out)?;
         }
         BenchCommand::Exchange(a) => {
