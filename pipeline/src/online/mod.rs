@@ -23,6 +23,10 @@
 //!   yet trained on when a process dies are simply read again. Offsets are
 //!   committed to the consumer group only after the checkpoint is durable,
 //!   for monitoring tools; the trainer never reads them back.
+//! * **A start at the end sticks.** With `--start latest`, the ends the first
+//!   start found are recorded in the checkpoint directory before any step, and
+//!   a start before the first checkpoint begins there again (the `start` module), so a
+//!   run killed before it checkpointed skips nothing produced meanwhile.
 //! * **Stopping.** SIGINT or SIGTERM: the workers agree to stop before the
 //!   next step, write a checkpoint and exit 0. `--until-end` stops when every
 //!   partition reaches the end it had when the run started.
@@ -39,6 +43,8 @@
 pub mod prequential;
 #[cfg(feature = "kafka")]
 pub mod produce;
+#[cfg(feature = "kafka")]
+mod start;
 #[cfg(feature = "kafka")]
 mod worker;
 

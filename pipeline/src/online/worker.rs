@@ -14,6 +14,12 @@
 //! ([`crate::cluster::liveness`]) and end naming the process. A run never hangs on a
 //! failed reader.
 //!
+//! A `--start latest` run with a checkpoint directory votes once more before the first
+//! step, with where its partitions without a checkpointed offset start (a worker whose
+//! partitions failed to open votes its failure in that round); global worker 0 records
+//! them ([`super::start`]) before its first step's vote, so no step runs before the record
+//! is durable.
+//!
 //! Dead letters: each process writes its own file (`--dead-letters`, suffixed
 //! `.p<process>` when the run has several processes). Every checkpoint records in
 //! `dead_letter_bytes` the durable length of each dead-letter file of its lineage (the run
@@ -44,6 +50,7 @@
 //! run that found no checkpoint to resume from starts afresh and lists no earlier file.)
 
 use super::prequential::PrequentialWindow;
+use super::start::{self, StartRecord};
 use super::{OnlineSettings, OnlineSummary, RecordFormat};
 use crate::budget::{self, Split, Tally};
 use crate::checkpointing::{CheckpointOptions, Checkpointer, Position};
@@ -90,6 +97,20 @@ struct Vote {
     failed: Option<String>,
     /// Worker 0: the checkpoint interval in seconds has passed.
     checkpoint: bool,
+    /// The vote before the first step of a run that records its start ([`record_start`]):
+    /// where this worker's partitions without a checkpointed offset start.
+    started: Vec<(i32, i64)>,
+}
+
+/// A `--start latest` run with a checkpoint directory: where its start is recorded, and the
+/// recorded offsets that apply to it (see [`super::start`]).
+struct LatestStart {
+    /// The checkpoint directory.
+    dir: PathBuf,
+    /// The step of the checkpoint the run resumed (`None`: none).
+    after_step: Option<u64>,
+    /// Partition → the offset a start before this run recorded (empty: none applies).
+    recorded: BTreeMap<i32, i64>,
 }
 
 struct Shared {
@@ -107,6 +128,11 @@ struct Shared {
     dead_letters: DeadLetters,
     /// This process in its cluster (the last finished step, for a lost-peer error).
     cluster: Cluster,
+    /// `--start latest` with a checkpoint directory: the recorded start.
+    latest: Option<LatestStart>,
+    /// The checkpoint directory holds a recorded start, to be removed once a checkpoint
+    /// of this run is durable (worker 0).
+    start_recorded: AtomicBool,
 }
 
 pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>, PipelineError> {
@@ -169,6 +195,7 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
     if let Some(found) = &resume {
         check_topic(found, &settings.topic, s.checkpoints.new_data)?;
     }
+    let (latest, start_recorded) = recorded_start(settings, checkpoint.as_ref(), resume.as_ref(), partitions)?;
     let stop = crate::stop::stop_flag()?;
     // Every process keeps the figures (the lag report reads them); process 0 may serve them.
     let metrics = crate::live_metrics::start(s.run.metrics_addr.as_deref(), s.cluster.process)?
@@ -198,6 +225,8 @@ pub(super) fn online(settings: &OnlineSettings) -> Result<Option<OnlineSummary>,
         metrics,
         dead_letters,
         cluster: Cluster::new(s, &resolved),
+        latest,
+        start_recorded: AtomicBool::new(start_recorded),
     });
     let ctx = shared.clone();
     let guards = crate::cluster::start(
@@ -234,6 +263,42 @@ fn check_topic(found: &Checkpoint, topic: &str, new_data: bool) -> Result<(), Pi
             topics.join(", ")
         ),
     ))
+}
+
+/// The recorded start of a run with a checkpoint directory ([`super::start`]): under
+/// `--start latest`, the offsets recorded by an earlier start that apply to this run (one
+/// line on stderr says so; a record of another topic or of lost partitions is an error);
+/// and whether the directory holds a record to remove once a checkpoint is durable.
+/// `--start earliest` ignores a record, with a warning where it would have applied.
+fn recorded_start(
+    settings: &OnlineSettings,
+    checkpoint: Option<&CheckpointOptions>,
+    resume: Option<&Checkpoint>,
+    partitions: usize,
+) -> Result<(Option<LatestStart>, bool), PipelineError> {
+    let Some(dir) = checkpoint.map(|c| c.dir.clone()) else { return Ok((None, false)) };
+    let found = start::load(&dir)?;
+    let after_step = resume.map(|c| c.manifest.step);
+    let process0 = settings.train.cluster.process == 0;
+    if settings.start != "latest" {
+        let ours = found.as_ref().is_some_and(|r| r.after_step == after_step && r.topic == settings.topic);
+        if ours && process0 {
+            eprintln!(
+                "warning: {} records where a `--start latest` run began; --start {} reads the partitions without a                  checkpointed offset from their oldest records instead",
+                start::path(&dir).display(),
+                settings.start
+            );
+        }
+        return Ok((None, found.is_some()));
+    }
+    let recorded = match &found {
+        Some(r) => start::applicable(r, &dir, &settings.topic, partitions, after_step)?.cloned().unwrap_or_default(),
+        None => BTreeMap::new(),
+    };
+    if !recorded.is_empty() && process0 {
+        eprintln!("{}", start::resumed_line(&dir, &recorded));
+    }
+    Ok((Some(LatestStart { dir, after_step, recorded }), found.is_some()))
 }
 
 /// This process's dead-letter file, its key in the checkpoints, and the entries of the
@@ -384,15 +449,25 @@ fn worker_main(worker: &mut timely::worker::Worker, ctx: &Shared) -> Result<Opti
     run.finish(worker)
 }
 
+/// This worker's partitions, where each starts, and the record format.
+struct Opened {
+    reader: PartitionReader,
+    format: Box<dyn LineFormat>,
+    /// `(partition, offset)` of the partitions without a checkpointed offset, which start
+    /// as `--start` says (or where a recorded start says).
+    started: Vec<(i32, i64)>,
+}
+
 /// Opens this worker's partitions, starting where the checkpoint of a resumed run
-/// (`resumed`) left them, and the record format; a failure is this worker's failed vote, so
-/// that the others stop too.
+/// (`resumed`) left them, the others where a recorded `--start latest` says, or else at
+/// `--start`; and the record format. A failure is this worker's failed vote, so that the
+/// others stop too.
 fn open_partitions(
     worker: &mut timely::worker::Worker,
     ctx: &Shared,
     votes: &mut Collective<Vote>,
     resumed: Option<&Manifest>,
-) -> Result<(PartitionReader, Box<dyn LineFormat>), PipelineError> {
+) -> Result<Opened, PipelineError> {
     let (me, peers) = (worker.index(), worker.peers());
     let os = &ctx.settings;
     // This worker's partitions, starting where the checkpoint says.
@@ -412,11 +487,14 @@ fn open_partitions(
         }
     }
     let start_at = if os.start == "latest" { StartAt::Latest } else { StartAt::Earliest };
+    // A recorded start is a position like a checkpoint's, checked against the broker alike
+    // (no record before it is known).
+    let recorded = |p: i32| ctx.latest.as_ref()?.recorded.get(&p).map(|&next| Resume { next, last_record: None });
     let opened = PartitionReader::open(
         &ctx.endpoint,
         &os.group,
         &mine,
-        |p| resume_of(&start_offsets, topic, p),
+        |p| resume_of(&start_offsets, topic, p).or_else(|| recorded(p)),
         start_at,
         os.on_offset_reset,
         os.until_end,
@@ -424,10 +502,64 @@ fn open_partitions(
     );
     let format = record_format(os, &ctx.resolved);
     match (opened, format) {
-        (Ok(r), Ok(f)) => Ok((r, f)),
+        (Ok(reader), Ok(format)) => {
+            let checkpointed = |p: i32| resume_of(&start_offsets, topic, p).is_some();
+            let started = reader.offsets().into_iter().filter(|&(p, _)| !checkpointed(p)).collect();
+            Ok(Opened { reader, format, started })
+        }
         (Err(e), _) => Err(fail_and_vote(worker, ctx, votes, e.into())),
         (_, Err(e)) => Err(fail_and_vote(worker, ctx, votes, e)),
     }
+}
+
+/// Gathers where every worker's partitions without a checkpointed offset start and, on
+/// global worker 0, records them in the checkpoint directory when they are not the
+/// recorded start already ([`super::start`]): before any worker can vote for the first
+/// step, so no record is trained before the file is durable. A worker whose partitions
+/// failed to open votes its failure in this round instead. Collective (in a `--start
+/// latest` run with a checkpoint directory).
+fn record_start(
+    worker: &mut timely::worker::Worker,
+    ctx: &Shared,
+    votes: &mut Collective<Vote>,
+    started: Vec<(i32, i64)>,
+) -> Result<(), PipelineError> {
+    let all = votes.all_gather(worker, Vote { started, ..Vote::default() });
+    if let Some(e) = failed_vote(&all) {
+        return Err(e);
+    }
+    let Some(latest) = ctx.latest.as_ref().filter(|_| worker.index() == 0) else { return Ok(()) };
+    let offsets: BTreeMap<i32, i64> = all.into_iter().flat_map(|v| v.started).collect();
+    if offsets.is_empty() || offsets == latest.recorded {
+        return Ok(());
+    }
+    let cluster = &ctx.settings.train.cluster;
+    let record = StartRecord::new(
+        &ctx.endpoint.topic,
+        ctx.partitions,
+        latest.after_step,
+        (cluster.processes, cluster.workers),
+        offsets,
+    );
+    match start::write(&latest.dir, &record) {
+        Ok(()) => {
+            ctx.start_recorded.store(true, Ordering::Release);
+            Ok(())
+        }
+        Err(e) => Err(fail_and_vote(worker, ctx, votes, e)),
+    }
+}
+
+/// The error of a worker that learns from the gathered votes `all` that another worker
+/// failed, naming it and its error; `None` when none did.
+fn failed_vote(all: &[Vote]) -> Option<PipelineError> {
+    let (k, e) = all.iter().enumerate().find_map(|(k, v)| v.failed.as_ref().map(|e| (k, e)))?;
+    Some(PipelineError::Dataflow {
+        failure: DataflowFailure::PeerFailed,
+        worker: Some(k),
+        reason: "another worker failed".into(),
+        source: Some(e.clone().into()),
+    })
 }
 
 /// This worker's own `error`, which the other workers would learn of only from its vote:
@@ -523,7 +655,10 @@ impl<'a> OnlineRun<'a> {
         let resumed = restore_shared(worker, &mut trainer, &mut checkpointer, &ctx.resume, &ctx.resume_pending)?
             .map(|c| c.manifest.clone());
         let resumed_manifest = resumed.clone();
-        let (reader, format) = open_partitions(worker, ctx, &mut votes, resumed.as_ref())?;
+        let Opened { reader, format, started } = open_partitions(worker, ctx, &mut votes, resumed.as_ref())?;
+        if ctx.latest.is_some() {
+            record_start(worker, ctx, &mut votes, started)?;
+        }
         let dead_letters = ctx.dead_letters.sink.clone();
 
         let (mut steps, mut samples, mut loss_total) = (0u64, 0u64, 0.0f64);
@@ -678,18 +813,14 @@ impl<'a> OnlineRun<'a> {
             at_end: os.until_end && self.reader.at_end(),
             failed,
             checkpoint: due_by_time,
+            started: Vec::new(),
         };
         let all = self.votes.all_gather(worker, vote);
         if own_error {
             return Err(PipelineError::dataflow(DataflowFailure::PeerFailed, "this worker's error is the process's"));
         }
-        if let Some((k, e)) = all.iter().enumerate().find_map(|(k, v)| v.failed.as_ref().map(|e| (k, e))) {
-            return Err(PipelineError::Dataflow {
-                failure: DataflowFailure::PeerFailed,
-                worker: Some(k),
-                reason: "another worker failed".into(),
-                source: Some(e.clone().into()),
-            });
+        if let Some(e) = failed_vote(&all) {
+            return Err(e);
         }
         if all.iter().any(|v| v.stop) {
             self.stopped_by_signal = true;
@@ -1015,6 +1146,12 @@ fn commit_durable(me: usize, checkpointer: &mut Checkpointer, reader: &Partition
     let Some(position) = checkpointer.take_durable() else { return };
     if me == 0 {
         ctx.metrics.checkpointed();
+        // The checkpoint's offsets are the lineage's now (see `super::start`).
+        if ctx.start_recorded.swap(false, Ordering::AcqRel) {
+            if let Some(c) = &ctx.checkpoint {
+                start::remove(&c.dir);
+            }
+        }
     }
     let topic = &ctx.endpoint.topic;
     let offsets: Vec<(i32, i64)> = reader
