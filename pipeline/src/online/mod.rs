@@ -202,6 +202,8 @@ impl OnlineSettings {
                 ("group", self.group.clone()),
                 ("format", format!("{:?}", self.format)),
                 ("start", self.start.clone()),
+                ("on_offset_reset", self.on_offset_reset.to_string()),
+                ("isolation.level (--kafka-option)", self.isolation_level().to_string()),
                 ("until_end", self.until_end.to_string()),
                 ("checkpoint_seconds", format!("{:?}", self.checkpoint_seconds)),
                 ("window", self.window.to_string()),
@@ -209,6 +211,15 @@ impl OnlineSettings {
             .map(|(k, v)| (k.to_string(), v)),
         );
         print
+    }
+
+    /// The `isolation.level` a `--kafka-option` sets (the last one given), else `default`: the
+    /// one librdkafka property given by the user that changes which records are read
+    /// (aborted transactions kept or dropped). The others (credentials, certificate paths,
+    /// timeouts) may differ between processes and are never compared or printed.
+    fn isolation_level(&self) -> &str {
+        let given = self.kafka_options.iter().rev().find(|(k, _)| k == "isolation.level");
+        given.map_or("default", |(_, v)| v.as_str())
     }
 
     /// Checks the stream settings, and that no setting of `train` alone is given; errors name
@@ -346,5 +357,25 @@ mod tests {
         assert!(differences(&[(0, &four), (1, &settings.fingerprint(&resolved, 4))]).is_empty());
         let lines = differences(&[(0, &four), (1, &five)]);
         assert_eq!(lines, vec!["(broker) partitions of the topic: process 0 has 4; process 1 has 5".to_string()]);
+    }
+
+    #[test]
+    fn processes_that_would_read_other_records_are_refused_and_credentials_never_compared() {
+        let base = OnlineSettings { topic: "clicks".into(), ..OnlineSettings::default() };
+        let resolved = base.train.validate().unwrap();
+        let print = |s: &OnlineSettings| s.fingerprint(&resolved, 2);
+        let reset = OnlineSettings { on_offset_reset: OnOffsetReset::Earliest, ..base.clone() };
+        assert_eq!(
+            differences(&[(0, &print(&base)), (1, &print(&reset))]),
+            vec!["on_offset_reset: process 0 has fail; process 1 has earliest".to_string()]
+        );
+        let option = |k: &str, v: &str| OnlineSettings { kafka_options: vec![(k.into(), v.into())], ..base.clone() };
+        assert_eq!(
+            differences(&[(0, &print(&base)), (1, &print(&option("isolation.level", "read_committed")))]),
+            vec!["isolation.level (--kafka-option): process 0 has default; process 1 has read_committed".to_string()]
+        );
+        let secret = print(&option("sasl.password", "hunter2"));
+        assert!(differences(&[(0, &print(&base)), (1, &secret)]).is_empty());
+        assert!(!format!("{secret:?}").contains("hunter2"));
     }
 }
