@@ -72,6 +72,23 @@ pub enum PathError {
         /// The data directory.
         dir: PathBuf,
     },
+    /// An output directory within a tiderec checkpoint directory (or one checkpoint).
+    #[error(
+        "{output} {} is within {}, {what}: files written there would mix with the checkpoints that training \
+         writes and resuming reads; nothing was written, choose a directory outside it",
+        .output_path.display(),
+        .dir.display()
+    )]
+    OutputInCheckpointDir {
+        /// The output's flag.
+        output: String,
+        /// The output as given.
+        output_path: PathBuf,
+        /// The checkpoint directory (or checkpoint), canonical.
+        dir: PathBuf,
+        /// What it is (the one an input flag reads, or another run's).
+        what: String,
+    },
     /// Two outputs are the same file.
     #[error(
         "{first} {} and {second} {} are the same file: one output would overwrite the other; nothing was \
@@ -241,6 +258,13 @@ fn canonical_within(path: &Path, links: u32) -> PathBuf {
         return canonical_within(&base.join(target), links - 1);
     }
     match (path.parent(), path.file_name()) {
+        // `NEW/..` once `NEW` is made (a directory, or a dangling link's target) is its parent.
+        (Some(parent), None) if path.ends_with("..") => {
+            let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+            let mut c = canonical_within(parent, links);
+            c.pop();
+            c
+        }
         (Some(parent), Some(name)) => {
             let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
             canonical_within(parent, links).join(name)
@@ -295,15 +319,66 @@ pub fn check_outside(dirs: &[Named], outputs: &[Named]) -> Result<(), PathError>
     Ok(())
 }
 
+/// Refuses an output directory at or under a tiderec checkpoint directory or a checkpoint
+/// (`ckpt-<step>` holding a manifest), seen through symbolic links and `..`: the directory
+/// `checkpoint` names (a checkpoint directory, or the one holding the checkpoint it names),
+/// and any other that holds a checkpoint, as the output's nearest such ancestor.
+pub fn check_outside_checkpoints(checkpoint: &Named, output: &Named) -> Result<(), PathError> {
+    let out = canonical(&output.path);
+    let refuse = |dir: PathBuf, what: String| PathError::OutputInCheckpointDir {
+        output: output.flag.clone(),
+        output_path: output.path.clone(),
+        dir,
+        what,
+    };
+    if checkpoint.path.is_dir() {
+        let given = canonical(&checkpoint.path);
+        let root = match given.parent() {
+            Some(parent) if is_checkpoint(&given) => parent.to_path_buf(),
+            _ => given,
+        };
+        if out.starts_with(&root) {
+            let what = format!("the checkpoint directory that {} {} reads", checkpoint.flag, checkpoint.path.display());
+            return Err(refuse(root, what));
+        }
+    }
+    for dir in out.ancestors() {
+        if is_checkpoint(dir) {
+            return Err(refuse(dir.to_path_buf(), "a tiderec checkpoint".into()));
+        }
+        if holds_checkpoint(dir) {
+            return Err(refuse(dir.to_path_buf(), "a tiderec checkpoint directory".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dir` is one checkpoint: `ckpt-<step>`, holding its manifest.
+fn is_checkpoint(dir: &Path) -> bool {
+    use tiderec_sinks::checkpoint::layout::{step_of, MANIFEST_FILE};
+    dir.file_name().and_then(|n| n.to_str()).and_then(step_of).is_some() && dir.join(MANIFEST_FILE).is_file()
+}
+
+/// Whether `dir` is a checkpoint directory: it holds a checkpoint (an unreadable one holds none).
+fn holds_checkpoint(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    entries.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && is_checkpoint(&e.path()))
+}
+
 /// The files directly in `dir` (symbolic links followed), sorted: what a directory given
-/// as data (for `flag`) stands for, here and where the data is read (`config`). A
-/// subdirectory or another entry that is not a regular file is an error naming it, so
-/// that no data is left out silently.
+/// as data (for `flag`) stands for, here and where the data is read (`config`). Entries
+/// whose names start with `.` or `_` are no data ([`is_hidden`]) and are passed over, as
+/// the Parquet listing passes over hidden files. Any other subdirectory or entry that is
+/// not a regular file is an error naming it, so that no data is left out silently.
 pub fn dir_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>, PathError> {
     let unlistable = |source| PathError::Unlistable { flag: flag.to_string(), path: dir.to_path_buf(), source };
     let (mut files, mut others) = (Vec::new(), Vec::new());
     for entry in std::fs::read_dir(dir).map_err(unlistable)? {
-        let path = entry.map_err(unlistable)?.path();
+        let entry = entry.map_err(unlistable)?;
+        if is_hidden(&entry.file_name()) {
+            continue;
+        }
+        let path = entry.path();
         if path.is_file() {
             files.push(path);
         } else {
@@ -316,6 +391,13 @@ pub fn dir_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>, PathError> {
     }
     files.sort();
     Ok(files)
+}
+
+/// Whether a directory entry named `name` is no data: a hidden file (`.part-0000.crc`, an
+/// editor's swap file, a lock file) or a marker or metadata entry (Spark's `_SUCCESS`,
+/// `_temporary`).
+fn is_hidden(name: &std::ffi::OsStr) -> bool {
+    matches!(name.as_encoded_bytes().first(), Some(b'.' | b'_'))
 }
 
 /// Every file under `dir` (a checkpoint directory or one `ckpt-<step>`), named by `flag`; `dir`
@@ -474,6 +556,24 @@ mod tests {
         assert!(data_files("--data", "synthetic").unwrap().is_empty());
     }
 
+    /// Hidden, marker and metadata entries (`.crc` files, swap files, `_SUCCESS`,
+    /// `_temporary/`) are no data: passed over, neither read nor refused.
+    #[test]
+    fn hidden_and_underscore_entries_of_a_data_directory_are_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let part = dir.path().join("part-0000");
+        std::fs::write(&part, "").unwrap();
+        for name in [".part-0000.crc", ".part-0000.swp", "_SUCCESS"] {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("_temporary")).unwrap();
+        std::fs::create_dir(dir.path().join(".git")).unwrap();
+        assert_eq!(dir_files("--data", dir.path()).unwrap(), vec![part.clone()]);
+        let value = format!("criteo:{}", dir.path().display());
+        let files: Vec<PathBuf> = data_files("--data", &value).unwrap().into_iter().map(|n| n.path).collect();
+        assert_eq!(files, vec![part]);
+    }
+
     #[test]
     fn subdirectories_and_devices_as_data_are_errors_naming_them() {
         let dir = tempfile::tempdir().unwrap();
@@ -516,6 +616,33 @@ mod tests {
         assert!(e.contains("--dead-letters") && e.contains(&data.display().to_string()) && e.contains("--data"), "{e}");
         check_outside(&dirs, &[named("--dead-letters", &dir.path().join("dead.tsv"))]).unwrap();
         check_outside(&dirs, &[named("--metrics-log", Path::new("/dev/null"))]).unwrap();
+    }
+
+    /// An output directory at or under a checkpoint directory is refused however it is
+    /// spelled (through `..` after directories not made yet, through a link), naming the flag
+    /// that reads it when it is the exported one; a sibling directory is not.
+    #[cfg(unix)]
+    #[test]
+    fn an_output_within_a_checkpoint_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = dir.path().join("ck");
+        std::fs::create_dir_all(ck.join("ckpt-3")).unwrap();
+        std::fs::write(ck.join("ckpt-3").join("manifest.json"), "{}").unwrap();
+        let ck_real = std::fs::canonicalize(&ck).unwrap();
+        let given = named("--checkpoint", &ck.join("ckpt-3"));
+        let spelled = dir.path().join("new").join("deeper").join("..").join("..").join("ck").join("serve");
+        std::os::unix::fs::symlink(&ck, dir.path().join("alias")).unwrap();
+        for out in [ck.clone(), ck.join("ckpt-3"), spelled, dir.path().join("alias").join("serve")] {
+            let e = check_outside_checkpoints(&given, &named("--out", &out)).unwrap_err();
+            assert!(matches!(&e, PathError::OutputInCheckpointDir { dir, .. } if *dir == ck_real), "{e:?}");
+            let text = e.to_string();
+            assert!(text.contains(&out.display().to_string()) && text.contains("--checkpoint"), "{text}");
+        }
+        // Another checkpoint directory than the one exported is refused too.
+        let other = named("--checkpoint", &dir.path().join("elsewhere"));
+        let e = check_outside_checkpoints(&other, &named("--out", &ck.join("serve"))).unwrap_err();
+        assert!(e.to_string().contains("a tiderec checkpoint directory"), "{e}");
+        check_outside_checkpoints(&given, &named("--out", &dir.path().join("serve"))).unwrap();
     }
 
     #[test]

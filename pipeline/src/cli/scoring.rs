@@ -14,7 +14,7 @@ pub(crate) struct ExportArgs {
     /// A ckpt-<step> directory, or a checkpoint directory (its newest valid checkpoint).
     #[arg(long, value_name = "PATH")]
     checkpoint: PathBuf,
-    /// Directory to write model.safetensors and model.json into.
+    /// Directory to write model.safetensors and model.json into (not within a checkpoint directory).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// Write only the embedding rows the checkpoint lists, those training changed
@@ -190,12 +190,16 @@ pub(crate) struct PredictArgs {
 /// `tiderec export`: writes a checkpoint's model as a serving snapshot.
 pub(crate) fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     use tiderec::serving::TableLayout;
-    use tiderec_sinks::checkpoint::export::{write_serving_staged, StagedError, CONFIG_FILE, MODEL_FILE};
+    use tiderec_sinks::checkpoint::export::{
+        remove_stale_staging, write_serving_staged, StagedError, CONFIG_FILE, MODEL_FILE,
+    };
     let outputs = [&a.out, &a.out.join(MODEL_FILE), &a.out.join(CONFIG_FILE)].map(|p| Named::new("--out", p));
     paths::check_outputs(&paths::tree_files("--checkpoint", &a.checkpoint)?, &outputs)?;
+    paths::check_outside_checkpoints(&Named::new("--checkpoint", &a.checkpoint), &outputs[0])?;
     for file in &outputs[1..] {
         paths::check_new(file, a.overwrite)?;
     }
+    report_stale_staging(&remove_stale_staging(&a.out));
     let layout = if a.compact { TableLayout::Listed } else { TableLayout::Whole };
     // Written whole into a staging directory in --out, then moved into place: without
     // --overwrite over nothing, whenever a file appeared at its name.
@@ -213,6 +217,21 @@ pub(crate) fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     };
     println!("exported step {}: {} dense parameters, {rows} to {}", s.step, s.dense_params, a.out.display());
     Ok(())
+}
+
+/// Says on stderr which staging directories of killed exports were removed, in one line,
+/// and warns of each that could not be.
+fn report_stale_staging(stale: &tiderec_sinks::checkpoint::export::StaleStaging) {
+    if !stale.removed.is_empty() {
+        let names: Vec<String> = stale.removed.iter().map(|p| p.display().to_string()).collect();
+        match names.len() {
+            1 => eprintln!("removed {}, the staging directory of a killed export", names[0]),
+            n => eprintln!("removed {n} staging directories of killed exports: {}", names.join(", ")),
+        }
+    }
+    for e in &stale.failed {
+        eprintln!("warning: cannot remove the staging directory of a killed export: {e}");
+    }
 }
 
 /// `tiderec serve`: scores records over HTTP until a stop signal.

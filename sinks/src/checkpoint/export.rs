@@ -29,6 +29,10 @@
 //!   run just moved in, so nothing of the run stays beside it. Either way the
 //!   conflict is [`StagedError::Exists`]. With `overwrite` it replaces as
 //!   [`write_serving`] does.
+//!
+//! A staging directory outlives its run only when the process is killed;
+//! [`remove_stale_staging`] removes those of dead processes, on the caller's request
+//! (`tiderec export` asks before each export), and no other file.
 
 use super::tensors::write;
 use super::write::{sync_dir, sync_parent};
@@ -145,6 +149,59 @@ pub fn write_serving_staged<T, E>(
             Err(e)
         }
     }
+}
+
+/// The staging directories of killed exports found in a target by [`remove_stale_staging`].
+#[derive(Debug, Default)]
+pub struct StaleStaging {
+    /// Those removed.
+    pub removed: Vec<PathBuf>,
+    /// Those that could not be removed, and why.
+    pub failed: Vec<SinkError>,
+}
+
+/// Removes from `dir` the staging directories [`write_serving_staged`] left when its process
+/// was killed: a directory (not a link) named exactly `.export.tmp-<pid>` whose process is
+/// gone. Nothing else is touched: not another name, not this process's own, and not one
+/// whose process lives (a concurrent export) or whose liveness cannot be told (without
+/// Linux's `/proc`, every process counts as alive). A `dir` that cannot be listed has none.
+pub fn remove_stale_staging(dir: &Path) -> StaleStaging {
+    let mut stale = StaleStaging::default();
+    let Ok(entries) = std::fs::read_dir(dir) else { return stale };
+    for entry in entries.flatten() {
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let pid = entry.file_name().to_str().and_then(staging_pid);
+        if !(is_dir && pid.is_some_and(|pid| pid != std::process::id() && process_is_gone(pid))) {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => stale.removed.push(path),
+            Err(source) => stale.failed.push(SinkError::Io { path: path.display().to_string(), source }),
+        }
+    }
+    stale
+}
+
+/// The process id of a staging directory's name, as [`temp_beside`] spells it
+/// (`.export.tmp-<pid>`, the pid in decimal without leading zeros).
+fn staging_pid(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix(STAGING)?.strip_prefix(".tmp-")?;
+    let pid: u32 = digits.parse().ok()?;
+    (pid > 0 && pid.to_string() == digits).then_some(pid)
+}
+
+/// Whether no process has id `pid`: `/proc/<pid>` is absent while `/proc` is mounted.
+#[cfg(target_os = "linux")]
+fn process_is_gone(pid: u32) -> bool {
+    let absent = |p: &str| std::fs::symlink_metadata(p).is_err_and(|e| e.kind() == ErrorKind::NotFound);
+    !absent("/proc/self") && absent(&format!("/proc/{pid}"))
+}
+
+/// Elsewhere a process's liveness is not told: every one counts as alive.
+#[cfg(not(target_os = "linux"))]
+fn process_is_gone(_pid: u32) -> bool {
+    false
 }
 
 /// This process's temporary names for the two files in `dir`.
@@ -410,6 +467,19 @@ mod tests {
         let e = write_serving_staged(&out, false, |s| write_serving(s, &bad, &serde_json::json!({}))).unwrap_err();
         assert!(matches!(e, StagedError::Write(SinkError::Checkpoint { .. })), "{e:?}");
         assert!(listing(&out).is_empty());
+    }
+
+    /// Only staging directories named as this module names them are recognised, by their pid.
+    #[test]
+    fn staging_names_parse_exactly() {
+        assert_eq!(staging_pid(".export.tmp-4411"), Some(4411));
+        for other in
+            [".export.tmp-", ".export.tmp-04411", ".export.tmp-0", ".export.tmp-12x", ".export.tmp4411", "export.tmp-1"]
+        {
+            assert_eq!(staging_pid(other), None, "{other}");
+        }
+        let ours = temp_beside(Path::new(STAGING));
+        assert_eq!(staging_pid(ours.to_str().unwrap()), Some(std::process::id()));
     }
 
     fn le_bytes(values: &[f32]) -> Vec<u8> {
