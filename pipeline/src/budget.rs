@@ -14,7 +14,14 @@
 //!   the same verdict after the same step and all stop together with the same
 //!   error; no extra round is needed.
 //! * The fraction is `bad / (bad + good)`, over every epoch read so far: with
-//!   several epochs both counts grow together.
+//!   several epochs both counts grow together. `good` counts the records the
+//!   malformed ones are records of: samples of line formats, but the good log
+//!   lines of samples derived up front (`taobao-behavior`, whose events make
+//!   about two samples each).
+//! * A split with malformed records and no good one fails whatever the budget,
+//!   saying that no record was readable and naming the first malformed record
+//!   (from the dead-letter file, when it is a regular file already written) or
+//!   else the most frequent reason.
 
 use crate::PipelineError;
 use std::path::Path;
@@ -48,7 +55,7 @@ impl Split {
 /// One split's counts over all workers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tally {
-    /// Samples read (good records).
+    /// Good records read: samples, or the log lines that derived samples come from.
     pub good: u64,
     /// Malformed records skipped, by [`BadReason::index`](tiderec_operators::bad_record::BadReason::index).
     pub bad: ReasonCounts,
@@ -85,7 +92,14 @@ pub fn check(
 ) -> Result<(), PipelineError> {
     let bad = tally.bad_total();
     let fraction = tally.bad_fraction();
-    if bad > 0 && (fraction > max_fraction || tally.good == 0) {
+    if bad > 0 && tally.good == 0 {
+        return Err(PipelineError::BadInput {
+            split: split.name(),
+            input: input.to_string(),
+            reason: none_readable(&tally, dead_letters, split),
+        });
+    }
+    if bad > 0 && fraction > max_fraction {
         let counts = BadRecordCounts::from_array(tally.bad);
         let by_reason: Vec<String> = counts.by_reason.iter().map(|(k, v)| format!("{k} {v}")).collect();
         return Err(PipelineError::BadInput {
@@ -110,6 +124,50 @@ pub fn check(
         });
     }
     Ok(())
+}
+
+/// The error of a split whose every record is malformed: no budget lets it through, and the
+/// first malformed record (or, where the dead-letter file cannot tell it, the most frequent
+/// reason) says why.
+fn none_readable(tally: &Tally, dead_letters: &Path, split: Split) -> String {
+    let bad = tally.bad_total();
+    let counts = BadRecordCounts::from_array(tally.bad);
+    let by_reason: Vec<String> = counts.by_reason.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let why = match first_dead_letter(dead_letters) {
+        Some(first) => format!("the first is {first}"),
+        None => {
+            let (reason, _) = counts.by_reason.iter().max_by_key(|&(_, &n)| n).expect("bad > 0");
+            format!("most of them {reason}")
+        }
+    };
+    format!(
+        "no record was readable: {bad} of {bad} records (100.00%) are malformed ({}; {why}), which no \
+         --max-bad-fraction lets through; they are listed in {}{}",
+        by_reason.join(", "),
+        dead_letters.display(),
+        hint(tally, split)
+    )
+}
+
+/// The first record of the dead-letter file at `path` as `FILE:LINE (REASON in field F)`;
+/// `None` when it is no regular file (never read from a pipe) or holds no complete line yet.
+fn first_dead_letter(path: &Path) -> Option<String> {
+    use std::io::{BufRead, Read};
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    let file = std::fs::File::open(path).ok()?;
+    let mut line = Vec::new();
+    std::io::BufReader::new(file.take(64 * 1024)).read_until(b'\n', &mut line).ok()?;
+    let line = line.strip_suffix(b"\n")?;
+    let mut fields = line.split(|&b| b == b'\t');
+    let source = tiderec_sinks::dead_letters::unescape(fields.next()?)?;
+    let number = fields.next()?;
+    let _offset = fields.next()?;
+    let (reason, field) = (fields.next()?, fields.next()?);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let field = if field == b"-" { String::new() } else { format!(" in field {}", text(field)) };
+    Some(format!("{}:{} ({}{field})", text(&source), text(number), text(reason)))
 }
 
 /// A guess at what is wrong when one reason dominates the malformed records.
@@ -172,6 +230,32 @@ mod tests {
         let t = tally(0, &[(BadReason::FieldCount, 10)]);
         let e = check(Split::Train, "avazu:t", t, 1.0, Path::new("d")).unwrap_err().to_string();
         assert!(e.contains("number of fields"), "{e}");
+    }
+
+    /// With no good record the error says none was readable, naming the first malformed
+    /// record from the dead-letter file (or the most frequent reason without one), not a
+    /// fraction over the budget.
+    #[test]
+    fn no_readable_record_names_the_first_malformed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let dead = dir.path().join("dead.tsv");
+        std::fs::write(&dead, "data/test.txt\t1\t0\tbad_label\t0\t12\\t3\nsecond\t2\t9\tbad_hex\t20\tx\n").unwrap();
+        let t = tally(0, &[(BadReason::BadLabel, 200), (BadReason::BadHex, 1)]);
+        let e = check(Split::Convert, "criteo:data/test.txt", t, 1.0, &dead).unwrap_err().to_string();
+        for part in [
+            "conversion input criteo:data/test.txt",
+            "no record was readable",
+            "201 of 201 records (100.00%) are malformed (bad_hex 1, bad_label 200; ",
+            "the first is data/test.txt:1 (bad_label in field 0)), which no --max-bad-fraction lets through",
+            "unlabeled",
+        ] {
+            assert!(e.contains(part), "`{part}` in: {e}");
+        }
+        assert!(!e.contains("allows"), "{e}");
+        // No dead-letter file (or not yet written): the most frequent reason.
+        let t = tally(0, &[(BadReason::FieldCount, 3), (BadReason::BadHex, 1)]);
+        let e = check(Split::Train, "avazu:t", t, 1.0, &dir.path().join("none.tsv")).unwrap_err().to_string();
+        assert!(e.contains("no record was readable") && e.contains("most of them field_count"), "{e}");
     }
 
     #[test]

@@ -178,13 +178,14 @@ fn write(
     let sink: Box<dyn DeadLetterSink> = Box::new(dead.clone());
     // Taobao behaviour logs become samples all at once (as in training); they are then
     // read back in chunks like any indexed data.
-    let (derived, derived_bad) = match &resolved.data {
+    // Their budget counts the log's good lines, not the samples derived from them.
+    let (derived, derived_bad, derived_records) = match &resolved.data {
         DataSpec::TaobaoBehavior(paths) => {
-            let (table, bad) = crate::run::behavior_table(paths, input, resolved, &dead)?;
-            let rows = table.len() as u64;
-            (Some((IndexedSamples::Table(Arc::new(table)), rows)), bad)
+            let table = crate::run::behavior_table(paths, input, resolved, &dead)?;
+            let rows = table.samples.len() as u64;
+            (Some((IndexedSamples::Table(Arc::new(table.samples)), rows)), table.bad, Some(table.records))
         }
-        _ => (None, BadRecordCounts::default()),
+        _ => (None, BadRecordCounts::default(), None),
     };
     let indexed = derived.as_ref().map(|(t, rows)| (t, 0..*rows));
     let mut data = WorkerData::for_spec(&resolved.data, indexed, (0.0, 1.0), &options, CHUNK_ROWS, 0, 1, Some(sink))?;
@@ -238,7 +239,7 @@ fn write(
     let mut bad = data.bad_counts();
     bad.merge(&derived_bad);
     // A mostly malformed input, or any error, leaves no files behind.
-    let tally = crate::budget::Tally { good: writer.rows(), bad: bad.to_array() };
+    let tally = crate::budget::Tally { good: derived_records.unwrap_or(writer.rows()), bad: bad.to_array() };
     let checked = result.and(flushed).and(dead_finished.map_err(PipelineError::from)).and_then(|()| {
         crate::budget::check(
             crate::budget::Split::Convert,

@@ -93,6 +93,9 @@ struct Context {
     total_steps: Option<u64>,
     /// Malformed records met while deriving the samples up front (counted once, on worker 0).
     derived_bad: BadRecordCounts,
+    /// Good records of data derived up front (a behaviour log's events, not its samples):
+    /// what the training budget holds `derived_bad` against.
+    derived_records: Option<u64>,
     total_samples: Option<u64>,
     /// Where to write checkpoints.
     checkpoint: Option<CheckpointOptions>,
@@ -243,6 +246,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
     let dead_letters_file = dead_letters_path(settings);
     let dead_letter_sink = SharedDeadLetters::file(dead_letters_file.clone());
     let mut derived_bad = BadRecordCounts::default();
+    let mut derived_records = None;
     let generator = match &resolved.data {
         DataSpec::Synthetic => Some(IndexedSamples::Criteo(SyntheticCriteo::new(SyntheticConfig {
             seed: settings.run.seed,
@@ -253,9 +257,10 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
             BehaviorConfig::standard(settings.run.seed, settings.data.max_len),
         )?)),
         DataSpec::TaobaoBehavior(paths) => {
-            let (table, bad) = behavior_table(paths, settings, &resolved, &dead_letter_sink)?;
-            derived_bad = bad;
-            Some(IndexedSamples::Table(Arc::new(table)))
+            let derived = behavior_table(paths, settings, &resolved, &dead_letter_sink)?;
+            derived_bad = derived.bad;
+            derived_records = Some(derived.records);
+            Some(IndexedSamples::Table(Arc::new(derived.samples)))
         }
         _ => None,
     };
@@ -349,6 +354,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         train_range,
         eval_range,
         derived_bad,
+        derived_records,
         train_span,
         eval_span: if holdout { (split, 1.0) } else { (0.0, 1.0) },
         criteo,
@@ -543,13 +549,24 @@ pub(crate) fn peer_failed(failed: u64) -> PipelineError {
     PipelineError::dataflow(DataflowFailure::PeerFailed, format!("another worker failed ({failed} failed)"))
 }
 
+/// A behaviour log's derived samples, and what reading the log found.
+pub(crate) struct DerivedTable {
+    /// The DIEN samples, as one table.
+    pub samples: Batch,
+    /// The log's malformed lines.
+    pub bad: BadRecordCounts,
+    /// The log's good lines (its events). The bad-record budget compares `bad` with these,
+    /// never with the samples: an event makes about two samples.
+    pub records: u64,
+}
+
 /// Reads a Taobao behaviour log and derives its DIEN samples (the differential operator) as one table.
 pub(crate) fn behavior_table(
     paths: &[std::path::PathBuf],
     settings: &TrainSettings,
     resolved: &Resolved,
     sink: &SharedDeadLetters,
-) -> Result<(Batch, BadRecordCounts), PipelineError> {
+) -> Result<DerivedTable, PipelineError> {
     let mut sink = sink.clone();
     let (events, bad) =
         taobao::read_user_behavior(paths, resolved.policy, settings.data.records.max_line_bytes, Some(&mut sink))?;
@@ -558,7 +575,11 @@ pub(crate) fn behavior_table(
     }
     let config = SampleConfig { max_len: settings.data.max_len, groups: 64, seed: settings.run.seed };
     let samples = taobao::derive_samples(&events, config);
-    Ok((taobao::samples_to_batch(&samples, resolved.data_table_sizes(), settings.hash_seed()), bad))
+    Ok(DerivedTable {
+        samples: taobao::samples_to_batch(&samples, resolved.data_table_sizes(), settings.hash_seed()),
+        bad,
+        records: events.len() as u64,
+    })
 }
 
 impl Context {

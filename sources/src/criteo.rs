@@ -37,6 +37,12 @@
 //!   `table_sizes[f]` rows — a single-id bag.
 //! * Lines with 37 to 40 fields are accepted: some copies (PaddleRec) strip
 //!   trailing empty fields, so absent trailing fields are empty categories.
+//!   Only `C` fields can be missing that way, so in a line of fewer than 40
+//!   fields the field at `I13`'s place is an integer or empty, never a
+//!   categorical hash: a line whose field 13 is 8 hex digits is
+//!   [`BadReason::FieldCount`] there ([`shifted_hash`]). That is the shape of
+//!   a line of an unlabeled test file (39 fields, `I1..I13, C1..C26`), whose
+//!   `C1` would otherwise be read as `I13` and `I1` as the label.
 //! * LF and CRLF line endings and a missing final newline are all accepted.
 
 use crate::error::SourceError;
@@ -321,6 +327,9 @@ pub fn parse_line(
     };
 
     let label = parse_label(field(0)).ok_or((BadReason::BadLabel, Some(0)))?;
+    if nfields < NUM_FIELDS && shifted_hash(field(NUM_DENSE)) {
+        return Err((BadReason::FieldCount, Some(NUM_DENSE)));
+    }
     let log_table = log1p_table();
     let mut dense = [0.0f32; NUM_DENSE];
     for (j, d) in dense.iter_mut().enumerate() {
@@ -348,6 +357,14 @@ pub fn parse_line(
 
     push_sample(out, label, &dense, &ids);
     Ok(())
+}
+
+/// Whether the field at `I13`'s place of a short line is a categorical hash (8 hex
+/// digits): the line then lacks a leading column (an unlabeled line, its `C1` here), not
+/// trailing empty categories. An 8-digit decimal `I13` in a short line is refused with it.
+#[inline]
+pub fn shifted_hash(field: &[u8]) -> bool {
+    field.len() == 8 && field.iter().all(u8::is_ascii_hexdigit)
 }
 
 /// The label of a line: exactly `0` or `1` (not `+1`, `01`, `-0`).
@@ -434,6 +451,44 @@ mod tests {
         let stripped = format!("{}\r", stripped.join("\t"));
         parse_line(stripped.as_bytes(), &feats, &seeds, &mut b).unwrap();
         assert!(b.sparse[25].bag(0).is_empty() && b.sparse[24].bag(0).is_empty());
+        b.check().unwrap();
+    }
+
+    #[test]
+    fn an_unlabeled_line_is_never_read_shifted_as_a_labeled_one() {
+        let feats = features();
+        let seeds = feats.field_seeds();
+        let mut b = Batch::new(NUM_DENSE, NUM_SPARSE);
+        // I1..I13, C1..C26 with I1 = 1 and an all-digit C1: shifted, it would parse.
+        let mut f: Vec<String> = vec!["1".into()];
+        f.extend((1..13).map(|i| i.to_string()));
+        f.push("05139164".into());
+        f.extend((1..26).map(|i| format!("{:08x}", i * 7919)));
+        let unlabeled = f.join("\t");
+        assert_eq!(unlabeled.split('\t').count(), 39);
+        assert_eq!(
+            parse_line(unlabeled.as_bytes(), &feats, &seeds, &mut b),
+            Err((BadReason::FieldCount, Some(NUM_DENSE)))
+        );
+        // Stripped to 37 or 38 fields, the same.
+        for keep in [37, 38] {
+            let short = f[..keep].join("\t");
+            assert_eq!(parse_line(short.as_bytes(), &feats, &seeds, &mut b), Err((BadReason::FieldCount, Some(13))));
+        }
+        assert!(b.is_empty());
+        // A labeled line of 39 fields (C26 stripped) whose I13 is an integer or empty is read.
+        let mut labeled: Vec<String> = vec!["0".into()];
+        labeled.extend(f[..38].iter().cloned());
+        for i13 in ["1234", ""] {
+            labeled[13] = i13.to_string();
+            parse_line(labeled.join("\t").as_bytes(), &feats, &seeds, &mut b).unwrap();
+        }
+        assert_eq!(b.len(), 2);
+        // A complete line's I13 may be any integer.
+        labeled[13] = "12345678".into();
+        labeled.push("0000abcd".into());
+        parse_line(labeled.join("\t").as_bytes(), &feats, &seeds, &mut b).unwrap();
+        assert_eq!(b.len(), 3);
         b.check().unwrap();
     }
 

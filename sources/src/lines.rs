@@ -23,7 +23,9 @@
 //! * **Records are never lost.** Every non-empty line of a range is either
 //!   appended to the output batch or rejected as a bad record; empty lines and
 //!   a header line at the start of a file (as the format recognises it) are
-//!   skipped silently.
+//!   skipped silently. A UTF-8 byte order mark at byte 0 of a file is no part
+//!   of its first line ([`strip_bom`]): the header check and the parse see the
+//!   line without it.
 //! * **Bad records are counted and reported** by [`BadReason`], with the
 //!   file, 1-based line number within the file, byte offset and raw bytes,
 //!   to the [`DeadLetterSink`] under [`BadRecordPolicy::Skip`], or as
@@ -714,6 +716,7 @@ impl<F: LineFormat> LineReader<F> {
             };
             p = next;
             lines += 1;
+            let line = if line_start == 0 { strip_bom(line) } else { line };
             if line.is_empty() || (line_start == 0 && format.is_header(line)) {
                 continue;
             }
@@ -772,6 +775,16 @@ impl<F: LineFormat> LineReader<F> {
 }
 
 /// `line` without a final `\r`.
+/// The UTF-8 byte order mark (`EF BB BF`) some editors and exporters write at the start of a text file.
+pub const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// A file's first line without a leading UTF-8 byte order mark ([`UTF8_BOM`]): every reader
+/// of line files strips it there, so a header is still recognised and a first record still
+/// parses. Only a file's first line may be passed: elsewhere the bytes are data.
+pub fn strip_bom(first_line: &[u8]) -> &[u8] {
+    first_line.strip_prefix(UTF8_BOM).unwrap_or(first_line)
+}
+
 fn strip_cr(line: &[u8]) -> &[u8] {
     match line {
         [rest @ .., b'\r'] => rest,
@@ -830,6 +843,50 @@ mod tests {
     fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
         v.sort_unstable();
         v
+    }
+
+    /// A UTF-8 byte order mark at byte 0 is no part of the first line: the first Criteo record
+    /// parses, an Avazu header is still a header; one later in the file is data.
+    #[test]
+    fn a_byte_order_mark_at_the_start_of_a_file_is_stripped() {
+        let dir = tempfile::tempdir().unwrap();
+        let criteo = dir.path().join("bom.txt");
+        let text = format!("\u{feff}{}\n{}\n", line(0), line(1));
+        assert!(text.as_bytes().starts_with(UTF8_BOM));
+        std::fs::write(&criteo, &text).unwrap();
+        for workers in [1, 2] {
+            let total: usize = (0..workers).map(|w| read_all(&mut open(&criteo, workers, w)).unwrap()).sum();
+            assert_eq!(total, 2, "{workers} workers");
+        }
+        let mut reader = open(&criteo, 1, 0);
+        read_all(&mut reader).unwrap();
+        assert_eq!(reader.bad_counts().total(), 0);
+        // Elsewhere the bytes are data: a BOM at the start of a later line makes it bad.
+        std::fs::write(&criteo, format!("{}\n\u{feff}{}\n", line(0), line(1))).unwrap();
+        let mut reader = open(&criteo, 1, 0);
+        assert_eq!(read_all(&mut reader).unwrap(), 1);
+        assert_eq!(reader.bad_counts().total(), 1);
+
+        let avazu = dir.path().join("bom.csv");
+        let row = "1000009418151094273,0,14102100,1005,0,1fbe01fe,f3845767,28905ebd,ecad2386,7801e8d9,07d7df22,\
+                   a99f214a,ddd2926e,44956a24,1,2,15706,320,50,1722,0,35,-1,79";
+        let header = "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,\
+                      device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21";
+        std::fs::write(&avazu, format!("\u{feff}{header}\r\n{row}\r\n")).unwrap();
+        let format = crate::avazu::AvazuFormat::new(vec![1000; crate::avazu::NUM_SPARSE], 1).unwrap();
+        let mut reader = LineReader::open_format(
+            std::slice::from_ref(&avazu),
+            (0.0, 1.0),
+            0,
+            1,
+            format,
+            ReaderOptions::default(),
+            None,
+        )
+        .unwrap();
+        let mut out = Batch::new(crate::avazu::NUM_DENSE, crate::avazu::NUM_SPARSE);
+        assert_eq!(reader.next_batch(&mut out, 10).unwrap(), 1);
+        assert_eq!(reader.bad_counts().total(), 0, "the header is no bad record");
     }
 
     #[test]

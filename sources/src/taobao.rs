@@ -10,7 +10,8 @@
 //! than the limit a [`BadReason::TooLong`] (kept no further than the limit or
 //! [`MAX_RAW_BYTES`], whichever is more, so a file without line breaks cannot
 //! fill the memory); each is counted and goes to the dead-letter sink (or
-//! stops the read under `fail`). Empty lines, `\r\n` ones too, are skipped.
+//! stops the read under `fail`). Empty lines, `\r\n` ones too, are skipped,
+//! and a UTF-8 byte order mark at the start of a file is stripped.
 //!
 //! Lines are measured and kept as the line readers ([`crate::lines`]) do: the
 //! limit is on a line without its `\r\n` or `\n` (a CRLF line of exactly the
@@ -24,7 +25,7 @@
 //! history categories]`, ids hashed into the user, item and category tables
 //! (history items share the item table, so they share rows with targets).
 
-use crate::lines::MAX_RAW_BYTES;
+use crate::lines::{strip_bom, MAX_RAW_BYTES};
 use crate::SourceError;
 use differential_dataflow::input::InputSession;
 use std::io::BufRead;
@@ -124,6 +125,7 @@ pub fn read_user_behavior(
             }
             number += 1;
             let (body, body_len) = line_body(&line, len);
+            let body = if offset == 0 { strip_bom(body) } else { body };
             let too_long = body_len > max_line_bytes as u64;
             if !body.is_empty() || too_long {
                 let parsed = if too_long {
@@ -249,6 +251,15 @@ mod tests {
         let last = text.rfind(&long).unwrap() as u64;
         let raw = MAX_RAW_BYTES;
         assert_eq!(got, [(3, second, BadReason::TooLong, raw), (6, last, BadReason::TooLong, raw)]);
+    }
+
+    /// A UTF-8 byte order mark at the start of the file is stripped; one later is data.
+    #[test]
+    fn a_byte_order_mark_at_the_start_of_the_file_is_stripped() {
+        let (users, bad) = read_text(b"\xEF\xBB\xBF1,2,3,pv,5\n7,8,9,buy,10\n", 100);
+        assert_eq!((users, bad), (vec![1, 7], vec![]));
+        let (users, bad) = read_text(b"1,2,3,pv,5\n\xEF\xBB\xBF7,8,9,buy,10\n", 100);
+        assert_eq!((users, bad), (vec![1], vec![(2, BadReason::BadInteger, 15)]));
     }
 
     /// Reads `text` as one file with limit `max`: the good rows' users and the bad ones'

@@ -92,6 +92,7 @@ pub fn produce(settings: &ProduceSettings) -> Result<ProduceSummary, PipelineErr
                 let line =
                     line.map_err(|e| PipelineError::config("from", format!("cannot read {}: {e}", path.display())))?;
                 let line = line.strip_suffix(b"\r").unwrap_or(&line);
+                let line = if first { tiderec_sources::lines::strip_bom(line) } else { line };
                 let header = first && settings.spec.as_ref().is_some_and(|s| s.is_header(line));
                 first = false;
                 if line.is_empty() || header {

@@ -334,7 +334,8 @@ impl<'a> TrainRun<'a> {
             _ => budget::check(
                 Split::Train,
                 &s.data.source,
-                Tally { good: self.samples, bad: self.train_bad_global },
+                // Samples derived up front are held to the budget by the records they came from.
+                Tally { good: self.ctx.derived_records.unwrap_or(self.samples), bad: self.train_bad_global },
                 s.data.records.max_bad_fraction,
                 &self.dead_letters_file,
             ),

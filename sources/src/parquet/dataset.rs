@@ -41,6 +41,10 @@
 //!   `n` rows; line sources split the input files' bytes as the line readers
 //!   do. That is how `--eval-fraction` holds out data.
 //! * Files are used in the order given; [`list_parquet_files`] sorts by name.
+//! * **Every column chunk the reader decodes has a codec it can decompress**
+//!   (uncompressed, snappy, gzip, lz4, lz4_raw, zstd): a brotli or LZO chunk
+//!   is refused when the dataset is opened, naming the file, row group,
+//!   column and codec, not after training has started.
 //! * **A line source describes an input that can exist.** Its input sizes add
 //!   up, without overflow, to at most
 //!   [`MAX_INPUT_BYTES`](super::schema::MAX_INPUT_BYTES) (checked with the
@@ -57,6 +61,7 @@ use crate::shuffle::{permutation, share_start, worker_ranges, ByteRange};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::ColumnChunkMetaData;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -196,7 +201,10 @@ impl ParquetDataset {
             }
             for (g, rg) in meta.metadata().row_groups().iter().enumerate() {
                 // The decoder asserts on these (a corrupt footer): name the file instead.
-                for c in rg.columns() {
+                for (leaf, c) in rg.columns().iter().enumerate() {
+                    if projection.leaf_included(leaf) || line_start.as_ref().is_some_and(|(_, l)| *l == leaf) {
+                        check_codec(path, g, c)?;
+                    }
                     let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
                     if start < 0 || c.compressed_size() < 0 {
                         return Err(SourceError::schema(
@@ -640,6 +648,31 @@ fn check_columns(
         roots.push(index);
     }
     Ok(ProjectionMask::roots(meta.parquet_schema(), roots))
+}
+
+/// Refuses a column chunk the reader will decode but this build cannot decompress (brotli,
+/// LZO), naming the file, row group, column and codec: when the dataset is opened, not when
+/// its rows are first read, after training has started.
+fn check_codec(path: &Path, group: usize, chunk: &ColumnChunkMetaData) -> Result<(), SourceError> {
+    use parquet::basic::Compression;
+    let codec = match chunk.compression() {
+        Compression::UNCOMPRESSED
+        | Compression::SNAPPY
+        | Compression::GZIP(_)
+        | Compression::LZ4
+        | Compression::LZ4_RAW
+        | Compression::ZSTD(_) => return Ok(()),
+        Compression::BROTLI(_) => "brotli",
+        Compression::LZO => "lzo",
+    };
+    Err(SourceError::schema(
+        path.display(),
+        format!(
+            "row group {group}, column `{}` is compressed with {codec}, which tiderec does not read (it reads \
+             uncompressed, snappy, gzip, lz4 and zstd Parquet files): rewrite the files with one of those codecs",
+            chunk.column_path()
+        ),
+    ))
 }
 
 /// The rows `[round(n·from), round(n·to))` of a row group of `rows` rows (to `rows` when `to ≥ 1`).
