@@ -72,10 +72,10 @@ pub enum PathError {
         /// The data directory.
         dir: PathBuf,
     },
-    /// An output directory within a tiderec checkpoint directory (or one checkpoint).
+    /// An output (directory or file) within a tiderec checkpoint directory (or one checkpoint).
     #[error(
         "{output} {} is within {}, {what}: files written there would mix with the checkpoints that training \
-         writes and resuming reads; nothing was written, choose a directory outside it",
+         writes and resuming reads; nothing was written, choose a path outside it",
         .output_path.display(),
         .dir.display()
     )]
@@ -367,7 +367,7 @@ fn holds_checkpoint(dir: &Path) -> bool {
 
 /// The files directly in `dir` (symbolic links followed), sorted: what a directory given
 /// as data (for `flag`) stands for, here and where the data is read (`config`). Entries
-/// whose names start with `.` or `_` are no data ([`is_hidden`]) and are passed over, as
+/// whose names start with `.` or `_` are no data (`is_hidden`) and are passed over, as
 /// the Parquet listing passes over hidden files. Any other subdirectory or entry that is
 /// not a regular file is an error naming it, so that no data is left out silently.
 pub fn dir_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>, PathError> {

@@ -700,3 +700,41 @@ fn a_clean_rerun_leaves_no_earlier_runs_dead_letters() {
     run_ok(&mut score("eval", &clean, &[]));
     assert!(!eval_dead.exists());
 }
+
+#[test]
+fn scores_and_dead_letters_within_a_checkpoint_directory_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let Some(path) = shared_data("criteo/sample_train.txt") else { return };
+    let data = format!("criteo:{}", path.display());
+    let ck = train(d, "ck", &data, &[]);
+    let listing = |dir: &Path| {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    let before = listing(&ck);
+    let scores_elsewhere = d.join("scores.csv");
+    for (out, dead) in [
+        (ck.join("scores.csv"), d.join("dead.tsv")),
+        (newest_checkpoint(&ck).join("scores.csv"), d.join("dead.tsv")),
+        (scores_elsewhere.clone(), ck.join("dead.tsv")),
+    ] {
+        let err = run_err(
+            tiderec()
+                .args(["predict", "--data", &data, "--checkpoint"])
+                .arg(&ck)
+                .arg("--out")
+                .arg(&out)
+                .arg("--dead-letters")
+                .arg(&dead),
+        );
+        assert!(err.contains("is within") && err.contains(&ck.file_name().unwrap().to_string_lossy()[..]), "{err}");
+        assert_eq!(listing(&ck), before, "nothing written into the checkpoint directory");
+        assert!(!scores_elsewhere.exists(), "no scores written: {err}");
+    }
+    // Beside the checkpoint directory, the same run scores.
+    run_ok(tiderec().args(["predict", "--data", &data, "--checkpoint"]).arg(&ck).arg("--out").arg(&scores_elsewhere));
+    assert!(scores_elsewhere.exists());
+}

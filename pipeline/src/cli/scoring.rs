@@ -287,7 +287,11 @@ pub(crate) fn run_predict(a: PredictArgs) -> anyhow::Result<()> {
     let out = Named::new("--out", &a.out);
     let options = a.score.options(!a.unlabeled, tiderec::predict::dead_letters_beside(&a.out))?;
     let dead_letters = Named::new("--dead-letters", &options.records.dead_letters);
-    paths::check_outputs(&a.score.inputs()?, &[out.clone(), dead_letters])?;
+    paths::check_outputs(&a.score.inputs()?, &[out.clone(), dead_letters.clone()])?;
+    let checkpoint = Named::new("--checkpoint", &a.score.checkpoint);
+    for output in [&out, &dead_letters] {
+        paths::check_outside_checkpoints(&checkpoint, output)?;
+    }
     paths::check_new(&out, a.overwrite)?;
     let r = tiderec::predict::predict(&options, &a.out, a.overwrite).context("predict failed")?;
     if a.json {
