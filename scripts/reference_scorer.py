@@ -270,6 +270,11 @@ class CriteoFeaturizer:
         return np.log1p(np.float32(max(v, 0)), dtype=np.float32)
 
     @staticmethod
+    def is_hash(text):
+        """Whether a field is 8 hex digits, the shape of a categorical hash."""
+        return len(text) == 8 and all(c in HEX_DIGITS for c in text)
+
+    @staticmethod
     def hex_value(text):
         if not text or len(text) > 16 or not all(c in HEX_DIGITS for c in text):
             return None
@@ -286,6 +291,11 @@ class CriteoFeaturizer:
             if parts[0] not in (b"0", b"1"):
                 return f"label {parts[0][:20]!r} is not 0 or 1"
             label = int(parts[0])
+        i13 = self.first + 12  # I13: the last of the 13 dense columns
+        if len(parts) < self.max_fields and self.is_hash(parts[i13]):
+            # Only trailing C fields can be missing: a hash at I13's place is a line that
+            # lacks a leading column (an unlabeled line read as labeled), as tiderec refuses.
+            return f"{len(parts)} fields, expected {self.max_fields}: field {i13} is a categorical hash"
         dense = np.zeros(len(self.dense), dtype=np.float32)
         for j, d in enumerate(self.dense):
             text = parts[self.first + j]
