@@ -59,6 +59,8 @@ FORMAT = "tiderec-serving"
 FORMAT_VERSION = 3
 MASK64 = (1 << 64) - 1
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
+# The UTF-8 byte order mark some files start with.
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class ScorerError(Exception):
@@ -741,6 +743,8 @@ class Featurizer:
         with f:
             for pos, line in enumerate(f, start=1):
                 line = line[:-1] if line.endswith(b"\n") else line
+                if pos == 1 and line.startswith(UTF8_BOM):
+                    line = line[len(UTF8_BOM):]  # as tiderec's readers strip it
                 if line in (b"", b"\r"):
                     continue  # an empty line is no record
                 if pos == 1 and self.reader.is_header(line):

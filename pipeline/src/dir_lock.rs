@@ -318,7 +318,9 @@ impl DirLock {
 
 /// Refuses the lock file at `path` when a live process holds it and `ours` says its
 /// holder is not of this run. A holder that has not written itself yet is waited for
-/// briefly; one that never does is not of this run.
+/// briefly, and so is one that does not read as of this run: a lock file outlives its
+/// run, so a peer that has just taken it may not have replaced the last run's text yet.
+/// One that never reads as of this run within the wait is not.
 fn check_held(dir: &Path, path: &Path, ours: impl Fn(&Holder) -> bool) -> Result<(), LockError> {
     let mut file = match File::open(path) {
         Ok(f) => f,
@@ -333,7 +335,7 @@ fn check_held(dir: &Path, path: &Path, ours: impl Fn(&Holder) -> bool) -> Result
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     let mut holder = read_holder(&mut file);
-    while holder.pid.is_none() && std::time::Instant::now() < deadline {
+    while (holder.pid.is_none() || !ours(&holder)) && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
         let _ = file.seek(SeekFrom::Start(0));
         holder = read_holder(&mut file);

@@ -914,9 +914,10 @@ fn a_compact_export_rebuilds_the_whole_tables_bit_for_bit() {
 
 /// A labeled line that lost its label (39 fields, `I1` of 0 or 1, `C1` of decimal digits
 /// only) would read shifted, `I1` as the label and `C1` as `I13`: `tiderec predict` and the
-/// reference both refuse it at the same place and score every other record alike.
+/// reference both refuse it at the same place and score every other record alike, the first
+/// one behind a UTF-8 byte order mark included.
 #[test]
-fn a_line_without_its_label_is_skipped_by_both_scorers() {
+fn a_line_without_its_label_is_skipped_and_a_byte_order_mark_passed_over_by_both_scorers() {
     let Some(train) = shared_data("criteo/sample.train") else { return };
     if !scorer_python_ready() {
         return;
@@ -928,9 +929,11 @@ fn a_line_without_its_label_is_skipped_by_both_scorers() {
     (fields[0], fields[13]) = ("1".into(), "12345678".into());
     assert_eq!(fields.len(), 39);
     let (train_file, score_file) = sample_split(dir.path(), &lines, 8000, 8000..8100, fields.join("\t"));
+    let with_bom = [&b"\xEF\xBB\xBF"[..], &std::fs::read(&score_file).unwrap()].concat();
+    std::fs::write(&score_file, with_bom).unwrap();
     let (ckpt, serve) = train_small(dir.path(), "lr", &format!("criteo:{}", train_file.display()), &[]);
     let want = predict_scores(&ckpt, &score_file, false, &dir.path().join("predict.csv"));
     let rows = python_scores(&serve, &[&score_file], false, &dir.path().join("reference.csv"));
     let expected: Vec<usize> = (1..=101).filter(|&p| p != 3).collect();
-    assert_same_scores("lr, a line without its label", &score_file, &rows, &want, &expected);
+    assert_same_scores("lr, a line without its label, a BOM", &score_file, &rows, &want, &expected);
 }

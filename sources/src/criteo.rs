@@ -42,7 +42,9 @@
 //!   categorical hash: a line whose field 13 is 8 hex digits is
 //!   [`BadReason::FieldCount`] there ([`shifted_hash`]). That is the shape of
 //!   a line of an unlabeled test file (39 fields, `I1..I13, C1..C26`), whose
-//!   `C1` would otherwise be read as `I13` and `I1` as the label.
+//!   `C1` would otherwise be read as `I13` and `I1` as the label. (Such a line
+//!   with an empty `C1` and an `I1` of 0 or 1 has the shape of a labeled line
+//!   whose last field was stripped, and is read as one.)
 //! * LF and CRLF line endings and a missing final newline are all accepted.
 
 use crate::error::SourceError;

@@ -1,12 +1,13 @@
 //! Criteo-shaped records as JSON objects, the `json` record format of Kafka topics.
 //!
 //! One record is one object: `"label"` (0 or 1; optional in the
-//! [unlabeled](CriteoJsonFormat::unlabeled) form that `tiderec serve` scores), `"I1"`…`"I13"` (integers) and
+//! [unlabeled](CriteoJsonFormat::unlabeled) form), `"I1"`…`"I13"` (integers) and
 //! `"C1"`…`"C26"` (hexadecimal strings). A missing key, `null` or `""` is an
 //! absent value (a zero dense feature, an empty bag). Other keys are ignored by
 //! [`LineFormat::parse`] (a topic's producers may add their own), and refused by
-//! [`CriteoJsonFormat::parse_record`], which names the first one (a scoring client that
-//! writes `c1` for `C1` must not get the score of an empty record).
+//! [`CriteoJsonFormat::parse_record`], which names the first one (for a library user who
+//! scores objects and wants a misspelt key refused; `tiderec serve` reads Criteo objects
+//! through their TSV line instead, with its own unknown-key check).
 //! The features are those of the TSV format ([`crate::criteo`]), so a record
 //! trains the same whether it arrives as a TSV line or as JSON.
 //!

@@ -774,7 +774,6 @@ impl<F: LineFormat> LineReader<F> {
     }
 }
 
-/// `line` without a final `\r`.
 /// The UTF-8 byte order mark (`EF BB BF`) some editors and exporters write at the start of a text file.
 pub const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
@@ -785,6 +784,7 @@ pub fn strip_bom(first_line: &[u8]) -> &[u8] {
     first_line.strip_prefix(UTF8_BOM).unwrap_or(first_line)
 }
 
+/// `line` without a final `\r`.
 fn strip_cr(line: &[u8]) -> &[u8] {
     match line {
         [rest @ .., b'\r'] => rest,

@@ -113,8 +113,7 @@ pub fn connect_and_agree(start: Start<'_>) -> Result<Links, PipelineError> {
     let deadline = Instant::now() + timeout;
     let wait = Wait { deadline, secs: timeout.as_secs_f64(), stop };
     // Listen first, so lower processes waiting on this one are not refused longer than needed.
-    let listeners = addresses[me]
-        .split_whitespace()
+    let listeners = std::iter::once(addresses[me].as_str())
         .map(|a| {
             TcpListener::bind(a).map_err(|e| {
                 PipelineError::cluster(

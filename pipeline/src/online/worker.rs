@@ -284,7 +284,8 @@ fn recorded_start(
         let ours = found.as_ref().is_some_and(|r| r.after_step == after_step && r.topic == settings.topic);
         if ours && process0 {
             eprintln!(
-                "warning: {} records where a `--start latest` run began; --start {} reads the partitions without a                  checkpointed offset from their oldest records instead",
+                "warning: {} records where a `--start latest` run began; --start {} reads the partitions without a \
+                 checkpointed offset from their oldest records instead",
                 start::path(&dir).display(),
                 settings.start
             );
