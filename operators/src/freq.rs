@@ -23,6 +23,13 @@
 //! that frontier discipline (see [`crate::store::differential`], which
 //! advances its input one step at a time).
 //!
+//! With `W > 1` workers every count is one worker's: `count_total` exchanges the
+//! lookups by key, so each worker's count collection holds only the keys that hash
+//! to it, and a [`CountTable`] attached on a worker shows only those keys. A key
+//! looked up on every worker reads its whole count on one worker and 0 on the
+//! others; a reader that needs every key on one worker exchanges the counts to it
+//! first, or sums the workers' tables (see the example at [`CountTable`]).
+//!
 //! The oracle is [`counts_from_scratch`]; the tests compare the two at every
 //! timestamp, with and without a window.
 
@@ -46,13 +53,21 @@ pub type RowKey = (u32, u64);
 /// use differential_dataflow::input::Input;
 /// use tiderec_operators::freq::{CountTable, IdFrequencies};
 ///
-/// timely::example(|scope| {
-///     // Three lookups of row 7 of table 0, one of row 9 of table 1.
-///     let lookups = vec![(0u32, 7u64), (0, 7), (1, 9), (0, 7)];
-///     let (_input, ids) = scope.new_collection_from(lookups);
+/// timely::execute_directly(|worker| {
 ///     let table = CountTable::default();
-///     table.attach(ids.id_counts());
-///     // (after the dataflow runs, `table.get(&(0, 7)) == 3`)
+///     let counts = table.clone();
+///     worker.dataflow::<u64, _, _>(|scope| {
+///         // Three lookups of row 7 of table 0, one of row 9 of table 1.
+///         let lookups = vec![(0u32, 7u64), (0, 7), (1, 9), (0, 7)];
+///         let (_input, ids) = scope.new_collection_from(lookups);
+///         table.attach(ids.id_counts());
+///     });
+///     // The input closed with the dataflow's construction: run it to completion.
+///     while worker.step() {}
+///     assert_eq!(counts.get(&(0, 7)), 3);
+///     assert_eq!(counts.get(&(1, 9)), 1);
+///     assert_eq!(counts.get(&(2, 7)), 0);
+///     assert_eq!(counts.len(), 2);
 /// });
 /// ```
 pub trait IdFrequencies<'scope, T: Timestamp + Lattice + TotalOrder, K> {
@@ -78,6 +93,32 @@ where
 }
 
 /// A map `key → count` fed by a count collection; cloning shares the map.
+///
+/// It holds what its worker's count collection holds: with several workers, only
+/// the keys that hash to this worker (see the [module docs](self)). Two workers
+/// each looking row 7 of table 0 up once see its count 2 on one worker and 0 on
+/// the other:
+///
+/// ```
+/// use differential_dataflow::input::Input;
+/// use tiderec_operators::freq::{CountTable, IdFrequencies};
+///
+/// let seen = timely::execute(timely::Config::process(2), |worker| {
+///     let table = CountTable::default();
+///     let counts = table.clone();
+///     worker.dataflow::<u64, _, _>(|scope| {
+///         let (_input, ids) = scope.new_collection_from(vec![(0u32, 7u64)]);
+///         table.attach(ids.id_counts());
+///     });
+///     while worker.step() {}
+///     counts.get(&(0, 7))
+/// })
+/// .unwrap()
+/// .join();
+/// let mut per_worker: Vec<i64> = seen.into_iter().map(|r| r.unwrap()).collect();
+/// per_worker.sort();
+/// assert_eq!(per_worker, [0, 2], "the whole count on one worker, none on the other");
+/// ```
 #[derive(Clone, Debug)]
 pub struct CountTable<K> {
     counts: Rc<RefCell<FxHashMap<K, i64>>>,

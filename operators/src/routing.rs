@@ -16,6 +16,11 @@
 /// Row `id` of table `t` lives on worker `(id + t) mod W` at local index
 /// `id / W`; within one owner those local indices are distinct, so a shard
 /// stores its rows densely with no hashing.
+///
+/// # Panics
+/// When `workers` is 0 (a division by zero). It routes every lookup, so it checks
+/// nothing: the constructors that take a worker count refuse 0
+/// ([`Store::new`](crate::store::Store::new), [`EmbeddingShard::new`](crate::shard::EmbeddingShard::new)).
 #[inline]
 pub fn shard_of(table: usize, id: u64, workers: usize) -> usize {
     ((id % workers as u64 + table as u64 % workers as u64) % workers as u64) as usize
@@ -23,6 +28,10 @@ pub fn shard_of(table: usize, id: u64, workers: usize) -> usize {
 
 /// The range of the flat dense buffer of `len` values whose optimizer state
 /// worker `k` of `workers` owns; the ranges of all workers tile the buffer.
+///
+/// # Panics
+/// When `workers` is 0 (a division by zero). For `k ≥ workers` the range lies past
+/// `len`.
 pub fn dense_slice(len: usize, k: usize, workers: usize) -> std::ops::Range<usize> {
     len * k / workers..len * (k + 1) / workers
 }

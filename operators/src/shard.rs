@@ -16,6 +16,22 @@ use crate::OperatorError;
 
 pub use crate::routing::shard_of;
 
+/// Refuses a place among the workers or a row width no store can hold: no workers,
+/// a worker index not below the worker count, or rows 0 wide. Errors name the key
+/// (`workers`, `worker`, `dim`).
+pub fn check_placement(worker: usize, workers: usize, dim: usize) -> Result<(), OperatorError> {
+    if workers == 0 {
+        return Err(OperatorError::config("workers", "rows are sharded over at least 1 worker, got 0"));
+    }
+    if worker >= workers {
+        return Err(OperatorError::config("worker", format!("worker {worker} is not below the {workers} workers")));
+    }
+    if dim == 0 {
+        return Err(OperatorError::config("dim", "embedding rows are at least 1 wide, got 0"));
+    }
+    Ok(())
+}
+
 /// The rows of every table that one worker owns, with their optimizer state.
 #[derive(Debug)]
 pub struct EmbeddingShard {
@@ -48,9 +64,10 @@ impl EmbeddingShard {
     /// All tables' rows share one huge-page map, and all their optimizer states another
     /// (the crate-private `HugeTables`, each starting on a 2 MiB boundary).
     ///
-    /// Errors: [`OperatorError::Memory`] naming the table when its rows or optimizer state do
-    /// not fit in the address space, or naming the rows or the state when the system cannot
-    /// allocate them.
+    /// Errors: [`OperatorError::Config`] when `workers` is 0, `worker` is not below it or
+    /// `dim` is 0 ([`check_placement`]); [`OperatorError::Memory`] naming the table when its
+    /// rows or optimizer state do not fit in the address space, or naming the rows or the
+    /// state when the system cannot allocate them.
     pub fn new(
         worker: usize,
         workers: usize,
@@ -60,6 +77,7 @@ impl EmbeddingShard {
         optimizer: SparseOptimizerKind,
         hp: OptimizerParams,
     ) -> Result<Self, OperatorError> {
+        check_placement(worker, workers, dim)?;
         let state_width = optimizer.state_width(dim);
         let (mut row_lens, mut state_lens) = (Vec::new(), Vec::new());
         for (t, &n) in table_sizes.iter().enumerate() {
@@ -117,6 +135,9 @@ impl EmbeddingShard {
 
     /// The global id stored at local index `local` of `table` on `worker` of
     /// `workers` (the inverse of `shard_of` and the local index `id / workers`).
+    ///
+    /// # Panics
+    /// When `workers` is 0 (a division by zero), as [`shard_of`].
     pub fn id_of(table: usize, local: usize, worker: usize, workers: usize) -> u64 {
         let w = workers as u64;
         let residue = (worker as u64 + w - table as u64 % w) % w;

@@ -18,7 +18,10 @@
 //!
 //! Labels, dense values and bag weights are finite numbers: one NaN or infinity
 //! would ruin every parameter it reaches, so [`Batch::check`] refuses it, naming
-//! the sample and the value.
+//! the sample and the value. Labels lie in `[0, 1]`: 0 or 1 for a click, or a soft
+//! label (a probability) between them; the binary cross-entropy the models train
+//! means nothing for a label outside, such as a `±1` label, which [`Batch::check`]
+//! refuses naming the sample and the label.
 
 use serde::{Deserialize, Serialize};
 
@@ -112,7 +115,7 @@ impl SparseField {
 /// A columnar micro-batch.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Batch {
-    /// One label (0 or 1) per sample.
+    /// One label per sample, in `[0, 1]`: 0 or 1, or a soft label between them.
     pub labels: Vec<f32>,
     /// Number of dense features per sample.
     pub num_dense: usize,
@@ -196,8 +199,8 @@ impl Batch {
     }
 
     /// Checks the invariants of the [module docs](self): dense length, offsets, weights,
-    /// equal sequence lengths per sample, groups (none, or one per sample) and finite
-    /// labels, dense values and weights. Used by tests,
+    /// equal sequence lengths per sample, groups (none, or one per sample), finite
+    /// labels, dense values and weights, and labels in `[0, 1]`. Used by tests,
     /// readers in debug builds and `Trainer::step` (in `tiderec-operators`) on every batch it
     /// is handed.
     pub fn check(&self) -> Result<(), BatchError> {
@@ -210,6 +213,9 @@ impl Batch {
         }
         if let Some(i) = self.labels.iter().position(|y| !y.is_finite()) {
             return Err(BatchError::NonFinite { sample: i, value: BatchValue::Label });
+        }
+        if let Some(i) = self.labels.iter().position(|y| !(0.0..=1.0).contains(y)) {
+            return Err(BatchError::LabelOutOfRange { sample: i, label: self.labels[i] });
         }
         if let Some(k) = self.dense.iter().position(|v| !v.is_finite()) {
             return Err(BatchError::NonFinite {
@@ -300,7 +306,7 @@ impl std::fmt::Display for BatchValue {
 }
 
 /// A broken invariant of a [`Batch`], found by [`Batch::check`].
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum BatchError {
     /// `dense` does not hold `len() × num_dense` values.
     #[error("dense has {values} values, expected {expected}")]
@@ -366,7 +372,20 @@ pub enum BatchError {
         /// Which of its values.
         value: BatchValue,
     },
+    /// A label is outside `[0, 1]` (a `±1` label, say): binary cross-entropy needs a
+    /// click probability.
+    #[error("sample {sample}: the label {label} is outside [0, 1]")]
+    LabelOutOfRange {
+        /// The sample.
+        sample: usize,
+        /// Its label (a finite number: a NaN or infinite one is [`BatchError::NonFinite`]).
+        label: f32,
+    },
 }
+
+/// Equality is total: the one float a [`BatchError`] holds, the label of
+/// [`BatchError::LabelOutOfRange`], is finite.
+impl Eq for BatchError {}
 
 #[cfg(test)]
 mod tests {
@@ -420,6 +439,20 @@ mod tests {
         let mut dense = b.clone();
         dense.dense[0] = f32::NAN;
         assert_eq!(dense.check().unwrap_err().to_string(), "sample 0: dense feature 0 is not a finite number");
+    }
+
+    #[test]
+    fn a_label_outside_zero_one_is_refused_naming_its_sample_and_value() {
+        let mut b = Batch::new(0, 0);
+        b.labels.extend([0.0, 1.0, 0.25, 1.0]);
+        b.check().expect("0, 1 and soft labels between them are labels");
+        for bad in [-1.0, 2.0, 1.0 + f32::EPSILON, -0.0001] {
+            let mut out = b.clone();
+            out.labels[3] = bad;
+            assert_eq!(out.check(), Err(BatchError::LabelOutOfRange { sample: 3, label: bad }));
+        }
+        b.labels[1] = -1.0;
+        assert_eq!(b.check().unwrap_err().to_string(), "sample 1: the label -1 is outside [0, 1]");
     }
 
     #[test]

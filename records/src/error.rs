@@ -34,19 +34,25 @@ impl ConfigError {
 }
 
 /// Errors raised by operators, models and configuration checks in this crate.
+///
+/// A variant that wraps a typed part ([`ConfigError`], [`ShapeError`],
+/// [`BatchError`](crate::batch::BatchError), [`RestoreError`], [`DataflowError`])
+/// shows that part's message as its own and no cause besides (`transparent`), so
+/// a report that prints an error with its causes names each one once.
 #[derive(Debug, Error)]
 pub enum OperatorError {
     /// A configuration value is out of range or inconsistent.
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// A batch does not match the shape the model was built for.
-    #[error("batch shape mismatch: {0}")]
+    #[error(transparent)]
     Shape(#[from] ShapeError),
-    /// A batch breaks its own invariants (see [`Batch::check`](crate::Batch::check)).
-    #[error("batch shape mismatch: {0}")]
+    /// A batch breaks its own invariants (see [`Batch::check`](crate::Batch::check)):
+    /// its layout, a value that is not finite, a label outside `[0, 1]`.
+    #[error(transparent)]
     Batch(#[from] crate::batch::BatchError),
     /// A checkpoint's state cannot be restored into this trainer.
-    #[error("cannot restore checkpoint: {0}")]
+    #[error(transparent)]
     Restore(#[from] RestoreError),
     /// A buffer's byte size overflows, or the system refused the memory.
     #[error("out of memory: {what}: {reason}")]
@@ -57,8 +63,19 @@ pub enum OperatorError {
         reason: String,
     },
     /// The dataflow stopped every worker.
-    #[error("dataflow error: {0}")]
+    #[error(transparent)]
     Dataflow(#[from] DataflowError),
+    /// A caller's model returned another number of logits than its batch has samples
+    /// (the step failed on every worker, as for [`OperatorError::Device`]).
+    #[error("the model of worker {worker} returned {logits} logits for a batch of {samples} samples")]
+    ModelOutput {
+        /// The worker whose model returned them.
+        worker: usize,
+        /// Logits returned.
+        logits: usize,
+        /// Samples in the worker's batch.
+        samples: usize,
+    },
     /// The model's compute device failed (a GPU worker's CUDA error).
     #[error("compute device error on worker {worker}: {message}")]
     Device {
@@ -547,19 +564,41 @@ mod tests {
             batch: FeatureCounts { dense: 3, sparse: 2, sequences: 0 },
             model: FeatureCounts { dense: 2, sparse: 2, sequences: 0 },
         });
-        assert_eq!(
-            e.to_string(),
-            "batch shape mismatch: batch has 3 dense / 2 sparse / 0 sequence features, the model expects 2 / 2 / 0"
-        );
+        assert_eq!(e.to_string(), "batch has 3 dense / 2 sparse / 0 sequence features, the model expects 2 / 2 / 0");
         let e =
             OperatorError::from(ShapeError::IdOutsideTable { slot: FeatureSlot::nth(3, 2), id: 9, table: 4, rows: 8 });
-        assert_eq!(e.to_string(), "batch shape mismatch: id 9 of sequence 1 is outside its table 4 of 8 rows");
+        assert_eq!(e.to_string(), "id 9 of sequence 1 is outside its table 4 of 8 rows");
         let e = OperatorError::from(RestoreError::NotOwned { table: 1, id: 5, worker: 0, workers: 2, rows: 10 });
-        assert_eq!(
-            e.to_string(),
-            "cannot restore checkpoint: row 5 of table 1 is not owned by worker 0 of 2 (table of 10 rows)"
-        );
+        assert_eq!(e.to_string(), "row 5 of table 1 is not owned by worker 0 of 2 (table of 10 rows)");
         let e = OperatorError::from(DataflowError::StepFailed { step: 3, failed_workers: 1 });
-        assert_eq!(e.to_string(), "dataflow error: 1 worker(s) failed at online step 3");
+        assert_eq!(e.to_string(), "1 worker(s) failed at online step 3");
+        let e = OperatorError::from(crate::batch::BatchError::LabelOutOfRange { sample: 2, label: -1.0 });
+        assert_eq!(e.to_string(), "sample 2: the label -1 is outside [0, 1]");
+    }
+
+    /// The error and its causes, as a report that prints every cause shows them.
+    fn chain(e: &dyn std::error::Error) -> Vec<String> {
+        std::iter::successors(Some(e), |e| e.source()).map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn a_wrapped_part_is_named_once_in_the_chain_of_causes() {
+        let batch = crate::batch::BatchError::NonFinite { sample: 0, value: crate::batch::BatchValue::Label };
+        let errors = [
+            OperatorError::from(ShapeError::SequenceTooLong { sample: 1, len: 9, max_len: 4 }),
+            OperatorError::from(batch),
+            OperatorError::from(RestoreError::NoParts),
+            OperatorError::from(DataflowError::NonFinite { step: 2 }),
+            OperatorError::config("model.dim", "must be positive"),
+        ];
+        for e in errors {
+            let chain = chain(&e);
+            assert_eq!(chain.len(), 1, "one message, no cause repeating it: {chain:?}");
+        }
+        let e = OperatorError::from(crate::batch::BatchError::NonFinite {
+            sample: 0,
+            value: crate::batch::BatchValue::Label,
+        });
+        assert_eq!(e.to_string(), "sample 0: the label is not a finite number", "no talk of a shape");
     }
 }

@@ -169,8 +169,39 @@ impl SyntheticCriteo {
         normal_f64(self.config.seed ^ 0x1a7e_4ac7, field as u64, rank, k as u64) * 0.5
     }
 
-    /// Appends sample `index` to `out` (13 dense, 26 sparse) and returns the teacher's probability.
-    pub fn push_sample(&self, index: u64, out: &mut Batch) -> f64 {
+    /// Appends sample `index` to `out` and returns the teacher's probability.
+    ///
+    /// # Errors
+    /// [`SourceError::Config`] on the key `batch` when `out` is not of the stream's
+    /// shape ([`NUM_DENSE`] dense features, [`NUM_SPARSE`] sparse fields, no
+    /// sequences); `out` is then unchanged.
+    pub fn push_sample(&self, index: u64, out: &mut Batch) -> Result<f64, SourceError> {
+        check_shape(out)?;
+        Ok(self.append(index, out))
+    }
+
+    /// Appends samples `range` to `out` and returns their teacher probabilities.
+    ///
+    /// # Errors
+    /// [`SourceError::Config`] on the key `batch` when `out` is not of the stream's
+    /// shape (see [`push_sample`](Self::push_sample)); `out` is then unchanged.
+    pub fn try_fill(&self, range: std::ops::Range<u64>, out: &mut Batch) -> Result<Vec<f64>, SourceError> {
+        check_shape(out)?;
+        Ok(range.map(|i| self.append(i, out)).collect())
+    }
+
+    /// Appends samples `range` to `out` and returns their teacher probabilities:
+    /// [`try_fill`](Self::try_fill) for a batch the caller made of the stream's shape.
+    ///
+    /// # Panics
+    /// When `out` is not of the stream's shape, before anything is appended (the error
+    /// [`try_fill`](Self::try_fill) returns).
+    pub fn fill(&self, range: std::ops::Range<u64>, out: &mut Batch) -> Vec<f64> {
+        self.try_fill(range, out).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Appends sample `index` to `out`, a batch of the stream's shape; the teacher's probability.
+    fn append(&self, index: u64, out: &mut Batch) -> f64 {
         let mut rng = SmallRng::seed_from_u64(mix64(self.config.seed ^ mix64(index)));
         let mut logit = self.bias;
         for j in 0..NUM_DENSE {
@@ -209,11 +240,11 @@ impl SyntheticCriteo {
         out.labels.push(if rng.random::<f64>() < p { 1.0 } else { 0.0 });
         p
     }
+}
 
-    /// Appends samples `range` to `out` and returns their teacher probabilities.
-    pub fn fill(&self, range: std::ops::Range<u64>, out: &mut Batch) -> Vec<f64> {
-        range.map(|i| self.push_sample(i, out)).collect()
-    }
+/// Refuses a batch that is not of the stream's shape: 13 dense, 26 sparse, no sequences.
+fn check_shape(out: &Batch) -> Result<(), SourceError> {
+    crate::error::check_batch_shape(out, NUM_DENSE, NUM_SPARSE, 0)
 }
 
 #[cfg(test)]
@@ -252,6 +283,31 @@ mod tests {
             }
         }
         assert!(g.effect_of(0, 1) != 0.0 && g.effect_of(0, EFFECT_RANKS + 1) == 0.0, "effects end at EFFECT_RANKS");
+    }
+
+    #[test]
+    fn a_batch_of_another_shape_is_refused_and_left_unchanged() {
+        let g = SyntheticCriteo::new(SyntheticConfig::kaggle_like(3, 1000)).unwrap();
+        let shapes =
+            [Batch::new(NUM_DENSE, 3), Batch::new(2, NUM_SPARSE), Batch::with_sequences(NUM_DENSE, NUM_SPARSE, 1)];
+        for shape in shapes {
+            let mut out = shape.clone();
+            let e = g.push_sample(0, &mut out).unwrap_err();
+            assert!(matches!(&e, SourceError::Config(c) if c.key == "batch"), "{e}");
+            let e = g.try_fill(0..10, &mut out).unwrap_err();
+            assert!(e.to_string().contains("expected 13 / 26 / 0"), "{e}");
+            assert_eq!(out, shape, "nothing appended");
+            let fill = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.fill(0..10, &mut out)));
+            let message = fill.expect_err("fill panics on another shape");
+            assert!(message.downcast_ref::<String>().is_some_and(|m| m.contains("expected 13 / 26 / 0")));
+            assert_eq!(out, shape, "nothing appended");
+        }
+        let mut out = Batch::new(NUM_DENSE, NUM_SPARSE);
+        let p = g.push_sample(4, &mut out).unwrap();
+        let mut filled = Batch::new(NUM_DENSE, NUM_SPARSE);
+        assert_eq!(g.try_fill(4..5, &mut filled).unwrap(), [p]);
+        assert_eq!(out, filled);
+        out.check().unwrap();
     }
 
     #[test]

@@ -70,7 +70,21 @@ pub struct DynamicStore {
 }
 
 impl DynamicStore {
-    /// An empty store.
+    /// An empty store, with `config` and `p` checked first
+    /// ([`StoreConfig::validate`], [`StoreParams::validate`]; errors name the key).
+    pub fn try_new(config: &StoreConfig, p: &StoreParams<'_>) -> Result<Self, OperatorError> {
+        config.validate()?;
+        p.validate()?;
+        Ok(Self::new(config, p))
+    }
+
+    /// An empty store. Checks neither `config` nor `p` ([`try_new`](Self::try_new)
+    /// and [`Store::new`](super::Store::new) do).
+    ///
+    /// # Panics
+    /// Built from parameters [`try_new`](Self::try_new) refuses, it may panic at its
+    /// first lookup or update (with no workers, [`shard_of`](crate::routing::shard_of)
+    /// divides by zero).
     pub fn new(config: &StoreConfig, p: &StoreParams<'_>) -> Self {
         let state_width = p.optimizer.state_width(p.dim);
         let mut initial_state = vec![0.0; state_width];

@@ -459,6 +459,9 @@ pub fn restore_row<S: EmbeddingStore + ?Sized>(
 }
 
 /// Everything a store is built from.
+///
+/// Invariant of every store built from it: `worker < workers` and `dim > 0`
+/// ([`StoreParams::validate`]; [`Store::new`] checks it).
 #[derive(Clone, Debug)]
 pub struct StoreParams<'a> {
     /// This worker.
@@ -475,6 +478,15 @@ pub struct StoreParams<'a> {
     pub optimizer: SparseOptimizerKind,
     /// Its hyper-parameters.
     pub hp: OptimizerParams,
+}
+
+impl StoreParams<'_> {
+    /// Checks the worker's place and the row width
+    /// ([`check_placement`](crate::shard::check_placement)); errors name the key
+    /// (`workers`, `worker`, `dim`).
+    pub fn validate(&self) -> Result<(), OperatorError> {
+        crate::shard::check_placement(self.worker, self.workers, self.dim)
+    }
 }
 
 /// A store whose rows live in another memory (a GPU's): the owner hands it a
@@ -516,8 +528,13 @@ pub enum Store {
 
 impl Store {
     /// Builds the store `config` names.
+    ///
+    /// Errors: [`OperatorError::Config`] naming the key when `config` or `p` is refused
+    /// ([`StoreConfig::validate`], [`StoreParams::validate`]); the fixed store's
+    /// [`OperatorError::Memory`] when its tables cannot be allocated.
     pub fn new(config: &StoreConfig, p: &StoreParams<'_>) -> Result<Self, OperatorError> {
         config.validate()?;
+        p.validate()?;
         Ok(match config.kind {
             StoreKind::Fixed => Store::Fixed(FixedStore::new(EmbeddingShard::new(
                 p.worker,

@@ -404,7 +404,9 @@ impl Trainer {
     /// found in the step (its model's backend in the passes, its store serving,
     /// updating or reporting its rows): [`OperatorError::Device`] here, the same
     /// step failed on every other worker, and no further step is needed for
-    /// them to learn of it.
+    /// them to learn of it. A model that returns another number of logits than
+    /// the batch has samples fails its step the same way, with
+    /// [`OperatorError::ModelOutput`].
     pub fn step(&mut self, worker: &mut Worker, kind: StepKind, batch: Batch) -> Result<StepStats, OperatorError> {
         self.step_then_prepare(worker, kind, batch, || None)
     }
@@ -437,13 +439,16 @@ impl Trainer {
     }
 
     /// The result of a step this worker ran through the dataflow: the failure of its
-    /// device (its model's passes or its store) found in that step, which every other
-    /// worker saw in the same step's [`StepStats::failed_workers`], as its error; else
-    /// the statistics.
+    /// device (its model's passes or its store) or of its model's output found in that
+    /// step, which every other worker saw in the same step's
+    /// [`StepStats::failed_workers`], as its error; else the statistics.
     fn dataflow_result(&mut self, kind: StepKind, stats: StepStats) -> Result<StepStats, OperatorError> {
         let model = self.shared.home.borrow_mut().take_failure();
         let store = self.shared.owner.borrow_mut().take_failure();
-        if let Some(message) = model.or(store) {
+        if let Some(error) = model {
+            return Err(error);
+        }
+        if let Some(message) = store {
             return Err(OperatorError::Device { worker: self.shared.dense.borrow().me(), message });
         }
         if kind == StepKind::Train && stats.updates_parameters() {
@@ -669,8 +674,6 @@ impl Trainer {
     }
 }
 
-/// Refuses a caller's model that does not fit the configuration: rows of another
-/// width, or no partial form where the exchange computes one.
 /// A worker's empty micro-batch for `config`'s model.
 fn empty_batch(config: &TrainerConfig) -> Batch {
     let m = &config.model;
@@ -742,6 +745,10 @@ fn prepare(
     Ok((shared_state((me, workers), config, partial, model, store)?, deep_partial))
 }
 
+/// Refuses a caller's model that does not fit the configuration: rows of another
+/// width, another number of dense parameters than a built-in shape names, gradients
+/// of another length than its parameters, or no partial form where the exchange
+/// computes one.
 fn check_model(config: &TrainerConfig, model: &mut dyn Model<f32>) -> Result<(), OperatorError> {
     let dim = config.model.embedding_dim();
     if model.embedding_dim() != dim {
@@ -761,6 +768,17 @@ fn check_model(config: &TrainerConfig, model: &mut dyn Model<f32>) -> Result<(),
                 "the worker's model has {} dense parameters, the configured {} shape {expected}",
                 model.params().len(),
                 config.model.name()
+            ),
+        ));
+    }
+    // The gradient is reduce-scattered by the parameters' slices: every slice must exist in it.
+    if model.grads().len() != model.params().len() {
+        return Err(OperatorError::config(
+            "model",
+            format!(
+                "the worker's model has {} gradients for its {} dense parameters (they must be as many)",
+                model.grads().len(),
+                model.params().len()
             ),
         ));
     }

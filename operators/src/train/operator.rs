@@ -139,14 +139,14 @@ impl<'scope> Train<'scope> for StreamVec<'scope, u64, Batch> {
             ruined: Rc::default(),
         };
         let (trained, ruined) = (handle.trained.clone(), handle.ruined.clone());
-        let (home, me) = (handle.shared.home.clone(), scope.index());
+        let home = handle.shared.home.clone();
         let stats = stats.unary::<CapacityContainerBuilder<Vec<StepStats>>, _, _, _>(Pipeline, "Trained", |_, _| {
             move |input, output| {
                 input.for_each(|cap, data: &mut Vec<StepStats>| {
                     // A failure of this worker's model in the step (the step failed everywhere).
-                    if let Some(message) = home.borrow_mut().take_failure() {
+                    if let Some(error) = home.borrow_mut().take_failure() {
                         let t = *cap.least().expect("a message has a time");
-                        errors.borrow_mut().push((t, OperatorError::Device { worker: me, message }));
+                        errors.borrow_mut().push((t, error));
                     }
                     *trained.borrow_mut() += data.iter().filter(|s| s.updates_parameters()).count() as u64;
                     if data.iter().any(|s| s.non_finite > 0) && ruined.get().is_none() {

@@ -22,6 +22,7 @@ use crate::exchange::{ExchangeConfig, PartialLookup, PartialSlot, Replicas, Tabl
 use crate::metrics::EvalSet;
 use crate::nn::loss::{bce_with_logits_grad, bce_with_logits_sum, sigmoid};
 use crate::nn::{DeepShares, DeepWeights, FmPartial, Model, SequenceInput};
+use crate::OperatorError;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
@@ -101,9 +102,10 @@ pub(super) struct Home {
     shares: DeepShares<f32>,
     /// Ids travel in four bytes (every table has at most 2³² rows).
     narrow_ids: bool,
-    /// The first failure of the model's backend found in a step's passes, until the
-    /// trainer takes it ([`take_failure`](Self::take_failure)).
-    failure: Option<String>,
+    /// The first failure of the model found in a step's passes (its backend's error, or
+    /// logits of another count than the batch's samples), until the trainer takes it
+    /// ([`take_failure`](Self::take_failure)).
+    failure: Option<OperatorError>,
 }
 
 impl Home {
@@ -147,9 +149,10 @@ impl Home {
         }
     }
 
-    /// The failure of the model's backend found in the last step's passes, if any
-    /// (that step failed on every worker).
-    pub(super) fn take_failure(&mut self) -> Option<String> {
+    /// The failure of the model found in the last step's passes, if any (that step
+    /// failed on every worker): [`OperatorError::Device`] for its backend's error,
+    /// [`OperatorError::ModelOutput`] for logits of another count than the samples.
+    pub(super) fn take_failure(&mut self) -> Option<OperatorError> {
         self.failure.take()
     }
 
@@ -376,6 +379,14 @@ impl Home {
                         dense.model_mut().forward_sequences(&batch.dense, &self.pooled, &seq, b).to_vec()
                     }
                 };
+                // Logits of another count than the samples fail the step here, before the loss
+                // or a backward pass reads them: the messages go out empty and flagged failed.
+                if logits.len() != b {
+                    let error = OperatorError::ModelOutput { worker: me as usize, logits: logits.len(), samples: b };
+                    self.failure.get_or_insert(error);
+                    stats.failed_workers = 1;
+                    return finish(messages, stats, failed_replies);
+                }
                 stats.loss_sum = bce_with_logits_sum(&logits, &batch.labels);
                 if command.kind == StepKind::Eval || command.score {
                     messages[0].eval = EvalSet {
@@ -425,15 +436,11 @@ impl Home {
         // A failure of the model's backend in this step's passes (its logits are NaN, its
         // gradients zero) is this worker's failure in the step: every owner sees it in
         // these messages and updates nothing.
-        if let Some(e) = dense.model_mut().take_error() {
-            self.failure.get_or_insert(e);
+        if let Some(message) = dense.model_mut().take_error() {
+            self.failure.get_or_insert(OperatorError::Device { worker: me as usize, message });
             stats.failed_workers = 1;
         }
-        for m in messages.iter_mut() {
-            m.stats = stats;
-            m.failed_replies = failed_replies;
-        }
-        messages
+        finish(messages, stats, failed_replies)
     }
 
     /// The first layer whose share this home computes itself: a deep model's, when some
@@ -513,6 +520,16 @@ impl Home {
             }
         }
     }
+}
+
+/// The home's messages of a step, each carrying the step's statistics and the count of
+/// failed replies.
+fn finish(mut messages: Vec<GradientMessage>, stats: StepStats, failed_replies: u32) -> Vec<GradientMessage> {
+    for m in messages.iter_mut() {
+        m.stats = stats;
+        m.failed_replies = failed_replies;
+    }
+    messages
 }
 
 /// The row a plan placed at `place`: in an owner's reply or a local replica.
