@@ -340,7 +340,7 @@ pub fn train(settings: &TrainSettings) -> Result<Option<RunSummary>, PipelineErr
         adjusted = s;
         &adjusted
     };
-    let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer, data_check(settings)?)?;
+    let (checkpoint, resume) = checkpoint_setup(settings, &resolved, &trainer, data_check(settings, &resolved.data)?)?;
     let live = crate::live_metrics::start(settings.run.metrics_addr.as_deref(), settings.cluster.process)?;
     let context = Arc::new(Context {
         stop: crate::stop::stop_flag()?,
@@ -469,8 +469,9 @@ pub(crate) fn lock_checkpoint_dir(
 }
 
 /// The `--data` files of a `train` run with a checkpoint directory, fingerprinted for
-/// its manifests and a resume's comparison (generated data has none).
-fn data_check(settings: &TrainSettings) -> Result<DataCheck, PipelineError> {
+/// its manifests and a resume's comparison (generated data has none), and how `data` is
+/// split between the run's workers.
+fn data_check(settings: &TrainSettings, data: &DataSpec) -> Result<DataCheck, PipelineError> {
     let mut inputs = Vec::new();
     if settings.checkpoints.checkpoint_dir.is_some() {
         for named in crate::paths::data_files("--data", &settings.data.source)? {
@@ -486,7 +487,27 @@ fn data_check(settings: &TrainSettings) -> Result<DataCheck, PipelineError> {
         }
     }
     let shuffle = (!inputs.is_empty()).then(|| settings.data.epoch_order());
-    Ok(DataCheck { inputs, new_data: settings.checkpoints.new_data, shuffle })
+    Ok(DataCheck {
+        inputs,
+        new_data: settings.checkpoints.new_data,
+        shuffle,
+        workers: settings.cluster.workers * settings.cluster.processes,
+        split_by_workers: split_by_workers(data),
+    })
+}
+
+/// Whether `data` is read by each worker from its own part by position (files and
+/// Parquet), rather than as indexed samples every worker count batches alike.
+fn split_by_workers(data: &DataSpec) -> bool {
+    match data {
+        DataSpec::Synthetic | DataSpec::SyntheticBehavior | DataSpec::TaobaoBehavior(_) => false,
+        DataSpec::Criteo(_)
+        | DataSpec::Avazu(_)
+        | DataSpec::Csv(_)
+        | DataSpec::AmazonDien(_)
+        | DataSpec::TaobaoAd(_)
+        | DataSpec::Parquet(_) => true,
+    }
 }
 
 /// Takes the records of `batch` (leaving it empty, of the same shape) as the model reads
@@ -678,6 +699,7 @@ fn training_progress(
     window: &VecDeque<(f64, u64)>,
     bad: &ReasonCounts,
     tracker: &Tracker,
+    samples_before_data: u64,
 ) -> TrainingProgress {
     TrainingProgress {
         loss_total,
@@ -685,7 +707,7 @@ fn training_progress(
         bad_records_before_epoch: bad.to_vec(),
         evaluations: tracker.history().to_vec(),
         best_step: tracker.best().map(|b| b.step),
-        samples_before_data: 0,
+        samples_before_data,
     }
 }
 
@@ -745,7 +767,9 @@ fn progress_display(me: usize, ctx: &Context) -> Progress {
 /// The malformed records worker `me` counts before its first step.
 fn derived_bad(me: usize, resumed: Option<&Manifest>, ctx: &Context) -> BadRecordCounts {
     // Records dropped while deriving samples up front are reported once, by worker 0; a resumed
-    // run starts from the counts before its epoch instead (they include the derived ones).
+    // run starts from the counts before its epoch instead (they include the derived ones),
+    // unless it reads other data from its start (`--new-data`): then as a fresh run does.
+    let resumed = resumed.filter(|_| !ctx.settings.checkpoints.new_data);
     match (me, resumed) {
         (0, Some(m)) => {
             let mut a = ReasonCounts::default();

@@ -106,6 +106,16 @@ fn find(path: &Path) -> Result<Checkpoint, PipelineError> {
             .map_err(|e| checkpoint_error(path, "cannot read its manifest").with_source(e))?;
         let manifest: checkpoint::Manifest = serde_json::from_str(&text)
             .map_err(|e| checkpoint_error(path, "its manifest is not valid").with_source(e))?;
+        if let Some(named) = named_step(path)?.filter(|&n| n != manifest.step) {
+            return Err(checkpoint_error(
+                path,
+                format!(
+                    "its name says step {named} but its manifest is of step {}: a renamed directory or a manifest \
+                     from another checkpoint; name the checkpoint of the step wanted",
+                    manifest.step
+                ),
+            ));
+        }
         return checkpoint::load::load(path, manifest.step)
             .map_err(|e| checkpoint_error(path, "its files cannot be loaded").with_source(e));
     }
@@ -114,6 +124,15 @@ fn find(path: &Path) -> Result<Checkpoint, PipelineError> {
         eprintln!("warning: skipping checkpoint {}: {}", s.path.display(), s.reason);
     }
     search.found.ok_or_else(|| checkpoint_error(path, "holds no valid checkpoint"))
+}
+
+/// The step a checkpoint directory's name (`ckpt-<step>`, links resolved) says it holds;
+/// `None` for a directory named otherwise (a copy, an export's source), whose manifest
+/// says it alone.
+fn named_step(path: &Path) -> Result<Option<u64>, PipelineError> {
+    let resolved =
+        std::fs::canonicalize(path).map_err(|e| checkpoint_error(path, "cannot resolve it").with_source(e))?;
+    Ok(resolved.file_name().and_then(|n| n.to_str()).and_then(checkpoint::layout::step_of))
 }
 
 /// The trainer configuration of `found`'s manifest (its config with its seed), checked as

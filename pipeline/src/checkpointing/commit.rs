@@ -82,6 +82,7 @@ impl Commit {
             data_position: DataPosition {
                 epoch: position.epoch,
                 global_steps_in_epoch: position.steps_in_epoch,
+                workers: Some(workers),
                 kafka_offsets: position.kafka_offsets,
                 kafka_last_records: position.kafka_last_records,
                 inputs: options.inputs.clone(),

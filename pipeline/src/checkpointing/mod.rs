@@ -290,6 +290,13 @@ pub struct DataCheck {
     /// How the epochs after the first read the files
     /// ([`crate::settings::DataSettings::epoch_order`]; `None` without files).
     pub shuffle: Option<String>,
+    /// The run's workers in all processes (`--workers` × `--processes`).
+    pub workers: usize,
+    /// Each worker reads its own part of the data by position (files, Parquet), so a
+    /// position inside an epoch is one only the writer's worker count can continue;
+    /// indexed samples (generated, derived up front) make the same global batches for
+    /// every count.
+    pub split_by_workers: bool,
 }
 
 /// Refuses a resume on other files than the checkpoint's (see
@@ -314,18 +321,45 @@ fn check_inputs(found: &mut Checkpoint, data: &DataCheck) -> Result<(), Pipeline
                 found.path.display()
             );
         }
-        return Ok(());
+        return check_worker_count(found, data);
     }
     let differences = tiderec_sinks::checkpoint::input_differences(&position.inputs, &data.inputs);
-    if differences.is_empty() {
-        return check_epoch_order(found, data);
+    if !differences.is_empty() {
+        return Err(PipelineError::OtherData {
+            checkpoint: found.path.display().to_string(),
+            epoch: position.epoch,
+            steps_in_epoch: position.global_steps_in_epoch,
+            differences,
+        });
     }
-    Err(PipelineError::OtherData {
-        checkpoint: found.path.display().to_string(),
-        epoch: position.epoch,
-        steps_in_epoch: position.global_steps_in_epoch,
-        differences,
-    })
+    check_worker_count(found, data)?;
+    check_epoch_order(found, data)
+}
+
+/// Refuses a resume inside an epoch of data split between the workers by position
+/// ([`DataCheck::split_by_workers`]) with another worker count than the checkpoint's
+/// run: each worker would skip the steps in its own part of the data, not in the parts
+/// the writer's workers read, so records would be left out and others trained twice.
+/// At an epoch boundary any count reads the epoch whole.
+fn check_worker_count(found: &Checkpoint, data: &DataCheck) -> Result<(), PipelineError> {
+    let position = &found.manifest.data_position;
+    let then = found.manifest.data_workers();
+    if !data.split_by_workers || position.global_steps_in_epoch == 0 || then == data.workers {
+        return Ok(());
+    }
+    Err(PipelineError::config(
+        "workers",
+        format!(
+            "{} stands {} steps into epoch {}, which {then} worker(s) in all read, each its own part of the data; \
+             {} worker(s) would skip other records than they read, leaving some out and training others twice: \
+             resume with {then} worker(s) in all (--workers × --processes), or with --new-data to keep the model \
+             and read the data from its start",
+            found.path.display(),
+            position.global_steps_in_epoch,
+            position.epoch,
+            data.workers
+        ),
+    ))
 }
 
 /// Refuses a resume inside an epoch after the first that would read the rest of the epoch

@@ -59,6 +59,9 @@ pub(super) struct TrainRun<'a> {
     steps_in_epoch: u64,
     bad_before_epoch: ReasonCounts,
     samples_at_start: u64,
+    /// Samples trained on other data before this data (`--new-data`), which the
+    /// bad-record budget leaves out.
+    samples_before_data: u64,
     /// Malformed training records over all workers, as of the last training step.
     train_bad_global: ReasonCounts,
     dead_letters_file: std::path::PathBuf,
@@ -132,6 +135,7 @@ impl<'a> TrainRun<'a> {
             steps_in_epoch,
             bad_before_epoch,
             samples_at_start: samples,
+            samples_before_data: samples_before_data(resumed.as_ref(), s.checkpoints.new_data),
             train_bad_global: ReasonCounts::default(),
             dead_letters_file,
             has_eval,
@@ -319,7 +323,13 @@ impl<'a> TrainRun<'a> {
             epoch: self.epochs,
             steps_in_epoch: self.steps_in_epoch,
             samples: self.samples,
-            progress: training_progress(self.loss_total, &self.window, &self.bad_before_epoch, &self.evals.tracker),
+            progress: training_progress(
+                self.loss_total,
+                &self.window,
+                &self.bad_before_epoch,
+                &self.evals.tracker,
+                self.samples_before_data,
+            ),
             ..Default::default()
         };
         self.checkpointer.write(worker, &self.trainer, &at)
@@ -335,7 +345,10 @@ impl<'a> TrainRun<'a> {
                 Split::Train,
                 &s.data.source,
                 // Samples derived up front are held to the budget by the records they came from.
-                Tally { good: self.ctx.derived_records.unwrap_or(self.samples), bad: self.train_bad_global },
+                Tally {
+                    good: self.ctx.derived_records.unwrap_or(self.samples - self.samples_before_data),
+                    bad: self.train_bad_global,
+                },
                 s.data.records.max_bad_fraction,
                 &self.dead_letters_file,
             ),
@@ -505,5 +518,15 @@ impl<'a> TrainRun<'a> {
             best_step: tracker.best().map(|b| b.step),
             early_stopped_at_step: self.stopped_early,
         }
+    }
+}
+
+/// The samples a run resuming `resumed` trained on other data before its data: all of
+/// them under `--new-data`, else those its checkpoint recorded.
+fn samples_before_data(resumed: Option<&Manifest>, new_data: bool) -> u64 {
+    match resumed {
+        None => 0,
+        Some(m) if new_data => m.samples,
+        Some(m) => m.progress.samples_before_data.min(m.samples),
     }
 }

@@ -1,7 +1,9 @@
 //! Finding and reading the newest valid checkpoint of a directory.
 //!
 //! A checkpoint is used only if its `manifest.json` parses, has this build's
-//! format version and the step of its directory name, lists exactly the files
+//! format version and the step of its directory name, repeats in its data
+//! position the epoch, steps in the epoch and worker count of its top level
+//! (when it records them there), lists exactly the files
 //! a checkpoint of its worker count has, and every file has the listed size
 //! and xxh3-128 checksum and parses as the expected tensors. Anything else
 //! (a torn write, a flipped byte, a deleted file) makes [`find_latest`] skip
@@ -86,6 +88,18 @@ pub enum LoadError {
         /// The step of the directory's name.
         directory: u64,
     },
+    /// The manifest's own copies of the data position disagree (a damaged or edited manifest).
+    #[error("{MANIFEST_FILE} disagrees with itself: `{field}` is {value}, `data_position.{copy}` is {copy_value}")]
+    Position {
+        /// The top-level field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// The field of `data_position` that repeats it.
+        copy: &'static str,
+        /// That field's value.
+        copy_value: u64,
+    },
     /// The manifest lists another number of files than its worker count implies.
     #[error("the manifest lists {listed:?}; a checkpoint of {workers} workers has {} files", workers.saturating_add(1))]
     FileCount {
@@ -125,10 +139,12 @@ pub enum LoadError {
         expected: String,
     },
     /// A delta whose chain is broken: a checkpoint it follows is missing or unusable.
-    #[error("it is a delta, and {} of its chain cannot be used: {source}", checkpoint_name(*.step))]
+    #[error("it is a delta, and {} of its chain cannot be used: {source}", .path.display())]
     Chain {
         /// The step of the unusable link.
         step: u64,
+        /// Where the link was looked for.
+        path: std::path::PathBuf,
         /// What is wrong with it.
         #[source]
         source: Box<LoadError>,
@@ -212,12 +228,16 @@ pub fn load(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
     if newest.manifest.delta.is_none() {
         return Ok(newest);
     }
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = chain_dir(path);
     let mut links = vec![newest];
     while let Some(link) = links.last().and_then(|c| c.manifest.delta) {
         let child = &links[links.len() - 1].manifest;
-        let parent = load_link(&dir.join(checkpoint_name(link.parent)), link.parent)
-            .map_err(|source| LoadError::Chain { step: link.parent, source: Box::new(source) })?;
+        let parent_path = dir.join(checkpoint_name(link.parent));
+        let parent = load_link(&parent_path, link.parent).map_err(|source| LoadError::Chain {
+            step: link.parent,
+            path: parent_path,
+            source: Box::new(source),
+        })?;
         same_chain(child, &parent.manifest)?;
         links.push(parent);
     }
@@ -232,6 +252,14 @@ pub fn load(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
         part.delta_of = None;
     }
     Ok(base)
+}
+
+/// The directory holding the siblings of the checkpoint at `path`: the parent of its
+/// canonical path, so that a checkpoint named `.`, `..` or through a symbolic link finds
+/// the chain beside the directory itself (`path` as given when it cannot be resolved).
+fn chain_dir(path: &Path) -> std::path::PathBuf {
+    let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| std::path::absolute(path).unwrap_or(path.into()));
+    resolved.parent().map_or_else(|| Path::new(".").to_path_buf(), Path::to_path_buf)
 }
 
 /// Checks that `parent` is the checkpoint the delta `child` follows, from the same run.
@@ -256,6 +284,21 @@ fn same_chain(child: &Manifest, parent: &Manifest) -> Result<(), LoadError> {
     Ok(())
 }
 
+/// Checks that the fields a manifest holds twice, at its top level and in its data
+/// position, agree: a resume trusts the data position, so a disagreement is damage.
+fn check_position_copies(manifest: &Manifest) -> Result<(), LoadError> {
+    let position = &manifest.data_position;
+    let copies = [
+        ("epoch", manifest.epoch, "epoch", position.epoch),
+        ("steps_in_epoch", manifest.steps_in_epoch, "global_steps_in_epoch", position.global_steps_in_epoch),
+        ("workers", manifest.workers as u64, "workers", position.workers.unwrap_or(manifest.workers) as u64),
+    ];
+    match copies.into_iter().find(|(_, value, _, copy_value)| value != copy_value) {
+        Some((field, value, copy, copy_value)) => Err(LoadError::Position { field, value, copy, copy_value }),
+        None => Ok(()),
+    }
+}
+
 /// Reads and verifies the one checkpoint at `path` (named `ckpt-<step>`), as
 /// stored: a delta's parts hold its changes only (see
 /// [`WorkerSnapshot::delta_of`]), for a reader that holds the model of its parent.
@@ -272,6 +315,7 @@ pub fn load_link(path: &Path, step: u64) -> Result<Checkpoint, LoadError> {
     if manifest.step != step {
         return Err(LoadError::Step { manifest: manifest.step, directory: step });
     }
+    check_position_copies(&manifest)?;
     let workers = manifest.workers;
     let listed: BTreeSet<String> = manifest.files.keys().cloned().collect();
     // The count first: a corrupt worker count must not make the loader list

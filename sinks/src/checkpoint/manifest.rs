@@ -17,7 +17,8 @@
 //!   `kafka_last_records` a fingerprint of the record before each offset, and
 //!   in `dead_letter_bytes` how much of each dead-letter file holds the records
 //!   dead-lettered before them;
-//!   `inputs` lists the data files a file position counts in.
+//!   `inputs` lists the data files a file position counts in, and `workers`
+//!   the workers (of all processes) that read them.
 
 use crate::SinkError;
 use serde::{Deserialize, Serialize};
@@ -96,6 +97,12 @@ pub struct DataPosition {
     pub epoch: u64,
     /// Global steps already read in that epoch.
     pub global_steps_in_epoch: u64,
+    /// Workers of all processes that read the data to this position: readers of files
+    /// split them between the workers by position, so only the same count can continue
+    /// inside an epoch. `None` in checkpoints written before it was recorded, whose
+    /// [`Manifest::workers`] (one shard file per worker) says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
     /// `topic/partition` → next offset, for a Kafka source (empty for files).
     #[serde(default)]
     pub kafka_offsets: BTreeMap<String, i64>,
@@ -260,6 +267,12 @@ impl Manifest {
             delta: None,
             updated_only: false,
         }
+    }
+
+    /// The workers (of all processes) that read the data to [`Manifest::data_position`]:
+    /// as recorded there, or else one per shard file.
+    pub fn data_workers(&self) -> usize {
+        self.data_position.workers.unwrap_or(self.workers)
     }
 
     /// Checks that this checkpoint can continue a run with `config`, `seed`

@@ -243,6 +243,43 @@ fn damaged_checkpoints_are_skipped_with_the_reason() {
     assert!(find_latest(&dir.path().join("absent")).unwrap().found.is_none());
 }
 
+/// A manifest whose data position disagrees with its own top-level epoch, steps in the
+/// epoch or worker count is damaged: the search falls back to the checkpoint before it.
+#[test]
+fn a_manifest_whose_data_position_disagrees_with_itself_is_skipped_as_damage() {
+    type Edit = Box<dyn Fn(&mut Manifest)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        (
+            "`steps_in_epoch` is 6, `data_position.global_steps_in_epoch` is 3",
+            Box::new(|m| m.data_position.global_steps_in_epoch = 3),
+        ),
+        ("`epoch` is 1, `data_position.epoch` is 0", Box::new(|m| m.data_position.epoch = 0)),
+        ("`workers` is 2, `data_position.workers` is 1", Box::new(|m| m.data_position.workers = Some(1))),
+    ];
+    for (reason, edit) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), 10, 3);
+        write(dir.path(), 20, 3);
+        let path = dir.path().join("ckpt-20").join(MANIFEST_FILE);
+        let mut m: Manifest = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut m);
+        std::fs::write(&path, serde_json::to_string(&m).unwrap()).unwrap();
+        let search = find_latest(dir.path()).unwrap();
+        assert_eq!(search.skipped.len(), 1, "{reason}");
+        let skipped = &search.skipped[0];
+        let got = skipped.reason.to_string();
+        assert!(got.contains(reason) && got.contains("manifest.json"), "expected `{reason}` in `{got}`");
+        assert!(skipped.reason.is_damage(), "{got}");
+        assert_eq!(search.found.expect("falls back to the previous checkpoint").manifest.step, 10);
+    }
+    // Recorded and agreeing, the worker count loads.
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = manifest(20);
+    m.data_position.workers = Some(2);
+    write_checkpoint(dir.path(), &parts(20), m, 3).unwrap();
+    assert_eq!(find_latest(dir.path()).unwrap().found.expect("loads").manifest.data_position.workers, Some(2));
+}
+
 #[test]
 fn pruning_keeps_the_checkpoint_best_names() {
     let dir = tempfile::tempdir().unwrap();
@@ -337,6 +374,26 @@ fn write_delta(dir: &Path, step: u64, parent: u64, base: u64) -> Vec<WorkerSnaps
     m.delta = Some(DeltaLink { parent, base });
     write_checkpoint(dir, &delta, m, 100).unwrap();
     delta
+}
+
+/// A delta named through a symbolic link elsewhere finds its chain beside the directory
+/// the link names; a broken chain's error names the full path of the missing link.
+#[test]
+fn a_delta_finds_its_chain_through_a_link_and_a_broken_chain_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), 10, 100);
+    write_delta(dir.path(), 20, 10, 10);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let link = elsewhere.path().join("latest");
+    std::os::unix::fs::symlink(dir.path().join("ckpt-20"), &link).unwrap();
+    let c = super::load::load(&link, 20).expect("the chain is found beside the linked directory");
+    assert_eq!(c.chain, vec![10, 20]);
+    let inside = dir.path().join("ckpt-20").join("..").join("ckpt-20").join(".");
+    assert_eq!(super::load::load(&inside, 20).unwrap().chain, vec![10, 20]);
+    std::fs::remove_dir_all(dir.path().join("ckpt-10")).unwrap();
+    let err = super::load::load(&link, 20).unwrap_err().to_string();
+    let missing = std::fs::canonicalize(dir.path()).unwrap().join("ckpt-10");
+    assert!(err.contains(&format!("{} of its chain cannot be used", missing.display())), "{err}");
 }
 
 /// A chain of two deltas reads as the whole checkpoint of its last step (the
@@ -467,7 +524,7 @@ fn skipped_checkpoints_tell_damage_from_what_could_not_be_judged() {
     assert!(!io(std::io::ErrorKind::PermissionDenied).is_damage());
     assert!(io(std::io::ErrorKind::NotFound).is_damage());
     assert!(LoadError::NoManifest.is_damage());
-    let chain = |source| LoadError::Chain { step: 5, source: Box::new(source) };
+    let chain = |source| LoadError::Chain { step: 5, path: "ckpt-5".into(), source: Box::new(source) };
     assert!(!chain(LoadError::FormatVersion { version: FORMAT_VERSION + 1 }).is_damage());
     assert!(chain(LoadError::NoManifest).is_damage());
 }
